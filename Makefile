@@ -1,0 +1,45 @@
+# gpupool developer commands. `make run` and `make test` work on a fresh Debian machine with Python 3.11.
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed-stamp
+JOBS ?= 2
+
+.PHONY: help run test lint typecheck pytest test-deps bench bench-openb clean
+
+help:  ## List the targets
+	@grep -E '^[a-z-]+:.*##' $(MAKEFILE_LIST) | sed 's/:.*## /\t/'
+
+$(STAMP): pyproject.toml
+	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet -e '.[dev]'
+	@touch $(STAMP)
+
+venv: $(STAMP)  ## Create .venv and install gpupool with its dev tools
+
+run: $(STAMP)  ## Start the pool on the embedded defaults (SQLite, local provider)
+	$(BIN)/gpupool up
+
+test-deps:  ## Install the Debian packages the tests use (only as root; elsewhere those tests skip)
+	@bash scripts/install-test-deps.sh
+
+lint: $(STAMP)  ## ruff
+	$(BIN)/ruff check src tests bench
+
+typecheck: $(STAMP)  ## mypy
+	$(BIN)/mypy
+
+pytest: $(STAMP)
+	$(BIN)/pytest -q
+
+test: $(STAMP) test-deps lint typecheck pytest  ## Everything CI runs: deps, ruff, mypy, pytest
+
+bench: $(STAMP)  ## The quick benchmarks (each prints a table and writes JSON under bench/results/)
+	$(BIN)/python bench/fill_speed.py
+
+bench-openb: $(STAMP)  ## The full OpenB grid: 17 workloads x all policies x 10 seeds; updates docs/benchmarks.md
+	$(BIN)/python bench/openb_grid.py --jobs $(JOBS) --write-docs
+
+clean:
+	rm -rf $(VENV) build *.egg-info .mypy_cache .ruff_cache .pytest_cache bench/results

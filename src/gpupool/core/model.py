@@ -1,0 +1,210 @@
+"""The pure domain model: nodes, devices, slices, pods, workloads and cluster snapshots."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from enum import StrEnum
+
+from gpupool.core.units import MILLI
+from gpupool.errors import InvalidInput
+
+UNKNOWN_MEMORY_MIB = 0
+"""A device whose memory size is not known (OpenB's anonymised models): memory is not constrained."""
+
+
+class DeviceKind(StrEnum):
+    GPU = "gpu"
+    NPU = "npu"
+    DCU = "dcu"
+
+
+class WorkloadStatus(StrEnum):
+    PENDING = "pending"
+    ADMITTED = "admitted"
+    RUNNING = "running"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+
+    @property
+    def is_final(self) -> bool:
+        return self in (WorkloadStatus.SUCCEEDED, WorkloadStatus.FAILED, WorkloadStatus.CANCELLED)
+
+
+class Reason(StrEnum):
+    """Machine-readable reasons carried by decisions and events."""
+
+    NO_NODE_FITS = "no_node_fits"
+    INSUFFICIENT_CPU = "insufficient_cpu"
+    INSUFFICIENT_MEMORY = "insufficient_memory"
+    INSUFFICIENT_DEVICES = "insufficient_devices"
+    INSUFFICIENT_DEVICE_MEMORY = "insufficient_device_memory"
+    NO_ALLOWED_MODEL = "no_allowed_model"
+    GANG_INCOMPLETE = "gang_incomplete"
+    QUOTA_EXCEEDED = "quota_exceeded"
+    NEVER_FITS = "never_fits"
+    PREEMPTED = "preempted"
+    EVICTED_UNHEALTHY = "evicted_unhealthy"
+    REQUEUED = "requeued"
+    CANCELLED_BY_USER = "cancelled_by_user"
+    BACKFILL_BLOCKED = "backfill_blocked"
+    WAITING_FOR_HEAD = "waiting_for_head"
+
+
+@dataclass(frozen=True, slots=True)
+class IbPort:
+    """One InfiniBand port of a node's HCA."""
+
+    hca: str
+    port: int
+    lid: int = 0
+    guid: str = ""
+    rate_gbps: float = 0.0
+    state: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class Device:
+    """One physical accelerator on a node."""
+
+    uuid: str
+    model: str
+    index: int
+    memory_mib: int = UNKNOWN_MEMORY_MIB
+    kind: DeviceKind = DeviceKind.GPU
+    healthy: bool = True
+    simulated: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Node:
+    """A server: its host resources, its devices and its IB ports."""
+
+    name: str
+    cpu_milli: int
+    memory_mib: int
+    devices: tuple[Device, ...] = ()
+    labels: Mapping[str, str] = field(default_factory=dict)
+    ib_ports: tuple[IbPort, ...] = ()
+    healthy: bool = True
+    cordoned: bool = False
+
+    @property
+    def schedulable(self) -> bool:
+        return self.healthy and not self.cordoned
+
+    @property
+    def device_models(self) -> frozenset[str]:
+        return frozenset(d.model for d in self.devices)
+
+
+@dataclass(frozen=True, slots=True)
+class Slice:
+    """A share of one device: compute_milli (1000 = the whole device) and memory_mib."""
+
+    device_index: int
+    compute_milli: int
+    memory_mib: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class PodRequest:
+    """One process group's request.
+
+    Either `num_devices` whole devices (device_milli == 1000) or one fractional slice
+    (num_devices == 1, device_milli < 1000). `device_memory_mib` is per device; 0 means the pod
+    names no memory (a whole device still takes all of its memory).
+    """
+
+    name: str
+    cpu_milli: int = 0
+    memory_mib: int = 0
+    num_devices: int = 0
+    device_milli: int = 0
+    device_memory_mib: int = 0
+    allowed_models: frozenset[str] = frozenset()
+
+    def __post_init__(self) -> None:
+        if self.cpu_milli < 0 or self.memory_mib < 0 or self.device_memory_mib < 0:
+            raise InvalidInput(f"Pod {self.name!r}: cpu, memory and device memory must be >= 0.")
+        if self.num_devices < 0:
+            raise InvalidInput(f"Pod {self.name!r}: num_devices must be >= 0.")
+        if self.num_devices == 0 and self.device_milli != 0:
+            raise InvalidInput(f"Pod {self.name!r}: device_milli needs num_devices >= 1.")
+        if self.num_devices >= 1 and not 1 <= self.device_milli <= MILLI:
+            raise InvalidInput(
+                f"Pod {self.name!r}: device_milli must be 1..1000 per device, got {self.device_milli}."
+            )
+        if self.num_devices > 1 and self.device_milli != MILLI:
+            raise InvalidInput(
+                f"Pod {self.name!r}: a pod with {self.num_devices} devices must take whole devices "
+                "(device_milli 1000); only a single-device pod may ask for a fraction."
+            )
+
+    @property
+    def is_fractional(self) -> bool:
+        return self.num_devices == 1 and self.device_milli < MILLI
+
+    @property
+    def total_device_milli(self) -> int:
+        return self.num_devices * self.device_milli
+
+    def allows(self, model: str) -> bool:
+        return not self.allowed_models or model in self.allowed_models
+
+
+@dataclass(frozen=True, slots=True)
+class Workload:
+    """What a user submits: one or more pods placed all-or-nothing (a gang)."""
+
+    id: str
+    pods: tuple[PodRequest, ...]
+    tenant: str = "default"
+    queue: str = "default"
+    priority: int = 0
+    priority_class: str = "normal"
+    submit_time_s: float = 0.0
+    name: str = ""
+    runtime_estimate_s: float | None = None
+    checkpoint_interval_s: float | None = None
+
+    def __post_init__(self) -> None:
+        if not self.pods:
+            raise InvalidInput(f"Workload {self.id!r} has no pods; give it at least one.")
+        names = [p.name for p in self.pods]
+        if len(set(names)) != len(names):
+            raise InvalidInput(f"Workload {self.id!r} has duplicate pod names: {names}.")
+
+    @property
+    def total_device_milli(self) -> int:
+        return sum(p.total_device_milli for p in self.pods)
+
+
+@dataclass(frozen=True, slots=True)
+class PodPlacement:
+    """Where one pod goes: a node and the device slices it takes there."""
+
+    pod: str
+    node: str
+    slices: tuple[Slice, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class Allocation:
+    """A placed (running or admitted) workload as seen by a snapshot."""
+
+    workload: Workload
+    placements: tuple[PodPlacement, ...]
+    start_time_s: float = 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class ClusterSnapshot:
+    """Everything the scheduler may look at: the nodes and what is already placed on them."""
+
+    nodes: tuple[Node, ...]
+    allocations: tuple[Allocation, ...] = ()
+
+    def node_by_name(self) -> dict[str, Node]:
+        return {n.name: n for n in self.nodes}

@@ -1,0 +1,58 @@
+"""All-or-nothing placement of a workload's pods (a gang) in one decision."""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+
+from gpupool.core.model import PodPlacement, PodRequest, Reason, Workload
+from gpupool.core.scheduling.policies.base import Choice, NoFit, PlacementPolicy
+from gpupool.core.state import ClusterState, PodAlloc
+
+
+@dataclass(frozen=True, slots=True)
+class GangPlacement:
+    """Every pod of a workload with the resources it now holds in the state."""
+
+    workload: Workload
+    allocs: tuple[tuple[PodRequest, PodAlloc], ...]
+
+    def placements(self, state: ClusterState) -> tuple[PodPlacement, ...]:
+        return tuple(
+            PodPlacement(pod=pod.name, node=state.nodes[a.node].name, slices=a.slices())
+            for pod, a in self.allocs
+        )
+
+
+def place_gang(
+    workload: Workload, state: ClusterState, policy: PlacementPolicy, rng: random.Random
+) -> GangPlacement | NoFit:
+    """Place every pod or none: on success the state holds all pods; on failure it is unchanged."""
+    statement = state.statement()
+    allocs: list[tuple[PodRequest, PodAlloc]] = []
+    for pod in workload.pods:
+        choice = policy.place(pod, state, rng)
+        if isinstance(choice, NoFit):
+            statement.discard()
+            if len(workload.pods) == 1:
+                return choice
+            return NoFit(
+                Reason.GANG_INCOMPLETE,
+                f"Pod {pod.name!r} of the {len(workload.pods)}-pod gang does not fit "
+                f"({choice.reason}: {choice.message}); none of the gang was placed.",
+            )
+        record = _record(pod, choice, state)
+        statement.allocate(record)
+        allocs.append((pod, record))
+    statement.commit()
+    return GangPlacement(workload, tuple(allocs))
+
+
+def release_gang(gang: GangPlacement, state: ClusterState) -> None:
+    """Give back everything a placed gang holds."""
+    for _, record in reversed(gang.allocs):
+        state.release(record)
+
+
+def _record(pod: PodRequest, choice: Choice, state: ClusterState) -> PodAlloc:
+    return state.make_alloc(pod, choice.node, choice.devices)

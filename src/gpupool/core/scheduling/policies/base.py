@@ -1,0 +1,116 @@
+"""The placement-policy interface and its registry: choose a node and devices for one pod."""
+
+from __future__ import annotations
+
+import random
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+from gpupool.core.model import PodRequest, Reason
+from gpupool.core.state import ClusterState
+from gpupool.errors import UnknownName, did_you_mean
+
+
+@dataclass(frozen=True, slots=True)
+class Choice:
+    """A placement decision for one pod: a node index and the device slots on it."""
+
+    node: int
+    devices: tuple[int, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class NoFit:
+    """Why a pod cannot be placed now, as data (never an exception)."""
+
+    reason: Reason
+    message: str
+
+
+class PlacementPolicy(ABC):
+    """Scores node/device choices for one pod. One module per policy, registered by name."""
+
+    name: ClassVar[str]
+    summary: ClassVar[str] = ""
+
+    def prepare(self, state: ClusterState, pods: Sequence[PodRequest]) -> None:
+        """Learn what the policy needs from the expected workload (e.g. FGD's shape mix).
+
+        Called once before a run; the default does nothing. Does not block; idempotent.
+        """
+
+    def observe(self, pod: PodRequest) -> None:
+        """Note a pod that arrived (policies that estimate the workload online). Default: no-op."""
+
+    @abstractmethod
+    def place(self, pod: PodRequest, state: ClusterState, rng: random.Random) -> Choice | NoFit:
+        """Choose where `pod` goes in `state` without changing it; NoFit when nothing fits.
+
+        Pure and deterministic for a given state and rng; never raises for an unplaceable pod.
+        """
+
+
+_REGISTRY: dict[str, type[PlacementPolicy]] = {}
+
+
+def register_policy(cls: type[PlacementPolicy]) -> type[PlacementPolicy]:
+    """Class decorator: make a policy available by its `name`."""
+    if cls.name in _REGISTRY and _REGISTRY[cls.name] is not cls:
+        raise ValueError(f"placement policy {cls.name!r} registered twice")
+    _REGISTRY[cls.name] = cls
+    return cls
+
+
+def _load_builtin() -> None:
+    # Importing the package registers every built-in policy module.
+    import gpupool.core.scheduling.policies  # noqa: F401
+
+
+def policy_names() -> list[str]:
+    _load_builtin()
+    return sorted(_REGISTRY)
+
+
+def policy_class(name: str) -> type[PlacementPolicy]:
+    _load_builtin()
+    try:
+        return _REGISTRY[name]
+    except KeyError:
+        raise UnknownName(
+            f"Unknown placement policy {name!r}; choose one of {', '.join(sorted(_REGISTRY))}."
+            + did_you_mean(name, list(_REGISTRY))
+        ) from None
+
+
+def make_policy(name: str, **options: Any) -> PlacementPolicy:
+    """A fresh policy instance by registered name (options go to its constructor)."""
+    return policy_class(name)(**options)
+
+
+PolicyFactory = Callable[[], PlacementPolicy]
+
+
+def explain_nofit(pod: PodRequest, state: ClusterState) -> NoFit:
+    """The most specific reason no node can hold `pod` now."""
+    if pod.num_devices:
+        allowed = state.allowed_devices(pod.allowed_models)
+        if not allowed.any():
+            return NoFit(
+                Reason.NO_ALLOWED_MODEL,
+                f"No node has a device of the allowed models {sorted(pod.allowed_models)}.",
+            )
+    host = state.host_fits(pod)
+    if not host.any():
+        if not (state.schedulable & (state.cpu_free >= pod.cpu_milli)).any():
+            return NoFit(Reason.INSUFFICIENT_CPU, f"No node has {pod.cpu_milli} milli-CPU free.")
+        return NoFit(Reason.INSUFFICIENT_MEMORY, f"No node has {pod.memory_mib} MiB of memory free.")
+    if pod.num_devices:
+        return NoFit(
+            Reason.INSUFFICIENT_DEVICES,
+            f"No node has {pod.num_devices} device(s) with {pod.device_milli} milli free"
+            + (f" and {pod.device_memory_mib} MiB" if pod.device_memory_mib else "")
+            + " beside enough cpu and memory.",
+        )
+    return NoFit(Reason.NO_NODE_FITS, "No node fits the pod.")

@@ -1,0 +1,111 @@
+"""One error hierarchy with stable machine codes, mapped to HTTP and CLI exit codes in one place."""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+
+class GpupoolError(Exception):
+    """Base error: `code` is stable and machine-readable, the message is one sentence."""
+
+    code: ClassVar[str] = "error"
+    http_status: ClassVar[int] = 400
+    exit_code: ClassVar[int] = 2
+
+    def __init__(self, message: str, **details: Any) -> None:
+        super().__init__(message)
+        self.message = message
+        self.details: dict[str, Any] = details
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"code": self.code, "message": self.message, "details": self.details}
+
+
+class InvalidInput(GpupoolError):
+    """The caller gave something malformed: a file row, a field, a flag."""
+
+    code = "invalid_input"
+    http_status = 422
+    exit_code = 2
+
+
+class ProfileError(InvalidInput):
+    """A device description file is invalid."""
+
+    code = "invalid_profile"
+
+
+class TraceError(InvalidInput):
+    """A trace or node file has a malformed row."""
+
+    code = "invalid_trace"
+
+
+class UnknownName(InvalidInput):
+    """A name (policy, profile, provider, ordering...) is not registered."""
+
+    code = "unknown_name"
+
+
+class NotFound(GpupoolError):
+    code = "not_found"
+    http_status = 404
+    exit_code = 3
+
+
+class Forbidden(GpupoolError):
+    code = "forbidden"
+    http_status = 403
+    exit_code = 3
+
+
+class Unauthorized(GpupoolError):
+    code = "unauthorized"
+    http_status = 401
+    exit_code = 3
+
+
+class Conflict(GpupoolError):
+    code = "conflict"
+    http_status = 409
+    exit_code = 2
+
+
+class QuotaExceeded(GpupoolError):
+    code = "quota_exceeded"
+    http_status = 409
+    exit_code = 2
+
+
+class Unschedulable(GpupoolError):
+    code = "unschedulable"
+    http_status = 409
+    exit_code = 2
+
+
+class OverAllocation(GpupoolError):
+    """An allocation would push a node or device past its capacity: a bug, never user input."""
+
+    code = "over_allocation"
+    http_status = 500
+    exit_code = 1
+
+
+class ProviderError(GpupoolError):
+    code = "provider_error"
+    http_status = 502
+    exit_code = 1
+
+
+class Unavailable(GpupoolError):
+    code = "unavailable"
+    http_status = 503
+    exit_code = 4
+
+
+def did_you_mean(name: str, choices: list[str]) -> str:
+    """A ' Did you mean X?' suffix when a close match exists, else ''."""
+    import difflib
+
+    close = difflib.get_close_matches(name, choices, n=1)
+    return f" Did you mean {close[0]!r}?" if close else ""
