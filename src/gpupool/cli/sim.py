@@ -1,0 +1,20 @@
+"""`gpupool sim`: replay cluster traces through the same scheduling code the server runs."""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+
+import typer
+
+app = typer.Typer(
+    help="Replay cluster traces through the scheduler: `fill` (the FGD paper's packing protocol) "
+    "and `replay` (arrivals and departures over time).",
+    no_args_is_help=True,
+)
+
+# Each protocol lives in its own module exposing a function named like the command.
+for _name in ("fill", "replay"):
+    _module = f"gpupool.cli.sim_{_name}"
+    if importlib.util.find_spec(_module) is not None:
+        app.command(_name)(getattr(importlib.import_module(_module), _name))
