@@ -18,33 +18,43 @@ SUBCOMMANDS: dict[str, tuple[str, str, str]] = {
 COMMANDS: dict[str, tuple[str, str, str]] = {}
 
 
+class _LazyCommand(typer.core.TyperCommand):
+    """Stands in for a command in help listings; imports the real one only when it runs."""
+
+    def __init__(self, name: str, help_text: str, load: Any) -> None:
+        super().__init__(name=name, help=help_text, short_help=help_text)
+        self._load = load
+
+    def make_context(self, info_name: Any, args: Any, parent: Any = None, **extra: Any) -> Any:
+        return self._load().make_context(info_name, args, parent=parent, **extra)
+
+
+def _load_group(name: str) -> Any:
+    module, attr, help_text = SUBCOMMANDS[name]
+    command = typer.main.get_command(getattr(importlib.import_module(module), attr))
+    command.help = command.help or help_text
+    return command
+
+
+def _load_single(name: str) -> Any:
+    module, attr, _ = COMMANDS[name]
+    single = typer.Typer()
+    single.command(name=name)(getattr(importlib.import_module(module), attr))
+    return typer.main.get_command(single)
+
+
 class LazyGroup(typer.core.TyperGroup):
-    """A click group that imports a sub-command's module only when that command runs."""
+    """A group whose sub-commands are imported only when they run, so start-up stays fast."""
 
     def list_commands(self, ctx: Any) -> list[str]:
         return sorted(set(super().list_commands(ctx)) | set(SUBCOMMANDS) | set(COMMANDS))
 
     def get_command(self, ctx: Any, cmd_name: str) -> Any:
         if cmd_name in SUBCOMMANDS:
-            module, attr, _ = SUBCOMMANDS[cmd_name]
-            sub = getattr(importlib.import_module(module), attr)
-            command = typer.main.get_command(sub)
-            command.help = command.help or SUBCOMMANDS[cmd_name][2]
-            return command
+            return _LazyCommand(cmd_name, SUBCOMMANDS[cmd_name][2], lambda: _load_group(cmd_name))
         if cmd_name in COMMANDS:
-            module, attr, _ = COMMANDS[cmd_name]
-            func = getattr(importlib.import_module(module), attr)
-            single = typer.Typer()
-            single.command(name=cmd_name)(func)
-            return typer.main.get_command(single)
+            return _LazyCommand(cmd_name, COMMANDS[cmd_name][2], lambda: _load_single(cmd_name))
         return super().get_command(ctx, cmd_name)
-
-    def format_commands(self, ctx: Any, formatter: Any) -> None:
-        rows = [(name, SUBCOMMANDS[name][2]) for name in sorted(SUBCOMMANDS)]
-        rows += [(name, COMMANDS[name][2]) for name in sorted(COMMANDS)]
-        if rows:
-            with formatter.section("Commands"):
-                formatter.write_dl(rows)
 
 
 app = typer.Typer(
