@@ -109,3 +109,9 @@ def did_you_mean(name: str, choices: list[str]) -> str:
 
     close = difflib.get_close_matches(name, choices, n=1)
     return f" Did you mean {close[0]!r}?" if close else ""
+
+
+class TopologyError(InvalidInput):
+    """A fabric topology file (ibnetdiscover, ibsim net, node-name-map) has a malformed line."""
+
+    code = "invalid_topology"
