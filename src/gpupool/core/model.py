@@ -50,6 +50,10 @@ class Reason(StrEnum):
     CANCELLED_BY_USER = "cancelled_by_user"
     BACKFILL_BLOCKED = "backfill_blocked"
     WAITING_FOR_HEAD = "waiting_for_head"
+    RECLAIMED = "reclaimed"
+    UNKNOWN_PRIORITY_CLASS = "unknown_priority_class"
+    UNKNOWN_QUEUE = "unknown_queue"
+    SHAPE_ALREADY_FAILED = "shape_already_failed"
 
 
 @dataclass(frozen=True, slots=True)
@@ -200,11 +204,26 @@ class Allocation:
 
 
 @dataclass(frozen=True, slots=True)
+class WorkloadInfo:
+    """What the caller remembers about a workload across cycles (history kept outside the core).
+
+    `attained_service_s` is device-seconds received so far (least-attained-service ordering);
+    `progress_s` is work kept from earlier runs (checkpoints) so the current run needs less;
+    `runtime_estimate_s` is a history-based estimate used when the user gave none.
+    """
+
+    attained_service_s: float = 0.0
+    progress_s: float = 0.0
+    runtime_estimate_s: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
 class ClusterSnapshot:
     """Everything the scheduler may look at: the nodes and what is already placed on them."""
 
     nodes: tuple[Node, ...]
     allocations: tuple[Allocation, ...] = ()
+    workload_info: Mapping[str, WorkloadInfo] = field(default_factory=dict)
 
     def node_by_name(self) -> dict[str, Node]:
         return {n.name: n for n in self.nodes}

@@ -1,8 +1,22 @@
 """One scheduling cycle: the single function the simulator and the server both call.
 
-Steps: (1) build the state from the snapshot, (2) order the pending workloads, (3) place each
-gang all-or-nothing with the placement policy, (4) report admissions and, for the rest, a
-machine-readable reason. Decisions are plain data; nothing here does I/O or reads a clock.
+Steps, in order:
+  1. snapshot  - build the view (free capacity, running workloads, quota usage) from the snapshot;
+                 workloads on unhealthy nodes or devices are evicted and requeued as whole gangs.
+  2. nominate  - validate each pending workload (queue, priority class, can it ever fit) and
+                 order them with the ordering policy (fifo, priority-fifo, drf, las...).
+  3. place     - for each in order: check its ClusterQueue's quota, then place the gang
+                 all-or-nothing with the placement policy. A shape (pod sizes) that failed to
+                 place once in this cycle is not tried again until something is freed.
+  4. admit or preempt - admit it (under backfill: only if it does not delay the reserved head);
+                 else try to preempt lower-priority work of its ClusterQueue or reclaim quota lent
+                 to its cohort; else, under backfill, the first stuck workload gets a reservation;
+                 under a strict ordering without backfill its ClusterQueue is blocked.
+  5. requeue   - every preempted or evicted workload is reported for requeueing, with the
+                 progress it resumes from (its last checkpoint) and the work it lost.
+
+Decisions are plain data; nothing here does I/O or reads a clock, and the same inputs (including
+the rng's seed) give the same result.
 """
 
 from __future__ import annotations
@@ -10,23 +24,39 @@ from __future__ import annotations
 import random
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from enum import StrEnum
 from typing import Any
 
 from gpupool.core.model import ClusterSnapshot, PodPlacement, Reason, Workload
-from gpupool.core.scheduling.gang import place_gang
+from gpupool.core.overcommit import OvercommitConfig, guaranteed_workload
+from gpupool.core.priority import PriorityClasses
+from gpupool.core.quota import QuotaConfig
+from gpupool.core.scheduling.backfill import Reservation, may_backfill, reserve
+from gpupool.core.scheduling.gang import GangPlacement, place_gang, release_gang
+from gpupool.core.scheduling.ordering.base import OrderingContext, make_ordering
 from gpupool.core.scheduling.policies.base import NoFit, make_policy
-from gpupool.core.state import ClusterState
+from gpupool.core.scheduling.preemption import lost_work_s, select_victims
+from gpupool.core.scheduling.view import ClusterView, Running, Shape, clone_state, lower_bound_usage
 
 
 @dataclass(frozen=True, slots=True)
 class Policies:
-    """Which plug-ins a cycle uses, by registered name."""
+    """Which plug-ins a cycle uses, by registered name, and the operator's admission settings."""
 
     placement: str = "best-fit"
     placement_options: Mapping[str, Any] = field(default_factory=dict)
     ordering: str = "priority-fifo"
     preemption: bool = False
     backfill: bool = False
+    ordering_options: Mapping[str, Any] = field(default_factory=dict)
+    quota: QuotaConfig = field(default_factory=QuotaConfig)
+    priority_classes: PriorityClasses = field(default_factory=PriorityClasses)
+    overcommit: OvercommitConfig | None = None
+
+
+class EventKind(StrEnum):
+    PREEMPT = "preempt"
+    EVICT = "evict"
 
 
 @dataclass(frozen=True, slots=True)
@@ -37,10 +67,24 @@ class Admission:
 
 @dataclass(frozen=True, slots=True)
 class Preemption:
+    """A running workload stopped: preempted (by `preemptor_id`) or evicted (broken hardware)."""
+
     workload_id: str
     reason: Reason
     message: str
     preemptor_id: str = ""
+    kind: EventKind = EventKind.PREEMPT
+    lost_work_s: float = 0.0
+    lost_device_s: float = 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class Requeue:
+    """A stopped workload goes back to pending as a whole gang, resuming from `resume_progress_s`."""
+
+    workload_id: str
+    reason: Reason
+    resume_progress_s: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,10 +98,20 @@ class Rejection:
 
 
 @dataclass(frozen=True, slots=True)
+class ReservedStart:
+    """Under backfill: the head of the queue and when it is expected to start."""
+
+    workload_id: str
+    start_s: float
+
+
+@dataclass(frozen=True, slots=True)
 class CycleResult:
     admitted: tuple[Admission, ...] = ()
     preempted: tuple[Preemption, ...] = ()
     rejected: tuple[Rejection, ...] = ()
+    requeued: tuple[Requeue, ...] = ()
+    reservation: ReservedStart | None = None
 
 
 def order_pending(pending: Sequence[Workload]) -> list[Workload]:
@@ -73,33 +127,232 @@ def run_cycle(
     rng: random.Random,
 ) -> CycleResult:
     """Decide, for every pending workload, whether it is admitted now and where it runs."""
-    state = ClusterState.from_snapshot(snapshot)
-    empty = ClusterState(snapshot.nodes)
-    policy = make_policy(policies.placement, **dict(policies.placement_options))
-    admitted: list[Admission] = []
-    rejected: list[Rejection] = []
-    for workload in order_pending(pending):
-        result = place_gang(workload, state, policy, rng)
-        if isinstance(result, NoFit):
-            rejected.append(_rejection(workload, result, empty, policy, rng))
-            continue
-        admitted.append(Admission(workload.id, result.placements(state)))
-    return CycleResult(admitted=tuple(admitted), rejected=tuple(rejected))
+    view = ClusterView.from_snapshot(snapshot, policies.quota, policies.priority_classes)
+    return cycle_on(view, pending, policies, now_s, rng)
 
 
-def _rejection(
-    workload: Workload, nofit: NoFit, empty: ClusterState, policy: Any, rng: random.Random
-) -> Rejection:
-    """Final when the workload could not be placed even on the empty cluster."""
-    on_empty = place_gang(workload, empty, policy, rng)
-    if isinstance(on_empty, NoFit):
-        return Rejection(
-            workload.id,
-            Reason.NEVER_FITS,
-            f"The workload can never fit this pool: {on_empty.message}",
-            final=True,
+def cycle_on(
+    view: ClusterView,
+    pending: Sequence[Workload],
+    policies: Policies,
+    now_s: float,
+    rng: random.Random,
+) -> CycleResult:
+    """Steps 1-5 on a live view; the view is updated with the decisions (see the module docstring)."""
+    return _Cycle(view, policies, now_s, rng).run(pending)
+
+
+class _Cycle:
+    """The mutable bookkeeping of one cycle."""
+
+    def __init__(self, view: ClusterView, policies: Policies, now_s: float, rng: random.Random) -> None:
+        self.view = view
+        self.policies = policies
+        self.now_s = now_s
+        self.rng = rng
+        self.policy = make_policy(policies.placement, **dict(policies.placement_options))
+        self.ordering = make_ordering(policies.ordering, **dict(policies.ordering_options))
+        self.models = tuple(view.state.models)
+        self.failed_shapes: dict[Shape, NoFit] = {}
+        self.failed_quota: dict[tuple[str, Shape], str] = {}
+        self.failed_preempt: set[tuple[str, Shape, tuple[int, int]]] = set()
+        self.blocked: set[str] = set()
+        self.reservation: Reservation | None = None
+        self.admitted: list[Admission] = []
+        self.preempted: list[Preemption] = []
+        self.rejected: list[Rejection] = []
+        self.requeued: list[Requeue] = []
+
+    def run(self, pending: Sequence[Workload]) -> CycleResult:
+        self._evict_broken()
+        for w in self._nominate(pending):
+            self._consider(w)
+        reserved = None
+        if self.reservation is not None:
+            reserved = ReservedStart(self.reservation.head.id, self.reservation.start_s)
+        return CycleResult(
+            admitted=tuple(self.admitted),
+            preempted=tuple(self.preempted),
+            rejected=tuple(self.rejected),
+            requeued=tuple(self.requeued),
+            reservation=reserved,
         )
-    from gpupool.core.scheduling.gang import release_gang
 
-    release_gang(on_empty, empty)
-    return Rejection(workload.id, nofit.reason, nofit.message)
+    # ------------------------------------------------------------ step 1: broken hardware
+
+    def _evict_broken(self) -> None:
+        for run in self.view.to_evict:
+            resume, lost = lost_work_s(run, self.now_s)
+            self.preempted.append(
+                Preemption(
+                    run.workload.id,
+                    Reason.EVICTED_UNHEALTHY,
+                    "A node or device it ran on became unhealthy; the whole gang is requeued.",
+                    kind=EventKind.EVICT,
+                    lost_work_s=lost,
+                    lost_device_s=lost * run.device_count,
+                )
+            )
+            self.requeued.append(Requeue(run.workload.id, Reason.EVICTED_UNHEALTHY, resume))
+        self.view.to_evict.clear()
+
+    # ------------------------------------------------------------ step 2: nominate
+
+    def _nominate(self, pending: Sequence[Workload]) -> list[Workload]:
+        view = self.view
+        classes = self.policies.priority_classes
+        valid: list[Workload] = []
+        for w in pending:
+            if classes.get(w.priority_class) is None:
+                names = ", ".join(c.name for c in classes.classes)
+                self._reject(w, Reason.UNKNOWN_PRIORITY_CLASS, f"Use one of: {names}.", final=True)
+            elif view.cluster_queue(w) is None:
+                self._reject(
+                    w,
+                    Reason.UNKNOWN_QUEUE,
+                    f"Queue {w.queue!r} of tenant {w.tenant!r} feeds no ClusterQueue; create it first.",
+                    final=True,
+                )
+            else:
+                valid.append(w)
+        ctx = OrderingContext(
+            now_s=self.now_s,
+            rank=classes.rank,
+            capacity=view.capacity(),
+            tenant_usage=view.tenant_usage,
+            tenant_weights=self.policies.quota.tenant_weights,
+            attained_service_s={
+                w.id: info.attained_service_s for w in valid if (info := view.info.get(w.id))
+            },
+        )
+        return self.ordering.order(valid, ctx)
+
+    # ------------------------------------------------------------ steps 3-4: place, admit or preempt
+
+    def _consider(self, original: Workload) -> None:
+        view = self.view
+        cq = view.cluster_queue(original) or ""
+        if cq in self.blocked:
+            self._reject(original, Reason.WAITING_FOR_HEAD, "An older workload of its queue waits first.")
+            return
+        w = original
+        if self.policies.overcommit is not None:
+            w = guaranteed_workload(original, self.policies.overcommit, self.models)
+        shape = view.shape(w)
+        never = self._never_fits(w, shape, cq)
+        if never is not None:
+            self._reject(original, never[0], never[1], final=True)
+            return
+        outcome = self._try_place(w, shape, cq)
+        if isinstance(outcome, GangPlacement):
+            if self.reservation is not None and not may_backfill(
+                outcome, view.remaining_estimate_s(w), self.reservation, self.now_s, self.policy, self.rng
+            ):
+                release_gang(outcome, view.state)
+                self._reject(original, Reason.BACKFILL_BLOCKED, "Starting now would delay the reserved head.")
+                return
+            self._admit(w, outcome, cq)
+            return
+        reason, message = outcome
+        if self._try_preempt(w, shape, cq):
+            return
+        self._stuck(w, cq, reason)
+        self._reject(original, reason, message)
+
+    def _try_place(self, w: Workload, shape: Shape, cq: str) -> GangPlacement | tuple[Reason, str]:
+        view = self.view
+        quota_msg = self.failed_quota.get((cq, shape))
+        if quota_msg is None:
+            quota_msg = view.quota.fits(cq, lower_bound_usage(w))
+        if quota_msg is not None:
+            self.failed_quota[(cq, shape)] = quota_msg
+            return Reason.QUOTA_EXCEEDED, quota_msg
+        nofit = self.failed_shapes.get(shape)
+        if nofit is not None:
+            return nofit.reason, nofit.message
+        gang = place_gang(w, view.state, self.policy, self.rng)
+        if isinstance(gang, NoFit):
+            self.failed_shapes[shape] = gang
+            return gang.reason, gang.message
+        quota_msg = view.quota.fits(cq, view.usage_of(gang.allocs))
+        if quota_msg is not None:
+            release_gang(gang, view.state)
+            return Reason.QUOTA_EXCEEDED, quota_msg
+        return gang
+
+    def _try_preempt(self, w: Workload, shape: Shape, cq: str) -> bool:
+        if not self.policies.preemption or self.reservation is not None:
+            return False
+        view = self.view
+        key = (cq, shape, view.classes.rank(w))
+        if key in self.failed_preempt:
+            return False
+        chosen = select_victims(w, cq, view, self.policy, self.rng, self.now_s)
+        if chosen is None:
+            self.failed_preempt.add(key)
+            return False
+        for run in chosen.victims:
+            self._record_preemption(run, w, run.workload.id in chosen.reclaimed)
+        self._admit(w, chosen.gang, cq)
+        # capacity was freed: shapes that failed before may fit now
+        self.failed_shapes.clear()
+        self.failed_quota.clear()
+        self.failed_preempt.clear()
+        return True
+
+    def _record_preemption(self, run: Running, preemptor: Workload, reclaimed: bool) -> None:
+        view = self.view
+        resume, lost = lost_work_s(run, self.now_s)
+        view.forget(run)
+        reason = Reason.RECLAIMED if reclaimed else Reason.PREEMPTED
+        why = (
+            f"Its ClusterQueue borrowed quota that {preemptor.id!r}'s queue reclaims."
+            if reclaimed
+            else f"Preempted by higher-priority workload {preemptor.id!r}."
+        )
+        self.preempted.append(
+            Preemption(
+                run.workload.id,
+                reason,
+                why,
+                preemptor_id=preemptor.id,
+                lost_work_s=lost,
+                lost_device_s=lost * run.device_count,
+            )
+        )
+        self.requeued.append(Requeue(run.workload.id, reason, resume))
+
+    def _stuck(self, w: Workload, cq: str, reason: Reason) -> None:
+        """The workload cannot start: maybe reserve for it (backfill) or block its queue (strict)."""
+        if self.policies.backfill and reason != Reason.QUOTA_EXCEEDED:
+            if self.reservation is None:
+                self.reservation = reserve(w, self.view, self.now_s, self.policy, self.rng)
+                if self.reservation is None and self.ordering.strict:
+                    self.blocked.add(cq)  # no reservation possible: strict order still holds
+            return
+        if self.ordering.strict:
+            self.blocked.add(cq)
+
+    def _admit(self, w: Workload, gang: GangPlacement, cq: str) -> None:
+        self.view.admit(w, gang, cq, self.now_s)
+        self.admitted.append(Admission(w.id, gang.placements(self.view.state)))
+
+    def _reject(self, w: Workload, reason: Reason, message: str, final: bool = False) -> None:
+        self.rejected.append(Rejection(w.id, reason, message, final))
+
+    def _never_fits(self, w: Workload, shape: Shape, cq: str) -> tuple[Reason, str] | None:
+        """Why the workload can never run here (checked on an empty pool, cached per shape)."""
+        view = self.view
+        quota_msg = view.quota.ever_fits(cq, lower_bound_usage(w))
+        if quota_msg is not None:
+            return Reason.QUOTA_EXCEEDED, quota_msg
+        if shape not in view.never_fits_cache:
+            empty = clone_state(view.state, empty=True)
+            result = place_gang(w, empty, self.policy, random.Random(0))
+            view.never_fits_cache[shape] = (
+                f"The workload can never fit this pool: {result.message}"
+                if isinstance(result, NoFit)
+                else None
+            )
+        message = view.never_fits_cache[shape]
+        return (Reason.NEVER_FITS, message) if message is not None else None

@@ -1,0 +1,85 @@
+"""The ordering-policy interface and its registry: in which order pending workloads are tried."""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+from gpupool.core.model import Workload
+from gpupool.core.priority import Rank
+from gpupool.errors import UnknownName, did_you_mean
+
+SHARE_RESOURCES = ("device_milli", "cpu_milli", "memory_mib")
+"""The resources fair share (DRF) looks at, in this order."""
+
+
+@dataclass(frozen=True, slots=True)
+class OrderingContext:
+    """What an ordering may look at besides the pending list (all read-only)."""
+
+    now_s: float
+    rank: Callable[[Workload], Rank]
+    capacity: Mapping[str, float] = field(default_factory=dict)
+    tenant_usage: Mapping[str, Mapping[str, float]] = field(default_factory=dict)
+    tenant_weights: Mapping[str, float] = field(default_factory=dict)
+    attained_service_s: Mapping[str, float] = field(default_factory=dict)
+
+
+def fifo_key(w: Workload) -> tuple[float, str]:
+    return (w.submit_time_s, w.id)
+
+
+def demand_of(w: Workload) -> dict[str, float]:
+    """A workload's requested share resources (what DRF charges its tenant)."""
+    return {
+        "device_milli": float(w.total_device_milli),
+        "cpu_milli": float(sum(p.cpu_milli for p in w.pods)),
+        "memory_mib": float(sum(p.memory_mib for p in w.pods)),
+    }
+
+
+class OrderingPolicy(ABC):
+    """Orders pending workloads. `strict` orderings block their ClusterQueue behind a stuck head."""
+
+    name: ClassVar[str]
+    summary: ClassVar[str] = ""
+    strict: ClassVar[bool] = False
+
+    @abstractmethod
+    def order(self, pending: Sequence[Workload], ctx: OrderingContext) -> list[Workload]:
+        """The pending workloads in the order they are tried. Pure, deterministic, total order."""
+
+
+_REGISTRY: dict[str, type[OrderingPolicy]] = {}
+
+
+def register_ordering(cls: type[OrderingPolicy]) -> type[OrderingPolicy]:
+    """Class decorator: make an ordering policy available by its `name`."""
+    if cls.name in _REGISTRY and _REGISTRY[cls.name] is not cls:
+        raise ValueError(f"ordering policy {cls.name!r} registered twice")
+    _REGISTRY[cls.name] = cls
+    return cls
+
+
+def _load_builtin() -> None:
+    import gpupool.core.scheduling.ordering  # noqa: F401
+
+
+def ordering_names() -> list[str]:
+    _load_builtin()
+    return sorted(_REGISTRY)
+
+
+def make_ordering(name: str, **options: Any) -> OrderingPolicy:
+    """A fresh ordering policy by registered name (options go to its constructor)."""
+    _load_builtin()
+    try:
+        cls = _REGISTRY[name]
+    except KeyError:
+        raise UnknownName(
+            f"Unknown ordering policy {name!r}; choose one of {', '.join(sorted(_REGISTRY))}."
+            + did_you_mean(name, list(_REGISTRY))
+        ) from None
+    return cls(**options)

@@ -1,0 +1,322 @@
+"""The admission-side view of a pool: free capacity, running workloads, quota usage and health.
+
+A cycle reads and updates one `ClusterView`. `run_cycle` builds a fresh view from a snapshot; a
+simulator may keep one view alive across cycles and tell it what finished (`remove`) and what
+broke (`mark_unhealthy`), which saves rebuilding it on every event. Either way the same cycle code
+runs on it.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from gpupool.core.model import ClusterSnapshot, Node, PodRequest, Workload, WorkloadInfo
+from gpupool.core.priority import PriorityClasses, Rank
+from gpupool.core.quota import (
+    CPU_MILLI,
+    DEVICE_MEMORY_MIB,
+    DEVICE_MILLI,
+    MEMORY_MIB,
+    QuotaConfig,
+    QuotaTracker,
+    Usage,
+    cluster_queue_of,
+    device_resource,
+)
+from gpupool.core.scheduling.gang import GangPlacement
+from gpupool.core.scheduling.ordering.base import demand_of
+from gpupool.core.state import UNBOUNDED_MIB, ClusterState, PodAlloc
+
+Shape = tuple[tuple[int, int, int, int, int, frozenset[str]], ...]
+Allocs = tuple[tuple[PodRequest, PodAlloc], ...]
+
+
+def shape_of(w: Workload) -> Shape:
+    """Two workloads of one shape fit (or fail) exactly alike on the same state."""
+    return tuple(
+        (p.cpu_milli, p.memory_mib, p.num_devices, p.device_milli, p.device_memory_mib, p.allowed_models)
+        for p in w.pods
+    )
+
+
+@dataclass(slots=True)
+class Running:
+    """A workload holding resources: what it holds, since when, and what it is charged."""
+
+    workload: Workload
+    allocs: Allocs
+    start_time_s: float
+    cluster_queue: str
+    usage: Usage
+    rank: Rank
+    preemptible: bool = True
+    progress_s: float = 0.0
+    estimate_s: float | None = None
+    device_count: float = 0.0
+
+    def expected_end_s(self, now_s: float) -> float:
+        """When it should finish by its estimate (inf when unknown; never before now)."""
+        if self.estimate_s is None:
+            return math.inf
+        return max(now_s, self.start_time_s + max(0.0, self.estimate_s - self.progress_s))
+
+    @property
+    def device_milli(self) -> int:
+        return sum(sum(a.device_milli) for _, a in self.allocs)
+
+
+@dataclass(slots=True)
+class ClusterView:
+    """Mutable admission state of a pool (see the module docstring)."""
+
+    state: ClusterState
+    quota: QuotaTracker
+    classes: PriorityClasses
+    route: dict[tuple[str, str], str]
+    running: dict[str, Running] = field(default_factory=dict)
+    info: dict[str, WorkloadInfo] = field(default_factory=dict)
+    tenant_usage: dict[str, dict[str, float]] = field(default_factory=dict)
+    to_evict: list[Running] = field(default_factory=list)
+    never_fits_cache: dict[Shape, str | None] = field(default_factory=dict)
+    shapes: dict[str, Shape] = field(default_factory=dict)
+
+    # ---------------------------------------------------------------- construction
+
+    @classmethod
+    def empty(
+        cls, nodes: Sequence[Node], quota: QuotaConfig | None = None, classes: PriorityClasses | None = None
+    ) -> ClusterView:
+        quota = quota or QuotaConfig()
+        return cls(
+            state=ClusterState(nodes),
+            quota=QuotaTracker(quota),
+            classes=classes or PriorityClasses(),
+            route=quota.route(),
+        )
+
+    @classmethod
+    def from_snapshot(
+        cls,
+        snapshot: ClusterSnapshot,
+        quota: QuotaConfig | None = None,
+        classes: PriorityClasses | None = None,
+    ) -> ClusterView:
+        """A view holding every allocation of the snapshot; those on broken hardware await eviction."""
+        view = cls.empty(snapshot.nodes, quota, classes)
+        view.info = dict(snapshot.workload_info)
+        state = view.state
+        for alloc in snapshot.allocations:
+            pods = {p.name: p for p in alloc.workload.pods}
+            allocs = tuple((pods[pl.pod], _record(state, pods[pl.pod], pl)) for pl in alloc.placements)
+            cq = view.cluster_queue(alloc.workload) or ""
+            run = view._running(alloc.workload, allocs, alloc.start_time_s, cq)
+            if view.on_broken_hardware(allocs):
+                view.to_evict.append(run)
+                continue
+            for _, record in allocs:
+                state.allocate(record)
+            view._register(run)
+        return view
+
+    # ---------------------------------------------------------------- lookups
+
+    def cluster_queue(self, w: Workload) -> str | None:
+        return cluster_queue_of(self.quota.config, self.route, w)
+
+    def shape(self, w: Workload) -> Shape:
+        found = self.shapes.get(w.id)
+        if found is None:
+            found = self.shapes[w.id] = shape_of(w)
+        return found
+
+    def estimate_s(self, w: Workload) -> float | None:
+        """Total runtime estimate: the user's, else the caller's history-based one."""
+        if w.runtime_estimate_s is not None:
+            return w.runtime_estimate_s
+        info = self.info.get(w.id)
+        return info.runtime_estimate_s if info else None
+
+    def remaining_estimate_s(self, w: Workload) -> float | None:
+        est = self.estimate_s(w)
+        if est is None:
+            return None
+        info = self.info.get(w.id)
+        return max(0.0, est - (info.progress_s if info else 0.0))
+
+    def usage_of(self, allocs: Allocs) -> Usage:
+        """What placed pods charge to quota: host resources and device slices per model."""
+        state = self.state
+        usage: Usage = {}
+        for _, a in allocs:
+            usage[CPU_MILLI] = usage.get(CPU_MILLI, 0) + a.cpu_milli
+            usage[MEMORY_MIB] = usage.get(MEMORY_MIB, 0) + a.memory_mib
+            for d, milli, mem in zip(a.devices, a.device_milli, a.device_memory_mib, strict=True):
+                key = device_resource(state.models[int(state.dev_model[a.node, d])])
+                usage[key] = usage.get(key, 0) + milli
+                usage[DEVICE_MILLI] = usage.get(DEVICE_MILLI, 0) + milli
+                if mem != UNBOUNDED_MIB:
+                    usage[DEVICE_MEMORY_MIB] = usage.get(DEVICE_MEMORY_MIB, 0) + mem
+        return usage
+
+    def on_broken_hardware(self, allocs: Allocs) -> bool:
+        state = self.state
+        for _, a in allocs:
+            if not state.schedulable[a.node] and not state.nodes[a.node].healthy:
+                return True
+            if any(state.dev_milli_cap[a.node, d] == 0 for d in a.devices):
+                return True
+        return False
+
+    # ---------------------------------------------------------------- changes
+
+    def admit(self, w: Workload, gang: GangPlacement, cluster_queue: str, now_s: float) -> Running:
+        """Record a placed gang (its resources are already taken in `state`)."""
+        run = self._running(w, gang.allocs, now_s, cluster_queue)
+        self._register(run)
+        return run
+
+    def remove(self, workload_id: str) -> Running:
+        """A running workload ends (finished, cancelled, preempted): give back all it holds."""
+        run = self.running.pop(workload_id)
+        for _, record in reversed(run.allocs):
+            self.state.release(record)
+        self.quota.remove(run.cluster_queue, run.usage)
+        self._tenant_add(run.workload, -1.0)
+        return run
+
+    def forget(self, run: Running) -> None:
+        """Drop a detached (already released) workload from the books: it was preempted."""
+        del self.running[run.workload.id]
+        self._tenant_add(run.workload, -1.0)
+
+    def detach(self, run: Running) -> None:
+        """Tentatively free a running workload (victim search); `attach` undoes it exactly."""
+        for _, record in reversed(run.allocs):
+            self.state.release(record)
+        self.quota.remove(run.cluster_queue, run.usage)
+
+    def attach(self, run: Running) -> None:
+        for _, record in run.allocs:
+            self.state.allocate(record)
+        self.quota.add(run.cluster_queue, run.usage)
+
+    def mark_unhealthy(self, node: str, device_index: int | None = None) -> list[Running]:
+        """A node (or one device) broke: its workloads are queued for eviction by the next cycle."""
+        i = self.state.node_index[node]
+        hit = [
+            run
+            for run in self.running.values()
+            if any(a.node == i and (device_index is None or device_index in a.devices) for _, a in run.allocs)
+        ]
+        for run in hit:
+            self.remove(run.workload.id)
+            self.to_evict.append(run)
+        state = self.state
+        slots = range(state.dev_valid.shape[1]) if device_index is None else [device_index]
+        if device_index is None:
+            state.schedulable[i] = False
+        for d in slots:
+            state.dev_milli_cap[i, d] = state.dev_milli_free[i, d] = 0
+            state.dev_mem_cap[i, d] = state.dev_mem_free[i, d] = 0
+        self.never_fits_cache.clear()
+        return hit
+
+    def mark_healthy(self, node: str) -> None:
+        """A repaired node (all of its devices) takes work again."""
+        i = self.state.node_index[node]
+        fresh = ClusterState([self.state.nodes[i]])
+        state = self.state
+        state.schedulable[i] = True
+        width = fresh.dev_valid.shape[1]
+        used_milli = state.dev_milli_cap[i, :width] - state.dev_milli_free[i, :width]
+        used_mem = state.dev_mem_cap[i, :width] - state.dev_mem_free[i, :width]
+        state.dev_milli_cap[i, :width] = np.maximum(fresh.dev_milli_cap[0], state.dev_milli_cap[i, :width])
+        state.dev_mem_cap[i, :width] = np.maximum(fresh.dev_mem_cap[0], state.dev_mem_cap[i, :width])
+        state.dev_milli_free[i, :width] = state.dev_milli_cap[i, :width] - used_milli
+        state.dev_mem_free[i, :width] = state.dev_mem_cap[i, :width] - used_mem
+        self.never_fits_cache.clear()
+
+    # ---------------------------------------------------------------- internals
+
+    def _running(self, w: Workload, allocs: Allocs, start_s: float, cq: str) -> Running:
+        info = self.info.get(w.id)
+        return Running(
+            workload=w,
+            allocs=allocs,
+            start_time_s=start_s,
+            cluster_queue=cq,
+            usage=self.usage_of(allocs),
+            rank=self.classes.rank(w),
+            preemptible=self.classes.preemptible(w),
+            progress_s=info.progress_s if info else 0.0,
+            estimate_s=self.estimate_s(w),
+            device_count=w.total_device_milli / 1000,
+        )
+
+    def _register(self, run: Running) -> None:
+        self.running[run.workload.id] = run
+        self.quota.add(run.cluster_queue, run.usage)
+        self._tenant_add(run.workload, 1.0)
+
+    def _tenant_add(self, w: Workload, sign: float) -> None:
+        mine = self.tenant_usage.setdefault(w.tenant, {})
+        for r, a in demand_of(w).items():
+            mine[r] = mine.get(r, 0.0) + sign * a
+
+    def capacity(self) -> Mapping[str, float]:
+        state = self.state
+        return {
+            DEVICE_MILLI: float(state.dev_milli_cap.sum()),
+            CPU_MILLI: float(state.cpu_cap.sum()),
+            MEMORY_MIB: float(state.mem_cap.sum()),
+        }
+
+
+def _record(state: ClusterState, pod: PodRequest, placement: object) -> PodAlloc:
+    from gpupool.core.model import PodPlacement
+
+    assert isinstance(placement, PodPlacement)
+    return PodAlloc(
+        node=state.node_index[placement.node],
+        devices=tuple(s.device_index for s in placement.slices),
+        device_milli=tuple(s.compute_milli for s in placement.slices),
+        device_memory_mib=tuple(s.memory_mib for s in placement.slices),
+        cpu_milli=pod.cpu_milli,
+        memory_mib=pod.memory_mib,
+    )
+
+
+def clone_state(state: ClusterState, *, empty: bool = False) -> ClusterState:
+    """An independent copy of a state's capacity arrays (empty: nothing allocated)."""
+    new = copy.copy(state)
+    new.cpu_cap = state.cpu_cap.copy()
+    new.mem_cap = state.mem_cap.copy()
+    new.dev_milli_cap = state.dev_milli_cap.copy()
+    new.dev_mem_cap = state.dev_mem_cap.copy()
+    new.schedulable = state.schedulable.copy()
+    src = new if empty else state
+    new.cpu_free = (src.cpu_cap if empty else src.cpu_free).copy()
+    new.mem_free = (src.mem_cap if empty else src.mem_free).copy()
+    new.dev_milli_free = (src.dev_milli_cap if empty else src.dev_milli_free).copy()
+    new.dev_mem_free = (src.dev_mem_cap if empty else src.dev_mem_free).copy()
+    return new
+
+
+def lower_bound_usage(w: Workload) -> Usage:
+    """What a workload charges at least, wherever it lands (checked before trying to place it)."""
+    usage: Usage = {
+        CPU_MILLI: sum(p.cpu_milli for p in w.pods),
+        MEMORY_MIB: sum(p.memory_mib for p in w.pods),
+        DEVICE_MILLI: w.total_device_milli,
+        DEVICE_MEMORY_MIB: sum(p.device_memory_mib * p.num_devices for p in w.pods),
+    }
+    for p in w.pods:
+        if p.num_devices and len(p.allowed_models) == 1:
+            key = device_resource(next(iter(p.allowed_models)))
+            usage[key] = usage.get(key, 0) + p.total_device_milli
+    return usage
