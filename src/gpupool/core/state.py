@@ -83,6 +83,10 @@ class ClusterState:
         self.dev_mem_free: IntArray = self.dev_mem_cap.copy()
         self.dev_count: IntArray = self.dev_valid.sum(axis=1).astype(np.int64)
         self._allowed_cache: dict[frozenset[str], BoolArray] = {}
+        # Bumped on every change of a node's free capacity, so policies can cache per-node scores.
+        self.node_version: IntArray = np.zeros(n, dtype=np.int64)
+        # Per node: how many placed pods of each kind ("cpu", "share", "<k>-dev") it holds.
+        self.node_pod_kinds: list[dict[str, int]] = [{} for _ in range(n)]
 
     # ----------------------------------------------------------------- construction
 
@@ -201,6 +205,7 @@ class ClusterState:
         ):
             self.dev_milli_free[node, d] -= milli
             self.dev_mem_free[node, d] -= mem
+        self._note_change(record, +1)
 
     def release(self, record: PodAlloc) -> None:
         """Give the record's resources back; raise OverAllocation if more would be freed than exists."""
@@ -225,10 +230,30 @@ class ClusterState:
         ):
             self.dev_milli_free[node, d] += milli
             self.dev_mem_free[node, d] += mem
+        self._note_change(record, -1)
+
+    def pod_kind(self, record: PodAlloc) -> str:
+        """The kind of a placed pod: "cpu", "share" (a fraction of one device) or "<k>-dev"."""
+        if not record.devices:
+            return "cpu"
+        if len(record.devices) == 1 and record.device_milli[0] < MILLI:
+            return "share"
+        return f"{len(record.devices)}-dev"
+
+    def _note_change(self, record: PodAlloc, sign: int) -> None:
+        self.node_version[record.node] += 1
+        kinds = self.node_pod_kinds[record.node]
+        kind = self.pod_kind(record)
+        count = kinds.get(kind, 0) + sign
+        if count:
+            kinds[kind] = count
+        else:
+            kinds.pop(kind, None)
 
     def set_schedulable(self, node: int, schedulable: bool) -> None:
         """Cordon or uncordon a node: running work stays, new work is not placed there."""
         self.schedulable[node] = schedulable
+        self.node_version[node] += 1
 
     def statement(self) -> Statement:
         return Statement(self)

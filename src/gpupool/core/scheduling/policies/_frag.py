@@ -1,0 +1,159 @@
+"""FGD's fragmentation measure: a workload's shape mix and each node's expected unusable devices.
+
+For a pod shape m, node n's fragment F_n(m) is the free device capacity that m cannot use: all of
+it when m does not fit on n at all (cpu, memory, device model, device count), otherwise the free
+capacity of every device whose free share is below what m needs from one device. With shape
+popularities p_m, F_n(M) = sum_m p_m F_n(m) = free_n - sum_m p_m U_n(m), where U_n(m) is the free
+capacity m can use. `FragModel` keeps the per-shape counts and sums behind U for every node and
+updates only the nodes whose `ClusterState.node_version` changed, and evaluates the fragment a node
+would have after a hypothetical placement without copying the state.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+import numpy as np
+import numpy.typing as npt
+
+from gpupool.core.model import PodRequest
+from gpupool.core.state import BoolArray, ClusterState, IntArray
+
+FloatArray = npt.NDArray[np.float64]
+
+
+@dataclass(frozen=True, slots=True)
+class Shape:
+    """What a pod asks for, without its name: the unit FGD's workload distribution counts."""
+
+    cpu_milli: int
+    memory_mib: int
+    num_devices: int
+    device_milli: int
+    allowed_models: frozenset[str] = frozenset()
+
+
+def shape_of(pod: PodRequest) -> Shape:
+    return Shape(pod.cpu_milli, pod.memory_mib, pod.num_devices, pod.device_milli, pod.allowed_models)
+
+
+@dataclass(frozen=True, slots=True)
+class ShapeMix:
+    """Pod shapes and their popularity (weights sum to 1)."""
+
+    shapes: tuple[Shape, ...]
+    weights: tuple[float, ...]
+
+
+def estimate_mix(pods: Iterable[PodRequest], coverage: float = 0.95) -> ShapeMix:
+    """The most popular shapes that together cover `coverage` of the pods, re-weighted to sum to 1.
+
+    Shapes are taken in decreasing count (ties: first seen first) until the covered share reaches
+    `coverage`; coverage >= 1 keeps every shape.
+    """
+    counts = Counter(shape_of(p) for p in pods)
+    total = sum(counts.values())
+    if not total:
+        return ShapeMix((), ())
+    kept: list[tuple[Shape, int]] = []
+    covered = 0
+    for shape, count in counts.most_common():
+        kept.append((shape, count))
+        covered += count
+        if covered >= coverage * total:
+            break
+    return ShapeMix(tuple(s for s, _ in kept), tuple(c / covered for _, c in kept))
+
+
+class FragModel:
+    """Per-node fragmentation of one ClusterState under one ShapeMix, kept up to date incrementally."""
+
+    def __init__(self, state: ClusterState, mix: ShapeMix, cpu_only_counts_all: bool = True) -> None:
+        self.state = state
+        self.mix = mix
+        shapes = mix.shapes
+        self.need = np.array([s.device_milli for s in shapes], dtype=np.int64)
+        self.num = np.array([s.num_devices for s in shapes], dtype=np.int64)
+        self.cpu = np.array([s.cpu_milli for s in shapes], dtype=np.int64)
+        self.mem = np.array([s.memory_mib for s in shapes], dtype=np.int64)
+        self.p = np.array(mix.weights, dtype=np.float64)
+        self.cpu_only = self.num == 0
+        self.cpu_only_counts_all = cpu_only_counts_all
+        n, g = state.dev_valid.shape
+        if shapes:
+            self.elig = np.stack([state.allowed_devices(s.allowed_models) for s in shapes], axis=2)
+        else:
+            self.elig = np.zeros((n, g, 0), dtype=bool)
+        self.version = np.full(n, -1, dtype=np.int64)
+        self.cnt = np.zeros((n, len(shapes)), dtype=np.int64)
+        self.usum = np.zeros((n, len(shapes)), dtype=np.int64)
+        self.frag = np.zeros(n, dtype=np.float64)
+        self.refresh()
+
+    def refresh(self) -> None:
+        """Recompute the nodes whose capacity changed since the last call."""
+        stale = np.flatnonzero(self.version != self.state.node_version)
+        if stale.size == 0:
+            return
+        s = self.state
+        free = s.dev_milli_free[stale]
+        ge = (free[:, :, None] >= self.need) & self.elig[stale]
+        self.cnt[stale] = ge.sum(axis=1)
+        self.usum[stale] = (free[:, :, None] * ge).sum(axis=1)
+        self.frag[stale] = self.fragment(
+            free.sum(axis=1), self.cnt[stale], self.usum[stale], s.cpu_free[stale], s.mem_free[stale]
+        )
+        self.version[stale] = s.node_version[stale]
+
+    def fragment(
+        self, total: npt.ArrayLike, cnt: IntArray, usum: IntArray, cpu: npt.ArrayLike, mem: npt.ArrayLike
+    ) -> FloatArray:
+        """F(M) from free totals [...], per-shape counts/sums [..., S] and free cpu/memory [...]."""
+        total_a = np.asarray(total, dtype=np.float64)
+        cpu_a = np.asarray(cpu)[..., None]
+        mem_a = np.asarray(mem)[..., None]
+        host = (cpu_a >= self.cpu) & (mem_a >= self.mem)
+        usable = np.where(host & (cnt >= self.num), usum, 0).astype(np.float64)
+        if self.cpu_only.any():
+            if self.cpu_only_counts_all:
+                usable[..., self.cpu_only] = 0.0
+            else:
+                whole = np.broadcast_to(total_a[..., None], usable.shape)
+                usable[..., self.cpu_only] = np.where(host, whole, 0.0)[..., self.cpu_only]
+        return np.asarray(total_a - usable @ self.p, dtype=np.float64)
+
+    def after_fraction(self, pod: PodRequest, nodes: IntArray) -> FloatArray:
+        """[K, slot] fragment of each node after putting the fractional `pod` on each slot."""
+        s = self.state
+        milli = pod.device_milli
+        v = s.dev_milli_free[nodes]
+        v2 = v - milli
+        elig = self.elig[nodes]
+        ge1 = (v[:, :, None] >= self.need) & elig
+        ge2 = (v2[:, :, None] >= self.need) & elig
+        cnt = self.cnt[nodes][:, None, :] - ge1 + ge2
+        usum = self.usum[nodes][:, None, :] - v[:, :, None] * ge1 + v2[:, :, None] * ge2
+        total = (v.sum(axis=1) - milli)[:, None]
+        cpu = (s.cpu_free[nodes] - pod.cpu_milli)[:, None]
+        mem = (s.mem_free[nodes] - pod.memory_mib)[:, None]
+        return self.fragment(np.broadcast_to(total, v.shape), cnt, usum, cpu, mem)
+
+    def after_whole(self, pod: PodRequest, nodes: IntArray, chosen: BoolArray) -> FloatArray:
+        """[K] fragment of each node after `pod` takes the whole devices marked in chosen [K, slot]."""
+        s = self.state
+        v = s.dev_milli_free[nodes] * chosen
+        taken = (v[:, :, None] >= self.need) & self.elig[nodes] & chosen[:, :, None]
+        left = (self.need <= 0) & self.elig[nodes] & chosen[:, :, None]
+        cnt = self.cnt[nodes] - taken.sum(axis=1) + left.sum(axis=1)
+        usum = self.usum[nodes] - (v[:, :, None] * taken).sum(axis=1)
+        total = s.dev_milli_free[nodes].sum(axis=1) - v.sum(axis=1)
+        cpu = s.cpu_free[nodes] - pod.cpu_milli
+        mem = s.mem_free[nodes] - pod.memory_mib
+        return self.fragment(total, cnt, usum, cpu, mem)
+
+
+def first_whole_devices(fits: BoolArray, count: int) -> BoolArray:
+    """[K, slot] mask of the first `count` fitting slots of each row (the devices a whole pod takes)."""
+    return fits & (np.cumsum(fits, axis=1) <= count)
