@@ -1,0 +1,57 @@
+"""The FastAPI application: routes under /api/v1, one error shape, /metrics, and the loop's lifetime."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+from fastapi import FastAPI
+from fastapi.responses import Response
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+import gpupool
+from gpupool.server import http_errors
+from gpupool.server.loops.control import ControlLoop
+from gpupool.server.metrics import Metrics, RequestTimer
+from gpupool.server.routers import health, nodes, tenants, workloads
+from gpupool.server.runtime import Runtime
+
+API_PREFIX = "/api/v1"
+
+
+def create_app(rt: Runtime, *, run_loop: bool = True) -> FastAPI:
+    """An app over `rt`; with run_loop the control loop starts and stops with the app."""
+    metrics = Metrics(rt)
+    loop = ControlLoop(rt, metrics)
+
+    @asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        if run_loop:
+            loop.start()
+        try:
+            yield
+        finally:
+            if run_loop:
+                loop.stop()
+
+    app = FastAPI(
+        title="gpupool",
+        version=gpupool.__version__,
+        summary="Pool accelerators and schedule work onto slices of them.",
+        lifespan=lifespan,
+        docs_url="/docs",
+        openapi_url=f"{API_PREFIX}/openapi.json",
+    )
+    app.state.runtime = rt
+    app.state.metrics = metrics
+    app.state.loop = loop
+    http_errors.install(app)
+    for router in (health.router, workloads.router, nodes.router, tenants.router):
+        app.include_router(router, prefix=API_PREFIX)
+
+    @app.get("/metrics", include_in_schema=False)
+    def prometheus() -> Response:
+        return Response(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)
+
+    app.add_middleware(RequestTimer, metrics=metrics)
+    return app

@@ -1,0 +1,82 @@
+"""The one place errors become HTTP answers, all in the shape {"code", "message", "details"}."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from gpupool.errors import GpupoolError
+
+log = logging.getLogger("gpupool.server")
+
+_HTTP_CODES = {400: "bad_request", 401: "unauthorized", 403: "forbidden", 404: "not_found",
+               405: "method_not_allowed", 413: "too_large", 415: "unsupported_media_type"}
+
+
+def error_response(status: int, code: str, message: str, details: dict[str, Any] | None = None,
+                   headers: dict[str, str] | None = None) -> JSONResponse:
+    return JSONResponse({"code": code, "message": message, "details": details or {}}, status_code=status,
+                        headers=headers)
+
+
+def _location(loc: tuple[Any, ...]) -> str:
+    parts = [str(p) for p in loc if p not in ("body", "query", "path", "header")]
+    return ".".join(parts) or "body"
+
+
+def _validation(_: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, RequestValidationError)
+    problems = []
+    for err in exc.errors():
+        field = _location(tuple(err.get("loc", ())))
+        text = str(err.get("msg", "is invalid")).removeprefix("Value error, ")
+        if err.get("type") == "extra_forbidden":
+            text = "is not a known field; remove it or check its spelling"
+        elif err.get("type") == "json_invalid":
+            text = "the request body is not valid JSON"
+        problems.append({"field": field, "problem": text})
+    first = problems[0] if problems else {"field": "body", "problem": "is invalid"}
+    message = f"Field {first['field']!r}: {first['problem']}."
+    if len(problems) > 1:
+        message += f" ({len(problems) - 1} more problem(s) in details.)"
+    return error_response(422, "invalid_input", message, {"errors": problems})
+
+
+def _gpupool(_: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, GpupoolError)
+    status = exc.http_status if exc.http_status < 500 or exc.code != "over_allocation" else 500
+    headers = {"WWW-Authenticate": "Bearer"} if exc.http_status == 401 else None
+    return error_response(status, exc.code, exc.message, _jsonable(exc.details), headers)
+
+
+def _jsonable(details: dict[str, Any]) -> dict[str, Any]:
+    return {k: v if isinstance(v, str | int | float | bool | type(None) | list | dict) else str(v)
+            for k, v in details.items()}
+
+
+def _http(_: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, StarletteHTTPException)
+    code = _HTTP_CODES.get(exc.status_code, "http_error")
+    detail = exc.detail if isinstance(exc.detail, str) else "Request refused."
+    if exc.status_code == 404:
+        detail = "No such API path; see /docs for the routes."
+    elif exc.status_code == 405:
+        detail = "This path does not accept that method; see /docs for the routes."
+    return error_response(exc.status_code, code, detail)
+
+
+def _unexpected(_: Request, exc: Exception) -> JSONResponse:
+    log.error("unexpected error", exc_info=exc)
+    return error_response(500, "internal", "The server hit an unexpected error; it was logged.")
+
+
+def install(app: FastAPI) -> None:
+    app.add_exception_handler(RequestValidationError, _validation)
+    app.add_exception_handler(GpupoolError, _gpupool)
+    app.add_exception_handler(StarletteHTTPException, _http)
+    app.add_exception_handler(Exception, _unexpected)

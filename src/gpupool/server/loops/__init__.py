@@ -1,0 +1,1 @@
+"""Background loops of the server: scheduling (admission and launch) and reconciliation."""

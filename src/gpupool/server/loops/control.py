@@ -1,0 +1,74 @@
+"""The server's one background thread: reconcile, then schedule, then wait to be woken."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+
+from gpupool.core.scheduling.cycle import Policies
+from gpupool.server.loops.reconciler import Reconciler
+from gpupool.server.loops.scheduler import Scheduler
+from gpupool.server.metrics import Metrics
+from gpupool.server.runtime import Runtime
+
+log = logging.getLogger("gpupool.loop")
+
+
+class ControlLoop:
+    """Runs `step()` whenever woken (submit, cancel, quota change) or every interval.
+
+    While pods run it polls the provider often (busy interval) so exits are seen quickly.
+    """
+
+    def __init__(self, rt: Runtime, metrics: Metrics | None = None) -> None:
+        self.rt = rt
+        self.metrics = metrics
+        self.scheduler = Scheduler(rt, Policies(placement=_placement(rt.settings.placement)),
+                                   seed=rt.settings.seed)
+        self.reconciler = Reconciler(rt)
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self.recovered: tuple[int, int] | None = None
+
+    def start(self) -> None:
+        self.recovered = self.reconciler.recover()
+        self._thread = threading.Thread(target=self._run, name="gpupool-control-loop", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self.rt.wake.set()
+        if self._thread is not None:
+            self._thread.join(timeout=30)
+
+    def step(self) -> bool:
+        """One reconcile + schedule pass; True when work is in flight (poll again soon)."""
+        changed = self.reconciler.sync()
+        stats = self.scheduler.cycle()
+        if self.metrics is not None and stats.pending:
+            self.metrics.cycle_seconds.observe(stats.seconds)
+        return bool(changed or stats.admitted or self.reconciler.active)
+
+    def _run(self) -> None:
+        settings = self.rt.settings
+        while not self._stop.is_set():
+            self.rt.wake.clear()
+            try:
+                busy = self.step()
+            except Exception:  # the loop must outlive any one bad cycle
+                log.exception("control loop step failed; retrying")
+                busy = False
+                time.sleep(settings.cycle_interval_s)
+            self.rt.wake.wait(settings.busy_poll_interval_s if busy else settings.cycle_interval_s)
+
+
+def _placement(name: str) -> str:
+    from gpupool.core.scheduling.policies.base import policy_names
+
+    names = policy_names()
+    if name in names:
+        return name
+    fallback = "best-fit" if "best-fit" in names else "first-fit"
+    log.warning("placement policy %r is not registered; using %r", name, fallback)
+    return fallback

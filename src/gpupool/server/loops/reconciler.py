@@ -1,0 +1,114 @@
+"""Reconciliation: turn what the provider reports (exits, losses) into workload transitions.
+
+`recover()` runs once at start-up: pods the store thinks are active are re-adopted when the
+provider still knows them and marked lost (never started again) when it does not.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from gpupool.core.model import WorkloadStatus
+from gpupool.providers.base import PodPhase, PodStatus
+from gpupool.server.orm import PodRow, WorkloadRow
+from gpupool.server.runtime import Runtime
+from gpupool.server.services.events import transition
+from gpupool.server.services.workloads import stop_pods
+from gpupool.server.states import ACTIVE_POD_STATES, EventReason, PodState
+
+log = logging.getLogger("gpupool.reconciler")
+
+_FINAL_PHASES = {PodPhase.SUCCEEDED: PodState.SUCCEEDED, PodPhase.FAILED: PodState.FAILED,
+                 PodPhase.LOST: PodState.LOST, PodPhase.STOPPED: PodState.STOPPED}
+
+
+class Reconciler:
+    def __init__(self, rt: Runtime) -> None:
+        self.rt = rt
+        self._settled: set[str] = set()
+        self.active = 0
+        """Pods the provider reported starting or running at the last sync."""
+
+    def recover(self) -> tuple[int, int]:
+        """Re-adopt or mark lost every active pod after a (re)start; returns (adopted, lost)."""
+        known = {s.pod_id: s for s in self.rt.provider.poll()}
+        now = self.rt.clock()
+        adopted = lost = 0
+        to_stop: list[str] = []
+        with self.rt.store.write() as session:
+            pods = session.scalars(select(PodRow).where(PodRow.status.in_(ACTIVE_POD_STATES))).all()
+            for pod in pods:
+                row = session.get(WorkloadRow, pod.workload_id)
+                if row is None:
+                    continue
+                if pod.id in known:
+                    adopted += 1
+                    if pod.status == PodState.LAUNCHING.value:
+                        pod.status = PodState.RUNNING.value
+                    if row.status == WorkloadStatus.ADMITTED.value:
+                        row.started_s = row.started_s or now
+                        transition(session, row, WorkloadStatus.RUNNING.value, EventReason.ADOPTED,
+                                   "Re-adopted after a server restart.", now, pod.id)
+                    continue
+                lost += 1
+                pod.status, pod.finished_s = PodState.LOST.value, now
+                pod.message = "The provider no longer knows this pod after a server restart."
+                if row.attempt == pod.attempt and not WorkloadStatus(row.status).is_final:
+                    to_stop += stop_pods(session, row, PodState.STOPPED, now)
+                    transition(session, row, WorkloadStatus.FAILED.value, EventReason.LOST_ON_RESTART,
+                               "Lost across a server restart: its pod could not be re-adopted, and it was "
+                               "not started again so it can never run twice; resubmit it.", now, pod.id)
+                    row.finished_s = now
+        for pod_id in to_stop:
+            self.rt.provider.stop(pod_id, grace_s=0)
+        if adopted or lost:
+            log.info("recovery: %d pod(s) re-adopted, %d marked lost", adopted, lost)
+        return adopted, lost
+
+    def sync(self) -> int:
+        """Apply every newly finished pod the provider reports; returns how many changed."""
+        statuses = self.rt.provider.poll()
+        self.active = sum(1 for s in statuses if s.phase in (PodPhase.STARTING, PodPhase.RUNNING))
+        finished = [s for s in statuses if s.phase in _FINAL_PHASES and s.pod_id not in self._settled]
+        if not finished:
+            return 0
+        now = self.rt.clock()
+        to_stop: list[str] = []
+        with self.rt.store.write() as session:
+            for status in finished:
+                to_stop += self._apply(session, status, now)
+        self._settled.update(s.pod_id for s in finished)
+        for pod_id in to_stop:
+            self.rt.provider.stop(pod_id, grace_s=0)
+        return len(finished)
+
+    def _apply(self, session: Session, status: PodStatus, now: float) -> list[str]:
+        pod = session.get(PodRow, status.pod_id)
+        if pod is None:
+            return []
+        if PodState(pod.status).is_active:
+            pod.status = _FINAL_PHASES[status.phase].value
+            pod.exit_code, pod.finished_s, pod.message = status.exit_code, now, status.message[:1024]
+        row = session.get(WorkloadRow, pod.workload_id)
+        if row is None or row.attempt != pod.attempt or WorkloadStatus(row.status).is_final:
+            return []
+        if status.phase is PodPhase.SUCCEEDED:
+            siblings = session.scalars(
+                select(PodRow.status).where(PodRow.workload_id == row.id, PodRow.attempt == row.attempt)
+            ).all()
+            if all(s == PodState.SUCCEEDED.value for s in siblings):
+                row.exit_code, row.finished_s = 0, now
+                transition(session, row, WorkloadStatus.SUCCEEDED.value, EventReason.COMPLETED,
+                           "Every pod exited 0.", now)
+            return []
+        reason = EventReason.POD_FAILED if status.phase is PodPhase.FAILED else EventReason.POD_LOST
+        what = f"exited with code {status.exit_code}" if status.exit_code is not None else "was lost"
+        detail = f": {status.message}" if status.message else ""
+        to_stop = stop_pods(session, row, PodState.STOPPED, now)
+        row.exit_code, row.finished_s = status.exit_code, now
+        transition(session, row, WorkloadStatus.FAILED.value, reason,
+                   f"Pod {pod.name} {what}{detail}.", now, pod.id)
+        return to_stop

@@ -1,0 +1,132 @@
+"""Prometheus metrics: pool gauges read from the store at scrape time, plus latency histograms."""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+from collections.abc import Iterator
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Histogram
+from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+from sqlalchemy import func, select
+
+from gpupool.core.model import WorkloadStatus
+from gpupool.core.units import MILLI
+from gpupool.server.orm import PodRow, WorkloadRow
+from gpupool.server.runtime import Runtime
+from gpupool.server.states import ACTIVE_POD_STATES
+
+_LATENCY_BUCKETS_S = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
+
+
+class Metrics:
+    """One registry per server (so tests can run several apps in one process)."""
+
+    def __init__(self, rt: Runtime) -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+        self.cycle_seconds = Histogram(
+            "gpupool_scheduling_cycle_duration_seconds",
+            "Wall time of one scheduling cycle (snapshot, decide, record).",
+            buckets=_LATENCY_BUCKETS_S, registry=self.registry,
+        )
+        self.request_seconds = Histogram(
+            "gpupool_api_request_duration_seconds",
+            "Wall time of API requests by method, route template and status code.",
+            ["method", "route", "status"], buckets=_LATENCY_BUCKETS_S, registry=self.registry,
+        )
+        self.registry.register(PoolCollector(rt))
+
+
+class PoolCollector(Collector):
+    """Capacity, allocation, queue lengths and workload counts, computed when scraped."""
+
+    def __init__(self, rt: Runtime) -> None:
+        self.rt = rt
+
+    def describe(self) -> list[Metric]:
+        return []
+
+    def collect(self) -> Iterator[Metric]:
+        nodes = self.rt.nodes()
+        capacity = GaugeMetricFamily("gpupool_device_capacity_devices", "Devices in the pool by model.",
+                                     labels=["model", "simulated"])
+        models: Counter[tuple[str, str]] = Counter()
+        model_of: dict[tuple[str, int], str] = {}
+        for n in nodes:
+            for slot, d in enumerate(n.devices):
+                models[(d.model, str(d.simulated).lower())] += 1
+                model_of[(n.name, slot)] = d.model
+        for (model, simulated), count in sorted(models.items()):
+            capacity.add_metric([model, simulated], count)
+        yield capacity
+        with self.rt.store.read() as session:
+            pods = session.execute(
+                select(PodRow.node, PodRow.slices, WorkloadRow.tenant)
+                .join(WorkloadRow, WorkloadRow.id == PodRow.workload_id)
+                .where(PodRow.status.in_(ACTIVE_POD_STATES))
+            ).all()
+            by_status = session.execute(
+                select(WorkloadRow.tenant, WorkloadRow.queue, WorkloadRow.status, func.count())
+                .group_by(WorkloadRow.tenant, WorkloadRow.queue, WorkloadRow.status)
+            ).all()
+        yield from _allocation(pods, model_of)
+        yield from _workloads(by_status)
+
+
+def _allocation(pods: Any, model_of: dict[tuple[str, int], str]) -> Iterator[Metric]:
+    allocated = GaugeMetricFamily("gpupool_device_allocated_devices",
+                                  "Device share held by admitted and running work, by model and tenant.",
+                                  labels=["model", "tenant"])
+    share: Counter[tuple[str, str]] = Counter()
+    for node, slices, tenant in pods:
+        for s in slices:
+            share[(model_of.get((node, s["device_index"]), "unknown"), tenant)] += s["compute_milli"]
+    for (model, tenant), milli in sorted(share.items()):
+        allocated.add_metric([model, tenant], milli / MILLI)
+    yield allocated
+
+
+def _workloads(by_status: Any) -> Iterator[Metric]:
+    states = GaugeMetricFamily("gpupool_workloads", "Workloads by status.", labels=["status"])
+    queued = GaugeMetricFamily("gpupool_queue_pending_workloads", "Pending workloads by tenant and queue.",
+                               labels=["tenant", "queue"])
+    totals: Counter[str] = Counter()
+    for tenant, queue, status, count in by_status:
+        totals[status] += int(count)
+        if status == WorkloadStatus.PENDING.value:
+            queued.add_metric([tenant, queue], int(count))
+    for status in WorkloadStatus:
+        states.add_metric([status.value], totals[status.value])
+    yield states
+    yield queued
+
+
+class RequestTimer:
+    """Pure ASGI middleware timing every HTTP request by its route template."""
+
+    def __init__(self, app: Any, metrics: Metrics) -> None:
+        self.app = app
+        self.metrics = metrics
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        start = time.perf_counter()
+        status = {"code": 500}
+
+        async def send_wrapper(message: Any) -> None:
+            if message["type"] == "http.response.start":
+                status["code"] = message["status"]
+            await send(message)
+
+        try:
+            await self.app(scope, receive, send_wrapper)
+        finally:
+            route = scope.get("route")
+            template = getattr(route, "path", "unmatched")
+            self.metrics.request_seconds.labels(scope["method"], template, str(status["code"])).observe(
+                time.perf_counter() - start
+            )

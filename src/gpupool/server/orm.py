@@ -1,0 +1,142 @@
+"""SQLAlchemy table models: tenants, queues, tokens, workloads, pods, events and node flags.
+
+Rows never leave the services; `services/converters.py` turns them into API schemas.
+Times are float seconds since the epoch (`*_s`); a workload's spec is JSON beside indexed columns.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sqlalchemy import (
+    JSON,
+    BigInteger,
+    Boolean,
+    Float,
+    ForeignKey,
+    ForeignKeyConstraint,
+    Index,
+    Integer,
+    String,
+)
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+
+ID_LENGTH = 64
+NAME_LENGTH = 63
+
+
+class Base(DeclarativeBase):
+    pass
+
+
+class TenantRow(Base):
+    __tablename__ = "tenants"
+
+    name: Mapped[str] = mapped_column(String(NAME_LENGTH), primary_key=True)
+    created_s: Mapped[float] = mapped_column(Float)
+
+
+class QueueRow(Base):
+    """A tenant's local queue; `quota_device_milli` caps what its admitted work may hold."""
+
+    __tablename__ = "queues"
+
+    tenant: Mapped[str] = mapped_column(
+        String(NAME_LENGTH), ForeignKey("tenants.name", ondelete="CASCADE"), primary_key=True
+    )
+    name: Mapped[str] = mapped_column(String(NAME_LENGTH), primary_key=True)
+    quota_device_milli: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    created_s: Mapped[float] = mapped_column(Float)
+
+
+class TokenRow(Base):
+    """A bearer token, stored only as its SHA-256; `tenant` is NULL for admin tokens."""
+
+    __tablename__ = "tokens"
+
+    id: Mapped[str] = mapped_column(String(ID_LENGTH), primary_key=True)
+    token_sha256: Mapped[str] = mapped_column(String(64), unique=True)
+    tenant: Mapped[str | None] = mapped_column(
+        String(NAME_LENGTH), ForeignKey("tenants.name", ondelete="CASCADE"), nullable=True
+    )
+    name: Mapped[str] = mapped_column(String(NAME_LENGTH), default="")
+    created_s: Mapped[float] = mapped_column(Float)
+
+
+class WorkloadRow(Base):
+    __tablename__ = "workloads"
+    __table_args__ = (
+        ForeignKeyConstraint(["tenant", "queue"], ["queues.tenant", "queues.name"]),
+        Index("ix_workloads_status_order", "status", "priority", "submit_s"),
+        Index("ix_workloads_tenant_status", "tenant", "status"),
+    )
+
+    id: Mapped[str] = mapped_column(String(ID_LENGTH), primary_key=True)
+    name: Mapped[str] = mapped_column(String(NAME_LENGTH), default="")
+    tenant: Mapped[str] = mapped_column(String(NAME_LENGTH))
+    queue: Mapped[str] = mapped_column(String(NAME_LENGTH))
+    status: Mapped[str] = mapped_column(String(16))
+    priority: Mapped[int] = mapped_column(Integer, default=0)
+    device_milli: Mapped[int] = mapped_column(BigInteger, default=0)
+    spec: Mapped[dict[str, Any]] = mapped_column(JSON)
+    attempt: Mapped[int] = mapped_column(Integer, default=0)
+    reason: Mapped[str] = mapped_column(String(64), default="")
+    message: Mapped[str] = mapped_column(String(1024), default="")
+    exit_code: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    submit_s: Mapped[float] = mapped_column(Float)
+    admitted_s: Mapped[float | None] = mapped_column(Float, nullable=True)
+    started_s: Mapped[float | None] = mapped_column(Float, nullable=True)
+    finished_s: Mapped[float | None] = mapped_column(Float, nullable=True)
+
+
+class PodRow(Base):
+    """One pod of one attempt of a workload; written before the provider is asked to launch it."""
+
+    __tablename__ = "pods"
+    __table_args__ = (Index("ix_pods_status", "status"),)
+
+    id: Mapped[str] = mapped_column(String(ID_LENGTH), primary_key=True)
+    workload_id: Mapped[str] = mapped_column(
+        String(ID_LENGTH), ForeignKey("workloads.id", ondelete="CASCADE"), index=True
+    )
+    attempt: Mapped[int] = mapped_column(Integer)
+    name: Mapped[str] = mapped_column(String(NAME_LENGTH))
+    rank: Mapped[int] = mapped_column(Integer)
+    status: Mapped[str] = mapped_column(String(16))
+    node: Mapped[str] = mapped_column(String(255))
+    slices: Mapped[list[dict[str, int]]] = mapped_column(JSON)
+    cpu_milli: Mapped[int] = mapped_column(BigInteger, default=0)
+    memory_mib: Mapped[int] = mapped_column(BigInteger, default=0)
+    exit_code: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    message: Mapped[str] = mapped_column(String(1024), default="")
+    created_s: Mapped[float] = mapped_column(Float)
+    finished_s: Mapped[float | None] = mapped_column(Float, nullable=True)
+
+
+class EventRow(Base):
+    """One state transition of a workload (or one of its pods), with a reason and a time."""
+
+    __tablename__ = "events"
+
+    id: Mapped[int] = mapped_column(BigInteger().with_variant(Integer, "sqlite"), primary_key=True,
+                                    autoincrement=True)
+    workload_id: Mapped[str] = mapped_column(
+        String(ID_LENGTH), ForeignKey("workloads.id", ondelete="CASCADE"), index=True
+    )
+    pod_id: Mapped[str] = mapped_column(String(ID_LENGTH), default="")
+    from_status: Mapped[str] = mapped_column(String(16), default="")
+    to_status: Mapped[str] = mapped_column(String(16))
+    reason: Mapped[str] = mapped_column(String(64), default="")
+    message: Mapped[str] = mapped_column(String(1024), default="")
+    at_s: Mapped[float] = mapped_column(Float)
+
+
+class NodeFlagRow(Base):
+    """What an admin decided about a node (cordoned, draining); the provider says what exists."""
+
+    __tablename__ = "node_flags"
+
+    name: Mapped[str] = mapped_column(String(255), primary_key=True)
+    cordoned: Mapped[bool] = mapped_column(Boolean, default=False)
+    draining: Mapped[bool] = mapped_column(Boolean, default=False)
+    updated_s: Mapped[float] = mapped_column(Float)

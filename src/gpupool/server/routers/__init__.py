@@ -1,0 +1,1 @@
+"""Thin HTTP routers: parse, call one service function, return its schema."""

@@ -1,0 +1,17 @@
+"""GET /api/v1/health: is the server up, what provider, is the pool simulated (no token needed)."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter
+
+import gpupool
+from gpupool.server.deps import Rt
+from gpupool.server.schemas.common import Health
+
+router = APIRouter(tags=["health"])
+
+
+@router.get("/health", response_model=Health)
+def health(rt: Rt) -> Health:
+    return Health(status="ok", version=gpupool.__version__, provider=rt.provider.name,
+                  simulated=rt.simulated, database=rt.store.engine.dialect.name)

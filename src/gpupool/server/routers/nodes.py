@@ -1,0 +1,49 @@
+"""Node routes: list, get, cordon, uncordon, drain; and the pool summary."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import APIRouter, Path
+
+from gpupool.server.deps import Rt, Who
+from gpupool.server.schemas.common import ErrorBody
+from gpupool.server.schemas.nodes import NodeOut, PoolSummary
+from gpupool.server.services import nodes as service
+from gpupool.server.services import pool
+
+router = APIRouter(tags=["nodes"], responses={401: {"model": ErrorBody}})
+NodeName = Annotated[str, Path(min_length=1, max_length=255)]
+
+
+@router.get("/nodes", response_model=list[NodeOut])
+def list_nodes(rt: Rt, who: Who) -> list[NodeOut]:
+    return service.list_nodes(rt, who)
+
+
+@router.get("/nodes/{name}", response_model=NodeOut, responses={404: {"model": ErrorBody}})
+def get_node(name: NodeName, rt: Rt, who: Who) -> NodeOut:
+    return service.get_node(rt, who, name)
+
+
+@router.post("/nodes/{name}/cordon", response_model=NodeOut,
+             responses={403: {"model": ErrorBody}, 404: {"model": ErrorBody}})
+def cordon(name: NodeName, rt: Rt, who: Who) -> NodeOut:
+    return service.set_cordon(rt, who, name, cordoned=True)
+
+
+@router.post("/nodes/{name}/uncordon", response_model=NodeOut,
+             responses={403: {"model": ErrorBody}, 404: {"model": ErrorBody}})
+def uncordon(name: NodeName, rt: Rt, who: Who) -> NodeOut:
+    return service.set_cordon(rt, who, name, cordoned=False)
+
+
+@router.post("/nodes/{name}/drain", response_model=NodeOut,
+             responses={403: {"model": ErrorBody}, 404: {"model": ErrorBody}})
+def drain(name: NodeName, rt: Rt, who: Who) -> NodeOut:
+    return service.drain(rt, who, name)
+
+
+@router.get("/pool", response_model=PoolSummary)
+def summary(rt: Rt, who: Who) -> PoolSummary:
+    return pool.summary(rt, who)

@@ -1,0 +1,57 @@
+"""Admin routes: tenants, queues with quotas, tokens (tenants may list what is theirs)."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import APIRouter, Path, Query
+
+from gpupool.server.deps import Rt, Who
+from gpupool.server.schemas.common import NAME_PATTERN, ErrorBody
+from gpupool.server.schemas.tenants import (
+    QueueCreate,
+    QueueOut,
+    QueueUpdate,
+    TenantCreate,
+    TenantOut,
+    TokenCreate,
+    TokenOut,
+)
+from gpupool.server.services import tenants as service
+
+router = APIRouter(tags=["tenants"], responses={401: {"model": ErrorBody}, 403: {"model": ErrorBody},
+                                                422: {"model": ErrorBody}})
+NameParam = Annotated[str, Path(min_length=1, max_length=63, pattern=NAME_PATTERN)]
+
+
+@router.post("/tenants", status_code=201, response_model=TenantOut, responses={409: {"model": ErrorBody}})
+def create_tenant(body: TenantCreate, rt: Rt, who: Who) -> TenantOut:
+    return service.create_tenant(rt, who, body)
+
+
+@router.get("/tenants", response_model=list[TenantOut])
+def list_tenants(rt: Rt, who: Who) -> list[TenantOut]:
+    return service.list_tenants(rt, who)
+
+
+@router.post("/queues", status_code=201, response_model=QueueOut,
+             responses={404: {"model": ErrorBody}, 409: {"model": ErrorBody}})
+def create_queue(body: QueueCreate, rt: Rt, who: Who) -> QueueOut:
+    return service.create_queue(rt, who, body)
+
+
+@router.get("/queues", response_model=list[QueueOut])
+def list_queues(
+    rt: Rt, who: Who, tenant: Annotated[str | None, Query(max_length=63)] = None
+) -> list[QueueOut]:
+    return service.list_queues(rt, who, tenant)
+
+
+@router.patch("/queues/{tenant}/{name}", response_model=QueueOut, responses={404: {"model": ErrorBody}})
+def update_queue(tenant: NameParam, name: NameParam, body: QueueUpdate, rt: Rt, who: Who) -> QueueOut:
+    return service.update_queue(rt, who, tenant, name, body)
+
+
+@router.post("/tokens", status_code=201, response_model=TokenOut, responses={404: {"model": ErrorBody}})
+def create_token(body: TokenCreate, rt: Rt, who: Who) -> TokenOut:
+    return service.create_token(rt, who, body)

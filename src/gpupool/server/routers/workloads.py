@@ -1,0 +1,74 @@
+"""Workload routes: submit, list, get, cancel, events, logs."""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from fastapi import APIRouter, Path, Query
+
+from gpupool.core.model import WorkloadStatus
+from gpupool.server.deps import Rt, Who
+from gpupool.server.schemas.common import ErrorBody
+from gpupool.server.schemas.workloads import (
+    EventOut,
+    LogsOut,
+    WorkloadCreated,
+    WorkloadOut,
+    WorkloadPage,
+    WorkloadSpec,
+)
+from gpupool.server.services import logs as logs_service
+from gpupool.server.services import workloads as service
+
+_ERRORS: dict[int | str, dict[str, object]] = {
+    401: {"model": ErrorBody}, 403: {"model": ErrorBody}, 422: {"model": ErrorBody}
+}
+router = APIRouter(prefix="/workloads", tags=["workloads"], responses=_ERRORS)
+WorkloadId = Annotated[str, Path(min_length=1, max_length=64)]
+
+
+@router.post("", status_code=201, response_model=WorkloadCreated,
+             responses={404: {"model": ErrorBody}, 409: {"model": ErrorBody}})
+def submit(spec: WorkloadSpec, rt: Rt, who: Who) -> WorkloadCreated:
+    return service.submit(rt, who, spec)
+
+
+@router.get("", response_model=WorkloadPage)
+def list_workloads(
+    rt: Rt, who: Who,
+    status: Annotated[list[WorkloadStatus] | None, Query(max_length=6)] = None,
+    tenant: Annotated[str | None, Query(max_length=63)] = None,
+    queue: Annotated[str | None, Query(max_length=63)] = None,
+    limit: Annotated[int, Query(ge=1, le=service.MAX_PAGE)] = 100,
+    offset: Annotated[int, Query(ge=0, le=10**9)] = 0,
+) -> WorkloadPage:
+    return service.list_workloads(rt, who, status=status or (), tenant=tenant, queue=queue, limit=limit,
+                                  offset=offset)
+
+
+@router.get("/{workload_id}", response_model=WorkloadOut, responses={404: {"model": ErrorBody}})
+def get(workload_id: WorkloadId, rt: Rt, who: Who) -> WorkloadOut:
+    return service.get(rt, who, workload_id)
+
+
+@router.post("/{workload_id}/cancel", response_model=WorkloadOut,
+             responses={404: {"model": ErrorBody}, 409: {"model": ErrorBody}})
+def cancel(workload_id: WorkloadId, rt: Rt, who: Who) -> WorkloadOut:
+    return service.cancel(rt, who, workload_id)
+
+
+@router.get("/{workload_id}/events", response_model=list[EventOut], responses={404: {"model": ErrorBody}})
+def events(workload_id: WorkloadId, rt: Rt, who: Who) -> list[EventOut]:
+    return service.events(rt, who, workload_id)
+
+
+@router.get("/{workload_id}/logs", response_model=LogsOut, responses={404: {"model": ErrorBody}})
+def logs(
+    workload_id: WorkloadId, rt: Rt, who: Who,
+    rank: Annotated[int, Query(ge=0, le=100_000)] = 0,
+    offset: Annotated[int, Query(ge=0, le=2**53)] = 0,
+    limit_bytes: Annotated[int, Query(ge=1, le=4 * 2**20)] = 2**20,
+    stream: Annotated[Literal["stdout", "stderr"], Query()] = "stdout",
+) -> LogsOut:
+    return logs_service.read(rt, who, workload_id, rank=rank, offset=offset, limit_bytes=limit_bytes,
+                             stream=stream)

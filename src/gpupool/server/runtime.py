@@ -1,0 +1,52 @@
+"""What a running server shares between its routes, services and loops: store, provider, clock."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+
+from gpupool.core.model import Node
+from gpupool.providers.base import Provider
+from gpupool.server.auth import Authenticator
+from gpupool.server.db import Store
+from gpupool.server.settings import Settings
+
+
+@dataclass
+class Runtime:
+    """The long-lived objects of one server process."""
+
+    settings: Settings
+    store: Store
+    provider: Provider
+    clock: Callable[[], float] = time.time
+    wake: threading.Event = field(default_factory=threading.Event)
+    _nodes: tuple[Node, ...] = ()
+    _nodes_lock: threading.Lock = field(default_factory=threading.Lock)
+    auth: Authenticator = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.auth = Authenticator(self.store)
+
+    def refresh_nodes(self) -> tuple[Node, ...]:
+        """Ask the provider (non-blocking by contract) and keep the answer for readers."""
+        nodes = tuple(self.provider.nodes())
+        with self._nodes_lock:
+            self._nodes = nodes
+        return nodes
+
+    def nodes(self) -> tuple[Node, ...]:
+        """The nodes last seen from the provider (refreshed by the loop), fetched once if empty."""
+        with self._nodes_lock:
+            nodes = self._nodes
+        return nodes or self.refresh_nodes()
+
+    @property
+    def simulated(self) -> bool:
+        return any(d.simulated for n in self.nodes() for d in n.devices)
+
+
+def with_flags(node: Node, cordoned: bool) -> Node:
+    return replace(node, cordoned=node.cordoned or cordoned)

@@ -1,0 +1,60 @@
+"""API models for nodes, their devices, and the pool summary."""
+
+from __future__ import annotations
+
+from pydantic import Field
+
+from gpupool.server.schemas.common import Strict
+
+
+class DeviceOut(Strict):
+    uuid: str
+    model: str
+    index: int
+    memory_mib: int
+    kind: str
+    healthy: bool
+    simulated: bool
+    allocated_milli: int
+    allocated_memory_mib: int
+
+
+class NodeOut(Strict):
+    name: str
+    cpu_milli: int
+    memory_mib: int
+    healthy: bool
+    cordoned: bool
+    draining: bool
+    simulated: bool = Field(description="true when any of its devices is simulated")
+    labels: dict[str, str]
+    devices: list[DeviceOut]
+    allocated_cpu_milli: int
+    allocated_memory_mib: int
+
+
+class ModelUsage(Strict):
+    model: str
+    devices: int
+    simulated: bool
+    allocated_gpus: float
+    utilisation: float = Field(description="allocated device share over capacity, 0..1")
+
+
+class TenantUsage(Strict):
+    tenant: str
+    allocated_gpus: float
+    running: int
+    pending: int
+
+
+class PoolSummary(Strict):
+    simulated: bool
+    nodes: int
+    devices: int
+    capacity_gpus: float
+    allocated_gpus: float
+    utilisation: float
+    by_model: list[ModelUsage]
+    by_tenant: list[TenantUsage]
+    workloads: dict[str, int]

@@ -1,0 +1,149 @@
+"""API models for workloads: the submitted spec, and what the server answers about one."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from pydantic import Field, field_validator
+
+from gpupool.core.units import parse_cpu_milli, parse_devices, parse_memory_mib
+from gpupool.errors import InvalidInput
+from gpupool.server.schemas.common import Name, Strict
+
+MAX_REPLICAS = 256
+MAX_COMMAND_ARGS = 4096
+
+
+def _check(parse: object, value: object) -> object:
+    try:
+        parse(value)  # type: ignore[operator]
+    except InvalidInput as exc:
+        raise ValueError(exc.message) from None
+    return value
+
+
+class ResourcesSpec(Strict):
+    """What each replica asks for; quantities take units ('8GiB', '500m') or plain numbers."""
+
+    gpus: float = Field(0, ge=0, le=1024, description="a fraction below 1 (0.25) or whole devices (2)")
+    gpu_memory: str | int | None = Field(None, description="device memory per device, e.g. 8GiB")
+    cpu: str | float = Field(1, description="cores (4, 0.5) or milli-cores (500m)")
+    memory: str | int = Field("1GiB", description="host memory, e.g. 16GiB")
+    models: list[Annotated[str, Field(min_length=1, max_length=64)]] = Field(
+        default_factory=list, max_length=64, description="allowed device models; empty means any"
+    )
+
+    @field_validator("gpus")
+    @classmethod
+    def _gpus(cls, value: float) -> float:
+        _check(parse_devices, value)
+        return value
+
+    @field_validator("gpu_memory")
+    @classmethod
+    def _gpu_memory(cls, value: str | int | None) -> str | int | None:
+        return None if value is None else _check(parse_memory_mib, value)  # type: ignore[return-value]
+
+    @field_validator("cpu")
+    @classmethod
+    def _cpu(cls, value: str | float) -> str | float:
+        return _check(parse_cpu_milli, value)  # type: ignore[return-value]
+
+    @field_validator("memory")
+    @classmethod
+    def _memory(cls, value: str | int) -> str | int:
+        return _check(parse_memory_mib, value)  # type: ignore[return-value]
+
+
+class WorkloadSpec(Strict):
+    """A workload as submitted: a command run by `replicas` pods placed all-or-nothing."""
+
+    command: list[Annotated[str, Field(max_length=65536)]] = Field(
+        min_length=1, max_length=MAX_COMMAND_ARGS, description="program and arguments"
+    )
+    name: str = Field("", max_length=63, pattern=r"^[A-Za-z0-9._-]*$")
+    tenant: Name | None = Field(None, description="admin only: submit on behalf of this tenant")
+    queue: Name = "default"
+    priority: int = Field(0, ge=-1000, le=1000)
+    replicas: int = Field(1, ge=1, le=MAX_REPLICAS)
+    resources: ResourcesSpec = Field(default_factory=lambda: ResourcesSpec.model_validate({}))
+    env: dict[Annotated[str, Field(min_length=1, max_length=256, pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")],
+              Annotated[str, Field(max_length=65536)]] = Field(default_factory=dict)
+    workdir: str = Field("", max_length=4096)
+    runtime_estimate_s: float | None = Field(None, gt=0)
+
+    @field_validator("command")
+    @classmethod
+    def _command(cls, value: list[str]) -> list[str]:
+        if not value[0].strip():
+            raise ValueError("the first word of the command (the program) must not be empty")
+        return value
+
+
+class SliceOut(Strict):
+    device_index: int
+    compute_milli: int
+    memory_mib: int
+
+
+class PodOut(Strict):
+    id: str
+    name: str
+    rank: int
+    status: str
+    node: str
+    slices: list[SliceOut]
+    simulated: bool
+    exit_code: int | None
+    message: str
+
+
+class WorkloadOut(Strict):
+    id: str
+    name: str
+    tenant: str
+    queue: str
+    status: str = Field(description="pending, admitted, running, succeeded, failed or cancelled")
+    priority: int
+    attempt: int
+    reason: str
+    message: str
+    exit_code: int | None
+    submit_s: float
+    admitted_s: float | None
+    started_s: float | None
+    finished_s: float | None
+    simulated: bool = Field(description="true when its pods hold simulated devices")
+    spec: WorkloadSpec
+    pods: list[PodOut]
+
+
+class WorkloadCreated(Strict):
+    id: str
+    status: str
+
+
+class WorkloadPage(Strict):
+    items: list[WorkloadOut]
+    total: int
+    limit: int
+    offset: int
+
+
+class EventOut(Strict):
+    id: int
+    workload_id: str
+    pod_id: str
+    from_status: str
+    to_status: str
+    reason: str
+    message: str
+    at_s: float
+
+
+class LogsOut(Strict):
+    workload_id: str
+    pod_id: str
+    offset: int = Field(description="byte offset to ask for next")
+    text: str
+    complete: bool = Field(description="true when the workload is finished and every byte was sent")

@@ -1,0 +1,48 @@
+"""Workload logs: the output of one pod, read from the provider by byte offset."""
+
+from __future__ import annotations
+
+from sqlalchemy import select
+
+from gpupool.core.model import WorkloadStatus
+from gpupool.errors import NotFound
+from gpupool.providers.base import Provider
+from gpupool.server.auth import Principal
+from gpupool.server.orm import PodRow, WorkloadRow
+from gpupool.server.runtime import Runtime
+from gpupool.server.schemas.workloads import LogsOut
+
+
+def read(rt: Runtime, who: Principal, workload_id: str, *, rank: int, offset: int,
+         limit_bytes: int, stream: str = "stdout") -> LogsOut:
+    with rt.store.read() as session:
+        row = session.get(WorkloadRow, workload_id)
+        if row is None or not who.may_see(row.tenant):
+            raise NotFound(f"No workload {workload_id!r}; list yours with `gpupool ls`.")
+        pod = session.scalars(
+            select(PodRow).where(PodRow.workload_id == workload_id, PodRow.rank == rank)
+            .order_by(PodRow.attempt.desc())
+        ).first()
+        final = WorkloadStatus(row.status).is_final
+        if pod is None and rank >= max(1, int(row.spec.get("replicas", 1))):
+            raise NotFound(f"Workload {workload_id} has no replica {rank}.")
+        pod_id = pod.id if pod is not None else ""
+    if not pod_id:
+        return LogsOut(workload_id=workload_id, pod_id="", offset=offset, text="", complete=final)
+    text, next_offset = read_provider_log(rt.provider, pod_id, stream, offset, limit_bytes)
+    complete = final and next_offset - offset < limit_bytes
+    return LogsOut(workload_id=workload_id, pod_id=pod_id, offset=next_offset, text=text,
+                   complete=complete)
+
+
+def read_provider_log(provider: Provider, pod_id: str, stream: str, offset: int,
+                      limit_bytes: int) -> tuple[str, int]:
+    """Text from byte `offset` and the next offset; empty when the provider keeps no output."""
+    reader = getattr(provider, "read_log", None)
+    if reader is None:
+        return "", offset
+    try:
+        chunk = reader(pod_id, stream, offset=offset, max_bytes=limit_bytes)
+    except NotFound:
+        return "", offset
+    return str(chunk.text), int(chunk.next_offset)

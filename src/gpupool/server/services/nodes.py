@@ -1,0 +1,139 @@
+"""Node use cases: list and get with their allocation, cordon, uncordon and drain."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass, field
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from gpupool.core.model import Node, WorkloadStatus
+from gpupool.errors import NotFound, did_you_mean
+from gpupool.server.auth import Principal
+from gpupool.server.orm import NodeFlagRow, PodRow, WorkloadRow
+from gpupool.server.runtime import Runtime
+from gpupool.server.schemas.nodes import DeviceOut, NodeOut
+from gpupool.server.services.events import transition
+from gpupool.server.services.workloads import stop_pods
+from gpupool.server.states import ACTIVE_POD_STATES, EventReason, PodState
+
+
+@dataclass
+class NodeUse:
+    """What active pods hold on one node."""
+
+    cpu_milli: int = 0
+    memory_mib: int = 0
+    device_milli: dict[int, int] = field(default_factory=lambda: defaultdict(int))
+    device_memory_mib: dict[int, int] = field(default_factory=lambda: defaultdict(int))
+
+
+def node_usage(session: Session) -> dict[str, NodeUse]:
+    use: dict[str, NodeUse] = defaultdict(NodeUse)
+    rows = session.execute(
+        select(PodRow.node, PodRow.cpu_milli, PodRow.memory_mib, PodRow.slices).where(
+            PodRow.status.in_(ACTIVE_POD_STATES)
+        )
+    ).all()
+    for node, cpu, mem, slices in rows:
+        u = use[node]
+        u.cpu_milli += cpu
+        u.memory_mib += mem
+        for s in slices:
+            u.device_milli[s["device_index"]] += s["compute_milli"]
+            u.device_memory_mib[s["device_index"]] += s["memory_mib"]
+    return use
+
+
+def node_flags(session: Session) -> dict[str, NodeFlagRow]:
+    return {r.name: r for r in session.scalars(select(NodeFlagRow))}
+
+
+def _node_out(node: Node, flags: NodeFlagRow | None, use: NodeUse) -> NodeOut:
+    return NodeOut(
+        name=node.name,
+        cpu_milli=node.cpu_milli,
+        memory_mib=node.memory_mib,
+        healthy=node.healthy,
+        cordoned=node.cordoned or bool(flags and flags.cordoned),
+        draining=bool(flags and flags.draining),
+        simulated=any(d.simulated for d in node.devices),
+        labels=dict(node.labels),
+        devices=[
+            DeviceOut(
+                uuid=d.uuid, model=d.model, index=d.index, memory_mib=d.memory_mib, kind=d.kind.value,
+                healthy=d.healthy, simulated=d.simulated, allocated_milli=use.device_milli.get(slot, 0),
+                allocated_memory_mib=use.device_memory_mib.get(slot, 0),
+            )
+            for slot, d in enumerate(node.devices)
+        ],
+        allocated_cpu_milli=use.cpu_milli,
+        allocated_memory_mib=use.memory_mib,
+    )
+
+
+def list_nodes(rt: Runtime, who: Principal) -> list[NodeOut]:
+    nodes = rt.nodes()
+    with rt.store.read() as session:
+        flags = node_flags(session)
+        use = node_usage(session)
+    return [_node_out(n, flags.get(n.name), use.get(n.name, NodeUse())) for n in nodes]
+
+
+def _find(rt: Runtime, name: str) -> Node:
+    for node in rt.nodes():
+        if node.name == name:
+            return node
+    names = [n.name for n in rt.nodes()]
+    raise NotFound(f"No node named {name!r}.{did_you_mean(name, names)}", node=name)
+
+
+def get_node(rt: Runtime, who: Principal, name: str) -> NodeOut:
+    node = _find(rt, name)
+    with rt.store.read() as session:
+        flags = session.get(NodeFlagRow, name)
+        use = node_usage(session).get(name, NodeUse())
+    return _node_out(node, flags, use)
+
+
+def set_cordon(rt: Runtime, who: Principal, name: str, cordoned: bool) -> NodeOut:
+    """Cordon: no new work lands there; uncordon also ends a drain."""
+    who.require_admin()
+    _find(rt, name)
+    with rt.store.write() as session:
+        _set_flags(session, name, cordoned=cordoned, draining=False, now=rt.clock())
+    rt.wake.set()
+    return get_node(rt, who, name)
+
+
+def _set_flags(session: Session, name: str, *, cordoned: bool, draining: bool, now: float) -> None:
+    row = session.get(NodeFlagRow, name)
+    if row is None:
+        session.add(NodeFlagRow(name=name, cordoned=cordoned, draining=draining, updated_s=now))
+    else:
+        row.cordoned, row.draining, row.updated_s = cordoned, draining, now
+
+
+def drain(rt: Runtime, who: Principal, name: str) -> NodeOut:
+    """Cordon the node and requeue every workload with a pod there (its pods are stopped)."""
+    who.require_admin()
+    _find(rt, name)
+    now = rt.clock()
+    to_stop: list[str] = []
+    with rt.store.write() as session:
+        _set_flags(session, name, cordoned=True, draining=True, now=now)
+        ids = set(session.scalars(
+            select(PodRow.workload_id).where(PodRow.node == name, PodRow.status.in_(ACTIVE_POD_STATES))
+        ))
+        for workload_id in sorted(ids):
+            row = session.get(WorkloadRow, workload_id)
+            if row is None or WorkloadStatus(row.status).is_final:
+                continue
+            to_stop += stop_pods(session, row, PodState.STOPPED, now)
+            transition(session, row, WorkloadStatus.PENDING.value, EventReason.NODE_DRAINED,
+                       f"Requeued: node {name} is being drained.", now)
+    for pod_id in to_stop:
+        rt.provider.stop(pod_id)
+    rt.wake.set()
+    return get_node(rt, who, name)

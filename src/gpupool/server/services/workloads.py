@@ -1,0 +1,169 @@
+"""Workload use cases: submit, list, get, cancel, events and logs."""
+
+from __future__ import annotations
+
+import secrets
+from collections.abc import Sequence
+
+from sqlalchemy import func, select
+from sqlalchemy.orm import Session
+
+from gpupool.core.model import WorkloadStatus
+from gpupool.core.units import MILLI
+from gpupool.errors import Conflict, NotFound, QuotaExceeded, did_you_mean
+from gpupool.server.auth import Principal
+from gpupool.server.orm import PodRow, QueueRow, WorkloadRow
+from gpupool.server.runtime import Runtime
+from gpupool.server.schemas.workloads import (
+    EventOut,
+    WorkloadCreated,
+    WorkloadOut,
+    WorkloadPage,
+    WorkloadSpec,
+)
+from gpupool.server.services.converters import event_row_to_out, workload_row_to_out
+from gpupool.server.services.events import transition
+from gpupool.server.services.specs import to_workload
+from gpupool.server.states import ACTIVE_POD_STATES, EventReason, PodState
+
+MAX_PAGE = 1000
+
+
+def new_workload_id() -> str:
+    return "w-" + secrets.token_hex(6)
+
+
+def submit(rt: Runtime, who: Principal, spec: WorkloadSpec) -> WorkloadCreated:
+    """Validate against the core model, check the queue and its quota, then store it pending."""
+    tenant = who.tenant_for(spec.tenant)
+    workload_id = new_workload_id()
+    now = rt.clock()
+    workload = to_workload(workload_id, spec, tenant, spec.priority, now)
+    stored = spec.model_dump(mode="json", exclude_defaults=True)
+    stored["tenant"] = tenant
+    with rt.store.write() as session:
+        queue = session.get(QueueRow, (tenant, spec.queue))
+        if queue is None:
+            raise _no_queue(session, tenant, spec.queue)
+        quota = queue.quota_device_milli
+        if quota is not None and workload.total_device_milli > quota:
+            raise QuotaExceeded(
+                f"The workload asks for {workload.total_device_milli / MILLI:g} GPUs but queue "
+                f"{tenant}/{spec.queue} may hold at most {quota / MILLI:g}; ask for less or raise the quota.",
+                requested_gpus=workload.total_device_milli / MILLI, quota_gpus=quota / MILLI,
+            )
+        row = WorkloadRow(
+            id=workload_id, name=spec.name, tenant=tenant, queue=spec.queue,
+            status="", priority=spec.priority,
+            device_milli=workload.total_device_milli, spec=stored, attempt=0, reason="", message="",
+            submit_s=now,
+        )
+        session.add(row)
+        session.flush()  # the event row refers to it
+        transition(session, row, WorkloadStatus.PENDING.value, EventReason.SUBMITTED, "Submitted.", now)
+    rt.wake.set()
+    return WorkloadCreated(id=workload_id, status=WorkloadStatus.PENDING.value)
+
+
+def _no_queue(session: Session, tenant: str, queue: str) -> NotFound:
+    names = list(session.scalars(select(QueueRow.name).where(QueueRow.tenant == tenant)).all())
+    return NotFound(
+        f"Tenant {tenant!r} has no queue {queue!r}.{did_you_mean(queue, names)} "
+        f"Known queues: {', '.join(sorted(names)) or 'none'}.",
+        tenant=tenant, queue=queue,
+    )
+
+
+def _simulated_nodes(rt: Runtime) -> frozenset[str]:
+    return frozenset(n.name for n in rt.nodes() if any(d.simulated for d in n.devices))
+
+
+def _visible(session: Session, who: Principal, workload_id: str) -> WorkloadRow:
+    row = session.get(WorkloadRow, workload_id)
+    if row is None or not who.may_see(row.tenant):
+        # A tenant learns nothing about other tenants' ids: not found, not forbidden.
+        raise NotFound(f"No workload {workload_id!r}; list yours with `gpupool ls`.", workload=workload_id)
+    return row
+
+
+def _pods(session: Session, ids: Sequence[str]) -> dict[str, list[PodRow]]:
+    result: dict[str, list[PodRow]] = {i: [] for i in ids}
+    if ids:
+        for pod in session.scalars(select(PodRow).where(PodRow.workload_id.in_(ids))):
+            result[pod.workload_id].append(pod)
+    return result
+
+
+def get(rt: Runtime, who: Principal, workload_id: str) -> WorkloadOut:
+    simulated = _simulated_nodes(rt)
+    with rt.store.read() as session:
+        row = _visible(session, who, workload_id)
+        return workload_row_to_out(row, _pods(session, [row.id])[row.id], simulated)
+
+
+def list_workloads(
+    rt: Runtime, who: Principal, *, status: Sequence[WorkloadStatus] = (), tenant: str | None = None,
+    queue: str | None = None, limit: int = 100, offset: int = 0,
+) -> WorkloadPage:
+    """Newest first; a tenant token sees only its own tenant whatever it asks for."""
+    if who.tenant is not None:
+        if tenant is not None and tenant != who.tenant:
+            return WorkloadPage(items=[], total=0, limit=limit, offset=offset)
+        tenant = who.tenant
+    query = select(WorkloadRow)
+    if status:
+        query = query.where(WorkloadRow.status.in_([s.value for s in status]))
+    if tenant is not None:
+        query = query.where(WorkloadRow.tenant == tenant)
+    if queue is not None:
+        query = query.where(WorkloadRow.queue == queue)
+    simulated = _simulated_nodes(rt)
+    with rt.store.read() as session:
+        total = session.scalar(select(func.count()).select_from(query.subquery())) or 0
+        rows = session.scalars(
+            query.order_by(WorkloadRow.submit_s.desc(), WorkloadRow.id).limit(limit).offset(offset)
+        ).all()
+        pods = _pods(session, [r.id for r in rows])
+        items = [workload_row_to_out(r, pods[r.id], simulated) for r in rows]
+    return WorkloadPage(items=items, total=int(total), limit=limit, offset=offset)
+
+
+def cancel(rt: Runtime, who: Principal, workload_id: str) -> WorkloadOut:
+    """Mark it cancelled (final at once), then ask the provider to stop its pods."""
+    now = rt.clock()
+    with rt.store.write() as session:
+        row = _visible(session, who, workload_id)
+        if WorkloadStatus(row.status).is_final:
+            raise Conflict(f"Workload {workload_id} already {row.status}; there is nothing to cancel.",
+                           status=row.status)
+        to_stop = stop_pods(session, row, PodState.STOPPED, now)
+        transition(session, row, WorkloadStatus.CANCELLED.value, EventReason.CANCELLED_BY_USER,
+                   "Cancelled by the user.", now)
+        row.finished_s = now
+    for pod_id in to_stop:
+        rt.provider.stop(pod_id)
+    rt.wake.set()
+    return get(rt, who, workload_id)
+
+
+def stop_pods(session: Session, row: WorkloadRow, to: PodState, now: float) -> list[str]:
+    """Mark the workload's active pods `to`; returns their ids for the provider (after commit)."""
+    ids = []
+    for pod in session.scalars(
+        select(PodRow).where(PodRow.workload_id == row.id, PodRow.status.in_(ACTIVE_POD_STATES))
+    ):
+        pod.status = to.value
+        pod.finished_s = now
+        ids.append(pod.id)
+    return ids
+
+
+def events(rt: Runtime, who: Principal, workload_id: str) -> list[EventOut]:
+    from gpupool.server.orm import EventRow
+
+    with rt.store.read() as session:
+        _visible(session, who, workload_id)
+        rows = session.scalars(
+            select(EventRow).where(EventRow.workload_id == workload_id).order_by(EventRow.id)
+        ).all()
+        return [event_row_to_out(r) for r in rows]

@@ -1,0 +1,96 @@
+"""Server fixtures: store URLs for SQLite and a real PostgreSQL, and an app over a test provider."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+from fakes import ManualProvider
+from fastapi.testclient import TestClient
+
+from factories import node
+from gpupool.server import pgtemp
+from gpupool.server.app import create_app
+from gpupool.server.db import Store
+from gpupool.server.runtime import Runtime
+from gpupool.server.services.tenants import bootstrap
+from gpupool.server.settings import Settings
+
+
+@pytest.fixture(scope="session")
+def postgres() -> Iterator[pgtemp.TempPostgres]:
+    reason = pgtemp.why_unavailable()
+    if reason:
+        pytest.skip(f"PostgreSQL tests skipped: {reason}")
+    server = pgtemp.start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def db_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    if request.param == "sqlite":
+        return f"sqlite:///{tmp_path / 'store.sqlite'}"
+    server: pgtemp.TempPostgres = request.getfixturevalue("postgres")
+    return server.create_database()
+
+
+@dataclass
+class Server:
+    """A test server: its runtime, its provider, an HTTP client and the admin token."""
+
+    rt: Runtime
+    provider: ManualProvider
+    client: TestClient
+    admin_token: str
+
+    def headers(self, token: str | None = None) -> dict[str, str]:
+        return {"Authorization": f"Bearer {token or self.admin_token}"}
+
+    def wait_for(self, predicate: Callable[[], bool], timeout_s: float = 10.0) -> None:
+        deadline = time.monotonic() + timeout_s
+        while not predicate():
+            if time.monotonic() > deadline:
+                raise AssertionError("condition not reached in time")
+            self.rt.wake.set()
+            time.sleep(0.01)
+
+    def status(self, workload_id: str, token: str | None = None) -> str:
+        answer = self.client.get(f"/api/v1/workloads/{workload_id}", headers=self.headers(token))
+        return str(answer.json()["status"])
+
+
+def make_runtime(url: str, data_dir: Path, provider: ManualProvider) -> tuple[Runtime, str | None]:
+    settings = Settings(data_dir=data_dir, database_url=url, placement="first-fit",
+                        cycle_interval_s=0.05, busy_poll_interval_s=0.01)
+    rt = Runtime(settings=settings, store=Store.open(url), provider=provider)
+    return rt, bootstrap(rt)
+
+
+@pytest.fixture
+def server_factory(tmp_path: Path) -> Iterator[Callable[..., Server]]:
+    clients: list[TestClient] = []
+
+    def make(url: str = "", provider: ManualProvider | None = None) -> Server:
+        url = url or f"sqlite:///{tmp_path / 'store.sqlite'}"
+        provider = provider or ManualProvider([node("n0", devices=8, model="H100")])
+        rt, token = make_runtime(url, tmp_path, provider)
+        client = TestClient(create_app(rt))
+        client.__enter__()
+        clients.append(client)
+        return Server(rt=rt, provider=provider, client=client, admin_token=token or "")
+
+    yield make
+    for client in clients:
+        client.__exit__(None, None, None)
+        client.app.state.runtime.store.close()  # type: ignore[attr-defined]
+
+
+@pytest.fixture
+def server(server_factory: Callable[..., Server]) -> Server:
+    return server_factory()

@@ -1,0 +1,70 @@
+"""The store's use cases on both back ends: submit, schedule, finish, cancel, quota, events."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from fakes import ManualProvider
+
+from conftest import make_runtime
+from factories import node
+from gpupool.errors import Conflict, NotFound, QuotaExceeded
+from gpupool.server.auth import Principal
+from gpupool.server.loops.control import ControlLoop
+from gpupool.server.schemas.tenants import QueueCreate, TenantCreate
+from gpupool.server.schemas.workloads import WorkloadSpec
+from gpupool.server.services import tenants, workloads
+
+ADMIN = Principal("admin", None)
+
+
+def _spec(gpus: float = 0.25, **extra: object) -> WorkloadSpec:
+    return WorkloadSpec.model_validate({"command": ["true"], "resources": {"gpus": gpus}, **extra})
+
+
+def test_lifecycle_is_recorded_on_both_back_ends(db_url: str, tmp_path: Path) -> None:
+    provider = ManualProvider([node("n0", devices=1, model="H100")])
+    rt, token = make_runtime(db_url, tmp_path, provider)
+    assert token is not None and make_runtime(db_url, tmp_path, provider)[1] is None  # once only
+    loop = ControlLoop(rt)
+    ids = [workloads.submit(rt, ADMIN, _spec(0.5)).id for _ in range(3)]
+    loop.step()
+    running = provider.running()
+    assert len(running) == 2  # two halves fit one device; the third waits
+    assert workloads.get(rt, ADMIN, ids[2]).status == "pending"
+    assert workloads.get(rt, ADMIN, ids[2]).reason != ""
+    provider.finish(running[0], 0)
+    provider.finish(running[1], 3)
+    loop.step()
+    loop.step()
+    states = sorted(workloads.get(rt, ADMIN, i).status for i in ids)
+    assert states == ["failed", "running", "succeeded"]
+    failed = next(workloads.get(rt, ADMIN, i) for i in ids if workloads.get(rt, ADMIN, i).status == "failed")
+    assert failed.exit_code == 3 and failed.reason == "pod_failed"
+    third = workloads.cancel(rt, ADMIN, ids[2])
+    assert third.status == "cancelled"
+    assert provider.stopped == [third.pods[0].id]
+    with pytest.raises(Conflict):
+        workloads.cancel(rt, ADMIN, ids[2])
+    reasons = [e.reason for e in workloads.events(rt, ADMIN, ids[2])]
+    assert reasons == ["submitted", "admitted", "launched", "cancelled_by_user"]
+    rt.store.close()
+
+
+def test_queue_quota_caps_admitted_work(db_url: str, tmp_path: Path) -> None:
+    provider = ManualProvider([node("n0", devices=8, model="H100")])
+    rt, _ = make_runtime(db_url, tmp_path, provider)
+    tenants.create_tenant(rt, ADMIN, TenantCreate(name="team-a"))
+    tenants.create_queue(rt, ADMIN, QueueCreate(tenant="team-a", name="small", quota_gpus=1))
+    with pytest.raises(QuotaExceeded):
+        workloads.submit(rt, ADMIN, _spec(2, tenant="team-a", queue="small"))
+    with pytest.raises(NotFound, match="smal"):
+        workloads.submit(rt, ADMIN, _spec(1, tenant="team-a", queue="smal"))
+    for _ in range(6):
+        workloads.submit(rt, ADMIN, _spec(0.25, tenant="team-a", queue="small"))
+    ControlLoop(rt).step()
+    assert len(provider.running()) == 4
+    (queue,) = [q for q in tenants.list_queues(rt, ADMIN, "team-a") if q.name == "small"]
+    assert queue.used_gpus == 1.0 and queue.pending == 2
+    rt.store.close()
