@@ -13,6 +13,7 @@ from enum import StrEnum
 from typing import ClassVar
 
 from gpupool.core.model import Node, Slice
+from gpupool.errors import ProviderError
 
 
 class PodPhase(StrEnum):
@@ -21,6 +22,12 @@ class PodPhase(StrEnum):
     SUCCEEDED = "succeeded"
     FAILED = "failed"
     LOST = "lost"
+    STOPPED = "stopped"
+    """Ended because stop() asked it to (cancel, preemption, eviction); exit_code says how it died."""
+
+    @property
+    def is_final(self) -> bool:
+        return self not in (PodPhase.STARTING, PodPhase.RUNNING)
 
 
 @dataclass(frozen=True, slots=True)
@@ -38,6 +45,7 @@ class PodLaunch:
     workdir: str = ""
     rank: int = 0
     world_size: int = 1
+    local_rank: int = 0
     master_addr: str = "127.0.0.1"
     master_port: int = 0
     ib_hcas: tuple[str, ...] = ()
@@ -49,6 +57,29 @@ class PodStatus:
     phase: PodPhase
     exit_code: int | None = None
     message: str = ""
+    node: str = ""
+    started_at_s: float | None = None
+    finished_at_s: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class LogChunk:
+    """Log text from byte `offset` to `next_offset`; `finished` once the pod ended and all is read."""
+
+    text: str
+    next_offset: int
+    finished: bool
+
+
+@dataclass(frozen=True, slots=True)
+class HealthEvent:
+    """A device or node changed health: `device_uuid` empty means the whole node."""
+
+    time_s: float
+    node: str
+    device_uuid: str
+    healthy: bool
+    reason: str
 
 
 class Capability(StrEnum):
@@ -90,6 +121,24 @@ class Provider(ABC):
     def poll(self) -> list[PodStatus]:
         """The current status of every pod this provider knows, including finished ones with
         their exit codes. Non-blocking, idempotent."""
+
+    def read_log(self, pod_id: str, stream: str = "stdout", offset: int = 0) -> LogChunk:
+        """The pod's log text from byte `offset`. Non-blocking. Raises NotFound for an unknown pod,
+        InvalidInput for a stream other than stdout/stderr."""
+        raise ProviderError(f"The {self.name} provider keeps no logs.")
+
+    def inject_fault(self, node: str, device_uuid: str = "", reason: str = "injected fault") -> None:
+        """Mark a device (or, with no uuid, the whole node) unhealthy, as a real fault would.
+        Idempotent. Raises NotFound for an unknown node or device, ProviderError when unsupported."""
+        raise ProviderError(f"The {self.name} provider cannot inject faults.")
+
+    def clear_fault(self, node: str, device_uuid: str = "") -> None:
+        """Undo inject_fault for that device (or node). Idempotent. Raises like inject_fault."""
+        raise ProviderError(f"The {self.name} provider cannot inject faults.")
+
+    def health_events(self) -> list[HealthEvent]:
+        """Every health change seen so far, oldest first. Non-blocking, idempotent."""
+        return []
 
     def close(self) -> None:
         """Release the provider's resources (threads, daemons). Idempotent."""

@@ -1,7 +1,161 @@
-"""The in-memory provider for the simulator and tests: deterministic, clock-driven, with faults."""
+"""The in-memory provider for the simulator and tests: deterministic, clock-driven, with faults.
+
+Pods "run" from launch for `duration_s` (or until stopped) on an injected clock. Per pod, the
+launch environment may override: GPUPOOL_FAKE_DURATION_S (seconds), GPUPOOL_FAKE_EXIT_CODE (the
+code it ends with) and GPUPOOL_FAKE_IGNORE_TERM=1 (a stop then takes the whole grace period and
+ends with SIGKILL's 137 instead of SIGTERM's 143).
+"""
 
 from __future__ import annotations
 
-from gpupool.providers.nodespec import SPEC_SYNTAX, nodes_from_openb_csv, nodes_from_spec
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
 
-__all__ = ["SPEC_SYNTAX", "nodes_from_openb_csv", "nodes_from_spec"]
+from gpupool.core.model import Node
+from gpupool.errors import InvalidInput, NotFound, ProviderError
+from gpupool.providers.base import (
+    Capability,
+    HealthEvent,
+    LogChunk,
+    PodLaunch,
+    PodPhase,
+    PodStatus,
+    Provider,
+)
+from gpupool.providers.nodespec import SPEC_SYNTAX, nodes_from_openb_csv, nodes_from_spec
+from gpupool.providers.registry import register_provider
+
+__all__ = ["SPEC_SYNTAX", "FakeProvider", "nodes_from_openb_csv", "nodes_from_spec"]
+
+SIGTERM_EXIT = 143
+SIGKILL_EXIT = 137
+
+
+@dataclass
+class _FakePod:
+    launch: PodLaunch
+    started_at_s: float
+    duration_s: float
+    exit_code: int
+    ignore_term: bool
+    stop_at_s: float | None = None
+    grace_s: float = 0.0
+
+
+def _env_float(pod: PodLaunch, key: str, default: float) -> float:
+    raw = pod.env.get(key)
+    if raw is None:
+        return default
+    try:
+        return float(raw)
+    except ValueError:
+        raise InvalidInput(f"Pod {pod.pod_id!r}: {key} must be a number, got {raw!r}.") from None
+
+
+@register_provider("fake")
+class FakeProvider(Provider):
+    """Simulated nodes (a list, or a spec for nodes_from_spec) and pods that end on the clock."""
+
+    def __init__(self, nodes: Sequence[Node] | str = "2x8xT4", *, clock: Callable[[], float] | None = None,
+                 duration_s: float = 60.0, startup_s: float = 0.0) -> None:
+        self._nodes = {n.name: n for n in (nodes_from_spec(nodes) if isinstance(nodes, str) else nodes)}
+        self._now = 0.0
+        self._clock = clock or (lambda: self._now)
+        self.duration_s = duration_s
+        self.startup_s = startup_s
+        self._pods: dict[str, _FakePod] = {}
+        self._faults: dict[tuple[str, str], str] = {}
+        self._events: list[HealthEvent] = []
+
+    def advance(self, seconds: float) -> None:
+        """Move the built-in clock forward (only when no clock was injected)."""
+        self._now += seconds
+
+    def missing_capabilities(self) -> dict[Capability, str]:
+        reason = "the fake provider simulates pods in memory"
+        return {Capability.REAL_PROCESSES: f"{reason}; nothing is executed",
+                Capability.GPU: f"{reason}; its devices are simulated",
+                Capability.MPS: f"{reason}; there is no device to share",
+                Capability.CGROUPS: f"{reason}; no host limits apply"}
+
+    def nodes(self) -> list[Node]:
+        out = []
+        for node in self._nodes.values():
+            devices = tuple(replace(d, healthy=d.healthy and (node.name, d.uuid) not in self._faults)
+                            for d in node.devices)
+            healthy = node.healthy and (node.name, "") not in self._faults
+            out.append(replace(node, devices=devices, healthy=healthy))
+        return out
+
+    def launch(self, pod: PodLaunch) -> None:
+        if pod.node not in self._nodes:
+            raise ProviderError(f"Unknown node {pod.node!r}; the fake provider has {len(self._nodes)} nodes.")
+        if pod.pod_id in self._pods:
+            return
+        self._pods[pod.pod_id] = _FakePod(
+            launch=pod, started_at_s=self._clock(),
+            duration_s=_env_float(pod, "GPUPOOL_FAKE_DURATION_S", self.duration_s),
+            exit_code=int(_env_float(pod, "GPUPOOL_FAKE_EXIT_CODE", 0)),
+            ignore_term=pod.env.get("GPUPOOL_FAKE_IGNORE_TERM") == "1")
+
+    def stop(self, pod_id: str, grace_s: float = 10.0) -> None:
+        pod = self._pods.get(pod_id)
+        if pod is None or pod.stop_at_s is not None or self._status(pod).phase.is_final:
+            return
+        pod.stop_at_s, pod.grace_s = self._clock(), max(0.0, grace_s)
+
+    def _status(self, pod: _FakePod) -> PodStatus:
+        now = self._clock()
+        run_from = pod.started_at_s + self.startup_s
+        natural_end = run_from + pod.duration_s
+        base = PodStatus(pod_id=pod.launch.pod_id, phase=PodPhase.STARTING, node=pod.launch.node,
+                         started_at_s=pod.started_at_s)
+        if pod.stop_at_s is not None and pod.stop_at_s < natural_end:
+            end = pod.stop_at_s + (pod.grace_s if pod.ignore_term else 0.0)
+            if now >= end and end < natural_end:
+                code = SIGKILL_EXIT if pod.ignore_term else SIGTERM_EXIT
+                how = "killed after the grace period" if pod.ignore_term else "stopped by SIGTERM"
+                return replace(base, phase=PodPhase.STOPPED, exit_code=code, message=how, finished_at_s=end)
+        if now >= natural_end:
+            phase = PodPhase.SUCCEEDED if pod.exit_code == 0 else PodPhase.FAILED
+            return replace(base, phase=phase, exit_code=pod.exit_code, finished_at_s=natural_end,
+                           message=f"exited with code {pod.exit_code}")
+        return replace(base, phase=PodPhase.RUNNING) if now >= run_from else base
+
+    def poll(self) -> list[PodStatus]:
+        return [self._status(p) for p in self._pods.values()]
+
+    def read_log(self, pod_id: str, stream: str = "stdout", offset: int = 0) -> LogChunk:
+        if stream not in ("stdout", "stderr"):
+            raise InvalidInput(f"Unknown log stream {stream!r}; use 'stdout' or 'stderr'.")
+        pod = self._pods.get(pod_id)
+        if pod is None:
+            raise NotFound(f"No pod {pod_id!r} on the fake provider.", pod_id=pod_id)
+        status = self._status(pod)
+        text = ""
+        if stream == "stdout":
+            text = f"fake pod {pod_id} started at {pod.started_at_s:g}s on {pod.launch.node}\n"
+            if status.phase.is_final:
+                text += f"fake pod {pod_id} {status.phase.value}: {status.message}\n"
+        data = text.encode()
+        return LogChunk(data[offset:].decode(), len(data), status.phase.is_final)
+
+    def _check(self, node: str, device_uuid: str) -> None:
+        if node not in self._nodes:
+            raise NotFound(f"No node {node!r} in the fake provider.")
+        if device_uuid and device_uuid not in {d.uuid for d in self._nodes[node].devices}:
+            raise NotFound(f"Node {node!r} has no device {device_uuid!r}.")
+
+    def inject_fault(self, node: str, device_uuid: str = "", reason: str = "injected fault") -> None:
+        self._check(node, device_uuid)
+        if (node, device_uuid) not in self._faults:
+            self._faults[(node, device_uuid)] = reason
+            self._events.append(HealthEvent(self._clock(), node, device_uuid, False, reason))
+
+    def clear_fault(self, node: str, device_uuid: str = "") -> None:
+        self._check(node, device_uuid)
+        if self._faults.pop((node, device_uuid), None) is not None:
+            self._events.append(HealthEvent(self._clock(), node, device_uuid, True, "fault cleared"))
+
+    def health_events(self) -> list[HealthEvent]:
+        return list(self._events)

@@ -1,0 +1,255 @@
+"""Turn a placed pod into the environment and limits that enforce its slice, layer by layer.
+
+Layers (docs/isolation.md says what each enforces and what it cannot):
+  1. device selection - the vendor's visible-devices variable, by UUID or index per the profile;
+  2. CUDA MPS         - thread percentage and pinned memory limit per client, via the MPS daemon;
+  3. framework caps   - torch memory fraction (injected sitecustomize), XLA and CuPy variables;
+  4. host limits      - cgroup v2 cpu.max/memory.max where a delegated tree is writable, else RLIMITs;
+  5. gang environment - MASTER_ADDR/PORT, WORLD_SIZE, RANK, LOCAL_RANK, NCCL_IB_HCA.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import os
+import zlib
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from enum import StrEnum
+from pathlib import Path
+
+from gpupool.agent.runner import HostLimits
+from gpupool.core.model import Device, Node, Slice
+from gpupool.core.units import MILLI
+from gpupool.errors import InvalidInput
+from gpupool.profiles import DeviceProfile, ProfileSet, VisibleBy, default_profiles
+from gpupool.providers.base import PodLaunch
+
+SITECUSTOMIZE_DIR = Path(__file__).with_name("sitecustomize")
+CGROUP_ROOT_ENV = "GPUPOOL_CGROUP_ROOT"
+TORCH_FRACTION_ENV = "GPUPOOL_TORCH_MEMORY_FRACTION"
+CPU_PERIOD_US = 100_000
+DEFAULT_MASTER_PORT_BASE = 29_500
+
+VISIBLE_DEVICE_VARS = ("CUDA_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES",
+                       "ASCEND_RT_VISIBLE_DEVICES", "NVIDIA_VISIBLE_DEVICES")
+CONTROLLED_PREFIXES = ("CUDA_MPS_", "GPUPOOL_")
+CONTROLLED_VARS = frozenset({
+    *VISIBLE_DEVICE_VARS, "XLA_PYTHON_CLIENT_MEM_FRACTION", "CUPY_GPU_MEMORY_LIMIT", "MASTER_ADDR",
+    "MASTER_PORT", "WORLD_SIZE", "RANK", "LOCAL_RANK", "NCCL_IB_HCA",
+})
+
+
+class Layer(StrEnum):
+    DEVICE_SELECTION = "device_selection"
+    MPS = "mps"
+    FRAMEWORK_CAPS = "framework_caps"
+    HOST_LIMITS = "host_limits"
+    GANG = "gang"
+
+
+@dataclass(frozen=True, slots=True)
+class LayerState:
+    """Whether a layer is in force for this pod, and why (or why not)."""
+
+    layer: Layer
+    active: bool
+    detail: str
+
+
+@dataclass(frozen=True, slots=True)
+class IsolationPlan:
+    """The variables and host limits that enforce one pod's slice."""
+
+    env: Mapping[str, str]
+    host_limits: HostLimits
+    cgroup_files: Mapping[str, str] = field(default_factory=dict)
+    layers: tuple[LayerState, ...] = ()
+
+    def process_env(self, base: Mapping[str, str], user: Mapping[str, str]) -> dict[str, str]:
+        """The pod's full environment: `base` without anything isolation controls, then the
+        user's variables, then the isolation variables (which the user cannot override)."""
+        env = {k: v for k, v in base.items()
+               if k not in CONTROLLED_VARS and not k.startswith(CONTROLLED_PREFIXES)}
+        env.update(user)
+        env.update(self.env)
+        return env
+
+
+def _devices_of(pod: PodLaunch, node: Node) -> list[tuple[Slice, Device]]:
+    by_index = {d.index: d for d in node.devices}
+    pairs = []
+    for piece in pod.slices:
+        device = by_index.get(piece.device_index)
+        if device is None:
+            raise InvalidInput(
+                f"Pod {pod.pod_id!r} names device index {piece.device_index}, which node {node.name!r} "
+                f"does not have (it has {sorted(by_index)})."
+            )
+        pairs.append((piece, device))
+    return pairs
+
+
+def _profile(profiles: ProfileSet, device: Device) -> DeviceProfile | None:
+    return profiles.find(device.model)
+
+
+def device_selection_env(pairs: list[tuple[Slice, Device]], node: Node,
+                         profiles: ProfileSet) -> tuple[dict[str, str], LayerState]:
+    """Layer 1: the vendor's visible-devices variable naming exactly the pod's devices."""
+    if not pairs:
+        hidden = {"CUDA_VISIBLE_DEVICES": ""}
+        for device in node.devices:
+            profile = _profile(profiles, device)
+            if profile is not None:
+                hidden[profile.visible_devices_env] = ""
+        return hidden, LayerState(Layer.DEVICE_SELECTION, True, "no devices: every device hidden")
+    names: dict[str, list[str]] = {}
+    for _, device in pairs:
+        profile = _profile(profiles, device)
+        var = profile.visible_devices_env if profile else "CUDA_VISIBLE_DEVICES"
+        by_index = profile is not None and profile.visible_devices_by is VisibleBy.INDEX
+        names.setdefault(var, []).append(str(device.index) if by_index else device.uuid)
+    env = {var: ",".join(values) for var, values in names.items()}
+    detail = "; ".join(f"{var}={value}" for var, value in env.items())
+    return env, LayerState(Layer.DEVICE_SELECTION, True, detail)
+
+
+def _memory_cap_mib(piece: Slice, device: Device) -> int:
+    """The slice's memory when it is a real cap (known and smaller than the device), else 0."""
+    if piece.memory_mib <= 0:
+        return 0
+    if device.memory_mib and piece.memory_mib >= device.memory_mib:
+        return 0
+    return piece.memory_mib
+
+
+def mps_env(pairs: list[tuple[Slice, Device]], profiles: ProfileSet,
+            client_env: Mapping[str, str] | None) -> tuple[dict[str, str], LayerState]:
+    """Layer 2: MPS client limits for a fractional slice (thread share and pinned memory)."""
+    shared = [(p, d) for p, d in pairs if p.compute_milli < MILLI or _memory_cap_mib(p, d)]
+    if not shared:
+        return {}, LayerState(Layer.MPS, False, "whole devices: no MPS needed")
+    unable = [d.model for _, d in shared
+              if not ((prof := _profile(profiles, d)) and prof.sharing.mps and prof.sharing.mps_limits)]
+    if unable:
+        return {}, LayerState(Layer.MPS, False, f"{unable[0]} cannot cap MPS clients")
+    percent = max(1, math.ceil(max(p.compute_milli for p, _ in shared) * 100 / MILLI))
+    env = {"CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": str(percent)}
+    limits = [f"{ordinal}={cap}M" for ordinal, (p, d) in enumerate(pairs) if (cap := _memory_cap_mib(p, d))]
+    if limits:
+        env["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] = ",".join(limits)
+    if client_env is None:
+        return env, LayerState(Layer.MPS, False, "limits set, but no MPS daemon runs here: not enforced")
+    env.update(client_env)
+    return env, LayerState(Layer.MPS, True, f"{percent}% of threads, memory {limits or 'uncapped'}")
+
+
+def _fraction_text(fraction: float) -> str:
+    return f"{fraction:.4f}".rstrip("0").rstrip(".")
+
+
+def framework_env(pairs: list[tuple[Slice, Device]],
+                  base_pythonpath: str) -> tuple[dict[str, str], LayerState]:
+    """Layer 3: framework allocator caps (torch via sitecustomize, JAX/XLA, CuPy)."""
+    capped = [(p, d, cap) for p, d in pairs if (cap := _memory_cap_mib(p, d))]
+    if not capped:
+        return {}, LayerState(Layer.FRAMEWORK_CAPS, False, "no memory cap asked (or device memory unknown)")
+    piece, device, cap = capped[0]
+    env = {"CUPY_GPU_MEMORY_LIMIT": str(cap * 2**20)}
+    if device.memory_mib:
+        fraction = _fraction_text(cap / device.memory_mib)
+        env |= {TORCH_FRACTION_ENV: fraction, "XLA_PYTHON_CLIENT_MEM_FRACTION": fraction}
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (str(SITECUSTOMIZE_DIR), base_pythonpath) if p)
+    return env, LayerState(Layer.FRAMEWORK_CAPS, True, f"{cap} MiB of device {piece.device_index}")
+
+
+def gang_env(pod: PodLaunch) -> tuple[dict[str, str], LayerState]:
+    """Layer 5: what torch.distributed and NCCL need to form the gang."""
+    if pod.world_size <= 1 and not pod.ib_hcas:
+        return {}, LayerState(Layer.GANG, False, "single pod")
+    port = pod.master_port or DEFAULT_MASTER_PORT_BASE + zlib.crc32(pod.workload_id.encode()) % 2000
+    env = {"MASTER_ADDR": pod.master_addr, "MASTER_PORT": str(port), "WORLD_SIZE": str(pod.world_size),
+           "RANK": str(pod.rank), "LOCAL_RANK": str(pod.local_rank)}
+    if pod.ib_hcas:
+        env["NCCL_IB_HCA"] = "=" + ",".join(pod.ib_hcas)  # '=' makes NCCL match names exactly
+    return env, LayerState(Layer.GANG, True, f"rank {pod.rank} of {pod.world_size}")
+
+
+def find_cgroup_root(explicit: Path | str | None = None) -> Path | None:
+    """The delegated cgroup v2 directory pods are created under, when usable.
+
+    Taken from `explicit` or GPUPOOL_CGROUP_ROOT; usable when it is a cgroup v2 directory
+    (has cgroup.controllers), writable, and offers the cpu and memory controllers.
+    """
+    raw = explicit or os.environ.get(CGROUP_ROOT_ENV)
+    if not raw:
+        return None
+    root = Path(raw)
+    try:
+        controllers = (root / "cgroup.controllers").read_text().split()
+    except OSError:
+        return None
+    if not os.access(root, os.W_OK) or not {"cpu", "memory"} <= set(controllers):
+        return None
+    return root
+
+
+def host_limits(pod: PodLaunch, cgroup_root: Path | None,
+                has_devices: bool) -> tuple[HostLimits, dict[str, str], LayerState]:
+    """Layer 4: cgroup v2 files for a pod cgroup, or an RLIMIT_DATA fallback."""
+    if cgroup_root is not None:
+        cpu = f"{pod.cpu_milli * CPU_PERIOD_US // MILLI} {CPU_PERIOD_US}" if pod.cpu_milli else "max"
+        memory = str(pod.memory_mib * 2**20) if pod.memory_mib else "max"
+        files = {"cpu.max": cpu, "memory.max": memory}
+        directory = cgroup_root / f"pod-{pod.pod_id}"
+        return HostLimits(cgroup_dir=directory), files, LayerState(
+            Layer.HOST_LIMITS, True, f"cgroup {directory}: cpu.max={cpu}, memory.max={memory}")
+    if pod.memory_mib and not has_devices:
+        limit = pod.memory_mib * 2**20
+        return HostLimits(rlimit_data_bytes=limit), {}, LayerState(
+            Layer.HOST_LIMITS, True, f"no cgroup v2 tree: RLIMIT_DATA={limit}; CPU not capped")
+    reason = "device pods get no memory RLIMIT (GPU drivers map large regions)" if has_devices else ""
+    return HostLimits(), {}, LayerState(
+        Layer.HOST_LIMITS, False, f"no writable cgroup v2 tree: CPU not capped. {reason}".strip())
+
+
+def prepare_cgroup(limits: HostLimits, files: Mapping[str, str]) -> HostLimits:
+    """Create the pod's cgroup and write its limits; on failure fall back to no cgroup."""
+    if limits.cgroup_dir is None:
+        return limits
+    directory = limits.cgroup_dir
+    with contextlib.suppress(OSError):
+        (directory.parent / "cgroup.subtree_control").write_text("+cpu +memory")
+    try:
+        directory.mkdir(exist_ok=True)
+        for name, value in files.items():
+            (directory / name).write_text(value)
+    except OSError:
+        return HostLimits()
+    return limits
+
+
+def plan_isolation(pod: PodLaunch, node: Node, *, profiles: ProfileSet | None = None,
+                   mps_client_env: Mapping[str, str] | None = None, cgroup_root: Path | None = None,
+                   base_pythonpath: str = "") -> IsolationPlan:
+    """Every layer's variables and limits for `pod` on `node`. Pure apart from reading nothing:
+    the caller passes the MPS daemon's client variables (None when no daemon runs) and the cgroup
+    root. Raises InvalidInput when the pod names a device the node lacks."""
+    profiles = profiles or default_profiles()
+    pairs = _devices_of(pod, node)
+    env: dict[str, str] = {"GPUPOOL_POD_ID": pod.pod_id, "GPUPOOL_WORKLOAD_ID": pod.workload_id,
+                           "GPUPOOL_NODE": node.name}
+    if pairs:
+        env["GPUPOOL_DEVICE_MILLI"] = ",".join(str(p.compute_milli) for p, _ in pairs)
+        env["GPUPOOL_DEVICE_MEMORY_MIB"] = ",".join(str(p.memory_mib) for p, _ in pairs)
+    layers = []
+    for part, state in (device_selection_env(pairs, node, profiles),
+                        mps_env(pairs, profiles, mps_client_env),
+                        framework_env(pairs, base_pythonpath), gang_env(pod)):
+        env.update(part)
+        layers.append(state)
+    limits, files, host_state = host_limits(pod, cgroup_root, bool(pairs))
+    layers.insert(3, host_state)
+    return IsolationPlan(env=env, host_limits=limits, cgroup_files=files, layers=tuple(layers))

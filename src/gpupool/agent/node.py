@@ -1,0 +1,202 @@
+"""The node agent: this machine's devices (NVML or simulated), their health, and the pods it runs.
+
+The local provider uses one NodeAgent in-process; a scale-out provider would run one per node.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import socket
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import replace
+from pathlib import Path
+
+from gpupool.agent.isolation import IsolationPlan, find_cgroup_root, plan_isolation, prepare_cgroup
+from gpupool.agent.mps import MpsDaemon
+from gpupool.agent.podstate import PodRecord, write_atomic
+from gpupool.agent.probes.nvml import NvmlProbe, ProbeResult, ProbeStatus
+from gpupool.agent.runner import LogStream, Runner
+from gpupool.core.model import Device, Node
+from gpupool.errors import InvalidInput, NotFound
+from gpupool.profiles import ProfileSet, default_profiles
+from gpupool.providers.base import HealthEvent, LogChunk, PodLaunch
+from gpupool.providers.nodespec import SIMULATED_LABEL, simulated_devices
+
+SIMULATE_SYNTAX = "write DEVICESxMODEL[,...] for this machine, for example '4xH100' or '2xA100,2xT4'"
+_GROUP = re.compile(r"^\s*(\d+)\s*[xX]\s*([A-Za-z0-9][A-Za-z0-9._-]*)\s*$")
+
+
+def simulated_local_devices(spec: str, node_name: str, profiles: ProfileSet) -> tuple[Device, ...]:
+    """Devices for this machine from "DEVICESxMODEL[,...]", indexed in order, marked simulated."""
+    devices: list[Device] = []
+    for group in spec.split(","):
+        match = _GROUP.match(group)
+        if match is None:
+            raise InvalidInput(f"Cannot read simulated devices {group.strip()!r}; {SIMULATE_SYNTAX}.")
+        profile = profiles.get_profile(match.group(2))
+        upto = len(devices) + int(match.group(1))
+        devices.extend(simulated_devices(node_name, profile, upto)[len(devices) :])
+    return tuple(devices)
+
+
+def host_memory_mib() -> int:
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemTotal:"):
+                return int(line.split()[1]) // 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return 0
+
+
+def host_cpu_milli() -> int:
+    try:
+        return len(os.sched_getaffinity(0)) * 1000
+    except (AttributeError, OSError):
+        return (os.cpu_count() or 1) * 1000
+
+
+class NodeAgent:
+    """Discovers devices, tracks their health and runs pods inside their slices on this machine."""
+
+    def __init__(self, state_dir: Path | str, *, node_name: str | None = None, simulate: str | None = None,
+                 fallback_simulate: str | None = None, profiles: ProfileSet | None = None,
+                 probe: NvmlProbe | None = None, mps: MpsDaemon | None = None,
+                 cgroup_root: Path | str | None = None, clock: Callable[[], float] = time.time) -> None:
+        self.state_dir = Path(state_dir)
+        self.state_dir.mkdir(parents=True, exist_ok=True)
+        self.node_name = node_name or socket.gethostname()
+        self._profiles = profiles or default_profiles()
+        self._clock = clock
+        self._probe = probe or NvmlProbe(profiles=self._profiles)
+        self._mps = mps or MpsDaemon(self.state_dir)
+        self.cgroup_root = find_cgroup_root(cgroup_root)
+        self.runner = Runner(self.state_dir, clock=clock)
+        self._lock = threading.RLock()
+        self._faults: dict[str, str] = {}
+        self._events: list[HealthEvent] = []
+        self._cpu_milli, self._memory_mib = host_cpu_milli(), host_memory_mib()
+        self.probe_result: ProbeResult = ProbeResult(ProbeStatus.OK, "devices are simulated")
+        if simulate:
+            self._simulated: tuple[Device, ...] | None = simulated_local_devices(
+                simulate, self.node_name, self._profiles)
+        else:
+            self._simulated = None
+            self.probe_result = self._probe.probe()
+            if self.probe_result.status is not ProbeStatus.OK and fallback_simulate:
+                self._simulated = simulated_local_devices(fallback_simulate, self.node_name, self._profiles)
+
+    @property
+    def simulated(self) -> bool:
+        return self._simulated is not None
+
+    @property
+    def mps_available(self) -> bool:
+        return self._mps.available
+
+    @property
+    def device_status(self) -> str:
+        """One line about device discovery (e.g. why there are no NVIDIA devices)."""
+        if self._simulated is not None:
+            return f"{len(self._simulated)} simulated device(s); {self.probe_result.message}"
+        return self.probe_result.message
+
+    def _devices(self) -> tuple[Device, ...]:
+        if self._simulated is not None:
+            return self._simulated
+        for event in self._probe.poll_xid_events():
+            if event.critical:
+                self._record(event.device_uuid, False, f"NVML XID {event.xid}")
+        self.probe_result = self._probe.probe()
+        return tuple(d.to_device() for d in self.probe_result.devices)
+
+    def node(self) -> Node:
+        """This machine as a Node, with injected faults and XID health applied."""
+        with self._lock:
+            devices = tuple(
+                replace(d, healthy=d.healthy and d.uuid not in self._faults) for d in self._devices()
+            )
+            labels = {SIMULATED_LABEL: "true"} if self.simulated else {}
+            return Node(name=self.node_name, cpu_milli=self._cpu_milli, memory_mib=self._memory_mib,
+                        devices=devices, labels=labels, healthy="" not in self._faults)
+
+    # ---- health ----------------------------------------------------------------------------
+    def _record(self, device_uuid: str, healthy: bool, reason: str) -> None:
+        self._events.append(HealthEvent(self._clock(), self.node_name, device_uuid, healthy, reason))
+
+    def inject_fault(self, device_uuid: str = "", reason: str = "injected fault") -> None:
+        """Mark a device (or with no uuid the node) unhealthy. Idempotent. NotFound for an unknown uuid."""
+        with self._lock:
+            if device_uuid and device_uuid not in {d.uuid for d in self._devices()}:
+                raise NotFound(f"Node {self.node_name!r} has no device {device_uuid!r}.")
+            if device_uuid not in self._faults:
+                self._faults[device_uuid] = reason
+                self._record(device_uuid, False, reason)
+
+    def clear_fault(self, device_uuid: str = "") -> None:
+        with self._lock:
+            if self._faults.pop(device_uuid, None) is not None:
+                self._record(device_uuid, True, "fault cleared")
+
+    def health_events(self) -> list[HealthEvent]:
+        with self._lock:
+            return list(self._events)
+
+    # ---- pods ------------------------------------------------------------------------------
+    def plan(self, pod: PodLaunch) -> IsolationPlan:
+        """The isolation this pod gets here (starting the MPS daemon when a real slice needs it)."""
+        node = self.node()
+        needs_mps = any(s.compute_milli < 1000 or s.memory_mib for s in pod.slices)
+        client_env = None
+        if needs_mps and not self.simulated and self._mps.available:
+            self._mps.start()
+            client_env = self._mps.client_env()
+        base_path = pod.env.get("PYTHONPATH", os.environ.get("PYTHONPATH", ""))
+        return plan_isolation(pod, node, profiles=self._profiles, mps_client_env=client_env,
+                              cgroup_root=self.cgroup_root, base_pythonpath=base_path)
+
+    def launch(self, pod: PodLaunch) -> PodRecord:
+        """Start the pod inside its slice; idempotent by pod id. Returns its record at once."""
+        with self._lock:
+            known = {r.pod_id: r for r in self.runner.poll()}
+            if pod.pod_id in known:
+                return known[pod.pod_id]
+            plan = self.plan(pod)
+            limits = prepare_cgroup(plan.host_limits, plan.cgroup_files)
+            env = plan.process_env(os.environ, pod.env)
+            record = self.runner.start(pod.pod_id, pod.command, env=env, workdir=pod.workdir, limits=limits)
+            layers = [{"layer": s.layer.value, "active": s.active, "detail": s.detail} for s in plan.layers]
+            write_atomic(self.runner.pod_dir(pod.pod_id) / "isolation.json", json.dumps(layers, indent=1))
+            return record
+
+    def isolation_layers(self, pod_id: str) -> list[dict[str, object]]:
+        """What each isolation layer did for this pod (as recorded at launch)."""
+        path = self.runner.pod_dir(pod_id) / "isolation.json"
+        try:
+            return list(json.loads(path.read_text()))
+        except (OSError, ValueError):
+            raise NotFound(f"No isolation record for pod {pod_id!r} on this node.") from None
+
+    def stop(self, pod_id: str, grace_s: float = 10.0) -> None:
+        self.runner.stop(pod_id, grace_s)
+
+    def poll(self) -> list[PodRecord]:
+        return self.runner.poll()
+
+    def read_log(self, pod_id: str, stream: str = "stdout", offset: int = 0) -> LogChunk:
+        return self.runner.read_log(pod_id, stream, offset)
+
+    def follow_log(self, pod_id: str, stream: str = "stdout", *, offset: int = 0,
+                   timeout_s: float | None = None) -> Iterator[str]:
+        return self.runner.follow_log(pod_id, LogStream(stream), offset=offset, timeout_s=timeout_s)
+
+    def close(self, *, stop_pods: bool = False) -> None:
+        """Stop timers (and pods if asked), the MPS daemon and NVML. Idempotent."""
+        self.runner.close(stop_pods=stop_pods)
+        if stop_pods:
+            self._mps.stop()
+        self._probe.close()

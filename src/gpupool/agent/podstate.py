@@ -1,0 +1,100 @@
+"""Per-pod state records the runner persists (atomically, as JSON) and the /proc facts it checks."""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict, ValidationError
+
+from gpupool.providers.base import PodPhase
+
+FINAL_PHASES = frozenset({PodPhase.SUCCEEDED, PodPhase.FAILED, PodPhase.STOPPED, PodPhase.LOST})
+
+
+class PodRecord(BaseModel):
+    """What the runner knows about one pod; enough to re-adopt it after an agent restart."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    pod_id: str
+    command: list[str]
+    workdir: str
+    phase: PodPhase = PodPhase.STARTING
+    pid: int | None = None
+    start_ticks: int | None = None
+    started_at_s: float = 0.0
+    finished_at_s: float | None = None
+    exit_code: int | None = None
+    signal: int | None = None
+    message: str = ""
+    stop_requested_at_s: float | None = None
+    kill_deadline_s: float | None = None
+    cgroup: str | None = None
+    adopted: bool = False
+
+    @property
+    def finished(self) -> bool:
+        return self.phase in FINAL_PHASES
+
+
+def write_atomic(path: Path, text: str) -> None:
+    """Write `text` to `path` so a reader sees the old or the new content, never a torn file."""
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as handle:
+            handle.write(text)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def save_record(path: Path, record: PodRecord) -> None:
+    write_atomic(path, record.model_dump_json(indent=1))
+
+
+def load_record(path: Path) -> PodRecord | str:
+    """The record in `path`, or a one-line reason why it cannot be read."""
+    try:
+        return PodRecord.model_validate_json(path.read_text(encoding="utf-8"))
+    except OSError as exc:
+        return f"state file {path} cannot be read ({exc.strerror})"
+    except ValidationError:
+        return f"state file {path} is corrupt"
+
+
+def read_exit_file(path: Path) -> tuple[int, int | None, str] | None:
+    """(exit_code, signal, message) written by the shim, or None when absent or unreadable."""
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+        return int(data["exit_code"]), data.get("signal"), str(data.get("message", ""))
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def _stat_fields(pid: int) -> list[str] | None:
+    try:
+        raw = Path(f"/proc/{pid}/stat").read_text(encoding="ascii", errors="replace")
+    except OSError:
+        return None
+    # The command name (field 2) may hold spaces and parentheses: split after the last ')'.
+    return raw[raw.rfind(")") + 2 :].split()
+
+
+def process_start_ticks(pid: int) -> int | None:
+    """The process's start time in clock ticks since boot (field 22 of /proc/PID/stat)."""
+    fields = _stat_fields(pid)
+    return int(fields[19]) if fields and len(fields) > 19 else None
+
+
+def process_alive(pid: int, start_ticks: int | None) -> bool:
+    """True when `pid` runs (not a zombie) and, if given, started at `start_ticks` (no pid reuse)."""
+    fields = _stat_fields(pid)
+    if not fields or fields[0] in ("Z", "X", "x"):
+        return False
+    return start_ticks is None or int(fields[19]) == start_ticks

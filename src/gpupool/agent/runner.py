@@ -1,0 +1,322 @@
+"""Run pods as process groups: start, stream logs to files, stop (TERM then KILL), reap, re-adopt.
+
+Each pod lives in STATE_DIR/pods/<pod_id>/ with state.json (written atomically), stdout.log,
+stderr.log and exit.json (written by the shim). A new Runner on the same state directory re-adopts
+pods whose process still runs (same pid and same start time, so a reused pid is never mistaken for
+ours) and reports the others finished (exit status from exit.json) or lost, with the reason.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from enum import StrEnum
+from pathlib import Path
+
+from gpupool.agent import podstate
+from gpupool.agent.podstate import PodRecord
+from gpupool.errors import InvalidInput, NotFound
+from gpupool.providers.base import LogChunk, PodPhase
+
+SHIM = Path(__file__).with_name("shim.py")
+_POD_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+_ESCALATION_POLL_S = 0.02
+
+
+class LogStream(StrEnum):
+    STDOUT = "stdout"
+    STDERR = "stderr"
+
+
+@dataclass(frozen=True, slots=True)
+class HostLimits:
+    """Host limits for one pod: a prepared cgroup v2 directory to join, or an RLIMIT fallback."""
+
+    cgroup_dir: Path | None = None
+    rlimit_data_bytes: int | None = None
+
+
+def _complete_utf8(data: bytes) -> bytes:
+    """Drop a multi-byte character cut at the end, so the next read starts on its first byte."""
+    for back in range(1, min(4, len(data)) + 1):
+        byte = data[-back]
+        if byte & 0xC0 != 0x80:  # a lead byte or ASCII
+            need = 1 if byte < 0x80 else 2 if byte >= 0xC0 and byte < 0xE0 else 3 if byte < 0xF0 else 4
+            return data if need <= back else data[:-back]
+    return data
+
+
+def _final_phase(record: PodRecord, exit_code: int) -> PodPhase:
+    if record.stop_requested_at_s is not None:
+        return PodPhase.STOPPED
+    return PodPhase.SUCCEEDED if exit_code == 0 else PodPhase.FAILED
+
+
+class Runner:
+    """Starts and supervises pods on this machine. Thread-safe; every method returns promptly."""
+
+    def __init__(self, state_dir: Path, *, clock: Callable[[], float] = time.time,
+                 python: str = sys.executable) -> None:
+        self._dir = Path(state_dir) / "pods"
+        self._dir.mkdir(parents=True, exist_ok=True)
+        self._clock = clock
+        self._python = python
+        self._lock = threading.RLock()
+        self._records: dict[str, PodRecord] = {}
+        self._children: dict[str, subprocess.Popen[bytes]] = {}
+        self._timers: dict[str, threading.Timer] = {}
+        self._readopt()
+
+    # ---- paths and persistence -------------------------------------------------------------
+    def pod_dir(self, pod_id: str) -> Path:
+        return self._dir / pod_id
+
+    def log_path(self, pod_id: str, stream: LogStream | str = LogStream.STDOUT) -> Path:
+        return self.pod_dir(pod_id) / f"{LogStream(stream).value}.log"
+
+    def _save(self, record: PodRecord) -> None:
+        podstate.save_record(self.pod_dir(record.pod_id) / "state.json", record)
+
+    # ---- start -----------------------------------------------------------------------------
+    def start(self, pod_id: str, command: Sequence[str], *, env: Mapping[str, str], workdir: str | Path = "",
+              limits: HostLimits = HostLimits()) -> PodRecord:
+        """Start `command` as a new process group and return at once. Idempotent by pod_id: a known
+        pod is returned unchanged. Raises InvalidInput for a bad pod id, command or workdir."""
+        if not _POD_ID.match(pod_id):
+            raise InvalidInput(f"Pod id {pod_id!r} must be 1-128 letters, digits, '.', '_' or '-'.")
+        if not command:
+            raise InvalidInput(f"Pod {pod_id!r} has an empty command; give the program to run.")
+        with self._lock:
+            if pod_id in self._records:
+                return self._records[pod_id]
+            pod_dir = self.pod_dir(pod_id)
+            pod_dir.mkdir(parents=True, exist_ok=True)
+            cwd = Path(workdir) if workdir else pod_dir
+            if not cwd.is_dir():
+                raise InvalidInput(f"Pod {pod_id!r}: working directory {str(cwd)!r} does not exist.")
+            record = PodRecord(pod_id=pod_id, command=list(command), workdir=str(cwd),
+                               started_at_s=self._clock(),
+                               cgroup=str(limits.cgroup_dir) if limits.cgroup_dir else None)
+            self._save(record)  # before the process exists: a crash here leaves a record, not a stray
+            self._records[pod_id] = record
+            self._spawn(record, dict(env), limits)
+            return record
+
+    def _spawn(self, record: PodRecord, env: dict[str, str], limits: HostLimits) -> None:
+        pod_dir = self.pod_dir(record.pod_id)
+        shim = [self._python, "-I", "-S", str(SHIM), str(pod_dir / "exit.json")]
+        if limits.cgroup_dir:
+            shim += ["--cgroup", str(limits.cgroup_dir)]
+        if limits.rlimit_data_bytes:
+            shim += ["--rlimit-data", str(limits.rlimit_data_bytes)]
+        with open(pod_dir / "stdout.log", "ab") as out, open(pod_dir / "stderr.log", "ab") as err:
+            try:
+                child = subprocess.Popen([*shim, "--", *record.command], cwd=record.workdir, env=env,
+                                         stdin=subprocess.DEVNULL, stdout=out, stderr=err,
+                                         start_new_session=True, close_fds=True)
+            except OSError as exc:
+                self._finish(record, PodPhase.FAILED, 127, None, f"cannot start the pod: {exc.strerror}")
+                return
+        record.pid = child.pid
+        record.start_ticks = podstate.process_start_ticks(child.pid)
+        record.phase = PodPhase.RUNNING
+        self._children[record.pod_id] = child
+        self._save(record)
+
+    # ---- stop ------------------------------------------------------------------------------
+    def stop(self, pod_id: str, grace_s: float = 10.0) -> None:
+        """SIGTERM the pod's whole process group now and SIGKILL it after `grace_s`. Returns at
+        once; idempotent; unknown or finished pods are ignored."""
+        with self._lock:
+            record = self._records.get(pod_id)
+            if record is None or record.finished or record.stop_requested_at_s is not None:
+                return
+            now = self._clock()
+            record.stop_requested_at_s = now
+            record.kill_deadline_s = now + max(0.0, grace_s)
+            self._save(record)
+            self._signal_group(record, signal.SIGTERM)
+            timer = threading.Timer(max(0.0, grace_s), self._escalate, args=(pod_id,))
+            timer.daemon = True
+            self._timers[pod_id] = timer
+            timer.start()
+
+    def _signal_group(self, record: PodRecord, signum: signal.Signals) -> None:
+        if record.pid is None or not self._alive(record):
+            return
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(record.pid, signum)
+
+    def _escalate(self, pod_id: str) -> None:
+        with self._lock:
+            record = self._records.get(pod_id)
+            if record is not None and not record.finished:
+                self._signal_group(record, signal.SIGKILL)
+        self.poll()
+
+    # ---- poll / reap -----------------------------------------------------------------------
+    def _alive(self, record: PodRecord) -> bool:
+        child = self._children.get(record.pod_id)
+        if child is not None:
+            return child.poll() is None
+        return record.pid is not None and podstate.process_alive(record.pid, record.start_ticks)
+
+    def poll(self) -> list[PodRecord]:
+        """Reap finished pods, escalate overdue stops, and return a copy of every record."""
+        with self._lock:
+            now = self._clock()
+            for record in self._records.values():
+                if record.finished:
+                    continue
+                if self._alive(record):
+                    if record.kill_deadline_s is not None and now >= record.kill_deadline_s:
+                        self._signal_group(record, signal.SIGKILL)
+                    continue
+                self._reap(record)
+            return [r.model_copy() for r in self._records.values()]
+
+    def _reap(self, record: PodRecord) -> None:
+        child = self._children.pop(record.pod_id, None)
+        if record.pid is not None:
+            # The pod ends with its main process: whatever it left in its group goes too.
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(record.pid, signal.SIGKILL)
+        status = podstate.read_exit_file(self.pod_dir(record.pod_id) / "exit.json")
+        if status is not None:
+            code, sig, message = status
+        elif child is not None and child.returncode is not None and child.returncode < 0:
+            sig = -child.returncode
+            code, message = 128 + sig, f"killed by {signal.Signals(sig).name}"
+        elif child is not None and child.returncode is not None:
+            code, sig, message = child.returncode, None, f"exited with code {child.returncode}"
+        elif record.kill_deadline_s is not None and self._clock() >= record.kill_deadline_s:
+            code, sig, message = 137, int(signal.SIGKILL), "killed by SIGKILL after the grace period"
+        else:
+            self._finish(record, PodPhase.LOST, None, None,
+                         "the process ended while the agent was down and left no exit status")
+            return
+        self._finish(record, _final_phase(record, code), code, sig, message)
+
+    def _finish(self, record: PodRecord, phase: PodPhase, code: int | None, sig: int | None,
+                message: str) -> None:
+        record.phase, record.exit_code, record.signal = phase, code, sig
+        record.message = message if not record.message else f"{record.message}; {message}"
+        record.finished_at_s = self._clock()
+        timer = self._timers.pop(record.pod_id, None)
+        if timer is not None:
+            timer.cancel()
+        if record.cgroup:
+            with contextlib.suppress(OSError):
+                Path(record.cgroup).rmdir()
+        self._save(record)
+
+    # ---- restart ---------------------------------------------------------------------------
+    def _readopt(self) -> None:
+        for state in sorted(self._dir.glob("*/state.json")):
+            loaded = podstate.load_record(state)
+            if isinstance(loaded, str):
+                pod_id = state.parent.name
+                loaded = PodRecord(pod_id=pod_id, command=[], workdir="", phase=PodPhase.LOST,
+                                   message=loaded)
+                self._records[pod_id] = loaded
+                continue
+            record = loaded
+            self._records[record.pod_id] = record
+            if record.finished:
+                continue
+            if record.pid is None:
+                self._finish(record, PodPhase.LOST, None, None, "the agent stopped while starting the pod")
+            elif podstate.process_alive(record.pid, None) and not podstate.process_alive(
+                record.pid, record.start_ticks
+            ):
+                self._finish(record, PodPhase.LOST, None, None,
+                             f"pid {record.pid} now belongs to another process")
+            elif podstate.process_alive(record.pid, record.start_ticks):
+                record.adopted = True
+                record.message = "re-adopted after an agent restart"
+                self._save(record)
+            else:
+                self._reap(record)
+        for record in self._records.values():
+            if not record.finished and record.kill_deadline_s is not None:
+                delay = max(0.0, record.kill_deadline_s - self._clock())
+                timer = threading.Timer(delay, self._escalate, args=(record.pod_id,))
+                timer.daemon = True
+                self._timers[record.pod_id] = timer
+                timer.start()
+
+    # ---- queries ---------------------------------------------------------------------------
+    def get(self, pod_id: str) -> PodRecord:
+        """The pod's current record (after a poll). Raises NotFound for an unknown pod."""
+        self.poll()
+        with self._lock:
+            record = self._records.get(pod_id)
+            if record is None:
+                raise NotFound(f"No pod {pod_id!r} on this node.", pod_id=pod_id)
+            return record.model_copy()
+
+    def wait(self, pod_id: str, timeout_s: float) -> PodRecord:
+        """Block until the pod has finished or `timeout_s` has passed; returns its record."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            record = self.get(pod_id)
+            if record.finished or time.monotonic() >= deadline:
+                return record
+            time.sleep(_ESCALATION_POLL_S)
+
+    def read_log(self, pod_id: str, stream: LogStream | str = LogStream.STDOUT, offset: int = 0,
+                 max_bytes: int = 1 << 20) -> LogChunk:
+        """Log text from byte `offset`; non-blocking. Raises NotFound for an unknown pod and
+        InvalidInput for an unknown stream name."""
+        try:
+            stream = LogStream(stream)
+        except ValueError:
+            raise InvalidInput(f"Unknown log stream {stream!r}; use 'stdout' or 'stderr'.") from None
+        finished = self.get(pod_id).finished
+        try:
+            with open(self.log_path(pod_id, stream), "rb") as handle:
+                handle.seek(max(0, offset))
+                data = handle.read(max_bytes)
+                at_end = not handle.read(1)
+        except FileNotFoundError:
+            return LogChunk("", offset, finished)
+        data = data if (finished and at_end) else _complete_utf8(data)
+        return LogChunk(data.decode("utf-8", errors="replace"), offset + len(data), finished and at_end)
+
+    def follow_log(self, pod_id: str, stream: LogStream | str = LogStream.STDOUT, *, offset: int = 0,
+                   poll_s: float = 0.05, timeout_s: float | None = None) -> Iterator[str]:
+        """Yield log text as it is written until the pod ends (or `timeout_s` passes)."""
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        while True:
+            chunk = self.read_log(pod_id, stream, offset)
+            offset = chunk.next_offset
+            if chunk.text:
+                yield chunk.text
+            if chunk.finished or (deadline is not None and time.monotonic() >= deadline):
+                return
+            if not chunk.text:
+                time.sleep(poll_s)
+
+    def close(self, *, stop_pods: bool = False, grace_s: float = 5.0) -> None:
+        """Stop the escalation timers; pods keep running for the next agent to re-adopt unless
+        `stop_pods`, in which case they are stopped and this blocks until they are reaped."""
+        if stop_pods:
+            with self._lock:
+                running = [r.pod_id for r in self._records.values() if not r.finished]
+            for pod_id in running:
+                self.stop(pod_id, grace_s)
+            for pod_id in running:
+                self.wait(pod_id, grace_s + 5.0)
+        with self._lock:
+            for timer in self._timers.values():
+                timer.cancel()
+            self._timers.clear()
+

@@ -1,0 +1,109 @@
+"""The local provider: this machine is the one node, and pods run as real processes via the agent."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import platformdirs
+
+from gpupool.agent.isolation import CGROUP_ROOT_ENV
+from gpupool.agent.mps import MPS_CONTROL, MpsDaemon
+from gpupool.agent.node import NodeAgent
+from gpupool.agent.podstate import PodRecord
+from gpupool.agent.probes.nvml import NvmlProbe
+from gpupool.core.model import Node
+from gpupool.errors import NotFound, ProviderError
+from gpupool.providers.base import (
+    Capability,
+    HealthEvent,
+    LogChunk,
+    PodLaunch,
+    PodStatus,
+    Provider,
+)
+from gpupool.providers.registry import register_provider
+
+
+def default_state_dir() -> Path:
+    return Path(platformdirs.user_state_dir("gpupool")) / "agent"
+
+
+def _status(node: str, record: PodRecord) -> PodStatus:
+    return PodStatus(pod_id=record.pod_id, phase=record.phase, exit_code=record.exit_code,
+                     message=record.message, node=node, started_at_s=record.started_at_s,
+                     finished_at_s=record.finished_at_s)
+
+
+@register_provider("local")
+class LocalProvider(Provider):
+    """One node: this machine. Devices come from NVML, or are simulated from a spec such as '4xH100'
+    (`simulate`), or only when NVML finds none (`fallback_simulate`); simulated devices carry
+    simulated=True and the node the label gpupool.io/simulated=true."""
+
+    def __init__(self, state_dir: Path | str | None = None, *, simulate: str | None = None,
+                 fallback_simulate: str | None = None, node_name: str | None = None,
+                 cgroup_root: Path | str | None = None, clock: Callable[[], float] = time.time,
+                 probe: NvmlProbe | None = None, mps: MpsDaemon | None = None) -> None:
+        self.agent = NodeAgent(state_dir or default_state_dir(), node_name=node_name, simulate=simulate,
+                               fallback_simulate=fallback_simulate, probe=probe, mps=mps,
+                               cgroup_root=cgroup_root, clock=clock)
+        self._closed = False
+
+    def missing_capabilities(self) -> dict[Capability, str]:
+        missing = {Capability.MULTI_NODE: "the local provider runs pods on this machine only"}
+        real = [d for d in self.agent.node().devices if not d.simulated]
+        if not real:
+            missing[Capability.GPU] = f"no real accelerator: {self.agent.device_status}"
+        if not self.agent.mps_available:
+            missing[Capability.MPS] = f"{MPS_CONTROL} is not installed, so fractional slices are not capped"
+        if self.agent.cgroup_root is None:
+            missing[Capability.CGROUPS] = (
+                f"no writable cgroup v2 tree with cpu and memory controllers (set {CGROUP_ROOT_ENV} to a "
+                "delegated cgroup); host limits fall back to RLIMITs"
+            )
+        return missing
+
+    def nodes(self) -> list[Node]:
+        return [self.agent.node()]
+
+    def _check_node(self, node: str) -> None:
+        if node != self.agent.node_name:
+            raise ProviderError(
+                f"Node {node!r} is not this machine ({self.agent.node_name!r}); the local provider "
+                "runs pods here only."
+            )
+
+    def launch(self, pod: PodLaunch) -> None:
+        self._check_node(pod.node)
+        self.agent.launch(pod)
+
+    def stop(self, pod_id: str, grace_s: float = 10.0) -> None:
+        self.agent.stop(pod_id, grace_s)
+
+    def poll(self) -> list[PodStatus]:
+        return [_status(self.agent.node_name, r) for r in self.agent.poll()]
+
+    def read_log(self, pod_id: str, stream: str = "stdout", offset: int = 0) -> LogChunk:
+        return self.agent.read_log(pod_id, stream, offset)
+
+    def inject_fault(self, node: str, device_uuid: str = "", reason: str = "injected fault") -> None:
+        if node != self.agent.node_name:
+            raise NotFound(f"No node {node!r} here; this machine is {self.agent.node_name!r}.")
+        self.agent.inject_fault(device_uuid, reason)
+
+    def clear_fault(self, node: str, device_uuid: str = "") -> None:
+        if node != self.agent.node_name:
+            raise NotFound(f"No node {node!r} here; this machine is {self.agent.node_name!r}.")
+        self.agent.clear_fault(device_uuid)
+
+    def health_events(self) -> list[HealthEvent]:
+        return self.agent.health_events()
+
+    def close(self, *, stop_pods: bool = False) -> None:
+        """Release NVML and timers. Pods keep running for the next start to re-adopt, unless
+        `stop_pods` (then this blocks until they are reaped). Idempotent."""
+        if not self._closed:
+            self._closed = True
+            self.agent.close(stop_pods=stop_pods)

@@ -1,0 +1,169 @@
+"""The one contract every provider keeps, run against each registered provider."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from gpupool.core.model import Slice
+from gpupool.errors import GpupoolError, NotFound, ProviderError
+from gpupool.providers.base import Capability, PodLaunch, PodPhase, PodStatus, Provider
+from gpupool.providers.fake import FakeProvider
+from gpupool.providers.local import LocalProvider
+from gpupool.providers.registry import make_provider, provider_names
+
+
+@dataclass
+class Harness:
+    provider: Provider
+    node: str
+    ok: Callable[[str], PodLaunch]
+    fail: Callable[[str, int], PodLaunch]
+    long: Callable[[str], PodLaunch]
+    settle: Callable[[], None]
+
+    def status(self, pod_id: str) -> PodStatus:
+        return {s.pod_id: s for s in self.provider.poll()}[pod_id]
+
+    def wait_final(self, pod_id: str, timeout_s: float = 10.0) -> PodStatus:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            status = self.status(pod_id)
+            if status.phase.is_final:
+                return status
+            self.settle()
+        raise AssertionError(f"pod {pod_id} did not finish: {self.status(pod_id)}")
+
+
+def _local(tmp_path: Path) -> Harness:
+    provider = make_provider("local", state_dir=tmp_path / "agent", simulate="2xT4", node_name="here")
+    assert isinstance(provider, LocalProvider)
+
+    def pod(pod_id: str, *command: str) -> PodLaunch:
+        return PodLaunch(pod_id=pod_id, workload_id="w", node="here", command=command,
+                         slices=(Slice(0, 500, 4096),))
+
+    return Harness(provider, "here", ok=lambda p: pod(p, "true"),
+                   fail=lambda p, code: pod(p, "sh", "-c", f"exit {code}"),
+                   long=lambda p: pod(p, "sleep", "60"), settle=lambda: time.sleep(0.02))
+
+
+def _fake(_: Path) -> Harness:
+    provider = make_provider("fake", nodes="2x4xT4", duration_s=5.0)
+    assert isinstance(provider, FakeProvider)
+    node = provider.nodes()[0].name
+
+    def pod(pod_id: str, **env: str) -> PodLaunch:
+        return PodLaunch(pod_id=pod_id, workload_id="w", node=node, command=("train",),
+                         slices=(Slice(0, 500, 4096),), env=env)
+
+    return Harness(provider, node, ok=lambda p: pod(p),
+                   fail=lambda p, code: pod(p, GPUPOOL_FAKE_EXIT_CODE=str(code)),
+                   long=lambda p: pod(p, GPUPOOL_FAKE_DURATION_S="1e9"),
+                   settle=lambda: provider.advance(1.0))
+
+
+BUILDERS = {"local": _local, "fake": _fake}
+
+
+def test_every_registered_provider_is_under_contract() -> None:
+    assert set(provider_names()) <= set(BUILDERS)
+
+
+@pytest.fixture(params=sorted(BUILDERS))
+def harness(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Harness]:
+    built = BUILDERS[request.param](tmp_path)
+    yield built
+    if isinstance(built.provider, LocalProvider):
+        built.provider.close(stop_pods=True)
+    built.provider.close()
+
+
+def test_nodes_are_listed_and_stable(harness: Harness) -> None:
+    first, second = harness.provider.nodes(), harness.provider.nodes()
+    assert first == second
+    assert harness.node in {n.name for n in first}
+    devices = [d for n in first for d in n.devices]
+    assert devices and len({d.uuid for d in devices}) == len(devices)
+
+
+def test_missing_capabilities_all_have_reasons(harness: Harness) -> None:
+    missing = harness.provider.missing_capabilities()
+    assert all(isinstance(c, Capability) and reason.strip() for c, reason in missing.items())
+
+
+def test_pod_succeeds_with_exit_code_zero(harness: Harness) -> None:
+    harness.provider.launch(harness.ok("ok-1"))
+    status = harness.wait_final("ok-1")
+    assert (status.phase, status.exit_code) == (PodPhase.SUCCEEDED, 0)
+
+
+def test_pod_failure_reports_its_exit_code(harness: Harness) -> None:
+    harness.provider.launch(harness.fail("bad-1", 3))
+    status = harness.wait_final("bad-1")
+    assert (status.phase, status.exit_code) == (PodPhase.FAILED, 3)
+
+
+def test_launch_is_idempotent(harness: Harness) -> None:
+    harness.provider.launch(harness.long("twice"))
+    harness.provider.launch(harness.long("twice"))
+    assert [s.pod_id for s in harness.provider.poll()].count("twice") == 1
+
+
+def test_launch_on_unknown_node_raises(harness: Harness) -> None:
+    pod = harness.ok("nowhere")
+    with pytest.raises(ProviderError):
+        harness.provider.launch(PodLaunch(pod_id="nowhere", workload_id="w", node="no-such-node",
+                                          command=pod.command))
+
+
+def test_stop_ends_a_running_pod_and_is_idempotent(harness: Harness) -> None:
+    harness.provider.launch(harness.long("long-1"))
+    assert harness.status("long-1").phase in (PodPhase.STARTING, PodPhase.RUNNING)
+    harness.provider.stop("long-1", grace_s=5.0)
+    harness.provider.stop("long-1", grace_s=5.0)
+    harness.provider.stop("never-launched")
+    status = harness.wait_final("long-1")
+    assert status.phase is PodPhase.STOPPED
+    assert status.exit_code == 143
+
+
+def test_logs_are_served_and_unknown_pods_are_not_found(harness: Harness) -> None:
+    harness.provider.launch(harness.ok("logged"))
+    harness.wait_final("logged")
+    chunk = harness.provider.read_log("logged")
+    assert chunk.finished and chunk.next_offset >= 0
+    with pytest.raises(NotFound):
+        harness.provider.read_log("nope")
+    with pytest.raises(GpupoolError):
+        harness.provider.read_log("logged", stream="stdin")
+
+
+def test_fault_injection_marks_device_then_node_unhealthy(harness: Harness) -> None:
+    if Capability.FAULT_INJECTION in harness.provider.missing_capabilities():
+        pytest.skip("provider cannot inject faults")
+    node = next(n for n in harness.provider.nodes() if n.name == harness.node)
+    uuid = node.devices[1].uuid
+    harness.provider.inject_fault(harness.node, uuid, reason="xid 79")
+    node = next(n for n in harness.provider.nodes() if n.name == harness.node)
+    assert [d.healthy for d in node.devices[:2]] == [True, False] and node.healthy
+    harness.provider.inject_fault(harness.node, reason="power")
+    assert not next(n for n in harness.provider.nodes() if n.name == harness.node).healthy
+    harness.provider.clear_fault(harness.node, uuid)
+    harness.provider.clear_fault(harness.node)
+    node = next(n for n in harness.provider.nodes() if n.name == harness.node)
+    assert node.healthy and all(d.healthy for d in node.devices)
+    events = harness.provider.health_events()
+    assert [(e.device_uuid, e.healthy) for e in events] == [(uuid, False), ("", False), (uuid, True), ("", True)]
+    assert events[0].reason == "xid 79"
+    with pytest.raises(NotFound):
+        harness.provider.inject_fault(harness.node, "GPU-nope")
+
+
+def test_close_is_idempotent(harness: Harness) -> None:
+    harness.provider.close()
+    harness.provider.close()
