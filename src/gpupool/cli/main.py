@@ -11,6 +11,7 @@ import typer
 # name -> (module, attribute, help). Each module exposes a typer app; it is imported only when used.
 SUBCOMMANDS: dict[str, tuple[str, str, str]] = {
     "profiles": ("gpupool.cli.profiles", "app", "List the device profiles gpupool knows."),
+    "fabric": ("gpupool.cli.fabric", "app", "Discover, route, inspect and export the InfiniBand fabric."),
     "sim": ("gpupool.cli.sim", "app", "Replay cluster traces through the scheduler (fill, replay)."),
 }
 

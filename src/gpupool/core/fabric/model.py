@@ -16,7 +16,7 @@ from gpupool.core.fabric.rates import (
     format_width_speed,
     signal_rate_gbps,
 )
-from gpupool.errors import InvalidInput, NotFound
+from gpupool.errors import InvalidInput
 
 if TYPE_CHECKING:
     import networkx as nx
@@ -244,7 +244,7 @@ class Fabric:
         for link in self.links_by_node.get(node, []):
             if (link.a == node and link.a_port == port) or (link.b == node and link.b_port == port):
                 return link
-        raise NotFound(f"No cable is attached to port {port} of {self.nodes[node].label}; "
+        raise InvalidInput(f"No cable is attached to port {port} of {self.nodes[node].label}; "
                        "check the port number with `gpupool fabric show`.")
 
     def without_links(self, removed: Sequence[Link]) -> Fabric:
@@ -287,5 +287,5 @@ def _resolve(fabric: Fabric, ref: str) -> str:
             return lid_hits[0]
     if len(matches) > 1:
         raise InvalidInput(f"{ref!r} names {len(matches)} nodes; use the node id or GUID instead.")
-    raise NotFound(f"No node called {ref!r} in the fabric; use an id, name, GUID or LID "
+    raise InvalidInput(f"No node called {ref!r} in the fabric; use an id, name, GUID or LID "
                    "as listed by `gpupool fabric show`.")
