@@ -158,7 +158,8 @@ def test_fault_injection_marks_device_then_node_unhealthy(harness: Harness) -> N
     node = next(n for n in harness.provider.nodes() if n.name == harness.node)
     assert node.healthy and all(d.healthy for d in node.devices)
     events = harness.provider.health_events()
-    assert [(e.device_uuid, e.healthy) for e in events] == [(uuid, False), ("", False), (uuid, True), ("", True)]
+    assert [(e.device_uuid, e.healthy) for e in events] == [
+        (uuid, False), ("", False), (uuid, True), ("", True)]
     assert events[0].reason == "xid 79"
     with pytest.raises(NotFound):
         harness.provider.inject_fault(harness.node, "GPU-nope")

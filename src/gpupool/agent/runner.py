@@ -199,6 +199,8 @@ class Runner:
             code, sig, message = child.returncode, None, f"exited with code {child.returncode}"
         elif record.kill_deadline_s is not None and self._clock() >= record.kill_deadline_s:
             code, sig, message = 137, int(signal.SIGKILL), "killed by SIGKILL after the grace period"
+        elif record.stop_requested_at_s is not None:
+            code, sig, message = 143, int(signal.SIGTERM), "ended after SIGTERM (exit status not recorded)"
         else:
             self._finish(record, PodPhase.LOST, None, None,
                          "the process ended while the agent was down and left no exit status")

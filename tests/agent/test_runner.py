@@ -1,0 +1,186 @@
+"""The runner with real processes: exit codes, group-wide cancel, streaming logs, restart re-adoption."""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from gpupool.agent import podstate
+from gpupool.agent.runner import Runner
+from gpupool.errors import InvalidInput, NotFound
+from gpupool.providers.base import PodPhase
+
+ENV = {"PATH": os.environ.get("PATH", "/usr/bin:/bin")}
+
+
+@pytest.fixture
+def runner(tmp_path: Path) -> Iterator[Runner]:
+    r = Runner(tmp_path)
+    yield r
+    r.close(stop_pods=True, grace_s=0.5)
+
+
+def wait_for(predicate, timeout_s: float = 10.0):  # type: ignore[no-untyped-def]
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.02)
+    raise AssertionError("condition not met in time")
+
+
+def alive(pid: int) -> bool:
+    return podstate.process_alive(pid, None)
+
+
+def test_exit_code_and_logs(runner: Runner) -> None:
+    runner.start("p", ["sh", "-c", "echo out; echo err >&2; exit 7"], env=ENV)
+    record = runner.wait("p", 10)
+    assert (record.phase, record.exit_code) == (PodPhase.FAILED, 7)
+    assert runner.read_log("p").text == "out\n"
+    assert runner.read_log("p", "stderr").text == "err\n"
+
+
+def test_workdir_and_env_reach_the_process(runner: Runner, tmp_path: Path) -> None:
+    work = tmp_path / "work"
+    work.mkdir()
+    runner.start("p", ["sh", "-c", 'pwd; echo "$ONLY"'], env={**ENV, "ONLY": "this"}, workdir=work)
+    runner.wait("p", 10)
+    assert runner.read_log("p").text == f"{work}\nthis\n"
+
+
+def test_start_is_idempotent_and_validates(runner: Runner, tmp_path: Path) -> None:
+    first = runner.start("p", ["sleep", "30"], env=ENV)
+    again = runner.start("p", ["sleep", "30"], env=ENV)
+    assert first.pid == again.pid
+    with pytest.raises(InvalidInput):
+        runner.start("bad id!", ["true"], env=ENV)
+    with pytest.raises(InvalidInput):
+        runner.start("q", [], env=ENV)
+    with pytest.raises(InvalidInput):
+        runner.start("r", ["true"], env=ENV, workdir=tmp_path / "missing")
+    with pytest.raises(NotFound):
+        runner.get("unknown")
+
+
+def test_missing_program_fails_with_127(runner: Runner) -> None:
+    runner.start("p", ["/nonexistent/program"], env=ENV)
+    record = runner.wait("p", 10)
+    assert (record.phase, record.exit_code) == (PodPhase.FAILED, 127)
+    assert "cannot start" in runner.read_log("p", "stderr").text
+
+
+def test_cancel_kills_the_whole_group_including_grandchildren(runner: Runner, tmp_path: Path) -> None:
+    pids = tmp_path / "pids"
+    script = f"sleep 300 & echo $! > {pids}; sh -c 'sleep 300' & wait"
+    runner.start("p", ["sh", "-c", script], env=ENV)
+    grandchild = int(wait_for(lambda: pids.exists() and pids.read_text().strip()))
+    assert alive(grandchild)
+    runner.stop("p", grace_s=5.0)
+    record = runner.wait("p", 10)
+    assert record.phase is PodPhase.STOPPED and record.exit_code == 143
+    wait_for(lambda: not alive(grandchild))
+
+
+def test_term_ignoring_pod_is_killed_after_grace(runner: Runner) -> None:
+    code = ("import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
+            "print('ready', flush=True); time.sleep(300)")
+    runner.start("p", [sys.executable, "-c", code], env=ENV)
+    wait_for(lambda: "ready" in runner.read_log("p").text)
+    runner.stop("p", grace_s=0.2)
+    record = runner.wait("p", 10)
+    assert (record.phase, record.exit_code, record.signal) == (PodPhase.STOPPED, 137, signal.SIGKILL)
+
+
+def test_stragglers_die_when_the_main_process_exits(runner: Runner, tmp_path: Path) -> None:
+    pids = tmp_path / "pids"
+    runner.start("p", ["sh", "-c", f"sleep 300 & echo $! > {pids}"], env=ENV)
+    record = runner.wait("p", 10)
+    assert record.phase is PodPhase.SUCCEEDED
+    wait_for(lambda: not alive(int(pids.read_text())))
+
+
+def test_logs_stream_while_the_pod_runs(runner: Runner, tmp_path: Path) -> None:
+    gate = tmp_path / "gate"
+    script = f"echo first; while [ ! -e {gate} ]; do sleep 0.02; done; echo second"
+    runner.start("p", ["sh", "-c", script], env=ENV)
+    chunk = wait_for(lambda: (c := runner.read_log("p")).text and c)
+    assert chunk.text == "first\n" and not chunk.finished
+    assert runner.get("p").phase is PodPhase.RUNNING
+    gate.touch()
+    rest = "".join(runner.follow_log("p", offset=chunk.next_offset, timeout_s=10))
+    assert rest == "second\n"
+    assert runner.read_log("p", offset=chunk.next_offset).finished
+
+
+def test_restart_readopts_running_pods_and_keeps_finished_ones(tmp_path: Path) -> None:
+    gate = tmp_path / "gate"
+    first = Runner(tmp_path)
+    first.start("done", ["sh", "-c", "exit 4"], env=ENV)
+    first.wait("done", 10)
+    first.start("running", ["sh", "-c", f"while [ ! -e {gate} ]; do sleep 0.02; done; exit 5"], env=ENV)
+    first.close()  # the agent goes away; its pods do not
+
+    second = Runner(tmp_path)
+    try:
+        records = {r.pod_id: r for r in second.poll()}
+        assert set(records) == {"done", "running"}
+        assert (records["done"].phase, records["done"].exit_code) == (PodPhase.FAILED, 4)
+        assert records["running"].phase is PodPhase.RUNNING and records["running"].adopted
+        gate.touch()
+        record = second.wait("running", 10)
+        assert (record.phase, record.exit_code) == (PodPhase.FAILED, 5)
+    finally:
+        second.close(stop_pods=True, grace_s=0.5)
+
+
+def test_restart_can_stop_an_adopted_pod(tmp_path: Path) -> None:
+    first = Runner(tmp_path)
+    first.start("p", ["sleep", "300"], env=ENV)
+    first.close()
+    second = Runner(tmp_path)
+    second.stop("p", grace_s=5)
+    record = second.wait("p", 10)
+    assert (record.phase, record.exit_code) == (PodPhase.STOPPED, 143)
+
+
+def test_restart_reports_reused_pid_and_vanished_process_as_lost(tmp_path: Path) -> None:
+    first = Runner(tmp_path)
+    first.start("reused", ["sleep", "300"], env=ENV)
+    first.start("gone", ["sleep", "300"], env=ENV)
+    first.close()
+    reused = podstate.load_record(tmp_path / "pods" / "reused" / "state.json")
+    assert isinstance(reused, podstate.PodRecord) and reused.start_ticks is not None
+    reused.start_ticks += 1  # as if the pid now belonged to a process started later
+    podstate.save_record(tmp_path / "pods" / "reused" / "state.json", reused)
+    gone = podstate.load_record(tmp_path / "pods" / "gone" / "state.json")
+    assert isinstance(gone, podstate.PodRecord) and gone.pid is not None
+    os.killpg(gone.pid, signal.SIGKILL)
+    wait_for(lambda: not alive(gone.pid))  # type: ignore[arg-type]
+    (tmp_path / "pods" / "broken").mkdir()
+    (tmp_path / "pods" / "broken" / "state.json").write_text("{not json")
+
+    second = Runner(tmp_path)
+    try:
+        records = {r.pod_id: r for r in second.poll()}
+        assert records["reused"].phase is PodPhase.LOST and "another process" in records["reused"].message
+        assert records["gone"].phase is PodPhase.LOST and "left no exit status" in records["gone"].message
+        assert records["broken"].phase is PodPhase.LOST and "corrupt" in records["broken"].message
+    finally:
+        os.killpg(reused.pid, signal.SIGKILL)  # type: ignore[arg-type]
+        second.close()
+
+
+def test_state_file_is_valid_json_after_every_step(runner: Runner, tmp_path: Path) -> None:
+    runner.start("p", ["true"], env=ENV)
+    runner.wait("p", 10)
+    loaded = podstate.load_record(tmp_path / "pods" / "p" / "state.json")
+    assert isinstance(loaded, podstate.PodRecord) and loaded.phase is PodPhase.SUCCEEDED
+    assert not list((tmp_path / "pods" / "p").glob("*.tmp"))

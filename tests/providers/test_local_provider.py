@@ -1,0 +1,157 @@
+"""The local provider with real processes: slices reach the environment, restarts keep every record."""
+
+from __future__ import annotations
+
+import json
+import stat
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from gpupool.agent.mps import MpsDaemon
+from gpupool.core.model import Slice
+from gpupool.errors import InvalidInput, UnknownName
+from gpupool.providers.base import Capability, PodLaunch, PodPhase, PodStatus
+from gpupool.providers.local import LocalProvider
+from gpupool.providers.nodespec import SIMULATED_LABEL
+
+DUMP_ENV = (sys.executable, "-c", "import json, os; print(json.dumps(dict(os.environ)))")
+
+
+@pytest.fixture
+def provider(tmp_path: Path) -> Iterator[LocalProvider]:
+    p = LocalProvider(tmp_path / "agent", simulate="2xH100,1xT4", node_name="box")
+    yield p
+    p.close(stop_pods=True)
+
+
+def wait_final(provider: LocalProvider, pod_id: str, timeout_s: float = 10.0) -> PodStatus:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        status = {s.pod_id: s for s in provider.poll()}[pod_id]
+        if status.phase.is_final:
+            return status
+        time.sleep(0.02)
+    raise AssertionError(f"{pod_id} did not finish")
+
+
+def run_env(provider: LocalProvider, pod: PodLaunch) -> dict[str, str]:
+    provider.launch(pod)
+    assert wait_final(provider, pod.pod_id).phase is PodPhase.SUCCEEDED
+    return json.loads(provider.read_log(pod.pod_id).text)
+
+
+def test_simulated_devices_are_labelled(provider: LocalProvider) -> None:
+    (node,) = provider.nodes()
+    assert node.name == "box" and node.labels[SIMULATED_LABEL] == "true"
+    assert [d.model for d in node.devices] == ["H100-SXM-80GB", "H100-SXM-80GB", "T4"]
+    assert [d.index for d in node.devices] == [0, 1, 2]
+    assert all(d.simulated for d in node.devices)
+    assert node.cpu_milli > 0 and node.memory_mib > 0
+    assert Capability.GPU in provider.missing_capabilities()
+
+
+def test_environment_carries_exactly_the_slice(provider: LocalProvider) -> None:
+    device = provider.nodes()[0].devices[1]
+    env = run_env(provider, PodLaunch(pod_id="slice", workload_id="w", node="box", command=DUMP_ENV,
+                                      slices=(Slice(1, 250, 8192),), env={"CUDA_VISIBLE_DEVICES": "0,1"}))
+    assert env["CUDA_VISIBLE_DEVICES"] == device.uuid
+    assert env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == "25"
+    assert env["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] == "0=8192M"
+    assert env["GPUPOOL_TORCH_MEMORY_FRACTION"] == "0.1"
+    assert env["XLA_PYTHON_CLIENT_MEM_FRACTION"] == "0.1"
+    assert env["CUPY_GPU_MEMORY_LIMIT"] == str(8192 * 2**20)
+    assert env["GPUPOOL_DEVICE_MILLI"] == "250" and env["GPUPOOL_DEVICE_MEMORY_MIB"] == "8192"
+    assert "CUDA_MPS_PIPE_DIRECTORY" not in env  # simulated devices: no daemon to connect to
+    assert not {"RANK", "WORLD_SIZE", "MASTER_ADDR"} & set(env)
+    layers = {row["layer"]: row["active"] for row in provider.agent.isolation_layers("slice")}
+    assert layers["device_selection"] and not layers["mps"]
+
+
+def test_gang_member_environment(provider: LocalProvider) -> None:
+    env = run_env(provider, PodLaunch(pod_id="r1", workload_id="w", node="box", command=DUMP_ENV,
+                                      slices=(Slice(0, 1000),), world_size=2, rank=1, local_rank=1,
+                                      master_addr="10.1.2.3", master_port=29501, ib_hcas=("mlx5_0",)))
+    assert (env["WORLD_SIZE"], env["RANK"], env["LOCAL_RANK"]) == ("2", "1", "1")
+    assert (env["MASTER_ADDR"], env["MASTER_PORT"], env["NCCL_IB_HCA"]) == ("10.1.2.3", "29501", "=mlx5_0")
+    assert "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE" not in env
+
+
+def test_agent_restart_loses_no_record(tmp_path: Path) -> None:
+    gate = tmp_path / "gate"
+    first = LocalProvider(tmp_path / "agent", simulate="1xT4", node_name="box")
+    first.launch(PodLaunch(pod_id="done", workload_id="w", node="box", command=("true",)))
+    wait_final(first, "done")
+    first.launch(PodLaunch(pod_id="live", workload_id="w", node="box",
+                           command=("sh", "-c", f"echo up; while [ ! -e {gate} ]; do sleep 0.02; done")))
+    first.close()
+    second = LocalProvider(tmp_path / "agent", simulate="1xT4", node_name="box")
+    try:
+        statuses = {s.pod_id: s for s in second.poll()}
+        assert statuses["done"].phase is PodPhase.SUCCEEDED
+        assert statuses["live"].phase is PodPhase.RUNNING
+        gate.touch()
+        assert wait_final(second, "live").phase is PodPhase.SUCCEEDED
+        assert second.read_log("live").text == "up\n"
+    finally:
+        second.close(stop_pods=True)
+
+
+def test_host_limits_through_a_cgroup(tmp_path: Path) -> None:
+    root = tmp_path / "cg"
+    root.mkdir()
+    (root / "cgroup.controllers").write_text("cpu memory\n")
+    provider = LocalProvider(tmp_path / "agent", simulate="1xT4", node_name="box", cgroup_root=root)
+    try:
+        assert Capability.CGROUPS not in provider.missing_capabilities()
+        provider.launch(PodLaunch(pod_id="cg", workload_id="w", node="box", command=("true",),
+                                  cpu_milli=2000, memory_mib=512))
+        status = wait_final(provider, "cg")
+        assert status.phase is PodPhase.SUCCEEDED
+        assert (root / "pod-cg" / "cpu.max").read_text() == "200000 100000"
+        assert (root / "pod-cg" / "cgroup.procs").read_text().strip().isdigit()  # the shim joined it
+    finally:
+        provider.close(stop_pods=True)
+
+
+def test_mps_daemon_started_for_real_fractional_slices(tmp_path: Path) -> None:
+    log = tmp_path / "mps.log"
+    binary = tmp_path / "nvidia-cuda-mps-control"
+    binary.write_text(f'#!/bin/sh\necho "args=$* pipe=$CUDA_MPS_PIPE_DIRECTORY" >> {log}\ncat >> {log}\n')
+    binary.chmod(binary.stat().st_mode | stat.S_IEXEC)
+    daemon = MpsDaemon(tmp_path / "state", binary=str(binary))
+    daemon.start()
+    daemon.start()
+    daemon.stop()
+    daemon.stop()
+    lines = log.read_text().splitlines()
+    assert lines[0] == f"args=-d pipe={tmp_path / 'state' / 'mps' / 'pipe'}"
+    assert lines[-1] == "quit" and len([x for x in lines if x.startswith("args=")]) == 2
+
+
+def test_no_gpu_means_one_clear_line_or_the_fallback(tmp_path: Path) -> None:
+    bare = LocalProvider(tmp_path / "a", node_name="box")
+    try:
+        (node,) = bare.nodes()
+        if node.devices and not node.devices[0].simulated:
+            pytest.skip("this machine has NVIDIA devices")
+        assert node.devices == ()
+        assert "NVML" in bare.missing_capabilities()[Capability.GPU]
+    finally:
+        bare.close()
+    fallback = LocalProvider(tmp_path / "b", node_name="box", fallback_simulate="2xA10")
+    try:
+        assert [d.model for d in fallback.nodes()[0].devices] == ["A10", "A10"]
+    finally:
+        fallback.close()
+
+
+def test_bad_simulate_spec(tmp_path: Path) -> None:
+    with pytest.raises(InvalidInput, match="DEVICESxMODEL"):
+        LocalProvider(tmp_path, simulate="lots of gpus")
+    with pytest.raises(UnknownName):
+        LocalProvider(tmp_path, simulate="2xH1000")
+
