@@ -155,3 +155,14 @@ def test_bad_simulate_spec(tmp_path: Path) -> None:
     with pytest.raises(UnknownName):
         LocalProvider(tmp_path, simulate="2xH1000")
 
+
+
+def test_ib_ports_come_from_sysfs(tmp_path: Path) -> None:
+    root = Path(__file__).parents[1] / "fixtures" / "infiniband" / "sysfs" / "class" / "infiniband"
+    provider = LocalProvider(tmp_path / "agent", simulate="1xT4", node_name="box", ib_sysfs_root=root)
+    try:
+        ports = {(p.hca, p.port): p for p in provider.nodes()[0].ib_ports}
+        assert ("mlx5_0", 1) in ports and ("mlx4_0", 2) in ports
+        assert ports[("mlx5_0", 1)].state == "ACTIVE" and ports[("mlx5_0", 1)].rate_gbps > 0
+    finally:
+        provider.close()

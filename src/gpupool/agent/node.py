@@ -18,9 +18,10 @@ from pathlib import Path
 from gpupool.agent.isolation import IsolationPlan, find_cgroup_root, plan_isolation, prepare_cgroup
 from gpupool.agent.mps import MpsDaemon
 from gpupool.agent.podstate import PodRecord, write_atomic
+from gpupool.agent.probes.infiniband import SYSFS_ROOT, read_ib_ports
 from gpupool.agent.probes.nvml import NvmlProbe, ProbeResult, ProbeStatus
 from gpupool.agent.runner import LogStream, Runner
-from gpupool.core.model import Device, Node
+from gpupool.core.model import Device, IbPort, Node
 from gpupool.errors import InvalidInput, NotFound
 from gpupool.profiles import ProfileSet, default_profiles
 from gpupool.providers.base import HealthEvent, LogChunk, PodLaunch
@@ -66,7 +67,9 @@ class NodeAgent:
     def __init__(self, state_dir: Path | str, *, node_name: str | None = None, simulate: str | None = None,
                  fallback_simulate: str | None = None, profiles: ProfileSet | None = None,
                  probe: NvmlProbe | None = None, mps: MpsDaemon | None = None,
-                 cgroup_root: Path | str | None = None, clock: Callable[[], float] = time.time) -> None:
+                 cgroup_root: Path | str | None = None, clock: Callable[[], float] = time.time,
+                 ib_sysfs_root: Path | str = SYSFS_ROOT) -> None:
+        self.ib_sysfs_root = Path(ib_sysfs_root)
         self.state_dir = Path(state_dir)
         self.state_dir.mkdir(parents=True, exist_ok=True)
         self.node_name = node_name or socket.gethostname()
@@ -114,6 +117,15 @@ class NodeAgent:
         self.probe_result = self._probe.probe()
         return tuple(d.to_device() for d in self.probe_result.devices)
 
+    def ib_ports(self) -> tuple[IbPort, ...]:
+        """This machine's InfiniBand ports from sysfs; () when there is no IB stack."""
+        return tuple(
+            IbPort(hca=p.hca, port=p.port, lid=p.lid or 0,
+                   guid=f"0x{p.node_guid:016x}" if p.node_guid is not None else "",
+                   rate_gbps=p.rate_gbps or 0.0, state=p.state)
+            for p in read_ib_ports(self.ib_sysfs_root, self._clock)
+        )
+
     def node(self) -> Node:
         """This machine as a Node, with injected faults and XID health applied."""
         with self._lock:
@@ -122,7 +134,8 @@ class NodeAgent:
             )
             labels = {SIMULATED_LABEL: "true"} if self.simulated else {}
             return Node(name=self.node_name, cpu_milli=self._cpu_milli, memory_mib=self._memory_mib,
-                        devices=devices, labels=labels, healthy="" not in self._faults)
+                        devices=devices, labels=labels, ib_ports=self.ib_ports(),
+                        healthy="" not in self._faults)
 
     # ---- health ----------------------------------------------------------------------------
     def _record(self, device_uuid: str, healthy: bool, reason: str) -> None:

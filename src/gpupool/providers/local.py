@@ -12,6 +12,7 @@ from gpupool.agent.isolation import CGROUP_ROOT_ENV
 from gpupool.agent.mps import MPS_CONTROL, MpsDaemon
 from gpupool.agent.node import NodeAgent
 from gpupool.agent.podstate import PodRecord
+from gpupool.agent.probes.infiniband import SYSFS_ROOT
 from gpupool.agent.probes.nvml import NvmlProbe
 from gpupool.core.model import Node
 from gpupool.errors import NotFound, ProviderError
@@ -45,10 +46,11 @@ class LocalProvider(Provider):
     def __init__(self, state_dir: Path | str | None = None, *, simulate: str | None = None,
                  fallback_simulate: str | None = None, node_name: str | None = None,
                  cgroup_root: Path | str | None = None, clock: Callable[[], float] = time.time,
-                 probe: NvmlProbe | None = None, mps: MpsDaemon | None = None) -> None:
+                 probe: NvmlProbe | None = None, mps: MpsDaemon | None = None,
+                 ib_sysfs_root: Path | str = SYSFS_ROOT) -> None:
         self.agent = NodeAgent(state_dir or default_state_dir(), node_name=node_name, simulate=simulate,
                                fallback_simulate=fallback_simulate, probe=probe, mps=mps,
-                               cgroup_root=cgroup_root, clock=clock)
+                               cgroup_root=cgroup_root, clock=clock, ib_sysfs_root=ib_sysfs_root)
         self._closed = False
 
     def missing_capabilities(self) -> dict[Capability, str]:
