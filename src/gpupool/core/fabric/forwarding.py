@@ -17,7 +17,8 @@ CHUNK_LEAVES = 64
 
 @dataclass(frozen=True)
 class ForwardingTables:
-    """ports[s, c]: output port of switch s toward CA c (NO_ROUTE if unreachable).
+    """ports[s, c]: output port of switch s toward CA c (NO_ROUTE if unreachable); a view of a
+    CA-major array, so one CA's column across all switches is contiguous.
 
     hops[s, l]: legal up*/down* switch-to-switch hops from switch s to leaf column l.
     """
@@ -70,20 +71,20 @@ def compute_tables(fabric: Fabric, roots: Sequence[str] | None = None) -> Forwar
         per_leaf[leaf] = ca_slot[i] + 1
     leaf_rows = [arrays.index[leaf] for leaf in arrays.leaves]
     hops = np.full((arrays.num_switches, len(leaf_rows)), INF, dtype=np.int16)
-    ports = np.full((arrays.num_switches, len(cas)), NO_ROUTE, dtype=np.uint8)
+    by_ca = np.full((len(cas), arrays.num_switches), NO_ROUTE, dtype=np.uint8)
     for first in range(0, len(leaf_rows), CHUNK_LEAVES):
         chunk = leaf_rows[first : first + CHUNK_LEAVES]
         dist, ddown = hop_tables(arrays, chunk)
         hops[:, first : first + len(chunk)] = dist
-        _fill_chunk(arrays, ports, dist, ddown, chunk, ca_leaf, ca_slot)
+        _fill_chunk(arrays, by_ca, dist, ddown, chunk, ca_leaf, ca_slot)
     routed = ca_leaf >= 0
-    ports[ca_leaf[routed], np.flatnonzero(routed)] = ca_leaf_port[routed]
-    return ForwardingTables(arrays, cas, ca_leaf, ca_leaf_port, ports, hops)
+    by_ca[np.flatnonzero(routed), ca_leaf[routed]] = ca_leaf_port[routed]
+    return ForwardingTables(arrays, cas, ca_leaf, ca_leaf_port, by_ca.T, hops)
 
 
 def _fill_chunk(
     arrays: SwitchArrays,
-    ports: np.ndarray,
+    by_ca: np.ndarray,
     dist: np.ndarray,
     ddown: np.ndarray,
     chunk: list[int],
@@ -94,26 +95,37 @@ def _fill_chunk(
     n = arrays.num_switches
     if valid.size == 0:
         return
-    count = np.zeros((n, len(chunk)), dtype=np.int64)
-    present = arrays.has_edges
-    count[present] = np.add.reduceat(valid, arrays.starts[present], axis=0)
-    cumulative = np.cumsum(valid, axis=0, dtype=np.int32)
-    group_base = np.vstack([np.zeros((1, len(chunk)), np.int32), cumulative])[arrays.starts]
-    edge_idx, col_idx = np.nonzero(valid)
-    slot = cumulative[edge_idx, col_idx] - group_base[arrays.src[edge_idx], col_idx] - 1
-    width = max(int(count.max()), 1)
-    lookup = np.full((n, len(chunk), width), NO_ROUTE, dtype=np.uint8)
-    lookup[arrays.src[edge_idx], col_idx, slot] = arrays.port[edge_idx]
+    count, lookup = _candidate_ports(arrays, valid, len(chunk))
     column_of = {row: j for j, row in enumerate(chunk)}
     targets = np.flatnonzero(np.isin(ca_leaf, chunk))
     if targets.size == 0:
         return
     cols = np.array([column_of[int(leaf)] for leaf in ca_leaf[targets]], dtype=np.int64)
-    counts = count[:, cols]
-    choice = ca_slot[targets][None, :] % np.maximum(counts, 1)
-    picked = lookup[np.arange(n)[:, None], cols[None, :], choice]
+    counts = count.T[cols]  # (targets, switches)
+    choice = ca_slot[targets][:, None] % np.maximum(counts, 1)
+    picked = lookup[np.arange(n)[None, :], cols[:, None], choice]
     picked[counts == 0] = NO_ROUTE
-    ports[:, targets] = picked
+    by_ca[targets] = picked
+
+
+def _candidate_ports(arrays: SwitchArrays, valid: np.ndarray, columns: int) -> tuple[np.ndarray, np.ndarray]:
+    """count[s, l] valid next hops of switch s toward column l, and lookup[s, l, k] the k-th one's port.
+
+    Walks the j-th edge of every switch at once (j up to the largest degree), so the work is
+    vectorised over switches and columns rather than over every (edge, column) pair.
+    """
+    n = arrays.num_switches
+    degree = np.bincount(arrays.src, minlength=n)
+    count = np.zeros((n, columns), dtype=np.int64)
+    lookup = np.full((n, columns, max(int(degree.max()), 1)), NO_ROUTE, dtype=np.uint8)
+    for j in range(int(degree.max())):
+        rows = np.flatnonzero(degree > j)
+        edges = arrays.starts[rows] + j
+        hit = valid[edges]
+        hit_row, hit_col = np.nonzero(hit)
+        lookup[rows[hit_row], hit_col, count[rows[hit_row], hit_col]] = arrays.port[edges[hit_row]]
+        count[rows] += hit
+    return count, lookup
 
 
 def walk(fabric: Fabric, tables: ForwardingTables, src_ca: str, dst_ca: str) -> list[tuple[str, int]]:
