@@ -143,7 +143,9 @@ def _parse_port(state: _State, number: int, line: str, default_speed: LinkSpeed)
             try:
                 cached = state.token_cache[token] = parse_width_speed(token)
             except InvalidInput as exc:
-                raise state.fail(number, line, exc.message.rstrip(".")) from None
+                raise TopologyError(
+                    f"{state.source}, line {number}: {exc.message}", source=state.source, line=number
+                ) from None
         width, speed = cached
         if local_lid is not None:
             state.port_lids[(node.id, int(lport))] = int(local_lid)
