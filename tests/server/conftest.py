@@ -72,25 +72,41 @@ def make_runtime(url: str, data_dir: Path, provider: ManualProvider) -> tuple[Ru
     return rt, bootstrap(rt)
 
 
+def start_server(data_dir: Path, url: str = "", provider: ManualProvider | None = None) -> Server:
+    url = url or f"sqlite:///{data_dir / 'store.sqlite'}"
+    provider = provider or ManualProvider([node("n0", devices=8, model="H100")])
+    rt, token = make_runtime(url, data_dir, provider)
+    client = TestClient(create_app(rt))
+    client.__enter__()
+    return Server(rt=rt, provider=provider, client=client, admin_token=token or "")
+
+
+def stop_server(server: Server) -> None:
+    server.client.__exit__(None, None, None)
+    server.rt.store.close()
+
+
 @pytest.fixture
 def server_factory(tmp_path: Path) -> Iterator[Callable[..., Server]]:
-    clients: list[TestClient] = []
+    servers: list[Server] = []
 
     def make(url: str = "", provider: ManualProvider | None = None) -> Server:
-        url = url or f"sqlite:///{tmp_path / 'store.sqlite'}"
-        provider = provider or ManualProvider([node("n0", devices=8, model="H100")])
-        rt, token = make_runtime(url, tmp_path, provider)
-        client = TestClient(create_app(rt))
-        client.__enter__()
-        clients.append(client)
-        return Server(rt=rt, provider=provider, client=client, admin_token=token or "")
+        servers.append(start_server(tmp_path, url, provider))
+        return servers[-1]
 
     yield make
-    for client in clients:
-        client.__exit__(None, None, None)
-        client.app.state.runtime.store.close()  # type: ignore[attr-defined]
+    for server in servers:
+        stop_server(server)
 
 
 @pytest.fixture
 def server(server_factory: Callable[..., Server]) -> Server:
     return server_factory()
+
+
+@pytest.fixture(scope="module")
+def shared_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    """One server for a module of tests that only read or are refused (faster than one each)."""
+    server = start_server(tmp_path_factory.mktemp("shared"))
+    yield server
+    stop_server(server)

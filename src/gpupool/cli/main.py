@@ -1,79 +1,57 @@
-"""The `gpupool` command: registers each noun's sub-app lazily so start-up stays fast."""
+"""The `gpupool` command: registers each noun's sub-app lazily so start-up stays fast.
+
+The typer application lives in cli/lazy.py and is built on first use (`app` below), so
+`gpupool submit`, the one command people run in loops, starts without importing typer.
+"""
 
 from __future__ import annotations
 
-import importlib
 import sys
-from typing import Any
-
-import typer
 
 # name -> (module, attribute, help). Each module exposes a typer app; it is imported only when used.
 SUBCOMMANDS: dict[str, tuple[str, str, str]] = {
     "profiles": ("gpupool.cli.profiles", "app", "List the device profiles gpupool knows."),
     "fabric": ("gpupool.cli.fabric", "app", "Discover, route, inspect and export the InfiniBand fabric."),
     "sim": ("gpupool.cli.sim", "app", "Replay cluster traces through the scheduler (fill, replay)."),
+    "nodes": ("gpupool.cli.nodes", "app", "List nodes; cordon, uncordon, drain (admin)."),
+    "tenant": ("gpupool.cli.tenant", "app", "Tenants (admin): create, ls."),
+    "queue": ("gpupool.cli.queue", "app", "Queues and quotas (admin): create, ls, set-quota."),
+    "token": ("gpupool.cli.token", "app", "Bearer tokens (admin): create."),
 }
 
 # Top-level commands (not groups): name -> (module, function, help).
-COMMANDS: dict[str, tuple[str, str, str]] = {}
+COMMANDS: dict[str, tuple[str, str, str]] = {
+    "up": ("gpupool.cli.up", "up", "Start the pool: API server, scheduler and local agent."),
+    "submit": ("gpupool.cli.submit", "submit", "Submit a workload; prints only its id."),
+    "ls": ("gpupool.cli.ls", "ls", "List workloads."),
+    "show": ("gpupool.cli.show", "show", "Show one workload (--json for machines)."),
+    "cancel": ("gpupool.cli.cancel", "cancel", "Cancel a workload."),
+    "logs": ("gpupool.cli.logs", "logs", "Print a workload's output (-f to follow)."),
+    "wait": ("gpupool.cli.wait", "wait", "Wait for a workload; exit 0 when it succeeded."),
+    "top": ("gpupool.cli.top", "top", "A live view of the pool."),
+}
 
 
-class _LazyCommand(typer.core.TyperCommand):
-    """Stands in for a command in help listings; imports the real one only when it runs."""
-
-    def __init__(self, name: str, help_text: str, load: Any) -> None:
-        super().__init__(name=name, help=help_text, short_help=help_text)
-        self._load = load
-
-    def make_context(self, info_name: Any, args: Any, parent: Any = None, **extra: Any) -> Any:
-        return self._load().make_context(info_name, args, parent=parent, **extra)
+FAST_COMMANDS = {"submit": "gpupool.cli.submit_fast"}
+"""Commands served without typer (their typer twin in COMMANDS gives --help)."""
 
 
-def _load_group(name: str) -> Any:
-    module, attr, help_text = SUBCOMMANDS[name]
-    command = typer.main.get_command(getattr(importlib.import_module(module), attr))
-    command.help = command.help or help_text
-    return command
+def __getattr__(name: str) -> object:
+    if name == "app":
+        from gpupool.cli.lazy import app
 
-
-def _load_single(name: str) -> Any:
-    module, attr, _ = COMMANDS[name]
-    single = typer.Typer()
-    single.command(name=name)(getattr(importlib.import_module(module), attr))
-    return typer.main.get_command(single)
-
-
-class LazyGroup(typer.core.TyperGroup):
-    """A group whose sub-commands are imported only when they run, so start-up stays fast."""
-
-    def list_commands(self, ctx: Any) -> list[str]:
-        return sorted(set(super().list_commands(ctx)) | set(SUBCOMMANDS) | set(COMMANDS))
-
-    def get_command(self, ctx: Any, cmd_name: str) -> Any:
-        if cmd_name in SUBCOMMANDS:
-            return _LazyCommand(cmd_name, SUBCOMMANDS[cmd_name][2], lambda: _load_group(cmd_name))
-        if cmd_name in COMMANDS:
-            return _LazyCommand(cmd_name, COMMANDS[cmd_name][2], lambda: _load_single(cmd_name))
-        return super().get_command(ctx, cmd_name)
-
-
-app = typer.Typer(
-    cls=LazyGroup,
-    help="gpupool: pool the accelerators of many servers and schedule AI work onto slices of them.",
-    no_args_is_help=True,
-    add_completion=False,
-    pretty_exceptions_enable=False,
-)
-
-
-@app.callback()
-def _root() -> None:
-    """gpupool: pool the accelerators of many servers and schedule AI work onto slices of them."""
+        return app
+    raise AttributeError(name)
 
 
 def main() -> None:
     """Entry point: run the CLI, turning gpupool errors into one sentence and an exit code."""
+    argv = sys.argv[1:]
+    if argv and argv[0] in FAST_COMMANDS and not {"-h", "--help"} & set(argv[1:2] + _options(argv[1:])):
+        import importlib
+
+        sys.exit(importlib.import_module(FAST_COMMANDS[argv[0]]).run(argv[1:]))
+    from gpupool.cli.lazy import app
     from gpupool.errors import GpupoolError
 
     try:
@@ -81,6 +59,11 @@ def main() -> None:
     except GpupoolError as exc:  # pragma: no cover - commands report their own errors
         print(f"Error: {exc.message}", file=sys.stderr)
         sys.exit(exc.exit_code)
+
+
+def _options(args: list[str]) -> list[str]:
+    """The arguments before a `--` (after it everything belongs to the user's command)."""
+    return args[: args.index("--")] if "--" in args else args
 
 
 if __name__ == "__main__":

@@ -103,6 +103,15 @@ def _workloads(by_status: Any) -> Iterator[Metric]:
     yield queued
 
 
+def _full_template(scope: Any, template: str) -> str:
+    """The route template with the prefixes of the routers it was included through."""
+    path: str = scope.get("path", "")
+    depth = template.count("/")
+    parts = path.split("/")
+    prefix = "/".join(parts[: max(0, len(parts) - depth)])
+    return prefix + template
+
+
 class RequestTimer:
     """Pure ASGI middleware timing every HTTP request by its route template."""
 
@@ -126,7 +135,8 @@ class RequestTimer:
             await self.app(scope, receive, send_wrapper)
         finally:
             route = scope.get("route")
-            template = getattr(route, "path", "unmatched")
+            template = getattr(route, "path", None)
+            template = "unmatched" if template is None else _full_template(scope, template)
             self.metrics.request_seconds.labels(scope["method"], template, str(status["code"])).observe(
                 time.perf_counter() - start
             )

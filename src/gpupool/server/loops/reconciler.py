@@ -89,9 +89,10 @@ class Reconciler:
         pod = session.get(PodRow, status.pod_id)
         if pod is None:
             return []
-        if PodState(pod.status).is_active:
-            pod.status = _FINAL_PHASES[status.phase].value
-            pod.exit_code, pod.finished_s, pod.message = status.exit_code, now, status.message[:1024]
+        if not PodState(pod.status).is_active:
+            return []  # already settled here (cancel, drain, recovery); the provider only confirms it
+        pod.status = _FINAL_PHASES[status.phase].value
+        pod.exit_code, pod.finished_s, pod.message = status.exit_code, now, status.message[:1024]
         row = session.get(WorkloadRow, pod.workload_id)
         if row is None or row.attempt != pod.attempt or WorkloadStatus(row.status).is_final:
             return []

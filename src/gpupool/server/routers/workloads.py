@@ -67,8 +67,6 @@ def logs(
     workload_id: WorkloadId, rt: Rt, who: Who,
     rank: Annotated[int, Query(ge=0, le=100_000)] = 0,
     offset: Annotated[int, Query(ge=0, le=2**53)] = 0,
-    limit_bytes: Annotated[int, Query(ge=1, le=4 * 2**20)] = 2**20,
     stream: Annotated[Literal["stdout", "stderr"], Query()] = "stdout",
 ) -> LogsOut:
-    return logs_service.read(rt, who, workload_id, rank=rank, offset=offset, limit_bytes=limit_bytes,
-                             stream=stream)
+    return logs_service.read(rt, who, workload_id, rank=rank, offset=offset, stream=stream)

@@ -27,8 +27,8 @@ class ResourcesSpec(Strict):
 
     gpus: float = Field(0, ge=0, le=1024, description="a fraction below 1 (0.25) or whole devices (2)")
     gpu_memory: str | int | None = Field(None, description="device memory per device, e.g. 8GiB")
-    cpu: str | float = Field(1, description="cores (4, 0.5) or milli-cores (500m)")
-    memory: str | int = Field("1GiB", description="host memory, e.g. 16GiB")
+    cpu: str | float = Field(0.0, description="cores (4, 0.5) or milli-cores (500m); 0 reserves none")
+    memory: str | int = Field(0, description="host memory, e.g. 16GiB; 0 reserves none")
     models: list[Annotated[str, Field(min_length=1, max_length=64)]] = Field(
         default_factory=list, max_length=64, description="allowed device models; empty means any"
     )

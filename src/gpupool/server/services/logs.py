@@ -5,7 +5,7 @@ from __future__ import annotations
 from sqlalchemy import select
 
 from gpupool.core.model import WorkloadStatus
-from gpupool.errors import NotFound
+from gpupool.errors import NotFound, ProviderError
 from gpupool.providers.base import Provider
 from gpupool.server.auth import Principal
 from gpupool.server.orm import PodRow, WorkloadRow
@@ -14,7 +14,7 @@ from gpupool.server.schemas.workloads import LogsOut
 
 
 def read(rt: Runtime, who: Principal, workload_id: str, *, rank: int, offset: int,
-         limit_bytes: int, stream: str = "stdout") -> LogsOut:
+         stream: str = "stdout") -> LogsOut:
     with rt.store.read() as session:
         row = session.get(WorkloadRow, workload_id)
         if row is None or not who.may_see(row.tenant):
@@ -29,20 +29,19 @@ def read(rt: Runtime, who: Principal, workload_id: str, *, rank: int, offset: in
         pod_id = pod.id if pod is not None else ""
     if not pod_id:
         return LogsOut(workload_id=workload_id, pod_id="", offset=offset, text="", complete=final)
-    text, next_offset = read_provider_log(rt.provider, pod_id, stream, offset, limit_bytes)
-    complete = final and next_offset - offset < limit_bytes
+    text, next_offset, finished = read_provider_log(rt.provider, pod_id, stream, offset)
+    complete = final and finished
     return LogsOut(workload_id=workload_id, pod_id=pod_id, offset=next_offset, text=text,
                    complete=complete)
 
 
-def read_provider_log(provider: Provider, pod_id: str, stream: str, offset: int,
-                      limit_bytes: int) -> tuple[str, int]:
-    """Text from byte `offset` and the next offset; empty when the provider keeps no output."""
-    reader = getattr(provider, "read_log", None)
-    if reader is None:
-        return "", offset
+def read_provider_log(provider: Provider, pod_id: str, stream: str, offset: int) -> tuple[str, int, bool]:
+    """Text from byte `offset`, the next offset, and whether the pod ended and all was read.
+
+    A provider that keeps no output answers empty and finished.
+    """
     try:
-        chunk = reader(pod_id, stream, offset=offset, max_bytes=limit_bytes)
-    except NotFound:
-        return "", offset
-    return str(chunk.text), int(chunk.next_offset)
+        chunk = provider.read_log(pod_id, stream, offset)
+    except (NotFound, ProviderError):
+        return "", offset, True
+    return str(chunk.text), int(chunk.next_offset), bool(chunk.finished)

@@ -86,7 +86,8 @@ def _find(rt: Runtime, name: str) -> Node:
         if node.name == name:
             return node
     names = [n.name for n in rt.nodes()]
-    raise NotFound(f"No node named {name!r}.{did_you_mean(name, names)}", node=name)
+    hint = did_you_mean(name, names) or (f" Nodes: {', '.join(names)}." if len(names) <= 10 else "")
+    raise NotFound(f"No node named {name!r}.{hint} See `gpupool nodes`.", node=name)
 
 
 def get_node(rt: Runtime, who: Principal, name: str) -> NodeOut:

@@ -1,0 +1,66 @@
+"""Shared pieces of the control-plane CLI verbs: the client, error-to-exit-code, tables."""
+
+from __future__ import annotations
+
+import functools
+import sys
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+import typer
+
+from gpupool.errors import GpupoolError
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+EXIT_CODES_HELP = (
+    "Exit codes: 0 ok, 1 the workload failed (or wait timed out), 2 bad usage, "
+    "3 not found or forbidden, 4 server unreachable."
+)
+SIMULATED_MARK = "(sim)"
+
+
+def client() -> Any:
+    from gpupool.client import Client
+
+    return Client()
+
+
+def reports_errors(func: F) -> F:
+    """Turn gpupool errors into one sentence on stderr and the documented exit code."""
+
+    @functools.wraps(func)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return func(*args, **kwargs)
+        except GpupoolError as exc:
+            print(f"Error: {exc.message}", file=sys.stderr)
+            raise typer.Exit(exc.exit_code) from None
+        except TimeoutError as exc:
+            print(f"Error: {exc}", file=sys.stderr)
+            raise typer.Exit(1) from None
+        except KeyboardInterrupt:
+            raise typer.Exit(130) from None
+
+    return wrapper  # type: ignore[return-value]
+
+
+def console() -> Any:
+    from rich.console import Console
+
+    return Console()
+
+
+def gpus_text(gpus: float) -> str:
+    return f"{gpus:g}"
+
+
+def ago(seconds: float | None, now: float) -> str:
+    if seconds is None:
+        return "-"
+    delta = max(0.0, now - seconds)
+    if delta < 120:
+        return f"{delta:.0f}s ago"
+    if delta < 7200:
+        return f"{delta / 60:.0f}m ago"
+    return f"{delta / 3600:.1f}h ago"

@@ -1,0 +1,79 @@
+"""`gpupool submit`: the typer form (help text, and use from other typer code); see submit_fast."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+
+def submit(
+    command: Annotated[
+        list[str] | None, typer.Argument(help="The program and its arguments, after `--`.")
+    ] = None,
+    name: Annotated[str | None, typer.Option("--name", "-n", help="A name to recognise it by.")] = None,
+    tenant: Annotated[
+        str | None, typer.Option("--tenant", "-t", help="Admin only: submit for this tenant.")
+    ] = None,
+    queue: Annotated[
+        str | None, typer.Option("--queue", "-q", help="The tenant's queue (default: default).")
+    ] = None,
+    priority: Annotated[
+        int | None, typer.Option("--priority", "-p", help="-1000..1000, higher runs first.")
+    ] = None,
+    gpus: Annotated[
+        float | None,
+        typer.Option("--gpus", "-g", help="A fraction of one device (0.25) or whole devices (2)."),
+    ] = None,
+    gpu_memory: Annotated[
+        str | None, typer.Option("--gpu-memory", help="Device memory per device, e.g. 8GiB.")
+    ] = None,
+    cpu: Annotated[str | None, typer.Option("--cpu", help="Cores (4, 0.5) or milli-cores (500m).")] = None,
+    memory: Annotated[str | None, typer.Option("--memory", "-m", help="Host memory, e.g. 16GiB.")] = None,
+    replicas: Annotated[
+        int | None, typer.Option("--replicas", "-r", help="Pods placed all-or-nothing.")
+    ] = None,
+    model: Annotated[
+        list[str] | None, typer.Option("--model", help="Allowed device model (repeatable).")
+    ] = None,
+    env: Annotated[
+        list[str] | None, typer.Option("--env", "-e", help="KEY=VALUE for the pods (repeatable).")
+    ] = None,
+    workdir: Annotated[
+        str | None, typer.Option("--workdir", "-w", help="Working directory of the pods.")
+    ] = None,
+    file: Annotated[
+        Path | None, typer.Option("--file", "-f", help="A YAML spec; flags override its fields.")
+    ] = None,
+) -> None:
+    """Submit a workload and print only its id.
+
+    Example: gpupool submit --gpus 0.25 -- python train.py
+
+    Exit codes: 0 submitted, 2 bad usage or refused (quota, invalid spec), 3 queue/tenant not
+    found or forbidden, 4 server unreachable.
+    """
+    from gpupool.cli.submit_fast import run
+
+    args: list[str] = []
+    pairs = [
+        ("--name", name),
+        ("--tenant", tenant),
+        ("--queue", queue),
+        ("--priority", priority),
+        ("--gpus", gpus),
+        ("--gpu-memory", gpu_memory),
+        ("--cpu", cpu),
+        ("--memory", memory),
+        ("--replicas", replicas),
+        ("--workdir", workdir),
+        ("--file", file),
+    ]
+    for flag, value in pairs:
+        if value is not None:
+            args += [flag, str(value)]
+    for flag, values in (("--model", model), ("--env", env)):
+        for value in values or []:
+            args += [flag, value]
+    raise typer.Exit(run([*args, "--", *(command or [])]))

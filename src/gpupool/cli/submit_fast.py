@@ -1,0 +1,192 @@
+"""`gpupool submit` without typer, pydantic or httpx: parse flags, POST the spec, print the id.
+
+This is the path people run in loops, so on success it imports nothing beyond the C socket
+module (the server validates the spec; even `json` and `typing` are left out because they pull in
+`re`). `gpupool submit --help` goes through typer (cli/submit.py).
+"""
+
+from __future__ import annotations
+
+import sys
+
+USAGE = (
+    "usage: gpupool submit [--name N] [--tenant T] [--queue Q] [--priority P] [--gpus 0.25|2] "
+    "[--gpu-memory 8GiB] [--cpu 4] [--memory 16GiB] [--replicas N] [--env K=V] [--workdir D] "
+    "[-f spec.yaml] -- COMMAND..."
+)
+# flag -> (path in the spec, kind)
+_FLAGS: dict[str, tuple[tuple[str, ...], str]] = {
+    "--name": (("name",), "str"), "-n": (("name",), "str"),
+    "--tenant": (("tenant",), "str"), "-t": (("tenant",), "str"),
+    "--queue": (("queue",), "str"), "-q": (("queue",), "str"),
+    "--priority": (("priority",), "int"), "-p": (("priority",), "int"),
+    "--gpus": (("resources", "gpus"), "float"), "-g": (("resources", "gpus"), "float"),
+    "--gpu-memory": (("resources", "gpu_memory"), "str"),
+    "--cpu": (("resources", "cpu"), "str"),
+    "--memory": (("resources", "memory"), "str"), "-m": (("resources", "memory"), "str"),
+    "--replicas": (("replicas",), "int"), "-r": (("replicas",), "int"),
+    "--model": (("resources", "models"), "list"),
+    "--env": (("env",), "env"), "-e": (("env",), "env"),
+    "--workdir": (("workdir",), "str"), "-w": (("workdir",), "str"),
+    "--file": (("",), "file"), "-f": (("",), "file"),
+}
+
+
+class UsageError(Exception):
+    pass
+
+
+def parse(args: list[str]) -> dict[str, object]:
+    """The workload spec the flags describe (a -f file first, flags on top)."""
+    flags: dict[tuple[str, ...], object] = {}
+    spec: dict[str, object] = {}
+    i = 0
+    while i < len(args):
+        arg = args[i]
+        if arg == "--":
+            spec["command"] = args[i + 1:]
+            break
+        if not arg.startswith("-") or arg == "-":
+            spec["command"] = args[i:]
+            break
+        name, eq, inline = arg.partition("=")
+        if name not in _FLAGS:
+            raise UsageError(f"Unknown option {name!r}. {USAGE}")
+        if eq:
+            value = inline
+        elif i + 1 < len(args):
+            i += 1
+            value = args[i]
+        else:
+            raise UsageError(f"Option {name} needs a value.")
+        path, kind = _FLAGS[name]
+        if kind == "file":
+            spec = {**_read_file(value), **({"command": spec["command"]} if "command" in spec else {})}
+        else:
+            _set(flags, path, kind, value, name)
+        i += 1
+    for path, flag_value in flags.items():
+        target = spec
+        for key in path[:-1]:
+            inner = target.setdefault(key, {})
+            if not isinstance(inner, dict):
+                raise UsageError(f"The spec file's {key!r} must be a mapping.")
+            target = inner
+        target[path[-1]] = flag_value
+    if not spec.get("command"):
+        raise UsageError(f"Give the command to run after `--`. {USAGE}")
+    return spec
+
+
+def _set(flags: dict[tuple[str, ...], object], path: tuple[str, ...], kind: str, value: str,
+         name: str) -> None:
+    try:
+        if kind == "int":
+            flags[path] = int(value)
+        elif kind == "float":
+            flags[path] = float(value)
+        elif kind == "list":
+            items = flags.setdefault(path, [])
+            assert isinstance(items, list)
+            items.append(value)
+        elif kind == "env":
+            key, sep, val = value.partition("=")
+            if not sep or not key:
+                raise ValueError
+            env = flags.setdefault(path, {})
+            assert isinstance(env, dict)
+            env[key] = val
+        else:
+            flags[path] = value
+    except ValueError:
+        wanted = {"int": "a whole number", "float": "a number such as 0.25 or 2", "env": "KEY=VALUE"}
+        raise UsageError(f"Option {name} takes {wanted.get(kind, 'a value')}, got {value!r}.") from None
+
+
+def _read_file(path: str) -> dict[str, object]:
+    import yaml
+
+    try:
+        with open(path, encoding="utf-8") as handle:
+            data = yaml.safe_load(handle)
+    except OSError as exc:
+        raise UsageError(f"Cannot read spec file {path}: {exc.strerror}.") from None
+    except yaml.YAMLError as exc:
+        raise UsageError(f"Spec file {path} is not valid YAML: {exc}.") from None
+    if not isinstance(data, dict):
+        raise UsageError(f"Spec file {path} must hold a mapping (command:, resources:, ...).")
+    return data
+
+
+def run(args: list[str]) -> int:
+    """Submit and print the workload id; returns the exit code."""
+    try:
+        print(submit(parse(args)))
+    except UsageError as exc:
+        print(f"Error: {exc}", file=sys.stderr)
+        return 2
+    except Exception as exc:
+        code = getattr(exc, "exit_code", None)  # a GpupoolError, without importing it up front
+        if code is None:
+            raise
+        print(f"Error: {getattr(exc, 'message', exc)}", file=sys.stderr)
+        return int(code)
+    return 0
+
+
+def submit(spec: dict[str, object], url: str | None = None, token: str | None = None) -> str:
+    """POST the spec; returns the new workload id or raises the matching gpupool error."""
+    from gpupool.clientconfig import resolve
+    from gpupool.lite_http import NotPlainHttp, error_from_answer, request
+
+    url, token = resolve(url, token)
+    try:
+        status, body = request(url, "POST", "/api/v1/workloads", token, to_json(spec).encode())
+    except NotPlainHttp:
+        from gpupool.client import Client
+
+        with Client(url, token) as client:
+            return client.submit(spec)
+    if status != 201:
+        raise error_from_answer(status, body)
+    return created_id(body)
+
+
+def created_id(body: bytes) -> str:
+    """The "id" of a `201 Created` answer (ids are plain ASCII: letters, digits and '-')."""
+    marker = b'"id":"'
+    start = body.find(marker)
+    end = body.find(b'"', start + len(marker))
+    if start < 0 or end < 0:
+        import json
+
+        return str(json.loads(body)["id"])
+    return body[start + len(marker):end].decode()
+
+
+_ESCAPES = {'"': '\\"', "\\": "\\\\", "\n": "\\n", "\r": "\\r", "\t": "\\t"}
+
+
+def to_json(value: object) -> str:
+    """JSON for the spec's plain values (str, int, float, bool, None, list, dict)."""
+    if isinstance(value, str):
+        out = []
+        for ch in value:
+            if ch in _ESCAPES:
+                out.append(_ESCAPES[ch])
+            elif ch < " ":
+                out.append(f"\\u{ord(ch):04x}")
+            else:
+                out.append(ch)
+        return '"' + "".join(out) + '"'
+    if value is None or isinstance(value, bool):
+        return {None: "null", True: "true", False: "false"}[value]
+    if isinstance(value, int | float):
+        if value != value or value in (float("inf"), float("-inf")):
+            raise UsageError(f"{value} is not a number the server can read.")
+        return repr(value)
+    if isinstance(value, list | tuple):
+        return "[" + ",".join(to_json(v) for v in value) + "]"
+    if isinstance(value, dict):
+        return "{" + ",".join(f"{to_json(str(k))}:{to_json(v)}" for k, v in value.items()) + "}"
+    raise UsageError(f"Cannot send {value!r} in a spec; use strings, numbers, lists and mappings.")

@@ -1,0 +1,99 @@
+"""`gpupool up`: start the API server, the scheduler loop and the local agent in one process."""
+
+from __future__ import annotations
+
+import os
+import socket
+import sys
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from gpupool.server.settings import DEFAULT_HOST, DEFAULT_PORT
+
+
+def up(
+    data_dir: Annotated[
+        Path | None, typer.Option("--data-dir", help="Store and admin token (default: user data dir).")
+    ] = None,
+    host: Annotated[str, typer.Option("--host", help="Address to listen on.")] = DEFAULT_HOST,
+    port: Annotated[int, typer.Option("--port", help="Port to listen on.", min=1, max=65535)] = DEFAULT_PORT,
+    simulate: Annotated[
+        str, typer.Option("--simulate", help="Simulated pool: 2x8xH100, or an OpenB node CSV.")
+    ] = "",
+    provider: Annotated[str, typer.Option("--provider", help="local (default) or fake.")] = "local",
+    database_url: Annotated[
+        str, typer.Option("--database-url", help="postgresql+psycopg://... (default: SQLite).")
+    ] = "",
+    placement: Annotated[str, typer.Option("--placement", help="Placement policy name.")] = "best-fit",
+) -> None:
+    """Start the pool: API on http://HOST:PORT/api/v1 (docs at /docs), scheduler, local agent.
+
+    With no GPU and no --simulate it says so and serves a small, clearly labelled simulated pool.
+    The admin token is printed once at first start and kept in DATA_DIR/admin-token (mode 0600).
+    """
+    from gpupool.errors import GpupoolError
+
+    try:
+        _serve(data_dir, host, port, simulate, provider, database_url, placement)
+    except GpupoolError as exc:
+        print(f"Error: {exc.message}", file=sys.stderr)
+        raise typer.Exit(exc.exit_code) from None
+
+
+def _serve(data_dir: Path | None, host: str, port: int, simulate: str, provider: str, database_url: str,
+           placement: str) -> None:
+    import logging
+
+    import uvicorn
+
+    from gpupool.server.app import create_app
+    from gpupool.server.db import Store
+    from gpupool.server.provision import provision
+    from gpupool.server.runtime import Runtime
+    from gpupool.server.services.tenants import bootstrap
+    from gpupool.server.settings import Settings, default_data_dir
+
+    settings = Settings(data_dir=data_dir or default_data_dir(), host=host, port=port, simulate=simulate,
+                        provider=provider, database_url=database_url, placement=placement).with_env()
+    settings.data_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+    _check_port(host, port)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    provisioned = provision(settings)
+    if provisioned.notice:
+        print(provisioned.notice, flush=True)
+    store = Store.open(settings.resolved_database_url)
+    rt = Runtime(settings=settings, store=store, provider=provisioned.provider)
+    token = bootstrap(rt)
+    _announce_token(settings.admin_token_path, token)
+    print(f"gpupool is serving on http://{host}:{port} (API docs at /docs); stop with Ctrl-C.", flush=True)
+    try:
+        uvicorn.run(create_app(rt), host=host, port=port, log_level="warning", access_log=False)
+    finally:
+        provisioned.provider.close()
+        store.close()
+
+
+def _check_port(host: str, port: int) -> None:
+    from gpupool.errors import InvalidInput
+
+    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((host, port))
+        except OSError as exc:
+            raise InvalidInput(
+                f"Cannot listen on {host}:{port} ({exc.strerror}); pick another --port."
+            ) from None
+
+
+def _announce_token(path: Path, token: str | None) -> None:
+    if token is None:
+        print(f"Admin token: in {path} (created at first start).", flush=True)
+        return
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as handle:
+        handle.write(token + "\n")
+    os.chmod(path, 0o600)
+    print(f"Admin token (shown once; saved to {path}, mode 0600):\n  {token}", flush=True)

@@ -1,0 +1,167 @@
+"""The typed HTTP SDK for gpupool (httpx): what the CLI uses, and what users may script against.
+
+    from gpupool.client import Client
+    with Client() as pool:                      # GPUPOOL_URL / GPUPOOL_TOKEN or the config file
+        wid = pool.submit({"command": ["python", "train.py"], "resources": {"gpus": 0.25}})
+        print(pool.wait(wid).status)
+
+Errors come back as the gpupool error they stand for (NotFound, Forbidden, QuotaExceeded...),
+and an unreachable server as Unavailable.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping, Sequence
+from typing import Any, TypeVar
+
+import httpx
+from pydantic import BaseModel, TypeAdapter
+
+from gpupool.clientconfig import resolve
+from gpupool.errors import InvalidInput, Unavailable
+from gpupool.lite_http import error_from_answer
+from gpupool.server.schemas.common import Health
+from gpupool.server.schemas.nodes import NodeOut, PoolSummary
+from gpupool.server.schemas.tenants import QueueOut, TenantOut, TokenOut
+from gpupool.server.schemas.workloads import EventOut, LogsOut, WorkloadOut, WorkloadPage, WorkloadSpec
+
+M = TypeVar("M", bound=BaseModel)
+API = "/api/v1"
+
+
+class Client:
+    """A connection to one gpupool server; safe to reuse for many calls, close it when done."""
+
+    def __init__(self, url: str | None = None, token: str | None = None, *, timeout_s: float = 30.0,
+                 transport: httpx.BaseTransport | None = None) -> None:
+        self.url, self.token = resolve(url, token)
+        headers = {"Authorization": f"Bearer {self.token}"} if self.token else {}
+        self._http = httpx.Client(base_url=self.url + API, headers=headers, timeout=timeout_s,
+                                  transport=transport)
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        self._http.close()
+
+    # ----------------------------------------------------------------- plumbing
+
+    def _call(self, method: str, path: str, *, json: Any = None, params: Mapping[str, Any] | None = None
+              ) -> Any:
+        try:
+            answer = self._http.request(method, path, json=json, params=params)
+        except httpx.TransportError as exc:
+            raise Unavailable(
+                f"Cannot reach the gpupool server at {self.url} ({exc}); start it with `gpupool up` "
+                "or point GPUPOOL_URL at it."
+            ) from None
+        if answer.status_code >= 400:
+            raise error_from_answer(answer.status_code, answer.content)
+        return answer.json()
+
+    def _one(self, model: type[M], method: str, path: str, **kwargs: Any) -> M:
+        return model.model_validate(self._call(method, path, **kwargs))
+
+    def _many(self, model: type[M], method: str, path: str, **kwargs: Any) -> list[M]:
+        return TypeAdapter(list[model]).validate_python(self._call(method, path, **kwargs))  # type: ignore[valid-type]
+
+    # ----------------------------------------------------------------- workloads
+
+    def health(self) -> Health:
+        return self._one(Health, "GET", "/health")
+
+    def submit(self, spec: WorkloadSpec | Mapping[str, Any]) -> str:
+        """Submit a workload; returns its id."""
+        if isinstance(spec, WorkloadSpec):
+            body = spec.model_dump(mode="json", exclude_none=True)
+        else:
+            body = dict(spec)
+        return str(self._call("POST", "/workloads", json=body)["id"])
+
+    def workloads(self, *, status: Sequence[str] = (), tenant: str | None = None, queue: str | None = None,
+                  limit: int = 100, offset: int = 0) -> WorkloadPage:
+        params: dict[str, Any] = {"limit": limit, "offset": offset}
+        if status:
+            params["status"] = list(status)
+        if tenant:
+            params["tenant"] = tenant
+        if queue:
+            params["queue"] = queue
+        return self._one(WorkloadPage, "GET", "/workloads", params=params)
+
+    def workload(self, workload_id: str) -> WorkloadOut:
+        return self._one(WorkloadOut, "GET", f"/workloads/{_segment(workload_id)}")
+
+    def cancel(self, workload_id: str) -> WorkloadOut:
+        return self._one(WorkloadOut, "POST", f"/workloads/{_segment(workload_id)}/cancel")
+
+    def events(self, workload_id: str) -> list[EventOut]:
+        return self._many(EventOut, "GET", f"/workloads/{_segment(workload_id)}/events")
+
+    def logs(self, workload_id: str, *, rank: int = 0, offset: int = 0, stream: str = "stdout") -> LogsOut:
+        return self._one(LogsOut, "GET", f"/workloads/{_segment(workload_id)}/logs",
+                         params={"rank": rank, "offset": offset, "stream": stream})
+
+    def wait(self, workload_id: str, timeout_s: float | None = None, poll_s: float = 0.2) -> WorkloadOut:
+        """Poll until the workload is final; raises TimeoutError after timeout_s."""
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        while True:
+            current = self.workload(workload_id)
+            if current.status in ("succeeded", "failed", "cancelled"):
+                return current
+            if deadline is not None and time.monotonic() >= deadline:
+                raise TimeoutError(f"Workload {workload_id} is still {current.status} after {timeout_s:g} s.")
+            time.sleep(poll_s)
+
+    # ----------------------------------------------------------------- pool
+
+    def nodes(self) -> list[NodeOut]:
+        return self._many(NodeOut, "GET", "/nodes")
+
+    def node(self, name: str) -> NodeOut:
+        return self._one(NodeOut, "GET", f"/nodes/{_segment(name)}")
+
+    def cordon(self, name: str) -> NodeOut:
+        return self._one(NodeOut, "POST", f"/nodes/{_segment(name)}/cordon")
+
+    def uncordon(self, name: str) -> NodeOut:
+        return self._one(NodeOut, "POST", f"/nodes/{_segment(name)}/uncordon")
+
+    def drain(self, name: str) -> NodeOut:
+        return self._one(NodeOut, "POST", f"/nodes/{_segment(name)}/drain")
+
+    def pool(self) -> PoolSummary:
+        return self._one(PoolSummary, "GET", "/pool")
+
+    # ----------------------------------------------------------------- admin
+
+    def tenants(self) -> list[TenantOut]:
+        return self._many(TenantOut, "GET", "/tenants")
+
+    def create_tenant(self, name: str) -> TenantOut:
+        return self._one(TenantOut, "POST", "/tenants", json={"name": name})
+
+    def queues(self, tenant: str | None = None) -> list[QueueOut]:
+        return self._many(QueueOut, "GET", "/queues", params={"tenant": tenant} if tenant else None)
+
+    def create_queue(self, tenant: str, name: str, quota_gpus: float | None = None) -> QueueOut:
+        return self._one(QueueOut, "POST", "/queues",
+                         json={"tenant": tenant, "name": name, "quota_gpus": quota_gpus})
+
+    def set_quota(self, tenant: str, name: str, quota_gpus: float | None) -> QueueOut:
+        return self._one(QueueOut, "PATCH", f"/queues/{_segment(tenant)}/{_segment(name)}",
+                         json={"quota_gpus": quota_gpus})
+
+    def create_token(self, tenant: str | None = None, name: str = "") -> TokenOut:
+        return self._one(TokenOut, "POST", "/tokens", json={"tenant": tenant, "name": name})
+
+
+def _segment(value: str) -> str:
+    if not value or "/" in value or value in (".", ".."):
+        raise InvalidInput(f"{value!r} is not a valid id or name.")
+    return value

@@ -1,0 +1,125 @@
+"""A minimal HTTP/1.1 client over a plain socket, for the CLI paths that must start fast.
+
+`http.client` and httpx each cost tens of milliseconds to import; one JSON request to a local
+server needs neither. Plain http:// only; the SDK (gpupool.client, httpx) handles the rest.
+"""
+
+from __future__ import annotations
+
+try:  # the C module: socket.py itself pulls in enum, selectors and more
+    import _socket as socket_impl
+except ImportError:  # pragma: no cover - other Python implementations
+    import socket as socket_impl  # type: ignore[no-redef]
+
+
+class NotPlainHttp(Exception):
+    """The URL needs TLS or a proxy: use the full client instead."""
+
+
+def _split(url: str) -> tuple[str, int, str]:
+    if not url.startswith("http://"):
+        raise NotPlainHttp(url)
+    rest = url[len("http://"):]
+    hostport, _, prefix = rest.partition("/")
+    host, _, port = hostport.rpartition(":") if ":" in hostport.strip("[]") else (hostport, "", "80")
+    if host.startswith("["):
+        host = host[1:-1]
+    return host or hostport, int(port or 80), ("/" + prefix).rstrip("/")
+
+
+def request(url: str, method: str, path: str, token: str, body: bytes | None = None,
+            timeout_s: float = 30.0) -> tuple[int, bytes]:
+    """(status, body) of one request; raises Unavailable when the server cannot be reached."""
+    host, port, prefix = _split(url)
+    head = [f"{method} {prefix}{path} HTTP/1.1", f"Host: {host}:{port}", "Connection: close",
+            "Accept: application/json", "User-Agent: gpupool-cli"]
+    if token:
+        head.append(f"Authorization: Bearer {token}")
+    if body is not None:
+        head += ["Content-Type: application/json", f"Content-Length: {len(body)}"]
+    payload = ("\r\n".join(head) + "\r\n\r\n").encode("latin-1") + (body or b"")
+    family = socket_impl.AF_INET6 if ":" in host else socket_impl.AF_INET
+    sock = socket_impl.socket(family, socket_impl.SOCK_STREAM)
+    try:
+        sock.settimeout(timeout_s)
+        sock.connect((host, port))
+        sock.sendall(payload)
+        chunks = []
+        while True:
+            data = sock.recv(65536)
+            if not data:
+                break
+            chunks.append(data)
+    except OSError as exc:
+        from gpupool.errors import Unavailable
+
+        raise Unavailable(
+            f"Cannot reach the gpupool server at {url} ({exc.strerror or exc}); start it with "
+            "`gpupool up` or point GPUPOOL_URL at it."
+        ) from None
+    finally:
+        sock.close()
+    return _parse(b"".join(chunks), url)
+
+
+def _parse(raw: bytes, url: str) -> tuple[int, bytes]:
+    header, _, body = raw.partition(b"\r\n\r\n")
+    lines = header.split(b"\r\n")
+    try:
+        status = int(lines[0].split()[1])
+    except (IndexError, ValueError):
+        from gpupool.errors import Unavailable
+
+        raise Unavailable(f"The server at {url} did not answer HTTP; check GPUPOOL_URL.") from None
+    headers = {}
+    for line in lines[1:]:
+        name, _, value = line.partition(b":")
+        headers[name.strip().lower()] = value.strip()
+    if headers.get(b"transfer-encoding", b"").lower() == b"chunked":
+        body = _dechunk(body)
+    return status, body
+
+
+def _dechunk(body: bytes) -> bytes:
+    out = []
+    while body:
+        size_line, _, rest = body.partition(b"\r\n")
+        size = int(size_line.split(b";")[0], 16)
+        if size == 0:
+            break
+        out.append(rest[:size])
+        body = rest[size + 2:]
+    return b"".join(out)
+
+
+def _error_classes() -> dict[str, type]:
+    from gpupool.errors import GpupoolError
+
+    found: dict[str, type] = {}
+    stack: list[type] = [GpupoolError]
+    while stack:
+        cls = stack.pop()
+        found.setdefault(str(getattr(cls, "code", "")), cls)
+        stack.extend(cls.__subclasses__())
+    return found
+
+
+def error_from_answer(status: int, body: bytes) -> Exception:
+    """The gpupool error an error answer stands for (its `code` picks the class)."""
+    import json
+
+    from gpupool.errors import Forbidden, GpupoolError, InvalidInput, NotFound, Unauthorized, Unavailable
+
+    try:
+        payload = json.loads(body)
+        code, message = str(payload["code"]), str(payload["message"])
+        details = payload.get("details") or {}
+    except (ValueError, KeyError, TypeError):
+        code, message, details = "", f"The server answered HTTP {status} without an error body.", {}
+    cls = _error_classes().get(code)
+    if cls is None:
+        by_status = {401: Unauthorized, 403: Forbidden, 404: NotFound, 422: InvalidInput}
+        cls = by_status.get(status) or (Unavailable if status in (502, 503, 504) else GpupoolError)
+    error = cls(message, **details) if isinstance(details, dict) else cls(message)
+    assert isinstance(error, Exception)
+    return error

@@ -1,0 +1,179 @@
+"""Bad input on every field gets a 4xx in the one error shape, naming the field; never a 500."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from conftest import Server
+
+API = "/api/v1"
+GOOD: dict[str, object] = {"command": ["true"], "resources": {"gpus": 0.25}}
+
+
+def _with(path: str, value: object) -> dict[str, object]:
+    body = json.loads(json.dumps(GOOD))
+    keys = path.split(".")
+    target = body
+    for key in keys[:-1]:
+        target = target.setdefault(key, {})
+    target[keys[-1]] = value
+    return body
+
+
+def _assert_error(answer: object, status: int, mentions: str = "") -> None:
+    assert answer.status_code == status, answer.text  # type: ignore[attr-defined]
+    body = answer.json()  # type: ignore[attr-defined]
+    assert set(body) == {"code", "message", "details"}
+    assert body["message"].endswith(".") or body["message"].endswith(")")
+    assert mentions in body["message"], body["message"]
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [
+        ("command", []),
+        ("command", "true"),
+        ("command", [""]),
+        ("command", [1]),
+        ("command", None),
+        ("name", "has space"),
+        ("name", "x" * 64),
+        ("name", 5),
+        ("tenant", "Upper"),
+        ("tenant", ""),
+        ("queue", "bad_name"),
+        ("queue", "-x"),
+        ("priority", 1001),
+        ("priority", "high"),
+        ("priority", 1.5),
+        ("replicas", 0),
+        ("replicas", 257),
+        ("replicas", "two"),
+        ("resources.gpus", -1),
+        ("resources.gpus", 1.5),
+        ("resources.gpus", "lots"),
+        ("resources.gpus", 2000),
+        ("resources.gpu_memory", "8 parsecs"),
+        ("resources.gpu_memory", -5),
+        ("resources.gpu_memory", []),
+        ("resources.cpu", "four"),
+        ("resources.cpu", -1),
+        ("resources.memory", "16 GB please"),
+        ("resources.memory", -1),
+        ("resources.models", "H100"),
+        ("resources.models", [""]),
+        ("resources.extra", 1),
+        ("env", {"1BAD": "x"}),
+        ("env", {"K": 1}),
+        ("env", ["K=V"]),
+        ("workdir", 7),
+        ("runtime_estimate_s", -3),
+        ("runtime_estimate_s", "soon"),
+        ("unknown_field", 1),
+    ],
+)
+def test_each_spec_field(shared_server: Server, field: str, value: object) -> None:
+    server = shared_server
+    answer = server.client.post(f"{API}/workloads", json=_with(field, value), headers=server.headers())
+    _assert_error(answer, 422, field.split(".")[0])
+    assert answer.json()["code"] == "invalid_input"
+
+
+def test_ask_that_no_node_can_hold_fails_with_reason(server: Server) -> None:
+    body = _with("resources.gpus", 16)
+    wid = server.client.post(f"{API}/workloads", json=body, headers=server.headers()).json()["id"]
+    server.wait_for(lambda: server.status(wid) == "failed")
+    answer = server.client.get(f"{API}/workloads/{wid}", headers=server.headers()).json()
+    assert answer["reason"] == "never_fits" and "never fit" in answer["message"]
+
+
+@pytest.mark.parametrize(
+    ("method", "path", "kwargs", "status"),
+    [
+        (
+            "post",
+            "/workloads",
+            {"content": b"{not json", "headers": {"content-type": "application/json"}},
+            422,
+        ),
+        ("post", "/workloads", {"content": b"command=true"}, 422),
+        ("get", "/workloads?limit=0", {}, 422),
+        ("get", "/workloads?limit=abc", {}, 422),
+        ("get", "/workloads?limit=100000", {}, 422),
+        ("get", "/workloads?offset=-1", {}, 422),
+        ("get", "/workloads?status=sleeping", {}, 422),
+        ("get", "/workloads/" + "x" * 65, {}, 422),
+        ("get", "/workloads/nope", {}, 404),
+        ("get", "/workloads/nope/events", {}, 404),
+        ("get", "/workloads/nope/logs?rank=-1", {}, 422),
+        ("get", "/workloads/nope/logs?stream=stdin", {}, 422),
+        ("post", "/workloads/nope/cancel", {}, 404),
+        ("get", "/nowhere", {}, 404),
+        ("delete", "/workloads", {}, 405),
+        ("post", "/tenants", {"json": {"name": "Bad Name"}}, 422),
+        ("post", "/tenants", {"json": {}}, 422),
+        ("post", "/tenants", {"json": {"name": "ok", "x": 1}}, 422),
+        ("post", "/queues", {"json": {"tenant": "default", "name": "q", "quota_gpus": -1}}, 422),
+        ("post", "/queues", {"json": {"tenant": "default", "name": "default"}}, 409),
+        ("patch", "/queues/default/none", {"json": {"quota_gpus": 1}}, 404),
+        ("patch", "/queues/BAD/x", {"json": {"quota_gpus": 1}}, 422),
+        ("post", "/tokens", {"json": {"tenant": "ghost"}}, 404),
+        ("post", "/tokens", {"json": {"tenant": "default", "name": "has space"}}, 422),
+        ("get", "/queues?tenant=ghost", {}, 200),
+        ("post", "/nodes/ghost/cordon", {}, 404),
+        ("get", "/nodes/ghost", {}, 404),
+    ],
+)
+def test_bad_requests(
+    shared_server: Server, method: str, path: str, kwargs: dict[str, object], status: int
+) -> None:
+    server = shared_server
+    headers = {**server.headers(), **dict(kwargs.pop("headers", {}))}  # type: ignore[call-overload]
+    answer = getattr(server.client, method)(f"{API}{path}", headers=headers, **kwargs)
+    if status == 200:
+        assert answer.status_code == 200
+        return
+    _assert_error(answer, status)
+
+
+_json = st.recursive(
+    st.none()
+    | st.booleans()
+    | st.integers()
+    | st.floats(allow_nan=False, allow_infinity=False)
+    | st.text(max_size=20),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=8), inner, max_size=3),
+    max_leaves=8,
+)
+_fields = st.sampled_from(
+    [
+        "command",
+        "name",
+        "tenant",
+        "queue",
+        "priority",
+        "replicas",
+        "resources",
+        "resources.gpus",
+        "resources.gpu_memory",
+        "resources.cpu",
+        "resources.memory",
+        "resources.models",
+        "env",
+        "workdir",
+        "runtime_estimate_s",
+    ]
+)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(field=_fields, value=_json)
+def test_no_input_causes_a_500(shared_server: Server, field: str, value: object) -> None:
+    server = shared_server
+    answer = server.client.post(f"{API}/workloads", json=_with(field, value), headers=server.headers())
+    assert answer.status_code < 500, answer.text
+    assert answer.status_code in (201, 403, 404, 409, 422)
