@@ -24,3 +24,8 @@ def create(
     with client() as pool:
         token = pool.create_token(tenant, name)
     print(token.token)
+
+
+@app.callback()
+def _group() -> None:
+    """Bearer tokens (admin): create."""

@@ -48,10 +48,10 @@ class Reconciler:
                     adopted += 1
                     if pod.status == PodState.LAUNCHING.value:
                         pod.status = PodState.RUNNING.value
-                    if row.status == WorkloadStatus.ADMITTED.value:
+                    if row.status in (WorkloadStatus.ADMITTED.value, WorkloadStatus.RUNNING.value):
                         row.started_s = row.started_s or now
                         transition(session, row, WorkloadStatus.RUNNING.value, EventReason.ADOPTED,
-                                   "Re-adopted after a server restart.", now, pod.id)
+                                   f"Pod {pod.name} re-adopted after a server restart.", now, pod.id)
                     continue
                 lost += 1
                 pod.status, pod.finished_s = PodState.LOST.value, now

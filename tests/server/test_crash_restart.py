@@ -1,0 +1,89 @@
+"""kill -9 of a real `gpupool up` and a restart: nothing lost, nothing started twice, running work
+re-adopted, and work whose process vanished meanwhile marked failed with a reason."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+from gpupool.server.pgtemp import free_port
+
+pytestmark = pytest.mark.slow
+
+
+def _start(data_dir: Path, port: int) -> subprocess.Popen[bytes]:
+    return subprocess.Popen(
+        [sys.executable, "-m", "gpupool.cli.main", "up", "--data-dir", str(data_dir), "--port", str(port),
+         "--simulate", "1x4xH100", "--placement", "first-fit"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+    )
+
+
+def _until(predicate: object, timeout_s: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            if predicate():  # type: ignore[operator]
+                return
+        except httpx.TransportError:
+            pass
+        if time.monotonic() > deadline:
+            raise AssertionError("condition not reached in time")
+        time.sleep(0.1)
+
+
+def test_kill_9_and_restart(tmp_path: Path) -> None:
+    port = free_port()
+    url = f"http://127.0.0.1:{port}/api/v1"
+    server = _start(tmp_path, port)
+    try:
+        _until(lambda: httpx.get(f"{url}/health").status_code == 200)
+        token = (tmp_path / "admin-token").read_text().strip()
+        assert (tmp_path / "admin-token").stat().st_mode & 0o777 == 0o600
+        api = httpx.Client(base_url=url, headers={"Authorization": f"Bearer {token}"})
+        pidfile = tmp_path / "victim.pid"
+
+        def submit(command: list[str], gpus: float) -> str:
+            answer = api.post("/workloads", json={"command": command, "resources": {"gpus": gpus}})
+            assert answer.status_code == 201, answer.text
+            return str(answer.json()["id"])
+
+        def status(wid: str) -> str:
+            return str(api.get(f"/workloads/{wid}").json()["status"])
+
+        keeps = submit(["sleep", "60"], 0.5)
+        victim = submit(["sh", "-c", f"echo $$ > {pidfile}; exec sleep 60"], 0.5)
+        done = submit(["true"], 1)
+        waiting = submit(["true"], 4)  # cannot fit while the others hold devices
+        _until(lambda: status(keeps) == status(victim) == "running" and status(done) == "succeeded")
+        assert status(waiting) == "pending"
+        server.send_signal(signal.SIGKILL)
+        server.wait(timeout=30)
+        os.kill(int(pidfile.read_text()), signal.SIGKILL)  # its process dies while no server watches
+
+        server = _start(tmp_path, port)
+        _until(lambda: httpx.get(f"{url}/health").status_code == 200)
+        assert (tmp_path / "admin-token").read_text().strip() == token  # not recreated
+        _until(lambda: status(victim) == "failed")
+        assert status(keeps) == "running" and status(done) == "succeeded"
+        assert api.get("/workloads").json()["total"] == 4  # nothing lost
+        events = api.get(f"/workloads/{keeps}/events").json()
+        assert [e["reason"] for e in events].count("launched") == 1  # never started twice
+        assert events[-1]["reason"] == "adopted"
+        lost = api.get(f"/workloads/{victim}").json()
+        assert lost["reason"] in ("pod_lost", "pod_failed", "lost_on_restart") and lost["message"]
+        assert api.post(f"/workloads/{keeps}/cancel").json()["status"] == "cancelled"
+        _until(lambda: status(waiting) == "succeeded")
+    finally:
+        server.send_signal(signal.SIGTERM)
+        try:
+            server.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            server.kill()
