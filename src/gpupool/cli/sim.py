@@ -13,6 +13,13 @@ app = typer.Typer(
     no_args_is_help=True,
 )
 
+
+
+@app.callback()
+def _group() -> None:
+    """Keep `sim` a group even while only one protocol module is present."""
+
+
 # Each protocol lives in its own module exposing a function named like the command.
 for _name in ("fill", "replay"):
     _module = f"gpupool.cli.sim_{_name}"

@@ -25,10 +25,10 @@ import random
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import Any
+from typing import Any, NamedTuple
 
 from gpupool.core.model import ClusterSnapshot, PodPlacement, Reason, Workload
-from gpupool.core.overcommit import OvercommitConfig, guaranteed_workload
+from gpupool.core.overcommit import OvercommitConfig
 from gpupool.core.priority import PriorityClasses
 from gpupool.core.quota import QuotaConfig
 from gpupool.core.scheduling.backfill import Reservation, may_backfill, reserve
@@ -36,7 +36,7 @@ from gpupool.core.scheduling.gang import GangPlacement, place_gang, release_gang
 from gpupool.core.scheduling.ordering.base import OrderingContext, make_ordering
 from gpupool.core.scheduling.policies.base import NoFit, make_policy
 from gpupool.core.scheduling.preemption import lost_work_s, select_victims
-from gpupool.core.scheduling.view import ClusterView, Running, Shape, clone_state, lower_bound_usage
+from gpupool.core.scheduling.view import ClusterView, Running, Shape, clone_state
 
 
 @dataclass(frozen=True, slots=True)
@@ -87,9 +87,11 @@ class Requeue:
     resume_progress_s: float = 0.0
 
 
-@dataclass(frozen=True, slots=True)
-class Rejection:
-    """A workload left pending this cycle (`final=False`) or refused for good (`final=True`)."""
+class Rejection(NamedTuple):
+    """A workload left pending this cycle (`final=False`) or refused for good (`final=True`).
+
+    A named tuple rather than a dataclass: a cycle reports one for every waiting workload.
+    """
 
     workload_id: str
     reason: Reason
@@ -157,6 +159,7 @@ class _Cycle:
         self.failed_quota: dict[tuple[str, Shape], str] = {}
         self.failed_preempt: set[tuple[str, Shape, tuple[int, int]]] = set()
         self.blocked: set[str] = set()
+        self.queues: set[str] = set()
         self.reservation: Reservation | None = None
         self.admitted: list[Admission] = []
         self.preempted: list[Preemption] = []
@@ -165,7 +168,11 @@ class _Cycle:
 
     def run(self, pending: Sequence[Workload]) -> CycleResult:
         self._evict_broken()
-        for w in self._nominate(pending):
+        ordered = self._nominate(pending)
+        for i, w in enumerate(ordered):
+            if len(self.blocked) == len(self.queues):
+                self._reject_rest(ordered[i:])  # every queue waits behind its head
+                break
             self._consider(w)
         reserved = None
         if self.reservation is not None:
@@ -200,30 +207,32 @@ class _Cycle:
 
     def _nominate(self, pending: Sequence[Workload]) -> list[Workload]:
         view = self.view
-        classes = self.policies.priority_classes
+        overcommit = self.policies.overcommit
         valid: list[Workload] = []
+        metas = view.metas
+        queues = self.queues
         for w in pending:
-            if classes.get(w.priority_class) is None:
-                names = ", ".join(c.name for c in classes.classes)
+            meta = metas.get(w.id) or view.meta(w, overcommit)
+            if meta.class_known and meta.cluster_queue is not None:
+                valid.append(w)
+                queues.add(meta.cluster_queue)
+            elif not meta.class_known:
+                names = ", ".join(c.name for c in view.classes.classes)
                 self._reject(w, Reason.UNKNOWN_PRIORITY_CLASS, f"Use one of: {names}.", final=True)
-            elif view.cluster_queue(w) is None:
+            elif meta.cluster_queue is None:
                 self._reject(
                     w,
                     Reason.UNKNOWN_QUEUE,
                     f"Queue {w.queue!r} of tenant {w.tenant!r} feeds no ClusterQueue; create it first.",
                     final=True,
                 )
-            else:
-                valid.append(w)
         ctx = OrderingContext(
             now_s=self.now_s,
-            rank=classes.rank,
+            rank=lambda w: view.metas[w.id].rank,
             capacity=view.capacity(),
             tenant_usage=view.tenant_usage,
             tenant_weights=self.policies.quota.tenant_weights,
-            attained_service_s={
-                w.id: info.attained_service_s for w in valid if (info := view.info.get(w.id))
-            },
+            info=view.info,
         )
         return self.ordering.order(valid, ctx)
 
@@ -231,14 +240,13 @@ class _Cycle:
 
     def _consider(self, original: Workload) -> None:
         view = self.view
-        cq = view.cluster_queue(original) or ""
+        meta = view.metas[original.id]
+        cq = meta.cluster_queue or ""
         if cq in self.blocked:
             self._reject(original, Reason.WAITING_FOR_HEAD, "An older workload of its queue waits first.")
             return
-        w = original
-        if self.policies.overcommit is not None:
-            w = guaranteed_workload(original, self.policies.overcommit, self.models)
-        shape = view.shape(w)
+        w = meta.placed
+        shape = meta.shape
         never = self._never_fits(w, shape, cq)
         if never is not None:
             self._reject(original, never[0], never[1], final=True)
@@ -262,8 +270,8 @@ class _Cycle:
     def _try_place(self, w: Workload, shape: Shape, cq: str) -> GangPlacement | tuple[Reason, str]:
         view = self.view
         quota_msg = self.failed_quota.get((cq, shape))
-        if quota_msg is None:
-            quota_msg = view.quota.fits(cq, lower_bound_usage(w))
+        if quota_msg is None and view.quota.queues:
+            quota_msg = view.quota.fits(cq, view.metas[w.id].lower)
         if quota_msg is not None:
             self.failed_quota[(cq, shape)] = quota_msg
             return Reason.QUOTA_EXCEEDED, quota_msg
@@ -284,7 +292,7 @@ class _Cycle:
         if not self.policies.preemption or self.reservation is not None:
             return False
         view = self.view
-        key = (cq, shape, view.classes.rank(w))
+        key = (cq, shape, view.metas[w.id].rank)
         if key in self.failed_preempt:
             return False
         chosen = select_victims(w, cq, view, self.policy, self.rng, self.now_s)
@@ -337,15 +345,20 @@ class _Cycle:
         self.view.admit(w, gang, cq, self.now_s)
         self.admitted.append(Admission(w.id, gang.placements(self.view.state)))
 
+    def _reject_rest(self, rest: Sequence[Workload]) -> None:
+        message = "An older workload of its queue waits first."
+        self.rejected.extend(Rejection(w.id, Reason.WAITING_FOR_HEAD, message) for w in rest)
+
     def _reject(self, w: Workload, reason: Reason, message: str, final: bool = False) -> None:
         self.rejected.append(Rejection(w.id, reason, message, final))
 
     def _never_fits(self, w: Workload, shape: Shape, cq: str) -> tuple[Reason, str] | None:
         """Why the workload can never run here (checked on an empty pool, cached per shape)."""
         view = self.view
-        quota_msg = view.quota.ever_fits(cq, lower_bound_usage(w))
-        if quota_msg is not None:
-            return Reason.QUOTA_EXCEEDED, quota_msg
+        if view.quota.queues:
+            quota_msg = view.quota.ever_fits(cq, view.metas[w.id].lower)
+            if quota_msg is not None:
+                return Reason.QUOTA_EXCEEDED, quota_msg
         if shape not in view.never_fits_cache:
             empty = clone_state(view.state, empty=True)
             result = place_gang(w, empty, self.policy, random.Random(0))

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from gpupool.core.model import ClusterSnapshot, Node, PodRequest, Workload, WorkloadInfo
+from gpupool.core.overcommit import OvercommitConfig, guaranteed_workload
 from gpupool.core.priority import PriorityClasses, Rank
 from gpupool.core.quota import (
     CPU_MILLI,
@@ -42,6 +43,18 @@ def shape_of(w: Workload) -> Shape:
         (p.cpu_milli, p.memory_mib, p.num_devices, p.device_milli, p.device_memory_mib, p.allowed_models)
         for p in w.pods
     )
+
+
+@dataclass(frozen=True, slots=True)
+class Meta:
+    """What a cycle needs about a pending workload, computed once per workload id."""
+
+    cluster_queue: str | None
+    placed: Workload
+    shape: Shape
+    lower: Usage
+    rank: Rank
+    class_known: bool
 
 
 @dataclass(slots=True)
@@ -84,6 +97,7 @@ class ClusterView:
     to_evict: list[Running] = field(default_factory=list)
     never_fits_cache: dict[Shape, str | None] = field(default_factory=dict)
     shapes: dict[str, Shape] = field(default_factory=dict)
+    metas: dict[str, Meta] = field(default_factory=dict)
 
     # ---------------------------------------------------------------- construction
 
@@ -132,6 +146,21 @@ class ClusterView:
         found = self.shapes.get(w.id)
         if found is None:
             found = self.shapes[w.id] = shape_of(w)
+        return found
+
+    def meta(self, w: Workload, overcommit: OvercommitConfig | None) -> Meta:
+        """The cached `Meta` of a workload (a view serves one set of policies)."""
+        found = self.metas.get(w.id)
+        if found is None:
+            placed = w if overcommit is None else guaranteed_workload(w, overcommit, self.state.models)
+            found = self.metas[w.id] = Meta(
+                cluster_queue=self.cluster_queue(w),
+                placed=placed,
+                shape=shape_of(placed),
+                lower=lower_bound_usage(placed),
+                rank=self.classes.rank(w),
+                class_known=self.classes.get(w.priority_class) is not None,
+            )
         return found
 
     def estimate_s(self, w: Workload) -> float | None:

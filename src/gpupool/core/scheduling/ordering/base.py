@@ -5,9 +5,10 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from operator import attrgetter
 from typing import Any, ClassVar
 
-from gpupool.core.model import Workload
+from gpupool.core.model import Workload, WorkloadInfo
 from gpupool.core.priority import Rank
 from gpupool.errors import UnknownName, did_you_mean
 
@@ -24,11 +25,15 @@ class OrderingContext:
     capacity: Mapping[str, float] = field(default_factory=dict)
     tenant_usage: Mapping[str, Mapping[str, float]] = field(default_factory=dict)
     tenant_weights: Mapping[str, float] = field(default_factory=dict)
-    attained_service_s: Mapping[str, float] = field(default_factory=dict)
+    info: Mapping[str, WorkloadInfo] = field(default_factory=dict)
+
+    def attained_service_s(self, w: Workload) -> float:
+        found = self.info.get(w.id)
+        return found.attained_service_s if found else 0.0
 
 
-def fifo_key(w: Workload) -> tuple[float, str]:
-    return (w.submit_time_s, w.id)
+fifo_key: Callable[[Workload], tuple[float, str]] = attrgetter("submit_time_s", "id")
+"""Oldest first, then by id (a total order)."""
 
 
 def demand_of(w: Workload) -> dict[str, float]:

@@ -29,7 +29,7 @@ class LeastAttainedService(OrderingPolicy):
         self.thresholds = sorted(thresholds_device_s)
 
     def queue_of(self, w: Workload, ctx: OrderingContext) -> int:
-        return bisect.bisect_right(self.thresholds, ctx.attained_service_s.get(w.id, 0.0))
+        return bisect.bisect_right(self.thresholds, ctx.attained_service_s(w))
 
     def order(self, pending: Sequence[Workload], ctx: OrderingContext) -> list[Workload]:
         return sorted(pending, key=lambda w: (-ctx.rank(w)[0], self.queue_of(w, ctx), *fifo_key(w)))

@@ -1,0 +1,174 @@
+"""What a replay measures: allocation over time, queueing delay, JCT, lost work, per-tenant fairness.
+
+Fair share: at every moment the pool's devices are divided max-min fairly (water-filling) among
+the tenants that want any, each capped at its demand (running plus pending milli-devices). A
+tenant's `fair_share` is its time integral of that division over the integral of all tenants';
+its `share` is the same ratio for what it actually held. `fairness_jain` is Jain's index of
+share / fair_share over tenants (1.0 = everyone got exactly their fair share).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from gpupool.core.scheduling.cycle import EventKind
+from gpupool.core.scheduling.view import ClusterView
+from gpupool.sim.jobs import TraceJob
+
+
+def waterfill(capacity: float, demands: dict[str, float]) -> dict[str, float]:
+    """Max-min fair division of `capacity` among demands (nobody gets more than it asks)."""
+    out: dict[str, float] = {}
+    left = capacity
+    ordered = sorted(demands.items(), key=lambda kv: (kv[1], kv[0]))
+    for i, (tenant, demand) in enumerate(ordered):
+        give = min(demand, left / (len(ordered) - i))
+        out[tenant] = give
+        left -= give
+    return out
+
+
+def _stats(values: list[float]) -> dict[str, float]:
+    if not values:
+        return {"mean": 0.0, "p50": 0.0, "p99": 0.0}
+    arr = np.asarray(values, dtype=float)
+    return {
+        "mean": float(arr.mean()),
+        "p50": float(np.percentile(arr, 50)),
+        "p99": float(np.percentile(arr, 99)),
+    }
+
+
+@dataclass(slots=True)
+class ReplayMetrics:
+    total_milli: int
+    points: int
+    first_s: float | None = None
+    last_s: float = 0.0
+    alloc_integral: float = 0.0
+    current_pct: float = 0.0
+    timeline: list[tuple[float, float]] = field(default_factory=list)
+    queue_delays: list[float] = field(default_factory=list)
+    jcts: list[float] = field(default_factory=list)
+    tenant_delays: dict[str, list[float]] = field(default_factory=dict)
+    tenant_used: dict[str, float] = field(default_factory=dict)
+    tenant_fair: dict[str, float] = field(default_factory=dict)
+    tenant_pending_milli: dict[str, float] = field(default_factory=dict)
+    jobs: int = 0
+    finished_jobs: int = 0
+    rejected: int = 0
+    preemptions: int = 0
+    evictions: int = 0
+    lost_device_s: float = 0.0
+    last_finish_s: float = 0.0
+
+    def arrived(self, job: TraceJob) -> None:
+        self.jobs += 1
+        if self.first_s is None:
+            self.first_s = self.last_s = job.submit_s
+        self.pending_change(job, 1.0)
+
+    def pending_change(self, job: TraceJob, sign: float) -> None:
+        t = job.workload.tenant
+        self.tenant_pending_milli[t] = self.tenant_pending_milli.get(t, 0.0) + sign * (
+            job.workload.total_device_milli
+        )
+
+    def started(self, job: TraceJob, now_s: float) -> None:
+        delay = now_s - job.submit_s
+        self.queue_delays.append(delay)
+        self.tenant_delays.setdefault(job.workload.tenant, []).append(delay)
+
+    def finished(self, job: TraceJob, now_s: float, first_start_s: float) -> None:
+        self.finished_jobs += 1
+        self.jcts.append(now_s - job.submit_s)
+        self.last_finish_s = max(self.last_finish_s, now_s)
+
+    def stopped(self, kind: EventKind, lost_device_s: float) -> None:
+        if kind == EventKind.EVICT:
+            self.evictions += 1
+        else:
+            self.preemptions += 1
+        self.lost_device_s += lost_device_s
+
+    def advance(self, now_s: float, view: ClusterView) -> None:
+        """Integrate what held between the previous event and now."""
+        if self.first_s is None:
+            return
+        dt = now_s - self.last_s
+        if dt > 0:
+            self.alloc_integral += self.current_pct * dt
+            demand: dict[str, float] = {}
+            for tenant, usage in view.tenant_usage.items():
+                held = usage.get("device_milli", 0.0)
+                self.tenant_used[tenant] = self.tenant_used.get(tenant, 0.0) + held * dt
+                demand[tenant] = held
+            for tenant, waiting in self.tenant_pending_milli.items():
+                demand[tenant] = demand.get(tenant, 0.0) + waiting
+            demand = {t: d for t, d in demand.items() if d > 0}
+            for tenant, fair in waterfill(float(self.total_milli), demand).items():
+                self.tenant_fair[tenant] = self.tenant_fair.get(tenant, 0.0) + fair * dt
+        self.last_s = now_s
+
+    def observe(self, now_s: float, view: ClusterView) -> None:
+        """Record the allocation after the cycle at `now_s`."""
+        state = view.state
+        self.current_pct = 100.0 * state.allocated_device_milli / max(self.total_milli, 1)
+        if self.timeline and self.timeline[-1][0] == now_s:
+            self.timeline[-1] = (now_s, self.current_pct)
+        else:
+            self.timeline.append((now_s, self.current_pct))
+
+    def summary(self, end_s: float) -> dict[str, Any]:
+        start = self.first_s if self.first_s is not None else 0.0
+        span = max(end_s - start, 1e-9)
+        used_total = sum(self.tenant_used.values()) or 1.0
+        fair_total = sum(self.tenant_fair.values()) or 1.0
+        per_tenant: dict[str, dict[str, float]] = {}
+        ratios = []
+        for tenant in sorted(set(self.tenant_used) | set(self.tenant_fair) | set(self.tenant_delays)):
+            share = self.tenant_used.get(tenant, 0.0) / used_total
+            fair = self.tenant_fair.get(tenant, 0.0) / fair_total
+            delays = self.tenant_delays.get(tenant, [])
+            per_tenant[tenant] = {
+                "share": share,
+                "fair_share": fair,
+                "mean_queue_delay_s": float(np.mean(delays)) if delays else 0.0,
+                "jobs_started": len(delays),
+            }
+            if fair > 0:
+                ratios.append(share / fair)
+        jain = (sum(ratios) ** 2 / (len(ratios) * sum(r * r for r in ratios))) if ratios else 1.0
+        return {
+            "jobs": self.jobs,
+            "finished": self.finished_jobs,
+            "rejected": self.rejected,
+            "gpu_alloc_pct_mean": self.alloc_integral / span,
+            "gpu_alloc_pct_timeline": self._sampled(start, end_s),
+            "queue_delay_s": _stats(self.queue_delays),
+            "jct_s": _stats(self.jcts),
+            "makespan_s": max(self.last_finish_s, end_s) - start,
+            "preemptions": self.preemptions,
+            "evictions": self.evictions,
+            "lost_gpu_hours": self.lost_device_s / 3600.0,
+            "per_tenant": per_tenant,
+            "fairness_jain": jain,
+        }
+
+    def _sampled(self, start: float, end: float) -> list[list[float]]:
+        """The step function of allocation %, sampled at `points` evenly spaced times."""
+        if not self.timeline:
+            return []
+        times = [t for t, _ in self.timeline]
+        values = [v for _, v in self.timeline]
+        n = max(2, self.points)
+        out = []
+        for k in range(n):
+            t = start + (end - start) * k / (n - 1)
+            i = int(np.searchsorted(times, t, side="right")) - 1
+            out.append([round(t - start, 3), round(values[i], 3) if i >= 0 else 0.0])
+        return out if math.isfinite(end) else []

@@ -1,0 +1,268 @@
+"""The replay protocol: jobs arrive at trace times and run for their duration, one cycle per event.
+
+Each batch of simultaneous events (arrivals, completions, node failures and repairs) is applied
+and then one full admission + placement cycle runs (`core.scheduling.cycle.cycle_on`) on a view
+kept alive across events. A job runs `duration_s` of work; on an oversubscribed device it
+progresses at 1/slowdown (core/overcommit.py), so its completion moves when neighbours come and
+go. A preempted or evicted job is requeued whole and resumes from its last checkpoint; the work
+after that checkpoint is lost and accounted.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from gpupool.core.model import Node, Workload, WorkloadInfo
+from gpupool.core.overcommit import device_slowdown
+from gpupool.core.scheduling.backfill import RuntimeEstimator
+from gpupool.core.scheduling.cycle import CycleResult, EventKind, Policies, cycle_on
+from gpupool.core.scheduling.preemption import checkpoint_split
+from gpupool.core.scheduling.view import ClusterView
+from gpupool.sim.engine import EventLoop
+from gpupool.sim.jobs import TraceJob
+from gpupool.sim.metrics import ReplayMetrics
+
+
+@dataclass(frozen=True, slots=True)
+class NodeFailure:
+    """A node breaks at `at_s` (its work is evicted) and is repaired `repair_after_s` later."""
+
+    at_s: float
+    node: str
+    repair_after_s: float = math.inf
+
+
+@dataclass(frozen=True, slots=True)
+class ReplayConfig:
+    nodes: tuple[Node, ...]
+    jobs: tuple[TraceJob, ...]
+    policies: Policies
+    seed: int = 0
+    failures: tuple[NodeFailure, ...] = ()
+    check_invariants: bool = False
+    timeline_points: int = 400
+
+
+@dataclass(slots=True)
+class _Job:
+    job: TraceJob
+    remaining_s: float
+    rate: float = 1.0
+    run_start_s: float | None = None
+    run_done_s: float = 0.0
+    last_update_s: float = 0.0
+    kept_s: float = 0.0
+    first_start_s: float | None = None
+    token: int | None = None
+    estimate_s: float | None = None
+    attained_device_s: float = 0.0
+    devices: list[tuple[int, int]] = field(default_factory=list)
+
+
+class Replay:
+    """One replay run; `run()` returns the metrics as a JSON-ready dict."""
+
+    def __init__(self, config: ReplayConfig) -> None:
+        self.config = config
+        self.policies = config.policies
+        self.view = ClusterView.empty(config.nodes, self.policies.quota, self.policies.priority_classes)
+        self.loop = EventLoop()
+        self.rng = random.Random(config.seed)
+        self.estimator = RuntimeEstimator()
+        self.jobs: dict[str, _Job] = {}
+        self.pending: dict[str, _Job] = {}
+        self.pending_workloads: dict[str, Workload] = {}
+        self.device_jobs: dict[tuple[int, int], dict[str, tuple[int, int]]] = {}
+        self.metrics = ReplayMetrics(self.view.state.total_device_milli, config.timeline_points)
+        self.cycles = 0
+        self.cycle_s = 0.0
+
+    # ------------------------------------------------------------------ driving
+
+    def run(self) -> dict[str, Any]:
+        started = time.perf_counter()
+        for job in self.config.jobs:
+            self.loop.schedule(job.submit_s, "arrive", job)
+        for failure in self.config.failures:
+            self.loop.schedule(failure.at_s, "fail", failure)
+        self.loop.run(self._batch)
+        result = self.metrics.summary(self.loop.clock.now_s)
+        result["estimator"] = {
+            "user": self.estimator.user_error.summary(),
+            "history": self.estimator.history_error.summary(),
+        }
+        result["cycles"] = self.cycles
+        result["cycle_ms_mean"] = 1000.0 * self.cycle_s / max(self.cycles, 1)
+        result["unfinished"] = len(self.pending)
+        result["wall_s"] = time.perf_counter() - started
+        return result
+
+    def _batch(self, now_s: float, events: Sequence[Any]) -> None:
+        self.metrics.advance(now_s, self.view)
+        for event in events:
+            if event.kind == "arrive":
+                self._arrive(event.payload, now_s)
+            elif event.kind == "finish":
+                self._finish(event.payload, now_s)
+            elif event.kind == "fail":
+                self.view.mark_unhealthy(event.payload.node)
+                if math.isfinite(event.payload.repair_after_s):
+                    self.loop.schedule(now_s + event.payload.repair_after_s, "repair", event.payload.node)
+            elif event.kind == "repair":
+                self.view.mark_healthy(event.payload)
+        tick = time.perf_counter()
+        pending = list(self.pending_workloads.values())
+        result = cycle_on(self.view, pending, self.policies, now_s, self.rng)
+        self.cycle_s += time.perf_counter() - tick
+        self.cycles += 1
+        self._apply(result, now_s)
+        self.metrics.observe(now_s, self.view)
+        if self.config.check_invariants:
+            self._check(result)
+
+    def _apply(self, result: CycleResult, now_s: float) -> None:
+        for stop in result.preempted:
+            self._stop(stop.workload_id, now_s, stop.kind)
+        for admission in result.admitted:
+            self._start(admission.workload_id, now_s)
+        for rejection in result.rejected:
+            if rejection.final:
+                job = self.pending.pop(rejection.workload_id, None)
+                self.pending_workloads.pop(rejection.workload_id, None)
+                if job is not None:
+                    self.metrics.rejected += 1
+                    self.metrics.pending_change(job.job, -1.0)
+
+    # ------------------------------------------------------------------ job life cycle
+
+    def _arrive(self, job: TraceJob, now_s: float) -> None:
+        w = job.workload
+        state = _Job(job, remaining_s=job.duration_s, last_update_s=now_s)
+        state.estimate_s = self.estimator.estimate_s(w)
+        self.jobs[w.id] = state
+        self.pending[w.id] = state
+        self.pending_workloads[w.id] = w
+        if w.runtime_estimate_s is None and state.estimate_s is not None:
+            self.view.info[w.id] = WorkloadInfo(runtime_estimate_s=state.estimate_s)
+        self.metrics.arrived(job)
+
+    def _start(self, wid: str, now_s: float) -> None:
+        job = self.pending.pop(wid)
+        del self.pending_workloads[wid]
+        self.metrics.pending_change(job.job, -1.0)
+        job.run_start_s = job.last_update_s = now_s
+        job.run_done_s = 0.0
+        if job.first_start_s is None:
+            job.first_start_s = now_s
+            self.metrics.started(job.job, now_s)
+        run = self.view.running[wid]
+        job.devices = [(a.node, d) for _, a in run.allocs for d in a.devices]
+        if self.policies.overcommit is not None:
+            self._track_devices(job, run, add=True)
+        else:
+            self._reschedule(job, now_s)
+
+    def _finish(self, wid: str, now_s: float) -> None:
+        job = self.jobs[wid]
+        job.token = None
+        self._progress(job, now_s)
+        self.view.remove(wid)
+        self._release_devices(job, now_s)
+        self.estimator.observe(job.job.workload, job.job.duration_s, job.estimate_s)
+        self.metrics.finished(job.job, now_s, job.first_start_s or now_s)
+
+    def _stop(self, wid: str, now_s: float, kind: EventKind) -> None:
+        """Preempted or evicted (the view has already let go): requeue, resuming from a checkpoint."""
+        job = self.jobs[wid]
+        if job.token is not None:
+            self.loop.cancel(job.token)
+            job.token = None
+        self._progress(job, now_s)
+        done = job.kept_s + job.run_done_s
+        interval = job.job.workload.checkpoint_interval_s
+        kept, lost = checkpoint_split(done, interval)
+        kept = max(kept, job.kept_s) if interval else 0.0
+        lost = done - kept
+        job.kept_s = kept
+        job.remaining_s = job.job.duration_s - kept
+        job.run_start_s = None
+        self._release_devices(job, now_s)
+        self.metrics.stopped(kind, lost * job.job.workload.total_device_milli / 1000)
+        self.view.info[wid] = WorkloadInfo(
+            attained_service_s=job.attained_device_s, progress_s=kept, runtime_estimate_s=job.estimate_s
+        )
+        self.pending[wid] = job
+        self.pending_workloads[wid] = job.job.workload
+        self.metrics.pending_change(job.job, 1.0)
+
+    def _progress(self, job: _Job, now_s: float) -> None:
+        done = (now_s - job.last_update_s) * job.rate
+        job.run_done_s += done
+        job.remaining_s = max(0.0, job.remaining_s - done)
+        job.attained_device_s += (now_s - job.last_update_s) * job.job.workload.total_device_milli / 1000
+        job.last_update_s = now_s
+
+    def _reschedule(self, job: _Job, now_s: float) -> None:
+        if job.token is not None:
+            self.loop.cancel(job.token)
+        job.token = self.loop.schedule(now_s + job.remaining_s / job.rate, "finish", job.job.workload.id)
+
+    # ------------------------------------------------------------------ oversubscription
+
+    def _track_devices(self, job: _Job, run: Any, add: bool) -> None:
+        original = {p.name: p for p in job.job.workload.pods}
+        for pod, alloc in run.allocs:
+            burst = original[pod.name]
+            for d in alloc.devices:
+                self.device_jobs.setdefault((alloc.node, d), {})[job.job.workload.id] = (
+                    burst.device_milli,
+                    burst.device_memory_mib,
+                )
+        self._rerate({job.job.workload.id} | self._neighbours(job), self.loop.clock.now_s)
+
+    def _release_devices(self, job: _Job, now_s: float) -> None:
+        if self.policies.overcommit is None:
+            return
+        wid = job.job.workload.id
+        for key in job.devices:
+            self.device_jobs.get(key, {}).pop(wid, None)
+        self._rerate(self._neighbours(job) - {wid}, now_s)
+
+    def _neighbours(self, job: _Job) -> set[str]:
+        return {other for key in job.devices for other in self.device_jobs.get(key, {})}
+
+    def _rerate(self, ids: set[str], now_s: float) -> None:
+        assert self.policies.overcommit is not None
+        penalty = self.policies.overcommit.spill_penalty
+        nodes = self.view.state.nodes
+        for wid in sorted(ids):
+            job = self.jobs[wid]
+            if job.run_start_s is None:
+                continue
+            self._progress(job, now_s)
+            worst = 1.0
+            for n, d in job.devices:
+                on = self.device_jobs.get((n, d), {}).values()
+                physical = nodes[n].devices[d].memory_mib
+                worst = max(worst, device_slowdown([b for b, _ in on], [m for _, m in on], physical, penalty))
+            job.rate = 1.0 / worst
+            self._reschedule(job, now_s)
+
+    # ------------------------------------------------------------------ checks (tests)
+
+    def _check(self, result: CycleResult) -> None:
+        self.view.state.check_invariants()
+        self.view.quota.check_invariants()
+        for admission in result.admitted:
+            pods = self.jobs[admission.workload_id].job.workload.pods
+            assert len(admission.placements) == len(pods), "a gang was partly admitted"
+
+
+def replay(config: ReplayConfig) -> dict[str, Any]:
+    """Run the replay protocol and return its metrics (see `ReplayMetrics.summary` for the keys)."""
+    return Replay(config).run()
