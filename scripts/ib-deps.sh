@@ -14,5 +14,6 @@ if [ "$(id -u)" -ne 0 ] || ! command -v apt-get >/dev/null 2>&1; then
     exit 0
 fi
 export DEBIAN_FRONTEND=noninteractive
-apt-get update -qq
-apt-get install -y -qq "${missing[@]}" >/dev/null
+apt-get update -qq || echo "ib-deps: apt-get update failed; trying the install anyway" >&2
+apt-get install -y -qq "${missing[@]}" >/dev/null \
+    || echo "ib-deps: could not install ${missing[*]}; IB tool tests will skip." >&2

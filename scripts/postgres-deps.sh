@@ -10,6 +10,9 @@ if [ "$(id -u)" != "0" ]; then
     exit 0
 fi
 export DEBIAN_FRONTEND=noninteractive
-apt-get update -qq
-apt-get install -y -qq --no-install-recommends postgresql >/dev/null
-echo "postgres-deps: installed PostgreSQL $(ls /usr/lib/postgresql)"
+apt-get update -qq || echo "postgres-deps: apt-get update failed; trying the install anyway" >&2
+if apt-get install -y -qq --no-install-recommends postgresql >/dev/null; then
+    echo "postgres-deps: installed PostgreSQL $(ls /usr/lib/postgresql)"
+else
+    echo "postgres-deps: could not install postgresql; the PostgreSQL tests will skip." >&2
+fi
