@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import random
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
@@ -161,3 +161,44 @@ def run_job(job: FillJob) -> FillResult:
     """Run one FillJob (picklable entry point for process pools)."""
     nodes, pods = _load(job.nodes_path, job.pods_path)
     return fill(nodes, pods, job.policy, job.seed, job.options)
+
+
+def run_jobs(
+    jobs: Sequence[FillJob], workers: int = 1, on_done: Callable[[FillResult], None] | None = None
+) -> list[FillResult]:
+    """Run fill jobs (in `workers` processes when > 1); results come back in job order."""
+    results: list[FillResult | None] = [None] * len(jobs)
+    if workers <= 1 or len(jobs) <= 1:
+        for i, job in enumerate(jobs):
+            results[i] = run_job(job)
+            if on_done:
+                on_done(results[i])  # type: ignore[arg-type]
+        return [r for r in results if r is not None]
+    from concurrent.futures import ProcessPoolExecutor, as_completed
+
+    with ProcessPoolExecutor(max_workers=workers) as pool:
+        futures = {pool.submit(run_job, job): i for i, job in enumerate(jobs)}
+        for future in as_completed(futures):
+            result = future.result()
+            results[futures[future]] = result
+            if on_done:
+                on_done(result)
+    return [r for r in results if r is not None]
+
+
+def parse_seeds(text: str) -> list[int]:
+    """'42-51' -> 42..51, '42,45,50-51' -> [42, 45, 50, 51]; raise InvalidInput on anything else."""
+    import re
+
+    from gpupool.errors import InvalidInput
+
+    seeds: list[int] = []
+    for part in (p.strip() for p in text.split(",")):
+        match = re.fullmatch(r"(\d+)(?:-(\d+))?", part)
+        if not match or (match.group(2) and int(match.group(2)) < int(match.group(1))):
+            raise InvalidInput(
+                f"Cannot read seeds {text!r}; write a range such as 42-51 or a list such as 42,43,50-51."
+            )
+        lo = int(match.group(1))
+        seeds.extend(range(lo, int(match.group(2) or lo) + 1))
+    return list(dict.fromkeys(seeds))

@@ -43,7 +43,7 @@ from gpupool.core.scheduling.policies.base import (
     explain_nofit,
     register_policy,
 )
-from gpupool.core.state import BoolArray, ClusterState, IntArray
+from gpupool.core.state import ClusterState, IntArray
 from gpupool.core.units import MILLI
 
 
@@ -160,11 +160,3 @@ class Fgd(PlacementPolicy):
 def sigmoid(x: FloatArray) -> FloatArray:
     return np.asarray(1.0 / (1.0 + np.exp(-x)), dtype=np.float64)
 
-
-def unused_mask(state: ClusterState) -> BoolArray:
-    """[node] True where nothing is placed yet (all devices, cpu and memory free)."""
-    return (
-        (state.cpu_free == state.cpu_cap)
-        & (state.mem_free == state.mem_cap)
-        & (state.dev_milli_free == state.dev_milli_cap).all(axis=1)
-    )

@@ -1,0 +1,166 @@
+"""Every placement policy on small hand-made clusters whose best answer is known."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from factories import node, pod
+from gpupool.core.model import Reason
+from gpupool.core.scheduling.policies.base import Choice, NoFit, make_policy, policy_names
+from gpupool.core.state import ClusterState
+
+ALL = [
+    "random",
+    "first-fit",
+    "best-fit",
+    "worst-fit",
+    "dot-product",
+    "gpu-packing",
+    "gpu-clustering",
+    "fgd",
+    "fgd-balance",
+]
+
+
+def place(state: ClusterState, name: str, p, seed: int = 0, **options) -> Choice:
+    policy = make_policy(name, **options)
+    choice = policy.place(p, state, random.Random(seed))
+    assert isinstance(choice, Choice), choice
+    return choice
+
+
+def take(state: ClusterState, p, node_index: int, devices: tuple[int, ...]) -> None:
+    state.allocate(state.make_alloc(p, node_index, devices))
+
+
+def two_nodes_one_busy() -> ClusterState:
+    """n0: 4 empty devices; n1: 4 devices, three taken whole and device 3 half used."""
+    state = ClusterState([node("n0", devices=4), node("n1", devices=4)])
+    take(state, pod(3), 1, (0, 1, 2))
+    take(state, pod(0.5), 1, (3,))
+    return state
+
+
+def test_every_policy_is_registered() -> None:
+    assert set(ALL) <= set(policy_names())
+
+
+@pytest.mark.parametrize("name", ALL)
+def test_nofit_when_nothing_fits(name: str) -> None:
+    state = ClusterState([node("n0", devices=2)])
+    result = make_policy(name).place(pod(4), state, random.Random(0))
+    assert isinstance(result, NoFit)
+    assert result.reason == Reason.INSUFFICIENT_DEVICES
+
+
+@pytest.mark.parametrize("name", ALL)
+def test_choice_fits_and_allocates(name: str) -> None:
+    state = two_nodes_one_busy()
+    for p in (pod(0.3), pod(1), pod(0), pod(2)):
+        choice = place(state, name, p)
+        take(state, p, choice.node, choice.devices)
+    state.check_invariants()
+
+
+def test_first_fit_takes_the_first_node() -> None:
+    assert place(two_nodes_one_busy(), "first-fit", pod(0.25)).node == 0
+
+
+def test_best_fit_takes_the_fullest_node_and_tightest_device() -> None:
+    state = two_nodes_one_busy()
+    assert place(state, "best-fit", pod(0.25)) == Choice(1, (3,))
+
+
+def test_worst_fit_takes_the_emptiest_node() -> None:
+    assert place(two_nodes_one_busy(), "worst-fit", pod(0.25)).node == 0
+
+
+def test_dot_product_prefers_least_aligned_free_capacity() -> None:
+    assert place(two_nodes_one_busy(), "dot-product", pod(0.25)) == Choice(1, (3,))
+
+
+def test_gpu_packing_shares_a_used_device_first() -> None:
+    assert place(two_nodes_one_busy(), "gpu-packing", pod(0.25)) == Choice(1, (3,))
+
+
+def test_gpu_packing_prefers_free_devices_of_a_used_node_over_an_empty_node() -> None:
+    state = ClusterState([node("n0", devices=4), node("n1", devices=4)])
+    take(state, pod(1), 1, (0,))
+    assert place(state, "gpu-packing", pod(1)).node == 1
+
+
+def test_gpu_clustering_puts_like_with_like() -> None:
+    state = ClusterState([node("n0", devices=4), node("n1", devices=4), node("n2", devices=4)])
+    take(state, pod(2), 0, (0, 1))
+    take(state, pod(0.5), 1, (0,))
+    assert place(state, "gpu-clustering", pod(0.2)).node == 1
+    assert place(state, "gpu-clustering", pod(2)).node == 0
+    assert place(state, "gpu-clustering", pod(4)).node == 2
+
+
+def test_random_is_seeded_and_covers_the_feasible_nodes() -> None:
+    state = ClusterState([node(f"n{i}", devices=2) for i in range(4)])
+    picks = [place(state, "random", pod(1), seed=s).node for s in range(40)]
+    assert picks == [place(state, "random", pod(1), seed=s).node for s in range(40)]
+    assert set(picks) == {0, 1, 2, 3}
+
+
+def fgd_state() -> tuple[ClusterState, list]:
+    """n0 two free devices; n1 one free device and one half-used; the workload is mostly whole GPUs."""
+    state = ClusterState([node("n0", devices=2), node("n1", devices=2)])
+    take(state, pod(0.5), 1, (1,))
+    workload = [pod(1, name=f"w{i}") for i in range(9)] + [pod(0.5, name="h")]
+    return state, workload
+
+
+@pytest.mark.parametrize("name", ["fgd", "fgd-balance"])
+def test_fgd_fills_the_half_used_device(name: str) -> None:
+    state, workload = fgd_state()
+    policy = make_policy(name)
+    policy.prepare(state, workload)
+    assert policy.place(pod(0.5), state, random.Random(0)) == Choice(1, (1,))
+
+
+def test_fgd_exact_scores_also_fill_the_half_used_device() -> None:
+    state, workload = fgd_state()
+    policy = make_policy(
+        "fgd", integer_sigmoid=False, first_on_ties=False, coverage=1.0, cpu_only_counts_all=False
+    )
+    policy.prepare(state, workload)
+    assert policy.place(pod(0.5), state, random.Random(0)) == Choice(1, (1,))
+
+
+def test_fgd_integer_scores_tie_and_first_node_wins() -> None:
+    state = ClusterState([node(f"n{i}", devices=2) for i in range(5)])
+    policy = make_policy("fgd")
+    policy.prepare(state, [pod(1, name=f"w{i}") for i in range(5)])
+    assert policy.place(pod(1), state, random.Random(0)).node == 0
+    spread = make_policy("fgd", first_on_ties=False)
+    spread.prepare(state, [pod(1, name=f"w{i}") for i in range(5)])
+    picks = {spread.place(pod(1), state, random.Random(s)).node for s in range(30)}
+    assert len(picks) > 1
+
+
+def test_fgd_works_without_prepare() -> None:
+    state, _ = fgd_state()
+    assert isinstance(make_policy("fgd").place(pod(0.5), state, random.Random(0)), Choice)
+
+
+def test_fgd_balance_sends_cpu_pods_to_spare_cpu() -> None:
+    """n0 is cpu-poor for its devices; n1's devices are all taken but its cores are free."""
+    state = ClusterState(
+        [
+            node("n0", devices=8, cpu_milli=96_000),
+            node("n1", devices=2, cpu_milli=104_000),
+        ]
+    )
+    take(state, pod(2, cpu_milli=8_000), 1, (0, 1))
+    workload = [pod(1, cpu_milli=12_000, name=f"w{i}") for i in range(8)] + [
+        pod(0, cpu_milli=4_000, name="c")
+    ]
+    assert place(state, "fgd", pod(0, cpu_milli=4_000)).node == 0
+    policy = make_policy("fgd-balance")
+    policy.prepare(state, workload)
+    assert policy.place(pod(0, cpu_milli=4_000), state, random.Random(0)).node == 1
