@@ -27,6 +27,9 @@ from gpupool.sim.engine import EventLoop
 from gpupool.sim.jobs import TraceJob
 from gpupool.sim.metrics import ReplayMetrics
 
+MAX_CYCLES_PER_EVENT = 3
+"""Cycles run at one event time while each one stops (preempts or evicts) something."""
+
 
 @dataclass(frozen=True, slots=True)
 class NodeFailure:
@@ -108,22 +111,26 @@ class Replay:
             if event.kind == "arrive":
                 self._arrive(event.payload, now_s)
             elif event.kind == "finish":
-                self._finish(event.payload, now_s)
+                if self.jobs[event.payload].token == event.token:  # not superseded by a re-rate
+                    self._finish(event.payload, now_s)
             elif event.kind == "fail":
                 self.view.mark_unhealthy(event.payload.node)
                 if math.isfinite(event.payload.repair_after_s):
                     self.loop.schedule(now_s + event.payload.repair_after_s, "repair", event.payload.node)
             elif event.kind == "repair":
                 self.view.mark_healthy(event.payload)
-        tick = time.perf_counter()
-        pending = list(self.pending_workloads.values())
-        result = cycle_on(self.view, pending, self.policies, now_s, self.rng)
-        self.cycle_s += time.perf_counter() - tick
-        self.cycles += 1
-        self._apply(result, now_s)
+        for _ in range(MAX_CYCLES_PER_EVENT):
+            tick = time.perf_counter()
+            pending = list(self.pending_workloads.values())
+            result = cycle_on(self.view, pending, self.policies, now_s, self.rng)
+            self.cycle_s += time.perf_counter() - tick
+            self.cycles += 1
+            self._apply(result, now_s)
+            if self.config.check_invariants:
+                self._check(result)
+            if not result.preempted:
+                break  # requeued work gets another cycle at once (it may fit elsewhere)
         self.metrics.observe(now_s, self.view)
-        if self.config.check_invariants:
-            self._check(result)
 
     def _apply(self, result: CycleResult, now_s: float) -> None:
         for stop in result.preempted:

@@ -18,10 +18,12 @@ import math
 import random
 from dataclasses import dataclass, field
 
+import numpy as np
+
 from gpupool.core.model import Workload
 from gpupool.core.scheduling.gang import GangPlacement, place_gang, release_gang
 from gpupool.core.scheduling.policies.base import NoFit, PlacementPolicy
-from gpupool.core.scheduling.view import ClusterView, clone_state
+from gpupool.core.scheduling.view import ClusterView, Running, clone_state, release_many
 from gpupool.core.state import BoolArray, ClusterState
 
 
@@ -34,28 +36,52 @@ class Reservation:
     shadow: ClusterState
 
 
+MAX_RESERVATION_TRIALS = 64
+"""How many future end times are tried for the head before giving up on a reservation."""
+
+
 def reserve(
     head: Workload, view: ClusterView, now_s: float, policy: PlacementPolicy, rng: random.Random
 ) -> Reservation | None:
     """The earliest time the head fits by the running workloads' estimated ends; None if never."""
-    ends = sorted((run.expected_end_s(now_s), rid) for rid, run in view.running.items())
+    runs = sorted(
+        (end, rid, run)
+        for rid, run in view.running.items()
+        if math.isfinite(end := run.expected_end_s(now_s))
+    )
+    if not runs:
+        return None
     shadow = clone_state(view.state)
     allowed = _allowed(head, shadow)
-    need = head.total_device_milli
-    i = 0
-    while i < len(ends) and math.isfinite(ends[i][0]):
-        t = ends[i][0]
-        while i < len(ends) and ends[i][0] == t:
-            for _, record in reversed(view.running[ends[i][1]].allocs):
-                shadow.release(record)
+    # skip ahead to the first end time at which enough compute is free in aggregate
+    if bool(allowed.sum() == shadow.dev_valid.sum()):
+        freed = np.cumsum([run.device_milli for _, _, run in runs])
+    else:
+        freed = np.cumsum([_allowed_milli(run, allowed) for _, _, run in runs])
+    short = head.total_device_milli - int(shadow.dev_milli_free[allowed].sum())
+    i = int(np.searchsorted(freed, short, side="left")) if short > 0 else 0
+    if i >= len(runs):
+        return None
+    done = 0
+    for _ in range(MAX_RESERVATION_TRIALS):
+        t = runs[i][0]
+        while i < len(runs) and runs[i][0] == t:
             i += 1
-        if need and int(shadow.dev_milli_free[allowed].sum()) < need:
-            continue
+        release_many(shadow, [rec for _, _, run in runs[done:i] for _, rec in run.allocs])
+        done = i
         gang = place_gang(head, shadow, policy, rng)
         if not isinstance(gang, NoFit):
             release_gang(gang, shadow)
             return Reservation(head, t, shadow)
+        if i >= len(runs):
+            return None
     return None
+
+
+def _allowed_milli(run: Running, allowed: BoolArray) -> int:
+    return sum(
+        m for _, a in run.allocs for d, m in zip(a.devices, a.device_milli, strict=True) if allowed[a.node, d]
+    )
 
 
 def may_backfill(

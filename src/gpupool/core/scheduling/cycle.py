@@ -43,7 +43,7 @@ from gpupool.core.scheduling.view import ClusterView, Running, Shape, clone_stat
 class Policies:
     """Which plug-ins a cycle uses, by registered name, and the operator's admission settings."""
 
-    placement: str = "best-fit"
+    placement: str = "fgd-balance"
     placement_options: Mapping[str, Any] = field(default_factory=dict)
     ordering: str = "priority-fifo"
     preemption: bool = False
@@ -295,7 +295,8 @@ class _Cycle:
         key = (cq, shape, view.metas[w.id].rank)
         if key in self.failed_preempt:
             return False
-        chosen = select_victims(w, cq, view, self.policy, self.rng, self.now_s)
+        admitted_now = {a.workload_id for a in self.admitted}
+        chosen = select_victims(w, cq, view, self.policy, self.rng, self.now_s, admitted_now)
         if chosen is None:
             self.failed_preempt.add(key)
             return False

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import math
 import random
-from collections.abc import Callable
+from collections.abc import Callable, Set
 from dataclasses import dataclass
 
 from gpupool.core.model import Workload
@@ -56,8 +56,10 @@ class VictimSet:
     gang: GangPlacement
 
 
-def candidates(preemptor: Workload, cq: str, view: ClusterView) -> tuple[list[Running], frozenset[str]]:
-    """Eligible victims, best first, and the ids among them that are cohort reclaims."""
+def candidates(
+    preemptor: Workload, cq: str, view: ClusterView, exclude: Set[str] = frozenset()
+) -> tuple[list[Running], frozenset[str]]:
+    """Eligible victims (never those in `exclude`) and the ids among them that are cohort reclaims."""
     rank = view.classes.rank(preemptor)
     demand = lower_bound_usage(preemptor)
     reclaim_ok = view.quota.config.enabled and view.quota.within_nominal(cq, demand)
@@ -66,7 +68,7 @@ def candidates(preemptor: Workload, cq: str, view: ClusterView) -> tuple[list[Ru
     found: list[Running] = []
     reclaim: set[str] = set()
     for run in view.running.values():
-        if not run.preemptible:
+        if not run.preemptible or run.workload.id in exclude:
             continue
         if run.cluster_queue == cq and run.rank < rank:
             found.append(run)
@@ -83,9 +85,13 @@ def select_victims(
     policy: PlacementPolicy,
     rng: random.Random,
     now_s: float,
+    exclude: Set[str] = frozenset(),
 ) -> VictimSet | None:
-    """The victims to preempt so `preemptor` fits, with its placement taken; None leaves all unchanged."""
-    found, reclaim = candidates(preemptor, cq, view)
+    """The victims to preempt so `preemptor` fits, with its placement taken; None leaves all unchanged.
+
+    `exclude`: workloads that may not be victims (those admitted earlier in the same cycle).
+    """
+    found, reclaim = candidates(preemptor, cq, view, exclude)
     if not found:
         return None
     cost = {r.workload.id: lost_device_s(r, now_s) for r in found}

@@ -78,9 +78,14 @@ class Running:
             return math.inf
         return max(now_s, self.start_time_s + max(0.0, self.estimate_s - self.progress_s))
 
+    held_milli: int = -1
+
     @property
     def device_milli(self) -> int:
-        return sum(sum(a.device_milli) for _, a in self.allocs)
+        """Compute held on all its devices (milli), computed once."""
+        if self.held_milli < 0:
+            self.held_milli = sum(sum(a.device_milli) for _, a in self.allocs)
+        return self.held_milli
 
 
 @dataclass(slots=True)
@@ -252,6 +257,7 @@ class ClusterView:
         for d in slots:
             state.dev_milli_cap[i, d] = state.dev_milli_free[i, d] = 0
             state.dev_mem_cap[i, d] = state.dev_mem_free[i, d] = 0
+        state.node_version[i] += 1
         self.never_fits_cache.clear()
         return hit
 
@@ -268,6 +274,7 @@ class ClusterView:
         state.dev_mem_cap[i, :width] = np.maximum(fresh.dev_mem_cap[0], state.dev_mem_cap[i, :width])
         state.dev_milli_free[i, :width] = state.dev_milli_cap[i, :width] - used_milli
         state.dev_mem_free[i, :width] = state.dev_mem_cap[i, :width] - used_mem
+        state.node_version[i] += 1
         self.never_fits_cache.clear()
 
     # ---------------------------------------------------------------- internals
@@ -333,7 +340,36 @@ def clone_state(state: ClusterState, *, empty: bool = False) -> ClusterState:
     new.mem_free = (src.mem_cap if empty else src.mem_free).copy()
     new.dev_milli_free = (src.dev_milli_cap if empty else src.dev_milli_free).copy()
     new.dev_mem_free = (src.dev_mem_cap if empty else src.dev_mem_free).copy()
+    new.node_version = state.node_version.copy()
+    new.node_pod_kinds = (
+        [{} for _ in state.node_pod_kinds] if empty else [dict(k) for k in state.node_pod_kinds]
+    )
     return new
+
+
+def release_many(state: ClusterState, records: Sequence[PodAlloc]) -> None:
+    """Give back many records at once (vectorised; unchecked: only for states built from them)."""
+    if not records:
+        return
+    nodes = np.fromiter((r.node for r in records), dtype=np.int64, count=len(records))
+    np.add.at(state.cpu_free, nodes, np.fromiter((r.cpu_milli for r in records), dtype=np.int64))
+    np.add.at(state.mem_free, nodes, np.fromiter((r.memory_mib for r in records), dtype=np.int64))
+    dev_nodes = [r.node for r in records for _ in r.devices]
+    if dev_nodes:
+        slots = [d for r in records for d in r.devices]
+        milli = [m for r in records for m in r.device_milli]
+        mem = [m for r in records for m in r.device_memory_mib]
+        np.add.at(state.dev_milli_free, (dev_nodes, slots), milli)
+        np.add.at(state.dev_mem_free, (dev_nodes, slots), mem)
+    np.add.at(state.node_version, nodes, 1)
+    for r in records:
+        kinds = state.node_pod_kinds[r.node]
+        kind = state.pod_kind(r)
+        count = kinds.get(kind, 0) - 1
+        if count > 0:
+            kinds[kind] = count
+        else:
+            kinds.pop(kind, None)
 
 
 def lower_bound_usage(w: Workload) -> Usage:

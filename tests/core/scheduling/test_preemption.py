@@ -1,0 +1,97 @@
+"""Victim selection: only lower priorities, fewest victims, least lost work, cohort reclaim."""
+
+from __future__ import annotations
+
+import random
+from dataclasses import replace
+
+from factories import cluster, pod, workload
+from gpupool.core.model import Reason, Workload
+from gpupool.core.quota import DEVICE_MILLI, ClusterQueue, QuotaConfig, ResourceQuota
+from gpupool.core.scheduling.cycle import EventKind, Policies, cycle_on
+from gpupool.core.scheduling.preemption import checkpoint_split
+from gpupool.core.scheduling.view import ClusterView
+
+FF = Policies(placement="first-fit", ordering="priority-fifo", preemption=True)
+
+
+def _run(view: ClusterView, ws: list[Workload], now: float, policies: Policies = FF):
+    return cycle_on(view, ws, policies, now, random.Random(0))
+
+
+def _filled(view: ClusterView, ws: list[Workload], now: float = 0.0) -> None:
+    result = _run(view, ws, now)
+    assert len(result.admitted) == len(ws)
+
+
+def test_checkpoint_split() -> None:
+    assert checkpoint_split(250.0, 100.0) == (200.0, 50.0)
+    assert checkpoint_split(250.0, None) == (0.0, 250.0)
+
+
+def test_single_victim_with_least_lost_work_is_chosen() -> None:
+    view = ClusterView.empty(cluster(1, devices=4))
+    _filled(view, [workload(pod(1), wid="old", submit_s=0)], now=0.0)
+    _filled(view, [workload(pod(1), wid="mid", submit_s=1)], now=50.0)
+    _filled(view, [workload(pod(1), wid="new", submit_s=2), workload(pod(1), wid="x", submit_s=3)], now=90.0)
+    high = replace(workload(pod(1), wid="urgent", submit_s=5), priority_class="high")
+    result = _run(view, [high], now=100.0)
+    assert [a.workload_id for a in result.admitted] == ["urgent"]
+    assert [p.workload_id for p in result.preempted] in (["new"], ["x"])
+    victim = result.preempted[0]
+    assert victim.kind == EventKind.PREEMPT and victim.reason == Reason.PREEMPTED
+    assert victim.lost_work_s == 10.0 and victim.preemptor_id == "urgent"
+    assert [r.workload_id for r in result.requeued] == [victim.workload_id]
+
+
+def test_fewest_victims_before_least_lost_work() -> None:
+    view = ClusterView.empty(cluster(1, devices=4))
+    _filled(view, [workload(pod(2), wid="pair")], now=0.0)  # big, old: most lost work
+    _filled(view, [workload(pod(1), wid="s1"), workload(pod(1), wid="s2")], now=90.0)
+    high = replace(workload(pod(2), wid="urgent"), priority_class="high")
+    result = _run(view, [high], now=100.0)
+    assert [p.workload_id for p in result.preempted] == ["pair"]
+
+
+def test_checkpoint_reduces_lost_work_and_sets_resume_point() -> None:
+    view = ClusterView.empty(cluster(1, devices=1))
+    w = replace(workload(pod(1), wid="ckpt"), checkpoint_interval_s=30.0)
+    _filled(view, [w], now=0.0)
+    result = _run(view, [replace(workload(pod(1), wid="u"), priority_class="critical")], now=100.0)
+    assert result.preempted[0].lost_work_s == 10.0
+    assert result.requeued[0].resume_progress_s == 90.0
+
+
+def test_equal_or_higher_priority_is_never_preempted() -> None:
+    view = ClusterView.empty(cluster(1, devices=2))
+    _filled(view, [replace(workload(pod(1), wid=f"h{i}"), priority_class="high") for i in range(2)])
+    result = _run(view, [replace(workload(pod(1), wid="h3"), priority_class="high")], now=10.0)
+    assert not result.preempted and not result.admitted
+    crit = _run(view, [replace(workload(pod(1), wid="c"), priority_class="critical")], now=10.0)
+    assert len(crit.preempted) == 1
+
+
+def test_critical_is_not_preemptible() -> None:
+    view = ClusterView.empty(cluster(1, devices=1))
+    _filled(view, [replace(workload(pod(1), wid="c1"), priority_class="critical")])
+    result = _run(view, [replace(workload(pod(1), wid="c2", priority=5), priority_class="critical")], 1.0)
+    assert not result.preempted
+
+
+def test_reclaiming_lent_quota_from_a_borrower_of_any_priority() -> None:
+    quota = QuotaConfig(
+        cluster_queues=(
+            ClusterQueue("a", {DEVICE_MILLI: ResourceQuota(2000)}, "pool"),
+            ClusterQueue("b", {DEVICE_MILLI: ResourceQuota(2000)}, "pool"),
+        )
+    )
+    policies = replace(FF, quota=quota)
+    view = ClusterView.empty(cluster(1, devices=4), quota)
+    borrowers = [replace(workload(pod(1), wid=f"b{i}", tenant="b"), priority_class="high") for i in range(4)]
+    assert len(_run(view, borrowers, 0.0, policies).admitted) == 4
+    assert view.quota.is_borrowing("b")
+    result = _run(view, [workload(pod(2), wid="a-job", tenant="a")], 50.0, policies)
+    assert [a.workload_id for a in result.admitted] == ["a-job"]
+    assert len(result.preempted) == 2
+    assert {p.reason for p in result.preempted} == {Reason.RECLAIMED}
+    view.quota.check_invariants()
