@@ -60,6 +60,7 @@ def _serve(data_dir: Path | None, host: str, port: int, simulate: str, provider:
     settings.data_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
     _check_port(host, port)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    logging.getLogger("alembic").setLevel(logging.WARNING)
     provisioned = provision(settings)
     if provisioned.notice:
         print(provisioned.notice, flush=True)

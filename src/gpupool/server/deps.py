@@ -10,12 +10,14 @@ from gpupool.server.auth import Principal
 from gpupool.server.runtime import Runtime
 
 
-def runtime(request: Request) -> Runtime:
+# Async so FastAPI resolves them on the event loop instead of hopping to a worker thread each;
+# neither blocks (token lookups are cached after the first).
+async def runtime(request: Request) -> Runtime:
     rt: Runtime = request.app.state.runtime
     return rt
 
 
-def principal(request: Request) -> Principal:
+async def principal(request: Request) -> Principal:
     rt: Runtime = request.app.state.runtime
     return rt.auth.principal(request.headers.get("authorization"))
 

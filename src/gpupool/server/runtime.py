@@ -23,6 +23,8 @@ class Runtime:
     provider: Provider
     clock: Callable[[], float] = time.time
     wake: threading.Event = field(default_factory=threading.Event)
+    capacity_changed: threading.Event = field(default_factory=threading.Event)
+    """Set when room may have appeared (cancel, uncordon, quota change): re-examine all pending work."""
     _nodes: tuple[Node, ...] = ()
     _nodes_lock: threading.Lock = field(default_factory=threading.Lock)
     auth: Authenticator = field(init=False)
@@ -42,6 +44,10 @@ class Runtime:
         with self._nodes_lock:
             nodes = self._nodes
         return nodes or self.refresh_nodes()
+
+    def capacity_may_have_changed(self) -> None:
+        self.capacity_changed.set()
+        self.wake.set()
 
     @property
     def simulated(self) -> bool:

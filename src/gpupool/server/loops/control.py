@@ -30,6 +30,7 @@ class ControlLoop:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self.recovered: tuple[int, int] | None = None
+        self._last_cycle = float("-inf")
 
     def start(self) -> None:
         self.recovered = self.reconciler.recover()
@@ -42,24 +43,39 @@ class ControlLoop:
         if self._thread is not None:
             self._thread.join(timeout=30)
 
-    def step(self) -> bool:
-        """One reconcile + schedule pass; True when work is in flight (poll again soon)."""
+    def step(self, woken: bool = True) -> bool:
+        """Reconcile, then schedule when woken, when pods ended, or when a cycle is due.
+
+        Returns True while work is in flight, so the provider is polled again soon.
+        """
         changed = self.reconciler.sync()
-        stats = self.scheduler.cycle()
-        if self.metrics is not None and stats.pending:
-            self.metrics.cycle_seconds.observe(stats.seconds)
-        return bool(changed or stats.admitted or self.reconciler.active)
+        capacity_changed = bool(changed) or self.rt.capacity_changed.is_set()
+        due = time.monotonic() - self._last_cycle >= self.rt.settings.cycle_interval_s
+        admitted = 0
+        if woken or capacity_changed or due:
+            self.rt.capacity_changed.clear()
+            self._last_cycle = time.monotonic()
+            stats = self.scheduler.cycle(capacity_changed)
+            admitted = stats.admitted
+            if self.metrics is not None and stats.pending:
+                self.metrics.cycle_seconds.observe(stats.seconds)
+        return bool(changed or admitted or self.reconciler.active)
 
     def _run(self) -> None:
         settings = self.rt.settings
         while not self._stop.is_set():
+            woken = self.rt.wake.is_set()
             self.rt.wake.clear()
+            began = time.perf_counter()
             try:
-                busy = self.step()
+                busy = self.step(woken)
             except Exception:  # the loop must outlive any one bad cycle
                 log.exception("control loop step failed; retrying")
                 busy = False
                 time.sleep(settings.cycle_interval_s)
+            # A burst of submissions wakes the loop once per request: resting at least as long as
+            # the step took batches them into cycles and leaves the API at least half the CPU.
+            self._stop.wait(max(settings.busy_poll_interval_s, time.perf_counter() - began))
             self.rt.wake.wait(settings.busy_poll_interval_s if busy else settings.cycle_interval_s)
 
 

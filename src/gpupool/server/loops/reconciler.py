@@ -77,29 +77,39 @@ class Reconciler:
             return 0
         now = self.rt.clock()
         to_stop: list[str] = []
-        with self.rt.store.write() as session:
+        with self.rt.store.write() as session, session.no_autoflush:
+            ids = [f.pod_id for f in finished]
+            pods = {p.id: p for p in session.scalars(select(PodRow).where(PodRow.id.in_(ids)))}
+            workload_ids = {p.workload_id for p in pods.values()}
+            query = select(WorkloadRow).where(WorkloadRow.id.in_(workload_ids))
+            rows = {r.id: r for r in session.scalars(query)}
             for status in finished:
-                to_stop += self._apply(session, status, now)
+                to_stop += self._apply(session, status, now, pods, rows)
         self._settled.update(s.pod_id for s in finished)
         for pod_id in to_stop:
             self.rt.provider.stop(pod_id, grace_s=0)
         return len(finished)
 
-    def _apply(self, session: Session, status: PodStatus, now: float) -> list[str]:
-        pod = session.get(PodRow, status.pod_id)
+    def _apply(self, session: Session, status: PodStatus, now: float, pods: dict[str, PodRow],
+               rows: dict[str, WorkloadRow]) -> list[str]:
+        pod = pods.get(status.pod_id)
         if pod is None:
             return []
         if not PodState(pod.status).is_active:
             return []  # already settled here (cancel, drain, recovery); the provider only confirms it
         pod.status = _FINAL_PHASES[status.phase].value
         pod.exit_code, pod.finished_s, pod.message = status.exit_code, now, status.message[:1024]
-        row = session.get(WorkloadRow, pod.workload_id)
+        row = rows.get(pod.workload_id)
         if row is None or row.attempt != pod.attempt or WorkloadStatus(row.status).is_final:
             return []
         if status.phase is PodPhase.SUCCEEDED:
-            siblings = session.scalars(
-                select(PodRow.status).where(PodRow.workload_id == row.id, PodRow.attempt == row.attempt)
-            ).all()
+            if row.spec.get("replicas", 1) == 1:
+                siblings = [pod.status]
+            else:
+                session.flush()
+                siblings = list(session.scalars(
+                    select(PodRow.status).where(PodRow.workload_id == row.id, PodRow.attempt == row.attempt)
+                ))
             if all(s == PodState.SUCCEEDED.value for s in siblings):
                 row.exit_code, row.finished_s = 0, now
                 transition(session, row, WorkloadStatus.SUCCEEDED.value, EventReason.COMPLETED,
@@ -108,6 +118,7 @@ class Reconciler:
         reason = EventReason.POD_FAILED if status.phase is PodPhase.FAILED else EventReason.POD_LOST
         what = f"exited with code {status.exit_code}" if status.exit_code is not None else "was lost"
         detail = f": {status.message}" if status.message else ""
+        session.flush()  # this pod is final now; only its siblings are left to stop
         to_stop = stop_pods(session, row, PodState.STOPPED, now)
         row.exit_code, row.finished_s = status.exit_code, now
         transition(session, row, WorkloadStatus.FAILED.value, reason,

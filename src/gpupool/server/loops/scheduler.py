@@ -14,19 +14,25 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from gpupool.core.model import PodPlacement, PodRequest, Workload, WorkloadStatus
+from sqlalchemy import insert, select, update
+from sqlalchemy.orm import Session
+
+from gpupool.core.model import Node, PodPlacement, PodRequest, Workload, WorkloadStatus
 from gpupool.core.quota import DEVICE_MILLI, QuotaConfig, QuotaTracker, cluster_queue_of
 from gpupool.core.scheduling.cycle import CycleResult, Policies, order_pending, run_cycle
 from gpupool.errors import GpupoolError
 from gpupool.providers.base import PodLaunch
 from gpupool.server.loops.snapshot import StoreView, WorkloadCache, load
-from gpupool.server.orm import PodRow, WorkloadRow
+from gpupool.server.orm import Base, PodRow, WorkloadRow
 from gpupool.server.runtime import Runtime
 from gpupool.server.services.events import transition
 from gpupool.server.services.workloads import stop_pods
 from gpupool.server.states import EventReason, PodState
 
 log = logging.getLogger("gpupool.scheduler")
+FULL_RESCAN_S = 10.0
+ARRIVAL_MARGIN_S = 10.0
+"""New arrivals are read from (newest seen - margin), so a slow commit is never skipped."""
 _CYCLE_TAKES_QUOTA = "quota" in inspect.signature(run_cycle).parameters
 
 
@@ -68,30 +74,57 @@ class Scheduler:
         self.policies = policies
         self.rng = random.Random(seed)
         self.cache = WorkloadCache()
+        self._inadmissible: set[str] = set()
+        self._horizon_s: float | None = None
+        self._last_full_s = float("-inf")
+        self._last_nodes: tuple[Node, ...] = ()
 
-    def cycle(self) -> CycleStats:
+    def cycle(self, capacity_changed: bool = True) -> CycleStats:
+        """Admit what fits now.
+
+        Like Kueue's best-effort FIFO, work that did not fit is set aside until capacity may have
+        changed (a pod ended, a cancel, an uncordon, a quota change, a node change) and only new
+        arrivals are examined meanwhile; a full pass also runs every FULL_RESCAN_S.
+        """
         start = time.perf_counter()
-        view = load(self.rt, self.cache)
-        if not view.pending:
-            return CycleStats(0, 0, time.perf_counter() - start)
+        now = self.rt.clock()
+        full = capacity_changed or self._horizon_s is None or now - self._last_full_s > FULL_RESCAN_S
+        if full:
+            self._inadmissible.clear()
+            self._last_full_s = now
+        view = load(self.rt, self.cache, since_s=None if full else self._horizon_s,
+                    skip=frozenset(self._inadmissible))
+        if view.snapshot.nodes != self._last_nodes:
+            self._last_nodes = view.snapshot.nodes
+            if not full:
+                self._horizon_s = None  # nodes changed: look at everything next cycle
+        if full or view.pending:
+            newest = max((w.submit_time_s for w in view.pending), default=now) - ARRIVAL_MARGIN_S
+            self._horizon_s = newest if self._horizon_s is None else max(self._horizon_s, newest)
+        candidates = [w for w in view.pending if w.id not in self._inadmissible]
+        if not candidates:
+            return CycleStats(0, len(view.pending), time.perf_counter() - start)
         if _CYCLE_TAKES_QUOTA:
-            result = run_cycle(view.snapshot, view.pending, self.policies, self.rt.clock(), self.rng,
+            result = run_cycle(view.snapshot, candidates, self.policies, now, self.rng,
                                quota=view.quota)  # type: ignore[call-arg]
         else:
-            result = run_cycle(view.snapshot, within_quota(view.pending, view), self.policies,
-                               self.rt.clock(), self.rng)
+            result = run_cycle(view.snapshot, within_quota(candidates, view), self.policies, now, self.rng)
+        self._inadmissible.update(r.workload_id for r in result.rejected if not r.final)
         launches = self._record(result, view)
         self._launch(launches)
-        return CycleStats(len(result.admitted), len(view.pending), time.perf_counter() - start)
+        return CycleStats(len(result.admitted), len(candidates), time.perf_counter() - start)
 
     def _record(self, result: CycleResult, view: StoreView) -> list[PodLaunch]:
         """Admissions and rejections in one short transaction; returns the pods to launch."""
         now = self.rt.clock()
         launches: list[PodLaunch] = []
         by_id = {w.id: w for w in view.pending}
-        with self.rt.store.write() as session:
+        pods: list[dict[str, object]] = []
+        with self.rt.store.write() as session, session.no_autoflush:
+            rows = _rows(session, [a.workload_id for a in result.admitted]
+                         + [r.workload_id for r in result.rejected])
             for admission in result.admitted:
-                row = session.get(WorkloadRow, admission.workload_id)
+                row = rows.get(admission.workload_id)
                 if row is None or row.status != WorkloadStatus.PENDING.value:
                     continue  # cancelled while the cycle ran
                 row.attempt += 1
@@ -101,19 +134,21 @@ class Scheduler:
                     rank = int(placement.pod.removeprefix("r"))
                     pod_id = f"{row.id}-a{row.attempt}-r{rank}"
                     request = by_id[row.id].pods[rank]
-                    session.add(PodRow(
+                    pods.append(dict(
                         id=pod_id, workload_id=row.id, attempt=row.attempt, name=placement.pod, rank=rank,
                         status=PodState.LAUNCHING.value, node=placement.node,
                         slices=[{"device_index": s.device_index, "compute_milli": s.compute_milli,
                                  "memory_mib": s.memory_mib} for s in placement.slices],
                         cpu_milli=request.cpu_milli, memory_mib=request.memory_mib, message="",
-                        created_s=now,
+                        created_s=now, exit_code=None, finished_s=None,
                     ))
                     launches.append(_pod_launch(row, pod_id, placement, rank, world, request))
                 transition(session, row, WorkloadStatus.ADMITTED.value, EventReason.ADMITTED,
                            f"Placed on {', '.join(sorted({p.node for p in admission.placements}))}.", now)
+            if pods:
+                session.execute(insert(Base.metadata.tables["pods"]), pods)
             for rejection in result.rejected:
-                row = session.get(WorkloadRow, rejection.workload_id)
+                row = rows.get(rejection.workload_id)
                 if row is None or row.status != WorkloadStatus.PENDING.value:
                     continue
                 if rejection.final and view.unschedulable_nodes == 0:
@@ -140,19 +175,20 @@ class Scheduler:
             return
         now = self.rt.clock()
         to_stop: list[str] = []
-        with self.rt.store.write() as session:
-            for pod_id in started:
-                pod = session.get(PodRow, pod_id)
-                if pod is not None and pod.status == PodState.LAUNCHING.value:
-                    pod.status = PodState.RUNNING.value
-            for launch in launches:
-                row = session.get(WorkloadRow, launch.workload_id)
-                if row is None or row.status != WorkloadStatus.ADMITTED.value:
+        with self.rt.store.write() as session, session.no_autoflush:
+            if started:
+                session.execute(
+                    update(PodRow).where(PodRow.id.in_(started), PodRow.status == PodState.LAUNCHING.value)
+                    .values(status=PodState.RUNNING.value)
+                )
+            rows = _rows(session, sorted({launch.workload_id for launch in launches}))
+            for row in rows.values():
+                if row.status != WorkloadStatus.ADMITTED.value:
                     continue
-                if launch.workload_id in failed:
+                if row.id in failed:
                     to_stop += stop_pods(session, row, PodState.FAILED, now)
                     transition(session, row, WorkloadStatus.FAILED.value, EventReason.LAUNCH_FAILED,
-                               f"The provider could not start it: {failed[launch.workload_id]}", now)
+                               f"The provider could not start it: {failed[row.id]}", now)
                     row.finished_s = now
                 else:
                     row.started_s = now
@@ -160,6 +196,13 @@ class Scheduler:
                                "Started.", now)
         for pod_id in to_stop:
             self.rt.provider.stop(pod_id, grace_s=0)
+
+
+def _rows(session: Session, ids: Sequence[str]) -> dict[str, WorkloadRow]:
+    """The workload rows for `ids` in one query."""
+    if not ids:
+        return {}
+    return {r.id: r for r in session.scalars(select(WorkloadRow).where(WorkloadRow.id.in_(set(ids))))}
 
 
 def _pod_launch(row: WorkloadRow, pod_id: str, placement: PodPlacement, rank: int, world: int,

@@ -59,14 +59,25 @@ def queue_name(tenant: str, queue: str) -> str:
     return f"{tenant}/{queue}"
 
 
-def load(rt: Runtime, cache: WorkloadCache) -> StoreView:
-    """One read transaction; the provider's nodes are read first, outside it."""
+def load(rt: Runtime, cache: WorkloadCache, since_s: float | None = None,
+         skip: frozenset[str] = frozenset()) -> StoreView:
+    """One read transaction; the provider's nodes are read first, outside it.
+
+    With `since_s`, only pending work submitted at or after it is read (new arrivals), and of
+    that only what is not in `skip` is read in full.
+    """
     nodes = rt.refresh_nodes()
+    pending_query = select(WorkloadRow.id, WorkloadRow.spec, WorkloadRow.tenant, WorkloadRow.priority,
+                           WorkloadRow.submit_s).where(WorkloadRow.status == WorkloadStatus.PENDING.value)
     with rt.store.read() as session:
+        if since_s is not None:
+            recent = session.scalars(
+                select(WorkloadRow.id).where(WorkloadRow.status == WorkloadStatus.PENDING.value,
+                                             WorkloadRow.submit_s >= since_s)
+            ).all()
+            pending_query = pending_query.where(WorkloadRow.id.in_([i for i in recent if i not in skip]))
         pending_rows = session.execute(
-            select(WorkloadRow.id, WorkloadRow.spec, WorkloadRow.tenant, WorkloadRow.priority,
-                   WorkloadRow.submit_s)
-            .where(WorkloadRow.status == WorkloadStatus.PENDING.value)
+            pending_query
             .order_by(WorkloadRow.priority.desc(), WorkloadRow.submit_s, WorkloadRow.id)
             .limit(MAX_PENDING_PER_CYCLE)
         ).all()

@@ -104,7 +104,7 @@ def set_cordon(rt: Runtime, who: Principal, name: str, cordoned: bool) -> NodeOu
     _find(rt, name)
     with rt.store.write() as session:
         _set_flags(session, name, cordoned=cordoned, draining=False, now=rt.clock())
-    rt.wake.set()
+    rt.capacity_may_have_changed()
     return get_node(rt, who, name)
 
 
@@ -136,5 +136,5 @@ def drain(rt: Runtime, who: Principal, name: str) -> NodeOut:
                        f"Requeued: node {name} is being drained.", now)
     for pod_id in to_stop:
         rt.provider.stop(pod_id)
-    rt.wake.set()
+    rt.capacity_may_have_changed()
     return get_node(rt, who, name)

@@ -114,7 +114,7 @@ def update_queue(rt: Runtime, who: Principal, tenant: str, name: str, body: Queu
         if row is None:
             raise NotFound(f"No queue {tenant}/{name}; create it with `gpupool queue create`.")
         row.quota_device_milli = None if body.quota_gpus is None else round(body.quota_gpus * MILLI)
-    rt.wake.set()
+    rt.capacity_may_have_changed()
     return _queue_outs(rt, who, tenant=tenant, name=name)[0]
 
 

@@ -5,14 +5,14 @@ from __future__ import annotations
 import secrets
 from collections.abc import Sequence
 
-from sqlalchemy import func, select
+from sqlalchemy import func, insert, select
 from sqlalchemy.orm import Session
 
 from gpupool.core.model import WorkloadStatus
 from gpupool.core.units import MILLI
 from gpupool.errors import Conflict, NotFound, QuotaExceeded, did_you_mean
 from gpupool.server.auth import Principal
-from gpupool.server.orm import PodRow, QueueRow, WorkloadRow
+from gpupool.server.orm import Base, EventRow, PodRow, QueueRow, WorkloadRow
 from gpupool.server.runtime import Runtime
 from gpupool.server.schemas.workloads import (
     EventOut,
@@ -27,6 +27,9 @@ from gpupool.server.services.specs import to_workload
 from gpupool.server.states import ACTIVE_POD_STATES, EventReason, PodState
 
 MAX_PAGE = 1000
+# Table-level statements with bound parameters compile once and are cached by SQLAlchemy.
+_INSERT_WORKLOAD = insert(Base.metadata.tables["workloads"])
+_INSERT_EVENT = insert(Base.metadata.tables["events"])
 
 
 def new_workload_id() -> str:
@@ -42,25 +45,30 @@ def submit(rt: Runtime, who: Principal, spec: WorkloadSpec) -> WorkloadCreated:
     stored = spec.model_dump(mode="json", exclude_defaults=True)
     stored["tenant"] = tenant
     with rt.store.write() as session:
-        queue = session.get(QueueRow, (tenant, spec.queue))
-        if queue is None:
+        # The hot path of the API: plain Core statements, one short transaction.
+        quota = session.execute(
+            select(QueueRow.quota_device_milli).where(QueueRow.tenant == tenant, QueueRow.name == spec.queue)
+        ).first()
+        if quota is None:
             raise _no_queue(session, tenant, spec.queue)
-        quota = queue.quota_device_milli
-        if quota is not None and workload.total_device_milli > quota:
+        limit = quota[0]
+        if limit is not None and workload.total_device_milli > limit:
             raise QuotaExceeded(
                 f"The workload asks for {workload.total_device_milli / MILLI:g} GPUs but queue "
-                f"{tenant}/{spec.queue} may hold at most {quota / MILLI:g}; ask for less or raise the quota.",
-                requested_gpus=workload.total_device_milli / MILLI, quota_gpus=quota / MILLI,
+                f"{tenant}/{spec.queue} may hold at most {limit / MILLI:g}; ask for less or raise the quota.",
+                requested_gpus=workload.total_device_milli / MILLI, quota_gpus=limit / MILLI,
             )
-        row = WorkloadRow(
-            id=workload_id, name=spec.name, tenant=tenant, queue=spec.queue,
-            status="", priority=spec.priority,
-            device_milli=workload.total_device_milli, spec=stored, attempt=0, reason="", message="",
-            submit_s=now,
-        )
-        session.add(row)
-        session.flush()  # the event row refers to it
-        transition(session, row, WorkloadStatus.PENDING.value, EventReason.SUBMITTED, "Submitted.", now)
+        pending = WorkloadStatus.PENDING.value
+        session.execute(_INSERT_WORKLOAD, dict(
+            id=workload_id, name=spec.name, tenant=tenant, queue=spec.queue, status=pending,
+            priority=spec.priority, device_milli=workload.total_device_milli, spec=stored, attempt=0,
+            reason=EventReason.SUBMITTED.value, message="Submitted.", submit_s=now,
+            admitted_s=None, started_s=None, finished_s=None, exit_code=None,
+        ))
+        session.execute(_INSERT_EVENT, dict(
+            workload_id=workload_id, pod_id="", from_status="", to_status=pending,
+            reason=EventReason.SUBMITTED.value, message="Submitted.", at_s=now,
+        ))
     rt.wake.set()
     return WorkloadCreated(id=workload_id, status=WorkloadStatus.PENDING.value)
 
@@ -142,7 +150,7 @@ def cancel(rt: Runtime, who: Principal, workload_id: str) -> WorkloadOut:
         row.finished_s = now
     for pod_id in to_stop:
         rt.provider.stop(pod_id)
-    rt.wake.set()
+    rt.capacity_may_have_changed()
     return get(rt, who, workload_id)
 
 
@@ -159,8 +167,6 @@ def stop_pods(session: Session, row: WorkloadRow, to: PodState, now: float) -> l
 
 
 def events(rt: Runtime, who: Principal, workload_id: str) -> list[EventOut]:
-    from gpupool.server.orm import EventRow
-
     with rt.store.read() as session:
         _visible(session, who, workload_id)
         rows = session.scalars(

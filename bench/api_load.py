@@ -1,0 +1,117 @@
+"""Sustained workload submissions through the HTTP API on loopback (SQLite and PostgreSQL).
+
+A bounded async load generator (httpx): CONCURRENCY requests in flight, TOTAL submissions, each
+one a real POST /api/v1/workloads into a `gpupool up` process. Target: >= 500 submissions/s with
+p99 < 50 ms on 2 cores with SQLite.
+
+    .venv/bin/python bench/api_load.py [--total 3000] [--concurrency 8] [--backends sqlite,postgresql]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import time
+
+import httpx
+from rich.console import Console
+from rich.table import Table
+
+from _control_plane import gpupool_up, p50_ms, percentile_ms, write_json
+
+SPEC = {"command": ["true"], "resources": {"gpus": 0.25}}
+POOL = "16x8xH100"
+
+
+async def _load(url: str, token: str, total: int, concurrency: int) -> tuple[float, list[float], int]:
+    latencies: list[float] = []
+    errors = 0
+    queue: asyncio.Queue[int] = asyncio.Queue()
+    for i in range(total):
+        queue.put_nowait(i)
+    limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
+    async with httpx.AsyncClient(
+        base_url=url, headers={"Authorization": f"Bearer {token}"}, limits=limits, timeout=30
+    ) as client:
+        for _ in range(20):  # warm-up: connections, caches
+            await client.post("/api/v1/workloads", json=SPEC)
+
+        async def worker() -> None:
+            nonlocal errors
+            while not queue.empty():
+                queue.get_nowait()
+                start = time.perf_counter()
+                answer = await client.post("/api/v1/workloads", json=SPEC)
+                latencies.append(time.perf_counter() - start)
+                errors += answer.status_code != 201
+
+        began = time.perf_counter()
+        await asyncio.gather(*(worker() for _ in range(concurrency)))
+        return time.perf_counter() - began, latencies, errors
+
+
+def _run(backend: str, total: int, concurrency: int) -> dict[str, object]:
+    args = ["--provider", "fake", "--simulate", POOL]
+    pg = None
+    if backend == "postgresql":
+        from gpupool.server import pgtemp
+
+        reason = pgtemp.why_unavailable()
+        if reason:
+            return {"backend": backend, "skipped": reason}
+        pg = pgtemp.start(fsync=True)
+        args += ["--database-url", pg.create_database()]
+    try:
+        with gpupool_up(*args) as server:
+            cpu_before = server.cpu_s()
+            wall_s, latencies, errors = asyncio.run(_load(server.url, server.token, total, concurrency))
+            cpu_ms = (server.cpu_s() - cpu_before) * 1000 / (total + 20)
+    finally:
+        if pg is not None:
+            pg.stop()
+    return {
+        "backend": backend,
+        "submissions": total,
+        "concurrency": concurrency,
+        "errors": errors,
+        "wall_s": round(wall_s, 3),
+        "per_s": round(total / wall_s, 1),
+        "p50_ms": round(p50_ms(latencies), 2),
+        "p99_ms": round(percentile_ms(latencies, 99), 2),
+        "server_cpu_ms_per_submission": round(cpu_ms, 2),
+        "load_average_1m": os.getloadavg()[0],
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--total", type=int, default=3000)
+    parser.add_argument("--concurrency", type=int, default=8)
+    parser.add_argument("--backends", default="sqlite,postgresql")
+    parser.add_argument("--json", default="")
+    opts = parser.parse_args()
+    rows = [_run(b.strip(), opts.total, opts.concurrency) for b in opts.backends.split(",") if b.strip()]
+    table = Table(
+        title=f"API submissions: {opts.total} POSTs, {opts.concurrency} in flight (target 500/s, p99 < 50 ms)"
+    )
+    for column in ("store", "submissions/s", "p50 ms", "p99 ms", "server CPU ms/submission", "errors"):
+        table.add_column(column)
+    for r in rows:
+        if "skipped" in r:
+            table.add_row(str(r["backend"]), "skipped: " + str(r["skipped"]), "", "", "", "")
+        else:
+            table.add_row(
+                str(r["backend"]),
+                str(r["per_s"]),
+                str(r["p50_ms"]),
+                str(r["p99_ms"]),
+                str(r["server_cpu_ms_per_submission"]),
+                str(r["errors"]),
+            )
+    Console().print(table)
+    print(f"JSON: {write_json(opts.json, 'api_load', {'rows': rows})}")
+
+
+if __name__ == "__main__":
+    main()
