@@ -7,7 +7,7 @@ happens inside a transaction.
 
 from __future__ import annotations
 
-import inspect
+import dataclasses
 import logging
 import random
 import time
@@ -33,7 +33,7 @@ log = logging.getLogger("gpupool.scheduler")
 FULL_RESCAN_S = 10.0
 ARRIVAL_MARGIN_S = 10.0
 """New arrivals are read from (newest seen - margin), so a slow commit is never skipped."""
-_CYCLE_TAKES_QUOTA = "quota" in inspect.signature(run_cycle).parameters
+_POLICIES_TAKE_QUOTA = "quota" in {f.name for f in dataclasses.fields(Policies)}
 
 
 @dataclass(frozen=True, slots=True)
@@ -104,9 +104,9 @@ class Scheduler:
         candidates = [w for w in view.pending if w.id not in self._inadmissible]
         if not candidates:
             return CycleStats(0, len(view.pending), time.perf_counter() - start)
-        if _CYCLE_TAKES_QUOTA:
-            result = run_cycle(view.snapshot, candidates, self.policies, now, self.rng,
-                               quota=view.quota)  # type: ignore[call-arg]
+        if _POLICIES_TAKE_QUOTA:  # the core enforces queue quotas itself (Kueue semantics)
+            policies = dataclasses.replace(self.policies, quota=view.quota)
+            result = run_cycle(view.snapshot, candidates, policies, now, self.rng)
         else:
             result = run_cycle(view.snapshot, within_quota(candidates, view), self.policies, now, self.rng)
         self._inadmissible.update(r.workload_id for r in result.rejected if not r.final)
