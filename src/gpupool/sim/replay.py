@@ -21,6 +21,7 @@ from gpupool.core.model import Node, Workload, WorkloadInfo
 from gpupool.core.overcommit import device_slowdown
 from gpupool.core.scheduling.backfill import RuntimeEstimator
 from gpupool.core.scheduling.cycle import CycleResult, EventKind, Policies, cycle_on
+from gpupool.core.scheduling.ordering.base import make_ordering
 from gpupool.core.scheduling.preemption import checkpoint_split
 from gpupool.core.scheduling.view import ClusterView
 from gpupool.sim.engine import EventLoop
@@ -83,6 +84,15 @@ class Replay:
         self.device_jobs: dict[tuple[int, int], dict[str, tuple[int, int]]] = {}
         self.metrics = ReplayMetrics(self.view.state.total_device_milli, config.timeline_points)
         self.cycles = 0
+        # Strict FIFO in one queue, without backfill or preemption: while its head is stuck and
+        # nothing leaves, arrivals (always behind the head) change nothing, so no cycle runs.
+        self.strict_alone = (
+            make_ordering(self.policies.ordering, **dict(self.policies.ordering_options)).strict
+            and not self.policies.backfill
+            and not self.policies.preemption
+            and not self.policies.quota.enabled
+        )
+        self.blocked = False
         self.cycle_s = 0.0
 
     # ------------------------------------------------------------------ driving
@@ -119,6 +129,9 @@ class Replay:
                     self.loop.schedule(now_s + event.payload.repair_after_s, "repair", event.payload.node)
             elif event.kind == "repair":
                 self.view.mark_healthy(event.payload)
+        if self.blocked and all(e.kind == "arrive" for e in events):
+            self.metrics.observe(now_s, self.view)
+            return  # new arrivals queue behind a head that still cannot start: the cycle would be a no-op
         for _ in range(MAX_CYCLES_PER_EVENT):
             tick = time.perf_counter()
             pending = list(self.pending_workloads.values())
@@ -130,6 +143,7 @@ class Replay:
                 self._check(result)
             if not result.preempted:
                 break  # requeued work gets another cycle at once (it may fit elsewhere)
+        self.blocked = self.strict_alone and any(not r.final for r in result.rejected)
         self.metrics.observe(now_s, self.view)
 
     def _apply(self, result: CycleResult, now_s: float) -> None:

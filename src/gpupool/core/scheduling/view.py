@@ -103,6 +103,7 @@ class ClusterView:
     never_fits_cache: dict[Shape, str | None] = field(default_factory=dict)
     shapes: dict[str, Shape] = field(default_factory=dict)
     metas: dict[str, Meta] = field(default_factory=dict)
+    model_grid: list[list[str]] | None = None
 
     # ---------------------------------------------------------------- construction
 
@@ -129,17 +130,25 @@ class ClusterView:
         view = cls.empty(snapshot.nodes, quota, classes)
         view.info = dict(snapshot.workload_info)
         state = view.state
+        broken = {
+            (int(n), int(d))
+            for n, d in zip(*np.nonzero(state.dev_valid & (state.dev_milli_cap == 0)), strict=True)
+        }
+        down = {i for i, node in enumerate(state.nodes) if not node.healthy}
+        records: list[PodAlloc] = []
         for alloc in snapshot.allocations:
             pods = {p.name: p for p in alloc.workload.pods}
             allocs = tuple((pods[pl.pod], _record(state, pods[pl.pod], pl)) for pl in alloc.placements)
             cq = view.cluster_queue(alloc.workload) or ""
             run = view._running(alloc.workload, allocs, alloc.start_time_s, cq)
-            if view.on_broken_hardware(allocs):
+            if (broken or down) and any(
+                a.node in down or any((a.node, d) in broken for d in a.devices) for _, a in allocs
+            ):
                 view.to_evict.append(run)
                 continue
-            for _, record in allocs:
-                state.allocate(record)
+            records.extend(a for _, a in allocs)
             view._register(run)
+        allocate_many(state, records)
         return view
 
     # ---------------------------------------------------------------- lookups
@@ -184,13 +193,18 @@ class ClusterView:
 
     def usage_of(self, allocs: Allocs) -> Usage:
         """What placed pods charge to quota: host resources and device slices per model."""
-        state = self.state
+        if self.model_grid is None:
+            self.model_grid = [
+                [device_resource(self.state.models[m]) if m >= 0 else "" for m in row]
+                for row in self.state.dev_model.tolist()
+            ]
+        grid = self.model_grid
         usage: Usage = {}
         for _, a in allocs:
             usage[CPU_MILLI] = usage.get(CPU_MILLI, 0) + a.cpu_milli
             usage[MEMORY_MIB] = usage.get(MEMORY_MIB, 0) + a.memory_mib
             for d, milli, mem in zip(a.devices, a.device_milli, a.device_memory_mib, strict=True):
-                key = device_resource(state.models[int(state.dev_model[a.node, d])])
+                key = grid[a.node][d]
                 usage[key] = usage.get(key, 0) + milli
                 usage[DEVICE_MILLI] = usage.get(DEVICE_MILLI, 0) + milli
                 if mem != UNBOUNDED_MIB:
@@ -347,21 +361,40 @@ def clone_state(state: ClusterState, *, empty: bool = False) -> ClusterState:
     return new
 
 
+def allocate_many(state: ClusterState, records: Sequence[PodAlloc]) -> None:
+    """Apply many records at once (vectorised), then check that nothing is over-allocated."""
+    if not records:
+        return
+    _add_many(state, records, -1)
+    state.check_invariants()
+    np.add.at(state.node_version, [r.node for r in records], 1)
+    for r in records:
+        kinds = state.node_pod_kinds[r.node]
+        kind = state.pod_kind(r)
+        kinds[kind] = kinds.get(kind, 0) + 1
+
+
+def _add_many(state: ClusterState, records: Sequence[PodAlloc], sign: int) -> None:
+    nodes = [r.node for r in records]
+    np.add.at(state.cpu_free, nodes, [sign * r.cpu_milli for r in records])
+    np.add.at(state.mem_free, nodes, [sign * r.memory_mib for r in records])
+    dev_nodes = [r.node for r in records for _ in r.devices]
+    if dev_nodes:
+        slots = [d for r in records for d in r.devices]
+        np.add.at(
+            state.dev_milli_free, (dev_nodes, slots), [sign * m for r in records for m in r.device_milli]
+        )
+        np.add.at(
+            state.dev_mem_free, (dev_nodes, slots), [sign * m for r in records for m in r.device_memory_mib]
+        )
+
+
 def release_many(state: ClusterState, records: Sequence[PodAlloc]) -> None:
     """Give back many records at once (vectorised; unchecked: only for states built from them)."""
     if not records:
         return
-    nodes = np.fromiter((r.node for r in records), dtype=np.int64, count=len(records))
-    np.add.at(state.cpu_free, nodes, np.fromiter((r.cpu_milli for r in records), dtype=np.int64))
-    np.add.at(state.mem_free, nodes, np.fromiter((r.memory_mib for r in records), dtype=np.int64))
-    dev_nodes = [r.node for r in records for _ in r.devices]
-    if dev_nodes:
-        slots = [d for r in records for d in r.devices]
-        milli = [m for r in records for m in r.device_milli]
-        mem = [m for r in records for m in r.device_memory_mib]
-        np.add.at(state.dev_milli_free, (dev_nodes, slots), milli)
-        np.add.at(state.dev_mem_free, (dev_nodes, slots), mem)
-    np.add.at(state.node_version, nodes, 1)
+    _add_many(state, records, 1)
+    np.add.at(state.node_version, [r.node for r in records], 1)
     for r in records:
         kinds = state.node_pod_kinds[r.node]
         kind = state.pod_kind(r)
