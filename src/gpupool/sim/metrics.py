@@ -65,9 +65,11 @@ class ReplayMetrics:
     evictions: int = 0
     lost_device_s: float = 0.0
     last_finish_s: float = 0.0
+    last_arrival_s: float = 0.0
 
     def arrived(self, job: TraceJob) -> None:
         self.jobs += 1
+        self.last_arrival_s = max(self.last_arrival_s, job.submit_s)
         if self.first_s is None:
             self.first_s = self.last_s = job.submit_s
         self.pending_change(job, 1.0)
@@ -148,6 +150,7 @@ class ReplayMetrics:
             "finished": self.finished_jobs,
             "rejected": self.rejected,
             "gpu_alloc_pct_mean": self.alloc_integral / span,
+            "gpu_alloc_pct_mean_arrivals": self._mean_until(start, self.last_arrival_s),
             "gpu_alloc_pct_timeline": self._sampled(start, end_s),
             "queue_delay_s": _stats(self.queue_delays),
             "jct_s": _stats(self.jcts),
@@ -159,11 +162,20 @@ class ReplayMetrics:
             "fairness_jain": jain,
         }
 
+    def _mean_until(self, start: float, end: float) -> float:
+        """Mean allocation % from the first to the last arrival (the load the trace offers)."""
+        if not self.timeline or end <= start:
+            return self.current_pct
+        times = np.asarray([t for t, _ in self.timeline] + [end])
+        values = np.asarray([v for _, v in self.timeline])
+        spans = np.clip(np.minimum(times[1:], end) - np.maximum(times[:-1], start), 0.0, None)
+        return float((spans * values).sum() / (end - start))
+
     def _sampled(self, start: float, end: float) -> list[list[float]]:
         """The step function of allocation %, sampled at `points` evenly spaced times."""
         if not self.timeline:
             return []
-        times = [t for t, _ in self.timeline]
+        times = np.asarray([t for t, _ in self.timeline])
         values = [v for _, v in self.timeline]
         n = max(2, self.points)
         out = []

@@ -159,6 +159,7 @@ class _Cycle:
         self.failed_quota: dict[tuple[str, Shape], str] = {}
         self.failed_preempt: set[tuple[str, Shape, tuple[int, int]]] = set()
         self.blocked: set[str] = set()
+        self.settled: dict[tuple[str, Shape, tuple[int, int]], tuple[Reason, str]] = {}
         self.queues: set[str] = set()
         self.reservation: Reservation | None = None
         self.admitted: list[Admission] = []
@@ -247,6 +248,11 @@ class _Cycle:
             return
         w = meta.placed
         shape = meta.shape
+        key = (cq, shape, meta.rank)
+        settled = self.settled.get(key)
+        if settled is not None:  # the same shape, queue and rank already failed every step
+            self.rejected.append(Rejection(original.id, settled[0], settled[1]))
+            return
         never = self._never_fits(w, shape, cq)
         if never is not None:
             self._reject(original, never[0], never[1], final=True)
@@ -266,6 +272,7 @@ class _Cycle:
             return
         self._stuck(w, cq, reason)
         self._reject(original, reason, message)
+        self.settled[key] = (reason, message)
 
     def _try_place(self, w: Workload, shape: Shape, cq: str) -> GangPlacement | tuple[Reason, str]:
         view = self.view
@@ -307,6 +314,7 @@ class _Cycle:
         self.failed_shapes.clear()
         self.failed_quota.clear()
         self.failed_preempt.clear()
+        self.settled.clear()
         return True
 
     def _record_preemption(self, run: Running, preemptor: Workload, reclaimed: bool) -> None:
