@@ -1,10 +1,10 @@
 """Benchmark: latency of one scheduling cycle (`run_cycle`) on a 1,000-node / 8,000-device snapshot.
 
-The snapshot holds running work on about half the devices (OpenB-like shapes: fractional slices,
+The snapshot is a pool filled to the brim with running work (OpenB-like shapes: fractional slices,
 whole devices, 2- and 8-device gangs) and 1,000 pending workloads of the same mix. Target: median
 under 50 ms. Each configuration is timed over --repeat cycles on a fresh copy of the inputs.
 
-    python bench/cycle_latency.py [--repeat 15] [--policies first-fit,best-fit] [--json bench/results/cycle_latency.json]
+    python bench/cycle_latency.py [--repeat 15] [--policies first-fit,best-fit] [--json OUT.json]
 """
 
 from __future__ import annotations
@@ -55,10 +55,13 @@ def _workload(i: int, rng: random.Random, submit_s: float) -> Workload:
 
 
 def build(nodes: int, pending: int, seed: int) -> tuple[ClusterSnapshot, list[Workload]]:
-    """Half the pool busy (placed by a first cycle), plus `pending` waiting workloads."""
+    """The pool filled by a first cycle (more work than fits), plus `pending` waiting workloads.
+
+    A queue of 1,000 exists only when the pool is (nearly) full, so that is the state measured.
+    """
     rng = random.Random(seed)
     snapshot = ClusterSnapshot(tuple(_nodes(nodes)))
-    filler = [_workload(i, rng, 0.0) for i in range(nodes * 8 // 2)]
+    filler = [_workload(i, rng, 0.0) for i in range(nodes * 8)]
     first = run_cycle(snapshot, filler, Policies(placement="first-fit"), 0.0, random.Random(seed))
     by_id = {w.id: w for w in filler}
     from gpupool.core.model import Allocation

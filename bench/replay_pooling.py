@@ -74,7 +74,7 @@ def run(nodes: list[Node], jobs: list[TraceJob], policies: Policies, seed: int) 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--policy", default="best-fit")
-    parser.add_argument("--ordering", default="fifo")
+    parser.add_argument("--ordering", default="priority-fifo")
     parser.add_argument("--fractions", default="1,0.05,0.03,0.02,0.015,0.012,0.01,0.008")
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--json", type=Path, default=Path("bench/results/replay_pooling.json"))

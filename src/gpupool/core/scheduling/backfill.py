@@ -44,6 +44,7 @@ def reserve(
     head: Workload, view: ClusterView, now_s: float, policy: PlacementPolicy, rng: random.Random
 ) -> Reservation | None:
     """The earliest time the head fits by the running workloads' estimated ends; None if never."""
+    view.materialize()
     runs = sorted(
         (end, rid, run)
         for rid, run in view.running.items()

@@ -227,6 +227,8 @@ class _Cycle:
                     f"Queue {w.queue!r} of tenant {w.tenant!r} feeds no ClusterQueue; create it first.",
                     final=True,
                 )
+        if self.ordering.needs_usage:
+            view.materialize()
         ctx = OrderingContext(
             now_s=self.now_s,
             rank=lambda w: view.metas[w.id].rank,

@@ -60,6 +60,7 @@ def candidates(
     preemptor: Workload, cq: str, view: ClusterView, exclude: Set[str] = frozenset()
 ) -> tuple[list[Running], frozenset[str]]:
     """Eligible victims (never those in `exclude`) and the ids among them that are cohort reclaims."""
+    view.materialize()
     rank = view.classes.rank(preemptor)
     demand = lower_bound_usage(preemptor)
     reclaim_ok = view.quota.config.enabled and view.quota.within_nominal(cq, demand)

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from gpupool.core.model import ClusterSnapshot, Node, PodRequest, Workload, WorkloadInfo
+from gpupool.core.model import Allocation, ClusterSnapshot, Node, PodRequest, Workload, WorkloadInfo
 from gpupool.core.overcommit import OvercommitConfig, guaranteed_workload
 from gpupool.core.priority import PriorityClasses, Rank
 from gpupool.core.quota import (
@@ -32,6 +32,7 @@ from gpupool.core.quota import (
 from gpupool.core.scheduling.gang import GangPlacement
 from gpupool.core.scheduling.ordering.base import demand_of
 from gpupool.core.state import UNBOUNDED_MIB, ClusterState, PodAlloc
+from gpupool.core.units import MILLI
 
 Shape = tuple[tuple[int, int, int, int, int, frozenset[str]], ...]
 Allocs = tuple[tuple[PodRequest, PodAlloc], ...]
@@ -104,6 +105,7 @@ class ClusterView:
     shapes: dict[str, Shape] = field(default_factory=dict)
     metas: dict[str, Meta] = field(default_factory=dict)
     model_grid: list[list[str]] | None = None
+    lazy: list[Allocation] = field(default_factory=list)
 
     # ---------------------------------------------------------------- construction
 
@@ -135,6 +137,12 @@ class ClusterView:
             for n, d in zip(*np.nonzero(state.dev_valid & (state.dev_milli_cap == 0)), strict=True)
         }
         down = {i for i, node in enumerate(state.nodes) if not node.healthy}
+        if not broken and not down and not view.quota.config.enabled:
+            # Fast path: take the capacity in bulk; running records are built only when a step
+            # needs them (preemption, backfill, fair share), see `materialize`.
+            _allocate_placements(state, snapshot.allocations)
+            view.lazy = list(snapshot.allocations)
+            return view
         records: list[PodAlloc] = []
         for alloc in snapshot.allocations:
             pods = {p.name: p for p in alloc.workload.pods}
@@ -150,6 +158,16 @@ class ClusterView:
             view._register(run)
         allocate_many(state, records)
         return view
+
+    def materialize(self) -> None:
+        """Build the running records of a snapshot taken in bulk (their capacity is already taken)."""
+        if not self.lazy:
+            return
+        lazy, self.lazy = self.lazy, []
+        for alloc in lazy:
+            pods = {p.name: p for p in alloc.workload.pods}
+            allocs = tuple((pods[pl.pod], _record(self.state, pods[pl.pod], pl)) for pl in alloc.placements)
+            self._register(self._running(alloc.workload, allocs, alloc.start_time_s, ""))
 
     # ---------------------------------------------------------------- lookups
 
@@ -230,6 +248,7 @@ class ClusterView:
 
     def remove(self, workload_id: str) -> Running:
         """A running workload ends (finished, cancelled, preempted): give back all it holds."""
+        self.materialize()
         run = self.running.pop(workload_id)
         for _, record in reversed(run.allocs):
             self.state.release(record)
@@ -255,6 +274,7 @@ class ClusterView:
 
     def mark_unhealthy(self, node: str, device_index: int | None = None) -> list[Running]:
         """A node (or one device) broke: its workloads are queued for eviction by the next cycle."""
+        self.materialize()
         i = self.state.node_index[node]
         hit = [
             run
@@ -359,6 +379,46 @@ def clone_state(state: ClusterState, *, empty: bool = False) -> ClusterState:
         [{} for _ in state.node_pod_kinds] if empty else [dict(k) for k in state.node_pod_kinds]
     )
     return new
+
+
+def _allocate_placements(state: ClusterState, allocations: Sequence[Allocation]) -> None:
+    """Take the capacity of recorded placements in bulk, then check nothing is over-allocated."""
+    index = state.node_index
+    nodes: list[int] = []
+    cpu: list[int] = []
+    mem: list[int] = []
+    dev_nodes: list[int] = []
+    slots: list[int] = []
+    milli: list[int] = []
+    dev_mem: list[int] = []
+    for alloc in allocations:
+        pods = {p.name: p for p in alloc.workload.pods}
+        for pl in alloc.placements:
+            n = index[pl.node]
+            pod = pods[pl.pod]
+            nodes.append(n)
+            cpu.append(-pod.cpu_milli)
+            mem.append(-pod.memory_mib)
+            kinds = state.node_pod_kinds[n]
+            if not pl.slices:
+                kind = "cpu"
+            elif len(pl.slices) == 1 and pl.slices[0].compute_milli < MILLI:
+                kind = "share"
+            else:
+                kind = f"{len(pl.slices)}-dev"
+            kinds[kind] = kinds.get(kind, 0) + 1
+            for sl in pl.slices:
+                dev_nodes.append(n)
+                slots.append(sl.device_index)
+                milli.append(-sl.compute_milli)
+                dev_mem.append(-sl.memory_mib)
+    np.add.at(state.cpu_free, nodes, cpu)
+    np.add.at(state.mem_free, nodes, mem)
+    if dev_nodes:
+        np.add.at(state.dev_milli_free, (dev_nodes, slots), milli)
+        np.add.at(state.dev_mem_free, (dev_nodes, slots), dev_mem)
+    np.add.at(state.node_version, nodes, 1)
+    state.check_invariants()
 
 
 def allocate_many(state: ClusterState, records: Sequence[PodAlloc]) -> None:

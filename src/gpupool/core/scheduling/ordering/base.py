@@ -51,6 +51,8 @@ class OrderingPolicy(ABC):
     name: ClassVar[str]
     summary: ClassVar[str] = ""
     strict: ClassVar[bool] = False
+    needs_usage: ClassVar[bool] = False
+    """Whether `order` reads the tenants' current usage (then the cycle builds it first)."""
 
     @abstractmethod
     def order(self, pending: Sequence[Workload], ctx: OrderingContext) -> list[Workload]:

@@ -26,6 +26,7 @@ def dominant_share(usage: dict[str, float], ctx: OrderingContext, tenant: str) -
 @register_ordering
 class Drf(OrderingPolicy):
     name = "drf"
+    needs_usage = True
     summary = (
         "Dominant Resource Fairness: within a priority class, the tenant with the smallest weighted "
         "dominant share goes next; its share grows with each workload it is given."
