@@ -175,9 +175,9 @@ class NodeAgent:
     def launch(self, pod: PodLaunch) -> PodRecord:
         """Start the pod inside its slice; idempotent by pod id. Returns its record at once."""
         with self._lock:
-            known = {r.pod_id: r for r in self.runner.poll()}
-            if pod.pod_id in known:
-                return known[pod.pod_id]
+            known = self.runner.known(pod.pod_id)
+            if known is not None:
+                return known
             plan = self.plan(pod)
             limits = prepare_cgroup(plan.host_limits, plan.cgroup_files)
             env = plan.process_env(os.environ, pod.env)

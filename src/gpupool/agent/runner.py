@@ -13,7 +13,6 @@ import os
 import re
 import signal
 import subprocess
-import sys
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -23,10 +22,10 @@ from pathlib import Path
 
 from gpupool.agent import podstate
 from gpupool.agent.podstate import PodRecord
+from gpupool.agent.shim import shim_argv
 from gpupool.errors import InvalidInput, NotFound
 from gpupool.providers.base import LogChunk, PodPhase
 
-SHIM = Path(__file__).with_name("shim.py")
 _POD_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 _ESCALATION_POLL_S = 0.02
 
@@ -63,16 +62,16 @@ def _final_phase(record: PodRecord, exit_code: int) -> PodPhase:
 class Runner:
     """Starts and supervises pods on this machine. Thread-safe; every method returns promptly."""
 
-    def __init__(self, state_dir: Path, *, clock: Callable[[], float] = time.time,
-                 python: str = sys.executable) -> None:
+    def __init__(self, state_dir: Path, *, clock: Callable[[], float] = time.time) -> None:
         self._dir = Path(state_dir) / "pods"
         self._dir.mkdir(parents=True, exist_ok=True)
         self._clock = clock
-        self._python = python
         self._lock = threading.RLock()
         self._records: dict[str, PodRecord] = {}
         self._children: dict[str, subprocess.Popen[bytes]] = {}
         self._timers: dict[str, threading.Timer] = {}
+        self._final_copies: dict[str, PodRecord] = {}
+        """Copies of finished records (they never change again), so poll() costs O(running pods)."""
         self._readopt()
 
     # ---- paths and persistence -------------------------------------------------------------
@@ -112,14 +111,11 @@ class Runner:
 
     def _spawn(self, record: PodRecord, env: dict[str, str], limits: HostLimits) -> None:
         pod_dir = self.pod_dir(record.pod_id)
-        shim = [self._python, "-I", "-S", str(SHIM), str(pod_dir / "exit.json")]
-        if limits.cgroup_dir:
-            shim += ["--cgroup", str(limits.cgroup_dir)]
-        if limits.rlimit_data_bytes:
-            shim += ["--rlimit-data", str(limits.rlimit_data_bytes)]
+        argv = shim_argv(str(pod_dir / "exit.json"), record.command,
+                         cgroup_dir=str(limits.cgroup_dir or ""), rlimit_data_bytes=limits.rlimit_data_bytes)
         with open(pod_dir / "stdout.log", "ab") as out, open(pod_dir / "stderr.log", "ab") as err:
             try:
-                child = subprocess.Popen([*shim, "--", *record.command], cwd=record.workdir, env=env,
+                child = subprocess.Popen(argv, cwd=record.workdir, env=env,
                                          stdin=subprocess.DEVNULL, stdout=out, stderr=err,
                                          start_new_session=True, close_fds=True)
             except OSError as exc:
@@ -169,19 +165,33 @@ class Runner:
             return child.poll() is None
         return record.pid is not None and podstate.process_alive(record.pid, record.start_ticks)
 
+    def known(self, pod_id: str) -> PodRecord | None:
+        """A copy of the pod's record as last seen (no reaping), or None for an unknown pod."""
+        with self._lock:
+            record = self._records.get(pod_id)
+            return None if record is None else record.model_copy()
+
     def poll(self) -> list[PodRecord]:
-        """Reap finished pods, escalate overdue stops, and return a copy of every record."""
+        """Reap finished pods, escalate overdue stops, and return a copy of every record (a finished
+        pod's copy is made once and shared by later polls: treat the records as read-only)."""
         with self._lock:
             now = self._clock()
-            for record in self._records.values():
-                if record.finished:
+            copies = []
+            for pod_id, record in self._records.items():
+                final = self._final_copies.get(pod_id)
+                if final is not None:
+                    copies.append(final)
                     continue
-                if self._alive(record):
-                    if record.kill_deadline_s is not None and now >= record.kill_deadline_s:
-                        self._signal_group(record, signal.SIGKILL)
-                    continue
-                self._reap(record)
-            return [r.model_copy() for r in self._records.values()]
+                if not record.finished:
+                    if self._alive(record):
+                        if record.kill_deadline_s is not None and now >= record.kill_deadline_s:
+                            self._signal_group(record, signal.SIGKILL)
+                        copies.append(record.model_copy())
+                        continue
+                    self._reap(record)
+                final = self._final_copies[pod_id] = record.model_copy()
+                copies.append(final)
+            return copies
 
     def _reap(self, record: PodRecord) -> None:
         child = self._children.pop(record.pod_id, None)

@@ -1,87 +1,64 @@
-"""The pod shim: joins the pod's cgroup, applies RLIMITs, runs the command and records its exit status.
+"""The pod shim: a POSIX sh script that joins the pod's cgroup, applies RLIMITs, runs the command and
+records its exit status.
 
-It is started by the runner as the leader of the pod's own process group and runs with `python -I -S`
-(standard library only), so it costs little and ignores the pod's PYTHONPATH. It survives the
-group-wide SIGTERM that cancels a pod (the command does not: it gets the default disposition back on
-exec), so it can write the command's exit status to a file the runner reads even after an agent
-restart. A SIGKILL takes it down with the group; the runner then knows it sent that signal.
+The runner starts it as `/bin/sh -c SCRIPT gpupool-shim EXIT_FILE CGROUP_DIR RLIMIT_DATA_KIB COMMAND...`
+(empty strings for the limits it does not apply), as the leader of the pod's own process group. It
+was a `python -I -S` script; a shell costs about 1 ms of CPU to start where Python costs 20-60 ms,
+which bounded how many short pods a node could run per second. Everything it runs is a shell builtin
+(no fork beyond the command itself).
 
-Usage: python -I -S shim.py EXIT_FILE [--cgroup DIR] [--rlimit-data BYTES] -- COMMAND...
+It survives the group-wide SIGTERM that cancels a pod (a trap with an action, so the command gets the
+default disposition back on exec), so it can write the command's exit status to a file the runner
+reads even after an agent restart. A SIGKILL takes it down with the group; the runner then knows it
+sent that signal. A shell reports a command killed by signal N as status 128+N, so a command that
+itself exits with 129-192 is recorded as killed by that signal (the pod fails either way).
+
+The exit file is written with one `printf` (a single small write) and read only after the shim has
+exited, so the reader never sees half of it; it is not fsynced (see docs/isolation.md: the store is
+the source of truth, and a power loss marks such pods lost rather than running them twice).
 """
 
 from __future__ import annotations
 
-import json
-import os
-import resource
-import signal
-import subprocess
-import sys
+from collections.abc import Sequence
+
+SHELL = "/bin/sh"
+
+SCRIPT = r"""
+exit_file=$1 cgroup=$2 rlimit_kib=$3
+shift 3
+if [ -n "$cgroup" ]; then
+  { echo $$ > "$cgroup/cgroup.procs"; } 2>/dev/null ||
+    echo "gpupool: could not join cgroup $cgroup; host limits not enforced" >&2
+fi
+if [ -n "$rlimit_kib" ]; then ulimit -d "$rlimit_kib"; fi
+stopping=
+trap 'stopping=${stopping:-15}' TERM
+trap 'stopping=${stopping:-2}' INT
+trap 'stopping=${stopping:-1}' HUP
+record() { printf '{"exit_code": %d, "signal": %s, "message": "%s"}\n' "$1" "$2" "$3" > "$exit_file"; }
+if [ -n "$stopping" ]; then
+  record $((128 + stopping)) "$stopping" "stopped before the command started"
+  exit $((128 + stopping))
+fi
+if ! command -v "$1" > /dev/null 2>&1; then
+  echo "gpupool: cannot start '$1': not found or not executable" >&2
+  record 127 null "cannot start the command: not found or not executable"
+  exit 127
+fi
+"$@"
+rc=$?
+if [ "$rc" -gt 128 ] && [ "$rc" -le 192 ]; then
+  record "$rc" $((rc - 128)) "killed by SIG$(kill -l $((rc - 128)) 2>/dev/null || echo $((rc - 128)))"
+else
+  record "$rc" null "exited with code $rc"
+fi
+exit "$rc"
+"""
 
 
-def _write_exit(path: str, exit_code: int, signal_number: int | None, message: str) -> None:
-    tmp = f"{path}.tmp"
-    with open(tmp, "w", encoding="utf-8") as handle:
-        json.dump({"exit_code": exit_code, "signal": signal_number, "message": message}, handle)
-        handle.flush()
-        os.fsync(handle.fileno())
-    os.replace(tmp, path)
-
-
-def _parse(argv: list[str]) -> tuple[str, str | None, int | None, list[str]]:
-    if "--" not in argv or argv.index("--") < 1:
-        raise SystemExit("usage: shim.py EXIT_FILE [--cgroup DIR] [--rlimit-data BYTES] -- COMMAND...")
-    split = argv.index("--")
-    options, command = argv[:split], argv[split + 1 :]
-    exit_file, cgroup, rlimit_data = options[0], None, None
-    rest = options[1:]
-    while rest:
-        flag, value, rest = rest[0], rest[1], rest[2:]
-        if flag == "--cgroup":
-            cgroup = value
-        elif flag == "--rlimit-data":
-            rlimit_data = int(value)
-    return exit_file, cgroup, rlimit_data, command
-
-
-def main(argv: list[str]) -> int:
-    exit_file, cgroup, rlimit_data, command = _parse(argv)
-    if cgroup:
-        try:
-            with open(os.path.join(cgroup, "cgroup.procs"), "w", encoding="ascii") as handle:
-                handle.write(str(os.getpid()))
-        except OSError as exc:
-            print(f"gpupool: could not join cgroup {cgroup} ({exc.strerror}); host limits not enforced",
-                  file=sys.stderr, flush=True)
-    if rlimit_data:
-        resource.setrlimit(resource.RLIMIT_DATA, (rlimit_data, rlimit_data))
-    stopping: list[int] = []
-    for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
-        # A Python handler (not SIG_IGN) so the command gets the default disposition back on exec.
-        signal.signal(signum, lambda number, _frame: stopping.append(number))
-    if stopping:
-        _write_exit(exit_file, 128 + stopping[0], stopping[0], "stopped before the command started")
-        return 128 + stopping[0]
-    try:
-        child = subprocess.Popen(command)
-    except OSError as exc:
-        message = f"cannot start {command[0]!r}: {exc.strerror}"
-        print(f"gpupool: {message}", file=sys.stderr, flush=True)
-        _write_exit(exit_file, 127, None, message)
-        return 127
-    while True:
-        try:
-            returncode = child.wait()
-            break
-        except InterruptedError:  # pragma: no cover - PEP 475 retries, kept for safety
-            continue
-    if returncode < 0:
-        name = signal.Signals(-returncode).name
-        _write_exit(exit_file, 128 - returncode, -returncode, f"killed by {name}")
-        return 128 - returncode
-    _write_exit(exit_file, returncode, None, f"exited with code {returncode}")
-    return returncode
-
-
-if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+def shim_argv(exit_file: str, command: Sequence[str], *, cgroup_dir: str = "",
+              rlimit_data_bytes: int | None = None) -> list[str]:
+    """The argv that runs `command` under the shim (RLIMIT_DATA rounded down to KiB, at least 1)."""
+    rlimit_kib = str(max(1, rlimit_data_bytes // 1024)) if rlimit_data_bytes else ""
+    return [SHELL, "-c", SCRIPT, "gpupool-shim", exit_file, cgroup_dir, rlimit_kib, *command]
