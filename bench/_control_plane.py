@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
 import os
 import signal
@@ -98,3 +100,46 @@ def write_json(path: str, name: str, payload: dict[str, object]) -> Path:
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(payload, indent=2))
     return out
+
+
+class RawHttpClient:
+    """A minimal HTTP/1.1 keep-alive client over asyncio streams, for load generation only.
+
+    httpx's async client spends about as much CPU per request as the server under test does, so
+    on a 2-core machine a load generator built on it measures itself; this one sends pre-built
+    request bytes and reads back only the status line, Content-Length and body.
+    """
+
+    def __init__(self, url: str) -> None:
+        host_port = url.split("://", 1)[1].rstrip("/")
+        self.host, _, port = host_port.partition(":")
+        self.port = int(port or 80)
+        self._reader: asyncio.StreamReader | None = None
+        self._writer: asyncio.StreamWriter | None = None
+
+    def request_bytes(self, method: str, path: str, token: str, payload: object) -> bytes:
+        body = json.dumps(payload).encode()
+        head = (f"{method} {path} HTTP/1.1\r\nHost: {self.host}:{self.port}\r\n"
+                f"Authorization: Bearer {token}\r\nContent-Type: application/json\r\n"
+                f"Content-Length: {len(body)}\r\n\r\n")
+        return head.encode() + body
+
+    async def send(self, request: bytes) -> tuple[int, bytes]:
+        """Send one pre-built request on this connection (opened on first use); (status, body)."""
+        if self._writer is None:
+            self._reader, self._writer = await asyncio.open_connection(self.host, self.port)
+        assert self._reader is not None
+        self._writer.write(request)
+        head = await self._reader.readuntil(b"\r\n\r\n")
+        status = int(head[9:12])
+        length = 0
+        for line in head.split(b"\r\n"):
+            if line[:15].lower() == b"content-length:":
+                length = int(line[15:])
+        return status, await self._reader.readexactly(length)
+
+    async def close(self) -> None:
+        if self._writer is not None:
+            self._writer.close()
+            with contextlib.suppress(OSError):
+                await self._writer.wait_closed()

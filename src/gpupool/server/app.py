@@ -11,10 +11,12 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 import gpupool
 from gpupool.server import http_errors
+from gpupool.server.fastpath import SubmitFastPath
 from gpupool.server.loops.control import ControlLoop
 from gpupool.server.metrics import Metrics, RequestTimer
 from gpupool.server.routers import health, nodes, tenants, workloads
 from gpupool.server.runtime import Runtime
+from gpupool.server.services.submit_writer import SubmitWriter
 
 API_PREFIX = "/api/v1"
 
@@ -23,6 +25,7 @@ def create_app(rt: Runtime, *, run_loop: bool = True) -> FastAPI:
     """An app over `rt`; with run_loop the control loop starts and stops with the app."""
     metrics = Metrics(rt)
     loop = ControlLoop(rt, metrics)
+    writer = SubmitWriter(rt)
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
@@ -31,6 +34,7 @@ def create_app(rt: Runtime, *, run_loop: bool = True) -> FastAPI:
         try:
             yield
         finally:
+            writer.stop()
             if run_loop:
                 loop.stop()
 
@@ -45,6 +49,7 @@ def create_app(rt: Runtime, *, run_loop: bool = True) -> FastAPI:
     app.state.runtime = rt
     app.state.metrics = metrics
     app.state.loop = loop
+    app.state.submit_writer = writer
     http_errors.install(app)
     for router in (health.router, workloads.router, nodes.router, tenants.router):
         app.include_router(router, prefix=API_PREFIX)
@@ -54,4 +59,5 @@ def create_app(rt: Runtime, *, run_loop: bool = True) -> FastAPI:
         return Response(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
     app.add_middleware(RequestTimer, metrics=metrics)
+    app.add_middleware(SubmitFastPath, rt=rt, writer=writer, metrics=metrics)  # outermost of ours
     return app

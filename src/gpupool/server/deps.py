@@ -8,6 +8,7 @@ from fastapi import Depends, Request
 
 from gpupool.server.auth import Principal
 from gpupool.server.runtime import Runtime
+from gpupool.server.services.submit_writer import SubmitWriter
 
 
 # Async so FastAPI resolves them on the event loop instead of hopping to a worker thread each;
@@ -22,5 +23,11 @@ async def principal(request: Request) -> Principal:
     return rt.auth.principal(request.headers.get("authorization"))
 
 
+async def submit_writer(request: Request) -> SubmitWriter:
+    writer: SubmitWriter = request.app.state.submit_writer
+    return writer
+
+
 Rt = Annotated[Runtime, Depends(runtime)]
 Who = Annotated[Principal, Depends(principal)]
+Writer = Annotated[SubmitWriter, Depends(submit_writer)]

@@ -49,6 +49,11 @@ def _validation(_: Request, exc: Exception) -> JSONResponse:
 
 def _gpupool(_: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, GpupoolError)
+    return gpupool_error_response(exc)
+
+
+def gpupool_error_response(exc: GpupoolError) -> JSONResponse:
+    """The answer for a gpupool error (its HTTP status, code, message and details)."""
     status = exc.http_status if exc.http_status < 500 or exc.code != "over_allocation" else 500
     headers = {"WWW-Authenticate": "Bearer"} if exc.http_status == 401 else None
     return error_response(status, exc.code, exc.message, _jsonable(exc.details), headers)

@@ -7,7 +7,7 @@ from typing import Annotated, Literal
 from fastapi import APIRouter, Path, Query
 
 from gpupool.core.model import WorkloadStatus
-from gpupool.server.deps import Rt, Who
+from gpupool.server.deps import Rt, Who, Writer
 from gpupool.server.schemas.common import ErrorBody
 from gpupool.server.schemas.workloads import (
     EventOut,
@@ -29,10 +29,10 @@ WorkloadId = Annotated[str, Path(min_length=1, max_length=64)]
 
 @router.post("", status_code=201, response_model=WorkloadCreated,
              responses={404: {"model": ErrorBody}, 409: {"model": ErrorBody}})
-async def submit(spec: WorkloadSpec, rt: Rt, who: Who) -> WorkloadCreated:
-    # The hot path: one short insert transaction, run inline rather than via a worker thread
-    # (two thread hand-offs per request cost more than the write itself).
-    return service.submit(rt, who, spec)
+async def submit(spec: WorkloadSpec, rt: Rt, who: Who, writer: Writer) -> WorkloadCreated:
+    # The hot path: validated here, stored by the group-commit writer thread (services/submit_writer.py)
+    # so the event loop never waits on the store.
+    return await service.submit_grouped(rt, writer, who, spec)
 
 
 @router.get("", response_model=WorkloadPage)

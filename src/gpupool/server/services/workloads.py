@@ -5,14 +5,13 @@ from __future__ import annotations
 import secrets
 from collections.abc import Sequence
 
-from sqlalchemy import func, insert, select
+from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from gpupool.core.model import WorkloadStatus
-from gpupool.core.units import MILLI
-from gpupool.errors import Conflict, NotFound, QuotaExceeded, did_you_mean
+from gpupool.errors import Conflict, NotFound
 from gpupool.server.auth import Principal
-from gpupool.server.orm import Base, EventRow, PodRow, QueueRow, WorkloadRow
+from gpupool.server.orm import EventRow, PodRow, WorkloadRow
 from gpupool.server.runtime import Runtime
 from gpupool.server.schemas.workloads import (
     EventOut,
@@ -24,12 +23,10 @@ from gpupool.server.schemas.workloads import (
 from gpupool.server.services.converters import event_row_to_out, workload_row_to_out
 from gpupool.server.services.events import transition
 from gpupool.server.services.specs import to_workload
+from gpupool.server.services.submit_writer import Submission, SubmitWriter, commit
 from gpupool.server.states import ACTIVE_POD_STATES, EventReason, PodState
 
 MAX_PAGE = 1000
-# Table-level statements with bound parameters compile once and are cached by SQLAlchemy.
-_INSERT_WORKLOAD = insert(Base.metadata.tables["workloads"])
-_INSERT_EVENT = insert(Base.metadata.tables["events"])
 
 
 def new_workload_id() -> str:
@@ -38,47 +35,43 @@ def new_workload_id() -> str:
 
 def submit(rt: Runtime, who: Principal, spec: WorkloadSpec) -> WorkloadCreated:
     """Validate against the core model, check the queue and its quota, then store it pending."""
+    submission = prepare(rt, who, spec)
+    commit(rt, [submission])
+    if submission.error is not None:
+        raise submission.error
+    return WorkloadCreated(id=submission.workload["id"], status=WorkloadStatus.PENDING.value)
+
+
+async def submit_grouped(rt: Runtime, writer: SubmitWriter, who: Principal,
+                         spec: WorkloadSpec) -> WorkloadCreated:
+    """The same through the group-commit writer (one transaction for concurrent submissions);
+    answers once the submission is committed."""
+    submission = prepare(rt, who, spec)
+    await writer.store(submission)
+    return WorkloadCreated(id=submission.workload["id"], status=WorkloadStatus.PENDING.value)
+
+
+def prepare(rt: Runtime, who: Principal, spec: WorkloadSpec) -> Submission:
+    """The rows one submission writes: the pending workload and its `submitted` event."""
     tenant = who.tenant_for(spec.tenant)
     workload_id = new_workload_id()
     now = rt.clock()
     workload = to_workload(workload_id, spec, tenant, spec.priority, now)
     stored = spec.model_dump(mode="json", exclude_defaults=True)
     stored["tenant"] = tenant
-    with rt.store.write() as session:
-        # The hot path of the API: plain Core statements, one short transaction.
-        quota = session.execute(
-            select(QueueRow.quota_device_milli).where(QueueRow.tenant == tenant, QueueRow.name == spec.queue)
-        ).first()
-        if quota is None:
-            raise _no_queue(session, tenant, spec.queue)
-        limit = quota[0]
-        if limit is not None and workload.total_device_milli > limit:
-            raise QuotaExceeded(
-                f"The workload asks for {workload.total_device_milli / MILLI:g} GPUs but queue "
-                f"{tenant}/{spec.queue} may hold at most {limit / MILLI:g}; ask for less or raise the quota.",
-                requested_gpus=workload.total_device_milli / MILLI, quota_gpus=limit / MILLI,
-            )
-        pending = WorkloadStatus.PENDING.value
-        session.execute(_INSERT_WORKLOAD, dict(
+    pending = WorkloadStatus.PENDING.value
+    return Submission(
+        tenant=tenant, queue=spec.queue, device_milli=workload.total_device_milli,
+        workload=dict(
             id=workload_id, name=spec.name, tenant=tenant, queue=spec.queue, status=pending,
             priority=spec.priority, device_milli=workload.total_device_milli, spec=stored, attempt=0,
             reason=EventReason.SUBMITTED.value, message="Submitted.", submit_s=now,
             admitted_s=None, started_s=None, finished_s=None, exit_code=None,
-        ))
-        session.execute(_INSERT_EVENT, dict(
+        ),
+        event=dict(
             workload_id=workload_id, pod_id="", from_status="", to_status=pending,
             reason=EventReason.SUBMITTED.value, message="Submitted.", at_s=now,
-        ))
-    rt.wake.set()
-    return WorkloadCreated(id=workload_id, status=WorkloadStatus.PENDING.value)
-
-
-def _no_queue(session: Session, tenant: str, queue: str) -> NotFound:
-    names = list(session.scalars(select(QueueRow.name).where(QueueRow.tenant == tenant)).all())
-    return NotFound(
-        f"Tenant {tenant!r} has no queue {queue!r}.{did_you_mean(queue, names)} "
-        f"Known queues: {', '.join(sorted(names)) or 'none'}.",
-        tenant=tenant, queue=queue,
+        ),
     )
 
 
