@@ -10,10 +10,10 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from gpupool.core.scheduling.policies.fgd_balance import FgdBalance
+from gpupool.core.scheduling.policies.base import DEFAULT_POLICY
 from gpupool.errors import GpupoolError, InvalidInput
 
-BEST_POLICY = FgdBalance.name
+BEST_POLICY = DEFAULT_POLICY
 
 
 def fill(

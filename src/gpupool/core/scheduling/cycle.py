@@ -34,7 +34,7 @@ from gpupool.core.quota import QuotaConfig
 from gpupool.core.scheduling.backfill import Reservation, may_backfill, reserve
 from gpupool.core.scheduling.gang import GangPlacement, place_gang, release_gang
 from gpupool.core.scheduling.ordering.base import OrderingContext, make_ordering
-from gpupool.core.scheduling.policies.base import NoFit, make_policy
+from gpupool.core.scheduling.policies.base import DEFAULT_POLICY, NoFit, make_policy
 from gpupool.core.scheduling.preemption import lost_work_s, select_victims
 from gpupool.core.scheduling.view import ClusterView, Running, Shape, clone_state
 
@@ -43,7 +43,7 @@ from gpupool.core.scheduling.view import ClusterView, Running, Shape, clone_stat
 class Policies:
     """Which plug-ins a cycle uses, by registered name, and the operator's admission settings."""
 
-    placement: str = "fgd-balance"
+    placement: str = DEFAULT_POLICY
     placement_options: Mapping[str, Any] = field(default_factory=dict)
     ordering: str = "priority-fifo"
     preemption: bool = False

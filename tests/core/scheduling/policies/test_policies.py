@@ -21,6 +21,7 @@ ALL = [
     "gpu-clustering",
     "fgd",
     "fgd-balance",
+    "fgd-strand",
 ]
 
 
@@ -115,7 +116,7 @@ def fgd_state() -> tuple[ClusterState, list]:
     return state, workload
 
 
-@pytest.mark.parametrize("name", ["fgd", "fgd-balance"])
+@pytest.mark.parametrize("name", ["fgd", "fgd-balance", "fgd-strand"])
 def test_fgd_fills_the_half_used_device(name: str) -> None:
     state, workload = fgd_state()
     policy = make_policy(name)
@@ -164,3 +165,53 @@ def test_fgd_balance_sends_cpu_pods_to_spare_cpu() -> None:
     policy = make_policy("fgd-balance")
     policy.prepare(state, workload)
     assert policy.place(pod(0, cpu_milli=4_000), state, random.Random(0)).node == 1
+
+
+def cpu_poor_and_cpu_rich() -> ClusterState:
+    """n0: 8 devices and 12 cores per device (cpu-poor); n1: 2 devices and 52 cores per device."""
+    return ClusterState(
+        [node("n0", devices=8, cpu_milli=96_000), node("n1", devices=2, cpu_milli=104_000)]
+    )
+
+
+def test_fgd_strand_sends_cpu_heavy_pods_where_cores_are_plentiful() -> None:
+    state = cpu_poor_and_cpu_rich()
+    workload = [pod(1, cpu_milli=14_000, name=f"w{i}") for i in range(10)]
+    heavy = pod(1, cpu_milli=40_000)
+    assert place(state, "fgd", heavy).node == 0  # FGD alone sees no difference: first node wins
+    policy = make_policy("fgd-strand", reserve_empty=0)
+    policy.prepare(state, workload)
+    assert policy.place(heavy, state, random.Random(0)).node == 1
+
+
+def test_fgd_strand_sends_cpu_light_pods_where_cores_are_scarce() -> None:
+    state = cpu_poor_and_cpu_rich()
+    state.set_schedulable(0, True)
+    workload = [pod(1, cpu_milli=14_000, name=f"w{i}") for i in range(10)]
+    policy = make_policy("fgd-strand", reserve_empty=0)
+    policy.prepare(state, workload)
+    # Reversed node order: a cpu-light pod still goes to the cpu-poor node.
+    flipped = ClusterState([state.nodes[1], state.nodes[0]])
+    policy.prepare(flipped, workload)
+    assert policy.place(pod(1, cpu_milli=1_000), flipped, random.Random(0)).node == 1
+
+
+def test_fgd_strand_keeps_an_empty_node_for_the_largest_gang() -> None:
+    state = ClusterState([node("big", devices=8), node("small", devices=4)])
+    take(state, pod(3), 1, (0, 1, 2))
+    workload = [pod(8, name="gang")] + [pod(1, name=f"w{i}") for i in range(20)]
+    kept = make_policy("fgd-strand", reserve_empty=1, stranding_weight=0.0)
+    kept.prepare(state, workload)
+    assert kept.place(pod(1), state, random.Random(0)).node == 1
+    spent = make_policy("fgd-strand", reserve_empty=0, stranding_weight=0.0)
+    spent.prepare(state, workload)
+    assert spent.place(pod(1), state, random.Random(0)).node == 0
+
+
+def test_fgd_strand_learns_the_cpu_ratio_online_without_prepare() -> None:
+    state = cpu_poor_and_cpu_rich()
+    policy = make_policy("fgd-strand", reserve_empty=0)
+    assert isinstance(policy.place(pod(1), state, random.Random(0)), Choice)
+    for i in range(5):
+        policy.observe(pod(1, cpu_milli=14_000, name=f"o{i}"))
+    assert policy.place(pod(1, cpu_milli=40_000), state, random.Random(0)).node == 1

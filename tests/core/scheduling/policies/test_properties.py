@@ -23,6 +23,7 @@ POLICIES = [
     "gpu-clustering",
     "fgd",
     "fgd-balance",
+    "fgd-strand",
 ]
 
 clusters = st.lists(

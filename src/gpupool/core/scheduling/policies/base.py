@@ -54,6 +54,9 @@ class PlacementPolicy(ABC):
 
 _REGISTRY: dict[str, type[PlacementPolicy]] = {}
 
+DEFAULT_POLICY = "fgd-strand"
+"""The project's best measured placement policy (docs/benchmarks.md), used wherever none is named."""
+
 
 def register_policy(cls: type[PlacementPolicy]) -> type[PlacementPolicy]:
     """Class decorator: make a policy available by its `name`."""

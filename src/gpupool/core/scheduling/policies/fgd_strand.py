@@ -1,0 +1,134 @@
+"""fgd-strand: FGD's fragmentation growth plus the growth of devices stranded without cpu.
+
+FGD (see `fgd`) measures how much device capacity a placement makes unusable for the expected
+pod shapes, but only through each shape's all-or-nothing fit on a node *now*. On heterogeneous
+clusters the loss that FGD leaves is capacity stranded *later*: OpenB's 8-GPU nodes carry about
+12 cores per GPU while the workload asks for about 14, so nodes that take cpu-heavy pods run out
+of cores with devices still free, while cpu-rich nodes (2-GPU T4 nodes, 52 cores per GPU) keep
+cores nobody will use.
+
+fgd-strand prices both losses in the same unit, milli-device, and adds them:
+
+    growth = dF + stranding_weight * dS
+
+- dF: FGD's fragmentation growth of the node (options (a) and (b) of `fgd` apply);
+- S_n = max(0, free_device_milli_n - free_cpu_milli_n / R): the device capacity node n cannot
+  serve with the cpu it has left, where R is the cpu the workload asks per milli-device
+  (estimated from the pods given to `prepare`, or seen so far); dS is its growth under the
+  placement, so cpu-heavy pods go where cores are plentiful and cpu-light pods where they are
+  scarce;
+- while no more than `reserve_empty` nodes remain empty that could host the largest multi-device
+  pod of the workload, breaking one of them up costs `reserve_penalty_milli` more, so the rare
+  8-GPU pods still find a node late in a run.
+
+Candidates score `int(levels * sigmoid(-growth / 1000))` as in FGD (small differences tie); ties go
+to the first node in node order, and on a node to the fitting device with the least free share.
+Measured against `fgd` on the OpenB traces in docs/benchmarks.md.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Sequence
+
+import numpy as np
+
+from gpupool.core.model import PodRequest
+from gpupool.core.scheduling.policies._common import FloatArray
+from gpupool.core.scheduling.policies.base import Choice, NoFit, register_policy
+from gpupool.core.scheduling.policies.fgd import Fgd, sigmoid
+from gpupool.core.state import ClusterState, IntArray
+from gpupool.core.units import MILLI
+
+
+@register_policy
+class FgdStrand(Fgd):
+    name = "fgd-strand"
+    summary = "FGD plus the growth of devices stranded without cpu; keeps a few empty nodes for big gangs."
+
+    def __init__(
+        self,
+        coverage: float = 0.95,
+        cpu_only_counts_all: bool = True,
+        stranding_weight: float = 0.5,
+        reserve_empty: int = 6,
+        reserve_penalty_milli: float = 1000.0,
+        levels: int = 100,
+        first_on_ties: bool = True,
+    ) -> None:
+        super().__init__(coverage, cpu_only_counts_all, True, first_on_ties)
+        self.stranding_weight = stranding_weight
+        self.reserve_empty = reserve_empty
+        self.reserve_penalty_milli = reserve_penalty_milli
+        self.levels = levels
+        self._largest_gang = 0
+        self._cpu_per_milli: float | None = None
+        self._seen_cpu = 0
+        self._seen_milli = 0
+        self._reserving: bool | None = None
+
+    # ----------------------------------------------------------------- workload
+
+    def prepare(self, state: ClusterState, pods: Sequence[PodRequest]) -> None:
+        super().prepare(state, pods)
+        self._largest_gang = max((p.num_devices for p in pods), default=0)
+        cpu = sum(p.cpu_milli for p in pods if p.num_devices)
+        milli = sum(p.total_device_milli for p in pods)
+        self._cpu_per_milli = cpu / milli if milli else None
+
+    def observe(self, pod: PodRequest) -> None:
+        super().observe(pod)
+        self._largest_gang = max(self._largest_gang, pod.num_devices)
+        if pod.num_devices:
+            self._seen_cpu += pod.cpu_milli
+            self._seen_milli += pod.total_device_milli
+
+    def cpu_per_device_milli(self) -> float | None:
+        """R: cpu milli the workload asks per device milli (None before any device pod is known)."""
+        if self._cpu_per_milli is not None:
+            return self._cpu_per_milli
+        return self._seen_cpu / self._seen_milli if self._seen_milli else None
+
+    # ----------------------------------------------------------------- placement
+
+    def place(self, pod: PodRequest, state: ClusterState, rng: random.Random) -> Choice | NoFit:
+        reserving = self._reserve_active(state)
+        if reserving != self._reserving:
+            # Scores are cached per node; the reserve rule changes them all at once.
+            self._cache = {}
+            self._reserving = reserving
+        return super().place(pod, state, rng)
+
+    def _reserve_active(self, state: ClusterState) -> bool:
+        if self._largest_gang <= 1 or not self.reserve_penalty_milli:
+            return False
+        empty = self._empty_big(state, np.arange(len(state.nodes)), self._largest_gang)
+        return int((empty & state.schedulable).sum()) <= self.reserve_empty
+
+    @staticmethod
+    def _empty_big(state: ClusterState, nodes: IntArray, size: int) -> np.ndarray:
+        untouched = (state.dev_milli_free[nodes] == state.dev_milli_cap[nodes]).all(axis=1)
+        return np.asarray(untouched & (state.dev_count[nodes] >= size))
+
+    def rank(self, pod: PodRequest, state: ClusterState, nodes: IntArray, growth: FloatArray) -> FloatArray:
+        extra = self.stranding_weight * self._stranding_growth(pod, state, nodes)
+        if self._reserving:
+            breaks = self._empty_big(state, nodes, max(self._largest_gang, pod.num_devices + 1))
+            extra = extra + np.where(breaks, self.reserve_penalty_milli, 0.0)
+        total = growth + (extra[:, None] if growth.ndim == 2 else extra)
+        score = np.floor(self.levels * sigmoid(-total / 1000.0))
+        if growth.ndim == 2:
+            # On a node, prefer the fitting device with the least free share (a tiny tie-break).
+            score = score + 1e-6 * (1.0 - state.dev_milli_free[nodes] / MILLI)
+        return np.asarray(score, dtype=np.float64)
+
+    def _stranding_growth(self, pod: PodRequest, state: ClusterState, nodes: IntArray) -> FloatArray:
+        """dS per node: growth of device milli that the node's remaining cpu cannot serve."""
+        ratio = self.cpu_per_device_milli()
+        if not ratio:
+            return np.zeros(nodes.size, dtype=np.float64)
+        cpu = state.cpu_free[nodes].astype(np.float64)
+        dev = state.dev_milli_free[nodes].sum(axis=1).astype(np.float64)
+        before = np.maximum(0.0, dev - cpu / ratio)
+        after = np.maximum(0.0, (dev - pod.total_device_milli) - (cpu - pod.cpu_milli) / ratio)
+        return np.asarray(after - before, dtype=np.float64)
