@@ -26,7 +26,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from gpupool.core.scheduling.policies.base import policy_names
-from gpupool.core.scheduling.policies.fgd_balance import FgdBalance
+from gpupool.core.scheduling.policies.base import DEFAULT_POLICY
 from gpupool.errors import GpupoolError
 from gpupool.sim.datadir import require_data_dir
 from gpupool.sim.fill import FillJob, FillResult, parse_seeds, run_jobs
@@ -59,7 +59,7 @@ ARTIFACT_NAMES = {
     "fgd": "06-FGD",
 }
 POINTS = (90, 100, 130)
-BEST = FgdBalance.name
+BEST = DEFAULT_POLICY
 START, END = "<!-- openb-grid:start -->", "<!-- openb-grid:end -->"
 Means = dict[tuple[str, str], dict[int, float]]
 
