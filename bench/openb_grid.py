@@ -25,8 +25,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from gpupool.core.scheduling.policies.base import policy_names
-from gpupool.core.scheduling.policies.base import DEFAULT_POLICY
+from gpupool.core.scheduling.policies.base import DEFAULT_POLICY, policy_names
 from gpupool.errors import GpupoolError
 from gpupool.sim.datadir import require_data_dir
 from gpupool.sim.fill import FillJob, FillResult, parse_seeds, run_jobs
