@@ -19,21 +19,30 @@ import httpx
 from rich.console import Console
 from rich.table import Table
 
-from _control_plane import gpupool_up, write_json
+from _control_plane import RawHttpClient, gpupool_up, write_json
 
 SPEC = {"command": ["true"], "resources": {"gpus": 0.25}}
 
 
 async def _submit_all(url: str, token: str, jobs: int, concurrency: int = 8) -> None:
-    async with httpx.AsyncClient(base_url=url, headers={"Authorization": f"Bearer {token}"}, timeout=60) as c:
-        todo = list(range(jobs))
+    """Submit `jobs` workloads over CONCURRENCY keep-alive connections (the minimal client of
+    _control_plane.py: httpx would spend as much CPU as the server on the same two cores)."""
+    clients = [RawHttpClient(url) for _ in range(concurrency)]
+    request = clients[0].request_bytes("POST", "/api/v1/workloads", token, SPEC)
+    todo = list(range(jobs))
 
-        async def worker() -> None:
-            while todo:
-                todo.pop()
-                (await c.post("/api/v1/workloads", json=SPEC)).raise_for_status()
+    async def worker(client: RawHttpClient) -> None:
+        while todo:
+            todo.pop()
+            status, body = await client.send(request)
+            if status != 201:
+                raise RuntimeError(f"submission refused ({status}): {body.decode(errors='replace')}")
 
-        await asyncio.gather(*(worker() for _ in range(concurrency)))
+    try:
+        await asyncio.gather(*(worker(c) for c in clients))
+    finally:
+        for c in clients:
+            await c.close()
 
 
 def main() -> None:

@@ -173,18 +173,20 @@ class NodeAgent:
                               cgroup_root=self.cgroup_root, base_pythonpath=base_path)
 
     def launch(self, pod: PodLaunch) -> PodRecord:
-        """Start the pod inside its slice; idempotent by pod id. Returns its record at once."""
-        with self._lock:
-            known = self.runner.known(pod.pod_id)
-            if known is not None:
-                return known
+        """Start the pod inside its slice; idempotent by pod id. Returns its record at once.
+        Thread-safe: launches of different pods may run concurrently."""
+        known = self.runner.known(pod.pod_id)
+        if known is not None:
+            return known
+        with self._lock:  # planning may start the MPS daemon; the start itself may overlap others
             plan = self.plan(pod)
-            limits = prepare_cgroup(plan.host_limits, plan.cgroup_files)
-            env = plan.process_env(os.environ, pod.env)
-            record = self.runner.start(pod.pod_id, pod.command, env=env, workdir=pod.workdir, limits=limits)
-            layers = [{"layer": s.layer.value, "active": s.active, "detail": s.detail} for s in plan.layers]
+        limits = prepare_cgroup(plan.host_limits, plan.cgroup_files)
+        env = plan.process_env(os.environ, pod.env)
+        record = self.runner.start(pod.pod_id, pod.command, env=env, workdir=pod.workdir, limits=limits)
+        layers = [{"layer": s.layer.value, "active": s.active, "detail": s.detail} for s in plan.layers]
+        with self._lock:
             write_atomic(self.runner.pod_dir(pod.pod_id) / "isolation.json", json.dumps(layers, indent=1))
-            return record
+        return record
 
     def isolation_layers(self, pod_id: str) -> list[dict[str, object]]:
         """What each isolation layer did for this pod (as recorded at launch)."""

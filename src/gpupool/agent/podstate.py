@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
 from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, ValidationError
@@ -50,18 +49,22 @@ def write_atomic(path: Path, text: str) -> None:
     stale after a power loss is reported lost, never started twice. An fsync per write cost about
     30 ms per launch and bounded a node to a few dozen short pods per second (docs/isolation.md).
     """
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    # A fixed temporary name: writes to one path are serialised by the caller (the runner's lock).
+    tmp = path.with_name(f".{path.name}.tmp")
     try:
-        with os.fdopen(fd, "w", encoding="utf-8") as handle:
-            handle.write(text)
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        try:
+            os.write(fd, text.encode("utf-8"))
+        finally:
+            os.close(fd)
         os.replace(tmp, path)
     except BaseException:
-        Path(tmp).unlink(missing_ok=True)
+        tmp.unlink(missing_ok=True)
         raise
 
 
 def save_record(path: Path, record: PodRecord) -> None:
-    write_atomic(path, record.model_dump_json(indent=1))
+    write_atomic(path, record.model_dump_json())
 
 
 def load_record(path: Path) -> PodRecord | str:

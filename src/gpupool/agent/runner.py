@@ -70,6 +70,8 @@ class Runner:
         self._records: dict[str, PodRecord] = {}
         self._children: dict[str, subprocess.Popen[bytes]] = {}
         self._timers: dict[str, threading.Timer] = {}
+        self._spawning: set[str] = set()
+        """Pods whose process is being started (outside the lock): not reaped until it exists."""
         self._final_copies: dict[str, PodRecord] = {}
         """Copies of finished records (they never change again), so poll() costs O(running pods)."""
         self._readopt()
@@ -106,8 +108,13 @@ class Runner:
                                cgroup=str(limits.cgroup_dir) if limits.cgroup_dir else None)
             self._save(record)  # before the process exists: a crash here leaves a record, not a stray
             self._records[pod_id] = record
+            self._spawning.add(pod_id)
+        try:  # outside the lock, so several pods can be started at once
             self._spawn(record, dict(env), limits)
-            return record
+        finally:
+            with self._lock:
+                self._spawning.discard(pod_id)
+        return record
 
     def _spawn(self, record: PodRecord, env: dict[str, str], limits: HostLimits) -> None:
         pod_dir = self.pod_dir(record.pod_id)
@@ -119,13 +126,17 @@ class Runner:
                                          stdin=subprocess.DEVNULL, stdout=out, stderr=err,
                                          start_new_session=True, close_fds=True)
             except OSError as exc:
-                self._finish(record, PodPhase.FAILED, 127, None, f"cannot start the pod: {exc.strerror}")
+                with self._lock:
+                    self._finish(record, PodPhase.FAILED, 127, None, f"cannot start the pod: {exc.strerror}")
                 return
-        record.pid = child.pid
-        record.start_ticks = podstate.process_start_ticks(child.pid)
-        record.phase = PodPhase.RUNNING
-        self._children[record.pod_id] = child
-        self._save(record)
+        start_ticks = podstate.process_start_ticks(child.pid)
+        with self._lock:
+            record.pid, record.start_ticks = child.pid, start_ticks
+            record.phase = PodPhase.RUNNING
+            self._children[record.pod_id] = child
+            self._save(record)
+            if record.stop_requested_at_s is not None:  # stopped while it was being started
+                self._signal_group(record, signal.SIGTERM)
 
     # ---- stop ------------------------------------------------------------------------------
     def stop(self, pod_id: str, grace_s: float = 10.0) -> None:
@@ -183,7 +194,7 @@ class Runner:
                     copies.append(final)
                     continue
                 if not record.finished:
-                    if self._alive(record):
+                    if pod_id in self._spawning or self._alive(record):
                         if record.kill_deadline_s is not None and now >= record.kill_deadline_s:
                             self._signal_group(record, signal.SIGKILL)
                         copies.append(record.model_copy())

@@ -43,6 +43,9 @@ class LocalProvider(Provider):
     (`simulate`), or only when NVML finds none (`fallback_simulate`); simulated devices carry
     simulated=True and the node the label gpupool.io/simulated=true."""
 
+    concurrent_launch = True
+    """launch() may be called from several threads at once (for different pods)."""
+
     def __init__(self, state_dir: Path | str | None = None, *, simulate: str | None = None,
                  fallback_simulate: str | None = None, node_name: str | None = None,
                  cgroup_root: Path | str | None = None, clock: Callable[[], float] = time.time,

@@ -32,6 +32,9 @@ class LocalPool(Provider):
 
     name = "local"
 
+    concurrent_launch = True
+    """launch() may be called from several threads at once (each member's agent is thread-safe)."""
+
     def __init__(self, nodes: Sequence[Node], state_dir: Path) -> None:
         from gpupool.providers.local import LocalProvider
 

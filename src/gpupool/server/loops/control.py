@@ -73,9 +73,12 @@ class ControlLoop:
                 log.exception("control loop step failed; retrying")
                 busy = False
                 time.sleep(settings.cycle_interval_s)
-            # A burst of submissions wakes the loop once per request: resting at least as long as
-            # the step took batches them into cycles and leaves the API at least half the CPU.
-            self._stop.wait(max(settings.busy_poll_interval_s, time.perf_counter() - began))
+            if woken:
+                # A burst of submissions wakes the loop once per request: resting as long as the
+                # step took batches them into cycles and leaves the API at least half the CPU.
+                self._stop.wait(time.perf_counter() - began)
+            # Then the next wake (submit, cancel, quota change) starts a step at once; while pods run
+            # the provider is polled every busy interval so exits free their slices quickly.
             self.rt.wake.wait(settings.busy_poll_interval_s if busy else settings.cycle_interval_s)
 
 

@@ -12,6 +12,7 @@ import logging
 import random
 import time
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 from sqlalchemy import insert, select, update
@@ -33,6 +34,7 @@ log = logging.getLogger("gpupool.scheduler")
 FULL_RESCAN_S = 10.0
 ARRIVAL_MARGIN_S = 10.0
 """New arrivals are read from (newest seen - margin), so a slow commit is never skipped."""
+LAUNCH_THREADS = 4
 _POLICIES_TAKE_QUOTA = "quota" in {f.name for f in dataclasses.fields(Policies)}
 
 
@@ -78,6 +80,7 @@ class Scheduler:
         self._horizon_s: float | None = None
         self._last_full_s = float("-inf")
         self._last_nodes: tuple[Node, ...] = ()
+        self._launcher: ThreadPoolExecutor | None = None
 
     def cycle(self, capacity_changed: bool = True) -> CycleStats:
         """Admit what fits now.
@@ -161,18 +164,9 @@ class Scheduler:
 
     def _launch(self, launches: list[PodLaunch]) -> None:
         """Ask the provider (outside any transaction), then record what started."""
-        started: list[str] = []
-        failed: dict[str, str] = {}
-        for launch in launches:
-            if launch.workload_id in failed:
-                continue
-            try:
-                self.rt.provider.launch(launch)
-                started.append(launch.pod_id)
-            except GpupoolError as exc:
-                failed[launch.workload_id] = exc.message
         if not launches:
             return
+        started, failed = self._start_all(launches)
         now = self.rt.clock()
         to_stop: list[str] = []
         with self.rt.store.write() as session, session.no_autoflush:
@@ -196,6 +190,35 @@ class Scheduler:
                                "Started.", now)
         for pod_id in to_stop:
             self.rt.provider.stop(pod_id, grace_s=0)
+
+
+    def _start_all(self, launches: list[PodLaunch]) -> tuple[list[str], dict[str, str]]:
+        """Ask the provider to start each pod: (started pod ids, failed workload -> why).
+
+        A provider that sets `concurrent_launch = True` (the local one) gets up to LAUNCH_THREADS
+        launches at once: a launch mostly waits on fork/exec and file writes, which release the GIL.
+        Pods of a gang whose sibling failed may still start; they are stopped with it.
+        """
+        started: list[str] = []
+        failed: dict[str, str] = {}
+
+        def one(launch: PodLaunch) -> None:
+            if launch.workload_id in failed:
+                return
+            try:
+                self.rt.provider.launch(launch)
+                started.append(launch.pod_id)
+            except GpupoolError as exc:
+                failed[launch.workload_id] = exc.message
+
+        if len(launches) > 1 and getattr(self.rt.provider, "concurrent_launch", False):
+            if self._launcher is None:
+                self._launcher = ThreadPoolExecutor(LAUNCH_THREADS, thread_name_prefix="gpupool-launch")
+            list(self._launcher.map(one, launches))
+        else:
+            for launch in launches:
+                one(launch)
+        return started, failed
 
 
 def _rows(session: Session, ids: Sequence[str]) -> dict[str, WorkloadRow]:
