@@ -26,9 +26,9 @@ from gpupool.sim.datadir import require_data_dir
 
 BASELINE = ("fifo", "first-fit", False, False)
 CANDIDATES = (
-    ("fifo", "first-fit", True, True),
     ("priority-fifo", "first-fit", True, True),
     ("drf", "first-fit", True, True),
+    ("fifo", "first-fit", True, True),
     ("las", "first-fit", True, True),
     ("drf", "best-fit", True, True),
 )

@@ -52,6 +52,8 @@ class Policies:
     quota: QuotaConfig = field(default_factory=QuotaConfig)
     priority_classes: PriorityClasses = field(default_factory=PriorityClasses)
     overcommit: OvercommitConfig | None = None
+    max_preemption_attempts: int = 16
+    """Victim searches per cycle (each may place the preemptor dozens of times); the rest wait."""
 
 
 class EventKind(StrEnum):
@@ -159,6 +161,7 @@ class _Cycle:
         self.failed_quota: dict[tuple[str, Shape], str] = {}
         self.failed_preempt: set[tuple[str, Shape, tuple[int, int]]] = set()
         self.blocked: set[str] = set()
+        self.preemption_attempts = 0
         self.settled: dict[tuple[str, Shape, tuple[int, int]], tuple[Reason, str]] = {}
         self.queues: set[str] = set()
         self.reservation: Reservation | None = None
@@ -302,8 +305,9 @@ class _Cycle:
             return False
         view = self.view
         key = (cq, shape, view.metas[w.id].rank)
-        if key in self.failed_preempt:
+        if key in self.failed_preempt or self.preemption_attempts >= self.policies.max_preemption_attempts:
             return False
+        self.preemption_attempts += 1
         admitted_now = {a.workload_id for a in self.admitted}
         chosen = select_victims(w, cq, view, self.policy, self.rng, self.now_s, admitted_now)
         if chosen is None:

@@ -21,8 +21,11 @@ from gpupool.core.scheduling.gang import GangPlacement, place_gang, release_gang
 from gpupool.core.scheduling.policies.base import NoFit, PlacementPolicy
 from gpupool.core.scheduling.view import ClusterView, Running, lower_bound_usage
 
-MAX_SINGLE_TRIALS = 48
+MAX_SINGLE_TRIALS = 16
 """How many single-victim sets are tried before falling back to the greedy search."""
+
+MAX_TRIM_TRIALS = 24
+"""How many of the greedy victims (costliest first) are tried for dropping again."""
 
 
 def checkpoint_split(done_s: float, interval_s: float | None) -> tuple[float, float]:
@@ -149,7 +152,7 @@ def _trim(
 ) -> list[Running]:
     """Drop every victim the preemptor does not need, trying the costliest first."""
     keep = list(chosen)
-    for run in sorted(chosen, key=lambda r: -cost[r.workload.id]):
+    for run in sorted(chosen, key=lambda r: -cost[r.workload.id])[:MAX_TRIM_TRIALS]:
         if len(keep) == 1:
             break
         view.attach(run)
