@@ -13,6 +13,7 @@ from gpupool.server.metrics import Metrics
 from gpupool.server.runtime import Runtime
 
 log = logging.getLogger("gpupool.loop")
+WAKE_DELAY_S = 0.003
 
 
 class ControlLoop:
@@ -65,6 +66,11 @@ class ControlLoop:
         settings = self.rt.settings
         while not self._stop.is_set():
             woken = self.rt.wake.is_set()
+            if woken:
+                # Let the request that woke the loop be answered first: the API shares the GIL with
+                # this thread, and a cycle starting at once would hold up that answer by a switch
+                # interval or more (it also gathers the next few submissions into this cycle).
+                self._stop.wait(WAKE_DELAY_S)
             self.rt.wake.clear()
             began = time.perf_counter()
             try:
