@@ -71,14 +71,21 @@ class ClusterState:
         self.dev_model: IntArray = np.full((n, width), -1, dtype=np.int64)
         self.dev_milli_cap: IntArray = np.zeros((n, width), dtype=np.int64)
         self.dev_mem_cap: IntArray = np.zeros((n, width), dtype=np.int64)
-        for i, node in enumerate(self.nodes):
-            for slot, dev in enumerate(node.devices):
-                usable = dev.healthy
-                self.dev_valid[i, slot] = True
-                self.dev_model[i, slot] = self.model_id[dev.model]
-                self.dev_milli_cap[i, slot] = MILLI if usable else 0
-                mem = UNBOUNDED_MIB if dev.memory_mib == UNKNOWN_MEMORY_MIB else dev.memory_mib
-                self.dev_mem_cap[i, slot] = mem if usable else 0
+        # Filled in bulk (one pass over the devices, then fancy-indexed assignment).
+        model_id = self.model_id
+        rows = [i for i, node in enumerate(self.nodes) for _ in node.devices]
+        slots = [slot for node in self.nodes for slot in range(len(node.devices))]
+        devs = [dev for node in self.nodes for dev in node.devices]
+        if devs:
+            usable = np.array([dev.healthy for dev in devs], dtype=bool)
+            mems = np.array(
+                [UNBOUNDED_MIB if d.memory_mib == UNKNOWN_MEMORY_MIB else d.memory_mib for d in devs],
+                dtype=np.int64,
+            )
+            self.dev_valid[rows, slots] = True
+            self.dev_model[rows, slots] = [model_id[dev.model] for dev in devs]
+            self.dev_milli_cap[rows, slots] = np.where(usable, MILLI, 0)
+            self.dev_mem_cap[rows, slots] = np.where(usable, mems, 0)
         self.dev_milli_free: IntArray = self.dev_milli_cap.copy()
         self.dev_mem_free: IntArray = self.dev_mem_cap.copy()
         self.dev_count: IntArray = self.dev_valid.sum(axis=1).astype(np.int64)

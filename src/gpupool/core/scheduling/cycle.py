@@ -34,7 +34,7 @@ from gpupool.core.quota import QuotaConfig
 from gpupool.core.scheduling.backfill import Reservation, may_backfill, reserve
 from gpupool.core.scheduling.gang import GangPlacement, place_gang, release_gang
 from gpupool.core.scheduling.ordering.base import OrderingContext, make_ordering
-from gpupool.core.scheduling.policies.base import DEFAULT_POLICY, NoFit, make_policy
+from gpupool.core.scheduling.policies.base import DEFAULT_POLICY, NoFit
 from gpupool.core.scheduling.preemption import lost_work_s, select_victims
 from gpupool.core.scheduling.view import ClusterView, Running, Shape, clone_state
 
@@ -154,7 +154,7 @@ class _Cycle:
         self.policies = policies
         self.now_s = now_s
         self.rng = rng
-        self.policy = make_policy(policies.placement, **dict(policies.placement_options))
+        self.policy = view.placement_policy(policies.placement, policies.placement_options)
         self.ordering = make_ordering(policies.ordering, **dict(policies.ordering_options))
         self.models = tuple(view.state.models)
         self.failed_shapes: dict[Shape, NoFit] = {}
@@ -230,6 +230,7 @@ class _Cycle:
                     f"Queue {w.queue!r} of tenant {w.tenant!r} feeds no ClusterQueue; create it first.",
                     final=True,
                 )
+        view.tell_policy(valid)
         if self.ordering.needs_usage:
             view.materialize()
         ctx = OrderingContext(
@@ -239,6 +240,7 @@ class _Cycle:
             tenant_usage=view.tenant_usage,
             tenant_weights=self.policies.quota.tenant_weights,
             info=view.info,
+            demand=view.demand,
         )
         return self.ordering.order(valid, ctx)
 

@@ -10,12 +10,24 @@ from __future__ import annotations
 
 import copy
 import math
+from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from itertools import chain
+from operator import attrgetter
+from typing import Any
 
 import numpy as np
 
-from gpupool.core.model import Allocation, ClusterSnapshot, Node, PodRequest, Workload, WorkloadInfo
+from gpupool.core.model import (
+    Allocation,
+    ClusterSnapshot,
+    Node,
+    PodPlacement,
+    PodRequest,
+    Workload,
+    WorkloadInfo,
+)
 from gpupool.core.overcommit import OvercommitConfig, guaranteed_workload
 from gpupool.core.priority import PriorityClasses, Rank
 from gpupool.core.quota import (
@@ -31,8 +43,12 @@ from gpupool.core.quota import (
 )
 from gpupool.core.scheduling.gang import GangPlacement
 from gpupool.core.scheduling.ordering.base import demand_of
+from gpupool.core.scheduling.policies.base import PlacementPolicy, make_policy
 from gpupool.core.state import UNBOUNDED_MIB, ClusterState, PodAlloc
 from gpupool.core.units import MILLI
+
+MAX_PREPARE_PODS = 1024
+"""At most this many pods (an even sample of those seen) go to the placement policy's `prepare`."""
 
 Shape = tuple[tuple[int, int, int, int, int, frozenset[str]], ...]
 Allocs = tuple[tuple[PodRequest, PodAlloc], ...]
@@ -106,6 +122,13 @@ class ClusterView:
     metas: dict[str, Meta] = field(default_factory=dict)
     model_grid: list[list[str]] | None = None
     lazy: list[Allocation] = field(default_factory=list)
+    demands: dict[str, tuple[Workload, dict[str, float]]] = field(default_factory=dict)
+    policy: PlacementPolicy | None = None
+    """The placement policy the cycles on this view use, kept across cycles (see `placement_policy`)."""
+    policy_key: tuple[str, str] = ("", "")
+    policy_pods: list[PodRequest] = field(default_factory=list)
+    policy_seen: set[str] = field(default_factory=set)
+    policy_prepared: int = -1
 
     # ---------------------------------------------------------------- construction
 
@@ -168,6 +191,51 @@ class ClusterView:
             pods = {p.name: p for p in alloc.workload.pods}
             allocs = tuple((pods[pl.pod], _record(self.state, pods[pl.pod], pl)) for pl in alloc.placements)
             self._register(self._running(alloc.workload, allocs, alloc.start_time_s, ""))
+
+    # ---------------------------------------------------------------- placement policy
+
+    def placement_policy(self, name: str, options: Mapping[str, Any]) -> PlacementPolicy:
+        """The view's placement policy instance: made once, reused by every cycle on the view."""
+        key = (name, repr(sorted(options.items())))
+        if self.policy is None or self.policy_key != key:
+            self.policy = make_policy(name, **dict(options))
+            self.policy_key = key
+            self.policy_pods = []
+            self.policy_seen = set()
+            self.policy_prepared = -1
+        return self.policy
+
+    def tell_policy(self, pending: Sequence[Workload]) -> None:
+        """Give the policy the pods of the running and pending workloads it has not seen yet.
+
+        The policy's `prepare` runs on the first cycle and again whenever the pods seen have grown
+        by a quarter since, on an even sample of at most `MAX_PREPARE_PODS` of them (so estimating
+        the workload's shape mix costs O(1) per arrival and a bounded time per cycle).
+        """
+        policy = self.policy
+        if policy is None:
+            return
+        seen = self.policy_seen
+        pods = self.policy_pods
+        if self.policy_prepared < 0:
+            for alloc in self.lazy:
+                if alloc.workload.id not in seen:
+                    seen.add(alloc.workload.id)
+                    pods.extend(alloc.workload.pods)
+            for run in self.running.values():
+                if run.workload.id not in seen:
+                    seen.add(run.workload.id)
+                    pods.extend(run.workload.pods)
+        for w in pending:
+            if w.id not in seen:
+                seen.add(w.id)
+                pods.extend(w.pods)
+        if len(pods) != self.policy_prepared and (
+            self.policy_prepared < 0 or len(pods) * 4 >= self.policy_prepared * 5
+        ):
+            stride = -(-len(pods) // MAX_PREPARE_PODS)  # an even sample keeps the shape mix
+            policy.prepare(self.state, pods[::stride] if stride > 1 else pods)
+            self.policy_prepared = len(pods)
 
     # ---------------------------------------------------------------- lookups
 
@@ -333,9 +401,16 @@ class ClusterView:
         self.quota.add(run.cluster_queue, run.usage)
         self._tenant_add(run.workload, 1.0)
 
+    def demand(self, w: Workload) -> dict[str, float]:
+        """`demand_of(w)`, computed once per workload (the overcommit-placed copy shares its id)."""
+        found = self.demands.get(w.id)
+        if found is None or found[0] is not w:
+            found = self.demands[w.id] = (w, demand_of(w))
+        return found[1]
+
     def _tenant_add(self, w: Workload, sign: float) -> None:
         mine = self.tenant_usage.setdefault(w.tenant, {})
-        for r, a in demand_of(w).items():
+        for r, a in self.demand(w).items():
             mine[r] = mine.get(r, 0.0) + sign * a
 
     def capacity(self) -> Mapping[str, float]:
@@ -383,42 +458,50 @@ def clone_state(state: ClusterState, *, empty: bool = False) -> ClusterState:
 
 def _allocate_placements(state: ClusterState, allocations: Sequence[Allocation]) -> None:
     """Take the capacity of recorded placements in bulk, then check nothing is over-allocated."""
-    index = state.node_index
-    nodes: list[int] = []
-    cpu: list[int] = []
-    mem: list[int] = []
-    dev_nodes: list[int] = []
-    slots: list[int] = []
-    milli: list[int] = []
-    dev_mem: list[int] = []
+    placements: list[PodPlacement] = []
+    pods: list[PodRequest] = []
     for alloc in allocations:
-        pods = {p.name: p for p in alloc.workload.pods}
-        for pl in alloc.placements:
-            n = index[pl.node]
-            pod = pods[pl.pod]
-            nodes.append(n)
-            cpu.append(-pod.cpu_milli)
-            mem.append(-pod.memory_mib)
-            kinds = state.node_pod_kinds[n]
-            if not pl.slices:
-                kind = "cpu"
-            elif len(pl.slices) == 1 and pl.slices[0].compute_milli < MILLI:
-                kind = "share"
-            else:
-                kind = f"{len(pl.slices)}-dev"
-            kinds[kind] = kinds.get(kind, 0) + 1
-            for sl in pl.slices:
-                dev_nodes.append(n)
-                slots.append(sl.device_index)
-                milli.append(-sl.compute_milli)
-                dev_mem.append(-sl.memory_mib)
-    np.add.at(state.cpu_free, nodes, cpu)
-    np.add.at(state.mem_free, nodes, mem)
-    if dev_nodes:
-        np.add.at(state.dev_milli_free, (dev_nodes, slots), milli)
-        np.add.at(state.dev_mem_free, (dev_nodes, slots), dev_mem)
+        wpods = alloc.workload.pods
+        apl = alloc.placements
+        if len(apl) == 1 and len(wpods) == 1 and apl[0].pod == wpods[0].name:
+            placements.append(apl[0])
+            pods.append(wpods[0])
+        else:
+            by_name = {p.name: p for p in wpods}
+            placements.extend(apl)
+            pods.extend([by_name[pl.pod] for pl in apl])
+    if not placements:
+        state.check_invariants()
+        return
+    nodes = list(map(state.node_index.__getitem__, map(_node_name, placements)))
+    slices = list(map(_slices, placements))
+    counts = list(map(len, slices))
+    np.add.at(state.cpu_free, nodes, -np.fromiter(map(_cpu, pods), np.int64, len(pods)))
+    np.add.at(state.mem_free, nodes, -np.fromiter(map(_mem, pods), np.int64, len(pods)))
+    flat = list(chain.from_iterable(slices))
+    if flat:
+        where = (np.repeat(np.asarray(nodes, dtype=np.int64), counts), list(map(_slot, flat)))
+        np.add.at(state.dev_milli_free, where, -np.fromiter(map(_milli, flat), np.int64, len(flat)))
+        np.add.at(state.dev_mem_free, where, -np.fromiter(map(_slice_mem, flat), np.int64, len(flat)))
     np.add.at(state.node_version, nodes, 1)
+    kinds = [
+        "cpu" if not k else "share" if k == 1 and sl[0].compute_milli < MILLI else f"{k}-dev"
+        for sl, k in zip(slices, counts, strict=True)
+    ]
+    node_kinds = state.node_pod_kinds
+    for (n, kind), count in Counter(zip(nodes, kinds, strict=True)).items():
+        held = node_kinds[n]
+        held[kind] = held.get(kind, 0) + count
     state.check_invariants()
+
+
+_node_name = attrgetter("node")
+_slices = attrgetter("slices")
+_cpu = attrgetter("cpu_milli")
+_mem = attrgetter("memory_mib")
+_slot = attrgetter("device_index")
+_milli = attrgetter("compute_milli")
+_slice_mem = attrgetter("memory_mib")
 
 
 def allocate_many(state: ClusterState, records: Sequence[PodAlloc]) -> None:
@@ -467,14 +550,18 @@ def release_many(state: ClusterState, records: Sequence[PodAlloc]) -> None:
 
 def lower_bound_usage(w: Workload) -> Usage:
     """What a workload charges at least, wherever it lands (checked before trying to place it)."""
-    usage: Usage = {
-        CPU_MILLI: sum(p.cpu_milli for p in w.pods),
-        MEMORY_MIB: sum(p.memory_mib for p in w.pods),
-        DEVICE_MILLI: w.total_device_milli,
-        DEVICE_MEMORY_MIB: sum(p.device_memory_mib * p.num_devices for p in w.pods),
-    }
+    cpu = mem = milli = dev_mem = 0
+    per_model: Usage = {}
     for p in w.pods:
-        if p.num_devices and len(p.allowed_models) == 1:
+        cpu += p.cpu_milli
+        mem += p.memory_mib
+        n = p.num_devices
+        pod_milli = n * p.device_milli
+        milli += pod_milli
+        dev_mem += p.device_memory_mib * n
+        if n and len(p.allowed_models) == 1:
             key = device_resource(next(iter(p.allowed_models)))
-            usage[key] = usage.get(key, 0) + p.total_device_milli
+            per_model[key] = per_model.get(key, 0) + pod_milli
+    usage: Usage = {CPU_MILLI: cpu, MEMORY_MIB: mem, DEVICE_MILLI: milli, DEVICE_MEMORY_MIB: dev_mem}
+    usage.update(per_model)
     return usage

@@ -26,6 +26,8 @@ class OrderingContext:
     tenant_usage: Mapping[str, Mapping[str, float]] = field(default_factory=dict)
     tenant_weights: Mapping[str, float] = field(default_factory=dict)
     info: Mapping[str, WorkloadInfo] = field(default_factory=dict)
+    demand: Callable[[Workload], Mapping[str, float]] = field(default=lambda w: demand_of(w))
+    """A workload's share resources (`demand_of`; the cycle passes a cached version)."""
 
     def attained_service_s(self, w: Workload) -> float:
         found = self.info.get(w.id)

@@ -3,16 +3,15 @@
 from __future__ import annotations
 
 import heapq
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from itertools import groupby
+from operator import itemgetter
 
 from gpupool.core.model import Workload
 from gpupool.core.scheduling.ordering.base import (
     SHARE_RESOURCES,
     OrderingContext,
     OrderingPolicy,
-    demand_of,
-    fifo_key,
     register_ordering,
 )
 
@@ -33,25 +32,40 @@ class Drf(OrderingPolicy):
     )
 
     def order(self, pending: Sequence[Workload], ctx: OrderingContext) -> list[Workload]:
+        rank = ctx.rank
+        demand = ctx.demand
+        caps = [(r, ctx.capacity[r]) for r in SHARE_RESOURCES if ctx.capacity.get(r)]
         usage = {t: dict(u) for t, u in ctx.tenant_usage.items()}
+        # One sort gives the priority bands, the tenants in each, and each tenant's own order.
+        keyed = sorted(
+            (-(rk := rank(w))[0], w.tenant, -rk[1], w.submit_time_s, w.id, w) for w in pending
+        )
         result: list[Workload] = []
-        by_class = sorted(pending, key=lambda w: (-ctx.rank(w)[0], w.tenant, fifo_key(w)))
-        for _, band in groupby(by_class, key=lambda w: ctx.rank(w)[0]):
+        for _, band in groupby(keyed, key=itemgetter(0)):
             queues: dict[str, list[Workload]] = {}
-            for w in band:
-                queues.setdefault(w.tenant, []).append(w)
+            for item in band:
+                queues.setdefault(item[1], []).append(item[5])
             for q in queues.values():
-                q.sort(key=lambda w: (-ctx.rank(w)[1], *fifo_key(w)))
                 q.reverse()  # pop() from the end takes the next one
-            heap = [(dominant_share(usage.get(t, {}), ctx, t), t) for t in queues]
+            heap = [(_share(usage.get(t, {}), caps, _weight(ctx, t)), t) for t in queues]
             heapq.heapify(heap)
             while heap:
                 _, tenant = heapq.heappop(heap)
-                w = queues[tenant].pop()
+                q = queues[tenant]
+                w = q.pop()
                 result.append(w)
                 mine = usage.setdefault(tenant, {})
-                for r, a in demand_of(w).items():
+                for r, a in demand(w).items():
                     mine[r] = mine.get(r, 0.0) + a
-                if queues[tenant]:
-                    heapq.heappush(heap, (dominant_share(mine, ctx, tenant), tenant))
+                if q:
+                    heapq.heappush(heap, (_share(mine, caps, _weight(ctx, tenant)), tenant))
         return result
+
+
+def _weight(ctx: OrderingContext, tenant: str) -> float:
+    return ctx.tenant_weights.get(tenant, 1.0) or 1.0
+
+
+def _share(usage: Mapping[str, float], caps: list[tuple[str, float]], weight: float) -> float:
+    """`dominant_share` with the capacities looked up once per ordering."""
+    return max([usage.get(r, 0.0) / c for r, c in caps], default=0.0) / weight
