@@ -37,6 +37,7 @@ from gpupool.core.scheduling.ordering.base import OrderingContext, make_ordering
 from gpupool.core.scheduling.policies.base import DEFAULT_POLICY, NoFit
 from gpupool.core.scheduling.preemption import lost_work_s, select_victims
 from gpupool.core.scheduling.view import ClusterView, Running, Shape, clone_state
+from gpupool.core.state import ClusterState
 
 
 @dataclass(frozen=True, slots=True)
@@ -164,6 +165,7 @@ class _Cycle:
         self.preemption_attempts = 0
         self.settled: dict[tuple[str, Shape, tuple[int, int]], tuple[Reason, str]] = {}
         self.queues: set[str] = set()
+        self.empty_state: ClusterState | None = None
         self.reservation: Reservation | None = None
         self.admitted: list[Admission] = []
         self.preempted: list[Preemption] = []
@@ -377,8 +379,12 @@ class _Cycle:
             if quota_msg is not None:
                 return Reason.QUOTA_EXCEEDED, quota_msg
         if shape not in view.never_fits_cache:
-            empty = clone_state(view.state, empty=True)
-            result = place_gang(w, empty, self.policy, random.Random(0))
+            if self.empty_state is None:  # one empty pool per cycle, given back after each trial
+                self.empty_state = clone_state(view.state, empty=True)
+            empty = self.empty_state
+            result = place_gang(w, empty, view.policy_for_empty() or self.policy, random.Random(0))
+            if not isinstance(result, NoFit):
+                release_gang(result, empty)
             view.never_fits_cache[shape] = (
                 f"The workload can never fit this pool: {result.message}"
                 if isinstance(result, NoFit)

@@ -125,7 +125,11 @@ class ClusterView:
     demands: dict[str, tuple[Workload, dict[str, float]]] = field(default_factory=dict)
     policy: PlacementPolicy | None = None
     """The placement policy the cycles on this view use, kept across cycles (see `placement_policy`)."""
+    empty_policy: PlacementPolicy | None = None
+    """A twin of `policy` for trials on an empty pool, so they do not reset `policy`'s caches."""
     policy_key: tuple[str, str] = ("", "")
+    policy_sample: list[PodRequest] = field(default_factory=list)
+    empty_prepared: bool = False
     policy_pods: list[PodRequest] = field(default_factory=list)
     policy_seen: set[str] = field(default_factory=set)
     policy_prepared: int = -1
@@ -199,11 +203,19 @@ class ClusterView:
         key = (name, repr(sorted(options.items())))
         if self.policy is None or self.policy_key != key:
             self.policy = make_policy(name, **dict(options))
+            self.empty_policy = make_policy(name, **dict(options))
             self.policy_key = key
             self.policy_pods = []
             self.policy_seen = set()
             self.policy_prepared = -1
         return self.policy
+
+    def policy_for_empty(self) -> PlacementPolicy | None:
+        """`empty_policy`, prepared (on first use) with the same pods as `policy`."""
+        if self.empty_policy is not None and not self.empty_prepared:
+            self.empty_policy.prepare(self.state, self.policy_sample)
+            self.empty_prepared = True
+        return self.empty_policy
 
     def tell_policy(self, pending: Sequence[Workload]) -> None:
         """Give the policy the pods of the running and pending workloads it has not seen yet.
@@ -217,15 +229,9 @@ class ClusterView:
             return
         seen = self.policy_seen
         pods = self.policy_pods
-        if self.policy_prepared < 0:
-            for alloc in self.lazy:
-                if alloc.workload.id not in seen:
-                    seen.add(alloc.workload.id)
-                    pods.extend(alloc.workload.pods)
-            for run in self.running.values():
-                if run.workload.id not in seen:
-                    seen.add(run.workload.id)
-                    pods.extend(run.workload.pods)
+        if self.policy_prepared < 0:  # what already runs (a requeued one may count twice)
+            pods.extend(chain.from_iterable(map(_pods, map(_workload, self.lazy))))
+            pods.extend(chain.from_iterable(run.workload.pods for run in self.running.values()))
         for w in pending:
             if w.id not in seen:
                 seen.add(w.id)
@@ -234,7 +240,9 @@ class ClusterView:
             self.policy_prepared < 0 or len(pods) * 4 >= self.policy_prepared * 5
         ):
             stride = -(-len(pods) // MAX_PREPARE_PODS)  # an even sample keeps the shape mix
-            policy.prepare(self.state, pods[::stride] if stride > 1 else pods)
+            self.policy_sample = pods[::stride] if stride > 1 else list(pods)
+            policy.prepare(self.state, self.policy_sample)
+            self.empty_prepared = False
             self.policy_prepared = len(pods)
 
     # ---------------------------------------------------------------- lookups
@@ -458,18 +466,7 @@ def clone_state(state: ClusterState, *, empty: bool = False) -> ClusterState:
 
 def _allocate_placements(state: ClusterState, allocations: Sequence[Allocation]) -> None:
     """Take the capacity of recorded placements in bulk, then check nothing is over-allocated."""
-    placements: list[PodPlacement] = []
-    pods: list[PodRequest] = []
-    for alloc in allocations:
-        wpods = alloc.workload.pods
-        apl = alloc.placements
-        if len(apl) == 1 and len(wpods) == 1 and apl[0].pod == wpods[0].name:
-            placements.append(apl[0])
-            pods.append(wpods[0])
-        else:
-            by_name = {p.name: p for p in wpods}
-            placements.extend(apl)
-            pods.extend([by_name[pl.pod] for pl in apl])
+    placements, pods = _pods_placed(allocations)
     if not placements:
         state.check_invariants()
         return
@@ -495,6 +492,29 @@ def _allocate_placements(state: ClusterState, allocations: Sequence[Allocation])
     state.check_invariants()
 
 
+def _pods_placed(allocations: Sequence[Allocation]) -> tuple[list[PodPlacement], list[PodRequest]]:
+    """Every placement of the allocations with its pod (bulk path for one-pod workloads)."""
+    groups = list(map(_placements, allocations))
+    gangs = list(map(_pods, map(_workload, allocations)))
+    if set(map(len, groups)) <= {1} and set(map(len, gangs)) <= {1}:
+        placements = [g[0] for g in groups]
+        pods = [g[0] for g in gangs]
+        if list(map(_pod_name, placements)) == list(map(_name, pods)):
+            return placements, pods
+    placements = []
+    pods = []
+    for apl, wpods in zip(groups, gangs, strict=True):
+        by_name = {p.name: p for p in wpods}
+        placements.extend(apl)
+        pods.extend([by_name[pl.pod] for pl in apl])
+    return placements, pods
+
+
+_placements = attrgetter("placements")
+_workload = attrgetter("workload")
+_pods = attrgetter("pods")
+_pod_name = attrgetter("pod")
+_name = attrgetter("name")
 _node_name = attrgetter("node")
 _slices = attrgetter("slices")
 _cpu = attrgetter("cpu_milli")
