@@ -166,6 +166,7 @@ class _Cycle:
         self.settled: dict[tuple[str, Shape, tuple[int, int]], tuple[Reason, str]] = {}
         self.queues: set[str] = set()
         self.empty_state: ClusterState | None = None
+        self.victim_costs: dict[str, float] = {}
         self.reservation: Reservation | None = None
         self.admitted: list[Admission] = []
         self.preempted: list[Preemption] = []
@@ -313,7 +314,9 @@ class _Cycle:
             return False
         self.preemption_attempts += 1
         admitted_now = {a.workload_id for a in self.admitted}
-        chosen = select_victims(w, cq, view, self.policy, self.rng, self.now_s, admitted_now)
+        chosen = select_victims(
+            w, cq, view, self.policy, self.rng, self.now_s, admitted_now, self.victim_costs
+        )
         if chosen is None:
             self.failed_preempt.add(key)
             return False

@@ -90,15 +90,21 @@ def select_victims(
     rng: random.Random,
     now_s: float,
     exclude: Set[str] = frozenset(),
+    costs: dict[str, float] | None = None,
 ) -> VictimSet | None:
     """The victims to preempt so `preemptor` fits, with its placement taken; None leaves all unchanged.
 
     `exclude`: workloads that may not be victims (those admitted earlier in the same cycle).
+    `costs`: a cache of `lost_device_s` at `now_s` by workload id, shared by a cycle's searches.
     """
     found, reclaim = candidates(preemptor, cq, view, exclude)
     if not found:
         return None
-    cost = {r.workload.id: lost_device_s(r, now_s) for r in found}
+    known = {} if costs is None else costs
+    for r in found:
+        if r.workload.id not in known:
+            known[r.workload.id] = lost_device_s(r, now_s)
+    cost = known
     found.sort(key=lambda r: (r.rank, cost[r.workload.id], r.workload.id))
     need = preemptor.total_device_milli - free_milli(view, preemptor)
 

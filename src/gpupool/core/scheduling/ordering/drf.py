@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import heapq
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from itertools import groupby
 from operator import itemgetter
 
@@ -35,7 +35,9 @@ class Drf(OrderingPolicy):
         rank = ctx.rank
         demand = ctx.demand
         caps = [(r, ctx.capacity[r]) for r in SHARE_RESOURCES if ctx.capacity.get(r)]
-        usage = {t: dict(u) for t, u in ctx.tenant_usage.items()}
+        # Each tenant's usage of the resources with a capacity, in `caps` order (the same sums,
+        # in the same order, as `dominant_share` over a usage dict: the shares are identical).
+        usage = {t: [u.get(r, 0.0) for r, _ in caps] for t, u in ctx.tenant_usage.items()}
         # One sort gives the priority bands, the tenants in each, and each tenant's own order.
         keyed = sorted(
             (-(rk := rank(w))[0], w.tenant, -rk[1], w.submit_time_s, w.id, w) for w in pending
@@ -47,16 +49,20 @@ class Drf(OrderingPolicy):
                 queues.setdefault(item[1], []).append(item[5])
             for q in queues.values():
                 q.reverse()  # pop() from the end takes the next one
-            heap = [(_share(usage.get(t, {}), caps, _weight(ctx, t)), t) for t in queues]
+            heap = []
+            for t in queues:
+                mine = usage.setdefault(t, [0.0] * len(caps))
+                heap.append((_share(mine, caps, _weight(ctx, t)), t))
             heapq.heapify(heap)
             while heap:
                 _, tenant = heapq.heappop(heap)
                 q = queues[tenant]
                 w = q.pop()
                 result.append(w)
-                mine = usage.setdefault(tenant, {})
-                for r, a in demand(w).items():
-                    mine[r] = mine.get(r, 0.0) + a
+                mine = usage[tenant]
+                asked = demand(w)
+                for i, (r, _) in enumerate(caps):
+                    mine[i] += asked.get(r, 0.0)
                 if q:
                     heapq.heappush(heap, (_share(mine, caps, _weight(ctx, tenant)), tenant))
         return result
@@ -66,6 +72,6 @@ def _weight(ctx: OrderingContext, tenant: str) -> float:
     return ctx.tenant_weights.get(tenant, 1.0) or 1.0
 
 
-def _share(usage: Mapping[str, float], caps: list[tuple[str, float]], weight: float) -> float:
-    """`dominant_share` with the capacities looked up once per ordering."""
-    return max([usage.get(r, 0.0) / c for r, c in caps], default=0.0) / weight
+def _share(used: list[float], caps: list[tuple[str, float]], weight: float) -> float:
+    """`dominant_share` on a usage list aligned with `caps`."""
+    return max([u / c for u, (_, c) in zip(used, caps, strict=True)], default=0.0) / weight
