@@ -122,6 +122,7 @@ class ClusterView:
     metas: dict[str, Meta] = field(default_factory=dict)
     model_grid: list[list[str]] | None = None
     lazy: list[Allocation] = field(default_factory=list)
+    cq_cache: dict[tuple[str, str], str | None] = field(default_factory=dict)
     demands: dict[str, tuple[Workload, dict[str, float]]] = field(default_factory=dict)
     policy: PlacementPolicy | None = None
     """The placement policy the cycles on this view use, kept across cycles (see `placement_policy`)."""
@@ -248,7 +249,10 @@ class ClusterView:
     # ---------------------------------------------------------------- lookups
 
     def cluster_queue(self, w: Workload) -> str | None:
-        return cluster_queue_of(self.quota.config, self.route, w)
+        key = (w.tenant, w.queue)
+        if key not in self.cq_cache:
+            self.cq_cache[key] = cluster_queue_of(self.quota.config, self.route, w)
+        return self.cq_cache[key]
 
     def shape(self, w: Workload) -> Shape:
         found = self.shapes.get(w.id)
@@ -401,7 +405,7 @@ class ClusterView:
             preemptible=self.classes.preemptible(w),
             progress_s=info.progress_s if info else 0.0,
             estimate_s=self.estimate_s(w),
-            device_count=w.total_device_milli / 1000,
+            device_count=self.demand(w)["device_milli"] / 1000,
         )
 
     def _register(self, run: Running) -> None:

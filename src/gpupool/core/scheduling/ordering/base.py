@@ -40,11 +40,12 @@ fifo_key: Callable[[Workload], tuple[float, str]] = attrgetter("submit_time_s", 
 
 def demand_of(w: Workload) -> dict[str, float]:
     """A workload's requested share resources (what DRF charges its tenant)."""
-    return {
-        "device_milli": float(w.total_device_milli),
-        "cpu_milli": float(sum(p.cpu_milli for p in w.pods)),
-        "memory_mib": float(sum(p.memory_mib for p in w.pods)),
-    }
+    device = cpu = memory = 0
+    for p in w.pods:
+        device += p.num_devices * p.device_milli
+        cpu += p.cpu_milli
+        memory += p.memory_mib
+    return {"device_milli": float(device), "cpu_milli": float(cpu), "memory_mib": float(memory)}
 
 
 class OrderingPolicy(ABC):
