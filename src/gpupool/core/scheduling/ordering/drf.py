@@ -63,8 +63,10 @@ class Drf(OrderingPolicy):
                 asked = demand(w)
                 for i, (r, _) in enumerate(caps):
                     mine[i] += asked.get(r, 0.0)
-                if q:
+                if q and heap:
                     heapq.heappush(heap, (_share(mine, caps, _weight(ctx, tenant)), tenant))
+                elif q:  # the last tenant of the band: the rest is its own order (shares unneeded)
+                    heap.append((0.0, tenant))
         return result
 
 
