@@ -183,7 +183,10 @@ def main() -> int:
         )
     console.print(table)
     meta = (
-        f"Command: `.venv/bin/python bench/openb_grid.py --jobs {args.jobs} --seeds {args.seeds}`"
+        f"Command: `.venv/bin/python bench/openb_grid.py --jobs {args.jobs} --seeds {args.seeds}"
+        f" --policies {','.join(policies)}"
+        + (f" --workloads {','.join(workloads)}" if workloads != list(WORKLOADS) else "")
+        + " --write-docs`"
         f" ({len(work)} runs, {wall:.0f} s wall on this machine)."
     )
     text = markdown(ours, art, workloads, policies, meta)
