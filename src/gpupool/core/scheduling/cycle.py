@@ -381,6 +381,13 @@ class _Cycle:
             quota_msg = view.quota.ever_fits(cq, view.metas[w.id].lower)
             if quota_msg is not None:
                 return Reason.QUOTA_EXCEEDED, quota_msg
+        if shape not in view.never_fits_cache and len(w.pods) == 1:
+            # One pod fits an empty pool exactly when some node could hold it there (every policy
+            # places a pod that fits somewhere); only gangs need a trial placement.
+            if self.empty_state is None:
+                self.empty_state = clone_state(view.state, empty=True)
+            if self.empty_state.node_fits(w.pods[0]).any():
+                view.never_fits_cache[shape] = None
         if shape not in view.never_fits_cache:
             if self.empty_state is None:  # one empty pool per cycle, given back after each trial
                 self.empty_state = clone_state(view.state, empty=True)

@@ -47,7 +47,7 @@ from gpupool.core.scheduling.policies.base import PlacementPolicy, make_policy
 from gpupool.core.state import UNBOUNDED_MIB, ClusterState, PodAlloc
 from gpupool.core.units import MILLI
 
-MAX_PREPARE_PODS = 1024
+MAX_PREPARE_PODS = 512
 """At most this many pods (an even sample of those seen) go to the placement policy's `prepare`."""
 
 Shape = tuple[tuple[int, int, int, int, int, frozenset[str]], ...]
