@@ -123,6 +123,8 @@ class ClusterView:
     model_grid: list[list[str]] | None = None
     lazy: list[Allocation] = field(default_factory=list)
     cq_cache: dict[tuple[str, str], str | None] = field(default_factory=dict)
+    lower_cache: dict[Shape, Usage] = field(default_factory=dict)
+    rank_cache: dict[tuple[str, int], tuple[Rank, bool]] = field(default_factory=dict)
     demands: dict[str, tuple[Workload, dict[str, float]]] = field(default_factory=dict)
     policy: PlacementPolicy | None = None
     """The placement policy the cycles on this view use, kept across cycles (see `placement_policy`)."""
@@ -265,13 +267,22 @@ class ClusterView:
         found = self.metas.get(w.id)
         if found is None:
             placed = w if overcommit is None else guaranteed_workload(w, overcommit, self.state.models)
+            shape = shape_of(placed)
+            lower = self.lower_cache.get(shape)  # a function of the shape alone (read-only)
+            if lower is None:
+                lower = self.lower_cache[shape] = lower_bound_usage(placed)
+            klass = (w.priority_class, w.priority)
+            ranked = self.rank_cache.get(klass)
+            if ranked is None:
+                known = self.classes.get(w.priority_class) is not None
+                ranked = self.rank_cache[klass] = (self.classes.rank(w), known)
             found = self.metas[w.id] = Meta(
                 cluster_queue=self.cluster_queue(w),
                 placed=placed,
-                shape=shape_of(placed),
-                lower=lower_bound_usage(placed),
-                rank=self.classes.rank(w),
-                class_known=self.classes.get(w.priority_class) is not None,
+                shape=shape,
+                lower=lower,
+                rank=ranked[0],
+                class_known=ranked[1],
             )
         return found
 
