@@ -215,3 +215,16 @@ def test_fgd_strand_learns_the_cpu_ratio_online_without_prepare() -> None:
     for i in range(5):
         policy.observe(pod(1, cpu_milli=14_000, name=f"o{i}"))
     assert policy.place(pod(1, cpu_milli=40_000), state, random.Random(0)).node == 1
+
+
+def test_fgd_strand_keeps_unconstrained_pods_off_models_constrained_pods_need() -> None:
+    state = ClusterState([node("t4", devices=2, model="T4"), node("v100", devices=2, model="V100M32")])
+    workload = [pod(1, models=frozenset({"T4"}), name=f"c{i}") for i in range(4)] + [
+        pod(1, name=f"u{i}") for i in range(4)
+    ]
+    policy = make_policy("fgd-strand", reserve_empty=0)
+    policy.prepare(state, workload)
+    assert policy.place(pod(1), state, random.Random(0)).node == 1
+    blind = make_policy("fgd-strand", reserve_empty=0, model_pressure_weight=0.0)
+    blind.prepare(state, workload)
+    assert blind.place(pod(1), state, random.Random(0)).node == 0

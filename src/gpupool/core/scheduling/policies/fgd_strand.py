@@ -19,7 +19,11 @@ fgd-strand prices both losses in the same unit, milli-device, and adds them:
   scarce;
 - while no more than `reserve_empty` nodes remain empty that could host the largest multi-device
   pod of the workload, breaking one of them up costs `reserve_penalty_milli` more, so the rare
-  8-GPU pods still find a node late in a run.
+  8-GPU pods still find a node late in a run;
+- an unconstrained pod placed on a device model that model-constrained pods depend on costs
+  `model_pressure_weight * pressure * its device milli`, where pressure is the share of that
+  model's capacity the constrained pods ask for (capped at 1), so the pods that may run anywhere
+  leave scarce models to the pods that may not.
 
 Candidates score `int(levels * sigmoid(-growth / 1000))` as in FGD (small differences tie); ties go
 to the first node in node order, and on a node to the fitting device with the least free share.
@@ -55,12 +59,15 @@ class FgdStrand(Fgd):
         reserve_penalty_milli: float = 1000.0,
         levels: int = 100,
         first_on_ties: bool = True,
+        model_pressure_weight: float = 1.0,
     ) -> None:
         super().__init__(coverage, cpu_only_counts_all, True, first_on_ties)
         self.stranding_weight = stranding_weight
         self.reserve_empty = reserve_empty
         self.reserve_penalty_milli = reserve_penalty_milli
         self.levels = levels
+        self.model_pressure_weight = model_pressure_weight
+        self._pressure: FloatArray | None = None
         self._largest_gang = 0
         self._cpu_per_milli: float | None = None
         self._seen_cpu = 0
@@ -75,6 +82,7 @@ class FgdStrand(Fgd):
         cpu = sum(p.cpu_milli for p in pods if p.num_devices)
         milli = sum(p.total_device_milli for p in pods)
         self._cpu_per_milli = cpu / milli if milli else None
+        self._pressure = model_pressure(state, pods)
 
     def observe(self, pod: PodRequest) -> None:
         super().observe(pod)
@@ -115,6 +123,11 @@ class FgdStrand(Fgd):
         if self._reserving:
             breaks = self._empty_big(state, nodes, max(self._largest_gang, pod.num_devices + 1))
             extra = extra + np.where(breaks, self.reserve_penalty_milli, 0.0)
+        if self._pressure is not None and not pod.allowed_models and pod.num_devices:
+            # Unconstrained pods keep off the models that model-constrained pods depend on.
+            models = state.dev_model[nodes, 0]
+            pressure = np.where(models >= 0, self._pressure[np.maximum(models, 0)], 0.0)
+            extra = extra + self.model_pressure_weight * pressure * pod.total_device_milli
         total = growth + (extra[:, None] if growth.ndim == 2 else extra)
         score = np.floor(self.levels * sigmoid(-total / 1000.0))
         if growth.ndim == 2:
@@ -132,3 +145,24 @@ class FgdStrand(Fgd):
         before = np.maximum(0.0, dev - cpu / ratio)
         after = np.maximum(0.0, (dev - pod.total_device_milli) - (cpu - pod.cpu_milli) / ratio)
         return np.asarray(after - before, dtype=np.float64)
+
+
+def model_pressure(state: ClusterState, pods: Sequence[PodRequest]) -> FloatArray | None:
+    """Per model id: the share of its capacity that model-constrained pods ask for (0..1).
+
+    A pod allowed on k models counts 1/k of its device demand against each; None when no pod of
+    the workload is constrained.
+    """
+    demand = np.zeros(len(state.models), dtype=np.float64)
+    constrained = False
+    for pod in pods:
+        ids = [state.model_id[m] for m in pod.allowed_models if m in state.model_id]
+        if pod.num_devices and ids:
+            constrained = True
+            demand[ids] += pod.total_device_milli / len(ids)
+    if not constrained:
+        return None
+    capacity = np.array(
+        [state.dev_milli_cap[state.dev_model == i].sum() for i in range(len(state.models))], dtype=np.float64
+    )
+    return np.asarray(np.minimum(1.0, demand / np.maximum(capacity, 1.0)), dtype=np.float64)
