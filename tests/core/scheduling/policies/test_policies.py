@@ -9,6 +9,7 @@ import pytest
 from factories import node, pod
 from gpupool.core.model import Reason
 from gpupool.core.scheduling.policies.base import Choice, NoFit, make_policy, policy_names
+from gpupool.core.scheduling.policies.fgd_strand import model_pressure
 from gpupool.core.state import ClusterState
 
 ALL = [
@@ -225,6 +226,8 @@ def test_fgd_strand_keeps_unconstrained_pods_off_models_constrained_pods_need() 
     policy = make_policy("fgd-strand", reserve_empty=0)
     policy.prepare(state, workload)
     assert policy.place(pod(1), state, random.Random(0)).node == 1
-    blind = make_policy("fgd-strand", reserve_empty=0, model_pressure_weight=0.0)
-    blind.prepare(state, workload)
-    assert blind.place(pod(1), state, random.Random(0)).node == 0
+    pressure = model_pressure(state, workload)
+    assert pressure is not None
+    assert pressure[state.model_id["T4"]] == 1.0  # four T4-only GPUs asked of two
+    assert pressure[state.model_id["V100M32"]] == 0.0
+    assert model_pressure(state, [pod(1, name="any")]) is None
