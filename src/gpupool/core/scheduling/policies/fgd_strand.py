@@ -17,9 +17,10 @@ fgd-strand prices both losses in the same unit, milli-device, and adds them:
   (estimated from the pods given to `prepare`, or seen so far); dS is its growth under the
   placement, so cpu-heavy pods go where cores are plentiful and cpu-light pods where they are
   scarce;
-- while no more than `reserve_empty` nodes remain empty that could host the largest multi-device
-  pod of the workload, breaking one of them up costs `reserve_penalty_milli` more, so the rare
-  8-GPU pods still find a node late in a run;
+- for each multi-device pod shape of the workload (devices, cpu, memory, models), while no more
+  than `reserve_empty` empty nodes could host it, breaking one of those nodes up with a smaller
+  pod costs `reserve_penalty_milli` more, so the rare big gangs (e.g. 8 GPUs with 120 cores,
+  which only OpenB's G3 nodes can hold) still find a node late in a run;
 - an unconstrained pod placed on a device model that model-constrained pods depend on costs
   `model_pressure_weight * pressure * its device milli`, where pressure is the share of that
   model's capacity the constrained pods ask for (capped at 1), so the pods that may run anywhere
@@ -72,13 +73,16 @@ class FgdStrand(Fgd):
         self._cpu_per_milli: float | None = None
         self._seen_cpu = 0
         self._seen_milli = 0
-        self._reserving: bool | None = None
+        self._reserving: bytes | None = None
+        self._protect: np.ndarray | None = None
+        self._gang_shapes: list[PodRequest] = []
 
     # ----------------------------------------------------------------- workload
 
     def prepare(self, state: ClusterState, pods: Sequence[PodRequest]) -> None:
         super().prepare(state, pods)
         self._largest_gang = max((p.num_devices for p in pods), default=0)
+        self._gang_shapes = _gang_shapes(pods)
         cpu = sum(p.cpu_milli for p in pods if p.num_devices)
         milli = sum(p.total_device_milli for p in pods)
         self._cpu_per_milli = cpu / milli if milli else None
@@ -86,6 +90,8 @@ class FgdStrand(Fgd):
 
     def observe(self, pod: PodRequest) -> None:
         super().observe(pod)
+        if pod.num_devices > 1:
+            self._gang_shapes = _gang_shapes([*self._gang_shapes, pod])
         self._largest_gang = max(self._largest_gang, pod.num_devices)
         if pod.num_devices:
             self._seen_cpu += pod.cpu_milli
@@ -100,29 +106,36 @@ class FgdStrand(Fgd):
     # ----------------------------------------------------------------- placement
 
     def place(self, pod: PodRequest, state: ClusterState, rng: random.Random) -> Choice | NoFit:
-        reserving = self._reserve_active(state)
-        if reserving != self._reserving:
+        protect = self._protected_nodes(state)
+        key = None if protect is None else np.packbits(protect).tobytes()
+        if key != self._reserving:
             # Scores are cached per node; the reserve rule changes them all at once.
             self._cache = {}
-            self._reserving = reserving
+            self._reserving = key
+            self._protect = protect
         return super().place(pod, state, rng)
 
-    def _reserve_active(self, state: ClusterState) -> bool:
-        if self._largest_gang <= 1 or not self.reserve_penalty_milli:
-            return False
-        empty = self._empty_big(state, np.arange(len(state.nodes)), self._largest_gang)
-        return int((empty & state.schedulable).sum()) <= self.reserve_empty
+    def _protected_nodes(self, state: ClusterState) -> np.ndarray | None:
+        """Empty nodes kept for a multi-device shape that has `reserve_empty` or fewer left."""
+        if self._largest_gang <= 1 or not self.reserve_penalty_milli or not self._gang_shapes:
+            return None
+        untouched = (state.dev_milli_free == state.dev_milli_cap).all(axis=1) & state.schedulable
+        protect = np.zeros(len(state.nodes), dtype=bool)
+        for shape in self._gang_shapes:
+            able = untouched & self._could_host(state, shape)
+            if int(able.sum()) <= self.reserve_empty:
+                protect |= able
+        return protect if protect.any() else None
 
     @staticmethod
-    def _empty_big(state: ClusterState, nodes: IntArray, size: int) -> np.ndarray:
-        untouched = (state.dev_milli_free[nodes] == state.dev_milli_cap[nodes]).all(axis=1)
-        return np.asarray(untouched & (state.dev_count[nodes] >= size))
+    def _could_host(state: ClusterState, shape: PodRequest) -> np.ndarray:
+        devices = state.allowed_devices(shape.allowed_models).sum(axis=1) >= shape.num_devices
+        return np.asarray(devices & (state.cpu_cap >= shape.cpu_milli) & (state.mem_cap >= shape.memory_mib))
 
     def rank(self, pod: PodRequest, state: ClusterState, nodes: IntArray, growth: FloatArray) -> FloatArray:
         extra = self.stranding_weight * self._stranding_growth(pod, state, nodes)
-        if self._reserving:
-            breaks = self._empty_big(state, nodes, max(self._largest_gang, pod.num_devices + 1))
-            extra = extra + np.where(breaks, self.reserve_penalty_milli, 0.0)
+        if self._protect is not None and pod.num_devices < self._largest_gang:
+            extra = extra + np.where(self._protect[nodes], self.reserve_penalty_milli, 0.0)
         if self._pressure is not None and not pod.allowed_models and pod.num_devices:
             # Unconstrained pods keep off the models that model-constrained pods depend on.
             models = state.dev_model[nodes, 0]
@@ -166,3 +179,12 @@ def model_pressure(state: ClusterState, pods: Sequence[PodRequest]) -> FloatArra
         [state.dev_milli_cap[state.dev_model == i].sum() for i in range(len(state.models))], dtype=np.float64
     )
     return np.asarray(np.minimum(1.0, demand / np.maximum(capacity, 1.0)), dtype=np.float64)
+
+
+def _gang_shapes(pods: Sequence[PodRequest]) -> list[PodRequest]:
+    """One representative of each distinct multi-device pod shape of the workload."""
+    seen: dict[tuple[int, int, int, frozenset[str]], PodRequest] = {}
+    for pod in pods:
+        if pod.num_devices > 1:
+            seen.setdefault((pod.num_devices, pod.cpu_milli, pod.memory_mib, pod.allowed_models), pod)
+    return list(seen.values())
