@@ -9,7 +9,14 @@ which bounded how many short pods a node could run per second. Everything it run
 
 It survives the group-wide SIGTERM that cancels a pod (a trap with an action, so the command gets the
 default disposition back on exec), so it can write the command's exit status to a file the runner
-reads even after an agent restart. A SIGKILL takes it down with the group; the runner then knows it
+reads even after an agent restart. The command is forked before the traps are set, as an
+asynchronous list the shim `wait`s for: a child forked while a trap is set carries the shell's
+handler until it execs, so a SIGTERM landing in that window would be swallowed and the pod killed
+only after its grace period (a shell also defers a trap until a foreground command ends; a `wait`
+returns on it). A SIGTERM that reaches the shim before its trap is set ends it with the command; the
+runner then records the stop without an exit file. Like every asynchronous command of a
+non-interactive shell, the command starts with SIGINT and SIGQUIT ignored; pods are stopped with
+SIGTERM. A SIGKILL takes it down with the group; the runner then knows it
 sent that signal. A shell reports a command killed by signal N as status 128+N, so a command that
 itself exits with 129-192 is recorded as killed by that signal (the pod fails either way).
 
@@ -32,21 +39,21 @@ if [ -n "$cgroup" ]; then
     echo "gpupool: could not join cgroup $cgroup; host limits not enforced" >&2
 fi
 if [ -n "$rlimit_kib" ]; then ulimit -d "$rlimit_kib"; fi
-stopping=
-trap 'stopping=${stopping:-15}' TERM
-trap 'stopping=${stopping:-2}' INT
-trap 'stopping=${stopping:-1}' HUP
 record() { printf '{"exit_code": %d, "signal": %s, "message": "%s"}\n' "$1" "$2" "$3" > "$exit_file"; }
-if [ -n "$stopping" ]; then
-  record $((128 + stopping)) "$stopping" "stopped before the command started"
-  exit $((128 + stopping))
-fi
 if ! command -v "$1" > /dev/null 2>&1; then
   echo "gpupool: cannot start '$1': not found or not executable" >&2
   record 127 null "cannot start the command: not found or not executable"
   exit 127
 fi
-"$@"
+"$@" &
+child=$!
+trap 'woke=1' TERM INT HUP
+while :; do
+  woke=
+  wait "$child"
+  [ -n "$woke" ] || break
+done
+wait "$child"
 rc=$?
 if [ "$rc" -gt 128 ] && [ "$rc" -le 192 ]; then
   record "$rc" $((rc - 128)) "killed by SIG$(kill -l $((rc - 128)) 2>/dev/null || echo $((rc - 128)))"
