@@ -5,12 +5,14 @@ from __future__ import annotations
 import random
 from dataclasses import replace
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from factories import cluster
 from gpupool.core.model import PodRequest, Reason, Workload
 from gpupool.core.quota import DEVICE_MILLI, ClusterQueue, QuotaConfig, ResourceQuota
+from gpupool.core.scheduling import cycle
 from gpupool.core.scheduling.backfill import reserve
 from gpupool.core.scheduling.cycle import CycleResult, Policies, cycle_on
 from gpupool.core.scheduling.policies.base import make_policy
@@ -120,3 +122,37 @@ def test_invariants_with_backfill(sequence: list, ordering: str) -> None:
 def test_same_seed_same_run(sequence: list) -> None:
     policies = replace(BASE, preemption=True, backfill=True, ordering="drf")
     assert _drive(sequence, policies, seed=7) == _drive(sequence, policies, seed=7)
+
+
+def _sorted_rejections(results: list[CycleResult]) -> list[CycleResult]:
+    return [replace(r, rejected=tuple(sorted(r.rejected))) for r in results]
+
+
+narrow_job = st.tuples(  # few (queue, shape, rank) keys, so many workloads share a verdict
+    st.sampled_from(["a", "b"]),
+    st.sampled_from(["high", "normal", "best-effort"]),
+    st.sampled_from([(1, 1000), (2, 1000)]),
+    st.integers(min_value=1, max_value=2),
+    st.floats(min_value=1, max_value=50),
+)
+narrow_ops = st.lists(st.tuples(st.booleans(), narrow_job), min_size=1, max_size=40)
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    st.one_of(ops, narrow_ops),
+    st.sampled_from(["fifo", "priority-fifo", "drf", "las"]),
+    st.booleans(),
+    st.booleans(),
+)
+def test_passing_over_known_verdicts_changes_no_decision(
+    sequence: list, ordering: str, preemption: bool, backfill: bool
+) -> None:
+    """A cycle passes over workloads whose (queue, shape, rank) already failed: the same decisions
+    (admissions, preemptions, reservation, every rejection with its reason) as walking every one."""
+    policies = replace(BASE, ordering=ordering, preemption=preemption, backfill=backfill)
+    fast = _drive(sequence, policies, seed=3)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(cycle._Cycle, "pass_over", False)
+        full = _drive(sequence, policies, seed=3)
+    assert _sorted_rejections(fast) == _sorted_rejections(full)

@@ -79,3 +79,36 @@ def test_las_prefers_least_attained_service() -> None:
     # within one service queue it is FIFO
     ctx2 = _ctx(info={"veteran": WorkloadInfo(attained_service_s=10.0)})
     assert _ids(make_ordering("las").order(ws, ctx2)) == ["veteran", "fresh"]
+
+
+@pytest.mark.parametrize("name", ["drf", "priority-fifo", "las"])
+def test_skipping_a_band_leaves_the_later_bands_as_they_were(name: str) -> None:
+    # high band: a asks for 1 + 2 + 1 devices, b for 1; normal band: three each
+    high = [workload(pod(g), wid=f"ha{i}", submit_s=i, tenant="a") for i, g in enumerate((1, 2, 1))]
+    high.append(workload(pod(1), wid="hb0", submit_s=0, tenant="b"))
+    ws = [replace(w, priority_class="high") for w in high]
+    ws += [workload(pod(1), wid=f"n{t}{i}", submit_s=i, tenant=t) for t in "ab" for i in range(3)]
+    ctx = _ctx(tenant_usage={"b": {"device_milli": 2000.0}})
+    ordering = make_ordering(name)
+    assert ordering.banded
+    full = _ids(ordering.order(ws, ctx))
+    stream = ordering.stream(ws, ctx)
+    first = stream.next_workload()
+    assert first is not None and first.id == full[0] == "ha0"
+    skipped = _ids(stream.skip_band())
+    assert sorted(skipped) == sorted(full[1:4]) == ["ha1", "ha2", "hb0"]  # the rest of the band
+    rest = []
+    while (w := stream.next_workload()) is not None:
+        rest.append(w.id)
+    assert rest == full[4:]
+    if name == "drf":
+        # the high band leaves a at 4 devices and b at 3 (counting what was skipped): b goes first
+        assert rest[0] == "nb0"
+
+
+def test_fifo_is_not_banded() -> None:
+    fifo = make_ordering("fifo")
+    assert not fifo.banded
+    stream = fifo.stream([workload(wid="x", submit_s=1), workload(wid="y", submit_s=2)], _ctx())
+    assert stream.next_workload() is not None
+    assert stream.skip_band() == []

@@ -7,7 +7,10 @@ Steps, in order:
                  order them with the ordering policy (fifo, priority-fifo, drf, las...).
   3. place     - for each in order: check its ClusterQueue's quota, then place the gang
                  all-or-nothing with the placement policy. A shape (pod sizes) that failed to
-                 place once in this cycle is not tried again until something is freed.
+                 place once in this cycle is not tried again until something is freed. Once
+                 every workload not yet reached has a (queue, shape, rank) that already failed
+                 every step, or a blocked queue, the rest of the walk (or of its priority band,
+                 under a banded ordering) gets those verdicts without being walked.
   4. admit or preempt - admit it (under backfill: only if it does not delay the reserved head);
                  else try to preempt lower-priority work of its ClusterQueue or reclaim quota lent
                  to its cohort; else, under backfill, the first stuck workload gets a reservation;
@@ -33,10 +36,10 @@ from gpupool.core.priority import PriorityClasses
 from gpupool.core.quota import QuotaConfig
 from gpupool.core.scheduling.backfill import Reservation, may_backfill, reserve
 from gpupool.core.scheduling.gang import GangPlacement, place_gang, release_gang
-from gpupool.core.scheduling.ordering.base import OrderingContext, make_ordering
+from gpupool.core.scheduling.ordering.base import OrderingContext, OrderStream, make_ordering
 from gpupool.core.scheduling.policies.base import DEFAULT_POLICY, NoFit
 from gpupool.core.scheduling.preemption import lost_work_s, select_victims
-from gpupool.core.scheduling.view import ClusterView, Running, Shape, clone_state
+from gpupool.core.scheduling.view import ClusterView, Meta, Running, Shape, clone_state
 from gpupool.core.state import ClusterState
 
 
@@ -150,6 +153,10 @@ def cycle_on(
 class _Cycle:
     """The mutable bookkeeping of one cycle."""
 
+    pass_over = True
+    """Pass over the workloads whose verdict is already known (see `run`); False walks every one
+    (the same decisions, slower: kept to check that claim)."""
+
     def __init__(self, view: ClusterView, policies: Policies, now_s: float, rng: random.Random) -> None:
         self.view = view
         self.policies = policies
@@ -164,7 +171,13 @@ class _Cycle:
         self.blocked: set[str] = set()
         self.preemption_attempts = 0
         self.settled: dict[tuple[str, Shape, tuple[int, int]], tuple[Reason, str]] = {}
+        self.never: dict[tuple[str, Shape, tuple[int, int]], tuple[Reason, str]] = {}
+        """Keys whose workloads can never run here (final rejections; a function of queue and shape)."""
         self.queues: set[str] = set()
+        self.left: dict[tuple[str, Shape, tuple[int, int]], int] = {}
+        """How many workloads of each (queue, shape, rank) the walk has not reached yet."""
+        self.live: set[tuple[str, Shape, tuple[int, int]]] = set()
+        """The keys in `left` still to be reached whose verdict is not settled (nor their queue blocked)."""
         self.empty_state: ClusterState | None = None
         self.victim_costs: dict[str, float] = {}
         self.reservation: Reservation | None = None
@@ -175,12 +188,30 @@ class _Cycle:
 
     def run(self, pending: Sequence[Workload]) -> CycleResult:
         self._evict_broken()
-        ordered = self._nominate(pending)
-        for i, w in enumerate(ordered):
-            if len(self.blocked) == len(self.queues):
-                self._reject_rest(ordered[i:])  # every queue waits behind its head
-                break
+        valid, stream = self._nominate(pending)
+        banded = self.ordering.banded
+        metas = self.view.metas
+        tried: list[Workload] = []
+        while (w := stream.next_workload()) is not None:
+            tried.append(w)
+            meta = metas[w.id]
+            self._reached(meta)
             self._consider(w)
+            if not self.pass_over:
+                continue
+            if not self.live:
+                # Every workload still waiting has a (queue, shape, rank) that already failed every
+                # step in this cycle, or a blocked queue: the walk would only repeat those verdicts.
+                self._reject_rest(valid, tried)
+                break
+            band = meta.rank[0]
+            if banded and not any(k[2][0] == band for k in self.live):
+                # The same for the rest of this priority band: pass over it to the next band.
+                skipped = stream.skip_band()
+                for other in skipped:
+                    self._reached(metas[other.id])
+                self._reject_reached(skipped)
+                tried.extend(skipped)
         reserved = None
         if self.reservation is not None:
             reserved = ReservedStart(self.reservation.head.id, self.reservation.start_s)
@@ -212,17 +243,20 @@ class _Cycle:
 
     # ------------------------------------------------------------ step 2: nominate
 
-    def _nominate(self, pending: Sequence[Workload]) -> list[Workload]:
+    def _nominate(self, pending: Sequence[Workload]) -> tuple[list[Workload], OrderStream]:
         view = self.view
         overcommit = self.policies.overcommit
         valid: list[Workload] = []
         metas = view.metas
         queues = self.queues
+        left = self.left
         for w in pending:
             meta = metas.get(w.id) or view.meta(w, overcommit)
             if meta.class_known and meta.cluster_queue is not None:
                 valid.append(w)
                 queues.add(meta.cluster_queue)
+                key = (meta.cluster_queue, meta.shape, meta.rank)
+                left[key] = left.get(key, 0) + 1
             elif not meta.class_known:
                 names = ", ".join(c.name for c in view.classes.classes)
                 self._reject(w, Reason.UNKNOWN_PRIORITY_CLASS, f"Use one of: {names}.", final=True)
@@ -245,7 +279,8 @@ class _Cycle:
             info=view.info,
             demand=view.demand,
         )
-        return self.ordering.order(valid, ctx)
+        self.live = set(left)
+        return valid, self.ordering.stream(valid, ctx)
 
     # ------------------------------------------------------------ steps 3-4: place, admit or preempt
 
@@ -266,6 +301,8 @@ class _Cycle:
         never = self._never_fits(w, shape, cq)
         if never is not None:
             self._reject(original, never[0], never[1], final=True)
+            self.never[key] = never
+            self.live.discard(key)
             return
         outcome = self._try_place(w, shape, cq)
         if isinstance(outcome, GangPlacement):
@@ -283,6 +320,7 @@ class _Cycle:
         self._stuck(w, cq, reason)
         self._reject(original, reason, message)
         self.settled[key] = (reason, message)
+        self.live.discard(key)
 
     def _try_place(self, w: Workload, shape: Shape, cq: str) -> GangPlacement | tuple[Reason, str]:
         view = self.view
@@ -328,6 +366,8 @@ class _Cycle:
         self.failed_quota.clear()
         self.failed_preempt.clear()
         self.settled.clear()
+        blocked, never = self.blocked, self.never
+        self.live = {k for k, n in self.left.items() if n and k[0] not in blocked and k not in never}
         return True
 
     def _record_preemption(self, run: Running, preemptor: Workload, reclaimed: bool) -> None:
@@ -358,18 +398,51 @@ class _Cycle:
             if self.reservation is None:
                 self.reservation = reserve(w, self.view, self.now_s, self.policy, self.rng)
                 if self.reservation is None and self.ordering.strict:
-                    self.blocked.add(cq)  # no reservation possible: strict order still holds
+                    self._block(cq)  # no reservation possible: strict order still holds
             return
         if self.ordering.strict:
-            self.blocked.add(cq)
+            self._block(cq)
+
+    def _block(self, cq: str) -> None:
+        self.blocked.add(cq)
+        self.live = {k for k in self.live if k[0] != cq}
 
     def _admit(self, w: Workload, gang: GangPlacement, cq: str) -> None:
         self.view.admit(w, gang, cq, self.now_s)
         self.admitted.append(Admission(w.id, gang.placements(self.view.state)))
 
-    def _reject_rest(self, rest: Sequence[Workload]) -> None:
+    def _reached(self, meta: Meta) -> None:
+        key = (meta.cluster_queue or "", meta.shape, meta.rank)
+        left = self.left
+        left[key] -= 1
+        if not left[key]:
+            self.live.discard(key)
+
+    def _reject_rest(self, valid: Sequence[Workload], tried: Sequence[Workload]) -> None:
+        """The verdicts of the workloads the walk did not reach (listed in `valid`'s order)."""
+        seen = {w.id for w in tried}
+        self._reject_reached([w for w in valid if w.id not in seen])
+
+    def _reject_reached(self, passed: Sequence[Workload]) -> None:
+        """The verdicts of workloads passed over: each repeats its key's (or its queue's)."""
+        metas = self.view.metas
+        blocked = self.blocked
+        settled = self.settled
+        never = self.never
         message = "An older workload of its queue waits first."
-        self.rejected.extend(Rejection(w.id, Reason.WAITING_FOR_HEAD, message) for w in rest)
+        out = self.rejected
+        for w in passed:
+            meta = metas[w.id]
+            cq = meta.cluster_queue or ""
+            key = (cq, meta.shape, meta.rank)
+            if cq in blocked:
+                out.append(Rejection(w.id, Reason.WAITING_FOR_HEAD, message))
+            elif key in settled:
+                reason, why = settled[key]
+                out.append(Rejection(w.id, reason, why))
+            else:
+                reason, why = never[key]
+                out.append(Rejection(w.id, reason, why, True))
 
     def _reject(self, w: Workload, reason: Reason, message: str, final: bool = False) -> None:
         self.rejected.append(Rejection(w.id, reason, message, final))

@@ -61,6 +61,61 @@ class OrderingPolicy(ABC):
     def order(self, pending: Sequence[Workload], ctx: OrderingContext) -> list[Workload]:
         """The pending workloads in the order they are tried. Pure, deterministic, total order."""
 
+    banded: ClassVar[bool] = False
+    """Whether the order lists the priority bands (`rank[0]`) highest first, each band's own order
+    not depending on the order of the bands before it (then a caller may skip the rest of a band)."""
+
+    def stream(self, pending: Sequence[Workload], ctx: OrderingContext) -> OrderStream:
+        """`order` one workload at a time, for a caller that may stop early or skip a band.
+
+        Whatever the order reads from `ctx` is read before this returns, so the caller may change
+        the context's mappings (usage, info) while it consumes the stream.
+        """
+        ordered = self.order(pending, ctx)
+        rank = ctx.rank
+        return ListStream(ordered, (lambda w: rank(w)[0]) if self.banded else None)
+
+
+class OrderStream(ABC):
+    """An order being consumed: `next_workload` gives the next one; `skip_band` passes over a band."""
+
+    @abstractmethod
+    def next_workload(self) -> Workload | None:
+        """The next workload in the order, None at the end."""
+
+    @abstractmethod
+    def skip_band(self) -> list[Workload]:
+        """Pass over the rest of the band of the workload last given; returns what was passed over.
+
+        Only for a `banded` ordering; the bands after it come exactly as if nothing was skipped.
+        """
+
+
+class ListStream(OrderStream):
+    """A stream over an order computed in full; `band` gives a workload's band (None: unbanded)."""
+
+    def __init__(self, ordered: list[Workload], band: Callable[[Workload], int] | None) -> None:
+        self.ordered = ordered
+        self.band = band
+        self.at = 0
+
+    def next_workload(self) -> Workload | None:
+        if self.at >= len(self.ordered):
+            return None
+        self.at += 1
+        return self.ordered[self.at - 1]
+
+    def skip_band(self) -> list[Workload]:
+        if self.band is None or not self.at:
+            return []
+        band = self.band
+        current = band(self.ordered[self.at - 1])
+        start = end = self.at
+        while end < len(self.ordered) and band(self.ordered[end]) == current:
+            end += 1
+        self.at = end
+        return self.ordered[start:end]
+
 
 _REGISTRY: dict[str, type[OrderingPolicy]] = {}
 

@@ -3,15 +3,17 @@
 from __future__ import annotations
 
 import heapq
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from itertools import groupby
 from operator import itemgetter
+from typing import Any
 
 from gpupool.core.model import Workload
 from gpupool.core.scheduling.ordering.base import (
     SHARE_RESOURCES,
     OrderingContext,
     OrderingPolicy,
+    OrderStream,
     register_ordering,
 )
 
@@ -31,43 +33,109 @@ class Drf(OrderingPolicy):
         "dominant share goes next; its share grows with each workload it is given."
     )
 
+    banded = True
+
     def order(self, pending: Sequence[Workload], ctx: OrderingContext) -> list[Workload]:
+        stream = self.stream(pending, ctx)
+        out = []
+        while (w := stream.next_workload()) is not None:
+            out.append(w)
+        return out
+
+    def stream(self, pending: Sequence[Workload], ctx: OrderingContext) -> OrderStream:
         rank = ctx.rank
-        demand = ctx.demand
         caps = [(r, ctx.capacity[r]) for r in SHARE_RESOURCES if ctx.capacity.get(r)]
         # Each tenant's usage of the resources with a capacity, in `caps` order (the same sums,
         # in the same order, as `dominant_share` over a usage dict: the shares are identical).
+        # Copied now: the caller may change the tenants' usage while it consumes the order.
         usage = {t: [u.get(r, 0.0) for r, _ in caps] for t, u in ctx.tenant_usage.items()}
         # One sort gives the priority bands, the tenants in each, and each tenant's own order.
-        keyed = sorted(
-            (-(rk := rank(w))[0], w.tenant, -rk[1], w.submit_time_s, w.id, w) for w in pending
-        )
-        result: list[Workload] = []
-        for _, band in groupby(keyed, key=itemgetter(0)):
-            queues: dict[str, list[Workload]] = {}
-            for item in band:
-                queues.setdefault(item[1], []).append(item[5])
-            for q in queues.values():
-                q.reverse()  # pop() from the end takes the next one
-            heap = []
-            for t in queues:
-                mine = usage.setdefault(t, [0.0] * len(caps))
-                heap.append((_share(mine, caps, _weight(ctx, t)), t))
-            heapq.heapify(heap)
-            while heap:
-                _, tenant = heapq.heappop(heap)
-                q = queues[tenant]
+        keyed = sorted((-(rk := rank(w))[0], w.tenant, -rk[1], w.submit_time_s, w.id, w) for w in pending)
+        weights = {t: _weight(ctx, t) for t in {item[1] for item in keyed}}
+        bands = [[item[1:] for item in band] for _, band in groupby(keyed, key=itemgetter(0))]
+        return _DrfStream(bands, usage, caps, weights, ctx.demand)
+
+
+class _DrfStream(OrderStream):
+    """Progressive filling, band by band: the tenant with the smallest weighted dominant share goes
+    next, and its usage grows by what it is given (a band starts from the usage the bands before it
+    reached; a skipped rest of a band adds its demand all the same)."""
+
+    def __init__(
+        self,
+        bands: list[list[tuple[Any, ...]]],
+        usage: dict[str, list[float]],
+        caps: list[tuple[str, float]],
+        weights: dict[str, float],
+        demand: Callable[[Workload], Mapping[str, float]],
+    ) -> None:
+        self.bands = bands
+        self.usage = usage
+        self.caps = caps
+        self.weights = weights
+        self.demand = demand
+        self.next_band = 0
+        self.queues: dict[str, list[Workload]] = {}
+        self.heap: list[tuple[float, str]] = []
+        self.last: str | None = None
+        """The band's last tenant with work left (its rest goes in its own order, no shares)."""
+
+    def _add(self, tenant: str, w: Workload) -> None:
+        mine = self.usage[tenant]
+        asked = self.demand(w)
+        for i, (r, _) in enumerate(self.caps):
+            mine[i] += asked.get(r, 0.0)
+
+    def _open_band(self) -> bool:
+        if self.next_band >= len(self.bands):
+            return False
+        band = self.bands[self.next_band]
+        self.next_band += 1
+        queues: dict[str, list[Workload]] = {}
+        for item in band:
+            queues.setdefault(item[0], []).append(item[4])
+        for q in queues.values():
+            q.reverse()  # pop() from the end takes the next one
+        heap = []
+        for t in queues:
+            mine = self.usage.setdefault(t, [0.0] * len(self.caps))
+            heap.append((_share(mine, self.caps, self.weights[t]), t))
+        heapq.heapify(heap)
+        self.queues, self.heap, self.last = queues, heap, None
+        return True
+
+    def next_workload(self) -> Workload | None:
+        while True:
+            if self.last is not None:
+                q = self.queues[self.last]
+                if q:
+                    w = q.pop()
+                    self._add(self.last, w)
+                    return w
+                self.last = None
+            if self.heap:
+                _, tenant = heapq.heappop(self.heap)
+                q = self.queues[tenant]
                 w = q.pop()
-                result.append(w)
-                mine = usage[tenant]
-                asked = demand(w)
-                for i, (r, _) in enumerate(caps):
-                    mine[i] += asked.get(r, 0.0)
-                if q and heap:
-                    heapq.heappush(heap, (_share(mine, caps, _weight(ctx, tenant)), tenant))
-                elif q:  # the last tenant of the band: the rest is its own order (shares unneeded)
-                    heap.append((0.0, tenant))
-        return result
+                self._add(tenant, w)
+                if q and self.heap:
+                    share = _share(self.usage[tenant], self.caps, self.weights[tenant])
+                    heapq.heappush(self.heap, (share, tenant))
+                elif q:
+                    self.last = tenant
+                return w
+            if not self._open_band():
+                return None
+
+    def skip_band(self) -> list[Workload]:
+        rest: list[Workload] = []
+        for tenant, q in self.queues.items():
+            for w in reversed(q):
+                self._add(tenant, w)  # integer-valued sums: exact in any order
+                rest.append(w)
+            q.clear()
+        self.heap, self.last = [], None
+        return rest
 
 
 def _weight(ctx: OrderingContext, tenant: str) -> float:

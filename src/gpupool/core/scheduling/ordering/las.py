@@ -20,6 +20,7 @@ DEFAULT_THRESHOLDS_DEVICE_S = (3_600.0, 36_000.0)
 @register_ordering
 class LeastAttainedService(OrderingPolicy):
     name = "las"
+    banded = True
     summary = (
         "Tiresias-style: workloads that have received the least device-time so far go first, "
         "bucketed into queues (1 and 10 device-hours) with FIFO inside a queue."

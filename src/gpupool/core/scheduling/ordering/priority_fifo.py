@@ -11,6 +11,7 @@ from gpupool.core.scheduling.ordering.base import OrderingContext, OrderingPolic
 @register_ordering
 class PriorityFifo(OrderingPolicy):
     name = "priority-fifo"
+    banded = True
     summary = "Priority class, then priority, then submit time; workloads that do not fit are skipped."
 
     def order(self, pending: Sequence[Workload], ctx: OrderingContext) -> list[Workload]:
