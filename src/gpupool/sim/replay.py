@@ -132,6 +132,10 @@ class Replay:
         if self.blocked and all(e.kind == "arrive" for e in events):
             self.metrics.observe(now_s, self.view)
             return  # new arrivals queue behind a head that still cannot start: the cycle would be a no-op
+        if not self.pending_workloads and not self.view.to_evict:
+            self.blocked = False
+            self.metrics.observe(now_s, self.view)
+            return  # nothing waits and nothing is to be evicted: the cycle would decide nothing
         for _ in range(MAX_CYCLES_PER_EVENT):
             tick = time.perf_counter()
             pending = list(self.pending_workloads.values())
