@@ -68,3 +68,36 @@ def test_queue_quota_caps_admitted_work(db_url: str, tmp_path: Path) -> None:
     (queue,) = [q for q in tenants.list_queues(rt, ADMIN, "team-a") if q.name == "small"]
     assert queue.used_gpus == 1.0 and queue.pending == 2
     rt.store.close()
+
+
+def test_incremental_snapshot_matches_a_fresh_read(db_url: str, tmp_path: Path) -> None:
+    """The loop re-reads only allocations whose active pods changed, and takes the API's parsed
+    workloads: after admissions, exits and a cancel, its view equals one read from scratch."""
+    from gpupool.server.loops.snapshot import WorkloadCache, load
+
+    provider = ManualProvider([node("n0", devices=2, model="H100")])
+    rt, _ = make_runtime(db_url, tmp_path, provider)
+    loop = ControlLoop(rt)
+    cache = loop.scheduler.cache
+
+    def assert_same() -> None:
+        incremental, fresh = load(rt, cache), load(rt, WorkloadCache())
+        assert incremental.snapshot == fresh.snapshot
+        assert incremental.pending == fresh.pending
+
+    ids = [workloads.submit(rt, ADMIN, _spec(0.5, replicas=r)).id for r in (1, 2, 1, 1, 2)]
+    assert len(rt.submitted) == 5  # handed over by the submissions
+    loop.step()
+    assert not rt.submitted
+    assert_same()
+    assert len(load(rt, cache).snapshot.allocations) == 3
+    first = provider.running()[0]
+    provider.finish(first, 0)
+    loop.step()
+    assert_same()
+    workloads.cancel(rt, ADMIN, ids[1])
+    loop.step()
+    assert_same()
+    held = {a.workload.id for a in load(rt, cache).snapshot.allocations}
+    assert ids[1] not in held and held  # the cancelled one left, the others are still there
+    rt.store.close()

@@ -2,16 +2,19 @@
 
 from __future__ import annotations
 
+import collections
 import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
-from gpupool.core.model import Node
+from gpupool.core.model import Node, Workload
 from gpupool.providers.base import Provider
 from gpupool.server.auth import Authenticator
 from gpupool.server.db import Store
 from gpupool.server.settings import Settings
+
+MAX_HANDED_OVER = 100_000
 
 
 @dataclass
@@ -25,6 +28,10 @@ class Runtime:
     wake: threading.Event = field(default_factory=threading.Event)
     capacity_changed: threading.Event = field(default_factory=threading.Event)
     """Set when room may have appeared (cancel, uncordon, quota change): re-examine all pending work."""
+    submitted: collections.deque[Workload] = field(
+        default_factory=lambda: collections.deque(maxlen=MAX_HANDED_OVER))
+    """Core Workloads of just-committed submissions, parsed by the API: the scheduler takes them
+    instead of parsing their stored specs again (anything missing here is parsed from the store)."""
     _nodes: tuple[Node, ...] = ()
     _nodes_lock: threading.Lock = field(default_factory=threading.Lock)
     auth: Authenticator = field(init=False)

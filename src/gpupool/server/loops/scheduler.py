@@ -14,9 +14,9 @@ import time
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from typing import Any
 
-from sqlalchemy import insert, select, update
-from sqlalchemy.orm import Session
+from sqlalchemy import Connection, Row, bindparam, insert, select, update
 
 from gpupool.core.model import Node, PodPlacement, PodRequest, Workload, WorkloadStatus
 from gpupool.core.quota import DEVICE_MILLI, QuotaConfig, QuotaTracker, cluster_queue_of
@@ -26,7 +26,7 @@ from gpupool.providers.base import PodLaunch
 from gpupool.server.loops.snapshot import StoreView, WorkloadCache, load
 from gpupool.server.orm import Base, PodRow, WorkloadRow
 from gpupool.server.runtime import Runtime
-from gpupool.server.services.events import transition
+from gpupool.server.services.events import Move, apply_moves, transition
 from gpupool.server.services.workloads import stop_pods
 from gpupool.server.states import EventReason, PodState
 
@@ -35,6 +35,10 @@ FULL_RESCAN_S = 10.0
 ARRIVAL_MARGIN_S = 10.0
 """New arrivals are read from (newest seen - margin), so a slow commit is never skipped."""
 LAUNCH_THREADS = 4
+_W = Base.metadata.tables["workloads"]
+_INSERT_POD = insert(Base.metadata.tables["pods"])
+_SET_REASON = update(_W).where(_W.c.id == bindparam("r_id")).values(
+    reason=bindparam("r_reason"), message=bindparam("r_message"))
 _POLICIES_TAKE_QUOTA = "quota" in {f.name for f in dataclasses.fields(Policies)}
 
 
@@ -118,27 +122,31 @@ class Scheduler:
         return CycleStats(len(result.admitted), len(candidates), time.perf_counter() - start)
 
     def _record(self, result: CycleResult, view: StoreView) -> list[PodLaunch]:
-        """Admissions and rejections in one short transaction; returns the pods to launch."""
+        """Admissions and rejections in one short transaction of bulk statements (one read of the
+        rows' states, one UPDATE per kind of change, one INSERT of pods and one of events); returns
+        the pods to launch."""
         now = self.rt.clock()
         launches: list[PodLaunch] = []
         by_id = {w.id: w for w in view.pending}
         pods: list[dict[str, object]] = []
-        with self.rt.store.write() as session, session.no_autoflush:
-            rows = _rows(session, [a.workload_id for a in result.admitted]
-                         + [r.workload_id for r in result.rejected])
+        moves: list[Move] = []
+        reasons: list[dict[str, object]] = []
+        with self.rt.store.write() as session:
+            conn = session.connection()
+            admitted = _states(conn, [a.workload_id for a in result.admitted], with_spec=True)
+            rejected = _states(conn, [r.workload_id for r in result.rejected], with_spec=False)
             for admission in result.admitted:
-                row = rows.get(admission.workload_id)
+                row = admitted.get(admission.workload_id)
                 if row is None or row.status != WorkloadStatus.PENDING.value:
                     continue  # cancelled while the cycle ran
-                row.attempt += 1
-                row.admitted_s = now
+                attempt = row.attempt + 1
                 world = len(admission.placements)
                 for placement in admission.placements:
                     rank = int(placement.pod.removeprefix("r"))
-                    pod_id = f"{row.id}-a{row.attempt}-r{rank}"
+                    pod_id = f"{row.id}-a{attempt}-r{rank}"
                     request = by_id[row.id].pods[rank]
                     pods.append(dict(
-                        id=pod_id, workload_id=row.id, attempt=row.attempt, name=placement.pod, rank=rank,
+                        id=pod_id, workload_id=row.id, attempt=attempt, name=placement.pod, rank=rank,
                         status=PodState.LAUNCHING.value, node=placement.node,
                         slices=[{"device_index": s.device_index, "compute_milli": s.compute_milli,
                                  "memory_mib": s.memory_mib} for s in placement.slices],
@@ -146,20 +154,27 @@ class Scheduler:
                         created_s=now, exit_code=None, finished_s=None,
                     ))
                     launches.append(_pod_launch(row, pod_id, placement, rank, world, request))
-                transition(session, row, WorkloadStatus.ADMITTED.value, EventReason.ADMITTED,
-                           f"Placed on {', '.join(sorted({p.node for p in admission.placements}))}.", now)
+                moves.append(Move(
+                    row.id, row.status, WorkloadStatus.ADMITTED.value, EventReason.ADMITTED,
+                    f"Placed on {', '.join(sorted({p.node for p in admission.placements}))}.", now,
+                    columns=(("attempt", attempt), ("admitted_s", now)),
+                ))
             if pods:
-                session.execute(insert(Base.metadata.tables["pods"]), pods)
+                conn.execute(_INSERT_POD, pods)
             for rejection in result.rejected:
-                row = rows.get(rejection.workload_id)
+                row = rejected.get(rejection.workload_id)
                 if row is None or row.status != WorkloadStatus.PENDING.value:
                     continue
                 if rejection.final and view.unschedulable_nodes == 0:
-                    transition(session, row, WorkloadStatus.FAILED.value, rejection.reason.value,
-                               rejection.message, now)
-                    row.finished_s = now
+                    moves.append(Move(row.id, row.status, WorkloadStatus.FAILED.value,
+                                      rejection.reason.value, rejection.message, now,
+                                      columns=(("finished_s", now),)))
                 elif row.reason != rejection.reason.value:
-                    row.reason, row.message = rejection.reason.value, rejection.message[:1024]
+                    reasons.append({"r_id": row.id, "r_reason": rejection.reason.value,
+                                    "r_message": rejection.message[:1024]})
+            apply_moves(conn, moves)
+            if reasons:
+                conn.execute(_SET_REASON, reasons)
         return launches
 
     def _launch(self, launches: list[PodLaunch]) -> None:
@@ -170,27 +185,30 @@ class Scheduler:
         now = self.rt.clock()
         to_stop: list[str] = []
         with self.rt.store.write() as session, session.no_autoflush:
+            conn = session.connection()
             if started:
-                session.execute(
+                conn.execute(
                     update(PodRow).where(PodRow.id.in_(started), PodRow.status == PodState.LAUNCHING.value)
                     .values(status=PodState.RUNNING.value)
                 )
-            rows = _rows(session, sorted({launch.workload_id for launch in launches}))
-            for row in rows.values():
+            states = _states(conn, sorted({launch.workload_id for launch in launches}), with_spec=False)
+            moves: list[Move] = []
+            for row in states.values():
                 if row.status != WorkloadStatus.ADMITTED.value:
                     continue
-                if row.id in failed:
-                    to_stop += stop_pods(session, row, PodState.FAILED, now)
-                    transition(session, row, WorkloadStatus.FAILED.value, EventReason.LAUNCH_FAILED,
+                if row.id in failed:  # rare: the ORM path, with its pods
+                    orm_row = session.get(WorkloadRow, row.id)
+                    assert orm_row is not None
+                    to_stop += stop_pods(session, orm_row, PodState.FAILED, now)
+                    transition(session, orm_row, WorkloadStatus.FAILED.value, EventReason.LAUNCH_FAILED,
                                f"The provider could not start it: {failed[row.id]}", now)
-                    row.finished_s = now
+                    orm_row.finished_s = now
                 else:
-                    row.started_s = now
-                    transition(session, row, WorkloadStatus.RUNNING.value, EventReason.LAUNCHED,
-                               "Started.", now)
+                    moves.append(Move(row.id, row.status, WorkloadStatus.RUNNING.value,
+                                      EventReason.LAUNCHED, "Started.", now, columns=(("started_s", now),)))
+            apply_moves(conn, moves)
         for pod_id in to_stop:
             self.rt.provider.stop(pod_id, grace_s=0)
-
 
     def _start_all(self, launches: list[PodLaunch]) -> tuple[list[str], dict[str, str]]:
         """Ask the provider to start each pod: (started pod ids, failed workload -> why).
@@ -221,14 +239,18 @@ class Scheduler:
         return started, failed
 
 
-def _rows(session: Session, ids: Sequence[str]) -> dict[str, WorkloadRow]:
-    """The workload rows for `ids` in one query."""
+def _states(conn: Connection, ids: Sequence[str], *, with_spec: bool) -> dict[str, Row[Any]]:
+    """id, status, attempt, reason and tenant (and the spec, for launches) of the workloads `ids`,
+    in one query."""
     if not ids:
         return {}
-    return {r.id: r for r in session.scalars(select(WorkloadRow).where(WorkloadRow.id.in_(set(ids))))}
+    columns = [_W.c.id, _W.c.status, _W.c.attempt, _W.c.reason, _W.c.tenant]
+    if with_spec:
+        columns.append(_W.c.spec)
+    return {r.id: r for r in conn.execute(select(*columns).where(_W.c.id.in_(set(ids))))}
 
 
-def _pod_launch(row: WorkloadRow, pod_id: str, placement: PodPlacement, rank: int, world: int,
+def _pod_launch(row: Row[Any], pod_id: str, placement: PodPlacement, rank: int, world: int,
                 request: PodRequest) -> PodLaunch:
     spec = row.spec
     env = {str(k): str(v) for k, v in dict(spec.get("env", {})).items()}

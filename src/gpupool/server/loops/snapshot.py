@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import collections
 import logging
 from dataclasses import dataclass, replace
 from typing import Any
@@ -11,7 +12,6 @@ from sqlalchemy import select
 from gpupool.core.model import (
     Allocation,
     ClusterSnapshot,
-    Node,
     PodPlacement,
     Slice,
     Workload,
@@ -38,14 +38,31 @@ class StoreView:
 
 
 class WorkloadCache:
-    """Parsed core Workloads by (id, attempt): specs are immutable, so parse each once."""
+    """Parsed core Workloads by id (specs are immutable, so each is parsed once), and the snapshot's
+    allocations as last read, so a cycle reads in full only what changed since the last one."""
 
     def __init__(self) -> None:
         self._items: dict[str, Workload] = {}
+        self._allocations: dict[str, tuple[tuple[str, ...], Allocation]] = {}
+        """workload id -> (its active pod ids, the Allocation built from them)."""
+        self._allocation_nodes: frozenset[str] = frozenset()
+
+    def take(self, submitted: collections.deque[Workload]) -> None:
+        """Adopt the Workloads the API parsed for submissions committed since the last call."""
+        while True:
+            try:
+                workload = submitted.popleft()
+            except IndexError:
+                return
+            self._items[workload.id] = workload
+
+    def known(self, row_id: str, priority: int) -> Workload | None:
+        found = self._items.get(row_id)
+        return found if found is not None and found.priority == priority else None
 
     def get(self, row_id: str, spec: dict[str, Any], tenant: str, priority: int, submit_s: float) -> Workload:
-        found = self._items.get(row_id)
-        if found is None or found.priority != priority:
+        found = self.known(row_id, priority)
+        if found is None:
             found = to_workload(row_id, WorkloadSpec.model_validate(spec), tenant, priority, submit_s)
             self._items[row_id] = found
         return found
@@ -61,13 +78,16 @@ def queue_name(tenant: str, queue: str) -> str:
 
 def load(rt: Runtime, cache: WorkloadCache, since_s: float | None = None,
          skip: frozenset[str] = frozenset()) -> StoreView:
-    """One read transaction; the provider's nodes are read first, outside it.
+    """One read session; the provider's nodes are read first, outside it.
 
     With `since_s`, only pending work submitted at or after it is read (new arrivals), and of
-    that only what is not in `skip` is read in full.
+    that only what is not in `skip` is read in full. Specs are read only for workloads the cache
+    has not parsed yet, and running work only for workloads whose active pods changed since the
+    last call (the ids of every active pod are read each time).
     """
     nodes = rt.refresh_nodes()
-    pending_query = select(WorkloadRow.id, WorkloadRow.spec, WorkloadRow.tenant, WorkloadRow.priority,
+    cache.take(rt.submitted)
+    pending_query = select(WorkloadRow.id, WorkloadRow.tenant, WorkloadRow.priority,
                            WorkloadRow.submit_s).where(WorkloadRow.status == WorkloadStatus.PENDING.value)
     with rt.store.read() as session:
         if since_s is not None:
@@ -81,18 +101,30 @@ def load(rt: Runtime, cache: WorkloadCache, since_s: float | None = None,
             .order_by(WorkloadRow.priority.desc(), WorkloadRow.submit_s, WorkloadRow.id)
             .limit(MAX_PENDING_PER_CYCLE)
         ).all()
-        active = session.execute(
-            select(PodRow.workload_id, PodRow.rank, PodRow.node, PodRow.slices, WorkloadRow.spec,
-                   WorkloadRow.tenant, WorkloadRow.priority, WorkloadRow.submit_s, WorkloadRow.admitted_s)
+        active_ids = session.execute(
+            select(PodRow.workload_id, PodRow.id, WorkloadRow.priority)
             .join(WorkloadRow, WorkloadRow.id == PodRow.workload_id)
             .where(PodRow.status.in_(ACTIVE_POD_STATES))
         ).all()
+        known_nodes = frozenset(n.name for n in nodes)
+        changed = _changed_allocations(cache, active_ids, known_nodes)
+        active = session.execute(
+            select(PodRow.workload_id, PodRow.id, PodRow.rank, PodRow.node, PodRow.slices, WorkloadRow.tenant,
+                   WorkloadRow.priority, WorkloadRow.submit_s, WorkloadRow.admitted_s)
+            .join(WorkloadRow, WorkloadRow.id == PodRow.workload_id)
+            .where(PodRow.status.in_(ACTIVE_POD_STATES), PodRow.workload_id.in_(changed))
+        ).all() if changed else []
+        unparsed = {r.id for r in pending_rows if cache.known(r.id, r.priority) is None}
+        unparsed.update(r.workload_id for r in active if cache.known(r.workload_id, r.priority) is None)
+        specs: dict[str, Any] = {r.id: r.spec for r in session.execute(
+            select(WorkloadRow.id, WorkloadRow.spec).where(WorkloadRow.id.in_(unparsed))
+        )} if unparsed else {}
         queues = session.execute(select(QueueRow.tenant, QueueRow.name, QueueRow.quota_device_milli)).all()
         cordoned = set(session.scalars(select(NodeFlagRow.name).where(NodeFlagRow.cordoned.is_(True))))
     nodes = tuple(replace(n, cordoned=True) if n.name in cordoned and not n.cordoned else n for n in nodes)
-    pending = tuple(cache.get(r.id, r.spec, r.tenant, r.priority, r.submit_s) for r in pending_rows)
-    allocations = _allocations(active, nodes, cache)
-    cache.keep_only({w.id for w in pending} | {a.workload.id for a in allocations})
+    pending = tuple(_workload(cache, r.id, specs, r.tenant, r.priority, r.submit_s) for r in pending_rows)
+    allocations = _allocations(active, known_nodes, cache, specs)
+    cache.keep_only({w.id for w in pending} | {a.workload.id for a in allocations} | skip)
     return StoreView(
         snapshot=ClusterSnapshot(nodes=nodes, allocations=allocations),
         pending=pending,
@@ -101,15 +133,44 @@ def load(rt: Runtime, cache: WorkloadCache, since_s: float | None = None,
     )
 
 
-def _allocations(active: Any, nodes: tuple[Node, ...], cache: WorkloadCache) -> tuple[Allocation, ...]:
-    known = {n.name for n in nodes}
+def _workload(cache: WorkloadCache, row_id: str, specs: dict[str, Any], tenant: str, priority: int,
+              submit_s: float) -> Workload:
+    found = cache.known(row_id, priority)
+    return found if found is not None else cache.get(row_id, specs[row_id], tenant, priority, submit_s)
+
+
+def _changed_allocations(cache: WorkloadCache, active_ids: Any, known_nodes: frozenset[str]) -> list[str]:
+    """Drop the cached allocations whose active pods (or workload priority) changed, and return the
+    workloads to read in full: those, and those new since the last call."""
+    if known_nodes != cache._allocation_nodes:  # a node came or went: placements are filtered by node
+        cache._allocations.clear()
+        cache._allocation_nodes = known_nodes
+    current: dict[str, list[str]] = {}
+    priorities: dict[str, int] = {}
+    for workload_id, pod_id, priority in active_ids:
+        current.setdefault(workload_id, []).append(pod_id)
+        priorities[workload_id] = priority
+    for workload_id in set(cache._allocations) - set(current):
+        del cache._allocations[workload_id]
+    changed = []
+    for workload_id, pod_ids in current.items():
+        cached = cache._allocations.get(workload_id)
+        if (cached is None or cached[0] != tuple(sorted(pod_ids))
+                or cached[1].workload.priority != priorities[workload_id]):
+            cache._allocations.pop(workload_id, None)
+            changed.append(workload_id)
+    return changed
+
+
+def _allocations(active: Any, known: frozenset[str], cache: WorkloadCache,
+                 specs: dict[str, Any]) -> tuple[Allocation, ...]:
+    """The snapshot's allocations: those cached, plus those built from `active` (changed ones)."""
     grouped: dict[str, list[Any]] = {}
     for row in active:
         grouped.setdefault(row.workload_id, []).append(row)
-    allocations = []
-    for workload_id, rows in sorted(grouped.items()):
+    for workload_id, rows in grouped.items():
         first = rows[0]
-        workload = cache.get(workload_id, first.spec, first.tenant, first.priority, first.submit_s)
+        workload = _workload(cache, workload_id, specs, first.tenant, first.priority, first.submit_s)
         placements = tuple(
             PodPlacement(pod=f"r{r.rank}", node=r.node, slices=tuple(Slice(**s) for s in r.slices))
             for r in sorted(rows, key=lambda r: r.rank)
@@ -117,9 +178,10 @@ def _allocations(active: Any, nodes: tuple[Node, ...], cache: WorkloadCache) -> 
         )
         if len(placements) < len(rows):
             log.warning("workload %s holds pods on nodes the provider no longer lists", workload_id)
-        allocations.append(Allocation(workload=workload, placements=placements,
-                                      start_time_s=first.admitted_s or 0.0))
-    return tuple(allocations)
+        allocation = Allocation(workload=workload, placements=placements,
+                                start_time_s=first.admitted_s or 0.0)
+        cache._allocations[workload_id] = (tuple(sorted(r.id for r in rows)), allocation)
+    return tuple(cache._allocations[w][1] for w in sorted(cache._allocations))
 
 
 def quota_config(queues: Any) -> QuotaConfig:

@@ -1,10 +1,17 @@
-"""Record workload state transitions: every change of status goes through `transition`."""
+"""Record workload state transitions: every change of status goes through `transition` (one row,
+ORM) or `apply_moves` (many rows, bulk statements)."""
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from sqlalchemy import Connection, Update, bindparam, insert, update
 from sqlalchemy.orm import Session
 
-from gpupool.server.orm import EventRow, WorkloadRow
+from gpupool.server.orm import Base, EventRow, WorkloadRow
 
 
 def transition(
@@ -26,3 +33,50 @@ def transition(
     row.status = to_status
     row.reason = reason
     row.message = message[:1024]
+
+
+@dataclass(frozen=True, slots=True)
+class Move:
+    """One workload transition for `apply_moves`: the row's new status, reason and message, the
+    extra columns to set with it (e.g. finished_s), and the event that records it."""
+
+    workload_id: str
+    from_status: str
+    to_status: str
+    reason: str
+    message: str
+    at_s: float
+    pod_id: str = ""
+    columns: tuple[tuple[str, object], ...] = ()
+
+
+_WORKLOADS = Base.metadata.tables["workloads"]
+_INSERT_EVENT = insert(Base.metadata.tables["events"])
+
+
+@functools.cache
+def _update_for(columns: tuple[str, ...]) -> Update:
+    names = ("status", "reason", "message", *columns)
+    values: dict[str, Any] = {name: bindparam(f"v_{name}") for name in names}
+    return update(_WORKLOADS).where(_WORKLOADS.c.id == bindparam("v_id")).values(values)
+
+
+def apply_moves(conn: Connection, moves: Sequence[Move]) -> None:
+    """`transition` for many rows at once, in the caller's transaction: one UPDATE statement per
+    set of extra columns (executed for every row) and one INSERT of all their events. Same rows,
+    same events as calling `transition` on each; none of the ORM's per-object bookkeeping."""
+    if not moves:
+        return
+    shapes: dict[tuple[str, ...], list[dict[str, object]]] = {}
+    for move in moves:
+        params: dict[str, object] = {"v_id": move.workload_id, "v_status": move.to_status,
+                                     "v_reason": move.reason, "v_message": move.message[:1024]}
+        params.update((f"v_{name}", value) for name, value in move.columns)
+        shapes.setdefault(tuple(name for name, _ in move.columns), []).append(params)
+    for columns, rows in shapes.items():
+        conn.execute(_update_for(columns), rows)
+    conn.execute(_INSERT_EVENT, [
+        {"workload_id": m.workload_id, "pod_id": m.pod_id, "from_status": m.from_status,
+         "to_status": m.to_status, "reason": m.reason, "message": m.message[:1024], "at_s": m.at_s}
+        for m in moves
+    ])

@@ -22,6 +22,7 @@ from typing import Any
 
 from sqlalchemy import insert, select
 
+from gpupool.core.model import Workload
 from gpupool.core.units import MILLI
 from gpupool.errors import NotFound, QuotaExceeded, did_you_mean
 from gpupool.server.orm import Base, QueueRow
@@ -43,6 +44,8 @@ class Submission:
     device_milli: int
     workload: dict[str, Any]
     event: dict[str, Any]
+    parsed: Workload | None = None
+    """The core Workload of `workload` (handed to the scheduler once committed)."""
     loop: asyncio.AbstractEventLoop | None = None
     future: asyncio.Future[None] | None = None
     error: BaseException | None = None
@@ -154,6 +157,7 @@ def commit(rt: Runtime, batch: Sequence[Submission]) -> int:
             item.error = exc
         return 0
     if accepted:
+        rt.submitted.extend(item.parsed for item in accepted if item.parsed is not None)
         rt.wake.set()
     return len(accepted)
 

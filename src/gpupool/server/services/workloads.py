@@ -61,7 +61,7 @@ def prepare(rt: Runtime, who: Principal, spec: WorkloadSpec) -> Submission:
     stored["tenant"] = tenant
     pending = WorkloadStatus.PENDING.value
     return Submission(
-        tenant=tenant, queue=spec.queue, device_milli=workload.total_device_milli,
+        tenant=tenant, queue=spec.queue, device_milli=workload.total_device_milli, parsed=workload,
         workload=dict(
             id=workload_id, name=spec.name, tenant=tenant, queue=spec.queue, status=pending,
             priority=spec.priority, device_milli=workload.total_device_milli, spec=stored, attempt=0,
