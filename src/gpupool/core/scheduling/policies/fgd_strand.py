@@ -21,6 +21,11 @@ fgd-strand prices both losses in the same unit, milli-device, and adds them:
   than `reserve_empty` empty nodes could host it, breaking one of those nodes up with a smaller
   pod costs `reserve_penalty_milli` more, so the rare big gangs (e.g. 8 GPUs with 120 cores,
   which only OpenB's G3 nodes can hold) still find a node late in a run;
+- with `reserve_expected` (off here, on in `fgd-plan`), the reserve is per shape and demand-aware:
+  it counts the nodes that can hold the shape *now* (devices, cpu and memory free), keeps them
+  while there are no more than the larger of `reserve_empty` and the shape's expected arrivals
+  still to come (its count in the workload scaled to one cluster's worth of device demand, minus
+  those seen), and prices only a placement that would leave a kept node unable to hold its shape;
 - an unconstrained pod placed on a device model that model-constrained pods depend on costs
   `model_pressure_weight * pressure * its device milli`, where pressure is the share of that
   model's capacity the constrained pods ask for (capped at 1), so the pods that may run anywhere
@@ -33,7 +38,9 @@ Measured against `fgd` on the OpenB traces in docs/benchmarks.md.
 
 from __future__ import annotations
 
+import math
 import random
+from collections import Counter
 from collections.abc import Sequence
 
 import numpy as np
@@ -61,6 +68,7 @@ class FgdStrand(Fgd):
         levels: int = 100,
         first_on_ties: bool = True,
         model_pressure_weight: float = 1.0,
+        reserve_expected: bool = False,
     ) -> None:
         super().__init__(coverage, cpu_only_counts_all, True, first_on_ties)
         self.stranding_weight = stranding_weight
@@ -76,6 +84,15 @@ class FgdStrand(Fgd):
         self._reserving: bytes | None = None
         self._protect: np.ndarray | None = None
         self._gang_shapes: list[PodRequest] = []
+        self._hosts_of: ClusterState | None = None
+        self._hosts: dict[GangKey, np.ndarray] = {}
+        self.reserve_expected = reserve_expected
+        self._expected: dict[GangKey, float] = {}
+        self._arrived: Counter[GangKey] = Counter()
+        self._protect_for: dict[GangKey, np.ndarray] = {}
+        self._whole: dict[frozenset[str], IntArray] = {}
+        self._host_rows = np.zeros((0, 0), dtype=bool)
+        self._shape_cpu = self._shape_mem = self._shape_devices = np.zeros((0, 1), dtype=np.int64)
 
     # ----------------------------------------------------------------- workload
 
@@ -87,6 +104,12 @@ class FgdStrand(Fgd):
         milli = sum(p.total_device_milli for p in pods)
         self._cpu_per_milli = cpu / milli if milli else None
         self._pressure = model_pressure(state, pods)
+        self._arrived = Counter()
+        demand = sum(p.total_device_milli for p in pods)
+        gangs = Counter(_gang_key(p) for p in pods if p.num_devices > 1)
+        # How many of each gang shape one cluster's worth of this workload brings.
+        scale = state.total_device_milli / demand if demand else 0.0
+        self._expected = {k: n * scale for k, n in gangs.items()}
 
     def observe(self, pod: PodRequest) -> None:
         super().observe(pod)
@@ -106,8 +129,13 @@ class FgdStrand(Fgd):
     # ----------------------------------------------------------------- placement
 
     def place(self, pod: PodRequest, state: ClusterState, rng: random.Random) -> Choice | NoFit:
+        if pod.num_devices > 1:
+            self._arrived[_gang_key(pod)] += 1
+        self._whole = {}
         protect = self._protected_nodes(state)
         key = None if protect is None else np.packbits(protect).tobytes()
+        if key is not None and self.reserve_expected:
+            key += b"".join(np.packbits(m).tobytes() for m in self._protect_for.values())
         if key != self._reserving:
             # Scores are cached per node; the reserve rule changes them all at once.
             self._cache = {}
@@ -116,16 +144,73 @@ class FgdStrand(Fgd):
         return super().place(pod, state, rng)
 
     def _protected_nodes(self, state: ClusterState) -> np.ndarray | None:
-        """Empty nodes kept for a multi-device shape that has `reserve_empty` or fewer left."""
+        """Empty nodes kept for multi-device shapes that have few left (see the module docstring)."""
         if self._largest_gang <= 1 or not self.reserve_penalty_milli or not self._gang_shapes:
             return None
+        if self.reserve_expected:
+            return self._protected_by_demand(state)
         untouched = (state.dev_milli_free == state.dev_milli_cap).all(axis=1) & state.schedulable
         protect = np.zeros(len(state.nodes), dtype=bool)
+        self._protect_for = {}
+        if self._hosts_of is not state:  # which nodes could ever host a shape depends on capacity only
+            self._hosts_of, self._hosts = state, {}
         for shape in self._gang_shapes:
-            able = untouched & self._could_host(state, shape)
+            key = _gang_key(shape)
+            hosts = self._hosts.get(key)
+            if hosts is None:
+                hosts = self._hosts[key] = self._could_host(state, shape)
+            able = untouched & hosts
             if int(able.sum()) <= self.reserve_empty:
                 protect |= able
+                self._protect_for[key] = able
         return protect if protect.any() else None
+
+    def _protected_by_demand(self, state: ClusterState) -> np.ndarray | None:
+        """Nodes that can hold a gang shape now (devices, cpu, memory), kept while no more of them
+        are left than the larger of `reserve_empty` and the shape's expected arrivals still to come."""
+        shapes = self._gang_shapes
+        if self._hosts_of is not state or len(self._hosts) != len(shapes):
+            self._hosts_of = state
+            self._hosts = {_gang_key(g): self._could_host(state, g) for g in shapes}
+            self._host_rows = np.array([self._hosts[_gang_key(g)] for g in shapes])
+            self._shape_cpu = np.array([g.cpu_milli for g in shapes], dtype=np.int64)[:, None]
+            self._shape_mem = np.array([g.memory_mib for g in shapes], dtype=np.int64)[:, None]
+            self._shape_devices = np.array([g.num_devices for g in shapes], dtype=np.int64)[:, None]
+        whole = np.array([self._whole_free(state, g.allowed_models) for g in shapes])
+        able = (
+            self._host_rows
+            & state.schedulable
+            & (state.cpu_free >= self._shape_cpu)
+            & (state.mem_free >= self._shape_mem)
+            & (whole >= self._shape_devices)
+        )
+        to_come = [self._expected.get(_gang_key(g), 0.0) - self._arrived[_gang_key(g)] for g in shapes]
+        keep = np.array([max(self.reserve_empty, math.ceil(n)) for n in to_come])
+        kept = able.sum(axis=1) <= keep
+        self._protect_for = {_gang_key(shapes[i]): able[i] for i in np.flatnonzero(kept)}
+        protect = able[kept].any(axis=0)
+        return protect if protect.any() else None
+
+    def _whole_free(self, state: ClusterState, models: frozenset[str]) -> IntArray:
+        """[node] whole free devices of the given models (all: empty set); valid during one place()."""
+        whole = self._whole.get(models)
+        if whole is None:
+            free = (state.dev_milli_free == state.dev_milli_cap) & state.allowed_devices(models)
+            whole = self._whole[models] = free.sum(axis=1)
+        return whole
+
+    def _room_for(
+        self, state: ClusterState, shape: PodRequest, nodes: IntArray | None, cpu: int = 0, mem: int = 0,
+        devices: int = 0,
+    ) -> np.ndarray:
+        """[nodes] whether `shape` would still fit once cpu, memory and whole devices are taken."""
+        whole = self._whole_free(state, shape.allowed_models)
+        sel = slice(None) if nodes is None else nodes
+        return np.asarray(
+            (state.cpu_free[sel] - cpu >= shape.cpu_milli)
+            & (state.mem_free[sel] - mem >= shape.memory_mib)
+            & (whole[sel] - devices >= shape.num_devices)
+        )
 
     @staticmethod
     def _could_host(state: ClusterState, shape: PodRequest) -> np.ndarray:
@@ -134,7 +219,19 @@ class FgdStrand(Fgd):
 
     def rank(self, pod: PodRequest, state: ClusterState, nodes: IntArray, growth: FloatArray) -> FloatArray:
         extra = self.stranding_weight * self._stranding_growth(pod, state, nodes)
-        if self._protect is not None and pod.num_devices < self._largest_gang:
+        if self._protect is not None and self.reserve_expected:
+            # Priced only where the pod would leave a kept node unable to hold the shape kept for.
+            own = _gang_key(pod) if pod.num_devices > 1 else None
+            breaks = np.zeros(nodes.size, dtype=bool)
+            for shape in self._gang_shapes:
+                key = _gang_key(shape)
+                kept = self._protect_for.get(key)
+                if kept is None or key == own or not kept[nodes].any():
+                    continue
+                room = self._room_for(state, shape, nodes, pod.cpu_milli, pod.memory_mib, pod.num_devices)
+                breaks |= kept[nodes] & ~room
+            extra = extra + np.where(breaks, self.reserve_penalty_milli, 0.0)
+        elif self._protect is not None and pod.num_devices < self._largest_gang:
             extra = extra + np.where(self._protect[nodes], self.reserve_penalty_milli, 0.0)
         if self._pressure is not None and not pod.allowed_models and pod.num_devices:
             # Unconstrained pods keep off the models that model-constrained pods depend on.
@@ -181,10 +278,17 @@ def model_pressure(state: ClusterState, pods: Sequence[PodRequest]) -> FloatArra
     return np.asarray(np.minimum(1.0, demand / np.maximum(capacity, 1.0)), dtype=np.float64)
 
 
+GangKey = tuple[int, int, int, frozenset[str]]
+
+
+def _gang_key(pod: PodRequest) -> GangKey:
+    return (pod.num_devices, pod.cpu_milli, pod.memory_mib, pod.allowed_models)
+
+
 def _gang_shapes(pods: Sequence[PodRequest]) -> list[PodRequest]:
     """One representative of each distinct multi-device pod shape of the workload."""
-    seen: dict[tuple[int, int, int, frozenset[str]], PodRequest] = {}
+    seen: dict[GangKey, PodRequest] = {}
     for pod in pods:
         if pod.num_devices > 1:
-            seen.setdefault((pod.num_devices, pod.cpu_milli, pod.memory_mib, pod.allowed_models), pod)
+            seen.setdefault(_gang_key(pod), pod)
     return list(seen.values())
