@@ -8,6 +8,10 @@ docs/benchmarks.md (and nothing else).
 
     python bench/openb_grid.py [--jobs 2] [--seeds 42-51] [--workloads default,cpu050]
         [--policies fgd,best-fit] [--json bench/results/openb_grid.json] [--write-docs]
+        [--reuse EARLIER.json --reuse-policies fgd]
+
+--reuse takes the runs of the --reuse-policies from an earlier JSON of this script instead of
+running them again (only sound while those policies' code is unchanged; the docs line says so).
 """
 
 from __future__ import annotations
@@ -25,7 +29,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from gpupool.core.scheduling.policies.base import DEFAULT_POLICY, policy_names
+from gpupool.core.scheduling.policies.base import FILL_POLICY, policy_names
 from gpupool.errors import GpupoolError
 from gpupool.sim.datadir import require_data_dir
 from gpupool.sim.fill import FillJob, FillResult, parse_seeds, run_jobs
@@ -58,7 +62,7 @@ ARTIFACT_NAMES = {
     "fgd": "06-FGD",
 }
 POINTS = (90, 100, 130)
-BEST = DEFAULT_POLICY
+BEST = FILL_POLICY
 START, END = "<!-- openb-grid:start -->", "<!-- openb-grid:end -->"
 Means = dict[tuple[str, str], dict[int, float]]
 
@@ -140,6 +144,8 @@ def main() -> int:
     parser.add_argument("--policies", default=",".join([*ARTIFACT_NAMES, BEST]))
     parser.add_argument("--json", type=Path, default=Path("bench/results/openb_grid.json"))
     parser.add_argument("--write-docs", action="store_true")
+    parser.add_argument("--reuse", type=Path, help="Earlier JSON of this script to take runs from.")
+    parser.add_argument("--reuse-policies", default="", help="Policies whose runs --reuse supplies.")
     args = parser.parse_args()
     console = Console()
     try:
@@ -161,12 +167,27 @@ def main() -> int:
         for p in policies
         for s in seeds
     ]
+    reused: dict[int, FillResult] = {}
+    reuse_policies = {p.strip() for p in args.reuse_policies.split(",") if p.strip()}
+    if args.reuse and reuse_policies:
+        earlier = {
+            (r["workload"], r["policy"], r["seed"]): r
+            for r in json.loads(args.reuse.read_text(encoding="utf-8"))["runs"]
+            if r["policy"] in reuse_policies
+        }
+        for i, (w, job) in enumerate(work):
+            r = earlier.get((w, job.policy, job.seed))
+            if r is not None:
+                reused[i] = FillResult(job.policy, job.seed, tuple(r["alloc_pct"]), r["wall_s"], 0, 0, 0)
+    todo = [i for i in range(len(work)) if i not in reused]
     started = time.perf_counter()
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
     with Progress(*columns, console=console, transient=True) as progress:
-        task = progress.add_task("fill runs", total=len(work))
-        results = run_jobs([j for _, j in work], args.jobs, on_done=lambda _r: progress.advance(task))
+        task = progress.add_task("fill runs", total=len(todo))
+        fresh = run_jobs([work[i][1] for i in todo], args.jobs, on_done=lambda _r: progress.advance(task))
     wall = time.perf_counter() - started
+    done = dict(zip(todo, fresh, strict=True))
+    results = [done[i] if i in done else reused[i] for i in range(len(work))]
     paired = [(w, r) for (w, _), r in zip(work, results, strict=True)]
     ours, art = our_means(paired), artifact_means(data, seeds)
     table = Table(title=f"OpenB fill: mean allocation % at 100 % arrived (artifact), seeds {args.seeds}")
@@ -182,12 +203,16 @@ def main() -> int:
             ),
         )
     console.print(table)
+    reused_names = ",".join(sorted(reuse_policies))
     meta = (
         f"Command: `.venv/bin/python bench/openb_grid.py --jobs {args.jobs} --seeds {args.seeds}"
         f" --policies {','.join(policies)}"
         + (f" --workloads {','.join(workloads)}" if workloads != list(WORKLOADS) else "")
+        + (f" --reuse {args.reuse.as_posix()} --reuse-policies {reused_names}" if reused else "")
         + " --write-docs`"
-        f" ({len(work)} runs, {wall:.0f} s wall on this machine)."
+        f" ({len(todo)} runs, {wall:.0f} s wall on this machine"
+        + (f"; {len(reused)} runs of {reused_names} taken from the earlier JSON" if reused else "")
+        + ")."
     )
     text = markdown(ours, art, workloads, policies, meta)
     args.json.parent.mkdir(parents=True, exist_ok=True)

@@ -8,6 +8,21 @@ from gpupool.core.model import Device, Node, PodRequest, Workload
 
 _ids = itertools.count()
 
+POLICY_NAMES = (
+    "random",
+    "first-fit",
+    "best-fit",
+    "worst-fit",
+    "dot-product",
+    "gpu-packing",
+    "gpu-clustering",
+    "fgd",
+    "fgd-balance",
+    "fgd-strand",
+    "fgd-plan",
+)
+"""Every built-in placement policy; the policy tests run each of them."""
+
 
 def node(
     name: str = "",

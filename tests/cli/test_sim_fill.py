@@ -8,7 +8,7 @@ from pathlib import Path
 from typer.testing import CliRunner
 
 from gpupool.cli.sim import app
-from gpupool.core.scheduling.policies.base import DEFAULT_POLICY
+from gpupool.core.scheduling.policies.base import FILL_POLICY
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "openb"
 runner = CliRunner()
@@ -54,7 +54,7 @@ def test_default_policy_is_the_best_one(tmp_path: Path) -> None:
     out = tmp_path / "out.json"
     result = runner.invoke(app, args("--seeds", "42", "--json", str(out)))
     assert result.exit_code == 0, result.output
-    assert list(json.loads(out.read_text())["summary"]) == [DEFAULT_POLICY] == ["fgd-strand"]
+    assert list(json.loads(out.read_text())["summary"]) == [FILL_POLICY] == ["fgd-plan"]
 
 
 def test_bad_input_is_one_sentence_and_exit_2(tmp_path: Path) -> None:

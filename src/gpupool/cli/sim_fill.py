@@ -10,10 +10,10 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from gpupool.core.scheduling.policies.base import DEFAULT_POLICY
+from gpupool.core.scheduling.policies.base import FILL_POLICY
 from gpupool.errors import GpupoolError, InvalidInput
 
-BEST_POLICY = DEFAULT_POLICY
+BEST_POLICY = FILL_POLICY
 
 
 def fill(

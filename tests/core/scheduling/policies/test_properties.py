@@ -8,23 +8,12 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from factories import node, pod, workload
+from factories import POLICY_NAMES, node, pod, workload
 from gpupool.core.scheduling.gang import place_gang
 from gpupool.core.scheduling.policies.base import Choice, NoFit, make_policy
 from gpupool.core.state import ClusterState
 
-POLICIES = [
-    "random",
-    "first-fit",
-    "best-fit",
-    "worst-fit",
-    "dot-product",
-    "gpu-packing",
-    "gpu-clustering",
-    "fgd",
-    "fgd-balance",
-    "fgd-strand",
-]
+POLICIES = list(POLICY_NAMES)
 
 clusters = st.lists(
     st.tuples(st.integers(0, 8), st.integers(1, 16), st.sampled_from(["A", "B"])), min_size=1, max_size=5

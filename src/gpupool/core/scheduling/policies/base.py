@@ -55,7 +55,14 @@ class PlacementPolicy(ABC):
 _REGISTRY: dict[str, type[PlacementPolicy]] = {}
 
 DEFAULT_POLICY = "fgd-strand"
-"""The project's best measured placement policy (docs/benchmarks.md), used wherever none is named."""
+"""The placement policy the scheduling cycle uses wherever none is named (docs/benchmarks.md)."""
+
+FILL_POLICY = "fgd-plan"
+"""The project's best policy on the fill protocol (docs/benchmarks.md); `gpupool sim fill`'s default.
+
+It is fgd-strand plus LP-planned device fill patterns; the live cycle keeps fgd-strand because the
+plan is solved from the workload at `prepare` (a linear program, tens to hundreds of ms), which a
+cycle that re-prepares its policy from a fresh sample of pods cannot afford every time."""
 
 
 def register_policy(cls: type[PlacementPolicy]) -> type[PlacementPolicy]:
