@@ -45,10 +45,11 @@ def reserve(
 ) -> Reservation | None:
     """The earliest time the head fits by the running workloads' estimated ends; None if never."""
     view.materialize()
+    # (run.expected_end_s(now_s), id, run) for the runs with an estimate, read off planned_end_s
     runs = sorted(
-        (end, rid, run)
+        (end if end > now_s else now_s, rid, run)
         for rid, run in view.running.items()
-        if math.isfinite(end := run.expected_end_s(now_s))
+        if (end := run.planned_end_s) != math.inf
     )
     if not runs:
         return None

@@ -208,8 +208,6 @@ class _Cycle:
             if banded and not any(k[2][0] == band for k in self.live):
                 # The same for the rest of this priority band: pass over it to the next band.
                 skipped = stream.skip_band()
-                for other in skipped:
-                    self._reached(metas[other.id])
                 self._reject_reached(skipped)
                 tried.extend(skipped)
         reserved = None
@@ -255,7 +253,7 @@ class _Cycle:
             if meta.class_known and meta.cluster_queue is not None:
                 valid.append(w)
                 queues.add(meta.cluster_queue)
-                key = (meta.cluster_queue, meta.shape, meta.rank)
+                key = meta.key
                 left[key] = left.get(key, 0) + 1
             elif not meta.class_known:
                 names = ", ".join(c.name for c in view.classes.classes)
@@ -293,7 +291,7 @@ class _Cycle:
             return
         w = meta.placed
         shape = meta.shape
-        key = (cq, shape, meta.rank)
+        key = meta.key
         settled = self.settled.get(key)
         if settled is not None:  # the same shape, queue and rank already failed every step
             self.rejected.append(Rejection(original.id, settled[0], settled[1]))
@@ -412,7 +410,7 @@ class _Cycle:
         self.admitted.append(Admission(w.id, gang.placements(self.view.state)))
 
     def _reached(self, meta: Meta) -> None:
-        key = (meta.cluster_queue or "", meta.shape, meta.rank)
+        key = meta.key
         left = self.left
         left[key] -= 1
         if not left[key]:
@@ -424,25 +422,23 @@ class _Cycle:
         self._reject_reached([w for w in valid if w.id not in seen])
 
     def _reject_reached(self, passed: Sequence[Workload]) -> None:
-        """The verdicts of workloads passed over: each repeats its key's (or its queue's)."""
+        """The verdicts of workloads passed over (not yet reached): each repeats its key's or queue's."""
         metas = self.view.metas
-        blocked = self.blocked
-        settled = self.settled
-        never = self.never
-        message = "An older workload of its queue waits first."
+        left = self.left
+        verdicts: dict[tuple[str, Shape, tuple[int, int]], tuple[Reason, str, bool]] = {}
+        waiting = (Reason.WAITING_FOR_HEAD, "An older workload of its queue waits first.", False)
+        for key in left:
+            if key[0] in self.blocked:
+                verdicts[key] = waiting
+            elif key in self.settled:
+                verdicts[key] = (*self.settled[key], False)
+            elif key in self.never:
+                verdicts[key] = (*self.never[key], True)
         out = self.rejected
         for w in passed:
-            meta = metas[w.id]
-            cq = meta.cluster_queue or ""
-            key = (cq, meta.shape, meta.rank)
-            if cq in blocked:
-                out.append(Rejection(w.id, Reason.WAITING_FOR_HEAD, message))
-            elif key in settled:
-                reason, why = settled[key]
-                out.append(Rejection(w.id, reason, why))
-            else:
-                reason, why = never[key]
-                out.append(Rejection(w.id, reason, why, True))
+            key = metas[w.id].key
+            left[key] -= 1
+            out.append(Rejection(w.id, *verdicts[key]))
 
     def _reject(self, w: Workload, reason: Reason, message: str, final: bool = False) -> None:
         self.rejected.append(Rejection(w.id, reason, message, final))

@@ -72,6 +72,8 @@ class Meta:
     lower: Usage
     rank: Rank
     class_known: bool
+    key: tuple[str, Shape, Rank] = ("", (), (0, 0))
+    """(queue, shape, rank): workloads with the same key fare alike within a cycle."""
 
 
 @dataclass(slots=True)
@@ -93,9 +95,15 @@ class Running:
         """When it should finish by its estimate (inf when unknown; never before now)."""
         if self.estimate_s is None:
             return math.inf
-        return max(now_s, self.start_time_s + max(0.0, self.estimate_s - self.progress_s))
+        return max(now_s, self.planned_end_s)
 
     held_milli: int = -1
+    planned_end_s: float = field(init=False, default=math.inf)
+    """When it should finish by its estimate, however late that is (inf when unknown)."""
+
+    def __post_init__(self) -> None:
+        if self.estimate_s is not None:
+            self.planned_end_s = self.start_time_s + max(0.0, self.estimate_s - self.progress_s)
 
     @property
     def device_milli(self) -> int:
@@ -136,6 +144,8 @@ class ClusterView:
     policy_pods: list[PodRequest] = field(default_factory=list)
     policy_seen: set[str] = field(default_factory=set)
     policy_prepared: int = -1
+    capacity_cache: dict[str, float] | None = None
+    """`capacity()`; the capacity arrays change only in `mark_unhealthy` and `mark_healthy`."""
 
     # ---------------------------------------------------------------- construction
 
@@ -276,13 +286,15 @@ class ClusterView:
             if ranked is None:
                 known = self.classes.get(w.priority_class) is not None
                 ranked = self.rank_cache[klass] = (self.classes.rank(w), known)
+            cq = self.cluster_queue(w)
             found = self.metas[w.id] = Meta(
-                cluster_queue=self.cluster_queue(w),
+                cluster_queue=cq,
                 placed=placed,
                 shape=shape,
                 lower=lower,
                 rank=ranked[0],
                 class_known=ranked[1],
+                key=(cq or "", shape, ranked[0]),
             )
         return found
 
@@ -384,6 +396,7 @@ class ClusterView:
             state.dev_mem_cap[i, d] = state.dev_mem_free[i, d] = 0
         state.node_version[i] += 1
         self.never_fits_cache.clear()
+        self.capacity_cache = None
         return hit
 
     def mark_healthy(self, node: str) -> None:
@@ -401,6 +414,7 @@ class ClusterView:
         state.dev_mem_free[i, :width] = state.dev_mem_cap[i, :width] - used_mem
         state.node_version[i] += 1
         self.never_fits_cache.clear()
+        self.capacity_cache = None
 
     # ---------------------------------------------------------------- internals
 
@@ -437,6 +451,12 @@ class ClusterView:
             mine[r] = mine.get(r, 0.0) + sign * a
 
     def capacity(self) -> Mapping[str, float]:
+        """The pool's total of each share resource (kept until a node or device changes health)."""
+        if self.capacity_cache is None:
+            self.capacity_cache = self._capacity()
+        return self.capacity_cache
+
+    def _capacity(self) -> dict[str, float]:
         state = self.state
         return {
             DEVICE_MILLI: float(state.dev_milli_cap.sum()),

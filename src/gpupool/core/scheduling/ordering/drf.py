@@ -47,11 +47,14 @@ class Drf(OrderingPolicy):
         caps = [(r, ctx.capacity[r]) for r in SHARE_RESOURCES if ctx.capacity.get(r)]
         # Each tenant's usage of the resources with a capacity, in `caps` order (the same sums,
         # in the same order, as `dominant_share` over a usage dict: the shares are identical).
-        # Copied now: the caller may change the tenants' usage while it consumes the order.
-        usage = {t: [u.get(r, 0.0) for r, _ in caps] for t, u in ctx.tenant_usage.items()}
         # One sort gives the priority bands, the tenants in each, and each tenant's own order.
         keyed = sorted((-(rk := rank(w))[0], w.tenant, -rk[1], w.submit_time_s, w.id, w) for w in pending)
-        weights = {t: _weight(ctx, t) for t in {item[1] for item in keyed}}
+        tenants = {item[1] for item in keyed}
+        weights = {t: _weight(ctx, t) for t in tenants}
+        # Copied now (only the tenants that wait: no other share is read): the caller may change
+        # the tenants' usage while it consumes the order.
+        held = ctx.tenant_usage
+        usage = {t: [held[t].get(r, 0.0) for r, _ in caps] for t in tenants if t in held}
         bands = [[item[1:] for item in band] for _, band in groupby(keyed, key=itemgetter(0))]
         return _DrfStream(bands, usage, caps, weights, ctx.demand)
 
