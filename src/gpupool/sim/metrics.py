@@ -66,6 +66,8 @@ class ReplayMetrics:
     lost_device_s: float = 0.0
     last_finish_s: float = 0.0
     last_arrival_s: float = 0.0
+    fair_for: tuple[dict[str, float], dict[str, float]] = ({}, {})
+    """The last demands water-filled and their division (reused while the demands hold)."""
 
     def arrived(self, job: TraceJob) -> None:
         self.jobs += 1
@@ -112,7 +114,9 @@ class ReplayMetrics:
             for tenant, waiting in self.tenant_pending_milli.items():
                 demand[tenant] = demand.get(tenant, 0.0) + waiting
             demand = {t: d for t, d in demand.items() if d > 0}
-            for tenant, fair in waterfill(float(self.total_milli), demand).items():
+            if demand != self.fair_for[0]:  # the division changes only with the demands
+                self.fair_for = (demand, waterfill(float(self.total_milli), demand))
+            for tenant, fair in self.fair_for[1].items():
                 self.tenant_fair[tenant] = self.tenant_fair.get(tenant, 0.0) + fair * dt
         self.last_s = now_s
 
