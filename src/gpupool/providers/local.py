@@ -55,6 +55,7 @@ class LocalProvider(Provider):
                                fallback_simulate=fallback_simulate, probe=probe, mps=mps,
                                cgroup_root=cgroup_root, clock=clock, ib_sysfs_root=ib_sysfs_root)
         self._closed = False
+        self._final_statuses: dict[str, PodStatus] = {}
 
     def missing_capabilities(self) -> dict[Capability, str]:
         missing = {Capability.MULTI_NODE: "the local provider runs pods on this machine only"}
@@ -88,7 +89,16 @@ class LocalProvider(Provider):
         self.agent.stop(pod_id, grace_s)
 
     def poll(self) -> list[PodStatus]:
-        return [_status(self.agent.node_name, r) for r in self.agent.poll()]
+        node, finals = self.agent.node_name, self._final_statuses
+        statuses = []
+        for record in self.agent.poll():
+            status = finals.get(record.pod_id)
+            if status is None:
+                status = _status(node, record)
+                if record.finished:  # a finished record never changes again: convert it once
+                    finals[record.pod_id] = status
+            statuses.append(status)
+        return statuses
 
     def read_log(self, pod_id: str, stream: str = "stdout", offset: int = 0) -> LogChunk:
         return self.agent.read_log(pod_id, stream, offset)

@@ -7,15 +7,16 @@ provider still knows them and marked lost (never started again) when it does not
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 
-from sqlalchemy import select
+from sqlalchemy import Connection, bindparam, select, update
 from sqlalchemy.orm import Session
 
 from gpupool.core.model import WorkloadStatus
 from gpupool.providers.base import PodPhase, PodStatus
-from gpupool.server.orm import PodRow, WorkloadRow
+from gpupool.server.orm import Base, PodRow, WorkloadRow
 from gpupool.server.runtime import Runtime
-from gpupool.server.services.events import transition
+from gpupool.server.services.events import Move, apply_moves, transition
 from gpupool.server.services.workloads import stop_pods
 from gpupool.server.states import ACTIVE_POD_STATES, EventReason, PodState
 
@@ -77,6 +78,11 @@ class Reconciler:
             return 0
         now = self.rt.clock()
         to_stop: list[str] = []
+        if all(s.phase is PodPhase.SUCCEEDED for s in finished):
+            with self.rt.store.write() as session:
+                _apply_successes(session.connection(), finished, now)
+            self._settled.update(s.pod_id for s in finished)
+            return len(finished)
         with self.rt.store.write() as session, session.no_autoflush:
             ids = [f.pod_id for f in finished]
             pods = {p.id: p for p in session.scalars(select(PodRow).where(PodRow.id.in_(ids)))}
@@ -124,3 +130,48 @@ class Reconciler:
         transition(session, row, WorkloadStatus.FAILED.value, reason,
                    f"Pod {pod.name} {what}{detail}.", now, pod.id)
         return to_stop
+
+
+_PODS = Base.metadata.tables["pods"]
+_WORKLOADS = Base.metadata.tables["workloads"]
+_SETTLE_POD = update(_PODS).where(_PODS.c.id == bindparam("p_id")).values(
+    status=bindparam("p_status"), exit_code=bindparam("p_exit_code"), finished_s=bindparam("p_finished_s"),
+    message=bindparam("p_message"))
+
+
+def _apply_successes(conn: Connection, finished: Sequence[PodStatus], now: float) -> None:
+    """`Reconciler._apply` for a batch of pods that all exited 0, with bulk statements: the same pod
+    rows, and a workload succeeds (with its `completed` event) once every pod of its current
+    attempt has succeeded."""
+    ids = [s.pod_id for s in finished]
+    pods = {r.id: r for r in conn.execute(
+        select(_PODS.c.id, _PODS.c.workload_id, _PODS.c.attempt, _PODS.c.status).where(_PODS.c.id.in_(ids)))}
+    settled: list[dict[str, object]] = []
+    attempts: dict[str, set[int]] = {}
+    for status in finished:
+        pod = pods.get(status.pod_id)
+        if pod is None or not PodState(pod.status).is_active:
+            continue  # already settled here (cancel, drain, recovery); the provider only confirms it
+        settled.append({"p_id": pod.id, "p_status": PodState.SUCCEEDED.value, "p_exit_code": status.exit_code,
+                        "p_finished_s": now, "p_message": status.message[:1024]})
+        attempts.setdefault(pod.workload_id, set()).add(pod.attempt)
+    if not settled:
+        return
+    conn.execute(_SETTLE_POD, settled)
+    rows = {r.id: r for r in conn.execute(
+        select(_WORKLOADS.c.id, _WORKLOADS.c.status, _WORKLOADS.c.attempt)
+        .where(_WORKLOADS.c.id.in_(attempts))
+    ) if r.attempt in attempts[r.id] and not WorkloadStatus(r.status).is_final}
+    if not rows:
+        return
+    done = dict.fromkeys(rows, True)
+    for workload_id, attempt, pod_status in conn.execute(
+        select(_PODS.c.workload_id, _PODS.c.attempt, _PODS.c.status).where(_PODS.c.workload_id.in_(rows))
+    ):
+        if attempt == rows[workload_id].attempt and pod_status != PodState.SUCCEEDED.value:
+            done[workload_id] = False
+    apply_moves(conn, [
+        Move(workload_id, rows[workload_id].status, WorkloadStatus.SUCCEEDED.value, EventReason.COMPLETED,
+             "Every pod exited 0.", now, columns=(("exit_code", 0), ("finished_s", now)))
+        for workload_id, succeeded in done.items() if succeeded
+    ])

@@ -37,7 +37,10 @@ ARRIVAL_MARGIN_S = 10.0
 LAUNCH_THREADS = 4
 _W = Base.metadata.tables["workloads"]
 _INSERT_POD = insert(Base.metadata.tables["pods"])
-_SET_REASON = update(_W).where(_W.c.id == bindparam("r_id")).values(
+_SET_REASON = update(_W).where(
+    _W.c.id == bindparam("r_id"), _W.c.status == WorkloadStatus.PENDING.value,
+    _W.c.reason != bindparam("r_reason"),
+).values(
     reason=bindparam("r_reason"), message=bindparam("r_message"))
 _POLICIES_TAKE_QUOTA = "quota" in {f.name for f in dataclasses.fields(Policies)}
 
@@ -85,6 +88,8 @@ class Scheduler:
         self._last_full_s = float("-inf")
         self._last_nodes: tuple[Node, ...] = ()
         self._launcher: ThreadPoolExecutor | None = None
+        self._reasons: dict[str, str] = {}
+        """The reason last stored for pending work this loop set aside (see `_record`)."""
 
     def cycle(self, capacity_changed: bool = True) -> CycleStats:
         """Admit what fits now.
@@ -134,11 +139,14 @@ class Scheduler:
         with self.rt.store.write() as session:
             conn = session.connection()
             admitted = _states(conn, [a.workload_id for a in result.admitted], with_spec=True)
-            rejected = _states(conn, [r.workload_id for r in result.rejected], with_spec=False)
+            final = view.unschedulable_nodes == 0
+            rejected = _states(conn, [r.workload_id for r in result.rejected if r.final and final],
+                               with_spec=False)
             for admission in result.admitted:
                 row = admitted.get(admission.workload_id)
                 if row is None or row.status != WorkloadStatus.PENDING.value:
                     continue  # cancelled while the cycle ran
+                self._reasons.pop(row.id, None)
                 attempt = row.attempt + 1
                 world = len(admission.placements)
                 for placement in admission.placements:
@@ -162,20 +170,30 @@ class Scheduler:
             if pods:
                 conn.execute(_INSERT_POD, pods)
             for rejection in result.rejected:
-                row = rejected.get(rejection.workload_id)
-                if row is None or row.status != WorkloadStatus.PENDING.value:
-                    continue
-                if rejection.final and view.unschedulable_nodes == 0:
-                    moves.append(Move(row.id, row.status, WorkloadStatus.FAILED.value,
-                                      rejection.reason.value, rejection.message, now,
-                                      columns=(("finished_s", now),)))
-                elif row.reason != rejection.reason.value:
-                    reasons.append({"r_id": row.id, "r_reason": rejection.reason.value,
+                if rejection.final and final:
+                    row = rejected.get(rejection.workload_id)
+                    if row is not None and row.status == WorkloadStatus.PENDING.value:
+                        moves.append(Move(row.id, row.status, WorkloadStatus.FAILED.value,
+                                          rejection.reason.value, rejection.message, now,
+                                          columns=(("finished_s", now),)))
+                elif self._reasons.get(rejection.workload_id) != rejection.reason.value:
+                    # The row's reason is set only where it differs (the UPDATE checks): the rows of
+                    # work that waits cycle after cycle for the same reason are not even read.
+                    reasons.append({"r_id": rejection.workload_id, "r_reason": rejection.reason.value,
                                     "r_message": rejection.message[:1024]})
             apply_moves(conn, moves)
             if reasons:
                 conn.execute(_SET_REASON, reasons)
+        self._remember_reasons(reasons, view)
         return launches
+
+    def _remember_reasons(self, recorded: list[dict[str, object]], view: StoreView) -> None:
+        """Note the reasons now stored (after their commit), forgetting work no longer pending."""
+        if len(self._reasons) > 2 * len(view.pending) + 1024:
+            still = {w.id for w in view.pending} | self._inadmissible
+            self._reasons = {k: v for k, v in self._reasons.items() if k in still}
+        for item in recorded:
+            self._reasons[str(item["r_id"])] = str(item["r_reason"])
 
     def _launch(self, launches: list[PodLaunch]) -> None:
         """Ask the provider (outside any transaction), then record what started."""

@@ -139,8 +139,9 @@ def commit(rt: Runtime, batch: Sequence[Submission]) -> int:
     accepted: list[Submission] = []
     try:
         with rt.store.write() as session:
+            conn = session.connection()  # Core statements: none of the ORM's per-statement work
             tenants = sorted({item.tenant for item in batch})
-            quotas = {(t, q): limit for t, q, limit in session.execute(
+            quotas = {(t, q): limit for t, q, limit in conn.execute(
                 select(QueueRow.tenant, QueueRow.name, QueueRow.quota_device_milli)
                 .where(QueueRow.tenant.in_(tenants))
             )}
@@ -149,8 +150,8 @@ def commit(rt: Runtime, batch: Sequence[Submission]) -> int:
                 if item.error is None:
                     accepted.append(item)
             if accepted:
-                session.execute(_INSERT_WORKLOAD, [item.workload for item in accepted])
-                session.execute(_INSERT_EVENT, [item.event for item in accepted])
+                conn.execute(_INSERT_WORKLOAD, [item.workload for item in accepted])
+                conn.execute(_INSERT_EVENT, [item.event for item in accepted])
     except Exception as exc:  # the store's own error: every submission of this batch failed
         log.warning("storing %d submission(s) failed: %s", len(accepted), exc)
         for item in accepted:
