@@ -20,7 +20,14 @@ from sqlalchemy import Connection, Row, bindparam, insert, select, update
 
 from gpupool.core.model import Node, PodPlacement, PodRequest, Workload, WorkloadStatus
 from gpupool.core.quota import DEVICE_MILLI, QuotaConfig, QuotaTracker, cluster_queue_of
-from gpupool.core.scheduling.cycle import CycleResult, Policies, order_pending, run_cycle
+from gpupool.core.scheduling.cycle import (
+    Admission,
+    CycleResult,
+    Policies,
+    Rejection,
+    order_pending,
+    run_cycle,
+)
 from gpupool.errors import GpupoolError
 from gpupool.providers.base import PodLaunch
 from gpupool.server.loops.snapshot import StoreView, WorkloadCache, load
@@ -35,6 +42,7 @@ FULL_RESCAN_S = 10.0
 ARRIVAL_MARGIN_S = 10.0
 """New arrivals are read from (newest seen - margin), so a slow commit is never skipped."""
 LAUNCH_THREADS = 4
+RECORD_CHUNK = 64
 _W = Base.metadata.tables["workloads"]
 _INSERT_POD = insert(Base.metadata.tables["pods"])
 _SET_REASON = update(_W).where(
@@ -127,22 +135,35 @@ class Scheduler:
         return CycleStats(len(result.admitted), len(candidates), time.perf_counter() - start)
 
     def _record(self, result: CycleResult, view: StoreView) -> list[PodLaunch]:
-        """Admissions and rejections in one short transaction of bulk statements (one read of the
-        rows' states, one UPDATE per kind of change, one INSERT of pods and one of events); returns
-        the pods to launch."""
+        """Admissions and rejections in short transactions of bulk statements, RECORD_CHUNK of each
+        at a time so that submissions are never kept waiting on the store's write lock for long;
+        returns the pods to launch (after every chunk is committed)."""
         now = self.rt.clock()
-        launches: list[PodLaunch] = []
         by_id = {w.id: w for w in view.pending}
+        admissions, rejections = result.admitted, result.rejected
+        launches: list[PodLaunch] = []
+        for start in range(0, max(len(admissions), len(rejections)), RECORD_CHUNK):
+            if start:
+                time.sleep(0)  # let a waiting submission batch take the write lock in between
+            launches += self._record_some(admissions[start:start + RECORD_CHUNK],
+                                          rejections[start:start + RECORD_CHUNK], view, by_id, now)
+        return launches
+
+    def _record_some(self, admissions: Sequence[Admission], rejections: Sequence[Rejection],
+                     view: StoreView, by_id: dict[str, Workload], now: float) -> list[PodLaunch]:
+        """One transaction: one read of the rows' states, one UPDATE per kind of change, one INSERT
+        of pods and one of events; returns the pods to launch."""
+        launches: list[PodLaunch] = []
         pods: list[dict[str, object]] = []
         moves: list[Move] = []
         reasons: list[dict[str, object]] = []
         with self.rt.store.write() as session:
             conn = session.connection()
-            admitted = _states(conn, [a.workload_id for a in result.admitted], with_spec=True)
+            admitted = _states(conn, [a.workload_id for a in admissions], with_spec=True)
             final = view.unschedulable_nodes == 0
-            rejected = _states(conn, [r.workload_id for r in result.rejected if r.final and final],
+            rejected = _states(conn, [r.workload_id for r in rejections if r.final and final],
                                with_spec=False)
-            for admission in result.admitted:
+            for admission in admissions:
                 row = admitted.get(admission.workload_id)
                 if row is None or row.status != WorkloadStatus.PENDING.value:
                     continue  # cancelled while the cycle ran
@@ -169,7 +190,7 @@ class Scheduler:
                 ))
             if pods:
                 conn.execute(_INSERT_POD, pods)
-            for rejection in result.rejected:
+            for rejection in rejections:
                 if rejection.final and final:
                     row = rejected.get(rejection.workload_id)
                     if row is not None and row.status == WorkloadStatus.PENDING.value:
