@@ -101,3 +101,27 @@ def test_incremental_snapshot_matches_a_fresh_read(db_url: str, tmp_path: Path) 
     held = {a.workload.id for a in load(rt, cache).snapshot.allocations}
     assert ids[1] not in held and held  # the cancelled one left, the others are still there
     rt.store.close()
+
+
+def test_a_burst_of_arrivals_is_decided_in_capped_cycles(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A cycle that looks at new arrivals takes at most ARRIVALS_PER_CYCLE of them, oldest first,
+    and asks for another cycle; every arrival is decided in the following ones."""
+    from gpupool.server.loops import scheduler
+
+    monkeypatch.setattr(scheduler, "ARRIVALS_PER_CYCLE", 4)
+    provider = ManualProvider([node("n0", devices=8, model="H100")])
+    rt, _ = make_runtime(f"sqlite:///{tmp_path / 'store.sqlite'}", tmp_path, provider)
+    loop = ControlLoop(rt)
+    loop.step()  # the first pass reads everything; later ones read new arrivals only
+    ids = [workloads.submit(rt, ADMIN, _spec(0.25)).id for _ in range(10)]
+    rt.wake.clear()
+    admitted_per_step = []
+    for _ in range(3):
+        before = len(provider.running())
+        loop.step(woken=True)
+        admitted_per_step.append(len(provider.running()) - before)
+    assert admitted_per_step == [4, 4, 2]
+    assert all(workloads.get(rt, ADMIN, i).status == "running" for i in ids)
+    admitted_at = [workloads.get(rt, ADMIN, i).admitted_s for i in ids]
+    assert admitted_at == sorted(admitted_at)  # oldest first
+    rt.store.close()

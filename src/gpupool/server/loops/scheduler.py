@@ -30,7 +30,7 @@ from gpupool.core.scheduling.cycle import (
 )
 from gpupool.errors import GpupoolError
 from gpupool.providers.base import PodLaunch
-from gpupool.server.loops.snapshot import StoreView, WorkloadCache, load
+from gpupool.server.loops.snapshot import MAX_PENDING_PER_CYCLE, StoreView, WorkloadCache, load
 from gpupool.server.orm import Base, PodRow, WorkloadRow
 from gpupool.server.runtime import Runtime
 from gpupool.server.services.events import Move, apply_moves, transition
@@ -40,6 +40,11 @@ from gpupool.server.states import EventReason, PodState
 log = logging.getLogger("gpupool.scheduler")
 FULL_RESCAN_S = 10.0
 ARRIVAL_MARGIN_S = 10.0
+ARRIVALS_PER_CYCLE = 128
+"""A cycle that looks at new arrivals only takes at most this many, first in the core's order;
+the rest go to the next cycles. A burst of submissions is then decided in several short cycles,
+as if the loop had run during the burst, rather than one long one that holds up the API (which
+shares the interpreter with the loop). Full passes read up to MAX_PENDING_PER_CYCLE."""
 """New arrivals are read from (newest seen - margin), so a slow commit is never skipped."""
 LAUNCH_THREADS = 4
 RECORD_CHUNK = 64
@@ -112,13 +117,20 @@ class Scheduler:
         if full:
             self._inadmissible.clear()
             self._last_full_s = now
+        limit = MAX_PENDING_PER_CYCLE if full else ARRIVALS_PER_CYCLE
         view = load(self.rt, self.cache, since_s=None if full else self._horizon_s,
-                    skip=frozenset(self._inadmissible))
+                    skip=frozenset(self._inadmissible), limit=limit)
         if view.snapshot.nodes != self._last_nodes:
             self._last_nodes = view.snapshot.nodes
             if not full:
                 self._horizon_s = None  # nodes changed: look at everything next cycle
-        if full or view.pending:
+        more = not full and len(view.pending) >= limit
+        if more:
+            # More arrivals wait beyond this cycle's share: keep the horizon where it is (what is
+            # decided now is admitted or set aside, so the next cycle reads the ones after it) and
+            # run again soon, after the loop's rest.
+            self.rt.wake.set()
+        elif full or view.pending:
             newest = max((w.submit_time_s for w in view.pending), default=now) - ARRIVAL_MARGIN_S
             self._horizon_s = newest if self._horizon_s is None else max(self._horizon_s, newest)
         candidates = [w for w in view.pending if w.id not in self._inadmissible]
@@ -129,7 +141,7 @@ class Scheduler:
             result = run_cycle(view.snapshot, candidates, policies, now, self.rng)
         else:
             result = run_cycle(view.snapshot, within_quota(candidates, view), self.policies, now, self.rng)
-        self._inadmissible.update(r.workload_id for r in result.rejected if not r.final)
+        self._inadmissible.update(r.workload_id for r in result.rejected if not r.final or more)
         launches = self._record(result, view)
         self._launch(launches)
         return CycleStats(len(result.admitted), len(candidates), time.perf_counter() - start)
@@ -155,6 +167,7 @@ class Scheduler:
         of pods and one of events; returns the pods to launch."""
         launches: list[PodLaunch] = []
         pods: list[dict[str, object]] = []
+        allocated: list[tuple[str, list[str], list[PodPlacement]]] = []
         moves: list[Move] = []
         reasons: list[dict[str, object]] = []
         with self.rt.store.write() as session:
@@ -170,6 +183,8 @@ class Scheduler:
                 self._reasons.pop(row.id, None)
                 attempt = row.attempt + 1
                 world = len(admission.placements)
+                in_order = sorted(admission.placements, key=lambda p: int(p.pod.removeprefix("r")))
+                allocated.append((row.id, [f"{row.id}-a{attempt}-{p.pod}" for p in in_order], in_order))
                 for placement in admission.placements:
                     rank = int(placement.pod.removeprefix("r"))
                     pod_id = f"{row.id}-a{attempt}-r{rank}"
@@ -206,6 +221,8 @@ class Scheduler:
             if reasons:
                 conn.execute(_SET_REASON, reasons)
         self._remember_reasons(reasons, view)
+        for workload_id, pod_ids, placements in allocated:
+            self.cache.admitted(by_id[workload_id], pod_ids, placements, now)
         return launches
 
     def _remember_reasons(self, recorded: list[dict[str, object]], view: StoreView) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import collections
 import logging
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -56,6 +57,22 @@ class WorkloadCache:
                 return
             self._items[workload.id] = workload
 
+    def admitted(self, workload: Workload, pod_ids: Sequence[str], placements: Sequence[PodPlacement],
+                 start_time_s: float) -> None:
+        """Note an allocation this process has just committed (pods `pod_ids`, in rank order), so
+        the next snapshot need not read it back: it is used only while exactly these pods are the
+        workload's active ones, on the same nodes as the cached allocations."""
+        if not all(p.node in self._allocation_nodes for p in placements):
+            return  # the next read sees it (and says why its placements are filtered)
+        slices = tuple(
+            PodPlacement(pod=p.pod, node=p.node, slices=tuple(
+                Slice(device_index=s.device_index, compute_milli=s.compute_milli, memory_mib=s.memory_mib)
+                for s in p.slices))
+            for p in placements
+        )
+        self._allocations[workload.id] = (tuple(sorted(pod_ids)), Allocation(
+            workload=workload, placements=slices, start_time_s=start_time_s))
+
     def known(self, row_id: str, priority: int) -> Workload | None:
         found = self._items.get(row_id)
         return found if found is not None and found.priority == priority else None
@@ -77,11 +94,12 @@ def queue_name(tenant: str, queue: str) -> str:
 
 
 def load(rt: Runtime, cache: WorkloadCache, since_s: float | None = None,
-         skip: frozenset[str] = frozenset()) -> StoreView:
+         skip: frozenset[str] = frozenset(), limit: int = MAX_PENDING_PER_CYCLE) -> StoreView:
     """One read session; the provider's nodes are read first, outside it.
 
     With `since_s`, only pending work submitted at or after it is read (new arrivals), and of
-    that only what is not in `skip` is read in full. Specs are read only for workloads the cache
+    that only what is not in `skip` is read in full; at most `limit` pending workloads are read,
+    first in the core's order. Specs are read only for workloads the cache
     has not parsed yet, and running work only for workloads whose active pods changed since the
     last call (the ids of every active pod are read each time).
     """
@@ -90,25 +108,26 @@ def load(rt: Runtime, cache: WorkloadCache, since_s: float | None = None,
     pending_query = select(WorkloadRow.id, WorkloadRow.tenant, WorkloadRow.priority,
                            WorkloadRow.submit_s).where(WorkloadRow.status == WorkloadStatus.PENDING.value)
     with rt.store.read() as session:
+        conn = session.connection()  # Core execution: none of the ORM's per-statement work
         if since_s is not None:
-            recent = session.scalars(
+            recent = conn.scalars(
                 select(WorkloadRow.id).where(WorkloadRow.status == WorkloadStatus.PENDING.value,
                                              WorkloadRow.submit_s >= since_s)
             ).all()
             pending_query = pending_query.where(WorkloadRow.id.in_([i for i in recent if i not in skip]))
-        pending_rows = session.execute(
+        pending_rows = conn.execute(
             pending_query
             .order_by(WorkloadRow.priority.desc(), WorkloadRow.submit_s, WorkloadRow.id)
-            .limit(MAX_PENDING_PER_CYCLE)
+            .limit(limit)
         ).all()
-        active_ids = session.execute(
+        active_ids = conn.execute(
             select(PodRow.workload_id, PodRow.id, WorkloadRow.priority)
             .join(WorkloadRow, WorkloadRow.id == PodRow.workload_id)
             .where(PodRow.status.in_(ACTIVE_POD_STATES))
         ).all()
         known_nodes = frozenset(n.name for n in nodes)
         changed = _changed_allocations(cache, active_ids, known_nodes)
-        active = session.execute(
+        active = conn.execute(
             select(PodRow.workload_id, PodRow.id, PodRow.rank, PodRow.node, PodRow.slices, WorkloadRow.tenant,
                    WorkloadRow.priority, WorkloadRow.submit_s, WorkloadRow.admitted_s)
             .join(WorkloadRow, WorkloadRow.id == PodRow.workload_id)
@@ -116,11 +135,11 @@ def load(rt: Runtime, cache: WorkloadCache, since_s: float | None = None,
         ).all() if changed else []
         unparsed = {r.id for r in pending_rows if cache.known(r.id, r.priority) is None}
         unparsed.update(r.workload_id for r in active if cache.known(r.workload_id, r.priority) is None)
-        specs: dict[str, Any] = {r.id: r.spec for r in session.execute(
+        specs: dict[str, Any] = {r.id: r.spec for r in conn.execute(
             select(WorkloadRow.id, WorkloadRow.spec).where(WorkloadRow.id.in_(unparsed))
         )} if unparsed else {}
-        queues = session.execute(select(QueueRow.tenant, QueueRow.name, QueueRow.quota_device_milli)).all()
-        cordoned = set(session.scalars(select(NodeFlagRow.name).where(NodeFlagRow.cordoned.is_(True))))
+        queues = conn.execute(select(QueueRow.tenant, QueueRow.name, QueueRow.quota_device_milli)).all()
+        cordoned = set(conn.scalars(select(NodeFlagRow.name).where(NodeFlagRow.cordoned.is_(True))))
     nodes = tuple(replace(n, cordoned=True) if n.name in cordoned and not n.cordoned else n for n in nodes)
     pending = tuple(_workload(cache, r.id, specs, r.tenant, r.priority, r.submit_s) for r in pending_rows)
     allocations = _allocations(active, known_nodes, cache, specs)
