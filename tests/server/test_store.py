@@ -103,7 +103,8 @@ def test_incremental_snapshot_matches_a_fresh_read(db_url: str, tmp_path: Path) 
     rt.store.close()
 
 
-def test_a_burst_of_arrivals_is_decided_in_capped_cycles(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_burst_of_arrivals_is_decided_in_capped_cycles(tmp_path: Path,
+                                                          monkeypatch: pytest.MonkeyPatch) -> None:
     """A cycle that looks at new arrivals takes at most ARRIVALS_PER_CYCLE of them, oldest first,
     and asks for another cycle; every arrival is decided in the following ones."""
     from gpupool.server.loops import scheduler
