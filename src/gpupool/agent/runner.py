@@ -9,8 +9,10 @@ ours) and reports the others finished (exit status from exit.json) or lost, with
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import re
+import selectors
 import signal
 import subprocess
 import threading
@@ -26,6 +28,7 @@ from gpupool.agent.shim import shim_argv
 from gpupool.errors import InvalidInput, NotFound
 from gpupool.providers.base import LogChunk, PodPhase
 
+log = logging.getLogger("gpupool.agent")
 _POD_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 _ESCALATION_POLL_S = 0.02
 
@@ -74,6 +77,8 @@ class Runner:
         """Pods whose process is being started (outside the lock): not reaped until it exists."""
         self._final_copies: dict[str, PodRecord] = {}
         """Copies of finished records (they never change again), so poll() costs O(running pods)."""
+        self._exit_listeners: list[Callable[[], None]] = []
+        self._reaper: _Reaper | None = None
         self._readopt()
 
     # ---- paths and persistence -------------------------------------------------------------
@@ -137,6 +142,11 @@ class Runner:
             self._save(record)
             if record.stop_requested_at_s is not None:  # stopped while it was being started
                 self._signal_group(record, signal.SIGTERM)
+            reaper = self._reaper
+            if reaper is None and _Reaper.supported():
+                reaper = self._reaper = _Reaper(self._reap_exited)
+        if reaper is not None:
+            reaper.watch(record.pod_id, child.pid)
 
     # ---- stop ------------------------------------------------------------------------------
     def stop(self, pod_id: str, grace_s: float = 10.0) -> None:
@@ -181,6 +191,26 @@ class Runner:
         with self._lock:
             record = self._records.get(pod_id)
             return None if record is None else record.model_copy()
+
+    def add_exit_listener(self, listener: Callable[[], None]) -> None:
+        """Call `listener()` (from the reaper thread) after pods this runner started have exited and
+        been reaped; poll() then reports them finished."""
+        self._exit_listeners.append(listener)
+
+    def _reap_exited(self, pod_ids: Sequence[str]) -> None:
+        """The reaper thread's work: what poll() would do for these pods, as soon as they exit, so
+        the state file writes of a finish are off the poller's path."""
+        reaped = False
+        with self._lock:
+            for pod_id in pod_ids:
+                record = self._records.get(pod_id)
+                if record is None or record.finished or pod_id in self._spawning or self._alive(record):
+                    continue
+                self._reap(record)
+                reaped = True
+        if reaped:
+            for listener in self._exit_listeners:
+                listener()
 
     def poll(self) -> list[PodRecord]:
         """Reap finished pods, escalate overdue stops, and return a copy of every record (a finished
@@ -342,4 +372,72 @@ class Runner:
             for timer in self._timers.values():
                 timer.cancel()
             self._timers.clear()
+            reaper, self._reaper = self._reaper, None
+        if reaper is not None:
+            reaper.stop()
+
+
+class _Reaper:
+    """One thread that waits on the pidfds of the pods' main processes and hands the pods whose
+    process exited to `on_exit` (Linux >= 5.3; without pidfds, poll() alone reaps, as before)."""
+
+    def __init__(self, on_exit: Callable[[Sequence[str]], None]) -> None:
+        self._on_exit = on_exit
+        self._selector = selectors.DefaultSelector()
+        self._lock = threading.Lock()
+        self._wake_r, self._wake_w = os.pipe()
+        self._selector.register(self._wake_r, selectors.EVENT_READ, None)
+        self._stopping = False
+        self._thread = threading.Thread(target=self._run, name="gpupool-reaper", daemon=True)
+        self._thread.start()
+
+    @staticmethod
+    def supported() -> bool:
+        return hasattr(os, "pidfd_open")
+
+    def watch(self, pod_id: str, pid: int) -> None:
+        try:
+            fd = os.pidfd_open(pid)
+        except OSError:  # already reaped by a poll (or no pidfd support here): poll() has it
+            return
+        with self._lock:
+            if self._stopping:
+                os.close(fd)
+                return
+            self._selector.register(fd, selectors.EVENT_READ, pod_id)
+
+    def stop(self) -> None:
+        with self._lock:
+            self._stopping = True
+        os.write(self._wake_w, b"x")
+        self._thread.join(timeout=10)
+        if not self._thread.is_alive():
+            os.close(self._wake_r)
+            os.close(self._wake_w)
+
+    def _run(self) -> None:
+        try:
+            while True:
+                ready = self._selector.select()
+                exited: list[str] = []
+                with self._lock:
+                    if self._stopping:
+                        return
+                    for key, _ in ready:
+                        if key.data is None:
+                            continue
+                        self._selector.unregister(key.fd)
+                        os.close(key.fd)
+                        exited.append(key.data)
+                if exited:
+                    try:
+                        self._on_exit(exited)
+                    except Exception:  # poll() reaps whatever this could not
+                        log.exception("reaping %d pod(s) failed", len(exited))
+        finally:
+            with self._lock:
+                for key in list(self._selector.get_map().values()):
+                    if key.data is not None:
+                        os.close(key.fd)
+                self._selector.close()
 

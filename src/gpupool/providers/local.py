@@ -88,6 +88,11 @@ class LocalProvider(Provider):
     def stop(self, pod_id: str, grace_s: float = 10.0) -> None:
         self.agent.stop(pod_id, grace_s)
 
+    def add_exit_listener(self, listener: Callable[[], None]) -> None:
+        """Call `listener()` from a background thread soon after pods exit (and are reaped), so a
+        control loop can poll at once instead of at its next interval."""
+        self.agent.runner.add_exit_listener(listener)
+
     def poll(self) -> list[PodStatus]:
         node, finals = self.agent.node_name, self._final_statuses
         statuses = []

@@ -7,7 +7,7 @@ sees the simulated nodes and devices.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -60,6 +60,10 @@ class LocalPool(Provider):
         if member is None:
             raise ProviderError(f"Unknown node {pod.node!r}; this pool has {', '.join(self._members)}.")
         member.launch(pod)
+
+    def add_exit_listener(self, listener: Callable[[], None]) -> None:
+        for member in self._members.values():
+            member.add_exit_listener(listener)
 
     def stop(self, pod_id: str, grace_s: float = 10.0) -> None:
         for member in self._members.values():

@@ -32,9 +32,13 @@ class ControlLoop:
         self._thread: threading.Thread | None = None
         self.recovered: tuple[int, int] | None = None
         self._last_cycle = float("-inf")
+        self._exited = threading.Event()
 
     def start(self) -> None:
         self.recovered = self.reconciler.recover()
+        add_exit_listener = getattr(self.rt.provider, "add_exit_listener", None)
+        if add_exit_listener is not None:  # pods' exits wake the loop (no waiting for the next poll)
+            add_exit_listener(self._pods_exited)
         self._thread = threading.Thread(target=self._run, name="gpupool-control-loop", daemon=True)
         self._thread.start()
 
@@ -62,11 +66,18 @@ class ControlLoop:
                 self.metrics.cycle_seconds.observe(stats.seconds)
         return bool(changed or admitted or self.reconciler.active)
 
+    def _pods_exited(self) -> None:
+        self._exited.set()
+        self.rt.wake.set()
+
     def _run(self) -> None:
         settings = self.rt.settings
         while not self._stop.is_set():
+            exited = self._exited.is_set()
+            self._exited.clear()
             woken = self.rt.wake.is_set()
-            if woken:
+            rest = woken and not exited  # pods' exits are handled at once, without the rests below
+            if rest:
                 # Let the request that woke the loop be answered first: the API shares the GIL with
                 # this thread, and a cycle starting at once would hold up that answer by a switch
                 # interval or more (it also gathers the next few submissions into this cycle).
@@ -79,7 +90,7 @@ class ControlLoop:
                 log.exception("control loop step failed; retrying")
                 busy = False
                 time.sleep(settings.cycle_interval_s)
-            if woken:
+            if rest:
                 # A burst of submissions wakes the loop once per request: resting as long as the
                 # step took batches them into cycles and leaves the API at least half the CPU.
                 self._stop.wait(time.perf_counter() - began)
