@@ -4,7 +4,8 @@ The snapshot is a pool filled to the brim with running work (OpenB-like shapes: 
 whole devices, 2- and 8-device gangs) and 1,000 pending workloads of the same mix. Target: median
 under 50 ms. Each configuration is timed over --repeat cycles on a fresh copy of the inputs.
 
-    python bench/cycle_latency.py [--repeat 15] [--policies fgd-strand,first-fit] [--json OUT.json]
+    python bench/cycle_latency.py [--repeat 15] [--policies fgd-strand,first-fit] [--gc server|default]
+        [--json OUT.json]
 
 The first placement policy is the project's default (`Policies()`); the load average of the
 machine is recorded beside the figures.
@@ -23,6 +24,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
+from gpupool import gc_tuning
 from gpupool.core.model import ClusterSnapshot, Device, Node, PodRequest, Workload
 from gpupool.core.quota import QuotaConfig, devices_milli
 from gpupool.core.scheduling.cycle import Policies, run_cycle
@@ -94,6 +96,13 @@ def main() -> int:
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--policies", default=f"{DEFAULT_POLICY},first-fit")
     parser.add_argument("--json", type=Path, default=Path("bench/results/cycle_latency.json"))
+    parser.add_argument(
+        "--gc",
+        choices=("server", "default"),
+        default="server",
+        help="server: the garbage-collector settings `gpupool up` runs with (gpupool/gc_tuning.py); "
+        "default: CPython's own.",
+    )
     args = parser.parse_args()
     console = Console()
     placements = [p for p in args.policies.split(",") if p]
@@ -104,6 +113,8 @@ def main() -> int:
         )
         return 2
     snapshot, pending = build(args.nodes, args.pending, args.seed)
+    if args.gc == "server":
+        gc_tuning.tune()
     quota = QuotaConfig.per_tenant(
         {t: {"device_milli": devices_milli(args.nodes * 8 / len(TENANTS))} for t in TENANTS}
     )
@@ -118,7 +129,8 @@ def main() -> int:
         ]
     table = Table(
         title=f"One cycle: {args.nodes} nodes / {args.nodes * 8} devices, "
-        f"{len(snapshot.allocations)} running, {len(pending)} pending (target: median < 50 ms)"
+        f"{len(snapshot.allocations)} running, {len(pending)} pending (target: median < 50 ms), "
+        f"{args.gc} GC settings"
     )
     for column in ("configuration", "median ms", "p90 ms", "min ms"):
         table.add_column(column, justify="left" if column == "configuration" else "right")
@@ -145,6 +157,7 @@ def main() -> int:
                 "running": len(snapshot.allocations),
                 "rows": rows,
                 "load_average": list(load),
+                "gc": args.gc,
             },
             indent=2,
         )

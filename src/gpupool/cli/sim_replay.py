@@ -62,6 +62,9 @@ def run_replay(
     if not jobs:
         raise InvalidInput("No jobs in the trace fall inside the window; widen --window.")
     policies = Policies(placement=policy, ordering=ordering, preemption=preemption, backfill=backfill)
+    from gpupool import gc_tuning
+
+    gc_tuning.tune()  # the trace is loaded: freeze it (see gpupool/gc_tuning.py)
     result = replay(ReplayConfig(tuple(nodes), tuple(jobs), policies, seed=seed))
     result["config"] = {
         "trace": trace,

@@ -69,6 +69,9 @@ def _serve(data_dir: Path | None, host: str, port: int, simulate: str, provider:
     token = bootstrap(rt)
     _announce_token(settings.admin_token_path, token)
     print(f"gpupool is serving on http://{host}:{port} (API docs at /docs); stop with Ctrl-C.", flush=True)
+    from gpupool import gc_tuning
+
+    gc_tuning.tune()  # a long-lived heap: see gpupool/gc_tuning.py
     try:
         uvicorn.run(create_app(rt), host=host, port=port, log_level="warning", access_log=False)
     finally:
