@@ -43,8 +43,13 @@ def run_replay(
     backfill: bool,
     exclusive: bool,
     seed: int,
+    tune_gc: bool = False,
 ) -> dict[str, Any]:
-    """Build the replay from CLI-style options and run it (also used by the benchmarks)."""
+    """Build the replay from CLI-style options and run it (also used by the benchmarks).
+
+    `tune_gc` applies the long-running process settings of gpupool/gc_tuning.py once the trace is
+    loaded; the `gpupool sim replay` command sets it (it changes the whole process's collector).
+    """
     from gpupool.core.scheduling.cycle import Policies
     from gpupool.core.scheduling.ordering.base import make_ordering
     from gpupool.core.scheduling.policies.base import policy_class
@@ -62,9 +67,10 @@ def run_replay(
     if not jobs:
         raise InvalidInput("No jobs in the trace fall inside the window; widen --window.")
     policies = Policies(placement=policy, ordering=ordering, preemption=preemption, backfill=backfill)
-    from gpupool import gc_tuning
+    if tune_gc:
+        from gpupool import gc_tuning
 
-    gc_tuning.tune()  # the trace is loaded: freeze it (see gpupool/gc_tuning.py)
+        gc_tuning.tune()  # the trace is loaded: freeze it
     result = replay(ReplayConfig(tuple(nodes), tuple(jobs), policies, seed=seed))
     result["config"] = {
         "trace": trace,
@@ -112,6 +118,7 @@ def replay(
             _on_off(backfill, "--backfill"),
             exclusive,
             seed,
+            tune_gc=True,
         )
         json_out.parent.mkdir(parents=True, exist_ok=True)
         json_out.write_text(json.dumps(result, indent=2, sort_keys=True))
