@@ -169,10 +169,9 @@ class FgdStrand(Fgd):
         """Nodes that can hold a gang shape now (devices, cpu, memory), kept while no more of them
         are left than the larger of `reserve_empty` and the shape's expected arrivals still to come."""
         shapes = self._gang_shapes
-        if self._hosts_of is not state or len(self._hosts) != len(shapes):
-            self._hosts_of = state
-            self._hosts = {_gang_key(g): self._could_host(state, g) for g in shapes}
-            self._host_rows = np.array([self._hosts[_gang_key(g)] for g in shapes])
+        if self._hosts_of is not state or len(self._host_rows) != len(shapes):
+            self._hosts_of, self._hosts = state, {}
+            self._host_rows = np.array([self._could_host(state, g) for g in shapes])
             self._shape_cpu = np.array([g.cpu_milli for g in shapes], dtype=np.int64)[:, None]
             self._shape_mem = np.array([g.memory_mib for g in shapes], dtype=np.int64)[:, None]
             self._shape_devices = np.array([g.num_devices for g in shapes], dtype=np.int64)[:, None]
