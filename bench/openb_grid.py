@@ -170,10 +170,13 @@ def main() -> int:
     reused: dict[int, FillResult] = {}
     reuse_policies = {p.strip() for p in args.reuse_policies.split(",") if p.strip()}
     if args.reuse and reuse_policies:
+        try:
+            earlier_runs = json.loads(args.reuse.read_text(encoding="utf-8"))["runs"]
+        except (OSError, ValueError, KeyError, TypeError):
+            console.print(f"Error: cannot read runs from {args.reuse}; pass a JSON this script wrote.")
+            return 2
         earlier = {
-            (r["workload"], r["policy"], r["seed"]): r
-            for r in json.loads(args.reuse.read_text(encoding="utf-8"))["runs"]
-            if r["policy"] in reuse_policies
+            (r["workload"], r["policy"], r["seed"]): r for r in earlier_runs if r["policy"] in reuse_policies
         }
         for i, (w, job) in enumerate(work):
             r = earlier.get((w, job.policy, job.seed))
