@@ -249,7 +249,9 @@ class _Cycle:
         queues = self.queues
         left = self.left
         for w in pending:
-            meta = metas.get(w.id) or view.meta(w, overcommit)
+            meta = metas.get(w.id)
+            if meta is None or meta.source is not w:
+                meta = view.meta(w, overcommit)
             if meta.class_known and meta.cluster_queue is not None:
                 valid.append(w)
                 queues.add(meta.cluster_queue)

@@ -46,6 +46,7 @@ from gpupool.core.scheduling.ordering.base import demand_of
 from gpupool.core.scheduling.policies.base import PlacementPolicy, make_policy
 from gpupool.core.state import UNBOUNDED_MIB, ClusterState, PodAlloc
 from gpupool.core.units import MILLI
+from gpupool.errors import OverAllocation
 
 MAX_PREPARE_PODS = 512
 """At most this many pods (an even sample of those seen) go to the placement policy's `prepare`."""
@@ -74,6 +75,8 @@ class Meta:
     class_known: bool
     key: tuple[str, Shape, Rank] = ("", (), (0, 0))
     """(queue, shape, rank): workloads with the same key fare alike within a cycle."""
+    source: Workload | None = None
+    """The workload it was computed from (an id submitted again with other contents is new)."""
 
 
 @dataclass(slots=True)
@@ -122,14 +125,16 @@ class ClusterView:
     classes: PriorityClasses
     route: dict[tuple[str, str], str]
     running: dict[str, Running] = field(default_factory=dict)
+    by_queue: dict[str, dict[str, Running]] = field(default_factory=dict)
+    """`running`, by ClusterQueue (victim searches look at one queue and its cohort)."""
     info: dict[str, WorkloadInfo] = field(default_factory=dict)
     tenant_usage: dict[str, dict[str, float]] = field(default_factory=dict)
     to_evict: list[Running] = field(default_factory=list)
     never_fits_cache: dict[Shape, str | None] = field(default_factory=dict)
-    shapes: dict[str, Shape] = field(default_factory=dict)
     metas: dict[str, Meta] = field(default_factory=dict)
     model_grid: list[list[str]] | None = None
-    lazy: list[Allocation] = field(default_factory=list)
+    lazy: dict[str, Allocation] = field(default_factory=dict)
+    """Allocations whose capacity is taken but whose running records are not built yet (by id)."""
     cq_cache: dict[tuple[str, str], str | None] = field(default_factory=dict)
     lower_cache: dict[Shape, Usage] = field(default_factory=dict)
     rank_cache: dict[tuple[str, int], tuple[Rank, bool]] = field(default_factory=dict)
@@ -181,12 +186,11 @@ class ClusterView:
             # Fast path: take the capacity in bulk; running records are built only when a step
             # needs them (preemption, backfill, fair share), see `materialize`.
             _allocate_placements(state, snapshot.allocations)
-            view.lazy = list(snapshot.allocations)
+            view.lazy = {a.workload.id: a for a in snapshot.allocations}
             return view
         records: list[PodAlloc] = []
         for alloc in snapshot.allocations:
-            pods = {p.name: p for p in alloc.workload.pods}
-            allocs = tuple((pods[pl.pod], _record(state, pods[pl.pod], pl)) for pl in alloc.placements)
+            allocs = _allocs(state, alloc)
             cq = view.cluster_queue(alloc.workload) or ""
             run = view._running(alloc.workload, allocs, alloc.start_time_s, cq)
             if (broken or down) and any(
@@ -203,11 +207,54 @@ class ClusterView:
         """Build the running records of a snapshot taken in bulk (their capacity is already taken)."""
         if not self.lazy:
             return
-        lazy, self.lazy = self.lazy, []
-        for alloc in lazy:
-            pods = {p.name: p for p in alloc.workload.pods}
-            allocs = tuple((pods[pl.pod], _record(self.state, pods[pl.pod], pl)) for pl in alloc.placements)
+        lazy, self.lazy = self.lazy, {}
+        for alloc in lazy.values():
+            allocs = _allocs(self.state, alloc)
             self._register(self._running(alloc.workload, allocs, alloc.start_time_s, ""))
+
+    def forget_workloads_except(self, keep: set[str]) -> None:
+        """Trim the per-workload caches to `keep` (a long-running caller's live workloads); the
+        placement policy's sample of pods is collected again from the running and `keep`'s
+        pending work on the next cycle."""
+        self.metas = {k: v for k, v in self.metas.items() if k in keep}
+        self.demands = {k: v for k, v in self.demands.items() if k in keep}
+        self.policy_pods = []
+        self.policy_seen = set()
+        self.policy_prepared = -1
+
+    def holds(self, workload_id: str) -> bool:
+        """Whether the view counts the workload as placed (running or admitted)."""
+        return workload_id in self.running or workload_id in self.lazy
+
+    def add_allocation(self, alloc: Allocation) -> bool:
+        """Take an allocation the view does not hold yet, as `from_snapshot` would (checked); one on
+        broken hardware awaits eviction instead (False)."""
+        allocs = _allocs(self.state, alloc)
+        cq = self.cluster_queue(alloc.workload) or ""
+        run = self._running(alloc.workload, allocs, alloc.start_time_s, cq)
+        if self.on_broken_hardware(allocs):
+            self.to_evict.append(run)
+            return False
+        taken: list[PodAlloc] = []
+        try:
+            for _, record in allocs:
+                self.state.allocate(record)
+                taken.append(record)
+        except OverAllocation:
+            for record in reversed(taken):
+                self.state.release(record)
+            raise
+        self._register(run)
+        return True
+
+    def drop(self, workload_id: str) -> None:
+        """Give back what a held workload takes, whether its record is built or not (see `lazy`)."""
+        alloc = self.lazy.pop(workload_id, None)
+        if alloc is None:
+            self.remove(workload_id)
+            return
+        for _, record in reversed(_allocs(self.state, alloc)):
+            self.state.release(record)
 
     # ---------------------------------------------------------------- placement policy
 
@@ -243,7 +290,7 @@ class ClusterView:
         seen = self.policy_seen
         pods = self.policy_pods
         if self.policy_prepared < 0:  # what already runs (a requeued one may count twice)
-            pods.extend(chain.from_iterable(map(_pods, map(_workload, self.lazy))))
+            pods.extend(chain.from_iterable(map(_pods, map(_workload, self.lazy.values()))))
             pods.extend(chain.from_iterable(run.workload.pods for run in self.running.values()))
         for w in pending:
             if w.id not in seen:
@@ -266,16 +313,10 @@ class ClusterView:
             self.cq_cache[key] = cluster_queue_of(self.quota.config, self.route, w)
         return self.cq_cache[key]
 
-    def shape(self, w: Workload) -> Shape:
-        found = self.shapes.get(w.id)
-        if found is None:
-            found = self.shapes[w.id] = shape_of(w)
-        return found
-
     def meta(self, w: Workload, overcommit: OvercommitConfig | None) -> Meta:
         """The cached `Meta` of a workload (a view serves one set of policies)."""
         found = self.metas.get(w.id)
-        if found is None:
+        if found is None or found.source is not w:
             placed = w if overcommit is None else guaranteed_workload(w, overcommit, self.state.models)
             shape = shape_of(placed)
             lower = self.lower_cache.get(shape)  # a function of the shape alone (read-only)
@@ -295,6 +336,7 @@ class ClusterView:
                 rank=ranked[0],
                 class_known=ranked[1],
                 key=(cq or "", shape, ranked[0]),
+                source=w,
             )
         return found
 
@@ -353,6 +395,7 @@ class ClusterView:
         """A running workload ends (finished, cancelled, preempted): give back all it holds."""
         self.materialize()
         run = self.running.pop(workload_id)
+        del self.by_queue[run.cluster_queue][workload_id]
         for _, record in reversed(run.allocs):
             self.state.release(record)
         self.quota.remove(run.cluster_queue, run.usage)
@@ -362,6 +405,7 @@ class ClusterView:
     def forget(self, run: Running) -> None:
         """Drop a detached (already released) workload from the books: it was preempted."""
         del self.running[run.workload.id]
+        del self.by_queue[run.cluster_queue][run.workload.id]
         self._tenant_add(run.workload, -1.0)
 
     def detach(self, run: Running) -> None:
@@ -435,6 +479,10 @@ class ClusterView:
 
     def _register(self, run: Running) -> None:
         self.running[run.workload.id] = run
+        queue = self.by_queue.get(run.cluster_queue)
+        if queue is None:
+            queue = self.by_queue[run.cluster_queue] = {}
+        queue[run.workload.id] = run
         self.quota.add(run.cluster_queue, run.usage)
         self._tenant_add(run.workload, 1.0)
 
@@ -463,6 +511,12 @@ class ClusterView:
             CPU_MILLI: float(state.cpu_cap.sum()),
             MEMORY_MIB: float(state.mem_cap.sum()),
         }
+
+
+def _allocs(state: ClusterState, alloc: Allocation) -> Allocs:
+    """The records of an allocation's placements, each with its pod."""
+    pods = {p.name: p for p in alloc.workload.pods}
+    return tuple((pods[pl.pod], _record(state, pods[pl.pod], pl)) for pl in alloc.placements)
 
 
 def _record(state: ClusterState, pod: PodRequest, placement: object) -> PodAlloc:

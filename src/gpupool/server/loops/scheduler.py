@@ -26,8 +26,8 @@ from gpupool.core.scheduling.cycle import (
     Policies,
     Rejection,
     order_pending,
-    run_cycle,
 )
+from gpupool.core.scheduling.keeper import ViewKeeper
 from gpupool.errors import GpupoolError
 from gpupool.providers.base import PodLaunch
 from gpupool.server.loops.snapshot import MAX_PENDING_PER_CYCLE, StoreView, WorkloadCache, load
@@ -96,6 +96,9 @@ class Scheduler:
         self.policies = policies
         self.rng = random.Random(seed)
         self.cache = WorkloadCache()
+        self.keeper = ViewKeeper()
+        """The core's view of the pool, kept from cycle to cycle and brought up to date with each
+        snapshot, so a cycle costs what changed rather than the size of the pool."""
         self._inadmissible: set[str] = set()
         self._horizon_s: float | None = None
         self._last_full_s = float("-inf")
@@ -138,9 +141,10 @@ class Scheduler:
             return CycleStats(0, len(view.pending), time.perf_counter() - start)
         if _POLICIES_TAKE_QUOTA:  # the core enforces queue quotas itself (Kueue semantics)
             policies = dataclasses.replace(self.policies, quota=view.quota)
-            result = run_cycle(view.snapshot, candidates, policies, now, self.rng)
+            result = self.keeper.cycle(view.snapshot, candidates, policies, now, self.rng)
         else:
-            result = run_cycle(view.snapshot, within_quota(candidates, view), self.policies, now, self.rng)
+            result = self.keeper.cycle(view.snapshot, within_quota(candidates, view), self.policies, now,
+                                       self.rng)
         self._inadmissible.update(r.workload_id for r in result.rejected if not r.final or more)
         launches = self._record(result, view)
         self._launch(launches)

@@ -1,0 +1,133 @@
+"""A `ClusterView` kept across cycles for a caller that sees the pool as a series of snapshots.
+
+`run_cycle` builds its view from the whole snapshot: every node and every running allocation, on
+every cycle. A long-running caller (the server's scheduling loop) sees snapshots that differ from
+the previous one by a few finished and started workloads, so `ViewKeeper` keeps the view of the
+last cycle, with the decisions that cycle took, and brings it up to date with the next snapshot:
+
+* allocations the view holds that the snapshot no longer has are given back (finished,
+  cancelled, or an admission the caller did not carry out);
+* allocations the snapshot has that the view does not hold (or holds with other placements) are
+  taken;
+* a change of nodes (added, removed, cordoned, a device or node unhealthy), of the quota
+  configuration or of the priority classes builds the view afresh, as `run_cycle` would;
+* a change of a running workload's `WorkloadInfo` (progress, estimate) rebuilds its record.
+
+So a cycle costs work proportional to what changed plus the walk over the pending workloads, not
+to the size of the pool. The decisions are those `run_cycle` takes on the same snapshot, except
+that the placement policy's estimate of the workload mix (`prepare`) is drawn from every
+workload seen, as in the replay, not only from those of this snapshot, and that an admission
+the next snapshot shows with the same placements keeps the cycle's time as its start.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Sequence
+
+from gpupool.core.model import Allocation, ClusterSnapshot, Node, PodPlacement, Workload, WorkloadInfo
+from gpupool.core.priority import PriorityClasses
+from gpupool.core.quota import QuotaConfig
+from gpupool.core.scheduling.cycle import CycleResult, Policies, cycle_on
+from gpupool.core.scheduling.view import ClusterView
+
+PRUNE_SLACK = 4096
+"""Per-workload caches are trimmed to the live workloads once they hold this many more."""
+
+
+class ViewKeeper:
+    """Runs cycles on a view kept in step with successive snapshots (see the module docstring)."""
+
+    def __init__(self) -> None:
+        self.view: ClusterView | None = None
+        self._nodes: tuple[Node, ...] = ()
+        self._quota: QuotaConfig | None = None
+        self._classes: PriorityClasses | None = None
+        self._held: dict[str, Allocation | tuple[PodPlacement, ...]] = {}
+        """What the view holds per workload: the snapshot's allocation, or the placements of an
+        admission this keeper's last cycle made (until a snapshot shows it)."""
+        self._info: dict[str, WorkloadInfo] = {}
+        self.rebuilds = 0
+        """How many times the view was built afresh (the first cycle counts)."""
+
+    def cycle(
+        self,
+        snapshot: ClusterSnapshot,
+        pending: Sequence[Workload],
+        policies: Policies,
+        now_s: float,
+        rng: random.Random,
+    ) -> CycleResult:
+        """`run_cycle(snapshot, pending, policies, now_s, rng)` on the kept view."""
+        view = self.sync(snapshot, policies)
+        result = cycle_on(view, pending, policies, now_s, rng)
+        held = self._held
+        for stop in result.preempted:
+            held.pop(stop.workload_id, None)
+        for admission in result.admitted:
+            held[admission.workload_id] = admission.placements
+        self._prune(view, pending)
+        return result
+
+    def sync(self, snapshot: ClusterSnapshot, policies: Policies) -> ClusterView:
+        """The kept view, brought up to date with `snapshot` (built afresh when it must be)."""
+        view = self.view
+        if (
+            view is None
+            or snapshot.nodes != self._nodes
+            or policies.quota != self._quota
+            or policies.priority_classes != self._classes
+        ):
+            return self._rebuild(snapshot, policies)
+        view.to_evict.clear()  # reported by the last cycle; the snapshot says whether they still run
+        info = snapshot.workload_info
+        held = self._held
+        current = {a.workload.id: a for a in snapshot.allocations}
+        for wid in [w for w in held if w not in current]:
+            del held[wid]
+            view.drop(wid)
+        if info is not self._info and (info or self._info):
+            changed = {
+                wid
+                for wid in set(info) | set(self._info)
+                if info.get(wid) is not self._info.get(wid) and wid in held
+            }
+            for wid in changed:
+                del held[wid]
+                view.drop(wid)
+        view.info = dict(info)
+        self._info = dict(info)
+        for wid, alloc in current.items():
+            mine = held.get(wid)
+            if mine is alloc:
+                continue
+            if mine is not None:
+                same = mine == alloc if isinstance(mine, Allocation) else mine == alloc.placements
+                if same:
+                    held[wid] = alloc
+                    continue
+                del held[wid]
+                view.drop(wid)
+            if view.add_allocation(alloc):
+                held[wid] = alloc
+        return view
+
+    def _rebuild(self, snapshot: ClusterSnapshot, policies: Policies) -> ClusterView:
+        view = ClusterView.from_snapshot(snapshot, policies.quota, policies.priority_classes)
+        evicted = {run.workload.id for run in view.to_evict}
+        self.view = view
+        self._nodes = snapshot.nodes
+        self._quota = policies.quota
+        self._classes = policies.priority_classes
+        self._held = {a.workload.id: a for a in snapshot.allocations if a.workload.id not in evicted}
+        self._info = dict(snapshot.workload_info)
+        self.rebuilds += 1
+        return view
+
+    def _prune(self, view: ClusterView, pending: Sequence[Workload]) -> None:
+        """Forget per-workload caches of work neither pending nor held, once they have grown."""
+        live = len(pending) + len(self._held)
+        if len(view.metas) <= live + PRUNE_SLACK and len(view.policy_seen) <= live + PRUNE_SLACK:
+            return
+        keep = {w.id for w in pending} | set(self._held)
+        view.forget_workloads_except(keep)

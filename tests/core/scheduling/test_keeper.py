@@ -1,0 +1,226 @@
+"""The kept view (`ViewKeeper`) decides exactly as a view built afresh from each snapshot."""
+
+from __future__ import annotations
+
+import random
+from dataclasses import replace
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from factories import cluster
+from gpupool.core.model import (
+    Allocation,
+    ClusterSnapshot,
+    Node,
+    PodRequest,
+    Workload,
+    WorkloadInfo,
+)
+from gpupool.core.quota import DEVICE_MILLI, ClusterQueue, QuotaConfig, ResourceQuota
+from gpupool.core.scheduling import keeper as keeper_module
+from gpupool.core.scheduling.cycle import CycleResult, Policies, run_cycle
+from gpupool.core.scheduling.keeper import ViewKeeper
+from gpupool.core.scheduling.view import ClusterView
+
+QUOTA = QuotaConfig(
+    cluster_queues=(
+        ClusterQueue("a", {DEVICE_MILLI: ResourceQuota(6000, borrowing_limit=3000)}, "pool"),
+        ClusterQueue("b", {DEVICE_MILLI: ResourceQuota(4000, lending_limit=2000)}, "pool"),
+        ClusterQueue("c", {DEVICE_MILLI: ResourceQuota(3000)}),
+    )
+)
+CLASSES = ("critical", "high", "normal", "best-effort")
+
+arrival = st.tuples(
+    st.sampled_from(["a", "b", "c"]),
+    st.sampled_from(CLASSES),
+    st.sampled_from([(1, 0), (1, 250), (1, 500), (1, 1000), (2, 1000), (3, 1000)]),  # (pods, milli)
+    st.integers(min_value=1, max_value=4),  # devices per pod when whole
+    st.floats(min_value=1, max_value=60),  # runtime estimate
+)
+step = st.tuples(
+    st.lists(arrival, max_size=4),  # arrivals
+    st.integers(min_value=0, max_value=3),  # how many running workloads finish
+    st.booleans(),  # the caller fails to carry out one admission
+    st.booleans(),  # the caller records progress for one running workload
+)
+configs = st.sampled_from(
+    [
+        Policies(placement="first-fit"),
+        Policies(placement="best-fit", ordering="fifo"),
+        Policies(placement="first-fit", ordering="drf", quota=QUOTA, preemption=True, backfill=True),
+        Policies(placement="best-fit", ordering="priority-fifo", preemption=True),
+        Policies(placement="worst-fit", ordering="las", backfill=True),
+        Policies(placement="first-fit", ordering="fifo", quota=QUOTA),
+    ]
+)
+
+
+def _workload(i: int, spec: tuple, now: float) -> Workload:
+    tenant, cls, (pods, milli), per_pod, runtime = spec
+    count = 0 if milli == 0 else per_pod if milli == 1000 else 1
+    return Workload(
+        id=f"w{i}",
+        pods=tuple(
+            PodRequest(name=f"p{k}", cpu_milli=500, memory_mib=1024, num_devices=count, device_milli=milli)
+            for k in range(pods)
+        ),
+        tenant=tenant,
+        priority_class=cls,
+        submit_time_s=now,
+        runtime_estimate_s=runtime,
+        checkpoint_interval_s=10.0,
+    )
+
+
+def _same(a: CycleResult, b: CycleResult) -> None:
+    assert a.admitted == b.admitted
+    assert a.preempted == b.preempted
+    assert a.rejected == b.rejected
+    assert a.requeued == b.requeued
+    assert a.reservation == b.reservation
+
+
+def _state_equal(kept: ClusterView, fresh: ClusterView) -> None:
+    for name in ("cpu_free", "mem_free", "dev_milli_free", "dev_mem_free", "dev_milli_cap", "schedulable"):
+        assert np.array_equal(getattr(kept.state, name), getattr(fresh.state, name)), name
+    assert kept.state.node_pod_kinds == fresh.state.node_pod_kinds
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(step, min_size=1, max_size=14), configs, st.integers(0, 2**16))
+def test_kept_view_decides_as_a_fresh_one(steps: list, policies: Policies, seed: int) -> None:
+    """A caller's loop: each cycle's snapshot is what it carried out of the last cycle's decisions
+    (minus finished work and an admission it did not carry out), and both ways decide alike."""
+    nodes = tuple(cluster(3, devices=4))
+    keeper = ViewKeeper()
+    rng = random.Random(seed)
+    running: dict[str, Allocation] = {}
+    pending: dict[str, Workload] = {}
+    info: dict[str, WorkloadInfo] = {}
+    count = 0
+    for k, (arrivals, finish, drop_one, progress) in enumerate(steps):
+        now = 10.0 * k
+        for spec in arrivals:
+            w = _workload(count, spec, now)
+            count += 1
+            pending[w.id] = w
+        for wid in rng.sample(sorted(running), min(finish, len(running))):
+            del running[wid]
+            info.pop(wid, None)
+        if progress and running:
+            wid = rng.choice(sorted(running))
+            info[wid] = WorkloadInfo(progress_s=now / 2, runtime_estimate_s=40.0)
+        snapshot = ClusterSnapshot(nodes, tuple(running.values()), dict(info))
+        work = list(pending.values())
+        fresh = run_cycle(snapshot, work, policies, now, random.Random(k))
+        kept = keeper.cycle(snapshot, work, policies, now, random.Random(k))
+        _same(kept, fresh)
+        expected = ClusterView.from_snapshot(snapshot, policies.quota, policies.priority_classes)
+        for stop in kept.preempted:
+            expected.drop(stop.workload_id)
+            pending[stop.workload_id] = running.pop(stop.workload_id).workload
+        for admission in kept.admitted:
+            w = pending[admission.workload_id]
+            expected.add_allocation(Allocation(w, admission.placements, now))
+        assert keeper.view is not None
+        _state_equal(keeper.view, expected)
+        admitted = list(kept.admitted)
+        if drop_one and admitted:
+            admitted.pop(rng.randrange(len(admitted)))  # e.g. cancelled while the cycle ran
+        for admission in admitted:
+            w = pending.pop(admission.workload_id)
+            running[w.id] = Allocation(w, admission.placements, now)
+        for rejection in kept.rejected:
+            if rejection.final:
+                pending.pop(rejection.workload_id, None)
+    assert keeper.rebuilds == 1
+
+
+def _whole(wid: str, devices: int, *, priority_class: str = "normal") -> Workload:
+    return Workload(
+        id=wid,
+        pods=(PodRequest("p0", cpu_milli=100, num_devices=devices, device_milli=1000),),
+        priority_class=priority_class,
+        submit_time_s=0.0,
+    )
+
+
+def test_node_changes_build_the_view_afresh_and_evict() -> None:
+    nodes = tuple(cluster(2, devices=4))
+    keeper = ViewKeeper()
+    policies = Policies(placement="first-fit")
+    first = keeper.cycle(ClusterSnapshot(nodes), [_whole("a", 4)], policies, 0.0, random.Random(0))
+    placed = first.admitted[0]
+    w = _whole("a", 4)
+    snapshot = ClusterSnapshot(nodes, (Allocation(w, placed.placements, 0.0),))
+    keeper.cycle(snapshot, [], policies, 1.0, random.Random(0))
+    assert keeper.rebuilds == 1
+    # the node running it turns unhealthy: the snapshot's nodes change, the gang is evicted
+    broken = tuple(
+        replace(n, healthy=False) if n.name == placed.placements[0].node else n for n in nodes
+    )
+    result = keeper.cycle(ClusterSnapshot(broken, snapshot.allocations), [], policies, 2.0, random.Random(0))
+    assert keeper.rebuilds == 2
+    assert [p.workload_id for p in result.preempted] == ["a"]
+    # the caller requeues it: it starts on the healthy node
+    again = keeper.cycle(ClusterSnapshot(broken), [w], policies, 3.0, random.Random(0))
+    assert [a.workload_id for a in again.admitted] == ["a"]
+    assert again.admitted[0].placements[0].node != placed.placements[0].node
+
+
+def test_changed_quota_builds_the_view_afresh() -> None:
+    nodes = tuple(cluster(1, devices=4))
+    keeper = ViewKeeper()
+    loose = Policies(placement="first-fit", quota=QUOTA)
+    keeper.cycle(ClusterSnapshot(nodes), [], loose, 0.0, random.Random(0))
+    tight_quota = QuotaConfig(cluster_queues=(ClusterQueue("a", {DEVICE_MILLI: ResourceQuota(1000)}),))
+    tight = replace(loose, quota=tight_quota)
+    w = replace(_whole("x", 2), tenant="a")
+    result = keeper.cycle(ClusterSnapshot(nodes), [w], tight, 1.0, random.Random(0))
+    assert keeper.rebuilds == 2
+    assert not result.admitted
+
+
+def test_a_resubmitted_id_is_judged_by_its_new_contents() -> None:
+    nodes = tuple(cluster(1, devices=4))
+    keeper = ViewKeeper()
+    policies = Policies(placement="first-fit")
+    big = _whole("x", 8)  # can never fit a 4-device node
+    first = keeper.cycle(ClusterSnapshot(nodes), [big], policies, 0.0, random.Random(0))
+    assert first.rejected[0].final
+    small = _whole("x", 2)
+    second = keeper.cycle(ClusterSnapshot(nodes), [small], policies, 1.0, random.Random(0))
+    assert [a.workload_id for a in second.admitted] == ["x"]
+    assert len(second.admitted[0].placements[0].slices) == 2
+
+
+def test_an_allocation_moved_elsewhere_is_taken_where_it_now_is() -> None:
+    nodes: tuple[Node, ...] = tuple(cluster(2, devices=4))
+    keeper = ViewKeeper()
+    policies = Policies(placement="first-fit")
+    result = keeper.cycle(ClusterSnapshot(nodes), [_whole("a", 4)], policies, 0.0, random.Random(0))
+    placement = result.admitted[0].placements[0]
+    other = next(n.name for n in nodes if n.name != placement.node)
+    moved = Allocation(_whole("a", 4), (replace(placement, node=other),), 0.0)
+    keeper.cycle(ClusterSnapshot(nodes, (moved,)), [], policies, 1.0, random.Random(0))
+    fresh = ClusterView.from_snapshot(ClusterSnapshot(nodes, (moved,)))
+    assert keeper.view is not None
+    _state_equal(keeper.view, fresh)
+
+
+def test_per_workload_caches_stay_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A long-running caller sees ever new ids: what the view remembers of gone ones is trimmed."""
+    monkeypatch.setattr(keeper_module, "PRUNE_SLACK", 16)
+    nodes = tuple(cluster(1, devices=2))
+    keeper = ViewKeeper()
+    policies = Policies(placement="fgd-strand")
+    for k in range(40):
+        waiting = [_whole(f"w{k}-{i}", 1) for i in range(3)]  # admitted, then finish at once
+        keeper.cycle(ClusterSnapshot(nodes), waiting, policies, float(k), random.Random(k))
+    assert keeper.view is not None
+    assert len(keeper.view.metas) <= 3 + 16
+    assert len(keeper.view.policy_seen) <= 3 + 16
