@@ -11,6 +11,7 @@ dropped again, most lost work first.
 
 from __future__ import annotations
 
+import heapq
 import math
 import random
 from collections.abc import Callable, Set
@@ -71,14 +72,14 @@ def candidates(
     borrowing = {m for m in members if m != cq and view.quota.is_borrowing(m)}
     found: list[Running] = []
     reclaim: set[str] = set()
-    for run in view.running.values():
-        if not run.preemptible or run.workload.id in exclude:
-            continue
-        if run.cluster_queue == cq and run.rank < rank:
+    for run in view.by_queue.get(cq, {}).values():
+        if run.preemptible and run.rank < rank and run.workload.id not in exclude:
             found.append(run)
-        elif run.cluster_queue in borrowing:
-            found.append(run)
-            reclaim.add(run.workload.id)
+    for member in sorted(borrowing - {cq}):
+        for run in view.by_queue.get(member, {}).values():
+            if run.preemptible and run.workload.id not in exclude:
+                found.append(run)
+                reclaim.add(run.workload.id)
     return found, frozenset(reclaim)
 
 
@@ -105,14 +106,15 @@ def select_victims(
         if r.workload.id not in known:
             known[r.workload.id] = lost_device_s(r, now_s)
     cost = known
-    found.sort(key=lambda r: (r.rank, cost[r.workload.id], r.workload.id))
     need = preemptor.total_device_milli - free_milli(view, preemptor)
 
     def fits() -> GangPlacement | None:
         return _fits(preemptor, cq, view, policy, rng)
 
-    singles = sorted(found, key=lambda r: (cost[r.workload.id], r.rank, r.workload.id))
-    for run in singles[:MAX_SINGLE_TRIALS]:
+    singles = heapq.nsmallest(
+        MAX_SINGLE_TRIALS, found, key=lambda r: (cost[r.workload.id], r.rank, r.workload.id)
+    )
+    for run in singles:
         if run.device_milli < need:
             continue
         view.detach(run)
@@ -120,6 +122,7 @@ def select_victims(
         if gang is not None:
             return VictimSet((run,), reclaim & {run.workload.id}, gang)
         view.attach(run)
+    found.sort(key=lambda r: (r.rank, cost[r.workload.id], r.workload.id))
     chosen = _greedy(found, need, view, fits)
     if chosen is None:
         return None
