@@ -5,11 +5,14 @@ from __future__ import annotations
 import random
 from dataclasses import replace
 
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
 from factories import cluster, pod, workload
 from gpupool.core.model import Reason, Workload
 from gpupool.core.quota import DEVICE_MILLI, ClusterQueue, QuotaConfig, ResourceQuota
 from gpupool.core.scheduling.cycle import EventKind, Policies, cycle_on
-from gpupool.core.scheduling.preemption import checkpoint_split
+from gpupool.core.scheduling.preemption import VictimIndex, candidates, checkpoint_split, lost_device_s
 from gpupool.core.scheduling.view import ClusterView
 
 FF = Policies(placement="first-fit", ordering="priority-fifo", preemption=True)
@@ -95,3 +98,58 @@ def test_reclaiming_lent_quota_from_a_borrower_of_any_priority() -> None:
     assert len(result.preempted) == 2
     assert {p.reason for p in result.preempted} == {Reason.RECLAIMED}
     view.quota.check_invariants()
+
+
+COHORT = QuotaConfig(
+    cluster_queues=(
+        ClusterQueue("a", {DEVICE_MILLI: ResourceQuota(4000, borrowing_limit=8000)}, "pool"),
+        ClusterQueue("b", {DEVICE_MILLI: ResourceQuota(4000, borrowing_limit=8000)}, "pool"),
+        ClusterQueue("c", {DEVICE_MILLI: ResourceQuota(8000)}, "pool"),
+    )
+)
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    st.lists(
+        st.tuples(
+            st.sampled_from("abc"),
+            st.sampled_from(("high", "normal", "best-effort", "critical")),
+            st.integers(1, 3),
+            st.floats(0, 500),
+        ),
+        min_size=1,
+        max_size=16,
+    ),
+    st.sampled_from("abc"),
+    st.sampled_from(("critical", "high", "normal")),
+    st.integers(0, 5),
+)
+def test_the_cycle_index_streams_the_candidates_in_both_orders(
+    running: list, queue: str, klass: str, gone: int
+) -> None:
+    """`VictimIndex` gives the plain `candidates()` set, sorted as the search needs, after victims left."""
+    view = ClusterView.empty(cluster(3, devices=8), COHORT)
+    ids = []
+    for i, (tenant, cls, gpus, start) in enumerate(running):
+        w = replace(workload(pod(gpus), wid=f"r{i}"), tenant=tenant, priority_class=cls)
+        admit = Policies(placement="first-fit", quota=COHORT)
+        if cycle_on(view, [w], admit, start, random.Random(0)).admitted:
+            ids.append(w.id)
+    index = VictimIndex(view, 1000.0)
+    preemptor = replace(workload(pod(1), wid="p"), tenant=queue, priority_class=klass)
+    exclude = set(ids[:1])
+    list(index.search_order(preemptor, queue, exclude, by_rank=False)[0])  # sorted before they leave
+    for wid in ids[1 : 1 + gone]:
+        view.forget(view.running[wid])
+    found, reclaim = candidates(preemptor, queue, view, exclude)
+    cost = {r.workload.id: lost_device_s(r, 1000.0) for r in found}
+    by_cost, queues = index.search_order(preemptor, queue, exclude, by_rank=False)
+    assert [r.workload.id for r in by_cost] == [
+        r.workload.id for r in sorted(found, key=lambda r: (cost[r.workload.id], r.rank, r.workload.id))
+    ]
+    by_rank, _ = index.search_order(preemptor, queue, exclude, by_rank=True)
+    assert [r.workload.id for r in by_rank] == [
+        r.workload.id for r in sorted(found, key=lambda r: (r.rank, cost[r.workload.id], r.workload.id))
+    ]
+    assert {r.workload.id for r in found if r.cluster_queue in queues} == reclaim

@@ -38,7 +38,7 @@ from gpupool.core.scheduling.backfill import Reservation, may_backfill, reserve
 from gpupool.core.scheduling.gang import GangPlacement, place_gang, release_gang
 from gpupool.core.scheduling.ordering.base import OrderingContext, OrderStream, make_ordering
 from gpupool.core.scheduling.policies.base import DEFAULT_POLICY, NoFit
-from gpupool.core.scheduling.preemption import lost_work_s, select_victims
+from gpupool.core.scheduling.preemption import VictimIndex, lost_work_s, select_victims
 from gpupool.core.scheduling.view import ClusterView, Meta, Running, Shape, clone_state
 from gpupool.core.state import ClusterState
 
@@ -179,7 +179,8 @@ class _Cycle:
         self.live: set[tuple[str, Shape, tuple[int, int]]] = set()
         """The keys in `left` still to be reached whose verdict is not settled (nor their queue blocked)."""
         self.empty_state: ClusterState | None = None
-        self.victim_costs: dict[str, float] = {}
+        self.victims: VictimIndex | None = None
+        """The cycle's victim candidates, sorted once (made by the first victim search)."""
         self.reservation: Reservation | None = None
         self.admitted: list[Admission] = []
         self.preempted: list[Preemption] = []
@@ -352,9 +353,9 @@ class _Cycle:
             return False
         self.preemption_attempts += 1
         admitted_now = {a.workload_id for a in self.admitted}
-        chosen = select_victims(
-            w, cq, view, self.policy, self.rng, self.now_s, admitted_now, self.victim_costs
-        )
+        if self.victims is None:
+            self.victims = VictimIndex(view, self.now_s)
+        chosen = select_victims(w, cq, view, self.policy, self.rng, self.now_s, admitted_now, self.victims)
         if chosen is None:
             self.failed_preempt.add(key)
             return False

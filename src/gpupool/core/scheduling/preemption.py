@@ -14,8 +14,10 @@ from __future__ import annotations
 import heapq
 import math
 import random
-from collections.abc import Callable, Set
+from collections.abc import Callable, Iterator, Sequence, Set
 from dataclasses import dataclass
+from itertools import islice
+from typing import Any
 
 from gpupool.core.model import Workload
 from gpupool.core.scheduling.gang import GangPlacement, place_gang, release_gang
@@ -63,24 +65,103 @@ class VictimSet:
 def candidates(
     preemptor: Workload, cq: str, view: ClusterView, exclude: Set[str] = frozenset()
 ) -> tuple[list[Running], frozenset[str]]:
-    """Eligible victims (never those in `exclude`) and the ids among them that are cohort reclaims."""
+    """Eligible victims (never those in `exclude`) and the ids among them that are cohort reclaims.
+
+    The plain definition; a cycle's searches read the same sets through `VictimIndex`.
+    """
     view.materialize()
     rank = view.classes.rank(preemptor)
-    demand = lower_bound_usage(preemptor)
-    reclaim_ok = view.quota.config.enabled and view.quota.within_nominal(cq, demand)
-    members = set(view.quota.cohort_members(cq)) if reclaim_ok else set()
-    borrowing = {m for m in members if m != cq and view.quota.is_borrowing(m)}
+    borrowing = _reclaim_queues(preemptor, cq, view)
     found: list[Running] = []
     reclaim: set[str] = set()
-    for run in view.by_queue.get(cq, {}).values():
-        if run.preemptible and run.rank < rank and run.workload.id not in exclude:
+    for run in view.running.values():
+        if not run.preemptible or run.workload.id in exclude:
+            continue
+        if run.cluster_queue == cq and run.rank < rank:
             found.append(run)
-    for member in sorted(borrowing - {cq}):
-        for run in view.by_queue.get(member, {}).values():
-            if run.preemptible and run.workload.id not in exclude:
-                found.append(run)
-                reclaim.add(run.workload.id)
+        elif run.cluster_queue in borrowing:
+            found.append(run)
+            reclaim.add(run.workload.id)
     return found, frozenset(reclaim)
+
+
+def _reclaim_queues(preemptor: Workload, cq: str, view: ClusterView) -> list[str]:
+    """The borrowing ClusterQueues of `cq`'s cohort whose work `preemptor` may reclaim (sorted)."""
+    if not view.quota.config.enabled or not view.quota.within_nominal(cq, lower_bound_usage(preemptor)):
+        return []
+    members = set(view.quota.cohort_members(cq))
+    return sorted(m for m in members if m != cq and view.quota.is_borrowing(m))
+
+
+_Entry = tuple[float, tuple[int, int], str, Running]
+_Ranked = tuple[tuple[int, int], float, str, Running]
+
+
+class VictimIndex:
+    """One cycle's victim candidates per ClusterQueue, sorted once in the two orders a search takes.
+
+    Within a cycle the candidates only shrink (victims leave the view; work admitted in the cycle
+    is never a victim), so each queue's preemptible work is sorted on first use and a search skips
+    what has left since. `cost` is each workload's `lost_device_s` at the cycle's time.
+    """
+
+    def __init__(self, view: ClusterView, now_s: float) -> None:
+        self.view = view
+        self.now_s = now_s
+        self.cost: dict[str, float] = {}
+        self._by_cost: dict[str, list[_Entry]] = {}
+        self._by_rank: dict[str, list[_Ranked]] = {}
+
+    def _sorted(self, cq: str) -> tuple[list[_Entry], list[_Ranked]]:
+        by_cost = self._by_cost.get(cq)
+        if by_cost is None:
+            self.view.materialize()
+            cost = self.cost
+            now_s = self.now_s
+            entries: list[_Entry] = []
+            for run in self.view.by_queue.get(cq, {}).values():
+                if run.preemptible:
+                    wid = run.workload.id
+                    c = cost.get(wid)
+                    if c is None:
+                        c = cost[wid] = lost_device_s(run, now_s)
+                    entries.append((c, run.rank, wid, run))
+            entries.sort(key=_first3)
+            by_cost = self._by_cost[cq] = entries
+            self._by_rank[cq] = sorted(((r, c, w, run) for c, r, w, run in entries), key=_first3)
+        return by_cost, self._by_rank[cq]
+
+    def search_order(
+        self, preemptor: Workload, cq: str, exclude: Set[str], by_rank: bool
+    ) -> tuple[Iterator[Running], list[str]]:
+        """`candidates()` as a stream: by (lost work, rank, id), or by (rank, lost work, id); and the
+        queues whose work would be reclaimed."""
+        view = self.view
+        rank = view.classes.rank(preemptor)
+        reclaim = _reclaim_queues(preemptor, cq, view)
+        alive = view.running
+        pick = 1 if by_rank else 0
+        streams = [
+            _live(self._sorted(q)[pick], alive, exclude, rank if q == cq else None)
+            for q in (cq, *reclaim)
+        ]
+        merged = streams[0] if len(streams) == 1 else heapq.merge(*streams, key=_first3)
+        return (entry[3] for entry in merged), reclaim
+
+
+def _first3(entry: tuple[Any, Any, str, Running]) -> tuple[Any, Any, str]:
+    return entry[0], entry[1], entry[2]
+
+
+def _live(
+    entries: list[Any], alive: dict[str, Running], exclude: Set[str], below: tuple[int, int] | None
+) -> Iterator[Any]:
+    """The entries whose workload still runs, is not excluded and (own queue) ranks below `below`."""
+    for entry in entries:
+        run: Running = entry[3]
+        wid: str = entry[2]
+        if (below is None or run.rank < below) and alive.get(wid) is run and wid not in exclude:
+            yield entry
 
 
 def select_victims(
@@ -91,38 +172,36 @@ def select_victims(
     rng: random.Random,
     now_s: float,
     exclude: Set[str] = frozenset(),
-    costs: dict[str, float] | None = None,
+    index: VictimIndex | None = None,
 ) -> VictimSet | None:
     """The victims to preempt so `preemptor` fits, with its placement taken; None leaves all unchanged.
 
     `exclude`: workloads that may not be victims (those admitted earlier in the same cycle).
-    `costs`: a cache of `lost_device_s` at `now_s` by workload id, shared by a cycle's searches.
+    `index`: the cycle's `VictimIndex` (shared by its searches; one is made when not given).
     """
-    found, reclaim = candidates(preemptor, cq, view, exclude)
-    if not found:
+    index = index or VictimIndex(view, now_s)
+    stream, reclaim_queues = index.search_order(preemptor, cq, exclude, by_rank=False)
+    singles = list(islice(stream, MAX_SINGLE_TRIALS))
+    if not singles:
         return None
-    known = {} if costs is None else costs
-    for r in found:
-        if r.workload.id not in known:
-            known[r.workload.id] = lost_device_s(r, now_s)
-    cost = known
+    cost = index.cost
     need = preemptor.total_device_milli - free_milli(view, preemptor)
 
     def fits() -> GangPlacement | None:
         return _fits(preemptor, cq, view, policy, rng)
 
-    singles = heapq.nsmallest(
-        MAX_SINGLE_TRIALS, found, key=lambda r: (cost[r.workload.id], r.rank, r.workload.id)
-    )
+    def reclaimed(runs: Sequence[Running]) -> frozenset[str]:
+        return frozenset(r.workload.id for r in runs if r.cluster_queue in reclaim_queues)
+
     for run in singles:
         if run.device_milli < need:
             continue
         view.detach(run)
         gang = fits()
         if gang is not None:
-            return VictimSet((run,), reclaim & {run.workload.id}, gang)
+            return VictimSet((run,), reclaimed([run]), gang)
         view.attach(run)
-    found.sort(key=lambda r: (r.rank, cost[r.workload.id], r.workload.id))
+    found = list(index.search_order(preemptor, cq, exclude, by_rank=True)[0])
     chosen = _greedy(found, need, view, fits)
     if chosen is None:
         return None
@@ -132,8 +211,7 @@ def select_victims(
         for run in chosen:
             view.attach(run)
         return None
-    ids = {r.workload.id for r in chosen}
-    return VictimSet(tuple(chosen), reclaim & ids, gang)
+    return VictimSet(tuple(chosen), reclaimed(chosen), gang)
 
 
 def _greedy(
