@@ -121,7 +121,7 @@ def test_kept_view_decides_as_a_fresh_one(steps: list, policies: Policies, seed:
         _same(kept, fresh)
         expected = ClusterView.from_snapshot(snapshot, policies.quota, policies.priority_classes)
         for stop in kept.preempted:
-            expected.drop(stop.workload_id)
+            expected.remove(stop.workload_id)
             pending[stop.workload_id] = running.pop(stop.workload_id).workload
         for admission in kept.admitted:
             w = pending[admission.workload_id]

@@ -85,7 +85,7 @@ class ViewKeeper:
         current = {a.workload.id: a for a in snapshot.allocations}
         for wid in [w for w in held if w not in current]:
             del held[wid]
-            view.drop(wid)
+            view.remove(wid)
         if info is not self._info and (info or self._info):
             changed = {
                 wid
@@ -94,7 +94,7 @@ class ViewKeeper:
             }
             for wid in changed:
                 del held[wid]
-                view.drop(wid)
+                view.remove(wid)
         view.info = dict(info)
         self._info = dict(info)
         for wid, alloc in current.items():
@@ -107,7 +107,7 @@ class ViewKeeper:
                     held[wid] = alloc
                     continue
                 del held[wid]
-                view.drop(wid)
+                view.remove(wid)
             if view.add_allocation(alloc):
                 held[wid] = alloc
         return view

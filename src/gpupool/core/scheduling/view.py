@@ -247,15 +247,6 @@ class ClusterView:
         self._register(run)
         return True
 
-    def drop(self, workload_id: str) -> None:
-        """Give back what a held workload takes, whether its record is built or not (see `lazy`)."""
-        alloc = self.lazy.pop(workload_id, None)
-        if alloc is None:
-            self.remove(workload_id)
-            return
-        for _, record in reversed(_allocs(self.state, alloc)):
-            self.state.release(record)
-
     # ---------------------------------------------------------------- placement policy
 
     def placement_policy(self, name: str, options: Mapping[str, Any]) -> PlacementPolicy:
@@ -392,8 +383,16 @@ class ClusterView:
         return run
 
     def remove(self, workload_id: str) -> Running:
-        """A running workload ends (finished, cancelled, preempted): give back all it holds."""
-        self.materialize()
+        """A running workload ends (finished, cancelled, preempted): give back all it holds.
+
+        One whose record is not built yet (see `lazy`) is given back without building the others'.
+        """
+        alloc = self.lazy.pop(workload_id, None)
+        if alloc is not None:
+            run = self._running(alloc.workload, _allocs(self.state, alloc), alloc.start_time_s, "")
+            for _, record in reversed(run.allocs):
+                self.state.release(record)
+            return run
         run = self.running.pop(workload_id)
         del self.by_queue[run.cluster_queue][workload_id]
         for _, record in reversed(run.allocs):
