@@ -162,7 +162,7 @@ def main() -> int:
         "default: CPython's own.",
     )
     args = parser.parse_args()
-    console = Console()
+    console = Console(width=max(Console().width, 120))
     placements = [p for p in args.policies.split(",") if p]
     unknown = [p for p in placements if p not in policy_names()]
     if unknown:
@@ -181,7 +181,7 @@ def main() -> int:
         configs += [
             (f"{placement}, priority-fifo", Policies(placement=placement)),
             (
-                f"{placement}, drf + quota + preemption + backfill",
+                f"{placement}, drf+quota+preempt+backfill",
                 Policies(placement=placement, ordering="drf", quota=quota, preemption=True, backfill=True),
             ),
         ]
@@ -193,11 +193,11 @@ def main() -> int:
     for column in (
         "configuration",
         "kept view median ms",
-        "kept p90 ms",
+        "kept p90",
         "fresh view median ms",
-        "fresh p90 ms",
-        "admitted / cycle",
-        "preempted / cycle",
+        "fresh p90",
+        "admitted /cycle",
+        "preempted /cycle",
     ):
         table.add_column(column, justify="left" if column == "configuration" else "right")
     rows = []

@@ -112,24 +112,32 @@ class VictimIndex:
         self._by_cost: dict[str, list[_Entry]] = {}
         self._by_rank: dict[str, list[_Ranked]] = {}
 
-    def _sorted(self, cq: str) -> tuple[list[_Entry], list[_Ranked]]:
+    def _sorted(self, cq: str, by_rank: bool) -> list[Any]:
+        """The queue's preemptible work as (cost, rank, id, run) or (rank, cost, id, run), sorted.
+
+        Ids are unique, so tuples never compare their runs.
+        """
         by_cost = self._by_cost.get(cq)
         if by_cost is None:
             self.view.materialize()
             cost = self.cost
             now_s = self.now_s
-            entries: list[_Entry] = []
+            by_cost = []
             for run in self.view.by_queue.get(cq, {}).values():
                 if run.preemptible:
                     wid = run.workload.id
                     c = cost.get(wid)
                     if c is None:
                         c = cost[wid] = lost_device_s(run, now_s)
-                    entries.append((c, run.rank, wid, run))
-            entries.sort(key=_first3)
-            by_cost = self._by_cost[cq] = entries
-            self._by_rank[cq] = sorted(((r, c, w, run) for c, r, w, run in entries), key=_first3)
-        return by_cost, self._by_rank[cq]
+                    by_cost.append((c, run.rank, wid, run))
+            by_cost.sort()
+            self._by_cost[cq] = by_cost
+        if not by_rank:
+            return by_cost
+        ranked = self._by_rank.get(cq)
+        if ranked is None:  # only a greedy search needs this order
+            ranked = self._by_rank[cq] = sorted([(r, c, w, run) for c, r, w, run in by_cost])
+        return ranked
 
     def search_order(
         self, preemptor: Workload, cq: str, exclude: Set[str], by_rank: bool
@@ -140,17 +148,11 @@ class VictimIndex:
         rank = view.classes.rank(preemptor)
         reclaim = _reclaim_queues(preemptor, cq, view)
         alive = view.running
-        pick = 1 if by_rank else 0
         streams = [
-            _live(self._sorted(q)[pick], alive, exclude, rank if q == cq else None)
-            for q in (cq, *reclaim)
+            _live(self._sorted(q, by_rank), alive, exclude, rank if q == cq else None) for q in (cq, *reclaim)
         ]
-        merged = streams[0] if len(streams) == 1 else heapq.merge(*streams, key=_first3)
+        merged = streams[0] if len(streams) == 1 else heapq.merge(*streams)
         return (entry[3] for entry in merged), reclaim
-
-
-def _first3(entry: tuple[Any, Any, str, Running]) -> tuple[Any, Any, str]:
-    return entry[0], entry[1], entry[2]
 
 
 def _live(
