@@ -56,6 +56,24 @@ def test_fewest_victims_before_least_lost_work() -> None:
     assert [p.workload_id for p in result.preempted] == ["pair"]
 
 
+def test_victims_away_from_the_preemptors_node_are_all_spared() -> None:
+    """The greedy search frees the cheapest work first, one device on each of 30 nodes, before any
+    node has room for the gang: only the two victims on the node it lands on are stopped."""
+    view = ClusterView.empty(cluster(30, devices=2))
+    _filled(view, [workload(pod(1), wid=f"old{i:02d}") for i in range(60)], now=0.0)
+    for i in range(1, 60, 2):  # one device free on every node ...
+        view.remove(f"old{i:02d}")
+    _filled(view, [workload(pod(1), wid=f"new{i:02d}") for i in range(30)], now=90.0)  # ... for young work
+    view.materialize()
+    where = {wid: {view.state.nodes[a.node].name for _, a in run.allocs} for wid, run in view.running.items()}
+    high = replace(workload(pod(2), wid="urgent"), priority_class="high")
+    result = _run(view, [high], now=100.0)
+    assert [a.workload_id for a in result.admitted] == ["urgent"]
+    node = result.admitted[0].placements[0].node
+    assert len(result.preempted) == 2
+    assert all(where[p.workload_id] == {node} for p in result.preempted)
+
+
 def test_checkpoint_reduces_lost_work_and_sets_resume_point() -> None:
     view = ClusterView.empty(cluster(1, devices=1))
     w = replace(workload(pod(1), wid="ckpt"), checkpoint_interval_s=30.0)

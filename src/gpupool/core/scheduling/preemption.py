@@ -6,7 +6,8 @@ preemptible workload of a borrowing ClusterQueue in the same cohort. Among the s
 preemptor fit (quota and placement), we prefer the fewest victims, then the least work lost:
 a single victim is searched exhaustively (least lost work first); otherwise victims are added
 greedily (lowest rank, least lost work first) and then every victim that is not needed is
-dropped again, most lost work first.
+dropped again: first, in one step, all that hold nothing on the nodes the preemptor was placed on,
+then one at a time, most lost work first.
 """
 
 from __future__ import annotations
@@ -204,10 +205,10 @@ def select_victims(
             return VictimSet((run,), reclaimed([run]), gang)
         view.attach(run)
     found = list(index.search_order(preemptor, cq, exclude, by_rank=True)[0])
-    chosen = _greedy(found, need, view, fits)
-    if chosen is None:
+    greedy = _greedy(found, need, view, fits)
+    if greedy is None:
         return None
-    chosen = _trim(chosen, cost, view, fits)
+    chosen = _trim(_drop_apart(*greedy, view, fits), cost, view, fits)
     gang = fits()
     if gang is None:  # cannot happen: _trim keeps the set feasible; restore to be safe
         for run in chosen:
@@ -218,7 +219,8 @@ def select_victims(
 
 def _greedy(
     found: list[Running], need: int, view: ClusterView, fits: Callable[[], GangPlacement | None]
-) -> list[Running] | None:
+) -> tuple[list[Running], GangPlacement] | None:
+    """Victims in `found`'s order until the preemptor fits; with the placement it then got (released)."""
     chosen: list[Running] = []
     freed = 0
     for run in found:
@@ -230,10 +232,36 @@ def _greedy(
         gang = fits()
         if gang is not None:
             release_gang(gang, view.state)
-            return chosen
+            return chosen, gang
     for run in reversed(chosen):
         view.attach(run)
     return None
+
+
+def _drop_apart(
+    chosen: list[Running], gang: GangPlacement, view: ClusterView, fits: Callable[[], GangPlacement | None]
+) -> list[Running]:
+    """Drop, in one step, the victims that hold nothing on the nodes of the greedy search's placement.
+
+    The greedy search frees capacity wherever the cheapest victims run, so a gang that needs one
+    node's devices may stop dozens of workloads elsewhere; the bounded one-at-a-time trim would keep
+    most of them. They are put back together; if the preemptor still fits (quota included), none of
+    them is needed.
+    """
+    nodes = {alloc.node for _, alloc in gang.allocs}
+    apart = [r for r in chosen if all(alloc.node not in nodes for _, alloc in r.allocs)]
+    if not apart or len(apart) == len(chosen):
+        return chosen
+    for run in apart:
+        view.attach(run)
+    trial = fits()
+    if trial is None:
+        for run in reversed(apart):
+            view.detach(run)
+        return chosen
+    release_gang(trial, view.state)
+    dropped = {id(r) for r in apart}
+    return [r for r in chosen if id(r) not in dropped]
 
 
 def _trim(
