@@ -19,7 +19,8 @@ Steps, in order:
                  progress it resumes from (its last checkpoint) and the work it lost.
 
 Decisions are plain data; nothing here does I/O or reads a clock, and the same inputs (including
-the rng's seed) give the same result.
+the rng's seed) give the same result. `run_cycle` builds the view from a snapshot; `cycle_on` runs
+on a view the caller keeps (the replay's, or `keeper.ViewKeeper`'s for the server).
 """
 
 from __future__ import annotations
