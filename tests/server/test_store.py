@@ -73,6 +73,7 @@ def test_queue_quota_caps_admitted_work(db_url: str, tmp_path: Path) -> None:
 def test_incremental_snapshot_matches_a_fresh_read(db_url: str, tmp_path: Path) -> None:
     """The loop re-reads only allocations whose active pods changed, and takes the API's parsed
     workloads: after admissions, exits and a cancel, its view equals one read from scratch."""
+    from gpupool.core.scheduling.view import ClusterView
     from gpupool.server.loops.snapshot import WorkloadCache, load
 
     provider = ManualProvider([node("n0", devices=2, model="H100")])
@@ -84,6 +85,12 @@ def test_incremental_snapshot_matches_a_fresh_read(db_url: str, tmp_path: Path) 
         incremental, fresh = load(rt, cache), load(rt, WorkloadCache())
         assert incremental.snapshot == fresh.snapshot
         assert incremental.pending == fresh.pending
+        # the scheduler's kept view holds what a view built from the store would
+        kept = loop.scheduler.keeper.view
+        assert kept is not None and loop.scheduler.keeper.rebuilds == 1
+        built = ClusterView.from_snapshot(fresh.snapshot)
+        for name in ("cpu_free", "mem_free", "dev_milli_free", "dev_mem_free"):
+            assert (getattr(kept.state, name) == getattr(built.state, name)).all(), name
 
     ids = [workloads.submit(rt, ADMIN, _spec(0.5, replicas=r)).id for r in (1, 2, 1, 1, 2)]
     assert len(rt.submitted) == 5  # handed over by the submissions
