@@ -18,9 +18,9 @@ import random
 from collections.abc import Callable, Iterator, Sequence, Set
 from dataclasses import dataclass
 from itertools import islice
-from typing import Any
 
 from gpupool.core.model import Workload
+from gpupool.core.priority import Rank
 from gpupool.core.scheduling.gang import GangPlacement, place_gang, release_gang
 from gpupool.core.scheduling.policies.base import NoFit, PlacementPolicy
 from gpupool.core.scheduling.view import ClusterView, Running, lower_bound_usage
@@ -94,51 +94,55 @@ def _reclaim_queues(preemptor: Workload, cq: str, view: ClusterView) -> list[str
     return sorted(m for m in members if m != cq and view.quota.is_borrowing(m))
 
 
-_Entry = tuple[float, tuple[int, int], str, Running]
-_Ranked = tuple[tuple[int, int], float, str, Running]
+_Entry = tuple[float, Rank, str, Running]
 
 
 class VictimIndex:
-    """One cycle's victim candidates per ClusterQueue, sorted once in the two orders a search takes.
+    """One cycle's victim candidates per ClusterQueue and rank, sorted once by lost work.
 
-    Within a cycle the candidates only shrink (victims leave the view; work admitted in the cycle
-    is never a victim), so each queue's preemptible work is sorted on first use and a search skips
-    what has left since. `cost` is each workload's `lost_device_s` at the cycle's time.
+    Within a cycle the candidates only leave (victims go; work admitted in the cycle is never a
+    victim), so each (queue, rank) group of preemptible work is sorted on first use, and a search
+    merges the groups it may take from, skipping what has left since. Lost work (`cost`, the
+    `lost_device_s` at the cycle's time) is computed only for the groups a search reads: a preemptor
+    never reads its own queue's groups of equal or higher rank.
     """
 
     def __init__(self, view: ClusterView, now_s: float) -> None:
         self.view = view
         self.now_s = now_s
         self.cost: dict[str, float] = {}
-        self._by_cost: dict[str, list[_Entry]] = {}
-        self._by_rank: dict[str, list[_Ranked]] = {}
+        self._groups: dict[str, dict[Rank, list[Running]]] = {}
+        self._sorted: dict[tuple[str, Rank], list[_Entry]] = {}
 
-    def _sorted(self, cq: str, by_rank: bool) -> list[Any]:
-        """The queue's preemptible work as (cost, rank, id, run) or (rank, cost, id, run), sorted.
-
-        Ids are unique, so tuples never compare their runs.
-        """
-        by_cost = self._by_cost.get(cq)
-        if by_cost is None:
+    def _ranks(self, cq: str) -> dict[Rank, list[Running]]:
+        groups = self._groups.get(cq)
+        if groups is None:
             self.view.materialize()
-            cost = self.cost
-            now_s = self.now_s
-            by_cost = []
+            groups = self._groups[cq] = {}
             for run in self.view.by_queue.get(cq, {}).values():
                 if run.preemptible:
-                    wid = run.workload.id
-                    c = cost.get(wid)
-                    if c is None:
-                        c = cost[wid] = lost_device_s(run, now_s)
-                    by_cost.append((c, run.rank, wid, run))
-            by_cost.sort()
-            self._by_cost[cq] = by_cost
-        if not by_rank:
-            return by_cost
-        ranked = self._by_rank.get(cq)
-        if ranked is None:  # only a greedy search needs this order
-            ranked = self._by_rank[cq] = sorted([(r, c, w, run) for c, r, w, run in by_cost])
-        return ranked
+                    group = groups.get(run.rank)
+                    if group is None:
+                        group = groups[run.rank] = []
+                    group.append(run)
+        return groups
+
+    def _group(self, cq: str, rank: Rank) -> list[_Entry]:
+        """The (queue, rank) group as (cost, rank, id, run), sorted (ids are unique: runs never compare)."""
+        entries = self._sorted.get((cq, rank))
+        if entries is None:
+            cost = self.cost
+            now_s = self.now_s
+            entries = []
+            for run in self._ranks(cq)[rank]:
+                wid = run.workload.id
+                c = cost.get(wid)
+                if c is None:
+                    c = cost[wid] = lost_device_s(run, now_s)
+                entries.append((c, rank, wid, run))
+            entries.sort()
+            self._sorted[(cq, rank)] = entries
+        return entries
 
     def search_order(
         self, preemptor: Workload, cq: str, exclude: Set[str], by_rank: bool
@@ -149,21 +153,30 @@ class VictimIndex:
         rank = view.classes.rank(preemptor)
         reclaim = _reclaim_queues(preemptor, cq, view)
         alive = view.running
-        streams = [
-            _live(self._sorted(q, by_rank), alive, exclude, rank if q == cq else None) for q in (cq, *reclaim)
-        ]
+        groups = [(r, cq) for r in self._ranks(cq) if r < rank]
+        groups += [(r, q) for q in reclaim for r in self._ranks(q)]
+        if by_rank:  # lowest rank first; within a rank, queues merged by lost work
+            groups.sort()
+            out: list[Running] = []
+            i = 0
+            while i < len(groups):
+                j = i
+                while j < len(groups) and groups[j][0] == groups[i][0]:
+                    j += 1
+                streams = [_live(self._group(q, r), alive, exclude) for r, q in groups[i:j]]
+                out.extend(e[3] for e in (streams[0] if len(streams) == 1 else heapq.merge(*streams)))
+                i = j
+            return iter(out), reclaim
+        streams = [_live(self._group(q, r), alive, exclude) for r, q in groups]
         merged = streams[0] if len(streams) == 1 else heapq.merge(*streams)
         return (entry[3] for entry in merged), reclaim
 
 
-def _live(
-    entries: list[Any], alive: dict[str, Running], exclude: Set[str], below: tuple[int, int] | None
-) -> Iterator[Any]:
-    """The entries whose workload still runs, is not excluded and (own queue) ranks below `below`."""
+def _live(entries: list[_Entry], alive: dict[str, Running], exclude: Set[str]) -> Iterator[_Entry]:
+    """The entries whose workload still runs and is not excluded."""
     for entry in entries:
-        run: Running = entry[3]
-        wid: str = entry[2]
-        if (below is None or run.rank < below) and alive.get(wid) is run and wid not in exclude:
+        wid = entry[2]
+        if alive.get(wid) is entry[3] and wid not in exclude:
             yield entry
 
 
