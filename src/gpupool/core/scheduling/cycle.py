@@ -123,11 +123,6 @@ class CycleResult:
     reservation: ReservedStart | None = None
 
 
-def order_pending(pending: Sequence[Workload]) -> list[Workload]:
-    """Highest priority first, then oldest first, then by id (a total, deterministic order)."""
-    return sorted(pending, key=lambda w: (-w.priority, w.submit_time_s, w.id))
-
-
 def run_cycle(
     snapshot: ClusterSnapshot,
     pending: Sequence[Workload],

@@ -19,13 +19,11 @@ from typing import Any
 from sqlalchemy import Connection, Row, bindparam, insert, select, update
 
 from gpupool.core.model import Node, PodPlacement, PodRequest, Workload, WorkloadStatus
-from gpupool.core.quota import DEVICE_MILLI, QuotaConfig, QuotaTracker, cluster_queue_of
 from gpupool.core.scheduling.cycle import (
     Admission,
     CycleResult,
     Policies,
     Rejection,
-    order_pending,
 )
 from gpupool.core.scheduling.keeper import ViewKeeper
 from gpupool.errors import GpupoolError
@@ -55,7 +53,6 @@ _SET_REASON = update(_W).where(
     _W.c.reason != bindparam("r_reason"),
 ).values(
     reason=bindparam("r_reason"), message=bindparam("r_message"))
-_POLICIES_TAKE_QUOTA = "quota" in {f.name for f in dataclasses.fields(Policies)}
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,29 +60,6 @@ class CycleStats:
     admitted: int
     pending: int
     seconds: float
-
-
-def within_quota(pending: Sequence[Workload], view: StoreView) -> list[Workload]:
-    """Pending work whose queue quota still has room, taken in the core's order, greedily.
-
-    Used while the core cycle takes no quota input: a queue is never pushed past its quota.
-    """
-    config: QuotaConfig = view.quota
-    tracker = QuotaTracker(config)
-    route = config.route()
-    for alloc in view.snapshot.allocations:
-        cq = cluster_queue_of(config, route, alloc.workload)
-        if cq:
-            tracker.add(cq, {DEVICE_MILLI: alloc.workload.total_device_milli})
-    chosen = []
-    for workload in order_pending(pending):
-        cq = cluster_queue_of(config, route, workload)
-        demand = {DEVICE_MILLI: workload.total_device_milli}
-        if cq is None or tracker.fits(cq, demand) is not None:
-            continue
-        tracker.add(cq, demand)
-        chosen.append(workload)
-    return chosen
 
 
 class Scheduler:
@@ -139,12 +113,9 @@ class Scheduler:
         candidates = [w for w in view.pending if w.id not in self._inadmissible]
         if not candidates:
             return CycleStats(0, len(view.pending), time.perf_counter() - start)
-        if _POLICIES_TAKE_QUOTA:  # the core enforces queue quotas itself (Kueue semantics)
-            policies = dataclasses.replace(self.policies, quota=view.quota)
-            result = self.keeper.cycle(view.snapshot, candidates, policies, now, self.rng)
-        else:
-            result = self.keeper.cycle(view.snapshot, within_quota(candidates, view), self.policies, now,
-                                       self.rng)
+        # the core enforces the queues' quotas itself (Kueue semantics)
+        policies = dataclasses.replace(self.policies, quota=view.quota)
+        result = self.keeper.cycle(view.snapshot, candidates, policies, now, self.rng)
         self._inadmissible.update(r.workload_id for r in result.rejected if not r.final or more)
         launches = self._record(result, view)
         self._launch(launches)
