@@ -218,7 +218,7 @@ def select_victims(
             return VictimSet((run,), reclaimed([run]), gang)
         view.attach(run)
     found = list(index.search_order(preemptor, cq, exclude, by_rank=True)[0])
-    greedy = _greedy(found, need, view, fits)
+    greedy = _greedy(preemptor, found, need, view, fits)
     if greedy is None:
         return None
     chosen = _trim(_drop_apart(*greedy, view, fits), cost, view, fits)
@@ -231,17 +231,22 @@ def select_victims(
 
 
 def _greedy(
-    found: list[Running], need: int, view: ClusterView, fits: Callable[[], GangPlacement | None]
+    preemptor: Workload,
+    found: list[Running],
+    need: int,
+    view: ClusterView,
+    fits: Callable[[], GangPlacement | None],
 ) -> tuple[list[Running], GangPlacement] | None:
     """Victims in `found`'s order until the preemptor fits; with the placement it then got (released)."""
     chosen: list[Running] = []
     freed = 0
+    first = preemptor.pods[0]
     for run in found:
         view.detach(run)
         chosen.append(run)
         freed += run.device_milli
-        if freed < need:
-            continue
+        if freed < need or not view.state.node_fits(first).any():
+            continue  # (a first pod that fits no node fails every placement before it starts)
         gang = fits()
         if gang is not None:
             release_gang(gang, view.state)
