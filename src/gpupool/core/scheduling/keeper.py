@@ -25,7 +25,7 @@ from __future__ import annotations
 import random
 from collections.abc import Sequence
 
-from gpupool.core.model import Allocation, ClusterSnapshot, Node, PodPlacement, Workload, WorkloadInfo
+from gpupool.core.model import Allocation, ClusterSnapshot, Node, PodPlacement, Workload
 from gpupool.core.priority import PriorityClasses
 from gpupool.core.quota import QuotaConfig
 from gpupool.core.scheduling.cycle import CycleResult, Policies, cycle_on
@@ -46,7 +46,6 @@ class ViewKeeper:
         self._held: dict[str, Allocation | tuple[PodPlacement, ...]] = {}
         """What the view holds per workload: the snapshot's allocation, or the placements of an
         admission this keeper's last cycle made (until a snapshot shows it)."""
-        self._info: dict[str, WorkloadInfo] = {}
         self.rebuilds = 0
         """How many times the view was built afresh (the first cycle counts)."""
 
@@ -80,23 +79,17 @@ class ViewKeeper:
         ):
             return self._rebuild(snapshot, policies)
         view.to_evict.clear()  # reported by the last cycle; the snapshot says whether they still run
-        info = snapshot.workload_info
+        info, before = snapshot.workload_info, view.info  # the view keeps the last snapshot's
         held = self._held
         current = {a.workload.id: a for a in snapshot.allocations}
         for wid in [w for w in held if w not in current]:
             del held[wid]
             view.remove(wid)
-        if info is not self._info and (info or self._info):
-            changed = {
-                wid
-                for wid in set(info) | set(self._info)
-                if info.get(wid) is not self._info.get(wid) and wid in held
-            }
-            for wid in changed:
+        if info or before:  # a running workload whose info changed gets its record rebuilt
+            for wid in [w for w in set(info) | set(before) if info.get(w) is not before.get(w) and w in held]:
                 del held[wid]
                 view.remove(wid)
         view.info = dict(info)
-        self._info = dict(info)
         for wid, alloc in current.items():
             mine = held.get(wid)
             if mine is alloc:
@@ -120,7 +113,6 @@ class ViewKeeper:
         self._quota = policies.quota
         self._classes = policies.priority_classes
         self._held = {a.workload.id: a for a in snapshot.allocations if a.workload.id not in evicted}
-        self._info = dict(snapshot.workload_info)
         self.rebuilds += 1
         return view
 

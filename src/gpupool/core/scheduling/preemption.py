@@ -15,9 +15,10 @@ from __future__ import annotations
 import heapq
 import math
 import random
-from collections.abc import Callable, Iterator, Sequence, Set
+from collections.abc import Callable, Iterable, Iterator, Sequence, Set
 from dataclasses import dataclass
-from itertools import islice
+from itertools import chain, groupby, islice
+from operator import itemgetter
 
 from gpupool.core.model import Workload
 from gpupool.core.priority import Rank
@@ -155,21 +156,19 @@ class VictimIndex:
         alive = view.running
         groups = [(r, cq) for r in self._ranks(cq) if r < rank]
         groups += [(r, q) for q in reclaim for r in self._ranks(q)]
+        merged: Iterator[_Entry]
         if by_rank:  # lowest rank first; within a rank, queues merged by lost work
-            groups.sort()
-            out: list[Running] = []
-            i = 0
-            while i < len(groups):
-                j = i
-                while j < len(groups) and groups[j][0] == groups[i][0]:
-                    j += 1
-                streams = [_live(self._group(q, r), alive, exclude) for r, q in groups[i:j]]
-                out.extend(e[3] for e in (streams[0] if len(streams) == 1 else heapq.merge(*streams)))
-                i = j
-            return iter(out), reclaim
-        streams = [_live(self._group(q, r), alive, exclude) for r, q in groups]
-        merged = streams[0] if len(streams) == 1 else heapq.merge(*streams)
+            bands = groupby(sorted(groups), key=itemgetter(0))
+            merged = chain.from_iterable(self._merged(same, alive, exclude) for _, same in bands)
+        else:
+            merged = self._merged(groups, alive, exclude)
         return (entry[3] for entry in merged), reclaim
+
+    def _merged(
+        self, groups: Iterable[tuple[Rank, str]], alive: dict[str, Running], exclude: Set[str]
+    ) -> Iterator[_Entry]:
+        """The live entries of the (rank, queue) groups, merged by (cost, rank, id)."""
+        return heapq.merge(*(_live(self._group(q, r), alive, exclude) for r, q in groups))
 
 
 def _live(entries: list[_Entry], alive: dict[str, Running], exclude: Set[str]) -> Iterator[_Entry]:

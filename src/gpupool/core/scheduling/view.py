@@ -222,10 +222,6 @@ class ClusterView:
         self.policy_seen = set()
         self.policy_prepared = -1
 
-    def holds(self, workload_id: str) -> bool:
-        """Whether the view counts the workload as placed (running or admitted)."""
-        return workload_id in self.running or workload_id in self.lazy
-
     def add_allocation(self, alloc: Allocation) -> bool:
         """Take an allocation the view does not hold yet, as `from_snapshot` would (checked); one on
         broken hardware awaits eviction instead (False)."""
@@ -235,15 +231,14 @@ class ClusterView:
         if self.on_broken_hardware(allocs):
             self.to_evict.append(run)
             return False
-        taken: list[PodAlloc] = []
+        statement = self.state.statement()  # all of its pods or none
         try:
             for _, record in allocs:
-                self.state.allocate(record)
-                taken.append(record)
+                statement.allocate(record)
         except OverAllocation:
-            for record in reversed(taken):
-                self.state.release(record)
+            statement.discard()
             raise
+        statement.commit()
         self._register(run)
         return True
 
