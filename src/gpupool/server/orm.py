@@ -1,4 +1,4 @@
-"""SQLAlchemy table models: tenants, queues, tokens, workloads, pods, events and node flags.
+"""SQLAlchemy table models: tenants, queues, tokens, workloads, pods, events, node flags and audit.
 
 Rows never leave the services; `services/converters.py` turns them into API schemas.
 Times are float seconds since the epoch (`*_s`); a workload's spec is JSON beside indexed columns.
@@ -23,6 +23,7 @@ from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
 ID_LENGTH = 64
 NAME_LENGTH = 63
+UNIX_USER_LENGTH = 32
 
 
 class Base(DeclarativeBase):
@@ -34,6 +35,12 @@ class TenantRow(Base):
 
     name: Mapped[str] = mapped_column(String(NAME_LENGTH), primary_key=True)
     created_s: Mapped[float] = mapped_column(Float)
+    max_priority: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    """The highest priority its tokens may submit at (the admin token is not limited)."""
+    max_pending: Mapped[int] = mapped_column(Integer, default=10_000, server_default="10000")
+    """How many of its workloads may wait at once (Slurm's MaxSubmitJobs)."""
+    unix_user: Mapped[str | None] = mapped_column(String(UNIX_USER_LENGTH), nullable=True)
+    """The Unix account its pods run as when the agent runs as root; NULL: the pool's own account."""
 
 
 class QueueRow(Base):
@@ -50,7 +57,11 @@ class QueueRow(Base):
 
 
 class TokenRow(Base):
-    """A bearer token, stored only as its SHA-256; `tenant` is NULL for admin tokens."""
+    """A bearer token, stored only as its SHA-256; `tenant` is NULL for admin tokens.
+
+    `scope` is "full" or "metrics" (may read /metrics only); `expires_s` NULL never expires;
+    a revoked token keeps its row (with `revoked_s`) so listings and the audit can name it.
+    """
 
     __tablename__ = "tokens"
 
@@ -61,6 +72,10 @@ class TokenRow(Base):
     )
     name: Mapped[str] = mapped_column(String(NAME_LENGTH), default="")
     created_s: Mapped[float] = mapped_column(Float)
+    scope: Mapped[str] = mapped_column(String(16), default="full", server_default="full")
+    expires_s: Mapped[float | None] = mapped_column(Float, nullable=True)
+    last_used_s: Mapped[float | None] = mapped_column(Float, nullable=True)
+    revoked_s: Mapped[float | None] = mapped_column(Float, nullable=True)
 
 
 class WorkloadRow(Base):
@@ -140,3 +155,24 @@ class NodeFlagRow(Base):
     cordoned: Mapped[bool] = mapped_column(Boolean, default=False)
     draining: Mapped[bool] = mapped_column(Boolean, default=False)
     updated_s: Mapped[float] = mapped_column(Float)
+
+
+class AuditRow(Base):
+    """One admin action or refused authentication: who (`actor`, `token_id`), what, when, from where.
+
+    `actor` is "admin", a tenant name, or "" when nobody was authenticated (auth.refused rows,
+    which are coalesced: `count` refusals from one address for one reason within a minute).
+    """
+
+    __tablename__ = "audit"
+
+    id: Mapped[int] = mapped_column(BigInteger().with_variant(Integer, "sqlite"), primary_key=True,
+                                    autoincrement=True)
+    at_s: Mapped[float] = mapped_column(Float, index=True)
+    actor: Mapped[str] = mapped_column(String(NAME_LENGTH), default="")
+    token_id: Mapped[str] = mapped_column(String(ID_LENGTH), default="")
+    action: Mapped[str] = mapped_column(String(64))
+    target: Mapped[str] = mapped_column(String(255), default="")
+    detail: Mapped[str] = mapped_column(String(1024), default="")
+    remote: Mapped[str] = mapped_column(String(64), default="")
+    count: Mapped[int] = mapped_column(Integer, default=1)
