@@ -103,6 +103,12 @@ class Unavailable(GpupoolError):
     exit_code = 4
 
 
+class StoreUnavailable(Unavailable):
+    """The store refused a read or write (disk full, read-only, connection lost): retry once fixed."""
+
+    code = "store_unavailable"
+
+
 def did_you_mean(name: str, choices: list[str]) -> str:
     """A ' Did you mean X?' suffix when a close match exists, else ''."""
     import difflib

@@ -2,10 +2,15 @@
 
 Writes on SQLite go through one in-process lock so that a transaction that reads and then writes
 never meets SQLITE_BUSY half-way; PostgreSQL relies on row locks instead.
+
+A store that fails (disk full, read-only files, a lost PostgreSQL connection) raises
+StoreUnavailable (HTTP 503) from `read()` and `write()`, and the log says so in one line when the
+failure starts and one when a write succeeds again, never a traceback per request.
 """
 
 from __future__ import annotations
 
+import logging
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -13,9 +18,12 @@ from pathlib import Path
 from typing import Any
 
 from sqlalchemy import Engine, create_engine, event
+from sqlalchemy.exc import OperationalError
 from sqlalchemy.orm import Session, sessionmaker
 
-from gpupool.errors import InvalidInput, Unavailable
+from gpupool.errors import InvalidInput, StoreUnavailable, Unavailable
+
+log = logging.getLogger("gpupool.store")
 
 MIGRATIONS_DIR = Path(__file__).parent / "migrations"
 
@@ -57,6 +65,9 @@ class Store:
         self.is_sqlite = engine.dialect.name == "sqlite"
         self._sessions = sessionmaker(engine, expire_on_commit=False)
         self._write_lock = threading.Lock()
+        self._failing: str | None = None
+        """The driver's message of the failure now in progress (None while the store works)."""
+        self._failing_lock = threading.Lock()
 
     @classmethod
     def open(cls, url: str, *, migrate: bool = True) -> Store:
@@ -67,21 +78,63 @@ class Store:
 
     @contextmanager
     def read(self) -> Iterator[Session]:
-        with self._sessions() as session:
-            yield session
+        """A session for queries; raises StoreUnavailable when the store cannot answer."""
+        try:
+            with self._sessions() as session:
+                yield session
+        except OperationalError as exc:
+            raise self._unavailable(exc) from exc
 
     @contextmanager
     def write(self) -> Iterator[Session]:
-        """One transaction: committed when the block ends, rolled back if it raises."""
-        if self.is_sqlite:
-            with self._write_lock, self._sessions() as session, session.begin():
-                yield session
-        else:
-            with self._sessions() as session, session.begin():
-                yield session
+        """One transaction: committed when the block ends, rolled back if it raises.
+
+        Raises StoreUnavailable when the store cannot take it (nothing of it was stored).
+        """
+        try:
+            if self.is_sqlite:
+                with self._write_lock, self._sessions() as session, session.begin():
+                    yield session
+            else:
+                with self._sessions() as session, session.begin():
+                    yield session
+        except OperationalError as exc:
+            raise self._unavailable(exc) from exc
+        if self._failing is not None:
+            self._recovered()
+
+    def _unavailable(self, exc: OperationalError) -> StoreUnavailable:
+        """The error to answer with; logs one line when this failure starts (not one per request)."""
+        cause = " ".join(str(exc.orig if exc.orig is not None else exc).split())
+        with self._failing_lock:
+            first, self._failing = self._failing != cause, cause
+        if first:
+            log.error("the store failed (%s); answering 503 until a write succeeds again", cause)
+        return store_unavailable(cause)
+
+    def _recovered(self) -> None:
+        with self._failing_lock:
+            was, self._failing = self._failing, None
+        if was is not None:
+            log.warning("the store works again (it had failed with: %s)", was)
 
     def close(self) -> None:
         self.engine.dispose()
+
+
+def store_unavailable(cause: str) -> StoreUnavailable:
+    """The one-sentence 503 for a store failure, by what the database driver said (`cause`)."""
+    text = cause.lower()
+    if "full" in text or "no space" in text:
+        message = ("The pool's store is out of disk space, so nothing can be saved now; retry later "
+                   "(the pool's admin must free space on the store's disk).")
+    elif "readonly" in text or "read-only" in text or "read only" in text:
+        message = ("The pool's store is read-only, so nothing can be saved now; retry later "
+                   "(the pool's admin must make the store's files writable).")
+    else:
+        message = ("The pool's store cannot be used right now; retry later "
+                   "(the pool's admin will find the cause in the server's log).")
+    return StoreUnavailable(message)
 
 
 def alembic_config(engine: Engine) -> Any:

@@ -8,9 +8,11 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from sqlalchemy.exc import OperationalError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from gpupool.errors import GpupoolError
+from gpupool.server.db import store_unavailable
 
 log = logging.getLogger("gpupool.server")
 
@@ -75,6 +77,14 @@ def _http(_: Request, exc: Exception) -> JSONResponse:
     return error_response(exc.status_code, code, detail)
 
 
+def _store(_: Request, exc: Exception) -> JSONResponse:
+    """A store error that escaped Store.read()/write() (which raise StoreUnavailable themselves)."""
+    assert isinstance(exc, OperationalError)
+    cause = " ".join(str(exc.orig if exc.orig is not None else exc).split())
+    log.error("the store failed (%s); answered 503", cause)
+    return gpupool_error_response(store_unavailable(cause))
+
+
 def _unexpected(_: Request, exc: Exception) -> JSONResponse:
     log.error("unexpected error", exc_info=exc)
     return error_response(500, "internal", "The server hit an unexpected error; it was logged.")
@@ -84,4 +94,5 @@ def install(app: FastAPI) -> None:
     app.add_exception_handler(RequestValidationError, _validation)
     app.add_exception_handler(GpupoolError, _gpupool)
     app.add_exception_handler(StarletteHTTPException, _http)
+    app.add_exception_handler(OperationalError, _store)
     app.add_exception_handler(Exception, _unexpected)

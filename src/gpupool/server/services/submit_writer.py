@@ -24,7 +24,7 @@ from sqlalchemy import insert, select
 
 from gpupool.core.model import Workload
 from gpupool.core.units import MILLI
-from gpupool.errors import NotFound, QuotaExceeded, did_you_mean
+from gpupool.errors import NotFound, QuotaExceeded, StoreUnavailable, did_you_mean
 from gpupool.server.orm import Base, QueueRow
 from gpupool.server.runtime import Runtime
 
@@ -152,10 +152,12 @@ def commit(rt: Runtime, batch: Sequence[Submission]) -> int:
             if accepted:
                 conn.execute(_INSERT_WORKLOAD, [item.workload for item in accepted])
                 conn.execute(_INSERT_EVENT, [item.event for item in accepted])
-    except Exception as exc:  # the store's own error: every submission of this batch failed
-        log.warning("storing %d submission(s) failed: %s", len(accepted), exc)
-        for item in accepted:
-            item.error = exc
+    except Exception as exc:  # the store's own error: nothing of this batch was stored
+        if not isinstance(exc, StoreUnavailable):  # the store logs its own failures, once each
+            log.warning("storing %d submission(s) failed: %s", len(batch), exc)
+        for item in batch:  # also those not yet checked when it failed: none may be acknowledged
+            if item.error is None:
+                item.error = exc
         return 0
     if accepted:
         rt.submitted.extend(item.parsed for item in accepted if item.parsed is not None)
