@@ -40,7 +40,7 @@ def create_queue(body: QueueCreate, rt: Rt, who: Who) -> QueueOut:
     return service.create_queue(rt, who, body)
 
 
-@router.get("/queues", response_model=list[QueueOut])
+@router.get("/queues", response_model=list[QueueOut], responses={404: {"model": ErrorBody}})
 def list_queues(
     rt: Rt, who: Who, tenant: Annotated[str | None, Query(max_length=63)] = None
 ) -> list[QueueOut]:

@@ -1,0 +1,78 @@
+"""API fuzzing (bounded): every route the served schema lists, as the admin, a tenant and no token.
+
+No 5xx, every answer valid against the schema, every error in the one shape. The driver is
+bench/fuzz_api.py, whose long run is recorded in docs/benchmarks.md; here a few deterministic
+examples per operation keep it inside `make test`.
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import schemathesis
+from fakes import ManualProvider
+from schemathesis.python import asgi
+
+from conftest import make_runtime
+from factories import node
+from gpupool.server.app import create_app
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
+fuzz_api: Any = importlib.import_module("fuzz_api")
+
+EXAMPLES = 6
+"""Per operation, mode and principal: about 20 s here for ~20 operations."""
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Any, Any]]:
+    """The app served in-process (with its control loop) and its pool of real identifiers."""
+    data_dir = tmp_path_factory.mktemp("fuzz")
+    provider = ManualProvider([node("n0", devices=8, model="H100"), node("n1", devices=4, model="A100")])
+    rt, admin_token = make_runtime(f"sqlite:///{data_dir / 'store.sqlite'}", data_dir, provider)
+    app = create_app(rt)
+    try:
+        with asgi.get_client(app) as client:
+
+            def send(method: str, path: str, headers: dict[str, str], body: Any) -> Any:
+                return client.request(method, path, headers=headers, json=body)
+
+            pool = fuzz_api.seed_pool(send, admin_token or "", ["n0", "n1"])
+            schema = schemathesis.openapi.from_asgi(fuzz_api.SCHEMA_PATH, app)
+            yield schema, pool
+    finally:
+        asgi.shutdown_lifespans()
+        rt.store.close()
+
+
+@pytest.mark.parametrize("principal", fuzz_api.PRINCIPALS)
+def test_fuzz_every_route(served: tuple[Any, Any], principal: str) -> None:
+    schema, pool = served
+    tally = fuzz_api.fuzz(schema, pool, EXAMPLES, principals=[principal])[principal]
+    assert tally.operations >= 19, "the schema lists fewer operations than the API has"
+    assert tally.examples >= tally.operations * 2
+    assert tally.problems == 0, "\n".join(tally.failures)
+
+
+def test_no_token_is_refused_everywhere_but_health(served: tuple[Any, Any]) -> None:
+    """The fuzzing's no-token principal reached the routes: all but /health answer 401."""
+    schema, pool = served
+    tally = fuzz_api.fuzz(schema, pool, 2, principals=["none"])["none"]
+    assert set(tally.statuses) <= {"200", "401", "404", "405", "422"}, tally.statuses
+    assert tally.statuses.get("401", 0) >= tally.operations
+
+
+def test_a_body_that_is_not_utf8_is_invalid_input(served: tuple[Any, Any]) -> None:
+    """Found by the fuzzer: the framework's undocumented 400 for an undecodable body is now a 422."""
+    schema, pool = served
+    with asgi.get_client(schema.app) as client:
+        answer = client.post(f"{fuzz_api.API}/queues", data=b"\xff\xfe{", headers={
+            **pool.headers("admin"), "Content-Type": "application/json"})
+    assert answer.status_code == 422, answer.text
+    assert answer.json()["code"] == "invalid_input"
+    assert "not valid JSON" in answer.json()["message"]
