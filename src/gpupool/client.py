@@ -6,11 +6,13 @@
         print(pool.wait(wid).status)
 
 Errors come back as the gpupool error they stand for (NotFound, Forbidden, QuotaExceeded...),
-and an unreachable server as Unavailable.
+and an unreachable server as Unavailable. https:// servers are verified against the system's CAs,
+or against the private CA that GPUPOOL_CA_BUNDLE (or `ca_bundle` in the config file) names.
 """
 
 from __future__ import annotations
 
+import ssl
 import time
 from collections.abc import Mapping, Sequence
 from typing import Any, TypeVar
@@ -18,7 +20,7 @@ from typing import Any, TypeVar
 import httpx
 from pydantic import BaseModel, TypeAdapter
 
-from gpupool.clientconfig import resolve
+from gpupool.clientconfig import ca_bundle, resolve
 from gpupool.errors import InvalidInput, Unavailable
 from gpupool.lite_http import error_from_answer
 from gpupool.server.schemas.common import Health
@@ -38,7 +40,7 @@ class Client:
         self.url, self.token = resolve(url, token)
         headers = {"Authorization": f"Bearer {self.token}"} if self.token else {}
         self._http = httpx.Client(base_url=self.url + API, headers=headers, timeout=timeout_s,
-                                  transport=transport)
+                                  transport=transport, verify=_verify(self.url))
 
     def __enter__(self) -> Client:
         return self
@@ -56,10 +58,7 @@ class Client:
         try:
             answer = self._http.request(method, path, json=json, params=params)
         except httpx.TransportError as exc:
-            raise Unavailable(
-                f"Cannot reach the gpupool server at {self.url} ({exc}); start it with `gpupool up` "
-                "or point GPUPOOL_URL at it."
-            ) from None
+            raise _unreachable(self.url, exc) from None
         if answer.status_code >= 400:
             raise error_from_answer(answer.status_code, answer.content)
         return answer.json()
@@ -159,6 +158,39 @@ class Client:
 
     def create_token(self, tenant: str | None = None, name: str = "") -> TokenOut:
         return self._one(TokenOut, "POST", "/tokens", json={"tenant": tenant, "name": name})
+
+
+def _verify(url: str) -> ssl.SSLContext | bool:
+    """How to check an https:// server: the private CA's bundle when one is named, else the system's."""
+    bundle = ca_bundle() if url.startswith("https://") else None
+    if bundle is None:
+        return True
+    try:
+        return ssl.create_default_context(cafile=bundle)
+    except ssl.SSLError as exc:
+        raise InvalidInput(f"The CA bundle {bundle!r} holds no usable PEM certificate ({exc.reason or exc}); "
+                           "point GPUPOOL_CA_BUNDLE at the CA's PEM certificate.") from None
+
+
+def _unreachable(url: str, exc: httpx.TransportError) -> Unavailable:
+    """One sentence for a failed connection, naming the fix for the TLS mistakes people make."""
+    cause: BaseException | None = exc
+    while cause is not None and not isinstance(cause, ssl.SSLError):
+        cause = cause.__cause__ or cause.__context__
+    if isinstance(cause, ssl.SSLCertVerificationError):
+        return Unavailable(
+            f"The server at {url} presented a certificate this machine does not trust "
+            f"({cause.verify_message}); if your pool uses a private CA, point GPUPOOL_CA_BUNDLE at its "
+            "PEM certificate."
+        )
+    if cause is not None:
+        return Unavailable(f"TLS with the server at {url} failed ({cause.reason or cause}); check that "
+                           "GPUPOOL_URL's scheme (http or https) matches what the server serves.")
+    if isinstance(exc, httpx.RemoteProtocolError) and url.startswith("http://"):
+        return Unavailable(f"The server at {url} closed the connection without answering; if it serves "
+                           "HTTPS, use an https:// URL in GPUPOOL_URL.")
+    return Unavailable(f"Cannot reach the gpupool server at {url} ({exc}); start it with `gpupool up` "
+                       "or point GPUPOOL_URL at it.")
 
 
 def _segment(value: str) -> str:

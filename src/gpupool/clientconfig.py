@@ -3,6 +3,9 @@
 Order: explicit arguments, then GPUPOOL_URL / GPUPOOL_TOKEN, then ~/.config/gpupool/config.toml
 (keys `url` and `token`), then, for a server on this machine, the admin-token file that
 `gpupool up` wrote in the default data directory.
+
+For an https:// server whose certificate a private CA signed, GPUPOOL_CA_BUNDLE (or the config
+file's `ca_bundle` key) names that CA's PEM file; otherwise the system's trusted CAs verify it.
 """
 
 from __future__ import annotations
@@ -59,3 +62,21 @@ def resolve(url: str | None = None, token: str | None = None) -> tuple[str, str]
             config = _config_file() if config is None else config
             token = str(config.get("token", "")) or _local_admin_token(url)
     return url.rstrip("/"), token
+
+
+def ca_bundle() -> str | None:
+    """The PEM file of CAs to trust for https:// (GPUPOOL_CA_BUNDLE, then `ca_bundle` in the config
+    file), or None for the system's; raises InvalidInput when the named file cannot be read."""
+    path = os.environ.get("GPUPOOL_CA_BUNDLE", "")
+    source = "GPUPOOL_CA_BUNDLE"
+    if not path:
+        path = str(_config_file().get("ca_bundle", ""))
+        source = f"ca_bundle in {config_path()}"
+    if not path:
+        return None
+    if not os.access(path, os.R_OK) or not os.path.isfile(path):
+        from gpupool.errors import InvalidInput
+
+        raise InvalidInput(f"{source} names {path!r}, which is not a readable file; point it at the "
+                           "PEM certificate of the CA that signed the server's certificate.")
+    return path

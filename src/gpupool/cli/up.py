@@ -27,6 +27,12 @@ def up(
         str, typer.Option("--database-url", help="postgresql+psycopg://... (default: SQLite).")
     ] = "",
     placement: Annotated[str, typer.Option("--placement", help="Placement policy name.")] = "best-fit",
+    tls_cert: Annotated[
+        Path | None, typer.Option("--tls-cert", help="Serve HTTPS with this PEM certificate (chain).")
+    ] = None,
+    tls_key: Annotated[
+        Path | None, typer.Option("--tls-key", help="The PEM private key of --tls-cert.")
+    ] = None,
 ) -> None:
     """Start the pool: API on http://HOST:PORT/api/v1 (docs at /docs), scheduler, local agent.
 
@@ -36,14 +42,14 @@ def up(
     from gpupool.errors import GpupoolError
 
     try:
-        _serve(data_dir, host, port, simulate, provider, database_url, placement)
+        _serve(data_dir, host, port, simulate, provider, database_url, placement, tls_cert, tls_key)
     except GpupoolError as exc:
         print(f"Error: {exc.message}", file=sys.stderr)
         raise typer.Exit(exc.exit_code) from None
 
 
 def _serve(data_dir: Path | None, host: str, port: int, simulate: str, provider: str, database_url: str,
-           placement: str) -> None:
+           placement: str, tls_cert: Path | None = None, tls_key: Path | None = None) -> None:
     import logging
 
     import uvicorn
@@ -53,10 +59,15 @@ def _serve(data_dir: Path | None, host: str, port: int, simulate: str, provider:
     from gpupool.server.provision import provision
     from gpupool.server.runtime import Runtime
     from gpupool.server.services.tenants import bootstrap
-    from gpupool.server.settings import Settings, default_data_dir
+    from gpupool.server.settings import Settings, default_data_dir, is_loopback
 
     settings = Settings(data_dir=data_dir or default_data_dir(), host=host, port=port, simulate=simulate,
-                        provider=provider, database_url=database_url, placement=placement).with_env()
+                        provider=provider, database_url=database_url, placement=placement,
+                        tls_cert=tls_cert, tls_key=tls_key).with_env()
+    _check_tls_pair(settings.tls_cert, settings.tls_key)
+    if settings.tls_cert is None and not is_loopback(host):
+        print(f"Warning: {host} is reachable from other machines and TLS is off, so tokens travel in clear; "
+              "serve HTTPS with --tls-cert and --tls-key.", file=sys.stderr, flush=True)
     settings.data_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
     _check_port(host, port)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
@@ -68,12 +79,14 @@ def _serve(data_dir: Path | None, host: str, port: int, simulate: str, provider:
     rt = Runtime(settings=settings, store=store, provider=provisioned.provider)
     token = bootstrap(rt)
     _announce_token(settings.admin_token_path, token)
-    print(f"gpupool is serving on http://{host}:{port} (API docs at /docs); stop with Ctrl-C.", flush=True)
+    print(f"gpupool is serving on {settings.scheme}://{host}:{port} (API docs at /docs); stop with Ctrl-C.",
+          flush=True)
     from gpupool import gc_tuning
 
     gc_tuning.tune()  # a long-lived heap: see gpupool/gc_tuning.py
     try:
-        uvicorn.run(create_app(rt), host=host, port=port, log_level="warning", access_log=False)
+        uvicorn.run(create_app(rt), host=host, port=port, log_level="warning", access_log=False,
+                    ssl_certfile=settings.tls_cert, ssl_keyfile=settings.tls_key)
     finally:
         provisioned.provider.close()
         store.close()
@@ -90,6 +103,25 @@ def _check_port(host: str, port: int) -> None:
             raise InvalidInput(
                 f"Cannot listen on {host}:{port} ({exc.strerror}); pick another --port."
             ) from None
+
+
+def _check_tls_pair(cert: Path | None, key: Path | None) -> None:
+    """The certificate and key load together (else one sentence, before anything starts)."""
+    import ssl
+
+    from gpupool.errors import InvalidInput
+
+    if cert is None or key is None:
+        return
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    try:
+        context.load_cert_chain(cert, key, password=lambda: b"")  # an encrypted key fails, never prompts
+    except (ssl.SSLError, OSError) as exc:
+        raise InvalidInput(
+            f"--tls-cert {str(cert)!r} with --tls-key {str(key)!r} cannot serve HTTPS "
+            f"({getattr(exc, 'reason', None) or exc}); give a PEM certificate and its unencrypted "
+            "private key."
+        ) from None
 
 
 def _announce_token(path: Path, token: str | None) -> None:

@@ -1,0 +1,112 @@
+"""A real `gpupool up` process on a free loopback port: started, killed -9 and restarted by fault tests."""
+
+from __future__ import annotations
+
+import os
+import signal
+import ssl
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+import httpx
+
+from gpupool.server.pgtemp import free_port
+
+START_TIMEOUT_S = 90.0
+
+
+def until(predicate: Callable[[], object], timeout_s: float = 60.0, what: str = "condition") -> None:
+    """Poll `predicate` until it is true (connection errors count as false); bounded by timeout_s."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            if predicate():
+                return
+        except httpx.TransportError:
+            pass
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{what} not reached within {timeout_s:g} s")
+        time.sleep(0.05)
+
+
+class UpProcess:
+    """`gpupool up --data-dir DIR --port PORT ARGS...`, its output appended to DIR/../<name>.log."""
+
+    def __init__(self, data_dir: Path, args: Sequence[str] = (), *, log_path: Path | None = None,
+                 env: dict[str, str] | None = None, verify: ssl.SSLContext | bool = True) -> None:
+        self.data_dir = data_dir
+        self.port = free_port()
+        self.args = list(args)
+        self.log_path = log_path or data_dir.parent / f"{data_dir.name}-server.log"
+        self.env = env
+        self.verify = verify
+        self.scheme = "https" if "--tls-cert" in self.args else "http"
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"{self.scheme}://127.0.0.1:{self.port}"
+
+    @property
+    def api(self) -> str:
+        return f"{self.url}/api/v1"
+
+    def token(self) -> str:
+        return (self.data_dir / "admin-token").read_text().strip()
+
+    def client(self, **kwargs: object) -> httpx.Client:
+        return httpx.Client(base_url=self.api, headers={"Authorization": f"Bearer {self.token()}"},
+                            verify=self.verify, timeout=30, **kwargs)  # type: ignore[arg-type]
+
+    def start(self) -> UpProcess:
+        """Start it and return once /health answers."""
+        argv = [sys.executable, "-m", "gpupool.cli.main", "up", "--data-dir", str(self.data_dir),
+                "--port", str(self.port), *self.args]
+        env = {**os.environ, **(self.env or {})}
+        with open(self.log_path, "ab") as log:
+            self.proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=env,
+                                         stdin=subprocess.DEVNULL, start_new_session=True)
+        proc = self.proc
+
+        def healthy() -> bool:
+            if proc.poll() is not None:
+                raise AssertionError(f"gpupool up exited with {proc.returncode}:\n{self.log_text()}")
+            return httpx.get(f"{self.api}/health", verify=self.verify, timeout=5).status_code == 200
+
+        until(healthy, START_TIMEOUT_S, "gpupool up answering /health")
+        return self
+
+    def kill9(self) -> None:
+        assert self.proc is not None
+        self.proc.send_signal(signal.SIGKILL)
+        self.proc.wait(timeout=30)
+
+    def stop(self) -> None:
+        """SIGTERM, then SIGKILL if it has not ended within 30 s. Idempotent."""
+        proc, self.proc = self.proc, None
+        if proc is None or proc.poll() is not None:
+            return
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(timeout=30)
+
+    def log_text(self) -> str:
+        try:
+            return self.log_path.read_text(errors="replace")
+        except OSError:
+            return ""
+
+
+def cli(args: Sequence[str], env: dict[str, str], timeout_s: float = 60.0
+        ) -> subprocess.CompletedProcess[str]:
+    """Run the `gpupool` CLI with exactly `env` added to a clean copy of this environment."""
+    base = {k: v for k, v in os.environ.items()
+            if not k.startswith("GPUPOOL_") and k not in ("SSL_CERT_FILE", "SSL_CERT_DIR")}
+    return subprocess.run([sys.executable, "-m", "gpupool.cli.main", *args], env={**base, **env},
+                          capture_output=True, text=True, timeout=timeout_s, stdin=subprocess.DEVNULL)
