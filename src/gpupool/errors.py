@@ -59,6 +59,13 @@ class Forbidden(GpupoolError):
     exit_code = 3
 
 
+class PriorityNotAllowed(Forbidden):
+    """A tenant token asked for a priority above its tenant's max_priority: the admin grants those."""
+
+    code = "priority_not_allowed"
+    exit_code = 2
+
+
 class Unauthorized(GpupoolError):
     code = "unauthorized"
     http_status = 401
@@ -74,6 +81,14 @@ class Conflict(GpupoolError):
 class QuotaExceeded(GpupoolError):
     code = "quota_exceeded"
     http_status = 409
+    exit_code = 2
+
+
+class TooManyPending(GpupoolError):
+    """The tenant already has max_pending workloads waiting (Slurm's MaxSubmitJobs); retry later."""
+
+    code = "too_many_pending"
+    http_status = 429
     exit_code = 2
 
 

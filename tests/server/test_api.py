@@ -152,7 +152,7 @@ def test_missing_or_wrong_token_is_401(server: Server, headers: dict[str, str]) 
 def test_metrics(server: Server) -> None:
     wid = _submit(server)
     server.wait_for(lambda: server.status(wid) == "running")
-    text = server.client.get("/metrics").text
+    text = server.client.get("/metrics", headers=server.headers()).text
     for line in (
         'gpupool_device_capacity_devices{model="H100",simulated="false"} 8.0',
         'gpupool_device_allocated_devices{model="H100",tenant="default"} 0.25',

@@ -5,16 +5,18 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
-from fastapi import FastAPI
+from fastapi import FastAPI, Request
 from fastapi.responses import Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 import gpupool
+from gpupool.errors import Forbidden
 from gpupool.server import http_errors
+from gpupool.server.auth import Scope
 from gpupool.server.fastpath import SubmitFastPath
 from gpupool.server.loops.control import ControlLoop
 from gpupool.server.metrics import Metrics, RequestTimer
-from gpupool.server.routers import health, nodes, tenants, workloads
+from gpupool.server.routers import audit, health, nodes, tenants, workloads
 from gpupool.server.runtime import Runtime
 from gpupool.server.services.submit_writer import SubmitWriter
 
@@ -37,6 +39,7 @@ def create_app(rt: Runtime, *, run_loop: bool = True) -> FastAPI:
             writer.stop()
             if run_loop:
                 loop.stop()
+            rt.auth.flush()  # tokens' last use and refused logins still held in memory
 
     app = FastAPI(
         title="gpupool",
@@ -51,11 +54,18 @@ def create_app(rt: Runtime, *, run_loop: bool = True) -> FastAPI:
     app.state.loop = loop
     app.state.submit_writer = writer
     http_errors.install(app)
-    for router in (health.router, workloads.router, nodes.router, tenants.router):
+    for router in (health.router, workloads.router, nodes.router, tenants.router, audit.router):
         app.include_router(router, prefix=API_PREFIX)
 
     @app.get("/metrics", include_in_schema=False)
-    def prometheus() -> Response:
+    def prometheus(request: Request) -> Response:
+        if not rt.settings.metrics_public:  # it names every tenant and queue: admin or metrics tokens
+            client = request.client
+            who = rt.auth.principal(request.headers.get("authorization"), scope=Scope.METRICS,
+                                    remote=client.host if client else "")
+            if not who.is_admin and who.scope != Scope.METRICS:
+                raise Forbidden("/metrics needs the admin token or a metrics token "
+                                "(gpupool token create --admin --scope metrics).")
         return Response(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
     app.add_middleware(RequestTimer, metrics=metrics)

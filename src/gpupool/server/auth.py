@@ -1,19 +1,45 @@
-"""Bearer-token authentication: tokens are random, stored only as SHA-256, mapped to a principal."""
+"""Bearer-token authentication: tokens are random, stored only as SHA-256, mapped to a principal.
+
+A resolved token is remembered for CACHE_TTL_S only, so a revocation made by any server process
+sharing the store takes effect everywhere within that time; expiry is checked on every request
+against the clock. The last use of each token and refused authentications are kept in memory
+and written in the background at a bounded rate (never one store write per request).
+"""
 
 from __future__ import annotations
 
 import hashlib
+import logging
 import secrets
 import threading
-from dataclasses import dataclass
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from enum import StrEnum
 
-from sqlalchemy import select
+from sqlalchemy import or_, select, update
 
 from gpupool.errors import Forbidden, Unauthorized
 from gpupool.server.db import Store
-from gpupool.server.orm import TokenRow
+from gpupool.server.orm import AuditRow, TenantRow, TokenRow
+
+log = logging.getLogger("gpupool.auth")
 
 TOKEN_PREFIX = "gp_"
+CACHE_TTL_S = 0.5
+"""How long a resolved token is trusted without looking at the store again (revocations)."""
+LAST_USED_FLUSH_S = 5.0
+"""Tokens' last use is written at most this often."""
+REFUSAL_WINDOW_S = 60.0
+"""Refused authentications are written at most once per window, coalesced with a count."""
+MAX_REFUSAL_KEYS = 64
+"""Distinct (address, reason, token) groups kept per window; the rest are counted together."""
+
+
+class Scope(StrEnum):
+    FULL = "full"
+    METRICS = "metrics"
+    """May read /metrics and nothing else (for Prometheus)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -22,10 +48,19 @@ class Principal:
 
     token_id: str
     tenant: str | None
+    scope: Scope = Scope.FULL
+    max_priority: int | None = None
+    """The highest priority this caller may submit at; None: not limited (the admin)."""
+    remote: str = ""
+    """The client's address when known (for the audit log)."""
 
     @property
     def is_admin(self) -> bool:
         return self.tenant is None
+
+    @property
+    def actor(self) -> str:
+        return "admin" if self.tenant is None else self.tenant
 
     def require_admin(self) -> None:
         if not self.is_admin:
@@ -51,37 +86,162 @@ def token_sha256(token: str) -> str:
     return hashlib.sha256(token.encode()).hexdigest()
 
 
-class Authenticator:
-    """Resolves a bearer token to a principal; remembers resolved hashes (tokens never change)."""
+@dataclass(slots=True)
+class _Known:
+    principal: Principal
+    expires_s: float | None
+    checked: float
+    """monotonic time of the store read this came from"""
 
-    def __init__(self, store: Store) -> None:
+
+def _refused(message: str, reason: str, token_id: str = "") -> Unauthorized:
+    error = Unauthorized(message, reason=reason)
+    error.token_id = token_id  # type: ignore[attr-defined]  # for the audit, not the answer
+    return error
+
+
+class Authenticator:
+    """Resolves a bearer token to a principal, with a short-lived cache (see CACHE_TTL_S)."""
+
+    def __init__(self, store: Store, clock: Callable[[], float] = time.time,
+                 monotonic: Callable[[], float] = time.monotonic) -> None:
         self._store = store
-        self._known: dict[str, Principal] = {}
+        self._clock = clock
+        self._monotonic = monotonic
+        self._known: dict[str, _Known] = {}
+        self._used: dict[str, float] = {}
+        self._refusals: dict[tuple[str, str, str], int] = {}
+        self._next_used_flush = 0.0
+        self._next_refusal_flush = 0.0
+        self._flushing = False
         self._lock = threading.Lock()
 
     def forget(self) -> None:
+        """Drop every remembered token (after a revocation or a limit change in this process)."""
         with self._lock:
             self._known.clear()
 
-    def principal(self, authorization: str | None) -> Principal:
+    def principal(self, authorization: str | None, *, remote: str | None = None,
+                  scope: Scope = Scope.FULL) -> Principal:
+        """The caller of a request, or Unauthorized / Forbidden.
+
+        With `remote` (the client's address, "" if unknown) a refusal is recorded in the audit log;
+        the submission fast path passes none because the route it hands refusals to records them.
+        """
+        try:
+            who = self._resolve(authorization)
+        except Unauthorized as exc:
+            if remote is not None:
+                self._note_refusal(remote, str(exc.details.get("reason", "")),
+                                   str(getattr(exc, "token_id", "")))
+            raise
+        if who.scope != scope and who.scope == Scope.METRICS:
+            raise Forbidden("This token may only read /metrics; use a full token for the API.")
+        return replace(who, remote=remote) if remote else who
+
+    def _resolve(self, authorization: str | None) -> Principal:
         if not authorization:
-            raise Unauthorized(
-                "No token given; send 'Authorization: Bearer TOKEN' (the CLI reads GPUPOOL_TOKEN)."
-            )
+            raise _refused(
+                "No token given; send 'Authorization: Bearer TOKEN' (the CLI reads GPUPOOL_TOKEN).",
+                "no token")
         scheme, _, token = authorization.partition(" ")
         if scheme.lower() != "bearer" or not token.strip():
-            raise Unauthorized("The Authorization header must read 'Bearer TOKEN'.")
+            raise _refused("The Authorization header must read 'Bearer TOKEN'.", "malformed header")
         digest = token_sha256(token.strip())
+        mono = self._monotonic()
         known = self._known.get(digest)
-        if known is not None:
-            return known
+        if known is None or mono - known.checked > CACHE_TTL_S:
+            known = self._load(digest, mono)
+        now = self._clock()
+        if known.expires_s is not None and now >= known.expires_s:
+            stamp = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(known.expires_s))
+            raise _refused(f"The token expired at {stamp}; ask the admin for a new one "
+                           "(gpupool token create).", "expired", known.principal.token_id)
+        self._used[known.principal.token_id] = now
+        self._maybe_flush(mono)
+        return known.principal
+
+    def _load(self, digest: str, mono: float) -> _Known:
         with self._store.read() as session:
-            row = session.scalars(select(TokenRow).where(TokenRow.token_sha256 == digest)).first()
+            row = session.execute(
+                select(TokenRow.id, TokenRow.tenant, TokenRow.scope, TokenRow.expires_s,
+                       TokenRow.revoked_s, TenantRow.max_priority)
+                .outerjoin(TenantRow, TenantRow.name == TokenRow.tenant)
+                .where(TokenRow.token_sha256 == digest)
+            ).first()
+        if row is None or row.revoked_s is not None:
+            with self._lock:
+                self._known.pop(digest, None)
             if row is None:
-                raise Unauthorized(
-                    "The token is not valid; ask the admin for a token (gpupool token create)."
-                )
-            principal = Principal(token_id=row.id, tenant=row.tenant)
+                raise _refused("The token is not valid; ask the admin for a token (gpupool token create).",
+                               "unknown token")
+            raise _refused("The token was revoked; ask the admin for a new one (gpupool token create).",
+                           "revoked", row.id)
+        principal = Principal(token_id=row.id, tenant=row.tenant, scope=Scope(row.scope),
+                              max_priority=None if row.tenant is None else int(row.max_priority))
+        known = _Known(principal, row.expires_s, mono)
         with self._lock:
-            self._known[digest] = principal
-        return principal
+            self._known[digest] = known
+        return known
+
+    # ------------------------------------------------------------ background writes
+
+    def _note_refusal(self, remote: str, reason: str, token_id: str) -> None:
+        key = (remote[:64], reason, token_id)
+        with self._lock:
+            if key not in self._refusals and len(self._refusals) >= MAX_REFUSAL_KEYS:
+                key = ("(many addresses)", "", "")
+            self._refusals[key] = self._refusals.get(key, 0) + 1
+        self._maybe_flush(self._monotonic())
+
+    def _maybe_flush(self, mono: float) -> None:
+        due = ((self._used and mono >= self._next_used_flush)
+               or (self._refusals and mono >= self._next_refusal_flush))
+        if not due or self._flushing:
+            return
+        with self._lock:
+            if self._flushing:
+                return
+            self._flushing = True
+        threading.Thread(target=self._flush_due, args=(mono,), name="gpupool-auth-flush",
+                         daemon=True).start()
+
+    def _flush_due(self, mono: float) -> None:
+        try:
+            with self._lock:
+                used: dict[str, float] = {}
+                refusals: dict[tuple[str, str, str], int] = {}
+                if mono >= self._next_used_flush:
+                    used, self._used = self._used, {}
+                    self._next_used_flush = mono + LAST_USED_FLUSH_S
+                if mono >= self._next_refusal_flush and self._refusals:
+                    refusals, self._refusals = self._refusals, {}
+                    self._next_refusal_flush = mono + REFUSAL_WINDOW_S
+            self._write(used, refusals)
+        finally:
+            self._flushing = False
+
+    def flush(self) -> None:
+        """Write every remembered last use and refusal now (at shutdown, and in tests)."""
+        with self._lock:
+            used, self._used = self._used, {}
+            refusals, self._refusals = self._refusals, {}
+        self._write(used, refusals)
+
+    def _write(self, used: dict[str, float], refusals: dict[tuple[str, str, str], int]) -> None:
+        if not used and not refusals:
+            return
+        now = self._clock()
+        try:
+            with self._store.write() as session:
+                for token_id, at_s in sorted(used.items()):
+                    session.execute(
+                        update(TokenRow)
+                        .where(TokenRow.id == token_id,
+                               or_(TokenRow.last_used_s.is_(None), TokenRow.last_used_s < at_s))
+                        .values(last_used_s=at_s))
+                for (remote, reason, token_id), count in sorted(refusals.items()):
+                    session.add(AuditRow(at_s=now, actor="", token_id=token_id, action="auth.refused",
+                                         target=token_id, detail=reason, remote=remote, count=count))
+        except Exception as exc:  # the store's own error; losing these notes must not fail requests
+            log.warning("recording token use and refused logins failed: %s", exc)

@@ -20,7 +20,8 @@ async def runtime(request: Request) -> Runtime:
 
 async def principal(request: Request) -> Principal:
     rt: Runtime = request.app.state.runtime
-    return rt.auth.principal(request.headers.get("authorization"))
+    client = request.client  # its address goes to the audit log (refusals, admin actions)
+    return rt.auth.principal(request.headers.get("authorization"), remote=client.host if client else "")
 
 
 async def submit_writer(request: Request) -> SubmitWriter:

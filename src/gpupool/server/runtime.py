@@ -37,7 +37,7 @@ class Runtime:
     auth: Authenticator = field(init=False)
 
     def __post_init__(self) -> None:
-        self.auth = Authenticator(self.store)
+        self.auth = Authenticator(self.store, clock=lambda: self.clock())  # expiry on this clock
 
     def refresh_nodes(self) -> tuple[Node, ...]:
         """Ask the provider (non-blocking by contract) and keep the answer for readers."""

@@ -1,4 +1,4 @@
-"""Admin routes: tenants, queues with quotas, tokens (tenants may list what is theirs)."""
+"""Admin routes: tenants, queues with quotas, tokens (tenants may list and revoke what is theirs)."""
 
 from __future__ import annotations
 
@@ -14,10 +14,13 @@ from gpupool.server.schemas.tenants import (
     QueueUpdate,
     TenantCreate,
     TenantOut,
+    TenantUpdate,
     TokenCreate,
+    TokenInfo,
     TokenOut,
 )
 from gpupool.server.services import tenants as service
+from gpupool.server.services import tokens
 
 router = APIRouter(tags=["tenants"], responses={401: {"model": ErrorBody}, 403: {"model": ErrorBody},
                                                 422: {"model": ErrorBody}})
@@ -27,6 +30,11 @@ NameParam = Annotated[str, Path(min_length=1, max_length=63, pattern=NAME_PATTER
 @router.post("/tenants", status_code=201, response_model=TenantOut, responses={409: {"model": ErrorBody}})
 def create_tenant(body: TenantCreate, rt: Rt, who: Who) -> TenantOut:
     return service.create_tenant(rt, who, body)
+
+
+@router.patch("/tenants/{name}", response_model=TenantOut, responses={404: {"model": ErrorBody}})
+def update_tenant(name: NameParam, body: TenantUpdate, rt: Rt, who: Who) -> TenantOut:
+    return service.update_tenant(rt, who, name, body)
 
 
 @router.get("/tenants", response_model=list[TenantOut])
@@ -52,6 +60,20 @@ def update_queue(tenant: NameParam, name: NameParam, body: QueueUpdate, rt: Rt, 
     return service.update_queue(rt, who, tenant, name, body)
 
 
-@router.post("/tokens", status_code=201, response_model=TokenOut, responses={404: {"model": ErrorBody}})
+@router.post("/tokens", status_code=201, response_model=TokenOut,
+             responses={404: {"model": ErrorBody}, 409: {"model": ErrorBody}})
 def create_token(body: TokenCreate, rt: Rt, who: Who) -> TokenOut:
-    return service.create_token(rt, who, body)
+    return tokens.create_token(rt, who, body)
+
+
+@router.get("/tokens", response_model=list[TokenInfo])
+def list_tokens(
+    rt: Rt, who: Who, tenant: Annotated[str | None, Query(max_length=63)] = None
+) -> list[TokenInfo]:
+    return tokens.list_tokens(rt, who, tenant)
+
+
+@router.delete("/tokens/{token_id}", response_model=TokenInfo,
+               responses={404: {"model": ErrorBody}, 409: {"model": ErrorBody}})
+def revoke_token(token_id: Annotated[str, Path(min_length=1, max_length=64)], rt: Rt, who: Who) -> TokenInfo:
+    return tokens.revoke_token(rt, who, token_id)

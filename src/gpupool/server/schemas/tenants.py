@@ -2,19 +2,44 @@
 
 from __future__ import annotations
 
-from pydantic import Field
+from typing import Annotated, Literal
+
+from pydantic import Field, model_validator
 
 from gpupool.server.schemas.common import Name, Strict
+
+UnixUser = Annotated[str, Field(min_length=1, max_length=32, pattern=r"^[A-Za-z_][A-Za-z0-9._-]*\$?$",
+                                description="an existing account on the server machine, never root")]
+MaxPriority = Annotated[int, Field(ge=-1000, le=1000,
+                                   description="the highest priority its tokens may submit at")]
+MaxPending = Annotated[int, Field(ge=0, le=10_000_000,
+                                  description="how many of its workloads may wait at once")]
+TokenName = Annotated[str, Field(max_length=63, pattern=r"^[A-Za-z0-9._-]*$")]
 
 
 class TenantCreate(Strict):
     name: Name
+    unix_user: UnixUser | None = Field(None, description="the Unix account its pods run as")
+    max_priority: MaxPriority = 0
+    max_pending: MaxPending = 10_000
+
+
+class TenantUpdate(Strict):
+    """Only the fields given change; `unix_user: null` removes the mapping."""
+
+    unix_user: UnixUser | None = None
+    max_priority: MaxPriority | None = None
+    max_pending: MaxPending | None = None
 
 
 class TenantOut(Strict):
     name: str
     created_s: float
     queues: list[str]
+    max_priority: int = 0
+    max_pending: int = 10_000
+    unix_user: str | None = None
+    warning: str | None = Field(default=None, description="one sentence to show the caller (create only)")
 
 
 class QueueCreate(Strict):
@@ -40,11 +65,31 @@ class QueueOut(Strict):
 
 class TokenCreate(Strict):
     tenant: Name | None = Field(None, description="the tenant it acts for; null makes an admin token")
-    name: str = Field("", max_length=63, pattern=r"^[A-Za-z0-9._-]*$")
+    name: TokenName = Field("", description="unique among the tenant's tokens; empty: named by its id")
+    scope: Literal["full", "metrics"] = Field("full", description="metrics: may read /metrics only")
+    expires_in_s: float | None = Field(
+        None, gt=0, le=100 * 365 * 86400, description="lifetime; null: the server's default (90 days)")
+    never_expires: bool = False
+
+    @model_validator(mode="after")
+    def _one_lifetime(self) -> TokenCreate:
+        if self.never_expires and self.expires_in_s is not None:
+            raise ValueError("give expires_in_s or never_expires, not both")
+        return self
 
 
-class TokenOut(Strict):
+class TokenInfo(Strict):
+    """A token as listed: never its secret nor its hash."""
+
     id: str
     tenant: str | None
     name: str
+    scope: str
+    created_s: float
+    expires_s: float | None
+    last_used_s: float | None
+    revoked_s: float | None
+
+
+class TokenOut(TokenInfo):
     token: str = Field(description="shown once; only its hash is stored")

@@ -14,6 +14,7 @@ from gpupool.server.auth import Principal
 from gpupool.server.orm import NodeFlagRow, PodRow, WorkloadRow
 from gpupool.server.runtime import Runtime
 from gpupool.server.schemas.nodes import DeviceOut, NodeOut
+from gpupool.server.services import audit
 from gpupool.server.services.events import transition
 from gpupool.server.services.workloads import stop_pods
 from gpupool.server.states import ACTIVE_POD_STATES, EventReason, PodState
@@ -104,6 +105,7 @@ def set_cordon(rt: Runtime, who: Principal, name: str, cordoned: bool) -> NodeOu
     _find(rt, name)
     with rt.store.write() as session:
         _set_flags(session, name, cordoned=cordoned, draining=False, now=rt.clock())
+        audit.record(session, who, "node.cordon" if cordoned else "node.uncordon", name, rt.clock())
     rt.capacity_may_have_changed()
     return get_node(rt, who, name)
 
@@ -124,6 +126,7 @@ def drain(rt: Runtime, who: Principal, name: str) -> NodeOut:
     to_stop: list[str] = []
     with rt.store.write() as session:
         _set_flags(session, name, cordoned=True, draining=True, now=now)
+        audit.record(session, who, "node.drain", name, now)
         ids = set(session.scalars(
             select(PodRow.workload_id).where(PodRow.node == name, PodRow.status.in_(ACTIVE_POD_STATES))
         ))

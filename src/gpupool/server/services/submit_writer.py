@@ -2,10 +2,12 @@
 
 A request validates its spec on the event loop, hands the rows to the writer and awaits the
 outcome; the writer takes every submission waiting at that moment (up to MAX_BATCH), checks their
-queues and quotas with one query, inserts the workloads and their `submitted` events with two
-multi-row statements and commits once. A request is answered only after the commit that holds it,
-so an acknowledged submission survives a kill -9 (SQLite WAL with synchronous=NORMAL loses nothing
-on a process crash; PostgreSQL commits are durable). The event loop never waits on the store or on
+queues and quotas with one query and their tenants' pending counts against max_pending with
+another (under a row lock on the tenants, so several server processes cannot overshoot together),
+inserts the workloads and their `submitted` events with two multi-row statements and commits once.
+A request is answered only after the commit that holds it, so an acknowledged submission survives
+a kill -9 (SQLite WAL with synchronous=NORMAL loses nothing on a process crash; PostgreSQL commits
+are durable). The event loop never waits on the store or on
 its write lock, so one slow transaction of the scheduler no longer stalls every request.
 """
 
@@ -20,12 +22,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import insert, select
+from sqlalchemy import Connection, func, insert, select
 
-from gpupool.core.model import Workload
+from gpupool.core.model import Workload, WorkloadStatus
 from gpupool.core.units import MILLI
-from gpupool.errors import NotFound, QuotaExceeded, StoreUnavailable, did_you_mean
-from gpupool.server.orm import Base, QueueRow
+from gpupool.errors import NotFound, QuotaExceeded, StoreUnavailable, TooManyPending, did_you_mean
+from gpupool.server.orm import Base, QueueRow, TenantRow, WorkloadRow
 from gpupool.server.runtime import Runtime
 
 log = logging.getLogger("gpupool.submit")
@@ -70,6 +72,26 @@ def _check(item: Submission, quotas: dict[tuple[str, str], int | None]) -> BaseE
             requested_gpus=item.device_milli / MILLI, quota_gpus=limit / MILLI,
         )
     return None
+
+
+def _room(conn: Connection, tenants: list[str]) -> dict[str, tuple[int, int]]:
+    """Each tenant's (pending now, max_pending), its row locked until commit (PostgreSQL: FOR UPDATE
+    in name order, so concurrent writers queue instead of deadlocking; SQLite writes are serial)."""
+    limits = dict(conn.execute(select(TenantRow.name, TenantRow.max_pending)
+                               .where(TenantRow.name.in_(tenants)).order_by(TenantRow.name)
+                               .with_for_update()).all())
+    pending = dict(conn.execute(
+        select(WorkloadRow.tenant, func.count())
+        .where(WorkloadRow.tenant.in_(tenants), WorkloadRow.status == WorkloadStatus.PENDING.value)
+        .group_by(WorkloadRow.tenant)).all())
+    return {t: (int(pending.get(t, 0)), int(limit)) for t, limit in limits.items()}
+
+
+def _too_many(tenant: str, limit: int) -> TooManyPending:
+    return TooManyPending(
+        f"Tenant {tenant} already has {limit} pending workloads, its limit; wait until some start or "
+        f"cancel some, or ask the admin (gpupool tenant set {tenant} --max-pending N).",
+        tenant=tenant, max_pending=limit)
 
 
 class SubmitWriter:
@@ -145,10 +167,16 @@ def commit(rt: Runtime, batch: Sequence[Submission]) -> int:
                 select(QueueRow.tenant, QueueRow.name, QueueRow.quota_device_milli)
                 .where(QueueRow.tenant.in_(tenants))
             )}
+            room = _room(conn, tenants)
             for item in batch:
                 item.error = _check(item, quotas)
                 if item.error is None:
-                    accepted.append(item)
+                    pending, limit = room.get(item.tenant, (0, 0))
+                    if pending >= limit:
+                        item.error = _too_many(item.tenant, limit)
+                    else:
+                        room[item.tenant] = (pending + 1, limit)
+                        accepted.append(item)
             if accepted:
                 conn.execute(_INSERT_WORKLOAD, [item.workload for item in accepted])
                 conn.execute(_INSERT_EVENT, [item.event for item in accepted])

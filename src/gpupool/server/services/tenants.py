@@ -1,8 +1,10 @@
-"""Tenants, their queues and quotas, and bearer tokens; plus the first-start bootstrap."""
+"""Tenants (limits, Unix account), their queues and quotas; plus the first-start bootstrap."""
 
 from __future__ import annotations
 
-import secrets
+import getpass
+import os
+import pwd
 from collections import Counter
 
 from sqlalchemy import func, select
@@ -11,8 +13,8 @@ from sqlalchemy.orm import Session
 
 from gpupool.core.model import WorkloadStatus
 from gpupool.core.units import MILLI
-from gpupool.errors import Conflict, NotFound, did_you_mean
-from gpupool.server.auth import Principal, new_token, token_sha256
+from gpupool.errors import Conflict, InvalidInput, NotFound, did_you_mean
+from gpupool.server.auth import Principal, new_token
 from gpupool.server.orm import QueueRow, TenantRow, TokenRow, WorkloadRow
 from gpupool.server.runtime import Runtime
 from gpupool.server.schemas.tenants import (
@@ -21,10 +23,11 @@ from gpupool.server.schemas.tenants import (
     QueueUpdate,
     TenantCreate,
     TenantOut,
-    TokenCreate,
-    TokenOut,
+    TenantUpdate,
 )
+from gpupool.server.services import audit
 from gpupool.server.services.converters import milli_to_gpus
+from gpupool.server.services.tokens import token_row, write_private_file
 
 DEFAULT_TENANT = "default"
 DEFAULT_QUEUE = "default"
@@ -34,7 +37,9 @@ _ACTIVE = (WorkloadStatus.ADMITTED.value, WorkloadStatus.RUNNING.value)
 def bootstrap(rt: Runtime) -> str | None:
     """Create the default tenant and queue, and the admin token on first start.
 
-    Returns the admin token when it was created now (the caller prints it once), else None.
+    The admin token (which never expires) is written to DATA_DIR/admin-token (0600) before its
+    hash is committed, so a crash leaves either both or a file that the next start replaces.
+    Returns the admin token when it was created now, else None.
     """
     now = rt.clock()
     with rt.store.write() as session:
@@ -47,13 +52,40 @@ def bootstrap(rt: Runtime) -> str | None:
         if has_admin is not None or not rt.settings.create_admin_token:
             return None
         token = new_token()
-        session.add(_token_row(token, None, "admin", now))
+        write_private_file(rt.settings.admin_token_path, token + "\n")
+        session.add(token_row(token, None, "admin", now))
     return token
 
 
-def _token_row(token: str, tenant: str | None, name: str, now: float) -> TokenRow:
-    return TokenRow(id="tok-" + secrets.token_hex(6), token_sha256=token_sha256(token), tenant=tenant,
-                    name=name, created_s=now)
+def server_is_root() -> bool:
+    return os.geteuid() == 0
+
+
+def single_user_warning() -> str:
+    try:
+        user = getpass.getuser()
+    except (KeyError, OSError):  # an account with no name (containers)
+        user = f"uid {os.geteuid()}"
+    return (f"gpupool runs as {user}, not root, so every pod runs as {user} and tenants are not "
+            "isolated from each other; this pool is for that one user.")
+
+
+def check_unix_user(session: Session, name: str, tenant: str) -> None:
+    """An existing, unprivileged account on this machine that no other tenant is mapped to."""
+    try:
+        entry = pwd.getpwnam(name)
+    except KeyError:
+        raise InvalidInput(f"There is no Unix account {name!r} on the server machine; create it "
+                           "(useradd) or name an existing one.", unix_user=name) from None
+    if entry.pw_uid == 0:
+        raise InvalidInput(f"Unix account {name!r} has uid 0; pods never run as root, so name an "
+                           "unprivileged account.", unix_user=name)
+    other = session.scalars(select(TenantRow.name).where(TenantRow.unix_user == name,
+                                                         TenantRow.name != tenant)).first()
+    if other is not None:
+        raise InvalidInput(f"Unix account {name!r} already runs tenant {other!r}'s pods; give each "
+                           "tenant its own account so they cannot reach each other's files.",
+                           unix_user=name)
 
 
 def create_tenant(rt: Runtime, who: Principal, body: TenantCreate) -> TenantOut:
@@ -64,12 +96,46 @@ def create_tenant(rt: Runtime, who: Principal, body: TenantCreate) -> TenantOut:
         with rt.store.write() as session:
             if session.get(TenantRow, body.name) is not None:
                 raise Conflict(f"Tenant {body.name!r} already exists; pick another name.")
-            session.add(TenantRow(name=body.name, created_s=now))
+            if body.unix_user is not None:
+                check_unix_user(session, body.unix_user, body.name)
+            session.add(TenantRow(name=body.name, created_s=now, max_priority=body.max_priority,
+                                  max_pending=body.max_pending, unix_user=body.unix_user))
             session.flush()
             session.add(QueueRow(tenant=body.name, name=DEFAULT_QUEUE, created_s=now))
+            audit.record(session, who, "tenant.create", body.name, now, _limits_text(
+                body.max_priority, body.max_pending, body.unix_user))
     except IntegrityError:
         raise Conflict(f"Tenant {body.name!r} already exists; pick another name.") from None
-    return TenantOut(name=body.name, created_s=now, queues=[DEFAULT_QUEUE])
+    warning = None if body.name == DEFAULT_TENANT or server_is_root() else single_user_warning()
+    return TenantOut(name=body.name, created_s=now, queues=[DEFAULT_QUEUE], max_priority=body.max_priority,
+                     max_pending=body.max_pending, unix_user=body.unix_user, warning=warning)
+
+
+def _limits_text(max_priority: int, max_pending: int, unix_user: str | None) -> str:
+    return f"max_priority={max_priority} max_pending={max_pending} unix_user={unix_user or '-'}"
+
+
+def update_tenant(rt: Runtime, who: Principal, name: str, body: TenantUpdate) -> TenantOut:
+    """Change the fields given; a tenant's tokens see new limits within a second on every process."""
+    who.require_admin()
+    given = body.model_fields_set
+    with rt.store.write() as session:
+        row = session.get(TenantRow, name)
+        if row is None:
+            require_tenant(session, name)
+        assert row is not None
+        if "unix_user" in given and body.unix_user is not None:
+            check_unix_user(session, body.unix_user, name)
+        if "unix_user" in given:
+            row.unix_user = body.unix_user
+        if body.max_priority is not None:
+            row.max_priority = body.max_priority
+        if body.max_pending is not None:
+            row.max_pending = body.max_pending
+        audit.record(session, who, "tenant.update", name, rt.clock(),
+                     _limits_text(row.max_priority, row.max_pending, row.unix_user))
+    rt.auth.forget()
+    return next(t for t in list_tenants(rt, who) if t.name == name)
 
 
 def list_tenants(rt: Runtime, who: Principal) -> list[TenantOut]:
@@ -80,7 +146,8 @@ def list_tenants(rt: Runtime, who: Principal) -> list[TenantOut]:
         for tenant, name in queues:
             by_tenant.setdefault(tenant, []).append(name)
         return [
-            TenantOut(name=t.name, created_s=t.created_s, queues=by_tenant.get(t.name, []))
+            TenantOut(name=t.name, created_s=t.created_s, queues=by_tenant.get(t.name, []),
+                      max_priority=t.max_priority, max_pending=t.max_pending, unix_user=t.unix_user)
             for t in tenants
             if who.may_see(t.name)
         ]
@@ -102,6 +169,8 @@ def create_queue(rt: Runtime, who: Principal, body: QueueCreate) -> QueueOut:
                 raise Conflict(f"Queue {body.tenant}/{body.name} already exists; update it instead.")
             session.add(QueueRow(tenant=body.tenant, name=body.name, quota_device_milli=quota,
                                  created_s=rt.clock()))
+            audit.record(session, who, "queue.create", f"{body.tenant}/{body.name}", rt.clock(),
+                         f"quota_gpus={body.quota_gpus}")
     except IntegrityError:
         raise Conflict(f"Queue {body.tenant}/{body.name} already exists; update it instead.") from None
     return _queue_outs(rt, who, tenant=body.tenant, name=body.name)[0]
@@ -114,6 +183,8 @@ def update_queue(rt: Runtime, who: Principal, tenant: str, name: str, body: Queu
         if row is None:
             raise NotFound(f"No queue {tenant}/{name}; create it with `gpupool queue create`.")
         row.quota_device_milli = None if body.quota_gpus is None else round(body.quota_gpus * MILLI)
+        audit.record(session, who, "queue.update", f"{tenant}/{name}", rt.clock(),
+                     f"quota_gpus={body.quota_gpus}")
     rt.capacity_may_have_changed()
     return _queue_outs(rt, who, tenant=tenant, name=name)[0]
 
@@ -156,15 +227,3 @@ def _queue_outs(rt: Runtime, who: Principal, tenant: str | None, name: str | Non
             for r in rows
             if who.may_see(r.tenant)
         ]
-
-
-def create_token(rt: Runtime, who: Principal, body: TokenCreate) -> TokenOut:
-    who.require_admin()
-    token = new_token()
-    with rt.store.write() as session:
-        if body.tenant is not None:
-            require_tenant(session, body.tenant)
-        row = _token_row(token, body.tenant, body.name, rt.clock())
-        session.add(row)
-        token_id = row.id
-    return TokenOut(id=token_id, tenant=body.tenant, name=body.name, token=token)

@@ -9,7 +9,7 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from gpupool.core.model import WorkloadStatus
-from gpupool.errors import Conflict, NotFound
+from gpupool.errors import Conflict, NotFound, PriorityNotAllowed
 from gpupool.server.auth import Principal
 from gpupool.server.orm import EventRow, PodRow, WorkloadRow
 from gpupool.server.runtime import Runtime
@@ -54,6 +54,11 @@ async def submit_grouped(rt: Runtime, writer: SubmitWriter, who: Principal,
 def prepare(rt: Runtime, who: Principal, spec: WorkloadSpec) -> Submission:
     """The rows one submission writes: the pending workload and its `submitted` event."""
     tenant = who.tenant_for(spec.tenant)
+    if who.max_priority is not None and spec.priority > who.max_priority:  # the admin is not limited
+        raise PriorityNotAllowed(
+            f"Tenant {tenant} may submit at priority <= {who.max_priority}; ask the admin "
+            f"(gpupool tenant set {tenant} --max-priority N).",
+            priority=spec.priority, max_priority=who.max_priority)
     workload_id = new_workload_id()
     now = rt.clock()
     workload = to_workload(workload_id, spec, tenant, spec.priority, now)

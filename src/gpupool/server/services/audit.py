@@ -1,0 +1,32 @@
+"""The audit log: record an admin action in the transaction that makes it, and read the log back."""
+
+from __future__ import annotations
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from gpupool.server.auth import Principal
+from gpupool.server.orm import AuditRow
+from gpupool.server.runtime import Runtime
+from gpupool.server.schemas.audit import AuditOut
+
+MAX_LIMIT = 10_000
+
+
+def record(session: Session, who: Principal, action: str, target: str, now: float, detail: str = "") -> None:
+    """Add one audit row for `who` doing `action` to `target` (committed with the change itself)."""
+    session.add(AuditRow(at_s=now, actor=who.actor, token_id=who.token_id, action=action,
+                         target=target[:255], detail=detail[:1024], remote=who.remote[:64], count=1))
+
+
+def entries(rt: Runtime, who: Principal, since_s: float | None, limit: int) -> list[AuditOut]:
+    """The newest `limit` rows at or after `since_s`, newest first (admin only)."""
+    who.require_admin()
+    rt.auth.flush()  # refused logins still held in memory are part of the answer
+    query = select(AuditRow).order_by(AuditRow.at_s.desc(), AuditRow.id.desc()).limit(limit)
+    if since_s is not None:
+        query = query.where(AuditRow.at_s >= since_s)
+    with rt.store.read() as session:
+        return [AuditOut(id=r.id, at_s=r.at_s, actor=r.actor, token_id=r.token_id, action=r.action,
+                         target=r.target, detail=r.detail, remote=r.remote, count=r.count)
+                for r in session.scalars(query)]
