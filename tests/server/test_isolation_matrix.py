@@ -1,0 +1,268 @@
+"""Tenant isolation, route by route from the OpenAPI listing: a tenant token aimed at another tenant's
+objects gets 403 or 404 and never its data; admin-only routes are 403; listings hold only its own.
+
+The routes come from the served schema at test time, so a route added without a row in EXPECTED
+fails `test_every_route_has_an_expectation` until its developer says what a tenant must get there.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from conftest import Server, start_server, stop_server
+
+API = "/api/v1"
+SECRET = "victim-secret-51d3"
+"""In the victim's command and environment: it must appear in no answer the intruder gets."""
+VICTIM_MARK = "victim"
+"""Every name the victim owns contains it, so no answer the intruder reads with 200 may contain it."""
+
+
+@dataclass(frozen=True)
+class Victim:
+    """The other tenant's real objects, created in setup."""
+
+    tenant: str = "victim-corp"
+    queue: str = "victim-q"
+    workload_id: str = ""
+    token_id: str = ""
+    token_name: str = "victim-token"
+    node: str = "n0"
+
+    def value(self, key: str) -> str:
+        return str(getattr(self, key))
+
+
+Body = Callable[[Victim], object]
+
+
+@dataclass(frozen=True)
+class Public:
+    """Needs no token and serves no tenant's data (health)."""
+
+
+@dataclass(frozen=True)
+class Admin:
+    """Admin-only: a tenant token gets 403 whatever it names."""
+
+    params: Mapping[str, str] = field(default_factory=dict)
+    """path parameter -> Victim attribute; unnamed ones are taken from DEFAULT_PARAMS."""
+    body: Body | None = None
+
+
+@dataclass(frozen=True)
+class Others:
+    """Acts on the other tenant's object: 404 (it does not exist for this tenant) or 403."""
+
+    params: Mapping[str, str] = field(default_factory=dict)
+    body: Body | None = None
+    codes: frozenset[int] = frozenset({403, 404})
+
+
+@dataclass(frozen=True)
+class Readable:
+    """A tenant may read it: 200 without any of the other tenant's names or ids. `probe` names query
+    parameters to set to the other tenant's values: the answer is then 403, 404, or a 200 without them."""
+
+    params: Mapping[str, str] = field(default_factory=dict)
+    probe: Mapping[str, str] = field(default_factory=dict)
+
+
+Expectation = Public | Admin | Others | Readable
+DEFAULT_PARAMS = {"workload_id": "workload_id", "tenant": "tenant", "name": "tenant", "token_id": "token_id"}
+
+EXPECTED: dict[tuple[str, str], Expectation] = {
+    ("GET", "/health"): Public(),
+    # Workloads
+    ("POST", "/workloads"): Others(body=lambda v: {"command": ["true"], "tenant": v.tenant},
+                                   codes=frozenset({403})),
+    ("GET", "/workloads"): Readable(probe={"tenant": "tenant", "queue": "queue"}),
+    ("GET", "/workloads/{workload_id}"): Others(),
+    ("POST", "/workloads/{workload_id}/cancel"): Others(),
+    ("GET", "/workloads/{workload_id}/events"): Others(),
+    ("GET", "/workloads/{workload_id}/logs"): Others(),
+    # Nodes and the pool
+    ("GET", "/nodes"): Readable(),
+    ("GET", "/nodes/{name}"): Readable(params={"name": "node"}),
+    ("POST", "/nodes/{name}/cordon"): Admin(params={"name": "node"}),
+    ("POST", "/nodes/{name}/uncordon"): Admin(params={"name": "node"}),
+    ("POST", "/nodes/{name}/drain"): Admin(params={"name": "node"}),
+    ("GET", "/pool"): Readable(),
+    # Tenants, queues, tokens
+    ("GET", "/tenants"): Readable(),
+    ("POST", "/tenants"): Admin(body=lambda v: {"name": "intruder"}),
+    ("PATCH", "/tenants/{name}"): Admin(body=lambda v: {"max_priority": 1000}),
+    ("GET", "/queues"): Readable(probe={"tenant": "tenant"}),
+    ("POST", "/queues"): Admin(body=lambda v: {"tenant": v.tenant, "name": "intruder"}),
+    ("PATCH", "/queues/{tenant}/{name}"): Admin(params={"name": "queue"}, body=lambda v: {"quota_gpus": 0}),
+    ("POST", "/tokens"): Admin(body=lambda v: {"tenant": v.tenant, "name": "intruder"}),
+    ("GET", "/tokens"): Readable(probe={"tenant": "tenant"}),
+    ("DELETE", "/tokens/{token_id}"): Others(),
+    # Audit
+    ("GET", "/audit"): Admin(),
+}
+
+
+@dataclass
+class World:
+    server: Server
+    intruder: str
+    victim_token: str
+    victim: Victim
+    routes: list[tuple[str, str]]
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[World]:
+    """Two tenants: the intruder (a token, a workload) and the victim (a queue, a workload, a token)."""
+    server = start_server(Path(tmp_path_factory.mktemp("isolation")))
+    client, admin = server.client, server.headers()
+
+    def ok(answer: Any) -> Any:
+        assert answer.status_code < 300, answer.text
+        return answer.json()
+
+    for tenant in ("intruder-corp", "victim-corp"):
+        ok(client.post(f"{API}/tenants", json={"name": tenant}, headers=admin))
+    ok(client.post(f"{API}/queues", json={"tenant": "victim-corp", "name": "victim-q", "quota_gpus": 2},
+                   headers=admin))
+    intruder = ok(client.post(f"{API}/tokens", json={"tenant": "intruder-corp", "name": "mine"},
+                              headers=admin))["token"]
+    victim_token = ok(client.post(f"{API}/tokens", json={"tenant": "victim-corp", "name": "victim-token"},
+                                  headers=admin))
+    spec = {"command": ["echo", SECRET], "name": "victim-job", "queue": "victim-q",
+            "env": {"VICTIM_KEY": SECRET}, "resources": {"gpus": 0.5}}
+    workload = ok(client.post(f"{API}/workloads", json=spec, headers=server.headers(victim_token["token"])))
+    ok(client.post(f"{API}/workloads", json={"command": ["true"]}, headers=server.headers(intruder)))
+    server.wait_for(lambda: server.status(workload["id"]) == "running")
+    schema = ok(client.get(f"{API}/openapi.json"))
+    routes = sorted((method.upper(), path.removeprefix(API))
+                    for path, item in schema["paths"].items() for method in item)
+    victim = Victim(workload_id=workload["id"], token_id=victim_token["id"])
+    yield World(server, intruder, victim_token["token"], victim, routes)
+    stop_server(server)
+
+
+def test_every_route_has_an_expectation(world: World) -> None:
+    missing = [f"{m} {p}" for m, p in world.routes if (m, p) not in EXPECTED]
+    stale = [f"{m} {p}" for m, p in EXPECTED if (m, p) not in world.routes]
+    assert not missing, (
+        f"Routes in the OpenAPI schema without an isolation check: {missing}. Add each to EXPECTED in "
+        "tests/server/test_isolation_matrix.py, saying what a tenant token aimed at another tenant's "
+        "objects must get there (Public, Admin, Others or Readable).")
+    assert not stale, f"EXPECTED names routes the schema no longer lists: {stale}; remove them."
+
+
+def _path(template: str, params: Mapping[str, str], victim: Victim) -> str:
+    path = template
+    while "{" in path:
+        name = path[path.index("{") + 1:path.index("}")]
+        path = path.replace("{" + name + "}", victim.value(params.get(name, DEFAULT_PARAMS[name])))
+    return API + path
+
+
+def _problems(world: World, method: str, template: str, expectation: Expectation) -> list[str]:
+    """What is wrong with the answers the intruder gets on this route (empty when all is well)."""
+    if isinstance(expectation, Public):
+        answer = world.server.client.request(method, API + template)
+        ok = answer.status_code == 200 and SECRET not in answer.text
+        return [] if ok else [f"{method} {template}: {answer.status_code} {answer.text}"]
+    if isinstance(expectation, Readable):
+        return _read_problems(world, method, template, expectation)
+    return _refusal_problems(world, method, template, expectation)
+
+
+def _read_problems(world: World, method: str, template: str, expectation: Readable) -> list[str]:
+    victim, headers = world.victim, world.server.headers(world.intruder)
+    path = _path(template, expectation.params, victim)
+    calls: list[tuple[dict[str, str], frozenset[int]]] = [({}, frozenset({200}))]
+    if expectation.probe:
+        calls.append(({k: victim.value(v) for k, v in expectation.probe.items()}, frozenset({200, 403, 404})))
+    problems = []
+    for query, codes in calls:
+        answer = world.server.client.request(method, path, params=query, headers=headers)
+        where = f"{method} {template} {query}"
+        if answer.status_code not in codes:
+            problems.append(f"{where}: got {answer.status_code}, expected one of {sorted(codes)}")
+        elif answer.status_code == 200 and VICTIM_MARK in answer.text:
+            problems.append(f"{where}: the answer shows the other tenant's objects: {answer.text}")
+    return problems
+
+
+def _refusal_problems(world: World, method: str, template: str, expectation: Admin | Others) -> list[str]:
+    path = _path(template, expectation.params, world.victim)
+    body = expectation.body(world.victim) if expectation.body else None
+    codes = frozenset({403}) if isinstance(expectation, Admin) else expectation.codes
+    headers = world.server.headers(world.intruder)
+    answer = world.server.client.request(method, path, json=body, headers=headers)
+    where = f"{method} {template} as {path}"
+    if answer.status_code not in codes:
+        return [f"{where}: got {answer.status_code}, expected one of {sorted(codes)}: {answer.text}"]
+    if set(answer.json()) != {"code", "message", "details"} or SECRET in answer.text:
+        return [f"{where}: the refusal is not one error body without the other tenant's data: {answer.text}"]
+    return []
+
+
+def test_a_tenant_reaches_nothing_of_another_tenant(world: World) -> None:
+    problems = [p for m, t in world.routes if (m, t) in EXPECTED
+                for p in _problems(world, m, t, EXPECTED[(m, t)])]
+    assert not problems, "\n".join(problems)
+
+
+def test_every_route_but_health_needs_a_token(world: World) -> None:
+    wrong = []
+    for method, template in world.routes:
+        if isinstance(EXPECTED.get((method, template)), Public):
+            continue
+        answer = world.server.client.request(method, _path(template, {}, world.victim))
+        if answer.status_code != 401 or answer.json().get("code") != "unauthorized":
+            wrong.append(f"{method} {template}: {answer.status_code} {answer.text}")
+    assert not wrong, "\n".join(wrong)
+
+
+def test_the_refusals_changed_nothing(world: World) -> None:
+    """After the whole matrix ran, the victim's workload, queue, token and the nodes are as they were."""
+    test_a_tenant_reaches_nothing_of_another_tenant(world)
+    client, admin, victim = world.server.client, world.server.headers(), world.victim
+    assert world.server.status(victim.workload_id) == "running"
+    queue = client.get(f"{API}/queues", params={"tenant": victim.tenant}, headers=admin).json()
+    assert {q["name"]: q["quota_gpus"] for q in queue} == {"default": None, "victim-q": 2}
+    own = client.get(f"{API}/workloads", headers=world.server.headers(world.victim_token)).json()
+    assert [w["id"] for w in own["items"]] == [victim.workload_id]
+    assert not any(n["cordoned"] for n in client.get(f"{API}/nodes", headers=admin).json())
+    tenants = {t["name"] for t in client.get(f"{API}/tenants", headers=admin).json()}
+    assert "intruder" not in tenants
+
+
+def test_a_tenant_sees_its_own_objects(world: World) -> None:
+    """The listings the matrix found clean are not clean because they are empty."""
+    client, headers = world.server.client, world.server.headers(world.intruder)
+    assert client.get(f"{API}/workloads", headers=headers).json()["total"] == 1
+    assert [t["name"] for t in client.get(f"{API}/tenants", headers=headers).json()] == ["intruder-corp"]
+    assert {q["tenant"] for q in client.get(f"{API}/queues", headers=headers).json()} == {"intruder-corp"}
+    assert [t["name"] for t in client.get(f"{API}/tokens", headers=headers).json()] == ["mine"]
+    by_tenant = client.get(f"{API}/pool", headers=headers).json()["by_tenant"]
+    assert [t["tenant"] for t in by_tenant] == ["intruder-corp"]
+
+
+def test_a_tenant_cannot_submit_for_another(world: World) -> None:
+    spec = {"command": ["true"], "tenant": world.victim.tenant}
+    headers = world.server.headers(world.intruder)
+    answer = world.server.client.post(f"{API}/workloads", json=spec, headers=headers)
+    assert answer.status_code == 403, answer.text
+    assert answer.json()["code"] == "forbidden"
+
+
+def test_metrics_need_a_token(world: World) -> None:
+    """/metrics is outside the schema; it names every tenant, so it is not public."""
+    client = world.server.client
+    assert client.get("/metrics").status_code == 401
+    refused = client.get("/metrics", headers=world.server.headers(world.intruder))
+    assert refused.status_code == 403, refused.text
+    assert VICTIM_MARK not in refused.text
+    assert client.get("/metrics", headers=world.server.headers()).status_code == 200
