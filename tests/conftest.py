@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -19,3 +20,25 @@ def shared_data() -> Path:
     if path is None:
         pytest.skip("shared data directory not found (set GPUPOOL_DATA_DIR to enable dataset tests)")
     return path
+
+
+@pytest.fixture(scope="session", autouse=True)
+def pod_scratch_root() -> Iterator[Path]:
+    """A scratch root for pods' private directories that every account can enter (pytest's own
+    temporary directories are closed to other users, and pods run as other accounts under root)."""
+    import os
+    import shutil
+    import tempfile
+
+    root = Path(tempfile.mkdtemp(prefix="gpupool-test-pods-"))
+    os.chmod(root, 0o711)
+    previous = os.environ.get("GPUPOOL_SCRATCH_DIR")
+    os.environ["GPUPOOL_SCRATCH_DIR"] = str(root)
+    try:
+        yield root
+    finally:
+        if previous is None:
+            os.environ.pop("GPUPOOL_SCRATCH_DIR", None)
+        else:
+            os.environ["GPUPOOL_SCRATCH_DIR"] = previous
+        shutil.rmtree(root, ignore_errors=True)

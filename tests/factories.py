@@ -80,3 +80,14 @@ def workload(*pods: PodRequest, wid: str = "", priority: int = 0, submit_s: floa
         submit_time_s=submit_s,
         tenant=tenant,
     )
+
+
+def pod_python() -> str:
+    """A Python a pod can run: the system's (pods may run as other accounts, and this test run's
+    interpreter may live in a directory only its owner can enter), else this one."""
+    import shutil
+    import sys
+
+    from gpupool.agent.identity import BASE_PATH
+
+    return shutil.which("python3", path=BASE_PATH) or sys.executable

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import json
 import stat
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
+from factories import pod_python
 from gpupool.agent.mps import MpsDaemon
 from gpupool.core.model import Slice
 from gpupool.errors import InvalidInput, UnknownName
@@ -18,7 +18,7 @@ from gpupool.providers.base import Capability, PodLaunch, PodPhase, PodStatus
 from gpupool.providers.local import LocalProvider
 from gpupool.providers.nodespec import SIMULATED_LABEL
 
-DUMP_ENV = (sys.executable, "-c", "import json, os; print(json.dumps(dict(os.environ)))")
+DUMP_ENV = (pod_python(), "-c", "import json, os; print(json.dumps(dict(os.environ)))")
 
 
 @pytest.fixture
@@ -80,8 +80,8 @@ def test_gang_member_environment(provider: LocalProvider) -> None:
     assert "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE" not in env
 
 
-def test_agent_restart_loses_no_record(tmp_path: Path) -> None:
-    gate = tmp_path / "gate"
+def test_agent_restart_loses_no_record(tmp_path: Path, pod_scratch_root: Path) -> None:
+    gate = pod_scratch_root / f"gate-{tmp_path.name}"  # where a pod's account can see it
     first = LocalProvider(tmp_path / "agent", simulate="1xT4", node_name="box")
     first.launch(PodLaunch(pod_id="done", workload_id="w", node="box", command=("true",)))
     wait_final(first, "done")
@@ -112,7 +112,7 @@ def test_host_limits_through_a_cgroup(tmp_path: Path) -> None:
         status = wait_final(provider, "cg")
         assert status.phase is PodPhase.SUCCEEDED
         assert (root / "pod-cg" / "cpu.max").read_text() == "200000 100000"
-        assert (root / "pod-cg" / "cgroup.procs").read_text().strip().isdigit()  # the shim joined it
+        assert (root / "pod-cg" / "cgroup.procs").read_text().strip().isdigit()  # the runner moved it in
     finally:
         provider.close(stop_pods=True)
 

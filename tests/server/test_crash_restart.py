@@ -48,7 +48,6 @@ def test_kill_9_and_restart(tmp_path: Path) -> None:
         token = (tmp_path / "admin-token").read_text().strip()
         assert (tmp_path / "admin-token").stat().st_mode & 0o777 == 0o600
         api = httpx.Client(base_url=url, headers={"Authorization": f"Bearer {token}"})
-        pidfile = tmp_path / "victim.pid"
 
         def submit(command: list[str], gpus: float) -> str:
             answer = api.post("/workloads", json={"command": command, "resources": {"gpus": gpus}})
@@ -59,14 +58,16 @@ def test_kill_9_and_restart(tmp_path: Path) -> None:
             return str(api.get(f"/workloads/{wid}").json()["status"])
 
         keeps = submit(["sleep", "60"], 0.5)
-        victim = submit(["sh", "-c", f"echo $$ > {pidfile}; exec sleep 60"], 0.5)
+        victim = submit(["sh", "-c", "echo $$; exec sleep 60"], 0.5)  # its pid, in its log
         done = submit(["true"], 1)
         waiting = submit(["true"], 4)  # cannot fit while the others hold devices
         _until(lambda: status(keeps) == status(victim) == "running" and status(done) == "succeeded")
         assert status(waiting) == "pending"
+        _until(lambda: api.get(f"/workloads/{victim}/logs").json()["text"].strip().isdigit())
+        victim_pid = int(api.get(f"/workloads/{victim}/logs").json()["text"])
         server.send_signal(signal.SIGKILL)
         server.wait(timeout=30)
-        os.kill(int(pidfile.read_text()), signal.SIGKILL)  # its process dies while no server watches
+        os.kill(victim_pid, signal.SIGKILL)  # its process dies while no server watches
 
         server = _start(tmp_path, port)
         _until(lambda: httpx.get(f"{url}/health").status_code == 200)

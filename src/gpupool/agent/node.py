@@ -1,6 +1,9 @@
 """The node agent: this machine's devices (NVML or simulated), their health, and the pods it runs.
 
 The local provider uses one NodeAgent in-process; a scale-out provider would run one per node.
+A pod starts from an empty environment (identity.base_env, then the pool's variables and the user's
+--env), in a private directory of its own, and, when the agent runs as root, as its tenant's Unix
+account (identity.py): never with the agent's identity, secrets or environment.
 """
 
 from __future__ import annotations
@@ -15,6 +18,14 @@ from collections.abc import Callable, Iterator
 from dataclasses import replace
 from pathlib import Path
 
+from gpupool.agent.identity import (
+    BASE_PATH,
+    Identities,
+    PodIdentity,
+    base_env,
+    make_private_dir,
+    prepare_scratch_root,
+)
 from gpupool.agent.isolation import IsolationPlan, find_cgroup_root, plan_isolation, prepare_cgroup
 from gpupool.agent.mps import MpsDaemon
 from gpupool.agent.podstate import PodRecord, write_atomic
@@ -27,6 +38,11 @@ from gpupool.profiles import ProfileSet, default_profiles
 from gpupool.providers.base import HealthEvent, LogChunk, PodLaunch
 from gpupool.providers.nodespec import SIMULATED_LABEL, simulated_devices
 
+SCRATCH_DIR_ENV = "GPUPOOL_SCRATCH_DIR"
+POD_PATH_ENV = "GPUPOOL_POD_PATH"
+SHARED_SCRATCH_ROOT = Path("/var/tmp/gpupool-pods")
+"""Where pods' private directories go when pods run as other accounts (the agent's own state
+directory is closed to them); GPUPOOL_SCRATCH_DIR chooses another."""
 SIMULATE_SYNTAX = "write DEVICESxMODEL[,...] for this machine, for example '4xH100' or '2xA100,2xT4'"
 _GROUP = re.compile(r"^\s*(\d+)\s*[xX]\s*([A-Za-z0-9][A-Za-z0-9._-]*)\s*$")
 
@@ -68,10 +84,15 @@ class NodeAgent:
                  fallback_simulate: str | None = None, profiles: ProfileSet | None = None,
                  probe: NvmlProbe | None = None, mps: MpsDaemon | None = None,
                  cgroup_root: Path | str | None = None, clock: Callable[[], float] = time.time,
-                 ib_sysfs_root: Path | str = SYSFS_ROOT) -> None:
+                 ib_sysfs_root: Path | str = SYSFS_ROOT, identities: Identities | None = None,
+                 scratch_root: Path | str | None = None, pod_path: str | None = None) -> None:
         self.ib_sysfs_root = Path(ib_sysfs_root)
         self.state_dir = Path(state_dir)
-        self.state_dir.mkdir(parents=True, exist_ok=True)
+        self.state_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+        os.chmod(self.state_dir, 0o700)
+        self.identities = identities or Identities()
+        self.scratch_root = prepare_scratch_root(Path(scratch_root or self._default_scratch_root()))
+        self.pod_path = pod_path or os.environ.get(POD_PATH_ENV) or BASE_PATH
         self.node_name = node_name or socket.gethostname()
         self._profiles = profiles or default_profiles()
         self._clock = clock
@@ -92,6 +113,12 @@ class NodeAgent:
             self.probe_result = self._probe.probe()
             if self.probe_result.status is not ProbeStatus.OK and fallback_simulate:
                 self._simulated = simulated_local_devices(fallback_simulate, self.node_name, self._profiles)
+
+    def _default_scratch_root(self) -> Path:
+        explicit = os.environ.get(SCRATCH_DIR_ENV)
+        if explicit:
+            return Path(explicit)
+        return SHARED_SCRATCH_ROOT if self.identities.switch_users else self.state_dir / "scratch"
 
     @property
     def simulated(self) -> bool:
@@ -168,7 +195,7 @@ class NodeAgent:
         if needs_mps and not self.simulated and self._mps.available:
             self._mps.start()
             client_env = self._mps.client_env()
-        base_path = pod.env.get("PYTHONPATH", os.environ.get("PYTHONPATH", ""))
+        base_path = pod.env.get("PYTHONPATH", "")  # never the agent's own
         return plan_isolation(pod, node, profiles=self._profiles, mps_client_env=client_env,
                               cgroup_root=self.cgroup_root, base_pythonpath=base_path)
 
@@ -178,15 +205,22 @@ class NodeAgent:
         known = self.runner.known(pod.pod_id)
         if known is not None:
             return known
+        identity = self.identities.resolve(pod.tenant, pod.unix_user)
         with self._lock:  # planning may start the MPS daemon; the start itself may overlap others
             plan = self.plan(pod)
         limits = prepare_cgroup(plan.host_limits, plan.cgroup_files)
-        env = plan.process_env(os.environ, pod.env)
-        record = self.runner.start(pod.pod_id, pod.command, env=env, workdir=pod.workdir, limits=limits)
+        home = make_private_dir(self.scratch_root, pod.pod_id, identity)
+        env = plan.process_env(base_env(identity, home, self.pod_path), pod.env)
+        record = self.runner.start(pod.pod_id, pod.command, env=env, workdir=pod.workdir or home,
+                                   limits=limits, identity=identity)
         layers = [{"layer": s.layer.value, "active": s.active, "detail": s.detail} for s in plan.layers]
         with self._lock:
             write_atomic(self.runner.pod_dir(pod.pod_id) / "isolation.json", json.dumps(layers, indent=1))
         return record
+
+    def pod_identity(self, tenant: str = "default", unix_user: str = "") -> PodIdentity | None:
+        """The account a pod of `tenant` runs as here (None: the agent's own user)."""
+        return self.identities.resolve(tenant, unix_user)
 
     def isolation_layers(self, pod_id: str) -> list[dict[str, object]]:
         """What each isolation layer did for this pod (as recorded at launch)."""

@@ -52,7 +52,7 @@ def write_atomic(path: Path, text: str) -> None:
     # A fixed temporary name: writes to one path are serialised by the caller (the runner's lock).
     tmp = path.with_name(f".{path.name}.tmp")
     try:
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         try:
             os.write(fd, text.encode("utf-8"))
         finally:
@@ -77,12 +77,19 @@ def load_record(path: Path) -> PodRecord | str:
         return f"state file {path} is corrupt"
 
 
+MAX_EXIT_FILE_BYTES = 4096
+
+
 def read_exit_file(path: Path) -> tuple[int, int | None, str] | None:
-    """(exit_code, signal, message) written by the shim, or None when absent or unreadable."""
+    """(exit_code, signal, message) written by the shim, or None when absent, empty or unreadable.
+    Read as untrusted (the shim runs as the pod's account): bounded, and every field checked."""
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-        return int(data["exit_code"]), data.get("signal"), str(data.get("message", ""))
-    except (OSError, ValueError, KeyError, TypeError):
+        with open(path, "rb") as handle:
+            data = json.loads(handle.read(MAX_EXIT_FILE_BYTES).decode("utf-8"))
+        signum = data.get("signal")
+        return (int(data["exit_code"]), None if signum is None else int(signum),
+                str(data.get("message", ""))[:512])
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
         return None
 
 

@@ -1,9 +1,12 @@
 """Run pods as process groups: start, stream logs to files, stop (TERM then KILL), reap, re-adopt.
 
 Each pod lives in STATE_DIR/pods/<pod_id>/ with state.json (written atomically), stdout.log,
-stderr.log and exit.json (written by the shim). A new Runner on the same state directory re-adopts
-pods whose process still runs (same pid and same start time, so a reused pid is never mistaken for
-ours) and reports the others finished (exit status from exit.json) or lost, with the reason.
+stderr.log and exit.json (written by the shim through a descriptor the runner opened). The state
+directory is the agent's alone (0700): a pod, started as its own Unix account (see identity.py),
+cannot read or change it; the pod works in its private directory instead. A new Runner on the same
+state directory re-adopts pods whose process still runs (same pid and same start time, so a reused
+pid is never mistaken for ours) and reports the others finished (exit status from exit.json) or
+lost, with the reason.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ from enum import StrEnum
 from pathlib import Path
 
 from gpupool.agent import podstate
+from gpupool.agent.identity import PodIdentity, set_no_new_privs
 from gpupool.agent.podstate import PodRecord
 from gpupool.agent.shim import shim_argv
 from gpupool.errors import InvalidInput, NotFound
@@ -56,6 +60,24 @@ def _complete_utf8(data: bytes) -> bytes:
     return data
 
 
+def _private(path: str, flags: int) -> int:
+    return os.open(path, flags, 0o600)
+
+
+def _join_cgroup(limits: HostLimits, pid: int, go_w: int) -> None:
+    """Move the shim into the pod's cgroup, then let it start the command (one line on its pipe:
+    'ok', or why the limits do not hold, which the shim writes to the pod's stderr)."""
+    assert limits.cgroup_dir is not None
+    try:
+        (limits.cgroup_dir / "cgroup.procs").write_text(str(pid))
+        answer = "ok"
+    except OSError as exc:
+        answer = f"could not join cgroup {limits.cgroup_dir} ({exc.strerror}); host limits not enforced"
+    with contextlib.suppress(OSError):
+        os.write(go_w, (answer + "\n").encode())
+    os.close(go_w)
+
+
 def _final_phase(record: PodRecord, exit_code: int) -> PodPhase:
     if record.stop_requested_at_s is not None:
         return PodPhase.STOPPED
@@ -67,7 +89,8 @@ class Runner:
 
     def __init__(self, state_dir: Path, *, clock: Callable[[], float] = time.time) -> None:
         self._dir = Path(state_dir) / "pods"
-        self._dir.mkdir(parents=True, exist_ok=True)
+        self._dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+        os.chmod(self._dir, 0o700)
         self._clock = clock
         self._lock = threading.RLock()
         self._records: dict[str, PodRecord] = {}
@@ -93,9 +116,11 @@ class Runner:
 
     # ---- start -----------------------------------------------------------------------------
     def start(self, pod_id: str, command: Sequence[str], *, env: Mapping[str, str], workdir: str | Path = "",
-              limits: HostLimits = HostLimits()) -> PodRecord:
-        """Start `command` as a new process group and return at once. Idempotent by pod_id: a known
-        pod is returned unchanged. Raises InvalidInput for a bad pod id, command or workdir."""
+              limits: HostLimits = HostLimits(), identity: PodIdentity | None = None) -> PodRecord:
+        """Start `command` as a new process group and return at once, with exactly `env` as its
+        environment and, given an `identity`, as that Unix account (no supplementary groups, no new
+        privileges). Idempotent by pod_id: a known pod is returned unchanged. Raises InvalidInput for
+        a bad pod id, command or workdir."""
         if not _POD_ID.match(pod_id):
             raise InvalidInput(f"Pod id {pod_id!r} must be 1-128 letters, digits, '.', '_' or '-'.")
         if not command:
@@ -104,7 +129,7 @@ class Runner:
             if pod_id in self._records:
                 return self._records[pod_id]
             pod_dir = self.pod_dir(pod_id)
-            pod_dir.mkdir(parents=True, exist_ok=True)
+            pod_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
             cwd = Path(workdir) if workdir else pod_dir
             if not cwd.is_dir():
                 raise InvalidInput(f"Pod {pod_id!r}: working directory {str(cwd)!r} does not exist.")
@@ -115,25 +140,43 @@ class Runner:
             self._records[pod_id] = record
             self._spawning.add(pod_id)
         try:  # outside the lock, so several pods can be started at once
-            self._spawn(record, dict(env), limits)
+            self._spawn(record, dict(env), limits, identity)
         finally:
             with self._lock:
                 self._spawning.discard(pod_id)
         return record
 
-    def _spawn(self, record: PodRecord, env: dict[str, str], limits: HostLimits) -> None:
+    def _spawn(self, record: PodRecord, env: dict[str, str], limits: HostLimits,
+               identity: PodIdentity | None) -> None:
         pod_dir = self.pod_dir(record.pod_id)
-        argv = shim_argv(str(pod_dir / "exit.json"), record.command,
-                         cgroup_dir=str(limits.cgroup_dir or ""), rlimit_data_bytes=limits.rlimit_data_bytes)
-        with open(pod_dir / "stdout.log", "ab") as out, open(pod_dir / "stderr.log", "ab") as err:
-            try:
-                child = subprocess.Popen(argv, cwd=record.workdir, env=env,
-                                         stdin=subprocess.DEVNULL, stdout=out, stderr=err,
-                                         start_new_session=True, close_fds=True)
-            except OSError as exc:
-                with self._lock:
-                    self._finish(record, PodPhase.FAILED, 127, None, f"cannot start the pod: {exc.strerror}")
-                return
+        exit_fd = os.open(pod_dir / "exit.json", os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
+        go_r, go_w = os.pipe() if limits.cgroup_dir else (-1, -1)
+        argv = shim_argv(exit_fd, record.command, workdir=record.workdir, wait_for_go=go_r >= 0,
+                         rlimit_data_bytes=limits.rlimit_data_bytes)
+        credentials: dict[str, object] = {}
+        if identity is not None:
+            os.fchown(exit_fd, identity.uid, identity.gid)  # the shim reopens it as the pod's account
+            credentials = {"user": identity.uid, "group": identity.gid, "extra_groups": []}
+            set_no_new_privs()  # inherited by what this thread starts: no setuid escape for the pod
+        try:
+            with open(pod_dir / "stdout.log", "ab", opener=_private) as out, open(
+                    pod_dir / "stderr.log", "ab", opener=_private) as err:
+                stdin = go_r if go_r >= 0 else subprocess.DEVNULL
+                child = subprocess.Popen(argv, cwd="/", env=env, stdin=stdin, stdout=out, stderr=err,
+                                         start_new_session=True, close_fds=True, pass_fds=(exit_fd,),
+                                         **credentials)  # type: ignore[call-overload]
+        except OSError as exc:
+            if go_w >= 0:
+                os.close(go_w)
+            with self._lock:
+                self._finish(record, PodPhase.FAILED, 127, None, f"cannot start the pod: {exc.strerror}")
+            return
+        finally:
+            os.close(exit_fd)
+            if go_r >= 0:
+                os.close(go_r)
+        if go_w >= 0:
+            _join_cgroup(limits, child.pid, go_w)
         start_ticks = podstate.process_start_ticks(child.pid)
         with self._lock:
             record.pid, record.start_ticks = child.pid, start_ticks

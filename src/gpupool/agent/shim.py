@@ -1,11 +1,20 @@
-"""The pod shim: a POSIX sh script that joins the pod's cgroup, applies RLIMITs, runs the command and
-records its exit status.
+"""The pod shim: a POSIX sh script that waits to be placed in the pod's cgroup, applies RLIMITs, runs
+the command and records its exit status.
 
-The runner starts it as `/bin/sh -c SCRIPT gpupool-shim EXIT_FILE CGROUP_DIR RLIMIT_DATA_KIB COMMAND...`
-(empty strings for the limits it does not apply), as the leader of the pod's own process group. It
-was a `python -I -S` script; a shell costs about 1 ms of CPU to start where Python costs 20-60 ms,
-which bounded how many short pods a node could run per second. Everything it runs is a shell builtin
-(no fork beyond the command itself).
+The runner starts it as `/bin/sh -c SCRIPT gpupool-shim EXIT_FD GO RLIMIT_DATA_KIB WORKDIR
+COMMAND...` (an empty string for what it does not use), as the leader of the pod's own process
+group, already as the pod's Unix account (the runner drops privileges before exec) and with the
+pod's environment only. EXIT_FD is a file descriptor open on the pod's exit file, which lives in the
+agent's private state directory (the pod cannot reach it by its path); the shim writes the status
+through /dev/fd/EXIT_FD (dash takes single-digit descriptors only in redirections), so the file
+belongs to the pod's account. When the pod has a cgroup, GO is non-empty and the shim's standard
+input is the read end of a pipe: the runner moves the shim into the cgroup (a pod's account may not
+write cgroup.procs) and then writes one line, and only then does the shim start the command (with
+/dev/null as its input), so no process of the pod runs outside its limits. It enters WORKDIR itself,
+as the pod's account, so a directory that account may not enter fails the pod instead of being
+entered with the agent's rights. It was a `python -I -S` script; a shell costs about 1 ms of CPU to
+start where Python costs 20-60 ms, which bounded how many short pods a node could run per second.
+Everything it runs is a shell builtin (no fork beyond the command itself).
 
 It survives the group-wide SIGTERM that cancels a pod (a trap with an action, so the command gets the
 default disposition back on exec), so it can write the command's exit status to a file the runner
@@ -20,7 +29,7 @@ SIGTERM. A SIGKILL takes it down with the group; the runner then knows it
 sent that signal. A shell reports a command killed by signal N as status 128+N, so a command that
 itself exits with 129-192 is recorded as killed by that signal (the pod fails either way).
 
-The exit file is written with one `printf` (a single small write) and read only after the shim has
+The exit status is written with one `printf` (a single small write) and read only after the shim has
 exited, so the reader never sees half of it; it is not fsynced (see docs/isolation.md: the store is
 the source of truth, and a power loss marks such pods lost rather than running them twice).
 """
@@ -32,14 +41,20 @@ from collections.abc import Sequence
 SHELL = "/bin/sh"
 
 SCRIPT = r"""
-exit_file=$1 cgroup=$2 rlimit_kib=$3
-shift 3
-if [ -n "$cgroup" ]; then
-  { echo $$ > "$cgroup/cgroup.procs"; } 2>/dev/null ||
-    echo "gpupool: could not join cgroup $cgroup; host limits not enforced" >&2
+exit_fd=$1 go=$2 rlimit_kib=$3 workdir=$4
+shift 4
+if [ -n "$go" ]; then
+  read -r joined
+  exec < /dev/null
+  [ "$joined" = ok ] || echo "gpupool: $joined" >&2
 fi
 if [ -n "$rlimit_kib" ]; then ulimit -d "$rlimit_kib"; fi
-record() { printf '{"exit_code": %d, "signal": %s, "message": "%s"}\n' "$1" "$2" "$3" > "$exit_file"; }
+record() { printf '{"exit_code": %d, "signal": %s, "message": "%s"}\n' "$1" "$2" "$3" > "/dev/fd/$exit_fd"; }
+if ! cd -- "$workdir" 2>/dev/null; then
+  echo "gpupool: cannot enter the working directory $workdir as $(id -un 2>/dev/null || id -u)" >&2
+  record 126 null "cannot enter the working directory (missing, or not open to the pod's account)"
+  exit 126
+fi
 if ! command -v "$1" > /dev/null 2>&1; then
   echo "gpupool: cannot start '$1': not found or not executable" >&2
   record 127 null "cannot start the command: not found or not executable"
@@ -64,8 +79,9 @@ exit "$rc"
 """
 
 
-def shim_argv(exit_file: str, command: Sequence[str], *, cgroup_dir: str = "",
+def shim_argv(exit_fd: int, command: Sequence[str], *, workdir: str, wait_for_go: bool = False,
               rlimit_data_bytes: int | None = None) -> list[str]:
     """The argv that runs `command` under the shim (RLIMIT_DATA rounded down to KiB, at least 1)."""
     rlimit_kib = str(max(1, rlimit_data_bytes // 1024)) if rlimit_data_bytes else ""
-    return [SHELL, "-c", SCRIPT, "gpupool-shim", exit_file, cgroup_dir, rlimit_kib, *command]
+    return [SHELL, "-c", SCRIPT, "gpupool-shim", str(exit_fd), "1" if wait_for_go else "",
+            rlimit_kib, workdir, *command]

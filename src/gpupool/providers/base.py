@@ -49,6 +49,10 @@ class PodLaunch:
     master_addr: str = "127.0.0.1"
     master_port: int = 0
     ib_hcas: tuple[str, ...] = ()
+    tenant: str = "default"
+    """Whose pod it is: where the agent runs as root, it picks the Unix account from it."""
+    unix_user: str = ""
+    """The account the admin mapped to the tenant ('' = the pool's own account for the tenant)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,6 +95,8 @@ class Capability(StrEnum):
     CGROUPS = "cgroups"
     MULTI_NODE = "multi_node"
     FAULT_INJECTION = "fault_injection"
+    USER_ISOLATION = "user_isolation"
+    """Pods run as unprivileged Unix accounts of their tenants, never as the agent's user."""
 
 
 class Provider(ABC):

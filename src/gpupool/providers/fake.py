@@ -76,7 +76,8 @@ class FakeProvider(Provider):
         return {Capability.REAL_PROCESSES: f"{reason}; nothing is executed",
                 Capability.GPU: f"{reason}; its devices are simulated",
                 Capability.MPS: f"{reason}; there is no device to share",
-                Capability.CGROUPS: f"{reason}; no host limits apply"}
+                Capability.CGROUPS: f"{reason}; no host limits apply",
+                Capability.USER_ISOLATION: f"{reason}; no process runs as any account"}
 
     def nodes(self) -> list[Node]:
         out = []

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import platformdirs
 
+from gpupool.agent.identity import Identities
 from gpupool.agent.isolation import CGROUP_ROOT_ENV
 from gpupool.agent.mps import MPS_CONTROL, MpsDaemon
 from gpupool.agent.node import NodeAgent
@@ -50,10 +51,12 @@ class LocalProvider(Provider):
                  fallback_simulate: str | None = None, node_name: str | None = None,
                  cgroup_root: Path | str | None = None, clock: Callable[[], float] = time.time,
                  probe: NvmlProbe | None = None, mps: MpsDaemon | None = None,
-                 ib_sysfs_root: Path | str = SYSFS_ROOT) -> None:
+                 ib_sysfs_root: Path | str = SYSFS_ROOT, identities: Identities | None = None,
+                 scratch_root: Path | str | None = None) -> None:
         self.agent = NodeAgent(state_dir or default_state_dir(), node_name=node_name, simulate=simulate,
                                fallback_simulate=fallback_simulate, probe=probe, mps=mps,
-                               cgroup_root=cgroup_root, clock=clock, ib_sysfs_root=ib_sysfs_root)
+                               cgroup_root=cgroup_root, clock=clock, ib_sysfs_root=ib_sysfs_root,
+                               identities=identities, scratch_root=scratch_root)
         self._closed = False
         self._final_statuses: dict[str, PodStatus] = {}
 
@@ -64,6 +67,10 @@ class LocalProvider(Provider):
             missing[Capability.GPU] = f"no real accelerator: {self.agent.device_status}"
         if not self.agent.mps_available:
             missing[Capability.MPS] = f"{MPS_CONTROL} is not installed, so fractional slices are not capped"
+        if not self.agent.identities.switch_users:
+            missing[Capability.USER_ISOLATION] = (
+                "the agent does not run as root, so pods run as its own user: a pool for that one user"
+            )
         if self.agent.cgroup_root is None:
             missing[Capability.CGROUPS] = (
                 f"no writable cgroup v2 tree with cpu and memory controllers (set {CGROUP_ROOT_ENV} to a "

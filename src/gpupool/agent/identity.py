@@ -1,0 +1,200 @@
+"""Which Unix account a pod runs as, and the private directory it owns.
+
+When the agent runs as root, no pod runs as root or as the server's user: a tenant's pods run as the
+account the admin mapped to it (`gpupool tenant create NAME --unix-user USER`), else as an account
+of the pool's own, one per tenant, `gpupool-<tenant>` in the group `gpupool-pods`, created on first
+use (a tenant name too long for an account name is shortened and given a hash suffix). One account
+per tenant, not one for all: pods of two tenants under one uid could read each other's files.
+When the agent is not root it cannot change users, and pods run as its own user (a one-user pool).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import grp
+import hashlib
+import os
+import pwd
+import shutil
+import stat
+import subprocess
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+
+from gpupool.errors import InvalidInput, ProviderError
+
+POD_GROUP = "gpupool-pods"
+ACCOUNT_PREFIX = "gpupool-"
+MAX_ACCOUNT_NAME = 32
+NOLOGIN_SHELLS = ("/usr/sbin/nologin", "/sbin/nologin", "/bin/false")
+BASE_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+"""The pods' PATH unless the operator sets another (GPUPOOL_POD_PATH when the server starts)."""
+_PR_SET_NO_NEW_PRIVS = 38
+
+
+@dataclass(frozen=True, slots=True)
+class PodIdentity:
+    """The account a pod runs as."""
+
+    user: str
+    uid: int
+    gid: int
+
+
+def can_switch_users() -> bool:
+    """Whether this process may start pods as other users (it runs as root)."""
+    return os.geteuid() == 0
+
+
+def account_name(tenant: str) -> str:
+    """The pool's own account for `tenant`: 'gpupool-<tenant>', at most 32 characters."""
+    name = ACCOUNT_PREFIX + tenant
+    if len(name) <= MAX_ACCOUNT_NAME:
+        return name
+    digest = hashlib.sha256(tenant.encode()).hexdigest()[:8]
+    return f"{ACCOUNT_PREFIX}{tenant[: MAX_ACCOUNT_NAME - len(ACCOUNT_PREFIX) - 9]}-{digest}"
+
+
+def mapped_account(user: str) -> PodIdentity:
+    """The existing, unprivileged account `user`. Raises InvalidInput when it does not exist or is
+    root (uid 0)."""
+    try:
+        entry = pwd.getpwnam(user)
+    except KeyError:
+        raise InvalidInput(
+            f"There is no Unix account {user!r} on this machine; create it first (useradd) or map "
+            "another one."
+        ) from None
+    if entry.pw_uid == 0:
+        raise InvalidInput(f"Unix account {user!r} has uid 0; pods never run as root, map another account.")
+    return PodIdentity(user=entry.pw_name, uid=entry.pw_uid, gid=entry.pw_gid)
+
+
+def _nologin_shell() -> str:
+    return next((s for s in NOLOGIN_SHELLS if os.path.exists(s)), "/bin/false")
+
+
+def _run(argv: list[str]) -> None:
+    try:
+        result = subprocess.run(argv, capture_output=True, text=True, timeout=30, check=False,
+                                env={"PATH": BASE_PATH})
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise ProviderError(f"Cannot run {argv[0]} to create a pod account: {exc}.") from None
+    if result.returncode != 0 and "already exists" not in result.stderr:
+        detail = result.stderr.strip().splitlines()[-1] if result.stderr.strip() else "no output"
+        raise ProviderError(f"{argv[0]} failed (code {result.returncode}): {detail}.")
+
+
+def ensure_group() -> int:
+    """The gid of the pods' group, created (as a system group) when missing."""
+    try:
+        return grp.getgrnam(POD_GROUP).gr_gid
+    except KeyError:
+        pass
+    if shutil.which("groupadd", path=BASE_PATH) is None:
+        raise ProviderError(f"groupadd is not installed, so the group {POD_GROUP!r} cannot be created.")
+    _run(["groupadd", "--system", POD_GROUP])
+    return grp.getgrnam(POD_GROUP).gr_gid
+
+
+def ensure_account(name: str, comment: str = "") -> PodIdentity:
+    """The pool's account `name` (system account, no login shell, no home), created when missing.
+    Refuses an existing account of that name that is not in the pods' group (someone else's)."""
+    gid = ensure_group()
+    try:
+        entry = pwd.getpwnam(name)
+    except KeyError:
+        if shutil.which("useradd", path=BASE_PATH) is None:
+            raise ProviderError(f"useradd is not installed, so the pod account {name!r} cannot be created.") \
+                from None
+        _run(["useradd", "--system", "--gid", str(gid), "--no-create-home", "--home-dir", "/nonexistent",
+              "--shell", _nologin_shell(), "--comment", comment or "gpupool pods", name])
+        entry = pwd.getpwnam(name)
+    if entry.pw_uid == 0 or entry.pw_gid != gid:
+        raise ProviderError(
+            f"The account {name!r} exists but is not one of the pool's (its group is not {POD_GROUP!r}); "
+            "rename it, or map the tenant to an account with `gpupool tenant set --unix-user`."
+        )
+    return PodIdentity(user=entry.pw_name, uid=entry.pw_uid, gid=entry.pw_gid)
+
+
+class Identities:
+    """Resolves (and creates) pod accounts; thread-safe, remembers what it resolved."""
+
+    def __init__(self, *, switch_users: bool | None = None) -> None:
+        self.switch_users = can_switch_users() if switch_users is None else switch_users
+        self._lock = threading.Lock()
+        self._known: dict[tuple[str, str], PodIdentity] = {}
+
+    def resolve(self, tenant: str, unix_user: str = "") -> PodIdentity | None:
+        """The account for a pod of `tenant` (None: run as this process's own user).
+        Raises InvalidInput for a bad mapping and ProviderError when an account cannot be made."""
+        if not self.switch_users:
+            return None
+        key = (tenant, unix_user)
+        with self._lock:
+            known = self._known.get(key)
+            if known is None:
+                if unix_user:
+                    known = mapped_account(unix_user)
+                else:
+                    tenant = tenant or "default"
+                    known = ensure_account(account_name(tenant), f"gpupool pods of tenant {tenant}")
+                self._known[key] = known
+            return known
+
+
+def set_no_new_privs() -> bool:
+    """Set PR_SET_NO_NEW_PRIVS on the calling thread; processes it starts inherit it, so no pod
+    can gain privileges through a setuid program. False where prctl is unavailable."""
+    libc_name = ctypes.util.find_library("c")
+    if libc_name is None:
+        return False
+    libc = ctypes.CDLL(libc_name, use_errno=True)
+    return int(libc.prctl(_PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0)) == 0
+
+
+def prepare_scratch_root(path: Path) -> Path:
+    """The directory that holds the pods' private directories: created 0711 (others may enter
+    their own subdirectory but not list it). Refuses one that another user owns or could write."""
+    path.mkdir(parents=True, exist_ok=True, mode=0o711)
+    info = path.lstat()
+    if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.geteuid():
+        raise InvalidInput(
+            f"The pods' scratch directory {str(path)!r} is not a directory owned by this user; "
+            "remove it or choose another with GPUPOOL_SCRATCH_DIR."
+        )
+    if info.st_mode & 0o777 != 0o711:
+        os.chmod(path, 0o711)
+    return path
+
+
+def make_private_dir(root: Path, name: str, identity: PodIdentity | None) -> Path:
+    """root/name, created empty-or-reused, mode 0700, owned by the pod's account."""
+    directory = root / name
+    directory.mkdir(mode=0o700, exist_ok=True)
+    info = directory.lstat()
+    if not stat.S_ISDIR(info.st_mode):
+        raise ProviderError(f"{str(directory)!r} exists and is not a directory.")
+    if identity is not None and (info.st_uid, info.st_gid) != (identity.uid, identity.gid):
+        os.chown(directory, identity.uid, identity.gid, follow_symlinks=False)
+    os.chmod(directory, 0o700, follow_symlinks=False)
+    return directory
+
+
+def base_env(identity: PodIdentity | None, home: Path, path: str = BASE_PATH) -> dict[str, str]:
+    """The environment every pod starts from (nothing inherited from the server): PATH, HOME, TMPDIR,
+    LANG, USER, LOGNAME, SHELL."""
+    return {"PATH": path or BASE_PATH, "HOME": str(home), "TMPDIR": str(home), "LANG": "C.UTF-8",
+            "USER": _user_name(identity), "LOGNAME": _user_name(identity), "SHELL": "/bin/sh"}
+
+
+def _user_name(identity: PodIdentity | None) -> str:
+    if identity is not None:
+        return identity.user
+    try:
+        return pwd.getpwuid(os.geteuid()).pw_name
+    except KeyError:
+        return str(os.geteuid())

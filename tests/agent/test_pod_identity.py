@@ -1,0 +1,175 @@
+"""Pods never run as the agent's user and never see its secrets: accounts, environment, directories.
+
+The tests that change users need root (as `make test` runs in CI); elsewhere they skip with the
+reason, and the one-user mode (an agent that is not root) is tested everywhere.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pwd
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from factories import pod_python
+from gpupool.agent.identity import (
+    MAX_ACCOUNT_NAME,
+    POD_GROUP,
+    Identities,
+    account_name,
+    mapped_account,
+)
+from gpupool.errors import InvalidInput
+from gpupool.providers.base import PodLaunch, PodPhase, PodStatus
+from gpupool.providers.local import LocalProvider
+
+needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="changing a pod's user needs root")
+
+PROBE = (pod_python(), "-c", """
+import json, os
+status = dict(line.split(':', 1) for line in open('/proc/self/status') if ':' in line)
+def can_read(path):
+    try:
+        open(path).read(1)
+        return True
+    except OSError:
+        return False
+home = os.environ.get('HOME', '')
+print(json.dumps({'uid': os.getuid(), 'euid': os.geteuid(), 'gid': os.getgid(), 'groups': os.getgroups(),
+                  'nnp': status['NoNewPrivs'].strip(), 'env': dict(os.environ), 'cwd': os.getcwd(),
+                  'home_mode': oct(os.stat(home).st_mode & 0o777), 'home_uid': os.stat(home).st_uid,
+                  'read': {p: can_read(p) for p in os.environ.get('PROBE_PATHS', '').split(':') if p}}))
+""")
+
+
+def wait_final(provider: LocalProvider, pod_id: str, timeout_s: float = 20.0) -> PodStatus:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        status = {s.pod_id: s for s in provider.poll()}.get(pod_id)
+        if status is not None and status.phase.is_final:
+            return status
+        time.sleep(0.02)
+    raise AssertionError(f"{pod_id} did not finish")
+
+
+def probe(provider: LocalProvider, pod_id: str, *, tenant: str = "default", unix_user: str = "",
+          env: dict[str, str] | None = None, workdir: str = "") -> dict[str, object]:
+    provider.launch(PodLaunch(pod_id=pod_id, workload_id="w-" + pod_id, node="box", command=PROBE,
+                              tenant=tenant, unix_user=unix_user, env=env or {}, workdir=workdir))
+    status = wait_final(provider, pod_id)
+    assert status.phase is PodPhase.SUCCEEDED, (status, provider.read_log(pod_id, "stderr").text)
+    return dict(json.loads(provider.read_log(pod_id).text))
+
+
+@pytest.fixture
+def secret_env(monkeypatch: pytest.MonkeyPatch) -> str:
+    monkeypatch.setenv("GPUPOOL_TEST_SERVER_SECRET", "s3cret")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "also-secret")
+    return "s3cret"
+
+
+@pytest.fixture
+def provider(tmp_path: Path) -> Iterator[LocalProvider]:
+    p = LocalProvider(tmp_path / "agent", simulate="2xH100", node_name="box")
+    yield p
+    p.close(stop_pods=True)
+
+
+def test_account_names_fit_and_stay_distinct() -> None:
+    assert account_name("team-a") == "gpupool-team-a"
+    long_a, long_b = "a" * 40 + "-x", "a" * 40 + "-y"
+    assert len(account_name(long_a)) <= MAX_ACCOUNT_NAME
+    assert account_name(long_a) != account_name(long_b)
+    assert account_name(long_a) == account_name(long_a)
+
+
+def test_a_mapped_account_must_exist_and_not_be_root() -> None:
+    with pytest.raises(InvalidInput, match="no Unix account"):
+        mapped_account("no-such-user-gpupool-test")
+    with pytest.raises(InvalidInput, match="uid 0"):
+        mapped_account(pwd.getpwuid(0).pw_name)
+
+
+def test_the_environment_is_built_from_scratch(tmp_path: Path, secret_env: str) -> None:
+    """Whether or not the agent may change users: only the base, the pool's and the user's variables."""
+    provider = LocalProvider(tmp_path / "agent", simulate="2xH100", node_name="box",
+                             identities=Identities(switch_users=False))
+    try:
+        out = probe(provider, "p", env={"MINE": "1"})
+    finally:
+        provider.close(stop_pods=True)
+    env = dict(out["env"])  # type: ignore[call-overload]
+    assert "GPUPOOL_TEST_SERVER_SECRET" not in env and "AWS_SECRET_ACCESS_KEY" not in env
+    assert secret_env not in json.dumps(env)
+    assert env["MINE"] == "1" and env["GPUPOOL_POD_ID"] == "p"
+    allowed = {"PATH", "HOME", "TMPDIR", "LANG", "USER", "LOGNAME", "SHELL", "MINE", "PWD", "OLDPWD",
+               "LC_CTYPE"}
+    pool_prefixes = ("GPUPOOL_", "CUDA_", "NVIDIA_", "HIP_", "ROCR_", "ASCEND_")
+    assert {k for k in env if not k.startswith(pool_prefixes)} <= allowed
+    assert env["HOME"] == env["TMPDIR"] == out["cwd"]
+    assert out["uid"] == os.geteuid() and out["home_mode"] == "0o700"
+
+
+@needs_root
+def test_pods_run_as_the_tenants_account_without_privileges(provider: LocalProvider, tmp_path: Path,
+                                                            secret_env: str) -> None:
+    token = tmp_path / "admin-token"
+    token.write_text("gp_admin\n")
+    token.chmod(0o600)
+    state = provider.agent.state_dir / "pods"
+    out = probe(provider, "p1", tenant="team-a",
+                env={"PROBE_PATHS": f"{token}:{state / 'p1' / 'state.json'}:/etc/shadow"})
+    account = pwd.getpwnam("gpupool-team-a")
+    assert (out["uid"], out["euid"], out["gid"]) == (account.pw_uid, account.pw_uid, account.pw_gid)
+    assert out["uid"] != 0 and out["groups"] in ([], [account.pw_gid])
+    assert out["nnp"] == "1"
+    assert out["read"] == {str(token): False, str(state / "p1" / "state.json"): False, "/etc/shadow": False}
+    assert out["home_uid"] == account.pw_uid and out["home_mode"] == "0o700"
+    assert "GPUPOOL_TEST_SERVER_SECRET" not in dict(out["env"])  # type: ignore[call-overload]
+    assert os.stat(provider.agent.state_dir).st_mode & 0o777 == 0o700
+    assert os.stat(state / "p1" / "stdout.log").st_mode & 0o777 == 0o600
+
+
+@needs_root
+def test_two_tenants_cannot_read_each_others_directories(provider: LocalProvider) -> None:
+    first = probe(provider, "pa", tenant="iso-a")
+    secret = Path(str(first["cwd"])) / "data.txt"
+    secret.write_text("tenant a's data")
+    os.chown(secret, int(first["uid"]), int(first["gid"]))  # type: ignore[call-overload]
+    second = probe(provider, "pb", tenant="iso-b", env={"PROBE_PATHS": str(secret)})
+    assert first["uid"] != second["uid"]
+    assert second["read"] == {str(secret): False}
+    assert pwd.getpwnam("gpupool-iso-b").pw_gid == pwd.getpwnam("gpupool-iso-a").pw_gid
+    import grp
+
+    assert grp.getgrgid(pwd.getpwnam("gpupool-iso-a").pw_gid).gr_name == POD_GROUP
+
+
+@needs_root
+def test_a_mapped_account_is_used_and_root_is_refused(provider: LocalProvider) -> None:
+    name = "gptest-mapped"
+    try:
+        pwd.getpwnam(name)
+    except KeyError:
+        subprocess.run(["useradd", "--system", "--no-create-home", name], check=True)
+    out = probe(provider, "pm", tenant="mapped", unix_user=name)
+    assert out["uid"] == pwd.getpwnam(name).pw_uid
+    with pytest.raises(InvalidInput, match="uid 0"):
+        provider.launch(PodLaunch(pod_id="proot", workload_id="w", node="box", command=("true",),
+                                  tenant="mapped", unix_user=pwd.getpwuid(0).pw_name))
+
+
+@needs_root
+def test_a_workdir_the_account_may_not_enter_fails_the_pod(provider: LocalProvider, tmp_path: Path) -> None:
+    closed = tmp_path / "closed"
+    closed.mkdir(mode=0o700)
+    provider.launch(PodLaunch(pod_id="pw", workload_id="w", node="box", command=("true",), tenant="team-a",
+                              workdir=str(closed)))
+    status = wait_final(provider, "pw")
+    assert (status.phase, status.exit_code) == (PodPhase.FAILED, 126)
+    assert "working directory" in status.message
