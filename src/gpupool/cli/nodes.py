@@ -9,7 +9,7 @@ import typer
 from gpupool.cli._common import SIMULATED_MARK, client, console, reports_errors
 
 app = typer.Typer(
-    help="Nodes: list, cordon, uncordon, drain.", no_args_is_help=False, invoke_without_command=True
+    help="Nodes: ls, cordon, uncordon, drain.", no_args_is_help=False, invoke_without_command=True
 )
 
 
@@ -19,6 +19,22 @@ def nodes(ctx: typer.Context) -> None:
     """List nodes and their devices; simulated devices are marked (sim)."""
     if ctx.invoked_subcommand is not None:
         return
+    _list()
+
+
+@app.command("ls")
+@reports_errors
+def list_nodes() -> None:
+    """List nodes, their devices, and which of a pod's limits each node enforces.
+
+    Layers: accounts (pods run as their tenant's Unix account), devices (a pod sees only its
+    devices), device_limits (compute and memory shares capped by CUDA MPS), host_limits (cpu and
+    memory capped by a cgroup v2). A layer marked "no" is not enforced there, with the reason.
+    """
+    _list()
+
+
+def _list() -> None:
     from rich.table import Table
 
     with client() as pool:
@@ -44,6 +60,13 @@ def nodes(ctx: typer.Context) -> None:
             f"{n.allocated_memory_mib}/{n.memory_mib} MiB",
         )
     console().print(table)
+    layers = Table(title="enforcement (what each node holds a pod to)")
+    for column in ("NODE", "LAYER", "ENFORCED", "DETAIL"):
+        layers.add_column(column)
+    for n in listing:
+        for state in n.enforcement:
+            layers.add_row(n.name, state.layer, "yes" if state.enforced else "[bold]no[/bold]", state.detail)
+    console().print(layers)
 
 
 def _act(action: str, name: str) -> None:

@@ -35,6 +35,9 @@ def show(
     if workload.reason:
         out.print(f"reason: {workload.reason}: {workload.message}")
     out.print(f"command: {' '.join(workload.spec.command)}")
+    unenforced = sorted({e.message for e in events if e.reason == "limits_unenforced"})
+    for sentence in unenforced:
+        out.print(f"[bold]not enforced:[/bold] {sentence}")
     pods = Table(title="pods")
     for column in ("POD", "STATUS", "NODE", "SLICES", "EXIT"):
         pods.add_column(column)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import socket
 import sys
 from pathlib import Path
@@ -33,23 +32,29 @@ def up(
     tls_key: Annotated[
         Path | None, typer.Option("--tls-key", help="The PEM private key of --tls-cert.")
     ] = None,
+    metrics_public: Annotated[
+        bool, typer.Option("--metrics-public", help="Serve /metrics without a token (loopback --host only).")
+    ] = False,
 ) -> None:
     """Start the pool: API on http://HOST:PORT/api/v1 (docs at /docs), scheduler, local agent.
 
     With no GPU and no --simulate it says so and serves a small, clearly labelled simulated pool.
-    The admin token is printed once at first start and kept in DATA_DIR/admin-token (mode 0600).
+    The admin token is written to DATA_DIR/admin-token (mode 0600) at first start, never printed.
+    /metrics needs the admin token or a metrics token (gpupool token create --admin --scope metrics).
     """
     from gpupool.errors import GpupoolError
 
     try:
-        _serve(data_dir, host, port, simulate, provider, database_url, placement, tls_cert, tls_key)
+        _serve(data_dir, host, port, simulate, provider, database_url, placement, tls_cert, tls_key,
+               metrics_public)
     except GpupoolError as exc:
         print(f"Error: {exc.message}", file=sys.stderr)
         raise typer.Exit(exc.exit_code) from None
 
 
 def _serve(data_dir: Path | None, host: str, port: int, simulate: str, provider: str, database_url: str,
-           placement: str, tls_cert: Path | None = None, tls_key: Path | None = None) -> None:
+           placement: str, tls_cert: Path | None = None, tls_key: Path | None = None,
+           metrics_public: bool = False) -> None:
     import logging
 
     import uvicorn
@@ -63,18 +68,26 @@ def _serve(data_dir: Path | None, host: str, port: int, simulate: str, provider:
 
     settings = Settings(data_dir=data_dir or default_data_dir(), host=host, port=port, simulate=simulate,
                         provider=provider, database_url=database_url, placement=placement,
-                        tls_cert=tls_cert, tls_key=tls_key).with_env()
+                        tls_cert=tls_cert, tls_key=tls_key, metrics_public=metrics_public).with_env()
     _check_tls_pair(settings.tls_cert, settings.tls_key)
     if settings.tls_cert is None and not is_loopback(host):
         print(f"Warning: {host} is reachable from other machines and TLS is off, so tokens travel in clear; "
               "serve HTTPS with --tls-cert and --tls-key.", file=sys.stderr, flush=True)
-    settings.data_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+    from gpupool.server.datadir import pod_accounts_notice, secure_data_dir
+
+    secure_data_dir(settings.data_dir)
     _check_port(host, port)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     logging.getLogger("alembic").setLevel(logging.WARNING)
     provisioned = provision(settings)
     if provisioned.notice:
         print(provisioned.notice, flush=True)
+    from gpupool.providers.base import Capability
+
+    accounts = pod_accounts_notice(Capability.REAL_PROCESSES not in
+                                   provisioned.provider.missing_capabilities())
+    if accounts:
+        print(accounts, flush=True)
     store = Store.open(settings.resolved_database_url)
     rt = Runtime(settings=settings, store=store, provider=provisioned.provider)
     token = bootstrap(rt)
@@ -125,11 +138,6 @@ def _check_tls_pair(cert: Path | None, key: Path | None) -> None:
 
 
 def _announce_token(path: Path, token: str | None) -> None:
-    if token is None:
-        print(f"Admin token: in {path} (created at first start).", flush=True)
-        return
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as handle:
-        handle.write(token + "\n")
-    os.chmod(path, 0o600)
-    print(f"Admin token (shown once; saved to {path}, mode 0600):\n  {token}", flush=True)
+    """Say where the admin token is; the token itself goes to no terminal and no log."""
+    made = "created now" if token is not None else "created at first start"
+    print(f"Admin token: in {path} (mode 0600, {made}).", flush=True)

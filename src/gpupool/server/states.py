@@ -38,3 +38,5 @@ class EventReason(StrEnum):
     NODE_DRAINED = "node_drained"
     NODE_GONE = "node_gone"
     NEVER_FITS = "never_fits"
+    LIMITS_UNENFORCED = "limits_unenforced"
+    """Placed where one of its limits does not hold (no cgroup v2 tree, no MPS, simulated devices)."""

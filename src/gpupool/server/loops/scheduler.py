@@ -29,8 +29,9 @@ from gpupool.core.scheduling.keeper import ViewKeeper
 from gpupool.errors import GpupoolError
 from gpupool.providers.base import PodLaunch
 from gpupool.server.loops.snapshot import MAX_PENDING_PER_CYCLE, StoreView, WorkloadCache, load
-from gpupool.server.orm import Base, PodRow, WorkloadRow
+from gpupool.server.orm import Base, PodRow, TenantRow, WorkloadRow
 from gpupool.server.runtime import Runtime
+from gpupool.server.services import enforcement
 from gpupool.server.services.events import Move, apply_moves, transition
 from gpupool.server.services.workloads import stop_pods
 from gpupool.server.states import EventReason, PodState
@@ -48,6 +49,7 @@ LAUNCH_THREADS = 4
 RECORD_CHUNK = 64
 _W = Base.metadata.tables["workloads"]
 _INSERT_POD = insert(Base.metadata.tables["pods"])
+_INSERT_EVENT = insert(Base.metadata.tables["events"])
 _SET_REASON = update(_W).where(
     _W.c.id == bindparam("r_id"), _W.c.status == WorkloadStatus.PENDING.value,
     _W.c.reason != bindparam("r_reason"),
@@ -145,9 +147,12 @@ class Scheduler:
         allocated: list[tuple[str, list[str], list[PodPlacement]]] = []
         moves: list[Move] = []
         reasons: list[dict[str, object]] = []
+        notes: list[dict[str, object]] = []
+        limits = _LimitNotes(self.rt) if admissions else None
         with self.rt.store.write() as session:
             conn = session.connection()
             admitted = _states(conn, [a.workload_id for a in admissions], with_spec=True)
+            accounts = _unix_users(conn, {row.tenant for row in admitted.values()})
             final = view.unschedulable_nodes == 0
             rejected = _states(conn, [r.workload_id for r in rejections if r.final and final],
                                with_spec=False)
@@ -172,7 +177,10 @@ class Scheduler:
                         cpu_milli=request.cpu_milli, memory_mib=request.memory_mib, message="",
                         created_s=now, exit_code=None, finished_s=None,
                     ))
-                    launches.append(_pod_launch(row, pod_id, placement, rank, world, request))
+                    launches.append(_pod_launch(row, pod_id, placement, rank, world, request,
+                                                accounts.get(row.tenant) or ""))
+                    assert limits is not None
+                    notes += limits.events(row.id, pod_id, placement.node, request, now)
                 moves.append(Move(
                     row.id, row.status, WorkloadStatus.ADMITTED.value, EventReason.ADMITTED,
                     f"Placed on {', '.join(sorted({p.node for p in admission.placements}))}.", now,
@@ -180,6 +188,8 @@ class Scheduler:
                 ))
             if pods:
                 conn.execute(_INSERT_POD, pods)
+            if notes:
+                conn.execute(_INSERT_EVENT, notes)
             for rejection in rejections:
                 if rejection.final and final:
                     row = rejected.get(rejection.workload_id)
@@ -281,13 +291,48 @@ def _states(conn: Connection, ids: Sequence[str], *, with_spec: bool) -> dict[st
     return {r.id: r for r in conn.execute(select(*columns).where(_W.c.id.in_(set(ids))))}
 
 
+class _LimitNotes:
+    """The `limits_unenforced` events of one transaction's admissions (node layers computed once)."""
+
+    def __init__(self, rt: Runtime) -> None:
+        self._missing = rt.provider.missing_capabilities()
+        self._nodes = {n.name: n for n in rt.nodes()}
+        self._sentences: dict[tuple[str, bool, bool], list[str]] = {}
+
+    def events(self, workload_id: str, pod_id: str, node_name: str, request: PodRequest,
+               now: float) -> list[dict[str, object]]:
+        node = self._nodes.get(node_name)
+        if node is None:
+            return []
+        key = (node_name, bool(request.num_devices and (request.device_milli < 1000
+                                                        or request.device_memory_mib)),
+               bool(request.cpu_milli or request.memory_mib))
+        sentences = self._sentences.get(key)
+        if sentences is None:
+            layers = enforcement.node_layers(node, self._missing)
+            sentences = self._sentences[key] = enforcement.unenforced(node, layers, request)
+        admitted = WorkloadStatus.ADMITTED.value
+        return [{"workload_id": workload_id, "pod_id": pod_id, "from_status": admitted,
+                 "to_status": admitted, "reason": EventReason.LIMITS_UNENFORCED.value,
+                 "message": sentence[:1024], "at_s": now} for sentence in sentences]
+
+
+def _unix_users(conn: Connection, tenants: set[str]) -> dict[str, str | None]:
+    """The Unix account the admin mapped to each of `tenants` (None: the pool's own account)."""
+    if not tenants:
+        return {}
+    return dict(conn.execute(select(TenantRow.name, TenantRow.unix_user)
+                             .where(TenantRow.name.in_(tenants))).all())
+
+
 def _pod_launch(row: Row[Any], pod_id: str, placement: PodPlacement, rank: int, world: int,
-                request: PodRequest) -> PodLaunch:
+                request: PodRequest, unix_user: str = "") -> PodLaunch:
     spec = row.spec
     env = {str(k): str(v) for k, v in dict(spec.get("env", {})).items()}
     env.update({"GPUPOOL_WORKLOAD_ID": row.id, "GPUPOOL_POD_ID": pod_id, "GPUPOOL_TENANT": row.tenant})
     return PodLaunch(
         pod_id=pod_id, workload_id=row.id, node=placement.node, command=tuple(spec["command"]),
         slices=placement.slices, cpu_milli=request.cpu_milli, memory_mib=request.memory_mib, env=env,
-        workdir=str(spec.get("workdir", "")), rank=rank, world_size=world,
+        workdir=str(spec.get("workdir", "")), rank=rank, world_size=world, tenant=row.tenant,
+        unix_user=unix_user,
     )

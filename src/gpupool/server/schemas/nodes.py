@@ -19,6 +19,12 @@ class DeviceOut(Strict):
     allocated_memory_mib: int
 
 
+class LayerOut(Strict):
+    layer: str = Field(description="accounts, devices, device_limits or host_limits")
+    enforced: bool
+    detail: str = Field(description="how it is enforced here, or why it is not")
+
+
 class NodeOut(Strict):
     name: str
     cpu_milli: int
@@ -31,6 +37,8 @@ class NodeOut(Strict):
     devices: list[DeviceOut]
     allocated_cpu_milli: int
     allocated_memory_mib: int
+    enforcement: list[LayerOut] = Field(default_factory=list,
+                                        description="which of a pod's limits this node enforces")
 
 
 class ModelUsage(Strict):

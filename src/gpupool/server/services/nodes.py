@@ -10,11 +10,12 @@ from sqlalchemy.orm import Session
 
 from gpupool.core.model import Node, WorkloadStatus
 from gpupool.errors import NotFound, did_you_mean
+from gpupool.providers.base import Capability
 from gpupool.server.auth import Principal
 from gpupool.server.orm import NodeFlagRow, PodRow, WorkloadRow
 from gpupool.server.runtime import Runtime
-from gpupool.server.schemas.nodes import DeviceOut, NodeOut
-from gpupool.server.services import audit
+from gpupool.server.schemas.nodes import DeviceOut, LayerOut, NodeOut
+from gpupool.server.services import audit, enforcement
 from gpupool.server.services.events import transition
 from gpupool.server.services.workloads import stop_pods
 from gpupool.server.states import ACTIVE_POD_STATES, EventReason, PodState
@@ -51,7 +52,8 @@ def node_flags(session: Session) -> dict[str, NodeFlagRow]:
     return {r.name: r for r in session.scalars(select(NodeFlagRow))}
 
 
-def _node_out(node: Node, flags: NodeFlagRow | None, use: NodeUse) -> NodeOut:
+def _node_out(node: Node, flags: NodeFlagRow | None, use: NodeUse,
+              missing: dict[Capability, str]) -> NodeOut:
     return NodeOut(
         name=node.name,
         cpu_milli=node.cpu_milli,
@@ -71,6 +73,8 @@ def _node_out(node: Node, flags: NodeFlagRow | None, use: NodeUse) -> NodeOut:
         ],
         allocated_cpu_milli=use.cpu_milli,
         allocated_memory_mib=use.memory_mib,
+        enforcement=[LayerOut(layer=state.layer, enforced=state.enforced, detail=state.detail)
+                     for state in enforcement.node_layers(node, missing)],
     )
 
 
@@ -79,7 +83,8 @@ def list_nodes(rt: Runtime, who: Principal) -> list[NodeOut]:
     with rt.store.read() as session:
         flags = node_flags(session)
         use = node_usage(session)
-    return [_node_out(n, flags.get(n.name), use.get(n.name, NodeUse())) for n in nodes]
+    missing = rt.provider.missing_capabilities()
+    return [_node_out(n, flags.get(n.name), use.get(n.name, NodeUse()), missing) for n in nodes]
 
 
 def _find(rt: Runtime, name: str) -> Node:
@@ -96,7 +101,7 @@ def get_node(rt: Runtime, who: Principal, name: str) -> NodeOut:
     with rt.store.read() as session:
         flags = session.get(NodeFlagRow, name)
         use = node_usage(session).get(name, NodeUse())
-    return _node_out(node, flags, use)
+    return _node_out(node, flags, use, rt.provider.missing_capabilities())
 
 
 def set_cordon(rt: Runtime, who: Principal, name: str, cordoned: bool) -> NodeOut:

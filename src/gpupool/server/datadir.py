@@ -1,0 +1,60 @@
+"""Keep the server's data directory its own, and say at start-up whose accounts pods run as.
+
+The data directory holds the store, the admin token and the agents' state (pods' logs, exit files,
+state records): 0700 directories and 0600 files owned by the server's user, so no pod, running as
+another account, can read them. The server runs with umask 077, so every file it or its agents
+create later is private too.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+from pathlib import Path
+
+from gpupool.agent.identity import POD_GROUP, account_name, can_switch_users, ensure_account
+
+PRIVATE_UMASK = 0o077
+
+
+def secure_data_dir(path: Path) -> None:
+    """Create `path` 0700 (or close an existing one), make what it holds private, and set umask 077.
+    Refuses a directory another user owns."""
+    from gpupool.errors import InvalidInput
+
+    os.umask(PRIVATE_UMASK)
+    path.mkdir(parents=True, exist_ok=True, mode=0o700)
+    info = path.lstat()
+    if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.geteuid():
+        raise InvalidInput(f"The data directory {str(path)!r} is not a directory owned by this user; "
+                           "choose another with --data-dir.")
+    os.chmod(path, 0o700)
+    for root, dirs, files in os.walk(path):
+        for name in dirs:
+            _close(Path(root) / name, 0o700)
+        for name in files:
+            _close(Path(root) / name, 0o600)
+
+
+def _close(path: Path, mode: int) -> None:
+    try:
+        info = path.lstat()
+        if stat.S_ISLNK(info.st_mode) or info.st_uid != os.geteuid():
+            return
+        if info.st_mode & 0o077:
+            os.chmod(path, stat.S_IMODE(info.st_mode) & ~0o077 | (mode & 0o700))
+    except OSError:
+        pass
+
+
+def pod_accounts_notice(runs_processes: bool) -> str:
+    """One line on whose accounts pods run as; where the agent is root, the default tenant's
+    account (and the pods' group) is created or reused now, so a bad set-up shows at start-up."""
+    if not runs_processes:
+        return ""
+    if not can_switch_users():
+        return ("Pods run as this server's own user (it is not root, so it cannot start them as other "
+                "accounts): the pool is for that one user; run `gpupool up` as root for tenants.")
+    ensure_account(account_name("default"), "gpupool pods of tenant default")
+    return (f"Pods run as unprivileged accounts: gpupool-<tenant> (group {POD_GROUP}, created on first "
+            "use), or the account mapped with `gpupool tenant set NAME --unix-user USER`.")

@@ -1,0 +1,64 @@
+"""Which limits a node enforces, layer by layer, and which of a pod's limits it cannot.
+
+A limit the node cannot enforce is never silent: `gpupool nodes ls` shows each node's layers, and a
+workload placed where one of its limits does not hold gets an event (`limits_unenforced`) naming the
+limit and the node, which `gpupool show` prints.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from gpupool.core.model import Node, PodRequest
+from gpupool.core.units import MILLI
+from gpupool.providers.base import Capability
+
+
+@dataclass(frozen=True, slots=True)
+class LayerState:
+    layer: str
+    enforced: bool
+    detail: str
+
+
+ACCOUNTS = "accounts"
+DEVICES = "devices"
+DEVICE_LIMITS = "device_limits"
+HOST_LIMITS = "host_limits"
+
+
+def node_layers(node: Node, missing: Mapping[Capability, str]) -> list[LayerState]:
+    """What the node enforces for a pod: its account, its devices, its device share, its host share."""
+    simulated = any(d.simulated for d in node.devices)
+    if Capability.REAL_PROCESSES in missing:
+        why = missing[Capability.REAL_PROCESSES]
+        return [LayerState(layer, False, why) for layer in (ACCOUNTS, DEVICES, DEVICE_LIMITS, HOST_LIMITS)]
+    accounts = LayerState(ACCOUNTS, Capability.USER_ISOLATION not in missing,
+                          missing.get(Capability.USER_ISOLATION, "pods run as their tenant's Unix account"))
+    if simulated:
+        devices = LayerState(DEVICES, False, "simulated devices: there is no device to hide or share")
+        device_limits = LayerState(DEVICE_LIMITS, False, "simulated devices: compute and memory shares "
+                                   "are accounted, not enforced")
+    else:
+        devices = LayerState(DEVICES, True, "pods see only their devices (visible-devices variables)")
+        device_limits = LayerState(DEVICE_LIMITS, Capability.MPS not in missing,
+                                   missing.get(Capability.MPS, "CUDA MPS caps compute and memory per pod"))
+    host = LayerState(HOST_LIMITS, Capability.CGROUPS not in missing,
+                      missing.get(Capability.CGROUPS, "cgroup v2 caps cpu and memory per pod"))
+    return [accounts, devices, device_limits, host]
+
+
+def unenforced(node: Node, layers: list[LayerState], request: PodRequest) -> list[str]:
+    """One sentence per limit of `request` that `node` does not enforce (empty when all hold). The
+    accounts layer is left out: a pool whose agent cannot change users says so once, at start-up."""
+    by_layer = {state.layer: state for state in layers}
+    sentences = []
+    shares = request.num_devices and (request.device_milli < MILLI or request.device_memory_mib)
+    if shares and not by_layer[DEVICE_LIMITS].enforced:
+        sentences.append(f"device compute and memory limits are not enforced on node {node.name}: "
+                         f"{by_layer[DEVICE_LIMITS].detail}")
+    if (request.cpu_milli or request.memory_mib) and not by_layer[HOST_LIMITS].enforced:
+        sentences.append(f"host cpu and memory limits are not enforced on node {node.name}: "
+                         f"{by_layer[HOST_LIMITS].detail}")
+    return sentences
