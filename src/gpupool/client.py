@@ -23,9 +23,10 @@ from pydantic import BaseModel, TypeAdapter
 from gpupool.clientconfig import ca_bundle, resolve
 from gpupool.errors import InvalidInput, Unavailable
 from gpupool.lite_http import error_from_answer
+from gpupool.server.schemas.audit import AuditOut
 from gpupool.server.schemas.common import Health
 from gpupool.server.schemas.nodes import NodeOut, PoolSummary
-from gpupool.server.schemas.tenants import QueueOut, TenantOut, TokenOut
+from gpupool.server.schemas.tenants import QueueOut, TenantOut, TokenInfo, TokenOut
 from gpupool.server.schemas.workloads import EventOut, LogsOut, WorkloadOut, WorkloadPage, WorkloadSpec
 
 M = TypeVar("M", bound=BaseModel)
@@ -142,8 +143,27 @@ class Client:
     def tenants(self) -> list[TenantOut]:
         return self._many(TenantOut, "GET", "/tenants")
 
-    def create_tenant(self, name: str) -> TenantOut:
-        return self._one(TenantOut, "POST", "/tenants", json={"name": name})
+    def create_tenant(self, name: str, *, unix_user: str | None = None, max_priority: int | None = None,
+                      max_pending: int | None = None) -> TenantOut:
+        """A new tenant; its `warning`, when set, is a sentence to show (the pool is single-user)."""
+        body: dict[str, Any] = {"name": name, "unix_user": unix_user}
+        if max_priority is not None:
+            body["max_priority"] = max_priority
+        if max_pending is not None:
+            body["max_pending"] = max_pending
+        return self._one(TenantOut, "POST", "/tenants", json=body)
+
+    def update_tenant(self, name: str, *, unix_user: str | None = None, clear_unix_user: bool = False,
+                      max_priority: int | None = None, max_pending: int | None = None) -> TenantOut:
+        """Change only what is given (clear_unix_user removes the account mapping)."""
+        body: dict[str, Any] = {}
+        if unix_user is not None or clear_unix_user:
+            body["unix_user"] = unix_user
+        if max_priority is not None:
+            body["max_priority"] = max_priority
+        if max_pending is not None:
+            body["max_pending"] = max_pending
+        return self._one(TenantOut, "PATCH", f"/tenants/{_segment(name)}", json=body)
 
     def queues(self, tenant: str | None = None) -> list[QueueOut]:
         return self._many(QueueOut, "GET", "/queues", params={"tenant": tenant} if tenant else None)
@@ -156,8 +176,37 @@ class Client:
         return self._one(QueueOut, "PATCH", f"/queues/{_segment(tenant)}/{_segment(name)}",
                          json={"quota_gpus": quota_gpus})
 
-    def create_token(self, tenant: str | None = None, name: str = "") -> TokenOut:
-        return self._one(TokenOut, "POST", "/tokens", json={"tenant": tenant, "name": name})
+    def create_token(self, tenant: str | None = None, name: str = "", *, scope: str = "full",
+                     expires_in_s: float | None = None, never_expires: bool = False) -> TokenOut:
+        """A token for `tenant` (None: an admin token); expires_in_s None: the server's default."""
+        return self._one(TokenOut, "POST", "/tokens", json={
+            "tenant": tenant, "name": name, "scope": scope, "expires_in_s": expires_in_s,
+            "never_expires": never_expires})
+
+    def tokens(self, tenant: str | None = None) -> list[TokenInfo]:
+        """Tokens without their secrets: all (admin) or one tenant's (a tenant sees only its own)."""
+        return self._many(TokenInfo, "GET", "/tokens", params={"tenant": tenant} if tenant else None)
+
+    def revoke_token(self, token_id: str) -> TokenInfo:
+        return self._one(TokenInfo, "DELETE", f"/tokens/{_segment(token_id)}")
+
+    def revoke_token_named(self, name: str, tenant: str | None = None) -> TokenInfo:
+        """Revoke the unrevoked token called `name` of `tenant` (None: an admin token)."""
+        from gpupool.errors import NotFound
+
+        for token in self.tokens(tenant):
+            if token.name == name and token.tenant == tenant and token.revoked_s is None:
+                return self.revoke_token(token.id)
+        owner = "the admin" if tenant is None else f"tenant {tenant!r}"
+        raise NotFound(f"{owner.capitalize()} has no active token named {name!r}; list them with "
+                       "`gpupool token ls`.")
+
+    def audit(self, since_s: float | None = None, limit: int = 100) -> list[AuditOut]:
+        """The audit log, newest first (admin)."""
+        params: dict[str, Any] = {"limit": limit}
+        if since_s is not None:
+            params["since_s"] = since_s
+        return self._many(AuditOut, "GET", "/audit", params=params)
 
 
 def _verify(url: str) -> ssl.SSLContext | bool:

@@ -14,9 +14,9 @@ SUBCOMMANDS: dict[str, tuple[str, str, str]] = {
     "fabric": ("gpupool.cli.fabric", "app", "Discover, route, inspect and export the InfiniBand fabric."),
     "sim": ("gpupool.cli.sim", "app", "Replay cluster traces through the scheduler (fill, replay)."),
     "nodes": ("gpupool.cli.nodes", "app", "List nodes; cordon, uncordon, drain (admin)."),
-    "tenant": ("gpupool.cli.tenant", "app", "Tenants (admin): create, ls."),
+    "tenant": ("gpupool.cli.tenant", "app", "Tenants (admin): create, set, ls."),
     "queue": ("gpupool.cli.queue", "app", "Queues and quotas (admin): create, ls, set-quota."),
-    "token": ("gpupool.cli.token", "app", "Bearer tokens (admin): create."),
+    "token": ("gpupool.cli.token", "app", "Bearer tokens: create (admin), ls, revoke."),
 }
 
 # Top-level commands (not groups): name -> (module, function, help).
@@ -29,6 +29,7 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
     "logs": ("gpupool.cli.logs", "logs", "Print a workload's output (-f to follow)."),
     "wait": ("gpupool.cli.wait", "wait", "Wait for a workload; exit 0 when it succeeded."),
     "top": ("gpupool.cli.top", "top", "A live view of the pool."),
+    "audit": ("gpupool.cli.audit", "audit", "Show the audit log: admin actions, refused logins (admin)."),
 }
 
 

@@ -1,14 +1,15 @@
-"""`gpupool token create`: issue a bearer token for a tenant (or another admin token)."""
+"""`gpupool token create|ls|revoke`: bearer tokens with a scope and a lifetime."""
 
 from __future__ import annotations
 
+import time
 from typing import Annotated
 
 import typer
 
-from gpupool.cli._common import client, reports_errors
+from gpupool.cli._common import client, console, reports_errors
 
-app = typer.Typer(help="Tokens (admin): create.", no_args_is_help=True)
+app = typer.Typer(help="Bearer tokens: create (admin), ls, revoke.", no_args_is_help=True)
 
 
 @app.command()
@@ -16,16 +17,73 @@ app = typer.Typer(help="Tokens (admin): create.", no_args_is_help=True)
 def create(
     tenant: Annotated[str | None, typer.Option("--tenant", "-t", help="The tenant it acts for.")] = None,
     admin: Annotated[bool, typer.Option("--admin", help="Make an admin token instead.")] = False,
-    name: Annotated[str, typer.Option("--name", "-n", help="A label to recognise it by.")] = "",
+    name: Annotated[str, typer.Option("--name", "-n", help="Unique per tenant (default: its id).")] = "",
+    expires: Annotated[
+        str, typer.Option("--expires", help="30d, 12h, 90m or never (default: the server's, 90 days).")
+    ] = "",
+    scope: Annotated[
+        str, typer.Option("--scope", help="full (default) or metrics (may read /metrics only).")
+    ] = "full",
 ) -> None:
     """Create a token and print it once (only its hash is stored)."""
+    from gpupool.cli._durations import duration_s
+
     if (tenant is None) == (not admin):
         raise typer.BadParameter("Give --tenant NAME for a tenant token, or --admin for an admin token.")
+    if scope not in ("full", "metrics"):
+        raise typer.BadParameter(f"--scope is full or metrics, not {scope!r}.")
+    never = expires.strip().lower() == "never"
+    lifetime = duration_s(expires, "--expires") if expires and not never else None
     with client() as pool:
-        token = pool.create_token(tenant, name)
+        token = pool.create_token(tenant, name, scope=scope, expires_in_s=lifetime, never_expires=never)
     print(token.token)
+
+
+@app.command("ls")
+@reports_errors
+def list_tokens(
+    tenant: Annotated[str | None, typer.Option("--tenant", "-t", help="Only this tenant's.")] = None,
+) -> None:
+    """List tokens (never their secrets): all for the admin, a tenant's own for a tenant token."""
+    from rich.table import Table
+
+    from gpupool.cli._durations import when
+
+    with client() as pool:
+        tokens = pool.tokens(tenant)
+    now = time.time()
+    table = Table(title=f"{len(tokens)} token(s)")
+    for column in ("ID", "NAME", "TENANT", "SCOPE", "STATE", "CREATED", "EXPIRES", "LAST USED"):
+        table.add_column(column)
+    for t in tokens:
+        state = ("revoked" if t.revoked_s is not None
+                 else "expired" if t.expires_s is not None and t.expires_s <= now else "active")
+        table.add_row(t.id, t.name, t.tenant or "(admin)", t.scope, state, when(t.created_s),
+                      when(t.expires_s, "never"), when(t.last_used_s))
+    console().print(table)
+
+
+@app.command()
+@reports_errors
+def revoke(
+    token: Annotated[str, typer.Argument(help="Its id (tok-...), or its name with --tenant or --admin.")],
+    tenant: Annotated[str | None, typer.Option("--tenant", "-t", help="TOKEN names this tenant's.")] = None,
+    admin: Annotated[bool, typer.Option("--admin", help="TOKEN names an admin token.")] = False,
+) -> None:
+    """Revoke a token: every server refuses it within a second (a tenant may revoke its own)."""
+    if tenant is not None and admin:
+        raise typer.BadParameter("Give --tenant or --admin, not both.")
+    with client() as pool:
+        if tenant is not None or admin:
+            info = pool.revoke_token_named(token, tenant)
+        elif token.startswith("tok-"):
+            info = pool.revoke_token(token)
+        else:
+            raise typer.BadParameter(f"{token!r} is not a token id (tok-...); to revoke by name, add "
+                                     "--tenant NAME (or --admin).")
+    print(f"revoked {info.id} ({info.name})")
 
 
 @app.callback()
 def _group() -> None:
-    """Bearer tokens (admin): create."""
+    """Bearer tokens: create (admin), ls, revoke."""
