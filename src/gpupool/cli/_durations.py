@@ -33,6 +33,11 @@ def since_s(text: str, now_s: float | None = None) -> float:
                            f"or 2026-12-01T08:00, got {text!r}.") from None
 
 
+def day(epoch_s: float | None, never: str = "-") -> str:
+    """A local date, or `never` for None."""
+    return never if epoch_s is None else time.strftime("%Y-%m-%d", time.localtime(epoch_s))
+
+
 def when(epoch_s: float | None, never: str = "-") -> str:
     """A local time to the minute, or `never` for None."""
     return never if epoch_s is None else time.strftime("%Y-%m-%d %H:%M", time.localtime(epoch_s))

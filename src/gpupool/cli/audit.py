@@ -25,9 +25,10 @@ def audit(
     with client() as pool:
         rows = pool.audit(start, limit)
     table = Table(title=f"{len(rows)} audit record(s)")
-    for column in ("TIME", "ACTOR", "TOKEN", "ACTION", "TARGET", "DETAIL", "FROM", "COUNT"):
-        table.add_column(column)
+    for column in ("TIME", "ACTOR", "ACTION", "TARGET", "DETAIL", "FROM", "COUNT"):
+        table.add_column(column, no_wrap=column in ("TIME", "ACTION"), overflow="fold")
     for r in rows:
-        table.add_row(when(r.at_s), r.actor or "-", r.token_id or "-", r.action, r.target or "-",
-                      r.detail or "-", r.remote or "-", str(r.count))
+        actor = f"{r.actor or '-'} {r.token_id}".strip()
+        table.add_row(when(r.at_s), actor, r.action, r.target or "-", r.detail or "-", r.remote or "-",
+                      str(r.count))
     console().print(table)

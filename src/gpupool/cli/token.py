@@ -47,19 +47,20 @@ def list_tokens(
     """List tokens (never their secrets): all for the admin, a tenant's own for a tenant token."""
     from rich.table import Table
 
-    from gpupool.cli._durations import when
+    from gpupool.cli._common import ago
+    from gpupool.cli._durations import day
 
     with client() as pool:
         tokens = pool.tokens(tenant)
     now = time.time()
     table = Table(title=f"{len(tokens)} token(s)")
     for column in ("ID", "NAME", "TENANT", "SCOPE", "STATE", "CREATED", "EXPIRES", "LAST USED"):
-        table.add_column(column)
+        table.add_column(column, no_wrap=column in ("ID", "NAME"))
     for t in tokens:
         state = ("revoked" if t.revoked_s is not None
                  else "expired" if t.expires_s is not None and t.expires_s <= now else "active")
-        table.add_row(t.id, t.name, t.tenant or "(admin)", t.scope, state, when(t.created_s),
-                      when(t.expires_s, "never"), when(t.last_used_s))
+        table.add_row(t.id, t.name, t.tenant or "(admin)", t.scope, state, day(t.created_s),
+                      day(t.expires_s, "never"), ago(t.last_used_s, now))
     console().print(table)
 
 
