@@ -184,3 +184,20 @@ def test_state_file_is_valid_json_after_every_step(runner: Runner, tmp_path: Pat
     loaded = podstate.load_record(tmp_path / "pods" / "p" / "state.json")
     assert isinstance(loaded, podstate.PodRecord) and loaded.phase is PodPhase.SUCCEEDED
     assert not list((tmp_path / "pods" / "p").glob("*.tmp"))
+
+
+def test_a_process_that_left_the_group_with_setsid_dies_with_the_pod(runner: Runner) -> None:
+    runner.start("esc", ["sh", "-c", "setsid sh -c 'echo $$; exec sleep 60' & sleep 60"], env=ENV)
+    escaped = int(wait_for(lambda: runner.read_log("esc").text.strip()))
+    assert os.getsid(escaped) == escaped != os.getsid(runner.get("esc").pid or 0)  # its own session
+    runner.stop("esc", grace_s=0.5)
+    record = runner.wait("esc", 10)
+    assert record.phase is PodPhase.STOPPED
+    wait_for(lambda: not alive(escaped))
+
+
+def test_a_daemon_left_behind_by_a_finished_pod_is_killed(runner: Runner) -> None:
+    runner.start("daemon", ["sh", "-c", "setsid sh -c 'echo $$; exec sleep 60' & sleep 0.3"], env=ENV)
+    escaped = int(wait_for(lambda: runner.read_log("daemon").text.strip()))
+    assert runner.wait("daemon", 10).phase is PodPhase.SUCCEEDED
+    wait_for(lambda: not alive(escaped))

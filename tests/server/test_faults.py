@@ -147,20 +147,12 @@ def test_cancel_stops_a_pod_that_forks_a_thousand_children_and_ignores_sigterm(l
     assert seen.left == []
 
 
-SETSID_ESCAPE = (
-    "a pod's child that calls setsid() leaves the pod's process group, and the agent stops pods with "
-    "killpg only (agent/runner.py), so it outlives the cancel; fix: kill by the pod's cgroup "
-    "(cgroup.kill) or by a scan for the pod's processes, not by its group")
-
-
 def test_cancel_stops_a_child_that_left_the_process_group_with_setsid(local_server: UpProcess) -> None:
     if shutil.which("setsid") is None:
         pytest.skip("setsid (util-linux) is not installed")
     seen = cancel_resisting_pod(local_server, "setsid sleep 120 & exec sleep 120", expect_processes=3)
     assert seen.status == "cancelled"
-    if seen.left:  # documents the known escape precisely; anything else fails
-        assert [(p.command, p.pid == p.sid == p.pgid) for p in seen.left] == [("sleep 120", True)]
-        pytest.xfail(SETSID_ESCAPE)
+    assert seen.left == []  # the runner kills what left the group too (its cgroup, or its marker)
 
 
 # ---- the agent killed while pods run -----------------------------------------------------------

@@ -32,6 +32,8 @@ class PodRecord(BaseModel):
     stop_requested_at_s: float | None = None
     kill_deadline_s: float | None = None
     cgroup: str | None = None
+    uid: int | None = None
+    """The account the pod runs as (None: the agent's own)."""
     adopted: bool = False
 
     @property

@@ -27,6 +27,7 @@ from pathlib import Path
 
 from gpupool.agent import podstate
 from gpupool.agent.identity import PodIdentity, set_no_new_privs
+from gpupool.agent.leftovers import MARKER, kill_leftovers
 from gpupool.agent.podstate import PodRecord
 from gpupool.agent.shim import shim_argv
 from gpupool.errors import InvalidInput, NotFound
@@ -134,13 +135,13 @@ class Runner:
             if not cwd.is_dir():
                 raise InvalidInput(f"Pod {pod_id!r}: working directory {str(cwd)!r} does not exist.")
             record = PodRecord(pod_id=pod_id, command=list(command), workdir=str(cwd),
-                               started_at_s=self._clock(),
+                               started_at_s=self._clock(), uid=identity.uid if identity else None,
                                cgroup=str(limits.cgroup_dir) if limits.cgroup_dir else None)
             self._save(record)  # before the process exists: a crash here leaves a record, not a stray
             self._records[pod_id] = record
             self._spawning.add(pod_id)
         try:  # outside the lock, so several pods can be started at once
-            self._spawn(record, dict(env), limits, identity)
+            self._spawn(record, {**env, MARKER: pod_id}, limits, identity)
         finally:
             with self._lock:
                 self._spawning.discard(pod_id)
@@ -280,9 +281,11 @@ class Runner:
     def _reap(self, record: PodRecord) -> None:
         child = self._children.pop(record.pod_id, None)
         if record.pid is not None:
-            # The pod ends with its main process: whatever it left in its group goes too.
+            # The pod ends with its main process: whatever it left in its group goes too, and what
+            # left the group (setsid) but is still the pod's (its cgroup, or its marker).
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(record.pid, signal.SIGKILL)
+            kill_leftovers(record.pod_id, os.geteuid() if record.uid is None else record.uid, record.cgroup)
         status = podstate.read_exit_file(self.pod_dir(record.pod_id) / "exit.json")
         if status is not None:
             code, sig, message = status
