@@ -32,6 +32,8 @@ class EventReason(StrEnum):
     POD_FAILED = "pod_failed"
     POD_LOST = "pod_lost"
     LOST_ON_RESTART = "lost_on_restart"
+    REQUEUED_ON_RESTART = "requeued_on_restart"
+    """Admitted but never handed to the provider before the server stopped: placed again."""
     ADOPTED = "adopted"
     LAUNCH_FAILED = "launch_failed"
     CANCELLED_BY_USER = "cancelled_by_user"

@@ -7,6 +7,7 @@ import threading
 import time
 
 from gpupool.core.scheduling.cycle import Policies
+from gpupool.errors import StoreUnavailable
 from gpupool.server.loops.reconciler import Reconciler
 from gpupool.server.loops.scheduler import Scheduler
 from gpupool.server.metrics import Metrics
@@ -86,6 +87,9 @@ class ControlLoop:
             began = time.perf_counter()
             try:
                 busy = self.step(woken)
+            except StoreUnavailable:  # the store logged the outage once; try again next interval
+                busy = False
+                self._stop.wait(settings.cycle_interval_s)
             except Exception:  # the loop must outlive any one bad cycle
                 log.exception("control loop step failed; retrying")
                 busy = False

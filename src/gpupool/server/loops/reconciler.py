@@ -1,13 +1,16 @@
 """Reconciliation: turn what the provider reports (exits, losses) into workload transitions.
 
 `recover()` runs once at start-up: pods the store thinks are active are re-adopted when the
-provider still knows them and marked lost (never started again) when it does not.
+provider still knows them. One it does not know was either never handed to it (recorded `launching`,
+the server stopped before the launch call: a provider knows every pod it was asked to launch, the
+local one from a state file written before the process exists), and its workload goes back to
+pending to be placed again; or it ran and is gone, and its workload fails (never started twice).
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 from sqlalchemy import Connection, bindparam, select, update
 from sqlalchemy.orm import Session
@@ -26,6 +29,17 @@ _FINAL_PHASES = {PodPhase.SUCCEEDED: PodState.SUCCEEDED, PodPhase.FAILED: PodSta
                  PodPhase.LOST: PodState.LOST, PodPhase.STOPPED: PodState.STOPPED}
 
 
+def _started_attempts(session: Session, workload_ids: set[str],
+                      known: Mapping[str, PodStatus]) -> set[tuple[str, int]]:
+    """(workload, attempt) pairs of which some pod was handed to the provider: it knows the pod, or
+    the store saw it past `launching`. Such an attempt is never started again."""
+    if not workload_ids:
+        return set()
+    rows = session.execute(select(PodRow.workload_id, PodRow.attempt, PodRow.id, PodRow.status)
+                           .where(PodRow.workload_id.in_(workload_ids))).all()
+    return {(w, a) for w, a, pod_id, status in rows if pod_id in known or status != PodState.LAUNCHING.value}
+
+
 class Reconciler:
     def __init__(self, rt: Runtime) -> None:
         self.rt = rt
@@ -41,9 +55,10 @@ class Reconciler:
         to_stop: list[str] = []
         with self.rt.store.write() as session:
             pods = session.scalars(select(PodRow).where(PodRow.status.in_(ACTIVE_POD_STATES))).all()
+            started = _started_attempts(session, {p.workload_id for p in pods}, known)
             for pod in pods:
                 row = session.get(WorkloadRow, pod.workload_id)
-                if row is None:
+                if row is None or pod.status not in ACTIVE_POD_STATES:  # stopped with a sibling
                     continue
                 if pod.id in known:
                     adopted += 1
@@ -55,9 +70,18 @@ class Reconciler:
                                    f"Pod {pod.name} re-adopted after a server restart.", now, pod.id)
                     continue
                 lost += 1
+                launching = pod.status == PodState.LAUNCHING.value
                 pod.status, pod.finished_s = PodState.LOST.value, now
                 pod.message = "The provider no longer knows this pod after a server restart."
-                if row.attempt == pod.attempt and not WorkloadStatus(row.status).is_final:
+                current = row.attempt == pod.attempt and not WorkloadStatus(row.status).is_final
+                if current and launching and (row.id, row.attempt) not in started:
+                    pod.message = "Never started: the server stopped before handing it to the provider."
+                    to_stop += stop_pods(session, row, PodState.STOPPED, now)
+                    transition(session, row, WorkloadStatus.PENDING.value, EventReason.REQUEUED_ON_RESTART,
+                               "Requeued after a server restart: it was admitted but never started, so it "
+                               "waits to be placed again.", now, pod.id)
+                    row.admitted_s = None
+                elif current:
                     to_stop += stop_pods(session, row, PodState.STOPPED, now)
                     transition(session, row, WorkloadStatus.FAILED.value, EventReason.LOST_ON_RESTART,
                                "Lost across a server restart: its pod could not be re-adopted, and it was "

@@ -1,0 +1,54 @@
+"""Recovery at start-up: a pod the store recorded `launching` that never reached the provider is
+placed again; one that ran and vanished fails; a gang of which one pod started is never restarted."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from fakes import ManualProvider
+from sqlalchemy import update
+
+from conftest import Server
+from factories import node
+from gpupool.providers.base import PodPhase, PodStatus
+from gpupool.server.orm import PodRow
+
+
+def _submit(server: Server, replicas: int = 1) -> str:
+    answer = server.client.post("/api/v1/workloads", headers=server.headers(),
+                                json={"command": ["sleep", "1"], "replicas": replicas,
+                                      "resources": {"gpus": 1}})
+    assert answer.status_code == 201, answer.text
+    return str(answer.json()["id"])
+
+
+def _events(server: Server, wid: str) -> list[str]:
+    answer = server.client.get(f"/api/v1/workloads/{wid}/events", headers=server.headers())
+    return [e["reason"] for e in answer.json()]
+
+
+def test_recovery_requeues_only_what_never_started(server_factory: Callable[..., Server]) -> None:
+    first = server_factory()
+    never, adopted, vanished, gang = _submit(first), _submit(first), _submit(first), _submit(first, 2)
+    first.wait_for(lambda: all(first.status(w) == "running" for w in (never, adopted, vanished, gang)))
+    url = first.rt.settings.resolved_database_url
+    pods = dict(first.provider.status)
+    with first.rt.store.write() as session:  # as if the server died between recording and launching
+        session.execute(update(PodRow).where(PodRow.workload_id == never).values(status="launching"))
+        session.execute(update(PodRow).where(PodRow.workload_id == gang, PodRow.rank == 1)
+                        .values(status="launching"))
+    first.client.__exit__(None, None, None)
+
+    survivor = ManualProvider([node("n0", devices=8, model="H100")])
+    for pod_id in pods:  # the provider still knows what it started, not the rest
+        if pod_id.startswith((adopted, f"{gang}-a1-r0")):
+            survivor.status[pod_id] = PodStatus(pod_id, PodPhase.RUNNING)
+    second = server_factory(url=url, provider=survivor)
+    second.admin_token = first.admin_token
+    second.wait_for(lambda: second.status(never) == "running")
+    assert _events(second, never)[-3:] == ["requeued_on_restart", "admitted", "launched"]
+    assert survivor.launch_count == {f"{never}-a2-r0": 1}  # placed again, as a new attempt; nothing else
+    assert second.status(adopted) == "running" and _events(second, adopted)[-1] == "adopted"
+    assert second.status(vanished) == "failed" and _events(second, vanished)[-1] == "lost_on_restart"
+    assert second.status(gang) == "failed"  # rank 0 had started: the gang is not started twice
+    assert f"{gang}-a1-r0" in survivor.stopped
