@@ -36,7 +36,7 @@ def _validation(_: Request, exc: Exception) -> JSONResponse:
     problems = []
     for err in exc.errors():
         field = _location(tuple(err.get("loc", ())))
-        text = str(err.get("msg", "is invalid")).removeprefix("Value error, ")
+        text = str(err.get("msg", "is invalid")).removeprefix("Value error, ").rstrip(".")
         if err.get("type") == "extra_forbidden":
             text = "is not a known field; remove it or check its spelling"
         elif err.get("type") == "json_invalid":

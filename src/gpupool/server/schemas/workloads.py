@@ -19,6 +19,9 @@ def _check(parse: object, value: object) -> object:
         parse(value)  # type: ignore[operator]
     except InvalidInput as exc:
         raise ValueError(exc.message) from None
+    except (OverflowError, ValueError):  # inf, nan or beyond a float: found by bench/fuzz_api.py
+        shown = str(value)[:40]
+        raise ValueError(f"{shown!r} is too large or not a number; write a realistic amount") from None
     return value
 
 
@@ -70,7 +73,7 @@ class WorkloadSpec(Strict):
     env: dict[Annotated[str, Field(min_length=1, max_length=256, pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")],
               Annotated[str, Field(max_length=65536)]] = Field(default_factory=dict)
     workdir: str = Field("", max_length=4096)
-    runtime_estimate_s: float | None = Field(None, gt=0)
+    runtime_estimate_s: float | None = Field(None, gt=0, allow_inf_nan=False)
 
     @field_validator("command")
     @classmethod
