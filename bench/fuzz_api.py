@@ -162,7 +162,8 @@ def check_answer(case: schemathesis.Case, response: Any, mode: schemathesis.Gene
     tally.statuses[str(status)] = tally.statuses.get(str(status), 0) + 1
     if status >= 500:
         tally.server_errors += 1
-        tally.note("5xx", label, f"{status} {response.text}")
+        sent = getattr(response.request, "body", b"") or b""
+        tally.note("5xx", label, f"{status} {response.text} for body {sent[:400]!r}")
     if status >= 400:
         try:
             ErrorBody.model_validate_json(response.content, strict=True)
