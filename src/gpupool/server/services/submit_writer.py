@@ -22,7 +22,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import Connection, func, insert, select
+from sqlalchemy import BindParameter, Connection, bindparam, func, insert, select
 
 from gpupool.core.model import Workload, WorkloadStatus
 from gpupool.core.units import MILLI
@@ -74,17 +74,38 @@ def _check(item: Submission, quotas: dict[tuple[str, str], int | None]) -> BaseE
     return None
 
 
-def _room(conn: Connection, tenants: list[str]) -> dict[str, tuple[int, int]]:
-    """Each tenant's (pending now, max_pending), its row locked until commit (PostgreSQL: FOR UPDATE
-    in name order, so concurrent writers queue instead of deadlocking; SQLite writes are serial)."""
-    limits = dict(conn.execute(select(TenantRow.name, TenantRow.max_pending)
-                               .where(TenantRow.name.in_(tenants)).order_by(TenantRow.name)
-                               .with_for_update()).all())
-    pending = dict(conn.execute(
-        select(WorkloadRow.tenant, func.count())
-        .where(WorkloadRow.tenant.in_(tenants), WorkloadRow.status == WorkloadStatus.PENDING.value)
-        .group_by(WorkloadRow.tenant)).all())
-    return {t: (int(pending.get(t, 0)), int(limit)) for t, limit in limits.items()}
+_TENANTS: BindParameter[list[str]] = bindparam("tenants", expanding=True)
+_LOCK_TENANTS = (select(TenantRow.name).where(TenantRow.name.in_(_TENANTS)).order_by(TenantRow.name)
+                 .with_for_update())
+"""PostgreSQL: lock the batch's tenants in name order (concurrent writers queue, never deadlock)."""
+_PENDING = (select(WorkloadRow.tenant, func.count().label("n"))
+            .where(WorkloadRow.tenant.in_(_TENANTS), WorkloadRow.status == WorkloadStatus.PENDING.value)
+            .group_by(WorkloadRow.tenant).subquery())
+_QUEUES_AND_ROOM = (
+    select(QueueRow.tenant, QueueRow.name, QueueRow.quota_device_milli, TenantRow.max_pending,
+           func.coalesce(_PENDING.c.n, 0))
+    .join(TenantRow, TenantRow.name == QueueRow.tenant)
+    .outerjoin(_PENDING, _PENDING.c.tenant == QueueRow.tenant)
+    .where(QueueRow.tenant.in_(_TENANTS)))
+"""Every queue of the batch's tenants with its quota, and its tenant's max_pending and pending count."""
+
+
+def _queues_and_room(conn: Connection, tenants: list[str]
+                     ) -> tuple[dict[tuple[str, str], int | None], dict[str, tuple[int, int]]]:
+    """Quotas by (tenant, queue) and each tenant's (pending now, max_pending), in one query.
+
+    On PostgreSQL the tenants' rows are locked first, in a statement of their own, so that the
+    count (read by the next statement, with a fresh snapshot) already holds every submission a
+    concurrent writer committed before us; SQLite's write transaction is exclusive anyway."""
+    if conn.dialect.name != "sqlite":
+        conn.execute(_LOCK_TENANTS, {"tenants": tenants})
+    quotas: dict[tuple[str, str], int | None] = {}
+    room: dict[str, tuple[int, int]] = {}
+    for tenant, queue_name, quota, max_pending, pending in conn.execute(_QUEUES_AND_ROOM,
+                                                                       {"tenants": tenants}):
+        quotas[(tenant, queue_name)] = quota
+        room[tenant] = (int(pending), int(max_pending))
+    return quotas, room
 
 
 def _too_many(tenant: str, limit: int) -> TooManyPending:
@@ -163,11 +184,7 @@ def commit(rt: Runtime, batch: Sequence[Submission]) -> int:
         with rt.store.write() as session:
             conn = session.connection()  # Core statements: none of the ORM's per-statement work
             tenants = sorted({item.tenant for item in batch})
-            quotas = {(t, q): limit for t, q, limit in conn.execute(
-                select(QueueRow.tenant, QueueRow.name, QueueRow.quota_device_milli)
-                .where(QueueRow.tenant.in_(tenants))
-            )}
-            room = _room(conn, tenants)
+            quotas, room = _queues_and_room(conn, tenants)
             for item in batch:
                 item.error = _check(item, quotas)
                 if item.error is None:
