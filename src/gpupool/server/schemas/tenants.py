@@ -10,9 +10,10 @@ from gpupool.server.schemas.common import Name, Strict
 
 UnixUser = Annotated[str, Field(min_length=1, max_length=32, pattern=r"^[A-Za-z_][A-Za-z0-9._-]*\$?$",
                                 description="an existing account on the server machine, never root")]
-MaxPriority = Annotated[int, Field(ge=-1000, le=1000,
+# strict: a JSON true/false is refused instead of being read as 1/0 (found by the API fuzzer)
+MaxPriority = Annotated[int, Field(ge=-1000, le=1000, strict=True,
                                    description="the highest priority its tokens may submit at")]
-MaxPending = Annotated[int, Field(ge=0, le=10_000_000,
+MaxPending = Annotated[int, Field(ge=0, le=10_000_000, strict=True,
                                   description="how many of its workloads may wait at once")]
 TokenName = Annotated[str, Field(max_length=63, pattern=r"^[A-Za-z0-9._-]*$")]
 
@@ -46,12 +47,13 @@ class QueueCreate(Strict):
     tenant: Name
     name: Name
     quota_gpus: float | None = Field(
-        None, ge=0, le=1_000_000, description="devices its admitted work may hold at once; null = no cap"
+        None, ge=0, le=1_000_000, strict=True,
+        description="devices its admitted work may hold at once; null = no cap"
     )
 
 
 class QueueUpdate(Strict):
-    quota_gpus: float | None = Field(None, ge=0, le=1_000_000)
+    quota_gpus: float | None = Field(None, ge=0, le=1_000_000, strict=True)
 
 
 class QueueOut(Strict):
@@ -68,7 +70,8 @@ class TokenCreate(Strict):
     name: TokenName = Field("", description="unique among the tenant's tokens; empty: named by its id")
     scope: Literal["full", "metrics"] = Field("full", description="metrics: may read /metrics only")
     expires_in_s: float | None = Field(
-        None, gt=0, le=100 * 365 * 86400, description="lifetime; null: the server's default (90 days)")
+        None, gt=0, le=100 * 365 * 86400, strict=True,
+        description="lifetime; null: the server's default (90 days)")
     never_expires: bool = False
 
     @model_validator(mode="after")
