@@ -57,7 +57,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--ref", required=True, help="the earlier commit to compare with")
     parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--metric", default="jobs_per_s", help="the JSON figure to compare")
+    parser.add_argument("--metric", default="jobs_per_s",
+                        help="the JSON figure(s) to compare, comma-separated (the first is the headline)")
     parser.add_argument("--json", default="")
     parser.add_argument("bench", nargs=argparse.REMAINDER, help="-- SCRIPT [ARGS...]")
     opts = parser.parse_args()
@@ -73,29 +74,37 @@ def main() -> None:
                              capture_output=True, text=True).stdout.strip()
     head_sha = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, check=True,
                               capture_output=True, text=True).stdout.strip()
-    figures: dict[str, list[float]] = {"ref": [], "head": []}
+    metrics = [m.strip() for m in opts.metric.split(",") if m.strip()]
+    figures: dict[str, dict[str, list[float]]] = {m: {"ref": [], "head": []} for m in metrics}
     try:
         for round_no in range(opts.rounds):
             for side, src in (("ref", ref_tree / "src"), ("head", ROOT / "src")):
                 result = _run(script, args, src, work / f"{side}-{round_no}.json")
-                figures[side].append(_figure(result, opts.metric))
-                print(f"round {round_no + 1} {side}: {opts.metric} = {figures[side][-1]:g}", flush=True)
+                for metric in metrics:
+                    figures[metric][side].append(_figure(result, metric))
+                print(f"round {round_no + 1} {side}: "
+                      + ", ".join(f"{m} = {figures[m][side][-1]:g}" for m in metrics), flush=True)
     finally:
         subprocess.run(["git", "worktree", "remove", "--force", str(ref_tree)], cwd=ROOT, check=False,
                        capture_output=True)
         shutil.rmtree(work, ignore_errors=True)
-    ref_median, head_median = statistics.median(figures["ref"]), statistics.median(figures["head"])
-    table = Table(title=f"{script} {' '.join(args)}: {opts.metric}, {opts.rounds} alternating rounds")
-    for column in ("side", "commit", "rounds", "median", "head / ref"):
+    table = Table(title=f"{script} {' '.join(args)}: {opts.rounds} alternating rounds, "
+                        f"ref {ref_sha} vs head {head_sha}")
+    for column in ("figure", "ref rounds", "head rounds", "ref median", "head median", "head / ref"):
         table.add_column(column)
-    table.add_row("ref", ref_sha, ", ".join(f"{v:g}" for v in figures["ref"]), f"{ref_median:g}", "1.00")
-    table.add_row("head", head_sha, ", ".join(f"{v:g}" for v in figures["head"]), f"{head_median:g}",
-                  f"{head_median / ref_median:.2f}")
+    ratios = {}
+    for metric in metrics:
+        ref_median = statistics.median(figures[metric]["ref"])
+        head_median = statistics.median(figures[metric]["head"])
+        ratios[metric] = head_median / ref_median if ref_median else float("nan")
+        table.add_row(metric, ", ".join(f"{v:g}" for v in figures[metric]["ref"]),
+                      ", ".join(f"{v:g}" for v in figures[metric]["head"]), f"{ref_median:g}",
+                      f"{head_median:g}", f"{ratios[metric]:.2f}")
     Console().print(table)
     out = Path(opts.json or ROOT / "bench" / "results" / f"side_by_side_{Path(script).stem}.json")
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps({"script": script, "args": args, "metric": opts.metric, "ref": ref_sha,
-                               "head": head_sha, "figures": figures, "ratio": head_median / ref_median,
+                               "head": head_sha, "figures": figures, "ratios": ratios,
                                "load_average_1m": os.getloadavg()[0]}, indent=1))
 
 
