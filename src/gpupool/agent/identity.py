@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import functools
 import grp
 import hashlib
 import os
@@ -146,14 +147,29 @@ class Identities:
             return known
 
 
+@functools.cache
+def _libc() -> ctypes.CDLL | None:
+    name = ctypes.util.find_library("c")
+    return None if name is None else ctypes.CDLL(name, use_errno=True)
+
+
 def set_no_new_privs() -> bool:
     """Set PR_SET_NO_NEW_PRIVS on the calling thread; processes it starts inherit it, so no pod
     can gain privileges through a setuid program. False where prctl is unavailable."""
-    libc_name = ctypes.util.find_library("c")
-    if libc_name is None:
-        return False
-    libc = ctypes.CDLL(libc_name, use_errno=True)
-    return int(libc.prctl(_PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0)) == 0
+    libc = _libc()
+    return libc is not None and int(libc.prctl(_PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0)) == 0
+
+
+SETPRIV = shutil.which("setpriv", path=BASE_PATH)
+"""util-linux's setpriv: the launch path's privilege drop where installed (see the runner)."""
+
+
+def setpriv_argv(identity: PodIdentity) -> list[str]:
+    """The argv prefix that runs what follows as `identity`: gid and uid set, no supplementary
+    groups, PR_SET_NO_NEW_PRIVS. Only when SETPRIV is installed."""
+    assert SETPRIV is not None
+    return [SETPRIV, f"--reuid={identity.uid}", f"--regid={identity.gid}", "--clear-groups",
+            "--no-new-privs", "--"]
 
 
 def prepare_scratch_root(path: Path) -> Path:

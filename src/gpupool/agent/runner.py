@@ -26,10 +26,10 @@ from enum import StrEnum
 from pathlib import Path
 
 from gpupool.agent import podstate
-from gpupool.agent.identity import PodIdentity, set_no_new_privs
+from gpupool.agent.identity import BASE_PATH, SETPRIV, PodIdentity, set_no_new_privs, setpriv_argv
 from gpupool.agent.leftovers import MARKER, kill_leftovers
 from gpupool.agent.podstate import PodRecord
-from gpupool.agent.shim import shim_argv
+from gpupool.agent.shim import env_script, shim_argv
 from gpupool.errors import InvalidInput, NotFound
 from gpupool.providers.base import LogChunk, PodPhase
 
@@ -59,6 +59,20 @@ def _complete_utf8(data: bytes) -> bytes:
             need = 1 if byte < 0x80 else 2 if byte >= 0xC0 and byte < 0xE0 else 3 if byte < 0xF0 else 4
             return data if need <= back else data[:-back]
     return data
+
+
+def _env_file(env: Mapping[str, str], identity: PodIdentity) -> int:
+    """A descriptor on an anonymous file (no name on disk) holding `env` as a script, owned by the
+    pod's account with mode 0600: the shim opens it again through /dev/fd as that account."""
+    fd = os.memfd_create("gpupool-pod-env", os.MFD_CLOEXEC)
+    try:
+        os.fchown(fd, identity.uid, identity.gid)
+        os.fchmod(fd, 0o600)
+        os.write(fd, env_script(env))
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
 
 
 def _private(path: str, flags: int) -> int:
@@ -152,19 +166,32 @@ class Runner:
         pod_dir = self.pod_dir(record.pod_id)
         exit_fd = os.open(pod_dir / "exit.json", os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
         go_r, go_w = os.pipe() if limits.cgroup_dir else (-1, -1)
-        argv = shim_argv(exit_fd, record.command, workdir=record.workdir, wait_for_go=go_r >= 0,
-                         rlimit_data_bytes=limits.rlimit_data_bytes)
+        env_fd = -1
+        prefix: list[str] = []
         credentials: dict[str, object] = {}
         if identity is not None:
             os.fchown(exit_fd, identity.uid, identity.gid)  # the shim reopens it as the pod's account
-            credentials = {"user": identity.uid, "group": identity.gid, "extra_groups": []}
-            set_no_new_privs()  # inherited by what this thread starts: no setuid escape for the pod
+            if SETPRIV is not None:
+                # setpriv drops to the account before the shim runs, and the server forks with vfork
+                # (a fork of its whole heap, as Popen does to change users itself, cost 10+ ms a pod).
+                # The pod's environment must not reach a program that still runs as root (a user's
+                # LD_PRELOAD...), so it travels in a private file the shim sources as the account.
+                prefix = setpriv_argv(identity)
+                env_fd = _env_file(env, identity)
+                env = {"PATH": BASE_PATH}
+            else:
+                credentials = {"user": identity.uid, "group": identity.gid, "extra_groups": []}
+                set_no_new_privs()  # inherited by what this thread starts: no setuid escape for the pod
+        argv = prefix + shim_argv(exit_fd, record.command, workdir=record.workdir, wait_for_go=go_r >= 0,
+                                  rlimit_data_bytes=limits.rlimit_data_bytes,
+                                  env_fd=env_fd if env_fd >= 0 else None)
+        passed = (exit_fd,) if env_fd < 0 else (exit_fd, env_fd)
         try:
             with open(pod_dir / "stdout.log", "ab", opener=_private) as out, open(
                     pod_dir / "stderr.log", "ab", opener=_private) as err:
                 stdin = go_r if go_r >= 0 else subprocess.DEVNULL
                 child = subprocess.Popen(argv, cwd="/", env=env, stdin=stdin, stdout=out, stderr=err,
-                                         start_new_session=True, close_fds=True, pass_fds=(exit_fd,),
+                                         start_new_session=True, close_fds=True, pass_fds=passed,
                                          **credentials)  # type: ignore[call-overload]
         except OSError as exc:
             if go_w >= 0:
@@ -176,6 +203,8 @@ class Runner:
             os.close(exit_fd)
             if go_r >= 0:
                 os.close(go_r)
+            if env_fd >= 0:
+                os.close(env_fd)
         if go_w >= 0:
             _join_cgroup(limits, child.pid, go_w)
         start_ticks = podstate.process_start_ticks(child.pid)
