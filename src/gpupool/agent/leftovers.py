@@ -46,9 +46,12 @@ def kill_cgroup(cgroup: Path) -> int:
     return killed
 
 
-def pods_processes(pod_id: str, uid: int, *, exclude: int | None = None) -> list[int]:
-    """Pids of processes owned by `uid` whose environment carries the pod's marker."""
-    wanted = marker(pod_id)
+def pods_processes(pods: dict[str, int], *, exclude: int | None = None) -> list[int]:
+    """Pids of processes carrying the marker of one of `pods` (pod id -> the uid it runs as), owned
+    by that uid; one pass over /proc for all of them."""
+    wanted: dict[int, set[bytes]] = {}
+    for pod_id, uid in pods.items():
+        wanted.setdefault(uid, set()).add(marker(pod_id))
     found = []
     try:
         entries = os.listdir(_PROC)
@@ -58,22 +61,25 @@ def pods_processes(pod_id: str, uid: int, *, exclude: int | None = None) -> list
         if not name.isdigit() or int(name) == exclude:
             continue
         try:
-            if os.stat(_PROC / name).st_uid != uid:
+            markers = wanted.get(os.stat(_PROC / name).st_uid)
+            if markers is None:
                 continue
             with open(_PROC / name / "environ", "rb") as handle:
                 environ = handle.read()
         except OSError:
             continue
-        if wanted in environ.split(b"\0"):
+        if not markers.isdisjoint(environ.split(b"\0")):
             found.append(int(name))
     return found
 
 
-def kill_leftovers(pod_id: str, uid: int, cgroup: str | None) -> int:
-    """SIGKILL what is left of the pod (see the module's docstring); returns how many were found."""
-    killed = kill_cgroup(Path(cgroup)) if cgroup else 0
+def kill_leftovers(pods: dict[str, tuple[int, str | None]]) -> int:
+    """SIGKILL what is left of `pods` (pod id -> (uid, cgroup or None); see the module's
+    docstring); returns how many processes (or cgroups) were killed."""
+    killed = sum(kill_cgroup(Path(cgroup)) for _, cgroup in pods.values() if cgroup)
+    uids = {pod_id: uid for pod_id, (uid, _) in pods.items()}
     for _ in range(10):  # a leftover may fork once more before its SIGKILL lands
-        pids = pods_processes(pod_id, uid, exclude=os.getpid())
+        pids = pods_processes(uids, exclude=os.getpid())
         if not pids:
             break
         for pid in pids:

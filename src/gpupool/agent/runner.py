@@ -36,6 +36,7 @@ from gpupool.providers.base import LogChunk, PodPhase
 log = logging.getLogger("gpupool.agent")
 _POD_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 _ESCALATION_POLL_S = 0.02
+SWEEP_INTERVAL_S = 0.1
 
 
 class LogStream(StrEnum):
@@ -116,8 +117,12 @@ class Runner:
         self._final_copies: dict[str, PodRecord] = {}
         """Copies of finished records (they never change again), so poll() costs O(running pods)."""
         self._exit_listeners: list[Callable[[], None]] = []
+        self._to_sweep: dict[str, tuple[int, str | None]] = {}
+        self._last_sweep_s = float("-inf")
+        """Pods reaped whose leftovers outside their process group are still to be killed."""
         self._reaper: _Reaper | None = None
         self._readopt()
+        self._sweep(force=True)
 
     # ---- paths and persistence -------------------------------------------------------------
     def pod_dir(self, pod_id: str) -> Path:
@@ -281,13 +286,32 @@ class Runner:
                     continue
                 self._reap(record)
                 reaped = True
+        self._sweep()
         if reaped:
             for listener in self._exit_listeners:
                 listener()
 
+    def _sweep(self, *, force: bool = False) -> None:
+        """Kill what reaped pods left outside their group: not under the lock (it reads /proc), and
+        at most once per SWEEP_INTERVAL_S unless forced, so a burst of short pods shares one pass.
+        poll() runs often while pods run (and at every control loop interval), so a leftover lives
+        at most about that long after its pod."""
+        now = time.monotonic()
+        with self._lock:
+            if not self._to_sweep or (not force and now - self._last_sweep_s < SWEEP_INTERVAL_S):
+                return
+            pods, self._to_sweep, self._last_sweep_s = self._to_sweep, {}, now
+        kill_leftovers(pods)
+
     def poll(self) -> list[PodRecord]:
         """Reap finished pods, escalate overdue stops, and return a copy of every record (a finished
         pod's copy is made once and shared by later polls: treat the records as read-only)."""
+        try:
+            return self._poll()
+        finally:
+            self._sweep()
+
+    def _poll(self) -> list[PodRecord]:
         with self._lock:
             now = self._clock()
             copies = []
@@ -311,10 +335,12 @@ class Runner:
         child = self._children.pop(record.pod_id, None)
         if record.pid is not None:
             # The pod ends with its main process: whatever it left in its group goes too, and what
-            # left the group (setsid) but is still the pod's (its cgroup, or its marker).
+            # left the group (setsid) but is still the pod's (its cgroup, or its marker), swept by
+            # the caller outside the lock, in one pass over /proc for all pods reaped together.
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(record.pid, signal.SIGKILL)
-            kill_leftovers(record.pod_id, os.geteuid() if record.uid is None else record.uid, record.cgroup)
+            uid = os.geteuid() if record.uid is None else record.uid
+            self._to_sweep[record.pod_id] = (uid, record.cgroup)
         status = podstate.read_exit_file(self.pod_dir(record.pod_id) / "exit.json")
         if status is not None:
             code, sig, message = status
@@ -443,6 +469,7 @@ class Runner:
                 self.stop(pod_id, grace_s)
             for pod_id in running:
                 self.wait(pod_id, grace_s + 5.0)
+        self._sweep(force=True)
         with self._lock:
             for timer in self._timers.values():
                 timer.cancel()
