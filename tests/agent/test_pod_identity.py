@@ -180,16 +180,8 @@ TRICKY = {"QUOTES": "it's \"quoted\"", "NEWLINES": "a\nb\n", "EXPANSIONS": "$HOM
 
 
 @needs_root
-@pytest.mark.parametrize("setpriv", [True, False], ids=["setpriv", "popen-credentials"])
-def test_both_launch_paths_deliver_the_exact_environment(provider: LocalProvider, setpriv: bool,
-                                                         monkeypatch: pytest.MonkeyPatch) -> None:
-    from gpupool.agent import runner
-
-    if setpriv and runner.SETPRIV is None:
-        pytest.skip("setpriv (util-linux) is not installed")
-    if not setpriv:
-        monkeypatch.setattr(runner, "SETPRIV", None)
-    out = probe(provider, f"env-{setpriv}", tenant="team-a", env=TRICKY)
+def test_the_launcher_delivers_the_exact_environment(provider: LocalProvider) -> None:
+    out = probe(provider, "env-exact", tenant="team-a", env=TRICKY)
     env = dict(out["env"])  # type: ignore[call-overload]
     assert {k: env.get(k) for k in TRICKY} == TRICKY
     assert out["uid"] == pwd.getpwnam("gpupool-team-a").pw_uid and out["nnp"] == "1"

@@ -10,9 +10,6 @@ When the agent is not root it cannot change users, and pods run as its own user 
 
 from __future__ import annotations
 
-import ctypes
-import ctypes.util
-import functools
 import grp
 import hashlib
 import os
@@ -32,7 +29,6 @@ MAX_ACCOUNT_NAME = 32
 NOLOGIN_SHELLS = ("/usr/sbin/nologin", "/sbin/nologin", "/bin/false")
 BASE_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 """The pods' PATH unless the operator sets another (GPUPOOL_POD_PATH when the server starts)."""
-_PR_SET_NO_NEW_PRIVS = 38
 
 
 @dataclass(frozen=True, slots=True)
@@ -145,31 +141,6 @@ class Identities:
                     known = ensure_account(account_name(tenant), f"gpupool pods of tenant {tenant}")
                 self._known[key] = known
             return known
-
-
-@functools.cache
-def _libc() -> ctypes.CDLL | None:
-    name = ctypes.util.find_library("c")
-    return None if name is None else ctypes.CDLL(name, use_errno=True)
-
-
-def set_no_new_privs() -> bool:
-    """Set PR_SET_NO_NEW_PRIVS on the calling thread; processes it starts inherit it, so no pod
-    can gain privileges through a setuid program. False where prctl is unavailable."""
-    libc = _libc()
-    return libc is not None and int(libc.prctl(_PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0)) == 0
-
-
-SETPRIV = shutil.which("setpriv", path=BASE_PATH)
-"""util-linux's setpriv: the launch path's privilege drop where installed (see the runner)."""
-
-
-def setpriv_argv(identity: PodIdentity) -> list[str]:
-    """The argv prefix that runs what follows as `identity`: gid and uid set, no supplementary
-    groups, PR_SET_NO_NEW_PRIVS. Only when SETPRIV is installed."""
-    assert SETPRIV is not None
-    return [SETPRIV, f"--reuid={identity.uid}", f"--regid={identity.gid}", "--clear-groups",
-            "--no-new-privs", "--"]
 
 
 def prepare_scratch_root(path: Path) -> Path:

@@ -26,10 +26,11 @@ from enum import StrEnum
 from pathlib import Path
 
 from gpupool.agent import podstate
-from gpupool.agent.identity import BASE_PATH, SETPRIV, PodIdentity, set_no_new_privs, setpriv_argv
+from gpupool.agent.identity import PodIdentity
+from gpupool.agent.launcher import EXIT_FD_PLACEHOLDER, Launcher
 from gpupool.agent.leftovers import MARKER, kill_leftovers
 from gpupool.agent.podstate import PodRecord
-from gpupool.agent.shim import env_script, shim_argv
+from gpupool.agent.shim import shim_argv
 from gpupool.errors import InvalidInput, NotFound
 from gpupool.providers.base import LogChunk, PodPhase
 
@@ -60,20 +61,6 @@ def _complete_utf8(data: bytes) -> bytes:
             need = 1 if byte < 0x80 else 2 if byte >= 0xC0 and byte < 0xE0 else 3 if byte < 0xF0 else 4
             return data if need <= back else data[:-back]
     return data
-
-
-def _env_file(env: Mapping[str, str], identity: PodIdentity) -> int:
-    """A descriptor on an anonymous file (no name on disk) holding `env` as a script, owned by the
-    pod's account with mode 0600: the shim opens it again through /dev/fd as that account."""
-    fd = os.memfd_create("gpupool-pod-env", os.MFD_CLOEXEC)
-    try:
-        os.fchown(fd, identity.uid, identity.gid)
-        os.fchmod(fd, 0o600)
-        os.write(fd, env_script(env))
-    except BaseException:
-        os.close(fd)
-        raise
-    return fd
 
 
 def _private(path: str, flags: int) -> int:
@@ -121,6 +108,8 @@ class Runner:
         self._last_sweep_s = float("-inf")
         """Pods reaped whose leftovers outside their process group are still to be killed."""
         self._reaper: _Reaper | None = None
+        self._launcher: Launcher | None = None
+        """Started at the first pod that runs as another account (see launcher.py)."""
         self._readopt()
         self._sweep(force=True)
 
@@ -171,33 +160,23 @@ class Runner:
         pod_dir = self.pod_dir(record.pod_id)
         exit_fd = os.open(pod_dir / "exit.json", os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
         go_r, go_w = os.pipe() if limits.cgroup_dir else (-1, -1)
-        env_fd = -1
-        prefix: list[str] = []
-        credentials: dict[str, object] = {}
-        if identity is not None:
-            os.fchown(exit_fd, identity.uid, identity.gid)  # the shim reopens it as the pod's account
-            if SETPRIV is not None:
-                # setpriv drops to the account before the shim runs, and the server forks with vfork
-                # (a fork of its whole heap, as Popen does to change users itself, cost 10+ ms a pod).
-                # The pod's environment must not reach a program that still runs as root (a user's
-                # LD_PRELOAD...), so it travels in a private file the shim sources as the account.
-                prefix = setpriv_argv(identity)
-                env_fd = _env_file(env, identity)
-                env = {"PATH": BASE_PATH}
-            else:
-                credentials = {"user": identity.uid, "group": identity.gid, "extra_groups": []}
-                set_no_new_privs()  # inherited by what this thread starts: no setuid escape for the pod
-        argv = prefix + shim_argv(exit_fd, record.command, workdir=record.workdir, wait_for_go=go_r >= 0,
-                                  rlimit_data_bytes=limits.rlimit_data_bytes,
-                                  env_fd=env_fd if env_fd >= 0 else None)
-        passed = (exit_fd,) if env_fd < 0 else (exit_fd, env_fd)
+        child: subprocess.Popen[bytes] | None = None
         try:
             with open(pod_dir / "stdout.log", "ab", opener=_private) as out, open(
                     pod_dir / "stderr.log", "ab", opener=_private) as err:
-                stdin = go_r if go_r >= 0 else subprocess.DEVNULL
-                child = subprocess.Popen(argv, cwd="/", env=env, stdin=stdin, stdout=out, stderr=err,
-                                         start_new_session=True, close_fds=True, pass_fds=passed,
-                                         **credentials)  # type: ignore[call-overload]
+                if identity is not None:
+                    os.fchown(exit_fd, identity.uid, identity.gid)  # the shim reopens it as the account
+                    argv = shim_argv(EXIT_FD_PLACEHOLDER, record.command, workdir=record.workdir,
+                                     wait_for_go=go_r >= 0, rlimit_data_bytes=limits.rlimit_data_bytes)
+                    pid, start_ticks = self._launch_as(identity, argv, env, go_r, out.fileno(),
+                                                       err.fileno(), exit_fd)
+                else:
+                    argv = shim_argv(exit_fd, record.command, workdir=record.workdir, wait_for_go=go_r >= 0,
+                                     rlimit_data_bytes=limits.rlimit_data_bytes)
+                    stdin = go_r if go_r >= 0 else subprocess.DEVNULL
+                    child = subprocess.Popen(argv, cwd="/", env=env, stdin=stdin, stdout=out, stderr=err,
+                                             start_new_session=True, close_fds=True, pass_fds=(exit_fd,))
+                    pid, start_ticks = child.pid, podstate.process_start_ticks(child.pid)
         except OSError as exc:
             if go_w >= 0:
                 os.close(go_w)
@@ -208,15 +187,13 @@ class Runner:
             os.close(exit_fd)
             if go_r >= 0:
                 os.close(go_r)
-            if env_fd >= 0:
-                os.close(env_fd)
         if go_w >= 0:
-            _join_cgroup(limits, child.pid, go_w)
-        start_ticks = podstate.process_start_ticks(child.pid)
+            _join_cgroup(limits, pid, go_w)
         with self._lock:
-            record.pid, record.start_ticks = child.pid, start_ticks
+            record.pid, record.start_ticks = pid, start_ticks
             record.phase = PodPhase.RUNNING
-            self._children[record.pod_id] = child
+            if child is not None:
+                self._children[record.pod_id] = child
             self._save(record)
             if record.stop_requested_at_s is not None:  # stopped while it was being started
                 self._signal_group(record, signal.SIGTERM)
@@ -224,7 +201,23 @@ class Runner:
             if reaper is None and _Reaper.supported():
                 reaper = self._reaper = _Reaper(self._reap_exited)
         if reaper is not None:
-            reaper.watch(record.pod_id, child.pid)
+            reaper.watch(record.pod_id, pid)
+
+    def _launch_as(self, identity: PodIdentity, argv: list[str], env: Mapping[str, str], go_r: int,
+                   stdout: int, stderr: int, exit_fd: int) -> tuple[int, int | None]:
+        """Start the shim as `identity` through the launcher helper (see launcher.py); the exit
+        file's descriptor number is the helper's, so argv names it by a placeholder."""
+        with self._lock:
+            if self._launcher is None:
+                self._launcher = Launcher()
+            launcher = self._launcher
+        devnull = os.open(os.devnull, os.O_RDONLY) if go_r < 0 else -1
+        try:
+            return launcher.launch(argv, env, identity, stdin=go_r if go_r >= 0 else devnull,
+                                   stdout=stdout, stderr=stderr, exit_fd=exit_fd)
+        finally:
+            if devnull >= 0:
+                os.close(devnull)
 
     # ---- stop ------------------------------------------------------------------------------
     def stop(self, pod_id: str, grace_s: float = 10.0) -> None:
@@ -344,11 +337,11 @@ class Runner:
         status = podstate.read_exit_file(self.pod_dir(record.pod_id) / "exit.json")
         if status is not None:
             code, sig, message = status
-        elif child is not None and child.returncode is not None and child.returncode < 0:
-            sig = -child.returncode
+        elif (returncode := self._returncode(record, child)) is not None and returncode < 0:
+            sig = -returncode
             code, message = 128 + sig, f"killed by {signal.Signals(sig).name}"
-        elif child is not None and child.returncode is not None:
-            code, sig, message = child.returncode, None, f"exited with code {child.returncode}"
+        elif returncode is not None:
+            code, sig, message = returncode, None, f"exited with code {returncode}"
         elif record.kill_deadline_s is not None and self._clock() >= record.kill_deadline_s:
             code, sig, message = 137, int(signal.SIGKILL), "killed by SIGKILL after the grace period"
         elif record.stop_requested_at_s is not None:
@@ -358,6 +351,14 @@ class Runner:
                          "the process ended while the agent was down and left no exit status")
             return
         self._finish(record, _final_phase(record, code), code, sig, message)
+
+    def _returncode(self, record: PodRecord, child: subprocess.Popen[bytes] | None) -> int | None:
+        """The shim's own exit status, as Popen reports it, when this runner started it."""
+        if child is not None:
+            return child.returncode
+        if self._launcher is not None and record.pid is not None:
+            return self._launcher.returncode(record.pid)
+        return None
 
     def _finish(self, record: PodRecord, phase: PodPhase, code: int | None, sig: int | None,
                 message: str) -> None:
@@ -475,8 +476,11 @@ class Runner:
                 timer.cancel()
             self._timers.clear()
             reaper, self._reaper = self._reaper, None
+            launcher, self._launcher = self._launcher, None
         if reaper is not None:
             reaper.stop()
+        if launcher is not None:
+            launcher.close()
 
 
 class _Reaper:

@@ -36,17 +36,13 @@ the source of truth, and a power loss marks such pods lost rather than running t
 
 from __future__ import annotations
 
-import re
-from collections.abc import Mapping, Sequence
-
-from gpupool.errors import InvalidInput
+from collections.abc import Sequence
 
 SHELL = "/bin/sh"
-_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 SCRIPT = r"""
-exit_fd=$1 go=$2 rlimit_kib=$3 workdir=$4 env_fd=$5
-shift 5
+exit_fd=$1 go=$2 rlimit_kib=$3 workdir=$4
+shift 4
 if [ -n "$go" ]; then
   read -r joined
   exec < /dev/null
@@ -59,15 +55,12 @@ if ! cd -- "$workdir" 2>/dev/null; then
   record 126 null "cannot enter the working directory (missing, or not open to the pod's account)"
   exit 126
 fi
-(
-  if [ -n "$env_fd" ]; then . "/dev/fd/$env_fd"; fi
-  if ! command -v "$1" > /dev/null 2>&1; then
-    echo "gpupool: cannot start '$1': not found or not executable" >&2
-    record 127 null "cannot start the command: not found or not executable"
-    exit 127
-  fi
-  exec "$@"
-) &
+if ! command -v "$1" > /dev/null 2>&1; then
+  echo "gpupool: cannot start '$1': not found or not executable" >&2
+  record 127 null "cannot start the command: not found or not executable"
+  exit 127
+fi
+"$@" &
 child=$!
 trap 'woke=1' TERM INT HUP
 while :; do
@@ -77,7 +70,6 @@ while :; do
 done
 wait "$child"
 rc=$?
-if [ "$rc" -eq 127 ] && [ -s "/dev/fd/$exit_fd" ]; then exit 127; fi  # "cannot start" is recorded
 if [ "$rc" -gt 128 ] && [ "$rc" -le 192 ]; then
   record "$rc" $((rc - 128)) "killed by SIG$(kill -l $((rc - 128)) 2>/dev/null || echo $((rc - 128)))"
 else
@@ -87,21 +79,9 @@ exit "$rc"
 """
 
 
-def env_script(env: Mapping[str, str]) -> bytes:
-    """`env` as lines of `export NAME='value'` for the shim to source (values single-quoted, so
-    nothing in them is expanded). Names must be valid shell names (the API checks the user's)."""
-    lines = []
-    for name, value in env.items():
-        if not _NAME.match(name):
-            raise InvalidInput(f"{name!r} is not a valid environment variable name; use letters, digits "
-                               "and '_', not starting with a digit.")
-        lines.append(f"export {name}='" + value.replace("'", "'\\''") + "'\n")
-    return "".join(lines).encode()
-
-
-def shim_argv(exit_fd: int, command: Sequence[str], *, workdir: str, wait_for_go: bool = False,
-              rlimit_data_bytes: int | None = None, env_fd: int | None = None) -> list[str]:
+def shim_argv(exit_fd: int | str, command: Sequence[str], *, workdir: str, wait_for_go: bool = False,
+              rlimit_data_bytes: int | None = None) -> list[str]:
     """The argv that runs `command` under the shim (RLIMIT_DATA rounded down to KiB, at least 1)."""
     rlimit_kib = str(max(1, rlimit_data_bytes // 1024)) if rlimit_data_bytes else ""
     return [SHELL, "-c", SCRIPT, "gpupool-shim", str(exit_fd), "1" if wait_for_go else "",
-            rlimit_kib, workdir, "" if env_fd is None else str(env_fd), *command]
+            rlimit_kib, workdir, *command]
