@@ -1,21 +1,25 @@
-"""Start pods as other Unix accounts from a small helper process, so the server never forks its heap.
+"""Start pods as other Unix accounts from small helper processes, so the server never forks its heap.
 
 To start a process as another user, CPython's subprocess must fork() (vfork cannot change
 credentials safely), and a fork copies the page tables of the whole server: 12 ms a pod with a
-300 MB heap, against 0.6 ms for the vfork it uses otherwise. So the runner hands launches that
-change users to one helper, started once per runner: a stdlib-only Python process a few MB in size
-(`python -I -S`), which forks cheaply, drops privileges in the child (supplementary groups, gid,
-uid; PR_SET_NO_NEW_PRIVS is set on the helper itself and inherited), execs the shim, and answers
-with the pid. It waits for its children and reports each one's exit status, which the runner uses
-when a pod left no exit file. The pod's environment goes straight to the child after the drop: no
-program ever runs as root with a user's variables.
+300 MB heap, against 0.6 ms for the vfork it uses otherwise. Instead, the runner starts one root
+helper (a stdlib-only `python -I -S` process, a few MB) with PR_SET_NO_NEW_PRIVS set, and asks it,
+once per account, for an account helper: a fork of the root helper that drops its supplementary
+groups, gid and uid and then serves launches for that account alone. Already running as the
+account, it starts each pod's shim with an ordinary vfork, with the pod's environment (no program
+ever runs as root with a user's variables), waits for its children and reports each exit status,
+which the runner uses when a pod left no exit file. A pod can only reach its own account's helper
+(same uid), which can only start processes as that account.
 
-Protocol (one SOCK_SEQPACKET socket pair): a request is JSON with the file descriptors for stdin,
-stdout, stderr and the exit file as ancillary data; an `argv` item equal to EXIT_FD_PLACEHOLDER is
-replaced by the exit file's descriptor number in the helper. Answers: {"id", "pid", "start_ticks"}
-or {"id", "error"}; exit reports: {"exited": pid, "returncode": n} (negative: killed by signal -n).
-The helper ends when the socket closes (the server stopped); pods it started keep running, in
-their own sessions, to be re-adopted.
+Protocol (SOCK_SEQPACKET socket pairs, JSON messages, descriptors as SCM_RIGHTS):
+- root helper: {"id", "uid", "gid"} -> {"id", "pid"} with one descriptor, the runner's end of a new
+  account helper's socket; or {"id", "error"};
+- account helper: {"id", "argv", "env"} with stdin, stdout, stderr and the exit file's descriptors
+  -> {"id", "pid", "start_ticks"} or {"id", "error"}; an argv item equal to EXIT_FD_PLACEHOLDER
+  becomes the exit file's descriptor number there; and {"exited": pid, "returncode": n} reports
+  (negative: killed by signal -n).
+A helper ends when its socket closes (the server stopped); the pods keep running, each in its own
+session, to be re-adopted.
 """
 
 from __future__ import annotations
@@ -23,48 +27,35 @@ from __future__ import annotations
 import array
 import contextlib
 import json
-import logging
 import socket
 import subprocess
 import sys
 import threading
 from collections.abc import Mapping, Sequence
 from concurrent.futures import Future
+from typing import Any
 
 from gpupool.agent.identity import PodIdentity
 from gpupool.errors import ProviderError
-
-log = logging.getLogger("gpupool.agent")
 
 EXIT_FD_PLACEHOLDER = "\x00exit-fd"
 _MAX_MESSAGE = 4 << 20
 _MAX_EXITS_KEPT = 100_000
 _SO_SNDBUFFORCE, _SO_RCVBUFFORCE = 32, 33  # Linux; root may exceed the system's buffer maximum
+_ANSWER_TIMEOUT_S = 60.0
 
 HELPER = r'''
 import array, ctypes, ctypes.util, json, os, select, signal, socket, subprocess, sys
-libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
-libc.prctl(38, 1, 0, 0, 0)  # PR_SET_NO_NEW_PRIVS, inherited by every pod
-sock = socket.socket(fileno=int(sys.argv[1]))
-wake_r, wake_w = os.pipe()
-os.set_blocking(wake_w, False)
-signal.set_wakeup_fd(wake_w)
-signal.signal(signal.SIGCHLD, lambda *_: None)
 PLACEHOLDER = "\x00exit-fd"
+BUFFER = 4 << 20
 
-def send(obj):
-    sock.send(json.dumps(obj).encode())
-
-def reap():
-    while True:
-        try:
-            pid, status = os.waitpid(-1, os.WNOHANG)
-        except ChildProcessError:
-            return
-        if pid == 0:
-            return
-        send({"exited": pid, "returncode": -os.WTERMSIG(status) if os.WIFSIGNALED(status)
-              else os.waitstatus_to_exitcode(status)})
+def receive(sock):
+    fds = array.array("i")
+    data, ancdata, _, _ = sock.recvmsg(BUFFER, socket.CMSG_SPACE(8 * fds.itemsize))
+    for level, kind, payload in ancdata:
+        if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
+            fds.frombytes(payload[: len(payload) - len(payload) % fds.itemsize])
+    return data, list(fds)
 
 def ticks(pid):
     try:
@@ -73,51 +64,172 @@ def ticks(pid):
     except (OSError, ValueError, IndexError):
         return None
 
+def serve(sock, handle):
+    """Answer requests until the socket closes; report exits of children (account helpers)."""
+    wake_r, wake_w = os.pipe()
+    os.set_blocking(wake_w, False)
+    signal.set_wakeup_fd(wake_w)
+    signal.signal(signal.SIGCHLD, lambda *_: None)
+    def reap():
+        while True:
+            try:
+                pid, status = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                return
+            if pid == 0:
+                return
+            code = -os.WTERMSIG(status) if os.WIFSIGNALED(status) else os.waitstatus_to_exitcode(status)
+            sock.send(json.dumps({"exited": pid, "returncode": code}).encode())
+    while True:
+        ready, _, _ = select.select([sock, wake_r], [], [])
+        if wake_r in ready:
+            os.read(wake_r, 4096)
+            reap()
+        if sock in ready:
+            data, fds = receive(sock)
+            if not data:
+                os._exit(0)
+            try:
+                answer, passing = handle(json.loads(data), fds)
+                sock.sendmsg([json.dumps(answer).encode()],
+                             [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", passing).tobytes())]
+                             if passing else [])
+            finally:
+                for fd in fds:
+                    os.close(fd)
+            reap()
+
 def launch(request, fds):
+    """An account helper's request: start the shim (a vfork: no change of credentials here)."""
     stdin, stdout, stderr, exit_fd = fds
     argv = [str(exit_fd) if a == PLACEHOLDER else a for a in request["argv"]]
     try:
         child = subprocess.Popen(argv, cwd="/", env=request["env"], stdin=stdin, stdout=stdout,
-                                 stderr=stderr, start_new_session=True, close_fds=True,
-                                 pass_fds=(exit_fd,), user=request["uid"], group=request["gid"],
-                                 extra_groups=[])
+                                 stderr=stderr, start_new_session=True, close_fds=True, pass_fds=(exit_fd,))
     except OSError as exc:
-        return {"id": request["id"], "error": exc.strerror or str(exc)}
-    child.returncode = 0  # reaped by reap(), not by Popen
-    return {"id": request["id"], "pid": child.pid, "start_ticks": ticks(child.pid)}
+        return {"id": request["id"], "error": exc.strerror or str(exc)}, []
+    child.returncode = 0  # reaped by serve(), not by Popen
+    return {"id": request["id"], "pid": child.pid, "start_ticks": ticks(child.pid)}, []
 
-while True:
-    ready, _, _ = select.select([sock, wake_r], [], [])
-    if wake_r in ready:
-        os.read(wake_r, 4096)
-        reap()
-    if sock in ready:
-        fds = array.array("i")
-        data, ancdata, _, _ = sock.recvmsg(4 << 20, socket.CMSG_SPACE(8 * fds.itemsize))
-        if not data:
-            sys.exit(0)
-        for level, kind, payload in ancdata:
-            if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
-                fds.frombytes(payload[: len(payload) - len(payload) % fds.itemsize])
+def account_helper(request, fds):
+    """The root helper's request: fork a helper that becomes the account and serves its launches."""
+    if not request["uid"] or not request["gid"]:
+        return {"id": request["id"], "error": "pods never run as root"}, []
+    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    for end in (ours, theirs):
+        for option in (32, 33):  # SO_SNDBUFFORCE, SO_RCVBUFFORCE
+            try:
+                end.setsockopt(socket.SOL_SOCKET, option, BUFFER)
+            except OSError:
+                pass
+    pid = os.fork()
+    if pid == 0:
         try:
-            send(launch(json.loads(data), list(fds)))
+            signal.set_wakeup_fd(-1)
+            ours.close()
+            # Nothing of the root helper may stay open in a process of the account (its socket
+            # would let a pod ask for a helper of any account): only this helper's own socket.
+            os.closerange(3, theirs.fileno())
+            os.closerange(theirs.fileno() + 1, os.sysconf("SC_OPEN_MAX"))
+            os.setgroups([])
+            os.setgid(request["gid"])
+            os.setuid(request["uid"])
+            serve(theirs, launch)
         finally:
-            for fd in fds:
-                os.close(fd)
-        reap()
+            os._exit(1)
+    theirs.close()
+    answer = {"id": request["id"], "pid": pid}
+    passing = [ours.detach()]
+    return answer, passing
+
+libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
+libc.prctl(38, 1, 0, 0, 0)  # PR_SET_NO_NEW_PRIVS: inherited by every helper and pod
+root = socket.socket(fileno=int(sys.argv[1]))
+serve(root, account_helper)
 '''
 
 
+def _big_buffers(sock: socket.socket) -> None:
+    """One message holds a whole request (a command may be large)."""
+    for option in (_SO_SNDBUFFORCE, _SO_RCVBUFFORCE):
+        with contextlib.suppress(OSError):
+            sock.setsockopt(socket.SOL_SOCKET, option, _MAX_MESSAGE)
+
+
+class _Channel:
+    """One helper's socket: thread-safe requests with answers, and the exits it reports."""
+
+    def __init__(self, sock: socket.socket, name: str) -> None:
+        self._sock = sock
+        self._lock = threading.Lock()
+        self._pending: dict[int, Future[tuple[dict[str, Any], list[int]]]] = {}
+        self._next_id = 0
+        self.exits: dict[int, int] = {}
+        self.closed = False
+        self._reader = threading.Thread(target=self._read, name=name, daemon=True)
+        self._reader.start()
+
+    def ask(self, body: dict[str, Any], fds: Sequence[int] = ()) -> tuple[dict[str, Any], list[int]]:
+        future: Future[tuple[dict[str, Any], list[int]]] = Future()
+        with self._lock:
+            if self.closed:
+                raise ProviderError("The pod launcher has stopped; restart the agent.")
+            self._next_id += 1
+            request_id = self._next_id
+            self._pending[request_id] = future
+        data = json.dumps({**body, "id": request_id}).encode()
+        ancillary = [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds).tobytes())] if fds else []
+        try:
+            self._sock.sendmsg([data], ancillary)
+        except OSError as exc:
+            with self._lock:
+                self._pending.pop(request_id, None)
+            raise ProviderError(f"The pod launcher did not take the request ({exc.strerror}).") from None
+        return future.result(timeout=_ANSWER_TIMEOUT_S)
+
+    def _read(self) -> None:
+        while True:
+            fds = array.array("i")
+            try:
+                data, ancdata, _, _ = self._sock.recvmsg(_MAX_MESSAGE, socket.CMSG_SPACE(4 * fds.itemsize))
+            except OSError:
+                data, ancdata = b"", []
+            if not data:
+                break
+            for level, kind, payload in ancdata:
+                if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
+                    fds.frombytes(payload[: len(payload) - len(payload) % fds.itemsize])
+            message = json.loads(data)
+            with self._lock:
+                if "exited" in message:
+                    if len(self.exits) >= _MAX_EXITS_KEPT:
+                        self.exits.clear()
+                    self.exits[int(message["exited"])] = int(message["returncode"])
+                    continue
+                future = self._pending.pop(int(message["id"]), None)
+            if future is not None:
+                future.set_result((message, list(fds)))
+        with self._lock:
+            self.closed = True
+            pending, self._pending = self._pending, {}
+        for future in pending.values():
+            future.set_result(({"error": "the pod launcher stopped"}, []))
+
+    def close(self) -> None:
+        with contextlib.suppress(OSError):
+            self._sock.shutdown(socket.SHUT_RDWR)
+        self._sock.close()
+        self._reader.join(timeout=10)
+
+
 class Launcher:
-    """The runner's side of the helper: launch() is thread-safe and blocks for one round trip."""
+    """The runner's side: launch() is thread-safe and blocks for one round trip to the account's
+    helper (plus one to the root helper the first time an account is used)."""
 
     def __init__(self) -> None:
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-        for end in (ours, theirs):  # one message holds a whole request (a command may be large)
-            for option in (_SO_SNDBUFFORCE, _SO_RCVBUFFORCE):
-                with contextlib.suppress(OSError):
-                    end.setsockopt(socket.SOL_SOCKET, option, _MAX_MESSAGE)
-        self._sock = ours
+        for end in (ours, theirs):
+            _big_buffers(end)
         try:
             self._proc = subprocess.Popen(
                 [sys.executable, "-I", "-S", "-c", HELPER, str(theirs.fileno())],
@@ -126,75 +238,53 @@ class Launcher:
             )
         finally:
             theirs.close()
+        self._root = _Channel(ours, "gpupool-launcher")
         self._lock = threading.Lock()
-        self._pending: dict[int, Future[dict[str, object]]] = {}
-        self._next_id = 0
-        self._exits: dict[int, int] = {}
-        self._closed = False
-        self._reader = threading.Thread(target=self._read, name="gpupool-launcher", daemon=True)
-        self._reader.start()
+        self._accounts: dict[tuple[int, int], _Channel] = {}
+
+    def _account(self, identity: PodIdentity) -> _Channel:
+        key = (identity.uid, identity.gid)
+        with self._lock:
+            channel = self._accounts.get(key)
+            if channel is not None and not channel.closed:
+                return channel
+            answer, fds = self._root.ask({"uid": identity.uid, "gid": identity.gid})
+            if "error" in answer or len(fds) != 1:
+                for fd in fds:
+                    socket.socket(fileno=fd).close()
+                raise ProviderError(f"Cannot start a launcher for account {identity.user!r}: "
+                                    f"{answer.get('error', 'no socket')}.")
+            channel = self._accounts[key] = _Channel(socket.socket(fileno=fds[0]),
+                                                     f"gpupool-launcher-{identity.user}")
+            return channel
 
     def launch(self, argv: Sequence[str], env: Mapping[str, str], identity: PodIdentity, *, stdin: int,
                stdout: int, stderr: int, exit_fd: int) -> tuple[int, int | None]:
         """Start `argv` as `identity` (an argv item EXIT_FD_PLACEHOLDER becomes the exit file's
         descriptor); returns (pid, start ticks). Raises OSError when it could not be started and
         ProviderError when the helper is gone."""
-        future: Future[dict[str, object]] = Future()
-        with self._lock:
-            if self._closed:
-                raise ProviderError("The pod launcher has stopped; restart the agent.")
-            self._next_id += 1
-            request_id = self._next_id
-            self._pending[request_id] = future
-        body = json.dumps({"id": request_id, "argv": list(argv), "env": dict(env), "uid": identity.uid,
-                           "gid": identity.gid}).encode()
-        fds = array.array("i", [stdin, stdout, stderr, exit_fd])
-        try:
-            self._sock.sendmsg([body], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, fds.tobytes())])
-        except OSError as exc:
-            with self._lock:
-                self._pending.pop(request_id, None)
-            raise ProviderError(f"The pod launcher did not take the request ({exc.strerror}).") from None
-        answer = future.result(timeout=60)
+        answer, _ = self._account(identity).ask({"argv": list(argv), "env": dict(env)},
+                                                [stdin, stdout, stderr, exit_fd])
         if "error" in answer:
             raise OSError(str(answer["error"]))
         ticks = answer.get("start_ticks")
-        return int(answer["pid"]), None if ticks is None else int(ticks)  # type: ignore[call-overload]
+        return int(answer["pid"]), None if ticks is None else int(ticks)
 
     def returncode(self, pid: int) -> int | None:
-        """The exit status the helper reported for `pid` (negative: killed by that signal)."""
+        """The exit status a helper reported for `pid` (negative: killed by that signal)."""
         with self._lock:
-            return self._exits.get(pid)
-
-    def _read(self) -> None:
-        while True:
-            try:
-                data = self._sock.recv(_MAX_MESSAGE)
-            except OSError:
-                data = b""
-            if not data:
-                break
-            message = json.loads(data)
-            with self._lock:
-                if "exited" in message:
-                    if len(self._exits) >= _MAX_EXITS_KEPT:
-                        self._exits.clear()
-                    self._exits[int(message["exited"])] = int(message["returncode"])
-                    continue
-                future = self._pending.pop(int(message["id"]), None)
-            if future is not None:
-                future.set_result(message)
-        with self._lock:
-            self._closed = True
-            pending, self._pending = self._pending, {}
-        for future in pending.values():
-            future.set_result({"error": "the pod launcher stopped"})
+            channels = list(self._accounts.values())
+        for channel in channels:
+            code = channel.exits.get(pid)
+            if code is not None:
+                return code
+        return None
 
     def close(self) -> None:
-        """Stop the helper (pods it started keep running). Idempotent."""
-        with contextlib.suppress(OSError):
-            self._sock.shutdown(socket.SHUT_RDWR)
-        self._sock.close()
+        """Stop the helpers (pods they started keep running). Idempotent."""
+        with self._lock:
+            channels, self._accounts = list(self._accounts.values()), {}
+        for channel in (*channels, self._root):
+            channel.close()
         with contextlib.suppress(subprocess.TimeoutExpired):
             self._proc.wait(timeout=10)
-        self._reader.join(timeout=10)
