@@ -10,6 +10,7 @@ When the agent is not root it cannot change users, and pods run as its own user 
 
 from __future__ import annotations
 
+import functools
 import grp
 import hashlib
 import os
@@ -159,16 +160,22 @@ def prepare_scratch_root(path: Path) -> Path:
 
 
 def make_private_dir(root: Path, name: str, identity: PodIdentity | None) -> Path:
-    """root/name, created empty-or-reused, mode 0700, owned by the pod's account."""
-    directory = root / name
-    directory.mkdir(mode=0o700, exist_ok=True)
-    info = directory.lstat()
+    """root/name, created (or reused), mode 0700, owned by the pod's account."""
+    directory = os.path.join(root, name)
+    try:
+        os.mkdir(directory, 0o700)  # umask 077 leaves 0700; a fresh directory needs no checks
+        if identity is not None:
+            os.chown(directory, identity.uid, identity.gid)
+        return Path(directory)
+    except FileExistsError:
+        pass
+    info = os.lstat(directory)
     if not stat.S_ISDIR(info.st_mode):
-        raise ProviderError(f"{str(directory)!r} exists and is not a directory.")
+        raise ProviderError(f"{directory!r} exists and is not a directory.")
     if identity is not None and (info.st_uid, info.st_gid) != (identity.uid, identity.gid):
         os.chown(directory, identity.uid, identity.gid, follow_symlinks=False)
     os.chmod(directory, 0o700, follow_symlinks=False)
-    return directory
+    return Path(directory)
 
 
 def base_env(identity: PodIdentity | None, home: Path, path: str = BASE_PATH) -> dict[str, str]:
@@ -179,9 +186,12 @@ def base_env(identity: PodIdentity | None, home: Path, path: str = BASE_PATH) ->
 
 
 def _user_name(identity: PodIdentity | None) -> str:
-    if identity is not None:
-        return identity.user
+    return identity.user if identity is not None else _own_name(os.geteuid())
+
+
+@functools.cache
+def _own_name(uid: int) -> str:
     try:
-        return pwd.getpwuid(os.geteuid()).pw_name
+        return pwd.getpwuid(uid).pw_name
     except KeyError:
-        return str(os.geteuid())
+        return str(uid)

@@ -32,7 +32,6 @@ import subprocess
 import sys
 import threading
 from collections.abc import Mapping, Sequence
-from concurrent.futures import Future
 from typing import Any
 
 from gpupool.agent.identity import PodIdentity
@@ -42,7 +41,6 @@ EXIT_FD_PLACEHOLDER = "\x00exit-fd"
 _MAX_MESSAGE = 4 << 20
 _MAX_EXITS_KEPT = 100_000
 _SO_SNDBUFFORCE, _SO_RCVBUFFORCE = 32, 33  # Linux; root may exceed the system's buffer maximum
-_ANSWER_TIMEOUT_S = 60.0
 
 HELPER = r'''
 import array, ctypes, ctypes.util, json, os, select, signal, socket, subprocess, sys
@@ -157,69 +155,73 @@ def _big_buffers(sock: socket.socket) -> None:
 
 
 class _Channel:
-    """One helper's socket: thread-safe requests with answers, and the exits it reports."""
+    """One helper's socket. A request is sent and its answer read by the calling thread itself
+    (under the channel's lock), with no reader thread: a hand-off between threads costs a wait for
+    the interpreter lock, which a busy control loop holds for milliseconds. Exit reports read on
+    the way, or drained when asked for, are kept in `exits`."""
 
-    def __init__(self, sock: socket.socket, name: str) -> None:
+    def __init__(self, sock: socket.socket) -> None:
         self._sock = sock
         self._lock = threading.Lock()
-        self._pending: dict[int, Future[tuple[dict[str, Any], list[int]]]] = {}
         self._next_id = 0
         self.exits: dict[int, int] = {}
         self.closed = False
-        self._reader = threading.Thread(target=self._read, name=name, daemon=True)
-        self._reader.start()
+
+    def _receive(self, flags: int = 0) -> tuple[dict[str, Any], list[int]] | None:
+        """One message (None: nothing waiting, with MSG_DONTWAIT); marks the channel closed at EOF."""
+        fds = array.array("i")
+        try:
+            data, ancdata, _, _ = self._sock.recvmsg(_MAX_MESSAGE, socket.CMSG_SPACE(4 * fds.itemsize), flags)
+        except BlockingIOError:
+            return None
+        except OSError:
+            data, ancdata = b"", []
+        if not data:
+            self.closed = True
+            raise ProviderError("The pod launcher has stopped; restart the agent.")
+        for level, kind, payload in ancdata:
+            if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
+                fds.frombytes(payload[: len(payload) - len(payload) % fds.itemsize])
+        message = json.loads(data)
+        if "exited" in message:
+            if len(self.exits) >= _MAX_EXITS_KEPT:
+                self.exits.clear()
+            self.exits[int(message["exited"])] = int(message["returncode"])
+        return message, list(fds)
 
     def ask(self, body: dict[str, Any], fds: Sequence[int] = ()) -> tuple[dict[str, Any], list[int]]:
-        future: Future[tuple[dict[str, Any], list[int]]] = Future()
+        """Send a request and return its answer (and the descriptors it carries)."""
         with self._lock:
             if self.closed:
                 raise ProviderError("The pod launcher has stopped; restart the agent.")
             self._next_id += 1
             request_id = self._next_id
-            self._pending[request_id] = future
-        data = json.dumps({**body, "id": request_id}).encode()
-        ancillary = [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds).tobytes())] if fds else []
-        try:
-            self._sock.sendmsg([data], ancillary)
-        except OSError as exc:
-            with self._lock:
-                self._pending.pop(request_id, None)
-            raise ProviderError(f"The pod launcher did not take the request ({exc.strerror}).") from None
-        return future.result(timeout=_ANSWER_TIMEOUT_S)
-
-    def _read(self) -> None:
-        while True:
-            fds = array.array("i")
+            data = json.dumps({**body, "id": request_id}).encode()
+            ancillary = ([(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds).tobytes())]
+                         if fds else [])
             try:
-                data, ancdata, _, _ = self._sock.recvmsg(_MAX_MESSAGE, socket.CMSG_SPACE(4 * fds.itemsize))
-            except OSError:
-                data, ancdata = b"", []
-            if not data:
-                break
-            for level, kind, payload in ancdata:
-                if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
-                    fds.frombytes(payload[: len(payload) - len(payload) % fds.itemsize])
-            message = json.loads(data)
-            with self._lock:
-                if "exited" in message:
-                    if len(self.exits) >= _MAX_EXITS_KEPT:
-                        self.exits.clear()
-                    self.exits[int(message["exited"])] = int(message["returncode"])
-                    continue
-                future = self._pending.pop(int(message["id"]), None)
-            if future is not None:
-                future.set_result((message, list(fds)))
+                self._sock.sendmsg([data], ancillary)
+            except OSError as exc:
+                raise ProviderError(f"The pod launcher did not take the request ({exc.strerror}).") from None
+            while True:
+                received = self._receive()
+                if received is not None and received[0].get("id") == request_id:
+                    return received
+
+    def drain(self) -> None:
+        """Read the exit reports waiting, without blocking."""
         with self._lock:
-            self.closed = True
-            pending, self._pending = self._pending, {}
-        for future in pending.values():
-            future.set_result(({"error": "the pod launcher stopped"}, []))
+            while not self.closed:
+                try:
+                    if self._receive(socket.MSG_DONTWAIT) is None:
+                        return
+                except ProviderError:
+                    return
 
     def close(self) -> None:
         with contextlib.suppress(OSError):
             self._sock.shutdown(socket.SHUT_RDWR)
         self._sock.close()
-        self._reader.join(timeout=10)
 
 
 class Launcher:
@@ -238,7 +240,7 @@ class Launcher:
             )
         finally:
             theirs.close()
-        self._root = _Channel(ours, "gpupool-launcher")
+        self._root = _Channel(ours)
         self._lock = threading.Lock()
         self._accounts: dict[tuple[int, int], _Channel] = {}
 
@@ -254,8 +256,7 @@ class Launcher:
                     socket.socket(fileno=fd).close()
                 raise ProviderError(f"Cannot start a launcher for account {identity.user!r}: "
                                     f"{answer.get('error', 'no socket')}.")
-            channel = self._accounts[key] = _Channel(socket.socket(fileno=fds[0]),
-                                                     f"gpupool-launcher-{identity.user}")
+            channel = self._accounts[key] = _Channel(socket.socket(fileno=fds[0]))
             return channel
 
     def launch(self, argv: Sequence[str], env: Mapping[str, str], identity: PodIdentity, *, stdin: int,
@@ -275,10 +276,18 @@ class Launcher:
         with self._lock:
             channels = list(self._accounts.values())
         for channel in channels:
+            channel.drain()
             code = channel.exits.get(pid)
             if code is not None:
                 return code
         return None
+
+    def drain(self) -> None:
+        """Read the exit reports waiting on every account's socket (so none fills up)."""
+        with self._lock:
+            channels = list(self._accounts.values())
+        for channel in channels:
+            channel.drain()
 
     def close(self) -> None:
         """Stop the helpers (pods they started keep running). Idempotent."""

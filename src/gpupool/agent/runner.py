@@ -290,6 +290,8 @@ class Runner:
         poll() runs often while pods run (and at every control loop interval), so a leftover lives
         at most about that long after its pod."""
         now = time.monotonic()
+        if self._launcher is not None:
+            self._launcher.drain()
         with self._lock:
             if not self._to_sweep or (not force and now - self._last_sweep_s < SWEEP_INTERVAL_S):
                 return
