@@ -83,12 +83,10 @@ def test_each_spec_field(shared_server: Server, field: str, value: object) -> No
     assert answer.json()["code"] == "invalid_input"
 
 
-def test_ask_that_no_node_can_hold_fails_with_reason(server: Server) -> None:
+def test_ask_that_no_node_can_hold_is_refused_at_submit(server: Server) -> None:
     body = _with("resources.gpus", 16)
-    wid = server.client.post(f"{API}/workloads", json=body, headers=server.headers()).json()["id"]
-    server.wait_for(lambda: server.status(wid) == "failed")
-    answer = server.client.get(f"{API}/workloads/{wid}", headers=server.headers()).json()
-    assert answer["reason"] == "never_fits" and "never fit" in answer["message"]
+    answer = server.client.post(f"{API}/workloads", json=body, headers=server.headers())
+    assert answer.status_code == 422 and answer.json()["message"].startswith("No node has 16 devices: ")
 
 
 @pytest.mark.parametrize(

@@ -22,7 +22,7 @@ from gpupool.core.quota import DEVICE_MILLI, ClusterQueue, LocalQueue, QuotaConf
 from gpupool.server.orm import NodeFlagRow, PodRow, QueueRow, WorkloadRow
 from gpupool.server.runtime import Runtime
 from gpupool.server.schemas.workloads import WorkloadSpec
-from gpupool.server.services.specs import to_workload
+from gpupool.server.services.specs import CAPACITY, to_workload
 from gpupool.server.states import ACTIVE_POD_STATES
 
 log = logging.getLogger("gpupool.scheduler")
@@ -104,6 +104,7 @@ def load(rt: Runtime, cache: WorkloadCache, since_s: float | None = None,
     last call (the ids of every active pod are read each time).
     """
     nodes = rt.refresh_nodes()
+    CAPACITY.get(nodes)  # summarise a changed pool here, not on a submission's path
     cache.take(rt.submitted)
     pending_query = select(WorkloadRow.id, WorkloadRow.tenant, WorkloadRow.priority,
                            WorkloadRow.submit_s).where(WorkloadRow.status == WorkloadStatus.PENDING.value)

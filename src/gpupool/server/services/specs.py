@@ -1,10 +1,27 @@
-"""Turn a submitted spec into the core's Workload (the one model the scheduler understands)."""
+"""Turn a submitted spec into the core's Workload, refusing at submit what no node could ever hold.
+
+The refusal is checked against capacity (what the largest node has), never against what is free:
+a request that fits an idle node of the pool waits for room; one that fits none is refused with a
+sentence naming the largest node. The pool is summarised once per change of its node list (the
+scheduler loop warms the summary after each refresh), so a submission costs a few comparisons per
+distinct node shape, not a walk over the nodes.
+"""
 
 from __future__ import annotations
 
-from gpupool.core.model import PodRequest, Workload
-from gpupool.core.units import parse_cpu_milli, parse_devices, parse_memory_mib
-from gpupool.server.schemas.workloads import WorkloadSpec
+import re
+import threading
+from collections import defaultdict
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from gpupool.core.model import Node, PodRequest, Workload
+from gpupool.core.units import format_memory_mib, parse_cpu_milli, parse_devices, parse_memory_mib
+from gpupool.errors import InvalidInput, UnknownName, did_you_mean
+from gpupool.server.schemas.workloads import ResourcesSpec, WorkloadSpec
+
+MAX_SHAPES = 64
+"""Distinct node shapes checked exactly; a pool with more is checked against its per-figure maxima."""
 
 
 def pod_requests(spec: WorkloadSpec) -> tuple[PodRequest, ...]:
@@ -36,3 +53,200 @@ def to_workload(
         name=spec.name,
         runtime_estimate_s=spec.runtime_estimate_s,
     )
+
+
+# ----------------------------------------------------------------- the pool's capacity
+
+
+def model_key(name: str) -> str:
+    """Case- and punctuation-insensitive, as the profiles' lookup: 'h100 sxm' == 'H100-SXM'."""
+    return re.sub(r"[^a-z0-9]", "", name.lower())
+
+
+@dataclass(frozen=True, slots=True)
+class Shape:
+    """What one node (or several alike) could hold at most: (model, memory MiB, count) per device kind."""
+
+    cpu_milli: int
+    memory_mib: int
+    devices: tuple[tuple[str, int, int], ...]
+
+    def usable(self, models: frozenset[str], device_memory_mib: int) -> int:
+        return sum(n for model, mem, n in self.devices
+                   if (not models or model in models) and (mem == 0 or mem >= device_memory_mib))
+
+    def dominates(self, other: Shape) -> bool:
+        if self.cpu_milli < other.cpu_milli or self.memory_mib < other.memory_mib:
+            return False
+        mine = {(m, mem): n for m, mem, n in self.devices}
+        return all(mine.get((m, mem), 0) >= n for m, mem, n in other.devices)
+
+    def describe(self) -> str:
+        """'8 x H100-SXM-80GB' (or '-' without devices)."""
+        by_model: dict[str, int] = defaultdict(int)
+        for model, _, n in self.devices:
+            by_model[model] += n
+        return ", ".join(f"{n} x {m}" for m, n in sorted(by_model.items())) or "no devices"
+
+
+@dataclass(frozen=True)
+class PoolCapacity:
+    """The pool's largest nodes: their distinct undominated shapes, and the names of its models."""
+
+    node_count: int
+    shapes: tuple[Shape, ...]
+    names: dict[str, frozenset[str]]
+    """lookup key (model name or any alias of its profile) -> the pool's device models it names."""
+
+    @classmethod
+    def of(cls, nodes: Sequence[Node]) -> PoolCapacity:
+        from gpupool.profiles.loader import find_profile
+
+        shapes: set[Shape] = set()
+        names: dict[str, set[str]] = defaultdict(set)
+        for node in nodes:
+            kinds: dict[tuple[str, int], int] = defaultdict(int)
+            for device in node.devices:
+                kinds[(device.model, device.memory_mib)] += 1
+            shapes.add(Shape(node.cpu_milli, node.memory_mib,
+                             tuple(sorted((m, mem, n) for (m, mem), n in kinds.items()))))
+        for model in {m for s in shapes for m, _, _ in s.devices}:
+            profile = find_profile(model)
+            for name in (model, *(profile.names() if profile is not None else ())):
+                names[model_key(name)].add(model)
+        frontier = [s for s in shapes if not any(o != s and o.dominates(s) for o in shapes)]
+        frontier.sort(key=lambda s: (-sum(n for _, _, n in s.devices), -s.cpu_milli, -s.memory_mib))
+        if len(frontier) > MAX_SHAPES:  # bounded per-submission work: check the maxima instead
+            frontier = [_maxima(frontier)]
+        return cls(len(nodes), tuple(frontier), {k: frozenset(v) for k, v in names.items()})
+
+    @property
+    def models(self) -> list[str]:
+        return sorted({m for s in self.shapes for m, _, _ in s.devices})
+
+
+def _maxima(shapes: Sequence[Shape]) -> Shape:
+    most: dict[tuple[str, int], int] = defaultdict(int)
+    for s in shapes:
+        for m, mem, n in s.devices:
+            most[(m, mem)] = max(most[(m, mem)], n)
+    return Shape(max(s.cpu_milli for s in shapes), max(s.memory_mib for s in shapes),
+                 tuple(sorted((m, mem, n) for (m, mem), n in most.items())))
+
+
+class CapacityCache:
+    """The PoolCapacity of the last node list seen, keyed by that list's identity (then equality)."""
+
+    def __init__(self) -> None:
+        self._entry: tuple[tuple[Node, ...], PoolCapacity] | None = None
+        self._lock = threading.Lock()
+
+    def get(self, nodes: tuple[Node, ...]) -> PoolCapacity:
+        entry = self._entry
+        if entry is not None and entry[0] is nodes:
+            return entry[1]
+        with self._lock:
+            entry = self._entry
+            capacity = entry[1] if entry is not None and entry[0] == nodes else PoolCapacity.of(nodes)
+            self._entry = (nodes, capacity)
+        return capacity
+
+
+CAPACITY = CapacityCache()
+
+
+# ----------------------------------------------------------------- the submit-time check
+
+
+def check_fits(spec: WorkloadSpec, pool: PoolCapacity) -> WorkloadSpec:
+    """Refuse (InvalidInput, HTTP 422) a replica no node of the pool could ever hold; returns the spec
+    with its models named as the pool names them (an alias such as 'h100' becomes the device model)."""
+    res = spec.resources
+    if res.gpu_memory is not None and float(res.gpus) <= 0:
+        raise InvalidInput("Device memory (--gpu-memory) is reserved per device, so it needs devices: "
+                           "add --gpus N (or a share such as 0.5).", field="resources.gpu_memory")
+    models = _resolve_models(res.models, pool) if res.models else frozenset()
+    if models and sorted(models) != res.models:
+        spec = spec.model_copy(update={"resources": res.model_copy(update={"models": sorted(models)})})
+    if pool.node_count:
+        _check_capacity(spec.resources, models, pool)
+    return spec
+
+
+def _resolve_models(asked: Sequence[str], pool: PoolCapacity) -> frozenset[str]:
+    from gpupool.profiles.loader import default_profiles
+
+    resolved: set[str] = set()
+    for name in asked:
+        found = pool.names.get(model_key(name))
+        if found:
+            resolved |= found
+            continue
+        profile = default_profiles().find(name)
+        if profile is None:
+            choices = pool.models + list(default_profiles())
+            raise UnknownName(f"Unknown device model {name!r}; this pool has {_listing(pool)} "
+                              f"(`gpupool profiles` lists every model).{did_you_mean(name, choices)}",
+                              name=name)
+        if pool.node_count:
+            raise InvalidInput(f"No node has a device of model {profile.model}: this pool has {_listing(pool)}; "
+                               "ask for one of those models or none.", model=profile.model)
+        resolved.add(profile.model)
+    return frozenset(resolved)
+
+
+def _listing(pool: PoolCapacity) -> str:
+    return ", ".join(pool.models) or "no devices"
+
+
+def _check_capacity(res: ResourcesSpec, models: frozenset[str], pool: PoolCapacity) -> None:
+    count, _ = parse_devices(res.gpus)
+    device_mib = 0 if res.gpu_memory is None else parse_memory_mib(res.gpu_memory)
+    cpu = parse_cpu_milli(res.cpu)
+    memory = parse_memory_mib(res.memory)
+    shapes = pool.shapes
+    for shape in shapes:  # the common case: the first (largest) shape holds it
+        if (shape.cpu_milli >= cpu and shape.memory_mib >= memory
+                and (not count or shape.usable(models, device_mib) >= count)):
+            return
+    if count:
+        _check_devices(count, models, device_mib, shapes)
+    most_cpu = max(s.cpu_milli for s in shapes)
+    if cpu > most_cpu:
+        raise InvalidInput(f"No node has {cpu / 1000:g} cpus: the largest has {most_cpu / 1000:g}; "
+                           "ask for fewer per replica (--cpu).", largest_cpu_milli=most_cpu)
+    most_memory = max(s.memory_mib for s in shapes)
+    if memory > most_memory:
+        raise InvalidInput(f"No node has {format_memory_mib(memory)} of memory: the largest has "
+                           f"{format_memory_mib(most_memory)}; ask for less per replica (--memory).",
+                           largest_memory_mib=most_memory)
+    largest = " and ".join(f"{s.describe()} with {s.cpu_milli / 1000:g} cpus and "
+                        f"{format_memory_mib(s.memory_mib)}" for s in shapes[:3])
+    raise InvalidInput(f"No single node has all one replica asks for ({_asked(count, cpu, memory)}): the "
+                       f"largest are {largest}; ask for less per replica.")
+
+
+def _check_devices(count: int, models: frozenset[str], device_mib: int, shapes: Sequence[Shape]) -> None:
+    of_models = [(m, mem, n) for s in shapes for m, mem, n in s.devices if not models or m in models]
+    if device_mib and of_models and all(0 < mem < device_mib for _, mem, _ in of_models):
+        mem, model = max((mem, m) for m, mem, _ in of_models)
+        raise InvalidInput(f"No device has {format_memory_mib(device_mib)} of memory: the largest has "
+                           f"{format_memory_mib(mem)} ({model}); ask for less (--gpu-memory).",
+                           largest_device_memory_mib=mem)
+    best = max(shapes, key=lambda s: s.usable(models, device_mib))
+    most = best.usable(models, device_mib)
+    if most >= count:
+        return
+    which = f" of model {', '.join(sorted(models))}" if models else ""
+    memory = f" with {format_memory_mib(device_mib)}" if device_mib else ""
+    has = best.describe() if not models and not device_mib else str(most)
+    raise InvalidInput(f"No node has {count} devices{which}{memory}: the largest has {has}; ask for at "
+                       "most that many per replica (--gpus) and spread the work over --replicas.",
+                       largest_devices=most)
+
+
+def _asked(count: int, cpu: int, memory: int) -> str:
+    parts = [f"{count} devices"] if count else []
+    parts += [f"{cpu / 1000:g} cpus"] if cpu else []
+    parts += [f"{format_memory_mib(memory)} memory"] if memory else []
+    return ", ".join(parts)

@@ -22,7 +22,7 @@ from gpupool.server.schemas.workloads import (
 )
 from gpupool.server.services.converters import event_row_to_out, workload_row_to_out
 from gpupool.server.services.events import transition
-from gpupool.server.services.specs import to_workload
+from gpupool.server.services.specs import CAPACITY, check_fits, to_workload
 from gpupool.server.services.submit_writer import Submission, SubmitWriter, commit
 from gpupool.server.states import ACTIVE_POD_STATES, EventReason, PodState
 
@@ -59,6 +59,7 @@ def prepare(rt: Runtime, who: Principal, spec: WorkloadSpec) -> Submission:
             f"Tenant {tenant} may submit at priority <= {who.max_priority}; ask the admin "
             f"(gpupool tenant set {tenant} --max-priority N).",
             priority=spec.priority, max_priority=who.max_priority)
+    spec = check_fits(spec, CAPACITY.get(rt.nodes()))  # O(shapes): the summary is cached per node list
     workload_id = new_workload_id()
     now = rt.clock()
     workload = to_workload(workload_id, spec, tenant, spec.priority, now)
