@@ -189,8 +189,8 @@ def _resolve_models(asked: Sequence[str], pool: PoolCapacity) -> frozenset[str]:
                               f"(`gpupool profiles` lists every model).{did_you_mean(name, choices)}",
                               name=name)
         if pool.node_count:
-            raise InvalidInput(f"No node has a device of model {profile.model}: this pool has {_listing(pool)}; "
-                               "ask for one of those models or none.", model=profile.model)
+            raise InvalidInput(f"No node has a device of model {profile.model}: this pool has "
+                               f"{_listing(pool)}; ask for one of those models or none.", model=profile.model)
         resolved.add(profile.model)
     return frozenset(resolved)
 
