@@ -1,0 +1,44 @@
+"""`gpupool config show|check`: the one configuration the server and the simulator read."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from gpupool.cli._common import reports_errors
+
+app = typer.Typer(help="The pool's configuration: show, check.", no_args_is_help=True, add_completion=False)
+
+ConfigOption = Annotated[
+    Path | None,
+    typer.Option("--config", "-c",
+                 help="A YAML configuration file (default: GPUPOOL_CONFIG, else the built-in defaults)."),
+]
+
+
+@app.command()
+@reports_errors
+def show(config: ConfigOption = None) -> None:
+    """Print the effective configuration as YAML: the file's values over the defaults.
+
+    Example: gpupool config show --config pool.yaml
+    """
+    from gpupool.config import CONFIG_ENV, load_config
+
+    print(load_config(config or os.environ.get(CONFIG_ENV) or None).to_yaml(), end="")
+
+
+@app.command()
+@reports_errors
+def check(path: Annotated[Path, typer.Argument(help="The YAML file to check.")]) -> None:
+    """Check a configuration file: 'ok', or one sentence per problem naming the field and its line.
+
+    Example: gpupool config check pool.yaml
+    """
+    from gpupool.config import load_config
+
+    load_config(path)
+    print("ok")

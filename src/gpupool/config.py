@@ -1,0 +1,343 @@
+"""One configuration for the server and the simulator: a YAML file, validated, that builds `Policies`.
+
+`gpupool config show [--config FILE]` prints the effective configuration; docs/configuration.md
+documents every key. A bad file is refused with one sentence per problem, naming the field and
+its line. Every default is the project's best measured choice, with the figure that chose it in
+docs/configuration.md.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+import yaml
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, field_validator
+
+from gpupool.core.overcommit import ModelRatio, OvercommitConfig
+from gpupool.core.priority import DEFAULT_PRIORITY_CLASSES, PriorityClass, PriorityClasses
+from gpupool.core.quota import DEVICE_MILLI, ClusterQueue, LocalQueue, QuotaConfig, ResourceQuota
+from gpupool.core.scheduling.cycle import Policies
+from gpupool.core.units import MILLI
+from gpupool.errors import InvalidInput, UnknownName, did_you_mean
+
+CONFIG_ENV = "GPUPOOL_CONFIG"
+_UNITS_S = {"": 1.0, "ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
+_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)?\s*$")
+
+
+def _seconds(value: object) -> object:
+    """A duration as a number of seconds: 30, 30s, 500ms, 5m, 2h, 1d."""
+    if isinstance(value, bool):
+        raise ValueError("a duration is a number of seconds or text such as 30s, 5m or 2h")
+    if isinstance(value, int | float):
+        return float(value)
+    if isinstance(value, str):
+        match = _DURATION.match(value)
+        if match:
+            return float(match.group(1)) * _UNITS_S[match.group(2) or ""]
+    raise ValueError(f"a duration is a number of seconds or text such as 30s, 5m or 2h, not {value!r}")
+
+
+Seconds = Annotated[float, BeforeValidator(_seconds), Field(ge=0)]
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class SchedulingConfig(_Strict):
+    """How a cycle decides: placement, ordering, preemption, backfill."""
+
+    placement: str = "fgd-strand"
+    placement_options: dict[str, Any] = Field(default_factory=dict)
+    ordering: str = "drf"
+    ordering_options: dict[str, Any] = Field(default_factory=dict)
+    preemption: bool = True
+    preemption_grace: Seconds = 30.0
+    """SIGTERM to SIGKILL for a preempted pod whose class names no grace of its own."""
+    backfill: bool = True
+    max_preemption_attempts: int = Field(16, ge=0, le=10_000)
+
+    @field_validator("placement")
+    @classmethod
+    def _placement(cls, value: str) -> str:
+        from gpupool.core.scheduling.policies.base import policy_names
+
+        return _known(value, policy_names(), "placement policy")
+
+    @field_validator("ordering")
+    @classmethod
+    def _ordering(cls, value: str) -> str:
+        from gpupool.core.scheduling.ordering.base import ordering_names
+
+        return _known(value, ordering_names(), "ordering")
+
+
+def _known(value: str, names: Sequence[str], what: str) -> str:
+    if value not in names:
+        raise ValueError(f"unknown {what} {value!r}; choose one of {', '.join(names)}."
+                         + did_you_mean(value, list(names)))  # ends with '.' or '?'; _sentence keeps it
+    return value
+
+
+class PriorityClassConfig(_Strict):
+    name: str = Field(min_length=1, max_length=63, pattern=r"^[a-z0-9]([a-z0-9-]*[a-z0-9])?$")
+    value: int = Field(ge=-1_000_000, le=1_000_000)
+    preemptible: bool = True
+    grace: Seconds | None = None
+    """SIGTERM to SIGKILL when a pod of this class is preempted (default: scheduling.preemption_grace)."""
+
+
+class QueueConfig(_Strict):
+    """A tenant's queue with its quota (Kueue's ClusterQueue, one per queue), in an optional cohort."""
+
+    tenant: str = Field(min_length=1, max_length=63)
+    name: str = Field("default", min_length=1, max_length=63)
+    quota: float | None = Field(None, ge=0, le=1_000_000, description="nominal devices; null = no cap")
+    cohort: str = ""
+    borrowing_limit: float | None = Field(None, ge=0, le=1_000_000)
+    lending_limit: float | None = Field(None, ge=0, le=1_000_000)
+    weight: float = Field(1.0, gt=0, le=1_000_000)
+
+
+class ModelRatioConfig(_Strict):
+    compute: float = Field(1.0, ge=1.0, le=100.0)
+    memory: float = Field(1.0, ge=1.0, le=100.0)
+
+
+class OvercommitSection(_Strict):
+    """Oversubscription per device model ('*' for the rest); none by default."""
+
+    ratios: dict[str, ModelRatioConfig] = Field(default_factory=dict)
+    spill_penalty: float = Field(4.0, ge=1.0, le=1000.0)
+
+
+class FailureConfig(_Strict):
+    max_retries: int = Field(3, ge=0, le=1000)
+    """Requeues after pod failures (exit code != 0) before the workload fails for good."""
+    requeue_backoff: Seconds = 10.0
+    """Wait before a requeued workload may be placed again (doubled per attempt)."""
+
+
+class DefaultsConfig(_Strict):
+    """What a request that names no amount gets."""
+
+    gpu_memory: Literal["proportional", "none"] = "proportional"
+    """proportional: a fractional slice without --gpu-memory holds its compute share of the device's
+    memory (0.25 of 80 GiB: 20 GiB)."""
+    cpu_per_gpu: float | Literal["node-share"] = "node-share"
+    """Cores per device when a request names none; node-share: the node's cores / its devices."""
+    memory_per_gpu: str | Literal["node-share"] = "node-share"
+    """Host memory per device (e.g. 32GiB) when a request names none; node-share likewise."""
+
+    @field_validator("cpu_per_gpu")
+    @classmethod
+    def _cpu(cls, value: float | str) -> float | str:
+        if isinstance(value, float | int) and (value < 0 or not math.isfinite(value)):
+            raise ValueError("cpu_per_gpu must be a number of cores >= 0 or 'node-share'")
+        return value
+
+    @field_validator("memory_per_gpu")
+    @classmethod
+    def _memory(cls, value: str) -> str:
+        if value != "node-share":
+            from gpupool.core.units import parse_memory_mib
+
+            try:
+                parse_memory_mib(value)
+            except InvalidInput as exc:
+                raise ValueError(exc.message) from None
+        return value
+
+
+class PoolConfig(_Strict):
+    """The whole file. Every section is optional."""
+
+    scheduling: SchedulingConfig = Field(default_factory=lambda: SchedulingConfig.model_validate({}))
+    priority_classes: list[PriorityClassConfig] = Field(
+        default_factory=lambda: [PriorityClassConfig(name=c.name, value=c.value, preemptible=c.preemptible)
+                                 for c in DEFAULT_PRIORITY_CLASSES])
+    queues: list[QueueConfig] = Field(default_factory=list)
+    overcommit: OvercommitSection = Field(default_factory=lambda: OvercommitSection.model_validate({}))
+    failure: FailureConfig = Field(default_factory=lambda: FailureConfig.model_validate({}))
+    defaults: DefaultsConfig = Field(default_factory=lambda: DefaultsConfig.model_validate({}))
+
+    @field_validator("priority_classes")
+    @classmethod
+    def _unique_classes(cls, value: list[PriorityClassConfig]) -> list[PriorityClassConfig]:
+        names = [c.name for c in value]
+        duplicated = sorted({n for n in names if names.count(n) > 1})
+        if duplicated:
+            raise ValueError(f"priority class names must be unique; {', '.join(duplicated)} appear twice")
+        return value
+
+    @field_validator("queues")
+    @classmethod
+    def _unique_queues(cls, value: list[QueueConfig]) -> list[QueueConfig]:
+        keys = [(q.tenant, q.name) for q in value]
+        duplicated = sorted({f"{t}/{n}" for t, n in keys if keys.count((t, n)) > 1})
+        if duplicated:
+            raise ValueError(f"a queue may appear once; {', '.join(duplicated)} appear twice")
+        for q in value:
+            if q.lending_limit is not None and q.quota is not None and q.lending_limit > q.quota:
+                raise ValueError(f"queue {q.tenant}/{q.name}: lending_limit ({q.lending_limit:g}) cannot "
+                                 f"exceed its quota ({q.quota:g})")
+        return value
+
+    def priority_class(self, name: str) -> PriorityClassConfig:
+        for cls in self.priority_classes:
+            if cls.name == name:
+                return cls
+        names = [c.name for c in self.priority_classes]
+        raise UnknownName(f"Unknown priority class {name!r}; choose one of {', '.join(names)}."
+                          + did_you_mean(name, names))
+
+    def grace_s(self, class_name: str) -> float:
+        """SIGTERM to SIGKILL for a preempted pod of this class."""
+        for cls in self.priority_classes:
+            if cls.name == class_name and cls.grace is not None:
+                return cls.grace
+        return self.scheduling.preemption_grace
+
+    def quota_config(self) -> QuotaConfig:
+        """Queues with a quota become ClusterQueues (`tenant/queue`), fed by that LocalQueue."""
+        capped = [q for q in self.queues if q.quota is not None]
+        milli = _milli
+        cluster = tuple(
+            ClusterQueue(name=f"{q.tenant}/{q.name}", cohort=q.cohort, quotas={DEVICE_MILLI: ResourceQuota(
+                round((q.quota or 0) * MILLI), milli(q.borrowing_limit), milli(q.lending_limit))})
+            for q in capped)
+        local = tuple(LocalQueue(q.tenant, q.name, f"{q.tenant}/{q.name}") for q in capped)
+        weights = {q.tenant: q.weight for q in self.queues}
+        return QuotaConfig(cluster_queues=cluster, local_queues=local, tenant_weights=weights)
+
+    def policies(self) -> Policies:
+        """The core's Policies for this configuration (the same for the server and the replay)."""
+        s = self.scheduling
+        classes = PriorityClasses(tuple(PriorityClass(c.name, c.value, c.preemptible)
+                                        for c in self.priority_classes))
+        overcommit = None
+        if self.overcommit.ratios:
+            overcommit = OvercommitConfig(
+                ratios={m: ModelRatio(r.compute, r.memory) for m, r in self.overcommit.ratios.items()},
+                spill_penalty=self.overcommit.spill_penalty)
+        return Policies(placement=s.placement, placement_options=dict(s.placement_options),
+                        ordering=s.ordering, ordering_options=dict(s.ordering_options),
+                        preemption=s.preemption, backfill=s.backfill, quota=self.quota_config(),
+                        priority_classes=classes, overcommit=overcommit,
+                        max_preemption_attempts=s.max_preemption_attempts)
+
+    def to_yaml(self) -> str:
+        return yaml.safe_dump(self.model_dump(mode="json"), sort_keys=False, default_flow_style=False)
+
+
+def _milli(devices: float | None) -> int | None:
+    return None if devices is None else round(devices * MILLI)
+
+
+def parse_config(text: str, source: str = "the configuration") -> PoolConfig:
+    """Validate YAML text; InvalidInput with one sentence per problem, each naming field and line."""
+    try:
+        tree = yaml.compose(text)
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" line {mark.line + 1}" if mark is not None else ""
+        problem = getattr(exc, "problem", None) or str(exc)
+        raise InvalidInput(f"{source}{where}: this is not valid YAML ({problem}).") from None
+    if data is None:
+        data = {}
+    if not isinstance(data, Mapping):
+        raise InvalidInput(f"{source}: the file must be a mapping of sections, such as scheduling and "
+                           "queues.")
+    try:
+        config = PoolConfig.model_validate(data)
+    except ValidationError as exc:
+        problems = [_sentence(source, tree, error) for error in exc.errors()]
+        raise InvalidInput(" ".join(problems), problems=problems) from None
+    _check_options(config, source, tree)
+    return config
+
+
+def _check_options(config: PoolConfig, source: str, tree: yaml.Node | None) -> None:
+    """The placement and ordering options must be ones their policy takes."""
+    from gpupool.core.scheduling.ordering.base import make_ordering
+    from gpupool.core.scheduling.policies.base import make_policy
+
+    s = config.scheduling
+    for key, make, name, options in (("placement_options", make_policy, s.placement, s.placement_options),
+                                     ("ordering_options", make_ordering, s.ordering, s.ordering_options)):
+        if not options:
+            continue
+        try:
+            make(name, **options)
+        except (TypeError, ValueError, InvalidInput) as exc:
+            line = _line(tree, ("scheduling", key))
+            raise InvalidInput(f"{source}{line}: scheduling.{key}: {name} does not take these options "
+                               f"({exc}).") from None
+
+
+def _sentence(source: str, tree: yaml.Node | None, error: Mapping[str, Any]) -> str:
+    loc = tuple(error["loc"])
+    field = ".".join(f"[{part}]" if isinstance(part, int) else str(part) for part in loc)
+    field = field.replace(".[", "[")
+    message = str(error["msg"]).removeprefix("Value error, ")
+    if error["type"] == "extra_forbidden":
+        names = _allowed(loc[:-1])
+        message = f"unknown field {loc[-1]!r}" + (f"; known fields: {', '.join(names)}" if names else "")
+        message += "." + did_you_mean(str(loc[-1]), names)
+    message = message.strip()
+    if not message.endswith((".", "?")):
+        message += "."
+    return f"{source}{_line(tree, loc)}: {field or 'the file'}: {message}"
+
+
+def _allowed(loc: Sequence[Any]) -> list[str]:
+    model: type[BaseModel] = PoolConfig
+    for part in loc:
+        if isinstance(part, int):
+            continue
+        annotation = model.model_fields[str(part)].annotation if str(part) in model.model_fields else None
+        inner = getattr(annotation, "__args__", (annotation,))
+        found = next((a for a in inner if isinstance(a, type) and issubclass(a, BaseModel)), None)
+        if found is None:
+            return []
+        model = found
+    return list(model.model_fields)
+
+
+def _line(tree: yaml.Node | None, loc: Sequence[Any]) -> str:
+    """' line N' of the deepest node of `loc` found in the composed YAML (or '' when none)."""
+    node, line = tree, None
+    for part in loc:
+        if isinstance(node, yaml.MappingNode):
+            match = next(((k, v) for k, v in node.value if getattr(k, "value", None) == str(part)), None)
+            if match is None:
+                break
+            line = match[0].start_mark.line
+            node = match[1]
+        elif isinstance(node, yaml.SequenceNode) and isinstance(part, int) and part < len(node.value):
+            node = node.value[part]
+            line = node.start_mark.line
+        else:
+            break
+    return "" if line is None else f" line {line + 1}"
+
+
+def load_config(path: Path | str | None) -> PoolConfig:
+    """The configuration in `path` (defaults when None); InvalidInput for a missing or bad file."""
+    if path is None:
+        return PoolConfig()
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise InvalidInput(f"No configuration file {str(path)!r}; check the path (--config or "
+                           f"{CONFIG_ENV}).") from None
+    except OSError as exc:
+        raise InvalidInput(f"Cannot read the configuration file {str(path)!r} ({exc.strerror}).") from None
+    return parse_config(text, str(path))

@@ -1,0 +1,113 @@
+"""The one configuration file: the issue's example as written, defaults, errors by field and line."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from gpupool.config import PoolConfig, load_config, parse_config
+from gpupool.core.quota import DEVICE_MILLI
+from gpupool.errors import InvalidInput
+
+EXAMPLE = """\
+scheduling:
+  placement: fgd-strand
+  ordering: drf
+  preemption: true
+  backfill: true
+priority_classes:
+  - {name: low, value: 0, preemptible: true, grace: 5s}
+  - {name: high, value: 1000}
+"""
+
+
+def test_the_example_is_accepted_as_written() -> None:
+    config = parse_config(EXAMPLE)
+    policies = config.policies()
+    assert (policies.placement, policies.ordering, policies.preemption, policies.backfill) == (
+        "fgd-strand", "drf", True, True)
+    assert [(c.name, c.value, c.preemptible) for c in policies.priority_classes.classes] == [
+        ("low", 0, True), ("high", 1000, True)]
+    assert config.grace_s("low") == 5.0 and config.grace_s("high") == config.scheduling.preemption_grace
+
+
+def test_defaults_and_round_trip() -> None:
+    default = PoolConfig()
+    assert parse_config("") == default == load_config(None)
+    assert parse_config(default.to_yaml()) == default
+    configured = parse_config(EXAMPLE + "queues:\n  - {tenant: a, quota: 8, cohort: research}\n")
+    assert parse_config(configured.to_yaml()) == configured
+
+
+def test_queues_become_cluster_queues_in_their_cohorts() -> None:
+    config = parse_config("""\
+queues:
+  - {tenant: a, name: train, quota: 8, cohort: research, borrowing_limit: 4, lending_limit: 2, weight: 2}
+  - {tenant: b, quota: 0.5, cohort: research}
+  - {tenant: c}
+""")
+    quota = config.policies().quota
+    by_name = {cq.name: cq for cq in quota.cluster_queues}
+    assert set(by_name) == {"a/train", "b/default"}  # c has no cap: no ClusterQueue
+    train = by_name["a/train"].quotas[DEVICE_MILLI]
+    assert (train.nominal, train.borrowing_limit, train.lending_limit) == (8000, 4000, 2000)
+    other = by_name["b/default"]
+    assert other.quotas[DEVICE_MILLI].nominal == 500 and other.cohort == "research"
+    assert quota.route() == {("a", "train"): "a/train", ("b", "default"): "b/default"}
+    assert quota.weight("a") == 2.0 and quota.weight("c") == 1.0
+
+
+@pytest.mark.parametrize(("text", "expected"), [
+    ("scheduling:\n  placement: fgdd\n", "line 2: scheduling.placement: unknown placement policy 'fgdd'"),
+    ("scheduling:\n  ordering: dfr\n", "Did you mean 'drf'?"),
+    ("scheduling:\n  plaement: fgd\n", "line 2: scheduling.plaement: unknown field 'plaement'"),
+    ("apiVersion: v1\n", "line 1: apiVersion: unknown field 'apiVersion'"),
+    ("priority_classes:\n  - {name: x, value: 1}\n  - {name: y, value: 2, grace: soon}\n",
+     "line 3: priority_classes[1].grace: a duration is"),
+    ("priority_classes:\n  - {name: x, value: 1}\n  - {name: x, value: 2}\n", "x appear twice"),
+    ("queues:\n  - {tenant: b, quota: 2, lending_limit: 3}\n",
+     "lending_limit (3) cannot exceed its quota (2)"),
+    ("queues:\n  - {tenant: b, quota: -1}\n",
+     "line 2: queues[0].quota: Input should be greater than or equal"),
+    ("scheduling:\n  placement: fgd\n  placement_options: {bogus: 1}\n",
+     "line 3: scheduling.placement_options"),
+    ("defaults:\n  memory_per_gpu: lots\n", "defaults.memory_per_gpu"),
+    ("scheduling: [1,\n", "not valid YAML"),
+    ("- a\n- b\n", "must be a mapping of sections"),
+])
+def test_a_bad_file_is_one_sentence_per_problem_with_field_and_line(text: str, expected: str) -> None:
+    with pytest.raises(InvalidInput) as caught:
+        parse_config(text, "pool.yaml")
+    message = caught.value.message
+    assert message.startswith("pool.yaml") and expected in message, message
+    assert "\n" not in message and ".." not in message and "?." not in message
+
+
+def test_every_problem_of_a_file_is_listed() -> None:
+    with pytest.raises(InvalidInput) as caught:
+        parse_config("scheduling:\n  placement: nope\n  ordering: nada\nfailure:\n  max_retries: -1\n",
+                     "p.yaml")
+    problems = caught.value.details["problems"]
+    assert [p.split(":")[0] for p in problems] == ["p.yaml line 2", "p.yaml line 3", "p.yaml line 5"]
+
+
+def test_config_cli_show_and_check(tmp_path: Path) -> None:
+    good, bad = tmp_path / "pool.yaml", tmp_path / "bad.yaml"
+    good.write_text(EXAMPLE)
+    bad.write_text("scheduling:\n  ordering: dfr\n")
+
+    def cli(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "gpupool.cli.main", "config", *args],
+                              capture_output=True, text=True, timeout=60, check=False)
+
+    shown = cli("show", "--config", str(good))
+    assert shown.returncode == 0 and parse_config(shown.stdout) == parse_config(EXAMPLE)
+    assert cli("check", str(good)).stdout.strip() == "ok"
+    refused = cli("check", str(bad))
+    assert refused.returncode == 2 and len(refused.stderr.strip().splitlines()) == 1
+    assert "line 2: scheduling.ordering" in refused.stderr
+    missing = cli("check", str(tmp_path / "nope.yaml"))
+    assert missing.returncode == 2 and "No configuration file" in missing.stderr
