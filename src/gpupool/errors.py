@@ -124,12 +124,19 @@ class StoreUnavailable(Unavailable):
     code = "store_unavailable"
 
 
-def did_you_mean(name: str, choices: list[str]) -> str:
-    """A ' Did you mean X?' suffix when a close match exists, else ''."""
+def closest(name: str, choices: list[str]) -> str | None:
+    """The choice closest to `name` (ignoring case), or None when none is close."""
     import difflib
 
-    close = difflib.get_close_matches(name, choices, n=1)
-    return f" Did you mean {close[0]!r}?" if close else ""
+    by_lower = {choice.lower(): choice for choice in reversed(choices)}
+    close = difflib.get_close_matches(name.lower(), list(by_lower), n=1)
+    return by_lower[close[0]] if close else None
+
+
+def did_you_mean(name: str, choices: list[str]) -> str:
+    """A ' Did you mean X?' suffix when a close match exists, else ''."""
+    close = closest(name, choices)
+    return f" Did you mean {close!r}?" if close else ""
 
 
 class TopologyError(InvalidInput):

@@ -1,16 +1,24 @@
 """The typer application behind `gpupool`: sub-commands are imported only when they run.
 
-Kept apart from cli/main.py so that the hot path (`gpupool submit`) never imports typer.
+Kept apart from cli/main.py so that the hot path (`gpupool submit`) never imports typer. Here too:
+usage errors become one sentence (cli/_usage.py), help shows no type tags (cli/_help.py), and the
+other spelling of a group's name (`nodes` for `node`) is accepted.
 """
 
 from __future__ import annotations
 
 import importlib
+import sys
 from typing import Any
 
 import typer
 
-from gpupool.cli.main import COMMANDS, SUBCOMMANDS
+from gpupool.cli import _help
+from gpupool.cli._usage import is_a, usage_sentence
+from gpupool.cli.main import ALIASES, COMMANDS, SUBCOMMANDS
+
+_help.install()
+_COMPLETION_PARAMS = {"install_completion", "show_completion"}  # one `gpupool completion` instead
 
 
 class _LazyCommand(typer.core.TyperCommand):
@@ -24,16 +32,21 @@ class _LazyCommand(typer.core.TyperCommand):
         return self._load().make_context(info_name, args, parent=parent, **extra)
 
 
+def _without_completion(command: Any) -> Any:
+    command.params = [p for p in command.params if p.name not in _COMPLETION_PARAMS]
+    return command
+
+
 def _load_group(name: str) -> Any:
     module, attr, help_text = SUBCOMMANDS[name]
-    command = typer.main.get_command(getattr(importlib.import_module(module), attr))
+    command = _without_completion(typer.main.get_command(getattr(importlib.import_module(module), attr)))
     command.help = command.help or help_text
     return command
 
 
 def _load_single(name: str) -> Any:
     module, attr, _ = COMMANDS[name]
-    single = typer.Typer()
+    single = typer.Typer(add_completion=False)
     single.command(name=name)(getattr(importlib.import_module(module), attr))
     return typer.main.get_command(single)
 
@@ -45,21 +58,52 @@ class LazyGroup(typer.core.TyperGroup):
         return sorted(set(super().list_commands(ctx)) | set(SUBCOMMANDS) | set(COMMANDS))
 
     def get_command(self, ctx: Any, cmd_name: str) -> Any:
+        cmd_name = ALIASES.get(cmd_name, cmd_name)
         if cmd_name in SUBCOMMANDS:
             return _LazyCommand(cmd_name, SUBCOMMANDS[cmd_name][2], lambda: _load_group(cmd_name))
         if cmd_name in COMMANDS:
             return _LazyCommand(cmd_name, COMMANDS[cmd_name][2], lambda: _load_single(cmd_name))
         return super().get_command(ctx, cmd_name)
 
+    def main(self, *args: Any, **kwargs: Any) -> Any:
+        """Run; in standalone mode a usage error is one line on stderr and exit code 2."""
+        if len(args) < 2:
+            kwargs["prog_name"] = kwargs.get("prog_name") or "gpupool"
+        standalone = kwargs.pop("standalone_mode", True)
+        kwargs["standalone_mode"] = False
+        if not standalone:
+            return super().main(*args, **kwargs)
+        try:
+            result = super().main(*args, **kwargs)
+        except Exception as exc:
+            _exit_for(exc)
+        sys.exit(result if isinstance(result, int) and not isinstance(result, bool) else 0)
+
+
+def _exit_for(exc: Any) -> None:
+    """Print a usage error as one sentence and exit with its code; re-raise anything else."""
+    if is_a(exc, "Abort"):
+        print("Aborted.", file=sys.stderr)
+        sys.exit(1)
+    if not is_a(exc, "ClickException"):
+        raise exc
+    if not is_a(exc, "NoArgsIsHelpError"):
+        print(f"Error: {usage_sentence(exc)}", file=sys.stderr)
+    elif exc.format_message().strip():  # with rich, the help is already printed
+        print(exc.format_message(), file=sys.stderr)
+    sys.exit(exc.exit_code)
+
 
 app = typer.Typer(
     cls=LazyGroup,
     help="gpupool: pool the accelerators of many servers and schedule AI work onto slices of them.\n\n"
+    "Example: gpupool submit --gpus 1 -- python train.py\n\n"
     "Exit codes: 0 ok, 1 the workload failed (or `wait` timed out), 2 bad usage, "
     "3 not found or forbidden, 4 server unreachable.",
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
+    context_settings={"help_option_names": ["-h", "--help"]},
 )
 
 

@@ -9,16 +9,19 @@ from __future__ import annotations
 import sys
 
 # name -> (module, attribute, help). Each module exposes a typer app; it is imported only when used.
+# Groups are named in the singular, like `docker image ls`; ALIASES accepts the plural too.
 SUBCOMMANDS: dict[str, tuple[str, str, str]] = {
-    "profiles": ("gpupool.cli.profiles", "app", "List the device profiles gpupool knows."),
+    "profile": ("gpupool.cli.profiles", "app", "Device profiles gpupool knows: ls."),
     "fabric": ("gpupool.cli.fabric", "app", "Discover, route, inspect and export the InfiniBand fabric."),
-    "sim": ("gpupool.cli.sim", "app", "Replay cluster traces through the scheduler (fill, replay)."),
-    "nodes": ("gpupool.cli.nodes", "app", "List nodes; cordon, uncordon, drain (admin)."),
+    "sim": ("gpupool.cli.sim", "app", "Replay cluster traces through the scheduler: fill, replay."),
+    "node": ("gpupool.cli.nodes", "app", "Nodes: ls; cordon, uncordon, drain (admin)."),
     "tenant": ("gpupool.cli.tenant", "app", "Tenants (admin): create, set, ls."),
     "queue": ("gpupool.cli.queue", "app", "Queues and quotas (admin): create, ls, set-quota."),
     "token": ("gpupool.cli.token", "app", "Bearer tokens: create (admin), ls, revoke."),
-    "config": ("gpupool.cli.config", "app", "The pool's configuration (YAML): show, check."),
 }
+ALIASES: dict[str, str] = {"profiles": "profile", "nodes": "node", "tenants": "tenant", "queues": "queue",
+                           "tokens": "token"}
+"""The other spelling of each group's name, accepted but not listed in help."""
 
 # Top-level commands (not groups): name -> (module, function, help).
 COMMANDS: dict[str, tuple[str, str, str]] = {
@@ -31,6 +34,7 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
     "wait": ("gpupool.cli.wait", "wait", "Wait for a workload; exit 0 when it succeeded."),
     "top": ("gpupool.cli.top", "top", "A live view of the pool."),
     "audit": ("gpupool.cli.audit", "audit", "Show the audit log: admin actions, refused logins (admin)."),
+    "completion": ("gpupool.cli.completion", "completion", "Print the shell completion script."),
 }
 
 
