@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import APIRouter, Path
+from fastapi import APIRouter, Path, Query
 
 from gpupool.server.deps import Rt, Who
 from gpupool.server.schemas.common import ErrorBody
@@ -40,8 +40,9 @@ def uncordon(name: NodeName, rt: Rt, who: Who) -> NodeOut:
 
 @router.post("/nodes/{name}/drain", response_model=NodeOut,
              responses={403: {"model": ErrorBody}, 404: {"model": ErrorBody}})
-def drain(name: NodeName, rt: Rt, who: Who) -> NodeOut:
-    return service.drain(rt, who, name)
+def drain(name: NodeName, rt: Rt, who: Who, now: Annotated[bool, Query()] = False) -> NodeOut:
+    """Stop new placements and let the running work finish; `now=true` requeues it at once."""
+    return service.drain(rt, who, name, now=now)
 
 
 @router.get("/pool", response_model=PoolSummary)

@@ -6,7 +6,6 @@ from typing import Annotated, Literal
 
 from fastapi import APIRouter, Path, Query
 
-from gpupool.core.model import WorkloadStatus
 from gpupool.server.deps import Rt, Who, Writer
 from gpupool.server.schemas.common import ErrorBody
 from gpupool.server.schemas.workloads import (
@@ -17,6 +16,7 @@ from gpupool.server.schemas.workloads import (
     WorkloadPage,
     WorkloadSpec,
 )
+from gpupool.server.services import listing
 from gpupool.server.services import logs as logs_service
 from gpupool.server.services import workloads as service
 
@@ -24,6 +24,8 @@ _ERRORS: dict[int | str, dict[str, object]] = {
     401: {"model": ErrorBody}, 403: {"model": ErrorBody}, 422: {"model": ErrorBody}
 }
 router = APIRouter(prefix="/workloads", tags=["workloads"], responses=_ERRORS)
+_ANY_CASE = "any case; several values or a comma list select any of them"
+_KNOWN = _ANY_CASE + "; naming one that does not exist is 404"
 WorkloadId = Annotated[str, Path(min_length=1, max_length=64)]
 
 
@@ -35,17 +37,22 @@ async def submit(spec: WorkloadSpec, rt: Rt, who: Who, writer: Writer) -> Worklo
     return await service.submit_grouped(rt, writer, who, spec)
 
 
-@router.get("", response_model=WorkloadPage)
+@router.get("", response_model=WorkloadPage, responses={404: {"model": ErrorBody}})
 def list_workloads(
     rt: Rt, who: Who,
-    status: Annotated[list[WorkloadStatus] | None, Query(max_length=6)] = None,
-    tenant: Annotated[str | None, Query(max_length=63)] = None,
-    queue: Annotated[str | None, Query(max_length=63)] = None,
-    limit: Annotated[int, Query(ge=1, le=service.MAX_PAGE)] = 100,
+    status: Annotated[list[str] | None, Query(max_length=6, description=_ANY_CASE)] = None,
+    tenant: Annotated[list[str] | None, Query(max_length=64, description=_KNOWN)] = None,
+    queue: Annotated[list[str] | None, Query(max_length=64, description=_KNOWN)] = None,
+    since_s: Annotated[float | None, Query(ge=0, le=1e11, description="submitted since (epoch)")] = None,
+    fields: Annotated[Literal["all", "id"], Query(description="id: ids only, up to 10000 a page")] = "all",
+    limit: Annotated[int, Query(ge=1, le=listing.MAX_ID_PAGE)] = 100,
     offset: Annotated[int, Query(ge=0, le=10**9)] = 0,
+    id_prefix: Annotated[str | None, Query(max_length=64, description="ids starting with this")] = None,
+    name: Annotated[str | None, Query(max_length=63, description="this exact name")] = None,
 ) -> WorkloadPage:
-    return service.list_workloads(rt, who, status=status or (), tenant=tenant, queue=queue, limit=limit,
-                                  offset=offset)
+    return listing.list_workloads(rt, who, status=status or (), tenant=tenant or (), queue=queue or (),
+                                  since_s=since_s, id_prefix=id_prefix or "", name=name, limit=limit,
+                                  offset=offset, ids_only=fields == "id")
 
 
 @router.get("/{workload_id}", response_model=WorkloadOut, responses={404: {"model": ErrorBody}})
@@ -69,6 +76,7 @@ def logs(
     workload_id: WorkloadId, rt: Rt, who: Who,
     rank: Annotated[int, Query(ge=0, le=100_000)] = 0,
     offset: Annotated[int, Query(ge=0, le=2**53)] = 0,
-    stream: Annotated[Literal["stdout", "stderr"], Query()] = "stdout",
+    stream: Annotated[Literal["stdout", "stderr", "notes"], Query(
+        description="notes: what the pool says about the pod (where it runs, and why)")] = "stdout",
 ) -> LogsOut:
     return logs_service.read(rt, who, workload_id, rank=rank, offset=offset, stream=stream)

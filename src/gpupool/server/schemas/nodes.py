@@ -2,9 +2,21 @@
 
 from __future__ import annotations
 
+from enum import StrEnum
+
 from pydantic import Field
 
 from gpupool.server.schemas.common import Strict
+
+
+class NodeState(StrEnum):
+    READY = "ready"
+    CORDONED = "cordoned"
+    DRAINING = "draining"
+    """cordoned, and work placed before the drain still runs there"""
+    DRAINED = "drained"
+    """cordoned by a drain, with nothing left running"""
+    UNHEALTHY = "unhealthy"
 
 
 class DeviceOut(Strict):
@@ -27,6 +39,7 @@ class LayerOut(Strict):
 
 class NodeOut(Strict):
     name: str
+    state: NodeState = Field(NodeState.READY, description="ready, cordoned, draining, drained or unhealthy")
     cpu_milli: int
     memory_mib: int
     healthy: bool

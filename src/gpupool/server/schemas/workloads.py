@@ -128,6 +128,7 @@ class WorkloadCreated(Strict):
 
 class WorkloadPage(Strict):
     items: list[WorkloadOut]
+    ids: list[str] | None = Field(None, description="with fields=id: the page's ids (items is empty)")
     total: int
     limit: int
     offset: int

@@ -1,4 +1,4 @@
-"""Node use cases: list and get with their allocation, cordon, uncordon and drain."""
+"""Node use cases: list and get with their allocation and state, cordon, uncordon and drain."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from gpupool.providers.base import Capability
 from gpupool.server.auth import Principal
 from gpupool.server.orm import NodeFlagRow, PodRow, WorkloadRow
 from gpupool.server.runtime import Runtime
-from gpupool.server.schemas.nodes import DeviceOut, LayerOut, NodeOut
+from gpupool.server.schemas.nodes import DeviceOut, LayerOut, NodeOut, NodeState
 from gpupool.server.services import audit, enforcement
 from gpupool.server.services.events import transition
 from gpupool.server.services.workloads import stop_pods
@@ -25,6 +25,7 @@ from gpupool.server.states import ACTIVE_POD_STATES, EventReason, PodState
 class NodeUse:
     """What active pods hold on one node."""
 
+    pods: int = 0
     cpu_milli: int = 0
     memory_mib: int = 0
     device_milli: dict[int, int] = field(default_factory=lambda: defaultdict(int))
@@ -40,6 +41,7 @@ def node_usage(session: Session) -> dict[str, NodeUse]:
     ).all()
     for node, cpu, mem, slices in rows:
         u = use[node]
+        u.pods += 1
         u.cpu_milli += cpu
         u.memory_mib += mem
         for s in slices:
@@ -52,10 +54,20 @@ def node_flags(session: Session) -> dict[str, NodeFlagRow]:
     return {r.name: r for r in session.scalars(select(NodeFlagRow))}
 
 
+def node_state(node: Node, flags: NodeFlagRow | None, use: NodeUse) -> NodeState:
+    """Slurm's words: a draining node still runs work placed before the drain; drained once none is left."""
+    if flags is not None and flags.draining:
+        return NodeState.DRAINING if use.pods else NodeState.DRAINED
+    if node.cordoned or (flags is not None and flags.cordoned):
+        return NodeState.CORDONED
+    return NodeState.READY if node.healthy else NodeState.UNHEALTHY
+
+
 def _node_out(node: Node, flags: NodeFlagRow | None, use: NodeUse,
               missing: dict[Capability, str]) -> NodeOut:
     return NodeOut(
         name=node.name,
+        state=node_state(node, flags, use),
         cpu_milli=node.cpu_milli,
         memory_mib=node.memory_mib,
         healthy=node.healthy,
@@ -123,26 +135,36 @@ def _set_flags(session: Session, name: str, *, cordoned: bool, draining: bool, n
         row.cordoned, row.draining, row.updated_s = cordoned, draining, now
 
 
-def drain(rt: Runtime, who: Principal, name: str) -> NodeOut:
-    """Cordon the node and requeue every workload with a pod there (its pods are stopped)."""
+def drain(rt: Runtime, who: Principal, name: str, *, now: bool = False) -> NodeOut:
+    """Cordon the node and mark it draining: the work running there finishes (the node reads
+    `drained` once none is left). With `now`, every workload with a pod there is requeued at once
+    (its pods are stopped)."""
     who.require_admin()
     _find(rt, name)
-    now = rt.clock()
+    at = rt.clock()
     to_stop: list[str] = []
     with rt.store.write() as session:
-        _set_flags(session, name, cordoned=True, draining=True, now=now)
-        audit.record(session, who, "node.drain", name, now)
-        ids = set(session.scalars(
-            select(PodRow.workload_id).where(PodRow.node == name, PodRow.status.in_(ACTIVE_POD_STATES))
-        ))
-        for workload_id in sorted(ids):
-            row = session.get(WorkloadRow, workload_id)
-            if row is None or WorkloadStatus(row.status).is_final:
-                continue
-            to_stop += stop_pods(session, row, PodState.STOPPED, now)
-            transition(session, row, WorkloadStatus.PENDING.value, EventReason.NODE_DRAINED,
-                       f"Requeued: node {name} is being drained.", now)
+        _set_flags(session, name, cordoned=True, draining=True, now=at)
+        audit.record(session, who, "node.drain", name, at, "now" if now else "")
+        if now:
+            to_stop = _requeue_all(session, name, at)
     for pod_id in to_stop:
         rt.provider.stop(pod_id)
     rt.capacity_may_have_changed()
     return get_node(rt, who, name)
+
+
+def _requeue_all(session: Session, name: str, now: float) -> list[str]:
+    """Stop the active pods on node `name` and requeue their workloads; returns the pods to stop."""
+    to_stop: list[str] = []
+    ids = set(session.scalars(
+        select(PodRow.workload_id).where(PodRow.node == name, PodRow.status.in_(ACTIVE_POD_STATES))
+    ))
+    for workload_id in sorted(ids):
+        row = session.get(WorkloadRow, workload_id)
+        if row is None or WorkloadStatus(row.status).is_final:
+            continue
+        to_stop += stop_pods(session, row, PodState.STOPPED, now)
+        transition(session, row, WorkloadStatus.PENDING.value, EventReason.NODE_DRAINED,
+                   f"Requeued: node {name} was drained with --now.", now)
+    return to_stop

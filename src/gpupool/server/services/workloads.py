@@ -5,7 +5,7 @@ from __future__ import annotations
 import secrets
 from collections.abc import Sequence
 
-from sqlalchemy import func, select
+from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from gpupool.core.model import WorkloadStatus
@@ -110,29 +110,17 @@ def get(rt: Runtime, who: Principal, workload_id: str) -> WorkloadOut:
 
 def list_workloads(
     rt: Runtime, who: Principal, *, status: Sequence[WorkloadStatus] = (), tenant: str | None = None,
-    queue: str | None = None, limit: int = 100, offset: int = 0,
+    queue: str | None = None, limit: int = 100, offset: int = 0, id_prefix: str | None = None,
+    name: str | None = None,
 ) -> WorkloadPage:
-    """Newest first; a tenant token sees only its own tenant whatever it asks for."""
-    if who.tenant is not None:
-        if tenant is not None and tenant != who.tenant:
-            return WorkloadPage(items=[], total=0, limit=limit, offset=offset)
-        tenant = who.tenant
-    query = select(WorkloadRow)
-    if status:
-        query = query.where(WorkloadRow.status.in_([s.value for s in status]))
-    if tenant is not None:
-        query = query.where(WorkloadRow.tenant == tenant)
-    if queue is not None:
-        query = query.where(WorkloadRow.queue == queue)
-    simulated = _simulated_nodes(rt)
-    with rt.store.read() as session:
-        total = session.scalar(select(func.count()).select_from(query.subquery())) or 0
-        rows = session.scalars(
-            query.order_by(WorkloadRow.submit_s.desc(), WorkloadRow.id).limit(limit).offset(offset)
-        ).all()
-        pods = _pods(session, [r.id for r in rows])
-        items = [workload_row_to_out(r, pods[r.id], simulated) for r in rows]
-    return WorkloadPage(items=items, total=int(total), limit=limit, offset=offset)
+    """Newest first; a tenant token sees only its own tenant. `id_prefix` keeps the ids that start
+    with it (how the CLI resolves a short id), `name` the exact name. (services/listing.py holds the
+    filters: comma lists, any case, --since, ids only.)"""
+    from gpupool.server.services import listing
+
+    return listing.list_workloads(rt, who, status=[s.value for s in status],
+                                  tenant=[tenant] if tenant else [], queue=[queue] if queue else [],
+                                  id_prefix=id_prefix or "", name=name, limit=limit, offset=offset)
 
 
 def cancel(rt: Runtime, who: Principal, workload_id: str) -> WorkloadOut:
