@@ -8,7 +8,7 @@ from pathlib import Path
 from typer.testing import CliRunner
 
 from gpupool.cli.sim import app
-from gpupool.core.scheduling.policies.base import FILL_POLICY
+from gpupool.cli._common import default_policy
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "openb"
 runner = CliRunner()
@@ -50,11 +50,11 @@ def test_fill_writes_table_json_and_plot(tmp_path: Path) -> None:
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
-def test_default_policy_is_the_best_one(tmp_path: Path) -> None:
+def test_default_policy_is_the_servers(tmp_path: Path) -> None:
     out = tmp_path / "out.json"
-    result = runner.invoke(app, args("--seeds", "42", "--json", str(out)))
+    result = runner.invoke(app, args("--seed", "42", "--json", str(out)))
     assert result.exit_code == 0, result.output
-    assert list(json.loads(out.read_text())["summary"]) == [FILL_POLICY] == ["fgd-plan"]
+    assert list(json.loads(out.read_text())["summary"]) == [default_policy()] == ["best-fit"]
 
 
 def test_bad_input_is_one_sentence_and_exit_2(tmp_path: Path) -> None:

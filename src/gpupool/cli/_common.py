@@ -20,6 +20,23 @@ EXIT_CODES_HELP = (
 SIMULATED_MARK = "(sim)"
 
 
+def default_policy() -> str:
+    """The placement policy `gpupool up` runs when none is named: also `sim fill`'s and `sim replay`'s."""
+    from dataclasses import fields
+
+    from gpupool.server.settings import Settings
+
+    return str(next(f.default for f in fields(Settings) if f.name == "placement"))
+
+
+def check_policy(name: str) -> str:
+    """`name` when it is a registered placement policy, else UnknownName with a did-you-mean."""
+    from gpupool.core.scheduling.policies.base import policy_class
+
+    policy_class(name)
+    return name
+
+
 def client() -> Any:
     from gpupool.client import Client
 

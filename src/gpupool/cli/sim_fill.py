@@ -10,10 +10,10 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from gpupool.core.scheduling.policies.base import FILL_POLICY
+from gpupool.cli._common import default_policy
 from gpupool.errors import GpupoolError, InvalidInput
 
-BEST_POLICY = FILL_POLICY
+DEFAULT_POLICY = default_policy()
 
 
 def fill(
@@ -22,9 +22,11 @@ def fill(
     policy: list[str] = typer.Option(
         [],
         "--policy",
-        help=f"Placement policy; repeat to compare several. Default: {BEST_POLICY} (the project's best).",
+        help=f"Placement policy; repeat to compare several (default: {DEFAULT_POLICY}, as `gpupool up`).",
     ),
-    seeds: str = typer.Option("42-51", "--seeds", help="Seeds as a range or list: 42-51, 42,43,50-51."),
+    seeds: str = typer.Option(
+        "42-51", "--seeds", "--seed", help="One seed, a range or a list: 42, 42-51, 42,43,50-51."
+    ),
     jobs: int = typer.Option(1, "--jobs", min=1, help="Worker processes running fills in parallel."),
     json_out: Path | None = typer.Option(None, "--json", help="Write the summary and all runs as JSON."),
     plot_out: Path | None = typer.Option(None, "--plot", help="Write a PNG of allocation vs arrived demand."),
@@ -33,10 +35,12 @@ def fill(
 
     Each pod is placed at once or fails and pods never leave; the table shows the mean device
     allocation % over the seeds at 90, 100 and 130 % arrived demand.
+
+    Example: gpupool sim fill --nodes nodes.csv --pods pods.csv --policy best-fit --policy fgd --seeds 42-51
     """
     console = Console()
     try:
-        results = _run(nodes, pods, policy or [BEST_POLICY], seeds, jobs, console)
+        results = _run(nodes, pods, policy or [DEFAULT_POLICY], seeds, jobs, console)
         if json_out is not None:
             from gpupool.sim.report import write_json
 

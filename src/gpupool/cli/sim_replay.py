@@ -9,14 +9,10 @@ from typing import Any
 
 import typer
 
+from gpupool.cli._common import default_policy
 from gpupool.errors import GpupoolError, InvalidInput
 
-
-def _on_off(value: str, flag: str) -> bool:
-    text = value.strip().lower()
-    if text not in ("on", "off"):
-        raise InvalidInput(f"{flag} takes on or off, got {value!r}.")
-    return text == "on"
+DEFAULT_POLICY = default_policy()
 
 
 def _nodes(nodes_csv: Path | None, cluster: str | None) -> list[Any]:
@@ -97,15 +93,22 @@ def replay(
         None, "--window", help="START:END as ISO dates (2017-10-01:2017-10-15) or trace seconds."
     ),
     ordering: str = typer.Option("priority-fifo", "--ordering", help="fifo, priority-fifo, drf, las."),
-    policy: str = typer.Option("first-fit", "--policy", help="Placement policy (best-fit, fgd, ...)."),
-    preemption: str = typer.Option("off", "--preemption", help="on or off."),
-    backfill: str = typer.Option("off", "--backfill", help="on or off."),
-    exclusive: bool = typer.Option(False, "--exclusive", help="Round every pod up to whole devices."),
+    policy: str = typer.Option(
+        DEFAULT_POLICY, "--policy", help="Placement policy (best-fit, fgd, ...); the default is `up`'s."
+    ),
+    preemption: bool = typer.Option(False, "--preemption/--no-preemption", help="Preempt lower priorities."),
+    backfill: bool = typer.Option(False, "--backfill/--no-backfill", help="Backfill around a blocked head."),
+    exclusive: bool = typer.Option(
+        False, "--exclusive/--no-exclusive", help="Round every pod up to whole devices."
+    ),
     seed: int = typer.Option(0, "--seed", help="Seed of every random choice."),
     json_out: Path = typer.Option(..., "--json", help="Where to write the metrics (JSON)."),
     plot: Path | None = typer.Option(None, "--plot", help="Also draw allocation over time (PNG)."),
 ) -> None:
-    """Replay a trace over time: arrivals, completions, full admission + placement per event."""
+    """Replay a trace over time: arrivals, completions, full admission + placement per event.
+
+    Example: gpupool sim replay --cluster 64x8xV100M32 --trace philly:jobs.csv --preemption --json out.json
+    """
     try:
         result = run_replay(
             nodes,
@@ -114,8 +117,8 @@ def replay(
             window,
             ordering,
             policy,
-            _on_off(preemption, "--preemption"),
-            _on_off(backfill, "--backfill"),
+            preemption,
+            backfill,
             exclusive,
             seed,
             tune_gc=True,

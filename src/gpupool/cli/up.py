@@ -9,7 +9,10 @@ from typing import Annotated
 
 import typer
 
+from gpupool.cli._common import check_policy, default_policy
 from gpupool.server.settings import DEFAULT_HOST, DEFAULT_PORT
+
+DEFAULT_POLICY = default_policy()
 
 
 def up(
@@ -25,7 +28,10 @@ def up(
     database_url: Annotated[
         str, typer.Option("--database-url", help="postgresql+psycopg://... (default: SQLite).")
     ] = "",
-    placement: Annotated[str, typer.Option("--placement", help="Placement policy name.")] = "best-fit",
+    policy: Annotated[
+        str | None, typer.Option("--policy", help=f"Placement policy (default: {DEFAULT_POLICY}).")
+    ] = None,
+    placement: Annotated[str | None, typer.Option("--placement", hidden=True)] = None,
     tls_cert: Annotated[
         Path | None, typer.Option("--tls-cert", help="Serve HTTPS with this PEM certificate (chain).")
     ] = None,
@@ -41,12 +47,16 @@ def up(
     With no GPU and no --simulate it says so and serves a small, clearly labelled simulated pool.
     The admin token is written to DATA_DIR/admin-token (mode 0600) at first start, never printed.
     /metrics needs the admin token or a metrics token (gpupool token create --admin --scope metrics).
+
+    Example: gpupool up --simulate 2x8xH100 --policy fgd
     """
     from gpupool.errors import GpupoolError
 
+    if placement is not None:
+        print("Warning: --placement is now --policy; the old name will go.", file=sys.stderr)
     try:
-        _serve(data_dir, host, port, simulate, provider, database_url, placement, tls_cert, tls_key,
-               metrics_public)
+        _serve(data_dir, host, port, simulate, provider, database_url, policy or placement or DEFAULT_POLICY,
+               tls_cert, tls_key, metrics_public)
     except GpupoolError as exc:
         print(f"Error: {exc.message}", file=sys.stderr)
         raise typer.Exit(exc.exit_code) from None
@@ -69,6 +79,7 @@ def _serve(data_dir: Path | None, host: str, port: int, simulate: str, provider:
     settings = Settings(data_dir=data_dir or default_data_dir(), host=host, port=port, simulate=simulate,
                         provider=provider, database_url=database_url, placement=placement,
                         tls_cert=tls_cert, tls_key=tls_key, metrics_public=metrics_public).with_env()
+    check_policy(settings.placement)  # an unknown name stops here, with a suggestion
     _check_tls_pair(settings.tls_cert, settings.tls_key)
     if settings.tls_cert is None and not is_loopback(host):
         print(f"Warning: {host} is reachable from other machines and TLS is off, so tokens travel in clear; "

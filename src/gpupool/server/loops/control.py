@@ -104,11 +104,9 @@ class ControlLoop:
 
 
 def _placement(name: str) -> str:
-    from gpupool.core.scheduling.policies.base import policy_names
+    """`name` when it is a registered placement policy; else UnknownName, so a typo stops start-up
+    (`gpupool up --policy fgdd` must not quietly run another policy)."""
+    from gpupool.core.scheduling.policies.base import policy_class
 
-    names = policy_names()
-    if name in names:
-        return name
-    fallback = "best-fit" if "best-fit" in names else "first-fit"
-    log.warning("placement policy %r is not registered; using %r", name, fallback)
-    return fallback
+    policy_class(name)
+    return name

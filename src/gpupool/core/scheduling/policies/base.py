@@ -58,7 +58,7 @@ DEFAULT_POLICY = "fgd-strand"
 """The placement policy the scheduling cycle uses wherever none is named (docs/benchmarks.md)."""
 
 FILL_POLICY = "fgd-plan"
-"""The project's best policy on the fill protocol (docs/benchmarks.md); `gpupool sim fill`'s default.
+"""The project's best policy on the fill protocol (docs/benchmarks.md): `gpupool sim fill --policy fgd-plan`.
 
 It is fgd-strand plus LP-planned device fill patterns; the live cycle keeps fgd-strand because the
 plan is solved from the workload at `prepare` (a linear program, tens to hundreds of ms), which a
