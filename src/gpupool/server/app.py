@@ -11,7 +11,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 import gpupool
 from gpupool.errors import Forbidden
-from gpupool.server import http_errors
+from gpupool.server import apidocs, http_errors
 from gpupool.server.auth import Scope
 from gpupool.server.fastpath import SubmitFastPath
 from gpupool.server.loops.control import ControlLoop
@@ -46,7 +46,8 @@ def create_app(rt: Runtime, *, run_loop: bool = True) -> FastAPI:
         version=gpupool.__version__,
         summary="Pool accelerators and schedule work onto slices of them.",
         lifespan=lifespan,
-        docs_url="/docs",
+        docs_url=None,  # apidocs serves /docs and /redoc from the pool itself, not a CDN
+        redoc_url=None,
         openapi_url=f"{API_PREFIX}/openapi.json",
     )
     app.state.runtime = rt
@@ -56,6 +57,8 @@ def create_app(rt: Runtime, *, run_loop: bool = True) -> FastAPI:
     http_errors.install(app)
     for router in (health.router, workloads.router, nodes.router, tenants.router, audit.router):
         app.include_router(router, prefix=API_PREFIX)
+    app.include_router(health.router, include_in_schema=False)  # /health at the root too
+    apidocs.install(app, f"{API_PREFIX}/openapi.json")
 
     @app.get("/metrics", include_in_schema=False)
     def prometheus(request: Request) -> Response:
