@@ -230,11 +230,12 @@ def _unreachable(url: str, exc: httpx.TransportError) -> Unavailable:
         return Unavailable(
             f"The server at {url} presented a certificate this machine does not trust "
             f"({cause.verify_message}); if your pool uses a private CA, point GPUPOOL_CA_BUNDLE at its "
-            "PEM certificate."
+            "PEM certificate.", permanent=True,  # retrying cannot help (see cli/_reconnect.py)
         )
     if cause is not None:
         return Unavailable(f"TLS with the server at {url} failed ({cause.reason or cause}); check that "
-                           "GPUPOOL_URL's scheme (http or https) matches what the server serves.")
+                           "GPUPOOL_URL's scheme (http or https) matches what the server serves.",
+                           permanent=True)
     if isinstance(exc, httpx.RemoteProtocolError) and url.startswith("http://"):
         return Unavailable(f"The server at {url} closed the connection without answering; if it serves "
                            "HTTPS, use an https:// URL in GPUPOOL_URL.")

@@ -18,6 +18,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import replace
 from pathlib import Path
 
+from gpupool.agent import workdir
 from gpupool.agent.identity import (
     BASE_PATH,
     Identities,
@@ -211,11 +212,14 @@ class NodeAgent:
         limits = prepare_cgroup(plan.host_limits, plan.cgroup_files)
         home = make_private_dir(self.scratch_root, pod.pod_id, identity)
         env = plan.process_env(base_env(identity, home, self.pod_path), pod.env)
-        record = self.runner.start(pod.pod_id, pod.command, env=env, workdir=pod.workdir or home,
+        where = workdir.choose(pod.workdir, pod.env.get(workdir.SUBMIT_DIR_ENV, ""), identity)
+        record = self.runner.start(pod.pod_id, pod.command, env=env, workdir=where.path or home,
                                    limits=limits, identity=identity)
         layers = [{"layer": s.layer.value, "active": s.active, "detail": s.detail} for s in plan.layers]
         with self._lock:
             write_atomic(self.runner.pod_dir(pod.pod_id) / "isolation.json", json.dumps(layers, indent=1))
+            if where.note:  # read back as the pod's "notes" stream (gpupool show)
+                write_atomic(self.runner.log_path(pod.pod_id, LogStream.NOTES), where.note + "\n")
         return record
 
     def pod_identity(self, tenant: str = "default", unix_user: str = "") -> PodIdentity | None:

@@ -43,6 +43,8 @@ SWEEP_INTERVAL_S = 0.1
 class LogStream(StrEnum):
     STDOUT = "stdout"
     STDERR = "stderr"
+    NOTES = "notes"
+    """What the agent says about the pod (where it runs and why), written at launch."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -436,7 +438,7 @@ class Runner:
         try:
             stream = LogStream(stream)
         except ValueError:
-            raise InvalidInput(f"Unknown log stream {stream!r}; use 'stdout' or 'stderr'.") from None
+            raise InvalidInput(f"Unknown log stream {stream!r}; use 'stdout', 'stderr' or 'notes'.") from None
         finished = self.get(pod_id).finished
         try:
             with open(self.log_path(pod_id, stream), "rb") as handle:

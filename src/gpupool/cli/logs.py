@@ -1,4 +1,10 @@
-"""`gpupool logs ID [-f]`: print a pod's output, optionally following it until the workload ends."""
+"""`gpupool logs ID [-f]`: print a pod's output (stdout and stderr), optionally until the workload ends.
+
+A pod writes its stdout and stderr straight to two files on its node (no copy through the agent, so
+launching stays cheap and a pod keeps writing while the server restarts). `logs` prints both: what
+each stream has is printed in the order it was written, the two streams' lines side by side as
+they arrive (at each poll with -f; stdout then stderr for what was already written).
+"""
 
 from __future__ import annotations
 
@@ -9,25 +15,48 @@ from typing import Annotated
 import typer
 
 from gpupool.cli._common import client, reports_errors
+from gpupool.cli._reconnect import DEFAULT_RECONNECT_S, Reconnecting, ReconnectOption
+from gpupool.cli._targets import resolve
+
+POLL_S = 0.25
 
 
 @reports_errors
 def logs(
-    workload_id: Annotated[str, typer.Argument(help="The workload id.")],
+    workload_id: Annotated[str, typer.Argument(help="The workload id, or a unique prefix of it.")],
     follow: Annotated[bool, typer.Option("--follow", "-f", help="Keep printing until it ends.")] = False,
-    rank: Annotated[int, typer.Option("--rank", min=0, help="Which replica's output.")] = 0,
-    stderr: Annotated[bool, typer.Option("--stderr", help="Show standard error instead.")] = False,
+    rank: Annotated[int, typer.Option("--rank", min=0, help="Which pod of a gang (0 to replicas-1).")] = 0,
+    stdout: Annotated[bool, typer.Option("--stdout", help="Only its standard output.")] = False,
+    stderr: Annotated[bool, typer.Option("--stderr", help="Only its standard error.")] = False,
+    reconnect: ReconnectOption = DEFAULT_RECONNECT_S,
 ) -> None:
-    """Print the output of one replica. Exit codes: 0 ok, 3 not found, 4 server unreachable."""
-    offset = 0
+    """Print the output of one pod: stdout and stderr, or one of them.
+
+    Example: gpupool logs w-1a2b -f --rank 1
+
+    Exit codes: 0 ok, 2 bad usage or an ambiguous id prefix, 3 not found, 4 server unreachable
+    (with -f, after --reconnect).
+    """
+    if stdout and stderr:
+        print("Error: --stdout and --stderr exclude each other; give neither to see both.", file=sys.stderr)
+        raise typer.Exit(2)
+    streams = ["stderr"] if stderr else ["stdout"] if stdout else ["stdout", "stderr"]
+    retry = Reconnecting(reconnect if follow else 0)
+    offsets = dict.fromkeys(streams, 0)
     with client() as pool:
+        wid = retry.call(lambda: resolve(pool, workload_id)).id
         while True:
-            chunk = pool.logs(workload_id, rank=rank, offset=offset, stream="stderr" if stderr else "stdout")
-            if chunk.text:
-                sys.stdout.write(chunk.text)
-                sys.stdout.flush()
-            offset = chunk.offset
-            if not follow or chunk.complete:
+            complete, wrote = True, False
+            for stream in streams:
+                chunk = retry.call(lambda s=stream: pool.logs(wid, rank=rank, offset=offsets[s],  # type: ignore[misc]
+                                                              stream=s))
+                if chunk.text:
+                    sys.stdout.write(chunk.text)
+                    sys.stdout.flush()
+                    wrote = True
+                offsets[stream] = chunk.offset
+                complete = complete and chunk.complete
+            if complete or (not follow and not wrote):
                 return
-            if not chunk.text:
-                time.sleep(0.25)
+            if not wrote:
+                time.sleep(POLL_S)

@@ -1,29 +1,59 @@
-"""`gpupool show ID`: one workload in detail, or as JSON."""
+"""`gpupool show ID...`: workloads in detail (where they run, their pods and events), or as JSON."""
 
 from __future__ import annotations
 
-from typing import Annotated
+import json
+from typing import Annotated, Any
 
 import typer
 
 from gpupool.cli._common import SIMULATED_MARK, client, console, reports_errors
+from gpupool.cli._targets import resolve_all
 
 
 @reports_errors
 def show(
-    workload_id: Annotated[str, typer.Argument(help="The workload id (from submit or ls).")],
-    as_json: Annotated[bool, typer.Option("--json", help="Print the workload as JSON.")] = False,
+    workload_ids: Annotated[
+        list[str], typer.Argument(help="Workload ids (from submit or ls), or unique prefixes.")
+    ],
+    as_json: Annotated[
+        bool, typer.Option("--json", help="Print the workload as JSON (a list for several).")
+    ] = False,
 ) -> None:
-    """Show one workload: status, reason, pods, events.
+    """Show workloads: status, reason, where they run, pods, events.
 
-    Exit codes: 0 ok, 3 not found or forbidden, 4 server unreachable.
+    Example: gpupool show w-1a2b
+
+    Exit codes: 0 ok, 2 an ambiguous id prefix, 3 not found or forbidden, 4 server unreachable.
     """
     with client() as pool:
-        workload = pool.workload(workload_id)
-        events = [] if as_json else pool.events(workload_id)
-    if as_json:
-        print(workload.model_dump_json(indent=2))
-        return
+        workloads = resolve_all(pool, workload_ids)
+        if as_json:
+            dumped = [w.model_dump(mode="json") for w in workloads]
+            print(json.dumps(dumped[0] if len(dumped) == 1 else dumped, indent=2))
+            return
+        for i, workload in enumerate(workloads):
+            if i:
+                print()
+            _show_one(pool, workload)
+
+
+def workdir_line(pool: Any, workload: Any) -> str:
+    """Where its pods run and why (the node's agent says so once the pod has started)."""
+    spec = workload.spec
+    if spec.workdir:
+        return f"workdir: {spec.workdir} (--workdir)"
+    if not spec.submit_dir:
+        return "workdir: private directory (no --workdir, and not submitted from a directory)"
+    if workload.status == "pending" or not workload.pods:
+        return (f"workdir: not chosen yet: {spec.submit_dir} (where submit ran) if the pod's account may "
+                "enter it on its node, else its private directory")
+    note = pool.logs(workload.id, rank=0, stream="notes").text.strip()
+    return note or f"workdir: not recorded by the node (submitted from {spec.submit_dir})"
+
+
+def _show_one(pool: Any, workload: Any) -> None:
+    events = pool.events(workload.id)
     from rich.table import Table
 
     out = console()
@@ -34,7 +64,8 @@ def show(
     )
     if workload.reason:
         out.print(f"reason: {workload.reason}: {workload.message}")
-    out.print(f"command: {' '.join(workload.spec.command)}")
+    out.print(f"command: {' '.join(workload.spec.command)}", markup=False)
+    out.print(workdir_line(pool, workload), markup=False, highlight=False, soft_wrap=True)
     unenforced = sorted({e.message for e in events if e.reason == "limits_unenforced"})
     for sentence in unenforced:
         out.print(f"[bold]not enforced:[/bold] {sentence}")

@@ -41,7 +41,9 @@ def submit(
         list[str] | None, typer.Option("--env", "-e", help="KEY=VALUE for the pods (repeatable).")
     ] = None,
     workdir: Annotated[
-        str | None, typer.Option("--workdir", "-w", help="Working directory of the pods.")
+        str | None,
+        typer.Option("--workdir", "-w", help="Working directory of the pods (default: this directory "
+                     "when their node has it and lets them in, else a private one; see `gpupool show`)."),
     ] = None,
     file: Annotated[
         Path | None, typer.Option("--file", "-f", help="A YAML spec; flags override its fields.")

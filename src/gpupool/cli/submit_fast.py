@@ -1,5 +1,8 @@
 """`gpupool submit` without typer, pydantic or httpx: parse flags, POST the spec, print the id.
 
+The spec carries the directory submit ran in (`submit_dir`): without --workdir the pods run there
+when their node has it and their account may enter it (agent/workdir.py), else in their private one.
+
 This is the path people run in loops, so on success it imports nothing beyond the C socket
 module (the server validates the spec; even `json` and `typing` are left out because they pull in
 `re`). `gpupool submit --help` goes through typer (cli/submit.py).
@@ -75,7 +78,21 @@ def parse(args: list[str]) -> dict[str, object]:
         target[path[-1]] = flag_value
     if not spec.get("command"):
         raise UsageError(f"Give the command to run after `--`. {USAGE}")
+    if "submit_dir" not in spec:
+        here = _cwd()
+        if here:
+            spec["submit_dir"] = here  # without --workdir, pods run here when their node lets them
     return spec
+
+
+def _cwd() -> str:
+    """The directory submit runs in ('' when it was deleted meanwhile)."""
+    import os  # already loaded by the interpreter: costs a dict lookup
+
+    try:
+        return os.getcwd()
+    except OSError:
+        return ""
 
 
 def _set(flags: dict[tuple[str, ...], object], path: tuple[str, ...], kind: str, value: str,

@@ -8,6 +8,7 @@ from typing import Annotated, Any
 import typer
 
 from gpupool.cli._common import SIMULATED_MARK, client, console, reports_errors
+from gpupool.cli._reconnect import DEFAULT_RECONNECT_S, Reconnecting, ReconnectOption
 
 
 def _view(pool: Any) -> Any:
@@ -44,16 +45,23 @@ def _view(pool: Any) -> Any:
 def top(
     once: Annotated[bool, typer.Option("--once", help="Print one view and exit.")] = False,
     interval: Annotated[float, typer.Option("--interval", min=0.2, help="Seconds between refreshes.")] = 1.0,
+    reconnect: ReconnectOption = DEFAULT_RECONNECT_S,
 ) -> None:
-    """A live view of the pool (Ctrl-C to quit). Exit codes: 0 ok, 4 server unreachable."""
+    """A live view of the pool (Ctrl-C to quit).
+
+    Example: gpupool top --interval 2
+
+    Exit codes: 0 ok, 4 server unreachable (live: after --reconnect).
+    """
     out = console()
+    retry = Reconnecting(0 if once else reconnect)
     with client() as pool:
         if once:
             out.print(_view(pool))
             return
         from rich.live import Live
 
-        with Live(_view(pool), console=out, refresh_per_second=4) as live:
+        with Live(retry.call(lambda: _view(pool)), console=out, refresh_per_second=4) as live:
             while True:
                 time.sleep(interval)
-                live.update(_view(pool))
+                live.update(retry.call(lambda: _view(pool)))

@@ -330,6 +330,8 @@ def _pod_launch(row: Row[Any], pod_id: str, placement: PodPlacement, rank: int, 
     spec = row.spec
     env = {str(k): str(v) for k, v in dict(spec.get("env", {})).items()}
     env.update({"GPUPOOL_WORKLOAD_ID": row.id, "GPUPOOL_POD_ID": pod_id, "GPUPOOL_TENANT": row.tenant})
+    if spec.get("submit_dir"):  # where `gpupool submit` ran (Slurm's SLURM_SUBMIT_DIR); see agent/workdir.py
+        env["GPUPOOL_SUBMIT_DIR"] = str(spec["submit_dir"])
     return PodLaunch(
         pod_id=pod_id, workload_id=row.id, node=placement.node, command=tuple(spec["command"]),
         slices=placement.slices, cpu_milli=request.cpu_milli, memory_mib=request.memory_mib, env=env,

@@ -73,7 +73,17 @@ class WorkloadSpec(Strict):
     env: dict[Annotated[str, Field(min_length=1, max_length=256, pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")],
               Annotated[str, Field(max_length=65536)]] = Field(default_factory=dict)
     workdir: str = Field("", max_length=4096)
+    submit_dir: str = Field("", max_length=4096, description=(
+        "where `gpupool submit` ran: without a workdir, pods run there when their node has it and "
+        "their account may enter it, else in their private directory"))
     runtime_estimate_s: float | None = Field(None, gt=0, allow_inf_nan=False)
+
+    @field_validator("submit_dir")
+    @classmethod
+    def _submit_dir(cls, value: str) -> str:
+        if value and not value.startswith("/"):
+            raise ValueError("submit_dir must be an absolute path such as /home/me/project")
+        return value
 
     @field_validator("command")
     @classmethod

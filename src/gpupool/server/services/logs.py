@@ -1,11 +1,16 @@
-"""Workload logs: the output of one pod, read from the provider by byte offset."""
+"""Workload logs: the output of one pod, read from the provider by byte offset.
+
+Streams: `stdout`, `stderr`, and `notes`, what the node's agent says about the pod (where it runs,
+and why). stdout and stderr are kept in two files, written by the pod directly (no copy through the
+agent), so `gpupool logs` shows both but cannot order one's lines against the other's exactly.
+"""
 
 from __future__ import annotations
 
 from sqlalchemy import select
 
 from gpupool.core.model import WorkloadStatus
-from gpupool.errors import NotFound, ProviderError
+from gpupool.errors import InvalidInput, NotFound, ProviderError
 from gpupool.providers.base import Provider
 from gpupool.server.auth import Principal
 from gpupool.server.orm import PodRow, WorkloadRow
@@ -44,4 +49,8 @@ def read_provider_log(provider: Provider, pod_id: str, stream: str, offset: int)
         chunk = provider.read_log(pod_id, stream, offset)
     except (NotFound, ProviderError):
         return "", offset, True
+    except InvalidInput:
+        if stream != "notes":
+            raise
+        return "", offset, True  # a provider that keeps no notes: nothing to say
     return str(chunk.text), int(chunk.next_offset), bool(chunk.finished)
