@@ -12,6 +12,7 @@ from sqlalchemy.exc import OperationalError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from gpupool.errors import GpupoolError
+from gpupool.server import validation
 from gpupool.server.db import store_unavailable
 
 log = logging.getLogger("gpupool.server")
@@ -26,26 +27,9 @@ def error_response(status: int, code: str, message: str, details: dict[str, Any]
                         headers=headers)
 
 
-def _location(loc: tuple[Any, ...]) -> str:
-    parts = [str(p) for p in loc if p not in ("body", "query", "path", "header")]
-    return ".".join(parts) or "body"
-
-
 def _validation(_: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, RequestValidationError)
-    problems = []
-    for err in exc.errors():
-        field = _location(tuple(err.get("loc", ())))
-        text = str(err.get("msg", "is invalid")).removeprefix("Value error, ").rstrip(".")
-        if err.get("type") == "extra_forbidden":
-            text = "is not a known field; remove it or check its spelling"
-        elif err.get("type") == "json_invalid":
-            text = "the request body is not valid JSON"
-        problems.append({"field": field, "problem": text})
-    first = problems[0] if problems else {"field": "body", "problem": "is invalid"}
-    message = f"Field {first['field']!r}: {first['problem']}."
-    if len(problems) > 1:
-        message += f" ({len(problems) - 1} more problem(s) in details.)"
+    message, problems = validation.message(list(exc.errors()))
     return error_response(422, "invalid_input", message, {"errors": problems})
 
 
