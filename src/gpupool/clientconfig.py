@@ -35,33 +35,85 @@ def _config_file() -> dict[str, object]:
         raise InvalidInput(f"Cannot read {path}: {exc}; fix or remove that file.") from None
 
 
-def _local_admin_token(url: str) -> str:
+def _local_admin_token(url: str) -> tuple[str, str]:
+    """(token, path) of the admin-token file `gpupool up` wrote here, for a server on this machine."""
     if "://127.0.0.1" not in url and "://localhost" not in url:
-        return ""
+        return "", ""
     import platformdirs
 
     path = os.path.join(platformdirs.user_data_dir("gpupool", appauthor=False), "admin-token")
     try:
         with open(path, encoding="utf-8") as handle:
-            return handle.read().strip()
+            return handle.read().strip(), path
     except OSError:
-        return ""
+        return "", ""
 
 
 def resolve(url: str | None = None, token: str | None = None) -> tuple[str, str]:
-    """(base URL without a trailing slash, token or '')."""
+    """(base URL without a trailing slash or /api/v1, token or '')."""
+    url, token, _ = _resolve(url, token)
+    return url, token
+
+
+def token_source() -> str:
+    """Where resolve() finds the token (GPUPOOL_TOKEN, or the file it was read from), or ''."""
+    return _resolve(None, None)[2]
+
+
+def with_token_source(message: str) -> str:
+    """An authentication error's message naming where the token came from."""
+    try:
+        source = token_source()
+    except Exception:  # a second problem must not hide the first
+        source = ""
+    if not source:
+        return message
+    if message.startswith("The token "):
+        return f"The token from {source} {message[len('The token '):]}"
+    return f"{message.rstrip('.')} (the token came from {source})."
+
+
+def _resolve(url: str | None, token: str | None) -> tuple[str, str, str]:
     config: dict[str, object] | None = None
+    url_source = "the URL given"
     if not url:
-        url = os.environ.get("GPUPOOL_URL", "")
+        url, url_source = os.environ.get("GPUPOOL_URL", ""), "GPUPOOL_URL"
         if not url:
             config = _config_file()
-            url = str(config.get("url", "")) or DEFAULT_URL
+            url, url_source = str(config.get("url", "")), f"url in {config_path()}"
+            url = url or DEFAULT_URL
+    url = normalize_url(url, url_source)
+    source = ""
     if not token:
-        token = os.environ.get("GPUPOOL_TOKEN", "")
+        token, source = os.environ.get("GPUPOOL_TOKEN", ""), "GPUPOOL_TOKEN"
         if not token:
             config = _config_file() if config is None else config
-            token = str(config.get("token", "")) or _local_admin_token(url)
-    return url.rstrip("/"), token
+            token, source = str(config.get("token", "")), config_path()
+            if not token:
+                token, source = _local_admin_token(url)
+    return url, token, source if token else ""
+
+
+def normalize_url(url: str, source: str = "the server URL") -> str:
+    """The base URL: `/api/v1` and trailing slashes dropped; a loopback address without a scheme
+    gets http://; any other URL without http:// or https:// is refused with a sentence."""
+    text = url.strip().rstrip("/")
+    if text.endswith("/api/v1"):
+        text = text[: -len("/api/v1")]
+    if "://" not in text:
+        hostport = text.split("/", 1)[0]
+        host = hostport[1:hostport.find("]")] if hostport.startswith("[") else hostport.rpartition(":")[0]
+        if (host or hostport).lower() in ("localhost", "::1") or (host or hostport).startswith("127."):
+            return "http://" + text
+        from gpupool.errors import InvalidInput
+
+        raise InvalidInput(f"{source} is {url!r}, which has no scheme; write http://{text} or "
+                           f"https://{text}.")
+    if not text.startswith(("http://", "https://")):
+        from gpupool.errors import InvalidInput
+
+        raise InvalidInput(f"{source} is {url!r}; give an http:// or https:// URL.")
+    return text
 
 
 def ca_bundle() -> str | None:

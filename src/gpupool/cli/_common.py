@@ -51,7 +51,7 @@ def reports_errors(func: F) -> F:
         try:
             return func(*args, **kwargs)
         except GpupoolError as exc:
-            print(f"Error: {exc.message}", file=sys.stderr)
+            print(f"Error: {error_text(exc)}", file=sys.stderr)
             raise typer.Exit(exc.exit_code) from None
         except TimeoutError as exc:
             print(f"Error: {exc}", file=sys.stderr)
@@ -60,6 +60,15 @@ def reports_errors(func: F) -> F:
             raise typer.Exit(130) from None
 
     return wrapper  # type: ignore[return-value]
+
+
+def error_text(exc: GpupoolError) -> str:
+    """The sentence for a gpupool error; an authentication error also says where the token came from."""
+    if exc.code == "unauthorized":
+        from gpupool.clientconfig import with_token_source
+
+        return with_token_source(exc.message)
+    return exc.message
 
 
 def console() -> Any:

@@ -146,7 +146,12 @@ def run(args: list[str]) -> int:
         code = getattr(exc, "exit_code", None)  # a GpupoolError, without importing it up front
         if code is None:
             raise
-        print(f"Error: {getattr(exc, 'message', exc)}", file=sys.stderr)
+        message = str(getattr(exc, "message", exc))
+        if getattr(exc, "code", "") == "unauthorized":
+            from gpupool.clientconfig import with_token_source
+
+            message = with_token_source(message)
+        print(f"Error: {message}", file=sys.stderr)
         return int(code)
     return 0
 
