@@ -54,7 +54,7 @@ def parse(args: list[str]) -> dict[str, object]:
             break
         name, eq, inline = arg.partition("=")
         if name not in _FLAGS:
-            raise UsageError(f"Unknown option {name!r}. {USAGE}")
+            raise UsageError(_unknown_option(name))
         if eq:
             value = inline
         elif i + 1 < len(args):
@@ -93,6 +93,14 @@ def _cwd() -> str:
         return os.getcwd()
     except OSError:
         return ""
+
+
+def _unknown_option(name: str) -> str:
+    from gpupool.errors import closest
+
+    close = closest(name, [flag for flag in _FLAGS if flag.startswith("--")])
+    hint = f"did you mean {close}?" if close else "see gpupool submit --help."
+    return f"gpupool submit has no option {name}; {hint}"
 
 
 def _set(flags: dict[tuple[str, ...], object], path: tuple[str, ...], kind: str, value: str,
