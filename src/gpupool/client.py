@@ -31,6 +31,8 @@ from gpupool.server.schemas.workloads import EventOut, LogsOut, WorkloadOut, Wor
 
 M = TypeVar("M", bound=BaseModel)
 API = "/api/v1"
+ID_PAGE = 10_000
+"""Ids per page of workload_ids() (the server's most with fields=id)."""
 
 
 class Client:
@@ -83,16 +85,36 @@ class Client:
             body = dict(spec)
         return str(self._call("POST", "/workloads", json=body)["id"])
 
-    def workloads(self, *, status: Sequence[str] = (), tenant: str | None = None, queue: str | None = None,
-                  limit: int = 100, offset: int = 0) -> WorkloadPage:
-        params: dict[str, Any] = {"limit": limit, "offset": offset}
-        if status:
-            params["status"] = list(status)
-        if tenant:
-            params["tenant"] = tenant
-        if queue:
-            params["queue"] = queue
+    def workloads(self, *, status: Sequence[str] = (), tenant: str | Sequence[str] | None = None,
+                  queue: str | Sequence[str] | None = None, limit: int = 100, offset: int = 0,
+                  id_prefix: str | None = None, name: str | None = None,
+                  since_s: float | None = None) -> WorkloadPage:
+        """Newest first (at most 1000 a page); filters take any case and comma lists ("a,b"); an
+        unknown tenant or queue raises NotFound. `id_prefix` keeps ids starting with it, `name` one
+        exact name, `since_s` those submitted at or after it."""
+        params = _list_params(status, tenant, queue, since_s)
+        params.update(limit=limit, offset=offset)
+        if id_prefix:
+            params["id_prefix"] = id_prefix
+        if name is not None:
+            params["name"] = name
         return self._one(WorkloadPage, "GET", "/workloads", params=params)
+
+    def workload_ids(self, *, status: Sequence[str] = (), tenant: str | Sequence[str] | None = None,
+                     queue: str | Sequence[str] | None = None, since_s: float | None = None,
+                     limit: int | None = None) -> list[str]:
+        """The ids of the matching workloads, newest first (all of them, or the first `limit`), read
+        in pages of up to 10,000 ids."""
+        params = _list_params(status, tenant, queue, since_s)
+        ids: list[str] = []
+        while limit is None or len(ids) < limit:
+            page_size = ID_PAGE if limit is None else min(ID_PAGE, limit - len(ids))
+            page = self._call("GET", "/workloads", params={**params, "fields": "id", "limit": page_size,
+                                                           "offset": len(ids)})
+            ids += page["ids"]
+            if len(page["ids"]) < page_size or len(ids) >= page["total"]:
+                break
+        return ids
 
     def workload(self, workload_id: str) -> WorkloadOut:
         return self._one(WorkloadOut, "GET", f"/workloads/{_segment(workload_id)}")
@@ -132,8 +154,10 @@ class Client:
     def uncordon(self, name: str) -> NodeOut:
         return self._one(NodeOut, "POST", f"/nodes/{_segment(name)}/uncordon")
 
-    def drain(self, name: str) -> NodeOut:
-        return self._one(NodeOut, "POST", f"/nodes/{_segment(name)}/drain")
+    def drain(self, name: str, *, now: bool = False) -> NodeOut:
+        """Stop new placements on a node and let its work finish (`now`: requeue that work at once)."""
+        return self._one(NodeOut, "POST", f"/nodes/{_segment(name)}/drain",
+                         params={"now": "true"} if now else None)
 
     def pool(self) -> PoolSummary:
         return self._one(PoolSummary, "GET", "/pool")
@@ -207,6 +231,17 @@ class Client:
         if since_s is not None:
             params["since_s"] = since_s
         return self._many(AuditOut, "GET", "/audit", params=params)
+
+
+def _list_params(status: Sequence[str], tenant: str | Sequence[str] | None,
+                 queue: str | Sequence[str] | None, since_s: float | None) -> dict[str, Any]:
+    params: dict[str, Any] = {}
+    for key, value in (("status", status), ("tenant", tenant), ("queue", queue)):
+        if value:
+            params[key] = [value] if isinstance(value, str) else list(value)
+    if since_s is not None:
+        params["since_s"] = since_s
+    return params
 
 
 def _verify(url: str) -> ssl.SSLContext | bool:

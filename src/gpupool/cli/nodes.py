@@ -1,12 +1,13 @@
-"""`gpupool nodes`: the pool's nodes and devices with what is allocated on each."""
+"""`gpupool node`: the pool's nodes, their state and devices with what is allocated on each; drain."""
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
-from gpupool.cli._common import SIMULATED_MARK, client, console, reports_errors
+from gpupool.cli._common import SIMULATED_MARK, client, reports_errors
+from gpupool.cli.output import Column, Format, OutputOption
 
 app = typer.Typer(
     help="Nodes: ls, cordon, uncordon, drain.", no_args_is_help=False, invoke_without_command=True
@@ -15,82 +16,113 @@ app = typer.Typer(
 
 @app.callback(invoke_without_command=True)
 @reports_errors
-def nodes(ctx: typer.Context) -> None:
+def nodes(ctx: typer.Context, output: OutputOption = Format.TABLE) -> None:
     """List nodes and their devices; simulated devices are marked (sim)."""
     if ctx.invoked_subcommand is not None:
         return
-    _list()
+    _list(output)
 
 
 @app.command("ls")
 @reports_errors
-def list_nodes() -> None:
-    """List nodes, their devices, and which of a pod's limits each node enforces.
+def list_nodes(output: OutputOption = Format.TABLE) -> None:
+    """List nodes, their state, devices, and which of a pod's limits each node enforces.
 
-    Layers: accounts (pods run as their tenant's Unix account), devices (a pod sees only its
-    devices), device_limits (compute and memory shares capped by CUDA MPS), host_limits (cpu and
-    memory capped by a cgroup v2). A layer marked "no" is not enforced there, with the reason.
+    States: ready, cordoned, draining (no new work; what runs there finishes), drained (draining
+    and nothing left running), unhealthy. Layers: accounts (pods run as their tenant's Unix
+    account), devices (a pod sees only its devices), device_limits (compute and memory shares
+    capped by CUDA MPS), host_limits (cpu and memory capped by a cgroup v2). A layer marked "no" is
+    not enforced there, with the reason.
+
+    Example: gpupool node ls -o name | xargs -n1 gpupool node cordon
     """
-    _list()
+    _list(output)
 
 
-def _list() -> None:
-    from rich.table import Table
+def _list(output: Format) -> None:
+    from gpupool.cli.output import console, render, table
 
     with client() as pool:
         listing = pool.nodes()
-    table = Table(title=f"{len(listing)} node(s)")
-    for column in ("NODE", "STATE", "DEVICES", "ALLOCATED GPUS", "CPU", "MEMORY"):
-        table.add_column(column)
-    for n in listing:
-        state = (
-            "draining" if n.draining else "cordoned" if n.cordoned else "ready" if n.healthy else "unhealthy"
-        )
-        models = sorted({d.model for d in n.devices})
-        devices = f"{len(n.devices)}x{','.join(models) or '-'}" + (
-            f" {SIMULATED_MARK}" if n.simulated else ""
-        )
-        allocated = sum(d.allocated_milli for d in n.devices) / 1000
-        table.add_row(
-            n.name,
-            state,
-            devices,
-            f"{allocated:g}/{len(n.devices)}",
-            f"{n.allocated_cpu_milli / 1000:g}/{n.cpu_milli / 1000:g}",
-            f"{n.allocated_memory_mib}/{n.memory_mib} MiB",
-        )
-    console().print(table)
-    layers = Table(title="enforcement (what each node holds a pod to)")
-    for column in ("NODE", "LAYER", "ENFORCED", "DETAIL"):
-        layers.add_column(column)
-    for n in listing:
-        for state in n.enforcement:
-            layers.add_row(n.name, state.layer, "yes" if state.enforced else "[bold]no[/bold]", state.detail)
-    console().print(layers)
+    render(output, listing, _COLUMNS, key=lambda n: n.name, title=f"{len(listing)} node(s)")
+    if output in (Format.TABLE, Format.WIDE):
+        layers = [(n.name, state) for n in listing for state in n.enforcement]
+        console().print(table("enforcement (what each node holds a pod to)", _LAYER_COLUMNS, layers,
+                              wide=False))
 
 
-def _act(action: str, name: str) -> None:
+def _devices(n: Any) -> str:
+    models = sorted({d.model for d in n.devices})
+    return f"{len(n.devices)}x{','.join(models) or '-'}" + (f" {SIMULATED_MARK}" if n.simulated else "")
+
+
+def _allocated(n: Any) -> float:
+    return sum(d.allocated_milli for d in n.devices) / 1000
+
+
+def _device_memory(n: Any) -> str:
+    from gpupool.core.units import format_memory_mib
+
+    sizes = sorted({d.memory_mib for d in n.devices})
+    return ",".join(format_memory_mib(m) if m else "?" for m in sizes) or "-"
+
+
+_COLUMNS: list[Column[Any]] = [
+    Column("NODE", lambda n: n.name, key=True),
+    Column("STATE", lambda n: n.state),
+    Column("DEVICES", _devices),
+    Column("ALLOCATED GPUS", lambda n: f"{_allocated(n):g}/{len(n.devices)}"),
+    Column("CPU", lambda n: f"{n.allocated_cpu_milli / 1000:g}/{n.cpu_milli / 1000:g}"),
+    Column("MEMORY", lambda n: f"{n.allocated_memory_mib}/{n.memory_mib} MiB"),
+    Column("DEVICE MEMORY", _device_memory, wide=True),
+    Column("HEALTHY", lambda n: "yes" if n.healthy else "no", wide=True),
+    Column("LABELS", lambda n: ",".join(f"{k}={v}" for k, v in sorted(n.labels.items())) or "-", wide=True),
+]
+_LAYER_COLUMNS: list[Column[Any]] = [
+    Column("NODE", lambda r: r[0], key=True),
+    Column("LAYER", lambda r: r[1].layer),
+    Column("ENFORCED", lambda r: "yes" if r[1].enforced else "[bold]no[/bold]"),
+    Column("DETAIL", lambda r: r[1].detail),
+]
+
+
+def _act(action: str, name: str, **kwargs: Any) -> None:
     with client() as pool:
-        node = getattr(pool, action)(name)
-    print(f"{node.name} {'draining' if node.draining else 'cordoned' if node.cordoned else 'ready'}")
+        node = getattr(pool, action)(name, **kwargs)
+    print(f"{node.name} {node.state}")
 
 
 @app.command()
 @reports_errors
 def cordon(name: Annotated[str, typer.Argument(help="Node name.")]) -> None:
-    """Admin: stop placing new work on a node."""
+    """Admin: stop placing new work on a node (what runs there keeps running).
+
+    Example: gpupool node cordon gpu-07
+    """
     _act("cordon", name)
 
 
 @app.command()
 @reports_errors
 def uncordon(name: Annotated[str, typer.Argument(help="Node name.")]) -> None:
-    """Admin: let work land on a node again (also ends a drain)."""
+    """Admin: let work land on a node again (also ends a drain).
+
+    Example: gpupool node uncordon gpu-07
+    """
     _act("uncordon", name)
 
 
 @app.command()
 @reports_errors
-def drain(name: Annotated[str, typer.Argument(help="Node name.")]) -> None:
-    """Admin: cordon a node and requeue the work running there."""
-    _act("drain", name)
+def drain(
+    name: Annotated[str, typer.Argument(help="Node name.")],
+    now: Annotated[bool, typer.Option("--now", help="Requeue the work running there at once.")] = False,
+) -> None:
+    """Admin: stop placing new work on a node and let what runs there finish, like Slurm's DRAIN.
+
+    The node reads `draining` while work placed before the drain runs, then `drained`; with --now
+    that work is stopped and requeued at once. `gpupool node uncordon` ends either.
+
+    Example: gpupool node drain gpu-07 && gpupool node ls
+    """
+    _act("drain", name, now=now)

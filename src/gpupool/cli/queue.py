@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
-from gpupool.cli._common import client, console, reports_errors
+from gpupool.cli._common import client, reports_errors
+from gpupool.cli.output import Column, Format, OutputOption
 
 app = typer.Typer(help="Queues and quotas (admin): create, ls, set-quota.", no_args_is_help=True)
 
@@ -46,17 +47,35 @@ def set_quota(
 @app.command("ls")
 @reports_errors
 def list_queues(
-    tenant: Annotated[str | None, typer.Option("--tenant", "-t", help="Only this tenant.")] = None,
+    tenant: Annotated[str | None, typer.Option("--tenant", "-t", help="Only this tenant's.")] = None,
+    output: OutputOption = Format.TABLE,
 ) -> None:
-    """List queues with their quota, use and lengths."""
-    from rich.table import Table
+    """List queues with their quota, use and lengths.
 
+    Example: gpupool queue ls -t team-a -o json
+    """
+    from gpupool.cli.output import render
+
+    tenant = tenant.strip().lower() if tenant else None
     with client() as pool:
         queues = pool.queues(tenant)
-    table = Table(title=f"{len(queues)} queue(s)")
-    for column in ("TENANT/QUEUE", "QUOTA GPUS", "USED GPUS", "RUNNING", "PENDING"):
-        table.add_column(column)
-    for q in queues:
-        quota = "-" if q.quota_gpus is None else f"{q.quota_gpus:g}"
-        table.add_row(f"{q.tenant}/{q.name}", quota, f"{q.used_gpus:g}", str(q.running), str(q.pending))
-    console().print(table)
+        if not queues and tenant:
+            known_tenant(pool, tenant)
+    columns: list[Column[Any]] = [
+        Column("TENANT/QUEUE", lambda q: f"{q.tenant}/{q.name}", key=True),
+        Column("QUOTA GPUS", lambda q: "-" if q.quota_gpus is None else f"{q.quota_gpus:g}"),
+        Column("USED GPUS", lambda q: f"{q.used_gpus:g}"),
+        Column("RUNNING", lambda q: str(q.running)),
+        Column("PENDING", lambda q: str(q.pending)),
+    ]
+    render(output, queues, columns, key=lambda q: f"{q.tenant}/{q.name}", title=f"{len(queues)} queue(s)")
+
+
+def known_tenant(pool: Any, tenant: str) -> None:
+    """NotFound (exit 3) unless `tenant` exists: an empty listing must not hide a typo."""
+    from gpupool.errors import NotFound, did_you_mean
+
+    names = [t.name for t in pool.tenants()]
+    if tenant not in names:
+        raise NotFound(f"No tenant {tenant!r}; list them with `gpupool tenant ls`."
+                       + did_you_mean(tenant, names), tenant=tenant)

@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import sys
-import time
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
-from gpupool.cli._common import client, console, reports_errors
+from gpupool.cli._common import client, reports_errors
+from gpupool.cli.output import Column, Format, OutputOption
 
 app = typer.Typer(help="Tenants (admin): create, set, ls.", no_args_is_help=True)
 
@@ -66,18 +66,22 @@ def set_tenant(
 
 @app.command("ls")
 @reports_errors
-def list_tenants() -> None:
-    """List tenants with their queues, limits and Unix accounts."""
-    from rich.table import Table
+def list_tenants(output: OutputOption = Format.TABLE) -> None:
+    """List tenants with their queues, limits and Unix accounts.
+
+    Example: gpupool tenant ls -o name
+    """
+    from gpupool.cli._durations import when
+    from gpupool.cli.output import render
 
     with client() as pool:
         tenants = pool.tenants()
-    table = Table(title=f"{len(tenants)} tenant(s)")
-    for column in ("TENANT", "QUEUES", "MAX PRIORITY", "MAX PENDING", "UNIX USER", "CREATED"):
-        table.add_column(column)
-    for t in tenants:
-        table.add_row(
-            t.name, ", ".join(t.queues), str(t.max_priority), str(t.max_pending), t.unix_user or "-",
-            time.strftime("%Y-%m-%d %H:%M", time.localtime(t.created_s)),
-        )
-    console().print(table)
+    columns: list[Column[Any]] = [
+        Column("TENANT", lambda t: t.name, key=True),
+        Column("QUEUES", lambda t: ", ".join(t.queues)),
+        Column("MAX PRIORITY", lambda t: str(t.max_priority)),
+        Column("MAX PENDING", lambda t: str(t.max_pending)),
+        Column("UNIX USER", lambda t: t.unix_user or "-"),
+        Column("CREATED", lambda t: when(t.created_s)),
+    ]
+    render(output, tenants, columns, key=lambda t: t.name, title=f"{len(tenants)} tenant(s)")

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import time
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
-from gpupool.cli._common import client, console, reports_errors
+from gpupool.cli._common import client, reports_errors
+from gpupool.cli.output import Column, Format, OutputOption
 
 app = typer.Typer(help="Bearer tokens: create (admin), ls, revoke.", no_args_is_help=True)
 
@@ -43,25 +44,39 @@ def create(
 @reports_errors
 def list_tokens(
     tenant: Annotated[str | None, typer.Option("--tenant", "-t", help="Only this tenant's.")] = None,
+    output: OutputOption = Format.TABLE,
 ) -> None:
-    """List tokens (never their secrets): all for the admin, a tenant's own for a tenant token."""
-    from rich.table import Table
+    """List tokens (never their secrets): all for the admin, a tenant's own for a tenant token.
 
+    Example: gpupool token ls -t team-a -o name
+    """
     from gpupool.cli._common import ago
     from gpupool.cli._durations import day
+    from gpupool.cli.output import render
+    from gpupool.cli.queue import known_tenant
 
+    tenant = tenant.strip().lower() if tenant else None
     with client() as pool:
         tokens = pool.tokens(tenant)
+        if not tokens and tenant:
+            known_tenant(pool, tenant)
     now = time.time()
-    table = Table(title=f"{len(tokens)} token(s)")
-    for column in ("ID", "NAME", "TENANT", "SCOPE", "STATE", "CREATED", "EXPIRES", "LAST USED"):
-        table.add_column(column, no_wrap=column in ("ID", "NAME"))
-    for t in tokens:
-        state = ("revoked" if t.revoked_s is not None
-                 else "expired" if t.expires_s is not None and t.expires_s <= now else "active")
-        table.add_row(t.id, t.name, t.tenant or "(admin)", t.scope, state, day(t.created_s),
-                      day(t.expires_s, "never"), ago(t.last_used_s, now))
-    console().print(table)
+
+    def state(t: Any) -> str:
+        return ("revoked" if t.revoked_s is not None
+                else "expired" if t.expires_s is not None and t.expires_s <= now else "active")
+
+    columns: list[Column[Any]] = [
+        Column("ID", lambda t: t.id, key=True),
+        Column("NAME", lambda t: t.name, key=True),
+        Column("TENANT", lambda t: t.tenant or "(admin)"),
+        Column("SCOPE", lambda t: t.scope),
+        Column("STATE", state),
+        Column("CREATED", lambda t: day(t.created_s)),
+        Column("EXPIRES", lambda t: day(t.expires_s, "never")),
+        Column("LAST USED", lambda t: ago(t.last_used_s, now)),
+    ]
+    render(output, tokens, columns, key=lambda t: t.id, title=f"{len(tokens)} token(s)")
 
 
 @app.command()

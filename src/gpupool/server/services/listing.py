@@ -127,4 +127,4 @@ def list_workloads(rt: Runtime, who: Principal, *, status: Sequence[str] = (), t
         pods = _pods(session, [r.id for r in rows])
         simulated = _simulated_nodes(rt)
         items = [workload_row_to_out(r, pods[r.id], simulated) for r in rows]
-    return WorkloadPage(items=items, total=int(total), limit=limit, offset=offset)
+    return WorkloadPage(items=items, ids=None, total=int(total), limit=limit, offset=offset)

@@ -17,7 +17,6 @@ from gpupool.server.schemas.workloads import (
     EventOut,
     WorkloadCreated,
     WorkloadOut,
-    WorkloadPage,
     WorkloadSpec,
 )
 from gpupool.server.services.converters import event_row_to_out, workload_row_to_out
@@ -25,8 +24,6 @@ from gpupool.server.services.events import transition
 from gpupool.server.services.specs import CAPACITY, check_fits, to_workload
 from gpupool.server.services.submit_writer import Submission, SubmitWriter, commit
 from gpupool.server.states import ACTIVE_POD_STATES, EventReason, PodState
-
-MAX_PAGE = 1000
 
 
 def new_workload_id() -> str:
@@ -106,21 +103,6 @@ def get(rt: Runtime, who: Principal, workload_id: str) -> WorkloadOut:
     with rt.store.read() as session:
         row = _visible(session, who, workload_id)
         return workload_row_to_out(row, _pods(session, [row.id])[row.id], simulated)
-
-
-def list_workloads(
-    rt: Runtime, who: Principal, *, status: Sequence[WorkloadStatus] = (), tenant: str | None = None,
-    queue: str | None = None, limit: int = 100, offset: int = 0, id_prefix: str | None = None,
-    name: str | None = None,
-) -> WorkloadPage:
-    """Newest first; a tenant token sees only its own tenant. `id_prefix` keeps the ids that start
-    with it (how the CLI resolves a short id), `name` the exact name. (services/listing.py holds the
-    filters: comma lists, any case, --since, ids only.)"""
-    from gpupool.server.services import listing
-
-    return listing.list_workloads(rt, who, status=[s.value for s in status],
-                                  tenant=[tenant] if tenant else [], queue=[queue] if queue else [],
-                                  id_prefix=id_prefix or "", name=name, limit=limit, offset=offset)
 
 
 def cancel(rt: Runtime, who: Principal, workload_id: str) -> WorkloadOut:
