@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import sys
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -16,7 +17,11 @@ from rich.table import Table
 from gpupool.core.fabric.model import Fabric, Link
 from gpupool.errors import GpupoolError, InvalidInput
 
-app = typer.Typer(help="Discover, route, inspect and export the InfiniBand fabric.", add_completion=False)
+app = typer.Typer(
+    help="Inspect, route, draw and export an InfiniBand fabric from a topology file (ibnetdiscover "
+    "output or an ibsim net file).\n\nExample: gpupool fabric show fabric.topo --cas",
+    add_completion=False,
+)
 export_app = typer.Typer(help="Write Slurm, OpenSM and NCCL configuration from a fabric.")
 generate_app = typer.Typer(help="Generate fat-tree and rail-optimised fabrics.")
 app.add_typer(export_app, name="export")
@@ -31,17 +36,18 @@ JSON = typer.Option(False, "--json", help="Print JSON instead of tables.")
 
 @contextmanager
 def _errors() -> Iterator[None]:
-    """Turn gpupool errors and unreadable files into one sentence and an exit code."""
+    """Turn gpupool errors and unreadable files into one line on stderr and an exit code."""
     try:
         yield
     except GpupoolError as exc:
-        Console(stderr=True).print(f"[red]Error:[/red] {exc.message}", highlight=False)
+        print(f"Error: {exc.message}", file=sys.stderr)
         raise typer.Exit(exc.exit_code) from None
+    except FileNotFoundError as exc:
+        print(f"Error: no such file: {exc.filename}; check the path.", file=sys.stderr)
+        raise typer.Exit(2) from None
     except OSError as exc:
-        Console(stderr=True).print(
-            f"[red]Error:[/red] cannot read or write {exc.filename}: {exc.strerror}; check the path.",
-            highlight=False,
-        )
+        reason = (exc.strerror or str(exc)).lower()
+        print(f"Error: cannot read or write {exc.filename}: {reason}; check the path.", file=sys.stderr)
         raise typer.Exit(2) from None
 
 
@@ -80,10 +86,26 @@ def _emit(as_json: bool, payload: dict[str, Any], render: Callable[[Console], No
 
 
 @app.command()
-def show(path: Path = FILE_ARG, as_json: bool = JSON, node_map: Path | None = NODE_MAP) -> None:
-    """Summarise a fabric: switches, CAs, links, fat-tree levels and degraded links."""
+def show(
+    path: Path = FILE_ARG,
+    as_json: bool = JSON,
+    node_map: Path | None = NODE_MAP,
+    cas: bool = typer.Option(False, "--cas", help="List the CAs (hosts' adapters) by name."),
+    switches: bool = typer.Option(False, "--switches", help="List the switches by name."),
+) -> None:
+    """Summarise a fabric: switches, CAs, links, fat-tree levels and degraded links.
+
+    --cas and --switches list the names that `fabric route` and `fabric fail-link` take.
+
+    Example: gpupool fabric show fabric.topo --cas
+    """
     with _errors():
         fabric = load_fabric(path, node_map)
+        if cas or switches:
+            from gpupool.cli.fabric_list import show_names
+
+            show_names(fabric, cas=cas, switches=switches, as_json=as_json)
+            return
         levels: dict[int, list[str]] = {}
         for switch, level in sorted(fabric.levels.items()):
             levels.setdefault(level, []).append(fabric.nodes[switch].label)
@@ -129,12 +151,17 @@ def route_cmd(
     node_map: Path | None = NODE_MAP,
     roots: Path | None = ROOTS,
 ) -> None:
-    """Show the up*/down* minimum-hop routes (ECMP) between two CAs, with bandwidth and latency."""
+    """Show the up*/down* minimum-hop routes (ECMP) between two CAs, with bandwidth and latency.
+
+    Example: gpupool fabric route fabric.topo node01 node17
+    """
     from gpupool.core.fabric.paths import route
 
     with _errors():
         fabric = load_fabric(path, node_map)
         a, b = _find_ca(fabric, src), _find_ca(fabric, dst)
+        if a == b:
+            raise InvalidInput(f"{src} and {dst} are the same CA; give two different CAs to route between.")
         found = route(fabric, a, b, roots=_ids(fabric, roots))
         if not found.reachable:
             raise InvalidInput(f"{src} cannot reach {dst}: no up*/down* path exists.")
@@ -181,7 +208,10 @@ def tables(
     roots: Path | None = ROOTS,
     out: Path | None = typer.Option(None, "--out", "-o", help="Also write every switch's table."),
 ) -> None:
-    """Compute the up*/down* forwarding tables: every switch's output port toward every CA."""
+    """Compute the up*/down* forwarding tables: every switch's output port toward every CA.
+
+    Example: gpupool fabric tables fabric.topo --out tables.txt
+    """
     from gpupool.core.fabric.forwarding import NO_ROUTE, compute_tables
 
     with _errors():
@@ -227,7 +257,10 @@ def fail_link_cmd(
     as_json: bool = JSON,
     roots: Path | None = ROOTS,
 ) -> None:
-    """Fail one cable, recompute routes and list the CA pairs that lose connectivity or bandwidth."""
+    """Fail one cable, recompute routes and list the CA pairs that lose connectivity or bandwidth.
+
+    Example: gpupool fabric fail-link fabric.topo S-0008f10500108bba:13
+    """
     from gpupool.core.fabric.analysis import fail_link
 
     with _errors():
@@ -267,13 +300,19 @@ def draw(
     out: Path = typer.Option(Path("topo.png"), "--out", "-o", help="PNG file to write."),
     node_map: Path | None = NODE_MAP,
 ) -> None:
-    """Draw the fabric: fat-tree levels as rows, degraded links dashed red."""
+    """Draw the fabric (PNG, or SVG by the name): levels as rows, named switches and hosts, a legend.
+
+    Up to 64 hosts are named; above that each leaf switch shows how many hosts hang below it.
+    Degraded links are dashed red.
+
+    Example: gpupool fabric draw fabric.topo --out fabric.svg
+    """
     from gpupool.exporters.draw import draw_fabric
 
     with _errors():
         fabric = load_fabric(path, node_map)
         draw_fabric(fabric, out, title=path.name)
-        Console().print(f"Wrote {out}")
+        typer.echo(f"Wrote {out}")
 
 
 from gpupool.cli import fabric_export as _fabric_export  # noqa: E402,F401  (registers sub-commands)

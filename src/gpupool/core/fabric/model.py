@@ -288,4 +288,4 @@ def _resolve(fabric: Fabric, ref: str) -> str:
     if len(matches) > 1:
         raise InvalidInput(f"{ref!r} names {len(matches)} nodes; use the node id or GUID instead.")
     raise InvalidInput(f"No node called {ref!r} in the fabric; use an id, name, GUID or LID "
-                   "as listed by `gpupool fabric show`.")
+                   "as listed by `gpupool fabric show FILE --cas` (or --switches).")
