@@ -16,7 +16,10 @@ def audit(
     ] = None,
     limit: Annotated[int, typer.Option("--limit", min=1, max=10_000, help="At most this many rows.")] = 100,
 ) -> None:
-    """Show the audit log, newest first: admin actions and refused authentications (admin)."""
+    """Show the audit log, newest first: admin actions and refused authentications (admin).
+
+    Example: gpupool audit --since 1h
+    """
     from rich.table import Table
 
     from gpupool.cli._durations import since_s, when

@@ -22,8 +22,10 @@ app = typer.Typer(
     "output or an ibsim net file).\n\nExample: gpupool fabric show fabric.topo --cas",
     add_completion=False,
 )
-export_app = typer.Typer(help="Write Slurm, OpenSM and NCCL configuration from a fabric.")
-generate_app = typer.Typer(help="Generate fat-tree and rail-optimised fabrics.")
+export_app = typer.Typer(help="Write Slurm, OpenSM and NCCL configuration from a fabric.\n\n"
+                         "Example: gpupool fabric export slurm fabric.topo --out topology.conf")
+generate_app = typer.Typer(help="Generate fat-tree and rail-optimised fabrics.\n\n"
+                           "Example: gpupool fabric generate fat-tree --ports 8 --out tree.topo")
 app.add_typer(export_app, name="export")
 app.add_typer(generate_app, name="generate")
 

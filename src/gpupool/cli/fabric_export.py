@@ -45,7 +45,10 @@ def export_slurm(
     style: str = typer.Option("spines", "--style", help="spines (site style) or levels (strict tree)."),
     node_map: Path | None = NODE_MAP,
 ) -> None:
-    """Slurm topology.conf (topology/tree plugin)."""
+    """Slurm topology.conf (topology/tree plugin).
+
+    Example: gpupool fabric export slurm fabric.topo --out /etc/slurm/topology.conf
+    """
     from gpupool.exporters.slurm import TopologyStyle, topology_conf
 
     with _errors():
@@ -87,7 +90,10 @@ def export_partitions(
     out: Path | None = OUT,
     node_map: Path | None = NODE_MAP,
 ) -> None:
-    """OpenSM partitions.conf: one P_Key per tenant; fails if two tenants could reach each other."""
+    """OpenSM partitions.conf: one P_Key per tenant; fails if two tenants could reach each other.
+
+    Example: gpupool fabric export opensm-partitions fabric.topo --tenant a=node01,node02 --tenant b=node03
+    """
     from gpupool.core.fabric.partitions import isolation_violations, plan_partitions
     from gpupool.exporters.opensm import partitions_conf
 
@@ -108,7 +114,10 @@ def export_qos(
     out: Path | None = OUT,
     options_out: Path | None = typer.Option(None, "--options-out", help="Write the opensm.conf lines here."),
 ) -> None:
-    """OpenSM qos-policy.conf plus the opensm.conf qos_* lines (printed after it unless --options-out)."""
+    """OpenSM qos-policy.conf plus the opensm.conf qos_* lines (printed after it unless --options-out).
+
+    Example: gpupool fabric export opensm-qos --class critical=0.8 --class normal=0.2 --out qos-policy.conf
+    """
     from gpupool.core.fabric.qos import parse_shares, plan_qos
     from gpupool.exporters.opensm import opensm_qos_options, qos_policy_conf
 
@@ -143,7 +152,10 @@ def export_nccl(
     numa: int = typer.Option(2, "--numa", help="NUMA nodes per host for the topology XML."),
     node_map: Path | None = NODE_MAP,
 ) -> None:
-    """NCCL environment (NCCL_IB_HCA, NCCL_IB_SL, NCCL_IB_PKEY) for a host, as shell exports."""
+    """NCCL environment (NCCL_IB_HCA, NCCL_IB_SL, NCCL_IB_PKEY) for a host, as shell exports.
+
+    Example: eval "$(gpupool fabric export nccl fabric.topo --host node01)"
+    """
     from gpupool.core.fabric.qos import parse_shares, plan_qos
     from gpupool.exporters.nccl import nccl_env, topo_xml
 
@@ -180,7 +192,10 @@ def generate_fat_tree(
     fmt: str = FORMAT,
     out: Path | None = OUT,
 ) -> None:
-    """A k-ary fat tree (one HCA per host)."""
+    """A k-ary fat tree (one HCA per host).
+
+    Example: gpupool fabric generate fat-tree --ports 8 --levels 2 --out tree.topo
+    """
     from gpupool.core.fabric.generate import fat_tree
 
     with _errors():
@@ -197,7 +212,10 @@ def generate_rail(
     fmt: str = FORMAT,
     out: Path | None = OUT,
 ) -> None:
-    """A rail-optimised GPU cluster: HCA r of every server on rail r's leaf."""
+    """A rail-optimised GPU cluster: HCA r of every server on rail r's leaf.
+
+    Example: gpupool fabric generate rail --nodes 16 --rails 8 --out rail.topo
+    """
     from gpupool.core.fabric.generate import rail_optimized
 
     with _errors():

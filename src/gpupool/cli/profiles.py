@@ -13,7 +13,8 @@ from rich.table import Table
 from gpupool.errors import GpupoolError
 from gpupool.profiles import DeviceProfile, load_profiles
 
-app = typer.Typer(help="Device profiles gpupool knows: ls.", add_completion=False)
+app = typer.Typer(help="Device profiles gpupool knows: ls.\n\nExample: gpupool profile ls --json",
+                  add_completion=False)
 
 
 def _num(value: float | int | None, unit: str = "") -> str:
