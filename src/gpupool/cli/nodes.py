@@ -10,7 +10,8 @@ from gpupool.cli._common import SIMULATED_MARK, client, reports_errors
 from gpupool.cli.output import Column, Format, OutputOption
 
 app = typer.Typer(
-    help="Nodes: ls, cordon, uncordon, drain.", no_args_is_help=False, invoke_without_command=True
+    help="Nodes: ls, cordon, uncordon, drain.\n\nExample: gpupool node ls", no_args_is_help=False,
+    invoke_without_command=True,
 )
 
 

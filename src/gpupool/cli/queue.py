@@ -9,7 +9,8 @@ import typer
 from gpupool.cli._common import client, reports_errors
 from gpupool.cli.output import Column, Format, OutputOption
 
-app = typer.Typer(help="Queues and quotas (admin): create, ls, set-quota.", no_args_is_help=True)
+app = typer.Typer(help="Queues and quotas (admin): create, ls, set-quota.\n\n"
+                  "Example: gpupool queue create team-a batch --quota 4", no_args_is_help=True)
 
 
 @app.command()
@@ -21,7 +22,10 @@ def create(
         float | None, typer.Option("--quota", min=0, help="GPUs its running work may hold.")
     ] = None,
 ) -> None:
-    """Create a queue for a tenant, optionally with a GPU quota."""
+    """Create a queue for a tenant, optionally with a GPU quota.
+
+    Example: gpupool queue create team-a batch --quota 4
+    """
     with client() as pool:
         queue = pool.create_queue(tenant, name, quota_gpus)
     print(f"{queue.tenant}/{queue.name}")
@@ -36,7 +40,10 @@ def set_quota(
         float | None, typer.Option("--quota", min=0, help="GPUs; omit to remove the cap.")
     ] = None,
 ) -> None:
-    """Change (or remove) a queue's GPU quota."""
+    """Change (or remove) a queue's GPU quota.
+
+    Example: gpupool queue set-quota team-a batch --quota 8
+    """
     with client() as pool:
         queue = pool.set_quota(tenant, name, quota_gpus)
     print(

@@ -10,7 +10,8 @@ import typer
 from gpupool.cli._common import client, reports_errors
 from gpupool.cli.output import Column, Format, OutputOption
 
-app = typer.Typer(help="Tenants (admin): create, set, ls.", no_args_is_help=True)
+app = typer.Typer(help="Tenants (admin): create, set, ls.\n\nExample: gpupool tenant create team-a",
+                  no_args_is_help=True)
 
 UnixUser = Annotated[
     str | None, typer.Option("--unix-user", help="An existing account on the server its pods run as.")
@@ -31,7 +32,10 @@ def create(
     max_priority: MaxPriority = None,
     max_pending: MaxPending = None,
 ) -> None:
-    """Create a tenant (with its `default` queue)."""
+    """Create a tenant (with its `default` queue).
+
+    Example: gpupool tenant create team-a --max-priority 10
+    """
     with client() as pool:
         tenant = pool.create_tenant(name, unix_user=unix_user, max_priority=max_priority,
                                     max_pending=max_pending)
@@ -51,7 +55,10 @@ def set_tenant(
     max_priority: MaxPriority = None,
     max_pending: MaxPending = None,
 ) -> None:
-    """Change a tenant's Unix account or limits (only what is given)."""
+    """Change a tenant's Unix account or limits (only what is given).
+
+    Example: gpupool tenant set team-a --max-pending 500
+    """
     if unix_user is not None and no_unix_user:
         raise typer.BadParameter("Give --unix-user USER or --no-unix-user, not both.")
     if unix_user is None and not no_unix_user and max_priority is None and max_pending is None:

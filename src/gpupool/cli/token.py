@@ -10,7 +10,8 @@ import typer
 from gpupool.cli._common import client, reports_errors
 from gpupool.cli.output import Column, Format, OutputOption
 
-app = typer.Typer(help="Bearer tokens: create (admin), ls, revoke.", no_args_is_help=True)
+app = typer.Typer(help="Bearer tokens: create (admin), ls, revoke.\n\n"
+                  "Example: gpupool token create --tenant team-a --expires 30d", no_args_is_help=True)
 
 
 @app.command()
@@ -26,7 +27,10 @@ def create(
         str, typer.Option("--scope", help="full (default) or metrics (may read /metrics only).")
     ] = "full",
 ) -> None:
-    """Create a token and print it once (only its hash is stored)."""
+    """Create a token and print it once (only its hash is stored).
+
+    Example: gpupool token create --tenant team-a --name ci --expires 30d
+    """
     from gpupool.cli._durations import duration_s
 
     if (tenant is None) == (not admin):
@@ -86,7 +90,10 @@ def revoke(
     tenant: Annotated[str | None, typer.Option("--tenant", "-t", help="TOKEN names this tenant's.")] = None,
     admin: Annotated[bool, typer.Option("--admin", help="TOKEN names an admin token.")] = False,
 ) -> None:
-    """Revoke a token: every server refuses it within a second (a tenant may revoke its own)."""
+    """Revoke a token: every server refuses it within a second (a tenant may revoke its own).
+
+    Example: gpupool token revoke ci --tenant team-a
+    """
     if tenant is not None and admin:
         raise typer.BadParameter("Give --tenant or --admin, not both.")
     with client() as pool:
