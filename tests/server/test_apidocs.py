@@ -5,9 +5,12 @@ from __future__ import annotations
 import re
 
 import pytest
+
 from conftest import Server
 
-_URL = re.compile(r"""(?:src|href)\s*=\s*["']([^"']+)["']|url\s*:\s*["']([^"']+)["']|spec-url=["']([^"']+)["']""")
+_URL = re.compile(r"""(?:src|href)\s*=\s*["']([^"']+)["']"""  # <script src>, <link href>
+                  r"""|url\s*:\s*["']([^"']+)["']"""  # Swagger UI's spec URL
+                  r"""|spec-url=["']([^"']+)["']""")  # ReDoc's
 
 
 def _referenced(html: str) -> list[str]:

@@ -31,7 +31,7 @@ def up(
     policy: Annotated[
         str | None, typer.Option("--policy", help=f"Placement policy (default: {DEFAULT_POLICY}).")
     ] = None,
-    placement: Annotated[str | None, typer.Option("--placement", hidden=True)] = None,
+    placement: Annotated[str | None, typer.Option("--placement", hidden=True)] = None,  # --policy's old name
     tls_cert: Annotated[
         Path | None, typer.Option("--tls-cert", help="Serve HTTPS with this PEM certificate (chain).")
     ] = None,
@@ -52,8 +52,6 @@ def up(
     """
     from gpupool.errors import GpupoolError
 
-    if placement is not None:
-        print("Warning: --placement is now --policy; the old name will go.", file=sys.stderr)
     try:
         _serve(data_dir, host, port, simulate, provider, database_url, policy or placement or DEFAULT_POLICY,
                tls_cert, tls_key, metrics_public)
