@@ -7,8 +7,8 @@ from pathlib import Path
 
 from typer.testing import CliRunner
 
-from gpupool.cli.sim import app
 from gpupool.cli._common import default_policy
+from gpupool.cli.sim import app
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "openb"
 runner = CliRunner()
