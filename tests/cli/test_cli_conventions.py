@@ -190,8 +190,9 @@ def test_a_kubernetes_manifest_gets_unknown_field_apiversion(srv: tuple[LiveServ
     spec = tmp_path / "job.yaml"
     spec.write_text("apiVersion: batch/v1\nkind: Job\nmetadata: {name: train}\n"
                     "spec: {template: {spec: {containers: []}}}\n")
-    line = one_line_error(gpupool("submit", "-f", str(spec), "--", "true", env=env), 2)
-    assert "unknown field 'apiVersion'" in line and "Kubernetes" in line
+    line = one_line_error(gpupool("submit", "-f", str(spec), env=env), 2)
+    assert line.startswith("Error: 5 problems: unknown field 'apiVersion'; ") and "Kubernetes" in line
+    assert "field 'command' is required" in line  # the file's problems all at once, not one local refusal
 
 
 def test_a_url_with_api_v1_or_without_a_scheme(srv: tuple[LiveServer, dict[str, str]]) -> None:

@@ -43,6 +43,7 @@ def parse(args: list[str]) -> dict[str, object]:
     """The workload spec the flags describe (a -f file first, flags on top)."""
     flags: dict[tuple[str, ...], object] = {}
     spec: dict[str, object] = {}
+    from_file = False
     i = 0
     while i < len(args):
         arg = args[i]
@@ -64,6 +65,7 @@ def parse(args: list[str]) -> dict[str, object]:
             raise UsageError(f"Option {name} needs a value.")
         path, kind = _FLAGS[name]
         if kind == "file":
+            from_file = True
             spec = {**_read_file(value), **({"command": spec["command"]} if "command" in spec else {})}
         else:
             _set(flags, path, kind, value, name)
@@ -76,8 +78,8 @@ def parse(args: list[str]) -> dict[str, object]:
                 raise UsageError(f"The spec file's {key!r} must be a mapping.")
             target = inner
         target[path[-1]] = flag_value
-    if not spec.get("command"):
-        raise UsageError(f"Give the command to run after `--`. {USAGE}")
+    if not spec.get("command") and not from_file:  # with a file, the server lists all its problems at once
+        raise UsageError("Give the command to run after `--`, e.g. gpupool submit --gpus 1 -- python app.py.")
     if "submit_dir" not in spec:
         here = _cwd()
         if here:
