@@ -244,3 +244,11 @@ def test_fabric_draw_names_switches_and_hosts_and_has_a_legend(tmp_path: Path) -
     assert gpupool("fabric", "draw", BIG_FABRIC, "--out", str(big)).returncode == 0
     text = big.read_text()  # 89 hosts: counted per leaf instead of named one by one
     assert "24 hosts" in text and "degraded link" in text and "H-0002c90300048208" not in text
+
+
+def test_an_error_sentence_has_one_line_and_one_full_stop() -> None:
+    from gpupool.cli._usage import sentence
+
+    assert sentence("Cannot read x..") == "Cannot read x."
+    assert sentence("No node n1.\nSee --help") == "No node n1. See --help."
+    assert sentence("Did you mean 'fgd'?") == "Did you mean 'fgd'?"

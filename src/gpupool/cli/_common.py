@@ -64,11 +64,14 @@ def reports_errors(func: F) -> F:
 
 def error_text(exc: GpupoolError) -> str:
     """The sentence for a gpupool error; an authentication error also says where the token came from."""
+    message = exc.message
     if exc.code == "unauthorized":
         from gpupool.clientconfig import with_token_source
 
-        return with_token_source(exc.message)
-    return exc.message
+        message = with_token_source(message)
+    from gpupool.cli._usage import sentence
+
+    return sentence(message)  # one line, one full stop
 
 
 def console() -> Any:
