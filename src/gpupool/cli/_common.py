@@ -29,6 +29,13 @@ def default_policy() -> str:
     return str(next(f.default for f in fields(Settings) if f.name == "placement"))
 
 
+def policy_names_text() -> str:
+    """The registered placement policies, for help text ("best-fit, fgd, ...")."""
+    from gpupool.core.scheduling.policies.base import policy_names
+
+    return ", ".join(policy_names())
+
+
 def check_policy(name: str) -> str:
     """`name` when it is a registered placement policy, else UnknownName with a did-you-mean."""
     from gpupool.core.scheduling.policies.base import policy_class

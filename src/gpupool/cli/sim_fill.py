@@ -10,7 +10,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from gpupool.cli._common import default_policy
+from gpupool.cli._common import default_policy, policy_names_text
 from gpupool.errors import GpupoolError, InvalidInput
 
 DEFAULT_POLICY = default_policy()
@@ -22,7 +22,8 @@ def fill(
     policy: list[str] = typer.Option(
         [],
         "--policy",
-        help=f"Placement policy; repeat to compare several (default: {DEFAULT_POLICY}, as `gpupool up`).",
+        help=f"Placement policy, repeat to compare several: {policy_names_text()} "
+        f"(default: {DEFAULT_POLICY}, as `gpupool up`).",
     ),
     seeds: str = typer.Option(
         "42-51", "--seeds", "--seed", help="One seed, a range or a list: 42, 42-51, 42,43,50-51."

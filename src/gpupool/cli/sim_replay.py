@@ -9,7 +9,7 @@ from typing import Any
 
 import typer
 
-from gpupool.cli._common import default_policy
+from gpupool.cli._common import default_policy, policy_names_text
 from gpupool.errors import GpupoolError, InvalidInput
 
 DEFAULT_POLICY = default_policy()
@@ -94,7 +94,7 @@ def replay(
     ),
     ordering: str = typer.Option("priority-fifo", "--ordering", help="fifo, priority-fifo, drf, las."),
     policy: str = typer.Option(
-        DEFAULT_POLICY, "--policy", help="Placement policy (best-fit, fgd, ...); the default is `up`'s."
+        DEFAULT_POLICY, "--policy", help=f"Placement policy: {policy_names_text()} (default: `up`'s)."
     ),
     preemption: bool = typer.Option(False, "--preemption/--no-preemption", help="Preempt lower priorities."),
     backfill: bool = typer.Option(False, "--backfill/--no-backfill", help="Backfill around a blocked head."),

@@ -9,7 +9,7 @@ from typing import Annotated
 
 import typer
 
-from gpupool.cli._common import check_policy, default_policy
+from gpupool.cli._common import check_policy, default_policy, policy_names_text
 from gpupool.server.settings import DEFAULT_HOST, DEFAULT_PORT
 
 DEFAULT_POLICY = default_policy()
@@ -29,7 +29,8 @@ def up(
         str, typer.Option("--database-url", help="postgresql+psycopg://... (default: SQLite).")
     ] = "",
     policy: Annotated[
-        str | None, typer.Option("--policy", help=f"Placement policy (default: {DEFAULT_POLICY}).")
+        str | None,
+        typer.Option("--policy", help=f"Placement policy: {policy_names_text()} (default: {DEFAULT_POLICY}).")
     ] = None,
     placement: Annotated[str | None, typer.Option("--placement", hidden=True)] = None,  # --policy's old name
     tls_cert: Annotated[
