@@ -63,11 +63,14 @@ def table(title: str, columns: Sequence[Column[T]], items: Iterable[T], wide: bo
     from rich.table import Table
 
     shown = [c for c in columns if wide or not c.wide]
+    rows = [[c.value(item) for c in shown] for item in items]
     result = Table(title=title)
-    for c in shown:
-        result.add_column(c.header, no_wrap=c.key, overflow="fold", min_width=len(c.header))
-    for item in items:
-        result.add_row(*(c.value(item) for c in shown))
+    for i, c in enumerate(shown):
+        # a key column is as wide as its longest value, so a narrow terminal squeezes the others
+        widest = max([len(c.header), *(len(row[i]) for row in rows)]) if c.key else len(c.header)
+        result.add_column(c.header, no_wrap=c.key, overflow="fold", min_width=widest)
+    for row in rows:
+        result.add_row(*row)
     return result
 
 
