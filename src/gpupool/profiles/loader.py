@@ -122,9 +122,12 @@ class DeviceProfile(_Strict):
         return (self.model, *self.aliases)
 
 
-def _key(name: str) -> str:
+def name_key(name: str) -> str:
     """Case- and punctuation-insensitive lookup key: 'H100 SXM-80GB' -> 'h100sxm80gb'."""
     return re.sub(r"[^a-z0-9]", "", name.lower())
+
+
+_key = name_key
 
 
 def _field_path(loc: Sequence[int | str]) -> str:

@@ -9,7 +9,6 @@ distinct node shape, not a walk over the nodes.
 
 from __future__ import annotations
 
-import re
 import threading
 from collections import defaultdict
 from collections.abc import Sequence
@@ -18,6 +17,7 @@ from dataclasses import dataclass
 from gpupool.core.model import Node, PodRequest, Workload
 from gpupool.core.units import format_memory_mib, parse_cpu_milli, parse_devices, parse_memory_mib
 from gpupool.errors import InvalidInput, UnknownName, did_you_mean
+from gpupool.profiles.loader import name_key
 from gpupool.server.schemas.workloads import ResourcesSpec, WorkloadSpec
 
 MAX_SHAPES = 64
@@ -56,11 +56,6 @@ def to_workload(
 
 
 # ----------------------------------------------------------------- the pool's capacity
-
-
-def model_key(name: str) -> str:
-    """Case- and punctuation-insensitive, as the profiles' lookup: 'h100 sxm' == 'H100-SXM'."""
-    return re.sub(r"[^a-z0-9]", "", name.lower())
 
 
 @dataclass(frozen=True, slots=True)
@@ -113,7 +108,7 @@ class PoolCapacity:
         for model in {m for s in shapes for m, _, _ in s.devices}:
             profile = find_profile(model)
             for name in (model, *(profile.names() if profile is not None else ())):
-                names[model_key(name)].add(model)
+                names[name_key(name)].add(model)
         frontier = [s for s in shapes if not any(o != s and o.dominates(s) for o in shapes)]
         frontier.sort(key=lambda s: (-sum(n for _, _, n in s.devices), -s.cpu_milli, -s.memory_mib))
         if len(frontier) > MAX_SHAPES:  # bounded per-submission work: check the maxima instead
@@ -178,7 +173,7 @@ def _resolve_models(asked: Sequence[str], pool: PoolCapacity) -> frozenset[str]:
 
     resolved: set[str] = set()
     for name in asked:
-        found = pool.names.get(model_key(name))
+        found = pool.names.get(name_key(name))
         if found:
             resolved |= found
             continue
