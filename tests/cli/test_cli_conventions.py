@@ -154,6 +154,9 @@ def test_one_completion_command() -> None:
     assert done.returncode == 0 and "_GPUPOOL_COMPLETE" in done.stdout
     assert "complete_zsh" in gpupool("completion", "zsh").stdout
     assert "Did you mean 'bash'?" in one_line_error(gpupool("completion", "bsh"), 2)
+    asked = {"_GPUPOOL_COMPLETE": "complete_bash", "COMP_WORDS": "gpupool sim fill --po", "COMP_CWORD": "3"}
+    done = gpupool(env=asked)  # what the script's shell function runs on TAB
+    assert done.returncode == 0 and done.stdout.split() == ["--pods", "--policy"]
 
 
 # ---- against a live server: English validation, every problem at once, URLs, the token's file ------

@@ -31,4 +31,6 @@ def completion(
         print(f"Error: no completion for shell {chosen!r}; choose one of {', '.join(SHELLS)}."
               + did_you_mean(chosen, list(SHELLS)), file=sys.stderr)
         raise typer.Exit(2)
-    typer.echo(get_completion_script(prog_name="gpupool", complete_var="_GPUPOOL_COMPLETE", shell=chosen))
+    from gpupool.cli.lazy import COMPLETE_VAR
+
+    typer.echo(get_completion_script(prog_name="gpupool", complete_var=COMPLETE_VAR, shell=chosen))

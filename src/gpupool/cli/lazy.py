@@ -8,6 +8,7 @@ other spelling of a group's name (`nodes` for `node`) is accepted.
 from __future__ import annotations
 
 import importlib
+import os
 import sys
 from typing import Any
 
@@ -19,6 +20,7 @@ from gpupool.cli.main import ALIASES, COMMANDS, SUBCOMMANDS
 
 _help.install()
 _COMPLETION_PARAMS = {"install_completion", "show_completion"}  # one `gpupool completion` instead
+COMPLETE_VAR = "_GPUPOOL_COMPLETE"
 
 
 class _LazyCommand(typer.core.TyperCommand):
@@ -69,6 +71,10 @@ class LazyGroup(typer.core.TyperGroup):
         """Run; in standalone mode a usage error is one line on stderr and exit code 2."""
         if len(args) < 2:
             kwargs["prog_name"] = kwargs.get("prog_name") or "gpupool"
+        if os.environ.get(COMPLETE_VAR):  # the shell asks for completions (`gpupool completion`)
+            from typer.completion import completion_init
+
+            completion_init()
         standalone = kwargs.pop("standalone_mode", True)
         kwargs["standalone_mode"] = False
         if not standalone:
