@@ -269,6 +269,10 @@ class CancelOutcome:
     left: list[Proc] = field(default_factory=list)
 
 
+LEFTOVER_GRACE_S = 5.0
+"""How long after the cancel is seen the pod's last processes may take to go."""
+
+
 def cancel_resisting_pod(server: UpProcess, script: str, *, expect_processes: int) -> CancelOutcome:
     """Run `sh -c script` as a pod, wait until it has expect_processes processes, cancel it, and
     report which of its processes are left once its process group is gone."""
@@ -293,6 +297,10 @@ def cancel_resisting_pod(server: UpProcess, script: str, *, expect_processes: in
             until(lambda: api.get(f"/workloads/{workload_id}").json()["status"] == "cancelled", 60,
                   "the workload cancelled")
             outcome.status = "cancelled"
+            # The agent kills what left the group once it has reaped the pod's main process, in
+            # its reaper thread: give it a bounded moment rather than racing it.
+            with contextlib.suppress(AssertionError):
+                until(lambda: not marked_processes(mark), LEFTOVER_GRACE_S, "no process of the pod left")
             outcome.left = marked_processes(mark)
     finally:
         kill_marked(mark)

@@ -108,6 +108,7 @@ class Runner:
         self._exit_listeners: list[Callable[[], None]] = []
         self._to_sweep: dict[str, tuple[int, str | None]] = {}
         self._last_sweep_s = float("-inf")
+        self._sweep_now = False
         """Pods reaped whose leftovers outside their process group are still to be killed."""
         self._reaper: _Reaper | None = None
         self._launcher: Launcher | None = None
@@ -295,9 +296,10 @@ class Runner:
         if self._launcher is not None:
             self._launcher.drain()
         with self._lock:
-            if not self._to_sweep or (not force and now - self._last_sweep_s < SWEEP_INTERVAL_S):
+            due = force or self._sweep_now or now - self._last_sweep_s >= SWEEP_INTERVAL_S
+            if not self._to_sweep or not due:
                 return
-            pods, self._to_sweep, self._last_sweep_s = self._to_sweep, {}, now
+            pods, self._to_sweep, self._last_sweep_s, self._sweep_now = self._to_sweep, {}, now, False
         kill_leftovers(pods)
 
     def poll(self) -> list[PodRecord]:
@@ -338,6 +340,8 @@ class Runner:
                 os.killpg(record.pid, signal.SIGKILL)
             uid = os.geteuid() if record.uid is None else record.uid
             self._to_sweep[record.pod_id] = (uid, record.cgroup)
+            if record.stop_requested_at_s is not None:
+                self._sweep_now = True  # a cancel or preemption is rare: its leftovers go at once
         status = podstate.read_exit_file(self.pod_dir(record.pod_id) / "exit.json")
         if status is not None:
             code, sig, message = status
