@@ -10,7 +10,8 @@ import typer
 
 from gpupool.cli._common import reports_errors
 
-app = typer.Typer(help="The pool's configuration: show, check.", no_args_is_help=True, add_completion=False)
+app = typer.Typer(help="The pool's configuration (YAML): show, check.\n\n"
+                  "Example: gpupool config check pool.yaml", no_args_is_help=True, add_completion=False)
 
 ConfigOption = Annotated[
     Path | None,

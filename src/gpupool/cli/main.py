@@ -18,6 +18,7 @@ SUBCOMMANDS: dict[str, tuple[str, str, str]] = {
     "tenant": ("gpupool.cli.tenant", "app", "Tenants (admin): create, set, ls."),
     "queue": ("gpupool.cli.queue", "app", "Queues and quotas (admin): create, ls, set-quota."),
     "token": ("gpupool.cli.token", "app", "Bearer tokens: create (admin), ls, revoke."),
+    "config": ("gpupool.cli.config", "app", "The pool's configuration (YAML): show, check."),
 }
 ALIASES: dict[str, str] = {"profiles": "profile", "nodes": "node", "tenants": "tenant", "queues": "queue",
                            "tokens": "token"}
