@@ -201,3 +201,12 @@ def test_a_daemon_left_behind_by_a_finished_pod_is_killed(runner: Runner) -> Non
     escaped = int(wait_for(lambda: runner.read_log("daemon").text.strip()))
     assert runner.wait("daemon", 10).phase is PodPhase.SUCCEEDED
     wait_for(lambda: not alive(escaped))
+
+
+def test_combined_output_keeps_the_order_written(runner: Runner) -> None:
+    script = "for i in 1 2 3; do echo out$i; echo err$i >&2; done"
+    runner.start("both", ["sh", "-c", script], env=ENV, combined_output=True)
+    assert runner.wait("both", 10).phase is PodPhase.SUCCEEDED
+    assert runner.read_log("both").text == "out1\nerr1\nout2\nerr2\nout3\nerr3\n"
+    with pytest.raises(InvalidInput, match="separate-stderr"):
+        runner.read_log("both", "stderr")

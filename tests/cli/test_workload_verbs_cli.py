@@ -99,14 +99,21 @@ def test_a_closed_submit_directory_falls_back_to_the_private_one(pool: UpProcess
         closed.rmdir()
 
 
-def test_logs_show_stderr_and_wait_says_why_it_failed(pool: UpProcess) -> None:
-    wid = submit(pool, "--", "sh", "-c", "echo out; echo err >&2; exit 3")
+def test_logs_show_stderr_as_written_and_wait_says_why_it_failed(pool: UpProcess) -> None:
+    script = "echo out1; echo err1 >&2; echo out2; echo err2 >&2; exit 3"
+    wid = submit(pool, "--", "sh", "-c", script)
     waited = gp(pool, "wait", wid)
     assert (waited.returncode, waited.stdout) == (1, f"{wid} failed: pod_failed: exited with code 3\n")
-    assert gp(pool, "logs", wid).stdout == "out\nerr\n"
-    assert gp(pool, "logs", wid, "--stdout").stdout == "out\n"
-    assert gp(pool, "logs", wid, "--stderr").stdout == "err\n"
-    both = gp(pool, "logs", wid, "--stdout", "--stderr")
+    assert gp(pool, "logs", wid).stdout == "out1\nerr1\nout2\nerr2\n"  # one log, in the order written
+    for flag in ("--stdout", "--stderr"):
+        refused = gp(pool, "logs", wid, flag)
+        assert refused.returncode == 2 and "--separate-stderr" in one_error_line(refused)
+    apart = submit(pool, "--separate-stderr", "--", "sh", "-c", script)
+    assert gp(pool, "wait", apart).returncode == 1
+    assert gp(pool, "logs", apart).stdout == "out1\nout2\nerr1\nerr2\n"
+    assert gp(pool, "logs", apart, "--stdout").stdout == "out1\nout2\n"
+    assert gp(pool, "logs", apart, "--stderr").stdout == "err1\nerr2\n"
+    both = gp(pool, "logs", apart, "--stdout", "--stderr")
     assert both.returncode == 2 and "exclude each other" in one_error_line(both)
 
 

@@ -214,7 +214,8 @@ class NodeAgent:
         env = plan.process_env(base_env(identity, home, self.pod_path), pod.env)
         where = workdir.choose(pod.workdir, pod.env.get(workdir.SUBMIT_DIR_ENV, ""), identity)
         record = self.runner.start(pod.pod_id, pod.command, env=env, workdir=where.path or home,
-                                   limits=limits, identity=identity)
+                                   limits=limits, identity=identity,
+                                   combined_output=not pod.separate_stderr)
         layers = [{"layer": s.layer.value, "active": s.active, "detail": s.detail} for s in plan.layers]
         with self._lock:
             write_atomic(self.runner.pod_dir(pod.pod_id) / "isolation.json", json.dumps(layers, indent=1))

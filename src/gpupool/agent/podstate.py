@@ -34,6 +34,8 @@ class PodRecord(BaseModel):
     cgroup: str | None = None
     uid: int | None = None
     """The account the pod runs as (None: the agent's own)."""
+    combined_output: bool = False
+    """stdout.log holds stderr too, in the order written (no stderr.log)."""
     adopted: bool = False
 
     @property

@@ -128,10 +128,13 @@ class Runner:
 
     # ---- start -----------------------------------------------------------------------------
     def start(self, pod_id: str, command: Sequence[str], *, env: Mapping[str, str], workdir: str | Path = "",
-              limits: HostLimits = HostLimits(), identity: PodIdentity | None = None) -> PodRecord:
+              limits: HostLimits = HostLimits(), identity: PodIdentity | None = None,
+              combined_output: bool = False) -> PodRecord:
         """Start `command` as a new process group and return at once, with exactly `env` as its
         environment and, given an `identity`, as that Unix account (no supplementary groups, no new
-        privileges). Idempotent by pod_id: a known pod is returned unchanged. Raises InvalidInput for
+        privileges). With `combined_output`, stdout and stderr go to one log (stdout.log), in the
+        order written, as sbatch does without --error. Idempotent by pod_id: a known pod is returned
+        unchanged. Raises InvalidInput for
         a bad pod id, command or workdir."""
         if not _POD_ID.match(pod_id):
             raise InvalidInput(f"Pod id {pod_id!r} must be 1-128 letters, digits, '.', '_' or '-'.")
@@ -147,6 +150,7 @@ class Runner:
                 raise InvalidInput(f"Pod {pod_id!r}: working directory {str(cwd)!r} does not exist.")
             record = PodRecord(pod_id=pod_id, command=list(command), workdir=str(cwd),
                                started_at_s=self._clock(), uid=identity.uid if identity else None,
+                               combined_output=combined_output,
                                cgroup=str(limits.cgroup_dir) if limits.cgroup_dir else None)
             self._save(record)  # before the process exists: a crash here leaves a record, not a stray
             self._records[pod_id] = record
@@ -165,8 +169,10 @@ class Runner:
         go_r, go_w = os.pipe() if limits.cgroup_dir else (-1, -1)
         child: subprocess.Popen[bytes] | None = None
         try:
-            with open(pod_dir / "stdout.log", "ab", opener=_private) as out, open(
-                    pod_dir / "stderr.log", "ab", opener=_private) as err:
+            with contextlib.ExitStack() as files:
+                out = files.enter_context(open(pod_dir / "stdout.log", "ab", opener=_private))
+                err = out if record.combined_output else files.enter_context(  # one file: exact order
+                    open(pod_dir / "stderr.log", "ab", opener=_private))
                 if identity is not None:
                     os.fchown(exit_fd, identity.uid, identity.gid)  # the shim reopens it as the account
                     argv = shim_argv(EXIT_FD_PLACEHOLDER, record.command, workdir=record.workdir,
@@ -443,7 +449,11 @@ class Runner:
             stream = LogStream(stream)
         except ValueError:
             raise InvalidInput(f"Unknown log stream {stream!r}; use 'stdout', 'stderr' or 'notes'.") from None
-        finished = self.get(pod_id).finished
+        record = self.get(pod_id)
+        if stream is LogStream.STDERR and record.combined_output:
+            raise InvalidInput(f"Pod {pod_id}'s stderr is in its output log with stdout, in the order "
+                               "written; submit with --separate-stderr to keep it apart.")
+        finished = record.finished
         try:
             with open(self.log_path(pod_id, stream), "rb") as handle:
                 handle.seek(max(0, offset))

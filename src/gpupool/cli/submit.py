@@ -48,6 +48,10 @@ def submit(
     file: Annotated[
         Path | None, typer.Option("--file", "-f", help="A YAML spec; flags override its fields.")
     ] = None,
+    separate_stderr: Annotated[
+        bool, typer.Option("--separate-stderr", help="Keep stderr in its own log (like sbatch --error); by "
+                           "default stdout and stderr are one log, in the order written.")
+    ] = False,
 ) -> None:
     """Submit a workload and print only its id.
 
@@ -75,6 +79,8 @@ def submit(
     for flag, value in pairs:
         if value is not None:
             args += [flag, str(value)]
+    if separate_stderr:
+        args.append("--separate-stderr")
     for flag, values in (("--model", model), ("--env", env)):
         for value in values or []:
             args += [flag, value]

@@ -15,6 +15,7 @@ import sys
 USAGE = (
     "usage: gpupool submit [--name N] [--tenant T] [--queue Q] [--priority P] [--gpus 0.25|2] "
     "[--gpu-memory 8GiB] [--cpu 4] [--memory 16GiB] [--replicas N] [--env K=V] [--workdir D] "
+    "[--separate-stderr] "
     "[-f spec.yaml] -- COMMAND..."
 )
 # flag -> (path in the spec, kind)
@@ -32,6 +33,7 @@ _FLAGS: dict[str, tuple[tuple[str, ...], str]] = {
     "--env": (("env",), "env"), "-e": (("env",), "env"),
     "--workdir": (("workdir",), "str"), "-w": (("workdir",), "str"),
     "--file": (("",), "file"), "-f": (("",), "file"),
+    "--separate-stderr": (("separate_stderr",), "flag"),
 }
 
 
@@ -56,6 +58,12 @@ def parse(args: list[str]) -> dict[str, object]:
         name, eq, inline = arg.partition("=")
         if name not in _FLAGS:
             raise UsageError(_unknown_option(name))
+        if _FLAGS[name][1] == "flag":
+            if eq:
+                raise UsageError(f"Option {name} takes no value.")
+            flags[_FLAGS[name][0]] = True
+            i += 1
+            continue
         if eq:
             value = inline
         elif i + 1 < len(args):

@@ -53,6 +53,8 @@ class PodLaunch:
     """Whose pod it is: where the agent runs as root, it picks the Unix account from it."""
     unix_user: str = ""
     """The account the admin mapped to the tenant ('' = the pool's own account for the tenant)."""
+    separate_stderr: bool = False
+    """Keep stderr in its own log; by default stdout and stderr share one, in the order written."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -336,5 +336,5 @@ def _pod_launch(row: Row[Any], pod_id: str, placement: PodPlacement, rank: int, 
         pod_id=pod_id, workload_id=row.id, node=placement.node, command=tuple(spec["command"]),
         slices=placement.slices, cpu_milli=request.cpu_milli, memory_mib=request.memory_mib, env=env,
         workdir=str(spec.get("workdir", "")), rank=rank, world_size=world, tenant=row.tenant,
-        unix_user=unix_user,
+        unix_user=unix_user, separate_stderr=bool(spec.get("separate_stderr", False)),
     )

@@ -73,6 +73,8 @@ class WorkloadSpec(Strict):
     env: dict[Annotated[str, Field(min_length=1, max_length=256, pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")],
               Annotated[str, Field(max_length=65536)]] = Field(default_factory=dict)
     workdir: str = Field("", max_length=4096)
+    separate_stderr: bool = Field(False, description="keep stderr in its own log (sbatch --error); by "
+                                  "default a pod's stdout and stderr are one log, in the order written")
     submit_dir: str = Field("", max_length=4096, description=(
         "where `gpupool submit` ran: without a workdir, pods run there when their node has it and "
         "their account may enter it, else in their private directory"))
@@ -161,3 +163,5 @@ class LogsOut(Strict):
     offset: int = Field(description="byte offset to ask for next")
     text: str
     complete: bool = Field(description="true when the workload is finished and every byte was sent")
+    combined: bool = Field(True, description="stdout holds stderr too, in the order written (the "
+                           "default); false when the workload was submitted with separate_stderr")

@@ -32,12 +32,18 @@ def read(rt: Runtime, who: Principal, workload_id: str, *, rank: int, offset: in
         if pod is None and rank >= max(1, int(row.spec.get("replicas", 1))):
             raise NotFound(f"Workload {workload_id} has no replica {rank}.")
         pod_id = pod.id if pod is not None else ""
+        combined = not row.spec.get("separate_stderr", False)
+    if stream == "stderr" and combined:
+        raise InvalidInput(f"Workload {workload_id}'s stderr is in its output with stdout, in the order "
+                           "written; read that (no --stderr), or submit with --separate-stderr to keep "
+                           "it apart.")
     if not pod_id:
-        return LogsOut(workload_id=workload_id, pod_id="", offset=offset, text="", complete=final)
+        return LogsOut(workload_id=workload_id, pod_id="", offset=offset, text="", complete=final,
+                       combined=combined)
     text, next_offset, finished = read_provider_log(rt.provider, pod_id, stream, offset)
     complete = final and finished
     return LogsOut(workload_id=workload_id, pod_id=pod_id, offset=next_offset, text=text,
-                   complete=complete)
+                   complete=complete, combined=combined)
 
 
 def read_provider_log(provider: Provider, pod_id: str, stream: str, offset: int) -> tuple[str, int, bool]:
