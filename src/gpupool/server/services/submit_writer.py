@@ -90,6 +90,29 @@ _QUEUES_AND_ROOM = (
 """Every queue of the batch's tenants with its quota, and its tenant's max_pending and pending count."""
 
 
+_PG_LOCK = "SELECT name FROM tenants WHERE name = ANY(%(tenants)s) ORDER BY name FOR UPDATE"
+_PG_ROOM = (
+    "SELECT q.tenant, q.name, q.quota_device_milli, t.max_pending, coalesce(p.n, 0) "
+    "FROM queues q JOIN tenants t ON t.name = q.tenant "
+    "LEFT JOIN (SELECT tenant, count(*) AS n FROM workloads WHERE tenant = ANY(%(tenants)s) "
+    "AND status = %(pending)s GROUP BY tenant) p ON p.tenant = q.tenant "
+    "WHERE q.tenant = ANY(%(tenants)s)"
+)
+"""_LOCK_TENANTS and _QUEUES_AND_ROOM as psycopg text, to send both in one pipeline."""
+
+
+def _pg_locked_queues_and_room(conn: Connection, tenants: list[str]) -> list[Any]:
+    """PostgreSQL: the lock and the read sent together in one psycopg pipeline (one round trip
+    instead of two; the server still runs the read after the lock is granted, with a snapshot of
+    its own, so the count holds every submission committed before the lock)."""
+    raw: Any = conn.connection.driver_connection
+    with raw.cursor() as lock, raw.cursor() as read:
+        with raw.pipeline():
+            lock.execute(_PG_LOCK, {"tenants": tenants})
+            read.execute(_PG_ROOM, {"tenants": tenants, "pending": WorkloadStatus.PENDING.value})
+        return list(read.fetchall())
+
+
 def _queues_and_room(conn: Connection, tenants: list[str]
                      ) -> tuple[dict[tuple[str, str], int | None], dict[str, tuple[int, int]]]:
     """Quotas by (tenant, queue) and each tenant's (pending now, max_pending), in one query.
@@ -97,12 +120,15 @@ def _queues_and_room(conn: Connection, tenants: list[str]
     On PostgreSQL the tenants' rows are locked first, in a statement of their own, so that the
     count (read by the next statement, with a fresh snapshot) already holds every submission a
     concurrent writer committed before us; SQLite's write transaction is exclusive anyway."""
-    if conn.dialect.name != "sqlite":
-        conn.execute(_LOCK_TENANTS, {"tenants": tenants})
+    if conn.dialect.name == "postgresql":
+        rows = _pg_locked_queues_and_room(conn, tenants)
+    else:
+        if conn.dialect.name != "sqlite":
+            conn.execute(_LOCK_TENANTS, {"tenants": tenants})
+        rows = list(conn.execute(_QUEUES_AND_ROOM, {"tenants": tenants}))
     quotas: dict[tuple[str, str], int | None] = {}
     room: dict[str, tuple[int, int]] = {}
-    for tenant, queue_name, quota, max_pending, pending in conn.execute(_QUEUES_AND_ROOM,
-                                                                       {"tenants": tenants}):
+    for tenant, queue_name, quota, max_pending, pending in rows:
         quotas[(tenant, queue_name)] = quota
         room[tenant] = (int(pending), int(max_pending))
     return quotas, room
