@@ -219,3 +219,13 @@ def test_wait_outlives_a_kill_9_and_restart_of_the_server(pool: UpProcess, open_
     follow = gp(pool, "logs", "-f", wid)
     assert follow.returncode == 0 and follow.stderr == ""
 
+
+
+def test_show_lists_the_request_the_slices_and_the_times(pool: UpProcess) -> None:
+    wid = submit(pool, "--gpus", "0.25", "--cpu", "1", "--memory", "1GiB", "--replicas", "2", "--", "true")
+    assert gp(pool, "wait", wid).returncode == 0
+    shown = gp(pool, "show", wid).stdout
+    assert "requested: 2 x (0.25 GPU, cpu 1, memory 1GiB)" in shown
+    assert shown.count(":0.25") == 2  # each pod's slice: dev<i>:0.25
+    times = next(line for line in shown.splitlines() if line.startswith("submitted "))
+    assert "started 20" in times and "ended 20" in times and "elapsed " in times

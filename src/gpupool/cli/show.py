@@ -52,6 +52,36 @@ def workdir_line(pool: Any, workload: Any) -> str:
     return note or f"workdir: not recorded by the node (submitted from {spec.submit_dir})"
 
 
+def requested_line(spec: Any) -> str:
+    """What each replica asked for, as submitted (the slices held are in the pods table)."""
+    r = spec.resources
+    parts = [f"{r.gpus:g} GPU" if r.gpus else "no GPU"]
+    if r.gpu_memory:
+        parts.append(f"{r.gpu_memory} device memory")
+    if r.cpu:
+        parts.append(f"cpu {r.cpu}")
+    if r.memory:
+        parts.append(f"memory {r.memory}")
+    if r.models:
+        parts.append(f"models {', '.join(r.models)}")
+    return f"requested: {spec.replicas} x ({', '.join(parts)})"
+
+
+def times_line(workload: Any, now_s: float | None = None) -> str:
+    """Submitted, started and ended (local time), and how long it has run."""
+    import time
+
+    def at(epoch: float | None) -> str:
+        return "-" if epoch is None else time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(epoch))
+
+    line = (f"submitted {at(workload.submit_s)}, started {at(workload.started_s)}, "
+            f"ended {at(workload.finished_s)}")
+    if workload.started_s is not None:
+        end = workload.finished_s if workload.finished_s is not None else (now_s or time.time())
+        line += f", elapsed {max(0.0, end - workload.started_s):.1f} s"
+    return line
+
+
 def _show_one(pool: Any, workload: Any) -> None:
     events = pool.events(workload.id)
     from rich.table import Table
@@ -65,6 +95,8 @@ def _show_one(pool: Any, workload: Any) -> None:
     if workload.reason:
         out.print(f"reason: {workload.reason}: {workload.message}")
     out.print(f"command: {' '.join(workload.spec.command)}", markup=False)
+    out.print(requested_line(workload.spec), markup=False, highlight=False, soft_wrap=True)
+    out.print(times_line(workload), markup=False, highlight=False, soft_wrap=True)
     out.print(workdir_line(pool, workload), markup=False, highlight=False, soft_wrap=True)
     unenforced = sorted({e.message for e in events if e.reason == "limits_unenforced"})
     for sentence in unenforced:
