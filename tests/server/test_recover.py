@@ -52,3 +52,14 @@ def test_recovery_requeues_only_what_never_started(server_factory: Callable[...,
     assert second.status(vanished) == "failed" and _events(second, vanished)[-1] == "lost_on_restart"
     assert second.status(gang) == "failed"  # rank 0 had started: the gang is not started twice
     assert f"{gang}-a1-r0" in survivor.stopped
+
+
+def test_a_failed_pod_is_reported_once_not_twice(server: Server) -> None:
+    wid = _submit(server)
+    server.wait_for(lambda: server.status(wid) == "running")
+    (pod_id,) = list(server.provider.status)
+    with server.provider._lock:  # a provider whose message repeats the exit code (the local one does)
+        server.provider.status[pod_id] = PodStatus(pod_id, PodPhase.FAILED, 3, "exited with code 3")
+    server.wait_for(lambda: server.status(wid) == "failed")
+    message = server.client.get(f"/api/v1/workloads/{wid}", headers=server.headers()).json()["message"]
+    assert message == "Pod r0 exited with code 3."

@@ -147,7 +147,7 @@ class Reconciler:
             return []
         reason = EventReason.POD_FAILED if status.phase is PodPhase.FAILED else EventReason.POD_LOST
         what = f"exited with code {status.exit_code}" if status.exit_code is not None else "was lost"
-        detail = f": {status.message}" if status.message else ""
+        detail = f": {status.message}" if status.message and status.message != what else ""
         session.flush()  # this pod is final now; only its siblings are left to stop
         to_stop = stop_pods(session, row, PodState.STOPPED, now)
         row.exit_code, row.finished_s = status.exit_code, now
