@@ -186,3 +186,32 @@ def test_cli_bad_usage_exits_2_with_one_sentence(tmp_path: Path, extra: list[str
     assert result.exit_code == 2
     assert message in result.output
     assert "Traceback" not in result.output
+
+
+def test_cli_replay_reads_the_pool_configuration(tmp_path: Path) -> None:
+    """`--config` gives the same decisions as the equivalent flags; flags given on the command line
+    win over the file."""
+    common = ["replay", "--cluster", "2x8xV100M32", "--trace", f"philly:{FIXTURES / 'philly_tiny.csv'}",
+              "--window", "2017-10-01:2017-10-03", "--seed", "1"]
+    config = tmp_path / "pool.yaml"
+    config.write_text("scheduling:\n  placement: first-fit\n  ordering: drf\n  preemption: true\n"
+                      "  backfill: true\n")
+    runs = {}
+    flags = ["--ordering", "drf", "--policy", "first-fit", "--preemption", "--backfill"]
+    for name, extra in (("flags", flags),
+                        ("file", ["--config", str(config)]),
+                        ("override", ["--config", str(config), "--ordering", "fifo", "--no-backfill"])):
+        out = tmp_path / f"{name}.json"
+        result = CliRunner().invoke(app, [*common, *extra, "--json", str(out)])
+        assert result.exit_code == 0, result.output
+        runs[name] = json.loads(out.read_text())
+    same = ("finished", "rejected", "preemptions", "jct_s", "queue_delay_s", "makespan_s")
+    assert {k: runs["file"][k] for k in same} == {k: runs["flags"][k] for k in same}
+    assert runs["file"]["config"]["ordering"] == "drf" and runs["file"]["config"]["backfill"] is True
+    overridden = runs["override"]["config"]
+    assert overridden["ordering"] == "fifo" and overridden["backfill"] is False
+    assert runs["override"]["config"]["preemption"] is True  # from the file
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("scheduling:\n  ordering: dfr\n")
+    refused = CliRunner().invoke(app, [*common, "--config", str(bad), "--json", str(tmp_path / "x.json")])
+    assert refused.exit_code == 2 and "line 2: scheduling.ordering" in refused.output

@@ -15,6 +15,13 @@ from gpupool.errors import GpupoolError, InvalidInput
 DEFAULT_POLICY = default_policy()
 
 
+def _from_command_line(ctx: typer.Context, name: str) -> bool:
+    """Whether option `name` was typed on the command line (typer may vendor its own click, so the
+    source is compared by name)."""
+    source = ctx.get_parameter_source(name)
+    return getattr(source, "name", "") == "COMMANDLINE"
+
+
 def _nodes(nodes_csv: Path | None, cluster: str | None) -> list[Any]:
     if (nodes_csv is None) == (cluster is None):
         raise InvalidInput("Give exactly one of --nodes NODES.csv or --cluster SPEC (e.g. 64x8xV100M32).")
@@ -40,8 +47,14 @@ def run_replay(
     exclusive: bool,
     seed: int,
     tune_gc: bool = False,
+    config: Any = None,
+    overrides: frozenset[str] = frozenset(),
 ) -> dict[str, Any]:
     """Build the replay from CLI-style options and run it (also used by the benchmarks).
+
+    With `config` (a gpupool.config.PoolConfig, the file `gpupool up` reads), the Policies come from
+    it, and of ordering, policy, preemption and backfill only the names in `overrides` (options
+    given on the command line) replace its values.
 
     `tune_gc` applies the long-running process settings of gpupool/gc_tuning.py once the trace is
     loaded; the `gpupool sim replay` command sets it (it changes the whole process's collector).
@@ -62,7 +75,17 @@ def run_replay(
         jobs = exclusive_jobs(jobs)
     if not jobs:
         raise InvalidInput("No jobs in the trace fall inside the window; widen --window.")
-    policies = Policies(placement=policy, ordering=ordering, preemption=preemption, backfill=backfill)
+    if config is None:
+        policies = Policies(placement=policy, ordering=ordering, preemption=preemption, backfill=backfill)
+    else:
+        import dataclasses
+
+        policies = config.policies()
+        given = {"ordering": ordering, "placement": policy, "preemption": preemption, "backfill": backfill}
+        policies = dataclasses.replace(policies, **{k: v for k, v in given.items()
+                                                     if (k if k != "placement" else "policy") in overrides})
+        ordering, policy = policies.ordering, policies.placement
+        preemption, backfill = policies.preemption, policies.backfill
     if tune_gc:
         from gpupool import gc_tuning
 
@@ -84,6 +107,7 @@ def run_replay(
 
 
 def replay(
+    ctx: typer.Context,
     trace: str = typer.Option(..., "--trace", help="FORMAT:FILE, FORMAT is openb or philly."),
     nodes: Path | None = typer.Option(None, "--nodes", help="OpenB node CSV file (NODES.csv)."),
     cluster: str | None = typer.Option(
@@ -104,12 +128,23 @@ def replay(
     seed: int = typer.Option(0, "--seed", help="Seed of every random choice."),
     json_out: Path = typer.Option(..., "--json", help="Where to write the metrics (JSON)."),
     plot: Path | None = typer.Option(None, "--plot", help="Also draw allocation over time (PNG)."),
+    config_file: Path | None = typer.Option(
+        None, "--config", help="The pool's configuration (YAML, as `gpupool up` reads; see `gpupool config "
+        "show`): placement, ordering, preemption, backfill, priority classes, queues; flags given here win."),
 ) -> None:
     """Replay a trace over time: arrivals, completions, full admission + placement per event.
 
     Example: gpupool sim replay --cluster 64x8xV100M32 --trace philly:jobs.csv --preemption --json out.json
     """
     try:
+        config = None
+        overrides: frozenset[str] = frozenset()
+        if config_file is not None:
+            from gpupool.config import load_config
+
+            config = load_config(config_file)
+            overrides = frozenset(name for name in ("ordering", "policy", "preemption", "backfill")
+                                  if _from_command_line(ctx, name))
         result = run_replay(
             nodes,
             cluster,
@@ -122,7 +157,10 @@ def replay(
             exclusive,
             seed,
             tune_gc=True,
+            config=config,
+            overrides=overrides,
         )
+        result["config"]["config_file"] = str(config_file) if config_file is not None else None
         json_out.parent.mkdir(parents=True, exist_ok=True)
         json_out.write_text(json.dumps(result, indent=2, sort_keys=True))
         if plot is not None:
