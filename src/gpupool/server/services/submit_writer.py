@@ -75,9 +75,6 @@ def _check(item: Submission, quotas: dict[tuple[str, str], int | None]) -> BaseE
 
 
 _TENANTS: BindParameter[list[str]] = bindparam("tenants", expanding=True)
-_LOCK_TENANTS = (select(TenantRow.name).where(TenantRow.name.in_(_TENANTS)).order_by(TenantRow.name)
-                 .with_for_update())
-"""PostgreSQL: lock the batch's tenants in name order (concurrent writers queue, never deadlock)."""
 _PENDING = (select(WorkloadRow.tenant, func.count().label("n"))
             .where(WorkloadRow.tenant.in_(_TENANTS), WorkloadRow.status == WorkloadStatus.PENDING.value)
             .group_by(WorkloadRow.tenant).subquery())
@@ -91,6 +88,7 @@ _QUEUES_AND_ROOM = (
 
 
 _PG_LOCK = "SELECT name FROM tenants WHERE name = ANY(%(tenants)s) ORDER BY name FOR UPDATE"
+"""Lock the batch's tenants in name order (concurrent writers queue, never deadlock)."""
 _PG_ROOM = (
     "SELECT q.tenant, q.name, q.quota_device_milli, t.max_pending, coalesce(p.n, 0) "
     "FROM queues q JOIN tenants t ON t.name = q.tenant "
@@ -98,7 +96,8 @@ _PG_ROOM = (
     "AND status = %(pending)s GROUP BY tenant) p ON p.tenant = q.tenant "
     "WHERE q.tenant = ANY(%(tenants)s)"
 )
-"""_LOCK_TENANTS and _QUEUES_AND_ROOM as psycopg text, to send both in one pipeline."""
+"""_QUEUES_AND_ROOM as psycopg text: SQLAlchemy cannot run inside a psycopg pipeline (it reads a
+result's description before the pipeline syncs), so the PostgreSQL path writes the read out."""
 
 
 def _pg_locked_queues_and_room(conn: Connection, tenants: list[str]) -> list[Any]:
@@ -120,11 +119,9 @@ def _queues_and_room(conn: Connection, tenants: list[str]
     On PostgreSQL the tenants' rows are locked first, in a statement of their own, so that the
     count (read by the next statement, with a fresh snapshot) already holds every submission a
     concurrent writer committed before us; SQLite's write transaction is exclusive anyway."""
-    if conn.dialect.name == "postgresql":
+    if conn.dialect.name == "postgresql":  # the only other store Settings accepts
         rows = _pg_locked_queues_and_room(conn, tenants)
     else:
-        if conn.dialect.name != "sqlite":
-            conn.execute(_LOCK_TENANTS, {"tenants": tenants})
         rows = list(conn.execute(_QUEUES_AND_ROOM, {"tenants": tenants}))
     quotas: dict[tuple[str, str], int | None] = {}
     room: dict[str, tuple[int, int]] = {}
