@@ -63,10 +63,11 @@ def mapped_account(user: str) -> PodIdentity:
     except KeyError:
         raise InvalidInput(
             f"There is no Unix account {user!r} on this machine; create it first (useradd) or map "
-            "another one."
+            "another one.", unix_user=user,
         ) from None
     if entry.pw_uid == 0:
-        raise InvalidInput(f"Unix account {user!r} has uid 0; pods never run as root, map another account.")
+        raise InvalidInput(f"Unix account {user!r} has uid 0; pods never run as root, map another account.",
+                           unix_user=user)
     return PodIdentity(user=entry.pw_name, uid=entry.pw_uid, gid=entry.pw_gid)
 
 

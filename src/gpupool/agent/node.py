@@ -22,7 +22,6 @@ from gpupool.agent import workdir
 from gpupool.agent.identity import (
     BASE_PATH,
     Identities,
-    PodIdentity,
     base_env,
     make_private_dir,
     prepare_scratch_root,
@@ -222,10 +221,6 @@ class NodeAgent:
             if where.note:  # read back as the pod's "notes" stream (gpupool show)
                 write_atomic(self.runner.log_path(pod.pod_id, LogStream.NOTES), where.note + "\n")
         return record
-
-    def pod_identity(self, tenant: str = "default", unix_user: str = "") -> PodIdentity | None:
-        """The account a pod of `tenant` runs as here (None: the agent's own user)."""
-        return self.identities.resolve(tenant, unix_user)
 
     def isolation_layers(self, pod_id: str) -> list[dict[str, object]]:
         """What each isolation layer did for this pod (as recorded at launch)."""

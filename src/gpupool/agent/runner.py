@@ -107,9 +107,9 @@ class Runner:
         """Copies of finished records (they never change again), so poll() costs O(running pods)."""
         self._exit_listeners: list[Callable[[], None]] = []
         self._to_sweep: dict[str, tuple[int, str | None]] = {}
+        """Pods reaped whose leftovers outside their process group are still to be killed."""
         self._last_sweep_s = float("-inf")
         self._sweep_now = False
-        """Pods reaped whose leftovers outside their process group are still to be killed."""
         self._reaper: _Reaper | None = None
         self._launcher: Launcher | None = None
         """Started at the first pod that runs as another account (see launcher.py)."""
@@ -134,8 +134,7 @@ class Runner:
         environment and, given an `identity`, as that Unix account (no supplementary groups, no new
         privileges). With `combined_output`, stdout and stderr go to one log (stdout.log), in the
         order written, as sbatch does without --error. Idempotent by pod_id: a known pod is returned
-        unchanged. Raises InvalidInput for
-        a bad pod id, command or workdir."""
+        unchanged. Raises InvalidInput for a bad pod id, command or workdir."""
         if not _POD_ID.match(pod_id):
             raise InvalidInput(f"Pod id {pod_id!r} must be 1-128 letters, digits, '.', '_' or '-'.")
         if not command:
@@ -168,6 +167,10 @@ class Runner:
         exit_fd = os.open(pod_dir / "exit.json", os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
         go_r, go_w = os.pipe() if limits.cgroup_dir else (-1, -1)
         child: subprocess.Popen[bytes] | None = None
+        # A launcher helper has its own descriptor numbers: it puts the exit file's in for the token.
+        argv = shim_argv(exit_fd if identity is None else EXIT_FD_PLACEHOLDER, record.command,
+                         workdir=record.workdir, wait_for_go=go_r >= 0,
+                         rlimit_data_bytes=limits.rlimit_data_bytes)
         try:
             with contextlib.ExitStack() as files:
                 out = files.enter_context(open(pod_dir / "stdout.log", "ab", opener=_private))
@@ -175,13 +178,9 @@ class Runner:
                     open(pod_dir / "stderr.log", "ab", opener=_private))
                 if identity is not None:
                     os.fchown(exit_fd, identity.uid, identity.gid)  # the shim reopens it as the account
-                    argv = shim_argv(EXIT_FD_PLACEHOLDER, record.command, workdir=record.workdir,
-                                     wait_for_go=go_r >= 0, rlimit_data_bytes=limits.rlimit_data_bytes)
                     pid, start_ticks = self._launch_as(identity, argv, env, go_r, out.fileno(),
                                                        err.fileno(), exit_fd)
                 else:
-                    argv = shim_argv(exit_fd, record.command, workdir=record.workdir, wait_for_go=go_r >= 0,
-                                     rlimit_data_bytes=limits.rlimit_data_bytes)
                     stdin = go_r if go_r >= 0 else subprocess.DEVNULL
                     child = subprocess.Popen(argv, cwd="/", env=env, stdin=stdin, stdout=out, stderr=err,
                                              start_new_session=True, close_fds=True, pass_fds=(exit_fd,))
@@ -299,8 +298,6 @@ class Runner:
         poll() runs often while pods run (and at every control loop interval), so a leftover lives
         at most about that long after its pod."""
         now = time.monotonic()
-        if self._launcher is not None:
-            self._launcher.drain()
         with self._lock:
             due = force or self._sweep_now or now - self._last_sweep_s >= SWEEP_INTERVAL_S
             if not self._to_sweep or not due:
@@ -315,6 +312,8 @@ class Runner:
             return self._poll()
         finally:
             self._sweep()
+            if self._launcher is not None:
+                self._launcher.drain()  # read the helpers' exit reports, so none fills a socket
 
     def _poll(self) -> list[PodRecord]:
         with self._lock:

@@ -3,7 +3,7 @@ the command and records its exit status.
 
 The runner starts it as `/bin/sh -c SCRIPT gpupool-shim EXIT_FD GO RLIMIT_DATA_KIB WORKDIR
 COMMAND...` (an empty string for what it does not use), as the leader of the pod's own process
-group, already as the pod's Unix account (the runner drops privileges before exec) and with the
+group, already as the pod's Unix account (launcher.py drops privileges before exec) and with the
 pod's environment only. EXIT_FD is a file descriptor open on the pod's exit file, which lives in the
 agent's private state directory (the pod cannot reach it by its path); the shim writes the status
 through /dev/fd/EXIT_FD (dash takes single-digit descriptors only in redirections), so the file

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import getpass
 import os
-import pwd
 from collections import Counter
 
 from sqlalchemy import func, select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
+from gpupool.agent.identity import mapped_account
 from gpupool.core.model import WorkloadStatus
 from gpupool.core.units import MILLI
 from gpupool.errors import Conflict, InvalidInput, NotFound, did_you_mean
@@ -71,15 +71,9 @@ def single_user_warning() -> str:
 
 
 def check_unix_user(session: Session, name: str, tenant: str) -> None:
-    """An existing, unprivileged account on this machine that no other tenant is mapped to."""
-    try:
-        entry = pwd.getpwnam(name)
-    except KeyError:
-        raise InvalidInput(f"There is no Unix account {name!r} on the server machine; create it "
-                           "(useradd) or name an existing one.", unix_user=name) from None
-    if entry.pw_uid == 0:
-        raise InvalidInput(f"Unix account {name!r} has uid 0; pods never run as root, so name an "
-                           "unprivileged account.", unix_user=name)
+    """An existing, unprivileged account on this machine (the agent checks it again at launch) that
+    no other tenant is mapped to."""
+    mapped_account(name)
     other = session.scalars(select(TenantRow.name).where(TenantRow.unix_user == name,
                                                          TenantRow.name != tenant)).first()
     if other is not None:
