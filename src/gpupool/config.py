@@ -19,10 +19,16 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationEr
 
 from gpupool.core.overcommit import ModelRatio, OvercommitConfig
 from gpupool.core.priority import DEFAULT_PRIORITY_CLASSES, PriorityClass, PriorityClasses
-from gpupool.core.quota import DEVICE_MILLI, ClusterQueue, LocalQueue, QuotaConfig, ResourceQuota
+from gpupool.core.quota import (
+    DEVICE_MILLI,
+    ClusterQueue,
+    LocalQueue,
+    QuotaConfig,
+    ResourceQuota,
+    devices_milli,
+)
 from gpupool.core.scheduling.cycle import Policies
-from gpupool.core.units import MILLI
-from gpupool.errors import InvalidInput, UnknownName, did_you_mean
+from gpupool.errors import InvalidInput, did_you_mean
 
 CONFIG_ENV = "GPUPOOL_CONFIG"
 _UNITS_S = {"": 1.0, "ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
@@ -188,14 +194,6 @@ class PoolConfig(_Strict):
                                  f"exceed its quota ({q.quota:g})")
         return value
 
-    def priority_class(self, name: str) -> PriorityClassConfig:
-        for cls in self.priority_classes:
-            if cls.name == name:
-                return cls
-        names = [c.name for c in self.priority_classes]
-        raise UnknownName(f"Unknown priority class {name!r}; choose one of {', '.join(names)}."
-                          + did_you_mean(name, names))
-
     def grace_s(self, class_name: str) -> float:
         """SIGTERM to SIGKILL for a preempted pod of this class."""
         for cls in self.priority_classes:
@@ -206,10 +204,9 @@ class PoolConfig(_Strict):
     def quota_config(self) -> QuotaConfig:
         """Queues with a quota become ClusterQueues (`tenant/queue`), fed by that LocalQueue."""
         capped = [q for q in self.queues if q.quota is not None]
-        milli = _milli
         cluster = tuple(
             ClusterQueue(name=f"{q.tenant}/{q.name}", cohort=q.cohort, quotas={DEVICE_MILLI: ResourceQuota(
-                round((q.quota or 0) * MILLI), milli(q.borrowing_limit), milli(q.lending_limit))})
+                devices_milli(q.quota or 0), _milli(q.borrowing_limit), _milli(q.lending_limit))})
             for q in capped)
         local = tuple(LocalQueue(q.tenant, q.name, f"{q.tenant}/{q.name}") for q in capped)
         weights = {q.tenant: q.weight for q in self.queues}
@@ -236,7 +233,7 @@ class PoolConfig(_Strict):
 
 
 def _milli(devices: float | None) -> int | None:
-    return None if devices is None else round(devices * MILLI)
+    return None if devices is None else devices_milli(devices)
 
 
 def parse_config(text: str, source: str = "the configuration") -> PoolConfig:

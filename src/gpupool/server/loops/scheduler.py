@@ -304,9 +304,7 @@ class _LimitNotes:
         node = self._nodes.get(node_name)
         if node is None:
             return []
-        key = (node_name, bool(request.num_devices and (request.device_milli < 1000
-                                                        or request.device_memory_mib)),
-               bool(request.cpu_milli or request.memory_mib))
+        key = (node_name, *enforcement.limits_asked(request))
         sentences = self._sentences.get(key)
         if sentences is None:
             layers = enforcement.node_layers(node, self._missing)

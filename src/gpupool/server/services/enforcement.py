@@ -49,16 +49,22 @@ def node_layers(node: Node, missing: Mapping[Capability, str]) -> list[LayerStat
     return [accounts, devices, device_limits, host]
 
 
+def limits_asked(request: PodRequest) -> tuple[bool, bool]:
+    """(asks for a share of a device, asks for host cpu or memory): the limits a node must hold."""
+    shares = bool(request.num_devices and (request.device_milli < MILLI or request.device_memory_mib))
+    return shares, bool(request.cpu_milli or request.memory_mib)
+
+
 def unenforced(node: Node, layers: list[LayerState], request: PodRequest) -> list[str]:
     """One sentence per limit of `request` that `node` does not enforce (empty when all hold). The
     accounts layer is left out: a pool whose agent cannot change users says so once, at start-up."""
     by_layer = {state.layer: state for state in layers}
     sentences = []
-    shares = request.num_devices and (request.device_milli < MILLI or request.device_memory_mib)
+    shares, host = limits_asked(request)
     if shares and not by_layer[DEVICE_LIMITS].enforced:
         sentences.append(f"device compute and memory limits are not enforced on node {node.name}: "
                          f"{by_layer[DEVICE_LIMITS].detail}")
-    if (request.cpu_milli or request.memory_mib) and not by_layer[HOST_LIMITS].enforced:
+    if host and not by_layer[HOST_LIMITS].enforced:
         sentences.append(f"host cpu and memory limits are not enforced on node {node.name}: "
                          f"{by_layer[HOST_LIMITS].detail}")
     return sentences
