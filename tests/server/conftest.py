@@ -64,6 +64,12 @@ class Server:
         answer = self.client.get(f"/api/v1/workloads/{workload_id}", headers=self.headers(token))
         return str(answer.json()["status"])
 
+    def created(self, path: str, body: dict[str, object]) -> dict[str, object]:
+        """POST `body` to /api/v1`path` as the admin; asserts 201 and returns the answer."""
+        answer = self.client.post(f"/api/v1{path}", json=body, headers=self.headers())
+        assert answer.status_code == 201, answer.text
+        return dict(answer.json())
+
 
 def make_runtime(url: str, data_dir: Path, provider: ManualProvider) -> tuple[Runtime, str | None]:
     settings = Settings(data_dir=data_dir, database_url=url, placement="first-fit",

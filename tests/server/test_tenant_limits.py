@@ -24,14 +24,11 @@ def _unprivileged_account() -> str:
 
 
 def _create(server: Server, **body: object) -> dict[str, object]:
-    answer = server.client.post(f"{API}/tenants", json=body, headers=server.headers())
-    assert answer.status_code == 201, answer.text
-    return dict(answer.json())
+    return server.created("/tenants", body)
 
 
 def _tenant_token(server: Server, tenant: str) -> str:
-    answer = server.client.post(f"{API}/tokens", json={"tenant": tenant}, headers=server.headers())
-    return str(answer.json()["token"])
+    return str(server.created("/tokens", {"tenant": tenant})["token"])
 
 
 def _patch(server: Server, name: str, token: str | None = None, **body: object) -> dict[str, object]:

@@ -26,14 +26,11 @@ DAY_S = 86400.0
 
 
 def _token(server: Server, **body: object) -> dict[str, object]:
-    answer = server.client.post(f"{API}/tokens", json=body, headers=server.headers())
-    assert answer.status_code == 201, answer.text
-    return dict(answer.json())
+    return server.created("/tokens", body)
 
 
 def _tenant(server: Server, name: str) -> None:
-    answer = server.client.post(f"{API}/tenants", json={"name": name}, headers=server.headers())
-    assert answer.status_code == 201, answer.text
+    server.created("/tenants", {"name": name})
 
 
 def _get(server: Server, token: str, path: str = "/workloads") -> int:
