@@ -54,6 +54,14 @@ class QueueRow(Base):
     name: Mapped[str] = mapped_column(String(NAME_LENGTH), primary_key=True)
     quota_device_milli: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
     created_s: Mapped[float] = mapped_column(Float)
+    cohort: Mapped[str] = mapped_column(String(NAME_LENGTH), default="", server_default="")
+    """Queues of one cohort lend each other their unused quota (Kueue's cohort)."""
+    borrowing_limit_milli: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    """How much beyond its quota it may borrow from its cohort; NULL: as much as is lent."""
+    lending_limit_milli: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    """How much of its unused quota its cohort may borrow; NULL: all of it."""
+    weight: Mapped[float] = mapped_column(Float, default=1.0, server_default="1")
+    """Its tenant's share weight under DRF ordering."""
 
 
 class TokenRow(Base):
@@ -102,6 +110,25 @@ class WorkloadRow(Base):
     admitted_s: Mapped[float | None] = mapped_column(Float, nullable=True)
     started_s: Mapped[float | None] = mapped_column(Float, nullable=True)
     finished_s: Mapped[float | None] = mapped_column(Float, nullable=True)
+    array_id: Mapped[str | None] = mapped_column(String(ID_LENGTH), nullable=True, index=True)
+    """The array this workload is one task of (`gpupool submit --array`), NULL for a lone workload."""
+    array_index: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    array_limit: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    """How many tasks of its array may hold slices at once (`--array 0-99%10`); NULL: no limit."""
+    retries: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    """Requeues after pod failures so far (bounded by the spec's max_retries)."""
+    not_before_s: Mapped[float | None] = mapped_column(Float, nullable=True)
+    """A requeued workload is not placed before this time (requeue backoff)."""
+    time_limit_s: Mapped[float | None] = mapped_column(Float, nullable=True)
+    """Its pods are stopped this long after it started (`--time-limit`); NULL: no limit."""
+    reserved_start_s: Mapped[float | None] = mapped_column(Float, nullable=True)
+    """Under backfill: when the head of the queue is expected to start (its reservation)."""
+    progress_s: Mapped[float] = mapped_column(Float, default=0.0, server_default="0")
+    """Work kept from earlier runs (up to its last checkpoint), seconds."""
+    lost_device_s: Mapped[float] = mapped_column(Float, default=0.0, server_default="0")
+    """Device-seconds of work lost to preemptions and evictions (after the last checkpoint)."""
+    run_s: Mapped[float] = mapped_column(Float, default=0.0, server_default="0")
+    """Seconds it ran in earlier attempts (its attained service is run_s x devices)."""
 
 
 class PodRow(Base):
@@ -155,6 +182,10 @@ class NodeFlagRow(Base):
     cordoned: Mapped[bool] = mapped_column(Boolean, default=False)
     draining: Mapped[bool] = mapped_column(Boolean, default=False)
     updated_s: Mapped[float] = mapped_column(Float)
+    failed: Mapped[bool] = mapped_column(Boolean, default=False, server_default="0")
+    """An injected fault took the whole node down (simulated and fake nodes only)."""
+    failed_devices: Mapped[list[int]] = mapped_column(JSON, default=list, server_default="[]")
+    """Device indexes an injected fault took down."""
 
 
 class AuditRow(Base):

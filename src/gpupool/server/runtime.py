@@ -8,6 +8,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
+from gpupool.config import PoolConfig
 from gpupool.core.model import Node, Workload
 from gpupool.providers.base import Provider
 from gpupool.server.auth import Authenticator
@@ -25,6 +26,8 @@ class Runtime:
     store: Store
     provider: Provider
     clock: Callable[[], float] = time.time
+    config: PoolConfig = field(default_factory=PoolConfig)
+    """The scheduling configuration (`gpupool up --config`; the defaults without one)."""
     wake: threading.Event = field(default_factory=threading.Event)
     capacity_changed: threading.Event = field(default_factory=threading.Event)
     """Set when room may have appeared (cancel, uncordon, quota change): re-examine all pending work."""

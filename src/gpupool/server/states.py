@@ -8,7 +8,13 @@ from enum import StrEnum
 class PodState(StrEnum):
     LAUNCHING = "launching"
     """Recorded before the provider is asked to start it (so a crash never starts it twice)."""
+    WAITING = "waiting"
+    """Placed and holding its slices, but not yet handed to the provider: a pod stopping on one of
+    its devices (a preempted or evicted victim) has not exited yet."""
     RUNNING = "running"
+    STOPPING = "stopping"
+    """Asked to stop (preemption, eviction, time limit): its slices are already given to the
+    scheduler, but pods placed on its devices wait (WAITING) until the provider reports it ended."""
     SUCCEEDED = "succeeded"
     FAILED = "failed"
     LOST = "lost"
@@ -16,10 +22,11 @@ class PodState(StrEnum):
 
     @property
     def is_active(self) -> bool:
-        return self in (PodState.LAUNCHING, PodState.RUNNING)
+        return self in (PodState.LAUNCHING, PodState.WAITING, PodState.RUNNING)
 
 
-ACTIVE_POD_STATES = (PodState.LAUNCHING.value, PodState.RUNNING.value)
+ACTIVE_POD_STATES = (PodState.LAUNCHING.value, PodState.WAITING.value, PodState.RUNNING.value)
+"""Pods that hold their slices in the scheduler's view."""
 
 
 class EventReason(StrEnum):
