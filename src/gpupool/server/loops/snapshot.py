@@ -18,10 +18,11 @@ from gpupool.core.model import (
     Workload,
     WorkloadStatus,
 )
-from gpupool.core.quota import DEVICE_MILLI, ClusterQueue, LocalQueue, QuotaConfig, ResourceQuota
-from gpupool.server.orm import NodeFlagRow, PodRow, QueueRow, WorkloadRow
+from gpupool.core.quota import QuotaConfig
+from gpupool.server.orm import NodeFlagRow, PodRow, WorkloadRow
 from gpupool.server.runtime import Runtime
 from gpupool.server.schemas.workloads import WorkloadSpec
+from gpupool.server.services.quotas import read_quota
 from gpupool.server.services.specs import CAPACITY, to_workload
 from gpupool.server.states import ACTIVE_POD_STATES
 
@@ -89,10 +90,6 @@ class WorkloadCache:
             del self._items[stale]
 
 
-def queue_name(tenant: str, queue: str) -> str:
-    return f"{tenant}/{queue}"
-
-
 def load(rt: Runtime, cache: WorkloadCache, since_s: float | None = None,
          skip: frozenset[str] = frozenset(), limit: int = MAX_PENDING_PER_CYCLE) -> StoreView:
     """One read session; the provider's nodes are read first, outside it.
@@ -139,7 +136,7 @@ def load(rt: Runtime, cache: WorkloadCache, since_s: float | None = None,
         specs: dict[str, Any] = {r.id: r.spec for r in conn.execute(
             select(WorkloadRow.id, WorkloadRow.spec).where(WorkloadRow.id.in_(unparsed))
         )} if unparsed else {}
-        queues = conn.execute(select(QueueRow.tenant, QueueRow.name, QueueRow.quota_device_milli)).all()
+        quota = read_quota(conn)
         cordoned = set(conn.scalars(select(NodeFlagRow.name).where(NodeFlagRow.cordoned.is_(True))))
     nodes = tuple(replace(n, cordoned=True) if n.name in cordoned and not n.cordoned else n for n in nodes)
     pending = tuple(_workload(cache, r.id, specs, r.tenant, r.priority, r.submit_s) for r in pending_rows)
@@ -148,7 +145,7 @@ def load(rt: Runtime, cache: WorkloadCache, since_s: float | None = None,
     return StoreView(
         snapshot=ClusterSnapshot(nodes=nodes, allocations=allocations),
         pending=pending,
-        quota=quota_config(queues),
+        quota=quota,
         unschedulable_nodes=sum(1 for n in nodes if not n.schedulable),
     )
 
@@ -202,14 +199,3 @@ def _allocations(active: Any, known: frozenset[str], cache: WorkloadCache,
                                 start_time_s=first.admitted_s or 0.0)
         cache._allocations[workload_id] = (tuple(sorted(r.id for r in rows)), allocation)
     return tuple(cache._allocations[w][1] for w in sorted(cache._allocations))
-
-
-def quota_config(queues: Any) -> QuotaConfig:
-    """Each queue is its own ClusterQueue; a queue with a quota caps its devices (milli)."""
-    cluster_queues = []
-    local_queues = []
-    for tenant, name, quota in sorted(queues):
-        quotas = {} if quota is None else {DEVICE_MILLI: ResourceQuota(nominal=int(quota))}
-        cluster_queues.append(ClusterQueue(name=queue_name(tenant, name), quotas=quotas))
-        local_queues.append(LocalQueue(tenant=tenant, name=name, cluster_queue=queue_name(tenant, name)))
-    return QuotaConfig(cluster_queues=tuple(cluster_queues), local_queues=tuple(local_queues))
