@@ -3,7 +3,9 @@
 The local provider uses one NodeAgent in-process; a scale-out provider would run one per node.
 A pod starts from an empty environment (identity.base_env, then the pool's variables and the user's
 --env), in a private directory of its own, and, when the agent runs as root, as its tenant's Unix
-account (identity.py): never with the agent's identity, secrets or environment.
+account (identity.py): never with the agent's identity, secrets or environment. Its workload's
+checkpoint directory (checkpoints.py) is kept across the workload's attempts on this node.
+Faults can be injected only into simulated devices.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from gpupool.agent import workdir
+from gpupool.agent.checkpoints import CHECKPOINT_DIR_ENV, CheckpointDirs
 from gpupool.agent.identity import (
     BASE_PATH,
     Identities,
@@ -33,7 +36,7 @@ from gpupool.agent.probes.infiniband import SYSFS_ROOT, read_ib_ports
 from gpupool.agent.probes.nvml import NvmlProbe, ProbeResult, ProbeStatus
 from gpupool.agent.runner import LogStream, Runner
 from gpupool.core.model import Device, IbPort, Node
-from gpupool.errors import InvalidInput, NotFound
+from gpupool.errors import InvalidInput, NotFound, ProviderError
 from gpupool.profiles import ProfileSet, default_profiles
 from gpupool.providers.base import HealthEvent, LogChunk, PodLaunch
 from gpupool.providers.nodespec import SIMULATED_LABEL, simulated_devices
@@ -92,6 +95,7 @@ class NodeAgent:
         os.chmod(self.state_dir, 0o700)
         self.identities = identities or Identities()
         self.scratch_root = prepare_scratch_root(Path(scratch_root or self._default_scratch_root()))
+        self.checkpoints = CheckpointDirs(self.scratch_root)
         self.pod_path = pod_path or os.environ.get(POD_PATH_ENV) or BASE_PATH
         self.node_name = node_name or socket.gethostname()
         self._profiles = profiles or default_profiles()
@@ -168,17 +172,30 @@ class NodeAgent:
     def _record(self, device_uuid: str, healthy: bool, reason: str) -> None:
         self._events.append(HealthEvent(self._clock(), self.node_name, device_uuid, healthy, reason))
 
+    def _check_fault_target(self, device_uuid: str) -> None:
+        """NotFound for an unknown uuid; ProviderError for a real device or node (a fault on real
+        hardware is the hardware's to report, through NVML)."""
+        if device_uuid and device_uuid not in {d.uuid for d in self._devices()}:
+            raise NotFound(f"Node {self.node_name!r} has no device {device_uuid!r}.")
+        if self._simulated is None:
+            what = f"Device {device_uuid!r} of node {self.node_name!r} is a real device" if device_uuid \
+                else f"Node {self.node_name!r} is a real node"
+            raise ProviderError(f"{what}; faults can be injected only into simulated devices and nodes "
+                                "(gpupool up --simulate).")
+
     def inject_fault(self, device_uuid: str = "", reason: str = "injected fault") -> None:
-        """Mark a device (or with no uuid the node) unhealthy. Idempotent. NotFound for an unknown uuid."""
+        """Mark a simulated device (or with no uuid the node) unhealthy. Idempotent. NotFound for an
+        unknown uuid, ProviderError for a real device or node."""
         with self._lock:
-            if device_uuid and device_uuid not in {d.uuid for d in self._devices()}:
-                raise NotFound(f"Node {self.node_name!r} has no device {device_uuid!r}.")
+            self._check_fault_target(device_uuid)
             if device_uuid not in self._faults:
                 self._faults[device_uuid] = reason
                 self._record(device_uuid, False, reason)
 
     def clear_fault(self, device_uuid: str = "") -> None:
+        """Undo inject_fault. Idempotent; raises like inject_fault."""
         with self._lock:
+            self._check_fault_target(device_uuid)
             if self._faults.pop(device_uuid, None) is not None:
                 self._record(device_uuid, True, "fault cleared")
 
@@ -211,6 +228,7 @@ class NodeAgent:
         limits = prepare_cgroup(plan.host_limits, plan.cgroup_files)
         home = make_private_dir(self.scratch_root, pod.pod_id, identity)
         env = plan.process_env(base_env(identity, home, self.pod_path), pod.env)
+        env[CHECKPOINT_DIR_ENV] = str(self.checkpoints.prepare(pod.workload_id, identity))  # not the user's
         where = workdir.choose(pod.workdir, pod.env.get(workdir.SUBMIT_DIR_ENV, ""), identity)
         record = self.runner.start(pod.pod_id, pod.command, env=env, workdir=where.path or home,
                                    limits=limits, identity=identity,
@@ -232,6 +250,14 @@ class NodeAgent:
 
     def stop(self, pod_id: str, grace_s: float = 10.0) -> None:
         self.runner.stop(pod_id, grace_s)
+
+    def checkpoint_s(self, workload_id: str) -> float | None:
+        """The workload's last checkpoint mark on this node (see checkpoints.py), or None."""
+        return self.checkpoints.mark_s(workload_id)
+
+    def forget_workload(self, workload_id: str) -> None:
+        """Remove the workload's checkpoint directory on this node (it ended for good)."""
+        self.checkpoints.forget(workload_id)
 
     def poll(self) -> list[PodRecord]:
         return self.runner.poll()

@@ -148,5 +148,19 @@ class Provider(ABC):
         """Every health change seen so far, oldest first. Non-blocking, idempotent."""
         return []
 
+    def checkpoint_s(self, workload_id: str) -> float | None:
+        """When the workload last reported a checkpoint (epoch seconds on the provider's clock): the
+        mtime of $GPUPOOL_CHECKPOINT_DIR/.checkpoint, which its pods touch after saving, latest over
+        the nodes that hold its directory; None when there is none. The directory outlives the
+        workload's attempts, so a mark may predate the current attempt, and the tenant sets the mtime
+        (it may lie about the past or the future): clamp it to the attempt. Non-blocking; never
+        raises (an unknown workload has no mark)."""
+        return None
+
+    def forget_workload(self, workload_id: str) -> None:
+        """The workload reached a final state and will not run again: remove its checkpoint
+        directory wherever it is. Call it once its pods have ended. Returns without waiting for the
+        files to be deleted; idempotent; never raises for an unknown workload."""
+
     def close(self) -> None:
         """Release the provider's resources (threads, daemons). Idempotent."""

@@ -2,12 +2,16 @@
 
 Pods "run" from launch for `duration_s` (or until stopped) on an injected clock. Per pod, the
 launch environment may override: GPUPOOL_FAKE_DURATION_S (seconds), GPUPOOL_FAKE_EXIT_CODE (the
-code it ends with) and GPUPOOL_FAKE_IGNORE_TERM=1 (a stop then takes the whole grace period and
-ends with SIGKILL's 137 instead of SIGTERM's 143).
+code it ends with), GPUPOOL_FAKE_IGNORE_TERM=1 (a stop then takes the whole grace period and
+ends with SIGKILL's 137 instead of SIGTERM's 143) and GPUPOOL_FAKE_CHECKPOINT_S (the pod reports a
+checkpoint every that many seconds of running, as the simulator's checkpoint_interval_s: the
+latest one is checkpoint_s of its workload, kept across the workload's attempts until
+forget_workload, as a checkpoint directory is).
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 
@@ -38,6 +42,7 @@ class _FakePod:
     duration_s: float
     exit_code: int
     ignore_term: bool
+    checkpoint_every_s: float | None = None
     stop_at_s: float | None = None
     grace_s: float = 0.0
 
@@ -64,6 +69,8 @@ class FakeProvider(Provider):
         self.duration_s = duration_s
         self.startup_s = startup_s
         self._pods: dict[str, _FakePod] = {}
+        self._checkpointing: dict[str, list[_FakePod]] = {}
+        """Per workload, its pods that report checkpoints (until forget_workload)."""
         self._faults: dict[tuple[str, str], str] = {}
         self._events: list[HealthEvent] = []
 
@@ -93,11 +100,15 @@ class FakeProvider(Provider):
             raise ProviderError(f"Unknown node {pod.node!r}; the fake provider has {len(self._nodes)} nodes.")
         if pod.pod_id in self._pods:
             return
-        self._pods[pod.pod_id] = _FakePod(
+        every_s = _env_float(pod, "GPUPOOL_FAKE_CHECKPOINT_S", 0.0)
+        fake = self._pods[pod.pod_id] = _FakePod(
             launch=pod, started_at_s=self._clock(),
             duration_s=_env_float(pod, "GPUPOOL_FAKE_DURATION_S", self.duration_s),
             exit_code=int(_env_float(pod, "GPUPOOL_FAKE_EXIT_CODE", 0)),
-            ignore_term=pod.env.get("GPUPOOL_FAKE_IGNORE_TERM") == "1")
+            ignore_term=pod.env.get("GPUPOOL_FAKE_IGNORE_TERM") == "1",
+            checkpoint_every_s=every_s if every_s > 0 else None)
+        if fake.checkpoint_every_s is not None:
+            self._checkpointing.setdefault(pod.workload_id, []).append(fake)
 
     def stop(self, pod_id: str, grace_s: float = 10.0) -> None:
         pod = self._pods.get(pod_id)
@@ -160,3 +171,21 @@ class FakeProvider(Provider):
 
     def health_events(self) -> list[HealthEvent]:
         return list(self._events)
+
+    def _last_checkpoint_s(self, pod: _FakePod) -> float | None:
+        assert pod.checkpoint_every_s is not None
+        status = self._status(pod)
+        run_from = pod.started_at_s + self.startup_s
+        until = status.finished_at_s if status.finished_at_s is not None else self._clock()
+        done = until - run_from
+        if done < pod.checkpoint_every_s:
+            return None
+        return run_from + math.floor(done / pod.checkpoint_every_s) * pod.checkpoint_every_s
+
+    def checkpoint_s(self, workload_id: str) -> float | None:
+        marks = [m for p in self._checkpointing.get(workload_id, ()) if (m := self._last_checkpoint_s(p))
+                 is not None]
+        return max(marks, default=None)
+
+    def forget_workload(self, workload_id: str) -> None:
+        self._checkpointing.pop(workload_id, None)

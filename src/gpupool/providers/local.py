@@ -1,4 +1,8 @@
-"""The local provider: this machine is the one node, and pods run as real processes via the agent."""
+"""The local provider: this machine is the one node, and pods run as real processes via the agent.
+
+Each pod's GPUPOOL_CHECKPOINT_DIR is its workload's directory under the pods' scratch root on this
+machine (agent/checkpoints.py); faults can be injected into simulated devices only.
+"""
 
 from __future__ import annotations
 
@@ -65,6 +69,10 @@ class LocalProvider(Provider):
         real = [d for d in self.agent.node().devices if not d.simulated]
         if not real:
             missing[Capability.GPU] = f"no real accelerator: {self.agent.device_status}"
+        if not self.agent.simulated:
+            missing[Capability.FAULT_INJECTION] = (
+                "this machine's devices are real; faults can be injected only into simulated devices"
+            )
         if not self.agent.mps_available:
             missing[Capability.MPS] = f"{MPS_CONTROL} is not installed, so fractional slices are not capped"
         if not self.agent.identities.switch_users:
@@ -127,6 +135,12 @@ class LocalProvider(Provider):
 
     def health_events(self) -> list[HealthEvent]:
         return self.agent.health_events()
+
+    def checkpoint_s(self, workload_id: str) -> float | None:
+        return self.agent.checkpoint_s(workload_id)
+
+    def forget_workload(self, workload_id: str) -> None:
+        self.agent.forget_workload(workload_id)
 
     def close(self, *, stop_pods: bool = False) -> None:
         """Release NVML and timers. Pods keep running for the next start to re-adopt, unless

@@ -1,0 +1,97 @@
+"""A simulated pool of several nodes on this machine: one local agent (LocalProvider) per node.
+
+Pods really run here while the scheduler sees the simulated nodes and devices; faults can be
+injected into any of them. Each member has its own state directory; when pods run as other accounts
+the members share the pods' scratch root, and so one checkpoint directory per workload.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+from gpupool.core.model import Node
+from gpupool.errors import InvalidInput, NotFound, ProviderError
+from gpupool.providers.base import Capability, HealthEvent, LogChunk, PodLaunch, PodStatus, Provider
+from gpupool.providers.local import LocalProvider
+
+
+class LocalPool(Provider):
+    """Several simulated nodes, each served by its own local agent on this machine."""
+
+    name = "local"
+
+    concurrent_launch = True
+    """launch() may be called from several threads at once (each member's agent is thread-safe)."""
+
+    def __init__(self, nodes: Sequence[Node], state_dir: Path) -> None:
+        self._members: dict[str, LocalProvider] = {}
+        for node in nodes:
+            if not node.devices:
+                raise InvalidInput(f"Simulated node {node.name!r} has no devices.")
+            spec = f"{len(node.devices)}x{node.devices[0].model}"
+            self._members[node.name] = LocalProvider(state_dir / node.name, simulate=spec,
+                                                     node_name=node.name)
+
+    def _member(self, node: str) -> LocalProvider:
+        member = self._members.get(node)
+        if member is None:
+            raise NotFound(f"No node {node!r} in this pool; it has {', '.join(self._members)}.")
+        return member
+
+    def missing_capabilities(self) -> dict[Capability, str]:
+        first = next(iter(self._members.values()))
+        missing = dict(first.missing_capabilities())
+        missing.pop(Capability.MULTI_NODE, None)
+        return missing
+
+    def nodes(self) -> list[Node]:
+        return [n for member in self._members.values() for n in member.nodes()]
+
+    def launch(self, pod: PodLaunch) -> None:
+        member = self._members.get(pod.node)
+        if member is None:
+            raise ProviderError(f"Unknown node {pod.node!r}; this pool has {', '.join(self._members)}.")
+        member.launch(pod)
+
+    def add_exit_listener(self, listener: Callable[[], None]) -> None:
+        for member in self._members.values():
+            member.add_exit_listener(listener)
+
+    def stop(self, pod_id: str, grace_s: float = 10.0) -> None:
+        for member in self._members.values():
+            member.stop(pod_id, grace_s)
+
+    def poll(self) -> list[PodStatus]:
+        return [s for member in self._members.values() for s in member.poll()]
+
+    def read_log(self, pod_id: str, stream: str = "stdout", offset: int = 0) -> LogChunk:
+        for member in self._members.values():
+            try:
+                return member.read_log(pod_id, stream, offset)
+            except NotFound:
+                continue
+        raise NotFound(f"No pod {pod_id!r} on this pool.")
+
+    def inject_fault(self, node: str, device_uuid: str = "", reason: str = "injected fault") -> None:
+        self._member(node).inject_fault(node, device_uuid, reason)
+
+    def clear_fault(self, node: str, device_uuid: str = "") -> None:
+        self._member(node).clear_fault(node, device_uuid)
+
+    def health_events(self) -> list[HealthEvent]:
+        events = [e for member in self._members.values() for e in member.health_events()]
+        return sorted(events, key=lambda e: e.time_s)  # stable: a member's own order is kept
+
+    def checkpoint_s(self, workload_id: str) -> float | None:
+        marks = [member.checkpoint_s(workload_id) for member in self._members.values()]
+        return max((m for m in marks if m is not None), default=None)
+
+    def forget_workload(self, workload_id: str) -> None:
+        for member in self._members.values():
+            member.forget_workload(workload_id)
+
+    def close(self, *, stop_pods: bool = False) -> None:
+        """Close every member (see LocalProvider.close). Idempotent."""
+        for member in self._members.values():
+            member.close(stop_pods=stop_pods)
