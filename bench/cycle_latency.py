@@ -13,10 +13,15 @@ admissions start running. Every cycle is timed two ways on the same inputs:
 quota of over-quota tenants: hundreds of preemptions). Target: median under 50 ms.
 
     python bench/cycle_latency.py [--repeat 15] [--churn 10] [--policies fgd-strand,first-fit]
-        [--gc server|default] [--json OUT.json]
+        [--config FILE|default ...] [--pending N] [--gc server|default] [--json OUT.json]
 
-The first placement policy is the project's default (`Policies()`); the load average of the
-machine is recorded beside the figures.
+Without --config, each placement policy of --policies runs twice: with priority-fifo and nothing
+else (`Policies(placement=...)`), and with drf + per-tenant quota in one cohort + preemption +
+backfill. With --config (repeatable), each row is a pool configuration as `gpupool up --config` and
+`gpupool sim replay --config` read it (`load_config(FILE).policies()`); `default` is the
+configuration's defaults (no file). bench/configs/full.yaml is the full configuration: the
+defaults (drf, preemption, backfill, fgd-strand) with the bench's eight tenants as queues of
+1,000 devices each in one cohort. The load average of the machine is recorded beside the figures.
 """
 
 from __future__ import annotations
@@ -33,11 +38,13 @@ from rich.console import Console
 from rich.table import Table
 
 from gpupool import gc_tuning
+from gpupool.config import load_config
 from gpupool.core.model import Allocation, ClusterSnapshot, Device, Node, PodRequest, Workload
 from gpupool.core.quota import QuotaConfig, devices_milli
 from gpupool.core.scheduling.cycle import Policies, run_cycle
 from gpupool.core.scheduling.keeper import ViewKeeper
 from gpupool.core.scheduling.policies.base import DEFAULT_POLICY, policy_names
+from gpupool.errors import InvalidInput, UnknownName
 
 SHAPES = ((1, 250), (1, 500), (1, 1000), (2, 1000), (8, 1000))
 WEIGHTS = (25, 25, 35, 10, 5)
@@ -144,6 +151,38 @@ def time_loop(
     }
 
 
+def _configs(args: argparse.Namespace) -> list[tuple[str, Policies]]:
+    """The rows to measure: named configurations from --config, else the --policies pairs."""
+    if args.config:
+        rows = []
+        for source in args.config:
+            policies = load_config(None if source == "default" else source).policies()
+            label = "default" if source == "default" else Path(source).stem
+            parts = [policies.placement, policies.ordering]
+            parts += [name for name, on in (("quota", policies.quota.enabled),
+                                            ("preempt", policies.preemption),
+                                            ("backfill", policies.backfill)) if on]
+            rows.append((f"{label}: {', '.join(parts)}", policies))
+        return rows
+    placements = [p for p in args.policies.split(",") if p]
+    unknown = [p for p in placements if p not in policy_names()]
+    if unknown:
+        raise UnknownName(f"unknown placement policies {unknown}; choose from {', '.join(policy_names())}.")
+    quota = QuotaConfig.per_tenant(
+        {t: {"device_milli": devices_milli(args.nodes * 8 / len(TENANTS))} for t in TENANTS}
+    )
+    rows = []
+    for placement in placements:
+        rows += [
+            (f"{placement}, priority-fifo", Policies(placement=placement)),
+            (
+                f"{placement}, drf+quota+preempt+backfill",
+                Policies(placement=placement, ordering="drf", quota=quota, preemption=True, backfill=True),
+            ),
+        ]
+    return rows
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--nodes", type=int, default=1000)
@@ -153,6 +192,13 @@ def main() -> int:
     parser.add_argument("--churn", type=int, default=10, help="finishes and arrivals before each cycle")
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--policies", default=f"{DEFAULT_POLICY},first-fit")
+    parser.add_argument(
+        "--config",
+        action="append",
+        default=[],
+        help="a pool configuration file (YAML, as `gpupool up --config` reads), or `default` for the "
+        "configuration's defaults; repeat for more rows (replaces --policies)",
+    )
     parser.add_argument("--json", type=Path, default=Path("bench/results/cycle_latency.json"))
     parser.add_argument(
         "--gc",
@@ -163,28 +209,14 @@ def main() -> int:
     )
     args = parser.parse_args()
     console = Console(width=max(Console().width, 120))
-    placements = [p for p in args.policies.split(",") if p]
-    unknown = [p for p in placements if p not in policy_names()]
-    if unknown:
-        console.print(
-            f"Error: unknown placement policies {unknown}; choose from {', '.join(policy_names())}."
-        )
+    try:
+        configs = _configs(args)
+    except (InvalidInput, UnknownName) as exc:
+        console.print(f"Error: {exc}")
         return 2
     snapshot, pending = build(args.nodes, args.pending, args.seed)
     if args.gc == "server":
         gc_tuning.tune()
-    quota = QuotaConfig.per_tenant(
-        {t: {"device_milli": devices_milli(args.nodes * 8 / len(TENANTS))} for t in TENANTS}
-    )
-    configs = []
-    for placement in placements:
-        configs += [
-            (f"{placement}, priority-fifo", Policies(placement=placement)),
-            (
-                f"{placement}, drf+quota+preempt+backfill",
-                Policies(placement=placement, ordering="drf", quota=quota, preemption=True, backfill=True),
-            ),
-        ]
     table = Table(
         title=f"One cycle: {args.nodes} nodes / {args.nodes * 8} devices, "
         f"{len(snapshot.allocations)} running, {len(pending)} pending, {args.churn} finish and "
@@ -238,6 +270,7 @@ def main() -> int:
                 "churn": args.churn,
                 "warmup": args.warmup,
                 "repeat": args.repeat,
+                "configs": args.config,
             },
             indent=2,
         )

@@ -20,11 +20,15 @@ from dataclasses import dataclass
 from itertools import chain, groupby, islice
 from operator import itemgetter
 
-from gpupool.core.model import Workload
+import numpy as np
+
+from gpupool.core.model import PodRequest, Workload
 from gpupool.core.priority import Rank
 from gpupool.core.scheduling.gang import GangPlacement, place_gang, release_gang
 from gpupool.core.scheduling.policies.base import NoFit, PlacementPolicy
 from gpupool.core.scheduling.view import ClusterView, Running, lower_bound_usage
+from gpupool.core.state import ClusterState
+from gpupool.core.units import MILLI
 
 MAX_SINGLE_TRIALS = 16
 """How many single-victim sets are tried before falling back to the greedy search."""
@@ -216,7 +220,7 @@ def select_victims(
         if gang is not None:
             return VictimSet((run,), reclaimed([run]), gang)
         view.attach(run)
-    found = list(index.search_order(preemptor, cq, exclude, by_rank=True)[0])
+    found = index.search_order(preemptor, cq, exclude, by_rank=True)[0]  # consumed lazily
     greedy = _greedy(preemptor, found, need, view, fits)
     if greedy is None:
         return None
@@ -231,7 +235,7 @@ def select_victims(
 
 def _greedy(
     preemptor: Workload,
-    found: list[Running],
+    found: Iterable[Running],
     need: int,
     view: ClusterView,
     fits: Callable[[], GangPlacement | None],
@@ -239,12 +243,13 @@ def _greedy(
     """Victims in `found`'s order until the preemptor fits; with the placement it then got (released)."""
     chosen: list[Running] = []
     freed = 0
-    first = preemptor.pods[0]
+    first = FirstPodFits(view.state, preemptor.pods[0])
     for run in found:
         view.detach(run)
         chosen.append(run)
         freed += run.device_milli
-        if freed < need or not view.state.node_fits(first).any():
+        first.freed(run)
+        if freed < need or not first.fits_somewhere():
             continue  # (a first pod that fits no node fails every placement before it starts)
         gang = fits()
         if gang is not None:
@@ -253,6 +258,54 @@ def _greedy(
     for run in reversed(chosen):
         view.attach(run)
     return None
+
+
+class FirstPodFits:
+    """Whether a pod fits some node of a state that only gains free capacity (victims detached).
+
+    `state.node_fits(pod).any()`, without scanning every node each time: once no node fits, only
+    the nodes victims were detached from since can change that answer, and once one fits it stays
+    so (freeing capacity never makes a pod fit less).
+    """
+
+    def __init__(self, state: ClusterState, pod: PodRequest) -> None:
+        self.state = state
+        self.pod = pod
+        self.known: bool | None = None
+        self.touched: set[int] = set()
+
+    def freed(self, run: Running) -> None:
+        """`run` was detached: its nodes gained capacity."""
+        if self.known is not True:
+            self.touched.update(a.node for _, a in run.allocs)
+
+    def fits_somewhere(self) -> bool:
+        if self.known is None:
+            self.known = bool(self.state.node_fits(self.pod).any())
+        elif not self.known and self.touched:
+            self.known = node_fits_at(self.state, self.pod, self.touched)
+        self.touched.clear()
+        return self.known
+
+
+def node_fits_at(state: ClusterState, pod: PodRequest, rows: Iterable[int]) -> bool:
+    """`state.node_fits(pod)[rows].any()`, computed on those nodes only (host resources first)."""
+    schedulable, cpu_free, mem_free = state.schedulable, state.cpu_free, state.mem_free
+    cpu, mem = pod.cpu_milli, pod.memory_mib
+    hosts = [n for n in rows if schedulable[n] and cpu_free[n] >= cpu and mem_free[n] >= mem]
+    if not hosts or not pod.num_devices:
+        return bool(hosts)
+    at = np.asarray(hosts, dtype=np.intp)
+    milli_free, mem_free_dev = state.dev_milli_free[at], state.dev_mem_free[at]
+    if pod.device_milli >= MILLI:
+        dev = (milli_free == MILLI) & (mem_free_dev == state.dev_mem_cap[at])
+        dev &= state.dev_milli_cap[at] == MILLI
+    else:
+        dev = milli_free >= pod.device_milli
+    if pod.device_memory_mib:
+        dev &= mem_free_dev >= pod.device_memory_mib
+    dev &= state.allowed_devices(pod.allowed_models)[at]
+    return bool((dev.sum(axis=1) >= pod.num_devices).any())
 
 
 def _drop_apart(
