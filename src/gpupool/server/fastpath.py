@@ -4,7 +4,7 @@ A submission that is well formed (JSON body, a known bearer token, a spec that v
 with the same pydantic model, prepared by the same service function and stored by the same
 group-commit writer as through the FastAPI route, and answered with the same `201` body; that skips
 the routing, dependency resolution and response re-validation that cost more CPU than the rest of
-a submission. Anything else (a bad token, a bad spec, an unusual body) is handed, body replayed, to
+a submission. Anything else (a bad token, a bad spec, an array, an unusual body) is handed, body replayed, to
 the FastAPI route, which gives the API's usual error answer; nothing was stored at that point, so
 the route storing it instead can never store it twice. The route stays declared (OpenAPI, /docs).
 """
@@ -54,7 +54,10 @@ class SubmitFastPath:
         body, more = await _read_body(receive)
         try:
             who = self.rt.auth.principal(headers.get(b"authorization", b"").decode("latin-1") or None)
-            submission = prepare(self.rt, who, WorkloadSpec.model_validate_json(body))
+            spec = WorkloadSpec.model_validate_json(body)
+            if spec.array is not None:  # an array's answer counts its tasks: the route gives it
+                raise ValueError("array")
+            submission = prepare(self.rt, who, spec)
         except (GpupoolError, ValidationError, ValueError):
             await self.app(scope, _replay(body, more, receive), send)
             return
@@ -65,7 +68,7 @@ class SubmitFastPath:
             await response(scope, receive, send)
             self._observe(response.status_code, start)
             return
-        answer = b'{"id":"' + submission.workload["id"].encode() + b'","status":"pending"}'
+        answer = b'{"id":"' + submission.id.encode() + b'","status":"pending"}'
         await send({"type": "http.response.start", "status": 201,
                     "headers": [*_JSON_HEADERS, (b"content-length", str(len(answer)).encode())]})
         await send({"type": "http.response.body", "body": answer})

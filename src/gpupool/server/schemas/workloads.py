@@ -8,10 +8,13 @@ from pydantic import Field, field_validator
 
 from gpupool.core.units import parse_cpu_milli, parse_devices, parse_memory_mib
 from gpupool.errors import InvalidInput
+from gpupool.server.schemas.array_spec import parse_array
 from gpupool.server.schemas.common import Name, Strict
 
 MAX_REPLICAS = 256
 MAX_COMMAND_ARGS = 4096
+MAX_TIME_LIMIT_S = 366 * 86400
+MAX_RETRIES = 1000
 
 
 def _check(parse: object, value: object) -> object:
@@ -79,6 +82,26 @@ class WorkloadSpec(Strict):
         "where `gpupool submit` ran: without a workdir, pods run there when their node has it and "
         "their account may enter it, else in their private directory"))
     runtime_estimate_s: float | None = Field(None, gt=0, allow_inf_nan=False)
+    priority_class: Name | None = Field(None, description=(
+        "one of the pool's priority classes (`gpupool config show`); ranks before `priority`, which "
+        "orders work within its class; default: the class named normal, else the lowest-valued "
+        "non-negative one (stored resolved)"))
+    time_limit_s: float | None = Field(None, ge=1, le=MAX_TIME_LIMIT_S, allow_inf_nan=False, description=(
+        "its pods are stopped this long after it started (Slurm's --time); backfill plans with it"))
+    max_retries: int | None = Field(None, ge=0, le=MAX_RETRIES, description=(
+        "requeues after pod failures before it fails for good; default: the pool's failure.max_retries"))
+    array: str | None = Field(None, max_length=4096, description=(
+        "Slurm's --array: create one task per index (0-999, 1,3,5-9, 0-15:4), each with GPUPOOL_ARRAY_INDEX; "
+        "'%N' at the end lets at most N tasks hold slices at once (0-999%50)"))
+    array_index: int | None = Field(None, ge=0, description=(
+        "set by the server on each task of an array (its GPUPOOL_ARRAY_INDEX); not submitted"))
+
+    @field_validator("array")
+    @classmethod
+    def _array(cls, value: str | None) -> str | None:
+        if value is not None:
+            parse_array(value)
+        return value
 
     @field_validator("submit_dir")
     @classmethod
@@ -129,13 +152,17 @@ class WorkloadOut(Strict):
     started_s: float | None
     finished_s: float | None
     simulated: bool = Field(description="true when its pods hold simulated devices")
+    array_id: str | None = Field(None, description="the array it is one task of (submit --array)")
+    array_index: int | None = None
+    array_limit: int | None = Field(None, description="how many tasks of its array may hold slices at once")
     spec: WorkloadSpec
     pods: list[PodOut]
 
 
 class WorkloadCreated(Strict):
-    id: str
+    id: str = Field(description="the workload's id, or the array's id (its tasks are ID_INDEX)")
     status: str
+    tasks: int | None = Field(None, description="for an array: how many tasks were created")
 
 
 class WorkloadPage(Strict):

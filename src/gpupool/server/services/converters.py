@@ -44,6 +44,9 @@ def workload_row_to_out(
         started_s=row.started_s,
         finished_s=row.finished_s,
         simulated=any(p.simulated for p in pod_outs),
+        array_id=row.array_id,
+        array_index=row.array_index,
+        array_limit=row.array_limit,
         spec=WorkloadSpec.model_validate(row.spec),
         pods=pod_outs,
     )

@@ -14,9 +14,10 @@ from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from gpupool.config import PoolConfig, PriorityClassConfig
 from gpupool.core.model import Node, PodRequest, Workload
 from gpupool.core.units import format_memory_mib, parse_cpu_milli, parse_devices, parse_memory_mib
-from gpupool.errors import InvalidInput, UnknownName, did_you_mean
+from gpupool.errors import InvalidInput, PriorityNotAllowed, UnknownName, did_you_mean
 from gpupool.profiles.loader import name_key
 from gpupool.server.schemas.workloads import ResourcesSpec, WorkloadSpec
 
@@ -43,6 +44,8 @@ def pod_requests(spec: WorkloadSpec) -> tuple[PodRequest, ...]:
 def to_workload(
     workload_id: str, spec: WorkloadSpec, tenant: str, priority: int, submit_s: float
 ) -> Workload:
+    """The core's Workload; a time limit is what backfill plans with (the pods cannot run longer)."""
+    extra = {"priority_class": spec.priority_class} if spec.priority_class else {}
     return Workload(
         id=workload_id,
         pods=pod_requests(spec),
@@ -51,8 +54,52 @@ def to_workload(
         priority=priority,
         submit_time_s=submit_s,
         name=spec.name,
-        runtime_estimate_s=spec.runtime_estimate_s,
+        runtime_estimate_s=spec.time_limit_s or spec.runtime_estimate_s,
+        **extra,  # type: ignore[arg-type]
     )
+
+
+# ----------------------------------------------------------------- priority classes
+
+
+DEFAULT_CLASS_NAME = "normal"
+
+
+def default_priority_class(classes: Sequence[PriorityClassConfig]) -> str | None:
+    """The class of a submission that names none: the one named `normal`, else the lowest-valued
+    non-negative one, else (every class negative) the highest-valued; None when there are none."""
+    if not classes:
+        return None
+    named = [c for c in classes if c.name == DEFAULT_CLASS_NAME]
+    if named:
+        return named[0].name
+    non_negative = [c for c in classes if c.value >= 0]
+    if non_negative:
+        return min(non_negative, key=lambda c: c.value).name
+    return max(classes, key=lambda c: c.value).name
+
+
+def priority_class(config: PoolConfig, asked: str | None, tenant: str,
+                   max_priority: int | None) -> str | None:
+    """The class a submission runs in. UnknownName (422) for a class the pool does not define;
+    PriorityNotAllowed (403) when a tenant token picks a class whose value exceeds its tenant's
+    max_priority (`max_priority` None: the admin, not limited). The default class is never refused."""
+    classes = config.priority_classes
+    if asked is None:
+        return default_priority_class(classes)
+    found = next((c for c in classes if c.name == asked), None)
+    if found is None:
+        names = [c.name for c in classes]
+        listing = f"choose one of {', '.join(names)}" if names else "this pool defines none"
+        raise UnknownName(f"Unknown priority class {asked!r}; {listing} (`gpupool config show` lists "
+                          f"them).{did_you_mean(asked, names)}", name=asked, classes=names)
+    if max_priority is not None and found.value > max_priority:
+        raise PriorityNotAllowed(
+            f"Tenant {tenant} may not use priority class {asked} (value {found.value}): its max priority "
+            f"is {max_priority}; pick a lower class or ask the admin (gpupool tenant set {tenant} "
+            f"--max-priority {found.value}).", priority_class=asked, value=found.value,
+            max_priority=max_priority)
+    return found.name
 
 
 # ----------------------------------------------------------------- the pool's capacity

@@ -39,15 +39,19 @@ _INSERT_EVENT = insert(Base.metadata.tables["events"])
 
 @dataclass(slots=True)
 class Submission:
-    """One workload to store as pending: its row, its `submitted` event, and who waits for it."""
+    """What one request stores as pending, all or nothing: one workload (or every task of an
+    array), their `submitted` events, and who waits for the outcome."""
 
+    id: str
+    """The id the request is answered with: the workload's, or the array's."""
     tenant: str
     queue: str
     device_milli: int
-    workload: dict[str, Any]
-    event: dict[str, Any]
-    parsed: Workload | None = None
-    """The core Workload of `workload` (handed to the scheduler once committed)."""
+    """What each of its workloads asks for (the tasks of an array ask alike)."""
+    workloads: list[dict[str, Any]]
+    events: list[dict[str, Any]]
+    parsed: list[Workload]
+    """The core Workloads of `workloads` (handed to the scheduler once committed)."""
     loop: asyncio.AbstractEventLoop | None = None
     future: asyncio.Future[None] | None = None
     error: BaseException | None = None
@@ -131,11 +135,16 @@ def _queues_and_room(conn: Connection, tenants: list[str]
     return quotas, room
 
 
-def _too_many(tenant: str, limit: int) -> TooManyPending:
+def _too_many(tenant: str, limit: int, pending: int, count: int) -> TooManyPending:
+    fix = ("wait until some start or cancel some, or ask the admin "
+           f"(gpupool tenant set {tenant} --max-pending N)")
+    if count == 1:
+        return TooManyPending(f"Tenant {tenant} already has {limit} pending workloads, its limit; {fix}.",
+                              tenant=tenant, max_pending=limit)
     return TooManyPending(
-        f"Tenant {tenant} already has {limit} pending workloads, its limit; wait until some start or "
-        f"cancel some, or ask the admin (gpupool tenant set {tenant} --max-pending N).",
-        tenant=tenant, max_pending=limit)
+        f"This array's {count} tasks would take tenant {tenant} to {pending + count} pending workloads, "
+        f"above its limit of {limit}, so none was submitted; submit fewer tasks, {fix}.",
+        tenant=tenant, max_pending=limit, pending=pending, tasks=count)
 
 
 class SubmitWriter:
@@ -212,14 +221,15 @@ def commit(rt: Runtime, batch: Sequence[Submission]) -> int:
                 item.error = _check(item, quotas)
                 if item.error is None:
                     pending, limit = room.get(item.tenant, (0, 0))
-                    if pending >= limit:
-                        item.error = _too_many(item.tenant, limit)
+                    count = len(item.workloads)
+                    if pending + count > limit:  # an array is all or nothing
+                        item.error = _too_many(item.tenant, limit, pending, count)
                     else:
-                        room[item.tenant] = (pending + 1, limit)
+                        room[item.tenant] = (pending + count, limit)
                         accepted.append(item)
             if accepted:
-                conn.execute(_INSERT_WORKLOAD, [item.workload for item in accepted])
-                conn.execute(_INSERT_EVENT, [item.event for item in accepted])
+                conn.execute(_INSERT_WORKLOAD, [row for item in accepted for row in item.workloads])
+                conn.execute(_INSERT_EVENT, [event for item in accepted for event in item.events])
     except Exception as exc:  # the store's own error: nothing of this batch was stored
         if not isinstance(exc, StoreUnavailable):  # the store logs its own failures, once each
             log.warning("storing %d submission(s) failed: %s", len(batch), exc)
@@ -228,7 +238,7 @@ def commit(rt: Runtime, batch: Sequence[Submission]) -> int:
                 item.error = exc
         return 0
     if accepted:
-        rt.submitted.extend(item.parsed for item in accepted if item.parsed is not None)
+        rt.submitted.extend(workload for item in accepted for workload in item.parsed)
         rt.wake.set()
     return len(accepted)
 

@@ -2,17 +2,20 @@
 
 from __future__ import annotations
 
+import dataclasses
 import secrets
 from collections.abc import Sequence
+from typing import Any
 
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from gpupool.core.model import WorkloadStatus
-from gpupool.errors import Conflict, NotFound, PriorityNotAllowed
+from gpupool.core.model import Workload, WorkloadStatus
+from gpupool.errors import Conflict, InvalidInput, NotFound, PriorityNotAllowed
 from gpupool.server.auth import Principal
 from gpupool.server.orm import EventRow, PodRow, WorkloadRow
 from gpupool.server.runtime import Runtime
+from gpupool.server.schemas.array_spec import parse_array
 from gpupool.server.schemas.workloads import (
     EventOut,
     WorkloadCreated,
@@ -21,7 +24,7 @@ from gpupool.server.schemas.workloads import (
 )
 from gpupool.server.services.converters import event_row_to_out, workload_row_to_out
 from gpupool.server.services.events import transition
-from gpupool.server.services.specs import CAPACITY, check_fits, to_workload
+from gpupool.server.services.specs import CAPACITY, check_fits, priority_class, to_workload
 from gpupool.server.services.submit_writer import Submission, SubmitWriter, commit
 from gpupool.server.states import ACTIVE_POD_STATES, EventReason, PodState
 
@@ -36,7 +39,7 @@ def submit(rt: Runtime, who: Principal, spec: WorkloadSpec) -> WorkloadCreated:
     commit(rt, [submission])
     if submission.error is not None:
         raise submission.error
-    return WorkloadCreated(id=submission.workload["id"], status=WorkloadStatus.PENDING.value)
+    return created(submission)
 
 
 async def submit_grouped(rt: Runtime, writer: SubmitWriter, who: Principal,
@@ -45,37 +48,86 @@ async def submit_grouped(rt: Runtime, writer: SubmitWriter, who: Principal,
     answers once the submission is committed."""
     submission = prepare(rt, who, spec)
     await writer.store(submission)
-    return WorkloadCreated(id=submission.workload["id"], status=WorkloadStatus.PENDING.value)
+    return created(submission)
+
+
+def created(submission: Submission) -> WorkloadCreated:
+    tasks = len(submission.workloads) if submission.workloads[0]["array_id"] is not None else None
+    return WorkloadCreated(id=submission.id, status=WorkloadStatus.PENDING.value, tasks=tasks)
+
+
+TASK_ORDER_S = 1e-6
+"""The tasks of an array are submitted this far apart, in index order, so that first-come ordering
+considers them lowest index first (as Slurm does) rather than in the order of their ids' text."""
 
 
 def prepare(rt: Runtime, who: Principal, spec: WorkloadSpec) -> Submission:
-    """The rows one submission writes: the pending workload and its `submitted` event."""
+    """The rows one submission writes: the pending workload (or every task of an array) and the
+    `submitted` events."""
     tenant = who.tenant_for(spec.tenant)
     if who.max_priority is not None and spec.priority > who.max_priority:  # the admin is not limited
         raise PriorityNotAllowed(
             f"Tenant {tenant} may submit at priority <= {who.max_priority}; ask the admin "
             f"(gpupool tenant set {tenant} --max-priority N).",
             priority=spec.priority, max_priority=who.max_priority)
+    if spec.array_index is not None:
+        raise InvalidInput("array_index is set by the server on each task of an array; leave it out and "
+                           "submit the array with `array` (gpupool submit --array 0-9).", field="array_index")
+    chosen = priority_class(rt.config, spec.priority_class, tenant, who.max_priority)
+    if chosen != spec.priority_class:
+        spec = spec.model_copy(update={"priority_class": chosen})  # stored resolved: the config may change
     spec = check_fits(spec, CAPACITY.get(rt.nodes()))  # O(shapes): the summary is cached per node list
-    workload_id = new_workload_id()
     now = rt.clock()
+    if spec.array is not None:
+        return _array(spec, tenant, now)
+    workload_id = new_workload_id()
     workload = to_workload(workload_id, spec, tenant, spec.priority, now)
     stored = spec.model_dump(mode="json", exclude_defaults=True)
     stored["tenant"] = tenant
-    pending = WorkloadStatus.PENDING.value
     return Submission(
-        tenant=tenant, queue=spec.queue, device_milli=workload.total_device_milli, parsed=workload,
-        workload=dict(
-            id=workload_id, name=spec.name, tenant=tenant, queue=spec.queue, status=pending,
-            priority=spec.priority, device_milli=workload.total_device_milli, spec=stored, attempt=0,
-            reason=EventReason.SUBMITTED.value, message="Submitted.", submit_s=now,
-            admitted_s=None, started_s=None, finished_s=None, exit_code=None,
-        ),
-        event=dict(
-            workload_id=workload_id, pod_id="", from_status="", to_status=pending,
-            reason=EventReason.SUBMITTED.value, message="Submitted.", at_s=now,
-        ),
+        id=workload_id, tenant=tenant, queue=spec.queue, device_milli=workload.total_device_milli,
+        workloads=[_row(workload, spec, stored, None)], events=[_event(workload_id, now)],
+        parsed=[workload])
+
+
+def _array(spec: WorkloadSpec, tenant: str, now: float) -> Submission:
+    """Every task of an array: ids ARRAY_INDEX, each spec carrying its array_index."""
+    tasks = parse_array(spec.array or "")
+    array_id = new_workload_id()
+    spec = spec.model_copy(update={"array": None})
+    template = to_workload(array_id, spec, tenant, spec.priority, now)
+    stored = spec.model_dump(mode="json", exclude_defaults=True)
+    stored["tenant"] = tenant
+    rows: list[dict[str, Any]] = []
+    events: list[dict[str, Any]] = []
+    parsed: list[Workload] = []
+    for position, index in enumerate(tasks.indexes):
+        task = dataclasses.replace(template, id=f"{array_id}_{index}",
+                                   submit_time_s=now + position * TASK_ORDER_S)
+        row = _row(task, spec, {**stored, "array_index": index}, (array_id, index, tasks.limit))
+        rows.append(row)
+        events.append(_event(task.id, task.submit_time_s))
+        parsed.append(task)
+    return Submission(id=array_id, tenant=tenant, queue=spec.queue, device_milli=template.total_device_milli,
+                      workloads=rows, events=events, parsed=parsed)
+
+
+def _row(workload: Workload, spec: WorkloadSpec, stored: dict[str, Any],
+         array: tuple[str, int, int | None] | None) -> dict[str, Any]:
+    """The workloads row of a new submission (every key, so that rows insert in one statement)."""
+    array_id, array_index, array_limit = array or (None, None, None)
+    return dict(
+        id=workload.id, name=spec.name, tenant=workload.tenant, queue=spec.queue,
+        status=WorkloadStatus.PENDING.value, priority=spec.priority, device_milli=workload.total_device_milli,
+        spec=stored, attempt=0, reason=EventReason.SUBMITTED.value, message="Submitted.",
+        submit_s=workload.submit_time_s, admitted_s=None, started_s=None, finished_s=None, exit_code=None,
+        time_limit_s=spec.time_limit_s, array_id=array_id, array_index=array_index, array_limit=array_limit,
     )
+
+
+def _event(workload_id: str, at_s: float) -> dict[str, Any]:
+    return dict(workload_id=workload_id, pod_id="", from_status="", to_status=WorkloadStatus.PENDING.value,
+                reason=EventReason.SUBMITTED.value, message="Submitted.", at_s=at_s)
 
 
 def _simulated_nodes(rt: Runtime) -> frozenset[str]:
