@@ -9,6 +9,7 @@ from fastapi import APIRouter, Path, Query
 from gpupool.server.deps import Rt, Who, Writer
 from gpupool.server.schemas.common import ErrorBody
 from gpupool.server.schemas.workloads import (
+    ArrayCancelled,
     EventOut,
     LogsOut,
     WorkloadCreated,
@@ -49,10 +50,22 @@ def list_workloads(
     offset: Annotated[int, Query(ge=0, le=10**9)] = 0,
     id_prefix: Annotated[str | None, Query(max_length=64, description="ids starting with this")] = None,
     name: Annotated[str | None, Query(max_length=63, description="this exact name")] = None,
+    array_id: Annotated[list[str] | None, Query(max_length=64, description=(
+        "the tasks of these arrays, in index order (several values or a comma list)"))] = None,
+    workload_id: Annotated[list[str] | None, Query(max_length=64, description=(
+        "these workloads (with array_id: these and the arrays' tasks)"))] = None,
 ) -> WorkloadPage:
     return listing.list_workloads(rt, who, status=status or (), tenant=tenant or (), queue=queue or (),
                                   since_s=since_s, id_prefix=id_prefix or "", name=name, limit=limit,
-                                  offset=offset, ids_only=fields == "id")
+                                  offset=offset, ids_only=fields == "id", array_id=array_id or (),
+                                  workload_id=workload_id or ())
+
+
+@router.post("/arrays/{array_id}/cancel", response_model=ArrayCancelled,
+             responses={404: {"model": ErrorBody}})
+def cancel_array(array_id: WorkloadId, rt: Rt, who: Who) -> ArrayCancelled:
+    """Cancel every unfinished task of an array in one transaction (finished ones are left as they are)."""
+    return service.cancel_array(rt, who, array_id)
 
 
 @router.get("/{workload_id}", response_model=WorkloadOut, responses={404: {"model": ErrorBody}})

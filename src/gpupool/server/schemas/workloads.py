@@ -165,6 +165,12 @@ class WorkloadCreated(Strict):
     tasks: int | None = Field(None, description="for an array: how many tasks were created")
 
 
+class ArrayCancelled(Strict):
+    id: str = Field(description="the array's id")
+    cancelled: int = Field(description="tasks cancelled now")
+    finished: int = Field(description="tasks that had already finished (left as they were)")
+
+
 class WorkloadPage(Strict):
     items: list[WorkloadOut]
     ids: list[str] | None = Field(None, description="with fields=id: the page's ids (items is empty)")

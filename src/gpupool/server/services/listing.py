@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import func, select
+from sqlalchemy import func, or_, select
 from sqlalchemy.orm import Session
 
 from gpupool.core.model import WorkloadStatus
@@ -51,8 +51,17 @@ class Filters:
     since_s: float | None = None
     id_prefix: str = ""
     name: str | None = None
+    array_ids: tuple[str, ...] = ()
+    ids: tuple[str, ...] = ()
+    """With array_ids: those arrays' tasks, and these workloads too (`gpupool ls ARRAY ID`)."""
 
     def apply(self, query: Any) -> Any:
+        if self.array_ids and self.ids:
+            query = query.where(or_(WorkloadRow.array_id.in_(self.array_ids), WorkloadRow.id.in_(self.ids)))
+        elif self.array_ids:
+            query = query.where(WorkloadRow.array_id.in_(self.array_ids))
+        elif self.ids:
+            query = query.where(WorkloadRow.id.in_(self.ids))
         if self.statuses:
             query = query.where(WorkloadRow.status.in_(self.statuses))
         if self.tenants:
@@ -70,7 +79,8 @@ class Filters:
 
 def filters(session: Session, who: Principal, *, status: Sequence[str] = (), tenant: Sequence[str] = (),
             queue: Sequence[str] = (), since_s: float | None = None, id_prefix: str = "",
-            name: str | None = None) -> Filters:
+            name: str | None = None, array_id: Sequence[str] = (), workload_id: Sequence[str] = ()
+            ) -> Filters:
     """Normalise the filters and check that each tenant and queue named exists (NotFound if not)."""
     statuses = words(status)
     for s in statuses:
@@ -99,31 +109,48 @@ def filters(session: Session, who: Principal, *, status: Sequence[str] = (), ten
             if q not in known:
                 scope = f" in tenant {', '.join(tenants)}" if tenants else ""
                 raise NotFound(f"No queue {q!r}{scope}; list them with `gpupool queue ls`.", queue=q)
-    return Filters(tuple(statuses), tuple(tenants), tuple(queues), since_s, id_prefix, name)
+    return Filters(tuple(statuses), tuple(tenants), tuple(queues), since_s, id_prefix, name,
+                   _ids(array_id), _ids(workload_id))
 
 
-def _ordered(query: Any) -> Any:
+def _ids(values: Sequence[str]) -> tuple[str, ...]:
+    """Ids as given (case kept: ids are case-sensitive), comma lists split, duplicates dropped."""
+    found: dict[str, None] = {}
+    for value in values:
+        for one in value.split(","):
+            if one.strip():
+                found[one.strip()] = None
+    return tuple(found)
+
+
+def _ordered(query: Any, chosen: Filters) -> Any:
+    if chosen.array_ids and not chosen.ids:  # one or more arrays: their tasks in index order
+        return query.order_by(WorkloadRow.array_id, WorkloadRow.array_index)
     return query.order_by(WorkloadRow.submit_s.desc(), WorkloadRow.id)
 
 
 def list_workloads(rt: Runtime, who: Principal, *, status: Sequence[str] = (), tenant: Sequence[str] = (),
                    queue: Sequence[str] = (), since_s: float | None = None, id_prefix: str = "",
                    name: str | None = None, limit: int = 100, offset: int = 0,
-                   ids_only: bool = False) -> WorkloadPage:
+                   ids_only: bool = False, array_id: Sequence[str] = (),
+                   workload_id: Sequence[str] = ()) -> WorkloadPage:
     """Newest first. `id_prefix` keeps the ids that start with it (how the CLI resolves a short id),
-    `name` the exact name. With ids_only the page holds `ids` (up to MAX_ID_PAGE) and no items."""
+    `name` the exact name, `array_id` the tasks of those arrays (and `workload_id` those workloads).
+    With ids_only the page holds `ids` (up to MAX_ID_PAGE) and no items."""
     page_max = MAX_ID_PAGE if ids_only else MAX_PAGE
     if limit > page_max:
         more = "" if ids_only else f" ({MAX_ID_PAGE} with fields=id)"
         raise InvalidInput(f"limit is at most {page_max} per page{more}; page with offset.", limit=limit)
     with rt.store.read() as session:
         chosen = filters(session, who, status=status, tenant=tenant, queue=queue, since_s=since_s,
-                         id_prefix=id_prefix, name=name)
+                         id_prefix=id_prefix, name=name, array_id=array_id, workload_id=workload_id)
         total = session.scalar(chosen.apply(select(func.count()).select_from(WorkloadRow))) or 0
         if ids_only:
-            ids = session.scalars(_ordered(chosen.apply(select(WorkloadRow.id))).limit(limit).offset(offset))
+            ids = session.scalars(
+                _ordered(chosen.apply(select(WorkloadRow.id)), chosen).limit(limit).offset(offset))
             return WorkloadPage(items=[], ids=list(ids), total=int(total), limit=limit, offset=offset)
-        rows = session.scalars(_ordered(chosen.apply(select(WorkloadRow))).limit(limit).offset(offset)).all()
+        rows = session.scalars(
+            _ordered(chosen.apply(select(WorkloadRow)), chosen).limit(limit).offset(offset)).all()
         pods = _pods(session, [r.id for r in rows])
         simulated = _simulated_nodes(rt)
         items = [workload_row_to_out(r, pods[r.id], simulated) for r in rows]

@@ -17,13 +17,14 @@ from gpupool.server.orm import EventRow, PodRow, WorkloadRow
 from gpupool.server.runtime import Runtime
 from gpupool.server.schemas.array_spec import parse_array
 from gpupool.server.schemas.workloads import (
+    ArrayCancelled,
     EventOut,
     WorkloadCreated,
     WorkloadOut,
     WorkloadSpec,
 )
 from gpupool.server.services.converters import event_row_to_out, workload_row_to_out
-from gpupool.server.services.events import transition
+from gpupool.server.services.events import Move, apply_moves, transition
 from gpupool.server.services.specs import CAPACITY, check_fits, priority_class, to_workload
 from gpupool.server.services.submit_writer import Submission, SubmitWriter, commit
 from gpupool.server.states import ACTIVE_POD_STATES, EventReason, PodState
@@ -173,6 +174,35 @@ def cancel(rt: Runtime, who: Principal, workload_id: str) -> WorkloadOut:
         rt.provider.stop(pod_id)
     rt.capacity_may_have_changed()
     return get(rt, who, workload_id)
+
+
+def cancel_array(rt: Runtime, who: Principal, array_id: str) -> ArrayCancelled:
+    """Cancel every unfinished task of an array in one transaction: pending ones in bulk, those
+    holding slices one by one (their pods are stopped after the commit); finished ones stay."""
+    now = rt.clock()
+    message = "Cancelled by the user (its array was cancelled)."
+    with rt.store.write() as session:
+        conn = session.connection()
+        tasks = conn.execute(select(WorkloadRow.id, WorkloadRow.status, WorkloadRow.tenant)
+                             .where(WorkloadRow.array_id == array_id).with_for_update()).all()
+        if not tasks or not who.may_see(tasks[0].tenant):
+            raise NotFound(f"No array {array_id!r}; list yours with `gpupool ls`.", array=array_id)
+        pending = WorkloadStatus.PENDING.value
+        cancelled = WorkloadStatus.CANCELLED.value
+        apply_moves(conn, [Move(t.id, pending, cancelled, EventReason.CANCELLED_BY_USER.value, message, now,
+                                columns=(("finished_s", now),)) for t in tasks if t.status == pending])
+        holding = [t.id for t in tasks if t.status != pending and not WorkloadStatus(t.status).is_final]
+        to_stop: list[str] = []
+        for row in session.scalars(select(WorkloadRow).where(WorkloadRow.id.in_(holding))) if holding else ():
+            to_stop += stop_pods(session, row, PodState.STOPPED, now)
+            transition(session, row, cancelled, EventReason.CANCELLED_BY_USER, message, now)
+            row.finished_s = now
+        unfinished = sum(1 for t in tasks if not WorkloadStatus(t.status).is_final)
+    for pod_id in to_stop:
+        rt.provider.stop(pod_id)
+    if to_stop:
+        rt.capacity_may_have_changed()
+    return ArrayCancelled(id=array_id, cancelled=unfinished, finished=len(tasks) - unfinished)
 
 
 def stop_pods(session: Session, row: WorkloadRow, to: PodState, now: float) -> list[str]:
