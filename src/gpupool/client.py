@@ -27,12 +27,20 @@ from gpupool.server.schemas.audit import AuditOut
 from gpupool.server.schemas.common import Health
 from gpupool.server.schemas.nodes import NodeOut, PoolSummary
 from gpupool.server.schemas.tenants import QueueOut, TenantOut, TokenInfo, TokenOut
-from gpupool.server.schemas.workloads import EventOut, LogsOut, WorkloadOut, WorkloadPage, WorkloadSpec
+from gpupool.server.schemas.workloads import (
+    ArrayCancelled,
+    EventOut,
+    LogsOut,
+    WorkloadOut,
+    WorkloadPage,
+    WorkloadSpec,
+)
 
 M = TypeVar("M", bound=BaseModel)
 API = "/api/v1"
 ID_PAGE = 10_000
 """Ids per page of workload_ids() (the server's most with fields=id)."""
+_UNFINISHED = ("pending", "admitted", "running")
 
 
 class Client:
@@ -78,7 +86,8 @@ class Client:
         return self._one(Health, "GET", "/health")
 
     def submit(self, spec: WorkloadSpec | Mapping[str, Any]) -> str:
-        """Submit a workload; returns its id."""
+        """Submit a workload; returns its id. A spec with `array` ("0-99%10", Slurm's --array)
+        creates one task per index in one request and returns the array's id (tasks: ID_INDEX)."""
         if isinstance(spec, WorkloadSpec):
             body = spec.model_dump(mode="json", exclude_none=True)
         else:
@@ -88,11 +97,13 @@ class Client:
     def workloads(self, *, status: Sequence[str] = (), tenant: str | Sequence[str] | None = None,
                   queue: str | Sequence[str] | None = None, limit: int = 100, offset: int = 0,
                   id_prefix: str | None = None, name: str | None = None,
-                  since_s: float | None = None) -> WorkloadPage:
+                  since_s: float | None = None, array_id: str | Sequence[str] | None = None,
+                  workload_id: str | Sequence[str] | None = None) -> WorkloadPage:
         """Newest first (at most 1000 a page); filters take any case and comma lists ("a,b"); an
         unknown tenant or queue raises NotFound. `id_prefix` keeps ids starting with it, `name` one
-        exact name, `since_s` those submitted at or after it."""
-        params = _list_params(status, tenant, queue, since_s)
+        exact name, `since_s` those submitted at or after it, `array_id` the tasks of those arrays
+        (in index order; with `workload_id`, those workloads too)."""
+        params = _list_params(status, tenant, queue, since_s, array_id, workload_id)
         params.update(limit=limit, offset=offset)
         if id_prefix:
             params["id_prefix"] = id_prefix
@@ -102,10 +113,11 @@ class Client:
 
     def workload_ids(self, *, status: Sequence[str] = (), tenant: str | Sequence[str] | None = None,
                      queue: str | Sequence[str] | None = None, since_s: float | None = None,
-                     limit: int | None = None) -> list[str]:
-        """The ids of the matching workloads, newest first (all of them, or the first `limit`), read
-        in pages of up to 10,000 ids."""
-        params = _list_params(status, tenant, queue, since_s)
+                     limit: int | None = None, array_id: str | Sequence[str] | None = None,
+                     workload_id: str | Sequence[str] | None = None) -> list[str]:
+        """The ids of the matching workloads, newest first (an array's tasks: in index order; all of
+        them, or the first `limit`), read in pages of up to 10,000 ids."""
+        params = _list_params(status, tenant, queue, since_s, array_id, workload_id)
         ids: list[str] = []
         while limit is None or len(ids) < limit:
             page_size = ID_PAGE if limit is None else min(ID_PAGE, limit - len(ids))
@@ -121,6 +133,37 @@ class Client:
 
     def cancel(self, workload_id: str) -> WorkloadOut:
         return self._one(WorkloadOut, "POST", f"/workloads/{_segment(workload_id)}/cancel")
+
+    def cancel_array(self, array_id: str) -> ArrayCancelled:
+        """Cancel every unfinished task of an array (`submit` with `array`) in one request."""
+        return self._one(ArrayCancelled, "POST", f"/workloads/arrays/{_segment(array_id)}/cancel")
+
+    def wait_array(self, array_id: str, timeout_s: float | None = None,
+                   poll_s: float = 0.5) -> list[WorkloadOut]:
+        """Poll until every task of the array is final; returns the tasks in index order. Raises
+        NotFound for an unknown array, TimeoutError after timeout_s."""
+        from gpupool.errors import NotFound
+
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        while True:
+            left = self.workloads(array_id=array_id, status=_UNFINISHED, limit=1)
+            if not left.total:
+                tasks = self._all_tasks(array_id)
+                if not tasks:
+                    raise NotFound(f"No array {array_id!r}; list yours with `gpupool ls`.")
+                return tasks
+            if deadline is not None and time.monotonic() >= deadline:
+                raise TimeoutError(f"Array {array_id} still has {left.total} unfinished tasks after "
+                                   f"{timeout_s:g} s.")
+            time.sleep(poll_s)
+
+    def _all_tasks(self, array_id: str) -> list[WorkloadOut]:
+        tasks: list[WorkloadOut] = []
+        while True:
+            page = self.workloads(array_id=array_id, limit=1000, offset=len(tasks))
+            tasks += page.items
+            if not page.items or len(tasks) >= page.total:
+                return tasks
 
     def events(self, workload_id: str) -> list[EventOut]:
         return self._many(EventOut, "GET", f"/workloads/{_segment(workload_id)}/events")
@@ -234,9 +277,12 @@ class Client:
 
 
 def _list_params(status: Sequence[str], tenant: str | Sequence[str] | None,
-                 queue: str | Sequence[str] | None, since_s: float | None) -> dict[str, Any]:
+                 queue: str | Sequence[str] | None, since_s: float | None,
+                 array_id: str | Sequence[str] | None = None,
+                 workload_id: str | Sequence[str] | None = None) -> dict[str, Any]:
     params: dict[str, Any] = {}
-    for key, value in (("status", status), ("tenant", tenant), ("queue", queue)):
+    for key, value in (("status", status), ("tenant", tenant), ("queue", queue), ("array_id", array_id),
+                       ("workload_id", workload_id)):
         if value:
             params[key] = [value] if isinstance(value, str) else list(value)
     if since_s is not None:
