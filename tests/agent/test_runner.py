@@ -210,3 +210,50 @@ def test_combined_output_keeps_the_order_written(runner: Runner) -> None:
     assert runner.read_log("both").text == "out1\nerr1\nout2\nerr2\nout3\nerr3\n"
     with pytest.raises(InvalidInput, match="separate-stderr"):
         runner.read_log("both", "stderr")
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+TERM_LOGGER = """
+import signal, sys, time
+name, seen = sys.argv[1], sys.argv[2]
+def on_term(*_):
+    with open(seen, 'a') as out:
+        out.write(name + '\\n')
+signal.signal(signal.SIGTERM, on_term)
+print(name, 'ready', flush=True)
+while True:
+    time.sleep(1)
+"""
+
+
+def test_stop_terms_the_whole_group_then_kills_it_only_once_the_grace_is_over(tmp_path: Path) -> None:
+    """The grace period is the one stop() was given, on the runner's clock: a pod (and a child in its
+    group) that survive SIGTERM are still running until then, and SIGKILLed after."""
+    clock = Clock()
+    runner = Runner(tmp_path, clock=clock)
+    seen = tmp_path / "terms"
+    script = '"$PY" -c "$CODE" child "$SEEN" & exec "$PY" -c "$CODE" main "$SEEN"'
+    try:
+        runner.start("p", ["sh", "-c", script],
+                     env={**ENV, "PY": sys.executable, "CODE": TERM_LOGGER, "SEEN": str(seen)})
+        wait_for(lambda: {"main ready", "child ready"} <= set(runner.read_log("p").text.splitlines()))
+        runner.stop("p", grace_s=60.0)
+        wait_for(lambda: seen.exists() and sorted(seen.read_text().split()) == ["child", "main"])
+        record = runner.get("p")
+        assert record.phase is PodPhase.RUNNING  # it ignored SIGTERM, and the grace is not over
+        assert (record.stop_requested_at_s, record.kill_deadline_s) == (1000.0, 1060.0)
+        clock.now = 1059.5
+        assert runner.get("p").phase is PodPhase.RUNNING
+        clock.now = 1060.0
+        record = runner.wait("p", 10)
+        assert (record.phase, record.exit_code, record.signal) == (PodPhase.STOPPED, 137, signal.SIGKILL)
+        assert sorted(seen.read_text().split()) == ["child", "main"]  # one SIGTERM each, nothing more
+    finally:
+        runner.close(stop_pods=True, grace_s=0.5)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import pytest
@@ -14,6 +14,8 @@ from gpupool.errors import GpupoolError, NotFound, ProviderError
 from gpupool.providers.base import Capability, PodLaunch, PodPhase, PodStatus, Provider
 from gpupool.providers.fake import FakeProvider
 from gpupool.providers.local import LocalProvider
+from gpupool.providers.localpool import LocalPool
+from gpupool.providers.nodespec import nodes_from_spec
 from gpupool.providers.registry import make_provider, provider_names
 
 
@@ -25,6 +27,8 @@ class Harness:
     fail: Callable[[str, int], PodLaunch]
     long: Callable[[str], PodLaunch]
     settle: Callable[[], None]
+    checkpointed: Callable[[str, str], PodLaunch]
+    """A pod of workload (2nd argument) that reports one checkpoint while it runs, then ends."""
 
     def status(self, pod_id: str) -> PodStatus:
         return {s.pod_id: s for s in self.provider.poll()}[pod_id]
@@ -43,13 +47,26 @@ def _local(tmp_path: Path) -> Harness:
     provider = make_provider("local", state_dir=tmp_path / "agent", simulate="2xT4", node_name="here")
     assert isinstance(provider, LocalProvider)
 
-    def pod(pod_id: str, *command: str) -> PodLaunch:
-        return PodLaunch(pod_id=pod_id, workload_id="w", node="here", command=command,
+    return _processes(provider, "here")
+
+
+def _local_pool(tmp_path: Path) -> Harness:
+    provider = LocalPool(nodes_from_spec("2x2xT4"), tmp_path / "agents")
+    return _processes(provider, provider.nodes()[1].name)
+
+
+def _processes(provider: Provider, node: str) -> Harness:
+    """Pods as real processes (the local provider and the simulated pool of local agents)."""
+
+    def pod(pod_id: str, *command: str, workload_id: str = "w") -> PodLaunch:
+        return PodLaunch(pod_id=pod_id, workload_id=workload_id, node=node, command=command,
                          slices=(Slice(0, 500, 4096),))
 
-    return Harness(provider, "here", ok=lambda p: pod(p, "true"),
+    touch = 'touch "$GPUPOOL_CHECKPOINT_DIR/.checkpoint"'
+    return Harness(provider, node, ok=lambda p: pod(p, "true"),
                    fail=lambda p, code: pod(p, "sh", "-c", f"exit {code}"),
-                   long=lambda p: pod(p, "sleep", "60"), settle=lambda: time.sleep(0.02))
+                   long=lambda p: pod(p, "sleep", "60"), settle=lambda: time.sleep(0.02),
+                   checkpointed=lambda p, w: pod(p, "sh", "-c", touch, workload_id=w))
 
 
 def _fake(_: Path) -> Harness:
@@ -57,17 +74,18 @@ def _fake(_: Path) -> Harness:
     assert isinstance(provider, FakeProvider)
     node = provider.nodes()[0].name
 
-    def pod(pod_id: str, **env: str) -> PodLaunch:
-        return PodLaunch(pod_id=pod_id, workload_id="w", node=node, command=("train",),
+    def pod(pod_id: str, workload_id: str = "w", **env: str) -> PodLaunch:
+        return PodLaunch(pod_id=pod_id, workload_id=workload_id, node=node, command=("train",),
                          slices=(Slice(0, 500, 4096),), env=env)
 
     return Harness(provider, node, ok=lambda p: pod(p),
                    fail=lambda p, code: pod(p, GPUPOOL_FAKE_EXIT_CODE=str(code)),
                    long=lambda p: pod(p, GPUPOOL_FAKE_DURATION_S="1e9"),
-                   settle=lambda: provider.advance(1.0))
+                   settle=lambda: provider.advance(1.0),
+                   checkpointed=lambda p, w: pod(p, w, GPUPOOL_FAKE_CHECKPOINT_S="2"))
 
 
-BUILDERS = {"local": _local, "fake": _fake}
+BUILDERS = {"local": _local, "fake": _fake, "localpool": _local_pool}
 
 
 def test_every_registered_provider_is_under_contract() -> None:
@@ -78,7 +96,7 @@ def test_every_registered_provider_is_under_contract() -> None:
 def harness(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Harness]:
     built = BUILDERS[request.param](tmp_path)
     yield built
-    if isinstance(built.provider, LocalProvider):
+    if isinstance(built.provider, (LocalProvider, LocalPool)):
         built.provider.close(stop_pods=True)
     built.provider.close()
 
@@ -163,6 +181,44 @@ def test_fault_injection_marks_device_then_node_unhealthy(harness: Harness) -> N
     assert events[0].reason == "xid 79"
     with pytest.raises(NotFound):
         harness.provider.inject_fault(harness.node, "GPU-nope")
+    with pytest.raises(NotFound):
+        harness.provider.inject_fault("no-such-node")
+
+
+def test_faults_are_idempotent_and_touch_only_their_target(harness: Harness) -> None:
+    if Capability.FAULT_INJECTION in harness.provider.missing_capabilities():
+        pytest.skip("provider cannot inject faults")
+    before = {n.name: n for n in harness.provider.nodes()}
+    uuid = before[harness.node].devices[0].uuid
+    harness.provider.clear_fault(harness.node, uuid)  # nothing to clear: no event
+    harness.provider.inject_fault(harness.node, uuid)
+    harness.provider.inject_fault(harness.node, uuid)
+    after = {n.name: n for n in harness.provider.nodes()}
+    assert [(e.node, e.device_uuid, e.healthy) for e in harness.provider.health_events()] == [
+        (harness.node, uuid, False)]
+    assert {name: n for name, n in after.items() if name != harness.node} == \
+        {name: n for name, n in before.items() if name != harness.node}
+    assert [d.healthy for d in after[harness.node].devices][1:] == \
+        [d.healthy for d in before[harness.node].devices][1:]
+
+
+def test_a_checkpoint_mark_outlives_attempts_until_the_workload_is_forgotten(harness: Harness) -> None:
+    workload = "w-ckpt-" + harness.node
+    assert harness.provider.checkpoint_s(workload) is None
+    harness.provider.launch(harness.checkpointed("ckpt-1", workload))
+    first = harness.wait_final("ckpt-1")
+    assert first.phase is PodPhase.SUCCEEDED
+    mark = harness.provider.checkpoint_s(workload)
+    assert mark is not None and first.started_at_s is not None and first.finished_at_s is not None
+    assert first.started_at_s - 1.0 <= mark <= first.finished_at_s + 1.0
+    assert harness.provider.checkpoint_s("w-other") is None
+    harness.provider.launch(harness.long("ckpt-other"))  # another workload's pod changes nothing
+    harness.provider.launch(replace(harness.long("ckpt-2"), workload_id=workload))  # the next attempt
+    assert harness.provider.checkpoint_s(workload) == mark
+    harness.provider.forget_workload(workload)
+    harness.provider.forget_workload(workload)
+    harness.provider.forget_workload("never-seen")
+    assert harness.provider.checkpoint_s(workload) is None
 
 
 def test_close_is_idempotent(harness: Harness) -> None:

@@ -64,3 +64,28 @@ def test_openb_style_nodes_and_unknown_provider() -> None:
     assert len(fake.nodes()) == 3
     with pytest.raises(UnknownName, match="Did you mean 'local'"):
         make_provider("lcoal")
+
+
+def test_checkpoints_every_interval_of_running_and_kept_across_attempts() -> None:
+    clock = Clock()
+    fake = FakeProvider("1x2xT4", clock=clock, duration_s=35, startup_s=1)
+    node = fake.nodes()[0].name
+    fake.launch(pod("a1", node, GPUPOOL_FAKE_CHECKPOINT_S="10"))  # runs from 101
+    clock.now = 110.5
+    assert fake.checkpoint_s("w") is None
+    clock.now = 126
+    assert fake.checkpoint_s("w") == 121
+    fake.stop("a1", grace_s=0)
+    clock.now = 200
+    assert fake.checkpoint_s("w") == 121  # the stop at 126 came before the mark at 131
+    fake.launch(pod("a2", node, GPUPOOL_FAKE_CHECKPOINT_S="10"))  # the next attempt, from 201
+    clock.now = 205
+    assert fake.checkpoint_s("w") == 121
+    clock.now = 500
+    assert fake.checkpoint_s("w") == 231  # ended at 236 having run 35 s
+    fake.forget_workload("w")
+    assert fake.checkpoint_s("w") is None
+    fake.launch(pod("plain", node))
+    assert fake.checkpoint_s("w") is None
+    with pytest.raises(InvalidInput, match="GPUPOOL_FAKE_CHECKPOINT_S"):
+        fake.launch(pod("bad", node, GPUPOOL_FAKE_CHECKPOINT_S="often"))

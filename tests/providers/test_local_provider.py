@@ -166,3 +166,17 @@ def test_ib_ports_come_from_sysfs(tmp_path: Path) -> None:
         assert ports[("mlx5_0", 1)].state == "ACTIVE" and ports[("mlx5_0", 1)].rate_gbps > 0
     finally:
         provider.close()
+
+
+def test_stop_passes_the_callers_grace_period_to_the_agent(tmp_path: Path) -> None:
+    now = [500.0]
+    provider = LocalProvider(tmp_path / "agent", simulate="1xT4", node_name="box", clock=lambda: now[0])
+    try:
+        provider.launch(PodLaunch(pod_id="g", workload_id="w", node="box", command=("sleep", "60")))
+        provider.stop("g", grace_s=7.5)
+        record = provider.agent.runner.known("g")
+        assert record is not None
+        assert (record.stop_requested_at_s, record.kill_deadline_s) == (500.0, 507.5)
+        assert wait_final(provider, "g").exit_code == 143  # sleep takes SIGTERM's default
+    finally:
+        provider.close(stop_pods=True)
