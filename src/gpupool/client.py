@@ -202,6 +202,16 @@ class Client:
         return self._one(NodeOut, "POST", f"/nodes/{_segment(name)}/drain",
                          params={"now": "true"} if now else None)
 
+    def fail_node(self, name: str, *, device: int | None = None) -> NodeOut:
+        """Admin: inject a fault on a simulated or fake node, or on its device `device`."""
+        return self._one(NodeOut, "POST", f"/nodes/{_segment(name)}/fail",
+                         params=None if device is None else {"device": str(device)})
+
+    def heal_node(self, name: str, *, device: int | None = None) -> NodeOut:
+        """Admin: clear the injected fault of device `device`, or every injected fault of the node."""
+        return self._one(NodeOut, "POST", f"/nodes/{_segment(name)}/heal",
+                         params=None if device is None else {"device": str(device)})
+
     def pool(self) -> PoolSummary:
         return self._one(PoolSummary, "GET", "/pool")
 

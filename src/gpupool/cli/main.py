@@ -14,7 +14,7 @@ SUBCOMMANDS: dict[str, tuple[str, str, str]] = {
     "profile": ("gpupool.cli.profiles", "app", "Device profiles gpupool knows: ls."),
     "fabric": ("gpupool.cli.fabric", "app", "Discover, route, inspect and export the InfiniBand fabric."),
     "sim": ("gpupool.cli.sim", "app", "Replay cluster traces through the scheduler: fill, replay."),
-    "node": ("gpupool.cli.nodes", "app", "Nodes: ls; cordon, uncordon, drain (admin)."),
+    "node": ("gpupool.cli.nodes", "app", "Nodes: ls, show; cordon, uncordon, drain, fail, heal (admin)."),
     "tenant": ("gpupool.cli.tenant", "app", "Tenants (admin): create, set, ls."),
     "queue": ("gpupool.cli.queue", "app", "Queues and quotas (admin): create, ls, set-quota."),
     "token": ("gpupool.cli.token", "app", "Bearer tokens: create (admin), ls, revoke."),

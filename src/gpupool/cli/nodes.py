@@ -1,4 +1,5 @@
-"""`gpupool node`: the pool's nodes, their state and devices with what is allocated on each; drain."""
+"""`gpupool node`: the pool's nodes, their state and devices with what is allocated on each; drain;
+injected faults on simulated nodes (fail, heal)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,8 @@ from gpupool.cli._common import SIMULATED_MARK, client, reports_errors
 from gpupool.cli.output import Column, Format, OutputOption
 
 app = typer.Typer(
-    help="Nodes: ls, cordon, uncordon, drain.\n\nExample: gpupool node ls", no_args_is_help=False,
+    help="Nodes: ls, show, cordon, uncordon, drain, fail, heal.\n\nExample: gpupool node ls",
+    no_args_is_help=False,
     invoke_without_command=True,
 )
 
@@ -30,10 +32,12 @@ def list_nodes(output: OutputOption = Format.TABLE) -> None:
     """List nodes, their state, devices, and which of a pod's limits each node enforces.
 
     States: ready, cordoned, draining (no new work; what runs there finishes), drained (draining
-    and nothing left running), unhealthy. Layers: accounts (pods run as their tenant's Unix
-    account), devices (a pod sees only its devices), device_limits (compute and memory shares
-    capped by CUDA MPS), host_limits (cpu and memory capped by a cgroup v2). A layer marked "no" is
-    not enforced there, with the reason.
+    and nothing left running), unhealthy (the node, or the devices named), lost (the pool knows the
+    node, from work or flags there, but its provider no longer lists it).
+
+    Layers: accounts (pods run as their tenant's Unix account), devices (a pod sees only its
+    devices), device_limits (compute and memory shares capped by CUDA MPS), host_limits (cpu and
+    memory capped by a cgroup v2). A layer marked "no" is not enforced there, with the reason.
 
     Example: gpupool node ls -o name | xargs -n1 gpupool node cordon
     """
@@ -68,15 +72,32 @@ def _device_memory(n: Any) -> str:
     return ",".join(format_memory_mib(m) if m else "?" for m in sizes) or "-"
 
 
+def state_text(n: Any) -> str:
+    """The state, with what is unhealthy: `unhealthy (node)`, `unhealthy (devices 3,5)`."""
+    if n.state != "unhealthy":
+        return str(n.state)
+    if not n.healthy:
+        return "unhealthy (node)"
+    devices = ",".join(str(i) for i in n.unhealthy_devices)
+    return f"unhealthy (device{'s' if len(n.unhealthy_devices) > 1 else ''} {devices})"
+
+
+def _faults(n: Any) -> str:
+    injected = [f"device {d.index}" for d in n.devices if d.injected_fault]
+    injected = (["node"] if n.injected_fault else []) + injected
+    return ",".join(injected) or "-"
+
+
 _COLUMNS: list[Column[Any]] = [
     Column("NODE", lambda n: n.name, key=True),
-    Column("STATE", lambda n: n.state),
+    Column("STATE", state_text),
     Column("DEVICES", _devices),
     Column("ALLOCATED GPUS", lambda n: f"{_allocated(n):g}/{len(n.devices)}"),
     Column("CPU", lambda n: f"{n.allocated_cpu_milli / 1000:g}/{n.cpu_milli / 1000:g}"),
     Column("MEMORY", lambda n: f"{n.allocated_memory_mib}/{n.memory_mib} MiB"),
     Column("DEVICE MEMORY", _device_memory, wide=True),
     Column("HEALTHY", lambda n: "yes" if n.healthy else "no", wide=True),
+    Column("INJECTED FAULTS", _faults, wide=True),
     Column("LABELS", lambda n: ",".join(f"{k}={v}" for k, v in sorted(n.labels.items())) or "-", wide=True),
 ]
 _LAYER_COLUMNS: list[Column[Any]] = [
@@ -90,7 +111,7 @@ _LAYER_COLUMNS: list[Column[Any]] = [
 def _act(action: str, name: str, **kwargs: Any) -> None:
     with client() as pool:
         node = getattr(pool, action)(name, **kwargs)
-    print(f"{node.name} {node.state}")
+    print(f"{node.name} {state_text(node)}")
 
 
 @app.command()
@@ -127,3 +148,78 @@ def drain(
     Example: gpupool node drain gpu-07 && gpupool node ls
     """
     _act("drain", name, now=now)
+
+
+@app.command()
+@reports_errors
+def show(
+    name: Annotated[str, typer.Argument(help="Node name.")],
+    output: OutputOption = Format.TABLE,
+) -> None:
+    """One node: its state and each device's health and allocation (-o json: the API's object).
+
+    Example: gpupool node show gpu-07
+    """
+    import json
+
+    from gpupool.cli.output import console, table
+
+    with client() as pool:
+        node = pool.node(name)
+    if output is Format.JSON:
+        print(json.dumps(node.model_dump(mode="json"), indent=2))
+        return
+    if output is Format.NAME:
+        print(node.name)
+        return
+    print(f"{node.name} {state_text(node)}")
+    console().print(table(f"{len(node.devices)} device(s)", _DEVICE_COLUMNS, node.devices,
+                          wide=output is Format.WIDE))
+
+
+def _health(d: Any) -> str:
+    return ("healthy" if d.healthy else "unhealthy") + (" (injected)" if d.injected_fault else "")
+
+
+def _memory(mib: int) -> str:
+    from gpupool.core.units import format_memory_mib
+
+    return format_memory_mib(mib) if mib else "?"
+
+
+_DEVICE_COLUMNS: list[Column[Any]] = [
+    Column("INDEX", lambda d: str(d.index), key=True),
+    Column("MODEL", lambda d: d.model + (f" {SIMULATED_MARK}" if d.simulated else "")),
+    Column("HEALTH", _health),
+    Column("ALLOCATED", lambda d: f"{d.allocated_milli / 1000:g}"),
+    Column("MEMORY", lambda d: f"{_memory(d.allocated_memory_mib) if d.allocated_memory_mib else 0}/"
+                               f"{_memory(d.memory_mib)}"),
+    Column("UUID", lambda d: d.uuid, wide=True),
+]
+
+DeviceOption = Annotated[int | None, typer.Option("--device", "-d", min=0,
+                                                  help="A device index (see `gpupool node show`).")]
+
+
+@app.command()
+@reports_errors
+def fail(name: Annotated[str, typer.Argument(help="Node name.")], device: DeviceOption = None) -> None:
+    """Admin: inject a fault on a simulated or fake node, or on one of its devices (--device I).
+
+    The node (or device) turns unhealthy, as if the hardware failed: the scheduler evicts and
+    requeues the work on it and places nothing new there until `gpupool node heal`. Faults outlive
+    a server restart. Refused on real hardware.
+
+    Example: gpupool node fail sim-0 --device 3
+    """
+    _act("fail_node", name, device=device)
+
+
+@app.command()
+@reports_errors
+def heal(name: Annotated[str, typer.Argument(help="Node name.")], device: DeviceOption = None) -> None:
+    """Admin: clear an injected fault: of one device with --device I, else every one on the node.
+
+    Example: gpupool node heal sim-0
+    """
+    _act("heal_node", name, device=device)

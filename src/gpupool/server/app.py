@@ -18,6 +18,7 @@ from gpupool.server.loops.control import ControlLoop
 from gpupool.server.metrics import Metrics, RequestTimer
 from gpupool.server.routers import audit, health, nodes, tenants, workloads
 from gpupool.server.runtime import Runtime
+from gpupool.server.services import node_faults
 from gpupool.server.services.submit_writer import SubmitWriter
 
 API_PREFIX = "/api/v1"
@@ -31,6 +32,7 @@ def create_app(rt: Runtime, *, run_loop: bool = True) -> FastAPI:
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        node_faults.restore(rt)  # injected faults outlive a restart: back before the loop's first cycle
         if run_loop:
             loop.start()
         try:

@@ -1,4 +1,4 @@
-"""Node routes: list, get, cordon, uncordon, drain; and the pool summary."""
+"""Node routes: list, get, cordon, uncordon, drain, fail, heal; and the pool summary."""
 
 from __future__ import annotations
 
@@ -9,11 +9,12 @@ from fastapi import APIRouter, Path, Query
 from gpupool.server.deps import Rt, Who
 from gpupool.server.schemas.common import ErrorBody
 from gpupool.server.schemas.nodes import NodeOut, PoolSummary
+from gpupool.server.services import node_faults, pool
 from gpupool.server.services import nodes as service
-from gpupool.server.services import pool
 
 router = APIRouter(tags=["nodes"], responses={401: {"model": ErrorBody}})
 NodeName = Annotated[str, Path(min_length=1, max_length=255)]
+DeviceIndex = Annotated[int | None, Query(ge=0, le=1023, description="a device index; none = the whole node")]
 
 
 @router.get("/nodes", response_model=list[NodeOut])
@@ -43,6 +44,21 @@ def uncordon(name: NodeName, rt: Rt, who: Who) -> NodeOut:
 def drain(name: NodeName, rt: Rt, who: Who, now: Annotated[bool, Query()] = False) -> NodeOut:
     """Stop new placements and let the running work finish; `now=true` requeues it at once."""
     return service.drain(rt, who, name, now=now)
+
+
+@router.post("/nodes/{name}/fail", response_model=NodeOut,
+             responses={403: {"model": ErrorBody}, 404: {"model": ErrorBody}, 409: {"model": ErrorBody}})
+def fail(name: NodeName, rt: Rt, who: Who, device: DeviceIndex = None) -> NodeOut:
+    """Inject a fault on a simulated or fake node (or one device): it turns unhealthy and its work is
+    evicted. Refused (409) on real hardware. Kept across server restarts until healed."""
+    return node_faults.fail(rt, who, name, device)
+
+
+@router.post("/nodes/{name}/heal", response_model=NodeOut,
+             responses={403: {"model": ErrorBody}, 404: {"model": ErrorBody}, 409: {"model": ErrorBody}})
+def heal(name: NodeName, rt: Rt, who: Who, device: DeviceIndex = None) -> NodeOut:
+    """Clear the injected fault of one device, or without `device` every injected fault of the node."""
+    return node_faults.heal(rt, who, name, device)
 
 
 @router.get("/pool", response_model=PoolSummary)

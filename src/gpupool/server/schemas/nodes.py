@@ -17,6 +17,9 @@ class NodeState(StrEnum):
     DRAINED = "drained"
     """cordoned by a drain, with nothing left running"""
     UNHEALTHY = "unhealthy"
+    """the node, or one or more of its devices, is unhealthy (`unhealthy_devices` says which)"""
+    LOST = "lost"
+    """the store knows the node (pods or flags there) but the provider no longer lists it"""
 
 
 class DeviceOut(Strict):
@@ -29,6 +32,7 @@ class DeviceOut(Strict):
     simulated: bool
     allocated_milli: int
     allocated_memory_mib: int
+    injected_fault: bool = Field(False, description="an admin injected a fault here (gpupool node fail)")
 
 
 class LayerOut(Strict):
@@ -39,10 +43,14 @@ class LayerOut(Strict):
 
 class NodeOut(Strict):
     name: str
-    state: NodeState = Field(NodeState.READY, description="ready, cordoned, draining, drained or unhealthy")
+    state: NodeState = Field(NodeState.READY,
+                             description="ready, cordoned, draining, drained, unhealthy or lost")
     cpu_milli: int
     memory_mib: int
     healthy: bool
+    unhealthy_devices: list[int] = Field(default_factory=list,
+                                         description="indexes of its unhealthy devices")
+    injected_fault: bool = Field(False, description="an admin injected a whole-node fault (node fail)")
     cordoned: bool
     draining: bool
     simulated: bool = Field(description="true when any of its devices is simulated")

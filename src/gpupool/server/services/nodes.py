@@ -1,4 +1,4 @@
-"""Node use cases: list and get with their allocation and state, cordon, uncordon and drain."""
+"""Node use cases: list and get with their allocation and state (lost ones too), cordon, uncordon, drain."""
 
 from __future__ import annotations
 
@@ -55,22 +55,28 @@ def node_flags(session: Session) -> dict[str, NodeFlagRow]:
 
 
 def node_state(node: Node, flags: NodeFlagRow | None, use: NodeUse) -> NodeState:
-    """Slurm's words: a draining node still runs work placed before the drain; drained once none is left."""
+    """Broken hardware first (it is what an admin must see), then Slurm's words: a draining node
+    still runs work placed before the drain; drained once none is left."""
+    if not node.healthy or any(not d.healthy for d in node.devices):
+        return NodeState.UNHEALTHY
     if flags is not None and flags.draining:
         return NodeState.DRAINING if use.pods else NodeState.DRAINED
     if node.cordoned or (flags is not None and flags.cordoned):
         return NodeState.CORDONED
-    return NodeState.READY if node.healthy else NodeState.UNHEALTHY
+    return NodeState.READY
 
 
 def _node_out(node: Node, flags: NodeFlagRow | None, use: NodeUse,
               missing: dict[Capability, str]) -> NodeOut:
+    failed_devices = set(flags.failed_devices) if flags is not None else set()
     return NodeOut(
         name=node.name,
         state=node_state(node, flags, use),
         cpu_milli=node.cpu_milli,
         memory_mib=node.memory_mib,
         healthy=node.healthy,
+        unhealthy_devices=[d.index for d in node.devices if not d.healthy],
+        injected_fault=bool(flags and flags.failed),
         cordoned=node.cordoned or bool(flags and flags.cordoned),
         draining=bool(flags and flags.draining),
         simulated=any(d.simulated for d in node.devices),
@@ -80,6 +86,7 @@ def _node_out(node: Node, flags: NodeFlagRow | None, use: NodeUse,
                 uuid=d.uuid, model=d.model, index=d.index, memory_mib=d.memory_mib, kind=d.kind.value,
                 healthy=d.healthy, simulated=d.simulated, allocated_milli=use.device_milli.get(slot, 0),
                 allocated_memory_mib=use.device_memory_mib.get(slot, 0),
+                injected_fault=d.index in failed_devices,
             )
             for slot, d in enumerate(node.devices)
         ],
@@ -90,16 +97,41 @@ def _node_out(node: Node, flags: NodeFlagRow | None, use: NodeUse,
     )
 
 
+def _lost_out(name: str, flags: NodeFlagRow | None, use: NodeUse) -> NodeOut:
+    """A node the store knows (pods or flags there) that the provider no longer lists."""
+    return NodeOut(
+        name=name, state=NodeState.LOST, cpu_milli=0, memory_mib=0, healthy=False,
+        unhealthy_devices=sorted(flags.failed_devices) if flags is not None else [],
+        injected_fault=bool(flags and flags.failed), cordoned=bool(flags and flags.cordoned),
+        draining=bool(flags and flags.draining), simulated=False, labels={}, devices=[],
+        allocated_cpu_milli=use.cpu_milli, allocated_memory_mib=use.memory_mib,
+    )
+
+
+def has_flags(row: NodeFlagRow) -> bool:
+    return bool(row.cordoned or row.draining or row.failed or row.failed_devices)
+
+
+def lost_names(live: set[str], flags: dict[str, NodeFlagRow], use: dict[str, NodeUse]) -> list[str]:
+    """Nodes with active pods or flags set that the provider does not list, sorted."""
+    known = {name for name, u in use.items() if u.pods} | {n for n, r in flags.items() if has_flags(r)}
+    return sorted(n for n in known - live if n)
+
+
 def list_nodes(rt: Runtime, who: Principal) -> list[NodeOut]:
+    """The provider's nodes in its order, then the lost ones by name."""
     nodes = rt.nodes()
     with rt.store.read() as session:
         flags = node_flags(session)
         use = node_usage(session)
     missing = rt.provider.missing_capabilities()
-    return [_node_out(n, flags.get(n.name), use.get(n.name, NodeUse()), missing) for n in nodes]
+    listed = [_node_out(n, flags.get(n.name), use.get(n.name, NodeUse()), missing) for n in nodes]
+    lost = lost_names({n.name for n in nodes}, flags, use)
+    return listed + [_lost_out(name, flags.get(name), use.get(name, NodeUse())) for name in lost]
 
 
-def _find(rt: Runtime, name: str) -> Node:
+def find(rt: Runtime, name: str) -> Node:
+    """The live node `name`, or NotFound with the closest name."""
     for node in rt.nodes():
         if node.name == name:
             return node
@@ -109,22 +141,49 @@ def _find(rt: Runtime, name: str) -> Node:
 
 
 def get_node(rt: Runtime, who: Principal, name: str) -> NodeOut:
-    node = _find(rt, name)
+    """A live node, or a lost one the store still knows."""
     with rt.store.read() as session:
         flags = session.get(NodeFlagRow, name)
         use = node_usage(session).get(name, NodeUse())
-    return _node_out(node, flags, use, rt.provider.missing_capabilities())
+    if _is_lost(rt, name, flags, use):
+        return _lost_out(name, flags, use)
+    return _node_out(find(rt, name), flags, use, rt.provider.missing_capabilities())
+
+
+def _is_lost(rt: Runtime, name: str, flags: NodeFlagRow | None, use: NodeUse) -> bool:
+    known = use.pods > 0 or (flags is not None and has_flags(flags))
+    return known and name not in {n.name for n in rt.nodes()}
+
+
+def is_lost(rt: Runtime, name: str) -> bool:
+    """Whether `name` is a lost node: known to the store, no longer listed by the provider."""
+    with rt.store.read() as session:
+        flags = session.get(NodeFlagRow, name)
+        use = node_usage(session).get(name, NodeUse())
+    return _is_lost(rt, name, flags, use)
+
+
+def after_change(rt: Runtime, who: Principal, name: str, lost: bool) -> NodeOut:
+    """The node as it reads now; a lost node whose last flag was just cleared still answers (lost)."""
+    if not lost:
+        return get_node(rt, who, name)
+    with rt.store.read() as session:
+        flags = session.get(NodeFlagRow, name)
+        use = node_usage(session).get(name, NodeUse())
+    return _lost_out(name, flags, use)
 
 
 def set_cordon(rt: Runtime, who: Principal, name: str, cordoned: bool) -> NodeOut:
-    """Cordon: no new work lands there; uncordon also ends a drain."""
+    """Cordon: no new work lands there; uncordon also ends a drain (and clears a lost node's flags)."""
     who.require_admin()
-    _find(rt, name)
+    lost = not cordoned and is_lost(rt, name)
+    if not lost:
+        find(rt, name)
     with rt.store.write() as session:
         _set_flags(session, name, cordoned=cordoned, draining=False, now=rt.clock())
         audit.record(session, who, "node.cordon" if cordoned else "node.uncordon", name, rt.clock())
     rt.capacity_may_have_changed()
-    return get_node(rt, who, name)
+    return after_change(rt, who, name, lost)
 
 
 def _set_flags(session: Session, name: str, *, cordoned: bool, draining: bool, now: float) -> None:
@@ -140,7 +199,7 @@ def drain(rt: Runtime, who: Principal, name: str, *, now: bool = False) -> NodeO
     `drained` once none is left). With `now`, every workload with a pod there is requeued at once
     (its pods are stopped)."""
     who.require_admin()
-    _find(rt, name)
+    find(rt, name)
     at = rt.clock()
     to_stop: list[str] = []
     with rt.store.write() as session:
