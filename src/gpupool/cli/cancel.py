@@ -1,4 +1,4 @@
-"""`gpupool cancel ID... | --name NAME | --all`: cancel workloads (their pods are stopped)."""
+"""`gpupool cancel ID... | --name NAME | --all`: cancel workloads and arrays (their pods are stopped)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from typing import Annotated, Any
 import typer
 
 from gpupool.cli._common import client, reports_errors
-from gpupool.cli._targets import resolve_all
+from gpupool.cli._targets import resolve_targets
 from gpupool.errors import Conflict, NotFound
 
 ACTIVE = ("pending", "admitted", "running")
@@ -47,10 +47,24 @@ def _cancel_each(pool: Any, ids: list[str], *, quiet_if_finished: bool) -> tuple
     return done, code
 
 
+def _cancel_array(pool: Any, array_id: str) -> int:
+    """Cancel an array's unfinished tasks and say how many; 2 (as for a finished workload) when every
+    task had already finished."""
+    done = pool.cancel_array(array_id)
+    if not done.cancelled:
+        print(f"Error: Array {array_id} already finished (all {done.finished} tasks); there is nothing to "
+              "cancel.", file=sys.stderr)
+        return Conflict.exit_code
+    finished = f" ({done.finished} had finished)" if done.finished else ""
+    print(f"{array_id} array: cancelled {done.cancelled} task{'' if done.cancelled == 1 else 's'}{finished}")
+    return 0
+
+
 @reports_errors
 def cancel(
     workload_ids: Annotated[
-        list[str] | None, typer.Argument(help="Workload ids, or unique prefixes of them.")
+        list[str] | None, typer.Argument(help="Workload or array ids, or unique prefixes of them (an "
+                                         "array: every unfinished task of it).")
     ] = None,
     name: Annotated[
         str | None, typer.Option("--name", "-n", help="Every unfinished workload of this name.")
@@ -63,7 +77,8 @@ def cancel(
         str | None, typer.Option("--queue", "-q", help="With --all or --name: this queue's only.")
     ] = None,
 ) -> None:
-    """Cancel workloads: by id (or unique prefix), by --name, or --all (with a count printed).
+    """Cancel workloads: by id (or unique prefix), by --name, or --all (with a count printed). An
+    array's id cancels its unfinished tasks in one request and prints `ID array: cancelled N tasks`.
 
     Example: gpupool cancel --all --queue batch
 
@@ -79,8 +94,13 @@ def cancel(
         raise typer.Exit(2)
     with client() as pool:
         if workload_ids:
-            ids = [w.id for w in resolve_all(pool, workload_ids)]
-            _, code = _cancel_each(pool, ids, quiet_if_finished=False)
+            targets = resolve_targets(pool, workload_ids)
+            code = 0
+            for array in (t for t in targets if t.is_array):
+                code = _cancel_array(pool, array.id) or code
+            ids = [t.id for t in targets if not t.is_array]
+            _, each_code = _cancel_each(pool, ids, quiet_if_finished=False)
+            code = code or each_code
             if code:
                 raise typer.Exit(code)
             return

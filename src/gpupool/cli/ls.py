@@ -1,4 +1,9 @@
-"""`gpupool ls`: list workloads, newest first, as a table, JSON or bare ids (-o)."""
+"""`gpupool ls`: list workloads, newest first, as a table, JSON or bare ids (-o).
+
+In a table the pending tasks of an array fold into one row, as squeue shows them: `ID_[5-999%50]`
+(the indexes still pending, and the array's limit); tasks that were placed have rows of their own.
+`--expand` gives every task its row; `-o json` and `-o name` always list every task.
+"""
 
 from __future__ import annotations
 
@@ -12,10 +17,14 @@ from gpupool.cli.output import Column, Format, OutputOption
 TABLE_LIMIT = 50
 """Rows a table shows unless --limit says otherwise (-o name and -o json list everything)."""
 JSON_PAGE = 1000
+FOLDED_WIDTH = 40
+"""Most characters of a folded array row's index list (`-o json` has every task)."""
 
 
 @reports_errors
 def ls(
+    targets: Annotated[list[str] | None, typer.Argument(
+        help="Only these arrays (every task of each) or workloads, by id or unique prefix.")] = None,
     status: Annotated[list[str] | None, typer.Option(
         "--status", "-s", help="Only these statuses, any case, several or a comma list: -s succeeded,failed.")
     ] = None,
@@ -30,11 +39,16 @@ def ls(
     limit: Annotated[int | None, typer.Option(
         "--limit", "-l", min=1, help=f"At most this many (default {TABLE_LIMIT} in a table, all otherwise).")
     ] = None,
+    expand: Annotated[bool, typer.Option(
+        "--expand", "-r", help="A row for every pending task of an array (like squeue -r); by default "
+        "they fold into one row ID_[INDEXES%LIMIT].")] = False,
     output: OutputOption = Format.TABLE,
 ) -> None:
-    """List workloads, newest first.
+    """List workloads, newest first (an array's tasks, when it is named: in index order).
 
     Example: gpupool ls -s failed,cancelled --since 1d -o name | xargs gpupool show
+
+    Example: gpupool ls w-1a2b3c4d5e6f   (the tasks of that array)
 
     Exit codes: 0 ok, 2 bad usage, 3 an unknown tenant or queue (or forbidden), 4 unreachable.
     """
@@ -45,6 +59,12 @@ def ls(
         since_s = parse_since(since)
     filters: dict[str, Any] = {"status": status or (), "tenant": tenant, "queue": queue, "since_s": since_s}
     with client() as pool:
+        if targets:
+            from gpupool.cli._targets import resolve_targets
+
+            chosen = resolve_targets(pool, targets)
+            filters["array_id"] = [t.id for t in chosen if t.is_array] or None
+            filters["workload_id"] = [t.id for t in chosen if not t.is_array] or None
         if output is Format.NAME:
             from gpupool.cli.output import names
 
@@ -56,7 +76,38 @@ def ls(
             as_json(_all(pool, filters, limit))
             return
         page = pool.workloads(**filters, limit=min(limit or TABLE_LIMIT, JSON_PAGE))
-    _table(page.items, page.total, output)
+        items, tasks = (page.items, {}) if expand else _fold(pool, page.items)
+    _table(items, page.total, output, tasks)
+
+
+def _fold(pool: Any, items: list[Any]) -> tuple[list[Any], dict[str, int]]:
+    """The rows of a table: each array's pending tasks as one row `ID_[INDEXES%LIMIT]` where its
+    first one was, and how many tasks each folded row stands for."""
+    from gpupool.server.schemas.array_spec import compact
+
+    rows: list[Any] = []
+    tasks: dict[str, int] = {}
+    folded: set[str] = set()
+    for w in items:
+        if w.array_id is None or w.status != "pending":
+            rows.append(w)
+            continue
+        if w.array_id in folded:
+            continue
+        folded.add(w.array_id)
+        ids = pool.workload_ids(array_id=w.array_id, status=["pending"])
+        indexes = sorted(int(i.rpartition("_")[2]) for i in ids)
+        if len(indexes) <= 1:
+            rows.append(w)
+            continue
+        limit = f"%{w.array_limit}" if w.array_limit is not None else ""
+        shown = compact(indexes)
+        if len(shown) > FOLDED_WIDTH:  # a sparse array: the first indexes, then how many more
+            shown = shown[:shown.rfind(",", 0, FOLDED_WIDTH)] + ",..."
+        row_id = f"{w.array_id}_[{shown}{limit}]"
+        rows.append(w.model_copy(update={"id": row_id}))
+        tasks[row_id] = len(indexes)
+    return rows, tasks
 
 
 def _all(pool: Any, filters: dict[str, Any], limit: int | None) -> list[Any]:
@@ -71,7 +122,9 @@ def _all(pool: Any, filters: dict[str, Any], limit: int | None) -> list[Any]:
     return items
 
 
-def _table(items: list[Any], total: int, output: Format) -> None:
+def _table(items: list[Any], total: int, output: Format, tasks: dict[str, int] | None = None) -> None:
+    """`tasks`: how many tasks each folded array row stands for (its GPUS are theirs in all)."""
+    tasks = tasks or {}
     import time
 
     from gpupool.cli.output import render
@@ -92,10 +145,12 @@ def _table(items: list[Any], total: int, output: Format) -> None:
         Column("NAME", lambda w: w.name or "-", key=True),
         Column("TENANT/QUEUE", lambda w: f"{w.tenant}/{w.queue}"),
         Column("STATUS", lambda w: w.status),
-        Column("GPUS", lambda w: f"{float(w.spec.resources.gpus) * w.spec.replicas:g}"),
+        Column("GPUS", lambda w: f"{float(w.spec.resources.gpus) * w.spec.replicas * tasks.get(w.id, 1):g}"),
         Column("NODE", nodes),
         Column("SUBMITTED", lambda w: ago(w.submit_s, now)),
         Column("PRIORITY", lambda w: str(w.priority), wide=True),
+        Column("CLASS", lambda w: w.spec.priority_class or "-", wide=True),
+        Column("TIME LIMIT", lambda w: _limit(w.spec.time_limit_s), wide=True),
         Column("ATTEMPT", lambda w: str(w.attempt), wide=True),
         Column("REPLICAS", lambda w: str(w.spec.replicas), wide=True),
         Column("STARTED", lambda w: when(w.started_s), wide=True),
@@ -104,3 +159,13 @@ def _table(items: list[Any], total: int, output: Format) -> None:
         Column("REASON", lambda w: w.reason if w.status in ("pending", "failed") else ""),
     ]
     render(output, items, columns, key=lambda w: w.id, title=f"{len(items)} of {total} workload(s)")
+
+
+def _limit(seconds: float | None) -> str:
+    """A time limit as Slurm prints one: D-HH:MM:SS, or HH:MM:SS under a day ('-' without one)."""
+    if seconds is None:
+        return "-"
+    whole = int(seconds)
+    days, rest = divmod(whole, 86400)
+    clock = f"{rest // 3600:02d}:{rest % 3600 // 60:02d}:{rest % 60:02d}"
+    return f"{days}-{clock}" if days else clock

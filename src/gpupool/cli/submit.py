@@ -20,7 +20,28 @@ def submit(
         str | None, typer.Option("--queue", "-q", help="The tenant's queue (default: default).")
     ] = None,
     priority: Annotated[
-        int | None, typer.Option("--priority", "-p", help="-1000..1000, higher runs first.")
+        int | None, typer.Option("--priority", "-p", help="-1000..1000, higher runs first within its "
+                                 "priority class.")
+    ] = None,
+    priority_class: Annotated[
+        str | None, typer.Option("--priority-class", help="A priority class of the pool (`gpupool config "
+                                 "show` lists them; default: normal, else the lowest non-negative one); "
+                                 "the class ranks first, --priority orders within it.")
+    ] = None,
+    time_limit: Annotated[
+        str | None, typer.Option("--time-limit", help="Stop its pods this long after they start (Slurm's "
+                                 "--time): 90s, 30m, 2h, 1d, 1:30:00 or 2-12:00:00; backfill plans with "
+                                 "it. A bare number is refused (Slurm reads minutes).")
+    ] = None,
+    max_retries: Annotated[
+        int | None, typer.Option("--max-retries", help="0..1000 requeues after a pod fails (exit code != 0) "
+                                 "before it fails for good (default: the pool's failure.max_retries).")
+    ] = None,
+    array: Annotated[
+        str | None, typer.Option("--array", "-a", help="Slurm's --array: one task per index, e.g. 0-999, "
+                                 "1,3,5-9 or 0-15:4, at most 10000 tasks, indexes up to 99999; '%N' lets "
+                                 "at most N run at once (0-999%50). Prints the array's id; tasks are "
+                                 "ID_INDEX and get GPUPOOL_ARRAY_INDEX.")
     ] = None,
     gpus: Annotated[
         float | None,
@@ -53,12 +74,15 @@ def submit(
                            "default stdout and stderr are one log, in the order written.")
     ] = False,
 ) -> None:
-    """Submit a workload and print only its id.
+    """Submit a workload (or with --array, one task per index) and print only its id.
 
-    Example: gpupool submit --gpus 0.25 -- python train.py
+    Example: gpupool submit --gpus 0.25 --time-limit 2h -- python train.py
 
-    Exit codes: 0 submitted, 2 bad usage or refused (quota, invalid spec), 3 queue/tenant not
-    found or forbidden, 4 server unreachable.
+    Example: gpupool submit --array 0-99%10 --gpus 1 -- python sweep.py   (reads GPUPOOL_ARRAY_INDEX)
+
+    Exit codes: 0 submitted, 2 bad usage or refused (quota, invalid spec, a priority or class above
+    the tenant's max priority, too many pending), 3 queue/tenant not found or forbidden, 4 server
+    unreachable.
     """
     from gpupool.cli.submit_fast import run
 
@@ -68,6 +92,10 @@ def submit(
         ("--tenant", tenant),
         ("--queue", queue),
         ("--priority", priority),
+        ("--priority-class", priority_class),
+        ("--time-limit", time_limit),
+        ("--max-retries", max_retries),
+        ("--array", array),
         ("--gpus", gpus),
         ("--gpu-memory", gpu_memory),
         ("--cpu", cpu),

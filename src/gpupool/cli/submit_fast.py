@@ -13,9 +13,9 @@ from __future__ import annotations
 import sys
 
 USAGE = (
-    "usage: gpupool submit [--name N] [--tenant T] [--queue Q] [--priority P] [--gpus 0.25|2] "
-    "[--gpu-memory 8GiB] [--cpu 4] [--memory 16GiB] [--replicas N] [--env K=V] [--workdir D] "
-    "[--separate-stderr] "
+    "usage: gpupool submit [--name N] [--tenant T] [--queue Q] [--priority P] [--priority-class C] "
+    "[--gpus 0.25|2] [--gpu-memory 8GiB] [--cpu 4] [--memory 16GiB] [--replicas N] [--env K=V] "
+    "[--workdir D] [--time-limit 2h] [--max-retries N] [--array 0-99%10] [--separate-stderr] "
     "[-f spec.yaml] -- COMMAND..."
 )
 # flag -> (path in the spec, kind)
@@ -24,6 +24,10 @@ _FLAGS: dict[str, tuple[tuple[str, ...], str]] = {
     "--tenant": (("tenant",), "str"), "-t": (("tenant",), "str"),
     "--queue": (("queue",), "str"), "-q": (("queue",), "str"),
     "--priority": (("priority",), "int"), "-p": (("priority",), "int"),
+    "--priority-class": (("priority_class",), "str"),
+    "--time-limit": (("time_limit_s",), "duration"),
+    "--max-retries": (("max_retries",), "int"),
+    "--array": (("array",), "str"), "-a": (("array",), "str"),
     "--gpus": (("resources", "gpus"), "float"), "-g": (("resources", "gpus"), "float"),
     "--gpu-memory": (("resources", "gpu_memory"), "str"),
     "--cpu": (("resources", "cpu"), "str"),
@@ -120,6 +124,8 @@ def _set(flags: dict[tuple[str, ...], object], path: tuple[str, ...], kind: str,
             flags[path] = int(value)
         elif kind == "float":
             flags[path] = float(value)
+        elif kind == "duration":
+            flags[path] = duration_s(value)
         elif kind == "list":
             items = flags.setdefault(path, [])
             assert isinstance(items, list)
@@ -134,8 +140,41 @@ def _set(flags: dict[tuple[str, ...], object], path: tuple[str, ...], kind: str,
         else:
             flags[path] = value
     except ValueError:
-        wanted = {"int": "a whole number", "float": "a number such as 0.25 or 2", "env": "KEY=VALUE"}
+        wanted = {"int": "a whole number", "float": "a number such as 0.25 or 2", "env": "KEY=VALUE",
+                  "duration": "a duration such as 90s, 30m, 2h, 1d, 1:30:00 or 2-12:00:00 (days-hours)"}
         raise UsageError(f"Option {name} takes {wanted.get(kind, 'a value')}, got {value!r}.") from None
+
+
+_UNIT_S = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+
+
+def duration_s(text: str) -> float:
+    """Seconds in a time limit: 90s, 30m, 2h, 1.5d, or Slurm's M:S, H:M:S, D-H, D-H:M, D-H:M:S.
+    A bare number is refused (ValueError): Slurm reads minutes, the API seconds."""
+    text = text.strip().lower()
+    if len(text) > 1 and text[-1] in _UNIT_S and _is_number(text[:-1]):
+        return float(text[:-1]) * _UNIT_S[text[-1]]
+    days, dash, clock = text.rpartition("-")
+    parts = clock.split(":")
+    if not all(p.isascii() and p.isdigit() for p in [*parts, *([days] if dash else [])]):
+        raise ValueError(text)
+    numbers = [int(p) for p in parts]
+    if dash:  # days-hours[:minutes[:seconds]]
+        if len(numbers) > 3:
+            raise ValueError(text)
+        numbers += [0] * (3 - len(numbers))
+        return int(days) * 86400.0 + numbers[0] * 3600 + numbers[1] * 60 + numbers[2]
+    if len(numbers) == 2:  # minutes:seconds
+        return numbers[0] * 60.0 + numbers[1]
+    if len(numbers) == 3:  # hours:minutes:seconds
+        return numbers[0] * 3600.0 + numbers[1] * 60 + numbers[2]
+    raise ValueError(text)  # a bare number: minutes to Slurm, seconds elsewhere
+
+
+def _is_number(text: str) -> bool:
+    whole, _, fraction = text.partition(".")
+    digits = all(p == "" or (p.isascii() and p.isdigit()) for p in (whole, fraction))
+    return digits and bool(whole or fraction)
 
 
 def _read_file(path: str) -> dict[str, object]:

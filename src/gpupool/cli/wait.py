@@ -10,9 +10,10 @@ import typer
 
 from gpupool.cli._common import client, reports_errors
 from gpupool.cli._reconnect import DEFAULT_RECONNECT_S, Reconnecting, ReconnectOption
-from gpupool.cli._targets import resolve_all
+from gpupool.cli._targets import Target, resolve_targets
 
 FINAL = ("succeeded", "failed", "cancelled")
+UNFINISHED = ("pending", "admitted", "running")
 
 
 def outcome(workload: Any) -> str:
@@ -25,9 +26,31 @@ def outcome(workload: Any) -> str:
     return f"{workload.id} {workload.status}: {workload.reason}: {message.rstrip('.')}"
 
 
+def array_outcome(pool: Any, target: Target) -> tuple[str, bool]:
+    """('ID array of N tasks: 98 succeeded, 2 failed (first: ID_3 failed: ...)', all succeeded)."""
+    counts = {s: pool.workloads(array_id=target.id, status=[s], limit=1).total for s in FINAL}
+    line = f"{target.id} array of {target.tasks} tasks: " + ", ".join(
+        f"{n} {s}" for s, n in counts.items() if n)
+    bad = pool.workloads(array_id=target.id, status=["failed", "cancelled"], limit=1).items
+    if bad:
+        line += f" (first: {outcome(bad[0])})"
+    return line, not bad and counts["succeeded"] == target.tasks
+
+
+def _ended(pool: Any, target: Target) -> tuple[str, bool] | None:
+    """(the line to print, succeeded) once `target` has ended, else None."""
+    if target.is_array:
+        if pool.workloads(array_id=target.id, status=UNFINISHED, limit=1).total:
+            return None
+        return array_outcome(pool, target)
+    current = pool.workload(target.id)
+    return (outcome(current), current.status == "succeeded") if current.status in FINAL else None
+
+
 @reports_errors
 def wait(
-    workload_ids: Annotated[list[str], typer.Argument(help="Workload ids, or unique prefixes of them.")],
+    workload_ids: Annotated[list[str], typer.Argument(
+        help="Workload or array ids, or unique prefixes of them (an array ends when all its tasks have).")],
     any_: Annotated[bool, typer.Option("--any", help="Return when the first one ends.")] = False,
     all_: Annotated[
         bool, typer.Option("--all", help="Return when every one has ended (the default).")
@@ -37,12 +60,14 @@ def wait(
     ] = None,
     reconnect: ReconnectOption = DEFAULT_RECONNECT_S,
 ) -> None:
-    """Wait for workloads to finish; print one line for each: ID STATUS: REASON: MESSAGE.
+    """Wait for workloads to finish; print one line for each: ID STATUS: REASON: MESSAGE (for an
+    array: ID array of N tasks: COUNTS (first: the first failed task's line)).
 
     Example: gpupool wait w-1a2b w-3c4d --any
 
-    Exit codes: 0 it succeeded (with --all, every one did), 1 it failed or was cancelled (or the
-    timeout passed), 2 an ambiguous id prefix, 3 not found, 4 server unreachable (after --reconnect).
+    Exit codes: 0 it succeeded (with --all, every one did; an array: every task), 1 it failed or was
+    cancelled (or the timeout passed), 2 an ambiguous id prefix, 3 not found, 4 server unreachable
+    (after --reconnect).
     """
     if any_ and all_:
         print("Error: --any and --all exclude each other; give one.", file=sys.stderr)
@@ -50,22 +75,22 @@ def wait(
     retry = Reconnecting(reconnect)
     deadline = None if timeout is None else time.monotonic() + timeout
     with client() as pool:
-        waiting = [w.id for w in retry.call(lambda: resolve_all(pool, workload_ids))]
-        ended: list[Any] = []
+        waiting = list(retry.call(lambda: resolve_targets(pool, workload_ids)))
+        succeeded: list[bool] = []
         poll_s = min(1.0, 0.2 + 0.02 * len(waiting))
         while waiting:
-            for workload_id in list(waiting):
-                current = retry.call(lambda wid=workload_id: pool.workload(wid))  # type: ignore[misc]
-                if current.status in FINAL:
-                    print(outcome(current), flush=True)
-                    ended.append(current)
-                    waiting.remove(workload_id)
-            if ended and any_:
+            for target in list(waiting):
+                ended = retry.call(lambda t=target: _ended(pool, t))  # type: ignore[misc]
+                if ended is not None:
+                    print(ended[0], flush=True)
+                    succeeded.append(ended[1])
+                    waiting.remove(target)
+            if succeeded and any_:
                 break
             if waiting and deadline is not None and time.monotonic() >= deadline:
-                still = ", ".join(waiting[:5]) + (" ..." if len(waiting) > 5 else "")
+                still = ", ".join(t.id for t in waiting[:5]) + (" ..." if len(waiting) > 5 else "")
                 raise TimeoutError(f"Still not finished after {timeout:g} s: {still}.")
             if waiting:
                 time.sleep(poll_s)
-    if any(w.status != "succeeded" for w in (ended[:1] if any_ else ended)):
+    if not all(succeeded[:1] if any_ else succeeded):
         raise typer.Exit(1)
