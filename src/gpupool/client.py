@@ -40,6 +40,16 @@ M = TypeVar("M", bound=BaseModel)
 API = "/api/v1"
 ID_PAGE = 10_000
 """Ids per page of workload_ids() (the server's most with fields=id)."""
+
+
+class Keep:
+    """The type of KEEP: a setting left as it is (None would clear it)."""
+
+    def __repr__(self) -> str:
+        return "KEEP"
+
+
+KEEP = Keep()
 _UNFINISHED = ("pending", "admitted", "running")
 
 
@@ -245,13 +255,28 @@ class Client:
     def queues(self, tenant: str | None = None) -> list[QueueOut]:
         return self._many(QueueOut, "GET", "/queues", params={"tenant": tenant} if tenant else None)
 
-    def create_queue(self, tenant: str, name: str, quota_gpus: float | None = None) -> QueueOut:
-        return self._one(QueueOut, "POST", "/queues",
-                         json={"tenant": tenant, "name": name, "quota_gpus": quota_gpus})
+    def create_queue(self, tenant: str, name: str, quota_gpus: float | None = None, *,
+                     cohort: str | None = None, borrowing_limit_gpus: float | None = None,
+                     lending_limit_gpus: float | None = None, weight: float = 1.0) -> QueueOut:
+        """Admin: a tenant's queue. `quota_gpus` None: no cap; queues naming one `cohort` lend each
+        other unused quota (a limit None: no limit); `weight` is its tenant's DRF weight."""
+        return self._one(QueueOut, "POST", "/queues", json={
+            "tenant": tenant, "name": name, "quota_gpus": quota_gpus, "cohort": cohort,
+            "borrowing_limit_gpus": borrowing_limit_gpus, "lending_limit_gpus": lending_limit_gpus,
+            "weight": weight})
+
+    def set_queue(self, tenant: str, name: str, *, quota_gpus: float | Keep | None = KEEP,
+                  cohort: str | Keep | None = KEEP, borrowing_limit_gpus: float | Keep | None = KEEP,
+                  lending_limit_gpus: float | Keep | None = KEEP, weight: float | Keep = KEEP) -> QueueOut:
+        """Admin: change only the settings passed; None removes a quota, a cohort or a limit."""
+        given = {"quota_gpus": quota_gpus, "cohort": cohort, "borrowing_limit_gpus": borrowing_limit_gpus,
+                 "lending_limit_gpus": lending_limit_gpus, "weight": weight}
+        return self._one(QueueOut, "PATCH", f"/queues/{_segment(tenant)}/{_segment(name)}",
+                         json={k: v for k, v in given.items() if not isinstance(v, Keep)})
 
     def set_quota(self, tenant: str, name: str, quota_gpus: float | None) -> QueueOut:
-        return self._one(QueueOut, "PATCH", f"/queues/{_segment(tenant)}/{_segment(name)}",
-                         json={"quota_gpus": quota_gpus})
+        """Admin: `set_queue(tenant, name, quota_gpus=...)`."""
+        return self.set_queue(tenant, name, quota_gpus=quota_gpus)
 
     def create_token(self, tenant: str | None = None, name: str = "", *, scope: str = "full",
                      expires_in_s: float | None = None, never_expires: bool = False) -> TokenOut:

@@ -85,3 +85,16 @@ def test_bad_quota_is_refused() -> None:
         ResourceQuota(1000, lending_limit=2000)
     with pytest.raises(InvalidInput):
         QuotaConfig(local_queues=(LocalQueue("t", "q", "missing"),))
+
+
+def test_guaranteed_quota_fits_while_the_cohort_is_overdrawn() -> None:
+    # b (nominal 4000) borrowed a's lendable 1000, then b's quota was lowered to 1000 under what b
+    # runs: the cohort lends more than its members allow, yet a's guaranteed part (never lendable)
+    # must stay usable
+    lowered = QuotaTracker(_config(ResourceQuota(3000, lending_limit=1000), ResourceQuota(1000)))
+    lowered.add("b", {DEVICE_MILLI: 5000})
+    with pytest.raises(InvalidInput):
+        lowered.check_invariants()
+    assert lowered.fits("a", {DEVICE_MILLI: 2000}) is None  # a's guaranteed 2000
+    assert "no device_milli left to lend" in (lowered.fits("a", {DEVICE_MILLI: 2001}) or "")
+    assert lowered.fits("b", {DEVICE_MILLI: 1}) is not None

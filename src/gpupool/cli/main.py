@@ -16,7 +16,7 @@ SUBCOMMANDS: dict[str, tuple[str, str, str]] = {
     "sim": ("gpupool.cli.sim", "app", "Replay cluster traces through the scheduler: fill, replay."),
     "node": ("gpupool.cli.nodes", "app", "Nodes: ls, show; cordon, uncordon, drain, fail, heal (admin)."),
     "tenant": ("gpupool.cli.tenant", "app", "Tenants (admin): create, set, ls."),
-    "queue": ("gpupool.cli.queue", "app", "Queues and quotas (admin): create, ls, set-quota."),
+    "queue": ("gpupool.cli.queue", "app", "Queues, quotas and cohorts (admin): create, set, ls."),
     "token": ("gpupool.cli.token", "app", "Bearer tokens: create (admin), ls, revoke."),
     "config": ("gpupool.cli.config", "app", "The pool's configuration (YAML): show, check."),
 }

@@ -199,7 +199,9 @@ class QuotaTracker:
             g = q.guaranteed
             extra = max(0, new - g) - max(0, old - g)
             total = self.borrowed[queue.cohort].get(r, 0) + extra
-            if total > self.lendable[queue.cohort].get(r, 0):
+            # extra == 0: within its guaranteed quota, which is never lent, so it fits even when the
+            # cohort is overdrawn (a lowered quota leaves running work above what may be lent)
+            if extra > 0 and total > self.lendable[queue.cohort].get(r, 0):
                 return (
                     f"Cohort {queue.cohort!r} has no {r} left to lend to ClusterQueue {cq!r} "
                     f"(it would need {total}, it holds {self.lendable[queue.cohort].get(r, 0)})."

@@ -1,4 +1,4 @@
-"""Admin routes: tenants, queues with quotas, tokens (tenants may list and revoke what is theirs)."""
+"""Admin routes: tenants, queues with quotas and cohorts, tokens (tenants list and revoke their own)."""
 
 from __future__ import annotations
 

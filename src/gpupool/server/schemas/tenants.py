@@ -43,26 +43,51 @@ class TenantOut(Strict):
     warning: str | None = Field(default=None, description="one sentence to show the caller (create only)")
 
 
+Devices = Annotated[float, Field(ge=0, le=1_000_000, strict=True, allow_inf_nan=False,
+                                  description="devices (0.5 = half of one)")]
+Weight = Annotated[float, Field(gt=0, le=1_000_000, strict=True, allow_inf_nan=False,
+                                description="its tenant's fair-share weight under DRF ordering")]
+
+
 class QueueCreate(Strict):
     tenant: Name
     name: Name
-    quota_gpus: float | None = Field(
-        None, ge=0, le=1_000_000, strict=True,
-        description="devices its admitted work may hold at once; null = no cap"
-    )
+    quota_gpus: Devices | None = Field(None, description="devices its admitted work may hold (nominal); "
+                                                         "null = no cap")
+    cohort: Name | None = Field(None, description="queues of one cohort lend each other unused quota")
+    borrowing_limit_gpus: Devices | None = Field(
+        None, description="how far beyond its quota it may borrow from its cohort; null = no limit")
+    lending_limit_gpus: Devices | None = Field(
+        None, description="how much of its unused quota its cohort may borrow; null = all of it")
+    weight: Weight = 1.0
 
 
 class QueueUpdate(Strict):
-    quota_gpus: float | None = Field(None, ge=0, le=1_000_000, strict=True)
+    """Only the fields given change; null removes the quota, the cohort or a limit."""
+
+    quota_gpus: Devices | None = None
+    cohort: Name | None = None
+    borrowing_limit_gpus: Devices | None = None
+    lending_limit_gpus: Devices | None = None
+    weight: Weight | None = Field(None, description="null leaves it as it is")
 
 
 class QueueOut(Strict):
     tenant: str
     name: str
-    quota_gpus: float | None
-    used_gpus: float
+    quota_gpus: float | None = Field(description="nominal quota; null = no cap")
+    cohort: str | None = None
+    borrowing_limit_gpus: float | None = None
+    lending_limit_gpus: float | None = None
+    weight: float = 1.0
+    used_gpus: float = Field(description="held by its running work (pods launching, waiting or running)")
+    borrowed_gpus: float = Field(0.0, description="held beyond its quota, lent by its cohort")
+    lent_gpus: float = Field(0.0, description="of its unused quota, held by others of its cohort")
     pending: int
     running: int
+    reserved_workload: str | None = Field(
+        None, description="under backfill: the pending workload the pool holds room for")
+    reserved_start_s: float | None = Field(None, description="when that workload is expected to start")
 
 
 class TokenCreate(Strict):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import getpass
 import os
 from collections import Counter
@@ -12,6 +13,7 @@ from sqlalchemy.orm import Session
 
 from gpupool.agent.identity import mapped_account
 from gpupool.core.model import WorkloadStatus
+from gpupool.core.quota import devices_milli
 from gpupool.core.units import MILLI
 from gpupool.errors import Conflict, InvalidInput, NotFound, did_you_mean
 from gpupool.server.auth import Principal, new_token
@@ -25,22 +27,24 @@ from gpupool.server.schemas.tenants import (
     TenantOut,
     TenantUpdate,
 )
-from gpupool.server.services import audit
+from gpupool.server.services import audit, quotas
 from gpupool.server.services.converters import milli_to_gpus
 from gpupool.server.services.tokens import token_row, write_private_file
 
 DEFAULT_TENANT = "default"
-DEFAULT_QUEUE = "default"
+DEFAULT_QUEUE = quotas.DEFAULT_QUEUE
 _ACTIVE = (WorkloadStatus.ADMITTED.value, WorkloadStatus.RUNNING.value)
 
 
 def bootstrap(rt: Runtime) -> str | None:
-    """Create the default tenant and queue, and the admin token on first start.
+    """Create the default tenant and queue, the configuration's queues, and the admin token on first start.
 
     The admin token (which never expires) is written to DATA_DIR/admin-token (0600) before its
     hash is committed, so a crash leaves either both or a file that the next start replaces.
-    Returns the admin token when it was created now, else None.
+    Returns the admin token when it was created now, else None. The configuration's queues are
+    applied first (`quotas.apply_config_queues`: created, with their tenants, or brought in line).
     """
+    quotas.apply_config_queues(rt)
     now = rt.clock()
     with rt.store.write() as session:
         if session.get(TenantRow, DEFAULT_TENANT) is None:
@@ -154,33 +158,64 @@ def require_tenant(session: Session, name: str) -> None:
 
 
 def create_queue(rt: Runtime, who: Principal, body: QueueCreate) -> QueueOut:
+    """A new queue with its quota settings; wakes the scheduler (a cohort may have more to lend)."""
     who.require_admin()
-    quota = None if body.quota_gpus is None else round(body.quota_gpus * MILLI)
+    quota = quotas.QueueQuota(
+        tenant=body.tenant, name=body.name, quota_milli=_milli(body.quota_gpus), cohort=body.cohort or "",
+        borrowing_limit_milli=_milli(body.borrowing_limit_gpus),
+        lending_limit_milli=_milli(body.lending_limit_gpus), weight=body.weight)
+    quota.check()
+    now = rt.clock()
     try:
         with rt.store.write() as session:
             require_tenant(session, body.tenant)
             if session.get(QueueRow, (body.tenant, body.name)) is not None:
-                raise Conflict(f"Queue {body.tenant}/{body.name} already exists; update it instead.")
-            session.add(QueueRow(tenant=body.tenant, name=body.name, quota_device_milli=quota,
-                                 created_s=rt.clock()))
-            audit.record(session, who, "queue.create", f"{body.tenant}/{body.name}", rt.clock(),
-                         f"quota_gpus={body.quota_gpus}")
+                raise Conflict(f"Queue {quota.key} already exists; change it with `gpupool queue set`.")
+            row = QueueRow(tenant=body.tenant, name=body.name, created_s=now)
+            quotas.set_row(row, quota)
+            session.add(row)
+            audit.record(session, who, "queue.create", quota.key, now, quotas.describe(quota))
     except IntegrityError:
-        raise Conflict(f"Queue {body.tenant}/{body.name} already exists; update it instead.") from None
+        raise Conflict(f"Queue {quota.key} already exists; change it with `gpupool queue set`.") from None
+    rt.capacity_may_have_changed()
     return _queue_outs(rt, who, tenant=body.tenant, name=body.name)[0]
 
 
 def update_queue(rt: Runtime, who: Principal, tenant: str, name: str, body: QueueUpdate) -> QueueOut:
+    """Change the settings given (null clears a quota, cohort or limit); running work keeps running
+    under a lowered quota (only preemption reclaims it); wakes the scheduler."""
     who.require_admin()
     with rt.store.write() as session:
         row = session.get(QueueRow, (tenant, name))
         if row is None:
-            raise NotFound(f"No queue {tenant}/{name}; create it with `gpupool queue create`.")
-        row.quota_device_milli = None if body.quota_gpus is None else round(body.quota_gpus * MILLI)
-        audit.record(session, who, "queue.update", f"{tenant}/{name}", rt.clock(),
-                     f"quota_gpus={body.quota_gpus}")
+            require_tenant(session, tenant)
+            raise NotFound(f"No queue {tenant}/{name}; create it with `gpupool queue create`.",
+                           tenant=tenant, queue=name)
+        quota = _updated(quotas.row_quota(row), body)
+        quota.check()
+        quotas.set_row(row, quota)
+        audit.record(session, who, "queue.update", quota.key, rt.clock(), quotas.describe(quota))
     rt.capacity_may_have_changed()
     return _queue_outs(rt, who, tenant=tenant, name=name)[0]
+
+
+def _updated(quota: quotas.QueueQuota, body: QueueUpdate) -> quotas.QueueQuota:
+    """`quota` with the fields `body` gives (a null weight leaves the weight as it is)."""
+    given = body.model_fields_set
+    return dataclasses.replace(
+        quota,
+        quota_milli=_milli(body.quota_gpus) if "quota_gpus" in given else quota.quota_milli,
+        cohort=(body.cohort or "") if "cohort" in given else quota.cohort,
+        borrowing_limit_milli=(_milli(body.borrowing_limit_gpus) if "borrowing_limit_gpus" in given
+                               else quota.borrowing_limit_milli),
+        lending_limit_milli=(_milli(body.lending_limit_gpus) if "lending_limit_gpus" in given
+                             else quota.lending_limit_milli),
+        weight=quota.weight if body.weight is None else body.weight,
+    )
+
+
+def _milli(gpus: float | None) -> int | None:
+    return None if gpus is None else devices_milli(gpus)
 
 
 def list_queues(rt: Runtime, who: Principal, tenant: str | None) -> list[QueueOut]:
@@ -190,34 +225,42 @@ def list_queues(rt: Runtime, who: Principal, tenant: str | None) -> list[QueueOu
 
 
 def _queue_outs(rt: Runtime, who: Principal, tenant: str | None, name: str | None = None) -> list[QueueOut]:
+    """The queues asked for, with their use (cohort accounting needs every queue, so all are read)."""
     with rt.store.read() as session:
-        query = select(QueueRow).order_by(QueueRow.tenant, QueueRow.name)
-        if tenant is not None:
-            query = query.where(QueueRow.tenant == tenant)
-        if name is not None:
-            query = query.where(QueueRow.name == name)
-        rows = session.scalars(query).all()
-        counts = session.execute(
-            select(WorkloadRow.tenant, WorkloadRow.queue, WorkloadRow.status,
-                   func.count(), func.sum(WorkloadRow.device_milli))
+        conn = session.connection()
+        settings = quotas.read_queues(conn)
+        use = quotas.read_use(conn, quotas.quota_config(settings))
+        counts = conn.execute(
+            select(WorkloadRow.tenant, WorkloadRow.queue, WorkloadRow.status, func.count())
             .where(WorkloadRow.status.in_((WorkloadStatus.PENDING.value, *_ACTIVE)))
             .group_by(WorkloadRow.tenant, WorkloadRow.queue, WorkloadRow.status)
         ).all()
-        number: Counter[tuple[str, str, str]] = Counter()
-        used: Counter[tuple[str, str]] = Counter()
-        for t, q, status, count, milli in counts:
-            number[(t, q, status)] += int(count)
-            if status in _ACTIVE:
-                used[(t, q)] += int(milli or 0)
-        return [
-            QueueOut(
-                tenant=r.tenant,
-                name=r.name,
-                quota_gpus=milli_to_gpus(r.quota_device_milli),
-                used_gpus=used[(r.tenant, r.name)] / MILLI,
-                pending=number[(r.tenant, r.name, WorkloadStatus.PENDING.value)],
-                running=sum(number[(r.tenant, r.name, s)] for s in _ACTIVE),
-            )
-            for r in rows
-            if who.may_see(r.tenant)
-        ]
+        reserved = conn.execute(
+            select(WorkloadRow.tenant, WorkloadRow.queue, WorkloadRow.id, WorkloadRow.reserved_start_s)
+            .where(WorkloadRow.status == WorkloadStatus.PENDING.value,
+                   WorkloadRow.reserved_start_s.is_not(None))
+            .order_by(WorkloadRow.reserved_start_s.desc(), WorkloadRow.id.desc())
+        ).all()
+    number: Counter[tuple[str, str, str]] = Counter()
+    for t, q, status, count in counts:
+        number[(t, q, status)] += int(count)
+    heads = {(t, q): (wid, start_s) for t, q, wid, start_s in reserved}  # the earliest start wins
+    outs = []
+    for s in sorted(settings, key=lambda s: (s.tenant, s.name)):
+        if (tenant is not None and s.tenant != tenant) or (name is not None and s.name != name):
+            continue
+        if not who.may_see(s.tenant):
+            continue
+        held = use.get(s.key, quotas.QueueUse())
+        head = heads.get((s.tenant, s.name))
+        outs.append(QueueOut(
+            tenant=s.tenant, name=s.name, quota_gpus=milli_to_gpus(s.quota_milli), cohort=s.cohort or None,
+            borrowing_limit_gpus=milli_to_gpus(s.borrowing_limit_milli),
+            lending_limit_gpus=milli_to_gpus(s.lending_limit_milli), weight=s.weight,
+            used_gpus=held.used_milli / MILLI, borrowed_gpus=held.borrowed_milli / MILLI,
+            lent_gpus=held.lent_milli / MILLI,
+            pending=number[(s.tenant, s.name, WorkloadStatus.PENDING.value)],
+            running=sum(number[(s.tenant, s.name, st)] for st in _ACTIVE),
+            reserved_workload=head[0] if head else None, reserved_start_s=head[1] if head else None,
+        ))
+    return outs
