@@ -39,11 +39,10 @@ def throttled(conn: Connection, pending_ids: Collection[str]) -> set[str]:
             limits[row.array_id] = row.array_limit
     if not by_array:
         return set()
-    holding = dict(conn.execute(
+    holding: dict[str | None, int] = {array_id: count for array_id, count in conn.execute(
         select(WorkloadRow.array_id, func.count())
         .where(WorkloadRow.status.in_(HOLDING), WorkloadRow.array_id.in_(list(by_array)))
-        .group_by(WorkloadRow.array_id)
-    ).tuples().all())
+        .group_by(WorkloadRow.array_id))}
     waiting: set[str] = set()
     for array_id, tasks in by_array.items():
         room = max(0, limits[array_id] - holding.get(array_id, 0))
