@@ -41,6 +41,13 @@ _FLAGS: dict[str, tuple[tuple[str, ...], str]] = {
 }
 
 
+# flag -> (lowest, highest, in words): checked here so the error names the flag, not the API field
+_RANGES: dict[str, tuple[float, float, str]] = {
+    "--time-limit": (1, 366 * 86400, "from 1s to 366d"),
+    "--max-retries": (0, 1000, "from 0 to 1000"),
+}
+
+
 class UsageError(Exception):
     pass
 
@@ -139,6 +146,9 @@ def _set(flags: dict[tuple[str, ...], object], path: tuple[str, ...], kind: str,
             env[key] = val
         else:
             flags[path] = value
+        bounds = _RANGES.get(name)
+        if bounds is not None and not bounds[0] <= flags[path] <= bounds[1]:  # type: ignore[operator]
+            raise UsageError(f"Option {name} takes {bounds[2]}, got {value!r}.")
     except ValueError:
         wanted = {"int": "a whole number", "float": "a number such as 0.25 or 2", "env": "KEY=VALUE",
                   "duration": "a duration such as 90s, 30m, 2h, 1d, 1:30:00 or 2-12:00:00 (days-hours)"}

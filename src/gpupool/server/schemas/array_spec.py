@@ -30,16 +30,17 @@ class ArrayRange:
 
 
 def parse_array(text: str) -> ArrayRange:
-    """The indexes and limit `text` names; ValueError with one sentence when it is malformed."""
+    """The indexes and limit `text` names; ValueError when it is malformed, its text a predicate of
+    the expression ("has the range '5-1', which ends before it starts; ...") for the API's sentence
+    `Field 'array' <predicate>.`"""
     text = text.strip()
     if not text or len(text) > MAX_EXPRESSION:
-        raise ValueError(f"an array is a list of task indexes, {EXAMPLE}")
+        raise ValueError(f"must list task indexes, {EXAMPLE}")
     body, percent, limit_text = text.partition("%")
     limit = None
     if percent:
         if not _digits(limit_text) or int(limit_text) < 1:
-            raise ValueError(f"the limit after '%' must be a whole number of at least 1, got {limit_text!r} "
-                             f"({EXAMPLE})")
+            raise ValueError(f"must end in a limit '%N' of at least 1, not '%{limit_text}' (e.g. 0-999%50)")
         limit = int(limit_text)
     indexes: set[int] = set()
     for part in body.split(","):
@@ -56,16 +57,16 @@ def _part(part: str) -> range:
     last, colon, step_text = rest.partition(":")
     numbers = [first] + ([last] if dash else []) + ([step_text] if colon else [])
     if not all(_digits(n) for n in numbers) or (colon and not dash):
-        raise ValueError(f"{part!r} is not an index or a range of indexes ({EXAMPLE})")
+        raise ValueError(f"has {part!r}, which is not an index or a range of indexes ({EXAMPLE})")
     start = int(first)
     stop = int(last) if dash else start
     step = int(step_text) if colon else 1
     if stop < start:
-        raise ValueError(f"the range {part!r} ends before it starts; write it low-high")
+        raise ValueError(f"has the range {part!r}, which ends before it starts; write it low-high")
     if step < 1:
-        raise ValueError(f"the step in {part!r} must be at least 1")
+        raise ValueError(f"has the step 0 in {part!r}; a step is at least 1")
     if stop > MAX_ARRAY_INDEX:
-        raise ValueError(f"task indexes go up to {MAX_ARRAY_INDEX}, {part!r} goes beyond")
+        raise ValueError(f"has {part!r}, beyond the highest task index, {MAX_ARRAY_INDEX}")
     if (stop - start) // step + 1 > MAX_ARRAY_TASKS:
         raise ValueError(_too_many((stop - start) // step + 1))
     return range(start, stop + 1, step)
@@ -76,8 +77,8 @@ def _digits(text: str) -> bool:
 
 
 def _too_many(count: int) -> str:
-    return (f"one array holds at most {MAX_ARRAY_TASKS} tasks, this one names {count}; split the sweep "
-            f"into several arrays (e.g. 0-9999 and 10000-19999)")
+    return (f"names {count} tasks, but one array holds at most {MAX_ARRAY_TASKS}; split the sweep into "
+            "several arrays (e.g. 0-9999 and 10000-19999)")
 
 
 def compact(indexes: tuple[int, ...] | list[int]) -> str:
