@@ -39,7 +39,8 @@ def srv(tmp_path: Path) -> Iterator[Server]:
 
 def restart(old: Server, provider: FakeProvider) -> Server:
     """A new server (runtime, provider, app) on `old`'s store, after `old` stopped."""
-    new = start_server(Path(old.rt.settings.data_dir), provider=provider)  # type: ignore[arg-type]
+    new = start_server(Path(old.rt.settings.data_dir), old.rt.settings.database_url,
+                       provider=provider)  # type: ignore[arg-type]
     new.admin_token = old.admin_token  # created by the first start only
     return new
 
@@ -137,8 +138,8 @@ def test_fail_and_heal_are_audited(srv: Server) -> None:
     assert got == [("node.fail", "s0", "device 1"), ("node.fail", "s0", "node"), ("node.heal", "s0", "node")]
 
 
-def test_injected_faults_survive_a_restart_on_the_same_store(tmp_path: Path) -> None:
-    first = start_server(tmp_path, provider=pool_provider())  # type: ignore[arg-type]
+def test_injected_faults_survive_a_restart_on_the_same_store(tmp_path: Path, db_url: str) -> None:
+    first = start_server(tmp_path, db_url, provider=pool_provider())  # type: ignore[arg-type]
     post(first, "s0/fail", device=3)
     post(first, "s1/fail")
     stop_server(first)
@@ -202,3 +203,29 @@ def test_a_node_with_running_pods_the_provider_no_longer_lists_is_lost(tmp_path:
     lost = {n["name"]: n for n in answer}["n0"]
     assert (lost["state"], lost["allocated_cpu_milli"], lost["devices"]) == ("lost", 2000, [])
     assert [n["name"] for n in answer] == ["n1", "n0"]
+
+
+def pods(server: Server, workload_id: str) -> list[tuple[str, list[int]]]:
+    answer = server.client.get(f"/api/v1/workloads/{workload_id}", headers=server.headers()).json()
+    return [(p["node"], [s["device_index"] for s in p["slices"]]) for p in answer["pods"]]
+
+
+def reasons(server: Server, workload_id: str) -> list[str]:
+    answer = server.client.get(f"/api/v1/workloads/{workload_id}/events", headers=server.headers())
+    return [e["reason"] for e in answer.json()]
+
+
+def test_the_work_on_a_failed_device_or_node_is_evicted_and_placed_on_healthy_hardware(srv: Server) -> None:
+    """The seam with the control loop: what fail injects is what the scheduler's snapshot sees."""
+    workload = str(srv.created("/workloads", {"command": ["true"], "resources": {"gpus": 2}})["id"])
+    srv.wait_for(lambda: srv.status(workload) == "running")
+    ((where, devices),) = pods(srv, workload)
+    post(srv, f"{where}/fail", device=devices[0])
+    srv.wait_for(lambda: "evicted_unhealthy" in reasons(srv, workload) and srv.status(workload) == "running")
+    ((again, now_on),) = pods(srv, workload)
+    assert again != where or devices[0] not in now_on  # never the failed device again
+    post(srv, f"{again}/fail")
+    srv.wait_for(lambda: reasons(srv, workload).count("evicted_unhealthy") == 2
+                 and srv.status(workload) == "running")
+    ((last, _),) = pods(srv, workload)
+    assert last != again  # any healthy node, never the failed one
