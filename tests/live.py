@@ -11,6 +11,7 @@ from pathlib import Path
 
 import uvicorn
 
+from gpupool.config import PoolConfig
 from gpupool.providers.base import Provider
 from gpupool.server.app import create_app
 from gpupool.server.db import Store
@@ -28,11 +29,13 @@ class LiveServer:
 
 
 @contextmanager
-def live_server(data_dir: Path, provider: Provider, database_url: str = "") -> Iterator[LiveServer]:
+def live_server(data_dir: Path, provider: Provider, database_url: str = "",
+                config: PoolConfig | None = None) -> Iterator[LiveServer]:
     port = free_port()
     settings = Settings(data_dir=data_dir, port=port, database_url=database_url, placement="first-fit",
                         cycle_interval_s=0.05, busy_poll_interval_s=0.01)
-    rt = Runtime(settings=settings, store=Store.open(settings.resolved_database_url), provider=provider)
+    rt = Runtime(settings=settings, store=Store.open(settings.resolved_database_url), provider=provider,
+                 config=config or PoolConfig())
     token = bootstrap(rt) or ""
     server = uvicorn.Server(uvicorn.Config(create_app(rt), host="127.0.0.1", port=port, log_level="warning"))
     thread = threading.Thread(target=server.run, daemon=True)
