@@ -37,7 +37,8 @@ def test_workload_routes(server: Server) -> None:
     assert page["total"] == 1 and page["items"][0]["id"] == wid and page["items"][0]["name"] == "train"
     assert c.get(f"{API}/workloads", params={"offset": 1}, headers=h).json()["items"] == []
     one = c.get(f"{API}/workloads/{wid}", headers=h).json()
-    assert one["pods"][0]["slices"] == [{"device_index": 0, "compute_milli": 250, "memory_mib": 0}]
+    # no --gpu-memory: its compute share of the device's memory (0.25 of 32 GiB)
+    assert one["pods"][0]["slices"] == [{"device_index": 0, "compute_milli": 250, "memory_mib": 8192}]
     logs = c.get(f"{API}/workloads/{wid}/logs", headers=h).json()
     assert logs["pod_id"] == one["pods"][0]["id"] and logs["text"] == ""
     cancelled = c.post(f"{API}/workloads/{wid}/cancel", headers=h).json()

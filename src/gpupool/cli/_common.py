@@ -21,12 +21,11 @@ SIMULATED_MARK = "(sim)"
 
 
 def default_policy() -> str:
-    """The placement policy `gpupool up` runs when none is named: also `sim fill`'s and `sim replay`'s."""
-    from dataclasses import fields
+    """The placement policy `gpupool up` runs when neither --policy nor the configuration names one
+    (the configuration's default): also `sim fill`'s and `sim replay`'s."""
+    from gpupool.config import SchedulingConfig
 
-    from gpupool.server.settings import Settings
-
-    return str(next(f.default for f in fields(Settings) if f.name == "placement"))
+    return str(SchedulingConfig.model_fields["placement"].default)
 
 
 def policy_names_text() -> str:

@@ -5,12 +5,15 @@ from __future__ import annotations
 import socket
 import sys
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
 from gpupool.cli._common import check_policy, default_policy, policy_names_text
 from gpupool.server.settings import DEFAULT_HOST, DEFAULT_PORT
+
+if TYPE_CHECKING:
+    from gpupool.config import PoolConfig
 
 DEFAULT_POLICY = default_policy()
 
@@ -42,6 +45,13 @@ def up(
     metrics_public: Annotated[
         bool, typer.Option("--metrics-public", help="Serve /metrics without a token (loopback --host only).")
     ] = False,
+    config: Annotated[
+        Path | None,
+        typer.Option("--config", envvar="GPUPOOL_CONFIG", help=(
+            "Scheduling configuration (YAML): placement, ordering, preemption, backfill, priority "
+            "classes, queues, failure handling, default slice resources. See docs/configuration.md; "
+            "check a file with `gpupool config check FILE`."))
+    ] = None,
 ) -> None:
     """Start the pool: API on http://HOST:PORT/api/v1 (docs at /docs), scheduler, local agent.
 
@@ -49,13 +59,16 @@ def up(
     The admin token is written to DATA_DIR/admin-token (mode 0600) at first start, never printed.
     /metrics needs the admin token or a metrics token (gpupool token create --admin --scope metrics).
 
-    Example: gpupool up --simulate 2x8xH100 --policy fgd
+    Without --config the configuration's defaults apply (`gpupool config show` prints them);
+    --policy overrides the configuration's placement.
+
+    Example: gpupool up --simulate 2x8xH100 --config pool.yaml
     """
     from gpupool.errors import GpupoolError
 
     try:
-        _serve(data_dir, host, port, simulate, provider, database_url, policy or placement or DEFAULT_POLICY,
-               tls_cert, tls_key, metrics_public)
+        _serve(data_dir, host, port, simulate, provider, database_url, policy or placement or "",
+               tls_cert, tls_key, metrics_public, config)
     except GpupoolError as exc:
         print(f"Error: {exc.message}", file=sys.stderr)
         raise typer.Exit(exc.exit_code) from None
@@ -63,7 +76,7 @@ def up(
 
 def _serve(data_dir: Path | None, host: str, port: int, simulate: str, provider: str, database_url: str,
            placement: str, tls_cert: Path | None = None, tls_key: Path | None = None,
-           metrics_public: bool = False) -> None:
+           metrics_public: bool = False, config_path: Path | None = None) -> None:
     import logging
 
     import uvicorn
@@ -78,7 +91,11 @@ def _serve(data_dir: Path | None, host: str, port: int, simulate: str, provider:
     settings = Settings(data_dir=data_dir or default_data_dir(), host=host, port=port, simulate=simulate,
                         provider=provider, database_url=database_url, placement=placement,
                         tls_cert=tls_cert, tls_key=tls_key, metrics_public=metrics_public).with_env()
-    check_policy(settings.placement)  # an unknown name stops here, with a suggestion
+    from gpupool.config import load_config
+
+    pool_config = load_config(config_path)  # a bad file stops here, one sentence per problem
+    if settings.placement:
+        check_policy(settings.placement)  # an unknown name stops here, with a suggestion
     _check_tls_pair(settings.tls_cert, settings.tls_key)
     if settings.tls_cert is None and not is_loopback(host):
         print(f"Warning: {host} is reachable from other machines and TLS is off, so tokens travel in clear; "
@@ -99,7 +116,8 @@ def _serve(data_dir: Path | None, host: str, port: int, simulate: str, provider:
     if accounts:
         print(accounts, flush=True)
     store = Store.open(settings.resolved_database_url)
-    rt = Runtime(settings=settings, store=store, provider=provisioned.provider)
+    rt = Runtime(settings=settings, store=store, provider=provisioned.provider, config=pool_config)
+    print(_scheduling_line(pool_config, settings.placement, config_path), flush=True)
     token = bootstrap(rt)
     _announce_token(settings.admin_token_path, token)
     print(f"gpupool is serving on {settings.scheme}://{host}:{port} (API docs at /docs); stop with Ctrl-C.",
@@ -113,6 +131,14 @@ def _serve(data_dir: Path | None, host: str, port: int, simulate: str, provider:
     finally:
         provisioned.provider.close()
         store.close()
+
+
+def _scheduling_line(config: PoolConfig, placement: str, path: Path | None) -> str:
+    """'Scheduling: placement fgd-strand, ordering drf, preemption on, backfill on (from FILE).'"""
+    s = config.scheduling
+    source = f"from {path}" if path is not None else "the defaults; see gpupool config show"
+    return (f"Scheduling: placement {placement or s.placement}, ordering {s.ordering}, preemption "
+            f"{'on' if s.preemption else 'off'}, backfill {'on' if s.backfill else 'off'} ({source}).")
 
 
 def _check_port(host: str, port: int) -> None:

@@ -32,7 +32,8 @@ class Settings:
     database_url: str = ""
     provider: str = "local"
     simulate: str = ""
-    placement: str = "best-fit"
+    placement: str = ""
+    """`gpupool up --policy`: overrides the configuration's placement ('' = the configuration's)."""
     cycle_interval_s: float = 1.0
     busy_poll_interval_s: float = 0.02
     seed: int = 0

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import threading
 import time
@@ -15,6 +16,9 @@ from gpupool.server.runtime import Runtime
 
 log = logging.getLogger("gpupool.loop")
 WAKE_DELAY_S = 0.003
+MAX_CYCLES_PER_STEP = 3
+"""Cycles run in one step while each one stops (preempts or evicts) something, as the replay does
+at one event time: requeued work gets another cycle at once (it may fit elsewhere)."""
 
 
 class ControlLoop:
@@ -26,9 +30,8 @@ class ControlLoop:
     def __init__(self, rt: Runtime, metrics: Metrics | None = None) -> None:
         self.rt = rt
         self.metrics = metrics
-        self.scheduler = Scheduler(rt, Policies(placement=_placement(rt.settings.placement)),
-                                   seed=rt.settings.seed)
-        self.reconciler = Reconciler(rt)
+        self.scheduler = Scheduler(rt, policies(rt), seed=rt.settings.seed)
+        self.reconciler = Reconciler(rt, on_final=self.scheduler.finished)
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self.recovered: tuple[int, int] | None = None
@@ -55,17 +58,25 @@ class ControlLoop:
         Returns True while work is in flight, so the provider is polled again soon.
         """
         changed = self.reconciler.sync()
+        changed += self.reconciler.nodes_gone(self.rt.nodes())
+        changed += self.scheduler.enforce_time_limits()
+        if changed or self.scheduler.waiting:
+            changed += self.scheduler.promote_waiting()
         capacity_changed = bool(changed) or self.rt.capacity_changed.is_set()
         due = time.monotonic() - self._last_cycle >= self.rt.settings.cycle_interval_s
         admitted = 0
         if woken or capacity_changed or due:
             self.rt.capacity_changed.clear()
             self._last_cycle = time.monotonic()
-            stats = self.scheduler.cycle(capacity_changed)
-            admitted = stats.admitted
-            if self.metrics is not None and stats.pending:
-                self.metrics.cycle_seconds.observe(stats.seconds)
-        return bool(changed or admitted or self.reconciler.active)
+            for _ in range(MAX_CYCLES_PER_STEP):
+                stats = self.scheduler.cycle(capacity_changed)
+                admitted += stats.admitted
+                if self.metrics is not None and stats.pending:
+                    self.metrics.cycle_seconds.observe(stats.seconds)
+                if not stats.stopped:
+                    break
+        busy = self.reconciler.active or self.scheduler.waiting
+        return bool(changed or admitted or busy)
 
     def _pods_exited(self) -> None:
         self._exited.set()
@@ -103,10 +114,16 @@ class ControlLoop:
             self.rt.wake.wait(settings.busy_poll_interval_s if busy else settings.cycle_interval_s)
 
 
-def _placement(name: str) -> str:
-    """`name` when it is a registered placement policy; else UnknownName, so a typo stops start-up
-    (`gpupool up --policy fgdd` must not quietly run another policy)."""
+def policies(rt: Runtime) -> Policies:
+    """The core's policies from the pool configuration, with `gpupool up --policy` (when given)
+    for the placement. An unknown placement or ordering name is UnknownName (with a suggestion),
+    so a typo stops start-up rather than quietly running another policy."""
+    from gpupool.core.scheduling.ordering.base import make_ordering
     from gpupool.core.scheduling.policies.base import policy_class
 
-    policy_class(name)
-    return name
+    chosen = rt.config.policies()
+    if rt.settings.placement:
+        chosen = dataclasses.replace(chosen, placement=rt.settings.placement, placement_options={})
+    policy_class(chosen.placement)
+    make_ordering(chosen.ordering, **dict(chosen.ordering_options))
+    return chosen

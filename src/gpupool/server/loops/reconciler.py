@@ -10,18 +10,23 @@ pending to be placed again; or it ran and is gone, and its workload fails (never
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 from sqlalchemy import Connection, bindparam, select, update
 from sqlalchemy.orm import Session
 
-from gpupool.core.model import WorkloadStatus
+from gpupool.core.model import Node, WorkloadStatus
 from gpupool.providers.base import PodPhase, PodStatus
 from gpupool.server.orm import Base, PodRow, WorkloadRow
 from gpupool.server.runtime import Runtime
 from gpupool.server.services.events import Move, apply_moves, transition
-from gpupool.server.services.workloads import stop_pods
+from gpupool.server.services.requeue import lost_text, lost_work, requeue, stop_pods
 from gpupool.server.states import ACTIVE_POD_STATES, EventReason, PodState
+
+FinalHook = Callable[[str, float | None], None]
+"""Called with a workload that ended for good, and the work it did when it succeeded."""
+_NOT_HANDED = (PodState.LAUNCHING.value, PodState.WAITING.value)
+_PLACED = (WorkloadStatus.ADMITTED.value, WorkloadStatus.RUNNING.value)
 
 log = logging.getLogger("gpupool.reconciler")
 
@@ -37,12 +42,14 @@ def _started_attempts(session: Session, workload_ids: set[str],
         return set()
     rows = session.execute(select(PodRow.workload_id, PodRow.attempt, PodRow.id, PodRow.status)
                            .where(PodRow.workload_id.in_(workload_ids))).all()
-    return {(w, a) for w, a, pod_id, status in rows if pod_id in known or status != PodState.LAUNCHING.value}
+    return {(w, a) for w, a, pod_id, status in rows if pod_id in known or status not in _NOT_HANDED}
 
 
 class Reconciler:
-    def __init__(self, rt: Runtime) -> None:
+    def __init__(self, rt: Runtime, on_final: FinalHook | None = None) -> None:
         self.rt = rt
+        self.on_final = on_final
+        self._known_nodes: frozenset[str] | None = None
         self._settled: set[str] = set()
         self.active = 0
         """Pods the provider reported starting or running at the last sync."""
@@ -70,7 +77,7 @@ class Reconciler:
                                    f"Pod {pod.name} re-adopted after a server restart.", now, pod.id)
                     continue
                 lost += 1
-                launching = pod.status == PodState.LAUNCHING.value
+                launching = pod.status in _NOT_HANDED
                 pod.status, pod.finished_s = PodState.LOST.value, now
                 pod.message = "The provider no longer knows this pod after a server restart."
                 current = row.attempt == pod.attempt and not WorkloadStatus(row.status).is_final
@@ -87,6 +94,11 @@ class Reconciler:
                                "Lost across a server restart: its pod could not be re-adopted, and it was "
                                "not started again so it can never run twice; resubmit it.", now, pod.id)
                     row.finished_s = now
+            for pod in session.scalars(select(PodRow).where(PodRow.status == PodState.STOPPING.value)):
+                if pod.id in known and not known[pod.id].phase.is_final:
+                    to_stop.append(pod.id)  # asked to stop before the restart: ask again
+                else:
+                    _settle(pod, known.get(pod.id), now)
         for pod_id in to_stop:
             self.rt.provider.stop(pod_id, grace_s=0)
         if adopted or lost:
@@ -102,28 +114,78 @@ class Reconciler:
             return 0
         now = self.rt.clock()
         to_stop: list[str] = []
+        ended: list[tuple[str, float | None]] = []
         if all(s.phase is PodPhase.SUCCEEDED for s in finished):
             with self.rt.store.write() as session:
-                _apply_successes(session.connection(), finished, now)
-            self._settled.update(s.pod_id for s in finished)
-            return len(finished)
-        with self.rt.store.write() as session, session.no_autoflush:
-            ids = [f.pod_id for f in finished]
-            pods = {p.id: p for p in session.scalars(select(PodRow).where(PodRow.id.in_(ids)))}
-            workload_ids = {p.workload_id for p in pods.values()}
-            query = select(WorkloadRow).where(WorkloadRow.id.in_(workload_ids))
-            rows = {r.id: r for r in session.scalars(query)}
-            for status in finished:
-                to_stop += self._apply(session, status, now, pods, rows)
+                ended = _apply_successes(session.connection(), finished, now)
+        else:
+            with self.rt.store.write() as session, session.no_autoflush:
+                ids = [f.pod_id for f in finished]
+                pods = {p.id: p for p in session.scalars(select(PodRow).where(PodRow.id.in_(ids)))}
+                workload_ids = {p.workload_id for p in pods.values()}
+                query = select(WorkloadRow).where(WorkloadRow.id.in_(workload_ids))
+                rows = {r.id: r for r in session.scalars(query)}
+                for status in finished:
+                    to_stop += self._apply(session, status, now, pods, rows, ended)
         self._settled.update(s.pod_id for s in finished)
         for pod_id in to_stop:
             self.rt.provider.stop(pod_id, grace_s=0)
+        self._ended(ended)
         return len(finished)
 
+    def nodes_gone(self, nodes: Sequence[Node]) -> int:
+        """Workloads with pods on nodes the provider no longer lists: those pods are lost and the
+        workloads requeued (reason node_lost). Checked when the node list changes."""
+        names = frozenset(n.name for n in nodes)
+        if names == self._known_nodes:
+            return 0
+        self._known_nodes = names
+        now = self.rt.clock()
+        to_stop: list[str] = []
+        requeued = 0
+        with self.rt.store.write() as session:
+            pods = session.scalars(select(PodRow).where(PodRow.status.in_(ACTIVE_POD_STATES),
+                                                        PodRow.node.not_in(names))).all()
+            by_workload: dict[str, list[PodRow]] = {}
+            for pod in pods:
+                by_workload.setdefault(pod.workload_id, []).append(pod)
+            for workload_id, lost_pods in sorted(by_workload.items()):
+                row = session.get(WorkloadRow, workload_id)
+                for pod in lost_pods:
+                    pod.status, pod.finished_s = PodState.LOST.value, now
+                    pod.message = f"Node {pod.node} is no longer in the pool."
+                session.flush()
+                if row is None or row.status not in _PLACED:
+                    continue
+                lost = lost_work(row, now, None)
+                gone = ", ".join(sorted({p.node for p in lost_pods}))
+                to_stop += requeue(session, row, EventReason.NODE_LOST,
+                                   f"Requeued: node {gone} left the pool." + lost_text(lost), now,
+                                   lost=lost, pod_id=lost_pods[0].id)
+                requeued += 1
+        for pod_id in to_stop:
+            self.rt.provider.stop(pod_id, grace_s=0)
+        if requeued:
+            log.warning("%d workload(s) requeued: their nodes left the pool", requeued)
+            self.rt.capacity_may_have_changed()
+        return requeued
+
+    def _ended(self, ended: Sequence[tuple[str, float | None]]) -> None:
+        """After the commit: tell the scheduler (run-time history) and the provider (checkpoints)."""
+        forget = getattr(self.rt.provider, "forget_workload", None)
+        for workload_id, worked_s in ended:
+            if self.on_final is not None:
+                self.on_final(workload_id, worked_s)
+            if forget is not None:
+                forget(workload_id)
+
     def _apply(self, session: Session, status: PodStatus, now: float, pods: dict[str, PodRow],
-               rows: dict[str, WorkloadRow]) -> list[str]:
+               rows: dict[str, WorkloadRow], ended: list[tuple[str, float | None]]) -> list[str]:
         pod = pods.get(status.pod_id)
         if pod is None:
+            return []
+        if pod.status == PodState.STOPPING.value:
+            _settle(pod, status, now)  # it was stopped on purpose: its workload has moved on already
             return []
         if not PodState(pod.status).is_active:
             return []  # already settled here (cancel, drain, recovery); the provider only confirms it
@@ -144,16 +206,51 @@ class Reconciler:
                 row.exit_code, row.finished_s = 0, now
                 transition(session, row, WorkloadStatus.SUCCEEDED.value, EventReason.COMPLETED,
                            "Every pod exited 0.", now)
+                ended.append((row.id, _worked_s(row.started_s, row.progress_s, now)))
             return []
-        reason = EventReason.POD_FAILED if status.phase is PodPhase.FAILED else EventReason.POD_LOST
         what = f"exited with code {status.exit_code}" if status.exit_code is not None else "was lost"
         detail = f": {status.message}" if status.message and status.message != what else ""
         session.flush()  # this pod is final now; only its siblings are left to stop
+        failure = self.rt.config.failure
+        limit = row.spec.get("max_retries")
+        max_retries = failure.max_retries if limit is None else int(limit)
+        if status.phase is PodPhase.LOST:
+            lost = lost_work(row, now, None)
+            return requeue(session, row, EventReason.POD_LOST,
+                           f"Pod {pod.name} was lost{detail}; requeued." + lost_text(lost), now,
+                           lost=lost, pod_id=pod.id)
+        if row.retries < max_retries:
+            backoff = failure.requeue_backoff * 2 ** row.retries
+            lost = lost_work(row, now, None)
+            self.rt.capacity_may_have_changed()
+            return requeue(session, row, EventReason.RETRYING,
+                           f"Pod {pod.name} {what}{detail}; retry {row.retries + 1} of {max_retries} "
+                           f"in {backoff:g}s.", now, lost=lost, retry=True, not_before_s=now + backoff,
+                           pod_id=pod.id)
         to_stop = stop_pods(session, row, PodState.STOPPED, now)
         row.exit_code, row.finished_s = status.exit_code, now
-        transition(session, row, WorkloadStatus.FAILED.value, reason,
-                   f"Pod {pod.name} {what}{detail}.", now, pod.id)
+        after = f" (after {row.retries} retries)" if row.retries else ""
+        transition(session, row, WorkloadStatus.FAILED.value, EventReason.POD_FAILED,
+                   f"Pod {pod.name} {what}{detail}{after}.", now, pod.id)
+        ended.append((row.id, None))
         return to_stop
+
+
+def _worked_s(started_s: float | None, progress_s: float | None, now: float) -> float | None:
+    """The work a succeeded workload did: its last run plus the progress it kept from earlier ones."""
+    if started_s is None:
+        return None
+    return max(0.0, now - started_s) + (progress_s or 0.0)
+
+
+def _settle(pod: PodRow, status: PodStatus | None, now: float) -> None:
+    """A stopping pod ended (as the provider reports, or unknown to it: stopped)."""
+    if status is None:
+        pod.status, pod.message = PodState.STOPPED.value, pod.message or "Stopped."
+    else:
+        pod.status = _FINAL_PHASES[status.phase].value
+        pod.exit_code, pod.message = status.exit_code, status.message[:1024]
+    pod.finished_s = now
 
 
 _PODS = Base.metadata.tables["pods"]
@@ -163,10 +260,11 @@ _SETTLE_POD = update(_PODS).where(_PODS.c.id == bindparam("p_id")).values(
     message=bindparam("p_message"))
 
 
-def _apply_successes(conn: Connection, finished: Sequence[PodStatus], now: float) -> None:
+def _apply_successes(conn: Connection, finished: Sequence[PodStatus],
+                     now: float) -> list[tuple[str, float | None]]:
     """`Reconciler._apply` for a batch of pods that all exited 0, with bulk statements: the same pod
     rows, and a workload succeeds (with its `completed` event) once every pod of its current
-    attempt has succeeded."""
+    attempt has succeeded. Returns the workloads that succeeded, with the work each did."""
     ids = [s.pod_id for s in finished]
     pods = {r.id: r for r in conn.execute(
         select(_PODS.c.id, _PODS.c.workload_id, _PODS.c.attempt, _PODS.c.status).where(_PODS.c.id.in_(ids)))}
@@ -174,20 +272,25 @@ def _apply_successes(conn: Connection, finished: Sequence[PodStatus], now: float
     attempts: dict[str, set[int]] = {}
     for status in finished:
         pod = pods.get(status.pod_id)
-        if pod is None or not PodState(pod.status).is_active:
+        if pod is None:
+            continue
+        stopping = pod.status == PodState.STOPPING.value
+        if not stopping and not PodState(pod.status).is_active:
             continue  # already settled here (cancel, drain, recovery); the provider only confirms it
         settled.append({"p_id": pod.id, "p_status": PodState.SUCCEEDED.value, "p_exit_code": status.exit_code,
                         "p_finished_s": now, "p_message": status.message[:1024]})
-        attempts.setdefault(pod.workload_id, set()).add(pod.attempt)
+        if not stopping:  # a stopping pod's workload has moved on already
+            attempts.setdefault(pod.workload_id, set()).add(pod.attempt)
     if not settled:
-        return
+        return []
     conn.execute(_SETTLE_POD, settled)
     rows = {r.id: r for r in conn.execute(
-        select(_WORKLOADS.c.id, _WORKLOADS.c.status, _WORKLOADS.c.attempt)
+        select(_WORKLOADS.c.id, _WORKLOADS.c.status, _WORKLOADS.c.attempt, _WORKLOADS.c.started_s,
+               _WORKLOADS.c.progress_s)
         .where(_WORKLOADS.c.id.in_(attempts))
     ) if r.attempt in attempts[r.id] and not WorkloadStatus(r.status).is_final}
     if not rows:
-        return
+        return []
     done = dict.fromkeys(rows, True)
     for workload_id, attempt, pod_status in conn.execute(
         select(_PODS.c.workload_id, _PODS.c.attempt, _PODS.c.status).where(_PODS.c.workload_id.in_(rows))
@@ -199,3 +302,5 @@ def _apply_successes(conn: Connection, finished: Sequence[PodStatus], now: float
              "Every pod exited 0.", now, columns=(("exit_code", 0), ("finished_s", now)))
         for workload_id, succeeded in done.items() if succeeded
     ])
+    return [(workload_id, _worked_s(rows[workload_id].started_s, rows[workload_id].progress_s, now))
+            for workload_id, succeeded in done.items() if succeeded]

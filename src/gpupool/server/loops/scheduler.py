@@ -11,21 +11,27 @@ import dataclasses
 import logging
 import random
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, assert_never
 
 from sqlalchemy import Connection, Row, bindparam, insert, select, update
+from sqlalchemy.orm import Session
 
-from gpupool.core.model import Node, PodPlacement, PodRequest, Workload, WorkloadStatus
+from gpupool.core.model import Node, PodPlacement, PodRequest, Slice, Workload, WorkloadInfo, WorkloadStatus
+from gpupool.core.scheduling.backfill import RuntimeEstimator
 from gpupool.core.scheduling.cycle import (
     Admission,
     CycleResult,
+    EventKind,
     Policies,
+    Preemption,
     Rejection,
+    Requeue,
+    ReservedStart,
 )
-from gpupool.core.scheduling.keeper import ViewKeeper
+from gpupool.core.scheduling.keeper import PRUNE_SLACK, ViewKeeper
 from gpupool.errors import GpupoolError
 from gpupool.providers.base import PodLaunch
 from gpupool.server.loops.snapshot import MAX_PENDING_PER_CYCLE, StoreView, WorkloadCache, load
@@ -33,11 +39,15 @@ from gpupool.server.orm import Base, PodRow, TenantRow, WorkloadRow
 from gpupool.server.runtime import Runtime
 from gpupool.server.services import enforcement
 from gpupool.server.services.events import Move, apply_moves, transition
-from gpupool.server.services.workloads import stop_pods
+from gpupool.server.services.requeue import Lost, lost_text, lost_work, requeue, stop_pods
 from gpupool.server.states import EventReason, PodState
 
 log = logging.getLogger("gpupool.scheduler")
 FULL_RESCAN_S = 10.0
+LIMIT_CHECK_S = 0.5
+"""How often the loop looks for workloads past their time limit."""
+HISTORY_ROWS = 10_000
+"""Succeeded workloads read at start-up for the run-time estimator's history."""
 ARRIVAL_MARGIN_S = 10.0
 ARRIVALS_PER_CYCLE = 128
 """A cycle that looks at new arrivals only takes at most this many, first in the core's order;
@@ -48,6 +58,7 @@ shares the interpreter with the loop). Full passes read up to MAX_PENDING_PER_CY
 LAUNCH_THREADS = 4
 RECORD_CHUNK = 64
 _W = Base.metadata.tables["workloads"]
+_P = Base.metadata.tables["pods"]
 _INSERT_POD = insert(Base.metadata.tables["pods"])
 _INSERT_EVENT = insert(Base.metadata.tables["events"])
 _SET_REASON = update(_W).where(
@@ -57,11 +68,40 @@ _SET_REASON = update(_W).where(
     reason=bindparam("r_reason"), message=bindparam("r_message"))
 
 
+Decision = Preemption | Requeue | Admission | Rejection | ReservedStart
+"""Every kind of decision a core cycle returns (`CycleResult`)."""
+
+
+def decisions(result: CycleResult) -> Iterator[Decision]:
+    """A cycle's decisions in the order they are applied: stops first (their pods are `stopping`
+    before an admission looks for busy devices), then requeues, admissions, rejections and the
+    reservation."""
+    yield from result.preempted
+    yield from result.requeued
+    yield from result.admitted
+    yield from result.rejected
+    if result.reservation is not None:
+        yield result.reservation
+
+
 @dataclass(frozen=True, slots=True)
 class CycleStats:
     admitted: int
     pending: int
     seconds: float
+    stopped: int = 0
+    """Workloads preempted or evicted by the cycle (requeued: the loop runs again at once)."""
+
+
+@dataclass(slots=True)
+class _Batch:
+    """One transaction's share of a cycle's decisions, sorted by kind."""
+
+    stops: dict[str, Preemption] = dataclasses.field(default_factory=dict)
+    requeues: list[Requeue] = dataclasses.field(default_factory=list)
+    admissions: list[Admission] = dataclasses.field(default_factory=list)
+    rejections: list[Rejection] = dataclasses.field(default_factory=list)
+    reservation: ReservedStart | None = None
 
 
 class Scheduler:
@@ -79,12 +119,32 @@ class Scheduler:
         self._horizon_s: float | None = None
         self._last_full_s = float("-inf")
         self._last_nodes: tuple[Node, ...] = ()
+        self._core_nodes: tuple[Node, ...] | None = None
+        """The nodes the core last saw: a change (a device or node turned unhealthy) runs a cycle
+        even with nothing pending, so that its work is evicted."""
         self._launcher: ThreadPoolExecutor | None = None
         self._reasons: dict[str, str] = {}
-        """The reason last stored for pending work this loop set aside (see `_record`)."""
+        """The reason last stored for pending work this loop set aside (see `_apply`)."""
+        self.info: dict[str, WorkloadInfo] = {}
+        """What the core may know of a workload beyond its spec (run-time estimate from history,
+        service received, progress kept): set on arrival and on requeue, as the replay does."""
+        self._noted: set[str] = set()
+        self.estimator = RuntimeEstimator()
+        self._history_loaded = False
+        self.reservation: tuple[str, float] | None = None
+        """(head workload, expected start) as last stored."""
+        self.waiting = True
+        """Whether pods may be waiting for a stopping pod to release their devices (checked at start)."""
+        self.requeued = False
+        """A cycle requeued work (preemption, eviction): the next cycle must look at all pending work."""
+        self._next_limit_check_s = float("-inf")
+        self._backoff_s: float | None = None
+        """When the next requeued workload's backoff ends (a full pass then looks at it)."""
+
+    # ------------------------------------------------------------------ the cycle
 
     def cycle(self, capacity_changed: bool = True) -> CycleStats:
-        """Admit what fits now.
+        """Admit what fits now, and carry out the cycle's preemptions, evictions and reservation.
 
         Like Kueue's best-effort FIFO, work that did not fit is set aside until capacity may have
         changed (a pod ended, a cancel, an uncordon, a quota change, a node change) and only new
@@ -92,13 +152,20 @@ class Scheduler:
         """
         start = time.perf_counter()
         now = self.rt.clock()
-        full = capacity_changed or self._horizon_s is None or now - self._last_full_s > FULL_RESCAN_S
+        if not self._history_loaded:
+            self._load_history()
+        backoff_over = self._backoff_s is not None and now >= self._backoff_s
+        full = (capacity_changed or self.requeued or backoff_over or self._horizon_s is None
+                or now - self._last_full_s > FULL_RESCAN_S)
+        self.requeued = False
         if full:
             self._inadmissible.clear()
             self._last_full_s = now
         limit = MAX_PENDING_PER_CYCLE if full else ARRIVALS_PER_CYCLE
         view = load(self.rt, self.cache, since_s=None if full else self._horizon_s,
-                    skip=frozenset(self._inadmissible), limit=limit)
+                    skip=frozenset(self._inadmissible), limit=limit, now_s=now)
+        if full:
+            self._backoff_s = view.next_backoff_s
         if view.snapshot.nodes != self._last_nodes:
             self._last_nodes = view.snapshot.nodes
             if not full:
@@ -113,102 +180,259 @@ class Scheduler:
             newest = max((w.submit_time_s for w in view.pending), default=now) - ARRIVAL_MARGIN_S
             self._horizon_s = newest if self._horizon_s is None else max(self._horizon_s, newest)
         candidates = [w for w in view.pending if w.id not in self._inadmissible]
-        if not candidates:
+        nodes_changed = view.snapshot.nodes != self._core_nodes
+        if not candidates and not nodes_changed:
+            if self.reservation is not None and not view.pending:
+                self._store_reservation(None)
             return CycleStats(0, len(view.pending), time.perf_counter() - start)
+        self._core_nodes = view.snapshot.nodes
+        self._note_arrivals(candidates)
+        snapshot = dataclasses.replace(view.snapshot, workload_info=self.info)
         # the core enforces the queues' quotas itself (Kueue semantics)
         policies = dataclasses.replace(self.policies, quota=view.quota)
-        result = self.keeper.cycle(view.snapshot, candidates, policies, now, self.rng)
+        result = self.keeper.cycle(snapshot, candidates, policies, now, self.rng)
         self._inadmissible.update(r.workload_id for r in result.rejected if not r.final or more)
         launches = self._record(result, view)
         self._launch(launches)
-        return CycleStats(len(result.admitted), len(candidates), time.perf_counter() - start)
+        if result.preempted:
+            self.requeued = True
+        return CycleStats(len(result.admitted), len(candidates), time.perf_counter() - start,
+                          len(result.preempted))
+
+    def _note_arrivals(self, pending: Sequence[Workload]) -> None:
+        """A workload seen for the first time gets its history-based run-time estimate (when the
+        user gave none), as the replay gives it on arrival."""
+        noted = self._noted
+        for w in pending:
+            if w.id in noted:
+                continue
+            noted.add(w.id)
+            if w.runtime_estimate_s is None and w.id not in self.info:
+                estimate = self.estimator.history_s(w)
+                if estimate is not None:
+                    self.info[w.id] = WorkloadInfo(runtime_estimate_s=estimate)
+
+    def finished(self, workload_id: str, worked_s: float | None) -> None:
+        """A workload ended for good; with `worked_s` (it succeeded after that much work), its run
+        time joins the history the estimates come from."""
+        info = self.info.pop(workload_id, None)
+        self._noted.discard(workload_id)
+        if worked_s is None:
+            return
+        workload = self.cache.peek(workload_id)
+        if workload is None:
+            return
+        used = info.runtime_estimate_s if info is not None else None
+        self.estimator.observe(workload, worked_s, used if used is not None else workload.runtime_estimate_s)
+
+    def _load_history(self) -> None:
+        """Run times of recently succeeded workloads, so estimates survive a restart."""
+        self._history_loaded = True
+        with self.rt.store.read() as session:
+            rows = session.execute(
+                select(_W.c.tenant, _W.c.spec, _W.c.started_s, _W.c.finished_s, _W.c.progress_s)
+                .where(_W.c.status == WorkloadStatus.SUCCEEDED.value, _W.c.started_s.is_not(None),
+                       _W.c.finished_s.is_not(None))
+                .order_by(_W.c.finished_s.desc()).limit(HISTORY_ROWS)
+            ).all()
+        for tenant, spec, started, finished, progress in reversed(rows):
+            name = str(spec.get("name", ""))
+            probe = Workload(id="history", pods=(PodRequest("r0"),), tenant=tenant, name=name)
+            self.estimator.observe(probe, (finished - started) + (progress or 0.0), None)
+
+    # ------------------------------------------------------------------ applying a cycle's decisions
 
     def _record(self, result: CycleResult, view: StoreView) -> list[PodLaunch]:
-        """Admissions and rejections in short transactions of bulk statements, RECORD_CHUNK of each
-        at a time so that submissions are never kept waiting on the store's write lock for long;
-        returns the pods to launch (after every chunk is committed)."""
+        """Every decision of the cycle, in short transactions of bulk statements, RECORD_CHUNK
+        decisions at a time so that submissions are never kept waiting on the store's write lock
+        for long; returns the pods to launch (after every chunk is committed)."""
         now = self.rt.clock()
         by_id = {w.id: w for w in view.pending}
-        admissions, rejections = result.admitted, result.rejected
+        items = list(decisions(result))
         launches: list[PodLaunch] = []
-        for start in range(0, max(len(admissions), len(rejections)), RECORD_CHUNK):
+        for start in range(0, len(items), 2 * RECORD_CHUNK):
             if start:
                 time.sleep(0)  # let a waiting submission batch take the write lock in between
-            launches += self._record_some(admissions[start:start + RECORD_CHUNK],
-                                          rejections[start:start + RECORD_CHUNK], view, by_id, now)
+            launches += self._apply(items[start:start + 2 * RECORD_CHUNK], view, by_id, now)
+        if result.reservation is None and self.reservation is not None:
+            self._store_reservation(None)
         return launches
 
-    def _record_some(self, admissions: Sequence[Admission], rejections: Sequence[Rejection],
-                     view: StoreView, by_id: dict[str, Workload], now: float) -> list[PodLaunch]:
-        """One transaction: one read of the rows' states, one UPDATE per kind of change, one INSERT
-        of pods and one of events; returns the pods to launch."""
+    def _apply(self, chunk: Sequence[Decision], view: StoreView, by_id: dict[str, Workload],
+               now: float) -> list[PodLaunch]:
+        """One transaction: every decision kind is dispatched here (a kind the core learns later
+        fails the type check at `assert_never` rather than being dropped silently)."""
+        batch = _Batch()
+        for decision in chunk:
+            match decision:
+                case Preemption():
+                    batch.stops[decision.workload_id] = decision
+                case Requeue():
+                    batch.requeues.append(decision)
+                case Admission():
+                    batch.admissions.append(decision)
+                case Rejection():
+                    batch.rejections.append(decision)
+                case ReservedStart():
+                    batch.reservation = decision
+                case _:
+                    assert_never(decision)
+        to_stop: list[tuple[str, float]] = []
+        recorded: list[dict[str, object]] = []
+        launches: list[PodLaunch] = []
+        allocated: list[tuple[str, list[str], list[PodPlacement]]] = []
+        with self.rt.store.write() as session:
+            if batch.requeues:
+                to_stop = self._requeue(session, batch, now)
+                session.flush()
+            conn = session.connection()
+            if batch.admissions:
+                launches, allocated = self._admit(conn, batch.admissions, by_id, now)
+            recorded = self._reject(conn, batch.rejections, view, now)
+            if batch.reservation is not None:
+                self._write_reservation(conn, batch.reservation)
+        if batch.reservation is not None:
+            self.reservation = (batch.reservation.workload_id, batch.reservation.start_s)
+        self._remember_reasons(recorded, view)
+        for workload_id, pod_ids, placements in allocated:
+            self.cache.admitted(by_id[workload_id], pod_ids, placements, now)
+        for pod_id, grace in to_stop:
+            self.rt.provider.stop(pod_id, grace_s=grace)
+        return launches
+
+    def _requeue(self, session: Session, batch: _Batch, now: float) -> list[tuple[str, float]]:
+        """Preempted and evicted workloads: their pods stop (SIGTERM, the class's grace, SIGKILL)
+        and they go back to pending, with the work lost since their last checkpoint accounted."""
+        to_stop: list[tuple[str, float]] = []
+        checkpoint = getattr(self.rt.provider, "checkpoint_s", None)
+        for decision in batch.requeues:
+            row = session.get(WorkloadRow, decision.workload_id)
+            if row is None or row.status not in (WorkloadStatus.ADMITTED.value, WorkloadStatus.RUNNING.value):
+                continue  # it ended (or was cancelled) while the cycle ran
+            stop = batch.stops.get(decision.workload_id)
+            mark = checkpoint(row.id) if checkpoint is not None and row.started_s is not None else None
+            lost = lost_work(row, now, mark)
+            why = stop.message if stop is not None else "Requeued by the scheduler."
+            evicted = stop is not None and stop.kind is EventKind.EVICT
+            grace = 0.0 if evicted else self._grace_s(row.spec)
+            reason = (stop.reason if stop is not None else decision.reason).value
+            pods = requeue(session, row, reason, why + lost_text(lost), now, lost=lost)
+            to_stop += [(pod_id, grace) for pod_id in pods]
+            self._requeued_info(row, lost)
+        return to_stop
+
+    def _requeued_info(self, row: WorkloadRow, lost: Lost) -> None:
+        """What the core should know of a requeued workload: the service it received, the progress
+        it keeps (its checkpoints) and its run-time estimate."""
+        before = self.info.get(row.id)
+        self.info[row.id] = WorkloadInfo(
+            attained_service_s=row.run_s * row.device_milli / 1000.0,
+            progress_s=row.progress_s,
+            runtime_estimate_s=before.runtime_estimate_s if before is not None else None,
+        )
+
+    def _admit(self, conn: Connection, admissions: Sequence[Admission], by_id: dict[str, Workload],
+               now: float) -> tuple[list[PodLaunch], list[tuple[str, list[str], list[PodPlacement]]]]:
+        """Pods of the admitted workloads, `launching` (handed to the provider after the commit) or,
+        where a device they take still holds a stopping pod, `waiting` (launched once it ended)."""
         launches: list[PodLaunch] = []
         pods: list[dict[str, object]] = []
         allocated: list[tuple[str, list[str], list[PodPlacement]]] = []
         moves: list[Move] = []
-        reasons: list[dict[str, object]] = []
         notes: list[dict[str, object]] = []
-        limits = _LimitNotes(self.rt) if admissions else None
-        with self.rt.store.write() as session:
-            conn = session.connection()
-            admitted = _states(conn, [a.workload_id for a in admissions], with_spec=True)
-            accounts = _unix_users(conn, {row.tenant for row in admitted.values()})
-            final = view.unschedulable_nodes == 0
-            rejected = _states(conn, [r.workload_id for r in rejections if r.final and final],
-                               with_spec=False)
-            for admission in admissions:
-                row = admitted.get(admission.workload_id)
-                if row is None or row.status != WorkloadStatus.PENDING.value:
-                    continue  # cancelled while the cycle ran
-                self._reasons.pop(row.id, None)
-                attempt = row.attempt + 1
-                world = len(admission.placements)
-                in_order = sorted(admission.placements, key=lambda p: int(p.pod.removeprefix("r")))
-                allocated.append((row.id, [f"{row.id}-a{attempt}-{p.pod}" for p in in_order], in_order))
-                for placement in admission.placements:
-                    rank = int(placement.pod.removeprefix("r"))
-                    pod_id = f"{row.id}-a{attempt}-r{rank}"
-                    request = by_id[row.id].pods[rank]
-                    pods.append(dict(
-                        id=pod_id, workload_id=row.id, attempt=attempt, name=placement.pod, rank=rank,
-                        status=PodState.LAUNCHING.value, node=placement.node,
-                        slices=[{"device_index": s.device_index, "compute_milli": s.compute_milli,
-                                 "memory_mib": s.memory_mib} for s in placement.slices],
-                        cpu_milli=request.cpu_milli, memory_mib=request.memory_mib, message="",
-                        created_s=now, exit_code=None, finished_s=None,
-                    ))
-                    launches.append(_pod_launch(row, pod_id, placement, rank, world, request,
-                                                accounts.get(row.tenant) or ""))
-                    assert limits is not None
-                    notes += limits.events(row.id, pod_id, placement.node, request, now)
-                moves.append(Move(
-                    row.id, row.status, WorkloadStatus.ADMITTED.value, EventReason.ADMITTED,
-                    f"Placed on {', '.join(sorted({p.node for p in admission.placements}))}.", now,
-                    columns=(("attempt", attempt), ("admitted_s", now)),
+        limits = _LimitNotes(self.rt)
+        admitted = _states(conn, [a.workload_id for a in admissions], with_spec=True)
+        accounts = _unix_users(conn, {row.tenant for row in admitted.values()})
+        busy = _busy_devices(conn)
+        for admission in admissions:
+            row = admitted.get(admission.workload_id)
+            if row is None or row.status != WorkloadStatus.PENDING.value:
+                continue  # cancelled while the cycle ran
+            self._reasons.pop(row.id, None)
+            attempt = row.attempt + 1
+            world = len(admission.placements)
+            in_order = sorted(admission.placements, key=lambda p: int(p.pod.removeprefix("r")))
+            allocated.append((row.id, [f"{row.id}-a{attempt}-{p.pod}" for p in in_order], in_order))
+            wait = bool(busy) and any((p.node, s.device_index) in busy for p in in_order for s in p.slices)
+            state = PodState.WAITING if wait else PodState.LAUNCHING
+            for placement in admission.placements:
+                rank = int(placement.pod.removeprefix("r"))
+                pod_id = f"{row.id}-a{attempt}-r{rank}"
+                request = by_id[row.id].pods[rank]
+                cpu_milli, memory_mib = placement.held_host(request)
+                pods.append(dict(
+                    id=pod_id, workload_id=row.id, attempt=attempt, name=placement.pod, rank=rank,
+                    status=state.value, node=placement.node,
+                    slices=[{"device_index": s.device_index, "compute_milli": s.compute_milli,
+                             "memory_mib": s.memory_mib} for s in placement.slices],
+                    cpu_milli=cpu_milli, memory_mib=memory_mib,
+                    message="Waits for a preempted pod to leave its device." if wait else "",
+                    created_s=now, exit_code=None, finished_s=None,
                 ))
-            if pods:
-                conn.execute(_INSERT_POD, pods)
-            if notes:
-                conn.execute(_INSERT_EVENT, notes)
-            for rejection in rejections:
-                if rejection.final and final:
-                    row = rejected.get(rejection.workload_id)
-                    if row is not None and row.status == WorkloadStatus.PENDING.value:
-                        moves.append(Move(row.id, row.status, WorkloadStatus.FAILED.value,
-                                          rejection.reason.value, rejection.message, now,
-                                          columns=(("finished_s", now),)))
-                elif self._reasons.get(rejection.workload_id) != rejection.reason.value:
-                    # The row's reason is set only where it differs (the UPDATE checks): the rows of
-                    # work that waits cycle after cycle for the same reason are not even read.
-                    reasons.append({"r_id": rejection.workload_id, "r_reason": rejection.reason.value,
-                                    "r_message": rejection.message[:1024]})
-            apply_moves(conn, moves)
-            if reasons:
-                conn.execute(_SET_REASON, reasons)
-        self._remember_reasons(reasons, view)
-        for workload_id, pod_ids, placements in allocated:
-            self.cache.admitted(by_id[workload_id], pod_ids, placements, now)
-        return launches
+                if not wait:
+                    account = accounts.get(row.tenant) or ""
+                    launches.append(self._pod_launch(row, pod_id, placement.node, placement.slices, rank,
+                                                     world, cpu_milli, memory_mib, account))
+                notes += limits.events(row.id, pod_id, placement.node, request, now)
+            where = ", ".join(sorted({p.node for p in admission.placements}))
+            moves.append(Move(
+                row.id, row.status, WorkloadStatus.ADMITTED.value, EventReason.ADMITTED,
+                f"Placed on {where}" + ("; it starts once the pods it preempted have stopped." if wait
+                                        else "."),
+                now, columns=(("attempt", attempt), ("admitted_s", now), ("reserved_start_s", None)),
+            ))
+            if wait:
+                self.waiting = True
+        if pods:
+            conn.execute(_INSERT_POD, pods)
+        if notes:
+            conn.execute(_INSERT_EVENT, notes)
+        apply_moves(conn, moves)
+        return launches, allocated
+
+    def _reject(self, conn: Connection, rejections: Sequence[Rejection], view: StoreView,
+                now: float) -> list[dict[str, object]]:
+        """Final rejections fail their workload (only while every node is schedulable); the others
+        record why the workload waits, where that changed. Returns the reasons recorded."""
+        final = view.unschedulable_nodes == 0
+        failed = _states(conn, [r.workload_id for r in rejections if r.final and final], with_spec=False)
+        moves: list[Move] = []
+        reasons: list[dict[str, object]] = []
+        for rejection in rejections:
+            if rejection.final and final:
+                row = failed.get(rejection.workload_id)
+                if row is not None and row.status == WorkloadStatus.PENDING.value:
+                    moves.append(Move(row.id, row.status, WorkloadStatus.FAILED.value,
+                                      rejection.reason.value, rejection.message, now,
+                                      columns=(("finished_s", now),)))
+            elif self._reasons.get(rejection.workload_id) != rejection.reason.value:
+                # The row's reason is set only where it differs (the UPDATE checks): the rows of
+                # work that waits cycle after cycle for the same reason are not even read.
+                reasons.append({"r_id": rejection.workload_id, "r_reason": rejection.reason.value,
+                                "r_message": rejection.message[:1024]})
+        apply_moves(conn, moves)
+        if reasons:
+            conn.execute(_SET_REASON, reasons)
+        return reasons
+
+    def _write_reservation(self, conn: Connection, reserved: ReservedStart) -> None:
+        """Under backfill: the head workload's expected start, for `gpupool show` and `queue ls`."""
+        start = round(reserved.start_s, 1)
+        if self.reservation is not None and self.reservation[0] == reserved.workload_id \
+                and round(self.reservation[1], 1) == start:
+            return
+        conn.execute(update(_W).where(_W.c.reserved_start_s.is_not(None), _W.c.id != reserved.workload_id)
+                     .values(reserved_start_s=None))
+        conn.execute(update(_W).where(_W.c.id == reserved.workload_id,
+                                      _W.c.status == WorkloadStatus.PENDING.value)
+                     .values(reserved_start_s=start))
+
+    def _store_reservation(self, reserved: ReservedStart | None) -> None:
+        if reserved is None:
+            with self.rt.store.write() as session:
+                session.connection().execute(update(_W).where(_W.c.reserved_start_s.is_not(None))
+                                             .values(reserved_start_s=None))
+            self.reservation = None
 
     def _remember_reasons(self, recorded: list[dict[str, object]], view: StoreView) -> None:
         """Note the reasons now stored (after their commit), forgetting work no longer pending."""
@@ -217,6 +441,106 @@ class Scheduler:
             self._reasons = {k: v for k, v in self._reasons.items() if k in still}
         for item in recorded:
             self._reasons[str(item["r_id"])] = str(item["r_reason"])
+        if len(self._noted) > 2 * len(view.pending) + PRUNE_SLACK:
+            live = {w.id for w in view.pending} | {a.workload.id for a in view.snapshot.allocations}
+            self._noted &= live
+            self.info = {k: v for k, v in self.info.items() if k in live}
+
+    # ------------------------------------------------------------------ pods waiting for their devices
+
+    def promote_waiting(self) -> int:
+        """Hand to the provider the waiting pods whose devices no stopping pod holds any more (a
+        whole gang at once); returns how many workloads were started."""
+        if not self.waiting:
+            return 0
+        launches: list[PodLaunch] = []
+        with self.rt.store.write() as session:
+            conn = session.connection()
+            waiting = conn.execute(
+                select(_P.c.id, _P.c.workload_id, _P.c.rank, _P.c.node, _P.c.slices, _P.c.cpu_milli,
+                       _P.c.memory_mib).where(_P.c.status == PodState.WAITING.value)
+            ).all()
+            if not waiting:
+                self.waiting = False
+                return 0
+            busy = _busy_devices(conn)
+            gangs: dict[str, list[Any]] = {}
+            for pod in waiting:
+                gangs.setdefault(pod.workload_id, []).append(pod)
+            ready = {wid: pods for wid, pods in gangs.items()
+                     if not any((p.node, s["device_index"]) in busy for p in pods for s in p.slices)}
+            if not ready:
+                return 0
+            conn.execute(update(_P).where(_P.c.workload_id.in_(ready), _P.c.status == PodState.WAITING.value)
+                         .values(status=PodState.LAUNCHING.value, message=""))
+            rows = _states(conn, list(ready), with_spec=True)
+            accounts = _unix_users(conn, {row.tenant for row in rows.values()})
+            for wid, pods in ready.items():
+                row = rows[wid]
+                for pod in pods:
+                    slices = tuple(Slice(**s) for s in pod.slices)
+                    launches.append(self._pod_launch(row, pod.id, pod.node, slices, pod.rank, len(pods),
+                                                     pod.cpu_milli, pod.memory_mib,
+                                                     accounts.get(row.tenant) or ""))
+        self._launch(launches)
+        return len(ready)
+
+    # ------------------------------------------------------------------ time limits
+
+    def enforce_time_limits(self) -> int:
+        """Stop the workloads past their time limit (`submit --time-limit`): failed, reason
+        time_limit. Checked at most every LIMIT_CHECK_S."""
+        now = self.rt.clock()
+        if now < self._next_limit_check_s:
+            return 0
+        self._next_limit_check_s = now + LIMIT_CHECK_S
+        to_stop: list[tuple[str, float]] = []
+        ended: list[str] = []
+        with self.rt.store.write() as session:
+            rows = session.scalars(select(WorkloadRow).where(
+                WorkloadRow.status.in_((WorkloadStatus.ADMITTED.value, WorkloadStatus.RUNNING.value)),
+                WorkloadRow.time_limit_s.is_not(None), WorkloadRow.started_s.is_not(None),
+                WorkloadRow.started_s + WorkloadRow.time_limit_s <= now)).all()
+            for row in rows:
+                grace = self._grace_s(row.spec)
+                to_stop += [(pod_id, grace) for pod_id in stop_pods(session, row, PodState.STOPPED, now)]
+                row.finished_s = now
+                transition(session, row, WorkloadStatus.FAILED.value, EventReason.TIME_LIMIT,
+                           f"Stopped at its time limit of {_duration(row.time_limit_s or 0.0)}; give it a "
+                           "longer "
+                           "--time-limit, or make it checkpoint and resume.", now)
+                ended.append(row.id)
+        for pod_id, grace in to_stop:
+            self.rt.provider.stop(pod_id, grace_s=grace)
+        for workload_id in ended:
+            self.finished(workload_id, None)
+            _forget(self.rt, workload_id)
+        return len(ended)
+
+    # ------------------------------------------------------------------ launching
+
+    def _grace_s(self, spec: dict[str, Any]) -> float:
+        """SIGTERM to SIGKILL when a pod of this spec's priority class is preempted."""
+        return self.rt.config.grace_s(str(spec.get("priority_class") or ""))
+
+    def _pod_launch(self, row: Row[Any], pod_id: str, node: str, slices: tuple[Slice, ...], rank: int,
+                    world: int, cpu_milli: int, memory_mib: int, unix_user: str = "") -> PodLaunch:
+        spec = row.spec
+        env = {str(k): str(v) for k, v in dict(spec.get("env", {})).items()}
+        env.update({"GPUPOOL_WORKLOAD_ID": row.id, "GPUPOOL_POD_ID": pod_id, "GPUPOOL_TENANT": row.tenant,
+                    "GPUPOOL_ATTEMPT": str(row.attempt + 1 if row.status == WorkloadStatus.PENDING.value
+                                           else row.attempt),
+                    "GPUPOOL_PREEMPT_GRACE_S": f"{self._grace_s(spec):g}"})
+        if spec.get("submit_dir"):  # where `gpupool submit` ran (SLURM_SUBMIT_DIR); see agent/workdir.py
+            env["GPUPOOL_SUBMIT_DIR"] = str(spec["submit_dir"])
+        if spec.get("array_index") is not None:  # one task of `gpupool submit --array`
+            env["GPUPOOL_ARRAY_INDEX"] = str(spec["array_index"])
+        return PodLaunch(
+            pod_id=pod_id, workload_id=row.id, node=node, command=tuple(spec["command"]),
+            slices=slices, cpu_milli=cpu_milli, memory_mib=memory_mib, env=env,
+            workdir=str(spec.get("workdir", "")), rank=rank, world_size=world, tenant=row.tenant,
+            unix_user=unix_user, separate_stderr=bool(spec.get("separate_stderr", False)),
+        )
 
     def _launch(self, launches: list[PodLaunch]) -> None:
         """Ask the provider (outside any transaction), then record what started."""
@@ -323,16 +647,26 @@ def _unix_users(conn: Connection, tenants: set[str]) -> dict[str, str | None]:
                              .where(TenantRow.name.in_(tenants))).all())
 
 
-def _pod_launch(row: Row[Any], pod_id: str, placement: PodPlacement, rank: int, world: int,
-                request: PodRequest, unix_user: str = "") -> PodLaunch:
-    spec = row.spec
-    env = {str(k): str(v) for k, v in dict(spec.get("env", {})).items()}
-    env.update({"GPUPOOL_WORKLOAD_ID": row.id, "GPUPOOL_POD_ID": pod_id, "GPUPOOL_TENANT": row.tenant})
-    if spec.get("submit_dir"):  # where `gpupool submit` ran (Slurm's SLURM_SUBMIT_DIR); see agent/workdir.py
-        env["GPUPOOL_SUBMIT_DIR"] = str(spec["submit_dir"])
-    return PodLaunch(
-        pod_id=pod_id, workload_id=row.id, node=placement.node, command=tuple(spec["command"]),
-        slices=placement.slices, cpu_milli=request.cpu_milli, memory_mib=request.memory_mib, env=env,
-        workdir=str(spec.get("workdir", "")), rank=rank, world_size=world, tenant=row.tenant,
-        unix_user=unix_user, separate_stderr=bool(spec.get("separate_stderr", False)),
-    )
+def _busy_devices(conn: Connection) -> set[tuple[str, int]]:
+    """(node, device index) of every device a stopping pod still holds."""
+    busy: set[tuple[str, int]] = set()
+    query = select(_P.c.node, _P.c.slices).where(_P.c.status == PodState.STOPPING.value)
+    for node, slices in conn.execute(query):
+        busy.update((node, s["device_index"]) for s in slices)
+    return busy
+
+
+def _duration(seconds: float) -> str:
+    """3600 -> '1h', 5400 -> '1h30m', 90 -> '1m30s'."""
+    whole = round(seconds)
+    hours, rest = divmod(whole, 3600)
+    minutes, secs = divmod(rest, 60)
+    text = (f"{hours}h" if hours else "") + (f"{minutes}m" if minutes else "") + (f"{secs}s" if secs else "")
+    return text or "0s"
+
+
+def _forget(rt: Runtime, workload_id: str) -> None:
+    """The workload ended for good: the provider may drop what it kept for it (its checkpoints)."""
+    forget = getattr(rt.provider, "forget_workload", None)
+    if forget is not None:
+        forget(workload_id)

@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
-from sqlalchemy import select
+from sqlalchemy import func, or_, select
 
 from gpupool.core.model import (
     Allocation,
@@ -37,6 +37,8 @@ class StoreView:
     pending: tuple[Workload, ...]
     quota: QuotaConfig
     unschedulable_nodes: int
+    next_backoff_s: float | None = None
+    """When the next requeued workload's backoff ends (None: none waits on one)."""
 
 
 class WorkloadCache:
@@ -68,11 +70,15 @@ class WorkloadCache:
         slices = tuple(
             PodPlacement(pod=p.pod, node=p.node, slices=tuple(
                 Slice(device_index=s.device_index, compute_milli=s.compute_milli, memory_mib=s.memory_mib)
-                for s in p.slices))
+                for s in p.slices), cpu_milli=p.cpu_milli, memory_mib=p.memory_mib)
             for p in placements
         )
         self._allocations[workload.id] = (tuple(sorted(pod_ids)), Allocation(
             workload=workload, placements=slices, start_time_s=start_time_s))
+
+    def peek(self, row_id: str) -> Workload | None:
+        """The parsed Workload of `row_id`, when this cache holds it."""
+        return self._items.get(row_id)
 
     def known(self, row_id: str, priority: int) -> Workload | None:
         found = self._items.get(row_id)
@@ -91,20 +97,23 @@ class WorkloadCache:
 
 
 def load(rt: Runtime, cache: WorkloadCache, since_s: float | None = None,
-         skip: frozenset[str] = frozenset(), limit: int = MAX_PENDING_PER_CYCLE) -> StoreView:
+         skip: frozenset[str] = frozenset(), limit: int = MAX_PENDING_PER_CYCLE,
+         now_s: float | None = None) -> StoreView:
     """One read session; the provider's nodes are read first, outside it.
 
     With `since_s`, only pending work submitted at or after it is read (new arrivals), and of
     that only what is not in `skip` is read in full; at most `limit` pending workloads are read,
     first in the core's order. Specs are read only for workloads the cache
     has not parsed yet, and running work only for workloads whose active pods changed since the
-    last call (the ids of every active pod are read each time).
+    last call (the ids of every active pod are read each time). With `now_s`, a requeued workload
+    whose backoff runs past it is not read (`StoreView.next_backoff_s` says when one ends).
     """
     nodes = rt.refresh_nodes()
     CAPACITY.get(nodes)  # summarise a changed pool here, not on a submission's path
     cache.take(rt.submitted)
     pending_query = select(WorkloadRow.id, WorkloadRow.tenant, WorkloadRow.priority,
                            WorkloadRow.submit_s).where(WorkloadRow.status == WorkloadStatus.PENDING.value)
+    next_backoff: float | None = None
     with rt.store.read() as session:
         conn = session.connection()  # Core execution: none of the ORM's per-statement work
         if since_s is not None:
@@ -113,6 +122,11 @@ def load(rt: Runtime, cache: WorkloadCache, since_s: float | None = None,
                                              WorkloadRow.submit_s >= since_s)
             ).all()
             pending_query = pending_query.where(WorkloadRow.id.in_([i for i in recent if i not in skip]))
+        if now_s is not None and since_s is None:
+            next_backoff = conn.scalar(select(func.min(WorkloadRow.not_before_s)).where(
+                WorkloadRow.status == WorkloadStatus.PENDING.value, WorkloadRow.not_before_s > now_s))
+            pending_query = pending_query.where(
+                or_(WorkloadRow.not_before_s.is_(None), WorkloadRow.not_before_s <= now_s))
         pending_rows = conn.execute(
             pending_query
             .order_by(WorkloadRow.priority.desc(), WorkloadRow.submit_s, WorkloadRow.id)
@@ -126,7 +140,8 @@ def load(rt: Runtime, cache: WorkloadCache, since_s: float | None = None,
         known_nodes = frozenset(n.name for n in nodes)
         changed = _changed_allocations(cache, active_ids, known_nodes)
         active = conn.execute(
-            select(PodRow.workload_id, PodRow.id, PodRow.rank, PodRow.node, PodRow.slices, WorkloadRow.tenant,
+            select(PodRow.workload_id, PodRow.id, PodRow.rank, PodRow.node, PodRow.slices, PodRow.cpu_milli,
+                   PodRow.memory_mib, WorkloadRow.tenant,
                    WorkloadRow.priority, WorkloadRow.submit_s, WorkloadRow.admitted_s)
             .join(WorkloadRow, WorkloadRow.id == PodRow.workload_id)
             .where(PodRow.status.in_(ACTIVE_POD_STATES), PodRow.workload_id.in_(changed))
@@ -147,6 +162,7 @@ def load(rt: Runtime, cache: WorkloadCache, since_s: float | None = None,
         pending=pending,
         quota=quota,
         unschedulable_nodes=sum(1 for n in nodes if not n.schedulable),
+        next_backoff_s=next_backoff,
     )
 
 
@@ -189,7 +205,8 @@ def _allocations(active: Any, known: frozenset[str], cache: WorkloadCache,
         first = rows[0]
         workload = _workload(cache, workload_id, specs, first.tenant, first.priority, first.submit_s)
         placements = tuple(
-            PodPlacement(pod=f"r{r.rank}", node=r.node, slices=tuple(Slice(**s) for s in r.slices))
+            PodPlacement(pod=f"r{r.rank}", node=r.node, slices=tuple(Slice(**s) for s in r.slices),
+                         cpu_milli=r.cpu_milli, memory_mib=r.memory_mib)
             for r in sorted(rows, key=lambda r: r.rank)
             if r.node in known
         )

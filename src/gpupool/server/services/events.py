@@ -4,6 +4,7 @@ ORM) or `apply_moves` (many rows, bulk statements)."""
 from __future__ import annotations
 
 import functools
+import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -12,13 +13,29 @@ from sqlalchemy import Connection, Update, bindparam, insert, update
 from sqlalchemy.orm import Session
 
 from gpupool.server.orm import Base, EventRow, WorkloadRow
+from gpupool.server.states import workload_move_allowed
+
+log = logging.getLogger("gpupool.transitions")
+
+
+class IllegalMove(RuntimeError):
+    """A workload status change the transition table (server/states.py) does not allow."""
+
+
+def _refused(workload_id: str, from_status: str, to_status: str, reason: str) -> None:
+    log.error("refused illegal move of workload %s: %s -> %s (%s)", workload_id, from_status, to_status,
+              reason)
 
 
 def transition(
     session: Session, row: WorkloadRow, to_status: str, reason: str, message: str, at_s: float,
     pod_id: str = "",
 ) -> None:
-    """Move `row` to `to_status` and append the event (in the caller's transaction)."""
+    """Move `row` to `to_status` and append the event (in the caller's transaction); an illegal move
+    (server/states.py) is logged and raises IllegalMove, so the caller's transaction rolls back."""
+    if not workload_move_allowed(row.status, to_status):
+        _refused(row.id, row.status, to_status, reason)
+        raise IllegalMove(f"workload {row.id}: {row.status} -> {to_status} is not allowed")
     session.add(
         EventRow(
             workload_id=row.id,
@@ -65,6 +82,11 @@ def apply_moves(conn: Connection, moves: Sequence[Move]) -> None:
     """`transition` for many rows at once, in the caller's transaction: one UPDATE statement per
     set of extra columns (executed for every row) and one INSERT of all their events. Same rows,
     same events as calling `transition` on each; none of the ORM's per-object bookkeeping."""
+    legal = [m for m in moves if workload_move_allowed(m.from_status, m.to_status)]
+    for move in moves:
+        if move not in legal:
+            _refused(move.workload_id, move.from_status, move.to_status, move.reason)
+    moves = legal
     if not moves:
         return
     shapes: dict[tuple[str, ...], list[dict[str, object]]] = {}

@@ -25,9 +25,10 @@ from gpupool.server.schemas.workloads import (
 )
 from gpupool.server.services.converters import event_row_to_out, workload_row_to_out
 from gpupool.server.services.events import Move, apply_moves, transition
+from gpupool.server.services.requeue import stop_pods
 from gpupool.server.services.specs import CAPACITY, check_fits, priority_class, to_workload
 from gpupool.server.services.submit_writer import Submission, SubmitWriter, commit
-from gpupool.server.states import ACTIVE_POD_STATES, EventReason, PodState
+from gpupool.server.states import EventReason, PodState
 
 
 def new_workload_id() -> str:
@@ -172,6 +173,9 @@ def cancel(rt: Runtime, who: Principal, workload_id: str) -> WorkloadOut:
         row.finished_s = now
     for pod_id in to_stop:
         rt.provider.stop(pod_id)
+    forget = getattr(rt.provider, "forget_workload", None)
+    if forget is not None:  # ended for good: its checkpoints go
+        forget(workload_id)
     rt.capacity_may_have_changed()
     return get(rt, who, workload_id)
 
@@ -203,18 +207,6 @@ def cancel_array(rt: Runtime, who: Principal, array_id: str) -> ArrayCancelled:
     if to_stop:
         rt.capacity_may_have_changed()
     return ArrayCancelled(id=array_id, cancelled=unfinished, finished=len(tasks) - unfinished)
-
-
-def stop_pods(session: Session, row: WorkloadRow, to: PodState, now: float) -> list[str]:
-    """Mark the workload's active pods `to`; returns their ids for the provider (after commit)."""
-    ids = []
-    for pod in session.scalars(
-        select(PodRow).where(PodRow.workload_id == row.id, PodRow.status.in_(ACTIVE_POD_STATES))
-    ):
-        pod.status = to.value
-        pod.finished_s = now
-        ids.append(pod.id)
-    return ids
 
 
 def events(rt: Runtime, who: Principal, workload_id: str) -> list[EventOut]:

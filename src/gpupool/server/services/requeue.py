@@ -1,0 +1,88 @@
+"""Stopping a workload's pods and sending it back to pending: one path for drain, preemption,
+eviction, lost nodes, pod-failure retries and the time limit's stop.
+
+A pod that was handed to the provider is marked `stopping` (its slices go back to the scheduler
+at once, and a pod placed on one of its devices waits until the provider reports it ended); a pod
+that never was (`waiting`) is final at once. Work lost to a stop is accounted from the workload's
+last checkpoint (the mtime of `$GPUPOOL_CHECKPOINT_DIR/.checkpoint`, when the pod reported one).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from gpupool.core.model import WorkloadStatus
+from gpupool.server.orm import PodRow, WorkloadRow
+from gpupool.server.services.events import transition
+from gpupool.server.states import ACTIVE_POD_STATES, PodState
+
+
+def stop_pods(session: Session, row: WorkloadRow, to: PodState, now: float) -> list[str]:
+    """Stop the workload's active pods: those the provider knows become `stopping` (settled when it
+    reports their end), those it never saw become `to` at once. Returns the ids to stop (after the
+    commit) with the provider."""
+    ids = []
+    for pod in session.scalars(
+        select(PodRow).where(PodRow.workload_id == row.id, PodRow.status.in_(ACTIVE_POD_STATES))
+    ):
+        if pod.status == PodState.WAITING.value:
+            pod.status, pod.finished_s = to.value, now
+            pod.message = pod.message or "Stopped before it started."
+            continue
+        pod.status = PodState.STOPPING.value
+        ids.append(pod.id)
+    return ids
+
+
+@dataclass(frozen=True, slots=True)
+class Lost:
+    """What a stop costs: run seconds of this attempt, the part kept by a checkpoint, and the
+    device-seconds of work after it (lost)."""
+
+    ran_s: float = 0.0
+    kept_s: float = 0.0
+    lost_device_s: float = 0.0
+
+
+def lost_work(row: WorkloadRow, now: float, checkpoint_s: float | None) -> Lost:
+    """The accounting of stopping `row`'s current run at `now`, given its last checkpoint mark."""
+    started = row.started_s
+    if started is None or now <= started:
+        return Lost()
+    ran = now - started
+    devices = row.device_milli / 1000.0
+    if checkpoint_s is not None and started < checkpoint_s <= now:
+        kept = checkpoint_s - started
+        return Lost(ran, kept, (now - checkpoint_s) * devices)
+    return Lost(ran, 0.0, ran * devices)
+
+
+def requeue(session: Session, row: WorkloadRow, reason: str, message: str, now: float, *,
+            lost: Lost = Lost(), retry: bool = False, not_before_s: float | None = None,
+            pod_id: str = "") -> list[str]:
+    """Stop `row`'s pods and move it back to pending (the next admission is attempt + 1), keeping
+    the accounts: run time, progress up to its checkpoint, lost device-seconds; `retry` counts a
+    requeue after a failure against the workload's max_retries. Returns the pods to stop."""
+    to_stop = stop_pods(session, row, PodState.STOPPED, now)
+    row.run_s = (row.run_s or 0.0) + lost.ran_s
+    row.progress_s = (row.progress_s or 0.0) + lost.kept_s
+    row.lost_device_s = (row.lost_device_s or 0.0) + lost.lost_device_s
+    if retry:
+        row.retries = (row.retries or 0) + 1
+    row.not_before_s = not_before_s
+    row.admitted_s = None
+    row.started_s = None
+    row.reserved_start_s = None
+    transition(session, row, WorkloadStatus.PENDING.value, reason, message, now, pod_id)
+    return to_stop
+
+
+def lost_text(lost: Lost) -> str:
+    """' (N GPU-seconds of work lost since its last checkpoint)' for an event's message."""
+    if lost.ran_s <= 0:
+        return ""
+    since = "its last checkpoint" if lost.kept_s > 0 else "it started"
+    return f" {lost.lost_device_s:.0f} GPU-seconds of work lost since {since}."
