@@ -36,15 +36,14 @@ def _device(node: Node, index: int) -> Device:
 
 def refusal(rt: Runtime, node: Node, device: int | None) -> str | None:
     """Why a fault cannot be injected on `node` (or its device `device`), or None when it can."""
-    missing = rt.provider.missing_capabilities().get(Capability.FAULT_INJECTION)
-    if missing is not None:
-        return f"The {rt.provider.name} provider cannot inject faults ({missing})."
     devices = (_device(node, device),) if device is not None else node.devices
-    real = [d.index for d in devices if not d.simulated]
-    if not devices or real:
+    if not devices or any(not d.simulated for d in devices):
         what = f"Device {device} of node {node.name!r}" if device is not None else f"Node {node.name!r}"
         return (f"{what} is real hardware; faults can be injected only on simulated devices "
                 "(gpupool up --simulate) and the fake provider's nodes.")
+    missing = rt.provider.missing_capabilities().get(Capability.FAULT_INJECTION)
+    if missing is not None:
+        return f"The {rt.provider.name} provider cannot inject faults ({missing})."
     return None
 
 
