@@ -91,7 +91,7 @@ def test_policy_has_one_name_and_one_default_in_up_and_sim() -> None:
         out = runner.invoke(app, [*path, "--help"], terminal_width=200).output
         assert "--policy" in out and "--placement" not in out, path
         assert default_policy() in out, path
-    assert default_policy() == "best-fit"
+    assert default_policy() == "fgd-strand"  # the pool configuration's default placement
     fill = runner.invoke(app, ["sim", "fill", "--help"], terminal_width=200).output
     replay = runner.invoke(app, ["sim", "replay", "--help"], terminal_width=200).output
     assert "--seed" in fill and "--seed" in replay

@@ -55,6 +55,7 @@ the rest go to the next cycles. A burst of submissions is then decided in severa
 as if the loop had run during the burst, rather than one long one that holds up the API (which
 shares the interpreter with the loop). Full passes read up to MAX_PENDING_PER_CYCLE."""
 """New arrivals are read from (newest seen - margin), so a slow commit is never skipped."""
+_WAITS = "; it starts once the pods stopping on its devices have ended."
 LAUNCH_THREADS = 4
 RECORD_CHUNK = 64
 _W = Base.metadata.tables["workloads"]
@@ -162,8 +163,11 @@ class Scheduler:
             self._inadmissible.clear()
             self._last_full_s = now
         limit = MAX_PENDING_PER_CYCLE if full else ARRIVALS_PER_CYCLE
+        # Under backfill the head's reservation must hold in every cycle, so a cycle of new
+        # arrivals looks at the reserved head too (else an arrival could take its devices).
+        head = frozenset({self.reservation[0]}) if self.reservation is not None and not full else frozenset()
         view = load(self.rt, self.cache, since_s=None if full else self._horizon_s,
-                    skip=frozenset(self._inadmissible), limit=limit, now_s=now)
+                    skip=frozenset(self._inadmissible - head), limit=limit, now_s=now, also=head)
         if full:
             self._backoff_s = view.next_backoff_s
         if view.snapshot.nodes != self._last_nodes:
@@ -179,7 +183,7 @@ class Scheduler:
         elif full or view.pending:
             newest = max((w.submit_time_s for w in view.pending), default=now) - ARRIVAL_MARGIN_S
             self._horizon_s = newest if self._horizon_s is None else max(self._horizon_s, newest)
-        candidates = [w for w in view.pending if w.id not in self._inadmissible]
+        candidates = [w for w in view.pending if w.id not in self._inadmissible or w.id in head]
         nodes_changed = view.snapshot.nodes != self._core_nodes
         if not candidates and not nodes_changed:
             if self.reservation is not None and not view.pending:
@@ -377,8 +381,7 @@ class Scheduler:
             where = ", ".join(sorted({p.node for p in admission.placements}))
             moves.append(Move(
                 row.id, row.status, WorkloadStatus.ADMITTED.value, EventReason.ADMITTED,
-                f"Placed on {where}" + ("; it starts once the pods it preempted have stopped." if wait
-                                        else "."),
+                f"Placed on {where}" + (_WAITS if wait else "."),
                 now, columns=(("attempt", attempt), ("admitted_s", now), ("reserved_start_s", None)),
             ))
             if wait:

@@ -22,6 +22,7 @@ from gpupool.core.quota import QuotaConfig
 from gpupool.server.orm import NodeFlagRow, PodRow, WorkloadRow
 from gpupool.server.runtime import Runtime
 from gpupool.server.schemas.workloads import WorkloadSpec
+from gpupool.server.services.arrays import throttled
 from gpupool.server.services.quotas import read_quota
 from gpupool.server.services.specs import CAPACITY, to_workload
 from gpupool.server.states import ACTIVE_POD_STATES
@@ -98,7 +99,7 @@ class WorkloadCache:
 
 def load(rt: Runtime, cache: WorkloadCache, since_s: float | None = None,
          skip: frozenset[str] = frozenset(), limit: int = MAX_PENDING_PER_CYCLE,
-         now_s: float | None = None) -> StoreView:
+         now_s: float | None = None, also: frozenset[str] = frozenset()) -> StoreView:
     """One read session; the provider's nodes are read first, outside it.
 
     With `since_s`, only pending work submitted at or after it is read (new arrivals), and of
@@ -107,12 +108,14 @@ def load(rt: Runtime, cache: WorkloadCache, since_s: float | None = None,
     has not parsed yet, and running work only for workloads whose active pods changed since the
     last call (the ids of every active pod are read each time). With `now_s`, a requeued workload
     whose backoff runs past it is not read (`StoreView.next_backoff_s` says when one ends).
+    `also` names pending workloads read with the new arrivals (the head holding a reservation).
     """
     nodes = rt.refresh_nodes()
     CAPACITY.get(nodes)  # summarise a changed pool here, not on a submission's path
     cache.take(rt.submitted)
     pending_query = select(WorkloadRow.id, WorkloadRow.tenant, WorkloadRow.priority,
-                           WorkloadRow.submit_s).where(WorkloadRow.status == WorkloadStatus.PENDING.value)
+                           WorkloadRow.submit_s, WorkloadRow.array_limit).where(
+                               WorkloadRow.status == WorkloadStatus.PENDING.value)
     next_backoff: float | None = None
     with rt.store.read() as session:
         conn = session.connection()  # Core execution: none of the ORM's per-statement work
@@ -121,10 +124,12 @@ def load(rt: Runtime, cache: WorkloadCache, since_s: float | None = None,
                 select(WorkloadRow.id).where(WorkloadRow.status == WorkloadStatus.PENDING.value,
                                              WorkloadRow.submit_s >= since_s)
             ).all()
-            pending_query = pending_query.where(WorkloadRow.id.in_([i for i in recent if i not in skip]))
-        if now_s is not None and since_s is None:
-            next_backoff = conn.scalar(select(func.min(WorkloadRow.not_before_s)).where(
-                WorkloadRow.status == WorkloadStatus.PENDING.value, WorkloadRow.not_before_s > now_s))
+            wanted = [i for i in recent if i not in skip]
+            pending_query = pending_query.where(WorkloadRow.id.in_([*wanted, *also]))
+        if now_s is not None:
+            if since_s is None:
+                next_backoff = conn.scalar(select(func.min(WorkloadRow.not_before_s)).where(
+                    WorkloadRow.status == WorkloadStatus.PENDING.value, WorkloadRow.not_before_s > now_s))
             pending_query = pending_query.where(
                 or_(WorkloadRow.not_before_s.is_(None), WorkloadRow.not_before_s <= now_s))
         pending_rows = conn.execute(
@@ -132,6 +137,10 @@ def load(rt: Runtime, cache: WorkloadCache, since_s: float | None = None,
             .order_by(WorkloadRow.priority.desc(), WorkloadRow.submit_s, WorkloadRow.id)
             .limit(limit)
         ).all()
+        limited = [r.id for r in pending_rows if r.array_limit is not None]
+        if limited:  # tasks of arrays with a %N limit beyond the room their array has left
+            held = throttled(conn, limited)
+            pending_rows = [r for r in pending_rows if r.id not in held]
         active_ids = conn.execute(
             select(PodRow.workload_id, PodRow.id, WorkloadRow.priority)
             .join(WorkloadRow, WorkloadRow.id == PodRow.workload_id)
