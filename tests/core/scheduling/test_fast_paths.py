@@ -3,18 +3,24 @@
 from __future__ import annotations
 
 import random
+from dataclasses import replace
 
+import pytest
+import test_admission_properties as props
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from factories import node
-from gpupool.core.model import PodRequest
+from gpupool.core.model import PodRequest, Workload
+from gpupool.core.priority import PriorityClasses
+from gpupool.core.scheduling.ordering.drf import Drf, _sorted_keys
 from gpupool.core.scheduling.preemption import FirstPodFits, node_fits_at
 from gpupool.core.state import ClusterState
 
 pods = st.builds(
     lambda num, milli, cpu, mem, dev_mem, models: PodRequest(
-        "p", cpu_milli=cpu, memory_mib=mem, num_devices=num, device_milli=(milli if num == 1 else 1000) if num else 0,
+        "p", cpu_milli=cpu, memory_mib=mem, num_devices=num,
+        device_milli=(milli if num == 1 else 1000) if num else 0,
         device_memory_mib=dev_mem if num else 0, allowed_models=models,
     ),
     st.integers(0, 4),
@@ -73,3 +79,39 @@ def test_first_pod_fits_follows_releases_as_a_full_scan_does(pod: PodRequest, se
         if k % 3 == 2:  # the greedy search asks only once enough compute is freed: not every time
             assert tracker.fits_somewhere() == bool(state.node_fits(pod).any())
     assert tracker.fits_somewhere() == bool(state.node_fits(pod).any())
+
+
+def _drf_workload(i: int, tenant: str, klass: str, submit: float) -> Workload:
+    return Workload(id=f"w{i}", pods=(PodRequest("p", num_devices=1, device_milli=1000),), tenant=tenant,
+                    priority_class=klass, submit_time_s=submit)
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(st.tuples(st.booleans(), st.sampled_from("abc"), st.sampled_from(["high", "normal"]),
+                          st.integers(0, 5)), min_size=1, max_size=40))
+def test_drf_keeps_the_sorted_queue_across_cycles_in_the_order_a_full_sort_gives(steps: list) -> None:
+    """Arrivals, departures and a resubmitted id (new contents): the kept order is the full sort's."""
+    classes = PriorityClasses()
+    memo: dict = {}
+    pending: dict[str, Workload] = {}
+    for i, (leave, tenant, klass, submit) in enumerate(steps):
+        if leave and pending:
+            del pending[sorted(pending)[i % len(pending)]]
+        w = _drf_workload(i % 7, tenant, klass, float(submit))  # ids recur: a resubmission
+        pending[w.id] = w
+        listed = list(pending.values())
+        kept = _sorted_keys(listed, classes.rank, memo)
+        full = sorted((-classes.rank(w)[0], w.tenant, -classes.rank(w)[1], w.submit_time_s, w.id, w)
+                      for w in listed)
+        assert kept == full
+
+
+@settings(max_examples=30, deadline=None)
+@given(st.one_of(props.ops, props.narrow_ops), st.booleans(), st.booleans())
+def test_drf_kept_order_decides_as_sorting_afresh(sequence: list, preemption: bool, backfill: bool) -> None:
+    policies = replace(props.BASE, ordering="drf", preemption=preemption, backfill=backfill)
+    kept = props._drive(sequence, policies, seed=5)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(Drf, "keep_order", False)
+        fresh = props._drive(sequence, policies, seed=5)
+    assert kept == fresh

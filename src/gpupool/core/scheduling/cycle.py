@@ -26,9 +26,11 @@ on a view the caller keeps (the replay's, or `keeper.ViewKeeper`'s for the serve
 from __future__ import annotations
 
 import random
+from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
+from operator import attrgetter
 from typing import Any, NamedTuple
 
 from gpupool.core.model import ClusterSnapshot, PodPlacement, Reason, Workload
@@ -146,6 +148,9 @@ def cycle_on(
     return _Cycle(view, policies, now_s, rng).run(pending)
 
 
+_workload_id = attrgetter("id")
+
+
 class _Cycle:
     """The mutable bookkeeping of one cycle."""
 
@@ -169,7 +174,6 @@ class _Cycle:
         self.settled: dict[tuple[str, Shape, tuple[int, int]], tuple[Reason, str]] = {}
         self.never: dict[tuple[str, Shape, tuple[int, int]], tuple[Reason, str]] = {}
         """Keys whose workloads can never run here (final rejections; a function of queue and shape)."""
-        self.queues: set[str] = set()
         self.left: dict[tuple[str, Shape, tuple[int, int]], int] = {}
         """How many workloads of each (queue, shape, rank) the walk has not reached yet."""
         self.live: set[tuple[str, Shape, tuple[int, int]]] = set()
@@ -243,7 +247,6 @@ class _Cycle:
         overcommit = self.policies.overcommit
         valid: list[Workload] = []
         metas = view.metas
-        queues = self.queues
         left = self.left
         for w in pending:
             meta = metas.get(w.id)
@@ -251,7 +254,6 @@ class _Cycle:
                 meta = view.meta(w, overcommit)
             if meta.class_known and meta.cluster_queue is not None:
                 valid.append(w)
-                queues.add(meta.cluster_queue)
                 key = meta.key
                 left[key] = left.get(key, 0) + 1
             elif not meta.class_known:
@@ -275,6 +277,7 @@ class _Cycle:
             tenant_weights=self.policies.quota.tenant_weights,
             info=view.info,
             demand=view.demand,
+            memo=view.ordering_memo,
         )
         self.live = set(left)
         return valid, self.ordering.stream(valid, ctx)
@@ -417,7 +420,7 @@ class _Cycle:
 
     def _reject_rest(self, valid: Sequence[Workload], tried: Sequence[Workload]) -> None:
         """The verdicts of the workloads the walk did not reach (listed in `valid`'s order)."""
-        seen = {w.id for w in tried}
+        seen = set(map(_workload_id, tried))
         self._reject_reached([w for w in valid if w.id not in seen])
 
     def _reject_reached(self, passed: Sequence[Workload]) -> None:
@@ -433,11 +436,15 @@ class _Cycle:
                 verdicts[key] = (*self.settled[key], False)
             elif key in self.never:
                 verdicts[key] = (*self.never[key], True)
-        out = self.rejected
-        for w in passed:
-            key = metas[w.id].key
-            left[key] -= 1
-            out.append(Rejection(w.id, *verdicts[key]))
+        # One pass, without Rejection's keyword-checking constructor: a queue of thousands is
+        # passed over on every cycle.
+        keys = [metas[wid].key for wid in map(_workload_id, passed)]
+        for key, count in Counter(keys).items():
+            left[key] -= count
+        make = tuple.__new__
+        self.rejected.extend(
+            make(Rejection, (w.id, *verdicts[key])) for w, key in zip(passed, keys, strict=True)
+        )
 
     def _reject(self, w: Workload, reason: Reason, message: str, final: bool = False) -> None:
         self.rejected.append(Rejection(w.id, reason, message, final))

@@ -149,6 +149,8 @@ class ClusterView:
     policy_pods: list[PodRequest] = field(default_factory=list)
     policy_seen: set[str] = field(default_factory=set)
     policy_prepared: int = -1
+    ordering_memo: dict[str, Any] = field(default_factory=dict)
+    """The ordering policies' caches kept across cycles (`OrderingContext.memo`)."""
     capacity_cache: dict[str, float] | None = None
     """`capacity()`; the capacity arrays change only in `mark_unhealthy` and `mark_healthy`."""
 

@@ -28,6 +28,9 @@ class OrderingContext:
     info: Mapping[str, WorkloadInfo] = field(default_factory=dict)
     demand: Callable[[Workload], Mapping[str, float]] = field(default=lambda w: demand_of(w))
     """A workload's share resources (`demand_of`; the cycle passes a cached version)."""
+    memo: dict[str, Any] = field(default_factory=dict)
+    """Kept across the cycles on one view (an ordering's own caches, under its name); what an
+    ordering keeps here must not change its order, only save recomputing it."""
 
     def attained_service_s(self, w: Workload) -> float:
         found = self.info.get(w.id)

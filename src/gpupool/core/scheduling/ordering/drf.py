@@ -5,10 +5,11 @@ from __future__ import annotations
 import heapq
 from collections.abc import Callable, Mapping, Sequence
 from itertools import groupby
-from operator import itemgetter
+from operator import attrgetter, itemgetter
 from typing import Any
 
 from gpupool.core.model import Workload
+from gpupool.core.priority import Rank
 from gpupool.core.scheduling.ordering.base import (
     SHARE_RESOURCES,
     OrderingContext,
@@ -34,6 +35,9 @@ class Drf(OrderingPolicy):
     )
 
     banded = True
+    keep_order = True
+    """Keep the sorted keys of the pending workloads across cycles (`ctx.memo`) and merge in what
+    arrived, instead of sorting the whole queue again; False sorts afresh (the same order)."""
 
     def order(self, pending: Sequence[Workload], ctx: OrderingContext) -> list[Workload]:
         stream = self.stream(pending, ctx)
@@ -48,7 +52,7 @@ class Drf(OrderingPolicy):
         # Each tenant's usage of the resources with a capacity, in `caps` order (the same sums,
         # in the same order, as `dominant_share` over a usage dict: the shares are identical).
         # One sort gives the priority bands, the tenants in each, and each tenant's own order.
-        keyed = sorted((-(rk := rank(w))[0], w.tenant, -rk[1], w.submit_time_s, w.id, w) for w in pending)
+        keyed = _sorted_keys(pending, rank, ctx.memo.setdefault(self.name, {}) if self.keep_order else {})
         tenants = {item[1] for item in keyed}
         weights = {t: _weight(ctx, t) for t in tenants}
         # Copied now (only the tenants that wait: no other share is read): the caller may change
@@ -57,6 +61,39 @@ class Drf(OrderingPolicy):
         usage = {t: [held[t].get(r, 0.0) for r, _ in caps] for t in tenants if t in held}
         bands = [[item[1:] for item in band] for _, band in groupby(keyed, key=itemgetter(0))]
         return _DrfStream(bands, usage, caps, weights, ctx.demand)
+
+
+_Key = tuple[int, str, int, float, str, Workload]
+
+
+def _sorted_keys(
+    pending: Sequence[Workload], rank: Callable[[Workload], Rank], memo: dict[str, Any]
+) -> list[_Key]:
+    """Every pending workload as (-class value, tenant, -priority, submit time, id, workload), sorted.
+
+    The keys sorted on the last call are kept in `memo`: those still pending (the same workload
+    objects) keep their order and the new ones are sorted and merged in (two sorted runs: one
+    linear merge), so a queue of thousands is not sorted again for each arrival. Ids are unique,
+    so the order is the one a full sort gives.
+    """
+    current = dict(zip(map(_id, pending), pending, strict=True))
+    before: list[_Key] = memo.get("sorted", [])
+    kept = [k for k in before if current.get(k[4]) is k[5]]
+    if len(kept) == len(current):
+        fresh: list[_Key] = []
+    else:
+        held = {k[4] for k in kept}
+        fresh = sorted(
+            (-(rk := rank(w))[0], w.tenant, -rk[1], w.submit_time_s, wid, w)
+            for wid, w in current.items()
+            if wid not in held
+        )
+    keyed = sorted(kept + fresh) if fresh and kept else kept or fresh
+    memo["sorted"] = keyed
+    return keyed
+
+
+_id = attrgetter("id")
 
 
 class _DrfStream(OrderStream):
