@@ -33,27 +33,25 @@ class WorkloadStatus(StrEnum):
 
 
 class Reason(StrEnum):
-    """Machine-readable reasons carried by decisions and events."""
+    """Machine-readable reasons carried by the cycle's decisions (rejections, preemptions, evictions).
+
+    What each means, and what a user can do about it, is in `gpupool.reasons.CATALOGUE`."""
 
     NO_NODE_FITS = "no_node_fits"
     INSUFFICIENT_CPU = "insufficient_cpu"
     INSUFFICIENT_MEMORY = "insufficient_memory"
     INSUFFICIENT_DEVICES = "insufficient_devices"
-    INSUFFICIENT_DEVICE_MEMORY = "insufficient_device_memory"
     NO_ALLOWED_MODEL = "no_allowed_model"
     GANG_INCOMPLETE = "gang_incomplete"
     QUOTA_EXCEEDED = "quota_exceeded"
     NEVER_FITS = "never_fits"
     PREEMPTED = "preempted"
     EVICTED_UNHEALTHY = "evicted_unhealthy"
-    REQUEUED = "requeued"
-    CANCELLED_BY_USER = "cancelled_by_user"
     BACKFILL_BLOCKED = "backfill_blocked"
     WAITING_FOR_HEAD = "waiting_for_head"
     RECLAIMED = "reclaimed"
     UNKNOWN_PRIORITY_CLASS = "unknown_priority_class"
     UNKNOWN_QUEUE = "unknown_queue"
-    SHAPE_ALREADY_FAILED = "shape_already_failed"
 
 
 @dataclass(frozen=True, slots=True)

@@ -30,7 +30,8 @@ ACTIVE_POD_STATES = (PodState.LAUNCHING.value, PodState.WAITING.value, PodState.
 
 
 class EventReason(StrEnum):
-    """Why a workload changed state (core's Reason covers scheduling decisions)."""
+    """Why a workload changed state (core's Reason covers scheduling decisions; the two never share a
+    code). Each has an entry in `gpupool.reasons.CATALOGUE`."""
 
     SUBMITTED = "submitted"
     ADMITTED = "admitted"
@@ -45,8 +46,6 @@ class EventReason(StrEnum):
     LAUNCH_FAILED = "launch_failed"
     CANCELLED_BY_USER = "cancelled_by_user"
     NODE_DRAINED = "node_drained"
-    NODE_GONE = "node_gone"
-    NEVER_FITS = "never_fits"
     TIME_LIMIT = "time_limit"
     """Stopped at its time limit (`submit --time-limit`)."""
     RETRYING = "retrying"
