@@ -149,7 +149,7 @@ def _whole(wid: str, devices: int, *, priority_class: str = "normal") -> Workloa
     )
 
 
-def test_node_changes_build_the_view_afresh_and_evict() -> None:
+def test_health_changes_apply_to_the_kept_view_and_evict() -> None:
     nodes = tuple(cluster(2, devices=4))
     keeper = ViewKeeper()
     policies = Policies(placement="first-fit")
@@ -164,12 +164,21 @@ def test_node_changes_build_the_view_afresh_and_evict() -> None:
         replace(n, healthy=False) if n.name == placed.placements[0].node else n for n in nodes
     )
     result = keeper.cycle(ClusterSnapshot(broken, snapshot.allocations), [], policies, 2.0, random.Random(0))
-    assert keeper.rebuilds == 2
+    assert keeper.rebuilds == 1, "a health change is applied to the kept view, as the replay does"
     assert [p.workload_id for p in result.preempted] == ["a"]
     # the caller requeues it: it starts on the healthy node
     again = keeper.cycle(ClusterSnapshot(broken), [w], policies, 3.0, random.Random(0))
     assert [a.workload_id for a in again.admitted] == ["a"]
     assert again.admitted[0].placements[0].node != placed.placements[0].node
+    moved = Allocation(w, again.admitted[0].placements, 3.0)
+    # repaired: a second gang of 4 fits the repaired node, exactly as in a view built afresh
+    second = _whole("b", 4)
+    repaired = keeper.cycle(ClusterSnapshot(nodes, (moved,)), [second], policies, 4.0, random.Random(0))
+    fresh = run_cycle(ClusterSnapshot(nodes, (moved,)), [second], policies, 4.0, random.Random(0))
+    assert keeper.rebuilds == 1 and repaired.admitted == fresh.admitted and len(fresh.admitted) == 1
+    # a node that leaves the pool builds the view afresh
+    keeper.cycle(ClusterSnapshot(nodes[:1]), [], policies, 5.0, random.Random(0))
+    assert keeper.rebuilds == 2
 
 
 def test_changed_quota_builds_the_view_afresh() -> None:

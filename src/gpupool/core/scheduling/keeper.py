@@ -9,8 +9,10 @@ last cycle, with the decisions that cycle took, and brings it up to date with th
   cancelled, or an admission the caller did not carry out);
 * allocations the snapshot has that the view does not hold (or holds with other placements) are
   taken;
-* a change of nodes (added, removed, cordoned, a device or node unhealthy), of the quota
-  configuration or of the priority classes builds the view afresh, as `run_cycle` would;
+* a node or device that broke or was repaired is applied to the kept view as the replay applies
+  it (`mark_unhealthy` / `mark_healthy`), so its work is evicted by the next cycle;
+* any other change of nodes (added, removed, resized, cordoned), of the quota configuration or
+  of the priority classes builds the view afresh, as `run_cycle` would;
 * a change of a running workload's `WorkloadInfo` (progress, estimate) rebuilds its record.
 
 So a cycle costs work proportional to what changed plus the walk over the pending workloads, not
@@ -24,6 +26,7 @@ from __future__ import annotations
 
 import random
 from collections.abc import Sequence
+from dataclasses import replace
 
 from gpupool.core.model import Allocation, ClusterSnapshot, Node, PodPlacement, Workload
 from gpupool.core.priority import PriorityClasses
@@ -71,14 +74,18 @@ class ViewKeeper:
     def sync(self, snapshot: ClusterSnapshot, policies: Policies) -> ClusterView:
         """The kept view, brought up to date with `snapshot` (built afresh when it must be)."""
         view = self.view
+        health = None if view is None else _health_changes(self._nodes, snapshot.nodes)
         if (
             view is None
-            or snapshot.nodes != self._nodes
+            or health is None
             or policies.quota != self._quota
             or policies.priority_classes != self._classes
         ):
             return self._rebuild(snapshot, policies)
         view.to_evict.clear()  # reported by the last cycle; the snapshot says whether they still run
+        if health:
+            self._apply_health(view, health)
+            self._nodes = snapshot.nodes
         info, before = snapshot.workload_info, view.info  # the view keeps the last snapshot's
         held = self._held
         current = {a.workload.id: a for a in snapshot.allocations}
@@ -105,8 +112,36 @@ class ViewKeeper:
                 held[wid] = alloc
         return view
 
+    def _apply_health(self, view: ClusterView, changes: Sequence[tuple[Node, Node]]) -> None:
+        """Nodes or devices that broke or were repaired, applied to the kept view as the replay
+        applies them (`mark_unhealthy`, `mark_healthy`): the work on broken hardware is evicted by
+        the next cycle, and the view (with the placement policy's estimate of the workload mix)
+        lives on, so the server decides as the replay does."""
+        state = view.state
+        for before, after in changes:
+            i = state.node_index[after.name]
+            nodes = list(state.nodes)
+            nodes[i] = after
+            state.nodes = tuple(nodes)
+            healed = (after.healthy and not before.healthy) or any(
+                b.healthy and not a.healthy for a, b in zip(before.devices, after.devices, strict=True))
+            if healed:
+                view.mark_healthy(after.name)  # every device the node now reports healthy
+                if not after.healthy:
+                    view.mark_unhealthy(after.name)
+                continue
+            if before.healthy and not after.healthy:
+                view.mark_unhealthy(after.name)
+                continue
+            for a, b in zip(before.devices, after.devices, strict=True):
+                if a.healthy and not b.healthy:
+                    view.mark_unhealthy(after.name, b.index)
+        # the evicted stay in `_held` until the cycle reports them (so this sync does not take
+        # their allocations, which the snapshot still shows, back onto the broken hardware)
+
     def _rebuild(self, snapshot: ClusterSnapshot, policies: Policies) -> ClusterView:
-        view = ClusterView.from_snapshot(snapshot, policies.quota, policies.priority_classes)
+        p = policies
+        view = ClusterView.from_snapshot(snapshot, p.quota, p.priority_classes, p.defaults)
         evicted = {run.workload.id for run in view.to_evict}
         self.view = view
         self._nodes = snapshot.nodes
@@ -123,3 +158,22 @@ class ViewKeeper:
             return
         keep = {w.id for w in pending} | set(self._held)
         view.forget_workloads_except(keep)
+
+
+def _health_changes(before: Sequence[Node], after: Sequence[Node]) -> list[tuple[Node, Node]] | None:
+    """The nodes whose health (of the node or of its devices) is all that changed between two
+    snapshots; None when anything else changed (nodes added, removed, resized or cordoned)."""
+    if len(before) != len(after):
+        return None
+    changed = []
+    for a, b in zip(before, after, strict=True):
+        if a == b:
+            continue
+        if _all_healthy(a) != _all_healthy(b):
+            return None
+        changed.append((a, b))
+    return changed
+
+
+def _all_healthy(node: Node) -> Node:
+    return replace(node, healthy=True, devices=tuple(replace(d, healthy=True) for d in node.devices))
