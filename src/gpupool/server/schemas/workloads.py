@@ -130,7 +130,10 @@ class PodOut(Strict):
     rank: int
     status: str
     node: str
-    slices: list[SliceOut]
+    slices: list[SliceOut] = Field(description="the device slices it holds: device index, compute "
+                                   "(milli) and device memory (MiB), defaults applied")
+    cpu_milli: int = Field(0, description="host cpu it holds (milli-cores), defaults applied")
+    memory_mib: int = Field(0, description="host memory it holds (MiB), defaults applied")
     simulated: bool
     exit_code: int | None
     message: str
@@ -143,10 +146,22 @@ class WorkloadOut(Strict):
     queue: str
     status: str = Field(description="pending, admitted, running, succeeded, failed or cancelled")
     priority: int
-    attempt: int
-    reason: str
+    attempt: int = Field(description="how many times it was placed (requeues place it again)")
+    reason: str = Field(description="the code of the last reason recorded (gpupool.reasons.CATALOGUE)")
+    reason_text: str = Field("", description="what the reason means, in a sentence")
+    reason_hint: str = Field("", description="what the user can do about it")
+    reason_final: bool = Field(False, description="true when, after this reason, it will not run (again)")
     message: str
     exit_code: int | None
+    retries: int = Field(0, description="requeues after pod failures so far")
+    max_retries: int = Field(0, description="requeues after pod failures allowed (its own, else the pool's)")
+    time_limit_s: float | None = Field(None, description="its pods are stopped this long after it started")
+    reserved_start_s: float | None = Field(None, description=(
+        "under backfill, when the head of its queue is expected to start (its reservation)"))
+    not_before_s: float | None = Field(None, description="after a failure, not placed again before this time")
+    progress_s: float = Field(0.0, description="seconds of work kept from earlier runs (its last checkpoint)")
+    lost_device_s: float = Field(0.0, description="device-seconds of work lost to preemptions and evictions")
+    run_s: float = Field(0.0, description="seconds it ran in earlier attempts")
     submit_s: float
     admitted_s: float | None
     started_s: float | None
@@ -186,6 +201,7 @@ class EventOut(Strict):
     from_status: str
     to_status: str
     reason: str
+    reason_text: str = Field("", description="what the reason means, in a sentence")
     message: str
     at_s: float
 

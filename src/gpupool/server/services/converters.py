@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from gpupool.core.units import MILLI
+from gpupool.reasons import describe
 from gpupool.server.orm import EventRow, PodRow, WorkloadRow
 from gpupool.server.schemas.workloads import EventOut, PodOut, SliceOut, WorkloadOut, WorkloadSpec
 
@@ -17,6 +18,8 @@ def pod_row_to_out(row: PodRow, simulated_nodes: frozenset[str]) -> PodOut:
         status=row.status,
         node=row.node,
         slices=[SliceOut(**s) for s in row.slices],
+        cpu_milli=row.cpu_milli or 0,
+        memory_mib=row.memory_mib or 0,
         simulated=row.node in simulated_nodes,
         exit_code=row.exit_code,
         message=row.message,
@@ -24,10 +27,14 @@ def pod_row_to_out(row: PodRow, simulated_nodes: frozenset[str]) -> PodOut:
 
 
 def workload_row_to_out(
-    row: WorkloadRow, pods: Iterable[PodRow], simulated_nodes: frozenset[str]
+    row: WorkloadRow, pods: Iterable[PodRow], simulated_nodes: frozenset[str], *, default_max_retries: int
 ) -> WorkloadOut:
+    """`default_max_retries`: the pool's failure.max_retries, for a spec that names none. The reason's
+    sentence and hint come from the catalogue here, when answering, not when the loop writes."""
     pod_outs = [pod_row_to_out(p, simulated_nodes) for p in pods if p.attempt == row.attempt]
     pod_outs.sort(key=lambda p: p.rank)
+    reason = describe(row.reason)
+    max_retries = row.spec.get("max_retries")
     return WorkloadOut(
         id=row.id,
         name=row.name,
@@ -37,8 +44,19 @@ def workload_row_to_out(
         priority=row.priority,
         attempt=row.attempt,
         reason=row.reason,
+        reason_text=reason.text,
+        reason_hint=reason.hint,
+        reason_final=reason.final,
         message=row.message,
         exit_code=row.exit_code,
+        retries=row.retries or 0,
+        max_retries=default_max_retries if max_retries is None else int(max_retries),
+        time_limit_s=row.time_limit_s,
+        reserved_start_s=row.reserved_start_s,
+        not_before_s=row.not_before_s,
+        progress_s=row.progress_s or 0.0,
+        lost_device_s=row.lost_device_s or 0.0,
+        run_s=row.run_s or 0.0,
         submit_s=row.submit_s,
         admitted_s=row.admitted_s,
         started_s=row.started_s,
@@ -60,6 +78,7 @@ def event_row_to_out(row: EventRow) -> EventOut:
         from_status=row.from_status,
         to_status=row.to_status,
         reason=row.reason,
+        reason_text=describe(row.reason).text,
         message=row.message,
         at_s=row.at_s,
     )

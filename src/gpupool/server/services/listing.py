@@ -153,5 +153,6 @@ def list_workloads(rt: Runtime, who: Principal, *, status: Sequence[str] = (), t
             _ordered(chosen.apply(select(WorkloadRow)), chosen).limit(limit).offset(offset)).all()
         pods = _pods(session, [r.id for r in rows])
         simulated = _simulated_nodes(rt)
-        items = [workload_row_to_out(r, pods[r.id], simulated) for r in rows]
+        retries = rt.config.failure.max_retries
+        items = [workload_row_to_out(r, pods[r.id], simulated, default_max_retries=retries) for r in rows]
     return WorkloadPage(items=items, ids=None, total=int(total), limit=limit, offset=offset)

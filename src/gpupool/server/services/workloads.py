@@ -156,7 +156,8 @@ def get(rt: Runtime, who: Principal, workload_id: str) -> WorkloadOut:
     simulated = _simulated_nodes(rt)
     with rt.store.read() as session:
         row = _visible(session, who, workload_id)
-        return workload_row_to_out(row, _pods(session, [row.id])[row.id], simulated)
+        return workload_row_to_out(row, _pods(session, [row.id])[row.id], simulated,
+                                   default_max_retries=rt.config.failure.max_retries)
 
 
 def cancel(rt: Runtime, who: Principal, workload_id: str) -> WorkloadOut:
