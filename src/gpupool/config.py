@@ -17,6 +17,7 @@ from typing import Annotated, Any, Literal
 import yaml
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, field_validator
 
+from gpupool.core.model import SliceDefaults
 from gpupool.core.overcommit import ModelRatio, OvercommitConfig
 from gpupool.core.priority import DEFAULT_PRIORITY_CLASSES, PriorityClass, PriorityClasses
 from gpupool.core.quota import (
@@ -28,6 +29,7 @@ from gpupool.core.quota import (
     devices_milli,
 )
 from gpupool.core.scheduling.cycle import Policies
+from gpupool.core.units import MILLI, parse_memory_mib
 from gpupool.errors import InvalidInput, did_you_mean
 
 CONFIG_ENV = "GPUPOOL_CONFIG"
@@ -151,13 +153,21 @@ class DefaultsConfig(_Strict):
     @classmethod
     def _memory(cls, value: str) -> str:
         if value != "node-share":
-            from gpupool.core.units import parse_memory_mib
-
             try:
                 parse_memory_mib(value)
             except InvalidInput as exc:
                 raise ValueError(exc.message) from None
         return value
+
+    def slice_defaults(self) -> SliceDefaults:
+        """The core's SliceDefaults (None per device: the node's share)."""
+        cpu = self.cpu_per_gpu
+        memory = self.memory_per_gpu
+        return SliceDefaults(
+            proportional_device_memory=self.gpu_memory == "proportional",
+            cpu_milli_per_device=None if isinstance(cpu, str) else round(cpu * MILLI),
+            memory_mib_per_device=None if memory == "node-share" else parse_memory_mib(memory),
+        )
 
 
 class PoolConfig(_Strict):
@@ -226,7 +236,8 @@ class PoolConfig(_Strict):
                         ordering=s.ordering, ordering_options=dict(s.ordering_options),
                         preemption=s.preemption, backfill=s.backfill, quota=self.quota_config(),
                         priority_classes=classes, overcommit=overcommit,
-                        max_preemption_attempts=s.max_preemption_attempts)
+                        max_preemption_attempts=s.max_preemption_attempts,
+                        defaults=self.defaults.slice_defaults())
 
     def to_yaml(self) -> str:
         return yaml.safe_dump(self.model_dump(mode="json"), sort_keys=False, default_flow_style=False)

@@ -103,7 +103,9 @@ def test_overcommit_admits_more_and_runs_slower() -> None:
     jobs = tuple(_job(f"j{i}", 0.5, 0, 100) for i in range(4))
     nodes = tuple(cluster(1, devices=1))
     plain = replay(ReplayConfig(nodes, jobs, FF))
-    over = replay(ReplayConfig(nodes, jobs, replace(FF, overcommit=OvercommitConfig({"*": ModelRatio(2.0)}))))
+    # Memory oversubscribed like compute: each slice's default memory (half the device) halves too.
+    both = OvercommitConfig({"*": ModelRatio(2.0, 2.0)})
+    over = replay(ReplayConfig(nodes, jobs, replace(FF, overcommit=both)))
     assert plain["makespan_s"] == 200.0  # two at a time, full speed
     assert over["queue_delay_s"]["mean"] == 0.0  # all four at once ...
     assert over["makespan_s"] == pytest.approx(200.0)  # ... at half speed (2000/1000 milli asked)

@@ -126,6 +126,10 @@ class PodRequest:
     device_milli: int = 0
     device_memory_mib: int = 0
     allowed_models: frozenset[str] = frozenset()
+    memory_share_milli: int = 0
+    """A fractional pod without `device_memory_mib`, under proportional defaults, holds this share
+    of its device's memory (milli); 0 means its compute share, `device_milli`. Only oversubscription
+    sets it (a guaranteed part whose compute and memory ratios differ)."""
 
     def __post_init__(self) -> None:
         if self.cpu_milli < 0 or self.memory_mib < 0 or self.device_memory_mib < 0:
@@ -138,6 +142,8 @@ class PodRequest:
             raise InvalidInput(
                 f"Pod {self.name!r}: device_milli must be 1..1000 per device, got {self.device_milli}."
             )
+        if not 0 <= self.memory_share_milli <= MILLI:
+            raise InvalidInput(f"Pod {self.name!r}: memory_share_milli must be 0..1000.")
         if self.num_devices > 1 and self.device_milli != MILLI:
             raise InvalidInput(
                 f"Pod {self.name!r}: a pod with {self.num_devices} devices must take whole devices "
@@ -154,6 +160,63 @@ class PodRequest:
 
     def allows(self, model: str) -> bool:
         return not self.allowed_models or model in self.allowed_models
+
+
+@dataclass(frozen=True, slots=True)
+class SliceDefaults:
+    """What a pod holds of the amounts its request leaves at 0 (Slurm's DefCpuPerGPU, DefMemPerGPU).
+
+    - device memory: a fractional pod without `device_memory_mib` holds, when
+      `proportional_device_memory`, floor(device memory * its share / 1000) of the device it lands
+      on (0.25 of an 80 GiB device: 20 GiB). Floor, not ceil, so that shares whose compute fits a
+      device always fit its memory too (four 0.25 slices of an 81,559 MiB device). A device of
+      unknown memory (UNKNOWN_MEMORY_MIB) gives 0, as does `proportional_device_memory=False`.
+    - cpu and host memory of a pod with devices: `cpu_milli_per_device` / `memory_mib_per_device`
+      times the devices it takes (a fraction counts as its share), or, when None, the node's
+      per-device share: floor(node total * devices taken / devices of the node). A pod without
+      devices keeps 0.
+
+    The scalar methods here are the reference; `ClusterState` computes the same amounts vectorised.
+    """
+
+    proportional_device_memory: bool = True
+    cpu_milli_per_device: int | None = None
+    memory_mib_per_device: int | None = None
+
+    def __post_init__(self) -> None:
+        for value in (self.cpu_milli_per_device, self.memory_mib_per_device):
+            if value is not None and value < 0:
+                raise InvalidInput("Default cpu and memory per device must be >= 0.")
+
+    def device_memory_mib(self, pod: PodRequest, device: Device) -> int:
+        """Device memory one of the pod's shares holds on `device` (whole devices: all of it)."""
+        if not pod.is_fractional:
+            return pod.device_memory_mib or device.memory_mib if pod.num_devices else 0
+        if pod.device_memory_mib or not self.proportional_device_memory:
+            return pod.device_memory_mib
+        return device.memory_mib * (pod.memory_share_milli or pod.device_milli) // MILLI
+
+    def cpu_milli(self, pod: PodRequest, node: Node) -> int:
+        """Host cpu the pod holds on `node`."""
+        return _host_default(pod, pod.cpu_milli, self.cpu_milli_per_device, node.cpu_milli, node)
+
+    def memory_mib(self, pod: PodRequest, node: Node) -> int:
+        """Host memory the pod holds on `node`."""
+        return _host_default(pod, pod.memory_mib, self.memory_mib_per_device, node.memory_mib, node)
+
+
+NO_DEFAULTS = SliceDefaults(proportional_device_memory=False, cpu_milli_per_device=0, memory_mib_per_device=0)
+"""A pod holds exactly what it names (0 where it names nothing): the behaviour before defaults."""
+
+
+def _host_default(pod: PodRequest, asked: int, per_device: int | None, node_total: int, node: Node) -> int:
+    if asked or not pod.num_devices:
+        return asked
+    if per_device is not None:
+        return per_device * pod.total_device_milli // MILLI
+    if not node.devices:
+        return 0
+    return node_total * pod.total_device_milli // (len(node.devices) * MILLI)
 
 
 @dataclass(frozen=True, slots=True)
@@ -185,11 +248,23 @@ class Workload:
 
 @dataclass(frozen=True, slots=True)
 class PodPlacement:
-    """Where one pod goes: a node and the device slices it takes there."""
+    """Where one pod goes: a node, the device slices it takes there and the host share it holds.
+
+    `slices` carry the device memory actually held (a default slice's proportional share
+    included); `cpu_milli` and `memory_mib` are the host resources actually held (the request's, or
+    the `SliceDefaults` share when it named none). 0 there means "not recorded": whoever rebuilds
+    the allocation takes the pod's own request (placements stored before the effective amounts were).
+    """
 
     pod: str
     node: str
     slices: tuple[Slice, ...] = ()
+    cpu_milli: int = 0
+    memory_mib: int = 0
+
+    def held_host(self, pod: PodRequest) -> tuple[int, int]:
+        """(cpu_milli, memory_mib) the placed pod holds: the recorded amounts, else its request."""
+        return self.cpu_milli or pod.cpu_milli, self.memory_mib or pod.memory_mib
 
 
 @dataclass(frozen=True, slots=True)

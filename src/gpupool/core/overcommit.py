@@ -3,7 +3,9 @@
 An operator sets, per device model, a compute ratio (time-sharing) and a device-memory ratio
 (spill to host memory), both >= 1. A fractional pod's request is its *burst limit*; the scheduler
 reserves only its *guaranteed part* = ceil(request / ratio), so up to `ratio` times more requested
-work fits on a device. Whole-device pods are never oversubscribed (they keep the device).
+work fits on a device. Whole-device pods are never oversubscribed (they keep the device). A
+fractional pod without device memory holds its compute share of the device's memory by default
+(`SliceDefaults`); that share is its memory request here, reserved divided by the memory ratio.
 
 Slowdown of a device d holding slices s with burst compute b_s and burst memory m_s, physical
 memory M_d (docs/admission.md has the derivation):
@@ -64,10 +66,15 @@ def guaranteed_pod(pod: PodRequest, config: OvercommitConfig, models: Iterable[s
     r = config.pod_ratio(pod, models)
     if r.compute == 1.0 and r.memory == 1.0:
         return pod
+    milli = max(1, math.ceil(pod.device_milli / r.compute))
+    # A slice with the default (proportional) memory keeps its memory share divided by the memory
+    # ratio, not by the compute ratio its compute share shrank with.
+    share = math.ceil((pod.memory_share_milli or pod.device_milli) / r.memory)
     return replace(
         pod,
-        device_milli=max(1, math.ceil(pod.device_milli / r.compute)),
+        device_milli=milli,
         device_memory_mib=math.ceil(pod.device_memory_mib / r.memory),
+        memory_share_milli=0 if pod.device_memory_mib or share == milli else share,
     )
 
 

@@ -4,6 +4,11 @@ The placement policies score thousands of nodes per pod, so free capacity lives 
 (`[node]` and `[node, device slot]`) rather than in objects. Every allocation is checked in every
 dimension and raises `OverAllocation` instead of ever going negative; a `Statement` groups
 tentative allocations that are committed or discarded as a whole (a gang).
+
+What a pod holds where its request names no amount follows the state's `SliceDefaults` (none
+unless given: then a pod holds exactly what it names): the `*_need` methods give the effective
+amounts, per node (`[node]`) or per device (`[node, slot]`) where they depend on it, and every fit
+test and allocation record uses them.
 """
 
 from __future__ import annotations
@@ -15,12 +20,14 @@ import numpy as np
 import numpy.typing as npt
 
 from gpupool.core.model import (
+    NO_DEFAULTS,
     UNKNOWN_MEMORY_MIB,
     ClusterSnapshot,
     Node,
     PodPlacement,
     PodRequest,
     Slice,
+    SliceDefaults,
 )
 from gpupool.core.units import MILLI
 from gpupool.errors import OverAllocation
@@ -30,6 +37,11 @@ UNBOUNDED_MIB = 1 << 50
 
 IntArray = npt.NDArray[np.int64]
 BoolArray = npt.NDArray[np.bool_]
+Need = int | IntArray
+"""An effective amount: one number, or one per node ([node]) or per device ([node, slot])."""
+
+_NEED_CACHE_SIZE = 64
+"""Per-device memory needs kept per state (one [node, slot] array per share); cleared when full."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,8 +65,11 @@ class PodAlloc:
 class ClusterState:
     """Free and total capacity of a set of nodes; the one place allocations are applied."""
 
-    def __init__(self, nodes: Sequence[Node]) -> None:
+    def __init__(self, nodes: Sequence[Node], defaults: SliceDefaults | None = None) -> None:
         self.nodes: tuple[Node, ...] = tuple(nodes)
+        # Without defaults a pod holds exactly what it names (the fill protocol replays OpenB's
+        # requests as they are); the scheduling cycle sets its Policies' defaults (`set_defaults`).
+        self.defaults = NO_DEFAULTS if defaults is None else defaults
         self.node_index: dict[str, int] = {n.name: i for i, n in enumerate(self.nodes)}
         n = len(self.nodes)
         width = max((len(node.devices) for node in self.nodes), default=0) or 1
@@ -89,6 +104,13 @@ class ClusterState:
         self.dev_milli_free: IntArray = self.dev_milli_cap.copy()
         self.dev_mem_free: IntArray = self.dev_mem_cap.copy()
         self.dev_count: IntArray = self.dev_valid.sum(axis=1).astype(np.int64)
+        # The devices' physical memory (0: unknown) and count, whatever their health: the base of
+        # the default shares, which a device's failure and repair must not change.
+        self.dev_mem_size: IntArray = np.zeros((n, width), dtype=np.int64)
+        if devs:
+            self.dev_mem_size[rows, slots] = [d.memory_mib for d in devs]
+        self.memory_known = bool(self.dev_mem_size.any())
+        self._set_need_caches()
         self._allowed_cache: dict[frozenset[str], BoolArray] = {}
         # Bumped on every change of a node's free capacity, so policies can cache per-node scores.
         self.node_version: IntArray = np.zeros(n, dtype=np.int64)
@@ -98,9 +120,9 @@ class ClusterState:
     # ----------------------------------------------------------------- construction
 
     @classmethod
-    def from_snapshot(cls, snapshot: ClusterSnapshot) -> ClusterState:
+    def from_snapshot(cls, snapshot: ClusterSnapshot, defaults: SliceDefaults | None = None) -> ClusterState:
         """A state with every allocation of the snapshot applied (checked)."""
-        state = cls(snapshot.nodes)
+        state = cls(snapshot.nodes, defaults)
         for alloc in snapshot.allocations:
             pods = {p.name: p for p in alloc.workload.pods}
             for placement in alloc.placements:
@@ -109,16 +131,82 @@ class ClusterState:
 
     def apply_placement(self, pod: PodRequest, placement: PodPlacement) -> PodAlloc:
         """Re-apply a recorded placement (from a store or snapshot) to this state."""
-        record = PodAlloc(
+        record = self.record_of(pod, placement)
+        self.allocate(record)
+        return record
+
+    def record_of(self, pod: PodRequest, placement: PodPlacement) -> PodAlloc:
+        """The record of what a recorded placement holds (its recorded amounts, not the defaults now)."""
+        cpu, mem = placement.held_host(pod)
+        return PodAlloc(
             node=self.node_index[placement.node],
             devices=tuple(s.device_index for s in placement.slices),
             device_milli=tuple(s.compute_milli for s in placement.slices),
             device_memory_mib=tuple(s.memory_mib for s in placement.slices),
-            cpu_milli=pod.cpu_milli,
-            memory_mib=pod.memory_mib,
+            cpu_milli=cpu,
+            memory_mib=mem,
         )
-        self.allocate(record)
-        return record
+
+    # ----------------------------------------------------------------- effective amounts
+
+    def set_defaults(self, defaults: SliceDefaults) -> None:
+        """Use other defaults for placements from now on (what is placed keeps its records)."""
+        if defaults != self.defaults:
+            self.defaults = defaults
+            self._set_need_caches()
+
+    def _set_need_caches(self) -> None:
+        # New dicts, not cleared ones: copies of this state (clone_state) share the old ones.
+        self._host_need: dict[tuple[bool, int], IntArray] = {}
+        self._dev_mem_need: dict[int, IntArray] = {}
+
+    def cpu_need(self, pod: PodRequest) -> Need:
+        """The cpu (milli) the pod would hold: its request, else its default share ([node])."""
+        if pod.cpu_milli or not pod.num_devices:
+            return pod.cpu_milli
+        per_device = self.defaults.cpu_milli_per_device
+        if per_device is not None:
+            return per_device * pod.total_device_milli // MILLI
+        return self._node_share(True, pod.total_device_milli)
+
+    def mem_need(self, pod: PodRequest) -> Need:
+        """The host memory (MiB) the pod would hold: its request, else its default share ([node])."""
+        if pod.memory_mib or not pod.num_devices:
+            return pod.memory_mib
+        per_device = self.defaults.memory_mib_per_device
+        if per_device is not None:
+            return per_device * pod.total_device_milli // MILLI
+        return self._node_share(False, pod.total_device_milli)
+
+    def _node_share(self, cpu: bool, milli: int) -> IntArray:
+        """[node] floor(node total * milli / (its devices * 1000)), 0 on nodes without devices."""
+        found = self._host_need.get((cpu, milli))
+        if found is None:
+            total = self.cpu_cap if cpu else self.mem_cap
+            # dev_count is every device of the node, healthy or not (failures never change it).
+            per = np.maximum(self.dev_count, 1) * MILLI
+            found = np.where(self.dev_count > 0, total * milli // per, 0).astype(np.int64)
+            self._host_need[(cpu, milli)] = found
+        return found
+
+    def device_memory_need(self, pod: PodRequest) -> Need:
+        """Device memory one fractional share of the pod holds: its request, else its default
+        proportional share of each device ([node, slot]); whole devices: the request (the fit test
+        asks for a wholly free device and the record takes all of it)."""
+        if (
+            pod.device_memory_mib
+            or not pod.is_fractional
+            or not self.memory_known
+            or not self.defaults.proportional_device_memory
+        ):
+            return pod.device_memory_mib
+        share = pod.memory_share_milli or pod.device_milli
+        found = self._dev_mem_need.get(share)
+        if found is None:
+            if len(self._dev_mem_need) >= _NEED_CACHE_SIZE:
+                self._dev_mem_need = {}
+            found = self._dev_mem_need[share] = self.dev_mem_size * share // MILLI
+        return found
 
     # ----------------------------------------------------------------- totals
 
@@ -152,13 +240,41 @@ class ClusterState:
             ok &= self.dev_milli_cap == MILLI
         else:
             ok = self.dev_milli_free >= pod.device_milli
-        if pod.device_memory_mib:
-            ok &= self.dev_mem_free >= pod.device_memory_mib
+        need = self.device_memory_need(pod)
+        if isinstance(need, np.ndarray) or need:
+            ok &= self.dev_mem_free >= need
         return ok & allowed
+
+    def node_fits_at(self, pod: PodRequest, rows: Iterable[int]) -> bool:
+        """`node_fits(pod)[rows].any()`, computed on those nodes only (host resources first)."""
+        schedulable, cpu_free, mem_free = self.schedulable, self.cpu_free, self.mem_free
+        cpu, mem = self.cpu_need(pod), self.mem_need(pod)
+        hosts = [
+            n
+            for n in rows
+            if schedulable[n] and cpu_free[n] >= at_node(cpu, n) and mem_free[n] >= at_node(mem, n)
+        ]
+        if not hosts or not pod.num_devices:
+            return bool(hosts)
+        at = np.asarray(hosts, dtype=np.intp)
+        milli_free, mem_free_dev = self.dev_milli_free[at], self.dev_mem_free[at]
+        if pod.device_milli >= MILLI:
+            dev = (milli_free == MILLI) & (mem_free_dev == self.dev_mem_cap[at])
+            dev &= self.dev_milli_cap[at] == MILLI
+        else:
+            dev = milli_free >= pod.device_milli
+        need = self.device_memory_need(pod)
+        if isinstance(need, np.ndarray):
+            dev &= mem_free_dev >= need[at]
+        elif need:
+            dev &= mem_free_dev >= need
+        dev &= self.allowed_devices(pod.allowed_models)[at]
+        return bool((dev.sum(axis=1) >= pod.num_devices).any())
 
     def host_fits(self, pod: PodRequest) -> BoolArray:
         """[node] mask of schedulable nodes with enough free cpu and memory for the pod."""
-        return self.schedulable & (self.cpu_free >= pod.cpu_milli) & (self.mem_free >= pod.memory_mib)
+        cpu, mem = self.cpu_need(pod), self.mem_need(pod)
+        return self.schedulable & (self.cpu_free >= cpu) & (self.mem_free >= mem)
 
     def node_fits(self, pod: PodRequest) -> BoolArray:
         """[node] mask of nodes that can hold the whole pod right now."""
@@ -186,8 +302,13 @@ class ClusterState:
             )
         else:
             milli = (pod.device_milli,) * len(slots)
-            mem = (pod.device_memory_mib,) * len(slots)
-        return PodAlloc(node, slots, milli, mem, pod.cpu_milli, pod.memory_mib)
+            need = self.device_memory_need(pod)
+            if isinstance(need, np.ndarray):
+                mem = tuple(int(need[node, d]) for d in slots)
+            else:
+                mem = (need,) * len(slots)
+        cpu = at_node(self.cpu_need(pod), node)
+        return PodAlloc(node, slots, milli, mem, cpu, at_node(self.mem_need(pod), node))
 
     def allocate(self, record: PodAlloc) -> None:
         """Take the record's resources; raise OverAllocation (changing nothing) if any would overflow."""
@@ -276,6 +397,16 @@ class ClusterState:
         for free, cap in pairs:
             if (free < 0).any() or (free > cap).any():
                 raise OverAllocation("Free capacity out of range: a resource was over-allocated.")
+
+
+def at_node(need: Need, node: int) -> int:
+    """One node's value of an effective amount."""
+    return int(need[node]) if isinstance(need, np.ndarray) else need
+
+
+def at_nodes(need: Need, nodes: IntArray | slice) -> Need:
+    """The values of an effective amount on some nodes (a number stays a number)."""
+    return need[nodes] if isinstance(need, np.ndarray) else need
 
 
 class Statement:

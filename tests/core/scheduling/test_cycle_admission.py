@@ -61,7 +61,20 @@ def test_overcommit_reserves_guaranteed_parts() -> None:
     snap = ClusterSnapshot(tuple(cluster(1, devices=1)))
     ws = [workload(pod(0.6), wid=f"w{i}") for i in range(3)]
     plain = _cycle(snap, ws)
-    over = _cycle(snap, ws, replace(FF, overcommit=OvercommitConfig({"*": ModelRatio(compute=2.0)})))
+    both = OvercommitConfig({"*": ModelRatio(compute=2.0, memory=2.0)})
+    over = _cycle(snap, ws, replace(FF, overcommit=both))
     assert len(plain.admitted) == 1
     assert len(over.admitted) == 3
-    assert over.admitted[0].placements[0].slices[0].compute_milli == 300
+    held = over.admitted[0].placements[0].slices[0]
+    assert (held.compute_milli, held.memory_mib) == (300, 32_768 * 300 // 1000)
+
+
+def test_overcommitted_compute_leaves_default_memory_whole() -> None:
+    # Compute oversubscribed, memory not: each 0.6 slice still holds 0.6 of the device's memory
+    # (its default share), so a second one does not fit although its compute would.
+    snap = ClusterSnapshot(tuple(cluster(1, devices=1)))
+    ws = [workload(pod(0.6), wid=f"w{i}") for i in range(3)]
+    over = _cycle(snap, ws, replace(FF, overcommit=OvercommitConfig({"*": ModelRatio(compute=2.0)})))
+    assert len(over.admitted) == 1
+    held = over.admitted[0].placements[0].slices[0]
+    assert (held.compute_milli, held.memory_mib) == (300, 32_768 * 600 // 1000)

@@ -33,7 +33,7 @@ from enum import StrEnum
 from operator import attrgetter
 from typing import Any, NamedTuple
 
-from gpupool.core.model import ClusterSnapshot, PodPlacement, Reason, Workload
+from gpupool.core.model import ClusterSnapshot, PodPlacement, Reason, SliceDefaults, Workload
 from gpupool.core.overcommit import OvercommitConfig
 from gpupool.core.priority import PriorityClasses
 from gpupool.core.quota import QuotaConfig
@@ -61,6 +61,9 @@ class Policies:
     overcommit: OvercommitConfig | None = None
     max_preemption_attempts: int = 16
     """Victim searches per cycle (each may place the preemptor dozens of times); the rest wait."""
+    defaults: SliceDefaults = field(default_factory=SliceDefaults)
+    """What a pod holds of the amounts its request leaves at 0 (proportional device memory, the
+    node's per-device share of cpu and memory)."""
 
 
 class EventKind(StrEnum):
@@ -133,7 +136,7 @@ def run_cycle(
     rng: random.Random,
 ) -> CycleResult:
     """Decide, for every pending workload, whether it is admitted now and where it runs."""
-    view = ClusterView.from_snapshot(snapshot, policies.quota, policies.priority_classes)
+    view = ClusterView.from_snapshot(snapshot, policies.quota, policies.priority_classes, policies.defaults)
     return cycle_on(view, pending, policies, now_s, rng)
 
 
@@ -145,6 +148,7 @@ def cycle_on(
     rng: random.Random,
 ) -> CycleResult:
     """Steps 1-5 on a live view; the view is updated with the decisions (see the module docstring)."""
+    view.use_defaults(policies.defaults)
     return _Cycle(view, policies, now_s, rng).run(pending)
 
 

@@ -19,7 +19,13 @@ class GangPlacement:
 
     def placements(self, state: ClusterState) -> tuple[PodPlacement, ...]:
         return tuple(
-            PodPlacement(pod=pod.name, node=state.nodes[a.node].name, slices=a.slices())
+            PodPlacement(
+                pod=pod.name,
+                node=state.nodes[a.node].name,
+                slices=a.slices(),
+                cpu_milli=a.cpu_milli,
+                memory_mib=a.memory_mib,
+            )
             for pod, a in self.allocs
         )
 

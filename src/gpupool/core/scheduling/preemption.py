@@ -20,15 +20,12 @@ from dataclasses import dataclass
 from itertools import chain, groupby, islice
 from operator import itemgetter
 
-import numpy as np
-
 from gpupool.core.model import PodRequest, Workload
 from gpupool.core.priority import Rank
 from gpupool.core.scheduling.gang import GangPlacement, place_gang, release_gang
 from gpupool.core.scheduling.policies.base import NoFit, PlacementPolicy
 from gpupool.core.scheduling.view import ClusterView, Running, lower_bound_usage
 from gpupool.core.state import ClusterState
-from gpupool.core.units import MILLI
 
 MAX_SINGLE_TRIALS = 16
 """How many single-victim sets are tried before falling back to the greedy search."""
@@ -289,23 +286,8 @@ class FirstPodFits:
 
 
 def node_fits_at(state: ClusterState, pod: PodRequest, rows: Iterable[int]) -> bool:
-    """`state.node_fits(pod)[rows].any()`, computed on those nodes only (host resources first)."""
-    schedulable, cpu_free, mem_free = state.schedulable, state.cpu_free, state.mem_free
-    cpu, mem = pod.cpu_milli, pod.memory_mib
-    hosts = [n for n in rows if schedulable[n] and cpu_free[n] >= cpu and mem_free[n] >= mem]
-    if not hosts or not pod.num_devices:
-        return bool(hosts)
-    at = np.asarray(hosts, dtype=np.intp)
-    milli_free, mem_free_dev = state.dev_milli_free[at], state.dev_mem_free[at]
-    if pod.device_milli >= MILLI:
-        dev = (milli_free == MILLI) & (mem_free_dev == state.dev_mem_cap[at])
-        dev &= state.dev_milli_cap[at] == MILLI
-    else:
-        dev = milli_free >= pod.device_milli
-    if pod.device_memory_mib:
-        dev &= mem_free_dev >= pod.device_memory_mib
-    dev &= state.allowed_devices(pod.allowed_models)[at]
-    return bool((dev.sum(axis=1) >= pod.num_devices).any())
+    """`state.node_fits(pod)[rows].any()`, computed on those nodes only (with the slice defaults)."""
+    return state.node_fits_at(pod, rows)
 
 
 def _drop_apart(

@@ -25,6 +25,7 @@ from gpupool.core.model import (
     Node,
     PodPlacement,
     PodRequest,
+    SliceDefaults,
     Workload,
     WorkloadInfo,
 )
@@ -51,14 +52,15 @@ from gpupool.errors import OverAllocation
 MAX_PREPARE_PODS = 512
 """At most this many pods (an even sample of those seen) go to the placement policy's `prepare`."""
 
-Shape = tuple[tuple[int, int, int, int, int, frozenset[str]], ...]
+Shape = tuple[tuple[int, int, int, int, int, frozenset[str], int], ...]
 Allocs = tuple[tuple[PodRequest, PodAlloc], ...]
 
 
 def shape_of(w: Workload) -> Shape:
     """Two workloads of one shape fit (or fail) exactly alike on the same state."""
     return tuple(
-        (p.cpu_milli, p.memory_mib, p.num_devices, p.device_milli, p.device_memory_mib, p.allowed_models)
+        (p.cpu_milli, p.memory_mib, p.num_devices, p.device_milli, p.device_memory_mib, p.allowed_models,
+         p.memory_share_milli)
         for p in w.pods
     )
 
@@ -158,11 +160,15 @@ class ClusterView:
 
     @classmethod
     def empty(
-        cls, nodes: Sequence[Node], quota: QuotaConfig | None = None, classes: PriorityClasses | None = None
+        cls,
+        nodes: Sequence[Node],
+        quota: QuotaConfig | None = None,
+        classes: PriorityClasses | None = None,
+        defaults: SliceDefaults | None = None,
     ) -> ClusterView:
         quota = quota or QuotaConfig()
         return cls(
-            state=ClusterState(nodes),
+            state=ClusterState(nodes, defaults),
             quota=QuotaTracker(quota),
             classes=classes or PriorityClasses(),
             route=quota.route(),
@@ -174,9 +180,10 @@ class ClusterView:
         snapshot: ClusterSnapshot,
         quota: QuotaConfig | None = None,
         classes: PriorityClasses | None = None,
+        defaults: SliceDefaults | None = None,
     ) -> ClusterView:
         """A view holding every allocation of the snapshot; those on broken hardware await eviction."""
-        view = cls.empty(snapshot.nodes, quota, classes)
+        view = cls.empty(snapshot.nodes, quota, classes, defaults)
         view.info = dict(snapshot.workload_info)
         state = view.state
         broken = {
@@ -243,6 +250,13 @@ class ClusterView:
         statement.commit()
         self._register(run)
         return True
+
+    def use_defaults(self, defaults: SliceDefaults) -> None:
+        """Place with these slice defaults from now on (what runs keeps what it holds)."""
+        if defaults == self.state.defaults:
+            return
+        self.state.set_defaults(defaults)  # the policies' caches see the change (state.defaults)
+        self.never_fits_cache.clear()
 
     # ---------------------------------------------------------------- placement policy
 
@@ -515,18 +529,8 @@ def _allocs(state: ClusterState, alloc: Allocation) -> Allocs:
     return tuple((pods[pl.pod], _record(state, pods[pl.pod], pl)) for pl in alloc.placements)
 
 
-def _record(state: ClusterState, pod: PodRequest, placement: object) -> PodAlloc:
-    from gpupool.core.model import PodPlacement
-
-    assert isinstance(placement, PodPlacement)
-    return PodAlloc(
-        node=state.node_index[placement.node],
-        devices=tuple(s.device_index for s in placement.slices),
-        device_milli=tuple(s.compute_milli for s in placement.slices),
-        device_memory_mib=tuple(s.memory_mib for s in placement.slices),
-        cpu_milli=pod.cpu_milli,
-        memory_mib=pod.memory_mib,
-    )
+def _record(state: ClusterState, pod: PodRequest, placement: PodPlacement) -> PodAlloc:
+    return state.record_of(pod, placement)
 
 
 def clone_state(state: ClusterState, *, empty: bool = False) -> ClusterState:
@@ -558,8 +562,11 @@ def _allocate_placements(state: ClusterState, allocations: Sequence[Allocation])
     nodes = list(map(state.node_index.__getitem__, map(_node_name, placements)))
     slices = list(map(_slices, placements))
     counts = list(map(len, slices))
-    np.add.at(state.cpu_free, nodes, -np.fromiter(map(_cpu, pods), np.int64, len(pods)))
-    np.add.at(state.mem_free, nodes, -np.fromiter(map(_mem, pods), np.int64, len(pods)))
+    # What the placements recorded (the effective amounts), else the pods' requests.
+    cpu = np.fromiter(map(_cpu, placements), np.int64, len(pods))
+    mem = np.fromiter(map(_mem, placements), np.int64, len(pods))
+    np.add.at(state.cpu_free, nodes, -np.maximum(cpu, np.fromiter(map(_cpu, pods), np.int64, len(pods))))
+    np.add.at(state.mem_free, nodes, -np.maximum(mem, np.fromiter(map(_mem, pods), np.int64, len(pods))))
     flat = list(chain.from_iterable(slices))
     if flat:
         where = (np.repeat(np.asarray(nodes, dtype=np.int64), counts), list(map(_slot, flat)))

@@ -6,7 +6,9 @@ capacity of every device whose free share is below what m needs from one device.
 popularities p_m, F_n(M) = sum_m p_m F_n(m) = free_n - sum_m p_m U_n(m), where U_n(m) is the free
 capacity m can use. `FragModel` keeps the per-shape counts and sums behind U for every node and
 updates only the nodes whose `ClusterState.node_version` changed, and evaluates the fragment a node
-would have after a hypothetical placement without copying the state.
+would have after a hypothetical placement without copying the state. Cpu and memory are the
+effective amounts (`ClusterState.cpu_need`): a shape that names none needs its default share, which
+may differ per node.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ import numpy as np
 import numpy.typing as npt
 
 from gpupool.core.model import PodRequest
-from gpupool.core.state import BoolArray, ClusterState, IntArray
+from gpupool.core.state import BoolArray, ClusterState, IntArray, Need, at_nodes
 
 FloatArray = npt.NDArray[np.float64]
 
@@ -37,6 +39,14 @@ class Shape:
 
 def shape_of(pod: PodRequest) -> Shape:
     return Shape(pod.cpu_milli, pod.memory_mib, pod.num_devices, pod.device_milli, pod.allowed_models)
+
+
+def pod_of(shape: Shape) -> PodRequest:
+    """A pod of the shape (to ask the state what it needs)."""
+    return PodRequest(
+        "shape", shape.cpu_milli, shape.memory_mib, shape.num_devices, shape.device_milli,
+        allowed_models=shape.allowed_models,
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,8 +86,10 @@ class FragModel:
         shapes = mix.shapes
         self.need = np.array([s.device_milli for s in shapes], dtype=np.int64)
         self.num = np.array([s.num_devices for s in shapes], dtype=np.int64)
-        self.cpu = np.array([s.cpu_milli for s in shapes], dtype=np.int64)
-        self.mem = np.array([s.memory_mib for s in shapes], dtype=np.int64)
+        self.defaults = state.defaults
+        self.cpu = _per_shape([state.cpu_need(pod_of(s)) for s in shapes], len(state.nodes))
+        self.mem = _per_shape([state.mem_need(pod_of(s)) for s in shapes], len(state.nodes))
+        """[S], or [node, S] where some shape's default share differs per node."""
         self.p = np.array(mix.weights, dtype=np.float64)
         self.cpu_only = self.num == 0
         self.cpu_only_counts_all = cpu_only_counts_all
@@ -103,18 +115,27 @@ class FragModel:
         self.cnt[stale] = ge.sum(axis=1)
         self.usum[stale] = (free[:, :, None] * ge).sum(axis=1)
         self.frag[stale] = self.fragment(
-            free.sum(axis=1), self.cnt[stale], self.usum[stale], s.cpu_free[stale], s.mem_free[stale]
+            free.sum(axis=1), self.cnt[stale], self.usum[stale], s.cpu_free[stale], s.mem_free[stale], stale
         )
         self.version[stale] = s.node_version[stale]
 
     def fragment(
-        self, total: npt.ArrayLike, cnt: IntArray, usum: IntArray, cpu: npt.ArrayLike, mem: npt.ArrayLike
+        self,
+        total: npt.ArrayLike,
+        cnt: IntArray,
+        usum: IntArray,
+        cpu: npt.ArrayLike,
+        mem: npt.ArrayLike,
+        nodes: IntArray,
     ) -> FloatArray:
-        """F(M) from free totals [...], per-shape counts/sums [..., S] and free cpu/memory [...]."""
+        """F(M) from free totals [...], per-shape counts/sums [..., S] and free cpu/memory [...] of
+        `nodes` ([K]; `...` is [K] or [K, slot])."""
         total_a = np.asarray(total, dtype=np.float64)
         cpu_a = np.asarray(cpu)[..., None]
         mem_a = np.asarray(mem)[..., None]
-        host = (cpu_a >= self.cpu) & (mem_a >= self.mem)
+        host = (cpu_a >= self._rows(self.cpu, nodes, cpu_a.ndim)) & (
+            mem_a >= self._rows(self.mem, nodes, mem_a.ndim)
+        )
         usable = np.where(host & (cnt >= self.num), usum, 0).astype(np.float64)
         if self.cpu_only.any():
             if self.cpu_only_counts_all:
@@ -123,6 +144,14 @@ class FragModel:
                 whole = np.broadcast_to(total_a[..., None], usable.shape)
                 usable[..., self.cpu_only] = np.where(host, whole, 0.0)[..., self.cpu_only]
         return np.asarray(total_a - usable @ self.p, dtype=np.float64)
+
+    @staticmethod
+    def _rows(need: IntArray, nodes: IntArray, ndim: int) -> IntArray:
+        """The shapes' needs on `nodes`, shaped to broadcast against [K, S] or [K, slot, S]."""
+        if need.ndim == 1:
+            return need
+        rows = need[nodes]
+        return rows[:, None, :] if ndim == 3 else rows
 
     def after_fraction(self, pod: PodRequest, nodes: IntArray) -> FloatArray:
         """[K, slot] fragment of each node after putting the fractional `pod` on each slot."""
@@ -136,9 +165,9 @@ class FragModel:
         cnt = self.cnt[nodes][:, None, :] - ge1 + ge2
         usum = self.usum[nodes][:, None, :] - v[:, :, None] * ge1 + v2[:, :, None] * ge2
         total = (v.sum(axis=1) - milli)[:, None]
-        cpu = (s.cpu_free[nodes] - pod.cpu_milli)[:, None]
-        mem = (s.mem_free[nodes] - pod.memory_mib)[:, None]
-        return self.fragment(np.broadcast_to(total, v.shape), cnt, usum, cpu, mem)
+        cpu = (s.cpu_free[nodes] - at_nodes(s.cpu_need(pod), nodes))[:, None]
+        mem = (s.mem_free[nodes] - at_nodes(s.mem_need(pod), nodes))[:, None]
+        return self.fragment(np.broadcast_to(total, v.shape), cnt, usum, cpu, mem, nodes)
 
     def after_whole(self, pod: PodRequest, nodes: IntArray, chosen: BoolArray) -> FloatArray:
         """[K] fragment of each node after `pod` takes the whole devices marked in chosen [K, slot]."""
@@ -149,9 +178,18 @@ class FragModel:
         cnt = self.cnt[nodes] - taken.sum(axis=1) + left.sum(axis=1)
         usum = self.usum[nodes] - (v[:, :, None] * taken).sum(axis=1)
         total = s.dev_milli_free[nodes].sum(axis=1) - v.sum(axis=1)
-        cpu = s.cpu_free[nodes] - pod.cpu_milli
-        mem = s.mem_free[nodes] - pod.memory_mib
-        return self.fragment(total, cnt, usum, cpu, mem)
+        cpu = s.cpu_free[nodes] - at_nodes(s.cpu_need(pod), nodes)
+        mem = s.mem_free[nodes] - at_nodes(s.mem_need(pod), nodes)
+        return self.fragment(total, cnt, usum, cpu, mem, nodes)
+
+
+def _per_shape(needs: list[Need], n: int) -> IntArray:
+    """The shapes' needs as [S] when every one is a number, else as [node, S]."""
+    if all(isinstance(x, int) for x in needs):
+        return np.array(needs, dtype=np.int64)
+    if not needs:
+        return np.zeros(0, dtype=np.int64)
+    return np.stack([np.broadcast_to(np.asarray(x, dtype=np.int64), (n,)) for x in needs], axis=1)
 
 
 def first_whole_devices(fits: BoolArray, count: int) -> BoolArray:

@@ -8,6 +8,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
+import numpy as np
+
 from gpupool.core.model import PodRequest, Reason
 from gpupool.core.state import ClusterState
 from gpupool.errors import UnknownName, did_you_mean
@@ -113,14 +115,19 @@ def explain_nofit(pod: PodRequest, state: ClusterState) -> NoFit:
             )
     host = state.host_fits(pod)
     if not host.any():
-        if not (state.schedulable & (state.cpu_free >= pod.cpu_milli)).any():
-            return NoFit(Reason.INSUFFICIENT_CPU, f"No node has {pod.cpu_milli} milli-CPU free.")
-        return NoFit(Reason.INSUFFICIENT_MEMORY, f"No node has {pod.memory_mib} MiB of memory free.")
+        if not (state.schedulable & (state.cpu_free >= state.cpu_need(pod))).any():
+            cpu = f"{pod.cpu_milli} milli-CPU" if pod.cpu_milli else "its default share of cpu"
+            return NoFit(Reason.INSUFFICIENT_CPU, f"No node has {cpu} free.")
+        mem = f"{pod.memory_mib} MiB of memory" if pod.memory_mib else "its default share of memory"
+        return NoFit(Reason.INSUFFICIENT_MEMORY, f"No node has {mem} free.")
     if pod.num_devices:
+        asked = pod.device_memory_mib
+        defaulted = not asked and isinstance(state.device_memory_need(pod), np.ndarray)
         return NoFit(
             Reason.INSUFFICIENT_DEVICES,
             f"No node has {pod.num_devices} device(s) with {pod.device_milli} milli free"
-            + (f" and {pod.device_memory_mib} MiB" if pod.device_memory_mib else "")
+            + (f" and {asked} MiB" if asked else " and the same share of memory" if defaulted else "")
             + " beside enough cpu and memory.",
         )
     return NoFit(Reason.NO_NODE_FITS, "No node fits the pod.")
+

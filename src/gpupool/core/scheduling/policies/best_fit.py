@@ -19,7 +19,7 @@ from gpupool.core.state import BoolArray, ClusterState
 
 def remaining_share(pod: PodRequest, state: ClusterState) -> FloatArray:
     """[node] 0.5 x cpu + 0.5 x devices left after placing `pod`, each over the node's capacity."""
-    cpu = safe_ratio(state.cpu_free - pod.cpu_milli, state.cpu_cap)
+    cpu = safe_ratio(state.cpu_free - state.cpu_need(pod), state.cpu_cap)
     dev = safe_ratio(free_device_milli(state) - pod.total_device_milli, cap_device_milli(state))
     return 0.5 * cpu + 0.5 * dev
 

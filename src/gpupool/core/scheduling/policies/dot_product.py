@@ -35,7 +35,7 @@ class DotProduct(ScoredPolicy):
     def scores(self, pod: PodRequest, state: ClusterState, feasible: BoolArray) -> FloatArray:
         cpu_max = float(max(int(state.cpu_cap.max(initial=0)), 1))
         dev_max = float(max(int(cap_device_milli(state).max(initial=0)), 1))
-        dot = (state.cpu_free / cpu_max) * (pod.cpu_milli / cpu_max) + (
+        dot = (state.cpu_free / cpu_max) * (state.cpu_need(pod) / cpu_max) + (
             free_device_milli(state) / dev_max
         ) * (pod.total_device_milli / dev_max)
         return quantize(np.clip(1.0 - dot / 2.0, 0.0, 1.0), self.score_levels)

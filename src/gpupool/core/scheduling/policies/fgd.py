@@ -91,11 +91,12 @@ class Fgd(PlacementPolicy):
         if self._mix is None:
             self._mix = estimate_mix([*self._observed, pod], self.coverage)
             self._model = None
-        if self._model is None or self._model.state is not state:
-            self._model = FragModel(state, self._mix, self.cpu_only_counts_all)
+        model = self._model
+        if model is None or model.state is not state or model.defaults is not state.defaults:
+            model = self._model = FragModel(state, self._mix, self.cpu_only_counts_all)
             self._cache = {}
-        self._model.refresh()
-        return self._model
+        model.refresh()
+        return model
 
     # ----------------------------------------------------------------- placement
 

@@ -31,7 +31,7 @@ from gpupool.core.model import PodRequest
 from gpupool.core.scheduling.policies._common import FloatArray
 from gpupool.core.scheduling.policies.base import register_policy
 from gpupool.core.scheduling.policies.fgd import Fgd, sigmoid
-from gpupool.core.state import ClusterState, IntArray
+from gpupool.core.state import ClusterState, IntArray, at_nodes
 from gpupool.core.units import MILLI
 
 
@@ -79,7 +79,7 @@ class FgdBalance(Fgd):
         tie = np.zeros(nodes.size, dtype=np.float64)
         if self.balance:
             ratio = self.cpu_per_device_milli() * self.ratio_scale
-            cpu_left = (state.cpu_free[nodes] - pod.cpu_milli).astype(np.float64)
+            cpu_left = (state.cpu_free[nodes] - at_nodes(state.cpu_need(pod), nodes)).astype(np.float64)
             dev_left = (state.dev_milli_free[nodes].sum(axis=1) - pod.total_device_milli).astype(np.float64)
             surplus = (cpu_left - ratio * dev_left) / np.maximum(state.cpu_cap[nodes], 1)
             if pod.num_devices:

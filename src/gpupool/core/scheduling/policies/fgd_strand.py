@@ -45,11 +45,11 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from gpupool.core.model import PodRequest
+from gpupool.core.model import PodRequest, SliceDefaults
 from gpupool.core.scheduling.policies._common import FloatArray
 from gpupool.core.scheduling.policies.base import Choice, NoFit, register_policy
 from gpupool.core.scheduling.policies.fgd import Fgd, sigmoid
-from gpupool.core.state import ClusterState, IntArray
+from gpupool.core.state import ClusterState, IntArray, Need, at_nodes
 from gpupool.core.units import MILLI
 
 
@@ -85,6 +85,7 @@ class FgdStrand(Fgd):
         self._protect: np.ndarray | None = None
         self._gang_shapes: list[PodRequest] = []
         self._hosts_of: ClusterState | None = None
+        self._hosts_for: SliceDefaults | None = None
         self._hosts: dict[GangKey, np.ndarray] = {}
         self.reserve_expected = reserve_expected
         self._expected: dict[GangKey, float] = {}
@@ -152,8 +153,8 @@ class FgdStrand(Fgd):
         untouched = (state.dev_milli_free == state.dev_milli_cap).all(axis=1) & state.schedulable
         protect = np.zeros(len(state.nodes), dtype=bool)
         self._protect_for = {}
-        if self._hosts_of is not state:  # which nodes could ever host a shape depends on capacity only
-            self._hosts_of, self._hosts = state, {}
+        if self._hosts_stale(state):  # which nodes could ever host a shape depends on capacity only
+            self._hosts_of, self._hosts_for, self._hosts = state, state.defaults, {}
         for shape in self._gang_shapes:
             key = _gang_key(shape)
             hosts = self._hosts.get(key)
@@ -169,11 +170,12 @@ class FgdStrand(Fgd):
         """Nodes that can hold a gang shape now (devices, cpu, memory), kept while no more of them
         are left than the larger of `reserve_empty` and the shape's expected arrivals still to come."""
         shapes = self._gang_shapes
-        if self._hosts_of is not state or len(self._host_rows) != len(shapes):
-            self._hosts_of, self._hosts = state, {}
+        if self._hosts_stale(state) or len(self._host_rows) != len(shapes):
+            self._hosts_of, self._hosts_for, self._hosts = state, state.defaults, {}
             self._host_rows = np.array([self._could_host(state, g) for g in shapes])
-            self._shape_cpu = np.array([g.cpu_milli for g in shapes], dtype=np.int64)[:, None]
-            self._shape_mem = np.array([g.memory_mib for g in shapes], dtype=np.int64)[:, None]
+            n = len(state.nodes)
+            self._shape_cpu = _rows([state.cpu_need(g) for g in shapes], n)
+            self._shape_mem = _rows([state.mem_need(g) for g in shapes], n)
             self._shape_devices = np.array([g.num_devices for g in shapes], dtype=np.int64)[:, None]
         whole = np.array([self._whole_free(state, g.allowed_models) for g in shapes])
         able = (
@@ -190,6 +192,10 @@ class FgdStrand(Fgd):
         protect = able[kept].any(axis=0)
         return protect if protect.any() else None
 
+    def _hosts_stale(self, state: ClusterState) -> bool:
+        """The per-shape host caches were built for another state or other slice defaults."""
+        return self._hosts_of is not state or self._hosts_for is not state.defaults
+
     def _whole_free(self, state: ClusterState, models: frozenset[str]) -> IntArray:
         """[node] whole free devices of the given models (all: empty set); valid during one place()."""
         whole = self._whole.get(models)
@@ -199,22 +205,23 @@ class FgdStrand(Fgd):
         return whole
 
     def _room_for(
-        self, state: ClusterState, shape: PodRequest, nodes: IntArray | None, cpu: int = 0, mem: int = 0,
+        self, state: ClusterState, shape: PodRequest, nodes: IntArray | None, cpu: Need = 0, mem: Need = 0,
         devices: int = 0,
     ) -> np.ndarray:
         """[nodes] whether `shape` would still fit once cpu, memory and whole devices are taken."""
         whole = self._whole_free(state, shape.allowed_models)
         sel = slice(None) if nodes is None else nodes
         return np.asarray(
-            (state.cpu_free[sel] - cpu >= shape.cpu_milli)
-            & (state.mem_free[sel] - mem >= shape.memory_mib)
+            (state.cpu_free[sel] - cpu >= at_nodes(state.cpu_need(shape), sel))
+            & (state.mem_free[sel] - mem >= at_nodes(state.mem_need(shape), sel))
             & (whole[sel] - devices >= shape.num_devices)
         )
 
     @staticmethod
     def _could_host(state: ClusterState, shape: PodRequest) -> np.ndarray:
         devices = state.allowed_devices(shape.allowed_models).sum(axis=1) >= shape.num_devices
-        return np.asarray(devices & (state.cpu_cap >= shape.cpu_milli) & (state.mem_cap >= shape.memory_mib))
+        cpu, mem = state.cpu_need(shape), state.mem_need(shape)
+        return np.asarray(devices & (state.cpu_cap >= cpu) & (state.mem_cap >= mem))
 
     def rank(self, pod: PodRequest, state: ClusterState, nodes: IntArray, growth: FloatArray) -> FloatArray:
         extra = self.stranding_weight * self._stranding_growth(pod, state, nodes)
@@ -227,7 +234,8 @@ class FgdStrand(Fgd):
                 kept = self._protect_for.get(key)
                 if kept is None or key == own or not kept[nodes].any():
                     continue
-                room = self._room_for(state, shape, nodes, pod.cpu_milli, pod.memory_mib, pod.num_devices)
+                cpu, mem = at_nodes(state.cpu_need(pod), nodes), at_nodes(state.mem_need(pod), nodes)
+                room = self._room_for(state, shape, nodes, cpu, mem, pod.num_devices)
                 breaks |= kept[nodes] & ~room
             extra = extra + np.where(breaks, self.reserve_penalty_milli, 0.0)
         elif self._protect is not None and pod.num_devices < self._largest_gang:
@@ -252,7 +260,8 @@ class FgdStrand(Fgd):
         cpu = state.cpu_free[nodes].astype(np.float64)
         dev = state.dev_milli_free[nodes].sum(axis=1).astype(np.float64)
         before = np.maximum(0.0, dev - cpu / ratio)
-        after = np.maximum(0.0, (dev - pod.total_device_milli) - (cpu - pod.cpu_milli) / ratio)
+        taken = at_nodes(state.cpu_need(pod), nodes)
+        after = np.maximum(0.0, (dev - pod.total_device_milli) - (cpu - taken) / ratio)
         return np.asarray(after - before, dtype=np.float64)
 
 
@@ -275,6 +284,13 @@ def model_pressure(state: ClusterState, pods: Sequence[PodRequest]) -> FloatArra
         [state.dev_milli_cap[state.dev_model == i].sum() for i in range(len(state.models))], dtype=np.float64
     )
     return np.asarray(np.minimum(1.0, demand / np.maximum(capacity, 1.0)), dtype=np.float64)
+
+
+def _rows(needs: list[Need], n: int) -> IntArray:
+    """[shape, 1] when every need is a number, else [shape, node]."""
+    if all(isinstance(x, int) for x in needs):
+        return np.array(needs, dtype=np.int64)[:, None]
+    return np.stack([np.broadcast_to(np.asarray(x, dtype=np.int64), (n,)) for x in needs])
 
 
 GangKey = tuple[int, int, int, frozenset[str]]
