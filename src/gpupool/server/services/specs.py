@@ -42,10 +42,13 @@ def pod_requests(spec: WorkloadSpec) -> tuple[PodRequest, ...]:
 
 
 def to_workload(
-    workload_id: str, spec: WorkloadSpec, tenant: str, priority: int, submit_s: float
+    workload_id: str, spec: WorkloadSpec, tenant: str, priority: int, submit_s: float,
+    priority_class: str | None = None,
 ) -> Workload:
-    """The core's Workload; a time limit is what backfill plans with (the pods cannot run longer)."""
-    extra = {"priority_class": spec.priority_class} if spec.priority_class else {}
+    """The core's Workload; a time limit is what backfill plans with (the pods cannot run longer).
+    `priority_class` (the class resolved at submit) wins over the spec's."""
+    chosen = priority_class or spec.priority_class
+    extra = {"priority_class": chosen} if chosen else {}
     return Workload(
         id=workload_id,
         pods=pod_requests(spec),

@@ -76,30 +76,35 @@ def prepare(rt: Runtime, who: Principal, spec: WorkloadSpec) -> Submission:
         raise InvalidInput("array_index is set by the server on each task of an array; leave it out and "
                            "submit the array with `array` (gpupool submit --array 0-9).", field="array_index")
     chosen = priority_class(rt.config, spec.priority_class, tenant, who.max_priority)
-    if chosen != spec.priority_class:
-        spec = spec.model_copy(update={"priority_class": chosen})  # stored resolved: the config may change
     spec = check_fits(spec, CAPACITY.get(rt.nodes()))  # O(shapes): the summary is cached per node list
     now = rt.clock()
     if spec.array is not None:
-        return _array(spec, tenant, now)
+        return _array(spec, tenant, now, chosen)
     workload_id = new_workload_id()
-    workload = to_workload(workload_id, spec, tenant, spec.priority, now)
-    stored = spec.model_dump(mode="json", exclude_defaults=True)
-    stored["tenant"] = tenant
+    workload = to_workload(workload_id, spec, tenant, spec.priority, now, priority_class=chosen)
+    stored = _stored(spec, tenant, chosen)
     return Submission(
         id=workload_id, tenant=tenant, queue=spec.queue, device_milli=workload.total_device_milli,
         workloads=[_row(workload, spec, stored, None)], events=[_event(workload_id, now)],
         parsed=[workload])
 
 
-def _array(spec: WorkloadSpec, tenant: str, now: float) -> Submission:
+def _stored(spec: WorkloadSpec, tenant: str, chosen: str | None) -> dict[str, Any]:
+    """The spec as stored: its tenant, and its priority class as resolved (the config may change)."""
+    stored = spec.model_dump(mode="json", exclude_defaults=True)
+    stored["tenant"] = tenant
+    if chosen is not None:
+        stored["priority_class"] = chosen
+    return stored
+
+
+def _array(spec: WorkloadSpec, tenant: str, now: float, chosen: str | None) -> Submission:
     """Every task of an array: ids ARRAY_INDEX, each spec carrying its array_index."""
     tasks = parse_array(spec.array or "")
     array_id = new_workload_id()
     spec = spec.model_copy(update={"array": None})
-    template = to_workload(array_id, spec, tenant, spec.priority, now)
-    stored = spec.model_dump(mode="json", exclude_defaults=True)
-    stored["tenant"] = tenant
+    template = to_workload(array_id, spec, tenant, spec.priority, now, priority_class=chosen)
+    stored = _stored(spec, tenant, chosen)
     rows: list[dict[str, Any]] = []
     events: list[dict[str, Any]] = []
     parsed: list[Workload] = []
