@@ -15,6 +15,7 @@ from gpupool.core.model import PodRequest, Workload
 from gpupool.core.priority import PriorityClasses
 from gpupool.core.scheduling.ordering.drf import Drf, _sorted_keys
 from gpupool.core.scheduling.preemption import FirstPodFits, node_fits_at
+from gpupool.core.scheduling.view import release_many
 from gpupool.core.state import ClusterState
 
 pods = st.builds(
@@ -115,3 +116,18 @@ def test_drf_kept_order_decides_as_sorting_afresh(sequence: list, preemption: bo
         mp.setattr(Drf, "keep_order", False)
         fresh = props._drive(sequence, policies, seed=5)
     assert kept == fresh
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.integers(0, 10_000), st.integers(0, 40))
+def test_release_many_gives_back_what_releasing_one_by_one_does(seed: int, count: int) -> None:
+    """Few records are applied in a loop, many with np.add.at: either way as `release` one by one."""
+    bulk, records = _busy_state(seed)
+    single, _ = _busy_state(seed)
+    chosen = records[:count]
+    release_many(bulk, chosen)
+    for record in chosen:
+        single.release(record)
+    for name in ("cpu_free", "mem_free", "dev_milli_free", "dev_mem_free", "node_version"):
+        assert (getattr(bulk, name) == getattr(single, name)).all(), name
+    assert bulk.node_pod_kinds == single.node_pod_kinds

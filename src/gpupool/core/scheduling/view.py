@@ -629,7 +629,22 @@ def allocate_many(state: ClusterState, records: Sequence[PodAlloc]) -> None:
         kinds[kind] = kinds.get(kind, 0) + 1
 
 
+SMALL_BATCH = 16
+"""Up to this many records are applied one by one: `np.add.at` costs more than the loop on few."""
+
+
 def _add_many(state: ClusterState, records: Sequence[PodAlloc], sign: int) -> None:
+    if len(records) <= SMALL_BATCH:
+        cpu_free, mem_free = state.cpu_free, state.mem_free
+        milli_free, dev_mem_free = state.dev_milli_free, state.dev_mem_free
+        for r in records:
+            n = r.node
+            cpu_free[n] += sign * r.cpu_milli
+            mem_free[n] += sign * r.memory_mib
+            for d, milli, mem in zip(r.devices, r.device_milli, r.device_memory_mib, strict=True):
+                milli_free[n, d] += sign * milli
+                dev_mem_free[n, d] += sign * mem
+        return
     nodes = [r.node for r in records]
     np.add.at(state.cpu_free, nodes, [sign * r.cpu_milli for r in records])
     np.add.at(state.mem_free, nodes, [sign * r.memory_mib for r in records])
@@ -649,7 +664,11 @@ def release_many(state: ClusterState, records: Sequence[PodAlloc]) -> None:
     if not records:
         return
     _add_many(state, records, 1)
-    np.add.at(state.node_version, [r.node for r in records], 1)
+    if len(records) <= SMALL_BATCH:
+        for r in records:
+            state.node_version[r.node] += 1
+    else:
+        np.add.at(state.node_version, [r.node for r in records], 1)
     for r in records:
         kinds = state.node_pod_kinds[r.node]
         kind = state.pod_kind(r)
