@@ -186,6 +186,11 @@ def cancel(rt: Runtime, who: Principal, workload_id: str) -> WorkloadOut:
     return get(rt, who, workload_id)
 
 
+MOVES_PER_CALL = 500
+"""apply_moves checks each refused move against the legal ones (quadratic in a call's moves): an
+array's 10,000 pending tasks go in calls of this many."""
+
+
 def cancel_array(rt: Runtime, who: Principal, array_id: str) -> ArrayCancelled:
     """Cancel every unfinished task of an array in one transaction: pending ones in bulk, those
     holding slices one by one (their pods are stopped after the commit); finished ones stay."""
@@ -199,8 +204,10 @@ def cancel_array(rt: Runtime, who: Principal, array_id: str) -> ArrayCancelled:
             raise NotFound(f"No array {array_id!r}; list yours with `gpupool ls`.", array=array_id)
         pending = WorkloadStatus.PENDING.value
         cancelled = WorkloadStatus.CANCELLED.value
-        apply_moves(conn, [Move(t.id, pending, cancelled, EventReason.CANCELLED_BY_USER.value, message, now,
-                                columns=(("finished_s", now),)) for t in tasks if t.status == pending])
+        moves = [Move(t.id, pending, cancelled, EventReason.CANCELLED_BY_USER.value, message, now,
+                      columns=(("finished_s", now),)) for t in tasks if t.status == pending]
+        for start in range(0, len(moves), MOVES_PER_CALL):
+            apply_moves(conn, moves[start:start + MOVES_PER_CALL])
         holding = [t.id for t in tasks if t.status != pending and not WorkloadStatus(t.status).is_final]
         to_stop: list[str] = []
         for row in session.scalars(select(WorkloadRow).where(WorkloadRow.id.in_(holding))) if holding else ():
