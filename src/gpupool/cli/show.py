@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import json
+import time
 from typing import Annotated, Any
 
 import typer
 
 from gpupool.cli._common import SIMULATED_MARK, client, console, reports_errors
 from gpupool.cli._targets import resolve_all
+from gpupool.core.units import format_memory_mib
 
 
 @reports_errors
@@ -36,6 +38,11 @@ def show(
             if i:
                 print()
             _show_one(pool, workload)
+
+
+def now_s() -> float:
+    """The wall clock the relative times ("in 2h 10m") count from (tests replace it)."""
+    return time.time()
 
 
 def workdir_line(pool: Any, workload: Any) -> str:
@@ -67,9 +74,79 @@ def requested_line(spec: Any) -> str:
     return f"requested: {spec.replicas} x ({', '.join(parts)})"
 
 
+def reason_lines(workload: Any) -> list[str]:
+    """The last reason: its code and message, then what it means and what to do (the catalogue's)."""
+    if not workload.reason:
+        return []
+    lines = [f"reason: {workload.reason}" + (f": {workload.message}" if workload.message else "")]
+    if workload.reason_text:
+        lines.append(f"  {workload.reason_text}")
+    if workload.reason_hint:
+        lines.append(f"  hint: {workload.reason_hint}")
+    return lines
+
+
+def scheduling_lines(workload: Any, now_s: float) -> list[str]:
+    """What the scheduler records about it: class, attempt, retries, time limit, reservation, backoff,
+    work lost and kept, and its array."""
+    spec = workload.spec
+    klass = f"class {spec.priority_class}, " if spec.priority_class else ""
+    limit = duration_text(workload.time_limit_s) if workload.time_limit_s else "none"
+    lines = [f"scheduling: {klass}priority {workload.priority}, attempt {workload.attempt}, "
+             f"retries {workload.retries} of {workload.max_retries}, time limit {limit}"]
+    if workload.array_id is not None:
+        throttle = f" (at most {workload.array_limit} at once)" if workload.array_limit else ""
+        lines.append(f"array: {workload.array_id} index {workload.array_index}{throttle}")
+    if workload.reserved_start_s is not None:
+        lines.append(f"reserved start: {at_text(workload.reserved_start_s)} "
+                     f"({relative_text(workload.reserved_start_s, now_s)}; backfill holds room for it)")
+    if workload.not_before_s is not None and workload.status == "pending" and workload.not_before_s > now_s:
+        lines.append(f"retry backoff: not placed before {at_text(workload.not_before_s)} "
+                     f"({relative_text(workload.not_before_s, now_s)})")
+    if workload.lost_device_s or workload.progress_s or workload.run_s:
+        lines.append(f"work: lost {device_time_text(workload.lost_device_s)} to preemptions and evictions; "
+                     f"kept {duration_text(workload.progress_s)} from checkpoints; "
+                     f"ran {duration_text(workload.run_s)} in earlier attempts")
+    return lines
+
+
+def at_text(epoch_s: float) -> str:
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(epoch_s))
+
+
+def duration_text(seconds: float) -> str:
+    """90061 -> '1d 1h 1m', 7800 -> '2h 10m', 90 -> '1m 30s', 59.5 -> '59.5s' (seconds under an hour)."""
+    if seconds < 60:
+        return f"{seconds:.3g}s" if seconds else "0s"
+    whole = int(seconds)
+    days, hours, mins, secs = whole // 86400, whole % 86400 // 3600, whole % 3600 // 60, whole % 60
+    parts = [f"{days}d" if days else "", f"{hours}h" if hours else "", f"{mins}m" if mins else "",
+             f"{secs}s" if secs and whole < 3600 else ""]
+    return " ".join(p for p in parts if p)
+
+
+def relative_text(epoch_s: float, now_s: float) -> str:
+    """'in 2h 10m', '5m ago' or 'now'."""
+    delta = epoch_s - now_s
+    if abs(delta) < 1:
+        return "now"
+    return f"in {duration_text(delta)}" if delta > 0 else f"{duration_text(-delta)} ago"
+
+
+def device_time_text(device_s: float) -> str:
+    """Device-seconds as GPU-hours and GPU-seconds: '0.03 GPU-hours (100 GPU-seconds)'."""
+    return f"{device_s / 3600:.2f} GPU-hours ({device_s:.0f} GPU-seconds)"
+
+
+def slices_text(slices: Any) -> str:
+    """Each slice held: dev<index>:<share of compute>/<device memory>, e.g. dev0:0.25/20GiB."""
+    held = [f"dev{s.device_index}:{s.compute_milli / 1000:g}"
+            + (f"/{format_memory_mib(s.memory_mib)}" if s.memory_mib else "") for s in slices]
+    return ", ".join(held) or "-"
+
+
 def times_line(workload: Any, now_s: float | None = None) -> str:
     """Submitted, started and ended (local time), and how long it has run."""
-    import time
 
     def at(epoch: float | None) -> str:
         return "-" if epoch is None else time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(epoch))
@@ -92,39 +169,42 @@ def _show_one(pool: Any, workload: Any) -> None:
         f"[bold]{workload.status}[/bold]"
         + (f"  exit {workload.exit_code}" if workload.exit_code is not None else "")
     )
-    if workload.reason:
-        out.print(f"reason: {workload.reason}: {workload.message}")
+    plain = {"markup": False, "highlight": False, "soft_wrap": True}
+    for line in reason_lines(workload):
+        out.print(line, **plain)
     out.print(f"command: {' '.join(workload.spec.command)}", markup=False)
-    out.print(requested_line(workload.spec), markup=False, highlight=False, soft_wrap=True)
-    out.print(times_line(workload), markup=False, highlight=False, soft_wrap=True)
-    out.print(workdir_line(pool, workload), markup=False, highlight=False, soft_wrap=True)
+    out.print(requested_line(workload.spec), **plain)
+    now = now_s()
+    for line in scheduling_lines(workload, now):
+        out.print(line, **plain)
+    out.print(times_line(workload, now), **plain)
+    out.print(workdir_line(pool, workload), **plain)
     unenforced = sorted({e.message for e in events if e.reason == "limits_unenforced"})
     for sentence in unenforced:
         out.print(f"[bold]not enforced:[/bold] {sentence}")
-    pods = Table(title="pods")
-    for column in ("POD", "STATUS", "NODE", "SLICES", "EXIT"):
+    pods = Table(title="pods (the slices, cpu and memory each holds)")
+    for column in ("POD", "STATUS", "NODE", "SLICES", "CPU", "MEMORY", "EXIT"):
         pods.add_column(column)
     for p in workload.pods:
-        slices = ", ".join(f"dev{s.device_index}:{s.compute_milli / 1000:g}" for s in p.slices) or "-"
         pods.add_row(
             p.id,
             p.status,
             p.node + (f" {SIMULATED_MARK}" if p.simulated else ""),
-            slices,
+            slices_text(p.slices),
+            f"{p.cpu_milli / 1000:g}" if p.cpu_milli else "-",
+            format_memory_mib(p.memory_mib) if p.memory_mib else "-",
             "-" if p.exit_code is None else str(p.exit_code),
         )
     out.print(pods)
     table = Table(title="events")
     for column in ("AT", "FROM", "TO", "REASON", "MESSAGE"):
         table.add_column(column)
-    import time
-
     for e in events:
         table.add_row(
             time.strftime("%H:%M:%S", time.localtime(e.at_s)),
             e.from_status or "-",
             e.to_status,
             e.reason,
-            e.message,
+            e.message or e.reason_text,
         )
     out.print(table)
