@@ -206,6 +206,26 @@ def test_queue_ls_reports_borrowed_lent_and_the_reserved_head(tmp_path: Path) ->
     rt.store.close()
 
 
+def test_queue_ls_shows_the_reservation_the_loop_made(tmp_path: Path) -> None:
+    provider = ManualProvider([node("n0", devices=4, model="H100")])
+    rt, _ = make_runtime(f"sqlite:///{tmp_path / 's.sqlite'}", tmp_path, provider)
+    rt.config = PoolConfig.model_validate({"scheduling": {"placement": "first-fit", "preemption": False,
+                                                          "backfill": True}})
+    loop = ControlLoop(rt)
+    spec = {"command": ["true"], "tenant": "default", "queue": "default"}
+    running = workloads.submit(rt, ADMIN, WorkloadSpec.model_validate(
+        {**spec, "resources": {"gpus": 2}, "time_limit_s": 3600})).id
+    loop.step()
+    head = workloads.submit(rt, ADMIN, WorkloadSpec.model_validate({**spec, "resources": {"gpus": 4}})).id
+    loop.step()
+    assert workloads.get(rt, ADMIN, running).status == "running"
+    queue = next(q for q in tenants.list_queues(rt, ADMIN, "default") if q.name == "default")
+    assert queue.reserved_workload == head and queue.pending == 1
+    started = workloads.get(rt, ADMIN, running).started_s
+    assert started is not None and queue.reserved_start_s == pytest.approx(started + 3600, abs=1)
+    rt.store.close()
+
+
 # ------------------------------------------------------------------ a lowered quota, in the core
 
 
