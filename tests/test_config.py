@@ -51,12 +51,14 @@ queues:
 """)
     quota = config.policies().quota
     by_name = {cq.name: cq for cq in quota.cluster_queues}
-    assert set(by_name) == {"a/train", "b/default"}  # c has no cap: no ClusterQueue
+    assert set(by_name) == {"a/train", "b/default", "c/default"}  # as the server: every queue is one
+    assert by_name["c/default"].quotas == {}  # c has no cap
     train = by_name["a/train"].quotas[DEVICE_MILLI]
     assert (train.nominal, train.borrowing_limit, train.lending_limit) == (8000, 4000, 2000)
     other = by_name["b/default"]
     assert other.quotas[DEVICE_MILLI].nominal == 500 and other.cohort == "research"
-    assert quota.route() == {("a", "train"): "a/train", ("b", "default"): "b/default"}
+    assert quota.route() == {("a", "train"): "a/train", ("b", "default"): "b/default",
+                             ("c", "default"): "c/default"}
     assert quota.weight("a") == 2.0 and quota.weight("c") == 1.0
 
 

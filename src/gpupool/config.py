@@ -125,10 +125,12 @@ class OvercommitSection(_Strict):
 
 
 class FailureConfig(_Strict):
-    max_retries: int = Field(3, ge=0, le=1000)
-    """Requeues after pod failures (exit code != 0) before the workload fails for good."""
+    max_retries: int = Field(0, ge=0, le=1000)
+    """Requeues after pod failures (exit code != 0) before the workload fails for good; a workload
+    may ask for its own (`submit --max-retries N`). 0, as Slurm: a program that failed usually
+    fails again. Preemption, eviction and lost nodes requeue without counting against it."""
     requeue_backoff: Seconds = 10.0
-    """Wait before a requeued workload may be placed again (doubled per attempt)."""
+    """Wait before a workload requeued after a failure may be placed again (doubled per retry)."""
 
 
 class DefaultsConfig(_Strict):
@@ -212,11 +214,13 @@ class PoolConfig(_Strict):
         return self.scheduling.preemption_grace
 
     def quota_config(self) -> QuotaConfig:
-        """Queues with a quota become ClusterQueues (`tenant/queue`), fed by that LocalQueue."""
-        capped = [q for q in self.queues if q.quota is not None]
+        """Every queue listed becomes a ClusterQueue (`tenant/queue`, without a cap when its quota
+        is null), fed by that LocalQueue: the server does the same with every queue it stores."""
+        capped = list(self.queues)
         cluster = tuple(
             ClusterQueue(name=f"{q.tenant}/{q.name}", cohort=q.cohort, quotas={DEVICE_MILLI: ResourceQuota(
-                devices_milli(q.quota or 0), _milli(q.borrowing_limit), _milli(q.lending_limit))})
+                devices_milli(q.quota), _milli(q.borrowing_limit), _milli(q.lending_limit))}
+                if q.quota is not None else {})
             for q in capped)
         local = tuple(LocalQueue(q.tenant, q.name, f"{q.tenant}/{q.name}") for q in capped)
         weights = {q.tenant: q.weight for q in self.queues}

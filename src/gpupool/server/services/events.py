@@ -82,9 +82,11 @@ def apply_moves(conn: Connection, moves: Sequence[Move]) -> None:
     """`transition` for many rows at once, in the caller's transaction: one UPDATE statement per
     set of extra columns (executed for every row) and one INSERT of all their events. Same rows,
     same events as calling `transition` on each; none of the ORM's per-object bookkeeping."""
-    legal = [m for m in moves if workload_move_allowed(m.from_status, m.to_status)]
+    legal = []
     for move in moves:
-        if move not in legal:
+        if workload_move_allowed(move.from_status, move.to_status):
+            legal.append(move)
+        else:
             _refused(move.workload_id, move.from_status, move.to_status, move.reason)
     moves = legal
     if not moves:
