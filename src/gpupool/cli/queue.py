@@ -89,7 +89,7 @@ def set_queue(tenant: Tenant, name: Name, quota: Quota = None, cohort: Cohort = 
     """Change a queue's quota, cohort, limits or weight: only the options given; `none` clears one.
 
     Running work keeps running when a quota is lowered; new work waits until the queue is back
-    under it (or, with preemption on, its cohort reclaims what it borrowed).
+    under it (with preemption on, other queues of its cohort reclaim what it now borrows).
 
     Example: gpupool queue set team-a batch --quota 8 --borrowing-limit none
     """
