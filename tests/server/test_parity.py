@@ -121,7 +121,8 @@ class ServerRun:
         keeper = self.loop.scheduler.keeper
         cycle = keeper.cycle
 
-        def logged(snapshot: Any, pending: Any, policies: Any, now_s: float, rng: random.Random) -> CycleResult:
+        def logged(snapshot: Any, pending: Any, policies: Any, now_s: float,
+                   rng: random.Random) -> CycleResult:
             result = cycle(snapshot, pending, policies, now_s, rng)
             self.log.extend(log_of(result, now_s))
             return result
@@ -214,13 +215,13 @@ def synthetic_jobs(count: int, seed: int) -> list[Job]:
     for n in range(count):
         now += rng.expovariate(1 / 40.0)
         resources, replicas = rng.choice(shapes)
-        spec = {"command": ["train"], "resources": resources, "replicas": replicas,
-                "priority_class": rng.choice(classes), "name": f"job{n % 7}"}
-        if rng.random() < 0.3:
-            spec["time_limit_s"] = round(rng.uniform(600, 4000), 3)
+        spec: dict[str, Any] = {"command": ["train"], "resources": resources, "replicas": replicas,
+                                "priority_class": rng.choice(classes), "name": f"job{n % 7}"}
         duration = round(rng.uniform(60, 3000), 3)
-        if "time_limit_s" in spec:
-            duration = min(duration, spec["time_limit_s"] - 1)
+        if rng.random() < 0.3:
+            limit = round(rng.uniform(600, 4000), 3)
+            spec["time_limit_s"] = limit
+            duration = min(duration, limit - 1)
         jobs.append(Job(f"s{n:04d}", rng.choice(["vision", "nlp", "speech"]), spec, round(now, 3), duration))
     return jobs
 
