@@ -64,8 +64,9 @@ def test_show_prints_the_reason_sentence_hint_and_the_scheduling_record(pool: Po
     assert line(out, "reason: ") == f"reason: {reason}: {pool.row(victim).message}"
     assert f"  {CATALOGUE[reason].text}" in out.splitlines()
     assert f"  hint: {CATALOGUE[reason].hint}" in out.splitlines()
+    pool_max = pool.rt.config.failure.max_retries  # the spec names none
     assert line(out, "scheduling: ") == (
-        "scheduling: class low, priority 0, attempt 1, retries 0 of 0, time limit none")
+        f"scheduling: class low, priority 0, attempt 1, retries 0 of {pool_max}, time limit none")
     assert line(out, "reserved start: ").endswith("(in 2h 10m; backfill holds room for it)")
     assert line(out, "work: ") == ("work: lost 0.00 GPU-hours (10 GPU-seconds) to preemptions and "
                                    "evictions; kept 1m 30s from checkpoints; ran 1m 40s in earlier attempts")

@@ -50,7 +50,7 @@ def test_a_preempted_workload_reports_lost_and_kept_work_and_its_class(pool: Poo
     shown = api.get(f"/workloads/{victim}")
     assert shown["spec"]["priority_class"] == "low" and shown["attempt"] == 1
     assert (shown["lost_device_s"], shown["progress_s"], shown["run_s"]) == pytest.approx((10.0, 90.0, 100.0))
-    assert (shown["retries"], shown["max_retries"]) == (0, 0)  # the pool's failure.max_retries
+    assert (shown["retries"], shown["max_retries"]) == (0, pool.rt.config.failure.max_retries)
     # it waits behind the high-priority work (placed now, for at most 7200 s), and as the head of
     # the queue holds the backfill reservation
     assert pool.row(high).admitted_s == pool.now
