@@ -3,7 +3,8 @@
 The placement policies score thousands of nodes per pod, so free capacity lives in arrays
 (`[node]` and `[node, device slot]`) rather than in objects. Every allocation is checked in every
 dimension and raises `OverAllocation` instead of ever going negative; a `Statement` groups
-tentative allocations that are committed or discarded as a whole (a gang).
+tentative allocations that are committed or discarded as a whole (a gang). The functions at the
+end change a state in bulk: a snapshot's placements, many records released at once, a copy.
 
 What a pod holds where its request names no amount follows the state's `SliceDefaults` (none
 unless given: then a pod holds exactly what it names): the `*_need` methods give the effective
@@ -13,8 +14,12 @@ test and allocation record uses them.
 
 from __future__ import annotations
 
+import copy
+from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from itertools import chain
+from operator import attrgetter
 
 import numpy as np
 import numpy.typing as npt
@@ -22,6 +27,7 @@ import numpy.typing as npt
 from gpupool.core.model import (
     NO_DEFAULTS,
     UNKNOWN_MEMORY_MIB,
+    Allocation,
     ClusterSnapshot,
     Node,
     PodPlacement,
@@ -428,3 +434,161 @@ class Statement:
     def commit(self) -> list[PodAlloc]:
         records, self.records = self.records, []
         return records
+
+
+# ----------------------------------------------------------------- bulk changes
+
+Allocs = tuple[tuple[PodRequest, PodAlloc], ...]
+"""A workload's placed pods, each with the record of what it holds."""
+
+
+def allocs_of(state: ClusterState, alloc: Allocation) -> Allocs:
+    """The records of an allocation's placements, each with its pod."""
+    pods = {p.name: p for p in alloc.workload.pods}
+    return tuple((pods[pl.pod], state.record_of(pods[pl.pod], pl)) for pl in alloc.placements)
+
+
+def clone_state(state: ClusterState, *, empty: bool = False) -> ClusterState:
+    """An independent copy of a state's capacity arrays (empty: nothing allocated)."""
+    new = copy.copy(state)
+    new.cpu_cap = state.cpu_cap.copy()
+    new.mem_cap = state.mem_cap.copy()
+    new.dev_milli_cap = state.dev_milli_cap.copy()
+    new.dev_mem_cap = state.dev_mem_cap.copy()
+    new.schedulable = state.schedulable.copy()
+    src = new if empty else state
+    new.cpu_free = (src.cpu_cap if empty else src.cpu_free).copy()
+    new.mem_free = (src.mem_cap if empty else src.mem_free).copy()
+    new.dev_milli_free = (src.dev_milli_cap if empty else src.dev_milli_free).copy()
+    new.dev_mem_free = (src.dev_mem_cap if empty else src.dev_mem_free).copy()
+    new.node_version = state.node_version.copy()
+    new.node_pod_kinds = (
+        [{} for _ in state.node_pod_kinds] if empty else [dict(k) for k in state.node_pod_kinds]
+    )
+    return new
+
+
+def allocate_placements(state: ClusterState, allocations: Sequence[Allocation]) -> None:
+    """Take the capacity of recorded placements in bulk, then check nothing is over-allocated."""
+    placements, pods = _pods_placed(allocations)
+    if not placements:
+        state.check_invariants()
+        return
+    nodes = list(map(state.node_index.__getitem__, map(_node_name, placements)))
+    slices = list(map(_slices, placements))
+    counts = list(map(len, slices))
+    # What the placements recorded (the effective amounts), else the pods' requests.
+    cpu = np.fromiter(map(_cpu, placements), np.int64, len(pods))
+    mem = np.fromiter(map(_mem, placements), np.int64, len(pods))
+    np.add.at(state.cpu_free, nodes, -np.maximum(cpu, np.fromiter(map(_cpu, pods), np.int64, len(pods))))
+    np.add.at(state.mem_free, nodes, -np.maximum(mem, np.fromiter(map(_mem, pods), np.int64, len(pods))))
+    flat = list(chain.from_iterable(slices))
+    if flat:
+        where = (np.repeat(np.asarray(nodes, dtype=np.int64), counts), list(map(_slot, flat)))
+        np.add.at(state.dev_milli_free, where, -np.fromiter(map(_milli, flat), np.int64, len(flat)))
+        np.add.at(state.dev_mem_free, where, -np.fromiter(map(_slice_mem, flat), np.int64, len(flat)))
+    np.add.at(state.node_version, nodes, 1)
+    kinds = [
+        "cpu" if not k else "share" if k == 1 and sl[0].compute_milli < MILLI else f"{k}-dev"
+        for sl, k in zip(slices, counts, strict=True)
+    ]
+    node_kinds = state.node_pod_kinds
+    for (n, kind), count in Counter(zip(nodes, kinds, strict=True)).items():
+        held = node_kinds[n]
+        held[kind] = held.get(kind, 0) + count
+    state.check_invariants()
+
+
+def _pods_placed(allocations: Sequence[Allocation]) -> tuple[list[PodPlacement], list[PodRequest]]:
+    """Every placement of the allocations with its pod (bulk path for one-pod workloads)."""
+    groups = list(map(_placements, allocations))
+    gangs = list(map(_pods, map(_workload, allocations)))
+    if set(map(len, groups)) <= {1} and set(map(len, gangs)) <= {1}:
+        placements = [g[0] for g in groups]
+        pods = [g[0] for g in gangs]
+        if list(map(_pod_name, placements)) == list(map(_name, pods)):
+            return placements, pods
+    placements = []
+    pods = []
+    for apl, wpods in zip(groups, gangs, strict=True):
+        by_name = {p.name: p for p in wpods}
+        placements.extend(apl)
+        pods.extend([by_name[pl.pod] for pl in apl])
+    return placements, pods
+
+
+_placements = attrgetter("placements")
+_workload = attrgetter("workload")
+_pods = attrgetter("pods")
+_pod_name = attrgetter("pod")
+_name = attrgetter("name")
+_node_name = attrgetter("node")
+_slices = attrgetter("slices")
+_cpu = attrgetter("cpu_milli")
+_mem = attrgetter("memory_mib")
+_slot = attrgetter("device_index")
+_milli = attrgetter("compute_milli")
+_slice_mem = attrgetter("memory_mib")
+
+
+def allocate_many(state: ClusterState, records: Sequence[PodAlloc]) -> None:
+    """Apply many records at once (vectorised), then check that nothing is over-allocated."""
+    if not records:
+        return
+    _add_many(state, records, -1)
+    state.check_invariants()
+    np.add.at(state.node_version, [r.node for r in records], 1)
+    for r in records:
+        kinds = state.node_pod_kinds[r.node]
+        kind = state.pod_kind(r)
+        kinds[kind] = kinds.get(kind, 0) + 1
+
+
+SMALL_BATCH = 16
+"""Up to this many records are applied one by one: `np.add.at` costs more than the loop on few."""
+
+
+def _add_many(state: ClusterState, records: Sequence[PodAlloc], sign: int) -> None:
+    if len(records) <= SMALL_BATCH:
+        cpu_free, mem_free = state.cpu_free, state.mem_free
+        milli_free, dev_mem_free = state.dev_milli_free, state.dev_mem_free
+        for r in records:
+            n = r.node
+            cpu_free[n] += sign * r.cpu_milli
+            mem_free[n] += sign * r.memory_mib
+            for d, milli, mem in zip(r.devices, r.device_milli, r.device_memory_mib, strict=True):
+                milli_free[n, d] += sign * milli
+                dev_mem_free[n, d] += sign * mem
+        return
+    nodes = [r.node for r in records]
+    np.add.at(state.cpu_free, nodes, [sign * r.cpu_milli for r in records])
+    np.add.at(state.mem_free, nodes, [sign * r.memory_mib for r in records])
+    dev_nodes = [r.node for r in records for _ in r.devices]
+    if dev_nodes:
+        slots = [d for r in records for d in r.devices]
+        np.add.at(
+            state.dev_milli_free, (dev_nodes, slots), [sign * m for r in records for m in r.device_milli]
+        )
+        np.add.at(
+            state.dev_mem_free, (dev_nodes, slots), [sign * m for r in records for m in r.device_memory_mib]
+        )
+
+
+def release_many(state: ClusterState, records: Sequence[PodAlloc]) -> None:
+    """Give back many records at once (vectorised; unchecked: only for states built from them)."""
+    if not records:
+        return
+    _add_many(state, records, 1)
+    if len(records) <= SMALL_BATCH:
+        for r in records:
+            state.node_version[r.node] += 1
+    else:
+        np.add.at(state.node_version, [r.node for r in records], 1)
+    for r in records:
+        kinds = state.node_pod_kinds[r.node]
+        kind = state.pod_kind(r)
+        count = kinds.get(kind, 0) - 1
+        if count > 0:
+            kinds[kind] = count
+        else:
+            kinds.pop(kind, None)

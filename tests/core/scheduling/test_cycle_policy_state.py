@@ -19,12 +19,12 @@ def test_policy_is_kept_and_prepared_with_running_and_pending_pods() -> None:
     policy = view.policy
     assert isinstance(policy, FgdStrand)
     assert policy._largest_gang == 8  # learnt from the pods, not only from the one being placed
-    assert len(view.policy_pods) == 2
+    assert len(view.policies.pods) == 2
     later = [workload(pod(1), wid=f"w{i}", submit_s=2.0 + i) for i in range(3)]
     cycle_on(view, later, policies, 5.0, random.Random(0))
     assert view.policy is policy  # the same instance across cycles on one view
-    assert len(view.policy_pods) == 5
-    assert view.policy_prepared == 5  # grew by more than a quarter: prepared again
+    assert len(view.policies.pods) == 5
+    assert view.policies.prepared == 5  # grew by more than a quarter: prepared again
 
 
 def test_prepare_gets_a_bounded_sample() -> None:

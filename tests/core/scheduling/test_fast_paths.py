@@ -15,8 +15,7 @@ from gpupool.core.model import PodRequest, Workload
 from gpupool.core.priority import PriorityClasses
 from gpupool.core.scheduling.ordering.drf import Drf, _sorted_keys
 from gpupool.core.scheduling.preemption import FirstPodFits, node_fits_at
-from gpupool.core.scheduling.view import release_many
-from gpupool.core.state import ClusterState
+from gpupool.core.state import ClusterState, release_many
 
 pods = st.builds(
     lambda num, milli, cpu, mem, dev_mem, models: PodRequest(

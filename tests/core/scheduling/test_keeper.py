@@ -232,4 +232,4 @@ def test_per_workload_caches_stay_bounded(monkeypatch: pytest.MonkeyPatch) -> No
         keeper.cycle(ClusterSnapshot(nodes), waiting, policies, float(k), random.Random(k))
     assert keeper.view is not None
     assert len(keeper.view.metas) <= 3 + 16
-    assert len(keeper.view.policy_seen) <= 3 + 16
+    assert len(keeper.view.policies.seen) <= 3 + 16

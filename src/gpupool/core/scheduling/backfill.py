@@ -23,8 +23,8 @@ import numpy as np
 from gpupool.core.model import Workload
 from gpupool.core.scheduling.gang import GangPlacement, place_gang, release_gang
 from gpupool.core.scheduling.policies.base import NoFit, PlacementPolicy
-from gpupool.core.scheduling.view import ClusterView, Running, clone_state, release_many
-from gpupool.core.state import BoolArray, ClusterState
+from gpupool.core.scheduling.view import ClusterView, Running
+from gpupool.core.state import BoolArray, ClusterState, clone_state, release_many
 
 
 @dataclass(slots=True)

@@ -42,8 +42,9 @@ from gpupool.core.scheduling.gang import GangPlacement, place_gang, release_gang
 from gpupool.core.scheduling.ordering.base import OrderingContext, OrderStream, make_ordering
 from gpupool.core.scheduling.policies.base import DEFAULT_POLICY, NoFit
 from gpupool.core.scheduling.preemption import VictimIndex, lost_work_s, select_victims
-from gpupool.core.scheduling.view import ClusterView, Meta, Running, Shape, clone_state
-from gpupool.core.state import ClusterState
+from gpupool.core.scheduling.view import ClusterView, Running
+from gpupool.core.scheduling.workloads import Meta, Shape
+from gpupool.core.state import ClusterState, clone_state
 
 
 @dataclass(frozen=True, slots=True)

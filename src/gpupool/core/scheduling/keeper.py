@@ -154,7 +154,7 @@ class ViewKeeper:
     def _prune(self, view: ClusterView, pending: Sequence[Workload]) -> None:
         """Forget per-workload caches of work neither pending nor held, once they have grown."""
         live = len(pending) + len(self._held)
-        if len(view.metas) <= live + PRUNE_SLACK and len(view.policy_seen) <= live + PRUNE_SLACK:
+        if len(view.metas) <= live + PRUNE_SLACK and len(view.policies.seen) <= live + PRUNE_SLACK:
             return
         keep = {w.id for w in pending} | set(self._held)
         view.forget_workloads_except(keep)

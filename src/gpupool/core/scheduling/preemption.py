@@ -24,7 +24,8 @@ from gpupool.core.model import PodRequest, Workload
 from gpupool.core.priority import Rank
 from gpupool.core.scheduling.gang import GangPlacement, place_gang, release_gang
 from gpupool.core.scheduling.policies.base import NoFit, PlacementPolicy
-from gpupool.core.scheduling.view import ClusterView, Running, lower_bound_usage
+from gpupool.core.scheduling.view import ClusterView, Running
+from gpupool.core.scheduling.workloads import lower_bound_usage
 from gpupool.core.state import ClusterState
 
 MAX_SINGLE_TRIALS = 16

@@ -8,9 +8,7 @@ runs on it.
 
 from __future__ import annotations
 
-import copy
 import math
-from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from itertools import chain
@@ -19,17 +17,8 @@ from typing import Any
 
 import numpy as np
 
-from gpupool.core.model import (
-    Allocation,
-    ClusterSnapshot,
-    Node,
-    PodPlacement,
-    PodRequest,
-    SliceDefaults,
-    Workload,
-    WorkloadInfo,
-)
-from gpupool.core.overcommit import OvercommitConfig, guaranteed_workload
+from gpupool.core.model import Allocation, ClusterSnapshot, Node, SliceDefaults, Workload, WorkloadInfo
+from gpupool.core.overcommit import OvercommitConfig
 from gpupool.core.priority import PriorityClasses, Rank
 from gpupool.core.quota import (
     CPU_MILLI,
@@ -39,47 +28,39 @@ from gpupool.core.quota import (
     QuotaConfig,
     QuotaTracker,
     Usage,
-    cluster_queue_of,
     device_resource,
 )
 from gpupool.core.scheduling.gang import GangPlacement
-from gpupool.core.scheduling.ordering.base import demand_of
-from gpupool.core.scheduling.policies.base import PlacementPolicy, make_policy
-from gpupool.core.state import UNBOUNDED_MIB, ClusterState, PodAlloc
-from gpupool.core.units import MILLI
+from gpupool.core.scheduling.policies.base import PlacementPolicy
+from gpupool.core.scheduling.policy_cache import MAX_PREPARE_PODS, PolicyCache
+from gpupool.core.scheduling.workloads import Meta, Shape, WorkloadCache, lower_bound_usage, shape_of
+from gpupool.core.state import (
+    UNBOUNDED_MIB,
+    Allocs,
+    ClusterState,
+    PodAlloc,
+    allocate_many,
+    allocate_placements,
+    allocs_of,
+    clone_state,
+    release_many,
+)
 from gpupool.errors import OverAllocation
 
-MAX_PREPARE_PODS = 512
-"""At most this many pods (an even sample of those seen) go to the placement policy's `prepare`."""
+__all__ = [  # the names callers import from here; their homes are the modules above
+    "MAX_PREPARE_PODS",
+    "Allocs",
+    "ClusterView",
+    "Meta",
+    "Running",
+    "Shape",
+    "clone_state",
+    "lower_bound_usage",
+    "release_many",
+    "shape_of",
+]
 
-Shape = tuple[tuple[int, int, int, int, int, frozenset[str], int], ...]
-Allocs = tuple[tuple[PodRequest, PodAlloc], ...]
-
-
-def shape_of(w: Workload) -> Shape:
-    """Two workloads of one shape fit (or fail) exactly alike on the same state."""
-    return tuple(
-        (p.cpu_milli, p.memory_mib, p.num_devices, p.device_milli, p.device_memory_mib, p.allowed_models,
-         p.memory_share_milli)
-        for p in w.pods
-    )
-
-
-@dataclass(frozen=True, slots=True)
-class Meta:
-    """What a cycle needs about a pending workload, computed once per workload id."""
-
-    cluster_queue: str | None
-    placed: Workload
-    shape: Shape
-    lower: Usage
-    rank: Rank
-    class_known: bool
-    key: tuple[str, Shape, Rank] = ("", (), (0, 0))
-    """(queue, shape, rank): workloads with the same key fare alike within a cycle."""
-    source: Workload | None = None
-    """The workload it was computed from (an id submitted again with other contents is new)."""
-
+_workload = attrgetter("workload")
 
 @dataclass(slots=True)
 class Running:
@@ -133,28 +114,30 @@ class ClusterView:
     tenant_usage: dict[str, dict[str, float]] = field(default_factory=dict)
     to_evict: list[Running] = field(default_factory=list)
     never_fits_cache: dict[Shape, str | None] = field(default_factory=dict)
-    metas: dict[str, Meta] = field(default_factory=dict)
     model_grid: list[list[str]] | None = None
     lazy: dict[str, Allocation] = field(default_factory=dict)
     """Allocations whose capacity is taken but whose running records are not built yet (by id)."""
-    cq_cache: dict[tuple[str, str], str | None] = field(default_factory=dict)
-    lower_cache: dict[Shape, Usage] = field(default_factory=dict)
-    rank_cache: dict[tuple[str, int], tuple[Rank, bool]] = field(default_factory=dict)
-    demands: dict[str, tuple[Workload, dict[str, float]]] = field(default_factory=dict)
-    policy: PlacementPolicy | None = None
-    """The placement policy the cycles on this view use, kept across cycles (see `placement_policy`)."""
-    empty_policy: PlacementPolicy | None = None
-    """A twin of `policy` for trials on an empty pool, so they do not reset `policy`'s caches."""
-    policy_key: tuple[str, str] = ("", "")
-    policy_sample: list[PodRequest] = field(default_factory=list)
-    empty_prepared: bool = False
-    policy_pods: list[PodRequest] = field(default_factory=list)
-    policy_seen: set[str] = field(default_factory=set)
-    policy_prepared: int = -1
-    ordering_memo: dict[str, Any] = field(default_factory=dict)
-    """The ordering policies' caches kept across cycles (`OrderingContext.memo`)."""
+    workloads: WorkloadCache = field(init=False)
+    """The per-workload caches (`Meta`, demand, ClusterQueue)."""
+    policies: PolicyCache = field(default_factory=PolicyCache)
+    """The placement policy kept across cycles, and the orderings' memo."""
     capacity_cache: dict[str, float] | None = None
     """`capacity()`; the capacity arrays change only in `mark_unhealthy` and `mark_healthy`."""
+
+    def __post_init__(self) -> None:
+        self.workloads = WorkloadCache(self.classes, self.quota.config, self.route)
+
+    @property
+    def metas(self) -> dict[str, Meta]:
+        return self.workloads.metas
+
+    @property
+    def policy(self) -> PlacementPolicy | None:
+        return self.policies.policy
+
+    @property
+    def ordering_memo(self) -> dict[str, Any]:
+        return self.policies.ordering_memo
 
     # ---------------------------------------------------------------- construction
 
@@ -194,12 +177,12 @@ class ClusterView:
         if not broken and not down and not view.quota.config.enabled:
             # Fast path: take the capacity in bulk; running records are built only when a step
             # needs them (preemption, backfill, fair share), see `materialize`.
-            _allocate_placements(state, snapshot.allocations)
+            allocate_placements(state, snapshot.allocations)
             view.lazy = {a.workload.id: a for a in snapshot.allocations}
             return view
         records: list[PodAlloc] = []
         for alloc in snapshot.allocations:
-            allocs = _allocs(state, alloc)
+            allocs = allocs_of(state, alloc)
             cq = view.cluster_queue(alloc.workload) or ""
             run = view._running(alloc.workload, allocs, alloc.start_time_s, cq)
             if (broken or down) and any(
@@ -218,23 +201,20 @@ class ClusterView:
             return
         lazy, self.lazy = self.lazy, {}
         for alloc in lazy.values():
-            allocs = _allocs(self.state, alloc)
+            allocs = allocs_of(self.state, alloc)
             self._register(self._running(alloc.workload, allocs, alloc.start_time_s, ""))
 
     def forget_workloads_except(self, keep: set[str]) -> None:
         """Trim the per-workload caches to `keep` (a long-running caller's live workloads); the
         placement policy's sample of pods is collected again from the running and `keep`'s
         pending work on the next cycle."""
-        self.metas = {k: v for k, v in self.metas.items() if k in keep}
-        self.demands = {k: v for k, v in self.demands.items() if k in keep}
-        self.policy_pods = []
-        self.policy_seen = set()
-        self.policy_prepared = -1
+        self.workloads.forget_except(keep)
+        self.policies.forget()
 
     def add_allocation(self, alloc: Allocation) -> bool:
         """Take an allocation the view does not hold yet, as `from_snapshot` would (checked); one on
         broken hardware awaits eviction instead (False)."""
-        allocs = _allocs(self.state, alloc)
+        allocs = allocs_of(self.state, alloc)
         cq = self.cluster_queue(alloc.workload) or ""
         run = self._running(alloc.workload, allocs, alloc.start_time_s, cq)
         if self.on_broken_hardware(allocs):
@@ -262,85 +242,25 @@ class ClusterView:
 
     def placement_policy(self, name: str, options: Mapping[str, Any]) -> PlacementPolicy:
         """The view's placement policy instance: made once, reused by every cycle on the view."""
-        key = (name, repr(sorted(options.items())))
-        if self.policy is None or self.policy_key != key:
-            self.policy = make_policy(name, **dict(options))
-            self.empty_policy = make_policy(name, **dict(options))
-            self.policy_key = key
-            self.policy_pods = []
-            self.policy_seen = set()
-            self.policy_prepared = -1
-        return self.policy
+        return self.policies.placement_policy(name, options)
 
     def policy_for_empty(self) -> PlacementPolicy | None:
-        """`empty_policy`, prepared (on first use) with the same pods as `policy`."""
-        if self.empty_policy is not None and not self.empty_prepared:
-            self.empty_policy.prepare(self.state, self.policy_sample)
-            self.empty_prepared = True
-        return self.empty_policy
+        """A twin of the placement policy for trials on an empty pool, prepared with the same pods."""
+        return self.policies.for_empty(self.state)
 
     def tell_policy(self, pending: Sequence[Workload]) -> None:
-        """Give the policy the pods of the running and pending workloads it has not seen yet.
-
-        The policy's `prepare` runs on the first cycle and again whenever the pods seen have grown
-        by a quarter since, on an even sample of at most `MAX_PREPARE_PODS` of them (so estimating
-        the workload's shape mix costs O(1) per arrival and a bounded time per cycle).
-        """
-        policy = self.policy
-        if policy is None:
-            return
-        seen = self.policy_seen
-        pods = self.policy_pods
-        if self.policy_prepared < 0:  # what already runs (a requeued one may count twice)
-            pods.extend(chain.from_iterable(map(_pods, map(_workload, self.lazy.values()))))
-            pods.extend(chain.from_iterable(run.workload.pods for run in self.running.values()))
-        for w in pending:
-            if w.id not in seen:
-                seen.add(w.id)
-                pods.extend(w.pods)
-        if len(pods) != self.policy_prepared and (
-            self.policy_prepared < 0 or len(pods) * 4 >= self.policy_prepared * 5
-        ):
-            stride = -(-len(pods) // MAX_PREPARE_PODS)  # an even sample keeps the shape mix
-            self.policy_sample = pods[::stride] if stride > 1 else list(pods)
-            policy.prepare(self.state, self.policy_sample)
-            self.empty_prepared = False
-            self.policy_prepared = len(pods)
+        """Give the placement policy the pods of the running and pending work (`PolicyCache.tell`)."""
+        running = chain(map(_workload, self.lazy.values()), (run.workload for run in self.running.values()))
+        self.policies.tell(self.state, pending, running)
 
     # ---------------------------------------------------------------- lookups
 
     def cluster_queue(self, w: Workload) -> str | None:
-        key = (w.tenant, w.queue)
-        if key not in self.cq_cache:
-            self.cq_cache[key] = cluster_queue_of(self.quota.config, self.route, w)
-        return self.cq_cache[key]
+        return self.workloads.cluster_queue(w)
 
     def meta(self, w: Workload, overcommit: OvercommitConfig | None) -> Meta:
         """The cached `Meta` of a workload (a view serves one set of policies)."""
-        found = self.metas.get(w.id)
-        if found is None or found.source is not w:
-            placed = w if overcommit is None else guaranteed_workload(w, overcommit, self.state.models)
-            shape = shape_of(placed)
-            lower = self.lower_cache.get(shape)  # a function of the shape alone (read-only)
-            if lower is None:
-                lower = self.lower_cache[shape] = lower_bound_usage(placed)
-            klass = (w.priority_class, w.priority)
-            ranked = self.rank_cache.get(klass)
-            if ranked is None:
-                known = self.classes.get(w.priority_class) is not None
-                ranked = self.rank_cache[klass] = (self.classes.rank(w), known)
-            cq = self.cluster_queue(w)
-            found = self.metas[w.id] = Meta(
-                cluster_queue=cq,
-                placed=placed,
-                shape=shape,
-                lower=lower,
-                rank=ranked[0],
-                class_known=ranked[1],
-                key=(cq or "", shape, ranked[0]),
-                source=w,
-            )
-        return found
+        return self.workloads.meta(w, overcommit, self.state.models)
 
     def estimate_s(self, w: Workload) -> float | None:
         """Total runtime estimate: the user's, else the caller's history-based one."""
@@ -400,7 +320,7 @@ class ClusterView:
         """
         alloc = self.lazy.pop(workload_id, None)
         if alloc is not None:
-            run = self._running(alloc.workload, _allocs(self.state, alloc), alloc.start_time_s, "")
+            run = self._running(alloc.workload, allocs_of(self.state, alloc), alloc.start_time_s, "")
             for _, record in reversed(run.allocs):
                 self.state.release(record)
             return run
@@ -498,10 +418,7 @@ class ClusterView:
 
     def demand(self, w: Workload) -> dict[str, float]:
         """`demand_of(w)`, computed once per workload (the overcommit-placed copy shares its id)."""
-        found = self.demands.get(w.id)
-        if found is None or found[0] is not w:
-            found = self.demands[w.id] = (w, demand_of(w))
-        return found[1]
+        return self.workloads.demand(w)
 
     def _tenant_add(self, w: Workload, sign: float) -> None:
         mine = self.tenant_usage.setdefault(w.tenant, {})
@@ -521,178 +438,3 @@ class ClusterView:
             CPU_MILLI: float(state.cpu_cap.sum()),
             MEMORY_MIB: float(state.mem_cap.sum()),
         }
-
-
-def _allocs(state: ClusterState, alloc: Allocation) -> Allocs:
-    """The records of an allocation's placements, each with its pod."""
-    pods = {p.name: p for p in alloc.workload.pods}
-    return tuple((pods[pl.pod], _record(state, pods[pl.pod], pl)) for pl in alloc.placements)
-
-
-def _record(state: ClusterState, pod: PodRequest, placement: PodPlacement) -> PodAlloc:
-    return state.record_of(pod, placement)
-
-
-def clone_state(state: ClusterState, *, empty: bool = False) -> ClusterState:
-    """An independent copy of a state's capacity arrays (empty: nothing allocated)."""
-    new = copy.copy(state)
-    new.cpu_cap = state.cpu_cap.copy()
-    new.mem_cap = state.mem_cap.copy()
-    new.dev_milli_cap = state.dev_milli_cap.copy()
-    new.dev_mem_cap = state.dev_mem_cap.copy()
-    new.schedulable = state.schedulable.copy()
-    src = new if empty else state
-    new.cpu_free = (src.cpu_cap if empty else src.cpu_free).copy()
-    new.mem_free = (src.mem_cap if empty else src.mem_free).copy()
-    new.dev_milli_free = (src.dev_milli_cap if empty else src.dev_milli_free).copy()
-    new.dev_mem_free = (src.dev_mem_cap if empty else src.dev_mem_free).copy()
-    new.node_version = state.node_version.copy()
-    new.node_pod_kinds = (
-        [{} for _ in state.node_pod_kinds] if empty else [dict(k) for k in state.node_pod_kinds]
-    )
-    return new
-
-
-def _allocate_placements(state: ClusterState, allocations: Sequence[Allocation]) -> None:
-    """Take the capacity of recorded placements in bulk, then check nothing is over-allocated."""
-    placements, pods = _pods_placed(allocations)
-    if not placements:
-        state.check_invariants()
-        return
-    nodes = list(map(state.node_index.__getitem__, map(_node_name, placements)))
-    slices = list(map(_slices, placements))
-    counts = list(map(len, slices))
-    # What the placements recorded (the effective amounts), else the pods' requests.
-    cpu = np.fromiter(map(_cpu, placements), np.int64, len(pods))
-    mem = np.fromiter(map(_mem, placements), np.int64, len(pods))
-    np.add.at(state.cpu_free, nodes, -np.maximum(cpu, np.fromiter(map(_cpu, pods), np.int64, len(pods))))
-    np.add.at(state.mem_free, nodes, -np.maximum(mem, np.fromiter(map(_mem, pods), np.int64, len(pods))))
-    flat = list(chain.from_iterable(slices))
-    if flat:
-        where = (np.repeat(np.asarray(nodes, dtype=np.int64), counts), list(map(_slot, flat)))
-        np.add.at(state.dev_milli_free, where, -np.fromiter(map(_milli, flat), np.int64, len(flat)))
-        np.add.at(state.dev_mem_free, where, -np.fromiter(map(_slice_mem, flat), np.int64, len(flat)))
-    np.add.at(state.node_version, nodes, 1)
-    kinds = [
-        "cpu" if not k else "share" if k == 1 and sl[0].compute_milli < MILLI else f"{k}-dev"
-        for sl, k in zip(slices, counts, strict=True)
-    ]
-    node_kinds = state.node_pod_kinds
-    for (n, kind), count in Counter(zip(nodes, kinds, strict=True)).items():
-        held = node_kinds[n]
-        held[kind] = held.get(kind, 0) + count
-    state.check_invariants()
-
-
-def _pods_placed(allocations: Sequence[Allocation]) -> tuple[list[PodPlacement], list[PodRequest]]:
-    """Every placement of the allocations with its pod (bulk path for one-pod workloads)."""
-    groups = list(map(_placements, allocations))
-    gangs = list(map(_pods, map(_workload, allocations)))
-    if set(map(len, groups)) <= {1} and set(map(len, gangs)) <= {1}:
-        placements = [g[0] for g in groups]
-        pods = [g[0] for g in gangs]
-        if list(map(_pod_name, placements)) == list(map(_name, pods)):
-            return placements, pods
-    placements = []
-    pods = []
-    for apl, wpods in zip(groups, gangs, strict=True):
-        by_name = {p.name: p for p in wpods}
-        placements.extend(apl)
-        pods.extend([by_name[pl.pod] for pl in apl])
-    return placements, pods
-
-
-_placements = attrgetter("placements")
-_workload = attrgetter("workload")
-_pods = attrgetter("pods")
-_pod_name = attrgetter("pod")
-_name = attrgetter("name")
-_node_name = attrgetter("node")
-_slices = attrgetter("slices")
-_cpu = attrgetter("cpu_milli")
-_mem = attrgetter("memory_mib")
-_slot = attrgetter("device_index")
-_milli = attrgetter("compute_milli")
-_slice_mem = attrgetter("memory_mib")
-
-
-def allocate_many(state: ClusterState, records: Sequence[PodAlloc]) -> None:
-    """Apply many records at once (vectorised), then check that nothing is over-allocated."""
-    if not records:
-        return
-    _add_many(state, records, -1)
-    state.check_invariants()
-    np.add.at(state.node_version, [r.node for r in records], 1)
-    for r in records:
-        kinds = state.node_pod_kinds[r.node]
-        kind = state.pod_kind(r)
-        kinds[kind] = kinds.get(kind, 0) + 1
-
-
-SMALL_BATCH = 16
-"""Up to this many records are applied one by one: `np.add.at` costs more than the loop on few."""
-
-
-def _add_many(state: ClusterState, records: Sequence[PodAlloc], sign: int) -> None:
-    if len(records) <= SMALL_BATCH:
-        cpu_free, mem_free = state.cpu_free, state.mem_free
-        milli_free, dev_mem_free = state.dev_milli_free, state.dev_mem_free
-        for r in records:
-            n = r.node
-            cpu_free[n] += sign * r.cpu_milli
-            mem_free[n] += sign * r.memory_mib
-            for d, milli, mem in zip(r.devices, r.device_milli, r.device_memory_mib, strict=True):
-                milli_free[n, d] += sign * milli
-                dev_mem_free[n, d] += sign * mem
-        return
-    nodes = [r.node for r in records]
-    np.add.at(state.cpu_free, nodes, [sign * r.cpu_milli for r in records])
-    np.add.at(state.mem_free, nodes, [sign * r.memory_mib for r in records])
-    dev_nodes = [r.node for r in records for _ in r.devices]
-    if dev_nodes:
-        slots = [d for r in records for d in r.devices]
-        np.add.at(
-            state.dev_milli_free, (dev_nodes, slots), [sign * m for r in records for m in r.device_milli]
-        )
-        np.add.at(
-            state.dev_mem_free, (dev_nodes, slots), [sign * m for r in records for m in r.device_memory_mib]
-        )
-
-
-def release_many(state: ClusterState, records: Sequence[PodAlloc]) -> None:
-    """Give back many records at once (vectorised; unchecked: only for states built from them)."""
-    if not records:
-        return
-    _add_many(state, records, 1)
-    if len(records) <= SMALL_BATCH:
-        for r in records:
-            state.node_version[r.node] += 1
-    else:
-        np.add.at(state.node_version, [r.node for r in records], 1)
-    for r in records:
-        kinds = state.node_pod_kinds[r.node]
-        kind = state.pod_kind(r)
-        count = kinds.get(kind, 0) - 1
-        if count > 0:
-            kinds[kind] = count
-        else:
-            kinds.pop(kind, None)
-
-
-def lower_bound_usage(w: Workload) -> Usage:
-    """What a workload charges at least, wherever it lands (checked before trying to place it)."""
-    cpu = mem = milli = dev_mem = 0
-    per_model: Usage = {}
-    for p in w.pods:
-        cpu += p.cpu_milli
-        mem += p.memory_mib
-        n = p.num_devices
-        pod_milli = n * p.device_milli
-        milli += pod_milli
-        dev_mem += p.device_memory_mib * n
-        if n and len(p.allowed_models) == 1:
-            key = device_resource(next(iter(p.allowed_models)))
-            per_model[key] = per_model.get(key, 0) + pod_milli
-    usage: Usage = {CPU_MILLI: cpu, MEMORY_MIB: mem, DEVICE_MILLI: milli, DEVICE_MEMORY_MIB: dev_mem}
-    usage.update(per_model)
-    return usage
