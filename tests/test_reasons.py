@@ -64,3 +64,11 @@ def test_a_code_no_enum_knows_reads_as_itself_without_text() -> None:
     info = describe("node_gone")
     assert (info.code, info.final, info.text, info.hint) == ("node_gone", False, "", "")
     assert describe("").text == ""
+
+
+def test_the_cli_docs_list_every_reason_as_the_catalogue_says() -> None:
+    docs = (SRC.parents[1] / "docs" / "cli.md").read_text()
+    rows = dict(re.findall(r"^\| `([a-z_]+)` \| (?:decision|event) \| ((?:yes|no) \| .*) \|$", docs, re.M))
+    assert set(rows) == DECLARED
+    for code, info in CATALOGUE.items():
+        assert rows[code] == f"{'yes' if info.final else 'no'} | {info.text}", code
