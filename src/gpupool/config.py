@@ -223,7 +223,10 @@ class PoolConfig(_Strict):
                 if q.quota is not None else {})
             for q in capped)
         local = tuple(LocalQueue(q.tenant, q.name, f"{q.tenant}/{q.name}") for q in capped)
-        weights = {q.tenant: q.weight for q in self.queues}
+        weights: dict[str, float] = {}  # as the server: the largest weight other than the default 1
+        for q in self.queues:
+            if q.weight != 1.0:
+                weights[q.tenant] = max(weights.get(q.tenant, 0.0), q.weight)
         return QuotaConfig(cluster_queues=cluster, local_queues=local, tenant_weights=weights)
 
     def policies(self) -> Policies:

@@ -328,3 +328,17 @@ def test_a_config_queue_the_store_cannot_hold_stops_the_start(tmp_path: Path, qu
     with rt.store.read() as session:
         assert session.get(TenantRow, "vision") is None and session.get(TenantRow, "Vision") is None
     rt.store.close()
+
+
+def test_a_queue_in_a_cohort_may_take_work_larger_than_its_own_quota(server: Server) -> None:
+    """Submit does not refuse what the cohort could lend; the core admits it by borrowing."""
+    client, h = server.client, server.headers()
+    for tenant, quota in (("borrower", 1), ("lender", 7)):
+        server.created("/tenants", {"name": tenant})
+        answer = client.patch(f"/api/v1/queues/{tenant}/default",
+                              json={"quota_gpus": quota, "cohort": "shared"}, headers=h)
+        assert answer.status_code == 200, answer.text
+    big = client.post("/api/v1/workloads", json={"command": ["x"], "tenant": "borrower",
+                                                 "resources": {"gpus": 2}}, headers=h)
+    assert big.status_code == 201, big.text
+    server.wait_for(lambda: server.status(big.json()["id"]) == "running")

@@ -22,7 +22,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import BindParameter, Connection, bindparam, func, insert, select
+from sqlalchemy import BindParameter, Connection, bindparam, case, func, insert, select
 
 from gpupool.core.model import Workload, WorkloadStatus
 from gpupool.core.units import MILLI
@@ -79,11 +79,14 @@ def _check(item: Submission, quotas: dict[tuple[str, str], int | None]) -> BaseE
 
 
 _TENANTS: BindParameter[list[str]] = bindparam("tenants", expanding=True)
+_OWN_CAP = case((QueueRow.cohort == "", QueueRow.quota_device_milli), else_=None)
+"""A queue's quota is refused at submit only outside a cohort: inside one it may borrow, and the
+core refuses (for good, with the reason) what the queue with its borrowing could never hold."""
 _PENDING = (select(WorkloadRow.tenant, func.count().label("n"))
             .where(WorkloadRow.tenant.in_(_TENANTS), WorkloadRow.status == WorkloadStatus.PENDING.value)
             .group_by(WorkloadRow.tenant).subquery())
 _QUEUES_AND_ROOM = (
-    select(QueueRow.tenant, QueueRow.name, QueueRow.quota_device_milli, TenantRow.max_pending,
+    select(QueueRow.tenant, QueueRow.name, _OWN_CAP, TenantRow.max_pending,
            func.coalesce(_PENDING.c.n, 0))
     .join(TenantRow, TenantRow.name == QueueRow.tenant)
     .outerjoin(_PENDING, _PENDING.c.tenant == QueueRow.tenant)
@@ -94,7 +97,8 @@ _QUEUES_AND_ROOM = (
 _PG_LOCK = "SELECT name FROM tenants WHERE name = ANY(%(tenants)s) ORDER BY name FOR UPDATE"
 """Lock the batch's tenants in name order (concurrent writers queue, never deadlock)."""
 _PG_ROOM = (
-    "SELECT q.tenant, q.name, q.quota_device_milli, t.max_pending, coalesce(p.n, 0) "
+    "SELECT q.tenant, q.name, CASE WHEN q.cohort = '' THEN q.quota_device_milli END, t.max_pending, "
+    "coalesce(p.n, 0) "
     "FROM queues q JOIN tenants t ON t.name = q.tenant "
     "LEFT JOIN (SELECT tenant, count(*) AS n FROM workloads WHERE tenant = ANY(%(tenants)s) "
     "AND status = %(pending)s GROUP BY tenant) p ON p.tenant = q.tenant "
