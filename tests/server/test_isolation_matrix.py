@@ -30,6 +30,7 @@ class Victim:
     tenant: str = "victim-corp"
     queue: str = "victim-q"
     workload_id: str = ""
+    array_id: str = ""
     token_id: str = ""
     token_name: str = "victim-token"
     node: str = "n0"
@@ -74,7 +75,8 @@ class Readable:
 
 
 Expectation = Public | Admin | Others | Readable
-DEFAULT_PARAMS = {"workload_id": "workload_id", "tenant": "tenant", "name": "tenant", "token_id": "token_id"}
+DEFAULT_PARAMS = {"workload_id": "workload_id", "tenant": "tenant", "name": "tenant", "token_id": "token_id",
+                  "array_id": "array_id"}
 
 EXPECTED: dict[tuple[str, str], Expectation] = {
     ("GET", "/health"): Public(),
@@ -86,12 +88,15 @@ EXPECTED: dict[tuple[str, str], Expectation] = {
     ("POST", "/workloads/{workload_id}/cancel"): Others(),
     ("GET", "/workloads/{workload_id}/events"): Others(),
     ("GET", "/workloads/{workload_id}/logs"): Others(),
+    ("POST", "/workloads/arrays/{array_id}/cancel"): Others(),
     # Nodes and the pool
     ("GET", "/nodes"): Readable(),
     ("GET", "/nodes/{name}"): Readable(params={"name": "node"}),
     ("POST", "/nodes/{name}/cordon"): Admin(params={"name": "node"}),
     ("POST", "/nodes/{name}/uncordon"): Admin(params={"name": "node"}),
     ("POST", "/nodes/{name}/drain"): Admin(params={"name": "node"}),
+    ("POST", "/nodes/{name}/fail"): Admin(params={"name": "node"}),
+    ("POST", "/nodes/{name}/heal"): Admin(params={"name": "node"}),
     ("GET", "/pool"): Readable(),
     # Tenants, queues, tokens
     ("GET", "/tenants"): Readable(),
@@ -138,12 +143,14 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[World]:
     spec = {"command": ["echo", SECRET], "name": "victim-job", "queue": "victim-q",
             "env": {"VICTIM_KEY": SECRET}, "resources": {"gpus": 0.5}}
     workload = ok(client.post(f"{API}/workloads", json=spec, headers=server.headers(victim_token["token"])))
+    array = ok(client.post(f"{API}/workloads", json={**spec, "array": "0-3", "resources": {"gpus": 2}},
+                           headers=server.headers(victim_token["token"])))
     ok(client.post(f"{API}/workloads", json={"command": ["true"]}, headers=server.headers(intruder)))
     server.wait_for(lambda: server.status(workload["id"]) == "running")
     schema = ok(client.get(f"{API}/openapi.json"))
     routes = sorted((method.upper(), path.removeprefix(API))
                     for path, item in schema["paths"].items() for method in item)
-    victim = Victim(workload_id=workload["id"], token_id=victim_token["id"])
+    victim = Victim(workload_id=workload["id"], array_id=array["id"], token_id=victim_token["id"])
     yield World(server, intruder, victim_token["token"], victim, routes)
     stop_server(server)
 
@@ -233,7 +240,9 @@ def test_the_refusals_changed_nothing(world: World) -> None:
     queue = client.get(f"{API}/queues", params={"tenant": victim.tenant}, headers=admin).json()
     assert {q["name"]: q["quota_gpus"] for q in queue} == {"default": None, "victim-q": 2}
     own = client.get(f"{API}/workloads", headers=world.server.headers(world.victim_token)).json()
-    assert [w["id"] for w in own["items"]] == [victim.workload_id]
+    assert sorted(w["id"] for w in own["items"]) == sorted(
+        [victim.workload_id, *(f"{victim.array_id}_{i}" for i in range(4))])
+    assert all(w["status"] in ("pending", "running") for w in own["items"]), "nothing was cancelled"
     assert not any(n["cordoned"] for n in client.get(f"{API}/nodes", headers=admin).json())
     tenants = {t["name"] for t in client.get(f"{API}/tenants", headers=admin).json()}
     assert "intruder" not in tenants
