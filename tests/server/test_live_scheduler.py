@@ -110,7 +110,7 @@ def test_preemption_stops_the_victim_with_its_class_grace_and_requeues_it(pool: 
     assert pool.row(victim).run_s == pytest.approx(100.0)
     # the victim ignores SIGTERM: its pod keeps the device for the class's 5 s grace, and the
     # preemptor is placed (it holds the slices) but waits to start until the victim has gone
-    (victim_pod, _, state) = pool.pods(victim)[0]
+    (_, _, state) = pool.pods(victim)[0]
     assert state == PodState.STOPPING.value
     assert pool.status(high) == "admitted" and pool.pods(high)[0][2] == PodState.WAITING.value
     assert high + "-a1-r0" not in {s.pod_id for s in pool.provider.poll()}, "not launched yet"
@@ -185,7 +185,8 @@ def test_a_node_that_leaves_the_pool_requeues_its_work(tmp_path: Path) -> None:
 
 
 def test_failed_pods_are_retried_with_backoff_then_fail(pool: Pool) -> None:
-    workload_id = pool.submit(max_retries=2, env={"GPUPOOL_FAKE_EXIT_CODE": "3", "GPUPOOL_FAKE_DURATION_S": "1"})
+    failing = {"GPUPOOL_FAKE_EXIT_CODE": "3", "GPUPOOL_FAKE_DURATION_S": "1"}
+    workload_id = pool.submit(max_retries=2, env=failing)
     pool.step()
     pool.step(1.0)  # exits 3: retry 1 of 2, after a 10 s backoff
     assert pool.status(workload_id) == "pending" and pool.row(workload_id).retries == 1
