@@ -115,6 +115,12 @@ def explain_nofit(pod: PodRequest, state: ClusterState) -> NoFit:
             )
     host = state.host_fits(pod)
     if not host.any():
+        if pod.num_devices and not (
+                state.schedulable & (state.device_fits(pod).sum(axis=1) >= pod.num_devices)).any():
+            # No node has the devices either: the clearer reason (a default share of cpu and
+            # memory follows the devices, so it runs out with them).
+            return NoFit(Reason.INSUFFICIENT_DEVICES,
+                         f"No node has {pod.num_devices} device(s) with {pod.device_milli} milli free.")
         if not (state.schedulable & (state.cpu_free >= state.cpu_need(pod))).any():
             cpu = f"{pod.cpu_milli} milli-CPU" if pod.cpu_milli else "its default share of cpu"
             return NoFit(Reason.INSUFFICIENT_CPU, f"No node has {cpu} free.")
