@@ -8,6 +8,7 @@ import json
 import os
 import signal
 import socket
+import sqlite3
 import statistics
 import subprocess
 import sys
@@ -81,6 +82,64 @@ def gpupool_up(*args: str) -> Iterator[RunningServer]:
             proc.wait(timeout=60)
         except subprocess.TimeoutExpired:
             os.killpg(proc.pid, signal.SIGKILL)
+
+
+PLAIN_SPEC: dict[str, object] = {"command": ["true"], "resources": {"gpus": 0.25}}
+COHORT_TENANTS = ("team-a", "team-b", "team-c")
+MIXES = ("plain", "cohort")
+ROUTINE_REASONS = frozenset({"submitted", "admitted", "launched", "completed", "limits_unenforced"})
+"""Event reasons every workload of the benches records; the rest are what the mix made happen."""
+
+
+def workload_mix(mix: str) -> list[dict[str, object]]:
+    """The specs a bench submits in turn (submission i sends spec i % len).
+
+    plain: `true` at 0.25 GPU from the admin's own tenant (the benches' historical figures).
+    cohort: 20 specs of `true` over the three tenants of bench/configs/live-full-*.yaml (team-a
+    half, team-b and team-c a quarter each), in the classes best-effort, normal and high (a fifth,
+    three fifths, a fifth), one in ten a whole device with a 60 s time limit (the rest 0.25 GPU):
+    work that borrows within the cohort, may preempt across classes, and gives backfill a head
+    whose reservation others run around. The admin submits on each tenant's behalf.
+    """
+    if mix == "plain":
+        return [PLAIN_SPEC]
+    if mix != "cohort":
+        raise SystemExit(f"unknown mix {mix!r}; choose one of {', '.join(MIXES)}")
+    tenants = ("team-a", "team-a", "team-b", "team-c")
+    classes = ("normal", "best-effort", "normal", "high", "normal")
+    specs: list[dict[str, object]] = []
+    for i in range(20):
+        whole = i % 10 == 9
+        spec: dict[str, object] = {"command": ["true"], "tenant": tenants[i % 4],
+                                   "priority_class": classes[i % 5],
+                                   "resources": {"gpus": 1 if whole else 0.25}}
+        if whole:
+            spec["time_limit_s"] = 60
+        specs.append(spec)
+    return specs
+
+
+def ensure_tenants(server: RunningServer, mix: str) -> None:
+    """Create the mix's tenants the configuration did not (each with its `default` queue, no quota)."""
+    if mix != "cohort":
+        return
+    headers = {"Authorization": f"Bearer {server.token}"}
+    with httpx.Client(base_url=server.url, headers=headers) as c:
+        have = {t["name"] for t in c.get("/api/v1/tenants").raise_for_status().json()}
+        for name in COHORT_TENANTS:
+            if name not in have:
+                c.post("/api/v1/tenants", json={"name": name}).raise_for_status()
+
+
+def unusual_events(server: RunningServer) -> dict[str, int]:
+    """How many events of each reason other than the routine ones the store holds (preemptions,
+    requeues, time limits, ...): read from the SQLite file (empty for another store)."""
+    path = server.data_dir / "gpupool.sqlite"
+    if not path.exists():
+        return {}
+    with contextlib.closing(sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=30)) as db:
+        rows = db.execute("SELECT reason, count(*) FROM events GROUP BY reason").fetchall()
+    return {str(r): int(n) for r, n in sorted(rows) if r not in ROUTINE_REASONS}
 
 
 def percentile_ms(samples_s: Sequence[float], q: float) -> float:

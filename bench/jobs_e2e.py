@@ -5,7 +5,12 @@ provider: every job is a real process. Target >= 100 jobs/s. Anchor (quoted, not
 Slurm 22.05 with 8 GPUs as `shard` GRES runs the same at about 29 jobs/s with
 batch_sched_delay=0 (11 jobs/s stock).
 
-    .venv/bin/python bench/jobs_e2e.py [--jobs 1000]
+    .venv/bin/python bench/jobs_e2e.py [--jobs 1000] [--config FILE] [--mix plain|cohort]
+
+--config FILE starts the pool with that configuration (`gpupool up --config`); --mix cohort submits
+the mix of `_control_plane.workload_mix` (three tenants, three priority classes, some whole-device
+jobs with a time limit) instead of one spec; bench/side_by_side.py --config-b compares two
+configurations in alternating rounds.
 """
 
 from __future__ import annotations
@@ -19,22 +24,30 @@ import httpx
 from rich.console import Console
 from rich.table import Table
 
-from _control_plane import RawHttpClient, gpupool_up, write_json
+from _control_plane import (
+    MIXES,
+    RawHttpClient,
+    ensure_tenants,
+    gpupool_up,
+    unusual_events,
+    workload_mix,
+    write_json,
+)
 
-SPEC = {"command": ["true"], "resources": {"gpus": 0.25}}
 
-
-async def _submit_all(url: str, token: str, jobs: int, concurrency: int = 8) -> None:
-    """Submit `jobs` workloads over CONCURRENCY keep-alive connections (the minimal client of
-    _control_plane.py: httpx would spend as much CPU as the server on the same two cores)."""
+async def _submit_all(url: str, token: str, jobs: int, specs: list[dict[str, object]],
+                      concurrency: int = 8) -> None:
+    """Submit `jobs` workloads (job i is specs[i % len]) over CONCURRENCY keep-alive connections
+    (the minimal client of _control_plane.py: httpx would spend as much CPU as the server on the
+    same two cores)."""
     clients = [RawHttpClient(url) for _ in range(concurrency)]
-    request = clients[0].request_bytes("POST", "/api/v1/workloads", token, SPEC)
-    todo = list(range(jobs))
+    requests = [clients[0].request_bytes("POST", "/api/v1/workloads", token, s) for s in specs]
+    todo = list(range(jobs))[::-1]
 
     async def worker(client: RawHttpClient) -> None:
         while todo:
-            todo.pop()
-            status, body = await client.send(request)
+            index = todo.pop()
+            status, body = await client.send(requests[index % len(requests)])
             if status != 201:
                 raise RuntimeError(f"submission refused ({status}): {body.decode(errors='replace')}")
 
@@ -48,12 +61,16 @@ async def _submit_all(url: str, token: str, jobs: int, concurrency: int = 8) -> 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--jobs", type=int, default=1000)
+    parser.add_argument("--config", default="", help="the pool's configuration file (gpupool up --config)")
+    parser.add_argument("--mix", choices=MIXES, default="plain", help="what is submitted (see above)")
     parser.add_argument("--json", default="")
     opts = parser.parse_args()
-    with gpupool_up("--simulate", "1x8xH100") as server:
+    config = ["--config", opts.config] if opts.config else []
+    with gpupool_up("--simulate", "1x8xH100", *config) as server:
+        ensure_tenants(server, opts.mix)
         headers = {"Authorization": f"Bearer {server.token}"}
         start = time.perf_counter()
-        asyncio.run(_submit_all(server.url, server.token, opts.jobs))
+        asyncio.run(_submit_all(server.url, server.token, opts.jobs, workload_mix(opts.mix)))
         submitted_s = time.perf_counter() - start
         with httpx.Client(base_url=server.url, headers=headers) as c:
             while True:
@@ -62,18 +79,22 @@ def main() -> None:
                     break
                 time.sleep(0.05)
         total_s = time.perf_counter() - start
+        events = unusual_events(server)
     result = {
         "jobs": opts.jobs,
+        "config": opts.config or "defaults",
+        "mix": opts.mix,
         "succeeded": counts["succeeded"],
         "failed": counts["failed"],
         "submit_phase_s": round(submitted_s, 2),
         "end_to_end_s": round(total_s, 2),
         "jobs_per_s": round(opts.jobs / total_s, 1),
+        "events": events,
         "load_average_1m": os.getloadavg()[0],
     }
-    table = Table(
-        title=f"{opts.jobs} x `true` at 0.25 GPU on one simulated 8-GPU node (target >= 100 jobs/s)"
-    )
+    what = "`true` at 0.25 GPU" if opts.mix == "plain" else "`true`, cohort mix"
+    table = Table(title=f"{opts.jobs} x {what} on one simulated 8-GPU node, configuration "
+                        f"{result['config']} (target >= 100 jobs/s)")
     for column in ("system", "jobs/s", "end to end s", "succeeded", "failed"):
         table.add_column(column)
     table.add_row(
@@ -86,6 +107,8 @@ def main() -> None:
     table.add_row("Slurm 22.05 shard GRES, batch_sched_delay=0 (quoted)", "~29", "", "", "")
     table.add_row("Slurm 22.05 shard GRES, stock (quoted)", "~11", "", "", "")
     Console().print(table)
+    if events:
+        print("events beside the routine ones: " + ", ".join(f"{k} {v}" for k, v in events.items()))
     print(f"JSON: {write_json(opts.json, 'jobs_e2e', result)}")
 
 

@@ -1,14 +1,18 @@
-"""Run a control-plane benchmark against this checkout and an earlier commit, alternately, in one run.
+"""Run a control-plane benchmark on two sides alternately in one run: an earlier commit, or a configuration.
 
 The machine is shared and noisy, so a figure means something only beside its anchor measured under
-the same load: this checks out REF in a temporary git worktree, then runs the benchmark script
-(with its own arguments) ROUNDS times for each side, alternating (ref, head, ref, head, ...), each
-with the `gpupool` package of its side first on PYTHONPATH. It prints the per-round figures and the
-ratio of the medians, and writes JSON under bench/results/.
+the same load. With --ref, this checks out REF in a temporary git worktree, then runs the benchmark
+script (with its own arguments) ROUNDS times for each side, alternating (ref, head, ref, head, ...),
+each with the `gpupool` package of its side first on PYTHONPATH. With --config-a/--config-b it runs
+this checkout on both sides, the benchmark given `--config FILE` (none: the pool's defaults), a then
+b, round after round. It prints the per-round figures and the ratio of the medians (head / ref, or
+b / a), and writes JSON under bench/results/.
 
   .venv/bin/python bench/side_by_side.py --ref HEAD~5 --rounds 3 -- bench/jobs_e2e.py --jobs 1000
   .venv/bin/python bench/side_by_side.py --ref HEAD~5 --metric submissions_per_s -- \\
       bench/api_load.py --total 2000 --backends sqlite
+  .venv/bin/python bench/side_by_side.py --config-b bench/configs/live-full-1x8.yaml --rounds 7 \\
+      --metric jobs_per_s -- bench/jobs_e2e.py --jobs 1000 --mix cohort
 """
 
 from __future__ import annotations
@@ -21,12 +25,23 @@ import statistics
 import subprocess
 import sys
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 
 from rich.console import Console
 from rich.table import Table
 
 ROOT = Path(__file__).resolve().parents[1]
+
+
+@dataclass(frozen=True)
+class Side:
+    name: str
+    """ref/head, or a/b"""
+    src: Path
+    """the `gpupool` package's parent directory this side imports"""
+    args: tuple[str, ...] = ()
+    """what this side adds to the benchmark's arguments"""
 
 
 def _run(script: str, args: list[str], src: Path, out: Path) -> dict[str, object]:
@@ -53,9 +68,32 @@ def _figure(result: dict[str, object], metric: str) -> float:
                      f"(keys: {sorted(result)})")
 
 
+def _sides(opts: argparse.Namespace, work: Path) -> tuple[list[Side], str]:
+    """The two sides to alternate and a title naming them; the ref's worktree is made under `work`."""
+    if opts.ref:
+        ref_tree = work / "ref"
+        subprocess.run(["git", "worktree", "add", "--detach", str(ref_tree), opts.ref], cwd=ROOT,
+                       check=True, capture_output=True)
+        ref_sha = _short(opts.ref)
+        return [Side("ref", ref_tree / "src"), Side("head", ROOT / "src")], \
+            f"ref {ref_sha} vs head {_short('HEAD')}"
+    sides = [Side(name, ROOT / "src", ("--config", path) if path else ())
+             for name, path in (("a", opts.config_a), ("b", opts.config_b))]
+    names = f"a = {opts.config_a or 'defaults'} vs b = {opts.config_b or 'defaults'}"
+    return sides, f"{names} at {_short('HEAD')}"
+
+
+def _short(ref: str) -> str:
+    return subprocess.run(["git", "rev-parse", "--short", ref], cwd=ROOT, check=True,
+                          capture_output=True, text=True).stdout.strip()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--ref", required=True, help="the earlier commit to compare with")
+    parser.add_argument("--ref", default="", help="the earlier commit to compare with")
+    parser.add_argument("--config-a", default="",
+                        help="side a's pool configuration (default: none, the pool's defaults)")
+    parser.add_argument("--config-b", default="", help="side b's pool configuration")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--metric", default="jobs_per_s",
                         help="the JSON figure(s) to compare, comma-separated (the first is the headline)")
@@ -65,46 +103,47 @@ def main() -> None:
     bench = [a for a in opts.bench if a != "--"]
     if not bench:
         raise SystemExit("give the benchmark after --, e.g. -- bench/jobs_e2e.py --jobs 1000")
+    if bool(opts.ref) == bool(opts.config_a or opts.config_b):
+        raise SystemExit("compare either with an earlier commit (--ref COMMIT) or two configurations "
+                         "(--config-a FILE and/or --config-b FILE), one of the two")
     script, args = bench[0], bench[1:]
     work = Path(tempfile.mkdtemp(prefix="gpupool-side-"))
-    ref_tree = work / "ref"
-    subprocess.run(["git", "worktree", "add", "--detach", str(ref_tree), opts.ref], cwd=ROOT, check=True,
-                   capture_output=True)
-    ref_sha = subprocess.run(["git", "rev-parse", "--short", opts.ref], cwd=ROOT, check=True,
-                             capture_output=True, text=True).stdout.strip()
-    head_sha = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, check=True,
-                              capture_output=True, text=True).stdout.strip()
     metrics = [m.strip() for m in opts.metric.split(",") if m.strip()]
-    figures: dict[str, dict[str, list[float]]] = {m: {"ref": [], "head": []} for m in metrics}
     try:
+        sides, compared = _sides(opts, work)
+        figures: dict[str, dict[str, list[float]]] = {m: {s.name: [] for s in sides} for m in metrics}
         for round_no in range(opts.rounds):
-            for side, src in (("ref", ref_tree / "src"), ("head", ROOT / "src")):
-                result = _run(script, args, src, work / f"{side}-{round_no}.json")
+            for side in sides:
+                result = _run(script, [*args, *side.args], side.src, work / f"{side.name}-{round_no}.json")
                 for metric in metrics:
-                    figures[metric][side].append(_figure(result, metric))
-                print(f"round {round_no + 1} {side}: "
-                      + ", ".join(f"{m} = {figures[m][side][-1]:g}" for m in metrics), flush=True)
+                    figures[metric][side.name].append(_figure(result, metric))
+                print(f"round {round_no + 1} {side.name}: "
+                      + ", ".join(f"{m} = {figures[m][side.name][-1]:g}" for m in metrics), flush=True)
     finally:
-        subprocess.run(["git", "worktree", "remove", "--force", str(ref_tree)], cwd=ROOT, check=False,
-                       capture_output=True)
+        if opts.ref:
+            subprocess.run(["git", "worktree", "remove", "--force", str(work / "ref")], cwd=ROOT,
+                           check=False, capture_output=True)
         shutil.rmtree(work, ignore_errors=True)
-    table = Table(title=f"{script} {' '.join(args)}: {opts.rounds} alternating rounds, "
-                        f"ref {ref_sha} vs head {head_sha}")
-    for column in ("figure", "ref rounds", "head rounds", "ref median", "head median", "head / ref"):
+    first, second = sides[0].name, sides[1].name
+    table = Table(title=f"{script} {' '.join(args)}: {opts.rounds} alternating rounds, {compared}")
+    for column in ("figure", f"{first} rounds", f"{second} rounds", f"{first} median",
+                   f"{second} median", f"{second} / {first}"):
         table.add_column(column)
     ratios = {}
     for metric in metrics:
-        ref_median = statistics.median(figures[metric]["ref"])
-        head_median = statistics.median(figures[metric]["head"])
-        ratios[metric] = head_median / ref_median if ref_median else float("nan")
-        table.add_row(metric, ", ".join(f"{v:g}" for v in figures[metric]["ref"]),
-                      ", ".join(f"{v:g}" for v in figures[metric]["head"]), f"{ref_median:g}",
-                      f"{head_median:g}", f"{ratios[metric]:.2f}")
+        first_median = statistics.median(figures[metric][first])
+        second_median = statistics.median(figures[metric][second])
+        ratios[metric] = second_median / first_median if first_median else float("nan")
+        table.add_row(metric, ", ".join(f"{v:g}" for v in figures[metric][first]),
+                      ", ".join(f"{v:g}" for v in figures[metric][second]), f"{first_median:g}",
+                      f"{second_median:g}", f"{ratios[metric]:.2f}")
     Console().print(table)
-    out = Path(opts.json or ROOT / "bench" / "results" / f"side_by_side_{Path(script).stem}.json")
+    default_name = f"side_by_side_{Path(script).stem}" + ("" if opts.ref else "_configs")
+    out = Path(opts.json or ROOT / "bench" / "results" / f"{default_name}.json")
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps({"script": script, "args": args, "metric": opts.metric, "ref": ref_sha,
-                               "head": head_sha, "figures": figures, "ratios": ratios,
+    out.write_text(json.dumps({"script": script, "args": args, "metric": opts.metric, "compared": compared,
+                               "sides": {s.name: list(s.args) or str(s.src) for s in sides},
+                               "figures": figures, "ratios": ratios,
                                "load_average_1m": os.getloadavg()[0]}, indent=1))
 
 
