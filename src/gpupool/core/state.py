@@ -143,14 +143,14 @@ class ClusterState:
 
     def record_of(self, pod: PodRequest, placement: PodPlacement) -> PodAlloc:
         """The record of what a recorded placement holds (its recorded amounts, not the defaults now)."""
-        cpu, mem = placement.held_host(pod)
+        # PodPlacement.held_host, inlined: a snapshot rebuilds every running pod's record.
         return PodAlloc(
             node=self.node_index[placement.node],
             devices=tuple(s.device_index for s in placement.slices),
             device_milli=tuple(s.compute_milli for s in placement.slices),
             device_memory_mib=tuple(s.memory_mib for s in placement.slices),
-            cpu_milli=cpu,
-            memory_mib=mem,
+            cpu_milli=placement.cpu_milli or pod.cpu_milli,
+            memory_mib=placement.memory_mib or pod.memory_mib,
         )
 
     # ----------------------------------------------------------------- effective amounts
@@ -255,11 +255,14 @@ class ClusterState:
         """`node_fits(pod)[rows].any()`, computed on those nodes only (host resources first)."""
         schedulable, cpu_free, mem_free = self.schedulable, self.cpu_free, self.mem_free
         cpu, mem = self.cpu_need(pod), self.mem_need(pod)
-        hosts = [
-            n
-            for n in rows
-            if schedulable[n] and cpu_free[n] >= at_node(cpu, n) and mem_free[n] >= at_node(mem, n)
-        ]
+        if isinstance(cpu, int) and isinstance(mem, int):  # the common case, kept a plain comparison
+            hosts = [n for n in rows if schedulable[n] and cpu_free[n] >= cpu and mem_free[n] >= mem]
+        else:
+            hosts = [
+                n
+                for n in rows
+                if schedulable[n] and cpu_free[n] >= at_node(cpu, n) and mem_free[n] >= at_node(mem, n)
+            ]
         if not hosts or not pod.num_devices:
             return bool(hosts)
         at = np.asarray(hosts, dtype=np.intp)
