@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import json
 import os
+import shutil
 import signal
 import socket
 import sqlite3
@@ -82,6 +83,7 @@ def gpupool_up(*args: str) -> Iterator[RunningServer]:
             proc.wait(timeout=60)
         except subprocess.TimeoutExpired:
             os.killpg(proc.pid, signal.SIGKILL)
+        shutil.rmtree(data_dir, ignore_errors=True)
 
 
 PLAIN_SPEC: dict[str, object] = {"command": ["true"], "resources": {"gpus": 0.25}}
