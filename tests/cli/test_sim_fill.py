@@ -54,7 +54,7 @@ def test_default_policy_is_the_servers(tmp_path: Path) -> None:
     out = tmp_path / "out.json"
     result = runner.invoke(app, args("--seed", "42", "--json", str(out)))
     assert result.exit_code == 0, result.output
-    assert list(json.loads(out.read_text())["summary"]) == [default_policy()] == ["best-fit"]
+    assert list(json.loads(out.read_text())["summary"]) == [default_policy()] == ["fgd-strand"]
 
 
 def test_bad_input_is_one_sentence_and_exit_2(tmp_path: Path) -> None:
