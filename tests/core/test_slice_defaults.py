@@ -17,6 +17,7 @@ from gpupool.core.model import (
     Allocation,
     ClusterSnapshot,
     Node,
+    PodPlacement,
     PodRequest,
     Reason,
     SliceDefaults,
@@ -27,7 +28,14 @@ from gpupool.core.scheduling.gang import place_gang, release_gang
 from gpupool.core.scheduling.keeper import ViewKeeper
 from gpupool.core.scheduling.policies.base import NoFit, make_policy
 from gpupool.core.scheduling.view import ClusterView
-from gpupool.core.state import ClusterState
+from gpupool.core.state import (
+    ClusterState,
+    PodAlloc,
+    allocate_many,
+    allocate_placements,
+    clone_state,
+    release_many,
+)
 
 GIB = 1024
 FF = Policies(placement="first-fit")
@@ -198,17 +206,14 @@ _NODES = st.lists(
     min_size=1,
     max_size=4,
 )
-_PODS = st.lists(
-    st.builds(
-        lambda gpus, cpu, mem, dev_mem: (gpus, cpu, mem, dev_mem),
-        st.sampled_from([0, 0.1, 0.25, 0.3, 0.5, 0.75, 1, 2, 4]),
-        st.sampled_from([0, 0, 500, 4000]),
-        st.sampled_from([0, 0, 1024, 16 * GIB]),
-        st.sampled_from([0, 0, 0, 10 * GIB]),
-    ),
-    min_size=1,
-    max_size=24,
+_POD = st.builds(
+    lambda gpus, cpu, mem, dev_mem: (gpus, cpu, mem, dev_mem),
+    st.sampled_from([0, 0.1, 0.25, 0.3, 0.5, 0.75, 1, 2, 4]),
+    st.sampled_from([0, 0, 500, 4000]),
+    st.sampled_from([0, 0, 1024, 16 * GIB]),
+    st.sampled_from([0, 0, 0, 10 * GIB]),
 )
+_PODS = st.lists(_POD, min_size=1, max_size=24)
 _DEFAULTS = st.sampled_from(
     [SliceDefaults(), NO_DEFAULTS, SliceDefaults(cpu_milli_per_device=3_000, memory_mib_per_device=20 * GIB),
      SliceDefaults(proportional_device_memory=False)]
@@ -282,3 +287,74 @@ def test_vectorised_fit_agrees_with_the_scalar_reference(
         hosts = [defaults.cpu_milli(p, n) <= n.cpu_milli and defaults.memory_mib(p, n) <= n.memory_mib
                  for n in nodes]
         assert np.array_equal(state.host_fits(p), hosts)
+
+
+def _brute_device_fits(state: ClusterState, p: PodRequest) -> np.ndarray:
+    """device_fits without the skip: compute and the proportional memory checked on every device."""
+    need = state.device_memory_need(p)
+    return (state.dev_milli_free >= p.device_milli) & (state.dev_mem_free >= need) & state.dev_valid
+
+
+def _heavy_count(state: ClusterState, records: list[PodAlloc]) -> int:
+    size = state.dev_mem_size
+    return sum(
+        1 for r in records for d, m, mem in zip(r.devices, r.device_milli, r.device_memory_mib, strict=True)
+        if m < 1000 and size[r.node, d] and mem > size[r.node, d] * m // 1000
+    )
+
+
+@settings(max_examples=100, deadline=None)
+@given(_NODES, st.lists(_POD, min_size=1, max_size=40), st.integers(0, 1000))
+def test_skipping_the_memory_check_never_changes_a_fit(
+    specs: list[tuple[int, int, int, int]], asks: list[tuple[float, int, int, int]], seed: int
+) -> None:
+    """While no placed share holds more memory than its compute's share the memory comparison is
+    skipped; with shares that do (explicit memory), it runs. Either way a default share's fit is
+    exactly the full check, after placements and releases, one by one or in bulk (records or a
+    snapshot's placements)."""
+    nodes = _pool(specs)
+    state = ClusterState(nodes, SliceDefaults())
+    rng = random.Random(seed)
+    records: list[PodAlloc] = []
+    allocations = []
+    probes = [_bare(m / 1000) for m in (100, 250, 500, 750)]
+    for i, (gpus, cpu, mem, dev_mem) in enumerate(asks):
+        p = _bare(gpus, cpu_milli=cpu, memory_mib=mem, device_memory_mib=dev_mem)
+        fits = np.flatnonzero(state.node_fits(p))
+        if not fits.size:
+            continue
+        n = int(fits[rng.randrange(fits.size)])
+        record = state.make_alloc(p, n, np.flatnonzero(state.device_fits(p)[n])[: p.num_devices])
+        state.allocate(record)
+        records.append(record)
+        placement = PodPlacement(p.name, nodes[n].name, record.slices(), record.cpu_milli, record.memory_mib)
+        allocations.append(Allocation(Workload(f"w{i}", (p,)), (placement,)))
+        for probe in probes:
+            assert np.array_equal(state.device_fits(probe), _brute_device_fits(state, probe))
+    assert state.heavy_slices == _heavy_count(state, records)
+    in_bulk = ClusterState(nodes, SliceDefaults())
+    allocate_many(in_bulk, records)
+    from_snapshot = ClusterState(nodes, SliceDefaults())
+    allocate_placements(from_snapshot, allocations)
+    assert in_bulk.heavy_slices == from_snapshot.heavy_slices == state.heavy_slices
+    order = list(range(len(records)))
+    rng.shuffle(order)
+    gone = [records[k] for k in order[: len(order) // 2]]
+    release_many(in_bulk, gone)
+    for record in gone:
+        state.release(record)
+    kept = [records[k] for k in order[len(order) // 2:]]
+    assert in_bulk.heavy_slices == state.heavy_slices == _heavy_count(state, kept)
+    for probe in probes:
+        assert np.array_equal(state.device_fits(probe), _brute_device_fits(state, probe))
+    assert clone_state(state).heavy_slices == state.heavy_slices
+    assert clone_state(state, empty=True).heavy_slices == 0
+
+
+def test_an_explicit_heavy_share_turns_the_memory_check_on() -> None:
+    state = ClusterState([node("a", devices=1, device_memory_mib=80 * GIB)], SliceDefaults())
+    heavy = _bare(0.25, device_memory_mib=70 * GIB)
+    state.allocate(state.make_alloc(heavy, 0, [0]))
+    assert state.heavy_slices == 1
+    assert state.device_fits(_bare(0.25)).tolist() == [[False]]  # 250 milli free in compute, 10 GiB in memory
+    assert state.device_fits(_bare(0.1)).tolist() == [[True]]

@@ -20,6 +20,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from itertools import chain
 from operator import attrgetter
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -116,6 +117,9 @@ class ClusterState:
         if devs:
             self.dev_mem_size[rows, slots] = [d.memory_mib for d in devs]
         self.memory_known = bool(self.dev_mem_size.any())
+        self.heavy_slices = 0
+        """Placed shares holding more device memory than their compute's share of it (see
+        `device_fits`); while there are none, a default share that fits in compute fits in memory."""
         self._set_need_caches()
         self._allowed_cache: dict[frozenset[str], BoolArray] = {}
         # Bumped on every change of a node's free capacity, so policies can cache per-node scores.
@@ -247,7 +251,13 @@ class ClusterState:
         else:
             ok = self.dev_milli_free >= pod.device_milli
         need = self.device_memory_need(pod)
-        if isinstance(need, np.ndarray) or need:
+        if isinstance(need, np.ndarray):
+            # A default share needs floor(size * milli / 1000). While every placed share holds at most
+            # its compute's share of memory, each device has free memory >= size * free milli / 1000,
+            # so fitting in compute implies fitting in memory and the comparison is skipped.
+            if self.heavy_slices:
+                ok &= self.dev_mem_free >= need
+        elif need:
             ok &= self.dev_mem_free >= need
         return ok & allowed
 
@@ -274,7 +284,8 @@ class ClusterState:
             dev = milli_free >= pod.device_milli
         need = self.device_memory_need(pod)
         if isinstance(need, np.ndarray):
-            dev &= mem_free_dev >= need[at]
+            if self.heavy_slices:  # see device_fits
+                dev &= mem_free_dev >= need[at]
         elif need:
             dev &= mem_free_dev >= need
         dev &= self.allowed_devices(pod.allowed_models)[at]
@@ -342,6 +353,8 @@ class ClusterState:
         ):
             self.dev_milli_free[node, d] -= milli
             self.dev_mem_free[node, d] -= mem
+            if milli < MILLI and mem and self._heavy(node, d, milli, mem):
+                self.heavy_slices += 1
         self._note_change(record, +1)
 
     def release(self, record: PodAlloc) -> None:
@@ -367,7 +380,14 @@ class ClusterState:
         ):
             self.dev_milli_free[node, d] += milli
             self.dev_mem_free[node, d] += mem
+            if milli < MILLI and mem and self._heavy(node, d, milli, mem):
+                self.heavy_slices -= 1
         self._note_change(record, -1)
+
+    def _heavy(self, node: int, d: int, milli: int, mem: int) -> bool:
+        """Whether a share holds more memory than its compute's share of a device of known size."""
+        size = int(self.dev_mem_size[node, d])
+        return bool(size) and mem > size * milli // MILLI
 
     def pod_kind(self, record: PodAlloc) -> str:
         """The kind of a placed pod: "cpu", "share" (a fraction of one device) or "<k>-dev"."""
@@ -468,6 +488,8 @@ def clone_state(state: ClusterState, *, empty: bool = False) -> ClusterState:
     new.node_pod_kinds = (
         [{} for _ in state.node_pod_kinds] if empty else [dict(k) for k in state.node_pod_kinds]
     )
+    if empty:
+        new.heavy_slices = 0
     return new
 
 
@@ -488,8 +510,11 @@ def allocate_placements(state: ClusterState, allocations: Sequence[Allocation]) 
     flat = list(chain.from_iterable(slices))
     if flat:
         where = (np.repeat(np.asarray(nodes, dtype=np.int64), counts), list(map(_slot, flat)))
-        np.add.at(state.dev_milli_free, where, -np.fromiter(map(_milli, flat), np.int64, len(flat)))
-        np.add.at(state.dev_mem_free, where, -np.fromiter(map(_slice_mem, flat), np.int64, len(flat)))
+        shares = np.fromiter(map(_milli, flat), np.int64, len(flat))
+        memory = np.fromiter(map(_slice_mem, flat), np.int64, len(flat))
+        np.add.at(state.dev_milli_free, where, -shares)
+        np.add.at(state.dev_mem_free, where, -memory)
+        state.heavy_slices += _count_heavy(state, where, shares, memory)
     np.add.at(state.node_version, nodes, 1)
     kinds = [
         "cpu" if not k else "share" if k == 1 and sl[0].compute_milli < MILLI else f"{k}-dev"
@@ -562,6 +587,8 @@ def _add_many(state: ClusterState, records: Sequence[PodAlloc], sign: int) -> No
             for d, milli, mem in zip(r.devices, r.device_milli, r.device_memory_mib, strict=True):
                 milli_free[n, d] += sign * milli
                 dev_mem_free[n, d] += sign * mem
+                if milli < MILLI and mem and state._heavy(n, d, milli, mem):
+                    state.heavy_slices -= sign
         return
     nodes = [r.node for r in records]
     np.add.at(state.cpu_free, nodes, [sign * r.cpu_milli for r in records])
@@ -569,12 +596,17 @@ def _add_many(state: ClusterState, records: Sequence[PodAlloc], sign: int) -> No
     dev_nodes = [r.node for r in records for _ in r.devices]
     if dev_nodes:
         slots = [d for r in records for d in r.devices]
-        np.add.at(
-            state.dev_milli_free, (dev_nodes, slots), [sign * m for r in records for m in r.device_milli]
-        )
-        np.add.at(
-            state.dev_mem_free, (dev_nodes, slots), [sign * m for r in records for m in r.device_memory_mib]
-        )
+        shares = np.fromiter((m for r in records for m in r.device_milli), np.int64, len(slots))
+        memory = np.fromiter((m for r in records for m in r.device_memory_mib), np.int64, len(slots))
+        np.add.at(state.dev_milli_free, (dev_nodes, slots), sign * shares)
+        np.add.at(state.dev_mem_free, (dev_nodes, slots), sign * memory)
+        state.heavy_slices -= sign * _count_heavy(state, (dev_nodes, slots), shares, memory)
+
+
+def _count_heavy(state: ClusterState, where: Any, milli: IntArray, held: IntArray) -> int:
+    """How many of these shares hold more memory than their compute's share (ClusterState._heavy)."""
+    size = state.dev_mem_size[where]
+    return int(((size > 0) & (milli < MILLI) & (held > size * milli // MILLI)).sum())
 
 
 def release_many(state: ClusterState, records: Sequence[PodAlloc]) -> None:
