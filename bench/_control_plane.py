@@ -47,6 +47,7 @@ def gpupool_up(*args: str) -> Iterator[RunningServer]:
     """A `gpupool up` process on a free loopback port with a fresh data directory."""
     data_dir = Path(tempfile.mkdtemp(prefix="gpupool-bench-"))
     port = free_port()
+    log = open(data_dir.parent / f"{data_dir.name}.log", "wb")  # noqa: SIM115 (closed below)
     proc = subprocess.Popen(
         [
             sys.executable,
@@ -60,7 +61,7 @@ def gpupool_up(*args: str) -> Iterator[RunningServer]:
             *args,
         ],
         stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
+        stderr=log,
         start_new_session=True,
     )
     url = f"http://127.0.0.1:{port}"
@@ -73,16 +74,20 @@ def gpupool_up(*args: str) -> Iterator[RunningServer]:
             except httpx.TransportError:
                 pass
             if proc.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"gpupool up did not start (exit {proc.poll()})")
+                tail = Path(log.name).read_text(errors="replace").strip().splitlines()[-5:]
+                raise RuntimeError(f"gpupool up did not start (exit {proc.poll()}): " + " | ".join(tail))
             time.sleep(0.1)
         token = (data_dir / "admin-token").read_text().strip()
         yield RunningServer(url=url, token=token, data_dir=data_dir, pid=proc.pid)
     finally:
-        os.killpg(proc.pid, signal.SIGTERM)
+        with contextlib.suppress(ProcessLookupError):  # it may have exited by itself
+            os.killpg(proc.pid, signal.SIGTERM)
         try:
             proc.wait(timeout=60)
         except subprocess.TimeoutExpired:
             os.killpg(proc.pid, signal.SIGKILL)
+        log.close()
+        os.unlink(log.name)
         shutil.rmtree(data_dir, ignore_errors=True)
 
 

@@ -69,7 +69,7 @@ def main() -> None:
     with gpupool_up("--simulate", "1x8xH100", *config) as server:
         ensure_tenants(server, opts.mix)
         headers = {"Authorization": f"Bearer {server.token}"}
-        start = time.perf_counter()
+        start, cpu_before = time.perf_counter(), server.cpu_s()
         asyncio.run(_submit_all(server.url, server.token, opts.jobs, workload_mix(opts.mix)))
         submitted_s = time.perf_counter() - start
         with httpx.Client(base_url=server.url, headers=headers) as c:
@@ -79,6 +79,7 @@ def main() -> None:
                     break
                 time.sleep(0.05)
         total_s = time.perf_counter() - start
+        server_cpu_s = server.cpu_s() - cpu_before
         events = unusual_events(server)
     result = {
         "jobs": opts.jobs,
@@ -89,6 +90,7 @@ def main() -> None:
         "submit_phase_s": round(submitted_s, 2),
         "end_to_end_s": round(total_s, 2),
         "jobs_per_s": round(opts.jobs / total_s, 1),
+        "server_cpu_ms_per_job": round(server_cpu_s * 1000 / opts.jobs, 2),
         "events": events,
         "load_average_1m": os.getloadavg()[0],
     }

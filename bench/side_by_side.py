@@ -6,7 +6,7 @@ script (with its own arguments) ROUNDS times for each side, alternating (ref, he
 each with the `gpupool` package of its side first on PYTHONPATH. With --config-a/--config-b it runs
 this checkout on both sides, the benchmark given `--config FILE` (none: the pool's defaults), a then
 b, round after round. It prints the per-round figures and the ratio of the medians (head / ref, or
-b / a), and writes JSON under bench/results/.
+b / a), and writes JSON under bench/results/ (with every round's whole result).
 
   .venv/bin/python bench/side_by_side.py --ref HEAD~5 --rounds 3 -- bench/jobs_e2e.py --jobs 1000
   .venv/bin/python bench/side_by_side.py --ref HEAD~5 --metric submissions_per_s -- \\
@@ -112,9 +112,11 @@ def main() -> None:
     try:
         sides, compared = _sides(opts, work)
         figures: dict[str, dict[str, list[float]]] = {m: {s.name: [] for s in sides} for m in metrics}
+        results: dict[str, list[dict[str, object]]] = {s.name: [] for s in sides}
         for round_no in range(opts.rounds):
             for side in sides:
                 result = _run(script, [*args, *side.args], side.src, work / f"{side.name}-{round_no}.json")
+                results[side.name].append(result)
                 for metric in metrics:
                     figures[metric][side.name].append(_figure(result, metric))
                 print(f"round {round_no + 1} {side.name}: "
@@ -143,7 +145,7 @@ def main() -> None:
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps({"script": script, "args": args, "metric": opts.metric, "compared": compared,
                                "sides": {s.name: list(s.args) or str(s.src) for s in sides},
-                               "figures": figures, "ratios": ratios,
+                               "figures": figures, "ratios": ratios, "results": results,
                                "load_average_1m": os.getloadavg()[0]}, indent=1))
 
 
