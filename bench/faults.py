@@ -39,7 +39,8 @@ def _kill9(work: Path, n: int) -> tuple[str, str, str, dict[str, object]]:
         f"{len(seen.acknowledged)} acknowledged (201), {seen.cut} cut by the kill, {seen.refused} refused; "
         f"after restart {len(seen.acknowledged) - len(seen.missing_after_restart)}/{len(seen.acknowledged)} "
         f"acknowledged found, {seen.stored_after_restart} stored; final {seen.statuses}; at most "
-        f"{seen.most_launches} launch, {seen.most_pod_dirs} pod and {seen.most_started_lines} start per "
+        f"{seen.most_launches} launch, {seen.most_started_pods} pod that ran "
+        f"({seen.most_pod_dirs} set up) and {seen.most_started_lines} start per "
         f"workload ({seen.seconds:.1f} s)"
     )
     return (f"kill -9 of `gpupool up` while {n:,} submissions are in flight (async client, 64 "

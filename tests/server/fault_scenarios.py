@@ -36,7 +36,11 @@ class Kill9Outcome:
     most_launches: int = 0
     """The largest number of `launched` events of one workload (1 = never started twice)."""
     most_pod_dirs: int = 0
-    """The largest number of pods the agent started for one workload."""
+    """The largest number of pods (attempts) the agent set up for one workload: 2 where the agent
+    was stopped while setting up a pod (reported lost, its process never ran) and the workload
+    was requeued, as lost pods are."""
+    most_started_pods: int = 0
+    """The largest number of pods of one workload whose process ran (printed its start line)."""
     most_started_lines: int = 0
     """The largest number of times one pod's process printed its start line."""
     seconds: float = 0.0
@@ -106,14 +110,18 @@ def _inspect(data_dir: Path, outcome: Kill9Outcome) -> None:
                               "ORDER BY 1 DESC LIMIT 1").fetchone()
     outcome.most_launches = launches[0] if launches else 0
     pods_per_workload: collections.Counter[str] = collections.Counter()
+    started_per_workload: collections.Counter[str] = collections.Counter()
     for pod_dir in data_dir.glob("agents/*/pods/*"):
-        pods_per_workload[pod_dir.name.rsplit("-a", 1)[0]] += 1
+        workload_id = pod_dir.name.rsplit("-a", 1)[0]
+        pods_per_workload[workload_id] += 1
         try:
             lines = (pod_dir / "stdout.log").read_text().splitlines()
         except OSError:
             lines = []
+        started_per_workload[workload_id] += STARTED_LINE in lines
         outcome.most_started_lines = max(outcome.most_started_lines, lines.count(STARTED_LINE))
     outcome.most_pod_dirs = max(pods_per_workload.values(), default=0)
+    outcome.most_started_pods = max(started_per_workload.values(), default=0)
 
 
 # ---- the store's disk full -------------------------------------------------------------------
