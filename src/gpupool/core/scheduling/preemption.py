@@ -8,6 +8,11 @@ a single victim is searched exhaustively (least lost work first); otherwise vict
 greedily (lowest rank, least lost work first) and then every victim that is not needed is
 dropped again: first, in one step, all that hold nothing on the nodes the preemptor was placed on,
 then one at a time, most lost work first.
+
+The search tries placements on exactly the states of that definition (tests/core/scheduling/
+victims_plain.py), but leaves out those whose first pod provably fits no node (they would place
+nothing and draw nothing from the rng; kept where the policy counts its calls) and takes victims
+off the state only when a placement is tried, many in one step.
 """
 
 from __future__ import annotations
@@ -22,11 +27,13 @@ from operator import itemgetter
 
 from gpupool.core.model import PodRequest, Workload
 from gpupool.core.priority import Rank
+from gpupool.core.quota import Usage, add_usage
 from gpupool.core.scheduling.gang import GangPlacement, place_gang, release_gang
 from gpupool.core.scheduling.policies.base import NoFit, PlacementPolicy
 from gpupool.core.scheduling.view import ClusterView, Running
 from gpupool.core.scheduling.workloads import lower_bound_usage
-from gpupool.core.state import ClusterState
+from gpupool.core.state import ClusterState, allocate_many, at_node, release_many
+from gpupool.core.units import MILLI
 
 MAX_SINGLE_TRIALS = 16
 """How many single-victim sets are tried before falling back to the greedy search."""
@@ -203,6 +210,8 @@ def select_victims(
         return None
     cost = index.cost
     need = preemptor.total_device_milli - free_milli(view, preemptor)
+    first = FirstPodFits(view.state, preemptor.pods[0])
+    may_skip = not policy.counts_failed_calls()
 
     def fits() -> GangPlacement | None:
         return _fits(preemptor, cq, view, policy, rng)
@@ -213,13 +222,15 @@ def select_victims(
     for run in singles:
         if run.device_milli < need:
             continue
+        if may_skip and not first.fits_with(run):
+            continue  # the trial would place nothing, draw nothing and leave the policy as it was
         view.detach(run)
         gang = fits()
         if gang is not None:
             return VictimSet((run,), reclaimed([run]), gang)
         view.attach(run)
     found = index.search_order(preemptor, cq, exclude, by_rank=True)[0]  # consumed lazily
-    greedy = _greedy(preemptor, found, need, view, fits)
+    greedy = _greedy(found, need, view, fits, first)
     if greedy is None:
         return None
     chosen = _trim(_drop_apart(*greedy, view, fits), cost, view, fits)
@@ -232,58 +243,209 @@ def select_victims(
 
 
 def _greedy(
-    preemptor: Workload,
     found: Iterable[Running],
     need: int,
     view: ClusterView,
     fits: Callable[[], GangPlacement | None],
+    first: FirstPodFits,
 ) -> tuple[list[Running], GangPlacement] | None:
-    """Victims in `found`'s order until the preemptor fits; with the placement it then got (released)."""
+    """Victims in `found`'s order until the preemptor fits; with the placement it then got (released).
+
+    A victim is taken off the state only when a placement is tried (all those before it go in one
+    step), or when the bound says its node may now hold the first pod (see `FirstPodFits`): the
+    placements are tried on the same states as when every victim goes off as it is taken.
+    """
     chosen: list[Running] = []
     freed = 0
-    first = FirstPodFits(view.state, preemptor.pods[0])
+    held = _Detached(view)
+    first.start(held.flush)
     for run in found:
-        view.detach(run)
         chosen.append(run)
+        held.pending.append(run)
         freed += run.device_milli
         first.freed(run)
         if freed < need or not first.fits_somewhere():
             continue  # (a first pod that fits no node fails every placement before it starts)
+        held.flush()
         gang = fits()
         if gang is not None:
             release_gang(gang, view.state)
             return chosen, gang
-    for run in reversed(chosen):
-        view.attach(run)
+    held.restore()
     return None
 
 
-class FirstPodFits:
-    """Whether a pod fits some node of a state that only gains free capacity (victims detached).
+class _Detached:
+    """Victims of a greedy search: those taken off the state, and those taken but not yet off it."""
 
-    `state.node_fits(pod).any()`, without scanning every node each time: once no node fits, only
-    the nodes victims were detached from since can change that answer, and once one fits it stays
-    so (freeing capacity never makes a pod fit less).
+    def __init__(self, view: ClusterView) -> None:
+        self.view = view
+        self.done: list[Running] = []
+        self.pending: list[Running] = []
+
+    def flush(self) -> None:
+        """Take the pending victims off the state and their queues, as `view.detach` one by one would."""
+        if self.pending:
+            detach_all(self.view, self.pending)
+            self.done += self.pending
+            self.pending = []
+
+    def restore(self) -> None:
+        attach_all(self.view, self.done)
+        self.done = []
+        self.pending = []
+
+
+def detach_all(view: ClusterView, runs: Sequence[Running]) -> None:
+    """`view.detach` of every run, in one step: the same free capacity and quota usage after it."""
+    if len(runs) == 1:
+        view.detach(runs[0])
+        return
+    release_many(view.state, [record for run in runs for _, record in run.allocs])
+    for cq, usage in _usage_by_queue(runs).items():
+        view.quota.remove(cq, usage)
+
+
+def attach_all(view: ClusterView, runs: Sequence[Running]) -> None:
+    """`view.attach` of every run, in one step."""
+    if len(runs) == 1:
+        view.attach(runs[0])
+        return
+    records = [record for run in runs for _, record in run.allocs]
+    if len(records) > _BULK:
+        allocate_many(view.state, records)
+    else:
+        for record in records:
+            view.state.allocate(record)
+    for cq, usage in _usage_by_queue(runs).items():
+        view.quota.add(cq, usage)
+
+
+_BULK = 64
+"""From this many records on, attaching checks the whole state once instead of each record."""
+
+
+def _usage_by_queue(runs: Iterable[Running]) -> dict[str, Usage]:
+    """The runs' quota usage summed per ClusterQueue (integers: the same totals in any order)."""
+    total: dict[str, Usage] = {}
+    for run in runs:
+        usage = total.get(run.cluster_queue)
+        if usage is None:
+            usage = total[run.cluster_queue] = {}
+        add_usage(usage, run.usage)
+    return total
+
+
+def _nothing() -> None:
+    """No victim waits to be taken off the state."""
+
+
+class FirstPodFits:
+    """Whether a pod fits some node of a state that only gains free capacity (victims freed).
+
+    `state.node_fits(pod).any()` without scanning every node each time: if no node fits it before
+    any victim is freed, only the nodes victims were freed from can change that answer, and once
+    one fits it stays so (freeing capacity never makes a pod fit less). Each node is first held to a
+    bound (its free cpu and memory, plus what the victims freed there, must cover the pod's, and
+    enough devices of the models it accepts must have the milli of one share free): only a node
+    within the bound is checked on the state, after `flush` has taken the victims off it. The bound
+    reads a node's free capacity when a victim is first freed there, so `freed` must be told of a
+    victim before it leaves the state.
     """
 
     def __init__(self, state: ClusterState, pod: PodRequest) -> None:
         self.state = state
         self.pod = pod
+        self.base: bool | None = None
+        """Whether the pod fits some node before any victim is freed (scanned once, when first asked)."""
         self.known: bool | None = None
         self.touched: set[int] = set()
+        self.flush: Callable[[], None] = _nothing
+        self.cpu = state.cpu_need(pod)
+        self.mem = state.mem_need(pod)
+        self.share = min(pod.device_milli, MILLI)
+        """The free milli a device needs to take one of the pod's shares (whole: all of it)."""
+        self.allowed = state.allowed_devices(pod.allowed_models) if pod.num_devices else None
+        self.free: dict[int, list[int]] = {}
+        """Per node touched: [cpu, memory, free milli of each device] once the victims are freed."""
+
+    def start(self, flush: Callable[[], None] = _nothing) -> None:
+        """A new sequence of victims on the base state; `flush` takes those told of off the state."""
+        self.known = None
+        self.touched.clear()
+        self.free.clear()
+        self.flush = flush
+
+    def fits_alone(self) -> bool:
+        if self.base is None:
+            self.base = bool(self.state.node_fits(self.pod).any())
+        return self.base
+
+    def fits_with(self, run: Running) -> bool:
+        """Whether the pod fits some node once `run` alone is freed from the base state."""
+        if self.fits_alone():
+            return True
+        free: dict[int, list[int]] = {}
+        self._add(run, free)
+        rows = [n for n, amounts in free.items() if self._within(n, amounts)]
+        if not rows:
+            return False
+        state = self.state
+        for _, record in reversed(run.allocs):
+            state.release(record)
+        fits = state.node_fits_at(self.pod, rows)
+        for _, record in run.allocs:
+            state.allocate(record)
+        return fits
 
     def freed(self, run: Running) -> None:
-        """`run` was detached: its nodes gained capacity."""
+        """`run` is freed (or about to be: see the class docstring)."""
         if self.known is not True:
+            self._add(run, self.free)
             self.touched.update(a.node for _, a in run.allocs)
 
     def fits_somewhere(self) -> bool:
         if self.known is None:
-            self.known = bool(self.state.node_fits(self.pod).any())
-        elif not self.known and self.touched:
-            self.known = node_fits_at(self.state, self.pod, self.touched)
+            self.known = self.fits_alone()
+        if not self.known and self.touched:
+            free = self.free
+            rows = [n for n in self.touched if self._within(n, free[n])]
+            if rows:
+                self.flush()
+                self.known = self.state.node_fits_at(self.pod, rows)
         self.touched.clear()
         return self.known
+
+    def _add(self, run: Running, free: dict[int, list[int]]) -> None:
+        """Add what `run` holds to the free amounts per node (read from the state on first touch)."""
+        state, allowed = self.state, self.allowed
+        for _, a in run.allocs:
+            n = a.node
+            amounts = free.get(n)
+            if amounts is None:
+                amounts = free[n] = [int(state.cpu_free[n]), int(state.mem_free[n])]
+                if allowed is not None:  # then each device's free milli (-1: a model the pod refuses)
+                    row = state.dev_milli_free[n].tolist()
+                    amounts += [m if ok else _REFUSED for m, ok in zip(row, allowed[n].tolist(), strict=True)]
+            amounts[0] += a.cpu_milli
+            amounts[1] += a.memory_mib
+            if allowed is not None:
+                for d, milli in zip(a.devices, a.device_milli, strict=True):
+                    amounts[2 + d] += milli
+
+    def _within(self, n: int, amounts: list[int]) -> bool:
+        """Whether the node's free amounts (see `_add`) may hold the pod: a necessary condition."""
+        if not (self.state.schedulable[n] and amounts[0] >= at_node(self.cpu, n)
+                and amounts[1] >= at_node(self.mem, n)):
+            return False
+        if self.allowed is None:
+            return True
+        share = self.share
+        return sum(1 for free in amounts[2:] if free >= share) >= self.pod.num_devices
+
+
+_REFUSED = -(1 << 62)
+"""The free milli a bound gives a device of a model the pod refuses (never enough)."""
 
 
 def node_fits_at(state: ClusterState, pod: PodRequest, rows: Iterable[int]) -> bool:
@@ -305,12 +467,10 @@ def _drop_apart(
     apart = [r for r in chosen if all(alloc.node not in nodes for _, alloc in r.allocs)]
     if not apart or len(apart) == len(chosen):
         return chosen
-    for run in apart:
-        view.attach(run)
+    attach_all(view, apart)
     trial = fits()
     if trial is None:
-        for run in reversed(apart):
-            view.detach(run)
+        detach_all(view, apart)
         return chosen
     release_gang(trial, view.state)
     dropped = {id(r) for r in apart}

@@ -53,6 +53,12 @@ class PlacementPolicy(ABC):
         Pure and deterministic for a given state and rng; never raises for an unplaceable pod.
         """
 
+    def counts_failed_calls(self) -> bool:
+        """Whether a `place` that returns NoFit changes what later calls decide (a policy counting
+        its calls). When not (the default), a caller that knows a pod fits no node may skip the call:
+        a pod that fits no node gets NoFit without a draw from the rng."""
+        return False
+
 
 _REGISTRY: dict[str, type[PlacementPolicy]] = {}
 
