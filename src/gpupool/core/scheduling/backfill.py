@@ -14,13 +14,15 @@ history and measures its own error.
 
 from __future__ import annotations
 
+import bisect
 import math
 import random
 from dataclasses import dataclass, field
+from operator import itemgetter
 
 import numpy as np
 
-from gpupool.core.model import Workload
+from gpupool.core.model import SliceDefaults, Workload
 from gpupool.core.scheduling.gang import GangPlacement, place_gang, release_gang
 from gpupool.core.scheduling.policies.base import NoFit, PlacementPolicy
 from gpupool.core.scheduling.view import ClusterView, Running
@@ -43,41 +45,151 @@ MAX_RESERVATION_TRIALS = 64
 def reserve(
     head: Workload, view: ClusterView, now_s: float, policy: PlacementPolicy, rng: random.Random
 ) -> Reservation | None:
-    """The earliest time the head fits by the running workloads' estimated ends; None if never."""
+    """The earliest time the head fits by the running workloads' estimated ends; None if never.
+
+    The runs are taken in the order of their estimated ends (`view.ends`); one that should have
+    ended already is expected to end now (`Running.expected_end_s`).
+    """
     view.materialize()
-    # (run.expected_end_s(now_s), id, run) for the runs with an estimate, read off planned_end_s
-    runs = sorted(
-        (end if end > now_s else now_s, rid, run)
-        for rid, run in view.running.items()
-        if (end := run.planned_end_s) != math.inf
-    )
-    if not runs:
+    ends = view.ends
+    if not ends:
         return None
+    running = view.running
     shadow = clone_state(view.state)
     allowed = _allowed(head, shadow)
-    # skip ahead to the first end time at which enough compute is free in aggregate
+    # skip ahead to the first end time at which enough compute is free in aggregate (the runs
+    # that end at one time are released together, so their order among themselves is moot)
     if bool(allowed.sum() == shadow.dev_valid.sum()):
-        freed = np.cumsum([run.device_milli for _, _, run in runs])
+        freed = np.cumsum(view.end_milli)
     else:
-        freed = np.cumsum([_allowed_milli(run, allowed) for _, _, run in runs])
+        freed = np.cumsum([_allowed_milli(running[rid], allowed) for _, rid in ends])
     short = head.total_device_milli - int(shadow.dev_milli_free[allowed].sum())
     i = int(np.searchsorted(freed, short, side="left")) if short > 0 else 0
-    if i >= len(runs):
+    if i >= len(ends):
         return None
     done = 0
     for _ in range(MAX_RESERVATION_TRIALS):
-        t = runs[i][0]
-        while i < len(runs) and runs[i][0] == t:
+        t = max(ends[i][0], now_s)
+        while i < len(ends) and max(ends[i][0], now_s) == t:
             i += 1
-        release_many(shadow, [rec for _, _, run in runs[done:i] for _, rec in run.allocs])
+        release_many(shadow, [rec for _, rid in ends[done:i] for _, rec in running[rid].allocs])
         done = i
         gang = place_gang(head, shadow, policy, rng)
         if not isinstance(gang, NoFit):
             release_gang(gang, shadow)
             return Reservation(head, t, shadow)
-        if i >= len(runs):
+        if i >= len(ends):
             return None
     return None
+
+
+@dataclass(slots=True)
+class KeptReservation:
+    """A reservation (or None: the head fits at no estimated end) with everything it was computed
+    from, so that a later cycle asking for the same head on the same pool reuses it.
+
+    `reserve` reads: the head; the running records with an estimate (their allocations and planned
+    ends: fixed per record, so the view's `running_version` stands for them); the live state's
+    capacity arrays and pods per node (compared whole); the placement policy (the same instance,
+    prepared as many times, on the same slice defaults); the rng (only results that drew nothing
+    from it are kept: a rerun would draw nothing either); and the clock only through the ends
+    already past, which count as ending now. So the result is the same when as many ends are past
+    (`overdue`), with `now` as its start when the head fit once those overdue runs end.
+    """
+
+    head: Workload
+    running_version: int
+    policy: PlacementPolicy
+    prepared: int
+    defaults: SliceDefaults
+    state: ClusterState
+    arrays: tuple[np.ndarray, ...]
+    pod_kinds: list[dict[str, int]]
+    overdue: int
+    at_now: bool
+    start_s: float
+    shadow: ClusterState | None
+    """The shadow state as `reserve` returned it (cycles change their copy); None: no reservation."""
+
+    def matches(self, head: Workload, view: ClusterView, now_s: float, policy: PlacementPolicy) -> bool:
+        state = view.state
+        return (
+            self.head is head
+            and self.running_version == view.running_version
+            and self.policy is policy
+            and self.prepared == _prepared(view, policy)
+            and self.state is state
+            and self.defaults is state.defaults
+            and _overdue(view, now_s) == self.overdue
+            and all(np.array_equal(a, b) for a, b in zip(self.arrays, _arrays(state), strict=True))
+            and self.pod_kinds == state.node_pod_kinds
+        )
+
+    def reservation(self, now_s: float) -> Reservation | None:
+        if self.shadow is None:
+            return None
+        return Reservation(self.head, now_s if self.at_now else self.start_s, clone_state(self.shadow))
+
+
+def _arrays(state: ClusterState) -> tuple[np.ndarray, ...]:
+    """What `reserve` reads of a state besides its pods per node and its slice defaults."""
+    return (
+        state.cpu_free, state.mem_free, state.dev_milli_free, state.dev_mem_free,
+        state.cpu_cap, state.mem_cap, state.dev_milli_cap, state.dev_mem_cap, state.schedulable,
+    )
+
+
+def _overdue(view: ClusterView, now_s: float) -> int:
+    """How many running workloads should have ended by `now_s` (by their estimates)."""
+    return bisect.bisect_right(view.ends, now_s, key=_end)
+
+
+_end = itemgetter(0)
+
+
+def _prepared(view: ClusterView, policy: PlacementPolicy) -> int:
+    """How many times the policy was prepared; 0 for a policy whose `prepare` does nothing."""
+    return 0 if type(policy).prepare is PlacementPolicy.prepare else view.policies.prepare_count
+
+
+keep_reservations = True
+"""Reuse the last reservation while nothing it depends on changed (`KeptReservation`); False
+computes it afresh on every call (the same reservations, slower: kept to check that claim)."""
+
+
+def kept_reserve(
+    head: Workload, view: ClusterView, now_s: float, policy: PlacementPolicy, rng: random.Random
+) -> Reservation | None:
+    """`reserve(head, view, now_s, policy, rng)`, reused from the view's last one when it must be
+    the same (see `KeptReservation`)."""
+    view.materialize()
+    kept = view.kept_reservation
+    if keep_reservations and kept is not None and kept.matches(head, view, now_s, policy):
+        return kept.reservation(now_s)
+    state = view.state
+    before = rng.getstate()
+    arrays = tuple(a.copy() for a in _arrays(state))
+    pod_kinds = [dict(k) for k in state.node_pod_kinds]
+    found = reserve(head, view, now_s, policy, rng)
+    if rng.getstate() != before:  # it drew from the rng: another draw might differ
+        view.kept_reservation = None
+        return found
+    overdue = _overdue(view, now_s)
+    view.kept_reservation = KeptReservation(
+        head=head,
+        running_version=view.running_version,
+        policy=policy,
+        prepared=_prepared(view, policy),
+        defaults=state.defaults,
+        state=state,
+        arrays=arrays,
+        pod_kinds=pod_kinds,
+        overdue=overdue,
+        at_now=found is not None and overdue > 0 and found.start_s == now_s,
+        start_s=math.inf if found is None else found.start_s,
+        shadow=None if found is None else clone_state(found.shadow),
+    )
+    return found
 
 
 def _allowed_milli(run: Running, allowed: BoolArray) -> int:

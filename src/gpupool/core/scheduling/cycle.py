@@ -37,7 +37,7 @@ from gpupool.core.model import ClusterSnapshot, PodPlacement, Reason, SliceDefau
 from gpupool.core.overcommit import OvercommitConfig
 from gpupool.core.priority import PriorityClasses
 from gpupool.core.quota import QuotaConfig
-from gpupool.core.scheduling.backfill import Reservation, may_backfill, reserve
+from gpupool.core.scheduling.backfill import Reservation, kept_reserve, may_backfill
 from gpupool.core.scheduling.gang import GangPlacement, place_gang, release_gang
 from gpupool.core.scheduling.ordering.base import OrderingContext, OrderStream, make_ordering
 from gpupool.core.scheduling.policies.base import DEFAULT_POLICY, NoFit
@@ -401,7 +401,7 @@ class _Cycle:
         """The workload cannot start: maybe reserve for it (backfill) or block its queue (strict)."""
         if self.policies.backfill and reason != Reason.QUOTA_EXCEEDED:
             if self.reservation is None:
-                self.reservation = reserve(w, self.view, self.now_s, self.policy, self.rng)
+                self.reservation = kept_reserve(w, self.view, self.now_s, self.policy, self.rng)
                 if self.reservation is None and self.ordering.strict:
                     self._block(cq)  # no reservation possible: strict order still holds
             return

@@ -37,6 +37,8 @@ class PolicyCache:
     pods: list[PodRequest] = field(default_factory=list)
     seen: set[str] = field(default_factory=set)
     prepared: int = -1
+    prepare_count: int = 0
+    """How many times `policy` was prepared (its scores may change each time)."""
     ordering_memo: dict[str, Any] = field(default_factory=dict)
     """The ordering policies' caches kept across cycles (`OrderingContext.memo`)."""
 
@@ -46,6 +48,7 @@ class PolicyCache:
         if self.policy is None or self.key != key:
             self.policy = make_policy(name, **dict(options))
             self.empty_policy = make_policy(name, **dict(options))
+            self.prepare_count += 1
             self.key = key
             self.forget()
         return self.policy
@@ -86,5 +89,6 @@ class PolicyCache:
             stride = -(-len(pods) // MAX_PREPARE_PODS)  # an even sample keeps the shape mix
             self.sample = pods[::stride] if stride > 1 else list(pods)
             policy.prepare(state, self.sample)
+            self.prepare_count += 1
             self.empty_prepared = False
             self.prepared = len(pods)

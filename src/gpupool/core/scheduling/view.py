@@ -8,12 +8,13 @@ runs on it.
 
 from __future__ import annotations
 
+import bisect
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from itertools import chain
 from operator import attrgetter
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -46,6 +47,9 @@ from gpupool.core.state import (
     release_many,
 )
 from gpupool.errors import OverAllocation
+
+if TYPE_CHECKING:
+    from gpupool.core.scheduling.backfill import KeptReservation
 
 __all__ = [  # the names callers import from here; their homes are the modules above
     "MAX_PREPARE_PODS",
@@ -123,6 +127,15 @@ class ClusterView:
     """The placement policy kept across cycles, and the orderings' memo."""
     capacity_cache: dict[str, float] | None = None
     """`capacity()`; the capacity arrays change only in `mark_unhealthy` and `mark_healthy`."""
+    running_version: int = 0
+    """Bumped whenever the running set or the capacity changes (a workload registered, removed or
+    forgotten, hardware broken or repaired): a key for what was computed from them."""
+    ends: list[tuple[float, str]] = field(default_factory=list)
+    """(planned end, id) of the running workloads with an estimate, sorted (kept as they come and go)."""
+    end_milli: list[int] = field(default_factory=list)
+    """The compute each of them holds, aligned with `ends`."""
+    kept_reservation: KeptReservation | None = None
+    """The last backfill reservation with what it was computed from (`backfill.kept_reserve`)."""
 
     def __post_init__(self) -> None:
         self.workloads = WorkloadCache(self.classes, self.quota.config, self.route)
@@ -318,6 +331,7 @@ class ClusterView:
 
         One whose record is not built yet (see `lazy`) is given back without building the others'.
         """
+        self.running_version += 1
         alloc = self.lazy.pop(workload_id, None)
         if alloc is not None:
             run = self._running(alloc.workload, allocs_of(self.state, alloc), alloc.start_time_s, "")
@@ -326,6 +340,7 @@ class ClusterView:
             return run
         run = self.running.pop(workload_id)
         del self.by_queue[run.cluster_queue][workload_id]
+        self._drop_end(run)
         for _, record in reversed(run.allocs):
             self.state.release(record)
         self.quota.remove(run.cluster_queue, run.usage)
@@ -334,8 +349,10 @@ class ClusterView:
 
     def forget(self, run: Running) -> None:
         """Drop a detached (already released) workload from the books: it was preempted."""
+        self.running_version += 1
         del self.running[run.workload.id]
         del self.by_queue[run.cluster_queue][run.workload.id]
+        self._drop_end(run)
         self._tenant_add(run.workload, -1.0)
 
     def detach(self, run: Running) -> None:
@@ -369,6 +386,7 @@ class ClusterView:
             state.dev_milli_cap[i, d] = state.dev_milli_free[i, d] = 0
             state.dev_mem_cap[i, d] = state.dev_mem_free[i, d] = 0
         state.node_version[i] += 1
+        self.running_version += 1
         self.never_fits_cache.clear()
         self.capacity_cache = None
         return hit
@@ -387,6 +405,7 @@ class ClusterView:
         state.dev_milli_free[i, :width] = state.dev_milli_cap[i, :width] - used_milli
         state.dev_mem_free[i, :width] = state.dev_mem_cap[i, :width] - used_mem
         state.node_version[i] += 1
+        self.running_version += 1
         self.never_fits_cache.clear()
         self.capacity_cache = None
 
@@ -408,13 +427,24 @@ class ClusterView:
         )
 
     def _register(self, run: Running) -> None:
+        self.running_version += 1
         self.running[run.workload.id] = run
         queue = self.by_queue.get(run.cluster_queue)
         if queue is None:
             queue = self.by_queue[run.cluster_queue] = {}
         queue[run.workload.id] = run
+        if run.planned_end_s != math.inf:
+            at = bisect.bisect_right(self.ends, (run.planned_end_s, run.workload.id))
+            self.ends.insert(at, (run.planned_end_s, run.workload.id))
+            self.end_milli.insert(at, run.device_milli)
         self.quota.add(run.cluster_queue, run.usage)
         self._tenant_add(run.workload, 1.0)
+
+    def _drop_end(self, run: Running) -> None:
+        if run.planned_end_s != math.inf:
+            at = bisect.bisect_left(self.ends, (run.planned_end_s, run.workload.id))
+            del self.ends[at]
+            del self.end_milli[at]
 
     def demand(self, w: Workload) -> dict[str, float]:
         """`demand_of(w)`, computed once per workload (the overcommit-placed copy shares its id)."""

@@ -1,0 +1,158 @@
+"""What a view keeps across cycles (the backfill reservation, the pending queue's counts and
+verdicts) decides exactly as computing it afresh on every cycle."""
+
+from __future__ import annotations
+
+import random
+from dataclasses import replace
+
+import pytest
+import test_admission_properties as props
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from factories import cluster
+from gpupool.core.model import PodRequest, Workload
+from gpupool.core.scheduling import backfill
+from gpupool.core.scheduling.cycle import Policies, cycle_on
+from gpupool.core.scheduling.gang import place_gang, release_gang
+from gpupool.core.scheduling.policies.base import NoFit, make_policy
+from gpupool.core.scheduling.view import ClusterView
+from gpupool.core.state import clone_state, release_many
+
+
+def _fresh_reservations(mp: pytest.MonkeyPatch) -> None:
+    mp.setattr(backfill, "keep_reservations", False)
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    st.one_of(props.ops, props.narrow_ops),
+    st.sampled_from(["fifo", "priority-fifo", "drf", "las"]),
+    st.sampled_from(["first-fit", "fgd-strand", "best-fit", "random"]),
+    st.booleans(),
+)
+def test_kept_reservation_decides_as_reserving_afresh(
+    sequence: list, ordering: str, placement: str, preemption: bool
+) -> None:
+    """Whole cycles (admissions, preemptions, every rejection, the reservation) are the same."""
+    policies = replace(
+        props.BASE, ordering=ordering, placement=placement, preemption=preemption, backfill=True
+    )
+    kept = props._drive(sequence, policies, seed=11)
+    with pytest.MonkeyPatch.context() as mp:
+        _fresh_reservations(mp)
+        fresh = props._drive(sequence, policies, seed=11)
+    assert kept == fresh
+
+
+def _job(i: int, pods: int, estimate_s: float | None, submit_s: float) -> Workload:
+    return Workload(
+        id=f"w{i}",
+        pods=tuple(PodRequest(f"p{k}", cpu_milli=100, num_devices=4 if pods else 1, device_milli=1000)
+                   for k in range(max(pods, 1))),
+        submit_time_s=submit_s,
+        runtime_estimate_s=estimate_s,
+    )
+
+
+def _stuck_head_cycles(head_pods: int, nows: list[float]) -> tuple[list, int]:  # type: ignore[type-arg]
+    """A full pool (two 4-device nodes: one ends at 100, one at 30 by estimate) and a stuck head of
+    `head_pods` 4-device pods; a one-device arrival that may not backfill each cycle, at `nows`."""
+    calls = 0
+    original = backfill.reserve
+
+    def counting(*args, **kwargs):  # type: ignore[no-untyped-def]
+        nonlocal calls
+        calls += 1
+        return original(*args, **kwargs)
+
+    view = ClusterView.empty(cluster(2, devices=4))
+    policies = Policies(placement="first-fit", ordering="fifo", backfill=True)
+    pending = [_job(0, 1, 100.0, 0.0), _job(1, 1, 30.0, 0.0)]
+    results = []
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(backfill, "reserve", counting)
+        assert len(cycle_on(view, pending, policies, 0.0, random.Random(1)).admitted) == 2
+        pending = [_job(2, head_pods, 50.0, 1.0)]
+        for k, now in enumerate(nows):
+            pending.append(_job(10 + k, 0, 500.0, now))  # would delay the head: never backfills
+            results.append(cycle_on(view, list(pending), policies, now, random.Random(k)))
+    return results, calls
+
+
+NOWS = [5.0, 10.0, 20.0, 40.0, 60.0, 80.0]
+
+
+@pytest.mark.parametrize(
+    ("head_pods", "starts"),
+    [
+        (2, [100.0] * 6),  # both nodes: when the run ending at 100 ends
+        (1, [30.0, 30.0, 30.0, 40.0, 60.0, 80.0]),  # one node: when the run due at 30 ends (once past: now)
+    ],
+)
+def test_a_stuck_head_reuses_its_reservation_until_an_estimated_end_passes(
+    head_pods: int, starts: list[float]
+) -> None:
+    """Computed once while no estimated end passes (5, 10, 20), again when one does (40: the run
+    due at 30 then counts as ending now), and kept while the same ends stay past (60, 80, with now
+    as the start when the head fits once the overdue run ends); the same as afresh each time."""
+    kept, calls = _stuck_head_cycles(head_pods, NOWS)
+    with pytest.MonkeyPatch.context() as mp:
+        _fresh_reservations(mp)
+        fresh, fresh_calls = _stuck_head_cycles(head_pods, NOWS)
+    assert kept == fresh
+    assert [r.reservation.start_s if r.reservation else None for r in kept] == starts
+    assert [r.reservation.workload_id if r.reservation else None for r in kept] == ["w2"] * len(NOWS)
+    assert fresh_calls == len(NOWS)
+    assert calls == 2
+
+
+def _reserve_by_sorting(head: Workload, view: ClusterView, now_s: float, rng: random.Random):  # type: ignore[no-untyped-def]
+    """The definition `reserve` had before it read the view's kept order of ends: sort every run
+    with an estimate by (expected end, id), release them in that order, one end time at a time."""
+    runs = sorted((run.expected_end_s(now_s), rid, run) for rid, run in view.running.items()
+                  if run.estimate_s is not None)
+    shadow = clone_state(view.state)
+    policy = make_policy("first-fit")
+    for k, (t, _, run) in enumerate(runs):
+        release_many(shadow, [rec for _, rec in run.allocs])
+        if k + 1 < len(runs) and runs[k + 1][0] == t:
+            continue
+        gang = place_gang(head, shadow, policy, rng)
+        if not isinstance(gang, NoFit):
+            release_gang(gang, shadow)
+            return t, shadow
+    return None
+
+
+@settings(max_examples=80, deadline=None)
+@given(
+    st.lists(st.tuples(st.integers(1, 4), st.sampled_from([None, 10.0, 20.0, 35.0, 60.0])), max_size=12),
+    st.integers(1, 8),
+    st.sampled_from([0.0, 10.0, 20.0, 30.0, 50.0]),
+)
+def test_reserve_releases_runs_by_end_as_sorting_them_does(runs: list, head_devices: int, now: float) -> None:
+    """Runs of random sizes and estimates (some past, some equal, some none): the same start and
+    shadow state as sorting every run by its expected end (the skip-ahead and trial cap aside)."""
+    view = ClusterView.empty(cluster(2, devices=4))
+    policy = make_policy("first-fit")
+    for i, (devices, estimate) in enumerate(runs):
+        w = _job(100 + i, 0, estimate, 0.0)
+        w = replace(w, pods=(replace(w.pods[0], num_devices=devices),))
+        gang = place_gang(w, view.state, policy, random.Random(0))
+        if not isinstance(gang, NoFit):
+            view.admit(w, gang, "", 0.0)
+    head = _job(1, 0, 5.0, 0.0)
+    pod = replace(head.pods[0], num_devices=min(head_devices, 4))
+    head = replace(head, pods=tuple(replace(pod, name=f"p{k}") for k in range(1 + head_devices // 5)))
+    found = backfill.reserve(head, view, now, policy, random.Random(0))
+    expected = _reserve_by_sorting(head, view, now, random.Random(0))
+    if expected is None:
+        assert found is None
+        return
+    assert found is not None
+    assert found.start_s == expected[0]
+    for name in ("cpu_free", "mem_free", "dev_milli_free", "dev_mem_free"):
+        assert (getattr(found.shadow, name) == getattr(expected[1], name)).all()
+    assert found.shadow.node_pod_kinds == expected[1].node_pod_kinds
