@@ -252,3 +252,14 @@ def test_the_transition_table_refuses_illegal_moves(pool: Pool) -> None:
         assert row is not None
         transition(session, row, WorkloadStatus.SUCCEEDED.value, "completed", "never ran", pool.now)
     assert pool.status(workload_id) == "pending", "the illegal move was rolled back"
+
+
+def test_an_illegal_pod_move_is_refused(pool: Pool) -> None:
+    workload_id = pool.submit()
+    pool.step()
+    pool.provider.stop(f"{workload_id}-a1-r0", grace_s=0)
+    pool.step()
+    with pytest.raises(IllegalMove), pool.rt.store.write() as session:
+        pod = session.get(PodRow, f"{workload_id}-a1-r0")
+        assert pod is not None and pod.status == "stopped"
+        pod.status = PodState.RUNNING.value

@@ -241,12 +241,16 @@ class Replay:
 
     def _track_devices(self, job: _Job, run: Any, add: bool) -> None:
         original = {p.name: p for p in job.job.workload.pods}
+        defaults, nodes = self.policies.defaults, self.view.state.nodes
         for pod, alloc in run.allocs:
             burst = original[pod.name]
             for d in alloc.devices:
+                # what the pod may use: its request, or the default share of this device's memory
+                memory = (defaults.device_memory_mib(burst, nodes[alloc.node].devices[d])
+                          if burst.is_fractional else burst.device_memory_mib)
                 self.device_jobs.setdefault((alloc.node, d), {})[job.job.workload.id] = (
                     burst.device_milli,
-                    burst.device_memory_mib,
+                    memory,
                 )
         self._rerate({job.job.workload.id} | self._neighbours(job), self.loop.clock.now_s)
 

@@ -377,7 +377,8 @@ class Scheduler:
                     account = accounts.get(row.tenant) or ""
                     launches.append(self._pod_launch(row, pod_id, placement.node, placement.slices, rank,
                                                      world, cpu_milli, memory_mib, account))
-                notes += limits.events(row.id, pod_id, placement.node, request, now)
+                held = dataclasses.replace(request, cpu_milli=cpu_milli, memory_mib=memory_mib)
+                notes += limits.events(row.id, pod_id, placement.node, held, now)  # what it holds
             where = ", ".join(sorted({p.node for p in admission.placements}))
             moves.append(Move(
                 row.id, row.status, WorkloadStatus.ADMITTED.value, EventReason.ADMITTED,

@@ -9,11 +9,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import Connection, Update, bindparam, insert, update
+from sqlalchemy import Connection, Update, bindparam, event, insert, update
 from sqlalchemy.orm import Session
+from sqlalchemy.orm.base import NO_VALUE
 
-from gpupool.server.orm import Base, EventRow, WorkloadRow
-from gpupool.server.states import workload_move_allowed
+from gpupool.server.orm import Base, EventRow, PodRow, WorkloadRow
+from gpupool.server.states import pod_move_allowed, workload_move_allowed
 
 log = logging.getLogger("gpupool.transitions")
 
@@ -25,6 +26,17 @@ class IllegalMove(RuntimeError):
 def _refused(workload_id: str, from_status: str, to_status: str, reason: str) -> None:
     log.error("refused illegal move of workload %s: %s -> %s (%s)", workload_id, from_status, to_status,
               reason)
+
+
+@event.listens_for(PodRow.status, "set")
+def _pod_move(target: PodRow, value: str, old: object, _initiator: object) -> None:
+    """Every change of a loaded pod row's status goes by the pod table (server/states.py); the bulk
+    statements that move pods (launch, settle, promote) carry their legal source state in WHERE."""
+    if old is NO_VALUE or old is None or old == value or not isinstance(old, str):
+        return
+    if not pod_move_allowed(old, value):
+        log.error("refused illegal move of pod %s: %s -> %s", target.id, old, value)
+        raise IllegalMove(f"pod {target.id}: {old} -> {value} is not allowed")
 
 
 def transition(

@@ -16,9 +16,8 @@ from gpupool.server.orm import NodeFlagRow, PodRow, WorkloadRow
 from gpupool.server.runtime import Runtime
 from gpupool.server.schemas.nodes import DeviceOut, LayerOut, NodeOut, NodeState
 from gpupool.server.services import audit, enforcement
-from gpupool.server.services.events import transition
-from gpupool.server.services.workloads import stop_pods
-from gpupool.server.states import ACTIVE_POD_STATES, EventReason, PodState
+from gpupool.server.services.requeue import lost_text, lost_work, requeue
+from gpupool.server.states import ACTIVE_POD_STATES, EventReason
 
 
 @dataclass
@@ -206,15 +205,16 @@ def drain(rt: Runtime, who: Principal, name: str, *, now: bool = False) -> NodeO
         _set_flags(session, name, cordoned=True, draining=True, now=at)
         audit.record(session, who, "node.drain", name, at, "now" if now else "")
         if now:
-            to_stop = _requeue_all(session, name, at)
+            to_stop = _requeue_all(rt, session, name, at)
     for pod_id in to_stop:
         rt.provider.stop(pod_id)
     rt.capacity_may_have_changed()
     return get_node(rt, who, name)
 
 
-def _requeue_all(session: Session, name: str, now: float) -> list[str]:
-    """Stop the active pods on node `name` and requeue their workloads; returns the pods to stop."""
+def _requeue_all(rt: Runtime, session: Session, name: str, now: float) -> list[str]:
+    """Stop the active pods on node `name` and requeue their workloads (the requeue service, with
+    the work lost since their last checkpoint accounted); returns the pods to stop."""
     to_stop: list[str] = []
     ids = set(session.scalars(
         select(PodRow.workload_id).where(PodRow.node == name, PodRow.status.in_(ACTIVE_POD_STATES))
@@ -223,7 +223,8 @@ def _requeue_all(session: Session, name: str, now: float) -> list[str]:
         row = session.get(WorkloadRow, workload_id)
         if row is None or WorkloadStatus(row.status).is_final:
             continue
-        to_stop += stop_pods(session, row, PodState.STOPPED, now)
-        transition(session, row, WorkloadStatus.PENDING.value, EventReason.NODE_DRAINED,
-                   f"Requeued: node {name} was drained with --now.", now)
+        mark = rt.provider.checkpoint_s(row.id) if row.started_s is not None else None
+        lost = lost_work(row, now, mark)
+        to_stop += requeue(session, row, EventReason.NODE_DRAINED,
+                           f"Requeued: node {name} was drained with --now." + lost_text(lost), now, lost=lost)
     return to_stop
