@@ -40,6 +40,7 @@ M = TypeVar("M", bound=BaseModel)
 API = "/api/v1"
 ID_PAGE = 10_000
 """Ids per page of workload_ids() (the server's most with fields=id)."""
+_UNFINISHED = ("pending", "admitted", "running")
 
 
 class Keep:
@@ -50,7 +51,6 @@ class Keep:
 
 
 KEEP = Keep()
-_UNFINISHED = ("pending", "admitted", "running")
 
 
 class Client:
@@ -302,6 +302,10 @@ class Client:
         owner = "the admin" if tenant is None else f"tenant {tenant!r}"
         raise NotFound(f"{owner.capitalize()} has no active token named {name!r}; list them with "
                        "`gpupool token ls`.")
+
+    def pool_config(self) -> dict[str, Any]:
+        """The scheduling configuration the running pool uses, as `gpupool config show` (admin)."""
+        return dict(self._call("GET", "/config"))
 
     def audit(self, since_s: float | None = None, limit: int = 100) -> list[AuditOut]:
         """The audit log, newest first (admin)."""

@@ -108,8 +108,9 @@ EXPECTED: dict[tuple[str, str], Expectation] = {
     ("POST", "/tokens"): Admin(body=lambda v: {"tenant": v.tenant, "name": "intruder"}),
     ("GET", "/tokens"): Readable(probe={"tenant": "tenant"}),
     ("DELETE", "/tokens/{token_id}"): Others(),
-    # Audit
+    # Audit, configuration
     ("GET", "/audit"): Admin(),
+    ("GET", "/config"): Admin(),
 }
 
 

@@ -50,7 +50,7 @@ class Pool:
                           clock=lambda: self.now, config=parse_config(config))
         from gpupool.server.services.tenants import bootstrap
 
-        bootstrap(self.rt)
+        self.token = bootstrap(self.rt) or ""
         self.loop = ControlLoop(self.rt)
         self.loop.recovered = self.loop.reconciler.recover()
 
@@ -263,3 +263,22 @@ def test_an_illegal_pod_move_is_refused(pool: Pool) -> None:
         pod = session.get(PodRow, f"{workload_id}-a1-r0")
         assert pod is not None and pod.status == "stopped"
         pod.status = PodState.RUNNING.value
+
+
+def test_the_running_pool_says_which_configuration_it_runs(tmp_path: Path) -> None:
+    from fastapi.testclient import TestClient
+
+    from gpupool.server.app import create_app
+
+    pool = Pool(tmp_path)
+    try:
+        with TestClient(create_app(pool.rt)) as client:
+            answer = client.get("/api/v1/config", headers={"Authorization": f"Bearer {pool.token}"})
+            assert answer.status_code == 200, answer.text
+            effective = answer.json()
+            assert effective["scheduling"]["ordering"] == "drf" and effective["scheduling"]["preemption"]
+            assert [c["name"] for c in effective["priority_classes"]] == ["low", "high"]
+            assert effective["priority_classes"][0]["grace"] == 5.0
+            assert client.get("/api/v1/config").status_code == 401
+    finally:
+        pool.close()

@@ -22,13 +22,24 @@ ConfigOption = Annotated[
 
 @app.command()
 @reports_errors
-def show(config: ConfigOption = None) -> None:
+def show(
+    config: ConfigOption = None,
+    server: Annotated[bool, typer.Option(
+        "--server", help="The configuration the running pool uses (GPUPOOL_URL; the admin token).")] = False,
+) -> None:
     """Print the effective configuration as YAML: the file's values over the defaults.
 
-    Example: gpupool config show --config pool.yaml
+    Example: gpupool config show --config pool.yaml; gpupool config show --server
     """
     from gpupool.config import CONFIG_ENV, load_config
 
+    if server:
+        import yaml
+
+        from gpupool.cli._common import client
+
+        print(yaml.safe_dump(client().pool_config(), sort_keys=False, default_flow_style=False), end="")
+        return
     print(load_config(config or os.environ.get(CONFIG_ENV) or None).to_yaml(), end="")
 
 
