@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 from factories import cluster
 from gpupool.core.model import PodRequest, Workload
-from gpupool.core.scheduling import backfill
+from gpupool.core.scheduling import backfill, cycle
 from gpupool.core.scheduling.cycle import Policies, cycle_on
 from gpupool.core.scheduling.gang import place_gang, release_gang
 from gpupool.core.scheduling.policies.base import NoFit, make_policy
@@ -156,3 +156,88 @@ def test_reserve_releases_runs_by_end_as_sorting_them_does(runs: list, head_devi
     for name in ("cpu_free", "mem_free", "dev_milli_free", "dev_mem_free"):
         assert (getattr(found.shadow, name) == getattr(expected[1], name)).all()
     assert found.shadow.node_pod_kinds == expected[1].node_pod_kinds
+
+
+# ---------------------------------------------------------------- the pending book
+
+mixed_job = st.tuples(
+    st.sampled_from(["a", "b", "c", "nobody"]),  # "nobody": a tenant whose queue feeds no ClusterQueue
+    st.sampled_from([*props.CLASSES, "unknown"]),
+    st.sampled_from([(1, 300), (1, 1000), (2, 1000)]),
+    st.integers(min_value=1, max_value=2),
+    st.floats(min_value=1, max_value=50),
+)
+steps = st.lists(
+    st.tuples(
+        st.sampled_from(["arrive", "finish", "resubmit", "shuffle", "leave"]),
+        mixed_job,
+    ),
+    min_size=1,
+    max_size=30,
+)
+
+
+def _drive_mixed(sequence: list, policies: Policies, seed: int) -> list:  # type: ignore[type-arg]
+    """Arrivals and completions as in test_admission_properties, and what a caller may also do: list
+    the same workloads in another order, withdraw a waiting workload, submit an id again with other
+    contents; workloads of unknown classes and queues stay listed."""
+    view = ClusterView.empty(cluster(2, devices=4), policies.quota, policies.priority_classes)
+    rng = random.Random(seed)
+    order = random.Random(seed + 1)
+    pending: dict[str, Workload] = {}
+    results = []
+    for step, (op, spec) in enumerate(sequence):
+        now = float(step * 5)
+        listed = list(pending.values())
+        if op == "finish" and view.running:
+            view.remove(sorted(view.running)[rng.randrange(len(view.running))])
+        elif op == "resubmit" and pending:
+            old = sorted(pending)[order.randrange(len(pending))]
+            pending[old] = replace(props._workload(step, spec, now), id=old)
+            listed = list(pending.values())
+        elif op == "leave" and pending:
+            del pending[sorted(pending)[order.randrange(len(pending))]]
+            listed = list(pending.values())
+        w = props._workload(step, spec, now)
+        pending[w.id] = w
+        listed = [x for x in listed if x.id in pending and pending[x.id] is x] + [w]
+        if op == "shuffle":
+            order.shuffle(listed)
+        running = {wid: r.workload for wid, r in view.running.items()}
+        result = cycle_on(view, listed, policies, now, rng)
+        for stop in result.preempted:
+            pending[stop.workload_id] = running[stop.workload_id]
+        for admission in result.admitted:
+            pending.pop(admission.workload_id, None)
+        results.append(result)
+    return results
+
+
+@settings(max_examples=80, deadline=None)
+@given(
+    steps,
+    st.sampled_from(["fifo", "priority-fifo", "drf", "las"]),
+    st.booleans(),
+    st.booleans(),
+)
+def test_pending_book_decides_as_looking_every_workload_up(
+    sequence: list, ordering: str, preemption: bool, backfill_on: bool
+) -> None:
+    """Whole cycles, rejections in order included, with the book and without it."""
+    policies = replace(props.BASE, ordering=ordering, preemption=preemption, backfill=backfill_on)
+    kept = _drive_mixed(sequence, policies, seed=13)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(cycle._Cycle, "keep_pending", False)
+        plain = _drive_mixed(sequence, policies, seed=13)
+    assert kept == plain
+
+
+def test_a_list_naming_one_object_twice_empties_the_book_and_is_nominated_plainly() -> None:
+    view = ClusterView.empty(cluster(1, devices=4))
+    w, v = _job(1, 0, None, 0.0), _job(2, 0, None, 0.0)
+    book = view.pending_book
+    assert book.update([w, v], lambda x: view.meta(x, None)) == [w, v]
+    assert book.update([v, w, v], lambda x: view.meta(x, None)) is None
+    assert not book.objs and not book.counts
+    assert book.update([v, w], lambda x: view.meta(x, None)) == [v, w]
+    assert sum(book.counts.values()) == 2

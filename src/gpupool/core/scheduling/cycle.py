@@ -26,11 +26,12 @@ on a view the caller keeps (the replay's, or `keeper.ViewKeeper`'s for the serve
 from __future__ import annotations
 
 import random
-from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
-from operator import attrgetter
+from functools import partial
+from itertools import compress
+from operator import add, attrgetter, not_
 from typing import Any, NamedTuple
 
 from gpupool.core.model import ClusterSnapshot, PodPlacement, Reason, SliceDefaults, Workload
@@ -154,6 +155,9 @@ def cycle_on(
 
 
 _workload_id = attrgetter("id")
+_kid = attrgetter("kid")
+_as_rejection = partial(tuple.__new__, Rejection)
+"""A Rejection from a plain (id, reason, message, final) tuple, without the keyword-checking constructor."""
 
 
 class _Cycle:
@@ -162,6 +166,9 @@ class _Cycle:
     pass_over = True
     """Pass over the workloads whose verdict is already known (see `run`); False walks every one
     (the same decisions, slower: kept to check that claim)."""
+    keep_pending = True
+    """Count the pending workloads with the view's `PendingBook` (fed by arrivals and departures);
+    False looks every one up on every cycle (the same decisions, slower: kept to check that claim)."""
 
     def __init__(self, view: ClusterView, policies: Policies, now_s: float, rng: random.Random) -> None:
         self.view = view
@@ -214,7 +221,7 @@ class _Cycle:
             if banded and not any(k[2][0] == band for k in self.live):
                 # The same for the rest of this priority band: pass over it to the next band.
                 skipped = stream.skip_band()
-                self._reject_reached(skipped)
+                self._reject_reached(skipped, band)
                 tried.extend(skipped)
         reserved = None
         if self.reservation is not None:
@@ -249,6 +256,60 @@ class _Cycle:
 
     def _nominate(self, pending: Sequence[Workload]) -> tuple[list[Workload], OrderStream]:
         view = self.view
+        book = view.pending_book
+        arrivals = book.update(pending, self._meta) if self.keep_pending else None
+        if arrivals is None:
+            valid = self._validate(pending)
+            view.tell_policy(valid)
+        else:
+            if book.invalid:
+                invalid = book.invalid
+                self._refuse([w for w in pending if id(w) in invalid])
+                valid = [w for w in pending if id(w) not in invalid]
+                arrivals = [w for w in arrivals if id(w) not in invalid]
+            else:
+                valid = list(pending)
+            self.left = dict(book.counts)
+            # the policy has been told of every workload listed before (unless it starts afresh)
+            view.tell_policy(valid if view.policies.prepared < 0 else arrivals)
+        if self.ordering.needs_usage:
+            view.materialize()
+        ctx = OrderingContext(
+            now_s=self.now_s,
+            rank=lambda w: view.metas[w.id].rank,
+            capacity=view.capacity(),
+            tenant_usage=view.tenant_usage,
+            tenant_weights=self.policies.quota.tenant_weights,
+            info=view.info,
+            demand=view.demand,
+            memo=view.ordering_memo,
+        )
+        self.live = set(self.left)
+        return valid, self.ordering.stream(valid, ctx)
+
+    def _meta(self, w: Workload) -> Meta:
+        return self.view.meta(w, self.policies.overcommit)
+
+    def _refuse(self, invalid: Sequence[Workload]) -> None:
+        """Final rejections of workloads of an unknown priority class or queue."""
+        view = self.view
+        for w in invalid:
+            meta = self._meta(w)
+            if not meta.class_known:
+                names = ", ".join(c.name for c in view.classes.classes)
+                self._reject(w, Reason.UNKNOWN_PRIORITY_CLASS, f"Use one of: {names}.", final=True)
+            else:
+                self._reject(
+                    w,
+                    Reason.UNKNOWN_QUEUE,
+                    f"Queue {w.queue!r} of tenant {w.tenant!r} feeds no ClusterQueue; create it first.",
+                    final=True,
+                )
+
+    def _validate(self, pending: Sequence[Workload]) -> list[Workload]:
+        """The plain definition of what `PendingBook` keeps: every workload's meta looked up, the
+        valid ones counted per key, the others refused."""
+        view = self.view
         overcommit = self.policies.overcommit
         valid: list[Workload] = []
         metas = view.metas
@@ -271,21 +332,7 @@ class _Cycle:
                     f"Queue {w.queue!r} of tenant {w.tenant!r} feeds no ClusterQueue; create it first.",
                     final=True,
                 )
-        view.tell_policy(valid)
-        if self.ordering.needs_usage:
-            view.materialize()
-        ctx = OrderingContext(
-            now_s=self.now_s,
-            rank=lambda w: view.metas[w.id].rank,
-            capacity=view.capacity(),
-            tenant_usage=view.tenant_usage,
-            tenant_weights=self.policies.quota.tenant_weights,
-            info=view.info,
-            demand=view.demand,
-            memo=view.ordering_memo,
-        )
-        self.live = set(left)
-        return valid, self.ordering.stream(valid, ctx)
+        return valid
 
     # ------------------------------------------------------------ steps 3-4: place, admit or preempt
 
@@ -426,30 +473,32 @@ class _Cycle:
     def _reject_rest(self, valid: Sequence[Workload], tried: Sequence[Workload]) -> None:
         """The verdicts of the workloads the walk did not reach (listed in `valid`'s order)."""
         seen = set(map(_workload_id, tried))
-        self._reject_reached([w for w in valid if w.id not in seen])
+        unseen = map(not_, map(seen.__contains__, map(_workload_id, valid)))
+        self._reject_reached(list(compress(valid, unseen)))
 
-    def _reject_reached(self, passed: Sequence[Workload]) -> None:
-        """The verdicts of workloads passed over (not yet reached): each repeats its key's or queue's."""
+    def _reject_reached(self, passed: Sequence[Workload], band: int | None = None) -> None:
+        """The verdicts of workloads passed over (not yet reached): each repeats its key's or queue's.
+
+        `band`: they are the rest of that priority band, so no key of the band is left to reach.
+        """
         metas = self.view.metas
         left = self.left
-        verdicts: dict[tuple[str, Shape, tuple[int, int]], tuple[Reason, str, bool]] = {}
+        kids = self.view.workloads.key_ids
+        verdicts: dict[int, tuple[Reason, str, bool]] = {}
         waiting = (Reason.WAITING_FOR_HEAD, "An older workload of its queue waits first.", False)
         for key in left:
             if key[0] in self.blocked:
-                verdicts[key] = waiting
+                verdicts[kids[key]] = waiting
             elif key in self.settled:
-                verdicts[key] = (*self.settled[key], False)
+                verdicts[kids[key]] = (*self.settled[key], False)
             elif key in self.never:
-                verdicts[key] = (*self.never[key], True)
-        # One pass, without Rejection's keyword-checking constructor: a queue of thousands is
-        # passed over on every cycle.
-        keys = [metas[wid].key for wid in map(_workload_id, passed)]
-        for key, count in Counter(keys).items():
-            left[key] -= count
-        make = tuple.__new__
-        self.rejected.extend(
-            make(Rejection, (w.id, *verdicts[key])) for w, key in zip(passed, keys, strict=True)
-        )
+                verdicts[kids[key]] = (*self.never[key], True)
+            if band is not None and key[2][0] == band:
+                left[key] = 0
+        # In C, one map after another: a queue of thousands is passed over on every cycle.
+        wids = list(map(_workload_id, passed))
+        found = map(verdicts.__getitem__, map(_kid, map(metas.__getitem__, wids)))
+        self.rejected.extend(map(_as_rejection, map(add, zip(wids), found)))
 
     def _reject(self, w: Workload, reason: Reason, message: str, final: bool = False) -> None:
         self.rejected.append(Rejection(w.id, reason, message, final))

@@ -32,6 +32,7 @@ from gpupool.core.quota import (
     device_resource,
 )
 from gpupool.core.scheduling.gang import GangPlacement
+from gpupool.core.scheduling.pending import PendingBook
 from gpupool.core.scheduling.policies.base import PlacementPolicy
 from gpupool.core.scheduling.policy_cache import MAX_PREPARE_PODS, PolicyCache
 from gpupool.core.scheduling.workloads import Meta, Shape, WorkloadCache, lower_bound_usage, shape_of
@@ -134,6 +135,8 @@ class ClusterView:
     """(planned end, id) of the running workloads with an estimate, sorted (kept as they come and go)."""
     end_milli: list[int] = field(default_factory=list)
     """The compute each of them holds, aligned with `ends`."""
+    pending_book: PendingBook = field(default_factory=PendingBook)
+    """The last cycle's pending workloads, counted by (queue, shape, rank) (`cycle._nominate`)."""
     kept_reservation: KeptReservation | None = None
     """The last backfill reservation with what it was computed from (`backfill.kept_reserve`)."""
 

@@ -51,6 +51,9 @@ class Meta:
     """(queue, shape, rank): workloads with the same key fare alike within a cycle."""
     source: Workload | None = None
     """The workload it was computed from (an id submitted again with other contents is new)."""
+    kid: int = -1
+    """A number for `key`, the same for equal keys on one view (a key hashes slowly: a cycle that
+    looks up thousands of waiting workloads' verdicts uses this)."""
 
 
 @dataclass(slots=True)
@@ -65,6 +68,8 @@ class WorkloadCache:
     cq_cache: dict[tuple[str, str], str | None] = field(default_factory=dict)
     lower_cache: dict[Shape, Usage] = field(default_factory=dict)
     rank_cache: dict[tuple[str, int], tuple[Rank, bool]] = field(default_factory=dict)
+    key_ids: dict[tuple[str, Shape, Rank], int] = field(default_factory=dict)
+    """`Meta.kid` of each key seen (kept for the view's life: as many as queues x shapes x ranks)."""
 
     def cluster_queue(self, w: Workload) -> str | None:
         key = (w.tenant, w.queue)
@@ -87,6 +92,10 @@ class WorkloadCache:
                 known = self.classes.get(w.priority_class) is not None
                 ranked = self.rank_cache[klass] = (self.classes.rank(w), known)
             cq = self.cluster_queue(w)
+            key = (cq or "", shape, ranked[0])
+            kid = self.key_ids.get(key)
+            if kid is None:
+                kid = self.key_ids[key] = len(self.key_ids)
             found = self.metas[w.id] = Meta(
                 cluster_queue=cq,
                 placed=placed,
@@ -94,8 +103,9 @@ class WorkloadCache:
                 lower=lower,
                 rank=ranked[0],
                 class_known=ranked[1],
-                key=(cq or "", shape, ranked[0]),
+                key=key,
                 source=w,
+                kid=kid,
             )
         return found
 
