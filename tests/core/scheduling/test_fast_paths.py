@@ -13,7 +13,8 @@ from hypothesis import strategies as st
 from factories import node
 from gpupool.core.model import PodRequest, Workload
 from gpupool.core.priority import PriorityClasses
-from gpupool.core.scheduling.ordering.drf import Drf, _sorted_keys
+from gpupool.core.scheduling.ordering.base import SHARE_RESOURCES, demand_of
+from gpupool.core.scheduling.ordering.drf import Drf, _Book
 from gpupool.core.scheduling.preemption import FirstPodFits, node_fits_at
 from gpupool.core.state import ClusterState, release_many
 
@@ -100,10 +101,17 @@ def test_drf_keeps_the_sorted_queue_across_cycles_in_the_order_a_full_sort_gives
         w = _drf_workload(i % 7, tenant, klass, float(submit))  # ids recur: a resubmission
         pending[w.id] = w
         listed = list(pending.values())
-        kept = _sorted_keys(listed, classes.rank, memo)
+        book = memo.setdefault("book", _Book())
+        book.update(listed, classes.rank, demand_of)
+        kept = [(band, tenant, *key, w) for band in sorted(book.bands)
+                for tenant in sorted(book.bands[band])
+                for key, w in zip(book.bands[band][tenant].keys, book.bands[band][tenant].workloads, strict=True)]
         full = sorted((-classes.rank(w)[0], w.tenant, -classes.rank(w)[1], w.submit_time_s, w.id, w)
                       for w in listed)
         assert kept == full
+        for band in book.bands.values():  # each queue's demand, summed as it changed
+            for queue in band.values():
+                assert queue.total == [sum(demand_of(w)[r] for w in queue.workloads) for r in SHARE_RESOURCES]
 
 
 @settings(max_examples=30, deadline=None)

@@ -15,7 +15,10 @@ from factories import cluster
 from gpupool.core.model import PodRequest, Workload
 from gpupool.core.scheduling import backfill, cycle
 from gpupool.core.scheduling.cycle import Policies, cycle_on
+from gpupool.core.priority import PriorityClasses
 from gpupool.core.scheduling.gang import place_gang, release_gang
+from gpupool.core.scheduling.ordering.base import OrderingContext, demand_of
+from gpupool.core.scheduling.ordering.drf import Drf, dominant_share
 from gpupool.core.scheduling.policies.base import NoFit, make_policy
 from gpupool.core.scheduling.view import ClusterView
 from gpupool.core.state import clone_state, release_many
@@ -241,3 +244,74 @@ def test_a_list_naming_one_object_twice_empties_the_book_and_is_nominated_plainl
     assert not book.objs and not book.counts
     assert book.update([v, w], lambda x: view.meta(x, None)) == [v, w]
     assert sum(book.counts.values()) == 2
+
+
+# ---------------------------------------------------------------- DRF's kept queue
+
+
+def _drf_plain(pending: list, ctx: OrderingContext, skips: set[int]) -> list:  # type: ignore[type-arg]
+    """DRF's definition, one workload at a time: sort every workload by (-class value, tenant,
+    -priority, submit time, id); band by band, the tenant with the smallest weighted dominant share
+    goes next and its usage grows by each one's demand; at the positions in `skips` the rest of the
+    band is passed over (its demand still counted). Returns the order, passed-over ones included."""
+    keyed = sorted((-ctx.rank(w)[0], w.tenant, -ctx.rank(w)[1], w.submit_time_s, w.id, w) for w in pending)
+    usage = {t: dict(u) for t, u in ctx.tenant_usage.items()}
+    out: list = []  # type: ignore[type-arg]
+    for band in sorted({k[0] for k in keyed}):
+        queues: dict[str, list] = {}  # type: ignore[type-arg]
+        for k in keyed:
+            if k[0] == band:
+                queues.setdefault(k[1], []).append(k[5])
+        while any(queues.values()):
+            tenant = min((t for t, q in queues.items() if q),
+                         key=lambda t: (dominant_share(usage.setdefault(t, {}), ctx, t), t))
+            w = queues[tenant].pop(0)
+            out.append(w)
+            for r, a in demand_of(w).items():
+                usage[tenant][r] = usage[tenant].get(r, 0.0) + a
+            if len(out) in skips:
+                for t, q in queues.items():
+                    for v in q:
+                        out.append(v)
+                        for r, a in demand_of(v).items():
+                            usage[t][r] = usage[t].get(r, 0.0) + a
+                    q.clear()
+    return out
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    st.lists(st.lists(st.tuples(st.sampled_from("abc"), st.sampled_from(["high", "normal", "low"]),
+                                st.integers(0, 3), st.integers(1, 4), st.booleans()), max_size=8),
+             min_size=1, max_size=6),
+    st.sets(st.integers(1, 30)),
+    st.dictionaries(st.sampled_from("abc"), st.integers(0, 8)),
+)
+def test_drf_stream_from_the_kept_queue_is_the_definition(rounds: list, skips: set[int], held: dict) -> None:
+    """Rounds of arrivals and departures on one memo; each round's stream (skipping the rest of a
+    band at `skips`) gives what sorting and filling afresh gives, skipped workloads included."""
+    classes = PriorityClasses()
+    memo: dict = {}  # type: ignore[type-arg]
+    pending: dict[str, Workload] = {}
+    serial = 0
+    for arrivals in rounds:
+        for tenant, klass, submit, devices, leave in arrivals:
+            if leave and pending:
+                del pending[sorted(pending)[serial % len(pending)]]
+            serial += 1
+            pending[f"w{serial}"] = Workload(
+                id=f"w{serial}", tenant=tenant, priority_class=klass, submit_time_s=float(submit),
+                pods=(PodRequest("p", cpu_milli=1000 * devices, num_devices=devices, device_milli=1000),))
+        listed = list(pending.values())
+        ctx = OrderingContext(
+            now_s=0.0, rank=classes.rank, capacity={"device_milli": 16_000.0, "cpu_milli": 64_000.0},
+            tenant_usage={t: {"device_milli": 1000.0 * n, "cpu_milli": 500.0 * n} for t, n in held.items()},
+            tenant_weights={"b": 2.0}, memo=memo,
+        )
+        stream = Drf().stream(listed, ctx)
+        out: list = []  # type: ignore[type-arg]
+        while (w := stream.next_workload()) is not None:
+            out.append(w)
+            if len(out) in skips:
+                out.extend(stream.skip_band())
+        assert [w.id for w in out] == [w.id for w in _drf_plain(listed, ctx, skips)]

@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
+import bisect
 import heapq
 from collections.abc import Callable, Mapping, Sequence
-from itertools import groupby
-from operator import attrgetter, itemgetter
-from typing import Any
+from dataclasses import dataclass, field
 
 from gpupool.core.model import Workload
 from gpupool.core.priority import Rank
@@ -47,53 +46,95 @@ class Drf(OrderingPolicy):
         return out
 
     def stream(self, pending: Sequence[Workload], ctx: OrderingContext) -> OrderStream:
-        rank = ctx.rank
         caps = [(r, ctx.capacity[r]) for r in SHARE_RESOURCES if ctx.capacity.get(r)]
         # Each tenant's usage of the resources with a capacity, in `caps` order (the same sums,
         # in the same order, as `dominant_share` over a usage dict: the shares are identical).
-        # One sort gives the priority bands, the tenants in each, and each tenant's own order.
-        keyed = _sorted_keys(pending, rank, ctx.memo.setdefault(self.name, {}) if self.keep_order else {})
-        tenants = {item[1] for item in keyed}
+        # The book gives the priority bands, the tenants in each, and each tenant's own order.
+        book = ctx.memo.setdefault(self.name, {}).setdefault("book", _Book()) if self.keep_order else _Book()
+        book.update(pending, ctx.rank, ctx.demand)
+        bands = [book.bands[b] for b in sorted(book.bands)]
+        tenants = {t for band in bands for t in band}
         weights = {t: _weight(ctx, t) for t in tenants}
         # Copied now (only the tenants that wait: no other share is read): the caller may change
         # the tenants' usage while it consumes the order.
         held = ctx.tenant_usage
         usage = {t: [held[t].get(r, 0.0) for r, _ in caps] for t in tenants if t in held}
-        bands = [[item[1:] for item in band] for _, band in groupby(keyed, key=itemgetter(0))]
-        return _DrfStream(bands, usage, caps, weights, ctx.demand)
+        index = [SHARE_RESOURCES.index(r) for r, _ in caps]
+        return _DrfStream(bands, usage, caps, weights, ctx.demand, index)
 
 
-_Key = tuple[int, str, int, float, str, Workload]
+_Key = tuple[int, float, str]
+"""A workload's place in its tenant's queue within a band: (-priority, submit time, id)."""
 
 
-def _sorted_keys(
-    pending: Sequence[Workload], rank: Callable[[Workload], Rank], memo: dict[str, Any]
-) -> list[_Key]:
-    """Every pending workload as (-class value, tenant, -priority, submit time, id, workload), sorted.
+@dataclass(slots=True)
+class _TenantQueue:
+    """One tenant's waiting workloads of one band, in order, and the sum of their demands."""
 
-    The keys sorted on the last call are kept in `memo`: those still pending (the same workload
-    objects) keep their order and the new ones are sorted and merged in (two sorted runs: one
-    linear merge), so a queue of thousands is not sorted again for each arrival. Ids are unique,
-    so the order is the one a full sort gives.
+    keys: list[_Key] = field(default_factory=list)
+    workloads: list[Workload] = field(default_factory=list)
+    total: list[float] = field(default_factory=lambda: [0.0] * len(SHARE_RESOURCES))
+    """Per `SHARE_RESOURCES`: integer-valued sums, exact whatever the order of additions."""
+
+
+@dataclass(slots=True)
+class _Book:
+    """The pending workloads by band (-class value) and tenant, each queue sorted: what a full sort
+    of (-class value, tenant, -priority, submit time, id) gives, kept across cycles.
+
+    `update` compares the pending list with the one before by identity (in C) and moves only the
+    arrivals and departures, so a queue of thousands is not sorted (nor walked) again per event.
+    Ids are unique in a pending list, so the order is the full sort's.
     """
-    current = dict(zip(map(_id, pending), pending, strict=True))
-    before: list[_Key] = memo.get("sorted", [])
-    kept = [k for k in before if current.get(k[4]) is k[5]]
-    if len(kept) == len(current):
-        fresh: list[_Key] = []
-    else:
-        held = {k[4] for k in kept}
-        fresh = sorted(
-            (-(rk := rank(w))[0], w.tenant, -rk[1], w.submit_time_s, wid, w)
-            for wid, w in current.items()
-            if wid not in held
-        )
-    keyed = sorted(kept + fresh) if fresh and kept else kept or fresh
-    memo["sorted"] = keyed
-    return keyed
 
+    bands: dict[int, dict[str, _TenantQueue]] = field(default_factory=dict)
+    held: dict[int, tuple[Workload, int, str, _Key, list[float]]] = field(default_factory=dict)
+    """By `id()`: each workload listed last, with its band, tenant, key and demand."""
 
-_id = attrgetter("id")
+    def update(
+        self,
+        pending: Sequence[Workload],
+        rank: Callable[[Workload], Rank],
+        demand: Callable[[Workload], Mapping[str, float]],
+    ) -> None:
+        current = dict(zip(map(id, pending), pending, strict=True))
+        held = self.held
+        for gone in held.keys() - current.keys():
+            w, band, tenant, key, asked = held.pop(gone)
+            queue = self.bands[band][tenant]
+            at = bisect.bisect_left(queue.keys, key)
+            while queue.workloads[at] is not w:
+                at += 1
+            del queue.keys[at]
+            del queue.workloads[at]
+            if not queue.keys:
+                del self.bands[band][tenant]
+                if not self.bands[band]:
+                    del self.bands[band]
+                continue
+            total = queue.total
+            for i, a in enumerate(asked):
+                total[i] -= a
+        arrived = []
+        for new in current.keys() - held.keys():
+            w = current[new]
+            rk = rank(w)
+            arrived.append((-rk[0], w.tenant, (-rk[1], w.submit_time_s, w.id), new, w))
+        arrived.sort()  # in order, so a queue built from nothing grows at its end
+        for band, tenant, key, new, w in arrived:
+            found = demand(w)
+            asked = [found.get(r, 0.0) for r in SHARE_RESOURCES]
+            held[new] = (w, band, tenant, key, asked)
+            tenants = self.bands.setdefault(band, {})
+            into = tenants.get(tenant)
+            if into is None:
+                into = tenants[tenant] = _TenantQueue()
+            at = bisect.bisect_right(into.keys, key)
+            into.keys.insert(at, key)
+            into.workloads.insert(at, w)
+            total = into.total
+            for i, a in enumerate(asked):
+                total[i] += a
 
 
 class _DrfStream(OrderStream):
@@ -103,19 +144,26 @@ class _DrfStream(OrderStream):
 
     def __init__(
         self,
-        bands: list[list[tuple[Any, ...]]],
+        bands: list[dict[str, _TenantQueue]],
         usage: dict[str, list[float]],
         caps: list[tuple[str, float]],
         weights: dict[str, float],
         demand: Callable[[Workload], Mapping[str, float]],
+        index: list[int],
     ) -> None:
         self.bands = bands
         self.usage = usage
         self.caps = caps
         self.weights = weights
         self.demand = demand
+        self.index = index
+        """Where each of `caps` is in `SHARE_RESOURCES` (a `_TenantQueue.total`)."""
         self.next_band = 0
         self.queues: dict[str, list[Workload]] = {}
+        self.opened: dict[str, list[float]] = {}
+        """Each tenant's usage when the band opened (its usage once the band is given out:
+        this plus the band's total demand)."""
+        self.band: dict[str, _TenantQueue] = {}
         self.heap: list[tuple[float, str]] = []
         self.last: str | None = None
         """The band's last tenant with work left (its rest goes in its own order, no shares)."""
@@ -129,19 +177,18 @@ class _DrfStream(OrderStream):
     def _open_band(self) -> bool:
         if self.next_band >= len(self.bands):
             return False
-        band = self.bands[self.next_band]
+        band = self.band = self.bands[self.next_band]
         self.next_band += 1
-        queues: dict[str, list[Workload]] = {}
-        for item in band:
-            queues.setdefault(item[0], []).append(item[4])
-        for q in queues.values():
-            q.reverse()  # pop() from the end takes the next one
+        # each tenant's queue reversed (pop() from the end takes the next one), tenants in order
+        queues = {t: band[t].workloads[::-1] for t in sorted(band)}
         heap = []
+        opened = {}
         for t in queues:
             mine = self.usage.setdefault(t, [0.0] * len(self.caps))
+            opened[t] = list(mine)
             heap.append((_share(mine, self.caps, self.weights[t]), t))
         heapq.heapify(heap)
-        self.queues, self.heap, self.last = queues, heap, None
+        self.queues, self.heap, self.last, self.opened = queues, heap, None, opened
         return True
 
     def next_workload(self) -> Workload | None:
@@ -170,10 +217,14 @@ class _DrfStream(OrderStream):
     def skip_band(self) -> list[Workload]:
         rest: list[Workload] = []
         for tenant, q in self.queues.items():
-            for w in reversed(q):
-                self._add(tenant, w)  # integer-valued sums: exact in any order
-                rest.append(w)
+            if not q:
+                continue
+            rest.extend(reversed(q))
             q.clear()
+            # what adding each one's demand gives (integer-valued sums: exact in any order)
+            mine, before, total = self.usage[tenant], self.opened[tenant], self.band[tenant].total
+            for k, i in enumerate(self.index):
+                mine[k] = before[k] + total[i]
         self.heap, self.last = [], None
         return rest
 
