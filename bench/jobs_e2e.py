@@ -18,7 +18,10 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
+import shutil
+import tempfile
 import time
+from pathlib import Path
 
 import httpx
 from rich.console import Console
@@ -58,11 +61,33 @@ async def _submit_all(url: str, token: str, jobs: int, specs: list[dict[str, obj
             await c.close()
 
 
+def _wait_all_done(c: httpx.Client, jobs: int, stall_s: float, data_dir: Path) -> dict[str, int]:
+    """The pool's workload counts once `jobs` have ended; SystemExit when none ended for stall_s
+    (the store copied first to a directory the message names, for a post-mortem)."""
+    last_done, last_change = -1, time.monotonic()
+    while True:
+        counts: dict[str, int] = c.get("/api/v1/pool").json()["workloads"]
+        done = counts["succeeded"] + counts["failed"] + counts["cancelled"]
+        if done >= jobs:
+            return counts
+        if done != last_done:
+            last_done, last_change = done, time.monotonic()
+        elif time.monotonic() - last_change > stall_s:
+            kept = Path(tempfile.mkdtemp(prefix="gpupool-stuck-"))
+            for store in data_dir.glob("gpupool.sqlite*"):
+                shutil.copy2(store, kept)
+            raise SystemExit(f"no workload ended for {stall_s:g} s: the pool is stuck at {counts}; "
+                             f"its store is copied to {kept}")
+        time.sleep(0.05)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--jobs", type=int, default=1000)
     parser.add_argument("--config", default="", help="the pool's configuration file (gpupool up --config)")
     parser.add_argument("--mix", choices=MIXES, default="plain", help="what is submitted (see above)")
+    parser.add_argument("--stall-s", type=float, default=60.0,
+                        help="give up when no workload ended for this long (a stuck pool)")
     parser.add_argument("--json", default="")
     opts = parser.parse_args()
     config = ["--config", opts.config] if opts.config else []
@@ -73,11 +98,7 @@ def main() -> None:
         asyncio.run(_submit_all(server.url, server.token, opts.jobs, workload_mix(opts.mix)))
         submitted_s = time.perf_counter() - start
         with httpx.Client(base_url=server.url, headers=headers) as c:
-            while True:
-                counts = c.get("/api/v1/pool").json()["workloads"]
-                if counts["succeeded"] + counts["failed"] + counts["cancelled"] >= opts.jobs:
-                    break
-                time.sleep(0.05)
+            counts = _wait_all_done(c, opts.jobs, opts.stall_s, server.data_dir)
         total_s = time.perf_counter() - start
         server_cpu_s = server.cpu_s() - cpu_before
         events = unusual_events(server)

@@ -44,12 +44,19 @@ class Side:
     """what this side adds to the benchmark's arguments"""
 
 
-def _run(script: str, args: list[str], src: Path, out: Path) -> dict[str, object]:
+def _run(script: str, args: list[str], src: Path, out: Path) -> dict[str, object] | None:
+    """The benchmark's JSON, or None when it failed (its error is on stderr)."""
     env = {**os.environ, "PYTHONPATH": f"{src}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
-    subprocess.run([sys.executable, str(ROOT / script), *args, "--json", str(out)], env=env, check=True,
-                   cwd=ROOT, stdout=subprocess.DEVNULL)
+    done = subprocess.run([sys.executable, str(ROOT / script), *args, "--json", str(out)], env=env,
+                          check=False, cwd=ROOT, stdout=subprocess.DEVNULL)
+    if done.returncode != 0:
+        return None
     data = json.loads(out.read_text())
     return dict(data)
+
+
+def _median(values: list[float]) -> float:
+    return statistics.median(values) if values else float("nan")
 
 
 def _figure(result: dict[str, object], metric: str) -> float:
@@ -113,9 +120,14 @@ def main() -> None:
         sides, compared = _sides(opts, work)
         figures: dict[str, dict[str, list[float]]] = {m: {s.name: [] for s in sides} for m in metrics}
         results: dict[str, list[dict[str, object]]] = {s.name: [] for s in sides}
+        failed: dict[str, list[int]] = {s.name: [] for s in sides}
         for round_no in range(opts.rounds):
             for side in sides:
                 result = _run(script, [*args, *side.args], side.src, work / f"{side.name}-{round_no}.json")
+                if result is None:  # counted and shown, left out of the medians
+                    failed[side.name].append(round_no + 1)
+                    print(f"round {round_no + 1} {side.name}: failed", flush=True)
+                    continue
                 results[side.name].append(result)
                 for metric in metrics:
                     figures[metric][side.name].append(_figure(result, metric))
@@ -133,19 +145,23 @@ def main() -> None:
         table.add_column(column)
     ratios = {}
     for metric in metrics:
-        first_median = statistics.median(figures[metric][first])
-        second_median = statistics.median(figures[metric][second])
+        first_median = _median(figures[metric][first])
+        second_median = _median(figures[metric][second])
         ratios[metric] = second_median / first_median if first_median else float("nan")
         table.add_row(metric, ", ".join(f"{v:g}" for v in figures[metric][first]),
                       ", ".join(f"{v:g}" for v in figures[metric][second]), f"{first_median:g}",
                       f"{second_median:g}", f"{ratios[metric]:.2f}")
     Console().print(table)
+    for name, rounds in failed.items():
+        if rounds:
+            print(f"side {name} failed in rounds {', '.join(map(str, rounds))} (left out above)")
     default_name = f"side_by_side_{Path(script).stem}" + ("" if opts.ref else "_configs")
     out = Path(opts.json or ROOT / "bench" / "results" / f"{default_name}.json")
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps({"script": script, "args": args, "metric": opts.metric, "compared": compared,
                                "sides": {s.name: list(s.args) or str(s.src) for s in sides},
                                "figures": figures, "ratios": ratios, "results": results,
+                               "failed_rounds": failed,
                                "load_average_1m": os.getloadavg()[0]}, indent=1))
 
 
