@@ -11,8 +11,8 @@ then one at a time, most lost work first.
 
 The search tries placements on exactly the states of that definition (tests/core/scheduling/
 victims_plain.py), but leaves out those whose first pod provably fits no node (they would place
-nothing and draw nothing from the rng; kept where the policy counts its calls) and takes victims
-off the state only when a placement is tried, many in one step.
+nothing and draw nothing from the rng; kept where the policy counts its calls), takes victims
+off the state only when a placement is tried, many in one step, and puts them back likewise.
 """
 
 from __future__ import annotations
@@ -24,6 +24,8 @@ from collections.abc import Callable, Iterable, Iterator, Sequence, Set
 from dataclasses import dataclass
 from itertools import chain, groupby, islice
 from operator import itemgetter
+
+import numpy as np
 
 from gpupool.core.model import PodRequest, Workload
 from gpupool.core.priority import Rank
@@ -233,7 +235,8 @@ def select_victims(
     greedy = _greedy(found, need, view, fits, first)
     if greedy is None:
         return None
-    chosen = _trim(_drop_apart(*greedy, view, fits), cost, view, fits)
+    back = PutBack(view, preemptor.pods[0], watch=may_skip)
+    chosen = _trim(_drop_apart(*greedy, back, fits), cost, back, fits)
     gang = fits()
     if gang is None:  # cannot happen: _trim keeps the set feasible; restore to be safe
         for run in chosen:
@@ -453,8 +456,53 @@ def node_fits_at(state: ClusterState, pod: PodRequest, rows: Iterable[int]) -> b
     return state.node_fits_at(pod, rows)
 
 
+class PutBack:
+    """Victims put back on the state while the chosen set is trimmed, and where the first pod fits.
+
+    With `watch`, the nodes where the pod fits are scanned once, before the first victim goes
+    back; putting victims back only takes capacity from their own nodes, so only those are checked
+    again. A placement tried when the pod fits no node returns NoFit without a draw from the rng,
+    so a caller may skip it (where the policy does not count its calls).
+    """
+
+    def __init__(self, view: ClusterView, pod: PodRequest, watch: bool) -> None:
+        self.view = view
+        self.pod = pod
+        self.watch = watch
+        self.fitting: np.ndarray | None = None
+        self.last: list[Running] = []
+        self.saved: dict[int, bool] = {}
+
+    def attach(self, runs: list[Running]) -> bool:
+        """Put `runs` back; whether the pod may still fit (False: it fits no node)."""
+        state = self.view.state
+        if self.watch and self.fitting is None:
+            self.fitting = state.node_fits(self.pod)
+        attach_all(self.view, runs)
+        self.last = runs
+        fitting = self.fitting
+        if fitting is None:
+            return True
+        saved = self.saved = {}
+        for run in runs:
+            for _, a in run.allocs:
+                n = a.node
+                if n not in saved:
+                    saved[n] = was = bool(fitting[n])
+                    if was:
+                        fitting[n] = state.node_fits_at(self.pod, (n,))
+        return bool(fitting.any())
+
+    def undo(self) -> None:
+        """Take the runs put back last off the state again: the pod fits where it did before."""
+        detach_all(self.view, self.last)
+        if self.fitting is not None:
+            for n, was in self.saved.items():
+                self.fitting[n] = was
+
+
 def _drop_apart(
-    chosen: list[Running], gang: GangPlacement, view: ClusterView, fits: Callable[[], GangPlacement | None]
+    chosen: list[Running], gang: GangPlacement, back: PutBack, fits: Callable[[], GangPlacement | None]
 ) -> list[Running]:
     """Drop, in one step, the victims that hold nothing on the nodes of the greedy search's placement.
 
@@ -467,30 +515,28 @@ def _drop_apart(
     apart = [r for r in chosen if all(alloc.node not in nodes for _, alloc in r.allocs)]
     if not apart or len(apart) == len(chosen):
         return chosen
-    attach_all(view, apart)
-    trial = fits()
+    trial = fits() if back.attach(apart) else None
     if trial is None:
-        detach_all(view, apart)
+        back.undo()
         return chosen
-    release_gang(trial, view.state)
+    release_gang(trial, back.view.state)
     dropped = {id(r) for r in apart}
     return [r for r in chosen if id(r) not in dropped]
 
 
 def _trim(
-    chosen: list[Running], cost: dict[str, float], view: ClusterView, fits: Callable[[], GangPlacement | None]
+    chosen: list[Running], cost: dict[str, float], back: PutBack, fits: Callable[[], GangPlacement | None]
 ) -> list[Running]:
     """Drop every victim the preemptor does not need, trying the costliest first."""
     keep = list(chosen)
     for run in sorted(chosen, key=lambda r: -cost[r.workload.id])[:MAX_TRIM_TRIALS]:
         if len(keep) == 1:
             break
-        view.attach(run)
-        gang = fits()
+        gang = fits() if back.attach([run]) else None
         if gang is None:
-            view.detach(run)
+            back.undo()
             continue
-        release_gang(gang, view.state)
+        release_gang(gang, back.view.state)
         keep.remove(run)
     return keep
 
