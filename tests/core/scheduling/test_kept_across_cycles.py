@@ -315,3 +315,18 @@ def test_drf_stream_from_the_kept_queue_is_the_definition(rounds: list, skips: s
             if len(out) in skips:
                 out.extend(stream.skip_band())
         assert [w.id for w in out] == [w.id for w in _drf_plain(listed, ctx, skips)]
+
+
+def test_drf_follows_the_pending_books_changes_and_compares_lists_when_it_missed_some() -> None:
+    view = ClusterView.empty(cluster(1, devices=1))
+    policies = Policies(placement="first-fit", ordering="drf")
+    waiting = [_job(i, 0, None, float(i)) for i in range(4)]
+    for k in range(3):  # the pool holds one: the rest waits, one more arrives each cycle
+        cycle_on(view, waiting[: 2 + k], policies, float(k), random.Random(k))
+        book = view.ordering_memo["drf"]["book"]
+        assert book.serial == view.pending_book.serial  # moved by the book's changes
+    cycle_on(view, waiting, replace(policies, ordering="fifo"), 3.0, random.Random(3))
+    listed = [w for w in waiting if w.id not in view.running]
+    cycle_on(view, listed, policies, 4.0, random.Random(4))  # one list missed: compared whole
+    assert sorted(w.id for q in book.bands[0].values() for w in q.workloads) == sorted(w.id for w in listed)
+    assert book.serial == view.pending_book.serial

@@ -40,7 +40,7 @@ from gpupool.core.priority import PriorityClasses
 from gpupool.core.quota import QuotaConfig
 from gpupool.core.scheduling.backfill import Reservation, kept_reserve, may_backfill
 from gpupool.core.scheduling.gang import GangPlacement, place_gang, release_gang
-from gpupool.core.scheduling.ordering.base import OrderingContext, OrderStream, make_ordering
+from gpupool.core.scheduling.ordering.base import OrderingContext, OrderStream, PendingChanges, make_ordering
 from gpupool.core.scheduling.policies.base import DEFAULT_POLICY, NoFit
 from gpupool.core.scheduling.preemption import VictimIndex, lost_work_s, select_victims
 from gpupool.core.scheduling.view import ClusterView, Running
@@ -258,6 +258,7 @@ class _Cycle:
         view = self.view
         book = view.pending_book
         arrivals = book.update(pending, self._meta) if self.keep_pending else None
+        changes = None
         if arrivals is None:
             valid = self._validate(pending)
             view.tell_policy(valid)
@@ -272,6 +273,7 @@ class _Cycle:
             self.left = dict(book.counts)
             # the policy has been told of every workload listed before (unless it starts afresh)
             view.tell_policy(valid if view.policies.prepared < 0 else arrivals)
+            changes = PendingChanges(book.serial, arrivals, book.departed)
         if self.ordering.needs_usage:
             view.materialize()
         ctx = OrderingContext(
@@ -283,6 +285,7 @@ class _Cycle:
             info=view.info,
             demand=view.demand,
             memo=view.ordering_memo,
+            changes=changes,
         )
         self.live = set(self.left)
         return valid, self.ordering.stream(valid, ctx)

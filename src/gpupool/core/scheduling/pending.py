@@ -30,6 +30,10 @@ class PendingBook:
     """By `id()`: the others (refused for good on every cycle they are listed)."""
     counts: dict[Key, int] = field(default_factory=dict)
     """How many valid workloads wait per key (no zero entries)."""
+    serial: int = 0
+    """How many lists the book has taken (`PendingChanges.serial`)."""
+    departed: list[Workload] = field(default_factory=list)
+    """The valid workloads the last `update` found gone."""
 
     def update(
         self, pending: Sequence[Workload], meta_of: Callable[[Workload], Meta]
@@ -41,9 +45,12 @@ class PendingBook:
             self.clear()
             return None
         objs = self.objs
+        self.serial += 1
+        departed = self.departed = []
         for gone in objs.keys() - current.keys():
-            del objs[gone]
+            w = objs.pop(gone)
             if self.invalid.pop(gone, None) is None:
+                departed.append(w)
                 key = self.keys.pop(gone)
                 left = self.counts[key] - 1
                 if left:
@@ -66,6 +73,8 @@ class PendingBook:
         return arrivals
 
     def clear(self) -> None:
+        self.serial += 1
+        self.departed = []
         self.objs.clear()
         self.keys.clear()
         self.invalid.clear()

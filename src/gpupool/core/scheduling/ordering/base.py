@@ -17,6 +17,16 @@ SHARE_RESOURCES = ("device_milli", "cpu_milli", "memory_mib")
 
 
 @dataclass(frozen=True, slots=True)
+class PendingChanges:
+    """The workloads (objects) that joined and left the pending list since the list numbered
+    `serial - 1` on the same view; unchanged objects are in both lists."""
+
+    serial: int
+    arrived: Sequence[Workload]
+    departed: Sequence[Workload]
+
+
+@dataclass(frozen=True, slots=True)
 class OrderingContext:
     """What an ordering may look at besides the pending list (all read-only)."""
 
@@ -31,6 +41,8 @@ class OrderingContext:
     memo: dict[str, Any] = field(default_factory=dict)
     """Kept across the cycles on one view (an ordering's own caches, under its name); what an
     ordering keeps here must not change its order, only save recomputing it."""
+    changes: PendingChanges | None = None
+    """How the pending list differs from the one of the cycle before on this view, when known."""
 
     def attained_service_s(self, w: Workload) -> float:
         found = self.info.get(w.id)

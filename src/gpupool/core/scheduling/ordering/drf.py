@@ -14,6 +14,7 @@ from gpupool.core.scheduling.ordering.base import (
     OrderingContext,
     OrderingPolicy,
     OrderStream,
+    PendingChanges,
     register_ordering,
 )
 
@@ -51,7 +52,7 @@ class Drf(OrderingPolicy):
         # in the same order, as `dominant_share` over a usage dict: the shares are identical).
         # The book gives the priority bands, the tenants in each, and each tenant's own order.
         book = ctx.memo.setdefault(self.name, {}).setdefault("book", _Book()) if self.keep_order else _Book()
-        book.update(pending, ctx.rank, ctx.demand)
+        book.update(pending, ctx.rank, ctx.demand, ctx.changes)
         bands = [book.bands[b] for b in sorted(book.bands)]
         tenants = {t for band in bands for t in band}
         weights = {t: _weight(ctx, t) for t in tenants}
@@ -90,16 +91,26 @@ class _Book:
     bands: dict[int, dict[str, _TenantQueue]] = field(default_factory=dict)
     held: dict[int, tuple[Workload, int, str, _Key, list[float]]] = field(default_factory=dict)
     """By `id()`: each workload listed last, with its band, tenant, key and demand."""
+    serial: int = -1
+    """The `PendingChanges.serial` of the list the book holds (-1: none known)."""
 
     def update(
         self,
         pending: Sequence[Workload],
         rank: Callable[[Workload], Rank],
         demand: Callable[[Workload], Mapping[str, float]],
+        changes: PendingChanges | None = None,
     ) -> None:
-        current = dict(zip(map(id, pending), pending, strict=True))
+        """Hold `pending`: moved by `changes` when they follow the list held, else by comparing."""
         held = self.held
-        for gone in held.keys() - current.keys():
+        if changes is not None and changes.serial == self.serial + 1:
+            gone_ids = [id(w) for w in changes.departed]
+            current = {id(w): w for w in changes.arrived}
+        else:
+            current = dict(zip(map(id, pending), pending, strict=True))
+            gone_ids = list(held.keys() - current.keys())
+        self.serial = -1 if changes is None else changes.serial
+        for gone in gone_ids:
             w, band, tenant, key, asked = held.pop(gone)
             queue = self.bands[band][tenant]
             at = bisect.bisect_left(queue.keys, key)
