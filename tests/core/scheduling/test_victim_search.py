@@ -21,7 +21,8 @@ from gpupool.core.model import PodRequest, Workload
 from gpupool.core.quota import DEVICE_MILLI, ClusterQueue, QuotaConfig, ResourceQuota
 from gpupool.core.scheduling import cycle
 from gpupool.core.scheduling.cycle import CycleResult, Policies, cycle_on
-from gpupool.core.scheduling.view import ClusterView
+from gpupool.core.scheduling.preemption import lost_device_s, lost_device_s_many
+from gpupool.core.scheduling.view import ClusterView, Running
 
 QUOTA = QuotaConfig(
     cluster_queues=(
@@ -135,3 +136,27 @@ def test_victim_search_under_backfill_decides_as_the_plain_search(
     policies = Policies(placement=placement[0], placement_options=placement[1], ordering="drf",
                         preemption=True, backfill=True, quota=QUOTA)
     _both(plan, replace(policies, max_preemption_attempts=4), 5, seed=1)
+
+
+times = st.floats(min_value=0, max_value=1e7, allow_nan=False) | st.sampled_from([0.0, 3600.0, 7200.0])
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.lists(
+        st.tuples(times, times, st.sampled_from([None, 0.0, -5.0, 1.0, 600.0, 1800.0, 1e-3]),
+                  st.sampled_from([0.0, 0.25, 1.0, 8.0])),
+        min_size=0, max_size=60,
+    ),
+    times,
+)
+def test_lost_work_on_arrays_is_the_scalar_definition(specs: list[Any], now: float) -> None:
+    """Costs computed on arrays are bit for bit those of `lost_device_s` (they order the victims)."""
+    pod = PodRequest("p", num_devices=1, device_milli=1000)
+    runs = [
+        Running(Workload(id=f"w{i}", pods=(pod,), checkpoint_interval_s=interval), (), start, "", {},
+                (0, 0), progress_s=progress, device_count=count)
+        for i, (start, progress, interval, count) in enumerate(specs)
+    ]
+    many = lost_device_s_many(runs, now)
+    assert [v.hex() for v in many] == [lost_device_s(r, now).hex() for r in runs]
