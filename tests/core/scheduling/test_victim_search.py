@@ -49,7 +49,9 @@ placements = st.sampled_from(
         ("first-fit", {}),
         ("fgd-strand", {}),
         ("random", {}),  # draws from the rng at every placement
-        ("best-fit", {"first_on_ties": False}),
+        ("best-fit", {}),
+        ("gpu-clustering", {}),
+        ("best-fit", {"first_on_ties": False}),  # draws from the rng on ties
         ("fgd-strand", {"reserve_expected": True}),  # counts every placement call, failed ones too
     ]
 )

@@ -232,8 +232,13 @@ def select_victims(
     first = FirstPodFits(view.state, preemptor.pods[0])
     may_skip = not policy.counts_failed_calls()
 
+    found_last: list[GangPlacement] = []
+
     def fits() -> GangPlacement | None:
-        return _fits(preemptor, cq, view, policy, rng)
+        gang = _fits(preemptor, cq, view, policy, rng)
+        if gang is not None:
+            found_last[:] = (gang,)
+        return gang
 
     def reclaimed(runs: Sequence[Running]) -> frozenset[str]:
         return frozenset(r.workload.id for r in runs if r.cluster_queue in reclaim_queues)
@@ -254,7 +259,9 @@ def select_victims(
         return None
     back = PutBack(view, preemptor.pods[0], watch=may_skip)
     chosen = _trim(_drop_apart(*greedy, back, fits), cost, back, fits)
-    gang = fits()
+    # The state is now as the last placement that succeeded found it (the trials after it were
+    # undone): a policy that repeats itself would place the preemptor there again.
+    gang = _retake(found_last[0], view.state) if policy.is_repeatable() else fits()
     if gang is None:  # cannot happen: _trim keeps the set feasible; restore to be safe
         for run in chosen:
             view.attach(run)
@@ -561,6 +568,13 @@ def _trim(
         release_gang(gang, back.view.state)
         keep.remove(run)
     return keep
+
+
+def _retake(gang: GangPlacement, state: ClusterState) -> GangPlacement:
+    """Take again what a placement held on a state equal to the one it was made on."""
+    for _, record in gang.allocs:
+        state.allocate(record)
+    return gang
 
 
 def _fits(

@@ -82,6 +82,9 @@ class ScoredPolicy(PlacementPolicy):
     device_choice: DeviceChoice = DeviceChoice.BEST
     first_on_ties: bool = True
 
+    def is_repeatable(self) -> bool:
+        return self.first_on_ties and self.device_choice is not DeviceChoice.RANDOM
+
     @abstractmethod
     def scores(self, pod: PodRequest, state: ClusterState, feasible: BoolArray) -> FloatArray:
         """[node] scores (higher is better); only entries of feasible nodes are read."""

@@ -59,6 +59,12 @@ class PlacementPolicy(ABC):
         a pod that fits no node gets NoFit without a draw from the rng."""
         return False
 
+    def is_repeatable(self) -> bool:
+        """Whether `place` asked again for the same pod on an equal state gives the same choice,
+        drawing nothing from the rng and keeping nothing that changes later choices: a caller may
+        then reuse an earlier answer instead of asking again. False unless a policy says so."""
+        return False
+
 
 _REGISTRY: dict[str, type[PlacementPolicy]] = {}
 

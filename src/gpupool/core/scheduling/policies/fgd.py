@@ -100,6 +100,9 @@ class Fgd(PlacementPolicy):
 
     # ----------------------------------------------------------------- placement
 
+    def is_repeatable(self) -> bool:
+        return self.first_on_ties  # (the score and slot caches are kept per node version)
+
     def place(self, pod: PodRequest, state: ClusterState, rng: random.Random) -> Choice | NoFit:
         feasible = state.node_fits(pod)
         if not feasible.any():

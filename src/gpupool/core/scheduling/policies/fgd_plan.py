@@ -84,6 +84,9 @@ class FgdPlan(FgdStrand):
             self._expect = np.full(shape, -1, dtype=np.int64)
         return self._left, self._expect
 
+    def is_repeatable(self) -> bool:
+        return False  # a placement advances the device's fill plan
+
     def place(self, pod: PodRequest, state: ClusterState, rng: random.Random) -> Choice | NoFit:
         fractional = pod.num_devices == 1 and pod.device_milli < MILLI
         size = self._index.get(pod.device_milli) if (self._plan is not None and fractional) else None

@@ -147,6 +147,9 @@ class FgdStrand(Fgd):
     def counts_failed_calls(self) -> bool:
         return self.reserve_expected  # every call with a gang pod counts as its arrival (see place)
 
+    def is_repeatable(self) -> bool:
+        return super().is_repeatable() and not self.reserve_expected
+
     def _protected_nodes(self, state: ClusterState) -> np.ndarray | None:
         """Empty nodes kept for multi-device shapes that have few left (see the module docstring)."""
         if self._largest_gang <= 1 or not self.reserve_penalty_milli or not self._gang_shapes:

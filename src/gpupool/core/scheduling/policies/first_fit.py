@@ -22,6 +22,9 @@ class FirstFit(PlacementPolicy):
     name = "first-fit"
     summary = "First node in node order that fits; its lowest-numbered fitting devices."
 
+    def is_repeatable(self) -> bool:
+        return True
+
     def place(self, pod: PodRequest, state: ClusterState, rng: random.Random) -> Choice | NoFit:
         fits = state.node_fits(pod)
         candidates = np.flatnonzero(fits)
