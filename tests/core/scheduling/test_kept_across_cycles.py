@@ -32,7 +32,7 @@ def _fresh_reservations(mp: pytest.MonkeyPatch) -> None:
 @given(
     st.one_of(props.ops, props.narrow_ops),
     st.sampled_from(["fifo", "priority-fifo", "drf", "las"]),
-    st.sampled_from(["first-fit", "fgd-strand", "best-fit", "random"]),
+    st.sampled_from(["first-fit", "fgd-strand", "best-fit", "random", "fgd-plan"]),
     st.booleans(),
 )
 def test_kept_reservation_decides_as_reserving_afresh(

@@ -70,8 +70,7 @@ def reserve(
     done = 0
     for _ in range(MAX_RESERVATION_TRIALS):
         t = max(ends[i][0], now_s)
-        while i < len(ends) and max(ends[i][0], now_s) == t:
-            i += 1
+        i = bisect.bisect_right(ends, t, lo=i, key=_end)  # every run expected to end at t
         release_many(shadow, [rec for _, rid in ends[done:i] for _, rec in running[rid].allocs])
         done = i
         gang = place_gang(head, shadow, policy, rng)
@@ -91,10 +90,11 @@ class KeptReservation:
     `reserve` reads: the head; the running records with an estimate (their allocations and planned
     ends: fixed per record, so the view's `running_version` stands for them); the live state's
     capacity arrays and pods per node (compared whole); the placement policy (the same instance,
-    prepared as many times, on the same slice defaults); the rng (only results that drew nothing
-    from it are kept: a rerun would draw nothing either); and the clock only through the ends
-    already past, which count as ending now. So the result is the same when as many ends are past
-    (`overdue`), with `now` as its start when the head fit once those overdue runs end.
+    prepared as many times, on the same slice defaults: only a policy whose `place` is repeatable,
+    drawing nothing from the rng and keeping nothing, so skipping its calls changes nothing
+    later); and the clock only through the ends already past, which count as ending now. So the
+    result is the same when as many ends are past (`overdue`), with `now` as its start when the
+    head fit once those overdue runs end.
     """
 
     head: Workload
@@ -166,14 +166,13 @@ def kept_reserve(
     kept = view.kept_reservation
     if keep_reservations and kept is not None and kept.matches(head, view, now_s, policy):
         return kept.reservation(now_s)
+    if not policy.is_repeatable():  # its placements draw from the rng or change later ones
+        view.kept_reservation = None
+        return reserve(head, view, now_s, policy, rng)
     state = view.state
-    before = rng.getstate()
     arrays = tuple(a.copy() for a in _arrays(state))
     pod_kinds = [dict(k) for k in state.node_pod_kinds]
     found = reserve(head, view, now_s, policy, rng)
-    if rng.getstate() != before:  # it drew from the rng: another draw might differ
-        view.kept_reservation = None
-        return found
     overdue = _overdue(view, now_s)
     view.kept_reservation = KeptReservation(
         head=head,
