@@ -149,6 +149,18 @@ def unusual_events(server: RunningServer) -> dict[str, int]:
     return {str(r): int(n) for r, n in sorted(rows) if r not in ROUTINE_REASONS}
 
 
+def cycle_totals(server: RunningServer) -> tuple[int, float]:
+    """(scheduling cycles that had pending work, their seconds in all), from the server's /metrics."""
+    text = httpx.get(f"{server.url}/metrics", headers={"Authorization": f"Bearer {server.token}"}).text
+    figures = {}
+    for line in text.splitlines():
+        name, _, value = line.partition(" ")
+        if name in ("gpupool_scheduling_cycle_duration_seconds_count",
+                    "gpupool_scheduling_cycle_duration_seconds_sum"):
+            figures[name.rsplit("_", 1)[1]] = float(value)
+    return int(figures.get("count", 0)), figures.get("sum", 0.0)
+
+
 def percentile_ms(samples_s: Sequence[float], q: float) -> float:
     ordered = sorted(samples_s)
     if not ordered:

@@ -30,6 +30,7 @@ from rich.table import Table
 from _control_plane import (
     MIXES,
     RawHttpClient,
+    cycle_totals,
     ensure_tenants,
     gpupool_up,
     unusual_events,
@@ -102,6 +103,7 @@ def main() -> None:
         total_s = time.perf_counter() - start
         server_cpu_s = server.cpu_s() - cpu_before
         events = unusual_events(server)
+        cycles, cycle_s = cycle_totals(server)
     result = {
         "jobs": opts.jobs,
         "config": opts.config or "defaults",
@@ -112,6 +114,8 @@ def main() -> None:
         "end_to_end_s": round(total_s, 2),
         "jobs_per_s": round(opts.jobs / total_s, 1),
         "server_cpu_ms_per_job": round(server_cpu_s * 1000 / opts.jobs, 2),
+        "cycles": cycles,
+        "cycle_s": round(cycle_s, 3),
         "events": events,
         "load_average_1m": os.getloadavg()[0],
     }
