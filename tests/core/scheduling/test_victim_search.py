@@ -148,7 +148,7 @@ times = st.floats(min_value=0, max_value=1e7, allow_nan=False) | st.sampled_from
     st.lists(
         st.tuples(times, times, st.sampled_from([None, 0.0, -5.0, 1.0, 600.0, 1800.0, 1e-3]),
                   st.sampled_from([0.0, 0.25, 1.0, 8.0])),
-        min_size=0, max_size=60,
+        min_size=0, max_size=150,
     ),
     times,
 )

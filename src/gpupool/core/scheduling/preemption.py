@@ -69,7 +69,7 @@ def lost_device_s(run: Running, now_s: float) -> float:
 def lost_device_s_many(runs: Sequence[Running], now_s: float) -> list[float]:
     """`[lost_device_s(run, now_s) for run in runs]` on arrays: the same operations, the same floats."""
     n = len(runs)
-    if n < 16:
+    if n < 64:  # (below this, building the arrays costs more than the loop)
         return [lost_device_s(run, now_s) for run in runs]
     since = now_s - np.fromiter([r.start_time_s for r in runs], np.float64, n)
     since = np.where(since > 0.0, since, 0.0)  # max(0.0, now_s - start_time_s)
@@ -147,6 +147,7 @@ class VictimIndex:
         self.cost: dict[str, float] = {}
         self._groups: dict[str, dict[Rank, list[Running]]] = {}
         self._sorted: dict[tuple[str, Rank], list[_Entry]] = {}
+        self._milli: dict[tuple[str, Rank], int] = {}
 
     def _ranks(self, cq: str) -> dict[Rank, list[Running]]:
         groups = self._groups.get(cq)
@@ -178,12 +179,8 @@ class VictimIndex:
     ) -> tuple[Iterator[Running], list[str]]:
         """`candidates()` as a stream: by (lost work, rank, id), or by (rank, lost work, id); and the
         queues whose work would be reclaimed."""
-        view = self.view
-        rank = view.classes.rank(preemptor)
-        reclaim = _reclaim_queues(preemptor, cq, view)
-        alive = view.running
-        groups = [(r, cq) for r in self._ranks(cq) if r < rank]
-        groups += [(r, q) for q in reclaim for r in self._ranks(q)]
+        groups, reclaim = self._sources(preemptor, cq)
+        alive = self.view.running
         merged: Iterator[_Entry]
         if by_rank:  # lowest rank first; within a rank, queues merged by lost work
             bands = groupby(sorted(groups), key=itemgetter(0))
@@ -191,6 +188,27 @@ class VictimIndex:
         else:
             merged = self._merged(groups, alive, exclude)
         return (entry[3] for entry in merged), reclaim
+
+    def most_freed(self, preemptor: Workload, cq: str) -> int:
+        """An upper bound on the compute (milli) all of `preemptor`'s candidates hold together (it
+        counts those gone or excluded since the cycle's groups were made)."""
+        milli = self._milli
+        total = 0
+        for rank, q in self._sources(preemptor, cq)[0]:
+            held = milli.get((q, rank))
+            if held is None:
+                held = milli[(q, rank)] = sum(run.device_milli for run in self._ranks(q)[rank])
+            total += held
+        return total
+
+    def _sources(self, preemptor: Workload, cq: str) -> tuple[list[tuple[Rank, str]], list[str]]:
+        """The (rank, queue) groups `preemptor` may take victims from, and the queues it reclaims from."""
+        view = self.view
+        rank = view.classes.rank(preemptor)
+        reclaim = _reclaim_queues(preemptor, cq, view)
+        groups = [(r, cq) for r in self._ranks(cq) if r < rank]
+        groups += [(r, q) for q in reclaim for r in self._ranks(q)]
+        return groups, reclaim
 
     def _merged(
         self, groups: Iterable[tuple[Rank, str]], alive: dict[str, Running], exclude: Set[str]
@@ -223,12 +241,14 @@ def select_victims(
     `index`: the cycle's `VictimIndex` (shared by its searches; one is made when not given).
     """
     index = index or VictimIndex(view, now_s)
+    need = preemptor.total_device_milli - free_milli(view, preemptor)
+    if index.most_freed(preemptor, cq) < need:
+        return None  # no victim, nor all of them, frees enough: no placement would be tried
     stream, reclaim_queues = index.search_order(preemptor, cq, exclude, by_rank=False)
     singles = list(islice(stream, MAX_SINGLE_TRIALS))
     if not singles:
         return None
     cost = index.cost
-    need = preemptor.total_device_milli - free_milli(view, preemptor)
     first = FirstPodFits(view.state, preemptor.pods[0])
     may_skip = not policy.counts_failed_calls()
 
