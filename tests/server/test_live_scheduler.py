@@ -227,11 +227,13 @@ def test_backfill_reservation_is_stored_for_the_head(tmp_path: Path) -> None:
     pool = Pool(tmp_path, nodes="1x4xH100")
     running = pool.submit(gpus=2, time_limit_s=3600)
     pool.step()
+    pool.step(1.0)  # submitted later than `running` (equal times would order by the random ids)
     head = pool.submit(gpus=4)  # waits for `running` to end
-    pool.step()
+    pool.step(1.0)
     assert pool.status(head) == "pending"
     reserved = pool.row(head).reserved_start_s
     assert reserved is not None and reserved == pytest.approx(pool.row(running).started_s + 3600, abs=1)
+    pool.step(1.0)
     short = pool.submit(gpus=1, time_limit_s=600)  # ends before the reservation: backfilled
     long = pool.submit(gpus=1, time_limit_s=7200)  # would delay the head
     pool.step()

@@ -122,8 +122,8 @@ class ServerRun:
         cycle = keeper.cycle
 
         def logged(snapshot: Any, pending: Any, policies: Any, now_s: float,
-                   rng: random.Random) -> CycleResult:
-            result = cycle(snapshot, pending, policies, now_s, rng)
+                   rng: random.Random, **options: Any) -> CycleResult:
+            result = cycle(snapshot, pending, policies, now_s, rng, **options)
             self.log.extend(log_of(result, now_s))
             return result
 
@@ -177,7 +177,10 @@ def run_server(tmp_path: Path, nodes: Sequence[Node], jobs: Sequence[Job], confi
     monkeypatch.setattr(workloads, "new_workload_id", lambda: next(order).id)
     server = ServerRun(tmp_path, nodes, config, lambda: "")
     try:
-        return server.run(jobs, failure)
+        log = server.run(jobs, failure)
+        # the loop audits its kept view against the store every minute (of the trace's time): no drift
+        assert server.loop.scheduler.keeper.drifts == 0
+        return log
     finally:
         server.close()
 

@@ -233,3 +233,19 @@ def test_per_workload_caches_stay_bounded(monkeypatch: pytest.MonkeyPatch) -> No
     assert keeper.view is not None
     assert len(keeper.view.metas) <= 3 + 16
     assert len(keeper.view.policies.seen) <= 3 + 16
+
+
+def test_an_audit_rebuilds_a_view_that_drifted() -> None:
+    nodes = tuple(cluster(1, devices=4))
+    keeper = ViewKeeper()
+    policies = Policies(placement="first-fit")
+    keeper.cycle(ClusterSnapshot(nodes), [], policies, 0.0, random.Random(0), audit=True)
+    assert keeper.drifts == 0, "a view built afresh never drifts"
+    view = keeper.view
+    assert view is not None
+    view.state.dev_milli_free[0, :] = 0  # a bug that leaked every device
+    blocked = keeper.cycle(ClusterSnapshot(nodes), [_whole("a", 1)], policies, 1.0, random.Random(0))
+    assert not blocked.admitted and keeper.drifts == 0
+    healed = keeper.cycle(ClusterSnapshot(nodes), [_whole("a", 1)], policies, 2.0, random.Random(0),
+                          audit=True)
+    assert keeper.drifts == 1 and [a.workload_id for a in healed.admitted] == ["a"]

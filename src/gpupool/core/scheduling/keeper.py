@@ -28,6 +28,8 @@ import random
 from collections.abc import Sequence
 from dataclasses import replace
 
+import numpy as np
+
 from gpupool.core.model import Allocation, ClusterSnapshot, Node, PodPlacement, Workload
 from gpupool.core.priority import PriorityClasses
 from gpupool.core.quota import QuotaConfig
@@ -49,6 +51,8 @@ class ViewKeeper:
         self._held: dict[str, Allocation | tuple[PodPlacement, ...]] = {}
         """What the view holds per workload: the snapshot's allocation, or the placements of an
         admission this keeper's last cycle made (until a snapshot shows it)."""
+        self.drifts = 0
+        """How many times a caller found the kept view differing from a fresh one (a bug)."""
         self.rebuilds = 0
         """How many times the view was built afresh (the first cycle counts)."""
 
@@ -59,9 +63,14 @@ class ViewKeeper:
         policies: Policies,
         now_s: float,
         rng: random.Random,
+        audit: bool = False,
     ) -> CycleResult:
-        """`run_cycle(snapshot, pending, policies, now_s, rng)` on the kept view."""
+        """`run_cycle(snapshot, pending, policies, now_s, rng)` on the kept view; with `audit`, the
+        kept view is first checked against one built afresh (see `drifted`)."""
         view = self.sync(snapshot, policies)
+        if audit and self.drifted(snapshot, policies):
+            self.drifts += 1
+            view = self._rebuild(snapshot, policies)
         result = cycle_on(view, pending, policies, now_s, rng)
         held = self._held
         for stop in result.preempted:
@@ -111,6 +120,22 @@ class ViewKeeper:
             if view.add_allocation(alloc):
                 held[wid] = alloc
         return view
+
+    def drifted(self, snapshot: ClusterSnapshot, policies: Policies) -> bool:
+        """Whether the kept view (just synced with `snapshot`) holds other free capacity than a
+        view built afresh from it: never, unless there is a bug; a caller audits now and then."""
+        kept = self.view
+        if kept is None:
+            return False
+        p = policies
+        fresh = ClusterView.from_snapshot(snapshot, p.quota, p.priority_classes, p.defaults)
+        if not np.array_equal(kept.state.schedulable, fresh.state.schedulable):
+            return True
+        # A node that is down takes nothing in either (`mark_unhealthy` also zeroes its devices,
+        # a fresh view only marks it): compare the nodes that can take work.
+        up = fresh.state.schedulable
+        return any(not np.array_equal(getattr(kept.state, name)[up], getattr(fresh.state, name)[up])
+                   for name in ("cpu_free", "mem_free", "dev_milli_free", "dev_mem_free"))
 
     def _apply_health(self, view: ClusterView, changes: Sequence[tuple[Node, Node]]) -> None:
         """Nodes or devices that broke or were repaired, applied to the kept view as the replay

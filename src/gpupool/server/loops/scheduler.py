@@ -19,7 +19,15 @@ from typing import Any, assert_never
 from sqlalchemy import Connection, Row, bindparam, insert, select, update
 from sqlalchemy.orm import Session
 
-from gpupool.core.model import Node, PodPlacement, PodRequest, Slice, Workload, WorkloadInfo, WorkloadStatus
+from gpupool.core.model import (
+    Node,
+    PodPlacement,
+    PodRequest,
+    Slice,
+    Workload,
+    WorkloadInfo,
+    WorkloadStatus,
+)
 from gpupool.core.scheduling.backfill import RuntimeEstimator
 from gpupool.core.scheduling.cycle import (
     Admission,
@@ -44,6 +52,9 @@ from gpupool.server.states import EventReason, PodState
 
 log = logging.getLogger("gpupool.scheduler")
 FULL_RESCAN_S = 10.0
+AUDIT_S = 60.0
+"""How often (at most) a full pass checks the kept view against one built afresh from the store
+(`ViewKeeper.cycle(audit=True)`); a difference would be a bug, and the view is then rebuilt."""
 LIMIT_CHECK_S = 0.5
 """How often the loop looks for workloads past their time limit."""
 HISTORY_ROWS = 10_000
@@ -139,6 +150,7 @@ class Scheduler:
         self.requeued = False
         """A cycle requeued work (preemption, eviction): the next cycle must look at all pending work."""
         self._next_limit_check_s = float("-inf")
+        self._next_audit_s = float("-inf")
         self._backoff_s: float | None = None
         """When the next requeued workload's backoff ends (a full pass then looks at it)."""
 
@@ -194,7 +206,14 @@ class Scheduler:
         snapshot = dataclasses.replace(view.snapshot, workload_info=self.info)
         # the core enforces the queues' quotas itself (Kueue semantics)
         policies = dataclasses.replace(self.policies, quota=view.quota)
-        result = self.keeper.cycle(snapshot, candidates, policies, now, self.rng)
+        audit = full and now >= self._next_audit_s
+        if audit:
+            self._next_audit_s = now + AUDIT_S
+            drifts = self.keeper.drifts
+        result = self.keeper.cycle(snapshot, candidates, policies, now, self.rng, audit=audit)
+        if audit and self.keeper.drifts != drifts:
+            log.error("the scheduler's kept view had drifted from the store (its free capacity differed "
+                      "from a view built afresh); it was built afresh")
         self._inadmissible.update(r.workload_id for r in result.rejected if not r.final or more)
         launches = self._record(result, view)
         self._launch(launches)
