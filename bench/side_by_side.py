@@ -113,6 +113,9 @@ def main() -> None:
     if bool(opts.ref) == bool(opts.config_a or opts.config_b):
         raise SystemExit("compare either with an earlier commit (--ref COMMIT) or two configurations "
                          "(--config-a FILE and/or --config-b FILE), one of the two")
+    for path in (opts.config_a, opts.config_b):
+        if path and not Path(path).is_file():
+            raise SystemExit(f"no configuration file {path!r}; check the path given to --config-a/--config-b")
     script, args = bench[0], bench[1:]
     work = Path(tempfile.mkdtemp(prefix="gpupool-side-"))
     metrics = [m.strip() for m in opts.metric.split(",") if m.strip()]
