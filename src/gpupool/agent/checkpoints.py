@@ -79,6 +79,13 @@ class CheckpointDirs:
         at once) and its files are deleted in the background. Idempotent."""
         if not _WORKLOAD_ID.match(workload_id):
             return
+        try:
+            os.rmdir(self.root / workload_id)  # the usual case: it never checkpointed (one call)
+            return
+        except FileNotFoundError:
+            return
+        except OSError:  # it holds files: renamed aside, deleted in the background
+            pass
         aside = self.root / f"{_GONE}{workload_id}-{secrets.token_hex(4)}"
         try:
             os.rename(self.root / workload_id, aside)
