@@ -129,6 +129,8 @@ def _reclaim_queues(preemptor: Workload, cq: str, view: ClusterView) -> list[str
 
 
 _Entry = tuple[float, Rank, str, Running]
+Sources = tuple[list[tuple[Rank, str]], list[str]]
+"""The (rank, queue) groups a preemptor may take victims from, and the queues it reclaims from."""
 
 
 class VictimIndex:
@@ -154,12 +156,15 @@ class VictimIndex:
         if groups is None:
             self.view.materialize()
             groups = self._groups[cq] = {}
+            milli = self._milli
             for run in self.view.by_queue.get(cq, {}).values():
                 if run.preemptible:
                     group = groups.get(run.rank)
                     if group is None:
                         group = groups[run.rank] = []
+                        milli[(cq, run.rank)] = 0
                     group.append(run)
+                    milli[(cq, run.rank)] += run.device_milli
         return groups
 
     def _group(self, cq: str, rank: Rank) -> list[_Entry]:
@@ -175,11 +180,11 @@ class VictimIndex:
         return entries
 
     def search_order(
-        self, preemptor: Workload, cq: str, exclude: Set[str], by_rank: bool
+        self, preemptor: Workload, cq: str, exclude: Set[str], by_rank: bool, sources: Sources | None = None
     ) -> tuple[Iterator[Running], list[str]]:
         """`candidates()` as a stream: by (lost work, rank, id), or by (rank, lost work, id); and the
-        queues whose work would be reclaimed."""
-        groups, reclaim = self._sources(preemptor, cq)
+        queues whose work would be reclaimed. `sources`: `self.sources(preemptor, cq)` if known."""
+        groups, reclaim = sources or self.sources(preemptor, cq)
         alive = self.view.running
         merged: Iterator[_Entry]
         if by_rank:  # lowest rank first; within a rank, queues merged by lost work
@@ -189,19 +194,13 @@ class VictimIndex:
             merged = self._merged(groups, alive, exclude)
         return (entry[3] for entry in merged), reclaim
 
-    def most_freed(self, preemptor: Workload, cq: str) -> int:
-        """An upper bound on the compute (milli) all of `preemptor`'s candidates hold together (it
-        counts those gone or excluded since the cycle's groups were made)."""
+    def most_freed(self, sources: Sources) -> int:
+        """An upper bound on the compute (milli) all candidates of `sources` hold together (it counts
+        those gone or excluded since the cycle's groups were made)."""
         milli = self._milli
-        total = 0
-        for rank, q in self._sources(preemptor, cq)[0]:
-            held = milli.get((q, rank))
-            if held is None:
-                held = milli[(q, rank)] = sum(run.device_milli for run in self._ranks(q)[rank])
-            total += held
-        return total
+        return sum(milli[(q, rank)] for rank, q in sources[0])
 
-    def _sources(self, preemptor: Workload, cq: str) -> tuple[list[tuple[Rank, str]], list[str]]:
+    def sources(self, preemptor: Workload, cq: str) -> Sources:
         """The (rank, queue) groups `preemptor` may take victims from, and the queues it reclaims from."""
         view = self.view
         rank = view.classes.rank(preemptor)
@@ -242,9 +241,10 @@ def select_victims(
     """
     index = index or VictimIndex(view, now_s)
     need = preemptor.total_device_milli - free_milli(view, preemptor)
-    if index.most_freed(preemptor, cq) < need:
+    sources = index.sources(preemptor, cq)  # (the searches below leave quota as they found it)
+    if index.most_freed(sources) < need:
         return None  # no victim, nor all of them, frees enough: no placement would be tried
-    stream, reclaim_queues = index.search_order(preemptor, cq, exclude, by_rank=False)
+    stream, reclaim_queues = index.search_order(preemptor, cq, exclude, False, sources)
     singles = list(islice(stream, MAX_SINGLE_TRIALS))
     if not singles:
         return None
@@ -273,7 +273,7 @@ def select_victims(
         if gang is not None:
             return VictimSet((run,), reclaimed([run]), gang)
         view.attach(run)
-    found = index.search_order(preemptor, cq, exclude, by_rank=True)[0]  # consumed lazily
+    found = index.search_order(preemptor, cq, exclude, True, sources)[0]  # consumed lazily
     greedy = _greedy(found, need, view, fits, first)
     if greedy is None:
         return None
