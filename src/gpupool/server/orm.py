@@ -135,7 +135,7 @@ class PodRow(Base):
     """One pod of one attempt of a workload; written before the provider is asked to launch it."""
 
     __tablename__ = "pods"
-    __table_args__ = (Index("ix_pods_status", "status"),)
+    __table_args__ = (Index("ix_pods_status", "status"), Index("ix_pods_finished_s", "finished_s"))
 
     id: Mapped[str] = mapped_column(String(ID_LENGTH), primary_key=True)
     workload_id: Mapped[str] = mapped_column(
@@ -153,6 +153,9 @@ class PodRow(Base):
     message: Mapped[str] = mapped_column(String(1024), default="")
     created_s: Mapped[float] = mapped_column(Float)
     finished_s: Mapped[float | None] = mapped_column(Float, nullable=True)
+    started_s: Mapped[float | None] = mapped_column(Float, nullable=True)
+    """When the provider started it (NULL: never started); its slices are metered from then to
+    `finished_s` (or now, while it runs)."""
 
 
 class EventRow(Base):

@@ -71,6 +71,8 @@ class Reconciler:
                     adopted += 1
                     if pod.status == PodState.LAUNCHING.value:
                         pod.status = PodState.RUNNING.value
+                    if pod.started_s is None:  # launched just before the stop: metered from its start
+                        pod.started_s = _within(known[pod.id].started_at_s, pod.created_s, now)
                     if row.status in (WorkloadStatus.ADMITTED.value, WorkloadStatus.RUNNING.value):
                         row.started_s = row.started_s or now
                         transition(session, row, WorkloadStatus.RUNNING.value, EventReason.ADOPTED,
@@ -97,8 +99,10 @@ class Reconciler:
             for pod in session.scalars(select(PodRow).where(PodRow.status == PodState.STOPPING.value)):
                 if pod.id in known and not known[pod.id].phase.is_final:
                     to_stop.append(pod.id)  # asked to stop before the restart: ask again
-                else:
-                    _settle(pod, known.get(pod.id), now)
+                else:  # it ended while the server was down: its interval closes when it ended
+                    status = known.get(pod.id)
+                    _settle(pod, status, _within(status.finished_at_s if status else None,
+                                                 pod.started_s or pod.created_s, now))
         for pod_id in to_stop:
             self.rt.provider.stop(pod_id, grace_s=0)
         if adopted or lost:
@@ -241,6 +245,11 @@ def _worked_s(started_s: float | None, progress_s: float | None, now: float) -> 
     if started_s is None:
         return None
     return max(0.0, now - started_s) + (progress_s or 0.0)
+
+
+def _within(at_s: float | None, low: float, high: float) -> float:
+    """A time the provider reported, kept within what the store knows (`high` when none)."""
+    return high if at_s is None else min(max(at_s, low), high)
 
 
 def _settle(pod: PodRow, status: PodStatus | None, now: float) -> None:

@@ -16,7 +16,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, assert_never
 
-from sqlalchemy import Connection, Row, bindparam, insert, select, update
+from sqlalchemy import Connection, Row, bindparam, case, insert, select, update
 from sqlalchemy.orm import Session
 
 from gpupool.core.model import (
@@ -576,8 +576,10 @@ class Scheduler:
             conn = session.connection()
             if started:
                 conn.execute(
-                    update(PodRow).where(PodRow.id.in_(started), PodRow.status == PodState.LAUNCHING.value)
-                    .values(status=PodState.RUNNING.value)
+                    # metered from now, even a pod stopped (cancelled) while it was being launched
+                    update(PodRow).where(PodRow.id.in_(started), PodRow.started_s.is_(None))
+                    .values(status=case((PodRow.status == PodState.LAUNCHING.value, PodState.RUNNING.value),
+                                        else_=PodRow.status), started_s=now)
                 )
             states = _states(conn, sorted({launch.workload_id for launch in launches}), with_spec=False)
             moves: list[Move] = []
