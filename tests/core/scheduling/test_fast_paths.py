@@ -103,9 +103,10 @@ def test_drf_keeps_the_sorted_queue_across_cycles_in_the_order_a_full_sort_gives
         listed = list(pending.values())
         book = memo.setdefault("book", _Book())
         book.update(listed, classes.rank, demand_of)
-        kept = [(band, tenant, *key, w) for band in sorted(book.bands)
-                for tenant in sorted(book.bands[band])
-                for key, w in zip(book.bands[band][tenant].keys, book.bands[band][tenant].workloads, strict=True)]
+        queues = [(band, tenant, book.bands[band][tenant]) for band in sorted(book.bands)
+                  for tenant in sorted(book.bands[band])]
+        kept = [(band, tenant, *key, w) for band, tenant, queue in queues
+                for key, w in zip(queue.keys, queue.workloads, strict=True)]
         full = sorted((-classes.rank(w)[0], w.tenant, -classes.rank(w)[1], w.submit_time_s, w.id, w)
                       for w in listed)
         assert kept == full

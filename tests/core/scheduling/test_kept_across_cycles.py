@@ -13,9 +13,9 @@ from hypothesis import strategies as st
 
 from factories import cluster
 from gpupool.core.model import PodRequest, Workload
+from gpupool.core.priority import PriorityClasses
 from gpupool.core.scheduling import backfill, cycle
 from gpupool.core.scheduling.cycle import Policies, cycle_on
-from gpupool.core.priority import PriorityClasses
 from gpupool.core.scheduling.gang import place_gang, release_gang
 from gpupool.core.scheduling.ordering.base import OrderingContext, demand_of
 from gpupool.core.scheduling.ordering.drf import Drf, dominant_share
