@@ -27,6 +27,7 @@ from gpupool.server.schemas.audit import AuditOut
 from gpupool.server.schemas.common import Health
 from gpupool.server.schemas.nodes import NodeOut, PoolSummary
 from gpupool.server.schemas.tenants import QueueOut, TenantOut, TokenInfo, TokenOut
+from gpupool.server.schemas.usage import UsageOut
 from gpupool.server.schemas.workloads import (
     ArrayCancelled,
     EventOut,
@@ -313,6 +314,16 @@ class Client:
         if since_s is not None:
             params["since_s"] = since_s
         return self._many(AuditOut, "GET", "/audit", params=params)
+
+    def usage(self, *, tenant: str | None = None, since_s: float | None = None, until_s: float | None = None,
+              by: Sequence[str] = ("tenant",)) -> UsageOut:
+        """Metered usage and its cost in [since_s, until_s) (default: the last 30 days), grouped by
+        `by` (tenant, queue, model, priority_class, node, day); a tenant token sees only its own."""
+        params: dict[str, Any] = {"by": ",".join(by)}
+        for key, value in (("tenant", tenant), ("since_s", since_s), ("until_s", until_s)):
+            if value is not None:
+                params[key] = value
+        return self._one(UsageOut, "GET", "/usage", params=params)
 
 
 def _list_params(status: Sequence[str], tenant: str | Sequence[str] | None,

@@ -31,6 +31,7 @@ from gpupool.core.quota import (
 from gpupool.core.scheduling.cycle import Policies
 from gpupool.core.units import MILLI, parse_memory_mib
 from gpupool.errors import InvalidInput, did_you_mean
+from gpupool.prices import PricesConfig
 
 CONFIG_ENV = "GPUPOOL_CONFIG"
 _UNITS_S = {"": 1.0, "ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
@@ -183,6 +184,8 @@ class PoolConfig(_Strict):
     overcommit: OvercommitSection = Field(default_factory=lambda: OvercommitSection.model_validate({}))
     failure: FailureConfig = Field(default_factory=lambda: FailureConfig.model_validate({}))
     defaults: DefaultsConfig = Field(default_factory=lambda: DefaultsConfig.model_validate({}))
+    prices: PricesConfig = Field(default_factory=lambda: PricesConfig.model_validate({}))
+    """The price book `gpupool usage` and `invoice` bill with (gpupool/prices.py)."""
 
     @field_validator("priority_classes")
     @classmethod

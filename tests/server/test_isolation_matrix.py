@@ -111,6 +111,8 @@ EXPECTED: dict[tuple[str, str], Expectation] = {
     # Audit, configuration
     ("GET", "/audit"): Admin(),
     ("GET", "/config"): Admin(),
+    # Usage and chargeback
+    ("GET", "/usage"): Readable(probe={"tenant": "tenant"}),
 }
 
 

@@ -35,6 +35,8 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
     "wait": ("gpupool.cli.wait", "wait", "Wait for a workload; exit 0 when it succeeded."),
     "top": ("gpupool.cli.top", "top", "A live view of the pool."),
     "audit": ("gpupool.cli.audit", "audit", "Show the audit log: admin actions, refused logins (admin)."),
+    "usage": ("gpupool.cli.usage", "usage", "Show metered usage and its cost (pooled and dedicated)."),
+    "invoice": ("gpupool.cli.usage", "invoice", "Bill one tenant for one month."),
     "completion": ("gpupool.cli.completion", "completion", "Print the shell completion script."),
 }
 

@@ -1,0 +1,143 @@
+"""`gpupool usage` and `gpupool invoice`: metered slice-hours, their cost, and the dedicated-device cost."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import re
+import time
+from datetime import UTC, date, datetime
+from typing import Annotated, Any
+
+import typer
+
+from gpupool.cli._common import client, console, reports_errors
+from gpupool.errors import InvalidInput
+
+_AGO = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([hdw])\s*$")
+_UNITS_S = {"h": 3600.0, "d": 86400.0, "w": 7 * 86400.0}
+_MONTH = re.compile(r"^(\d{4})-(0[1-9]|1[0-2])$")
+_NUMBERS = ("pods", "device_hours", "memory_gib_hours", "cost", "dedicated_cost", "saving")
+INVOICE_BY = ("queue", "model", "priority_class")
+
+
+def point_s(text: str, flag: str, now_s: float | None = None) -> float:
+    """Epoch seconds of `text`: a span back from now (12h, 7d, 2w) or a UTC date or date-time."""
+    now_s = time.time() if now_s is None else now_s
+    match = _AGO.match(text.lower())
+    if match:
+        return now_s - float(match.group(1)) * _UNITS_S[match.group(2)]
+    try:
+        parsed = datetime.fromisoformat(text.strip())
+    except ValueError:
+        raise InvalidInput(f"{flag} takes a span back from now (12h, 7d) or a UTC date such as 2026-12-01 "
+                           f"or 2026-12-01T08:00, got {text!r}.") from None
+    return (parsed if parsed.tzinfo else parsed.replace(tzinfo=UTC)).timestamp()
+
+
+def month_window(text: str) -> tuple[float, float]:
+    """'2026-12' -> [its first UTC midnight, the next month's)."""
+    match = _MONTH.match(text.strip())
+    if match is None:
+        raise InvalidInput(f"--month takes a month such as 2026-12, got {text!r}.")
+    year, month = int(match.group(1)), int(match.group(2))
+    start = datetime.combine(date(year, month, 1), datetime.min.time(), UTC)
+    end = datetime.combine(date(year + month // 12, month % 12 + 1, 1), datetime.min.time(), UTC)
+    return start.timestamp(), end.timestamp()
+
+
+def _rows(answer: Any) -> list[dict[str, Any]]:
+    """Each row with its grouping keys (those asked for) and the figures."""
+    return [{**{k: getattr(r, k) for k in answer.by}, "simulated": r.simulated,
+             **{k: getattr(r, k) for k in _NUMBERS}, "priced": r.priced} for r in answer.rows]
+
+
+def _print(answer: Any, fmt: str, title: str) -> None:
+    rows = _rows(answer)
+    if fmt == "json":
+        typer.echo(json.dumps(rows, indent=2))
+        return
+    if fmt == "csv":
+        out = io.StringIO()
+        columns = [*answer.by, "simulated", *_NUMBERS, "priced"]
+        writer = csv.DictWriter(out, fieldnames=columns, lineterminator="\n")
+        writer.writeheader()
+        writer.writerows(rows)
+        typer.echo(out.getvalue(), nl=False)
+        return
+    from rich.table import Table
+
+    table = Table(title=title)
+    for column in [*answer.by, "SIM", "PODS", "DEVICE-H", "MEM GiB-H", f"COST {answer.currency}",
+                   f"DEDICATED {answer.currency}", "SAVING"]:
+        table.add_column(column.upper(), justify="left" if column in answer.by else "right")
+    for row, r in zip(rows, answer.rows, strict=True):
+        mark = "" if r.priced else " *"
+        table.add_row(*[str(row[k]) for k in answer.by], "yes" if r.simulated else "", str(r.pods),
+                      f"{r.device_hours:.3f}", f"{r.memory_gib_hours:.1f}", f"{r.cost:.2f}{mark}",
+                      f"{r.dedicated_cost:.2f}", f"{r.saving:.2f}")
+    t = answer.total
+    label = ["TOTAL"] + [""] * (len(answer.by) - 1) if answer.by else []
+    table.add_row(*label, "", str(t.pods), f"{t.device_hours:.3f}", f"{t.memory_gib_hours:.1f}",
+                  f"{t.cost:.2f}", f"{t.dedicated_cost:.2f}", f"{t.saving:.2f}")
+    console().print(table)
+    if not t.priced:
+        console().print("* some usage is of a device model with no price in the price book (costed 0).")
+
+
+def _format(as_json: bool, as_csv: bool) -> str:
+    if as_json and as_csv:
+        raise InvalidInput("Give --json or --csv, not both.")
+    return "json" if as_json else "csv" if as_csv else "table"
+
+
+@reports_errors
+def usage(
+    tenant: Annotated[str | None, typer.Option(
+        "--tenant", help="Only this tenant (a tenant token: itself).")] = None,
+    since: Annotated[str | None, typer.Option("--since", help="7d, 12h, or a UTC date such as 2026-12-01; "
+                                                               "default 30 days before --until.")] = None,
+    until: Annotated[str | None, typer.Option("--until", help="Same forms; default now.")] = None,
+    by: Annotated[str, typer.Option("--by", help="Group by any of tenant, queue, model, priority_class, "
+                                                 "node, day (comma-separated).")] = "tenant",
+    as_json: Annotated[bool, typer.Option("--json", help="A JSON list of rows.")] = False,
+    as_csv: Annotated[bool, typer.Option("--csv", help="CSV with a header row.")] = False,
+) -> None:
+    """Show metered usage: device-hours, memory GiB-hours, cost, and the cost on dedicated devices.
+
+    Example: gpupool usage --since 2026-12-01 --by tenant,model --csv
+    """
+    fmt = _format(as_json, as_csv)
+    now = time.time()
+    until_s = None if until is None else point_s(until, "--until", now)
+    since_s = None if since is None else point_s(since, "--since", now)
+    keys = [k.strip() for k in by.split(",") if k.strip()]
+    with client() as pool:
+        answer = pool.usage(tenant=tenant, since_s=since_s, until_s=until_s, by=keys)
+    _print(answer, fmt, f"Usage {_span(answer.since_s, answer.until_s)}")
+
+
+@reports_errors
+def invoice(
+    tenant: Annotated[str, typer.Option("--tenant", help="The tenant billed.")],
+    month: Annotated[str, typer.Option("--month", help="The month billed (UTC), such as 2026-12.")],
+    as_csv: Annotated[bool, typer.Option("--csv", help="CSV with a header row.")] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="A JSON list of lines.")] = False,
+) -> None:
+    """Bill one tenant for one month: a line per queue, device model and priority class, and the total.
+
+    Example: gpupool invoice --tenant vision --month 2026-12 --csv
+    """
+    fmt = _format(as_json, as_csv)
+    since_s, until_s = month_window(month)
+    with client() as pool:
+        answer = pool.usage(tenant=tenant, since_s=since_s, until_s=until_s, by=INVOICE_BY)
+    _print(answer, fmt, f"Invoice for {tenant}, {month} (UTC), in {answer.currency}")
+
+
+def _span(since_s: float, until_s: float) -> str:
+    def fmt(at: float) -> str:
+        return datetime.fromtimestamp(at, UTC).strftime("%Y-%m-%d %H:%M")
+
+    return f"{fmt(since_s)} to {fmt(until_s)} UTC"

@@ -1,0 +1,116 @@
+"""Usage and chargeback from the pod rows: each pod attempt's held slices from `started_s` to
+`finished_s` (or now while it runs), aggregated and priced by `core.metering`.
+
+The pods table is the meter: an interval is durable as soon as the pod's start is committed, and
+recovery closes the intervals of pods that ended while the server was down, so a crash loses none.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+from sqlalchemy import or_, select
+
+from gpupool.core.metering import HeldSlice, PodInterval, UsageKey, UsageRow, aggregate, totals
+from gpupool.core.model import Device, Node
+from gpupool.errors import InvalidInput
+from gpupool.server.auth import Principal
+from gpupool.server.orm import PodRow, WorkloadRow
+from gpupool.server.runtime import Runtime
+from gpupool.server.schemas.usage import UsageOut, UsageRowOut
+from gpupool.server.services.specs import default_priority_class
+
+UNKNOWN_MODEL = "unknown"
+"""The model of a slice on a device the pool no longer lists (its node left)."""
+MAX_WINDOW_S = 400 * 86_400.0
+
+
+def device_map(nodes: Iterable[Node]) -> dict[tuple[str, int], Device]:
+    """(node, device index) -> the device, as pods' slices name them."""
+    return {(n.name, slot): d for n in nodes for slot, d in enumerate(n.devices)}
+
+
+Devices = dict[tuple[str, int], Device]
+
+
+def held(node: str, slices: Sequence[dict[str, int]], devices: Devices) -> tuple[HeldSlice, ...]:
+    """A pod row's slices with their device's model, memory and simulated mark."""
+    out = []
+    for s in slices:
+        device = devices.get((node, s["device_index"]))
+        if device is None:
+            out.append(HeldSlice(UNKNOWN_MODEL, s["compute_milli"], s["memory_mib"]))
+        else:
+            out.append(HeldSlice(device.model, s["compute_milli"], s["memory_mib"],
+                                 max(device.memory_mib, 0), device.simulated))
+    return tuple(out)
+
+
+def intervals(rt: Runtime, since_s: float, until_s: float, tenant: str | None) -> list[PodInterval]:
+    """Every pod interval that overlaps [since_s, until_s) (of `tenant`'s workloads when given)."""
+    now = rt.clock()
+    default_class = default_priority_class(rt.config.priority_classes) or ""
+    devices = device_map(rt.nodes())
+    query = (select(PodRow.id, PodRow.node, PodRow.slices, PodRow.started_s, PodRow.finished_s,
+                    WorkloadRow.tenant, WorkloadRow.queue, WorkloadRow.spec)
+             .join(WorkloadRow, WorkloadRow.id == PodRow.workload_id)
+             .where(PodRow.started_s.is_not(None), PodRow.started_s < until_s,
+                    or_(PodRow.finished_s.is_(None), PodRow.finished_s > since_s)))
+    if tenant is not None:
+        query = query.where(WorkloadRow.tenant == tenant)
+    with rt.store.read() as session:
+        rows = session.execute(query).all()
+    return [_interval(r, devices, now, default_class) for r in rows]
+
+
+def _interval(row: Any, devices: Devices, now: float, default_class: str) -> PodInterval:
+    end = row.finished_s if row.finished_s is not None else max(now, row.started_s)
+    return PodInterval(row.id, row.tenant, row.queue, str(row.spec.get("priority_class") or default_class),
+                       row.node, row.started_s, max(end, row.started_s), held(row.node, row.slices, devices))
+
+
+def parse_by(text: str) -> list[UsageKey]:
+    """'tenant,model' -> the keys; InvalidInput naming the allowed ones for anything else."""
+    keys: list[UsageKey] = []
+    for part in (p.strip() for p in text.split(",") if p.strip()):
+        try:
+            key = UsageKey(part)
+        except ValueError:
+            allowed = ", ".join(k.value for k in UsageKey)
+            raise InvalidInput(f"Cannot group usage by {part!r}; use a comma-separated list of {allowed}.",
+                               field="by") from None
+        if key not in keys:
+            keys.append(key)
+    return keys
+
+
+def usage(rt: Runtime, who: Principal, *, tenant: str | None, since_s: float | None, until_s: float | None,
+          by: str) -> UsageOut:
+    """Usage and cost in [since_s, until_s) (default: the last 30 days to now), grouped by `by`; a
+    tenant token sees only its own tenant's (naming another is Forbidden)."""
+    scope = who.tenant_for(tenant) if not who.is_admin else tenant
+    until = rt.clock() if until_s is None else until_s
+    since = until - 30 * 86_400.0 if since_s is None else since_s
+    if not since < until:
+        raise InvalidInput("The usage window is empty: --since must be before --until.", field="since_s")
+    if until - since > MAX_WINDOW_S:
+        raise InvalidInput("The usage window is longer than 400 days; ask for a shorter one.",
+                           field="since_s")
+    keys = parse_by(by)
+    book = rt.config.prices.price_book()
+    rows = aggregate(intervals(rt, since, until, scope), book, keys, since, until)
+    return UsageOut(since_s=since, until_s=until, by=[k.value for k in keys], currency=book.currency,
+                    rows=[row_out(r) for r in rows], total=row_out(totals(rows)))
+
+
+def row_out(row: UsageRow) -> UsageRowOut:
+    return UsageRowOut(**row.keys, simulated=row.simulated, pods=len(row.pods),
+                       device_hours=_round(row.device_hours), memory_gib_hours=_round(row.memory_gib_hours),
+                       cost=_round(row.cost), dedicated_cost=_round(row.dedicated_cost),
+                       saving=_round(row.dedicated_cost - row.cost), priced=row.priced)
+
+
+def _round(value: float) -> float:
+    return 0.0 if not math.isfinite(value) else round(value, 6)

@@ -1,0 +1,165 @@
+"""Usage and invoices end to end: pod rows -> GET /usage -> `gpupool usage` / `gpupool invoice`, under a
+versioned price book, with tenant isolation; and a pod run by the live loop is metered."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import time
+from collections.abc import Iterator
+from datetime import UTC, datetime
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from factories import node
+from gpupool.cli.lazy import app
+from gpupool.client import Client
+from gpupool.config import parse_config
+from gpupool.server.orm import PodRow, WorkloadRow
+from live import LiveServer, live_server
+from server.fakes import ManualProvider
+
+runner = CliRunner()
+GIB = 1024
+PRICES = """
+prices:
+  versions:
+    - effective_from: 2026-11-01
+      devices: {H100: 2.0}
+    - effective_from: 2026-12-01
+      devices: {H100: 4.0}
+      priority_classes: {best-effort: 0.5}
+"""
+
+
+def at(text: str) -> float:
+    return datetime.fromisoformat(text).replace(tzinfo=UTC).timestamp()
+
+
+@pytest.fixture
+def srv(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[LiveServer]:
+    provider = ManualProvider([node("n0", devices=4, model="H100", device_memory_mib=80 * GIB)])
+    with live_server(tmp_path, provider, config=parse_config(PRICES)) as server:
+        monkeypatch.setenv("GPUPOOL_URL", server.url)
+        monkeypatch.setenv("GPUPOOL_TOKEN", server.admin_token)
+        monkeypatch.setenv("COLUMNS", "200")
+        with Client(server.url, server.admin_token) as pool:
+            pool.create_tenant("team-a")
+            pool.create_tenant("team-b")
+        yield server
+
+
+def _pod(server: LiveServer, tenant: str, pod_id: str, device: int, compute: int, memory_gib: int,
+         start: float | None, end: float | None, cls: str = "normal") -> None:
+    """A finished (or, with `end` None, running) pod of its own workload, written to the store."""
+    with server.rt.store.write() as session:
+        session.add(WorkloadRow(id=pod_id, name=pod_id, tenant=tenant, queue="default", status="succeeded",
+                                priority=0, device_milli=compute,
+                                spec={"command": ["true"], "priority_class": cls},
+                                attempt=1, submit_s=start or 0.0))
+        session.flush()
+        session.add(PodRow(id=f"{pod_id}-a1-r0", workload_id=pod_id, attempt=1, name="r0", rank=0,
+                           status="succeeded" if end else "running", node="n0",
+                           slices=[{"device_index": device, "compute_milli": compute,
+                                    "memory_mib": memory_gib * GIB}],
+                           cpu_milli=0, memory_mib=0, created_s=(start or at("2026-12-02T00:00")) - 5,
+                           started_s=start, finished_s=end))
+
+
+def _history(server: LiveServer) -> None:
+    # across the month boundary and the price change: 1 h in November, 1 h in December
+    _pod(server, "team-a", "a1", 0, 250, 20, at("2026-11-30T23:00"), at("2026-12-01T01:00"))
+    # a whole device for 2 h at the best-effort multiplier
+    _pod(server, "team-a", "a2", 1, 1000, 80, at("2026-12-10T00:00"), at("2026-12-10T02:00"),
+         cls="best-effort")
+    # waited, then stopped before it started: never metered
+    _pod(server, "team-a", "a3", 2, 1000, 80, None, at("2026-12-11T00:00"))
+    # a quarter of the compute but half the memory: priced as half a device
+    _pod(server, "team-b", "b1", 3, 250, 40, at("2026-12-05T00:00"), at("2026-12-05T04:00"))
+
+
+def gp(*args: str) -> tuple[int, str, str]:
+    result = runner.invoke(app, list(args))
+    return result.exit_code, result.stdout, result.stderr
+
+
+def test_invoice_bills_the_month_with_the_prices_in_force(srv: LiveServer) -> None:
+    _history(srv)
+    code, out, err = gp("invoice", "--tenant", "team-a", "--month", "2026-12", "--json")
+    assert code == 0, err
+    lines = {(r["queue"], r["model"], r["priority_class"]): r for r in json.loads(out)}
+    assert set(lines) == {("default", "H100", "normal"), ("default", "H100", "best-effort")}
+    normal, cheap = lines[("default", "H100", "normal")], lines[("default", "H100", "best-effort")]
+    assert normal["device_hours"] == pytest.approx(0.25) and normal["cost"] == pytest.approx(1.0)
+    assert normal["dedicated_cost"] == pytest.approx(4.0)
+    assert cheap["device_hours"] == pytest.approx(2.0) and cheap["cost"] == pytest.approx(4.0)
+    assert cheap["memory_gib_hours"] == pytest.approx(160.0)
+    code, out, _ = gp("invoice", "--tenant", "team-a", "--month", "2026-11", "--csv")
+    rows = list(csv.DictReader(io.StringIO(out)))
+    assert code == 0 and len(rows) == 1
+    assert float(rows[0]["cost"]) == pytest.approx(0.5)
+    assert float(rows[0]["device_hours"]) == pytest.approx(0.25)
+    code, out, _ = gp("invoice", "--tenant", "team-a", "--month", "2026-10", "--json")
+    assert (code, json.loads(out)) == (0, [])
+    code, _, err = gp("invoice", "--tenant", "team-a", "--month", "2026-13")
+    assert code == 2 and "--month takes a month such as 2026-12" in err and "Traceback" not in err
+
+
+def test_usage_groups_and_prices_memory_heavy_slices_by_their_memory(srv: LiveServer) -> None:
+    _history(srv)
+    code, out, err = gp("usage", "--since", "2026-11-01", "--until", "2026-12-31", "--by", "tenant,day",
+                        "--json")
+    assert code == 0, err
+    rows = {(r["tenant"], r["day"]): r for r in json.loads(out)}
+    assert set(rows) == {("team-a", "2026-11-30"), ("team-a", "2026-12-01"), ("team-a", "2026-12-10"),
+                         ("team-b", "2026-12-05")}
+    b = rows[("team-b", "2026-12-05")]
+    assert (b["device_hours"], b["cost"], b["dedicated_cost"], b["simulated"]) == (1.0, 8.0, 16.0, False)
+    assert b["saving"] == 8.0
+    code, out, _ = gp("usage", "--since", "2026-11-01", "--until", "2026-12-31")
+    assert code == 0 and "team-a" in out and "TOTAL" in out and "DEDICATED USD" in out
+    code, _, err = gp("usage", "--by", "colour")
+    assert code == 2 and "Cannot group usage by 'colour'" in err
+
+
+def test_a_tenant_sees_only_its_own_usage(srv: LiveServer, monkeypatch: pytest.MonkeyPatch) -> None:
+    _history(srv)
+    with Client(srv.url, srv.admin_token) as pool:
+        token = pool.create_token("team-b", "mine").token
+    monkeypatch.setenv("GPUPOOL_TOKEN", token)
+    code, out, err = gp("usage", "--since", "2026-11-01", "--until", "2026-12-31", "--json")
+    assert code == 0, err
+    assert [r["tenant"] for r in json.loads(out)] == ["team-b"]
+    code, out, err = gp("usage", "--tenant", "team-a", "--since", "2026-11-01", "--json")
+    assert code == 3 and out == "" and "cannot act for 'team-a'" in err
+    code, _, err = gp("invoice", "--tenant", "team-a", "--month", "2026-12")
+    assert code == 3
+
+
+def test_a_pod_the_loop_runs_is_metered_from_its_start(srv: LiveServer) -> None:
+    provider = srv.rt.provider
+    assert isinstance(provider, ManualProvider)
+    with Client(srv.url, srv.admin_token) as pool:
+        wid = pool.submit({"command": ["true"], "tenant": "team-a", "resources": {"gpus": 0.5}})
+        for _ in range(2000):
+            if provider.running():
+                break
+            srv.rt.wake.set()
+            time.sleep(0.01)
+        [pod_id] = provider.running()
+        provider.finish(pod_id)
+        done = pool.wait(wid, timeout_s=20)
+        assert done.status == "succeeded"
+        assert done.finished_s is not None
+        answer = pool.usage(tenant="team-a", since_s=done.submit_s - 1, until_s=done.finished_s + 1,
+                            by=["tenant", "model"])
+    with srv.rt.store.read() as session:
+        row = session.get(PodRow, pod_id)
+        assert row is not None and row.started_s is not None and row.finished_s is not None
+        held_s = row.finished_s - row.started_s
+    [usage] = answer.rows
+    assert (usage.tenant, usage.model, usage.pods) == ("team-a", "H100", 1)
+    assert usage.device_hours == pytest.approx(0.5 * held_s / 3600, abs=1e-6)
