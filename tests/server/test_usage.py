@@ -163,3 +163,37 @@ def test_a_pod_the_loop_runs_is_metered_from_its_start(srv: LiveServer) -> None:
     [usage] = answer.rows
     assert (usage.tenant, usage.model, usage.pods) == ("team-a", "H100", 1)
     assert usage.device_hours == pytest.approx(0.5 * held_s / 3600, abs=1e-6)
+
+
+def test_usage_counters_match_the_bill_and_only_grow(srv: LiveServer) -> None:
+    from prometheus_client import CollectorRegistry, generate_latest
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from gpupool.server.metrics_usage import UsageCollector
+
+    _history(srv)
+    _pod(srv, "team-b", "b2", 0, 500, 10, at("2026-12-20T00:00"), None)  # still running
+    clock = {"now": at("2026-12-20T01:00")}
+    srv.rt.clock = lambda: clock["now"]
+    registry = CollectorRegistry()
+    registry.register(UsageCollector(srv.rt))
+
+    def scrape() -> dict[tuple[str, str], float]:
+        text = generate_latest(registry).decode()
+        return {(s.labels["tenant"], s.name): s.value for f in text_string_to_metric_families(text)
+                for s in f.samples if s.name.endswith("_total")}
+
+    first = scrape()
+    assert first[("team-a", "gpupool_device_seconds_total")] == pytest.approx(0.25 * 7200 + 7200)
+    assert first[("team-b", "gpupool_device_seconds_total")] == pytest.approx(3600 + 0.5 * 3600)
+    memory = first[("team-b", "gpupool_device_memory_gib_seconds_total")]
+    assert memory == pytest.approx(40 * 14400 + 10 * 3600)
+    clock["now"] += 3600  # the running pod held its half device an hour more
+    second = scrape()
+    assert second[("team-b", "gpupool_device_seconds_total")] == pytest.approx(3600 + 0.5 * 7200)
+    assert all(second[k] >= v for k, v in first.items())
+    with Client(srv.url, srv.admin_token) as pool:
+        bill = pool.usage(since_s=at("2026-11-01"), until_s=clock["now"], by=["tenant"])
+    for row in bill.rows:
+        counted = second[(row.tenant or "", "gpupool_device_seconds_total")]
+        assert counted == pytest.approx(row.device_hours * 3600)

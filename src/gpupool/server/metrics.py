@@ -14,6 +14,7 @@ from sqlalchemy import func, select
 
 from gpupool.core.model import WorkloadStatus
 from gpupool.core.units import MILLI
+from gpupool.server.metrics_usage import UsageCollector
 from gpupool.server.orm import PodRow, WorkloadRow
 from gpupool.server.runtime import Runtime
 from gpupool.server.states import ACTIVE_POD_STATES
@@ -37,6 +38,7 @@ class Metrics:
             ["method", "route", "status"], buckets=_LATENCY_BUCKETS_S, registry=self.registry,
         )
         self.registry.register(PoolCollector(rt))
+        self.registry.register(UsageCollector(rt))
 
 
 class PoolCollector(Collector):
