@@ -49,6 +49,7 @@ def run_replay(
     tune_gc: bool = False,
     config: Any = None,
     overrides: frozenset[str] = frozenset(),
+    prices: Any = None,
 ) -> dict[str, Any]:
     """Build the replay from CLI-style options and run it (also used by the benchmarks).
 
@@ -58,6 +59,9 @@ def run_replay(
 
     `tune_gc` applies the long-running process settings of gpupool/gc_tuning.py once the trace is
     loaded; the `gpupool sim replay` command sets it (it changes the whole process's collector).
+
+    With `prices` (a gpupool.prices.PricesConfig), the result also has `cost`: per tenant, pooled
+    (slices at their share) and exclusive (whole devices), under that price book.
     """
     from gpupool.core.scheduling.cycle import Policies
     from gpupool.core.scheduling.ordering.base import make_ordering
@@ -90,7 +94,8 @@ def run_replay(
         from gpupool import gc_tuning
 
         gc_tuning.tune()  # the trace is loaded: freeze it
-    result = replay(ReplayConfig(tuple(nodes), tuple(jobs), policies, seed=seed))
+    book = prices.price_book() if prices is not None else None
+    result = replay(ReplayConfig(tuple(nodes), tuple(jobs), policies, seed=seed, prices=book))
     result["config"] = {
         "trace": trace,
         "nodes": str(nodes_csv) if nodes_csv else cluster,
@@ -102,6 +107,7 @@ def run_replay(
         "backfill": backfill,
         "exclusive": exclusive,
         "seed": seed,
+        "prices": prices.model_dump(mode="json") if prices is not None else None,
     }
     return result
 
@@ -131,6 +137,9 @@ def replay(
     config_file: Path | None = typer.Option(
         None, "--config", help="The pool's configuration (YAML, as `gpupool up` reads; see `gpupool config "
         "show`): placement, ordering, preemption, backfill, priority classes, queues; flags given here win."),
+    prices_file: Path | None = typer.Option(
+        None, "--prices", help="A price book (the `prices:` section of a pool configuration, or a file of "
+        "it alone): adds the cost per tenant, pooled and exclusive, to the JSON."),
 ) -> None:
     """Replay a trace over time: arrivals, completions, full admission + placement per event.
 
@@ -145,6 +154,13 @@ def replay(
             config = load_config(config_file)
             overrides = frozenset(name for name in ("ordering", "policy", "preemption", "backfill")
                                   if _from_command_line(ctx, name))
+        prices = None
+        if prices_file is not None:
+            from gpupool.prices import load_prices
+
+            prices = load_prices(prices_file)
+        elif config is not None and "prices" in config.model_fields_set:
+            prices = config.prices
         result = run_replay(
             nodes,
             cluster,
@@ -159,6 +175,7 @@ def replay(
             tune_gc=True,
             config=config,
             overrides=overrides,
+            prices=prices,
         )
         result["config"]["config_file"] = str(config_file) if config_file is not None else None
         json_out.parent.mkdir(parents=True, exist_ok=True)
@@ -198,6 +215,10 @@ def _print_summary(result: dict[str, Any]) -> None:
         ("fairness (Jain)", f"{result['fairness_jain']:.3f}"),
         ("wall (s)", f"{result['wall_s']:.1f}"),
     ]
+    if "cost" in result:
+        total, currency = result["cost"]["total"], result["cost"]["currency"]
+        rows.insert(-1, (f"cost pooled / exclusive ({currency})",
+                         f"{total['pooled_cost']:.2f} / {total['exclusive_cost']:.2f}"))
     for name, value in rows:
         table.add_row(name, value)
     Console().print(table)

@@ -17,6 +17,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from gpupool.core.metering import PriceBook
 from gpupool.core.model import Node, Workload, WorkloadInfo
 from gpupool.core.overcommit import device_slowdown
 from gpupool.core.scheduling.backfill import RuntimeEstimator
@@ -24,6 +25,7 @@ from gpupool.core.scheduling.cycle import CycleResult, EventKind, Policies, cycl
 from gpupool.core.scheduling.ordering.base import make_ordering
 from gpupool.core.scheduling.preemption import checkpoint_split
 from gpupool.core.scheduling.view import ClusterView
+from gpupool.sim.cost import CostMeter
 from gpupool.sim.engine import EventLoop
 from gpupool.sim.jobs import TraceJob
 from gpupool.sim.metrics import ReplayMetrics
@@ -50,6 +52,8 @@ class ReplayConfig:
     failures: tuple[NodeFailure, ...] = ()
     check_invariants: bool = False
     timeline_points: int = 400
+    prices: PriceBook | None = None
+    """With a price book, the result has `cost`: per tenant, pooled vs exclusive (sim/cost.py)."""
 
 
 @dataclass(slots=True)
@@ -94,6 +98,7 @@ class Replay:
         )
         self.blocked = False
         self.cycle_s = 0.0
+        self.meter = CostMeter(config.nodes) if config.prices is not None else None
 
     # ------------------------------------------------------------------ driving
 
@@ -112,6 +117,9 @@ class Replay:
         result["cycles"] = self.cycles
         result["cycle_ms_mean"] = 1000.0 * self.cycle_s / max(self.cycles, 1)
         result["unfinished"] = len(self.pending)
+        if self.meter is not None and self.config.prices is not None:
+            self.meter.close_all(self.loop.clock.now_s)
+            result["cost"] = self.meter.report(self.config.prices)
         result["wall_s"] = time.perf_counter() - started
         return result
 
@@ -187,6 +195,8 @@ class Replay:
             self.metrics.started(job.job, now_s)
         run = self.view.running[wid]
         job.devices = [(a.node, d) for _, a in run.allocs for d in a.devices]
+        if self.meter is not None:
+            self.meter.start(job.job.workload, run.allocs, now_s)
         if self.policies.overcommit is not None:
             self._track_devices(job, run, add=True)
         else:
@@ -198,6 +208,8 @@ class Replay:
         self._progress(job, now_s)
         self.view.remove(wid)
         self._release_devices(job, now_s)
+        if self.meter is not None:
+            self.meter.stop(wid, now_s)
         self.estimator.observe(job.job.workload, job.job.duration_s, job.estimate_s)
         self.metrics.finished(job.job, now_s, job.first_start_s or now_s)
 
@@ -217,6 +229,8 @@ class Replay:
         job.remaining_s = job.job.duration_s - kept
         job.run_start_s = None
         self._release_devices(job, now_s)
+        if self.meter is not None:
+            self.meter.stop(wid, now_s)
         self.metrics.stopped(kind, lost * job.job.workload.total_device_milli / 1000)
         self.view.info[wid] = WorkloadInfo(
             attained_service_s=job.attained_device_s, progress_s=kept, runtime_estimate_s=job.estimate_s
