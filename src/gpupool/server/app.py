@@ -11,12 +11,12 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 import gpupool
 from gpupool.errors import Forbidden
-from gpupool.server import apidocs, http_errors
+from gpupool.server import apidocs, http_errors, ui
 from gpupool.server.auth import Scope
 from gpupool.server.fastpath import SubmitFastPath
 from gpupool.server.loops.control import ControlLoop
 from gpupool.server.metrics import Metrics, RequestTimer
-from gpupool.server.routers import audit, config, health, nodes, tenants, usage, workloads
+from gpupool.server.routers import audit, config, health, nodes, session, tenants, usage, workloads
 from gpupool.server.runtime import Runtime
 from gpupool.server.services import node_faults
 from gpupool.server.services.submit_writer import SubmitWriter
@@ -58,10 +58,11 @@ def create_app(rt: Runtime, *, run_loop: bool = True) -> FastAPI:
     app.state.submit_writer = writer
     http_errors.install(app)
     for router in (health.router, workloads.router, nodes.router, tenants.router, audit.router,
-                   config.router, usage.router):
+                   config.router, session.router, usage.router):
         app.include_router(router, prefix=API_PREFIX)
     app.include_router(health.router, include_in_schema=False)  # /health at the root too
     apidocs.install(app, f"{API_PREFIX}/openapi.json")
+    ui.install(app)  # the dashboard at / and /ui/, a client of the routes above
 
     @app.get("/metrics", include_in_schema=False)
     def prometheus(request: Request) -> Response:

@@ -1,0 +1,52 @@
+// The one way the dashboard talks to the server: /api/v1 with the token from this tab's
+// sessionStorage as a bearer header. The token never goes into a URL.
+
+const KEY = "gpupool.token";
+
+export class ApiError extends Error {
+  constructor(status, message) {
+    super(message);
+    this.status = status;
+  }
+}
+
+export const session = {
+  token() { return sessionStorage.getItem(KEY) || ""; },
+  set(token) { sessionStorage.setItem(KEY, token); },
+  clear() { sessionStorage.removeItem(KEY); },
+};
+
+/** GET /api/v1/<path> with query `params` (arrays repeat the key); the parsed JSON, or ApiError. */
+export async function get(path, params) {
+  const query = new URLSearchParams();
+  for (const [key, value] of Object.entries(params || {})) {
+    if (value === null || value === undefined || value === "") continue;
+    for (const one of Array.isArray(value) ? value : [value]) query.append(key, String(one));
+  }
+  const url = "/api/v1/" + path + (query.toString() ? "?" + query : "");
+  let answer;
+  try {
+    answer = await fetch(url, { headers: { Authorization: "Bearer " + session.token() }, cache: "no-store" });
+  } catch (err) {
+    throw new ApiError(0, "The server does not answer; retrying.");
+  }
+  if (!answer.ok) {
+    let message = "The server answered " + answer.status + ".";
+    try { message = (await answer.json()).message || message; } catch (err) { /* not JSON */ }
+    throw new ApiError(answer.status, message);
+  }
+  return answer.json();
+}
+
+/** Every item of a paged workload listing (up to `most`), fetched a page of 1000 at a time. */
+export async function allWorkloads(params, most) {
+  const items = [];
+  let total = 0;
+  for (let offset = 0; offset < most; offset += 1000) {
+    const page = await get("workloads", { ...params, limit: Math.min(1000, most - offset), offset });
+    items.push(...page.items);
+    total = page.total;
+    if (items.length >= total || !page.items.length) break;
+  }
+  return { items, total };
+}

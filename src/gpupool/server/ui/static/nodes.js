@@ -1,0 +1,122 @@
+// Nodes: every device drawn as its slices (compute and memory), coloured by tenant; health,
+// state and the simulated marker. A tenant sees its own slices by tenant and the rest as "others".
+
+import { allWorkloads, get } from "./api.js";
+import { bar, h, mib, replace, tenantClass, update } from "./dom.js";
+
+const PAGE_NODES = 100;
+const MOST_PODS_LISTED = 20000;
+const HOLDING = ["launching", "waiting", "running"]; // pods that hold their slices (server/states.py)
+
+export function title() { return "Nodes"; }
+
+export function mount(root, ctx) {
+  const state = { filter: "", onlyUnhealthy: false, shown: PAGE_NODES };
+  const summary = h("p", { class: "summary", "aria-live": "polite" });
+  const legend = h("div", { class: "legend-wrap" });
+  const list = h("div", { class: "nodes" });
+  const more = h("button", { type: "button", hidden: true, onclick: () => { state.shown += PAGE_NODES; rerun(); } }, "Show more nodes");
+  const filter = h("input", { id: "node-filter", type: "search", autocomplete: "off",
+    oninput: () => { state.filter = filter.value.trim(); state.shown = PAGE_NODES; rerun(); } });
+  const unhealthy = h("input", { id: "node-unhealthy", type: "checkbox",
+    onchange: () => { state.onlyUnhealthy = unhealthy.checked; state.shown = PAGE_NODES; rerun(); } });
+  root.append(h("h1", {}, "Nodes"),
+    h("div", { class: "filters" },
+      h("label", { for: "node-filter" }, "Node name contains"), filter,
+      h("label", { class: "check" }, unhealthy, " only nodes that are not ready")),
+    summary, legend, list, more);
+  let last = null;
+  const rerun = () => { if (last) draw(last); };
+
+  function draw(data) {
+    last = data;
+    const { nodes, holders } = data;
+    const chosen = nodes.filter((n) => n.name.includes(state.filter) && (!state.onlyUnhealthy || n.state !== "ready"));
+    const shown = chosen.slice(0, state.shown);
+    const devices = nodes.reduce((sum, n) => sum + n.devices.length, 0);
+    const down = nodes.filter((n) => !n.healthy).length;
+    summary.textContent = `${nodes.length} nodes, ${devices} devices, ${down} unhealthy; showing ${shown.length} of ${chosen.length}.`;
+    const tenants = [...new Set(Object.values(holders).flat().map((p) => p.tenant))].sort();
+    update(legend, tenants, () => h("ul", { class: "legend", "aria-label": "Colours" },
+      tenants.map((t) => h("li", {}, h("span", { class: "swatch " + tenantClass(t), "aria-hidden": "true" }), t)),
+      ctx.me.admin ? "" : h("li", {}, h("span", { class: "swatch others", "aria-hidden": "true" }), "other tenants"),
+      h("li", {}, h("span", { class: "swatch free", "aria-hidden": "true" }), "free")));
+    // keep one card per node; rebuild a card only when what it shows changed
+    const cards = new Map([...list.children].map((c) => [c.dataset.node, c]));
+    const wanted = [];
+    for (const node of shown) {
+      const mine = node.devices.map((d) => holders[`${node.name}/${d.index}`] || []);
+      let card = cards.get(node.name);
+      if (!card) { card = h("article", { class: "node", "data-node": node.name }); }
+      if (update(card, [node, mine], () => nodeCard(node, mine, ctx.me.admin))) card.classList.toggle("down", !node.healthy);
+      wanted.push(card);
+    }
+    if (wanted.length !== list.children.length || wanted.some((c, i) => list.children[i] !== c)) replace(list, wanted);
+    more.hidden = chosen.length <= shown.length;
+  }
+
+  return async () => {
+    const [nodes, active] = await Promise.all([
+      get("nodes"),
+      allWorkloads({ status: ["admitted", "running"] }, MOST_PODS_LISTED),
+    ]);
+    draw({ nodes, holders: slicesByDevice(active.items) });
+  };
+}
+
+/** "node/device index" -> the slices held there: [{ workload, name, tenant, compute_milli, memory_mib }]. */
+function slicesByDevice(workloads) {
+  const held = {};
+  for (const w of workloads) {
+    for (const pod of w.pods) {
+      if (!HOLDING.includes(pod.status)) continue;
+      for (const s of pod.slices) {
+        const key = `${pod.node}/${s.device_index}`;
+        (held[key] = held[key] || []).push({ workload: w.id, name: w.name, tenant: w.tenant,
+          compute_milli: s.compute_milli, memory_mib: s.memory_mib });
+      }
+    }
+  }
+  for (const list of Object.values(held)) list.sort((a, b) => a.workload.localeCompare(b.workload));
+  return held;
+}
+
+function nodeCard(node, holders, admin) {
+  const badges = [h("span", { class: "badge state-" + node.state }, node.state)];
+  if (node.simulated) badges.push(h("span", { class: "badge sim" }, "simulated"));
+  if (node.injected_fault) badges.push(h("span", { class: "badge state-unhealthy" }, "fault injected"));
+  return [
+    h("h2", {}, node.name, " ", badges),
+    h("p", { class: "hostline" }, `cpu ${(node.allocated_cpu_milli / 1000).toFixed(1)} of ${(node.cpu_milli / 1000).toFixed(0)} cores · `
+      + `memory ${mib(node.allocated_memory_mib)} of ${mib(node.memory_mib)}`),
+    h("ul", { class: "devices", "aria-label": `Devices of ${node.name}` },
+      node.devices.map((d, i) => device(node, d, holders[i], admin))),
+  ];
+}
+
+function device(node, d, slices, admin) {
+  const computeParts = [];
+  const memoryParts = [];
+  let ownCompute = 0;
+  let ownMemory = 0;
+  for (const s of slices) {
+    const who = `${s.name || s.workload} (${s.tenant})`;
+    computeParts.push([s.compute_milli / 1000, tenantClass(s.tenant), `${who}: ${s.compute_milli} milli`]);
+    memoryParts.push([s.memory_mib / d.memory_mib, tenantClass(s.tenant), `${who}: ${mib(s.memory_mib)}`]);
+    ownCompute += s.compute_milli;
+    ownMemory += s.memory_mib;
+  }
+  if (!admin && d.allocated_milli > ownCompute) {
+    computeParts.push([(d.allocated_milli - ownCompute) / 1000, "others", "other tenants"]);
+  }
+  if (!admin && d.allocated_memory_mib > ownMemory) {
+    memoryParts.push([(d.allocated_memory_mib - ownMemory) / d.memory_mib, "others", "other tenants"]);
+  }
+  const label = `Device ${d.index} ${d.model}`;
+  const health = d.healthy ? "" : h("span", { class: "badge state-unhealthy" }, "unhealthy");
+  return h("li", { class: "device" + (d.healthy ? "" : " down"), "data-device": `${node.name}/${d.index}` },
+    h("div", { class: "devhead" }, `${d.index} · ${d.model}`, d.simulated ? h("span", { class: "sim" }, " sim") : "", " ", health),
+    bar(`${label} compute: ${d.allocated_milli} of 1000 milli allocated`, computeParts),
+    bar(`${label} memory: ${mib(d.allocated_memory_mib)} of ${mib(d.memory_mib)} allocated`, memoryParts),
+    h("div", { class: "devfoot" }, `${d.allocated_milli}m · ${mib(d.allocated_memory_mib)}/${mib(d.memory_mib)}`));
+}

@@ -1,0 +1,97 @@
+// Overview: what the pool holds now (by model, by tenant), how that moved during this session,
+// and the work that waits, with the reason the scheduler gave.
+
+import { get } from "./api.js";
+import { bar, gpus, h, link, replace, table, tenantClass, update, when } from "./dom.js";
+import { lineChart } from "./chart.js";
+
+const HISTORY_POINTS = 400;
+const history = []; // [{ at, total, byTenant: {t: gpus} }] kept for this tab's session
+
+export function title() { return "Overview"; }
+
+export function mount(root, ctx) {
+  const cards = h("div", { class: "cards", "aria-label": "Pool totals" });
+  const models = h("section", { "aria-labelledby": "h-models" });
+  const tenants = h("section", { "aria-labelledby": "h-tenants" });
+  const chart = h("section", { "aria-labelledby": "h-history" });
+  const pending = h("section", { "aria-labelledby": "h-pending" });
+  root.append(h("h1", {}, "Overview"), cards,
+    h("div", { class: "two" }, models, tenants), chart, pending);
+
+  return async () => {
+    const [pool, waiting] = await Promise.all([
+      get("pool"),
+      get("workloads", { status: "pending", limit: 25 }),
+    ]);
+    record(pool);
+    drawCards(cards, pool);
+    update(models, pool.by_model, () => [h("h2", { id: "h-models" }, "Devices allocated by model"), table("Allocated device share by device model",
+      ["Model", "Devices", "Allocated", "Utilisation"],
+      pool.by_model.map((m) => [
+        h("span", {}, m.model, m.simulated ? h("span", { class: "sim", title: "simulated devices" }, " (simulated)") : ""),
+        String(m.devices), gpus(m.allocated_gpus),
+        h("span", { class: "meter" }, bar(`${Math.round(m.utilisation * 100)} % of ${m.model} allocated`,
+          [[m.utilisation, "used"]]), ` ${Math.round(m.utilisation * 100)} %`),
+      ]), "no devices")]);
+    const seen = ctx.me.admin ? "Devices allocated by tenant" : "Your tenant's devices";
+    update(tenants, pool.by_tenant, () => [h("h2", { id: "h-tenants" }, seen), table("Allocated devices and workloads by tenant",
+      ["Tenant", "Allocated", "Running", "Pending"],
+      pool.by_tenant.map((t) => [
+        h("span", {}, h("span", { class: "swatch " + tenantClass(t.tenant), "aria-hidden": "true" }), t.tenant),
+        gpus(t.allocated_gpus), String(t.running), String(t.pending),
+      ]), "no workloads yet")]);
+    drawHistory(chart);
+    update(pending, waiting, drawPending);
+  };
+}
+
+function record(pool) {
+  const byTenant = {};
+  for (const t of pool.by_tenant) byTenant[t.tenant] = t.allocated_gpus;
+  history.push({ at: Date.now() / 1000, total: pool.allocated_gpus, capacity: pool.capacity_gpus, byTenant });
+  if (history.length > HISTORY_POINTS) history.splice(0, history.length - HISTORY_POINTS);
+}
+
+function drawCards(cards, pool) {
+  const card = (label, value, id) => h("div", { class: "card" }, h("div", { class: "value", id }, value), h("div", { class: "label" }, label));
+  const w = pool.workloads;
+  replace(cards,
+    card(pool.simulated ? "nodes (simulated)" : "nodes", String(pool.nodes), "c-nodes"),
+    card("devices", String(pool.devices), "c-devices"),
+    card("devices allocated", `${gpus(pool.allocated_gpus)} (${Math.round(pool.utilisation * 100)} %)`, "c-allocated"),
+    card("running", String((w.running || 0) + (w.admitted || 0)), "c-running"),
+    card("pending", String(w.pending || 0), "c-pending"),
+    card("succeeded", String(w.succeeded || 0), "c-succeeded"),
+    card("failed", String(w.failed || 0), "c-failed"));
+}
+
+function drawHistory(section) {
+  const names = new Set();
+  for (const point of history) for (const t of Object.keys(point.byTenant)) names.add(t);
+  const series = [{ name: "all", cls: "total", values: history.map((p) => [p.at, p.total]) }];
+  for (const t of [...names].sort()) {
+    series.push({ name: t, cls: tenantClass(t), values: history.map((p) => [p.at, p.byTenant[t] || 0]) });
+  }
+  const capacity = history.length ? history[history.length - 1].capacity : 0;
+  replace(section, h("h2", { id: "h-history" }, "Devices allocated during this session"),
+    lineChart(series, Math.max(capacity, 1), "Devices allocated over time, total and by tenant, since this page opened"));
+}
+
+function drawPending(page) {
+  const reasons = new Map();
+  for (const w of page.items) {
+    const key = w.reason_text || w.reason || "waiting";
+    reasons.set(key, (reasons.get(key) || 0) + 1);
+  }
+  const shown = page.total > page.items.length ? ` (the newest ${page.items.length} of ${page.total})` : "";
+  return [h("h2", { id: "h-pending" }, `Pending work: ${page.total}`),
+    page.items.length ? h("ul", { class: "reasons", "aria-label": "Why work waits" },
+      [...reasons.entries()].sort((a, b) => b[1] - a[1]).map(([text, n]) => h("li", {}, `${n} × ${text}`))) : "",
+    table("Pending workloads" + shown,
+      ["Workload", "Tenant", "Queue", "Submitted", "Why it waits"],
+      page.items.map((w) => [
+        link("workloads/" + w.id, w.name ? `${w.name} (${w.id})` : w.id), w.tenant, w.queue, when(w.submit_s),
+        h("span", { title: w.reason_hint || "" }, w.reason_text || w.reason || ""),
+      ]), "nothing waits")];
+}

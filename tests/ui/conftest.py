@@ -1,0 +1,74 @@
+"""Fixtures for the dashboard tests: a real `gpupool up --simulate`, and Debian's Chromium driven by
+Playwright (never Playwright's own browser downloads); a page that records every console error,
+uncaught exception, failed request and error answer, which each test then asserts is empty."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from server.upproc import UpProcess
+from ui.browser import Watched
+
+CHROMIUM = os.environ.get("GPUPOOL_CHROMIUM", "/usr/bin/chromium")
+CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking",
+                 "--disable-component-update", "--no-first-run"]
+
+
+@pytest.fixture(scope="session")
+def chromium() -> Iterator[Any]:
+    """A headless Chromium, or skip with the reason."""
+    if not (os.path.isfile(CHROMIUM) and os.access(CHROMIUM, os.X_OK)):
+        pytest.skip(f"Chromium not found at {CHROMIUM}; as root `make test` installs Debian's chromium")
+    sync_api = pytest.importorskip("playwright.sync_api", reason="playwright is a dev dependency: "
+                                   "pip install -e '.[dev]'")
+    with sync_api.sync_playwright() as driver:
+        browser = driver.chromium.launch(executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS)
+        try:
+            yield browser
+        finally:
+            browser.close()
+
+
+@pytest.fixture(scope="module")
+def pool(tmp_path_factory: pytest.TempPathFactory) -> Iterator[UpProcess]:
+    server = UpProcess(tmp_path_factory.mktemp("ui") / "data",
+                       ["--simulate", "2x4xH100", "--placement", "first-fit"]).start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture
+def gate_dir() -> Iterator[Path]:
+    """A directory pods (running as other accounts) can look into: a test releases a waiting pod
+    by creating a file here, so no test waits on a clock."""
+    path = Path(tempfile.mkdtemp(prefix="gpupool-ui-gate-"))
+    os.chmod(path, 0o755)
+    try:
+        yield path
+    finally:
+        shutil.rmtree(path, ignore_errors=True)
+
+
+@pytest.fixture
+def browser_page(chromium: Any) -> Iterator[Watched]:
+    context = chromium.new_context(viewport={"width": 1280, "height": 900})
+    page = context.new_page()
+    page.set_default_timeout(30_000)
+    watched = Watched(page)
+    page.on("console", lambda m: m.type == "error" and watched.problems.append(f"console: {m.text}"))
+    page.on("pageerror", lambda e: watched.problems.append(f"uncaught: {e}"))
+    page.on("requestfailed", lambda r: watched.problems.append(f"failed: {r.url} {r.failure}"))
+    page.on("response", lambda r: r.status >= 400 and watched.problems.append(f"answer {r.status}: {r.url}"))
+    try:
+        yield watched
+    finally:
+        context.close()

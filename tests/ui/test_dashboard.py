@@ -1,0 +1,176 @@
+"""The dashboard in a real Chromium against a real `gpupool up --simulate`: a tenant sees only its
+own work, work submitted through the API appears, runs and finishes on the page without a reload,
+a failed node is marked, data never runs as script, and no page logs an error or fails a request."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from server.upproc import UpProcess, until
+from ui.browser import Watched, screenshot
+
+pytestmark = pytest.mark.slow
+INJECTED = '<img src=x onerror="window.__pwned=1"><script>window.__pwned=1</script>'
+
+
+def _tenant_token(pool: UpProcess, name: str) -> str:
+    with pool.client() as api:
+        if api.get("/tenants").json() and name in {t["name"] for t in api.get("/tenants").json()}:
+            return str(api.post("/tokens", json={"tenant": name}).json()["token"])
+        assert api.post("/tenants", json={"name": name}).status_code == 201
+        answer = api.post("/tokens", json={"tenant": name})
+        assert answer.status_code == 201, answer.text
+        return str(answer.json()["token"])
+
+
+def _submit(pool: UpProcess, token: str, **spec: Any) -> str:
+    with httpx.Client(base_url=pool.api, headers={"Authorization": f"Bearer {token}"}, timeout=30) as api:
+        answer = api.post("/workloads", json=spec)
+        assert answer.status_code == 201, answer.text
+        return str(answer.json()["id"])
+
+
+def _status(pool: UpProcess, workload_id: str) -> str:
+    with pool.client() as api:
+        return str(api.get(f"/workloads/{workload_id}").json()["status"])
+
+
+def _log_in(watched: Watched, pool: UpProcess, token: str, path: str = "/") -> Any:
+    page = watched.page
+    page.goto(pool.url + path)
+    page.fill("#token", token)
+    page.click("#login button[type=submit]")
+    page.wait_for_selector("#nav:not([hidden])")
+    page.evaluate("window.__sameDocument = true")  # gone if anything reloads the page
+    return page
+
+
+def _not_reloaded(page: Any) -> None:
+    assert page.evaluate("window.__sameDocument === true"), "the page reloaded"
+
+
+def test_ui_answers_carry_a_strict_csp_and_the_root_leads_to_the_dashboard(pool: UpProcess) -> None:
+    root = httpx.get(pool.url + "/", timeout=10)
+    assert root.status_code == 307 and root.headers["location"] == "/ui/"
+    for path in ("/ui/", "/ui/workloads/w-123", "/ui/assets/main.js", "/ui/assets/app.css"):
+        answer = httpx.get(pool.url + path, timeout=10)
+        assert answer.status_code == 200, path
+        csp = answer.headers["content-security-policy"]
+        assert "script-src 'self'" in csp and "unsafe-inline" not in csp and "default-src 'none'" in csp
+        assert answer.headers["x-content-type-options"] == "nosniff"
+    assert "content-security-policy" not in httpx.get(pool.api + "/health", timeout=10).headers
+    page = httpx.get(pool.url + "/ui/", timeout=10).text
+    assert "<script>" not in page and "http://" not in page and "https://" not in page  # no inline, no CDN
+
+
+def test_whoami_says_what_a_token_is(pool: UpProcess) -> None:
+    token = _tenant_token(pool, "whoami")
+    with httpx.Client(base_url=pool.api, timeout=10) as api:
+        mine = api.get("/whoami", headers={"Authorization": f"Bearer {token}"}).json()
+        assert mine["admin"] is False and mine["tenant"] == "whoami"
+        assert api.get("/whoami", headers={"Authorization": f"Bearer {pool.token()}"}).json()["admin"] is True
+        assert api.get("/whoami").status_code == 401
+
+
+def test_no_script_builds_markup_from_strings() -> None:
+    static = Path(__file__).resolve().parents[2] / "src" / "gpupool" / "server" / "ui" / "static"
+    scripts = sorted(static.glob("*.js"))
+    assert scripts
+    for script in scripts:
+        text = script.read_text()
+        for sink in ("innerHTML", "outerHTML", "insertAdjacentHTML", "document.write", "eval("):
+            assert sink not in text, f"{script.name} uses {sink}"
+
+
+def test_a_tenant_sees_only_its_own_work_and_data_never_runs_as_script(
+        pool: UpProcess, browser_page: Watched, gate_dir: Path) -> None:
+    alpha, beta = _tenant_token(pool, "alpha"), _tenant_token(pool, "beta")
+    mine = _submit(pool, alpha, name="alpha-job", command=["echo", "alpha"], resources={"gpus": 0.25})
+    theirs = _submit(pool, beta, name="beta-job", command=["sh", "-c", f"echo '{INJECTED}'"],
+                     resources={"gpus": 0.25})
+    until(lambda: _status(pool, theirs) == "succeeded" and _status(pool, mine) == "succeeded", 60,
+          "both workloads finishing")
+    page = _log_in(browser_page, pool, alpha, "/ui/workloads")
+    page.get_by_role("link", name=mine).wait_for()
+    assert page.get_by_text("beta-job").count() == 0 and page.get_by_text(theirs).count() == 0
+    page.click("#nav a[data-page=overview]")
+    page.wait_for_selector("#h-tenants")
+    tenants_table = page.locator("section[aria-labelledby=h-tenants] tbody")
+    tenants_table.get_by_text("alpha").wait_for()
+    assert tenants_table.get_by_text("beta").count() == 0
+    assert page.locator("#who").text_content() == "tenant alpha"
+    _not_reloaded(page)
+    browser_page.assert_clean()
+    # the admin opens beta's workload: its command and log show as text, never as markup
+    page.click("#logout")
+    page = _log_in(browser_page, pool, pool.token(), f"/ui/workloads/{theirs}")
+    page.locator("#log").get_by_text(INJECTED).wait_for()
+    page.locator("dl.facts code").get_by_text(INJECTED, exact=False).wait_for()
+    assert page.evaluate("window.__pwned === undefined")
+    assert page.locator("main img").count() == 0 and page.locator("main script").count() == 0
+    screenshot(page, "workload")
+    browser_page.assert_clean()
+
+
+def test_submitted_work_appears_runs_and_finishes_without_a_reload(
+        pool: UpProcess, browser_page: Watched, gate_dir: Path) -> None:
+    token = _tenant_token(pool, "gamma")
+    page = _log_in(browser_page, pool, token, "/ui/workloads")
+    page.get_by_text("no workloads match").wait_for()
+    gate = gate_dir / "go"
+    workload_id = _submit(pool, token, name="live-job", resources={"gpus": 0.5}, command=[
+        "sh", "-c", f"echo started; while [ ! -e {gate} ]; do sleep 0.05; done; echo finished"])
+    row = page.locator("tr", has=page.get_by_role("link", name=workload_id))
+    row.locator(".badge", has_text="running").wait_for()
+    page.get_by_role("link", name=workload_id).click()
+    page.locator("#log").get_by_text("started").wait_for()
+    page.locator("section[aria-labelledby=h-pods] td", has_text="device").first.wait_for()  # its placement
+    page.click("#nav a[data-page=nodes]")
+    page.locator(".bar .seg[title*='live-job']").first.wait_for()  # its slice, drawn on its device
+    page.go_back()
+    page.locator("#log").get_by_text("started").wait_for()
+    gate.touch()
+    page.locator("h1 .badge", has_text="succeeded").wait_for()
+    page.locator("#log").get_by_text("finished").wait_for()
+    page.get_by_text("The log is complete.").wait_for()
+    _not_reloaded(page)
+    browser_page.assert_clean()
+
+
+def test_a_failed_node_is_marked(pool: UpProcess, browser_page: Watched, gate_dir: Path) -> None:
+    page = _log_in(browser_page, pool, pool.token(), "/ui/nodes")
+    with pool.client() as api:
+        first, name = (n["name"] for n in api.get("/nodes").json())
+    card = page.locator(f"article.node[data-node='{name}']")
+    card.locator(".badge", has_text="ready").wait_for()
+    with pool.client() as api:
+        assert api.post(f"/nodes/{name}/fail").status_code == 200
+    try:
+        page.locator(f"article.node.down[data-node='{name}']").wait_for()
+        assert card.locator(".badge", has_text="unhealthy").count() == 1
+        assert card.locator(".badge", has_text="fault injected").count() == 1
+        assert page.locator("article.node.down").count() == 1  # only the failed one
+        with pool.client() as api:
+            assert api.post(f"/nodes/{first}/fail", params={"device": 1}).status_code == 200
+        page.locator(f"article.node[data-node='{first}'] li.device.down[data-device='{first}/1']").wait_for()
+        assert page.locator("li.device.down").count() == 1
+        screenshot(page, "nodes")
+        page.click("#nav a[data-page=queues]")
+        page.locator("section[aria-labelledby=h-queues] td", has_text="gamma").first.wait_for()
+        screenshot(page, "queues")
+        page.click("#nav a[data-page=workloads]")
+        page.locator("td", has_text="live-job").first.wait_for()
+        screenshot(page, "workloads")
+        page.click("#nav a[data-page=overview]")
+        page.locator("#c-nodes").wait_for()
+        screenshot(page, "overview")
+        _not_reloaded(page)
+        browser_page.assert_clean()
+    finally:
+        with pool.client() as api:
+            api.post(f"/nodes/{name}/heal")
+            api.post(f"/nodes/{first}/heal", params={"device": 1})
