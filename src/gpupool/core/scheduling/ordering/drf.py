@@ -6,6 +6,7 @@ import bisect
 import heapq
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from operator import add, truediv
 
 from gpupool.core.model import Workload
 from gpupool.core.priority import Rank
@@ -74,6 +75,8 @@ class _TenantQueue:
 
     keys: list[_Key] = field(default_factory=list)
     workloads: list[Workload] = field(default_factory=list)
+    asked: list[list[float]] = field(default_factory=list)
+    """Each one's demand per `SHARE_RESOURCES` (aligned with `workloads`)."""
     total: list[float] = field(default_factory=lambda: [0.0] * len(SHARE_RESOURCES))
     """Per `SHARE_RESOURCES`: integer-valued sums, exact whatever the order of additions."""
 
@@ -118,6 +121,7 @@ class _Book:
                 at += 1
             del queue.keys[at]
             del queue.workloads[at]
+            del queue.asked[at]
             if not queue.keys:
                 del self.bands[band][tenant]
                 if not self.bands[band]:
@@ -143,6 +147,7 @@ class _Book:
             at = bisect.bisect_right(into.keys, key)
             into.keys.insert(at, key)
             into.workloads.insert(at, w)
+            into.asked.insert(at, asked)
             total = into.total
             for i, a in enumerate(asked):
                 total[i] += a
@@ -171,6 +176,11 @@ class _DrfStream(OrderStream):
         """Where each of `caps` is in `SHARE_RESOURCES` (a `_TenantQueue.total`)."""
         self.next_band = 0
         self.queues: dict[str, list[Workload]] = {}
+        self.asks: dict[str, list[list[float]]] = {}
+        """Each one's demand per `SHARE_RESOURCES`, aligned with `queues`."""
+        self.limits = [c for _, c in caps]
+        self.whole = index == list(range(len(SHARE_RESOURCES)))
+        """Whether every share resource has a capacity (then a demand adds as it is)."""
         self.opened: dict[str, list[float]] = {}
         """Each tenant's usage when the band opened (its usage once the band is given out:
         this plus the band's total demand)."""
@@ -179,11 +189,17 @@ class _DrfStream(OrderStream):
         self.last: str | None = None
         """The band's last tenant with work left (its rest goes in its own order, no shares)."""
 
-    def _add(self, tenant: str, w: Workload) -> None:
+    def _add(self, tenant: str, asked: list[float]) -> None:
         mine = self.usage[tenant]
-        asked = self.demand(w)
-        for i, (r, _) in enumerate(self.caps):
-            mine[i] += asked.get(r, 0.0)
+        if self.whole:
+            mine[:] = map(add, mine, asked)
+        else:
+            for k, i in enumerate(self.index):
+                mine[k] += asked[i]
+
+    def _share(self, tenant: str) -> float:
+        """`dominant_share` on the tenant's usage list (the same divisions, in C)."""
+        return max(map(truediv, self.usage[tenant], self.limits), default=0.0) / self.weights[tenant]
 
     def _open_band(self) -> bool:
         if self.next_band >= len(self.bands):
@@ -192,35 +208,39 @@ class _DrfStream(OrderStream):
         self.next_band += 1
         # each tenant's queue reversed (pop() from the end takes the next one), tenants in order
         queues = {t: band[t].workloads[::-1] for t in sorted(band)}
+        self.asks = {t: band[t].asked[::-1] for t in queues}
         heap = []
         opened = {}
         for t in queues:
             mine = self.usage.setdefault(t, [0.0] * len(self.caps))
             opened[t] = list(mine)
-            heap.append((_share(mine, self.caps, self.weights[t]), t))
+            heap.append((self._share(t), t))
         heapq.heapify(heap)
         self.queues, self.heap, self.last, self.opened = queues, heap, None, opened
         return True
 
     def next_workload(self) -> Workload | None:
         while True:
-            if self.last is not None:
-                q = self.queues[self.last]
+            last = self.last
+            if last is not None:
+                q = self.queues[last]
                 if q:
                     w = q.pop()
-                    self._add(self.last, w)
+                    self._add(last, self.asks[last].pop())
                     return w
                 self.last = None
-            if self.heap:
-                _, tenant = heapq.heappop(self.heap)
+            heap = self.heap
+            if heap:
+                tenant = heap[0][1]
                 q = self.queues[tenant]
                 w = q.pop()
-                self._add(tenant, w)
-                if q and self.heap:
-                    share = _share(self.usage[tenant], self.caps, self.weights[tenant])
-                    heapq.heappush(self.heap, (share, tenant))
-                elif q:
-                    self.last = tenant
+                self._add(tenant, self.asks[tenant].pop())
+                if q and len(heap) > 1:  # back in line by its new share (one sift: the same heap order)
+                    heapq.heapreplace(heap, (self._share(tenant), tenant))
+                else:
+                    heapq.heappop(heap)
+                    if q:
+                        self.last = tenant
                 return w
             if not self._open_band():
                 return None
@@ -232,6 +252,7 @@ class _DrfStream(OrderStream):
                 continue
             rest.extend(reversed(q))
             q.clear()
+            self.asks[tenant].clear()
             # what adding each one's demand gives (integer-valued sums: exact in any order)
             mine, before, total = self.usage[tenant], self.opened[tenant], self.band[tenant].total
             for k, i in enumerate(self.index):
@@ -242,8 +263,3 @@ class _DrfStream(OrderStream):
 
 def _weight(ctx: OrderingContext, tenant: str) -> float:
     return ctx.tenant_weights.get(tenant, 1.0) or 1.0
-
-
-def _share(used: list[float], caps: list[tuple[str, float]], weight: float) -> float:
-    """`dominant_share` on a usage list aligned with `caps`."""
-    return max([u / c for u, (_, c) in zip(used, caps, strict=True)], default=0.0) / weight
