@@ -90,13 +90,22 @@ class PricesConfig(_Strict):
         versions = []
         for v in self.versions:
             prices = dict(reference)
-            prices.update({price_key(model): price for model, price in v.devices.items()})
+            for model, price in v.devices.items():  # a name or alias prices the model under all its names
+                prices.update(dict.fromkeys(_names(model), price))
             start = dt.datetime.combine(v.effective_from, dt.time(), dt.UTC).timestamp()
             tiers = tuple(Tier(_seconds_of_day(t.start), _seconds_of_day(t.end), t.multiplier)
                           for t in v.tiers)
             versions.append(PriceVersion(start, prices, v.other_devices, dict(v.priority_classes), tiers,
                                          v.slice_share, v.compute_weight))
         return PriceBook(tuple(versions), self.currency)
+
+
+def _names(model: str) -> list[str]:
+    """price_key of the model and of every alias of its profile (just the model's when unknown)."""
+    from gpupool.profiles.loader import find_profile
+
+    profile = find_profile(model)
+    return [price_key(model)] + ([price_key(n) for n in profile.names()] if profile is not None else [])
 
 
 def _reference_prices() -> dict[str, float]:
