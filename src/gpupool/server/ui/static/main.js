@@ -8,7 +8,7 @@ import * as workloads from "./workloads.js";
 import * as workload from "./workload.js";
 import * as queues from "./queues.js";
 
-const POLL_MS = 1500;
+const POLL_MS = 1000;
 const $ = (id) => document.getElementById(id);
 let me = null;           // GET /whoami: { admin, tenant, token_id }
 let generation = 0;      // bumped on every navigation: a stale view's poll stops
