@@ -209,7 +209,7 @@ class _Cycle:
             tried.append(w)
             meta = metas[w.id]
             self._reached(meta)
-            self._consider(w)
+            self._consider(w, meta)
             if not self.pass_over:
                 continue
             if not self.live:
@@ -339,9 +339,8 @@ class _Cycle:
 
     # ------------------------------------------------------------ steps 3-4: place, admit or preempt
 
-    def _consider(self, original: Workload) -> None:
+    def _consider(self, original: Workload, meta: Meta) -> None:
         view = self.view
-        meta = view.metas[original.id]
         cq = meta.cluster_queue or ""
         if cq in self.blocked:
             self._reject(original, Reason.WAITING_FOR_HEAD, "An older workload of its queue waits first.")
@@ -468,9 +467,9 @@ class _Cycle:
 
     def _reached(self, meta: Meta) -> None:
         key = meta.key
-        left = self.left
-        left[key] -= 1
-        if not left[key]:
+        n = self.left[key] - 1  # a key hashes slowly: once to read, once to write
+        self.left[key] = n
+        if not n:
             self.live.discard(key)
 
     def _reject_rest(self, valid: Sequence[Workload], tried: Sequence[Workload]) -> None:
