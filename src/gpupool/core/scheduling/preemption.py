@@ -20,22 +20,22 @@ from __future__ import annotations
 import heapq
 import math
 import random
-from collections.abc import Callable, Container, Iterable, Iterator, Sequence, Set
+from collections.abc import Callable, Iterable, Iterator, Sequence, Set
 from dataclasses import dataclass
 from itertools import chain, groupby, islice, repeat
 from operator import itemgetter
 
 import numpy as np
 
-from gpupool.core.model import PodRequest, Workload
+from gpupool.core.model import Workload
 from gpupool.core.priority import Rank
-from gpupool.core.quota import Usage
 from gpupool.core.scheduling.gang import GangPlacement, place_gang, release_gang
 from gpupool.core.scheduling.policies.base import NoFit, PlacementPolicy
+from gpupool.core.scheduling.victim_state import Detached, FirstPodFits, PutBack
+from gpupool.core.scheduling.victim_state import node_fits_at as node_fits_at  # (tests import it here)
 from gpupool.core.scheduling.view import ClusterView, Running
 from gpupool.core.scheduling.workloads import lower_bound_usage
-from gpupool.core.state import ClusterState, allocate_many, at_node, release_many
-from gpupool.core.units import MILLI
+from gpupool.core.state import ClusterState
 
 MAX_SINGLE_TRIALS = 16
 """How many single-victim sets are tried before falling back to the greedy search."""
@@ -304,7 +304,7 @@ def _greedy(
     """
     chosen: list[Running] = []
     freed = 0
-    held = _Detached(view)
+    held = Detached(view)
     first.start(held.flush)
     for run in found:
         chosen.append(run)
@@ -320,234 +320,6 @@ def _greedy(
             return chosen, gang
     held.restore()
     return None
-
-
-class _Detached:
-    """Victims of a greedy search: those taken off the state, and those taken but not yet off it."""
-
-    def __init__(self, view: ClusterView) -> None:
-        self.view = view
-        self.done: list[Running] = []
-        self.pending: list[Running] = []
-
-    def flush(self) -> None:
-        """Take the pending victims off the state and their queues, as `view.detach` one by one would."""
-        if self.pending:
-            detach_all(self.view, self.pending)
-            self.done += self.pending
-            self.pending = []
-
-    def restore(self) -> None:
-        attach_all(self.view, self.done)
-        self.done = []
-        self.pending = []
-
-
-def detach_all(view: ClusterView, runs: Sequence[Running]) -> None:
-    """`view.detach` of every run, in one step: the same free capacity and quota usage after it."""
-    if len(runs) == 1:
-        view.detach(runs[0])
-        return
-    release_many(view.state, [record for run in runs for _, record in run.allocs])
-    for cq, usage in _usage_by_queue(runs, view.quota.queues).items():
-        view.quota.remove(cq, usage)
-
-
-def attach_all(view: ClusterView, runs: Sequence[Running]) -> None:
-    """`view.attach` of every run, in one step."""
-    if len(runs) == 1:
-        view.attach(runs[0])
-        return
-    records = [record for run in runs for _, record in run.allocs]
-    if len(records) > _BULK:
-        allocate_many(view.state, records)
-    else:
-        for record in records:
-            view.state.allocate(record)
-    for cq, usage in _usage_by_queue(runs, view.quota.queues).items():
-        view.quota.add(cq, usage)
-
-
-_BULK = 64
-"""From this many records on, attaching checks the whole state once instead of each record."""
-
-
-def _usage_by_queue(runs: Iterable[Running], queues: Container[str]) -> dict[str, Usage]:
-    """The runs' quota usage summed per ClusterQueue with a quota (integers: the same totals in any
-    order; a queue without one keeps no usage)."""
-    total: dict[str, Usage] = {}
-    for run in runs:
-        cq = run.cluster_queue
-        usage = total.get(cq)
-        if usage is None:
-            if cq not in queues:
-                continue
-            usage = total[cq] = {}
-        for r, amount in run.usage.items():
-            usage[r] = usage.get(r, 0) + amount
-    return total
-
-
-def _nothing() -> None:
-    """No victim waits to be taken off the state."""
-
-
-class FirstPodFits:
-    """Whether a pod fits some node of a state that only gains free capacity (victims freed).
-
-    `state.node_fits(pod).any()` without scanning every node each time: if no node fits it before
-    any victim is freed, only the nodes victims were freed from can change that answer, and once
-    one fits it stays so (freeing capacity never makes a pod fit less). Each node is first held to a
-    bound (its free cpu and memory, plus what the victims freed there, must cover the pod's, and
-    enough devices of the models it accepts must have the milli of one share free): only a node
-    within the bound is checked on the state, after `flush` has taken the victims off it. The bound
-    reads a node's free capacity when a victim is first freed there, so `freed` must be told of a
-    victim before it leaves the state.
-    """
-
-    def __init__(self, state: ClusterState, pod: PodRequest) -> None:
-        self.state = state
-        self.pod = pod
-        self.base: bool | None = None
-        """Whether the pod fits some node before any victim is freed (scanned once, when first asked)."""
-        self.known: bool | None = None
-        self.touched: set[int] = set()
-        self.flush: Callable[[], None] = _nothing
-        self.cpu = state.cpu_need(pod)
-        self.mem = state.mem_need(pod)
-        self.share = min(pod.device_milli, MILLI)
-        """The free milli a device needs to take one of the pod's shares (whole: all of it)."""
-        self.allowed = state.allowed_devices(pod.allowed_models) if pod.num_devices else None
-        self.free: dict[int, list[int]] = {}
-        """Per node touched: [cpu, memory, free milli of each device] once the victims are freed."""
-
-    def start(self, flush: Callable[[], None] = _nothing) -> None:
-        """A new sequence of victims on the base state; `flush` takes those told of off the state."""
-        self.known = None
-        self.touched.clear()
-        self.free.clear()
-        self.flush = flush
-
-    def fits_alone(self) -> bool:
-        if self.base is None:
-            self.base = bool(self.state.node_fits(self.pod).any())
-        return self.base
-
-    def fits_with(self, run: Running) -> bool:
-        """Whether the pod fits some node once `run` alone is freed from the base state."""
-        if self.fits_alone():
-            return True
-        free: dict[int, list[int]] = {}
-        self._add(run, free)
-        rows = [n for n, amounts in free.items() if self._within(n, amounts)]
-        if not rows:
-            return False
-        state = self.state
-        for _, record in reversed(run.allocs):
-            state.release(record)
-        fits = state.node_fits_at(self.pod, rows)
-        for _, record in run.allocs:
-            state.allocate(record)
-        return fits
-
-    def freed(self, run: Running) -> None:
-        """`run` is freed (or about to be: see the class docstring)."""
-        if self.known is not True:
-            self._add(run, self.free)
-            self.touched.update(a.node for _, a in run.allocs)
-
-    def fits_somewhere(self) -> bool:
-        if self.known is None:
-            self.known = self.fits_alone()
-        if not self.known and self.touched:
-            free = self.free
-            rows = [n for n in self.touched if self._within(n, free[n])]
-            if rows:
-                self.flush()
-                self.known = self.state.node_fits_at(self.pod, rows)
-        self.touched.clear()
-        return self.known
-
-    def _add(self, run: Running, free: dict[int, list[int]]) -> None:
-        """Add what `run` holds to the free amounts per node (read from the state on first touch)."""
-        state, allowed = self.state, self.allowed
-        for _, a in run.allocs:
-            n = a.node
-            amounts = free.get(n)
-            if amounts is None:
-                amounts = free[n] = [int(state.cpu_free[n]), int(state.mem_free[n])]
-                if allowed is not None:  # then each device's free milli (-1: a model the pod refuses)
-                    row = state.dev_milli_free[n].tolist()
-                    amounts += [m if ok else _REFUSED for m, ok in zip(row, allowed[n].tolist(), strict=True)]
-            amounts[0] += a.cpu_milli
-            amounts[1] += a.memory_mib
-            if allowed is not None:
-                for d, milli in zip(a.devices, a.device_milli, strict=True):
-                    amounts[2 + d] += milli
-
-    def _within(self, n: int, amounts: list[int]) -> bool:
-        """Whether the node's free amounts (see `_add`) may hold the pod: a necessary condition."""
-        if not (self.state.schedulable[n] and amounts[0] >= at_node(self.cpu, n)
-                and amounts[1] >= at_node(self.mem, n)):
-            return False
-        if self.allowed is None:
-            return True
-        share = self.share
-        return sum(1 for free in amounts[2:] if free >= share) >= self.pod.num_devices
-
-
-_REFUSED = -(1 << 62)
-"""The free milli a bound gives a device of a model the pod refuses (never enough)."""
-
-
-def node_fits_at(state: ClusterState, pod: PodRequest, rows: Iterable[int]) -> bool:
-    """`state.node_fits(pod)[rows].any()`, computed on those nodes only (with the slice defaults)."""
-    return state.node_fits_at(pod, rows)
-
-
-class PutBack:
-    """Victims put back on the state while the chosen set is trimmed, and where the first pod fits.
-
-    With `watch`, the nodes where the pod fits are scanned once, before the first victim goes
-    back; putting victims back only takes capacity from their own nodes, so only those are checked
-    again. A placement tried when the pod fits no node returns NoFit without a draw from the rng,
-    so a caller may skip it (where the policy does not count its calls).
-    """
-
-    def __init__(self, view: ClusterView, pod: PodRequest, watch: bool) -> None:
-        self.view = view
-        self.pod = pod
-        self.watch = watch
-        self.fitting: np.ndarray | None = None
-        self.last: list[Running] = []
-        self.saved: dict[int, bool] = {}
-
-    def attach(self, runs: list[Running]) -> bool:
-        """Put `runs` back; whether the pod may still fit (False: it fits no node)."""
-        state = self.view.state
-        if self.watch and self.fitting is None:
-            self.fitting = state.node_fits(self.pod)
-        attach_all(self.view, runs)
-        self.last = runs
-        fitting = self.fitting
-        if fitting is None:
-            return True
-        saved = self.saved = {}
-        for run in runs:
-            for _, a in run.allocs:
-                n = a.node
-                if n not in saved:
-                    saved[n] = was = bool(fitting[n])
-                    if was:
-                        fitting[n] = state.node_fits_at(self.pod, (n,))
-        return bool(fitting.any())
-
-    def undo(self) -> None:
-        """Take the runs put back last off the state again: the pod fits where it did before."""
-        detach_all(self.view, self.last)
-        if self.fitting is not None:
-            for n, was in self.saved.items():
-                self.fitting[n] = was
 
 
 def _drop_apart(
