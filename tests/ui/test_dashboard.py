@@ -11,7 +11,7 @@ import httpx
 import pytest
 
 from server.upproc import UpProcess, until
-from ui.browser import Watched, screenshot
+from ui.browser import SCREENSHOTS, Watched, screenshot
 
 pytestmark = pytest.mark.slow
 INJECTED = '<img src=x onerror="window.__pwned=1"><script>window.__pwned=1</script>'
@@ -103,6 +103,7 @@ def test_a_tenant_sees_only_its_own_work_and_data_never_runs_as_script(
     tenants_table.get_by_text("alpha").wait_for()
     assert tenants_table.get_by_text("beta").count() == 0
     assert page.locator("#who").text_content() == "tenant alpha"
+    _check_usage(pool, page, alpha)
     _not_reloaded(page)
     browser_page.assert_clean()
     # the admin opens beta's workload: its command and log show as text, never as markup
@@ -114,6 +115,27 @@ def test_a_tenant_sees_only_its_own_work_and_data_never_runs_as_script(
     assert page.locator("main img").count() == 0 and page.locator("main script").count() == 0
     screenshot(page, "workload")
     browser_page.assert_clean()
+
+
+def _check_usage(pool: UpProcess, page: Any, token: str) -> None:
+    """The usage page's numbers are the API's (`gpupool usage --json` reads the same route), and
+    its CSV holds the same rows."""
+    page.click("#nav a[data-page=usage]")
+    row = page.locator("#usage-table tbody tr", has_text="alpha")
+    row.wait_for()
+    assert page.locator("#usage-table tbody tr").count() == 1  # its own tenant only
+    with httpx.Client(base_url=pool.api, headers={"Authorization": f"Bearer {token}"}, timeout=30) as api:
+        (expected,) = api.get("/usage", params={"by": "tenant"}).json()["rows"]
+    assert expected["tenant"] == "alpha" and expected["device_hours"] > 0
+    for field in ("device_hours", "memory_gib_hours", "cost", "dedicated_cost"):
+        shown = float(row.locator(f"[data-field={field}]").text_content() or "nan")
+        assert shown == pytest.approx(expected[field], rel=1e-3, abs=1e-9), field
+    with page.expect_download() as download:
+        page.click("#usage-csv")
+    lines = Path(download.value.path()).read_text().splitlines()
+    assert lines[0].startswith("tenant,simulated,pods,device_hours") and len(lines) == 2
+    assert lines[1].startswith("alpha,")
+    screenshot(page, "usage")
 
 
 def test_submitted_work_appears_runs_and_finishes_without_a_reload(
@@ -158,19 +180,31 @@ def test_a_failed_node_is_marked(pool: UpProcess, browser_page: Watched, gate_di
             assert api.post(f"/nodes/{first}/fail", params={"device": 1}).status_code == 200
         page.locator(f"article.node[data-node='{first}'] li.device.down[data-device='{first}/1']").wait_for()
         assert page.locator("li.device.down").count() == 1
+        token = _tenant_token(pool, "delta")  # some work to show: two running, one that cannot fit now
+        gate = gate_dir / "go"
+        wait = ["sh", "-c", f"echo working; while [ ! -e {gate} ]; do sleep 0.05; done"]
+        running = [_submit(pool, token, name=f"train-{i}", command=wait, resources={"gpus": g})
+                   for i, g in enumerate((0.5, 0.25))]
+        waiting = _submit(pool, token, name="wide", command=["true"], resources={"gpus": 4})
+        page.locator(".bar .seg[title*='train-1']").first.wait_for()
+        until(lambda: all(_status(pool, w) == "running" for w in running), 60, "two running")
         screenshot(page, "nodes")
         page.click("#nav a[data-page=queues]")
         page.locator("section[aria-labelledby=h-queues] td", has_text="gamma").first.wait_for()
         screenshot(page, "queues")
         page.click("#nav a[data-page=workloads]")
-        page.locator("td", has_text="live-job").first.wait_for()
+        page.locator("td", has_text="wide").first.wait_for()
         screenshot(page, "workloads")
         page.click("#nav a[data-page=overview]")
-        page.locator("#c-nodes").wait_for()
+        page.get_by_role("link", name=f"wide ({waiting})").wait_for()  # pending, with its reason
+        if SCREENSHOTS:  # a few points of history on the chart
+            line = page.locator(".chart polyline.total")
+            until(lambda: len(str(line.get_attribute("points")).split()) >= 6, 30, "six points drawn")
         screenshot(page, "overview")
         _not_reloaded(page)
         browser_page.assert_clean()
     finally:
+        (gate_dir / "go").touch()
         with pool.client() as api:
             api.post(f"/nodes/{name}/heal")
             api.post(f"/nodes/{first}/heal", params={"device": 1})

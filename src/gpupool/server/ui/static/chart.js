@@ -29,8 +29,8 @@ export function lineChart(series, yMax, label) {
   const bottom = el("text", { x: 2, y: y(0) + 4, class: "tick" });
   bottom.textContent = "0";
   svg.appendChild(bottom);
-  for (const s of series) {
-    if (!s.values.length) continue;
+  for (const s of [...series.slice(1), series[0]]) { // the total last, on top
+    if (!s || !s.values.length) continue;
     const points = s.values.map(([t, v]) => `${x(t).toFixed(1)},${y(v).toFixed(1)}`).join(" ");
     const line = el("polyline", { points, class: "line " + s.cls });
     const tip = el("title", {});

@@ -59,12 +59,19 @@ export function bar(label, parts) {
 }
 
 const PALETTE = ["t0", "t1", "t2", "t3", "t4", "t5", "t6", "t7", "t8", "t9"];
+const COLOURS_KEY = "gpupool.colours";
 
-/** The colour class of a tenant: the same tenant gets the same colour on every page. */
+/** The colour class of a tenant: given in the order tenants are first seen in this tab and kept
+ * for the tab's session, so the same tenant has the same colour on every page and the first ten
+ * tenants all differ. */
 export function tenantClass(tenant) {
-  let hash = 0;
-  for (const ch of tenant) hash = (hash * 31 + ch.codePointAt(0)) >>> 0;
-  return PALETTE[hash % PALETTE.length];
+  let known = {};
+  try { known = JSON.parse(sessionStorage.getItem(COLOURS_KEY) || "{}"); } catch (err) { known = {}; }
+  if (!(tenant in known)) {
+    known[tenant] = Object.keys(known).length % PALETTE.length;
+    sessionStorage.setItem(COLOURS_KEY, JSON.stringify(known));
+  }
+  return PALETTE[known[tenant]];
 }
 
 export function gpus(value) {

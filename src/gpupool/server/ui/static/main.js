@@ -7,6 +7,7 @@ import * as nodes from "./nodes.js";
 import * as workloads from "./workloads.js";
 import * as workload from "./workload.js";
 import * as queues from "./queues.js";
+import * as usage from "./usage.js";
 
 const POLL_MS = 1000;
 const $ = (id) => document.getElementById(id);
@@ -21,6 +22,7 @@ function route(path) {
   if (first === "workloads" && second) return { page: "workloads", view: workload, arg: decodeURIComponent(second) };
   if (first === "workloads") return { page: "workloads", view: workloads };
   if (first === "queues") return { page: "queues", view: queues };
+  if (first === "usage") return { page: "usage", view: usage };
   return { page: "overview", view: overview };
 }
 
