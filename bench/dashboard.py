@@ -168,7 +168,7 @@ def main() -> None:
         routes = _routes(server.url, server.token, opts.route_samples)
     results = {
         "overview first render (ms)": _summary([drawn for drawn, _ in overview]),
-        "  of which loading the page's files (ms)": _summary([loaded for _, loaded in overview]),
+        "overview: page's files loaded (ms)": _summary([loaded for _, loaded in overview]),
         "nodes page first render (ms)": _summary([drawn for drawn, _ in nodes]),
         "live update visible after (ms)": _summary([d * 1000 for d in delays]),
     }
