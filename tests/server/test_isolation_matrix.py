@@ -80,6 +80,7 @@ DEFAULT_PARAMS = {"workload_id": "workload_id", "tenant": "tenant", "name": "ten
 
 EXPECTED: dict[tuple[str, str], Expectation] = {
     ("GET", "/health"): Public(),
+    ("GET", "/whoami"): Readable(),  # the caller's own identity: never the other tenant's
     # Workloads
     ("POST", "/workloads"): Others(body=lambda v: {"command": ["true"], "tenant": v.tenant},
                                    codes=frozenset({403})),
