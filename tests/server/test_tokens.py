@@ -12,7 +12,7 @@ import pytest
 from fakes import ManualProvider
 from sqlalchemy import select, update
 
-from conftest import Server, make_runtime
+from conftest import Server, make_runtime, start_server, stop_server
 from factories import node
 from gpupool.server import auth
 from gpupool.server.auth import Authenticator
@@ -208,8 +208,6 @@ def test_metrics_needs_the_admin_or_a_metrics_token(server: Server) -> None:
 
 def test_metrics_public_serves_without_a_token(tmp_path: Path) -> None:
     from dataclasses import replace
-
-    from conftest import start_server, stop_server
 
     server = start_server(tmp_path)
     try:

@@ -1,0 +1,1 @@
+"""The dashboard tests (a package, so that its conftest does not shadow tests/server/conftest.py)."""
