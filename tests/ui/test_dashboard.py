@@ -145,7 +145,8 @@ def test_submitted_work_appears_runs_and_finishes_without_a_reload(
     page.get_by_text("no workloads match").wait_for()
     gate = gate_dir / "go"
     workload_id = _submit(pool, token, name="live-job", resources={"gpus": 0.5}, command=[
-        "sh", "-c", f"echo started; while [ ! -e {gate} ]; do sleep 0.05; done; echo finished"])
+        "sh", "-c", f"echo started; while [ -d {gate_dir} ] && [ ! -e {gate} ]; do sleep 0.05; done; "
+        "echo finished"])
     row = page.locator("tr", has=page.get_by_role("link", name=workload_id))
     row.locator(".badge", has_text="running").wait_for()
     page.get_by_role("link", name=workload_id).click()
@@ -182,7 +183,8 @@ def test_a_failed_node_is_marked(pool: UpProcess, browser_page: Watched, gate_di
         assert page.locator("li.device.down").count() == 1
         token = _tenant_token(pool, "delta")  # some work to show: two running, one that cannot fit now
         gate = gate_dir / "go"
-        wait = ["sh", "-c", f"echo working; while [ ! -e {gate} ]; do sleep 0.05; done"]
+        # (it also ends when the gate's directory goes, so no pod outlives the test)
+        wait = ["sh", "-c", f"echo working; while [ -d {gate_dir} ] && [ ! -e {gate} ]; do sleep 0.05; done"]
         running = [_submit(pool, token, name=f"train-{i}", command=wait, resources={"gpus": g})
                    for i, g in enumerate((0.5, 0.25))]
         waiting = _submit(pool, token, name="wide", command=["true"], resources={"gpus": 4})
