@@ -13,6 +13,7 @@ from gpupool.core.model import Node, Workload
 from gpupool.providers.base import Provider
 from gpupool.server.auth import Authenticator
 from gpupool.server.db import Store
+from gpupool.server.held import HeldPods
 from gpupool.server.settings import Settings
 
 MAX_HANDED_OVER = 100_000
@@ -35,6 +36,8 @@ class Runtime:
         default_factory=lambda: collections.deque(maxlen=MAX_HANDED_OVER))
     """Core Workloads of just-committed submissions, parsed by the API: the scheduler takes them
     instead of parsing their stored specs again (anything missing here is parsed from the store)."""
+    held: HeldPods = field(default_factory=HeldPods)
+    """What the active pods hold, as last read by any route (each read brings it up to date)."""
     _nodes: tuple[Node, ...] = ()
     _nodes_lock: threading.Lock = field(default_factory=threading.Lock)
     auth: Authenticator = field(init=False)

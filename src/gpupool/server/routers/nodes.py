@@ -4,12 +4,12 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import APIRouter, Path, Query
+from fastapi import APIRouter, Header, Path, Query, Response
 
 from gpupool.server.deps import Rt, Who
 from gpupool.server.schemas.common import ErrorBody
 from gpupool.server.schemas.nodes import NodeOut, PoolSummary
-from gpupool.server.services import node_faults, pool
+from gpupool.server.services import node_faults, node_listing, pool
 from gpupool.server.services import nodes as service
 
 router = APIRouter(tags=["nodes"], responses={401: {"model": ErrorBody}})
@@ -17,9 +17,16 @@ NodeName = Annotated[str, Path(min_length=1, max_length=255)]
 DeviceIndex = Annotated[int | None, Query(ge=0, le=1023, description="a device index; none = the whole node")]
 
 
-@router.get("/nodes", response_model=list[NodeOut])
-def list_nodes(rt: Rt, who: Who) -> list[NodeOut]:
-    return service.list_nodes(rt, who)
+@router.get("/nodes", response_model=list[NodeOut],
+            responses={304: {"description": "unchanged since the ETag sent as If-None-Match"}})
+def list_nodes(rt: Rt, who: Who, if_none_match: Annotated[str | None, Header()] = None) -> Response:
+    """Every node with its devices' allocation; the answer's ETag lets a poller skip an unchanged
+    listing (send it back as If-None-Match: 304, no body)."""
+    found = node_listing.listing(rt, who)
+    headers = {"ETag": found.etag, "Cache-Control": "private, no-cache"}
+    if node_listing.etag_matches(if_none_match, found.etag):
+        return Response(status_code=304, headers=headers)
+    return Response(found.body, media_type="application/json", headers=headers)
 
 
 @router.get("/nodes/{name}", response_model=NodeOut, responses={404: {"model": ErrorBody}})

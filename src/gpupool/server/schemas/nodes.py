@@ -22,6 +22,14 @@ class NodeState(StrEnum):
     """the store knows the node (pods or flags there) but the provider no longer lists it"""
 
 
+class HeldSliceOut(Strict):
+    workload: str
+    name: str = Field("", description="the workload's name (may be empty)")
+    tenant: str
+    compute_milli: int
+    memory_mib: int
+
+
 class DeviceOut(Strict):
     uuid: str
     model: str
@@ -33,6 +41,10 @@ class DeviceOut(Strict):
     allocated_milli: int
     allocated_memory_mib: int
     injected_fault: bool = Field(False, description="an admin injected a fault here (gpupool node fail)")
+    held: list[HeldSliceOut] = Field(
+        default_factory=list,
+        description="the slices active pods hold here, by workload; a tenant's token sees only its own "
+                    "(allocated_milli minus these is held by other tenants)")
 
 
 class LayerOut(Strict):

@@ -1,8 +1,10 @@
-"""Node use cases: list and get with their allocation and state (lost ones too), cordon, uncordon, drain."""
+"""Node use cases: one node with its allocation and state (lost ones too), cordon, uncordon, drain
+(the listing is node_listing.py)."""
 
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from sqlalchemy import select
@@ -12,9 +14,10 @@ from gpupool.core.model import Node, WorkloadStatus
 from gpupool.errors import NotFound, did_you_mean
 from gpupool.providers.base import Capability
 from gpupool.server.auth import Principal
+from gpupool.server.held import EMPTY_NODE, NodeHeld
 from gpupool.server.orm import NodeFlagRow, PodRow, WorkloadRow
 from gpupool.server.runtime import Runtime
-from gpupool.server.schemas.nodes import DeviceOut, LayerOut, NodeOut, NodeState
+from gpupool.server.schemas.nodes import DeviceOut, HeldSliceOut, LayerOut, NodeOut, NodeState
 from gpupool.server.services import audit, enforcement
 from gpupool.server.services.requeue import lost_text, lost_work, requeue
 from gpupool.server.states import ACTIVE_POD_STATES, EventReason
@@ -29,24 +32,16 @@ class NodeUse:
     memory_mib: int = 0
     device_milli: dict[int, int] = field(default_factory=lambda: defaultdict(int))
     device_memory_mib: dict[int, int] = field(default_factory=lambda: defaultdict(int))
+    held: NodeHeld = EMPTY_NODE
 
 
-def node_usage(session: Session) -> dict[str, NodeUse]:
-    use: dict[str, NodeUse] = defaultdict(NodeUse)
-    rows = session.execute(
-        select(PodRow.node, PodRow.cpu_milli, PodRow.memory_mib, PodRow.slices).where(
-            PodRow.status.in_(ACTIVE_POD_STATES)
-        )
-    ).all()
-    for node, cpu, mem, slices in rows:
-        u = use[node]
-        u.pods += 1
-        u.cpu_milli += cpu
-        u.memory_mib += mem
-        for s in slices:
-            u.device_milli[s["device_index"]] += s["compute_milli"]
-            u.device_memory_mib[s["device_index"]] += s["memory_mib"]
-    return use
+def node_use(held: NodeHeld) -> NodeUse:
+    return NodeUse(pods=len(held.pods), cpu_milli=held.cpu_milli, memory_mib=held.memory_mib,
+                   device_milli=held.device_milli(), device_memory_mib=held.device_memory_mib(), held=held)
+
+
+def one_node_usage(session: Session, rt: Runtime, name: str) -> NodeUse:
+    return node_use(rt.held.read(session.connection()).by_node.get(name, EMPTY_NODE))
 
 
 def node_flags(session: Session) -> dict[str, NodeFlagRow]:
@@ -65,8 +60,22 @@ def node_state(node: Node, flags: NodeFlagRow | None, use: NodeUse) -> NodeState
     return NodeState.READY
 
 
-def _node_out(node: Node, flags: NodeFlagRow | None, use: NodeUse,
-              missing: dict[Capability, str]) -> NodeOut:
+def held_slices(held: NodeHeld, who: Principal) -> dict[int, list[HeldSliceOut]]:
+    """The slices held on each device of a node, those of workloads `who` may see only."""
+    by_device: dict[int, list[HeldSliceOut]] = defaultdict(list)
+    for pod in held.pods:
+        if not who.may_see(pod.tenant):
+            continue
+        for s in pod.slices:
+            by_device[s.device_index].append(HeldSliceOut(
+                workload=s.workload, name=s.name, tenant=s.tenant, compute_milli=s.compute_milli,
+                memory_mib=s.memory_mib))
+    return by_device
+
+
+def node_out(node: Node, flags: NodeFlagRow | None, use: NodeUse,
+             missing: Mapping[Capability, str], who: Principal) -> NodeOut:
+    held = held_slices(use.held, who)
     failed_devices = set(flags.failed_devices) if flags is not None else set()
     return NodeOut(
         name=node.name,
@@ -85,7 +94,7 @@ def _node_out(node: Node, flags: NodeFlagRow | None, use: NodeUse,
                 uuid=d.uuid, model=d.model, index=d.index, memory_mib=d.memory_mib, kind=d.kind.value,
                 healthy=d.healthy, simulated=d.simulated, allocated_milli=use.device_milli.get(slot, 0),
                 allocated_memory_mib=use.device_memory_mib.get(slot, 0),
-                injected_fault=d.index in failed_devices,
+                injected_fault=d.index in failed_devices, held=held.get(d.index, []),
             )
             for slot, d in enumerate(node.devices)
         ],
@@ -96,7 +105,7 @@ def _node_out(node: Node, flags: NodeFlagRow | None, use: NodeUse,
     )
 
 
-def _lost_out(name: str, flags: NodeFlagRow | None, use: NodeUse) -> NodeOut:
+def lost_out(name: str, flags: NodeFlagRow | None, use: NodeUse) -> NodeOut:
     """A node the store knows (pods or flags there) that the provider no longer lists."""
     return NodeOut(
         name=name, state=NodeState.LOST, cpu_milli=0, memory_mib=0, healthy=False,
@@ -109,24 +118,6 @@ def _lost_out(name: str, flags: NodeFlagRow | None, use: NodeUse) -> NodeOut:
 
 def has_flags(row: NodeFlagRow) -> bool:
     return bool(row.cordoned or row.draining or row.failed or row.failed_devices)
-
-
-def lost_names(live: set[str], flags: dict[str, NodeFlagRow], use: dict[str, NodeUse]) -> list[str]:
-    """Nodes with active pods or flags set that the provider does not list, sorted."""
-    known = {name for name, u in use.items() if u.pods} | {n for n, r in flags.items() if has_flags(r)}
-    return sorted(n for n in known - live if n)
-
-
-def list_nodes(rt: Runtime, who: Principal) -> list[NodeOut]:
-    """The provider's nodes in its order, then the lost ones by name."""
-    nodes = rt.nodes()
-    with rt.store.read() as session:
-        flags = node_flags(session)
-        use = node_usage(session)
-    missing = rt.provider.missing_capabilities()
-    listed = [_node_out(n, flags.get(n.name), use.get(n.name, NodeUse()), missing) for n in nodes]
-    lost = lost_names({n.name for n in nodes}, flags, use)
-    return listed + [_lost_out(name, flags.get(name), use.get(name, NodeUse())) for name in lost]
 
 
 def find(rt: Runtime, name: str) -> Node:
@@ -143,10 +134,10 @@ def get_node(rt: Runtime, who: Principal, name: str) -> NodeOut:
     """A live node, or a lost one the store still knows."""
     with rt.store.read() as session:
         flags = session.get(NodeFlagRow, name)
-        use = node_usage(session).get(name, NodeUse())
+        use = one_node_usage(session, rt, name)
     if _is_lost(rt, name, flags, use):
-        return _lost_out(name, flags, use)
-    return _node_out(find(rt, name), flags, use, rt.provider.missing_capabilities())
+        return lost_out(name, flags, use)
+    return node_out(find(rt, name), flags, use, rt.provider.missing_capabilities(), who)
 
 
 def _is_lost(rt: Runtime, name: str, flags: NodeFlagRow | None, use: NodeUse) -> bool:
@@ -158,7 +149,7 @@ def is_lost(rt: Runtime, name: str) -> bool:
     """Whether `name` is a lost node: known to the store, no longer listed by the provider."""
     with rt.store.read() as session:
         flags = session.get(NodeFlagRow, name)
-        use = node_usage(session).get(name, NodeUse())
+        use = one_node_usage(session, rt, name)
     return _is_lost(rt, name, flags, use)
 
 
@@ -168,8 +159,8 @@ def after_change(rt: Runtime, who: Principal, name: str, lost: bool) -> NodeOut:
         return get_node(rt, who, name)
     with rt.store.read() as session:
         flags = session.get(NodeFlagRow, name)
-        use = node_usage(session).get(name, NodeUse())
-    return _lost_out(name, flags, use)
+        use = one_node_usage(session, rt, name)
+    return lost_out(name, flags, use)
 
 
 def set_cordon(rt: Runtime, who: Principal, name: str, cordoned: bool) -> NodeOut:

@@ -229,7 +229,7 @@ def _queue_outs(rt: Runtime, who: Principal, tenant: str | None, name: str | Non
     with rt.store.read() as session:
         conn = session.connection()
         settings = quotas.read_queues(conn)
-        use = quotas.read_use(conn, quotas.quota_config(settings))
+        use = quotas.queue_use(quotas.quota_config(settings), rt.held.read(conn).milli_by_queue)
         counts = conn.execute(
             select(WorkloadRow.tenant, WorkloadRow.queue, WorkloadRow.status, func.count())
             .where(WorkloadRow.status.in_((WorkloadStatus.PENDING.value, *_ACTIVE)))
