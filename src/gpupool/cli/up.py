@@ -120,7 +120,8 @@ def _serve(data_dir: Path | None, host: str, port: int, simulate: str, provider:
     print(_scheduling_line(pool_config, settings.placement, config_path), flush=True)
     token = bootstrap(rt)
     _announce_token(settings.admin_token_path, token)
-    print(f"gpupool is serving on {settings.scheme}://{host}:{port} (API docs at /docs); stop with Ctrl-C.",
+    print(f"gpupool is serving on {settings.scheme}://{host}:{port} (dashboard at /, API docs at /docs); "
+          "stop with Ctrl-C.",
           flush=True)
     from gpupool import gc_tuning
 
