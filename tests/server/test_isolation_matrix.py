@@ -279,3 +279,17 @@ def test_metrics_need_a_token(world: World) -> None:
     assert refused.status_code == 403, refused.text
     assert VICTIM_MARK not in refused.text
     assert client.get("/metrics", headers=world.server.headers()).status_code == 200
+
+
+def test_the_node_listing_is_clean_for_a_tenant_because_it_is_filtered(world: World) -> None:
+    """/nodes names the workloads holding each device's slices: the admin sees the victim's there,
+    the victim its own, and the intruder (whose answer the matrix found clean) none of them."""
+    client, victim = world.server.client, world.victim
+
+    def holders(token: str | None) -> set[str]:
+        nodes = client.get(f"{API}/nodes", headers=world.server.headers(token)).json()
+        return {s["workload"] for n in nodes for d in n["devices"] for s in d["held"]}
+
+    assert victim.workload_id in holders(None)
+    assert victim.workload_id in holders(world.victim_token)
+    assert victim.workload_id not in holders(world.intruder)

@@ -12,8 +12,8 @@ export class ApiError extends Error {
 
 export const session = {
   token() { return sessionStorage.getItem(KEY) || ""; },
-  set(token) { sessionStorage.setItem(KEY, token); },
-  clear() { sessionStorage.removeItem(KEY); },
+  set(token) { sessionStorage.setItem(KEY, token); kept.clear(); },
+  clear() { sessionStorage.removeItem(KEY); kept.clear(); },
 };
 
 /** GET /api/v1/<path> with query `params` (arrays repeat the key); the parsed JSON, or ApiError. */
@@ -36,6 +36,33 @@ export async function get(path, params) {
     throw new ApiError(answer.status, message);
   }
   return answer.json();
+}
+
+const kept = new Map(); // path -> { etag, data }: the last answer of each route read with getKept
+
+/** GET /api/v1/<path> sending the ETag of this route's last answer: when the server says it has not
+ *  changed (304), the very same parsed object comes back, so a view can skip redrawing it. */
+export async function getKept(path) {
+  const last = kept.get(path);
+  const headers = { Authorization: "Bearer " + session.token() };
+  if (last) headers["If-None-Match"] = last.etag;
+  let answer;
+  try {
+    answer = await fetch("/api/v1/" + path, { headers, cache: "no-store" });
+  } catch (err) {
+    throw new ApiError(0, "The server does not answer; retrying.");
+  }
+  if (answer.status === 304 && last) return last.data;
+  if (!answer.ok) {
+    let message = "The server answered " + answer.status + ".";
+    try { message = (await answer.json()).message || message; } catch (err) { /* not JSON */ }
+    throw new ApiError(answer.status, message);
+  }
+  const data = await answer.json();
+  const etag = answer.headers.get("ETag");
+  if (etag) kept.set(path, { etag, data });
+  else kept.delete(path);
+  return data;
 }
 
 /** Every item of a paged workload listing (up to `most`), fetched a page of 1000 at a time. */

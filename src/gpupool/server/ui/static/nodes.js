@@ -1,12 +1,12 @@
 // Nodes: every device drawn as its slices (compute and memory), coloured by tenant; health,
 // state and the simulated marker. A tenant sees its own slices by tenant and the rest as "others".
+// Each device's `held` slices come with GET /nodes (a tenant's token gets only its own there), so
+// no workload listing is read; an unchanged listing (304 on its ETag) is not drawn again.
 
-import { allWorkloads, get } from "./api.js";
+import { getKept } from "./api.js";
 import { bar, h, mib, replace, tenantClass, update } from "./dom.js";
 
 const PAGE_NODES = 100;
-const MOST_PODS_LISTED = 20000;
-const HOLDING = ["launching", "waiting", "running"]; // pods that hold their slices (server/states.py)
 
 export function title() { return "Nodes"; }
 
@@ -28,15 +28,14 @@ export function mount(root, ctx) {
   let last = null;
   const rerun = () => { if (last) draw(last); };
 
-  function draw(data) {
-    last = data;
-    const { nodes, holders } = data;
+  function draw(nodes) {
+    last = nodes;
     const chosen = nodes.filter((n) => n.name.includes(state.filter) && (!state.onlyUnhealthy || n.state !== "ready"));
     const shown = chosen.slice(0, state.shown);
     const devices = nodes.reduce((sum, n) => sum + n.devices.length, 0);
     const down = nodes.filter((n) => !n.healthy).length;
     summary.textContent = `${nodes.length} nodes, ${devices} devices, ${down} unhealthy; showing ${shown.length} of ${chosen.length}.`;
-    const tenants = [...new Set(Object.values(holders).flat().map((p) => p.tenant))].sort();
+    const tenants = [...new Set(nodes.flatMap((n) => n.devices.flatMap((d) => d.held.map((s) => s.tenant))))].sort();
     update(legend, tenants, () => h("ul", { class: "legend", "aria-label": "Colours" },
       tenants.map((t) => h("li", {}, h("span", { class: "swatch " + tenantClass(t), "aria-hidden": "true" }), t)),
       ctx.me.admin ? "" : h("li", {}, h("span", { class: "swatch others", "aria-hidden": "true" }), "other tenants"),
@@ -45,7 +44,7 @@ export function mount(root, ctx) {
     const cards = new Map([...list.children].map((c) => [c.dataset.node, c]));
     const wanted = [];
     for (const node of shown) {
-      const mine = node.devices.map((d) => holders[`${node.name}/${d.index}`] || []);
+      const mine = node.devices.map((d) => d.held);
       let card = cards.get(node.name);
       if (!card) { card = h("article", { class: "node", "data-node": node.name }); }
       if (update(card, [node, mine], () => nodeCard(node, mine, ctx.me.admin))) card.classList.toggle("down", !node.healthy);
@@ -56,29 +55,9 @@ export function mount(root, ctx) {
   }
 
   return async () => {
-    const [nodes, active] = await Promise.all([
-      get("nodes"),
-      allWorkloads({ status: ["admitted", "running"] }, MOST_PODS_LISTED),
-    ]);
-    draw({ nodes, holders: slicesByDevice(active.items) });
+    const nodes = await getKept("nodes");
+    if (nodes !== last) draw(nodes);
   };
-}
-
-/** "node/device index" -> the slices held there: [{ workload, name, tenant, compute_milli, memory_mib }]. */
-function slicesByDevice(workloads) {
-  const held = {};
-  for (const w of workloads) {
-    for (const pod of w.pods) {
-      if (!HOLDING.includes(pod.status)) continue;
-      for (const s of pod.slices) {
-        const key = `${pod.node}/${s.device_index}`;
-        (held[key] = held[key] || []).push({ workload: w.id, name: w.name, tenant: w.tenant,
-          compute_milli: s.compute_milli, memory_mib: s.memory_mib });
-      }
-    }
-  }
-  for (const list of Object.values(held)) list.sort((a, b) => a.workload.localeCompare(b.workload));
-  return held;
 }
 
 function nodeCard(node, holders, admin) {

@@ -20,10 +20,10 @@ export function mount(root, ctx) {
     h("div", { class: "two" }, models, tenants), chart, pending);
 
   return async () => {
-    const [pool, waiting] = await Promise.all([
-      get("pool"),
-      get("workloads", { status: "pending", limit: 25 }),
-    ]);
+    // both asked at once; the totals are drawn as soon as /pool answers, the pending table after
+    const waiting = get("workloads", { status: "pending", limit: 25 });
+    waiting.catch(() => {}); // its failure is reported by the await below, not as an unhandled rejection
+    const pool = await get("pool");
     record(pool);
     drawCards(cards, pool);
     update(models, pool.by_model, () => [h("h2", { id: "h-models" }, "Devices allocated by model"), table("Allocated device share by device model",
@@ -42,7 +42,7 @@ export function mount(root, ctx) {
         gpus(t.allocated_gpus), String(t.running), String(t.pending),
       ]), "no workloads yet")]);
     drawHistory(chart);
-    update(pending, waiting, drawPending);
+    update(pending, await waiting, drawPending);
   };
 }
 
