@@ -70,6 +70,9 @@ _ENTRIES: tuple[tuple[StrEnum, bool, str, str], ...] = (
      "Stopped because its queue ran on borrowed quota that the lending queue now needs back.",
      f"It waits to run again within its queue's quota ({_QUEUE_LS}); work within the nominal quota is "
      "never reclaimed."),
+    (_R.BUDGET_EXHAUSTED, False, "Its tenant spent its budget for this period; running work continues.",
+     "It waits for the next budget period; an admin may raise the budget or allow overdraft with "
+     "`gpupool tenant set`."),
     (_R.UNKNOWN_PRIORITY_CLASS, True, "Its priority class is not one of the pool's classes.",
      "Resubmit with a class that `gpupool config show` lists."),
     (_R.UNKNOWN_QUEUE, True, "Its queue no longer exists.",

@@ -52,6 +52,7 @@ class Reason(StrEnum):
     RECLAIMED = "reclaimed"
     UNKNOWN_PRIORITY_CLASS = "unknown_priority_class"
     UNKNOWN_QUEUE = "unknown_queue"
+    BUDGET_EXHAUSTED = "budget_exhausted"
 
 
 @dataclass(frozen=True, slots=True)

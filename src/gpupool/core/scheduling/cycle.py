@@ -66,6 +66,9 @@ class Policies:
     defaults: SliceDefaults = field(default_factory=SliceDefaults)
     """What a pod holds of the amounts its request leaves at 0 (proportional device memory, the
     node's per-device share of cpu and memory)."""
+    exhausted_tenants: frozenset[str] = frozenset()
+    """Tenants that spent their budget for this period (computed by the caller from its meter): their
+    pending work waits with `Reason.BUDGET_EXHAUSTED` before placement; their running work continues."""
 
 
 class EventKind(StrEnum):
@@ -160,6 +163,11 @@ _as_rejection = partial(tuple.__new__, Rejection)
 """A Rejection from a plain (id, reason, message, final) tuple, without the keyword-checking constructor."""
 
 
+def _budget_wait(w: Workload) -> Rejection:
+    message = f"Tenant {w.tenant!r} spent its budget for this period; its running work continues."
+    return _as_rejection((w.id, Reason.BUDGET_EXHAUSTED, message, False))
+
+
 class _Cycle:
     """The mutable bookkeeping of one cycle."""
 
@@ -175,6 +183,7 @@ class _Cycle:
         self.policies = policies
         self.now_s = now_s
         self.rng = rng
+        self.exhausted = policies.exhausted_tenants
         self.policy = view.placement_policy(policies.placement, policies.placement_options)
         self.ordering = make_ordering(policies.ordering, **dict(policies.ordering_options))
         self.models = tuple(view.state.models)
@@ -204,12 +213,17 @@ class _Cycle:
         valid, stream = self._nominate(pending)
         banded = self.ordering.banded
         metas = self.view.metas
+        exhausted = self.exhausted
         tried: list[Workload] = []
         while (w := stream.next_workload()) is not None:
             tried.append(w)
             meta = metas[w.id]
-            self._reached(meta)
-            self._consider(w, meta)
+            if exhausted and w.tenant in exhausted:
+                # not counted in `left`: passed over like a blocked queue's work, before placement
+                self.rejected.append(_budget_wait(w))
+            else:
+                self._reached(meta)
+                self._consider(w, meta)
             if not self.pass_over:
                 continue
             if not self.live:
@@ -287,8 +301,20 @@ class _Cycle:
             memo=view.ordering_memo,
             changes=changes,
         )
-        self.live = set(self.left)
+        if self.exhausted:
+            self._discount_exhausted(valid)
+        else:
+            self.live = set(self.left)
         return valid, self.ordering.stream(valid, ctx)
+
+    def _discount_exhausted(self, valid: Sequence[Workload]) -> None:
+        """Keys count only the work that may be placed: an exhausted tenant's work waits whatever its
+        key's verdict, so a key left with none of the other tenants' work is not live."""
+        exhausted, metas, left = self.exhausted, self.view.metas, self.left
+        for w in valid:
+            if w.tenant in exhausted:
+                left[metas[w.id].key] -= 1
+        self.live = {k for k, n in left.items() if n}
 
     def _meta(self, w: Workload) -> Meta:
         return self.view.meta(w, self.policies.overcommit)
@@ -497,6 +523,11 @@ class _Cycle:
                 verdicts[kids[key]] = (*self.never[key], True)
             if band is not None and key[2][0] == band:
                 left[key] = 0
+        exhausted = self.exhausted
+        if exhausted:
+            self.rejected.extend(_budget_wait(w) if w.tenant in exhausted
+                                 else _as_rejection((w.id, *verdicts[metas[w.id].kid])) for w in passed)
+            return
         # In C, one map after another: a queue of thousands is passed over on every cycle.
         wids = list(map(_workload_id, passed))
         found = map(verdicts.__getitem__, map(_kid, map(metas.__getitem__, wids)))
