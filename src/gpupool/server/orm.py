@@ -41,6 +41,13 @@ class TenantRow(Base):
     """How many of its workloads may wait at once (Slurm's MaxSubmitJobs)."""
     unix_user: Mapped[str | None] = mapped_column(String(UNIX_USER_LENGTH), nullable=True)
     """The Unix account its pods run as when the agent runs as root; NULL: the pool's own account."""
+    budget: Mapped[float | None] = mapped_column(Float, nullable=True)
+    """What it may spend per budget period, in the price book's currency; NULL: no budget."""
+    budget_period: Mapped[str] = mapped_column(String(8), default="month", server_default="month")
+    budget_warn: Mapped[float] = mapped_column(Float, default=0.8, server_default="0.8")
+    """The fraction of its budget at which it is warned (once per period)."""
+    budget_overdraft: Mapped[bool] = mapped_column(Boolean, default=False, server_default="0")
+    """Whether its new work still starts once its budget is spent (it is only warned)."""
 
 
 class QueueRow(Base):

@@ -7,6 +7,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING
 
 from gpupool.config import PoolConfig
 from gpupool.core.model import Node, Workload
@@ -15,6 +16,9 @@ from gpupool.server.auth import Authenticator
 from gpupool.server.db import Store
 from gpupool.server.held import HeldPods
 from gpupool.server.settings import Settings
+
+if TYPE_CHECKING:
+    from gpupool.server.services.budgets import BudgetTracker
 
 MAX_HANDED_OVER = 100_000
 
@@ -38,6 +42,8 @@ class Runtime:
     instead of parsing their stored specs again (anything missing here is parsed from the store)."""
     held: HeldPods = field(default_factory=HeldPods)
     """What the active pods hold, as last read by any route (each read brings it up to date)."""
+    budgets: BudgetTracker = field(default_factory=lambda: _budget_tracker())
+    """Each budgeted tenant's spend this period and who exhausted theirs (services/budgets.py)."""
     _nodes: tuple[Node, ...] = ()
     _nodes_lock: threading.Lock = field(default_factory=threading.Lock)
     auth: Authenticator = field(init=False)
@@ -65,6 +71,12 @@ class Runtime:
     @property
     def simulated(self) -> bool:
         return any(d.simulated for n in self.nodes() for d in n.devices)
+
+
+def _budget_tracker() -> BudgetTracker:
+    from gpupool.server.services.budgets import BudgetTracker  # it reads the store through a Runtime
+
+    return BudgetTracker()
 
 
 def with_flags(node: Node, cordoned: bool) -> Node:

@@ -204,8 +204,9 @@ class Scheduler:
         self._core_nodes = view.snapshot.nodes
         self._note_arrivals(candidates)
         snapshot = dataclasses.replace(view.snapshot, workload_info=self.info)
-        # the core enforces the queues' quotas itself (Kueue semantics)
-        policies = dataclasses.replace(self.policies, quota=view.quota)
+        # the core enforces the queues' quotas itself (Kueue semantics), and tenants' budgets
+        policies = dataclasses.replace(self.policies, quota=view.quota,
+                                       exhausted_tenants=self.rt.budgets.exhausted_tenants(self.rt))
         audit = full and now >= self._next_audit_s
         if audit:
             self._next_audit_s = now + AUDIT_S

@@ -1,0 +1,173 @@
+"""Tenant budgets live: each budgeted tenant's spend this period from the pod rows, the exhausted set
+the scheduler admits with, and the warning at the warn fraction (once per period per tenant).
+
+Cheap by construction: at most one refresh every REFRESH_S of the server's clock, none at all while
+no tenant has a budget, and incremental like the /metrics usage counters: pods that ended before a
+watermark (a minute ago) are folded into kept totals once (read through the index on
+`pods.finished_s`); only pods still open or ended since are priced afresh.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from sqlalchemy import or_, select
+
+from gpupool.core.budgets import Budget, BudgetPeriod, SpendLedger, exhausted
+from gpupool.core.metering import PodInterval, PriceBook
+from gpupool.server.orm import AuditRow, PodRow, TenantRow, WorkloadRow
+from gpupool.server.runtime import Runtime
+from gpupool.server.services.metering import device_map, held
+
+log = logging.getLogger(__name__)
+
+REFRESH_S = 5.0
+"""The scheduler sees a budget spent at most this long after it was (plus a pod's settle time)."""
+SETTLE_S = 60.0
+"""A pod that ended this long ago is in the kept totals (its row committed long since)."""
+WARNING_ACTION = "tenant.budget_warning"
+ACTOR = "gpupool"
+"""The audit log's actor for what the server does on its own."""
+
+
+@dataclass(frozen=True, slots=True)
+class TenantSpend:
+    budget: Budget
+    period_start_s: float
+    spent: float
+
+    @property
+    def ratio(self) -> float:
+        return self.spent / self.budget.amount if self.budget.amount > 0 else 1.0
+
+
+@dataclass(slots=True)
+class BudgetTracker:
+    """One server process's view of every budgeted tenant's spend (see the module docstring)."""
+
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    book: PriceBook | None = None
+    ledger: SpendLedger | None = None
+    watermark_s: dict[str, tuple[float, float]] = field(default_factory=dict)
+    """Per tenant: (its period's start, a time): its pods that ended in between are in the kept total."""
+    spend: dict[str, TenantSpend] = field(default_factory=dict)
+    exhausted: frozenset[str] = frozenset()
+    warned: set[tuple[str, float]] = field(default_factory=set)
+    next_refresh_s: float = float("-inf")
+
+    def invalidate(self) -> None:
+        """A budget changed: the next call refreshes whatever the time."""
+        with self.lock:
+            self.next_refresh_s = float("-inf")
+
+    def exhausted_tenants(self, rt: Runtime) -> frozenset[str]:
+        """The tenants whose new work waits (refreshed when due)."""
+        self.refresh(rt)
+        return self.exhausted
+
+    def spent(self, rt: Runtime) -> dict[str, TenantSpend]:
+        """Every budgeted tenant's budget and spend this period (refreshed when due)."""
+        self.refresh(rt)
+        return dict(self.spend)
+
+    def refresh(self, rt: Runtime) -> None:
+        now = rt.clock()
+        with self.lock:
+            if now < self.next_refresh_s:
+                return
+            self.next_refresh_s = now + REFRESH_S
+            budgets = _budgets(rt)
+            before = self.exhausted
+            if not budgets:
+                self.spend, self.exhausted, self.watermark_s = {}, frozenset(), {}
+            else:
+                self._meter(rt, budgets, now)
+        if before - self.exhausted:
+            rt.capacity_may_have_changed()  # a new period, a raised budget: its work may start now
+        if budgets:
+            self._warn(rt, now)
+
+    def _meter(self, rt: Runtime, budgets: dict[str, Budget], now: float) -> None:
+        book = rt.config.prices.price_book() if self.book is None else self.book
+        if self.ledger is None:
+            self.book, self.ledger = book, SpendLedger(book)
+        ledger = self.ledger
+        starts = {t: ledger.period(t, b, now) for t, b in budgets.items()}
+        marks = {}
+        for tenant, start in starts.items():
+            kept = self.watermark_s.get(tenant)
+            marks[tenant] = kept[1] if kept is not None and kept[0] == start else start  # new: none folded
+        mark = now - SETTLE_S
+        ended, still = _pod_rows(rt, list(budgets), min(marks.values()), mark, now)
+        intervals = _Intervals(rt)
+        for row in sorted(ended, key=lambda r: r.finished_s):
+            if row.finished_s > marks[row.tenant]:
+                ledger.fold(intervals.of(row, row.finished_s), budgets[row.tenant])
+        self.watermark_s = {t: (starts[t], max(marks[t], mark)) for t in budgets}
+        open_now = [intervals.of(row, now if row.finished_s is None else min(row.finished_s, now))
+                    for row in still]
+        spent = ledger.spent(budgets, open_now, now)
+        self.spend = {t: TenantSpend(b, starts[t], spent[t]) for t, b in budgets.items()}
+        self.exhausted = exhausted(budgets, spent)
+
+    def _warn(self, rt: Runtime, now: float) -> None:
+        """Record a `tenant.budget_warning` in the audit log when a tenant's spend first reaches its warn
+        fraction in a period (the log is read back after a restart, so it is said once)."""
+        due = [(t, s) for t, s in self.spend.items()
+               if s.ratio >= s.budget.warn_fraction and (t, s.period_start_s) not in self.warned]
+        if not due:
+            return
+        with rt.store.write() as session:
+            for tenant, s in due:
+                self.warned.add((tenant, s.period_start_s))
+                said = session.scalars(select(AuditRow.id).where(
+                    AuditRow.action == WARNING_ACTION, AuditRow.target == tenant,
+                    AuditRow.at_s >= s.period_start_s)).first()
+                if said is not None:
+                    continue
+                detail = (f"spent {s.spent:.2f} of its {s.budget.period.value}ly budget {s.budget.amount:g} "
+                          f"{self.book.currency if self.book else ''} ({s.ratio:.0%})")
+                log.warning("tenant %s %s", tenant, detail)
+                session.add(AuditRow(at_s=now, actor=ACTOR, token_id="", action=WARNING_ACTION,
+                                     target=tenant[:255], detail=detail[:1024], remote="", count=1))
+
+
+def _budgets(rt: Runtime) -> dict[str, Budget]:
+    with rt.store.read() as session:
+        rows = session.execute(select(TenantRow.name, TenantRow.budget, TenantRow.budget_period,
+                                      TenantRow.budget_warn, TenantRow.budget_overdraft)
+                               .where(TenantRow.budget.is_not(None))).all()
+    return {name: Budget(amount, BudgetPeriod(period), warn, bool(overdraft))
+            for name, amount, period, warn, overdraft in rows}
+
+
+def _pod_rows(rt: Runtime, tenants: list[str], watermark: float, mark: float,
+              now: float) -> tuple[Sequence[Any], Sequence[Any]]:
+    """The budgeted tenants' pods that ended in (watermark, mark], and those open or ended since."""
+    base = (select(PodRow.id, PodRow.node, PodRow.slices, PodRow.started_s, PodRow.finished_s,
+                   WorkloadRow.tenant, WorkloadRow.queue, WorkloadRow.spec)
+            .join(WorkloadRow, WorkloadRow.id == PodRow.workload_id)
+            .where(PodRow.started_s.is_not(None), PodRow.started_s < now, WorkloadRow.tenant.in_(tenants)))
+    with rt.store.read() as session:
+        ended = session.execute(base.where(PodRow.finished_s > watermark, PodRow.finished_s <= mark)).all()
+        still = session.execute(base.where(or_(PodRow.finished_s.is_(None), PodRow.finished_s > mark))).all()
+    return ended, still
+
+
+class _Intervals:
+    """Pod rows as metering intervals (the same reading as `services.metering.intervals`)."""
+
+    def __init__(self, rt: Runtime) -> None:
+        from gpupool.server.services.specs import default_priority_class
+
+        self.devices = device_map(rt.nodes())
+        self.default_class = default_priority_class(rt.config.priority_classes) or ""
+
+    def of(self, row: Any, end_s: float) -> PodInterval:
+        return PodInterval(row.id, row.tenant, row.queue,
+                           str(row.spec.get("priority_class") or self.default_class), row.node,
+                           row.started_s, max(end_s, row.started_s), held(row.node, row.slices, self.devices))
