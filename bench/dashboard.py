@@ -10,8 +10,13 @@ so the pool is full and the rest waits with a reason. Then, N times each:
   - live update: a workload is submitted through the API while the overview is open; the time
     from the API's answer until its id shows on the page (polling every 1 s: the expected delay is
     half that plus a refresh);
-  - the nodes page's first render (every device's slices: the page reads every running workload);
-  - each API route the pages poll, timed alone (p50 and p99).
+  - the overview's totals drawn (the cards, from GET /pool alone) on the way to its first render;
+  - the nodes page's first render (every device's slices, from GET /nodes);
+  - each API route the pages poll, timed alone (p50 and p99), and GET /nodes sent back its ETag
+    (If-None-Match: 304 while nothing changed, as the nodes page polls it).
+
+Top-level figures for bench/side_by_side.py --metric: overview_ms, overview_cards_ms, update_ms,
+nodes_page_ms, and <route>_p99_ms for pool, nodes, queues and pending.
 
     .venv/bin/python bench/dashboard.py [--nodes 1000] [--devices 8] [--workloads 10000] [--samples 5]
 """
@@ -40,6 +45,7 @@ ROUTES = {
     "GET /pool": ("/pool", {}),
     "GET /workloads pending (25)": ("/workloads", {"status": "pending", "limit": 25}),
     "GET /nodes": ("/nodes", {}),
+    "GET /nodes (If-None-Match, unchanged)": ("/nodes", {}),
     "GET /queues": ("/queues", {}),
     "GET /workloads running (page of 1000)": ("/workloads", {"status": "admitted,running", "limit": 1000}),
     "GET /workloads (table, 50)": ("/workloads", {"limit": 50}),
@@ -81,17 +87,22 @@ def _page(browser: Any, url: str, token: str) -> Any:
     return page
 
 
-def _first_render(browser: Any, url: str, token: str, path: str, ready: str) -> tuple[float, float]:
-    """ms from navigation start until `ready` is on the page (the page's own clock), and until the
-    page's files were loaded and run (DOMContentLoaded)."""
+def _first_render(browser: Any, url: str, token: str, path: str, ready: str,
+                  early: str = "") -> tuple[float, float, float]:
+    """ms from navigation start until `ready` is on the page (the page's own clock), until the
+    page's files were loaded and run (DOMContentLoaded), and until `early` was (0 without one)."""
     page = _page(browser, url, token)
     try:
         page.goto(url + path)
+        first = 0.0
+        if early:
+            page.wait_for_selector(early, state="attached")
+            first = float(page.evaluate("performance.now()"))
         page.wait_for_selector(ready, state="attached")
         drawn = float(page.evaluate("performance.now()"))
         loaded = float(page.evaluate(
             "performance.getEntriesByType('navigation')[0].domContentLoadedEventEnd"))
-        return drawn, loaded
+        return drawn, loaded, first
     finally:
         page.context.close()
 
@@ -123,9 +134,14 @@ def _routes(url: str, token: str, samples: int) -> dict[str, dict[str, float]]:
                       timeout=120) as api:
         for name, (path, params) in ROUTES.items():
             took = []
+            headers = {}
+            if "If-None-Match" in name:
+                headers["If-None-Match"] = api.get(path, params=params).headers.get("etag", "")
             for _ in range(samples):
                 began = time.perf_counter()
-                api.get(path, params=params).raise_for_status()
+                answer = api.get(path, params=params, headers=headers)
+                if answer.status_code != 304:
+                    answer.raise_for_status()
                 took.append(time.perf_counter() - began)
             timed[name] = {"p50_ms": round(percentile_ms(took, 50), 1),
                            "p99_ms": round(percentile_ms(took, 99), 1)}
@@ -158,7 +174,7 @@ def main() -> None:
         with sync_playwright() as driver:
             browser = driver.chromium.launch(executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS)
             try:
-                overview = [_first_render(browser, server.url, server.token, "/ui/", "#h-pending")
+                overview = [_first_render(browser, server.url, server.token, "/ui/", "#h-pending", "#c-nodes")
                             for _ in range(opts.samples)]
                 nodes = [_first_render(browser, server.url, server.token, "/ui/nodes", "article.node")
                          for _ in range(max(1, opts.samples // 2))]
@@ -167,9 +183,10 @@ def main() -> None:
                 browser.close()
         routes = _routes(server.url, server.token, opts.route_samples)
     results = {
-        "overview first render (ms)": _summary([drawn for drawn, _ in overview]),
-        "overview: page's files loaded (ms)": _summary([loaded for _, loaded in overview]),
-        "nodes page first render (ms)": _summary([drawn for drawn, _ in nodes]),
+        "overview first render (ms)": _summary([drawn for drawn, _, _ in overview]),
+        "overview: page's files loaded (ms)": _summary([loaded for _, loaded, _ in overview]),
+        "overview: totals drawn (ms)": _summary([first for _, _, first in overview]),
+        "nodes page first render (ms)": _summary([drawn for drawn, _, _ in nodes]),
         "live update visible after (ms)": _summary([d * 1000 for d in delays]),
     }
     table = Table(title=f"Dashboard on {pool} with {opts.workloads} workloads ({counts['running']} running, "
@@ -185,6 +202,13 @@ def main() -> None:
     payload: dict[str, object] = {
         "pool": pool, "workloads": opts.workloads, "counts": counts, "fill_s": round(fill_s, 1),
         "settle_s": round(settle_s, 1), **results, "routes": routes,
+        "overview_ms": results["overview first render (ms)"]["p50"],
+        "overview_cards_ms": results["overview: totals drawn (ms)"]["p50"],
+        "update_ms": results["live update visible after (ms)"]["p50"],
+        "nodes_page_ms": results["nodes page first render (ms)"]["p50"],
+        **{f"{short}_p99_ms": routes[name]["p99_ms"] for short, name in (
+            ("pool", "GET /pool"), ("nodes", "GET /nodes"), ("queues", "GET /queues"),
+            ("pending", "GET /workloads pending (25)"))},
         "load_average_1m": os.getloadavg()[0],
     }
     print(f"JSON: {write_json(opts.json, 'dashboard', payload)}")

@@ -3,6 +3,7 @@ tenant's token only its own) with an ETag, /pool and /queues follow pods as they
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from conftest import Server
@@ -80,7 +81,9 @@ def test_pool_and_queues_follow_pods_that_start_and_end(server: Server) -> None:
     assert allocated() == (0.0, 0.0, 0.0)
 
 
-def test_the_held_view_reads_only_new_pods_and_keeps_its_version_while_unchanged(server: Server) -> None:
+def test_the_held_view_reads_only_new_pods_and_keeps_its_version_while_unchanged(
+        server_factory: Callable[..., Server], db_url: str) -> None:
+    server = server_factory(db_url)  # the ids are read through the driver's cursor: both stores
     token = _tenant(server, "amber")
     _submit(server, token, 1, "one")
     held = HeldPods()

@@ -54,6 +54,8 @@ class Runtime:
     def refresh_nodes(self) -> tuple[Node, ...]:
         """Ask the provider (non-blocking by contract) and keep the answer for readers."""
         nodes = tuple(self.provider.nodes())
+        if nodes == self._nodes:
+            return self._nodes  # the same objects: readers then compare them by identity, cheaply
         with self._nodes_lock:
             self._nodes = nodes
         return nodes

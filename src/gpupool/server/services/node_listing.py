@@ -18,13 +18,15 @@ from typing import Any
 from gpupool.core.model import Node
 from gpupool.providers.base import Capability
 from gpupool.server.auth import Principal
-from gpupool.server.held import EMPTY_NODE, NodeHeld
+from gpupool.server.held import EMPTY_NODE, HeldView, NodeHeld
 from gpupool.server.orm import NodeFlagRow
 from gpupool.server.runtime import Runtime
 from gpupool.server.services.nodes import has_flags, lost_out, node_flags, node_out, node_use
 
 MOST_KEPT = 200_000
 """Node parts kept (nodes x viewers) before the cache is emptied and starts again."""
+MOST_ANSWERS = 1_000
+"""Whole answers kept (one per viewer) before they are all dropped."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,6 +50,9 @@ class NodeListing:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._parts: dict[tuple[str | None, str], _Part] = {}
+        self._answers: dict[str | None, tuple[tuple[Any, ...], Listing, HeldView]] = {}
+        """The last whole answer per viewer, with what it was built from (the view is kept so
+        that its id is not reused while the answer is)."""
 
     def listing(self, rt: Runtime, who: Principal) -> Listing:
         """The provider's nodes in its order, then the lost ones (active pods or flags set, no
@@ -58,6 +63,12 @@ class NodeListing:
             view = rt.held.read(session.connection())
         missing_map = rt.provider.missing_capabilities()
         missing = tuple(sorted((str(k), v) for k, v in missing_map.items()))
+        flag_keys = tuple(sorted((name, _flag_key(row)) for name, row in flags.items()))
+        whole = (who.tenant, view.version, id(view), nodes, flag_keys, missing)
+        with self._lock:
+            last = self._answers.get(who.tenant)
+        if last is not None and _same(last[0], whole):
+            return last[1]
         live = {n.name for n in nodes}
         known = {n for n, h in view.by_node.items() if h.pods} | {n for n, r in flags.items() if has_flags(r)}
         lost = sorted(n for n in known - live if n)
@@ -72,7 +83,12 @@ class NodeListing:
                 parts.append(self._part(who, name, None, flags.get(name),
                                         view.by_node.get(name, EMPTY_NODE), (), missing_map))
         body = b"[" + b",".join(parts) + b"]"
-        return Listing(body, '"' + hashlib.blake2b(body, digest_size=16).hexdigest() + '"')
+        answer = Listing(body, '"' + hashlib.blake2b(body, digest_size=16).hexdigest() + '"')
+        with self._lock:
+            if len(self._answers) > MOST_ANSWERS:
+                self._answers.clear()
+            self._answers[who.tenant] = (whole, answer, view)
+        return answer
 
     def _part(self, who: Principal, name: str, node: Node | None, flags: NodeFlagRow | None,
               held: NodeHeld, missing: tuple[Any, ...], missing_map: Mapping[Capability, str]) -> bytes:
@@ -97,6 +113,11 @@ def listing(rt: Runtime, who: Principal) -> Listing:
     """GET /nodes for `who` (the parts are shared by every runtime of this process: a part is
     reused only when everything it is built from is equal)."""
     return _LISTING.listing(rt, who)
+
+
+def _same(kept: tuple[Any, ...], now: tuple[Any, ...]) -> bool:
+    """Whether a whole answer's inputs are unchanged (the node list by identity first)."""
+    return all(a is b or a == b for a, b in zip(kept, now, strict=True))
 
 
 def _flag_key(flags: NodeFlagRow | None) -> tuple[Any, ...] | None:
