@@ -14,6 +14,7 @@ from sqlalchemy import func, select
 
 from gpupool.core.model import WorkloadStatus
 from gpupool.core.units import MILLI
+from gpupool.server.metrics_budgets import BudgetCollector
 from gpupool.server.metrics_usage import UsageCollector
 from gpupool.server.orm import PodRow, WorkloadRow
 from gpupool.server.runtime import Runtime
@@ -39,6 +40,7 @@ class Metrics:
         )
         self.registry.register(PoolCollector(rt))
         self.registry.register(UsageCollector(rt))
+        self.registry.register(BudgetCollector(rt))
 
 
 class PoolCollector(Collector):

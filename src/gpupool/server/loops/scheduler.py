@@ -165,6 +165,7 @@ class Scheduler:
         """
         start = time.perf_counter()
         now = self.rt.clock()
+        exhausted = self.rt.budgets.exhausted_tenants(self.rt)  # every few seconds: spend, warnings
         if not self._history_loaded:
             self._load_history()
         backoff_over = self._backoff_s is not None and now >= self._backoff_s
@@ -205,8 +206,7 @@ class Scheduler:
         self._note_arrivals(candidates)
         snapshot = dataclasses.replace(view.snapshot, workload_info=self.info)
         # the core enforces the queues' quotas itself (Kueue semantics), and tenants' budgets
-        policies = dataclasses.replace(self.policies, quota=view.quota,
-                                       exhausted_tenants=self.rt.budgets.exhausted_tenants(self.rt))
+        policies = dataclasses.replace(self.policies, quota=view.quota, exhausted_tenants=exhausted)
         audit = full and now >= self._next_audit_s
         if audit:
             self._next_audit_s = now + AUDIT_S

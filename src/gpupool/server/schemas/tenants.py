@@ -15,6 +15,11 @@ MaxPriority = Annotated[int, Field(ge=-1000, le=1000, strict=True,
                                    description="the highest priority its tokens may submit at")]
 MaxPending = Annotated[int, Field(ge=0, le=10_000_000, strict=True,
                                   description="how many of its workloads may wait at once")]
+BudgetAmount = Annotated[float, Field(ge=0, le=1e12, strict=True, allow_inf_nan=False,
+                                      description="its spend per period, in the price book's currency")]
+BudgetPeriodName = Literal["month", "week", "day"]
+BudgetWarn = Annotated[float, Field(gt=0, le=1, strict=True, allow_inf_nan=False,
+                                    description="the fraction of its budget at which it is warned")]
 TokenName = Annotated[str, Field(max_length=63, pattern=r"^[A-Za-z0-9._-]*$")]
 
 
@@ -31,6 +36,10 @@ class TenantUpdate(Strict):
     unix_user: UnixUser | None = None
     max_priority: MaxPriority | None = None
     max_pending: MaxPending | None = None
+    budget: BudgetAmount | None = Field(default=None, description="null removes the budget")
+    budget_period: BudgetPeriodName | None = Field(default=None, description="null leaves it as it is")
+    budget_warn: BudgetWarn | None = Field(default=None, description="null leaves it as it is")
+    overdraft: bool | None = Field(default=None, description="new work starts even with the budget spent")
 
 
 class TenantOut(Strict):
@@ -40,6 +49,14 @@ class TenantOut(Strict):
     max_priority: int = 0
     max_pending: int = 10_000
     unix_user: str | None = None
+    budget: float | None = Field(default=None, description="what it may spend per period; null: no budget")
+    budget_period: BudgetPeriodName = "month"
+    budget_warn: float = 0.8
+    overdraft: bool = False
+    spent: float | None = Field(default=None, description="spent this period at the prices in force")
+    spent_ratio: float | None = Field(default=None, description="spent / budget")
+    period_start_s: float | None = Field(default=None, description="when this budget period began (UTC)")
+    budget_exhausted: bool = Field(default=False, description="its new work waits for the next period")
     warning: str | None = Field(default=None, description="one sentence to show the caller (create only)")
 
 

@@ -21,6 +21,7 @@ from gpupool.core.budgets import Budget, BudgetPeriod, SpendLedger, exhausted
 from gpupool.core.metering import PodInterval, PriceBook
 from gpupool.server.orm import AuditRow, PodRow, TenantRow, WorkloadRow
 from gpupool.server.runtime import Runtime
+from gpupool.server.schemas.tenants import TenantUpdate
 from gpupool.server.services.metering import device_map, held
 
 log = logging.getLogger(__name__)
@@ -129,11 +130,43 @@ class BudgetTracker:
                     AuditRow.at_s >= s.period_start_s)).first()
                 if said is not None:
                     continue
-                detail = (f"spent {s.spent:.2f} of its {s.budget.period.value}ly budget {s.budget.amount:g} "
-                          f"{self.book.currency if self.book else ''} ({s.ratio:.0%})")
+                currency = self.book.currency if self.book else ""
+                detail = (f"spent {s.spent:.2f} of its budget of {s.budget.amount:g} {currency} per "
+                          f"{s.budget.period.value} ({s.ratio:.0%})")
                 log.warning("tenant %s %s", tenant, detail)
                 session.add(AuditRow(at_s=now, actor=ACTOR, token_id="", action=WARNING_ACTION,
                                      target=tenant[:255], detail=detail[:1024], remote="", count=1))
+
+
+def apply_update(row: TenantRow, body: TenantUpdate) -> bool:
+    """Set the budget fields `body` gives on the tenant's row; whether any was given."""
+    given = body.model_fields_set & {"budget", "budget_period", "budget_warn", "overdraft"}
+    if "budget" in given:
+        row.budget = body.budget
+    if body.budget_period is not None:
+        row.budget_period = body.budget_period
+    if body.budget_warn is not None:
+        row.budget_warn = body.budget_warn
+    if body.overdraft is not None:
+        row.budget_overdraft = body.overdraft
+    return bool(given)
+
+
+def describe(row: TenantRow) -> str:
+    """The budget fields as the audit log records them."""
+    amount = "-" if row.budget is None else f"{row.budget:g}"
+    return (f"budget={amount} budget_period={row.budget_period} budget_warn={row.budget_warn:g} "
+            f"overdraft={str(bool(row.budget_overdraft)).lower()}")
+
+
+def fields_out(row: TenantRow, spend: TenantSpend | None, is_exhausted: bool) -> dict[str, Any]:
+    """The budget fields of a tenant's `TenantOut` (the spend only while it has a budget)."""
+    out: dict[str, Any] = {"budget": row.budget, "budget_period": row.budget_period,
+                           "budget_warn": row.budget_warn, "overdraft": bool(row.budget_overdraft)}
+    if row.budget is not None and spend is not None:
+        out.update(spent=round(spend.spent, 6), spent_ratio=round(spend.ratio, 6),
+                   period_start_s=spend.period_start_s, budget_exhausted=is_exhausted)
+    return out
 
 
 def _budgets(rt: Runtime) -> dict[str, Budget]:
@@ -141,7 +174,7 @@ def _budgets(rt: Runtime) -> dict[str, Budget]:
         rows = session.execute(select(TenantRow.name, TenantRow.budget, TenantRow.budget_period,
                                       TenantRow.budget_warn, TenantRow.budget_overdraft)
                                .where(TenantRow.budget.is_not(None))).all()
-    return {name: Budget(amount, BudgetPeriod(period), warn, bool(overdraft))
+    return {name: Budget(float(amount or 0.0), BudgetPeriod(period), warn, bool(overdraft))
             for name, amount, period, warn, overdraft in rows}
 
 

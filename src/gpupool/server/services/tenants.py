@@ -27,7 +27,7 @@ from gpupool.server.schemas.tenants import (
     TenantOut,
     TenantUpdate,
 )
-from gpupool.server.services import audit, quotas
+from gpupool.server.services import audit, budgets, quotas
 from gpupool.server.services.converters import milli_to_gpus
 from gpupool.server.services.tokens import token_row, write_private_file
 
@@ -130,13 +130,20 @@ def update_tenant(rt: Runtime, who: Principal, name: str, body: TenantUpdate) ->
             row.max_priority = body.max_priority
         if body.max_pending is not None:
             row.max_pending = body.max_pending
+        budget_changed = budgets.apply_update(row, body)
         audit.record(session, who, "tenant.update", name, rt.clock(),
-                     _limits_text(row.max_priority, row.max_pending, row.unix_user))
+                     _limits_text(row.max_priority, row.max_pending, row.unix_user)
+                     + (" " + budgets.describe(row) if budget_changed else ""))
     rt.auth.forget()
+    if budget_changed:
+        rt.budgets.invalidate()
+        rt.capacity_may_have_changed()  # a raised budget or overdraft may let its work start
     return next(t for t in list_tenants(rt, who) if t.name == name)
 
 
 def list_tenants(rt: Runtime, who: Principal) -> list[TenantOut]:
+    spend = rt.budgets.spent(rt)
+    exhausted = rt.budgets.exhausted
     with rt.store.read() as session:
         tenants = session.scalars(select(TenantRow).order_by(TenantRow.name)).all()
         queues = session.execute(select(QueueRow.tenant, QueueRow.name).order_by(QueueRow.name)).all()
@@ -145,7 +152,8 @@ def list_tenants(rt: Runtime, who: Principal) -> list[TenantOut]:
             by_tenant.setdefault(tenant, []).append(name)
         return [
             TenantOut(name=t.name, created_s=t.created_s, queues=by_tenant.get(t.name, []),
-                      max_priority=t.max_priority, max_pending=t.max_pending, unix_user=t.unix_user)
+                      max_priority=t.max_priority, max_pending=t.max_pending, unix_user=t.unix_user,
+                      **budgets.fields_out(t, spend.get(t.name), t.name in exhausted))
             for t in tenants
             if who.may_see(t.name)
         ]
