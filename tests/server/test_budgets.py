@@ -16,7 +16,7 @@ from gpupool.core.budgets import BudgetPeriod, period_end
 from gpupool.reasons import describe
 from gpupool.server.metrics_budgets import BudgetCollector
 from gpupool.server.orm import AuditRow, PodRow, WorkloadRow
-from gpupool.server.schemas.tenants import TenantCreate, TenantUpdate
+from gpupool.server.schemas.tenants import TenantCreate, TenantOut, TenantUpdate
 from gpupool.server.services import metering, tenants
 from gpupool.server.services.budgets import WARNING_ACTION
 from server.test_live_scheduler import ADMIN, Pool
@@ -33,7 +33,7 @@ prices:
 @pytest.fixture
 def pool(tmp_path: Path) -> Iterator[Pool]:
     made = Pool(tmp_path, config=CONFIG)
-    tenants.create_tenant(made.rt, ADMIN, TenantCreate(name="team-a"))
+    tenants.create_tenant(made.rt, ADMIN, TenantCreate.model_validate({"name": "team-a"}))
     tenants.update_tenant(made.rt, ADMIN, "team-a", TenantUpdate(budget=100.0, budget_period="day"))
     yield made
     made.close()
@@ -44,9 +44,9 @@ def _warnings(pool: Pool) -> list[str]:
         return list(session.scalars(select(AuditRow.detail).where(AuditRow.action == WARNING_ACTION)))
 
 
-def _team_a(pool: Pool) -> dict[str, object]:
+def _team_a(pool: Pool) -> TenantOut:
     [out] = [t for t in tenants.list_tenants(pool.rt, ADMIN) if t.name == "team-a"]
-    return out.model_dump()
+    return out
 
 
 def _gauges(pool: Pool) -> dict[tuple[str, str], float]:
@@ -57,9 +57,8 @@ def _gauges(pool: Pool) -> dict[tuple[str, str], float]:
     return {(s.name, s.labels["tenant"]): s.value for f in families for s in f.samples}
 
 
-def _bill(pool: Pool, since_s: object) -> float:
+def _bill(pool: Pool, since_s: float | None) -> float:
     """What `gpupool usage` bills team-a from `since_s` to now."""
-    assert isinstance(since_s, float)
     return metering.usage(pool.rt, ADMIN, tenant="team-a", since_s=since_s, until_s=pool.now,
                           by="tenant").total.cost
 
@@ -69,7 +68,7 @@ def test_spend_warns_then_holds_new_work_until_the_next_period(pool: Pool) -> No
     pool.step()
     assert pool.status(first) == "running"
     pool.step(79.0)
-    assert _warnings(pool) == [] and _team_a(pool)["spent"] == pytest.approx(79.0)
+    assert _warnings(pool) == [] and _team_a(pool).spent == pytest.approx(79.0)
     pool.step(6.0)  # 85 of 100: warned once
     [warning] = _warnings(pool)
     assert "spent 85.00 of its budget of 100 USD per day" in warning
@@ -87,8 +86,8 @@ def test_spend_warns_then_holds_new_work_until_the_next_period(pool: Pool) -> No
     assert pool.status(first) == "running", "running work continues"
     assert pool.status(other) == "running"
     shown = _team_a(pool)
-    assert shown["budget_exhausted"] is True and shown["spent_ratio"] == pytest.approx(1.11)
-    assert shown["spent"] == pytest.approx(_bill(pool, shown["period_start_s"]))
+    assert shown.budget_exhausted is True and shown.spent_ratio == pytest.approx(1.11)
+    assert shown.spent == pytest.approx(_bill(pool, shown.period_start_s))
     assert _gauges(pool)[("gpupool_tenant_budget_exhausted", "team-a")] == 1.0
     pool.step(600.0)
     assert pool.status(waiting) == "pending" and pool.status(first) == "running"
@@ -96,9 +95,9 @@ def test_spend_warns_then_holds_new_work_until_the_next_period(pool: Pool) -> No
     pool.step(period_end(BudgetPeriod.DAY, pool.now) - pool.now + 10.0)
     pool.step()
     assert pool.status(waiting) == "running"
-    assert _team_a(pool)["budget_exhausted"] is False
+    assert _team_a(pool).budget_exhausted is False
     shown = _team_a(pool)
-    assert shown["spent"] == pytest.approx(_bill(pool, shown["period_start_s"])) and shown["spent"] < 100.0
+    assert shown.spent == pytest.approx(_bill(pool, shown.period_start_s)) and (shown.spent or 0.0) < 100.0
 
 
 def test_overdraft_or_a_raised_budget_lets_its_work_start_now(pool: Pool) -> None:
@@ -112,8 +111,8 @@ def test_overdraft_or_a_raised_budget_lets_its_work_start_now(pool: Pool) -> Non
     pool.step()
     assert pool.status(waiting) == "running" and pool.status(first) == "running"
     shown = _team_a(pool)
-    assert (shown["overdraft"], shown["budget_exhausted"]) == (True, False)
-    assert shown["spent_ratio"] > 1.0, "overdrawn, and shown as such"
+    assert (shown.overdraft, shown.budget_exhausted) == (True, False)
+    assert (shown.spent_ratio or 0.0) > 1.0, "overdrawn, and shown as such"
     with pool.rt.store.read() as session:
         audit = list(session.scalars(select(AuditRow.detail).where(AuditRow.action == "tenant.update")))
     assert "overdraft=true" in audit[-1]
@@ -122,7 +121,7 @@ def test_overdraft_or_a_raised_budget_lets_its_work_start_now(pool: Pool) -> Non
 def test_a_budget_removed_stops_the_metering(pool: Pool) -> None:
     tenants.update_tenant(pool.rt, ADMIN, "team-a", TenantUpdate(budget=None))
     shown = _team_a(pool)
-    assert shown["budget"] is None and shown["spent"] is None
+    assert shown.budget is None and shown.spent is None
     assert pool.rt.budgets.spent(pool.rt) == {}
 
 
