@@ -242,9 +242,19 @@ class Client:
         return self._one(TenantOut, "POST", "/tenants", json=body)
 
     def update_tenant(self, name: str, *, unix_user: str | None = None, clear_unix_user: bool = False,
-                      max_priority: int | None = None, max_pending: int | None = None) -> TenantOut:
-        """Change only what is given (clear_unix_user removes the account mapping)."""
+                      max_priority: int | None = None, max_pending: int | None = None,
+                      budget: float | None = None, clear_budget: bool = False,
+                      budget_period: str | None = None, budget_warn: float | None = None,
+                      overdraft: bool | None = None) -> TenantOut:
+        """Change only what is given (clear_unix_user removes the account mapping, clear_budget the
+        budget)."""
         body: dict[str, Any] = {}
+        if budget is not None or clear_budget:
+            body["budget"] = budget
+        for key, value in (("budget_period", budget_period), ("budget_warn", budget_warn),
+                           ("overdraft", overdraft)):
+            if value is not None:
+                body[key] = value
         if unix_user is not None or clear_unix_user:
             body["unix_user"] = unix_user
         if max_priority is not None:

@@ -1,4 +1,4 @@
-"""`gpupool tenant create|set|ls`: tenants, their limits and Unix accounts (admin)."""
+"""`gpupool tenant create|set|ls`: tenants, their limits, Unix accounts and budgets (admin)."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ import typer
 
 from gpupool.cli._common import client, reports_errors
 from gpupool.cli.output import Column, Format, OutputOption
+from gpupool.core.budgets import BudgetPeriod
 
 app = typer.Typer(help="Tenants (admin): create, set, ls.\n\nExample: gpupool tenant create team-a",
                   no_args_is_help=True)
@@ -54,27 +55,58 @@ def set_tenant(
     ] = False,
     max_priority: MaxPriority = None,
     max_pending: MaxPending = None,
+    budget: Annotated[float | None, typer.Option(
+        "--budget", min=0, help="What it may spend per period, in the price book's currency.")] = None,
+    no_budget: Annotated[bool, typer.Option("--no-budget", help="Remove its budget.")] = False,
+    budget_period: Annotated[BudgetPeriod | None, typer.Option(
+        "--budget-period", help="The budget's period, in UTC (default month).")] = None,
+    budget_warn: Annotated[float | None, typer.Option(
+        "--budget-warn", min=0.01, max=1,
+        help="Warn once a period when this fraction is spent (default 0.8).")] = None,
+    overdraft: Annotated[bool | None, typer.Option(
+        "--overdraft/--no-overdraft", help="Whether its new work still starts once its budget is spent.",
+        show_default=False)] = None,
 ) -> None:
-    """Change a tenant's Unix account or limits (only what is given).
+    """Change a tenant's Unix account, limits or budget (only what is given).
 
-    Example: gpupool tenant set team-a --max-pending 500
+    Example: gpupool tenant set team-a --budget 5000 --budget-period month --budget-warn 0.8
     """
     if unix_user is not None and no_unix_user:
         raise typer.BadParameter("Give --unix-user USER or --no-unix-user, not both.")
-    if unix_user is None and not no_unix_user and max_priority is None and max_pending is None:
-        raise typer.BadParameter("Give what to change: --unix-user, --no-unix-user, --max-priority or "
-                                 "--max-pending.")
+    if budget is not None and no_budget:
+        raise typer.BadParameter("Give --budget AMOUNT or --no-budget, not both.")
+    given = (unix_user, max_priority, max_pending, budget, budget_period, budget_warn, overdraft)
+    if all(v is None for v in given) and not no_unix_user and not no_budget:
+        raise typer.BadParameter("Give what to change: --unix-user, --no-unix-user, --max-priority, "
+                                 "--max-pending, --budget, --no-budget, --budget-period, --budget-warn or "
+                                 "--overdraft/--no-overdraft.")
     with client() as pool:
         t = pool.update_tenant(name, unix_user=unix_user, clear_unix_user=no_unix_user,
-                               max_priority=max_priority, max_pending=max_pending)
+                               max_priority=max_priority, max_pending=max_pending, budget=budget,
+                               clear_budget=no_budget, budget_period=budget_period, budget_warn=budget_warn,
+                               overdraft=overdraft)
     print(f"{t.name} max-priority {t.max_priority} max-pending {t.max_pending} "
-          f"unix-user {t.unix_user or '-'}")
+          f"unix-user {t.unix_user or '-'} budget {_budget(t)}")
+
+
+def _budget(t: Any) -> str:
+    if t.budget is None:
+        return "-"
+    terms = f"{t.budget:g} per {t.budget_period}, warn at {t.budget_warn:.0%}"
+    return terms + (", overdraft allowed" if t.overdraft else "")
+
+
+def _spent(t: Any) -> str:
+    if t.budget is None or t.spent is None:
+        return "-"
+    mark = " exhausted" if t.budget_exhausted else ""
+    return f"{t.spent:.2f} ({t.spent_ratio:.0%}){mark}"
 
 
 @app.command("ls")
 @reports_errors
 def list_tenants(output: OutputOption = Format.TABLE) -> None:
-    """List tenants with their queues, limits and Unix accounts.
+    """List tenants with their queues, limits, Unix accounts, budgets and spend this period.
 
     Example: gpupool tenant ls -o name
     """
@@ -89,6 +121,8 @@ def list_tenants(output: OutputOption = Format.TABLE) -> None:
         Column("MAX PRIORITY", lambda t: str(t.max_priority)),
         Column("MAX PENDING", lambda t: str(t.max_pending)),
         Column("UNIX USER", lambda t: t.unix_user or "-"),
+        Column("BUDGET", _budget),
+        Column("SPENT THIS PERIOD", _spent),
         Column("CREATED", lambda t: when(t.created_s)),
     ]
     render(output, tenants, columns, key=lambda t: t.name, title=f"{len(tenants)} tenant(s)")
