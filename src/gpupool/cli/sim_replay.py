@@ -50,6 +50,7 @@ def run_replay(
     config: Any = None,
     overrides: frozenset[str] = frozenset(),
     prices: Any = None,
+    budgets: Any = None,
 ) -> dict[str, Any]:
     """Build the replay from CLI-style options and run it (also used by the benchmarks).
 
@@ -61,7 +62,9 @@ def run_replay(
     loaded; the `gpupool sim replay` command sets it (it changes the whole process's collector).
 
     With `prices` (a gpupool.prices.PricesConfig), the result also has `cost`: per tenant, pooled
-    (slices at their share) and exclusive (whole devices), under that price book.
+    (slices at their share) and exclusive (whole devices), under that price book. With `budgets` too
+    (tenant -> core.budgets.Budget), a tenant's new work waits once its spend reaches its budget, and
+    the result has `budgets`: the waits per tenant.
     """
     from gpupool.core.scheduling.cycle import Policies
     from gpupool.core.scheduling.ordering.base import make_ordering
@@ -95,7 +98,8 @@ def run_replay(
 
         gc_tuning.tune()  # the trace is loaded: freeze it
     book = prices.price_book() if prices is not None else None
-    result = replay(ReplayConfig(tuple(nodes), tuple(jobs), policies, seed=seed, prices=book))
+    result = replay(ReplayConfig(tuple(nodes), tuple(jobs), policies, seed=seed, prices=book,
+                                 budgets=budgets or {}))
     result["config"] = {
         "trace": trace,
         "nodes": str(nodes_csv) if nodes_csv else cluster,
@@ -108,6 +112,8 @@ def run_replay(
         "exclusive": exclusive,
         "seed": seed,
         "prices": prices.model_dump(mode="json") if prices is not None else None,
+        "budgets": {t: {"amount": b.amount, "period": b.period.value, "warn": b.warn_fraction,
+                        "overdraft": b.overdraft} for t, b in (budgets or {}).items()} or None,
     }
     return result
 
@@ -140,6 +146,9 @@ def replay(
     prices_file: Path | None = typer.Option(
         None, "--prices", help="A price book (the `prices:` section of a pool configuration, or a file of "
         "it alone): adds the cost per tenant, pooled and exclusive, to the JSON."),
+    budgets_file: Path | None = typer.Option(
+        None, "--budgets", help="Tenants' budgets (YAML: period, warn, tenants: {NAME: AMOUNT}; needs a "
+        "price book): a tenant's work waits once its spend reaches its budget; the JSON counts the waits."),
 ) -> None:
     """Replay a trace over time: arrivals, completions, full admission + placement per event.
 
@@ -161,6 +170,13 @@ def replay(
             prices = load_prices(prices_file)
         elif config is not None and "prices" in config.model_fields_set:
             prices = config.prices
+        budgets = None
+        if budgets_file is not None:
+            from gpupool.sim.budgets import load_budgets
+
+            if prices is None:
+                raise InvalidInput("--budgets needs a price book to meter spend: give --prices FILE too.")
+            budgets = load_budgets(budgets_file)
         result = run_replay(
             nodes,
             cluster,
@@ -176,6 +192,7 @@ def replay(
             config=config,
             overrides=overrides,
             prices=prices,
+            budgets=budgets,
         )
         result["config"]["config_file"] = str(config_file) if config_file is not None else None
         json_out.parent.mkdir(parents=True, exist_ok=True)

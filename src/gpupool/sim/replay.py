@@ -13,10 +13,11 @@ from __future__ import annotations
 import math
 import random
 import time
-from collections.abc import Sequence
-from dataclasses import dataclass, field
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
 from typing import Any
 
+from gpupool.core.budgets import Budget
 from gpupool.core.metering import PriceBook
 from gpupool.core.model import Node, Workload, WorkloadInfo
 from gpupool.core.overcommit import device_slowdown
@@ -25,6 +26,7 @@ from gpupool.core.scheduling.cycle import CycleResult, EventKind, Policies, cycl
 from gpupool.core.scheduling.ordering.base import make_ordering
 from gpupool.core.scheduling.preemption import checkpoint_split
 from gpupool.core.scheduling.view import ClusterView
+from gpupool.sim.budgets import BudgetWatch
 from gpupool.sim.cost import CostMeter
 from gpupool.sim.engine import EventLoop
 from gpupool.sim.jobs import TraceJob
@@ -54,6 +56,8 @@ class ReplayConfig:
     timeline_points: int = 400
     prices: PriceBook | None = None
     """With a price book, the result has `cost`: per tenant, pooled vs exclusive (sim/cost.py)."""
+    budgets: Mapping[str, Budget] = field(default_factory=dict)
+    """Tenants' budgets (with a price book): their work waits once spent; the result has `budgets`."""
 
 
 @dataclass(slots=True)
@@ -99,6 +103,9 @@ class Replay:
         self.blocked = False
         self.cycle_s = 0.0
         self.meter = CostMeter(config.nodes) if config.prices is not None else None
+        self.budgets = (BudgetWatch(config.budgets, config.prices)
+                        if config.budgets and config.prices is not None else None)
+        self.next_period_s: float | None = None
 
     # ------------------------------------------------------------------ driving
 
@@ -120,6 +127,8 @@ class Replay:
         if self.meter is not None and self.config.prices is not None:
             self.meter.close_all(self.loop.clock.now_s)
             result["cost"] = self.meter.report(self.config.prices)
+        if self.budgets is not None:
+            result["budgets"] = self.budgets.report()
         result["wall_s"] = time.perf_counter() - started
         return result
 
@@ -137,6 +146,8 @@ class Replay:
                     self.loop.schedule(now_s + event.payload.repair_after_s, "repair", event.payload.node)
             elif event.kind == "repair":
                 self.view.mark_healthy(event.payload)
+            elif event.kind == "budget_period":
+                self.next_period_s = None
         if self.blocked and all(e.kind == "arrive" for e in events):
             self.metrics.observe(now_s, self.view)
             return  # new arrivals queue behind a head that still cannot start: the cycle would be a no-op
@@ -147,9 +158,12 @@ class Replay:
         for _ in range(MAX_CYCLES_PER_EVENT):
             tick = time.perf_counter()
             pending = list(self.pending_workloads.values())
-            result = cycle_on(self.view, pending, self.policies, now_s, self.rng)
+            policies = self.policies if self.budgets is None else self._with_budgets(now_s)
+            result = cycle_on(self.view, pending, policies, now_s, self.rng)
             self.cycle_s += time.perf_counter() - tick
             self.cycles += 1
+            if self.budgets is not None:
+                self._budget_waits(result, now_s)
             self._apply(result, now_s)
             if self.config.check_invariants:
                 self._check(result)
@@ -157,6 +171,20 @@ class Replay:
                 break  # requeued work gets another cycle at once (it may fit elsewhere)
         self.blocked = self.strict_alone and any(not r.final for r in result.rejected)
         self.metrics.observe(now_s, self.view)
+
+    def _with_budgets(self, now_s: float) -> Policies:
+        """The policies with the tenants whose budget is spent."""
+        assert self.budgets is not None and self.meter is not None
+        return replace(self.policies, exhausted_tenants=self.budgets.exhausted(self.meter, now_s))
+
+    def _budget_waits(self, result: CycleResult, now_s: float) -> None:
+        """Count the waits; while work waits for a budget, the replay also wakes at the end of that
+        tenant's period (the work may start then, with no other event)."""
+        assert self.budgets is not None
+        waited = self.budgets.count(result.rejected, self.pending_workloads)
+        if waited and self.next_period_s is None:
+            self.next_period_s = self.budgets.next_period_s(waited, now_s)
+            self.loop.schedule(self.next_period_s, "budget_period")
 
     def _apply(self, result: CycleResult, now_s: float) -> None:
         for stop in result.preempted:
