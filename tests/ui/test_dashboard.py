@@ -4,6 +4,7 @@ a failed node is marked, data never runs as script, and no page logs an error or
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -210,3 +211,71 @@ def test_a_failed_node_is_marked(pool: UpProcess, browser_page: Watched, gate_di
         with pool.client() as api:
             api.post(f"/nodes/{name}/heal")
             api.post(f"/nodes/{first}/heal", params={"device": 1})
+
+
+def _near(expected: float) -> Any:
+    """Equal as shown: four significant digits, and the API's six decimals."""
+    return pytest.approx(expected, rel=1e-3, abs=2e-6)
+
+
+def _month_start_s() -> float:
+    now = datetime.now(UTC)
+    return datetime(now.year, now.month, 1, tzinfo=UTC).timestamp()
+
+
+def _tenant_row(pool: UpProcess, name: str) -> dict[str, Any]:
+    with pool.client() as api:
+        return next(t for t in api.get("/tenants").json() if t["name"] == name)
+
+
+def test_budget_bar_cost_card_and_a_budget_wait(pool: UpProcess, browser_page: Watched) -> None:
+    """The queues page draws a tenant's budget as the API counts it, the overview's cost card is the
+    usage since the month began, and work held by a spent budget says why on the overview."""
+    token = _tenant_token(pool, "epsilon")
+    done = _submit(pool, token, name="paid", command=["echo", "paid"], resources={"gpus": 0.25})
+    until(lambda: _status(pool, done) == "succeeded", 60, "the paid job finishing")
+    with httpx.Client(base_url=pool.api, headers={"Authorization": f"Bearer {token}"}, timeout=30) as api:
+        usage = api.get("/usage", params={"by": "tenant", "since_s": _month_start_s()}).json()
+    cost = usage["total"]["cost"]
+    assert cost > 0
+    with pool.client() as api:  # twice its spend: the bar half full, short of the warn mark
+        assert api.patch("/tenants/epsilon", json={"budget": round(cost * 2, 6)}).status_code == 200
+    until(lambda: _tenant_row(pool, "epsilon").get("spent") is not None, 30, "the spend counted")
+    row = _tenant_row(pool, "epsilon")
+    assert row["budget_exhausted"] is False and row["spent"] == _near(cost)
+    page = _log_in(browser_page, pool, token, "/ui/")
+    page.locator("#c-cost").wait_for()
+    assert float(page.locator("#c-cost").text_content() or "nan") == _near(cost)
+    assert "your tenant" in (page.locator("#c-cost + .label").text_content() or "")
+    page.click("#nav a[data-page=queues]")
+    budget = page.locator(".budget[data-tenant=epsilon]")
+    budget.wait_for()
+    meter = budget.get_by_role("progressbar")
+    assert "Budget of epsilon" in (meter.get_attribute("aria-label") or "")
+    assert float(meter.get_attribute("aria-valuenow") or "nan") == _near(row["spent"])
+    assert float(meter.get_attribute("aria-valuemax") or "nan") == _near(row["budget"])
+    shown = float(budget.locator("[data-field=spent]").text_content() or "nan")
+    assert shown == _near(row["spent"])
+    assert budget.locator("[data-field=state]").count() == 0
+    # half its spend: exhausted, said in words, and its new work waits with the catalogue's sentence
+    with pool.client() as api:
+        assert api.patch("/tenants/epsilon", json={"budget": round(cost / 2, 6)}).status_code == 200
+    until(lambda: _tenant_row(pool, "epsilon")["budget_exhausted"], 30, "the budget exhausted")
+    budget.locator("[data-field=state]", has_text="exhausted").wait_for()
+    assert "exhausted" in (budget.get_by_role("progressbar").get_attribute("aria-valuetext") or "")
+    held = _submit(pool, token, name="held", command=["true"], resources={"gpus": 0.25})
+    with pool.client() as api:
+        until(lambda: api.get(f"/workloads/{held}").json().get("reason") == "budget_exhausted", 30,
+              "the held job's reason")
+        sentence = api.get(f"/workloads/{held}").json()["reason_text"]
+    assert "budget" in sentence
+    screenshot(page, "budgets")
+    page.click("#nav a[data-page=overview]")
+    row_of_held = page.locator("tr", has=page.get_by_role("link", name=f"held ({held})"))
+    row_of_held.get_by_text(sentence).wait_for()
+    assert float(page.locator("#c-cost").text_content() or "nan") == _near(cost)
+    _not_reloaded(page)
+    browser_page.assert_clean()
+    with pool.client() as api:  # leave the module's pool as it was found
+        api.post(f"/workloads/{held}/cancel")
+        api.patch("/tenants/epsilon", json={"budget": None})

@@ -1,17 +1,27 @@
 // Overview: what the pool holds now (by model, by tenant), how that moved during this session,
-// and the work that waits, with the reason the scheduler gave.
+// the work that waits, with the reason the scheduler gave, and the cost so far this period.
 
 import { get } from "./api.js";
 import { bar, gpus, h, link, replace, table, tenantClass, update, when } from "./dom.js";
 import { lineChart } from "./chart.js";
+import { num } from "./usage.js";
 
 const HISTORY_POINTS = 400;
 const history = []; // [{ at, total, byTenant: {t: gpus} }] kept for this tab's session
+const COST_EVERY_MS = 10000; // metering costs the server more than the other routes: as on the usage page
+let cost = { at: 0, who: "", since: 0, usage: null }; // the last cost asked, kept across visits of the page
+
+/** The start of the current month, UTC, in epoch seconds: the period the cost card covers. */
+export function monthStartS(now) {
+  const d = new Date(now);
+  return Date.UTC(d.getUTCFullYear(), d.getUTCMonth(), 1) / 1000;
+}
 
 export function title() { return "Overview"; }
 
 export function mount(root, ctx) {
   const cards = h("div", { class: "cards", "aria-label": "Pool totals" });
+  const costCard = h("div", { class: "card", hidden: true });
   const models = h("section", { "aria-labelledby": "h-models" });
   const tenants = h("section", { "aria-labelledby": "h-tenants" });
   const chart = h("section", { "aria-labelledby": "h-history" });
@@ -23,9 +33,20 @@ export function mount(root, ctx) {
     // both asked at once; the totals are drawn as soon as /pool answers, the pending table after
     const waiting = get("workloads", { status: "pending", limit: 25 });
     waiting.catch(() => {}); // its failure is reported by the await below, not as an unhandled rejection
+    const who = ctx.me.admin ? "admin" : "tenant:" + ctx.me.tenant;
+    const since = monthStartS(Date.now());
+    let costing = null;
+    if (cost.who !== who || cost.since !== since || Date.now() - cost.at >= COST_EVERY_MS) {
+      const same = cost.who === who && cost.since === since;
+      cost = { at: Date.now(), who, since, usage: same ? cost.usage : null }; // a failed ask waits its turn too
+      costing = get("usage", { by: "tenant", since_s: since });
+      costing.catch(() => {});
+    }
     const pool = await get("pool");
     record(pool);
     drawCards(cards, pool);
+    cards.appendChild(costCard);
+    if (!costing) drawCost(costCard, cost.usage, ctx.me.admin);
     update(models, pool.by_model, () => [h("h2", { id: "h-models" }, "Devices allocated by model"), table("Allocated device share by device model",
       ["Model", "Devices", "Allocated", "Utilisation"],
       pool.by_model.map((m) => [
@@ -43,6 +64,10 @@ export function mount(root, ctx) {
       ]), "no workloads yet")]);
     drawHistory(chart);
     update(pending, await waiting, drawPending);
+    if (costing) { // last, so a slow metering query holds back nothing else
+      cost.usage = await costing;
+      drawCost(costCard, cost.usage, ctx.me.admin);
+    }
   };
 }
 
@@ -51,6 +76,15 @@ function record(pool) {
   for (const t of pool.by_tenant) byTenant[t.tenant] = t.allocated_gpus;
   history.push({ at: Date.now() / 1000, total: pool.allocated_gpus, capacity: pool.capacity_gpus, byTenant });
   if (history.length > HISTORY_POINTS) history.splice(0, history.length - HISTORY_POINTS);
+}
+
+function drawCost(el, usage, admin) {
+  if (!usage) return;
+  el.hidden = false;
+  const label = `cost so far this month (${usage.currency}, ${admin ? "all tenants" : "your tenant"}` +
+    `${usage.total.priced ? "" : "; some models unpriced"})`;
+  update(el, [num(usage.total.cost), label], () => [h("div", { class: "value", id: "c-cost" }, num(usage.total.cost)),
+    h("div", { class: "label" }, label)]);
 }
 
 function drawCards(cards, pool) {
