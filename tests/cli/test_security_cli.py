@@ -51,7 +51,7 @@ def test_tenant_create_set_and_ls_show_limits_and_account(srv: LiveServer) -> No
     code, out, _ = gp("tenant", "ls")
     assert code == 0 and user in out and "40" in out and "MAX PRIORITY" in out
     code, out, _ = gp("tenant", "set", "team-a", "--no-unix-user", "--max-priority", "-10")
-    assert code == 0 and out == "team-a max-priority -10 max-pending 40 unix-user -\n"
+    assert code == 0 and out == "team-a max-priority -10 max-pending 40 unix-user - budget -\n"
     code, _, err = gp("tenant", "create", "team-b", "--unix-user", "no-such-account-x")
     assert code == 2 and "There is no Unix account 'no-such-account-x'" in err and "Traceback" not in err
     assert gp("tenant", "create", "team-b", "--unix-user", "root")[0] == 2
