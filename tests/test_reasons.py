@@ -54,7 +54,7 @@ def test_final_codes_are_the_ones_after_which_it_never_runs() -> None:
     final = {code for code, info in CATALOGUE.items() if info.final}
     assert final == {
         Reason.NEVER_FITS, Reason.UNKNOWN_PRIORITY_CLASS, Reason.UNKNOWN_QUEUE,
-        EventReason.COMPLETED, EventReason.POD_FAILED, EventReason.LOST_ON_RESTART,
+        EventReason.COMPLETED, EventReason.POD_FAILED, EventReason.POD_LOST, EventReason.LOST_ON_RESTART,
         EventReason.LAUNCH_FAILED, EventReason.CANCELLED_BY_USER, EventReason.TIME_LIMIT,
     }
 

@@ -86,8 +86,9 @@ _ENTRIES: tuple[tuple[StrEnum, bool, str, str], ...] = (
     (_E.COMPLETED, True, "Every pod exited with code 0.", "`gpupool logs ID` shows its output."),
     (_E.POD_FAILED, True, "A pod exited with a non-zero code and no retries were left, so it failed.",
      "`gpupool logs ID` shows why; resubmit, with --max-retries N to run it again after a failure."),
-    (_E.POD_LOST, False, "A pod was lost (its process or its node vanished); it waits to run again.",
-     "Nothing to do: it is placed again; checkpoints in GPUPOOL_CHECKPOINT_DIR keep its progress."),
+    (_E.POD_LOST, True, "A pod was lost (the provider cannot tell whether it ran) and no retries were left, "
+     "so it failed rather than run twice.",
+     "Resubmit it, or submit with --max-retries N to have it run again after a loss."),
     (_E.LOST_ON_RESTART, True,
      "Its pod could not be re-adopted after a server restart, and it is never started twice.",
      "Resubmit it."),

@@ -36,9 +36,8 @@ class Kill9Outcome:
     most_launches: int = 0
     """The largest number of `launched` events of one workload (1 = never started twice)."""
     most_pod_dirs: int = 0
-    """The largest number of pods (attempts) the agent set up for one workload: 2 where the agent
-    was stopped while setting up a pod (reported lost, its process never ran) and the workload
-    was requeued, as lost pods are."""
+    """The largest number of pods (attempts) the agent set up for one workload (a lost pod is not
+    started again unless its workload asked for retries)."""
     most_started_pods: int = 0
     """The largest number of pods of one workload whose process ran (printed its start line)."""
     most_started_lines: int = 0

@@ -122,8 +122,9 @@ def test_kill_9_during_1000_submissions_loses_none_acknowledged_and_starts_none_
     assert seen.missing_after_restart == []
     assert seen.stored_after_restart >= len(seen.acknowledged)
     assert set(seen.statuses) <= {"succeeded", "failed"}
-    # no workload's process ran twice (a pod the agent was stopped setting up is requeued: it never ran)
+    # no workload's process ran twice, and none was set up twice
     assert seen.most_launches == 1 and seen.most_started_pods == 1 and seen.most_started_lines == 1
+    assert seen.most_pod_dirs == 1
 
 
 # ---- pods that resist cancel -------------------------------------------------------------------

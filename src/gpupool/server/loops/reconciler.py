@@ -218,11 +218,11 @@ class Reconciler:
         failure = self.rt.config.failure
         limit = row.spec.get("max_retries")
         max_retries = failure.max_retries if limit is None else int(limit)
-        if status.phase is PodPhase.LOST:
-            lost = lost_work(row, now, None)
-            return requeue(session, row, EventReason.POD_LOST,
-                           f"Pod {pod.name} was lost{detail}; requeued." + lost_text(lost), now,
-                           lost=lost, pod_id=pod.id)
+        # A pod the provider lost may have run (its agent cannot always tell: "stopped while starting
+        # the pod"), so it is a failure like an exit code: retried only within the workload's
+        # max_retries, never started again on the pool's own initiative. (Work on a node that left
+        # the pool, or on broken hardware, is requeued by nodes_gone and by the cycle's evictions.)
+        reason = EventReason.POD_FAILED if status.phase is PodPhase.FAILED else EventReason.POD_LOST
         if row.retries < max_retries:
             backoff = failure.requeue_backoff * 2 ** row.retries
             lost = lost_work(row, now, None)
@@ -234,7 +234,7 @@ class Reconciler:
         to_stop = stop_pods(session, row, PodState.STOPPED, now)
         row.exit_code, row.finished_s = status.exit_code, now
         after = f" (after {row.retries} retries)" if row.retries else ""
-        transition(session, row, WorkloadStatus.FAILED.value, EventReason.POD_FAILED,
+        transition(session, row, WorkloadStatus.FAILED.value, reason,
                    f"Pod {pod.name} {what}{detail}{after}.", now, pod.id)
         ended.append((row.id, None))
         return to_stop
