@@ -14,7 +14,7 @@ the failure or the repair) it takes the arrivals, then runs one step of its loop
 from __future__ import annotations
 
 import random
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -106,8 +106,7 @@ def core_workload(job: Job) -> Workload:
 class ServerRun:
     """The server's control loop on a fake provider and a virtual clock."""
 
-    def __init__(self, tmp_path: Path, nodes: Sequence[Node], config: PoolConfig,
-                 ids: Callable[[], str]) -> None:
+    def __init__(self, tmp_path: Path, nodes: Sequence[Node], config: PoolConfig) -> None:
         self.now = 0.0
         self.provider = FakeProvider(list(nodes), clock=lambda: self.now)
         url = f"sqlite:///{tmp_path / 'parity.sqlite'}"
@@ -127,8 +126,7 @@ class ServerRun:
             self.log.extend(log_of(result, now_s))
             return result
 
-        keeper.cycle = logged  # type: ignore[method-assign]
-        self.ids = ids
+        keeper.cycle = logged  # type: ignore[method-assign, assignment]
 
     def next_end(self) -> float | None:
         """When the next running fake pod ends on its own."""
@@ -175,7 +173,7 @@ def run_server(tmp_path: Path, nodes: Sequence[Node], jobs: Sequence[Job], confi
                failure: NodeFailure, monkeypatch: pytest.MonkeyPatch) -> list[Entry]:
     order = iter(sorted(jobs, key=lambda j: (j.submit_s, j.id)))
     monkeypatch.setattr(workloads, "new_workload_id", lambda: next(order).id)
-    server = ServerRun(tmp_path, nodes, config, lambda: "")
+    server = ServerRun(tmp_path, nodes, config)
     try:
         log = server.run(jobs, failure)
         # the loop audits its kept view against the store every minute (of the trace's time): no drift

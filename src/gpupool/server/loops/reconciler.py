@@ -20,7 +20,7 @@ from gpupool.providers.base import PodPhase, PodStatus
 from gpupool.server.orm import Base, PodRow, WorkloadRow
 from gpupool.server.runtime import Runtime
 from gpupool.server.services.events import Move, apply_moves, transition
-from gpupool.server.services.requeue import lost_text, lost_work, requeue, stop_pods
+from gpupool.server.services.requeue import requeue, stop_pods
 from gpupool.server.states import ACTIVE_POD_STATES, EventReason, PodState
 
 FinalHook = Callable[[str, float | None], None]
@@ -161,11 +161,9 @@ class Reconciler:
                 session.flush()
                 if row is None or row.status not in _PLACED:
                     continue
-                lost = lost_work(row, now, None)
                 gone = ", ".join(sorted({p.node for p in lost_pods}))
                 to_stop += requeue(session, row, EventReason.NODE_LOST,
-                                   f"Requeued: node {gone} left the pool." + lost_text(lost), now,
-                                   lost=lost, pod_id=lost_pods[0].id)
+                                   f"Requeued: node {gone} left the pool.", now, pod_id=lost_pods[0].id)
                 requeued += 1
         for pod_id in to_stop:
             self.rt.provider.stop(pod_id, grace_s=0)
@@ -225,11 +223,10 @@ class Reconciler:
         reason = EventReason.POD_FAILED if status.phase is PodPhase.FAILED else EventReason.POD_LOST
         if row.retries < max_retries:
             backoff = failure.requeue_backoff * 2 ** row.retries
-            lost = lost_work(row, now, None)
             self.rt.capacity_may_have_changed()
             return requeue(session, row, EventReason.RETRYING,
                            f"Pod {pod.name} {what}{detail}; retry {row.retries + 1} of {max_retries} "
-                           f"in {backoff:g}s.", now, lost=lost, retry=True, not_before_s=now + backoff,
+                           f"in {backoff:g}s.", now, say_lost=False, retry=True, not_before_s=now + backoff,
                            pod_id=pod.id)
         to_stop = stop_pods(session, row, PodState.STOPPED, now)
         row.exit_code, row.finished_s = status.exit_code, now

@@ -47,7 +47,7 @@ from gpupool.server.orm import Base, PodRow, TenantRow, WorkloadRow
 from gpupool.server.runtime import Runtime
 from gpupool.server.services import enforcement
 from gpupool.server.services.events import Move, apply_moves, transition
-from gpupool.server.services.requeue import Lost, lost_text, lost_work, requeue, stop_pods
+from gpupool.server.services.requeue import checkpoint_mark, requeue, stop_pods
 from gpupool.server.states import EventReason, PodState
 
 log = logging.getLogger("gpupool.scheduler")
@@ -200,7 +200,7 @@ class Scheduler:
         nodes_changed = view.snapshot.nodes != self._core_nodes
         if not candidates and not nodes_changed:
             if self.reservation is not None and not view.pending:
-                self._store_reservation(None)
+                self._clear_reservation()
             return CycleStats(0, len(view.pending), time.perf_counter() - start)
         self._core_nodes = view.snapshot.nodes
         self._note_arrivals(candidates)
@@ -279,7 +279,7 @@ class Scheduler:
                 time.sleep(0)  # let a waiting submission batch take the write lock in between
             launches += self._apply(items[start:start + 2 * RECORD_CHUNK], view, by_id, now)
         if result.reservation is None and self.reservation is not None:
-            self._store_reservation(None)
+            self._clear_reservation()
         return launches
 
     def _apply(self, chunk: Sequence[Decision], view: StoreView, by_id: dict[str, Workload],
@@ -328,24 +328,21 @@ class Scheduler:
         """Preempted and evicted workloads: their pods stop (SIGTERM, the class's grace, SIGKILL)
         and they go back to pending, with the work lost since their last checkpoint accounted."""
         to_stop: list[tuple[str, float]] = []
-        checkpoint = getattr(self.rt.provider, "checkpoint_s", None)
         for decision in batch.requeues:
             row = session.get(WorkloadRow, decision.workload_id)
             if row is None or row.status not in (WorkloadStatus.ADMITTED.value, WorkloadStatus.RUNNING.value):
                 continue  # it ended (or was cancelled) while the cycle ran
             stop = batch.stops.get(decision.workload_id)
-            mark = checkpoint(row.id) if checkpoint is not None and row.started_s is not None else None
-            lost = lost_work(row, now, mark)
             why = stop.message if stop is not None else "Requeued by the scheduler."
             evicted = stop is not None and stop.kind is EventKind.EVICT
             grace = 0.0 if evicted else self._grace_s(row.spec)
             reason = (stop.reason if stop is not None else decision.reason).value
-            pods = requeue(session, row, reason, why + lost_text(lost), now, lost=lost)
+            pods = requeue(session, row, reason, why, now, mark=checkpoint_mark(self.rt.provider, row))
             to_stop += [(pod_id, grace) for pod_id in pods]
-            self._requeued_info(row, lost)
+            self._requeued_info(row)
         return to_stop
 
-    def _requeued_info(self, row: WorkloadRow, lost: Lost) -> None:
+    def _requeued_info(self, row: WorkloadRow) -> None:
         """What the core should know of a requeued workload: the service it received, the progress
         it keeps (its checkpoints) and its run-time estimate."""
         before = self.info.get(row.id)
@@ -451,12 +448,12 @@ class Scheduler:
                                       _W.c.status == WorkloadStatus.PENDING.value)
                      .values(reserved_start_s=start))
 
-    def _store_reservation(self, reserved: ReservedStart | None) -> None:
-        if reserved is None:
-            with self.rt.store.write() as session:
-                session.connection().execute(update(_W).where(_W.c.reserved_start_s.is_not(None))
-                                             .values(reserved_start_s=None))
-            self.reservation = None
+    def _clear_reservation(self) -> None:
+        """No head holds a reservation any more (nothing waits, or the cycle made none)."""
+        with self.rt.store.write() as session:
+            session.connection().execute(update(_W).where(_W.c.reserved_start_s.is_not(None))
+                                         .values(reserved_start_s=None))
+        self.reservation = None
 
     def _remember_reasons(self, recorded: list[dict[str, object]], view: StoreView) -> None:
         """Note the reasons now stored (after their commit), forgetting work no longer pending."""

@@ -19,7 +19,7 @@ from gpupool.server.orm import NodeFlagRow, PodRow, WorkloadRow
 from gpupool.server.runtime import Runtime
 from gpupool.server.schemas.nodes import DeviceOut, HeldSliceOut, LayerOut, NodeOut, NodeState
 from gpupool.server.services import audit, enforcement
-from gpupool.server.services.requeue import lost_text, lost_work, requeue
+from gpupool.server.services.requeue import checkpoint_mark, requeue
 from gpupool.server.states import ACTIVE_POD_STATES, EventReason
 
 
@@ -214,8 +214,6 @@ def _requeue_all(rt: Runtime, session: Session, name: str, now: float) -> list[s
         row = session.get(WorkloadRow, workload_id)
         if row is None or WorkloadStatus(row.status).is_final:
             continue
-        mark = rt.provider.checkpoint_s(row.id) if row.started_s is not None else None
-        lost = lost_work(row, now, mark)
-        to_stop += requeue(session, row, EventReason.NODE_DRAINED,
-                           f"Requeued: node {name} was drained with --now." + lost_text(lost), now, lost=lost)
+        to_stop += requeue(session, row, EventReason.NODE_DRAINED, f"Requeued: node {name} was drained "
+                           "with --now.", now, mark=checkpoint_mark(rt.provider, row))
     return to_stop

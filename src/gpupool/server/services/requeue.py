@@ -15,6 +15,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from gpupool.core.model import WorkloadStatus
+from gpupool.providers.base import Provider
 from gpupool.server.orm import PodRow, WorkloadRow
 from gpupool.server.services.events import transition
 from gpupool.server.states import ACTIVE_POD_STATES, PodState
@@ -60,12 +61,21 @@ def lost_work(row: WorkloadRow, now: float, checkpoint_s: float | None) -> Lost:
     return Lost(ran, 0.0, ran * devices)
 
 
+def checkpoint_mark(provider: Provider, row: WorkloadRow) -> float | None:
+    """The workload's last checkpoint mark on the provider, when its current run started."""
+    return provider.checkpoint_s(row.id) if row.started_s is not None else None
+
+
 def requeue(session: Session, row: WorkloadRow, reason: str, message: str, now: float, *,
-            lost: Lost = Lost(), retry: bool = False, not_before_s: float | None = None,
-            pod_id: str = "") -> list[str]:
+            mark: float | None = None, say_lost: bool = True, retry: bool = False,
+            not_before_s: float | None = None, pod_id: str = "") -> list[str]:
     """Stop `row`'s pods and move it back to pending (the next admission is attempt + 1), keeping
-    the accounts: run time, progress up to its checkpoint, lost device-seconds; `retry` counts a
-    requeue after a failure against the workload's max_retries. Returns the pods to stop."""
+    the accounts of its run up to now from its checkpoint `mark` (`lost_work`): run time, progress
+    kept, lost device-seconds, told in the event's message unless `say_lost` is False; `retry`
+    counts a requeue after a failure against the workload's max_retries. Returns the pods to stop."""
+    lost = lost_work(row, now, mark)
+    if say_lost:
+        message += lost_text(lost)
     to_stop = stop_pods(session, row, PodState.STOPPED, now)
     row.run_s = (row.run_s or 0.0) + lost.ran_s
     row.progress_s = (row.progress_s or 0.0) + lost.kept_s
