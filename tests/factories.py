@@ -6,6 +6,19 @@ import itertools
 
 from gpupool.core.model import Device, Node, PodRequest, Workload
 
+ISSUE_CONFIG = """\
+scheduling:
+  placement: fgd-strand
+  ordering: drf
+  preemption: true
+  backfill: true
+priority_classes:
+  - {name: low, value: 0, preemptible: true, grace: 5s}
+  - {name: high, value: 1000}
+"""
+"""The pool configuration the live-scheduler issue requires be accepted as written."""
+
+
 _ids = itertools.count()
 
 POLICY_NAMES = (

@@ -8,24 +8,14 @@ from pathlib import Path
 
 import pytest
 
+from factories import ISSUE_CONFIG
 from gpupool.config import PoolConfig, load_config, parse_config
 from gpupool.core.quota import DEVICE_MILLI
 from gpupool.errors import InvalidInput
 
-EXAMPLE = """\
-scheduling:
-  placement: fgd-strand
-  ordering: drf
-  preemption: true
-  backfill: true
-priority_classes:
-  - {name: low, value: 0, preemptible: true, grace: 5s}
-  - {name: high, value: 1000}
-"""
-
 
 def test_the_example_is_accepted_as_written() -> None:
-    config = parse_config(EXAMPLE)
+    config = parse_config(ISSUE_CONFIG)
     policies = config.policies()
     assert (policies.placement, policies.ordering, policies.preemption, policies.backfill) == (
         "fgd-strand", "drf", True, True)
@@ -38,7 +28,7 @@ def test_defaults_and_round_trip() -> None:
     default = PoolConfig()
     assert parse_config("") == default == load_config(None)
     assert parse_config(default.to_yaml()) == default
-    configured = parse_config(EXAMPLE + "queues:\n  - {tenant: a, quota: 8, cohort: research}\n")
+    configured = parse_config(ISSUE_CONFIG + "queues:\n  - {tenant: a, quota: 8, cohort: research}\n")
     assert parse_config(configured.to_yaml()) == configured
 
 
@@ -98,7 +88,7 @@ def test_every_problem_of_a_file_is_listed() -> None:
 
 def test_config_cli_show_and_check(tmp_path: Path) -> None:
     good, bad = tmp_path / "pool.yaml", tmp_path / "bad.yaml"
-    good.write_text(EXAMPLE)
+    good.write_text(ISSUE_CONFIG)
     bad.write_text("scheduling:\n  ordering: dfr\n")
 
     def cli(*args: str) -> subprocess.CompletedProcess[str]:
@@ -106,7 +96,7 @@ def test_config_cli_show_and_check(tmp_path: Path) -> None:
                               capture_output=True, text=True, timeout=60, check=False)
 
     shown = cli("show", "--config", str(good))
-    assert shown.returncode == 0 and parse_config(shown.stdout) == parse_config(EXAMPLE)
+    assert shown.returncode == 0 and parse_config(shown.stdout) == parse_config(ISSUE_CONFIG)
     assert cli("check", str(good)).stdout.strip() == "ok"
     refused = cli("check", str(bad))
     assert refused.returncode == 2 and len(refused.stderr.strip().splitlines()) == 1

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from cli.cliproc import gpupool, one_line_error
-from factories import node
+from factories import ISSUE_CONFIG, node
 from gpupool.cli.submit_fast import UsageError, duration_s, parse
 from gpupool.client import Client
 from gpupool.config import parse_config
@@ -20,17 +20,6 @@ from gpupool.server.orm import WorkloadRow
 from gpupool.server.schemas.workloads import WorkloadOut
 from live import LiveServer, live_server
 from server.fakes import ManualProvider
-
-ISSUE_CONFIG = """\
-scheduling:
-  placement: fgd-strand
-  ordering: drf
-  preemption: true
-  backfill: true
-priority_classes:
-  - {name: low, value: 0, preemptible: true, grace: 5s}
-  - {name: high, value: 1000}
-"""
 
 
 @pytest.fixture(scope="module")

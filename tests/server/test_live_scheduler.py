@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 from sqlalchemy import select
 
+from factories import ISSUE_CONFIG
 from gpupool.config import parse_config
 from gpupool.core.model import WorkloadStatus
 from gpupool.providers.fake import FakeProvider
@@ -26,16 +27,6 @@ from gpupool.server.states import PodState, pod_move_allowed, workload_move_allo
 
 ADMIN = Principal("admin", None)
 
-ISSUE_CONFIG = """
-scheduling:
-  placement: fgd-strand
-  ordering: drf
-  preemption: true
-  backfill: true
-priority_classes:
-  - {name: low, value: 0, preemptible: true, grace: 5s}
-  - {name: high, value: 1000}
-"""
 
 
 class Pool:

@@ -172,21 +172,19 @@ class ClusterState:
 
     def cpu_need(self, pod: PodRequest) -> Need:
         """The cpu (milli) the pod would hold: its request, else its default share ([node])."""
-        if pod.cpu_milli or not pod.num_devices:
-            return pod.cpu_milli
-        per_device = self.defaults.cpu_milli_per_device
-        if per_device is not None:
-            return per_device * pod.total_device_milli // MILLI
-        return self._node_share(True, pod.total_device_milli)
+        return self._host_need_of(pod, pod.cpu_milli, self.defaults.cpu_milli_per_device, cpu=True)
 
     def mem_need(self, pod: PodRequest) -> Need:
         """The host memory (MiB) the pod would hold: its request, else its default share ([node])."""
-        if pod.memory_mib or not pod.num_devices:
-            return pod.memory_mib
-        per_device = self.defaults.memory_mib_per_device
+        return self._host_need_of(pod, pod.memory_mib, self.defaults.memory_mib_per_device, cpu=False)
+
+    def _host_need_of(self, pod: PodRequest, requested: int, per_device: int | None, *, cpu: bool) -> Need:
+        """`requested`, else the configured amount per device, else the node's share ([node])."""
+        if requested or not pod.num_devices:
+            return requested
         if per_device is not None:
             return per_device * pod.total_device_milli // MILLI
-        return self._node_share(False, pod.total_device_milli)
+        return self._node_share(cpu, pod.total_device_milli)
 
     def _node_share(self, cpu: bool, milli: int) -> IntArray:
         """[node] floor(node total * milli / (its devices * 1000)), 0 on nodes without devices."""
