@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from gpupool.core.fabric.model import Fabric, Link, Node, NodeKind
+from gpupool.core.fabric.model import Fabric, FabricNode, Link, NodeKind
 from gpupool.core.fabric.rates import LinkSpeed
 from gpupool.errors import InvalidInput
 
@@ -16,7 +16,7 @@ CA_GUID_BASE = 0x0002C90400000000
 class _Builder:
     speed: LinkSpeed
     width: int
-    nodes: list[Node] = field(default_factory=list)
+    nodes: list[FabricNode] = field(default_factory=list)
     links: list[Link] = field(default_factory=list)
     port_guids: dict[tuple[str, int], int] = field(default_factory=dict)
     port_lids: dict[tuple[str, int], int] = field(default_factory=dict)
@@ -25,7 +25,7 @@ class _Builder:
     def switch(self, desc: str, ports: int) -> str:
         guid = SWITCH_GUID_BASE + len(self.nodes) + 1
         node_id = f"S-{guid:016x}"
-        self.nodes.append(Node(node_id, NodeKind.SWITCH, ports, guid, desc, self.next_lid))
+        self.nodes.append(FabricNode(node_id, NodeKind.SWITCH, ports, guid, desc, self.next_lid))
         self.port_guids[(node_id, 0)] = guid
         self.next_lid += 1
         return node_id
@@ -33,7 +33,7 @@ class _Builder:
     def ca(self, desc: str) -> str:
         guid = CA_GUID_BASE + 2 * (len(self.nodes) + 1)
         node_id = f"H-{guid:016x}"
-        self.nodes.append(Node(node_id, NodeKind.CA, 1, guid, desc))
+        self.nodes.append(FabricNode(node_id, NodeKind.CA, 1, guid, desc))
         self.port_guids[(node_id, 1)] = guid + 1
         self.port_lids[(node_id, 1)] = self.next_lid
         self.next_lid += 1

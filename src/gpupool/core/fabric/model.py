@@ -34,7 +34,7 @@ class NodeKind(StrEnum):
 
 
 @dataclass(frozen=True, slots=True)
-class Node:
+class FabricNode:
     """One IB node: `id` is the quoted name in the topology file ("S-0008f1...", "Hca1")."""
 
     id: str
@@ -105,7 +105,7 @@ def canonical_link(link: Link) -> Link:
 class Fabric:
     """An immutable IB fabric. Build it with `Fabric.build`, which de-duplicates links."""
 
-    nodes: dict[str, Node]
+    nodes: dict[str, FabricNode]
     links: tuple[Link, ...]
     port_guids: dict[tuple[str, int], int] = field(default_factory=dict)
     port_lids: dict[tuple[str, int], int] = field(default_factory=dict)
@@ -114,7 +114,7 @@ class Fabric:
     @classmethod
     def build(
         cls,
-        nodes: Iterable[Node],
+        nodes: Iterable[FabricNode],
         links: Iterable[Link],
         port_guids: dict[tuple[str, int], int] | None = None,
         port_lids: dict[tuple[str, int], int] | None = None,

@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
-from gpupool.core.fabric.model import Fabric, Link, Node, NodeKind
+from gpupool.core.fabric.model import Fabric, FabricNode, Link, NodeKind
 from gpupool.core.fabric.rates import SPEED_ORDER, LinkSpeed, parse_width_speed
 from gpupool.errors import InvalidInput, TopologyError
 
@@ -30,7 +30,7 @@ _KINDS = {"Switch": NodeKind.SWITCH, "Ca": NodeKind.CA, "Hca": NodeKind.CA, "Rt"
 @dataclass
 class _State:
     source: str
-    nodes: dict[str, Node] = field(default_factory=dict)
+    nodes: dict[str, FabricNode] = field(default_factory=dict)
     remote_hints: dict[str, tuple[str, int | None, int]] = field(default_factory=dict)
     cables: dict[tuple[str, int, str, int], tuple[int, LinkSpeed]] = field(default_factory=dict)
     max_port: dict[str, int] = field(default_factory=dict)
@@ -39,7 +39,7 @@ class _State:
     port_lids: dict[tuple[str, int], int] = field(default_factory=dict)
     lmc: dict[str, int] = field(default_factory=dict)
     pending_guid: int | None = None
-    current: Node | None = None
+    current: FabricNode | None = None
     seen_header: bool = False
 
     def fail(self, number: int, line: str, expected: str) -> TopologyError:
@@ -114,7 +114,7 @@ def _parse_header(state: _State, number: int, line: str) -> bool:
             desc = comment[1 : comment.rfind('"')]
     if node_id in state.nodes:
         raise state.fail(number, line, f"each node once, but {node_id!r} appears again")
-    node = Node(node_id, _KINDS[kind_text], int(ports), state.pending_guid, desc, lid)
+    node = FabricNode(node_id, _KINDS[kind_text], int(ports), state.pending_guid, desc, lid)
     state.nodes[node_id] = node
     state.current = node
     state.pending_guid = None
@@ -193,7 +193,7 @@ def _add_remote_only_nodes(state: _State) -> None:
         if node_id in state.nodes:
             continue
         kind = NodeKind.SWITCH if node_is_switch_name(node_id) else NodeKind.CA
-        state.nodes[node_id] = Node(node_id, kind, max_port.get(node_id, 1), None, desc, lid)
+        state.nodes[node_id] = FabricNode(node_id, kind, max_port.get(node_id, 1), None, desc, lid)
 
 
 _MAP_LINE = re.compile(r'^(?:0x)?([0-9a-fA-F]+)\s+"([^"]*)"')

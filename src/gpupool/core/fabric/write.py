@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from collections import Counter
 
-from gpupool.core.fabric.model import Fabric, Link, Node, NodeKind
+from gpupool.core.fabric.model import Fabric, FabricNode, Link, NodeKind
 
 
-def _guid(node: Node) -> int:
+def _guid(node: FabricNode) -> int:
     return node.guid if node.guid is not None else 0
 
 
