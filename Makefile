@@ -13,10 +13,10 @@ help:  ## List the targets
 $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -e '.[dev]'
+	$(BIN)/python -m pip install --quiet -e '.[all,dev]'
 	@touch $(STAMP)
 
-venv: $(STAMP)  ## Create .venv and install gpupool with its dev tools
+venv: $(STAMP)  ## Create .venv and install gpupool with every extra and its dev tools
 
 run: $(STAMP)  ## Start the pool on the embedded defaults (SQLite, local provider)
 	$(BIN)/gpupool up

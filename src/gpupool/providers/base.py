@@ -1,7 +1,8 @@
 """The provider contract: what nodes and devices exist, and how work starts and stops on them.
 
-Implementations: `local` (processes on this machine, the embedded default) and `fake` (the
-simulator and tests). One contract test suite runs against every provider.
+Implementations: `local` (processes on this machine, the embedded default), `fake` (the
+simulator and tests) and `ray` (the nodes of a Ray cluster, in the `ray` extra); each registers by
+name (providers/registry.py). One contract test suite runs against every provider.
 """
 
 from __future__ import annotations
@@ -46,9 +47,18 @@ class PodLaunch:
     rank: int = 0
     world_size: int = 1
     local_rank: int = 0
+    local_world_size: int = 1
+    """How many pods of the gang run on this pod's node (LOCAL_WORLD_SIZE)."""
     master_addr: str = "127.0.0.1"
+    """The rank-0 node's address (`Provider.node_address`), where the gang meets."""
     master_port: int = 0
+    """The port the server reserved for the gang on the rank-0 node; 0: none (a single pod)."""
     ib_hcas: tuple[str, ...] = ()
+    """NCCL_IB_HCA: the node's IB ports for the gang ("mlx5_0:1"), those on its fabric path when known."""
+    ib_sl: int | None = None
+    """NCCL_IB_SL: the service level of the pod's priority class, where the pool's fabric QoS sets one."""
+    ib_pkey_index: int | None = None
+    """NCCL_IB_PKEY: the P_Key table index of the tenant's partition, where the pool gives it one."""
     tenant: str = "default"
     """Whose pod it is: where the agent runs as root, it picks the Unix account from it."""
     unix_user: str = ""
@@ -102,7 +112,27 @@ class Capability(StrEnum):
 
 
 class Provider(ABC):
-    """Where work runs. Every method is safe to call from the scheduler loop."""
+    """Where work runs. Every method is safe to call from the scheduler loop.
+
+    The consistency model (as Ray's cloud instance provider states its own):
+
+    1. Asynchronous: launch() and stop() record the request and return; the process starts or
+       ends later. What became of it is learnt only from poll(): a pod that could not start is
+       reported FAILED or LOST with a message, never raised from launch().
+    2. Eventually consistent: nodes() and poll() report the provider's latest view, which may lag
+       reality (a node that died is listed until the provider notices; a stopped pod keeps its
+       phase until it has ended). Callers reconcile on every call instead of expecting a change
+       to show at once.
+    3. Known once launched: once launch() returns, poll() lists the pod (STARTING at first) until
+       the provider is closed, and a provider built again over the same state finds it again by
+       pod id, so a restarted server re-adopts its pods instead of starting them twice.
+    4. Idempotent by id: launching a known pod id, stopping an ended one, or closing twice does
+       nothing more.
+    5. Errors: a request that can never succeed raises the gpupool error saying why (ProviderError
+       for an unknown node or an unusable provider, NotFound for an unknown pod or device,
+       InvalidInput for a malformed request); a transient failure of the backend (a lost
+       connection to the cluster) raises Unavailable. Any other exception is a bug in the provider.
+    """
 
     name: ClassVar[str]
 
@@ -112,23 +142,36 @@ class Provider(ABC):
 
     @abstractmethod
     def nodes(self) -> list[Node]:
-        """The nodes and devices that exist now. Non-blocking, idempotent, never raises for an
-        unhealthy device (it is reported with healthy=False)."""
+        """The nodes and devices that exist now, as far as the provider knows (eventually
+        consistent: a node that joined or left shows on a later call). Non-blocking, idempotent,
+        never raises for an unhealthy device (it is reported with healthy=False); Unavailable when
+        the backend cannot be asked."""
 
     @abstractmethod
     def launch(self, pod: PodLaunch) -> None:
-        """Start the pod asynchronously and return at once. Idempotent by pod_id: launching a pod
-        id that is already known does nothing. Raises ProviderError if the node is unknown."""
+        """Start the pod asynchronously and return at once, once the pod is recorded (poll() lists
+        it from then on). Idempotent by pod_id: launching a pod id that is already known does
+        nothing. Raises ProviderError if the node is unknown, Unavailable when the backend cannot
+        take the request now; a pod that fails to start later is reported by poll()."""
 
     @abstractmethod
     def stop(self, pod_id: str, grace_s: float = 10.0) -> None:
-        """Ask the pod to stop (SIGTERM, then SIGKILL after grace_s); returns without waiting.
-        Idempotent; stopping an unknown or finished pod does nothing."""
+        """Ask the pod to stop (SIGTERM, then SIGKILL after grace_s); returns without waiting (poll()
+        reports STOPPED once it has ended). Idempotent; stopping an unknown or finished pod does
+        nothing. Raises Unavailable when the backend cannot take the request now."""
 
     @abstractmethod
     def poll(self) -> list[PodStatus]:
-        """The current status of every pod this provider knows, including finished ones with
-        their exit codes. Non-blocking, idempotent."""
+        """The latest known status of every pod this provider knows, including finished ones with
+        their exit codes (eventually consistent: a change shows on a later call). Non-blocking,
+        idempotent; Unavailable when the backend cannot be asked."""
+
+    def node_address(self, node: str) -> str:
+        """The address other nodes reach `node`'s pods at: a gang's MASTER_ADDR is its rank-0 node's.
+        Non-blocking (answered from what the provider already knows), idempotent; never raises (an
+        unknown node gets the default). Providers whose pods all run on this machine keep the
+        default, loopback."""
+        return "127.0.0.1"
 
     def read_log(self, pod_id: str, stream: str = "stdout", offset: int = 0) -> LogChunk:
         """The pod's log text from byte `offset`. Non-blocking. Raises NotFound for an unknown pod,

@@ -57,9 +57,11 @@ def _env_float(pod: PodLaunch, key: str, default: float) -> float:
         raise InvalidInput(f"Pod {pod.pod_id!r}: {key} must be a number, got {raw!r}.") from None
 
 
-@register_provider("fake")
+@register_provider
 class FakeProvider(Provider):
     """Simulated nodes (a list, or a spec for nodes_from_spec) and pods that end on the clock."""
+
+    name = "fake"
 
     def __init__(self, nodes: Sequence[Node] | str = "2x8xT4", *, clock: Callable[[], float] | None = None,
                  duration_s: float = 60.0, startup_s: float = 0.0) -> None:

@@ -42,11 +42,13 @@ def _status(node: str, record: PodRecord) -> PodStatus:
                      finished_at_s=record.finished_at_s)
 
 
-@register_provider("local")
+@register_provider
 class LocalProvider(Provider):
     """One node: this machine. Devices come from NVML, or are simulated from a spec such as '4xH100'
     (`simulate`), or only when NVML finds none (`fallback_simulate`); simulated devices carry
     simulated=True and the node the label gpupool.io/simulated=true."""
+
+    name = "local"
 
     concurrent_launch = True
     """launch() may be called from several threads at once (for different pods)."""
