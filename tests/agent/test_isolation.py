@@ -93,6 +93,18 @@ def test_gang_environment() -> None:
     assert "RANK" not in plan_isolation(launch(Slice(0, 1000)), H100).env
 
 
+def test_gang_environment_carries_the_local_world_and_the_fabric_settings() -> None:
+    pod = launch(Slice(0, 1000), world_size=4, rank=3, local_rank=1, local_world_size=2,
+                 master_addr="10.0.0.1", master_port=29_777, ib_hcas=("mlx5_0:1",), ib_sl=3,
+                 ib_pkey_index=1)
+    env = plan_isolation(pod, H100).env
+    assert (env["LOCAL_WORLD_SIZE"], env["NCCL_IB_SL"], env["NCCL_IB_PKEY"]) == ("2", "3", "1")
+    assert env["NCCL_IB_HCA"] == "=mlx5_0:1"
+    unreserved = plan_isolation(launch(Slice(0, 1000), world_size=2, rank=1), H100).env
+    assert "MASTER_PORT" not in unreserved  # the server reserves it; no guessed port
+    assert not {"NCCL_IB_SL", "NCCL_IB_PKEY"} & set(unreserved)
+
+
 def test_unknown_device_index_is_a_clear_error() -> None:
     with pytest.raises(InvalidInput, match="device index 9"):
         plan_isolation(launch(Slice(9, 1000)), H100)

@@ -5,7 +5,8 @@ Layers (docs/isolation.md says what each enforces and what it cannot):
   2. CUDA MPS         - thread percentage and pinned memory limit per client, via the MPS daemon;
   3. framework caps   - torch memory fraction (injected sitecustomize), XLA and CuPy variables;
   4. host limits      - cgroup v2 cpu.max/memory.max where a delegated tree is writable, else RLIMITs;
-  5. gang environment - MASTER_ADDR/PORT, WORLD_SIZE, RANK, LOCAL_RANK, NCCL_IB_HCA.
+  5. gang environment - MASTER_ADDR/PORT, WORLD_SIZE, RANK, LOCAL_RANK, LOCAL_WORLD_SIZE and NCCL's
+                         IB variables (NCCL_IB_HCA, NCCL_IB_SL, NCCL_IB_PKEY), as the server planned them.
 """
 
 from __future__ import annotations
@@ -13,7 +14,6 @@ from __future__ import annotations
 import contextlib
 import math
 import os
-import zlib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
@@ -30,14 +30,14 @@ SITECUSTOMIZE_DIR = Path(__file__).with_name("sitecustomize")
 CGROUP_ROOT_ENV = "GPUPOOL_CGROUP_ROOT"
 TORCH_FRACTION_ENV = "GPUPOOL_TORCH_MEMORY_FRACTION"
 CPU_PERIOD_US = 100_000
-DEFAULT_MASTER_PORT_BASE = 29_500
 
 VISIBLE_DEVICE_VARS = ("CUDA_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES",
                        "ASCEND_RT_VISIBLE_DEVICES", "NVIDIA_VISIBLE_DEVICES")
 CONTROLLED_PREFIXES = ("CUDA_MPS_", "GPUPOOL_")
 CONTROLLED_VARS = frozenset({
     *VISIBLE_DEVICE_VARS, "XLA_PYTHON_CLIENT_MEM_FRACTION", "CUPY_GPU_MEMORY_LIMIT", "MASTER_ADDR",
-    "MASTER_PORT", "WORLD_SIZE", "RANK", "LOCAL_RANK", "NCCL_IB_HCA",
+    "MASTER_PORT", "WORLD_SIZE", "RANK", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "NCCL_IB_HCA", "NCCL_IB_SL",
+    "NCCL_IB_PKEY",
 })
 
 
@@ -166,14 +166,21 @@ def framework_env(pairs: list[tuple[Slice, Device]],
 
 
 def gang_env(pod: PodLaunch) -> tuple[dict[str, str], LayerState]:
-    """Layer 5: what torch.distributed and NCCL need to form the gang."""
+    """Layer 5: what torch.distributed and NCCL need to form the gang. The server reserves the
+    gang's MASTER_PORT on the rank-0 node (no two gangs share one); a launch without a port (a
+    caller other than the server) gets no MASTER_PORT rather than a guessed one."""
     if pod.world_size <= 1 and not pod.ib_hcas:
         return {}, LayerState(Layer.GANG, False, "single pod")
-    port = pod.master_port or DEFAULT_MASTER_PORT_BASE + zlib.crc32(pod.workload_id.encode()) % 2000
-    env = {"MASTER_ADDR": pod.master_addr, "MASTER_PORT": str(port), "WORLD_SIZE": str(pod.world_size),
-           "RANK": str(pod.rank), "LOCAL_RANK": str(pod.local_rank)}
+    env = {"MASTER_ADDR": pod.master_addr, "WORLD_SIZE": str(pod.world_size), "RANK": str(pod.rank),
+           "LOCAL_RANK": str(pod.local_rank), "LOCAL_WORLD_SIZE": str(max(1, pod.local_world_size))}
+    if pod.master_port:
+        env["MASTER_PORT"] = str(pod.master_port)
     if pod.ib_hcas:
         env["NCCL_IB_HCA"] = "=" + ",".join(pod.ib_hcas)  # '=' makes NCCL match names exactly
+    if pod.ib_sl is not None:
+        env["NCCL_IB_SL"] = str(pod.ib_sl)
+    if pod.ib_pkey_index is not None:
+        env["NCCL_IB_PKEY"] = str(pod.ib_pkey_index)
     return env, LayerState(Layer.GANG, True, f"rank {pod.rank} of {pod.world_size}")
 
 

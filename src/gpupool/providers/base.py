@@ -166,13 +166,6 @@ class Provider(ABC):
         their exit codes (eventually consistent: a change shows on a later call). Non-blocking,
         idempotent; Unavailable when the backend cannot be asked."""
 
-    def node_address(self, node: str) -> str:
-        """The address other nodes reach `node`'s pods at: a gang's MASTER_ADDR is its rank-0 node's.
-        Non-blocking (answered from what the provider already knows), idempotent; never raises (an
-        unknown node gets the default). Providers whose pods all run on this machine keep the
-        default, loopback."""
-        return "127.0.0.1"
-
     def read_log(self, pod_id: str, stream: str = "stdout", offset: int = 0) -> LogChunk:
         """The pod's log text from byte `offset`. Non-blocking. Raises NotFound for an unknown pod,
         InvalidInput for a stream other than stdout/stderr."""
@@ -204,6 +197,13 @@ class Provider(ABC):
         """The workload reached a final state and will not run again: remove its checkpoint
         directory wherever it is. Call it once its pods have ended. Returns without waiting for the
         files to be deleted; idempotent; never raises for an unknown workload."""
+
+    def node_address(self, node: str) -> str:
+        """The address other nodes reach `node`'s pods at: a gang's MASTER_ADDR is its rank-0 node's.
+        Non-blocking (answered from what the provider already knows), idempotent; never raises (an
+        unknown node gets the default). Providers whose pods all run on this machine keep the
+        default, loopback."""
+        return "127.0.0.1"
 
     def close(self) -> None:
         """Release the provider's resources (threads, daemons). Idempotent."""
