@@ -163,6 +163,50 @@ class PodRow(Base):
     started_s: Mapped[float | None] = mapped_column(Float, nullable=True)
     """When the provider started it (NULL: never started); its slices are metered from then to
     `finished_s` (or now, while it runs)."""
+    models: Mapped[list[dict[str, Any]] | None] = mapped_column(JSON, nullable=True)
+    """Each slice's device as at launch ({model, device_memory_mib, simulated}, in the order of
+    `slices`), so its usage is priced by that model even after the node leaves (NULL: written
+    before revision 0006; metered with the devices listed now)."""
+
+
+class UsageDailyRow(Base):
+    """The metered usage of the pods that ended before the rollup's watermark, one row per UTC day,
+    tenant, queue, priority class, node, device model and simulated mark (services/usage_rollup.py)."""
+
+    __tablename__ = "usage_daily"
+
+    day_s: Mapped[float] = mapped_column(Float, primary_key=True)
+    tenant: Mapped[str] = mapped_column(String(NAME_LENGTH), primary_key=True)
+    queue: Mapped[str] = mapped_column(String(NAME_LENGTH), primary_key=True)
+    priority_class: Mapped[str] = mapped_column(String(NAME_LENGTH), primary_key=True)
+    node: Mapped[str] = mapped_column(String(255), primary_key=True)
+    model: Mapped[str] = mapped_column(String(255), primary_key=True)
+    simulated: Mapped[bool] = mapped_column(Boolean, primary_key=True)
+    compute_milli_s: Mapped[float] = mapped_column(Float)
+    memory_mib_s: Mapped[float] = mapped_column(Float)
+    cost: Mapped[float] = mapped_column(Float)
+    dedicated_cost: Mapped[float] = mapped_column(Float)
+    unpriced: Mapped[int] = mapped_column(Integer)
+    """Pieces with no price (a row with any is `priced: false`)."""
+    pods: Mapped[int] = mapped_column(Integer)
+    """Pods with a piece in this row; the other counts let distinct pods be counted when days or
+    models are summed (see usage_rollup.py)."""
+    pods_carried: Mapped[int] = mapped_column(Integer)
+    pods_first_model: Mapped[int] = mapped_column(Integer)
+    pods_carried_first_model: Mapped[int] = mapped_column(Integer)
+    pods_first: Mapped[int] = mapped_column(Integer)
+    pods_carried_first: Mapped[int] = mapped_column(Integer)
+
+
+class UsageRollupStateRow(Base):
+    """The rollup's one state row: pods that ended at or before `watermark_s` are in usage_daily,
+    priced by the price book whose digest is `prices_sha256` (another digest: rebuilt)."""
+
+    __tablename__ = "usage_rollup_state"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    watermark_s: Mapped[float] = mapped_column(Float)
+    prices_sha256: Mapped[str] = mapped_column(String(64))
 
 
 class EventRow(Base):
