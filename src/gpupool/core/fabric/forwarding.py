@@ -20,7 +20,8 @@ class ForwardingTables:
     """ports[s, c]: output port of switch s toward CA c (NO_ROUTE if unreachable); a view of a
     CA-major array, so one CA's column across all switches is contiguous.
 
-    hops[s, l]: legal up*/down* switch-to-switch hops from switch s to leaf column l.
+    hops[s, l]: legal up*/down* switch-to-switch hops from switch s to leaf column l;
+    down_hops[s, l] the same going down only (what an incremental update after a failure reuses).
     """
 
     arrays: SwitchArrays
@@ -29,6 +30,7 @@ class ForwardingTables:
     ca_leaf_port: np.ndarray
     ports: np.ndarray
     hops: np.ndarray
+    down_hops: np.ndarray | None = None
 
     @property
     def entries(self) -> int:
@@ -71,15 +73,17 @@ def compute_tables(fabric: Fabric, roots: Sequence[str] | None = None) -> Forwar
         per_leaf[leaf] = ca_slot[i] + 1
     leaf_rows = [arrays.index[leaf] for leaf in arrays.leaves]
     hops = np.full((arrays.num_switches, len(leaf_rows)), INF, dtype=np.int16)
+    down_hops = hops.copy()
     by_ca = np.full((len(cas), arrays.num_switches), NO_ROUTE, dtype=np.uint8)
     for first in range(0, len(leaf_rows), CHUNK_LEAVES):
         chunk = leaf_rows[first : first + CHUNK_LEAVES]
         dist, ddown = hop_tables(arrays, chunk)
         hops[:, first : first + len(chunk)] = dist
+        down_hops[:, first : first + len(chunk)] = ddown
         _fill_chunk(arrays, by_ca, dist, ddown, chunk, ca_leaf, ca_slot)
     routed = ca_leaf >= 0
     by_ca[np.flatnonzero(routed), ca_leaf[routed]] = ca_leaf_port[routed]
-    return ForwardingTables(arrays, cas, ca_leaf, ca_leaf_port, by_ca.T, hops)
+    return ForwardingTables(arrays, cas, ca_leaf, ca_leaf_port, by_ca.T, hops, down_hops)
 
 
 def _fill_chunk(
