@@ -1,4 +1,5 @@
-"""SQLAlchemy table models: tenants, queues, tokens, workloads, pods, events, node flags and audit.
+"""SQLAlchemy table models: tenants, queues, tokens, workloads, pods, events, node flags, audit and
+remote calls.
 
 Rows never leave the services; `services/converters.py` turns them into API schemas.
 Times are float seconds since the epoch (`*_s`); a workload's spec is JSON beside indexed columns.
@@ -17,7 +18,9 @@ from sqlalchemy import (
     ForeignKeyConstraint,
     Index,
     Integer,
+    LargeBinary,
     String,
+    Text,
 )
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
@@ -261,3 +264,57 @@ class AuditRow(Base):
     detail: Mapped[str] = mapped_column(String(1024), default="")
     remote: Mapped[str] = mapped_column(String(64), default="")
     count: Mapped[int] = mapped_column(Integer, default=1)
+
+
+class RemoteSessionRow(Base):
+    """A function workload's session (`gpupool.connect().session()`, or one `remote()` call): the
+    calls its worker pod serves. Its id is the workload's id."""
+
+    __tablename__ = "remote_sessions"
+
+    id: Mapped[str] = mapped_column(String(ID_LENGTH), primary_key=True)
+    tenant: Mapped[str] = mapped_column(String(NAME_LENGTH))
+    one_shot: Mapped[bool] = mapped_column(Boolean, default=False)
+    """Its worker stops after its first call (`remote()`): a fresh slice per call."""
+    closed: Mapped[bool] = mapped_column(Boolean, default=False)
+    """No more calls come: its worker stops once the queued ones are answered."""
+    idle_timeout_s: Mapped[float] = mapped_column(Float)
+    last_active_s: Mapped[float] = mapped_column(Float)
+    """The last call submitted or answered; idle past idle_timeout_s, its worker stops."""
+    pod_id: Mapped[str] = mapped_column(String(ID_LENGTH), default="")
+    """The pod that last asked for calls; calls a former pod held are offered again to a new one."""
+    python: Mapped[str] = mapped_column(String(16))
+    created_s: Mapped[float] = mapped_column(Float)
+
+
+class RemoteCallRow(Base):
+    """One call of a remote function: its pickled input until answered, then its pickled result."""
+
+    __tablename__ = "remote_calls"
+    __table_args__ = (Index("ix_remote_calls_session_status", "session_id", "status"),
+                      Index("ix_remote_calls_finished_s", "finished_s"))
+
+    id: Mapped[str] = mapped_column(String(ID_LENGTH), primary_key=True)
+    session_id: Mapped[str] = mapped_column(
+        String(ID_LENGTH), ForeignKey("remote_sessions.id", ondelete="CASCADE"))
+    tenant: Mapped[str] = mapped_column(String(NAME_LENGTH))
+    status: Mapped[str] = mapped_column(String(16))
+    payload: Mapped[bytes] = mapped_column(LargeBinary)
+    result: Mapped[bytes | None] = mapped_column(LargeBinary, nullable=True)
+    error: Mapped[str] = mapped_column(String(1024), default="")
+    traceback: Mapped[str] = mapped_column(Text, default="")
+    pod_id: Mapped[str] = mapped_column(String(ID_LENGTH), default="")
+    attempts: Mapped[int] = mapped_column(Integer, default=0)
+    submitted_s: Mapped[float] = mapped_column(Float)
+    started_s: Mapped[float | None] = mapped_column(Float, nullable=True)
+    finished_s: Mapped[float | None] = mapped_column(Float, nullable=True)
+
+
+class RemoteKeyRow(Base):
+    """The key that signs pods' call tokens (one row, made on first use; shared by server processes)."""
+
+    __tablename__ = "remote_keys"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    secret: Mapped[str] = mapped_column(String(128))
+    created_s: Mapped[float] = mapped_column(Float)
