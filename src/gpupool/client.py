@@ -2,8 +2,11 @@
 
     from gpupool.client import Client
     with Client() as pool:                      # GPUPOOL_URL / GPUPOOL_TOKEN or the config file
-        wid = pool.submit({"command": ["python", "train.py"], "resources": {"gpus": 0.25}})
+        wid = pool.submit(command=["python", "train.py"], gpus=0.25, gpu_memory="8GiB", time_limit="2h")
         print(pool.wait(wid).status)
+
+`submit` also takes the spec as a mapping ({"command": [...], "resources": {"gpus": 0.25}}) or a
+WorkloadSpec, with keyword arguments on top.
 
 Errors come back as the gpupool error they stand for (NotFound, Forbidden, QuotaExceeded...),
 and an unreachable server as Unavailable. https:// servers are verified against the system's CAs,
@@ -15,13 +18,15 @@ from __future__ import annotations
 import ssl
 import time
 from collections.abc import Mapping, Sequence
-from typing import Any, TypeVar
+from datetime import timedelta
+from typing import Any, TypedDict, TypeVar, Unpack
 
 import httpx
 from pydantic import BaseModel, TypeAdapter
 
 from gpupool.clientconfig import ca_bundle, resolve
-from gpupool.errors import InvalidInput, Unavailable
+from gpupool.durations import duration_s
+from gpupool.errors import InvalidInput, Unavailable, closest
 from gpupool.lite_http import error_from_answer
 from gpupool.server.schemas.audit import AuditOut
 from gpupool.server.schemas.common import Health
@@ -32,6 +37,7 @@ from gpupool.server.schemas.workloads import (
     ArrayCancelled,
     EventOut,
     LogsOut,
+    ResourcesSpec,
     WorkloadOut,
     WorkloadPage,
     WorkloadSpec,
@@ -52,6 +58,34 @@ class Keep:
 
 
 KEEP = Keep()
+
+
+class SubmitFields(TypedDict, total=False):
+    """The keyword arguments of Client.submit: the fields of WorkloadSpec, with its resources
+    (gpus, gpu_memory, cpu, memory, models) given directly and `time_limit` as a duration."""
+
+    command: Sequence[str]
+    name: str
+    tenant: str
+    queue: str
+    priority: int
+    priority_class: str
+    replicas: int
+    gpus: float
+    gpu_memory: str | int
+    cpu: str | float
+    memory: str | int
+    models: Sequence[str]
+    resources: Mapping[str, Any]
+    env: Mapping[str, str]
+    workdir: str
+    separate_stderr: bool
+    submit_dir: str
+    runtime_estimate_s: float
+    time_limit: str | float | timedelta
+    time_limit_s: float
+    max_retries: int
+    array: str
 
 
 class Client:
@@ -96,14 +130,19 @@ class Client:
     def health(self) -> Health:
         return self._one(Health, "GET", "/health")
 
-    def submit(self, spec: WorkloadSpec | Mapping[str, Any]) -> str:
-        """Submit a workload; returns its id. A spec with `array` ("0-99%10", Slurm's --array)
-        creates one task per index in one request and returns the array's id (tasks: ID_INDEX)."""
-        if isinstance(spec, WorkloadSpec):
-            body = spec.model_dump(mode="json", exclude_none=True)
-        else:
-            body = dict(spec)
-        return str(self._call("POST", "/workloads", json=body)["id"])
+    def submit(self, spec: WorkloadSpec | Mapping[str, Any] | None = None, **fields: Unpack[SubmitFields]
+               ) -> str:
+        """Submit a workload; returns its id.
+
+            pool.submit(command=["python", "train.py"], gpus=0.25, gpu_memory="8GiB", time_limit="2h")
+
+        Keywords are WorkloadSpec's fields, its resources' fields (gpus, gpu_memory, cpu, memory,
+        models) and `time_limit` (seconds, a timedelta, or 90s, 30m, 2h, 1d, 1:30:00 as in `gpupool
+        submit --time-limit`); with `spec` (a mapping or a WorkloadSpec) they apply on top of it. An
+        unknown keyword raises InvalidInput naming the closest one. With `array` ("0-99%10", Slurm's
+        --array) it creates one task per index in one request and returns the array's id (tasks:
+        ID_INDEX)."""
+        return str(self._call("POST", "/workloads", json=spec_body(spec, dict(fields)))["id"])
 
     def workloads(self, *, status: Sequence[str] = (), tenant: str | Sequence[str] | None = None,
                   queue: str | Sequence[str] | None = None, limit: int = 100, offset: int = 0,
@@ -334,6 +373,73 @@ class Client:
             if value is not None:
                 params[key] = value
         return self._one(UsageOut, "GET", "/usage", params=params)
+
+
+_RESOURCE_KEYS = frozenset(ResourcesSpec.model_fields)
+_SET_BY_SERVER = frozenset({"array_index"})
+
+
+def submit_keywords() -> list[str]:
+    """Every keyword Client.submit takes (WorkloadSpec's fields follow the server's models)."""
+    spec_keys = set(WorkloadSpec.model_fields) - _SET_BY_SERVER
+    return sorted(spec_keys | _RESOURCE_KEYS | set(SubmitFields.__annotations__))
+
+
+def spec_body(spec: WorkloadSpec | Mapping[str, Any] | None, fields: dict[str, Any]) -> dict[str, Any]:
+    """The JSON body of a submission: `spec` (if any) with the keyword `fields` on top."""
+    if isinstance(spec, WorkloadSpec):
+        body = spec.model_dump(mode="json", exclude_none=True)
+    else:
+        body = dict(spec or {})
+    known = submit_keywords()
+    for key in fields:
+        if key not in known:
+            close = closest(key, known)
+            hint = f"did you mean {close!r}?" if close else "see help(Client.submit)."
+            raise InvalidInput(f"Client.submit() got an unexpected keyword argument {key!r}; {hint}")
+    given = {key: value for key, value in fields.items() if value is not None}
+    if "time_limit" in given:
+        if "time_limit_s" in given:
+            raise InvalidInput("Give time_limit or time_limit_s to Client.submit(), not both.")
+        given["time_limit_s"] = _seconds(given.pop("time_limit"))
+    if isinstance(given.get("command"), str | bytes):
+        raise InvalidInput("command= takes a list of words such as ['python', 'train.py'], not one string; "
+                           "shlex.split() turns a shell line into one.")
+    resources = {key: given.pop(key) for key in sorted(_RESOURCE_KEYS & given.keys())}
+    if "resources" in given or resources:
+        base = given.pop("resources", None) or body.get("resources") or {}
+        if not isinstance(base, Mapping):
+            raise InvalidInput("The spec's resources must be a mapping such as {'gpus': 0.25}.")
+        resources = {**base, **resources}
+        body["resources"] = resources
+    body.update(given)
+    body = _plain(body)
+    if not body:
+        raise InvalidInput("Client.submit() needs a spec or keyword arguments, e.g. command=['python', "
+                           "'train.py'], gpus=0.25.")
+    return body
+
+
+def _seconds(value: object) -> float:
+    """A time limit in seconds from seconds, a timedelta, or a duration as `submit --time-limit` takes."""
+    if isinstance(value, timedelta):
+        return value.total_seconds()
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        return float(value)
+    try:
+        return duration_s(str(value))
+    except ValueError:
+        raise InvalidInput(f"time_limit takes seconds, a timedelta or a duration such as 90s, 30m, 2h, 1d or "
+                           f"1:30:00, got {value!r}.") from None
+
+
+def _plain(value: Any) -> Any:
+    """JSON-ready: tuples and other sequences as lists, mappings as dicts."""
+    if isinstance(value, Mapping):
+        return {str(key): _plain(item) for key, item in value.items()}
+    if isinstance(value, Sequence) and not isinstance(value, str | bytes):
+        return [_plain(item) for item in value]
+    return value
 
 
 def _list_params(status: Sequence[str], tenant: str | Sequence[str] | None,

@@ -19,6 +19,12 @@ from gpupool.cli._usage import is_a, usage_sentence
 from gpupool.cli.main import ALIASES, COMMANDS, SUBCOMMANDS
 
 _help.install()
+EXTRA_OF_MODULE: dict[str, str] = {
+    **dict.fromkeys(("fastapi", "fastapi_offline", "starlette", "uvicorn", "sqlalchemy", "alembic", "psycopg",
+                     "prometheus_client", "pynvml", "numpy", "scipy", "networkx", "matplotlib"), "server"),
+    "ray": "ray",
+}
+"""The top-level modules of each extra (pyproject.toml): a command that needs one names the extra."""
 _COMPLETION_PARAMS = {"install_completion", "show_completion"}  # one `gpupool completion` instead
 COMPLETE_VAR = "_GPUPOOL_COMPLETE"
 
@@ -87,7 +93,13 @@ class LazyGroup(typer.core.TyperGroup):
 
 
 def _exit_for(exc: Any) -> None:
-    """Print a usage error as one sentence and exit with its code; re-raise anything else."""
+    """Print a usage error, or a missing extra, as one sentence and exit with its code; re-raise
+    anything else."""
+    extra = EXTRA_OF_MODULE.get((getattr(exc, "name", None) or "").partition(".")[0])
+    if isinstance(exc, ModuleNotFoundError) and extra:
+        print(f"Error: `{_command_words()}` needs gpupool's {extra} extra ({exc}); install it with "
+              f"pip install 'gpupool[{extra}]'.", file=sys.stderr)
+        sys.exit(2)
     if is_a(exc, "Abort"):
         print("Aborted.", file=sys.stderr)
         sys.exit(1)
@@ -98,6 +110,16 @@ def _exit_for(exc: Any) -> None:
     elif exc.format_message().strip():  # with rich, the help is already printed
         print(exc.format_message(), file=sys.stderr)
     sys.exit(exc.exit_code)
+
+
+def _command_words() -> str:
+    """The command being run, as typed: `gpupool up`, `gpupool sim fill`."""
+    words = ["gpupool"]
+    for arg in sys.argv[1:3]:
+        if arg.startswith("-") or (len(words) == 2 and words[1] in COMMANDS):
+            break
+        words.append(arg)
+    return " ".join(words)
 
 
 app = typer.Typer(

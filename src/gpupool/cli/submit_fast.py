@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import sys
 
+from gpupool.durations import duration_s
+
 USAGE = (
     "usage: gpupool submit [--name N] [--tenant T] [--queue Q] [--priority P] [--priority-class C] "
     "[--gpus 0.25|2] [--gpu-memory 8GiB] [--cpu 4] [--memory 16GiB] [--replicas N] [--env K=V] "
@@ -153,38 +155,6 @@ def _set(flags: dict[tuple[str, ...], object], path: tuple[str, ...], kind: str,
         wanted = {"int": "a whole number", "float": "a number such as 0.25 or 2", "env": "KEY=VALUE",
                   "duration": "a duration such as 90s, 30m, 2h, 1d, 1:30:00 or 2-12:00:00 (days-hours)"}
         raise UsageError(f"Option {name} takes {wanted.get(kind, 'a value')}, got {value!r}.") from None
-
-
-_UNIT_S = {"s": 1, "m": 60, "h": 3600, "d": 86400}
-
-
-def duration_s(text: str) -> float:
-    """Seconds in a time limit: 90s, 30m, 2h, 1.5d, or Slurm's M:S, H:M:S, D-H, D-H:M, D-H:M:S.
-    A bare number is refused (ValueError): Slurm reads minutes, the API seconds."""
-    text = text.strip().lower()
-    if len(text) > 1 and text[-1] in _UNIT_S and _is_number(text[:-1]):
-        return float(text[:-1]) * _UNIT_S[text[-1]]
-    days, dash, clock = text.rpartition("-")
-    parts = clock.split(":")
-    if not all(p.isascii() and p.isdigit() for p in [*parts, *([days] if dash else [])]):
-        raise ValueError(text)
-    numbers = [int(p) for p in parts]
-    if dash:  # days-hours[:minutes[:seconds]]
-        if len(numbers) > 3:
-            raise ValueError(text)
-        numbers += [0] * (3 - len(numbers))
-        return int(days) * 86400.0 + numbers[0] * 3600 + numbers[1] * 60 + numbers[2]
-    if len(numbers) == 2:  # minutes:seconds
-        return numbers[0] * 60.0 + numbers[1]
-    if len(numbers) == 3:  # hours:minutes:seconds
-        return numbers[0] * 3600.0 + numbers[1] * 60 + numbers[2]
-    raise ValueError(text)  # a bare number: minutes to Slurm, seconds elsewhere
-
-
-def _is_number(text: str) -> bool:
-    whole, _, fraction = text.partition(".")
-    digits = all(p == "" or (p.isascii() and p.isdigit()) for p in (whole, fraction))
-    return digits and bool(whole or fraction)
 
 
 def _read_file(path: str) -> dict[str, object]:
