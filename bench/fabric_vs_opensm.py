@@ -8,6 +8,12 @@ up*/down* rules, compares hop counts with the paths OpenSM programmed (ibtracert
 1,296 hosts, times parsing the largest fabric's ibnetdiscover output, and times
 `gpupool fabric show` on the PSMN file.
 
+Then one leaf-spine (leaf-to-aggregation) link fails: gpupool updates the affected forwarding
+entries incrementally (core/fabric/reroute.py; median of 3, tables checked equal to a full
+recomputation on the fabric without the link), beside OpenSM re-routing the same fabric after the
+same `Unlink` typed into the ibsim console (updn has no incremental mode: its routing time is that
+of a full re-route, read from its log as above).
+
     .venv/bin/python bench/fabric_vs_opensm.py [--pods 4,16,36] [--json PATH] [--skip-opensm]
 """
 
@@ -15,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import random
 import subprocess
 import sys
@@ -24,20 +31,84 @@ from collections import deque
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 from rich.console import Console
 from rich.table import Table
 
-from gpupool.agent.probes.ibtools import IbSim, ibtracert_hops, missing_tools
+from gpupool.agent.probes.ibtools import IbSim, find_tool, ibtracert_hops, missing_tools
 from gpupool.core.fabric.forwarding import ForwardingTables, compute_tables, is_up_down, walk
 from gpupool.core.fabric.generate import fat_tree
-from gpupool.core.fabric.model import Fabric
+from gpupool.core.fabric.model import Fabric, Link
 from gpupool.core.fabric.parse import parse_topology
+from gpupool.core.fabric.reroute import reroute_after_failure
 from gpupool.core.fabric.updown import SwitchArrays
 from gpupool.core.fabric.write import to_ibnetdiscover, to_ibsim_net
 from gpupool.sim.datadir import data_dir
 
 REPO = Path(__file__).resolve().parents[1]
 console = Console()
+
+
+class ConsoleIbSim(IbSim):
+    """ibsim with its console on a pipe (no -n), so the bench can type `Unlink` into it."""
+
+    def start(self) -> ConsoleIbSim:
+        ibsim = find_tool("ibsim")
+        if ibsim is None:
+            raise SystemExit("ibsim is not installed; run scripts/ib-deps.sh.")
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        (self.workdir / "opensm-cache").mkdir(exist_ok=True)
+        cmd = [ibsim, "-s", "-N", str(self.max_nodes), "-S", str(self.max_switches),
+               "-P", str(self.max_ports), str(self.netfile)]
+        env = dict(os.environ, IBSIM_SOCKNAME=self.socket_name)
+        with self.log_path.open("wb") as log:
+            self.process = subprocess.Popen(cmd, cwd=self.workdir, env=env, stdout=log,
+                                            stderr=subprocess.STDOUT, stdin=subprocess.PIPE)
+        self._wait_ready()
+        return self
+
+    def __enter__(self) -> ConsoleIbSim:
+        return self.start()
+
+    def console(self, line: str, timeout_s: float = 60.0) -> None:
+        """Type one console command and wait for the next prompt (the command has been applied)."""
+        assert self.process is not None and self.process.stdin is not None
+        prompts = self.log_path.read_text(errors="replace").count("sim>")
+        self.process.stdin.write((line + "\n").encode())
+        self.process.stdin.flush()
+        deadline = time.monotonic() + timeout_s
+        while self.log_path.read_text(errors="replace").count("sim>") <= prompts:
+            if time.monotonic() > deadline:
+                raise SystemExit(f"ibsim did not answer {line!r} within {timeout_s:.0f} s.")
+            time.sleep(0.05)
+
+
+def leaf_uplink(fabric: Fabric, rng: random.Random) -> Link:
+    """A random healthy link between a leaf and the switch level above it."""
+    levels = fabric.levels
+    links = [lk for lk in fabric.links if fabric.is_switch(lk.a) and fabric.is_switch(lk.b)
+             and sorted((levels[lk.a], levels[lk.b])) == [0, 1]]
+    return rng.choice(links)
+
+
+def time_reroute(fabric: Fabric, tables: ForwardingTables, link: Link) -> dict[str, Any]:
+    """gpupool's incremental update after `link` fails (median of 3), checked against a full run."""
+    _ = (fabric.levels, fabric.links_by_node)  # cached structure, as in a long-lived view
+    runs, update = [], None
+    for _ in range(3):
+        started = time.perf_counter()
+        update = reroute_after_failure(fabric, tables, link)
+        runs.append(time.perf_counter() - started)
+    assert update is not None
+    started = time.perf_counter()
+    full = compute_tables(fabric.without_links([link]))
+    full_s = time.perf_counter() - started
+    equal = np.array_equal(update.tables.ports, full.ports) and np.array_equal(update.tables.hops, full.hops)
+    return {"failed_link": f"{fabric.nodes[link.a].label}[{link.a_port}] - {fabric.nodes[link.b].label}"
+                           f"[{link.b_port}]",
+            "gpupool_update_ms": round(1000 * sorted(runs)[1], 2), "gpupool_full_after_s": round(full_s, 3),
+            "update_incremental": update.incremental, "entries_changed": update.changed_entries,
+            "update_equals_full": equal, "_tables": update.tables}
 
 
 def brute_force_hops(adjacency: list[list[tuple[int, bool]]], start: int, goal: int) -> int:
@@ -117,11 +188,18 @@ def run_size(pods: int, workdir: Path, args: argparse.Namespace) -> dict[str, An
     pairs = [tuple(rng.sample(parsed.cas, 2)) for _ in range(args.pairs)]
     row["min_hop_ok"] = f"{check_min_hop(parsed, tables, pairs)}/{len(pairs)}"  # type: ignore[arg-type]
     console.print(f"  up*/down* minimum-hop check: {row['min_hop_ok']}")
+    link = leaf_uplink(parsed, random.Random(1000 + pods))
+    reroute = time_reroute(parsed, tables, link)
+    after = reroute.pop("_tables")
+    row.update(reroute)
+    console.print(f"  link {row['failed_link']} fails: gpupool update {row['gpupool_update_ms']} ms "
+                  f"({row['entries_changed']:,} entries changed), equal to a full recomputation: "
+                  f"{row['update_equals_full']}")
     if args.skip_opensm:
         return row
     sim_dir = workdir / f"sim-{pods}"
     nodes = hosts + switches
-    with IbSim(topo, sim_dir, max_nodes=nodes + 64, max_switches=switches + 16,
+    with ConsoleIbSim(topo, sim_dir, max_nodes=nodes + 64, max_switches=switches + 16,
                max_ports=4 * (hosts * 2 + switches * 37), ready_timeout_s=900) as sim:
         console.print("  ibsim ready; running OpenSM -R updn once (may take minutes) ...")
         osm = sim.opensm_once(routing="updn", timeout_s=1800)
@@ -133,8 +211,18 @@ def run_size(pods: int, workdir: Path, args: argparse.Namespace) -> dict[str, An
         console.print(f"  OpenSM updn routing: {row['opensm_updn_s']} s (wall {row['opensm_wall_s']} s)")
         if hosts <= args.trace_max_hosts:
             row["ibtracert_agree"] = f"{trace_agreement(sim, parsed, tables, pairs)}/{len(pairs)}"  # type: ignore[arg-type]
-        if pods == max(args.pods):
+        if pods == max(args.pods) and not args.skip_discover:
             row.update(parse_discovered(sim, workdir / f"discovered-{pods}.topo"))
+        sim.console(f'Unlink "{link.a}"[{link.a_port}]')
+        console.print("  Unlink typed into ibsim; OpenSM re-routes the fabric ...")
+        again = sim.opensm_once(routing="updn", timeout_s=1800)
+        row["opensm_reroute_s"] = round(again.routing_s, 3) if again.routing_s is not None else None
+        row["opensm_reroute_subnet_up"] = again.subnet_up
+        if again.routing_s:
+            row["reroute_speedup"] = round(1000 * again.routing_s / row["gpupool_update_ms"], 1)
+        console.print(f"  OpenSM re-route after Unlink: {row['opensm_reroute_s']} s")
+        if hosts <= args.trace_max_hosts:
+            row["ibtracert_agree_after"] = f"{trace_agreement(sim, parsed, after, pairs)}/{len(pairs)}"  # type: ignore[arg-type]
     return row
 
 
@@ -175,6 +263,8 @@ def main() -> None:
     parser.add_argument("--pairs", type=int, default=200, help="CA pairs to check per fabric")
     parser.add_argument("--trace-max-hosts", type=int, default=1296, help="ibtracert up to this size")
     parser.add_argument("--skip-opensm", action="store_true", help="time gpupool only")
+    parser.add_argument("--skip-discover", action="store_true",
+                        help="skip timing the parse of ibnetdiscover on the largest fabric")
     parser.add_argument("--json", type=Path, default=REPO / "bench" / "results" / "fabric_vs_opensm.json")
     args = parser.parse_args()
     args.pods = [int(p) for p in args.pods.split(",")]
@@ -191,11 +281,15 @@ def main() -> None:
     table = Table(title="Up*/down* forwarding tables: gpupool vs OpenSM 3.3 updn (same ibsim fabric)")
     columns = ["hosts", "switches", "opensm_updn_s", "gpupool_tables_s", "speedup", "min_hop_ok",
                "ibtracert_agree", "parse_discovered_s"]
-    for column in columns:
-        table.add_column(column, justify="right")
-    for row in rows:
-        table.add_row(*(str(row.get(column, "-")) for column in columns))
-    console.print(table)
+    failure = Table(title="One leaf-spine link fails: gpupool's incremental update vs OpenSM's re-route")
+    failure_columns = ["hosts", "opensm_reroute_s", "gpupool_update_ms", "reroute_speedup",
+                       "entries_changed", "update_equals_full", "ibtracert_agree_after"]
+    for view, names in ((table, columns), (failure, failure_columns)):
+        for column in names:
+            view.add_column(column, justify="right")
+        for row in rows:
+            view.add_row(*(str(row.get(column, "-")) for column in names))
+        console.print(view)
     console.print(f"gpupool fabric show on the PSMN file: {show['show_psmn_s']} s (best of 3 CLI runs, "
                   f"with interpreter start-up); parse + levels in-process {show['show_psmn_in_process_s']} s")
     args.json.parent.mkdir(parents=True, exist_ok=True)
