@@ -17,6 +17,7 @@ from typing import Annotated, Any, Literal
 import yaml
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, field_validator
 
+from gpupool.core.fabric.qos import QosPlan, plan_qos
 from gpupool.core.model import SliceDefaults
 from gpupool.core.overcommit import ModelRatio, OvercommitConfig
 from gpupool.core.priority import DEFAULT_PRIORITY_CLASSES, PriorityClass, PriorityClasses
@@ -173,6 +174,55 @@ class DefaultsConfig(_Strict):
         )
 
 
+MAX_PKEY_INDEX = 127
+"""A port's P_Key table holds at most 128 entries."""
+
+
+class FabricConfig(_Strict):
+    """What the live pool does with its fabric beyond placement (`fabric:`): NCCL_IB_SL per priority
+    class, NCCL_IB_PKEY per tenant, and moving gangs off congested links."""
+
+    qos: dict[str, float] = Field(default_factory=dict)
+    """Priority class -> its guaranteed share of a busy link, as `gpupool fabric export opensm-qos
+    --class`; a gang's pods get NCCL_IB_SL of their class (none for a class not named)."""
+    partitions: dict[str, Annotated[int, Field(ge=0, le=MAX_PKEY_INDEX)]] = Field(default_factory=dict)
+    """Tenant -> the P_Key table index of its partition (`fabric export opensm-partitions` puts a
+    tenant's at 1); its gangs' pods get NCCL_IB_PKEY (none for a tenant not named)."""
+    migrate_on_congestion: bool = False
+    """Checkpoint-requeue a gang whose bottleneck link stays congested, so it is placed again away
+    from it (costs the work since its last checkpoint; off by default)."""
+    congestion_threshold: float = Field(0.9, gt=0, le=1)
+    """A link whose load (fraction of its data rate) exceeds this is congested."""
+    congestion_for: Seconds = 300.0
+    """How long a gang's bottleneck link stays congested before the gang is moved."""
+
+    @field_validator("qos")
+    @classmethod
+    def _qos(cls, value: dict[str, float]) -> dict[str, float]:
+        if value:
+            try:
+                plan_qos(value)
+            except InvalidInput as exc:
+                raise ValueError(exc.message) from None
+        return value
+
+    def qos_plan(self) -> QosPlan | None:
+        """The SL of each class (None when no QoS is configured)."""
+        return plan_qos(self.qos) if self.qos else None
+
+    def service_level(self, priority_class: str) -> int | None:
+        """NCCL_IB_SL for work of `priority_class`, where QoS names it."""
+        plan = self.qos_plan()
+        if plan is None:
+            return None
+        found = next((c for c in plan.classes if c.name == priority_class), None)
+        return None if found is None else found.sl
+
+    def pkey_index(self, tenant: str) -> int | None:
+        """NCCL_IB_PKEY for `tenant`'s work, where it has a partition."""
+        return self.partitions.get(tenant)
+
+
 class PoolConfig(_Strict):
     """The whole file. Every section is optional."""
 
@@ -186,6 +236,7 @@ class PoolConfig(_Strict):
     defaults: DefaultsConfig = Field(default_factory=lambda: DefaultsConfig.model_validate({}))
     prices: PricesConfig = Field(default_factory=lambda: PricesConfig.model_validate({}))
     """The price book `gpupool usage` and `invoice` bill with (gpupool/prices.py)."""
+    fabric: FabricConfig = Field(default_factory=lambda: FabricConfig.model_validate({}))
 
     @field_validator("priority_classes")
     @classmethod

@@ -45,7 +45,7 @@ from gpupool.providers.base import PodLaunch
 from gpupool.server.loops.snapshot import MAX_PENDING_PER_CYCLE, StoreView, WorkloadCache, load
 from gpupool.server.orm import Base, PodRow, TenantRow, WorkloadRow
 from gpupool.server.runtime import Runtime
-from gpupool.server.services import enforcement
+from gpupool.server.services import enforcement, rendezvous
 from gpupool.server.services.events import Move, apply_moves, transition
 from gpupool.server.services.requeue import checkpoint_mark, requeue, stop_pods
 from gpupool.server.states import EventReason, PodState
@@ -154,6 +154,8 @@ class Scheduler:
         self._backoff_s: float | None = None
         """When the next requeued workload's backoff ends (a full pass then looks at it)."""
 
+        self.ports = rendezvous.PortBook()
+        """The MASTER_PORT each multi-pod gang holds on its rank-0 node (services/rendezvous.py)."""
     # ------------------------------------------------------------------ the cycle
 
     def cycle(self, capacity_changed: bool = True) -> CycleStats:
@@ -377,6 +379,8 @@ class Scheduler:
             wait = bool(busy) and any((p.node, s.device_index) in busy for p in in_order for s in p.slices)
             state = PodState.WAITING if wait else PodState.LAUNCHING
             for placement in admission.placements:
+            ranks = {int(p.pod.removeprefix("r")): p.node for p in in_order}
+            gang = rendezvous.plan(self.rt, conn, self.ports, row, attempt, ranks) if world > 1 else None
                 rank = int(placement.pod.removeprefix("r"))
                 pod_id = f"{row.id}-a{attempt}-r{rank}"
                 request = by_id[row.id].pods[rank]
@@ -393,7 +397,7 @@ class Scheduler:
                 if not wait:
                     account = accounts.get(row.tenant) or ""
                     launches.append(self._pod_launch(row, pod_id, placement.node, placement.slices, rank,
-                                                     world, cpu_milli, memory_mib, account))
+                                                     world, cpu_milli, memory_mib, account, gang=gang))
                 held = dataclasses.replace(request, cpu_milli=cpu_milli, memory_mib=memory_mib)
                 notes += limits.events(row.id, pod_id, placement.node, held, now)  # what it holds
             where = ", ".join(sorted({p.node for p in admission.placements}))
@@ -500,9 +504,10 @@ class Scheduler:
                 row = rows[wid]
                 for pod in pods:
                     slices = tuple(Slice(**s) for s in pod.slices)
+                gang = rendezvous.recorded(self.rt, row, row.attempt, {p.rank: p.node for p in pods})
                     launches.append(self._pod_launch(row, pod.id, pod.node, slices, pod.rank, len(pods),
                                                      pod.cpu_milli, pod.memory_mib,
-                                                     accounts.get(row.tenant) or ""))
+                                                     accounts.get(row.tenant) or "", gang=gang))
         self._launch(launches)
         return len(ready)
 
@@ -545,7 +550,8 @@ class Scheduler:
         return self.rt.config.grace_s(str(spec.get("priority_class") or ""))
 
     def _pod_launch(self, row: Row[Any], pod_id: str, node: str, slices: tuple[Slice, ...], rank: int,
-                    world: int, cpu_milli: int, memory_mib: int, unix_user: str = "") -> PodLaunch:
+                    world: int, cpu_milli: int, memory_mib: int, unix_user: str = "",
+                    gang: rendezvous.Gang | None = None) -> PodLaunch:
         spec = row.spec
         env = {str(k): str(v) for k, v in dict(spec.get("env", {})).items()}
         env.update({"GPUPOOL_WORKLOAD_ID": row.id, "GPUPOOL_POD_ID": pod_id, "GPUPOOL_TENANT": row.tenant,
@@ -566,6 +572,7 @@ class Scheduler:
     def _launch(self, launches: list[PodLaunch]) -> None:
         """Ask the provider (outside any transaction), then record what started."""
         if not launches:
+            **(gang.launch_fields(rank) if gang is not None else {}),
             return
         started, failed = self._start_all(launches)
         now = self.rt.clock()

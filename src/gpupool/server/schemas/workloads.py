@@ -61,6 +61,15 @@ class ResourcesSpec(Strict):
         return _check(parse_memory_mib, value)  # type: ignore[return-value]
 
 
+class RendezvousSpec(Strict):
+    """Where one attempt of a multi-pod gang meets (MASTER_ADDR:MASTER_PORT), set by the server."""
+
+    attempt: int
+    node: str = Field(description="the rank-0 node")
+    addr: str = Field(description="its address, the gang's MASTER_ADDR")
+    port: int = Field(description="the MASTER_PORT reserved there for this attempt")
+
+
 class WorkloadSpec(Strict):
     """A workload as submitted: a command run by `replicas` pods placed all-or-nothing."""
 
@@ -95,6 +104,9 @@ class WorkloadSpec(Strict):
         "'%N' at the end lets at most N tasks hold slices at once (0-999%50)"))
     array_index: int | None = Field(None, ge=0, description=(
         "set by the server on each task of an array (its GPUPOOL_ARRAY_INDEX); not submitted"))
+    rendezvous: list[RendezvousSpec] | None = Field(None, description=(
+        "set by the server when a multi-pod gang is placed (newest attempt last): the rank-0 node, its "
+        "address and the port reserved there; not submitted"))
 
     @field_validator("array")
     @classmethod

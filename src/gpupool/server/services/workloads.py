@@ -75,6 +75,9 @@ def prepare(rt: Runtime, who: Principal, spec: WorkloadSpec) -> Submission:
     if spec.array_index is not None:
         raise InvalidInput("array_index is set by the server on each task of an array; leave it out and "
                            "submit the array with `array` (gpupool submit --array 0-9).", field="array_index")
+    if spec.rendezvous is not None:
+        raise InvalidInput("rendezvous is set by the server when a gang is placed; leave it out (each pod "
+                           "finds MASTER_ADDR and MASTER_PORT in its environment).", field="rendezvous")
     chosen = priority_class(rt.config, spec.priority_class, tenant, who.max_priority)
     spec = check_fits(spec, CAPACITY.get(rt.nodes()))  # O(shapes): the summary is cached per node list
     now = rt.clock()

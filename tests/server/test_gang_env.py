@@ -1,0 +1,211 @@
+"""Gangs across nodes: each pod's rendezvous (MASTER_ADDR of the rank-0 node, a MASTER_PORT reserved
+there that no other gang shares), its ranks, and NCCL's IB settings from the node's ports and the
+pool's fabric configuration; driven step by step through the live loop."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from fakes import ManualProvider
+
+from factories import pod_python
+from gpupool.config import parse_config
+from gpupool.core.model import Device, IbPort, Node
+from gpupool.errors import InvalidInput
+from gpupool.providers.base import PodLaunch, Provider
+from gpupool.providers.localpool import LocalPool
+from gpupool.providers.nodespec import nodes_from_spec
+from gpupool.server.auth import Principal
+from gpupool.server.db import Store
+from gpupool.server.loops.control import ControlLoop
+from gpupool.server.orm import WorkloadRow
+from gpupool.server.runtime import Runtime
+from gpupool.server.schemas.workloads import WorkloadSpec
+from gpupool.server.services import rendezvous, workloads
+from gpupool.server.services.tenants import bootstrap
+from gpupool.server.settings import Settings
+
+ADMIN = Principal("admin", None)
+CONFIG = """
+scheduling: {placement: first-fit, backfill: false}
+fabric:
+  qos: {critical: 0.8, normal: 0.15, scavenger: 0.05}
+  partitions: {default: 1}
+"""
+
+
+def _node(name: str, cpus: int, hcas: tuple[str, ...] = ()) -> Node:
+    ports = tuple(IbPort(hca=h, port=1, state="ACTIVE") for h in hcas)
+    devices = tuple(Device(uuid=f"{name}-d{i}", model="H100", index=i) for i in range(4))
+    return Node(name=name, cpu_milli=cpus * 1000, memory_mib=65_536, devices=devices, ib_ports=ports)
+
+
+class AddressedProvider(ManualProvider):
+    """A hand-driven provider whose nodes have addresses of their own, as a Ray cluster's do."""
+
+    def node_address(self, node: str) -> str:
+        return {"n0": "10.0.0.10", "n1": "10.0.0.11"}.get(node, "127.0.0.1")
+
+
+class Pool:
+    def __init__(self, tmp_path: Path, config: str = CONFIG, provider: Provider | None = None) -> None:
+        self.provider = provider or AddressedProvider([
+            _node("n0", 2, ("mlx5_0", "mlx5_1")), _node("n1", 2, ("mlx5_0",))])
+        url = f"sqlite:///{tmp_path / 'store.sqlite'}"
+        settings = Settings(data_dir=tmp_path, database_url=url, cycle_interval_s=0.05)
+        self.rt = Runtime(settings=settings, store=Store.open(url), provider=self.provider,
+                          config=parse_config(config))
+        bootstrap(self.rt)
+        self.loop = ControlLoop(self.rt)
+        self.loop.recovered = self.loop.reconciler.recover()
+
+    def submit(self, replicas: int, cpu: float, **extra: Any) -> str:
+        spec = WorkloadSpec.model_validate({"command": ["train"], "replicas": replicas,
+                                            "resources": {"cpu": cpu}, **extra})
+        return workloads.submit(self.rt, ADMIN, spec).id
+
+    def launched(self, workload_id: str) -> list[PodLaunch]:
+        assert isinstance(self.provider, ManualProvider)
+        return sorted((p for p in self.provider.launched.values() if p.workload_id == workload_id),
+                      key=lambda p: p.rank)
+
+    def env(self, launch: PodLaunch) -> dict[str, str]:
+        """The gang variables the agent sets from this launch (agent/isolation.py)."""
+        from gpupool.agent.isolation import gang_env
+
+        return gang_env(launch)[0]
+
+
+@pytest.fixture
+def pool(tmp_path: Path) -> Iterator[Pool]:
+    made = Pool(tmp_path)
+    yield made
+    made.rt.store.close()
+
+
+def _spread_two_gangs(pool: Pool) -> tuple[str, str]:
+    """Two gangs of two pods, each spread over n0 and n1 (2 cpus each), both with rank 0 on n0."""
+    first = pool.submit(2, 1.5)  # r0 on n0; n0 keeps 0.5 cpu, so r1 goes to n1
+    pool.loop.step()
+    second = pool.submit(2, 0.5)  # r0 on n0's last 0.5 cpu, r1 on n1
+    pool.loop.step()
+    return first, second
+
+
+def test_each_rank_of_a_gang_across_nodes_gets_its_environment(pool: Pool) -> None:
+    first, _ = _spread_two_gangs(pool)
+    r0, r1 = pool.launched(first)
+    assert (r0.node, r1.node) == ("n0", "n1")
+    env0, env1 = pool.env(r0), pool.env(r1)
+    for env, rank in ((env0, "0"), (env1, "1")):
+        assert env["MASTER_ADDR"] == "10.0.0.10"  # the rank-0 node's address, on both nodes
+        assert env["RANK"] == rank and env["WORLD_SIZE"] == "2"
+        assert env["LOCAL_RANK"] == "0" and env["LOCAL_WORLD_SIZE"] == "1"
+        assert env["NCCL_IB_SL"] == "2"  # the default class, normal: SL 2 (scavenger 0, critical 1)
+        assert env["NCCL_IB_PKEY"] == "1"  # the tenant's partition
+    assert env0["MASTER_PORT"] == env1["MASTER_PORT"]
+    assert env0["NCCL_IB_HCA"] == "=mlx5_0:1,mlx5_1:1" and env1["NCCL_IB_HCA"] == "=mlx5_0:1"
+
+
+def test_two_gangs_at_once_on_one_master_node_get_different_ports(pool: Pool,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(rendezvous, "first_port", lambda workload_id: rendezvous.MASTER_PORT_BASE)
+    first, second = _spread_two_gangs(pool)
+    ports = [{launch.master_port for launch in pool.launched(w)} for w in (first, second)]
+    assert ports == [{29_500}, {29_501}]  # both wanted 29500; the second gang got the next one free
+    assert {pool.launched(w)[0].node for w in (first, second)} == {"n0"}
+
+
+def test_a_port_is_free_again_once_its_gang_ended_and_the_book_survives_a_restart(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(rendezvous, "first_port", lambda workload_id: rendezvous.MASTER_PORT_BASE)
+    pool = Pool(tmp_path)
+    first, second = _spread_two_gangs(pool)
+    pool.rt.store.close()
+    again = Pool(tmp_path, provider=pool.provider)  # a restarted server, its pods still running
+    assert isinstance(pool.provider, ManualProvider)
+    for launch in pool.launched(first):
+        pool.provider.finish(launch.pod_id)
+    again.loop.step()
+    third = again.submit(2, 1.5)  # takes the first gang's place and its port, now free
+    again.loop.step()
+    assert {launch.master_port for launch in again.launched(third)} == {29_500}
+    assert {launch.master_port for launch in again.launched(second)} == {29_501}
+    with again.rt.store.read() as session:
+        held = again.loop.scheduler.ports.held(session.connection())
+    assert held == {(second, 1): ("n0", 29_501), (third, 1): ("n0", 29_500)}
+    again.rt.store.close()
+
+
+def test_a_single_pod_gets_no_rendezvous(pool: Pool) -> None:
+    alone = pool.submit(1, 1)
+    pool.loop.step()
+    (launch,) = pool.launched(alone)
+    assert launch.master_port == 0 and pool.env(launch) == {}
+
+
+def test_rendezvous_is_the_servers_to_set(pool: Pool) -> None:
+    with pytest.raises(InvalidInput, match="rendezvous is set by the server"):
+        pool.submit(2, 1, rendezvous=[{"attempt": 1, "node": "n0", "addr": "x", "port": 1}])
+
+
+ALL_REDUCE = """
+import os, socket, time
+rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+where = (os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]))
+value = rank + 1
+if rank == 0:
+    server = socket.create_server(where)
+    server.settimeout(60)
+    peers = [server.accept()[0] for _ in range(world - 1)]
+    total = value + sum(int(peer.makefile().readline()) for peer in peers)
+    for peer in peers:
+        peer.sendall(f"{total}\\n".encode())
+else:
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            peer = socket.create_connection(where, timeout=60)
+            break
+        except OSError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.05)
+    peer.sendall(f"{value}\\n".encode())
+    total = int(peer.makefile().readline())
+print(f"rank {rank} of {world} on {os.environ['GPUPOOL_NODE']}: sum {total}", flush=True)
+"""
+
+
+def test_a_gang_across_two_nodes_meets_and_all_reduces(tmp_path: Path) -> None:
+    """Two pods on two simulated nodes of the local provider: real processes that meet at
+    MASTER_ADDR:MASTER_PORT and sum their ranks' values over TCP (an all-reduce of 1 + 2)."""
+    provider = LocalPool(nodes_from_spec("2x1xH100"), tmp_path / "agents")
+    pool = Pool(tmp_path, config="scheduling: {placement: first-fit}", provider=provider)
+    try:
+        command = [pod_python(), "-c", ALL_REDUCE]
+        gang = pool.submit(2, 0.1, command=command, resources={"gpus": 1, "cpu": 0.1})
+        deadline = time.monotonic() + 120
+        while _status(pool, gang) not in ("succeeded", "failed"):
+            assert time.monotonic() < deadline, "the gang did not finish"
+            pool.loop.step()
+            time.sleep(0.02)
+        pods = sorted(p.pod_id for p in provider.poll() if p.pod_id.startswith(gang))
+        logs = [provider.read_log(pod_id).text for pod_id in pods]
+        assert _status(pool, gang) == "succeeded", logs
+        nodes = sorted(n.name for n in provider.nodes())
+        assert logs == [f"rank 0 of 2 on {nodes[0]}: sum 3\n", f"rank 1 of 2 on {nodes[1]}: sum 3\n"]
+    finally:
+        provider.close(stop_pods=True)
+        pool.rt.store.close()
+
+
+def _status(pool: Pool, workload_id: str) -> str:
+    with pool.rt.store.read() as session:
+        row = session.get(WorkloadRow, workload_id)
+        assert row is not None
+        return row.status
