@@ -73,6 +73,14 @@ _ENTRIES: tuple[tuple[StrEnum, bool, str, str], ...] = (
     (_R.BUDGET_EXHAUSTED, False, "Its tenant spent its budget for this period; running work continues.",
      "It waits for the next budget period; an admin may raise the budget or allow overdraft with "
      "`gpupool tenant set`."),
+    (_R.WAITING_FOR_LOCALITY, False,
+     "It could start now spread over the fabric, but waits a little for a leaf or spine group of its own, "
+     "where it runs faster; its domain is reserved meanwhile.",
+     "Nothing to do: it starts spread once waiting would cost more than spreading, or after the pool's "
+     "max_wait; --topology none lets it start anywhere at once."),
+    (_R.NO_DOMAIN_FITS, False,
+     "Its topology constraint asks for one leaf or spine group, and none has room for the whole gang now.",
+     "It waits for running work there to end; --topology preferred=... lets it widen to the next tier."),
     (_R.UNKNOWN_PRIORITY_CLASS, True, "Its priority class is not one of the pool's classes.",
      "Resubmit with a class that `gpupool config show` lists."),
     (_R.UNKNOWN_QUEUE, True, "Its queue no longer exists.",

@@ -6,6 +6,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
 
+from gpupool.core.topology_spec import TopologySpec
 from gpupool.core.units import MILLI
 from gpupool.errors import InvalidInput
 
@@ -53,6 +54,8 @@ class Reason(StrEnum):
     UNKNOWN_PRIORITY_CLASS = "unknown_priority_class"
     UNKNOWN_QUEUE = "unknown_queue"
     BUDGET_EXHAUSTED = "budget_exhausted"
+    WAITING_FOR_LOCALITY = "waiting_for_locality"
+    NO_DOMAIN_FITS = "no_domain_fits"
 
 
 @dataclass(frozen=True, slots=True)
@@ -234,6 +237,9 @@ class Workload:
     name: str = ""
     runtime_estimate_s: float | None = None
     checkpoint_interval_s: float | None = None
+    topology: TopologySpec | None = None
+    """Where its pods may go in the fabric (`core.topology_spec`); None: the pool's default for
+    multi-pod gangs (single-pod and fractional work is never constrained)."""
 
     def __post_init__(self) -> None:
         if not self.pods:

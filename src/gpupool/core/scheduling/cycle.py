@@ -46,6 +46,10 @@ from gpupool.core.scheduling.preemption import VictimIndex, lost_work_s, select_
 from gpupool.core.scheduling.view import ClusterView, Running
 from gpupool.core.scheduling.workloads import Meta, Shape
 from gpupool.core.state import ClusterState, clone_state
+from gpupool.core.topology_spec import Tier, TopologySpec
+
+DEFAULT_TOPOLOGY = TopologySpec(preferred=Tier.LEAF)
+"""Multi-pod gangs start inside one leaf when one has room, unless the operator says otherwise."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,6 +73,11 @@ class Policies:
     exhausted_tenants: frozenset[str] = frozenset()
     """Tenants that spent their budget for this period (computed by the caller from its meter): their
     pending work waits with `Reason.BUDGET_EXHAUSTED` before placement; their running work continues."""
+    topology_default: TopologySpec | None = DEFAULT_TOPOLOGY
+    """The topology constraint of multi-pod gangs that name none; read only where the view knows a
+    fabric (`ClusterView.set_topology`)."""
+    max_locality_wait_s: float = 300.0
+    """The longest a gang that could start spread waits for a domain of its preferred tier."""
 
 
 class EventKind(StrEnum):
@@ -154,6 +163,7 @@ def cycle_on(
 ) -> CycleResult:
     """Steps 1-5 on a live view; the view is updated with the decisions (see the module docstring)."""
     view.use_defaults(policies.defaults)
+    view.topology_default = policies.topology_default
     return _Cycle(view, policies, now_s, rng).run(pending)
 
 

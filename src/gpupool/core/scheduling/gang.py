@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from gpupool.core.model import PodPlacement, PodRequest, Reason, Workload
@@ -16,6 +17,11 @@ class GangPlacement:
 
     workload: Workload
     allocs: tuple[tuple[PodRequest, PodAlloc], ...]
+
+    @property
+    def nodes(self) -> tuple[int, ...]:
+        """The node indices it uses, in pod order (repeats kept)."""
+        return tuple(a.node for _, a in self.allocs)
 
     def placements(self, state: ClusterState) -> tuple[PodPlacement, ...]:
         return tuple(
@@ -33,10 +39,22 @@ class GangPlacement:
 def place_gang(
     workload: Workload, state: ClusterState, policy: PlacementPolicy, rng: random.Random
 ) -> GangPlacement | NoFit:
-    """Place every pod or none: on success the state holds all pods; on failure it is unchanged."""
+    """Place every pod or none: on success the state holds all pods; on failure it is unchanged.
+
+    The policy's `place_gang` hook decides (its default: `place_pods`, or the topology-constrained
+    placement of `domains` when the view knows a fabric and the gang carries a constraint)."""
+    return policy.place_gang(workload, state, rng)
+
+
+def place_pods(
+    workload: Workload, state: ClusterState, policy: PlacementPolicy, rng: random.Random,
+    pods: Sequence[PodRequest] | None = None,
+) -> GangPlacement | NoFit:
+    """The pod-by-pod loop: each pod (of `pods`, default all) where `policy.place` puts it, all or none."""
+    chosen = workload.pods if pods is None else pods
     statement = state.statement()
     allocs: list[tuple[PodRequest, PodAlloc]] = []
-    for pod in workload.pods:
+    for pod in chosen:
         choice = policy.place(pod, state, rng)
         if isinstance(choice, NoFit):
             statement.discard()

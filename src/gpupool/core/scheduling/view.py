@@ -51,6 +51,11 @@ from gpupool.errors import OverAllocation
 
 if TYPE_CHECKING:
     from gpupool.core.scheduling.backfill import KeptReservation
+    from gpupool.core.scheduling.topology import FabricView, TopologyContext
+    from gpupool.core.topology_spec import TopologySpec
+
+UNKNOWN_RUN_S = 3600.0
+"""The run time a gang without an estimate is assumed to have left, to weigh what sharing a link costs it."""
 
 __all__ = [  # the names callers import from here; their homes are the modules above
     "MAX_PREPARE_PODS",
@@ -139,6 +144,12 @@ class ClusterView:
     """The last cycle's pending workloads, counted by (queue, shape, rank) (`cycle._nominate`)."""
     kept_reservation: KeptReservation | None = None
     """The last backfill reservation with what it was computed from (`backfill.kept_reserve`)."""
+    topology: FabricView | None = None
+    """The fabric the nodes sit in (`set_topology`); None: no fabric known, placement as before."""
+    topology_default: TopologySpec | None = None
+    """The pool's topology constraint for multi-pod gangs that name none (the cycle sets it)."""
+    locality_waits: dict[str, float] = field(default_factory=dict)
+    """Gangs waiting for a domain of their preferred tier: since when (the cycle's wait-or-spread)."""
 
     def __post_init__(self) -> None:
         self.workloads = WorkloadCache(self.classes, self.quota.config, self.route)
@@ -257,8 +268,42 @@ class ClusterView:
     # ---------------------------------------------------------------- placement policy
 
     def placement_policy(self, name: str, options: Mapping[str, Any]) -> PlacementPolicy:
-        """The view's placement policy instance: made once, reused by every cycle on the view."""
-        return self.policies.placement_policy(name, options)
+        """The view's placement policy instance: made once, reused by every cycle on the view, bound
+        to the view's fabric (`PlacementPolicy.bind_topology`)."""
+        policy = self.policies.placement_policy(name, options)
+        context = self.topology_context()
+        if policy.topology != context:
+            policy.bind_topology(context)
+            if self.policies.empty_policy is not None:
+                self.policies.empty_policy.bind_topology(context)
+        return policy
+
+    def topology_context(self) -> TopologyContext | None:
+        if self.topology is None:
+            return None
+        from gpupool.core.scheduling.topology import TopologyContext
+
+        return TopologyContext(self.topology, self.topology_default, self.remaining_estimate_s)
+
+    def set_topology(self, topology: FabricView | None) -> None:
+        """Place by this fabric from now on (None: none known); the gangs running now are put on its
+        links. The caller updates its link state (`FabricView.set_link`, `apply_loads`) in place."""
+        self.topology = topology
+        if topology is None:
+            return
+        for alloc in self.lazy.values():
+            allocs = allocs_of(self.state, alloc)
+            est = self.remaining_estimate_s(alloc.workload)
+            gpus = self.demand(alloc.workload)["device_milli"] / 1000
+            topology.add_gang(alloc.workload.id, (a.node for _, a in allocs),
+                              gpus * (UNKNOWN_RUN_S if est is None else est))
+        for run in self.running.values():
+            self._on_fabric(run)
+
+    def _on_fabric(self, run: Running) -> None:
+        if self.topology is not None and len(run.allocs) > 1:
+            left = run.planned_end_s - run.start_time_s if run.estimate_s is not None else UNKNOWN_RUN_S
+            self.topology.add_gang(run.workload.id, (a.node for _, a in run.allocs), run.device_count * left)
 
     def policy_for_empty(self) -> PlacementPolicy | None:
         """A twin of the placement policy for trials on an empty pool, prepared with the same pods."""
@@ -335,6 +380,8 @@ class ClusterView:
         One whose record is not built yet (see `lazy`) is given back without building the others'.
         """
         self.running_version += 1
+        if self.topology is not None:
+            self.topology.remove_gang(workload_id)
         alloc = self.lazy.pop(workload_id, None)
         if alloc is not None:
             run = self._running(alloc.workload, allocs_of(self.state, alloc), alloc.start_time_s, "")
@@ -353,6 +400,8 @@ class ClusterView:
     def forget(self, run: Running) -> None:
         """Drop a detached (already released) workload from the books: it was preempted."""
         self.running_version += 1
+        if self.topology is not None:
+            self.topology.remove_gang(run.workload.id)
         del self.running[run.workload.id]
         del self.by_queue[run.cluster_queue][run.workload.id]
         self._drop_end(run)
@@ -432,6 +481,8 @@ class ClusterView:
     def _register(self, run: Running) -> None:
         self.running_version += 1
         self.running[run.workload.id] = run
+        if self.topology is not None:
+            self._on_fabric(run)
         queue = self.by_queue.get(run.cluster_queue)
         if queue is None:
             queue = self.by_queue[run.cluster_queue] = {}

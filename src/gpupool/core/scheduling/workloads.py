@@ -25,16 +25,19 @@ from gpupool.core.quota import (
 )
 from gpupool.core.scheduling.ordering.base import demand_of
 
-Shape = tuple[tuple[int, int, int, int, int, frozenset[str], int], ...]
+PodShape = tuple[int, int, int, int, int, frozenset[str], int]
+Shape = tuple[PodShape | tuple[str], ...]
+"""The pods' shapes, then the gang's own topology constraint (its text) when it names one."""
 
 
 def shape_of(w: Workload) -> Shape:
     """Two workloads of one shape fit (or fail) exactly alike on the same state."""
-    return tuple(
+    pods: Shape = tuple(
         (p.cpu_milli, p.memory_mib, p.num_devices, p.device_milli, p.device_memory_mib, p.allowed_models,
          p.memory_share_milli)
         for p in w.pods
     )
+    return pods if w.topology is None else (*pods, (str(w.topology),))
 
 
 @dataclass(frozen=True, slots=True)

@@ -6,13 +6,17 @@ import random
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 
-from gpupool.core.model import PodRequest, Reason
+from gpupool.core.model import PodRequest, Reason, Workload
 from gpupool.core.state import ClusterState
 from gpupool.errors import UnknownName, did_you_mean
+
+if TYPE_CHECKING:
+    from gpupool.core.scheduling.gang import GangPlacement
+    from gpupool.core.scheduling.topology import TopologyContext
 
 
 @dataclass(frozen=True, slots=True)
@@ -36,6 +40,28 @@ class PlacementPolicy(ABC):
 
     name: ClassVar[str]
     summary: ClassVar[str] = ""
+    topology: TopologyContext | None = None
+    """The fabric as the view knows it, the pool's default constraint and the runtime estimates
+    (`bind_topology`); None: no fabric known, gangs are placed pod by pod."""
+
+    def bind_topology(self, context: TopologyContext | None) -> None:
+        """Read the fabric and constraints from `context` from now on. Does not block; idempotent."""
+        self.topology = context
+
+    def place_gang(
+        self, workload: Workload, state: ClusterState, rng: random.Random
+    ) -> GangPlacement | NoFit:
+        """Place every pod of `workload` or none (a whole pod set at once, as Kueue's topology-aware
+        snapshot does). On success the state holds every pod; on NoFit it is unchanged.
+
+        The default honours the gang's topology constraint when a fabric is bound (trying its domains
+        fullest first, see `domains`), and otherwise places pod by pod with `place`: exactly the
+        placement before this hook. Deterministic for a given state and rng; never raises for a gang
+        that does not fit.
+        """
+        from gpupool.core.scheduling.domains import place_default
+
+        return place_default(workload, state, self, rng)
 
     def prepare(self, state: ClusterState, pods: Sequence[PodRequest]) -> None:
         """Learn what the policy needs from the expected workload (e.g. FGD's shape mix).

@@ -1,0 +1,181 @@
+"""Topology-constrained gang placement: a whole gang inside one leaf or spine domain, fullest first.
+
+API:
+  - `place_default(workload, state, policy, rng)`: `PlacementPolicy.place_gang`'s default. Without a
+    bound fabric, or for a workload no constraint applies to, it is `gang.place_pods` (the pod-by-pod
+    loop, unchanged); otherwise `place_constrained`.
+  - `place_constrained(workload, state, policy, rng, view, spec)`: Kueue / Volcano semantics.
+    required=T: the gang inside one domain of tier T, or NoFit(NO_DOMAIN_FITS); preferred=T: one
+    domain of T, else one of the next wider tier, else anywhere; slice=N@T: pods in groups of N (pod
+    order), each group inside one domain of T. Domains are tried fullest first (the least free
+    device capacity that could still hold the gang: Kueue's BestFit, Slurm's topology/block), so
+    whole leaves stay free for the next large gang; inside a domain the policy places pod by pod.
+  - `tiers_to_try(spec)`, `fitting_domains(...)`, `only(state, mask)` (the nodes outside `mask`
+    look cordoned to the policy while it is open) are the building blocks policies reuse.
+  - `narrowest_tier(view, nodes)`: the narrowest tier one of whose domains holds all the nodes.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+
+import numpy as np
+
+from gpupool.core.model import PodRequest, Reason, Workload
+from gpupool.core.scheduling.gang import GangPlacement, place_pods
+from gpupool.core.scheduling.policies.base import NoFit, PlacementPolicy
+from gpupool.core.scheduling.topology import FabricView
+from gpupool.core.state import BoolArray, ClusterState, PodAlloc
+from gpupool.core.topology_spec import Tier, TopologySpec
+
+WIDER: dict[Tier, tuple[Tier, ...]] = {Tier.LEAF: (Tier.SPINE,), Tier.SPINE: ()}
+
+
+def place_default(
+    workload: Workload, state: ClusterState, policy: PlacementPolicy, rng: random.Random
+) -> GangPlacement | NoFit:
+    context = policy.topology
+    if context is None or len(workload.pods) < 2:
+        return place_pods(workload, state, policy, rng)
+    spec = context.spec_for(workload)
+    if spec is None:
+        return place_pods(workload, state, policy, rng)
+    return place_constrained(workload, state, policy, rng, context.view, spec)
+
+
+def tiers_to_try(spec: TopologySpec) -> list[Tier | None]:
+    """The tiers a gang may sit in, narrowest first (None: anywhere)."""
+    if spec.required is not None:
+        return [spec.required]
+    if spec.preferred is not None:
+        return [spec.preferred, *WIDER[spec.preferred], None]
+    return [None]
+
+
+@contextmanager
+def only(state: ClusterState, mask: BoolArray | None) -> Iterator[None]:
+    """While open, the nodes outside `mask` are not schedulable (None: no restriction)."""
+    if mask is None:
+        yield
+        return
+    saved = state.schedulable.copy()
+    np.logical_and(state.schedulable, mask, out=state.schedulable)
+    try:
+        yield
+    finally:
+        state.schedulable[:] = saved
+
+
+def _fit_counts(pods: Sequence[PodRequest], state: ClusterState) -> tuple[np.ndarray, int]:
+    """[node] how many of the commonest pod shape fit on each node now, and how many such pods."""
+    first = pods[0]
+    same = sum(1 for p in pods if p.num_devices == first.num_devices and p.device_milli == first.device_milli)
+    host = state.host_fits(first)
+    if not first.num_devices:
+        return host.astype(np.int64) * len(pods), same
+    per = state.device_fits(first).sum(axis=1) // first.num_devices
+    return np.where(host, per, 0).astype(np.int64), same
+
+
+def fitting_domains(
+    pods: Sequence[PodRequest], state: ClusterState, view: FabricView, tier: Tier,
+    within: BoolArray | None = None,
+) -> list[int]:
+    """Domain ids of the tier that could hold `pods` now by a quick count, fullest first.
+
+    Fullest: least free device milli on schedulable nodes (ties: lower id). The count is a
+    necessary condition only; the trial placement decides.
+    """
+    ids = view.domain_of(tier)
+    usable = state.schedulable if within is None else state.schedulable & within
+    n = int(ids.max(initial=-1)) + 1
+    if n == 0:
+        return []
+    sel = usable & (ids >= 0)
+    free = np.bincount(ids[sel], weights=state.dev_milli_free[sel].sum(axis=1), minlength=n)
+    demand = sum(p.total_device_milli for p in pods)
+    counts, same = _fit_counts(pods, state)
+    fit = np.bincount(ids[sel], weights=counts[sel], minlength=n)
+    ok = np.flatnonzero((free >= demand) & (fit >= min(same, len(pods))))
+    return [int(d) for d in ok[np.lexsort((ok, free[ok]))]]
+
+
+def narrowest_tier(view: FabricView, nodes: Sequence[int]) -> Tier | None:
+    """LEAF when one leaf domain holds every node, SPINE for one spine group, else None."""
+    at = np.asarray(nodes, dtype=np.int64)
+    for tier in (Tier.LEAF, Tier.SPINE):
+        ids = view.domain_of(tier)[at]
+        if (ids == ids[0]).all():
+            return tier
+    return None
+
+
+def place_in(
+    workload: Workload, state: ClusterState, policy: PlacementPolicy, rng: random.Random,
+    view: FabricView, spec: TopologySpec, mask: BoolArray | None,
+) -> GangPlacement | NoFit:
+    """The gang inside `mask` (None: anywhere), honouring its slices."""
+    if spec.slice_size is None or (mask is not None and narrow_enough(spec.slice_tier, mask, view)):
+        with only(state, mask):
+            return place_pods(workload, state, policy, rng)
+    size = min(spec.slice_size, len(workload.pods))
+    return _place_slices(workload, state, policy, rng, view, spec, mask, size)
+
+
+def narrow_enough(tier: Tier, mask: BoolArray, view: FabricView) -> bool:
+    """Whether every node of `mask` lies in one domain of `tier`."""
+    ids = view.domain_of(tier)[mask]
+    return bool(ids.size) and bool((ids == ids[0]).all())
+
+
+def _place_slices(
+    workload: Workload, state: ClusterState, policy: PlacementPolicy, rng: random.Random,
+    view: FabricView, spec: TopologySpec, mask: BoolArray | None, size: int,
+) -> GangPlacement | NoFit:
+    allocs: list[tuple[PodRequest, PodAlloc]] = []
+    ids = view.domain_of(spec.slice_tier)
+    for first in range(0, len(workload.pods), size):
+        group = workload.pods[first:first + size]
+        placed: GangPlacement | NoFit | None = None
+        for domain in fitting_domains(group, state, view, spec.slice_tier, mask):
+            inside = ids == domain if mask is None else mask & (ids == domain)
+            with only(state, inside):
+                placed = place_pods(workload, state, policy, rng, group)
+            if isinstance(placed, GangPlacement):
+                break
+        if not isinstance(placed, GangPlacement):
+            for _, record in reversed(allocs):
+                state.release(record)
+            return NoFit(
+                Reason.NO_DOMAIN_FITS,
+                f"No {spec.slice_tier} has room for pods {first + 1}-{first + len(group)} of the "
+                f"{len(workload.pods)}-pod gang together (slice={spec.slice_size}@{spec.slice_tier}).",
+            )
+        allocs.extend(placed.allocs)  # held in the state already
+    return GangPlacement(workload, tuple(allocs))
+
+
+def place_constrained(
+    workload: Workload, state: ClusterState, policy: PlacementPolicy, rng: random.Random,
+    view: FabricView, spec: TopologySpec,
+) -> GangPlacement | NoFit:
+    """Place the gang by its constraint (see the module docstring); the state is unchanged on NoFit."""
+    last: NoFit | None = None
+    for tier in tiers_to_try(spec):
+        if tier is None:
+            return place_in(workload, state, policy, rng, view, spec, None)
+        ids = view.domain_of(tier)
+        for domain in fitting_domains(workload.pods, state, view, tier):
+            placed = place_in(workload, state, policy, rng, view, spec, ids == domain)
+            if isinstance(placed, GangPlacement):
+                return placed
+            last = placed
+    tier_name = spec.tier or Tier.LEAF
+    detail = f" ({last.message})" if last is not None and last.reason is Reason.NO_DOMAIN_FITS else ""
+    return NoFit(
+        Reason.NO_DOMAIN_FITS,
+        f"No {tier_name} has room for the whole {len(workload.pods)}-pod gang now "
+        f"(topology {spec}){detail}; it waits.",
+    )
