@@ -30,6 +30,7 @@ from gpupool.core.quota import (
     devices_milli,
 )
 from gpupool.core.scheduling.cycle import Policies
+from gpupool.core.topology_spec import parse_topology_spec
 from gpupool.core.units import MILLI, parse_memory_mib
 from gpupool.errors import InvalidInput, did_you_mean
 from gpupool.prices import PricesConfig
@@ -71,6 +72,20 @@ class SchedulingConfig(_Strict):
     """SIGTERM to SIGKILL for a preempted pod whose class names no grace of its own."""
     backfill: bool = True
     max_preemption_attempts: int = Field(16, ge=0, le=10_000)
+    topology_default: str = "preferred=leaf"
+    """The topology constraint of multi-pod gangs that name none (`gpupool submit --topology`):
+    required=leaf|spine, preferred=leaf|spine, slice=N@leaf, or none; used where a fabric is known."""
+    topology_max_wait: Seconds = 300.0
+    """The longest a gang that could start spread over the spine waits for a leaf of its own
+    (Slurm's max_switch_wait); it waits only while spreading is expected to cost more."""
+
+    @field_validator("topology_default")
+    @classmethod
+    def _topology_default(cls, value: str) -> str:
+        try:
+            return str(parse_topology_spec(value))
+        except InvalidInput as exc:
+            raise ValueError(exc.message) from None
 
     @field_validator("placement")
     @classmethod
@@ -298,7 +313,9 @@ class PoolConfig(_Strict):
                         preemption=s.preemption, backfill=s.backfill, quota=self.quota_config(),
                         priority_classes=classes, overcommit=overcommit,
                         max_preemption_attempts=s.max_preemption_attempts,
-                        defaults=self.defaults.slice_defaults())
+                        defaults=self.defaults.slice_defaults(),
+                        topology_default=parse_topology_spec(s.topology_default),
+                        max_locality_wait_s=s.topology_max_wait)
 
     def to_yaml(self) -> str:
         return yaml.safe_dump(self.model_dump(mode="json"), sort_keys=False, default_flow_style=False)
