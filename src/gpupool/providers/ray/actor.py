@@ -1,0 +1,61 @@
+"""The pod actor: one detached Ray actor per pod, holding its slices' resources and running it.
+
+The actor runs the pod with the agent's code (a LocalProvider of its own, on the pod's directory of
+its node): the environment built from scratch (visible devices by UUID, MPS limits, framework caps,
+the tenant's Unix account when the node runs as root), the command a child process in its own
+process group, its logs in files, its exit code recorded; stop is SIGTERM, a grace, then SIGKILL of
+the whole group. Construction never raises: a pod that cannot start is reported FAILED with why.
+"""
+
+from __future__ import annotations
+
+import ray
+
+from gpupool.agent.mps import MpsDaemon
+from gpupool.errors import GpupoolError
+from gpupool.providers.base import LogChunk, PodLaunch, PodPhase, PodStatus
+from gpupool.providers.local import LocalProvider
+from gpupool.providers.ray.nodeconfig import NodeConfig
+
+
+@ray.remote(num_cpus=0, max_restarts=0, max_task_retries=0)
+class PodActor:
+    """Runs one pod on the node it was pinned to; every method returns promptly."""
+
+    def __init__(self, pod: PodLaunch, config: NodeConfig) -> None:
+        self.pod_id, self.node = pod.pod_id, config.name
+        self.error = ""
+        self.local: LocalProvider | None = None
+        try:
+            self.local = LocalProvider(config.pod_dir(pod.pod_id), simulate=config.simulate or None,
+                                       node_name=config.name, ib_sysfs_root=config.ib_sysfs_root,
+                                       scratch_root=config.scratch(), mps=MpsDaemon(config.agent_dir()))
+            self.local.launch(pod)
+        except GpupoolError as exc:
+            self.error = exc.message
+        except OSError as exc:
+            self.error = f"cannot start the pod on {config.name}: {exc}"
+
+    def status(self) -> PodStatus:
+        if self.local is None or self.error:
+            return PodStatus(self.pod_id, PodPhase.FAILED, message=self.error, node=self.node)
+        statuses = self.local.poll()
+        if not statuses:
+            return PodStatus(self.pod_id, PodPhase.FAILED, message=self.error or "the pod never started",
+                             node=self.node)
+        return statuses[0]
+
+    def stop(self, grace_s: float) -> None:
+        if self.local is not None:
+            self.local.stop(self.pod_id, grace_s)
+
+    def read_log(self, stream: str, offset: int) -> LogChunk:
+        if self.local is None:
+            return LogChunk("", offset, True)
+        return self.local.read_log(self.pod_id, stream, offset)
+
+    def shutdown(self) -> None:
+        """Release the pod's resources for good (it has ended and its status was collected)."""
+        if self.local is not None:
+            self.local.close()
+        ray.actor.exit_actor()

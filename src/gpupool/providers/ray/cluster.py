@@ -1,0 +1,200 @@
+"""Start and stop the Ray processes gpupool owns: a head beside the server, a worker node per machine.
+
+Each is one `ray start --block` in a process group of its own, so stopping it (SIGTERM, a grace,
+then SIGKILL of the group) takes every Ray process it started and nothing else; `ray stop` would
+kill every Ray process of the machine. Each gets a short temp dir, /tmp/gpr-<pid>-<n> (Ray's Unix
+sockets live there, and a socket path may not exceed 107 bytes); directories left by processes that
+no longer exist are removed at the next start.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Mapping
+from pathlib import Path
+
+from gpupool.errors import ProviderError
+from gpupool.providers.ray.settings import ray_env
+
+TEMP_ROOT = Path("/tmp")
+TEMP_PREFIX = "gpr-"
+_TEMP_NAME = re.compile(r"^gpr-(\d+)-\d+$")
+_counter = iter(range(1, 1 << 30))
+_counter_lock = threading.Lock()
+START_TIMEOUT_S = 60.0
+OBJECT_STORE_BYTES_SIMULATED = 100 * 2**20
+"""A simulated node's object store: pods never use it, and a default one reserves 30% of RAM each."""
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket() as sock:
+        sock.bind((host, 0))
+        return int(sock.getsockname()[1])
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def clean_stale_temp_dirs(root: Path = TEMP_ROOT) -> list[Path]:
+    """Remove the temp dirs of gpupool Ray processes whose starting process is gone."""
+    removed = []
+    for path in root.glob(TEMP_PREFIX + "*"):
+        match = _TEMP_NAME.match(path.name)
+        if match and path.is_dir() and not _pid_alive(int(match.group(1))):
+            shutil.rmtree(path, ignore_errors=True)
+            removed.append(path)
+    return removed
+
+
+def short_temp_dir(root: Path = TEMP_ROOT) -> Path:
+    """A new temp dir for one Ray process, named by this process's pid (for the clean-up)."""
+    clean_stale_temp_dirs(root)
+    with _counter_lock:
+        n = next(_counter)
+    path = root / f"{TEMP_PREFIX}{os.getpid()}-{n}"
+    shutil.rmtree(path, ignore_errors=True)
+    path.mkdir(mode=0o700, parents=True)
+    return path
+
+
+def _ray_cli() -> list[str]:
+    return [sys.executable, "-c", "from ray.scripts.scripts import main; main()"]
+
+
+class RayProcess:
+    """One `ray start --block`: a head or a worker node. stop() is idempotent."""
+
+    def __init__(self, argv: list[str], env: Mapping[str, str], temp_dir: Path, *, head: bool) -> None:
+        self.temp_dir = temp_dir
+        self.head = head
+        self.log_path = temp_dir / "ray-start.log"
+        with open(self.log_path, "ab") as log:
+            self._proc = subprocess.Popen(argv, env=dict(env), stdin=subprocess.DEVNULL, stdout=log,
+                                          stderr=subprocess.STDOUT, start_new_session=True, cwd="/")
+        self.address = ""
+
+    @property
+    def pid(self) -> int:
+        return self._proc.pid
+
+    def alive(self) -> bool:
+        return self._proc.poll() is None
+
+    def _log_tail(self) -> str:
+        try:
+            lines = self.log_path.read_text(errors="replace").strip().splitlines()
+        except OSError:
+            return "no output"
+        return lines[-1] if lines else "no output"
+
+    def wait_started(self, timeout_s: float = START_TIMEOUT_S) -> None:
+        """Block until Ray says the node runs; ProviderError (with Ray's last line) if it exits."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if not self.alive():
+                raise ProviderError(f"Ray did not start ({self._log_tail()}); see {self.log_path}.")
+            with contextlib.suppress(OSError):
+                if "Ray runtime started" in self.log_path.read_text(errors="replace"):
+                    if self.head:
+                        self.address = (self.temp_dir / "ray_current_cluster").read_text().strip()
+                    return
+            time.sleep(0.1)
+        self.stop(grace_s=0)
+        raise ProviderError(f"Ray did not start within {timeout_s:.0f} s; see {self.log_path}.")
+
+    def kill(self) -> None:
+        """SIGKILL the whole node at once, as a crash would (tests and `node leave --force`)."""
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(self._proc.pid, signal.SIGKILL)
+        self._proc.wait()
+
+    def stop(self, grace_s: float = 10.0) -> None:
+        """SIGTERM the node's process group, SIGKILL it after `grace_s`, remove its temp dir."""
+        if self._proc.returncode is None or _group_alive(self._proc.pid):
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(self._proc.pid, signal.SIGTERM)
+            deadline = time.monotonic() + grace_s
+            while _group_alive(self._proc.pid) and time.monotonic() < deadline:
+                self._proc.poll()
+                time.sleep(0.1)
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(self._proc.pid, signal.SIGKILL)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self._proc.wait(timeout=10)
+        shutil.rmtree(self.temp_dir, ignore_errors=True)
+
+
+def _group_alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _common_args(temp_dir: Path, node_ip: str | None, num_cpus: int) -> list[str]:
+    ip = [f"--node-ip-address={node_ip}"] if node_ip else []  # Ray turns a loopback one into this host's
+    return [*ip, f"--temp-dir={temp_dir}", f"--num-cpus={num_cpus}",
+            "--num-gpus=0", "--disable-usage-stats", "--min-worker-port=0", "--max-worker-port=0",
+            f"--dashboard-agent-listen-port={free_port()}", "--block"]
+
+
+def start_head(token_path: Path, *, node_ip: str | None = None, port: int = 0,
+               extra_env: Mapping[str, str] | None = None, wait: bool = True) -> RayProcess:
+    """A Ray head (GCS) for the pool, with token auth; it runs no pods (no gpupool label)."""
+    temp_dir = short_temp_dir()
+    argv = [*_ray_cli(), "start", "--head", f"--port={port or free_port()}",
+            f"--ray-client-server-port={free_port()}", f"--dashboard-port={free_port()}",
+            "--include-dashboard=false", *_common_args(temp_dir, node_ip, 0)]
+    head = RayProcess(argv, {**os.environ, **ray_env(token_path), **(extra_env or {})}, temp_dir, head=True)
+    if wait:
+        head.wait_started()
+    return head
+
+
+def start_worker(address: str, token_path: Path, *, resources: Mapping[str, float],
+                 labels: Mapping[str, str], node_ip: str | None = None, num_cpus: int | None = None,
+                 object_store_bytes: int | None = None, extra_env: Mapping[str, str] | None = None,
+                 wait: bool = True) -> RayProcess:
+    """A Ray worker node joined to `address` that advertises no Ray GPUs, the given custom
+    resources (gpupool's slices) and labels (the gpupool node name)."""
+    temp_dir = short_temp_dir()
+    ip = node_ip or _route_ip(address)
+    argv = [*_ray_cli(), "start", f"--address={address}", f"--resources={json.dumps(dict(resources))}",
+            f"--labels={','.join(f'{k}={v}' for k, v in labels.items())}",
+            *_common_args(temp_dir, ip, num_cpus if num_cpus is not None else os.cpu_count() or 1)]
+    if object_store_bytes:
+        argv.append(f"--object-store-memory={object_store_bytes}")
+    worker = RayProcess(argv, {**os.environ, **ray_env(token_path), **(extra_env or {})}, temp_dir,
+                        head=False)
+    if wait:
+        worker.wait_started()
+    return worker
+
+
+def _route_ip(address: str) -> str:
+    """This machine's address on the route to the head (what the other nodes reach it by)."""
+    host, _, port = address.rpartition(":")
+    with contextlib.suppress(OSError, ValueError), socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
+        sock.connect((host, int(port)))
+        return str(sock.getsockname()[0])
+    return "127.0.0.1"

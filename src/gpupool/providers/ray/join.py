@@ -1,0 +1,103 @@
+"""Join a machine to the pool: probe its devices, start its Ray worker node, start its node agent.
+
+What `gpupool node join` runs on each GPU server, and what the provider runs for each simulated
+node. The caller must be connected to the cluster (driver.connect).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import ray
+from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+from gpupool.core.model import Node
+from gpupool.errors import Conflict, ProviderError
+from gpupool.providers.local import LocalProvider
+from gpupool.providers.ray.cluster import OBJECT_STORE_BYTES_SIMULATED, RayProcess, start_worker
+from gpupool.providers.ray.membership import ray_node_table
+from gpupool.providers.ray.node_agent import NodeAgentActor, NodeDescription
+from gpupool.providers.ray.nodeconfig import NodeConfig, node_agent_name
+from gpupool.providers.ray.resources import node_resources
+from gpupool.providers.ray.settings import NAMESPACE, NODE_LABEL
+
+JOIN_TIMEOUT_S = 60.0
+
+
+@dataclass
+class JoinedNode:
+    """A node this process started: its Ray worker process and its agent."""
+
+    config: NodeConfig
+    process: RayProcess
+    node_id: str
+    agent: Any
+    description: NodeDescription
+
+
+def probe(config: NodeConfig) -> Node:
+    """The node as the agent sees it here: NVML devices (or the simulated ones), IB ports."""
+    local = LocalProvider(config.agent_dir(), simulate=config.simulate or None, node_name=config.name,
+                          ib_sysfs_root=config.ib_sysfs_root, scratch_root=config.scratch())
+    try:
+        return local.nodes()[0]
+    finally:
+        local.close()
+
+
+def _wait_for_ray_node(name: str, process: RayProcess, timeout_s: float) -> str:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        node = ray_node_table().get(name)
+        if node is not None and node.alive:
+            return node.node_id
+        if not process.alive():
+            raise ProviderError(f"The Ray worker node for {name} exited; see {process.log_path}.")
+        time.sleep(0.1)
+    raise ProviderError(f"Node {name} did not appear in the Ray cluster within {timeout_s:.0f} s.")
+
+
+def _replace_agent(name: str) -> None:
+    """Remove a previous agent of this node name (its Ray node is gone), so the name is free."""
+    try:
+        old = ray.get_actor(node_agent_name(name), namespace=NAMESPACE)
+    except ValueError:
+        return
+    ray.kill(old, no_restart=True)
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        try:
+            ray.get_actor(node_agent_name(name), namespace=NAMESPACE)
+        except ValueError:
+            return
+        time.sleep(0.1)
+
+
+def start_node(address: str, token_path: Path, config: NodeConfig, *, node_ip: str | None = None,
+               num_cpus: int | None = None, simulated: bool = False,
+               timeout_s: float = JOIN_TIMEOUT_S) -> JoinedNode:
+    """Start this machine's Ray worker node for `config` and its node agent; blocks until the agent
+    has described the node. Raises Conflict when a live node already has that name."""
+    existing = ray_node_table().get(config.name)
+    if existing is not None and existing.alive:
+        raise Conflict(f"A node named {config.name!r} is already in the pool; choose another with --name.")
+    node = probe(config)
+    process = start_worker(address, token_path, resources=node_resources(node),
+                           labels={NODE_LABEL: config.name}, node_ip=node_ip,
+                           num_cpus=0 if simulated else num_cpus,
+                           object_store_bytes=OBJECT_STORE_BYTES_SIMULATED if simulated else None)
+    try:
+        node_id = _wait_for_ray_node(config.name, process, timeout_s)
+        _replace_agent(config.name)
+        agent = NodeAgentActor.options(  # type: ignore[attr-defined]
+            name=node_agent_name(config.name), namespace=NAMESPACE, lifetime="detached",
+            scheduling_strategy=NodeAffinitySchedulingStrategy(node_id, soft=False),
+        ).remote(config)
+        description = ray.get(agent.describe.remote(), timeout=timeout_s)
+    except BaseException:
+        process.stop(grace_s=2)
+        raise
+    return JoinedNode(config, process, node_id, agent, description)
