@@ -27,6 +27,7 @@ from gpupool.core.scheduling.ordering.base import make_ordering
 from gpupool.core.scheduling.preemption import checkpoint_split
 from gpupool.core.scheduling.view import ClusterView
 from gpupool.sim.budgets import BudgetWatch
+from gpupool.sim.comm_net import CommSetup, CommTracker, LinkFailure
 from gpupool.sim.cost import CostMeter
 from gpupool.sim.engine import EventLoop
 from gpupool.sim.jobs import TraceJob
@@ -58,6 +59,10 @@ class ReplayConfig:
     """With a price book, the result has `cost`: per tenant, pooled vs exclusive (sim/cost.py)."""
     budgets: Mapping[str, Budget] = field(default_factory=dict)
     """Tenants' budgets (with a price book): their work waits once spent; the result has `budgets`."""
+    comm: CommSetup | None = None
+    """The communication model (sim/comm.py): multi-node gangs progress at their network-bound rate."""
+    link_failures: tuple[LinkFailure, ...] = ()
+    """Fabric links that fail (and come back) during the replay; seen by the truth and the scheduler."""
 
 
 @dataclass(slots=True)
@@ -106,6 +111,8 @@ class Replay:
         self.budgets = (BudgetWatch(config.budgets, config.prices)
                         if config.budgets and config.prices is not None else None)
         self.next_period_s: float | None = None
+        comm = config.comm
+        self.comm = CommTracker(comm.fabric, config.nodes, comm.model, comm.profiles) if comm else None
 
     # ------------------------------------------------------------------ driving
 
@@ -115,6 +122,8 @@ class Replay:
             self.loop.schedule(job.submit_s, "arrive", job)
         for failure in self.config.failures:
             self.loop.schedule(failure.at_s, "fail", failure)
+        for cut in self.config.link_failures:
+            self.loop.schedule(cut.at_s, "link_fail", cut)
         self.loop.run(self._batch)
         result = self.metrics.summary(self.loop.clock.now_s)
         result["estimator"] = {
@@ -129,11 +138,17 @@ class Replay:
             result["cost"] = self.meter.report(self.config.prices)
         if self.budgets is not None:
             result["budgets"] = self.budgets.report()
+        if self.comm is not None:
+            span = max(self.loop.clock.now_s - (self.metrics.first_s or 0.0), 1e-9)
+            total_gpus = self.view.state.total_device_milli / 1000
+            result.update(self.comm.report(self.loop.clock.now_s, total_gpus, span))
         result["wall_s"] = time.perf_counter() - started
         return result
 
     def _batch(self, now_s: float, events: Sequence[Any]) -> None:
         self.metrics.advance(now_s, self.view)
+        if self.comm is not None:
+            self.comm.advance(now_s)
         for event in events:
             if event.kind == "arrive":
                 self._arrive(event.payload, now_s)
@@ -148,6 +163,8 @@ class Replay:
                 self.view.mark_healthy(event.payload)
             elif event.kind == "budget_period":
                 self.next_period_s = None
+            elif event.kind in ("link_fail", "link_repair"):
+                self._link_event(event.payload, event.kind == "link_repair", now_s)
         if self.blocked and all(e.kind == "arrive" for e in events):
             self.metrics.observe(now_s, self.view)
             return  # new arrivals queue behind a head that still cannot start: the cycle would be a no-op
@@ -228,7 +245,11 @@ class Replay:
         if self.policies.overcommit is not None:
             self._track_devices(job, run, add=True)
         else:
+            job.rate = 1.0
             self._reschedule(job, now_s)
+        if self.comm is not None:
+            self.comm.start(wid, [n for n, _ in job.devices], job.job.workload.total_device_milli / 1000)
+            self._comm_rerate(now_s)
 
     def _finish(self, wid: str, now_s: float) -> None:
         job = self.jobs[wid]
@@ -236,6 +257,8 @@ class Replay:
         self._progress(job, now_s)
         self.view.remove(wid)
         self._release_devices(job, now_s)
+        if self.comm is not None and self.comm.stop(wid):
+            self._comm_rerate(now_s)
         if self.meter is not None:
             self.meter.stop(wid, now_s)
         self.estimator.observe(job.job.workload, job.job.duration_s, job.estimate_s)
@@ -257,6 +280,8 @@ class Replay:
         job.remaining_s = job.job.duration_s - kept
         job.run_start_s = None
         self._release_devices(job, now_s)
+        if self.comm is not None and self.comm.stop(wid):
+            self._comm_rerate(now_s)
         if self.meter is not None:
             self.meter.stop(wid, now_s)
         self.metrics.stopped(kind, lost * job.job.workload.total_device_milli / 1000)
@@ -278,6 +303,30 @@ class Replay:
         if job.token is not None:
             self.loop.cancel(job.token)
         job.token = self.loop.schedule(now_s + job.remaining_s / job.rate, "finish", job.job.workload.id)
+
+    # ------------------------------------------------------------------ communication
+
+    def _comm_rerate(self, now_s: float) -> None:
+        """Multi-node gangs progress at their network-bound rate, recomputed on every change."""
+        assert self.comm is not None
+        for wid, rate in self.comm.rates().items():
+            job = self.jobs[wid]
+            if job.run_start_s is None or job.rate == rate:
+                continue
+            self._progress(job, now_s)
+            job.rate = rate
+            self._reschedule(job, now_s)
+
+    def _link_event(self, cut: LinkFailure, repaired: bool, now_s: float) -> None:
+        """The truth and the scheduler's view both see the link go (and come back)."""
+        if self.comm is not None:
+            self.comm.set_link(cut.key, healthy=repaired)
+            self._comm_rerate(now_s)
+        topology = getattr(self.view, "topology", None)
+        if topology is not None:
+            topology.set_link(cut.key, healthy=repaired)
+        if not repaired and math.isfinite(cut.repair_after_s):
+            self.loop.schedule(now_s + cut.repair_after_s, "link_repair", cut)
 
     # ------------------------------------------------------------------ oversubscription
 

@@ -1,0 +1,237 @@
+"""The replay's network truth: running gangs on the fabric's link pools, their rates and traffic.
+
+`CommTracker` keeps its own `FabricView` (the scheduler's view is another object: what the
+scheduler estimates never feeds the truth). Every start, stop and link change re-rates the running
+multi-node gangs (`rates`); `advance(now_s)` integrates what held since the last event: bytes that
+crossed leaves and spine groups, link-pool utilisation (a histogram, time-weighted, over pools that
+carry traffic) and GPU-seconds lost to communication. A link pool is what the view shares flows on:
+a node's HCA links, a leaf domain's uplinks, a spine group's uplinks.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from gpupool.core.fabric.model import Fabric
+from gpupool.core.model import Node
+from gpupool.core.scheduling.topology import ACCESS, LEAF_UP, SPINE_UP, FabricView
+from gpupool.sim.comm import MIB, CommModel, JobComm, path_latency_ns, slowdown, step_time_s
+
+UTIL_BINS = 2000
+UTIL_MAX = 2.0
+MIN_RATE = 1e-6
+"""A gang whose every path is cut makes (almost) no progress until a link comes back."""
+
+
+@dataclass(slots=True)
+class _Gang:
+    nodes: tuple[int, ...]
+    gpus: float
+    job: JobComm
+    leaves: tuple[int, ...]
+    spines: tuple[int, ...]
+    bytes_per_step: float
+    slowdown: float = 1.0
+    step_s: float = math.inf
+
+
+class CommTracker:
+    """Truth of the communication model for one replay (see the module docstring)."""
+
+    def __init__(self, fabric: Fabric, nodes: Sequence[Node], model: CommModel,
+                 profiles: Mapping[str, JobComm]) -> None:
+        self.net = FabricView.from_fabric(fabric, nodes)
+        self.model = model
+        self.profiles = profiles
+        self.ref_gbps = max((link.data_rate_gbps for _, _, link in fabric.ca_leaf.values()), default=100.0)
+        self.leaf_size = int(np.bincount(self.net.leaf_id[self.net.leaf_id >= 0]).max(initial=1))
+        self.gangs: dict[str, _Gang] = {}
+        self.last_s: float | None = None
+        self.cross_leaf_bytes = 0.0
+        self.cross_spine_bytes = 0.0
+        self.lost_gpu_s = 0.0
+        self.util_hist = np.zeros(UTIL_BINS + 1)
+        self.util_max = 0.0
+        self.placed = 0
+        self.fit_one_leaf = 0
+        self.in_one_leaf = 0
+        self.hops: list[int] = []
+        self.bottleneck_gangs: list[int] = []
+        self.across_failed = 0
+        self.on_degraded = 0
+
+    # ------------------------------------------------------------------ events
+
+    def advance(self, now_s: float) -> None:
+        """Integrate traffic, utilisation and lost GPU-seconds since the last call."""
+        dt = 0.0 if self.last_s is None else now_s - self.last_s
+        self.last_s = now_s
+        if dt <= 0 or not self.gangs:
+            return
+        carried: dict[tuple[int, int], float] = {}
+        for gang in self.gangs.values():
+            if not math.isfinite(gang.step_s) or gang.step_s <= 0:
+                continue
+            rate_bps = gang.bytes_per_step / gang.step_s
+            if len(gang.leaves) > 1:
+                self.cross_leaf_bytes += len(gang.leaves) * rate_bps * dt
+            if len(gang.spines) > 1:
+                self.cross_spine_bytes += len(gang.spines) * rate_bps * dt
+            for pool in self._pools(gang):
+                carried[pool] = carried.get(pool, 0.0) + rate_bps * 8 / 1e9
+            self.lost_gpu_s += gang.gpus * (1.0 - 1.0 / gang.slowdown) * dt
+        utils = []
+        for (kind, owner), gbps in carried.items():
+            cap = float(self.net.avail[kind][owner])
+            utils.append(gbps / cap if cap > 0 and math.isfinite(cap) else UTIL_MAX)
+        if utils:
+            values = np.minimum(np.asarray(utils), UTIL_MAX)
+            self.util_max = max(self.util_max, float(values.max()))
+            bins = np.minimum((values / UTIL_MAX * UTIL_BINS).astype(np.int64), UTIL_BINS)
+            np.add.at(self.util_hist, bins, dt)
+
+    def start(self, wid: str, nodes: Sequence[int], gpus: float) -> None:
+        """A gang started on `nodes` (scheduler node indices); single-node work is not tracked."""
+        distinct = tuple(sorted(set(nodes)))
+        job = self.profiles.get(wid)
+        if len(distinct) < 2 or job is None:
+            return
+        leaves = tuple(sorted(set(self.net.leaf_id[list(distinct)].tolist())))
+        spines = tuple(sorted(set(self.net.spine_id[list(distinct)].tolist())))
+        p = len(distinct)
+        per_step = 2.0 * (p - 1) / p * job.spec.gradient_mib * MIB
+        gang = _Gang(distinct, gpus, job, leaves, spines, per_step)
+        self._placement_stats(gang)
+        self.gangs[wid] = gang
+        self.net.add_gang(wid, distinct, 0.0)
+        self._bottleneck_count(gang)
+
+    def stop(self, wid: str) -> bool:
+        """The gang ended or was stopped; False when it was not tracked."""
+        if self.gangs.pop(wid, None) is None:
+            return False
+        self.net.remove_gang(wid)
+        return True
+
+    def set_link(self, key: tuple[str, int, str, int], healthy: bool) -> bool:
+        return self.net.set_link(key, healthy=healthy)
+
+    def rates(self) -> dict[str, float]:
+        """Every tracked gang's progress rate now (work seconds per second)."""
+        out: dict[str, float] = {}
+        for wid, gang in self.gangs.items():
+            job = gang.job
+            if not job.passed:
+                gang.slowdown, gang.step_s = 1.0, math.inf
+                out[wid] = 1.0
+                continue
+            bw = self._bandwidth(gang)
+            tier = 2 if len(gang.spines) > 1 else 1 if len(gang.leaves) > 1 else 0
+            alpha = self.model.base_alpha_s
+            s = slowdown(job.spec, len(gang.nodes), bw, self.ref_gbps, tier, alpha)
+            gang.slowdown = s if math.isfinite(s) else 1.0 / MIN_RATE
+            latency = path_latency_ns(tier)
+            gang.step_s = step_time_s(job.spec, len(gang.nodes), bw, self.ref_gbps, latency, alpha)
+            out[wid] = max(MIN_RATE, job.origin_slowdown / gang.slowdown)
+        return out
+
+    # ------------------------------------------------------------------ helpers
+
+    def _bandwidth(self, gang: _Gang) -> float:
+        share = self.net.share_gbps(gang.nodes, joining=False)
+        if len(gang.spines) > 1:
+            share *= self.model.cross_spine_efficiency
+        elif len(gang.leaves) > 1:
+            share *= self.model.cross_leaf_efficiency
+        return min(share, self.ref_gbps)
+
+    def _pools(self, gang: _Gang) -> list[tuple[int, int]]:
+        pools = [(ACCESS, n) for n in gang.nodes]
+        if len(gang.leaves) > 1:
+            pools += [(LEAF_UP, d) for d in gang.leaves]
+        if len(gang.spines) > 1:
+            pools += [(SPINE_UP, g) for g in gang.spines]
+        return [p for p in pools if math.isfinite(float(self.net.avail[p[0]][p[1]]))]
+
+    def _placement_stats(self, gang: _Gang) -> None:
+        self.placed += 1
+        self.hops.append(self.net.max_hops(gang.nodes))
+        if len(gang.nodes) <= self.leaf_size:
+            self.fit_one_leaf += 1
+            self.in_one_leaf += int(len(gang.leaves) == 1)
+        pools = self._pools(gang)
+        if any(float(self.net.avail[k][o]) <= 0 for k, o in pools):
+            self.across_failed += 1
+        elif any(self._has_failed_link(k, o) for k, o in pools):
+            self.on_degraded += 1
+
+    def _has_failed_link(self, kind: int, owner: int) -> bool:
+        net = self.net
+        sel = (net.owner_kind == kind) & (net.owner_id == owner)
+        return bool((~net.healthy[sel]).any())
+
+    def _bottleneck_count(self, gang: _Gang) -> None:
+        worst, flows = math.inf, 0
+        for kind, owner in self._pools(gang):
+            n = int(self.net.flows[kind][owner])
+            share = float(self.net.avail[kind][owner]) / max(n, 1)
+            if share < worst:
+                worst, flows = share, n
+        self.bottleneck_gangs.append(flows)
+
+    # ------------------------------------------------------------------ report
+
+    def report(self, end_s: float, total_gpus: float, span_s: float) -> dict[str, Any]:
+        self.advance(end_s)
+        total = self.util_hist.sum()
+        p99 = 0.0
+        if total > 0:
+            at = int(np.searchsorted(np.cumsum(self.util_hist), 0.99 * total))
+            p99 = min(at, UTIL_BINS) * UTIL_MAX / UTIL_BINS
+        counts: dict[str, int] = {}
+        for job in self.profiles.values():
+            counts[job.klass.value] = counts.get(job.klass.value, 0) + 1
+        return {
+            "gangs_across_failed_links": self.across_failed,
+            "gangs_on_degraded_link_pools": self.on_degraded,
+            "cross_leaf_bytes": self.cross_leaf_bytes,
+            "cross_spine_bytes": self.cross_spine_bytes,
+            "link_util_max": self.util_max,
+            "link_util_p99": p99,
+            "comm": {
+                "model": self.model.model_dump(mode="json"),
+                "classes": dict(sorted(counts.items())),
+                "multi_node_gangs": self.placed,
+                "fit_one_leaf": self.fit_one_leaf,
+                "placed_in_one_leaf": self.in_one_leaf,
+                "hops_mean": float(np.mean(self.hops)) if self.hops else 0.0,
+                "gangs_per_bottleneck_mean": (float(np.mean(self.bottleneck_gangs))
+                                              if self.bottleneck_gangs else 0.0),
+                "gangs_per_bottleneck_max": int(max(self.bottleneck_gangs, default=0)),
+                "lost_gpu_hours": self.lost_gpu_s / 3600.0,
+                "lost_alloc_pct": 100.0 * self.lost_gpu_s / max(total_gpus * span_s, 1e-9),
+            },
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class CommSetup:
+    """What a replay needs for the communication model: the fabric, the model, each job's class."""
+
+    fabric: Fabric
+    model: CommModel
+    profiles: Mapping[str, JobComm]
+
+
+@dataclass(frozen=True, slots=True)
+class LinkFailure:
+    """A fabric link (by `Link.key`) fails at `at_s` and is repaired `repair_after_s` later."""
+
+    at_s: float
+    key: tuple[str, int, str, int]
+    repair_after_s: float = math.inf
