@@ -133,6 +133,8 @@ def test_the_cli_submits_lists_shows_and_cancels_without_server_parts(server: Li
     cancelled = client_only(server, "cancel", wid)
     assert cancelled.returncode == 0, cancelled.stderr
     assert client_only(server, "show", wid, "--json").stdout.count('"status": "cancelled"') == 1
+    config = client_only(server, "config", "show", "--server")
+    assert config.returncode == 0 and "placement:" in config.stdout, config.stderr
 
 
 @pytest.mark.parametrize("command", ["submit", "ls", "show", "logs", "cancel", "wait"])

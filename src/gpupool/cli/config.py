@@ -31,15 +31,15 @@ def show(
 
     Example: gpupool config show --config pool.yaml; gpupool config show --server
     """
-    from gpupool.config import CONFIG_ENV, load_config
-
-    if server:
+    if server:  # a client command: works without the server extra
         import yaml
 
         from gpupool.cli._common import client
 
         print(yaml.safe_dump(client().pool_config(), sort_keys=False, default_flow_style=False), end="")
         return
+    from gpupool.config import CONFIG_ENV, load_config
+
     print(load_config(config or os.environ.get(CONFIG_ENV) or None).to_yaml(), end="")
 
 
