@@ -243,20 +243,6 @@ def assign_classes(
     return out
 
 
-def gang_bucket(gpus: int) -> str:
-    """The gang-size bucket of a workload by its GPUs: '1', '2-8', '9-32' or '>32'."""
-    if gpus <= 1:
-        return "1"
-    if gpus <= 8:
-        return "2-8"
-    if gpus <= 32:
-        return "9-32"
-    return ">32"
-
-
-GANG_BUCKETS = ("1", "2-8", "9-32", ">32")
-
-
 def packed_nodes(pod_devices: Sequence[int], devices_per_node: int) -> int:
     """Nodes a gang spans when packed: its pods' devices over whole nodes."""
     total = sum(pod_devices)

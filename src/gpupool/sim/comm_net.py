@@ -20,7 +20,15 @@ import numpy as np
 from gpupool.core.fabric.model import Fabric
 from gpupool.core.model import Node
 from gpupool.core.scheduling.topology import ACCESS, LEAF_UP, SPINE_UP, FabricView
-from gpupool.sim.comm import MIB, CommModel, JobComm, path_latency_ns, slowdown, step_time_s
+from gpupool.sim.comm import (
+    MIB,
+    CommModel,
+    JobComm,
+    class_counts,
+    path_latency_ns,
+    slowdown,
+    step_time_s,
+)
 
 UTIL_BINS = 2000
 UTIL_MAX = 2.0
@@ -193,9 +201,6 @@ class CommTracker:
         if total > 0:
             at = int(np.searchsorted(np.cumsum(self.util_hist), 0.99 * total))
             p99 = min(at, UTIL_BINS) * UTIL_MAX / UTIL_BINS
-        counts: dict[str, int] = {}
-        for job in self.profiles.values():
-            counts[job.klass.value] = counts.get(job.klass.value, 0) + 1
         return {
             "gangs_across_failed_links": self.across_failed,
             "gangs_on_degraded_link_pools": self.on_degraded,
@@ -205,7 +210,7 @@ class CommTracker:
             "link_util_p99": p99,
             "comm": {
                 "model": self.model.model_dump(mode="json"),
-                "classes": dict(sorted(counts.items())),
+                "classes": class_counts(self.profiles),
                 "multi_node_gangs": self.placed,
                 "fit_one_leaf": self.fit_one_leaf,
                 "placed_in_one_leaf": self.in_one_leaf,

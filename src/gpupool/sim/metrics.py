@@ -32,6 +32,28 @@ def waterfill(capacity: float, demands: dict[str, float]) -> dict[str, float]:
     return out
 
 
+GANG_BUCKETS = ("1", "2-8", "9-32", ">32")
+"""Gang sizes by the GPUs a workload asks for (a fraction of one device counts as 1)."""
+
+
+def gang_bucket(gpus: float) -> str:
+    whole = math.ceil(gpus - 1e-9)
+    if whole <= 1:
+        return "1"
+    if whole <= 8:
+        return "2-8"
+    return "9-32" if whole <= 32 else ">32"
+
+
+def _stats4(values: list[float]) -> dict[str, float]:
+    """mean, p50, p95 and p99 (zeros when empty)."""
+    if not values:
+        return {"mean": 0.0, "p50": 0.0, "p95": 0.0, "p99": 0.0}
+    arr = np.asarray(values, dtype=float)
+    p50, p95, p99 = np.percentile(arr, [50, 95, 99])
+    return {"mean": float(arr.mean()), "p50": float(p50), "p95": float(p95), "p99": float(p99)}
+
+
 def _stats(values: list[float]) -> dict[str, float]:
     if not values:
         return {"mean": 0.0, "p50": 0.0, "p99": 0.0}
@@ -68,6 +90,8 @@ class ReplayMetrics:
     last_arrival_s: float = 0.0
     fair_for: tuple[dict[str, float], dict[str, float]] = ({}, {})
     """The last demands water-filled and their division (reused while the demands hold)."""
+    gang_delays: dict[str, list[float]] = field(default_factory=dict)
+    gang_jcts: dict[str, list[float]] = field(default_factory=dict)
 
     def arrived(self, job: TraceJob) -> None:
         self.jobs += 1
@@ -86,10 +110,13 @@ class ReplayMetrics:
         delay = now_s - job.submit_s
         self.queue_delays.append(delay)
         self.tenant_delays.setdefault(job.workload.tenant, []).append(delay)
+        self.gang_delays.setdefault(gang_bucket(job.workload.total_device_milli / 1000), []).append(delay)
 
     def finished(self, job: TraceJob, now_s: float, first_start_s: float) -> None:
         self.finished_jobs += 1
         self.jcts.append(now_s - job.submit_s)
+        self.gang_jcts.setdefault(gang_bucket(job.workload.total_device_milli / 1000), []).append(
+            now_s - job.submit_s)
         self.last_finish_s = max(self.last_finish_s, now_s)
 
     def stopped(self, kind: EventKind, lost_device_s: float) -> None:
@@ -164,6 +191,18 @@ class ReplayMetrics:
             "lost_gpu_hours": self.lost_device_s / 3600.0,
             "per_tenant": per_tenant,
             "fairness_jain": jain,
+            "by_gang_size": self.by_gang_size(),
+        }
+
+    def by_gang_size(self) -> dict[str, dict[str, Any]]:
+        """Per gang-size bucket: workloads finished, their JCT and queueing delay (first start)."""
+        return {
+            bucket: {
+                "count": len(self.gang_jcts.get(bucket, [])),
+                "jct_s": _stats4(self.gang_jcts.get(bucket, [])),
+                "queue_delay_s": _stats4(self.gang_delays.get(bucket, [])),
+            }
+            for bucket in GANG_BUCKETS
         }
 
     def _mean_until(self, start: float, end: float) -> float:
