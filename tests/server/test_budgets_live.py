@@ -17,7 +17,7 @@ from gpupool.reasons import describe
 from gpupool.server.metrics_budgets import BudgetCollector
 from gpupool.server.orm import AuditRow, PodRow, WorkloadRow
 from gpupool.server.schemas.tenants import TenantCreate, TenantOut, TenantUpdate
-from gpupool.server.services import metering, tenants
+from gpupool.server.services import tenants, usage
 from gpupool.server.services.budgets import WARNING_ACTION
 from server.test_live_scheduler import ADMIN, Pool
 
@@ -59,8 +59,8 @@ def _gauges(pool: Pool) -> dict[tuple[str, str], float]:
 
 def _bill(pool: Pool, since_s: float | None) -> float:
     """What `gpupool usage` bills team-a from `since_s` to now."""
-    return metering.usage(pool.rt, ADMIN, tenant="team-a", since_s=since_s, until_s=pool.now,
-                          by="tenant").total.cost
+    return usage.usage(pool.rt, ADMIN, tenant="team-a", since_s=since_s, until_s=pool.now,
+                       by="tenant").total.cost
 
 
 def test_spend_warns_then_holds_new_work_until_the_next_period(pool: Pool) -> None:

@@ -63,30 +63,32 @@ class UsageCollector(Collector):
         """Fold the pods that ended before the new watermark into the kept totals; return those totals
         plus the pods still open or ended since."""
         mark = now - SETTLE_S
-        base = (select(PodRow.node, PodRow.slices, PodRow.started_s, PodRow.finished_s, WorkloadRow.tenant)
+        base = (select(PodRow.node, PodRow.slices, PodRow.models, PodRow.started_s, PodRow.finished_s,
+                       WorkloadRow.tenant)
                 .join(WorkloadRow, WorkloadRow.id == PodRow.workload_id).where(PodRow.started_s.is_not(None)))
         with self.rt.store.read() as session:
             ended: Sequence[Any] = session.execute(base.where(PodRow.finished_s > self._watermark)).all()
             still: Sequence[Any] = session.execute(
                 base.where(PodRow.finished_s.is_(None), PodRow.status.in_(_OPEN))).all()
         later = []
-        for node, slices, start, end, tenant in ended:
+        for node, slices, models, start, end, tenant in ended:
             if end <= mark:
-                _add(self._device_s, self._memory_gib_s, tenant, node, slices, end - start, devices)
+                _add(self._device_s, self._memory_gib_s, tenant, node, slices, models, end - start, devices)
             else:
-                later.append((node, slices, start, end, tenant))
+                later.append((node, slices, models, start, end, tenant))
         device_s, memory_gib_s = defaultdict(float, self._device_s), defaultdict(float, self._memory_gib_s)
-        for node, slices, start, end, tenant in later:
-            _add(device_s, memory_gib_s, tenant, node, slices, end - start, devices)
-        for node, slices, start, _, tenant in still:
-            _add(device_s, memory_gib_s, tenant, node, slices, now - start, devices)
+        for node, slices, models, start, end, tenant in later:
+            _add(device_s, memory_gib_s, tenant, node, slices, models, end - start, devices)
+        for node, slices, models, start, _, tenant in still:
+            _add(device_s, memory_gib_s, tenant, node, slices, models, now - start, devices)
         self._watermark = max(self._watermark, mark)
         return device_s, memory_gib_s
 
 
 def _add(device_s: Totals, memory_gib_s: Totals, tenant: str, node: str,
-         slices: list[dict[str, int]], seconds: float, devices: Devices) -> None:
-    for s in held(node, slices, devices):
+         slices: list[dict[str, int]], models: list[dict[str, Any]] | None, seconds: float,
+         devices: Devices) -> None:
+    for s in held(node, slices, devices, models):
         key = (tenant, s.model, str(s.simulated).lower())
         device_s[key] += s.compute_milli / 1000.0 * max(0.0, seconds)
         memory_gib_s[key] += s.memory_mib / 1024.0 * max(0.0, seconds)

@@ -170,10 +170,12 @@ class PodRow(Base):
     """Each slice's device as at launch ({model, device_memory_mib, simulated}, in the order of
     `slices`), so its usage is priced by that model even after the node leaves (NULL: written
     before revision 0006; metered with the devices listed now)."""
+    rolled_up: Mapped[bool] = mapped_column(Boolean, default=False, server_default="0", index=True)
+    """Its usage is in usage_daily (set once it ended and the rollup folded it)."""
 
 
 class UsageDailyRow(Base):
-    """The metered usage of the pods that ended before the rollup's watermark, one row per UTC day,
+    """The metered usage of the ended pods marked `rolled_up`, one row per UTC day,
     tenant, queue, priority class, node, device model and simulated mark (services/usage_rollup.py)."""
 
     __tablename__ = "usage_daily"
@@ -202,13 +204,12 @@ class UsageDailyRow(Base):
 
 
 class UsageRollupStateRow(Base):
-    """The rollup's one state row: pods that ended at or before `watermark_s` are in usage_daily,
-    priced by the price book whose digest is `prices_sha256` (another digest: rebuilt)."""
+    """The rollup's one state row: the pods marked `rolled_up` are in usage_daily, priced by the price
+    book whose digest is `prices_sha256` (another digest: rebuilt)."""
 
     __tablename__ = "usage_rollup_state"
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
-    watermark_s: Mapped[float] = mapped_column(Float)
     prices_sha256: Mapped[str] = mapped_column(String(64))
 
 

@@ -19,6 +19,7 @@ from gpupool.server.settings import Settings
 
 if TYPE_CHECKING:
     from gpupool.server.services.budgets import BudgetTracker
+    from gpupool.server.services.usage_rollup import UsageRollup
 
 MAX_HANDED_OVER = 100_000
 
@@ -44,6 +45,8 @@ class Runtime:
     """What the active pods hold, as last read by any route (each read brings it up to date)."""
     budgets: BudgetTracker = field(default_factory=lambda: _budget_tracker())
     """Each budgeted tenant's spend this period and who exhausted theirs (services/budgets.py)."""
+    usage_rollup: UsageRollup = field(default_factory=lambda: _usage_rollup())
+    """The daily usage rollup's keeper (services/usage_rollup.py): folded by the control loop."""
     _nodes: tuple[Node, ...] = ()
     _nodes_lock: threading.Lock = field(default_factory=threading.Lock)
     auth: Authenticator = field(init=False)
@@ -79,6 +82,12 @@ def _budget_tracker() -> BudgetTracker:
     from gpupool.server.services.budgets import BudgetTracker  # it reads the store through a Runtime
 
     return BudgetTracker()
+
+
+def _usage_rollup() -> UsageRollup:
+    from gpupool.server.services.usage_rollup import UsageRollup  # it reads the store through a Runtime
+
+    return UsageRollup()
 
 
 def with_flags(node: Node, cordoned: bool) -> Node:

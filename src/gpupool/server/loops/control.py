@@ -75,6 +75,7 @@ class ControlLoop:
                     self.metrics.cycle_seconds.observe(stats.seconds)
                 if not stats.stopped:
                     break
+        self.rt.usage_rollup.maybe_fold(self.rt)  # every FOLD_EVERY_S: pods that ended join the rollup
         busy = self.reconciler.active or self.scheduler.waiting
         return bool(changed or admitted or busy)
 

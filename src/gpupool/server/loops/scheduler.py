@@ -47,6 +47,7 @@ from gpupool.server.orm import Base, PodRow, TenantRow, WorkloadRow
 from gpupool.server.runtime import Runtime
 from gpupool.server.services import enforcement, rendezvous
 from gpupool.server.services.events import Move, apply_moves, transition
+from gpupool.server.services.metering import slice_models
 from gpupool.server.services.requeue import checkpoint_mark, requeue, stop_pods
 from gpupool.server.states import EventReason, PodState
 
@@ -390,6 +391,7 @@ class Scheduler:
                     status=state.value, node=placement.node,
                     slices=[{"device_index": s.device_index, "compute_milli": s.compute_milli,
                              "memory_mib": s.memory_mib} for s in placement.slices],
+                    models=slice_models(limits.node(placement.node), placement.slices),
                     cpu_milli=cpu_milli, memory_mib=memory_mib,
                     message="Waits for a preempted pod to leave its device." if wait else "",
                     created_s=now, exit_code=None, finished_s=None,
@@ -652,6 +654,9 @@ class _LimitNotes:
         self._missing = rt.provider.missing_capabilities()
         self._nodes = {n.name: n for n in rt.nodes()}
         self._sentences: dict[tuple[str, bool, bool], list[str]] = {}
+
+    def node(self, name: str) -> Node | None:
+        return self._nodes.get(name)
 
     def events(self, workload_id: str, pod_id: str, node_name: str, request: PodRequest,
                now: float) -> list[dict[str, object]]:

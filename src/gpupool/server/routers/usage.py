@@ -9,7 +9,7 @@ from fastapi import APIRouter, Query
 from gpupool.server.deps import Rt, Who
 from gpupool.server.schemas.common import ErrorBody
 from gpupool.server.schemas.usage import UsageOut
-from gpupool.server.services import metering as service
+from gpupool.server.services import usage as service
 
 router = APIRouter(tags=["usage"], responses={401: {"model": ErrorBody}, 403: {"model": ErrorBody},
                                               422: {"model": ErrorBody}})

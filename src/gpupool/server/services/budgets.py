@@ -181,7 +181,7 @@ def _budgets(rt: Runtime) -> dict[str, Budget]:
 def _pod_rows(rt: Runtime, tenants: list[str], watermark: float, mark: float,
               now: float) -> tuple[Sequence[Any], Sequence[Any]]:
     """The budgeted tenants' pods that ended in (watermark, mark], and those open or ended since."""
-    base = (select(PodRow.id, PodRow.node, PodRow.slices, PodRow.started_s, PodRow.finished_s,
+    base = (select(PodRow.id, PodRow.node, PodRow.slices, PodRow.models, PodRow.started_s, PodRow.finished_s,
                    WorkloadRow.tenant, WorkloadRow.queue, WorkloadRow.spec)
             .join(WorkloadRow, WorkloadRow.id == PodRow.workload_id)
             .where(PodRow.started_s.is_not(None), PodRow.started_s < now, WorkloadRow.tenant.in_(tenants)))
@@ -203,4 +203,5 @@ class _Intervals:
     def of(self, row: Any, end_s: float) -> PodInterval:
         return PodInterval(row.id, row.tenant, row.queue,
                            str(row.spec.get("priority_class") or self.default_class), row.node,
-                           row.started_s, max(end_s, row.started_s), held(row.node, row.slices, self.devices))
+                           row.started_s, max(end_s, row.started_s),
+                           held(row.node, row.slices, self.devices, row.models))

@@ -11,10 +11,10 @@ import math
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from sqlalchemy import or_, select
+from sqlalchemy import Select, or_, select
 
 from gpupool.core.metering import HeldSlice, PodInterval, UsageKey, UsageRow, aggregate, totals
-from gpupool.core.model import Device, Node
+from gpupool.core.model import Device, Node, Slice
 from gpupool.errors import InvalidInput
 from gpupool.server.auth import Principal
 from gpupool.server.orm import PodRow, WorkloadRow
@@ -35,8 +35,14 @@ def device_map(nodes: Iterable[Node]) -> dict[tuple[str, int], Device]:
 Devices = dict[tuple[str, int], Device]
 
 
-def held(node: str, slices: Sequence[dict[str, int]], devices: Devices) -> tuple[HeldSlice, ...]:
-    """A pod row's slices with their device's model, memory and simulated mark."""
+def held(node: str, slices: Sequence[dict[str, int]], devices: Devices,
+         models: Sequence[dict[str, Any]] | None = None) -> tuple[HeldSlice, ...]:
+    """A pod row's slices with their device's model, memory and simulated mark: as recorded at
+    launch (`models`), else as the pool lists the device now (UNKNOWN_MODEL when it is gone)."""
+    if models is not None and len(models) == len(slices):
+        return tuple(HeldSlice(str(m["model"]), s["compute_milli"], s["memory_mib"],
+                               int(m["device_memory_mib"]), bool(m["simulated"]))
+                     for s, m in zip(slices, models, strict=True))
     out = []
     for s in slices:
         device = devices.get((node, s["device_index"]))
@@ -48,27 +54,51 @@ def held(node: str, slices: Sequence[dict[str, int]], devices: Devices) -> tuple
     return tuple(out)
 
 
+def slice_models(node: Node | None, slices: Iterable[Slice]) -> list[dict[str, Any]] | None:
+    """What a pod row records at launch of each slice's device (None when the node is not listed)."""
+    if node is None:
+        return None
+    devices = node.devices
+    out: list[dict[str, Any]] = []
+    for s in slices:
+        if not 0 <= s.device_index < len(devices):
+            return None
+        d = devices[s.device_index]
+        out.append({"model": d.model, "device_memory_mib": max(d.memory_mib, 0), "simulated": d.simulated})
+    return out
+
+
+def interval_rows() -> Select[Any]:
+    """The columns a pod interval is read from, of every pod that started (add the window's WHERE)."""
+    return (select(PodRow.id, PodRow.node, PodRow.slices, PodRow.models, PodRow.started_s, PodRow.finished_s,
+                   PodRow.rolled_up, WorkloadRow.tenant, WorkloadRow.queue, WorkloadRow.spec)
+            .join(WorkloadRow, WorkloadRow.id == PodRow.workload_id)
+            .where(PodRow.started_s.is_not(None)))
+
+
+def to_intervals(rt: Runtime, rows: Iterable[Any], *, now: float, default_class: str) -> list[PodInterval]:
+    """interval_rows() results as intervals (a running pod's ends at `now`)."""
+    devices = device_map(rt.nodes())
+    return [_interval(r, devices, now, default_class) for r in rows]
+
+
 def intervals(rt: Runtime, since_s: float, until_s: float, tenant: str | None) -> list[PodInterval]:
     """Every pod interval that overlaps [since_s, until_s) (of `tenant`'s workloads when given)."""
-    now = rt.clock()
     default_class = default_priority_class(rt.config.priority_classes) or ""
-    devices = device_map(rt.nodes())
-    query = (select(PodRow.id, PodRow.node, PodRow.slices, PodRow.started_s, PodRow.finished_s,
-                    WorkloadRow.tenant, WorkloadRow.queue, WorkloadRow.spec)
-             .join(WorkloadRow, WorkloadRow.id == PodRow.workload_id)
-             .where(PodRow.started_s.is_not(None), PodRow.started_s < until_s,
-                    or_(PodRow.finished_s.is_(None), PodRow.finished_s > since_s)))
+    query = interval_rows().where(PodRow.started_s < until_s,
+                                  or_(PodRow.finished_s.is_(None), PodRow.finished_s > since_s))
     if tenant is not None:
         query = query.where(WorkloadRow.tenant == tenant)
     with rt.store.read() as session:
         rows = session.execute(query).all()
-    return [_interval(r, devices, now, default_class) for r in rows]
+    return to_intervals(rt, rows, now=rt.clock(), default_class=default_class)
 
 
 def _interval(row: Any, devices: Devices, now: float, default_class: str) -> PodInterval:
     end = row.finished_s if row.finished_s is not None else max(now, row.started_s)
     return PodInterval(row.id, row.tenant, row.queue, str(row.spec.get("priority_class") or default_class),
-                       row.node, row.started_s, max(end, row.started_s), held(row.node, row.slices, devices))
+                       row.node, row.started_s, max(end, row.started_s),
+                       held(row.node, row.slices, devices, row.models))
 
 
 def parse_by(text: str) -> list[UsageKey]:
@@ -86,11 +116,8 @@ def parse_by(text: str) -> list[UsageKey]:
     return keys
 
 
-def usage(rt: Runtime, who: Principal, *, tenant: str | None, since_s: float | None, until_s: float | None,
-          by: str) -> UsageOut:
-    """Usage and cost in [since_s, until_s) (default: the last 30 days to now), grouped by `by`; a
-    tenant token sees only its own tenant's (naming another is Forbidden)."""
-    scope = who.tenant_for(tenant) if not who.is_admin else tenant
+def window(rt: Runtime, since_s: float | None, until_s: float | None) -> tuple[float, float]:
+    """The usage window [since, until) (default: the last 30 days to now), checked."""
     until = rt.clock() if until_s is None else until_s
     since = until - 30 * 86_400.0 if since_s is None else since_s
     if not since < until:
@@ -98,6 +125,15 @@ def usage(rt: Runtime, who: Principal, *, tenant: str | None, since_s: float | N
     if until - since > MAX_WINDOW_S:
         raise InvalidInput("The usage window is longer than 400 days; ask for a shorter one.",
                            field="since_s")
+    return since, until
+
+
+def raw_usage(rt: Runtime, who: Principal, *, tenant: str | None, since_s: float | None,
+              until_s: float | None, by: str) -> UsageOut:
+    """Usage computed from every pod row in the window (the reference the rollup is tested and
+    measured against; `services.usage.usage` answers the API)."""
+    scope = who.tenant_for(tenant) if not who.is_admin else tenant
+    since, until = window(rt, since_s, until_s)
     keys = parse_by(by)
     book = rt.config.prices.price_book()
     rows = aggregate(intervals(rt, since, until, scope), book, keys, since, until)
@@ -105,8 +141,9 @@ def usage(rt: Runtime, who: Principal, *, tenant: str | None, since_s: float | N
                     rows=[row_out(r) for r in rows], total=row_out(totals(rows)))
 
 
-def row_out(row: UsageRow) -> UsageRowOut:
-    return UsageRowOut(**row.keys, simulated=row.simulated, pods=len(row.pods),
+def row_out(row: UsageRow, pods: int | None = None) -> UsageRowOut:
+    """The API row of a usage row (`pods`: its distinct pods, when not its `pods` set's size)."""
+    return UsageRowOut(**row.keys, simulated=row.simulated, pods=len(row.pods) if pods is None else pods,
                        device_hours=_round(row.device_hours), memory_gib_hours=_round(row.memory_gib_hours),
                        cost=_round(row.cost), dedicated_cost=_round(row.dedicated_cost),
                        saving=_round(row.dedicated_cost - row.cost), priced=row.priced)

@@ -2,8 +2,8 @@
 as at launch (so usage stays priced by its model after the node leaves), and a daily usage rollup.
 
 A pod recorded before this revision has no models (NULL): it is metered with the devices the pool
-lists when its usage is read or rolled up, as before. The rollup starts empty; the server fills it
-from the pod rows at start (the state row is written then).
+lists when its usage is read or rolled up, as before. The rollup starts empty (no pod rolled up);
+the server's loop fills it from the ended pods.
 
 Revision ID: 0006
 Revises: 0005
@@ -26,6 +26,8 @@ _COUNTS = ("pods", "pods_carried", "pods_first_model", "pods_carried_first_model
 
 def upgrade() -> None:
     op.add_column("pods", sa.Column("models", sa.JSON(), nullable=True))
+    op.add_column("pods", sa.Column("rolled_up", sa.Boolean(), nullable=False, server_default="0"))
+    op.create_index("ix_pods_rolled_up", "pods", ["rolled_up"])
     op.create_table(
         "usage_daily",
         sa.Column("day_s", sa.Float(), nullable=False),
@@ -46,7 +48,6 @@ def upgrade() -> None:
     op.create_table(
         "usage_rollup_state",
         sa.Column("id", sa.Integer(), nullable=False),
-        sa.Column("watermark_s", sa.Float(), nullable=False),
         sa.Column("prices_sha256", sa.String(64), nullable=False),
         sa.PrimaryKeyConstraint("id"),
     )
@@ -55,4 +56,6 @@ def upgrade() -> None:
 def downgrade() -> None:
     op.drop_table("usage_rollup_state")
     op.drop_table("usage_daily")
+    op.drop_index("ix_pods_rolled_up", table_name="pods")
+    op.drop_column("pods", "rolled_up")
     op.drop_column("pods", "models")

@@ -1,0 +1,112 @@
+"""Usage and chargeback for the API: the window's whole UTC days read from the daily rollup, the rest
+(its partial first and last days, and pods not rolled up yet: running or just ended) metered from
+the pod rows, and the two merged into the rows `metering.raw_usage` would give.
+
+A pod in the rollup is metered here only for its parts outside the whole days; counting distinct
+pods, one the rollup counts (it has a part in the whole days) is not counted again.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Sequence
+
+from sqlalchemy import or_
+
+from gpupool.core.metering import DAY_S, PodInterval, UsageKey, UsageRow, aggregate
+from gpupool.server.auth import Principal
+from gpupool.server.orm import PodRow, WorkloadRow
+from gpupool.server.runtime import Runtime
+from gpupool.server.schemas.usage import UsageOut
+from gpupool.server.services import usage_rollup
+from gpupool.server.services.metering import interval_rows, parse_by, raw_usage, row_out, to_intervals, window
+from gpupool.server.services.specs import default_priority_class
+
+Merged = dict[tuple[object, ...], tuple[UsageRow, int]]
+
+
+def usage(rt: Runtime, who: Principal, *, tenant: str | None, since_s: float | None, until_s: float | None,
+          by: str) -> UsageOut:
+    """Usage and cost in [since_s, until_s) (default: the last 30 days to now), grouped by `by`; a
+    tenant token sees only its own tenant's (naming another is Forbidden)."""
+    scope = who.tenant_for(tenant) if not who.is_admin else tenant
+    since, until = window(rt, since_s, until_s)
+    keys = parse_by(by)
+    first_day, end_day = math.ceil(since / DAY_S) * DAY_S, math.floor(until / DAY_S) * DAY_S
+    if end_day <= first_day:  # no whole day: nothing to read from the rollup
+        return raw_usage(rt, who, tenant=tenant, since_s=since, until_s=until, by=by)
+    book = rt.config.prices.price_book()
+    default_class = default_priority_class(rt.config.priority_classes) or ""
+    wanted = usage_rollup.digest(book, default_class)
+    with rt.usage_rollup.lock, rt.store.read() as session:
+        rolled = usage_rollup.read(session, wanted, keys, first_day, end_day, scope)
+        query = interval_rows().where(
+            PodRow.started_s < until, or_(PodRow.finished_s.is_(None), PodRow.finished_s > since))
+        if rolled.usable:
+            query = query.where(or_(PodRow.rolled_up.is_(False), PodRow.started_s < first_day,
+                                    PodRow.finished_s > end_day))
+        if scope is not None:
+            query = query.where(WorkloadRow.tenant == scope)
+        rows = session.execute(query).all()
+    now = rt.clock()
+    intervals: list[PodInterval] = []
+    elsewhere: set[str] = set()  # rolled-up pods with a part in the whole days: the rollup counts them
+    for row, interval in zip(rows, to_intervals(rt, rows, now=now, default_class=default_class), strict=True):
+        if not (rolled.usable and row.rolled_up):
+            intervals.append(interval)
+            continue
+        intervals += _outside(interval, first_day, end_day)
+        if interval.start_s < end_day and interval.end_s > first_day:
+            elsewhere.add(interval.pod_id)
+    raw = aggregate(intervals, book, keys, since, until)
+    by_day = UsageKey.DAY in keys
+    merged, raw_pods = _merge(raw, rolled.rows, set() if by_day else elsewhere)
+    ordered = [merged[k] for k in sorted(merged, key=lambda k: tuple(str(part) for part in k))]
+    total = _total([u for u, _ in ordered])
+    pods = rolled.total_pods + len(raw_pods - elsewhere)
+    return UsageOut(since_s=since, until_s=until, by=[k.value for k in keys], currency=book.currency,
+                    rows=[row_out(u, n) for u, n in ordered], total=row_out(total, pods))
+
+
+def _outside(interval: PodInterval, first_day: float, end_day: float) -> list[PodInterval]:
+    """The parts of a rolled-up pod's interval before the first whole day and from the end day on."""
+    parts = []
+    if interval.start_s < first_day:
+        parts.append(dataclasses.replace(interval, end_s=min(interval.end_s, first_day)))
+    if interval.end_s > end_day:
+        parts.append(dataclasses.replace(interval, start_s=max(interval.start_s, end_day)))
+    return parts
+
+
+def _merge(raw: Sequence[UsageRow], rolled: Merged, elsewhere: set[str]) -> tuple[Merged, set[str]]:
+    """The rollup's rows plus the raw rows (their pods counted but for those in `elsewhere`); and
+    every raw pod."""
+    merged: Merged = {key: (dataclasses.replace(row), count) for key, (row, count) in rolled.items()}
+    every: set[str] = set()
+    for row in raw:
+        key = (*row.keys.values(), row.simulated)
+        every |= row.pods
+        extra = len(row.pods - elsewhere)
+        if key not in merged:
+            merged[key] = (row, extra)
+            continue
+        into, count = merged[key]
+        into.compute_milli_s += row.compute_milli_s
+        into.memory_mib_s += row.memory_mib_s
+        into.cost += row.cost
+        into.dedicated_cost += row.dedicated_cost
+        into.priced = into.priced and row.priced
+        merged[key] = (into, count + extra)
+    return merged, every
+
+
+def _total(rows: Sequence[UsageRow]) -> UsageRow:
+    total = UsageRow({}, simulated=any(r.simulated for r in rows))
+    for row in rows:
+        total.compute_milli_s += row.compute_milli_s
+        total.memory_mib_s += row.memory_mib_s
+        total.cost += row.cost
+        total.dedicated_cost += row.dedicated_cost
+        total.priced = total.priced and row.priced
+    return total

@@ -1,0 +1,215 @@
+"""The daily usage rollup: the metered usage of ended pods summed per UTC day, tenant, queue, priority
+class, node, device model and simulated mark (table usage_daily), so a usage query over a long
+window reads a few summed rows instead of every pod.
+
+Pods that ended at or before the watermark are in the rollup; it advances (`fold`) from the
+control loop, a minute behind the clock so a pod's end is committed before it is folded. Pieces
+are priced when folded, by the same `core.metering.aggregate` the raw path uses; the rollup keeps
+the digest of the price book (and default priority class) it was priced with, and is rebuilt from
+the pod rows when that changes.
+
+Counting distinct pods over summed rows: a pod sits in one row per day and per device model it
+held. Each row counts its pods (`pods`), those already running at the day's start (`carried`),
+and those for which the row's model is the pod's first (by name) among its models of the same
+simulated mark (`first_model`) or among all (`first`). Summing days [D0, D1), a pod is counted
+once at its first day there: sum(count) - sum(carried over days after D0).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import threading
+import time
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from sqlalchemy import ColumnElement, case, delete, func, select, update
+from sqlalchemy.orm import Session
+
+from gpupool.core.metering import DAY_S, PodInterval, PriceBook, UsageKey, UsageRow, aggregate
+from gpupool.server.orm import PodRow, UsageDailyRow, UsageRollupStateRow
+from gpupool.server.runtime import Runtime
+from gpupool.server.services.metering import interval_rows, to_intervals
+
+FOLD_EVERY_S = 30.0
+FOLD_BATCH = 20_000
+"""Pods folded in one transaction at most (the rest at the next steps)."""
+_ALL_KEYS = (UsageKey.TENANT, UsageKey.QUEUE, UsageKey.PRIORITY_CLASS, UsageKey.NODE, UsageKey.MODEL,
+             UsageKey.DAY)
+_COUNTS = ("pods", "pods_carried", "pods_first_model", "pods_carried_first_model", "pods_first",
+           "pods_carried_first")
+_SUMS = ("compute_milli_s", "memory_mib_s", "cost", "dedicated_cost", "unpriced")
+
+
+def digest(book: PriceBook, default_class: str) -> str:
+    """What the rolled-up costs depend on besides the pods: another digest means rebuild."""
+    return hashlib.sha256(repr((book, default_class)).encode()).hexdigest()
+
+
+class UsageRollup:
+    """Keeps usage_daily up to date; `lock` is held by a reader combining the rollup with the pods
+    it does not hold, so a fold cannot move the watermark between its two reads."""
+
+    def __init__(self) -> None:
+        self.lock = threading.RLock()
+        self._last_fold = -math.inf
+
+    def maybe_fold(self, rt: Runtime) -> int:
+        """fold() at most every FOLD_EVERY_S (monotonic time); the pods folded."""
+        if time.monotonic() - self._last_fold < FOLD_EVERY_S:
+            return 0
+        self._last_fold = time.monotonic()
+        return self.fold(rt)
+
+    def fold(self, rt: Runtime) -> int:
+        """Add the pods that ended and are not rolled up yet to the rollup (and mark them), rebuilding
+        it first when the price book changed; returns how many pods were folded."""
+        from gpupool.server.services.specs import default_priority_class
+
+        book = rt.config.prices.price_book()
+        default_class = default_priority_class(rt.config.priority_classes) or ""
+        wanted = digest(book, default_class)
+        with self.lock, rt.store.write() as session:
+            state = session.get(UsageRollupStateRow, 1)
+            if state is None:
+                session.add(UsageRollupStateRow(id=1, prices_sha256=wanted))
+            elif state.prices_sha256 != wanted:
+                session.execute(delete(UsageDailyRow))
+                session.execute(update(PodRow).where(PodRow.rolled_up.is_(True)).values(rolled_up=False))
+                state.prices_sha256 = wanted
+            ended = select(PodRow.id).where(PodRow.rolled_up.is_(False), PodRow.finished_s.is_not(None))
+            ids = list(session.scalars(ended.limit(FOLD_BATCH)))
+            if not ids:
+                return 0
+            rows = session.execute(interval_rows().where(PodRow.id.in_(ids))).all()
+            intervals = to_intervals(rt, rows, now=rt.clock(), default_class=default_class)
+            _add(session, pieces(intervals, book))
+            session.execute(update(PodRow).where(PodRow.id.in_(ids)).values(rolled_up=True))
+        if len(ids) == FOLD_BATCH:
+            self._last_fold = -math.inf  # more to fold: at the next step
+        return len(intervals)
+
+
+@dataclass(slots=True)
+class Piece:
+    """One usage_daily row's worth of usage, to add to the stored row with the same key."""
+
+    key: tuple[float, str, str, str, str, str, bool]
+    sums: tuple[float, float, float, float, int]
+    counts: tuple[int, int, int, int, int, int]
+
+
+def pieces(intervals: Sequence[PodInterval], book: PriceBook) -> list[Piece]:
+    """The rollup rows of `intervals` (closed pods), with their counts, priced by `book`."""
+    by_pod = {i.pod_id: i for i in intervals}
+    out = []
+    for row in aggregate(intervals, book, _ALL_KEYS):
+        keys = row.keys
+        day_s = _day_start(next(by_pod[p] for p in row.pods).start_s, keys[UsageKey.DAY])
+        counts = [0] * 6
+        for pod_id in row.pods:
+            interval = by_pod[pod_id]
+            carried = interval.start_s < day_s
+            models = sorted(s.model for s in interval.slices if s.simulated == row.simulated)
+            pairs = sorted((s.simulated, s.model) for s in interval.slices)
+            first_model = models[0] == keys[UsageKey.MODEL]
+            first = pairs[0] == (row.simulated, keys[UsageKey.MODEL])
+            for index, counted in enumerate((True, first_model, first)):
+                if counted:
+                    counts[2 * index] += 1
+                    counts[2 * index + 1] += carried
+        out.append(Piece(
+            (day_s, keys[UsageKey.TENANT], keys[UsageKey.QUEUE], keys[UsageKey.PRIORITY_CLASS],
+             keys[UsageKey.NODE], keys[UsageKey.MODEL], row.simulated),
+            (row.compute_milli_s, row.memory_mib_s, row.cost, row.dedicated_cost, 0 if row.priced else 1),
+            (counts[0], counts[1], counts[2], counts[3], counts[4], counts[5])))
+    return out
+
+
+def _day_start(any_time_s: float, day: str) -> float:
+    """The epoch second of `day`'s midnight (UTC), found near a time known to be on or before it."""
+    from gpupool.core.metering import day_of
+
+    start = math.floor(any_time_s / DAY_S) * DAY_S
+    while day_of(start) != day:
+        start += DAY_S
+    return start
+
+
+def _add(session: Session, new: Iterable[Piece]) -> None:
+    by_key = {p.key: p for p in new}
+    if not by_key:
+        return
+    days = sorted({k[0] for k in by_key})
+    existing = {(r.day_s, r.tenant, r.queue, r.priority_class, r.node, r.model, r.simulated): r
+                for r in session.scalars(select(UsageDailyRow).where(UsageDailyRow.day_s.in_(days)))}
+    for key, piece in by_key.items():
+        row = existing.get(key)
+        if row is None:
+            session.add(UsageDailyRow(
+                day_s=key[0], tenant=key[1], queue=key[2], priority_class=key[3], node=key[4], model=key[5],
+                simulated=key[6], **dict(zip(_SUMS, piece.sums, strict=True)),
+                **dict(zip(_COUNTS, piece.counts, strict=True))))
+            continue
+        for name, value in zip(_SUMS, piece.sums, strict=True):
+            setattr(row, name, getattr(row, name) + value)
+        for name, value in zip(_COUNTS, piece.counts, strict=True):
+            setattr(row, name, getattr(row, name) + value)
+
+
+@dataclass(slots=True)
+class RolledUp:
+    """What the rollup holds of a window's whole days: usage rows (their `pods` set empty) with the
+    distinct pods of each counted, and the count for the total; `usable` False when the rollup was
+    priced with another book (then nothing is read from it, and no pod counts as rolled up)."""
+
+    rows: dict[tuple[object, ...], tuple[UsageRow, int]]
+    total_pods: int
+    usable: bool
+
+
+def read(session: Session, wanted: str, by: Sequence[UsageKey], first_day_s: float, end_day_s: float,
+         tenant: str | None) -> RolledUp:
+    """The rollup's usage of the days [first_day_s, end_day_s), grouped by `by` and the simulated
+    mark; nothing (and no watermark) when the rollup was priced with another book."""
+    state = session.get(UsageRollupStateRow, 1)
+    if state is None or state.prices_sha256 != wanted:
+        return RolledUp({}, 0, False)
+    t = UsageDailyRow
+    columns = {UsageKey.TENANT: t.tenant, UsageKey.QUEUE: t.queue, UsageKey.MODEL: t.model,
+               UsageKey.PRIORITY_CLASS: t.priority_class, UsageKey.NODE: t.node, UsageKey.DAY: t.day_s}
+    group = [columns[k] for k in by] + [t.simulated]
+    suffix = "" if UsageKey.MODEL in by else "_first_model"
+    count = _count(suffix, by_day=UsageKey.DAY in by, first_day_s=first_day_s)
+    where = [t.day_s >= first_day_s, t.day_s < end_day_s]
+    if tenant is not None:
+        where.append(t.tenant == tenant)
+    sums = [func.sum(getattr(t, name)) for name in _SUMS]
+    rows: dict[tuple[object, ...], tuple[UsageRow, int]] = {}
+    for record in session.execute(select(*group, *sums, count).where(*where).group_by(*group)):
+        values = list(record)
+        keys = {k.value: _key_text(k, v) for k, v in zip(by, values, strict=False)}
+        simulated = bool(values[len(by)])
+        compute, memory, cost, dedicated, unpriced, pods = values[len(by) + 1:]
+        usage = UsageRow(keys, simulated, float(compute), float(memory), float(cost), float(dedicated),
+                         priced=int(unpriced) == 0)
+        rows[(*keys.values(), simulated)] = (usage, int(pods))
+    total = session.execute(select(_count("_first", by_day=False, first_day_s=first_day_s)).where(*where))
+    return RolledUp(rows, int(total.scalar() or 0), True)
+
+
+def _count(suffix: str, *, by_day: bool, first_day_s: float) -> ColumnElement[Any]:
+    counted = getattr(UsageDailyRow, "pods" + suffix)
+    if by_day:
+        return func.sum(counted)
+    carried = getattr(UsageDailyRow, "pods_carried" + suffix)
+    return func.sum(counted) - func.sum(case((UsageDailyRow.day_s > first_day_s, carried), else_=0))
+
+
+def _key_text(key: UsageKey, value: Any) -> str:
+    from gpupool.core.metering import day_of
+
+    return day_of(float(value)) if key is UsageKey.DAY else str(value)
+
