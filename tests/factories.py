@@ -33,6 +33,7 @@ POLICY_NAMES = (
     "fgd-balance",
     "fgd-strand",
     "fgd-plan",
+    "network-aware",
 )
 """Every built-in placement policy; the policy tests run each of them."""
 

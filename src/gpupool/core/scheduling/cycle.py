@@ -40,6 +40,7 @@ from gpupool.core.priority import PriorityClasses
 from gpupool.core.quota import QuotaConfig
 from gpupool.core.scheduling.backfill import Reservation, kept_reserve, may_backfill
 from gpupool.core.scheduling.gang import GangPlacement, place_gang, release_gang
+from gpupool.core.scheduling.locality import wait_for_domain
 from gpupool.core.scheduling.ordering.base import OrderingContext, OrderStream, PendingChanges, make_ordering
 from gpupool.core.scheduling.policies.base import DEFAULT_POLICY, NoFit
 from gpupool.core.scheduling.preemption import VictimIndex, lost_work_s, select_victims
@@ -402,6 +403,9 @@ class _Cycle:
                 release_gang(outcome, view.state)
                 self._reject(original, Reason.BACKFILL_BLOCKED, "Starting now would delay the reserved head.")
                 return
+            multi = view.topology is not None and len(w.pods) > 1
+            if multi and self._waits_for_locality(original, w, outcome):
+                return
             self._admit(w, outcome, cq)
             return
         reason, message = outcome
@@ -411,6 +415,24 @@ class _Cycle:
         self._reject(original, reason, message)
         self.settled[key] = (reason, message)
         self.live.discard(key)
+
+    def _waits_for_locality(self, original: Workload, w: Workload, gang: GangPlacement) -> bool:
+        """Wait or spread (`locality`): True when the gang waits for a domain of its preferred tier
+        (its place given back, the domain reserved when no other reservation holds this cycle)."""
+        view = self.view
+        waiting = wait_for_domain(w, gang, view, self.policies.max_locality_wait_s, self.policy,
+                                  self.now_s, self.rng)
+        if waiting is None:
+            view.locality_waits.pop(w.id, None)
+            return False
+        view.locality_waits.setdefault(w.id, self.now_s)
+        if self.reservation is None:
+            self.reservation = waiting.reservation
+        spec = waiting.reservation.head.topology
+        tier = str(spec.required) if spec is not None and spec.required is not None else "domain"
+        self._reject(original, Reason.WAITING_FOR_LOCALITY,
+                     waiting.message(tier, self.policies.max_locality_wait_s))
+        return True
 
     def _try_place(self, w: Workload, shape: Shape, cq: str) -> GangPlacement | tuple[Reason, str]:
         view = self.view

@@ -176,6 +176,5 @@ def place_constrained(
     detail = f" ({last.message})" if last is not None and last.reason is Reason.NO_DOMAIN_FITS else ""
     return NoFit(
         Reason.NO_DOMAIN_FITS,
-        f"No {tier_name} has room for the whole {len(workload.pods)}-pod gang now "
-        f"(topology {spec}){detail}; it waits.",
+        f"No {tier_name} has room for the whole {len(workload.pods)}-pod gang (topology {spec}){detail}.",
     )

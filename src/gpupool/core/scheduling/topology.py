@@ -7,6 +7,8 @@ API (node indices are those of the `ClusterState` built from the same node list)
   - `FabricView.from_labels(nodes)`: no fabric known: domains from the node labels
     `topology.gpupool.io/leaf` and `topology.gpupool.io/spine`; a node without them is its own
     domain (so no gang ever shares one: behaviour unchanged). No link state.
+  - `topology_for(nodes, fabric=None)`: from_fabric, else from_labels when some node has a topology
+    label, else None (what a caller hands `ClusterView.set_topology`).
   - `map_hosts(fabric, nodes)` -> {node name: host name}: see "node to host mapping" below.
   - `domain_of(tier)` -> [node] domain id (leaf or spine group; -1 off the fabric); `domains(tier)`
     -> node index arrays, one per domain; `places[i]` the node's `NodePlace` (ports, leaf switches,
@@ -53,6 +55,9 @@ from gpupool.errors import InvalidInput
 
 LEAF_LABEL = "topology.gpupool.io/leaf"
 SPINE_LABEL = "topology.gpupool.io/spine"
+
+UNKNOWN_RUN_S = 3600.0
+"""The run time a gang without an estimate is assumed to have left (to weigh what its links cost it)."""
 
 ACCESS, LEAF_UP, SPINE_UP = 0, 1, 2
 """What a link carries for the scheduler: a node's HCA link, a leaf domain's or a spine group's uplink."""
@@ -492,6 +497,16 @@ class FabricView:
             for o in owners:
                 out.append((float(self.avail[kind][o]), int(self.flows[kind][o]), float(self.stake[kind][o])))
         return out
+
+
+def topology_for(nodes: Sequence[Node], fabric: Fabric | None = None) -> FabricView | None:
+    """The view's fabric: from `fabric` when given, else from the nodes' topology labels when any
+    node has one, else None (no fabric known: every node its own domain, placement as before)."""
+    if fabric is not None:
+        return FabricView.from_fabric(fabric, nodes)
+    if any(LEAF_LABEL in n.labels or SPINE_LABEL in n.labels for n in nodes):
+        return FabricView.from_labels(nodes)
+    return None
 
 
 def _no_estimate(workload: Workload) -> float | None:

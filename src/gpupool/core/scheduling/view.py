@@ -35,6 +35,7 @@ from gpupool.core.scheduling.gang import GangPlacement
 from gpupool.core.scheduling.pending import PendingBook
 from gpupool.core.scheduling.policies.base import PlacementPolicy
 from gpupool.core.scheduling.policy_cache import MAX_PREPARE_PODS, PolicyCache
+from gpupool.core.scheduling.topology import UNKNOWN_RUN_S
 from gpupool.core.scheduling.workloads import Meta, Shape, WorkloadCache, lower_bound_usage, shape_of
 from gpupool.core.state import (
     UNBOUNDED_MIB,
@@ -53,9 +54,6 @@ if TYPE_CHECKING:
     from gpupool.core.scheduling.backfill import KeptReservation
     from gpupool.core.scheduling.topology import FabricView, TopologyContext
     from gpupool.core.topology_spec import TopologySpec
-
-UNKNOWN_RUN_S = 3600.0
-"""The run time a gang without an estimate is assumed to have left, to weigh what sharing a link costs it."""
 
 __all__ = [  # the names callers import from here; their homes are the modules above
     "MAX_PREPARE_PODS",
@@ -237,6 +235,7 @@ class ClusterView:
         pending work on the next cycle."""
         self.workloads.forget_except(keep)
         self.policies.forget()
+        self.locality_waits = {k: v for k, v in self.locality_waits.items() if k in keep}
 
     def add_allocation(self, alloc: Allocation) -> bool:
         """Take an allocation the view does not hold yet, as `from_snapshot` would (checked); one on

@@ -1,0 +1,81 @@
+"""What a gang's placement costs in communication, in GPU-seconds, from the fabric's alpha-beta model.
+
+API:
+  - `CommModel(message_mb=, step_compute_s=, base_alpha_s=)`: the scheduler's assumption about a
+    data-parallel job: every step computes for `step_compute_s` and all-reduces `message_mb` of
+    gradients over a ring of its nodes (`core.fabric.collective.ring_allreduce_s`), with beta from
+    the placement's bottleneck bandwidth (shared with the gangs already on its links, see
+    `FabricView.share_gbps`) and alpha from its hop count.
+  - `slowdown(ranks, gbps, hops)`: T_net / T_comp, the time lost to communication per unit of work.
+  - `loss_gpu_s(view, nodes, gpus, run_s)`: GPU-seconds the gang is expected to lose to communication
+    on `nodes` (0 on one node), inf when a link pool it needs is dead.
+  - `others_gpu_s(view, nodes)`: GPU-seconds the gangs already on those link pools are expected to
+    lose because one more gang shares them.
+  - `packed_slowdown(view, nodes)`: the slowdown the same nodes' access links alone would give (the
+    gang inside one leaf): what spreading is compared with.
+
+`run_s` is the scheduler's own estimate of the remaining run time (user's or history's); never the
+job's real duration.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from gpupool.core.fabric.collective import DEFAULT_BASE_ALPHA_S, ring_allreduce_s
+from gpupool.core.fabric.model import DEFAULT_CABLE_LATENCY_NS, DEFAULT_SWITCH_LATENCY_NS
+from gpupool.core.scheduling.topology import ACCESS, FabricView
+
+
+@dataclass(frozen=True, slots=True)
+class CommModel:
+    """The scheduler's communication assumption for a multi-node gang (see the module docstring)."""
+
+    message_mb: float = 1000.0
+    step_compute_s: float = 1.0
+    base_alpha_s: float = DEFAULT_BASE_ALPHA_S
+
+    def step_net_s(self, ranks: int, gbps: float, hops: int) -> float:
+        """One ring all-reduce over `ranks` nodes at `gbps` per flow across `hops` links."""
+        if ranks <= 1 or math.isinf(gbps):
+            return 0.0
+        if gbps <= 0:
+            return math.inf
+        switches = max(hops - 1, 0)
+        latency_ns = switches * DEFAULT_SWITCH_LATENCY_NS + hops * DEFAULT_CABLE_LATENCY_NS
+        alpha = self.base_alpha_s + latency_ns * 1e-9
+        return ring_allreduce_s(ranks, self.message_mb * 1e6, alpha, 8.0 / (gbps * 1e9))
+
+    def slowdown(self, ranks: int, gbps: float, hops: int) -> float:
+        return self.step_net_s(ranks, gbps, hops) / self.step_compute_s
+
+    def loss_gpu_s(self, view: FabricView, nodes: Sequence[int], gpus: float, run_s: float) -> float:
+        distinct = sorted(set(nodes))
+        if len(distinct) < 2:
+            return 0.0
+        if not view.reachable(distinct):
+            return math.inf
+        lost = self.slowdown(len(distinct), view.share_gbps(distinct), view.max_hops(distinct))
+        return gpus * run_s * lost
+
+    def others_gpu_s(self, view: FabricView, nodes: Sequence[int]) -> float:
+        total = 0.0
+        for avail, flows, stake in view.sharing(nodes):
+            if flows <= 0 or stake <= 0 or avail <= 0 or math.isinf(avail):
+                continue
+            before = self.slowdown(2, avail / flows, 2)
+            after = self.slowdown(2, avail / (flows + 1), 2)
+            total += stake * (after - before)  # each of them slows by the same step
+        return total
+
+    def packed_slowdown(self, view: FabricView, nodes: Sequence[int]) -> float:
+        distinct = sorted(set(nodes))
+        if len(distinct) < 2:
+            return 0.0
+        at = np.asarray(distinct, dtype=np.int64)
+        share = view.avail[ACCESS][at] / (view.flows[ACCESS][at] + 1)
+        return self.slowdown(len(distinct), float(share.min()), 2)

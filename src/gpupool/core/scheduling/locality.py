@@ -1,0 +1,88 @@
+"""Wait or spread: whether a gang that could start now spread over the fabric waits for a domain of its own.
+
+API: `wait_for_domain(workload, gang, view, max_wait_s, policy, now_s, rng) -> Locality | None`.
+
+A gang whose constraint prefers a tier (preferred=leaf by default) and that the policy could only
+place wider (its pods over several leaves, or spine groups) waits only while
+  - the expected loss from spreading (its estimated remaining run time x the extra slowdown of the
+    spread placement over the same nodes' own links, from `comm_cost.CommModel`) exceeds
+  - the expected wait for a domain of the preferred tier (the earliest estimated end of running
+    work after which the gang fits one, found as backfill finds a reservation: `backfill.reserve`
+    with the gang asking required=<tier>), and
+  - it has waited less than `max_wait_s` in all (Slurm's max_switch_wait) counting the expected wait.
+While it waits, the returned reservation holds that domain: the cycle lets other work start only
+if it ends before the reservation or leaves the gang room (`backfill.may_backfill`). On None the
+gang stays placed (the state still holds it); on a `Locality` the state no longer holds it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import random
+from dataclasses import dataclass
+
+from gpupool.core.model import Workload
+from gpupool.core.scheduling.backfill import Reservation, reserve
+from gpupool.core.scheduling.comm_cost import CommModel
+from gpupool.core.scheduling.domains import narrowest_tier
+from gpupool.core.scheduling.gang import GangPlacement, release_gang
+from gpupool.core.scheduling.policies.base import PlacementPolicy
+from gpupool.core.scheduling.topology import UNKNOWN_RUN_S
+from gpupool.core.scheduling.view import ClusterView
+from gpupool.core.topology_spec import TopologySpec
+
+
+@dataclass(frozen=True, slots=True)
+class Locality:
+    """The decision to wait: the reservation of the domain, the expected wait and the loss avoided."""
+
+    reservation: Reservation
+    wait_s: float
+    loss_s: float
+
+    def message(self, tier: str, max_wait_s: float) -> str:
+        return (
+            f"It could start now spread over the fabric, but a {tier} of its own is expected in "
+            f"{self.wait_s:.0f} s, less than the {self.loss_s:.0f} s spreading would cost; "
+            f"it waits (at most {max_wait_s:.0f} s in all)."
+        )
+
+
+def wait_for_domain(
+    workload: Workload, gang: GangPlacement, view: ClusterView, max_wait_s: float,
+    policy: PlacementPolicy, now_s: float, rng: random.Random,
+) -> Locality | None:
+    """See the module docstring."""
+    topology, context = view.topology, policy.topology
+    if topology is None or context is None or len(workload.pods) < 2:
+        return None
+    spec = context.spec_for(workload)
+    if spec is None or spec.preferred is None:
+        return None
+    nodes = sorted(set(gang.nodes))
+    tier = narrowest_tier(topology, nodes)
+    if tier is not None and tier.depth <= spec.preferred.depth:
+        return None
+    waited = now_s - view.locality_waits.get(workload.id, now_s)
+    if waited >= max_wait_s:
+        return None
+    comm = getattr(policy, "comm", None)
+    comm = comm if isinstance(comm, CommModel) else CommModel()
+    estimate = view.remaining_estimate_s(workload)
+    run_s = UNKNOWN_RUN_S if estimate is None else estimate
+    spread = comm.slowdown(len(nodes), topology.share_gbps(nodes), topology.max_hops(nodes))
+    loss_s = run_s * (spread - comm.packed_slowdown(topology, nodes))
+    if not loss_s > 0:
+        return None
+    release_gang(gang, view.state)
+    head = dataclasses.replace(workload, topology=TopologySpec(required=spec.preferred))
+    found = reserve(head, view, now_s, policy, rng)
+    wait_s = found.start_s - now_s if found is not None else math.inf
+    if found is not None and wait_s < loss_s and waited + wait_s <= max_wait_s:
+        return Locality(found, wait_s, loss_s)
+    statement = view.state.statement()  # start spread after all: hold the gang again
+    for _, record in gang.allocs:
+        statement.allocate(record)
+    statement.commit()
+    return None

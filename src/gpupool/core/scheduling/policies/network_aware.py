@@ -1,0 +1,156 @@
+"""network-aware: gangs placed by fragmentation plus communication cost, both in GPU-seconds.
+
+Single pods (and every pod when no fabric is bound, as in `sim fill` without --fabric) are placed
+exactly as by `fgd-strand`. A multi-pod gang, when the view knows a fabric, is placed whole
+(`place_gang`):
+
+1. candidates: for each tier its constraint allows (required / preferred: narrowest first; none:
+   leaf, spine and anywhere together), the `max_candidates` fullest domains that could hold it
+   (Kueue BestFit, Slurm topology/block), and for "anywhere" both the plain pod-by-pod placement
+   and the fewest leaves (most free first) that hold it; inside each, pods go where fgd-strand
+   puts them. Nodes whose HCA links are all down are left out, and a candidate that needs a dead
+   link pool (a leaf or spine group cut off) is never taken: failed links are never used.
+2. cost of a candidate, in GPU-seconds:
+     frag   = FGD's fragmentation growth of the nodes it touches (devices) x its run time;
+     comm   = GPUs x run time x T_net / T_comp (`comm_cost.CommModel`: ring all-reduce on its
+              bottleneck bandwidth, shared with the gangs already on those links; penalised links,
+              see `FabricView`'s hysteresis, count at a fraction of their bandwidth);
+     others = the slowdown it adds to the gangs already sharing its link pools.
+   The run time is the scheduler's estimate of what is left (user's or history's, via the bound
+   `TopologyContext`), else `UNKNOWN_RUN_S`: never the job's real duration.
+3. the cheapest candidate of the narrowest tier that has one wins (ties: the fuller domain); with
+   no constraint, the cheapest overall.
+
+Options: `message_mb`, `step_compute_s` (the CommModel), `max_candidates`, and fgd-strand's.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from collections.abc import Iterator
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from gpupool.core.model import PodRequest, Reason, Workload
+from gpupool.core.scheduling.comm_cost import CommModel
+from gpupool.core.scheduling.policies.base import NoFit, register_policy
+from gpupool.core.scheduling.policies.fgd_strand import FgdStrand
+from gpupool.core.scheduling.topology import ACCESS, LEAF_UP, UNKNOWN_RUN_S, FabricView
+from gpupool.core.state import BoolArray, ClusterState, PodAlloc
+from gpupool.core.topology_spec import UNCONSTRAINED, Tier, TopologySpec
+
+if TYPE_CHECKING:  # imported when first used: the gang module imports this package
+    from gpupool.core.scheduling.gang import GangPlacement
+
+
+@register_policy
+class NetworkAware(FgdStrand):
+    name = "network-aware"
+    summary = "fgd-strand for pods; gangs placed by fragmentation plus communication cost on the fabric."
+
+    def __init__(
+        self, *, message_mb: float = 1000.0, step_compute_s: float = 1.0, max_candidates: int = 3,
+        **strand_options: object,
+    ) -> None:
+        super().__init__(**strand_options)  # type: ignore[arg-type]
+        self.comm = CommModel(message_mb=message_mb, step_compute_s=step_compute_s)
+        self.max_candidates = max(1, max_candidates)
+
+    def place_gang(
+        self, workload: Workload, state: ClusterState, rng: random.Random
+    ) -> GangPlacement | NoFit:
+        context = self.topology
+        if context is None or len(workload.pods) < 2 or not context.view.fabric_known:
+            return super().place_gang(workload, state, rng)
+        from gpupool.core.scheduling.domains import place_in, tiers_to_try
+        from gpupool.core.scheduling.gang import GangPlacement, release_gang
+        spec = context.spec_for(workload)
+        view = context.view
+        estimate = context.estimate_s(workload)
+        run_s = UNKNOWN_RUN_S if estimate is None else max(estimate, 1.0)
+        gpus = workload.total_device_milli / 1000
+        wired = view.avail[ACCESS] > 0
+        model = self._model_for(state, workload.pods[0])
+        before = model.frag.copy()
+        best: tuple[float, tuple[tuple[PodRequest, PodAlloc], ...]] | None = None
+        for tier in tiers_to_try(spec) if spec is not None else [Tier.LEAF, Tier.SPINE, None]:
+            for mask in self._candidates(workload, state, view, tier, wired):
+                placed = place_in(workload, state, self, rng, view, spec or UNCONSTRAINED, mask)
+                if isinstance(placed, NoFit):
+                    continue
+                cost = self._cost(placed, state, view, before, gpus, run_s)
+                release_gang(placed, state)
+                if cost < math.inf and (best is None or cost < best[0]):
+                    best = (cost, placed.allocs)
+            if best is not None and spec is not None:
+                break  # the narrowest tier that holds the gang
+        if best is None:
+            return self._no_candidate(workload, state, rng, spec)
+        statement = state.statement()
+        for _, record in best[1]:
+            statement.allocate(record)
+        statement.commit()
+        return GangPlacement(workload, best[1])
+
+    def _candidates(
+        self, workload: Workload, state: ClusterState, view: FabricView, tier: Tier | None, wired: BoolArray,
+    ) -> Iterator[BoolArray]:
+        from gpupool.core.scheduling.domains import fitting_domains
+
+        if tier is not None:
+            ids = view.domain_of(tier)
+            for domain in fitting_domains(workload.pods, state, view, tier, wired)[: self.max_candidates]:
+                yield wired & (ids == domain)
+            return
+        yield wired
+        compact = self._fewest_leaves(workload, state, view, wired)
+        if compact is not None:
+            yield compact
+
+    @staticmethod
+    def _fewest_leaves(
+        workload: Workload, state: ClusterState, view: FabricView, wired: BoolArray
+    ) -> BoolArray | None:
+        """The leaf domains with the most free devices (whose uplinks work) that together could hold it."""
+        ids = view.leaf_id
+        n = len(view.leaf_names)
+        sel = wired & state.schedulable
+        free = np.bincount(ids[sel], weights=state.dev_milli_free[sel].sum(axis=1), minlength=n)
+        free = np.where(view.avail[LEAF_UP] > 0, free, 0.0)
+        order = np.lexsort((np.arange(n), -free))
+        covered = np.cumsum(free[order])
+        need = workload.total_device_milli
+        if not covered.size or covered[-1] < need:
+            return None
+        take = order[: int(np.searchsorted(covered, need)) + 1]
+        return wired & np.isin(ids, take)
+
+    def _cost(
+        self, placed: GangPlacement, state: ClusterState, view: FabricView, before: np.ndarray,
+        gpus: float, run_s: float,
+    ) -> float:
+        nodes = sorted(set(placed.nodes))
+        model = self._model_for(state, placed.allocs[0][0])
+        model.refresh()
+        growth = float((model.frag[nodes] - before[nodes]).sum()) if len(before) == len(model.frag) else 0.0
+        frag = max(growth, 0.0) / 1000 * run_s
+        comm = self.comm.loss_gpu_s(view, nodes, gpus, run_s)
+        return frag + comm + self.comm.others_gpu_s(view, nodes)
+
+    def _no_candidate(
+        self, workload: Workload, state: ClusterState, rng: random.Random, spec: TopologySpec | None
+    ) -> NoFit:
+        """Why no candidate was found: what the plain placement says, or that only dead links would do."""
+        from gpupool.core.scheduling.gang import release_gang
+
+        plain = super().place_gang(workload, state, rng)
+        if isinstance(plain, NoFit):
+            return plain
+        release_gang(plain, state)
+        return NoFit(
+            Reason.NO_DOMAIN_FITS,
+            f"The {len(workload.pods)}-pod gang fits now only where a failed link would cut it apart"
+            + (f" (topology {spec})" if spec is not None else "") + "; it waits for room or a repair.",
+        )
