@@ -43,3 +43,6 @@ def test_by_gang_size_counts_and_percentiles() -> None:
     assert ones["jct_s"]["p99"] == pytest.approx(max(99.0 + 10.0 * k for k in range(1, 21)), rel=0.01)
     assert by["9-32"]["queue_delay_s"]["mean"] == pytest.approx(97.0)
     assert set(by["2-8"]["jct_s"]) == {"mean", "p50", "p95", "p99"}
+    gangs = result["multi_pod_gangs"]  # big (8 pods) and wide (2 pods); mid is one pod of 4
+    assert gangs["count"] == 2
+    assert gangs["jct_s"]["mean"] == pytest.approx((100.0 + 97.0 + 30.0) / 2)

@@ -45,6 +45,14 @@ def gang_bucket(gpus: float) -> str:
     return "9-32" if whole <= 32 else ">32"
 
 
+MULTI_POD = "multi-pod"
+
+
+def _gang_keys(job: TraceJob) -> tuple[str, ...]:
+    bucket = gang_bucket(job.workload.total_device_milli / 1000)
+    return (bucket, MULTI_POD) if len(job.workload.pods) > 1 else (bucket,)
+
+
 def _stats4(values: list[float]) -> dict[str, float]:
     """mean, p50, p95 and p99 (zeros when empty)."""
     if not values:
@@ -92,6 +100,7 @@ class ReplayMetrics:
     """The last demands water-filled and their division (reused while the demands hold)."""
     gang_delays: dict[str, list[float]] = field(default_factory=dict)
     gang_jcts: dict[str, list[float]] = field(default_factory=dict)
+    """By gang-size bucket; the key "multi-pod" also collects every workload of more than one pod."""
 
     def arrived(self, job: TraceJob) -> None:
         self.jobs += 1
@@ -110,13 +119,14 @@ class ReplayMetrics:
         delay = now_s - job.submit_s
         self.queue_delays.append(delay)
         self.tenant_delays.setdefault(job.workload.tenant, []).append(delay)
-        self.gang_delays.setdefault(gang_bucket(job.workload.total_device_milli / 1000), []).append(delay)
+        for key in _gang_keys(job):
+            self.gang_delays.setdefault(key, []).append(delay)
 
     def finished(self, job: TraceJob, now_s: float, first_start_s: float) -> None:
         self.finished_jobs += 1
         self.jcts.append(now_s - job.submit_s)
-        self.gang_jcts.setdefault(gang_bucket(job.workload.total_device_milli / 1000), []).append(
-            now_s - job.submit_s)
+        for key in _gang_keys(job):
+            self.gang_jcts.setdefault(key, []).append(now_s - job.submit_s)
         self.last_finish_s = max(self.last_finish_s, now_s)
 
     def stopped(self, kind: EventKind, lost_device_s: float) -> None:
@@ -192,17 +202,18 @@ class ReplayMetrics:
             "per_tenant": per_tenant,
             "fairness_jain": jain,
             "by_gang_size": self.by_gang_size(),
+            "multi_pod_gangs": self._gang_stats(MULTI_POD),
         }
 
     def by_gang_size(self) -> dict[str, dict[str, Any]]:
         """Per gang-size bucket: workloads finished, their JCT and queueing delay (first start)."""
+        return {bucket: self._gang_stats(bucket) for bucket in GANG_BUCKETS}
+
+    def _gang_stats(self, key: str) -> dict[str, Any]:
         return {
-            bucket: {
-                "count": len(self.gang_jcts.get(bucket, [])),
-                "jct_s": _stats4(self.gang_jcts.get(bucket, [])),
-                "queue_delay_s": _stats4(self.gang_delays.get(bucket, [])),
-            }
-            for bucket in GANG_BUCKETS
+            "count": len(self.gang_jcts.get(key, [])),
+            "jct_s": _stats4(self.gang_jcts.get(key, [])),
+            "queue_delay_s": _stats4(self.gang_delays.get(key, [])),
         }
 
     def _mean_until(self, start: float, end: float) -> float:
