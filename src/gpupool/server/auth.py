@@ -8,7 +8,9 @@ and written in the background at a bounded rate (never one store write per reque
 
 from __future__ import annotations
 
+import base64
 import hashlib
+import hmac
 import logging
 import secrets
 import threading
@@ -84,6 +86,30 @@ def new_token() -> str:
 
 def token_sha256(token: str) -> str:
     return hashlib.sha256(token.encode()).hexdigest()
+
+
+CALL_TOKEN_PREFIX = "gpf_"
+"""A pod's call token: it may only fetch its own workload's call inputs and post their results
+(routers/calls.py) while that pod runs; no other route knows it (it is in no token table)."""
+
+
+def call_token(key: bytes, pod_id: str) -> str:
+    """The call token of one pod of a function workload: its id, signed with the pool's key."""
+    mac = hmac.new(key, b"gpupool-call\0" + pod_id.encode(), hashlib.sha256).digest()
+    return f"{CALL_TOKEN_PREFIX}{pod_id}.{base64.urlsafe_b64encode(mac).rstrip(b'=').decode()}"
+
+
+def call_token_pod(key: bytes, authorization: str | None) -> str:
+    """The pod a call token was made for; Unauthorized unless it is one signed with `key`."""
+    scheme, _, token = (authorization or "").partition(" ")
+    token = token.strip()
+    if scheme.lower() != "bearer" or not token.startswith(CALL_TOKEN_PREFIX) or "." not in token:
+        raise _refused("This route takes only the call token gpupool gives a function's worker pod.",
+                       "not a call token")
+    pod_id = token[len(CALL_TOKEN_PREFIX):].rpartition(".")[0]
+    if not hmac.compare_digest(call_token(key, pod_id), token):
+        raise _refused("The call token is not valid.", "bad call token")
+    return pod_id
 
 
 @dataclass(slots=True)

@@ -564,6 +564,9 @@ class Scheduler:
             env["GPUPOOL_SUBMIT_DIR"] = str(spec["submit_dir"])
         if spec.get("array_index") is not None:  # one task of `gpupool submit --array`
             env["GPUPOOL_ARRAY_INDEX"] = str(spec["array_index"])
+        if spec["command"][-2:] == ["-m", "gpupool.remote.worker"]:  # a function's worker pod: the API's
+            from gpupool.server.services import calls  # URL and its call token (services/calls.py)
+            env.update(calls.pod_env(self.rt, pod_id))
         return PodLaunch(
             pod_id=pod_id, workload_id=row.id, node=node, command=tuple(spec["command"]),
             slices=slices, cpu_milli=cpu_milli, memory_mib=memory_mib, env=env,

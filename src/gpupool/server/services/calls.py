@@ -1,0 +1,452 @@
+"""Remote function calls: sessions as function workloads, their calls, and what worker pods take and give.
+
+A session is an ordinary workload (quota, priority, preemption, metering and cancel apply) whose
+command is the pool's own interpreter running `gpupool.remote.worker`. Its pod gets GPUPOOL_URL
+and a call token (auth.call_token) that lets it take only its own workload's calls, and only while
+it runs. Inputs and results are pickles the server stores and hands on without reading them; a
+finished result survives a server restart. Only the submitting tenant (and the admin) read calls.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import contextlib
+import functools
+import logging
+import os
+import re
+import secrets
+import shutil
+import sys
+import threading
+import weakref
+from dataclasses import dataclass
+from typing import Any
+
+from sqlalchemy import Connection, Row, delete, insert, select, update
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import Session
+
+from gpupool.agent.identity import BASE_PATH
+from gpupool.core.model import WorkloadStatus
+from gpupool.errors import Conflict, InvalidInput, NotFound, Unauthorized
+from gpupool.server.auth import Principal, call_token, call_token_pod
+from gpupool.server.db import Store
+from gpupool.server.orm import Base, PodRow, RemoteCallRow, RemoteKeyRow, RemoteSessionRow, WorkloadRow
+from gpupool.server.runtime import Runtime
+from gpupool.server.schemas.calls import (
+    MAX_PAYLOAD_BYTES,
+    CallCreate,
+    CallDone,
+    CallOut,
+    CallStatus,
+    SessionCreate,
+    SessionOut,
+    WorkerWork,
+)
+from gpupool.server.schemas.workloads import WorkloadSpec
+from gpupool.server.services import workloads as workloads_service
+from gpupool.server.services.submit_writer import commit
+from gpupool.server.states import ACTIVE_POD_STATES
+
+log = logging.getLogger("gpupool.calls")
+
+POOL_PYTHON = f"{sys.version_info.major}.{sys.version_info.minor}"
+WORKER_PYTHON_ENV = "GPUPOOL_WORKER_PYTHON"
+"""The interpreter pods run the worker with, when not this server's own (same minor version)."""
+POD_URL_ENV = "GPUPOOL_POD_API_URL"
+"""Where pods reach this server's API, when not at its own listening address (a scale-out pool)."""
+CALL_TOKEN_ENV = "GPUPOOL_CALL_TOKEN"
+WORKER_MODULE = "gpupool.remote.worker"
+"""A workload whose command ends `-m gpupool.remote.worker` gets a call token in its pods; the token
+takes only the calls of its own workload's session, which only this service creates."""
+RESULT_KEEP_S = 7 * 86400.0
+"""Sessions idle this long are deleted with their calls and results."""
+PRUNE_EVERY_S = 3600.0
+_MIB = 2**20
+_keys: weakref.WeakKeyDictionary[Store, bytes] = weakref.WeakKeyDictionary()
+_keys_lock = threading.Lock()
+_next_prune: weakref.WeakKeyDictionary[Store, float] = weakref.WeakKeyDictionary()
+_S = Base.metadata.tables["remote_sessions"]
+_C = Base.metadata.tables["remote_calls"]
+_W = Base.metadata.tables["workloads"]
+_QUEUED = (select(_C.c.id, _C.c.payload).where(_C.c.status == CallStatus.QUEUED.value)
+           .order_by(_C.c.submitted_s, _C.c.id).limit(1))
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerPod:
+    """The pod a call token was made for, and the session (workload) whose calls it may take."""
+
+    pod_id: str
+    session_id: str
+
+
+# ---------------------------------------------------------------------- the pods' token and URL
+
+def _key(store: Store, *, create: bool) -> bytes | None:
+    """The key signing call tokens (made once, kept in the store for every server process)."""
+    with _keys_lock:
+        known = _keys.get(store)
+    if known is not None:
+        return known
+    with store.read() as session:
+        secret = session.scalar(select(RemoteKeyRow.secret).where(RemoteKeyRow.id == 1))
+    if secret is None and create:
+        try:
+            with store.write() as session:
+                session.add(RemoteKeyRow(id=1, secret=secrets.token_hex(32), created_s=0.0))
+        except IntegrityError:  # another server process made it first
+            pass
+        with store.read() as session:
+            secret = session.scalar(select(RemoteKeyRow.secret).where(RemoteKeyRow.id == 1))
+    if secret is None:
+        return None
+    key = bytes.fromhex(secret)
+    with _keys_lock:
+        _keys[store] = key
+    return key
+
+
+def pod_api_url(rt: Runtime) -> str:
+    """The URL pods reach the API at: GPUPOOL_POD_API_URL, else this server's listening address."""
+    explicit = os.environ.get(POD_URL_ENV, "").strip().rstrip("/")
+    if explicit:
+        return explicit
+    host = rt.settings.host
+    if host in ("", "0.0.0.0"):
+        host = "127.0.0.1"
+    elif host == "::":
+        host = "::1"
+    if ":" in host:
+        host = f"[{host}]"
+    return f"{rt.settings.scheme}://{host}:{rt.settings.port}"
+
+
+def pod_env(rt: Runtime, pod_id: str) -> dict[str, str]:
+    """A function workload's pod: where the API is and its call token (the key exists: the
+    session's creation made it). Reads the store once per process, never writes."""
+    key = _key(rt.store, create=False)
+    if key is None:  # cannot happen after open_session; the worker then says it has no token
+        log.warning("no call-token key in the store; pod %s gets no call token", pod_id)
+        return {"GPUPOOL_URL": pod_api_url(rt)}
+    return {"GPUPOOL_URL": pod_api_url(rt), CALL_TOKEN_ENV: call_token(key, pod_id)}
+
+
+# ---------------------------------------------------------------------- payloads and rows
+
+def decode_payload(text: str, what: str) -> bytes:
+    try:
+        data = base64.b64decode(text, validate=True)
+    except (binascii.Error, ValueError):
+        raise InvalidInput(f"The {what} is not valid base64; send the pickle base64-encoded.") from None
+    check_size(len(data), what)
+    return data
+
+
+def check_size(size: int, what: str) -> None:
+    if size > MAX_PAYLOAD_BYTES:
+        raise InvalidInput(f"The {what} pickles to {size / _MIB:.1f} MiB, over the pool's limit of "
+                           f"{MAX_PAYLOAD_BYTES // _MIB} MiB per call; pass a path or URL to large data "
+                           "instead, or split it into smaller calls.", size=size, limit=MAX_PAYLOAD_BYTES)
+
+
+def _call_out(row: RemoteCallRow | Row[Any]) -> CallOut:
+    result = None if row.result is None else base64.b64encode(row.result).decode()
+    return CallOut(id=row.id, session_id=row.session_id, status=CallStatus(row.status), attempts=row.attempts,
+                   submitted_s=row.submitted_s, started_s=row.started_s, finished_s=row.finished_s,
+                   pod_id=row.pod_id, result=result, error=row.error, traceback=row.traceback)
+
+
+def _session_out(row: RemoteSessionRow, workload_status: str, call: CallOut | None = None) -> SessionOut:
+    return SessionOut(id=row.id, tenant=row.tenant, one_shot=row.one_shot, closed=row.closed,
+                      workload_status=workload_status, pod_id=row.pod_id, call=call)
+
+
+def _new_call(session_id: str, tenant: str, payload: bytes, now: float) -> RemoteCallRow:
+    return RemoteCallRow(id="c-" + secrets.token_hex(8), session_id=session_id, tenant=tenant,
+                         status=CallStatus.QUEUED.value, payload=payload, result=None, error="",
+                         traceback="", pod_id="", attempts=0, submitted_s=now)
+
+
+def _visible_session(session: Session, who: Principal, session_id: str, *, lock: bool = False
+                     ) -> RemoteSessionRow:
+    query = select(RemoteSessionRow).where(RemoteSessionRow.id == session_id)
+    row = session.scalars(query.with_for_update() if lock else query).first()
+    if row is None or not who.may_see(row.tenant):
+        raise NotFound(f"No session {session_id!r}; open one with pool.session().", session=session_id)
+    return row
+
+
+def _visible_call(session: Session, who: Principal, call_id: str) -> RemoteCallRow:
+    row = session.get(RemoteCallRow, call_id)
+    if row is None or not who.may_see(row.tenant):
+        raise NotFound(f"No call {call_id!r}; it may have been deleted after {RESULT_KEEP_S / 86400:g} "
+                       "days, or it belongs to another tenant.", call=call_id)
+    return row
+
+
+# ---------------------------------------------------------------------- the tenant's side
+
+def check_python(python: str) -> None:
+    """Refuse a client whose Python minor version differs from the pool's (pickles would not load)."""
+    if python != POOL_PYTHON:
+        raise InvalidInput(f"This client runs Python {python} but the pool runs Python {POOL_PYTHON}; call "
+                           f"from Python {POOL_PYTHON}, since functions travel pickled and a pickle needs "
+                           "the same Python on both sides.", client_python=python, pool_python=POOL_PYTHON)
+
+
+def _others_can_run(path: str) -> bool:
+    """Whether any account may run `path` (every directory above it and the file open to others)."""
+    real = os.path.realpath(path)
+    parts = real.split(os.sep)
+    try:
+        return all(os.stat(os.sep.join(parts[:end]) or os.sep).st_mode & 0o001
+                   for end in range(1, len(parts) + 1))
+    except OSError:
+        return False
+
+
+@functools.cache
+def worker_python() -> tuple[str, str]:
+    """(interpreter, PYTHONPATH) of the pods' worker: this server's own interpreter and packages.
+    Where pods run as other accounts (a root server) that cannot enter this interpreter's directory,
+    the system's python of the same minor version runs it, with this server's import paths; or the
+    interpreter GPUPOOL_WORKER_PYTHON names, with those paths."""
+    import cloudpickle
+
+    paths = os.pathsep.join(dict.fromkeys(
+        os.path.dirname(os.path.dirname(os.path.abspath(str(module.__file__))))
+        for module in (sys.modules["gpupool"], cloudpickle)))
+    explicit = os.environ.get(WORKER_PYTHON_ENV, "").strip()
+    if explicit:
+        return explicit, paths
+    if os.geteuid() != 0 or _others_can_run(sys.executable):
+        return sys.executable, ""
+    system = shutil.which(f"python{POOL_PYTHON}", path=BASE_PATH)
+    return (system, paths) if system else (sys.executable, "")
+
+
+def _workload_spec(body: SessionCreate) -> WorkloadSpec:
+    python, paths = worker_python()
+    env = {**body.env, "PYTHONUNBUFFERED": "1"}
+    if paths:
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (paths, body.env.get("PYTHONPATH", "")) if p)
+    return WorkloadSpec.model_validate({
+        "command": [python, "-P", "-m", WORKER_MODULE], "name": body.name or "function",
+        "tenant": body.tenant, "queue": body.queue, "priority": body.priority,
+        "priority_class": body.priority_class, "time_limit_s": body.time_limit_s,
+        "resources": body.resources, "env": env})
+
+
+def open_session(rt: Runtime, who: Principal, body: SessionCreate) -> SessionOut:
+    """Store the session (and its first call), then submit its workload like any other; refused as
+    a whole (nothing kept) when the submission is."""
+    check_python(body.python)
+    payload = None if body.call is None else decode_payload(body.call.payload, "function and its arguments")
+    _key(rt.store, create=True)  # before any of its pods is launched (the scheduler only reads it)
+    _prune(rt)
+    submission = workloads_service.prepare(rt, who, _workload_spec(body))
+    now = rt.clock()
+    row = RemoteSessionRow(id=submission.id, tenant=submission.tenant, one_shot=body.one_shot, closed=False,
+                           idle_timeout_s=body.idle_timeout_s, last_active_s=now, pod_id="",
+                           python=body.python, created_s=now)
+    call = None if payload is None else _new_call(row.id, row.tenant, payload, now)
+    with rt.store.write() as session:  # first, so that its pod always finds it
+        session.add(row)
+        if call is not None:
+            session.flush()
+            session.add(call)
+    commit(rt, [submission])
+    if submission.error is not None:
+        with rt.store.write() as session:
+            session.execute(delete(RemoteSessionRow).where(RemoteSessionRow.id == row.id))
+        raise submission.error
+    return _session_out(row, WorkloadStatus.PENDING.value, None if call is None else _call_out(call))
+
+
+def get_session(rt: Runtime, who: Principal, session_id: str) -> SessionOut:
+    with rt.store.read() as session:
+        row = _visible_session(session, who, session_id)
+        status = session.scalar(select(WorkloadRow.status).where(WorkloadRow.id == row.id)) or ""
+        return _session_out(row, status)
+
+
+def submit_call(rt: Runtime, who: Principal, session_id: str, body: CallCreate) -> CallOut:
+    """Queue a call on an open session (Core statements: this is the warm path)."""
+    payload = decode_payload(body.payload, "function and its arguments")
+    now = rt.clock()
+    with rt.store.write() as session:
+        conn = session.connection()
+        row = conn.execute(select(_S.c.tenant, _S.c.closed, _S.c.one_shot).where(_S.c.id == session_id)
+                           .with_for_update()).first()
+        if row is None or not who.may_see(row.tenant):
+            raise NotFound(f"No session {session_id!r}; open one with pool.session().", session=session_id)
+        status = conn.execute(select(_W.c.status).where(_W.c.id == session_id)).scalar() or ""
+        if row.closed or row.one_shot or (status and WorkloadStatus(status).is_final):
+            why = "one-shot" if row.one_shot and not row.closed else "closed"
+            raise Conflict(f"Session {session_id} is {why}; open a new one with pool.session().",
+                           session=session_id)
+        call = _new_call(session_id, row.tenant, payload, now)
+        conn.execute(insert(_C).values(**{c.name: getattr(call, c.name) for c in _C.columns}))
+        conn.execute(update(_S).where(_S.c.id == session_id).values(last_active_s=now))
+    return _call_out(call)
+
+
+def get_call(rt: Runtime, who: Principal, call_id: str) -> CallOut:
+    """The call as it stands; one whose workload ended without answering it is failed here."""
+    with rt.store.read() as session:
+        row = _visible_call(session, who, call_id)
+        if CallStatus(row.status).is_final:
+            return _call_out(row)
+        workload = session.get(WorkloadRow, row.session_id)
+        if workload is None or not WorkloadStatus(workload.status).is_final:
+            return _call_out(row)
+    _settle_unanswered(rt, row.session_id)
+    with rt.store.read() as session:
+        return _call_out(_visible_call(session, who, call_id))
+
+
+def _settle_unanswered(rt: Runtime, session_id: str) -> None:
+    """Its workload ended: every call it left unanswered is failed (cancelled: cancelled), saying why."""
+    with rt.store.write() as session:
+        workload = session.get(WorkloadRow, session_id)
+        if workload is None or not WorkloadStatus(workload.status).is_final:
+            return
+        cancelled = workload.status == WorkloadStatus.CANCELLED.value
+        status = CallStatus.CANCELLED if cancelled else CallStatus.FAILED
+        message = (f"Its workload {session_id} {workload.status} before answering it"
+                   + (f": {workload.message}" if workload.message else "."))
+        session.execute(update(RemoteCallRow).where(
+            RemoteCallRow.session_id == session_id,
+            RemoteCallRow.status.in_((CallStatus.QUEUED.value, CallStatus.RUNNING.value)),
+        ).values(status=status.value, error=message[:1024], finished_s=rt.clock(), payload=b""))
+        session.execute(update(RemoteSessionRow).where(RemoteSessionRow.id == session_id).values(closed=True))
+
+
+def cancel_call(rt: Runtime, who: Principal, call_id: str) -> CallOut:
+    """Cancel a call: a queued call of a session is dropped; a one-shot call, or a running one (which
+    only stopping its pod can end), cancels its workload."""
+    now = rt.clock()
+    with rt.store.write() as session:
+        row = _visible_call(session, who, call_id)
+        if CallStatus(row.status).is_final:
+            return _call_out(row)
+        one_shot = bool(session.scalar(select(RemoteSessionRow.one_shot)
+                                       .where(RemoteSessionRow.id == row.session_id)))
+        stop_workload = one_shot or row.status == CallStatus.RUNNING.value
+        row.status, row.finished_s, row.payload = CallStatus.CANCELLED.value, now, b""
+        row.error = ("Cancelled by the user" + (f"; its workload {row.session_id} was cancelled too."
+                                                 if stop_workload else "."))
+        out = _call_out(row)
+    if stop_workload:
+        with contextlib.suppress(Conflict):  # it had ended already
+            workloads_service.cancel(rt, who, row.session_id)
+        _settle_unanswered(rt, row.session_id)
+    return out
+
+
+def close_session(rt: Runtime, who: Principal, session_id: str) -> SessionOut:
+    """No more calls: the worker stops once the queued ones are answered. A session whose workload
+    has not started and has nothing to do is cancelled (it would start a pod only to stop it)."""
+    with rt.store.write() as session:
+        row = _visible_session(session, who, session_id, lock=True)
+        row.closed = True
+        status = session.scalar(select(WorkloadRow.status).where(WorkloadRow.id == row.id)) or ""
+        unanswered = session.scalar(select(RemoteCallRow.id).where(
+            RemoteCallRow.session_id == row.id,
+            RemoteCallRow.status.in_((CallStatus.QUEUED.value, CallStatus.RUNNING.value))).limit(1))
+    if status == WorkloadStatus.PENDING.value and unanswered is None:
+        with contextlib.suppress(Conflict):  # it started or ended meanwhile
+            workloads_service.cancel(rt, who, session_id)
+    return get_session(rt, who, session_id)
+
+
+def _prune(rt: Runtime) -> None:
+    """Delete sessions idle for RESULT_KEEP_S with their calls (at most once an hour per process)."""
+    now = rt.clock()
+    if _next_prune.get(rt.store, 0.0) > now:
+        return
+    _next_prune[rt.store] = now + PRUNE_EVERY_S
+    with rt.store.write() as session:
+        old = select(RemoteSessionRow.id).where(RemoteSessionRow.last_active_s < now - RESULT_KEEP_S)
+        session.execute(delete(RemoteCallRow).where(RemoteCallRow.session_id.in_(old)))
+        session.execute(delete(RemoteSessionRow).where(RemoteSessionRow.last_active_s < now - RESULT_KEEP_S))
+
+
+# ---------------------------------------------------------------------- the worker pod's side
+
+_POD_ID = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
+
+
+def worker_pod(rt: Runtime, authorization: str | None) -> WorkerPod:
+    """The pod a call token names, while that pod is active (the token dies with it)."""
+    key = _key(rt.store, create=False)
+    if key is None:
+        raise Unauthorized("The call token is not valid.", reason="no call-token key")
+    pod_id = call_token_pod(key, authorization)
+    with rt.store.read() as session:
+        pod = session.get(PodRow, pod_id) if _POD_ID.match(pod_id) else None
+        if pod is None or pod.status not in ACTIVE_POD_STATES:
+            raise Unauthorized("The call token's pod has ended; the token ended with it.", reason="pod ended")
+        return WorkerPod(pod_id=pod.id, session_id=pod.workload_id)
+
+
+def finish_call(rt: Runtime, pod: WorkerPod, done: CallDone) -> bool:
+    """Store a worker's answer (idempotent; an answer to a call it no longer holds is dropped)."""
+    result = None if done.result is None else decode_payload(done.result, "function's result")
+    now = rt.clock()
+    status = CallStatus.SUCCEEDED if done.ok else CallStatus.FAILED
+    with rt.store.write() as session:
+        answered = session.connection().execute(update(RemoteCallRow).where(
+            RemoteCallRow.id == done.call_id, RemoteCallRow.session_id == pod.session_id,
+            RemoteCallRow.pod_id == pod.pod_id, RemoteCallRow.status == CallStatus.RUNNING.value,
+        ).values(status=status.value, result=result, error=done.error, traceback=done.traceback,
+                 finished_s=now, payload=b"")).rowcount
+        session.execute(update(RemoteSessionRow).where(RemoteSessionRow.id == pod.session_id)
+                        .values(last_active_s=now))
+    return bool(answered)
+
+
+def next_call(rt: Runtime, pod: WorkerPod) -> WorkerWork | None:
+    """The session's oldest queued call, now held by this pod; `stop` when the session is over;
+    None when there is nothing yet (the caller waits and asks again)."""
+    now = rt.clock()
+    with rt.store.read() as session:  # most asks find nothing to do: they take no write lock
+        conn = session.connection()
+        row = conn.execute(select(_S).where(_S.c.id == pod.session_id)).first()
+        if row is not None and row.pod_id == pod.pod_id and not _stop_reason(conn, row, now) \
+                and conn.execute(_QUEUED.where(_C.c.session_id == row.id)).first() is None:
+            return None
+    with rt.store.write() as session:
+        conn = session.connection()
+        row = conn.execute(select(_S).where(_S.c.id == pod.session_id).with_for_update()).first()
+        if row is None:
+            return WorkerWork(stop=True, reason="its session is gone")
+        if row.pod_id != pod.pod_id:  # a new pod (after a preemption): what the last one held runs again
+            conn.execute(update(_C).where(_C.c.session_id == row.id, _C.c.status == CallStatus.RUNNING.value)
+                         .values(status=CallStatus.QUEUED.value, pod_id=""))
+            conn.execute(update(_S).where(_S.c.id == row.id).values(pod_id=pod.pod_id))
+        call = conn.execute(_QUEUED.where(_C.c.session_id == row.id)).first()
+        if call is not None:
+            conn.execute(update(_C).where(_C.c.id == call.id).values(
+                status=CallStatus.RUNNING.value, pod_id=pod.pod_id, started_s=now,
+                attempts=_C.c.attempts + 1))
+            return WorkerWork(call_id=call.id, payload=base64.b64encode(call.payload).decode())
+        reason = _stop_reason(conn, row, now)
+        if reason:
+            conn.execute(update(_S).where(_S.c.id == row.id).values(closed=True))
+            return WorkerWork(stop=True, reason=reason)
+    return None
+
+
+def _stop_reason(conn: Connection, row: Row[Any], now: float) -> str:
+    """Why a worker with nothing queued should stop now ('' = keep waiting)."""
+    if row.one_shot and conn.execute(select(_C.c.id).where(_C.c.session_id == row.id).limit(1)).first():
+        return "its one call was answered"
+    if row.closed:
+        return "its session was closed"
+    if now - row.last_active_s >= row.idle_timeout_s:
+        return f"no call came for {row.idle_timeout_s:g} s (the session's idle timeout)"
+    return ""
