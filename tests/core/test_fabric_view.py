@@ -128,7 +128,8 @@ def test_telemetry_loads_penalise_and_fail_links() -> None:
     }
     assert view.apply_loads(loads) == 2
     assert view.link_state(a) == (True, 0.9, True)
-    assert view.link_state(b) is not None and view.link_state(b)[0] is False
+    state = view.link_state(b)
+    assert state is not None and state[0] is False
 
 
 def test_gangs_share_the_links_they_cross() -> None:

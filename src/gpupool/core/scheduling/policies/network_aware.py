@@ -6,10 +6,11 @@ exactly as by `fgd-strand`. A multi-pod gang, when the view knows a fabric, is p
 
 1. candidates: for each tier its constraint allows (required / preferred: narrowest first; none:
    leaf, spine and anywhere together), the `max_candidates` fullest domains that could hold it
-   (Kueue BestFit, Slurm topology/block), and for "anywhere" both the plain pod-by-pod placement
-   and the fewest leaves (most free first) that hold it; inside each, pods go where fgd-strand
-   puts them. Nodes whose HCA links are all down are left out, and a candidate that needs a dead
-   link pool (a leaf or spine group cut off) is never taken: failed links are never used.
+   (Kueue BestFit, Slurm topology/block); in a spine group or anywhere, also the fewest of its
+   leaves that hold it (most free first) and the best-connected ones (most uplink bandwidth per
+   gang first); inside each, pods go where fgd-strand puts them. Nodes whose HCA links are
+   all down are left out, and a candidate that needs a dead link pool (a leaf or spine group cut
+   off) is never taken: failed links are never used.
 2. cost of a candidate, in GPU-seconds:
      frag   = FGD's fragmentation growth of the nodes it touches (devices) x its run time;
      comm   = GPUs x run time x T_net / T_comp (`comm_cost.CommModel`: ring all-reduce on its
@@ -99,33 +100,44 @@ class NetworkAware(FgdStrand):
     ) -> Iterator[BoolArray]:
         from gpupool.core.scheduling.domains import fitting_domains
 
-        if tier is not None:
+        if tier is None:
+            areas = [wired]
+        else:
             ids = view.domain_of(tier)
-            for domain in fitting_domains(workload.pods, state, view, tier, wired)[: self.max_candidates]:
-                yield wired & (ids == domain)
-            return
-        yield wired
-        compact = self._fewest_leaves(workload, state, view, wired)
-        if compact is not None:
-            yield compact
+            areas = [wired & (ids == d)
+                     for d in fitting_domains(workload.pods, state, view, tier, wired)[: self.max_candidates]]
+        for area in areas:
+            yield area
+            if tier is Tier.LEAF:
+                continue
+            seen = {area.tobytes()}
+            for best_connected in (False, True):  # which of its leaves to span
+                leaves = self._leaves_for(workload, state, view, area, best_connected)
+                if leaves is not None and leaves.tobytes() not in seen:
+                    seen.add(leaves.tobytes())
+                    yield leaves
 
     @staticmethod
-    def _fewest_leaves(
-        workload: Workload, state: ClusterState, view: FabricView, wired: BoolArray
+    def _leaves_for(
+        workload: Workload, state: ClusterState, view: FabricView, area: BoolArray, best_connected: bool,
     ) -> BoolArray | None:
-        """The leaf domains with the most free devices (whose uplinks work) that together could hold it."""
+        """Leaf domains (with working uplinks) that together could hold the gang, taken by most free
+        devices first (the fewest leaves), or by most uplink bandwidth per gang first (`best_connected`)."""
         ids = view.leaf_id
         n = len(view.leaf_names)
-        sel = wired & state.schedulable
+        sel = area & state.schedulable
         free = np.bincount(ids[sel], weights=state.dev_milli_free[sel].sum(axis=1), minlength=n)
-        free = np.where(view.avail[LEAF_UP] > 0, free, 0.0)
-        order = np.lexsort((np.arange(n), -free))
+        share = view.avail[LEAF_UP] / (view.flows[LEAF_UP] + 1)
+        free = np.where(share > 0, free, 0.0)
+        keys = (np.arange(n), -free, -share) if best_connected else (np.arange(n), -free)
+        order = np.lexsort(keys)
+        order = order[free[order] > 0]
         covered = np.cumsum(free[order])
         need = workload.total_device_milli
         if not covered.size or covered[-1] < need:
             return None
         take = order[: int(np.searchsorted(covered, need)) + 1]
-        return wired & np.isin(ids, take)
+        return np.asarray(area & np.isin(ids, take))
 
     def _cost(
         self, placed: GangPlacement, state: ClusterState, view: FabricView, before: np.ndarray,

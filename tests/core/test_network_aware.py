@@ -1,0 +1,130 @@
+"""The network-aware policy: failed links never used, penalised links avoided with hysteresis, shared
+links avoided, single pods as fgd-strand, and nothing changes without a fabric."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+from net_helpers import busy, gang, leaves_of, nodes_of, run, two_level, view_on
+
+from factories import cluster, pod
+from gpupool.core.fabric.model import Fabric
+from gpupool.core.model import Reason
+from gpupool.core.scheduling.comm_cost import CommModel
+from gpupool.core.scheduling.policies.base import make_policy, policy_names
+from gpupool.core.scheduling.policies.network_aware import NetworkAware
+from gpupool.core.scheduling.view import ClusterView
+from gpupool.core.topology_spec import UNCONSTRAINED
+from gpupool.sim.fill import fill
+
+ONE_FREE_PER_LEAF = [busy(n, 8, f"r{n}") for n in ("n000", "n002", "n004", "n006")]
+"""Free: n001 (leaf 0), n003 (leaf 1), n005 (leaf 2), n007 (leaf 3); a 2-node gang must span leaves."""
+
+
+def uplinks(fabric: Fabric, leaf_desc: str) -> list[tuple[str, int, str, int]]:
+    leaf = next(n.id for n in fabric.nodes.values() if n.desc == leaf_desc)
+    return [lk.key for lk in fabric.links_by_node[leaf] if fabric.is_switch(lk.other(leaf))]
+
+
+def access(fabric: Fabric, host: str) -> tuple[str, int, str, int]:
+    ca = next(n.id for n in fabric.nodes.values() if n.desc.startswith(host + " "))
+    return fabric.links_by_node[ca][0].key
+
+
+def test_registered_under_its_name() -> None:
+    assert "network-aware" in policy_names()
+    policy = make_policy("network-aware", message_mb=10.0, max_candidates=2)
+    assert isinstance(policy, NetworkAware) and policy.comm == CommModel(message_mb=10.0)
+
+
+def test_spread_gangs_avoid_a_leaf_whose_uplinks_failed() -> None:
+    fabric = two_level()
+    view = view_on(running=ONE_FREE_PER_LEAF, fabric=fabric)
+    assert view.topology is not None
+    for key in uplinks(fabric, "leaf-0"):
+        view.topology.set_link(key, healthy=False)
+    result = run(view, [gang(2, 8, wid="two")], placement="network-aware")
+    assert "n001" not in nodes_of(result, "two")  # leaf 0 is cut off from the spine
+    view.remove("two")
+    result = run(view, [gang(4, 8, wid="four", spec="none")], placement="network-aware")
+    (refused,) = result.rejected  # four nodes are free, but one only across a failed link
+    assert refused.reason is Reason.NO_DOMAIN_FITS and "failed link" in refused.message
+
+
+def test_a_node_whose_hca_link_failed_takes_no_multi_node_gang() -> None:
+    fabric = two_level()
+    view = view_on(fabric=fabric)
+    assert view.topology is not None
+    view.topology.set_link(access(fabric, "node00001"), healthy=False)  # n000's HCA
+    result = run(view, [gang(2, 8), gang(1, 8, wid="single")], placement="network-aware")
+    assert "n000" not in nodes_of(result, "g")
+    assert nodes_of(result, "single")  # work on one node does not need the fabric
+
+
+def test_the_default_policy_does_not_read_link_state() -> None:
+    """Only the network-aware policy steers by link health; the default packs as before."""
+    fabric = two_level()
+    view = view_on(running=ONE_FREE_PER_LEAF, fabric=fabric)
+    assert view.topology is not None
+    for key in uplinks(fabric, "leaf-0"):
+        view.topology.set_link(key, healthy=False)
+    assert "n001" in nodes_of(run(view, [gang(2, 8)]), "g")
+
+
+def test_penalised_uplinks_are_avoided_until_they_stay_clean() -> None:
+    fabric = two_level()
+
+    def chosen(samples: int) -> set[int]:
+        view = view_on(running=ONE_FREE_PER_LEAF, fabric=fabric)
+        assert view.topology is not None
+        for key in uplinks(fabric, "leaf-0"):
+            view.topology.set_link(key, utilization=0.0, errors=5)
+            for _ in range(samples):
+                view.topology.set_link(key, utilization=0.0)
+        return leaves_of(view, nodes_of(run(view, [gang(2, 8)], placement="network-aware"), "g"))
+
+    assert 0 not in chosen(0)
+    assert 0 not in chosen(2)  # hysteresis: two clean samples do not lift the penalty
+    assert chosen(3) == {0, 1}  # three do: leaf 0 is as good as any, and first
+
+
+def test_gangs_keep_off_links_other_gangs_already_share() -> None:
+    view = view_on(running=ONE_FREE_PER_LEAF)
+    assert view.topology is not None
+    first = run(view, [gang(2, 8, wid="a", estimate_s=3600.0)], placement="network-aware")
+    assert leaves_of(view, nodes_of(first, "a")) == {0, 1}
+    second = run(view, [gang(2, 8, wid="b", estimate_s=3600.0)], placement="network-aware")
+    assert leaves_of(view, nodes_of(second, "b")) == {2, 3}
+    assert set(view.topology.gangs) == {"a", "b"}
+    view.remove("a")
+    assert set(view.topology.gangs) == {"b"}
+
+
+def test_the_cost_prefers_one_node_over_two() -> None:
+    view = view_on(running=[busy("n000", 4, "half")])
+    result = run(view, [gang(2, 4, spec="none")], placement="network-aware")
+    assert len(set(nodes_of(result, "g"))) == 1
+
+
+def test_single_pods_are_placed_as_by_fgd_strand() -> None:
+    nodes = cluster(6, devices=4)
+    rng = random.Random(7)
+    pods = [pod(rng.choice([0.25, 0.5, 1, 2, 4]), cpu_milli=rng.choice([1000, 8000])) for _ in range(60)]
+    ours = fill(nodes, pods, "network-aware", seed=3)
+    theirs = fill(nodes, pods, "fgd-strand", seed=3)
+    assert ours.alloc_pct == theirs.alloc_pct and ours.placed == theirs.placed
+
+
+@pytest.mark.parametrize("spec", [None, "required=leaf"])
+def test_without_a_fabric_gangs_are_placed_as_by_fgd_strand(spec: str | None) -> None:
+    def decisions(policy: str) -> list[tuple[str, ...]]:
+        view = ClusterView.empty(cluster(8))
+        pending = [gang(n, 4, spec, wid=f"g{i}") for i, n in enumerate((3, 2, 5, 2))]
+        return [tuple(p.node for p in a.placements) for a in run(view, pending, placement=policy).admitted]
+
+    assert decisions("network-aware") == decisions("fgd-strand")
+
+
+def test_unconstrained_spec_text_is_none() -> None:
+    assert str(UNCONSTRAINED) == "none"

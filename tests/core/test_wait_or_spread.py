@@ -1,0 +1,93 @@
+"""Wait or spread: a gang waits for a leaf of its own only while spreading would cost more than waiting,
+at most max_wait in all, with its leaf reserved against work that would delay it."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from net_helpers import busy, gang, leaves_of, nodes_of, run, two_level, view_on
+
+from gpupool.core.model import Reason, Workload
+from gpupool.core.scheduling.cycle import ReservedStart
+from gpupool.core.scheduling.view import ClusterView
+
+FREE_N001_N003 = [
+    busy("n000", 8, "soon", estimate_s=100.0),  # leaf 0 is whole again at t=100
+    *(busy(n, 8, f"r{n}", estimate_s=1e6) for n in ("n002", "n004", "n005", "n006", "n007")),
+]
+"""Free now: n001 (leaf 0) and n003 (leaf 1), so a 2-node gang can start now only across the spine."""
+
+
+def congested(view: ClusterView, load: float = 0.95) -> ClusterView:
+    """Every leaf uplink busy with other traffic: spreading is slow."""
+    assert view.topology is not None
+    fabric = two_level()
+    for leaf in (n for n in fabric.nodes.values() if n.desc.startswith("leaf-")):
+        for link in fabric.links_by_node[leaf.id]:
+            if fabric.is_switch(link.other(leaf.id)):
+                view.topology.set_link(link.key, utilization=load)
+    return view
+
+
+def job(wid: str, estimate_s: float | None, submit_s: float) -> Workload:
+    return dataclasses.replace(gang(1, 8, wid=wid, estimate_s=estimate_s), submit_time_s=submit_s)
+
+
+def test_a_gang_waits_for_its_leaf_when_spreading_costs_more() -> None:
+    view = congested(view_on(running=FREE_N001_N003))
+    result = run(view, [gang(2, 8, wid="g", estimate_s=10_000.0)], placement="network-aware")
+    (waiting,) = result.rejected
+    assert waiting.reason is Reason.WAITING_FOR_LOCALITY and not waiting.final
+    assert "expected in 100 s" in waiting.message
+    assert result.reservation == ReservedStart("g", 100.0) and not result.admitted
+    assert view.locality_waits == {"g": 0.0}
+    assert view.state.dev_milli_free.sum() == 2 * 8 * 1000  # its place was given back
+
+
+def test_a_gang_spreads_when_spreading_is_cheap() -> None:
+    view = view_on(running=FREE_N001_N003)  # quiet links: spreading costs next to nothing
+    result = run(view, [gang(2, 8, wid="g", estimate_s=10_000.0)], placement="network-aware")
+    assert leaves_of(view, nodes_of(result, "g")) == {0, 1}
+    assert view.locality_waits == {}
+
+
+def test_a_short_gang_spreads_rather_than_wait() -> None:
+    view = congested(view_on(running=FREE_N001_N003))
+    result = run(view, [gang(2, 8, wid="g", estimate_s=30.0)], placement="network-aware")
+    assert leaves_of(view, nodes_of(result, "g")) == {0, 1}  # it would lose ~50 s, less than 100 s
+
+
+def test_max_wait_caps_the_wait() -> None:
+    view = congested(view_on(running=FREE_N001_N003))
+    result = run(view, [gang(2, 8, wid="g", estimate_s=10_000.0)], placement="network-aware",
+                 max_locality_wait_s=60.0)  # the leaf is expected in 100 s: more than allowed
+    assert nodes_of(result, "g")
+    view = congested(view_on(running=FREE_N001_N003))
+    assert run(view, [gang(2, 8, wid="g", estimate_s=10_000.0)], placement="network-aware").rejected
+    later = run(view, [gang(2, 8, wid="g", estimate_s=10_000.0)], now_s=300.0, placement="network-aware")
+    assert nodes_of(later, "g") and "g" not in view.locality_waits  # waited 300 s already
+
+
+def test_without_estimates_of_running_work_it_does_not_wait() -> None:
+    running = [dataclasses.replace(a, workload=dataclasses.replace(a.workload, runtime_estimate_s=None))
+               for a in FREE_N001_N003]
+    view = congested(view_on(running=running))
+    result = run(view, [gang(2, 8, wid="g", estimate_s=10_000.0)], placement="network-aware")
+    assert nodes_of(result, "g")
+
+
+def test_backfill_uses_the_reserved_leaf_only_for_work_that_ends_before() -> None:
+    view = congested(view_on(running=FREE_N001_N003))
+    head = gang(2, 8, wid="g", estimate_s=10_000.0)
+    result = run(view, [head, job("short", 50.0, 1.0)], placement="network-aware")
+    assert nodes_of(result, "short") == ["n001"]  # ends at 50, before the leaf is due
+    view = congested(view_on(running=FREE_N001_N003))
+    result = run(view, [head, job("long", None, 1.0)], placement="network-aware")
+    refused = {r.workload_id: r.reason for r in result.rejected}
+    assert refused == {"g": Reason.WAITING_FOR_LOCALITY, "long": Reason.BACKFILL_BLOCKED}
+
+
+def test_the_default_policy_waits_too() -> None:
+    view = congested(view_on(running=FREE_N001_N003))
+    result = run(view, [gang(2, 8, wid="g", estimate_s=10_000.0)])
+    assert [r.reason for r in result.rejected] == [Reason.WAITING_FOR_LOCALITY]
