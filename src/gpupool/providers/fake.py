@@ -11,6 +11,7 @@ forget_workload, as a checkpoint directory is).
 
 from __future__ import annotations
 
+import heapq
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
@@ -75,6 +76,12 @@ class FakeProvider(Provider):
         """Per workload, its pods that report checkpoints (until forget_workload)."""
         self._faults: dict[tuple[str, str], str] = {}
         self._events: list[HealthEvent] = []
+        self._statuses: dict[str, PodStatus] = {}
+        """Each pod's status as of its last change (poll recomputes only the pods whose status changed)."""
+        self._changes: list[tuple[float, int, str]] = []
+        """(when a pod's status next changes, a sequence number, pod id): a heap."""
+        self._sequence = 0
+        self._polled_at = -math.inf
 
     def advance(self, seconds: float) -> None:
         """Move the built-in clock forward (only when no clock was injected)."""
@@ -111,12 +118,27 @@ class FakeProvider(Provider):
             checkpoint_every_s=every_s if every_s > 0 else None)
         if fake.checkpoint_every_s is not None:
             self._checkpointing.setdefault(pod.workload_id, []).append(fake)
+        self._track(fake)
 
     def stop(self, pod_id: str, grace_s: float = 10.0) -> None:
         pod = self._pods.get(pod_id)
         if pod is None or pod.stop_at_s is not None or self._status(pod).phase.is_final:
             return
         pod.stop_at_s, pod.grace_s = self._clock(), max(0.0, grace_s)
+        self._track(pod)
+
+    def _track(self, pod: _FakePod) -> None:
+        """Record the pod's status now and when it changes next (a launch, a stop, a change seen)."""
+        now = self._clock()
+        self._statuses[pod.launch.pod_id] = self._status(pod)
+        run_from = pod.started_at_s + self.startup_s
+        times = [run_from, run_from + pod.duration_s]
+        if pod.stop_at_s is not None:
+            times.append(pod.stop_at_s + (pod.grace_s if pod.ignore_term else 0.0))
+        upcoming = [t for t in times if t > now]
+        if upcoming:
+            self._sequence += 1
+            heapq.heappush(self._changes, (min(upcoming), self._sequence, pod.launch.pod_id))
 
     def _status(self, pod: _FakePod) -> PodStatus:
         now = self._clock()
@@ -137,7 +159,19 @@ class FakeProvider(Provider):
         return replace(base, phase=PodPhase.RUNNING) if now >= run_from else base
 
     def poll(self) -> list[PodStatus]:
-        return [self._status(p) for p in self._pods.values()]
+        """Every pod's status; only those whose status may have changed since the last call are
+        worked out again (the pods running on undisturbed cost nothing)."""
+        now = self._clock()
+        if now < self._polled_at:  # an injected clock went back: work every status out afresh
+            self._changes.clear()
+            for pod in self._pods.values():
+                self._track(pod)
+        self._polled_at = now
+        changes = self._changes
+        while changes and changes[0][0] <= now:
+            _, _, pod_id = heapq.heappop(changes)
+            self._track(self._pods[pod_id])
+        return list(self._statuses.values())
 
     def read_log(self, pod_id: str, stream: str = "stdout", offset: int = 0) -> LogChunk:
         if stream not in ("stdout", "stderr"):

@@ -25,16 +25,17 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import ColumnElement, case, delete, func, select, update
+from sqlalchemy import ColumnElement, bindparam, case, delete, func, insert, select, update
 from sqlalchemy.orm import Session
 
 from gpupool.core.metering import DAY_S, PodInterval, PriceBook, UsageKey, UsageRow, aggregate
-from gpupool.server.orm import PodRow, UsageDailyRow, UsageRollupStateRow
+from gpupool.server.orm import Base, PodRow, UsageDailyRow, UsageRollupStateRow
 from gpupool.server.runtime import Runtime
 from gpupool.server.services.metering import interval_rows, to_intervals
 
+_PODS = Base.metadata.tables["pods"]
 FOLD_EVERY_S = 30.0
-FOLD_BATCH = 20_000
+FOLD_BATCH = 5_000
 """Pods folded in one transaction at most (the rest at the next steps)."""
 _ALL_KEYS = (UsageKey.TENANT, UsageKey.QUEUE, UsageKey.PRIORITY_CLASS, UsageKey.NODE, UsageKey.MODEL,
              UsageKey.DAY)
@@ -77,7 +78,8 @@ class UsageRollup:
                 session.add(UsageRollupStateRow(id=1, prices_sha256=wanted))
             elif state.prices_sha256 != wanted:
                 session.execute(delete(UsageDailyRow))
-                session.execute(update(PodRow).where(PodRow.rolled_up.is_(True)).values(rolled_up=False))
+                session.connection().execute(update(_PODS).where(_PODS.c.rolled_up.is_(True))
+                                             .values(rolled_up=False))
                 state.prices_sha256 = wanted
             ended = select(PodRow.id).where(PodRow.rolled_up.is_(False), PodRow.finished_s.is_not(None))
             ids = list(session.scalars(ended.limit(FOLD_BATCH)))
@@ -86,7 +88,7 @@ class UsageRollup:
             rows = session.execute(interval_rows().where(PodRow.id.in_(ids))).all()
             intervals = to_intervals(rt, rows, now=rt.clock(), default_class=default_class)
             _add(session, pieces(intervals, book))
-            session.execute(update(PodRow).where(PodRow.id.in_(ids)).values(rolled_up=True))
+            session.connection().execute(update(_PODS).where(_PODS.c.id.in_(ids)).values(rolled_up=True))
         if len(ids) == FOLD_BATCH:
             self._last_fold = -math.inf  # more to fold: at the next step
         return len(intervals)
@@ -138,25 +140,34 @@ def _day_start(any_time_s: float, day: str) -> float:
     return start
 
 
+_DAILY = Base.metadata.tables["usage_daily"]
+_KEYS = ("day_s", "tenant", "queue", "priority_class", "node", "model", "simulated")
+_UPDATE = (update(_DAILY)
+           .where(*(_DAILY.c[k] == bindparam(f"k_{k}") for k in _KEYS))
+           .values({name: _DAILY.c[name] + bindparam(f"v_{name}") for name in (*_SUMS, *_COUNTS)}))
+
+
 def _add(session: Session, new: Iterable[Piece]) -> None:
+    """Add each piece to its stored row (one statement for the new rows, one for the others)."""
     by_key = {p.key: p for p in new}
     if not by_key:
         return
+    conn = session.connection()
     days = sorted({k[0] for k in by_key})
-    existing = {(r.day_s, r.tenant, r.queue, r.priority_class, r.node, r.model, r.simulated): r
-                for r in session.scalars(select(UsageDailyRow).where(UsageDailyRow.day_s.in_(days)))}
+    existing = {tuple(r) for r in conn.execute(select(*(_DAILY.c[k] for k in _KEYS))
+                                               .where(_DAILY.c.day_s.in_(days)))}
+    inserts, updates = [], []
     for key, piece in by_key.items():
-        row = existing.get(key)
-        if row is None:
-            session.add(UsageDailyRow(
-                day_s=key[0], tenant=key[1], queue=key[2], priority_class=key[3], node=key[4], model=key[5],
-                simulated=key[6], **dict(zip(_SUMS, piece.sums, strict=True)),
-                **dict(zip(_COUNTS, piece.counts, strict=True))))
-            continue
-        for name, value in zip(_SUMS, piece.sums, strict=True):
-            setattr(row, name, getattr(row, name) + value)
-        for name, value in zip(_COUNTS, piece.counts, strict=True):
-            setattr(row, name, getattr(row, name) + value)
+        values = dict(zip((*_SUMS, *_COUNTS), (*piece.sums, *piece.counts), strict=True))
+        if key in existing:
+            updates.append({**{f"k_{k}": v for k, v in zip(_KEYS, key, strict=True)},
+                            **{f"v_{k}": v for k, v in values.items()}})
+        else:
+            inserts.append({**dict(zip(_KEYS, key, strict=True)), **values})
+    if inserts:
+        conn.execute(insert(_DAILY), inserts)
+    if updates:
+        conn.execute(_UPDATE, updates)
 
 
 @dataclass(slots=True)
