@@ -29,6 +29,9 @@ def fill(
         "42-51", "--seeds", "--seed", help="One seed, a range or a list: 42, 42-51, 42,43,50-51."
     ),
     jobs: int = typer.Option(1, "--jobs", min=1, help="Worker processes running fills in parallel."),
+    fabric: Path | None = typer.Option(
+        None, "--fabric", help="An ibnetdiscover file (or one from `gpupool fabric generate`): the nodes "
+        "are mapped onto its hosts in natural name order and the policy is bound to it."),
     json_out: Path | None = typer.Option(None, "--json", help="Write the summary and all runs as JSON."),
     plot_out: Path | None = typer.Option(None, "--plot", help="Write a PNG of allocation vs arrived demand."),
 ) -> None:
@@ -41,7 +44,7 @@ def fill(
     """
     console = Console()
     try:
-        results = _run(nodes, pods, policy or [DEFAULT_POLICY], seeds, jobs, console)
+        results = _run(nodes, pods, policy or [DEFAULT_POLICY], seeds, jobs, console, fabric)
         if json_out is not None:
             from gpupool.sim.report import write_json
 
@@ -63,9 +66,13 @@ def fill(
         console.print(f"Plot written to {plot_out}")
 
 
-def _run(nodes: Path, pods: Path, policies: list[str], seeds_text: str, jobs: int, console: Console) -> list:
+def _run(
+    nodes: Path, pods: Path, policies: list[str], seeds_text: str, jobs: int, console: Console,
+    fabric: Path | None = None,
+) -> list:
     from gpupool.core.scheduling.policies.base import policy_class
-    from gpupool.sim.fill import FillJob, parse_seeds, run_jobs
+    from gpupool.core.scheduling.topology import map_hosts
+    from gpupool.sim.fill import FillJob, load_fabric_file, parse_seeds, run_jobs
     from gpupool.sim.traces.openb import load_openb_nodes, load_openb_pods
 
     for path, what in ((nodes, "--nodes"), (pods, "--pods")):
@@ -75,9 +82,15 @@ def _run(nodes: Path, pods: Path, policies: list[str], seeds_text: str, jobs: in
     names = list(dict.fromkeys(policies))
     for name in names:
         policy_class(name)  # raises UnknownName with a did-you-mean
-    load_openb_nodes(nodes)  # fail fast, with file:line, before any worker starts
+    cluster = load_openb_nodes(nodes)  # fail fast, with file:line, before any worker starts
     load_openb_pods(pods)
-    work = [FillJob(str(nodes), str(pods), name, seed) for name in names for seed in seed_list]
+    if fabric is not None:
+        if not fabric.is_file():
+            raise InvalidInput(f"--fabric file {fabric} does not exist; give an ibnetdiscover file.")
+        map_hosts(load_fabric_file(str(fabric)), cluster)  # refuses a fabric with too few hosts
+    fabric_path = str(fabric) if fabric is not None else None
+    work = [FillJob(str(nodes), str(pods), name, seed, fabric_path=fabric_path)
+            for name in names for seed in seed_list]
     columns = (
         TextColumn("[progress.description]{task.description}"),
         BarColumn(),

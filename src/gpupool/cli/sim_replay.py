@@ -51,6 +51,7 @@ def run_replay(
     overrides: frozenset[str] = frozenset(),
     prices: Any = None,
     budgets: Any = None,
+    fabric: Path | None = None,
 ) -> dict[str, Any]:
     """Build the replay from CLI-style options and run it (also used by the benchmarks).
 
@@ -65,6 +66,9 @@ def run_replay(
     (slices at their share) and exclusive (whole devices), under that price book. With `budgets` too
     (tenant -> core.budgets.Budget), a tenant's new work waits once its spend reaches its budget, and
     the result has `budgets`: the waits per tenant.
+
+    With `fabric` (an ibnetdiscover file, or one from `gpupool fabric generate`), the scheduler
+    places by it: the nodes are mapped onto its hosts (core.scheduling.topology.map_hosts).
     """
     from gpupool.core.scheduling.cycle import Policies
     from gpupool.core.scheduling.ordering.base import make_ordering
@@ -98,8 +102,17 @@ def run_replay(
 
         gc_tuning.tune()  # the trace is loaded: freeze it
     book = prices.price_book() if prices is not None else None
+    fabric_model = None
+    if fabric is not None:
+        from gpupool.core.scheduling.topology import map_hosts
+        from gpupool.sim.fill import load_fabric_file
+
+        if not fabric.is_file():
+            raise InvalidInput(f"--fabric file {fabric} does not exist; give an ibnetdiscover file.")
+        fabric_model = load_fabric_file(str(fabric))
+        map_hosts(fabric_model, nodes)  # refuses a fabric with fewer hosts than nodes
     result = replay(ReplayConfig(tuple(nodes), tuple(jobs), policies, seed=seed, prices=book,
-                                 budgets=budgets or {}))
+                                 budgets=budgets or {}, fabric=fabric_model))
     result["config"] = {
         "trace": trace,
         "nodes": str(nodes_csv) if nodes_csv else cluster,
@@ -111,6 +124,7 @@ def run_replay(
         "backfill": backfill,
         "exclusive": exclusive,
         "seed": seed,
+        "fabric": str(fabric) if fabric is not None else None,
         "prices": prices.model_dump(mode="json") if prices is not None else None,
         "budgets": {t: {"amount": b.amount, "period": b.period.value, "warn": b.warn_fraction,
                         "overdraft": b.overdraft} for t, b in (budgets or {}).items()} or None,
@@ -149,6 +163,9 @@ def replay(
     budgets_file: Path | None = typer.Option(
         None, "--budgets", help="Tenants' budgets (YAML: period, warn, tenants: {NAME: AMOUNT}; needs a "
         "price book): a tenant's work waits once its spend reaches its budget; the JSON counts the waits."),
+    fabric_file: Path | None = typer.Option(
+        None, "--fabric", help="An ibnetdiscover file (or one from `gpupool fabric generate`) the scheduler "
+        "places by: nodes are mapped onto its hosts in natural name order, one host each."),
 ) -> None:
     """Replay a trace over time: arrivals, completions, full admission + placement per event.
 
@@ -193,6 +210,7 @@ def replay(
             overrides=overrides,
             prices=prices,
             budgets=budgets,
+            fabric=fabric_file,
         )
         result["config"]["config_file"] = str(config_file) if config_file is not None else None
         json_out.parent.mkdir(parents=True, exist_ok=True)

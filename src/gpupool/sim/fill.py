@@ -25,8 +25,10 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from gpupool.core.fabric.model import Fabric
 from gpupool.core.model import Node, PodRequest
 from gpupool.core.scheduling.policies.base import Choice, make_policy
+from gpupool.core.scheduling.topology import FabricView, TopologyContext
 from gpupool.core.state import ClusterState
 from gpupool.core.units import MILLI
 
@@ -103,8 +105,13 @@ def fill(
     seed: int,
     options: Mapping[str, Any] | None = None,
     ratio: float = INFLATION_RATIO,
+    fabric: Fabric | None = None,
 ) -> FillResult:
-    """Run the fill protocol once with the named placement policy and seed."""
+    """Run the fill protocol once with the named placement policy and seed.
+
+    With `fabric` the policy is bound to the nodes' places in it (`FabricView.from_fabric`); the
+    protocol places single pods, which no topology constraint binds, so only a policy that reads the
+    fabric for single pods could place differently."""
     started = time.perf_counter()
     rng = random.Random(seed)
     state = ClusterState(nodes)
@@ -112,6 +119,8 @@ def fill(
     sequence = inflate(pods, capacity, rng, ratio)
     rng.shuffle(sequence)
     placer = make_policy(policy, **dict(options or {}))
+    if fabric is not None:
+        placer.bind_topology(TopologyContext(FabricView.from_fabric(fabric, nodes)))
     placer.prepare(state, pods)
     policy_rng = random.Random(rng.getrandbits(64))
     arrived = np.zeros(len(sequence), dtype=np.int64)
@@ -148,6 +157,21 @@ class FillJob:
     policy: str
     seed: int
     options: Mapping[str, Any] = field(default_factory=dict)
+    fabric_path: str | None = None
+
+
+def load_fabric_file(path: str) -> Fabric:
+    """A fabric from an ibnetdiscover (or ibsim net) file, such as `gpupool fabric generate` writes
+    (parsed once per process while the file is unchanged)."""
+    stat = Path(path).stat()
+    return _parse_fabric(path, stat.st_mtime_ns, stat.st_size)
+
+
+@lru_cache(maxsize=4)
+def _parse_fabric(path: str, mtime_ns: int, size: int) -> Fabric:
+    from gpupool.core.fabric.parse import parse_topology
+
+    return parse_topology(Path(path).read_text(errors="replace"), source=path)
 
 
 @lru_cache(maxsize=8)
@@ -160,7 +184,8 @@ def _load(nodes_path: str, pods_path: str) -> tuple[tuple[Node, ...], tuple[PodR
 def run_job(job: FillJob) -> FillResult:
     """Run one FillJob (picklable entry point for process pools)."""
     nodes, pods = _load(job.nodes_path, job.pods_path)
-    return fill(nodes, pods, job.policy, job.seed, job.options)
+    fabric = load_fabric_file(job.fabric_path) if job.fabric_path else None
+    return fill(nodes, pods, job.policy, job.seed, job.options, fabric=fabric)
 
 
 def run_jobs(

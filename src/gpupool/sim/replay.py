@@ -18,6 +18,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from gpupool.core.budgets import Budget
+from gpupool.core.fabric.model import Fabric
 from gpupool.core.metering import PriceBook
 from gpupool.core.model import Node, Workload, WorkloadInfo
 from gpupool.core.overcommit import device_slowdown
@@ -25,6 +26,7 @@ from gpupool.core.scheduling.backfill import RuntimeEstimator
 from gpupool.core.scheduling.cycle import CycleResult, EventKind, Policies, cycle_on
 from gpupool.core.scheduling.ordering.base import make_ordering
 from gpupool.core.scheduling.preemption import checkpoint_split
+from gpupool.core.scheduling.topology import FabricView
 from gpupool.core.scheduling.view import ClusterView
 from gpupool.sim.budgets import BudgetWatch
 from gpupool.sim.comm_net import CommSetup, CommTracker, LinkFailure
@@ -63,6 +65,9 @@ class ReplayConfig:
     """The communication model (sim/comm.py): multi-node gangs progress at their network-bound rate."""
     link_failures: tuple[LinkFailure, ...] = ()
     """Fabric links that fail (and come back) during the replay; seen by the truth and the scheduler."""
+    fabric: Fabric | None = None
+    """The fabric the scheduler places by (`--fabric`): the nodes are mapped onto its hosts
+    (`core.scheduling.topology.map_hosts`); None: the communication model's, else none."""
 
 
 @dataclass(slots=True)
@@ -113,6 +118,9 @@ class Replay:
         self.next_period_s: float | None = None
         comm = config.comm
         self.comm = CommTracker(comm.fabric, config.nodes, comm.model, comm.profiles) if comm else None
+        fabric = config.fabric if config.fabric is not None else comm.fabric if comm else None
+        if fabric is not None:
+            self.view.set_topology(FabricView.from_fabric(fabric, config.nodes))
 
     # ------------------------------------------------------------------ driving
 
