@@ -54,6 +54,10 @@ class PodActor:
             return LogChunk("", offset, True)
         return self.local.read_log(self.pod_id, stream, offset)
 
+    def node_id(self) -> str:
+        """The Ray node this actor runs on (what the tests check placement by)."""
+        return str(ray.get_runtime_context().get_node_id())
+
     def shutdown(self) -> None:
         """Release the pod's resources for good (it has ended and its status was collected)."""
         if self.local is not None:

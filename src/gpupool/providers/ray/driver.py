@@ -53,7 +53,7 @@ def _use_token(token_path: Path) -> None:
     environment once and caches the token, so both are reloaded (as Ray's own tests do)."""
     os.environ.update(ray_env(token_path))
     os.environ.pop("RAY_AUTH_TOKEN", None)  # it would win over the file
-    from ray._raylet import AuthenticationTokenLoader, Config
+    from ray._raylet import AuthenticationTokenLoader, Config  # type: ignore[attr-defined]
 
     Config.initialize("")
     AuthenticationTokenLoader.instance().reset_cache()

@@ -78,7 +78,8 @@ class Membership:
             if not node.alive or name in self._asked:
                 continue
             known = self._described.get(name)
-            if known is None or known[0] != node.node_id or now - self._read_at.get(name, 0) >= DESCRIBE_INTERVAL_S:
+            stale = now - self._read_at.get(name, 0.0) >= DESCRIBE_INTERVAL_S
+            if known is None or known[0] != node.node_id or stale:
                 try:
                     agent = ray.get_actor(node_agent_name(name), namespace=NAMESPACE)
                 except ValueError:
@@ -88,10 +89,11 @@ class Membership:
         with self._lock:
             self._ray = table
             for name, known in list(self._described.items()):
-                node = table.get(name)
-                if node is None or not node.alive or node.node_id != known[0]:
+                now_node = table.get(name)
+                if now_node is None or not now_node.alive or now_node.node_id != known[0]:
                     del self._described[name]
-                    why = "it left the Ray cluster" if node is None or node.alive else "Ray reports it dead"
+                    why = ("it left the Ray cluster" if now_node is None or now_node.alive
+                           else "Ray reports it dead")
                     self._gone.setdefault(name, _Gone(f"node {name} is no longer in the pool: {why}"))
                     log.warning("node %s lost: %s", name, why)
             for name in list(self._gone):

@@ -9,6 +9,7 @@ comes from the machine itself, joined with Ray's node table by the node label.
 
 from __future__ import annotations
 
+import os
 import socket
 from dataclasses import dataclass, field
 
@@ -39,8 +40,9 @@ class NodeAgentActor:
 
     def __init__(self, config: NodeConfig) -> None:
         self.config = config
-        self.local = LocalProvider(config.agent_dir(), simulate=config.simulate or None, node_name=config.name,
-                                   ib_sysfs_root=config.ib_sysfs_root, scratch_root=config.scratch())
+        self.local = LocalProvider(config.agent_dir(), simulate=config.simulate or None,
+                                   node_name=config.name, ib_sysfs_root=config.ib_sysfs_root,
+                                   scratch_root=config.scratch())
         self._runners: dict[str, Runner] = {}
 
     def describe(self) -> NodeDescription:
@@ -65,6 +67,10 @@ class NodeAgentActor:
                 raise NotFound(f"No pod {pod_id!r} on node {self.config.name}.")
             runner = self._runners[pod_id] = Runner(directory)
         return runner.read_log(pod_id, stream, offset)
+
+    def process_env(self, names: list[str]) -> dict[str, str]:
+        """These variables as the node's Ray worker processes have them (what a pod actor inherits)."""
+        return {name: os.environ[name] for name in names if name in os.environ}
 
     def checkpoint_s(self, workload_id: str) -> float | None:
         return self.local.checkpoint_s(workload_id)

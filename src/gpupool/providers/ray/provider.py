@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import threading
 import time
 from collections.abc import Callable
@@ -26,6 +27,8 @@ from typing import Any
 import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
+from gpupool.agent.leftovers import kill_leftovers
+from gpupool.agent.podstate import load_record
 from gpupool.core.model import Node
 from gpupool.errors import GpupoolError, NotFound, ProviderError
 from gpupool.providers.base import Capability, HealthEvent, LogChunk, PodLaunch, PodPhase, PodStatus, Provider
@@ -74,7 +77,9 @@ class RayProvider(Provider):
         (Ray's health checks take a while) must be seen first, so the server requeues its work."""
         self._poll_interval_s = poll_interval_s
         self._head: RayProcess | None = None
-        self._joined: list[JoinedNode] = []
+        self.joined: list[JoinedNode] = []
+        """The simulated nodes this provider started (their Ray worker processes), in order."""
+        self._started_s = time.time()
         self._lock = threading.RLock()
         self._pods: dict[str, TrackedPod] = {}
         self._listeners: list[Callable[[], None]] = []
@@ -99,6 +104,11 @@ class RayProvider(Provider):
         self._thread = threading.Thread(target=self._monitor, name="gpupool-ray-monitor", daemon=True)
         self._thread.start()
 
+    @property
+    def head_is_owned(self) -> bool:
+        """Whether this provider started the cluster's head (and stops it on close)."""
+        return self._head is not None
+
     # ---- start-up ---------------------------------------------------------------------------
     def _write_address(self) -> None:
         path = self.data_dir / ADDRESS_FILE
@@ -115,10 +125,10 @@ class RayProvider(Provider):
                                    simulated=True) for config in configs]
             for future in futures:
                 with contextlib.suppress(Exception):
-                    self._joined.append(future.result())
+                    self.joined.append(future.result())
             for future in futures:
                 future.result()  # the first failure, once every started node is known (and stopped by close)
-        for joined in self._joined:
+        for joined in self.joined:
             self.membership.update(joined.config.name, joined.node_id, joined.description)
 
     def _readopt(self) -> None:
@@ -129,9 +139,10 @@ class RayProvider(Provider):
                 actor = ray.get_actor(name, namespace=NAMESPACE)
                 pod_id = name[len(POD_ACTOR_PREFIX):]
                 try:
-                    status = ray.get(actor.status.remote(), timeout=CALL_TIMEOUT_S)
+                    answer: Any = ray.get(actor.status.remote(), timeout=CALL_TIMEOUT_S)
                 except (ray.exceptions.RayError, TimeoutError):
                     continue
+                status: PodStatus = answer
                 self._pods[pod_id] = TrackedPod(pod_id, status.node, actor, status, placed=True)
         if self._pods:
             log.info("re-adopted %d pod actor(s) on the Ray cluster", len(self._pods))
@@ -212,7 +223,8 @@ class RayProvider(Provider):
                 ref = tracked.actor.read_log.remote(stream, offset)
             else:
                 ref = self._agent(tracked.node).read_log.remote(pod_id, stream, offset)
-            return ray.get(ref, timeout=CALL_TIMEOUT_S)  # type: ignore[no-any-return]
+            chunk: LogChunk = ray.get(ref, timeout=CALL_TIMEOUT_S)
+            return chunk
         except ray.exceptions.RayError as exc:
             cause = _cause(exc)
             if isinstance(cause, GpupoolError):
@@ -240,7 +252,8 @@ class RayProvider(Provider):
                 raise cause from None
             raise ProviderError(f"Node {node}'s agent did not answer ({type(exc).__name__}).") from None
         except TimeoutError:
-            raise ProviderError(f"Node {node}'s agent did not answer within {CALL_TIMEOUT_S:.0f} s.") from None
+            raise ProviderError(f"Node {node}'s agent did not answer within {CALL_TIMEOUT_S:.0f} s.") \
+                from None
 
     def inject_fault(self, node: str, device_uuid: str = "", reason: str = "injected fault") -> None:
         self._fault(node, "inject_fault", device_uuid, reason)
@@ -255,7 +268,8 @@ class RayProvider(Provider):
             self.membership.update(node, ray_node.node_id, description)
 
     def health_events(self) -> list[HealthEvent]:
-        events = [e for d in self.membership.descriptions() for e in d.events]
+        """The health changes seen since this provider started (a node agent keeps older ones)."""
+        events = [e for d in self.membership.descriptions() for e in d.events if e.time_s >= self._started_s]
         return sorted(events, key=lambda e: e.time_s)
 
     def checkpoint_s(self, workload_id: str) -> float | None:
@@ -286,8 +300,8 @@ class RayProvider(Provider):
     def _check_pods(self) -> bool:
         with self._lock:
             live = [p for p in self._pods.values() if not p.status.phase.is_final]
-            to_release = [p for p in self._pods.values()
-                          if p.status.phase.is_final and not p.released and p.final_polls >= RELEASE_AFTER_POLLS]
+            to_release = [p for p in self._pods.values() if p.status.phase.is_final and not p.released
+                          and p.final_polls >= RELEASE_AFTER_POLLS]
         ended = self._lose_pods_of_gone_nodes(live)
         now = time.monotonic()
         for tracked in live:
@@ -350,7 +364,7 @@ class RayProvider(Provider):
         return True
 
     def _lose_pods_of_gone_nodes(self, live: list[TrackedPod]) -> bool:
-        ended = False
+        lost: list[TrackedPod] = []
         for tracked in live:
             reason = self.membership.lost_reason(tracked.node)
             if reason is None:
@@ -358,8 +372,25 @@ class RayProvider(Provider):
             with self._lock:
                 tracked.finish(PodPhase.LOST, reason)
                 tracked.released = True
-            ended = True
-        return ended
+            lost.append(tracked)
+        self._end_simulated_leftovers(lost)
+        return bool(lost)
+
+    def _end_simulated_leftovers(self, lost: list[TrackedPod]) -> None:
+        """A simulated node that died is a process group on this machine, and its pods (each in a
+        session of its own) outlived it; a real machine's death would take them, so end them."""
+        simulated = {j.config.name: j.config for j in self.joined}
+        leftovers: dict[str, tuple[int, str | None]] = {}
+        for tracked in lost:
+            config = simulated.get(tracked.node)
+            if config is None:
+                continue
+            record = load_record(config.pod_dir(tracked.pod_id) / "pods" / tracked.pod_id / "state.json")
+            if not isinstance(record, str):
+                uid = os.geteuid() if record.uid is None else record.uid
+                leftovers[tracked.pod_id] = (uid, record.cgroup)
+        if leftovers:
+            kill_leftovers(leftovers)
 
     # ---- shutdown ---------------------------------------------------------------------------
     def close(self, *, stop_pods: bool = False) -> None:
@@ -373,14 +404,14 @@ class RayProvider(Provider):
         thread = getattr(self, "_thread", None)
         if thread is not None:
             thread.join(timeout=10)
-        owned = self._head is not None or bool(self._joined)
+        owned = self._head is not None or bool(self.joined)
         if getattr(self, "_connected", False):
             if stop_pods or owned:
                 self._stop_all_pods()
             driver.disconnect()
-        if self._joined:
-            with ThreadPoolExecutor(max_workers=len(self._joined)) as pool:  # each waits for its grace
-                list(pool.map(lambda joined: joined.process.stop(), self._joined))
+        if self.joined:
+            with ThreadPoolExecutor(max_workers=len(self.joined)) as pool:  # each waits for its grace
+                list(pool.map(lambda joined: joined.process.stop(), self.joined))
         if self._head is not None:
             self._head.stop()
 

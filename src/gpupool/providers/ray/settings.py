@@ -47,10 +47,11 @@ def ensure_token(path: Path) -> Path:
     try:
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     except FileExistsError:
-        mode = path.stat().st_mode
-        if mode & (stat.S_IRWXG | stat.S_IRWXO):
+        fd = -1
+    if fd < 0:
+        if path.stat().st_mode & (stat.S_IRWXG | stat.S_IRWXO):
             raise ProviderError(f"The Ray token file {path} is readable by other users; "
-                                f"run chmod 600 {path}.") from None
+                                f"run chmod 600 {path}.")
         if not path.read_text().strip():
             raise ProviderError(f"The Ray token file {path} is empty; delete it to have a new one made.")
         return path

@@ -1,0 +1,194 @@
+"""The ray provider on a real Ray cluster of three simulated nodes on this machine.
+
+The tests share one cluster (conftest.pool) and run in file order; the last one kills a node.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("ray", reason="the ray provider needs Ray (pip install 'gpupool[ray]')")
+
+import ray
+
+from gpupool.core.model import Slice
+from gpupool.errors import InvalidInput, NotFound
+from gpupool.providers.base import PodLaunch, PodPhase, PodStatus
+from gpupool.providers.ray import RayProvider
+from gpupool.providers.ray.nodeconfig import node_agent_name, pod_actor_name
+from gpupool.providers.ray.resources import compute_resource
+from gpupool.providers.ray.settings import ADDRESS_FILE, NAMESPACE, NODE_LABEL
+
+from .conftest import wait_for
+
+
+def _pod(pod_id: str, node: str, *command: str, slices: tuple[Slice, ...] = (Slice(0, 250, 1024),),
+         workload_id: str = "w") -> PodLaunch:
+    return PodLaunch(pod_id=pod_id, workload_id=workload_id, node=node, command=command, slices=slices)
+
+
+def _status(provider: RayProvider, pod_id: str) -> PodStatus:
+    return {s.pod_id: s for s in provider.poll()}[pod_id]
+
+
+def _final(provider: RayProvider, pod_id: str, timeout_s: float = 60.0) -> PodStatus:
+    status = wait_for(lambda: (s := _status(provider, pod_id)).phase.is_final and s, timeout_s,
+                      f"pod {pod_id} to end")
+    assert isinstance(status, PodStatus)
+    return status
+
+
+def _names(pool: RayProvider) -> list[str]:
+    return [n.name for n in pool.nodes()]
+
+
+def test_nodes_come_from_ray_labelled_and_with_one_resource_per_device(pool: RayProvider) -> None:
+    assert _names(pool) == ["t4-000", "t4-001", "t4-002"]
+    assert (pool.data_dir / ADDRESS_FILE).read_text().strip() == pool.address
+    by_name = {e["Labels"][NODE_LABEL]: e for e in ray.nodes() if e["Alive"] and NODE_LABEL in e["Labels"]}
+    for node in pool.nodes():
+        resources = by_name[node.name]["Resources"]
+        assert resources.get("GPU", 0) == 0
+        assert [resources[compute_resource(node.name, d.index)] for d in node.devices] == [1000.0, 1000.0]
+        assert pool.node_address(node.name) == by_name[node.name]["NodeManagerAddress"]
+    with pytest.raises(NotFound):
+        pool.node_address("no-such-node")
+
+
+def test_ray_processes_run_without_the_memory_monitor_and_with_their_own_cuda_handling(
+        pool: RayProvider) -> None:
+    agent = ray.get_actor(node_agent_name("t4-000"), namespace=NAMESPACE)
+    env = ray.get(agent.process_env.remote(["RAY_memory_monitor_refresh_ms", "RAY_AUTH_MODE",
+                                            "RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES"]))
+    assert env == {"RAY_memory_monitor_refresh_ms": "0", "RAY_AUTH_MODE": "token",
+                   "RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES": "1"}
+    head = pool._head
+    assert head is not None and len(str(head.temp_dir)) < 30
+    sockets = list(head.temp_dir.glob("session_*/sockets/*"))
+    assert sockets and all(len(str(s)) < 107 for s in sockets)
+
+
+def test_each_pod_runs_on_the_node_asked_with_the_environment_gpupool_built(pool: RayProvider) -> None:
+    for node in pool.nodes():
+        pod_id = f"env-{node.name}"
+        pool.launch(_pod(pod_id, node.name, "sh", "-c", "env", slices=(Slice(1, 500, 2048),)))
+        status = _final(pool, pod_id)
+        assert (status.phase, status.exit_code, status.node) == (PodPhase.SUCCEEDED, 0, node.name)
+        actor = ray.get_actor(pod_actor_name(pod_id), namespace=NAMESPACE)
+        assert ray.get(actor.node_id.remote()) == pool.membership.ray_node(node.name).node_id  # type: ignore[union-attr]
+        env = dict(line.split("=", 1) for line in pool.read_log(pod_id).text.splitlines() if "=" in line)
+        assert env["CUDA_VISIBLE_DEVICES"] == node.devices[1].uuid  # gpupool's, not Ray's
+        assert env["GPUPOOL_NODE"] == node.name and env["GPUPOOL_DEVICE_MILLI"] == "500"
+        assert not [k for k in env if k.startswith("RAY_")]
+        assert env["HOME"].endswith(pod_id)
+        if os.geteuid() == 0:
+            assert env["USER"] == "gpupool-default"
+
+
+def test_a_pod_that_cannot_fit_waits_on_its_node_and_then_fails_with_the_reason(pool: RayProvider) -> None:
+    pool.launch(_pod("full-1", "t4-001", "sleep", "60", slices=(Slice(0, 1000, 0),)))
+    wait_for(lambda: _status(pool, "full-1").phase is PodPhase.RUNNING, what="full-1 to run")
+    short = RayProvider(pool.address, data_dir=pool.data_dir, placement_timeout_s=8.0)
+    try:
+        short.launch(_pod("full-2", "t4-001", "true", slices=(Slice(0, 1000, 0),)))
+        status = _final(short, "full-2")
+        assert status.phase is PodPhase.FAILED and status.node == "t4-001"
+        assert "could not place" in status.message and "t4-001" in status.message
+        with pytest.raises(ValueError):  # killed, never started anywhere else
+            ray.get_actor(pod_actor_name("full-2"), namespace=NAMESPACE)
+    finally:
+        short.close()
+    pool.stop("full-1", grace_s=1.0)
+    assert _final(pool, "full-1").phase is PodPhase.STOPPED
+
+
+def test_logs_and_exit_codes(pool: RayProvider) -> None:
+    pool.launch(_pod("exit-3", "t4-000", "sh", "-c", "echo first; echo second; exit 3"))
+    status = _final(pool, "exit-3")
+    assert (status.phase, status.exit_code) == (PodPhase.FAILED, 3)
+    chunk = pool.read_log("exit-3")
+    assert chunk.text == "first\nsecond\n" and chunk.finished
+    assert pool.read_log("exit-3", offset=6).text == "second\n"
+    with pytest.raises(InvalidInput):
+        pool.read_log("exit-3", stream="stdin")
+    with pytest.raises(NotFound):
+        pool.read_log("never-launched")
+
+
+def test_stop_terminates_the_whole_group_then_kills_it_after_the_grace(pool: RayProvider) -> None:
+    pool.launch(_pod("polite", "t4-002", "sleep", "60"))
+    pool.launch(_pod("stubborn", "t4-002", "sh", "-c", "trap '' TERM; sleep 60 & wait; wait"))
+    for pod_id in ("polite", "stubborn"):
+        wait_for(lambda p=pod_id: _status(pool, p).phase is PodPhase.RUNNING, what=f"{pod_id} to run")
+    pool.stop("polite", grace_s=5.0)
+    pool.stop("stubborn", grace_s=0.5)
+    pool.stop("stubborn", grace_s=0.5)
+    assert (_final(pool, "polite").phase, _final(pool, "polite").exit_code) == (PodPhase.STOPPED, 143)
+    assert (_final(pool, "stubborn").phase, _final(pool, "stubborn").exit_code) == (PodPhase.STOPPED, 137)
+
+
+def test_a_finished_pod_releases_its_slice_and_its_log_outlives_its_actor(pool: RayProvider) -> None:
+    pool.launch(_pod("whole", "t4-000", "sh", "-c", "echo done", slices=(Slice(0, 1000, 0),)))
+    _final(pool, "whole")
+
+    def actor_gone() -> bool:
+        pool.poll()
+        try:
+            ray.get_actor(pod_actor_name("whole"), namespace=NAMESPACE)
+        except ValueError:
+            return True
+        return False
+
+    wait_for(actor_gone, what="the finished pod's actor to be released")
+    assert pool.read_log("whole").text == "done\n"  # served by the node agent now
+    pool.launch(_pod("whole-again", "t4-000", "true", slices=(Slice(0, 1000, 0),)))
+    assert _final(pool, "whole-again").phase is PodPhase.SUCCEEDED
+
+
+def test_a_second_provider_re_adopts_running_pods_and_never_starts_them_twice(
+        pool: RayProvider, pod_scratch_root: Path) -> None:
+    marks = pod_scratch_root / "starts"  # pods run as another account: pytest's tmp_path is closed to it
+    marks.mkdir()
+    marks.chmod(0o777)
+    command = ("sh", "-c", f"echo started >> {marks}/log; sleep 60")
+    pool.launch(_pod("adopted", "t4-001", *command))
+    wait_for(lambda: _status(pool, "adopted").phase is PodPhase.RUNNING, what="the pod to run")
+    second = RayProvider(pool.address, data_dir=pool.data_dir)
+    try:
+        assert _status(second, "adopted").phase is PodPhase.RUNNING
+        assert _status(second, "adopted").node == "t4-001"
+        second.launch(_pod("adopted", "t4-001", *command))
+        second.stop("adopted", grace_s=2.0)
+        assert _final(second, "adopted").phase is PodPhase.STOPPED
+        assert (marks / "log").read_text() == "started\n"
+    finally:
+        second.close()
+    assert pool.head_is_owned  # the second provider attached: it started no cluster of its own
+
+
+def test_a_killed_node_leaves_the_pool_before_its_pods_are_reported_lost(pool: RayProvider) -> None:
+    pool.launch(_pod("doomed", "t4-002", "sleep", "60"))
+    pool.launch(_pod("survivor", "t4-000", "sleep", "60"))
+    for pod_id in ("doomed", "survivor"):
+        wait_for(lambda p=pod_id: _status(pool, p).phase is PodPhase.RUNNING, what=f"{pod_id} to run")
+    victim = next(j for j in pool.joined if j.config.name == "t4-002")
+    victim.process.kill()
+    seen: list[tuple[bool, PodPhase]] = []
+
+    def lost() -> bool:
+        present = "t4-002" in _names(pool)
+        phase = _status(pool, "doomed").phase
+        seen.append((present, phase))
+        return phase is PodPhase.LOST
+
+    wait_for(lost, what="the killed node's pod to be reported lost")
+    first_lost = next(i for i, (_, phase) in enumerate(seen) if phase is PodPhase.LOST)
+    assert first_lost >= 2 and not any(present for present, _ in seen[first_lost - 2:])
+    assert "t4-002" in _status(pool, "doomed").message
+    assert _names(pool) == ["t4-000", "t4-001"]
+    assert _status(pool, "survivor").phase is PodPhase.RUNNING
+    pool.stop("survivor", grace_s=1.0)
+    assert _final(pool, "survivor").phase is PodPhase.STOPPED

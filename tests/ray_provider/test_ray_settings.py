@@ -1,0 +1,93 @@
+"""The Ray pitfalls that need no cluster: token file, process environment, version pin, explicit
+addresses only, short temp dirs cleaned by pid."""
+
+from __future__ import annotations
+
+import ast
+import os
+import stat
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("ray", reason="the ray provider needs Ray (pip install 'gpupool[ray]')")
+
+from gpupool.errors import ProviderError
+from gpupool.providers.ray import cluster, driver
+from gpupool.providers.ray.settings import RAY_VERSION, check_version, ensure_token, ray_env
+
+SOURCE = Path(__file__).resolve().parents[2] / "src" / "gpupool"
+
+
+def test_the_token_is_made_once_private_and_kept(tmp_path: Path) -> None:
+    path = ensure_token(tmp_path / "d" / "ray-token")
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600
+    token = path.read_text()
+    assert len(token) == 64
+    assert ensure_token(path).read_text() == token
+
+
+def test_a_token_others_can_read_is_refused(tmp_path: Path) -> None:
+    path = tmp_path / "ray-token"
+    path.write_text("x" * 64)
+    path.chmod(0o644)
+    with pytest.raises(ProviderError, match="chmod 600"):
+        ensure_token(path)
+
+
+def test_every_ray_process_runs_with_auth_on_and_the_memory_monitor_off(tmp_path: Path) -> None:
+    env = ray_env(tmp_path / "ray-token")
+    assert env["RAY_AUTH_MODE"] == "token"
+    assert env["RAY_AUTH_TOKEN_PATH"] == str(tmp_path / "ray-token")
+    assert env["RAY_memory_monitor_refresh_ms"] == "0"
+    assert env["RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES"] == "1"
+
+
+def test_the_ray_version_is_pinned() -> None:
+    import ray
+
+    assert ray.__version__ == RAY_VERSION
+    check_version(RAY_VERSION)
+    with pytest.raises(ProviderError, match=f"Ray {RAY_VERSION}"):
+        check_version("2.9.0")
+
+
+@pytest.mark.parametrize("address", ["", "auto"])
+def test_no_connection_without_an_explicit_address(address: str, tmp_path: Path) -> None:
+    import ray
+
+    with pytest.raises(ProviderError, match="HOST:PORT"):
+        driver.connect(address, ensure_token(tmp_path / "t"))
+    assert not ray.is_initialized()
+
+
+def test_the_source_never_calls_ray_init_without_an_address() -> None:
+    calls = []
+    for path in SOURCE.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Call) and ast.unparse(node.func) == "ray.init":
+                calls.append((path.name, {k.arg for k in node.keywords}))
+    assert calls, "the driver connects with ray.init"
+    assert all("address" in keywords for _, keywords in calls), calls
+
+
+def test_temp_dirs_are_short_and_those_of_dead_processes_are_removed(tmp_path: Path) -> None:
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True,
+                          text=True, check=True)
+    stale = tmp_path / f"gpr-{dead.stdout.strip()}-1"
+    stale.mkdir()
+    mine = tmp_path / f"gpr-{os.getpid()}-99"
+    mine.mkdir()
+    other = tmp_path / "gpr-something"
+    other.mkdir()
+    fresh = cluster.short_temp_dir(tmp_path)
+    assert not stale.exists() and mine.exists() and other.exists() and fresh.is_dir()
+    real = cluster.short_temp_dir()
+    try:
+        # Ray's deepest socket: <temp>/session_<date>_<time>_<micro>_<pid>/sockets/plasma_store
+        socket_path = f"{real}/session_2026-01-01_00-00-00_000000_4194304/sockets/plasma_store"
+        assert len(socket_path) < 107
+    finally:
+        real.rmdir()
