@@ -40,26 +40,35 @@ Id = Annotated[str, Path(min_length=1, max_length=64)]
 WaitS = Annotated[float, Query(ge=0, le=MAX_WAIT_S, description="wait up to this long for the answer")]
 
 
+class Wake(asyncio.Event):
+    """A wake-up, with what the waker already knows (a call's final state), if anything."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.value: CallOut | None = None
+
+
 class CallBroker:
     """Wake-ups for this process's long polls, keyed by ("session", id) and ("call", id)."""
 
     def __init__(self) -> None:
-        self._waiting: dict[tuple[str, str], set[asyncio.Event]] = {}
+        self._waiting: dict[tuple[str, str], set[Wake]] = {}
 
-    def listen(self, key: tuple[str, str]) -> asyncio.Event:
-        event = asyncio.Event()
+    def listen(self, key: tuple[str, str]) -> Wake:
+        event = Wake()
         self._waiting.setdefault(key, set()).add(event)
         return event
 
-    def forget(self, key: tuple[str, str], event: asyncio.Event) -> None:
+    def forget(self, key: tuple[str, str], event: Wake) -> None:
         events = self._waiting.get(key)
         if events is not None:
             events.discard(event)
             if not events:
                 del self._waiting[key]
 
-    def notify(self, key: tuple[str, str]) -> None:
+    def notify(self, key: tuple[str, str], value: CallOut | None = None) -> None:
         for event in self._waiting.get(key, ()):
+            event.value = value
             event.set()
 
 
@@ -75,9 +84,11 @@ async def _run(fn: Callable[..., T], *args: object) -> T:
 
 
 async def _until(broker: CallBroker, key: tuple[str, str], wait_s: float,
-                 look: Callable[[], T | None], *, event: asyncio.Event | None = None) -> T | None:
+                 look: Callable[[], T | None], *, event: Wake | None = None,
+                 known: Callable[[Wake], T | None] = lambda _: None) -> T | None:
     """`look()` (in a thread) until it gives something or `wait_s` passed, waking on `key`. With
-    `event` (listened to before what was just seen), wait on it before the first look."""
+    `event` (listened to before what was just seen), wait on it before the first look. `known`
+    takes what a wake-up brought instead of looking, when it brought enough."""
     loop = asyncio.get_running_loop()
     deadline = loop.time() + wait_s
     while True:
@@ -97,12 +108,15 @@ async def _until(broker: CallBroker, key: tuple[str, str], wait_s: float,
                 await asyncio.wait_for(event.wait(), max(0.0, min(deadline - loop.time(), RECHECK_S)))
         finally:
             broker.forget(key, event)
+        brought = known(event)
+        if brought is not None:
+            return brought
         event = None
 
 
 async def _call_when_final(rt: Runtime, broker: CallBroker, who: Principal, call_id: str,
                            wait_s: float, *, seen: CallOut | None = None,
-                           event: asyncio.Event | None = None) -> CallOut:
+                           event: Wake | None = None) -> CallOut:
     """The call once final, or as it is after wait_s. `seen` with its `event`: the call was just
     read (or made) with `event` already listening, so the first look waits for a wake-up."""
     last: list[CallOut] = [seen] if seen is not None else []
@@ -112,7 +126,10 @@ async def _call_when_final(rt: Runtime, broker: CallBroker, who: Principal, call
         last[:] = [out]
         return out if out.status.is_final else None
 
-    found = await _until(broker, ("call", call_id), wait_s, look, event=event)
+    def brought(wake: Wake) -> CallOut | None:
+        return wake.value if wake.value is not None and wake.value.status.is_final else None
+
+    found = await _until(broker, ("call", call_id), wait_s, look, event=event, known=brought)
     return found or last[0]
 
 
@@ -176,8 +193,10 @@ async def worker_next(body: WorkerAsk, request: Request, rt: Rt) -> WorkerWork:
     """For worker pods only (their call token): answer the call just run, take the next one."""
     pod = await _run(service.worker_pod, rt, request.headers.get("authorization"))
     broker = _broker(request)
-    if body.done is not None and await _run(service.finish_call, rt, pod, body.done):
-        broker.notify(("call", body.done.call_id))
+    if body.done is not None:
+        answered = await _run(service.finish_call, rt, pod, body.done)
+        if answered is not None:
+            broker.notify(("call", answered.id), answered)  # its waiting caller needs no store read
     work = await _until(broker, ("session", pod.session_id), body.wait_s,
                         lambda: service.next_call(rt, pod))
     return work or WorkerWork()

@@ -20,6 +20,7 @@ import secrets
 import shutil
 import sys
 import threading
+import time
 import weakref
 from dataclasses import dataclass
 from typing import Any
@@ -33,7 +34,7 @@ from gpupool.core.model import WorkloadStatus
 from gpupool.errors import Conflict, InvalidInput, NotFound, Unauthorized
 from gpupool.server.auth import Principal, call_token, call_token_pod
 from gpupool.server.db import Store
-from gpupool.server.orm import Base, PodRow, RemoteCallRow, RemoteKeyRow, RemoteSessionRow, WorkloadRow
+from gpupool.server.orm import Base, RemoteCallRow, RemoteKeyRow, RemoteSessionRow, WorkloadRow
 from gpupool.server.runtime import Runtime
 from gpupool.server.schemas.calls import (
     MAX_PAYLOAD_BYTES,
@@ -71,6 +72,7 @@ _next_prune: weakref.WeakKeyDictionary[Store, float] = weakref.WeakKeyDictionary
 _S = Base.metadata.tables["remote_sessions"]
 _C = Base.metadata.tables["remote_calls"]
 _W = Base.metadata.tables["workloads"]
+_P = Base.metadata.tables["pods"]
 _QUEUED = (select(_C.c.id, _C.c.payload).where(_C.c.status == CallStatus.QUEUED.value)
            .order_by(_C.c.submitted_s, _C.c.id).limit(1))
 
@@ -81,6 +83,11 @@ class WorkerPod:
 
     pod_id: str
     session_id: str
+
+
+POD_CHECK_S = 0.5
+"""How long a worker pod's token is trusted without looking at its pod again."""
+_active_pods: dict[str, tuple[WorkerPod, float]] = {}
 
 
 # ---------------------------------------------------------------------- the pods' token and URL
@@ -381,32 +388,46 @@ _POD_ID = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
 
 
 def worker_pod(rt: Runtime, authorization: str | None) -> WorkerPod:
-    """The pod a call token names, while that pod is active (the token dies with it)."""
+    """The pod a call token names, while that pod is active (the token dies with it, within
+    POD_CHECK_S: an active pod is looked up at most that often)."""
     key = _key(rt.store, create=False)
     if key is None:
         raise Unauthorized("The call token is not valid.", reason="no call-token key")
     pod_id = call_token_pod(key, authorization)
+    mono = time.monotonic()
+    known = _active_pods.get(pod_id)
+    if known is not None and mono - known[1] <= POD_CHECK_S:
+        return known[0]
     with rt.store.read() as session:
-        pod = session.get(PodRow, pod_id) if _POD_ID.match(pod_id) else None
-        if pod is None or pod.status not in ACTIVE_POD_STATES:
-            raise Unauthorized("The call token's pod has ended; the token ended with it.", reason="pod ended")
-        return WorkerPod(pod_id=pod.id, session_id=pod.workload_id)
+        row = session.execute(select(_P.c.workload_id, _P.c.status).where(_P.c.id == pod_id)).first() \
+            if _POD_ID.match(pod_id) else None
+    if row is None or row.status not in ACTIVE_POD_STATES:
+        _active_pods.pop(pod_id, None)
+        raise Unauthorized("The call token's pod has ended; the token ended with it.", reason="pod ended")
+    pod = WorkerPod(pod_id=pod_id, session_id=row.workload_id)
+    if len(_active_pods) > 10_000:
+        _active_pods.clear()
+    _active_pods[pod_id] = (pod, mono)
+    return pod
 
 
-def finish_call(rt: Runtime, pod: WorkerPod, done: CallDone) -> bool:
-    """Store a worker's answer (idempotent; an answer to a call it no longer holds is dropped)."""
+def finish_call(rt: Runtime, pod: WorkerPod, done: CallDone) -> CallOut | None:
+    """Store a worker's answer; the call as it now stands, or None when the pod no longer held it
+    (cancelled meanwhile, or not its call: the answer is dropped)."""
     result = None if done.result is None else decode_payload(done.result, "function's result")
     now = rt.clock()
     status = CallStatus.SUCCEEDED if done.ok else CallStatus.FAILED
     with rt.store.write() as session:
-        answered = session.connection().execute(update(RemoteCallRow).where(
-            RemoteCallRow.id == done.call_id, RemoteCallRow.session_id == pod.session_id,
-            RemoteCallRow.pod_id == pod.pod_id, RemoteCallRow.status == CallStatus.RUNNING.value,
+        conn = session.connection()
+        answered = conn.execute(update(_C).where(
+            _C.c.id == done.call_id, _C.c.session_id == pod.session_id, _C.c.pod_id == pod.pod_id,
+            _C.c.status == CallStatus.RUNNING.value,
         ).values(status=status.value, result=result, error=done.error, traceback=done.traceback,
                  finished_s=now, payload=b"")).rowcount
-        session.execute(update(RemoteSessionRow).where(RemoteSessionRow.id == pod.session_id)
-                        .values(last_active_s=now))
-    return bool(answered)
+        if not answered:
+            return None
+        conn.execute(update(_S).where(_S.c.id == pod.session_id).values(last_active_s=now))
+        return _call_out(conn.execute(select(_C).where(_C.c.id == done.call_id)).one())
 
 
 def next_call(rt: Runtime, pod: WorkerPod) -> WorkerWork | None:
