@@ -19,6 +19,7 @@ from gpupool.server.settings import Settings
 
 if TYPE_CHECKING:
     from gpupool.server.services.budgets import BudgetTracker
+    from gpupool.server.services.fabric import LiveFabric
     from gpupool.server.services.usage_rollup import UsageRollup
 
 MAX_HANDED_OVER = 100_000
@@ -47,6 +48,9 @@ class Runtime:
     """Each budgeted tenant's spend this period and who exhausted theirs (services/budgets.py)."""
     usage_rollup: UsageRollup = field(default_factory=lambda: _usage_rollup())
     """The daily usage rollup's keeper (services/usage_rollup.py): folded by the control loop."""
+    fabric: LiveFabric | None = None
+    """The IB fabric the pool runs on (`gpupool up --fabric FILE`): link state, routes and the
+    scheduler's view of it (services/fabric.py); None: no fabric known, placement as before."""
     _nodes: tuple[Node, ...] = ()
     _nodes_lock: threading.Lock = field(default_factory=threading.Lock)
     auth: Authenticator = field(init=False)

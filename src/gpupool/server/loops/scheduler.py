@@ -42,6 +42,7 @@ from gpupool.core.scheduling.cycle import (
 from gpupool.core.scheduling.keeper import PRUNE_SLACK, ViewKeeper
 from gpupool.errors import GpupoolError
 from gpupool.providers.base import PodLaunch
+from gpupool.server.loops.fabric_view import FabricKeeper
 from gpupool.server.loops.snapshot import MAX_PENDING_PER_CYCLE, StoreView, WorkloadCache, load
 from gpupool.server.orm import Base, PodRow, TenantRow, WorkloadRow
 from gpupool.server.runtime import Runtime
@@ -125,7 +126,7 @@ class Scheduler:
         self.policies = policies
         self.rng = random.Random(seed)
         self.cache = WorkloadCache()
-        self.keeper = ViewKeeper()
+        self.keeper: ViewKeeper = FabricKeeper(rt)
         """The core's view of the pool, kept from cycle to cycle and brought up to date with each
         snapshot, so a cycle costs what changed rather than the size of the pool."""
         self._inadmissible: set[str] = set()
@@ -154,9 +155,9 @@ class Scheduler:
         self._next_audit_s = float("-inf")
         self._backoff_s: float | None = None
         """When the next requeued workload's backoff ends (a full pass then looks at it)."""
-
         self.ports = rendezvous.PortBook()
         """The MASTER_PORT each multi-pod gang holds on its rank-0 node (services/rendezvous.py)."""
+
     # ------------------------------------------------------------------ the cycle
 
     def cycle(self, capacity_changed: bool = True) -> CycleStats:
@@ -379,9 +380,9 @@ class Scheduler:
             allocated.append((row.id, [f"{row.id}-a{attempt}-{p.pod}" for p in in_order], in_order))
             wait = bool(busy) and any((p.node, s.device_index) in busy for p in in_order for s in p.slices)
             state = PodState.WAITING if wait else PodState.LAUNCHING
-            for placement in admission.placements:
             ranks = {int(p.pod.removeprefix("r")): p.node for p in in_order}
             gang = rendezvous.plan(self.rt, conn, self.ports, row, attempt, ranks) if world > 1 else None
+            for placement in admission.placements:
                 rank = int(placement.pod.removeprefix("r"))
                 pod_id = f"{row.id}-a{attempt}-r{rank}"
                 request = by_id[row.id].pods[rank]
@@ -504,9 +505,9 @@ class Scheduler:
             accounts = _unix_users(conn, {row.tenant for row in rows.values()})
             for wid, pods in ready.items():
                 row = rows[wid]
+                gang = rendezvous.recorded(self.rt, row, row.attempt, {p.rank: p.node for p in pods})
                 for pod in pods:
                     slices = tuple(Slice(**s) for s in pod.slices)
-                gang = rendezvous.recorded(self.rt, row, row.attempt, {p.rank: p.node for p in pods})
                     launches.append(self._pod_launch(row, pod.id, pod.node, slices, pod.rank, len(pods),
                                                      pod.cpu_milli, pod.memory_mib,
                                                      accounts.get(row.tenant) or "", gang=gang))
@@ -572,12 +573,12 @@ class Scheduler:
             slices=slices, cpu_milli=cpu_milli, memory_mib=memory_mib, env=env,
             workdir=str(spec.get("workdir", "")), rank=rank, world_size=world, tenant=row.tenant,
             unix_user=unix_user, separate_stderr=bool(spec.get("separate_stderr", False)),
+            **(gang.launch_fields(rank) if gang is not None else {}),
         )
 
     def _launch(self, launches: list[PodLaunch]) -> None:
         """Ask the provider (outside any transaction), then record what started."""
         if not launches:
-            **(gang.launch_fields(rank) if gang is not None else {}),
             return
         started, failed = self._start_all(launches)
         now = self.rt.clock()
