@@ -116,6 +116,20 @@ _ENTRIES: tuple[tuple[StrEnum, bool, str, str], ...] = (
      "`gpupool logs ID` shows why it failed; `gpupool show` counts the retries used."),
     (_E.NODE_LOST, False, "The node it ran on left the pool; it waits to run on another node.",
      "Nothing to do: it is placed again; checkpoints in GPUPOOL_CHECKPOINT_DIR keep its progress."),
+    (_E.LINK_LOST, False,
+     "A fabric link failed and some of its nodes had no route left to each other; it was stopped and waits "
+     "to be placed again.",
+     "Nothing to do: it is placed on nodes that can reach each other; checkpoints in "
+     "GPUPOOL_CHECKPOINT_DIR keep its progress."),
+    (_E.LINK_DEGRADED, False,
+     "A fabric link on its routes failed and left it less bandwidth; the event names its new slowest link.",
+     "Nothing to do: it keeps running at the bandwidth named; `gpupool show ID --json` gives its "
+     "placement's bottleneck."),
+    (_E.CONGESTION_MOVED, False,
+     "Its slowest link stayed congested longer than the pool allows, so it was stopped to be placed "
+     "away from it.",
+     "Nothing to do: it resumes from its last checkpoint in GPUPOOL_CHECKPOINT_DIR on a quieter part "
+     "of the fabric."),
     (_E.LIMITS_UNENFORCED, False,
      "Placed where one of its limits is not enforced (no cgroup v2, no MPS, or simulated devices).",
      "It runs, but may use more than its share; the message names the limit."),

@@ -52,6 +52,12 @@ def up(
             "classes, queues, failure handling, default slice resources. See docs/configuration.md; "
             "check a file with `gpupool config check FILE`."))
     ] = None,
+    fabric: Annotated[
+        Path | None,
+        typer.Option("--fabric", help=(
+            "The IB fabric (ibnetdiscover output or a `gpupool fabric generate` file): gangs are placed "
+            "by it, link failures requeue the gangs they cut off; see docs/network-aware.md."))
+    ] = None,
 ) -> None:
     """Start the pool: API on http://HOST:PORT/api/v1 (docs at /docs), scheduler, local agent.
 
@@ -68,7 +74,7 @@ def up(
 
     try:
         _serve(data_dir, host, port, simulate, provider, database_url, policy or placement or "",
-               tls_cert, tls_key, metrics_public, config)
+               tls_cert, tls_key, metrics_public, config, fabric_path=fabric)
     except GpupoolError as exc:
         print(f"Error: {exc.message}", file=sys.stderr)
         raise typer.Exit(exc.exit_code) from None
@@ -76,7 +82,8 @@ def up(
 
 def _serve(data_dir: Path | None, host: str, port: int, simulate: str, provider: str, database_url: str,
            placement: str, tls_cert: Path | None = None, tls_key: Path | None = None,
-           metrics_public: bool = False, config_path: Path | None = None) -> None:
+           metrics_public: bool = False, config_path: Path | None = None,
+           fabric_path: Path | None = None) -> None:
     import logging
 
     import uvicorn
@@ -117,6 +124,11 @@ def _serve(data_dir: Path | None, host: str, port: int, simulate: str, provider:
         print(accounts, flush=True)
     store = Store.open(settings.resolved_database_url)
     rt = Runtime(settings=settings, store=store, provider=provisioned.provider, config=pool_config)
+    if fabric_path is not None:
+        from gpupool.server.services.fabric import open_live_fabric
+
+        rt.fabric = open_live_fabric(fabric_path, rt.nodes())  # a fabric too small for the pool stops here
+        print(rt.fabric.summary(len(rt.nodes())), flush=True)
     print(_scheduling_line(pool_config, settings.placement, config_path), flush=True)
     token = bootstrap(rt)
     _announce_token(settings.admin_token_path, token)

@@ -17,6 +17,7 @@ from gpupool.server.fastpath import SubmitFastPath
 from gpupool.server.loops.control import ControlLoop
 from gpupool.server.metrics import Metrics, RequestTimer
 from gpupool.server.routers import audit, calls, config, health, nodes, session, tenants, usage, workloads
+from gpupool.server.routers import fabric as fabric_routes
 from gpupool.server.runtime import Runtime
 from gpupool.server.services import node_faults
 from gpupool.server.services.submit_writer import SubmitWriter
@@ -60,6 +61,7 @@ def create_app(rt: Runtime, *, run_loop: bool = True) -> FastAPI:
     for router in (health.router, workloads.router, nodes.router, tenants.router, audit.router,
                    config.router, session.router, usage.router, calls.router):
         app.include_router(router, prefix=API_PREFIX)
+    app.include_router(fabric_routes.router, prefix=API_PREFIX)
     app.include_router(health.router, include_in_schema=False)  # /health at the root too
     apidocs.install(app, f"{API_PREFIX}/openapi.json")
     ui.install(app)  # the dashboard at / and /ui/, a client of the routes above

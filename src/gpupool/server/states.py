@@ -54,6 +54,12 @@ class EventReason(StrEnum):
     """The node it ran on is no longer listed by the provider; the workload is requeued."""
     LIMITS_UNENFORCED = "limits_unenforced"
     """Placed where one of its limits does not hold (no cgroup v2 tree, no MPS, simulated devices)."""
+    LINK_LOST = "link_lost"
+    """A fabric link failed and two of its nodes had no route left: the gang is requeued."""
+    LINK_DEGRADED = "link_degraded"
+    """A fabric link failed or healed and the gang's bottleneck changed (an event; it keeps running)."""
+    CONGESTION_MOVED = "congestion_moved"
+    """Its bottleneck link stayed congested (fabric.migrate_on_congestion): checkpoint-requeued."""
 
 
 _P, _A, _R = "pending", "admitted", "running"

@@ -10,6 +10,7 @@ from gpupool.core.units import parse_cpu_milli, parse_devices, parse_memory_mib
 from gpupool.errors import InvalidInput
 from gpupool.server.schemas.array_spec import parse_array
 from gpupool.server.schemas.common import Name, Strict
+from gpupool.server.schemas.fabric import NetworkOut
 
 MAX_REPLICAS = 256
 MAX_COMMAND_ARGS = 4096
@@ -184,6 +185,9 @@ class WorkloadOut(Strict):
     array_limit: int | None = Field(None, description="how many tasks of its array may hold slices at once")
     spec: WorkloadSpec
     pods: list[PodOut]
+    network: NetworkOut | None = Field(default=None, description=(
+        "where its pods sit in the fabric while it holds them on several nodes (pools started with "
+        "--fabric): domain, hops, bottleneck cable and its bandwidth"))
 
 
 class WorkloadCreated(Strict):

@@ -59,7 +59,8 @@ class Gang:
 
 def node_hcas(node: Node, gang_nodes: Sequence[str]) -> tuple[str, ...]:
     """Every active IB port the node's agent probed, as NCCL names them (device:port), sorted.
-    Without a fabric this is all a node can offer; a known fabric narrows it (services/fabric.py)."""
+    Without a fabric this is all a node can offer; a known fabric narrows it to the adapters whose
+    cable works (`LiveFabric.hcas`)."""
     ports = [p for p in node.ib_ports if p.state.upper() in ("", "ACTIVE", "4: ACTIVE")]
     return tuple(sorted({f"{p.hca}:{p.port}" for p in ports}))
 
@@ -122,7 +123,7 @@ def _from_store(conn: Connection) -> dict[tuple[str, int], tuple[str, int]]:
 
 
 def plan(rt: Runtime, conn: Connection, book: PortBook, row: Any, attempt: int, nodes: Mapping[int, str],
-         hcas: HcaChooser = node_hcas) -> Gang:
+         hcas: HcaChooser | None = None) -> Gang:
     """Reserve the gang's port on its rank-0 node and record it in the workload's spec (in the
     caller's transaction); `row` has id, tenant and spec."""
     master = nodes[0]
@@ -135,7 +136,7 @@ def plan(rt: Runtime, conn: Connection, book: PortBook, row: Any, attempt: int, 
 
 
 def recorded(rt: Runtime, row: Any, attempt: int, nodes: Mapping[int, str],
-             hcas: HcaChooser = node_hcas) -> Gang | None:
+             hcas: HcaChooser | None = None) -> Gang | None:
     """The gang as planned at its admission (its pods were launched later: they waited for a
     stopping pod's device); None when it has no reservation (a single pod)."""
     entry = next((e for e in reversed(row.spec.get("rendezvous") or ()) if e.get("attempt") == attempt), None)
@@ -143,8 +144,12 @@ def recorded(rt: Runtime, row: Any, attempt: int, nodes: Mapping[int, str],
 
 
 def _gang(rt: Runtime, row: Any, entry: Mapping[str, Any], nodes: Mapping[int, str],
-          hcas: HcaChooser) -> Gang:
-    by_name = {n.name: n for n in rt.nodes()}
+          hcas: HcaChooser | None) -> Gang:
+    pool = rt.nodes()
+    if hcas is None:
+        live = rt.fabric
+        hcas = node_hcas if live is None else (lambda node, _: live.hcas(pool, node))
+    by_name = {n.name: n for n in pool}
     gang_nodes = sorted(set(nodes.values()))
     chosen = {name: hcas(by_name[name], gang_nodes) for name in gang_nodes if name in by_name}
     fabric = rt.config.fabric

@@ -25,6 +25,7 @@ from gpupool.server.schemas.workloads import (
 )
 from gpupool.server.services.converters import event_row_to_out, workload_row_to_out
 from gpupool.server.services.events import Move, apply_moves, transition
+from gpupool.server.services.fabric_listing import with_network
 from gpupool.server.services.requeue import stop_pods
 from gpupool.server.services.specs import CAPACITY, check_fits, priority_class, to_workload
 from gpupool.server.services.submit_writer import Submission, SubmitWriter, commit
@@ -164,8 +165,9 @@ def get(rt: Runtime, who: Principal, workload_id: str) -> WorkloadOut:
     simulated = _simulated_nodes(rt)
     with rt.store.read() as session:
         row = _visible(session, who, workload_id)
-        return workload_row_to_out(row, _pods(session, [row.id])[row.id], simulated,
-                                   default_max_retries=rt.config.failure.max_retries)
+        detail = workload_row_to_out(row, _pods(session, [row.id])[row.id], simulated,
+                                     default_max_retries=rt.config.failure.max_retries)
+    return with_network(rt, detail)  # its place in the fabric, when the pool knows one
 
 
 def cancel(rt: Runtime, who: Principal, workload_id: str) -> WorkloadOut:

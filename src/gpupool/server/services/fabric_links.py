@@ -1,0 +1,226 @@
+"""Link changes on the live fabric and what they do to running gangs: a gang two of whose nodes lost
+every route is requeued (`link_lost`), one left with less bandwidth is told its new bottleneck
+(`link_degraded`), and with `fabric.migrate_on_congestion` one whose bottleneck link stayed loaded
+above the threshold for `congestion_for` is checkpoint-requeued (`congestion_moved`) to be placed
+away from it.
+
+A gang's bottleneck is the slowest cable on its routes (`LiveFabric.route`): its data rate left by
+the measured load, shared equally by the gangs routed over it; 0 when it failed.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from gpupool.core.fabric.telemetry import PortLoad
+from gpupool.core.model import Node, WorkloadStatus
+from gpupool.errors import Conflict
+from gpupool.server.auth import Principal
+from gpupool.server.orm import EventRow, PodRow, WorkloadRow
+from gpupool.server.runtime import Runtime
+from gpupool.server.services import audit
+from gpupool.server.services.fabric import Key, LiveFabric, Route
+from gpupool.server.services.requeue import checkpoint_mark, requeue
+from gpupool.server.states import ACTIVE_POD_STATES, EventReason
+
+_RUNNING = (WorkloadStatus.ADMITTED.value, WorkloadStatus.RUNNING.value)
+
+
+def live(rt: Runtime) -> LiveFabric:
+    """The server's fabric; Conflict (409) when it runs without one."""
+    if rt.fabric is None:
+        raise Conflict("This pool runs without a fabric; start it with `gpupool up --fabric FILE` "
+                       "(ibnetdiscover output or a `gpupool fabric generate` file).")
+    return rt.fabric
+
+
+@dataclass(frozen=True, slots=True)
+class GangPath:
+    """One running gang on the fabric: its route and what that gives it now."""
+
+    workload_id: str
+    tenant: str
+    nodes: tuple[str, ...]
+    route: Route
+    bottleneck: Key | None
+    bottleneck_gbps: float
+    """inf for a gang on one node (it needs no fabric)."""
+    sharing: int = 0
+    """Gangs routed over its bottleneck cable (itself included)."""
+
+
+def running_gangs(rt: Runtime) -> dict[str, tuple[str, tuple[str, ...]]]:
+    """workload -> (tenant, its pods' nodes in rank order), for work holding pods on several nodes."""
+    with rt.store.read() as session:
+        rows = session.execute(
+            select(PodRow.workload_id, PodRow.rank, PodRow.node, WorkloadRow.tenant)
+            .join(WorkloadRow, WorkloadRow.id == PodRow.workload_id)
+            .where(PodRow.status.in_(ACTIVE_POD_STATES), WorkloadRow.status.in_(_RUNNING))
+            .order_by(PodRow.workload_id, PodRow.rank)).all()
+    gangs: dict[str, tuple[str, list[str]]] = {}
+    for workload_id, _, node, tenant in rows:
+        gangs.setdefault(workload_id, (tenant, []))[1].append(node)
+    return {w: (t, tuple(n)) for w, (t, n) in gangs.items() if len(set(n)) > 1}
+
+
+def assess(fabric: LiveFabric, nodes: Sequence[Node],
+           gangs: Mapping[str, tuple[str, tuple[str, ...]]]) -> dict[str, GangPath]:
+    """Each gang's route and bottleneck, counting every gang routed over each cable."""
+    routes = {w: fabric.route(nodes, gang_nodes) for w, (_, gang_nodes) in gangs.items()}
+    users = Counter(key for route in routes.values() for key in route.links)
+    out: dict[str, GangPath] = {}
+    for workload_id, route in routes.items():
+        tenant, gang_nodes = gangs[workload_id]
+        best: tuple[float, Key] | None = None
+        for key in route.links:
+            share = fabric.available_gbps(key) / max(1, users[key])
+            if best is None or share < best[0]:
+                best = (share, key)
+        gbps = 0.0 if not route.connected else (best[0] if best is not None else float("inf"))
+        out[workload_id] = GangPath(workload_id, tenant, gang_nodes, route, best[1] if best else None, gbps,
+                                    users[best[1]] if best else 0)
+    return out
+
+
+@dataclass
+class Effects:
+    """What one change did: gangs requeued (cut off or moved off congestion) and gangs told."""
+
+    requeued: list[str] = field(default_factory=list)
+    slowed: dict[str, str] = field(default_factory=dict)
+    """workload -> the event's message naming its new bottleneck."""
+    moved: list[str] = field(default_factory=list)
+    moved_why: str = ""
+
+
+def describe(fabric: LiveFabric, path: GangPath) -> str:
+    if path.bottleneck is None:
+        return "no fabric link"
+    return (f"{fabric.label(path.bottleneck)} at {path.bottleneck_gbps:.0f} Gb/s"
+            + (f", shared by {path.sharing} gangs" if path.sharing > 1 else ""))
+
+
+def compare(fabric: LiveFabric, before: Mapping[str, GangPath], after: Mapping[str, GangPath],
+            cause: str) -> Effects:
+    """The gangs cut off by a change, and those left with less bandwidth."""
+    effects = Effects()
+    for workload_id, now in sorted(after.items()):
+        was = before.get(workload_id)
+        if not now.route.connected:
+            effects.requeued.append(workload_id)
+        elif was is not None and now.bottleneck_gbps < was.bottleneck_gbps - 1e-6:  # lost bandwidth
+            effects.slowed[workload_id] = (
+                f"{cause}: its bottleneck is now {describe(fabric, now)} (was "
+                f"{was.bottleneck_gbps:.0f} Gb/s).")
+    return effects
+
+
+def carry_out(rt: Runtime, effects: Effects, cause: str, now: float,
+              who: Principal | None = None, action: str = "", target: str = "") -> None:
+    """Requeue the cut-off and congested gangs (their pods stop with their class's grace, the work
+    since their checkpoint accounted) and record the others' events, in one transaction."""
+    to_stop: list[tuple[str, float]] = []
+    with rt.store.write() as session:
+        if who is not None:
+            audit.record(session, who, action, target, now)
+        for workload_id in effects.requeued:
+            to_stop += _requeue(rt, session, workload_id, EventReason.LINK_LOST, f"Requeued: {cause}, and "
+                                "some of its nodes had no route left to each other.", now)
+        for workload_id in effects.moved:
+            to_stop += _requeue(rt, session, workload_id, EventReason.CONGESTION_MOVED,
+                                f"Moved: {effects.moved_why}.", now)
+        for workload_id, message in effects.slowed.items():
+            row = session.get(WorkloadRow, workload_id)
+            if row is not None and row.status in _RUNNING:
+                session.add(EventRow(
+                    workload_id=workload_id, from_status=row.status, to_status=row.status,
+                    reason=EventReason.LINK_DEGRADED.value, message=message[:1024], at_s=now))
+    for pod_id, grace in to_stop:
+        rt.provider.stop(pod_id, grace_s=grace)
+    if to_stop:
+        rt.capacity_may_have_changed()
+
+
+def _requeue(rt: Runtime, session: Session, workload_id: str, reason: EventReason, message: str,
+             now: float) -> list[tuple[str, float]]:
+    row = session.get(WorkloadRow, workload_id)
+    if row is None or row.status not in _RUNNING:
+        return []
+    grace = rt.config.grace_s(str(row.spec.get("priority_class") or ""))
+    pods = requeue(session, row, reason, message, now, mark=checkpoint_mark(rt.provider, row))
+    return [(pod_id, grace) for pod_id in pods]
+
+
+# ------------------------------------------------------------------ the changes
+
+
+@dataclass(frozen=True, slots=True)
+class LinkChange:
+    """The answer to fail-link / heal-link / telemetry."""
+
+    links: tuple[Key, ...]
+    changed: bool
+    effects: Effects
+
+
+def set_link(rt: Runtime, who: Principal, ref: str, *, failed: bool) -> LinkChange:
+    """Fail or heal one cable (admin): routes recomputed, the scheduler's view updated, and the
+    running gangs it touches requeued or told."""
+    who.require_admin()
+    fabric = live(rt)
+    link = fabric.find_link(ref)
+    nodes, gangs = rt.nodes(), running_gangs(rt)
+    before = assess(fabric, nodes, gangs)
+    changed = fabric.fail_link(link) if failed else fabric.heal_link(link)
+    cause = f"link {fabric.label(link.key)} {'failed' if failed else 'came back'}"
+    effects = compare(fabric, before, assess(fabric, nodes, gangs), cause) if changed else Effects()
+    carry_out(rt, effects, cause, rt.clock(), who, "fabric.fail_link" if failed else "fabric.heal_link",
+              fabric.label(link.key))
+    rt.capacity_may_have_changed()  # the scheduler's view takes the change at its next cycle
+    return LinkChange((link.key,), changed, effects)
+
+
+def due_to_move(rt: Runtime, fabric: LiveFabric, paths: Mapping[str, GangPath], now: float) -> list[str]:
+    """The gangs whose bottleneck cable has been loaded above the threshold for `congestion_for`
+    (none unless fabric.migrate_on_congestion); the clock of each starts when it is first seen hot."""
+    config = rt.config.fabric
+    if not config.migrate_on_congestion:
+        fabric.congested_since.clear()
+        return []
+    hot = {w for w, p in paths.items()
+           if p.bottleneck is not None and fabric.load(p.bottleneck) > config.congestion_threshold}
+    since = {w: fabric.congested_since.get(w, now) for w in hot}
+    due = sorted(w for w, t in since.items() if now - t >= config.congestion_for)
+    fabric.congested_since = {w: t for w, t in since.items() if w not in due}
+    return due
+
+
+def telemetry(rt: Runtime, who: Principal, loads: Mapping[tuple[str, int], PortLoad]) -> LinkChange:
+    """Port loads and errors from the fabric's counters (admin): link load and health updated, a
+    link whose end saw link_downed failed; gangs cut off requeued, slowed ones told, congested ones
+    moved where the pool says so."""
+    who.require_admin()
+    fabric = live(rt)
+    nodes, gangs = rt.nodes(), running_gangs(rt)
+    before = assess(fabric, nodes, gangs)
+    downed = fabric.apply_loads(loads)
+    after = assess(fabric, nodes, gangs)
+    now = rt.clock()
+    cause = ("link " + ", ".join(fabric.label(lk.key) for lk in downed) + " went down") if downed \
+        else "the fabric's load changed"
+    effects = compare(fabric, before, after, cause)
+    if not downed:
+        effects.slowed.clear()  # load moves all the time: only failures are told
+    staying = {w: p for w, p in after.items() if w not in effects.requeued}
+    effects.moved = due_to_move(rt, fabric, staying, now)
+    config = rt.config.fabric
+    effects.moved_why = (f"its bottleneck stayed above {config.congestion_threshold:.0%} load for "
+                         f"{config.congestion_for:g} s")
+    carry_out(rt, effects, cause, now, who, "fabric.telemetry", f"{len(loads)} ports")
+    rt.capacity_may_have_changed()
+    return LinkChange(tuple(lk.key for lk in downed), bool(loads), effects)

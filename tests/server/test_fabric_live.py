@@ -1,0 +1,249 @@
+"""The live fabric (`gpupool up --fabric FILE`) on a small generated fat tree: GET /api/v1/fabric, a
+gang's path and its placement's domain, link failure and repair (routes recomputed, the scheduler's
+view updated, gangs cut off requeued, slowed ones told), telemetry and moving off congestion."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from fakes import ManualProvider
+from fastapi.testclient import TestClient
+
+from gpupool.config import parse_config
+from gpupool.core.fabric.generate import fat_tree
+from gpupool.core.fabric.write import to_ibnetdiscover
+from gpupool.core.model import Device, Node
+from gpupool.server.app import create_app
+from gpupool.server.db import Store
+from gpupool.server.loops.control import ControlLoop
+from gpupool.server.runtime import Runtime
+from gpupool.server.services.fabric import open_live_fabric
+from gpupool.server.services.tenants import bootstrap
+from gpupool.server.settings import Settings
+
+CONFIG = "scheduling: {placement: first-fit, backfill: false}\n"
+HOSTS = 8  # fat_tree(4): 4 leaves of 2 hosts, 2 spines
+
+
+def _node(name: str) -> Node:
+    devices = tuple(Device(uuid=f"{name}-d{i}", model="H100", index=i) for i in range(2))
+    return Node(name=name, cpu_milli=8000, memory_mib=65_536, devices=devices)
+
+
+class Pool:
+    """A server on a hand-driven provider and a fabric file, its loop stepped by the test."""
+
+    def __init__(self, tmp_path: Path, config: str = CONFIG, fabric: bool = True) -> None:
+        self.now = 1_000_000.0
+        path = tmp_path / "tree.topo"
+        path.write_text(to_ibnetdiscover(fat_tree(4, levels=2)))
+        self.provider = ManualProvider([_node(f"node{i:05d}") for i in range(1, HOSTS + 1)])
+        url = f"sqlite:///{tmp_path / 'store.sqlite'}"
+        settings = Settings(data_dir=tmp_path, database_url=url, cycle_interval_s=0.05)
+        self.rt = Runtime(settings=settings, store=Store.open(url), provider=self.provider,
+                          clock=lambda: self.now, config=parse_config(config))
+        if fabric:
+            self.rt.fabric = open_live_fabric(path, self.rt.nodes())
+        self.admin = bootstrap(self.rt) or ""
+        self.client = TestClient(create_app(self.rt, run_loop=False))
+        self.client.__enter__()
+        self.loop = ControlLoop(self.rt)
+        self.loop.recovered = self.loop.reconciler.recover()
+        created = self.call("post", "/tenants", {"name": "team-a"})
+        assert created.status_code == 201, created.text
+        self.tenant = self.call("post", "/tokens", {"tenant": "team-a"}).json()["token"]
+
+    def call(self, method: str, path: str, body: Any = None, token: str | None = None) -> Any:
+        headers = {"Authorization": f"Bearer {token or self.admin}"}
+        return self.client.request(method, f"/api/v1{path}", json=body, headers=headers)
+
+    def gang(self, replicas: int = 3, token: str | None = None) -> str:
+        """A gang of whole nodes (2 devices each): 3 of them cannot sit under one leaf of 2 hosts."""
+        answer = self.call("post", "/workloads", {"command": ["train"], "replicas": replicas,
+                                                  "resources": {"gpus": 2}}, token)
+        assert answer.status_code == 201, answer.text
+        self.loop.step()
+        return str(answer.json()["id"])
+
+    def detail(self, workload_id: str) -> dict[str, Any]:
+        return dict(self.call("get", f"/workloads/{workload_id}").json())
+
+    def events(self, workload_id: str) -> list[tuple[str, str]]:
+        answer = self.call("get", f"/workloads/{workload_id}/events").json()
+        return [(e["reason"], e["message"]) for e in answer]
+
+    def close(self) -> None:
+        self.client.__exit__(None, None, None)
+        self.rt.store.close()
+
+
+@pytest.fixture
+def pool(tmp_path: Path) -> Iterator[Pool]:
+    made = Pool(tmp_path)
+    yield made
+    made.close()
+
+
+def _uplink_ids(fabric: dict[str, Any], leaf_port_of: str) -> list[str]:
+    """The ids of the switch-to-switch cables at the leaf of the node's first port."""
+    leaf = next(n for n in fabric["nodes"] if n["node"] == leaf_port_of)["ports"][0]["leaf"]
+    return [lk["id"] for lk in fabric["links"] if lk["kind"] == "switch" and leaf in (lk["a"], lk["b"])]
+
+
+def test_every_token_reads_the_fabric_a_tenant_only_its_own_gangs_path(pool: Pool) -> None:
+    fabric = pool.call("get", "/fabric", token=pool.tenant).json()
+    assert [(lv["tier"], lv["switches"]) for lv in fabric["levels"]] == [("leaf", 4), ("spine", 2)]
+    assert len(fabric["links"]) == 16 and {lk["kind"] for lk in fabric["links"]} == {"access", "switch"}
+    leaves = [n["leaf"] for n in fabric["nodes"]]
+    assert len(set(leaves)) == 4 and leaves[0] == leaves[1] != leaves[2]  # node00001-2 share a leaf
+    mine = pool.gang(token=pool.tenant)
+    theirs = pool.gang(replicas=2)
+    path = pool.call("get", f"/fabric?workload={mine}", token=pool.tenant).json()["gang"]
+    assert path["domain"] == "spine" and path["hops"] == 4 and path["connected"]
+    assert path["bottleneck"] in path["links"] and path["bottleneck_gbps"] > 0
+    assert pool.call("get", f"/fabric?workload={theirs}", token=pool.tenant).status_code == 404
+    busy = [lk for lk in pool.call("get", "/fabric").json()["links"] if lk["gangs"]]
+    assert {lk["id"] for lk in busy} >= set(path["links"])
+
+
+def test_show_reports_the_placements_domain_hops_and_bottleneck(pool: Pool) -> None:
+    wide, narrow = pool.gang(), pool.gang(replicas=2)
+    network = pool.detail(wide)["network"]
+    assert network["domain"] == "spine" and network["hops"] == 4 and network["connected"]
+    assert pool.detail(narrow)["network"]["domain"] == "leaf"  # two whole nodes fit one leaf
+    assert pool.detail(narrow)["network"]["hops"] == 2
+
+
+def test_a_failed_link_reroutes_and_the_view_the_scheduler_uses_follows(pool: Pool) -> None:
+    gang = pool.gang()
+    before = pool.call("get", f"/fabric?workload={gang}").json()["gang"]
+    uplink = next(lid for lid in before["links"] if lid in _uplink_ids(pool.call("get", "/fabric").json(),
+                                                                      before["nodes"][0]))
+    answer = pool.call("post", "/fabric/links/fail", {"link": uplink})
+    assert answer.status_code == 200, answer.text
+    assert answer.json()["changed"] and answer.json()["requeued"] == []  # its leaf has a second uplink
+    after = pool.call("get", f"/fabric?workload={gang}").json()
+    assert uplink not in after["gang"]["links"] and after["gang"]["connected"]
+    assert next(lk for lk in after["links"] if lk["id"] == uplink)["failed"]
+    pool.gang(replicas=2)  # the next cycle that places work sees the link down
+    view = pool.loop.scheduler.keeper.view
+    assert view is not None and view.topology is not None
+    fabric = pool.rt.fabric
+    assert fabric is not None
+    key = fabric.find_link(uplink).key
+    state = view.topology.link_state(key)
+    assert state is not None and not state[0]
+    assert pool.call("post", "/fabric/links/fail", {"link": uplink}).json()["changed"] is False
+    healed = pool.call("post", "/fabric/links/heal", {"link": uplink})
+    assert healed.json()["changed"]
+    pool.gang(replicas=2)
+    state = view.topology.link_state(key)
+    assert state is not None and state[0]
+
+
+def test_a_gang_cut_off_by_failed_links_is_requeued_and_placed_where_it_can_talk(tmp_path: Path) -> None:
+    pool = Pool(tmp_path, config="scheduling: {placement: network-aware, backfill: false}\n")
+    try:
+        _cut_off(pool)
+    finally:
+        pool.close()
+
+
+def _cut_off(pool: Pool) -> None:
+    gang = pool.gang()
+    first = pool.detail(gang)
+    fabric = pool.call("get", "/fabric").json()
+    cut = _uplink_ids(fabric, first["pods"][0]["node"])
+    assert len(cut) == 2
+    answer = pool.call("post", "/fabric/links/fail", {"link": cut[0]}).json()
+    assert answer["requeued"] == []
+    answer = pool.call("post", "/fabric/links/fail", {"link": cut[1]}).json()
+    assert answer["requeued"] == [gang]  # its rank 0's leaf lost both uplinks
+    assert set(pool.provider.stopped) == {p["id"] for p in first["pods"]}
+    assert tuple(r for r, _ in pool.events(gang)[-1:]) == ("link_lost", )
+    for pod in first["pods"]:
+        pool.provider.finish(pod["id"], -15)
+    pool.loop.step()
+    pool.loop.step()
+    again = pool.detail(gang)
+    assert again["status"] == "running" and again["attempt"] == 2
+    cut_leaf = next(n["leaf"] for n in fabric["nodes"] if n["node"] == first["pods"][0]["node"])
+    under_cut = {n["node"] for n in fabric["nodes"] if n["leaf"] == cut_leaf}
+    assert not {p["node"] for p in again["pods"]} & under_cut  # never across the cut
+    assert again["network"]["connected"]
+
+
+def test_gangs_left_sharing_one_uplink_are_told_their_new_bottleneck(pool: Pool) -> None:
+    for name in ("node00002", "node00004", "node00005", "node00008"):  # one free node per leaf
+        pool.call("post", f"/nodes/{name}/cordon")
+    first = pool.gang(replicas=2)  # no leaf holds it: node00001 (leaf 0) -> node00003 (leaf 1)
+    pool.call("post", "/nodes/node00002/uncordon")
+    second = pool.gang(replicas=2)  # node00002 (leaf 0) -> node00006 (leaf 2)
+    paths = {w: pool.call("get", f"/fabric?workload={w}").json()["gang"] for w in (first, second)}
+    assert [paths[first]["nodes"], paths[second]["nodes"]] == [["node00001", "node00003"],
+                                                               ["node00002", "node00006"]]
+    uplinks = _uplink_ids(pool.call("get", "/fabric").json(), "node00001")
+    used = {w: [lid for lid in uplinks if lid in paths[w]["links"]] for w in paths}
+    assert len(used[second]) == 1 and used[first] != used[second]  # ECMP spread them over both
+    answer = pool.call("post", "/fabric/links/fail", {"link": used[second][0]}).json()
+    assert answer["requeued"] == [] and sorted(answer["slowed"]) == sorted([first, second])
+    shared = pool.call("get", f"/fabric?workload={first}").json()["gang"]
+    assert shared["bottleneck_gbps"] == pytest.approx(paths[first]["bottleneck_gbps"] / 2, abs=0.01)
+    reason, message = pool.events(first)[-1]
+    assert reason == "link_degraded" and f"its bottleneck is now {used[first][0].split(':')[0]}" in message
+    assert "shared by 2 gangs" in message
+    healed = pool.call("post", "/fabric/links/heal", {"link": used[second][0]}).json()
+    assert healed["slowed"] == {}  # more bandwidth is not news
+
+
+def test_only_an_admin_changes_links_and_a_bad_link_is_one_sentence(pool: Pool) -> None:
+    link = pool.call("get", "/fabric").json()["links"][0]["id"]
+    assert pool.call("post", "/fabric/links/fail", {"link": link}, token=pool.tenant).status_code == 403
+    bad = pool.call("post", "/fabric/links/fail", {"link": "nosuchswitch:3"})
+    assert bad.status_code == 404 and "fabric status" in bad.json()["message"]
+    worse = pool.call("post", "/fabric/links/fail", {"link": "leaf"})
+    assert worse.status_code == 422 and worse.json()["message"].startswith("Expected NODE:PORT")
+
+
+def test_without_a_fabric_the_routes_say_how_to_get_one(tmp_path: Path) -> None:
+    pool = Pool(tmp_path, fabric=False)
+    try:
+        answer = pool.call("get", "/fabric")
+        assert answer.status_code == 409 and "--fabric" in answer.json()["message"]
+        gang = pool.gang()
+        assert pool.detail(gang)["network"] is None
+    finally:
+        pool.close()
+
+
+MIGRATE = CONFIG + "fabric: {migrate_on_congestion: true, congestion_threshold: 0.8, congestion_for: 60s}\n"
+
+
+def test_a_gang_whose_bottleneck_stays_congested_is_moved(tmp_path: Path) -> None:
+    pool = Pool(tmp_path, config=MIGRATE)
+    try:
+        gang = pool.gang()
+        path = pool.call("get", f"/fabric?workload={gang}").json()["gang"]
+        node, _, port = path["links"][1].rpartition(":")
+        hot = {"ports": [{"node": node, "port": int(port), "utilization": 0.95}]}
+        first = pool.call("post", "/fabric/telemetry", hot)
+        assert first.status_code == 200, first.text
+        assert first.json()["moved"] == []  # congested from now: not for long enough yet
+        pool.now += 61
+        assert pool.call("post", "/fabric/telemetry", hot).json()["moved"] == [gang]
+        reasons = [r for r, _ in pool.events(gang)]
+        assert reasons[-1] == "congestion_moved" and pool.detail(gang)["status"] == "pending"
+    finally:
+        pool.close()
+
+
+def test_telemetry_that_sees_a_link_go_down_fails_it(pool: Pool) -> None:
+    gang = pool.gang()
+    path = pool.call("get", f"/fabric?workload={gang}").json()["gang"]
+    node, _, port = path["links"][0].rpartition(":")  # a host's only cable to its leaf
+    answer = pool.call("post", "/fabric/telemetry", {"ports": [
+        {"node": node, "port": int(port), "utilization": 0.0, "errors": {"link_downed": 1}}]}).json()
+    assert answer["links"] == [path["links"][0]] and answer["requeued"] == [gang]
