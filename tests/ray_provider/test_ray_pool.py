@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -41,6 +42,12 @@ def _final(provider: RayProvider, pod_id: str, timeout_s: float = 60.0) -> PodSt
     return status
 
 
+def _wait_running(provider: RayProvider, *pod_ids: str) -> None:
+    for pod_id in pod_ids:
+        wait_for(lambda: _status(provider, pod_id).phase is PodPhase.RUNNING,  # noqa: B023 (used at once)
+                 what=f"pod {pod_id} to run")
+
+
 def _names(pool: RayProvider) -> list[str]:
     return [n.name for n in pool.nodes()]
 
@@ -61,7 +68,7 @@ def test_nodes_come_from_ray_labelled_and_with_one_resource_per_device(pool: Ray
 def test_ray_processes_run_without_the_memory_monitor_and_with_their_own_cuda_handling(
         pool: RayProvider) -> None:
     agent = ray.get_actor(node_agent_name("t4-000"), namespace=NAMESPACE)
-    env = ray.get(agent.process_env.remote(["RAY_memory_monitor_refresh_ms", "RAY_AUTH_MODE",
+    env: Any = ray.get(agent.process_env.remote(["RAY_memory_monitor_refresh_ms", "RAY_AUTH_MODE",
                                             "RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES"]))
     assert env == {"RAY_memory_monitor_refresh_ms": "0", "RAY_AUTH_MODE": "token",
                    "RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES": "1"}
@@ -90,7 +97,7 @@ def test_each_pod_runs_on_the_node_asked_with_the_environment_gpupool_built(pool
 
 def test_a_pod_that_cannot_fit_waits_on_its_node_and_then_fails_with_the_reason(pool: RayProvider) -> None:
     pool.launch(_pod("full-1", "t4-001", "sleep", "60", slices=(Slice(0, 1000, 0),)))
-    wait_for(lambda: _status(pool, "full-1").phase is PodPhase.RUNNING, what="full-1 to run")
+    _wait_running(pool, "full-1")
     short = RayProvider(pool.address, data_dir=pool.data_dir, placement_timeout_s=8.0)
     try:
         short.launch(_pod("full-2", "t4-001", "true", slices=(Slice(0, 1000, 0),)))
@@ -121,8 +128,7 @@ def test_logs_and_exit_codes(pool: RayProvider) -> None:
 def test_stop_terminates_the_whole_group_then_kills_it_after_the_grace(pool: RayProvider) -> None:
     pool.launch(_pod("polite", "t4-002", "sleep", "60"))
     pool.launch(_pod("stubborn", "t4-002", "sh", "-c", "trap '' TERM; sleep 60 & wait; wait"))
-    for pod_id in ("polite", "stubborn"):
-        wait_for(lambda p=pod_id: _status(pool, p).phase is PodPhase.RUNNING, what=f"{pod_id} to run")
+    _wait_running(pool, "polite", "stubborn")
     pool.stop("polite", grace_s=5.0)
     pool.stop("stubborn", grace_s=0.5)
     pool.stop("stubborn", grace_s=0.5)
@@ -155,7 +161,7 @@ def test_a_second_provider_re_adopts_running_pods_and_never_starts_them_twice(
     marks.chmod(0o777)
     command = ("sh", "-c", f"echo started >> {marks}/log; sleep 60")
     pool.launch(_pod("adopted", "t4-001", *command))
-    wait_for(lambda: _status(pool, "adopted").phase is PodPhase.RUNNING, what="the pod to run")
+    _wait_running(pool, "adopted")
     second = RayProvider(pool.address, data_dir=pool.data_dir)
     try:
         assert _status(second, "adopted").phase is PodPhase.RUNNING
@@ -172,8 +178,7 @@ def test_a_second_provider_re_adopts_running_pods_and_never_starts_them_twice(
 def test_a_killed_node_leaves_the_pool_before_its_pods_are_reported_lost(pool: RayProvider) -> None:
     pool.launch(_pod("doomed", "t4-002", "sleep", "60"))
     pool.launch(_pod("survivor", "t4-000", "sleep", "60"))
-    for pod_id in ("doomed", "survivor"):
-        wait_for(lambda p=pod_id: _status(pool, p).phase is PodPhase.RUNNING, what=f"{pod_id} to run")
+    _wait_running(pool, "doomed", "survivor")
     victim = next(j for j in pool.joined if j.config.name == "t4-002")
     victim.process.kill()
     seen: list[tuple[bool, PodPhase]] = []

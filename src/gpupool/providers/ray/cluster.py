@@ -52,14 +52,29 @@ def _pid_alive(pid: int) -> bool:
     return True
 
 
+def _used_by_a_process(paths: list[Path]) -> set[Path]:
+    """Which of `paths` a running process names on its command line (a Ray process outliving the
+    process that started it still uses its temp dir)."""
+    wanted = {str(p).encode(): p for p in paths}
+    used: set[Path] = set()
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        with contextlib.suppress(OSError):
+            cmdline = (entry / "cmdline").read_bytes()
+            used.update(path for text, path in wanted.items() if text in cmdline)
+    return used
+
+
 def clean_stale_temp_dirs(root: Path = TEMP_ROOT) -> list[Path]:
-    """Remove the temp dirs of gpupool Ray processes whose starting process is gone."""
-    removed = []
-    for path in root.glob(TEMP_PREFIX + "*"):
-        match = _TEMP_NAME.match(path.name)
-        if match and path.is_dir() and not _pid_alive(int(match.group(1))):
-            shutil.rmtree(path, ignore_errors=True)
-            removed.append(path)
+    """Remove the temp dirs of gpupool Ray processes whose starting process is gone and that no
+    running process uses."""
+    stale = [path for path in root.glob(TEMP_PREFIX + "*") if (match := _TEMP_NAME.match(path.name))
+             and path.is_dir() and not _pid_alive(int(match.group(1)))]
+    in_use = _used_by_a_process(stale) if stale else set()
+    removed = [path for path in stale if path not in in_use]
+    for path in removed:
+        shutil.rmtree(path, ignore_errors=True)
     return removed
 
 
