@@ -183,3 +183,26 @@ def test_a_finished_result_survives_a_server_restart(tmp_path: Path) -> None:
     from gpupool.remote.payload import load_outcome
 
     assert load_outcome(again) == 144
+
+
+def test_calls_on_postgresql(tmp_path: Path) -> None:
+    from gpupool.providers.local import LocalProvider
+    from gpupool.server import pgtemp
+    from live import live_server
+
+    reason = pgtemp.why_unavailable()
+    if reason:
+        pytest.skip(f"PostgreSQL tests skipped: {reason}")
+    postgres = pgtemp.start()
+    provider = LocalProvider(tmp_path / "agent", simulate="1xH100", node_name="box")
+    try:
+        with live_server(tmp_path, provider, database_url=postgres.create_database()) as server, \
+                gpupool.connect(server.url, server.admin_token) as pool:
+            assert pool.function(square, gpus=0.25).remote(5).result(timeout=120) == 25
+            with pool.session(gpus=0.25) as session:
+                assert [session.call(square, n) for n in (2, 3)] == [4, 9]
+                with pytest.raises(BatchError):
+                    session.call(explode, [1, 2, 3])
+    finally:
+        provider.agent.close(stop_pods=True)
+        postgres.stop()
