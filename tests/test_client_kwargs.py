@@ -80,9 +80,13 @@ def test_refusals_are_one_sentence() -> None:
 
 def test_every_spec_field_is_a_keyword() -> None:
     keywords = set(submit_keywords())
-    assert set(WorkloadSpec.model_fields) - {"array_index"} <= keywords
+    assert set(WorkloadSpec.model_fields) - {"array_index", "rendezvous"} <= keywords
     assert set(ResourcesSpec.model_fields) <= keywords
-    assert "array_index" not in keywords  # set by the server
+    server_set = {name for name, field in WorkloadSpec.model_fields.items()
+                  if "not submitted" in (field.description or "")}
+    assert {"array_index", "rendezvous"} <= server_set
+    assert not server_set & keywords  # set by the server
+    assert set(keywords) - set(WorkloadSpec.model_fields) - set(ResourcesSpec.model_fields) == {"time_limit"}
 
 
 def test_submit_with_keywords_against_a_live_server(tmp_path: Path) -> None:

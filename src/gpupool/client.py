@@ -86,6 +86,7 @@ class SubmitFields(TypedDict, total=False):
     time_limit_s: float
     max_retries: int
     array: str
+    topology: str
 
 
 class Client:
@@ -376,7 +377,7 @@ class Client:
 
 
 _RESOURCE_KEYS = frozenset(ResourcesSpec.model_fields)
-_SET_BY_SERVER = frozenset({"array_index"})
+_SET_BY_SERVER = frozenset({"array_index", "rendezvous"})
 
 
 def submit_keywords() -> list[str]:
