@@ -95,8 +95,8 @@ class LazyGroup(typer.core.TyperGroup):
 def _exit_for(exc: Any) -> None:
     """Print a usage error, or a missing extra, as one sentence and exit with its code; re-raise
     anything else."""
-    extra = EXTRA_OF_MODULE.get((getattr(exc, "name", None) or "").partition(".")[0])
-    if isinstance(exc, ModuleNotFoundError) and extra:
+    extra = EXTRA_OF_MODULE.get((exc.name or "").partition(".")[0]) if isinstance(exc, ImportError) else None
+    if extra:
         print(f"Error: `{_command_words()}` needs gpupool's {extra} extra ({exc}); install it with "
               f"pip install 'gpupool[{extra}]'.", file=sys.stderr)
         sys.exit(2)
