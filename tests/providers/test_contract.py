@@ -29,12 +29,14 @@ class Harness:
     settle: Callable[[], None]
     checkpointed: Callable[[str, str], PodLaunch]
     """A pod of workload (2nd argument) that reports one checkpoint while it runs, then ends."""
+    timeout_s: float = 10.0
+    """How long a short pod may take to end (a Ray actor takes seconds to start on a small machine)."""
 
     def status(self, pod_id: str) -> PodStatus:
         return {s.pod_id: s for s in self.provider.poll()}[pod_id]
 
-    def wait_final(self, pod_id: str, timeout_s: float = 10.0) -> PodStatus:
-        deadline = time.monotonic() + timeout_s
+    def wait_final(self, pod_id: str, timeout_s: float | None = None) -> PodStatus:
+        deadline = time.monotonic() + (timeout_s or self.timeout_s)
         while time.monotonic() < deadline:
             status = self.status(pod_id)
             if status.phase.is_final:
@@ -85,19 +87,50 @@ def _fake(_: Path) -> Harness:
                    checkpointed=lambda p, w: pod(p, w, GPUPOOL_FAKE_CHECKPOINT_S="2"))
 
 
+def _ray(cluster: Provider) -> Harness:
+    """A provider attached to the module's Ray cluster (one simulated node), as a restarted server's."""
+    from gpupool.providers.ray import RayProvider
+
+    assert isinstance(cluster, RayProvider)
+    provider = RayProvider(cluster.address, data_dir=cluster.data_dir)
+    node = provider.nodes()[0]
+    for device in node.devices:  # faults an earlier test left on the shared node
+        provider.clear_fault(node.name, device.uuid)
+    provider.clear_fault(node.name)
+    return replace(_processes(provider, node.name), timeout_s=60.0)
+
+
 BUILDERS = {"local": _local, "fake": _fake, "localpool": _local_pool}
+CLUSTER_BUILDERS = {"ray": _ray}
+"""Providers whose harness attaches to a cluster the module starts once (ray_cluster)."""
+
+
+@pytest.fixture(scope="module")
+def ray_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Provider]:
+    """A Ray head and one simulated worker node on this machine (slow to start: once per module)."""
+    pytest.importorskip("ray", reason="the ray provider needs Ray (pip install 'gpupool[ray]')")
+    from gpupool.providers.ray import RayProvider
+
+    provider = RayProvider(simulate="1x2xT4", data_dir=tmp_path_factory.mktemp("ray"))
+    try:
+        yield provider
+    finally:
+        provider.close(stop_pods=True)
 
 
 def test_every_registered_provider_is_under_contract() -> None:
-    assert set(provider_names()) <= set(BUILDERS)
+    assert set(provider_names()) <= set(BUILDERS) | set(CLUSTER_BUILDERS)
 
 
-@pytest.fixture(params=sorted(BUILDERS))
+@pytest.fixture(params=sorted(set(BUILDERS) | set(CLUSTER_BUILDERS)))
 def harness(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Harness]:
-    built = BUILDERS[request.param](tmp_path)
+    if request.param in CLUSTER_BUILDERS:
+        built = CLUSTER_BUILDERS[request.param](request.getfixturevalue(f"{request.param}_cluster"))
+    else:
+        built = BUILDERS[request.param](tmp_path)
     yield built
-    if isinstance(built.provider, (LocalProvider, LocalPool)):
-        built.provider.close(stop_pods=True)
+    if isinstance(built.provider, (LocalProvider, LocalPool)) or built.provider.name == "ray":
+        built.provider.close(stop_pods=True)  # type: ignore[call-arg]
     built.provider.close()
 
 

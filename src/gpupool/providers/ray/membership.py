@@ -124,6 +124,9 @@ class Membership:
     def update(self, name: str, node_id: str, description: NodeDescription) -> None:
         """Take a description just read (the monitor, or an injected fault)."""
         with self._lock:
+            known = self._described.get(name)
+            if known is not None and known[0] == node_id and known[1].seq > description.seq:
+                return  # an answer that was in flight while a later one (a fault) came back
             self._described[name] = (node_id, description)
             self._read_at[name] = time.monotonic()
             self._nodes = sorted((d.node for _, d in self._described.values()), key=lambda n: n.name)

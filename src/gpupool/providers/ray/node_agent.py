@@ -32,6 +32,8 @@ class NodeDescription:
     events: tuple[HealthEvent, ...] = ()
     missing: dict[Capability, str] = field(default_factory=dict)
     hostname: str = ""
+    seq: int = 0
+    """Counts the agent's answers: a later one describes a later state (the agent answers in order)."""
 
 
 @ray.remote(num_cpus=0, max_restarts=-1, max_task_retries=-1)
@@ -44,11 +46,14 @@ class NodeAgentActor:
                                    node_name=config.name, ib_sysfs_root=config.ib_sysfs_root,
                                    scratch_root=config.scratch())
         self._runners: dict[str, Runner] = {}
+        self._seq = 0
 
     def describe(self) -> NodeDescription:
+        self._seq += 1
         return NodeDescription(node=self.local.nodes()[0], config=self.config,
                                events=tuple(self.local.health_events()),
-                               missing=self.local.missing_capabilities(), hostname=socket.gethostname())
+                               missing=self.local.missing_capabilities(), hostname=socket.gethostname(),
+                               seq=self._seq)
 
     def inject_fault(self, device_uuid: str, reason: str) -> NodeDescription:
         self.local.inject_fault(self.config.name, device_uuid, reason)
