@@ -69,6 +69,13 @@ def submit(
     file: Annotated[
         Path | None, typer.Option("--file", "-f", help="A YAML spec; flags override its fields.")
     ] = None,
+    topology: Annotated[
+        str | None, typer.Option("--topology", help="Where a gang's pods may sit in the fabric: "
+                                 "required=leaf|spine (all in one domain, or wait), preferred=leaf|spine "
+                                 "(start there, widen a tier if nothing fits), slice=N@leaf (groups of N "
+                                 "pods each in one leaf), comma-joined, or none (default: the pool's, "
+                                 "preferred=leaf, for multi-pod gangs). See docs/network-aware.md.")
+    ] = None,
     separate_stderr: Annotated[
         bool, typer.Option("--separate-stderr", help="Keep stderr in its own log (like sbatch --error); by "
                            "default stdout and stderr are one log, in the order written.")
@@ -103,6 +110,7 @@ def submit(
         ("--replicas", replicas),
         ("--workdir", workdir),
         ("--file", file),
+        ("--topology", topology),
     ]
     for flag, value in pairs:
         if value is not None:

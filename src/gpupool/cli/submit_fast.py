@@ -17,7 +17,8 @@ from gpupool.durations import duration_s
 USAGE = (
     "usage: gpupool submit [--name N] [--tenant T] [--queue Q] [--priority P] [--priority-class C] "
     "[--gpus 0.25|2] [--gpu-memory 8GiB] [--cpu 4] [--memory 16GiB] [--replicas N] [--env K=V] "
-    "[--workdir D] [--time-limit 2h] [--max-retries N] [--array 0-99%10] [--separate-stderr] "
+    "[--workdir D] [--time-limit 2h] [--max-retries N] [--array 0-99%10] [--topology required=leaf] "
+    "[--separate-stderr] "
     "[-f spec.yaml] -- COMMAND..."
 )
 # flag -> (path in the spec, kind)
@@ -40,6 +41,7 @@ _FLAGS: dict[str, tuple[tuple[str, ...], str]] = {
     "--workdir": (("workdir",), "str"), "-w": (("workdir",), "str"),
     "--file": (("",), "file"), "-f": (("",), "file"),
     "--separate-stderr": (("separate_stderr",), "flag"),
+    "--topology": (("topology",), "str"),
 }
 
 

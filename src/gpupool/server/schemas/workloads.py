@@ -105,6 +105,10 @@ class WorkloadSpec(Strict):
         "'%N' at the end lets at most N tasks hold slices at once (0-999%50)"))
     array_index: int | None = Field(None, ge=0, description=(
         "set by the server on each task of an array (its GPUPOOL_ARRAY_INDEX); not submitted"))
+    topology: str | None = Field(None, max_length=128, description=(
+        "where a gang's pods may sit in the fabric: required=leaf|spine, preferred=leaf|spine, "
+        "slice=N@leaf|spine (comma-joined) or none; default: the pool's (scheduling.topology_default) "
+        "for multi-pod gangs; single-pod and fractional work is never constrained"))
     rendezvous: list[RendezvousSpec] | None = Field(None, description=(
         "set by the server when a multi-pod gang is placed (newest attempt last): the rank-0 node, its "
         "address and the port reserved there; not submitted"))
@@ -115,6 +119,18 @@ class WorkloadSpec(Strict):
         if value is not None:
             parse_array(value)
         return value
+
+    @field_validator("topology")
+    @classmethod
+    def _topology(cls, value: str | None) -> str | None:
+        if value is None:
+            return None
+        from gpupool.core.topology_spec import parse_topology_spec
+
+        try:
+            return str(parse_topology_spec(value))  # stored in its one written form
+        except InvalidInput as exc:
+            raise ValueError(exc.message) from None
 
     @field_validator("submit_dir")
     @classmethod

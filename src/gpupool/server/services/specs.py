@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 from gpupool.config import PoolConfig, PriorityClassConfig
 from gpupool.core.model import Node, PodRequest, Workload
+from gpupool.core.topology_spec import parse_topology_spec
 from gpupool.core.units import format_memory_mib, parse_cpu_milli, parse_devices, parse_memory_mib
 from gpupool.errors import InvalidInput, PriorityNotAllowed, UnknownName, did_you_mean
 from gpupool.profiles.loader import name_key
@@ -48,7 +49,9 @@ def to_workload(
     """The core's Workload; a time limit is what backfill plans with (the pods cannot run longer).
     `priority_class` (the class resolved at submit) wins over the spec's."""
     chosen = priority_class or spec.priority_class
-    extra = {"priority_class": chosen} if chosen else {}
+    extra: dict[str, object] = {"priority_class": chosen} if chosen else {}
+    if spec.topology is not None:
+        extra["topology"] = parse_topology_spec(spec.topology)
     return Workload(
         id=workload_id,
         pods=pod_requests(spec),

@@ -1,0 +1,65 @@
+"""A gang's topology constraint from `gpupool submit --topology` through the API (one-sentence 422s),
+stored in the spec and handed to the core, which then waits or spreads as it says."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from fabric_pool import Pool
+
+from gpupool.cli.submit_fast import parse
+from gpupool.core.topology_spec import Tier, TopologySpec
+
+
+@pytest.fixture
+def pool(tmp_path: Path) -> Iterator[Pool]:
+    made = Pool(tmp_path)
+    yield made
+    made.close()
+
+
+def test_the_cli_puts_the_constraint_in_the_spec() -> None:
+    spec = parse(["--replicas", "4", "--topology", "slice=2@leaf", "--", "train"])
+    assert spec["topology"] == "slice=2@leaf"
+
+
+@pytest.mark.parametrize(("asked", "says"), [
+    ("required=rack", "Unknown topology tier 'rack' in required=; use leaf or spine."),
+    ("required=leaf,preferred=spine", "A topology constraint is either required or preferred, not both"),
+    ("slice=four@leaf", "slice= needs a pod count such as slice=4@leaf"),
+])
+def test_a_bad_constraint_is_refused_in_one_sentence(pool: Pool, asked: str, says: str) -> None:
+    answer = pool.call("post", "/workloads", {"command": ["train"], "replicas": 2, "topology": asked})
+    assert answer.status_code == 422
+    message = answer.json()["message"]
+    assert message.startswith("Field 'topology' ") and says.lower() in message.lower()
+    assert message.count(". ") <= 1 and "Traceback" not in message
+
+
+def test_the_constraint_is_stored_and_reaches_the_core(pool: Pool) -> None:
+    gang = pool.gang(replicas=2, topology="Required=Leaf")
+    assert pool.detail(gang)["spec"]["topology"] == "required=leaf"  # its one written form
+    workload = pool.loop.scheduler.cache.peek(gang)
+    assert workload is not None and workload.topology == TopologySpec(required=Tier.LEAF)
+
+
+def test_required_leaf_waits_where_none_spreads(pool: Pool) -> None:
+    evens = [f"node{i:05d}" for i in (2, 4, 6, 8)]
+    for name in evens:
+        pool.call("post", f"/nodes/{name}/cordon")
+    for _ in range(4):  # one whole node busy under each leaf: node00001, 3, 5 and 7
+        pool.gang(replicas=1)
+    for name in evens:
+        pool.call("post", f"/nodes/{name}/uncordon")
+    strict = pool.gang(replicas=2, topology="required=leaf")  # a leaf could hold it, none can now
+    assert (pool.detail(strict)["status"], pool.detail(strict)["reason"]) == ("pending", "no_domain_fits")
+    spread = pool.gang(replicas=2, topology="none")
+    assert pool.detail(spread)["status"] == "running"
+    assert pool.detail(spread)["network"]["domain"] == "spine"
+
+
+def test_a_gang_no_leaf_could_ever_hold_under_required_leaf_fails(pool: Pool) -> None:
+    never = pool.gang(replicas=3, topology="required=leaf")  # leaves have 2 hosts
+    assert (pool.detail(never)["status"], pool.detail(never)["reason"]) == ("failed", "never_fits")
