@@ -1,7 +1,7 @@
 """Remote-function call overhead: an empty function's round trip, warm session vs fresh slice.
 
 Through `gpupool up --simulate` (the local provider; every pod a real process) on loopback, from
-this process (the client, as a user's program would be). Four rows, measured in the same run:
+this process (the client, as a user's program would be). Four rows from one run, pairs in turns:
   http floor     GET /api/v1/health on the same connection (what one API round trip costs here)
   warm session   s.call(empty) on an open session (its worker pod already running)
   fresh slice    empty.remote().result(): a one-shot workload placed, started and answered
@@ -30,12 +30,15 @@ def empty() -> None:
     return None
 
 
-def _times_ms(runs: int, once: Callable[[], object]) -> list[float]:
-    times = []
+def _interleaved_ms(runs: int, first: Callable[[], object], second: Callable[[], object]
+                    ) -> tuple[list[float], list[float]]:
+    """Each timed `runs` times, one after the other in turn, so both see the same machine."""
+    times: tuple[list[float], list[float]] = ([], [])
     for _ in range(runs):
-        start = time.perf_counter()
-        once()
-        times.append((time.perf_counter() - start) * 1000)
+        for once, into in ((first, times[0]), (second, times[1])):
+            start = time.perf_counter()
+            once()
+            into.append((time.perf_counter() - start) * 1000)
     return times
 
 
@@ -52,12 +55,6 @@ def measure(warm: int, fresh: int) -> dict[str, dict[str, float]]:
         remote_empty = pool.function(empty, gpus=0.25)
         remote_empty()  # the first pod start pays for cold caches
         results: dict[str, dict[str, float]] = {}
-        results["http_floor"] = _summary(_times_ms(warm, pool.client.health))
-        with pool.session(gpus=0.25) as session:
-            for _ in range(10):
-                session.call(empty)
-            results["warm_session"] = _summary(_times_ms(warm, lambda: session.call(empty)))
-        results["fresh_slice"] = _summary(_times_ms(fresh, remote_empty))
         python, paths = worker_python()  # the interpreter (and paths) a function's pod runs with
         spec = {"command": [python, "-c", "pass"], "resources": {"gpus": 0.25},
                 "env": {"PYTHONPATH": paths} if paths else {}}
@@ -66,7 +63,13 @@ def measure(warm: int, fresh: int) -> dict[str, dict[str, float]]:
             done = pool.client.wait(pool.client.submit(spec), timeout_s=120, poll_s=0.01)
             assert done.status == "succeeded", done.message
 
-        results["plain_workload"] = _summary(_times_ms(fresh, plain))
+        with pool.session(gpus=0.25) as session:
+            for _ in range(10):
+                session.call(empty)
+            floor, warm_times = _interleaved_ms(warm, pool.client.health, lambda: session.call(empty))
+        results["http_floor"], results["warm_session"] = _summary(floor), _summary(warm_times)
+        fresh_times, plain_times = _interleaved_ms(fresh, remote_empty, plain)
+        results["fresh_slice"], results["plain_workload"] = _summary(fresh_times), _summary(plain_times)
     return results
 
 

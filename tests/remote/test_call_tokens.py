@@ -14,6 +14,7 @@ from gpupool.errors import Unauthorized
 from gpupool.server.auth import call_token, call_token_pod
 
 from .conftest import RemotePool
+from .support import until
 
 
 def call_token_of_this_pod() -> str:
@@ -48,15 +49,18 @@ def test_call_tokens_are_signed_pod_ids() -> None:
 def test_a_call_token_works_on_no_other_route_and_dies_with_its_pod(remote_pool: RemotePool) -> None:
     with gpupool.connect(remote_pool.server.url, remote_pool.tokens["alice"]) as pool:
         future = pool.function(call_token_of_this_pod, gpus=0.25).remote()
-        token = future.result(timeout=120)
-    with _api(remote_pool, token) as api:
+        api = _api(remote_pool, future.result(timeout=120))
         for method, path in (("GET", "/workloads"), ("GET", f"/workloads/{future.workload_id}"),
                              ("GET", f"/calls/{future.id}"), ("POST", "/calls/sessions"),
                              ("GET", "/whoami"), ("GET", "/nodes")):
             answer = api.request(method, path, json={} if method == "POST" else None)
             assert answer.status_code == 401, (path, answer.text)
-        ended = api.post("/calls/worker/next", json={"wait_s": 0})  # its pod has ended: so has the token
-        assert ended.status_code == 401 and "ended" in ended.json()["message"]
+        until(lambda: pool.client.workload(future.workload_id).status == "succeeded", 60, "the pod's end")
+        until(lambda: api.post("/calls/worker/next", json={"wait_s": 0}).status_code == 401, 10,
+              "the token's refusal once its pod ended")
+        ended = api.post("/calls/worker/next", json={"wait_s": 0})
+        assert "ended" in ended.json()["message"]
+        api.close()
     with _api(remote_pool, remote_pool.tokens["alice"]) as api:  # the tenant's own token is no call token
         refused = api.post("/calls/worker/next", json={"wait_s": 0})
         assert refused.status_code == 401 and "call token" in refused.json()["message"]

@@ -191,12 +191,27 @@ async def cancel_call(call_id: Id, request: Request, rt: Rt, who: Who) -> CallOu
 @router.post("/worker/next", response_model=WorkerWork, include_in_schema=False)
 async def worker_next(body: WorkerAsk, request: Request, rt: Rt) -> WorkerWork:
     """For worker pods only (their call token): answer the call just run, take the next one."""
-    pod = await _run(service.worker_pod, rt, request.headers.get("authorization"))
+    authorization = request.headers.get("authorization")
+    pod = service.known_worker_pod(rt, authorization)  # no thread hop for a pod seen just now
+    if pod is None:
+        pod = await _run(service.worker_pod, rt, authorization)
     broker = _broker(request)
-    if body.done is not None:
-        answered = await _run(service.finish_call, rt, pod, body.done)
-        if answered is not None:
-            broker.notify(("call", answered.id), answered)  # its waiting caller needs no store read
-    work = await _until(broker, ("session", pod.session_id), body.wait_s,
-                        lambda: service.next_call(rt, pod))
+    key = ("session", pod.session_id)
+    event = broker.listen(key)  # before looking, so a call submitted meanwhile wakes it
+
+    def answer_then_look() -> tuple[CallOut | None, WorkerWork | None]:
+        answered = None if body.done is None else service.finish_call(rt, pod, body.done)
+        return answered, service.next_call(rt, pod)
+
+    try:
+        answered, work = await _run(answer_then_look)
+    except BaseException:
+        broker.forget(key, event)
+        raise
+    if answered is not None:
+        broker.notify(("call", answered.id), answered)  # its waiting caller needs no store read
+    if work is not None or body.wait_s <= 0:
+        broker.forget(key, event)
+        return work or WorkerWork()
+    work = await _until(broker, key, body.wait_s, lambda: service.next_call(rt, pod), event=event)
     return work or WorkerWork()

@@ -387,6 +387,21 @@ def _prune(rt: Runtime) -> None:
 _POD_ID = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
 
 
+def known_worker_pod(rt: Runtime, authorization: str | None) -> WorkerPod | None:
+    """The pod of a valid call token when it was found active within POD_CHECK_S (no I/O), else
+    None (then ask worker_pod)."""
+    with _keys_lock:
+        key = _keys.get(rt.store)
+    if key is None:
+        return None
+    try:
+        pod_id = call_token_pod(key, authorization)
+    except Unauthorized:
+        return None
+    known = _active_pods.get(pod_id)
+    return known[0] if known is not None and time.monotonic() - known[1] <= POD_CHECK_S else None
+
+
 def worker_pod(rt: Runtime, authorization: str | None) -> WorkerPod:
     """The pod a call token names, while that pod is active (the token dies with it, within
     POD_CHECK_S: an active pod is looked up at most that often)."""
@@ -395,9 +410,6 @@ def worker_pod(rt: Runtime, authorization: str | None) -> WorkerPod:
         raise Unauthorized("The call token is not valid.", reason="no call-token key")
     pod_id = call_token_pod(key, authorization)
     mono = time.monotonic()
-    known = _active_pods.get(pod_id)
-    if known is not None and mono - known[1] <= POD_CHECK_S:
-        return known[0]
     with rt.store.read() as session:
         row = session.execute(select(_P.c.workload_id, _P.c.status).where(_P.c.id == pod_id)).first() \
             if _POD_ID.match(pod_id) else None
