@@ -14,7 +14,7 @@ the failure or the repair) it takes the arrivals, then runs one step of its loop
 from __future__ import annotations
 
 import random
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -22,15 +22,17 @@ from typing import Any
 import pytest
 
 from gpupool.config import PoolConfig, parse_config
-from gpupool.core.model import Node, Workload
+from gpupool.core.budgets import Budget, BudgetPeriod, period_end
+from gpupool.core.model import Node, Reason, Workload
 from gpupool.core.scheduling.cycle import CycleResult, EventKind
 from gpupool.providers.fake import FakeProvider, nodes_from_spec
 from gpupool.server.auth import Principal
 from gpupool.server.db import Store
 from gpupool.server.loops.control import ControlLoop
 from gpupool.server.runtime import Runtime
+from gpupool.server.schemas.tenants import TenantCreate, TenantUpdate
 from gpupool.server.schemas.workloads import WorkloadSpec
-from gpupool.server.services import workloads
+from gpupool.server.services import tenants, workloads
 from gpupool.server.services.specs import to_workload
 from gpupool.server.services.tenants import bootstrap
 from gpupool.server.settings import Settings
@@ -81,7 +83,7 @@ def log_of(result: CycleResult, now: float) -> Iterator[Entry]:
 
 
 def run_replay(nodes: Sequence[Node], jobs: Sequence[Job], config: PoolConfig,
-               failure: NodeFailure) -> list[Entry]:
+               failure: NodeFailure, budgets: Mapping[str, Budget] | None = None) -> list[Entry]:
     log: list[Entry] = []
 
     class Logged(Replay):
@@ -91,7 +93,8 @@ def run_replay(nodes: Sequence[Node], jobs: Sequence[Job], config: PoolConfig,
 
     trace = [TraceJob(core_workload(job), job.submit_s, job.duration_s) for job in jobs]
     Logged(ReplayConfig(nodes=tuple(nodes), jobs=tuple(trace), policies=config.policies(), seed=7,
-                        failures=(failure,))).run()
+                        failures=(failure,), prices=config.prices.price_book() if budgets else None,
+                        budgets=budgets or {})).run()
     return log
 
 
@@ -117,6 +120,10 @@ class ServerRun:
         self.loop = ControlLoop(self.rt)
         self.loop.recovered = self.loop.reconciler.recover()
         self.log: list[Entry] = []
+        self.budgets: dict[str, Budget] = {}
+        self.period_end_s: float | None = None
+        """While work waits for a budget, the end of its tenant's period: a step then, as the
+        replay wakes (`budget_period`) with no other event."""
         keeper = self.loop.scheduler.keeper
         cycle = keeper.cycle
 
@@ -124,6 +131,11 @@ class ServerRun:
                    rng: random.Random, **options: Any) -> CycleResult:
             result = cycle(snapshot, pending, policies, now_s, rng, **options)
             self.log.extend(log_of(result, now_s))
+            tenant_of = {w.id: w.tenant for w in pending}
+            waited = {tenant_of[r.workload_id] for r in result.rejected
+                      if r.reason is Reason.BUDGET_EXHAUSTED}
+            if waited and self.period_end_s is None:
+                self.period_end_s = min(period_end(self.budgets[t].period, now_s) for t in waited)
             return result
 
         keeper.cycle = logged  # type: ignore[method-assign, assignment]
@@ -141,10 +153,13 @@ class ServerRun:
         i = 0
         while True:
             times = [t for t in (arrivals[i].submit_s if i < len(arrivals) else None, self.next_end(),
-                                 faults[0][0] if faults else None) if t is not None]
+                                 faults[0][0] if faults else None, self.period_end_s) if t is not None]
             if not times:
                 return self.log
             self.now = min(times)
+            if self.now == self.period_end_s:
+                self.period_end_s = None
+            self.rt.budgets.invalidate()  # spend as of now, as the replay meters it every cycle
             while i < len(arrivals) and arrivals[i].submit_s == self.now:
                 self.submit(arrivals[i])
                 i += 1
@@ -170,10 +185,18 @@ class ServerRun:
 
 
 def run_server(tmp_path: Path, nodes: Sequence[Node], jobs: Sequence[Job], config: PoolConfig,
-               failure: NodeFailure, monkeypatch: pytest.MonkeyPatch) -> list[Entry]:
+               failure: NodeFailure, monkeypatch: pytest.MonkeyPatch,
+               budgets: Mapping[str, Budget] | None = None) -> list[Entry]:
     order = iter(sorted(jobs, key=lambda j: (j.submit_s, j.id)))
     monkeypatch.setattr(workloads, "new_workload_id", lambda: next(order).id)
     server = ServerRun(tmp_path, nodes, config)
+    server.budgets = dict(budgets or {})
+    for tenant, budget in server.budgets.items():
+        if tenant not in {t.name for t in tenants.list_tenants(server.rt, ADMIN)}:
+            tenants.create_tenant(server.rt, ADMIN, TenantCreate.model_validate({"name": tenant}))
+        tenants.update_tenant(server.rt, ADMIN, tenant, TenantUpdate(
+            budget=budget.amount, budget_period=budget.period.value, budget_warn=budget.warn_fraction,
+            overdraft=budget.overdraft))
     try:
         log = server.run(jobs, failure)
         # the loop audits its kept view against the store every minute (of the trace's time): no drift
@@ -184,11 +207,11 @@ def run_server(tmp_path: Path, nodes: Sequence[Node], jobs: Sequence[Job], confi
 
 
 def check_parity(tmp_path: Path, nodes: Sequence[Node], jobs: Sequence[Job], failure: NodeFailure,
-                 monkeypatch: pytest.MonkeyPatch) -> list[Entry]:
-    tenants = sorted({j.tenant for j in jobs})
-    config = parse_config(config_text(tenants))
-    expected = run_replay(nodes, jobs, config, failure)
-    got = run_server(tmp_path, nodes, jobs, config, failure, monkeypatch)
+                 monkeypatch: pytest.MonkeyPatch, budgets: Mapping[str, Budget] | None = None) -> list[Entry]:
+    names = sorted({j.tenant for j in jobs})
+    config = parse_config(config_text(names))
+    expected = run_replay(nodes, jobs, config, failure, budgets)
+    got = run_server(tmp_path, nodes, jobs, config, failure, monkeypatch, budgets)
     for n, (want, have) in enumerate(zip(expected, got, strict=False)):
         assert have == want, f"decision {n} differs: replay {want}, server {have}"
     assert len(got) == len(expected)
@@ -252,6 +275,28 @@ def test_parity_fails_when_the_server_decides_otherwise(tmp_path: Path,
     off = config.model_copy(update={"scheduling": config.scheduling.model_copy(update={"preemption": False})})
     got = run_server(tmp_path, nodes, jobs, off, failure, monkeypatch)
     assert kinds(expected).get("preempt", 0) > 0 and got != expected
+
+
+def test_server_and_replay_decide_alike_with_budgets(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Budgets (`sim replay --budgets` and the live pool's tenants): two tenants' spend reaches their
+    day's budget mid-trace, their new work waits (budget_exhausted) while the third tenant's runs,
+    and at midnight a new period lets it start; both runs decide alike throughout."""
+    nodes = nodes_from_spec("3x8xH100,2x4xV100M32")
+    shift = 86_400.0 - 7_000.0  # the trace crosses the UTC midnight that ends the day's period
+    jobs = [replace(j, submit_s=round(j.submit_s + shift, 3)) for j in synthetic_jobs(220, seed=11)]
+    failure = NodeFailure(at_s=jobs[90].submit_s + 0.5, node=nodes[0].name, repair_after_s=1800.0)
+    budgets = {"vision": Budget(60.0, BudgetPeriod.DAY), "nlp": Budget(110.0, BudgetPeriod.DAY, 0.5)}
+    log = check_parity(tmp_path, nodes, jobs, failure, monkeypatch, budgets)
+    seen = kinds(log)
+    print("budgets", seen)
+    admitted = {e[2]: e[0] for e in log if e[1] == "admit"}
+    tenant_of = {j.id: j.tenant for j in jobs}
+    # the budgets bit: some budgeted work waited past midnight, and no unbudgeted work had to
+    late = [w for w, at in admitted.items() if at >= 86_400.0 and tenant_of[w] in budgets
+            and next(j.submit_s for j in jobs if j.id == w) < 86_400.0 - 3_000.0]
+    assert late, "no budgeted work waited for the new period"
+    without = run_replay(nodes, jobs, parse_config(config_text(sorted(set(tenant_of.values())))), failure)
+    assert without != log  # the budgets changed the decisions
 
 
 # ------------------------------------------------------------------ the shared data
