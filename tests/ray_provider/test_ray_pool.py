@@ -197,3 +197,29 @@ def test_a_killed_node_leaves_the_pool_before_its_pods_are_reported_lost(pool: R
     assert _status(pool, "survivor").phase is PodPhase.RUNNING
     pool.stop("survivor", grace_s=1.0)
     assert _final(pool, "survivor").phase is PodPhase.STOPPED
+
+
+def test_the_server_requeues_work_of_a_killed_node_and_places_it_on_another(pool: RayProvider) -> None:
+    from gpupool.client import Client
+    from live import live_server
+
+    provider = RayProvider(pool.address, data_dir=pool.data_dir)
+    with live_server(pool.data_dir / "server", provider) as server, \
+            Client(server.url, server.admin_token) as client:
+        wid = client.submit({"command": ["sleep", "60"], "resources": {"gpus": 0.5}})
+
+        def running_on() -> str:
+            workload = client.workload(wid)
+            live = [p for p in workload.pods if p.status == "running"]
+            return live[0].node if workload.status == "running" and live else ""
+
+        first = str(wait_for(running_on, what="the workload to run"))
+        next(j for j in pool.joined if j.config.name == first).process.kill()
+        second = str(wait_for(lambda: (node := running_on()) != first and node, 90.0,
+                              "the workload to run again on another node"))
+        assert second in _names(pool) and first not in _names(pool)
+        assert "node_lost" in [e.reason for e in client.events(wid)]
+        assert client.workload(wid).attempt == 2
+        client.cancel(wid)
+        assert client.wait(wid, timeout_s=60).status == "cancelled"
+    provider.close()

@@ -27,7 +27,11 @@ def up(
     simulate: Annotated[
         str, typer.Option("--simulate", help="Simulated pool: 2x8xH100, or an OpenB node CSV.")
     ] = "",
-    provider: Annotated[str, typer.Option("--provider", help="local (default) or fake.")] = "local",
+    provider: Annotated[str, typer.Option("--provider", help="local (default), fake or ray.")] = "local",
+    ray_address: Annotated[
+        str, typer.Option("--ray-address", envvar="GPUPOOL_RAY_ADDRESS", help=(
+            "With --provider ray: the Ray cluster's HOST:PORT (default: start a Ray head here)."))
+    ] = "",
     database_url: Annotated[
         str, typer.Option("--database-url", help="postgresql+psycopg://... (default: SQLite).")
     ] = "",
@@ -68,13 +72,17 @@ def up(
     Without --config the configuration's defaults apply (`gpupool config show` prints them);
     --policy overrides the configuration's placement.
 
+    With --provider ray, pods run on a Ray cluster's nodes (`gpupool node join` on each GPU
+    server); without --ray-address a Ray head starts here, its address printed and written to
+    DATA_DIR/ray-address (see docs/scale-out.md).
+
     Example: gpupool up --simulate 2x8xH100 --config pool.yaml
     """
     from gpupool.errors import GpupoolError
 
     try:
         _serve(data_dir, host, port, simulate, provider, database_url, policy or placement or "",
-               tls_cert, tls_key, metrics_public, config, fabric_path=fabric)
+               tls_cert, tls_key, metrics_public, config, fabric_path=fabric, ray_address=ray_address)
     except GpupoolError as exc:
         print(f"Error: {exc.message}", file=sys.stderr)
         raise typer.Exit(exc.exit_code) from None
@@ -83,7 +91,7 @@ def up(
 def _serve(data_dir: Path | None, host: str, port: int, simulate: str, provider: str, database_url: str,
            placement: str, tls_cert: Path | None = None, tls_key: Path | None = None,
            metrics_public: bool = False, config_path: Path | None = None,
-           fabric_path: Path | None = None) -> None:
+           fabric_path: Path | None = None, ray_address: str = "") -> None:
     import logging
 
     import uvicorn
@@ -113,7 +121,7 @@ def _serve(data_dir: Path | None, host: str, port: int, simulate: str, provider:
     _check_port(host, port)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     logging.getLogger("alembic").setLevel(logging.WARNING)
-    provisioned = provision(settings)
+    provisioned = provision(settings, ray_address=ray_address)
     if provisioned.notice:
         print(provisioned.notice, flush=True)
     from gpupool.providers.base import Capability

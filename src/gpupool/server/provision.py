@@ -24,9 +24,16 @@ class Provisioned:
     """One line for the operator ('' when there is nothing to say)."""
 
 
-def provision(settings: Settings) -> Provisioned:
-    """The provider `settings` ask for; with no accelerator and no --simulate, a simulated pool."""
+def provision(settings: Settings, *, ray_address: str = "") -> Provisioned:
+    """The provider `settings` ask for; with no accelerator and no --simulate, a simulated pool.
+    `ray_address` (HOST:PORT) attaches the ray provider to a running cluster."""
     state_dir = settings.data_dir / "agents"
+    if ray_address and settings.provider != "ray":
+        from gpupool.errors import InvalidInput
+
+        raise InvalidInput("--ray-address needs --provider ray.")
+    if settings.provider == "ray":
+        return _ray(settings, ray_address)
     if settings.provider == "fake":
         import time
 
@@ -53,6 +60,22 @@ def provision(settings: Settings) -> Provisioned:
         f"No GPU found ({reason.removeprefix('no real accelerator: ')}); serving a SIMULATED pool of "
         f"{DEFAULT_SIMULATED_POOL} (marked simulated everywhere; choose another with --simulate SPEC)",
     )
+
+
+def _ray(settings: Settings, address: str) -> Provisioned:
+    """The ray provider: on the cluster at `address`, or on a head started here (with one Ray
+    worker node per simulated node when --simulate is given)."""
+    from gpupool.providers.ray.settings import ADDRESS_FILE
+    from gpupool.providers.registry import make_provider
+
+    provider = make_provider("ray", address=address or None, simulate=settings.simulate or None,
+                             data_dir=settings.data_dir)
+    head = getattr(provider, "address", "")
+    where = f"the Ray cluster at {head}" if address else f"a Ray head started here at {head}"
+    simulated = f", {len(provider.nodes())} simulated node(s) on this machine" if settings.simulate else ""
+    return Provisioned(provider, f"Ray provider: {where}{simulated} (address in "
+                                 f"{settings.data_dir / ADDRESS_FILE}); join a GPU server with: "
+                                 f"gpupool node join --server URL --ray-address {head}")
 
 
 def _simulated(spec: str, state_dir: Path, notice: str) -> Provisioned:
