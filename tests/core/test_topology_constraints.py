@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import dataclasses
+import random
 
 import pytest
-from net_helpers import busy, gang, leaves_of, nodes_of, run, view_on
+from net_helpers import busy, gang, leaves_of, nodes_of, run, two_level, view_on
 
 from factories import cluster
 from gpupool.core.fabric.generate import fat_tree
-from gpupool.core.model import Reason
+from gpupool.core.model import Allocation, ClusterSnapshot, Reason
+from gpupool.core.scheduling.cycle import Policies
+from gpupool.core.scheduling.keeper import ViewKeeper
 from gpupool.core.scheduling.view import ClusterView
 from gpupool.core.topology_spec import Tier, TopologySpec
 
@@ -88,3 +91,20 @@ def test_without_a_fabric_constraints_change_nothing(policy: str) -> None:
 
     assert decisions("required=leaf") == decisions(None) == decisions("slice=1@leaf")
     assert len(decisions(None)) == 3
+
+
+def test_the_view_keeper_places_by_its_fabric_across_rebuilds() -> None:
+    keeper = ViewKeeper()
+    keeper.set_fabric(two_level())
+    nodes = tuple(cluster(8))
+    pending = [gang(2, 8, "required=leaf")]
+    result = keeper.cycle(ClusterSnapshot(nodes), pending, Policies(), 0.0, random.Random(0))
+    (admitted,) = result.admitted
+    assert keeper.view is not None and keeper.topology is not None
+    assert len(leaves_of(keeper.view, [p.node for p in admitted.placements])) == 1
+    assert set(keeper.topology.gangs) == {"g"}
+    running = Allocation(gang(2, 8, "required=leaf"), admitted.placements)
+    cordoned = (dataclasses.replace(nodes[0], cordoned=True), *nodes[1:])  # a node change: rebuilt
+    keeper.cycle(ClusterSnapshot(cordoned, (running,)), [], Policies(), 1.0, random.Random(0))
+    assert keeper.rebuilds == 2 and keeper.view.topology is keeper.topology
+    assert set(keeper.topology.gangs) == {"g"}

@@ -214,6 +214,8 @@ class _Cycle:
         self.victims: VictimIndex | None = None
         """The cycle's victim candidates, sorted once (made by the first victim search)."""
         self.reservation: Reservation | None = None
+        self.locality_known: dict[object, Reservation | None] = {}
+        """Reservations found for gangs waiting for locality this cycle, by shape (`locality`)."""
         self.admitted: list[Admission] = []
         self.preempted: list[Preemption] = []
         self.rejected: list[Rejection] = []
@@ -397,14 +399,15 @@ class _Cycle:
             return
         outcome = self._try_place(w, shape, cq)
         if isinstance(outcome, GangPlacement):
+            # before backfill's check, which holds an admitted candidate in the reservation's shadow
+            multi = view.topology is not None and len(w.pods) > 1
+            if multi and self._waits_for_locality(original, w, outcome):
+                return
             if self.reservation is not None and not may_backfill(
                 outcome, view.remaining_estimate_s(w), self.reservation, self.now_s, self.policy, self.rng
             ):
                 release_gang(outcome, view.state)
                 self._reject(original, Reason.BACKFILL_BLOCKED, "Starting now would delay the reserved head.")
-                return
-            multi = view.topology is not None and len(w.pods) > 1
-            if multi and self._waits_for_locality(original, w, outcome):
                 return
             self._admit(w, outcome, cq)
             return
@@ -421,7 +424,7 @@ class _Cycle:
         (its place given back, the domain reserved when no other reservation holds this cycle)."""
         view = self.view
         waiting = wait_for_domain(w, gang, view, self.policies.max_locality_wait_s, self.policy,
-                                  self.now_s, self.rng)
+                                  self.now_s, self.rng, self.locality_known)
         if waiting is None:
             view.locality_waits.pop(w.id, None)
             return False

@@ -30,10 +30,12 @@ from dataclasses import replace
 
 import numpy as np
 
+from gpupool.core.fabric.model import Fabric
 from gpupool.core.model import Allocation, ClusterSnapshot, Node, PodPlacement, Workload
 from gpupool.core.priority import PriorityClasses
 from gpupool.core.quota import QuotaConfig
 from gpupool.core.scheduling.cycle import CycleResult, Policies, cycle_on
+from gpupool.core.scheduling.topology import FabricView, topology_for
 from gpupool.core.scheduling.view import ClusterView
 
 PRUNE_SLACK = 4096
@@ -55,6 +57,25 @@ class ViewKeeper:
         """How many times a caller found the kept view differing from a fresh one (a bug)."""
         self.rebuilds = 0
         """How many times the view was built afresh (the first cycle counts)."""
+        self.fabric: Fabric | None = None
+        self.topology: FabricView | None = None
+        """The view's fabric (`set_fabric`; else from node labels, else None), kept across rebuilds
+        while the node names stay the same; the caller updates its link state in place."""
+
+    def set_fabric(self, fabric: Fabric | None) -> None:
+        """Place by `fabric` from now on (None: none known, node labels may still give domains).
+        Does not block; the nodes are mapped onto its hosts (InvalidInput when it has too few)."""
+        self.fabric = fabric
+        self.topology = None
+        if self.view is not None:
+            self._attach(self.view, self._nodes)
+
+    def _attach(self, view: ClusterView, nodes: Sequence[Node]) -> None:
+        if self.topology is None or self.topology.node_names != tuple(n.name for n in nodes):
+            self.topology = topology_for(nodes, self.fabric)
+        else:
+            self.topology.clear_gangs()  # the new view puts its running gangs back
+        view.set_topology(self.topology)
 
     def cycle(
         self,
@@ -168,6 +189,7 @@ class ViewKeeper:
         p = policies
         view = ClusterView.from_snapshot(snapshot, p.quota, p.priority_classes, p.defaults)
         evicted = {run.workload.id for run in view.to_evict}
+        self._attach(view, snapshot.nodes)
         self.view = view
         self._nodes = snapshot.nodes
         self._quota = policies.quota

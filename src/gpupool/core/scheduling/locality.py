@@ -30,6 +30,7 @@ from gpupool.core.scheduling.gang import GangPlacement, release_gang
 from gpupool.core.scheduling.policies.base import PlacementPolicy
 from gpupool.core.scheduling.topology import UNKNOWN_RUN_S
 from gpupool.core.scheduling.view import ClusterView
+from gpupool.core.scheduling.workloads import shape_of
 from gpupool.core.topology_spec import TopologySpec
 
 
@@ -52,8 +53,11 @@ class Locality:
 def wait_for_domain(
     workload: Workload, gang: GangPlacement, view: ClusterView, max_wait_s: float,
     policy: PlacementPolicy, now_s: float, rng: random.Random,
+    known: dict[object, Reservation | None] | None = None,
 ) -> Locality | None:
-    """See the module docstring."""
+    """See the module docstring. `known`: the reservations of gangs that wait in this cycle, by
+    shape (a later gang of the same shape reads its expected wait there instead of searching again;
+    the cycle then already holds a reservation, so the copy's shadow state is never used)."""
     topology, context = view.topology, policy.topology
     if topology is None or context is None or len(workload.pods) < 2:
         return None
@@ -77,9 +81,16 @@ def wait_for_domain(
         return None
     release_gang(gang, view.state)
     head = dataclasses.replace(workload, topology=TopologySpec(required=spec.preferred))
-    found = reserve(head, view, now_s, policy, rng)
+    key = (shape_of(head), spec.preferred)
+    if known is not None and key in known:
+        found = known[key]
+        found = None if found is None else dataclasses.replace(found, head=head)
+    else:
+        found = reserve(head, view, now_s, policy, rng)
     wait_s = found.start_s - now_s if found is not None else math.inf
     if found is not None and wait_s < loss_s and waited + wait_s <= max_wait_s:
+        if known is not None:  # kept only once it holds the cycle's reservation: never read stale
+            known.setdefault(key, found)
         return Locality(found, wait_s, loss_s)
     statement = view.state.statement()  # start spread after all: hold the gang again
     for _, record in gang.allocs:

@@ -18,7 +18,8 @@ API (node indices are those of the `ClusterState` built from the same node list)
     a link whose errors grow, or whose load reaches `load_high`, is penalised (its bandwidth counts
     at `penalty_factor`) until its load falls to `load_low` and `clean_samples` samples in a row show
     no new errors (hysteresis, so placements do not flap). A failed link carries nothing.
-  - Gangs on the fabric: `add_gang(id, nodes, weight_gpu_s)` / `remove_gang(id)` (idempotent by id);
+  - Gangs on the fabric: `add_gang(id, nodes, weight_gpu_s)` / `remove_gang(id)` (idempotent by id),
+    `clear_gangs()`;
     `share_gbps(nodes)` the bottleneck bandwidth one more gang on those nodes would get (bandwidth
     shared with the gangs already on each link pool), `sharing(nodes)` per pool it would use: the
     bandwidth, the gangs on it and their GPU-seconds at stake; `reachable(nodes)` whether no part
@@ -448,6 +449,14 @@ class FabricView:
             return
         self.gangs[gang_id] = _Gang(distinct, leaves, spines, weight_gpu_s)
         self._count(self.gangs[gang_id], 1)
+
+    def clear_gangs(self) -> None:
+        """Take every gang off the fabric (a view built afresh puts its running gangs back)."""
+        for kind in range(len(self.flows)):
+            self.flows[kind][:] = 0
+            self.stake[kind][:] = 0.0
+        self.gangs.clear()
+        self.version += 1
 
     def remove_gang(self, gang_id: str) -> None:
         gang = self.gangs.pop(gang_id, None)

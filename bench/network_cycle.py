@@ -1,0 +1,120 @@
+"""Benchmark: a live cycle's latency with the fabric in the view, network-aware beside fgd-strand.
+
+A 1,000-node / 8,000-device pool is mapped onto a 3-level fat tree (k=16: 1,024 hosts, 8 per leaf,
+64 per pod), filled by a first cycle with a mix of fractional slices, whole devices and multi-node
+gangs (2 and 4 nodes of 8 devices), and --pending workloads of the same mix wait (10,000 by
+default). Then a scheduler's loop runs on a kept view: before each cycle --churn running workloads
+finish and as many arrive. Each row times the same loop (same seed, same arrivals):
+
+* fgd-strand, no fabric: the placement before this work (the baseline);
+* fgd-strand, fabric: the default policy with the fabric bound (gangs preferred=leaf);
+* network-aware, fabric: the network-aware policy.
+
+The table gives the median and p90 cycle in ms and each row's ratio to the baseline's median; the
+collector runs with the server's settings (gpupool/gc_tuning.py).
+
+    python bench/network_cycle.py [--nodes 1000] [--pending 10000] [--repeat 7] [--churn 10]
+        [--json bench/results/network_cycle.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import statistics
+import time
+from pathlib import Path
+
+from rich.console import Console
+from rich.table import Table
+
+from gpupool import gc_tuning
+from gpupool.core.fabric.generate import fat_tree
+from gpupool.core.model import ClusterSnapshot, Device, Node, PodRequest, Workload
+from gpupool.core.scheduling.cycle import Policies, cycle_on
+from gpupool.core.scheduling.topology import FabricView
+from gpupool.core.scheduling.view import ClusterView
+
+SHAPES = ((1, 1, 250), (1, 1, 500), (1, 1, 1000), (1, 2, 1000), (1, 8, 1000), (2, 8, 1000), (4, 8, 1000))
+"""(pods, devices per pod, milli per device)."""
+WEIGHTS = (25, 25, 30, 10, 4, 4, 2)
+
+
+def nodes_of(count: int) -> list[Node]:
+    return [Node(f"n{i:04d}", 96_000, 786_432,
+                 tuple(Device(f"n{i}-d{d}", "V100M32", d, 32_768) for d in range(8))) for i in range(count)]
+
+
+def workload(i: int, rng: random.Random, submit_s: float) -> Workload:
+    pods, num, milli = rng.choices(SHAPES, WEIGHTS)[0]
+    return Workload(
+        id=f"w{i}",
+        pods=tuple(PodRequest(f"p{k}", 4000 * num, 16_384 * num, num, milli) for k in range(pods)),
+        submit_time_s=submit_s,
+        runtime_estimate_s=rng.uniform(600, 36_000),
+    )
+
+
+def loop(nodes: list[Node], policy: str, fabric: bool, args: argparse.Namespace) -> dict[str, float]:
+    rng = random.Random(args.seed)
+    view = ClusterView.from_snapshot(ClusterSnapshot(tuple(nodes)))
+    if fabric:
+        view.set_topology(FabricView.from_fabric(fat_tree(16, levels=3), nodes))
+    policies = Policies(placement=policy)
+    filler = [workload(i, rng, 0.0) for i in range(len(nodes) * 8)]
+    cycle_on(view, filler, policies, 0.0, random.Random(args.seed))
+    waiting = {w.id: w for w in (workload(100_000 + i, rng, 100.0 + i) for i in range(args.pending))}
+    gc_tuning.tune()  # the server's collector settings, once the long-lived heap is built
+    serial, now, times = 200_000, 3600.0, []
+    for k in range(args.warmup + args.repeat):
+        for wid in rng.sample(sorted(view.running), min(args.churn, len(view.running))):
+            view.remove(wid)
+        for _ in range(args.churn):
+            w = workload(serial, rng, now)
+            serial += 1
+            waiting[w.id] = w
+        tick = time.perf_counter()
+        result = cycle_on(view, list(waiting.values()), policies, now, random.Random(k))
+        if k >= args.warmup:
+            times.append(1000.0 * (time.perf_counter() - tick))
+        for admission in result.admitted:
+            del waiting[admission.workload_id]
+        now += 10.0
+    times.sort()
+    return {"median_ms": statistics.median(times), "p90_ms": times[int(0.9 * (len(times) - 1))],
+            "running": len(view.running), "gangs_on_fabric": len(view.topology.gangs) if view.topology else 0}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--nodes", type=int, default=1000)
+    parser.add_argument("--pending", type=int, default=10_000)
+    parser.add_argument("--repeat", type=int, default=7)
+    parser.add_argument("--warmup", type=int, default=2)
+    parser.add_argument("--churn", type=int, default=10)
+    parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--json", type=Path, default=Path("bench/results/network_cycle.json"))
+    args = parser.parse_args()
+    nodes = nodes_of(args.nodes)
+    rows = [("fgd-strand, no fabric", "fgd-strand", False), ("fgd-strand, fabric", "fgd-strand", True),
+            ("network-aware, fabric", "network-aware", True)]
+    results = {label: loop(nodes, policy, fabric, args) for label, policy, fabric in rows}
+    base = results[rows[0][0]]["median_ms"]
+    table = Table(title=f"cycle latency, {args.nodes} nodes, {args.pending} pending (kept view)")
+    for column in ("configuration", "median ms", "p90 ms", "x baseline", "gangs on fabric"):
+        table.add_column(column, justify="left" if column == "configuration" else "right")
+    for label, row in results.items():
+        row["ratio"] = row["median_ms"] / base
+        table.add_row(label, f"{row['median_ms']:.1f}", f"{row['p90_ms']:.1f}", f"{row['ratio']:.2f}",
+                      str(row["gangs_on_fabric"]))
+    Console().print(table)
+    args.json.parent.mkdir(parents=True, exist_ok=True)
+    args.json.write_text(json.dumps({"args": {k: str(v) for k, v in vars(args).items()},
+                                     "loadavg": os.getloadavg(), "results": results}, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
