@@ -14,6 +14,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from gpupool.cli._common import reports_errors
 from gpupool.core.fabric.model import Fabric, Link
 from gpupool.errors import GpupoolError, InvalidInput
 
@@ -254,17 +255,29 @@ def _write_tables(out: Path, fabric: Fabric, result: Any) -> None:
 
 @app.command("fail-link")
 def fail_link_cmd(
-    path: Path = FILE_ARG,
-    where: str = typer.Argument(..., help="NODE:PORT of one end of the cable to fail."),
+    first: str = typer.Argument(..., metavar="LINK|FILE", help=(
+        "NODE:PORT of a cable of the running pool's fabric, failed there (admin); or a topology file, "
+        "to see what failing its cable LINK would do.")),
+    where: str | None = typer.Argument(None, metavar="[LINK]", help="With a FILE: NODE:PORT of its cable."),
     as_json: bool = JSON,
     roots: Path | None = ROOTS,
 ) -> None:
-    """Fail one cable, recompute routes and list the CA pairs that lose connectivity or bandwidth.
+    """Fail one cable: on the running pool (LINK alone; gangs cut off are requeued, slowed ones told),
+    or in a topology file (FILE LINK): recompute routes and list the CA pairs that lose
+    connectivity or bandwidth.
+
+    Example: gpupool fabric fail-link leaf-3:13
 
     Example: gpupool fabric fail-link fabric.topo S-0008f10500108bba:13
     """
+    if where is None:
+        from gpupool.cli.fabric_live import change_link
+
+        reports_errors(change_link)(first, failed=True, as_json=as_json)
+        return
     from gpupool.core.fabric.analysis import fail_link
 
+    path = Path(first)
     with _errors():
         fabric = load_fabric(path)
         node_ref, sep, port_text = where.rpartition(":")
@@ -318,3 +331,4 @@ def draw(
 
 
 from gpupool.cli import fabric_export as _fabric_export  # noqa: E402,F401  (registers sub-commands)
+from gpupool.cli import fabric_live as _fabric_live  # noqa: E402,F401  (the running pool's fabric)

@@ -29,7 +29,7 @@ def show(
     Exit codes: 0 ok, 2 an ambiguous id prefix, 3 not found or forbidden, 4 server unreachable.
     """
     with client() as pool:
-        workloads = resolve_all(pool, workload_ids)
+        workloads = [_with_network(pool, w) for w in resolve_all(pool, workload_ids)]
         if as_json:
             dumped = [w.model_dump(mode="json") for w in workloads]
             print(json.dumps(dumped[0] if len(dumped) == 1 else dumped, indent=2))
@@ -38,6 +38,14 @@ def show(
             if i:
                 print()
             _show_one(pool, workload)
+
+
+def _with_network(pool: Any, workload: Any) -> Any:
+    """A gang across nodes as the detail route gives it, with its place in the fabric (listings
+    leave that out: it costs a route computation per workload)."""
+    if len({p.node for p in workload.pods}) < 2 or workload.status not in ("admitted", "running"):
+        return workload
+    return pool.workload(workload.id)
 
 
 def now_s() -> float:
@@ -72,6 +80,14 @@ def requested_line(spec: Any) -> str:
     if r.models:
         parts.append(f"models {', '.join(r.models)}")
     return f"requested: {spec.replicas} x ({', '.join(parts)})"
+
+
+def network_line(network: Any) -> str:
+    """Where a gang across nodes sits in the fabric (pools started with --fabric)."""
+    where = f"network: {network.domain}, {network.hops} hops"
+    if network.bottleneck is not None:
+        where += f", bottleneck {network.bottleneck} at {network.bottleneck_gbps:.0f} Gb/s"
+    return where + ("" if network.connected else "; cut off: some of its nodes have no route left")
 
 
 def reason_lines(workload: Any) -> list[str]:
@@ -179,6 +195,8 @@ def _show_one(pool: Any, workload: Any) -> None:
         out.print(line, **plain)
     out.print(times_line(workload, now), **plain)
     out.print(workdir_line(pool, workload), **plain)
+    if getattr(workload, "network", None) is not None:
+        out.print(network_line(workload.network), **plain)
     unenforced = sorted({e.message for e in events if e.reason == "limits_unenforced"})
     for sentence in unenforced:
         out.print(f"[bold]not enforced:[/bold] {sentence}")
