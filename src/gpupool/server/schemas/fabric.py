@@ -25,6 +25,8 @@ class SwitchOut(Strict):
 class PortOut(Strict):
     hca: str = Field(description="the adapter's device name (mlx5_0)")
     port: int
+    adapter: str = Field(description="the adapter's name in the fabric, as `links` name their ends "
+                                     "(its cable is the link with this adapter and port at one end)")
     leaf: str = Field(description="the name of the leaf switch it is cabled to")
     rail: int = Field(description="its rail on a rail-optimised fabric (the host's k-th adapter), else 0")
 

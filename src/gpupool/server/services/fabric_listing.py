@@ -72,7 +72,8 @@ def _nodes(fabric: LiveFabric, nodes: Sequence[Node]) -> list[FabricNodeOut]:
         out.append(FabricNodeOut(
             node=place.node, host=place.host, leaf=view.leaf_names[int(view.leaf_id[i])],
             spine=view.spine_names[int(view.spine_id[i])],
-            ports=[PortOut(hca=p.hca, port=p.port, leaf=fabric.base.nodes[p.leaf].label, rail=p.rail)
+            ports=[PortOut(hca=p.hca, port=p.port, adapter=fabric.base.nodes[p.ca].label,
+                           leaf=fabric.base.nodes[p.leaf].label, rail=p.rail)
                    for p in place.ports]))
     return out
 

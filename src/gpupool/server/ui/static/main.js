@@ -8,6 +8,7 @@ import * as workloads from "./workloads.js";
 import * as workload from "./workload.js";
 import * as queues from "./queues.js";
 import * as usage from "./usage.js";
+import * as fabric from "./fabric.js";
 
 const POLL_MS = 1000;
 const $ = (id) => document.getElementById(id);
@@ -23,6 +24,7 @@ function route(path) {
   if (first === "workloads") return { page: "workloads", view: workloads };
   if (first === "queues") return { page: "queues", view: queues };
   if (first === "usage") return { page: "usage", view: usage };
+  if (first === "fabric") return { page: "fabric", view: fabric };
   return { page: "overview", view: overview };
 }
 
