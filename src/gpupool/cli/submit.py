@@ -74,7 +74,7 @@ def submit(
                                  "required=leaf|spine (all in one domain, or wait), preferred=leaf|spine "
                                  "(start there, widen a tier if nothing fits), slice=N@leaf (groups of N "
                                  "pods each in one leaf), comma-joined, or none (default: the pool's, "
-                                 "preferred=leaf, for multi-pod gangs). See docs/network-aware.md.")
+                                 "preferred=leaf, for multi-pod gangs). See docs/fabric.md.")
     ] = None,
     separate_stderr: Annotated[
         bool, typer.Option("--separate-stderr", help="Keep stderr in its own log (like sbatch --error); by "

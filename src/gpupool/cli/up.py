@@ -60,7 +60,7 @@ def up(
         Path | None,
         typer.Option("--fabric", help=(
             "The IB fabric (ibnetdiscover output or a `gpupool fabric generate` file): gangs are placed "
-            "by it, link failures requeue the gangs they cut off; see docs/network-aware.md."))
+            "by it, link failures requeue the gangs they cut off; see docs/fabric.md."))
     ] = None,
 ) -> None:
     """Start the pool: API on http://HOST:PORT/api/v1 (docs at /docs), scheduler, local agent.

@@ -86,6 +86,8 @@ class LiveFabric:
     _view_nodes: tuple[Node, ...] | None = None
     _out: dict[tuple[int, int], int] | None = None
     _current: Fabric | None = None
+    _read_view: tuple[tuple[tuple[str, tuple[str, ...]], ...], FabricView] | None = None
+    """A view built for readers while the scheduler has none over the same nodes (places only)."""
     congested_since: dict[str, float] = field(default_factory=dict)
     """workload -> when its bottleneck cable was first seen above the congestion threshold."""
 
@@ -147,7 +149,11 @@ class LiveFabric:
         view, built_over = self._view, self._view_nodes
         if view is not None and (built_over is nodes or _shape(built_over) == _shape(nodes)):
             return view
-        return FabricView.from_fabric(self.base, nodes, self.health)
+        shape = _shape(nodes)
+        kept = self._read_view
+        if kept is None or kept[0] != shape:
+            kept = self._read_view = (shape, FabricView.from_fabric(self.base, nodes, self.health))
+        return kept[1]
 
     def hcas(self, nodes: Sequence[Node], node: Node) -> tuple[str, ...]:
         """NCCL_IB_HCA for a pod on `node`: its adapters whose cable to their leaf works (device:port),
