@@ -4,7 +4,8 @@ A 1,000-node / 8,000-device pool is mapped onto a 3-level fat tree (k=16: 1,024 
 64 per pod), filled by a first cycle with a mix of fractional slices, whole devices and multi-node
 gangs (2 and 4 nodes of 8 devices), and --pending workloads of the same mix wait (10,000 by
 default). Then a scheduler's loop runs on a kept view: before each cycle --churn running workloads
-finish and as many arrive. Each row times the same loop (same seed, same arrivals):
+finish and as many arrive. Each row times the same loop (same seed, same arrivals), the rows
+taking turns cycle by cycle:
 
 * fgd-strand, no fabric: the placement before this work (the baseline);
 * fgd-strand, fabric: the default policy with the fabric bound (gangs preferred=leaf);
@@ -57,34 +58,45 @@ def workload(i: int, rng: random.Random, submit_s: float) -> Workload:
     )
 
 
-def loop(nodes: list[Node], policy: str, fabric: bool, args: argparse.Namespace) -> dict[str, float]:
-    rng = random.Random(args.seed)
-    view = ClusterView.from_snapshot(ClusterSnapshot(tuple(nodes)))
-    if fabric:
-        view.set_topology(FabricView.from_fabric(fat_tree(16, levels=3), nodes))
-    policies = Policies(placement=policy)
-    filler = [workload(i, rng, 0.0) for i in range(len(nodes) * 8)]
-    cycle_on(view, filler, policies, 0.0, random.Random(args.seed))
-    waiting = {w.id: w for w in (workload(100_000 + i, rng, 100.0 + i) for i in range(args.pending))}
-    gc_tuning.tune()  # the server's collector settings, once the long-lived heap is built
-    serial, now, times = 200_000, 3600.0, []
-    for k in range(args.warmup + args.repeat):
+class Loop:
+    """One configuration's scheduler loop, stepped one cycle at a time (rows take turns)."""
+
+    def __init__(self, nodes: list[Node], policy: str, fabric: bool, args: argparse.Namespace) -> None:
+        self.args = args
+        self.rng = random.Random(args.seed)
+        self.view = ClusterView.from_snapshot(ClusterSnapshot(tuple(nodes)))
+        if fabric:
+            self.view.set_topology(FabricView.from_fabric(fat_tree(16, levels=3), nodes))
+        self.policies = Policies(placement=policy)
+        filler = [workload(i, self.rng, 0.0) for i in range(len(nodes) * 8)]
+        cycle_on(self.view, filler, self.policies, 0.0, random.Random(args.seed))
+        pending = (workload(100_000 + i, self.rng, 100.0 + i) for i in range(args.pending))
+        self.waiting = {w.id: w for w in pending}
+        self.serial, self.now, self.k = 200_000, 3600.0, 0
+        self.times: list[float] = []
+
+    def step(self) -> None:
+        view, rng, args = self.view, self.rng, self.args
         for wid in rng.sample(sorted(view.running), min(args.churn, len(view.running))):
             view.remove(wid)
         for _ in range(args.churn):
-            w = workload(serial, rng, now)
-            serial += 1
-            waiting[w.id] = w
+            w = workload(self.serial, rng, self.now)
+            self.serial += 1
+            self.waiting[w.id] = w
         tick = time.perf_counter()
-        result = cycle_on(view, list(waiting.values()), policies, now, random.Random(k))
-        if k >= args.warmup:
-            times.append(1000.0 * (time.perf_counter() - tick))
+        result = cycle_on(view, list(self.waiting.values()), self.policies, self.now, random.Random(self.k))
+        if self.k >= args.warmup:
+            self.times.append(1000.0 * (time.perf_counter() - tick))
         for admission in result.admitted:
-            del waiting[admission.workload_id]
-        now += 10.0
-    times.sort()
-    return {"median_ms": statistics.median(times), "p90_ms": times[int(0.9 * (len(times) - 1))],
-            "running": len(view.running), "gangs_on_fabric": len(view.topology.gangs) if view.topology else 0}
+            del self.waiting[admission.workload_id]
+        self.now += 10.0
+        self.k += 1
+
+    def summary(self) -> dict[str, float]:
+        times = sorted(self.times)
+        topology = self.view.topology
+        return {"median_ms": statistics.median(times), "p90_ms": times[int(0.9 * (len(times) - 1))],
+                "running": len(self.view.running), "gangs_on_fabric": len(topology.gangs) if topology else 0}
 
 
 def main() -> int:
@@ -100,7 +112,12 @@ def main() -> int:
     nodes = nodes_of(args.nodes)
     rows = [("fgd-strand, no fabric", "fgd-strand", False), ("fgd-strand, fabric", "fgd-strand", True),
             ("network-aware, fabric", "network-aware", True)]
-    results = {label: loop(nodes, policy, fabric, args) for label, policy, fabric in rows}
+    loops = {label: Loop(nodes, policy, fabric, args) for label, policy, fabric in rows}
+    gc_tuning.tune()  # the server's collector settings, once the long-lived heaps are built
+    for _ in range(args.warmup + args.repeat):
+        for each in loops.values():  # the rows take turns, so the machine's noise hits them alike
+            each.step()
+    results = {label: each.summary() for label, each in loops.items()}
     base = results[rows[0][0]]["median_ms"]
     table = Table(title=f"cycle latency, {args.nodes} nodes, {args.pending} pending (kept view)")
     for column in ("configuration", "median ms", "p90 ms", "x baseline", "gangs on fabric"):

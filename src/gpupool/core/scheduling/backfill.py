@@ -36,6 +36,9 @@ class Reservation:
     head: Workload
     start_s: float
     shadow: ClusterState
+    domain: BoolArray | None = None
+    """[node] where the head is reserved, when only those nodes matter (a gang waiting for a leaf:
+    `locality`): work outside them never delays it. None: any node may."""
 
 
 MAX_RESERVATION_TRIALS = 64
@@ -216,6 +219,10 @@ def may_backfill(
     statement = shadow.statement()
     for _, record in gang.allocs:
         statement.allocate(record)
+    domain = reservation.domain
+    if domain is not None and not any(domain[record.node] for _, record in gang.allocs):
+        statement.commit()  # the head's domain is untouched: it still fits there
+        return True
     head = place_gang(reservation.head, shadow, policy, rng)
     if isinstance(head, NoFit):
         statement.discard()

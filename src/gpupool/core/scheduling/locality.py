@@ -11,7 +11,8 @@ place wider (its pods over several leaves, or spine groups) waits only while
     with the gang asking required=<tier>), and
   - it has waited less than `max_wait_s` in all (Slurm's max_switch_wait) counting the expected wait.
 While it waits, the returned reservation holds that domain: the cycle lets other work start only
-if it ends before the reservation or leaves the gang room (`backfill.may_backfill`). On None the
+if it ends before the reservation, lands outside the domain, or leaves the gang room
+(`backfill.may_backfill`). On None the
 gang stays placed (the state still holds it); on a `Locality` the state no longer holds it.
 """
 
@@ -22,16 +23,18 @@ import math
 import random
 from dataclasses import dataclass
 
+import numpy as np
+
 from gpupool.core.model import Workload
 from gpupool.core.scheduling.backfill import Reservation, reserve
 from gpupool.core.scheduling.comm_cost import CommModel
 from gpupool.core.scheduling.domains import narrowest_tier
-from gpupool.core.scheduling.gang import GangPlacement, release_gang
-from gpupool.core.scheduling.policies.base import PlacementPolicy
-from gpupool.core.scheduling.topology import UNKNOWN_RUN_S
+from gpupool.core.scheduling.gang import GangPlacement, place_gang, release_gang
+from gpupool.core.scheduling.policies.base import NoFit, PlacementPolicy
+from gpupool.core.scheduling.topology import UNKNOWN_RUN_S, FabricView
 from gpupool.core.scheduling.view import ClusterView
 from gpupool.core.scheduling.workloads import shape_of
-from gpupool.core.topology_spec import TopologySpec
+from gpupool.core.topology_spec import Tier, TopologySpec
 
 
 @dataclass(frozen=True, slots=True)
@@ -87,6 +90,8 @@ def wait_for_domain(
         found = None if found is None else dataclasses.replace(found, head=head)
     else:
         found = reserve(head, view, now_s, policy, rng)
+        if found is not None:
+            found = _with_domain(found, head, topology, spec.preferred, policy, rng)
     wait_s = found.start_s - now_s if found is not None else math.inf
     if found is not None and wait_s < loss_s and waited + wait_s <= max_wait_s:
         if known is not None:  # kept only once it holds the cycle's reservation: never read stale
@@ -97,3 +102,17 @@ def wait_for_domain(
         statement.allocate(record)
     statement.commit()
     return None
+
+
+def _with_domain(
+    found: Reservation, head: Workload, topology: FabricView, tier: Tier, policy: PlacementPolicy,
+    rng: random.Random,
+) -> Reservation:
+    """The reservation with the domain the head fits in at its start (so backfill may use the rest)."""
+    placed = place_gang(head, found.shadow, policy, rng)
+    if isinstance(placed, NoFit):
+        return found
+    release_gang(placed, found.shadow)
+    ids = topology.domain_of(tier)
+    domain = np.isin(ids, np.unique(ids[list(placed.nodes)]))
+    return dataclasses.replace(found, domain=domain)

@@ -76,6 +76,9 @@ class Fgd(PlacementPolicy):
         self._observed: list[PodRequest] = []
         self._model: FragModel | None = None
         self._cache: dict[Shape, _Scores] = {}
+        self._other: tuple[FragModel, dict[Shape, _Scores]] | None = None
+        """The model and scores of the state used before the current one (a backfill shadow and the
+        live state take turns: each keeps its own instead of being rebuilt at every turn)."""
 
     # ----------------------------------------------------------------- workload
 
@@ -93,8 +96,14 @@ class Fgd(PlacementPolicy):
             self._model = None
         model = self._model
         if model is None or model.state is not state or model.defaults is not state.defaults:
-            model = self._model = FragModel(state, self._mix, self.cpu_only_counts_all)
-            self._cache = {}
+            other = self._other
+            self._other = (model, self._cache) if model is not None and model.mix is self._mix else None
+            if other is not None and other[0].state is state and other[0].defaults is state.defaults \
+                    and other[0].mix is self._mix:
+                model, self._cache = other
+            else:
+                model, self._cache = FragModel(state, self._mix, self.cpu_only_counts_all), {}
+            self._model = model
         model.refresh()
         return model
 
