@@ -7,6 +7,8 @@ fails `test_every_route_has_an_expectation` until its developer says what a tena
 
 from __future__ import annotations
 
+import base64
+import sys
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -34,6 +36,9 @@ class Victim:
     token_id: str = ""
     token_name: str = "victim-token"
     node: str = "n0"
+    session_id: str = ""
+    """The victim's remote-function session (its workload's id) and a call queued on it."""
+    call_id: str = ""
 
     def value(self, key: str) -> str:
         return str(getattr(self, key))
@@ -76,7 +81,8 @@ class Readable:
 
 Expectation = Public | Admin | Others | Readable
 DEFAULT_PARAMS = {"workload_id": "workload_id", "tenant": "tenant", "name": "tenant", "token_id": "token_id",
-                  "array_id": "array_id"}
+                  "array_id": "array_id", "session_id": "session_id", "call_id": "call_id"}
+PYTHON = f"{sys.version_info.major}.{sys.version_info.minor}"
 
 EXPECTED: dict[tuple[str, str], Expectation] = {
     ("GET", "/health"): Public(),
@@ -114,6 +120,14 @@ EXPECTED: dict[tuple[str, str], Expectation] = {
     ("GET", "/config"): Admin(),
     # Usage and chargeback
     ("GET", "/usage"): Readable(probe={"tenant": "tenant"}),
+    # Remote function calls
+    ("POST", "/calls/sessions"): Others(body=lambda v: {"python": PYTHON, "tenant": v.tenant},
+                                       codes=frozenset({403})),
+    ("GET", "/calls/sessions/{session_id}"): Others(),
+    ("POST", "/calls/sessions/{session_id}/calls"): Others(body=lambda v: {"payload": ""}),
+    ("POST", "/calls/sessions/{session_id}/close"): Others(),
+    ("GET", "/calls/{call_id}"): Others(),
+    ("POST", "/calls/{call_id}/cancel"): Others(),
 }
 
 
@@ -150,11 +164,15 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[World]:
     array = ok(client.post(f"{API}/workloads", json={**spec, "array": "0-3", "resources": {"gpus": 2}},
                            headers=server.headers(victim_token["token"])))
     ok(client.post(f"{API}/workloads", json={"command": ["true"]}, headers=server.headers(intruder)))
+    session = ok(client.post(f"{API}/calls/sessions", headers=server.headers(victim_token["token"]), json={
+        "python": PYTHON, "name": "victim-fn", "queue": "victim-q", "env": {"VICTIM_KEY": SECRET},
+        "call": {"payload": base64.b64encode(SECRET.encode()).decode()}}))
     server.wait_for(lambda: server.status(workload["id"]) == "running")
     schema = ok(client.get(f"{API}/openapi.json"))
     routes = sorted((method.upper(), path.removeprefix(API))
                     for path, item in schema["paths"].items() for method in item)
-    victim = Victim(workload_id=workload["id"], array_id=array["id"], token_id=victim_token["id"])
+    victim = Victim(workload_id=workload["id"], array_id=array["id"], token_id=victim_token["id"],
+                    session_id=session["id"], call_id=session["call"]["id"])
     yield World(server, intruder, victim_token["token"], victim, routes)
     stop_server(server)
 
@@ -245,7 +263,9 @@ def test_the_refusals_changed_nothing(world: World) -> None:
     assert {q["name"]: q["quota_gpus"] for q in queue} == {"default": None, "victim-q": 2}
     own = client.get(f"{API}/workloads", headers=world.server.headers(world.victim_token)).json()
     assert sorted(w["id"] for w in own["items"]) == sorted(
-        [victim.workload_id, *(f"{victim.array_id}_{i}" for i in range(4))])
+        [victim.workload_id, victim.session_id, *(f"{victim.array_id}_{i}" for i in range(4))])
+    call = client.get(f"{API}/calls/{victim.call_id}", headers=world.server.headers(world.victim_token))
+    assert call.json()["status"] in ("queued", "running"), "the call was not cancelled"
     assert all(w["status"] in ("pending", "running") for w in own["items"]), "nothing was cancelled"
     assert not any(n["cordoned"] for n in client.get(f"{API}/nodes", headers=admin).json())
     tenants = {t["name"] for t in client.get(f"{API}/tenants", headers=admin).json()}
