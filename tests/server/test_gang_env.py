@@ -209,3 +209,31 @@ def _status(pool: Pool, workload_id: str) -> str:
         row = session.get(WorkloadRow, workload_id)
         assert row is not None
         return row.status
+
+
+PREEMPTING = """
+scheduling: {placement: first-fit, backfill: false}
+priority_classes:
+  - {name: low, value: 0, preemptible: true, grace: 5s}
+  - {name: high, value: 1000}
+"""
+
+
+def test_a_gang_that_waited_for_its_devices_starts_with_the_port_reserved_when_placed(tmp_path: Path) -> None:
+    pool = Pool(tmp_path, config=PREEMPTING)
+    try:
+        low = pool.submit(2, 1.5, priority_class="low", resources={"cpu": 1.5, "gpus": 4})
+        pool.loop.step()
+        high = pool.submit(2, 1.5, priority_class="high", resources={"cpu": 1.5, "gpus": 4})
+        pool.loop.step()  # preempts the low gang: its pods stop, the high gang's pods wait for them
+        assert pool.launched(high) == []
+        with pool.rt.store.read() as session:
+            stored = session.get(WorkloadRow, high)
+            assert stored is not None and stored.spec["rendezvous"][-1]["attempt"] == 1
+            reserved = stored.spec["rendezvous"][-1]["port"]
+        pool.loop.step()  # the victims ended (the hand-driven provider stops pods at once)
+        launched = pool.launched(high)
+        assert [p.rank for p in launched] == [0, 1] and {p.master_port for p in launched} == {reserved}
+        assert {p.master_addr for p in launched} == {"10.0.0.10"} and pool.launched(low)[0].master_port
+    finally:
+        pool.rt.store.close()
