@@ -86,6 +86,20 @@ def test_an_exception_comes_back_with_its_remote_traceback(remote_pool: RemotePo
         assert "in unpicklable_failure" in odd.value.remote_traceback
 
 
+def crash(code: int) -> None:
+    os._exit(code)
+
+
+def test_a_worker_that_dies_fails_its_call_saying_why(remote_pool: RemotePool) -> None:
+    with gpupool.connect(remote_pool.server.url, remote_pool.tokens["alice"]) as pool:
+        future = pool.function(crash, gpus=0.25).remote(3)
+        died = f"workload {future.workload_id} failed before answering it"
+        with pytest.raises(RemoteCallError, match=died):
+            future.result(timeout=120)
+        assert pool.client.workload(future.workload_id).status == "failed"
+        assert "code 3" in str(future.exception())
+
+
 def test_map_keeps_the_input_order(remote_pool: RemotePool) -> None:
     with gpupool.connect(remote_pool.server.url, remote_pool.tokens["alice"]) as pool:
         remote_square = pool.function(square, gpus=0.25)
