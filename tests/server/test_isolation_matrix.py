@@ -17,6 +17,9 @@ from typing import Any
 import pytest
 
 from conftest import Server, start_server, stop_server
+from gpupool.core.fabric.generate import fat_tree
+from gpupool.core.fabric.write import to_ibnetdiscover
+from gpupool.server.services.fabric import open_live_fabric
 
 API = "/api/v1"
 SECRET = "victim-secret-51d3"
@@ -128,6 +131,12 @@ EXPECTED: dict[tuple[str, str], Expectation] = {
     ("POST", "/calls/sessions/{session_id}/close"): Others(),
     ("GET", "/calls/{call_id}"): Others(),
     ("POST", "/calls/{call_id}/cancel"): Others(),
+    # The live fabric: every token reads it (a gang's path: its own only); changes are the admin's
+    ("GET", "/fabric"): Readable(probe={"workload": "workload_id"}),
+    ("POST", "/fabric/links/fail"): Admin(body=lambda v: {"link": "leaf-0:1"}),
+    ("POST", "/fabric/links/heal"): Admin(body=lambda v: {"link": "leaf-0:1"}),
+    ("POST", "/fabric/telemetry"): Admin(body=lambda v: {"ports": [{"node": "leaf-0", "port": 1,
+                                                                     "utilization": 0.5}]}),
 }
 
 
@@ -143,7 +152,10 @@ class World:
 @pytest.fixture(scope="module")
 def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[World]:
     """Two tenants: the intruder (a token, a workload) and the victim (a queue, a workload, a token)."""
-    server = start_server(Path(tmp_path_factory.mktemp("isolation")))
+    data = Path(tmp_path_factory.mktemp("isolation"))
+    server = start_server(data)
+    (data / "tree.topo").write_text(to_ibnetdiscover(fat_tree(4)))
+    server.rt.fabric = open_live_fabric(data / "tree.topo", server.rt.nodes())
     client, admin = server.client, server.headers()
 
     def ok(answer: Any) -> Any:
