@@ -75,9 +75,10 @@ class ControlLoop:
                     self.metrics.cycle_seconds.observe(stats.seconds)
                 if not stats.stopped:
                     break
-        self.rt.usage_rollup.maybe_fold(self.rt)  # every FOLD_EVERY_S: pods that ended join the rollup
         busy = self.reconciler.active or self.scheduler.waiting
-        return bool(changed or admitted or busy)
+        in_flight = bool(changed or admitted or busy)
+        self.rt.usage_rollup.maybe_fold(self.rt, in_flight)  # pods that ended join the usage rollup
+        return in_flight
 
     def _pods_exited(self) -> None:
         self._exited.set()

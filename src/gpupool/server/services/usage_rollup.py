@@ -2,8 +2,9 @@
 class, node, device model and simulated mark (table usage_daily), so a usage query over a long
 window reads a few summed rows instead of every pod.
 
-Pods that ended at or before the watermark are in the rollup; it advances (`fold`) from the
-control loop, a minute behind the clock so a pod's end is committed before it is folded. Pieces
+A pod that ended is folded into the rollup (`fold`, from the control loop: every 30 s while it is
+idle, every 5 minutes while work is in flight) and marked `rolled_up` in the same transaction; a
+pod's interval never changes once it ended, and a query reads the unmarked ones from the pods. Pieces
 are priced when folded, by the same `core.metering.aggregate` the raw path uses; the rollup keeps
 the digest of the price book (and default priority class) it was priced with, and is rebuilt from
 the pod rows when that changes.
@@ -35,6 +36,7 @@ from gpupool.server.services.metering import interval_rows, to_intervals
 
 _PODS = Base.metadata.tables["pods"]
 FOLD_EVERY_S = 30.0
+FOLD_BUSY_EVERY_S = 300.0
 FOLD_BATCH = 5_000
 """Pods folded in one transaction at most (the rest at the next steps)."""
 _ALL_KEYS = (UsageKey.TENANT, UsageKey.QUEUE, UsageKey.PRIORITY_CLASS, UsageKey.NODE, UsageKey.MODEL,
@@ -51,22 +53,30 @@ def digest(book: PriceBook, default_class: str) -> str:
 
 class UsageRollup:
     """Keeps usage_daily up to date; `lock` is held by a reader combining the rollup with the pods
-    it does not hold, so a fold cannot move the watermark between its two reads."""
+    it does not hold, so a fold cannot mark pods between its two reads."""
 
     def __init__(self) -> None:
         self.lock = threading.RLock()
         self._last_fold = -math.inf
+        self._backlog = False
 
-    def maybe_fold(self, rt: Runtime) -> int:
-        """fold() at most every FOLD_EVERY_S (monotonic time); the pods folded."""
-        if time.monotonic() - self._last_fold < FOLD_EVERY_S:
+    def maybe_fold(self, rt: Runtime, busy: bool = False) -> int:
+        """fold() when due: every FOLD_EVERY_S (monotonic time) while the loop is idle, every
+        FOLD_BUSY_EVERY_S while work is in flight (a usage query reads what is not folded yet from
+        the pods, so folding can wait for a quiet moment); the pods folded."""
+        if self._backlog:  # the last fold left pods for the next: go on now, or soon while busy
+            every = FOLD_EVERY_S if busy else 0.0
+        else:
+            every = FOLD_BUSY_EVERY_S if busy else FOLD_EVERY_S
+        if time.monotonic() - self._last_fold < every:
             return 0
         self._last_fold = time.monotonic()
         return self.fold(rt)
 
     def fold(self, rt: Runtime) -> int:
         """Add the pods that ended and are not rolled up yet to the rollup (and mark them), rebuilding
-        it first when the price book changed; returns how many pods were folded."""
+        it first when the price book changed; returns how many pods were folded (those that never
+        started are marked too, with nothing to add)."""
         from gpupool.server.services.specs import default_priority_class
 
         book = rt.config.prices.price_book()
@@ -84,14 +94,14 @@ class UsageRollup:
             ended = select(PodRow.id).where(PodRow.rolled_up.is_(False), PodRow.finished_s.is_not(None))
             ids = list(session.scalars(ended.limit(FOLD_BATCH)))
             if not ids:
+                self._backlog = False
                 return 0
             rows = session.execute(interval_rows().where(PodRow.id.in_(ids))).all()
             intervals = to_intervals(rt, rows, now=rt.clock(), default_class=default_class)
             _add(session, pieces(intervals, book))
             session.connection().execute(update(_PODS).where(_PODS.c.id.in_(ids)).values(rolled_up=True))
-        if len(ids) == FOLD_BATCH:
-            self._last_fold = -math.inf  # more to fold: at the next step
-        return len(intervals)
+        self._backlog = len(ids) == FOLD_BATCH
+        return len(ids)
 
 
 @dataclass(slots=True)
