@@ -11,8 +11,9 @@ if TYPE_CHECKING:
     from gpupool.remote.pool import Pool
 
 T = TypeVar("T")
-POLL_S = 25.0
-"""The longest one request waits for an answer (the server holds it open; no busy polling)."""
+POLL_S = 5.0
+"""The longest one request waits for an answer (the server holds it open; no busy polling); short,
+since stopping the server waits for the requests it holds."""
 _FINAL = ("succeeded", "failed", "cancelled")
 
 

@@ -22,7 +22,8 @@ import urllib.parse
 from typing import Any
 
 CALL_TOKEN_ENV = "GPUPOOL_CALL_TOKEN"
-ASK_WAIT_S = 20.0
+ASK_WAIT_S = 5.0
+"""Short: stopping the server waits for the requests it holds open (uvicorn's graceful shutdown)."""
 RETRY_FOR_S = 120.0
 """How long the worker keeps trying to reach a server that went away (a restart) before it gives up."""
 MAX_ERROR = 1000
