@@ -96,6 +96,8 @@ def test_a_failed_uplink_updates_the_view_in_place() -> None:
     assert not view.reachable([0, 2]) and view.reachable([0, 1]) and view.reachable([2, 4])
     view.set_link(second, healthy=True)
     assert view.reachable([0, 2])
+    view.set_link(second, data_rate_gbps=before / 8)  # retrained at a quarter of its rate
+    assert view.avail[1][0] == pytest.approx(before / 8)
 
 
 def test_penalty_has_hysteresis_on_load_and_errors() -> None:

@@ -13,7 +13,8 @@ API (node indices are those of the `ClusterState` built from the same node list)
   - `domain_of(tier)` -> [node] domain id (leaf or spine group; -1 off the fabric); `domains(tier)`
     -> node index arrays, one per domain; `places[i]` the node's `NodePlace` (ports, leaf switches,
     rails); `hops(a, b)` links between two nodes (0 on one node).
-  - Link state, changed in place (no rebuild): `set_link(key, healthy=, utilization=, errors=)`,
+  - Link state, changed in place (no rebuild): `set_link(key, healthy=, utilization=, errors=,
+    data_rate_gbps=)` (a degraded link retrained to a lower rate),
     `apply_loads(loads)` (telemetry `PortLoad`s by (node, port)); `LinkHealth` sets the thresholds:
     a link whose errors grow, or whose load reaches `load_high`, is penalised (its bandwidth counts
     at `penalty_factor`) until its load falls to `load_low` and `clean_samples` samples in a row show
@@ -369,9 +370,11 @@ class FabricView:
 
     def set_link(
         self, key: tuple[str, int, str, int], *, healthy: bool | None = None,
-        utilization: float | None = None, errors: int = 0,
+        utilization: float | None = None, errors: int = 0, data_rate_gbps: float | None = None,
     ) -> bool:
-        """Update one link (by `Link.key`, either end first); False when the view does not use it."""
+        """Update one link (by `Link.key`, either end first): its health, its load (0..1), the errors
+        counted since the last sample, and its data rate when it retrained to another width or speed
+        (degraded). False when the view does not use the link."""
         k = self.link_index.get(key)
         if k is None:
             k = self.link_index.get((key[2], key[3], key[0], key[1]))
@@ -379,6 +382,8 @@ class FabricView:
             return False
         if healthy is not None:
             self.healthy[k] = healthy
+        if data_rate_gbps is not None:
+            self.cap_gbps[k] = max(0.0, data_rate_gbps)
         if utilization is not None:
             self.load[k] = min(1.0, max(0.0, utilization))
         self._hysteresis(k, errors)
