@@ -11,11 +11,15 @@ taking turns cycle by cycle:
 * fgd-strand, fabric: the default policy with the fabric bound (gangs preferred=leaf);
 * network-aware, fabric: the network-aware policy.
 
-The table gives the median and p90 cycle in ms and each row's ratio to the baseline's median; the
-collector runs with the server's settings (gpupool/gc_tuning.py).
+The table gives the median and p90 cycle in ms (wall) and the median in CPU ms (process time: steadier
+on a busy machine), each with its ratio to the first row; the collector runs with the server's
+settings (gpupool/gc_tuning.py). `--rows baseline` alone runs on commits from before the fabric
+was in the view, so bench/side_by_side.py can compare the no-fabric path before and after:
+
+    python bench/side_by_side.py --ref REF --metric cpu_median_ms -- bench/network_cycle.py --rows baseline
 
     python bench/network_cycle.py [--nodes 1000] [--pending 10000] [--repeat 7] [--churn 10]
-        [--json bench/results/network_cycle.json]
+        [--rows baseline,strand-fabric,network-aware] [--json bench/results/network_cycle.json]
 """
 
 from __future__ import annotations
@@ -35,7 +39,6 @@ from gpupool import gc_tuning
 from gpupool.core.fabric.generate import fat_tree
 from gpupool.core.model import ClusterSnapshot, Device, Node, PodRequest, Workload
 from gpupool.core.scheduling.cycle import Policies, cycle_on
-from gpupool.core.scheduling.topology import FabricView
 from gpupool.core.scheduling.view import ClusterView
 
 SHAPES = ((1, 1, 250), (1, 1, 500), (1, 1, 1000), (1, 2, 1000), (1, 8, 1000), (2, 8, 1000), (4, 8, 1000))
@@ -65,7 +68,9 @@ class Loop:
         self.args = args
         self.rng = random.Random(args.seed)
         self.view = ClusterView.from_snapshot(ClusterSnapshot(tuple(nodes)))
-        if fabric:
+        if fabric:  # imported here: `--rows baseline` runs on commits without it (bench/side_by_side.py)
+            from gpupool.core.scheduling.topology import FabricView
+
             self.view.set_topology(FabricView.from_fabric(fat_tree(16, levels=3), nodes))
         self.policies = Policies(placement=policy)
         filler = [workload(i, self.rng, 0.0) for i in range(len(nodes) * 8)]
@@ -74,6 +79,7 @@ class Loop:
         self.waiting = {w.id: w for w in pending}
         self.serial, self.now, self.k = 200_000, 3600.0, 0
         self.times: list[float] = []
+        self.cpu: list[float] = []
 
     def step(self) -> None:
         view, rng, args = self.view, self.rng, self.args
@@ -83,10 +89,11 @@ class Loop:
             w = workload(self.serial, rng, self.now)
             self.serial += 1
             self.waiting[w.id] = w
-        tick = time.perf_counter()
+        tick, cpu = time.perf_counter(), time.process_time()
         result = cycle_on(view, list(self.waiting.values()), self.policies, self.now, random.Random(self.k))
         if self.k >= args.warmup:
             self.times.append(1000.0 * (time.perf_counter() - tick))
+            self.cpu.append(1000.0 * (time.process_time() - cpu))
         for admission in result.admitted:
             del self.waiting[admission.workload_id]
         self.now += 10.0
@@ -94,8 +101,9 @@ class Loop:
 
     def summary(self) -> dict[str, float]:
         times = sorted(self.times)
-        topology = self.view.topology
+        topology = getattr(self.view, "topology", None)
         return {"median_ms": statistics.median(times), "p90_ms": times[int(0.9 * (len(times) - 1))],
+                "cpu_median_ms": statistics.median(self.cpu),
                 "running": len(self.view.running), "gangs_on_fabric": len(topology.gangs) if topology else 0}
 
 
@@ -107,29 +115,37 @@ def main() -> int:
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--churn", type=int, default=10)
     parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--rows", default="baseline,strand-fabric,network-aware",
+                        help="which rows, in order: baseline, strand-fabric, network-aware")
     parser.add_argument("--json", type=Path, default=Path("bench/results/network_cycle.json"))
     args = parser.parse_args()
     nodes = nodes_of(args.nodes)
-    rows = [("fgd-strand, no fabric", "fgd-strand", False), ("fgd-strand, fabric", "fgd-strand", True),
-            ("network-aware, fabric", "network-aware", True)]
+    every = {"baseline": ("fgd-strand, no fabric", "fgd-strand", False),
+             "strand-fabric": ("fgd-strand, fabric", "fgd-strand", True),
+             "network-aware": ("network-aware, fabric", "network-aware", True)}
+    rows = [every[key] for key in args.rows.split(",")]
     loops = {label: Loop(nodes, policy, fabric, args) for label, policy, fabric in rows}
     gc_tuning.tune()  # the server's collector settings, once the long-lived heaps are built
     for _ in range(args.warmup + args.repeat):
         for each in loops.values():  # the rows take turns, so the machine's noise hits them alike
             each.step()
     results = {label: each.summary() for label, each in loops.items()}
-    base = results[rows[0][0]]["median_ms"]
+    first = results[rows[0][0]]
     table = Table(title=f"cycle latency, {args.nodes} nodes, {args.pending} pending (kept view)")
-    for column in ("configuration", "median ms", "p90 ms", "x baseline", "gangs on fabric"):
+    columns = ("configuration", "median ms", "p90 ms", "x first", "cpu median ms", "x first (cpu)",
+               "gangs on fabric")
+    for column in columns:
         table.add_column(column, justify="left" if column == "configuration" else "right")
     for label, row in results.items():
-        row["ratio"] = row["median_ms"] / base
+        row["ratio"] = row["median_ms"] / first["median_ms"]
+        row["cpu_ratio"] = row["cpu_median_ms"] / first["cpu_median_ms"]
         table.add_row(label, f"{row['median_ms']:.1f}", f"{row['p90_ms']:.1f}", f"{row['ratio']:.2f}",
-                      str(row["gangs_on_fabric"]))
+                      f"{row['cpu_median_ms']:.1f}", f"{row['cpu_ratio']:.2f}", str(row["gangs_on_fabric"]))
     Console().print(table)
     args.json.parent.mkdir(parents=True, exist_ok=True)
-    args.json.write_text(json.dumps({"args": {k: str(v) for k, v in vars(args).items()},
-                                     "loadavg": os.getloadavg(), "results": results}, indent=2))
+    document = {"args": {k: str(v) for k, v in vars(args).items()}, "loadavg": os.getloadavg(),
+                "results": results, "median_ms": first["median_ms"], "cpu_median_ms": first["cpu_median_ms"]}
+    args.json.write_text(json.dumps(document, indent=2))
     return 0
 
 
