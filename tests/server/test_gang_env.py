@@ -237,3 +237,27 @@ def test_a_gang_that_waited_for_its_devices_starts_with_the_port_reserved_when_p
         assert {p.master_addr for p in launched} == {"10.0.0.10"} and pool.launched(low)[0].master_port
     finally:
         pool.rt.store.close()
+
+
+def test_with_a_fabric_nccl_uses_the_adapters_whose_cable_works(tmp_path: Path) -> None:
+    """Two servers of a rail-optimised fabric (mlx5_0 and mlx5_1 each, plus a port the fabric does
+    not know): the pods name only fabric adapters, and not one whose cable failed."""
+    from gpupool.core.fabric.generate import rail_optimized
+    from gpupool.core.fabric.write import to_ibnetdiscover
+    from gpupool.server.services.fabric import open_live_fabric
+
+    nodes = [_node(f"gpu{i:04d}", 2, ("mlx5_0", "mlx5_1", "mlx5_9")) for i in range(4)]
+    pool = Pool(tmp_path, provider=AddressedProvider(nodes))
+    try:
+        path = tmp_path / "rails.topo"
+        path.write_text(to_ibnetdiscover(rail_optimized(4, rails=2, ports=8)))
+        fabric = pool.rt.fabric = open_live_fabric(path, pool.rt.nodes())
+        broken = next(p for p in fabric.place_of(nodes)["gpu0000"].ports if p.hca == "mlx5_1")
+        fabric.fail_link(fabric.base.ca_leaf[broken.ca][2])
+        gang = pool.submit(2, 1.5)  # one pod per server
+        pool.loop.step()
+        first, second = pool.launched(gang)
+        assert (first.node, second.node) == ("gpu0000", "gpu0001")
+        assert (first.ib_hcas, second.ib_hcas) == (("mlx5_0:1",), ("mlx5_0:1", "mlx5_1:1"))
+    finally:
+        pool.rt.store.close()

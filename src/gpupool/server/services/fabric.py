@@ -155,10 +155,9 @@ class LiveFabric:
             kept = self._read_view = (shape, FabricView.from_fabric(self.base, nodes, self.health))
         return kept[1]
 
-    def hcas(self, nodes: Sequence[Node], node: Node) -> tuple[str, ...]:
-        """NCCL_IB_HCA for a pod on `node`: its adapters whose cable to their leaf works (device:port),
-        the probed names where the agent found ports, else the fabric's."""
-        place = self.place_of(nodes).get(node.name)
+    def hcas(self, place: NodePlace | None, node: Node) -> tuple[str, ...]:
+        """NCCL_IB_HCA for a pod on `node` (at `place`, from `place_of`): its adapters whose cable to
+        their leaf works (device:port), the probed names where the agent found ports, else the fabric's."""
         if place is None:
             return ()
         current = self.current
@@ -203,7 +202,7 @@ class LiveFabric:
         per_link: dict[Key, list[PortLoad]] = {}
         with self.lock:
             for (node, port), load in loads.items():
-                link = self.base.find_link(self.base.find(node), port)
+                link = self.find_link(f"{node}:{port}")
                 per_link.setdefault(link.key, []).append(load)
             downed: list[Link] = []
             for key, seen in per_link.items():

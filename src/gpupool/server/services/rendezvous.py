@@ -148,7 +148,8 @@ def _gang(rt: Runtime, row: Any, entry: Mapping[str, Any], nodes: Mapping[int, s
     pool = rt.nodes()
     if hcas is None:
         live = rt.fabric
-        hcas = node_hcas if live is None else (lambda node, _: live.hcas(pool, node))
+        places = {} if live is None else live.place_of(pool)
+        hcas = node_hcas if live is None else (lambda node, _: live.hcas(places.get(node.name), node))
     by_name = {n.name: n for n in pool}
     gang_nodes = sorted(set(nodes.values()))
     chosen = {name: hcas(by_name[name], gang_nodes) for name in gang_nodes if name in by_name}
