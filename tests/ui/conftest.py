@@ -64,10 +64,15 @@ def browser_page(chromium: Any) -> Iterator[Watched]:
     page = context.new_page()
     page.set_default_timeout(30_000)
     watched = Watched(page)
-    page.on("console", lambda m: m.type == "error" and watched.problems.append(f"console: {m.text}"))
-    page.on("pageerror", lambda e: watched.problems.append(f"uncaught: {e}"))
-    page.on("requestfailed", lambda r: watched.problems.append(f"failed: {r.url} {r.failure}"))
-    page.on("response", lambda r: r.status >= 400 and watched.problems.append(f"answer {r.status}: {r.url}"))
+
+    def note(problem: str, when: bool = True) -> None:
+        if when:
+            watched.problems.append(problem)
+
+    page.on("console", lambda m: note(f"console: {m.text}", m.type == "error"))
+    page.on("pageerror", lambda e: note(f"uncaught: {e}"))
+    page.on("requestfailed", lambda r: note(f"failed: {r.url} {r.failure}"))
+    page.on("response", lambda r: note(f"answer {r.status}: {r.url}", r.status >= 400))
     try:
         yield watched
     finally:
