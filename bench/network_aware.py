@@ -187,7 +187,7 @@ def run_one(task: dict[str, Any]) -> dict[str, Any]:
     if variant.placement == "network-aware":
         options.update(_scheduler_comm(model, fabric, scale))
     policies = Policies(placement=variant.placement, placement_options=options, ordering="priority-fifo",
-                        backfill=True, topology_default=variant.topology,
+                        backfill=task["backfill"], topology_default=variant.topology,
                         max_locality_wait_s=variant.max_wait_s if variant.topology else math.inf)
     config = ReplayConfig(tuple(nodes), tuple(jobs), policies, seed=scenario.seed,
                           comm=CommSetup(fabric, model, profiles) if variant.comm else None,
@@ -359,10 +359,22 @@ def main() -> int:
     parser.add_argument("--policies", default=DEFAULT_POLICIES, help=f"of {', '.join(VARIANTS)}")
     parser.add_argument("--origin", default="packed", choices=[o.value for o in Origin])
     parser.add_argument("--only", default="", help="scenarios to keep: oversub:load:heavy:links, ';'-joined")
+    parser.add_argument("--backfill", action="store_true", help="EASY backfill on (slower replays)")
     parser.add_argument("--jobs", type=int, default=1)
     parser.add_argument("--json", type=Path, default=REPO / "bench" / "results" / "network_aware.json")
     parser.add_argument("--plots", type=Path, default=REPO / "docs" / "img")
+    parser.add_argument("--summarise", type=Path, help="only summarise and plot the runs in this JSON")
     args = parser.parse_args()
+    if args.summarise is not None:
+        rows = json.loads(args.summarise.read_text())["runs"]
+        summary = summarise(rows)
+        _print(summary)
+        for path in plot(summary, args.plots, args.summarise.stem):
+            console.print(f"Plot: {path}")
+        doc = json.loads(args.summarise.read_text())
+        doc["summary"] = summary
+        args.summarise.write_text(json.dumps(doc, indent=1, default=str))
+        return 0
     trace = require_data_dir() / "philly" / "philly-sia.csv"
     window = None if args.window == "all" else args.window
     unknown = [p for p in args.policies.split(",") if p not in VARIANTS]
@@ -376,7 +388,7 @@ def main() -> int:
         keep = {tuple(float(x) for x in item.split(":")) for item in args.only.split(";")}
         scenarios = [s for s in scenarios if (s.oversub, s.load, s.heavy_pct, s.failed_links) in keep]
     tasks = [{"scenario": s, "variant": v, "nodes": args.nodes, "ports": args.ports, "trace": str(trace),
-              "window": window, "origin": args.origin}
+              "window": window, "origin": args.origin, "backfill": args.backfill}
              for s in scenarios for v in args.policies.split(",")]
     console.print(f"{len(tasks)} replays ({len(scenarios)} scenarios x {len(args.policies.split(','))} "
                   f"policies) on {args.jobs} processes")

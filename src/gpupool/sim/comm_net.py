@@ -103,12 +103,12 @@ class CommTracker:
             bins = np.minimum((values / UTIL_MAX * UTIL_BINS).astype(np.int64), UTIL_BINS)
             np.add.at(self.util_hist, bins, dt)
 
-    def start(self, wid: str, nodes: Sequence[int], gpus: float) -> None:
-        """A gang started on `nodes` (scheduler node indices); single-node work is not tracked."""
+    def start(self, wid: str, nodes: Sequence[int], gpus: float) -> bool:
+        """A gang started on `nodes` (scheduler node indices); False for work on one node (not tracked)."""
         distinct = tuple(sorted(set(nodes)))
         job = self.profiles.get(wid)
         if len(distinct) < 2 or job is None:
-            return
+            return False
         leaves = tuple(sorted(set(self.net.leaf_id[list(distinct)].tolist())))
         spines = tuple(sorted(set(self.net.spine_id[list(distinct)].tolist())))
         p = len(distinct)
@@ -118,6 +118,7 @@ class CommTracker:
         self.gangs[wid] = gang
         self.net.add_gang(wid, distinct, 0.0)
         self._bottleneck_count(gang)
+        return True
 
     def stop(self, wid: str) -> bool:
         """The gang ended or was stopped; False when it was not tracked."""

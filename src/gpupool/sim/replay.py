@@ -255,8 +255,8 @@ class Replay:
         else:
             job.rate = 1.0
             self._reschedule(job, now_s)
-        if self.comm is not None:
-            self.comm.start(wid, [n for n, _ in job.devices], job.job.workload.total_device_milli / 1000)
+        gpus = job.job.workload.total_device_milli / 1000
+        if self.comm is not None and self.comm.start(wid, [n for n, _ in job.devices], gpus):
             self._comm_rerate(now_s)
 
     def _finish(self, wid: str, now_s: float) -> None:
