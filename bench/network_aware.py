@@ -366,8 +366,7 @@ def main() -> int:
     parser.add_argument("--summarise", type=Path, help="only summarise and plot the runs in this JSON")
     args = parser.parse_args()
     if args.summarise is not None:
-        rows = json.loads(args.summarise.read_text())["runs"]
-        summary = summarise(rows)
+        summary = summarise(json.loads(args.summarise.read_text())["runs"])
         _print(summary)
         for path in plot(summary, args.plots, args.summarise.stem):
             console.print(f"Plot: {path}")
