@@ -201,3 +201,12 @@ def test_usage_keeps_its_model_after_the_node_leaves(srv: LiveServer) -> None:
         answer = pool.usage(since_s=done.submit_s - 1, until_s=done.finished_s + 1, by=["model"])
     [row_out] = answer.rows
     assert row_out.model == "H100" and row_out.priced and row_out.cost > 0
+
+
+def test_the_rollup_digest_follows_the_prices_not_their_order() -> None:
+    a = PriceBook((PriceVersion(0.0, {"h100": 4.0, "a100": 2.0}, None, {"x": 0.5, "y": 2.0}),))
+    b = PriceBook((PriceVersion(0.0, {"a100": 2.0, "h100": 4.0}, None, {"y": 2.0, "x": 0.5}),))
+    dearer = PriceBook((PriceVersion(0.0, {"a100": 2.5, "h100": 4.0}, None, {"y": 2.0, "x": 0.5}),))
+    assert usage_rollup.digest(a, "normal") == usage_rollup.digest(b, "normal")
+    assert usage_rollup.digest(a, "normal") != usage_rollup.digest(dearer, "normal")
+    assert usage_rollup.digest(a, "normal") != usage_rollup.digest(a, "low")

@@ -19,6 +19,7 @@ once at its first day there: sum(count) - sum(carried over days after D0).
 from __future__ import annotations
 
 import hashlib
+import json
 import math
 import threading
 import time
@@ -47,8 +48,13 @@ _SUMS = ("compute_milli_s", "memory_mib_s", "cost", "dedicated_cost", "unpriced"
 
 
 def digest(book: PriceBook, default_class: str) -> str:
-    """What the rolled-up costs depend on besides the pods: another digest means rebuild."""
-    return hashlib.sha256(repr((book, default_class)).encode()).hexdigest()
+    """What the rolled-up costs depend on besides the pods (another digest means rebuild), in a
+    canonical form: the same prices give the same digest whatever order they were loaded in."""
+    versions = [[v.effective_from_s, sorted(v.device_prices.items()), v.fallback_price,
+                 sorted(v.class_multipliers.items()), [[t.start_s, t.end_s, t.multiplier] for t in v.tiers],
+                 v.share.value, v.compute_weight] for v in book.versions]
+    text = json.dumps([book.currency, default_class, versions], separators=(",", ":"))
+    return hashlib.sha256(text.encode()).hexdigest()
 
 
 class UsageRollup:
