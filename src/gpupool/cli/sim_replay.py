@@ -52,6 +52,7 @@ def run_replay(
     prices: Any = None,
     budgets: Any = None,
     fabric: Path | None = None,
+    comm_model: str | None = None,
 ) -> dict[str, Any]:
     """Build the replay from CLI-style options and run it (also used by the benchmarks).
 
@@ -68,7 +69,9 @@ def run_replay(
     the result has `budgets`: the waits per tenant.
 
     With `fabric` (an ibnetdiscover file, or one from `gpupool fabric generate`), the scheduler
-    places by it: the nodes are mapped onto its hosts (core.scheduling.topology.map_hosts).
+    places by it: the nodes are mapped onto its hosts (core.scheduling.topology.map_hosts). With
+    `comm_model` too ('default' or a YAML file, sim/comm.py), multi-node gangs run at the rate their
+    communication allows on that fabric.
     """
     from gpupool.core.scheduling.cycle import Policies
     from gpupool.core.scheduling.ordering.base import make_ordering
@@ -111,8 +114,16 @@ def run_replay(
             raise InvalidInput(f"--fabric file {fabric} does not exist; give an ibnetdiscover file.")
         fabric_model = load_fabric_file(str(fabric))
         map_hosts(fabric_model, nodes)  # refuses a fabric with fewer hosts than nodes
+    comm = None
+    if comm_model is not None:
+        from gpupool.sim.comm import load_comm_model
+        from gpupool.sim.comm_net import comm_setup
+
+        if fabric_model is None:
+            raise InvalidInput("--comm-model needs the fabric the gangs talk over: give --fabric FILE too.")
+        comm = comm_setup(fabric_model, jobs, load_comm_model(comm_model), seed, per_node)
     result = replay(ReplayConfig(tuple(nodes), tuple(jobs), policies, seed=seed, prices=book,
-                                 budgets=budgets or {}, fabric=fabric_model))
+                                 budgets=budgets or {}, fabric=fabric_model, comm=comm))
     result["config"] = {
         "trace": trace,
         "nodes": str(nodes_csv) if nodes_csv else cluster,
@@ -125,6 +136,7 @@ def run_replay(
         "exclusive": exclusive,
         "seed": seed,
         "fabric": str(fabric) if fabric is not None else None,
+        "comm_model": comm_model,
         "prices": prices.model_dump(mode="json") if prices is not None else None,
         "budgets": {t: {"amount": b.amount, "period": b.period.value, "warn": b.warn_fraction,
                         "overdraft": b.overdraft} for t, b in (budgets or {}).items()} or None,
@@ -166,6 +178,9 @@ def replay(
     fabric_file: Path | None = typer.Option(
         None, "--fabric", help="An ibnetdiscover file (or one from `gpupool fabric generate`) the scheduler "
         "places by: nodes are mapped onto its hosts in natural name order, one host each."),
+    comm_model: str | None = typer.Option(
+        None, "--comm-model", help="'default' or a YAML file (needs --fabric): multi-node gangs run at the "
+        "rate their all-reduce allows on the fabric (seeded model classes); the JSON adds their traffic."),
 ) -> None:
     """Replay a trace over time: arrivals, completions, full admission + placement per event.
 
@@ -211,6 +226,7 @@ def replay(
             prices=prices,
             budgets=budgets,
             fabric=fabric_file,
+            comm_model=comm_model,
         )
         result["config"]["config_file"] = str(config_file) if config_file is not None else None
         json_out.parent.mkdir(parents=True, exist_ok=True)

@@ -24,7 +24,9 @@ from gpupool.sim.comm import (
     MIB,
     CommModel,
     JobComm,
+    assign_classes,
     class_counts,
+    packed_nodes,
     path_latency_ns,
     slowdown,
     step_time_s,
@@ -241,3 +243,13 @@ class LinkFailure:
     at_s: float
     key: tuple[str, int, str, int]
     repair_after_s: float = math.inf
+
+
+def comm_setup(fabric: Fabric, jobs: Sequence[Any], model: CommModel, seed: int,
+               devices_per_node: int) -> CommSetup:
+    """The model's classes drawn for `jobs` (TraceJobs; every one taken as passed: the trace files
+    gpupool reads carry no job status)."""
+    profiles = assign_classes(
+        ((j.workload.id, packed_nodes([p.num_devices for p in j.workload.pods], devices_per_node), True)
+         for j in jobs), model, seed)
+    return CommSetup(fabric, model, profiles)
