@@ -6,6 +6,8 @@ The tests share one cluster (conftest.pool) and run in file order; the last one 
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -98,7 +100,7 @@ def test_each_pod_runs_on_the_node_asked_with_the_environment_gpupool_built(pool
 def test_a_pod_that_cannot_fit_waits_on_its_node_and_then_fails_with_the_reason(pool: RayProvider) -> None:
     pool.launch(_pod("full-1", "t4-001", "sleep", "60", slices=(Slice(0, 1000, 0),)))
     _wait_running(pool, "full-1")
-    short = RayProvider(pool.address, data_dir=pool.data_dir, placement_timeout_s=8.0)
+    short = RayProvider(pool.address, data_dir=pool.data_dir, placement_timeout_s=3.0)
     try:
         short.launch(_pod("full-2", "t4-001", "true", slices=(Slice(0, 1000, 0),)))
         status = _final(short, "full-2")
@@ -173,6 +175,31 @@ def test_a_second_provider_re_adopts_running_pods_and_never_starts_them_twice(
     finally:
         second.close()
     assert pool.head_is_owned  # the second provider attached: it started no cluster of its own
+
+
+def test_a_machine_joins_with_the_cli_runs_work_and_leaves(pool: RayProvider, tmp_path: Path) -> None:
+    gpupool = [sys.executable, "-m", "gpupool.cli.main"]
+    state = tmp_path / "extra"
+    join = subprocess.Popen([*gpupool, "node", "join", "--ray-address", pool.address, "--simulate", "1xT4",
+                             "--name", "extra-1", "--ray-token-file", str(pool.token_path),
+                             "--state-dir", str(state)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True)
+    try:
+        wait_for(lambda: "extra-1" in _names(pool) or join.poll() is not None, 90.0, "the node to join")
+        assert join.poll() is None, join.stdout.read() if join.stdout else ""
+        pool.launch(_pod("on-extra", "extra-1", "sh", "-c", "echo $GPUPOOL_NODE"))
+        assert _final(pool, "on-extra").phase is PodPhase.SUCCEEDED
+        assert pool.read_log("on-extra").text == "extra-1\n"
+        left = subprocess.run([*gpupool, "node", "leave", "--name", "extra-1", "--state-dir", str(state)],
+                              capture_output=True, text=True, timeout=120)
+        assert left.returncode == 0 and "left the pool" in left.stdout, left.stdout + left.stderr
+        assert join.wait(timeout=60) == 0
+        wait_for(lambda: "extra-1" not in _names(pool), what="the node to leave")
+    finally:
+        if join.poll() is None:
+            join.kill()
+    output = join.stdout.read() if join.stdout else ""
+    assert "Node extra-1 joined the Ray cluster" in output and "1 simulated device(s) (T4)" in output
 
 
 def test_a_killed_node_leaves_the_pool_before_its_pods_are_reported_lost(pool: RayProvider) -> None:

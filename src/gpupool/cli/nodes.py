@@ -11,7 +11,8 @@ from gpupool.cli._common import SIMULATED_MARK, client, reports_errors
 from gpupool.cli.output import Column, Format, OutputOption
 
 app = typer.Typer(
-    help="Nodes: ls, show, cordon, uncordon, drain, fail, heal.\n\nExample: gpupool node ls",
+    help="Nodes: ls, show, cordon, uncordon, drain, fail, heal; join, leave (a pool on Ray).\n\n"
+         "Example: gpupool node ls",
     no_args_is_help=False,
     invoke_without_command=True,
 )
@@ -223,3 +224,13 @@ def heal(name: Annotated[str, typer.Argument(help="Node name.")], device: Device
     Example: gpupool node heal sim-0
     """
     _act("heal_node", name, device=device)
+
+
+def _register_scale_out() -> None:
+    from gpupool.cli import node_join  # its Ray imports happen only when a command runs
+
+    app.command("join")(node_join.join)
+    app.command("leave")(node_join.leave)
+
+
+_register_scale_out()

@@ -32,6 +32,8 @@ _TEMP_NAME = re.compile(r"^gpr-(\d+)-\d+$")
 _counter = iter(range(1, 1 << 30))
 _counter_lock = threading.Lock()
 START_TIMEOUT_S = 60.0
+STOP_GRACE_S = 5.0
+"""How long Ray's processes get to exit after SIGTERM before the group is killed."""
 OBJECT_STORE_BYTES_SIMULATED = 100 * 2**20
 """A simulated node's object store: pods never use it, and a default one reserves 30% of RAM each."""
 
@@ -140,7 +142,7 @@ class RayProcess:
             os.killpg(self._proc.pid, signal.SIGKILL)
         self._proc.wait()
 
-    def stop(self, grace_s: float = 10.0) -> None:
+    def stop(self, grace_s: float = STOP_GRACE_S) -> None:
         """SIGTERM the node's process group, SIGKILL it after `grace_s`, remove its temp dir."""
         if self._proc.returncode is None or _group_alive(self._proc.pid):
             with contextlib.suppress(ProcessLookupError, PermissionError):
