@@ -198,8 +198,8 @@ def run_one(task: dict[str, Any]) -> dict[str, Any]:
     result = replay.run()
     result.pop("gpu_alloc_pct_timeline", None)
     result.pop("per_tenant", None)
-    return {"scenario": scenario.__dict__, "variant": variant.name, "leaf_nodes": leaf_nodes,
-            "pod_nodes": pod_nodes, "result": result, **_headline(result)}
+    return {"scenario": scenario.__dict__, "variant": variant.name, "origin": task["origin"],
+            "leaf_nodes": leaf_nodes, "pod_nodes": pod_nodes, "result": result, **_headline(result)}
 
 
 def _scheduler_comm(model: Any, fabric: Fabric, scale: float) -> dict[str, float]:
@@ -250,12 +250,13 @@ def summarise(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     groups: dict[tuple[Any, ...], list[dict[str, Any]]] = {}
     for row in rows:
         s = row["scenario"]
-        key = (s["oversub"], s["load"], s["heavy_pct"], s["failed_links"], row["variant"])
+        key = (s["oversub"], s["load"], s["heavy_pct"], s["failed_links"], row.get("origin", "packed"),
+               row["variant"])
         groups.setdefault(key, []).append(row)
     out = []
-    for key, members in sorted(groups.items(), key=lambda kv: (kv[0][:4], kv[0][4])):
-        entry: dict[str, Any] = dict(zip(("oversub", "load", "heavy_pct", "failed_links", "variant"),
-                                         key, strict=True))
+    for key, members in sorted(groups.items(), key=lambda kv: (kv[0][:5], kv[0][5])):
+        names = ("oversub", "load", "heavy_pct", "failed_links", "origin", "variant")
+        entry: dict[str, Any] = dict(zip(names, key, strict=True))
         entry["seeds"] = len(members)
         for name in KEYS:
             entry[name], entry[name + "_ci95"] = interval([m[name] for m in members])
@@ -283,7 +284,7 @@ def _baseline(groups: dict[tuple[Any, ...], list[dict[str, Any]]], key: tuple[An
     """The better (lower multi-node gang JCT) of best-fit and fgd on the same scenario and seed."""
     found = []
     for name in ("best-fit", "fgd"):
-        for m in groups.get((*key[:4], name), []):
+        for m in groups.get((*key[:5], name), []):
             if m["scenario"]["seed"] == seed:
                 found.append(m)
     return min(found, key=lambda m: m["gang_jct_mean_s"]) if found else None
@@ -300,7 +301,7 @@ def plot(summary: list[dict[str, Any]], out_dir: Path, stem: str) -> list[Path]:
     paths = []
     for oversub in sorted({e["oversub"] for e in summary}):
         rows = [e for e in summary if e["oversub"] == oversub]
-        scenarios = sorted({(e["load"], e["heavy_pct"], e["failed_links"]) for e in rows})
+        scenarios = sorted({(e["load"], e["heavy_pct"], e["failed_links"], e["origin"]) for e in rows})
         variants = list(dict.fromkeys(e["variant"] for e in rows))
         fig, axes = plt.subplots(1, 2, figsize=(12, 4.5), dpi=110)
         width = 0.8 / max(len(variants), 1)
@@ -309,16 +310,16 @@ def plot(summary: list[dict[str, Any]], out_dir: Path, stem: str) -> list[Path]:
             for i, variant in enumerate(variants):
                 xs, ys, errs = [], [], []
                 for j, sc in enumerate(scenarios):
-                    match = [e for e in rows if (e["load"], e["heavy_pct"], e["failed_links"]) == sc
-                             and e["variant"] == variant]
+                    match = [e for e in rows if e["variant"] == variant
+                             and (e["load"], e["heavy_pct"], e["failed_links"], e["origin"]) == sc]
                     if match:
                         xs.append(j + i * width)
                         ys.append(match[0][metric] / 3600)
                         errs.append(match[0][metric + "_ci95"] / 3600)
                 ax.bar(xs, ys, width, yerr=errs, label=variant, capsize=2)
             ax.set_xticks([j + 0.4 - width / 2 for j in range(len(scenarios))])
-            ax.set_xticklabels([f"load {lo}\n{h} % heavy\n{k} links down" for lo, h, k in scenarios],
-                               fontsize=7)
+            ax.set_xticklabels([f"load {lo}, {h} % heavy\n{k} links down\nran {o}"
+                                for lo, h, k, o in scenarios], fontsize=7)
             ax.set_ylabel(label)
             ax.grid(True, axis="y", alpha=0.3)
         axes[0].legend(fontsize=7)
@@ -428,7 +429,7 @@ def _print(summary: list[dict[str, Any]]) -> None:
     for e in summary:
         table.add_row(
             f"{e['oversub']:g}:1", f"{e['load']:g}", f"{e['heavy_pct']}", f"{e['failed_links']}",
-            e["variant"],
+            f"{e['variant']}{'' if e['origin'] == 'packed' else ' (' + e['origin'] + ')'}",
             f"{e['gang_jct_mean_s'] / 3600:.2f}±{e['gang_jct_mean_s_ci95'] / 3600:.2f}",
             f"{e.get('gang_jct_mean_s_vs_best', float('nan')):.3f}",
             f"{e['gang_queue_p95_s'] / 3600:.2f}", f"{e.get('gang_queue_p95_s_vs_best', float('nan')):.3f}",
