@@ -62,14 +62,32 @@ def test_a_node_whose_hca_link_failed_takes_no_multi_node_gang() -> None:
     assert nodes_of(result, "single")  # work on one node does not need the fabric
 
 
-def test_the_default_policy_does_not_read_link_state() -> None:
-    """Only the network-aware policy steers by link health; the default packs as before."""
+@pytest.mark.parametrize("placement", ["fgd-strand", "best-fit", "first-fit"])
+def test_no_policy_places_a_gang_across_a_failed_link(placement: str) -> None:
+    """Only the network-aware policy weighs load and penalties, but whatever the policy a gang whose
+    pods could not reach one another is never placed: first-fit would take n001 (leaf 0, cut off)."""
+    fabric = two_level()
+    view = view_on(running=ONE_FREE_PER_LEAF, fabric=fabric)
+    assert view.topology is not None
+    assert "n001" in nodes_of(run(view, [gang(2, 8)], placement=placement), "g")  # links up: leaf 0 is fine
+    view.remove("g")
+    for key in uplinks(fabric, "leaf-0"):
+        view.topology.set_link(key, healthy=False)
+    placed = nodes_of(run(view, [gang(2, 8)], placement=placement), "g")
+    assert "n001" not in placed and view.topology.reachable([view.state.node_index[n] for n in placed])
+    view.remove("g")
+    (refused,) = run(view, [gang(4, 8, wid="four", spec="none")], placement=placement).rejected
+    assert refused.reason is Reason.NO_DOMAIN_FITS and "failed link" in refused.message
+
+
+def test_the_default_policy_does_not_steer_by_load() -> None:
+    """Load and penalties are the network-aware policy's: the default packs as before on busy links."""
     fabric = two_level()
     view = view_on(running=ONE_FREE_PER_LEAF, fabric=fabric)
     assert view.topology is not None
     for key in uplinks(fabric, "leaf-0"):
-        view.topology.set_link(key, healthy=False)
-    assert "n001" in nodes_of(run(view, [gang(2, 8)]), "g")
+        view.topology.set_link(key, utilization=0.95)
+    assert "n001" in nodes_of(run(view, [gang(2, 8)], placement="first-fit"), "g")
 
 
 def test_penalised_uplinks_are_avoided_until_they_stay_clean() -> None:

@@ -13,6 +13,9 @@ API:
   - `tiers_to_try(spec)`, `fitting_domains(...)`, `only(state, mask)` (the nodes outside `mask`
     look cordoned to the policy while it is open) are the building blocks policies reuse.
   - `narrowest_tier(view, nodes)`: the narrowest tier one of whose domains holds all the nodes.
+  - `connected(placed, state, view)` / `place_anywhere(...)`: whatever the policy, a gang is never
+    placed where a failed link cuts its pods off from one another; when the policy's own choice is
+    cut off, the gang is placed again among the nodes no failed link isolates, else NoFit.
 """
 
 from __future__ import annotations
@@ -24,7 +27,7 @@ from contextlib import contextmanager
 import numpy as np
 
 from gpupool.core.model import PodRequest, Reason, Workload
-from gpupool.core.scheduling.gang import GangPlacement, place_pods
+from gpupool.core.scheduling.gang import GangPlacement, place_pods, release_gang
 from gpupool.core.scheduling.policies.base import NoFit, PlacementPolicy
 from gpupool.core.scheduling.topology import FabricView
 from gpupool.core.state import BoolArray, ClusterState, PodAlloc
@@ -41,8 +44,43 @@ def place_default(
         return place_pods(workload, state, policy, rng)
     spec = context.spec_for(workload)
     if spec is None:
-        return place_pods(workload, state, policy, rng)
+        return place_anywhere(workload, state, policy, rng, context.view)
     return place_constrained(workload, state, policy, rng, context.view, spec)
+
+
+def connected(placed: GangPlacement | NoFit, state: ClusterState, view: FabricView) -> GangPlacement | NoFit:
+    """The placement if its pods can reach one another; else it is released and NoFit: whatever the
+    policy, a gang is never placed across a failed link."""
+    if isinstance(placed, NoFit) or not view.fabric_known or view.reachable(placed.nodes):
+        return placed
+    release_gang(placed, state)
+    return NoFit(
+        Reason.NO_DOMAIN_FITS,
+        f"The {len(placed.allocs)}-pod gang fits only on nodes cut off from one another by failed links.",
+    )
+
+
+def place_anywhere(
+    workload: Workload, state: ClusterState, policy: PlacementPolicy, rng: random.Random,
+    view: FabricView, spec: TopologySpec | None = None, mask: BoolArray | None = None,
+) -> GangPlacement | NoFit:
+    """The gang anywhere in `mask` (None: the whole pool) where its pods can reach one another: the
+    policy's own choice when it is connected, else again among the nodes no failed link cuts off."""
+
+    def within(limit: BoolArray | None) -> GangPlacement | NoFit:
+        with only(state, limit):
+            if spec is None:
+                return place_pods(workload, state, policy, rng)
+            return _place_slices(workload, state, policy, rng, view, spec, limit,
+                                 min(spec.slice_size or 1, len(workload.pods)))
+
+    first = within(mask)
+    placed = connected(first, state, view)
+    if placed is first:  # placed and connected, or no room at all: no failed link is to blame
+        return placed
+    wired = view.connected_mask()
+    again = connected(within(wired if mask is None else mask & wired), state, view)
+    return again if isinstance(again, GangPlacement) else placed  # why: the failed links
 
 
 def tiers_to_try(spec: TopologySpec) -> list[Tier | None]:
@@ -118,10 +156,8 @@ def place_in(
 ) -> GangPlacement | NoFit:
     """The gang inside `mask` (None: anywhere), honouring its slices."""
     if spec.slice_size is None or (mask is not None and narrow_enough(spec.slice_tier, mask, view)):
-        with only(state, mask):
-            return place_pods(workload, state, policy, rng)
-    size = min(spec.slice_size, len(workload.pods))
-    return _place_slices(workload, state, policy, rng, view, spec, mask, size)
+        return place_anywhere(workload, state, policy, rng, view, None, mask)
+    return place_anywhere(workload, state, policy, rng, view, spec, mask)
 
 
 def narrow_enough(tier: Tier, mask: BoolArray, view: FabricView) -> bool:

@@ -486,6 +486,18 @@ class FabricView:
                 return False
         return True
 
+    def connected_mask(self) -> np.ndarray:
+        """[node] True where the node's own links and its leaf's and spine group's uplinks are not all
+        dead: any set of such nodes can reach one another."""
+        ok = self.avail[ACCESS] > 0
+        for kind, ids in ((LEAF_UP, self.leaf_id), (SPINE_UP, self.spine_id)):
+            pools = self.avail[kind]
+            inside = (ids >= 0) & (ids < len(pools))
+            alive = np.ones(len(ids), dtype=bool)
+            alive[inside] = pools[ids[inside]] > 0
+            ok &= alive
+        return ok
+
     def share_gbps(self, nodes: Iterable[int], joining: bool = True) -> float:
         """Bottleneck Gb/s of a gang on `nodes` (one more flow per pool when `joining`); inf on one node."""
         distinct, leaves, spines = self._span(nodes)
