@@ -30,6 +30,7 @@ from gpupool.errors import InvalidInput, Unavailable, closest
 from gpupool.lite_http import error_from_answer
 from gpupool.server.schemas.audit import AuditOut
 from gpupool.server.schemas.common import Health
+from gpupool.server.schemas.fabric import FabricOut, LinkChangeOut
 from gpupool.server.schemas.nodes import NodeOut, PoolSummary
 from gpupool.server.schemas.tenants import QueueOut, TenantOut, TokenInfo, TokenOut
 from gpupool.server.schemas.usage import UsageOut
@@ -119,6 +120,12 @@ class Client:
         if answer.status_code >= 400:
             raise error_from_answer(answer.status_code, answer.content)
         return answer.json()
+
+    def request(self, method: str, path: str, *, json: Any = None, params: Mapping[str, Any] | None = None
+                ) -> Any:
+        """Any API route, relative to /api/v1 (`pool.request("GET", "/pool")`): the decoded JSON answer,
+        or the project's error for a 4xx/5xx answer. For routes this class has no method for yet."""
+        return self._call(method, path, json=json, params=params)
 
     def _one(self, model: type[M], method: str, path: str, **kwargs: Any) -> M:
         return model.model_validate(self._call(method, path, **kwargs))
@@ -265,6 +272,21 @@ class Client:
 
     def pool(self) -> PoolSummary:
         return self._one(PoolSummary, "GET", "/pool")
+
+    # ----------------------------------------------------------------- fabric
+
+    def fabric(self, *, workload: str | None = None) -> FabricOut:
+        """The live fabric (levels, switches, nodes, links with health and load); with `workload`, the
+        path of that gang too (a tenant sees only its own gangs' paths)."""
+        return self._one(FabricOut, "GET", "/fabric", params={"workload": workload} if workload else None)
+
+    def fail_link(self, link: str) -> LinkChangeOut:
+        """Admin: mark a fabric link failed (routes are recomputed; gangs cut off are requeued)."""
+        return self._one(LinkChangeOut, "POST", "/fabric/links/fail", json={"link": link})
+
+    def heal_link(self, link: str) -> LinkChangeOut:
+        """Admin: bring a failed fabric link back."""
+        return self._one(LinkChangeOut, "POST", "/fabric/links/heal", json={"link": link})
 
     # ----------------------------------------------------------------- admin
 

@@ -179,3 +179,21 @@ def test_telemetry_that_sees_a_link_go_down_fails_it(pool: Pool) -> None:
     answer = pool.call("post", "/fabric/telemetry", {"ports": [
         {"node": node, "port": int(port), "utilization": 0.0, "errors": {"link_downed": 1}}]}).json()
     assert answer["links"] == [path["links"][0]] and answer["requeued"] == [gang]
+
+
+def test_the_sdk_reads_the_fabric_and_fails_and_heals_links(pool: Pool) -> None:
+    from gpupool.client import Client
+    from gpupool.errors import Forbidden
+
+    sdk = Client("http://testserver", pool.admin, transport=pool.client._transport)
+    tenant = Client("http://testserver", pool.tenant, transport=pool.client._transport)
+    gang = pool.gang(token=pool.tenant)
+    path = tenant.fabric(workload=gang).gang
+    assert path is not None and path.connected and path.domain == "spine"
+    uplink = _uplink_ids(sdk.fabric().model_dump(mode="json"), path.nodes[0])[0]
+    with pytest.raises(Forbidden):
+        tenant.fail_link(uplink)
+    assert sdk.fail_link(uplink).changed
+    assert any(lk.failed for lk in sdk.fabric().links if lk.id == uplink)
+    assert sdk.heal_link(uplink).changed and not sdk.heal_link(uplink).changed
+    assert sdk.request("GET", "/fabric")["levels"] == sdk.fabric().model_dump(mode="json")["levels"]

@@ -13,7 +13,7 @@ from gpupool.cli.fabric import JSON, app
 
 def _fabric_call(method: str, path: str, **kwargs: Any) -> dict[str, Any]:
     with client() as pool:
-        answer: dict[str, Any] = pool._call(method, f"/fabric{path}", **kwargs)
+        answer: dict[str, Any] = pool.request(method, f"/fabric{path}", **kwargs)
         return answer
 
 

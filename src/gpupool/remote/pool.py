@@ -79,24 +79,24 @@ class Pool:
     # ------------------------------------------------------------------ the routes (used by the others)
 
     def _open_session(self, body: dict[str, Any]) -> dict[str, Any]:
-        answer: dict[str, Any] = self.client._call("POST", "/calls/sessions", json=body)
+        answer: dict[str, Any] = self.client.request("POST", "/calls/sessions", json=body)
         return answer
 
     def _submit_call(self, session_id: str, payload: str, wait_s: float) -> dict[str, Any]:
-        answer: dict[str, Any] = self.client._call("POST", f"/calls/sessions/{session_id}/calls",
+        answer: dict[str, Any] = self.client.request("POST", f"/calls/sessions/{session_id}/calls",
                                                    json={"payload": payload}, params={"wait_s": wait_s})
         return answer
 
     def _get_call(self, call_id: str, wait_s: float) -> dict[str, Any]:
-        answer: dict[str, Any] = self.client._call("GET", f"/calls/{call_id}", params={"wait_s": wait_s})
+        answer: dict[str, Any] = self.client.request("GET", f"/calls/{call_id}", params={"wait_s": wait_s})
         return answer
 
     def _cancel_call(self, call_id: str) -> dict[str, Any]:
-        answer: dict[str, Any] = self.client._call("POST", f"/calls/{call_id}/cancel")
+        answer: dict[str, Any] = self.client.request("POST", f"/calls/{call_id}/cancel")
         return answer
 
     def _close_session(self, session_id: str) -> dict[str, Any]:
-        answer: dict[str, Any] = self.client._call("POST", f"/calls/sessions/{session_id}/close")
+        answer: dict[str, Any] = self.client.request("POST", f"/calls/sessions/{session_id}/close")
         return answer
 
 
