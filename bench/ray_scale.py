@@ -4,7 +4,7 @@ measured in the same run.
 
     .venv/bin/python bench/ray_scale.py [--nodes 16] [--devices 8] [--latency-pods 40] [--jobs 100]
 
-1. join: a Ray head, then NODES worker nodes of DEVICES simulated H100s joined 8 at a time, as
+1. join: a Ray head, then NODES worker nodes of DEVICES simulated H100s joined 4 at a time, as
    `gpupool node join --simulate` does; per node, the seconds from the join's start until the
    provider lists the node (schedulable). Target: within 5 s of the join on a real machine (here
    every node shares two cores with all the others).
@@ -91,7 +91,7 @@ def throughput(provider: Provider, nodes: list[str], jobs: int, in_flight: int, 
         time.sleep(0.005)
 
 
-def join_times(ray_provider: object, count: int, devices: int, data_dir: Path) -> list[float]:
+def join_times(ray_provider: object, count: int, devices: int, data_dir: Path, parallel: int) -> list[float]:
     from gpupool.providers.ray import RayProvider
     from gpupool.providers.ray.join import start_node
     from gpupool.providers.ray.nodeconfig import NodeConfig
@@ -109,7 +109,7 @@ def join_times(ray_provider: object, count: int, devices: int, data_dir: Path) -
             time.sleep(0.01)
         return time.monotonic() - began
 
-    with ThreadPoolExecutor(max_workers=8) as pool:
+    with ThreadPoolExecutor(max_workers=parallel) as pool:
         return list(pool.map(join, names))
 
 
@@ -120,6 +120,7 @@ def main() -> None:
     parser.add_argument("--latency-pods", type=int, default=40)
     parser.add_argument("--jobs", type=int, default=100)
     parser.add_argument("--in-flight", type=int, default=8)
+    parser.add_argument("--join-parallel", type=int, default=4, help="nodes joining at once")
     parser.add_argument("--out", default="")
     args = parser.parse_args()
     from gpupool.providers.ray import RayProvider
@@ -132,7 +133,7 @@ def main() -> None:
     head_s = time.monotonic() - began
     local = LocalPool(nodes_from_spec(f"{args.nodes}x{args.devices}xH100"), data_dir / "local")
     try:
-        joins = join_times(ray_provider, args.nodes, args.devices, data_dir)
+        joins = join_times(ray_provider, args.nodes, args.devices, data_dir, args.join_parallel)
         names = [n.name for n in ray_provider.nodes()]
         ray_latency = start_latency(ray_provider, names, args.latency_pods, "ray")
         local_latency = start_latency(local, names, args.latency_pods, "local")
