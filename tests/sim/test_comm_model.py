@@ -167,6 +167,20 @@ def test_a_cut_leaf_stalls_the_gang_until_the_repair() -> None:
     cut, _ = _comm_replay(GANG, {"g": SPEECH}, cuts)
     assert cut["jct_s"]["mean"] - base["jct_s"]["mean"] == pytest.approx(50.0, rel=1e-3)
     assert cut["gangs_across_failed_links"] == 0
-    late = (_gang("g", 16, 120.0, 1000.0),)
-    across, _ = _comm_replay(late, {"g": SPEECH}, cuts)  # first-fit knows nothing of links
-    assert across["gangs_across_failed_links"] == 1
+
+
+def test_the_tracker_counts_a_gang_placed_across_a_cut_leaf() -> None:
+    fabric = fat_tree(4, 3, pods=2)
+    tracker = CommTracker(fabric, (node("node00002"), node("node00003")), MODEL, {"g": SPEECH, "h": SPEECH})
+    leaf = fabric.ca_leaf[fabric.find("node00002 HCA-1")][0]
+    uplinks = [lk for lk in fabric.links
+               if leaf in (lk.a, lk.b) and fabric.is_switch(lk.a) and fabric.is_switch(lk.b)]
+    tracker.set_link(uplinks[0].key, healthy=False)
+    tracker.start("g", [0, 1], 16.0)  # one uplink left: degraded, not cut off
+    tracker.stop("g")
+    tracker.set_link(uplinks[1].key, healthy=False)
+    tracker.start("h", [0, 1], 16.0)
+    report = tracker.report(10.0, 16.0, 10.0)
+    assert report["gangs_on_degraded_link_pools"] == 1
+    assert report["gangs_across_failed_links"] == 1
+    assert tracker.rates()["h"] == pytest.approx(1e-6)
