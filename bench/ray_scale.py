@@ -1,18 +1,21 @@
 """The ray provider at scale on this machine: simulated nodes joining, pod start latency and trivial
-0.25-GPU jobs per second through Ray, beside the local provider (a LocalPool of the same nodes)
-measured in the same run.
+0.25-GPU jobs per second through Ray with both pod carriers, beside the local provider (a LocalPool
+of the same nodes) measured in the same run.
 
     .venv/bin/python bench/ray_scale.py [--nodes 16] [--devices 8] [--latency-pods 40] [--jobs 100]
+        [--actor-latency-pods 10] [--actor-jobs 20] [--join-parallel 4]
 
-1. join: a Ray head, then NODES worker nodes of DEVICES simulated H100s joined 4 at a time, as
-   `gpupool node join --simulate` does; per node, the seconds from the join's start until the
-   provider lists the node (schedulable). Target: within 5 s of the join on a real machine (here
+1. join: a Ray head, then NODES worker nodes of DEVICES simulated H100s joined JOIN_PARALLEL at a
+   time, as `gpupool node join --simulate` does; per node, the seconds from the join's start until
+   the provider lists the node (schedulable). Target: within 5 s of the join on a real machine (here
    every node shares two cores with all the others).
 2. start latency: LATENCY_PODS pods (`true`, one 0.25 slice), one at a time, round-robin over the
-   nodes; launch() to the pod's recorded start, p50 and p99, Ray beside local.
-3. throughput: JOBS trivial pods of 0.25 GPU, at most IN_FLIGHT at once (each Ray pod is an actor,
-   a Python process of its own), from the first launch until all have ended: jobs/s, Ray beside
-   local. Provider level: the scheduler's own cost is measured by bench/jobs_e2e.py.
+   nodes; launch() to the pod's recorded start, p50 and p99: Ray with the group carrier (the
+   default: a placement group per pod, the process started by the node agent), Ray with the actor
+   carrier (an actor, so a Python process, per pod; ACTOR_LATENCY_PODS of them), and local.
+3. throughput: JOBS trivial pods of 0.25 GPU (ACTOR_JOBS with the actor carrier), at most IN_FLIGHT
+   at once, from the first launch until all have ended: jobs/s, each beside local. Provider level:
+   the scheduler's own cost is measured by bench/jobs_e2e.py.
 """
 
 from __future__ import annotations
@@ -103,11 +106,13 @@ def join_times(ray_provider: object, count: int, devices: int, data_dir: Path, p
         began = time.monotonic()
         config = NodeConfig(name=name, state_dir=str(data_dir / "ray-nodes" / name),
                             simulate=f"{devices}xH100")
-        ray_provider.joined.append(start_node(ray_provider.address, ray_provider.token_path, config,
-                                              simulated=True))
+        joined = start_node(ray_provider.address, ray_provider.token_path, config, simulated=True)
+        ray_provider.joined.append(joined)
         while name not in {n.name for n in ray_provider.nodes()}:
             time.sleep(0.01)
-        return time.monotonic() - began
+        listed = time.monotonic() - began
+        joined.agent_ready()  # before the next measure: its pods would wait for it
+        return listed
 
     with ThreadPoolExecutor(max_workers=parallel) as pool:
         return list(pool.map(join, names))
@@ -120,6 +125,8 @@ def main() -> None:
     parser.add_argument("--latency-pods", type=int, default=40)
     parser.add_argument("--jobs", type=int, default=100)
     parser.add_argument("--in-flight", type=int, default=8)
+    parser.add_argument("--actor-latency-pods", type=int, default=10)
+    parser.add_argument("--actor-jobs", type=int, default=20)
     parser.add_argument("--join-parallel", type=int, default=4, help="nodes joining at once")
     parser.add_argument("--out", default="")
     args = parser.parse_args()
@@ -135,31 +142,38 @@ def main() -> None:
     try:
         joins = join_times(ray_provider, args.nodes, args.devices, data_dir, args.join_parallel)
         names = [n.name for n in ray_provider.nodes()]
-        ray_latency = start_latency(ray_provider, names, args.latency_pods, "ray")
-        local_latency = start_latency(local, names, args.latency_pods, "local")
-        ray_rate = throughput(ray_provider, names, args.jobs, args.in_flight, "ray")
-        local_rate = throughput(local, names, args.jobs, args.in_flight, "local")
+        actors = RayProvider(ray_provider.address, data_dir=data_dir, pod_carrier="actor")
+        try:
+            latency = {"group": start_latency(ray_provider, names, args.latency_pods, "group"),
+                       "actor": start_latency(actors, names, args.actor_latency_pods, "actor"),
+                       "local": start_latency(local, names, args.latency_pods, "local")}
+            rate = {"group": throughput(ray_provider, names, args.jobs, args.in_flight, "group"),
+                    "actor": throughput(actors, names, args.actor_jobs, args.in_flight, "actor"),
+                    "local": throughput(local, names, args.jobs, args.in_flight, "local")}
+        finally:
+            actors.close(stop_pods=True)
     finally:
         local.close(stop_pods=True)
         ray_provider.close(stop_pods=True)
     table = Table(title=f"ray provider: {args.nodes} simulated nodes x {args.devices} H100 on this machine")
-    for column in ("measure", "ray", "local", "ray / local"):
+    for column in ("measure", "ray group", "ray actor", "local", "group / local", "actor / local"):
         table.add_column(column, justify="right" if column != "measure" else "left")
-    table.add_row("head start (s)", f"{head_s:.1f}", "", "")
+    table.add_row("head start (s)", f"{head_s:.1f}", "", "", "", "")
     table.add_row("join to schedulable p50 / max (s)",
-                  f"{statistics.median(joins):.1f} / {max(joins):.1f}", "", "")
+                  f"{statistics.median(joins):.1f} / {max(joins):.1f}", "", "", "", "")
     for q, label in ((0.5, "p50"), (0.99, "p99")):
-        r, loc = _pct(ray_latency, q), _pct(local_latency, q)
-        table.add_row(f"pod start latency {label} (ms)", f"{r * 1000:.0f}", f"{loc * 1000:.1f}",
-                      f"{r / loc:.0f}x")
-    table.add_row(f"0.25-GPU jobs/s ({args.in_flight} in flight)", f"{ray_rate:.2f}", f"{local_rate:.1f}",
-                  f"{ray_rate / local_rate:.3f}")
+        g, a_, loc = (_pct(latency[k], q) for k in ("group", "actor", "local"))
+        table.add_row(f"pod start latency {label} (ms)", f"{g * 1000:.1f}", f"{a_ * 1000:.0f}",
+                      f"{loc * 1000:.1f}", f"{g / loc:.1f}x", f"{a_ / loc:.0f}x")
+    table.add_row(f"0.25-GPU jobs/s ({args.in_flight} in flight)", f"{rate['group']:.1f}",
+                  f"{rate['actor']:.2f}", f"{rate['local']:.1f}", f"{rate['group'] / rate['local']:.2f}",
+                  f"{rate['actor'] / rate['local']:.3f}")
     console.print(table)
     out = write_json(args.out, "ray_scale", {
         "nodes": args.nodes, "devices": args.devices, "head_start_s": head_s, "join_s": joins,
-        "start_latency_s": {"ray": ray_latency, "local": local_latency},
-        "jobs": args.jobs, "in_flight": args.in_flight,
-        "jobs_per_s": {"ray": ray_rate, "local": local_rate}})
+        "join_parallel": args.join_parallel, "start_latency_s": latency,
+        "jobs": {"group": args.jobs, "actor": args.actor_jobs, "local": args.jobs},
+        "in_flight": args.in_flight, "jobs_per_s": rate})
     console.print(f"wrote {out}")
 
 

@@ -1,7 +1,8 @@
-"""One Ray cluster for the module that needs it: a head and three simulated worker nodes.
+"""One Ray cluster for the package's tests: a head and three simulated worker nodes.
 
-Starting Ray is slow (tens of seconds on a small machine), so the cluster is module-scoped and
-every test in the module shares it; its temp dirs are /tmp/gpr-<pid>-<n>, removed on close.
+Starting Ray is slow (tens of seconds on a small machine), so the cluster is package-scoped and
+every module here shares it (test_ray_pool.py, which kills nodes, runs last of those using it);
+its temp dirs are /tmp/gpr-<pid>-<n>, removed on close.
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ def wait_for(check: Callable[[], object], timeout_s: float = 60.0, what: str = "
     raise AssertionError(f"timed out waiting for {what}")
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="package")
 def pool(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RayProvider]:
     pytest.importorskip("ray", reason="the ray provider needs Ray (pip install 'gpupool[ray]')")
     from gpupool.providers.ray import RayProvider

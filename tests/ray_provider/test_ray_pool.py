@@ -22,7 +22,7 @@ from gpupool.errors import InvalidInput, NotFound
 from gpupool.providers.base import PodLaunch, PodPhase, PodStatus
 from gpupool.providers.ray import RayProvider
 from gpupool.providers.ray.nodeconfig import node_agent_name, pod_actor_name
-from gpupool.providers.ray.resources import compute_resource
+from gpupool.providers.ray.resources import compute_resource, memory_resource
 from gpupool.providers.ray.settings import ADDRESS_FILE, NAMESPACE, NODE_LABEL
 
 from .conftest import wait_for
@@ -86,8 +86,8 @@ def test_each_pod_runs_on_the_node_asked_with_the_environment_gpupool_built(pool
         pool.launch(_pod(pod_id, node.name, "sh", "-c", "env", slices=(Slice(1, 500, 2048),)))
         status = _final(pool, pod_id)
         assert (status.phase, status.exit_code, status.node) == (PodPhase.SUCCEEDED, 0, node.name)
-        actor = ray.get_actor(pod_actor_name(pod_id), namespace=NAMESPACE)
-        assert ray.get(actor.node_id.remote()) == pool.membership.ray_node(node.name).node_id  # type: ignore[union-attr]
+        ran_on = [j.config.name for j in pool.joined if (j.config.agent_dir() / "pods" / pod_id).is_dir()]
+        assert ran_on == [node.name]  # started by that node's agent, no other
         env = dict(line.split("=", 1) for line in pool.read_log(pod_id).text.splitlines() if "=" in line)
         assert env["CUDA_VISIBLE_DEVICES"] == node.devices[1].uuid  # gpupool's, not Ray's
         assert env["GPUPOOL_NODE"] == node.name and env["GPUPOOL_DEVICE_MILLI"] == "500"
@@ -106,8 +106,8 @@ def test_a_pod_that_cannot_fit_waits_on_its_node_and_then_fails_with_the_reason(
         status = _final(short, "full-2")
         assert status.phase is PodPhase.FAILED and status.node == "t4-001"
         assert "could not place" in status.message and "t4-001" in status.message
-        with pytest.raises(ValueError):  # killed, never started anywhere else
-            ray.get_actor(pod_actor_name("full-2"), namespace=NAMESPACE)
+        assert _group_state("full-2") in ("REMOVED", "")  # removed, never started anywhere else
+        assert not [j for j in pool.joined if (j.config.agent_dir() / "pods" / "full-2").exists()]
     finally:
         short.close()
     pool.stop("full-1", grace_s=1.0)
@@ -138,20 +138,37 @@ def test_stop_terminates_the_whole_group_then_kills_it_after_the_grace(pool: Ray
     assert (_final(pool, "stubborn").phase, _final(pool, "stubborn").exit_code) == (PodPhase.STOPPED, 137)
 
 
-def test_a_finished_pod_releases_its_slice_and_its_log_outlives_its_actor(pool: RayProvider) -> None:
+def test_a_running_pods_group_holds_its_slice_on_its_node_only(pool: RayProvider) -> None:
+    pool.launch(_pod("held", "t4-001", "sleep", "60", slices=(Slice(1, 750, 1024),)))
+    _wait_running(pool, "held")
+    table = ray.util.placement_group_table(ray.util.get_placement_group(pod_actor_name("held")))
+    assert table["state"] == "CREATED" and table["stats"] is not None
+    assert list(table["bundles_to_node_id"].values()) == [pool.membership.ray_node("t4-001").node_id]  # type: ignore[union-attr]
+    bundle = table["bundles"][0]
+    assert bundle[compute_resource("t4-001", 1)] == 750.0 and bundle[memory_resource("t4-001", 1)] == 1024.0
+    pool.stop("held", grace_s=1.0)
+    assert _final(pool, "held").phase is PodPhase.STOPPED
+
+
+def _group_state(pod_id: str) -> str:
+    """The state of the pod's placement group ('' when Ray no longer knows its name)."""
+    try:
+        group = ray.util.get_placement_group(pod_actor_name(pod_id))
+    except ValueError:
+        return ""
+    return str(ray.util.placement_group_table(group)["state"])
+
+
+def test_a_finished_pod_releases_its_slice_and_its_log_outlives_it(pool: RayProvider) -> None:
     pool.launch(_pod("whole", "t4-000", "sh", "-c", "echo done", slices=(Slice(0, 1000, 0),)))
     _final(pool, "whole")
 
-    def actor_gone() -> bool:
+    def released() -> bool:
         pool.poll()
-        try:
-            ray.get_actor(pod_actor_name("whole"), namespace=NAMESPACE)
-        except ValueError:
-            return True
-        return False
+        return _group_state("whole") in ("REMOVED", "")
 
-    wait_for(actor_gone, what="the finished pod's actor to be released")
-    assert pool.read_log("whole").text == "done\n"  # served by the node agent now
+    wait_for(released, what="the finished pod's placement group to be removed")
+    assert pool.read_log("whole").text == "done\n"
     pool.launch(_pod("whole-again", "t4-000", "true", slices=(Slice(0, 1000, 0),)))
     assert _final(pool, "whole-again").phase is PodPhase.SUCCEEDED
 
@@ -175,6 +192,19 @@ def test_a_second_provider_re_adopts_running_pods_and_never_starts_them_twice(
     finally:
         second.close()
     assert pool.head_is_owned  # the second provider attached: it started no cluster of its own
+
+
+def test_a_restarted_node_agent_re_adopts_its_running_pods(pool: RayProvider) -> None:
+    pool.launch(_pod("kept", "t4-000", "sleep", "60"))
+    _wait_running(pool, "kept")
+    agent = ray.get_actor(node_agent_name("t4-000"), namespace=NAMESPACE)
+    first_pid: Any = ray.get(agent.pid.remote())
+    ray.kill(agent, no_restart=False)  # Ray starts it again; it reads its pods back from its state dir
+    wait_for(lambda: ray.get(agent.pid.remote()) != first_pid, 60.0, "the agent to start again")
+    status: Any = ray.get(agent.statuses.remote(["kept"]))["kept"]
+    assert status.phase is PodPhase.RUNNING and "re-adopted" in status.message
+    pool.stop("kept", grace_s=5.0)
+    assert (_final(pool, "kept").phase, _final(pool, "kept").exit_code) == (PodPhase.STOPPED, 143)
 
 
 def test_a_machine_joins_with_the_cli_runs_work_and_leaves(pool: RayProvider, tmp_path: Path) -> None:

@@ -123,6 +123,7 @@ def _join(ray_address: str, server: str, simulate: str, name: str, token_file: P
               f"`gpupool node leave --name {name}`.", flush=True)
         if server:
             _wait_schedulable(server, name, started)
+        joined.agent_ready()
         _serve_until_stopped(joined.process)
     finally:
         _leave_cluster(joined)
@@ -148,8 +149,12 @@ def _leave_cluster(joined: Any) -> None:
 
     import ray
 
+    from gpupool.providers.ray.join import forget_description
+
     with contextlib.suppress(Exception):
         ray.kill(joined.agent, no_restart=True)  # frees the agent's name for the next join
+    with contextlib.suppress(Exception):
+        forget_description(joined.node_id)
     joined.process.stop()
     print(f"Node {joined.config.name} left the Ray cluster.", flush=True)
 

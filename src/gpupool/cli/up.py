@@ -32,6 +32,11 @@ def up(
         str, typer.Option("--ray-address", envvar="GPUPOOL_RAY_ADDRESS", help=(
             "With --provider ray: the Ray cluster's HOST:PORT (default: start a Ray head here)."))
     ] = "",
+    ray_pod_carrier: Annotated[
+        str, typer.Option("--ray-pod-carrier", envvar="GPUPOOL_RAY_POD_CARRIER", help=(
+            "With --provider ray: what carries each pod, 'group' (default: a placement group per pod, "
+            "run by the node's agent) or 'actor' (an actor per pod, a Python process each; slower)."))
+    ] = "",
     database_url: Annotated[
         str, typer.Option("--database-url", help="postgresql+psycopg://... (default: SQLite).")
     ] = "",
@@ -78,8 +83,16 @@ def up(
 
     Example: gpupool up --simulate 2x8xH100 --config pool.yaml
     """
+    import os
+
     from gpupool.errors import GpupoolError
 
+    if ray_pod_carrier:
+        if ray_pod_carrier not in ("group", "actor"):
+            print(f"Error: --ray-pod-carrier must be group or actor, not {ray_pod_carrier!r}.",
+                  file=sys.stderr)
+            raise typer.Exit(2)
+        os.environ["GPUPOOL_RAY_POD_CARRIER"] = ray_pod_carrier  # read by the ray provider
     try:
         _serve(data_dir, host, port, simulate, provider, database_url, policy or placement or "",
                tls_cert, tls_key, metrics_public, config, fabric_path=fabric, ray_address=ray_address)

@@ -172,7 +172,16 @@ def _common_args(temp_dir: Path, node_ip: str | None, num_cpus: int) -> list[str
     ip = [f"--node-ip-address={node_ip}"] if node_ip else []  # Ray turns a loopback one into this host's
     return [*ip, f"--temp-dir={temp_dir}", f"--num-cpus={num_cpus}",
             "--num-gpus=0", "--disable-usage-stats", "--min-worker-port=0", "--max-worker-port=0",
-            f"--dashboard-agent-listen-port={free_port()}", "--block"]
+            *_agent_ports(), "--include-log-monitor=false", "--block"]
+
+
+def _agent_ports() -> list[str]:
+    """Every agent port given: with one left at 0 the raylet waits for the agent to write the port
+    it chose into a file before it registers, so the node is not schedulable until the dashboard
+    agent (a Python process with heavy imports) is up; on a loaded machine the raylet even gives up
+    after its own timeout. Given ports, it registers at once and the agents come up beside it."""
+    return [f"--dashboard-agent-listen-port={free_port()}", f"--dashboard-agent-grpc-port={free_port()}",
+            f"--metrics-export-port={free_port()}", f"--runtime-env-agent-port={free_port()}"]
 
 
 def start_head(token_path: Path, *, node_ip: str | None = None, port: int = 0,

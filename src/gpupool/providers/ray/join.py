@@ -1,20 +1,25 @@
 """Join a machine to the pool: probe its devices, start its Ray worker node, start its node agent.
 
 What `gpupool node join` runs on each GPU server, and what the provider runs for each simulated
-node. The caller must be connected to the cluster (driver.connect).
+node. The caller must be connected to the cluster (driver.connect). The node is schedulable as soon
+as Ray has registered it: the joiner publishes the description it probed (Ray's internal KV, by
+Ray node id), so the server lists the node without waiting for the agent actor's Python process to
+start (about a second); pods launched meanwhile queue behind the agent's start.
 """
 
 from __future__ import annotations
 
+import pickle
+import socket
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import ray
+import ray.experimental.internal_kv
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-from gpupool.core.model import Node
 from gpupool.errors import Conflict, ProviderError
 from gpupool.providers.local import LocalProvider
 from gpupool.providers.ray.cluster import OBJECT_STORE_BYTES_SIMULATED, RayProcess, start_worker
@@ -23,6 +28,9 @@ from gpupool.providers.ray.node_agent import NodeAgentActor, NodeDescription
 from gpupool.providers.ray.nodeconfig import NodeConfig, node_agent_name
 from gpupool.providers.ray.resources import node_resources
 from gpupool.providers.ray.settings import NAMESPACE, NODE_LABEL
+
+DESCRIPTION_KEY = "gpupool-node-{node_id}"
+"""The internal KV key of the description a joiner probed, in the gpupool namespace."""
 
 JOIN_TIMEOUT_S = 60.0
 
@@ -36,16 +44,47 @@ class JoinedNode:
     node_id: str
     agent: Any
     description: NodeDescription
+    """As probed by the joiner (the agent's own answers come later, through the membership)."""
+
+    def agent_ready(self, timeout_s: float = JOIN_TIMEOUT_S) -> NodeDescription:
+        """Block until the node agent answers; ProviderError when it does not in time."""
+        try:
+            description: NodeDescription = ray.get(self.agent.describe.remote(), timeout=timeout_s)
+        except (ray.exceptions.RayError, TimeoutError) as exc:
+            raise ProviderError(f"The agent of node {self.config.name} did not start "
+                                f"({type(exc).__name__}); see {self.process.temp_dir}.") from None
+        return description
 
 
-def probe(config: NodeConfig) -> Node:
+def probe(config: NodeConfig) -> NodeDescription:
     """The node as the agent sees it here: NVML devices (or the simulated ones), IB ports."""
     local = LocalProvider(config.agent_dir(), simulate=config.simulate or None, node_name=config.name,
                           ib_sysfs_root=config.ib_sysfs_root, scratch_root=config.scratch())
     try:
-        return local.nodes()[0]
+        return NodeDescription(node=local.nodes()[0], config=config, missing=local.missing_capabilities(),
+                               hostname=socket.gethostname())
     finally:
         local.close()
+
+
+def publish_description(node_id: str, description: NodeDescription) -> None:
+    ray.experimental.internal_kv._internal_kv_put(DESCRIPTION_KEY.format(node_id=node_id),
+                                                  pickle.dumps(description), namespace=NAMESPACE)
+
+
+def published_description(node_id: str) -> NodeDescription | None:
+    """What the joiner of Ray node `node_id` probed, if it published it."""
+    raw = ray.experimental.internal_kv._internal_kv_get(DESCRIPTION_KEY.format(node_id=node_id),
+                                                        namespace=NAMESPACE)
+    if not raw:
+        return None
+    description = pickle.loads(raw)
+    return description if isinstance(description, NodeDescription) else None
+
+
+def forget_description(node_id: str) -> None:
+    ray.experimental.internal_kv._internal_kv_del(DESCRIPTION_KEY.format(node_id=node_id),
+                                                  namespace=NAMESPACE)
 
 
 def _wait_for_ray_node(name: str, process: RayProcess, timeout_s: float) -> str:
@@ -79,13 +118,14 @@ def _replace_agent(name: str) -> None:
 def start_node(address: str, token_path: Path, config: NodeConfig, *, node_ip: str | None = None,
                num_cpus: int | None = None, simulated: bool = False,
                timeout_s: float = JOIN_TIMEOUT_S) -> JoinedNode:
-    """Start this machine's Ray worker node for `config` and its node agent; blocks until the agent
-    has described the node. Raises Conflict when a live node already has that name."""
+    """Start this machine's Ray worker node for `config` and ask for its node agent; blocks until Ray
+    has registered the node (the agent starts in the background: `agent_ready` waits for it).
+    Raises Conflict when a live node already has that name."""
     existing = ray_node_table().get(config.name)
     if existing is not None and existing.alive:
         raise Conflict(f"A node named {config.name!r} is already in the pool; choose another with --name.")
-    node = probe(config)
-    process = start_worker(address, token_path, resources=node_resources(node),
+    description = probe(config)
+    process = start_worker(address, token_path, resources=node_resources(description.node),
                            labels={NODE_LABEL: config.name}, node_ip=node_ip,
                            num_cpus=0 if simulated else num_cpus,
                            object_store_bytes=OBJECT_STORE_BYTES_SIMULATED if simulated else None)
@@ -96,7 +136,7 @@ def start_node(address: str, token_path: Path, config: NodeConfig, *, node_ip: s
             name=node_agent_name(config.name), namespace=NAMESPACE, lifetime="detached",
             scheduling_strategy=NodeAffinitySchedulingStrategy(node_id, soft=False),
         ).remote(config)
-        description = ray.get(agent.describe.remote(), timeout=timeout_s)
+        publish_description(node_id, description)
     except BaseException:
         process.stop(grace_s=2)
         raise

@@ -86,6 +86,7 @@ class Membership:
                     continue  # joined, its agent not up yet
                 self._asked[name] = (node.node_id, agent.describe.remote())
         self._collect(table, wait_s)
+        self._read_published(table)
         with self._lock:
             self._ray = table
             for name, known in list(self._described.items()):
@@ -120,6 +121,17 @@ class Membership:
                 log.warning("node %s: its agent did not answer (%s)", name, type(exc).__name__)
                 continue
             self.update(name, node_id, description)
+
+    def _read_published(self, table: dict[str, RayNode]) -> None:
+        """Describe a node its agent has not answered for yet from what its joiner probed."""
+        from gpupool.providers.ray.join import published_description
+
+        for name, node in table.items():
+            known = self._described.get(name)
+            if node.alive and (known is None or known[0] != node.node_id):
+                description = published_description(node.node_id)
+                if description is not None:
+                    self.update(name, node.node_id, description)
 
     def update(self, name: str, node_id: str, description: NodeDescription) -> None:
         """Take a description just read (the monitor, or an injected fault)."""

@@ -1,10 +1,12 @@
-"""The node agent actor: one detached actor per gpupool node, describing it and serving its files.
+"""The node agent actor: one detached actor per gpupool node, describing it and running its pods.
 
 `gpupool node join` (or the provider, for simulated nodes) starts it pinned to its Ray node. It
 probes the node's devices and IB ports with the agent's probes (NVML, sysfs), keeps injected
-faults of simulated devices, and serves what outlives a pod's actor: finished pods' logs and the
-workloads' checkpoint marks. The provider reads the node from it (`describe`), so the device list
-comes from the machine itself, joined with Ray's node table by the node label.
+faults of simulated devices, runs the pods of the group carrier (the agent's LocalProvider on the
+node's state dir: environment, Unix account, logs, SIGTERM/grace/SIGKILL of the process group; a
+restarted agent re-adopts them from that dir), and serves what outlives a pod: finished pods' logs
+and the workloads' checkpoint marks. The provider reads the node from it (`describe`), so the device
+list comes from the machine itself, joined with Ray's node table by the node label.
 """
 
 from __future__ import annotations
@@ -17,8 +19,8 @@ import ray
 
 from gpupool.agent.runner import Runner
 from gpupool.core.model import Node
-from gpupool.errors import NotFound
-from gpupool.providers.base import Capability, HealthEvent, LogChunk
+from gpupool.errors import GpupoolError, NotFound
+from gpupool.providers.base import Capability, HealthEvent, LogChunk, PodLaunch, PodPhase, PodStatus
 from gpupool.providers.local import LocalProvider
 from gpupool.providers.ray.nodeconfig import NodeConfig
 
@@ -46,6 +48,8 @@ class NodeAgentActor:
                                    node_name=config.name, ib_sysfs_root=config.ib_sysfs_root,
                                    scratch_root=config.scratch())
         self._runners: dict[str, Runner] = {}
+        self._failed: dict[str, PodStatus] = {}
+        """Pods whose start failed here (never a process), with why."""
         self._seq = 0
 
     def describe(self) -> NodeDescription:
@@ -63,8 +67,43 @@ class NodeAgentActor:
         self.local.clear_fault(self.config.name, device_uuid)
         return self.describe()
 
+    # ---- the group carrier's pods -----------------------------------------------------------
+    def launch(self, pod: PodLaunch) -> PodStatus:
+        """Start the pod (its placement group holds its slice); idempotent by pod id. Never raises:
+        a pod that cannot start is FAILED with why."""
+        if pod.pod_id not in self._failed:
+            try:
+                self.local.launch(pod)
+            except GpupoolError as exc:
+                self._failed[pod.pod_id] = self._failure(pod.pod_id, exc.message)
+            except OSError as exc:
+                self._failed[pod.pod_id] = self._failure(pod.pod_id, f"cannot start the pod on "
+                                                                    f"{self.config.name}: {exc}")
+        return self.statuses([pod.pod_id])[pod.pod_id]
+
+    def _failure(self, pod_id: str, message: str) -> PodStatus:
+        return PodStatus(pod_id, PodPhase.FAILED, message=message, node=self.config.name)
+
+    def statuses(self, pod_ids: list[str]) -> dict[str, PodStatus]:
+        """The statuses of these pods (one call per node per poll); one this agent never started is
+        LOST."""
+        wanted = set(pod_ids)
+        found = {s.pod_id: s for s in self.local.poll() if s.pod_id in wanted}
+        found.update((p, self._failed[p]) for p in wanted if p in self._failed)
+        for pod_id in wanted - found.keys():
+            found[pod_id] = PodStatus(pod_id, PodPhase.LOST, node=self.config.name,
+                                      message=f"node {self.config.name}'s agent has no record of the pod")
+        return found
+
+    def stop(self, pod_id: str, grace_s: float) -> None:
+        """SIGTERM the pod's process group, SIGKILL it after `grace_s`; returns at once."""
+        if pod_id not in self._failed:
+            self.local.stop(pod_id, grace_s)
+
     def read_log(self, pod_id: str, stream: str, offset: int) -> LogChunk:
-        """A pod's log from its files (the pod has ended and its actor is gone)."""
+        """A pod's log from its files (a pod this agent runs, or an actor-carried pod that ended)."""
+        if self.local.agent.runner.known(pod_id) is not None:
+            return self.local.read_log(pod_id, stream, offset)
         runner = self._runners.get(pod_id)
         if runner is None:
             directory = self.config.pod_dir(pod_id)
@@ -76,6 +115,10 @@ class NodeAgentActor:
     def process_env(self, names: list[str]) -> dict[str, str]:
         """These variables as the node's Ray worker processes have them (what a pod actor inherits)."""
         return {name: os.environ[name] for name in names if name in os.environ}
+
+    def pid(self) -> int:
+        """This agent's process (a restarted agent has another)."""
+        return os.getpid()
 
     def checkpoint_s(self, workload_id: str) -> float | None:
         return self.local.checkpoint_s(workload_id)

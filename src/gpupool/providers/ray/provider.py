@@ -1,15 +1,17 @@
-"""The ray provider: pods run as actors on the Ray nodes gpupool chose, holding exactly their slices.
+"""The ray provider: pods run on the Ray nodes gpupool chose, holding exactly their slices.
 
-gpupool is the scheduler: each pod's actor is pinned to its node (NodeAffinitySchedulingStrategy,
-soft=False) and asks for exactly the custom resources of its slices, so Ray can only start it there
-or not at all; Ray never picks a device and never moves work (max_restarts=0).
+gpupool is the scheduler: each pod's carrier (carrier.py) is pinned to its node and asks for exactly
+the custom resources of its slices, so Ray can only place it there or not at all; Ray never picks a
+device and never moves work. The default carrier is a placement group per pod whose process the
+node's agent actor runs (carrier_group.py); `pod_carrier="actor"` gives each pod an actor of its own
+(carrier_actor.py: one Ray Python worker process per pod, far slower to start).
 
-Consistency: launch() creates the actor and returns; a monitor thread asks Ray for the node table,
-the node agents for their descriptions and the pod actors for their statuses, and nodes()/poll()
-return what it last saw (eventually consistent, non-blocking). A pod whose actor Ray cannot place
-within `placement_timeout_s` is failed with the reason; a node that dies takes its pods with it
-(lost). Actors are detached and named by pod id in the gpupool namespace, so a provider started
-again on the same cluster re-adopts them, and launching a known pod id never starts it twice.
+Consistency: launch() asks Ray for the pod's carrier and returns; a monitor thread reads Ray's node
+table, the node agents' descriptions and the pods' statuses, and nodes()/poll() return what it last
+saw (eventually consistent, non-blocking). A pod Ray cannot place within `placement_timeout_s` is
+failed with the reason; a node that dies takes its pods with it (lost). Carriers are detached and
+named by pod id in the gpupool namespace, so a provider started again on the same cluster re-adopts
+them, and launching a known pod id never starts it twice.
 """
 
 from __future__ import annotations
@@ -25,23 +27,23 @@ from pathlib import Path
 from typing import Any
 
 import ray
-from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from gpupool.agent.leftovers import kill_leftovers
 from gpupool.agent.podstate import load_record
 from gpupool.core.model import Node
-from gpupool.errors import GpupoolError, NotFound, ProviderError
+from gpupool.errors import GpupoolError, InvalidInput, NotFound, ProviderError
 from gpupool.providers.base import Capability, HealthEvent, LogChunk, PodLaunch, PodPhase, PodStatus, Provider
 from gpupool.providers.nodespec import nodes_from_spec
 from gpupool.providers.ray import driver
-from gpupool.providers.ray.actor import PodActor
+from gpupool.providers.ray.carrier import Carrier
+from gpupool.providers.ray.carrier_actor import ActorCarrier
+from gpupool.providers.ray.carrier_group import GroupCarrier
 from gpupool.providers.ray.cluster import RayProcess, start_head
 from gpupool.providers.ray.join import JoinedNode, start_node
 from gpupool.providers.ray.membership import Membership
-from gpupool.providers.ray.nodeconfig import POD_ACTOR_PREFIX, NodeConfig, node_agent_name, pod_actor_name
-from gpupool.providers.ray.pods import RELEASE_AFTER_POLLS, TrackedPod
-from gpupool.providers.ray.resources import slice_resources
-from gpupool.providers.ray.settings import ADDRESS_FILE, NAMESPACE, TOKEN_FILE, ensure_token
+from gpupool.providers.ray.nodeconfig import NodeConfig, node_agent_name
+from gpupool.providers.ray.pods import RELEASE_AFTER_POLLS, PodCarrier, TrackedPod
+from gpupool.providers.ray.settings import ADDRESS_FILE, NAMESPACE, POD_CARRIER_ENV, TOKEN_FILE, ensure_token
 from gpupool.providers.registry import register_provider
 
 log = logging.getLogger("gpupool.ray")
@@ -63,7 +65,7 @@ class RayProvider(Provider):
     def __init__(self, address: str | None = None, *, simulate: str | None = None,
                  data_dir: Path | str | None = None, token_path: Path | str | None = None,
                  placement_timeout_s: float = 60.0, actor_lost_grace_s: float = 30.0,
-                 poll_interval_s: float = 0.1,
+                 poll_interval_s: float = 0.05, pod_carrier: str | None = None,
                  node_ip: str | None = None, head_env: dict[str, str] | None = None) -> None:
         if data_dir is None:
             from gpupool.server.settings import default_data_dir
@@ -71,17 +73,22 @@ class RayProvider(Provider):
             data_dir = default_data_dir()
         self.data_dir = Path(data_dir)
         self.token_path = ensure_token(Path(token_path) if token_path else self.data_dir / TOKEN_FILE)
+        self.pod_carrier = _carrier_kind(pod_carrier or os.environ.get(POD_CARRIER_ENV) or PodCarrier.GROUP)
+        """How new pods are carried (re-adopted pods keep theirs)."""
         self.placement_timeout_s = placement_timeout_s
         self.actor_lost_grace_s = actor_lost_grace_s
         """How long an actor that stopped answering waits to be reported lost: its node's death
         (Ray's health checks take a while) must be seen first, so the server requeues its work."""
-        self._poll_interval_s = poll_interval_s
+        self.poll_interval_s = poll_interval_s
         self._head: RayProcess | None = None
         self.joined: list[JoinedNode] = []
         """The simulated nodes this provider started (their Ray worker processes), in order."""
         self._started_s = time.time()
-        self._lock = threading.RLock()
+        self.lock = threading.RLock()
         self._pods: dict[str, TrackedPod] = {}
+        self._carriers: dict[PodCarrier, Carrier] = {PodCarrier.GROUP: GroupCarrier(self),
+                                                     PodCarrier.ACTOR: ActorCarrier(self)}
+        self._wake = threading.Event()
         self._listeners: list[Callable[[], None]] = []
         self.membership = Membership()
         self._stop = threading.Event()
@@ -132,20 +139,12 @@ class RayProvider(Provider):
             self.membership.update(joined.config.name, joined.node_id, joined.description)
 
     def _readopt(self) -> None:
-        """Take over the pod actors a previous server left running (by their names)."""
-        names = [n for n in ray.util.list_named_actors() if n.startswith(POD_ACTOR_PREFIX)]
-        for name in names:
-            with contextlib.suppress(ValueError):
-                actor = ray.get_actor(name, namespace=NAMESPACE)
-                pod_id = name[len(POD_ACTOR_PREFIX):]
-                try:
-                    answer: Any = ray.get(actor.status.remote(), timeout=CALL_TIMEOUT_S)
-                except (ray.exceptions.RayError, TimeoutError):
-                    continue
-                status: PodStatus = answer
-                self._pods[pod_id] = TrackedPod(pod_id, status.node, actor, status, placed=True)
+        """Take over the pods a previous server left running (their carriers, by name)."""
+        for carrier in self._carriers.values():
+            for tracked in carrier.readopt():
+                self._pods.setdefault(tracked.pod_id, tracked)
         if self._pods:
-            log.info("re-adopted %d pod actor(s) on the Ray cluster", len(self._pods))
+            log.info("re-adopted %d pod(s) on the Ray cluster", len(self._pods))
 
     # ---- contract ---------------------------------------------------------------------------
     def missing_capabilities(self) -> dict[Capability, str]:
@@ -173,7 +172,7 @@ class RayProvider(Provider):
         return ray_node.ip
 
     def launch(self, pod: PodLaunch) -> None:
-        with self._lock:
+        with self.lock:
             if pod.pod_id in self._pods:
                 return
         description = self.membership.description(pod.node)
@@ -181,27 +180,23 @@ class RayProvider(Provider):
         if description is None or ray_node is None:
             raise ProviderError(f"Unknown node {pod.node!r}; the Ray cluster has "
                                 f"{', '.join(n.name for n in self.nodes()) or 'no gpupool nodes'}.")
-        memory_known = {d.index for d in description.node.devices if d.memory_mib}
-        actor = PodActor.options(  # type: ignore[attr-defined]
-            name=pod_actor_name(pod.pod_id), namespace=NAMESPACE, lifetime="detached", get_if_exists=True,
-            resources=slice_resources(pod.node, pod.slices, memory_known),
-            scheduling_strategy=NodeAffinitySchedulingStrategy(ray_node.node_id, soft=False),
-        ).remote(pod, description.config)
-        with self._lock:
-            if pod.pod_id not in self._pods:
-                self._pods[pod.pod_id] = TrackedPod(pod.pod_id, pod.node, actor,
-                                                    PodStatus(pod.pod_id, PodPhase.STARTING, node=pod.node))
+        tracked = self._carriers[self.pod_carrier].launch(pod, description, ray_node)
+        with self.lock:
+            self._pods.setdefault(pod.pod_id, tracked)
+        self._wake.set()
 
     def stop(self, pod_id: str, grace_s: float = 10.0) -> None:
-        with self._lock:
+        with self.lock:
             tracked = self._pods.get(pod_id)
             if tracked is None or tracked.status.phase.is_final or tracked.stop_grace_s is not None:
                 return
-            tracked.stop_grace_s = grace_s
-            tracked.actor.stop.remote(grace_s)  # runs once the actor is up (calls queue behind creation)
+            tracked.stop_grace_s, tracked.stop_asked_s = grace_s, time.monotonic()
+            with contextlib.suppress(ray.exceptions.RayError, GpupoolError):  # a gone node: lost soon
+                self._carriers[tracked.carrier].stop(tracked, grace_s)
+        self._wake.set()
 
     def poll(self) -> list[PodStatus]:
-        with self._lock:
+        with self.lock:
             statuses = []
             for tracked in self._pods.values():
                 if tracked.status.phase.is_final:
@@ -214,15 +209,12 @@ class RayProvider(Provider):
         self._listeners.append(listener)
 
     def read_log(self, pod_id: str, stream: str = "stdout", offset: int = 0) -> LogChunk:
-        with self._lock:
+        with self.lock:
             tracked = self._pods.get(pod_id)
         if tracked is None:
             raise NotFound(f"No pod {pod_id!r} on the Ray cluster.")
         try:
-            if not tracked.released and tracked.placed:
-                ref = tracked.actor.read_log.remote(stream, offset)
-            else:
-                ref = self._agent(tracked.node).read_log.remote(pod_id, stream, offset)
+            ref = self._carriers[tracked.carrier].log_ref(tracked, stream, offset)
             chunk: LogChunk = ray.get(ref, timeout=CALL_TIMEOUT_S)
             return chunk
         except ray.exceptions.RayError as exc:
@@ -235,7 +227,8 @@ class RayProvider(Provider):
             raise ProviderError(f"Node {tracked.node} did not send pod {pod_id}'s log within "
                                 f"{CALL_TIMEOUT_S:.0f} s.") from None
 
-    def _agent(self, node: str) -> Any:
+    def agent(self, node: str) -> Any:
+        """The node agent actor of `node`; NotFound when it has none."""
         try:
             return ray.get_actor(node_agent_name(node), namespace=NAMESPACE)
         except ValueError:
@@ -245,7 +238,7 @@ class RayProvider(Provider):
         if self.membership.description(node) is None:
             raise NotFound(f"No node {node!r} on the Ray cluster.")
         try:
-            return ray.get(getattr(self._agent(node), method).remote(*args), timeout=CALL_TIMEOUT_S)
+            return ray.get(getattr(self.agent(node), method).remote(*args), timeout=CALL_TIMEOUT_S)
         except ray.exceptions.RayError as exc:
             cause = _cause(exc)
             if isinstance(cause, GpupoolError):
@@ -282,13 +275,18 @@ class RayProvider(Provider):
     def forget_workload(self, workload_id: str) -> None:
         for description in self.membership.descriptions():
             with contextlib.suppress(GpupoolError):
-                self._agent(description.node.name).forget_workload.remote(workload_id)
+                self.agent(description.node.name).forget_workload.remote(workload_id)
 
     # ---- the monitor ------------------------------------------------------------------------
     def _monitor(self) -> None:
-        while not self._stop.wait(self._poll_interval_s):
+        refreshed = 0.0
+        while not self._stop.is_set():
+            self._pause()
             try:
-                self.membership.refresh()
+                now = time.monotonic()
+                if now - refreshed >= self.poll_interval_s:
+                    self.membership.refresh()
+                    refreshed = now
                 ended = self._check_pods()
             except Exception:  # Ray unreachable for a moment: try again at the next tick
                 log.exception("Ray monitor step failed")
@@ -297,71 +295,29 @@ class RayProvider(Provider):
                 for listener in self._listeners:
                     listener()
 
+    def _pause(self) -> None:
+        """Wait a poll interval, or less: until a launch or stop, or an answer in flight comes back."""
+        refs = [ref for carrier in self._carriers.values() for ref in carrier.in_flight()]
+        if refs and not self._wake.is_set():
+            ray.wait(refs, num_returns=1, timeout=self.poll_interval_s)
+            time.sleep(self.poll_interval_s / 10)  # let the other answers of the round arrive too
+        else:
+            self._wake.wait(self.poll_interval_s)
+        self._wake.clear()
+
     def _check_pods(self) -> bool:
-        with self._lock:
+        with self.lock:
             live = [p for p in self._pods.values() if not p.status.phase.is_final]
             to_release = [p for p in self._pods.values() if p.status.phase.is_final and not p.released
                           and p.final_polls >= RELEASE_AFTER_POLLS]
         ended = self._lose_pods_of_gone_nodes(live)
         now = time.monotonic()
-        for tracked in live:
-            if tracked.died_at_s is not None:
-                if now - tracked.died_at_s >= self.actor_lost_grace_s:
-                    with self._lock:
-                        tracked.finish(PodPhase.LOST, tracked.died_reason)
-                        tracked.released = True
-                    ended = True
-                continue
-            if tracked.pending is None and not tracked.status.phase.is_final:
-                tracked.pending = tracked.actor.status.remote()
-        pending = [p for p in live if p.pending is not None]
-        ready = set(ray.wait([p.pending for p in pending], num_returns=len(pending), timeout=0)[0]) \
-            if pending else set()
-        for tracked in pending:
-            if tracked.pending in ready:
-                ended |= self._take_status(tracked)
-            elif not tracked.placed and now - tracked.created_s > self.placement_timeout_s:
-                ended |= self._unplaceable(tracked)
+        for kind, carrier in self._carriers.items():
+            mine = [p for p in live if p.carrier is kind and not p.status.phase.is_final]
+            ended |= carrier.step(mine, now)
         for tracked in to_release:
-            tracked.released = True
-            with contextlib.suppress(ray.exceptions.RayError):
-                tracked.actor.shutdown.remote()
+            self._carriers[tracked.carrier].release(tracked)
         return ended
-
-    def _take_status(self, tracked: TrackedPod) -> bool:
-        ref, tracked.pending = tracked.pending, None
-        try:
-            status: PodStatus = ray.get(ref)
-        except ray.exceptions.ActorUnschedulableError as exc:
-            with self._lock:
-                tracked.finish(PodPhase.FAILED, f"Ray could not place the pod on node {tracked.node}: "
-                                                f"{str(exc).strip().splitlines()[0][:200]}")
-                tracked.released = True
-            return True
-        except ray.exceptions.RayError as exc:
-            tracked.died_at_s = time.monotonic()
-            tracked.died_reason = (f"the pod's Ray actor on node {tracked.node} died ({type(exc).__name__}); "
-                                   "whether the pod ran to the end is unknown")
-            return False
-        with self._lock:
-            tracked.placed = True
-            if not tracked.status.phase.is_final:
-                tracked.status = status
-            return status.phase.is_final
-
-    def _unplaceable(self, tracked: TrackedPod) -> bool:
-        with contextlib.suppress(ray.exceptions.RayError):
-            ray.kill(tracked.actor, no_restart=True)
-        with self._lock:
-            if tracked.stop_grace_s is not None:
-                tracked.finish(PodPhase.STOPPED, "stopped before Ray could place it")
-            else:
-                tracked.finish(PodPhase.FAILED,
-                               f"Ray could not place the pod's actor on node {tracked.node} within "
-                               f"{self.placement_timeout_s:.0f} s (the node lacks the slice's free resources "
-                               "or does not answer)")
-            tracked.released = True
-        return True
 
     def _lose_pods_of_gone_nodes(self, live: list[TrackedPod]) -> bool:
         lost: list[TrackedPod] = []
@@ -369,9 +325,9 @@ class RayProvider(Provider):
             reason = self.membership.lost_reason(tracked.node)
             if reason is None:
                 continue
-            with self._lock:
+            with self.lock:
                 tracked.finish(PodPhase.LOST, reason)
-                tracked.released = True
+            self._carriers[tracked.carrier].release(tracked)
             lost.append(tracked)
         self._end_simulated_leftovers(lost)
         return bool(lost)
@@ -385,7 +341,7 @@ class RayProvider(Provider):
             config = simulated.get(tracked.node)
             if config is None:
                 continue
-            record = load_record(config.pod_dir(tracked.pod_id) / "pods" / tracked.pod_id / "state.json")
+            record = load_record(self._carriers[tracked.carrier].state_file(config, tracked.pod_id))
             if not isinstance(record, str):
                 uid = os.geteuid() if record.uid is None else record.uid
                 leftovers[tracked.pod_id] = (uid, record.cgroup)
@@ -416,20 +372,17 @@ class RayProvider(Provider):
             self._head.stop()
 
     def _stop_all_pods(self, grace_s: float = 5.0) -> None:
-        with self._lock:
+        with self.lock:
             live = [p for p in self._pods.values() if not p.released]
-        refs = []
-        for tracked in live:
-            with contextlib.suppress(ray.exceptions.RayError):
-                tracked.actor.stop.remote(grace_s)
-                refs.append(tracked.actor.status.remote())
-        deadline = time.monotonic() + grace_s + 5.0
-        for tracked, ref in zip(live, refs, strict=False):
-            with contextlib.suppress(ray.exceptions.RayError, TimeoutError):
-                while time.monotonic() < deadline:
-                    if ray.get(ref, timeout=max(0.1, deadline - time.monotonic())).phase.is_final:
-                        break
-                    ref = tracked.actor.status.remote()
-                    time.sleep(0.1)
-            with contextlib.suppress(ray.exceptions.RayError):
-                ray.kill(tracked.actor, no_restart=True)
+        for kind, carrier in self._carriers.items():
+            mine = [p for p in live if p.carrier is kind]
+            if mine:
+                carrier.stop_all(mine, grace_s)
+
+
+def _carrier_kind(name: str) -> PodCarrier:
+    try:
+        return PodCarrier(name)
+    except ValueError:
+        raise InvalidInput(f"Unknown Ray pod carrier {name!r}; choose one of "
+                           f"{', '.join(c.value for c in PodCarrier)}.") from None

@@ -63,3 +63,5 @@ def ensure_token(path: Path) -> Path:
 def ray_env(token_path: Path) -> dict[str, str]:
     """The variables every gpupool Ray process (and the server's Ray driver) runs with."""
     return {**RAY_PROCESS_ENV, "RAY_AUTH_TOKEN_PATH": str(token_path)}
+POD_CARRIER_ENV = "GPUPOOL_RAY_POD_CARRIER"
+"""The pod carrier a RayProvider uses when none is given: group (default) or actor."""
