@@ -146,3 +146,18 @@ def test_without_a_fabric_gangs_are_placed_as_by_fgd_strand(spec: str | None) ->
 
 def test_unconstrained_spec_text_is_none() -> None:
     assert str(UNCONSTRAINED) == "none"
+
+
+@pytest.mark.parametrize("placement", ["first-fit", "network-aware"])
+def test_a_gang_cut_off_by_failed_links_waits_for_the_repair(placement: str) -> None:
+    """Failed links are repaired: a gang they cut off waits (not final) and starts once they are up."""
+    fabric = two_level()
+    view = view_on(fabric=fabric)  # 8 free nodes; the gang needs every one of them
+    assert view.topology is not None
+    for key in uplinks(fabric, "leaf-0"):
+        view.topology.set_link(key, healthy=False)
+    (waiting,) = run(view, [gang(8, 8, wid="all", spec="none")], placement=placement).rejected
+    assert not waiting.final and waiting.reason is not Reason.NEVER_FITS
+    for key in uplinks(fabric, "leaf-0"):
+        view.topology.set_link(key, healthy=True)
+    assert len(nodes_of(run(view, [gang(8, 8, wid="all", spec="none")], placement=placement), "all")) == 8

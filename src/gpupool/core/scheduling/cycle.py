@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import random
 from collections.abc import Mapping, Sequence
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 from enum import StrEnum
 from functools import partial
@@ -589,7 +590,8 @@ class _Cycle:
             if self.empty_state is None:  # one empty pool per cycle, given back after each trial
                 self.empty_state = clone_state(view.state, empty=True)
             empty = self.empty_state
-            result = place_gang(w, empty, view.policy_for_empty() or self.policy, random.Random(0))
+            with view.topology.as_built() if view.topology is not None else nullcontext():
+                result = place_gang(w, empty, view.policy_for_empty() or self.policy, random.Random(0))
             if not isinstance(result, NoFit):
                 release_gang(result, empty)
             view.never_fits_cache[shape] = (

@@ -43,7 +43,8 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -330,13 +331,27 @@ class FabricView:
         self._recompute_avail(sizes)
 
     def _recompute_avail(self, sizes: Sequence[int]) -> None:
-        per_link = self._link_avail(np.arange(len(self.cap_gbps)))
-        self.avail = []
+        self.avail = self._pools(self._link_avail(np.arange(len(self.cap_gbps))), sizes)
+
+    def _pools(self, per_link: np.ndarray, sizes: Sequence[int]) -> list[np.ndarray]:
+        pools = []
         for kind, n in enumerate(sizes):
             sel = self.owner_kind == kind
             pool = np.bincount(self.owner_id[sel], weights=per_link[sel], minlength=n)[:n]
             has = np.bincount(self.owner_id[sel], minlength=n)[:n] > 0
-            self.avail.append(np.where(has, pool, np.inf if kind == SPINE_UP else 0.0))
+            pools.append(np.where(has, pool, np.inf if kind == SPINE_UP else 0.0))
+        return pools
+
+    @contextmanager
+    def as_built(self) -> Iterator[None]:
+        """While open, every link is up, unloaded and unpenalised: what "could this gang ever fit the
+        pool" asks, since failed links are repaired and load passes."""
+        saved = self.avail
+        self.avail = self._pools(np.asarray(self.cap_gbps, dtype=float), [len(f) for f in self.flows])
+        try:
+            yield
+        finally:
+            self.avail = saved
 
     def _link_avail(self, k: np.ndarray) -> np.ndarray:
         factor = np.where(self.penalised[k], self.health.penalty_factor, 1.0)
