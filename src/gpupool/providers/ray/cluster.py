@@ -202,12 +202,17 @@ def start_worker(address: str, token_path: Path, *, resources: Mapping[str, floa
                  object_store_bytes: int | None = None, extra_env: Mapping[str, str] | None = None,
                  wait: bool = True) -> RayProcess:
     """A Ray worker node joined to `address` that advertises no Ray GPUs, the given custom
-    resources (gpupool's slices) and labels (the gpupool node name)."""
+    resources (gpupool's slices) and labels (the gpupool node name). Started by worker_node.py,
+    which does what `ray start --block` does without loading Ray's command line."""
     temp_dir = short_temp_dir()
     ip = node_ip or _route_ip(address)
-    argv = [*_ray_cli(), "start", f"--address={address}", f"--resources={json.dumps(dict(resources))}",
-            f"--labels={','.join(f'{k}={v}' for k, v in labels.items())}",
-            *_common_args(temp_dir, ip, num_cpus if num_cpus is not None else os.cpu_count() or 1)]
+    ports = {"dashboard_agent_listen_port": free_port(), "metrics_agent_port": free_port(),
+             "metrics_export_port": free_port(), "runtime_env_agent_port": free_port()}
+    argv = [sys.executable, "-m", "gpupool.providers.ray.worker_node", f"--address={address}",
+            f"--temp-dir={temp_dir}", f"--resources={json.dumps(dict(resources))}",
+            f"--labels={json.dumps(dict(labels))}", f"--node-ip-address={ip}",
+            f"--num-cpus={num_cpus if num_cpus is not None else os.cpu_count() or 1}",
+            f"--ports={json.dumps(ports)}"]
     if object_store_bytes:
         argv.append(f"--object-store-memory={object_store_bytes}")
     worker = RayProcess(argv, {**os.environ, **ray_env(token_path), **(extra_env or {})}, temp_dir,
