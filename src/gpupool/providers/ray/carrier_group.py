@@ -37,6 +37,9 @@ from gpupool.providers.ray.pods import PodCarrier, TrackedPod
 from gpupool.providers.ray.resources import pod_bundle
 
 CALL_TIMEOUT_S = 10.0
+YOUNG_S = 1.0
+"""A node with a pod launched this recently is asked again as soon as its last answer is back (a
+short pod's end is seen within milliseconds); others once per poll interval."""
 
 
 class GroupCarrier(Carrier):
@@ -48,7 +51,7 @@ class GroupCarrier(Carrier):
         """node -> (its agent's statuses() call in flight, the pods asked about)."""
         self._asked_s: dict[str, float] = {}
         """node -> when its agent was last asked (each node at most once per poll interval, unless a
-        pod of it just started)."""
+        pod of it is young)."""
         self._unplaced: list[Any] = []
         """The readiness refs of the groups not placed yet at the last step."""
 
@@ -105,7 +108,8 @@ class GroupCarrier(Carrier):
             elif tracked.placed and not tracked.status.phase.is_final:
                 by_node[tracked.node].append(tracked)
         for node, pods in by_node.items():
-            due = node in started or now_s - self._asked_s.get(node, 0.0) >= self.host.poll_interval_s
+            due = node in started or now_s - self._asked_s.get(node, 0.0) >= self.host.poll_interval_s \
+                or any(now_s - p.created_s < YOUNG_S for p in pods)
             if node not in self._asking and due:
                 self._asked_s[node] = now_s
                 with contextlib.suppress(Exception):
