@@ -14,7 +14,7 @@ from collections.abc import Sequence
 
 from sqlalchemy import or_
 
-from gpupool.core.metering import DAY_S, PodInterval, UsageKey, UsageRow, aggregate
+from gpupool.core.metering import DAY_S, PodInterval, UsageKey, UsageRow, aggregate, totals
 from gpupool.server.auth import Principal
 from gpupool.server.orm import PodRow, WorkloadRow
 from gpupool.server.runtime import Runtime
@@ -63,7 +63,7 @@ def usage(rt: Runtime, who: Principal, *, tenant: str | None, since_s: float | N
     by_day = UsageKey.DAY in keys
     merged, raw_pods = _merge(raw, rolled.rows, set() if by_day else elsewhere)
     ordered = [merged[k] for k in sorted(merged, key=lambda k: tuple(str(part) for part in k))]
-    total = _total([u for u, _ in ordered])
+    total = totals([u for u, _ in ordered])  # its pod count is worked out below
     pods = rolled.total_pods + len(raw_pods - elsewhere)
     return UsageOut(since_s=since, until_s=until, by=[k.value for k in keys], currency=book.currency,
                     rows=[row_out(u, n) for u, n in ordered], total=row_out(total, pods))
@@ -99,14 +99,3 @@ def _merge(raw: Sequence[UsageRow], rolled: Merged, elsewhere: set[str]) -> tupl
         into.priced = into.priced and row.priced
         merged[key] = (into, count + extra)
     return merged, every
-
-
-def _total(rows: Sequence[UsageRow]) -> UsageRow:
-    total = UsageRow({}, simulated=any(r.simulated for r in rows))
-    for row in rows:
-        total.compute_milli_s += row.compute_milli_s
-        total.memory_mib_s += row.memory_mib_s
-        total.cost += row.cost
-        total.dedicated_cost += row.dedicated_cost
-        total.priced = total.priced and row.priced
-    return total
