@@ -175,13 +175,20 @@ def _common_args(temp_dir: Path, node_ip: str | None, num_cpus: int) -> list[str
             *_agent_ports(), "--include-log-monitor=false", "--block"]
 
 
+def agent_ports() -> dict[str, int]:
+    """A free port for each of the node's Ray agents, so nodes on one machine never share Ray's
+    defaults. (The raylet still registers only once its dashboard agent, a Python process with
+    heavy imports, reports up: at most 15 s, Ray's own limit, which a machine loaded enough misses.)"""
+    return {"dashboard_agent_listen_port": free_port(), "metrics_agent_port": free_port(),
+            "metrics_export_port": free_port(), "runtime_env_agent_port": free_port()}
+
+
 def _agent_ports() -> list[str]:
-    """Every agent port given: with one left at 0 the raylet waits for the agent to write the port
-    it chose into a file before it registers, so the node is not schedulable until the dashboard
-    agent (a Python process with heavy imports) is up; on a loaded machine the raylet even gives up
-    after its own timeout. Given ports, it registers at once and the agents come up beside it."""
-    return [f"--dashboard-agent-listen-port={free_port()}", f"--dashboard-agent-grpc-port={free_port()}",
-            f"--metrics-export-port={free_port()}", f"--runtime-env-agent-port={free_port()}"]
+    ports = agent_ports()
+    return [f"--dashboard-agent-listen-port={ports['dashboard_agent_listen_port']}",
+            f"--dashboard-agent-grpc-port={ports['metrics_agent_port']}",
+            f"--metrics-export-port={ports['metrics_export_port']}",
+            f"--runtime-env-agent-port={ports['runtime_env_agent_port']}"]
 
 
 def start_head(token_path: Path, *, node_ip: str | None = None, port: int = 0,
@@ -206,8 +213,7 @@ def start_worker(address: str, token_path: Path, *, resources: Mapping[str, floa
     which does what `ray start --block` does without loading Ray's command line."""
     temp_dir = short_temp_dir()
     ip = node_ip or _route_ip(address)
-    ports = {"dashboard_agent_listen_port": free_port(), "metrics_agent_port": free_port(),
-             "metrics_export_port": free_port(), "runtime_env_agent_port": free_port()}
+    ports = agent_ports()
     argv = [sys.executable, "-m", "gpupool.providers.ray.worker_node", f"--address={address}",
             f"--temp-dir={temp_dir}", f"--resources={json.dumps(dict(resources))}",
             f"--labels={json.dumps(dict(labels))}", f"--node-ip-address={ip}",

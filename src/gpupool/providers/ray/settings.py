@@ -2,7 +2,7 @@
 
 Every Ray process gpupool starts (head, worker nodes, the server's driver) runs with:
 - RAY_AUTH_MODE=token and RAY_AUTH_TOKEN_PATH: the cluster's token, kept 0600 in the data dir;
-- RAY_memory_monitor_refresh_ms=0: Ray's memory monitor would kill a pod's actor (and so the pod)
+- RAY_memory_monitor_refresh_ms=0: Ray's memory monitor would kill a node agent or pod actor (and so pods)
   when the machine runs low on memory, and report it only in Ray's logs; gpupool enforces host
   memory itself (cgroup or RLIMIT), so the monitor is off;
 - RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES=1: Ray must not set CUDA_VISIBLE_DEVICES for the
