@@ -92,3 +92,34 @@ def test_temp_dirs_are_short_and_those_of_dead_processes_are_removed(tmp_path: P
         assert len(socket_path) < 107
     finally:
         real.rmdir()
+
+
+def test_a_head_dies_with_the_process_that_started_it(tmp_path: Path) -> None:
+    """A server killed with -9 leaves no Ray cluster running: its head notices and stops."""
+    import signal
+    import time
+
+    script = (
+        "import sys, time\n"
+        "from pathlib import Path\n"
+        "from gpupool.providers.ray.cluster import start_head\n"
+        "from gpupool.providers.ray.settings import ensure_token\n"
+        f"head = start_head(ensure_token(Path({str(tmp_path / 'ray-token')!r})))\n"
+        "print(head.pid, head.temp_dir, flush=True)\n"
+        "time.sleep(600)\n"
+    )
+    starter = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
+    try:
+        assert starter.stdout is not None
+        pid_text, temp_dir = starter.stdout.readline().split()
+        head_pid = int(pid_text)
+        assert Path(f"/proc/{head_pid}").exists()
+    finally:
+        starter.send_signal(signal.SIGKILL)
+        starter.wait()
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and (
+            Path(f"/proc/{head_pid}").exists() or cluster._used_by_a_process([Path(temp_dir)])):
+        time.sleep(0.5)
+    assert not Path(f"/proc/{head_pid}").exists(), "the head outlived the process that started it"
+    assert not cluster._used_by_a_process([Path(temp_dir)]), "a Ray process of the head is still running"

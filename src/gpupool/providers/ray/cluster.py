@@ -91,8 +91,22 @@ def short_temp_dir(root: Path = TEMP_ROOT) -> Path:
     return path
 
 
+_WATCHED_CLI = """\
+import os, signal, threading, time
+def _watch(parent):
+    while os.getppid() == parent:
+        time.sleep(1)
+    os.kill(os.getpid(), signal.SIGTERM)  # ray start --block stops every process it started
+threading.Thread(target=_watch, args=({parent},), daemon=True).start()
+from ray.scripts.scripts import main
+main()
+"""
+
+
 def _ray_cli() -> list[str]:
-    return [sys.executable, "-c", "from ray.scripts.scripts import main; main()"]
+    """Ray's command line, in a process that stops (and stops its node) once the process that
+    started it is gone: a server killed with -9 leaves no Ray cluster behind."""
+    return [sys.executable, "-c", _WATCHED_CLI.format(parent=os.getpid())]
 
 
 class RayProcess:
@@ -218,7 +232,7 @@ def start_worker(address: str, token_path: Path, *, resources: Mapping[str, floa
             f"--temp-dir={temp_dir}", f"--resources={json.dumps(dict(resources))}",
             f"--labels={json.dumps(dict(labels))}", f"--node-ip-address={ip}",
             f"--num-cpus={num_cpus if num_cpus is not None else os.cpu_count() or 1}",
-            f"--ports={json.dumps(ports)}"]
+            f"--ports={json.dumps(ports)}", f"--parent-pid={os.getpid()}"]
     if object_store_bytes:
         argv.append(f"--object-store-memory={object_store_bytes}")
     worker = RayProcess(argv, {**os.environ, **ray_env(token_path), **(extra_env or {})}, temp_dir,

@@ -33,6 +33,8 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--object-store-memory", type=int, default=None)
     parser.add_argument("--ports", default="{}", help="dashboard_agent_listen_port, metrics_agent_port, "
                                                      "metrics_export_port, runtime_env_agent_port")
+    parser.add_argument("--parent-pid", type=int, default=0,
+                        help="Stop the node once this process (the one that started it) is gone.")
     return parser.parse_args(argv)
 
 
@@ -70,6 +72,10 @@ def main(argv: list[str] | None = None) -> None:
             print(f"Ray processes exited: {failed}", flush=True)
             node.kill_all_processes(check_alive=False, allow_graceful=False)
             os._exit(1)
+        if args.parent_pid and os.getppid() != args.parent_pid:
+            print("The process that started this node is gone; stopping.", flush=True)
+            node.kill_all_processes(check_alive=False, allow_graceful=True)
+            os._exit(0)
 
 
 if __name__ == "__main__":
