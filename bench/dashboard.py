@@ -47,7 +47,8 @@ ROUTES = {
     "GET /nodes": ("/nodes", {}),
     "GET /nodes (If-None-Match, unchanged)": ("/nodes", {}),
     "GET /queues": ("/queues", {}),
-    "GET /workloads running (page of 1000)": ("/workloads", {"status": "admitted,running", "limit": 1000}),
+    "GET /workloads running (page of 1000; CLI/SDK, no page uses it)": (
+        "/workloads", {"status": "admitted,running", "limit": 1000}),
     "GET /workloads (table, 50)": ("/workloads", {"limit": 50}),
 }
 
@@ -197,7 +198,8 @@ def main() -> None:
     for name, row in results.items():
         table.add_row(name, f"{row['p50']:.0f}", f"{row['max']:.0f}", targets.get(name, ""))
     for name, row in routes.items():
-        table.add_row(name, f"{row['p50_ms']:.1f} ms", f"{row['p99_ms']:.1f} ms", "p99 < 100 ms")
+        target = "" if "no page uses it" in name else "p99 < 100 ms"
+        table.add_row(name, f"{row['p50_ms']:.1f} ms", f"{row['p99_ms']:.1f} ms", target)
     Console().print(table)
     payload: dict[str, object] = {
         "pool": pool, "workloads": opts.workloads, "counts": counts, "fill_s": round(fill_s, 1),

@@ -64,16 +64,3 @@ export async function getKept(path) {
   else kept.delete(path);
   return data;
 }
-
-/** Every item of a paged workload listing (up to `most`), fetched a page of 1000 at a time. */
-export async function allWorkloads(params, most) {
-  const items = [];
-  let total = 0;
-  for (let offset = 0; offset < most; offset += 1000) {
-    const page = await get("workloads", { ...params, limit: Math.min(1000, most - offset), offset });
-    items.push(...page.items);
-    total = page.total;
-    if (items.length >= total || !page.items.length) break;
-  }
-  return { items, total };
-}
