@@ -105,3 +105,40 @@ def pod_python() -> str:
     from gpupool.agent.identity import BASE_PATH
 
     return shutil.which("python3", path=BASE_PATH) or sys.executable
+
+
+ALL_REDUCE = """
+import os, pathlib, socket, sys, time
+rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+where = (os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]))
+value = rank + 1
+if rank == 0:
+    server = socket.create_server(where)
+    server.settimeout(60)
+    peers = [server.accept()[0] for _ in range(world - 1)]
+    total = value + sum(int(peer.makefile().readline()) for peer in peers)
+    for peer in peers:
+        peer.sendall(f"{total}\\n".encode())
+    meet = pathlib.Path(sys.argv[1]) if len(sys.argv) > 1 else None
+    if meet is not None:  # hold the port until every gang's rank 0 holds its own
+        (meet / os.environ["MASTER_PORT"]).touch()
+        deadline = time.monotonic() + 60
+        while len(list(meet.iterdir())) < int(sys.argv[2]) and time.monotonic() < deadline:
+            time.sleep(0.05)
+else:
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            peer = socket.create_connection(where, timeout=60)
+            break
+        except OSError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.05)
+    peer.sendall(f"{value}\\n".encode())
+    total = int(peer.makefile().readline())
+print(f"rank {rank} of {world} on {os.environ['GPUPOOL_NODE']} at port {where[1]}: sum {total}", flush=True)
+"""
+"""A gang's real rendezvous, for `python -c ALL_REDUCE [MEET_DIR N]`: rank 0 listens on MASTER_ADDR:
+MASTER_PORT, every rank sends RANK + 1 over TCP, all print the sum; with MEET_DIR, rank 0 keeps its
+port until N gangs' rank 0 hold theirs (two gangs at once)."""

@@ -18,6 +18,7 @@ import pytest
 
 pytest.importorskip("ray", reason="the ray provider needs Ray (pip install 'gpupool[ray]')")
 
+from factories import ALL_REDUCE
 from gpupool.client import Client
 from gpupool.config import parse_config
 from gpupool.providers.ray import RayProvider
@@ -32,38 +33,6 @@ priority_classes:
   - {name: high, value: 1000}
 """
 GPU_VARS = ("CUDA_VISIBLE_DEVICES", "NVIDIA_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES")
-ALL_REDUCE = """
-import os, pathlib, socket, sys, time
-rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
-where = (os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]))
-value = rank + 1
-if rank == 0:
-    server = socket.create_server(where)
-    server.settimeout(60)
-    peers = [server.accept()[0] for _ in range(world - 1)]
-    total = value + sum(int(peer.makefile().readline()) for peer in peers)
-    for peer in peers:
-        peer.sendall(f"{total}\\n".encode())
-    meet = pathlib.Path(sys.argv[1]) if len(sys.argv) > 1 else None
-    if meet is not None:  # hold the port until every gang's rank 0 holds its own
-        (meet / os.environ["MASTER_PORT"]).touch()
-        deadline = time.monotonic() + 60
-        while len(list(meet.iterdir())) < int(sys.argv[2]) and time.monotonic() < deadline:
-            time.sleep(0.05)
-else:
-    deadline = time.monotonic() + 60
-    while True:
-        try:
-            peer = socket.create_connection(where, timeout=60)
-            break
-        except OSError:
-            if time.monotonic() > deadline:
-                raise
-            time.sleep(0.05)
-    peer.sendall(f"{value}\\n".encode())
-    total = int(peer.makefile().readline())
-print(f"rank {rank} of {world} on {os.environ['GPUPOOL_NODE']} at port {where[1]}: sum {total}", flush=True)
-"""
 
 
 @pytest.fixture(scope="module")

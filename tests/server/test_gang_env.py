@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 from fakes import ManualProvider
 
-from factories import pod_python
+from factories import ALL_REDUCE, pod_python
 from gpupool.config import parse_config
 from gpupool.core.model import Device, IbPort, Node
 from gpupool.errors import InvalidInput
@@ -153,32 +153,6 @@ def test_rendezvous_is_the_servers_to_set(pool: Pool) -> None:
         pool.submit(2, 1, rendezvous=[{"attempt": 1, "node": "n0", "addr": "x", "port": 1}])
 
 
-ALL_REDUCE = """
-import os, socket, time
-rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
-where = (os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]))
-value = rank + 1
-if rank == 0:
-    server = socket.create_server(where)
-    server.settimeout(60)
-    peers = [server.accept()[0] for _ in range(world - 1)]
-    total = value + sum(int(peer.makefile().readline()) for peer in peers)
-    for peer in peers:
-        peer.sendall(f"{total}\\n".encode())
-else:
-    deadline = time.monotonic() + 60
-    while True:
-        try:
-            peer = socket.create_connection(where, timeout=60)
-            break
-        except OSError:
-            if time.monotonic() > deadline:
-                raise
-            time.sleep(0.05)
-    peer.sendall(f"{value}\\n".encode())
-    total = int(peer.makefile().readline())
-print(f"rank {rank} of {world} on {os.environ['GPUPOOL_NODE']}: sum {total}", flush=True)
-"""
 
 
 def test_a_gang_across_two_nodes_meets_and_all_reduces(tmp_path: Path) -> None:
@@ -198,7 +172,8 @@ def test_a_gang_across_two_nodes_meets_and_all_reduces(tmp_path: Path) -> None:
         logs = [provider.read_log(pod_id).text for pod_id in pods]
         assert _status(pool, gang) == "succeeded", logs
         nodes = sorted(n.name for n in provider.nodes())
-        assert logs == [f"rank 0 of 2 on {nodes[0]}: sum 3\n", f"rank 1 of 2 on {nodes[1]}: sum 3\n"]
+        port = int(logs[0].split(" at port ")[1].split(":")[0])
+        assert logs == [f"rank {r} of 2 on {nodes[r]} at port {port}: sum 3\n" for r in range(2)]
     finally:
         provider.close(stop_pods=True)
         pool.rt.store.close()
