@@ -82,6 +82,18 @@ class Carrier(ABC):
         if tracked.died_at_s is None:
             tracked.died_at_s, tracked.died_reason = now_s, reason
 
+    def finish_unplaced(self, tracked: TrackedPod, carrier_word: str) -> None:
+        """Ray found no place for the pod's carrier within the host's timeout: STOPPED when a stop
+        came first, else FAILED saying why."""
+        with self.host.lock:
+            if tracked.stop_grace_s is not None:
+                tracked.finish(PodPhase.STOPPED, "stopped before Ray could place it")
+            else:
+                tracked.finish(PodPhase.FAILED,
+                               f"Ray could not place the pod's {carrier_word} on node {tracked.node} within "
+                               f"{self.host.placement_timeout_s:.0f} s (the node lacks the slice's free "
+                               "resources or does not answer)")
+
     def lost_after_grace(self, tracked: TrackedPod, now_s: float) -> bool:
         """Report the pod lost once its calls have failed for the grace; True when it did."""
         if tracked.died_at_s is None or now_s - tracked.died_at_s < self.host.actor_lost_grace_s:

@@ -104,14 +104,8 @@ class ActorCarrier(Carrier):
     def _unplaceable(self, tracked: TrackedPod) -> bool:
         with contextlib.suppress(ray.exceptions.RayError):
             ray.kill(tracked.actor, no_restart=True)
+        self.finish_unplaced(tracked, "actor")
         with self.host.lock:
-            if tracked.stop_grace_s is not None:
-                tracked.finish(PodPhase.STOPPED, "stopped before Ray could place it")
-            else:
-                tracked.finish(PodPhase.FAILED,
-                               f"Ray could not place the pod's actor on node {tracked.node} within "
-                               f"{self.host.placement_timeout_s:.0f} s (the node lacks the slice's free "
-                               "resources or does not answer)")
             tracked.released = True
         return True
 

@@ -148,14 +148,7 @@ class GroupCarrier(Carrier):
         return False
 
     def _unplaceable(self, tracked: TrackedPod) -> bool:
-        with self.host.lock:
-            if tracked.stop_grace_s is not None:
-                tracked.finish(PodPhase.STOPPED, "stopped before Ray could place it")
-            else:
-                tracked.finish(PodPhase.FAILED,
-                               f"Ray could not place the pod's placement group on node {tracked.node} within "
-                               f"{self.host.placement_timeout_s:.0f} s (the node lacks the slice's free "
-                               "resources or does not answer)")
+        self.finish_unplaced(tracked, "placement group")
         self.release(tracked)
         return True
 
