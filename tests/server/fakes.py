@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+import time
 
 from gpupool.core.model import Node
 from gpupool.errors import ProviderError
@@ -48,6 +49,18 @@ class ManualProvider(Provider):
     def running(self) -> list[str]:
         with self._lock:
             return sorted(p for p, s in self.status.items() if s.phase is PodPhase.RUNNING)
+
+    def finish_the_one_launched(self, wake: threading.Event) -> str:
+        """Wait (waking the server's loop through `wake`) until one pod runs, finish it with exit code
+        0 and return its id; fails unless exactly one runs."""
+        for _ in range(2000):
+            if self.running():
+                break
+            wake.set()
+            time.sleep(0.01)
+        [pod_id] = self.running()
+        self.finish(pod_id)
+        return pod_id
 
     def stop(self, pod_id: str, grace_s: float = 10.0) -> None:
         with self._lock:

@@ -6,7 +6,6 @@ from __future__ import annotations
 import csv
 import io
 import json
-import time
 from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
@@ -144,13 +143,7 @@ def test_a_pod_the_loop_runs_is_metered_from_its_start(srv: LiveServer) -> None:
     assert isinstance(provider, ManualProvider)
     with Client(srv.url, srv.admin_token) as pool:
         wid = pool.submit({"command": ["true"], "tenant": "team-a", "resources": {"gpus": 0.5}})
-        for _ in range(2000):
-            if provider.running():
-                break
-            srv.rt.wake.set()
-            time.sleep(0.01)
-        [pod_id] = provider.running()
-        provider.finish(pod_id)
+        pod_id = provider.finish_the_one_launched(srv.rt.wake)
         done = pool.wait(wid, timeout_s=20)
         assert done.status == "succeeded"
         assert done.finished_s is not None

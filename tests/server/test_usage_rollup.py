@@ -5,7 +5,6 @@ times, a price book changed under it); and a pod's usage keeps its device model 
 from __future__ import annotations
 
 import random
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -183,13 +182,7 @@ def test_usage_keeps_its_model_after_the_node_leaves(srv: LiveServer) -> None:
     with Client(srv.url, srv.admin_token) as pool:
         pool.create_tenant("team-a")
         wid = pool.submit({"command": ["true"], "tenant": "team-a", "resources": {"gpus": 0.5}})
-        for _ in range(2000):
-            if provider.running():
-                break
-            srv.rt.wake.set()
-            time.sleep(0.01)
-        [pod_id] = provider.running()
-        provider.finish(pod_id)
+        pod_id = provider.finish_the_one_launched(srv.rt.wake)
         done = pool.wait(wid, timeout_s=20)
         assert done.finished_s is not None
         with srv.rt.store.read() as session:
