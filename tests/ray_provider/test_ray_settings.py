@@ -123,3 +123,11 @@ def test_a_head_dies_with_the_process_that_started_it(tmp_path: Path) -> None:
         time.sleep(0.5)
     assert not Path(f"/proc/{head_pid}").exists(), "the head outlived the process that started it"
     assert not cluster._used_by_a_process([Path(temp_dir)]), "a Ray process of the head is still running"
+
+
+def test_the_ports_of_one_node_are_distinct() -> None:
+    """Ray refuses a node two of whose components share a port; each is chosen while the others
+    are still held."""
+    assert len(set(cluster.free_ports(64))) == 64
+    ports, extra = cluster.agent_ports(extra=3)
+    assert len(set(ports.values()) | set(extra)) == 7

@@ -38,10 +38,14 @@ OBJECT_STORE_BYTES_SIMULATED = 100 * 2**20
 """A simulated node's object store: pods never use it, and a default one reserves 30% of RAM each."""
 
 
-def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket() as sock:
-        sock.bind((host, 0))
-        return int(sock.getsockname()[1])
+def free_ports(count: int, host: str = "127.0.0.1") -> list[int]:
+    """`count` distinct free ports: every socket stays bound until all are chosen, so the kernel
+    cannot hand the same port out twice (Ray refuses a node whose components share one)."""
+    with contextlib.ExitStack() as stack:
+        socks = [stack.enter_context(socket.socket()) for _ in range(count)]
+        for sock in socks:
+            sock.bind((host, 0))
+        return [int(sock.getsockname()[1]) for sock in socks]
 
 
 def _pid_alive(pid: int) -> bool:
@@ -182,23 +186,27 @@ def _group_alive(pgid: int) -> bool:
     return True
 
 
-def _common_args(temp_dir: Path, node_ip: str | None, num_cpus: int) -> list[str]:
+def _common_args(temp_dir: Path, node_ip: str | None, num_cpus: int, ports: Mapping[str, int]) -> list[str]:
     ip = [f"--node-ip-address={node_ip}"] if node_ip else []  # Ray turns a loopback one into this host's
     return [*ip, f"--temp-dir={temp_dir}", f"--num-cpus={num_cpus}",
             "--num-gpus=0", "--disable-usage-stats", "--min-worker-port=0", "--max-worker-port=0",
-            *_agent_ports(), "--include-log-monitor=false", "--block"]
+            *_agent_ports(ports), "--include-log-monitor=false", "--block"]
 
 
-def agent_ports() -> dict[str, int]:
-    """A free port for each of the node's Ray agents, so nodes on one machine never share Ray's
-    defaults. (The raylet still registers only once its dashboard agent, a Python process with
-    heavy imports, reports up: at most 15 s, Ray's own limit, which a machine loaded enough misses.)"""
-    return {"dashboard_agent_listen_port": free_port(), "metrics_agent_port": free_port(),
-            "metrics_export_port": free_port(), "runtime_env_agent_port": free_port()}
+AGENT_PORTS = ("dashboard_agent_listen_port", "metrics_agent_port", "metrics_export_port",
+               "runtime_env_agent_port")
 
 
-def _agent_ports() -> list[str]:
-    ports = agent_ports()
+def agent_ports(extra: int = 0) -> tuple[dict[str, int], list[int]]:
+    """A distinct free port for each of the node's Ray agents, so nodes on one machine never share
+    Ray's defaults, and `extra` more, distinct from them, for the caller. (The raylet still registers
+    only once its dashboard agent, a Python process with heavy imports, reports up: at most 15 s,
+    Ray's own limit, which a machine loaded enough misses.)"""
+    ports = free_ports(len(AGENT_PORTS) + extra)
+    return dict(zip(AGENT_PORTS, ports, strict=False)), ports[len(AGENT_PORTS):]
+
+
+def _agent_ports(ports: Mapping[str, int]) -> list[str]:
     return [f"--dashboard-agent-listen-port={ports['dashboard_agent_listen_port']}",
             f"--dashboard-agent-grpc-port={ports['metrics_agent_port']}",
             f"--metrics-export-port={ports['metrics_export_port']}",
@@ -209,9 +217,10 @@ def start_head(token_path: Path, *, node_ip: str | None = None, port: int = 0,
                extra_env: Mapping[str, str] | None = None, wait: bool = True) -> RayProcess:
     """A Ray head (GCS) for the pool, with token auth; it runs no pods (no gpupool label)."""
     temp_dir = short_temp_dir()
-    argv = [*_ray_cli(), "start", "--head", f"--port={port or free_port()}",
-            f"--ray-client-server-port={free_port()}", f"--dashboard-port={free_port()}",
-            "--include-dashboard=false", *_common_args(temp_dir, node_ip, 0)]
+    ports, (gcs, client, dashboard) = agent_ports(extra=3)
+    argv = [*_ray_cli(), "start", "--head", f"--port={port or gcs}",
+            f"--ray-client-server-port={client}", f"--dashboard-port={dashboard}",
+            "--include-dashboard=false", *_common_args(temp_dir, node_ip, 0, ports)]
     head = RayProcess(argv, {**os.environ, **ray_env(token_path), **(extra_env or {})}, temp_dir, head=True)
     if wait:
         head.wait_started()
@@ -227,7 +236,7 @@ def start_worker(address: str, token_path: Path, *, resources: Mapping[str, floa
     which does what `ray start --block` does without loading Ray's command line."""
     temp_dir = short_temp_dir()
     ip = node_ip or _route_ip(address)
-    ports = agent_ports()
+    ports, _ = agent_ports()
     argv = [sys.executable, "-m", "gpupool.providers.ray.worker_node", f"--address={address}",
             f"--temp-dir={temp_dir}", f"--resources={json.dumps(dict(resources))}",
             f"--labels={json.dumps(dict(labels))}", f"--node-ip-address={ip}",
