@@ -223,16 +223,43 @@ def worker_python() -> tuple[str, str]:
     interpreter GPUPOOL_WORKER_PYTHON names, with those paths."""
     import cloudpickle
 
-    paths = os.pathsep.join(dict.fromkeys(
+    roots = list(dict.fromkeys(
         os.path.dirname(os.path.dirname(os.path.abspath(str(module.__file__))))
         for module in (sys.modules["gpupool"], cloudpickle)))
+    paths = os.pathsep.join(roots)
     explicit = os.environ.get(WORKER_PYTHON_ENV, "").strip()
     if explicit:
         return explicit, paths
     if os.geteuid() != 0 or _others_can_run(sys.executable):
         return sys.executable, ""
     system = shutil.which(f"python{POOL_PYTHON}", path=BASE_PATH)
-    return (system, paths) if system else (sys.executable, "")
+    if not system:
+        return sys.executable, ""
+    return system, paths if all(_others_can_run(root) for root in roots) else _staged_worker()
+
+
+def _staged_worker() -> str:
+    """A copy of all the worker imports (gpupool's two package stubs, its module, and cloudpickle) in
+    a fresh directory every account may read but only this one write, for when this server's import
+    paths sit below a directory only its owner can enter (a checkout in a private directory). Removed
+    when the server exits."""
+    import atexit
+    import tempfile
+    from pathlib import Path
+
+    import cloudpickle
+
+    root = Path(tempfile.mkdtemp(prefix="gpupool-worker-"))
+    atexit.register(shutil.rmtree, root, True)
+    package = Path(str(sys.modules["gpupool"].__file__)).parent
+    for part in ("__init__.py", "remote/__init__.py", "remote/worker.py"):  # WORKER_MODULE and its parents
+        (root / "gpupool" / part).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(package / part, root / "gpupool" / part)
+    shutil.copytree(Path(str(cloudpickle.__file__)).parent, root / "cloudpickle",
+                    ignore=shutil.ignore_patterns("__pycache__"))
+    for path in (root, *root.rglob("*")):
+        path.chmod(0o755 if path.is_dir() else 0o644)
+    return str(root)
 
 
 def _workload_spec(body: SessionCreate) -> WorkloadSpec:
