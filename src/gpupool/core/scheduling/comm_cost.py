@@ -13,6 +13,14 @@ API:
     lose because one more gang shares them.
   - `packed_slowdown(view, nodes)`: the slowdown the same nodes' access links alone would give (the
     gang inside one leaf): what spreading is compared with.
+  - `ratio(ref_gbps)` / `for_ratio(ratio, ref_gbps)`: a job's communication ratio, T_net / T_comp of
+    its step on a packed large ring at `ref_gbps` (the bandwidth term, 2 x message / bandwidth, over
+    the compute time), and the same model with the compute step set so that its ratio is `ratio`
+    (one job's own estimate; the model itself is the assumption for a job whose ratio is unknown).
+  - `for_job(ratio, view)`: `for_ratio` at the view's reference bandwidth (`FabricView.ref_gbps`)
+    when the job's ratio is known, else the model itself.
+  - `ratio_from_labels(labels)`: the ratio a user stated in the label `gpupool.io/comm-ratio`
+    (a positive float; anything else: None).
 
 `run_s` is the scheduler's own estimate of the remaining run time (user's or history's); never the
 job's real duration.
@@ -21,14 +29,32 @@ job's real duration.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, replace
 
 import numpy as np
 
 from gpupool.core.fabric.collective import DEFAULT_BASE_ALPHA_S, ring_allreduce_s
 from gpupool.core.fabric.model import DEFAULT_CABLE_LATENCY_NS, DEFAULT_SWITCH_LATENCY_NS
 from gpupool.core.scheduling.topology import ACCESS, FabricView
+
+COMM_RATIO_LABEL = "gpupool.io/comm-ratio"
+"""The label in which a workload states its communication ratio (see `CommModel.ratio`)."""
+
+DEFAULT_REF_GBPS = 200.0
+"""The reference bandwidth a ratio is stated at when the view knows no link rates."""
+
+
+def ratio_from_labels(labels: Mapping[str, str]) -> float | None:
+    """The ratio in `COMM_RATIO_LABEL`: a finite float >= 0, else None (unknown)."""
+    text = labels.get(COMM_RATIO_LABEL)
+    if text is None:
+        return None
+    try:
+        value = float(text)
+    except ValueError:
+        return None
+    return value if math.isfinite(value) and value >= 0 else None
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,7 +77,27 @@ class CommModel:
         return ring_allreduce_s(ranks, self.message_mb * 1e6, alpha, 8.0 / (gbps * 1e9))
 
     def slowdown(self, ranks: int, gbps: float, hops: int) -> float:
+        if math.isinf(self.step_compute_s):  # a job that does not communicate (ratio 0)
+            return 0.0
         return self.step_net_s(ranks, gbps, hops) / self.step_compute_s
+
+    def ratio(self, ref_gbps: float) -> float:
+        """T_net / T_comp of a step on a packed large ring at `ref_gbps` (bandwidth term only)."""
+        return _bandwidth_term_s(self.message_mb, ref_gbps) / self.step_compute_s
+
+    def for_ratio(self, ratio: float, ref_gbps: float) -> CommModel:
+        """The same model for a job whose `ratio` at `ref_gbps` is known: only its compute step
+        changes, so every slowdown scales by ratio / self.ratio(ref_gbps)."""
+        if not ratio > 0:
+            return replace(self, step_compute_s=math.inf)
+        return replace(self, step_compute_s=_bandwidth_term_s(self.message_mb, ref_gbps) / ratio)
+
+    def for_job(self, ratio: float | None, view: FabricView) -> CommModel:
+        """`for_ratio` at the view's reference bandwidth when the job's ratio is known; else this
+        model, the uniform assumption (the scheduler knows hop counts only)."""
+        if ratio is None:
+            return self
+        return self.for_ratio(ratio, view.ref_gbps if view.ref_gbps > 0 else DEFAULT_REF_GBPS)
 
     def loss_gpu_s(self, view: FabricView, nodes: Sequence[int], gpus: float, run_s: float) -> float:
         distinct = sorted(set(nodes))
@@ -60,7 +106,7 @@ class CommModel:
         if not view.reachable(distinct):
             return math.inf
         lost = self.slowdown(len(distinct), view.share_gbps(distinct), view.max_hops(distinct))
-        return gpus * run_s * lost
+        return gpus * run_s * lost if lost > 0 else 0.0  # nothing lost, however long it runs
 
     def others_gpu_s(self, view: FabricView, nodes: Sequence[int]) -> float:
         total = 0.0
@@ -79,3 +125,8 @@ class CommModel:
         at = np.asarray(distinct, dtype=np.int64)
         share = view.avail[ACCESS][at] / (view.flows[ACCESS][at] + 1)
         return self.slowdown(len(distinct), float(share.min()), 2)
+
+
+def _bandwidth_term_s(message_mb: float, gbps: float) -> float:
+    """A large ring all-reduce's bandwidth term: twice the message over the bandwidth."""
+    return 2.0 * message_mb * 1e6 * 8.0 / (gbps * 1e9)

@@ -5,7 +5,9 @@ API: `wait_for_domain(workload, gang, view, max_wait_s, policy, now_s, rng) -> L
 A gang whose constraint prefers a tier (preferred=leaf by default) and that the policy could only
 place wider (its pods over several leaves, or spine groups) waits only while
   - the expected loss from spreading (its estimated remaining run time x the extra slowdown of the
-    spread placement over the same nodes' own links, from `comm_cost.CommModel`) exceeds
+    spread placement over the same nodes' own links, from the policy's `comm_cost.CommModel` scaled
+    to the job's own communication ratio when `TopologyContext.comm_ratio` knows it, else the
+    policy's one assumption: a light job spreads where a heavy one waits) exceeds
   - the expected wait for a domain of the preferred tier (the earliest estimated end of running
     work after which the gang fits one, found as backfill finds a reservation: `backfill.reserve`
     with the gang asking required=<tier>), and
@@ -74,8 +76,9 @@ def wait_for_domain(
     waited = now_s - view.locality_waits.get(workload.id, now_s)
     if waited >= max_wait_s:
         return None
-    comm = getattr(policy, "comm", None)
-    comm = comm if isinstance(comm, CommModel) else CommModel()
+    assumed = getattr(policy, "comm", None)
+    assumed = assumed if isinstance(assumed, CommModel) else CommModel()
+    comm = assumed.for_job(context.comm_ratio(workload), topology)
     estimate = view.remaining_estimate_s(workload)
     run_s = UNKNOWN_RUN_S if estimate is None else estimate
     spread = comm.slowdown(len(nodes), topology.share_gbps(nodes), topology.max_hops(nodes))

@@ -25,8 +25,11 @@ API (node indices are those of the `ClusterState` built from the same node list)
     shared with the gangs already on each link pool), `sharing(nodes)` per pool it would use: the
     bandwidth, the gangs on it and their GPU-seconds at stake; `reachable(nodes)` whether no part
     of it is cut off (a dead pool).
-  - `TopologyContext(view, default, estimate_s)`: what a placement policy is bound to
-    (`PlacementPolicy.bind_topology`); `spec_for(workload)` is the constraint that applies to it.
+  - `TopologyContext(view, default, estimate_s, comm_ratio)`: what a placement policy is bound to
+    (`PlacementPolicy.bind_topology`); `spec_for(workload)` is the constraint that applies to it,
+    `comm_ratio(workload)` the scheduler's estimate of its communication ratio (None: unknown).
+  - `ref_gbps`: the as-built rate of the fastest HCA link, what a packed flow gets on idle links
+    (the bandwidth a job's communication ratio is stated at; 0 when no fabric is known).
 
 Traffic model (documented in docs/network-aware.md): a gang's pods talk in a ring ordered by leaf,
 so a gang on k nodes puts one flow on each of its nodes' access links, one flow on the uplinks of
@@ -212,6 +215,8 @@ class FabricView:
     version: int = 0
     """Bumped on every change of link state or of the gangs on the fabric."""
     fabric_known: bool = True
+    ref_gbps: float = 0.0
+    """The as-built rate of the fastest HCA link (0: no fabric known)."""
 
     # ------------------------------------------------------------------ construction
 
@@ -321,6 +326,7 @@ class FabricView:
         self.clean = np.full(count, self.health.clean_samples, dtype=np.int64)
         self.owner_kind = np.array([k for _, k, _ in rows], dtype=np.int64)
         self.owner_id = np.array([o for _, _, o in rows], dtype=np.int64)
+        self.ref_gbps = float(self.cap_gbps[self.owner_kind == ACCESS].max(initial=0.0))
         for k, (link, _, _) in enumerate(rows):
             self.link_index.setdefault(link.key, k)
             self.port_links.setdefault((link.a, link.a_port), k)
@@ -554,15 +560,23 @@ def _no_estimate(workload: Workload) -> float | None:
     return None
 
 
+def _unknown_ratio(workload: Workload) -> float | None:
+    """Nothing known about the job's communication: the policy's uniform assumption applies."""
+    return None
+
+
 @dataclass(frozen=True, slots=True)
 class TopologyContext:
     """What a placement policy reads about the network (`PlacementPolicy.bind_topology`): the fabric
-    view, the pool's default constraint for multi-pod gangs and the scheduler's runtime estimate
-    (the user's or the history's remaining estimate, never a job's real duration)."""
+    view, the pool's default constraint for multi-pod gangs, the scheduler's runtime estimate
+    (the user's or the history's remaining estimate, never a job's real duration) and its estimate
+    of a job's communication ratio (`comm_cost.CommModel.ratio` at `view.ref_gbps`; None: unknown,
+    the scheduler knows hop counts only; never the replay's truth itself)."""
 
     view: FabricView
     default: TopologySpec | None = None
     estimate_s: Callable[[Workload], float | None] = _no_estimate
+    comm_ratio: Callable[[Workload], float | None] = _unknown_ratio
 
     def spec_for(self, workload: Workload) -> TopologySpec | None:
         """The constraint that applies to `workload` (None: unconstrained)."""

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import bisect
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from itertools import chain
 from operator import attrgetter
@@ -148,6 +148,9 @@ class ClusterView:
     """The pool's topology constraint for multi-pod gangs that name none (the cycle sets it)."""
     locality_waits: dict[str, float] = field(default_factory=dict)
     """Gangs waiting for a domain of their preferred tier: since when (the cycle's wait-or-spread)."""
+    comm_ratio: Callable[[Workload], float | None] | None = None
+    """The scheduler's estimate of a job's communication ratio (`TopologyContext.comm_ratio`; the
+    replay binds each job's estimate); None: the context's default."""
 
     def __post_init__(self) -> None:
         self.workloads = WorkloadCache(self.classes, self.quota.config, self.route)
@@ -282,7 +285,10 @@ class ClusterView:
             return None
         from gpupool.core.scheduling.topology import TopologyContext
 
-        return TopologyContext(self.topology, self.topology_default, self.remaining_estimate_s)
+        if self.comm_ratio is None:
+            return TopologyContext(self.topology, self.topology_default, self.remaining_estimate_s)
+        return TopologyContext(self.topology, self.topology_default, self.remaining_estimate_s,
+                               self.comm_ratio)
 
     def set_topology(self, topology: FabricView | None) -> None:
         """Place by this fabric from now on (None: none known); the gangs running now are put on its

@@ -15,14 +15,18 @@ exactly as by `fgd-strand`. A multi-pod gang, when the view knows a fabric, is p
      frag   = FGD's fragmentation growth of the nodes it touches (devices) x its run time;
      comm   = GPUs x run time x T_net / T_comp (`comm_cost.CommModel`: ring all-reduce on its
               bottleneck bandwidth, shared with the gangs already on those links; penalised links,
-              see `FabricView`'s hysteresis, count at a fraction of their bandwidth);
-     others = the slowdown it adds to the gangs already sharing its link pools.
+              see `FabricView`'s hysteresis, count at a fraction of their bandwidth), scaled to the
+              job's own communication ratio when the bound `TopologyContext.comm_ratio` knows it
+              (`CommModel.for_job`), else the options' one assumption for every gang;
+     others = the slowdown it adds to the gangs already sharing its link pools (their ratios are
+              not known here: the options' assumption).
    The run time is the scheduler's estimate of what is left (user's or history's, via the bound
    `TopologyContext`), else `UNKNOWN_RUN_S`: never the job's real duration.
 3. the cheapest candidate of the narrowest tier that has one wins (ties: the fuller domain); with
    no constraint, the cheapest overall.
 
-Options: `message_mb`, `step_compute_s` (the CommModel), `max_candidates`, and fgd-strand's.
+Options: `message_mb`, `step_compute_s` (the CommModel: the assumption for a job whose ratio is
+unknown), `max_candidates`, and fgd-strand's.
 """
 
 from __future__ import annotations
@@ -72,6 +76,7 @@ class NetworkAware(FgdStrand):
         estimate = context.estimate_s(workload)
         run_s = UNKNOWN_RUN_S if estimate is None else max(estimate, 1.0)
         gpus = workload.total_device_milli / 1000
+        comm = self.comm.for_job(context.comm_ratio(workload), view)
         wired = view.avail[ACCESS] > 0
         model = self._model_for(state, workload.pods[0])
         before = model.frag.copy()
@@ -81,7 +86,7 @@ class NetworkAware(FgdStrand):
                 placed = place_in(workload, state, self, rng, view, spec or UNCONSTRAINED, mask)
                 if isinstance(placed, NoFit):
                     continue
-                cost = self._cost(placed, state, view, before, gpus, run_s)
+                cost = self._cost(placed, state, view, before, gpus, run_s, comm)
                 release_gang(placed, state)
                 if cost < math.inf and (best is None or cost < best[0]):
                     best = (cost, placed.allocs)
@@ -141,15 +146,15 @@ class NetworkAware(FgdStrand):
 
     def _cost(
         self, placed: GangPlacement, state: ClusterState, view: FabricView, before: np.ndarray,
-        gpus: float, run_s: float,
+        gpus: float, run_s: float, comm: CommModel,
     ) -> float:
         nodes = sorted(set(placed.nodes))
         model = self._model_for(state, placed.allocs[0][0])
         model.refresh()
         growth = float((model.frag[nodes] - before[nodes]).sum()) if len(before) == len(model.frag) else 0.0
         frag = max(growth, 0.0) / 1000 * run_s
-        comm = self.comm.loss_gpu_s(view, nodes, gpus, run_s)
-        return frag + comm + self.comm.others_gpu_s(view, nodes)
+        own = comm.loss_gpu_s(view, nodes, gpus, run_s)
+        return frag + own + self.comm.others_gpu_s(view, nodes)
 
     def _no_candidate(
         self, workload: Workload, state: ClusterState, rng: random.Random, spec: TopologySpec | None
