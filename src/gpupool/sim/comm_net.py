@@ -18,11 +18,12 @@ from typing import Any
 import numpy as np
 
 from gpupool.core.fabric.model import Fabric
-from gpupool.core.model import Node
+from gpupool.core.model import Node, Workload
 from gpupool.core.scheduling.topology import ACCESS, LEAF_UP, SPINE_UP, FabricView
 from gpupool.sim.comm import (
     MIB,
     CommModel,
+    EstimateMode,
     JobComm,
     assign_classes,
     class_counts,
@@ -235,6 +236,12 @@ class CommSetup:
     model: CommModel
     profiles: Mapping[str, JobComm]
 
+    def estimate_ratio(self, workload: Workload) -> float | None:
+        """What the scheduler is told of the job's communication ratio (`JobComm.estimate_ratio`,
+        set by the estimate mode: exact, noisy or none), never the class's truth itself."""
+        job = self.profiles.get(workload.id)
+        return None if job is None else job.estimate_ratio
+
 
 @dataclass(frozen=True, slots=True)
 class LinkFailure:
@@ -246,10 +253,11 @@ class LinkFailure:
 
 
 def comm_setup(fabric: Fabric, jobs: Sequence[Any], model: CommModel, seed: int,
-               devices_per_node: int) -> CommSetup:
+               devices_per_node: int, estimate: EstimateMode = EstimateMode.EXACT,
+               error: float = 0.5) -> CommSetup:
     """The model's classes drawn for `jobs` (TraceJobs; every one taken as passed: the trace files
-    gpupool reads carry no job status)."""
+    gpupool reads carry no job status), with what the scheduler is told of each (`assign_classes`)."""
     profiles = assign_classes(
         ((j.workload.id, packed_nodes([p.num_devices for p in j.workload.pods], devices_per_node), True)
-         for j in jobs), model, seed)
+         for j in jobs), model, seed, estimate, error)
     return CommSetup(fabric, model, profiles)

@@ -100,7 +100,10 @@ class ReplayMetrics:
     """The last demands water-filled and their division (reused while the demands hold)."""
     gang_delays: dict[str, list[float]] = field(default_factory=dict)
     gang_jcts: dict[str, list[float]] = field(default_factory=dict)
+    gang_locality: dict[str, list[float]] = field(default_factory=dict)
     """By gang-size bucket; the key "multi-pod" also collects every workload of more than one pod."""
+    locality_wait_total_s: float = 0.0
+    locality_waited: int = 0
 
     def arrived(self, job: TraceJob) -> None:
         self.jobs += 1
@@ -115,12 +118,17 @@ class ReplayMetrics:
             job.workload.total_device_milli
         )
 
-    def started(self, job: TraceJob, now_s: float) -> None:
+    def started(self, job: TraceJob, now_s: float, locality_wait_s: float = 0.0) -> None:
+        """A job's first start; `locality_wait_s`: the part of its queueing delay wait-or-spread
+        held it back for a domain of its own."""
         delay = now_s - job.submit_s
         self.queue_delays.append(delay)
         self.tenant_delays.setdefault(job.workload.tenant, []).append(delay)
         for key in _gang_keys(job):
             self.gang_delays.setdefault(key, []).append(delay)
+            self.gang_locality.setdefault(key, []).append(locality_wait_s)
+        self.locality_wait_total_s += locality_wait_s
+        self.locality_waited += int(locality_wait_s > 0)
 
     def finished(self, job: TraceJob, now_s: float, first_start_s: float) -> None:
         self.finished_jobs += 1
@@ -203,10 +211,13 @@ class ReplayMetrics:
             "fairness_jain": jain,
             "by_gang_size": self.by_gang_size(),
             "multi_pod_gangs": self._gang_stats(MULTI_POD),
+            "locality_wait_s_total": self.locality_wait_total_s,
+            "locality_waited_jobs": self.locality_waited,
         }
 
     def by_gang_size(self) -> dict[str, dict[str, Any]]:
-        """Per gang-size bucket: workloads finished, their JCT and queueing delay (first start)."""
+        """Per gang-size bucket: workloads finished, their JCT, queueing delay (first start) and the
+        part of it spent waiting for locality."""
         return {bucket: self._gang_stats(bucket) for bucket in GANG_BUCKETS}
 
     def _gang_stats(self, key: str) -> dict[str, Any]:
@@ -214,6 +225,7 @@ class ReplayMetrics:
             "count": len(self.gang_jcts.get(key, [])),
             "jct_s": _stats4(self.gang_jcts.get(key, [])),
             "queue_delay_s": _stats4(self.gang_delays.get(key, [])),
+            "locality_wait_s": _stats4(self.gang_locality.get(key, [])),
         }
 
     def _mean_until(self, start: float, end: float) -> float:

@@ -6,6 +6,12 @@ kept alive across events. A job runs `duration_s` of work; on an oversubscribed 
 progresses at 1/slowdown (core/overcommit.py), so its completion moves when neighbours come and
 go. A preempted or evicted job is requeued whole and resumes from its last checkpoint; the work
 after that checkpoint is lost and accounted.
+
+With a communication model the scheduler is told each job's estimated communication ratio
+(`CommSetup.estimate_ratio`: exact, noisy or none, as the setup drew it), never its class. The
+time a job waits for locality (from each cycle in which wait-or-spread held it back to the next
+cycle, until its first start) is accounted per job: the part of its queueing delay spent waiting
+for a domain.
 """
 
 from __future__ import annotations
@@ -20,7 +26,7 @@ from typing import Any
 from gpupool.core.budgets import Budget
 from gpupool.core.fabric.model import Fabric
 from gpupool.core.metering import PriceBook
-from gpupool.core.model import Node, Workload, WorkloadInfo
+from gpupool.core.model import Node, Reason, Workload, WorkloadInfo
 from gpupool.core.overcommit import device_slowdown
 from gpupool.core.scheduling.backfill import RuntimeEstimator
 from gpupool.core.scheduling.cycle import CycleResult, EventKind, Policies, cycle_on
@@ -84,6 +90,10 @@ class _Job:
     estimate_s: float | None = None
     attained_device_s: float = 0.0
     devices: list[tuple[int, int]] = field(default_factory=list)
+    locality_wait_s: float = 0.0
+    """Time held back by wait-or-spread before its first start."""
+    held_since_s: float | None = None
+    """The last cycle that held it back for locality (None: the last one did not)."""
 
 
 class Replay:
@@ -118,6 +128,8 @@ class Replay:
         self.next_period_s: float | None = None
         comm = config.comm
         self.comm = CommTracker(comm.fabric, config.nodes, comm.model, comm.profiles) if comm else None
+        if comm is not None:
+            self.view.comm_ratio = comm.estimate_ratio
         fabric = config.fabric if config.fabric is not None else comm.fabric if comm else None
         if fabric is not None:
             self.view.set_topology(FabricView.from_fabric(fabric, config.nodes))
@@ -212,6 +224,7 @@ class Replay:
             self.loop.schedule(self.next_period_s, "budget_period")
 
     def _apply(self, result: CycleResult, now_s: float) -> None:
+        self._locality_waits(result, now_s)
         for stop in result.preempted:
             self._stop(stop.workload_id, now_s, stop.kind)
         for admission in result.admitted:
@@ -223,6 +236,15 @@ class Replay:
                 if job is not None:
                     self.metrics.rejected += 1
                     self.metrics.pending_change(job.job, -1.0)
+
+    def _locality_waits(self, result: CycleResult, now_s: float) -> None:
+        """Credit each job the time since the last cycle held it back for locality; note who this
+        cycle holds back (only before a job's first start: the part of its queueing delay)."""
+        held = {r.workload_id for r in result.rejected if r.reason is Reason.WAITING_FOR_LOCALITY}
+        for wid, job in self.pending.items():
+            if job.held_since_s is not None:
+                job.locality_wait_s += now_s - job.held_since_s
+            job.held_since_s = now_s if wid in held and job.first_start_s is None else None
 
     # ------------------------------------------------------------------ job life cycle
 
@@ -245,7 +267,7 @@ class Replay:
         job.run_done_s = 0.0
         if job.first_start_s is None:
             job.first_start_s = now_s
-            self.metrics.started(job.job, now_s)
+            self.metrics.started(job.job, now_s, job.locality_wait_s)
         run = self.view.running[wid]
         job.devices = [(a.node, d) for _, a in run.allocs for d in a.devices]
         if self.meter is not None:
