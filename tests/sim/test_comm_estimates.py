@@ -20,9 +20,10 @@ FABRIC = fat_tree(4, 2, oversubscription=3.0)
 """4 leaves of 3 hosts (n000-n002 on leaf 0, n003-n005 on leaf 1, ...), one uplink each."""
 
 
-def _job(wid: str, pods: int, submit_s: float, duration_s: float) -> TraceJob:
+def _job(wid: str, pods: int, submit_s: float, duration_s: float,
+         estimate_s: float | None = None) -> TraceJob:
     w = Workload(id=wid, pods=tuple(pod(8, name=f"p{i}") for i in range(pods)), submit_time_s=submit_s,
-                 runtime_estimate_s=duration_s)
+                 runtime_estimate_s=duration_s if estimate_s is None else estimate_s)
     return TraceJob(w, submit_s, duration_s)
 
 
@@ -36,11 +37,11 @@ start only across the same two uplinks, already carrying b (half the bandwidth),
 again at t=200 (n006, n007): 180 s away."""
 
 
-def _run(estimate: EstimateMode) -> dict:
+def _run(estimate: EstimateMode, jobs: tuple[TraceJob, ...] = JOBS) -> dict:
     nodes = tuple(cluster(12))
-    setup = comm_setup(FABRIC, JOBS, HEAVY_ONLY, seed=0, devices_per_node=8, estimate=estimate)
+    setup = comm_setup(FABRIC, jobs, HEAVY_ONLY, seed=0, devices_per_node=8, estimate=estimate)
     policies = Policies(placement="first-fit", ordering="fifo")
-    return replay(ReplayConfig(nodes, JOBS, policies, comm=setup, check_invariants=True))
+    return replay(ReplayConfig(nodes, jobs, policies, comm=setup, check_invariants=True))
 
 
 def test_the_scheduler_reads_each_jobs_estimate_never_its_truth() -> None:
@@ -64,6 +65,17 @@ def test_locality_wait_is_the_time_wait_or_spread_held_the_gang_back() -> None:
     assert exact["by_gang_size"]["2-8"]["locality_wait_s"]["mean"] == 0.0  # the single-node jobs
     hops = _run(EstimateMode.HOPS_ONLY)
     assert hops["locality_wait_s_total"] == 0.0 and hops["locality_waited_jobs"] == 0
+
+
+def test_a_held_gang_spreads_when_its_max_wait_runs_out_even_if_nothing_else_happens() -> None:
+    """Leaf 2 is expected at t=200 but its jobs run until t=5000: g waits 300 s (the default
+    max_locality_wait_s), then spreads at t=320, with no other event then."""
+    late = tuple(_job(j.workload.id, 1, 0.0, 5000.0, 200.0) if j.workload.id in ("s06", "s07") else j
+                 for j in JOBS)
+    result = _run(EstimateMode.EXACT, late)
+    assert result["locality_wait_s_total"] == pytest.approx(300.0)
+    assert result["multi_pod_gangs"]["queue_delay_s"]["mean"] == pytest.approx((5.0 + 300.0) / 2)
+    assert result["comm"]["placed_in_one_leaf"] == 0
 
 
 def test_the_replay_binds_the_estimates_of_the_setup() -> None:

@@ -11,7 +11,8 @@ With a communication model the scheduler is told each job's estimated communicat
 (`CommSetup.estimate_ratio`: exact, noisy or none, as the setup drew it), never its class. The
 time a job waits for locality (from each cycle in which wait-or-spread held it back to the next
 cycle, until its first start) is accounted per job: the part of its queueing delay spent waiting
-for a domain.
+for a domain. A held gang also wakes the replay when its `max_locality_wait_s` runs out, so it
+spreads then as the live loop's next cycle would let it, not at whatever event comes next.
 """
 
 from __future__ import annotations
@@ -183,6 +184,8 @@ class Replay:
                 self.view.mark_healthy(event.payload)
             elif event.kind == "budget_period":
                 self.next_period_s = None
+            elif event.kind == "locality_cap":
+                pass  # a held gang's max_locality_wait_s ran out: the cycle below lets it spread
             elif event.kind in ("link_fail", "link_repair"):
                 self._link_event(event.payload, event.kind == "link_repair", now_s)
         if self.blocked and all(e.kind == "arrive" for e in events):
@@ -241,10 +244,14 @@ class Replay:
         """Credit each job the time since the last cycle held it back for locality; note who this
         cycle holds back (only before a job's first start: the part of its queueing delay)."""
         held = {r.workload_id for r in result.rejected if r.reason is Reason.WAITING_FOR_LOCALITY}
+        cap_s = self.policies.max_locality_wait_s
         for wid, job in self.pending.items():
+            newly = job.held_since_s is None
             if job.held_since_s is not None:
                 job.locality_wait_s += now_s - job.held_since_s
             job.held_since_s = now_s if wid in held and job.first_start_s is None else None
+            if wid in held and newly and math.isfinite(cap_s):
+                self.loop.schedule(self.view.locality_waits.get(wid, now_s) + cap_s, "locality_cap", wid)
 
     # ------------------------------------------------------------------ job life cycle
 
