@@ -11,16 +11,22 @@ failed for a period. Policies run side by side on the same jobs and seeds:
   strict-leaf            fabric known, every gang required inside the narrowest domain that can
                          ever hold it (leaf, else spine group), unlimited wait (Kueue required)
   slurm-switches         best-fit, fabric known, preferred=leaf waiting up to 300 s (--switches=1@300)
-  network-aware          the network-aware policy (fabric known, default preferred=leaf)
-  network-aware+50%/-50% the same with the scheduler's communication ratio 1.5x / 0.5x the truth's mean
-                         (network-aware itself is told the truth's mean ratio over the classes, not
-                         each job's: the policy has one communication assumption for all gangs)
+  network-aware          the network-aware policy (fabric known, default preferred=leaf), told each
+                         job's own communication ratio (EstimateMode.EXACT)
+  network-aware-noisy    the same, each job's ratio wrong by +/-50 % (EstimateMode.NOISY, a seeded
+                         coin per job)
+  network-aware-hops     the same, knowing hop counts only (EstimateMode.HOPS_ONLY): every gang
+                         weighed with one assumption, the classes' mean ratio
   oracle                 fgd with no communication cost at all (the bound)
 
-Metrics per run: JCT and queueing delay by gang size, multi-node gangs' JCT and queueing delay,
-GPU allocation (mean from first to last arrival), effective allocation (less what communication
-cost), cross-leaf/spine bytes, link utilisation, gangs across failed links. Seeds give 95 %
-intervals (t distribution). The grid is the product of the options; --jobs runs it in parallel.
+The other policies are told nothing per job (hop counts only); the truth (each job's class) is the
+same for every policy of a scenario and seed.
+
+Metrics per run: JCT and queueing delay by gang size, multi-node gangs' JCT, queueing delay and
+the part of it spent waiting for locality (wait-or-spread), GPU allocation (mean from first to last
+arrival), effective allocation (less what communication cost), cross-leaf/spine bytes, link
+utilisation, gangs across failed links. Seeds give 95 % intervals (t distribution). The grid is the
+product of the options; --jobs runs it in parallel.
 
     .venv/bin/python bench/network_aware.py --oversub 1,2 --heavy 0,60 --load 1.0 --seeds 1-3 --jobs 2
 """
@@ -66,6 +72,8 @@ FAIL_FOR_S = 7 * 86400.0
 
 
 PREFERRED_LEAF = TopologySpec(preferred=Tier.LEAF)
+NOISE = 0.5
+"""network-aware-noisy: each job's ratio is the truth's times 1 +/- this."""
 
 
 @dataclass(frozen=True)
@@ -78,6 +86,8 @@ class Variant:
     strict: bool = False
     comm: bool = True
     options: tuple[tuple[str, Any], ...] = ()
+    estimate: EstimateMode = EstimateMode.HOPS_ONLY
+    """What the scheduler is told of each job's communication ratio."""
 
 
 VARIANTS = {
@@ -86,9 +96,9 @@ VARIANTS = {
     "fgd-strand": Variant("fgd-strand", "fgd-strand"),
     "strict-leaf": Variant("strict-leaf", "fgd-strand", topology=None, strict=True),
     "slurm-switches": Variant("slurm-switches", "best-fit", max_wait_s=300.0),
-    "network-aware": Variant("network-aware", "network-aware"),
-    "network-aware+50%": Variant("network-aware+50%", "network-aware", options=(("ratio_scale", 1.5),)),
-    "network-aware-50%": Variant("network-aware-50%", "network-aware", options=(("ratio_scale", 0.5),)),
+    "network-aware": Variant("network-aware", "network-aware", estimate=EstimateMode.EXACT),
+    "network-aware-noisy": Variant("network-aware-noisy", "network-aware", estimate=EstimateMode.NOISY),
+    "network-aware-hops": Variant("network-aware-hops", "network-aware", estimate=EstimateMode.HOPS_ONLY),
     "oracle": Variant("oracle", "fgd", fabric=False, topology=None, comm=False),
 }
 DEFAULT_POLICIES = "best-fit,fgd,fgd-strand,strict-leaf,slurm-switches,network-aware,oracle"
@@ -169,7 +179,7 @@ def run_one(task: dict[str, Any]) -> dict[str, Any]:
     model = model.model_copy(update={"origin": Origin(task["origin"])})
     profiles = assign_classes(
         ((j.workload.id, packed_nodes([p.num_devices for p in j.workload.pods], GPUS_PER_NODE), True)
-         for j in jobs), model, scenario.seed, EstimateMode.EXACT)
+         for j in jobs), model, scenario.seed, variant.estimate, NOISE)
     view_probe = FabricView.from_fabric(fabric, nodes)
     leaf_nodes = int(max(len(d) for d in view_probe.domains(Tier.LEAF)))
     pod_nodes = int(max(len(d) for d in view_probe.domains(Tier.SPINE)))
@@ -183,9 +193,8 @@ def run_one(task: dict[str, Any]) -> dict[str, Any]:
         cuts = tuple(LinkFailure(at, lk.key, FAIL_FOR_S)
                      for lk in leaf_uplinks(fabric, scenario.failed_links, rng))
     options = dict(variant.options)
-    scale = float(options.pop("ratio_scale", 1.0))
     if variant.placement == "network-aware":
-        options.update(_scheduler_comm(model, fabric, scale))
+        options.update(_scheduler_comm(model, fabric))
     policies = Policies(placement=variant.placement, placement_options=options, ordering="priority-fifo",
                         backfill=task["backfill"], topology_default=variant.topology,
                         max_locality_wait_s=variant.max_wait_s if variant.topology else math.inf)
@@ -202,11 +211,11 @@ def run_one(task: dict[str, Any]) -> dict[str, Any]:
             "leaf_nodes": leaf_nodes, "pod_nodes": pod_nodes, "result": result, **_headline(result)}
 
 
-def _scheduler_comm(model: Any, fabric: Fabric, scale: float) -> dict[str, float]:
-    """The network-aware policy's one assumption: a 1000 MB all-reduce whose ratio to the compute
-    step is the classes' mean ratio (share-weighted) times `scale`."""
+def _scheduler_comm(model: Any, fabric: Fabric) -> dict[str, float]:
+    """The network-aware policy's assumption for a job whose ratio it is not told: a 1000 MB
+    all-reduce whose ratio to the compute step is the classes' mean ratio (share-weighted)."""
     ref_gbps = max(link.data_rate_gbps for _, _, link in fabric.ca_leaf.values())
-    mean_ratio = sum(c.share * c.comm_ratio for c in model.classes.values()) * scale
+    mean_ratio = sum(c.share * c.comm_ratio for c in model.classes.values())
     net_s = 2.0 * 1000e6 * 8 / (ref_gbps * 1e9)
     return {"message_mb": 1000.0, "step_compute_s": net_s / mean_ratio}
 
@@ -219,6 +228,7 @@ def _headline(result: dict[str, Any]) -> dict[str, float]:
         "jct_mean_s": result["jct_s"]["mean"],
         "gang_jct_mean_s": gangs.get("jct_s", {}).get("mean", 0.0),
         "gang_queue_p95_s": gangs.get("queue_delay_s", {}).get("p95", 0.0),
+        "gang_locality_wait_mean_s": gangs.get("locality_wait_s", {}).get("mean", 0.0),
         "alloc_pct": alloc,
         "effective_alloc_pct": alloc - comm.get("lost_alloc_pct", 0.0),
         "in_one_leaf": comm.get("placed_in_one_leaf", 0) / max(comm.get("fit_one_leaf", 0), 1),
@@ -240,8 +250,8 @@ def interval(values: Sequence[float]) -> tuple[float, float]:
     return mean, t.get(len(values), 1.96) * statistics.stdev(values) / math.sqrt(len(values))
 
 
-KEYS = ("gang_jct_mean_s", "gang_queue_p95_s", "jct_mean_s", "alloc_pct", "effective_alloc_pct",
-        "in_one_leaf", "hops_mean", "across_failed")
+KEYS = ("gang_jct_mean_s", "gang_queue_p95_s", "gang_locality_wait_mean_s", "jct_mean_s", "alloc_pct",
+        "effective_alloc_pct", "in_one_leaf", "hops_mean", "across_failed")
 
 
 def summarise(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -259,7 +269,7 @@ def summarise(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
         entry: dict[str, Any] = dict(zip(names, key, strict=True))
         entry["seeds"] = len(members)
         for name in KEYS:
-            entry[name], entry[name + "_ci95"] = interval([m[name] for m in members])
+            entry[name], entry[name + "_ci95"] = interval([m.get(name, 0.0) for m in members])
         ratios: dict[str, list[float]] = {"gang_jct_mean_s": [], "gang_queue_p95_s": [], "jct_mean_s": []}
         deltas = []
         for m in members:
@@ -424,7 +434,8 @@ def _write(args: argparse.Namespace, rows: list[dict[str, Any]], started: float,
 def _print(summary: list[dict[str, Any]]) -> None:
     table = Table(title="Multi-node gangs and allocation, mean over seeds (vs the better of best-fit/fgd)")
     for column in ("fabric", "load", "heavy", "links", "policy", "gang JCT h", "vs best", "gang q p95 h",
-                   "vs best", "alloc %", "Δ pts", "eff. alloc %", "1-leaf", "across failed"):
+                   "vs best", "gang locality wait min", "alloc %", "Δ pts", "eff. alloc %", "1-leaf",
+                   "across failed"):
         table.add_column(column, justify="right")
     for e in summary:
         table.add_row(
@@ -433,6 +444,7 @@ def _print(summary: list[dict[str, Any]]) -> None:
             f"{e['gang_jct_mean_s'] / 3600:.2f}±{e['gang_jct_mean_s_ci95'] / 3600:.2f}",
             f"{e.get('gang_jct_mean_s_vs_best', float('nan')):.3f}",
             f"{e['gang_queue_p95_s'] / 3600:.2f}", f"{e.get('gang_queue_p95_s_vs_best', float('nan')):.3f}",
+            f"{e['gang_locality_wait_mean_s'] / 60:.1f}",
             f"{e['alloc_pct']:.1f}", f"{e.get('alloc_pts_vs_best', float('nan')):+.2f}",
             f"{e['effective_alloc_pct']:.1f}", f"{e['in_one_leaf']:.2f}", f"{e['across_failed']:.1f}",
         )
