@@ -89,13 +89,16 @@ def test_two_gangs_at_once_meet_on_their_own_ports_and_all_reduce(
 def test_a_low_priority_workload_is_preempted_with_sigterm_and_the_high_one_runs(
         server: tuple[LiveServer, Client], pod_scratch_root: Path) -> None:
     _, client = server
-    marks = pod_scratch_root / "terms"
-    marks.mkdir()
-    marks.chmod(0o777)
-    trap = f"trap 'touch {marks}/$RANK; exit 0' TERM; sleep 60 & wait"
+    marks, armed = pod_scratch_root / "terms", pod_scratch_root / "armed"
+    for directory in (marks, armed):
+        directory.mkdir()
+        directory.chmod(0o777)
+    trap = f"trap 'touch {marks}/$RANK; exit 0' TERM; touch {armed}/$RANK; sleep 60 & wait"
     low = client.submit({"command": ["sh", "-c", trap], "replicas": 3, "priority_class": "low",
                          "resources": {"gpus": 2, "cpu": 0.1}})  # every device of the pool
     wait_for(lambda: client.workload(low).status == "running", 120.0, "the low workload to run")
+    # a SIGTERM that lands before a shell has set its trap ends it without a mark: preempt once all have
+    wait_for(lambda: len(list(armed.iterdir())) == 3, 60.0, "every low pod to set its SIGTERM trap")
     high = client.submit({"command": ["sh", "-c", "echo high ran on $GPUPOOL_NODE"], "priority_class": "high",
                           "resources": {"gpus": 2, "cpu": 0.1}})
     assert client.wait(high, timeout_s=120).status == "succeeded"

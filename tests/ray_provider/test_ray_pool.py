@@ -173,6 +173,25 @@ def test_a_finished_pod_releases_its_slice_and_its_log_outlives_it(pool: RayProv
     assert _final(pool, "whole-again").phase is PodPhase.SUCCEEDED
 
 
+def test_a_node_agents_watch_answers_with_a_pods_end_and_reports_pods_it_never_ran_lost(
+        pool: RayProvider, pod_scratch_root: Path) -> None:
+    gate = pod_scratch_root / "gate"  # pods run as another account: a directory open to them
+    agent = pool.agent("t4-001")
+    command = ("sh", "-c", f"while [ ! -e {gate} ]; do sleep 0.05; done; exit 3")
+    first = ray.get(agent.launch.remote(_pod("watched", "t4-001", *command)), timeout=30)
+    assert first.phase is PodPhase.RUNNING
+    unchanged = ray.get(agent.watch.remote({"watched": PodPhase.RUNNING}, 0.2), timeout=30)
+    assert unchanged["watched"].phase is PodPhase.RUNNING  # nothing changed: answered at its wait's end
+    watching = agent.watch.remote({"watched": PodPhase.RUNNING, "never-ran": PodPhase.RUNNING}, 30.0)
+    gate.touch()
+    seen = ray.get(watching, timeout=30)
+    assert seen["never-ran"].phase is PodPhase.LOST  # already differs from what the caller knew
+    ended = wait_for(lambda: (s := ray.get(agent.watch.remote({"watched": PodPhase.RUNNING}, 2.0),
+                                            timeout=30)["watched"]).phase.is_final and s, 30.0,
+                     "the watched pod's end")
+    assert isinstance(ended, PodStatus) and ended.phase is PodPhase.FAILED and ended.exit_code == 3
+
+
 def test_a_second_provider_re_adopts_running_pods_and_never_starts_them_twice(
         pool: RayProvider, pod_scratch_root: Path) -> None:
     marks = pod_scratch_root / "starts"  # pods run as another account: pytest's tmp_path is closed to it
@@ -274,7 +293,9 @@ def test_the_server_requeues_work_of_a_killed_node_and_places_it_on_another(pool
         next(j for j in pool.joined if j.config.name == first).process.kill()
         second = str(wait_for(lambda: (node := running_on()) != first and node, 90.0,
                               "the workload to run again on another node"))
-        assert second in _names(pool) and first not in _names(pool)
+        assert second in _names(pool)
+        wait_for(lambda: first not in _names(pool), 30.0, "this provider to see the node gone too")  # each
+        # provider reads Ray's node table on its own schedule: the server's may have seen it first
         assert "node_lost" in [e.reason for e in client.events(wid)]
         assert client.workload(wid).attempt == 2
         client.cancel(wid)

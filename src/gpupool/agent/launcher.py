@@ -77,7 +77,10 @@ def serve(sock, handle):
             if pid == 0:
                 return
             code = -os.WTERMSIG(status) if os.WIFSIGNALED(status) else os.waitstatus_to_exitcode(status)
-            sock.send(json.dumps({"exited": pid, "returncode": code}).encode())
+            try:
+                sock.send(json.dumps({"exited": pid, "returncode": code}).encode())
+            except OSError:  # the agent is gone (it closed the socket): nobody to report to
+                os._exit(0)
     while True:
         ready, _, _ = select.select([sock, wake_r], [], [])
         if wake_r in ready:

@@ -4,7 +4,8 @@ launch() creates the pod's group: one bundle holding exactly its slices' custom 
 unit of its node's pod resource, which only that node advertises, so Ray can place the group there
 or nowhere. Once Ray reports it placed, the node's agent actor (already running on the node) starts
 the pod's process with the agent's code; until then nothing runs. Statuses come from the node
-agents, one call per node per monitor step for all its pods. The group is removed once the pod has
+agents: the launch call's answer, then one `watch` call in flight per busy node for all its pods,
+which the agent answers as soon as one of them changes (node_agent.py). The group is removed once the pod has
 ended and its final status was polled: Ray's accounting holds the slice exactly that long. A pod
 asked to stop before its group is placed still starts (and gets its SIGTERM) if the group is placed
 within the stop's grace; otherwise it ends STOPPED without having run. Groups
@@ -37,9 +38,6 @@ from gpupool.providers.ray.pods import PodCarrier, TrackedPod
 from gpupool.providers.ray.resources import pod_bundle
 
 CALL_TIMEOUT_S = 10.0
-YOUNG_S = 1.0
-"""A node with a pod launched this recently is asked again as soon as its last answer is back (a
-short pod's end is seen within milliseconds); others once per poll interval."""
 
 
 class GroupCarrier(Carrier):
@@ -48,10 +46,7 @@ class GroupCarrier(Carrier):
     def __init__(self, host: CarrierHost) -> None:
         super().__init__(host)
         self._asking: dict[str, tuple[Any, list[TrackedPod]]] = {}
-        """node -> (its agent's statuses() call in flight, the pods asked about)."""
-        self._asked_s: dict[str, float] = {}
-        """node -> when its agent was last asked (each node at most once per poll interval, unless a
-        pod of it is young)."""
+        """node -> (its agent's watch() call in flight, the pods it watches)."""
         self._unplaced: list[Any] = []
         """The readiness refs of the groups not placed yet at the last step."""
 
@@ -98,27 +93,48 @@ class GroupCarrier(Carrier):
         return [asked for asked, _ in self._asking.values()] + self._unplaced
 
     def step(self, live: list[TrackedPod], now_s: float) -> bool:
-        started: set[str] = set()
-        ended = self._place(live, now_s, started)
+        ended = self._place(live, now_s)
+        ended |= self._launched(live, now_s)
         ended |= self._collect(now_s)
         by_node: dict[str, list[TrackedPod]] = defaultdict(list)
         for tracked in live:
             if tracked.died_at_s is not None:
                 ended |= self.lost_after_grace(tracked, now_s)
-            elif tracked.placed and not tracked.status.phase.is_final:
+            elif tracked.placed and tracked.pending is None and not tracked.status.phase.is_final:
                 by_node[tracked.node].append(tracked)
         for node, pods in by_node.items():
-            due = node in started or now_s - self._asked_s.get(node, 0.0) >= self.host.poll_interval_s \
-                or any(now_s - p.created_s < YOUNG_S for p in pods)
-            if node not in self._asking and due:
-                self._asked_s[node] = now_s
+            if node not in self._asking:
                 with contextlib.suppress(Exception):
-                    asked = self.host.agent(node).statuses.remote([p.pod_id for p in pods])
+                    asked = self.host.agent(node).watch.remote({p.pod_id: p.status.phase for p in pods})
                     self._asking[node] = (asked, pods)
         self._unplaced = [p.ready for p in live if not p.placed and p.ready is not None]
+        self._unplaced += [p.pending for p in live if p.pending is not None]
         return ended
 
-    def _place(self, live: list[TrackedPod], now_s: float, started: set[str]) -> bool:
+    def _launched(self, live: list[TrackedPod], now_s: float) -> bool:
+        """Take the answers of the launch calls that have come back (each the pod's first status)."""
+        launching = [p for p in live if p.pending is not None]
+        if not launching:
+            return False
+        ready = set(ray.wait([p.pending for p in launching], num_returns=len(launching), timeout=0)[0])
+        ended = False
+        for tracked in launching:
+            if tracked.pending not in ready:
+                continue
+            ref, tracked.pending = tracked.pending, None
+            try:
+                status: PodStatus = ray.get(ref)
+            except ray.exceptions.RayError as exc:
+                why = f"node {tracked.node}'s agent did not answer the launch ({type(exc).__name__})"
+                self.failed_call(tracked, now_s, f"{why}; whether the pod started is unknown")
+                continue
+            with self.host.lock:
+                if not tracked.status.phase.is_final:
+                    tracked.status = status
+                    ended |= status.phase.is_final
+        return ended
+
+    def _place(self, live: list[TrackedPod], now_s: float) -> bool:
         """Start the pods whose groups Ray has placed; fail those it could not place in time."""
         waiting = [p for p in live if not p.placed and p.ready is not None]
         if not waiting:
@@ -129,7 +145,6 @@ class GroupCarrier(Carrier):
             if tracked.ready in ready:
                 tracked.ready, tracked.placed = None, True
                 ended |= self._start(tracked, now_s)
-                started.add(tracked.node)
             elif now_s - tracked.created_s > self.host.placement_timeout_s or _stop_overdue(tracked, now_s):
                 ended |= self._unplaceable(tracked)
         return ended
@@ -140,7 +155,7 @@ class GroupCarrier(Carrier):
             return False
         try:
             agent = self.host.agent(pod.node)
-            agent.launch.remote(pod)  # a statuses() call sent later sees the pod
+            tracked.pending = agent.launch.remote(pod)  # its answer is the pod's first status
             if tracked.stop_grace_s is not None:  # asked to stop within its grace: it gets its SIGTERM
                 agent.stop.remote(pod.pod_id, tracked.stop_grace_s)
         except Exception as exc:  # the agent is gone: so is (soon) its node

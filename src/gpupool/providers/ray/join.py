@@ -27,7 +27,7 @@ from gpupool.providers.ray.membership import ray_node_table
 from gpupool.providers.ray.node_agent import NodeAgentActor, NodeDescription
 from gpupool.providers.ray.nodeconfig import NodeConfig, node_agent_name
 from gpupool.providers.ray.resources import node_resources
-from gpupool.providers.ray.settings import NAMESPACE, NODE_LABEL
+from gpupool.providers.ray.settings import NAMESPACE, NODE_LABEL, SIMULATED_NODE_ENV
 
 DESCRIPTION_KEY = "gpupool-node-{node_id}"
 """The internal KV key of the description a joiner probed, in the gpupool namespace."""
@@ -128,7 +128,8 @@ def start_node(address: str, token_path: Path, config: NodeConfig, *, node_ip: s
     process = start_worker(address, token_path, resources=node_resources(description.node),
                            labels={NODE_LABEL: config.name}, node_ip=node_ip,
                            num_cpus=0 if simulated else num_cpus,
-                           object_store_bytes=OBJECT_STORE_BYTES_SIMULATED if simulated else None)
+                           object_store_bytes=OBJECT_STORE_BYTES_SIMULATED if simulated else None,
+                           extra_env=SIMULATED_NODE_ENV if simulated else None)
     try:
         node_id = _wait_for_ray_node(config.name, process, timeout_s)
         _replace_agent(config.name)

@@ -22,8 +22,9 @@ from gpupool.providers.ray.nodeconfig import node_agent_name
 from gpupool.providers.ray.settings import NAMESPACE, NODE_LABEL
 
 log = logging.getLogger("gpupool.ray")
-DESCRIBE_INTERVAL_S = 2.0
-"""How often a node's description (device health, faults) is read again."""
+DESCRIBE_INTERVAL_S = 5.0
+"""How often a node's description (device health) is read again; an injected fault is seen at once
+(its call answers with the new description)."""
 LOST_AFTER_READS = 2
 
 

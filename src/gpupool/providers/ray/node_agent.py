@@ -7,12 +7,21 @@ node's state dir: environment, Unix account, logs, SIGTERM/grace/SIGKILL of the 
 restarted agent re-adopts them from that dir), and serves what outlives a pod: finished pods' logs
 and the workloads' checkpoint marks. The provider reads the node from it (`describe`), so the device
 list comes from the machine itself, joined with Ray's node table by the node label.
+
+Pods' ends are pushed, not polled: the provider keeps one `watch` call per busy node in flight, and
+the agent answers it as soon as one of the pods it names changes phase (the reaper hands over an
+exited pod at once), a pod is launched here, or `WATCH_MAX_S` has passed. `watch` runs in a
+concurrency group of its own, so a waiting watch never holds up the node's other calls; those
+(launch, stop, statuses, ...) run one at a time in the order each caller sent them, so a stop sent
+after a launch always finds the pod.
 """
 
 from __future__ import annotations
 
 import os
 import socket
+import threading
+import time
 from dataclasses import dataclass, field
 
 import ray
@@ -23,6 +32,11 @@ from gpupool.errors import GpupoolError, NotFound
 from gpupool.providers.base import Capability, HealthEvent, LogChunk, PodLaunch, PodPhase, PodStatus
 from gpupool.providers.local import LocalProvider
 from gpupool.providers.ray.nodeconfig import NodeConfig
+
+WATCH_MAX_S = 2.0
+"""The longest a `watch` call waits before answering with no change."""
+WATCHERS = 64
+"""Watch calls served at once (one per provider per busy node, usually one provider)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -38,7 +52,7 @@ class NodeDescription:
     """Counts the agent's answers: a later one describes a later state (the agent answers in order)."""
 
 
-@ray.remote(num_cpus=0, max_restarts=-1, max_task_retries=-1)
+@ray.remote(num_cpus=0, max_restarts=-1, max_task_retries=-1, concurrency_groups={"watch": WATCHERS})  # type: ignore[call-overload]  # Ray's stub lacks concurrency_groups
 class NodeAgentActor:
     """Serves one node's description, faults, finished pods' logs and checkpoint marks."""
 
@@ -51,13 +65,23 @@ class NodeAgentActor:
         self._failed: dict[str, PodStatus] = {}
         """Pods whose start failed here (never a process), with why."""
         self._seq = 0
+        self._changed = threading.Condition()
+        self._generation = 0
+        """Counts pods launched and pods that exited here (what a watch waits for)."""
+        self.local.add_exit_listener(self._bump)
+
+    def _bump(self) -> None:
+        with self._changed:
+            self._generation += 1
+            self._changed.notify_all()
 
     def describe(self) -> NodeDescription:
-        self._seq += 1
-        return NodeDescription(node=self.local.nodes()[0], config=self.config,
-                               events=tuple(self.local.health_events()),
-                               missing=self.local.missing_capabilities(), hostname=socket.gethostname(),
-                               seq=self._seq)
+        with self._changed:  # answers are numbered in the order they are built
+            self._seq += 1
+            return NodeDescription(node=self.local.nodes()[0], config=self.config,
+                                   events=tuple(self.local.health_events()),
+                                   missing=self.local.missing_capabilities(),
+                                   hostname=socket.gethostname(), seq=self._seq)
 
     def inject_fault(self, device_uuid: str, reason: str) -> NodeDescription:
         self.local.inject_fault(self.config.name, device_uuid, reason)
@@ -79,6 +103,7 @@ class NodeAgentActor:
             except OSError as exc:
                 self._failed[pod.pod_id] = self._failure(pod.pod_id, f"cannot start the pod on "
                                                                     f"{self.config.name}: {exc}")
+        self._bump()
         return self.statuses([pod.pod_id])[pod.pod_id]
 
     def _failure(self, pod_id: str, message: str) -> PodStatus:
@@ -94,6 +119,25 @@ class NodeAgentActor:
             found[pod_id] = PodStatus(pod_id, PodPhase.LOST, node=self.config.name,
                                       message=f"node {self.config.name}'s agent has no record of the pod")
         return found
+
+    @ray.method(concurrency_group="watch")
+    def watch(self, known: dict[str, PodPhase], wait_s: float = WATCH_MAX_S) -> dict[str, PodStatus]:
+        """The statuses of the pods in `known` (pod id -> the phase the caller last saw), answered as
+        soon as one of them is in another phase, a pod was launched or exited here, or after
+        `wait_s` (at most WATCH_MAX_S). Only for pods whose launch() has answered."""
+        deadline = time.monotonic() + min(max(wait_s, 0.0), WATCH_MAX_S)
+        with self._changed:
+            generation = self._generation
+        while True:
+            found = self.statuses(list(known))
+            remaining = deadline - time.monotonic()
+            if remaining <= 0 or any(found[p].phase is not phase for p, phase in known.items()):
+                return found
+            with self._changed:
+                if self._generation == generation:
+                    self._changed.wait(min(remaining, 0.5))  # a pod reaped by a poll is seen too
+                if self._generation != generation:
+                    return self.statuses(list(known))
 
     def stop(self, pod_id: str, grace_s: float) -> None:
         """SIGTERM the pod's process group, SIGKILL it after `grace_s`; returns at once."""

@@ -44,7 +44,8 @@ class TrackedPod:
     placed: bool = False
     """Ray placed the pod's carrier (and the pod was started, or failed to start)."""
     pending: Any = None
-    """The status() call in flight, if any (actor carrier)."""
+    """The status() call in flight, if any (actor carrier); the launch() call until it answers (group
+    carrier: only then is the pod watched)."""
     stop_grace_s: float | None = None
     stop_asked_s: float = 0.0
     """When stop() was called (monotonic)."""

@@ -65,7 +65,8 @@ class RayProvider(Provider):
     def __init__(self, address: str | None = None, *, simulate: str | None = None,
                  data_dir: Path | str | None = None, token_path: Path | str | None = None,
                  placement_timeout_s: float = 60.0, actor_lost_grace_s: float = 30.0,
-                 poll_interval_s: float = 0.05, pod_carrier: str | None = None,
+                 poll_interval_s: float = 0.05, membership_interval_s: float = 0.25,
+                 pod_carrier: str | None = None,
                  node_ip: str | None = None, head_env: dict[str, str] | None = None) -> None:
         if data_dir is None:
             from gpupool.server.settings import default_data_dir
@@ -80,12 +81,17 @@ class RayProvider(Provider):
         """How long an actor that stopped answering waits to be reported lost: its node's death
         (Ray's health checks take a while) must be seen first, so the server requeues its work."""
         self.poll_interval_s = poll_interval_s
+        self.membership_interval_s = membership_interval_s
+        """How often Ray's node table is read (joins and deaths are seen this late at most; pods'
+        statuses come every `poll_interval_s`, or sooner)."""
         self._head: RayProcess | None = None
         self.joined: list[JoinedNode] = []
         """The simulated nodes this provider started (their Ray worker processes), in order."""
         self._started_s = time.time()
         self.lock = threading.RLock()
         self._pods: dict[str, TrackedPod] = {}
+        self._agents: dict[str, tuple[str, Any]] = {}
+        """node name -> (the Ray node id it was looked up for, its agent's actor handle)."""
         self._carriers: dict[PodCarrier, Carrier] = {PodCarrier.GROUP: GroupCarrier(self),
                                                      PodCarrier.ACTOR: ActorCarrier(self)}
         self._wake = threading.Event()
@@ -228,11 +234,23 @@ class RayProvider(Provider):
                                 f"{CALL_TIMEOUT_S:.0f} s.") from None
 
     def agent(self, node: str) -> Any:
-        """The node agent actor of `node`; NotFound when it has none."""
+        """The node agent actor of `node`; NotFound when it has none. Handles are kept per Ray node
+        (a named-actor lookup is a GCS round trip, and every launch and status poll needs one); a
+        node that joins again under the same name has a new Ray node id, so a new agent is looked up."""
+        ray_node = self.membership.ray_node(node)
+        node_id = ray_node.node_id if ray_node is not None else ""
+        with self.lock:
+            known = self._agents.get(node)
+        if known is not None and known[0] == node_id and node_id:
+            return known[1]
         try:
-            return ray.get_actor(node_agent_name(node), namespace=NAMESPACE)
+            handle = ray.get_actor(node_agent_name(node), namespace=NAMESPACE)
         except ValueError:
             raise NotFound(f"No node {node!r} on the Ray cluster.") from None
+        if node_id:
+            with self.lock:
+                self._agents[node] = (node_id, handle)
+        return handle
 
     def _agent_call(self, node: str, method: str, *args: Any) -> Any:
         if self.membership.description(node) is None:
@@ -284,7 +302,7 @@ class RayProvider(Provider):
             self._pause()
             try:
                 now = time.monotonic()
-                if now - refreshed >= self.poll_interval_s:
+                if now - refreshed >= self.membership_interval_s:
                     self.membership.refresh()
                     refreshed = now
                 ended = self._check_pods()
