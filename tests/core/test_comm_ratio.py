@@ -3,14 +3,18 @@ decisions from wait-or-spread and from the network-aware policy; unknown keeps t
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 from net_helpers import busy, gang, leaves_of, nodes_of, run, view_on
 from test_wait_or_spread import FREE_N001_N003, congested
 
 from gpupool.core.model import Reason
-from gpupool.core.scheduling.comm_cost import COMM_RATIO_LABEL, CommModel, ratio_from_labels
+from gpupool.core.scheduling.comm_cost import CommModel
 from gpupool.core.scheduling.topology import TopologyContext
 from gpupool.core.scheduling.view import ClusterView
+from gpupool.core.topology_spec import Tier, TopologySpec, effective_spec, parse_topology_spec
+from gpupool.errors import InvalidInput
 
 HEAVY, LIGHT = 1.5, 0.1
 """A language-model-like ratio and one well below the default assumption's (0.08 at 200 Gb/s)."""
@@ -32,12 +36,23 @@ def test_for_ratio_sets_the_ratio_and_scales_every_slowdown() -> None:
     assert base.for_ratio(0.0, 200.0).slowdown(8, 1.0, 6) == 0.0  # does not communicate
 
 
-def test_ratios_from_labels() -> None:
-    assert ratio_from_labels({COMM_RATIO_LABEL: "1.5"}) == 1.5
-    assert ratio_from_labels({COMM_RATIO_LABEL: "0"}) == 0.0
-    for bad in ("heavy", "-1", "nan", "inf", ""):
-        assert ratio_from_labels({COMM_RATIO_LABEL: bad}) is None
-    assert ratio_from_labels({}) is None
+def test_a_user_states_the_ratio_in_the_topology_and_alone_it_keeps_the_pools_constraint() -> None:
+    spec = parse_topology_spec("preferred=leaf,comm=1.5")
+    assert spec == TopologySpec(preferred=Tier.LEAF, comm_ratio=1.5)
+    assert str(spec) == "preferred=leaf,comm=1.5"
+    alone = parse_topology_spec("comm=0.2")
+    assert not alone.constrained and str(alone) == "comm=0.2"
+    default = TopologySpec(preferred=Tier.LEAF)
+    assert effective_spec(alone, default, pods=4, fractional=False) == TopologySpec(preferred=Tier.LEAF,
+                                                                                    comm_ratio=0.2)
+    assert effective_spec(parse_topology_spec("none"), default, pods=4, fractional=False) is None
+    for bad in ("comm=heavy", "comm=-1", "comm=nan", "comm=inf"):
+        with pytest.raises(InvalidInput, match="comm="):
+            parse_topology_spec(bad)
+    gang_of_two = gang(2, 8)
+    assert TopologyContext(view_on().topology).comm_ratio(gang_of_two) is None  # type: ignore[arg-type]
+    stated = dataclasses.replace(gang_of_two, topology=alone)
+    assert TopologyContext(view_on().topology).comm_ratio(stated) == 0.2  # type: ignore[arg-type]
 
 
 def test_the_view_binds_its_estimate_and_unknown_is_the_default() -> None:

@@ -48,8 +48,9 @@ def test_a_gang_waits_for_its_leaf_when_spreading_costs_more() -> None:
 
 
 def test_a_gang_spreads_when_spreading_is_cheap() -> None:
-    view = view_on(running=FREE_N001_N003)  # quiet links: spreading costs next to nothing
-    result = run(view, [gang(2, 8, wid="g", estimate_s=10_000.0)], placement="network-aware")
+    view = view_on(running=FREE_N001_N003)  # quiet links, and a gang that barely communicates
+    light = gang(2, 8, spec="comm=0.005", wid="g", estimate_s=10_000.0)
+    result = run(view, [light], placement="network-aware")
     assert leaves_of(view, nodes_of(result, "g")) == {0, 1}
     assert view.locality_waits == {}
 
@@ -77,6 +78,22 @@ def test_without_estimates_of_running_work_it_does_not_wait() -> None:
     view = congested(view_on(running=running))
     result = run(view, [gang(2, 8, wid="g", estimate_s=10_000.0)], placement="network-aware")
     assert nodes_of(result, "g")
+
+
+def test_a_leaf_only_overdue_work_would_free_is_waited_for_only_if_spreading_costs_the_whole_cap() -> None:
+    """At t=150 n000's run is 50 s past its estimate: backfill counts it as ending now, but when it
+    ends is unknown, so the wait is taken at its worst, the rest of max_wait (300 s)."""
+    view = congested(view_on(running=FREE_N001_N003))
+    result = run(view, [gang(2, 8, wid="g", estimate_s=10_000.0)], now_s=150.0, placement="network-aware")
+    (waiting,) = result.rejected  # spreading would cost it far more than 300 s
+    assert waiting.reason is Reason.WAITING_FOR_LOCALITY and "may take up to 300 s" in waiting.message
+    view = congested(view_on(running=FREE_N001_N003))
+    result = run(view, [gang(2, 8, wid="g", estimate_s=60.0)], now_s=150.0, placement="network-aware")
+    assert leaves_of(view, nodes_of(result, "g")) == {0, 1}  # ~160 s, less than 300 s: it spreads at once
+    view = congested(view_on(running=FREE_N001_N003))
+    result = run(view, [gang(2, 8, wid="g", estimate_s=60.0)], placement="network-aware")
+    assert [r.reason for r in result.rejected] == [Reason.WAITING_FOR_LOCALITY]  # at t=0 the leaf is
+    # expected in 100 s, less than what the same spread would cost
 
 
 def test_backfill_uses_the_reserved_leaf_only_for_work_that_ends_before() -> None:

@@ -30,9 +30,10 @@ def _job(wid: str, pods: int, submit_s: float, duration_s: float,
 ENDS = {2: 10.0, 3: 10.0, 1: 20.0, 4: 20.0, 6: 200.0, 7: 200.0}
 JOBS = tuple(sorted(
     [_job(f"s{i:02d}", 1, 0.0, ENDS.get(i, 1e5)) for i in range(12)]
-    + [_job("b", 2, 5.0, 1e4), _job("g", 2, 20.0, 1000.0)], key=lambda j: j.submit_s))
+    + [_job("b", 2, 5.0, 1e4, estimate_s=5.0), _job("g", 2, 20.0, 1000.0)], key=lambda j: j.submit_s))
 """Twelve whole-node jobs fill the pool (first-fit: s_i on n00i). At t=10, gang b can start only spread
-over leaves 0 and 1 (n002, n003) and no leaf frees within max_wait: it spreads. At t=20, gang g can
+over leaves 0 and 1 (n002, n003); it is expected to end in 5 s (it runs far longer), so spreading
+costs it less than the 10 s until leaf 0 would free: it spreads. At t=20, gang g can
 start only across the same two uplinks, already carrying b (half the bandwidth), and leaf 2 is whole
 again at t=200 (n006, n007): 180 s away."""
 

@@ -73,8 +73,11 @@ def submit(
         str | None, typer.Option("--topology", help="Where a gang's pods may sit in the fabric: "
                                  "required=leaf|spine (all in one domain, or wait), preferred=leaf|spine "
                                  "(start there, widen a tier if nothing fits), slice=N@leaf (groups of N "
-                                 "pods each in one leaf), comma-joined, or none (default: the pool's, "
-                                 "preferred=leaf, for multi-pod gangs). See docs/fabric.md.")
+                                 "pods each in one leaf), comm=RATIO (how much the gang communicates: its "
+                                 "all-reduce time over its compute time, e.g. 0.2 light, 1.5 heavy; the "
+                                 "network-aware policy weighs placements by it), comma-joined, or none "
+                                 "(default: the pool's, preferred=leaf, for multi-pod gangs). See "
+                                 "docs/fabric.md.")
     ] = None,
     separate_stderr: Annotated[
         bool, typer.Option("--separate-stderr", help="Keep stderr in its own log (like sbatch --error); by "

@@ -8,8 +8,13 @@ API:
       required=T   all pods inside one domain of tier T, or the gang waits;
       preferred=T  start inside one domain of tier T, widen one tier at a time if nothing fits;
       slice=N@T    pods in groups of N (in pod order), each group inside one domain of tier T.
+      comm=R       no constraint: the gang's communication ratio, what the network-aware policy
+                   weighs its placements by (T_net / T_comp of its step on a packed ring at the
+                   fabric's link rate; e.g. 0.2 for a light model, 1.5 for a heavy one). Alone it
+                   keeps the pool's default constraint.
   - `parse_topology_spec(text)`: "required=leaf", "preferred=spine", "slice=4@leaf",
-    "required=spine,slice=4@leaf", or "none" (no constraint, overriding the pool's default);
+    "required=spine,slice=4@leaf", "preferred=leaf,comm=1.5", "comm=0.2", or "none" (no
+    constraint, overriding the pool's default);
     raises `InvalidInput` with one sentence otherwise. The CLI's `--topology` and the pool
     configuration's `scheduling.topology_default` use it.
   - `effective_spec(spec, default, pods, fractional)`: what applies to one workload: single-pod and
@@ -18,7 +23,8 @@ API:
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import math
+from dataclasses import dataclass, replace
 from enum import StrEnum
 
 from gpupool.errors import InvalidInput
@@ -48,8 +54,12 @@ class TopologySpec:
     preferred: Tier | None = None
     slice_size: int | None = None
     slice_tier: Tier = Tier.LEAF
+    comm_ratio: float | None = None
+    """The gang's communication ratio as its user states it (None: unknown); constrains nothing."""
 
     def __post_init__(self) -> None:
+        if self.comm_ratio is not None and not (0 <= self.comm_ratio < 1e6):
+            raise InvalidInput(f"comm= needs a ratio of 0 or more such as comm=1.5, got {self.comm_ratio}.")
         if self.required is not None and self.preferred is not None:
             raise InvalidInput("A topology constraint is either required or preferred, not both; drop one.")
         if self.slice_size is not None and self.slice_size < 1:
@@ -78,6 +88,8 @@ class TopologySpec:
             parts.append(f"preferred={self.preferred}")
         if self.slice_size is not None:
             parts.append(f"slice={self.slice_size}@{self.slice_tier}")
+        if self.comm_ratio is not None:
+            parts.append(f"comm={self.comm_ratio:g}")
         return ",".join(parts) or "none"
 
 
@@ -103,10 +115,10 @@ def parse_topology_spec(text: str) -> TopologySpec:
         if not sep or not value:
             raise InvalidInput(
                 f"Cannot read topology {text!r}; write required=leaf|spine, preferred=leaf|spine, "
-                "slice=N@leaf|spine (comma-joined) or none."
+                "slice=N@leaf|spine, comm=RATIO (comma-joined) or none."
             )
-        if key not in ("required", "preferred", "slice"):
-            raise InvalidInput(f"Unknown topology key {key!r}; use required, preferred or slice.")
+        if key not in ("required", "preferred", "slice", "comm"):
+            raise InvalidInput(f"Unknown topology key {key!r}; use required, preferred, slice or comm.")
         if key in fields:
             raise InvalidInput(f"The topology names {key}= twice; give it once.")
         fields[key] = value
@@ -117,11 +129,20 @@ def parse_topology_spec(text: str) -> TopologySpec:
             raise InvalidInput(f"slice= needs a pod count such as slice=4@leaf, got {fields['slice']!r}.")
         slice_size = int(count)
         slice_tier = _tier(tier, "slice") if at else Tier.LEAF
+    comm_ratio = None
+    if "comm" in fields:
+        try:
+            comm_ratio = float(fields["comm"])
+        except ValueError:
+            raise InvalidInput(f"comm= needs a number such as comm=1.5, got {fields['comm']!r}.") from None
+        if not math.isfinite(comm_ratio):
+            raise InvalidInput(f"comm= needs a finite number such as comm=1.5, got {fields['comm']!r}.")
     return TopologySpec(
         required=_tier(fields["required"], "required") if "required" in fields else None,
         preferred=_tier(fields["preferred"], "preferred") if "preferred" in fields else None,
         slice_size=slice_size,
         slice_tier=slice_tier,
+        comm_ratio=comm_ratio,
     )
 
 
@@ -132,4 +153,6 @@ def effective_spec(
     if pods <= 1 or fractional:
         return None
     chosen = default if spec is None else spec
+    if spec is not None and not spec.constrained and spec.comm_ratio is not None and default is not None:
+        chosen = replace(default, comm_ratio=spec.comm_ratio)  # comm= alone keeps the default
     return chosen if chosen is not None and chosen.constrained else None

@@ -1,11 +1,15 @@
 """What a gang's placement costs in communication, in GPU-seconds, from the fabric's alpha-beta model.
 
 API:
-  - `CommModel(message_mb=, step_compute_s=, base_alpha_s=)`: the scheduler's assumption about a
-    data-parallel job: every step computes for `step_compute_s` and all-reduces `message_mb` of
-    gradients over a ring of its nodes (`core.fabric.collective.ring_allreduce_s`), with beta from
-    the placement's bottleneck bandwidth (shared with the gangs already on its links, see
-    `FabricView.share_gbps`) and alpha from its hop count.
+  - `CommModel(message_mb=, step_compute_s=, base_alpha_s=, cross_leaf_efficiency=,
+    cross_spine_efficiency=)`: the scheduler's assumption about a data-parallel job: every step
+    computes for `step_compute_s` and all-reduces `message_mb` of gradients over a ring of its nodes
+    (`core.fabric.collective.ring_allreduce_s`), with beta from the placement's bottleneck bandwidth
+    (shared with the gangs already on its links, see `FabricView.share_gbps`) times the share of it
+    a flow gets once it crosses leaves (4 hops) or spine groups (6 hops): static ECMP hashing and
+    congestion control leave a crossing flow only part of its path (collisions), which an operator
+    measures with nccl-tests across leaves; the defaults (0.6 and 0.5) are this scheduler's
+    assumption, not the replay's truth (sim/comm.py draws its own). Alpha comes from the hop count.
   - `slowdown(ranks, gbps, hops)`: T_net / T_comp, the time lost to communication per unit of work.
   - `loss_gpu_s(view, nodes, gpus, run_s)`: GPU-seconds the gang is expected to lose to communication
     on `nodes` (0 on one node), inf when a link pool it needs is dead.
@@ -19,8 +23,6 @@ API:
     (one job's own estimate; the model itself is the assumption for a job whose ratio is unknown).
   - `for_job(ratio, view)`: `for_ratio` at the view's reference bandwidth (`FabricView.ref_gbps`)
     when the job's ratio is known, else the model itself.
-  - `ratio_from_labels(labels)`: the ratio a user stated in the label `gpupool.io/comm-ratio`
-    (a positive float; anything else: None).
 
 `run_s` is the scheduler's own estimate of the remaining run time (user's or history's); never the
 job's real duration.
@@ -29,7 +31,7 @@ job's real duration.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -38,23 +40,8 @@ from gpupool.core.fabric.collective import DEFAULT_BASE_ALPHA_S, ring_allreduce_
 from gpupool.core.fabric.model import DEFAULT_CABLE_LATENCY_NS, DEFAULT_SWITCH_LATENCY_NS
 from gpupool.core.scheduling.topology import ACCESS, FabricView
 
-COMM_RATIO_LABEL = "gpupool.io/comm-ratio"
-"""The label in which a workload states its communication ratio (see `CommModel.ratio`)."""
-
 DEFAULT_REF_GBPS = 200.0
 """The reference bandwidth a ratio is stated at when the view knows no link rates."""
-
-
-def ratio_from_labels(labels: Mapping[str, str]) -> float | None:
-    """The ratio in `COMM_RATIO_LABEL`: a finite float >= 0, else None (unknown)."""
-    text = labels.get(COMM_RATIO_LABEL)
-    if text is None:
-        return None
-    try:
-        value = float(text)
-    except ValueError:
-        return None
-    return value if math.isfinite(value) and value >= 0 else None
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,11 +51,20 @@ class CommModel:
     message_mb: float = 1000.0
     step_compute_s: float = 1.0
     base_alpha_s: float = DEFAULT_BASE_ALPHA_S
+    cross_leaf_efficiency: float = 0.6
+    cross_spine_efficiency: float = 0.5
+
+    def efficiency(self, hops: int) -> float:
+        """The share of its bottleneck bandwidth a flow of `hops` links gets (1 inside one leaf)."""
+        if hops <= 2:
+            return 1.0
+        return self.cross_leaf_efficiency if hops <= 4 else self.cross_spine_efficiency
 
     def step_net_s(self, ranks: int, gbps: float, hops: int) -> float:
         """One ring all-reduce over `ranks` nodes at `gbps` per flow across `hops` links."""
         if ranks <= 1 or math.isinf(gbps):
             return 0.0
+        gbps *= self.efficiency(hops)
         if gbps <= 0:
             return math.inf
         switches = max(hops - 1, 0)

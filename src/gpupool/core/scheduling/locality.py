@@ -10,7 +10,10 @@ place wider (its pods over several leaves, or spine groups) waits only while
     policy's one assumption: a light job spreads where a heavy one waits) exceeds
   - the expected wait for a domain of the preferred tier (the earliest estimated end of running
     work after which the gang fits one, found as backfill finds a reservation: `backfill.reserve`
-    with the gang asking required=<tier>), and
+    with the gang asking required=<tier>; when only runs already past their estimates would free
+    one, backfill counts them as ending now, but how long they still run is unknown, so the wait is
+    taken at its worst, the rest of `max_wait_s`: the gang waits then only if spreading would cost
+    more than waiting out the whole cap), and
   - it has waited less than `max_wait_s` in all (Slurm's max_switch_wait) counting the expected wait.
 While it waits, the returned reservation holds that domain: the cycle lets other work start only
 if it ends before the reservation, lands outside the domain, or leaves the gang room
@@ -46,12 +49,15 @@ class Locality:
     reservation: Reservation
     wait_s: float
     loss_s: float
+    overdue: bool = False
+    """The domain frees only when runs past their estimates end (`wait_s` is then the worst case)."""
 
     def message(self, tier: str, max_wait_s: float) -> str:
+        when = (f"may take up to {self.wait_s:.0f} s (it waits on work past its estimated end)"
+                if self.overdue else f"is expected in {self.wait_s:.0f} s")
         return (
-            f"It could start now spread over the fabric, but a {tier} of its own is expected in "
-            f"{self.wait_s:.0f} s, less than the {self.loss_s:.0f} s spreading would cost; "
-            f"it waits (at most {max_wait_s:.0f} s in all)."
+            f"It could start now spread over the fabric, but a {tier} of its own {when}, less than "
+            f"the {self.loss_s:.0f} s spreading would cost; it waits (at most {max_wait_s:.0f} s in all)."
         )
 
 
@@ -96,10 +102,13 @@ def wait_for_domain(
         if found is not None:
             found = _with_domain(found, head, topology, spec.preferred, policy, rng)
     wait_s = found.start_s - now_s if found is not None else math.inf
+    overdue = wait_s <= 0  # it does not fit one now: only runs past their estimates would free it
+    if overdue:
+        wait_s = max_wait_s - waited
     if found is not None and wait_s < loss_s and waited + wait_s <= max_wait_s:
         if known is not None:  # kept only once it holds the cycle's reservation: never read stale
             known.setdefault(key, found)
-        return Locality(found, wait_s, loss_s)
+        return Locality(found, wait_s, loss_s, overdue)
     statement = view.state.statement()  # start spread after all: hold the gang again
     for _, record in gang.allocs:
         statement.allocate(record)

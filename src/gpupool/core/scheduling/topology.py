@@ -560,9 +560,10 @@ def _no_estimate(workload: Workload) -> float | None:
     return None
 
 
-def _unknown_ratio(workload: Workload) -> float | None:
-    """Nothing known about the job's communication: the policy's uniform assumption applies."""
-    return None
+def _stated_ratio(workload: Workload) -> float | None:
+    """The ratio the gang's user stated (`--topology comm=R`); None: unknown, the policy's uniform
+    assumption applies."""
+    return workload.topology.comm_ratio if workload.topology is not None else None
 
 
 @dataclass(frozen=True, slots=True)
@@ -576,7 +577,7 @@ class TopologyContext:
     view: FabricView
     default: TopologySpec | None = None
     estimate_s: Callable[[Workload], float | None] = _no_estimate
-    comm_ratio: Callable[[Workload], float | None] = _unknown_ratio
+    comm_ratio: Callable[[Workload], float | None] = _stated_ratio
 
     def spec_for(self, workload: Workload) -> TopologySpec | None:
         """The constraint that applies to `workload` (None: unconstrained)."""

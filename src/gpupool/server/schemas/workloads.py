@@ -107,8 +107,10 @@ class WorkloadSpec(Strict):
         "set by the server on each task of an array (its GPUPOOL_ARRAY_INDEX); not submitted"))
     topology: str | None = Field(None, max_length=128, description=(
         "where a gang's pods may sit in the fabric: required=leaf|spine, preferred=leaf|spine, "
-        "slice=N@leaf|spine (comma-joined) or none; default: the pool's (scheduling.topology_default) "
-        "for multi-pod gangs; single-pod and fractional work is never constrained"))
+        "slice=N@leaf|spine, comm=RATIO (the gang's communication ratio, which the network-aware "
+        "policy weighs placements by) (comma-joined) or none; default: the pool's "
+        "(scheduling.topology_default) for multi-pod gangs; single-pod and fractional work is never "
+        "constrained"))
     rendezvous: list[RendezvousSpec] | None = Field(None, description=(
         "set by the server when a multi-pod gang is placed (newest attempt last): the rank-0 node, its "
         "address and the port reserved there; not submitted"))

@@ -57,10 +57,12 @@ class NetworkAware(FgdStrand):
 
     def __init__(
         self, *, message_mb: float = 1000.0, step_compute_s: float = 1.0, max_candidates: int = 3,
-        **strand_options: object,
+        cross_leaf_efficiency: float = 0.6, cross_spine_efficiency: float = 0.5, **strand_options: object,
     ) -> None:
         super().__init__(**strand_options)  # type: ignore[arg-type]
-        self.comm = CommModel(message_mb=message_mb, step_compute_s=step_compute_s)
+        self.comm = CommModel(message_mb=message_mb, step_compute_s=step_compute_s,
+                              cross_leaf_efficiency=cross_leaf_efficiency,
+                              cross_spine_efficiency=cross_spine_efficiency)
         self.max_candidates = max(1, max_candidates)
 
     def place_gang(
