@@ -29,6 +29,7 @@ def test_the_cli_puts_the_constraint_in_the_spec() -> None:
     ("required=rack", "Unknown topology tier 'rack' in required=; use leaf or spine."),
     ("required=leaf,preferred=spine", "A topology constraint is either required or preferred, not both"),
     ("slice=four@leaf", "slice= needs a pod count such as slice=4@leaf"),
+    ("comm=heavy", "comm= needs a number such as comm=1.5"),
 ])
 def test_a_bad_constraint_is_refused_in_one_sentence(pool: Pool, asked: str, says: str) -> None:
     answer = pool.call("post", "/workloads", {"command": ["train"], "replicas": 2, "topology": asked})
@@ -43,6 +44,16 @@ def test_the_constraint_is_stored_and_reaches_the_core(pool: Pool) -> None:
     assert pool.detail(gang)["spec"]["topology"] == "required=leaf"  # its one written form
     workload = pool.loop.scheduler.cache.peek(gang)
     assert workload is not None and workload.topology == TopologySpec(required=Tier.LEAF)
+
+
+def test_a_stated_communication_ratio_is_stored_and_reaches_the_scheduler(pool: Pool) -> None:
+    gang = pool.gang(replicas=2, topology="COMM=1.50")
+    assert pool.detail(gang)["spec"]["topology"] == "comm=1.5"
+    workload = pool.loop.scheduler.cache.peek(gang)
+    assert workload is not None and workload.topology == TopologySpec(comm_ratio=1.5)
+    view = pool.loop.scheduler.keeper.view
+    context = view.topology_context() if view is not None else None
+    assert context is not None and context.comm_ratio(workload) == 1.5  # what the policies read
 
 
 def test_required_leaf_waits_where_none_spreads(pool: Pool) -> None:
