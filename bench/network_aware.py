@@ -400,6 +400,7 @@ def main() -> int:
     tasks = [{"scenario": s, "variant": v, "nodes": args.nodes, "ports": args.ports, "trace": str(trace),
               "window": window, "origin": args.origin, "backfill": args.backfill}
              for s in scenarios for v in args.policies.split(",")]
+    tasks.sort(key=lambda t: t["scenario"].seed)  # seed by seed: a run stopped early has every scenario
     console.print(f"{len(tasks)} replays ({len(scenarios)} scenarios x {len(args.policies.split(','))} "
                   f"policies) on {args.jobs} processes")
     started = time.perf_counter()

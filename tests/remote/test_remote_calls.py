@@ -121,6 +121,36 @@ def test_a_session_serves_many_calls_from_one_warm_pod(remote_pool: RemotePool) 
             session._pool._submit_call(session.id, "", 0.0)
 
 
+def slow_the_first_time(marks: str) -> str:
+    import os
+    import time
+
+    first = os.path.join(marks, "first")
+    if not os.path.exists(first):
+        open(first, "w").close()
+        time.sleep(600)  # until its slice is preempted
+    return "ran again"
+
+
+def test_a_session_call_cut_off_by_preemption_runs_again_on_the_new_pod(
+        remote_pool: RemotePool, pod_scratch_root: Path) -> None:
+    marks = pod_scratch_root / "once"  # pods run as the tenant's account: a directory open to them
+    marks.mkdir()
+    marks.chmod(0o777)
+    with gpupool.connect(remote_pool.server.url, remote_pool.tokens["alice"]) as pool, \
+            pool.session(gpus=2, priority_class="best-effort") as session:  # every device of the pool
+        future = session.submit(slow_the_first_time, str(marks))
+        until(lambda: (marks / "first").exists(), 120, "the call's first attempt")
+        high = pool.client.submit({"command": ["true"], "resources": {"gpus": 2},  # alice's own queue:
+                                   "priority_class": "normal"})  # preemption stays within it
+        assert future.result(timeout=180) == "ran again"
+        assert pool.client.wait(high, timeout_s=60).status == "succeeded"
+        call = pool._get_call(future.id, 0)
+        assert call["attempts"] == 2 and call["status"] == "succeeded"
+        reasons = [e.reason for e in pool.client.events(session.id)]
+        assert any("preempt" in r for r in reasons), reasons
+
+
 def test_cancelling_the_future_cancels_the_workload(remote_pool: RemotePool) -> None:
     with gpupool.connect(remote_pool.server.url, remote_pool.tokens["alice"]) as pool:
         future = pool.function(sleepy, gpus=0.25).remote(300)
