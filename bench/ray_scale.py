@@ -3,7 +3,7 @@
 of the same nodes) measured in the same run.
 
     .venv/bin/python bench/ray_scale.py [--nodes 16] [--devices 8] [--latency-pods 40] [--jobs 100]
-        [--actor-latency-pods 10] [--actor-jobs 20] [--join-parallel 4]
+        [--actor-latency-pods 10] [--actor-jobs 20] [--join-parallel 1]
 
 1. join: a Ray head, then NODES worker nodes of DEVICES simulated H100s joined JOIN_PARALLEL at a
    time, as `gpupool node join --simulate` does; per node, the seconds from the join's start until
@@ -127,7 +127,8 @@ def main() -> None:
     parser.add_argument("--in-flight", type=int, default=8)
     parser.add_argument("--actor-latency-pods", type=int, default=10)
     parser.add_argument("--actor-jobs", type=int, default=20)
-    parser.add_argument("--join-parallel", type=int, default=4, help="nodes joining at once")
+    parser.add_argument("--join-parallel", type=int, default=1,
+                        help="nodes joining at once (1: as one `gpupool node join` each)")
     parser.add_argument("--out", default="")
     args = parser.parse_args()
     from gpupool.providers.ray import RayProvider
