@@ -9,7 +9,8 @@ does (NVML devices, no --simulate), and launches pods through the provider on de
      device's UUID, CUDA (the driver, and torch or cupy) sees exactly one device with that UUID, the
      MPS limits the agent sets for the slice are there (CUDA_MPS_ACTIVE_THREAD_PERCENTAGE,
      CUDA_MPS_PINNED_DEVICE_MEM_LIMIT, where the device's profile can cap MPS clients) and no RAY_*
-     variable leaked in from Ray's processes;
+     variable leaked in from Ray's processes; where an MPS daemon serves it, the pod can enter the
+     daemon's pipe directory;
   3. a 12 GiB allocation inside another 8 GiB slice: enforced when it fails, recorded as "not
      enforced" when it succeeds (MPS limits need the MPS daemon; torch's cap needs torch).
 Needs an NVIDIA GPU, ray, and torch or cupy in the pods' Python (--pod-python; where the agent runs
@@ -164,6 +165,10 @@ def judge_slice_report(report: Mapping[str, Any], expected: SliceExpectation) ->
     for name, value in sorted(expected.mps_env.items()):
         if env.get(name) != value:
             reasons.append(f"{name} is {env.get(name)!r}, not {value!r} as the slice asks.")
+    if report.get("mps_pipe_reachable") is False:
+        pipe = env.get("CUDA_MPS_PIPE_DIRECTORY")
+        reasons.append(f"The pod cannot enter the MPS daemon's pipe directory {pipe}, so its MPS limits "
+                       "are not enforced.")
     leaked = sorted(name for name in env if name.startswith("RAY_"))
     if leaked:
         reasons.append(f"Ray's variables reached the pod: {', '.join(leaked)}.")

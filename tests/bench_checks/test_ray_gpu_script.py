@@ -89,8 +89,10 @@ def test_the_slice_expects_the_agents_mps_limits() -> None:
      "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT is None, not '0=8192M'"),
     ({"error": "CUDA driver: RuntimeError: cuInit returned 100", "cuda_device_count": None, "cuda_uuids": []},
      "CUDA did not start cleanly in the pod (CUDA driver: RuntimeError: cuInit returned 100)."),
+    ({"env": {**report()["env"], "CUDA_MPS_PIPE_DIRECTORY": "/state/mps/pipe"}, "mps_pipe_reachable": False},
+     "cannot enter the MPS daemon's pipe directory /state/mps/pipe"),
 ], ids=["visible-devices", "driver-uuid", "framework-uuid", "two-devices", "framework-two-devices",
-        "ray-variables", "thread-percentage", "no-memory-limit", "cuda-error"])
+        "ray-variables", "thread-percentage", "no-memory-limit", "cuda-error", "mps-pipe-closed"])
 def test_a_wrong_report_fails_with_its_reason(changes: dict[str, Any], reason: str) -> None:
     verdict = ray_gpu.judge_slice_report(report(**changes), EXPECTED)
     assert not verdict.passed
