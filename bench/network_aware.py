@@ -313,7 +313,8 @@ def plot(summary: list[dict[str, Any]], out_dir: Path, stem: str) -> list[Path]:
         rows = [e for e in summary if e["oversub"] == oversub]
         scenarios = sorted({(e["load"], e["heavy_pct"], e["failed_links"], e["origin"]) for e in rows})
         variants = list(dict.fromkeys(e["variant"] for e in rows))
-        fig, axes = plt.subplots(1, 2, figsize=(12, 4.5), dpi=110)
+        wide = max(12.0, 1.6 * len(scenarios))
+        fig, axes = plt.subplots(2, 1, figsize=(wide, 8), dpi=100)
         width = 0.8 / max(len(variants), 1)
         for ax, metric, label in ((axes[0], "gang_jct_mean_s", "multi-node gangs: mean JCT (h)"),
                                   (axes[1], "gang_queue_p95_s", "multi-node gangs: p95 queueing delay (h)")):
@@ -328,8 +329,9 @@ def plot(summary: list[dict[str, Any]], out_dir: Path, stem: str) -> list[Path]:
                         errs.append(match[0][metric + "_ci95"] / 3600)
                 ax.bar(xs, ys, width, yerr=errs, label=variant, capsize=2)
             ax.set_xticks([j + 0.4 - width / 2 for j in range(len(scenarios))])
-            ax.set_xticklabels([f"load {lo}, {h} % heavy\n{k} links down\nran {o}"
-                                for lo, h, k, o in scenarios], fontsize=7)
+            ax.set_xticklabels([f"load {lo:g}\n{h} % heavy" + (f"\n{k} links down" if k else "")
+                                + ("" if o == "packed" else f"\nran {o}") for lo, h, k, o in scenarios],
+                               fontsize=8)
             ax.set_ylabel(label)
             ax.grid(True, axis="y", alpha=0.3)
         axes[0].legend(fontsize=7)
