@@ -4,13 +4,13 @@ launch() creates the pod's group: one bundle holding exactly its slices' custom 
 unit of its node's pod resource, which only that node advertises, so Ray can place the group there
 or nowhere. Once Ray reports it placed, the node's agent actor (already running on the node) starts
 the pod's process with the agent's code; until then nothing runs. Statuses come from the node
-agents: the launch call's answer, then one `watch` call in flight per busy node for all its pods,
-which the agent answers as soon as one of them changes (node_agent.py). The group is removed once the pod has
-ended and its final status was polled: Ray's accounting holds the slice exactly that long. A pod
-asked to stop before its group is placed still starts (and gets its SIGTERM) if the group is placed
-within the stop's grace; otherwise it ends STOPPED without having run. Groups
-are named `pod-<id>` in the gpupool namespace, so a provider started again re-adopts them.
-No Python process is started per pod.
+agents: the launch call's answer, then `watch` calls in flight on each busy node covering all its
+pods (usually one), which the agent answers as soon as one of them changes (node_agent.py). The
+group is removed once the pod has ended and its final status was polled: Ray's accounting holds the
+slice exactly that long. A pod asked to stop before its group is placed still starts (and gets its
+SIGTERM) if the group is placed within the stop's grace; otherwise it ends STOPPED without having
+run. Groups are named `pod-<id>` in the gpupool namespace, so a provider started again re-adopts
+them. No Python process is started per pod.
 """
 
 from __future__ import annotations
@@ -45,8 +45,10 @@ class GroupCarrier(Carrier):
 
     def __init__(self, host: CarrierHost) -> None:
         super().__init__(host)
-        self._asking: dict[str, tuple[Any, list[TrackedPod]]] = {}
-        """node -> (its agent's watch() call in flight, the pods it watches)."""
+        self._asking: dict[Any, list[TrackedPod]] = {}
+        """A node agent's watch() call in flight -> the pods it watches. Every watchable pod is in one:
+        a pod whose launch answers while its node's watch is out gets a watch of its own (an exit
+        before that watch began would not wake the other)."""
         self._unplaced: list[Any] = []
         """The readiness refs of the groups not placed yet at the last step."""
 
@@ -90,7 +92,7 @@ class GroupCarrier(Carrier):
         # else: the step that finds the group placed stops the pod instead of starting it
 
     def in_flight(self) -> list[Any]:
-        return [asked for asked, _ in self._asking.values()] + self._unplaced
+        return list(self._asking) + self._unplaced
 
     def step(self, live: list[TrackedPod], now_s: float) -> bool:
         ended = self._place(live, now_s)
@@ -102,11 +104,13 @@ class GroupCarrier(Carrier):
                 ended |= self.lost_after_grace(tracked, now_s)
             elif tracked.placed and tracked.pending is None and not tracked.status.phase.is_final:
                 by_node[tracked.node].append(tracked)
+        watched = {p.pod_id for pods in self._asking.values() for p in pods}
         for node, pods in by_node.items():
-            if node not in self._asking:
+            fresh = [p for p in pods if p.pod_id not in watched]
+            if fresh:
                 with contextlib.suppress(Exception):
-                    asked = self.host.agent(node).watch.remote({p.pod_id: p.status.phase for p in pods})
-                    self._asking[node] = (asked, pods)
+                    asked = self.host.agent(node).watch.remote({p.pod_id: p.status.phase for p in fresh})
+                    self._asking[asked] = fresh
         self._unplaced = [p.ready for p in live if not p.placed and p.ready is not None]
         self._unplaced += [p.pending for p in live if p.pending is not None]
         return ended
@@ -171,11 +175,10 @@ class GroupCarrier(Carrier):
         """Take the node agents' answers that have come back."""
         if not self._asking:
             return False
-        refs = {asked: node for node, (asked, _) in self._asking.items()}
-        ready, _ = ray.wait(list(refs), num_returns=len(refs), timeout=0)
+        ready, _ = ray.wait(list(self._asking), num_returns=len(self._asking), timeout=0)
         ended = False
         for ref in ready:
-            _, pods = self._asking.pop(refs[ref])
+            pods = self._asking.pop(ref)
             try:
                 statuses: dict[str, PodStatus] = ray.get(ref)
             except ray.exceptions.RayError as exc:
