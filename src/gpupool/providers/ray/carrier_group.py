@@ -49,8 +49,9 @@ class GroupCarrier(Carrier):
         """A node agent's watch() call in flight -> the pods it watches. Every watchable pod is in one:
         a pod whose launch answers while its node's watch is out gets a watch of its own (an exit
         before that watch began would not wake the other)."""
-        self._unplaced: list[Any] = []
-        """The readiness refs of the groups not placed yet at the last step."""
+        self._awaited: list[Any] = []
+        """What the last step left to answer besides the watches: the readiness refs of the groups
+        not placed yet and the launch calls in flight (the monitor wakes on any of them)."""
 
     def launch(self, pod: PodLaunch, description: NodeDescription, ray_node: RayNode) -> TrackedPod:
         memory_known = {d.index for d in description.node.devices if d.memory_mib}
@@ -92,7 +93,7 @@ class GroupCarrier(Carrier):
         # else: the step that finds the group placed stops the pod instead of starting it
 
     def in_flight(self) -> list[Any]:
-        return list(self._asking) + self._unplaced
+        return list(self._asking) + self._awaited
 
     def step(self, live: list[TrackedPod], now_s: float) -> bool:
         ended = self._place(live, now_s)
@@ -111,8 +112,8 @@ class GroupCarrier(Carrier):
                 with contextlib.suppress(Exception):
                     asked = self.host.agent(node).watch.remote({p.pod_id: p.status.phase for p in fresh})
                     self._asking[asked] = fresh
-        self._unplaced = [p.ready for p in live if not p.placed and p.ready is not None]
-        self._unplaced += [p.pending for p in live if p.pending is not None]
+        self._awaited = [p.ready for p in live if not p.placed and p.ready is not None]
+        self._awaited += [p.pending for p in live if p.pending is not None]
         return ended
 
     def _launched(self, live: list[TrackedPod], now_s: float) -> bool:
@@ -120,7 +121,7 @@ class GroupCarrier(Carrier):
         launching = [p for p in live if p.pending is not None]
         if not launching:
             return False
-        ready = set(ray.wait([p.pending for p in launching], num_returns=len(launching), timeout=0)[0])
+        ready = _answered([p.pending for p in launching])
         ended = False
         for tracked in launching:
             if tracked.pending not in ready:
@@ -143,7 +144,7 @@ class GroupCarrier(Carrier):
         waiting = [p for p in live if not p.placed and p.ready is not None]
         if not waiting:
             return False
-        ready = set(ray.wait([p.ready for p in waiting], num_returns=len(waiting), timeout=0)[0])
+        ready = _answered([p.ready for p in waiting])
         ended = False
         for tracked in waiting:
             if tracked.ready in ready:
@@ -175,9 +176,8 @@ class GroupCarrier(Carrier):
         """Take the node agents' answers that have come back."""
         if not self._asking:
             return False
-        ready, _ = ray.wait(list(self._asking), num_returns=len(self._asking), timeout=0)
         ended = False
-        for ref in ready:
+        for ref in _answered(list(self._asking)):
             pods = self._asking.pop(ref)
             try:
                 statuses: dict[str, PodStatus] = ray.get(ref)
@@ -225,6 +225,11 @@ class GroupCarrier(Carrier):
 
     def state_file(self, config: NodeConfig, pod_id: str) -> Path:
         return config.agent_dir() / "pods" / pod_id / "state.json"
+
+
+def _answered(refs: list[Any]) -> set[Any]:
+    """Those of `refs` whose answer is in (without waiting)."""
+    return set(ray.wait(refs, num_returns=len(refs), timeout=0)[0])
 
 
 def _stop_overdue(tracked: TrackedPod, now_s: float) -> bool:

@@ -76,12 +76,11 @@ class NodeAgentActor:
             self._changed.notify_all()
 
     def describe(self) -> NodeDescription:
-        with self._changed:  # answers are numbered in the order they are built
-            self._seq += 1
-            return NodeDescription(node=self.local.nodes()[0], config=self.config,
-                                   events=tuple(self.local.health_events()),
-                                   missing=self.local.missing_capabilities(),
-                                   hostname=socket.gethostname(), seq=self._seq)
+        self._seq += 1  # the default concurrency group runs one call at a time: answers stay in order
+        return NodeDescription(node=self.local.nodes()[0], config=self.config,
+                               events=tuple(self.local.health_events()),
+                               missing=self.local.missing_capabilities(), hostname=socket.gethostname(),
+                               seq=self._seq)
 
     def inject_fault(self, device_uuid: str, reason: str) -> NodeDescription:
         self.local.inject_fault(self.config.name, device_uuid, reason)
@@ -110,7 +109,7 @@ class NodeAgentActor:
         return PodStatus(pod_id, PodPhase.FAILED, message=message, node=self.config.name)
 
     def statuses(self, pod_ids: list[str]) -> dict[str, PodStatus]:
-        """The statuses of these pods (one call per node per poll); one this agent never started is
+        """The statuses of these pods (a re-adoption, a stop's wait); one this agent never started is
         LOST."""
         wanted = set(pod_ids)
         found = {s.pod_id: s for s in self.local.poll() if s.pod_id in wanted}
