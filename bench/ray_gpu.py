@@ -27,7 +27,6 @@ import argparse
 import contextlib
 import importlib.util
 import json
-import math
 import os
 import shutil
 import subprocess
@@ -42,6 +41,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
+from gpupool.agent.isolation import mps_env
 from gpupool.agent.probes.nvml import NvmlProbe, ProbeResult, ProbeStatus
 from gpupool.core.model import Device, Slice
 from gpupool.profiles import default_profiles
@@ -121,16 +121,9 @@ class Verdict:
 
 
 def expected_mps_env(piece: Slice, device: Device) -> dict[str, str]:
-    """The MPS client limits a fractional slice gets where the device's profile can cap MPS clients."""
-    capped = 0 < piece.memory_mib < (device.memory_mib or math.inf)
-    profile = default_profiles().find(device.model)
-    if piece.compute_milli >= 1000 and not capped:
-        return {}  # a whole device runs bare
-    if profile is None or not (profile.sharing.mps and profile.sharing.mps_limits):
-        return {}
-    env = {"CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": str(math.ceil(piece.compute_milli / 10))}
-    if capped:
-        env["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] = f"0={piece.memory_mib}M"
+    """The MPS client limits the agent gives a slice of this one device (its isolation plan's own
+    rule, without the daemon's pipe variables)."""
+    env, _ = mps_env([(piece, device)], default_profiles(), None)
     return env
 
 

@@ -23,7 +23,6 @@ API:
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, replace
 from enum import StrEnum
 
@@ -43,6 +42,8 @@ class Tier(StrEnum):
 
 
 _TIERS: tuple[Tier, ...] = (Tier.LEAF, Tier.SPINE)
+MAX_COMM_RATIO = 1e6
+"""A stated communication ratio must be below this (a step a million times longer than its compute)."""
 _TIER_NAMES = "leaf or spine"
 
 
@@ -58,8 +59,9 @@ class TopologySpec:
     """The gang's communication ratio as its user states it (None: unknown); constrains nothing."""
 
     def __post_init__(self) -> None:
-        if self.comm_ratio is not None and not (0 <= self.comm_ratio < 1e6):
-            raise InvalidInput(f"comm= needs a ratio of 0 or more such as comm=1.5, got {self.comm_ratio}.")
+        if self.comm_ratio is not None and not (0 <= self.comm_ratio < MAX_COMM_RATIO):  # nan, inf fail
+            raise InvalidInput(f"comm= needs a ratio from 0 to below {MAX_COMM_RATIO:,.0f} such as comm=1.5, "
+                               f"got {self.comm_ratio:g}.")
         if self.required is not None and self.preferred is not None:
             raise InvalidInput("A topology constraint is either required or preferred, not both; drop one.")
         if self.slice_size is not None and self.slice_size < 1:
@@ -135,8 +137,6 @@ def parse_topology_spec(text: str) -> TopologySpec:
             comm_ratio = float(fields["comm"])
         except ValueError:
             raise InvalidInput(f"comm= needs a number such as comm=1.5, got {fields['comm']!r}.") from None
-        if not math.isfinite(comm_ratio):
-            raise InvalidInput(f"comm= needs a finite number such as comm=1.5, got {fields['comm']!r}.")
     return TopologySpec(
         required=_tier(fields["required"], "required") if "required" in fields else None,
         preferred=_tier(fields["preferred"], "preferred") if "preferred" in fields else None,

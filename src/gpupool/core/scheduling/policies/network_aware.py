@@ -26,7 +26,8 @@ exactly as by `fgd-strand`. A multi-pod gang, when the view knows a fabric, is p
    no constraint, the cheapest overall.
 
 Options: `message_mb`, `step_compute_s` (the CommModel: the assumption for a job whose ratio is
-unknown), `max_candidates`, and fgd-strand's.
+unknown), `cross_leaf_efficiency`, `cross_spine_efficiency` (the share of bandwidth a flow crossing
+leaves or spine groups gets), `max_candidates`, and fgd-strand's.
 """
 
 from __future__ import annotations
