@@ -99,6 +99,8 @@ VARIANTS = {
     "network-aware": Variant("network-aware", "network-aware", estimate=EstimateMode.EXACT),
     "network-aware-noisy": Variant("network-aware-noisy", "network-aware", estimate=EstimateMode.NOISY),
     "network-aware-hops": Variant("network-aware-hops", "network-aware", estimate=EstimateMode.HOPS_ONLY),
+    "network-aware-bf": Variant("network-aware-bf", "network-aware", estimate=EstimateMode.EXACT,
+                                options=(("pods", "best-fit"),)),
     "oracle": Variant("oracle", "fgd", fabric=False, topology=None, comm=False),
 }
 DEFAULT_POLICIES = "best-fit,fgd,fgd-strand,strict-leaf,slurm-switches,network-aware,oracle"

@@ -1,5 +1,5 @@
 """The network-aware policy: failed links never used, penalised links avoided with hysteresis, shared
-links avoided, single pods as fgd-strand, and nothing changes without a fabric."""
+links avoided, single pods as its `pods` option says, and without a fabric gangs placed as pods are."""
 
 from __future__ import annotations
 
@@ -8,15 +8,14 @@ import random
 import pytest
 from net_helpers import busy, gang, leaves_of, nodes_of, run, two_level, view_on
 
-from factories import cluster, pod
+from factories import cluster, pod, workload
 from gpupool.core.fabric.model import Fabric
-from gpupool.core.model import Reason
+from gpupool.core.model import ClusterSnapshot, Reason
 from gpupool.core.scheduling.comm_cost import CommModel
-from gpupool.core.scheduling.policies.base import make_policy, policy_names
+from gpupool.core.scheduling.policies.base import NoFit, make_policy, policy_names
 from gpupool.core.scheduling.policies.network_aware import NetworkAware
 from gpupool.core.scheduling.view import ClusterView
 from gpupool.core.topology_spec import UNCONSTRAINED
-from gpupool.sim.fill import fill
 
 ONE_FREE_PER_LEAF = [busy(n, 8, f"r{n}") for n in ("n000", "n002", "n004", "n006")]
 """Free: n001 (leaf 0), n003 (leaf 1), n005 (leaf 2), n007 (leaf 3); a 2-node gang must span leaves."""
@@ -125,23 +124,68 @@ def test_the_cost_prefers_one_node_over_two() -> None:
     assert len(set(nodes_of(result, "g"))) == 1
 
 
-def test_single_pods_are_placed_as_by_fgd_strand() -> None:
-    nodes = cluster(6, devices=4)
+PARTLY_BUSY = [busy("n002", 4, "r0"), busy("n005", 2, "r1"), busy("n006", 6, "r2"), busy("n000", 1, "r3")]
+"""Four nodes partly taken: best-fit and fgd-strand disagree on where the next pods go."""
+
+
+def _single_pod_decisions(fractional: bool, policy: str, **options: object) -> list[object]:
+    view = ClusterView.from_snapshot(ClusterSnapshot(tuple(cluster(8)), tuple(PARTLY_BUSY), {}))
     rng = random.Random(7)
-    pods = [pod(rng.choice([0.25, 0.5, 1, 2, 4]), cpu_milli=rng.choice([1000, 8000])) for _ in range(60)]
-    ours = fill(nodes, pods, "network-aware", seed=3)
-    theirs = fill(nodes, pods, "fgd-strand", seed=3)
-    assert ours.alloc_pct == theirs.alloc_pct and ours.placed == theirs.placed
+    sizes = [0.25, 0.5, 1, 2, 4] if fractional else [1, 2, 3, 4]
+    pending = [workload(pod(rng.choice(sizes), cpu_milli=rng.choice([1000, 8000])), wid=f"w{i}")
+               for i in range(12)]
+    admitted = run(view, pending, placement=policy, placement_options=options).admitted
+    return [(a.workload_id, [(p.node, p.slices) for p in a.placements]) for a in admitted]
 
 
-@pytest.mark.parametrize("spec", [None, "required=leaf"])
-def test_without_a_fabric_gangs_are_placed_as_by_fgd_strand(spec: str | None) -> None:
-    def decisions(policy: str) -> list[tuple[str, ...]]:
-        view = ClusterView.empty(cluster(8))
-        pending = [gang(n, 4, spec, wid=f"g{i}") for i, n in enumerate((3, 2, 5, 2))]
-        return [tuple(p.node for p in a.placements) for a in run(view, pending, placement=policy).admitted]
+@pytest.mark.parametrize(("fractional", "pods", "as_by"), [
+    (True, "auto", "fgd-strand"),  # a fractional pod seen: FGD's home ground
+    (False, "auto", "best-fit"),  # whole devices only: tight packing
+    (False, "fgd-strand", "fgd-strand"),
+    (True, "best-fit", "best-fit"),
+])
+def test_single_pods_are_placed_as_the_pods_option_says(fractional: bool, pods: str, as_by: str) -> None:
+    other = "fgd-strand" if as_by == "best-fit" else "best-fit"
+    ours = _single_pod_decisions(fractional, "network-aware", pods=pods)
+    assert ours == _single_pod_decisions(fractional, as_by)
+    assert ours != _single_pod_decisions(fractional, other)  # the two differ here: the check can fail
 
-    assert decisions("network-aware") == decisions("fgd-strand")
+
+def test_auto_turns_to_fgd_strand_at_the_first_fractional_pod_it_is_told_of() -> None:
+    policy = NetworkAware()
+    state = ClusterView.empty(cluster(2, devices=4)).state
+    whole = pod(1)
+    assert policy._by_best_fit()
+    policy.observe(whole)
+    assert policy._by_best_fit()
+    policy.observe(pod(0.5))
+    assert not policy._by_best_fit()
+    policy.prepare(state, [whole])  # a fresh workload of whole devices only
+    assert policy._by_best_fit()
+    assert not isinstance(policy.place(pod(0.25), state, random.Random(0)), NoFit)
+    assert not policy._by_best_fit()
+
+
+def test_an_unknown_pods_option_is_refused_in_one_sentence() -> None:
+    with pytest.raises(ValueError, match="pods= is one of auto, best-fit, fgd-strand, got 'tight'"):
+        make_policy("network-aware", pods="tight")
+
+
+@pytest.mark.parametrize(("spec", "pods", "as_by"), [
+    (None, "auto", "best-fit"), ("required=leaf", "auto", "best-fit"),
+    (None, "fgd-strand", "fgd-strand"), ("required=leaf", "fgd-strand", "fgd-strand"),
+])
+def test_without_a_fabric_gangs_are_placed_as_single_pods_are(
+    spec: str | None, pods: str, as_by: str
+) -> None:
+    def decisions(policy: str, **options: object) -> list[tuple[str, ...]]:
+        view = ClusterView.from_snapshot(ClusterSnapshot(tuple(cluster(8)), tuple(PARTLY_BUSY), {}))
+        pending = [gang(n, g, spec, wid=f"g{i}") for i, (n, g) in enumerate(((3, 2), (2, 4), (2, 3), (2, 1)))]
+        admitted = run(view, pending, placement=policy, placement_options=options).admitted
+        return [tuple(p.node for p in a.placements) for a in admitted]
+
+    assert decisions("best-fit") != decisions("fgd-strand")  # the check below can fail
+    assert decisions("network-aware", pods=pods) == decisions(as_by)
 
 
 def test_unconstrained_spec_text_is_none() -> None:

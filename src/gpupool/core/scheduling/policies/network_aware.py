@@ -1,14 +1,18 @@
 """network-aware: gangs placed by fragmentation plus communication cost, both in GPU-seconds.
 
 Single pods (and every pod when no fabric is bound, as in `sim fill` without --fabric) are placed
-exactly as by `fgd-strand`. A multi-pod gang, when the view knows a fabric, is placed whole
+as `pods` says: `auto` (the default) places them as `best-fit` while every pod seen asks whole
+devices, and as `fgd-strand` once a pod asking part of a device is seen (FGD's fragmentation measure
+is made for fractional shapes; on whole-device work in a saturated pool best-fit's tight packing
+gets gangs their nodes sooner: docs/benchmarks.md, "Network-aware placement"); `best-fit` and
+`fgd-strand` fix the choice. A multi-pod gang, when the view knows a fabric, is placed whole
 (`place_gang`):
 
 1. candidates: for each tier its constraint allows (required / preferred: narrowest first; none:
    leaf, spine and anywhere together), the `max_candidates` fullest domains that could hold it
    (Kueue BestFit, Slurm topology/block); in a spine group or anywhere, also the fewest of its
    leaves that hold it (most free first) and the best-connected ones (most uplink bandwidth per
-   gang first); inside each, pods go where fgd-strand puts them. Nodes whose HCA links are
+   gang first); inside each, pods go where single pods would go (`pods`). Nodes whose HCA links are
    all down are left out, and a candidate that needs a dead link pool (a leaf or spine group cut
    off) is never taken: failed links are never used.
 2. cost of a candidate, in GPU-seconds:
@@ -25,46 +29,86 @@ exactly as by `fgd-strand`. A multi-pod gang, when the view knows a fabric, is p
 3. the cheapest candidate of the narrowest tier that has one wins (ties: the fuller domain); with
    no constraint, the cheapest overall.
 
-Options: `message_mb`, `step_compute_s` (the CommModel: the assumption for a job whose ratio is
-unknown), `cross_leaf_efficiency`, `cross_spine_efficiency` (the share of bandwidth a flow crossing
-leaves or spine groups gets), `max_candidates`, and fgd-strand's.
+Options: `pods` (above), `message_mb`, `step_compute_s` (the CommModel: the assumption for a job
+whose ratio is unknown), `cross_leaf_efficiency`, `cross_spine_efficiency` (the share of bandwidth a
+flow crossing leaves or spine groups gets), `max_candidates`, and fgd-strand's.
 """
 
 from __future__ import annotations
 
 import math
 import random
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING
 
 import numpy as np
 
 from gpupool.core.model import PodRequest, Reason, Workload
 from gpupool.core.scheduling.comm_cost import CommModel
-from gpupool.core.scheduling.policies.base import NoFit, register_policy
+from gpupool.core.scheduling.policies.base import Choice, NoFit, register_policy
+from gpupool.core.scheduling.policies.best_fit import BestFit
 from gpupool.core.scheduling.policies.fgd_strand import FgdStrand
 from gpupool.core.scheduling.topology import ACCESS, LEAF_UP, UNKNOWN_RUN_S, FabricView
 from gpupool.core.state import BoolArray, ClusterState, PodAlloc
 from gpupool.core.topology_spec import UNCONSTRAINED, Tier, TopologySpec
+from gpupool.core.units import MILLI
 
 if TYPE_CHECKING:  # imported when first used: the gang module imports this package
     from gpupool.core.scheduling.gang import GangPlacement
 
 
+POD_PLACEMENTS = ("auto", "best-fit", "fgd-strand")
+"""How network-aware places single pods and the pods of a gang inside a candidate domain."""
+
+
+def _fractional(pod: PodRequest) -> bool:
+    return pod.num_devices > 0 and pod.device_milli < MILLI
+
+
 @register_policy
 class NetworkAware(FgdStrand):
     name = "network-aware"
-    summary = "fgd-strand for pods; gangs placed by fragmentation plus communication cost on the fabric."
+    summary = "Gangs by fragmentation plus communication cost on the fabric; pods as best-fit or fgd-strand."
 
     def __init__(
         self, *, message_mb: float = 1000.0, step_compute_s: float = 1.0, max_candidates: int = 3,
-        cross_leaf_efficiency: float = 0.6, cross_spine_efficiency: float = 0.5, **strand_options: object,
+        cross_leaf_efficiency: float = 0.6, cross_spine_efficiency: float = 0.5, pods: str = "auto",
+        **strand_options: object,
     ) -> None:
         super().__init__(**strand_options)  # type: ignore[arg-type]
+        if pods not in POD_PLACEMENTS:
+            raise ValueError(f"pods= is one of {', '.join(POD_PLACEMENTS)}, got {pods!r}")
+        self.pods = pods
+        self._best_fit = BestFit()
+        self._fractional = False
+        """A pod asking part of a device has been seen (prepare, observe or place): `auto` uses fgd-strand."""
         self.comm = CommModel(message_mb=message_mb, step_compute_s=step_compute_s,
                               cross_leaf_efficiency=cross_leaf_efficiency,
                               cross_spine_efficiency=cross_spine_efficiency)
         self.max_candidates = max(1, max_candidates)
+
+    def prepare(self, state: ClusterState, pods: Sequence[PodRequest]) -> None:
+        super().prepare(state, pods)
+        self._fractional = any(_fractional(p) for p in pods)
+
+    def observe(self, pod: PodRequest) -> None:
+        super().observe(pod)
+        self._fractional = self._fractional or _fractional(pod)
+
+    def _by_best_fit(self) -> bool:
+        return self.pods == "best-fit" or (self.pods == "auto" and not self._fractional)
+
+    def place(self, pod: PodRequest, state: ClusterState, rng: random.Random) -> Choice | NoFit:
+        self._fractional = self._fractional or _fractional(pod)
+        if self._by_best_fit():
+            return self._best_fit.place(pod, state, rng)
+        return super().place(pod, state, rng)
+
+    def counts_failed_calls(self) -> bool:
+        return not self._by_best_fit() and super().counts_failed_calls()
+
+    def is_repeatable(self) -> bool:
+        return self._best_fit.is_repeatable() if self._by_best_fit() else super().is_repeatable()
 
     def place_gang(
         self, workload: Workload, state: ClusterState, rng: random.Random
