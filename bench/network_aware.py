@@ -12,12 +12,15 @@ failed for a period. Policies run side by side on the same jobs and seeds:
                          ever hold it (leaf, else spine group), unlimited wait (Kueue required)
   slurm-switches         best-fit, fabric known, preferred=leaf waiting up to 300 s (--switches=1@300)
   network-aware          the network-aware policy (fabric known, default preferred=leaf), told each
-                         job's own communication ratio (EstimateMode.EXACT)
+                         job's own communication ratio (EstimateMode.EXACT); pods placed as best-fit
+                         (its pods=auto on whole-device work)
+  network-aware-fgd-pods the same with pods=fgd-strand (the policy's pod placement before pods=auto)
   network-aware-noisy    the same, each job's ratio wrong by +/-50 % (EstimateMode.NOISY, a seeded
                          coin per job)
   network-aware-hops     the same, knowing hop counts only (EstimateMode.HOPS_ONLY): every gang
                          weighed with one assumption, the classes' mean ratio
   oracle                 fgd with no communication cost at all (the bound)
+  oracle-best-fit        best-fit with no communication cost at all (the bound for best-fit packing)
 
 The other policies are told nothing per job (hop counts only); the truth (each job's class) is the
 same for every policy of a scenario and seed.
@@ -99,9 +102,10 @@ VARIANTS = {
     "network-aware": Variant("network-aware", "network-aware", estimate=EstimateMode.EXACT),
     "network-aware-noisy": Variant("network-aware-noisy", "network-aware", estimate=EstimateMode.NOISY),
     "network-aware-hops": Variant("network-aware-hops", "network-aware", estimate=EstimateMode.HOPS_ONLY),
-    "network-aware-bf": Variant("network-aware-bf", "network-aware", estimate=EstimateMode.EXACT,
-                                options=(("pods", "best-fit"),)),
+    "network-aware-fgd-pods": Variant("network-aware-fgd-pods", "network-aware", estimate=EstimateMode.EXACT,
+                                      options=(("pods", "fgd-strand"),)),
     "oracle": Variant("oracle", "fgd", fabric=False, topology=None, comm=False),
+    "oracle-best-fit": Variant("oracle-best-fit", "best-fit", fabric=False, topology=None, comm=False),
 }
 DEFAULT_POLICIES = "best-fit,fgd,fgd-strand,strict-leaf,slurm-switches,network-aware,oracle"
 
@@ -245,11 +249,13 @@ def _headline(result: dict[str, Any]) -> dict[str, float]:
 
 def interval(values: Sequence[float]) -> tuple[float, float]:
     """Mean and the half-width of its 95 % interval (t distribution over seeds)."""
+    from scipy.stats import t
+
     mean = statistics.fmean(values)
-    if len(values) < 2:
+    n = len(values)
+    if n < 2:
         return mean, 0.0
-    t = {2: 12.706, 3: 4.303, 4: 3.182, 5: 2.776, 6: 2.571, 7: 2.447, 8: 2.365, 9: 2.306, 10: 2.262}
-    return mean, t.get(len(values), 1.96) * statistics.stdev(values) / math.sqrt(len(values))
+    return mean, float(t.ppf(0.975, n - 1)) * statistics.stdev(values) / math.sqrt(n)
 
 
 KEYS = ("gang_jct_mean_s", "gang_queue_p95_s", "gang_locality_wait_mean_s", "jct_mean_s", "alloc_pct",
@@ -355,10 +361,16 @@ def _floats(text: str) -> list[float]:
 
 
 def _seeds(text: str) -> list[int]:
-    if "-" in text:
-        lo, hi = text.split("-")
-        return list(range(int(lo), int(hi) + 1))
-    return [int(x) for x in text.split(",")]
+    """'1-5' or '1,3': raises ValueError (a sentence) for anything else, a reversed range included."""
+    try:
+        if "-" in text:
+            lo, hi = (int(x) for x in text.split("-"))
+            if lo > hi:
+                raise ValueError
+            return list(range(lo, hi + 1))
+        return [int(x) for x in text.split(",")]
+    except ValueError:
+        raise ValueError(f"--seeds takes a range such as 1-5 or a list such as 1,3, got {text!r}.") from None
 
 
 def main() -> int:
@@ -395,9 +407,13 @@ def main() -> int:
     if unknown:
         console.print(f"[red]Unknown policies {unknown}; choose from {', '.join(VARIANTS)}.")
         return 2
-    scenarios = [Scenario(o, lo, int(h), int(k), s) for o, lo, h, k, s in itertools.product(
-        _floats(args.oversub), _floats(args.load), _floats(args.heavy), _floats(args.failed_links),
-        _seeds(args.seeds))]
+    try:
+        grid = (_floats(args.oversub), _floats(args.load), _floats(args.heavy), _floats(args.failed_links),
+                _seeds(args.seeds))
+    except ValueError as exc:
+        parser.error(str(exc) if str(exc).startswith("--seeds") else
+                     f"--oversub, --load, --heavy and --failed-links take comma-separated numbers ({exc}).")
+    scenarios = [Scenario(o, lo, int(h), int(k), s) for o, lo, h, k, s in itertools.product(*grid)]
     if args.only:
         keep = {tuple(float(x) for x in item.split(":")) for item in args.only.split(";")}
         scenarios = [s for s in scenarios if (s.oversub, s.load, s.heavy_pct, s.failed_links) in keep]
