@@ -19,6 +19,10 @@ failed for a period. Policies run side by side on the same jobs and seeds:
                          coin per job)
   network-aware-hops     the same, knowing hop counts only (EstimateMode.HOPS_ONLY): every gang
                          weighed with one assumption, the classes' mean ratio
+  network-aware-telemetry  network-aware seeing link load measured every minute (the truth's pool
+                         utilisation as telemetry, as the server's telemetry route gives it)
+  network-aware-migrate  the same, and a gang whose bottleneck pool stays above 0.9 utilisation for
+                         300 s is checkpoint-requeued (migrate_on_congestion); -migrate-50 at 0.5
   oracle                 fgd with no communication cost at all (the bound)
   oracle-best-fit        best-fit with no communication cost at all (the bound for best-fit packing)
 
@@ -61,6 +65,7 @@ from gpupool.core.topology_spec import Tier, TopologySpec
 from gpupool.providers.nodespec import nodes_from_spec
 from gpupool.sim.comm import EstimateMode, Origin, assign_classes, default_comm_model, packed_nodes
 from gpupool.sim.comm_net import CommSetup, LinkFailure
+from gpupool.sim.congestion import CongestionRule
 from gpupool.sim.datadir import require_data_dir
 from gpupool.sim.jobs import TraceJob, in_window, parse_window, philly_jobs
 from gpupool.sim.replay import Replay, ReplayConfig
@@ -91,6 +96,9 @@ class Variant:
     options: tuple[tuple[str, Any], ...] = ()
     estimate: EstimateMode = EstimateMode.HOPS_ONLY
     """What the scheduler is told of each job's communication ratio."""
+    congestion: CongestionRule | None = None
+    """Link load sampled from the truth into the scheduler's view every minute (sim/congestion.py);
+    with migrate, gangs moved off congestion."""
 
 
 VARIANTS = {
@@ -107,6 +115,15 @@ VARIANTS = {
     "oracle": Variant("oracle", "fgd", fabric=False, topology=None, comm=False),
     "oracle-best-fit": Variant("oracle-best-fit", "best-fit", fabric=False, topology=None, comm=False),
 }
+VARIANTS.update({
+    "network-aware-telemetry": Variant("network-aware-telemetry", "network-aware",
+                                       estimate=EstimateMode.EXACT, congestion=CongestionRule()),
+    "network-aware-migrate": Variant("network-aware-migrate", "network-aware",
+                                     estimate=EstimateMode.EXACT, congestion=CongestionRule(migrate=True)),
+    "network-aware-migrate-50": Variant("network-aware-migrate-50", "network-aware",
+                                        estimate=EstimateMode.EXACT,
+                                        congestion=CongestionRule(threshold=0.5, migrate=True)),
+})
 DEFAULT_POLICIES = "best-fit,fgd,fgd-strand,strict-leaf,slurm-switches,network-aware,oracle"
 
 
@@ -206,7 +223,7 @@ def run_one(task: dict[str, Any]) -> dict[str, Any]:
                         max_locality_wait_s=variant.max_wait_s if variant.topology else math.inf)
     config = ReplayConfig(tuple(nodes), tuple(jobs), policies, seed=scenario.seed,
                           comm=CommSetup(fabric, model, profiles) if variant.comm else None,
-                          link_failures=cuts, timeline_points=50)
+                          link_failures=cuts, timeline_points=50, congestion=variant.congestion)
     replay = Replay(config)
     if variant.fabric:
         replay.view.set_topology(FabricView.from_fabric(fabric, nodes))
@@ -240,6 +257,8 @@ def _headline(result: dict[str, Any]) -> dict[str, float]:
         "in_one_leaf": comm.get("placed_in_one_leaf", 0) / max(comm.get("fit_one_leaf", 0), 1),
         "hops_mean": comm.get("hops_mean", 0.0),
         "across_failed": result.get("gangs_across_failed_links", 0),
+        "congestion_moves": result.get("congestion_moves", 0),
+        "congestion_lost_gpu_h": result.get("congestion_lost_gpu_h", 0.0),
         "wall_s": result["wall_s"],
     }
 

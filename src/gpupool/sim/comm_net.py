@@ -75,6 +75,7 @@ class CommTracker:
         self.bottleneck_gangs: list[int] = []
         self.across_failed = 0
         self.on_degraded = 0
+        self._pool_keys: dict[tuple[int, int], list[tuple[str, int, str, int]]] = {}
 
     # ------------------------------------------------------------------ events
 
@@ -84,7 +85,6 @@ class CommTracker:
         self.last_s = now_s
         if dt <= 0 or not self.gangs:
             return
-        carried: dict[tuple[int, int], float] = {}
         for gang in self.gangs.values():
             if not math.isfinite(gang.step_s) or gang.step_s <= 0:
                 continue
@@ -93,15 +93,10 @@ class CommTracker:
                 self.cross_leaf_bytes += len(gang.leaves) * rate_bps * dt
             if len(gang.spines) > 1:
                 self.cross_spine_bytes += len(gang.spines) * rate_bps * dt
-            for pool in self._pools(gang):
-                carried[pool] = carried.get(pool, 0.0) + rate_bps * 8 / 1e9
             self.lost_gpu_s += gang.gpus * (1.0 - 1.0 / gang.slowdown) * dt
-        utils = []
-        for (kind, owner), gbps in carried.items():
-            cap = float(self.net.avail[kind][owner])
-            utils.append(gbps / cap if cap > 0 and math.isfinite(cap) else UTIL_MAX)
+        utils = list(self.pool_utilisation().values())
         if utils:
-            values = np.minimum(np.asarray(utils), UTIL_MAX)
+            values = np.asarray(utils)
             self.util_max = max(self.util_max, float(values.max()))
             bins = np.minimum((values / UTIL_MAX * UTIL_BINS).astype(np.int64), UTIL_BINS)
             np.add.at(self.util_hist, bins, dt)
@@ -152,6 +147,50 @@ class CommTracker:
             out[wid] = max(MIN_RATE, job.origin_slowdown / gang.slowdown)
         return out
 
+    def pool_utilisation(self) -> dict[tuple[int, int], float]:
+        """(kind, owner) -> carried Gb/s over available Gb/s of every link pool that carries traffic
+        at the current rates (`rates`), capped at UTIL_MAX (a dead pool counts as UTIL_MAX): the
+        values `advance` histograms."""
+        carried: dict[tuple[int, int], float] = {}
+        for gang in self.gangs.values():
+            if not math.isfinite(gang.step_s) or gang.step_s <= 0:
+                continue
+            gbps = gang.bytes_per_step / gang.step_s * 8 / 1e9
+            for pool in self._pools(gang):
+                carried[pool] = carried.get(pool, 0.0) + gbps
+        out = {}
+        for (kind, owner), gbps in carried.items():
+            cap = float(self.net.avail[kind][owner])
+            out[(kind, owner)] = min(gbps / cap, UTIL_MAX) if cap > 0 and math.isfinite(cap) else UTIL_MAX
+        return out
+
+    def bottleneck_utilisation(self, pools: Mapping[tuple[int, int], float] | None = None
+                               ) -> dict[str, float]:
+        """Each tracked gang's bottleneck pool's utilisation (`pool_utilisation`, or `pools` when
+        given): what the congestion rule compares with its threshold.
+
+        The bottleneck is the pool with the smallest per-flow share (as `_bottleneck_count` picks
+        it: the slowest cable as the server sees it), among the pools a move can relieve: the leaf
+        and spine-group uplinks the gang crosses, and access links it shares with another gang.
+        Not simply the most utilised pool, and not its own HCA links: one busy gang fills those
+        alone wherever it runs, so a gang packed in one leaf would be "congested" by its own
+        traffic and moved again and again. A gang with no such pool counts 0."""
+        util = self.pool_utilisation() if pools is None else pools
+        out = {}
+        for wid, gang in self.gangs.items():
+            pool = self._bottleneck_pool(gang, movable=True)
+            out[wid] = util.get(pool, 0.0) if pool is not None else 0.0
+        return out
+
+    def pool_links(self, pool: tuple[int, int]) -> list[tuple[str, int, str, int]]:
+        """The fabric links (`Link.key`) of one link pool: what a telemetry sample sets the load of."""
+        found = self._pool_keys.get(pool)
+        if found is None:
+            key_of = {k: key for key, k in self.net.link_index.items()}
+            sel = np.flatnonzero((self.net.owner_kind == pool[0]) & (self.net.owner_id == pool[1]))
+            found = self._pool_keys[pool] = [key_of[k] for k in sel.tolist() if k in key_of]
+        return found
+
     # ------------------------------------------------------------------ helpers
 
     def _bandwidth(self, gang: _Gang) -> float:
@@ -187,14 +226,22 @@ class CommTracker:
         sel = (net.owner_kind == kind) & (net.owner_id == owner)
         return bool((~net.healthy[sel]).any())
 
-    def _bottleneck_count(self, gang: _Gang) -> None:
-        worst, flows = math.inf, 0
+    def _bottleneck_pool(self, gang: _Gang, movable: bool = False) -> tuple[int, int] | None:
+        """The gang's pool with the smallest per-flow share (the first such in `_pools` order);
+        `movable`: only uplinks and access links shared with another gang."""
+        worst, found = math.inf, None
         for kind, owner in self._pools(gang):
-            n = int(self.net.flows[kind][owner])
-            share = float(self.net.avail[kind][owner]) / max(n, 1)
-            if share < worst:
-                worst, flows = share, n
-        self.bottleneck_gangs.append(flows)
+            flows = int(self.net.flows[kind][owner])
+            if movable and kind == ACCESS and flows < 2:
+                continue
+            share = float(self.net.avail[kind][owner]) / max(flows, 1)
+            if found is None or share < worst:
+                worst, found = share, (kind, owner)
+        return found
+
+    def _bottleneck_count(self, gang: _Gang) -> None:
+        pool = self._bottleneck_pool(gang)
+        self.bottleneck_gangs.append(0 if pool is None else int(self.net.flows[pool[0]][pool[1]]))
 
     # ------------------------------------------------------------------ report
 

@@ -140,7 +140,7 @@ class ReplayMetrics:
     def stopped(self, kind: EventKind, lost_device_s: float) -> None:
         if kind == EventKind.EVICT:
             self.evictions += 1
-        else:
+        elif kind == EventKind.PREEMPT:
             self.preemptions += 1
         self.lost_device_s += lost_device_s
 

@@ -37,6 +37,7 @@ from gpupool.core.scheduling.topology import FabricView
 from gpupool.core.scheduling.view import ClusterView
 from gpupool.sim.budgets import BudgetWatch
 from gpupool.sim.comm_net import CommSetup, CommTracker, LinkFailure
+from gpupool.sim.congestion import CongestionRule, CongestionWatch
 from gpupool.sim.cost import CostMeter
 from gpupool.sim.engine import EventLoop
 from gpupool.sim.jobs import TraceJob
@@ -75,6 +76,10 @@ class ReplayConfig:
     fabric: Fabric | None = None
     """The fabric the scheduler places by (`--fabric`): the nodes are mapped onto its hosts
     (`core.scheduling.topology.map_hosts`); None: the communication model's, else none."""
+    congestion: CongestionRule | None = None
+    """With `comm`: link load sampled from the truth into the scheduler's view every `sample_s`
+    while gangs run, and with `migrate` gangs moved off congested links (sim/congestion.py); the
+    result gains congestion_samples, congestion_moves, congestion_lost_gpu_h, congestion_same_nodes."""
 
 
 @dataclass(slots=True)
@@ -134,6 +139,8 @@ class Replay:
         fabric = config.fabric if config.fabric is not None else comm.fabric if comm else None
         if fabric is not None:
             self.view.set_topology(FabricView.from_fabric(fabric, config.nodes))
+        self.congestion = CongestionWatch(config.congestion) if config.congestion and self.comm else None
+        self.sample_at: float | None = None
 
     # ------------------------------------------------------------------ driving
 
@@ -163,6 +170,8 @@ class Replay:
             span = max(self.loop.clock.now_s - (self.metrics.first_s or 0.0), 1e-9)
             total_gpus = self.view.state.total_device_milli / 1000
             result.update(self.comm.report(self.loop.clock.now_s, total_gpus, span))
+        if self.congestion is not None:
+            result.update(self.congestion.report())
         result["wall_s"] = time.perf_counter() - started
         return result
 
@@ -188,6 +197,8 @@ class Replay:
                 pass  # a held gang's max_locality_wait_s ran out: the cycle below lets it spread
             elif event.kind in ("link_fail", "link_repair"):
                 self._link_event(event.payload, event.kind == "link_repair", now_s)
+            elif event.kind == "congestion_sample":
+                self._congestion_sample(now_s)
         if self.blocked and all(e.kind == "arrive" for e in events):
             self.metrics.observe(now_s, self.view)
             return  # new arrivals queue behind a head that still cannot start: the cycle would be a no-op
@@ -287,6 +298,9 @@ class Replay:
         gpus = job.job.workload.total_device_milli / 1000
         if self.comm is not None and self.comm.start(wid, [n for n, _ in job.devices], gpus):
             self._comm_rerate(now_s)
+            self._sample_soon(now_s)
+        if self.congestion is not None:
+            self.congestion.restarted(wid, tuple(sorted({n for n, _ in job.devices})))
 
     def _finish(self, wid: str, now_s: float) -> None:
         job = self.jobs[wid]
@@ -301,8 +315,9 @@ class Replay:
         self.estimator.observe(job.job.workload, job.job.duration_s, job.estimate_s)
         self.metrics.finished(job.job, now_s, job.first_start_s or now_s)
 
-    def _stop(self, wid: str, now_s: float, kind: EventKind) -> None:
-        """Preempted or evicted (the view has already let go): requeue, resuming from a checkpoint."""
+    def _stop(self, wid: str, now_s: float, kind: EventKind) -> float:
+        """Preempted, evicted or moved (the view has already let go): requeue, resuming from a
+        checkpoint. Returns the device-seconds of work lost (done since that checkpoint)."""
         job = self.jobs[wid]
         if job.token is not None:
             self.loop.cancel(job.token)
@@ -321,13 +336,15 @@ class Replay:
             self._comm_rerate(now_s)
         if self.meter is not None:
             self.meter.stop(wid, now_s)
-        self.metrics.stopped(kind, lost * job.job.workload.total_device_milli / 1000)
+        lost_device_s = lost * job.job.workload.total_device_milli / 1000
+        self.metrics.stopped(kind, lost_device_s)
         self.view.info[wid] = WorkloadInfo(
             attained_service_s=job.attained_device_s, progress_s=kept, runtime_estimate_s=job.estimate_s
         )
         self.pending[wid] = job
         self.pending_workloads[wid] = job.job.workload
         self.metrics.pending_change(job.job, 1.0)
+        return lost_device_s
 
     def _progress(self, job: _Job, now_s: float) -> None:
         done = (now_s - job.last_update_s) * job.rate
@@ -364,6 +381,27 @@ class Replay:
             topology.set_link(cut.key, healthy=repaired)
         if not repaired and math.isfinite(cut.repair_after_s):
             self.loop.schedule(now_s + cut.repair_after_s, "link_repair", cut)
+
+    def _sample_soon(self, now_s: float) -> None:
+        """(Re)start congestion sampling: one sample pending at a time, only while it is needed."""
+        if self.congestion is not None and self.sample_at is None:
+            self.sample_at = now_s + self.congestion.rule.sample_s
+            self.loop.schedule(self.sample_at, "congestion_sample")
+
+    def _congestion_sample(self, now_s: float) -> None:
+        """Telemetry into the scheduler's view; gangs due to move are checkpoint-requeued (released
+        from the view, their lost work accounted by `_stop`); the cycle after this batch places them."""
+        assert self.congestion is not None and self.comm is not None
+        self.sample_at = None
+        for wid in self.congestion.sample(self.comm, self.view.topology, now_s):
+            job = self.jobs[wid]
+            if job.run_start_s is None:
+                continue
+            nodes = tuple(sorted({n for n, _ in job.devices}))
+            self.view.remove(wid)
+            self.congestion.moved(wid, nodes, self._stop(wid, now_s, EventKind.MIGRATE))
+        if self.congestion.active(self.comm):
+            self._sample_soon(now_s)
 
     # ------------------------------------------------------------------ oversubscription
 

@@ -85,6 +85,8 @@ class Policies:
 class EventKind(StrEnum):
     PREEMPT = "preempt"
     EVICT = "evict"
+    MIGRATE = "migrate"
+    """Checkpoint-requeued off a congested link (the replay's congestion rule; no cycle decides it)."""
 
 
 @dataclass(frozen=True, slots=True)

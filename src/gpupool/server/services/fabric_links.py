@@ -19,6 +19,7 @@ from sqlalchemy.orm import Session
 
 from gpupool.core.fabric.telemetry import PortLoad
 from gpupool.core.model import Node, WorkloadStatus
+from gpupool.core.scheduling import congestion
 from gpupool.errors import Conflict
 from gpupool.server.auth import Principal
 from gpupool.server.orm import EventRow, PodRow, WorkloadRow
@@ -194,9 +195,8 @@ def due_to_move(rt: Runtime, fabric: LiveFabric, paths: Mapping[str, GangPath], 
         return []
     hot = {w for w, p in paths.items()
            if p.bottleneck is not None and fabric.load(p.bottleneck) > config.congestion_threshold}
-    since = {w: fabric.congested_since.get(w, now) for w in hot}
-    due = sorted(w for w, t in since.items() if now - t >= config.congestion_for)
-    fabric.congested_since = {w: t for w, t in since.items() if w not in due}
+    due, fabric.congested_since = congestion.due_to_move(hot, fabric.congested_since, now,
+                                                         config.congestion_for)
     return due
 
 
