@@ -22,7 +22,7 @@ failed for a period. Policies run side by side on the same jobs and seeds:
   network-aware-telemetry  network-aware seeing link load measured every minute (the truth's pool
                          utilisation as telemetry, as the server's telemetry route gives it)
   network-aware-migrate  the same, and a gang whose bottleneck pool stays above 0.9 utilisation for
-                         300 s is checkpoint-requeued (migrate_on_congestion); -migrate-50 at 0.5
+                         300 s is checkpoint-requeued (migrate_on_congestion); -migrate-30 at 0.3
   oracle                 fgd with no communication cost at all (the bound)
   oracle-best-fit        best-fit with no communication cost at all (the bound for best-fit packing)
 
@@ -120,9 +120,9 @@ VARIANTS.update({
                                        estimate=EstimateMode.EXACT, congestion=CongestionRule()),
     "network-aware-migrate": Variant("network-aware-migrate", "network-aware",
                                      estimate=EstimateMode.EXACT, congestion=CongestionRule(migrate=True)),
-    "network-aware-migrate-50": Variant("network-aware-migrate-50", "network-aware",
+    "network-aware-migrate-30": Variant("network-aware-migrate-30", "network-aware",
                                         estimate=EstimateMode.EXACT,
-                                        congestion=CongestionRule(threshold=0.5, migrate=True)),
+                                        congestion=CongestionRule(threshold=0.3, migrate=True)),
 })
 DEFAULT_POLICIES = "best-fit,fgd,fgd-strand,strict-leaf,slurm-switches,network-aware,oracle"
 
