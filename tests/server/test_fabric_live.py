@@ -159,7 +159,9 @@ def test_a_gang_whose_bottleneck_stays_congested_is_moved(tmp_path: Path) -> Non
     try:
         gang = pool.gang()
         path = pool.call("get", f"/fabric?workload={gang}").json()["gang"]
-        node, _, port = path["links"][1].rpartition(":")
+        kinds = {lk["id"]: lk["kind"] for lk in pool.call("get", "/fabric").json()["links"]}
+        uplink = next(lk for lk in path["links"] if kinds[lk] == "switch")  # moving can cool it
+        node, _, port = uplink.rpartition(":")
         hot = {"ports": [{"node": node, "port": int(port), "utilization": 0.95}]}
         first = pool.call("post", "/fabric/telemetry", hot)
         assert first.status_code == 200, first.text
@@ -168,6 +170,23 @@ def test_a_gang_whose_bottleneck_stays_congested_is_moved(tmp_path: Path) -> Non
         assert pool.call("post", "/fabric/telemetry", hot).json()["moved"] == [gang]
         reasons = [r for r, _ in pool.events(gang)]
         assert reasons[-1] == "congestion_moved" and pool.detail(gang)["status"] == "pending"
+    finally:
+        pool.close()
+
+
+def test_a_gang_alone_on_its_own_hot_host_cable_is_not_moved(tmp_path: Path) -> None:
+    # its own traffic would follow it to any node: moving it would only repeat every congestion_for
+    pool = Pool(tmp_path, config=MIGRATE)
+    try:
+        gang = pool.gang()
+        path = pool.call("get", f"/fabric?workload={gang}").json()["gang"]
+        node, _, port = path["links"][0].rpartition(":")  # a host's only cable to its leaf
+        hot = {"ports": [{"node": node, "port": int(port), "utilization": 0.95}]}
+        assert pool.call("post", "/fabric/telemetry", hot).json()["moved"] == []
+        pool.now += 61
+        assert pool.call("post", "/fabric/telemetry", hot).json()["moved"] == []
+        assert pool.detail(gang)["status"] == "running"
+        assert pool.call("get", f"/fabric?workload={gang}").json()["gang"]["bottleneck"] == path["links"][0]
     finally:
         pool.close()
 

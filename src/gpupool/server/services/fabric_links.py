@@ -194,10 +194,22 @@ def due_to_move(rt: Runtime, fabric: LiveFabric, paths: Mapping[str, GangPath], 
         fabric.congested_since.clear()
         return []
     hot = {w for w, p in paths.items()
-           if p.bottleneck is not None and fabric.load(p.bottleneck) > config.congestion_threshold}
+           if p.bottleneck is not None and fabric.load(p.bottleneck) > config.congestion_threshold
+           and _relievable(fabric, p)}
     due, fabric.congested_since = congestion.due_to_move(hot, fabric.congested_since, now,
                                                          config.congestion_for)
     return due
+
+
+def _relievable(fabric: LiveFabric, path: GangPath) -> bool:
+    """Whether moving the gang could cool its bottleneck: a cable between switches, or a host's own
+    cable that another gang also uses. A host cable the gang has to itself carries its own traffic
+    wherever it goes; moving it for that would move it again and again (the replay's rule too)."""
+    key = path.bottleneck
+    if key is None:
+        return False
+    between_switches = fabric.current.is_switch(key[0]) and fabric.current.is_switch(key[2])
+    return between_switches or path.sharing > 1
 
 
 def telemetry(rt: Runtime, who: Principal, loads: Mapping[tuple[str, int], PortLoad]) -> LinkChange:
