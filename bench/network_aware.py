@@ -23,6 +23,8 @@ failed for a period. Policies run side by side on the same jobs and seeds:
                          utilisation as telemetry, as the server's telemetry route gives it)
   network-aware-migrate  the same, and a gang whose bottleneck pool stays above 0.9 utilisation for
                          300 s is checkpoint-requeued (migrate_on_congestion); -migrate-30 at 0.3
+  network-aware-nowait   network-aware that never waits for locality (max wait 0: a leaf if one is
+                         free now, else spread at once)
   oracle                 fgd with no communication cost at all (the bound)
   oracle-best-fit        best-fit with no communication cost at all (the bound for best-fit packing)
 
@@ -112,6 +114,8 @@ VARIANTS = {
     "network-aware-hops": Variant("network-aware-hops", "network-aware", estimate=EstimateMode.HOPS_ONLY),
     "network-aware-fgd-pods": Variant("network-aware-fgd-pods", "network-aware", estimate=EstimateMode.EXACT,
                                       options=(("pods", "fgd-strand"),)),
+    "network-aware-nowait": Variant("network-aware-nowait", "network-aware", estimate=EstimateMode.EXACT,
+                                    max_wait_s=0.0),
     "oracle": Variant("oracle", "fgd", fabric=False, topology=None, comm=False),
     "oracle-best-fit": Variant("oracle-best-fit", "best-fit", fabric=False, topology=None, comm=False),
 }
