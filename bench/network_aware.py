@@ -118,8 +118,6 @@ VARIANTS = {
                                     max_wait_s=0.0),
     "oracle": Variant("oracle", "fgd", fabric=False, topology=None, comm=False),
     "oracle-best-fit": Variant("oracle-best-fit", "best-fit", fabric=False, topology=None, comm=False),
-}
-VARIANTS.update({
     "network-aware-telemetry": Variant("network-aware-telemetry", "network-aware",
                                        estimate=EstimateMode.EXACT, congestion=CongestionRule()),
     "network-aware-migrate": Variant("network-aware-migrate", "network-aware",
@@ -127,7 +125,7 @@ VARIANTS.update({
     "network-aware-migrate-30": Variant("network-aware-migrate-30", "network-aware",
                                         estimate=EstimateMode.EXACT,
                                         congestion=CongestionRule(threshold=0.3, migrate=True)),
-})
+}
 DEFAULT_POLICIES = "best-fit,fgd,fgd-strand,strict-leaf,slurm-switches,network-aware,oracle"
 
 
@@ -431,12 +429,14 @@ def main() -> int:
         console.print(f"[red]Unknown policies {unknown}; choose from {', '.join(VARIANTS)}.")
         return 2
     try:
-        grid = (_floats(args.oversub), _floats(args.load), _floats(args.heavy), _floats(args.failed_links),
-                _seeds(args.seeds))
+        seeds = _seeds(args.seeds)
     except ValueError as exc:
-        parser.error(str(exc) if str(exc).startswith("--seeds") else
-                     f"--oversub, --load, --heavy and --failed-links take comma-separated numbers ({exc}).")
-    scenarios = [Scenario(o, lo, int(h), int(k), s) for o, lo, h, k, s in itertools.product(*grid)]
+        parser.error(str(exc))
+    try:
+        axes = [_floats(text) for text in (args.oversub, args.load, args.heavy, args.failed_links)]
+    except ValueError as exc:
+        parser.error(f"--oversub, --load, --heavy and --failed-links take comma-separated numbers ({exc}).")
+    scenarios = [Scenario(o, lo, int(h), int(k), s) for o, lo, h, k, s in itertools.product(*axes, seeds)]
     if args.only:
         keep = {tuple(float(x) for x in item.split(":")) for item in args.only.split(";")}
         scenarios = [s for s in scenarios if (s.oversub, s.load, s.heavy_pct, s.failed_links) in keep]

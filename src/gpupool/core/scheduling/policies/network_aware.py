@@ -51,7 +51,6 @@ from gpupool.core.scheduling.policies.fgd_strand import FgdStrand
 from gpupool.core.scheduling.topology import ACCESS, LEAF_UP, UNKNOWN_RUN_S, FabricView
 from gpupool.core.state import BoolArray, ClusterState, PodAlloc
 from gpupool.core.topology_spec import UNCONSTRAINED, Tier, TopologySpec
-from gpupool.core.units import MILLI
 
 if TYPE_CHECKING:  # imported when first used: the gang module imports this package
     from gpupool.core.scheduling.gang import GangPlacement
@@ -59,10 +58,6 @@ if TYPE_CHECKING:  # imported when first used: the gang module imports this pack
 
 POD_PLACEMENTS = ("auto", "best-fit", "fgd-strand")
 """How network-aware places single pods and the pods of a gang inside a candidate domain."""
-
-
-def _fractional(pod: PodRequest) -> bool:
-    return pod.num_devices > 0 and pod.device_milli < MILLI
 
 
 @register_policy
@@ -89,17 +84,17 @@ class NetworkAware(FgdStrand):
 
     def prepare(self, state: ClusterState, pods: Sequence[PodRequest]) -> None:
         super().prepare(state, pods)
-        self._fractional = any(_fractional(p) for p in pods)
+        self._fractional = any(p.is_fractional for p in pods)
 
     def observe(self, pod: PodRequest) -> None:
         super().observe(pod)
-        self._fractional = self._fractional or _fractional(pod)
+        self._fractional = self._fractional or pod.is_fractional
 
     def _by_best_fit(self) -> bool:
         return self.pods == "best-fit" or (self.pods == "auto" and not self._fractional)
 
     def place(self, pod: PodRequest, state: ClusterState, rng: random.Random) -> Choice | NoFit:
-        self._fractional = self._fractional or _fractional(pod)
+        self._fractional = self._fractional or pod.is_fractional
         if self._by_best_fit():
             return self._best_fit.place(pod, state, rng)
         return super().place(pod, state, rng)
