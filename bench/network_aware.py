@@ -34,8 +34,11 @@ same for every policy of a scenario and seed.
 Metrics per run: JCT and queueing delay by gang size, multi-node gangs' JCT, queueing delay and
 the part of it spent waiting for locality (wait-or-spread), GPU allocation (mean from first to last
 arrival), effective allocation (less what communication cost), cross-leaf/spine bytes, link
-utilisation, gangs across failed links. Seeds give 95 % intervals (t distribution). The grid is the
-product of the options; --jobs runs it in parallel.
+utilisation, gangs across failed links. Seeds give 95 % intervals (t distribution). For the two
+target scenarios (or those --detail names) it also prints, and writes to the JSON's "detail", every
+gang-size bucket's (1, 2-8, 9-32, >32 GPUs) JCT mean/p50/p95/p99, queueing delay and locality wait,
+and the fabric's figures: makespan, cross-leaf/spine bytes, link utilisation max/p99, gangs per
+bottleneck, hops. The grid is the product of the options; --jobs runs it in parallel.
 
     .venv/bin/python bench/network_aware.py --oversub 1,2 --heavy 0,60 --load 1.0 --seeds 1-3 --jobs 2
 """
@@ -318,6 +321,60 @@ def summarise(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return out
 
 
+SIZES = ("1", "2-8", "9-32", ">32")
+"""The replay's `by_gang_size` buckets: GPUs per workload."""
+TARGETS = ((2.0, 1.0, 60, 0), (1.0, 1.0, 0, 0))
+"""The issue's two target scenarios (oversub, load, heavy %, failed links): the default of --detail."""
+DETAIL_FABRIC = {
+    "makespan_h": lambda r: r.get("makespan_s", 0.0) / 3600,
+    "cross_leaf_tb": lambda r: r.get("cross_leaf_bytes", 0.0) / 1e12,
+    "cross_spine_tb": lambda r: r.get("cross_spine_bytes", 0.0) / 1e12,
+    "link_util_max": lambda r: r.get("link_util_max", 0.0),
+    "link_util_p99": lambda r: r.get("link_util_p99", 0.0),
+    "gangs_per_bottleneck_mean": lambda r: r.get("comm", {}).get("gangs_per_bottleneck_mean", 0.0),
+    "gangs_per_bottleneck_max": lambda r: r.get("comm", {}).get("gangs_per_bottleneck_max", 0.0),
+    "hops_mean": lambda r: r.get("comm", {}).get("hops_mean", 0.0),
+    "comm_lost_gpu_h": lambda r: r.get("comm", {}).get("lost_gpu_hours", 0.0),
+}
+"""Per-run fabric figures of the detail, read from a run's replay result."""
+
+
+def detail(rows: list[dict[str, Any]], scenarios: Sequence[tuple[float, float, int, int]] = TARGETS
+           ) -> list[dict[str, Any]]:
+    """The metrics the main table leaves out, for the chosen scenarios: per (scenario, variant) the
+    means over seeds of every gang-size bucket's count, JCT (mean, p50, p95, p99), queueing delay
+    (mean, p95) and locality wait (mean), and of the fabric figures (makespan, cross-leaf and
+    cross-spine bytes, link utilisation max / p99, gangs per bottleneck, hops, GPU-hours lost to
+    communication). Read from each run's replay result, so it works on any results JSON."""
+    wanted = {tuple(float(x) for x in sc) for sc in scenarios}
+    groups: dict[tuple[Any, ...], list[dict[str, Any]]] = {}
+    for row in rows:
+        s = row["scenario"]
+        scenario = (s["oversub"], s["load"], s["heavy_pct"], s["failed_links"])
+        if tuple(float(x) for x in scenario) in wanted:
+            groups.setdefault((*scenario, row.get("origin", "packed"), row["variant"]), []).append(row)
+    out = []
+    for key, members in sorted(groups.items()):
+        names = ("oversub", "load", "heavy_pct", "failed_links", "origin", "variant")
+        entry: dict[str, Any] = {**dict(zip(names, key, strict=True)), "seeds": len(members)}
+        results = [m.get("result", {}) for m in members]
+        for name, read in DETAIL_FABRIC.items():
+            entry[name] = statistics.fmean(read(r) for r in results)
+        by_size: dict[str, dict[str, float]] = {}
+        for size in SIZES:
+            cells = [r.get("by_gang_size", {}).get(size, {}) for r in results]
+            figures: dict[str, float] = {"count": statistics.fmean(c.get("count", 0) for c in cells)}
+            for metric, stats in (("jct_s", ("mean", "p50", "p95", "p99")),
+                                  ("queue_delay_s", ("mean", "p95")), ("locality_wait_s", ("mean",))):
+                for stat in stats:
+                    figures[f"{metric}_{stat}"] = statistics.fmean(c.get(metric, {}).get(stat, 0.0)
+                                                                   for c in cells)
+            by_size[size] = figures
+        entry["by_gang_size"] = by_size
+        out.append(entry)
+    return out
+
+
 def _baseline(groups: dict[tuple[Any, ...], list[dict[str, Any]]], key: tuple[Any, ...],
               seed: int) -> dict[str, Any] | None:
     """The better (lower multi-node gang JCT) of best-fit and fgd on the same scenario and seed."""
@@ -381,6 +438,21 @@ def _floats(text: str) -> list[float]:
     return [float(x) for x in text.split(",") if x]
 
 
+def _scenarios(text: str) -> list[tuple[float, float, int, int]]:
+    """'oversub:load:heavy:links' items, ';'-joined (an empty text is none)."""
+    out = []
+    for item in filter(None, (part.strip() for part in text.split(";"))):
+        fields = item.split(":")
+        try:
+            if len(fields) != 4:
+                raise ValueError
+            out.append((float(fields[0]), float(fields[1]), int(fields[2]), int(fields[3])))
+        except ValueError:
+            raise ValueError(f"scenario {item!r} is not oversub:load:heavy:links (four numbers, e.g. "
+                             f"2:1.0:60:0; heavy and links whole numbers)") from None
+    return out
+
+
 def _seeds(text: str) -> list[int]:
     """'1-5' or '1,3': raises ValueError (a sentence) for anything else, a reversed range included."""
     try:
@@ -407,19 +479,30 @@ def main() -> int:
     parser.add_argument("--policies", default=DEFAULT_POLICIES, help=f"of {', '.join(VARIANTS)}")
     parser.add_argument("--origin", default="packed", choices=[o.value for o in Origin])
     parser.add_argument("--only", default="", help="scenarios to keep: oversub:load:heavy:links, ';'-joined")
+    parser.add_argument("--detail", default=";".join(":".join(f"{x:g}" for x in t) for t in TARGETS),
+                        help="scenarios (as --only) whose gang-size and fabric figures are printed and "
+                             "written to the JSON's 'detail'; default: the two target scenarios")
     parser.add_argument("--backfill", action="store_true", help="EASY backfill on (slower replays)")
     parser.add_argument("--jobs", type=int, default=1)
     parser.add_argument("--json", type=Path, default=REPO / "bench" / "results" / "network_aware.json")
     parser.add_argument("--plots", type=Path, default=REPO / "docs" / "img")
     parser.add_argument("--summarise", type=Path, help="only summarise and plot the runs in this JSON")
     args = parser.parse_args()
+    try:
+        only = _scenarios(args.only)
+        detailed = _scenarios(args.detail)
+    except ValueError as exc:
+        parser.error(str(exc))
     if args.summarise is not None:
-        summary = summarise(json.loads(args.summarise.read_text())["runs"])
+        doc = json.loads(args.summarise.read_text())
+        summary = summarise(doc["runs"])
         _print(summary)
+        details = detail(doc["runs"], detailed)
+        _print_detail(details)
         for path in plot(summary, args.plots, args.summarise.stem):
             console.print(f"Plot: {path}")
-        doc = json.loads(args.summarise.read_text())
         doc["summary"] = summary
+        doc["detail"] = details
         args.summarise.write_text(json.dumps(doc, indent=1, default=str))
         return 0
     trace = require_data_dir() / "philly" / "philly-sia.csv"
@@ -437,8 +520,8 @@ def main() -> int:
     except ValueError as exc:
         parser.error(f"--oversub, --load, --heavy and --failed-links take comma-separated numbers ({exc}).")
     scenarios = [Scenario(o, lo, int(h), int(k), s) for o, lo, h, k, s in itertools.product(*axes, seeds)]
-    if args.only:
-        keep = {tuple(float(x) for x in item.split(":")) for item in args.only.split(";")}
+    if only:
+        keep = set(only)
         scenarios = [s for s in scenarios if (s.oversub, s.load, s.heavy_pct, s.failed_links) in keep]
     tasks = [{"scenario": s, "variant": v, "nodes": args.nodes, "ports": args.ports, "trace": str(trace),
               "window": window, "origin": args.origin, "backfill": args.backfill}
@@ -461,17 +544,19 @@ def main() -> int:
             _write(args, rows, started)
     summary = summarise(rows)
     _print(summary)
+    details = detail(rows, detailed)
+    _print_detail(details)
     for path in plot(summary, args.plots, args.json.stem):
         console.print(f"Plot: {path}")
-    _write(args, rows, started, summary)
+    _write(args, rows, started, summary, details)
     return 0
 
 
 def _write(args: argparse.Namespace, rows: list[dict[str, Any]], started: float,
-           summary: list[dict[str, Any]] | None = None) -> None:
+           summary: list[dict[str, Any]] | None = None, details: list[dict[str, Any]] | None = None) -> None:
     args.json.parent.mkdir(parents=True, exist_ok=True)
     doc = {"command": " ".join(sys.argv), "wall_s": time.perf_counter() - started,
-           "summary": summary, "runs": rows}
+           "summary": summary, "detail": details, "runs": rows}
     args.json.write_text(json.dumps(doc, indent=1, default=str))
 
 
@@ -493,6 +578,34 @@ def _print(summary: list[dict[str, Any]]) -> None:
             f"{e['effective_alloc_pct']:.1f}", f"{e['in_one_leaf']:.2f}", f"{e['across_failed']:.1f}",
         )
     console.print(table)
+
+
+def _print_detail(entries: list[dict[str, Any]]) -> None:
+    if not entries:
+        return
+    sizes = Table(title="By gang size (GPUs per workload), mean over seeds: JCT and queueing delay in hours")
+    for column in ("scenario", "policy", "size", "count", "JCT mean", "p50", "p95", "p99", "queue mean",
+                   "queue p95", "locality wait"):
+        sizes.add_column(column, justify="right")
+    fabric = Table(title="Fabric, mean over seeds")
+    for column in ("scenario", "policy", "makespan h", "cross-leaf TB", "cross-spine TB", "link util max",
+                   "p99", "gangs/bottleneck mean", "max", "hops", "comm-lost GPU-h"):
+        fabric.add_column(column, justify="right")
+    for e in entries:
+        label = f"{e['oversub']:g}:1 {e['load']:g} {e['heavy_pct']}% {e['failed_links']}"
+        for size, f in e["by_gang_size"].items():
+            if not f["count"]:
+                continue
+            hours = ("jct_s_mean", "jct_s_p50", "jct_s_p95", "jct_s_p99", "queue_delay_s_mean",
+                     "queue_delay_s_p95", "locality_wait_s_mean")
+            sizes.add_row(label, e["variant"], size, f"{f['count']:.0f}",
+                          *(f"{f[k] / 3600:.2f}" for k in hours))
+        fabric.add_row(label, e["variant"], f"{e['makespan_h']:.1f}", f"{e['cross_leaf_tb']:.0f}",
+                       f"{e['cross_spine_tb']:.0f}", f"{e['link_util_max']:.3f}", f"{e['link_util_p99']:.3f}",
+                       f"{e['gangs_per_bottleneck_mean']:.2f}", f"{e['gangs_per_bottleneck_max']:.1f}",
+                       f"{e['hops_mean']:.2f}", f"{e['comm_lost_gpu_h']:.0f}")
+    console.print(sizes)
+    console.print(fabric)
 
 
 if __name__ == "__main__":

@@ -262,6 +262,10 @@ def test_summarise_option_resummarises_a_json_without_the_trace_and_plots_each_f
     assert (doc["command"], doc["wall_s"]) == ("bench/network_aware.py --seeds 1-2", 12.0)
     assert doc["summary"] == json.loads(json.dumps(network_aware.summarise(runs)))
     assert len(doc["summary"]) == 6
+    # the detail defaults to the target scenarios: 2:1 / 1.0 / 60 % / 0 here, not 1:1 or 1.5:1
+    assert doc["detail"] == json.loads(json.dumps(network_aware.detail(runs)))
+    assert {(e["oversub"], e["variant"]) for e in doc["detail"]} == {
+        (2.0, "best-fit"), (2.0, "fgd"), (2.0, "network-aware")}
     assert entry(doc["summary"], "network-aware")["gang_jct_mean_s_vs_best"] == pytest.approx(0.85)
     on_one_to_one = entry(doc["summary"], "network-aware", oversub=1.0)
     assert on_one_to_one["gang_jct_mean_s_vs_best"] == pytest.approx(0.8)
@@ -275,3 +279,84 @@ def test_summarise_option_resummarises_a_json_without_the_trace_and_plots_each_f
         assert (plots / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     out = capsys.readouterr().out
     assert out.count("Plot:") == 3
+
+
+# ---------------------------------------------------------------------------------- detail
+
+
+def replay_result(jct_p95: float, nine_to_32: int, *, cross_leaf: float = 0.0) -> dict[str, Any]:
+    """A replay result with the fields detail() reads: two gang-size buckets filled, two empty."""
+    def bucket(count: int, jct_mean: float) -> dict[str, Any]:
+        return {"count": count,
+                "jct_s": {"mean": jct_mean, "p50": jct_mean / 2, "p95": jct_p95, "p99": jct_p95 * 2},
+                "queue_delay_s": {"mean": 60.0, "p50": 0.0, "p95": 600.0, "p99": 900.0},
+                "locality_wait_s": {"mean": 30.0, "p50": 0.0, "p95": 0.0, "p99": 0.0}}
+    return {"makespan_s": 7200.0, "cross_leaf_bytes": cross_leaf, "cross_spine_bytes": 2e12,
+            "link_util_max": 0.5, "link_util_p99": 0.25,
+            "by_gang_size": {"1": bucket(10, 100.0), "9-32": bucket(nine_to_32, 3600.0)},
+            "comm": {"gangs_per_bottleneck_mean": 1.5, "gangs_per_bottleneck_max": 3, "hops_mean": 4.0,
+                     "lost_gpu_hours": 12.0}}
+
+
+def test_detail_averages_each_gang_size_and_the_fabric_figures_over_seeds() -> None:
+    rows = [{**run("network-aware", 1), "result": replay_result(7200.0, 4, cross_leaf=1e12)},
+            {**run("network-aware", 2), "result": replay_result(3600.0, 2, cross_leaf=3e12)}]
+    [only] = network_aware.detail(rows, [(2.0, 1.0, 60, 0)])
+    assert (only["variant"], only["seeds"]) == ("network-aware", 2)
+    assert only["makespan_h"] == pytest.approx(2.0)
+    assert only["cross_leaf_tb"] == pytest.approx(2.0)      # (1 + 3) / 2 TB
+    assert only["cross_spine_tb"] == pytest.approx(2.0)
+    assert (only["link_util_max"], only["link_util_p99"]) == (0.5, 0.25)
+    assert (only["gangs_per_bottleneck_mean"], only["gangs_per_bottleneck_max"]) == (1.5, 3)
+    assert only["comm_lost_gpu_h"] == pytest.approx(12.0)
+    sizes = only["by_gang_size"]
+    assert list(sizes) == ["1", "2-8", "9-32", ">32"]
+    assert sizes["9-32"]["count"] == pytest.approx(3.0)
+    assert sizes["9-32"]["jct_s_p95"] == pytest.approx(5400.0)  # (7200 + 3600) / 2
+    assert sizes["9-32"]["jct_s_p99"] == pytest.approx(10800.0)
+    assert sizes["9-32"]["jct_s_p50"] == pytest.approx(1800.0)
+    assert (sizes["1"]["queue_delay_s_mean"], sizes["1"]["queue_delay_s_p95"]) == (60.0, 600.0)
+    assert sizes["1"]["locality_wait_s_mean"] == 30.0
+    assert sizes["2-8"]["count"] == 0 and sizes["2-8"]["jct_s_mean"] == 0.0  # absent bucket: zeros
+
+
+def test_detail_keeps_only_the_chosen_scenarios_by_value_and_splits_by_variant_and_origin() -> None:
+    other = {**SCENARIO, "oversub": 4.0}
+    rows = [{**run("best-fit", 1), "result": replay_result(1.0, 1)},
+            {**run("network-aware", 1), "result": replay_result(1.0, 1)},
+            {**run("network-aware", 1, origin="two-leaves"), "result": replay_result(1.0, 1)},
+            {**run("network-aware", 1, scenario=other), "result": replay_result(1.0, 1)}]
+    found = network_aware.detail(rows, [(2, 1, 60, 0)])  # integers match the runs' floats
+    assert [(e["variant"], e["origin"]) for e in found] == [
+        ("best-fit", "packed"), ("network-aware", "packed"), ("network-aware", "two-leaves")]
+    assert network_aware.detail(rows, []) == []
+    assert [e["oversub"] for e in network_aware.detail(rows, [(4.0, 1.0, 60, 0)])] == [4.0]
+
+
+def test_detail_of_runs_without_a_replay_result_is_zeros_not_an_error() -> None:
+    [found] = network_aware.detail([run("fgd", 1)], network_aware.TARGETS[:1])
+    assert found["makespan_h"] == 0.0 and found["by_gang_size"]["1"]["count"] == 0
+
+
+@pytest.mark.parametrize(("text", "scenarios"), [
+    ("2:1.0:60:0", [(2.0, 1.0, 60, 0)]),
+    ("2:1:60:0;1:0.8:0:4;", [(2.0, 1.0, 60, 0), (1.0, 0.8, 0, 4)]),
+    ("", []),
+])
+def test_scenarios_parse_four_numbers_per_item(text: str, scenarios: list[tuple[Any, ...]]) -> None:
+    assert network_aware._scenarios(text) == scenarios
+
+
+@pytest.mark.parametrize("text", ["2:1:60", "2:1:60:0:1", "2:x:60:0", "2:1:60.5:0"])
+def test_a_malformed_scenario_is_refused_in_a_sentence_that_names_it(text: str) -> None:
+    with pytest.raises(ValueError, match="is not oversub:load:heavy:links"):
+        network_aware._scenarios(text)
+
+
+def test_bad_only_or_detail_exits_with_a_usage_error(monkeypatch: pytest.MonkeyPatch,
+                                                     capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.setattr(sys, "argv", ["network_aware.py", "--detail", "2:1:60", "--summarise", "x.json"])
+    with pytest.raises(SystemExit) as exc:
+        network_aware.main()
+    assert exc.value.code == 2
+    assert "'2:1:60' is not oversub:load:heavy:links" in capsys.readouterr().err
