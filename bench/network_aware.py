@@ -286,19 +286,28 @@ KEYS = ("gang_jct_mean_s", "gang_queue_p95_s", "gang_locality_wait_mean_s", "jct
         "effective_alloc_pct", "in_one_leaf", "hops_mean", "across_failed")
 
 
-def summarise(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """One row per (scenario without seed, variant): means and 95 % half-widths over seeds, and the
-    ratio to the better of best-fit and fgd per seed."""
+GROUP_KEY = ("oversub", "load", "heavy_pct", "failed_links", "origin", "variant")
+"""What a summary row is per: a scenario without its seed, the trace's origin and the policy."""
+
+
+def _groups(rows: list[dict[str, Any]]) -> dict[tuple[Any, ...], list[dict[str, Any]]]:
+    """The runs by GROUP_KEY (rows without an origin count as packed)."""
     groups: dict[tuple[Any, ...], list[dict[str, Any]]] = {}
     for row in rows:
         s = row["scenario"]
         key = (s["oversub"], s["load"], s["heavy_pct"], s["failed_links"], row.get("origin", "packed"),
                row["variant"])
         groups.setdefault(key, []).append(row)
+    return groups
+
+
+def summarise(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One row per (scenario without seed, variant): means and 95 % half-widths over seeds, and the
+    ratio to the better of best-fit and fgd per seed."""
+    groups = _groups(rows)
     out = []
-    for key, members in sorted(groups.items(), key=lambda kv: (kv[0][:5], kv[0][5])):
-        names = ("oversub", "load", "heavy_pct", "failed_links", "origin", "variant")
-        entry: dict[str, Any] = dict(zip(names, key, strict=True))
+    for key, members in sorted(groups.items()):
+        entry: dict[str, Any] = dict(zip(GROUP_KEY, key, strict=True))
         entry["seeds"] = len(members)
         for name in KEYS:
             entry[name], entry[name + "_ci95"] = interval([m.get(name, 0.0) for m in members])
@@ -346,17 +355,12 @@ def detail(rows: list[dict[str, Any]], scenarios: Sequence[tuple[float, float, i
     (mean, p95) and locality wait (mean), and of the fabric figures (makespan, cross-leaf and
     cross-spine bytes, link utilisation max / p99, gangs per bottleneck, hops, GPU-hours lost to
     communication). Read from each run's replay result, so it works on any results JSON."""
-    wanted = {tuple(float(x) for x in sc) for sc in scenarios}
-    groups: dict[tuple[Any, ...], list[dict[str, Any]]] = {}
-    for row in rows:
-        s = row["scenario"]
-        scenario = (s["oversub"], s["load"], s["heavy_pct"], s["failed_links"])
-        if tuple(float(x) for x in scenario) in wanted:
-            groups.setdefault((*scenario, row.get("origin", "packed"), row["variant"]), []).append(row)
+    wanted = set(scenarios)  # 2 == 2.0 and they hash alike: integers match the runs' floats
     out = []
-    for key, members in sorted(groups.items()):
-        names = ("oversub", "load", "heavy_pct", "failed_links", "origin", "variant")
-        entry: dict[str, Any] = {**dict(zip(names, key, strict=True)), "seeds": len(members)}
+    for key, members in sorted(_groups(rows).items()):
+        if key[:4] not in wanted:
+            continue
+        entry: dict[str, Any] = {**dict(zip(GROUP_KEY, key, strict=True)), "seeds": len(members)}
         results = [m.get("result", {}) for m in members]
         for name, read in DETAIL_FABRIC.items():
             entry[name] = statistics.fmean(read(r) for r in results)
@@ -587,6 +591,8 @@ def _print_detail(entries: list[dict[str, Any]]) -> None:
     for column in ("scenario", "policy", "size", "count", "JCT mean", "p50", "p95", "p99", "queue mean",
                    "queue p95", "locality wait"):
         sizes.add_column(column, justify="right")
+    hours = ("jct_s_mean", "jct_s_p50", "jct_s_p95", "jct_s_p99", "queue_delay_s_mean", "queue_delay_s_p95",
+             "locality_wait_s_mean")
     fabric = Table(title="Fabric, mean over seeds")
     for column in ("scenario", "policy", "makespan h", "cross-leaf TB", "cross-spine TB", "link util max",
                    "p99", "gangs/bottleneck mean", "max", "hops", "comm-lost GPU-h"):
@@ -596,8 +602,6 @@ def _print_detail(entries: list[dict[str, Any]]) -> None:
         for size, f in e["by_gang_size"].items():
             if not f["count"]:
                 continue
-            hours = ("jct_s_mean", "jct_s_p50", "jct_s_p95", "jct_s_p99", "queue_delay_s_mean",
-                     "queue_delay_s_p95", "locality_wait_s_mean")
             sizes.add_row(label, e["variant"], size, f"{f['count']:.0f}",
                           *(f"{f[k] / 3600:.2f}" for k in hours))
         fabric.add_row(label, e["variant"], f"{e['makespan_h']:.1f}", f"{e['cross_leaf_tb']:.0f}",
