@@ -23,6 +23,8 @@ failed for a period. Policies run side by side on the same jobs and seeds:
                          utilisation as telemetry, as the server's telemetry route gives it)
   network-aware-migrate  the same, and a gang whose bottleneck pool stays above 0.9 utilisation for
                          300 s is checkpoint-requeued (migrate_on_congestion); -migrate-30 at 0.3
+  network-aware-loss     network-aware waiting for a leaf up to what spreading would cost the gang
+                         (topology_wait_cap: loss), never less than 300 s
   network-aware-nowait   network-aware that never waits for locality (max wait 0: a leaf if one is
                          free now, else spread at once)
   oracle                 fgd with no communication cost at all (the bound)
@@ -96,6 +98,8 @@ class Variant:
     fabric: bool = True
     topology: TopologySpec | None = PREFERRED_LEAF
     max_wait_s: float = 300.0
+    up_to_loss: bool = False
+    """Wait for locality up to the loss spreading would cost (topology_wait_cap: loss)."""
     strict: bool = False
     comm: bool = True
     options: tuple[tuple[str, Any], ...] = ()
@@ -117,6 +121,8 @@ VARIANTS = {
     "network-aware-hops": Variant("network-aware-hops", "network-aware", estimate=EstimateMode.HOPS_ONLY),
     "network-aware-fgd-pods": Variant("network-aware-fgd-pods", "network-aware", estimate=EstimateMode.EXACT,
                                       options=(("pods", "fgd-strand"),)),
+    "network-aware-loss": Variant("network-aware-loss", "network-aware", estimate=EstimateMode.EXACT,
+                                  up_to_loss=True),
     "network-aware-nowait": Variant("network-aware-nowait", "network-aware", estimate=EstimateMode.EXACT,
                                     max_wait_s=0.0),
     "oracle": Variant("oracle", "fgd", fabric=False, topology=None, comm=False),
@@ -225,7 +231,8 @@ def run_one(task: dict[str, Any]) -> dict[str, Any]:
         options.update(_scheduler_comm(model, fabric))
     policies = Policies(placement=variant.placement, placement_options=options, ordering="priority-fifo",
                         backfill=task["backfill"], topology_default=variant.topology,
-                        max_locality_wait_s=variant.max_wait_s if variant.topology else math.inf)
+                        max_locality_wait_s=variant.max_wait_s if variant.topology else math.inf,
+                        locality_wait_up_to_loss=variant.up_to_loss)
     config = ReplayConfig(tuple(nodes), tuple(jobs), policies, seed=scenario.seed,
                           comm=CommSetup(fabric, model, profiles) if variant.comm else None,
                           link_failures=cuts, timeline_points=50, congestion=variant.congestion)

@@ -32,6 +32,13 @@ def test_defaults_and_round_trip() -> None:
     assert parse_config(configured.to_yaml()) == configured
 
 
+def test_the_wait_cap_reaches_the_cycle() -> None:
+    assert not PoolConfig().policies().locality_wait_up_to_loss
+    config = parse_config("scheduling:\n  topology_max_wait: 10m\n  topology_wait_cap: loss\n")
+    policies = config.policies()
+    assert policies.locality_wait_up_to_loss and policies.max_locality_wait_s == 600.0
+
+
 def test_queues_become_cluster_queues_in_their_cohorts() -> None:
     config = parse_config("""\
 queues:
@@ -67,6 +74,8 @@ queues:
     ("scheduling:\n  placement: fgd\n  placement_options: {bogus: 1}\n",
      "line 3: scheduling.placement_options"),
     ("defaults:\n  memory_per_gpu: lots\n", "defaults.memory_per_gpu"),
+    ("scheduling:\n  topology_wait_cap: lossy\n",
+     "line 2: scheduling.topology_wait_cap: Input should be 'fixed' or 'loss'"),
     ("scheduling: [1,\n", "not valid YAML"),
     ("- a\n- b\n", "must be a mapping of sections"),
 ])

@@ -78,6 +78,9 @@ class SchedulingConfig(_Strict):
     topology_max_wait: Seconds = 300.0
     """The longest a gang that could start spread over the spine waits for a leaf of its own
     (Slurm's max_switch_wait); it waits only while spreading is expected to cost more."""
+    topology_wait_cap: Literal["fixed", "loss"] = "fixed"
+    """fixed: every gang waits at most topology_max_wait in all; loss: a gang whose spread would
+    cost it more (its estimated run time x the extra slowdown) may wait up to that cost in all."""
 
     @field_validator("topology_default")
     @classmethod
@@ -315,7 +318,8 @@ class PoolConfig(_Strict):
                         max_preemption_attempts=s.max_preemption_attempts,
                         defaults=self.defaults.slice_defaults(),
                         topology_default=parse_topology_spec(s.topology_default),
-                        max_locality_wait_s=s.topology_max_wait)
+                        max_locality_wait_s=s.topology_max_wait,
+                        locality_wait_up_to_loss=s.topology_wait_cap == "loss")
 
     def to_yaml(self) -> str:
         return yaml.safe_dump(self.model_dump(mode="json"), sort_keys=False, default_flow_style=False)

@@ -146,3 +146,60 @@ def test_a_busy_pool_with_waiting_gangs_never_over_allocates() -> None:
             del waiting[admission.workload_id]
         now += 30.0
     assert waits  # the scenario does exercise waiting
+
+
+FREE_AT_1000 = [busy("n000", 8, "slow", estimate_s=1000.0), *FREE_N001_N003[1:]]
+"""As FREE_N001_N003, but leaf 0 is whole again only at t=1000: beyond the 300 s default cap."""
+
+
+def test_with_up_to_loss_a_gang_waits_beyond_max_wait_while_spreading_costs_more() -> None:
+    view = congested(view_on(running=FREE_AT_1000))
+    fixed = run(view, [gang(2, 8, wid="g", estimate_s=10_000.0)], placement="network-aware")
+    assert leaves_of(view, nodes_of(fixed, "g")) == {0, 1}  # 1000 s is past the 300 s cap: it spreads
+    view = congested(view_on(running=FREE_AT_1000))
+    result = run(view, [gang(2, 8, wid="g", estimate_s=10_000.0)], placement="network-aware",
+                 locality_wait_up_to_loss=True)
+    (waiting,) = result.rejected
+    assert waiting.reason is Reason.WAITING_FOR_LOCALITY and "expected in 1000 s" in waiting.message
+    cap = view.locality_caps["g"]
+    assert cap > 1000.0 and f"less than the {cap:.0f} s spreading would cost" in waiting.message
+    assert f"at most {cap:.0f} s in all" in waiting.message
+    assert result.reservation == ReservedStart("g", 1000.0)
+
+
+def test_with_up_to_loss_a_gang_never_waits_longer_in_all_than_spreading_would_cost() -> None:
+    view = congested(view_on(running=FREE_AT_1000))
+    assert run(view, [gang(2, 8, wid="g", estimate_s=10_000.0)], placement="network-aware",
+               locality_wait_up_to_loss=True).rejected
+    cap = view.locality_caps["g"]
+    still = run(view, [gang(2, 8, wid="g", estimate_s=10_000.0)], now_s=cap - 1.0, placement="network-aware",
+                locality_wait_up_to_loss=True)  # n000 is overdue: the worst case is the cap's last second
+    assert "may take up to 1 s" in still.rejected[0].message
+    spread = run(view, [gang(2, 8, wid="g", estimate_s=10_000.0)], now_s=cap + 1.0, placement="network-aware",
+                 locality_wait_up_to_loss=True)
+    assert nodes_of(spread, "g") and "g" not in view.locality_waits and "g" not in view.locality_caps
+
+
+def test_with_up_to_loss_a_cheap_spread_keeps_the_fixed_cap() -> None:
+    """A short gang whose spread costs less than max_wait: the cap stays max_wait, as without the option."""
+    for up_to_loss in (False, True):
+        view = congested(view_on(running=FREE_N001_N003))
+        result = run(view, [gang(2, 8, wid="g", estimate_s=60.0)], placement="network-aware",
+                     locality_wait_up_to_loss=up_to_loss)
+        (waiting,) = result.rejected
+        assert "at most 300 s in all" in waiting.message and view.locality_caps == {"g": 300.0}
+
+
+def test_with_up_to_loss_overdue_work_is_waited_for_at_most_max_wait_at_a_time() -> None:
+    """At t=1050 n000 is 50 s past its estimate: the worst case counted is 300 s (max_wait), not the
+    rest of the loss; a gang that would lose more than 300 s spread waits, one that would lose less
+    spreads."""
+    view = congested(view_on(running=FREE_AT_1000))
+    result = run(view, [gang(2, 8, wid="g", estimate_s=10_000.0)], now_s=1050.0, placement="network-aware",
+                 locality_wait_up_to_loss=True)
+    (waiting,) = result.rejected
+    assert "may take up to 300 s" in waiting.message and view.locality_caps["g"] > 1000.0
+    view = congested(view_on(running=FREE_AT_1000))
+    result = run(view, [gang(2, 8, wid="g", estimate_s=60.0)], now_s=1050.0, placement="network-aware",
+                 locality_wait_up_to_loss=True)
+    assert leaves_of(view, nodes_of(result, "g")) == {0, 1}

@@ -74,3 +74,34 @@ def test_required_leaf_waits_where_none_spreads(pool: Pool) -> None:
 def test_a_gang_no_leaf_could_ever_hold_under_required_leaf_fails(pool: Pool) -> None:
     never = pool.gang(replicas=3, topology="required=leaf")  # leaves have 2 hosts
     assert (pool.detail(never)["status"], pool.detail(never)["reason"]) == ("failed", "never_fits")
+
+
+@pytest.mark.parametrize("cap", ["fixed", "loss"])
+def test_the_pools_wait_cap_decides_whether_a_long_gang_waits_an_hour_for_its_leaf(
+    tmp_path: Path, cap: str
+) -> None:
+    """Every leaf has one node busy for an hour. A ten-hour communication-heavy gang could start now
+    only across the spine: under the default cap (300 s) it spreads at once; with
+    `topology_wait_cap: loss` it waits for a leaf, since spreading would cost it more than the hour."""
+    config = f"scheduling: {{placement: network-aware, backfill: false, topology_wait_cap: {cap}}}\n"
+    pool = Pool(tmp_path, config=config)
+    try:
+        evens = [f"node{i:05d}" for i in (2, 4, 6, 8)]
+        for name in evens:
+            pool.call("post", f"/nodes/{name}/cordon")
+        for _ in range(4):
+            pool.gang(replicas=1, runtime_estimate_s=3600.0)
+        for name in evens:
+            pool.call("post", f"/nodes/{name}/uncordon")
+        gang = pool.gang(replicas=2, topology="preferred=leaf,comm=4", runtime_estimate_s=36_000.0)
+        detail = pool.detail(gang)
+        if cap == "fixed":
+            assert detail["status"] == "running" and detail["network"]["domain"] == "spine"
+            return
+        assert (detail["status"], detail["reason"]) == ("pending", "waiting_for_locality")
+        message = detail["message"]
+        assert "a leaf of its own is expected in 3600 s" in message
+        loss = message.split("less than the ")[1].split(" s spreading")[0]
+        assert int(loss) > 3600 and f"it waits (at most {loss} s in all)" in message
+    finally:
+        pool.close()

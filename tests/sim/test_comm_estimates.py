@@ -38,10 +38,10 @@ start only across the same two uplinks, already carrying b (half the bandwidth),
 again at t=200 (n006, n007): 180 s away."""
 
 
-def _run(estimate: EstimateMode, jobs: tuple[TraceJob, ...] = JOBS) -> dict:
+def _run(estimate: EstimateMode, jobs: tuple[TraceJob, ...] = JOBS, up_to_loss: bool = False) -> dict:
     nodes = tuple(cluster(12))
     setup = comm_setup(FABRIC, jobs, HEAVY_ONLY, seed=0, devices_per_node=8, estimate=estimate)
-    policies = Policies(placement="first-fit", ordering="fifo")
+    policies = Policies(placement="first-fit", ordering="fifo", locality_wait_up_to_loss=up_to_loss)
     return replay(ReplayConfig(nodes, jobs, policies, comm=setup, check_invariants=True))
 
 
@@ -77,6 +77,19 @@ def test_a_held_gang_spreads_when_its_max_wait_runs_out_even_if_nothing_else_hap
     assert result["locality_wait_s_total"] == pytest.approx(300.0)
     assert result["multi_pod_gangs"]["queue_delay_s"]["mean"] == pytest.approx((5.0 + 300.0) / 2)
     assert result["comm"]["placed_in_one_leaf"] == 0
+
+
+def test_with_up_to_loss_a_held_gang_waits_its_own_cap_then_spreads_with_no_other_event() -> None:
+    """The same, waiting up to the loss: g's spread would cost it more than 300 s (a 1000 s heavy job
+    sharing b's uplinks), so it waits that long, then spreads at 20 s + that cap, long before leaf 2
+    frees at t=5000 (the replay wakes at each gang's own cap)."""
+    late = tuple(_job(j.workload.id, 1, 0.0, 5000.0, 200.0) if j.workload.id in ("s06", "s07") else j
+                 for j in JOBS)
+    result = _run(EstimateMode.EXACT, late, up_to_loss=True)
+    waited = result["locality_wait_s_total"]
+    assert 300.0 < waited < 5000.0 - 20.0 and result["comm"]["placed_in_one_leaf"] == 0
+    assert result["multi_pod_gangs"]["queue_delay_s"]["mean"] == pytest.approx((5.0 + waited) / 2)
+    assert result["locality_waited_jobs"] == 1
 
 
 def test_the_replay_binds_the_estimates_of_the_setup() -> None:

@@ -255,12 +255,12 @@ class Replay:
         """Credit each job the time since the last cycle held it back for locality; note who this
         cycle holds back (only before a job's first start: the part of its queueing delay)."""
         held = {r.workload_id for r in result.rejected if r.reason is Reason.WAITING_FOR_LOCALITY}
-        cap_s = self.policies.max_locality_wait_s
         for wid, job in self.pending.items():
             newly = job.held_since_s is None
             if job.held_since_s is not None:
                 job.locality_wait_s += now_s - job.held_since_s
             job.held_since_s = now_s if wid in held and job.first_start_s is None else None
+            cap_s = self.view.locality_caps.get(wid, self.policies.max_locality_wait_s)
             if wid in held and newly and math.isfinite(cap_s):
                 self.loop.schedule(self.view.locality_waits.get(wid, now_s) + cap_s, "locality_cap", wid)
 

@@ -80,6 +80,9 @@ class Policies:
     fabric (`ClusterView.set_topology`)."""
     max_locality_wait_s: float = 300.0
     """The longest a gang that could start spread waits for a domain of its preferred tier."""
+    locality_wait_up_to_loss: bool = False
+    """A gang whose spread would cost it more than `max_locality_wait_s` may wait up to that cost
+    in all (`locality.wait_for_domain`'s `up_to_loss`)."""
 
 
 class EventKind(StrEnum):
@@ -427,17 +430,20 @@ class _Cycle:
         (its place given back, the domain reserved when no other reservation holds this cycle)."""
         view = self.view
         waiting = wait_for_domain(w, gang, view, self.policies.max_locality_wait_s, self.policy,
-                                  self.now_s, self.rng, self.locality_known)
+                                  self.now_s, self.rng, self.locality_known,
+                                  up_to_loss=self.policies.locality_wait_up_to_loss)
         if waiting is None:
             view.locality_waits.pop(w.id, None)
+            view.locality_caps.pop(w.id, None)
             return False
         view.locality_waits.setdefault(w.id, self.now_s)
+        view.locality_caps[w.id] = waiting.cap_s
         if self.reservation is None:
             self.reservation = waiting.reservation
         spec = waiting.reservation.head.topology
         tier = str(spec.required) if spec is not None and spec.required is not None else "domain"
         self._reject(original, Reason.WAITING_FOR_LOCALITY,
-                     waiting.message(tier, self.policies.max_locality_wait_s))
+                     waiting.message(tier))
         return True
 
     def _try_place(self, w: Workload, shape: Shape, cq: str) -> GangPlacement | tuple[Reason, str]:

@@ -1,6 +1,7 @@
 """Wait or spread: whether a gang that could start now spread over the fabric waits for a domain of its own.
 
-API: `wait_for_domain(workload, gang, view, max_wait_s, policy, now_s, rng) -> Locality | None`.
+API: `wait_for_domain(workload, gang, view, max_wait_s, policy, now_s, rng, up_to_loss=False)
+-> Locality | None`.
 
 A gang whose constraint prefers a tier (preferred=leaf by default) and that the policy could only
 place wider (its pods over several leaves, or spine groups) waits only while
@@ -14,7 +15,13 @@ place wider (its pods over several leaves, or spine groups) waits only while
     one, backfill counts them as ending now, but how long they still run is unknown, so the wait is
     taken at its worst, the rest of `max_wait_s`: the gang waits then only if spreading would cost
     more than waiting out the whole cap), and
-  - it has waited less than `max_wait_s` in all (Slurm's max_switch_wait) counting the expected wait.
+  - it has waited less than its cap in all, counting the expected wait. The cap is `max_wait_s`
+    (Slurm's max_switch_wait), or with `up_to_loss` the larger of `max_wait_s` and the loss itself:
+    a gang that would lose two hours spread may wait up to two hours for its domain, never longer
+    than spreading would have cost it (on a saturated pool a fixed few minutes is noise beside the
+    queue, and long gangs spread that waiting would have paid for). Where only overdue runs would
+    free a domain, the worst case counted is the rest of the cap but at most `max_wait_s` at a time,
+    so with `up_to_loss` such a gang waits while it expects to lose more than `max_wait_s` spread.
 While it waits, the returned reservation holds that domain: the cycle lets other work start only
 if it ends before the reservation, lands outside the domain, or leaves the gang room
 (`backfill.may_backfill`). On None the
@@ -49,22 +56,24 @@ class Locality:
     reservation: Reservation
     wait_s: float
     loss_s: float
+    cap_s: float
+    """The longest it waits in all (`max_wait_s`, or with `up_to_loss` the larger of it and the loss)."""
     overdue: bool = False
     """The domain frees only when runs past their estimates end (`wait_s` is then the worst case)."""
 
-    def message(self, tier: str, max_wait_s: float) -> str:
+    def message(self, tier: str) -> str:
         when = (f"may take up to {self.wait_s:.0f} s (it waits on work past its estimated end)"
                 if self.overdue else f"is expected in {self.wait_s:.0f} s")
         return (
             f"It could start now spread over the fabric, but a {tier} of its own {when}, less than "
-            f"the {self.loss_s:.0f} s spreading would cost; it waits (at most {max_wait_s:.0f} s in all)."
+            f"the {self.loss_s:.0f} s spreading would cost; it waits (at most {self.cap_s:.0f} s in all)."
         )
 
 
 def wait_for_domain(
     workload: Workload, gang: GangPlacement, view: ClusterView, max_wait_s: float,
     policy: PlacementPolicy, now_s: float, rng: random.Random,
-    known: dict[object, Reservation | None] | None = None,
+    known: dict[object, Reservation | None] | None = None, up_to_loss: bool = False,
 ) -> Locality | None:
     """See the module docstring. `known`: the reservations of gangs that wait in this cycle, by
     shape (a later gang of the same shape reads its expected wait there instead of searching again;
@@ -80,7 +89,7 @@ def wait_for_domain(
     if tier is not None and tier.depth <= spec.preferred.depth:
         return None
     waited = now_s - view.locality_waits.get(workload.id, now_s)
-    if waited >= max_wait_s:
+    if waited >= max_wait_s and not up_to_loss:
         return None
     assumed = getattr(policy, "comm", None)
     assumed = assumed if isinstance(assumed, CommModel) else CommModel()
@@ -89,7 +98,8 @@ def wait_for_domain(
     run_s = UNKNOWN_RUN_S if estimate is None else estimate
     spread = comm.slowdown(len(nodes), topology.share_gbps(nodes), topology.max_hops(nodes))
     loss_s = run_s * (spread - comm.packed_slowdown(topology, nodes))
-    if not loss_s > 0:
+    cap_s = max(max_wait_s, loss_s) if up_to_loss else max_wait_s
+    if not loss_s > 0 or waited >= cap_s:
         return None
     release_gang(gang, view.state)
     head = dataclasses.replace(workload, topology=TopologySpec(required=spec.preferred))
@@ -104,11 +114,11 @@ def wait_for_domain(
     wait_s = found.start_s - now_s if found is not None else math.inf
     overdue = wait_s <= 0  # it does not fit one now: only runs past their estimates would free it
     if overdue:
-        wait_s = max_wait_s - waited
-    if found is not None and wait_s < loss_s and waited + wait_s <= max_wait_s:
+        wait_s = min(cap_s - waited, max_wait_s)
+    if found is not None and wait_s < loss_s and waited + wait_s <= cap_s:
         if known is not None:  # kept only once it holds the cycle's reservation: never read stale
             known.setdefault(key, found)
-        return Locality(found, wait_s, loss_s, overdue)
+        return Locality(found, wait_s, loss_s, cap_s, overdue)
     statement = view.state.statement()  # start spread after all: hold the gang again
     for _, record in gang.allocs:
         statement.allocate(record)

@@ -148,6 +148,8 @@ class ClusterView:
     """The pool's topology constraint for multi-pod gangs that name none (the cycle sets it)."""
     locality_waits: dict[str, float] = field(default_factory=dict)
     """Gangs waiting for a domain of their preferred tier: since when (the cycle's wait-or-spread)."""
+    locality_caps: dict[str, float] = field(default_factory=dict)
+    """... and the longest each waits in all (`locality.Locality.cap_s`)."""
     comm_ratio: Callable[[Workload], float | None] | None = None
     """The scheduler's estimate of a job's communication ratio (`TopologyContext.comm_ratio`; the
     replay binds each job's estimate); None: the context's default."""
@@ -239,6 +241,7 @@ class ClusterView:
         self.workloads.forget_except(keep)
         self.policies.forget()
         self.locality_waits = {k: v for k, v in self.locality_waits.items() if k in keep}
+        self.locality_caps = {k: v for k, v in self.locality_caps.items() if k in keep}
 
     def add_allocation(self, alloc: Allocation) -> bool:
         """Take an allocation the view does not hold yet, as `from_snapshot` would (checked); one on
