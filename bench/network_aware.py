@@ -25,6 +25,8 @@ failed for a period. Policies run side by side on the same jobs and seeds:
                          300 s is checkpoint-requeued (migrate_on_congestion); -migrate-30 at 0.3
   network-aware-loss     network-aware waiting for a leaf up to what spreading would cost the gang
                          (topology_wait_cap: loss), never less than 300 s
+  network-aware-queue    the same with that loss counted for the queue behind the gang too
+                         (topology_wait_cap: queue)
   network-aware-nowait   network-aware that never waits for locality (max wait 0: a leaf if one is
                          free now, else spread at once)
   oracle                 fgd with no communication cost at all (the bound)
@@ -68,6 +70,7 @@ from rich.table import Table
 from gpupool.core.fabric.generate import fat_tree
 from gpupool.core.fabric.model import Fabric, Link
 from gpupool.core.scheduling.cycle import Policies
+from gpupool.core.scheduling.locality import WaitCap
 from gpupool.core.topology_spec import Tier, TopologySpec
 from gpupool.providers.nodespec import nodes_from_spec
 from gpupool.sim.comm import EstimateMode, Origin, assign_classes, default_comm_model, packed_nodes
@@ -98,8 +101,8 @@ class Variant:
     fabric: bool = True
     topology: TopologySpec | None = PREFERRED_LEAF
     max_wait_s: float = 300.0
-    up_to_loss: bool = False
-    """Wait for locality up to the loss spreading would cost (topology_wait_cap: loss)."""
+    wait_cap: WaitCap = WaitCap.FIXED
+    """How long a gang may wait for locality in all (topology_wait_cap)."""
     strict: bool = False
     comm: bool = True
     options: tuple[tuple[str, Any], ...] = ()
@@ -122,7 +125,9 @@ VARIANTS = {
     "network-aware-fgd-pods": Variant("network-aware-fgd-pods", "network-aware", estimate=EstimateMode.EXACT,
                                       options=(("pods", "fgd-strand"),)),
     "network-aware-loss": Variant("network-aware-loss", "network-aware", estimate=EstimateMode.EXACT,
-                                  up_to_loss=True),
+                                  wait_cap=WaitCap.LOSS),
+    "network-aware-queue": Variant("network-aware-queue", "network-aware", estimate=EstimateMode.EXACT,
+                                   wait_cap=WaitCap.QUEUE),
     "network-aware-nowait": Variant("network-aware-nowait", "network-aware", estimate=EstimateMode.EXACT,
                                     max_wait_s=0.0),
     "oracle": Variant("oracle", "fgd", fabric=False, topology=None, comm=False),
@@ -232,7 +237,7 @@ def run_one(task: dict[str, Any]) -> dict[str, Any]:
     policies = Policies(placement=variant.placement, placement_options=options, ordering="priority-fifo",
                         backfill=task["backfill"], topology_default=variant.topology,
                         max_locality_wait_s=variant.max_wait_s if variant.topology else math.inf,
-                        locality_wait_up_to_loss=variant.up_to_loss)
+                        locality_wait_cap=variant.wait_cap)
     config = ReplayConfig(tuple(nodes), tuple(jobs), policies, seed=scenario.seed,
                           comm=CommSetup(fabric, model, profiles) if variant.comm else None,
                           link_failures=cuts, timeline_points=50, congestion=variant.congestion)

@@ -11,6 +11,7 @@ import pytest
 from factories import ISSUE_CONFIG
 from gpupool.config import PoolConfig, load_config, parse_config
 from gpupool.core.quota import DEVICE_MILLI
+from gpupool.core.scheduling.locality import WaitCap
 from gpupool.errors import InvalidInput
 
 
@@ -33,10 +34,12 @@ def test_defaults_and_round_trip() -> None:
 
 
 def test_the_wait_cap_reaches_the_cycle() -> None:
-    assert not PoolConfig().policies().locality_wait_up_to_loss
+    assert PoolConfig().policies().locality_wait_cap is WaitCap.FIXED
     config = parse_config("scheduling:\n  topology_max_wait: 10m\n  topology_wait_cap: loss\n")
     policies = config.policies()
-    assert policies.locality_wait_up_to_loss and policies.max_locality_wait_s == 600.0
+    assert policies.locality_wait_cap is WaitCap.LOSS and policies.max_locality_wait_s == 600.0
+    queue = parse_config("scheduling: {topology_wait_cap: queue}").policies()
+    assert queue.locality_wait_cap is WaitCap.QUEUE
 
 
 def test_queues_become_cluster_queues_in_their_cohorts() -> None:
@@ -75,7 +78,7 @@ queues:
      "line 3: scheduling.placement_options"),
     ("defaults:\n  memory_per_gpu: lots\n", "defaults.memory_per_gpu"),
     ("scheduling:\n  topology_wait_cap: lossy\n",
-     "line 2: scheduling.topology_wait_cap: Input should be 'fixed' or 'loss'"),
+     "line 2: scheduling.topology_wait_cap: Input should be 'fixed', 'loss' or 'queue'"),
     ("scheduling: [1,\n", "not valid YAML"),
     ("- a\n- b\n", "must be a mapping of sections"),
 ])

@@ -30,6 +30,7 @@ from gpupool.core.quota import (
     devices_milli,
 )
 from gpupool.core.scheduling.cycle import Policies
+from gpupool.core.scheduling.locality import WaitCap
 from gpupool.core.topology_spec import parse_topology_spec
 from gpupool.core.units import MILLI, parse_memory_mib
 from gpupool.errors import InvalidInput, did_you_mean
@@ -78,9 +79,10 @@ class SchedulingConfig(_Strict):
     topology_max_wait: Seconds = 300.0
     """The longest a gang that could start spread over the spine waits for a leaf of its own
     (Slurm's max_switch_wait); it waits only while spreading is expected to cost more."""
-    topology_wait_cap: Literal["fixed", "loss"] = "fixed"
+    topology_wait_cap: Literal["fixed", "loss", "queue"] = "fixed"
     """fixed: every gang waits at most topology_max_wait in all; loss: a gang whose spread would
-    cost it more (its estimated run time x the extra slowdown) may wait up to that cost in all."""
+    cost it more (its estimated run time x the extra slowdown) may wait up to that cost in all;
+    queue: that cost counted for the work queued behind it too (docs/network-aware.md)."""
 
     @field_validator("topology_default")
     @classmethod
@@ -319,7 +321,7 @@ class PoolConfig(_Strict):
                         defaults=self.defaults.slice_defaults(),
                         topology_default=parse_topology_spec(s.topology_default),
                         max_locality_wait_s=s.topology_max_wait,
-                        locality_wait_up_to_loss=s.topology_wait_cap == "loss")
+                        locality_wait_cap=WaitCap(s.topology_wait_cap))
 
     def to_yaml(self) -> str:
         return yaml.safe_dump(self.model_dump(mode="json"), sort_keys=False, default_flow_style=False)

@@ -12,6 +12,7 @@ from factories import cluster
 from gpupool.core.fabric.generate import fat_tree
 from gpupool.core.model import Reason, Workload
 from gpupool.core.scheduling.cycle import ReservedStart
+from gpupool.core.scheduling.locality import WaitCap
 from gpupool.core.scheduling.view import ClusterView
 
 FREE_N001_N003 = [
@@ -152,13 +153,13 @@ FREE_AT_1000 = [busy("n000", 8, "slow", estimate_s=1000.0), *FREE_N001_N003[1:]]
 """As FREE_N001_N003, but leaf 0 is whole again only at t=1000: beyond the 300 s default cap."""
 
 
-def test_with_up_to_loss_a_gang_waits_beyond_max_wait_while_spreading_costs_more() -> None:
+def test_under_the_loss_cap_a_gang_waits_beyond_max_wait_while_spreading_costs_more() -> None:
     view = congested(view_on(running=FREE_AT_1000))
     fixed = run(view, [gang(2, 8, wid="g", estimate_s=10_000.0)], placement="network-aware")
     assert leaves_of(view, nodes_of(fixed, "g")) == {0, 1}  # 1000 s is past the 300 s cap: it spreads
     view = congested(view_on(running=FREE_AT_1000))
     result = run(view, [gang(2, 8, wid="g", estimate_s=10_000.0)], placement="network-aware",
-                 locality_wait_up_to_loss=True)
+                 locality_wait_cap=WaitCap.LOSS)
     (waiting,) = result.rejected
     assert waiting.reason is Reason.WAITING_FOR_LOCALITY and "expected in 1000 s" in waiting.message
     cap = view.locality_caps["g"]
@@ -167,39 +168,60 @@ def test_with_up_to_loss_a_gang_waits_beyond_max_wait_while_spreading_costs_more
     assert result.reservation == ReservedStart("g", 1000.0)
 
 
-def test_with_up_to_loss_a_gang_never_waits_longer_in_all_than_spreading_would_cost() -> None:
+def test_under_the_loss_cap_a_gang_never_waits_longer_in_all_than_spreading_would_cost() -> None:
     view = congested(view_on(running=FREE_AT_1000))
     assert run(view, [gang(2, 8, wid="g", estimate_s=10_000.0)], placement="network-aware",
-               locality_wait_up_to_loss=True).rejected
+               locality_wait_cap=WaitCap.LOSS).rejected
     cap = view.locality_caps["g"]
     still = run(view, [gang(2, 8, wid="g", estimate_s=10_000.0)], now_s=cap - 1.0, placement="network-aware",
-                locality_wait_up_to_loss=True)  # n000 is overdue: the worst case is the cap's last second
+                locality_wait_cap=WaitCap.LOSS)  # n000 is overdue: the worst case is the cap's last second
     assert "may take up to 1 s" in still.rejected[0].message
     spread = run(view, [gang(2, 8, wid="g", estimate_s=10_000.0)], now_s=cap + 1.0, placement="network-aware",
-                 locality_wait_up_to_loss=True)
+                 locality_wait_cap=WaitCap.LOSS)
     assert nodes_of(spread, "g") and "g" not in view.locality_waits and "g" not in view.locality_caps
 
 
-def test_with_up_to_loss_a_cheap_spread_keeps_the_fixed_cap() -> None:
+def test_under_the_loss_cap_a_cheap_spread_keeps_the_fixed_cap() -> None:
     """A short gang whose spread costs less than max_wait: the cap stays max_wait, as without the option."""
-    for up_to_loss in (False, True):
+    for cap in WaitCap:
         view = congested(view_on(running=FREE_N001_N003))
         result = run(view, [gang(2, 8, wid="g", estimate_s=60.0)], placement="network-aware",
-                     locality_wait_up_to_loss=up_to_loss)
+                     locality_wait_cap=cap)
         (waiting,) = result.rejected
         assert "at most 300 s in all" in waiting.message and view.locality_caps == {"g": 300.0}
 
 
-def test_with_up_to_loss_overdue_work_is_waited_for_at_most_max_wait_at_a_time() -> None:
+def test_under_the_loss_cap_overdue_work_is_waited_for_at_most_max_wait_at_a_time() -> None:
     """At t=1050 n000 is 50 s past its estimate: the worst case counted is 300 s (max_wait), not the
     rest of the loss; a gang that would lose more than 300 s spread waits, one that would lose less
     spreads."""
     view = congested(view_on(running=FREE_AT_1000))
     result = run(view, [gang(2, 8, wid="g", estimate_s=10_000.0)], now_s=1050.0, placement="network-aware",
-                 locality_wait_up_to_loss=True)
+                 locality_wait_cap=WaitCap.LOSS)
     (waiting,) = result.rejected
     assert "may take up to 300 s" in waiting.message and view.locality_caps["g"] > 1000.0
     view = congested(view_on(running=FREE_AT_1000))
     result = run(view, [gang(2, 8, wid="g", estimate_s=60.0)], now_s=1050.0, placement="network-aware",
-                 locality_wait_up_to_loss=True)
+                 locality_wait_cap=WaitCap.LOSS)
     assert leaves_of(view, nodes_of(result, "g")) == {0, 1}
+
+
+def test_under_the_queue_cap_the_loss_counts_for_the_work_queued_behind() -> None:
+    """A 300 s gang would lose less spread (about 800 s on the congested uplinks) than the 1000 s
+    until its leaf: alone it spreads, under LOSS as under QUEUE. With 40 whole-node jobs queued
+    behind it, its spread would burn capacity all of them wait for: it holds 16 of the pool's 64
+    GPUs, so under QUEUE the loss weighs 1 + 40 x 16/64 = 11 times as much, and it waits."""
+    short = gang(2, 8, wid="g", estimate_s=300.0)
+    for cap in (WaitCap.LOSS, WaitCap.QUEUE):
+        view = congested(view_on(running=FREE_AT_1000))
+        alone = run(view, [short], placement="network-aware", locality_wait_cap=cap)
+        assert leaves_of(view, nodes_of(alone, "g")) == {0, 1}
+    behind = [dataclasses.replace(gang(1, 8, wid=f"b{i}"), submit_time_s=1.0 + i) for i in range(40)]
+    view = congested(view_on(running=FREE_AT_1000))
+    loss = run(view, [short, *behind], placement="network-aware", locality_wait_cap=WaitCap.LOSS)
+    assert "g" in {a.workload_id for a in loss.admitted}
+    view = congested(view_on(running=FREE_AT_1000))
+    queue = run(view, [short, *behind], placement="network-aware", locality_wait_cap=WaitCap.QUEUE)
+    waiting = {r.workload_id: r for r in queue.rejected}["g"]
+    assert waiting.reason is Reason.WAITING_FOR_LOCALITY and "expected in 1000 s" in waiting.message
+    assert view.locality_caps["g"] > 1000.0

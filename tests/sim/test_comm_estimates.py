@@ -9,6 +9,7 @@ from factories import cluster, pod
 from gpupool.core.fabric.generate import fat_tree
 from gpupool.core.model import Workload
 from gpupool.core.scheduling.cycle import Policies
+from gpupool.core.scheduling.locality import WaitCap
 from gpupool.sim.comm import EstimateMode, ModelClass, default_comm_model
 from gpupool.sim.comm_net import comm_setup
 from gpupool.sim.jobs import TraceJob
@@ -38,10 +39,10 @@ start only across the same two uplinks, already carrying b (half the bandwidth),
 again at t=200 (n006, n007): 180 s away."""
 
 
-def _run(estimate: EstimateMode, jobs: tuple[TraceJob, ...] = JOBS, up_to_loss: bool = False) -> dict:
+def _run(estimate: EstimateMode, jobs: tuple[TraceJob, ...] = JOBS, cap: WaitCap = WaitCap.FIXED) -> dict:
     nodes = tuple(cluster(12))
     setup = comm_setup(FABRIC, jobs, HEAVY_ONLY, seed=0, devices_per_node=8, estimate=estimate)
-    policies = Policies(placement="first-fit", ordering="fifo", locality_wait_up_to_loss=up_to_loss)
+    policies = Policies(placement="first-fit", ordering="fifo", locality_wait_cap=cap)
     return replay(ReplayConfig(nodes, jobs, policies, comm=setup, check_invariants=True))
 
 
@@ -79,13 +80,13 @@ def test_a_held_gang_spreads_when_its_max_wait_runs_out_even_if_nothing_else_hap
     assert result["comm"]["placed_in_one_leaf"] == 0
 
 
-def test_with_up_to_loss_a_held_gang_waits_its_own_cap_then_spreads_with_no_other_event() -> None:
+def test_under_the_loss_cap_a_held_gang_waits_its_own_cap_then_spreads_with_no_other_event() -> None:
     """The same, waiting up to the loss: g's spread would cost it more than 300 s (a 1000 s heavy job
     sharing b's uplinks), so it waits that long, then spreads at 20 s + that cap, long before leaf 2
     frees at t=5000 (the replay wakes at each gang's own cap)."""
     late = tuple(_job(j.workload.id, 1, 0.0, 5000.0, 200.0) if j.workload.id in ("s06", "s07") else j
                  for j in JOBS)
-    result = _run(EstimateMode.EXACT, late, up_to_loss=True)
+    result = _run(EstimateMode.EXACT, late, cap=WaitCap.LOSS)
     waited = result["locality_wait_s_total"]
     assert 300.0 < waited < 5000.0 - 20.0 and result["comm"]["placed_in_one_leaf"] == 0
     assert result["multi_pod_gangs"]["queue_delay_s"]["mean"] == pytest.approx((5.0 + waited) / 2)

@@ -41,7 +41,7 @@ from gpupool.core.priority import PriorityClasses
 from gpupool.core.quota import QuotaConfig
 from gpupool.core.scheduling.backfill import Reservation, kept_reserve, may_backfill
 from gpupool.core.scheduling.gang import GangPlacement, place_gang, release_gang
-from gpupool.core.scheduling.locality import wait_for_domain
+from gpupool.core.scheduling.locality import WaitCap, wait_for_domain
 from gpupool.core.scheduling.ordering.base import OrderingContext, OrderStream, PendingChanges, make_ordering
 from gpupool.core.scheduling.policies.base import DEFAULT_POLICY, NoFit
 from gpupool.core.scheduling.preemption import VictimIndex, lost_work_s, select_victims
@@ -80,9 +80,9 @@ class Policies:
     fabric (`ClusterView.set_topology`)."""
     max_locality_wait_s: float = 300.0
     """The longest a gang that could start spread waits for a domain of its preferred tier."""
-    locality_wait_up_to_loss: bool = False
-    """A gang whose spread would cost it more than `max_locality_wait_s` may wait up to that cost
-    in all (`locality.wait_for_domain`'s `up_to_loss`)."""
+    locality_wait_cap: WaitCap = WaitCap.FIXED
+    """FIXED: at most `max_locality_wait_s`; LOSS: a gang whose spread would cost it more may wait up
+    to that cost in all; QUEUE: the cost counted for the queue behind it too (`locality`)."""
 
 
 class EventKind(StrEnum):
@@ -221,6 +221,7 @@ class _Cycle:
         """The cycle's victim candidates, sorted once (made by the first victim search)."""
         self.reservation: Reservation | None = None
         self.locality_known: dict[object, Reservation | None] = {}
+        self.backlog = 0
         """Reservations found for gangs waiting for locality this cycle, by shape (`locality`)."""
         self.admitted: list[Admission] = []
         self.preempted: list[Preemption] = []
@@ -230,6 +231,7 @@ class _Cycle:
     def run(self, pending: Sequence[Workload]) -> CycleResult:
         self._evict_broken()
         valid, stream = self._nominate(pending)
+        self.backlog = max(0, len(valid) - 1)  # the others pending this cycle (WaitCap.QUEUE)
         banded = self.ordering.banded
         metas = self.view.metas
         exhausted = self.exhausted
@@ -431,7 +433,7 @@ class _Cycle:
         view = self.view
         waiting = wait_for_domain(w, gang, view, self.policies.max_locality_wait_s, self.policy,
                                   self.now_s, self.rng, self.locality_known,
-                                  up_to_loss=self.policies.locality_wait_up_to_loss)
+                                  cap=self.policies.locality_wait_cap, backlog=self.backlog)
         if waiting is None:
             view.locality_waits.pop(w.id, None)
             view.locality_caps.pop(w.id, None)

@@ -1,7 +1,7 @@
 """Wait or spread: whether a gang that could start now spread over the fabric waits for a domain of its own.
 
-API: `wait_for_domain(workload, gang, view, max_wait_s, policy, now_s, rng, up_to_loss=False)
--> Locality | None`.
+API: `wait_for_domain(workload, gang, view, max_wait_s, policy, now_s, rng, cap=WaitCap.FIXED,
+backlog=0) -> Locality | None`.
 
 A gang whose constraint prefers a tier (preferred=leaf by default) and that the policy could only
 place wider (its pods over several leaves, or spine groups) waits only while
@@ -15,13 +15,19 @@ place wider (its pods over several leaves, or spine groups) waits only while
     one, backfill counts them as ending now, but how long they still run is unknown, so the wait is
     taken at its worst, the rest of `max_wait_s`: the gang waits then only if spreading would cost
     more than waiting out the whole cap), and
-  - it has waited less than its cap in all, counting the expected wait. The cap is `max_wait_s`
-    (Slurm's max_switch_wait), or with `up_to_loss` the larger of `max_wait_s` and the loss itself:
-    a gang that would lose two hours spread may wait up to two hours for its domain, never longer
-    than spreading would have cost it (on a saturated pool a fixed few minutes is noise beside the
-    queue, and long gangs spread that waiting would have paid for). Where only overdue runs would
-    free a domain, the worst case counted is the rest of the cap but at most `max_wait_s` at a time,
-    so with `up_to_loss` such a gang waits while it expects to lose more than `max_wait_s` spread.
+  - it has waited less than its cap in all, counting the expected wait. `WaitCap` sets the cap:
+    FIXED: `max_wait_s` (Slurm's max_switch_wait);
+    LOSS: the larger of `max_wait_s` and the loss itself: a gang that would lose two hours spread
+      may wait up to two hours for its domain, never longer than spreading would have cost it (on a
+      saturated pool a fixed few minutes is noise beside the queue);
+    QUEUE: as LOSS, with the loss counted for the queue too: the GPU-seconds a spread gang burns
+      in communication are capacity every queued job waits for, about loss x (its GPUs / the
+      pool's) seconds each, so the loss weighed is loss x (1 + backlog x its GPUs / the pool's GPUs),
+      `backlog` the other pending workloads of the cycle. With an empty queue it is LOSS; on a
+      backed-up pool it approaches a strict constraint.
+    Where only overdue runs would free a domain, the worst case counted is the rest of the cap but
+    at most `max_wait_s` at a time, so under LOSS or QUEUE such a gang waits while it expects to
+    lose more than `max_wait_s` spread.
 While it waits, the returned reservation holds that domain: the cycle lets other work start only
 if it ends before the reservation, lands outside the domain, or leaves the gang room
 (`backfill.may_backfill`). On None the
@@ -34,6 +40,7 @@ import dataclasses
 import math
 import random
 from dataclasses import dataclass
+from enum import StrEnum
 
 import numpy as np
 
@@ -49,6 +56,14 @@ from gpupool.core.scheduling.workloads import shape_of
 from gpupool.core.topology_spec import Tier, TopologySpec
 
 
+class WaitCap(StrEnum):
+    """How long a gang may wait for its domain in all (the module docstring; config topology_wait_cap)."""
+
+    FIXED = "fixed"
+    LOSS = "loss"
+    QUEUE = "queue"
+
+
 @dataclass(frozen=True, slots=True)
 class Locality:
     """The decision to wait: the reservation of the domain, the expected wait and the loss avoided."""
@@ -57,7 +72,7 @@ class Locality:
     wait_s: float
     loss_s: float
     cap_s: float
-    """The longest it waits in all (`max_wait_s`, or with `up_to_loss` the larger of it and the loss)."""
+    """The longest it waits in all (`max_wait_s`, or under LOSS / QUEUE the larger of it and the loss)."""
     overdue: bool = False
     """The domain frees only when runs past their estimates end (`wait_s` is then the worst case)."""
 
@@ -73,7 +88,7 @@ class Locality:
 def wait_for_domain(
     workload: Workload, gang: GangPlacement, view: ClusterView, max_wait_s: float,
     policy: PlacementPolicy, now_s: float, rng: random.Random,
-    known: dict[object, Reservation | None] | None = None, up_to_loss: bool = False,
+    known: dict[object, Reservation | None] | None = None, cap: WaitCap = WaitCap.FIXED, backlog: int = 0,
 ) -> Locality | None:
     """See the module docstring. `known`: the reservations of gangs that wait in this cycle, by
     shape (a later gang of the same shape reads its expected wait there instead of searching again;
@@ -89,7 +104,7 @@ def wait_for_domain(
     if tier is not None and tier.depth <= spec.preferred.depth:
         return None
     waited = now_s - view.locality_waits.get(workload.id, now_s)
-    if waited >= max_wait_s and not up_to_loss:
+    if waited >= max_wait_s and cap is WaitCap.FIXED:
         return None
     assumed = getattr(policy, "comm", None)
     assumed = assumed if isinstance(assumed, CommModel) else CommModel()
@@ -98,7 +113,10 @@ def wait_for_domain(
     run_s = UNKNOWN_RUN_S if estimate is None else estimate
     spread = comm.slowdown(len(nodes), topology.share_gbps(nodes), topology.max_hops(nodes))
     loss_s = run_s * (spread - comm.packed_slowdown(topology, nodes))
-    cap_s = max(max_wait_s, loss_s) if up_to_loss else max_wait_s
+    if cap is WaitCap.QUEUE and backlog > 0:
+        milli = sum(p.num_devices * p.device_milli for p in workload.pods)
+        loss_s *= 1.0 + backlog * milli / max(1, view.state.total_device_milli)
+    cap_s = max_wait_s if cap is WaitCap.FIXED else max(max_wait_s, loss_s)
     if not loss_s > 0 or waited >= cap_s:
         return None
     release_gang(gang, view.state)
