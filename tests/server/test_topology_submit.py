@@ -76,13 +76,14 @@ def test_a_gang_no_leaf_could_ever_hold_under_required_leaf_fails(pool: Pool) ->
     assert (pool.detail(never)["status"], pool.detail(never)["reason"]) == ("failed", "never_fits")
 
 
-@pytest.mark.parametrize("cap", ["fixed", "loss"])
+@pytest.mark.parametrize("cap", ["fixed", "loss", "queue"])
 def test_the_pools_wait_cap_decides_whether_a_long_gang_waits_an_hour_for_its_leaf(
     tmp_path: Path, cap: str
 ) -> None:
     """Every leaf has one node busy for an hour. A ten-hour communication-heavy gang could start now
     only across the spine: under the default cap (300 s) it spreads at once; with
-    `topology_wait_cap: loss` it waits for a leaf, since spreading would cost it more than the hour."""
+    `topology_wait_cap: loss` it waits for a leaf, since spreading would cost it more than the hour
+    (and under `queue`, with nothing queued behind it, the same)."""
     config = f"scheduling: {{placement: network-aware, backfill: false, topology_wait_cap: {cap}}}\n"
     pool = Pool(tmp_path, config=config)
     try:
