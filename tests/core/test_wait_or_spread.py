@@ -6,9 +6,10 @@ from __future__ import annotations
 import dataclasses
 import random
 
+import pytest
 from net_helpers import busy, gang, leaves_of, nodes_of, run, two_level, view_on
 
-from factories import cluster
+from factories import cluster, node, pod, workload
 from gpupool.core.fabric.generate import fat_tree
 from gpupool.core.model import Reason, Workload
 from gpupool.core.scheduling.cycle import ReservedStart
@@ -114,7 +115,8 @@ def test_the_default_policy_waits_too() -> None:
     assert [r.reason for r in result.rejected] == [Reason.WAITING_FOR_LOCALITY]
 
 
-def test_a_busy_pool_with_waiting_gangs_never_over_allocates() -> None:
+@pytest.mark.parametrize("cap", list(WaitCap))
+def test_a_busy_pool_with_waiting_gangs_never_over_allocates(cap: WaitCap) -> None:
     """Many gangs waiting for locality beside backfilled work, cycle after cycle: every shadow and
     live state stays consistent (a gang that waits is never left held in the reservation's shadow)."""
     rng = random.Random(5)
@@ -140,7 +142,8 @@ def test_a_busy_pool_with_waiting_gangs_never_over_allocates() -> None:
             waiting[w.id] = w
             serial += 1
         policy = ("network-aware", "fgd-strand")[k % 2]
-        result = run(view, list(waiting.values()), now_s=now, placement=policy, backfill=True)
+        result = run(view, list(waiting.values()), now_s=now, placement=policy, backfill=True,
+                     locality_wait_cap=cap)
         view.state.check_invariants()
         waits += sum(r.reason is Reason.WAITING_FOR_LOCALITY for r in result.rejected)
         for admission in result.admitted:
@@ -225,3 +228,34 @@ def test_under_the_queue_cap_the_loss_counts_for_the_work_queued_behind() -> Non
     waiting = {r.workload_id: r for r in queue.rejected}["g"]
     assert waiting.reason is Reason.WAITING_FOR_LOCALITY and "expected in 1000 s" in waiting.message
     assert view.locality_caps["g"] > 1000.0
+
+
+def test_under_the_loss_cap_every_waiting_gang_holds_its_nodes_not_only_the_first() -> None:
+    """g1 waits for leaf 0 (free at t=100) and takes the cycle's reservation; g2, which runs only on
+    A100s, waits for leaf 1 (free at t=200). Then x, which fits only n003 (leaf 1's free node):
+    under the fixed cap nothing guards g2's leaf, so x takes it and g2's wait is in vain; under the
+    loss cap g2 holds n002-n003, so x waits, unless it is expected to end before t=200."""
+    a100 = frozenset({"A100"})
+    nodes = [node(f"n{i:03d}", model="A100" if i in (2, 3, 4) else "V100M32",
+                  cpu_milli=2000 if i == 4 else 64_000) for i in range(8)]
+    running = [busy("n000", 8, "soon", estimate_s=100.0), busy("n002", 8, "later", estimate_s=200.0),
+               *(busy(f"n00{i}", 8, f"r{i}", estimate_s=1e6) for i in (5, 6, 7))]
+    g1 = gang(2, 8, wid="g1", estimate_s=10_000.0)
+    g2 = dataclasses.replace(workload(*(pod(8, name=f"p{i}", models=a100) for i in range(2)), wid="g2"),
+                             runtime_estimate_s=10_000.0, submit_time_s=1.0)
+
+    def x(estimate_s: float | None) -> Workload:
+        w = workload(pod(8, name="p0", models=a100, cpu_milli=4000), wid="x")
+        return dataclasses.replace(w, runtime_estimate_s=estimate_s, submit_time_s=2.0)
+
+    def cycle(cap: WaitCap, estimate_s: float | None) -> dict[str, Reason | None]:
+        view = congested(view_on(nodes, running=running))
+        result = run(view, [g1, g2, x(estimate_s)], placement="network-aware", locality_wait_cap=cap)
+        verdicts: dict[str, Reason | None] = {r.workload_id: r.reason for r in result.rejected}
+        verdicts.update({a.workload_id: None for a in result.admitted})
+        return verdicts
+
+    waiting = Reason.WAITING_FOR_LOCALITY
+    assert cycle(WaitCap.FIXED, None) == {"g1": waiting, "g2": waiting, "x": None}
+    assert cycle(WaitCap.LOSS, None) == {"g1": waiting, "g2": waiting, "x": Reason.BACKFILL_BLOCKED}
+    assert cycle(WaitCap.LOSS, 150.0) == {"g1": waiting, "g2": waiting, "x": None}  # ends before t=200

@@ -39,6 +39,8 @@ class Reservation:
     domain: BoolArray | None = None
     """[node] where the head is reserved, when only those nodes matter (a gang waiting for a leaf:
     `locality`): work outside them never delays it. None: any node may."""
+    nodes: BoolArray | None = None
+    """[node] the nodes the head is placed on at `start_s` in the shadow (a gang waiting for a leaf)."""
 
 
 MAX_RESERVATION_TRIALS = 64

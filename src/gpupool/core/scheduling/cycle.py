@@ -25,6 +25,7 @@ on a view the caller keeps (the replay's, or `keeper.ViewKeeper`'s for the serve
 
 from __future__ import annotations
 
+import math
 import random
 from collections.abc import Mapping, Sequence
 from contextlib import nullcontext
@@ -34,6 +35,8 @@ from functools import partial
 from itertools import compress
 from operator import add, attrgetter, not_
 from typing import Any, NamedTuple
+
+import numpy as np
 
 from gpupool.core.model import ClusterSnapshot, PodPlacement, Reason, SliceDefaults, Workload
 from gpupool.core.overcommit import OvercommitConfig
@@ -221,8 +224,12 @@ class _Cycle:
         """The cycle's victim candidates, sorted once (made by the first victim search)."""
         self.reservation: Reservation | None = None
         self.locality_known: dict[object, Reservation | None] = {}
-        self.backlog = 0
         """Reservations found for gangs waiting for locality this cycle, by shape (`locality`)."""
+        self.backlog = 0
+        self.held_until: np.ndarray | None = None
+        """[node] the earliest expected start of the waiting gangs that hold it this cycle (inf: none);
+        under WaitCap LOSS / QUEUE every waiting gang holds the nodes it is reserved on, not only
+        the first (which `reservation` guards exactly)."""
         self.admitted: list[Admission] = []
         self.preempted: list[Preemption] = []
         self.rejected: list[Rejection] = []
@@ -411,6 +418,12 @@ class _Cycle:
             multi = view.topology is not None and len(w.pods) > 1
             if multi and self._waits_for_locality(original, w, outcome):
                 return
+            held = self.held_until is not None
+            if held and not self._clear_of_holds(outcome, view.remaining_estimate_s(w)):
+                release_gang(outcome, view.state)
+                self._reject(original, Reason.BACKFILL_BLOCKED,
+                             "Starting now would take nodes a gang waiting for its leaf holds.")
+                return
             if self.reservation is not None and not may_backfill(
                 outcome, view.remaining_estimate_s(w), self.reservation, self.now_s, self.policy, self.rng
             ):
@@ -442,11 +455,23 @@ class _Cycle:
         view.locality_caps[w.id] = waiting.cap_s
         if self.reservation is None:
             self.reservation = waiting.reservation
+        elif self.policies.locality_wait_cap is not WaitCap.FIXED and waiting.reservation.nodes is not None:
+            if self.held_until is None:
+                self.held_until = np.full(len(view.state.nodes), math.inf)
+            held = waiting.reservation.nodes
+            self.held_until[held] = np.minimum(self.held_until[held], waiting.reservation.start_s)
         spec = waiting.reservation.head.topology
         tier = str(spec.required) if spec is not None and spec.required is not None else "domain"
         self._reject(original, Reason.WAITING_FOR_LOCALITY,
                      waiting.message(tier))
         return True
+
+    def _clear_of_holds(self, gang: GangPlacement, estimate_s: float | None) -> bool:
+        """Whether a placement leaves the nodes held by waiting gangs (`held_until`) alone, or ends
+        before the earliest of them is expected to start there."""
+        assert self.held_until is not None
+        until = min(float(self.held_until[record.node]) for _, record in gang.allocs)
+        return until == math.inf or (estimate_s is not None and self.now_s + estimate_s <= until)
 
     def _try_place(self, w: Workload, shape: Shape, cq: str) -> GangPlacement | tuple[Reason, str]:
         view = self.view

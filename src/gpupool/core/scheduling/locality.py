@@ -30,7 +30,9 @@ place wider (its pods over several leaves, or spine groups) waits only while
     lose more than `max_wait_s` spread.
 While it waits, the returned reservation holds that domain: the cycle lets other work start only
 if it ends before the reservation, lands outside the domain, or leaves the gang room
-(`backfill.may_backfill`). On None the
+(`backfill.may_backfill`). Only the cycle's first reservation is guarded so; under LOSS and QUEUE
+every later waiting gang holds the nodes it is reserved on (`Reservation.nodes`): work that lands
+on one of them starts only if it is expected to end before that gang's start (`cycle.held_until`). On None the
 gang stays placed (the state still holds it); on a `Locality` the state no longer holds it.
 """
 
@@ -154,5 +156,8 @@ def _with_domain(
         return found
     release_gang(placed, found.shadow)
     ids = topology.domain_of(tier)
-    domain = np.isin(ids, np.unique(ids[list(placed.nodes)]))
-    return dataclasses.replace(found, domain=domain)
+    on = list(placed.nodes)
+    domain = np.isin(ids, np.unique(ids[on]))
+    nodes = np.zeros(len(ids), dtype=bool)
+    nodes[on] = True
+    return dataclasses.replace(found, domain=domain, nodes=nodes)
