@@ -24,7 +24,7 @@ place wider (its pods over several leaves, or spine groups) waits only while
       in communication are capacity every queued job waits for, about loss x (its GPUs / the
       pool's) seconds each, so the loss weighed is loss x (1 + backlog x its GPUs / the pool's GPUs),
       `backlog` the other pending workloads of the cycle. With an empty queue it is LOSS; on a
-      backed-up pool it approaches a strict constraint.
+      backed-up pool gangs wait far longer.
     Where only overdue runs would free a domain, the worst case counted is the rest of the cap but
     at most `max_wait_s` at a time, so under LOSS or QUEUE such a gang waits while it expects to
     lose more than `max_wait_s` spread.
@@ -32,8 +32,9 @@ While it waits, the returned reservation holds that domain: the cycle lets other
 if it ends before the reservation, lands outside the domain, or leaves the gang room
 (`backfill.may_backfill`). Only the cycle's first reservation is guarded so; under LOSS and QUEUE
 every later waiting gang holds the nodes it is reserved on (`Reservation.nodes`): work that lands
-on one of them starts only if it is expected to end before that gang's start (`cycle.held_until`). On None the
-gang stays placed (the state still holds it); on a `Locality` the state no longer holds it.
+on one of them starts only if it is expected to end before that gang's start (`cycle.held_until`).
+On None the gang stays placed (the state still holds it); on a `Locality` the state no longer
+holds it.
 """
 
 from __future__ import annotations
@@ -116,8 +117,7 @@ def wait_for_domain(
     spread = comm.slowdown(len(nodes), topology.share_gbps(nodes), topology.max_hops(nodes))
     loss_s = run_s * (spread - comm.packed_slowdown(topology, nodes))
     if cap is WaitCap.QUEUE and backlog > 0:
-        milli = sum(p.num_devices * p.device_milli for p in workload.pods)
-        loss_s *= 1.0 + backlog * milli / max(1, view.state.total_device_milli)
+        loss_s *= 1.0 + backlog * workload.total_device_milli / max(1, view.state.total_device_milli)
     cap_s = max_wait_s if cap is WaitCap.FIXED else max(max_wait_s, loss_s)
     if not loss_s > 0 or waited >= cap_s:
         return None
