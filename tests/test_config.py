@@ -38,8 +38,9 @@ def test_the_wait_cap_reaches_the_cycle() -> None:
     config = parse_config("scheduling:\n  topology_max_wait: 10m\n  topology_wait_cap: loss\n")
     policies = config.policies()
     assert policies.locality_wait_cap is WaitCap.LOSS and policies.max_locality_wait_s == 600.0
-    queue = parse_config("scheduling: {topology_wait_cap: queue}").policies()
-    assert queue.locality_wait_cap is WaitCap.QUEUE
+    queue = parse_config("scheduling: {topology_wait_cap: queue, topology_wait_ceiling: 2h}").policies()
+    assert queue.locality_wait_cap is WaitCap.QUEUE and queue.max_locality_wait_ceiling_s == 7200.0
+    assert PoolConfig().policies().max_locality_wait_ceiling_s == float("inf")
 
 
 def test_queues_become_cluster_queues_in_their_cohorts() -> None:
@@ -79,6 +80,9 @@ queues:
     ("defaults:\n  memory_per_gpu: lots\n", "defaults.memory_per_gpu"),
     ("scheduling:\n  topology_wait_cap: lossy\n",
      "line 2: scheduling.topology_wait_cap: Input should be 'fixed', 'loss' or 'queue'"),
+    ("scheduling:\n  topology_max_wait: 10m\n  topology_wait_ceiling: 5m\n",
+     "line 3: scheduling.topology_wait_ceiling: the ceiling (300 s) cannot be below "
+     "topology_max_wait (600 s)"),
     ("scheduling: [1,\n", "not valid YAML"),
     ("- a\n- b\n", "must be a mapping of sections"),
 ])

@@ -15,7 +15,15 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, field_validator
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+)
 
 from gpupool.core.fabric.qos import QosPlan, plan_qos
 from gpupool.core.model import SliceDefaults
@@ -83,6 +91,19 @@ class SchedulingConfig(_Strict):
     """fixed: every gang waits at most topology_max_wait in all; loss: a gang whose spread would
     cost it more (its estimated run time x the extra slowdown) may wait up to that cost in all;
     queue: that cost counted for the work queued behind it too (docs/network-aware.md)."""
+    topology_wait_ceiling: Seconds | None = None
+    """Under loss and queue, the longest any gang waits for its leaf in all, whatever its estimates
+    say (a tenant that overstates its run time or communication ratio waits, and holds nodes, no
+    longer than this); none: no ceiling. At least topology_max_wait."""
+
+    @field_validator("topology_wait_ceiling")
+    @classmethod
+    def _ceiling(cls, value: float | None, info: ValidationInfo) -> float | None:
+        floor = info.data.get("topology_max_wait")
+        if value is not None and floor is not None and value < floor:
+            raise ValueError(f"the ceiling ({value:g} s) cannot be below topology_max_wait ({floor:g} s); "
+                             "raise it or lower topology_max_wait")
+        return value
 
     @field_validator("topology_default")
     @classmethod
@@ -321,7 +342,9 @@ class PoolConfig(_Strict):
                         defaults=self.defaults.slice_defaults(),
                         topology_default=parse_topology_spec(s.topology_default),
                         max_locality_wait_s=s.topology_max_wait,
-                        locality_wait_cap=WaitCap(s.topology_wait_cap))
+                        locality_wait_cap=WaitCap(s.topology_wait_cap),
+                        max_locality_wait_ceiling_s=(math.inf if s.topology_wait_ceiling is None
+                                                     else s.topology_wait_ceiling))
 
     def to_yaml(self) -> str:
         return yaml.safe_dump(self.model_dump(mode="json"), sort_keys=False, default_flow_style=False)

@@ -259,3 +259,16 @@ def test_under_the_loss_cap_every_waiting_gang_holds_its_nodes_not_only_the_firs
     assert cycle(WaitCap.FIXED, None) == {"g1": waiting, "g2": waiting, "x": None}
     assert cycle(WaitCap.LOSS, None) == {"g1": waiting, "g2": waiting, "x": Reason.BACKFILL_BLOCKED}
     assert cycle(WaitCap.LOSS, 150.0) == {"g1": waiting, "g2": waiting, "x": None}  # ends before t=200
+
+
+def test_the_ceiling_bounds_what_stated_estimates_can_buy() -> None:
+    """The gang would lose far more than the 1000 s to its leaf: with a 500 s ceiling it spreads at
+    once, with a 2000 s ceiling it waits, at most 2000 s in all whatever its loss."""
+    view = congested(view_on(running=FREE_AT_1000))
+    low = run(view, [gang(2, 8, wid="g", estimate_s=10_000.0)], placement="network-aware",
+              locality_wait_cap=WaitCap.QUEUE, max_locality_wait_ceiling_s=500.0)
+    assert leaves_of(view, nodes_of(low, "g")) == {0, 1}
+    view = congested(view_on(running=FREE_AT_1000))
+    high = run(view, [gang(2, 8, wid="g", estimate_s=10_000.0)], placement="network-aware",
+               locality_wait_cap=WaitCap.LOSS, max_locality_wait_ceiling_s=2000.0)
+    assert "at most 2000 s in all" in high.rejected[0].message and view.locality_caps == {"g": 2000.0}

@@ -86,6 +86,8 @@ class Policies:
     locality_wait_cap: WaitCap = WaitCap.FIXED
     """FIXED: at most `max_locality_wait_s`; LOSS: a gang whose spread would cost it more may wait up
     to that cost in all; QUEUE: the cost counted for the queue behind it too (`locality`)."""
+    max_locality_wait_ceiling_s: float = math.inf
+    """Under LOSS and QUEUE, the longest any gang waits in all, whatever its estimates say."""
 
 
 class EventKind(StrEnum):
@@ -446,7 +448,8 @@ class _Cycle:
         view = self.view
         waiting = wait_for_domain(w, gang, view, self.policies.max_locality_wait_s, self.policy,
                                   self.now_s, self.rng, self.locality_known,
-                                  cap=self.policies.locality_wait_cap, backlog=self.backlog)
+                                  cap=self.policies.locality_wait_cap, backlog=self.backlog,
+                                  ceiling_s=self.policies.max_locality_wait_ceiling_s)
         if waiting is None:
             view.locality_waits.pop(w.id, None)
             view.locality_caps.pop(w.id, None)

@@ -1,7 +1,7 @@
 """Wait or spread: whether a gang that could start now spread over the fabric waits for a domain of its own.
 
 API: `wait_for_domain(workload, gang, view, max_wait_s, policy, now_s, rng, cap=WaitCap.FIXED,
-backlog=0) -> Locality | None`.
+backlog=0, ceiling_s=inf) -> Locality | None`.
 
 A gang whose constraint prefers a tier (preferred=leaf by default) and that the policy could only
 place wider (its pods over several leaves, or spine groups) waits only while
@@ -25,6 +25,8 @@ place wider (its pods over several leaves, or spine groups) waits only while
       pool's) seconds each, so the loss weighed is loss x (1 + backlog x its GPUs / the pool's GPUs),
       `backlog` the other pending workloads of the cycle. With an empty queue it is LOSS; on a
       backed-up pool gangs wait far longer.
+    Under LOSS and QUEUE the cap is at most `ceiling_s` (the operator's bound on what estimates a
+    tenant states can buy), never below `max_wait_s`.
     Where only overdue runs would free a domain, the worst case counted is the rest of the cap but
     at most `max_wait_s` at a time, so under LOSS or QUEUE such a gang waits while it expects to
     lose more than `max_wait_s` spread.
@@ -92,6 +94,7 @@ def wait_for_domain(
     workload: Workload, gang: GangPlacement, view: ClusterView, max_wait_s: float,
     policy: PlacementPolicy, now_s: float, rng: random.Random,
     known: dict[object, Reservation | None] | None = None, cap: WaitCap = WaitCap.FIXED, backlog: int = 0,
+    ceiling_s: float = math.inf,
 ) -> Locality | None:
     """See the module docstring. `known`: the reservations of gangs that wait in this cycle, by
     shape (a later gang of the same shape reads its expected wait there instead of searching again;
@@ -118,7 +121,7 @@ def wait_for_domain(
     loss_s = run_s * (spread - comm.packed_slowdown(topology, nodes))
     if cap is WaitCap.QUEUE and backlog > 0:
         loss_s *= 1.0 + backlog * workload.total_device_milli / max(1, view.state.total_device_milli)
-    cap_s = max_wait_s if cap is WaitCap.FIXED else max(max_wait_s, loss_s)
+    cap_s = max_wait_s if cap is WaitCap.FIXED else max(max_wait_s, min(loss_s, ceiling_s))
     if not loss_s > 0 or waited >= cap_s:
         return None
     release_gang(gang, view.state)
