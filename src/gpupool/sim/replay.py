@@ -260,9 +260,10 @@ class Replay:
             if job.held_since_s is not None:
                 job.locality_wait_s += now_s - job.held_since_s
             job.held_since_s = now_s if wid in held and job.first_start_s is None else None
-            cap_s = self.view.locality_caps.get(wid, self.policies.max_locality_wait_s)
-            if wid in held and newly and math.isfinite(cap_s):
-                self.loop.schedule(self.view.locality_waits.get(wid, now_s) + cap_s, "locality_cap", wid)
+            if wid in held and newly:
+                cap_s = self.view.locality_caps.get(wid, self.policies.max_locality_wait_s)
+                if math.isfinite(cap_s):
+                    self.loop.schedule(self.view.locality_waits.get(wid, now_s) + cap_s, "locality_cap", wid)
 
     # ------------------------------------------------------------------ job life cycle
 
