@@ -5,12 +5,15 @@ from __future__ import annotations
 import random
 from dataclasses import replace
 
+import pytest
+
 from factories import cluster, pod, workload
 from gpupool.core.model import Reason, Workload
-from gpupool.core.scheduling.backfill import RuntimeEstimator, reserve
+from gpupool.core.scheduling import cycle
+from gpupool.core.scheduling.backfill import RuntimeEstimator, corrected_end_s, may_backfill, reserve
 from gpupool.core.scheduling.cycle import Policies, cycle_on
 from gpupool.core.scheduling.policies.base import make_policy
-from gpupool.core.scheduling.view import ClusterView
+from gpupool.core.scheduling.view import ClusterView, Running
 
 EASY = Policies(placement="first-fit", ordering="fifo", backfill=True)
 
@@ -61,6 +64,87 @@ def test_backfill_does_not_move_the_reservation() -> None:
     assert result.reservation is not None
     again = reserve(head, view, 10.0, make_policy("first-fit"), random.Random(0))
     assert again is not None and again.start_s <= result.reservation.start_s
+
+
+def _overdue_view() -> ClusterView:
+    """8 devices: two runs of 3 estimated at 100 s and 120 s (both past at t=150), 2 free."""
+    view = ClusterView.empty(cluster(1, devices=8))
+    first = cycle_on(view, [_w(3, "a1", 0, 100.0), _w(3, "a2", 0.5, 120.0)], EASY, 0.0, random.Random(0))
+    assert len(first.admitted) == 2
+    return view
+
+
+def test_overdue_runs_are_expected_at_their_estimate_doubled_not_now() -> None:
+    """Past its estimate a run is not free: the head (5 devices) is reserved for when the first
+    overdue run should end by its doubled estimate (200), and a long job that would take the two
+    free devices it needs then waits. Counting both overdue runs as ending now (the reckoning
+    before) finds room for both at once, so the long job started and the head waited for it."""
+    view = _overdue_view()
+    head, long = _w(5, "head", 1, 50.0), _w(2, "long", 2, 5000.0)
+    old = reserve(head, view, 150.0, make_policy("first-fit"), random.Random(0), correct=False)
+    assert old is not None and old.start_s == 150.0
+    result = cycle_on(view, [head, long], EASY, 150.0, random.Random(0))
+    assert result.reservation is not None
+    assert (result.reservation.workload_id, result.reservation.start_s) == ("head", 200.0)
+    assert not result.admitted
+    assert {r.workload_id: r.reason for r in result.rejected}["long"] == Reason.BACKFILL_BLOCKED
+
+
+def test_a_short_job_still_backfills_before_the_corrected_end() -> None:
+    view = _overdue_view()
+    result = cycle_on(view, [_w(5, "head", 1, 50.0), _w(2, "short", 2, 40.0)], EASY, 150.0, random.Random(0))
+    assert [a.workload_id for a in result.admitted] == ["short"]
+
+
+def _two_nodes() -> ClusterView:
+    """Two nodes of 4 devices: A holds a run of 2 until t=100, B one of 3 until t=1000."""
+    view = ClusterView.empty(cluster(2, devices=4))
+    first = cycle_on(view, [_w(2, "r1", 0, 100.0), _w(3, "r2", 0.5, 1000.0)], EASY, 0.0, random.Random(0))
+    assert [a.workload_id for a in first.admitted] == ["r1", "r2"]
+    return view
+
+
+def test_work_refused_for_the_head_is_refused_by_key_but_not_when_it_ends_first() -> None:
+    """The head (4 devices) is reserved on A at 100. k1 (1 device, long) lands on A and is refused;
+    k2, of the same shape and queue, is refused without being placed again; k3, the same shape but
+    done by 100, starts."""
+    pending = [_w(4, "head", 1, 50.0), _w(1, "k1", 2, 5000.0), _w(1, "k2", 3, 5000.0), _w(1, "k3", 4, 10.0)]
+    checked: list[str] = []
+
+    def counting(gang, *args):  # type: ignore[no-untyped-def]
+        checked.append(gang.workload.id)
+        return may_backfill(gang, *args)
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(cycle, "may_backfill", counting)
+        result = cycle_on(_two_nodes(), pending, EASY, 0.0, random.Random(0))
+    assert checked == ["k1", "k3"]
+    assert result.reservation is not None and result.reservation.start_s == 100.0
+    assert [a.workload_id for a in result.admitted] == ["k3"]
+    reasons = {r.workload_id: r.reason for r in result.rejected}
+    assert reasons["k1"] == reasons["k2"] == Reason.BACKFILL_BLOCKED
+
+
+def test_an_admission_lifts_the_refusal_of_a_key() -> None:
+    """k1 (1 device, long) lands on A, which the head needs: refused. x (2 devices, done by 100)
+    then fills A, so k2, of k1's shape and queue, lands on B, off the head's node: it starts."""
+    pending = [_w(4, "head", 1, 50.0), _w(1, "k1", 2, 5000.0), _w(2, "x", 3, 50.0), _w(1, "k2", 4, 5000.0)]
+    result = cycle_on(_two_nodes(), pending, EASY, 0.0, random.Random(0))
+    assert [a.workload_id for a in result.admitted] == ["x", "k2"]
+    assert {r.workload_id: r.reason for r in result.rejected}["k1"] == Reason.BACKFILL_BLOCKED
+
+
+def _running(start: float, estimate: float | None, progress: float = 0.0) -> Running:
+    return Running(workload(wid="r"), (), start, "", {}, (0, 0), estimate_s=estimate, progress_s=progress)
+
+
+def test_corrected_end_doubles_the_estimate_until_it_lies_ahead() -> None:
+    assert corrected_end_s(_running(0.0, 100.0), 50.0) == 100.0  # not overdue: the planned end
+    assert corrected_end_s(_running(0.0, 100.0), 100.0) == 200.0  # due now: never "now"
+    assert corrected_end_s(_running(0.0, 100.0), 450.0) == 800.0
+    assert corrected_end_s(_running(10.0, 100.0, progress=60.0), 60.0) == 10.0 + 200.0 - 60.0  # resumed
+    assert corrected_end_s(_running(0.0, 0.0), 5.0) == 8.0  # a zero estimate doubles from one second
+    assert corrected_end_s(_running(0.0, None), 5.0) == float("inf")  # no estimate: never ends
 
 
 def test_estimator_prefers_user_then_name_then_tenant_and_measures_error() -> None:

@@ -7,6 +7,13 @@ before that time, or if the head still fits in the shadow state with it added: i
 the head, as long as the estimates hold. Workloads without an estimate never end in this
 reckoning, so they backfill only into room the head does not need.
 
+A run still going past its estimated end is expected to end when its estimate, doubled as often
+as it takes, lies ahead (`corrected_end_s`: the prediction correction of Tsafrir, Etsion and
+Feitelson, "Backfilling using system-generated predictions rather than user runtime estimates",
+IEEE TPDS 2007). Counting it as ending now instead lets every later workload backfill into room
+the overdue run still holds: on a busy pool with history estimates some run is nearly always
+overdue, so the head's reservation would always be "now" and never hold anything back.
+
 Estimates come from the user when given, else from history: the mean run time of earlier runs of
 the same (tenant, workload name), else of the tenant, else of all, else none. `RuntimeEstimator` keeps that
 history and measures its own error.
@@ -15,6 +22,7 @@ history and measures its own error.
 from __future__ import annotations
 
 import bisect
+import heapq
 import math
 import random
 from dataclasses import dataclass, field
@@ -41,31 +49,69 @@ class Reservation:
     `locality`): work outside them never delays it. None: any node may."""
     nodes: BoolArray | None = None
     """[node] the nodes the head is placed on at `start_s` in the shadow (a gang waiting for a leaf)."""
+    fits_on: BoolArray | None = None
+    """[node] nodes on which the head fits in the shadow as it stands (`may_backfill` keeps it so):
+    work placed off them leaves that placement whole, so the head is not placed again for it."""
 
 
 MAX_RESERVATION_TRIALS = 64
 """How many future end times are tried for the head before giving up on a reservation."""
 
+MIN_CORRECTED_ESTIMATE_S = 1.0
+"""What an overdue run's correction doubles from when its estimate is zero."""
+
+
+def corrected_end_s(run: Running, now_s: float) -> float:
+    """When a run is expected to end: its planned end while that lies ahead; once past, the end
+    of its estimate doubled as many times as it takes to lie ahead of `now_s` (never `now_s`
+    itself). The run time counted includes the progress of earlier attempts, as the estimate does.
+    Constant between the times it returns, so a reservation built on it may be kept that long."""
+    planned = run.planned_end_s
+    if planned > now_s or run.estimate_s is None:
+        return planned
+    total = max(run.estimate_s, MIN_CORRECTED_ESTIMATE_S)
+    done = run.progress_s + (now_s - run.start_time_s)
+    while total <= done:
+        total *= 2.0
+    return run.start_time_s + total - run.progress_s
+
+
+def _expected_ends(
+    view: ClusterView, now_s: float, correct: bool
+) -> tuple[list[tuple[float, str]], list[int]]:
+    """(expected end, id) of the runs with an estimate, sorted, and the compute each holds: the
+    view's planned ends, with the overdue ones corrected (`corrected_end_s`) when `correct`."""
+    ends, milli = view.ends, view.end_milli
+    late = _overdue(view, now_s) if correct else 0
+    if not late:
+        return ends, milli
+    running = view.running
+    fixed = sorted((corrected_end_s(running[rid], now_s), rid) for _, rid in ends[:late])
+    merged = list(heapq.merge(fixed, ends[late:]))
+    return merged, [running[rid].device_milli for _, rid in merged]
+
 
 def reserve(
-    head: Workload, view: ClusterView, now_s: float, policy: PlacementPolicy, rng: random.Random
+    head: Workload, view: ClusterView, now_s: float, policy: PlacementPolicy, rng: random.Random,
+    correct: bool = True,
 ) -> Reservation | None:
-    """The earliest time the head fits by the running workloads' estimated ends; None if never.
+    """The earliest time the head fits by the running workloads' expected ends; None if never.
 
-    The runs are taken in the order of their estimated ends (`view.ends`); one that should have
-    ended already is expected to end now (`Running.expected_end_s`).
+    The runs are taken in the order of their expected ends: the view's planned ends (`view.ends`),
+    those already past corrected (`corrected_end_s`); `correct=False` expects those to end now
+    (`Running.expected_end_s`), as wait-or-spread reads them (`locality`).
     """
     view.materialize()
-    ends = view.ends
-    if not ends:
+    if not view.ends:
         return None
+    ends, end_milli = _expected_ends(view, now_s, correct)
     running = view.running
     shadow = clone_state(view.state)
     allowed = _allowed(head, shadow)
     # skip ahead to the first end time at which enough compute is free in aggregate (the runs
     # that end at one time are released together, so their order among themselves is moot)
     if bool(allowed.sum() == shadow.dev_valid.sum()):
-        freed = np.cumsum(view.end_milli)
+        freed = np.cumsum(end_milli)
     else:
         freed = np.cumsum([_allowed_milli(running[rid], allowed) for _, rid in ends])
     short = head.total_device_milli - int(shadow.dev_milli_free[allowed].sum())
@@ -81,7 +127,7 @@ def reserve(
         gang = place_gang(head, shadow, policy, rng)
         if not isinstance(gang, NoFit):
             release_gang(gang, shadow)
-            return Reservation(head, t, shadow)
+            return Reservation(head, t, shadow, fits_on=_mask(gang, shadow))
         if i >= len(ends):
             return None
     return None
@@ -97,9 +143,9 @@ class KeptReservation:
     capacity arrays and pods per node (compared whole); the placement policy (the same instance,
     prepared as many times, on the same slice defaults: only a policy whose `place` is repeatable,
     drawing nothing from the rng and keeping nothing, so skipping its calls changes nothing
-    later); and the clock only through the ends already past, which count as ending now. So the
-    result is the same when as many ends are past (`overdue`), with `now` as its start when the
-    head fit once those overdue runs end.
+    later); and the clock only through the ends already past and their corrections, each constant
+    until the clock reaches it (`corrected_end_s`). So the result is the same while as many ends
+    are past (`overdue`) and no correction is reached (`until_s`).
     """
 
     head: Workload
@@ -111,10 +157,12 @@ class KeptReservation:
     arrays: tuple[np.ndarray, ...]
     pod_kinds: list[dict[str, int]]
     overdue: int
-    at_now: bool
+    until_s: float
+    """The earliest corrected end of the overdue runs (inf: none): the clock changes nothing before."""
     start_s: float
     shadow: ClusterState | None
     """The shadow state as `reserve` returned it (cycles change their copy); None: no reservation."""
+    fits_on: BoolArray | None = None
 
     def matches(self, head: Workload, view: ClusterView, now_s: float, policy: PlacementPolicy) -> bool:
         state = view.state
@@ -125,6 +173,7 @@ class KeptReservation:
             and self.prepared == _prepared(view, policy)
             and self.state is state
             and self.defaults is state.defaults
+            and now_s < self.until_s
             and _overdue(view, now_s) == self.overdue
             and all(np.array_equal(a, b) for a, b in zip(self.arrays, _arrays(state), strict=True))
             and self.pod_kinds == state.node_pod_kinds
@@ -133,7 +182,8 @@ class KeptReservation:
     def reservation(self, now_s: float) -> Reservation | None:
         if self.shadow is None:
             return None
-        return Reservation(self.head, now_s if self.at_now else self.start_s, clone_state(self.shadow))
+        fits_on = None if self.fits_on is None else self.fits_on.copy()
+        return Reservation(self.head, self.start_s, clone_state(self.shadow), fits_on=fits_on)
 
 
 def _arrays(state: ClusterState) -> tuple[np.ndarray, ...]:
@@ -147,6 +197,12 @@ def _arrays(state: ClusterState) -> tuple[np.ndarray, ...]:
 def _overdue(view: ClusterView, now_s: float) -> int:
     """How many running workloads should have ended by `now_s` (by their estimates)."""
     return bisect.bisect_right(view.ends, now_s, key=_end)
+
+
+def _next_correction_s(view: ClusterView, now_s: float, overdue: int) -> float:
+    """The earliest corrected end of the `overdue` runs first in `view.ends` (inf: none)."""
+    running = view.running
+    return min((corrected_end_s(running[rid], now_s) for _, rid in view.ends[:overdue]), default=math.inf)
 
 
 _end = itemgetter(0)
@@ -189,9 +245,10 @@ def kept_reserve(
         arrays=arrays,
         pod_kinds=pod_kinds,
         overdue=overdue,
-        at_now=found is not None and overdue > 0 and found.start_s == now_s,
+        until_s=_next_correction_s(view, now_s, overdue),
         start_s=math.inf if found is None else found.start_s,
         shadow=None if found is None else clone_state(found.shadow),
+        fits_on=None if found is None or found.fits_on is None else found.fits_on.copy(),
     )
     return found
 
@@ -225,13 +282,25 @@ def may_backfill(
     if domain is not None and not any(domain[record.node] for _, record in gang.allocs):
         statement.commit()  # the head's domain is untouched: it still fits there
         return True
+    fits_on = reservation.fits_on
+    if fits_on is not None and not any(fits_on[record.node] for _, record in gang.allocs):
+        statement.commit()  # the nodes of the head's placement are untouched: it still fits there
+        return True
     head = place_gang(reservation.head, shadow, policy, rng)
     if isinstance(head, NoFit):
         statement.discard()
         return False
     release_gang(head, shadow)
     statement.commit()
+    reservation.fits_on = _mask(head, shadow)
     return True
+
+
+def _mask(gang: GangPlacement, state: ClusterState) -> BoolArray:
+    """[node] the nodes a placement uses."""
+    mask = np.zeros(len(state.nodes), dtype=bool)
+    mask[list(gang.nodes)] = True
+    return mask
 
 
 def _allowed(w: Workload, state: ClusterState) -> BoolArray:

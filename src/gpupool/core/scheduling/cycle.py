@@ -179,6 +179,8 @@ def cycle_on(
     return _Cycle(view, policies, now_s, rng).run(pending)
 
 
+BLOCKED_BY_HEAD = "Starting now would delay the reserved head."
+
 _workload_id = attrgetter("id")
 _kid = attrgetter("kid")
 _as_rejection = partial(tuple.__new__, Rejection)
@@ -196,6 +198,10 @@ class _Cycle:
     pass_over = True
     """Pass over the workloads whose verdict is already known (see `run`); False walks every one
     (the same decisions, slower: kept to check that claim)."""
+    keep_refusals = True
+    """Refuse work the reservation refused a moment ago for its (ClusterQueue, shape) without
+    placing it again (`outlast`); False places each one (the same decisions, slower: kept to check
+    that claim)."""
     keep_pending = True
     """Count the pending workloads with the view's `PendingBook` (fed by arrivals and departures);
     False looks every one up on every cycle (the same decisions, slower: kept to check that claim)."""
@@ -225,6 +231,11 @@ class _Cycle:
         self.victims: VictimIndex | None = None
         """The cycle's victim candidates, sorted once (made by the first victim search)."""
         self.reservation: Reservation | None = None
+        self.outlast: set[tuple[str, Shape]] = set()
+        """(ClusterQueue, shape) of single placements the reservation just refused for work that
+        outlasts its start: work of the same key that outlasts it is refused the same way, without
+        being placed, until an admission changes the pool (`_admit`) or a hold is added."""
+        self.repeatable = self.keep_refusals and self.policy.is_repeatable()
         self.locality_known: dict[object, Reservation | None] = {}
         """Reservations found for gangs waiting for locality this cycle, by shape (`locality`)."""
         self.backlog = 0
@@ -414,6 +425,9 @@ class _Cycle:
             self.never[key] = never
             self.live.discard(key)
             return
+        if self.outlast and (cq, shape) in self.outlast and self._outlasts(w):
+            self._reject(original, Reason.BACKFILL_BLOCKED, BLOCKED_BY_HEAD)
+            return
         outcome = self._try_place(w, shape, cq)
         if isinstance(outcome, GangPlacement):
             # before backfill's check, which holds an admitted candidate in the reservation's shadow
@@ -430,7 +444,11 @@ class _Cycle:
                 outcome, view.remaining_estimate_s(w), self.reservation, self.now_s, self.policy, self.rng
             ):
                 release_gang(outcome, view.state)
-                self._reject(original, Reason.BACKFILL_BLOCKED, "Starting now would delay the reserved head.")
+                self._reject(original, Reason.BACKFILL_BLOCKED, BLOCKED_BY_HEAD)
+                if self.repeatable and not multi and not held:
+                    # placed again on the same pool, its key's work lands the same way (the
+                    # policy is repeatable) and the shadow did not change (refused)
+                    self.outlast.add((cq, shape))
                 return
             self._admit(w, outcome, cq)
             return
@@ -463,11 +481,18 @@ class _Cycle:
                 self.held_until = np.full(len(view.state.nodes), math.inf)
             held = waiting.reservation.nodes
             self.held_until[held] = np.minimum(self.held_until[held], waiting.reservation.start_s)
+            self.outlast.clear()  # the holds are checked first: refusals may now read otherwise
         spec = waiting.reservation.head.topology
         tier = str(spec.required) if spec is not None and spec.required is not None else "domain"
         self._reject(original, Reason.WAITING_FOR_LOCALITY,
                      waiting.message(tier))
         return True
+
+    def _outlasts(self, w: Workload) -> bool:
+        """Whether the workload is expected to run past the reservation's start (or has no estimate)."""
+        assert self.reservation is not None
+        estimate_s = self.view.remaining_estimate_s(w)
+        return estimate_s is None or self.now_s + estimate_s > self.reservation.start_s
 
     def _clear_of_holds(self, gang: GangPlacement, estimate_s: float | None) -> bool:
         """Whether a placement leaves the nodes held by waiting gangs (`held_until`) alone, or ends
@@ -562,6 +587,7 @@ class _Cycle:
         self.live = {k for k in self.live if k[0] != cq}
 
     def _admit(self, w: Workload, gang: GangPlacement, cq: str) -> None:
+        self.outlast.clear()
         self.view.admit(w, gang, cq, self.now_s)
         self.admitted.append(Admission(w.id, gang.placements(self.view.state)))
 

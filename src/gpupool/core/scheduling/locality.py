@@ -131,7 +131,7 @@ def wait_for_domain(
         found = known[key]
         found = None if found is None else dataclasses.replace(found, head=head)
     else:
-        found = reserve(head, view, now_s, policy, rng)
+        found = reserve(head, view, now_s, policy, rng, correct=False)
         if found is not None:
             found = _with_domain(found, head, topology, spec.preferred, policy, rng)
     wait_s = found.start_s - now_s if found is not None else math.inf
