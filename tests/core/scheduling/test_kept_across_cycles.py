@@ -82,7 +82,7 @@ def _stuck_head_cycles(head_pods: int, nows: list[float]) -> tuple[list, int]:  
     """A full pool (two 4-device nodes: one ends at 100, one at 30 by estimate) and a stuck head of
     `head_pods` 4-device pods; a one-device arrival that may not backfill each cycle, at `nows`."""
     calls = 0
-    original = backfill.reserve
+    original = backfill._reserve
 
     def counting(*args, **kwargs):  # type: ignore[no-untyped-def]
         nonlocal calls
@@ -94,7 +94,7 @@ def _stuck_head_cycles(head_pods: int, nows: list[float]) -> tuple[list, int]:  
     pending = [_job(0, 1, 100.0, 0.0), _job(1, 1, 30.0, 0.0)]
     results = []
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(backfill, "reserve", counting)
+        mp.setattr(backfill, "_reserve", counting)
         assert len(cycle_on(view, pending, policies, 0.0, random.Random(1)).admitted) == 2
         pending = [_job(2, head_pods, 50.0, 1.0)]
         for k, now in enumerate(nows):

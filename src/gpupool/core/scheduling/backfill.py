@@ -25,8 +25,9 @@ import bisect
 import heapq
 import math
 import random
-from dataclasses import dataclass, field
-from operator import itemgetter
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from operator import attrgetter, itemgetter
 
 import numpy as np
 
@@ -69,26 +70,31 @@ def corrected_end_s(run: Running, now_s: float) -> float:
     planned = run.planned_end_s
     if planned > now_s or run.estimate_s is None:
         return planned
-    total = max(run.estimate_s, MIN_CORRECTED_ESTIMATE_S)
+    estimate = max(run.estimate_s, MIN_CORRECTED_ESTIMATE_S)
     done = run.progress_s + (now_s - run.start_time_s)
-    while total <= done:
-        total *= 2.0
-    return run.start_time_s + total - run.progress_s
+    # the fewest doublings k with estimate * 2**k > done (exact: scaling by 2**k does not round)
+    k = max(0, math.floor(math.log2(done / estimate))) if done > estimate else 0
+    while estimate * 2.0**k <= done:
+        k += 1
+    while k > 0 and estimate * 2.0 ** (k - 1) > done:
+        k -= 1
+    return run.start_time_s + estimate * 2.0**k - run.progress_s
 
 
 def _expected_ends(
     view: ClusterView, now_s: float, correct: bool
-) -> tuple[list[tuple[float, str]], list[int]]:
+) -> tuple[list[tuple[float, str]], list[int], float]:
     """(expected end, id) of the runs with an estimate, sorted, and the compute each holds: the
-    view's planned ends, with the overdue ones corrected (`corrected_end_s`) when `correct`."""
+    view's planned ends, with the overdue ones corrected (`corrected_end_s`) when `correct`; and
+    the earliest corrected end (inf: none)."""
     ends, milli = view.ends, view.end_milli
     late = _overdue(view, now_s) if correct else 0
     if not late:
-        return ends, milli
+        return ends, milli, math.inf
     running = view.running
     fixed = sorted((corrected_end_s(running[rid], now_s), rid) for _, rid in ends[:late])
     merged = list(heapq.merge(fixed, ends[late:]))
-    return merged, [running[rid].device_milli for _, rid in merged]
+    return merged, [running[rid].device_milli for _, rid in merged], fixed[0][0]
 
 
 def reserve(
@@ -101,10 +107,31 @@ def reserve(
     those already past corrected (`corrected_end_s`); `correct=False` expects those to end now
     (`Running.expected_end_s`), as wait-or-spread reads them (`locality`).
     """
+    return _reserve(head, view, now_s, policy, rng, correct)[0]
+
+
+def _reserve(
+    head: Workload, view: ClusterView, now_s: float, policy: PlacementPolicy, rng: random.Random,
+    correct: bool = True,
+) -> tuple[Reservation | None, float]:
+    """`reserve`, and until when the clock changes nothing in its answer: the earliest corrected end
+    at or before the start (inf: none). A reservation reads only the runs expected to end by its
+    start: a correction further out moves a run from one time after the start to a later one."""
     view.materialize()
     if not view.ends:
-        return None
-    ends, end_milli = _expected_ends(view, now_s, correct)
+        return None, math.inf
+    ends, end_milli, first_fix = _expected_ends(view, now_s, correct)
+    found = _first_fit_in_time(head, view, now_s, policy, rng, ends, end_milli)
+    until = first_fix if found is None or first_fix <= found.start_s else math.inf
+    return found, until
+
+
+def _first_fit_in_time(
+    head: Workload, view: ClusterView, now_s: float, policy: PlacementPolicy, rng: random.Random,
+    ends: list[tuple[float, str]], end_milli: list[int],
+) -> Reservation | None:
+    """The head placed on the shadow pool at each end time in turn, from the first at which enough
+    compute is free, until it fits (at most MAX_RESERVATION_TRIALS times)."""
     running = view.running
     shadow = clone_state(view.state)
     allowed = _allowed(head, shadow)
@@ -119,18 +146,41 @@ def reserve(
     if i >= len(ends):
         return None
     done = 0
+    could_fit = _device_check(head)
     for _ in range(MAX_RESERVATION_TRIALS):
         t = max(ends[i][0], now_s)
         i = bisect.bisect_right(ends, t, lo=i, key=_end)  # every run expected to end at t
         release_many(shadow, [rec for _, rid in ends[done:i] for _, rec in running[rid].allocs])
         done = i
-        gang = place_gang(head, shadow, policy, rng)
-        if not isinstance(gang, NoFit):
-            release_gang(gang, shadow)
-            return Reservation(head, t, shadow, fits_on=_mask(gang, shadow))
+        if could_fit(shadow):
+            gang = place_gang(head, shadow, policy, rng)
+            if not isinstance(gang, NoFit):
+                release_gang(gang, shadow)
+                return Reservation(head, t, shadow, fits_on=_mask(gang, shadow))
         if i >= len(ends):
             return None
     return None
+
+
+def _device_check(head: Workload) -> Callable[[ClusterState], bool]:
+    """A quick test a state must pass for the head to fit in it (devices only; placing is the
+    real test, many times slower): some node has room for its largest pod's devices, and, when its
+    pods are all alike, the nodes have room for all of them."""
+    pods = [p for p in head.pods if p.num_devices]
+    if not pods:
+        return _always
+    big = max(pods, key=attrgetter("num_devices"))
+    alike = len(pods) == len(head.pods) and all(replace(p, name=big.name) == big for p in pods)
+
+    def check(state: ClusterState) -> bool:
+        room = (state.device_fits(big).sum(axis=1) * state.schedulable) // big.num_devices
+        return bool(room.max() >= 1 and (not alike or room.sum() >= len(pods)))
+
+    return check
+
+
+def _always(state: ClusterState) -> bool:
+    return True
 
 
 @dataclass(slots=True)
@@ -158,7 +208,8 @@ class KeptReservation:
     pod_kinds: list[dict[str, int]]
     overdue: int
     until_s: float
-    """The earliest corrected end of the overdue runs (inf: none): the clock changes nothing before."""
+    """The earliest corrected end of an overdue run at or before the start (inf: none): the clock
+    changes nothing before (`_reserve`)."""
     start_s: float
     shadow: ClusterState | None
     """The shadow state as `reserve` returned it (cycles change their copy); None: no reservation."""
@@ -199,11 +250,6 @@ def _overdue(view: ClusterView, now_s: float) -> int:
     return bisect.bisect_right(view.ends, now_s, key=_end)
 
 
-def _next_correction_s(view: ClusterView, now_s: float, overdue: int) -> float:
-    """The earliest corrected end of the `overdue` runs first in `view.ends` (inf: none)."""
-    running = view.running
-    return min((corrected_end_s(running[rid], now_s) for _, rid in view.ends[:overdue]), default=math.inf)
-
 
 _end = itemgetter(0)
 
@@ -233,7 +279,7 @@ def kept_reserve(
     state = view.state
     arrays = tuple(a.copy() for a in _arrays(state))
     pod_kinds = [dict(k) for k in state.node_pod_kinds]
-    found = reserve(head, view, now_s, policy, rng)
+    found, until_s = _reserve(head, view, now_s, policy, rng)
     overdue = _overdue(view, now_s)
     view.kept_reservation = KeptReservation(
         head=head,
@@ -245,7 +291,7 @@ def kept_reserve(
         arrays=arrays,
         pod_kinds=pod_kinds,
         overdue=overdue,
-        until_s=_next_correction_s(view, now_s, overdue),
+        until_s=until_s,
         start_s=math.inf if found is None else found.start_s,
         shadow=None if found is None else clone_state(found.shadow),
         fits_on=None if found is None or found.fits_on is None else found.fits_on.copy(),
