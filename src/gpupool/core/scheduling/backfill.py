@@ -56,7 +56,8 @@ class Reservation:
 
 
 MAX_RESERVATION_TRIALS = 64
-"""How many future end times are tried for the head before giving up on a reservation."""
+"""How many future end times the head is placed at before giving up on a reservation (end times at
+which a quick device check shows it cannot fit are passed over without counting)."""
 
 MIN_CORRECTED_ESTIMATE_S = 1.0
 """What an overdue run's correction doubles from when its estimate is zero."""
@@ -131,7 +132,7 @@ def _first_fit_in_time(
     ends: list[tuple[float, str]], end_milli: list[int],
 ) -> Reservation | None:
     """The head placed on the shadow pool at each end time in turn, from the first at which enough
-    compute is free, until it fits (at most MAX_RESERVATION_TRIALS times)."""
+    compute is free, until it fits (placed at most MAX_RESERVATION_TRIALS times)."""
     running = view.running
     shadow = clone_state(view.state)
     allowed = _allowed(head, shadow)
@@ -147,12 +148,14 @@ def _first_fit_in_time(
         return None
     done = 0
     could_fit = _device_check(head)
-    for _ in range(MAX_RESERVATION_TRIALS):
+    trials = 0
+    while trials < MAX_RESERVATION_TRIALS:
         t = max(ends[i][0], now_s)
         i = bisect.bisect_right(ends, t, lo=i, key=_end)  # every run expected to end at t
         release_many(shadow, [rec for _, rid in ends[done:i] for _, rec in running[rid].allocs])
         done = i
         if could_fit(shadow):
+            trials += 1
             gang = place_gang(head, shadow, policy, rng)
             if not isinstance(gang, NoFit):
                 release_gang(gang, shadow)
