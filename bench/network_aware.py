@@ -498,7 +498,8 @@ def main() -> int:
     parser.add_argument("--detail", default=";".join(":".join(f"{x:g}" for x in t) for t in TARGETS),
                         help="scenarios (as --only) whose gang-size and fabric figures are printed and "
                              "written to the JSON's 'detail'; default: the two target scenarios")
-    parser.add_argument("--backfill", action="store_true", help="EASY backfill on (slower replays)")
+    parser.add_argument("--backfill", action="store_true",
+                        help="EASY backfill on (the live pool's default; off in the recorded grid)")
     parser.add_argument("--jobs", type=int, default=1)
     parser.add_argument("--json", type=Path, default=REPO / "bench" / "results" / "network_aware.json")
     parser.add_argument("--plots", type=Path, default=REPO / "docs" / "img")
