@@ -159,7 +159,7 @@ def _first_fit_in_time(
             gang = place_gang(head, shadow, policy, rng)
             if not isinstance(gang, NoFit):
                 release_gang(gang, shadow)
-                return Reservation(head, t, shadow, fits_on=_mask(gang, shadow))
+                return Reservation(head, t, shadow, fits_on=nodes_mask(gang, shadow))
         if i >= len(ends):
             return None
     return None
@@ -217,6 +217,7 @@ class KeptReservation:
     shadow: ClusterState | None
     """The shadow state as `reserve` returned it (cycles change their copy); None: no reservation."""
     fits_on: BoolArray | None = None
+    """The reservation's `fits_on` as `reserve` returned it (`may_backfill` changes the copies)."""
 
     def matches(self, head: Workload, view: ClusterView, now_s: float, policy: PlacementPolicy) -> bool:
         state = view.state
@@ -251,7 +252,6 @@ def _arrays(state: ClusterState) -> tuple[np.ndarray, ...]:
 def _overdue(view: ClusterView, now_s: float) -> int:
     """How many running workloads should have ended by `now_s` (by their estimates)."""
     return bisect.bisect_right(view.ends, now_s, key=_end)
-
 
 
 _end = itemgetter(0)
@@ -341,11 +341,11 @@ def may_backfill(
         return False
     release_gang(head, shadow)
     statement.commit()
-    reservation.fits_on = _mask(head, shadow)
+    reservation.fits_on = nodes_mask(head, shadow)
     return True
 
 
-def _mask(gang: GangPlacement, state: ClusterState) -> BoolArray:
+def nodes_mask(gang: GangPlacement, state: ClusterState) -> BoolArray:
     """[node] the nodes a placement uses."""
     mask = np.zeros(len(state.nodes), dtype=bool)
     mask[list(gang.nodes)] = True

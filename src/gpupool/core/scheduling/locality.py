@@ -50,7 +50,7 @@ from enum import StrEnum
 import numpy as np
 
 from gpupool.core.model import Workload
-from gpupool.core.scheduling.backfill import Reservation, reserve
+from gpupool.core.scheduling.backfill import Reservation, nodes_mask, reserve
 from gpupool.core.scheduling.comm_cost import CommModel
 from gpupool.core.scheduling.domains import narrowest_tier
 from gpupool.core.scheduling.gang import GangPlacement, place_gang, release_gang
@@ -161,6 +161,4 @@ def _with_domain(
     ids = topology.domain_of(tier)
     on = list(placed.nodes)
     domain = np.isin(ids, np.unique(ids[on]))
-    nodes = np.zeros(len(ids), dtype=bool)
-    nodes[on] = True
-    return dataclasses.replace(found, domain=domain, nodes=nodes)
+    return dataclasses.replace(found, domain=domain, nodes=nodes_mask(placed, found.shadow))
