@@ -27,6 +27,8 @@ failed for a period. Policies run side by side on the same jobs and seeds:
                          (topology_wait_cap: loss), never less than 300 s
   network-aware-queue    the same with that loss counted for the queue behind the gang too
                          (topology_wait_cap: queue)
+  network-aware-leaf     network-aware with fullest_leaf: best-fit's ties among nodes go to the leaf
+                         with the least free share (small work fills leaves already in use)
   network-aware-nowait   network-aware that never waits for locality (max wait 0: a leaf if one is
                          free now, else spread at once)
   oracle                 fgd with no communication cost at all (the bound)
@@ -128,6 +130,8 @@ VARIANTS = {
                                   wait_cap=WaitCap.LOSS),
     "network-aware-queue": Variant("network-aware-queue", "network-aware", estimate=EstimateMode.EXACT,
                                    wait_cap=WaitCap.QUEUE),
+    "network-aware-leaf": Variant("network-aware-leaf", "network-aware", estimate=EstimateMode.EXACT,
+                                  options=(("fullest_leaf", True),)),
     "network-aware-nowait": Variant("network-aware-nowait", "network-aware", estimate=EstimateMode.EXACT,
                                     max_wait_s=0.0),
     "oracle": Variant("oracle", "fgd", fabric=False, topology=None, comm=False),

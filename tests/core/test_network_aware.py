@@ -169,6 +169,8 @@ def test_auto_turns_to_fgd_strand_at_the_first_fractional_pod_it_is_told_of() ->
 def test_an_unknown_pods_option_is_refused_in_one_sentence() -> None:
     with pytest.raises(ValueError, match="pods= is one of auto, best-fit, fgd-strand, got 'tight'"):
         make_policy("network-aware", pods="tight")
+    with pytest.raises(ValueError, match="fullest_leaf= is true or false, got 'yes please'"):
+        make_policy("network-aware", fullest_leaf="yes please")
 
 
 @pytest.mark.parametrize(("spec", "pods", "as_by"), [
@@ -205,3 +207,30 @@ def test_a_gang_cut_off_by_failed_links_waits_for_the_repair(placement: str) -> 
     for key in uplinks(fabric, "leaf-0"):
         view.topology.set_link(key, healthy=True)
     assert len(nodes_of(run(view, [gang(8, 8, wid="all", spec="none")], placement=placement), "all")) == 8
+
+
+def _first_pod_node(view: ClusterView, **options: object) -> str:
+    result = run(view, [workload(pod(1), wid="one")], placement="network-aware", placement_options=options)
+    return nodes_of(result, "one")[0]
+
+
+def test_fullest_leaf_breaks_best_fits_ties_by_the_leaf_with_least_free() -> None:
+    """A pod that fits several nodes equally well goes to the fullest leaf, keeping leaf 0 whole."""
+    running = [busy("n003", 8, "full")]  # leaf 1 (n002-n003) is half taken, every other leaf free
+    assert _first_pod_node(view_on(running=running)) == "n000"  # plain best-fit: node order
+    assert _first_pod_node(view_on(running=running), fullest_leaf=True) == "n002"
+
+
+def test_fullest_leaf_never_overrides_a_tighter_node() -> None:
+    running = [busy("n000", 6, "most"), busy("n003", 8, "full")]  # leaf 1 fuller, n000 the tightest fit
+    assert _first_pod_node(view_on(running=running), fullest_leaf=True) == "n000"
+
+
+def test_fullest_leaf_without_a_fabric_is_plain_best_fit() -> None:
+    def decisions(**options: object) -> list[object]:
+        view = ClusterView.from_snapshot(ClusterSnapshot(tuple(cluster(8)), tuple(PARTLY_BUSY), {}))
+        pending = [workload(pod(g), wid=f"w{i}") for i, g in enumerate([8, 1, 2, 8, 3, 1])]
+        admitted = run(view, pending, placement="network-aware", placement_options=options).admitted
+        return [(a.workload_id, [p.node for p in a.placements]) for a in admitted]
+
+    assert decisions(fullest_leaf=True) == decisions()

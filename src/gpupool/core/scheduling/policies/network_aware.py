@@ -5,8 +5,11 @@ as `pods` says: `auto` (the default) places them as `best-fit` while every pod s
 devices, and as `fgd-strand` once a pod asking part of a device is seen (FGD's fragmentation measure
 is made for fractional shapes; on whole-device work in a saturated pool best-fit's tight packing
 gets gangs their nodes sooner: docs/benchmarks.md, "Network-aware placement"); `best-fit` and
-`fgd-strand` fix the choice. A multi-pod gang, when the view knows a fabric, is placed whole
-(`place_gang`):
+`fgd-strand` fix the choice. With `fullest_leaf` and a fabric bound, best-fit's ties (nodes it
+scores alike, such as every wholly free node) go to the leaf with the least free share, as Slurm's
+topology/tree picks the leaf switch with the fewest free nodes, so small work fills leaves already
+in use and leaves that are whole stay whole for the next gang. A multi-pod gang, when the view
+knows a fabric, is placed whole (`place_gang`):
 
 1. candidates: for each tier its constraint allows (required / preferred: narrowest first; none:
    leaf, spine and anywhere together), the `max_candidates` fullest domains that could hold it
@@ -29,9 +32,10 @@ gets gangs their nodes sooner: docs/benchmarks.md, "Network-aware placement"); `
 3. the cheapest candidate of the narrowest tier that has one wins (ties: the fuller domain); with
    no constraint, the cheapest overall.
 
-Options: `pods` (above), `message_mb`, `step_compute_s` (the CommModel: the assumption for a job
-whose ratio is unknown), `cross_leaf_efficiency`, `cross_spine_efficiency` (the share of bandwidth a
-flow crossing leaves or spine groups gets), `max_candidates`, and fgd-strand's.
+Options: `pods`, `fullest_leaf` (above; off by default), `message_mb`, `step_compute_s` (the
+CommModel: the assumption for a job whose ratio is unknown), `cross_leaf_efficiency`,
+`cross_spine_efficiency` (the share of bandwidth a flow crossing leaves or spine groups gets),
+`max_candidates`, and fgd-strand's.
 """
 
 from __future__ import annotations
@@ -45,7 +49,8 @@ import numpy as np
 
 from gpupool.core.model import PodRequest, Reason, Workload
 from gpupool.core.scheduling.comm_cost import CommModel
-from gpupool.core.scheduling.policies.base import Choice, NoFit, register_policy
+from gpupool.core.scheduling.policies._common import choose_devices
+from gpupool.core.scheduling.policies.base import Choice, NoFit, explain_nofit, register_policy
 from gpupool.core.scheduling.policies.best_fit import BestFit
 from gpupool.core.scheduling.policies.fgd_strand import FgdStrand
 from gpupool.core.scheduling.topology import ACCESS, LEAF_UP, UNKNOWN_RUN_S, FabricView
@@ -68,12 +73,15 @@ class NetworkAware(FgdStrand):
     def __init__(
         self, *, message_mb: float = 1000.0, step_compute_s: float = 1.0, max_candidates: int = 3,
         cross_leaf_efficiency: float = 0.6, cross_spine_efficiency: float = 0.5, pods: str = "auto",
-        **strand_options: object,
+        fullest_leaf: bool = False, **strand_options: object,
     ) -> None:
         super().__init__(**strand_options)  # type: ignore[arg-type]
         if pods not in POD_PLACEMENTS:
             raise ValueError(f"pods= is one of {', '.join(POD_PLACEMENTS)}, got {pods!r}")
+        if not isinstance(fullest_leaf, bool):
+            raise ValueError(f"fullest_leaf= is true or false, got {fullest_leaf!r}")
         self.pods = pods
+        self.fullest_leaf = fullest_leaf
         self._best_fit = BestFit()
         self._fractional = False
         """A pod asking part of a device has been seen (prepare, observe or place): `auto` uses fgd-strand."""
@@ -96,8 +104,30 @@ class NetworkAware(FgdStrand):
     def place(self, pod: PodRequest, state: ClusterState, rng: random.Random) -> Choice | NoFit:
         self._fractional = self._fractional or pod.is_fractional
         if self._by_best_fit():
+            context = self.topology
+            if self.fullest_leaf and context is not None and context.view.fabric_known:
+                return self._best_fit_fullest_leaf(pod, state, rng, context.view)
             return self._best_fit.place(pod, state, rng)
         return super().place(pod, state, rng)
+
+    def _best_fit_fullest_leaf(
+        self, pod: PodRequest, state: ClusterState, rng: random.Random, view: FabricView,
+    ) -> Choice | NoFit:
+        """best-fit's node, its ties broken by the leaf with the least free share (then node order)."""
+        feasible = state.node_fits(pod)
+        if not feasible.any():
+            return explain_nofit(pod, state)
+        scores = self._best_fit.scores(pod, state, feasible)
+        fits = np.flatnonzero(feasible)
+        top = fits[scores[fits] == scores[fits].max()]
+        if len(top) > 1:
+            n = len(view.leaf_names)
+            free_milli = np.where(state.schedulable, state.dev_milli_free.sum(axis=1), 0)
+            free = np.bincount(view.leaf_id, weights=free_milli, minlength=n)
+            cap = np.bincount(view.leaf_id, weights=state.dev_milli_cap.sum(axis=1), minlength=n)
+            share = np.divide(free, cap, out=np.zeros(n), where=cap > 0)[view.leaf_id[top]]
+            top = top[share == share.min()]
+        return choose_devices(pod, state, int(top[0]), self._best_fit.device_choice, rng)
 
     def counts_failed_calls(self) -> bool:
         return not self._by_best_fit() and super().counts_failed_calls()
