@@ -49,7 +49,7 @@ import numpy as np
 
 from gpupool.core.model import PodRequest, Reason, Workload
 from gpupool.core.scheduling.comm_cost import CommModel
-from gpupool.core.scheduling.policies._common import choose_devices
+from gpupool.core.scheduling.policies._common import cap_device_milli, choose_devices, free_device_milli
 from gpupool.core.scheduling.policies.base import Choice, NoFit, explain_nofit, register_policy
 from gpupool.core.scheduling.policies.best_fit import BestFit
 from gpupool.core.scheduling.policies.fgd_strand import FgdStrand
@@ -122,9 +122,9 @@ class NetworkAware(FgdStrand):
         top = fits[scores[fits] == scores[fits].max()]
         if len(top) > 1:
             n = len(view.leaf_names)
-            free_milli = np.where(state.schedulable, state.dev_milli_free.sum(axis=1), 0)
+            free_milli = np.where(state.schedulable, free_device_milli(state), 0)
             free = np.bincount(view.leaf_id, weights=free_milli, minlength=n)
-            cap = np.bincount(view.leaf_id, weights=state.dev_milli_cap.sum(axis=1), minlength=n)
+            cap = np.bincount(view.leaf_id, weights=cap_device_milli(state), minlength=n)
             share = np.divide(free, cap, out=np.zeros(n), where=cap > 0)[view.leaf_id[top]]
             top = top[share == share.min()]
         return choose_devices(pod, state, int(top[0]), self._best_fit.device_choice, rng)
