@@ -4,13 +4,15 @@ links avoided, single pods as its `pods` option says, and without a fabric gangs
 from __future__ import annotations
 
 import random
+from collections.abc import Iterator
+from typing import Any
 
 import pytest
 from net_helpers import busy, gang, leaves_of, nodes_of, run, two_level, view_on
 
 from factories import cluster, pod, workload
 from gpupool.core.fabric.model import Fabric
-from gpupool.core.model import ClusterSnapshot, Reason
+from gpupool.core.model import Allocation, ClusterSnapshot, Reason, Workload
 from gpupool.core.scheduling.comm_cost import CommModel
 from gpupool.core.scheduling.policies.base import NoFit, make_policy, policy_names
 from gpupool.core.scheduling.policies.network_aware import NetworkAware
@@ -234,3 +236,47 @@ def test_fullest_leaf_without_a_fabric_is_plain_best_fit() -> None:
         return [(a.workload_id, [p.node for p in a.placements]) for a in admitted]
 
     assert decisions(fullest_leaf=True) == decisions()
+
+
+def _gang_decision(running: list[Allocation], pending: Workload) -> tuple[object, ...]:
+    result = run(view_on(running=running), [pending], placement="network-aware")
+    if result.admitted:
+        return ("placed", [p.node for p in result.admitted[0].placements])
+    (refused,) = result.rejected
+    return ("refused", refused.reason, refused.message)
+
+
+@pytest.mark.parametrize("seed", range(24))
+def test_a_gang_decides_alike_with_and_without_the_quick_count(
+    seed: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """When the quick count says a gang fits nowhere, its candidates are not tried: the verdict (and
+    every placement) is the one trying them all gives. is_repeatable False turns the count off."""
+    rng = random.Random(seed)
+    taken = rng.sample(range(8), rng.randint(2, 8))
+    running = [busy(f"n{i:03d}", rng.choice([1, 4, 6, 8]), f"r{i}") for i in taken]
+    spec = rng.choice([None, "preferred=leaf", "none"])
+    pending = gang(rng.choice([2, 3, 4]), rng.choice([2, 4, 8]), spec=spec)
+    quick = _gang_decision(running, pending)
+    monkeypatch.setattr(NetworkAware, "is_repeatable", lambda self: False)
+    assert _gang_decision(running, pending) == quick
+
+
+def test_a_gang_that_fits_nowhere_tries_no_candidate(monkeypatch: pytest.MonkeyPatch) -> None:
+    tried: list[object] = []
+    candidates = NetworkAware._candidates
+
+    def counted(self: NetworkAware, *args: Any) -> Iterator[Any]:
+        tried.append(args)
+        yield from candidates(self, *args)
+
+    monkeypatch.setattr(NetworkAware, "_candidates", counted)
+    for free, tries in ((1, False), (2, True)):  # one free node: the gang needs two
+        view = view_on(running=[busy(f"n{i:03d}", 8, f"r{i}") for i in range(8 - free)])
+        if run(view, [gang(2, 8, wid="probe")], placement="network-aware").admitted:  # (ever fits?)
+            view.remove("probe")
+        tried.clear()
+        result = run(view, [gang(2, 8)], placement="network-aware")
+        assert bool(tried) is tries and bool(result.admitted) is tries
+        if not tries:
+            assert result.rejected[0].reason is Reason.GANG_INCOMPLETE

@@ -23,6 +23,7 @@ from __future__ import annotations
 import random
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -117,26 +118,60 @@ def _fit_counts(pods: Sequence[PodRequest], state: ClusterState) -> tuple[np.nda
     return np.where(host, per, 0).astype(np.int64), same
 
 
+@dataclass(frozen=True, slots=True)
+class Room:
+    """What `fitting_domains` counts of the pool for one set of pods, node by node (0 off `usable`):
+    computed once, it serves every tier's count while the state is as it was."""
+
+    usable: BoolArray
+    free: np.ndarray
+    """[node] free device milli"""
+    fit: np.ndarray
+    """[node] how many of the commonest pod shape fit"""
+    demand: int
+    """the pods' device milli together"""
+    need: int
+    """how many pods of the commonest shape must fit"""
+
+    def anywhere(self) -> bool:
+        """The count over every usable node: False means the pods fit nowhere in it (True decides
+        nothing: the trial placement does)."""
+        return bool(self.free.sum() >= self.demand and self.fit.sum() >= self.need)
+
+
+def room_for(pods: Sequence[PodRequest], state: ClusterState, within: BoolArray | None = None) -> Room:
+    """`Room` for `pods` on the schedulable nodes (of `within`, when given)."""
+    usable = state.schedulable if within is None else state.schedulable & within
+    counts, same = _fit_counts(pods, state)
+    return Room(
+        usable=usable,
+        free=np.where(usable, state.dev_milli_free.sum(axis=1), 0),
+        fit=np.where(usable, counts, 0),
+        demand=sum(p.total_device_milli for p in pods),
+        need=min(same, len(pods)),
+    )
+
+
 def fitting_domains(
     pods: Sequence[PodRequest], state: ClusterState, view: FabricView, tier: Tier,
-    within: BoolArray | None = None,
+    within: BoolArray | None = None, room: Room | None = None,
 ) -> list[int]:
     """Domain ids of the tier that could hold `pods` now by a quick count, fullest first.
 
     Fullest: least free device milli on schedulable nodes (ties: lower id). The count is a
-    necessary condition only; the trial placement decides.
+    necessary condition only; the trial placement decides. `room`: `room_for(pods, state, within)`
+    computed before (the state unchanged since), so that several tiers count from one pass.
     """
     ids = view.domain_of(tier)
-    usable = state.schedulable if within is None else state.schedulable & within
     n = int(ids.max(initial=-1)) + 1
     if n == 0:
         return []
-    sel = usable & (ids >= 0)
-    free = np.bincount(ids[sel], weights=state.dev_milli_free[sel].sum(axis=1), minlength=n)
-    demand = sum(p.total_device_milli for p in pods)
-    counts, same = _fit_counts(pods, state)
-    fit = np.bincount(ids[sel], weights=counts[sel], minlength=n)
-    ok = np.flatnonzero((free >= demand) & (fit >= min(same, len(pods))))
+    if room is None:
+        room = room_for(pods, state, within)
+    sel = room.usable & (ids >= 0)
+    free = np.bincount(ids[sel], weights=room.free[sel], minlength=n)
+    fit = np.bincount(ids[sel], weights=room.fit[sel], minlength=n)
+    ok = np.flatnonzero((free >= room.demand) & (fit >= room.need))
     return [int(d) for d in ok[np.lexsort((ok, free[ok]))]]
 
 

@@ -58,6 +58,7 @@ from gpupool.core.state import BoolArray, ClusterState, PodAlloc
 from gpupool.core.topology_spec import UNCONSTRAINED, Tier, TopologySpec
 
 if TYPE_CHECKING:  # imported when first used: the gang module imports this package
+    from gpupool.core.scheduling.domains import Room
     from gpupool.core.scheduling.gang import GangPlacement
 
 
@@ -141,20 +142,24 @@ class NetworkAware(FgdStrand):
         context = self.topology
         if context is None or len(workload.pods) < 2 or not context.view.fabric_known:
             return super().place_gang(workload, state, rng)
-        from gpupool.core.scheduling.domains import place_in, tiers_to_try
+        from gpupool.core.scheduling.domains import place_in, room_for, tiers_to_try
         from gpupool.core.scheduling.gang import GangPlacement, release_gang
         spec = context.spec_for(workload)
         view = context.view
+        wired = view.avail[ACCESS] > 0
+        model = self._model_for(state, workload.pods[0])  # first, as ever: it may fix the shape mix
+        room = room_for(workload.pods, state, wired)  # every candidate lies inside `wired`
+        if not room.anywhere() and self.is_repeatable() and not self.counts_failed_calls():
+            # no candidate can hold it: trying each would fail, drawing nothing and keeping nothing
+            return self._no_candidate(workload, state, rng, spec)
         estimate = context.estimate_s(workload)
         run_s = UNKNOWN_RUN_S if estimate is None else max(estimate, 1.0)
         gpus = workload.total_device_milli / 1000
         comm = self.comm.for_job(context.comm_ratio(workload), view)
-        wired = view.avail[ACCESS] > 0
-        model = self._model_for(state, workload.pods[0])
         before = model.frag.copy()
         best: tuple[float, tuple[tuple[PodRequest, PodAlloc], ...]] | None = None
         for tier in tiers_to_try(spec) if spec is not None else [Tier.LEAF, Tier.SPINE, None]:
-            for mask in self._candidates(workload, state, view, tier, wired):
+            for mask in self._candidates(workload, state, view, tier, room):
                 placed = place_in(workload, state, self, rng, view, spec or UNCONSTRAINED, mask)
                 if isinstance(placed, NoFit):
                     continue
@@ -173,37 +178,40 @@ class NetworkAware(FgdStrand):
         return GangPlacement(workload, best[1])
 
     def _candidates(
-        self, workload: Workload, state: ClusterState, view: FabricView, tier: Tier | None, wired: BoolArray,
+        self, workload: Workload, state: ClusterState, view: FabricView, tier: Tier | None, room: Room,
     ) -> Iterator[BoolArray]:
+        """The areas to try for a tier; `room`: `room_for` the gang inside the wired nodes, on the
+        state as it is (each trial placement in an area is released before the next area is made)."""
         from gpupool.core.scheduling.domains import fitting_domains
 
+        wired = view.avail[ACCESS] > 0
         if tier is None:
             areas = [wired]
         else:
             ids = view.domain_of(tier)
-            areas = [wired & (ids == d)
-                     for d in fitting_domains(workload.pods, state, view, tier, wired)[: self.max_candidates]]
+            domains = fitting_domains(workload.pods, state, view, tier, room=room)[: self.max_candidates]
+            areas = [wired & (ids == d) for d in domains]
         for area in areas:
             yield area
             if tier is Tier.LEAF:
                 continue
             seen = {area.tobytes()}
             for best_connected in (False, True):  # which of its leaves to span
-                leaves = self._leaves_for(workload, state, view, area, best_connected)
+                leaves = self._leaves_for(workload, view, area, room, best_connected)
                 if leaves is not None and leaves.tobytes() not in seen:
                     seen.add(leaves.tobytes())
                     yield leaves
 
     @staticmethod
     def _leaves_for(
-        workload: Workload, state: ClusterState, view: FabricView, area: BoolArray, best_connected: bool,
+        workload: Workload, view: FabricView, area: BoolArray, room: Room, best_connected: bool,
     ) -> BoolArray | None:
         """Leaf domains (with working uplinks) that together could hold the gang, taken by most free
         devices first (the fewest leaves), or by most uplink bandwidth per gang first (`best_connected`)."""
         ids = view.leaf_id
         n = len(view.leaf_names)
-        sel = area & state.schedulable
-        free = np.bincount(ids[sel], weights=state.dev_milli_free[sel].sum(axis=1), minlength=n)
+        sel = area & room.usable  # `area` lies inside the nodes `room` counted
+        free = np.bincount(ids[sel], weights=room.free[sel], minlength=n)
         share = view.avail[LEAF_UP] / (view.flows[LEAF_UP] + 1)
         free = np.where(share > 0, free, 0.0)
         keys = (np.arange(n), -free, -share) if best_connected else (np.arange(n), -free)
