@@ -141,7 +141,7 @@ class Room:
 
 def room_for(pods: Sequence[PodRequest], state: ClusterState, within: BoolArray | None = None) -> Room:
     """`Room` for `pods` on the schedulable nodes (of `within`, when given)."""
-    usable = state.schedulable if within is None else state.schedulable & within
+    usable = state.schedulable.copy() if within is None else state.schedulable & within
     counts, same = _fit_counts(pods, state)
     return Room(
         usable=usable,

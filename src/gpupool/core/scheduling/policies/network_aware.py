@@ -32,6 +32,10 @@ knows a fabric, is placed whole (`place_gang`):
 3. the cheapest candidate of the narrowest tier that has one wins (ties: the fuller domain); with
    no constraint, the cheapest overall.
 
+A gang that fits nowhere by a quick count (free devices, and room for its commonest pod shape, on
+the nodes with a working HCA link) gets the plain placement's NoFit without a candidate tried: on
+a backed-up pool most gangs asked in a cycle are such, and every trial would fail.
+
 Options: `pods`, `fullest_leaf` (above; off by default), `message_mb`, `step_compute_s` (the
 CommModel: the assumption for a job whose ratio is unknown), `cross_leaf_efficiency`,
 `cross_spine_efficiency` (the share of bandwidth a flow crossing leaves or spine groups gets),
