@@ -29,6 +29,7 @@ import numpy as np
 
 from gpupool.core.model import PodRequest, Reason, Workload
 from gpupool.core.scheduling.gang import GangPlacement, place_pods, release_gang
+from gpupool.core.scheduling.policies._common import free_device_milli
 from gpupool.core.scheduling.policies.base import NoFit, PlacementPolicy
 from gpupool.core.scheduling.topology import FabricView
 from gpupool.core.state import BoolArray, ClusterState, PodAlloc
@@ -145,7 +146,7 @@ def room_for(pods: Sequence[PodRequest], state: ClusterState, within: BoolArray 
     counts, same = _fit_counts(pods, state)
     return Room(
         usable=usable,
-        free=np.where(usable, state.dev_milli_free.sum(axis=1), 0),
+        free=np.where(usable, free_device_milli(state), 0),
         fit=np.where(usable, counts, 0),
         demand=sum(p.total_device_milli for p in pods),
         need=min(same, len(pods)),

@@ -163,7 +163,7 @@ class NetworkAware(FgdStrand):
         before = model.frag.copy()
         best: tuple[float, tuple[tuple[PodRequest, PodAlloc], ...]] | None = None
         for tier in tiers_to_try(spec) if spec is not None else [Tier.LEAF, Tier.SPINE, None]:
-            for mask in self._candidates(workload, state, view, tier, room):
+            for mask in self._candidates(workload, state, view, tier, wired, room):
                 placed = place_in(workload, state, self, rng, view, spec or UNCONSTRAINED, mask)
                 if isinstance(placed, NoFit):
                     continue
@@ -182,13 +182,13 @@ class NetworkAware(FgdStrand):
         return GangPlacement(workload, best[1])
 
     def _candidates(
-        self, workload: Workload, state: ClusterState, view: FabricView, tier: Tier | None, room: Room,
+        self, workload: Workload, state: ClusterState, view: FabricView, tier: Tier | None,
+        wired: BoolArray, room: Room,
     ) -> Iterator[BoolArray]:
-        """The areas to try for a tier; `room`: `room_for` the gang inside the wired nodes, on the
-        state as it is (each trial placement in an area is released before the next area is made)."""
+        """The areas to try for a tier; `room`: `room_for` the gang inside `wired`, on the state as
+        it is (each trial placement in an area is released before the next area is made)."""
         from gpupool.core.scheduling.domains import fitting_domains
 
-        wired = view.avail[ACCESS] > 0
         if tier is None:
             areas = [wired]
         else:
