@@ -12,9 +12,11 @@ from net_helpers import busy, gang, leaves_of, nodes_of, run, two_level, view_on
 from factories import cluster, node, pod, workload
 from gpupool.core.fabric.generate import fat_tree
 from gpupool.core.model import Reason, Workload
+from gpupool.core.scheduling import backfill, cycle
 from gpupool.core.scheduling.cycle import ReservedStart
 from gpupool.core.scheduling.locality import WaitCap
 from gpupool.core.scheduling.view import ClusterView
+from gpupool.core.topology_spec import Tier
 
 FREE_N001_N003 = [
     busy("n000", 8, "soon", estimate_s=100.0),  # leaf 0 is whole again at t=100
@@ -104,9 +106,71 @@ def test_backfill_uses_the_reserved_leaf_only_for_work_that_ends_before() -> Non
     result = run(view, [head, job("short", 50.0, 1.0)], placement="network-aware")
     assert nodes_of(result, "short") == ["n001"]  # ends at 50, before the leaf is due
     view = congested(view_on(running=FREE_N001_N003))
+    result = run(view, [head, job("long", None, 1.0), job("long2", None, 2.0)], placement="network-aware")
+    assert nodes_of(result, "long") == ["n003"]  # steered off the reserved leaf, to the room elsewhere
+    refused = {r.workload_id: r.reason for r in result.rejected}
+    assert refused == {"g": Reason.WAITING_FOR_LOCALITY, "long2": Reason.BACKFILL_BLOCKED}
+
+
+def test_without_steering_work_that_outlasts_the_reservation_is_refused_on_the_reserved_leaf(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(cycle, "steer_backfill", False)
+    view = congested(view_on(running=FREE_N001_N003))
+    head = gang(2, 8, wid="g", estimate_s=10_000.0)
     result = run(view, [head, job("long", None, 1.0)], placement="network-aware")
     refused = {r.workload_id: r.reason for r in result.rejected}
     assert refused == {"g": Reason.WAITING_FOR_LOCALITY, "long": Reason.BACKFILL_BLOCKED}
+
+
+HALF_OF_LEAF_0 = [
+    busy("n000", 4, "half", estimate_s=100.0),
+    busy("n001", 8, "soon", estimate_s=100.0),
+    *(busy(n, 8, f"r{n}", estimate_s=1e6) for n in ("n002", "n004", "n005", "n006", "n007")),
+]
+"""Free now: half of n000 (leaf 0) and n003 (leaf 1): a 2-node gang fits nowhere now, and leaf 0
+is whole again at t=100."""
+
+
+def _stuck_head_and_small() -> list[Workload]:
+    small = dataclasses.replace(gang(1, 4, wid="small", estimate_s=5_000.0), submit_time_s=1.0)
+    return [gang(2, 8, wid="g", estimate_s=10_000.0), small]
+
+
+def test_backfill_steers_work_off_the_leaf_a_stuck_gang_is_reserved_in() -> None:
+    """The placement policy would put the small job in n000's free half (the fuller node); it would
+    outlast the gang's reservation there, so it starts on n003 instead and leaf 0 stays the gang's."""
+    view = view_on(running=HALF_OF_LEAF_0)
+    result = run(view, _stuck_head_and_small(), placement="network-aware", backfill=True)
+    assert result.reservation == ReservedStart("g", 100.0)
+    assert nodes_of(result, "small") == ["n003"]
+
+
+@pytest.mark.parametrize("keep", [True, False])
+def test_backfill_never_spreads_a_gang_reserved_in_one_leaf(
+    monkeypatch: pytest.MonkeyPatch, keep: bool,
+) -> None:
+    """Without steering the small job lands in n000's free half. The gang would still fit at t=100,
+    but only across the spine (n001 and n003): with `keep_locality` that counts as delaying it, in
+    the cycle that reserves and in the next, which reuses the reservation."""
+    monkeypatch.setattr(cycle, "steer_backfill", False)
+    monkeypatch.setattr(backfill, "keep_locality", keep)
+    view = view_on(running=HALF_OF_LEAF_0)
+    pending = _stuck_head_and_small()
+    result = run(view, pending, placement="network-aware", backfill=True)
+    assert result.reservation == ReservedStart("g", 100.0)
+    if not keep:
+        assert nodes_of(result, "small") == ["n000"]
+        return
+    reserving = backfill._reserve
+    calls = []
+    monkeypatch.setattr(backfill, "_reserve", lambda *a, **k: calls.append(1) or reserving(*a, **k))
+    for now_s in (0.0, 10.0):
+        result = run(view, pending, now_s=now_s, placement="network-aware", backfill=True)
+        assert result.reservation == ReservedStart("g", 100.0)
+        assert {r.workload_id: r.reason for r in result.rejected} == {
+            "g": Reason.GANG_INCOMPLETE, "small": Reason.BACKFILL_BLOCKED}
+    assert not calls  # both reused the first cycle's reservation, and with it the leaf it keeps
 
 
 def test_the_default_policy_waits_too() -> None:
@@ -272,3 +336,70 @@ def test_the_ceiling_bounds_what_stated_estimates_can_buy() -> None:
     high = run(view, [gang(2, 8, wid="g", estimate_s=10_000.0)], placement="network-aware",
                locality_wait_cap=WaitCap.LOSS, max_locality_wait_ceiling_s=2000.0)
     assert "at most 2000 s in all" in high.rejected[0].message and view.locality_caps == {"g": 2000.0}
+
+
+def _busy_fabric_cycles(cap: WaitCap, seed: int) -> tuple[list[object], int]:
+    """Twelve cycles of a busy 64-node pool on a congested 2-level tree, network-aware with backfill:
+    the cycles' results, and how many reservations backfill kept inside one leaf."""
+    rng = random.Random(seed)
+    view = view_on(cluster(64), fabric=fat_tree(16, levels=2, oversubscription=3.0))
+    assert view.topology is not None
+    for key in list(view.topology.link_index)[::2]:
+        view.topology.set_link(key, utilization=0.9)
+    shapes = [(1, 4), (1, 8), (2, 8), (3, 8), (4, 8)]
+    leafed = 0
+    original = backfill._narrow
+
+    def counting(*args: object, **kwargs: object) -> object:
+        nonlocal leafed
+        found = original(*args, **kwargs)  # type: ignore[arg-type]
+        leafed += found is not None
+        return found
+
+    def arrival(i: int, now: float) -> Workload:
+        pods, gpus = rng.choice(shapes)
+        w = gang(pods, gpus, wid=f"w{i}", estimate_s=rng.choice([300.0, 3_000.0, 30_000.0]))
+        return dataclasses.replace(w, submit_time_s=now)
+
+    waiting = {w.id: w for w in (arrival(i, 0.0) for i in range(120))}
+    results: list[object] = []
+    now, serial = 0.0, 120
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(backfill, "_narrow", counting)
+        for _ in range(12):
+            for wid in rng.sample(sorted(view.running), min(6, len(view.running))):
+                view.remove(wid)
+            for _ in range(6):
+                w = arrival(serial, now)
+                waiting[w.id] = w
+                serial += 1
+            result = run(view, list(waiting.values()), now_s=now, placement="network-aware", backfill=True,
+                         locality_wait_cap=cap)
+            view.state.check_invariants()
+            results.append(result)
+            for admission in result.admitted:
+                del waiting[admission.workload_id]
+            now += 60.0
+    return results, leafed
+
+
+@pytest.mark.parametrize("cap", [WaitCap.FIXED, WaitCap.LOSS])
+def test_leaf_keeping_reservations_kept_across_cycles_decide_as_reserving_afresh(cap: WaitCap) -> None:
+    kept, leafed = _busy_fabric_cycles(cap, seed=5)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(backfill, "keep_reservations", False)
+        fresh, _ = _busy_fabric_cycles(cap, seed=5)
+    assert kept == fresh
+    assert leafed  # the scenario does reserve gangs inside a leaf
+
+
+def test_the_quick_device_check_of_a_gang_that_must_sit_in_one_leaf_counts_room_per_leaf() -> None:
+    """n001 (leaf 0) and n003 (leaf 1) are free: room for two 8-GPU pods in all, in no one leaf, so
+    a reservation for the gang required in a leaf does not place it at such an end time."""
+    view = view_on(running=FREE_N001_N003)
+    assert view.topology is not None
+    head = gang(2, 8, wid="g")
+    assert backfill._device_check(head)(view.state)
+    assert not backfill._device_check(head, view.topology.domain_of(Tier.LEAF))(view.state)
+    view.remove("rn002")  # leaf 1 (n002, n003) is whole
+    assert backfill._device_check(head, view.topology.domain_of(Tier.LEAF))(view.state)

@@ -7,6 +7,11 @@ before that time, or if the head still fits in the shadow state with it added: i
 the head, as long as the estimates hold. Workloads without an estimate never end in this
 reckoning, so they backfill only into room the head does not need.
 
+On a fabric, a gang reserved inside one domain of its preferred tier (a leaf) keeps it: work after
+which the head would still fit at its start, but only spread wider, is refused as work that delays
+it (`Reservation.narrow`, `keep_locality`); the cycle first tries such work off the head's nodes
+(`cycle.steer_backfill`).
+
 A run still going past its estimated end is expected to end when its estimate, doubled as often
 as it takes, lies ahead (`corrected_end_s`: the prediction correction of Tsafrir, Etsion and
 Feitelson, "Backfilling using system-generated predictions rather than user runtime estimates",
@@ -32,10 +37,13 @@ from operator import attrgetter, itemgetter
 import numpy as np
 
 from gpupool.core.model import SliceDefaults, Workload
+from gpupool.core.scheduling.domains import narrowest_tier
 from gpupool.core.scheduling.gang import GangPlacement, place_gang, release_gang
 from gpupool.core.scheduling.policies.base import NoFit, PlacementPolicy
+from gpupool.core.scheduling.topology import FabricView
 from gpupool.core.scheduling.view import ClusterView, Running
 from gpupool.core.state import BoolArray, ClusterState, clone_state, release_many
+from gpupool.core.topology_spec import TopologySpec
 
 
 @dataclass(slots=True)
@@ -53,6 +61,10 @@ class Reservation:
     fits_on: BoolArray | None = None
     """[node] nodes on which the head fits in the shadow as it stands (`may_backfill` keeps it so):
     work placed off them leaves that placement whole, so the head is not placed again for it."""
+    narrow: np.ndarray | None = None
+    """[node] the domain ids of the tier a gang's reserved placement keeps to (its preferred tier,
+    when the placement found at `start_s` lies in one such domain): `may_backfill` refuses work
+    after which the head would still fit, but only spread wider (`keep_locality`)."""
 
 
 MAX_RESERVATION_TRIALS = 64
@@ -123,6 +135,8 @@ def _reserve(
         return None, math.inf
     ends, end_milli, first_fix = _expected_ends(view, now_s, correct)
     found = _first_fit_in_time(head, view, now_s, policy, rng, ends, end_milli)
+    if found is not None:
+        found.narrow = _narrow(head, view, policy, found.fits_on)
     until = first_fix if found is None or first_fix <= found.start_s else math.inf
     return found, until
 
@@ -147,7 +161,7 @@ def _first_fit_in_time(
     if i >= len(ends):
         return None
     done = 0
-    could_fit = _device_check(head)
+    could_fit = _device_check(head, _required_domains(head, view, policy))
     trials = 0
     while trials < MAX_RESERVATION_TRIALS:
         t = max(ends[i][0], now_s)
@@ -165,10 +179,53 @@ def _first_fit_in_time(
     return None
 
 
-def _device_check(head: Workload) -> Callable[[ClusterState], bool]:
+keep_locality = True
+"""Backfill keeps a gang's reserved placement inside its preferred tier (`Reservation.narrow`):
+without it work may start wherever the head still fits at its start, however spread."""
+
+
+def _narrow(head: Workload, view: ClusterView, policy: PlacementPolicy, fits_on: BoolArray | None
+            ) -> np.ndarray | None:
+    """The domain ids of the head's preferred tier when its reserved placement lies in one domain
+    of it (so backfill may not spread it); None: nothing to keep (no fabric, one pod, no
+    preferred tier, a required one the placement keeps anyway, or already spread)."""
+    fabric = fabric_spec(head, view, policy) if keep_locality and fits_on is not None else None
+    if fabric is None or fits_on is None:
+        return None
+    topology, spec = fabric
+    if spec.preferred is None:
+        return None
+    tier = narrowest_tier(topology, np.flatnonzero(fits_on).tolist())
+    if tier is None or tier.depth > spec.preferred.depth:
+        return None
+    return topology.domain_of(spec.preferred)
+
+
+def _required_domains(head: Workload, view: ClusterView, policy: PlacementPolicy) -> np.ndarray | None:
+    """[node] the domain ids of the tier the head must sit inside (required=<tier>); None: none."""
+    fabric = fabric_spec(head, view, policy)
+    if fabric is None or fabric[1].required is None:
+        return None
+    return fabric[0].domain_of(fabric[1].required)
+
+
+def fabric_spec(
+    gang: Workload, view: ClusterView, policy: PlacementPolicy
+) -> tuple[FabricView, TopologySpec] | None:
+    """The fabric and the topology constraint that apply to a gang of several pods; None: no
+    fabric in the view or bound to the policy, one pod, or no constraint."""
+    topology, context = view.topology, policy.topology
+    if topology is None or context is None or len(gang.pods) < 2:
+        return None
+    spec = context.spec_for(gang)
+    return None if spec is None else (topology, spec)
+
+
+def _device_check(head: Workload, domains: np.ndarray | None = None) -> Callable[[ClusterState], bool]:
     """A quick test a state must pass for the head to fit in it (devices only; placing is the
     real test, many times slower): some node has room for its largest pod's devices, and, when its
-    pods are all alike, the nodes have room for all of them."""
+    pods are all alike, the nodes have room for all of them (with `domains`, the [node] ids of
+    the domains it must sit inside: the nodes of one domain)."""
     pods = [p for p in head.pods if p.num_devices]
     if not pods:
         return _always
@@ -177,7 +234,11 @@ def _device_check(head: Workload) -> Callable[[ClusterState], bool]:
 
     def check(state: ClusterState) -> bool:
         room = (state.device_fits(big).sum(axis=1) * state.schedulable) // big.num_devices
-        return bool(room.max() >= 1 and (not alike or room.sum() >= len(pods)))
+        if room.max() < 1 or not alike:
+            return bool(room.max() >= 1)
+        if domains is None:
+            return bool(room.sum() >= len(pods))
+        return bool(np.bincount(domains, weights=room).max() >= len(pods))
 
     return check
 
@@ -218,6 +279,7 @@ class KeptReservation:
     """The shadow state as `reserve` returned it (cycles change their copy); None: no reservation."""
     fits_on: BoolArray | None = None
     """The reservation's `fits_on` as `reserve` returned it (`may_backfill` changes the copies)."""
+    narrow: np.ndarray | None = None
 
     def matches(self, head: Workload, view: ClusterView, now_s: float, policy: PlacementPolicy) -> bool:
         state = view.state
@@ -238,7 +300,8 @@ class KeptReservation:
         if self.shadow is None:
             return None
         fits_on = None if self.fits_on is None else self.fits_on.copy()
-        return Reservation(self.head, self.start_s, clone_state(self.shadow), fits_on=fits_on)
+        return Reservation(self.head, self.start_s, clone_state(self.shadow), fits_on=fits_on,
+                           narrow=self.narrow)
 
 
 def _arrays(state: ClusterState) -> tuple[np.ndarray, ...]:
@@ -298,6 +361,7 @@ def kept_reserve(
         start_s=math.inf if found is None else found.start_s,
         shadow=None if found is None else clone_state(found.shadow),
         fits_on=None if found is None or found.fits_on is None else found.fits_on.copy(),
+        narrow=None if found is None else found.narrow,
     )
     return found
 
@@ -340,6 +404,10 @@ def may_backfill(
         statement.discard()
         return False
     release_gang(head, shadow)
+    narrow = reservation.narrow
+    if narrow is not None and len(np.unique(narrow[list(head.nodes)])) > 1:
+        statement.discard()  # the head would still fit, but only spread wider than reserved
+        return False
     statement.commit()
     reservation.fits_on = nodes_mask(head, shadow)
     return True

@@ -11,7 +11,9 @@ Steps, in order:
                  every workload not yet reached has a (queue, shape, rank) that already failed
                  every step, or a blocked queue, the rest of the walk (or of its priority band,
                  under a banded ordering) gets those verdicts without being walked.
-  4. admit or preempt - admit it (under backfill: only if it does not delay the reserved head);
+  4. admit or preempt - admit it (under backfill: only if it does not delay the reserved head;
+                 work that would outlast a gang's reservation on the nodes reserved for it
+                 inside its leaf is placed elsewhere first);
                  else try to preempt lower-priority work of its ClusterQueue or reclaim quota lent
                  to its cohort; else, under backfill, the first stuck workload gets a reservation;
                  under a strict ordering without backfill its ClusterQueue is blocked.
@@ -43,6 +45,7 @@ from gpupool.core.overcommit import OvercommitConfig
 from gpupool.core.priority import PriorityClasses
 from gpupool.core.quota import QuotaConfig
 from gpupool.core.scheduling.backfill import Reservation, kept_reserve, may_backfill
+from gpupool.core.scheduling.domains import only
 from gpupool.core.scheduling.gang import GangPlacement, place_gang, release_gang
 from gpupool.core.scheduling.locality import WaitCap, wait_for_domain
 from gpupool.core.scheduling.ordering.base import OrderingContext, OrderStream, PendingChanges, make_ordering
@@ -52,6 +55,10 @@ from gpupool.core.scheduling.view import ClusterView, Running
 from gpupool.core.scheduling.workloads import Meta, Shape
 from gpupool.core.state import ClusterState, clone_state
 from gpupool.core.topology_spec import Tier, TopologySpec
+
+steer_backfill = True
+"""Work that would outlast a gang's reservation on the nodes the gang is reserved on is placed
+elsewhere first, when it fits elsewhere (`Cycle._steer`)."""
 
 DEFAULT_TOPOLOGY = TopologySpec(preferred=Tier.LEAF)
 """Multi-pod gangs start inside one leaf when one has room, unless the operator says otherwise."""
@@ -434,6 +441,8 @@ class _Cycle:
             multi = view.topology is not None and len(w.pods) > 1
             if multi and self._waits_for_locality(original, w, outcome):
                 return
+            if self.reservation is not None:
+                outcome = self._steer(w, outcome, cq)
             held = self.held_until is not None
             if held and not self._clear_of_holds(outcome, view.remaining_estimate_s(w)):
                 release_gang(outcome, view.state)
@@ -493,6 +502,36 @@ class _Cycle:
         assert self.reservation is not None
         estimate_s = self.view.remaining_estimate_s(w)
         return estimate_s is None or self.now_s + estimate_s > self.reservation.start_s
+
+    def _steer(self, w: Workload, gang: GangPlacement, cq: str) -> GangPlacement:
+        """The placement of work that outlasts a gang's reservation on the nodes the gang is
+        reserved on, moved off them when it fits elsewhere (`steer_backfill`): the gang keeps its
+        leaf instead of being placed again, wider, around the newcomer. Else the placement as it was."""
+        reservation = self.reservation
+        assert reservation is not None
+        keep = reservation.fits_on
+        if (
+            not steer_backfill
+            or keep is None
+            or (reservation.narrow is None and reservation.domain is None)
+            or not any(keep[record.node] for _, record in gang.allocs)
+            or not self._outlasts(w)
+        ):
+            return gang
+        view = self.view
+        state = view.state
+        release_gang(gang, state)
+        with only(state, ~keep):
+            other = place_gang(w, state, self.policy, self.rng)
+        if isinstance(other, GangPlacement):
+            if view.quota.fits(cq, view.usage_of(other.allocs)) is None:
+                return other
+            release_gang(other, state)
+        statement = state.statement()  # nowhere else: hold the first placement again
+        for _, record in gang.allocs:
+            statement.allocate(record)
+        statement.commit()
+        return gang
 
     def _clear_of_holds(self, gang: GangPlacement, estimate_s: float | None) -> bool:
         """Whether a placement leaves the nodes held by waiting gangs (`held_until`) alone, or ends

@@ -50,7 +50,7 @@ from enum import StrEnum
 import numpy as np
 
 from gpupool.core.model import Workload
-from gpupool.core.scheduling.backfill import Reservation, nodes_mask, reserve
+from gpupool.core.scheduling.backfill import Reservation, fabric_spec, nodes_mask, reserve
 from gpupool.core.scheduling.comm_cost import CommModel
 from gpupool.core.scheduling.domains import narrowest_tier
 from gpupool.core.scheduling.gang import GangPlacement, place_gang, release_gang
@@ -99,12 +99,14 @@ def wait_for_domain(
     """See the module docstring. `known`: the reservations of gangs that wait in this cycle, by
     shape (a later gang of the same shape reads its expected wait there instead of searching again;
     the cycle then already holds a reservation, so the copy's shadow state is never used)."""
-    topology, context = view.topology, policy.topology
-    if topology is None or context is None or len(workload.pods) < 2:
+    fabric = fabric_spec(workload, view, policy)
+    if fabric is None:
         return None
-    spec = context.spec_for(workload)
-    if spec is None or spec.preferred is None:
+    topology, spec = fabric
+    if spec.preferred is None:
         return None
+    context = policy.topology
+    assert context is not None
     nodes = sorted(set(gang.nodes))
     tier = narrowest_tier(topology, nodes)
     if tier is not None and tier.depth <= spec.preferred.depth:
