@@ -257,3 +257,20 @@ def test_stop_terms_the_whole_group_then_kills_it_only_once_the_grace_is_over(tm
         assert sorted(seen.read_text().split()) == ["child", "main"]  # one SIGTERM each, nothing more
     finally:
         runner.close(stop_pods=True, grace_s=0.5)
+
+
+def test_restart_removes_a_pod_directory_whose_start_was_cut_before_its_record(tmp_path: Path) -> None:
+    """A crash between `start` making a pod's directory and saving its record leaves a directory
+    nobody knows of and where nothing ran: the next agent removes it (its pod is placed again under
+    a new attempt, so it would otherwise be a second directory for one workload)."""
+    first = Runner(tmp_path)
+    first.start("kept", ["sh", "-c", "exit 0"], env=ENV)
+    first.wait("kept", 10)
+    cut = tmp_path / "pods" / "cut"
+    cut.mkdir(mode=0o700)
+    (cut / "state.json.tmp").write_text("{")  # an interrupted atomic write
+    again = Runner(tmp_path)
+    assert not cut.exists()
+    assert again.get("kept").phase is PodPhase.SUCCEEDED
+    with pytest.raises(NotFound):
+        again.get("cut")

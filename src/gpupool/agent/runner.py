@@ -16,6 +16,7 @@ import logging
 import os
 import re
 import selectors
+import shutil
 import signal
 import subprocess
 import threading
@@ -388,6 +389,11 @@ class Runner:
 
     # ---- restart ---------------------------------------------------------------------------
     def _readopt(self) -> None:
+        for pod_dir in sorted(self._dir.iterdir()):
+            if pod_dir.is_dir() and not pod_dir.is_symlink() and not (pod_dir / "state.json").exists():
+                # made by `start` just before a crash, before its record was saved: nothing ran
+                # there and no one knows the pod, which its scheduler will place again
+                shutil.rmtree(pod_dir, ignore_errors=True)
         for state in sorted(self._dir.glob("*/state.json")):
             loaded = podstate.load_record(state)
             if isinstance(loaded, str):
