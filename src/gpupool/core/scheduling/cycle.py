@@ -58,7 +58,7 @@ from gpupool.core.topology_spec import Tier, TopologySpec
 
 steer_backfill = True
 """Work that would outlast a gang's reservation on the nodes the gang is reserved on is placed
-elsewhere first, when it fits elsewhere (`Cycle._steer`)."""
+elsewhere first, when it fits elsewhere (`_Cycle._steer`)."""
 
 DEFAULT_TOPOLOGY = TopologySpec(preferred=Tier.LEAF)
 """Multi-pod gangs start inside one leaf when one has room, unless the operator says otherwise."""
