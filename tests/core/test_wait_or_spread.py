@@ -13,7 +13,7 @@ from factories import cluster, node, pod, workload
 from gpupool.core.fabric.generate import fat_tree
 from gpupool.core.model import Reason, Workload
 from gpupool.core.scheduling import backfill, cycle
-from gpupool.core.scheduling.cycle import ReservedStart
+from gpupool.core.scheduling.cycle import CycleResult, ReservedStart
 from gpupool.core.scheduling.locality import WaitCap
 from gpupool.core.scheduling.view import ClusterView
 from gpupool.core.topology_spec import Tier
@@ -179,40 +179,54 @@ def test_the_default_policy_waits_too() -> None:
     assert [r.reason for r in result.rejected] == [Reason.WAITING_FOR_LOCALITY]
 
 
+def _busy_pool_cycles(
+    cap: WaitCap, *, seed: int, congested_every: int, shapes: list[tuple[int, int]],
+    estimates: list[float | None], start: int, per_turn: int, step_s: float, policies: tuple[str, ...],
+) -> list[CycleResult]:
+    """Twelve cycles of a busy 64-node pool on a 2-level tree with every `congested_every`-th link
+    at 90 % load, backfill on: `start` random gangs at first, then each turn `per_turn` of the running
+    ones end and as many arrive; the policy of turn k is policies[k % len]. Every live and shadow
+    state stays consistent after each cycle (checked)."""
+    rng = random.Random(seed)
+    view = view_on(cluster(64), fabric=fat_tree(16, levels=2, oversubscription=3.0))
+    assert view.topology is not None
+    for key in list(view.topology.link_index)[::congested_every]:
+        view.topology.set_link(key, utilization=0.9)
+
+    def arrival(i: int, now: float) -> Workload:
+        pods, gpus = rng.choice(shapes)
+        w = gang(pods, gpus, wid=f"w{i}", estimate_s=rng.choice(estimates))
+        return dataclasses.replace(w, submit_time_s=now)
+
+    waiting = {w.id: w for w in (arrival(i, 0.0) for i in range(start))}
+    results: list[CycleResult] = []
+    now, serial = 0.0, start
+    for k in range(12):
+        for wid in rng.sample(sorted(view.running), min(per_turn, len(view.running))):
+            view.remove(wid)
+        for _ in range(per_turn):
+            w = arrival(serial, now)
+            waiting[w.id] = w
+            serial += 1
+        result = run(view, list(waiting.values()), now_s=now, placement=policies[k % len(policies)],
+                     backfill=True, locality_wait_cap=cap)
+        view.state.check_invariants()
+        results.append(result)
+        for admission in result.admitted:
+            del waiting[admission.workload_id]
+        now += step_s
+    return results
+
+
 @pytest.mark.parametrize("cap", list(WaitCap))
 def test_a_busy_pool_with_waiting_gangs_never_over_allocates(cap: WaitCap) -> None:
     """Many gangs waiting for locality beside backfilled work, cycle after cycle: every shadow and
     live state stays consistent (a gang that waits is never left held in the reservation's shadow)."""
-    rng = random.Random(5)
-    nodes = cluster(64)
-    view = view_on(nodes, fabric=fat_tree(16, levels=2, oversubscription=3.0))
-    assert view.topology is not None
-    for key in list(view.topology.link_index)[::3]:
-        view.topology.set_link(key, utilization=0.9)
-    shapes = [(1, 1), (1, 4), (1, 8), (2, 8), (3, 8), (4, 4)]
-
-    def arrival(i: int, now: float) -> Workload:
-        pods, gpus = rng.choice(shapes)
-        w = gang(pods, gpus, wid=f"w{i}", estimate_s=rng.choice([None, 50.0, 500.0, 50_000.0]))
-        return dataclasses.replace(w, submit_time_s=now)
-
-    waiting = {w.id: w for w in (arrival(i, 0.0) for i in range(300))}
-    now, serial, waits = 0.0, 300, 0
-    for k in range(12):
-        for wid in rng.sample(sorted(view.running), min(8, len(view.running))):
-            view.remove(wid)
-        for _ in range(8):
-            w = arrival(serial, now)
-            waiting[w.id] = w
-            serial += 1
-        policy = ("network-aware", "fgd-strand")[k % 2]
-        result = run(view, list(waiting.values()), now_s=now, placement=policy, backfill=True,
-                     locality_wait_cap=cap)
-        view.state.check_invariants()
-        waits += sum(r.reason is Reason.WAITING_FOR_LOCALITY for r in result.rejected)
-        for admission in result.admitted:
-            del waiting[admission.workload_id]
-        now += 30.0
+    results = _busy_pool_cycles(
+        cap, seed=5, congested_every=3, shapes=[(1, 1), (1, 4), (1, 8), (2, 8), (3, 8), (4, 4)],
+        estimates=[None, 50.0, 500.0, 50_000.0], start=300, per_turn=8, step_s=30.0,
+        policies=("network-aware", "fgd-strand"))
+    waits = sum(r.reason is Reason.WAITING_FOR_LOCALITY for result in results for r in result.rejected)
     assert waits  # the scenario does exercise waiting
 
 
@@ -338,15 +352,9 @@ def test_the_ceiling_bounds_what_stated_estimates_can_buy() -> None:
     assert "at most 2000 s in all" in high.rejected[0].message and view.locality_caps == {"g": 2000.0}
 
 
-def _busy_fabric_cycles(cap: WaitCap, seed: int) -> tuple[list[object], int]:
-    """Twelve cycles of a busy 64-node pool on a congested 2-level tree, network-aware with backfill:
-    the cycles' results, and how many reservations backfill kept inside one leaf."""
-    rng = random.Random(seed)
-    view = view_on(cluster(64), fabric=fat_tree(16, levels=2, oversubscription=3.0))
-    assert view.topology is not None
-    for key in list(view.topology.link_index)[::2]:
-        view.topology.set_link(key, utilization=0.9)
-    shapes = [(1, 4), (1, 8), (2, 8), (3, 8), (4, 8)]
+def _busy_fabric_cycles(cap: WaitCap, seed: int) -> tuple[list[CycleResult], int]:
+    """Twelve cycles of a busy pool, network-aware with backfill (`_busy_pool_cycles`): the cycles'
+    results, and how many reservations backfill kept inside one leaf."""
     leafed = 0
     original = backfill._narrow
 
@@ -356,30 +364,12 @@ def _busy_fabric_cycles(cap: WaitCap, seed: int) -> tuple[list[object], int]:
         leafed += found is not None
         return found
 
-    def arrival(i: int, now: float) -> Workload:
-        pods, gpus = rng.choice(shapes)
-        w = gang(pods, gpus, wid=f"w{i}", estimate_s=rng.choice([300.0, 3_000.0, 30_000.0]))
-        return dataclasses.replace(w, submit_time_s=now)
-
-    waiting = {w.id: w for w in (arrival(i, 0.0) for i in range(120))}
-    results: list[object] = []
-    now, serial = 0.0, 120
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(backfill, "_narrow", counting)
-        for _ in range(12):
-            for wid in rng.sample(sorted(view.running), min(6, len(view.running))):
-                view.remove(wid)
-            for _ in range(6):
-                w = arrival(serial, now)
-                waiting[w.id] = w
-                serial += 1
-            result = run(view, list(waiting.values()), now_s=now, placement="network-aware", backfill=True,
-                         locality_wait_cap=cap)
-            view.state.check_invariants()
-            results.append(result)
-            for admission in result.admitted:
-                del waiting[admission.workload_id]
-            now += 60.0
+        results = _busy_pool_cycles(
+            cap, seed=seed, congested_every=2, shapes=[(1, 4), (1, 8), (2, 8), (3, 8), (4, 8)],
+            estimates=[300.0, 3_000.0, 30_000.0], start=120, per_turn=6, step_s=60.0,
+            policies=("network-aware",))
     return results, leafed
 
 

@@ -189,8 +189,10 @@ def _narrow(head: Workload, view: ClusterView, policy: PlacementPolicy, fits_on:
     """The domain ids of the head's preferred tier when its reserved placement lies in one domain
     of it (so backfill may not spread it); None: nothing to keep (no fabric, one pod, no
     preferred tier, a required one the placement keeps anyway, or already spread)."""
-    fabric = fabric_spec(head, view, policy) if keep_locality and fits_on is not None else None
-    if fabric is None or fits_on is None:
+    if not keep_locality or fits_on is None:
+        return None
+    fabric = fabric_spec(head, view, policy)
+    if fabric is None:
         return None
     topology, spec = fabric
     if spec.preferred is None:

@@ -46,7 +46,7 @@ from gpupool.core.priority import PriorityClasses
 from gpupool.core.quota import QuotaConfig
 from gpupool.core.scheduling.backfill import Reservation, kept_reserve, may_backfill
 from gpupool.core.scheduling.domains import only
-from gpupool.core.scheduling.gang import GangPlacement, place_gang, release_gang
+from gpupool.core.scheduling.gang import GangPlacement, hold_gang, place_gang, release_gang
 from gpupool.core.scheduling.locality import WaitCap, wait_for_domain
 from gpupool.core.scheduling.ordering.base import OrderingContext, OrderStream, PendingChanges, make_ordering
 from gpupool.core.scheduling.policies.base import DEFAULT_POLICY, NoFit
@@ -527,10 +527,7 @@ class _Cycle:
             if view.quota.fits(cq, view.usage_of(other.allocs)) is None:
                 return other
             release_gang(other, state)
-        statement = state.statement()  # nowhere else: hold the first placement again
-        for _, record in gang.allocs:
-            statement.allocate(record)
-        statement.commit()
+        hold_gang(gang, state)  # nowhere else: hold the first placement again
         return gang
 
     def _clear_of_holds(self, gang: GangPlacement, estimate_s: float | None) -> bool:

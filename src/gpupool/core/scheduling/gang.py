@@ -78,5 +78,13 @@ def release_gang(gang: GangPlacement, state: ClusterState) -> None:
         state.release(record)
 
 
+def hold_gang(gang: GangPlacement, state: ClusterState) -> None:
+    """Hold a placement's records (again, after `release_gang`), all of them or none."""
+    statement = state.statement()
+    for _, record in gang.allocs:
+        statement.allocate(record)
+    statement.commit()
+
+
 def _record(pod: PodRequest, choice: Choice, state: ClusterState) -> PodAlloc:
     return state.make_alloc(pod, choice.node, choice.devices)

@@ -53,7 +53,7 @@ from gpupool.core.model import Workload
 from gpupool.core.scheduling.backfill import Reservation, fabric_spec, nodes_mask, reserve
 from gpupool.core.scheduling.comm_cost import CommModel
 from gpupool.core.scheduling.domains import narrowest_tier
-from gpupool.core.scheduling.gang import GangPlacement, place_gang, release_gang
+from gpupool.core.scheduling.gang import GangPlacement, hold_gang, place_gang, release_gang
 from gpupool.core.scheduling.policies.base import NoFit, PlacementPolicy
 from gpupool.core.scheduling.topology import UNKNOWN_RUN_S, FabricView
 from gpupool.core.scheduling.view import ClusterView
@@ -144,10 +144,7 @@ def wait_for_domain(
         if known is not None:  # kept only once it holds the cycle's reservation: never read stale
             known.setdefault(key, found)
         return Locality(found, wait_s, loss_s, cap_s, overdue)
-    statement = view.state.statement()  # start spread after all: hold the gang again
-    for _, record in gang.allocs:
-        statement.allocate(record)
-    statement.commit()
+    hold_gang(gang, view.state)  # start spread after all: hold the gang again
     return None
 
 

@@ -147,7 +147,7 @@ class NetworkAware(FgdStrand):
         if context is None or len(workload.pods) < 2 or not context.view.fabric_known:
             return super().place_gang(workload, state, rng)
         from gpupool.core.scheduling.domains import place_in, room_for, tiers_to_try
-        from gpupool.core.scheduling.gang import GangPlacement, release_gang
+        from gpupool.core.scheduling.gang import GangPlacement, hold_gang, release_gang
         spec = context.spec_for(workload)
         view = context.view
         wired = view.avail[ACCESS] > 0
@@ -175,11 +175,9 @@ class NetworkAware(FgdStrand):
                 break  # the narrowest tier that holds the gang
         if best is None:
             return self._no_candidate(workload, state, rng, spec)
-        statement = state.statement()
-        for _, record in best[1]:
-            statement.allocate(record)
-        statement.commit()
-        return GangPlacement(workload, best[1])
+        chosen = GangPlacement(workload, best[1])
+        hold_gang(chosen, state)
+        return chosen
 
     def _candidates(
         self, workload: Workload, state: ClusterState, view: FabricView, tier: Tier | None,
