@@ -11,8 +11,8 @@ from net_helpers import busy, gang, leaves_of, nodes_of, run, two_level, view_on
 
 from factories import cluster, node, pod, workload
 from gpupool.core.fabric.generate import fat_tree
-from gpupool.core.model import Reason, Workload
-from gpupool.core.scheduling import backfill, cycle
+from gpupool.core.model import Allocation, Reason, Workload
+from gpupool.core.scheduling import backfill, cycle, locality
 from gpupool.core.scheduling.cycle import CycleResult, ReservedStart
 from gpupool.core.scheduling.locality import WaitCap
 from gpupool.core.scheduling.view import ClusterView
@@ -352,35 +352,112 @@ def test_the_ceiling_bounds_what_stated_estimates_can_buy() -> None:
     assert "at most 2000 s in all" in high.rejected[0].message and view.locality_caps == {"g": 2000.0}
 
 
-def _busy_fabric_cycles(cap: WaitCap, seed: int) -> tuple[list[CycleResult], int]:
-    """Twelve cycles of a busy pool, network-aware with backfill (`_busy_pool_cycles`): the cycles'
-    results, and how many reservations backfill kept inside one leaf."""
-    leafed = 0
-    original = backfill._narrow
+def _leaf_2_later(leaf_free_s: float) -> list[Allocation]:
+    """Free now: n005 (leaf 2) only. n000 (leaf 0) frees at t=100, n004 (leaf 2) at `leaf_free_s`:
+    a 2-node gang fits nowhere now, spread at t=100, inside leaf 2 at `leaf_free_s`."""
+    return [
+        busy("n000", 8, "soon", estimate_s=100.0),
+        busy("n004", 8, "later", estimate_s=leaf_free_s),
+        *(busy(n, 8, f"r{n}", estimate_s=1e6) for n in ("n001", "n002", "n003", "n006", "n007")),
+    ]
 
-    def counting(*args: object, **kwargs: object) -> object:
+
+@pytest.mark.parametrize(("leaf_free_s", "cap", "reserved_s"), [
+    (150.0, WaitCap.FIXED, 150.0),  # 50 s later in a leaf: less than spreading costs, within 300 s
+    (1000.0, WaitCap.FIXED, 100.0),  # 900 s later: past the 300 s cap, so the spread start stands
+    (1000.0, WaitCap.LOSS, 1000.0),  # ... which the loss cap allows, spreading costing far more
+])
+def test_a_gang_that_fits_nowhere_now_is_reserved_in_a_leaf_when_the_delay_costs_less(
+    leaf_free_s: float, cap: WaitCap, reserved_s: float,
+) -> None:
+    view = congested(view_on(running=_leaf_2_later(leaf_free_s)))
+    result = run(view, [gang(2, 8, wid="g", estimate_s=10_000.0)], placement="network-aware", backfill=True,
+                 locality_wait_cap=cap)
+    assert [r.reason for r in result.rejected] == [Reason.GANG_INCOMPLETE]
+    assert result.reservation == ReservedStart("g", reserved_s)
+
+
+def test_a_leaf_reservation_is_not_made_when_turned_off_or_for_a_light_gang(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    view = congested(view_on(running=_leaf_2_later(150.0)))
+    light = gang(2, 8, spec="comm=0.0001", wid="g", estimate_s=100.0)  # spreading costs it < 50 s
+    result = run(view, [light], placement="network-aware", backfill=True)
+    assert result.reservation == ReservedStart("g", 100.0)
+    monkeypatch.setattr(locality, "leaf_reservations", False)
+    view = congested(view_on(running=_leaf_2_later(150.0)))
+    result = run(view, [gang(2, 8, wid="g", estimate_s=10_000.0)], placement="network-aware", backfill=True)
+    assert result.reservation == ReservedStart("g", 100.0)
+
+
+@pytest.mark.parametrize(("queued", "reserved_s"), [(0, 250.0), (1, 250.0), (3, 100.0)])
+def test_the_queue_behind_a_stuck_gang_shrinks_how_much_later_its_leaf_may_be(
+    queued: int, reserved_s: float,
+) -> None:
+    """Its leaf is free 150 s after the spread start. With `queued` whole-node jobs (8 GPUs each, of
+    the pool's 64) behind it the cap is 300 s / (1 + 4 x queued x 8 / 64): 300 s and 200 s allow the
+    delay, 120 s (3 jobs) does not, and the gang is reserved spread at t=100."""
+    behind = [dataclasses.replace(gang(1, 8, wid=f"b{i}"), submit_time_s=1.0 + i) for i in range(queued)]
+    view = congested(view_on(running=_leaf_2_later(250.0)))
+    result = run(view, [gang(2, 8, wid="g", estimate_s=10_000.0), *behind], placement="network-aware",
+                 backfill=True)
+    assert result.reservation == ReservedStart("g", reserved_s)
+
+
+def test_work_that_ends_before_a_leaf_reservation_backfills_the_gangs_leaf() -> None:
+    """Reserved in leaf 2 at t=150, the gang's leaf (n005 free now) takes only work that ends by then."""
+    view = congested(view_on(running=_leaf_2_later(150.0)))
+    long = dataclasses.replace(gang(1, 8, wid="long", estimate_s=5_000.0), submit_time_s=1.0)
+    short = dataclasses.replace(gang(1, 8, wid="short", estimate_s=120.0), submit_time_s=2.0)
+    result = run(view, [gang(2, 8, wid="g", estimate_s=10_000.0), long, short], placement="network-aware",
+                 backfill=True)
+    assert result.reservation == ReservedStart("g", 150.0)
+    assert nodes_of(result, "short") == ["n005"]
+    assert {r.workload_id: r.reason for r in result.rejected} == {
+        "g": Reason.GANG_INCOMPLETE, "long": Reason.BACKFILL_BLOCKED}
+
+
+def _busy_fabric_cycles(cap: WaitCap, seed: int) -> tuple[list[CycleResult], int, int]:
+    """Twelve cycles of a busy pool, network-aware with backfill (`_busy_pool_cycles`): the cycles'
+    results, and how many reservations backfill kept inside one leaf and how many stuck gangs it
+    reserved inside one."""
+    narrowed, leafed = 0, 0
+    narrow, in_domain = backfill._narrow, cycle.reserve_in_domain
+
+    def counting_narrow(*args: object, **kwargs: object) -> object:
+        nonlocal narrowed
+        found = narrow(*args, **kwargs)  # type: ignore[arg-type]
+        narrowed += found is not None
+        return found
+
+    def counting_in_domain(*args: object, **kwargs: object) -> object:
         nonlocal leafed
-        found = original(*args, **kwargs)  # type: ignore[arg-type]
-        leafed += found is not None
+        found = in_domain(*args, **kwargs)  # type: ignore[arg-type]
+        leafed += found is not args[1]
         return found
 
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(backfill, "_narrow", counting)
+        mp.setattr(backfill, "_narrow", counting_narrow)
+        mp.setattr(cycle, "reserve_in_domain", counting_in_domain)
         results = _busy_pool_cycles(
             cap, seed=seed, congested_every=2, shapes=[(1, 4), (1, 8), (2, 8), (3, 8), (4, 8)],
-            estimates=[300.0, 3_000.0, 30_000.0], start=120, per_turn=6, step_s=60.0,
+            estimates=[300.0, 3_000.0, 30_000.0], start=40, per_turn=6, step_s=60.0,
             policies=("network-aware",))
-    return results, leafed
+    return results, narrowed, leafed
 
 
+@pytest.mark.parametrize("shrink", [0.0, locality.queue_shrink])
 @pytest.mark.parametrize("cap", [WaitCap.FIXED, WaitCap.LOSS])
-def test_leaf_keeping_reservations_kept_across_cycles_decide_as_reserving_afresh(cap: WaitCap) -> None:
-    kept, leafed = _busy_fabric_cycles(cap, seed=5)
+def test_leaf_keeping_reservations_kept_across_cycles_decide_as_reserving_afresh(
+    monkeypatch: pytest.MonkeyPatch, cap: WaitCap, shrink: float,
+) -> None:
+    monkeypatch.setattr(locality, "queue_shrink", shrink)
+    kept, narrowed, leafed = _busy_fabric_cycles(cap, seed=5)
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(backfill, "keep_reservations", False)
-        fresh, _ = _busy_fabric_cycles(cap, seed=5)
+        fresh, _, _ = _busy_fabric_cycles(cap, seed=5)
     assert kept == fresh
-    assert leafed  # the scenario does reserve gangs inside a leaf
+    assert narrowed and leafed  # the scenario does keep reservations in a leaf and reserve stuck gangs in one
 
 
 def test_the_quick_device_check_of_a_gang_that_must_sit_in_one_leaf_counts_room_per_leaf() -> None:

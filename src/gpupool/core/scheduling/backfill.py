@@ -125,16 +125,17 @@ def reserve(
 
 def _reserve(
     head: Workload, view: ClusterView, now_s: float, policy: PlacementPolicy, rng: random.Random,
-    correct: bool = True,
+    correct: bool = True, not_before_s: float = -math.inf,
 ) -> tuple[Reservation | None, float]:
     """`reserve`, and until when the clock changes nothing in its answer: the earliest corrected end
     at or before the start (inf: none). A reservation reads only the runs expected to end by its
-    start: a correction further out moves a run from one time after the start to a later one."""
+    start: a correction further out moves a run from one time after the start to a later one.
+    `not_before_s`: no earlier end time is tried (one the caller knows the head cannot start at)."""
     view.materialize()
     if not view.ends:
         return None, math.inf
     ends, end_milli, first_fix = _expected_ends(view, now_s, correct)
-    found = _first_fit_in_time(head, view, now_s, policy, rng, ends, end_milli)
+    found = _first_fit_in_time(head, view, now_s, policy, rng, ends, end_milli, not_before_s)
     if found is not None:
         found.narrow = _narrow(head, view, policy, found.fits_on)
     until = first_fix if found is None or first_fix <= found.start_s else math.inf
@@ -143,7 +144,7 @@ def _reserve(
 
 def _first_fit_in_time(
     head: Workload, view: ClusterView, now_s: float, policy: PlacementPolicy, rng: random.Random,
-    ends: list[tuple[float, str]], end_milli: list[int],
+    ends: list[tuple[float, str]], end_milli: list[int], not_before_s: float = -math.inf,
 ) -> Reservation | None:
     """The head placed on the shadow pool at each end time in turn, from the first at which enough
     compute is free, until it fits (placed at most MAX_RESERVATION_TRIALS times)."""
@@ -158,6 +159,8 @@ def _first_fit_in_time(
         freed = np.cumsum([_allowed_milli(running[rid], allowed) for _, rid in ends])
     short = head.total_device_milli - int(shadow.dev_milli_free[allowed].sum())
     i = int(np.searchsorted(freed, short, side="left")) if short > 0 else 0
+    if not_before_s > now_s:
+        i = max(i, bisect.bisect_left(ends, not_before_s, key=_end))
     if i >= len(ends):
         return None
     done = 0
@@ -282,6 +285,7 @@ class KeptReservation:
     fits_on: BoolArray | None = None
     """The reservation's `fits_on` as `reserve` returned it (`may_backfill` changes the copies)."""
     narrow: np.ndarray | None = None
+    not_before_s: float = -math.inf
 
     def matches(self, head: Workload, view: ClusterView, now_s: float, policy: PlacementPolicy) -> bool:
         state = view.state
@@ -333,23 +337,27 @@ computes it afresh on every call (the same reservations, slower: kept to check t
 
 
 def kept_reserve(
-    head: Workload, view: ClusterView, now_s: float, policy: PlacementPolicy, rng: random.Random
+    head: Workload, view: ClusterView, now_s: float, policy: PlacementPolicy, rng: random.Random,
+    slot: str = "kept_reservation", not_before_s: float = -math.inf,
 ) -> Reservation | None:
     """`reserve(head, view, now_s, policy, rng)`, reused from the view's last one when it must be
-    the same (see `KeptReservation`)."""
+    the same (see `KeptReservation`). `slot`: the view's attribute that keeps it (a stuck gang's
+    reservation inside one leaf is kept beside the head's own, `locality.reserve_in_domain`);
+    `not_before_s` as `_reserve`'s."""
     view.materialize()
-    kept = view.kept_reservation
-    if keep_reservations and kept is not None and kept.matches(head, view, now_s, policy):
+    kept = getattr(view, slot)
+    if (keep_reservations and kept is not None and kept.not_before_s == not_before_s
+            and kept.matches(head, view, now_s, policy)):
         return kept.reservation(now_s)
     if not policy.is_repeatable():  # its placements draw from the rng or change later ones
-        view.kept_reservation = None
-        return reserve(head, view, now_s, policy, rng)
+        setattr(view, slot, None)
+        return _reserve(head, view, now_s, policy, rng, not_before_s=not_before_s)[0]
     state = view.state
     arrays = tuple(a.copy() for a in _arrays(state))
     pod_kinds = [dict(k) for k in state.node_pod_kinds]
-    found, until_s = _reserve(head, view, now_s, policy, rng)
+    found, until_s = _reserve(head, view, now_s, policy, rng, not_before_s=not_before_s)
     overdue = _overdue(view, now_s)
-    view.kept_reservation = KeptReservation(
+    setattr(view, slot, KeptReservation(
         head=head,
         running_version=view.running_version,
         policy=policy,
@@ -364,7 +372,8 @@ def kept_reserve(
         shadow=None if found is None else clone_state(found.shadow),
         fits_on=None if found is None or found.fits_on is None else found.fits_on.copy(),
         narrow=None if found is None else found.narrow,
-    )
+        not_before_s=not_before_s,
+    ))
     return found
 
 

@@ -15,7 +15,9 @@ Steps, in order:
                  work that would outlast a gang's reservation on the nodes reserved for it
                  inside its leaf is placed elsewhere first);
                  else try to preempt lower-priority work of its ClusterQueue or reclaim quota lent
-                 to its cohort; else, under backfill, the first stuck workload gets a reservation;
+                 to its cohort; else, under backfill, the first stuck workload gets a reservation
+                 (a gang's inside one leaf when that start is not much later:
+                 `locality.reserve_in_domain`);
                  under a strict ordering without backfill its ClusterQueue is blocked.
   5. requeue   - every preempted or evicted workload is reported for requeueing, with the
                  progress it resumes from (its last checkpoint) and the work it lost.
@@ -47,7 +49,7 @@ from gpupool.core.quota import QuotaConfig
 from gpupool.core.scheduling.backfill import Reservation, kept_reserve, may_backfill
 from gpupool.core.scheduling.domains import only
 from gpupool.core.scheduling.gang import GangPlacement, hold_gang, place_gang, release_gang
-from gpupool.core.scheduling.locality import WaitCap, wait_for_domain
+from gpupool.core.scheduling.locality import WaitCap, reserve_in_domain, wait_for_domain
 from gpupool.core.scheduling.ordering.base import OrderingContext, OrderStream, PendingChanges, make_ordering
 from gpupool.core.scheduling.policies.base import DEFAULT_POLICY, NoFit
 from gpupool.core.scheduling.preemption import VictimIndex, lost_work_s, select_victims
@@ -246,6 +248,8 @@ class _Cycle:
         self.locality_known: dict[object, Reservation | None] = {}
         """Reservations found for gangs waiting for locality this cycle, by shape (`locality`)."""
         self.backlog = 0
+        self.queued_milli = 0
+        """The compute the workloads pending this cycle ask for in all."""
         self.held_until: np.ndarray | None = None
         """[node] the earliest expected start of the waiting gangs that hold it this cycle (inf: none);
         under WaitCap LOSS / QUEUE every waiting gang holds the nodes it is reserved on, not only
@@ -259,6 +263,7 @@ class _Cycle:
         self._evict_broken()
         valid, stream = self._nominate(pending)
         self.backlog = max(0, len(valid) - 1)  # the others pending this cycle (WaitCap.QUEUE)
+        self.queued_milli = sum(w.total_device_milli for w in valid)
         banded = self.ordering.banded
         metas = self.view.metas
         exhausted = self.exhausted
@@ -612,6 +617,12 @@ class _Cycle:
         if self.policies.backfill and reason != Reason.QUOTA_EXCEEDED:
             if self.reservation is None:
                 self.reservation = kept_reserve(w, self.view, self.now_s, self.policy, self.rng)
+                if self.reservation is not None and len(w.pods) > 1:
+                    self.reservation = reserve_in_domain(
+                        w, self.reservation, self.view, self.policies.max_locality_wait_s, self.policy,
+                        self.now_s, self.rng, cap=self.policies.locality_wait_cap, backlog=self.backlog,
+                        ceiling_s=self.policies.max_locality_wait_ceiling_s,
+                        queued_milli=self.queued_milli - w.total_device_milli)
                 if self.reservation is None and self.ordering.strict:
                     self._block(cq)  # no reservation possible: strict order still holds
             return

@@ -1,7 +1,8 @@
 """Wait or spread: whether a gang that could start now spread over the fabric waits for a domain of its own.
 
 API: `wait_for_domain(workload, gang, view, max_wait_s, policy, now_s, rng, cap=WaitCap.FIXED,
-backlog=0, ceiling_s=inf) -> Locality | None`.
+backlog=0, ceiling_s=inf) -> Locality | None`; `reserve_in_domain(workload, wide, view, ...,
+queued_milli=0) -> Reservation` for a gang that fits nowhere now.
 
 A gang whose constraint prefers a tier (preferred=leaf by default) and that the policy could only
 place wider (its pods over several leaves, or spine groups) waits only while
@@ -37,6 +38,15 @@ every later waiting gang holds the nodes it is reserved on (`Reservation.nodes`)
 on one of them starts only if it is expected to end before that gang's start (`cycle.held_until`).
 On None the gang stays placed (the state still holds it); on a `Locality` the state no longer
 holds it.
+
+A gang that fits nowhere now (backfill's head) faces the same choice later: backfill reserves it at
+its earliest start, which may be spread. `reserve_in_domain` reserves it inside one domain of its
+preferred tier instead when that start is later by less than the loss from spreading and by no more
+than the cap above divided by 1 + `queue_shrink` (4) x (the compute the cycle's other pending work
+asks for / the pool's): on a backed-up pool every second the head's reservation holds back is a
+second the queue waits too, so the busier the pool, the less later a domain of its own may be
+(with a weaker shrink, or none, such reservations cost more than they saved in busy months:
+docs/benchmarks.md).
 """
 
 from __future__ import annotations
@@ -50,7 +60,7 @@ from enum import StrEnum
 import numpy as np
 
 from gpupool.core.model import Workload
-from gpupool.core.scheduling.backfill import Reservation, fabric_spec, nodes_mask, reserve
+from gpupool.core.scheduling.backfill import Reservation, fabric_spec, kept_reserve, nodes_mask, reserve
 from gpupool.core.scheduling.comm_cost import CommModel
 from gpupool.core.scheduling.domains import narrowest_tier
 from gpupool.core.scheduling.gang import GangPlacement, hold_gang, place_gang, release_gang
@@ -114,16 +124,8 @@ def wait_for_domain(
     waited = now_s - view.locality_waits.get(workload.id, now_s)
     if waited >= max_wait_s and cap is WaitCap.FIXED:
         return None
-    assumed = getattr(policy, "comm", None)
-    assumed = assumed if isinstance(assumed, CommModel) else CommModel()
-    comm = assumed.for_job(context.comm_ratio(workload), topology)
-    estimate = view.remaining_estimate_s(workload)
-    run_s = UNKNOWN_RUN_S if estimate is None else estimate
-    spread = comm.slowdown(len(nodes), topology.share_gbps(nodes), topology.max_hops(nodes))
-    loss_s = run_s * (spread - comm.packed_slowdown(topology, nodes))
-    if cap is WaitCap.QUEUE and backlog > 0:
-        loss_s *= 1.0 + backlog * workload.total_device_milli / max(1, view.state.total_device_milli)
-    cap_s = max_wait_s if cap is WaitCap.FIXED else max(max_wait_s, min(loss_s, ceiling_s))
+    loss_s, cap_s = _loss_and_cap(workload, nodes, view, topology, policy, max_wait_s, cap, backlog,
+                                  ceiling_s)
     if not loss_s > 0 or waited >= cap_s:
         return None
     release_gang(gang, view.state)
@@ -146,6 +148,79 @@ def wait_for_domain(
         return Locality(found, wait_s, loss_s, cap_s, overdue)
     hold_gang(gang, view.state)  # start spread after all: hold the gang again
     return None
+
+
+def _loss_and_cap(
+    workload: Workload, nodes: list[int], view: ClusterView, topology: FabricView, policy: PlacementPolicy,
+    max_wait_s: float, cap: WaitCap, backlog: int, ceiling_s: float,
+) -> tuple[float, float]:
+    """The expected loss from running the gang spread over `nodes` rather than packed, and how long
+    it may wait in all to avoid it (the module docstring)."""
+    context = policy.topology
+    assert context is not None
+    assumed = getattr(policy, "comm", None)
+    assumed = assumed if isinstance(assumed, CommModel) else CommModel()
+    comm = assumed.for_job(context.comm_ratio(workload), topology)
+    estimate = view.remaining_estimate_s(workload)
+    run_s = UNKNOWN_RUN_S if estimate is None else estimate
+    spread = comm.slowdown(len(nodes), topology.share_gbps(nodes), topology.max_hops(nodes))
+    loss_s = run_s * (spread - comm.packed_slowdown(topology, nodes))
+    if cap is WaitCap.QUEUE and backlog > 0:
+        loss_s *= 1.0 + backlog * workload.total_device_milli / max(1, view.state.total_device_milli)
+    cap_s = max_wait_s if cap is WaitCap.FIXED else max(max_wait_s, min(loss_s, ceiling_s))
+    return loss_s, cap_s
+
+
+leaf_reservations = True
+"""A gang that fits nowhere now may be reserved inside one domain of its preferred tier
+(`reserve_in_domain`); off, backfill reserves it at its earliest start wherever that is."""
+
+queue_shrink = 4.0
+"""How fast the wait a stuck gang may take for a domain of its own shrinks with the queue behind
+it: its cap is divided by 1 + queue_shrink x (the compute the cycle's other pending work asks for /
+the pool's compute). 0 (the cap as `wait_for_domain`'s) and 1 measured worse than none of these
+reservations on a saturated two-month replay, 4 better (docs/benchmarks.md)."""
+
+
+def reserve_in_domain(
+    workload: Workload, wide: Reservation, view: ClusterView, max_wait_s: float, policy: PlacementPolicy,
+    now_s: float, rng: random.Random, cap: WaitCap = WaitCap.FIXED, backlog: int = 0,
+    ceiling_s: float = math.inf, queued_milli: int = 0,
+) -> Reservation:
+    """Wait or spread for a gang that fits nowhere now (backfill's head): its reservation inside
+    one domain of its preferred tier instead of `wide` (the earliest, spread over the fabric) when
+    the later start is expected to cost it less than spreading would, and no more than its cap
+    shrunk by the queue. Else `wide` as it is."""
+    fabric = fabric_spec(workload, view, policy)
+    if not leaf_reservations or fabric is None or wide.fits_on is None or wide.narrow is not None:
+        return wide
+    topology, spec = fabric
+    if spec.preferred is None:
+        return wide
+    nodes = np.flatnonzero(wide.fits_on).tolist()
+    tier = narrowest_tier(topology, nodes)
+    if tier is not None and tier.depth <= spec.preferred.depth:
+        return wide
+    loss_s, cap_s = _loss_and_cap(workload, nodes, view, topology, policy, max_wait_s, cap, backlog,
+                                  ceiling_s)
+    cap_s /= 1.0 + queue_shrink * queued_milli / max(1, view.state.total_device_milli)
+    if not loss_s > 0 or not cap_s > 0:
+        return wide
+    required = TopologySpec(required=spec.preferred)
+    kept = view.kept_leaf_reservation
+    if kept is not None and kept.head == dataclasses.replace(workload, topology=required):
+        head = kept.head  # the same object again, so the kept reservation may match
+    else:
+        head = dataclasses.replace(workload, topology=required)
+    # it fits nowhere before the wide start, so in no leaf either
+    found = kept_reserve(head, view, now_s, policy, rng, slot="kept_leaf_reservation",
+                         not_before_s=wide.start_s)
+    if found is None:
+        return wide
+    delay_s = found.start_s - wide.start_s
+    if not (delay_s < loss_s and delay_s <= cap_s):
+        return wide
+    return _with_domain(found, head, topology, spec.preferred, policy, rng)
 
 
 def _with_domain(

@@ -142,6 +142,9 @@ class ClusterView:
     """The last cycle's pending workloads, counted by (queue, shape, rank) (`cycle._nominate`)."""
     kept_reservation: KeptReservation | None = None
     """The last backfill reservation with what it was computed from (`backfill.kept_reserve`)."""
+    kept_leaf_reservation: KeptReservation | None = None
+    """The last reservation of a stuck gang inside one domain of its preferred tier, kept likewise
+    (`locality.reserve_in_domain`)."""
     topology: FabricView | None = None
     """The fabric the nodes sit in (`set_topology`); None: no fabric known, placement as before."""
     topology_default: TopologySpec | None = None
