@@ -33,6 +33,7 @@ import random
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from operator import attrgetter, itemgetter
+from typing import Literal
 
 import numpy as np
 
@@ -338,7 +339,8 @@ computes it afresh on every call (the same reservations, slower: kept to check t
 
 def kept_reserve(
     head: Workload, view: ClusterView, now_s: float, policy: PlacementPolicy, rng: random.Random,
-    slot: str = "kept_reservation", not_before_s: float = -math.inf,
+    slot: Literal["kept_reservation", "kept_leaf_reservation"] = "kept_reservation",
+    not_before_s: float = -math.inf,
 ) -> Reservation | None:
     """`reserve(head, view, now_s, policy, rng)`, reused from the view's last one when it must be
     the same (see `KeptReservation`). `slot`: the view's attribute that keeps it (a stuck gang's

@@ -248,8 +248,8 @@ class _Cycle:
         self.locality_known: dict[object, Reservation | None] = {}
         """Reservations found for gangs waiting for locality this cycle, by shape (`locality`)."""
         self.backlog = 0
-        self.queued_milli = 0
-        """The compute the workloads pending this cycle ask for in all."""
+        self.valid: Sequence[Workload] = ()
+        """The workloads pending this cycle that passed validation (`_nominate`)."""
         self.held_until: np.ndarray | None = None
         """[node] the earliest expected start of the waiting gangs that hold it this cycle (inf: none);
         under WaitCap LOSS / QUEUE every waiting gang holds the nodes it is reserved on, not only
@@ -263,7 +263,7 @@ class _Cycle:
         self._evict_broken()
         valid, stream = self._nominate(pending)
         self.backlog = max(0, len(valid) - 1)  # the others pending this cycle (WaitCap.QUEUE)
-        self.queued_milli = sum(w.total_device_milli for w in valid)
+        self.valid = valid
         banded = self.ordering.banded
         metas = self.view.metas
         exhausted = self.exhausted
@@ -621,8 +621,7 @@ class _Cycle:
                     self.reservation = reserve_in_domain(
                         w, self.reservation, self.view, self.policies.max_locality_wait_s, self.policy,
                         self.now_s, self.rng, cap=self.policies.locality_wait_cap, backlog=self.backlog,
-                        ceiling_s=self.policies.max_locality_wait_ceiling_s,
-                        queued_milli=self.queued_milli - w.total_device_milli)
+                        ceiling_s=self.policies.max_locality_wait_ceiling_s, pending=self.valid)
                 if self.reservation is None and self.ordering.strict:
                     self._block(cq)  # no reservation possible: strict order still holds
             return

@@ -2,7 +2,7 @@
 
 API: `wait_for_domain(workload, gang, view, max_wait_s, policy, now_s, rng, cap=WaitCap.FIXED,
 backlog=0, ceiling_s=inf) -> Locality | None`; `reserve_in_domain(workload, wide, view, ...,
-queued_milli=0) -> Reservation` for a gang that fits nowhere now.
+pending=()) -> Reservation` for a gang that fits nowhere now.
 
 A gang whose constraint prefers a tier (preferred=leaf by default) and that the policy could only
 place wider (its pods over several leaves, or spine groups) waits only while
@@ -54,6 +54,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import random
+from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 
@@ -185,12 +186,13 @@ reservations on a saturated two-month replay, 4 better (docs/benchmarks.md)."""
 def reserve_in_domain(
     workload: Workload, wide: Reservation, view: ClusterView, max_wait_s: float, policy: PlacementPolicy,
     now_s: float, rng: random.Random, cap: WaitCap = WaitCap.FIXED, backlog: int = 0,
-    ceiling_s: float = math.inf, queued_milli: int = 0,
+    ceiling_s: float = math.inf, pending: Sequence[Workload] = (),
 ) -> Reservation:
     """Wait or spread for a gang that fits nowhere now (backfill's head): its reservation inside
     one domain of its preferred tier instead of `wide` (the earliest, spread over the fabric) when
     the later start is expected to cost it less than spreading would, and no more than its cap
-    shrunk by the queue. Else `wide` as it is."""
+    shrunk by the queue (`pending`: the cycle's pending workloads, this one among them; summed only
+    here, past the checks that most cycles stop at)."""
     fabric = fabric_spec(workload, view, policy)
     if not leaf_reservations or fabric is None or wide.fits_on is None or wide.narrow is not None:
         return wide
@@ -203,15 +205,14 @@ def reserve_in_domain(
         return wide
     loss_s, cap_s = _loss_and_cap(workload, nodes, view, topology, policy, max_wait_s, cap, backlog,
                                   ceiling_s)
-    cap_s /= 1.0 + queue_shrink * queued_milli / max(1, view.state.total_device_milli)
     if not loss_s > 0 or not cap_s > 0:
         return wide
-    required = TopologySpec(required=spec.preferred)
+    queued_milli = sum(w.total_device_milli for w in pending) - workload.total_device_milli
+    cap_s /= 1.0 + queue_shrink * queued_milli / max(1, view.state.total_device_milli)
+    head = dataclasses.replace(workload, topology=TopologySpec(required=spec.preferred))
     kept = view.kept_leaf_reservation
-    if kept is not None and kept.head == dataclasses.replace(workload, topology=required):
+    if kept is not None and kept.head == head:
         head = kept.head  # the same object again, so the kept reservation may match
-    else:
-        head = dataclasses.replace(workload, topology=required)
     # it fits nowhere before the wide start, so in no leaf either
     found = kept_reserve(head, view, now_s, policy, rng, slot="kept_leaf_reservation",
                          not_before_s=wide.start_s)
