@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import random
 from dataclasses import replace
+from typing import Literal
 
 import pytest
 import test_admission_properties as props
@@ -357,3 +358,24 @@ def test_drf_follows_the_pending_books_changes_and_compares_lists_when_it_missed
     cycle_on(view, listed, policies, 4.0, random.Random(4))  # one list missed: compared whole
     assert sorted(w.id for q in book.bands[0].values() for w in q.workloads) == sorted(w.id for w in listed)
     assert book.serial == view.pending_book.serial
+
+
+@pytest.mark.parametrize("slot", ["kept_reservation", "kept_leaf_reservation"])
+def test_a_kept_reservation_is_reused_only_for_the_same_earliest_start(
+    slot: Literal["kept_reservation", "kept_leaf_reservation"],
+) -> None:
+    """A reservation kept for one `not_before_s` is not handed back for another: asked again with
+    a later bound, the head is reserved at the first end time at or after it, as afresh."""
+    view = ClusterView.empty(cluster(2, devices=4))
+    policy = make_policy("first-fit")
+    running = [_job(0, 1, 100.0, 0.0), _job(1, 1, 30.0, 0.0)]
+    fifo = Policies(placement="first-fit", ordering="fifo")
+    assert len(cycle_on(view, running, fifo, 0.0, random.Random(1)).admitted) == 2
+    head = _job(2, 1, 50.0, 1.0)
+    first = backfill.kept_reserve(head, view, 1.0, policy, random.Random(0), slot=slot)
+    assert first is not None and first.start_s == 30.0
+    again = backfill.kept_reserve(head, view, 1.0, policy, random.Random(0), slot=slot)
+    assert again is not None and again.start_s == 30.0
+    later = backfill.kept_reserve(head, view, 1.0, policy, random.Random(0), slot=slot, not_before_s=31.0)
+    assert later is not None and later.start_s == 100.0
+    assert getattr(view, slot).not_before_s == 31.0
