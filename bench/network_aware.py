@@ -73,6 +73,7 @@ from gpupool.core.fabric.generate import fat_tree
 from gpupool.core.fabric.model import Fabric, Link
 from gpupool.core.scheduling.cycle import Policies
 from gpupool.core.scheduling.locality import WaitCap
+from gpupool.core.scheduling.moves import MoveRule
 from gpupool.core.topology_spec import Tier, TopologySpec
 from gpupool.providers.nodespec import nodes_from_spec
 from gpupool.sim.comm import EstimateMode, Origin, assign_classes, default_comm_model, packed_nodes
@@ -113,6 +114,8 @@ class Variant:
     congestion: CongestionRule | None = None
     """Link load sampled from the truth into the scheduler's view every minute (sim/congestion.py);
     with migrate, gangs moved off congestion."""
+    moves: MoveRule | None = None
+    """Spread gangs moved into one leaf, single-node work moved to make room (core/scheduling/moves.py)."""
 
 
 VARIANTS = {
@@ -134,6 +137,8 @@ VARIANTS = {
                                   options=(("fullest_leaf", True),)),
     "network-aware-nowait": Variant("network-aware-nowait", "network-aware", estimate=EstimateMode.EXACT,
                                     max_wait_s=0.0),
+    "network-aware-move": Variant("network-aware-move", "network-aware", estimate=EstimateMode.EXACT,
+                                  moves=MoveRule()),
     "oracle": Variant("oracle", "fgd", fabric=False, topology=None, comm=False),
     "oracle-best-fit": Variant("oracle-best-fit", "best-fit", fabric=False, topology=None, comm=False),
     "network-aware-telemetry": Variant("network-aware-telemetry", "network-aware",
@@ -241,7 +246,7 @@ def run_one(task: dict[str, Any]) -> dict[str, Any]:
     policies = Policies(placement=variant.placement, placement_options=options, ordering="priority-fifo",
                         backfill=task["backfill"], topology_default=variant.topology,
                         max_locality_wait_s=variant.max_wait_s if variant.topology else math.inf,
-                        locality_wait_cap=variant.wait_cap)
+                        locality_wait_cap=variant.wait_cap, moves=variant.moves)
     config = ReplayConfig(tuple(nodes), tuple(jobs), policies, seed=scenario.seed,
                           comm=CommSetup(fabric, model, profiles) if variant.comm else None,
                           link_failures=cuts, timeline_points=50, congestion=variant.congestion)
@@ -279,6 +284,9 @@ def _headline(result: dict[str, Any]) -> dict[str, float]:
         "hops_mean": comm.get("hops_mean", 0.0),
         "across_failed": result.get("gangs_across_failed_links", 0),
         "congestion_moves": result.get("congestion_moves", 0),
+        "moved_gangs": result.get("moves", {}).get("gangs", 0),
+        "moved_others": result.get("moves", {}).get("others", 0),
+        "move_cost_gpu_h": result.get("moves", {}).get("cost_gpu_hours", 0.0),
         "congestion_lost_gpu_h": result.get("congestion_lost_gpu_h", 0.0),
         "wall_s": result["wall_s"],
     }

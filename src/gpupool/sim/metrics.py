@@ -94,6 +94,11 @@ class ReplayMetrics:
     preemptions: int = 0
     evictions: int = 0
     lost_device_s: float = 0.0
+    moved_gangs: int = 0
+    """Gangs moved into one leaf (`Policies.moves`), and the single-node workloads moved for them."""
+    moved_others: int = 0
+    move_cost_device_s: float = 0.0
+    """What the moves cost: work since the last checkpoint done again, plus restarts."""
     last_finish_s: float = 0.0
     last_arrival_s: float = 0.0
     fair_for: tuple[dict[str, float], dict[str, float]] = ({}, {})
@@ -136,6 +141,13 @@ class ReplayMetrics:
         for key in _gang_keys(job):
             self.gang_jcts.setdefault(key, []).append(now_s - job.submit_s)
         self.last_finish_s = max(self.last_finish_s, now_s)
+
+    def moved(self, gang: bool, cost_device_s: float) -> None:
+        if gang:
+            self.moved_gangs += 1
+        else:
+            self.moved_others += 1
+        self.move_cost_device_s += cost_device_s
 
     def stopped(self, kind: EventKind, lost_device_s: float) -> None:
         if kind == EventKind.EVICT:
@@ -207,6 +219,8 @@ class ReplayMetrics:
             "preemptions": self.preemptions,
             "evictions": self.evictions,
             "lost_gpu_hours": self.lost_device_s / 3600.0,
+            "moves": {"gangs": self.moved_gangs, "others": self.moved_others,
+                      "cost_gpu_hours": self.move_cost_device_s / 3600.0},
             "per_tenant": per_tenant,
             "fairness_jain": jain,
             "by_gang_size": self.by_gang_size(),

@@ -31,6 +31,7 @@ from gpupool.core.model import Node, Reason, Workload, WorkloadInfo
 from gpupool.core.overcommit import device_slowdown
 from gpupool.core.scheduling.backfill import RuntimeEstimator
 from gpupool.core.scheduling.cycle import CycleResult, EventKind, Policies, cycle_on
+from gpupool.core.scheduling.moves import Move
 from gpupool.core.scheduling.ordering.base import make_ordering
 from gpupool.core.scheduling.preemption import checkpoint_split
 from gpupool.core.scheduling.topology import FabricView
@@ -239,6 +240,8 @@ class Replay:
 
     def _apply(self, result: CycleResult, now_s: float) -> None:
         self._locality_waits(result, now_s)
+        for move in result.moved:
+            self._move(move, now_s)
         for stop in result.preempted:
             self._stop(stop.workload_id, now_s, stop.kind)
         for admission in result.admitted:
@@ -287,17 +290,7 @@ class Replay:
         if job.first_start_s is None:
             job.first_start_s = now_s
             self.metrics.started(job.job, now_s, job.locality_wait_s)
-        run = self.view.running[wid]
-        job.devices = [(a.node, d) for _, a in run.allocs for d in a.devices]
-        if self.meter is not None:
-            self.meter.start(job.job.workload, run.allocs, now_s)
-        if self.policies.overcommit is not None:
-            self._track_devices(job, run, add=True)
-        else:
-            job.rate = 1.0
-            self._reschedule(job, now_s)
-        gpus = job.job.workload.total_device_milli / 1000
-        if self.comm is not None and self.comm.start(wid, [n for n, _ in job.devices], gpus):
+        if self._run_on_placement(job, now_s):
             self._comm_rerate(now_s)
             self._sample_soon(now_s)
         if self.congestion is not None:
@@ -346,6 +339,49 @@ class Replay:
         self.pending_workloads[wid] = job.job.workload
         self.metrics.pending_change(job.job, 1.0)
         return lost_device_s
+
+    def _move(self, move: Move, now_s: float) -> None:
+        """A workload the cycle moved (`Policies.moves`; the view holds its new placement): it
+        resumes from its last checkpoint on its new nodes at once, after `restart_s` of loading."""
+        assert self.policies.moves is not None
+        wid = move.workload_id
+        job = self.jobs[wid]
+        if job.token is not None:
+            self.loop.cancel(job.token)
+            job.token = None
+        self._progress(job, now_s)
+        job.kept_s = move.resume_progress_s
+        job.remaining_s = job.job.duration_s - job.kept_s + self.policies.moves.restart_s
+        self._release_devices(job, now_s)
+        restarted = self.comm is not None and self.comm.stop(wid)
+        if self.meter is not None:
+            self.meter.stop(wid, now_s)
+        gpus = job.job.workload.total_device_milli / 1000
+        self.metrics.moved(wid == move.gang_id, (move.lost_work_s + self.policies.moves.restart_s) * gpus)
+        self.view.info[wid] = WorkloadInfo(
+            attained_service_s=job.attained_device_s, progress_s=job.kept_s, runtime_estimate_s=job.estimate_s
+        )
+        job.run_start_s = job.last_update_s = now_s
+        job.run_done_s = 0.0
+        if self._run_on_placement(job, now_s) or restarted:
+            self._comm_rerate(now_s)
+            self._sample_soon(now_s)
+
+    def _run_on_placement(self, job: _Job, now_s: float) -> bool:
+        """The job runs on the placement the view holds for it from now; True when the truth's
+        communication model tracks it (the gangs' rates are then due again)."""
+        wid = job.job.workload.id
+        run = self.view.running[wid]
+        job.devices = [(a.node, d) for _, a in run.allocs for d in a.devices]
+        if self.meter is not None:
+            self.meter.start(job.job.workload, run.allocs, now_s)
+        if self.policies.overcommit is not None:
+            self._track_devices(job, run, add=True)
+        else:
+            job.rate = 1.0
+            self._reschedule(job, now_s)
+        gpus = job.job.workload.total_device_milli / 1000
+        return self.comm is not None and self.comm.start(wid, [n for n, _ in job.devices], gpus)
 
     def _progress(self, job: _Job, now_s: float) -> None:
         done = (now_s - job.last_update_s) * job.rate

@@ -50,6 +50,7 @@ from gpupool.core.scheduling.backfill import Reservation, kept_reserve, may_back
 from gpupool.core.scheduling.domains import only
 from gpupool.core.scheduling.gang import GangPlacement, hold_gang, place_gang, release_gang
 from gpupool.core.scheduling.locality import WaitCap, reserve_in_domain, wait_for_domain
+from gpupool.core.scheduling.moves import Move, MoveRule, plan_moves
 from gpupool.core.scheduling.ordering.base import OrderingContext, OrderStream, PendingChanges, make_ordering
 from gpupool.core.scheduling.policies.base import DEFAULT_POLICY, NoFit
 from gpupool.core.scheduling.preemption import VictimIndex, lost_work_s, select_victims
@@ -97,6 +98,10 @@ class Policies:
     to that cost in all; QUEUE: the cost counted for the queue behind it too (`locality`)."""
     max_locality_wait_ceiling_s: float = math.inf
     """Under LOSS and QUEUE, the longest any gang waits in all, whatever its estimates say."""
+    moves: MoveRule | None = None
+    """Move running gangs spread over several leaves into one, moving single-node work to make room
+    (`moves`), before anything is admitted; None: never. Only the replay sets it so far: the
+    server does not carry moves out yet."""
 
 
 class EventKind(StrEnum):
@@ -161,6 +166,8 @@ class CycleResult:
     rejected: tuple[Rejection, ...] = ()
     requeued: tuple[Requeue, ...] = ()
     reservation: ReservedStart | None = None
+    moved: tuple[Move, ...] = ()
+    """Running workloads restarted at once on new nodes (`Policies.moves`), already so in the view."""
 
 
 def run_cycle(
@@ -261,6 +268,9 @@ class _Cycle:
 
     def run(self, pending: Sequence[Workload]) -> CycleResult:
         self._evict_broken()
+        moved: list[Move] = []
+        if self.policies.moves is not None:
+            moved = plan_moves(self.view, self.policy, self.now_s, self.rng, self.policies.moves)
         valid, stream = self._nominate(pending)
         self.backlog = max(0, len(valid) - 1)  # the others pending this cycle (WaitCap.QUEUE)
         self.valid = valid
@@ -299,6 +309,7 @@ class _Cycle:
             rejected=tuple(self.rejected),
             requeued=tuple(self.requeued),
             reservation=reserved,
+            moved=tuple(moved),
         )
 
     # ------------------------------------------------------------ step 1: broken hardware

@@ -153,6 +153,8 @@ class ClusterView:
     """Gangs waiting for a domain of their preferred tier: since when (the cycle's wait-or-spread)."""
     locality_caps: dict[str, float] = field(default_factory=dict)
     """... and the longest each waits in all (`locality.Locality.cap_s`)."""
+    moves_tried: dict[str, float] = field(default_factory=dict)
+    """Running gang -> when `moves.plan_moves` last looked at moving it."""
     comm_ratio: Callable[[Workload], float | None] | None = None
     """The scheduler's estimate of a job's communication ratio (`TopologyContext.comm_ratio`; the
     replay binds each job's estimate); None: the context's default."""

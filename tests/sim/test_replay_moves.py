@@ -1,0 +1,61 @@
+"""Moves in the replay (`Policies.moves`): a gang that started spread is moved into one leaf, the
+single-node work that made room restarts on the node it left, and each pays its restart."""
+
+from __future__ import annotations
+
+from factories import cluster, pod
+from gpupool.core.fabric.generate import fat_tree
+from gpupool.core.model import Workload
+from gpupool.core.scheduling.cycle import Policies
+from gpupool.core.scheduling.moves import MoveRule
+from gpupool.core.topology_spec import Tier, TopologySpec
+from gpupool.sim.comm import JobComm, ModelClass, default_comm_model
+from gpupool.sim.comm_net import CommSetup
+from gpupool.sim.jobs import TraceJob
+from gpupool.sim.replay import Replay, ReplayConfig
+
+MODEL = default_comm_model().with_comm_heavy(1.0)
+FABRIC = fat_tree(4, 2, oversubscription=3.0)
+"""4 leaves of 3 hosts (n000-n002 on leaf 0, n003-n005 on leaf 1, ...), one uplink each."""
+NODES = tuple(cluster(12))
+INTERVAL = 50.0
+RESTART_S = 300.0
+RUN_S = 50_000.0
+
+
+def _job(wid: str, pods: int, submit_s: float, duration_s: float) -> TraceJob:
+    w = Workload(id=wid, pods=tuple(pod(8, name=f"p{i}") for i in range(pods)), submit_time_s=submit_s,
+                 runtime_estimate_s=duration_s, checkpoint_interval_s=INTERVAL)
+    return TraceJob(w, submit_s, duration_s)
+
+
+JOBS = tuple(sorted(
+    [_job(f"s{i:02d}", 1, 0.0, 10.0 if i in (2, 3) else 200_000.0) for i in range(12)]
+    + [_job("a", 2, 5.0, RUN_S), _job("late", 1, 30.0, 100.0)], key=lambda j: j.submit_s))
+"""Twelve whole-node jobs fill the pool (s_i on n00i); s02 and s03 end at t=10, so gang a starts
+there spread over leaves 0 and 1. At t=30 a job arrives that fits nowhere: the cycle that looks at
+it moves a into leaf 0 (s00 or s01 makes room, moving to the node a left)."""
+
+
+def _replay(moves: MoveRule | None) -> tuple[Replay, dict]:
+    policies = Policies(placement="network-aware", ordering="fifo", backfill=True, moves=moves,
+                        topology_default=TopologySpec(preferred=Tier.LEAF), max_locality_wait_s=0.0)
+    setup = CommSetup(FABRIC, MODEL, {"a": JobComm(ModelClass.LANGUAGE, MODEL.classes[ModelClass.LANGUAGE])})
+    run = Replay(ReplayConfig(NODES, JOBS, policies, comm=setup, check_invariants=True))
+    return run, run.run()
+
+
+def test_a_spread_gang_is_moved_into_a_leaf_and_ends_sooner() -> None:
+    still, before = _replay(None)
+    moved, after = _replay(MoveRule(restart_s=RESTART_S))
+    assert before["moves"] == {"gangs": 0, "others": 0, "cost_gpu_hours": 0.0}
+    assert after["moves"]["gangs"] == 1 and after["moves"]["others"] == 1
+    # 20 s since a's start (checkpoint every 50 s: lost) and 30 s of the single job's, plus restarts
+    assert after["moves"]["cost_gpu_hours"] * 3600 == (20.0 + RESTART_S) * 16 + (30.0 + RESTART_S) * 8
+    assert {n // 3 for n, _ in still.jobs["a"].devices} == {0, 1}
+    assert {n // 3 for n, _ in moved.jobs["a"].devices} == {0}
+    a_still = still.jobs["a"].last_update_s
+    a_moved = moved.jobs["a"].last_update_s
+    assert a_moved < a_still  # packed, it runs faster than the move costs it
+    assert a_moved >= 30.0 + RUN_S + RESTART_S  # it restarted from t=0's progress at t=30
+    assert after["finished"] == before["finished"] == len(JOBS)
