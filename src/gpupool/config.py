@@ -39,6 +39,7 @@ from gpupool.core.quota import (
 )
 from gpupool.core.scheduling.cycle import Policies
 from gpupool.core.scheduling.locality import WaitCap
+from gpupool.core.scheduling.moves import MoveRule
 from gpupool.core.topology_spec import parse_topology_spec
 from gpupool.core.units import MILLI, parse_memory_mib
 from gpupool.errors import InvalidInput, did_you_mean
@@ -95,6 +96,13 @@ class SchedulingConfig(_Strict):
     """Under loss and queue, the longest any gang waits for its leaf in all, whatever its estimates
     say (a tenant that overstates its run time or communication ratio waits, and holds nodes, no
     longer than this); none: no ceiling. At least topology_max_wait."""
+    topology_moves: bool = False
+    """Move a running gang spread over several leaves into one when single-node work can make room
+    by moving too, and the gang's expected gain exceeds what the moves cost (docs/network-aware.md,
+    "Moving running work"); only preemptible work that checkpoints moves. Off by default."""
+    topology_move_restart: Seconds = 300.0
+    """What one move is expected to cost a workload besides the work since its last checkpoint:
+    stopping, loading the checkpoint and warming up again."""
 
     @field_validator("topology_wait_ceiling")
     @classmethod
@@ -344,7 +352,8 @@ class PoolConfig(_Strict):
                         max_locality_wait_s=s.topology_max_wait,
                         locality_wait_cap=WaitCap(s.topology_wait_cap),
                         max_locality_wait_ceiling_s=(math.inf if s.topology_wait_ceiling is None
-                                                     else s.topology_wait_ceiling))
+                                                     else s.topology_wait_ceiling),
+                        moves=MoveRule(restart_s=s.topology_move_restart) if s.topology_moves else None)
 
     def to_yaml(self) -> str:
         return yaml.safe_dump(self.model_dump(mode="json"), sort_keys=False, default_flow_style=False)

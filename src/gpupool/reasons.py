@@ -78,6 +78,11 @@ _ENTRIES: tuple[tuple[StrEnum, bool, str, str], ...] = (
      "where it runs faster; its domain is reserved meanwhile.",
      "Nothing to do: it starts spread once waiting would cost more than spreading, or after the pool's "
      "max_wait; --topology none lets it start anywhere at once."),
+    (_R.MOVED_FOR_LOCALITY, False,
+     "Moved while running: a gang that ran spread over several leaves was stopped and started again "
+     "inside one, where it runs faster, and single-node work made room for it by moving too.",
+     "Nothing to do: it resumed at once on its new nodes from its last checkpoint in "
+     "GPUPOOL_CHECKPOINT_DIR (work since then is done again)."),
     (_R.NO_DOMAIN_FITS, False,
      "Its topology constraint asks for one leaf or spine group, and none has room for the whole gang now.",
      "It waits for running work there to end; --topology preferred=... lets it widen to the next tier."),

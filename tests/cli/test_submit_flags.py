@@ -130,12 +130,19 @@ def test_time_limit_is_stored_in_the_spec_and_its_column(srv: LiveServer) -> Non
     (("--time-limit", "soon"), "Error: Option --time-limit takes a duration"),
     (("--time-limit", "0s"), "Error: Option --time-limit takes from 1s to 366d, got '0s'."),
     (("--time-limit", "400d"), "Error: Option --time-limit takes from 1s to 366d, got '400d'."),
+    (("--checkpoint-every", "0s"), "Error: Option --checkpoint-every takes from 1s to 366d, got '0s'."),
+    (("--checkpoint-every", "often"), "Error: Option --checkpoint-every takes a duration"),
     (("--max-retries", "1001"), "Error: Option --max-retries takes from 0 to 1000, got '1001'."),
     (("--max-retries", "-1"), "Error: Option --max-retries takes from 0 to 1000, got '-1'."),
     (("--max-retries", "many"), "Error: Option --max-retries takes a whole number"),
 ])
 def test_bad_limits_are_one_line(srv: LiveServer, args: tuple[str, ...], starts: str) -> None:
     one_line_error(gp(srv, "submit", *args, "--", "true"), 2, starts)
+
+
+def test_checkpoint_every_is_stored_in_the_spec(srv: LiveServer) -> None:
+    assert submitted(srv, "--checkpoint-every", "30m").spec.checkpoint_interval_s == 1800
+    assert submitted(srv).spec.checkpoint_interval_s is None
 
 
 def test_max_retries_is_stored_in_the_spec(srv: LiveServer) -> None:

@@ -33,6 +33,12 @@ def submit(
                                  "--time): 90s, 30m, 2h, 1d, 1:30:00 or 2-12:00:00; backfill plans with "
                                  "it. A bare number is refused (Slurm reads minutes).")
     ] = None,
+    checkpoint_every: Annotated[
+        str | None, typer.Option("--checkpoint-every", help="It saves a checkpoint in "
+                                 "$GPUPOOL_CHECKPOINT_DIR at least this often (30m, 2h): a preemption "
+                                 "costs it at most that much work, and where the pool moves running "
+                                 "work for locality (topology_moves) it may be moved.")
+    ] = None,
     max_retries: Annotated[
         int | None, typer.Option("--max-retries", help="0..1000 requeues after a pod fails (exit code != 0) "
                                  "before it fails for good (default: the pool's failure.max_retries).")
@@ -104,6 +110,7 @@ def submit(
         ("--priority", priority),
         ("--priority-class", priority_class),
         ("--time-limit", time_limit),
+        ("--checkpoint-every", checkpoint_every),
         ("--max-retries", max_retries),
         ("--array", array),
         ("--gpus", gpus),

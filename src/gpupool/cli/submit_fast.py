@@ -17,8 +17,8 @@ from gpupool.durations import duration_s
 USAGE = (
     "usage: gpupool submit [--name N] [--tenant T] [--queue Q] [--priority P] [--priority-class C] "
     "[--gpus 0.25|2] [--gpu-memory 8GiB] [--cpu 4] [--memory 16GiB] [--replicas N] [--env K=V] "
-    "[--workdir D] [--time-limit 2h] [--max-retries N] [--array 0-99%10] [--topology required=leaf] "
-    "[--separate-stderr] "
+    "[--workdir D] [--time-limit 2h] [--checkpoint-every 30m] [--max-retries N] [--array 0-99%10] "
+    "[--topology required=leaf] [--separate-stderr] "
     "[-f spec.yaml] -- COMMAND..."
 )
 # flag -> (path in the spec, kind)
@@ -29,6 +29,7 @@ _FLAGS: dict[str, tuple[tuple[str, ...], str]] = {
     "--priority": (("priority",), "int"), "-p": (("priority",), "int"),
     "--priority-class": (("priority_class",), "str"),
     "--time-limit": (("time_limit_s",), "duration"),
+    "--checkpoint-every": (("checkpoint_interval_s",), "duration"),
     "--max-retries": (("max_retries",), "int"),
     "--array": (("array",), "str"), "-a": (("array",), "str"),
     "--gpus": (("resources", "gpus"), "float"), "-g": (("resources", "gpus"), "float"),
@@ -48,6 +49,7 @@ _FLAGS: dict[str, tuple[tuple[str, ...], str]] = {
 # flag -> (lowest, highest, in words): checked here so the error names the flag, not the API field
 _RANGES: dict[str, tuple[float, float, str]] = {
     "--time-limit": (1, 366 * 86400, "from 1s to 366d"),
+    "--checkpoint-every": (1, 366 * 86400, "from 1s to 366d"),
     "--max-retries": (0, 1000, "from 0 to 1000"),
 }
 

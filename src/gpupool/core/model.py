@@ -56,6 +56,7 @@ class Reason(StrEnum):
     BUDGET_EXHAUSTED = "budget_exhausted"
     WAITING_FOR_LOCALITY = "waiting_for_locality"
     NO_DOMAIN_FITS = "no_domain_fits"
+    MOVED_FOR_LOCALITY = "moved_for_locality"
 
 
 @dataclass(frozen=True, slots=True)

@@ -100,8 +100,7 @@ class Policies:
     """Under LOSS and QUEUE, the longest any gang waits in all, whatever its estimates say."""
     moves: MoveRule | None = None
     """Move running gangs spread over several leaves into one, moving single-node work to make room
-    (`moves`), before anything is admitted; None: never. Only the replay sets it so far: the
-    server does not carry moves out yet."""
+    (`moves`), before anything is admitted; None: never (the config's topology_moves)."""
 
 
 class EventKind(StrEnum):
@@ -109,6 +108,9 @@ class EventKind(StrEnum):
     EVICT = "evict"
     MIGRATE = "migrate"
     """Checkpoint-requeued off a congested link (the replay's congestion rule; no cycle decides it)."""
+    MOVE = "move"
+    """Stopped and started again at once elsewhere (`Policies.moves`): a gang into one leaf, or
+    single-node work making room for it."""
 
 
 @dataclass(frozen=True, slots=True)

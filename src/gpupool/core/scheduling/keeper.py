@@ -98,6 +98,8 @@ class ViewKeeper:
             held.pop(stop.workload_id, None)
         for admission in result.admitted:
             held[admission.workload_id] = admission.placements
+        for move in result.moved:
+            held[move.workload_id] = move.placements
         self._prune(view, pending)
         return result
 

@@ -23,6 +23,7 @@ from gpupool.core.model import (
     Node,
     PodPlacement,
     PodRequest,
+    Reason,
     Slice,
     Workload,
     WorkloadInfo,
@@ -40,6 +41,7 @@ from gpupool.core.scheduling.cycle import (
     ReservedStart,
 )
 from gpupool.core.scheduling.keeper import PRUNE_SLACK, ViewKeeper
+from gpupool.core.scheduling.moves import Move as CoreMove
 from gpupool.errors import GpupoolError
 from gpupool.providers.base import PodLaunch
 from gpupool.server.loops.fabric_view import FabricKeeper
@@ -89,13 +91,27 @@ Decision = Preemption | Requeue | Admission | Rejection | ReservedStart
 def decisions(result: CycleResult) -> Iterator[Decision]:
     """A cycle's decisions in the order they are applied: stops first (their pods are `stopping`
     before an admission looks for busy devices), then requeues, admissions, rejections and the
-    reservation."""
+    reservation. A move (`CycleResult.moved`) is all three for one workload: its pods stop, it is
+    requeued with the progress it keeps, and admitted at once at its new placement (its new pods
+    wait for the stopping ones to leave their devices)."""
+    moved = result.moved
+    yield from (Preemption(m.workload_id, Reason.MOVED_FOR_LOCALITY, _moved_why(m), kind=EventKind.MOVE,
+                           lost_work_s=m.lost_work_s) for m in moved)
     yield from result.preempted
+    yield from (Requeue(m.workload_id, Reason.MOVED_FOR_LOCALITY, m.resume_progress_s) for m in moved)
     yield from result.requeued
+    yield from (Admission(m.workload_id, m.placements) for m in moved)
     yield from result.admitted
     yield from result.rejected
     if result.reservation is not None:
         yield result.reservation
+
+
+def _moved_why(move: CoreMove) -> str:
+    where = ", ".join(sorted({p.node for p in move.placements}))
+    if move.workload_id == move.gang_id:
+        return f"Moved into one leaf ({where}): its pods ran spread over several."
+    return f"Moved to {where} to make room for gang {move.gang_id!r} inside one leaf."
 
 
 @dataclass(frozen=True, slots=True)
@@ -276,6 +292,8 @@ class Scheduler:
         for long; returns the pods to launch (after every chunk is committed)."""
         now = self.rt.clock()
         by_id = {w.id: w for w in view.pending}
+        for move in result.moved:
+            by_id[move.workload_id] = self._moved_spec(move.workload_id, view)
         items = list(decisions(result))
         launches: list[PodLaunch] = []
         for start in range(0, len(items), 2 * RECORD_CHUNK):
@@ -285,6 +303,14 @@ class Scheduler:
         if result.reservation is None and self.reservation is not None:
             self._clear_reservation()
         return launches
+
+    @staticmethod
+    def _moved_spec(workload_id: str, view: StoreView) -> Workload:
+        """The spec of a running workload the cycle moved (it is not pending: the snapshot has it)."""
+        for allocation in view.snapshot.allocations:
+            if allocation.workload.id == workload_id:
+                return allocation.workload
+        raise AssertionError(f"moved workload {workload_id} is not in the snapshot it was moved from")
 
     def _apply(self, chunk: Sequence[Decision], view: StoreView, by_id: dict[str, Workload],
                now: float) -> list[PodLaunch]:

@@ -92,6 +92,11 @@ class WorkloadSpec(Strict):
         "where `gpupool submit` ran: without a workdir, pods run there when their node has it and "
         "their account may enter it, else in their private directory"))
     runtime_estimate_s: float | None = Field(None, gt=0, allow_inf_nan=False)
+    checkpoint_interval_s: float | None = Field(
+        None, ge=1, le=MAX_TIME_LIMIT_S, allow_inf_nan=False, description=(
+        "it saves a checkpoint in GPUPOOL_CHECKPOINT_DIR at least this often: a preemption or a move "
+        "costs it at most this much work, and with the pool's topology_moves it may be moved while "
+        "it runs (a spread gang into one leaf, or single-node work to make room for one)"))
     priority_class: Name | None = Field(None, description=(
         "one of the pool's priority classes (`gpupool config show`); ranks before `priority`, which "
         "orders work within its class; default: the class named normal, else the lowest-valued "

@@ -61,6 +61,7 @@ def to_workload(
         submit_time_s=submit_s,
         name=spec.name,
         runtime_estimate_s=spec.time_limit_s or spec.runtime_estimate_s,
+        checkpoint_interval_s=spec.checkpoint_interval_s,
         **extra,  # type: ignore[arg-type]
     )
 
