@@ -3,6 +3,8 @@ single-node work that made room restarts on the node it left, and each pays its 
 
 from __future__ import annotations
 
+import pytest
+
 from factories import cluster, pod
 from gpupool.core.fabric.generate import fat_tree
 from gpupool.core.model import Workload
@@ -50,8 +52,12 @@ def test_a_spread_gang_is_moved_into_a_leaf_and_ends_sooner() -> None:
     moved, after = _replay(MoveRule(restart_s=RESTART_S))
     assert before["moves"] == {"gangs": 0, "others": 0, "cost_gpu_hours": 0.0}
     assert after["moves"]["gangs"] == 1 and after["moves"]["others"] == 1
-    # 20 s since a's start (checkpoint every 50 s: lost) and 30 s of the single job's, plus restarts
-    assert after["moves"]["cost_gpu_hours"] * 3600 == (20.0 + RESTART_S) * 16 + (30.0 + RESTART_S) * 8
+    # the work a did in its 20 s spread (at its spread rate: checkpoint every 50 s, so all lost) and
+    # the single job's 30 s, plus restarts: what the truth lost, not the 20 s of wall time
+    spread_rate = still.jobs["a"].rate
+    assert 0 < spread_rate < 1
+    assert after["moves"]["cost_gpu_hours"] * 3600 == pytest.approx(
+        (20.0 * spread_rate + RESTART_S) * 16 + (30.0 + RESTART_S) * 8)
     assert {n // 3 for n, _ in still.jobs["a"].devices} == {0, 1}
     assert {n // 3 for n, _ in moved.jobs["a"].devices} == {0}
     a_still = still.jobs["a"].last_update_s

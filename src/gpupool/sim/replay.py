@@ -313,57 +313,55 @@ class Replay:
         """Preempted, evicted or moved (the view has already let go): requeue, resuming from a
         checkpoint. Returns the device-seconds of work lost (done since that checkpoint)."""
         job = self.jobs[wid]
+        lost, tracked = self._halt(job, now_s)
+        job.run_start_s = None
+        if tracked:
+            self._comm_rerate(now_s)
+        lost_device_s = lost * job.job.workload.total_device_milli / 1000
+        self.metrics.stopped(kind, lost_device_s)
+        self.pending[wid] = job
+        self.pending_workloads[wid] = job.job.workload
+        self.metrics.pending_change(job.job, 1.0)
+        return lost_device_s
+
+    def _halt(self, job: _Job, now_s: float) -> tuple[float, bool]:
+        """The job stops where it runs and keeps what its last checkpoint holds (the truth's
+        progress, not the scheduler's estimate of it). Returns the run time lost since that
+        checkpoint, and whether the communication model tracked it."""
         if job.token is not None:
             self.loop.cancel(job.token)
             job.token = None
         self._progress(job, now_s)
         done = job.kept_s + job.run_done_s
         interval = job.job.workload.checkpoint_interval_s
-        kept, lost = checkpoint_split(done, interval)
+        kept, _ = checkpoint_split(done, interval)
         kept = max(kept, job.kept_s) if interval else 0.0
-        lost = done - kept
         job.kept_s = kept
         job.remaining_s = job.job.duration_s - kept
-        job.run_start_s = None
         self._release_devices(job, now_s)
-        if self.comm is not None and self.comm.stop(wid):
-            self._comm_rerate(now_s)
+        tracked = self.comm is not None and self.comm.stop(job.job.workload.id)
         if self.meter is not None:
-            self.meter.stop(wid, now_s)
-        lost_device_s = lost * job.job.workload.total_device_milli / 1000
-        self.metrics.stopped(kind, lost_device_s)
-        self.view.info[wid] = WorkloadInfo(
+            self.meter.stop(job.job.workload.id, now_s)
+        self.view.info[job.job.workload.id] = WorkloadInfo(
             attained_service_s=job.attained_device_s, progress_s=kept, runtime_estimate_s=job.estimate_s
         )
-        self.pending[wid] = job
-        self.pending_workloads[wid] = job.job.workload
-        self.metrics.pending_change(job.job, 1.0)
-        return lost_device_s
+        return done - kept, tracked
 
     def _move(self, move: Move, now_s: float) -> None:
         """A workload the cycle moved (`Policies.moves`; the view holds its new placement): it
-        resumes from its last checkpoint on its new nodes at once, after `restart_s` of loading."""
+        resumes at once on its new nodes from its last checkpoint (what it really kept, which the
+        scheduler, counting wall time, may overestimate for a slowed gang), after `restart_s` more
+        of run time."""
         assert self.policies.moves is not None
-        wid = move.workload_id
-        job = self.jobs[wid]
-        if job.token is not None:
-            self.loop.cancel(job.token)
-            job.token = None
-        self._progress(job, now_s)
-        job.kept_s = move.resume_progress_s
-        job.remaining_s = job.job.duration_s - job.kept_s + self.policies.moves.restart_s
-        self._release_devices(job, now_s)
-        restarted = self.comm is not None and self.comm.stop(wid)
-        if self.meter is not None:
-            self.meter.stop(wid, now_s)
+        job = self.jobs[move.workload_id]
+        lost, tracked = self._halt(job, now_s)
+        restart_s = self.policies.moves.restart_s
+        job.remaining_s += restart_s
         gpus = job.job.workload.total_device_milli / 1000
-        self.metrics.moved(wid == move.gang_id, (move.lost_work_s + self.policies.moves.restart_s) * gpus)
-        self.view.info[wid] = WorkloadInfo(
-            attained_service_s=job.attained_device_s, progress_s=job.kept_s, runtime_estimate_s=job.estimate_s
-        )
+        self.metrics.moved(move.workload_id == move.gang_id, (lost + restart_s) * gpus)
         job.run_start_s = job.last_update_s = now_s
         job.run_done_s = 0.0
-        if self._run_on_placement(job, now_s) or restarted:
+        if self._run_on_placement(job, now_s) or tracked:
             self._comm_rerate(now_s)
             self._sample_soon(now_s)
 
