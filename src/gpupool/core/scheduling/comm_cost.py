@@ -114,12 +114,15 @@ class CommModel:
             total += stake * (after - before)  # each of them slows by the same step
         return total
 
-    def packed_slowdown(self, view: FabricView, nodes: Sequence[int]) -> float:
+    def packed_slowdown(self, view: FabricView, nodes: Sequence[int], own: Sequence[int] = ()) -> float:
+        """Its slowdown on `nodes`' host links with one more flow on each; `own`: nodes whose flow
+        is already the gang's (a running gang that keeps them), not counted twice."""
         distinct = sorted(set(nodes))
         if len(distinct) < 2:
             return 0.0
         at = np.asarray(distinct, dtype=np.int64)
-        share = view.avail[ACCESS][at] / (view.flows[ACCESS][at] + 1)
+        others = view.flows[ACCESS][at] - np.isin(at, own) if own else view.flows[ACCESS][at]
+        share = view.avail[ACCESS][at] / (others + 1)
         return self.slowdown(len(distinct), float(share.min()), 2)
 
 

@@ -151,17 +151,23 @@ def wait_for_domain(
     return None
 
 
+def job_comm(workload: Workload, topology: FabricView, policy: PlacementPolicy) -> CommModel:
+    """The policy's communication model (its options', else the default) for this job's ratio, as
+    the bound `TopologyContext` knows it (else the model's one assumption)."""
+    context = policy.topology
+    assert context is not None
+    assumed = getattr(policy, "comm", None)
+    assumed = assumed if isinstance(assumed, CommModel) else CommModel()
+    return assumed.for_job(context.comm_ratio(workload), topology)
+
+
 def _loss_and_cap(
     workload: Workload, nodes: list[int], view: ClusterView, topology: FabricView, policy: PlacementPolicy,
     max_wait_s: float, cap: WaitCap, backlog: int, ceiling_s: float,
 ) -> tuple[float, float]:
     """The expected loss from running the gang spread over `nodes` rather than packed, and how long
     it may wait in all to avoid it (the module docstring)."""
-    context = policy.topology
-    assert context is not None
-    assumed = getattr(policy, "comm", None)
-    assumed = assumed if isinstance(assumed, CommModel) else CommModel()
-    comm = assumed.for_job(context.comm_ratio(workload), topology)
+    comm = job_comm(workload, topology, policy)
     estimate = view.remaining_estimate_s(workload)
     run_s = UNKNOWN_RUN_S if estimate is None else estimate
     spread = comm.slowdown(len(nodes), topology.share_gbps(nodes), topology.max_hops(nodes))

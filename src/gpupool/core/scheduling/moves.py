@@ -17,8 +17,8 @@ found a place, at most `max_moved` single-node workloads move, and the gang's ex
 exceeds the cost of the move by `min_gain`:
 
   gain = its estimated remaining run x (its slowdown spread - its slowdown in the leaf) x its GPUs,
-         the slowdowns from the policy's `comm_cost.CommModel` for the job (as wait-or-spread's
-         loss; the gang's own flows on the host links it keeps counted once);
+         the slowdowns from the policy's `comm_cost.CommModel` for the job (`locality.job_comm`,
+         as wait-or-spread's loss; the gang's own flows on the host links it keeps counted once);
   cost = for every moved workload, (the work since its last checkpoint + `restart_s`) x its GPUs.
 
 A move is carried out like a preemption whose workloads restart at once at the chosen placements:
@@ -40,14 +40,14 @@ from dataclasses import dataclass
 import numpy as np
 
 from gpupool.core.model import PodPlacement, Workload, WorkloadInfo
-from gpupool.core.scheduling.comm_cost import CommModel
 from gpupool.core.scheduling.domains import only
 from gpupool.core.scheduling.gang import GangPlacement, place_pods
+from gpupool.core.scheduling.locality import job_comm
 from gpupool.core.scheduling.policies.base import PlacementPolicy
 from gpupool.core.scheduling.preemption import lost_work_s
-from gpupool.core.scheduling.topology import ACCESS, FabricView
+from gpupool.core.scheduling.topology import FabricView
 from gpupool.core.scheduling.view import ClusterView, Running
-from gpupool.core.state import ClusterState, clone_state
+from gpupool.core.state import ClusterState, clone_state, release_many
 from gpupool.core.topology_spec import Tier
 from gpupool.errors import InvalidInput
 
@@ -161,7 +161,7 @@ def _plan_one(
         counts[int(ids[n])] = counts.get(int(ids[n]), 0) + 1
     on_node, shared = _single_node_work(view, w.id)
     remaining = _remaining_s(gang, now_s) or 0.0
-    comm = _comm_for(policy, w, topology)
+    comm = job_comm(w, topology, policy)
     spread = comm.slowdown(len(own), topology.share_gbps(own, joining=False), topology.max_hops(own))
     for leaf in sorted(counts, key=lambda k: (-counts[k], k)):
         inside = ids == leaf
@@ -170,7 +170,7 @@ def _plan_one(
                       and all(_movable(r) for r in on_node.get(n, []))]
         candidates.sort(key=lambda n: (sum(r.device_count for r in on_node.get(n, [])), n))
         trial = clone_state(view.state)
-        _release(trial, gang)
+        release_many(trial, [record for _, record in gang.allocs])
         moved: list[Running] = []
         placed = _inside(w, trial, policy, rng, inside)
         for n in candidates:
@@ -179,7 +179,7 @@ def _plan_one(
             if len(moved) + len(on_node.get(n, [])) > rule.max_moved:
                 break
             for run in on_node.get(n, []):
-                _release(trial, run)
+                release_many(trial, [record for _, record in run.allocs])
                 moved.append(run)
             placed = _inside(w, trial, policy, rng, inside)
         if placed is None:
@@ -193,37 +193,12 @@ def _plan_one(
             found[run.workload.id] = again
         if not found:
             continue
-        packed = _packed_slowdown(comm, topology, placed.nodes, own_set)
+        packed = comm.packed_slowdown(topology, placed.nodes, own)
         gain = remaining * (spread - packed) * gang.device_count
         cost = sum((lost_work_s(r, now_s)[1] + rule.restart_s) * r.device_count for r in (gang, *moved))
         if gain > cost * rule.min_gain:
             return found
     return None
-
-
-def _comm_for(policy: PlacementPolicy, w: Workload, topology: FabricView) -> CommModel:
-    assumed = getattr(policy, "comm", None)
-    assumed = assumed if isinstance(assumed, CommModel) else CommModel()
-    context = policy.topology
-    ratio = context.comm_ratio(w) if context is not None else None
-    return assumed.for_job(ratio, topology)
-
-
-def _packed_slowdown(comm: CommModel, topology: FabricView, nodes: Sequence[int], own: set[int]) -> float:
-    """`CommModel.packed_slowdown` for a gang that already runs on `own`: its own flows on the host
-    links it keeps are not counted twice."""
-    distinct = sorted(set(nodes))
-    if len(distinct) < 2:
-        return 0.0
-    at = np.asarray(distinct, dtype=np.int64)
-    others = topology.flows[ACCESS][at] - np.isin(at, sorted(own))
-    share = topology.avail[ACCESS][at] / (np.maximum(others, 0) + 1)
-    return comm.slowdown(len(distinct), float(share.min()), 2)
-
-
-def _release(state: ClusterState, run: Running) -> None:
-    for _, record in reversed(run.allocs):
-        state.release(record)
 
 
 def _inside(

@@ -292,8 +292,9 @@ class Scheduler:
         for long; returns the pods to launch (after every chunk is committed)."""
         now = self.rt.clock()
         by_id = {w.id: w for w in view.pending}
-        for move in result.moved:
-            by_id[move.workload_id] = self._moved_spec(move.workload_id, view)
+        if result.moved:  # running work it moves is admitted again: its spec is the snapshot's
+            running = {a.workload.id: a.workload for a in view.snapshot.allocations}
+            by_id.update((m.workload_id, running[m.workload_id]) for m in result.moved)
         items = list(decisions(result))
         launches: list[PodLaunch] = []
         for start in range(0, len(items), 2 * RECORD_CHUNK):
@@ -303,14 +304,6 @@ class Scheduler:
         if result.reservation is None and self.reservation is not None:
             self._clear_reservation()
         return launches
-
-    @staticmethod
-    def _moved_spec(workload_id: str, view: StoreView) -> Workload:
-        """The spec of a running workload the cycle moved (it is not pending: the snapshot has it)."""
-        for allocation in view.snapshot.allocations:
-            if allocation.workload.id == workload_id:
-                return allocation.workload
-        raise AssertionError(f"moved workload {workload_id} is not in the snapshot it was moved from")
 
     def _apply(self, chunk: Sequence[Decision], view: StoreView, by_id: dict[str, Workload],
                now: float) -> list[PodLaunch]:
