@@ -103,6 +103,9 @@ class SchedulingConfig(_Strict):
     topology_move_restart: Seconds = 300.0
     """What one move is expected to cost a workload besides the work since its last checkpoint:
     stopping, loading the checkpoint and warming up again."""
+    topology_moves_per_workload: int = Field(2, ge=1, le=1000)
+    """A workload is moved at most this many times in all (for its own locality or to make room
+    for a gang), and at most once per its checkpoint interval."""
 
     @field_validator("topology_wait_ceiling")
     @classmethod
@@ -353,7 +356,9 @@ class PoolConfig(_Strict):
                         locality_wait_cap=WaitCap(s.topology_wait_cap),
                         max_locality_wait_ceiling_s=(math.inf if s.topology_wait_ceiling is None
                                                      else s.topology_wait_ceiling),
-                        moves=MoveRule(restart_s=s.topology_move_restart) if s.topology_moves else None)
+                        moves=(MoveRule(restart_s=s.topology_move_restart,
+                                        max_moves_each=s.topology_moves_per_workload)
+                               if s.topology_moves else None))
 
     def to_yaml(self) -> str:
         return yaml.safe_dump(self.model_dump(mode="json"), sort_keys=False, default_flow_style=False)

@@ -8,7 +8,7 @@ import dataclasses
 import pytest
 from net_helpers import busy, gang, run, view_on
 
-from gpupool.core.model import Allocation, PodPlacement, Slice, Workload
+from gpupool.core.model import Allocation, PodPlacement, Slice, Workload, WorkloadInfo
 from gpupool.core.scheduling.cycle import CycleResult
 from gpupool.core.scheduling.moves import MoveRule
 from gpupool.core.scheduling.view import ClusterView
@@ -140,8 +140,42 @@ def test_moved_work_keeps_the_room_pending_work_would_have_taken() -> None:
     assert [r.workload_id for r in result.rejected] == ["new"]  # no room: the moves only swapped nodes
 
 
+def test_every_move_is_counted_on_the_workload() -> None:
+    view = standard(100_000.0)
+    cycle(view, now_s=1000.0)
+    assert view.info["g"].moves == view.info["s"].moves == 1
+    assert view.info["g"].moved_s == view.info["s"].moved_s == 1000.0
+
+
+@pytest.mark.parametrize(("who", "moves", "moved_s", "moved"), [
+    ("s", 1, 0.0, True),  # moved once, two checkpoint intervals ago: it may move again
+    ("s", 2, 0.0, False),  # moved max_moves_each (2) times already
+    ("s", 1, 9_000.0, False),  # moved 1,000 s ago, within its 1,800 s checkpoint interval
+    ("g", 2, 0.0, False),  # the gang's own moves count the same
+    ("g", 1, 9_000.0, False),
+])
+def test_a_workload_moves_at_most_max_moves_each_times_and_once_per_checkpoint_interval(
+    who: str, moves: int, moved_s: float, moved: bool,
+) -> None:
+    view = standard(100_000.0)
+    view.info[who] = WorkloadInfo(moves=moves, moved_s=moved_s)
+    result = cycle(view, now_s=10_000.0)
+    assert {m.workload_id for m in result.moved} == ({"g", "s"} if moved else set())
+    if moved:
+        assert view.info[who].moves == moves + 1
+
+
+def test_max_moves_each_one_moves_each_workload_once() -> None:
+    view = standard(100_000.0)
+    view.info["s"] = WorkloadInfo(moves=1, moved_s=0.0)
+    assert cycle(view, now_s=10_000.0, rule=MoveRule(max_moves_each=1)).moved == ()
+    assert {m.workload_id for m in cycle(standard(100_000.0), now_s=10_000.0,
+                                         rule=MoveRule(max_moves_each=1)).moved} == {"g", "s"}
+
+
 @pytest.mark.parametrize(("field", "value"), [("restart_s", -1.0), ("retry_s", float("inf")),
-                                               ("max_moved", -1), ("min_gain", 0.0)])
+                                               ("max_moved", -1), ("min_gain", 0.0),
+                                               ("max_moves_each", 0)])
 def test_a_bad_move_rule_is_refused(field: str, value: float) -> None:
     with pytest.raises(InvalidInput, match=field):
         MoveRule(**{field: value})  # type: ignore[arg-type]

@@ -10,6 +10,8 @@ from pathlib import Path
 import pytest
 from fabric_pool import Pool
 
+from gpupool.server.loops.control import ControlLoop
+
 MOVES = ("scheduling: {placement: network-aware, backfill: true, topology_moves: true, "
          "topology_max_wait: 0s}\n")
 LONG = {"runtime_estimate_s": 100_000, "checkpoint_interval_s": 600}
@@ -91,3 +93,32 @@ def test_moves_are_off_by_default(tmp_path: Path) -> None:
         assert pool.provider.stopped == [] and not _pods(pool, g, 2)
     finally:
         pool.close()
+
+
+def test_a_quiet_pool_moves_too(pool: Pool) -> None:
+    """Nothing pending: the loop's full pass still runs the cycle, and the spread gang moves."""
+    g, singles = _spread_gang(pool, **LONG)
+    neighbour = next(s for s, node in singles.items() if node == "node00002")
+    pool.now += 60.0
+    pool.loop.step()
+    pool.loop.step()
+    assert sorted(_pods(pool, g, 2).values()) == ["node00001", "node00002"]
+    assert list(_pods(pool, neighbour, 2).values()) == ["node00003"]
+
+
+def test_moves_per_workload_are_counted_and_survive_a_restart(pool: Pool) -> None:
+    g, singles = _spread_gang(pool, **LONG)
+    neighbour = next(s for s, node in singles.items() if node == "node00002")
+    pool.now += 60.0
+    pool.loop.step()
+    pool.loop.step()
+    moved_at = pool.now
+    info = pool.loop.scheduler.info
+    assert info[g].moves == info[neighbour].moves == 1 and info[neighbour].moved_s == moved_at
+    restarted = ControlLoop(pool.rt)  # a new server process: what it knows comes from the store
+    restarted.recovered = restarted.reconciler.recover()
+    pool.now += 60.0
+    restarted.step()
+    again = restarted.scheduler.info
+    assert again[g].moves == again[neighbour].moves == 1 and again[neighbour].moved_s == moved_at
+    assert all(s not in again or again[s].moves == 0 for s in set(singles) - {neighbour})

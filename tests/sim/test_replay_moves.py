@@ -39,11 +39,17 @@ there spread over leaves 0 and 1. At t=30 a job arrives that fits nowhere: the c
 it moves a into leaf 0 (s00 or s01 makes room, moving to the node a left)."""
 
 
-def _replay(moves: MoveRule | None) -> tuple[Replay, dict]:
+QUIET = tuple(sorted(
+    [_job(f"s{i:02d}", 1, 0.0, 10.0 if i in (2, 3) else 40.0 if i == 5 else 200_000.0) for i in range(12)]
+    + [_job("a", 2, 5.0, RUN_S)], key=lambda j: j.submit_s))
+"""As JOBS, without the late job: after a starts nothing is pending. s05 (leaf 1) ends at t=40."""
+
+
+def _replay(moves: MoveRule | None, jobs: tuple[TraceJob, ...] = JOBS) -> tuple[Replay, dict]:
     policies = Policies(placement="network-aware", ordering="fifo", backfill=True, moves=moves,
                         topology_default=TopologySpec(preferred=Tier.LEAF), max_locality_wait_s=0.0)
     setup = CommSetup(FABRIC, MODEL, {"a": JobComm(ModelClass.LANGUAGE, MODEL.classes[ModelClass.LANGUAGE])})
-    run = Replay(ReplayConfig(NODES, JOBS, policies, comm=setup, check_invariants=True))
+    run = Replay(ReplayConfig(NODES, jobs, policies, comm=setup, check_invariants=True))
     return run, run.run()
 
 
@@ -65,3 +71,13 @@ def test_a_spread_gang_is_moved_into_a_leaf_and_ends_sooner() -> None:
     assert a_moved < a_still  # packed, it runs faster than the move costs it
     assert a_moved >= 30.0 + RUN_S + RESTART_S  # it restarted from t=0's progress at t=30
     assert after["finished"] == before["finished"] == len(JOBS)
+
+
+def test_a_spread_gang_moves_when_work_ends_with_nothing_pending() -> None:
+    moved, after = _replay(MoveRule(restart_s=RESTART_S), QUIET)
+    assert after["moves"]["gangs"] == 1
+    assert len({n // 3 for n, _ in moved.jobs["a"].devices}) == 1
+    assert moved.jobs["a"].run_start_s == 40.0  # moved when s05 ended, the first cycle after t=10
+    # the replay keeps the core's count of moves when it restarts the work (`max_moves_each`)
+    counted = {wid: (i.moves, i.moved_s) for wid, i in moved.view.info.items() if i.moves}
+    assert counted == {"a": (1, 40.0), "s00": (1, 40.0)}

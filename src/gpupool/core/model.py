@@ -290,12 +290,16 @@ class WorkloadInfo:
 
     `attained_service_s` is device-seconds received so far (least-attained-service ordering);
     `progress_s` is work kept from earlier runs (checkpoints) so the current run needs less;
-    `runtime_estimate_s` is a history-based estimate used when the user gave none.
+    `runtime_estimate_s` is a history-based estimate used when the user gave none;
+    `moves` is how many times it was moved for another gang's locality or its own
+    (`moves.plan_moves`), the last at `moved_s`.
     """
 
     attained_service_s: float = 0.0
     progress_s: float = 0.0
     runtime_estimate_s: float | None = None
+    moves: int = 0
+    moved_s: float | None = None
 
 
 @dataclass(frozen=True, slots=True)

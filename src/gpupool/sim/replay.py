@@ -46,6 +46,8 @@ from gpupool.sim.metrics import ReplayMetrics
 
 MAX_CYCLES_PER_EVENT = 3
 """Cycles run at one event time while each one stops (preempts or evicts) something."""
+FREEING = frozenset({"finish", "repair", "link_repair"})
+"""Events after which a spread gang may move into a leaf (`Policies.moves`) with nothing pending."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -203,10 +205,11 @@ class Replay:
         if self.blocked and all(e.kind == "arrive" for e in events):
             self.metrics.observe(now_s, self.view)
             return  # new arrivals queue behind a head that still cannot start: the cycle would be a no-op
-        if not self.pending_workloads and not self.view.to_evict:
+        freed = self.policies.moves is not None and any(e.kind in FREEING for e in events)
+        if not self.pending_workloads and not self.view.to_evict and not freed:
             self.blocked = False
             self.metrics.observe(now_s, self.view)
-            return  # nothing waits and nothing is to be evicted: the cycle would decide nothing
+            return  # nothing waits, nothing is to be evicted and nothing can move: nothing to decide
         for _ in range(MAX_CYCLES_PER_EVENT):
             tick = time.perf_counter()
             pending = list(self.pending_workloads.values())
@@ -342,8 +345,10 @@ class Replay:
         tracked = self.comm is not None and self.comm.stop(job.job.workload.id)
         if self.meter is not None:
             self.meter.stop(job.job.workload.id, now_s)
-        self.view.info[job.job.workload.id] = WorkloadInfo(
-            attained_service_s=job.attained_device_s, progress_s=kept, runtime_estimate_s=job.estimate_s
+        wid = job.job.workload.id
+        self.view.info[wid] = replace(  # the moves it was counted keep counting
+            self.view.info.get(wid) or WorkloadInfo(),
+            attained_service_s=job.attained_device_s, progress_s=kept, runtime_estimate_s=job.estimate_s,
         )
         return done - kept, tracked
 

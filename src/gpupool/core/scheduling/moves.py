@@ -10,7 +10,8 @@ for each running multi-pod gang spread over several leaves (its longest estimate
 first; each gang looked at again only `retry_s` after the last look), each leaf that holds some of
 its nodes (most first) is tried: on a copy of the pool, the gang's own resources are released, then
 the single-node work of the leaf's other nodes, node by node (the least occupied first; only nodes
-without multi-pod work, only work that is preemptible and checkpoints), until the gang fits inside
+without multi-pod work, only work that is preemptible and checkpoints, and that was moved fewer than
+`max_moves_each` times and not within its last checkpoint interval), until the gang fits inside
 the leaf (pod by pod, as the policy places pods); the released work is then placed again wherever
 the policy puts it (usually the nodes the gang left). The move is taken when every moved workload
 found a place, at most `max_moved` single-node workloads move, and the gang's expected gain
@@ -64,6 +65,10 @@ class MoveRule:
     """A gang looked at and not moved is looked at again after this long."""
     min_gain: float = 1.0
     """Move only when the gain exceeds the cost x this."""
+    max_moves_each: int = 2
+    """A workload is moved at most this many times in all (as the gang or to make room for one),
+    and at most once per its own checkpoint interval: what one job pays for others' locality is
+    bounded, whatever the gangs' estimates claim."""
 
     def __post_init__(self) -> None:
         for name in ("restart_s", "retry_s"):
@@ -73,6 +78,9 @@ class MoveRule:
                     f"The move rule's {name} must be a finite number of seconds >= 0, got {value}.")
         if self.max_moved < 0:
             raise InvalidInput(f"The move rule's max_moved must be >= 0, got {self.max_moved}.")
+        if self.max_moves_each < 1:
+            raise InvalidInput(f"The move rule's max_moves_each must be >= 1 (leave topology moves off "
+                               f"to move nothing), got {self.max_moves_each}.")
         if not 0 < self.min_gain < math.inf:
             raise InvalidInput(f"The move rule's min_gain must be a finite number > 0, got {self.min_gain}.")
 
@@ -109,7 +117,7 @@ def plan_moves(
             continue
         nodes = {a.node for _, a in run.allocs}
         leaves = {int(ids[n]) for n in nodes}
-        if len(leaves) < 2 or min(leaves) < 0 or not _movable(run):
+        if len(leaves) < 2 or min(leaves) < 0 or not _movable(view, run, now_s, rule):
             continue
         remaining = _remaining_s(run, now_s)
         if remaining is not None and remaining > 0:
@@ -123,8 +131,17 @@ def plan_moves(
     return moves
 
 
-def _movable(run: Running) -> bool:
-    return run.preemptible and bool(run.workload.checkpoint_interval_s)
+def _movable(view: ClusterView, run: Running, now_s: float, rule: MoveRule) -> bool:
+    """Preemptible work that checkpoints, moved fewer than `max_moves_each` times and not within
+    its last checkpoint interval."""
+    interval = run.workload.checkpoint_interval_s
+    if not (run.preemptible and interval):
+        return False
+    info = view.info.get(run.workload.id)
+    if info is None or not info.moves:
+        return True
+    recent = info.moved_s is not None and now_s - info.moved_s < interval
+    return info.moves < rule.max_moves_each and not recent
 
 
 def _remaining_s(run: Running, now_s: float) -> float | None:
@@ -167,7 +184,7 @@ def _plan_one(
         inside = ids == leaf
         nodes = [int(n) for n in np.flatnonzero(inside) if int(n) not in own_set]
         candidates = [n for n in nodes if n not in shared and bool(view.state.schedulable[n])
-                      and all(_movable(r) for r in on_node.get(n, []))]
+                      and all(_movable(view, r, now_s, rule) for r in on_node.get(n, []))]
         candidates.sort(key=lambda n: (sum(r.device_count for r in on_node.get(n, [])), n))
         trial = clone_state(view.state)
         release_many(trial, [record for _, record in gang.allocs])
@@ -222,7 +239,7 @@ def _apply(view: ClusterView, found: dict[str, GangPlacement], gang_id: str, now
     for run, resume, lost in stopped:
         wid = run.workload.id
         info = view.info.get(wid) or WorkloadInfo()
-        view.info[wid] = dataclasses.replace(info, progress_s=resume)
+        view.info[wid] = dataclasses.replace(info, progress_s=resume, moves=info.moves + 1, moved_s=now_s)
         placed = found[wid]
         for _, record in placed.allocs:
             view.state.allocate(record)

@@ -16,7 +16,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, assert_never
 
-from sqlalchemy import Connection, Row, bindparam, case, insert, select, update
+from sqlalchemy import Connection, Row, bindparam, case, func, insert, select, update
 from sqlalchemy.orm import Session
 
 from gpupool.core.model import (
@@ -74,6 +74,7 @@ _WAITS = "; it starts once the pods stopping on its devices have ended."
 LAUNCH_THREADS = 4
 RECORD_CHUNK = 64
 _W = Base.metadata.tables["workloads"]
+_E = Base.metadata.tables["events"]
 _P = Base.metadata.tables["pods"]
 _INSERT_POD = insert(Base.metadata.tables["pods"])
 _INSERT_EVENT = insert(Base.metadata.tables["events"])
@@ -218,7 +219,10 @@ class Scheduler:
             self._horizon_s = newest if self._horizon_s is None else max(self._horizon_s, newest)
         candidates = [w for w in view.pending if w.id not in self._inadmissible or w.id in head]
         nodes_changed = view.snapshot.nodes != self._core_nodes
-        if not candidates and not nodes_changed:
+        # with topology moves on, a full pass runs the cycle even with nothing pending: a spread
+        # gang may move into a leaf that work ending has freed
+        may_move = full and self.policies.moves is not None and bool(view.snapshot.allocations)
+        if not candidates and not nodes_changed and not may_move:
             if self.reservation is not None and not view.pending:
                 self._clear_reservation()
             return CycleStats(0, len(view.pending), time.perf_counter() - start)
@@ -283,6 +287,23 @@ class Scheduler:
             name = str(spec.get("name", ""))
             probe = Workload(id="history", pods=(PodRequest("r0"),), tenant=tenant, name=name)
             self.estimator.observe(probe, (finished - started) + (progress or 0.0), None)
+        self._load_moves()
+
+    def _load_moves(self) -> None:
+        """How often each live workload was moved for locality, from its events, so the bound on
+        moves per workload (`MoveRule.max_moves_each`) survives a restart."""
+        live = (WorkloadStatus.PENDING.value, WorkloadStatus.ADMITTED.value, WorkloadStatus.RUNNING.value)
+        with self.rt.store.read() as session:
+            rows = session.execute(
+                select(_E.c.workload_id, func.count(), func.max(_E.c.at_s))
+                .join(_W, _W.c.id == _E.c.workload_id)
+                .where(_E.c.reason == Reason.MOVED_FOR_LOCALITY.value, _E.c.pod_id == "",
+                       _E.c.to_status == WorkloadStatus.PENDING.value, _W.c.status.in_(live))
+                .group_by(_E.c.workload_id)
+            ).all()
+        for wid, count, last in rows:
+            before = self.info.get(wid) or WorkloadInfo()
+            self.info[wid] = dataclasses.replace(before, moves=int(count), moved_s=float(last))
 
     # ------------------------------------------------------------------ applying a cycle's decisions
 
@@ -362,17 +383,20 @@ class Scheduler:
             reason = (stop.reason if stop is not None else decision.reason).value
             pods = requeue(session, row, reason, why, now, mark=checkpoint_mark(self.rt.provider, row))
             to_stop += [(pod_id, grace) for pod_id in pods]
-            self._requeued_info(row)
+            self._requeued_info(row, now if reason == Reason.MOVED_FOR_LOCALITY.value else None)
         return to_stop
 
-    def _requeued_info(self, row: WorkloadRow) -> None:
+    def _requeued_info(self, row: WorkloadRow, moved_s: float | None) -> None:
         """What the core should know of a requeued workload: the service it received, the progress
-        it keeps (its checkpoints) and its run-time estimate."""
-        before = self.info.get(row.id)
+        it keeps (its checkpoints), its run-time estimate, and how often it was moved for locality
+        (one more when `moved_s`, the time of this move, is given)."""
+        before = self.info.get(row.id) or WorkloadInfo()
         self.info[row.id] = WorkloadInfo(
             attained_service_s=row.run_s * row.device_milli / 1000.0,
             progress_s=row.progress_s,
-            runtime_estimate_s=before.runtime_estimate_s if before is not None else None,
+            runtime_estimate_s=before.runtime_estimate_s,
+            moves=before.moves + (moved_s is not None),
+            moved_s=before.moved_s if moved_s is None else moved_s,
         )
 
     def _admit(self, conn: Connection, admissions: Sequence[Admission], by_id: dict[str, Workload],
