@@ -39,6 +39,7 @@ def test_keywords_build_the_same_body_as_the_dict_form() -> None:
 ])
 def test_time_limit_takes_what_the_cli_takes_and_seconds(given: object, seconds: float) -> None:
     assert body(command=["x"], time_limit=given)["time_limit_s"] == seconds
+    assert body(command=["x"], checkpoint_every=given)["checkpoint_interval_s"] == seconds
 
 
 def test_keywords_apply_on_top_of_a_mapping_or_a_spec() -> None:
@@ -74,6 +75,10 @@ def test_refusals_are_one_sentence() -> None:
         body(command=["x"], time_limit="1h", time_limit_s=60)
     with pytest.raises(InvalidInput, match=r"time_limit takes seconds.*got '10'"):
         body(command=["x"], time_limit="10")  # a bare number in a string: Slurm's minutes or seconds?
+    with pytest.raises(InvalidInput, match=r"checkpoint_every or checkpoint_interval_s.*not both"):
+        body(command=["x"], checkpoint_every="30m", checkpoint_interval_s=60)
+    with pytest.raises(InvalidInput, match=r"checkpoint_every takes seconds.*got 'often'"):
+        body(command=["x"], checkpoint_every="often")
     with pytest.raises(InvalidInput, match="needs a spec or keyword arguments"):
         body()
 
@@ -86,7 +91,8 @@ def test_every_spec_field_is_a_keyword() -> None:
                   if "not submitted" in (field.description or "")}
     assert {"array_index", "rendezvous"} <= server_set
     assert not server_set & keywords  # set by the server
-    assert set(keywords) - set(WorkloadSpec.model_fields) - set(ResourcesSpec.model_fields) == {"time_limit"}
+    assert set(keywords) - set(WorkloadSpec.model_fields) - set(ResourcesSpec.model_fields) == {
+        "time_limit", "checkpoint_every"}
 
 
 def test_submit_with_keywords_against_a_live_server(tmp_path: Path) -> None:

@@ -63,7 +63,8 @@ KEEP = Keep()
 
 class SubmitFields(TypedDict, total=False):
     """The keyword arguments of Client.submit: the fields of WorkloadSpec, with its resources
-    (gpus, gpu_memory, cpu, memory, models) given directly and `time_limit` as a duration."""
+    (gpus, gpu_memory, cpu, memory, models) given directly, and `time_limit` and `checkpoint_every`
+    as durations."""
 
     command: Sequence[str]
     name: str
@@ -85,6 +86,8 @@ class SubmitFields(TypedDict, total=False):
     runtime_estimate_s: float
     time_limit: str | float | timedelta
     time_limit_s: float
+    checkpoint_every: str | float | timedelta
+    checkpoint_interval_s: float
     max_retries: int
     array: str
     topology: str
@@ -145,8 +148,9 @@ class Client:
             pool.submit(command=["python", "train.py"], gpus=0.25, gpu_memory="8GiB", time_limit="2h")
 
         Keywords are WorkloadSpec's fields, its resources' fields (gpus, gpu_memory, cpu, memory,
-        models) and `time_limit` (seconds, a timedelta, or 90s, 30m, 2h, 1d, 1:30:00 as in `gpupool
-        submit --time-limit`); with `spec` (a mapping or a WorkloadSpec) they apply on top of it. An
+        models), `time_limit` and `checkpoint_every` (seconds, a timedelta, or 90s, 30m, 2h, 1d,
+        1:30:00 as in `gpupool submit --time-limit` / `--checkpoint-every`); with `spec` (a mapping
+        or a WorkloadSpec) they apply on top of it. An
         unknown keyword raises InvalidInput naming the closest one. With `array` ("0-99%10", Slurm's
         --array) it creates one task per index in one request and returns the array's id (tasks:
         ID_INDEX)."""
@@ -421,10 +425,11 @@ def spec_body(spec: WorkloadSpec | Mapping[str, Any] | None, fields: dict[str, A
             hint = f"did you mean {close!r}?" if close else "see help(Client.submit)."
             raise InvalidInput(f"Client.submit() got an unexpected keyword argument {key!r}; {hint}")
     given = {key: value for key, value in fields.items() if value is not None}
-    if "time_limit" in given:
-        if "time_limit_s" in given:
-            raise InvalidInput("Give time_limit or time_limit_s to Client.submit(), not both.")
-        given["time_limit_s"] = _seconds(given.pop("time_limit"))
+    for key, field in DURATIONS.items():
+        if key in given:
+            if field in given:
+                raise InvalidInput(f"Give {key} or {field} to Client.submit(), not both.")
+            given[field] = _seconds(key, given.pop(key))
     if isinstance(given.get("command"), str | bytes):
         raise InvalidInput("command= takes a list of words such as ['python', 'train.py'], not one string; "
                            "shlex.split() turns a shell line into one.")
@@ -443,8 +448,12 @@ def spec_body(spec: WorkloadSpec | Mapping[str, Any] | None, fields: dict[str, A
     return body
 
 
-def _seconds(value: object) -> float:
-    """A time limit in seconds from seconds, a timedelta, or a duration as `submit --time-limit` takes."""
+DURATIONS = {"time_limit": "time_limit_s", "checkpoint_every": "checkpoint_interval_s"}
+"""Client.submit's duration keywords and the spec field each one sets, in seconds."""
+
+
+def _seconds(key: str, value: object) -> float:
+    """Seconds from seconds, a timedelta, or a duration as `submit --time-limit` takes."""
     if isinstance(value, timedelta):
         return value.total_seconds()
     if isinstance(value, int | float) and not isinstance(value, bool):
@@ -452,7 +461,7 @@ def _seconds(value: object) -> float:
     try:
         return duration_s(str(value))
     except ValueError:
-        raise InvalidInput(f"time_limit takes seconds, a timedelta or a duration such as 90s, 30m, 2h, 1d or "
+        raise InvalidInput(f"{key} takes seconds, a timedelta or a duration such as 90s, 30m, 2h, 1d or "
                            f"1:30:00, got {value!r}.") from None
 
 
