@@ -95,23 +95,25 @@ def test_moves_are_off_by_default(tmp_path: Path) -> None:
         pool.close()
 
 
-def test_a_quiet_pool_moves_too(pool: Pool) -> None:
-    """Nothing pending: the loop's full pass still runs the cycle, and the spread gang moves."""
+def _moved_on_a_quiet_pool(pool: Pool) -> tuple[str, str, dict[str, str]]:
+    """The spread gang, then a minute with nothing pending: the loop's full pass still runs the
+    cycle and moves it. Returns the gang, the single job moved for it, and each single job's node."""
     g, singles = _spread_gang(pool, **LONG)
     neighbour = next(s for s, node in singles.items() if node == "node00002")
     pool.now += 60.0
     pool.loop.step()
     pool.loop.step()
+    return g, neighbour, singles
+
+
+def test_a_quiet_pool_moves_too(pool: Pool) -> None:
+    g, neighbour, _ = _moved_on_a_quiet_pool(pool)
     assert sorted(_pods(pool, g, 2).values()) == ["node00001", "node00002"]
     assert list(_pods(pool, neighbour, 2).values()) == ["node00003"]
 
 
 def test_moves_per_workload_are_counted_and_survive_a_restart(pool: Pool) -> None:
-    g, singles = _spread_gang(pool, **LONG)
-    neighbour = next(s for s, node in singles.items() if node == "node00002")
-    pool.now += 60.0
-    pool.loop.step()
-    pool.loop.step()
+    g, neighbour, singles = _moved_on_a_quiet_pool(pool)
     moved_at = pool.now
     info = pool.loop.scheduler.info
     assert info[g].moves == info[neighbour].moves == 1 and info[neighbour].moved_s == moved_at
