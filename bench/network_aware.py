@@ -284,6 +284,7 @@ def _headline(result: dict[str, Any]) -> dict[str, float]:
         "gang_locality_wait_mean_s": gangs.get("locality_wait_s", {}).get("mean", 0.0),
         "alloc_pct": alloc,
         "effective_alloc_pct": alloc - comm.get("lost_alloc_pct", 0.0),
+        **({"idle_waiting_pct": idle["pct"]} if (idle := result.get("idle_while_waiting")) else {}),
         "in_one_leaf": comm.get("placed_in_one_leaf", 0) / max(comm.get("fit_one_leaf", 0), 1),
         "hops_mean": comm.get("hops_mean", 0.0),
         "across_failed": result.get("gangs_across_failed_links", 0),
@@ -311,7 +312,9 @@ def interval(values: Sequence[float]) -> tuple[float, float]:
 
 
 KEYS = ("gang_jct_mean_s", "gang_queue_p95_s", "gang_locality_wait_mean_s", "jct_mean_s", "alloc_pct",
-        "effective_alloc_pct", "in_one_leaf", "hops_mean", "across_failed")
+        "effective_alloc_pct", "idle_waiting_pct", "in_one_leaf", "hops_mean", "across_failed")
+OPTIONAL = frozenset({"idle_waiting_pct"})
+"""Keys that runs measured before they existed lack: averaged over the runs that have them."""
 
 
 GROUP_KEY = ("oversub", "load", "heavy_pct", "failed_links", "origin", "variant")
@@ -338,9 +341,15 @@ def summarise(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
         entry: dict[str, Any] = dict(zip(GROUP_KEY, key, strict=True))
         entry["seeds"] = len(members)
         for name in KEYS:
+            if name in OPTIONAL:
+                present = [m[name] for m in members if name in m]
+                if present:
+                    entry[name], entry[name + "_ci95"] = interval(present)
+                continue
             entry[name], entry[name + "_ci95"] = interval([m.get(name, 0.0) for m in members])
         ratios: dict[str, list[float]] = {"gang_jct_mean_s": [], "gang_queue_p95_s": [], "jct_mean_s": []}
         deltas = []
+        idle_deltas = []  # runs from before the idle-while-waiting figure lack it
         for m in members:
             base = _baseline(groups, key, m["scenario"]["seed"])
             if base is None:
@@ -349,11 +358,15 @@ def summarise(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
                 if base[name] > 0:
                     values.append(m[name] / base[name])
             deltas.append(m["alloc_pct"] - base["alloc_pct"])
+            if "idle_waiting_pct" in m and "idle_waiting_pct" in base:
+                idle_deltas.append(m["idle_waiting_pct"] - base["idle_waiting_pct"])
         for name, values in ratios.items():
             if values:
                 entry[name + "_vs_best"], entry[name + "_vs_best_ci95"] = interval(values)
         if deltas:
             entry["alloc_pts_vs_best"], entry["alloc_pts_vs_best_ci95"] = interval(deltas)
+        if idle_deltas:
+            entry["idle_pts_vs_best"], entry["idle_pts_vs_best_ci95"] = interval(idle_deltas)
         out.append(entry)
     return out
 
@@ -596,8 +609,8 @@ def _write(args: argparse.Namespace, rows: list[dict[str, Any]], started: float,
 def _print(summary: list[dict[str, Any]]) -> None:
     table = Table(title="Multi-node gangs and allocation, mean over seeds (vs the better of best-fit/fgd)")
     for column in ("fabric", "load", "heavy", "links", "policy", "gang JCT h", "vs best", "gang q p95 h",
-                   "vs best", "gang locality wait min", "alloc %", "Δ pts", "eff. alloc %", "1-leaf",
-                   "across failed"):
+                   "vs best", "gang locality wait min", "alloc %", "Δ pts", "eff. alloc %",
+                   "idle waiting %", "Δ pts", "1-leaf", "across failed"):
         table.add_column(column, justify="right")
     for e in summary:
         table.add_row(
@@ -608,7 +621,9 @@ def _print(summary: list[dict[str, Any]]) -> None:
             f"{e['gang_queue_p95_s'] / 3600:.2f}", f"{e.get('gang_queue_p95_s_vs_best', float('nan')):.3f}",
             f"{e['gang_locality_wait_mean_s'] / 60:.1f}",
             f"{e['alloc_pct']:.1f}", f"{e.get('alloc_pts_vs_best', float('nan')):+.2f}",
-            f"{e['effective_alloc_pct']:.1f}", f"{e['in_one_leaf']:.2f}", f"{e['across_failed']:.1f}",
+            f"{e['effective_alloc_pct']:.1f}", f"{e.get('idle_waiting_pct', float('nan')):.2f}",
+            f"{e.get('idle_pts_vs_best', float('nan')):+.2f}", f"{e['in_one_leaf']:.2f}",
+            f"{e['across_failed']:.1f}",
         )
     console.print(table)
 

@@ -59,6 +59,28 @@ def test_queueing_delay_and_jct_on_a_tiny_pool() -> None:
     assert result["gpu_alloc_pct_mean"] == pytest.approx(100.0)
 
 
+def test_idle_while_waiting_counts_free_gpus_up_to_what_waits() -> None:
+    # 3 nodes x 4 GPUs. a, b, c leave 2 + 1 + 1 GPUs free; d (3 GPUs in one pod) cannot fit the
+    # 4 free ones and waits from 10 to 100: 3 GPUs idle while waiting (what waits, not all 4 free).
+    # e, the last arrival at 200, starts at once: the window is 0-200.
+    jobs = (_job("a", 2, 0, 100), _job("b", 3, 0, 100), _job("c", 3, 0, 100), _job("d", 3, 10, 50),
+            _job("e", 1, 200, 10))
+    result = replay(ReplayConfig(tuple(cluster(3, devices=4)), jobs, FF, check_invariants=True))
+    assert result["queue_delay_s"]["mean"] == pytest.approx(90 / 5)
+    idle = result["idle_while_waiting"]
+    assert idle["gpu_hours"] == pytest.approx(3 * 90 / 3600)
+    assert idle["pct"] == pytest.approx(100 * 3 * 90 / (12 * 200))
+    assert idle["waiting_share"] == pytest.approx(90 / 200)
+
+
+def test_idle_while_waiting_is_capped_by_the_free_gpus() -> None:
+    # One node of 4 GPUs: a holds 2, b wants all 4 and waits 10-100 beside 2 free GPUs.
+    jobs = (_job("a", 2, 0, 100), _job("b", 4, 10, 50), _job("c", 1, 200, 10))
+    idle = replay(ReplayConfig(tuple(cluster(1, devices=4)), jobs, FF))["idle_while_waiting"]
+    assert idle["gpu_hours"] == pytest.approx(2 * 90 / 3600)
+    assert idle["pct"] == pytest.approx(100 * 2 * 90 / (4 * 200))
+
+
 def test_philly_replay_is_deterministic_and_fair_shares_sum_to_one() -> None:
     jobs = tuple(philly_jobs(FIXTURES / "philly_tiny.csv", 8, seed=3))
     config = ReplayConfig(

@@ -109,12 +109,20 @@ class ReplayMetrics:
     """By gang-size bucket; the key "multi-pod" also collects every workload of more than one pod."""
     locality_wait_total_s: float = 0.0
     locality_waited: int = 0
+    current_free_milli: float = 0.0
+    idle_waiting_integral: float = 0.0
+    """Device-milli-seconds free while work waited, at most what waited (min(free, waiting))."""
+    waiting_s: float = 0.0
+    """Seconds during which some work waited."""
+    idle_waiting_at_arrival: tuple[float, float] = (0.0, 0.0)
+    """(idle_waiting_integral, waiting_s) at the latest arrival: their values over the arrival window."""
 
     def arrived(self, job: TraceJob) -> None:
         self.jobs += 1
         self.last_arrival_s = max(self.last_arrival_s, job.submit_s)
         if self.first_s is None:
             self.first_s = self.last_s = job.submit_s
+        self.idle_waiting_at_arrival = (self.idle_waiting_integral, self.waiting_s)
         self.pending_change(job, 1.0)
 
     def pending_change(self, job: TraceJob, sign: float) -> None:
@@ -163,6 +171,10 @@ class ReplayMetrics:
         dt = now_s - self.last_s
         if dt > 0:
             self.alloc_integral += self.current_pct * dt
+            waiting = sum(self.tenant_pending_milli.values())
+            if waiting > 0.5:  # milli-GPUs; the sums are of integers
+                self.waiting_s += dt
+                self.idle_waiting_integral += min(self.current_free_milli, waiting) * dt
             demand: dict[str, float] = {}
             for tenant, usage in view.tenant_usage.items():
                 held = usage.get("device_milli", 0.0)
@@ -180,7 +192,9 @@ class ReplayMetrics:
     def observe(self, now_s: float, view: ClusterView) -> None:
         """Record the allocation after the cycle at `now_s`."""
         state = view.state
-        self.current_pct = 100.0 * state.allocated_device_milli / max(self.total_milli, 1)
+        allocated = state.allocated_device_milli
+        self.current_pct = 100.0 * allocated / max(self.total_milli, 1)
+        self.current_free_milli = float(self.total_milli - allocated)
         if self.timeline and self.timeline[-1][0] == now_s:
             self.timeline[-1] = (now_s, self.current_pct)
         else:
@@ -213,6 +227,7 @@ class ReplayMetrics:
             "gpu_alloc_pct_mean": self.alloc_integral / span,
             "gpu_alloc_pct_mean_arrivals": self._mean_until(start, self.last_arrival_s),
             "gpu_alloc_pct_timeline": self._sampled(start, end_s),
+            "idle_while_waiting": self._idle_while_waiting(start),
             "queue_delay_s": _stats(self.queue_delays),
             "jct_s": _stats(self.jcts),
             "makespan_s": max(self.last_finish_s, end_s) - start,
@@ -228,6 +243,20 @@ class ReplayMetrics:
             "locality_wait_s_total": self.locality_wait_total_s,
             "locality_waited_jobs": self.locality_waited,
         }
+
+    def _idle_while_waiting(self, start: float) -> dict[str, float]:
+        """GPUs left free while work waited, counted up to what waited (a queue of one 2-GPU job
+        beside 8 free GPUs leaves 2 idle), over the arrival window like `gpu_alloc_pct_mean_arrivals`:
+        `pct` is their mean in points of the pool, `gpu_hours` their integral, `waiting_share` the
+        share of the window in which anything waited. A policy that holds work back (a locality
+        wait, a reservation, fragmentation) raises it; one whose work merely ends sooner does not."""
+        integral, waiting_s = self.idle_waiting_at_arrival
+        window = self.last_arrival_s - start
+        if window <= 0:
+            return {"pct": 0.0, "gpu_hours": 0.0, "waiting_share": 0.0}
+        return {"pct": 100.0 * integral / (max(self.total_milli, 1) * window),
+                "gpu_hours": integral / 1000.0 / 3600.0,
+                "waiting_share": waiting_s / window}
 
     def by_gang_size(self) -> dict[str, dict[str, Any]]:
         """Per gang-size bucket: workloads finished, their JCT, queueing delay (first start) and the
