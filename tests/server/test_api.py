@@ -164,3 +164,37 @@ def test_metrics(server: Server) -> None:
     ):
         assert line in text, line
     assert "gpupool_queue_pending_workloads" in text
+    assert "gpupool_queue_pending_devices 0.0" in text  # nothing waits: nothing is idle while waiting
+    assert "gpupool_devices_idle_while_waiting 0.0" in text
+
+
+def test_metrics_count_devices_left_idle_while_work_waits(server: Server) -> None:
+    small = _submit(server)
+    server.wait_for(lambda: server.status(small) == "running")
+    # one pod of all 8 devices cannot start beside the quarter device held: 7.75 sit idle while it
+    # waits, and the job ahead of a second waiting one caps nothing (only the free devices do)
+    big = _submit(server, resources={"gpus": 8})
+    also = _submit(server, resources={"gpus": 8})
+    server.wait_for(lambda: server.status(big) == "pending" and server.status(also) == "pending")
+    text = server.client.get("/metrics", headers=server.headers()).text
+    assert "gpupool_queue_pending_devices 16.0" in text
+    assert "gpupool_devices_idle_while_waiting 7.75" in text
+
+
+def test_idle_while_waiting_leaves_out_sick_and_cordoned_capacity() -> None:
+    from dataclasses import replace
+
+    from factories import node
+    from gpupool.server.metrics import _idle_while_waiting
+
+    ok, cordoned, sick = node("a", devices=4), node("b", devices=4), node("c", devices=4)
+    sick = replace(sick, devices=(replace(sick.devices[0], healthy=False), *sick.devices[1:]))
+    nodes = (ok, replace(cordoned, cordoned=True), sick)
+    pods = [("a", [{"device_index": 0, "compute_milli": 500}], "t"),
+            ("c", [{"device_index": 0, "compute_milli": 1000}], "t")]  # on the sick device
+    def idle(waiting_milli: int) -> float:
+        families = {m.name: m.samples[0].value for m in _idle_while_waiting(nodes, pods, waiting_milli)}
+        return families["gpupool_devices_idle_while_waiting"]
+    # free: 3.5 on a, 3 healthy on c; nothing of the cordoned b
+    assert idle(100_000) == 6.5
+    assert idle(2_000) == 2.0 and idle(0) == 0.0

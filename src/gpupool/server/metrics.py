@@ -75,8 +75,13 @@ class PoolCollector(Collector):
                 select(WorkloadRow.tenant, WorkloadRow.queue, WorkloadRow.status, func.count())
                 .group_by(WorkloadRow.tenant, WorkloadRow.queue, WorkloadRow.status)
             ).all()
+            waiting_milli = session.execute(
+                select(func.coalesce(func.sum(WorkloadRow.device_milli), 0))
+                .where(WorkloadRow.status == WorkloadStatus.PENDING.value)
+            ).scalar_one()
         yield from _allocation(pods, model_of)
         yield from _workloads(by_status)
+        yield from _idle_while_waiting(nodes, pods, int(waiting_milli))
 
 
 def _allocation(pods: Any, model_of: dict[tuple[str, int], str]) -> Iterator[Metric]:
@@ -90,6 +95,26 @@ def _allocation(pods: Any, model_of: dict[tuple[str, int], str]) -> Iterator[Met
     for (model, tenant), milli in sorted(share.items()):
         allocated.add_metric([model, tenant], milli / MILLI)
     yield allocated
+
+
+def _idle_while_waiting(nodes: Any, pods: Any, waiting_milli: int) -> Iterator[Metric]:
+    """What pending work asks for, and the free devices left idle while it waits: free share of
+    healthy devices on schedulable nodes, up to what waits (a 2-device job waiting beside 8 free
+    devices leaves 2 idle). Fragmentation, quotas, locality waits and reservations raise it; the
+    replay reports its mean over a trace as `idle_while_waiting`."""
+    usable = {(n.name, slot) for n in nodes if n.schedulable for slot, d in enumerate(n.devices) if d.healthy}
+    held = sum(s["compute_milli"] for node, slices, _ in pods for s in slices
+               if (node, s["device_index"]) in usable)
+    free_milli = max(len(usable) * MILLI - held, 0)
+    pending = GaugeMetricFamily("gpupool_queue_pending_devices",
+                                "Devices (compute share) that pending workloads ask for, all pods together.")
+    pending.add_metric([], waiting_milli / MILLI)
+    yield pending
+    idle = GaugeMetricFamily("gpupool_devices_idle_while_waiting",
+                             "Free devices on healthy, schedulable nodes while work is pending, up to the "
+                             "devices pending work asks for: 0 when nothing waits or nothing is free.")
+    idle.add_metric([], min(free_milli, waiting_milli) / MILLI if waiting_milli else 0.0)
+    yield idle
 
 
 def _workloads(by_status: Any) -> Iterator[Metric]:
