@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from conftest import Server
+from factories import node
+from gpupool.server.metrics import _idle_while_waiting
 
 API = "/api/v1"
 
@@ -182,11 +186,6 @@ def test_metrics_count_devices_left_idle_while_work_waits(server: Server) -> Non
 
 
 def test_idle_while_waiting_leaves_out_sick_and_cordoned_capacity() -> None:
-    from dataclasses import replace
-
-    from factories import node
-    from gpupool.server.metrics import _idle_while_waiting
-
     ok, cordoned, sick = node("a", devices=4), node("b", devices=4), node("c", devices=4)
     sick = replace(sick, devices=(replace(sick.devices[0], healthy=False), *sick.devices[1:]))
     nodes = (ok, replace(cordoned, cordoned=True), sick)

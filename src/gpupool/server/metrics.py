@@ -72,16 +72,15 @@ class PoolCollector(Collector):
                 .where(PodRow.status.in_(ACTIVE_POD_STATES))
             ).all()
             by_status = session.execute(
-                select(WorkloadRow.tenant, WorkloadRow.queue, WorkloadRow.status, func.count())
+                select(WorkloadRow.tenant, WorkloadRow.queue, WorkloadRow.status, func.count(),
+                       func.sum(WorkloadRow.device_milli))
                 .group_by(WorkloadRow.tenant, WorkloadRow.queue, WorkloadRow.status)
             ).all()
-            waiting_milli = session.execute(
-                select(func.coalesce(func.sum(WorkloadRow.device_milli), 0))
-                .where(WorkloadRow.status == WorkloadStatus.PENDING.value)
-            ).scalar_one()
+        waiting_milli = sum(int(milli or 0) for _, _, status, _, milli in by_status
+                            if status == WorkloadStatus.PENDING.value)
         yield from _allocation(pods, model_of)
         yield from _workloads(by_status)
-        yield from _idle_while_waiting(nodes, pods, int(waiting_milli))
+        yield from _idle_while_waiting(nodes, pods, waiting_milli)
 
 
 def _allocation(pods: Any, model_of: dict[tuple[str, int], str]) -> Iterator[Metric]:
@@ -122,7 +121,7 @@ def _workloads(by_status: Any) -> Iterator[Metric]:
     queued = GaugeMetricFamily("gpupool_queue_pending_workloads", "Pending workloads by tenant and queue.",
                                labels=["tenant", "queue"])
     totals: Counter[str] = Counter()
-    for tenant, queue, status, count in by_status:
+    for tenant, queue, status, count, _ in by_status:
         totals[status] += int(count)
         if status == WorkloadStatus.PENDING.value:
             queued.add_metric([tenant, queue], int(count))
