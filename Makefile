@@ -4,6 +4,9 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
 JOBS ?= 2
+# pytest workers: one per core by default; tests/conftest.py keeps each file (and everything that
+# starts Ray) on one worker.
+PYTEST_WORKERS ?= auto
 
 .PHONY: help run test lint typecheck pytest test-deps bench bench-openb clean
 
@@ -30,8 +33,8 @@ lint: $(STAMP)  ## ruff
 typecheck: $(STAMP)  ## mypy
 	$(BIN)/mypy
 
-pytest: $(STAMP)
-	$(BIN)/pytest -q
+pytest: $(STAMP)  ## The test suite in parallel, with the 25 slowest tests listed at the end
+	$(BIN)/pytest -q -n $(PYTEST_WORKERS) --dist loadfile --durations=25
 
 test: $(STAMP) test-deps lint typecheck pytest  ## Everything CI runs: deps, ruff, mypy, pytest
 

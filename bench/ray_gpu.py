@@ -382,9 +382,9 @@ def main() -> int:
                               importable(args.pod_python, ("torch", "cupy")), args.pod_python)
     if missing:
         reason = f"ray_gpu needs {'; '.join(missing)}. Nothing was measured."
-        console.print(reason)
+        console.print(reason, soft_wrap=True)  # a path in it must stay whole when piped
         out = write_json(args.out, "ray_gpu", {"skipped": reason, "missing": missing})
-        console.print(f"wrote {out}")
+        console.print(f"wrote {out}", soft_wrap=True)
         return 0
     result = measure(args.seconds, args.pod_python)
     print_table(console, result)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -42,3 +43,28 @@ def pod_scratch_root() -> Iterator[Path]:
         else:
             os.environ["GPUPOOL_SCRATCH_DIR"] = previous
         shutil.rmtree(root, ignore_errors=True)
+
+
+
+def xdist_scope(nodeid: str) -> str:
+    """The unit of work a pytest-xdist worker takes whole: a test file (its module-scoped servers and
+    the order its tests rely on stay as written), except that every test that starts Ray shares one
+    unit: two Ray clusters starting side by side on a small machine time out, and the package's
+    tests share one cluster."""
+    path = nodeid.split("::", 1)[0]
+    if path.startswith("tests/ray_provider/") or "[ray" in nodeid:
+        return "ray"
+    return path
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """Schedule by `xdist_scope` (pytest-xdist's own --dist loadgroup marks do not reach its
+    scheduler with pytest 9.2, and --dist loadfile would split the Ray tests over workers)."""
+    from xdist.scheduler import LoadScopeScheduling
+
+    class ByFile(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return xdist_scope(nodeid)
+
+    return ByFile(config, log)

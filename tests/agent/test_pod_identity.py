@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from factories import pod_python
+from gpupool.agent import identity
 from gpupool.agent.identity import (
     MAX_ACCOUNT_NAME,
     POD_GROUP,
@@ -24,7 +25,7 @@ from gpupool.agent.identity import (
     account_name,
     mapped_account,
 )
-from gpupool.errors import InvalidInput
+from gpupool.errors import InvalidInput, ProviderError
 from gpupool.providers.base import PodLaunch, PodPhase, PodStatus
 from gpupool.providers.local import LocalProvider
 
@@ -86,6 +87,27 @@ def test_account_names_fit_and_stay_distinct() -> None:
     assert len(account_name(long_a)) <= MAX_ACCOUNT_NAME
     assert account_name(long_a) != account_name(long_b)
     assert account_name(long_a) == account_name(long_a)
+
+
+def test_account_creation_waits_for_a_held_account_database_lock(monkeypatch: pytest.MonkeyPatch) -> None:
+    """useradd refuses at once while another process holds /etc/passwd's lock (parallel agents,
+    an administrator): the pool waits for the lock instead of failing the pod."""
+    calls: list[list[str]] = []
+
+    def fake_run(argv: list[str], **_: object) -> subprocess.CompletedProcess[str]:
+        calls.append(argv)
+        if len(calls) < 3:
+            said = "useradd: cannot lock /etc/passwd; try again later.\n"
+            return subprocess.CompletedProcess(argv, 1, "", said)
+        return subprocess.CompletedProcess(argv, 0, "", "")
+
+    monkeypatch.setattr(identity.subprocess, "run", fake_run)
+    identity._run(["useradd", "x"])
+    assert len(calls) == 3
+    calls.clear()
+    monkeypatch.setattr(identity, "LOCK_WAIT_S", 0.0)
+    with pytest.raises(ProviderError, match="cannot lock"):
+        identity._run(["useradd", "x"])
 
 
 def test_a_mapped_account_must_exist_and_not_be_root() -> None:

@@ -26,7 +26,7 @@ def runner(tmp_path: Path) -> Iterator[Runner]:
     r.close(stop_pods=True, grace_s=0.5)
 
 
-def wait_for(predicate, timeout_s: float = 10.0):  # type: ignore[no-untyped-def]
+def wait_for(predicate, timeout_s: float = 30.0):  # type: ignore[no-untyped-def]
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         value = predicate()

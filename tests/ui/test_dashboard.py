@@ -193,7 +193,7 @@ def test_a_failed_node_is_marked(pool: UpProcess, browser_page: Watched, gate_di
         until(lambda: all(_status(pool, w) == "running" for w in running), 60, "two running")
         screenshot(page, "nodes")
         page.click("#nav a[data-page=queues]")
-        page.locator("section[aria-labelledby=h-queues] td", has_text="gamma").first.wait_for()
+        page.locator("section[aria-labelledby=h-queues] td", has_text="delta").first.wait_for()
         screenshot(page, "queues")
         page.click("#nav a[data-page=workloads]")
         page.locator("td", has_text="wide").first.wait_for()

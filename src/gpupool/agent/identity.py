@@ -19,6 +19,7 @@ import shutil
 import stat
 import subprocess
 import threading
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -75,12 +76,24 @@ def _nologin_shell() -> str:
     return next((s for s in NOLOGIN_SHELLS if os.path.exists(s)), "/bin/false")
 
 
+LOCK_WAIT_S = 30.0
+"""How long account creation waits for another process (a second pool or agent on this machine,
+an administrator's useradd) that holds the account database's lock."""
+
+
 def _run(argv: list[str]) -> None:
-    try:
-        result = subprocess.run(argv, capture_output=True, text=True, timeout=30, check=False,
-                                env={"PATH": BASE_PATH})
-    except (OSError, subprocess.TimeoutExpired) as exc:
-        raise ProviderError(f"Cannot run {argv[0]} to create a pod account: {exc}.") from None
+    deadline = time.monotonic() + LOCK_WAIT_S
+    while True:
+        try:
+            result = subprocess.run(argv, capture_output=True, text=True, timeout=30, check=False,
+                                    env={"PATH": BASE_PATH})
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            raise ProviderError(f"Cannot run {argv[0]} to create a pod account: {exc}.") from None
+        # useradd and groupadd refuse at once ("cannot lock /etc/passwd; try again later") while
+        # another process edits the account files: waiting for it is what the message asks for.
+        if result.returncode == 0 or "cannot lock" not in result.stderr or time.monotonic() > deadline:
+            break
+        time.sleep(0.1)
     if result.returncode != 0 and "already exists" not in result.stderr:
         detail = result.stderr.strip().splitlines()[-1] if result.stderr.strip() else "no output"
         raise ProviderError(f"{argv[0]} failed (code {result.returncode}): {detail}.")

@@ -131,7 +131,8 @@ def test_perfquery_counters_feed_telemetry(sim: IbSim, fat: Fabric):
     lid = found.port_lids[(fat.cas[0], 1)]
     samples = []
     for t in (0.0, 1.0):
-        out = sim.run(["perfquery", "-x", str(lid), "1"]).stdout
+        # a generous MAD timeout: on a loaded machine ibsim answers later than the default second
+        out = sim.run(["perfquery", "-t", "10000", "-x", str(lid), "1"]).stdout
         counters = {
             _snake(name): int(value, 0)
             for name, value in re.findall(r"^(\w+):\.+(\S+)$", out, re.MULTILINE)
