@@ -13,6 +13,7 @@ import gpupool
 from gpupool.errors import Forbidden
 from gpupool.server import apidocs, http_errors, ui
 from gpupool.server.auth import Scope
+from gpupool.server.bodylimit import BodyLimit
 from gpupool.server.fastpath import SubmitFastPath
 from gpupool.server.loops.control import ControlLoop
 from gpupool.server.metrics import Metrics, RequestTimer
@@ -78,5 +79,6 @@ def create_app(rt: Runtime, *, run_loop: bool = True) -> FastAPI:
         return Response(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
     app.add_middleware(RequestTimer, metrics=metrics)
-    app.add_middleware(SubmitFastPath, rt=rt, writer=writer, metrics=metrics)  # outermost of ours
+    app.add_middleware(SubmitFastPath, rt=rt, writer=writer, metrics=metrics)
+    app.add_middleware(BodyLimit, limit_bytes=rt.settings.max_request_body_bytes)  # outermost of ours
     return app
