@@ -461,11 +461,15 @@ class Runner:
         finished = record.finished
         try:
             with open(self.log_path(pod_id, stream), "rb") as handle:
-                handle.seek(max(0, offset))
+                size = os.fstat(handle.fileno()).st_size
+                if not 0 <= offset <= size:  # never seek past the end (a filesystem may refuse it)
+                    # asked from past the end (or a log cut back to its cap): resume at the end
+                    return LogChunk("", size, finished)
+                handle.seek(offset)
                 data = handle.read(max_bytes)
                 at_end = not handle.read(1)
         except FileNotFoundError:
-            return LogChunk("", offset, finished)
+            return LogChunk("", max(0, offset), finished)
         data = data if (finished and at_end) else _complete_utf8(data)
         return LogChunk(data.decode("utf-8", errors="replace"), offset + len(data), finished and at_end)
 
