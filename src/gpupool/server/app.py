@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.responses import Response
@@ -20,6 +21,7 @@ from gpupool.server.metrics import Metrics, RequestTimer
 from gpupool.server.routers import audit, calls, config, health, nodes, session, tenants, usage, workloads
 from gpupool.server.routers import fabric as fabric_routes
 from gpupool.server.runtime import Runtime
+from gpupool.server.schemas.common import ErrorBody
 from gpupool.server.services import node_faults
 from gpupool.server.services.submit_writer import SubmitWriter
 
@@ -59,10 +61,11 @@ def create_app(rt: Runtime, *, run_loop: bool = True) -> FastAPI:
     app.state.loop = loop
     app.state.submit_writer = writer
     http_errors.install(app)
+    too_large: dict[int | str, dict[str, Any]] = {
+        413: {"model": ErrorBody, "description": "the request body is larger than the pool's limit"}}
     for router in (health.router, workloads.router, nodes.router, tenants.router, audit.router,
-                   config.router, session.router, usage.router, calls.router):
-        app.include_router(router, prefix=API_PREFIX)
-    app.include_router(fabric_routes.router, prefix=API_PREFIX)
+                   config.router, session.router, usage.router, calls.router, fabric_routes.router):
+        app.include_router(router, prefix=API_PREFIX, responses=dict(too_large))
     app.include_router(health.router, include_in_schema=False)  # /health at the root too
     apidocs.install(app, f"{API_PREFIX}/openapi.json")
     ui.install(app)  # the dashboard at / and /ui/, a client of the routes above
