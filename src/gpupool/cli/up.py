@@ -11,7 +11,12 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 
 from gpupool.cli._common import check_policy, default_policy, policy_names_text
-from gpupool.server.settings import DEFAULT_HOST, DEFAULT_MAX_REQUEST_BODY_BYTES, DEFAULT_PORT
+from gpupool.server.settings import (
+    DEFAULT_HOST,
+    DEFAULT_MAX_POD_LOG_BYTES,
+    DEFAULT_MAX_REQUEST_BODY_BYTES,
+    DEFAULT_PORT,
+)
 
 if TYPE_CHECKING:
     from gpupool.config import PoolConfig
@@ -21,9 +26,11 @@ DEFAULT_POLICY = default_policy()
 
 @dataclass(frozen=True, slots=True)
 class _Limits:
-    """What `up` bounds for the settings: request bodies."""
+    """What `up` bounds for the settings: request bodies, pods' logs and where they go."""
 
     max_request_body_bytes: int = DEFAULT_MAX_REQUEST_BODY_BYTES
+    max_pod_log_bytes: int = DEFAULT_MAX_POD_LOG_BYTES
+    agent_dir: Path | None = None
 
 
 def up(
@@ -74,6 +81,16 @@ def up(
             "Refuse request bodies above this size with 413 before reading them (remote calls keep "
             "room for their 16 MiB payloads)."))
     ] = "1MiB",
+    max_pod_log: Annotated[
+        str, typer.Option("--max-pod-log", envvar="GPUPOOL_MAX_POD_LOG", help=(
+            "What each log of one pod may hold; beyond it the pod's output is dropped and its log "
+            "ends with a line saying so."))
+    ] = "1GiB",
+    agent_dir: Annotated[
+        Path | None, typer.Option("--agent-dir", envvar="GPUPOOL_AGENT_DIR", help=(
+            "Pods' logs and the agents' state (default: DATA_DIR/agents); put it on another "
+            "filesystem than the store so pods' output can never fill the store's disk."))
+    ] = None,
     fabric: Annotated[
         Path | None,
         typer.Option("--fabric", help=(
@@ -108,7 +125,9 @@ def up(
             raise typer.Exit(2)
         os.environ["GPUPOOL_RAY_POD_CARRIER"] = ray_pod_carrier  # read by the ray provider
     try:
-        limits = _Limits(max_request_body_bytes=parse_size_bytes(max_request_body, "--max-request-body"))
+        limits = _Limits(max_request_body_bytes=parse_size_bytes(max_request_body, "--max-request-body"),
+                         max_pod_log_bytes=parse_size_bytes(max_pod_log, "--max-pod-log"),
+                         agent_dir=agent_dir)
         _serve(data_dir, host, port, simulate, provider, database_url, policy or placement or "",
                tls_cert, tls_key, metrics_public, config, fabric_path=fabric, ray_address=ray_address,
                limits=limits)
@@ -148,6 +167,8 @@ def _serve(data_dir: Path | None, host: str, port: int, simulate: str, provider:
     from gpupool.server.datadir import pod_accounts_notice, secure_data_dir
 
     secure_data_dir(settings.data_dir)
+    if settings.agent_dir is not None:
+        secure_data_dir(settings.agent_dir, flag="--agent-dir")
     _check_port(host, port)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     logging.getLogger("alembic").setLevel(logging.WARNING)

@@ -16,6 +16,7 @@ DEFAULT_SIMULATED_POOL = "2x8xH100"
 """What `gpupool up` serves, clearly labelled as simulated, on a machine with no accelerator."""
 DEFAULT_MAX_REQUEST_BODY_BYTES = 2**20
 DEFAULT_MAX_POD_LOG_BYTES = 2**30
+"""The agent's DEFAULT_MAX_LOG_BYTES (not imported: the CLI reads this module at start)."""
 MIN_MAX_REQUEST_BODY_BYTES = 64 * 1024
 """Below this a plain submission with a few environment variables would be refused."""
 MIN_MAX_POD_LOG_BYTES = 4096
