@@ -6,7 +6,8 @@ directory is the agent's alone (0700): a pod, started as its own Unix account (s
 cannot read or change it; the pod works in its private directory instead. A new Runner on the same
 state directory re-adopts pods whose process still runs (same pid and same start time, so a reused
 pid is never mistaken for ours) and reports the others finished (exit status from exit.json) or
-lost, with the reason.
+lost, with the reason. Each log is held to `max_log_bytes` (see cap_log), so a pod cannot fill the
+agent's disk.
 """
 
 from __future__ import annotations
