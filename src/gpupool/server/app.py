@@ -76,8 +76,8 @@ def create_app(rt: Runtime, *, run_loop: bool = True) -> FastAPI:
             client = request.client
             who = rt.auth.principal(request.headers.get("authorization"), scope=Scope.METRICS,
                                     remote=client.host if client else "")
-            if not who.is_admin and who.scope != Scope.METRICS:
-                raise Forbidden("/metrics needs the admin token or a metrics token "
+            if not who.is_admin:  # a tenant's metrics token (made before they were the admin's) too
+                raise Forbidden("/metrics needs the admin token or an admin metrics token "
                                 "(gpupool token create --admin --scope metrics).")
         return Response(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
