@@ -76,6 +76,7 @@ def create_app(rt: Runtime, *, run_loop: bool = True) -> FastAPI:
             client = request.client
             who = rt.auth.principal(request.headers.get("authorization"), scope=Scope.METRICS,
                                     remote=client.host if client else "")
+            request.state.principal = who  # its 403 below is audited
             if not who.is_admin:  # a tenant's metrics token (made before they were the admin's) too
                 raise Forbidden("/metrics needs the admin token or an admin metrics token "
                                 "(gpupool token create --admin --scope metrics).")
