@@ -186,7 +186,9 @@ class Runner:
             pod_dir = self.pod_dir(pod_id)
             pod_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
             cwd = Path(workdir) if workdir else pod_dir
-            if not cwd.is_dir():
+            # As another account, only the shim's `cd` as that account judges the directory: a check
+            # here, as root, would tell a tenant which paths exist where it may not look.
+            if identity is None and not cwd.is_dir():
                 raise InvalidInput(f"Pod {pod_id!r}: working directory {str(cwd)!r} does not exist.")
             record = PodRecord(pod_id=pod_id, command=list(command), workdir=str(cwd),
                                started_at_s=self._clock(), uid=identity.uid if identity else None,
