@@ -153,3 +153,17 @@ def test_ten_maximal_specs_keep_a_listing_small(server: Server) -> None:
     listing = server.client.get(f"{API}/workloads?limit=100", headers=server.headers())
     assert listing.status_code == 200
     assert len(listing.content) < 10 * (MAX_COMMAND_BYTES + MAX_ENV_BYTES + 64 * 1024)
+
+
+def test_an_array_cannot_multiply_a_large_spec_into_gigabytes(server: Server) -> None:
+    # One 256 KiB spec with 10,000 tasks would store 2.5 GB: refused before anything is stored
+    spec = {"command": ["echo", "y" * 60_000], "env": {"A": "z" * 60_000}, "array": "0-9999"}
+    answer = server.client.post(f"{API}/workloads", json=spec, headers=server.headers())
+    assert answer.status_code == 422, answer.text
+    message = answer.json()["message"]
+    assert "stores its spec once per task: 10000 tasks of 117 KiB is 1145 MiB" in message
+    assert "more than the 64 MiB an array may hold" in message
+    listing = server.client.get(f"{API}/workloads?limit=1", headers=server.headers())
+    assert listing.json()["total"] == 0
+    small = server.client.post(f"{API}/workloads", json={**spec, "array": "0-99"}, headers=server.headers())
+    assert small.status_code == 201, small.text

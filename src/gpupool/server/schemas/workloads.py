@@ -22,6 +22,9 @@ and Linux refuses a single exec argument above 128 KiB anyway."""
 MAX_ENV_BYTES = 128 * 1024
 """The environment's names and values together (UTF-8, NAME=VALUE plus one byte each)."""
 MAX_ENV_VARS = 1024
+MAX_ARRAY_STORED_BYTES = 64 * 2**20
+"""What one array's tasks may store in all: each task stores the whole spec, so without this one
+request of a large spec with 10,000 tasks would write gigabytes to the store."""
 
 
 def _check(parse: object, value: object) -> object:
@@ -177,6 +180,17 @@ def check_command_size(command: list[str]) -> list[str]:
         raise ValueError(f"the command is {size} bytes long, more than the {MAX_COMMAND_BYTES // 1024} KiB a "
                          "spec may hold; put long inputs in a file the command reads")
     return command
+
+
+def check_array_size(spec_bytes: int, tasks: int) -> None:
+    """An array whose tasks' specs together stay within MAX_ARRAY_STORED_BYTES (InvalidInput
+    otherwise: the spec is stored once per task)."""
+    if spec_bytes * tasks > MAX_ARRAY_STORED_BYTES:
+        raise InvalidInput(
+            f"This array stores its spec once per task: {tasks} tasks of {spec_bytes / 1024:.0f} KiB is "
+            f"{spec_bytes * tasks / 2**20:.0f} MiB, more than the {MAX_ARRAY_STORED_BYTES // 2**20} MiB an "
+            "array may hold; put long commands or environments in a file the tasks read, or split the "
+            "array.", field="array", tasks=tasks, spec_bytes=spec_bytes)
 
 
 def check_env_size(env: dict[str, str]) -> dict[str, str]:

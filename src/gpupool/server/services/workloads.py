@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 import secrets
 from collections.abc import Sequence
 from typing import Any
@@ -22,6 +23,7 @@ from gpupool.server.schemas.workloads import (
     WorkloadCreated,
     WorkloadOut,
     WorkloadSpec,
+    check_array_size,
 )
 from gpupool.server.services import audit
 from gpupool.server.services.converters import event_row_to_out, workload_row_to_out
@@ -110,6 +112,7 @@ def _array(spec: WorkloadSpec, tenant: str, now: float, chosen: str | None) -> S
     spec = spec.model_copy(update={"array": None})
     template = to_workload(array_id, spec, tenant, spec.priority, now, priority_class=chosen)
     stored = _stored(spec, tenant, chosen)
+    check_array_size(len(json.dumps(stored)), len(tasks.indexes))
     rows: list[dict[str, Any]] = []
     events: list[dict[str, Any]] = []
     parsed: list[Workload] = []
