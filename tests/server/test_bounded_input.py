@@ -12,6 +12,8 @@ from fakes import ManualProvider
 
 from conftest import Server
 from factories import node
+from gpupool.agent.runner import Runner
+from gpupool.providers.base import LogChunk, PodLaunch
 from gpupool.server.schemas.workloads import MAX_COMMAND_BYTES, MAX_ENV_BYTES, MAX_ENV_VARS
 from gpupool.server.settings import DEFAULT_MAX_REQUEST_BODY_BYTES, Settings, parse_size_bytes
 from live import live_server
@@ -167,3 +169,39 @@ def test_an_array_cannot_multiply_a_large_spec_into_gigabytes(server: Server) ->
     assert listing.json()["total"] == 0
     small = server.client.post(f"{API}/workloads", json={**spec, "array": "0-99"}, headers=server.headers())
     assert small.status_code == 201, small.text
+
+
+class _LoggingProvider(ManualProvider):
+    """Pods 'run' at once; each has a real log, written and read by a real Runner."""
+
+    def __init__(self, state_dir: Path) -> None:
+        super().__init__([node("n0", devices=1, model="H100")], exit_code=0)
+        self.runner = Runner(state_dir)
+
+    def launch(self, pod: PodLaunch) -> None:
+        super().launch(pod)
+        self.runner.start(pod.pod_id, ["echo", "hello"], env={"PATH": "/usr/bin:/bin"})
+        self.runner.wait(pod.pod_id, 10)
+
+    def read_log(self, pod_id: str, stream: str = "stdout", offset: int = 0) -> LogChunk:
+        return self.runner.read_log(pod_id, stream, offset)
+
+
+def test_a_log_offset_past_the_end_gets_a_clean_answer(server_factory: Any, tmp_path: Path) -> None:
+    provider = _LoggingProvider(tmp_path / "agent")
+    server = server_factory(provider=provider)
+    try:
+        created = server.created("/workloads", {"command": ["echo", "hello"]})
+        server.wait_for(lambda: server.status(str(created["id"])) == "succeeded")
+        logs = f"{API}/workloads/{created['id']}/logs"
+        assert server.client.get(logs, headers=server.headers()).json()["text"] == "hello\n"
+        for offset in (2**44, 2**53):  # 2**44 was a 500 with a traceback (ext4 refuses the seek)
+            answer = server.client.get(logs, params={"offset": offset}, headers=server.headers())
+            assert answer.status_code == 200, answer.text
+            body = answer.json()
+            assert (body["text"], body["offset"], body["complete"]) == ("", 6, True)
+        for offset in (-1, 2**60):
+            answer = server.client.get(logs, params={"offset": offset}, headers=server.headers())
+            assert answer.status_code == 422 and "offset" in answer.json()["message"], answer.text
+    finally:
+        provider.runner.close()
