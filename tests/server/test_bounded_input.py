@@ -66,8 +66,10 @@ def test_a_64_mib_body_with_its_length_is_refused_before_a_byte_is_read(server: 
 def test_a_chunked_64_mib_body_is_refused_at_the_chunk_that_passes_the_limit(server: Server) -> None:
     # No Content-Length: the submission fast path hands it to the route, which reads it; the count
     # stops it at the second MiB, whichever route reads it.
-    # Remote calls have room for a 16 MiB pickle in base64 (about 21.4 MiB), and not a MiB more.
-    for path, after in ((f"{API}/workloads", 2), (f"{API}/tenants", 2), (f"{API}/calls/sessions", 22)):
+    # Remote calls have room for a 16 MiB pickle in base64 (about 21.4 MiB), fabric telemetry for
+    # 100,000 port samples (32 MiB), and not a MiB more.
+    for path, after in ((f"{API}/workloads", 2), (f"{API}/tenants", 2), (f"{API}/calls/sessions", 22),
+                        (f"{API}/fabric/telemetry", 33)):
         status, answer, pulled = _call(server.client.app, path, _auth(server), chunks=64)
         assert (status, answer["code"]) == (413, "too_large"), (path, answer)
         assert answer["message"].startswith("The request body is larger than this pool accepts")

@@ -78,8 +78,8 @@ def up(
     ] = None,
     max_request_body: Annotated[
         str, typer.Option("--max-request-body", envvar="GPUPOOL_MAX_REQUEST_BODY", help=(
-            "Refuse request bodies above this size with 413 before reading them (remote calls keep "
-            "room for their 16 MiB payloads)."))
+            "Refuse request bodies above this size with 413 before reading them (remote calls and "
+            "fabric telemetry keep room for their larger payloads)."))
     ] = "1MiB",
     max_pod_log: Annotated[
         str, typer.Option("--max-pod-log", envvar="GPUPOOL_MAX_POD_LOG", help=(

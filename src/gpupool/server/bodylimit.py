@@ -2,9 +2,10 @@
 
 A Content-Length above the limit is answered at once, without reading a byte of the body; a body
 without one (chunked) is counted as it streams and refused at the first chunk that passes the limit,
-so a client can never make the server hold more than the limit plus one chunk of a request. Remote
-calls (`/api/v1/calls/...`) carry pickled arguments and results of up to their own payload limit, so
-their bodies get that much room instead.
+so a client can never make the server hold more than the limit plus one chunk of a request. Two
+routes take more by their nature and get their own room whatever the limit says: remote calls
+(`/api/v1/calls/...`) carry pickled arguments and results of up to their payload limit, and fabric
+telemetry (`/api/v1/fabric/telemetry`) up to 100,000 port samples.
 """
 
 from __future__ import annotations
@@ -19,6 +20,9 @@ from gpupool.server.schemas.calls import MAX_PAYLOAD_TEXT
 CALLS_PREFIX = "/api/v1/calls/"
 CALLS_BODY_BYTES = MAX_PAYLOAD_TEXT + 64 * 1024
 """A call's base64 payload at its largest, and room for the fields around it."""
+TELEMETRY_PATH = "/api/v1/fabric/telemetry"
+TELEMETRY_BODY_BYTES = 32 * 2**20
+"""100,000 port samples (TelemetryIn's bound) of a few hundred bytes at most each."""
 _MIB = 2**20
 
 
@@ -43,7 +47,11 @@ class BodyLimit:
         self.limit_bytes = limit_bytes
 
     def limit_for(self, path: str) -> int:
-        return max(self.limit_bytes, CALLS_BODY_BYTES) if path.startswith(CALLS_PREFIX) else self.limit_bytes
+        if path.startswith(CALLS_PREFIX):
+            return max(self.limit_bytes, CALLS_BODY_BYTES)
+        if path == TELEMETRY_PATH:
+            return max(self.limit_bytes, TELEMETRY_BODY_BYTES)
+        return self.limit_bytes
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
         if scope["type"] != "http":
