@@ -84,6 +84,11 @@ queues:
      "line 3: scheduling.topology_wait_ceiling: the ceiling (300 s) cannot be below "
      "topology_max_wait (600 s)"),
     ("scheduling: [1,\n", "not valid YAML"),
+    ("scheduling:\n  placement: fgd\n  placement: first-fit\n",
+     "line 3: this is not valid YAML (the key 'placement' appears twice in one mapping (first on line 2)"),
+    ("queues:\n  - {tenant: a, quota: 1, quota: 9}\n", "line 2: this is not valid YAML (the key 'quota'"),
+    ("failure: {max_retries: 1}\nfailure: {max_retries: 2}\n", "the key 'failure' appears twice"),
+    ("queues:\n  - {tenant: Team_A}\n", "line 2: queues[0].tenant: 'Team_A' cannot be stored"),
     ("- a\n- b\n", "must be a mapping of sections"),
 ])
 def test_a_bad_file_is_one_sentence_per_problem_with_field_and_line(text: str, expected: str) -> None:
@@ -119,3 +124,48 @@ def test_config_cli_show_and_check(tmp_path: Path) -> None:
     assert "line 2: scheduling.ordering" in refused.stderr
     missing = cli("check", str(tmp_path / "nope.yaml"))
     assert missing.returncode == 2 and "No configuration file" in missing.stderr
+
+
+def test_a_file_that_is_not_utf8_is_refused_in_one_sentence(tmp_path: Path) -> None:
+    path = tmp_path / "pool.yaml"
+    path.write_bytes("scheduling:\n  placement: fgd # caf\u00e9\n".encode("latin-1"))
+    with pytest.raises(InvalidInput) as caught:
+        load_config(path)
+    assert caught.value.message == (f"Cannot read the configuration file {str(path)!r}: it is not UTF-8 text "
+                                    "(byte 0xe9 on line 2); save it as UTF-8.")
+
+
+def test_config_check_refuses_what_up_refuses(tmp_path: Path) -> None:
+    # `config check` said ok to tenant names `up` then refused; and a non-UTF-8 file was a traceback
+    files = {"names.yaml": b"queues:\n  - {tenant: Team_A, quota: 1}\n",
+             "latin1.yaml": "queues: [] # \u00e9\n".encode("latin-1"),
+             "twice.yaml": b"queues: []\nqueues: []\n"}
+    for name, data in files.items():
+        (tmp_path / name).write_bytes(data)
+        for args in (["config", "check", name], ["up", "--data-dir", "d", "--config", name]):
+            done = subprocess.run([sys.executable, "-m", "gpupool.cli.main", *args], capture_output=True,
+                                  text=True, timeout=60, check=False, cwd=tmp_path)
+            lines = done.stderr.strip().splitlines()
+            assert done.returncode == 2 and len(lines) == 1 and lines[0].startswith("Error: "), (args, done)
+            assert "Traceback" not in done.stderr
+    assert not (tmp_path / "d").exists()
+
+
+@pytest.mark.parametrize("loader", ["prices", "budgets", "profile", "comm", "spec"])
+def test_every_yaml_file_refuses_repeated_keys_and_non_utf8(tmp_path: Path, loader: str) -> None:
+    from gpupool.cli.submit_fast import UsageError, _read_file
+    from gpupool.prices import load_prices
+    from gpupool.profiles.loader import load_profile_file
+    from gpupool.sim.budgets import load_budgets
+    from gpupool.sim.comm import load_comm_model
+
+    load: dict[str, object] = {"prices": load_prices, "budgets": load_budgets,
+                               "profile": lambda p: load_profile_file(Path(p)),
+                               "comm": lambda p: load_comm_model(str(p)), "spec": _read_file}
+    twice, latin = tmp_path / "twice.yaml", tmp_path / "latin.yaml"
+    twice.write_text("a: 1\nb: 2\na: 3\n")
+    latin.write_bytes("a: caf\u00e9\n".encode("latin-1"))
+    for path, said in ((twice, "'a' appears twice"), (latin, "not UTF-8 text")):
+        with pytest.raises((InvalidInput, UsageError)) as caught:
+            load[loader](str(path))  # type: ignore[operator]
+        assert said in str(caught.value), (loader, str(caught.value))

@@ -23,6 +23,7 @@ from pydantic import (
     ValidationError,
     ValidationInfo,
     field_validator,
+    model_validator,
 )
 
 from gpupool.core.fabric.qos import QosPlan, plan_qos
@@ -44,6 +45,8 @@ from gpupool.core.topology_spec import parse_topology_spec
 from gpupool.core.units import MILLI, parse_memory_mib
 from gpupool.errors import InvalidInput, did_you_mean
 from gpupool.prices import PricesConfig
+from gpupool.server.schemas.common import NAME_PATTERN, NAME_RULE
+from gpupool.yamlfiles import read_text, safe_load
 
 CONFIG_ENV = "GPUPOOL_CONFIG"
 _UNITS_S = {"": 1.0, "ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
@@ -164,6 +167,22 @@ class QueueConfig(_Strict):
     borrowing_limit: float | None = Field(None, ge=0, le=1_000_000)
     lending_limit: float | None = Field(None, ge=0, le=1_000_000)
     weight: float = Field(1.0, gt=0, le=1_000_000)
+
+    @field_validator("tenant", "name", "cohort")
+    @classmethod
+    def _storable_name(cls, value: str) -> str:
+        # the server stores tenants, queues and cohorts under the API's name rule: `config check`
+        # refuses here what `gpupool up` could not store
+        if value and not re.fullmatch(NAME_PATTERN, value):
+            raise ValueError(f"{value!r} cannot be stored: {NAME_RULE}")
+        return value
+
+    @model_validator(mode="after")
+    def _limits_need_a_quota(self) -> QueueConfig:
+        if self.quota is None and (self.borrowing_limit is not None or self.lending_limit is not None):
+            raise ValueError(f"queue {self.tenant}/{self.name} has no quota, so a borrowing or lending "
+                             "limit means nothing; give it a quota or remove the limits")
+        return self
 
 
 class ModelRatioConfig(_Strict):
@@ -371,8 +390,8 @@ def _milli(devices: float | None) -> int | None:
 def parse_config(text: str, source: str = "the configuration") -> PoolConfig:
     """Validate YAML text; InvalidInput with one sentence per problem, each naming field and line."""
     try:
-        tree = yaml.compose(text)
-        data = yaml.safe_load(text)
+        tree = yaml.compose(text, Loader=yaml.SafeLoader)
+        data = safe_load(text)
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" line {mark.line + 1}" if mark is not None else ""
@@ -463,7 +482,7 @@ def load_config(path: Path | str | None) -> PoolConfig:
         return PoolConfig()
     path = Path(path)
     try:
-        text = path.read_text(encoding="utf-8")
+        text = read_text(path, "the configuration file")
     except FileNotFoundError:
         raise InvalidInput(f"No configuration file {str(path)!r}; check the path (--config or "
                            f"{CONFIG_ENV}).") from None

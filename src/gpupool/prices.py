@@ -16,6 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from gpupool.core.metering import PriceBook, PriceVersion, SliceShare, Tier, price_key
 from gpupool.errors import InvalidInput
+from gpupool.yamlfiles import read_text, safe_load
 
 _CLOCK = re.compile(r"^([01]\d|2[0-3]):([0-5]\d)$")
 
@@ -124,7 +125,7 @@ def load_prices(path: Path | str) -> PricesConfig:
     """A price book file: a pool configuration (its `prices:` section) or the section alone."""
     source = Path(path)
     try:
-        data: Any = yaml.safe_load(source.read_text())
+        data: Any = safe_load(read_text(source, "the price book"))
     except OSError as exc:
         raise InvalidInput(f"Cannot read the price book {source}: {exc.strerror}; check the path.") from exc
     except yaml.YAMLError as exc:

@@ -197,6 +197,25 @@ def test_a_workdir_the_account_may_not_enter_fails_the_pod(provider: LocalProvid
     assert "working directory" in status.message
 
 
+@needs_root
+def test_an_explicit_workdir_is_no_oracle_for_directories_the_account_cannot_reach(
+        provider: LocalProvider, tmp_path: Path) -> None:
+    # It was checked as root first: a missing directory failed the launch with "does not exist",
+    # a closed existing one failed as the account, so a tenant learned which paths exist anywhere.
+    closed = tmp_path / "closed"
+    (closed / "exists").mkdir(parents=True)
+    closed.chmod(0o700)
+    answers = []
+    for pod_id, path in (("there", closed / "exists"), ("absent", closed / "absent")):
+        provider.launch(PodLaunch(pod_id=pod_id, workload_id="w-" + pod_id, node="box", command=("true",),
+                                  tenant="team-a", workdir=str(path)))
+        status = wait_final(provider, pod_id)
+        said = provider.read_log(pod_id).text.replace(str(path), "PATH")
+        answers.append((status.phase, status.exit_code, status.message, said))
+    assert answers[0] == answers[1]
+    assert answers[0][:2] == (PodPhase.FAILED, 126)
+
+
 TRICKY = {"QUOTES": "it's \"quoted\"", "NEWLINES": "a\nb\n", "EXPANSIONS": "$HOME `id` $(id) ${X:-y} \\n",
           "EMPTY": "", "PATH": "/usr/bin:/bin"}
 

@@ -48,6 +48,16 @@ def test_exit_code_and_logs(runner: Runner) -> None:
     assert runner.read_log("p", "stderr").text == "err\n"
 
 
+def test_an_offset_past_the_end_of_the_log_is_answered_at_its_end(runner: Runner) -> None:
+    # 2**44 is past what ext4 lets a file seek to: that was a 500 with a traceback through the API
+    runner.start("p", ["sh", "-c", "echo hello"], env=ENV)
+    runner.wait("p", 10)
+    for offset in (2**44, 2**62, 7, -5):
+        chunk = runner.read_log("p", offset=offset)
+        assert (chunk.text, chunk.next_offset, chunk.finished) == ("", 6, True), offset
+    assert runner.read_log("p", offset=4).text == "o\n"
+
+
 def test_workdir_and_env_reach_the_process(runner: Runner, tmp_path: Path) -> None:
     work = tmp_path / "work"
     work.mkdir()

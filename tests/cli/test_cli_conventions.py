@@ -74,6 +74,16 @@ def test_up_refuses_an_unknown_policy_before_starting(tmp_path: Path) -> None:
     assert not (tmp_path / "d").exists()  # refused before anything was made
 
 
+def test_up_refuses_a_bad_size_limit_before_starting(tmp_path: Path) -> None:
+    for flag, said in (("--max-request-body", "--max-request-body must be a size such as"),
+                       ("--max-pod-log", "--max-pod-log must be a size such as")):
+        line = one_line_error(gpupool("up", "--data-dir", str(tmp_path / "d"), flag, "lots"), 2)
+        assert said in line, line
+    line = one_line_error(gpupool("up", "--data-dir", str(tmp_path / "d"), "--max-pod-log", "100"), 2)
+    assert "at least 4096 bytes" in line
+    assert not (tmp_path / "d").exists()
+
+
 def test_sim_refuses_an_unknown_policy_or_ordering(tmp_path: Path) -> None:
     nodes, pods = str(OPENB / "nodes.csv"), str(OPENB / "pods.csv")
     line = one_line_error(gpupool("sim", "fill", "--nodes", nodes, "--pods", pods, "--policy", "fgdd"), 2)

@@ -104,3 +104,42 @@ def test_too_many_addresses_are_counted_together(server: Server) -> None:
     a.flush()
     refused = [r for r in _audit(server, limit=1000) if r["action"] == "auth.refused"]
     assert sum(int(str(r["count"])) for r in refused) == auth.MAX_REFUSAL_KEYS + 40
+
+
+def test_a_tenant_probing_with_403s_leaves_a_coalesced_trace(server: Server) -> None:
+    # A valid tenant token asking for the admin's routes was refused without a trace
+    c, h = server.client, server.headers()
+    _ok(c.post(f"{API}/tenants", json={"name": "mallory"}, headers=h))
+    token = _ok(c.post(f"{API}/tokens", json={"tenant": "mallory", "name": "probe"}, headers=h))
+    theirs = server.headers(str(token["token"]))
+    for _ in range(40):
+        assert c.get(f"{API}/audit", headers=theirs).status_code == 403
+        assert c.post(f"{API}/tenants", json={"name": "x"}, headers=theirs).status_code == 403
+        assert c.post(f"{API}/workloads", json={"command": ["true"], "tenant": "default"},
+                      headers=theirs).status_code == 403  # through the submission fast path
+    server.rt.auth.flush()
+    forbidden = [r for r in _audit(server, limit=1000) if r["action"] == "auth.forbidden"]
+    assert sum(int(str(r["count"])) for r in forbidden) == 120
+    assert len(forbidden) <= 6  # coalesced per reason, never one row per request
+    assert {(r["actor"], r["token_id"], r["remote"]) for r in forbidden} == {
+        ("mallory", token["id"], "testclient")}
+    assert any("it cannot act for 'default'" in str(r["detail"]) for r in forbidden)
+
+
+def test_the_admin_cancelling_a_tenants_work_is_audited(server: Server) -> None:
+    c, h = server.client, server.headers()
+    _ok(c.post(f"{API}/tenants", json={"name": "team-a"}, headers=h))
+    token = _ok(c.post(f"{API}/tokens", json={"tenant": "team-a"}, headers=h))
+    theirs = server.headers(str(token["token"]))
+    own = _ok(c.post(f"{API}/workloads", json={"command": ["true"]}, headers=theirs))
+    mine = _ok(c.post(f"{API}/workloads", json={"command": ["true"]}, headers=theirs))
+    array = _ok(c.post(f"{API}/workloads", json={"command": ["true"], "array": "0-3"}, headers=theirs))
+    _ok(c.post(f"{API}/workloads/{own['id']}/cancel", headers=theirs))  # the tenant's own act
+    _ok(c.post(f"{API}/workloads/{mine['id']}/cancel", headers=h))
+    _ok(c.post(f"{API}/workloads/arrays/{array['id']}/cancel", headers=h))
+    rows = [(r["actor"], r["action"], r["target"], r["detail"]) for r in _audit(server)
+            if str(r["action"]).endswith(".cancel")]
+    assert [row[:3] for row in rows] == [("admin", "array.cancel", array["id"]),
+                                         ("admin", "workload.cancel", mine["id"])]
+    assert rows[0][3] == "tenant=team-a tasks=4"
+    assert str(rows[1][3]).startswith("tenant=team-a was=")  # pending or running: the loop runs

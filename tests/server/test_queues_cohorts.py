@@ -4,6 +4,7 @@ of them, what `queue ls` reports, and the configuration file's queues applied at
 from __future__ import annotations
 
 import random
+import re
 from dataclasses import replace
 from pathlib import Path
 
@@ -14,7 +15,7 @@ from sqlalchemy import update
 from conftest import Server, make_runtime
 from factories import cluster, node, pod, workload
 from gpupool.client import Client
-from gpupool.config import PoolConfig
+from gpupool.config import PoolConfig, parse_config
 from gpupool.core.model import Allocation, ClusterSnapshot, Reason, Workload
 from gpupool.core.quota import DEVICE_MILLI
 from gpupool.core.scheduling.cycle import EventKind, Policies, cycle_on
@@ -317,17 +318,16 @@ def test_config_queues_are_applied_at_start(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize(("queue", "says"), [
-    ({"tenant": "Vision", "quota": 1}, "names tenant 'Vision', but a name may hold lower-case"),
-    ({"tenant": "vision", "borrowing_limit": 1}, "In the configuration: Queue vision/default has no quota"),
+    ("{tenant: Vision, quota: 1}", "line 2: queues[0].tenant: 'Vision' cannot be stored: a name may hold "
+                                   "lower-case"),
+    ("{tenant: vision, cohort: Big_One, quota: 1}", "queues[0].cohort: 'Big_One' cannot be stored"),
+    ("{tenant: vision, borrowing_limit: 1}", "line 2: queues[0]: queue vision/default has no quota"),
 ])
-def test_a_config_queue_the_store_cannot_hold_stops_the_start(tmp_path: Path, queue: dict[str, object],
-                                                             says: str) -> None:
-    rt = _runtime(tmp_path, PoolConfig.model_validate({"queues": [queue]}))
-    with pytest.raises(InvalidInput, match=says):
-        bootstrap(rt)
-    with rt.store.read() as session:
-        assert session.get(TenantRow, "vision") is None and session.get(TenantRow, "Vision") is None
-    rt.store.close()
+def test_a_config_queue_the_store_cannot_hold_is_refused_with_the_file(queue: str, says: str) -> None:
+    # `gpupool up` and `gpupool config check` both read the file with load_config: what one refuses
+    # the other does too, before anything is stored
+    with pytest.raises(InvalidInput, match=re.escape(says)):
+        parse_config(f"queues:\n  - {queue}\n", "pool.yaml")
 
 
 def test_a_queue_in_a_cohort_may_take_work_larger_than_its_own_quota(server: Server) -> None:

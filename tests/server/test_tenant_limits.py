@@ -7,6 +7,7 @@ import pwd
 import pytest
 
 from conftest import Server
+from gpupool.agent.identity import Identities, PodIdentity, account_name, ensure_account, is_pool_account
 from gpupool.errors import PriorityNotAllowed
 from gpupool.server.auth import Principal
 from gpupool.server.schemas.workloads import WorkloadSpec
@@ -18,7 +19,8 @@ API = "/api/v1"
 
 def _unprivileged_account() -> str:
     for entry in pwd.getpwall():
-        if entry.pw_uid != 0 and len(entry.pw_name) <= 32:
+        if entry.pw_uid != 0 and len(entry.pw_name) <= 32 and not is_pool_account(
+                PodIdentity(entry.pw_name, entry.pw_uid, entry.pw_gid)):
             return entry.pw_name
     pytest.skip("this machine has no unprivileged Unix account")
 
@@ -64,6 +66,46 @@ def test_two_tenants_cannot_share_an_account(server: Server) -> None:
     answer = server.client.post(f"{API}/tenants", json={"name": "team-b", "unix_user": user},
                                 headers=server.headers())
     assert answer.status_code == 422 and "team-a" in answer.json()["message"]
+
+
+needs_root = pytest.mark.skipif(not tenants_service.server_is_root(), reason="creates Unix accounts")
+
+
+@needs_root
+def test_a_tenant_cannot_map_to_another_tenants_pool_account(server: Server) -> None:
+    # The issue's attack: c mapped to gpupool-b would run as b and read b's files and checkpoints.
+    _create(server, name="b")
+    victim = ensure_account(account_name("b"))  # made at b's first pod; here, made now
+    answer = server.client.post(f"{API}/tenants", json={"name": "c", "unix_user": victim.user},
+                                headers=server.headers())
+    assert answer.status_code == 422, answer.text
+    message = answer.json()["message"]
+    assert "'gpupool-b' is one of the pool's own accounts (tenant 'b''s pods run as it)" in message
+    assert "map 'c' to an account of its own" in message
+    _create(server, name="c")
+    assert _patch(server, "c", unix_user=victim.user)["status"] == 422  # nor by a later change
+    # a pool account of no tenant yet (b's before it exists, or a name to come) is refused too
+    spare = ensure_account(account_name("not-yet-a-tenant"))
+    assert _patch(server, "c", unix_user=spare.user)["status"] == 422
+    # its own pool account is its own
+    assert _patch(server, "b", unix_user=victim.user)["status"] == 200
+
+
+@needs_root
+def test_a_new_tenant_whose_pool_account_another_is_mapped_to_is_refused(server: Server) -> None:
+    from gpupool.server.orm import TenantRow
+
+    _create(server, name="c")
+    account = ensure_account(account_name("d"))
+    with server.rt.store.write() as session:  # a mapping stored before the server refused it
+        row = session.get(TenantRow, "c")
+        assert row is not None
+        row.unix_user = account.user
+    answer = server.client.post(f"{API}/tenants", json={"name": "d"}, headers=server.headers())
+    assert answer.status_code == 422, answer.text
+    assert "which tenant 'c' is mapped to" in answer.json()["message"]
+    with pytest.raises(Exception, match="the pool's account of another tenant"):
+        Identities(switch_users=True).resolve("c", account.user)  # and the agent will not start c's pods
 
 
 def test_set_changes_only_what_is_given(server: Server) -> None:

@@ -206,6 +206,25 @@ def test_metrics_needs_the_admin_or_a_metrics_token(server: Server) -> None:
     assert submitted.status_code == 403
 
 
+def test_a_tenant_cannot_hold_a_metrics_token(server: Server) -> None:
+    # /metrics names every tenant's use: a tenant-owned metrics token read all of it
+    _tenant(server, "team-a")
+    answer = server.client.post(f"{API}/tokens", json={"tenant": "team-a", "scope": "metrics"},
+                                headers=server.headers())
+    assert answer.status_code == 422, answer.text
+    assert "only the admin owns one" in answer.json()["message"]
+    # one stored before this rule is refused at /metrics (and, as any metrics token, elsewhere)
+    from gpupool.server.auth import Scope, new_token
+    from gpupool.server.services.tokens import token_row
+
+    legacy = new_token()
+    with server.rt.store.write() as session:
+        session.add(token_row(legacy, "team-a", "old-prom", server.rt.clock(), scope=Scope.METRICS))
+    refused = server.client.get("/metrics", headers=server.headers(legacy))
+    assert refused.status_code == 403 and "admin metrics token" in refused.json()["message"]
+    assert _get(server, legacy) == 403
+
+
 def test_metrics_public_serves_without_a_token(tmp_path: Path) -> None:
     from dataclasses import replace
 

@@ -56,6 +56,16 @@ def account_name(tenant: str) -> str:
     return f"{ACCOUNT_PREFIX}{tenant[: MAX_ACCOUNT_NAME - len(ACCOUNT_PREFIX) - 9]}-{digest}"
 
 
+def is_pool_account(identity: PodIdentity) -> bool:
+    """Whether the account is one of the pool's own (named gpupool-..., or in the pods' group)."""
+    if identity.user.startswith(ACCOUNT_PREFIX):
+        return True
+    try:
+        return identity.gid == grp.getgrnam(POD_GROUP).gr_gid
+    except KeyError:
+        return False
+
+
 def mapped_account(user: str) -> PodIdentity:
     """The existing, unprivileged account `user`. Raises InvalidInput when it does not exist or is
     root (uid 0)."""
@@ -151,6 +161,11 @@ class Identities:
             if known is None:
                 if unix_user:
                     known = mapped_account(unix_user)
+                    if is_pool_account(known) and known.user != account_name(tenant or "default"):
+                        raise InvalidInput(  # a mapping stored before the server refused it
+                            f"Tenant {tenant!r} is mapped to {unix_user!r}, the pool's account of another "
+                            "tenant; its pods do not start until `gpupool tenant set --unix-user` maps "
+                            "it to an account of its own.", unix_user=unix_user)
                 else:
                     tenant = tenant or "default"
                     known = ensure_account(account_name(tenant), f"gpupool pods of tenant {tenant}")

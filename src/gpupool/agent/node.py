@@ -34,7 +34,7 @@ from gpupool.agent.mps import MpsDaemon
 from gpupool.agent.podstate import PodRecord, write_atomic
 from gpupool.agent.probes.infiniband import SYSFS_ROOT, read_ib_ports
 from gpupool.agent.probes.nvml import NvmlProbe, ProbeResult, ProbeStatus
-from gpupool.agent.runner import LogStream, Runner
+from gpupool.agent.runner import DEFAULT_MAX_LOG_BYTES, LogStream, Runner
 from gpupool.core.model import Device, IbPort, Node
 from gpupool.errors import InvalidInput, NotFound, ProviderError
 from gpupool.profiles import ProfileSet, default_profiles
@@ -88,7 +88,8 @@ class NodeAgent:
                  probe: NvmlProbe | None = None, mps: MpsDaemon | None = None,
                  cgroup_root: Path | str | None = None, clock: Callable[[], float] = time.time,
                  ib_sysfs_root: Path | str = SYSFS_ROOT, identities: Identities | None = None,
-                 scratch_root: Path | str | None = None, pod_path: str | None = None) -> None:
+                 scratch_root: Path | str | None = None, pod_path: str | None = None,
+                 max_log_bytes: int = DEFAULT_MAX_LOG_BYTES) -> None:
         self.ib_sysfs_root = Path(ib_sysfs_root)
         self.state_dir = Path(state_dir)
         self.state_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
@@ -103,7 +104,7 @@ class NodeAgent:
         self._probe = probe or NvmlProbe(profiles=self._profiles)
         self._mps = mps or MpsDaemon(self.state_dir)
         self.cgroup_root = find_cgroup_root(cgroup_root)
-        self.runner = Runner(self.state_dir, clock=clock)
+        self.runner = Runner(self.state_dir, clock=clock, max_log_bytes=max_log_bytes)
         self._lock = threading.RLock()
         self._faults: dict[str, str] = {}
         self._events: list[HealthEvent] = []

@@ -6,7 +6,8 @@ directory is the agent's alone (0700): a pod, started as its own Unix account (s
 cannot read or change it; the pod works in its private directory instead. A new Runner on the same
 state directory re-adopts pods whose process still runs (same pid and same start time, so a reused
 pid is never mistaken for ours) and reports the others finished (exit status from exit.json) or
-lost, with the reason.
+lost, with the reason. Each log is held to `max_log_bytes` (see cap_log), so a pod cannot fill the
+agent's disk.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ import signal
 import subprocess
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 from pathlib import Path
@@ -39,6 +40,8 @@ log = logging.getLogger("gpupool.agent")
 _POD_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 _ESCALATION_POLL_S = 0.02
 SWEEP_INTERVAL_S = 0.1
+DEFAULT_MAX_LOG_BYTES = 2**30
+"""What one pod's log (each of stdout.log and stderr.log) may hold; the output beyond is dropped."""
 
 
 class LogStream(StrEnum):
@@ -64,6 +67,40 @@ def _complete_utf8(data: bytes) -> bytes:
             need = 1 if byte < 0x80 else 2 if byte >= 0xC0 and byte < 0xE0 else 3 if byte < 0xF0 else 4
             return data if need <= back else data[:-back]
     return data
+
+
+def cap_note(max_bytes: int) -> bytes:
+    """The line that ends a log cut at its cap (on a line of its own)."""
+    shown = f"{max_bytes / 2**30:g} GiB" if max_bytes >= 2**30 else (
+        f"{max_bytes / 2**20:g} MiB" if max_bytes >= 2**20 else f"{max_bytes} bytes")
+    return (f"\ngpupool: this log reached its cap of {shown}; the pod's further output here is dropped "
+            "(the pool's --max-pod-log).\n").encode()
+
+
+def cap_log(path: Path, max_bytes: int) -> bool:
+    """Cut the log at `path` back to `max_bytes` followed by the cap's note when it holds more; True
+    when it reached the cap. The pod writes with O_APPEND, so what it writes after a cut lands after
+    the note and is cut at the next check: the log never holds more than the cap, the note and what
+    the pod wrote since the last check."""
+    try:
+        if os.stat(path, follow_symlinks=False).st_size <= max_bytes:  # the usual case: one stat
+            return False
+        fd = os.open(path, os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError:  # not written yet, or gone
+        return False
+    note = cap_note(max_bytes)
+    try:
+        size = os.fstat(fd).st_size
+        if size != max_bytes + len(note) or os.pread(fd, len(note), max_bytes) != note:
+            os.ftruncate(fd, max_bytes)
+            os.pwrite(fd, note, max_bytes)
+            os.ftruncate(fd, max_bytes + len(note))  # what the pod appended meanwhile goes too
+        return True
+    except OSError:
+        log.warning("could not cut %s back to its cap", path, exc_info=True)
+        return False
+    finally:
+        os.close(fd)
 
 
 def _private(path: str, flags: int) -> int:
@@ -93,8 +130,11 @@ def _final_phase(record: PodRecord, exit_code: int) -> PodPhase:
 class Runner:
     """Starts and supervises pods on this machine. Thread-safe; every method returns promptly."""
 
-    def __init__(self, state_dir: Path, *, clock: Callable[[], float] = time.time) -> None:
+    def __init__(self, state_dir: Path, *, clock: Callable[[], float] = time.time,
+                 max_log_bytes: int = DEFAULT_MAX_LOG_BYTES) -> None:
         self._dir = Path(state_dir) / "pods"
+        self.max_log_bytes = max_log_bytes
+        """Each log of a pod is cut back to this (and a note saying so) at every poll and at its end."""
         self._dir.mkdir(parents=True, exist_ok=True, mode=0o700)
         os.chmod(self._dir, 0o700)
         self._clock = clock
@@ -146,7 +186,9 @@ class Runner:
             pod_dir = self.pod_dir(pod_id)
             pod_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
             cwd = Path(workdir) if workdir else pod_dir
-            if not cwd.is_dir():
+            # As another account, only the shim's `cd` as that account judges the directory: a check
+            # here, as root, would tell a tenant which paths exist where it may not look.
+            if identity is None and not cwd.is_dir():
                 raise InvalidInput(f"Pod {pod_id!r}: working directory {str(cwd)!r} does not exist.")
             record = PodRecord(pod_id=pod_id, command=list(command), workdir=str(cwd),
                                started_at_s=self._clock(), uid=identity.uid if identity else None,
@@ -310,7 +352,9 @@ class Runner:
         """Reap finished pods, escalate overdue stops, and return a copy of every record (a finished
         pod's copy is made once and shared by later polls: treat the records as read-only)."""
         try:
-            return self._poll()
+            records = self._poll()
+            self._cap_logs(r for r in records if not r.finished)
+            return records
         finally:
             self._sweep()
             if self._launcher is not None:
@@ -335,6 +379,13 @@ class Runner:
                 final = self._final_copies[pod_id] = record.model_copy()
                 copies.append(final)
             return copies
+
+    def _cap_logs(self, records: Iterable[PodRecord]) -> None:
+        """Hold each log of these pods to max_log_bytes (see cap_log)."""
+        for record in records:
+            for stream in (LogStream.STDOUT,) if record.combined_output else (LogStream.STDOUT,
+                                                                              LogStream.STDERR):
+                cap_log(self.log_path(record.pod_id, stream), self.max_log_bytes)
 
     def _reap(self, record: PodRecord) -> None:
         child = self._children.pop(record.pod_id, None)
@@ -379,6 +430,7 @@ class Runner:
         record.phase, record.exit_code, record.signal = phase, code, sig
         record.message = message if not record.message else f"{record.message}; {message}"
         record.finished_at_s = self._clock()
+        self._cap_logs((record,))  # what it wrote since the last poll
         timer = self._timers.pop(record.pod_id, None)
         if timer is not None:
             timer.cancel()
@@ -461,11 +513,15 @@ class Runner:
         finished = record.finished
         try:
             with open(self.log_path(pod_id, stream), "rb") as handle:
-                handle.seek(max(0, offset))
+                size = os.fstat(handle.fileno()).st_size
+                if not 0 <= offset <= size:  # never seek past the end (a filesystem may refuse it)
+                    # asked from past the end (or a log cut back to its cap): resume at the end
+                    return LogChunk("", size, finished)
+                handle.seek(offset)
                 data = handle.read(max_bytes)
                 at_end = not handle.read(1)
         except FileNotFoundError:
-            return LogChunk("", offset, finished)
+            return LogChunk("", max(0, offset), finished)
         data = data if (finished and at_end) else _complete_utf8(data)
         return LogChunk(data.decode("utf-8", errors="replace"), offset + len(data), finished and at_end)
 

@@ -164,9 +164,13 @@ def _set(flags: dict[tuple[str, ...], object], path: tuple[str, ...], kind: str,
 def _read_file(path: str) -> dict[str, object]:
     import yaml
 
+    from gpupool.errors import InvalidInput
+    from gpupool.yamlfiles import read_text, safe_load
+
     try:
-        with open(path, encoding="utf-8") as handle:
-            data = yaml.safe_load(handle)
+        data = safe_load(read_text(path, "the spec file"))
+    except InvalidInput as exc:
+        raise UsageError(exc.message) from None
     except OSError as exc:
         raise UsageError(f"Cannot read spec file {path}: {exc.strerror}.") from None
     except yaml.YAMLError as exc:

@@ -15,7 +15,9 @@ app = typer.Typer(help="Tenants (admin): create, set, ls.\n\nExample: gpupool te
                   no_args_is_help=True)
 
 UnixUser = Annotated[
-    str | None, typer.Option("--unix-user", help="An existing account on the server its pods run as.")
+    str | None, typer.Option("--unix-user", help=(
+        "An existing account on the server its pods run as; not root, not another tenant's, not a "
+        "gpupool-... account but its own."))
 ]
 MaxPriority = Annotated[
     int | None, typer.Option("--max-priority", help="Highest priority its tokens may submit at (default 0).")

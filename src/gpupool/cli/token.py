@@ -24,7 +24,9 @@ def create(
         str, typer.Option("--expires", help="30d, 12h, 90m or never (default: the server's, 90 days).")
     ] = "",
     scope: Annotated[
-        str, typer.Option("--scope", help="full (default) or metrics (may read /metrics only).")
+        str, typer.Option("--scope", help=(
+            "full (default) or metrics (may read /metrics only; with --admin only, as /metrics names "
+            "every tenant)."))
     ] = "full",
 ) -> None:
     """Create a token and print it once (only its hash is stored).

@@ -4,18 +4,33 @@ from __future__ import annotations
 
 import socket
 import sys
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
 import typer
 
 from gpupool.cli._common import check_policy, default_policy, policy_names_text
-from gpupool.server.settings import DEFAULT_HOST, DEFAULT_PORT
+from gpupool.server.settings import (
+    DEFAULT_HOST,
+    DEFAULT_MAX_POD_LOG_BYTES,
+    DEFAULT_MAX_REQUEST_BODY_BYTES,
+    DEFAULT_PORT,
+)
 
 if TYPE_CHECKING:
     from gpupool.config import PoolConfig
 
 DEFAULT_POLICY = default_policy()
+
+
+@dataclass(frozen=True, slots=True)
+class _Limits:
+    """What `up` bounds for the settings: request bodies, pods' logs and where they go."""
+
+    max_request_body_bytes: int = DEFAULT_MAX_REQUEST_BODY_BYTES
+    max_pod_log_bytes: int = DEFAULT_MAX_POD_LOG_BYTES
+    agent_dir: Path | None = None
 
 
 def up(
@@ -61,6 +76,21 @@ def up(
             "classes, queues, failure handling, default slice resources. See docs/configuration.md; "
             "check a file with `gpupool config check FILE`."))
     ] = None,
+    max_request_body: Annotated[
+        str, typer.Option("--max-request-body", envvar="GPUPOOL_MAX_REQUEST_BODY", help=(
+            "Refuse request bodies above this size with 413 before reading them (remote calls and "
+            "fabric telemetry keep room for their larger payloads)."))
+    ] = "1MiB",
+    max_pod_log: Annotated[
+        str, typer.Option("--max-pod-log", envvar="GPUPOOL_MAX_POD_LOG", help=(
+            "What each log of one pod may hold; beyond it the pod's output is dropped and its log "
+            "ends with a line saying so."))
+    ] = "1GiB",
+    agent_dir: Annotated[
+        Path | None, typer.Option("--agent-dir", envvar="GPUPOOL_AGENT_DIR", help=(
+            "Pods' logs and the agents' state (default: DATA_DIR/agents); put it on another "
+            "filesystem than the store so pods' output can never fill the store's disk."))
+    ] = None,
     fabric: Annotated[
         Path | None,
         typer.Option("--fabric", help=(
@@ -86,6 +116,7 @@ def up(
     import os
 
     from gpupool.errors import GpupoolError
+    from gpupool.server.settings import parse_size_bytes
 
     if ray_pod_carrier:
         if ray_pod_carrier not in ("group", "actor"):
@@ -94,8 +125,12 @@ def up(
             raise typer.Exit(2)
         os.environ["GPUPOOL_RAY_POD_CARRIER"] = ray_pod_carrier  # read by the ray provider
     try:
+        limits = _Limits(max_request_body_bytes=parse_size_bytes(max_request_body, "--max-request-body"),
+                         max_pod_log_bytes=parse_size_bytes(max_pod_log, "--max-pod-log"),
+                         agent_dir=agent_dir)
         _serve(data_dir, host, port, simulate, provider, database_url, policy or placement or "",
-               tls_cert, tls_key, metrics_public, config, fabric_path=fabric, ray_address=ray_address)
+               tls_cert, tls_key, metrics_public, config, fabric_path=fabric, ray_address=ray_address,
+               limits=limits)
     except GpupoolError as exc:
         print(f"Error: {exc.message}", file=sys.stderr)
         raise typer.Exit(exc.exit_code) from None
@@ -104,7 +139,7 @@ def up(
 def _serve(data_dir: Path | None, host: str, port: int, simulate: str, provider: str, database_url: str,
            placement: str, tls_cert: Path | None = None, tls_key: Path | None = None,
            metrics_public: bool = False, config_path: Path | None = None,
-           fabric_path: Path | None = None, ray_address: str = "") -> None:
+           fabric_path: Path | None = None, ray_address: str = "", limits: _Limits | None = None) -> None:
     import logging
 
     import uvicorn
@@ -118,7 +153,8 @@ def _serve(data_dir: Path | None, host: str, port: int, simulate: str, provider:
 
     settings = Settings(data_dir=data_dir or default_data_dir(), host=host, port=port, simulate=simulate,
                         provider=provider, database_url=database_url, placement=placement,
-                        tls_cert=tls_cert, tls_key=tls_key, metrics_public=metrics_public).with_env()
+                        tls_cert=tls_cert, tls_key=tls_key, metrics_public=metrics_public,
+                        **asdict(limits or _Limits())).with_env()
     from gpupool.config import load_config
 
     pool_config = load_config(config_path)  # a bad file stops here, one sentence per problem
@@ -131,6 +167,8 @@ def _serve(data_dir: Path | None, host: str, port: int, simulate: str, provider:
     from gpupool.server.datadir import pod_accounts_notice, secure_data_dir
 
     secure_data_dir(settings.data_dir)
+    if settings.agent_dir is not None:
+        secure_data_dir(settings.agent_dir, flag="--agent-dir")
     _check_port(host, port)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     logging.getLogger("alembic").setLevel(logging.WARNING)

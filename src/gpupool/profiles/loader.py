@@ -12,7 +12,8 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from gpupool.errors import ProfileError, UnknownName, did_you_mean
+from gpupool.errors import InvalidInput, ProfileError, UnknownName, did_you_mean
+from gpupool.yamlfiles import read_text, safe_load
 
 PROFILES_DIR_ENV = "GPUPOOL_PROFILES_DIR"
 """Extra profile directories (separated by os.pathsep) read after the built-in ones."""
@@ -137,7 +138,7 @@ def _field_path(loc: Sequence[int | str]) -> str:
 def load_profile_file(path: Path) -> DeviceProfile:
     """Read and validate one profile file; a problem raises ProfileError naming file and field."""
     try:
-        raw: Any = yaml.safe_load(path.read_text(encoding="utf-8"))
+        raw: Any = safe_load(read_text(path, "the profile file"))
     except OSError as exc:
         raise ProfileError(
             f"{path}: cannot read the profile file ({exc.strerror}).", file=str(path)
@@ -145,9 +146,13 @@ def load_profile_file(path: Path) -> DeviceProfile:
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" at line {mark.line + 1}" if mark is not None else ""
+        problem = getattr(exc, "problem", None)
         raise ProfileError(
-            f"{path}: the file is not valid YAML{where}; fix the syntax.", file=str(path)
+            f"{path}: the file is not valid YAML{where}" + (f" ({problem})" if problem else "")
+            + "; fix the syntax.", file=str(path)
         ) from None
+    except InvalidInput as exc:
+        raise ProfileError(exc.message, file=str(path)) from None
     if not isinstance(raw, dict):
         raise ProfileError(
             f"{path}: a profile must be a YAML mapping of fields such as model, vendor, kind, memory_mib.",

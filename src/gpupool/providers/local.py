@@ -19,6 +19,7 @@ from gpupool.agent.node import NodeAgent
 from gpupool.agent.podstate import PodRecord
 from gpupool.agent.probes.infiniband import SYSFS_ROOT
 from gpupool.agent.probes.nvml import NvmlProbe
+from gpupool.agent.runner import DEFAULT_MAX_LOG_BYTES
 from gpupool.core.model import Node
 from gpupool.errors import NotFound, ProviderError
 from gpupool.providers.base import (
@@ -58,11 +59,12 @@ class LocalProvider(Provider):
                  cgroup_root: Path | str | None = None, clock: Callable[[], float] = time.time,
                  probe: NvmlProbe | None = None, mps: MpsDaemon | None = None,
                  ib_sysfs_root: Path | str = SYSFS_ROOT, identities: Identities | None = None,
-                 scratch_root: Path | str | None = None) -> None:
+                 scratch_root: Path | str | None = None, max_log_bytes: int = DEFAULT_MAX_LOG_BYTES) -> None:
         self.agent = NodeAgent(state_dir or default_state_dir(), node_name=node_name, simulate=simulate,
                                fallback_simulate=fallback_simulate, probe=probe, mps=mps,
                                cgroup_root=cgroup_root, clock=clock, ib_sysfs_root=ib_sysfs_root,
-                               identities=identities, scratch_root=scratch_root)
+                               identities=identities, scratch_root=scratch_root,
+                               max_log_bytes=max_log_bytes)
         self._closed = False
         self._final_statuses: dict[str, PodStatus] = {}
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
+from gpupool.agent.runner import DEFAULT_MAX_LOG_BYTES
 from gpupool.core.model import Node
 from gpupool.errors import InvalidInput, NotFound, ProviderError
 from gpupool.providers.base import Capability, HealthEvent, LogChunk, PodLaunch, PodStatus, Provider
@@ -24,14 +25,15 @@ class LocalPool(Provider):
     concurrent_launch = True
     """launch() may be called from several threads at once (each member's agent is thread-safe)."""
 
-    def __init__(self, nodes: Sequence[Node], state_dir: Path) -> None:
+    def __init__(self, nodes: Sequence[Node], state_dir: Path, *,
+                 max_log_bytes: int = DEFAULT_MAX_LOG_BYTES) -> None:
         self._members: dict[str, LocalProvider] = {}
         for node in nodes:
             if not node.devices:
                 raise InvalidInput(f"Simulated node {node.name!r} has no devices.")
             spec = f"{len(node.devices)}x{node.devices[0].model}"
             self._members[node.name] = LocalProvider(state_dir / node.name, simulate=spec,
-                                                     node_name=node.name)
+                                                     node_name=node.name, max_log_bytes=max_log_bytes)
 
     def _member(self, node: str) -> LocalProvider:
         member = self._members.get(node)

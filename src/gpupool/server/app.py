@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.responses import Response
@@ -13,12 +14,14 @@ import gpupool
 from gpupool.errors import Forbidden
 from gpupool.server import apidocs, http_errors, ui
 from gpupool.server.auth import Scope
+from gpupool.server.bodylimit import BodyLimit
 from gpupool.server.fastpath import SubmitFastPath
 from gpupool.server.loops.control import ControlLoop
 from gpupool.server.metrics import Metrics, RequestTimer
 from gpupool.server.routers import audit, calls, config, health, nodes, session, tenants, usage, workloads
 from gpupool.server.routers import fabric as fabric_routes
 from gpupool.server.runtime import Runtime
+from gpupool.server.schemas.common import ErrorBody
 from gpupool.server.services import node_faults
 from gpupool.server.services.submit_writer import SubmitWriter
 
@@ -58,10 +61,11 @@ def create_app(rt: Runtime, *, run_loop: bool = True) -> FastAPI:
     app.state.loop = loop
     app.state.submit_writer = writer
     http_errors.install(app)
+    too_large: dict[int | str, dict[str, Any]] = {
+        413: {"model": ErrorBody, "description": "the request body is larger than the pool's limit"}}
     for router in (health.router, workloads.router, nodes.router, tenants.router, audit.router,
-                   config.router, session.router, usage.router, calls.router):
-        app.include_router(router, prefix=API_PREFIX)
-    app.include_router(fabric_routes.router, prefix=API_PREFIX)
+                   config.router, session.router, usage.router, calls.router, fabric_routes.router):
+        app.include_router(router, prefix=API_PREFIX, responses=dict(too_large))
     app.include_router(health.router, include_in_schema=False)  # /health at the root too
     apidocs.install(app, f"{API_PREFIX}/openapi.json")
     ui.install(app)  # the dashboard at / and /ui/, a client of the routes above
@@ -72,11 +76,13 @@ def create_app(rt: Runtime, *, run_loop: bool = True) -> FastAPI:
             client = request.client
             who = rt.auth.principal(request.headers.get("authorization"), scope=Scope.METRICS,
                                     remote=client.host if client else "")
-            if not who.is_admin and who.scope != Scope.METRICS:
-                raise Forbidden("/metrics needs the admin token or a metrics token "
+            request.state.principal = who  # its 403 below is audited
+            if not who.is_admin:  # a tenant's metrics token (made before they were the admin's) too
+                raise Forbidden("/metrics needs the admin token or an admin metrics token "
                                 "(gpupool token create --admin --scope metrics).")
         return Response(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
     app.add_middleware(RequestTimer, metrics=metrics)
-    app.add_middleware(SubmitFastPath, rt=rt, writer=writer, metrics=metrics)  # outermost of ours
+    app.add_middleware(SubmitFastPath, rt=rt, writer=writer, metrics=metrics)
+    app.add_middleware(BodyLimit, limit_bytes=rt.settings.max_request_body_bytes)  # outermost of ours
     return app

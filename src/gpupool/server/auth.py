@@ -34,6 +34,7 @@ LAST_USED_FLUSH_S = 5.0
 """Tokens' last use is written at most this often."""
 REFUSAL_WINDOW_S = 60.0
 """Refused authentications are written at most once per window, coalesced with a count."""
+_RefusalKey = tuple[str, str, str, str, str]
 MAX_REFUSAL_KEYS = 64
 """Distinct (address, reason, token) groups kept per window; the rest are counted together."""
 
@@ -136,7 +137,8 @@ class Authenticator:
         self._monotonic = monotonic
         self._known: dict[str, _Known] = {}
         self._used: dict[str, float] = {}
-        self._refusals: dict[tuple[str, str, str], int] = {}
+        self._refusals: dict[_RefusalKey, int] = {}
+        """(action, actor, address, reason, token id) -> how many, since the last write."""
         self._next_used_flush = 0.0
         self._next_refusal_flush = 0.0
         self._flushing = False
@@ -162,6 +164,8 @@ class Authenticator:
                                    str(getattr(exc, "token_id", "")))
             raise
         if who.scope != scope and who.scope == Scope.METRICS:
+            if remote is not None:
+                self.note_forbidden(replace(who, remote=remote), "a metrics token used on the API")
             raise Forbidden("This token may only read /metrics; use a full token for the API.")
         return replace(who, remote=remote) if remote else who
 
@@ -212,11 +216,18 @@ class Authenticator:
 
     # ------------------------------------------------------------ background writes
 
+    def note_forbidden(self, who: Principal, reason: str) -> None:
+        """Record a 403 (a valid token asking for what it may not have), coalesced as refusals are:
+        probing with a tenant's token leaves a trace without a store write per request."""
+        self._note(("auth.forbidden", who.actor, who.remote[:64], reason[:200], who.token_id))
+
     def _note_refusal(self, remote: str, reason: str, token_id: str) -> None:
-        key = (remote[:64], reason, token_id)
+        self._note(("auth.refused", "", remote[:64], reason, token_id))
+
+    def _note(self, key: _RefusalKey) -> None:
         with self._lock:
             if key not in self._refusals and len(self._refusals) >= MAX_REFUSAL_KEYS:
-                key = ("(many addresses)", "", "")
+                key = (key[0], "", "(many addresses)", "", "")
             self._refusals[key] = self._refusals.get(key, 0) + 1
         self._maybe_flush(self._monotonic())
 
@@ -236,7 +247,7 @@ class Authenticator:
         try:
             with self._lock:
                 used: dict[str, float] = {}
-                refusals: dict[tuple[str, str, str], int] = {}
+                refusals: dict[_RefusalKey, int] = {}
                 if mono >= self._next_used_flush:
                     used, self._used = self._used, {}
                     self._next_used_flush = mono + LAST_USED_FLUSH_S
@@ -254,7 +265,7 @@ class Authenticator:
             refusals, self._refusals = self._refusals, {}
         self._write(used, refusals)
 
-    def _write(self, used: dict[str, float], refusals: dict[tuple[str, str, str], int]) -> None:
+    def _write(self, used: dict[str, float], refusals: dict[_RefusalKey, int]) -> None:
         if not used and not refusals:
             return
         now = self._clock()
@@ -266,8 +277,8 @@ class Authenticator:
                         .where(TokenRow.id == token_id,
                                or_(TokenRow.last_used_s.is_(None), TokenRow.last_used_s < at_s))
                         .values(last_used_s=at_s))
-                for (remote, reason, token_id), count in sorted(refusals.items()):
-                    session.add(AuditRow(at_s=now, actor="", token_id=token_id, action="auth.refused",
+                for (action, actor, remote, reason, token_id), count in sorted(refusals.items()):
+                    session.add(AuditRow(at_s=now, actor=actor, token_id=token_id, action=action,
                                          target=token_id, detail=reason, remote=remote, count=count))
         except Exception as exc:  # the store's own error; losing these notes must not fail requests
             log.warning("recording token use and refused logins failed: %s", exc)

@@ -17,7 +17,7 @@ from gpupool.agent.identity import POD_GROUP, account_name, can_switch_users, en
 PRIVATE_UMASK = 0o077
 
 
-def secure_data_dir(path: Path) -> None:
+def secure_data_dir(path: Path, flag: str = "--data-dir") -> None:
     """Create `path` 0700 (or close an existing one), close its direct entries (the store, the admin
     token, the agents' directory: 0600 files, 0700 directories), and set umask 077. What lies deeper
     is behind those, so it is not walked: a start-up stays as fast with a long history of pods.
@@ -28,8 +28,9 @@ def secure_data_dir(path: Path) -> None:
     path.mkdir(parents=True, exist_ok=True, mode=0o700)
     info = path.lstat()
     if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.geteuid():
-        raise InvalidInput(f"The data directory {str(path)!r} is not a directory owned by this user; "
-                           "choose another with --data-dir.")
+        what = "data" if flag == "--data-dir" else "agent"
+        raise InvalidInput(f"The {what} directory {str(path)!r} is not a directory owned by this user; "
+                           f"choose another with {flag}.")
     os.chmod(path, 0o700)
     with os.scandir(path) as entries:
         for entry in entries:

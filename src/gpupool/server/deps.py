@@ -21,7 +21,9 @@ async def runtime(request: Request) -> Runtime:
 async def principal(request: Request) -> Principal:
     rt: Runtime = request.app.state.runtime
     client = request.client  # its address goes to the audit log (refusals, admin actions)
-    return rt.auth.principal(request.headers.get("authorization"), remote=client.host if client else "")
+    who = rt.auth.principal(request.headers.get("authorization"), remote=client.host if client else "")
+    request.state.principal = who  # a 403 this request ends with is audited as this caller's
+    return who
 
 
 async def submit_writer(request: Request) -> SubmitWriter:

@@ -11,7 +11,7 @@ from fastapi.responses import JSONResponse
 from sqlalchemy.exc import OperationalError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from gpupool.errors import GpupoolError
+from gpupool.errors import Forbidden, GpupoolError
 from gpupool.server import validation
 from gpupool.server.db import store_unavailable
 
@@ -33,8 +33,12 @@ def _validation(_: Request, exc: Exception) -> JSONResponse:
     return error_response(422, "invalid_input", message, {"errors": problems})
 
 
-def _gpupool(_: Request, exc: Exception) -> JSONResponse:
+def _gpupool(request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, GpupoolError)
+    if isinstance(exc, Forbidden):
+        who = getattr(request.state, "principal", None)  # set once the token was accepted (deps)
+        if who is not None:
+            request.app.state.runtime.auth.note_forbidden(who, exc.message)
     return gpupool_error_response(exc)
 
 

@@ -27,7 +27,7 @@ class Provisioned:
 def provision(settings: Settings, *, ray_address: str = "") -> Provisioned:
     """The provider `settings` ask for; with no accelerator and no --simulate, a simulated pool.
     `ray_address` (HOST:PORT) attaches the ray provider to a running cluster."""
-    state_dir = settings.data_dir / "agents"
+    state_dir = settings.resolved_agent_dir
     if ray_address and settings.provider != "ray":
         from gpupool.errors import InvalidInput
 
@@ -47,10 +47,11 @@ def provision(settings: Settings, *, ray_address: str = "") -> Provisioned:
 
         return Provisioned(make_provider(settings.provider), "")
     if settings.simulate:
-        return _simulated(settings.simulate, state_dir, f"Serving the simulated pool {settings.simulate}")
+        return _simulated(settings.simulate, state_dir, f"Serving the simulated pool {settings.simulate}",
+                          settings.max_pod_log_bytes)
     from gpupool.providers.local import LocalProvider
 
-    local = LocalProvider(state_dir / "local")
+    local = LocalProvider(state_dir / "local", max_log_bytes=settings.max_pod_log_bytes)
     if any(not d.simulated for n in local.nodes() for d in n.devices):
         return Provisioned(local, "")
     reason = local.missing_capabilities().get(Capability.GPU, "no accelerator found")
@@ -59,6 +60,7 @@ def provision(settings: Settings, *, ray_address: str = "") -> Provisioned:
         DEFAULT_SIMULATED_POOL, state_dir,
         f"No GPU found ({reason.removeprefix('no real accelerator: ')}); serving a SIMULATED pool of "
         f"{DEFAULT_SIMULATED_POOL} (marked simulated everywhere; choose another with --simulate SPEC)",
+        settings.max_pod_log_bytes,
     )
 
 
@@ -78,7 +80,7 @@ def _ray(settings: Settings, address: str) -> Provisioned:
                                  f"gpupool node join --server URL --ray-address {head}")
 
 
-def _simulated(spec: str, state_dir: Path, notice: str) -> Provisioned:
+def _simulated(spec: str, state_dir: Path, notice: str, max_log_bytes: int) -> Provisioned:
     from gpupool.providers.fake import nodes_from_spec
 
     nodes = nodes_from_spec(spec)
@@ -91,4 +93,5 @@ def _simulated(spec: str, state_dir: Path, notice: str) -> Provisioned:
                            f"{notice}: {len(nodes)} nodes, too many to run locally, so pods are simulated.")
     from gpupool.providers.localpool import LocalPool
 
-    return Provisioned(LocalPool(nodes, state_dir), f"{notice}; pods run as processes on this machine.")
+    return Provisioned(LocalPool(nodes, state_dir, max_log_bytes=max_log_bytes),
+                       f"{notice}; pods run as processes on this machine.")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ipaddress
 import os
+import re
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -13,6 +14,15 @@ DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 8765
 DEFAULT_SIMULATED_POOL = "2x8xH100"
 """What `gpupool up` serves, clearly labelled as simulated, on a machine with no accelerator."""
+DEFAULT_MAX_REQUEST_BODY_BYTES = 2**20
+DEFAULT_MAX_POD_LOG_BYTES = 2**30
+"""The agent's DEFAULT_MAX_LOG_BYTES (not imported: the CLI reads this module at start)."""
+MIN_MAX_REQUEST_BODY_BYTES = 64 * 1024
+"""Below this a plain submission with a few environment variables would be refused."""
+MIN_MAX_POD_LOG_BYTES = 4096
+_SIZE = re.compile(r"^\s*([0-9]+(?:\.[0-9]+)?)\s*([A-Za-z]*)\s*$")
+_SIZE_UNITS = {"": 1, "b": 1, "k": 2**10, "kib": 2**10, "ki": 2**10, "m": 2**20, "mib": 2**20, "mi": 2**20,
+               "g": 2**30, "gib": 2**30, "gi": 2**30, "t": 2**40, "tib": 2**40, "ti": 2**40}
 
 
 def default_data_dir() -> Path:
@@ -45,6 +55,14 @@ class Settings:
     tls_cert: Path | None = None
     """PEM certificate chain to serve HTTPS with (together with tls_key)."""
     tls_key: Path | None = None
+    max_request_body_bytes: int = DEFAULT_MAX_REQUEST_BODY_BYTES
+    """Larger request bodies are refused with 413 before they are read (remote calls: their own
+    payload limit)."""
+    max_pod_log_bytes: int = DEFAULT_MAX_POD_LOG_BYTES
+    """What one pod's log (each stream) may hold on the agent's disk; the rest is dropped."""
+    agent_dir: Path | None = None
+    """The agents' state and the pods' logs (default: DATA_DIR/agents); may be on another
+    filesystem than the store, so a pod's output can never fill the store's disk."""
 
     def __post_init__(self) -> None:
         if not 0 < self.port < 65536:
@@ -57,6 +75,13 @@ class Settings:
             raise InvalidInput(f"--metrics-public serves usage without a token, so it needs a loopback "
                                f"--host (127.0.0.1), not {self.host}; scrape with a metrics token instead.")
         _check_tls(self.tls_cert, self.tls_key)
+        if self.max_request_body_bytes < MIN_MAX_REQUEST_BODY_BYTES:
+            raise InvalidInput(f"The request body limit must be at least "
+                               f"{MIN_MAX_REQUEST_BODY_BYTES // 1024} KiB, got {self.max_request_body_bytes} "
+                               "bytes; raise --max-request-body.")
+        if self.max_pod_log_bytes < MIN_MAX_POD_LOG_BYTES:
+            raise InvalidInput(f"The pod log cap must be at least {MIN_MAX_POD_LOG_BYTES} bytes, got "
+                               f"{self.max_pod_log_bytes}; raise --max-pod-log.")
         if self.database_url and not self.database_url.startswith(("sqlite", "postgresql")):
             raise InvalidInput(
                 f"Unsupported database URL {self.database_url!r}; use sqlite:///PATH or "
@@ -76,6 +101,11 @@ class Settings:
     def admin_token_path(self) -> Path:
         return self.data_dir / "admin-token"
 
+    @property
+    def resolved_agent_dir(self) -> Path:
+        """Where the agents keep pods' state and logs: the explicit directory, else DATA_DIR/agents."""
+        return self.agent_dir or self.data_dir / "agents"
+
     def with_env(self, environ: dict[str, str] | None = None) -> Settings:
         """Fill fields left at their defaults from GPUPOOL_DATABASE_URL, GPUPOOL_PLACEMENT..."""
         env = os.environ if environ is None else environ
@@ -89,7 +119,23 @@ class Settings:
                 changes["cycle_interval_s"] = float(env["GPUPOOL_CYCLE_INTERVAL_S"])
             except ValueError:
                 raise InvalidInput("GPUPOOL_CYCLE_INTERVAL_S must be a number of seconds.") from None
+        for name, key, default in (
+                ("GPUPOOL_MAX_REQUEST_BODY", "max_request_body_bytes", DEFAULT_MAX_REQUEST_BODY_BYTES),
+                ("GPUPOOL_MAX_POD_LOG", "max_pod_log_bytes", DEFAULT_MAX_POD_LOG_BYTES)):
+            if env.get(name) and getattr(self, key) == default:
+                changes[key] = parse_size_bytes(env[name], name)
+        if self.agent_dir is None and env.get("GPUPOOL_AGENT_DIR"):
+            changes["agent_dir"] = Path(env["GPUPOOL_AGENT_DIR"])
         return replace(self, **changes) if changes else self  # type: ignore[arg-type]
+
+
+def parse_size_bytes(text: str, what: str) -> int:
+    """'1MiB' -> 1048576, '512k' -> 524288, '4096' -> 4096 (binary units; a bare number is bytes)."""
+    match = _SIZE.match(text)
+    unit = match.group(2).lower() if match else ""
+    if not match or unit not in _SIZE_UNITS:
+        raise InvalidInput(f"{what} must be a size such as 4096, 512KiB, 1MiB or 2GiB, not {text!r}.")
+    return int(float(match.group(1)) * _SIZE_UNITS[unit])
 
 
 def is_loopback(host: str) -> bool:

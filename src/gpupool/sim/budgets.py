@@ -26,6 +26,7 @@ from gpupool.core.model import Reason
 from gpupool.core.scheduling.cycle import Rejection
 from gpupool.errors import InvalidInput
 from gpupool.sim.cost import CostMeter
+from gpupool.yamlfiles import read_text, safe_load
 
 
 class _Strict(BaseModel):
@@ -61,7 +62,7 @@ def load_budgets(path: Path | str) -> dict[str, Budget]:
     """The tenants' budgets of a budgets file (see the module docstring)."""
     source = Path(path)
     try:
-        data: Any = yaml.safe_load(source.read_text())
+        data: Any = safe_load(read_text(source, "the budgets file"))
     except OSError as exc:
         raise InvalidInput(f"Cannot read the budgets file {source}: {exc.strerror}; check the path.") from exc
     except yaml.YAMLError as exc:

@@ -131,10 +131,17 @@ def load_comm_model(spec: str) -> CommModel:
     import yaml
     from pydantic import ValidationError
 
+    from gpupool.yamlfiles import read_text, safe_load
+
     try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+        data = safe_load(read_text(path, "the communication model")) or {}
         return CommModel.model_validate(data)
-    except (yaml.YAMLError, ValidationError) as exc:
+    except yaml.YAMLError as exc:  # its text ends with a caret under the column: say the problem
+        mark = getattr(exc, "problem_mark", None)
+        where = f" line {mark.line + 1}" if mark is not None else ""
+        raise InvalidInput(f"{spec}{where} is not valid YAML ({getattr(exc, 'problem', None) or exc}).") \
+            from None
+    except ValidationError as exc:
         first = str(exc).splitlines()
         detail = first[-1].strip() if first else "unreadable"
         raise InvalidInput(f"{spec} is not a valid communication model ({detail}); see "

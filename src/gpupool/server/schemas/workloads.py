@@ -16,6 +16,15 @@ MAX_REPLICAS = 256
 MAX_COMMAND_ARGS = 4096
 MAX_TIME_LIMIT_S = 366 * 86400
 MAX_RETRIES = 1000
+MAX_COMMAND_BYTES = 128 * 1024
+"""The command's words together (UTF-8, one byte between words): a spec is stored and listed whole,
+and Linux refuses a single exec argument above 128 KiB anyway."""
+MAX_ENV_BYTES = 128 * 1024
+"""The environment's names and values together (UTF-8, NAME=VALUE plus one byte each)."""
+MAX_ENV_VARS = 1024
+MAX_ARRAY_STORED_BYTES = 64 * 2**20
+"""What one array's tasks may store in all: each task stores the whole spec, so without this one
+request of a large spec with 10,000 tasks would write gigabytes to the store."""
 
 
 def _check(parse: object, value: object) -> object:
@@ -152,6 +161,49 @@ class WorkloadSpec(Strict):
         if not value[0].strip():
             raise ValueError("the first word of the command (the program) must not be empty")
         return value
+
+    @field_validator("command")
+    @classmethod
+    def _command_size(cls, value: list[str]) -> list[str]:
+        return check_command_size(value)
+
+    @field_validator("env")
+    @classmethod
+    def _env_size(cls, value: dict[str, str]) -> dict[str, str]:
+        return check_env_size(value)
+
+
+def check_command_size(command: list[str]) -> list[str]:
+    """The command within MAX_COMMAND_BYTES (a ValueError naming the size otherwise)."""
+    size = sum(len(word.encode("utf-8", "surrogatepass")) + 1 for word in command)
+    if size > MAX_COMMAND_BYTES:
+        raise ValueError(f"the command is {size} bytes long, more than the {MAX_COMMAND_BYTES // 1024} KiB a "
+                         "spec may hold; put long inputs in a file the command reads")
+    return command
+
+
+def check_array_size(spec_bytes: int, tasks: int) -> None:
+    """An array whose tasks' specs together stay within MAX_ARRAY_STORED_BYTES (InvalidInput
+    otherwise: the spec is stored once per task)."""
+    if spec_bytes * tasks > MAX_ARRAY_STORED_BYTES:
+        raise InvalidInput(
+            f"This array stores its spec once per task: {tasks} tasks of {spec_bytes / 1024:.0f} KiB is "
+            f"{spec_bytes * tasks / 2**20:.0f} MiB, more than the {MAX_ARRAY_STORED_BYTES // 2**20} MiB an "
+            "array may hold; put long commands or environments in a file the tasks read, or split the "
+            "array.", field="array", tasks=tasks, spec_bytes=spec_bytes)
+
+
+def check_env_size(env: dict[str, str]) -> dict[str, str]:
+    """The environment within MAX_ENV_VARS and MAX_ENV_BYTES (a ValueError naming the size otherwise)."""
+    if len(env) > MAX_ENV_VARS:
+        raise ValueError(f"the environment has {len(env)} variables, more than the {MAX_ENV_VARS} a spec "
+                         "may hold; put settings in a file the command reads")
+    size = sum(len(name.encode("utf-8", "surrogatepass")) + len(value.encode("utf-8", "surrogatepass")) + 2
+               for name, value in env.items())
+    if size > MAX_ENV_BYTES:
+        raise ValueError(f"the environment is {size} bytes long, more than the {MAX_ENV_BYTES // 1024} KiB a "
+                         "spec may hold; put long values in a file the command reads")
+    return env
 
 
 class SliceOut(Strict):

@@ -13,7 +13,6 @@ tenant whose queues are all at 0.5 gets 0.5, whatever its default queue says.
 from __future__ import annotations
 
 import math
-import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
@@ -35,7 +34,6 @@ from gpupool.errors import InvalidInput
 from gpupool.server.auth import Principal
 from gpupool.server.orm import PodRow, QueueRow, TenantRow, WorkloadRow
 from gpupool.server.runtime import Runtime
-from gpupool.server.schemas.common import NAME_PATTERN, NAME_RULE
 from gpupool.server.services import audit
 from gpupool.server.states import ACTIVE_POD_STATES
 
@@ -221,11 +219,7 @@ def _split(total: int, room: Mapping[str, int]) -> dict[str, int]:
 
 
 def from_config(q: QueueConfig) -> QueueQuota:
-    """A configuration queue as stored settings; InvalidInput when a name cannot be stored."""
-    for what, value in (("tenant", q.tenant), ("queue", q.name), ("cohort", q.cohort)):
-        if value and not re.fullmatch(NAME_PATTERN, value):
-            raise InvalidInput(f"The configuration's queue {q.tenant}/{q.name} names {what} {value!r}, "
-                               f"but {NAME_RULE}; rename it in the file.")
+    """A configuration queue as stored settings (its names were checked with the file: PoolConfig)."""
     quota = QueueQuota(
         tenant=q.tenant, name=q.name,
         quota_milli=None if q.quota is None else devices_milli(q.quota), cohort=q.cohort,

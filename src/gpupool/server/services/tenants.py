@@ -11,7 +11,7 @@ from sqlalchemy import func, select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
-from gpupool.agent.identity import mapped_account
+from gpupool.agent.identity import account_name, is_pool_account, mapped_account
 from gpupool.core.model import WorkloadStatus
 from gpupool.core.quota import devices_milli
 from gpupool.core.units import MILLI
@@ -76,8 +76,13 @@ def single_user_warning() -> str:
 
 def check_unix_user(session: Session, name: str, tenant: str) -> None:
     """An existing, unprivileged account on this machine (the agent checks it again at launch) that
-    no other tenant is mapped to."""
-    mapped_account(name)
+    no other tenant is mapped to and that is not the pool's own account of another tenant."""
+    identity = mapped_account(name)
+    if is_pool_account(identity) and name != account_name(tenant):
+        raise InvalidInput(
+            f"Unix account {name!r} is one of the pool's own accounts{_whose(session, name)}, not "
+            f"tenant {tenant!r}'s; map {tenant!r} to an account of its own, or leave it unmapped to "
+            f"run its pods as {account_name(tenant)!r}.", unix_user=name)
     other = session.scalars(select(TenantRow.name).where(TenantRow.unix_user == name,
                                                          TenantRow.name != tenant)).first()
     if other is not None:
@@ -96,6 +101,7 @@ def create_tenant(rt: Runtime, who: Principal, body: TenantCreate) -> TenantOut:
                 raise Conflict(f"Tenant {body.name!r} already exists; pick another name.")
             if body.unix_user is not None:
                 check_unix_user(session, body.unix_user, body.name)
+            _check_own_account_free(session, body.name)
             session.add(TenantRow(name=body.name, created_s=now, max_priority=body.max_priority,
                                   max_pending=body.max_pending, unix_user=body.unix_user))
             session.flush()
@@ -107,6 +113,23 @@ def create_tenant(rt: Runtime, who: Principal, body: TenantCreate) -> TenantOut:
     warning = None if body.name == DEFAULT_TENANT or server_is_root() else single_user_warning()
     return TenantOut(name=body.name, created_s=now, queues=[DEFAULT_QUEUE], max_priority=body.max_priority,
                      max_pending=body.max_pending, unix_user=body.unix_user, warning=warning)
+
+
+def _whose(session: Session, account: str) -> str:
+    """' (tenant NAME's pods)' when a tenant's pods run as this pool account, else ''."""
+    owner = next((t for t in session.scalars(select(TenantRow.name)) if account_name(t) == account), None)
+    return "" if owner is None else f" (tenant {owner!r}'s pods run as it)"
+
+
+def _check_own_account_free(session: Session, tenant: str) -> None:
+    """A new tenant's pods run as its pool account: refuse the name when another tenant is mapped to
+    that account (a mapping made before the pool refused such mappings)."""
+    own = account_name(tenant)
+    other = session.scalars(select(TenantRow.name).where(TenantRow.unix_user == own)).first()
+    if other is not None:
+        raise InvalidInput(f"Tenant {tenant!r} would run its pods as {own!r}, which tenant {other!r} is "
+                           f"mapped to; map {other!r} to another account first, or pick another name.",
+                           unix_user=own)
 
 
 def _limits_text(max_priority: int, max_pending: int, unix_user: str | None) -> str:

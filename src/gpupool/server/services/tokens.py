@@ -56,6 +56,11 @@ def _of(tenant: str | None) -> Select[TokenRow]:
 def create_token(rt: Runtime, who: Principal, body: TokenCreate) -> TokenOut:
     """A new token, shown once; its name is unique among its owner's unrevoked tokens."""
     who.require_admin()
+    if body.tenant is not None and Scope(body.scope) is Scope.METRICS:
+        # /metrics names every tenant and queue: a tenant's token must not read the others' use
+        raise InvalidInput(f"A metrics token reads every tenant's series, so only the admin owns one; "
+                           f"create it with --admin --scope metrics, not --tenant {body.tenant}.",
+                           tenant=body.tenant)
     now = rt.clock()
     lifetime = None if body.never_expires else (body.expires_in_s or rt.settings.token_expiry_s)
     token = new_token()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 import secrets
 from collections.abc import Sequence
 from typing import Any
@@ -22,7 +23,9 @@ from gpupool.server.schemas.workloads import (
     WorkloadCreated,
     WorkloadOut,
     WorkloadSpec,
+    check_array_size,
 )
+from gpupool.server.services import audit
 from gpupool.server.services.converters import event_row_to_out, workload_row_to_out
 from gpupool.server.services.events import Move, apply_moves, transition
 from gpupool.server.services.fabric_listing import with_network
@@ -109,6 +112,7 @@ def _array(spec: WorkloadSpec, tenant: str, now: float, chosen: str | None) -> S
     spec = spec.model_copy(update={"array": None})
     template = to_workload(array_id, spec, tenant, spec.priority, now, priority_class=chosen)
     stored = _stored(spec, tenant, chosen)
+    check_array_size(len(json.dumps(stored)), len(tasks.indexes))
     rows: list[dict[str, Any]] = []
     events: list[dict[str, Any]] = []
     parsed: list[Workload] = []
@@ -178,10 +182,14 @@ def cancel(rt: Runtime, who: Principal, workload_id: str) -> WorkloadOut:
         if WorkloadStatus(row.status).is_final:
             raise Conflict(f"Workload {workload_id} already {row.status}; there is nothing to cancel.",
                            status=row.status)
+        row_status_before = row.status
         to_stop = stop_pods(session, row, PodState.STOPPED, now)
         transition(session, row, WorkloadStatus.CANCELLED.value, EventReason.CANCELLED_BY_USER,
                    "Cancelled by the user.", now)
         row.finished_s = now
+        if who.is_admin:  # the admin acting on a tenant's work: the tenant can learn who did it
+            audit.record(session, who, "workload.cancel", workload_id, now,
+                         f"tenant={row.tenant} was={row_status_before}")
     for pod_id in to_stop:
         rt.provider.stop(pod_id)
     forget = getattr(rt.provider, "forget_workload", None)
@@ -220,6 +228,9 @@ def cancel_array(rt: Runtime, who: Principal, array_id: str) -> ArrayCancelled:
             transition(session, row, cancelled, EventReason.CANCELLED_BY_USER, message, now)
             row.finished_s = now
         unfinished = sum(1 for t in tasks if not WorkloadStatus(t.status).is_final)
+        if who.is_admin and unfinished:
+            audit.record(session, who, "array.cancel", array_id, now,
+                         f"tenant={tasks[0].tenant} tasks={unfinished}")
     for pod_id in to_stop:
         rt.provider.stop(pod_id)
     if to_stop:
