@@ -4,7 +4,8 @@
 
 The scenarios are tests/server/fault_scenarios.py, the same that tests/server/test_faults.py runs
 and asserts on. The disk-full scenario mounts a tmpfs and so needs root; it is reported as skipped
-otherwise. The table goes to docs/benchmarks.md, "## Reliability".
+otherwise. The table goes to docs/experiments/reliability.md, "Faults" (the headline in
+docs/benchmarks.md, "Reliability").
 """
 
 from __future__ import annotations

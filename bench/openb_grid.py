@@ -215,7 +215,7 @@ def main() -> int:
         + " --write-docs`"
         f" ({len(todo)} runs, {wall:.0f} s wall on this machine"
         + (f"; {len(reused)} runs of {reused_names} taken from the earlier JSON" if reused else "")
-        + ")."
+        + f"; measured {time.strftime('%Y-%m-%d', time.gmtime())})."
     )
     text = markdown(ours, art, workloads, policies, meta)
     args.json.parent.mkdir(parents=True, exist_ok=True)

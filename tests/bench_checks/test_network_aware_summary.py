@@ -1,7 +1,7 @@
 """bench/network_aware.py's summary, on hand-made runs: the 95 % intervals, the per-seed ratio to the
 better of best-fit and fgd on the same scenario, the option parsing, and `--summarise` re-summarising
 and plotting a results JSON without the trace. Every figure in docs/benchmarks.md "Network-aware
-placement" comes out of these functions."""
+placement" and docs/experiments/network-aware.md comes out of these functions."""
 
 from __future__ import annotations
 

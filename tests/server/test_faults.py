@@ -1,6 +1,6 @@
 """Faults against real components: kill -9 during a submission flood, the store's disk full, pods
 that resist cancel, the agent killed while pods run (scenarios in fault_scenarios.py; bench/faults.py
-runs them full size and prints the table of docs/benchmarks.md "Reliability")."""
+runs them full size and prints the table of docs/experiments/reliability.md "Faults")."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """API fuzzing (bounded): every route the served schema lists, as the admin, a tenant and no token.
 
 No 5xx, every answer valid against the schema, every error in the one shape. The driver is
-bench/fuzz_api.py, whose long run is recorded in docs/benchmarks.md; here a few deterministic
+bench/fuzz_api.py, whose long run is recorded in docs/experiments/reliability.md; here a few deterministic
 examples per operation keep it inside `make test`.
 """
 

@@ -15,7 +15,7 @@ part of a cross-leaf path; the assumption that makes even a 1:1 fabric cost some
 slowdown is T over the same step packed inside one leaf on idle links (1.0 there); it progresses
 at 1/slowdown. The default classes are calibrated so that a gang spread over two leaves of an
 idle 1:1 fabric is 1.10-1.67x slower than packed (the range the Blox and Synergy simulators use),
-for every gang size: see `spread_slowdown` and docs/benchmarks.md ("Network-aware placement").
+for every gang size: see `spread_slowdown` and docs/experiments/network-aware.md ("The communication model").
 
 Reading the trace: a trace duration is the job's work at its original placement. `origin=packed`
 takes it as the packed time; `origin=two-leaves` assumes each multi-node job originally ran spread
@@ -145,7 +145,8 @@ def load_comm_model(spec: str) -> CommModel:
         first = str(exc).splitlines()
         detail = first[-1].strip() if first else "unreadable"
         raise InvalidInput(f"{spec} is not a valid communication model ({detail}); see "
-                           "docs/benchmarks.md (Network-aware placement) for the fields.") from None
+                           "docs/experiments/network-aware.md (The communication model) "
+                           "for the fields.") from None
 
 
 # ---------------------------------------------------------------------------------- step time

@@ -46,7 +46,7 @@ than the cap above divided by 1 + `queue_shrink` (4) x (the compute the cycle's 
 asks for / the pool's): on a backed-up pool every second the head's reservation holds back is a
 second the queue waits too, so the busier the pool, the less later a domain of its own may be
 (with a weaker shrink, or none, such reservations cost more than they saved in busy months:
-docs/benchmarks.md).
+docs/experiments/network-aware.md).
 """
 
 from __future__ import annotations
@@ -186,7 +186,7 @@ queue_shrink = 4.0
 """How fast the wait a stuck gang may take for a domain of its own shrinks with the queue behind
 it: its cap is divided by 1 + queue_shrink x (the compute the cycle's other pending work asks for /
 the pool's compute). 0 (the cap as `wait_for_domain`'s) and 1 measured worse than none of these
-reservations on a saturated two-month replay, 4 better (docs/benchmarks.md)."""
+reservations on a saturated two-month replay, 4 better (docs/experiments/network-aware.md)."""
 
 
 def reserve_in_domain(

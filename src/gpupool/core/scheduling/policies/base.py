@@ -95,7 +95,7 @@ class PlacementPolicy(ABC):
 _REGISTRY: dict[str, type[PlacementPolicy]] = {}
 
 DEFAULT_POLICY = "fgd-strand"
-"""The placement policy the scheduling cycle uses wherever none is named (docs/benchmarks.md)."""
+"""The placement policy the scheduling cycle uses wherever none is named (docs/benchmarks.md, "Packing")."""
 
 FILL_POLICY = "fgd-plan"
 """The project's best policy on the fill protocol (docs/benchmarks.md): `gpupool sim fill --policy fgd-plan`.

@@ -17,7 +17,7 @@ GPU) still have cores to spare. fgd-balance ranks candidates lexicographically:
    so such nodes are broken up only when that buys a clearly better balance;
 3. on a node, the fitting device with the least free share; then node order (first wins).
 
-Measured on the OpenB default trace (seeds 42-51, see docs/benchmarks.md) it allocates more than
+Measured on the OpenB default trace (seeds 42-51, see docs/experiments/packing.md) it allocates more than
 FGD at 100 % arrived demand.
 """
 
