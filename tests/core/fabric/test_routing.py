@@ -143,3 +143,59 @@ def test_spine_file_roots_change_ranks(psmn):
     assert all(tables.arrays.rank[tables.arrays.index[s]] == 0 for s in spines)
     for a, b in itertools.islice(itertools.combinations(psmn.cas, 2), 0, 400, 7):
         assert is_up_down(tables.arrays, [s for s, _ in walk(psmn, tables, a, b)])
+
+
+def _reference_ports(fabric) -> tuple[list[str], list[str], dict[tuple[int, int], int]]:  # type: ignore[no-untyped-def]
+    """The forwarding rule written out one switch and one CA at a time, with a queue BFS for the
+    ranks: the CA in slot k of its leaf leaves switch w by the (k mod n)-th of w's n legal
+    minimum-hop next hops toward that leaf, in port order."""
+    from gpupool.core.fabric.updown import hop_tables, next_hop_mask, switch_arrays
+
+    arrays = switch_arrays(fabric)
+    adjacency: dict[int, list[int]] = {}
+    for s, d in zip(arrays.src.tolist(), arrays.dst.tolist(), strict=True):
+        adjacency.setdefault(s, []).append(d)
+    rank = {arrays.index[r]: 0 for r in arrays.roots}
+    queue = deque(rank)
+    while queue:
+        node = queue.popleft()
+        for other in adjacency.get(node, []):
+            if other not in rank:
+                rank[other] = rank[node] + 1
+                queue.append(other)
+    unreached = arrays.num_switches + 1
+    assert [rank.get(s, unreached) for s in range(arrays.num_switches)] == arrays.rank.tolist()
+    leaf_rows = [arrays.index[leaf] for leaf in arrays.leaves]
+    dist, ddown = hop_tables(arrays, leaf_rows)
+    valid = next_hop_mask(arrays, dist, ddown)
+    ports: dict[tuple[int, int], int] = {}
+    slot_on: dict[int, int] = {}
+    for c, ca in enumerate(fabric.cas):
+        attach = fabric.ca_leaf.get(ca)
+        if attach is None or not attach[2].healthy:
+            continue
+        leaf = arrays.index[attach[0]]
+        slot = slot_on.get(leaf, 0)
+        slot_on[leaf] = slot + 1
+        column = leaf_rows.index(leaf)
+        for w in range(arrays.num_switches):
+            if w == leaf:
+                ports[(w, c)] = attach[1]
+                continue
+            hops = [int(arrays.port[e]) for e in range(len(arrays.src))
+                    if arrays.src[e] == w and valid[e, column]]
+            if hops:
+                ports[(w, c)] = hops[slot % len(hops)]
+    return arrays.switches, fabric.cas, ports
+
+
+@pytest.mark.parametrize("failed", [0, 12])
+def test_tables_follow_the_rule_written_out_one_switch_at_a_time(failed: int) -> None:
+    fabric = fat_tree(8, 3)
+    switch_links = [lk for lk in fabric.links if fabric.is_switch(lk.a) and fabric.is_switch(lk.b)]
+    fabric = fabric.without_links(random.Random(failed).sample(switch_links, failed))
+    switches, cas, expected = _reference_ports(fabric)
+    tables = compute_tables(fabric)
+    got = {(w, c): int(tables.ports[w, c]) for w in range(len(switches)) for c in range(len(cas))
+           if tables.ports[w, c] != NO_ROUTE}
+    assert got == expected

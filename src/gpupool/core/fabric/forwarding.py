@@ -95,41 +95,52 @@ def _fill_chunk(
     ca_leaf: np.ndarray,
     ca_slot: np.ndarray,
 ) -> None:
+    """Fill by_ca's rows for the CAs whose leaf is in `chunk`.
+
+    A CA's port at switch w is the (slot mod count)-th valid next hop toward its leaf column, so the
+    rows are built once per (column, slot) pair and each CA's row is then copied whole."""
     valid = next_hop_mask(arrays, dist, ddown)
     n = arrays.num_switches
     if valid.size == 0:
         return
-    count, lookup = _candidate_ports(arrays, valid, len(chunk))
-    column_of = {row: j for j, row in enumerate(chunk)}
-    targets = np.flatnonzero(np.isin(ca_leaf, chunk))
+    column_of = np.full(n, -1, dtype=np.int64)
+    column_of[np.asarray(chunk, dtype=np.int64)] = np.arange(len(chunk))
+    columns = np.where(ca_leaf >= 0, column_of[np.maximum(ca_leaf, 0)], -1)
+    targets = np.flatnonzero(columns >= 0)
     if targets.size == 0:
         return
-    cols = np.array([column_of[int(leaf)] for leaf in ca_leaf[targets]], dtype=np.int64)
-    counts = count.T[cols]  # (targets, switches)
-    choice = ca_slot[targets][:, None] % np.maximum(counts, 1)
-    picked = lookup[np.arange(n)[None, :], cols[:, None], choice]
-    picked[counts == 0] = NO_ROUTE
-    by_ca[targets] = picked
+    count, lookup = _candidate_ports(arrays, valid, len(chunk))  # (columns, n), (columns, n, k)
+    slots = int(ca_slot[targets].max()) + 1
+    choice = np.arange(slots, dtype=np.int32)[None, :, None] % np.maximum(count, 1)[:, None, :]
+    flat = (np.arange(len(chunk) * n, dtype=np.int32).reshape(len(chunk), 1, n) * lookup.shape[2]
+            + choice)
+    rows = lookup.reshape(-1)[flat]  # rows[c, slot, w]
+    rows[np.broadcast_to((count == 0)[:, None, :], rows.shape)] = NO_ROUTE
+    by_ca[targets] = rows[columns[targets], ca_slot[targets]]
 
 
 def _candidate_ports(arrays: SwitchArrays, valid: np.ndarray, columns: int) -> tuple[np.ndarray, np.ndarray]:
-    """count[s, l] valid next hops of switch s toward column l, and lookup[s, l, k] the k-th one's port.
+    """count[l, s] valid next hops of switch s toward column l, and lookup[l, s, k] the k-th one's
+    port (in edge order, i.e. by port).
 
-    Walks the j-th edge of every switch at once (j up to the largest degree), so the work is
-    vectorised over switches and columns rather than over every (edge, column) pair.
-    """
+    Edges are sorted by source switch, so a running count of valid edges down each column, less
+    the count before the switch's first edge, numbers each switch's valid next hops."""
     n = arrays.num_switches
     degree = np.bincount(arrays.src, minlength=n)
-    count = np.zeros((n, columns), dtype=np.int64)
-    lookup = np.full((n, columns, max(int(degree.max()), 1)), NO_ROUTE, dtype=np.uint8)
-    for j in range(int(degree.max())):
-        rows = np.flatnonzero(degree > j)
-        edges = arrays.starts[rows] + j
-        hit = valid[edges]
-        hit_row, hit_col = np.nonzero(hit)
-        lookup[rows[hit_row], hit_col, count[rows[hit_row], hit_col]] = arrays.port[edges[hit_row]]
-        count[rows] += hit
-    return count, lookup
+    running = np.cumsum(valid, axis=0, dtype=np.int32)  # (edges, columns)
+    before = np.zeros((n, columns), dtype=np.int32)
+    has = degree > 0
+    first = arrays.starts[has]
+    before[has] = running[first] - valid[first]
+    count = np.zeros((n, columns), dtype=np.int32)
+    count[has] = running[first + degree[has] - 1] - before[has]
+    width = max(int(count.max()) if count.size else 0, 1)
+    edge, column = np.nonzero(valid)
+    source = arrays.src[edge]
+    position = running[edge, column] - before[source, column] - 1
+    lookup = np.full((columns, n, width), NO_ROUTE, dtype=np.uint8)
+    lookup[column, source, position] = arrays.port[edge]
+    return np.ascontiguousarray(count.T), lookup
 
 
 def walk(fabric: Fabric, tables: ForwardingTables, src_ca: str, dst_ca: str) -> list[tuple[str, int]]:

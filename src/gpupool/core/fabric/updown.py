@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -43,30 +42,31 @@ class SwitchArrays:
 def switch_arrays(fabric: Fabric, roots: Sequence[str] | None = None) -> SwitchArrays:
     """Index the healthy switch-to-switch cables of `fabric`; roots default to its ftree roots."""
     switches = fabric.switches
+    n = len(switches)
     index = {sw: i for i, sw in enumerate(switches)}
-    rows: list[tuple[int, int, int, int]] = []
-    links: list[Link] = []
-    for link in fabric.links:
-        if link.a == link.b or not link.healthy:
-            continue
-        if link.a in index and link.b in index:
-            links.append(link)
-            k = len(links) - 1
-            rows.append((index[link.a], link.a_port, index[link.b], k))
-            rows.append((index[link.b], link.b_port, index[link.a], k))
-    rows.sort()
-    table = np.array(rows, dtype=np.int64).reshape(-1, 4)
-    src, port, dst, link_idx = (table[:, i] for i in range(4))
-    ordered_links = [links[k] for k in link_idx]
+    links = [link for link in fabric.links
+             if link.healthy and link.a != link.b and link.a in index and link.b in index]
+    ends = np.array([(index[lk.a], lk.a_port, index[lk.b], lk.b_port) for lk in links],
+                    dtype=np.int64).reshape(-1, 4)
+    k = np.arange(len(links), dtype=np.int64)
+    # both directions of every cable, ordered by (source, port, destination, cable) as a sort of
+    # those tuples would order them
+    src = np.concatenate([ends[:, 0], ends[:, 2]])
+    port = np.concatenate([ends[:, 1], ends[:, 3]])
+    dst = np.concatenate([ends[:, 2], ends[:, 0]])
+    link_idx = np.concatenate([k, k])
+    order = np.lexsort((link_idx, dst, port, src))
+    src, port, dst, link_idx = src[order], port[order], dst[order], link_idx[order]
+    ordered_links = [links[i] for i in link_idx.tolist()]
     chosen = sorted(roots) if roots else _default_roots(fabric)
-    rank = _ranks(len(switches), src, dst, [index[r] for r in chosen if r in index])
-    key = rank.astype(np.int64) * len(switches) + np.arange(len(switches))
+    rank = _ranks(n, src, dst, [index[r] for r in chosen if r in index])
+    key = rank.astype(np.int64) * n + np.arange(n)
     up = key[dst] < key[src]
     leaves = sorted({sw for sw, _, link in fabric.ca_leaf.values() if link.healthy})
-    starts = np.searchsorted(src, np.arange(len(switches)))
-    has_edges = np.bincount(src, minlength=len(switches)) > 0
+    starts = np.searchsorted(src, np.arange(n))
+    has_edges = np.bincount(src, minlength=n) > 0
     return SwitchArrays(
-        switches, index, src, dst, port.astype(np.int64), ordered_links, up, rank, chosen,
+        switches, index, src, dst, port, ordered_links, up, rank, chosen,
         leaves, {leaf: i for i, leaf in enumerate(leaves)}, starts, has_edges,
     )
 
@@ -76,20 +76,24 @@ def _default_roots(fabric: Fabric) -> list[str]:
 
 
 def _ranks(n: int, src: np.ndarray, dst: np.ndarray, roots: list[int]) -> np.ndarray:
-    """BFS distance from the root set; switches that cannot be reached rank after all others."""
-    adjacency: list[list[int]] = [[] for _ in range(n)]
-    for s, d in zip(src.tolist(), dst.tolist(), strict=True):
-        adjacency[s].append(d)
+    """BFS distance from the root set; switches that cannot be reached rank after all others.
+
+    Level by level over the edge arrays: the switches first reached from level d are at d + 1,
+    the same distances a queue-driven BFS finds."""
     rank = np.full(n, n + 1, dtype=np.int64)
-    queue = deque(roots)
-    for r in roots:
-        rank[r] = 0
-    while queue:
-        node = queue.popleft()
-        for other in adjacency[node]:
-            if rank[other] > rank[node] + 1:
-                rank[other] = rank[node] + 1
-                queue.append(other)
+    if not roots:
+        return rank
+    frontier = np.zeros(n, dtype=bool)
+    frontier[roots] = True
+    rank[frontier] = 0
+    level = 0
+    while frontier.any():
+        reached = dst[frontier[src]]
+        reached = reached[rank[reached] > level + 1]
+        level += 1
+        rank[reached] = level
+        frontier = np.zeros(n, dtype=bool)
+        frontier[reached] = True
     return rank
 
 
