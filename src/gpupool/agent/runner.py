@@ -7,7 +7,9 @@ cannot read or change it; the pod works in its private directory instead. A new 
 state directory re-adopts pods whose process still runs (same pid and same start time, so a reused
 pid is never mistaken for ours) and reports the others finished (exit status from exit.json) or
 lost, with the reason. Each log is held to `max_log_bytes` (see cap_log), so a pod cannot fill the
-agent's disk.
+agent's disk. A pod's whole process tree ends with it: its group, then what left the group (its
+cgroup, its marker, and for the pool's own accounts every process of the account once no pod of it
+is live on the machine: leftovers.py).
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import pwd
 import re
 import selectors
 import shutil
@@ -28,9 +31,9 @@ from enum import StrEnum
 from pathlib import Path
 
 from gpupool.agent import podstate
-from gpupool.agent.identity import PodIdentity
+from gpupool.agent.identity import PodIdentity, is_pool_account
 from gpupool.agent.launcher import EXIT_FD_PLACEHOLDER, Launcher
-from gpupool.agent.leftovers import MARKER, kill_leftovers
+from gpupool.agent.leftovers import MARKER, AccountLocks, kill_leftovers
 from gpupool.agent.podstate import PodRecord
 from gpupool.agent.shim import shim_argv
 from gpupool.errors import InvalidInput, NotFound
@@ -131,7 +134,8 @@ class Runner:
     """Starts and supervises pods on this machine. Thread-safe; every method returns promptly."""
 
     def __init__(self, state_dir: Path, *, clock: Callable[[], float] = time.time,
-                 max_log_bytes: int = DEFAULT_MAX_LOG_BYTES) -> None:
+                 max_log_bytes: int = DEFAULT_MAX_LOG_BYTES,
+                 account_locks: AccountLocks | None = None) -> None:
         self._dir = Path(state_dir) / "pods"
         self.max_log_bytes = max_log_bytes
         """Each log of a pod is cut back to this (and a note saying so) at every poll and at its end."""
@@ -149,6 +153,10 @@ class Runner:
         self._exit_listeners: list[Callable[[], None]] = []
         self._to_sweep: dict[str, tuple[int, str | None]] = {}
         """Pods reaped whose leftovers outside their process group are still to be killed."""
+        self._accounts = account_locks if account_locks is not None else (
+            AccountLocks() if os.geteuid() == 0 else None)
+        """Marks the pool accounts with a live pod here, for the sweeps by uid (leftovers.py)."""
+        self._accounts_to_sweep: set[int] = set()
         self._last_sweep_s = float("-inf")
         self._sweep_now = False
         self._reaper: _Reaper | None = None
@@ -198,6 +206,15 @@ class Runner:
             self._records[pod_id] = record
             self._spawning.add(pod_id)
         try:  # outside the lock, so several pods can be started at once
+            if identity is not None and self._sweepable(identity.uid):
+                assert self._accounts is not None
+                try:
+                    self._accounts.hold(identity.uid)  # waits while a sweep of the account runs
+                except OSError as exc:
+                    with self._lock:
+                        self._finish(record, PodPhase.FAILED, 127, None,
+                                     f"cannot mark the pod's account in use: {exc.strerror}")
+                    return record
             self._spawn(record, {**env, MARKER: pod_id}, limits, identity)
         finally:
             with self._lock:
@@ -335,6 +352,20 @@ class Runner:
             for listener in self._exit_listeners:
                 listener()
 
+    def _sweepable(self, uid: int | None) -> bool:
+        """Whether every process of `uid` may be killed once no pod of it is live: one of the pool's
+        own accounts (never root, this agent's user, or an account mapped with --unix-user)."""
+        if self._accounts is None or uid is None or uid == 0 or uid == os.geteuid():
+            return False
+        try:
+            entry = pwd.getpwuid(uid)
+        except KeyError:
+            return False
+        return is_pool_account(PodIdentity(user=entry.pw_name, uid=uid, gid=entry.pw_gid))
+
+    def _live_uids(self) -> set[int | None]:
+        return {r.uid for r in self._records.values() if not r.finished}
+
     def _sweep(self, *, force: bool = False) -> None:
         """Kill what reaped pods left outside their group: not under the lock (it reads /proc), and
         at most once per SWEEP_INTERVAL_S unless forced, so a burst of short pods shares one pass.
@@ -343,10 +374,21 @@ class Runner:
         now = time.monotonic()
         with self._lock:
             due = force or self._sweep_now or now - self._last_sweep_s >= SWEEP_INTERVAL_S
-            if not self._to_sweep or not due:
+            if not (self._to_sweep or self._accounts_to_sweep) or not due:
                 return
             pods, self._to_sweep, self._last_sweep_s, self._sweep_now = self._to_sweep, {}, now, False
+            live = self._live_uids()
+            idle, self._accounts_to_sweep = self._accounts_to_sweep - live, set()
         kill_leftovers(pods)
+        for uid in idle:
+            assert self._accounts is not None
+            # released first: sweep() then runs only if no other agent has a live pod of it either
+            with self._lock:
+                if uid in self._live_uids():  # a pod of it started meanwhile: its end sweeps
+                    self._accounts_to_sweep.add(uid)
+                    continue
+                self._accounts.release(uid)
+            self._accounts.sweep(uid)
 
     def poll(self) -> list[PodRecord]:
         """Reap finished pods, escalate overdue stops, and return a copy of every record (a finished
@@ -437,6 +479,8 @@ class Runner:
         if record.cgroup:
             with contextlib.suppress(OSError):
                 Path(record.cgroup).rmdir()
+        if record.uid is not None and self._sweepable(record.uid):
+            self._accounts_to_sweep.add(record.uid)  # swept (and let go) once its last pod here ends
         self._save(record)
 
     # ---- restart ---------------------------------------------------------------------------
@@ -466,6 +510,9 @@ class Runner:
                 self._finish(record, PodPhase.LOST, None, None,
                              f"pid {record.pid} now belongs to another process")
             elif podstate.process_alive(record.pid, record.start_ticks):
+                if self._accounts is not None and self._sweepable(record.uid):
+                    assert record.uid is not None
+                    self._accounts.hold(record.uid)
                 record.adopted = True
                 record.message = "re-adopted after an agent restart"
                 self._save(record)
