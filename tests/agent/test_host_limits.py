@@ -1,5 +1,6 @@
-"""Host limits on by default: a pod's whole process tree ended with it. The attack tests run as a
-hostile tenant and need root (CI runs as root); elsewhere they skip with the reason.
+"""Host limits on by default: a per-account process limit, a memory bound for every pod, and a pod's
+whole process tree ended with it. The attack tests run as a hostile tenant and need root (CI runs
+as root); elsewhere they skip with the reason.
 """
 
 from __future__ import annotations
@@ -16,12 +17,25 @@ from typing import TypeVar
 
 import pytest
 
+from factories import pod_python
 from gpupool.agent.identity import account_name
+from gpupool.agent.isolation import (
+    MIN_POD_PROCESSES,
+    PROCESS_SHARE_DIVISOR,
+    Layer,
+    plan_isolation,
+    prepare_cgroup,
+    process_limit,
+)
 from gpupool.agent.leftovers import account_processes
+from gpupool.core.model import Slice
+from gpupool.errors import InvalidInput
 from gpupool.providers.base import PodLaunch, PodPhase, PodStatus
+from gpupool.providers.fake import nodes_from_spec
 from gpupool.providers.local import LocalProvider
 
 needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="pods of other accounts need root")
+H100 = nodes_from_spec("1x4xH100")[0]
 T = TypeVar("T")
 
 
@@ -35,9 +49,70 @@ def wait_for(check: Callable[[], T], timeout_s: float = 20.0) -> T:
     raise AssertionError("condition not met in time")
 
 
+def launch(*slices: Slice, **kw: object) -> PodLaunch:
+    return PodLaunch(pod_id="p", workload_id="w", node="n", command=("x",), slices=slices, **kw)  # type: ignore[arg-type]
+
+
+# ---- planning ---------------------------------------------------------------------------------
+def test_the_process_limit_is_a_share_of_the_nodes_pids(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("GPUPOOL_POD_PROCESSES", raising=False)
+    pid_max = int(Path("/proc/sys/kernel/pid_max").read_text())
+    threads = int(Path("/proc/sys/kernel/threads-max").read_text())
+    expected = max(MIN_POD_PROCESSES, min(pid_max, threads) // PROCESS_SHARE_DIVISOR)
+    import resource
+    hard = resource.getrlimit(resource.RLIMIT_NPROC)[1]
+    assert process_limit() == (expected if hard == resource.RLIM_INFINITY else min(expected, hard))
+    assert process_limit() < pid_max  # one account can never take every pid
+    monkeypatch.setenv("GPUPOOL_POD_PROCESSES", "123")
+    assert process_limit() == 123
+    for bad in ("0", "-5", "lots"):
+        monkeypatch.setenv("GPUPOOL_POD_PROCESSES", bad)
+        with pytest.raises(InvalidInput, match="positive whole number"):
+            process_limit()
+
+
+def test_every_pod_gets_a_memory_bound(tmp_path: Path) -> None:
+    share = H100.memory_mib // len(H100.devices)
+    assert share > 0
+    # no cgroup: a CPU pod without --memory gets RLIMIT_DATA of one device's share
+    cpu = plan_isolation(launch(), H100, nproc=500)
+    assert cpu.host_limits.rlimit_data_bytes == share * 2**20
+    assert cpu.host_limits.rlimit_nproc == 500
+    # a device pod without a cgroup: RLIMIT_DATA would break GPU drivers, so unenforced and said so
+    gpu = plan_isolation(launch(Slice(0, 1000), Slice(1, 1000)), H100, nproc=500)
+    assert gpu.host_limits.rlimit_data_bytes is None and gpu.host_limits.rlimit_nproc == 500
+    state = {s.layer: s for s in gpu.layers}[Layer.HOST_LIMITS]
+    assert not state.active and "memory not capped" in state.detail
+    # with a cgroup: two devices' share, and the account's limit as the pod's pids.max
+    root = tmp_path / "cg"
+    root.mkdir()
+    (root / "cgroup.controllers").write_text("cpu memory pids\n")
+    (root / "pod-p").mkdir()
+    (root / "pod-p" / "pids.max").write_text("max")  # the kernel makes it where pids is delegated
+    plan = plan_isolation(launch(Slice(0, 1000), Slice(1, 1000)), H100, cgroup_root=root, nproc=500)
+    limits = prepare_cgroup(plan.host_limits, plan.cgroup_files)
+    assert limits.cgroup_dir == root / "pod-p"
+    assert (root / "pod-p" / "memory.max").read_text() == str(2 * share * 2**20)
+    assert (root / "pod-p" / "pids.max").read_text() == "500"
+    # a request wins over the default share
+    asked = plan_isolation(launch(Slice(0, 1000), memory_mib=1024), H100, cgroup_root=root)
+    assert asked.cgroup_files["memory.max"] == str(1024 * 2**20)
+
+
+def test_without_a_pids_controller_the_cgroup_still_holds(tmp_path: Path) -> None:
+    root = tmp_path / "cg"
+    root.mkdir()
+    (root / "cgroup.controllers").write_text("cpu memory\n")
+    plan = plan_isolation(launch(), H100, cgroup_root=root, nproc=500)
+    limits = prepare_cgroup(plan.host_limits, plan.cgroup_files)
+    assert limits.cgroup_dir == root / "pod-p" and limits.rlimit_nproc == 500
+    assert not (root / "pod-p" / "pids.max").exists()
+
+
 # ---- attacks (root) ---------------------------------------------------------------------------
 @pytest.fixture
 def provider(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[LocalProvider]:
+    monkeypatch.setenv("GPUPOOL_POD_PROCESSES", "40")
     monkeypatch.delenv("GPUPOOL_CGROUP_ROOT", raising=False)
     p = LocalProvider(tmp_path / "agent", simulate="2xH100", node_name="box")
     yield p
@@ -71,12 +146,70 @@ def kill_all(uid: int) -> None:
             os.kill(pid, signal.SIGKILL)
 
 
+FORK_BOMB = """
+import subprocess, sys, time
+started = []
+for _ in range(200):
+    try:
+        started.append(subprocess.Popen(['sleep', '300']))
+    except OSError as exc:
+        print('refused', exc.errno, flush=True)
+        break
+print('started', len(started), flush=True)
+time.sleep(300)
+"""
+
+
+@needs_root
+def test_a_tenant_cannot_exhaust_the_nodes_processes(provider: LocalProvider) -> None:
+    hog = pwd.getpwnam(account_name("hog")) if _exists(account_name("hog")) else None
+    try:
+        provider.launch(PodLaunch(pod_id="bomb", workload_id="w-bomb", node="box", tenant="hog",
+                                  command=(pod_python(), "-c", FORK_BOMB)))
+        text = wait_for(lambda: "started" in (t := provider.read_log("bomb").text) and t)
+        hog = pwd.getpwnam(account_name("hog"))
+        started = int(text.split("started")[1].split()[0])
+        assert "refused 11" in text  # EAGAIN: the fork past the account's limit is refused
+        assert 0 < started < 40
+        assert len(uid_processes(hog.pw_uid)) <= 40
+        shim = next(s for s in provider.poll() if s.pod_id == "bomb")
+        assert shim.phase is PodPhase.RUNNING
+        limits = Path(f"/proc/{provider.agent.runner.get('bomb').pid}/limits").read_text()
+        assert any(line.startswith("Max processes") and line.split()[2:4] == ["40", "40"]
+                   for line in limits.splitlines()), limits
+        # another tenant, at the same time, is unaffected by the hog's count
+        provider.launch(PodLaunch(pod_id="other", workload_id="w-other", node="box", tenant="calm",
+                                  command=("sh", "-c", "for i in 1 2 3 4 5 6 7 8 9 10; do sleep 0.1 & done; "
+                                           "wait; echo fine")))
+        status = wait_final(provider, "other")
+        assert status.phase is PodPhase.SUCCEEDED, provider.read_log("other").text
+        assert provider.read_log("other").text == "fine\n"
+        # and the hog's processes all go with its pod
+        provider.stop("bomb", grace_s=0.5)
+        assert wait_final(provider, "bomb").phase is PodPhase.STOPPED
+        wait_for(lambda: not uid_processes(hog.pw_uid))
+    finally:
+        if hog is not None:
+            kill_all(hog.pw_uid)
+
+
 def _exists(user: str) -> bool:
     try:
         pwd.getpwnam(user)
         return True
     except KeyError:
         return False
+
+
+@needs_root
+def test_a_pod_without_memory_asked_gets_a_bound(provider: LocalProvider) -> None:
+    share = provider.agent.node().memory_mib // len(provider.agent.node().devices)
+    provider.launch(PodLaunch(pod_id="mem", workload_id="w-mem", node="box", tenant="calm",
+                              command=("cat", "/proc/self/limits")))
+    assert wait_final(provider, "mem").phase is PodPhase.SUCCEEDED
+    lines = {line[:26].strip(): line[26:].split() for line in provider.read_log("mem").text.splitlines()}
+    assert lines["Max data size"][:2] == [str(share * 2**20)] * 2
+    assert lines["Max processes"][:2] == ["40", "40"]
 
 
 ESCAPE = ("sh", "-c", "setsid env -i sleep 1000 & setsid env -i sh -c 'sleep 1000 & exec sleep 1000' & "

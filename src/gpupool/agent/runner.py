@@ -56,10 +56,12 @@ class LogStream(StrEnum):
 
 @dataclass(frozen=True, slots=True)
 class HostLimits:
-    """Host limits for one pod: a prepared cgroup v2 directory to join, or an RLIMIT fallback."""
+    """Host limits for one pod: a prepared cgroup v2 directory to join, or an RLIMIT_DATA fallback,
+    and the per-account process limit (RLIMIT_NPROC) its shim sets before starting the command."""
 
     cgroup_dir: Path | None = None
     rlimit_data_bytes: int | None = None
+    rlimit_nproc: int | None = None
 
 
 def _complete_utf8(data: bytes) -> bytes:
@@ -230,7 +232,7 @@ class Runner:
         # A launcher helper has its own descriptor numbers: it puts the exit file's in for the token.
         argv = shim_argv(exit_fd if identity is None else EXIT_FD_PLACEHOLDER, record.command,
                          workdir=record.workdir, wait_for_go=go_r >= 0,
-                         rlimit_data_bytes=limits.rlimit_data_bytes)
+                         rlimit_data_bytes=limits.rlimit_data_bytes, rlimit_nproc=limits.rlimit_nproc)
         try:
             with contextlib.ExitStack() as files:
                 out = files.enter_context(open(pod_dir / "stdout.log", "ab", opener=_private))
