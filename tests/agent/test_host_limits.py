@@ -11,6 +11,7 @@ import pwd
 import signal
 import subprocess
 import time
+import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TypeVar
@@ -213,7 +214,7 @@ def test_a_pod_without_memory_asked_gets_a_bound(provider: LocalProvider) -> Non
 
 
 ESCAPE = ("sh", "-c", "setsid env -i sleep 1000 & setsid env -i sh -c 'sleep 1000 & exec sleep 1000' & "
-          "sleep 0.5; echo escaped; exec sleep {}")
+          "sleep 0.5; echo escaped; while [ ! -e \"$HOME/go\" ]; do sleep 0.05; done")
 
 
 def escapees(uid: int) -> list[int]:
@@ -227,17 +228,22 @@ def escapees(uid: int) -> list[int]:
 @needs_root
 @pytest.mark.parametrize("cancel", [False, True], ids=["ends", "cancelled"])
 def test_escaped_processes_die_with_their_workload(provider: LocalProvider, cancel: bool) -> None:
-    uid = 0
+    uid, pod = 0, f"esc-{uuid.uuid4().hex[:8]}"  # pods' homes live in a scratch root shared by runs
     try:
-        provider.launch(PodLaunch(pod_id="esc", workload_id="w-esc", node="box", tenant="sly",
-                                  command=(ESCAPE[0], ESCAPE[1], ESCAPE[2].format(300 if cancel else 1))))
-        wait_for(lambda: "escaped" in provider.read_log("esc").text)
+        provider.launch(PodLaunch(pod_id=pod, workload_id="w-" + pod, node="box", tenant="sly",
+                                  command=ESCAPE))
+        wait_for(lambda: "escaped" in provider.read_log(pod).text)
         uid = pwd.getpwnam(account_name("sly")).pw_uid
-        assert len(escapees(uid)) == 3  # no marker (env -i), own sessions: out of the pod's reach
-        assert all(os.getsid(pid) == pid or os.getsid(pid) != os.getsid(os.getpid()) for pid in escapees(uid))
+        shim = provider.agent.runner.get(pod).pid
+        assert len(escapees(uid)) == 3
+        for pid in escapees(uid):  # out of the pod's session and group, without its marker
+            assert os.getsid(pid) != shim and os.getpgid(pid) != shim
+            assert b"GPUPOOL_POD_ID" not in Path(f"/proc/{pid}/environ").read_bytes()
         if cancel:
-            provider.stop("esc", grace_s=0.5)
-        assert wait_final(provider, "esc").phase is (PodPhase.STOPPED if cancel else PodPhase.SUCCEEDED)
+            provider.stop(pod, grace_s=0.5)
+        else:
+            (provider.agent.scratch_root / pod / "go").touch()  # the workload ends by itself
+        assert wait_final(provider, pod).phase is (PodPhase.STOPPED if cancel else PodPhase.SUCCEEDED)
         wait_for(lambda: not uid_processes(uid))
         # the sweep spared the launcher's helper for the account: the tenant's next pod starts
         provider.launch(PodLaunch(pod_id="next", workload_id="w-next", node="box", tenant="sly",
@@ -245,6 +251,7 @@ def test_escaped_processes_die_with_their_workload(provider: LocalProvider, canc
         assert wait_final(provider, "next").phase is PodPhase.SUCCEEDED
         assert provider.read_log("next").text == "next\n"
     finally:
+        (provider.agent.scratch_root / pod / "go").unlink(missing_ok=True)
         if uid:
             kill_all(uid)
 
@@ -292,3 +299,29 @@ def test_an_account_mapped_with_unix_user_is_never_swept_by_uid(provider: LocalP
     finally:
         own.kill()
         own.wait()
+
+
+@needs_root
+def test_a_pod_of_the_account_under_another_agent_is_never_swept(provider: LocalProvider,
+                                                                tmp_path: Path) -> None:
+    other = LocalProvider(tmp_path / "agent-b", simulate="2xH100", node_name="box-b")
+    uid = 0
+    try:
+        other.launch(PodLaunch(pod_id="b-keep", workload_id="w-b", node="box-b", tenant="sly",
+                               command=("sh", "-c", "echo up; exec sleep 300")))
+        wait_for(lambda: "up" in other.read_log("b-keep").text)
+        provider.launch(PodLaunch(pod_id="a-end", workload_id="w-a", node="box", tenant="sly",
+                                  command=("true",)))
+        assert wait_final(provider, "a-end").phase is PodPhase.SUCCEEDED
+        uid = pwd.getpwnam(account_name("sly")).pw_uid
+        for _ in range(20):  # this agent's sweeps run at every poll; the other agent's pod stays
+            provider.poll()
+            time.sleep(0.05)
+        keep = other.agent.runner.get("b-keep")
+        assert keep.phase is PodPhase.RUNNING and keep.pid in uid_processes(uid)
+        other.stop("b-keep", grace_s=0.5)
+        assert wait_final(other, "b-keep").phase is PodPhase.STOPPED
+    finally:
+        other.close(stop_pods=True)
+        if uid:
+            kill_all(uid)

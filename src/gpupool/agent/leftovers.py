@@ -197,6 +197,12 @@ class AccountLocks:
         if fd is not None:
             os.close(fd)
 
+    def release_all(self) -> None:
+        with self._lock:
+            held, self._held = list(self._held.values()), {}
+        for fd in held:
+            os.close(fd)
+
     def sweep(self, uid: int) -> int:
         """SIGKILL every process of `uid` (see the module's docstring) when no agent has a pod of it;
         returns how many were signalled (0 also when a pod of it is live somewhere)."""

@@ -381,7 +381,8 @@ class Runner:
             pods, self._to_sweep, self._last_sweep_s, self._sweep_now = self._to_sweep, {}, now, False
             live = self._live_uids()
             idle, self._accounts_to_sweep = self._accounts_to_sweep - live, set()
-        kill_leftovers(pods)
+        if pods:
+            kill_leftovers(pods)
         for uid in idle:
             assert self._accounts is not None
             # released first: sweep() then runs only if no other agent has a live pod of it either
@@ -605,6 +606,8 @@ class Runner:
             self._timers.clear()
             reaper, self._reaper = self._reaper, None
             launcher, self._launcher = self._launcher, None
+        if self._accounts is not None:
+            self._accounts.release_all()  # a runner that re-adopts the pods left running marks them again
         if reaper is not None:
             reaper.stop()
         if launcher is not None:
