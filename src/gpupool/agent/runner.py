@@ -15,6 +15,7 @@ is live on the machine: leftovers.py).
 from __future__ import annotations
 
 import contextlib
+import grp
 import logging
 import os
 import pwd
@@ -31,7 +32,7 @@ from enum import StrEnum
 from pathlib import Path
 
 from gpupool.agent import podstate
-from gpupool.agent.identity import PodIdentity, is_pool_account
+from gpupool.agent.identity import ACCOUNT_PREFIX, POD_GROUP, PodIdentity
 from gpupool.agent.launcher import EXIT_FD_PLACEHOLDER, Launcher
 from gpupool.agent.leftovers import MARKER, AccountLocks, kill_leftovers
 from gpupool.agent.podstate import PodRecord
@@ -356,14 +357,16 @@ class Runner:
 
     def _sweepable(self, uid: int | None) -> bool:
         """Whether every process of `uid` may be killed once no pod of it is live: one of the pool's
-        own accounts (never root, this agent's user, or an account mapped with --unix-user)."""
+        own accounts, as identity.ensure_account makes them (named gpupool-..., primary group
+        gpupool-pods), never root, this agent's user, or another account mapped with --unix-user."""
         if self._accounts is None or uid is None or uid == 0 or uid == os.geteuid():
             return False
         try:
             entry = pwd.getpwuid(uid)
+            group = grp.getgrnam(POD_GROUP).gr_gid
         except KeyError:
             return False
-        return is_pool_account(PodIdentity(user=entry.pw_name, uid=uid, gid=entry.pw_gid))
+        return entry.pw_name.startswith(ACCOUNT_PREFIX) and entry.pw_gid == group
 
     def _live_uids(self) -> set[int | None]:
         return {r.uid for r in self._records.values() if not r.finished}
@@ -388,7 +391,6 @@ class Runner:
             # released first: sweep() then runs only if no other agent has a live pod of it either
             with self._lock:
                 if uid in self._live_uids():  # a pod of it started meanwhile: its end sweeps
-                    self._accounts_to_sweep.add(uid)
                     continue
                 self._accounts.release(uid)
             self._accounts.sweep(uid)
