@@ -7,7 +7,7 @@ that called setsid() (a double-forked daemon, say) has left that group; it is st
 - without one, the runner looks for processes of the pod's account whose environment, as it was at
   their exec, holds the pod's marker `GPUPOOL_POD_ID=<pod id>`. A process that execs itself with a
   cleared environment (`setsid env -i ...`) carries no marker, so for the pool's own accounts there
-  is a second sweep, by uid (AccountLocks, sweep_account): a pool account belongs to one tenant and
+  is a second sweep, by uid (AccountLocks.sweep): a pool account belongs to one tenant and
   to the pool, and when no pod of that account is live on this machine, in this agent or any other
   (each holds a shared lock on the account's file while it has one; the sweep takes it exclusively,
   so no pod of the account can start meanwhile), every process of the account is a leftover,
