@@ -4,7 +4,9 @@ Layers (docs/isolation.md says what each enforces and what it cannot):
   1. device selection - the vendor's visible-devices variable, by UUID or index per the profile;
   2. CUDA MPS         - thread percentage and pinned memory limit per client, via the MPS daemon;
   3. framework caps   - torch memory fraction (injected sitecustomize), XLA and CuPy variables;
-  4. host limits      - cgroup v2 cpu.max/memory.max where a delegated tree is writable, else RLIMITs;
+  4. host limits      - cgroup v2 cpu.max/memory.max/pids.max where a delegated tree is writable, else
+                         RLIMIT_DATA; a memory bound for every pod (its request, else a default
+                         share), and a per-account process limit (RLIMIT_NPROC, see process_limit);
   5. gang environment - MASTER_ADDR/PORT, WORLD_SIZE, RANK, LOCAL_RANK, LOCAL_WORLD_SIZE and NCCL's
                          IB variables (NCCL_IB_HCA, NCCL_IB_SL, NCCL_IB_PKEY), as the server planned them.
 """
@@ -14,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import math
 import os
+import resource
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
@@ -28,6 +31,10 @@ from gpupool.providers.base import PodLaunch
 
 SITECUSTOMIZE_DIR = Path(__file__).with_name("sitecustomize")
 CGROUP_ROOT_ENV = "GPUPOOL_CGROUP_ROOT"
+POD_PROCESSES_ENV = "GPUPOOL_POD_PROCESSES"
+PROCESS_SHARE_DIVISOR = 4
+"""An account may hold at most 1/PROCESS_SHARE_DIVISOR of the node's process and thread slots."""
+MIN_POD_PROCESSES = 256
 TORCH_FRACTION_ENV = "GPUPOOL_TORCH_MEMORY_FRACTION"
 CPU_PERIOD_US = 100_000
 
@@ -184,6 +191,47 @@ def gang_env(pod: PodLaunch) -> tuple[dict[str, str], LayerState]:
     return env, LayerState(Layer.GANG, True, f"rank {pod.rank} of {pod.world_size}")
 
 
+def _read_int(path: str) -> int | None:
+    try:
+        return int(Path(path).read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def process_limit(explicit: str | int | None = None) -> int:
+    """The most processes (threads included) one pod account may have on this node: RLIMIT_NPROC,
+    which the kernel counts per real uid, so all pods of a tenant on the node share it.
+
+    `explicit`, else GPUPOOL_POD_PROCESSES (a positive count), else
+    max(MIN_POD_PROCESSES, min(pid_max, threads-max) // PROCESS_SHARE_DIVISOR): one tenant takes at
+    most a quarter of the slots, so it alone cannot exhaust the node's pids, and the rest stay for
+    the other tenants and the system. Never above this process's own hard RLIMIT_NPROC (a pod's
+    account can only lower what it inherits). Raises InvalidInput for a value that is not a
+    positive integer."""
+    raw = explicit if explicit is not None else os.environ.get(POD_PROCESSES_ENV, "")
+    if raw not in ("", None):
+        try:
+            count = int(raw)
+        except ValueError:
+            count = 0
+        if count <= 0:
+            raise InvalidInput(f"{POD_PROCESSES_ENV}={raw!r} is not a positive whole number of processes "
+                               "per pod account; leave it unset for a quarter of the node's pids.")
+    else:
+        slots = [v for v in (_read_int("/proc/sys/kernel/pid_max"),
+                             _read_int("/proc/sys/kernel/threads-max")) if v]
+        count = max(MIN_POD_PROCESSES, min(slots, default=32768) // PROCESS_SHARE_DIVISOR)
+    hard = resource.getrlimit(resource.RLIMIT_NPROC)[1]
+    return count if hard == resource.RLIM_INFINITY else max(1, min(count, hard))
+
+
+def default_memory_mib(node: Node, devices: int) -> int:
+    """The host memory bound of a pod that asks for none: its devices' share of the node's memory
+    (memory / devices per device, one share for a pod without devices; all of it on a node without
+    devices). 0 when the node's memory is unknown."""
+    return node.memory_mib * max(1, devices) // max(1, len(node.devices), devices)
+
+
 def find_cgroup_root(explicit: Path | str | None = None) -> Path | None:
     """The delegated cgroup v2 directory pods are created under, when usable.
 
@@ -203,23 +251,31 @@ def find_cgroup_root(explicit: Path | str | None = None) -> Path | None:
     return root
 
 
-def host_limits(pod: PodLaunch, cgroup_root: Path | None,
-                has_devices: bool) -> tuple[HostLimits, dict[str, str], LayerState]:
-    """Layer 4: cgroup v2 files for a pod cgroup, or an RLIMIT_DATA fallback."""
+def host_limits(pod: PodLaunch, cgroup_root: Path | None, has_devices: bool, *, default_memory_mib: int = 0,
+                nproc: int | None = None) -> tuple[HostLimits, dict[str, str], LayerState]:
+    """Layer 4: cgroup v2 files for a pod cgroup, or an RLIMIT_DATA fallback; the memory bound is
+    the pod's request, else `default_memory_mib`; `nproc` is the account's RLIMIT_NPROC (None: not
+    set, as for pods that run as the agent's own user)."""
+    memory_mib = pod.memory_mib or default_memory_mib
+    bound = "" if pod.memory_mib or not memory_mib else " (a default share: no memory asked)"
+    procs = f"; RLIMIT_NPROC={nproc} per account" if nproc else "; processes not limited"
     if cgroup_root is not None:
         cpu = f"{pod.cpu_milli * CPU_PERIOD_US // MILLI} {CPU_PERIOD_US}" if pod.cpu_milli else "max"
-        memory = str(pod.memory_mib * 2**20) if pod.memory_mib else "max"
+        memory = str(memory_mib * 2**20) if memory_mib else "max"
         files = {"cpu.max": cpu, "memory.max": memory}
+        if nproc:
+            files["pids.max"] = str(nproc)  # written only where the pids controller is delegated
         directory = cgroup_root / f"pod-{pod.pod_id}"
-        return HostLimits(cgroup_dir=directory), files, LayerState(
-            Layer.HOST_LIMITS, True, f"cgroup {directory}: cpu.max={cpu}, memory.max={memory}")
-    if pod.memory_mib and not has_devices:
-        limit = pod.memory_mib * 2**20
-        return HostLimits(rlimit_data_bytes=limit), {}, LayerState(
-            Layer.HOST_LIMITS, True, f"no cgroup v2 tree: RLIMIT_DATA={limit}; CPU not capped")
-    reason = "device pods get no memory RLIMIT (GPU drivers map large regions)" if has_devices else ""
-    return HostLimits(), {}, LayerState(
-        Layer.HOST_LIMITS, False, f"no writable cgroup v2 tree: CPU not capped. {reason}".strip())
+        return HostLimits(cgroup_dir=directory, rlimit_nproc=nproc), files, LayerState(
+            Layer.HOST_LIMITS, True, f"cgroup {directory}: cpu.max={cpu}, memory.max={memory}{bound}{procs}")
+    if memory_mib and not has_devices:
+        limit = memory_mib * 2**20
+        return HostLimits(rlimit_data_bytes=limit, rlimit_nproc=nproc), {}, LayerState(
+            Layer.HOST_LIMITS, True, f"no cgroup v2 tree: RLIMIT_DATA={limit}{bound}; CPU not capped{procs}")
+    reason = " Device pods get no memory RLIMIT (GPU drivers map large regions)." if has_devices else ""
+    return HostLimits(rlimit_nproc=nproc), {}, LayerState(
+        Layer.HOST_LIMITS, False,
+        f"no writable cgroup v2 tree: CPU and memory not capped{procs}.{reason}")
 
 
 def prepare_cgroup(limits: HostLimits, files: Mapping[str, str]) -> HostLimits:
@@ -227,23 +283,27 @@ def prepare_cgroup(limits: HostLimits, files: Mapping[str, str]) -> HostLimits:
     if limits.cgroup_dir is None:
         return limits
     directory = limits.cgroup_dir
-    with contextlib.suppress(OSError):
-        (directory.parent / "cgroup.subtree_control").write_text("+cpu +memory")
+    for controllers in ("+cpu +memory", "+pids"):  # pids is optional: not every tree delegates it
+        with contextlib.suppress(OSError):
+            (directory.parent / "cgroup.subtree_control").write_text(controllers)
     try:
         directory.mkdir(exist_ok=True)
         for name, value in files.items():
+            if name == "pids.max" and not (directory / name).exists():
+                continue  # no pids controller here: RLIMIT_NPROC alone limits the account
             (directory / name).write_text(value)
     except OSError:
-        return HostLimits()
+        return HostLimits(rlimit_nproc=limits.rlimit_nproc)
     return limits
 
 
 def plan_isolation(pod: PodLaunch, node: Node, *, profiles: ProfileSet | None = None,
                    mps_client_env: Mapping[str, str] | None = None, cgroup_root: Path | None = None,
-                   base_pythonpath: str = "") -> IsolationPlan:
+                   base_pythonpath: str = "", nproc: int | None = None) -> IsolationPlan:
     """Every layer's variables and limits for `pod` on `node`. Pure apart from reading nothing:
-    the caller passes the MPS daemon's client variables (None when no daemon runs) and the cgroup
-    root. Raises InvalidInput when the pod names a device the node lacks."""
+    the caller passes the MPS daemon's client variables (None when no daemon runs), the cgroup
+    root and the account's process limit (None: none). Raises InvalidInput when the pod names a
+    device the node lacks."""
     profiles = profiles or default_profiles()
     pairs = _devices_of(pod, node)
     env: dict[str, str] = {"GPUPOOL_POD_ID": pod.pod_id, "GPUPOOL_WORKLOAD_ID": pod.workload_id,
@@ -257,6 +317,8 @@ def plan_isolation(pod: PodLaunch, node: Node, *, profiles: ProfileSet | None = 
                         framework_env(pairs, base_pythonpath), gang_env(pod)):
         env.update(part)
         layers.append(state)
-    limits, files, host_state = host_limits(pod, cgroup_root, bool(pairs))
+    devices = len({p.device_index for p, _ in pairs})
+    limits, files, host_state = host_limits(pod, cgroup_root, bool(pairs), nproc=nproc,
+                                            default_memory_mib=default_memory_mib(node, devices))
     layers.insert(3, host_state)
     return IsolationPlan(env=env, host_limits=limits, cgroup_files=files, layers=tuple(layers))

@@ -5,19 +5,33 @@ that called setsid() (a double-forked daemon, say) has left that group; it is st
 - with a cgroup, every process in it is the pod's, and `cgroup.kill` (Linux >= 5.14) ends them all
   at once (older kernels: SIGKILL each pid in cgroup.procs until it is empty);
 - without one, the runner looks for processes of the pod's account whose environment, as it was at
-  their exec, holds the pod's marker `GPUPOOL_POD_ID=<pod id>`. Best effort: a process that execs
-  itself with a cleared environment escapes the scan; a cgroup is the complete answer.
+  their exec, holds the pod's marker `GPUPOOL_POD_ID=<pod id>`. A process that execs itself with a
+  cleared environment (`setsid env -i ...`) carries no marker, so for the pool's own accounts there
+  is a second sweep, by uid (AccountLocks.sweep): a pool account belongs to one tenant and
+  to the pool, and when no pod of that account is live on this machine, in this agent or any other
+  (each holds a shared lock on the account's file while it has one; the sweep takes it exclusively,
+  so no pod of the account can start meanwhile), every process of the account is a leftover,
+  except the launchers' account helpers (children of a root-owned launcher, which a tenant's
+  process cannot become). While another pod of the account is live, a leftover without a marker
+  cannot be told from that pod's own processes and lives until the account's last pod here ends.
+  Accounts mapped with --unix-user (possibly a person's) are never swept by uid.
 """
 
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import os
 import signal
+import threading
 from pathlib import Path
+
+from gpupool.agent.launcher import HELPER
 
 MARKER = "GPUPOOL_POD_ID"
 _PROC = Path("/proc")
+ACCOUNT_LOCK_DIR = Path("/run/gpupool/accounts")
+"""Root's directory of per-account lock files (0700: no tenant can open one to hold it)."""
 
 
 def marker(pod_id: str) -> bytes:
@@ -87,3 +101,126 @@ def kill_leftovers(pods: dict[str, tuple[int, str | None]]) -> int:
                 os.kill(pid, signal.SIGKILL)
         killed += len(pids)
     return killed
+
+
+def _is_launcher(pid: int) -> bool:
+    """Whether `pid` is a root-owned launcher helper (launcher.py), whose children are the account
+    helpers; a tenant cannot make a process of its own root's, nor choose its parent."""
+    try:
+        if os.stat(_PROC / str(pid)).st_uid != 0:
+            return False
+        with open(_PROC / str(pid) / "cmdline", "rb") as handle:
+            args = handle.read(len(HELPER) + 4096).split(b"\0")
+    except OSError:
+        return False
+    return HELPER.encode() in args
+
+
+def _parent(pid: int) -> int | None:
+    try:
+        raw = (_PROC / str(pid) / "stat").read_bytes()
+        return int(raw[raw.rfind(b")") + 2:].split()[1])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def account_processes(uid: int, *, exclude: int | None = None) -> list[int]:
+    """Pids of the processes of `uid`, less the launchers' account helpers."""
+    found = []
+    launchers: dict[int, bool] = {}
+    with contextlib.suppress(OSError):
+        for name in os.listdir(_PROC):
+            if not name.isdigit() or int(name) == exclude:
+                continue
+            try:
+                if os.stat(_PROC / name).st_uid != uid:
+                    continue
+            except OSError:
+                continue
+            parent = _parent(int(name))
+            if parent is not None and launchers.setdefault(parent, _is_launcher(parent)):
+                continue
+            found.append(int(name))
+    return found
+
+
+def _kill_if_owned(pid: int, uid: int) -> bool:
+    """SIGKILL `pid` if it is still a process of `uid`: through a pidfd, so a pid reused meanwhile
+    by someone else's process is never signalled (the pidfd then names the dead one)."""
+    try:
+        fd = os.pidfd_open(pid)
+    except OSError:
+        return False
+    try:
+        if os.stat(_PROC / str(pid)).st_uid != uid:
+            return False
+        signal.pidfd_send_signal(fd, signal.SIGKILL)
+        return True
+    except OSError:
+        return False
+    finally:
+        os.close(fd)
+
+
+class AccountLocks:
+    """Which pool accounts have a live pod on this machine, across agents: an agent holds a shared
+    flock on ACCOUNT_LOCK_DIR/<uid> while it has a pod of that account, and a sweep by uid takes it
+    exclusively (without waiting), so it runs only when no agent has one and no pod of the account
+    starts while it runs."""
+
+    def __init__(self, directory: Path = ACCOUNT_LOCK_DIR) -> None:
+        self._dir = directory
+        self._lock = threading.Lock()
+        self._held: dict[int, int] = {}
+
+    def _open(self, uid: int) -> int:
+        self._dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+        os.chmod(self._dir, 0o700)
+        return os.open(self._dir / str(uid), os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+
+    def hold(self, uid: int) -> None:
+        """Mark `uid` in use by this agent (waits while a sweep of it runs). Idempotent."""
+        with self._lock:
+            if uid in self._held:
+                return
+        fd = self._open(uid)
+        fcntl.flock(fd, fcntl.LOCK_SH)  # not under self._lock: a wait here holds up nothing else
+        with self._lock:
+            if uid in self._held:
+                os.close(fd)  # another thread marked it meanwhile
+            else:
+                self._held[uid] = fd
+
+    def release(self, uid: int) -> None:
+        with self._lock:
+            fd = self._held.pop(uid, None)
+        if fd is not None:
+            os.close(fd)
+
+    def release_all(self) -> None:
+        with self._lock:
+            held, self._held = list(self._held.values()), {}
+        for fd in held:
+            os.close(fd)
+
+    def sweep(self, uid: int) -> int:
+        """SIGKILL every process of `uid` (see the module's docstring) when no agent has a pod of it;
+        returns how many were signalled (0 also when a pod of it is live somewhere)."""
+        try:
+            fd = self._open(uid)
+        except OSError:
+            return 0
+        try:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError:
+                return 0  # a pod of the account is live here or in another agent
+            killed = 0
+            for _ in range(20):  # a leftover may fork once more before its SIGKILL lands
+                pids = account_processes(uid, exclude=os.getpid())
+                if not pids:
+                    break
+                killed += sum(_kill_if_owned(pid, uid) for pid in pids)
+            return killed
+        finally:
+            os.close(fd)

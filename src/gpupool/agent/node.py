@@ -25,11 +25,18 @@ from gpupool.agent.checkpoints import CHECKPOINT_DIR_ENV, CheckpointDirs
 from gpupool.agent.identity import (
     BASE_PATH,
     Identities,
+    PodIdentity,
     base_env,
     make_private_dir,
     prepare_scratch_root,
 )
-from gpupool.agent.isolation import IsolationPlan, find_cgroup_root, plan_isolation, prepare_cgroup
+from gpupool.agent.isolation import (
+    IsolationPlan,
+    find_cgroup_root,
+    plan_isolation,
+    prepare_cgroup,
+    process_limit,
+)
 from gpupool.agent.mps import MpsDaemon
 from gpupool.agent.podstate import PodRecord, write_atomic
 from gpupool.agent.probes.infiniband import SYSFS_ROOT, read_ib_ports
@@ -104,6 +111,8 @@ class NodeAgent:
         self._probe = probe or NvmlProbe(profiles=self._profiles)
         self._mps = mps or MpsDaemon(self.state_dir)
         self.cgroup_root = find_cgroup_root(cgroup_root)
+        self.pod_processes = process_limit()
+        """RLIMIT_NPROC of every pod account here (isolation.process_limit)."""
         self.runner = Runner(self.state_dir, clock=clock, max_log_bytes=max_log_bytes)
         self._lock = threading.RLock()
         self._faults: dict[str, str] = {}
@@ -205,8 +214,10 @@ class NodeAgent:
             return list(self._events)
 
     # ---- pods ------------------------------------------------------------------------------
-    def plan(self, pod: PodLaunch) -> IsolationPlan:
-        """The isolation this pod gets here (starting the MPS daemon when a real slice needs it)."""
+    def plan(self, pod: PodLaunch, identity: PodIdentity | None = None) -> IsolationPlan:
+        """The isolation this pod gets here (starting the MPS daemon when a real slice needs it). A
+        pod of another account gets the account's process limit; one that runs as the agent's own
+        user does not (RLIMIT_NPROC counts every process of the uid, the agent's included)."""
         node = self.node()
         needs_mps = any(s.compute_milli < 1000 or s.memory_mib for s in pod.slices)
         client_env = None
@@ -215,7 +226,8 @@ class NodeAgent:
             client_env = self._mps.client_env()
         base_path = pod.env.get("PYTHONPATH", "")  # never the agent's own
         return plan_isolation(pod, node, profiles=self._profiles, mps_client_env=client_env,
-                              cgroup_root=self.cgroup_root, base_pythonpath=base_path)
+                              cgroup_root=self.cgroup_root, base_pythonpath=base_path,
+                              nproc=self.pod_processes if identity is not None else None)
 
     def launch(self, pod: PodLaunch) -> PodRecord:
         """Start the pod inside its slice; idempotent by pod id. Returns its record at once.
@@ -225,7 +237,7 @@ class NodeAgent:
             return known
         identity = self.identities.resolve(pod.tenant, pod.unix_user)
         with self._lock:  # planning may start the MPS daemon; the start itself may overlap others
-            plan = self.plan(pod)
+            plan = self.plan(pod, identity)
         limits = prepare_cgroup(plan.host_limits, plan.cgroup_files)
         home = make_private_dir(self.scratch_root, pod.pod_id, identity)
         env = plan.process_env(base_env(identity, home, self.pod_path), pod.env)

@@ -7,14 +7,18 @@ cannot read or change it; the pod works in its private directory instead. A new 
 state directory re-adopts pods whose process still runs (same pid and same start time, so a reused
 pid is never mistaken for ours) and reports the others finished (exit status from exit.json) or
 lost, with the reason. Each log is held to `max_log_bytes` (see cap_log), so a pod cannot fill the
-agent's disk.
+agent's disk. A pod's whole process tree ends with it: its group, then what left the group (its
+cgroup, its marker, and for the pool's own accounts every process of the account once no pod of it
+is live on the machine: leftovers.py).
 """
 
 from __future__ import annotations
 
 import contextlib
+import grp
 import logging
 import os
+import pwd
 import re
 import selectors
 import shutil
@@ -28,9 +32,9 @@ from enum import StrEnum
 from pathlib import Path
 
 from gpupool.agent import podstate
-from gpupool.agent.identity import PodIdentity
+from gpupool.agent.identity import ACCOUNT_PREFIX, POD_GROUP, PodIdentity
 from gpupool.agent.launcher import EXIT_FD_PLACEHOLDER, Launcher
-from gpupool.agent.leftovers import MARKER, kill_leftovers
+from gpupool.agent.leftovers import MARKER, AccountLocks, kill_leftovers
 from gpupool.agent.podstate import PodRecord
 from gpupool.agent.shim import shim_argv
 from gpupool.errors import InvalidInput, NotFound
@@ -53,10 +57,12 @@ class LogStream(StrEnum):
 
 @dataclass(frozen=True, slots=True)
 class HostLimits:
-    """Host limits for one pod: a prepared cgroup v2 directory to join, or an RLIMIT fallback."""
+    """Host limits for one pod: a prepared cgroup v2 directory to join, or an RLIMIT_DATA fallback,
+    and the per-account process limit (RLIMIT_NPROC) its shim sets before starting the command."""
 
     cgroup_dir: Path | None = None
     rlimit_data_bytes: int | None = None
+    rlimit_nproc: int | None = None
 
 
 def _complete_utf8(data: bytes) -> bytes:
@@ -131,7 +137,8 @@ class Runner:
     """Starts and supervises pods on this machine. Thread-safe; every method returns promptly."""
 
     def __init__(self, state_dir: Path, *, clock: Callable[[], float] = time.time,
-                 max_log_bytes: int = DEFAULT_MAX_LOG_BYTES) -> None:
+                 max_log_bytes: int = DEFAULT_MAX_LOG_BYTES,
+                 account_locks: AccountLocks | None = None) -> None:
         self._dir = Path(state_dir) / "pods"
         self.max_log_bytes = max_log_bytes
         """Each log of a pod is cut back to this (and a note saying so) at every poll and at its end."""
@@ -149,6 +156,10 @@ class Runner:
         self._exit_listeners: list[Callable[[], None]] = []
         self._to_sweep: dict[str, tuple[int, str | None]] = {}
         """Pods reaped whose leftovers outside their process group are still to be killed."""
+        self._accounts = account_locks if account_locks is not None else (
+            AccountLocks() if os.geteuid() == 0 else None)
+        """Marks the pool accounts with a live pod here, for the sweeps by uid (leftovers.py)."""
+        self._accounts_to_sweep: set[int] = set()
         self._last_sweep_s = float("-inf")
         self._sweep_now = False
         self._reaper: _Reaper | None = None
@@ -198,6 +209,15 @@ class Runner:
             self._records[pod_id] = record
             self._spawning.add(pod_id)
         try:  # outside the lock, so several pods can be started at once
+            if identity is not None and self._sweepable(identity.uid):
+                assert self._accounts is not None
+                try:
+                    self._accounts.hold(identity.uid)  # waits while a sweep of the account runs
+                except OSError as exc:
+                    with self._lock:
+                        self._finish(record, PodPhase.FAILED, 127, None,
+                                     f"cannot mark the pod's account in use: {exc.strerror}")
+                    return record
             self._spawn(record, {**env, MARKER: pod_id}, limits, identity)
         finally:
             with self._lock:
@@ -213,7 +233,7 @@ class Runner:
         # A launcher helper has its own descriptor numbers: it puts the exit file's in for the token.
         argv = shim_argv(exit_fd if identity is None else EXIT_FD_PLACEHOLDER, record.command,
                          workdir=record.workdir, wait_for_go=go_r >= 0,
-                         rlimit_data_bytes=limits.rlimit_data_bytes)
+                         rlimit_data_bytes=limits.rlimit_data_bytes, rlimit_nproc=limits.rlimit_nproc)
         try:
             with contextlib.ExitStack() as files:
                 out = files.enter_context(open(pod_dir / "stdout.log", "ab", opener=_private))
@@ -335,6 +355,22 @@ class Runner:
             for listener in self._exit_listeners:
                 listener()
 
+    def _sweepable(self, uid: int | None) -> bool:
+        """Whether every process of `uid` may be killed once no pod of it is live: one of the pool's
+        own accounts, as identity.ensure_account makes them (named gpupool-..., primary group
+        gpupool-pods), never root, this agent's user, or another account mapped with --unix-user."""
+        if self._accounts is None or uid is None or uid == 0 or uid == os.geteuid():
+            return False
+        try:
+            entry = pwd.getpwuid(uid)
+            group = grp.getgrnam(POD_GROUP).gr_gid
+        except KeyError:
+            return False
+        return entry.pw_name.startswith(ACCOUNT_PREFIX) and entry.pw_gid == group
+
+    def _live_uids(self) -> set[int | None]:
+        return {r.uid for r in self._records.values() if not r.finished}
+
     def _sweep(self, *, force: bool = False) -> None:
         """Kill what reaped pods left outside their group: not under the lock (it reads /proc), and
         at most once per SWEEP_INTERVAL_S unless forced, so a burst of short pods shares one pass.
@@ -343,10 +379,21 @@ class Runner:
         now = time.monotonic()
         with self._lock:
             due = force or self._sweep_now or now - self._last_sweep_s >= SWEEP_INTERVAL_S
-            if not self._to_sweep or not due:
+            if not (self._to_sweep or self._accounts_to_sweep) or not due:
                 return
             pods, self._to_sweep, self._last_sweep_s, self._sweep_now = self._to_sweep, {}, now, False
-        kill_leftovers(pods)
+            live = self._live_uids()
+            idle, self._accounts_to_sweep = self._accounts_to_sweep - live, set()
+        if pods:
+            kill_leftovers(pods)
+        for uid in idle:
+            assert self._accounts is not None
+            # released first: sweep() then runs only if no other agent has a live pod of it either
+            with self._lock:
+                if uid in self._live_uids():  # a pod of it started meanwhile: its end sweeps
+                    continue
+                self._accounts.release(uid)
+            self._accounts.sweep(uid)
 
     def poll(self) -> list[PodRecord]:
         """Reap finished pods, escalate overdue stops, and return a copy of every record (a finished
@@ -437,6 +484,8 @@ class Runner:
         if record.cgroup:
             with contextlib.suppress(OSError):
                 Path(record.cgroup).rmdir()
+        if record.uid is not None and self._sweepable(record.uid):
+            self._accounts_to_sweep.add(record.uid)  # swept (and let go) once its last pod here ends
         self._save(record)
 
     # ---- restart ---------------------------------------------------------------------------
@@ -466,6 +515,9 @@ class Runner:
                 self._finish(record, PodPhase.LOST, None, None,
                              f"pid {record.pid} now belongs to another process")
             elif podstate.process_alive(record.pid, record.start_ticks):
+                if self._accounts is not None and self._sweepable(record.uid):
+                    assert record.uid is not None
+                    self._accounts.hold(record.uid)
                 record.adopted = True
                 record.message = "re-adopted after an agent restart"
                 self._save(record)
@@ -556,6 +608,8 @@ class Runner:
             self._timers.clear()
             reaper, self._reaper = self._reaper, None
             launcher, self._launcher = self._launcher, None
+        if self._accounts is not None:
+            self._accounts.release_all()  # a runner that re-adopts the pods left running marks them again
         if reaper is not None:
             reaper.stop()
         if launcher is not None:

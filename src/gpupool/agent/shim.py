@@ -1,8 +1,8 @@
 """The pod shim: a POSIX sh script that waits to be placed in the pod's cgroup, applies RLIMITs, runs
 the command and records its exit status.
 
-The runner starts it as `/bin/sh -c SCRIPT gpupool-shim EXIT_FD GO RLIMIT_DATA_KIB WORKDIR
-COMMAND...` (an empty string for what it does not use), as the leader of the pod's own process
+The runner starts it as `/bin/sh -c SCRIPT gpupool-shim EXIT_FD GO RLIMIT_DATA_KIB RLIMIT_NPROC
+WORKDIR COMMAND...` (an empty string for what it does not use), as the leader of the pod's own process
 group, already as the pod's Unix account (launcher.py drops privileges before exec) and with the
 pod's environment only. EXIT_FD is a file descriptor open on the pod's exit file, which lives in the
 agent's private state directory (the pod cannot reach it by its path); the shim writes the status
@@ -14,7 +14,10 @@ write cgroup.procs) and then writes one line, and only then does the shim start 
 as the pod's account, so a directory that account may not enter fails the pod instead of being
 entered with the agent's rights. It was a `python -I -S` script; a shell costs about 1 ms of CPU to
 start where Python costs 20-60 ms, which bounded how many short pods a node could run per second.
-Everything it runs is a shell builtin (no fork beyond the command itself).
+Everything it runs is a shell builtin (no fork beyond the command itself). Its `ulimit` sets the
+soft and the hard limit, and it runs as the pod's account, so the pod cannot raise them again;
+RLIMIT_NPROC is `ulimit -p` in dash and `ulimit -u` in bash, so it tries both and says on the pod's
+stderr when neither took.
 
 It survives the group-wide SIGTERM that cancels a pod (a trap with an action, so the command gets the
 default disposition back on exec), so it can write the command's exit status to a file the runner
@@ -41,14 +44,18 @@ from collections.abc import Sequence
 SHELL = "/bin/sh"
 
 SCRIPT = r"""
-exit_fd=$1 go=$2 rlimit_kib=$3 workdir=$4
-shift 4
+exit_fd=$1 go=$2 rlimit_kib=$3 nproc=$4 workdir=$5
+shift 5
 if [ -n "$go" ]; then
   read -r joined
   exec < /dev/null
   [ "$joined" = ok ] || echo "gpupool: $joined" >&2
 fi
 if [ -n "$rlimit_kib" ]; then ulimit -d "$rlimit_kib"; fi
+if [ -n "$nproc" ]; then
+  { ulimit -p "$nproc" || ulimit -u "$nproc"; } 2>/dev/null ||
+    echo "gpupool: could not limit this account's processes to $nproc; not enforced" >&2
+fi
 record() { printf '{"exit_code": %d, "signal": %s, "message": "%s"}\n' "$1" "$2" "$3" > "/dev/fd/$exit_fd"; }
 if ! cd -- "$workdir" 2>/dev/null; then
   echo "gpupool: cannot enter the working directory $workdir as $(id -un 2>/dev/null || id -u)" >&2
@@ -80,8 +87,10 @@ exit "$rc"
 
 
 def shim_argv(exit_fd: int | str, command: Sequence[str], *, workdir: str, wait_for_go: bool = False,
-              rlimit_data_bytes: int | None = None) -> list[str]:
-    """The argv that runs `command` under the shim (RLIMIT_DATA rounded down to KiB, at least 1)."""
+              rlimit_data_bytes: int | None = None, rlimit_nproc: int | None = None) -> list[str]:
+    """The argv that runs `command` under the shim (RLIMIT_DATA rounded down to KiB, at least 1;
+    RLIMIT_NPROC at least 1)."""
     rlimit_kib = str(max(1, rlimit_data_bytes // 1024)) if rlimit_data_bytes else ""
+    nproc = str(max(1, rlimit_nproc)) if rlimit_nproc else ""
     return [SHELL, "-c", SCRIPT, "gpupool-shim", str(exit_fd), "1" if wait_for_go else "",
-            rlimit_kib, workdir, *command]
+            rlimit_kib, nproc, workdir, *command]

@@ -36,8 +36,9 @@ def list_nodes(output: OutputOption = Format.TABLE) -> None:
     and nothing left running), unhealthy (the node, or the devices named), lost (the pool knows the
     node, from work or flags there, but its provider no longer lists it).
 
-    Layers: accounts (pods run as their tenant's Unix account), devices (a pod sees only its
-    devices), device_limits (compute and memory shares capped by CUDA MPS), host_limits (cpu and
+    Layers: accounts (pods run as their tenant's Unix account), devices (a pod is given only its
+    devices; "advisory" on real devices: no device cgroup rules stop a process that opens the
+    others), device_limits (compute and memory shares capped by CUDA MPS), host_limits (cpu and
     memory capped by a cgroup v2). A layer marked "no" is not enforced there, with the reason.
 
     Example: gpupool node ls -o name | xargs -n1 gpupool node cordon
@@ -104,7 +105,8 @@ _COLUMNS: list[Column[Any]] = [
 _LAYER_COLUMNS: list[Column[Any]] = [
     Column("NODE", lambda r: r[0], key=True),
     Column("LAYER", lambda r: r[1].layer),
-    Column("ENFORCED", lambda r: "yes" if r[1].enforced else "[bold]no[/bold]"),
+    Column("ENFORCED", lambda r: "yes" if r[1].enforced else (
+        "advisory" if r[1].level == "advisory" else "[bold]no[/bold]")),
     Column("DETAIL", lambda r: r[1].detail),
 ]
 

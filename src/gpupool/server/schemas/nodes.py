@@ -49,7 +49,9 @@ class DeviceOut(Strict):
 
 class LayerOut(Strict):
     layer: str = Field(description="accounts, devices, device_limits or host_limits")
-    enforced: bool
+    enforced: bool = Field(description="true only when the layer is enforced (level 'enforced')")
+    level: str = Field("unenforced", description="enforced; advisory (set up for every pod, but a process "
+                       "of the pod can step past it); or unenforced")
     detail: str = Field(description="how it is enforced here, or why it is not")
 
 

@@ -1,6 +1,7 @@
 """Which limits a node enforces, layer by layer, and which of a pod's limits it cannot.
 
-A limit the node cannot enforce is never silent: `gpupool nodes ls` shows each node's layers, and a
+A limit the node cannot enforce is never silent: `gpupool nodes ls` shows each node's layers as
+enforced, advisory (set up for the pod, but a hostile pod can step past it) or unenforced, and a
 workload placed where one of its limits does not hold gets an event (`limits_unenforced`) naming the
 limit and the node, which `gpupool show` prints.
 """
@@ -9,10 +10,18 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
+from enum import StrEnum
 
 from gpupool.core.model import Node, PodRequest
 from gpupool.core.units import MILLI
 from gpupool.providers.base import Capability
+
+
+class Level(StrEnum):
+    ENFORCED = "enforced"
+    ADVISORY = "advisory"
+    """Set up for every pod, but only a cooperating pod keeps to it."""
+    UNENFORCED = "unenforced"
 
 
 @dataclass(frozen=True, slots=True)
@@ -20,6 +29,11 @@ class LayerState:
     layer: str
     enforced: bool
     detail: str
+    level: Level = Level.UNENFORCED
+
+    def __post_init__(self) -> None:
+        if self.enforced and self.level is not Level.ENFORCED:
+            object.__setattr__(self, "level", Level.ENFORCED)
 
 
 ACCOUNTS = "accounts"
@@ -41,7 +55,10 @@ def node_layers(node: Node, missing: Mapping[Capability, str]) -> list[LayerStat
         device_limits = LayerState(DEVICE_LIMITS, False, "simulated devices: compute and memory shares "
                                    "are accounted, not enforced")
     else:
-        devices = LayerState(DEVICES, True, "pods see only their devices (visible-devices variables)")
+        # No device cgroup rules are set: the variables steer a pod's runtime, not its open() calls.
+        devices = LayerState(DEVICES, False, "advisory: pods are given only their devices (visible-devices "
+                             "variables), but no device cgroup rules stop a process that opens the others",
+                             Level.ADVISORY)
         device_limits = LayerState(DEVICE_LIMITS, Capability.MPS not in missing,
                                    missing.get(Capability.MPS, "CUDA MPS caps compute and memory per pod"))
     host = LayerState(HOST_LIMITS, Capability.CGROUPS not in missing,

@@ -100,7 +100,8 @@ def node_out(node: Node, flags: NodeFlagRow | None, use: NodeUse,
         ],
         allocated_cpu_milli=use.cpu_milli,
         allocated_memory_mib=use.memory_mib,
-        enforcement=[LayerOut(layer=state.layer, enforced=state.enforced, detail=state.detail)
+        enforcement=[LayerOut(layer=state.layer, enforced=state.enforced, level=state.level.value,
+                              detail=state.detail)
                      for state in enforcement.node_layers(node, missing)],
     )
 
