@@ -51,7 +51,7 @@ from gpupool.server.runtime import Runtime
 from gpupool.server.services import enforcement, rendezvous
 from gpupool.server.services.events import Move, apply_moves, transition
 from gpupool.server.services.metering import slice_models
-from gpupool.server.services.requeue import checkpoint_mark, requeue, stop_pods
+from gpupool.server.services.requeue import requeue, stop_pods
 from gpupool.server.states import EventReason, PodState
 
 log = logging.getLogger("gpupool.scheduler")
@@ -106,6 +106,18 @@ def decisions(result: CycleResult) -> Iterator[Decision]:
     yield from result.rejected
     if result.reservation is not None:
         yield result.reservation
+
+
+def chunked(items: Sequence[Decision], size: int) -> Iterator[list[Decision]]:
+    """`items` in transactions of at most `size` decisions besides the stops, in order: a stop
+    (`Preemption`) goes in the transaction of its workload's `Requeue`, which stores its reason
+    (evicted, preempted, moved) and takes its grace (none for an eviction)."""
+    stops = {d.workload_id: d for d in items if isinstance(d, Preemption)}
+    rest = [d for d in items if not isinstance(d, Preemption)]
+    for start in range(0, len(rest), size):
+        piece = rest[start:start + size]
+        ids = [d.workload_id for d in piece if isinstance(d, Requeue) and d.workload_id in stops]
+        yield [stops[workload_id] for workload_id in ids] + piece
 
 
 def _moved_why(move: CoreMove) -> str:
@@ -317,17 +329,20 @@ class Scheduler:
             running = {a.workload.id: a.workload for a in view.snapshot.allocations}
             by_id.update((m.workload_id, running[m.workload_id]) for m in result.moved)
         items = list(decisions(result))
+        # the provider's facts are asked for before any transaction opens, in one call for the cycle
+        stopped = [d.workload_id for d in items if isinstance(d, Requeue)]
+        marks = self.rt.provider.checkpoint_marks(stopped) if stopped else {}
         launches: list[PodLaunch] = []
-        for start in range(0, len(items), 2 * RECORD_CHUNK):
-            if start:
+        for n, chunk in enumerate(chunked(items, 2 * RECORD_CHUNK)):
+            if n:
                 time.sleep(0)  # let a waiting submission batch take the write lock in between
-            launches += self._apply(items[start:start + 2 * RECORD_CHUNK], view, by_id, now)
+            launches += self._apply(chunk, view, by_id, marks, now)
         if result.reservation is None and self.reservation is not None:
             self._clear_reservation()
         return launches
 
     def _apply(self, chunk: Sequence[Decision], view: StoreView, by_id: dict[str, Workload],
-               now: float) -> list[PodLaunch]:
+               marks: dict[str, float | None], now: float) -> list[PodLaunch]:
         """One transaction: every decision kind is dispatched here (a kind the core learns later
         fails the type check at `assert_never` rather than being dropped silently)."""
         batch = _Batch()
@@ -351,7 +366,7 @@ class Scheduler:
         allocated: list[tuple[str, list[str], list[PodPlacement]]] = []
         with self.rt.store.write() as session:
             if batch.requeues:
-                to_stop = self._requeue(session, batch, now)
+                to_stop = self._requeue(session, batch, marks, now)
                 session.flush()
             conn = session.connection()
             if batch.admissions:
@@ -368,9 +383,11 @@ class Scheduler:
             self.rt.provider.stop(pod_id, grace_s=grace)
         return launches
 
-    def _requeue(self, session: Session, batch: _Batch, now: float) -> list[tuple[str, float]]:
+    def _requeue(self, session: Session, batch: _Batch, marks: dict[str, float | None],
+                 now: float) -> list[tuple[str, float]]:
         """Preempted and evicted workloads: their pods stop (SIGTERM, the class's grace, SIGKILL)
-        and they go back to pending, with the work lost since their last checkpoint accounted."""
+        and they go back to pending, with the work lost since their last checkpoint (`marks`, read
+        from the provider before the transaction) accounted."""
         to_stop: list[tuple[str, float]] = []
         for decision in batch.requeues:
             row = session.get(WorkloadRow, decision.workload_id)
@@ -381,7 +398,8 @@ class Scheduler:
             evicted = stop is not None and stop.kind is EventKind.EVICT
             grace = 0.0 if evicted else self._grace_s(row.spec)
             reason = (stop.reason if stop is not None else decision.reason).value
-            pods = requeue(session, row, reason, why, now, mark=checkpoint_mark(self.rt.provider, row))
+            mark = marks.get(row.id) if row.started_s is not None else None
+            pods = requeue(session, row, reason, why, now, mark=mark)
             to_stop += [(pod_id, grace) for pod_id in pods]
             self._requeued_info(row, now if reason == Reason.MOVED_FOR_LOCALITY.value else None)
         return to_stop

@@ -1,0 +1,145 @@
+"""How a cycle's decisions reach the store: a stop keeps its reason and grace however many there
+are, and provider facts are read before the transaction."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import pytest
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from gpupool.config import parse_config
+from gpupool.providers.fake import FakeProvider
+from gpupool.server.auth import Principal
+from gpupool.server.db import Store
+from gpupool.server.loops.control import ControlLoop
+from gpupool.server.orm import EventRow, WorkloadRow
+from gpupool.server.runtime import Runtime
+from gpupool.server.schemas.workloads import WorkloadSpec
+from gpupool.server.services import workloads
+from gpupool.server.services.tenants import bootstrap
+from gpupool.server.settings import Settings
+
+ADMIN = Principal("admin", None)
+CONFIG = """\
+scheduling:
+  placement: first-fit
+priority_classes:
+  - {name: low, value: 0, preemptible: true, grace: 30s}
+"""
+
+
+class Stops(FakeProvider):
+    """The fake provider, noting the grace of every stop and each question about checkpoints (the
+    workloads asked about, and whether a write transaction was open then)."""
+
+    def __init__(self, nodes: str, **kwargs: Any) -> None:
+        super().__init__(nodes, **kwargs)
+        self.graces: dict[str, float] = {}
+        self.asked: list[tuple[frozenset[str], bool]] = []
+        self.writing = 0
+
+    def stop(self, pod_id: str, grace_s: float = 10.0) -> None:
+        self.graces[pod_id] = grace_s
+        super().stop(pod_id, grace_s)
+
+    def checkpoint_s(self, workload_id: str) -> float | None:
+        self.asked.append((frozenset({workload_id}), self.writing > 0))
+        return super().checkpoint_s(workload_id)
+
+    def checkpoint_marks(self, workload_ids: Sequence[str]) -> dict[str, float | None]:
+        self.asked.append((frozenset(workload_ids), self.writing > 0))
+        return {workload_id: super(Stops, self).checkpoint_s(workload_id) for workload_id in workload_ids}
+
+
+class Pool:
+    """A control loop over a store at `url`, on the fake provider and a clock the test moves."""
+
+    def __init__(self, tmp_path: Path, url: str, nodes: str) -> None:
+        self.now = 1_000_000.0
+        self.provider = Stops(nodes, clock=lambda: self.now, duration_s=100_000.0)
+        settings = Settings(data_dir=tmp_path, database_url=url, cycle_interval_s=0.05)
+        self.rt = Runtime(settings=settings, store=Store.open(url), provider=self.provider,
+                          clock=lambda: self.now, config=parse_config(CONFIG))
+        bootstrap(self.rt)
+        write = self.rt.store.write
+
+        @contextmanager
+        def noted() -> Iterator[Session]:
+            self.provider.writing += 1
+            try:
+                with write() as session:
+                    yield session
+            finally:
+                self.provider.writing -= 1
+
+        self.rt.store.write = noted  # type: ignore[method-assign]
+        self.loop = ControlLoop(self.rt)
+        self.loop.recovered = self.loop.reconciler.recover()
+        self.cycles = 0
+        cycle = self.loop.scheduler.cycle
+
+        def counted(capacity_changed: bool = True) -> Any:
+            self.cycles += 1
+            return cycle(capacity_changed)
+
+        self.loop.scheduler.cycle = counted  # type: ignore[method-assign]
+
+    def submit(self, gpus: float = 1, **extra: Any) -> str:
+        spec = WorkloadSpec.model_validate({"command": ["train"], "resources": {"gpus": gpus}, **extra})
+        return workloads.submit(self.rt, ADMIN, spec).id
+
+    def step(self, advance_s: float = 0.0) -> None:
+        self.now += advance_s
+        self.loop.step()
+
+    def statuses(self) -> dict[str, str]:
+        with self.rt.store.read() as session:
+            return {w: s for w, s in session.execute(select(WorkloadRow.id, WorkloadRow.status))}
+
+    def events(self) -> list[tuple[str, str, str, str, str]]:
+        """(workload, from, to, reason, message) of every event, in order."""
+        with self.rt.store.read() as session:
+            return [(r.workload_id, r.from_status, r.to_status, r.reason, r.message) for r in session.execute(
+                select(EventRow.workload_id, EventRow.from_status, EventRow.to_status, EventRow.reason,
+                       EventRow.message).order_by(EventRow.id))]
+
+    def close(self) -> None:
+        self.rt.store.close()
+
+
+@pytest.fixture
+def sqlite_pool(tmp_path: Path) -> Iterator[Pool]:
+    pool = Pool(tmp_path, f"sqlite:///{tmp_path / 'store.sqlite'}", "1x32xH100,1x8xH100")
+    yield pool
+    pool.close()
+
+
+def test_a_node_failure_under_300_small_pods_stores_every_eviction_with_its_reason_and_no_grace(
+        sqlite_pool: Pool) -> None:
+    pool = sqlite_pool
+    small = [pool.submit(gpus=0.1, priority_class="low") for _ in range(300)]
+    for _ in range(4):
+        pool.step()
+    big = pool.provider.nodes()[0].name
+    on_big = {w for w in small if pool.provider._pods[f"{w}-a1-r0"].launch.node == big}
+    assert len(on_big) > 2 * 128, "enough evictions to span several transactions"
+    assert set(pool.statuses().values()) == {"running"}
+    pool.step(60.0)
+    pool.provider.inject_fault(big)
+    pool.cycles = 0
+    pool.step()
+    assert pool.cycles <= 2
+    requeued = [(w, reason, why) for w, frm, to, reason, why in pool.events()
+                if (frm, to) == ("running", "pending")]
+    assert sorted(w for w, _, _ in requeued) == sorted(on_big)
+    assert {reason for _, reason, _ in requeued} == {"evicted_unhealthy"}
+    assert all(why.startswith("A node or device it ran on became unhealthy") for _, _, why in requeued)
+    assert {pool.provider.graces[f"{w}-a1-r0"] for w in on_big} == {0.0}
+    # what the stops lost is counted from checkpoint marks asked for once, before any transaction
+    assert pool.provider.asked == [(frozenset(on_big), False)]
+
