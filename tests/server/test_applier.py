@@ -1,5 +1,6 @@
 """How a cycle's decisions reach the store: a stop keeps its reason and grace however many there
-are, and provider facts are read before the transaction."""
+are, provider facts are read before the transaction, and a move is a compare-and-set on the status
+it expects (a cancel that lands between the scheduler's read and its write is never overwritten)."""
 
 from __future__ import annotations
 
@@ -14,13 +15,16 @@ from sqlalchemy.orm import Session
 
 from gpupool.config import parse_config
 from gpupool.providers.fake import FakeProvider
+from gpupool.server import pgtemp
 from gpupool.server.auth import Principal
 from gpupool.server.db import Store
+from gpupool.server.loops import scheduler as scheduler_module
 from gpupool.server.loops.control import ControlLoop
-from gpupool.server.orm import EventRow, WorkloadRow
+from gpupool.server.orm import EventRow, PodRow, WorkloadRow
 from gpupool.server.runtime import Runtime
 from gpupool.server.schemas.workloads import WorkloadSpec
 from gpupool.server.services import workloads
+from gpupool.server.services.events import LostMoves, Move, apply_moves
 from gpupool.server.services.tenants import bootstrap
 from gpupool.server.settings import Settings
 
@@ -143,3 +147,81 @@ def test_a_node_failure_under_300_small_pods_stores_every_eviction_with_its_reas
     # what the stops lost is counted from checkpoint marks asked for once, before any transaction
     assert pool.provider.asked == [(frozenset(on_big), False)]
 
+
+@pytest.fixture
+def pg_pool(tmp_path: Path, postgres: pgtemp.TempPostgres) -> Iterator[Pool]:
+    pool = Pool(tmp_path, postgres.create_database(), "2x8xH100")
+    yield pool
+    pool.close()
+
+
+def ever_admitted_after_cancel(events: list[tuple[str, str, str, str, str]]) -> set[str]:
+    """Workloads with an event after the one that cancelled them (an admission or a launch that wrote
+    over the cancel)."""
+    cancelled: set[str] = set()
+    after: set[str] = set()
+    for workload_id, _, to, _, _ in events:
+        if workload_id in cancelled:
+            after.add(workload_id)
+        if to == "cancelled":
+            cancelled.add(workload_id)
+    return after
+
+
+def test_cancels_landing_between_the_admissions_read_and_write_are_never_overwritten(
+        pg_pool: Pool, monkeypatch: pytest.MonkeyPatch) -> None:
+    """PostgreSQL, where a cancel commits on its own connection while the scheduler's transaction is
+    open: the cancels are made to land exactly between `_admit`'s read of the statuses and its
+    write (no timing involved)."""
+    pool = pg_pool
+    submitted = [pool.submit(gpus=1) for _ in range(12)]
+    to_cancel = set(submitted[::2])
+    read = scheduler_module._states
+    landed: list[str] = []
+
+    def read_then_cancel(conn: Any, ids: Sequence[str], *, with_spec: bool) -> dict[str, Any]:
+        rows = read(conn, ids, with_spec=with_spec)
+        if with_spec and not landed:
+            for workload_id in sorted(to_cancel & set(ids)):
+                workloads.cancel(pool.rt, ADMIN, workload_id)  # its own transaction, committed now
+                landed.append(workload_id)
+        return rows
+
+    monkeypatch.setattr(scheduler_module, "_states", read_then_cancel)
+    pool.step()
+    assert sorted(landed) == sorted(to_cancel), "every cancel landed inside the admission's transaction"
+    monkeypatch.setattr(scheduler_module, "_states", read)
+    for _ in range(3):
+        pool.step(1.0)
+    events = pool.events()
+    statuses = pool.statuses()
+    assert ever_admitted_after_cancel(events) == set()
+    assert {w for w in submitted if statuses[w] == "cancelled"} == to_cancel
+    assert {statuses[w] for w in submitted if w not in to_cancel} == {"running"}
+    launched = {pod.launch.workload_id for pod in pool.provider._pods.values()}
+    assert launched & to_cancel == set()
+    with pool.rt.store.read() as session:
+        held = set(session.scalars(select(PodRow.workload_id).where(PodRow.workload_id.in_(to_cancel))))
+    assert held == set(), "a lost admission leaves no pod rows"
+
+
+def test_a_move_is_a_compare_and_set_on_the_status_it_expects(tmp_path: Path, db_url: str) -> None:
+    pool = Pool(tmp_path, db_url, "1x8xH100")
+    try:
+        first, second = pool.submit(), pool.submit()
+        workloads.cancel(pool.rt, ADMIN, second)
+        moves = [Move(w, "pending", "failed", "unschedulable", "Refused.", pool.now,
+                      columns=(("finished_s", 1.0),)) for w in (first, second)]
+        with pool.rt.store.write() as session:
+            lost = apply_moves(session.connection(), moves)
+        assert lost == [moves[1]]
+        assert pool.statuses() == {first: "failed", second: "cancelled"}
+        last_two = [(w, to) for w, _, to, _, _ in pool.events()][-2:]
+        assert last_two == [(second, "cancelled"), (first, "failed")]
+        # rows read FOR UPDATE cannot change under the caller: a short count is a bug, and rolls back
+        with pytest.raises(LostMoves), pool.rt.store.write() as session:
+            apply_moves(session.connection(), [Move(second, "pending", "cancelled", "cancelled_by_user", "",
+                                                    pool.now)], locked=True)
+        assert pool.statuses()[second] == "cancelled"
+    finally:
+        pool.close()

@@ -87,6 +87,9 @@ _SET_REASON = update(_W).where(
 
 Decision = Preemption | Requeue | Admission | Rejection | ReservedStart
 """Every kind of decision a core cycle returns (`CycleResult`)."""
+_Placed = tuple[Row[Any], Admission, list[PodPlacement], bool]
+"""An admission to write: the workload's row as read, the decision, its placements by rank, and
+whether its pods wait for a stopping pod to leave their devices."""
 
 
 def decisions(result: CycleResult) -> Iterator[Decision]:
@@ -420,26 +423,48 @@ class Scheduler:
     def _admit(self, conn: Connection, admissions: Sequence[Admission], by_id: dict[str, Workload],
                now: float) -> tuple[list[PodLaunch], list[tuple[str, list[str], list[PodPlacement]]]]:
         """Pods of the admitted workloads, `launching` (handed to the provider after the commit) or,
-        where a device they take still holds a stopping pod, `waiting` (launched once it ended)."""
-        launches: list[PodLaunch] = []
-        pods: list[dict[str, object]] = []
-        allocated: list[tuple[str, list[str], list[PodPlacement]]] = []
-        moves: list[Move] = []
-        notes: list[dict[str, object]] = []
-        limits = _LimitNotes(self.rt)
+        where a device they take still holds a stopping pod, `waiting` (launched once it ended).
+
+        Each workload's move to admitted is a compare-and-set on the pending status read here, made
+        before anything else is written for it: one that lost (the user cancelled it since) gets no
+        pod rows, no port and no launch."""
         admitted = _states(conn, [a.workload_id for a in admissions], with_spec=True)
-        accounts = _unix_users(conn, {row.tenant for row in admitted.values()})
         busy = _busy_devices(conn)
+        placed: list[_Placed] = []
+        moves: list[Move] = []
         for admission in admissions:
             row = admitted.get(admission.workload_id)
             if row is None or row.status != WorkloadStatus.PENDING.value:
                 continue  # cancelled while the cycle ran
+            in_order = sorted(admission.placements, key=lambda p: int(p.pod.removeprefix("r")))
+            wait = bool(busy) and any((p.node, s.device_index) in busy for p in in_order for s in p.slices)
+            where = ", ".join(sorted({p.node for p in admission.placements}))
+            moves.append(Move(
+                row.id, row.status, WorkloadStatus.ADMITTED.value, EventReason.ADMITTED,
+                f"Placed on {where}" + (_WAITS if wait else "."),
+                now, columns=(("attempt", row.attempt + 1), ("admitted_s", now), ("reserved_start_s", None)),
+            ))
+            placed.append((row, admission, in_order, wait))
+        lost = {m.workload_id for m in apply_moves(conn, moves)}
+        if lost:
+            log.info("%d admissions lost to a change made since the cycle read them (a cancel); "
+                     "dropped", len(lost))
+        return self._place_pods(conn, [p for p in placed if p[0].id not in lost], by_id, now)
+
+    def _place_pods(self, conn: Connection, placed: list[_Placed], by_id: dict[str, Workload],
+                    now: float) -> tuple[list[PodLaunch], list[tuple[str, list[str], list[PodPlacement]]]]:
+        """The pod rows (and launches) of admissions whose move to admitted held."""
+        launches: list[PodLaunch] = []
+        pods: list[dict[str, object]] = []
+        allocated: list[tuple[str, list[str], list[PodPlacement]]] = []
+        notes: list[dict[str, object]] = []
+        limits = _LimitNotes(self.rt)
+        accounts = _unix_users(conn, {row.tenant for row, _, _, _ in placed})
+        for row, admission, in_order, wait in placed:
             self._reasons.pop(row.id, None)
             attempt = row.attempt + 1
             world = len(admission.placements)
-            in_order = sorted(admission.placements, key=lambda p: int(p.pod.removeprefix("r")))
             allocated.append((row.id, [f"{row.id}-a{attempt}-{p.pod}" for p in in_order], in_order))
-            wait = bool(busy) and any((p.node, s.device_index) in busy for p in in_order for s in p.slices)
             state = PodState.WAITING if wait else PodState.LAUNCHING
             ranks = {int(p.pod.removeprefix("r")): p.node for p in in_order}
             gang = rendezvous.plan(self.rt, conn, self.ports, row, attempt, ranks) if world > 1 else None
@@ -464,19 +489,12 @@ class Scheduler:
                                                      world, cpu_milli, memory_mib, account, gang=gang))
                 held = dataclasses.replace(request, cpu_milli=cpu_milli, memory_mib=memory_mib)
                 notes += limits.events(row.id, pod_id, placement.node, held, now)  # what it holds
-            where = ", ".join(sorted({p.node for p in admission.placements}))
-            moves.append(Move(
-                row.id, row.status, WorkloadStatus.ADMITTED.value, EventReason.ADMITTED,
-                f"Placed on {where}" + (_WAITS if wait else "."),
-                now, columns=(("attempt", attempt), ("admitted_s", now), ("reserved_start_s", None)),
-            ))
             if wait:
                 self.waiting = True
         if pods:
             conn.execute(_INSERT_POD, pods)
         if notes:
             conn.execute(_INSERT_EVENT, notes)
-        apply_moves(conn, moves)
         return launches, allocated
 
     def _reject(self, conn: Connection, rejections: Sequence[Rejection], view: StoreView,

@@ -87,32 +87,60 @@ _INSERT_EVENT = insert(Base.metadata.tables["events"])
 def _update_for(columns: tuple[str, ...]) -> Update:
     names = ("status", "reason", "message", *columns)
     values: dict[str, Any] = {name: bindparam(f"v_{name}") for name in names}
-    return update(_WORKLOADS).where(_WORKLOADS.c.id == bindparam("v_id")).values(values)
+    return update(_WORKLOADS).where(
+        _WORKLOADS.c.id == bindparam("v_id"), _WORKLOADS.c.status == bindparam("v_expected"),
+    ).values(values)
 
 
-def apply_moves(conn: Connection, moves: Sequence[Move]) -> None:
-    """`transition` for many rows at once, in the caller's transaction: one UPDATE statement per
-    set of extra columns (executed for every row) and one INSERT of all their events. Same rows,
-    same events as calling `transition` on each; none of the ORM's per-object bookkeeping."""
+class LostMoves(RuntimeError):
+    """Rows the caller had locked did not hold the status it read: a bug, the transaction rolls back."""
+
+
+def apply_moves(conn: Connection, moves: Sequence[Move], *, locked: bool = False) -> list[Move]:
+    """`transition` for many rows at once, in the caller's transaction, each a compare-and-set on
+    the status the caller read (`from_status`): `UPDATE ... WHERE id = :id AND status = :expected`,
+    its row count checked. A move whose row another transaction changed since it was read (a
+    user's cancel) is lost: nothing of it is written (no row change, no event) and it is returned,
+    so the caller can undo what it wrote beside it. The moves that hold get the same rows and events
+    as `transition` would give them.
+
+    With `locked` the caller read the rows FOR UPDATE in this transaction, so none can be lost: the
+    rows of one shape go in one statement and a short count raises LostMoves."""
     legal = []
     for move in moves:
         if workload_move_allowed(move.from_status, move.to_status):
             legal.append(move)
         else:
             _refused(move.workload_id, move.from_status, move.to_status, move.reason)
-    moves = legal
-    if not moves:
-        return
-    shapes: dict[tuple[str, ...], list[dict[str, object]]] = {}
-    for move in moves:
-        params: dict[str, object] = {"v_id": move.workload_id, "v_status": move.to_status,
-                                     "v_reason": move.reason, "v_message": move.message[:1024]}
+    if not legal:
+        return []
+    shapes: dict[tuple[str, ...], list[tuple[Move, dict[str, object]]]] = {}
+    for move in legal:
+        params: dict[str, object] = {"v_id": move.workload_id, "v_expected": move.from_status,
+                                     "v_status": move.to_status, "v_reason": move.reason,
+                                     "v_message": move.message[:1024]}
         params.update((f"v_{name}", value) for name, value in move.columns)
-        shapes.setdefault(tuple(name for name, _ in move.columns), []).append(params)
+        shapes.setdefault(tuple(name for name, _ in move.columns), []).append((move, params))
+    lost: list[Move] = []
     for columns, rows in shapes.items():
-        conn.execute(_update_for(columns), rows)
-    conn.execute(_INSERT_EVENT, [
-        {"workload_id": m.workload_id, "pod_id": m.pod_id, "from_status": m.from_status,
-         "to_status": m.to_status, "reason": m.reason, "message": m.message[:1024], "at_s": m.at_s}
-        for m in moves
-    ])
+        statement = _update_for(columns)
+        if locked:
+            changed = conn.execute(statement, [params for _, params in rows]).rowcount
+            if changed != len(rows):
+                raise LostMoves(f"{len(rows) - changed} of {len(rows)} locked rows had changed since read")
+            continue
+        # one statement a row: only a row's own count tells whether its move held
+        lost += [move for move, params in rows if conn.execute(statement, params).rowcount != 1]
+    for move in lost:
+        log.warning("workload %s was no longer %s when it was to become %s (%s): another change came "
+                    "first, this one is dropped", move.workload_id, move.from_status, move.to_status,
+                    move.reason)
+    gone = {id(m) for m in lost}
+    held = [m for m in legal if id(m) not in gone]
+    if held:
+        conn.execute(_INSERT_EVENT, [
+            {"workload_id": m.workload_id, "pod_id": m.pod_id, "from_status": m.from_status,
+             "to_status": m.to_status, "reason": m.reason, "message": m.message[:1024], "at_s": m.at_s}
+            for m in held
+        ])
+    return lost

@@ -212,7 +212,7 @@ def cancel_array(rt: Runtime, who: Principal, array_id: str) -> ArrayCancelled:
         moves = [Move(t.id, pending, cancelled, EventReason.CANCELLED_BY_USER.value, message, now,
                       columns=(("finished_s", now),)) for t in tasks if t.status == pending]
         for start in range(0, len(moves), MOVES_PER_CALL):
-            apply_moves(conn, moves[start:start + MOVES_PER_CALL])
+            apply_moves(conn, moves[start:start + MOVES_PER_CALL], locked=True)  # read FOR UPDATE
         holding = [t.id for t in tasks if t.status != pending and not WorkloadStatus(t.status).is_final]
         to_stop: list[str] = []
         for row in session.scalars(select(WorkloadRow).where(WorkloadRow.id.in_(holding))) if holding else ():
