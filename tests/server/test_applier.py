@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 from sqlalchemy import select
+from sqlalchemy.exc import OperationalError
 from sqlalchemy.orm import Session
 
 from gpupool.config import parse_config
@@ -225,3 +226,43 @@ def test_a_move_is_a_compare_and_set_on_the_status_it_expects(tmp_path: Path, db
         assert pool.statuses()[second] == "cancelled"
     finally:
         pool.close()
+
+
+def test_a_cancel_after_a_requeues_read_waits_for_its_commit_and_is_not_written_over(
+        pg_pool: Pool, monkeypatch: pytest.MonkeyPatch) -> None:
+    """PostgreSQL: when the scheduler requeues evicted work, the rows it read are locked until it
+    commits. Checked between the read and the write of each requeue: another connection cannot take
+    the row (where it can, the user's cancel is made there and then, as a racing cancel would be)."""
+    pool = pg_pool
+    evicted = [pool.submit(gpus=1) for _ in range(4)]
+    pool.step()
+    node = pool.provider._pods[f"{evicted[0]}-a1-r0"].launch.node
+    evicted = [w for w in evicted if pool.provider._pods[f"{w}-a1-r0"].launch.node == node]
+    requeue = scheduler_module.requeue
+    waited: list[str] = []
+
+    def cancel_between(session: Session, row: WorkloadRow, *args: Any, **kwargs: Any) -> list[str]:
+        with pool.rt.store.engine.connect() as other:
+            try:
+                other.execute(select(WorkloadRow.id).where(WorkloadRow.id == row.id)
+                              .with_for_update(nowait=True))
+                free = True
+            except OperationalError:
+                free = False
+            other.rollback()
+        if free:
+            workloads.cancel(pool.rt, ADMIN, row.id)  # lands between the read and the write
+        else:
+            waited.append(row.id)  # the user's cancel would wait here: it is made after the commit
+        return requeue(session, row, *args, **kwargs)
+
+    monkeypatch.setattr(scheduler_module, "requeue", cancel_between)
+    pool.provider.inject_fault(node)
+    pool.step()
+    for workload_id in waited:
+        workloads.cancel(pool.rt, ADMIN, workload_id)
+    pool.step(1.0)
+    statuses = pool.statuses()
+    assert {statuses[w] for w in evicted} == {"cancelled"}
+    assert ever_admitted_after_cancel(pool.events()) == set()
+    assert sorted(waited) == sorted(evicted), "every row was locked from the read to the commit"

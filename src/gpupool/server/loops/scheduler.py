@@ -369,7 +369,8 @@ class Scheduler:
         allocated: list[tuple[str, list[str], list[PodPlacement]]] = []
         with self.rt.store.write() as session:
             if batch.requeues:
-                to_stop = self._requeue(session, batch, marks, now)
+                with session.no_autoflush:  # each requeue's pod query would flush the ones before it
+                    to_stop = self._requeue(session, batch, marks, now)
                 session.flush()
             conn = session.connection()
             if batch.admissions:
@@ -390,10 +391,16 @@ class Scheduler:
                  now: float) -> list[tuple[str, float]]:
         """Preempted and evicted workloads: their pods stop (SIGTERM, the class's grace, SIGKILL)
         and they go back to pending, with the work lost since their last checkpoint (`marks`, read
-        from the provider before the transaction) accounted."""
+        from the provider before the transaction) accounted.
+
+        The rows are read FOR UPDATE, in id order: a cancel that comes after this read waits for the
+        commit and then cancels the requeued workload, rather than being written over by it."""
         to_stop: list[tuple[str, float]] = []
+        rows = {row.id: row for row in session.scalars(
+            select(WorkloadRow).where(WorkloadRow.id.in_({d.workload_id for d in batch.requeues}))
+            .order_by(WorkloadRow.id).with_for_update())}
         for decision in batch.requeues:
-            row = session.get(WorkloadRow, decision.workload_id)
+            row = rows.get(decision.workload_id)
             if row is None or row.status not in (WorkloadStatus.ADMITTED.value, WorkloadStatus.RUNNING.value):
                 continue  # it ended (or was cancelled) while the cycle ran
             stop = batch.stops.get(decision.workload_id)

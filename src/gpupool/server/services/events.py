@@ -131,10 +131,11 @@ def apply_moves(conn: Connection, moves: Sequence[Move], *, locked: bool = False
             continue
         # one statement a row: only a row's own count tells whether its move held
         lost += [move for move, params in rows if conn.execute(statement, params).rowcount != 1]
-    for move in lost:
-        log.warning("workload %s was no longer %s when it was to become %s (%s): another change came "
-                    "first, this one is dropped", move.workload_id, move.from_status, move.to_status,
-                    move.reason)
+    if lost:
+        first = lost[0]
+        log.warning("%d of %d workload moves were dropped: their rows had changed since they were read "
+                    "(e.g. %s was no longer %s when it was to become %s)", len(lost), len(legal),
+                    first.workload_id, first.from_status, first.to_status)
     gone = {id(m) for m in lost}
     held = [m for m in legal if id(m) not in gone]
     if held:
