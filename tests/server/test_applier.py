@@ -15,6 +15,7 @@ from sqlalchemy.exc import OperationalError
 from sqlalchemy.orm import Session
 
 from gpupool.config import parse_config
+from gpupool.errors import Conflict
 from gpupool.providers.fake import FakeProvider
 from gpupool.server import pgtemp
 from gpupool.server.auth import Principal
@@ -24,7 +25,7 @@ from gpupool.server.loops.control import ControlLoop
 from gpupool.server.orm import EventRow, PodRow, WorkloadRow
 from gpupool.server.runtime import Runtime
 from gpupool.server.schemas.workloads import WorkloadSpec
-from gpupool.server.services import workloads
+from gpupool.server.services import nodes, workloads
 from gpupool.server.services.events import LostMoves, Move, apply_moves
 from gpupool.server.services.tenants import bootstrap
 from gpupool.server.settings import Settings
@@ -228,6 +229,23 @@ def test_a_move_is_a_compare_and_set_on_the_status_it_expects(tmp_path: Path, db
         pool.close()
 
 
+def cancel_or_wait(pool: Pool, workload_id: str, waited: list[str]) -> None:
+    """Between a read and a write of the loop: cancel the workload there and then if another
+    connection can take its row (a racing cancel), else note that the cancel would wait."""
+    with pool.rt.store.engine.connect() as other:
+        try:
+            other.execute(select(WorkloadRow.id).where(WorkloadRow.id == workload_id)
+                          .with_for_update(nowait=True))
+            free = True
+        except OperationalError:
+            free = False
+        other.rollback()
+    if free:
+        workloads.cancel(pool.rt, ADMIN, workload_id)  # lands between the read and the write
+    else:
+        waited.append(workload_id)  # the user's cancel would wait here: it is made after the commit
+
+
 def test_a_cancel_after_a_requeues_read_waits_for_its_commit_and_is_not_written_over(
         pg_pool: Pool, monkeypatch: pytest.MonkeyPatch) -> None:
     """PostgreSQL: when the scheduler requeues evicted work, the rows it read are locked until it
@@ -242,18 +260,7 @@ def test_a_cancel_after_a_requeues_read_waits_for_its_commit_and_is_not_written_
     waited: list[str] = []
 
     def cancel_between(session: Session, row: WorkloadRow, *args: Any, **kwargs: Any) -> list[str]:
-        with pool.rt.store.engine.connect() as other:
-            try:
-                other.execute(select(WorkloadRow.id).where(WorkloadRow.id == row.id)
-                              .with_for_update(nowait=True))
-                free = True
-            except OperationalError:
-                free = False
-            other.rollback()
-        if free:
-            workloads.cancel(pool.rt, ADMIN, row.id)  # lands between the read and the write
-        else:
-            waited.append(row.id)  # the user's cancel would wait here: it is made after the commit
+        cancel_or_wait(pool, row.id, waited)
         return requeue(session, row, *args, **kwargs)
 
     monkeypatch.setattr(scheduler_module, "requeue", cancel_between)
@@ -266,3 +273,42 @@ def test_a_cancel_after_a_requeues_read_waits_for_its_commit_and_is_not_written_
     assert {statuses[w] for w in evicted} == {"cancelled"}
     assert ever_admitted_after_cancel(pool.events()) == set()
     assert sorted(waited) == sorted(evicted), "every row was locked from the read to the commit"
+
+
+def test_a_drain_now_asks_for_checkpoint_marks_before_its_transaction(sqlite_pool: Pool) -> None:
+    pool = sqlite_pool
+    small = pool.provider.nodes()[1].name  # 8 devices: the first-fit pool fills the big node first
+    ids = [pool.submit(gpus=1) for _ in range(34)]
+    pool.step()
+    there = {w for w in ids if pool.provider._pods[f"{w}-a1-r0"].launch.node == small}
+    assert there
+    pool.step(30.0)
+    nodes.drain(pool.rt, ADMIN, small, now=True)
+    assert pool.provider.asked == [(frozenset(there), False)]
+    drained = {w for w, frm, to, reason, _ in pool.events()
+               if (frm, to, reason) == ("running", "pending", "node_drained")}
+    assert drained == there
+
+
+def test_a_cancel_after_the_time_limits_read_waits_for_its_commit_and_is_not_written_over(
+        pg_pool: Pool, monkeypatch: pytest.MonkeyPatch) -> None:
+    pool = pg_pool
+    limited = [pool.submit(gpus=1, time_limit_s=60) for _ in range(2)]
+    pool.step()
+    stop_pods = scheduler_module.stop_pods
+    waited: list[str] = []
+
+    def cancel_between(session: Session, row: WorkloadRow, *args: Any, **kwargs: Any) -> list[str]:
+        cancel_or_wait(pool, row.id, waited)
+        return stop_pods(session, row, *args, **kwargs)
+
+    monkeypatch.setattr(scheduler_module, "stop_pods", cancel_between)
+    pool.step(61.0)
+    for workload_id in waited:  # the cancel that waited finds it failed at its time limit
+        with pytest.raises(Conflict, match="already failed"):
+            workloads.cancel(pool.rt, ADMIN, workload_id)
+    statuses = pool.statuses()
+    events = pool.events()
+    assert ever_admitted_after_cancel(events) == set(), "nothing written over a cancel"
+    assert {statuses[w] for w in limited} == {"failed"}
+    assert sorted(waited) == sorted(limited), "every row was locked from the read to the commit"

@@ -615,7 +615,8 @@ class Scheduler:
             rows = session.scalars(select(WorkloadRow).where(
                 WorkloadRow.status.in_((WorkloadStatus.ADMITTED.value, WorkloadStatus.RUNNING.value)),
                 WorkloadRow.time_limit_s.is_not(None), WorkloadRow.started_s.is_not(None),
-                WorkloadRow.started_s + WorkloadRow.time_limit_s <= now)).all()
+                WorkloadRow.started_s + WorkloadRow.time_limit_s <= now)
+                .with_for_update()).all()  # a cancel after this read waits for the commit
             for row in rows:
                 grace = self._grace_s(row.spec)
                 to_stop += [(pod_id, grace) for pod_id in stop_pods(session, row, PodState.STOPPED, now)]
