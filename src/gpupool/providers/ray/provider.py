@@ -284,11 +284,7 @@ class RayProvider(Provider):
         return sorted(events, key=lambda e: e.time_s)
 
     def checkpoint_s(self, workload_id: str) -> float | None:
-        marks = []
-        for description in self.membership.descriptions():
-            with contextlib.suppress(GpupoolError):
-                marks.append(self._agent_call(description.node.name, "checkpoint_s", workload_id))
-        return max((m for m in marks if m is not None), default=None)
+        return self.checkpoint_marks([workload_id])[workload_id]  # every node at once, not in turn
 
     def checkpoint_marks(self, workload_ids: Sequence[str]) -> dict[str, float | None]:
         """Every node agent is asked at once, one call each for all of `workload_ids`, and the
