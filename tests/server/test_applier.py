@@ -312,3 +312,38 @@ def test_a_cancel_after_the_time_limits_read_waits_for_its_commit_and_is_not_wri
     assert ever_admitted_after_cancel(events) == set(), "nothing written over a cancel"
     assert {statuses[w] for w in limited} == {"failed"}
     assert sorted(waited) == sorted(limited), "every row was locked from the read to the commit"
+
+
+def test_an_admission_after_a_cancels_read_waits_for_it_and_adds_no_pod_it_did_not_stop(
+        pg_pool: Pool, monkeypatch: pytest.MonkeyPatch) -> None:
+    """PostgreSQL, the other way round: the cancel has read the row and stopped the pods it found
+    when the scheduler's cycle comes. Checked between the cancel's read and its write: where
+    another connection can take the row, the cycle runs there and then (admitting and launching)."""
+    pool = pg_pool
+    workload_id = pool.submit(gpus=1)
+    transition = workloads.transition
+    cycles: list[str] = []
+
+    def cycle_between(session: Session, row: WorkloadRow, *args: Any, **kwargs: Any) -> None:
+        with pool.rt.store.engine.connect() as other:
+            try:
+                other.execute(select(WorkloadRow.id).where(WorkloadRow.id == row.id)
+                              .with_for_update(nowait=True))
+                cycles.append("between")
+            except OperationalError:
+                cycles.append("after")
+            other.rollback()
+        if cycles[-1] == "between":
+            pool.step()  # admits and launches it, committed before the cancel writes
+        transition(session, row, *args, **kwargs)
+
+    monkeypatch.setattr(workloads, "transition", cycle_between)
+    workloads.cancel(pool.rt, ADMIN, workload_id)
+    if cycles == ["after"]:
+        pool.step()
+    pool.step(1.0)
+    assert pool.statuses()[workload_id] == "cancelled"
+    running = [s.pod_id for s in pool.provider.poll() if not s.phase.is_final]
+    assert running == [], "no pod of a cancelled workload is left running"
+    assert ever_admitted_after_cancel(pool.events()) == set()
+    assert cycles == ["after"], "the cancel held the row from its read to its commit"
