@@ -3,17 +3,12 @@ single-node work that made room restarts on the node it left, and each pays its 
 
 from __future__ import annotations
 
-import json
 from dataclasses import replace
-from pathlib import Path
 
 import pytest
-from typer.testing import CliRunner
 
 from factories import cluster, pod
-from gpupool.cli.sim import app
 from gpupool.core.fabric.generate import fat_tree
-from gpupool.core.fabric.write import to_ibnetdiscover
 from gpupool.core.model import Workload
 from gpupool.core.scheduling.cycle import CycleResult, Policies
 from gpupool.core.scheduling.moves import MoveRule
@@ -119,24 +114,3 @@ def test_a_gang_moved_then_preempted_in_the_same_cycle_is_only_preempted() -> No
     assert summary["preemptions"] == 1 and summary["moves"]["gangs"] == 0
     assert summary["finished"] == len(jobs)
 
-
-@pytest.mark.slow
-@pytest.mark.dataset
-def test_the_philly_window_that_moved_then_preempted_work_replays(shared_data: Path, tmp_path: Path) -> None:
-    """The reported run (two weeks of Philly on 64 nodes, drf, moves on) ends with its summary."""
-    trace = shared_data / "philly" / "philly-sia.csv"
-    if not trace.is_file():
-        pytest.skip(f"{trace} is absent")
-    fabric = tmp_path / "fabric.topo"  # as `gpupool fabric generate fat-tree --ports 16 --levels 2 ...`
-    fabric.write_text(to_ibnetdiscover(fat_tree(16, 2, oversubscription=2.0)))
-    config = tmp_path / "pool.yaml"
-    config.write_text("scheduling: {topology_moves: true}\n")
-    out = tmp_path / "out.json"
-    done = CliRunner().invoke(app, [
-        "replay", "--trace", f"philly:{trace}", "--cluster", "64x8xV100M32",
-        "--window", "2017-10-01:2017-10-15", "--ordering", "drf", "--policy", "network-aware",
-        "--backfill", "--fabric", str(fabric), "--comm-model", "default", "--seed", "1",
-        "--config", str(config), "--json", str(out)])
-    assert done.exit_code == 0, done.output
-    summary = json.loads(out.read_text())
-    assert summary["preemptions"] > 0 and summary["moves"]["others"] + summary["moves"]["gangs"] > 0
