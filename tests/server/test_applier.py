@@ -1,6 +1,7 @@
 """How a cycle's decisions reach the store: a stop keeps its reason and grace however many there
-are, provider facts are read before the transaction, and a move is a compare-and-set on the status
-it expects (a cancel that lands between the scheduler's read and its write is never overwritten)."""
+are, provider facts are read before the transaction, a move is a compare-and-set on the status it
+expects, and rows read to be stopped or cancelled stay locked until the commit (a cancel that lands
+between a read and a write is never written over, nor writes over an admission)."""
 
 from __future__ import annotations
 
@@ -125,9 +126,16 @@ def sqlite_pool(tmp_path: Path) -> Iterator[Pool]:
     pool.close()
 
 
+@pytest.fixture
+def storm_pool(tmp_path: Path, db_url: str) -> Iterator[Pool]:
+    pool = Pool(tmp_path, db_url, "1x32xH100,1x8xH100")
+    yield pool
+    pool.close()
+
+
 def test_a_node_failure_under_300_small_pods_stores_every_eviction_with_its_reason_and_no_grace(
-        sqlite_pool: Pool) -> None:
-    pool = sqlite_pool
+        storm_pool: Pool) -> None:
+    pool = storm_pool
     small = [pool.submit(gpus=0.1, priority_class="low") for _ in range(300)]
     for _ in range(4):
         pool.step()
