@@ -208,7 +208,8 @@ def cancel_array(rt: Runtime, who: Principal, array_id: str) -> ArrayCancelled:
     with rt.store.write() as session:
         conn = session.connection()
         tasks = conn.execute(select(WorkloadRow.id, WorkloadRow.status, WorkloadRow.tenant)
-                             .where(WorkloadRow.array_id == array_id).with_for_update()).all()
+                             .where(WorkloadRow.array_id == array_id)
+                             .order_by(WorkloadRow.id).with_for_update()).all()  # locked in id order
         if not tasks or not who.may_see(tasks[0].tenant):
             raise NotFound(f"No array {array_id!r}; list yours with `gpupool ls`.", array=array_id)
         pending = WorkloadStatus.PENDING.value
@@ -216,7 +217,7 @@ def cancel_array(rt: Runtime, who: Principal, array_id: str) -> ArrayCancelled:
         moves = [Move(t.id, pending, cancelled, EventReason.CANCELLED_BY_USER.value, message, now,
                       columns=(("finished_s", now),)) for t in tasks if t.status == pending]
         for start in range(0, len(moves), MOVES_PER_CALL):
-            apply_moves(conn, moves[start:start + MOVES_PER_CALL], locked=True)  # read FOR UPDATE
+            apply_moves(conn, moves[start:start + MOVES_PER_CALL])
         holding = [t.id for t in tasks if t.status != pending and not WorkloadStatus(t.status).is_final]
         to_stop: list[str] = []
         for row in session.scalars(select(WorkloadRow).where(WorkloadRow.id.in_(holding))) if holding else ():
