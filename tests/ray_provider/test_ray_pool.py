@@ -127,6 +127,18 @@ def test_logs_and_exit_codes(pool: RayProvider) -> None:
         pool.read_log("never-launched")
 
 
+def test_checkpoint_marks_of_a_batch_come_from_every_node_in_one_round(pool: RayProvider) -> None:
+    """What the scheduler asks before a cycle's transaction: one call per node for all the workloads
+    it stops, each answered with its latest mark on any node (None where no node has one)."""
+    for n, node in enumerate(_names(pool)[:2]):
+        pool.launch(_pod(f"mark-{n}", node, "sh", "-c", f'touch -d @{1_700_000_000 + 600 * n} '
+                         '"$GPUPOOL_CHECKPOINT_DIR/.checkpoint"', workload_id=f"w-mark{n}"))
+        assert _final(pool, f"mark-{n}").exit_code == 0
+    marks = pool.checkpoint_marks(["w-mark0", "w-mark1", "w-none"])
+    assert marks == {"w-mark0": 1_700_000_000.0, "w-mark1": 1_700_000_600.0, "w-none": None}
+    assert marks["w-mark1"] == pool.checkpoint_s("w-mark1")
+
+
 def test_stop_terminates_the_whole_group_then_kills_it_after_the_grace(pool: RayProvider) -> None:
     pool.launch(_pod("polite", "t4-002", "sleep", "60"))
     pool.launch(_pod("stubborn", "t4-002", "sh", "-c", "trap '' TERM; sleep 60 & wait; wait"))

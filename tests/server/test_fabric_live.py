@@ -5,11 +5,13 @@ view updated, gangs cut off requeued, slowed ones told), telemetry and moving of
 from __future__ import annotations
 
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import pytest
 from fabric_pool import CONFIG, Pool
+from sqlalchemy.orm import Session
 
 
 @pytest.fixture
@@ -80,6 +82,32 @@ def test_a_gang_cut_off_by_failed_links_is_requeued_and_placed_where_it_can_talk
     pool = Pool(tmp_path, config="scheduling: {placement: network-aware, backfill: false}\n")
     try:
         _cut_off(pool)
+    finally:
+        pool.close()
+
+
+def test_a_cut_off_gangs_checkpoint_mark_is_asked_for_before_the_transaction(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The provider may answer over the network (Ray): it is never asked inside a write transaction."""
+    pool = Pool(tmp_path, config="scheduling: {placement: network-aware, backfill: false}\n")
+    try:
+        writing: list[bool] = []
+        asked: list[tuple[str, bool]] = []
+        write = pool.rt.store.write
+
+        @contextmanager
+        def noted() -> Iterator[Session]:
+            writing.append(True)
+            try:
+                with write() as session:
+                    yield session
+            finally:
+                writing.pop()
+
+        monkeypatch.setattr(pool.rt.store, "write", noted)
+        monkeypatch.setattr(pool.provider, "checkpoint_s", lambda wid: asked.append((wid, bool(writing))))
+        _cut_off(pool)
+        assert asked and not [wid for wid, inside in asked if inside]
     finally:
         pool.close()
 

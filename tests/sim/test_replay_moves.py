@@ -3,12 +3,14 @@ single-node work that made room restarts on the node it left, and each pays its 
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from factories import cluster, pod
 from gpupool.core.fabric.generate import fat_tree
 from gpupool.core.model import Workload
-from gpupool.core.scheduling.cycle import Policies
+from gpupool.core.scheduling.cycle import CycleResult, Policies
 from gpupool.core.scheduling.moves import MoveRule
 from gpupool.core.topology_spec import Tier, TopologySpec
 from gpupool.sim.comm import JobComm, ModelClass, default_comm_model
@@ -81,3 +83,34 @@ def test_a_spread_gang_moves_when_work_ends_with_nothing_pending() -> None:
     # the replay keeps the core's count of moves when it restarts the work (`max_moves_each`)
     counted = {wid: (i.moves, i.moved_s) for wid, i in moved.view.info.items() if i.moves}
     assert counted == {"a": (1, 40.0), "s00": (1, 40.0)}
+
+
+def test_a_gang_moved_then_preempted_in_the_same_cycle_is_only_preempted() -> None:
+    """JOBS, but the late job outranks the rest and preemption is on: the cycle at t=30 moves a into
+    leaf 0, and its walk then preempts a (just restarted, it loses the least). The cycle reports a
+    as preempted only (not also moved), and the replay goes on (it used to fail on a KeyError)."""
+    late = _job("late", 1, 30.0, 100.0)
+    late = replace(late, workload=replace(late.workload, priority=10))
+    jobs = tuple(sorted([j for j in JOBS if j.workload.id != "late"] + [late], key=lambda j: j.submit_s))
+    policies = Policies(placement="network-aware", ordering="fifo", backfill=True,
+                        moves=MoveRule(restart_s=RESTART_S), preemption=True,
+                        topology_default=TopologySpec(preferred=Tier.LEAF), max_locality_wait_s=0.0)
+    setup = CommSetup(FABRIC, MODEL, {"a": JobComm(ModelClass.LANGUAGE, MODEL.classes[ModelClass.LANGUAGE])})
+    run = Replay(ReplayConfig(NODES, jobs, policies, comm=setup, check_invariants=True))
+    results: list[CycleResult] = []
+    apply = run._apply
+
+    def recorded(result: CycleResult, now_s: float) -> None:
+        results.append(result)
+        apply(result, now_s)
+
+    run._apply = recorded  # type: ignore[method-assign]
+    summary = run.run()
+    both = [(m.workload_id, r) for r in results for m in r.moved
+            if m.workload_id in {p.workload_id for p in r.preempted}]
+    assert both == []
+    [stop] = [p for r in results for p in r.preempted]
+    assert (stop.workload_id, stop.preemptor_id) == ("a", "late")
+    assert summary["preemptions"] == 1 and summary["moves"]["gangs"] == 0
+    assert summary["finished"] == len(jobs)
+

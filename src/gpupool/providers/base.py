@@ -8,7 +8,7 @@ name (providers/registry.py). One contract test suite runs against every provide
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import ClassVar
@@ -192,6 +192,13 @@ class Provider(ABC):
         (it may lie about the past or the future): clamp it to the attempt. Non-blocking; never
         raises (an unknown workload has no mark)."""
         return None
+
+    def checkpoint_marks(self, workload_ids: Sequence[str]) -> dict[str, float | None]:
+        """`checkpoint_s` of each of `workload_ids`, in one call: the scheduler asks for the marks of
+        a whole cycle's stops before its transaction opens. Blocks at most as long as one
+        `checkpoint_s` on each node (a provider whose nodes answer over the network asks them all at
+        once); never raises (a workload no node answers for has no mark)."""
+        return {workload_id: self.checkpoint_s(workload_id) for workload_id in workload_ids}
 
     def forget_workload(self, workload_id: str) -> None:
         """The workload reached a final state and will not run again: remove its checkpoint

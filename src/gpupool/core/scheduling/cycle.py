@@ -302,6 +302,12 @@ class _Cycle:
                 skipped = stream.skip_band()
                 self._reject_reached(skipped, band)
                 tried.extend(skipped)
+        if moved and self.preempted:
+            # Work moved at the start of the cycle may be preempted by its walk (a move has just
+            # restarted it, so it loses the least): it is reported stopped once, as preempted from
+            # where it ran, never also as moved to a placement it no longer holds.
+            stopped = {p.workload_id for p in self.preempted}
+            moved = [m for m in moved if m.workload_id not in stopped]
         reserved = None
         if self.reservation is not None:
             reserved = ReservedStart(self.reservation.head.id, self.reservation.start_s)

@@ -166,5 +166,9 @@ class NodeAgentActor:
     def checkpoint_s(self, workload_id: str) -> float | None:
         return self.local.checkpoint_s(workload_id)
 
+    def checkpoint_marks(self, workload_ids: list[str]) -> dict[str, float | None]:
+        """`checkpoint_s` of each workload: the driver asks every node for a whole batch at once."""
+        return {workload_id: self.local.checkpoint_s(workload_id) for workload_id in workload_ids}
+
     def forget_workload(self, workload_id: str) -> None:
         self.local.forget_workload(workload_id)

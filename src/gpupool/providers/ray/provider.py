@@ -21,7 +21,7 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -284,11 +284,33 @@ class RayProvider(Provider):
         return sorted(events, key=lambda e: e.time_s)
 
     def checkpoint_s(self, workload_id: str) -> float | None:
-        marks = []
+        return self.checkpoint_marks([workload_id])[workload_id]  # every node at once, not in turn
+
+    def checkpoint_marks(self, workload_ids: Sequence[str]) -> dict[str, float | None]:
+        """Every node agent is asked at once, one call each for all of `workload_ids`, and the
+        answers are awaited together for at most CALL_TIMEOUT_S (not that long per node, in turn):
+        a node that does not answer in time adds no mark."""
+        ids = list(dict.fromkeys(workload_ids))
+        marks: dict[str, float | None] = dict.fromkeys(ids)
+        if not ids:
+            return marks
+        asked = []
         for description in self.membership.descriptions():
             with contextlib.suppress(GpupoolError):
-                marks.append(self._agent_call(description.node.name, "checkpoint_s", workload_id))
-        return max((m for m in marks if m is not None), default=None)
+                asked.append(self.agent(description.node.name).checkpoint_marks.remote(ids))
+        if not asked:
+            return marks
+        answered, _late = ray.wait(asked, num_returns=len(asked), timeout=CALL_TIMEOUT_S)
+        for ref in answered:
+            try:
+                answer: dict[str, float | None] = ray.get(ref, timeout=0)
+            except (ray.exceptions.RayError, TimeoutError):
+                continue  # that agent failed: its marks are unknown, as with checkpoint_s
+            for workload_id, mark in answer.items():
+                known = marks.get(workload_id)
+                if mark is not None and workload_id in marks and (known is None or mark > known):
+                    marks[workload_id] = mark
+        return marks
 
     def forget_workload(self, workload_id: str) -> None:
         for description in self.membership.descriptions():

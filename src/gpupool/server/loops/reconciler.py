@@ -303,10 +303,10 @@ def _apply_successes(conn: Connection, finished: Sequence[PodStatus],
     ):
         if attempt == rows[workload_id].attempt and pod_status != PodState.SUCCEEDED.value:
             done[workload_id] = False
-    apply_moves(conn, [
+    lost = {m.workload_id for m in apply_moves(conn, [
         Move(workload_id, rows[workload_id].status, WorkloadStatus.SUCCEEDED.value, EventReason.COMPLETED,
              "Every pod exited 0.", now, columns=(("exit_code", 0), ("finished_s", now)))
         for workload_id, succeeded in done.items() if succeeded
-    ])
+    ])}  # a workload cancelled since it was read stays cancelled
     return [(workload_id, _worked_s(rows[workload_id].started_s, rows[workload_id].progress_s, now))
-            for workload_id, succeeded in done.items() if succeeded]
+            for workload_id, succeeded in done.items() if succeeded and workload_id not in lost]

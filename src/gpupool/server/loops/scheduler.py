@@ -51,7 +51,7 @@ from gpupool.server.runtime import Runtime
 from gpupool.server.services import enforcement, rendezvous
 from gpupool.server.services.events import Move, apply_moves, transition
 from gpupool.server.services.metering import slice_models
-from gpupool.server.services.requeue import checkpoint_mark, requeue, stop_pods
+from gpupool.server.services.requeue import requeue, stop_pods
 from gpupool.server.states import EventReason, PodState
 
 log = logging.getLogger("gpupool.scheduler")
@@ -87,6 +87,9 @@ _SET_REASON = update(_W).where(
 
 Decision = Preemption | Requeue | Admission | Rejection | ReservedStart
 """Every kind of decision a core cycle returns (`CycleResult`)."""
+_Placed = tuple[Row[Any], Admission, list[PodPlacement], bool]
+"""An admission to write: the workload's row as read, the decision, its placements by rank, and
+whether its pods wait for a stopping pod to leave their devices."""
 
 
 def decisions(result: CycleResult) -> Iterator[Decision]:
@@ -106,6 +109,18 @@ def decisions(result: CycleResult) -> Iterator[Decision]:
     yield from result.rejected
     if result.reservation is not None:
         yield result.reservation
+
+
+def chunked(items: Sequence[Decision], size: int) -> Iterator[list[Decision]]:
+    """`items` in transactions of at most `size` decisions besides the stops, in order: a stop
+    (`Preemption`) goes in the transaction of its workload's `Requeue`, which stores its reason
+    (evicted, preempted, moved) and takes its grace (none for an eviction)."""
+    stops = {d.workload_id: d for d in items if isinstance(d, Preemption)}
+    rest = [d for d in items if not isinstance(d, Preemption)]
+    for start in range(0, len(rest), size):
+        piece = rest[start:start + size]
+        ids = [d.workload_id for d in piece if isinstance(d, Requeue) and d.workload_id in stops]
+        yield [stops[workload_id] for workload_id in ids] + piece
 
 
 def _moved_why(move: CoreMove) -> str:
@@ -317,17 +332,20 @@ class Scheduler:
             running = {a.workload.id: a.workload for a in view.snapshot.allocations}
             by_id.update((m.workload_id, running[m.workload_id]) for m in result.moved)
         items = list(decisions(result))
+        # the provider's facts are asked for before any transaction opens, in one call for the cycle
+        stopped = [d.workload_id for d in items if isinstance(d, Requeue)]
+        marks = self.rt.provider.checkpoint_marks(stopped) if stopped else {}
         launches: list[PodLaunch] = []
-        for start in range(0, len(items), 2 * RECORD_CHUNK):
-            if start:
+        for n, chunk in enumerate(chunked(items, 2 * RECORD_CHUNK)):
+            if n:
                 time.sleep(0)  # let a waiting submission batch take the write lock in between
-            launches += self._apply(items[start:start + 2 * RECORD_CHUNK], view, by_id, now)
+            launches += self._apply(chunk, view, by_id, marks, now)
         if result.reservation is None and self.reservation is not None:
             self._clear_reservation()
         return launches
 
     def _apply(self, chunk: Sequence[Decision], view: StoreView, by_id: dict[str, Workload],
-               now: float) -> list[PodLaunch]:
+               marks: dict[str, float | None], now: float) -> list[PodLaunch]:
         """One transaction: every decision kind is dispatched here (a kind the core learns later
         fails the type check at `assert_never` rather than being dropped silently)."""
         batch = _Batch()
@@ -351,7 +369,8 @@ class Scheduler:
         allocated: list[tuple[str, list[str], list[PodPlacement]]] = []
         with self.rt.store.write() as session:
             if batch.requeues:
-                to_stop = self._requeue(session, batch, now)
+                with session.no_autoflush:  # each requeue's pod query would flush the ones before it
+                    to_stop = self._requeue(session, batch, marks, now)
                 session.flush()
             conn = session.connection()
             if batch.admissions:
@@ -368,12 +387,20 @@ class Scheduler:
             self.rt.provider.stop(pod_id, grace_s=grace)
         return launches
 
-    def _requeue(self, session: Session, batch: _Batch, now: float) -> list[tuple[str, float]]:
+    def _requeue(self, session: Session, batch: _Batch, marks: dict[str, float | None],
+                 now: float) -> list[tuple[str, float]]:
         """Preempted and evicted workloads: their pods stop (SIGTERM, the class's grace, SIGKILL)
-        and they go back to pending, with the work lost since their last checkpoint accounted."""
+        and they go back to pending, with the work lost since their last checkpoint (`marks`, read
+        from the provider before the transaction) accounted.
+
+        The rows are read FOR UPDATE, in id order: a cancel that comes after this read waits for the
+        commit and then cancels the requeued workload, rather than being written over by it."""
         to_stop: list[tuple[str, float]] = []
+        rows = {row.id: row for row in session.scalars(
+            select(WorkloadRow).where(WorkloadRow.id.in_({d.workload_id for d in batch.requeues}))
+            .order_by(WorkloadRow.id).with_for_update())}
         for decision in batch.requeues:
-            row = session.get(WorkloadRow, decision.workload_id)
+            row = rows.get(decision.workload_id)
             if row is None or row.status not in (WorkloadStatus.ADMITTED.value, WorkloadStatus.RUNNING.value):
                 continue  # it ended (or was cancelled) while the cycle ran
             stop = batch.stops.get(decision.workload_id)
@@ -381,7 +408,8 @@ class Scheduler:
             evicted = stop is not None and stop.kind is EventKind.EVICT
             grace = 0.0 if evicted else self._grace_s(row.spec)
             reason = (stop.reason if stop is not None else decision.reason).value
-            pods = requeue(session, row, reason, why, now, mark=checkpoint_mark(self.rt.provider, row))
+            mark = marks.get(row.id) if row.started_s is not None else None
+            pods = requeue(session, row, reason, why, now, mark=mark)
             to_stop += [(pod_id, grace) for pod_id in pods]
             self._requeued_info(row, now if reason == Reason.MOVED_FOR_LOCALITY.value else None)
         return to_stop
@@ -402,26 +430,48 @@ class Scheduler:
     def _admit(self, conn: Connection, admissions: Sequence[Admission], by_id: dict[str, Workload],
                now: float) -> tuple[list[PodLaunch], list[tuple[str, list[str], list[PodPlacement]]]]:
         """Pods of the admitted workloads, `launching` (handed to the provider after the commit) or,
-        where a device they take still holds a stopping pod, `waiting` (launched once it ended)."""
-        launches: list[PodLaunch] = []
-        pods: list[dict[str, object]] = []
-        allocated: list[tuple[str, list[str], list[PodPlacement]]] = []
-        moves: list[Move] = []
-        notes: list[dict[str, object]] = []
-        limits = _LimitNotes(self.rt)
+        where a device they take still holds a stopping pod, `waiting` (launched once it ended).
+
+        Each workload's move to admitted is a compare-and-set on the pending status read here, made
+        before anything else is written for it: one that lost (the user cancelled it since) gets no
+        pod rows, no port and no launch."""
         admitted = _states(conn, [a.workload_id for a in admissions], with_spec=True)
-        accounts = _unix_users(conn, {row.tenant for row in admitted.values()})
         busy = _busy_devices(conn)
+        placed: list[_Placed] = []
+        moves: list[Move] = []
         for admission in admissions:
             row = admitted.get(admission.workload_id)
             if row is None or row.status != WorkloadStatus.PENDING.value:
                 continue  # cancelled while the cycle ran
+            in_order = sorted(admission.placements, key=lambda p: int(p.pod.removeprefix("r")))
+            wait = bool(busy) and any((p.node, s.device_index) in busy for p in in_order for s in p.slices)
+            where = ", ".join(sorted({p.node for p in admission.placements}))
+            moves.append(Move(
+                row.id, row.status, WorkloadStatus.ADMITTED.value, EventReason.ADMITTED,
+                f"Placed on {where}" + (_WAITS if wait else "."),
+                now, columns=(("attempt", row.attempt + 1), ("admitted_s", now), ("reserved_start_s", None)),
+            ))
+            placed.append((row, admission, in_order, wait))
+        lost = {m.workload_id for m in apply_moves(conn, moves)}
+        if lost:
+            log.info("%d admissions lost to a change made since the cycle read them (a cancel); "
+                     "dropped", len(lost))
+        return self._place_pods(conn, [p for p in placed if p[0].id not in lost], by_id, now)
+
+    def _place_pods(self, conn: Connection, placed: list[_Placed], by_id: dict[str, Workload],
+                    now: float) -> tuple[list[PodLaunch], list[tuple[str, list[str], list[PodPlacement]]]]:
+        """The pod rows (and launches) of admissions whose move to admitted held."""
+        launches: list[PodLaunch] = []
+        pods: list[dict[str, object]] = []
+        allocated: list[tuple[str, list[str], list[PodPlacement]]] = []
+        notes: list[dict[str, object]] = []
+        limits = _LimitNotes(self.rt)
+        accounts = _unix_users(conn, {row.tenant for row, _, _, _ in placed})
+        for row, admission, in_order, wait in placed:
             self._reasons.pop(row.id, None)
             attempt = row.attempt + 1
             world = len(admission.placements)
-            in_order = sorted(admission.placements, key=lambda p: int(p.pod.removeprefix("r")))
             allocated.append((row.id, [f"{row.id}-a{attempt}-{p.pod}" for p in in_order], in_order))
-            wait = bool(busy) and any((p.node, s.device_index) in busy for p in in_order for s in p.slices)
             state = PodState.WAITING if wait else PodState.LAUNCHING
             ranks = {int(p.pod.removeprefix("r")): p.node for p in in_order}
             gang = rendezvous.plan(self.rt, conn, self.ports, row, attempt, ranks) if world > 1 else None
@@ -446,19 +496,12 @@ class Scheduler:
                                                      world, cpu_milli, memory_mib, account, gang=gang))
                 held = dataclasses.replace(request, cpu_milli=cpu_milli, memory_mib=memory_mib)
                 notes += limits.events(row.id, pod_id, placement.node, held, now)  # what it holds
-            where = ", ".join(sorted({p.node for p in admission.placements}))
-            moves.append(Move(
-                row.id, row.status, WorkloadStatus.ADMITTED.value, EventReason.ADMITTED,
-                f"Placed on {where}" + (_WAITS if wait else "."),
-                now, columns=(("attempt", attempt), ("admitted_s", now), ("reserved_start_s", None)),
-            ))
             if wait:
                 self.waiting = True
         if pods:
             conn.execute(_INSERT_POD, pods)
         if notes:
             conn.execute(_INSERT_EVENT, notes)
-        apply_moves(conn, moves)
         return launches, allocated
 
     def _reject(self, conn: Connection, rejections: Sequence[Rejection], view: StoreView,
@@ -572,7 +615,8 @@ class Scheduler:
             rows = session.scalars(select(WorkloadRow).where(
                 WorkloadRow.status.in_((WorkloadStatus.ADMITTED.value, WorkloadStatus.RUNNING.value)),
                 WorkloadRow.time_limit_s.is_not(None), WorkloadRow.started_s.is_not(None),
-                WorkloadRow.started_s + WorkloadRow.time_limit_s <= now)).all()
+                WorkloadRow.started_s + WorkloadRow.time_limit_s <= now)
+                .with_for_update()).all()  # a cancel after this read waits for the commit
             for row in rows:
                 grace = self._grace_s(row.spec)
                 to_stop += [(pod_id, grace) for pod_id in stop_pods(session, row, PodState.STOPPED, now)]

@@ -9,7 +9,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import Connection, Update, bindparam, event, insert, update
+from sqlalchemy import Connection, Update, bindparam, event, insert, select, update
 from sqlalchemy.orm import Session
 from sqlalchemy.orm.base import NO_VALUE
 
@@ -87,32 +87,59 @@ _INSERT_EVENT = insert(Base.metadata.tables["events"])
 def _update_for(columns: tuple[str, ...]) -> Update:
     names = ("status", "reason", "message", *columns)
     values: dict[str, Any] = {name: bindparam(f"v_{name}") for name in names}
-    return update(_WORKLOADS).where(_WORKLOADS.c.id == bindparam("v_id")).values(values)
+    return update(_WORKLOADS).where(
+        _WORKLOADS.c.id == bindparam("v_id"), _WORKLOADS.c.status == bindparam("v_expected"),
+    ).values(values)
 
 
-def apply_moves(conn: Connection, moves: Sequence[Move]) -> None:
-    """`transition` for many rows at once, in the caller's transaction: one UPDATE statement per
-    set of extra columns (executed for every row) and one INSERT of all their events. Same rows,
-    same events as calling `transition` on each; none of the ORM's per-object bookkeeping."""
+class LostMoves(RuntimeError):
+    """Rows locked by `apply_moves` did not take its UPDATE: a bug, the transaction rolls back."""
+
+
+def apply_moves(conn: Connection, moves: Sequence[Move]) -> list[Move]:
+    """`transition` for many rows at once, in the caller's transaction, each a compare-and-set on
+    the status the caller read (`from_status`). The rows are locked and their statuses read
+    (`SELECT ... FOR UPDATE`, in id order; SQLite's write transaction is exclusive anyway): a move
+    whose row no longer holds the status it expects (a user's cancel committed since the caller
+    read it) is lost, writes nothing (no row change, no event), and is returned so the caller can
+    leave out what it would have written beside it. The others are written with one
+    `UPDATE ... WHERE id = :id AND status = :expected` per set of extra columns, their row count
+    checked, and get the same rows and events as `transition` would give them."""
     legal = []
     for move in moves:
         if workload_move_allowed(move.from_status, move.to_status):
             legal.append(move)
         else:
             _refused(move.workload_id, move.from_status, move.to_status, move.reason)
-    moves = legal
-    if not moves:
-        return
+    if not legal:
+        return []
+    ids = sorted({m.workload_id for m in legal})
+    now_in: dict[str, str] = {row.id: row.status for row in conn.execute(
+        select(_WORKLOADS.c.id, _WORKLOADS.c.status).where(_WORKLOADS.c.id.in_(ids))
+        .order_by(_WORKLOADS.c.id).with_for_update())}
+    held = [m for m in legal if now_in.get(m.workload_id) == m.from_status]
+    lost = [m for m in legal if now_in.get(m.workload_id) != m.from_status]
+    if lost:
+        first = lost[0]
+        log.warning("%d of %d workload moves were dropped: their rows had changed since they were read "
+                    "(e.g. %s was no longer %s when it was to become %s)", len(lost), len(legal),
+                    first.workload_id, first.from_status, first.to_status)
     shapes: dict[tuple[str, ...], list[dict[str, object]]] = {}
-    for move in moves:
-        params: dict[str, object] = {"v_id": move.workload_id, "v_status": move.to_status,
-                                     "v_reason": move.reason, "v_message": move.message[:1024]}
+    for move in held:
+        params: dict[str, object] = {"v_id": move.workload_id, "v_expected": move.from_status,
+                                     "v_status": move.to_status, "v_reason": move.reason,
+                                     "v_message": move.message[:1024]}
         params.update((f"v_{name}", value) for name, value in move.columns)
         shapes.setdefault(tuple(name for name, _ in move.columns), []).append(params)
     for columns, rows in shapes.items():
-        conn.execute(_update_for(columns), rows)
-    conn.execute(_INSERT_EVENT, [
-        {"workload_id": m.workload_id, "pod_id": m.pod_id, "from_status": m.from_status,
-         "to_status": m.to_status, "reason": m.reason, "message": m.message[:1024], "at_s": m.at_s}
-        for m in moves
-    ])
+        changed = conn.execute(_update_for(columns), rows).rowcount
+        if changed != len(rows):
+            raise LostMoves(f"{len(rows) - changed} of {len(rows)} locked workload rows did not take "
+                            "their move (two moves of one workload in one call?)")
+    if held:
+        conn.execute(_INSERT_EVENT, [
+            {"workload_id": m.workload_id, "pod_id": m.pod_id, "from_status": m.from_status,
+             "to_status": m.to_status, "reason": m.reason, "message": m.message[:1024], "at_s": m.at_s}
+            for m in held
+        ])
+    return lost

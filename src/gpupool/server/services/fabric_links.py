@@ -26,7 +26,7 @@ from gpupool.server.orm import EventRow, PodRow, WorkloadRow
 from gpupool.server.runtime import Runtime
 from gpupool.server.services import audit
 from gpupool.server.services.fabric import Key, LiveFabric, Route
-from gpupool.server.services.requeue import checkpoint_mark, requeue
+from gpupool.server.services.requeue import requeue
 from gpupool.server.states import ACTIVE_POD_STATES, EventReason
 
 _RUNNING = (WorkloadStatus.ADMITTED.value, WorkloadStatus.RUNNING.value)
@@ -126,15 +126,17 @@ def carry_out(rt: Runtime, effects: Effects, cause: str, now: float,
     """Requeue the cut-off and congested gangs (their pods stop with their class's grace, the work
     since their checkpoint accounted) and record the others' events, in one transaction."""
     to_stop: list[tuple[str, float]] = []
+    stopping = [*effects.requeued, *effects.moved]
+    marks = rt.provider.checkpoint_marks(stopping) if stopping else {}  # before the transaction
     with rt.store.write() as session:
         if who is not None:
             audit.record(session, who, action, target, now)
         for workload_id in effects.requeued:
             to_stop += _requeue(rt, session, workload_id, EventReason.LINK_LOST, f"Requeued: {cause}, and "
-                                "some of its nodes had no route left to each other.", now)
+                                "some of its nodes had no route left to each other.", marks, now)
         for workload_id in effects.moved:
             to_stop += _requeue(rt, session, workload_id, EventReason.CONGESTION_MOVED,
-                                f"Moved: {effects.moved_why}.", now)
+                                f"Moved: {effects.moved_why}.", marks, now)
         for workload_id, message in effects.slowed.items():
             row = session.get(WorkloadRow, workload_id)
             if row is not None and row.status in _RUNNING:
@@ -148,12 +150,13 @@ def carry_out(rt: Runtime, effects: Effects, cause: str, now: float,
 
 
 def _requeue(rt: Runtime, session: Session, workload_id: str, reason: EventReason, message: str,
-             now: float) -> list[tuple[str, float]]:
-    row = session.get(WorkloadRow, workload_id)
+             marks: Mapping[str, float | None], now: float) -> list[tuple[str, float]]:
+    row = session.get(WorkloadRow, workload_id, with_for_update=True)  # a cancel waits for the commit
     if row is None or row.status not in _RUNNING:
         return []
     grace = rt.config.grace_s(str(row.spec.get("priority_class") or ""))
-    pods = requeue(session, row, reason, message, now, mark=checkpoint_mark(rt.provider, row))
+    mark = marks.get(row.id) if row.started_s is not None else None
+    pods = requeue(session, row, reason, message, now, mark=mark)
     return [(pod_id, grace) for pod_id in pods]
 
 

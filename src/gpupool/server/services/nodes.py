@@ -19,7 +19,7 @@ from gpupool.server.orm import NodeFlagRow, PodRow, WorkloadRow
 from gpupool.server.runtime import Runtime
 from gpupool.server.schemas.nodes import DeviceOut, HeldSliceOut, LayerOut, NodeOut, NodeState
 from gpupool.server.services import audit, enforcement
-from gpupool.server.services.requeue import checkpoint_mark, requeue
+from gpupool.server.services.requeue import requeue
 from gpupool.server.states import ACTIVE_POD_STATES, EventReason
 
 
@@ -193,28 +193,37 @@ def drain(rt: Runtime, who: Principal, name: str, *, now: bool = False) -> NodeO
     find(rt, name)
     at = rt.clock()
     to_stop: list[str] = []
+    marks: dict[str, float | None] = {}
+    if now:  # asked of the provider before the transaction (never a network call inside one)
+        with rt.store.read() as session:
+            marks = rt.provider.checkpoint_marks(sorted(_workloads_on(session, name)))
     with rt.store.write() as session:
         _set_flags(session, name, cordoned=True, draining=True, now=at)
         audit.record(session, who, "node.drain", name, at, "now" if now else "")
         if now:
-            to_stop = _requeue_all(rt, session, name, at)
+            to_stop = _requeue_all(session, name, marks, at)
     for pod_id in to_stop:
         rt.provider.stop(pod_id)
     rt.capacity_may_have_changed()
     return get_node(rt, who, name)
 
 
-def _requeue_all(rt: Runtime, session: Session, name: str, now: float) -> list[str]:
-    """Stop the active pods on node `name` and requeue their workloads (the requeue service, with
-    the work lost since their last checkpoint accounted); returns the pods to stop."""
-    to_stop: list[str] = []
-    ids = set(session.scalars(
+def _workloads_on(session: Session, name: str) -> set[str]:
+    return set(session.scalars(
         select(PodRow.workload_id).where(PodRow.node == name, PodRow.status.in_(ACTIVE_POD_STATES))
     ))
-    for workload_id in sorted(ids):
-        row = session.get(WorkloadRow, workload_id)
+
+
+def _requeue_all(session: Session, name: str, marks: Mapping[str, float | None], now: float) -> list[str]:
+    """Stop the active pods on node `name` and requeue their workloads (the requeue service, with
+    the work lost since their last checkpoint `marks` accounted; work placed there since the marks
+    were read has none); returns the pods to stop. Rows are read FOR UPDATE: a cancel waits."""
+    to_stop: list[str] = []
+    for workload_id in sorted(_workloads_on(session, name)):
+        row = session.get(WorkloadRow, workload_id, with_for_update=True)
         if row is None or WorkloadStatus(row.status).is_final:
             continue
+        mark = marks.get(row.id) if row.started_s is not None else None
         to_stop += requeue(session, row, EventReason.NODE_DRAINED, f"Requeued: node {name} was drained "
-                           "with --now.", now, mark=checkpoint_mark(rt.provider, row))
+                           "with --now.", now, mark=mark)
     return to_stop

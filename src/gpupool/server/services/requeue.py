@@ -15,7 +15,6 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from gpupool.core.model import WorkloadStatus
-from gpupool.providers.base import Provider
 from gpupool.server.orm import PodRow, WorkloadRow
 from gpupool.server.services.events import transition
 from gpupool.server.states import ACTIVE_POD_STATES, PodState
@@ -59,11 +58,6 @@ def lost_work(row: WorkloadRow, now: float, checkpoint_s: float | None) -> Lost:
         kept = checkpoint_s - started
         return Lost(ran, kept, (now - checkpoint_s) * devices)
     return Lost(ran, 0.0, ran * devices)
-
-
-def checkpoint_mark(provider: Provider, row: WorkloadRow) -> float | None:
-    """The workload's last checkpoint mark on the provider, when its current run started."""
-    return provider.checkpoint_s(row.id) if row.started_s is not None else None
 
 
 def requeue(session: Session, row: WorkloadRow, reason: str, message: str, now: float, *,

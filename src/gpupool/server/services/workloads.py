@@ -149,8 +149,9 @@ def _simulated_nodes(rt: Runtime) -> frozenset[str]:
     return frozenset(n.name for n in rt.nodes() if any(d.simulated for d in n.devices))
 
 
-def _visible(session: Session, who: Principal, workload_id: str) -> WorkloadRow:
-    row = session.get(WorkloadRow, workload_id)
+def _visible(session: Session, who: Principal, workload_id: str, *, lock: bool = False) -> WorkloadRow:
+    """The workload's row if `who` may see it; with `lock`, read FOR UPDATE (until the commit)."""
+    row = session.get(WorkloadRow, workload_id, with_for_update=True if lock else None)
     if row is None or not who.may_see(row.tenant):
         # A tenant learns nothing about other tenants' ids: not found, not forbidden.
         raise NotFound(f"No workload {workload_id!r}; list yours with `gpupool ls`.", workload=workload_id)
@@ -175,10 +176,13 @@ def get(rt: Runtime, who: Principal, workload_id: str) -> WorkloadOut:
 
 
 def cancel(rt: Runtime, who: Principal, workload_id: str) -> WorkloadOut:
-    """Mark it cancelled (final at once), then ask the provider to stop its pods."""
+    """Mark it cancelled (final at once), then ask the provider to stop its pods.
+
+    The row is locked from its read to the commit: an admission the scheduler writes meanwhile
+    waits, then finds it cancelled and is dropped (it never adds pods this cancel did not stop)."""
     now = rt.clock()
     with rt.store.write() as session:
-        row = _visible(session, who, workload_id)
+        row = _visible(session, who, workload_id, lock=True)
         if WorkloadStatus(row.status).is_final:
             raise Conflict(f"Workload {workload_id} already {row.status}; there is nothing to cancel.",
                            status=row.status)
@@ -212,7 +216,8 @@ def cancel_array(rt: Runtime, who: Principal, array_id: str) -> ArrayCancelled:
     with rt.store.write() as session:
         conn = session.connection()
         tasks = conn.execute(select(WorkloadRow.id, WorkloadRow.status, WorkloadRow.tenant)
-                             .where(WorkloadRow.array_id == array_id).with_for_update()).all()
+                             .where(WorkloadRow.array_id == array_id)
+                             .order_by(WorkloadRow.id).with_for_update()).all()  # locked in id order
         if not tasks or not who.may_see(tasks[0].tenant):
             raise NotFound(f"No array {array_id!r}; list yours with `gpupool ls`.", array=array_id)
         pending = WorkloadStatus.PENDING.value
