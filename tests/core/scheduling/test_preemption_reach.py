@@ -154,3 +154,24 @@ def test_borrow_within_cohort_lets_a_borrowing_queue_take_lower_priority_work() 
         result = _run(view, [_job("a-big", "team-a", "normal", gpus=3)], policies, 10.0)
         assert bool(result.admitted) == takes, rule
         assert all(p.reason == Reason.PREEMPTED for p in result.preempted)
+
+
+def test_a_gang_reclaiming_from_four_jobs_on_two_nodes_lands_on_one_node() -> None:
+    """The two cheapest victims sit one on each node; the gang takes both jobs of one node instead."""
+    policies = _policies(scope=Scope.POOL)
+    view = _view(policies, nodes=2, devices=8)
+    first = [_job(f"old{i}", "team-a", "best-effort", gpus=4) for i in range(4)]
+    assert len(_run(view, first, policies, 0.0).admitted) == 4  # first-fit: two on each node
+    view.remove("old1")
+    view.remove("old3")
+    young = [_job(f"new{i}", "team-a", "best-effort", gpus=4) for i in range(2)]
+    assert len(_run(view, young, policies, 50.0).admitted) == 2  # one beside each old job: the cheapest
+    view.materialize()
+    node_of = {wid: {a.node for _, a in run.allocs} for wid, run in view.running.items()}
+    assert node_of["new0"] != node_of["new1"]
+    result = _run(view, [_job("gang", "team-b", "critical", gpus=4, pods=2)], policies, 100.0)
+    assert [a.workload_id for a in result.admitted] == ["gang"]
+    assert len({p.node for p in result.admitted[0].placements}) == 1
+    victims = [p.workload_id for p in result.preempted]
+    assert len(victims) == 2 and len(set().union(*(node_of[v] for v in victims))) == 1
+    view.state.check_invariants()

@@ -49,6 +49,7 @@ from gpupool.core.quota import QuotaConfig
 from gpupool.core.scheduling.backfill import Reservation, kept_reserve, may_backfill
 from gpupool.core.scheduling.domains import only
 from gpupool.core.scheduling.gang import GangPlacement, hold_gang, place_gang, release_gang
+from gpupool.core.scheduling.gang_victims import fewer_nodes
 from gpupool.core.scheduling.locality import WaitCap, reserve_in_domain, wait_for_domain
 from gpupool.core.scheduling.moves import Move, MoveRule, plan_moves
 from gpupool.core.scheduling.ordering.base import OrderingContext, OrderStream, PendingChanges, make_ordering
@@ -603,6 +604,10 @@ class _Cycle:
             index = self.victims
             return out_of_reach(reach(w, cq, view, rules), index.queues(),
                                 partial(index.preemptible_ranks, exclude=admitted_now), rules)
+        if len(w.pods) > 1:  # a gang: victims where it lands on the fewest nodes
+            found, reclaim = self.victims.search_order(w, cq, admitted_now, True, None, rules)
+            chosen = fewer_nodes(chosen, w, cq, view, self.policy, self.rng, found, self.victims.cost,
+                                 frozenset(reclaim))
         for run in chosen.victims:
             self._record_preemption(run, w, run.workload.id in chosen.reclaimed)
         self._admit(w, chosen.gang, cq)
