@@ -5,10 +5,15 @@ from __future__ import annotations
 import random
 from dataclasses import replace
 
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
 from factories import cluster, pod, workload
 from gpupool.core.model import Reason, Workload
 from gpupool.core.priority import PriorityClass, PriorityClasses
 from gpupool.core.quota import DEVICE_MILLI, ClusterQueue, QuotaConfig, ResourceQuota
+from gpupool.core.scheduling import cycle
 from gpupool.core.scheduling.cycle import CycleResult, Policies, cycle_on
 from gpupool.core.scheduling.reach import (
     BorrowWithinCohort,
@@ -175,3 +180,32 @@ def test_a_gang_reclaiming_from_four_jobs_on_two_nodes_lands_on_one_node() -> No
     victims = [p.workload_id for p in result.preempted]
     assert len(victims) == 2 and len(set().union(*(node_of[v] for v in victims))) == 1
     view.state.check_invariants()
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from([1, 2, 4]), st.floats(0, 90)), min_size=4, max_size=24),
+       st.sampled_from([2, 3]), st.sampled_from([2, 4]))
+def test_a_preempting_gang_never_lands_on_more_nodes_than_the_search_chose(
+    running: list[tuple[int, float]], pods: int, gpus: int
+) -> None:
+    """On random pools: with `fewer_nodes` the gang spans at most the nodes the search's own choice
+    would give it, and the pool is never over-allocated."""
+    policies = _policies(scope=Scope.POOL)
+
+    def gang_nodes() -> int | None:
+        view = _view(policies, nodes=4, devices=8)
+        for i, (size, start) in enumerate(sorted(running, key=lambda r: r[1])):
+            _run(view, [_job(f"r{i}", "team-a", "best-effort", gpus=size)], policies, start)
+        result = _run(view, [_job("gang", "team-b", "critical", gpus=gpus, pods=pods)], policies, 100.0)
+        view.state.check_invariants()
+        if not result.admitted:
+            return None
+        return len({p.node for p in result.admitted[0].placements})
+
+    compact = gang_nodes()
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(cycle, "fewer_nodes", lambda chosen, *args: chosen)
+        plain = gang_nodes()
+    assert (compact is None) == (plain is None)
+    if compact is not None and plain is not None:
+        assert compact <= plain
