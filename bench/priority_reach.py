@@ -3,10 +3,11 @@
 A two-week window of the Philly trace is replayed with the pool's default configuration (what
 `gpupool up` runs) and every tenant's work in a queue of its own without a quota, as the server
 keeps each tenant's `default` queue; a seeded share of the jobs (default 5 %) is of class
-`critical`, the rest keep their high/normal/best-effort draw. Under `scope: queue` a critical job
-may stop only its own tenant's lower-priority work; under `scope: pool`, lower-class work of any
-tenant. The table gives the critical jobs' queueing delay (p50/p95/p99) and what the reach costs
-the rest: their p95 queueing delay and mean JCT, preemptions and the GPU-hours they lost.
+`critical`, the rest keep their high/normal/best-effort draw. Under `scope: queue` a job may stop
+only its own tenant's lower-priority work; under `scope: pool`, lower-class work of any tenant
+(every class reaches that far, not only critical). The table gives the critical jobs' queueing
+delay (p50/p95/p99, seconds) and what the reach costs the rest: their mean queueing delay and mean
+JCT, all preemptions and the GPU-hours they lost; the JSON has every class's figures.
 
     python bench/priority_reach.py [--cluster 64x8xV100M32] [--window 2017-10-01:2017-10-15]
         [--critical-share 0.05] [--seed 1] [--json bench/results/priority_reach.json]
@@ -60,7 +61,7 @@ def main() -> int:
     parser.add_argument("--scopes", default=",".join(SCOPES), help="comma-separated: queue, pool")
     parser.add_argument("--json", type=Path, default=Path("bench/results/priority_reach.json"))
     args = parser.parse_args()
-    console = Console()
+    console = Console(width=150)
     try:
         path = require_data_dir() / "philly" / "philly-sia.csv"
         per_node = int(args.cluster.split("x")[1])
@@ -86,13 +87,13 @@ def main() -> int:
         console.print(f"  scope {scope}: {result['wall_s']:.1f} s")
     table = Table(title=f"Priority reach: Philly {args.window} on {args.cluster}, {args.critical_share:.0%} "
                         f"critical (seed {args.seed}, {len(tenants)} tenant queues)")
-    for column in ("scope", "critical jobs", "critical p50 h", "critical p95 h", "critical p99 h",
-                   "rest mean queue h", "rest mean JCT h", "preemptions", "lost GPU-h", "alloc %"):
+    for column in ("scope", "critical jobs", "critical queue p50 / p95 / p99 s", "rest mean queue h",
+                   "rest mean JCT h", "preemptions", "lost GPU-h", "alloc %"):
         table.add_column(column, justify="left" if column == "scope" else "right")
     for r in rows:
         c = r["critical"]["queue_delay_s"]
-        table.add_row(r["scope"], str(r["critical"]["started"]), f"{c['p50'] / 3600:.2f}",
-                      f"{c['p95'] / 3600:.2f}", f"{c['p99'] / 3600:.2f}",
+        table.add_row(r["scope"], str(r["critical"]["started"]),
+                      f"{c['p50']:.0f} / {c['p95']:.0f} / {c['p99']:.0f}",
                       f"{r['rest']['queue_delay_mean_s'] / 3600:.2f}",
                       f"{r['rest']['jct_mean_s'] / 3600:.2f}",
                       str(r["preemptions"]), f"{r['lost_gpu_hours']:.0f}", f"{r['alloc_pct_arrivals']:.1f}")
