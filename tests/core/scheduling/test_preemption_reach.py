@@ -107,7 +107,10 @@ def test_pool_scope_leaves_the_own_queue_to_within_queue() -> None:
 def test_within_queue_never_and_lower_priority() -> None:
     never = _policies(within_queue=WithinQueue.NEVER)
     view = _full_of_best_effort(never)
-    assert not _run(view, [_job("crit", "team-a", "critical")], never, 10.0).preempted
+    waited = _run(view, [_job("crit", "team-a", "critical")], never, 10.0)
+    assert not waited.preempted
+    assert ("preemption not possible: the lower-priority work is in its own queue team-a and "
+            "preemption.within_queue is never.") in waited.rejected[0].message
     lower = _policies(within_queue=WithinQueue.LOWER_PRIORITY)
     assert len(_run(view, [_job("crit", "team-a", "critical")], lower, 10.0).preempted) == 1
 

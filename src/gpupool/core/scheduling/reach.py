@@ -86,6 +86,8 @@ class Reach:
     and rank may be taken too."""
 
     rank: Rank
+    own: str
+    """The preemptor's ClusterQueue."""
     queues: Mapping[str, Take]
     reclaim: tuple[str, ...]
     newer_than_s: float | None = None
@@ -124,7 +126,7 @@ def reach(preemptor: Workload, cq: str, view: ClusterView, rules: PreemptionRule
         for other in _queues_running(view):
             if other != cq:  # its own queue follows within_queue
                 queues.setdefault(other, Take.LOWER_CLASS)
-    return Reach(rank, queues, tuple(reclaim), newer)
+    return Reach(rank, cq, queues, tuple(reclaim), newer)
 
 
 def _queues_running(view: ClusterView) -> list[str]:
@@ -151,15 +153,15 @@ def out_of_reach(reached: Reach, queues: Iterable[str], ranks: Callable[[str], I
             inside = True
         else:
             outside.append(q)
-    if not outside:
-        if inside:
-            return ("preemption not possible: stopping all the lower-priority work it may preempt would "
-                    "not let it start")
-        return ""
-    first = outside[0]
-    more = f" (and {len(outside) - 1} other queues)" if len(outside) > 1 else ""
-    if rules.scope is Scope.QUEUE:
-        return (f"preemption not possible: the lower-priority work is in queue {first}{more} "
+    others = [q for q in outside if q != reached.own]
+    if others and rules.scope is Scope.QUEUE:
+        more = f" (and {len(others) - 1} other queues)" if len(others) > 1 else ""
+        return (f"preemption not possible: the lower-priority work is in queue {others[0]}{more} "
                 "and preemption.scope is queue")
-    return (f"preemption not possible: the lower-priority work is in its own queue {first} and "
-            "preemption.within_queue is never")
+    if reached.own in outside:
+        return (f"preemption not possible: the lower-priority work is in its own queue {reached.own} and "
+                "preemption.within_queue is never")
+    if inside:
+        return ("preemption not possible: stopping all the lower-priority work it may preempt would "
+                "not let it start")
+    return ""
