@@ -53,3 +53,12 @@ def test_a_bad_critical_share_is_one_sentence(tmp_path: Path) -> None:
     config.write_text("priority_classes:\n  - {name: low, value: 0}\n  - {name: high, value: 10}\n")
     code, output, _ = _replay(tmp_path, "--critical-share", "0.1", "--config", str(config))
     assert code == 2 and "which the configuration's priority_classes do not have" in output
+
+
+def test_the_replay_says_which_setting_wins_as_up_does(tmp_path: Path) -> None:
+    config = tmp_path / "pool.yaml"
+    config.write_text("preemption: {scope: pool}\npriority_classes:\n  - {name: normal, value: 0, "
+                      "preemptible: false}\n  - {name: high, value: 100}\n")
+    code, output, _ = _replay(tmp_path, "--config", str(config))
+    assert code == 0, output
+    assert "Note: preemption.scope is pool, but priority class 'normal' is not preemptible" in output

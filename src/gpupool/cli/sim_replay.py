@@ -212,6 +212,8 @@ def replay(
             from gpupool.config import load_config
 
             config = load_config(config_file)
+            for note in config.notes():  # as `gpupool up` and `config check` say it
+                print(f"Note: {note}", file=sys.stderr)
             overrides = frozenset(name for name in ("ordering", "policy", "preemption", "backfill")
                                   if _from_command_line(ctx, name))
         prices = None
