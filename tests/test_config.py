@@ -169,3 +169,47 @@ def test_every_yaml_file_refuses_repeated_keys_and_non_utf8(tmp_path: Path, load
         with pytest.raises((InvalidInput, UsageError)) as caught:
             load[loader](str(path))  # type: ignore[operator]
         assert said in str(caught.value), (loader, str(caught.value))
+
+
+def test_preemption_rules_reach_the_cycle() -> None:
+    from gpupool.core.scheduling.reach import PreemptionRules, ReclaimWithinCohort, Scope, WithinQueue
+
+    assert PoolConfig().policies().preemption_rules == PreemptionRules()
+    config = parse_config("preemption:\n  scope: pool\n  within_queue: LowerOrNewerEqualPriority\n"
+                          "  reclaim_within_cohort: lower-priority\n")
+    rules = config.policies().preemption_rules
+    assert rules.scope is Scope.POOL and rules.within_queue is WithinQueue.LOWER_OR_NEWER_EQUAL_PRIORITY
+    assert rules.reclaim_within_cohort is ReclaimWithinCohort.LOWER_PRIORITY
+    assert parse_config(config.to_yaml()) == config
+
+
+@pytest.mark.parametrize(("text", "expected"), [
+    ("preemption:\n  scope: poll\n",
+     "p.yaml line 2: preemption.scope: unknown preemption scope 'poll'; choose one of queue, pool. "
+     "Did you mean 'pool'?"),
+    ("preemption:\n  within_queue: lower_priorty\n",
+     "p.yaml line 2: preemption.within_queue: unknown within_queue value 'lower_priorty'; choose one of "
+     "never, lower_priority, lower_or_newer_equal_priority. Did you mean 'lower_priority'?"),
+    ("preemption:\n  borrow_within_cohort: 1\n",
+     "p.yaml line 2: preemption.borrow_within_cohort: borrow_within_cohort value is one of never, "
+     "lower_priority, not 1."),
+])
+def test_an_unknown_preemption_value_is_refused_with_the_valid_ones(text: str, expected: str) -> None:
+    with pytest.raises(InvalidInput) as caught:
+        parse_config(text, "p.yaml")
+    assert caught.value.message == expected
+
+
+def test_pool_scope_and_a_class_that_is_never_preempted_say_which_wins(tmp_path: Path) -> None:
+    text = ("preemption: {scope: pool}\npriority_classes:\n  - {name: steady, value: 0, preemptible: false}\n"
+            "  - {name: urgent, value: 100}\n")
+    notes = parse_config(text).notes()
+    assert notes == ["preemption.scope is pool, but priority class 'steady' is not preemptible: the class "
+                     "wins, and its work is never preempted in any queue (set preemptible: true on it to let "
+                     "higher classes take it)."]
+    assert parse_config(text.replace("scope: pool", "scope: queue")).notes() == []
+    path = tmp_path / "pool.yaml"
+    path.write_text(text)
+    checked = subprocess.run([sys.executable, "-m", "gpupool.cli.main", "config", "check", str(path)],
+                             capture_output=True, text=True, timeout=60, check=False)
+    assert checked.returncode == 0 and checked.stdout.splitlines() == ["ok", f"note: {notes[0]}"]

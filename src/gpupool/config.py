@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Mapping, Sequence
+from enum import StrEnum
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -41,6 +42,13 @@ from gpupool.core.quota import (
 from gpupool.core.scheduling.cycle import Policies
 from gpupool.core.scheduling.locality import WaitCap
 from gpupool.core.scheduling.moves import MoveRule
+from gpupool.core.scheduling.reach import (
+    BorrowWithinCohort,
+    PreemptionRules,
+    ReclaimWithinCohort,
+    Scope,
+    WithinQueue,
+)
 from gpupool.core.topology_spec import parse_topology_spec
 from gpupool.core.units import MILLI, parse_memory_mib
 from gpupool.errors import InvalidInput, did_you_mean
@@ -147,6 +155,40 @@ def _known(value: str, names: Sequence[str], what: str) -> str:
         raise ValueError(f"unknown {what} {value!r}; choose one of {', '.join(names)}."
                          + did_you_mean(value, list(names)))  # ends with '.' or '?'; _sentence keeps it
     return value
+
+
+def _choice(enum: type[StrEnum], what: str) -> Any:
+    """A before-validator: one of the enum's values, else a sentence with them and a did-you-mean."""
+
+    def check(value: object) -> object:
+        names = [e.value for e in enum]
+        if not isinstance(value, str):
+            raise ValueError(f"{what} is one of {', '.join(names)}, not {value!r}.")
+        # Kueue spells them LowerPriority; lower_priority and lower-priority are read the same
+        wanted = re.sub(r"(?<=[a-z])(?=[A-Z])", "_", value.strip()).lower().replace("-", "_")
+        return _known(wanted if wanted in names else value, names, what)
+
+    return BeforeValidator(check)
+
+
+class PreemptionConfig(_Strict):
+    """How far priority reaches when `scheduling.preemption` is on (core/scheduling/reach.py)."""
+
+    scope: Annotated[Scope, _choice(Scope, "preemption scope")] = Scope.QUEUE
+    """queue: a workload preempts in its own queue and, by the cohort rules, in its cohort (Kueue);
+    pool: also work of a lower priority class in any other queue (Slurm QOS, Kubernetes PriorityClass)."""
+    within_queue: Annotated[WithinQueue, _choice(WithinQueue, "within_queue value")] = (
+        WithinQueue.LOWER_PRIORITY)
+    reclaim_within_cohort: Annotated[ReclaimWithinCohort, _choice(ReclaimWithinCohort,
+                                                                  "reclaim_within_cohort value")] = (
+        ReclaimWithinCohort.ANY)
+    borrow_within_cohort: Annotated[BorrowWithinCohort, _choice(BorrowWithinCohort,
+                                                                "borrow_within_cohort value")] = (
+        BorrowWithinCohort.NEVER)
+
+    def rules(self) -> PreemptionRules:
+        return PreemptionRules(self.scope, self.within_queue, self.reclaim_within_cohort,
+                               self.borrow_within_cohort)
 
 
 class PriorityClassConfig(_Strict):
@@ -298,6 +340,8 @@ class PoolConfig(_Strict):
     """The whole file. Every section is optional."""
 
     scheduling: SchedulingConfig = Field(default_factory=lambda: SchedulingConfig.model_validate({}))
+    preemption: PreemptionConfig = Field(default_factory=lambda: PreemptionConfig.model_validate({}))
+    """How far priority reaches (used while scheduling.preemption is on)."""
     priority_classes: list[PriorityClassConfig] = Field(
         default_factory=lambda: [PriorityClassConfig(name=c.name, value=c.value, preemptible=c.preemptible)
                                  for c in DEFAULT_PRIORITY_CLASSES])
@@ -330,6 +374,21 @@ class PoolConfig(_Strict):
                 raise ValueError(f"queue {q.tenant}/{q.name}: lending_limit ({q.lending_limit:g}) cannot "
                                  f"exceed its quota ({q.quota:g})")
         return value
+
+    def notes(self) -> list[str]:
+        """Sentences on settings that meet and which of them wins (printed by `config check` and `up`)."""
+        out: list[str] = []
+        if self.preemption.scope is Scope.POOL and self.scheduling.preemption:
+            top = max((c.value for c in self.priority_classes), default=0)
+            for c in self.priority_classes:
+                if not c.preemptible and c.value < top:
+                    out.append(f"preemption.scope is pool, but priority class {c.name!r} is not preemptible: "
+                               f"the class wins, and its work is never preempted in any queue (set "
+                               f"preemptible: true on it to let higher classes take it).")
+        if not self.scheduling.preemption and self.preemption != PreemptionConfig.model_validate({}):
+            out.append("scheduling.preemption is false: nothing is preempted, and the preemption section "
+                       "has no effect until it is true.")
+        return out
 
     def grace_s(self, class_name: str) -> float:
         """SIGTERM to SIGKILL for a preempted pod of this class."""
@@ -369,6 +428,7 @@ class PoolConfig(_Strict):
                         preemption=s.preemption, backfill=s.backfill, quota=self.quota_config(),
                         priority_classes=classes, overcommit=overcommit,
                         max_preemption_attempts=s.max_preemption_attempts,
+                        preemption_rules=self.preemption.rules(),
                         defaults=self.defaults.slice_defaults(),
                         topology_default=parse_topology_spec(s.topology_default),
                         max_locality_wait_s=s.topology_max_wait,

@@ -46,11 +46,14 @@ def show(
 @app.command()
 @reports_errors
 def check(path: Annotated[Path, typer.Argument(help="The YAML file to check.")]) -> None:
-    """Check a configuration file: 'ok', or one sentence per problem naming the field and its line.
+    """Check a configuration file: 'ok' (then a note where two settings meet, saying which wins), or
+    one sentence per problem naming the field and its line.
 
     Example: gpupool config check pool.yaml
     """
     from gpupool.config import load_config
 
-    load_config(path)
+    config = load_config(path)
     print("ok")
+    for note in config.notes():  # settings that meet, and which of them wins
+        print(f"note: {note}")

@@ -53,6 +53,7 @@ def run_replay(
     budgets: Any = None,
     fabric: Path | None = None,
     comm_model: str | None = None,
+    critical_share: float = 0.0,
 ) -> dict[str, Any]:
     """Build the replay from CLI-style options and run it (also used by the benchmarks).
 
@@ -72,11 +73,20 @@ def run_replay(
     places by it: the nodes are mapped onto its hosts (core.scheduling.topology.map_hosts). With
     `comm_model` too ('default' or a YAML file, sim/comm.py), multi-node gangs run at the rate their
     communication allows on that fabric.
+
+    `critical_share`: that fraction of Philly's jobs (seeded) is of the priority class `critical`.
     """
     from gpupool.core.scheduling.cycle import Policies
     from gpupool.core.scheduling.ordering.base import make_ordering
     from gpupool.core.scheduling.policies.base import policy_class
-    from gpupool.sim.jobs import exclusive_jobs, in_window, load_trace, parse_window
+    from gpupool.sim.jobs import (
+        CRITICAL_CLASS,
+        check_critical_share,
+        exclusive_jobs,
+        in_window,
+        load_trace,
+        parse_window,
+    )
     from gpupool.sim.replay import ReplayConfig, replay
 
     policy_class(policy)  # unknown names fail before any file is read
@@ -84,7 +94,8 @@ def run_replay(
     span = parse_window(window) if window else None
     nodes = _nodes(nodes_csv, cluster)
     per_node = max((len(n.devices) for n in nodes), default=0)
-    jobs = in_window(load_trace(trace, per_node, seed), span)
+    check_critical_share(critical_share)
+    jobs = in_window(load_trace(trace, per_node, seed, critical_share), span)
     if exclusive:
         jobs = exclusive_jobs(jobs)
     if not jobs:
@@ -100,6 +111,10 @@ def run_replay(
                                                      if (k if k != "placement" else "policy") in overrides})
         ordering, policy = policies.ordering, policies.placement
         preemption, backfill = policies.preemption, policies.backfill
+    if critical_share and policies.priority_classes.get(CRITICAL_CLASS) is None:
+        raise InvalidInput(f"--critical-share marks jobs of class {CRITICAL_CLASS!r}, which the "
+                           "configuration's priority_classes do not have; add it (the default classes "
+                           "have it).")
     if tune_gc:
         from gpupool import gc_tuning
 
@@ -137,6 +152,7 @@ def run_replay(
         "seed": seed,
         "fabric": str(fabric) if fabric is not None else None,
         "comm_model": comm_model,
+        "critical_share": critical_share,
         "prices": prices.model_dump(mode="json") if prices is not None else None,
         "budgets": {t: {"amount": b.amount, "period": b.period.value, "warn": b.warn_fraction,
                         "overdraft": b.overdraft} for t, b in (budgets or {}).items()} or None,
@@ -181,6 +197,9 @@ def replay(
     comm_model: str | None = typer.Option(
         None, "--comm-model", help="'default' or a YAML file (needs --fabric): multi-node gangs run at the "
         "rate their all-reduce allows on the fabric (seeded model classes); the JSON adds their traffic."),
+    critical_share: float = typer.Option(
+        0.0, "--critical-share", help="Philly: this fraction of jobs (seeded) is of class critical, the "
+        "rest keep their draw; the JSON's by_priority_class shows each class's delays and preemptions."),
 ) -> None:
     """Replay a trace over time: arrivals, completions, full admission + placement per event.
 
@@ -193,6 +212,8 @@ def replay(
             from gpupool.config import load_config
 
             config = load_config(config_file)
+            for note in config.notes():  # as `gpupool up` and `config check` say it
+                print(f"Note: {note}", file=sys.stderr)
             overrides = frozenset(name for name in ("ordering", "policy", "preemption", "backfill")
                                   if _from_command_line(ctx, name))
         prices = None
@@ -227,6 +248,7 @@ def replay(
             budgets=budgets,
             fabric=fabric_file,
             comm_model=comm_model,
+            critical_share=critical_share,
         )
         result["config"]["config_file"] = str(config_file) if config_file is not None else None
         json_out.parent.mkdir(parents=True, exist_ok=True)

@@ -189,6 +189,8 @@ def _serve(data_dir: Path | None, host: str, port: int, simulate: str, provider:
         rt.fabric = open_live_fabric(fabric_path, rt.nodes())  # a fabric too small for the pool stops here
         print(rt.fabric.summary(len(rt.nodes())), flush=True)
     print(_scheduling_line(pool_config, settings.placement, config_path), flush=True)
+    for note in pool_config.notes():
+        print(f"Note: {note}", flush=True)
     token = bootstrap(rt)
     _announce_token(settings.admin_token_path, token)
     print(f"gpupool is serving on {settings.scheme}://{host}:{port} (dashboard at /, API docs at /docs); "
@@ -206,11 +208,13 @@ def _serve(data_dir: Path | None, host: str, port: int, simulate: str, provider:
 
 
 def _scheduling_line(config: PoolConfig, placement: str, path: Path | None) -> str:
-    """'Scheduling: placement fgd-strand, ordering drf, preemption on, backfill on (from FILE).'"""
+    """'Scheduling: placement fgd-strand, ordering drf, preemption on (scope queue), backfill on (from
+    FILE).'"""
     s = config.scheduling
     source = f"from {path}" if path is not None else "the defaults; see gpupool config show"
+    preemption = f"on (scope {config.preemption.scope})" if s.preemption else "off"
     return (f"Scheduling: placement {placement or s.placement}, ordering {s.ordering}, preemption "
-            f"{'on' if s.preemption else 'off'}, backfill {'on' if s.backfill else 'off'} ({source}).")
+            f"{preemption}, backfill {'on' if s.backfill else 'off'} ({source}).")
 
 
 def _check_port(host: str, port: int) -> None:

@@ -56,13 +56,22 @@ def in_window(jobs: Sequence[TraceJob], window: tuple[float, float] | None) -> l
     return [j for j in jobs if window[0] <= j.submit_s < window[1]]
 
 
+CRITICAL_CLASS = "critical"
+
+
 def philly_jobs(
-    path: str | Path, devices_per_node: int, seed: int, model: str | None = None
+    path: str | Path, devices_per_node: int, seed: int, model: str | None = None, critical_share: float = 0.0
 ) -> list[TraceJob]:
-    """Philly jobs as gangs of whole-device pods (at most `devices_per_node` each), in submit order."""
+    """Philly jobs as gangs of whole-device pods (at most `devices_per_node` each), in submit order.
+
+    `critical_share`: each job is of class `critical` with this probability, drawn from an rng of its
+    own (seeded from `seed`), so every other job keeps the class it draws without it.
+    """
     if devices_per_node < 1:
         raise InvalidInput("The cluster has no devices; a Philly replay needs GPU nodes.")
+    check_critical_share(critical_share)
     rng = random.Random(seed)
+    critical = random.Random(f"critical:{seed}")
     names = [n for n, _ in PHILLY_PRIORITY_MIX]
     weights = [w for _, w in PHILLY_PRIORITY_MIX]
     allowed = frozenset({model}) if model else frozenset()
@@ -75,18 +84,27 @@ def philly_jobs(
             PodRequest(name=f"p{i}", num_devices=n, device_milli=MILLI, allowed_models=allowed)
             for i, n in enumerate(sizes)
         )
+        klass = rng.choices(names, weights)[0]
+        if critical_share and critical.random() < critical_share:
+            klass = CRITICAL_CLASS
         workload = Workload(
             id=f"philly-{job.line}",
             pods=pods,
             tenant=job.tenant,
             queue="default",
-            priority_class=rng.choices(names, weights)[0],
+            priority_class=klass,
             submit_time_s=job.submit_s,
             name=f"{job.num_gpus}gpu",
             checkpoint_interval_s=PHILLY_CHECKPOINT_S,
         )
         out.append(TraceJob(workload, job.submit_s, job.duration_s))
     return out
+
+
+def check_critical_share(share: float) -> None:
+    if not 0.0 <= share <= 1.0:
+        raise InvalidInput(f"--critical-share must be a fraction from 0 to 1 (0.05 marks 5 % of jobs "
+                           f"critical), not {share:g}.")
 
 
 def openb_jobs(path: str | Path) -> list[TraceJob]:
@@ -127,14 +145,18 @@ def exclusive_jobs(jobs: Sequence[TraceJob]) -> list[TraceJob]:
 TRACE_FORMATS = ("openb", "philly")
 
 
-def load_trace(spec: str, devices_per_node: int, seed: int) -> list[TraceJob]:
-    """Jobs from 'FORMAT:FILE' (openb or philly), sorted by submit time."""
+def load_trace(spec: str, devices_per_node: int, seed: int, critical_share: float = 0.0) -> list[TraceJob]:
+    """Jobs from 'FORMAT:FILE' (openb or philly), sorted by submit time; `critical_share` (Philly only):
+    see `philly_jobs`."""
     fmt, sep, path = spec.partition(":")
     if not sep or not path:
         raise InvalidInput(f"Cannot read trace {spec!r}; write FORMAT:FILE, e.g. philly:philly-sia.csv.")
     fmt = fmt.strip().lower()
     if fmt == "philly":
-        return philly_jobs(path, devices_per_node, seed)
+        return philly_jobs(path, devices_per_node, seed, critical_share=critical_share)
+    if critical_share:
+        raise InvalidInput("--critical-share applies to Philly traces (OpenB's pods carry their own "
+                           "classes).")
     if fmt == "openb":
         return openb_jobs(path)
     raise InvalidInput(f"Unknown trace format {fmt!r}; choose one of {', '.join(TRACE_FORMATS)}.")

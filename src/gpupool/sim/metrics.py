@@ -103,6 +103,10 @@ class ReplayMetrics:
     last_arrival_s: float = 0.0
     fair_for: tuple[dict[str, float], dict[str, float]] = ({}, {})
     """The last demands water-filled and their division (reused while the demands hold)."""
+    class_delays: dict[str, list[float]] = field(default_factory=dict)
+    class_jcts: dict[str, list[float]] = field(default_factory=dict)
+    class_preempted: dict[str, list[float]] = field(default_factory=dict)
+    """By priority class: queueing delays, JCTs, and the device-seconds each preemption of its work lost."""
     gang_delays: dict[str, list[float]] = field(default_factory=dict)
     gang_jcts: dict[str, list[float]] = field(default_factory=dict)
     gang_locality: dict[str, list[float]] = field(default_factory=dict)
@@ -137,6 +141,7 @@ class ReplayMetrics:
         delay = now_s - job.submit_s
         self.queue_delays.append(delay)
         self.tenant_delays.setdefault(job.workload.tenant, []).append(delay)
+        self.class_delays.setdefault(job.workload.priority_class, []).append(delay)
         for key in _gang_keys(job):
             self.gang_delays.setdefault(key, []).append(delay)
             self.gang_locality.setdefault(key, []).append(locality_wait_s)
@@ -146,6 +151,7 @@ class ReplayMetrics:
     def finished(self, job: TraceJob, now_s: float, first_start_s: float) -> None:
         self.finished_jobs += 1
         self.jcts.append(now_s - job.submit_s)
+        self.class_jcts.setdefault(job.workload.priority_class, []).append(now_s - job.submit_s)
         for key in _gang_keys(job):
             self.gang_jcts.setdefault(key, []).append(now_s - job.submit_s)
         self.last_finish_s = max(self.last_finish_s, now_s)
@@ -157,11 +163,12 @@ class ReplayMetrics:
             self.moved_others += 1
         self.move_cost_device_s += cost_device_s
 
-    def stopped(self, kind: EventKind, lost_device_s: float) -> None:
+    def stopped(self, kind: EventKind, lost_device_s: float, priority_class: str = "") -> None:
         if kind == EventKind.EVICT:
             self.evictions += 1
         elif kind == EventKind.PREEMPT:
             self.preemptions += 1
+            self.class_preempted.setdefault(priority_class, []).append(lost_device_s)
         self.lost_device_s += lost_device_s
 
     def advance(self, now_s: float, view: ClusterView) -> None:
@@ -239,6 +246,7 @@ class ReplayMetrics:
             "per_tenant": per_tenant,
             "fairness_jain": jain,
             "by_gang_size": self.by_gang_size(),
+            "by_priority_class": self.by_priority_class(),
             "multi_pod_gangs": self._gang_stats(MULTI_POD),
             "locality_wait_s_total": self.locality_wait_total_s,
             "locality_waited_jobs": self.locality_waited,
@@ -257,6 +265,18 @@ class ReplayMetrics:
         return {"pct": 100.0 * integral / (max(self.total_milli, 1) * window),
                 "gpu_hours": integral / 1000.0 / 3600.0,
                 "waiting_share": waiting_s / window}
+
+    def by_priority_class(self) -> dict[str, dict[str, Any]]:
+        """Per priority class: workloads started and finished, their queueing delay (first start) and
+        JCT, and how often its work was preempted with the GPU-hours that lost."""
+        classes = sorted(set(self.class_delays) | set(self.class_jcts) | set(self.class_preempted))
+        return {c: {"started": len(self.class_delays.get(c, [])),
+                    "finished": len(self.class_jcts.get(c, [])),
+                    "queue_delay_s": _stats4(self.class_delays.get(c, [])),
+                    "jct_s": _stats4(self.class_jcts.get(c, [])),
+                    "preempted": len(self.class_preempted.get(c, [])),
+                    "lost_gpu_hours": sum(self.class_preempted.get(c, [])) / 3600.0}
+                for c in classes}
 
     def by_gang_size(self) -> dict[str, dict[str, Any]]:
         """Per gang-size bucket: workloads finished, their JCT, queueing delay (first start) and the

@@ -321,7 +321,7 @@ class Replay:
         if tracked:
             self._comm_rerate(now_s)
         lost_device_s = lost * job.job.workload.total_device_milli / 1000
-        self.metrics.stopped(kind, lost_device_s)
+        self.metrics.stopped(kind, lost_device_s, job.job.workload.priority_class)
         self.pending[wid] = job
         self.pending_workloads[wid] = job.job.workload
         self.metrics.pending_change(job.job, 1.0)

@@ -13,6 +13,13 @@ from gpupool.core.model import Reason, Workload
 from gpupool.core.quota import DEVICE_MILLI, ClusterQueue, QuotaConfig, ResourceQuota
 from gpupool.core.scheduling.cycle import EventKind, Policies, cycle_on
 from gpupool.core.scheduling.preemption import VictimIndex, candidates, checkpoint_split, lost_device_s
+from gpupool.core.scheduling.reach import (
+    BorrowWithinCohort,
+    PreemptionRules,
+    ReclaimWithinCohort,
+    Scope,
+    WithinQueue,
+)
 from gpupool.core.scheduling.view import ClusterView
 
 FF = Policies(placement="first-fit", ordering="priority-fifo", preemption=True)
@@ -142,31 +149,34 @@ COHORT = QuotaConfig(
     st.sampled_from("abc"),
     st.sampled_from(("critical", "high", "normal")),
     st.integers(0, 5),
+    st.builds(PreemptionRules, st.sampled_from(Scope), st.sampled_from(WithinQueue),
+              st.sampled_from(ReclaimWithinCohort), st.sampled_from(BorrowWithinCohort)),
+    st.floats(0, 500),
 )
 def test_the_cycle_index_streams_the_candidates_in_both_orders(
-    running: list, queue: str, klass: str, gone: int
+    running: list, queue: str, klass: str, gone: int, rules: PreemptionRules, submitted: float
 ) -> None:
     """`VictimIndex` gives the plain `candidates()` set, sorted as the search needs, after victims left."""
     view = ClusterView.empty(cluster(3, devices=8), COHORT)
     ids = []
     for i, (tenant, cls, gpus, start) in enumerate(running):
-        w = replace(workload(pod(gpus), wid=f"r{i}"), tenant=tenant, priority_class=cls)
+        w = replace(workload(pod(gpus), wid=f"r{i}", submit_s=start), tenant=tenant, priority_class=cls)
         admit = Policies(placement="first-fit", quota=COHORT)
         if cycle_on(view, [w], admit, start, random.Random(0)).admitted:
             ids.append(w.id)
     index = VictimIndex(view, 1000.0)
-    preemptor = replace(workload(pod(1), wid="p"), tenant=queue, priority_class=klass)
+    preemptor = replace(workload(pod(1), wid="p", submit_s=submitted), tenant=queue, priority_class=klass)
     exclude = set(ids[:1])
-    list(index.search_order(preemptor, queue, exclude, by_rank=False)[0])  # sorted before they leave
+    list(index.search_order(preemptor, queue, exclude, False, None, rules)[0])  # sorted before they leave
     for wid in ids[1 : 1 + gone]:
         view.forget(view.running[wid])
-    found, reclaim = candidates(preemptor, queue, view, exclude)
+    found, reclaim = candidates(preemptor, queue, view, exclude, rules)
     cost = {r.workload.id: lost_device_s(r, 1000.0) for r in found}
-    by_cost, queues = index.search_order(preemptor, queue, exclude, by_rank=False)
+    by_cost, queues = index.search_order(preemptor, queue, exclude, False, None, rules)
     assert [r.workload.id for r in by_cost] == [
         r.workload.id for r in sorted(found, key=lambda r: (cost[r.workload.id], r.rank, r.workload.id))
     ]
-    by_rank, _ = index.search_order(preemptor, queue, exclude, by_rank=True)
+    by_rank, _ = index.search_order(preemptor, queue, exclude, True, None, rules)
     assert [r.workload.id for r in by_rank] == [
         r.workload.id for r in sorted(found, key=lambda r: (r.rank, cost[r.workload.id], r.workload.id))
     ]

@@ -22,6 +22,13 @@ from gpupool.core.quota import DEVICE_MILLI, ClusterQueue, QuotaConfig, Resource
 from gpupool.core.scheduling import cycle
 from gpupool.core.scheduling.cycle import CycleResult, Policies, cycle_on
 from gpupool.core.scheduling.preemption import lost_device_s, lost_device_s_many
+from gpupool.core.scheduling.reach import (
+    BorrowWithinCohort,
+    PreemptionRules,
+    ReclaimWithinCohort,
+    Scope,
+    WithinQueue,
+)
 from gpupool.core.scheduling.view import ClusterView, Running
 
 QUOTA = QuotaConfig(
@@ -138,6 +145,20 @@ def test_victim_search_under_backfill_decides_as_the_plain_search(
     policies = Policies(placement=placement[0], placement_options=placement[1], ordering="drf",
                         preemption=True, backfill=True, quota=QUOTA)
     _both(plan, replace(policies, max_preemption_attempts=4), 5, seed=1)
+
+
+rules = st.builds(PreemptionRules, st.sampled_from(Scope), st.sampled_from(WithinQueue),
+                  st.sampled_from(ReclaimWithinCohort), st.sampled_from(BorrowWithinCohort))
+
+
+@settings(max_examples=60, deadline=None)
+@given(steps, placements, rules)
+def test_victim_search_under_any_preemption_rules_decides_as_the_plain_search(
+    plan: list[Any], placement: tuple[str, dict[str, Any]], chosen: PreemptionRules
+) -> None:
+    policies = Policies(placement=placement[0], placement_options=placement[1], ordering="priority-fifo",
+                        preemption=True, quota=QUOTA, preemption_rules=chosen)
+    _both(plan, policies, 4, seed=2)
 
 
 times = st.floats(min_value=0, max_value=1e7, allow_nan=False) | st.sampled_from([0.0, 3600.0, 7200.0])

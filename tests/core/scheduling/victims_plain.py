@@ -18,6 +18,7 @@ from gpupool.core.model import Workload
 from gpupool.core.scheduling.gang import GangPlacement, place_gang, release_gang
 from gpupool.core.scheduling.policies.base import NoFit, PlacementPolicy
 from gpupool.core.scheduling.preemption import (
+    DEFAULT_RULES,
     MAX_SINGLE_TRIALS,
     MAX_TRIM_TRIALS,
     VictimIndex,
@@ -26,6 +27,7 @@ from gpupool.core.scheduling.preemption import (
     free_milli,
     lost_device_s,
 )
+from gpupool.core.scheduling.reach import PreemptionRules
 from gpupool.core.scheduling.view import ClusterView, Running
 from gpupool.core.scheduling.workloads import lower_bound_usage
 
@@ -39,8 +41,9 @@ def select_victims_plain(
     now_s: float,
     exclude: Set[str] = frozenset(),
     index: VictimIndex | None = None,
+    rules: PreemptionRules = DEFAULT_RULES,
 ) -> VictimSet | None:
-    found, reclaim = candidates(preemptor, cq, view, exclude)
+    found, reclaim = candidates(preemptor, cq, view, exclude, rules)
     if not found:
         return None
     cost = {r.workload.id: lost_device_s(r, now_s) for r in found}

@@ -49,11 +49,13 @@ from gpupool.core.quota import QuotaConfig
 from gpupool.core.scheduling.backfill import Reservation, kept_reserve, may_backfill
 from gpupool.core.scheduling.domains import only
 from gpupool.core.scheduling.gang import GangPlacement, hold_gang, place_gang, release_gang
+from gpupool.core.scheduling.gang_victims import fewer_nodes
 from gpupool.core.scheduling.locality import WaitCap, reserve_in_domain, wait_for_domain
 from gpupool.core.scheduling.moves import Move, MoveRule, plan_moves
 from gpupool.core.scheduling.ordering.base import OrderingContext, OrderStream, PendingChanges, make_ordering
 from gpupool.core.scheduling.policies.base import DEFAULT_POLICY, NoFit
 from gpupool.core.scheduling.preemption import VictimIndex, lost_work_s, select_victims
+from gpupool.core.scheduling.reach import PreemptionRules, out_of_reach, reach
 from gpupool.core.scheduling.view import ClusterView, Running
 from gpupool.core.scheduling.workloads import Meta, Shape
 from gpupool.core.state import ClusterState, clone_state
@@ -98,6 +100,8 @@ class Policies:
     to that cost in all; QUEUE: the cost counted for the queue behind it too (`locality`)."""
     max_locality_wait_ceiling_s: float = math.inf
     """Under LOSS and QUEUE, the longest any gang waits in all, whatever its estimates say."""
+    preemption_rules: PreemptionRules = field(default_factory=PreemptionRules)
+    """How far a preemptor's priority reaches: its queue, its cohort, the pool (`reach`)."""
     moves: MoveRule | None = None
     """Move running gangs spread over several leaves into one, moving single-node work to make room
     (`moves`), before anything is admitted; None: never (the config's topology_moves)."""
@@ -486,8 +490,11 @@ class _Cycle:
             self._admit(w, outcome, cq)
             return
         reason, message = outcome
-        if self._try_preempt(w, shape, cq):
+        why_not = self._try_preempt(w, shape, cq)
+        if why_not is None:
             return
+        if why_not:
+            message = f"{message.rstrip('.')}; {why_not}."
         self._stuck(w, cq, reason)
         self._reject(original, reason, message)
         self.settled[key] = (reason, message)
@@ -582,21 +589,31 @@ class _Cycle:
             return Reason.QUOTA_EXCEEDED, quota_msg
         return gang
 
-    def _try_preempt(self, w: Workload, shape: Shape, cq: str) -> bool:
+    def _try_preempt(self, w: Workload, shape: Shape, cq: str) -> str | None:
+        """Preempt so `w` is admitted: None when it was; else why preemption did not help ('' when
+        there is nothing to say: not tried, or no lower-priority work runs)."""
         if not self.policies.preemption or self.reservation is not None:
-            return False
+            return ""
         view = self.view
         key = (cq, shape, view.metas[w.id].rank)
         if key in self.failed_preempt or self.preemption_attempts >= self.policies.max_preemption_attempts:
-            return False
+            return ""
         self.preemption_attempts += 1
         admitted_now = {a.workload_id for a in self.admitted}
         if self.victims is None:
             self.victims = VictimIndex(view, self.now_s)
-        chosen = select_victims(w, cq, view, self.policy, self.rng, self.now_s, admitted_now, self.victims)
+        rules = self.policies.preemption_rules
+        chosen = select_victims(w, cq, view, self.policy, self.rng, self.now_s, admitted_now, self.victims,
+                                rules)
         if chosen is None:
             self.failed_preempt.add(key)
-            return False
+            index = self.victims
+            return out_of_reach(reach(w, cq, view, rules), index.queues(),
+                                partial(index.preemptible_ranks, exclude=admitted_now), rules)
+        if len(w.pods) > 1:  # a gang: victims where it lands on the fewest nodes
+            found, reclaim = self.victims.search_order(w, cq, admitted_now, True, None, rules)
+            chosen = fewer_nodes(chosen, w, cq, view, self.policy, self.rng, found, self.victims.cost,
+                                 frozenset(reclaim))
         for run in chosen.victims:
             self._record_preemption(run, w, run.workload.id in chosen.reclaimed)
         self._admit(w, chosen.gang, cq)
@@ -607,7 +624,7 @@ class _Cycle:
         self.settled.clear()
         blocked, never = self.blocked, self.never
         self.live = {k for k, n in self.left.items() if n and k[0] not in blocked and k not in never}
-        return True
+        return None
 
     def _record_preemption(self, run: Running, preemptor: Workload, reclaimed: bool) -> None:
         view = self.view

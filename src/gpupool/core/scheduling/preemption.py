@@ -1,8 +1,9 @@
 """Victim selection: which running workloads a pending one may preempt, and the cheapest such set.
 
-Candidates are (a) lower-ranked, preemptible workloads of the preemptor's own ClusterQueue and
-(b) when the preemptor's queue stays within its nominal quota (it reclaims what it lent), any
-preemptible workload of a borrowing ClusterQueue in the same cohort. Among the sets that make the
+Candidates are the preemptible workloads within the preemptor's reach (`reach.py`, under the
+operator's `PreemptionRules`); by default (a) lower-ranked ones of its own ClusterQueue and (b) when
+the preemptor's queue stays within its nominal quota (it reclaims what it lent), any of a borrowing
+ClusterQueue in the same cohort. Among the sets that make the
 preemptor fit (quota and placement), we prefer the fewest victims, then the least work lost:
 a single victim is searched exhaustively (least lost work first); otherwise victims are added
 greedily (lowest rank, least lost work first) and then every victim that is not needed is
@@ -24,6 +25,7 @@ from collections.abc import Callable, Iterable, Iterator, Sequence, Set
 from dataclasses import dataclass
 from itertools import chain, groupby, islice, repeat
 from operator import itemgetter
+from typing import NamedTuple
 
 import numpy as np
 
@@ -31,11 +33,14 @@ from gpupool.core.model import Workload
 from gpupool.core.priority import Rank
 from gpupool.core.scheduling.gang import GangPlacement, place_gang, release_gang
 from gpupool.core.scheduling.policies.base import NoFit, PlacementPolicy
+from gpupool.core.scheduling.reach import PreemptionRules, Reach, reach
 from gpupool.core.scheduling.victim_state import Detached, FirstPodFits, PutBack
 from gpupool.core.scheduling.victim_state import node_fits_at as node_fits_at  # (tests import it here)
 from gpupool.core.scheduling.view import ClusterView, Running
 from gpupool.core.scheduling.workloads import lower_bound_usage
 from gpupool.core.state import ClusterState
+
+DEFAULT_RULES = PreemptionRules()
 
 MAX_SINGLE_TRIALS = 16
 """How many single-victim sets are tried before falling back to the greedy search."""
@@ -98,39 +103,49 @@ class VictimSet:
 
 
 def candidates(
-    preemptor: Workload, cq: str, view: ClusterView, exclude: Set[str] = frozenset()
+    preemptor: Workload,
+    cq: str,
+    view: ClusterView,
+    exclude: Set[str] = frozenset(),
+    rules: PreemptionRules = DEFAULT_RULES,
 ) -> tuple[list[Running], frozenset[str]]:
     """Eligible victims (never those in `exclude`) and the ids among them that are cohort reclaims.
 
     The plain definition; a cycle's searches read the same sets through `VictimIndex`.
     """
     view.materialize()
-    rank = view.classes.rank(preemptor)
-    borrowing = _reclaim_queues(preemptor, cq, view)
+    reached = reach(preemptor, cq, view, rules)
     found: list[Running] = []
     reclaim: set[str] = set()
     for run in view.running.values():
         if not run.preemptible or run.workload.id in exclude:
             continue
-        if run.cluster_queue == cq and run.rank < rank:
+        take = reached.queues.get(run.cluster_queue)
+        if (take is not None and reached.takes(run.rank, take)) or _newer_equal(run, cq, reached):
             found.append(run)
-        elif run.cluster_queue in borrowing:
-            found.append(run)
-            reclaim.add(run.workload.id)
+            if run.cluster_queue in reached.reclaim:
+                reclaim.add(run.workload.id)
     return found, frozenset(reclaim)
 
 
-def _reclaim_queues(preemptor: Workload, cq: str, view: ClusterView) -> list[str]:
-    """The borrowing ClusterQueues of `cq`'s cohort whose work `preemptor` may reclaim (sorted)."""
-    if not view.quota.config.enabled or not view.quota.within_nominal(cq, lower_bound_usage(preemptor)):
-        return []
-    members = set(view.quota.cohort_members(cq))
-    return sorted(m for m in members if m != cq and view.quota.is_borrowing(m))
+def _newer_equal(run: Running, cq: str, reached: Reach) -> bool:
+    """Work of the preemptor's own queue and rank submitted after it (`LOWER_OR_NEWER_EQUAL_PRIORITY`)."""
+    return (reached.newer_than_s is not None and run.cluster_queue == cq and run.rank == reached.rank
+            and run.workload.submit_time_s > reached.newer_than_s)
 
 
 _Entry = tuple[float, Rank, str, Running]
-Sources = tuple[list[tuple[Rank, str]], list[str]]
-"""The (rank, queue) groups a preemptor may take victims from, and the queues it reclaims from."""
+
+
+class Sources(NamedTuple):
+    """What a preemptor may take victims from: whole (rank, queue) groups, the queues whose work
+    would be reclaimed, and the group of its own queue and rank of which only work submitted after
+    `newer_than_s` may go (`LOWER_OR_NEWER_EQUAL_PRIORITY`; None: none of it)."""
+
+    groups: list[tuple[Rank, str]]
+    reclaim: list[str]
+    newer: tuple[Rank, str] | None = None
+    newer_than_s: float = math.inf
 
 
 class VictimIndex:
@@ -180,40 +195,71 @@ class VictimIndex:
         return entries
 
     def search_order(
-        self, preemptor: Workload, cq: str, exclude: Set[str], by_rank: bool, sources: Sources | None = None
+        self,
+        preemptor: Workload,
+        cq: str,
+        exclude: Set[str],
+        by_rank: bool,
+        sources: Sources | None = None,
+        rules: PreemptionRules = DEFAULT_RULES,
     ) -> tuple[Iterator[Running], list[str]]:
         """`candidates()` as a stream: by (lost work, rank, id), or by (rank, lost work, id); and the
-        queues whose work would be reclaimed. `sources`: `self.sources(preemptor, cq)` if known."""
-        groups, reclaim = sources or self.sources(preemptor, cq)
+        queues whose work would be reclaimed. `sources`: `self.sources(preemptor, cq, rules)` if known."""
+        found = sources or self.sources(preemptor, cq, rules)
+        groups = found.groups
+        if found.newer is not None:
+            groups = [*groups, found.newer]
         alive = self.view.running
         merged: Iterator[_Entry]
         if by_rank:  # lowest rank first; within a rank, queues merged by lost work
             bands = groupby(sorted(groups), key=itemgetter(0))
-            merged = chain.from_iterable(self._merged(same, alive, exclude) for _, same in bands)
+            merged = chain.from_iterable(self._merged(same, alive, exclude, found) for _, same in bands)
         else:
-            merged = self._merged(groups, alive, exclude)
-        return (entry[3] for entry in merged), reclaim
+            merged = self._merged(groups, alive, exclude, found)
+        return (entry[3] for entry in merged), found.reclaim
 
     def most_freed(self, sources: Sources) -> int:
         """An upper bound on the compute (milli) all candidates of `sources` hold together (it counts
-        those gone or excluded since the cycle's groups were made)."""
+        those gone or excluded since the cycle's groups were made, and the whole `newer` group)."""
         milli = self._milli
-        return sum(milli[(q, rank)] for rank, q in sources[0])
+        total = sum(milli[(q, rank)] for rank, q in sources.groups)
+        if sources.newer is not None:
+            total += milli[(sources.newer[1], sources.newer[0])]
+        return total
 
-    def sources(self, preemptor: Workload, cq: str) -> Sources:
+    def sources(self, preemptor: Workload, cq: str, rules: PreemptionRules = DEFAULT_RULES) -> Sources:
         """The (rank, queue) groups `preemptor` may take victims from, and the queues it reclaims from."""
-        view = self.view
-        rank = view.classes.rank(preemptor)
-        reclaim = _reclaim_queues(preemptor, cq, view)
-        groups = [(r, cq) for r in self._ranks(cq) if r < rank]
-        groups += [(r, q) for q in reclaim for r in self._ranks(q)]
-        return groups, reclaim
+        reached = reach(preemptor, cq, self.view, rules)
+        groups: list[tuple[Rank, str]] = []
+        for q, take in reached.queues.items():
+            groups += [(r, q) for r in self._ranks(q) if reached.takes(r, take)]
+        newer = None
+        if reached.newer_than_s is not None and reached.rank in self._ranks(cq):
+            newer = (reached.rank, cq)
+        return Sources(groups, list(reached.reclaim), newer,
+                       reached.newer_than_s if reached.newer_than_s is not None else math.inf)
+
+    def queues(self) -> list[str]:
+        """The ClusterQueues with running work."""
+        self.view.materialize()
+        return [q for q, runs in self.view.by_queue.items() if runs]
+
+    def preemptible_ranks(self, cq: str, exclude: Set[str]) -> list[Rank]:
+        """The ranks of the queue's preemptible work that still runs and is not in `exclude` (the same
+        answer whenever the groups were made: they hold what ran when the cycle's searches began)."""
+        alive = self.view.running
+        return [r for r, runs in self._ranks(cq).items()
+                if any(alive.get(run.workload.id) is run and run.workload.id not in exclude for run in runs)]
 
     def _merged(
-        self, groups: Iterable[tuple[Rank, str]], alive: dict[str, Running], exclude: Set[str]
+        self, groups: Iterable[tuple[Rank, str]], alive: dict[str, Running], exclude: Set[str], found: Sources
     ) -> Iterator[_Entry]:
         """The live entries of the (rank, queue) groups, merged by (cost, rank, id)."""
-        return heapq.merge(*(_live(self._group(q, r), alive, exclude) for r, q in groups))
+        newer = found.newer
+        return heapq.merge(*(
+            _live_newer(self._group(q, r), alive, exclude, found.newer_than_s) if (r, q) == newer
+            else _live(self._group(q, r), alive, exclude)
+            for r, q in groups))
 
 
 def _live(entries: list[_Entry], alive: dict[str, Running], exclude: Set[str]) -> Iterator[_Entry]:
@@ -221,6 +267,14 @@ def _live(entries: list[_Entry], alive: dict[str, Running], exclude: Set[str]) -
     for entry in entries:
         wid = entry[2]
         if alive.get(wid) is entry[3] and wid not in exclude:
+            yield entry
+
+
+def _live_newer(entries: list[_Entry], alive: dict[str, Running], exclude: Set[str], after_s: float
+                ) -> Iterator[_Entry]:
+    """`_live`, keeping only the work submitted after `after_s`."""
+    for entry in _live(entries, alive, exclude):
+        if entry[3].workload.submit_time_s > after_s:
             yield entry
 
 
@@ -233,18 +287,20 @@ def select_victims(
     now_s: float,
     exclude: Set[str] = frozenset(),
     index: VictimIndex | None = None,
+    rules: PreemptionRules = DEFAULT_RULES,
 ) -> VictimSet | None:
     """The victims to preempt so `preemptor` fits, with its placement taken; None leaves all unchanged.
 
     `exclude`: workloads that may not be victims (those admitted earlier in the same cycle).
     `index`: the cycle's `VictimIndex` (shared by its searches; one is made when not given).
+    `rules`: how far the preemptor's priority reaches (`reach.py`).
     """
     index = index or VictimIndex(view, now_s)
     need = preemptor.total_device_milli - free_milli(view, preemptor)
-    sources = index.sources(preemptor, cq)  # (the searches below leave quota as they found it)
+    sources = index.sources(preemptor, cq, rules)  # (the searches below leave quota as they found it)
     if index.most_freed(sources) < need:
         return None  # no victim, nor all of them, frees enough: no placement would be tried
-    stream, reclaim_queues = index.search_order(preemptor, cq, exclude, False, sources)
+    stream, reclaim_queues = index.search_order(preemptor, cq, exclude, False, sources, rules)
     singles = list(islice(stream, MAX_SINGLE_TRIALS))
     if not singles:
         return None
@@ -273,7 +329,7 @@ def select_victims(
         if gang is not None:
             return VictimSet((run,), reclaimed([run]), gang)
         view.attach(run)
-    found = index.search_order(preemptor, cq, exclude, True, sources)[0]  # consumed lazily
+    found = index.search_order(preemptor, cq, exclude, True, sources, rules)[0]  # consumed lazily
     greedy = _greedy(found, need, view, fits, first)
     if greedy is None:
         return None
