@@ -313,7 +313,9 @@ class _Channel:
         self._sock.close()
 
     def kill(self) -> None:
-        """Close the socket and kill the helper (it may be stopped: a closed socket would not end it)."""
+        """Close the socket and kill the helper (it may be stopped: a closed socket would not end it).
+        Only at a timeout, while the helper is known to exist: its parent reaps it only once it ended,
+        so its pid cannot have been reused."""
         self.closed = True
         self.close()
         if self.helper_pid is not None:
@@ -353,8 +355,8 @@ class Launcher:
             channel = self._accounts.get(key)
             if channel is not None and not channel.closed:
                 return channel
-            if channel is not None:  # timed out: make sure the old helper is gone
-                channel.kill()
+            if channel is not None:  # its helper ended, or was killed at a timeout
+                channel.close()
             try:
                 answer, fds = self._root.ask({"uid": identity.uid, "gid": identity.gid},
                                              timeout_s=self.timeout_s)
@@ -421,10 +423,7 @@ class Launcher:
         """Stop the helpers (pods they started keep running). Idempotent."""
         with self._lock:
             channels, self._accounts = list(self._accounts.values()), {}
-        for channel in (*channels, self._root):
-            if channel.closed and channel is not self._root:
-                channel.kill()  # a helper that timed out may be stopped: a closed socket would not end it
-            else:
-                channel.close()
+        for channel in (*channels, self._root):  # a helper that timed out was killed then
+            channel.close()
         with contextlib.suppress(subprocess.TimeoutExpired):
             self._proc.wait(timeout=10)
