@@ -67,7 +67,10 @@ BUFFER = 4 << 20
 
 def receive(sock):
     fds = array.array("i")
-    data, ancdata, _, _ = sock.recvmsg(BUFFER, socket.CMSG_SPACE(8 * fds.itemsize))
+    try:
+        data, ancdata, _, _ = sock.recvmsg(BUFFER, socket.CMSG_SPACE(8 * fds.itemsize))
+    except OSError:  # ECONNRESET: the runner closed with exit reports unread; as good as EOF
+        return b"", []
     for level, kind, payload in ancdata:
         if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
             fds.frombytes(payload[: len(payload) - len(payload) % fds.itemsize])
