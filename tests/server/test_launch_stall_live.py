@@ -16,7 +16,7 @@ from upproc import UpProcess, until
 pytestmark = [pytest.mark.slow,
               pytest.mark.skipif(os.geteuid() != 0, reason="pods run as other accounts only under root")]
 TIMEOUT_S = 5
-STOP_MY_HELPER = ('H=$(ps -o ppid= -p $PPID | tr -d " "); echo helper=$H; kill -STOP $H; echo kill=$?; '
+STOP_MY_HELPER = ('H=$(cut -d" " -f4 /proc/$PPID/stat); echo helper=$H; kill -STOP $H; echo kill=$?; '
                   'sleep 3600')
 
 
@@ -92,7 +92,7 @@ def test_a_pod_that_stops_its_helper_stalls_nobody(pool: UpProcess) -> None:
 
 def test_a_helper_that_hangs_fails_that_launch_alone_and_is_replaced(pool: UpProcess) -> None:
     mallory, alice = _client(pool, "mallory-2"), _client(pool, "alice-2")
-    first = _submit(mallory, 'echo helper=$(ps -o ppid= -p $PPID | tr -d " ")')
+    first = _submit(mallory, 'echo helper=$(cut -d" " -f4 /proc/$PPID/stat)')
     helper = int(_log_line(mallory, first, "helper"))
     assert _final(mallory, first)["status"] == "succeeded"
     os.kill(helper, signal.SIGSTOP)  # the test is root: a helper that hangs, however it came to
