@@ -8,10 +8,11 @@ the root helper that serves launches for that account alone. The account helper 
 process of the account can signal it (a stopped helper would stall every launch it serves) or trace
 it; it starts each pod's shim with a fork of its own small heap that clears the supplementary
 groups, sets gid then uid, and only then execs the shim with the pod's environment (no program
-ever runs as root with a user's variables). It waits for its children and reports each exit status,
-which the runner uses when a pod left no exit file. One helper per account keeps one account's
-trouble (a child stopped by the account between its change of user and its exec) from stalling
-another's launches.
+ever runs as root with a user's variables). It answers without waiting for that exec: from its
+setuid on the child is the account's, which could stop it there (a pod spinning on kill(-1,
+SIGSTOP) caught about one launch in a hundred so when the helper waited, as subprocess does). It
+reaps its children and reports each exit status, which the runner uses when a pod left no exit
+file; a child whose exec failed exits 127.
 
 Every exchange with a helper has a deadline (`timeout_s`): a helper that does not answer in time
 fails that launch alone with ProviderError, and is killed and replaced by a fresh one at the next
@@ -61,7 +62,7 @@ _MAX_EXITS_KEPT = 100_000
 _SO_SNDBUFFORCE, _SO_RCVBUFFORCE = 32, 33  # Linux; root may exceed the system's buffer maximum
 
 HELPER = r'''
-import array, ctypes, ctypes.util, json, os, select, signal, socket, subprocess, sys
+import array, ctypes, ctypes.util, json, os, select, signal, socket, sys
 PLACEHOLDER = "\x00exit-fd"
 BUFFER = 4 << 20
 
@@ -129,20 +130,46 @@ def serve(sock, handle):
 
 def launcher(uid, gid):
     def launch(request, fds):
-        """An account helper's request: start the shim as the account (the fork drops the
-        supplementary groups, gid then uid before it execs; this helper stays root)."""
+        """An account helper's request: start the shim as the account. A fork of this small helper
+        drops the supplementary groups, gid then uid and execs; the helper does not wait for the
+        exec, so a child that the account stops in between (it is the account's from its setuid
+        on) holds up nothing but its own pod. This helper stays root."""
         stdin, stdout, stderr, exit_fd = fds
-        argv = [str(exit_fd) if a == PLACEHOLDER else a for a in request["argv"]]
         try:
-            child = subprocess.Popen(argv, cwd="/", env=request["env"], stdin=stdin, stdout=stdout,
-                                     stderr=stderr, start_new_session=True, close_fds=True,
-                                     pass_fds=(exit_fd,), user=uid, group=gid, extra_groups=[])
-        except OSError as exc:
-            return {"id": request["id"], "error": exc.strerror or str(exc)}, []
-        except (ValueError, TypeError) as exc:  # a NUL or a bad type in argv or env
+            args = [os.fsencode(str(exit_fd) if a == PLACEHOLDER else a) for a in request["argv"]]
+            env = {os.fsencode(k): os.fsencode(v) for k, v in request["env"].items()}
+            if not args or any(b"\0" in a for a in args) or any(
+                    b"\0" in k or b"=" in k or b"\0" in v for k, v in env.items()):
+                raise ValueError("a NUL byte, or '=' in a variable's name")
+        except (ValueError, TypeError, AttributeError) as exc:
             return {"id": request["id"], "error": f"cannot pass that command or environment ({exc})"}, []
-        child.returncode = 0  # reaped by serve(), not by Popen
-        return {"id": request["id"], "pid": child.pid, "start_ticks": ticks(child.pid)}, []
+        # The answer waits for the child's setsid (it is still root then: the account cannot stop
+        # it), so a stop right after the launch finds the pod's process group.
+        in_session_r, in_session_w = os.pipe()
+        pid = os.fork()
+        if pid == 0:
+            try:
+                signal.set_wakeup_fd(-1)
+                for number in (signal.SIGPIPE, signal.SIGXFSZ, signal.SIGCHLD):
+                    signal.signal(number, signal.SIG_DFL)
+                os.setsid()
+                os.close(in_session_w)
+                os.chdir("/")
+                for target, fd in ((0, stdin), (1, stdout), (2, stderr)):
+                    os.dup2(fd, target)
+                os.set_inheritable(exit_fd, True)
+                os.closerange(3, exit_fd)  # nothing of this helper (its socket) reaches the pod
+                os.closerange(exit_fd + 1, os.sysconf("SC_OPEN_MAX"))
+                os.setgroups([])
+                os.setgid(gid)
+                os.setuid(uid)
+                os.execve(args[0], args, env)
+            finally:
+                os._exit(127)
+        os.close(in_session_w)
+        os.read(in_session_r, 1)  # end of file once the child has its own session (or has died)
+        os.close(in_session_r)
+        return {"id": request["id"], "pid": pid, "start_ticks": ticks(pid)}, []
     return launch
 
 def account_helper(request, fds):
