@@ -145,8 +145,9 @@ def test_a_nul_fails_that_launch_and_the_helper_keeps_serving(tmp_path: Path) ->
     null = os.open(os.devnull, os.O_RDWR)
     files = {"stdin": null, "stdout": null, "stderr": null, "exit_fd": exit_file}
     try:
-        with pytest.raises(OSError, match="cannot pass that command or environment"):
+        with pytest.raises(OSError, match="cannot pass that command or environment") as refused:
             launcher.launch(["/bin/echo", "a\x00b"], {}, identity, **files)
+        assert "cannot pass" in str(refused.value.strerror), "the sentence the runner records"
         with pytest.raises(OSError, match="cannot pass that command or environment"):
             launcher.launch(["/bin/true"], {"K": "a\x00b"}, identity, **files)
         pid, _ = launcher.launch(["/bin/true"], {}, identity, **files)

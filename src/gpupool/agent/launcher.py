@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import array
 import contextlib
+import errno
 import json
 import logging
 import os
@@ -425,7 +426,7 @@ class Launcher:
                                 f"{self.timeout_s:g} s; it was replaced, and the pod was not "
                                 "started.") from None
         if "error" in answer:
-            raise OSError(str(answer["error"]))
+            raise OSError(errno.EINVAL, str(answer["error"]))  # strerror: what the runner reports
         ticks = answer.get("start_ticks")
         return int(answer["pid"]), None if ticks is None else int(ticks)
 
