@@ -180,3 +180,61 @@ def test_no_input_causes_a_500(shared_server: Server, field: str, value: object)
     answer = server.client.post(f"{API}/workloads", json=_with(field, value), headers=server.headers())
     assert answer.status_code < 500, answer.text
     assert answer.status_code in (201, 403, 404, 409, 422)
+
+
+_PAD = {f"PAD{i}": "x" * 60000 for i in range(5)}
+"""Env values that make a body larger than the fast path takes, so the FastAPI route answers it."""
+
+
+@pytest.mark.parametrize("route", [False, True], ids=["fast-path", "route"])
+@pytest.mark.parametrize(
+    ("field", "body", "mentions"),
+    [
+        ("submit_dir", {"command": ["true"], "submit_dir": "/tmp/\u0000x"}, "U+0000"),
+        ("submit_dir", {"command": ["true"], "submit_dir": "/tmp/a\nb"}, "U+000A"),
+        ("workdir", {"command": ["true"], "workdir": "/tmp/\u0000"}, "U+0000"),
+        ("workdir", {"command": ["true"], "workdir": "/tmp/\u001b[2J"}, "U+001B"),
+        ("command.0", {"command": ["tr\u0000ue"]}, "U+0000 at position 2"),
+        ("command", {"command": ["true\n"]}, "its first word (the program)"),
+        ("command.2", {"command": ["sh", "-c", "echo \u0000"]}, "U+0000 at position 5"),
+        ("command.1", {"command": ["echo", "\u0085"]}, "U+0085"),
+        ("env.K", {"command": ["true"], "env": {"K": "a\u0000b"}}, "(tab, newline and carriage return"),
+        ("env.K", {"command": ["true"], "env": {"K": "\u007f"}}, "U+007F"),
+    ],
+)
+def test_control_characters_are_refused_in_paths_commands_and_env(
+    shared_server: Server, field: str, body: dict[str, object], mentions: str, route: bool
+) -> None:
+    """A NUL in a path, an argument or a variable cannot reach exec or a filesystem call (it raised
+    in the launch and held the workload's devices); it is refused at submission with a sentence."""
+    server = shared_server
+    if route:
+        body = {**body, "env": {**dict(body.get("env", {})), **_PAD}}  # type: ignore[call-overload]
+    answer = server.client.post(f"{API}/workloads", json=body, headers=server.headers())
+    _assert_error(answer, 422, f"{field!r}")
+    assert mentions in answer.json()["message"], answer.json()["message"]
+    assert "remove it" in answer.json()["message"]
+
+
+def test_unpaired_surrogate_is_refused_on_the_route(shared_server: Server) -> None:
+    """Python's json (the route's parser) accepts an unpaired surrogate, which exec cannot encode."""
+    server = shared_server
+    text = json.dumps({"command": ["echo", "\ud800"], "env": _PAD})
+    answer = server.client.post(f"{API}/workloads", content=text.encode(),
+                                headers={**server.headers(), "content-type": "application/json"})
+    _assert_error(answer, 422, "'command.1'")
+
+
+@pytest.mark.parametrize("text", ["sh -c 'a\tb'\r\n", "line one\nline two"])
+def test_tab_newline_and_return_are_allowed_in_arguments_and_env(shared_server: Server, text: str) -> None:
+    server = shared_server
+    body = {"command": ["sh", "-c", text], "env": {"SCRIPT": text}}
+    answer = server.client.post(f"{API}/workloads", json=body, headers=server.headers())
+    assert answer.status_code == 201, answer.text
+
+
+def test_control_characters_are_refused_in_a_function_session_env(shared_server: Server) -> None:
+    server = shared_server
+    body = {"python": "3.11", "env": {"K": "\u0000"}}
+    answer = server.client.post(f"{API}/calls/sessions", json=body, headers=server.headers())
+    _assert_error(answer, 422, "'env.K'")

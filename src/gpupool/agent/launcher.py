@@ -2,14 +2,23 @@
 
 To start a process as another user, CPython's subprocess must fork() (vfork cannot change
 credentials safely), and a fork copies the page tables of the whole server: 12 ms a pod with a
-300 MB heap, against 0.6 ms for the vfork it uses otherwise. Instead, the runner starts one root
-helper (a stdlib-only `python -I -S` process, a few MB) with PR_SET_NO_NEW_PRIVS set, and asks it,
-once per account, for an account helper: a fork of the root helper that drops its supplementary
-groups, gid and uid and then serves launches for that account alone. Already running as the
-account, it starts each pod's shim with an ordinary vfork, with the pod's environment (no program
-ever runs as root with a user's variables), waits for its children and reports each exit status,
-which the runner uses when a pod left no exit file. A pod can only reach its own account's helper
-(same uid), which can only start processes as that account.
+300 MB heap. Instead, the runner starts one root helper (a stdlib-only `python -I -S` process, a few
+MB) with PR_SET_NO_NEW_PRIVS set, and asks it, once per account, for an account helper: a fork of
+the root helper that serves launches for that account alone. The account helper stays root, so no
+process of the account can signal it (a stopped helper would stall every launch it serves) or trace
+it; it starts each pod's shim with a fork of its own small heap that clears the supplementary
+groups, sets gid then uid, and only then execs the shim with the pod's environment (no program
+ever runs as root with a user's variables). It answers without waiting for that exec: from its
+setuid on the child is the account's, which could stop it there (a pod spinning on kill(-1,
+SIGSTOP) caught about one launch in a hundred so when the helper waited, as subprocess does). It
+reaps its children and reports each exit status, which the runner uses when a pod left no exit
+file; a child whose exec failed exits 127.
+
+Every exchange with a helper has a deadline (`timeout_s`): a helper that does not answer in time
+fails that launch alone with ProviderError, and is killed and replaced by a fresh one at the next
+launch. The runner lets a shim started through a helper run the command only after the launch's
+answer came back (one line on its standard input), so a child that a replaced helper left behind
+never runs anything.
 
 Protocol (SOCK_SEQPACKET socket pairs, JSON messages, descriptors as SCM_RIGHTS):
 - root helper: {"id", "uid", "gid"} -> {"id", "pid"} with one descriptor, the runner's end of a new
@@ -26,30 +35,44 @@ from __future__ import annotations
 
 import array
 import contextlib
+import errno
 import json
+import logging
+import os
+import select
+import signal
 import socket
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 from gpupool.agent.identity import PodIdentity
-from gpupool.errors import ProviderError
+from gpupool.errors import InvalidInput, ProviderError
 
+log = logging.getLogger("gpupool.launcher")
 EXIT_FD_PLACEHOLDER = "\x00exit-fd"
+DEFAULT_TIMEOUT_S = 10.0
+"""How long one exchange with a helper may take; a launch is a fork and an exec, milliseconds."""
+TIMEOUT_ENV = "GPUPOOL_LAUNCH_TIMEOUT_S"
+_RETURNCODE_WAIT_S = 0.05
 _MAX_MESSAGE = 4 << 20
 _MAX_EXITS_KEPT = 100_000
 _SO_SNDBUFFORCE, _SO_RCVBUFFORCE = 32, 33  # Linux; root may exceed the system's buffer maximum
 
 HELPER = r'''
-import array, ctypes, ctypes.util, json, os, select, signal, socket, subprocess, sys
+import array, ctypes, ctypes.util, json, os, select, signal, socket, sys
 PLACEHOLDER = "\x00exit-fd"
 BUFFER = 4 << 20
 
 def receive(sock):
     fds = array.array("i")
-    data, ancdata, _, _ = sock.recvmsg(BUFFER, socket.CMSG_SPACE(8 * fds.itemsize))
+    try:
+        data, ancdata, _, _ = sock.recvmsg(BUFFER, socket.CMSG_SPACE(8 * fds.itemsize))
+    except OSError:  # ECONNRESET: the runner closed with exit reports unread; as good as EOF
+        return b"", []
     for level, kind, payload in ancdata:
         if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
             fds.frombytes(payload[: len(payload) - len(payload) % fds.itemsize])
@@ -90,8 +113,14 @@ def serve(sock, handle):
             data, fds = receive(sock)
             if not data:
                 os._exit(0)
+            request = None
             try:
-                answer, passing = handle(json.loads(data), fds)
+                try:
+                    request = json.loads(data)
+                    answer, passing = handle(request, fds)
+                except Exception as exc:  # a bad request fails alone; the helper keeps serving
+                    answer, passing = {"id": request.get("id") if isinstance(request, dict) else None,
+                                       "error": f"bad request ({type(exc).__name__})"}, []
                 sock.sendmsg([json.dumps(answer).encode()],
                              [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", passing).tobytes())]
                              if passing else [])
@@ -100,20 +129,52 @@ def serve(sock, handle):
                     os.close(fd)
             reap()
 
-def launch(request, fds):
-    """An account helper's request: start the shim (a vfork: no change of credentials here)."""
-    stdin, stdout, stderr, exit_fd = fds
-    argv = [str(exit_fd) if a == PLACEHOLDER else a for a in request["argv"]]
-    try:
-        child = subprocess.Popen(argv, cwd="/", env=request["env"], stdin=stdin, stdout=stdout,
-                                 stderr=stderr, start_new_session=True, close_fds=True, pass_fds=(exit_fd,))
-    except OSError as exc:
-        return {"id": request["id"], "error": exc.strerror or str(exc)}, []
-    child.returncode = 0  # reaped by serve(), not by Popen
-    return {"id": request["id"], "pid": child.pid, "start_ticks": ticks(child.pid)}, []
+def launcher(uid, gid):
+    def launch(request, fds):
+        """An account helper's request: start the shim as the account. A fork of this small helper
+        drops the supplementary groups, gid then uid and execs; the helper does not wait for the
+        exec, so a child that the account stops in between (it is the account's from its setuid
+        on) holds up nothing but its own pod. This helper stays root."""
+        stdin, stdout, stderr, exit_fd = fds
+        try:
+            args = [os.fsencode(str(exit_fd) if a == PLACEHOLDER else a) for a in request["argv"]]
+            env = {os.fsencode(k): os.fsencode(v) for k, v in request["env"].items()}
+            if not args or any(b"\0" in a for a in args) or any(
+                    b"\0" in k or b"=" in k or b"\0" in v for k, v in env.items()):
+                raise ValueError("a NUL byte, or '=' in a variable's name")
+        except (ValueError, TypeError, AttributeError) as exc:
+            return {"id": request["id"], "error": f"cannot pass that command or environment ({exc})"}, []
+        # The answer waits for the child's setsid (it is still root then: the account cannot stop
+        # it), so a stop right after the launch finds the pod's process group.
+        in_session_r, in_session_w = os.pipe()
+        pid = os.fork()
+        if pid == 0:
+            try:
+                signal.set_wakeup_fd(-1)
+                for number in (signal.SIGPIPE, signal.SIGXFSZ, signal.SIGCHLD):
+                    signal.signal(number, signal.SIG_DFL)
+                os.setsid()
+                os.close(in_session_w)
+                os.chdir("/")
+                for target, fd in ((0, stdin), (1, stdout), (2, stderr)):
+                    os.dup2(fd, target)
+                os.set_inheritable(exit_fd, True)
+                os.closerange(3, exit_fd)  # nothing of this helper (its socket) reaches the pod
+                os.closerange(exit_fd + 1, os.sysconf("SC_OPEN_MAX"))
+                os.setgroups([])
+                os.setgid(gid)
+                os.setuid(uid)
+                os.execve(args[0], args, env)
+            finally:
+                os._exit(127)
+        os.close(in_session_w)
+        os.read(in_session_r, 1)  # end of file once the child has its own session (or has died)
+        os.close(in_session_r)
+        return {"id": request["id"], "pid": pid, "start_ticks": ticks(pid)}, []
+    return launch
 
 def account_helper(request, fds):
-    """The root helper's request: fork a helper that becomes the account and serves its launches."""
+    """The root helper's request: fork a helper that serves the account's launches (and only its)."""
     if not request["uid"] or not request["gid"]:
         return {"id": request["id"], "error": "pods never run as root"}, []
     ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
@@ -128,14 +189,11 @@ def account_helper(request, fds):
         try:
             signal.set_wakeup_fd(-1)
             ours.close()
-            # Nothing of the root helper may stay open in a process of the account (its socket
-            # would let a pod ask for a helper of any account): only this helper's own socket.
+            # Nothing of the root helper may stay open in the account's helper (its socket would let
+            # a request ask for a helper of any account): only this helper's own socket.
             os.closerange(3, theirs.fileno())
             os.closerange(theirs.fileno() + 1, os.sysconf("SC_OPEN_MAX"))
-            os.setgroups([])
-            os.setgid(request["gid"])
-            os.setuid(request["uid"])
-            serve(theirs, launch)
+            serve(theirs, launcher(int(request["uid"]), int(request["gid"])))
         finally:
             os._exit(1)
     theirs.close()
@@ -150,6 +208,21 @@ serve(root, account_helper)
 '''
 
 
+def launch_timeout_s() -> float:
+    """The helpers' deadline: GPUPOOL_LAUNCH_TIMEOUT_S when set, else DEFAULT_TIMEOUT_S."""
+    text = os.environ.get(TIMEOUT_ENV, "").strip()
+    if not text:
+        return DEFAULT_TIMEOUT_S
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not 0 < value <= 3600:
+        raise InvalidInput(f"{TIMEOUT_ENV} must be a number of seconds above 0 and at most 3600 (got "
+                           f"{text[:40]!r}); unset it for the default of {DEFAULT_TIMEOUT_S:g}.")
+    return value
+
+
 def _big_buffers(sock: socket.socket) -> None:
     """One message holds a whole request (a command may be large)."""
     for option in (_SO_SNDBUFFORCE, _SO_RCVBUFFORCE):
@@ -157,16 +230,35 @@ def _big_buffers(sock: socket.socket) -> None:
             sock.setsockopt(socket.SOL_SOCKET, option, _MAX_MESSAGE)
 
 
+def _ready(sock: socket.socket, event: int, deadline: float) -> bool:
+    """Whether `sock` becomes ready for `event` (or hung up) before `deadline` (poll: no fd limit)."""
+    poller = select.poll()
+    poller.register(sock, event)
+    while True:
+        left_ms = max(0, int((deadline - time.monotonic()) * 1000) + 1)
+        if poller.poll(left_ms):
+            return True
+        if time.monotonic() >= deadline:
+            return False
+
+
+class HelperTimeout(ProviderError):
+    """A helper did not answer one exchange within its deadline."""
+
+
 class _Channel:
     """One helper's socket. A request is sent and its answer read by the calling thread itself
     (under the channel's lock), with no reader thread: a hand-off between threads costs a wait for
-    the interpreter lock, which a busy control loop holds for milliseconds. Exit reports read on
-    the way, or drained when asked for, are kept in `exits`."""
+    the interpreter lock, which a busy control loop holds for milliseconds. Every wait (for the
+    lock, for the answer) ends at the request's deadline; after a timeout the channel is closed,
+    as its helper is replaced. Exit reports read on the way, or drained when asked for, are kept in
+    `exits`."""
 
-    def __init__(self, sock: socket.socket) -> None:
+    def __init__(self, sock: socket.socket, helper_pid: int | None = None) -> None:
         self._sock = sock
         self._lock = threading.Lock()
         self._next_id = 0
+        self.helper_pid = helper_pid
         self.exits: dict[int, int] = {}
         self.closed = False
 
@@ -192,9 +284,15 @@ class _Channel:
             self.exits[int(message["exited"])] = int(message["returncode"])
         return message, list(fds)
 
-    def ask(self, body: dict[str, Any], fds: Sequence[int] = ()) -> tuple[dict[str, Any], list[int]]:
-        """Send a request and return its answer (and the descriptors it carries)."""
-        with self._lock:
+    def ask(self, body: dict[str, Any], fds: Sequence[int] = (), *,
+            timeout_s: float = DEFAULT_TIMEOUT_S) -> tuple[dict[str, Any], list[int]]:
+        """Send a request and return its answer (and the descriptors it carries). Raises
+        HelperTimeout when the answer has not come within `timeout_s` (the channel is then closed:
+        replace its helper), ProviderError when the helper is gone."""
+        deadline = time.monotonic() + timeout_s
+        if not self._lock.acquire(timeout=max(0.0, timeout_s)):
+            raise HelperTimeout(f"waited {timeout_s:g} s behind another launch")
+        try:
             if self.closed:
                 raise ProviderError("The pod launcher has stopped; restart the agent.")
             self._next_id += 1
@@ -202,50 +300,85 @@ class _Channel:
             data = json.dumps({**body, "id": request_id}).encode()
             ancillary = ([(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds).tobytes())]
                          if fds else [])
-            try:
-                self._sock.sendmsg([data], ancillary)
-            except OSError as exc:
-                raise ProviderError(f"The pod launcher did not take the request ({exc.strerror}).") from None
             while True:
-                received = self._receive()
+                try:
+                    self._sock.sendmsg([data], ancillary, socket.MSG_DONTWAIT)
+                    break
+                except BlockingIOError:  # its buffer is full: the helper is not reading
+                    if not _ready(self._sock, select.POLLOUT, deadline):
+                        raise self._timed_out(timeout_s) from None
+                except OSError as exc:
+                    raise ProviderError(f"The pod launcher did not take the request ({exc.strerror}).") \
+                        from None
+            while True:
+                if not _ready(self._sock, select.POLLIN, deadline):
+                    raise self._timed_out(timeout_s)
+                received = self._receive(socket.MSG_DONTWAIT)
                 if received is not None and received[0].get("id") == request_id:
                     return received
+        finally:
+            self._lock.release()
 
-    def drain(self) -> None:
-        """Read the exit reports waiting, without blocking."""
-        with self._lock:
+    def _timed_out(self, timeout_s: float) -> HelperTimeout:
+        self.closed = True  # a late answer must not be taken for a later request's: no more use
+        return HelperTimeout(f"no answer within {timeout_s:g} s")
+
+    def drain(self, wait_s: float = 0.0) -> None:
+        """Read the exit reports waiting, without blocking on the helper; with no `wait_s`, nothing
+        when a launch holds the socket (that launch reads them on its way)."""
+        if not (self._lock.acquire(timeout=wait_s) if wait_s > 0 else self._lock.acquire(blocking=False)):
+            return
+        try:
             while not self.closed:
                 try:
                     if self._receive(socket.MSG_DONTWAIT) is None:
                         return
                 except ProviderError:
                     return
+        finally:
+            self._lock.release()
 
     def close(self) -> None:
         with contextlib.suppress(OSError):
             self._sock.shutdown(socket.SHUT_RDWR)
         self._sock.close()
 
+    def kill(self) -> None:
+        """Close the socket and kill the helper (it may be stopped: a closed socket would not end it).
+        Only at a timeout, while the helper is known to exist: its parent reaps it only once it ended,
+        so its pid cannot have been reused."""
+        self.closed = True
+        self.close()
+        if self.helper_pid is not None:
+            with contextlib.suppress(OSError):
+                os.kill(self.helper_pid, signal.SIGKILL)
+
 
 class Launcher:
     """The runner's side: launch() is thread-safe and blocks for one round trip to the account's
-    helper (plus one to the root helper the first time an account is used)."""
+    helper (plus one to the root helper the first time an account is used), never longer than
+    `timeout_s` each."""
 
-    def __init__(self) -> None:
+    def __init__(self, timeout_s: float = DEFAULT_TIMEOUT_S) -> None:
+        self.timeout_s = timeout_s
+        self._lock = threading.Lock()
+        self._accounts: dict[tuple[int, int], _Channel] = {}
+        self._proc, self._root = self._start_root()
+
+    @staticmethod
+    def _start_root() -> tuple[subprocess.Popen[bytes], _Channel]:
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         for end in (ours, theirs):
             _big_buffers(end)
         try:
-            self._proc = subprocess.Popen(
+            proc = subprocess.Popen(
                 [sys.executable, "-I", "-S", "-c", HELPER, str(theirs.fileno())],
                 pass_fds=(theirs.fileno(),), stdin=subprocess.DEVNULL, env={"PATH": "/usr/bin:/bin"},
                 start_new_session=True,
             )
         finally:
             theirs.close()
-        self._root = _Channel(ours)
-        self._lock = threading.Lock()
-        self._accounts: dict[tuple[int, int], _Channel] = {}
+        return proc, _Channel(ours, proc.pid)
 
     def _account(self, identity: PodIdentity) -> _Channel:
         key = (identity.uid, identity.gid)
@@ -253,24 +386,47 @@ class Launcher:
             channel = self._accounts.get(key)
             if channel is not None and not channel.closed:
                 return channel
-            answer, fds = self._root.ask({"uid": identity.uid, "gid": identity.gid})
+            if channel is not None:  # its helper ended, or was killed at a timeout
+                channel.close()
+            try:
+                answer, fds = self._root.ask({"uid": identity.uid, "gid": identity.gid},
+                                             timeout_s=self.timeout_s)
+            except HelperTimeout as exc:  # never seen: the root helper is the server's own
+                log.warning("the root launcher helper did not answer (%s); replacing it", exc)
+                self._root.kill()
+                self._proc.wait()
+                self._proc, self._root = self._start_root()
+                raise ProviderError(f"The pod launcher did not answer within {self.timeout_s:g} s; it was "
+                                    "replaced, and the pod was not started.") from None
             if "error" in answer or len(fds) != 1:
                 for fd in fds:
                     socket.socket(fileno=fd).close()
                 raise ProviderError(f"Cannot start a launcher for account {identity.user!r}: "
                                     f"{answer.get('error', 'no socket')}.")
-            channel = self._accounts[key] = _Channel(socket.socket(fileno=fds[0]))
+            pid = answer.get("pid")
+            channel = self._accounts[key] = _Channel(socket.socket(fileno=fds[0]),
+                                                     int(pid) if isinstance(pid, int) else None)
             return channel
 
     def launch(self, argv: Sequence[str], env: Mapping[str, str], identity: PodIdentity, *, stdin: int,
                stdout: int, stderr: int, exit_fd: int) -> tuple[int, int | None]:
         """Start `argv` as `identity` (an argv item EXIT_FD_PLACEHOLDER becomes the exit file's
         descriptor); returns (pid, start ticks). Raises OSError when it could not be started and
-        ProviderError when the helper is gone."""
-        answer, _ = self._account(identity).ask({"argv": list(argv), "env": dict(env)},
-                                                [stdin, stdout, stderr, exit_fd])
+        ProviderError when the helper is gone or did not answer within `timeout_s` (the helper is
+        then killed, and the account's next launch gets a new one)."""
+        channel = self._account(identity)
+        try:
+            answer, _ = channel.ask({"argv": list(argv), "env": dict(env)}, [stdin, stdout, stderr, exit_fd],
+                                    timeout_s=self.timeout_s)
+        except HelperTimeout as exc:
+            channel.kill()
+            log.warning("the launcher helper of account %s (pid %s) did not answer (%s); killed it, a new "
+                        "one starts at the account's next launch", identity.user, channel.helper_pid, exc)
+            raise ProviderError(f"The launcher for account {identity.user!r} did not answer within "
+                                f"{self.timeout_s:g} s; it was replaced, and the pod was not "
+                                "started.") from None
         if "error" in answer:
-            raise OSError(str(answer["error"]))
+            raise OSError(errno.EINVAL, str(answer["error"]))  # strerror: what the runner reports
         ticks = answer.get("start_ticks")
         return int(answer["pid"]), None if ticks is None else int(ticks)
 
@@ -279,7 +435,9 @@ class Launcher:
         with self._lock:
             channels = list(self._accounts.values())
         for channel in channels:
-            channel.drain()
+            # Called while the runner holds its lock: wait for a launch in progress on the channel
+            # (milliseconds) but never for a helper that hangs (that launch's deadline).
+            channel.drain(wait_s=_RETURNCODE_WAIT_S)
             code = channel.exits.get(pid)
             if code is not None:
                 return code
@@ -296,7 +454,7 @@ class Launcher:
         """Stop the helpers (pods they started keep running). Idempotent."""
         with self._lock:
             channels, self._accounts = list(self._accounts.values()), {}
-        for channel in (*channels, self._root):
+        for channel in (*channels, self._root):  # a helper that timed out was killed then
             channel.close()
         with contextlib.suppress(subprocess.TimeoutExpired):
             self._proc.wait(timeout=10)

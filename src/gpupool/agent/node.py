@@ -235,6 +235,7 @@ class NodeAgent:
         known = self.runner.known(pod.pod_id)
         if known is not None:
             return known
+        _refuse_nul(pod)
         identity = self.identities.resolve(pod.tenant, pod.unix_user)
         with self._lock:  # planning may start the MPS daemon; the start itself may overlap others
             plan = self.plan(pod, identity)
@@ -288,3 +289,13 @@ class NodeAgent:
         if stop_pods:
             self._mps.stop()
         self._probe.close()
+
+
+def _refuse_nul(pod: PodLaunch) -> None:
+    """A NUL byte cannot be passed to exec or a filesystem call; the API refuses it, and this keeps a
+    spec stored before it did from failing deep in the launch."""
+    fields = {"command": pod.command, "environment": [*pod.env, *pod.env.values()], "workdir": [pod.workdir]}
+    for field, texts in fields.items():
+        if any("\x00" in text for text in texts):
+            raise InvalidInput(f"Pod {pod.pod_id}: its {field} holds a NUL byte, which no program can be "
+                               "given; resubmit the workload without it.")

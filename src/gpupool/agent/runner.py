@@ -33,11 +33,11 @@ from pathlib import Path
 
 from gpupool.agent import podstate
 from gpupool.agent.identity import ACCOUNT_PREFIX, POD_GROUP, PodIdentity
-from gpupool.agent.launcher import EXIT_FD_PLACEHOLDER, Launcher
+from gpupool.agent.launcher import EXIT_FD_PLACEHOLDER, Launcher, launch_timeout_s
 from gpupool.agent.leftovers import MARKER, AccountLocks, kill_leftovers
 from gpupool.agent.podstate import PodRecord
 from gpupool.agent.shim import shim_argv
-from gpupool.errors import InvalidInput, NotFound
+from gpupool.errors import GpupoolError, InvalidInput, NotFound
 from gpupool.providers.base import LogChunk, PodPhase
 
 log = logging.getLogger("gpupool.agent")
@@ -122,6 +122,11 @@ def _join_cgroup(limits: HostLimits, pid: int, go_w: int) -> None:
         answer = "ok"
     except OSError as exc:
         answer = f"could not join cgroup {limits.cgroup_dir} ({exc.strerror}); host limits not enforced"
+    _go(go_w, answer)
+
+
+def _go(go_w: int, answer: str) -> None:
+    """Let the shim go on: one line ('ok', or why the limits do not hold), then close the pipe."""
     with contextlib.suppress(OSError):
         os.write(go_w, (answer + "\n").encode())
     os.close(go_w)
@@ -165,6 +170,7 @@ class Runner:
         self._reaper: _Reaper | None = None
         self._launcher: Launcher | None = None
         """Started at the first pod that runs as another account (see launcher.py)."""
+        self._launch_timeout_s = launch_timeout_s()
         self._readopt()
         self._sweep(force=True)
 
@@ -228,7 +234,9 @@ class Runner:
                identity: PodIdentity | None) -> None:
         pod_dir = self.pod_dir(record.pod_id)
         exit_fd = os.open(pod_dir / "exit.json", os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
-        go_r, go_w = os.pipe() if limits.cgroup_dir else (-1, -1)
+        # The shim waits for one line before it runs the command: to be moved into its cgroup, and,
+        # started through a helper, to be told the launch was answered in time (launcher.py).
+        go_r, go_w = os.pipe() if limits.cgroup_dir or identity is not None else (-1, -1)
         child: subprocess.Popen[bytes] | None = None
         # A launcher helper has its own descriptor numbers: it puts the exit file's in for the token.
         argv = shim_argv(exit_fd if identity is None else EXIT_FD_PLACEHOLDER, record.command,
@@ -254,12 +262,21 @@ class Runner:
             with self._lock:
                 self._finish(record, PodPhase.FAILED, 127, None, f"cannot start the pod: {exc.strerror}")
             return
+        except Exception as exc:  # the helper gone or late, or bad data: the pod never runs
+            if go_w >= 0:
+                os.close(go_w)  # a shim a replaced helper may still start reads EOF and runs nothing
+            why = exc.message if isinstance(exc, GpupoolError) else type(exc).__name__
+            with self._lock:
+                self._finish(record, PodPhase.FAILED, None, None, f"not started: {why}")
+            raise
         finally:
             os.close(exit_fd)
             if go_r >= 0:
                 os.close(go_r)
-        if go_w >= 0:
+        if go_w >= 0 and limits.cgroup_dir is not None:
             _join_cgroup(limits, pid, go_w)
+        elif go_w >= 0:
+            _go(go_w, "ok")
         with self._lock:
             record.pid, record.start_ticks = pid, start_ticks
             record.phase = PodPhase.RUNNING
@@ -280,7 +297,7 @@ class Runner:
         file's descriptor number is the helper's, so argv names it by a placeholder."""
         with self._lock:
             if self._launcher is None:
-                self._launcher = Launcher()
+                self._launcher = Launcher(self._launch_timeout_s)
             launcher = self._launcher
         devnull = os.open(os.devnull, os.O_RDONLY) if go_r < 0 else -1
         try:

@@ -10,7 +10,10 @@ through /dev/fd/EXIT_FD (dash takes single-digit descriptors only in redirection
 belongs to the pod's account. When the pod has a cgroup, GO is non-empty and the shim's standard
 input is the read end of a pipe: the runner moves the shim into the cgroup (a pod's account may not
 write cgroup.procs) and then writes one line, and only then does the shim start the command (with
-/dev/null as its input), so no process of the pod runs outside its limits. It enters WORKDIR itself,
+/dev/null as its input), so no process of the pod runs outside its limits. A shim started through a
+launcher helper always waits so: the runner writes its line only once the helper answered in time,
+and a shim that reads end-of-file instead (the launch was given up, its helper replaced) exits 125
+without running anything. It enters WORKDIR itself,
 as the pod's account, so a directory that account may not enter fails the pod instead of being
 entered with the agent's rights. It was a `python -I -S` script; a shell costs about 1 ms of CPU to
 start where Python costs 20-60 ms, which bounded how many short pods a node could run per second.
@@ -47,7 +50,7 @@ SCRIPT = r"""
 exit_fd=$1 go=$2 rlimit_kib=$3 nproc=$4 workdir=$5
 shift 5
 if [ -n "$go" ]; then
-  read -r joined
+  read -r joined || exit 125
   exec < /dev/null
   [ "$joined" = ok ] || echo "gpupool: $joined" >&2
 fi

@@ -97,7 +97,7 @@ class ControlLoop:
                 # interval or more (it also gathers the next few submissions into this cycle).
                 self._stop.wait(WAKE_DELAY_S)
             self.rt.wake.clear()
-            began = time.perf_counter()
+            began, began_cpu = time.perf_counter(), time.process_time()
             try:
                 busy = self.step(woken)
             except StoreUnavailable:  # the store logged the outage once; try again next interval
@@ -109,8 +109,10 @@ class ControlLoop:
                 time.sleep(settings.cycle_interval_s)
             if rest:
                 # A burst of submissions wakes the loop once per request: resting as long as the
-                # step took batches them into cycles and leaves the API at least half the CPU.
-                self._stop.wait(time.perf_counter() - began)
+                # step took batches them into cycles and leaves the API at least half the CPU. Not
+                # longer than the CPU the process used meanwhile: a step that waited (on a launch
+                # that timed out) took no CPU from the API, and a rest would only delay other work.
+                self._stop.wait(min(time.perf_counter() - began, time.process_time() - began_cpu))
             # Then the next wake (submit, cancel, quota change) starts a step at once; while pods run
             # the provider is polled every busy interval so exits free their slices quickly.
             self.rt.wake.wait(settings.busy_poll_interval_s if busy else settings.cycle_interval_s)

@@ -664,58 +664,85 @@ class Scheduler:
         )
 
     def _launch(self, launches: list[PodLaunch]) -> None:
-        """Ask the provider (outside any transaction), then record what started."""
+        """Ask the provider (outside any transaction), then record what started, each pod metered
+        from its own start, and what did not: a pod whose launch failed never ran, so it is final at
+        once (its slices free, a cancel of it done) and its workload fails with the reason."""
         if not launches:
             return
-        started, failed = self._start_all(launches)
+        outcome = self._start_all(launches)
         now = self.rt.clock()
         to_stop: list[str] = []
         with self.rt.store.write() as session, session.no_autoflush:
             conn = session.connection()
-            if started:
+            if outcome.started:
                 conn.execute(
-                    # metered from now, even a pod stopped (cancelled) while it was being launched
-                    update(PodRow).where(PodRow.id.in_(started), PodRow.started_s.is_(None))
+                    # metered from its start, even a pod stopped (cancelled) while it was being launched
+                    update(PodRow).where(PodRow.id == bindparam("p_id"), PodRow.started_s.is_(None))
                     .values(status=case((PodRow.status == PodState.LAUNCHING.value, PodState.RUNNING.value),
-                                        else_=PodRow.status), started_s=now)
+                                        else_=PodRow.status), started_s=bindparam("p_started_s")),
+                    [{"p_id": pod_id, "p_started_s": at} for pod_id, at in outcome.started.items()],
                 )
+                # Stopped while it was being launched: the provider may not have known it when asked.
+                to_stop += conn.scalars(select(PodRow.id).where(
+                    PodRow.id.in_(outcome.started), PodRow.status == PodState.STOPPING.value)).all()
+            for pod_id, why in outcome.failed_pods.items():  # never started: nothing to wait for
+                conn.execute(update(PodRow).where(
+                    PodRow.id == pod_id, PodRow.started_s.is_(None),
+                    PodRow.status.in_((PodState.LAUNCHING.value, PodState.STOPPING.value)),
+                ).values(status=PodState.FAILED.value, finished_s=now,
+                         message=f"Never started: {why}"[:1024]))
             states = _states(conn, sorted({launch.workload_id for launch in launches}), with_spec=False)
+            first_start: dict[str, float] = {}
+            for pod_id, at in outcome.started.items():
+                workload_id = outcome.workload_of[pod_id]
+                first_start[workload_id] = min(at, first_start.get(workload_id, at))
             moves: list[Move] = []
             for row in states.values():
                 if row.status != WorkloadStatus.ADMITTED.value:
                     continue
-                if row.id in failed:  # rare: the ORM path, with its pods
+                if row.id in outcome.failed:  # rare: the ORM path, with its pods
                     orm_row = session.get(WorkloadRow, row.id)
                     assert orm_row is not None
                     to_stop += stop_pods(session, orm_row, PodState.FAILED, now)
                     transition(session, orm_row, WorkloadStatus.FAILED.value, EventReason.LAUNCH_FAILED,
-                               f"The provider could not start it: {failed[row.id]}", now)
+                               f"The provider could not start it: {outcome.failed[row.id]}", now)
                     orm_row.finished_s = now
                 else:
-                    moves.append(Move(row.id, row.status, WorkloadStatus.RUNNING.value,
-                                      EventReason.LAUNCHED, "Started.", now, columns=(("started_s", now),)))
+                    started_s = first_start.get(row.id, now)
+                    moves.append(Move(row.id, row.status, WorkloadStatus.RUNNING.value, EventReason.LAUNCHED,
+                                      "Started.", now, columns=(("started_s", started_s),)))
             apply_moves(conn, moves)
-        for pod_id in to_stop:
+        if outcome.failed:
+            self.rt.capacity_may_have_changed()
+        for pod_id in [*to_stop, *outcome.failed_pods]:  # a failed launch may have left something
             self.rt.provider.stop(pod_id, grace_s=0)
 
-    def _start_all(self, launches: list[PodLaunch]) -> tuple[list[str], dict[str, str]]:
-        """Ask the provider to start each pod: (started pod ids, failed workload -> why).
+    def _start_all(self, launches: list[PodLaunch]) -> _Outcome:
+        """Ask the provider to start each pod; every exception fails that pod's workload alone.
 
         A provider that sets `concurrent_launch = True` (the local one) gets up to LAUNCH_THREADS
         launches at once: a launch mostly waits on fork/exec and file writes, which release the GIL.
         Pods of a gang whose sibling failed may still start; they are stopped with it.
         """
-        started: list[str] = []
-        failed: dict[str, str] = {}
+        outcome = _Outcome(workload_of={launch.pod_id: launch.workload_id for launch in launches})
 
         def one(launch: PodLaunch) -> None:
-            if launch.workload_id in failed:
+            if launch.workload_id in outcome.failed:
+                outcome.failed_pods[launch.pod_id] = outcome.failed[launch.workload_id]
                 return
             try:
                 self.rt.provider.launch(launch)
-                started.append(launch.pod_id)
+                outcome.started[launch.pod_id] = self.rt.clock()
+                return
             except GpupoolError as exc:
-                failed[launch.workload_id] = exc.message
+                why = exc.message
+                log.warning("launch of pod %s (workload %s) failed: %s", launch.pod_id, launch.workload_id,
+                            why)
+            except Exception:  # a bug or bad data in one launch must not abort the others' records
+                log.exception("launch of pod %s (workload %s) raised", launch.pod_id, launch.workload_id)
+                why = "the launch failed with an internal error (the server's log has the details)."
+            outcome.failed.setdefault(launch.workload_id, why)
+            outcome.failed_pods[launch.pod_id] = why
 
         if len(launches) > 1 and getattr(self.rt.provider, "concurrent_launch", False):
             if self._launcher is None:
@@ -724,7 +751,17 @@ class Scheduler:
         else:
             for launch in launches:
                 one(launch)
-        return started, failed
+        return outcome
+
+
+@dataclass(slots=True)
+class _Outcome:
+    """What one batch of launches did: started pods (-> when), failed pods and workloads (-> why)."""
+
+    workload_of: dict[str, str]
+    started: dict[str, float] = dataclasses.field(default_factory=dict)
+    failed: dict[str, str] = dataclasses.field(default_factory=dict)
+    failed_pods: dict[str, str] = dataclasses.field(default_factory=dict)
 
 
 def _states(conn: Connection, ids: Sequence[str], *, with_spec: bool) -> dict[str, Row[Any]]:

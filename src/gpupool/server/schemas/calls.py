@@ -10,7 +10,7 @@ from typing import Annotated
 
 from pydantic import Field
 
-from gpupool.server.schemas.common import Name, Strict
+from gpupool.server.schemas.common import ArgText, Name, Strict
 from gpupool.server.schemas.workloads import MAX_TIME_LIMIT_S, ResourcesSpec
 
 MAX_PAYLOAD_BYTES = 16 * 2**20
@@ -57,9 +57,8 @@ class SessionCreate(Strict):
         "its worker stops (and frees the slice) after this long without a call"))
     one_shot: bool = Field(False, description="the worker stops after the first call (remote())")
     env: dict[Annotated[str, Field(min_length=1, max_length=256, pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")],
-              Annotated[str, Field(max_length=65536)]] = Field(default_factory=dict)
+              ArgText] = Field(default_factory=dict)
     call: CallCreate | None = Field(None, description="a first call, queued with the session")
-
 
 class CallOut(Strict):
     id: str

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import re
 from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
 NAME_PATTERN = r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$"
 NAME_RULE = ("a name may hold lower-case letters, digits and '-', and starts and ends with a letter or "
@@ -25,6 +26,35 @@ Name = Annotated[
           description="lower-case letters, digits and '-', 1-63 characters, starting and ending "
           "with a letter or digit"),
 ]
+
+
+_CONTROL_ANY = re.compile("[\x00-\x1f\x7f-\x9f\ud800-\udfff]")
+_CONTROL_IN_TEXT = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f\ud800-\udfff]")
+
+
+def refuse_control(value: str, *, text: bool = False, where: str = "") -> str:
+    """`value` unchanged, or ValueError naming its first control character. Paths, program names and
+    the like may hold none (NUL cannot reach exec or a filesystem call, and the others only disguise
+    what a listing shows); with `text` (a command's arguments, an environment value) tab, newline
+    and carriage return are allowed, as a shell script passed to `sh -c` needs them. Lone UTF-16
+    surrogates are refused too: they cannot be encoded for exec."""
+    found = (_CONTROL_IN_TEXT if text else _CONTROL_ANY).search(value)
+    if found is None:
+        return value
+    allowed = " (tab, newline and carriage return are allowed there)" if text else ""
+    code = ord(found.group())
+    what = "an unpaired surrogate" if 0xD800 <= code <= 0xDFFF else "the control character"
+    raise ValueError(f"{where}holds {what} U+{code:04X} at position {found.start()}, which is not "
+                     f"allowed{allowed}; remove it")
+
+
+def _text_without_control(value: str) -> str:
+    return refuse_control(value, text=True)
+
+
+ArgText = Annotated[str, Field(max_length=65536), AfterValidator(_text_without_control)]
+"""A command's argument or an environment variable's value: no control character but tab, newline
+and carriage return (a script given to `sh -c` needs those)."""
 
 
 class Strict(BaseModel):

@@ -9,7 +9,7 @@ from pydantic import Field, field_validator
 from gpupool.core.units import parse_cpu_milli, parse_devices, parse_memory_mib
 from gpupool.errors import InvalidInput
 from gpupool.server.schemas.array_spec import parse_array
-from gpupool.server.schemas.common import Name, Strict
+from gpupool.server.schemas.common import ArgText, Name, Strict, refuse_control
 from gpupool.server.schemas.fabric import NetworkOut
 
 MAX_REPLICAS = 256
@@ -83,7 +83,7 @@ class RendezvousSpec(Strict):
 class WorkloadSpec(Strict):
     """A workload as submitted: a command run by `replicas` pods placed all-or-nothing."""
 
-    command: list[Annotated[str, Field(max_length=65536)]] = Field(
+    command: list[ArgText] = Field(
         min_length=1, max_length=MAX_COMMAND_ARGS, description="program and arguments"
     )
     name: str = Field("", max_length=63, pattern=r"^[A-Za-z0-9._-]*$")
@@ -93,7 +93,7 @@ class WorkloadSpec(Strict):
     replicas: int = Field(1, ge=1, le=MAX_REPLICAS)
     resources: ResourcesSpec = Field(default_factory=lambda: ResourcesSpec.model_validate({}))
     env: dict[Annotated[str, Field(min_length=1, max_length=256, pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")],
-              Annotated[str, Field(max_length=65536)]] = Field(default_factory=dict)
+              ArgText] = Field(default_factory=dict)
     workdir: str = Field("", max_length=4096)
     separate_stderr: bool = Field(False, description="keep stderr in its own log (sbatch --error); by "
                                   "default a pod's stdout and stderr are one log, in the order written")
@@ -151,15 +151,22 @@ class WorkloadSpec(Strict):
     @field_validator("submit_dir")
     @classmethod
     def _submit_dir(cls, value: str) -> str:
+        refuse_control(value)
         if value and not value.startswith("/"):
             raise ValueError("submit_dir must be an absolute path such as /home/me/project")
         return value
+
+    @field_validator("workdir")
+    @classmethod
+    def _workdir(cls, value: str) -> str:
+        return refuse_control(value)
 
     @field_validator("command")
     @classmethod
     def _command(cls, value: list[str]) -> list[str]:
         if not value[0].strip():
             raise ValueError("the first word of the command (the program) must not be empty")
+        refuse_control(value[0], where="its first word (the program) ")
         return value
 
     @field_validator("command")
