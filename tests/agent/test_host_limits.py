@@ -128,8 +128,7 @@ def wait_final(provider: LocalProvider, pod_id: str, timeout_s: float = 30.0) ->
 
 
 def uid_processes(uid: int) -> list[int]:
-    """The account's processes, less the launcher's helper for it (zombies awaiting their reaper
-    count as gone)."""
+    """The account's processes (zombies awaiting their reaper count as gone)."""
     return [pid for pid in account_processes(uid) if _state(pid) not in ("Z", "")]
 
 
@@ -245,7 +244,7 @@ def test_escaped_processes_die_with_their_workload(provider: LocalProvider, canc
             (provider.agent.scratch_root / pod / "go").touch()  # the workload ends by itself
         assert wait_final(provider, pod).phase is (PodPhase.STOPPED if cancel else PodPhase.SUCCEEDED)
         wait_for(lambda: not uid_processes(uid))
-        # the sweep spared the launcher's helper for the account: the tenant's next pod starts
+        # the sweep left the account usable: the tenant's next pod starts
         provider.launch(PodLaunch(pod_id="next", workload_id="w-next", node="box", tenant="sly",
                                   command=("echo", "next")))
         assert wait_final(provider, "next").phase is PodPhase.SUCCEEDED
@@ -323,5 +322,38 @@ def test_a_pod_of_the_account_under_another_agent_is_never_swept(provider: Local
         assert wait_final(other, "b-keep").phase is PodPhase.STOPPED
     finally:
         other.close(stop_pods=True)
+        if uid:
+            kill_all(uid)
+
+
+@needs_root
+def test_the_pods_of_an_agent_that_went_away_are_never_swept(provider: LocalProvider, tmp_path: Path) -> None:
+    """An agent killed with -9 lets go of its account locks, but its pods run on until the next agent
+    adopts them: another agent's sweep of the account must leave them alone."""
+    other = LocalProvider(tmp_path / "agent-b", simulate="2xH100", node_name="box-b")
+    uid = 0
+    try:
+        other.launch(PodLaunch(pod_id="b-orphan", workload_id="w-b", node="box-b", tenant="sly",
+                               command=("sh", "-c", "echo up; exec sleep 300")))
+        wait_for(lambda: "up" in other.read_log("b-orphan").text)
+        orphan = other.agent.runner.get("b-orphan").pid
+        other.close(stop_pods=False)  # what its end leaves: the pod runs, the agent's locks are gone
+        provider.launch(PodLaunch(pod_id="a-end", workload_id="w-a", node="box", tenant="sly",
+                                  command=("true",)))
+        assert wait_final(provider, "a-end").phase is PodPhase.SUCCEEDED
+        uid = pwd.getpwnam(account_name("sly")).pw_uid
+        for _ in range(20):  # this agent's sweeps run at every poll
+            provider.poll()
+            time.sleep(0.05)
+        assert orphan in uid_processes(uid)
+        back = LocalProvider(tmp_path / "agent-b", simulate="2xH100", node_name="box-b")
+        try:
+            assert back.agent.runner.get("b-orphan").adopted
+            back.stop("b-orphan", grace_s=0.5)
+            assert wait_final(back, "b-orphan").phase is PodPhase.STOPPED
+        finally:
+            back.close(stop_pods=True)
+        wait_for(lambda: orphan not in uid_processes(uid))
+    finally:
         if uid:
             kill_all(uid)

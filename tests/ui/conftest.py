@@ -21,9 +21,11 @@ CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networki
                  "--disable-component-update", "--no-first-run"]
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def chromium() -> Iterator[Any]:
-    """A headless Chromium, or skip with the reason."""
+    """A headless Chromium, or skip with the reason. Package-scoped: Playwright's sync API keeps an
+    asyncio loop running in the main thread while it is open, so it must be closed before a worker
+    goes on to other packages' tests (asyncio.run() refuses to start inside a running loop)."""
     if not (os.path.isfile(CHROMIUM) and os.access(CHROMIUM, os.X_OK)):
         pytest.skip(f"Chromium not found at {CHROMIUM}; as root `make test` installs Debian's chromium")
     sync_api = pytest.importorskip("playwright.sync_api", reason="playwright is a dev dependency: "

@@ -10,9 +10,11 @@ that called setsid() (a double-forked daemon, say) has left that group; it is st
   is a second sweep, by uid (AccountLocks.sweep): a pool account belongs to one tenant and
   to the pool, and when no pod of that account is live on this machine, in this agent or any other
   (each holds a shared lock on the account's file while it has one; the sweep takes it exclusively,
-  so no pod of the account can start meanwhile), every process of the account is a leftover,
-  except the launchers' account helpers (children of a root-owned launcher, which a tenant's
-  process cannot become). While another pod of the account is live, a leftover without a marker
+  so no pod of the account can start meanwhile; each also notes its pods' main processes, so the
+  pods of an agent killed with -9, which run on until the next agent adopts them, stop the sweep
+  too), every process of the account is a leftover (the launchers' account helpers run as root,
+  launcher.py, so none of them is the account's).
+  While another pod of the account is live, a leftover without a marker
   cannot be told from that pod's own processes and lives until the account's last pod here ends.
   Accounts mapped with --unix-user (possibly a person's) are never swept by uid.
 """
@@ -26,7 +28,7 @@ import signal
 import threading
 from pathlib import Path
 
-from gpupool.agent.launcher import HELPER
+from gpupool.agent.podstate import process_alive
 
 MARKER = "GPUPOOL_POD_ID"
 _PROC = Path("/proc")
@@ -103,31 +105,9 @@ def kill_leftovers(pods: dict[str, tuple[int, str | None]]) -> int:
     return killed
 
 
-def _is_launcher(pid: int) -> bool:
-    """Whether `pid` is a root-owned launcher helper (launcher.py), whose children are the account
-    helpers; a tenant cannot make a process of its own root's, nor choose its parent."""
-    try:
-        if os.stat(_PROC / str(pid)).st_uid != 0:
-            return False
-        with open(_PROC / str(pid) / "cmdline", "rb") as handle:
-            args = handle.read(len(HELPER) + 4096).split(b"\0")
-    except OSError:
-        return False
-    return HELPER.encode() in args
-
-
-def _parent(pid: int) -> int | None:
-    try:
-        raw = (_PROC / str(pid) / "stat").read_bytes()
-        return int(raw[raw.rfind(b")") + 2:].split()[1])
-    except (OSError, ValueError, IndexError):
-        return None
-
-
 def account_processes(uid: int, *, exclude: int | None = None) -> list[int]:
-    """Pids of the processes of `uid`, less the launchers' account helpers."""
+    """Pids of the processes of `uid`."""
     found = []
-    launchers: dict[int, bool] = {}
     with contextlib.suppress(OSError):
         for name in os.listdir(_PROC):
             if not name.isdigit() or int(name) == exclude:
@@ -136,9 +116,6 @@ def account_processes(uid: int, *, exclude: int | None = None) -> list[int]:
                 if os.stat(_PROC / name).st_uid != uid:
                     continue
             except OSError:
-                continue
-            parent = _parent(int(name))
-            if parent is not None and launchers.setdefault(parent, _is_launcher(parent)):
                 continue
             found.append(int(name))
     return found
@@ -203,6 +180,43 @@ class AccountLocks:
         for fd in held:
             os.close(fd)
 
+    def _live_dir(self, uid: int) -> Path:
+        return self._dir / f"{uid}.live"
+
+    def register(self, uid: int, key: str, pid: int, start_ticks: int | None) -> None:
+        """Note a started pod's main process. The flock goes with the agent that holds it, but an
+        agent killed with -9 leaves its pods running for the next agent to adopt: until then these
+        notes keep every other agent's sweep off the account."""
+        live = self._live_dir(uid)
+        with contextlib.suppress(OSError):
+            self._open(uid)  # makes the directory, root's only
+            live.mkdir(exist_ok=True, mode=0o700)
+            (live / key).write_text(f"{pid} {start_ticks if start_ticks is not None else ''}\n")
+
+    def unregister(self, uid: int, key: str) -> None:
+        with contextlib.suppress(OSError):
+            (self._live_dir(uid) / key).unlink()
+
+    def _pod_still_runs(self, uid: int) -> bool:
+        """Whether a noted pod of `uid` still runs; notes of pods that have ended are removed."""
+        try:
+            notes = list(self._live_dir(uid).iterdir())
+        except OSError:
+            return False
+        running = False
+        for note in notes:
+            try:
+                pid_text, _, ticks_text = note.read_text().strip().partition(" ")
+                pid, ticks = int(pid_text), int(ticks_text) if ticks_text else None
+            except (OSError, ValueError):
+                pid, ticks = 0, None
+            if pid > 0 and process_alive(pid, ticks):
+                running = True
+            else:
+                with contextlib.suppress(OSError):
+                    note.unlink()
+        return running
+
     def sweep(self, uid: int) -> int:
         """SIGKILL every process of `uid` (see the module's docstring) when no agent has a pod of it;
         returns how many were signalled (0 also when a pod of it is live somewhere)."""
@@ -215,6 +229,8 @@ class AccountLocks:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except OSError:
                 return 0  # a pod of the account is live here or in another agent
+            if self._pod_still_runs(uid):
+                return 0  # an agent that held it was killed, and its pods wait for the next one
             killed = 0
             for _ in range(20):  # a leftover may fork once more before its SIGKILL lands
                 pids = account_processes(uid, exclude=os.getpid())

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import grp
+import hashlib
 import logging
 import os
 import pwd
@@ -277,6 +278,8 @@ class Runner:
             _join_cgroup(limits, pid, go_w)
         elif go_w >= 0:
             _go(go_w, "ok")
+        if self._accounts is not None and identity is not None and self._sweepable(identity.uid):
+            self._accounts.register(identity.uid, self._note_key(record.pod_id), pid, start_ticks)
         with self._lock:
             record.pid, record.start_ticks = pid, start_ticks
             record.phase = PodPhase.RUNNING
@@ -371,6 +374,11 @@ class Runner:
         if reaped:
             for listener in self._exit_listeners:
                 listener()
+
+    def _note_key(self, pod_id: str) -> str:
+        """The name of a pod's note among the account's live pods (leftovers.AccountLocks): unique
+        across the agents of this machine, whose pod ids may coincide."""
+        return hashlib.sha256(str(self.pod_dir(pod_id)).encode()).hexdigest()[:32]
 
     def _sweepable(self, uid: int | None) -> bool:
         """Whether every process of `uid` may be killed once no pod of it is live: one of the pool's
@@ -503,6 +511,8 @@ class Runner:
                 Path(record.cgroup).rmdir()
         if record.uid is not None and self._sweepable(record.uid):
             self._accounts_to_sweep.add(record.uid)  # swept (and let go) once its last pod here ends
+            if self._accounts is not None:
+                self._accounts.unregister(record.uid, self._note_key(record.pod_id))
         self._save(record)
 
     # ---- restart ---------------------------------------------------------------------------
@@ -535,6 +545,8 @@ class Runner:
                 if self._accounts is not None and self._sweepable(record.uid):
                     assert record.uid is not None
                     self._accounts.hold(record.uid)
+                    self._accounts.register(record.uid, self._note_key(record.pod_id), record.pid,
+                                            record.start_ticks)
                 record.adopted = True
                 record.message = "re-adopted after an agent restart"
                 self._save(record)
