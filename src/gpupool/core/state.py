@@ -298,7 +298,7 @@ class ClusterState:
         """[node] mask of nodes that can hold the whole pod right now."""
         ok = self.host_fits(pod)
         if pod.num_devices:
-            ok &= self.device_fits(pod).sum(axis=1) >= pod.num_devices
+            ok &= row_counts(self.device_fits(pod)) >= pod.num_devices
         return ok
 
     # ----------------------------------------------------------------- allocation
@@ -424,6 +424,15 @@ class ClusterState:
         for free, cap in pairs:
             if (free < 0).any() or (free > cap).any():
                 raise OverAllocation("Free capacity out of range: a resource was over-allocated.")
+
+
+def row_counts(mask: BoolArray) -> IntArray:
+    """`mask.sum(axis=1)` of a [node, slot] mask, as a product with a vector of ones on its bytes
+    while a row has fewer than 256 slots (the same counts, without summing through a cast)."""
+    width = mask.shape[1]
+    if width < 256 and mask.flags.c_contiguous and mask.dtype == np.bool_:
+        return np.asarray(mask.view(np.uint8) @ np.ones(width, dtype=np.uint8))
+    return np.asarray(mask.sum(axis=1))
 
 
 def at_node(need: Need, node: int) -> int:
