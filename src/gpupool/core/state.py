@@ -289,6 +289,29 @@ class ClusterState:
         dev &= self.allowed_devices(pod.allowed_models)[at]
         return bool((dev.sum(axis=1) >= pod.num_devices).any())
 
+    def node_fits_rows(self, pod: PodRequest, rows: Sequence[int]) -> BoolArray:
+        """`node_fits(pod)[rows]`, computed on those nodes only (as `node_fits_at` does, per row)."""
+        at = np.asarray(rows, dtype=np.intp)
+        cpu, mem = self.cpu_need(pod), self.mem_need(pod)
+        ok = self.schedulable[at] & (self.cpu_free[at] >= at_nodes(cpu, at))
+        ok &= self.mem_free[at] >= at_nodes(mem, at)
+        if not pod.num_devices:
+            return np.asarray(ok)
+        milli_free, mem_free_dev = self.dev_milli_free[at], self.dev_mem_free[at]
+        if pod.device_milli >= MILLI:
+            dev = (milli_free == MILLI) & (mem_free_dev == self.dev_mem_cap[at])
+            dev &= self.dev_milli_cap[at] == MILLI
+        else:
+            dev = milli_free >= pod.device_milli
+        need = self.device_memory_need(pod)
+        if isinstance(need, np.ndarray):
+            if self.heavy_slices:  # see device_fits
+                dev &= mem_free_dev >= need[at]
+        elif need:
+            dev &= mem_free_dev >= need
+        dev &= self.allowed_devices(pod.allowed_models)[at]
+        return np.asarray(ok & (row_counts(dev) >= pod.num_devices))
+
     def host_fits(self, pod: PodRequest) -> BoolArray:
         """[node] mask of schedulable nodes with enough free cpu and memory for the pod."""
         cpu, mem = self.cpu_need(pod), self.mem_need(pod)
