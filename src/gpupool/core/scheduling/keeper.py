@@ -27,6 +27,7 @@ from __future__ import annotations
 import random
 from collections.abc import Sequence
 from dataclasses import replace
+from operator import attrgetter
 
 import numpy as np
 
@@ -37,6 +38,8 @@ from gpupool.core.quota import QuotaConfig
 from gpupool.core.scheduling.cycle import CycleResult, Policies, cycle_on
 from gpupool.core.scheduling.topology import FabricView, topology_for
 from gpupool.core.scheduling.view import ClusterView
+
+_workload_id = attrgetter("workload.id")
 
 PRUNE_SLACK = 4096
 """Per-workload caches are trimmed to the live workloads once they hold this many more."""
@@ -120,7 +123,8 @@ class ViewKeeper:
             self._nodes = snapshot.nodes
         info, before = snapshot.workload_info, view.info  # the view keeps the last snapshot's
         held = self._held
-        current = {a.workload.id: a for a in snapshot.allocations}
+        allocations = snapshot.allocations
+        current = dict(zip(map(_workload_id, allocations), allocations, strict=True))
         for wid in [w for w in held if w not in current]:
             del held[wid]
             view.remove(wid)
