@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import heapq
 import random
+import sys
 from dataclasses import replace
+from pathlib import Path
 
+import numpy as np
 import pytest
 import test_admission_properties as props
 from hypothesis import given, settings
@@ -12,11 +16,18 @@ from hypothesis import strategies as st
 
 from factories import node
 from gpupool.core.model import PodRequest, Workload
-from gpupool.core.priority import PriorityClasses
+from gpupool.core.priority import PriorityClasses, Rank
+from gpupool.core.scheduling import backfill
+from gpupool.core.scheduling.gang import place_gang
 from gpupool.core.scheduling.ordering.base import SHARE_RESOURCES, demand_of
 from gpupool.core.scheduling.ordering.drf import Drf, _Book
-from gpupool.core.scheduling.preemption import FirstPodFits, node_fits_at
-from gpupool.core.state import ClusterState, release_many
+from gpupool.core.scheduling.policies.base import NoFit, make_policy
+from gpupool.core.scheduling.preemption import FirstPodFits, VictimIndex, lost_device_s, node_fits_at
+from gpupool.core.scheduling.view import ClusterView, Running
+from gpupool.core.state import ClusterState, release_many, row_counts
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "bench"))
+import cycle_latency
 
 pods = st.builds(
     lambda num, milli, cpu, mem, dev_mem, models: PodRequest(
@@ -139,3 +150,79 @@ def test_release_many_gives_back_what_releasing_one_by_one_does(seed: int, count
     for name in ("cpu_free", "mem_free", "dev_milli_free", "dev_mem_free", "node_version"):
         assert (getattr(bulk, name) == getattr(single, name)).all(), name
     assert bulk.node_pod_kinds == single.node_pod_kinds
+
+
+@settings(max_examples=200, deadline=None)
+@given(pods, st.integers(0, 10_000), st.lists(st.integers(0, 5), unique=True))
+def test_node_fits_rows_is_node_fits_on_those_nodes(pod: PodRequest, seed: int, rows: list[int]) -> None:
+    state, _ = _busy_state(seed)
+    assert state.node_fits_rows(pod, rows).tolist() == state.node_fits(pod)[rows].tolist()
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.integers(0, 10_000), st.sampled_from([1, 4, 8, 255, 256, 300]))
+def test_row_counts_are_the_sums_of_the_rows(seed: int, width: int) -> None:
+    mask = np.random.default_rng(seed).random((7, width)) < 0.6
+    for m in (mask, mask[:, ::2], np.asfortranarray(mask)):
+        assert row_counts(m).tolist() == m.sum(axis=1).tolist()
+
+
+@settings(max_examples=15, deadline=None)
+@given(st.integers(0, 10_000))
+def test_victim_groups_follow_the_running_work(seed: int) -> None:
+    """The view's preemptible runs per (queue, rank), kept as work comes and goes (taken in bulk,
+    admitted, finished, preempted), are those of `running`, with their compute, in id order; and a
+    cycle's `VictimIndex` lists each group in the order of sorting (cost, rank, id) in full."""
+    rng = random.Random(seed)
+    snapshot, _ = cycle_latency.build(40, 0, seed)  # groups of more than 64 (lost work on arrays)
+    view = ClusterView.from_snapshot(snapshot, classes=PriorityClasses())
+
+    def check() -> None:
+        expected: dict[tuple[str, Rank], list[Running]] = {}
+        for run in view.running.values():
+            if run.preemptible:
+                expected.setdefault((run.cluster_queue, run.rank), []).append(run)
+        kept = {(cq, rank): group
+                for cq, ranks in view.victim_groups.items() for rank, group in ranks.items()}
+        assert set(kept) == set(expected)
+        for key, runs in expected.items():
+            assert [r.workload.id for r in kept[key].by_id()] == sorted(r.workload.id for r in runs)
+            assert kept[key].milli == sum(r.device_milli for r in runs)
+        index = VictimIndex(view, 5000.0)
+        for cq, rank in expected:
+            full = sorted((lost_device_s(r, 5000.0), rank, r.workload.id, r) for r in expected[(cq, rank)])
+            assert index._group(cq, rank) == full
+
+    view.materialize()
+    check()
+    for step in range(30):
+        ids = sorted(view.running)
+        if step % 3 == 0 and ids:
+            view.remove(rng.choice(ids))
+        elif step % 3 == 1 and ids:
+            run = view.running[rng.choice(ids)]
+            view.detach(run)
+            view.forget(run)
+        else:
+            w = cycle_latency._workload(900_000 + step, rng, 100.0)
+            gang = place_gang(w, view.state, make_policy("first-fit"), rng)
+            if not isinstance(gang, NoFit):
+                view.admit(w, gang, "", 1000.0 + step)
+        check()
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from([1.0, 2.0, 3.5, 7.0]), st.integers(0, 10**6)),
+                unique_by=lambda t: t[1]),
+       st.integers(0, 40), st.integers(0, 10_000))
+def test_corrected_ends_merge_in_as_heapq_merge_does(items: list, late: int, seed: int) -> None:
+    rng = random.Random(seed)
+    ends = sorted((end, f"w{i}") for end, i in items)
+    milli = [rng.randrange(1, 9000) for _ in ends]
+    late = min(late, len(ends))
+    fixed = sorted((end + rng.choice([0.0, 0.5, 2.0, 9.0]), rid, m)
+                   for (end, rid), m in zip(ends[:late], milli[:late], strict=True))
+    merged, merged_milli = backfill._merge_in(ends, milli, late, fixed)
+    by_id = dict(zip((rid for _, rid in ends), milli, strict=True))
+    assert merged == list(heapq.merge([(e, r) for e, r, _ in fixed], ends[late:]))
+    assert merged_milli == [by_id[rid] for _, rid in merged]

@@ -27,7 +27,6 @@ history and measures its own error.
 from __future__ import annotations
 
 import bisect
-import heapq
 import math
 import random
 from collections.abc import Callable
@@ -106,9 +105,33 @@ def _expected_ends(
     if not late:
         return ends, milli, math.inf
     running = view.running
-    fixed = sorted((corrected_end_s(running[rid], now_s), rid) for _, rid in ends[:late])
-    merged = list(heapq.merge(fixed, ends[late:]))
-    return merged, [running[rid].device_milli for _, rid in merged], fixed[0][0]
+    fixed = sorted((corrected_end_s(running[rid], now_s), rid, m)
+                   for (_, rid), m in zip(ends[:late], milli[:late], strict=True))
+    merged, merged_milli = _merge_in(ends, milli, late, fixed)
+    return merged, merged_milli, fixed[0][0]
+
+
+def _merge_in(
+    ends: list[tuple[float, str]], milli: list[int], late: int, fixed: list[tuple[float, str, int]]
+) -> tuple[list[tuple[float, str]], list[int]]:
+    """`list(heapq.merge(fixed's (end, id), ends[late:]))` with the compute of each, aligned: the
+    sorted rest is copied in slices between the (few) corrected ends, each put where a binary search
+    finds it, instead of merging item by item in Python. No two items are equal (the ids differ),
+    so the order is the merge's."""
+    merged: list[tuple[float, str]] = []
+    merged_milli: list[int] = []
+    at = late
+    for end, rid, m in fixed:
+        item = (end, rid)
+        cut = bisect.bisect_left(ends, item, lo=at)
+        merged += ends[at:cut]
+        merged_milli += milli[at:cut]
+        merged.append(item)
+        merged_milli.append(m)
+        at = cut
+    merged += ends[at:]
+    merged_milli += milli[at:]
+    return merged, merged_milli
 
 
 def reserve(

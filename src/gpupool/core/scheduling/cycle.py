@@ -36,7 +36,7 @@ from contextlib import nullcontext
 from dataclasses import dataclass, field
 from enum import StrEnum
 from functools import partial
-from itertools import compress
+from itertools import compress, repeat
 from operator import add, attrgetter, not_
 from typing import Any, NamedTuple
 
@@ -683,13 +683,17 @@ class _Cycle:
     def _reject_rest(self, valid: Sequence[Workload], tried: Sequence[Workload]) -> None:
         """The verdicts of the workloads the walk did not reach (listed in `valid`'s order)."""
         seen = set(map(_workload_id, tried))
-        unseen = map(not_, map(seen.__contains__, map(_workload_id, valid)))
-        self._reject_reached(list(compress(valid, unseen)))
+        ids = list(map(_workload_id, valid))
+        unseen = list(map(not_, map(seen.__contains__, ids)))
+        self._reject_reached(list(compress(valid, unseen)), wids=list(compress(ids, unseen)))
 
-    def _reject_reached(self, passed: Sequence[Workload], band: int | None = None) -> None:
+    def _reject_reached(
+        self, passed: Sequence[Workload], band: int | None = None, wids: list[str] | None = None
+    ) -> None:
         """The verdicts of workloads passed over (not yet reached): each repeats its key's or queue's.
 
         `band`: they are the rest of that priority band, so no key of the band is left to reach.
+        `wids`: their ids, when the caller has them.
         """
         metas = self.view.metas
         left = self.left
@@ -711,9 +715,10 @@ class _Cycle:
                                  else _as_rejection((w.id, *verdicts[metas[w.id].kid])) for w in passed)
             return
         # In C, one map after another: a queue of thousands is passed over on every cycle.
-        wids = list(map(_workload_id, passed))
+        if wids is None:
+            wids = list(map(_workload_id, passed))
         found = map(verdicts.__getitem__, map(_kid, map(metas.__getitem__, wids)))
-        self.rejected.extend(map(_as_rejection, map(add, zip(wids), found)))
+        self.rejected.extend(map(tuple.__new__, repeat(Rejection), map(add, zip(wids), found)))
 
     def _reject(self, w: Workload, reason: Reason, message: str, final: bool = False) -> None:
         self.rejected.append(Rejection(w.id, reason, message, final))

@@ -27,6 +27,8 @@ from __future__ import annotations
 import random
 from collections.abc import Sequence
 from dataclasses import replace
+from itertools import compress
+from operator import attrgetter, is_not, not_
 
 import numpy as np
 
@@ -37,6 +39,8 @@ from gpupool.core.quota import QuotaConfig
 from gpupool.core.scheduling.cycle import CycleResult, Policies, cycle_on
 from gpupool.core.scheduling.topology import FabricView, topology_for
 from gpupool.core.scheduling.view import ClusterView
+
+_workload_id = attrgetter("workload.id")
 
 PRUNE_SLACK = 4096
 """Per-workload caches are trimmed to the live workloads once they hold this many more."""
@@ -120,8 +124,10 @@ class ViewKeeper:
             self._nodes = snapshot.nodes
         info, before = snapshot.workload_info, view.info  # the view keeps the last snapshot's
         held = self._held
-        current = {a.workload.id: a for a in snapshot.allocations}
-        for wid in [w for w in held if w not in current]:
+        allocations = snapshot.allocations
+        current = dict(zip(map(_workload_id, allocations), allocations, strict=True))
+        # (the passes over every allocation run in C; only what changed is walked in Python)
+        for wid in list(compress(held, map(not_, map(current.__contains__, held)))):
             del held[wid]
             view.remove(wid)
         if info or before:  # a running workload whose info changed gets its record rebuilt
@@ -129,10 +135,9 @@ class ViewKeeper:
                 del held[wid]
                 view.remove(wid)
         view.info = dict(info)
-        for wid, alloc in current.items():
+        changed = compress(current.items(), map(is_not, map(held.get, current), current.values()))
+        for wid, alloc in changed:  # those the view does not hold as this very allocation
             mine = held.get(wid)
-            if mine is alloc:
-                continue
             if mine is not None:
                 same = mine == alloc if isinstance(mine, Allocation) else mine == alloc.placements
                 if same:
@@ -216,7 +221,7 @@ def _health_changes(before: Sequence[Node], after: Sequence[Node]) -> list[tuple
         return None
     changed = []
     for a, b in zip(before, after, strict=True):
-        if a == b:
+        if a is b or a == b:
             continue
         if _all_healthy(a) != _all_healthy(b):
             return None

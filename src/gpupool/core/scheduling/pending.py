@@ -34,20 +34,24 @@ class PendingBook:
     """How many lists the book has taken (`PendingChanges.serial`)."""
     departed: list[Workload] = field(default_factory=list)
     """The valid workloads the last `update` found gone."""
+    ids: set[int] = field(default_factory=set)
+    """`objs`' keys as a set (kept with it), so comparing a list with it copies neither."""
 
     def update(
         self, pending: Sequence[Workload], meta_of: Callable[[Workload], Meta]
     ) -> list[Workload] | None:
         """Take `pending` as the current list; returns its arrivals (objects not in the last list)
         in its order, or None when it lists an object twice (then the book is emptied)."""
-        current = dict(zip(map(id, pending), pending, strict=True))
+        current = set(map(id, pending))
         if len(current) != len(pending):
             self.clear()
             return None
-        objs = self.objs
+        objs, held = self.objs, self.ids
         self.serial += 1
         departed = self.departed = []
-        for gone in objs.keys() - current.keys():
+        gone_ids = held - current
+        held -= gone_ids
+        for gone in gone_ids:
             w = objs.pop(gone)
             if self.invalid.pop(gone, None) is None:
                 departed.append(w)
@@ -57,9 +61,10 @@ class PendingBook:
                     self.counts[key] = left
                 else:
                     del self.counts[key]
-        new = current.keys() - objs.keys()
+        new = current - held
         if not new:
             return []
+        held |= new
         tail = pending[len(pending) - len(new):]  # arrivals usually come last
         arrivals = list(tail) if all(id(w) in new for w in tail) else [w for w in pending if id(w) in new]
         for w in arrivals:
@@ -76,6 +81,7 @@ class PendingBook:
         self.serial += 1
         self.departed = []
         self.objs.clear()
+        self.ids.clear()
         self.keys.clear()
         self.invalid.clear()
         self.counts.clear()

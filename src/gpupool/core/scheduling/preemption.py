@@ -23,7 +23,7 @@ import math
 import random
 from collections.abc import Callable, Iterable, Iterator, Sequence, Set
 from dataclasses import dataclass
-from itertools import chain, groupby, islice, repeat
+from itertools import chain, groupby, islice
 from operator import itemgetter
 from typing import NamedTuple
 
@@ -171,15 +171,9 @@ class VictimIndex:
         if groups is None:
             self.view.materialize()
             groups = self._groups[cq] = {}
-            milli = self._milli
-            for run in self.view.by_queue.get(cq, {}).values():
-                if run.preemptible:
-                    group = groups.get(run.rank)
-                    if group is None:
-                        group = groups[run.rank] = []
-                        milli[(cq, run.rank)] = 0
-                    group.append(run)
-                    milli[(cq, run.rank)] += run.device_milli
+            for rank, group in self.view.victim_groups.get(cq, {}).items():
+                groups[rank] = group.by_id()  # (sorted by id: see `_group`)
+                self._milli[(cq, rank)] = group.milli
         return groups
 
     def _group(self, cq: str, rank: Rank) -> list[_Entry]:
@@ -190,7 +184,10 @@ class VictimIndex:
             costs = lost_device_s_many(runs, self.now_s)
             ids = [run.workload.id for run in runs]
             self.cost.update(zip(ids, costs, strict=True))
-            entries = sorted(zip(costs, repeat(rank), ids, runs))
+            # The runs come sorted by id, so a stable sort by cost alone (in C) gives the order of
+            # (cost, rank, id): the rank is the group's, the ids are unique.
+            order = np.argsort(np.asarray(costs, dtype=np.float64), kind="stable").tolist()
+            entries = [(costs[i], rank, ids[i], runs[i]) for i in order]
             self._sorted[(cq, rank)] = entries
         return entries
 

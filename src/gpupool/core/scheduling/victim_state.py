@@ -229,13 +229,16 @@ class PutBack:
         if fitting is None:
             return True
         saved = self.saved = {}
+        check = []
         for run in runs:
             for _, a in run.allocs:
                 n = a.node
                 if n not in saved:
                     saved[n] = was = bool(fitting[n])
                     if was:
-                        fitting[n] = state.node_fits_at(self.pod, (n,))
+                        check.append(n)
+        if check:  # every node the pod fitted that took capacity back, checked in one step
+            fitting[check] = state.node_fits_rows(self.pod, check)
         return bool(fitting.any())
 
     def undo(self) -> None:

@@ -108,6 +108,37 @@ class Running:
 
 
 @dataclass(slots=True)
+class VictimGroup:
+    """The preemptible running workloads of one (ClusterQueue, rank) and the compute they hold,
+    kept as they come and go, so a cycle's victim search does not group the queue's work again."""
+
+    runs: dict[str, Running] = field(default_factory=dict)
+    milli: int = 0
+    order: list[str] | None = None
+    """Their ids, sorted; None after work was taken in bulk (sorted when next read)."""
+
+    def by_id(self) -> list[Running]:
+        """The runs in the order of their ids (a new list)."""
+        if self.order is None:
+            self.order = sorted(self.runs)
+        return list(map(self.runs.__getitem__, self.order))
+
+    def add(self, run: Running) -> None:
+        wid = run.workload.id
+        self.runs[wid] = run
+        self.milli += run.device_milli
+        if self.order is not None:
+            bisect.insort(self.order, wid)
+
+    def drop(self, run: Running) -> None:
+        wid = run.workload.id
+        del self.runs[wid]
+        self.milli -= run.device_milli
+        if self.order is not None:
+            del self.order[bisect.bisect_left(self.order, wid)]
+
+
+@dataclass(slots=True)
 class ClusterView:
     """Mutable admission state of a pool (see the module docstring)."""
 
@@ -118,6 +149,8 @@ class ClusterView:
     running: dict[str, Running] = field(default_factory=dict)
     by_queue: dict[str, dict[str, Running]] = field(default_factory=dict)
     """`running`, by ClusterQueue (victim searches look at one queue and its cohort)."""
+    victim_groups: dict[str, dict[Rank, VictimGroup]] = field(default_factory=dict)
+    """The preemptible part of `running`, by ClusterQueue and rank (`preemption.VictimIndex`)."""
     info: dict[str, WorkloadInfo] = field(default_factory=dict)
     tenant_usage: dict[str, dict[str, float]] = field(default_factory=dict)
     to_evict: list[Running] = field(default_factory=list)
@@ -404,6 +437,7 @@ class ClusterView:
         run = self.running.pop(workload_id)
         del self.by_queue[run.cluster_queue][workload_id]
         self._drop_end(run)
+        self._drop_victim(run)
         for _, record in reversed(run.allocs):
             self.state.release(record)
         self.quota.remove(run.cluster_queue, run.usage)
@@ -418,6 +452,7 @@ class ClusterView:
         del self.running[run.workload.id]
         del self.by_queue[run.cluster_queue][run.workload.id]
         self._drop_end(run)
+        self._drop_victim(run)
         self._tenant_add(run.workload, -1.0)
 
     def detach(self, run: Running) -> None:
@@ -500,12 +535,28 @@ class ClusterView:
         if queue is None:
             queue = self.by_queue[run.cluster_queue] = {}
         queue[run.workload.id] = run
+        if run.preemptible:
+            ranks = self.victim_groups.get(run.cluster_queue)
+            if ranks is None:
+                ranks = self.victim_groups[run.cluster_queue] = {}
+            group = ranks.get(run.rank)
+            if group is None:
+                group = ranks[run.rank] = VictimGroup()
+            group.add(run)
         if run.planned_end_s != math.inf:
             at = bisect.bisect_right(self.ends, (run.planned_end_s, run.workload.id))
             self.ends.insert(at, (run.planned_end_s, run.workload.id))
             self.end_milli.insert(at, run.device_milli)
         self.quota.add(run.cluster_queue, run.usage)
         self._tenant_add(run.workload, 1.0)
+
+    def _drop_victim(self, run: Running) -> None:
+        if run.preemptible:
+            ranks = self.victim_groups[run.cluster_queue]
+            group = ranks[run.rank]
+            group.drop(run)
+            if not group.runs:
+                del ranks[run.rank]
 
     def _drop_end(self, run: Running) -> None:
         if run.planned_end_s != math.inf:

@@ -131,7 +131,11 @@ class _Book:
             for i, a in enumerate(asked):
                 total[i] -= a
         arrived = []
-        for new in current.keys() - held.keys():
+        # those not held yet: a few arrivals are looked up one by one, rather than by a set
+        # difference that walks every workload held (the order is the sort's below either way)
+        few = len(current) < len(held)
+        fresh = [k for k in current if k not in held] if few else current.keys() - held.keys()
+        for new in fresh:
             w = current[new]
             rk = rank(w)
             arrived.append((-rk[0], w.tenant, (-rk[1], w.submit_time_s, w.id), new, w))

@@ -116,6 +116,12 @@ class Fgd(PlacementPolicy):
         feasible = state.node_fits(pod)
         if not feasible.any():
             return explain_nofit(pod, state)
+        return self._place_feasible(pod, state, rng, feasible)
+
+    def _place_feasible(
+        self, pod: PodRequest, state: ClusterState, rng: random.Random, feasible: np.ndarray
+    ) -> Choice:
+        """`place` once some node is known to fit the pod (`feasible`: `state.node_fits(pod)`)."""
         model = self._model_for(state, pod)
         entry = self._entry(pod, state)
         stale = np.flatnonzero(feasible & (entry.version != state.node_version))

@@ -47,7 +47,7 @@ import numpy as np
 
 from gpupool.core.model import PodRequest, SliceDefaults
 from gpupool.core.scheduling.policies._common import FloatArray
-from gpupool.core.scheduling.policies.base import Choice, NoFit, register_policy
+from gpupool.core.scheduling.policies.base import Choice, NoFit, explain_nofit, register_policy
 from gpupool.core.scheduling.policies.fgd import Fgd, sigmoid
 from gpupool.core.state import ClusterState, IntArray, Need, at_nodes
 from gpupool.core.units import MILLI
@@ -132,6 +132,12 @@ class FgdStrand(Fgd):
     def place(self, pod: PodRequest, state: ClusterState, rng: random.Random) -> Choice | NoFit:
         if pod.num_devices > 1:
             self._arrived[_gang_key(pod)] += 1
+        feasible = state.node_fits(pod)
+        if not feasible.any():
+            # Fgd.place's answer, before the reserve rule: what that computes is read only by the
+            # scores of feasible nodes, and the next call computes it again (the score cache is
+            # dropped when the nodes it keeps differ from those the cache was made under).
+            return explain_nofit(pod, state)
         self._whole = {}
         protect = self._protected_nodes(state)
         key = None if protect is None else np.packbits(protect).tobytes()
@@ -142,7 +148,7 @@ class FgdStrand(Fgd):
             self._cache = {}
             self._reserving = key
             self._protect = protect
-        return super().place(pod, state, rng)
+        return self._place_feasible(pod, state, rng, feasible)
 
     def counts_failed_calls(self) -> bool:
         return self.reserve_expected  # every call with a gang pod counts as its arrival (see place)
