@@ -83,8 +83,10 @@ class Settings:
             raise InvalidInput(f"The pod log cap must be at least {MIN_MAX_POD_LOG_BYTES} bytes, got "
                                f"{self.max_pod_log_bytes}; raise --max-pod-log.")
         if self.database_url and not self.database_url.startswith(("sqlite", "postgresql")):
+            from gpupool.server.dburl import mask
+
             raise InvalidInput(
-                f"Unsupported database URL {self.database_url!r}; use sqlite:///PATH or "
+                f"Unsupported database URL {mask(self.database_url)!r}; use sqlite:///PATH or "
                 "postgresql+psycopg://USER@HOST:PORT/DB."
             )
 
