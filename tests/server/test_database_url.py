@@ -37,6 +37,16 @@ def test_an_unsupported_url_is_refused_without_its_password() -> None:
     assert PASSWORD not in refused.value.message and "mysql://u:***@h/db" in refused.value.message
 
 
+@pytest.mark.parametrize(("url", "words"), [
+    (f"postgresql+psycopg://u:{PASSWORD}@h:notaport/db", "cannot be read"),
+    (f"postgresql+nosuchdriver://u:{PASSWORD}@h/db", "driver that is not installed"),
+    ("sqlite://", "in-memory"), ("sqlite:///:memory:", "in-memory")])
+def test_a_url_that_cannot_serve_is_one_sentence_without_its_password(url: str, words: str) -> None:
+    with pytest.raises(InvalidInput, match=words) as refused:
+        Settings(database_url=url)
+    assert PASSWORD not in refused.value.message
+
+
 def test_resolve_order_and_the_environment_variable_is_removed() -> None:
     env = {dburl.URL_ENV: "sqlite:////tmp/from-env.sqlite", "OTHER": "x"}
     assert dburl.resolve("", None, env) == "sqlite:////tmp/from-env.sqlite"

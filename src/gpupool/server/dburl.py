@@ -59,6 +59,25 @@ def mask(url: str) -> str:
     return str(parsed.render_as_string(hide_password=True)).replace("GPUPOOLMASKED", MASK)
 
 
+def check(url: str) -> None:
+    """InvalidInput, one sentence with the password masked, unless SQLAlchemy can read `url` and has
+    its driver (a bad port or an unknown driver would otherwise end in a traceback at start)."""
+    from sqlalchemy.exc import NoSuchModuleError
+
+    parsed = _parse(url)
+    if parsed is None:
+        raise InvalidInput(f"The database URL {mask(url)!r} cannot be read (a port that is not a "
+                           "number?); write it as postgresql+psycopg://USER@HOST:PORT/DB or sqlite:///PATH.")
+    if parsed.get_backend_name() == "sqlite" and parsed.database in (None, "", ":memory:"):
+        raise InvalidInput(f"The database URL {mask(url)!r} is an in-memory SQLite store, which each "
+                           "connection would see empty; give a file, sqlite:///PATH.")
+    try:
+        parsed.get_dialect()
+    except NoSuchModuleError:
+        raise InvalidInput(f"The database URL {mask(url)!r} names a driver that is not installed; use "
+                           "postgresql+psycopg://... or sqlite:///PATH.") from None
+
+
 def read_url_file(path: Path) -> str:
     """The URL held in `path`: a regular file owned by this user (or root) that neither its group
     nor others may read, as ssh requires of a private key. Raises InvalidInput with one sentence."""

@@ -89,6 +89,10 @@ class Settings:
                 f"Unsupported database URL {mask(self.database_url)!r}; use sqlite:///PATH or "
                 "postgresql+psycopg://USER@HOST:PORT/DB."
             )
+        if self.database_url:
+            from gpupool.server.dburl import check
+
+            check(self.database_url)
 
     @property
     def resolved_database_url(self) -> str:
