@@ -47,6 +47,11 @@ def test_a_url_that_cannot_serve_is_one_sentence_without_its_password(url: str, 
     assert PASSWORD not in refused.value.message
 
 
+def test_settings_never_quote_the_url_in_their_repr(tmp_path: Path) -> None:
+    settings = Settings(data_dir=tmp_path, database_url=f"postgresql+psycopg://u:{PASSWORD}@h/db")
+    assert PASSWORD not in repr(settings) and PASSWORD in settings.resolved_database_url
+
+
 def test_resolve_order_and_the_environment_variable_is_removed() -> None:
     env = {dburl.URL_ENV: "sqlite:////tmp/from-env.sqlite", "OTHER": "x"}
     assert dburl.resolve("", None, env) == "sqlite:////tmp/from-env.sqlite"

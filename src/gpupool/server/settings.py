@@ -39,7 +39,8 @@ class Settings:
     data_dir: Path = field(default_factory=default_data_dir)
     host: str = DEFAULT_HOST
     port: int = DEFAULT_PORT
-    database_url: str = ""
+    database_url: str = field(default="", repr=False)
+    """The store's URL, perhaps with a password: left out of repr(), so no log or error quotes it."""
     provider: str = "local"
     simulate: str = ""
     placement: str = ""
