@@ -1,6 +1,6 @@
-"""A real `gpupool up` on this machine reports whether /proc hides other accounts' processes, through
-the API and `gpupool node ls`, as the mount table says (this test's machine is read, never
-remounted)."""
+"""A real `gpupool up` on this machine reports whether /proc hides other accounts' processes, at
+start-up, through the API and in `gpupool node ls`, as the mount table says (this test's machine is
+read, never remounted)."""
 
 from __future__ import annotations
 
@@ -10,14 +10,13 @@ from pathlib import Path
 import pytest
 from upproc import UpProcess, cli
 
-from gpupool.agent.procfs import parse_mountinfo
+from gpupool.agent.procfs import proc_visibility
 
 pytestmark = pytest.mark.slow
+REMOUNT = "mount -o remount,hidepid=2,gid=GROUP /proc"
 
 
 def test_up_reports_the_proc_layer_with_its_remedy(tmp_path: Path) -> None:
-    mount = parse_mountinfo(Path("/proc/self/mountinfo").read_text())
-    hidden = mount is not None and mount.hides
     server = UpProcess(tmp_path / "data", ["--simulate", "1x2xH100"]).start()
     try:
         with server.client() as api:
@@ -28,16 +27,19 @@ def test_up_reports_the_proc_layer_with_its_remedy(tmp_path: Path) -> None:
                                        "COLUMNS": "400"})
         assert listing.returncode == 0, listing.stderr
         rows = [line for line in listing.stdout.splitlines() if " proc " in line]
-        assert rows, listing.stdout
+        assert len(rows) == len(nodes), listing.stdout
     finally:
         server.stop()
-    if hidden and os.geteuid() == 0:
+    why = proc_visibility()  # after the start: the pods' group exists, as it did for the server
+    root = os.geteuid() == 0
+    assert (REMOUNT in server.log_text()) == bool(why and root), server.log_text()
+    if not why and root:
         assert all(layer["level"] == "enforced" for layer in layers), layers
+        assert all(" yes " in row for row in rows), rows
         return
     for layer in layers:
-        assert layer["level"] == "unenforced" and not layer["enforced"]
-        assert "mount -o remount,hidepid=2,gid=GROUP /proc" in layer["detail"] or hidden, layer
-    for row in rows:
-        assert " no " in row and "hidepid" in row, row
-    if not hidden:
-        assert any("mount -o remount,hidepid=2,gid=GROUP /proc" in row for row in rows), rows
+        assert layer["level"] == "unenforced" and not layer["enforced"], layer
+        assert not root or layer["detail"] == why, layer
+    assert all(" no " in row for row in rows), rows
+    if root:
+        assert all(REMOUNT in row for row in rows), rows

@@ -192,10 +192,14 @@ def _serve(data_dir: Path | None, host: str, port: int, simulate: str, provider:
         print(provisioned.notice, flush=True)
     from gpupool.providers.base import Capability
 
-    accounts = pod_accounts_notice(Capability.REAL_PROCESSES not in
-                                   provisioned.provider.missing_capabilities())
+    missing = provisioned.provider.missing_capabilities()
+    accounts = pod_accounts_notice(Capability.REAL_PROCESSES not in missing)
     if accounts:
         print(accounts, flush=True)
+    if accounts and Capability.USER_ISOLATION not in missing:
+        visible = provisioned.provider.missing_capabilities().get(Capability.HIDDEN_PROCESSES)
+        if visible:  # read again: the pods' group exists now, so an exemption of it is seen
+            print(f"Warning: {visible} (gpupool node ls, layer proc).", file=sys.stderr, flush=True)
     store = Store.open(settings.resolved_database_url)
     rt = Runtime(settings=settings, store=store, provider=provisioned.provider, config=pool_config)
     if fabric_path is not None:
