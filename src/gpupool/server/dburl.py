@@ -1,8 +1,8 @@
 """Where `gpupool up` takes the store's URL from, and how a URL is shown.
 
 A process's command line is world-readable (`/proc/PID/cmdline`, `ps`) on a machine whose `/proc`
-is not mounted with `hidepid=2`, and every pod runs on such a machine: a password given as
-`--database-url` would reach every tenant. So a URL that carries a password is refused on the
+is not mounted with `hidepid=2`, and the local agent's pods run on the server's machine: a password
+given as `--database-url` would reach every tenant. So a URL that carries a password is refused on the
 command line, and taken instead from a file only the server's user can read
 (`--database-url-file`) or from the environment (`GPUPOOL_DATABASE_URL`, which only the process's
 own user and root can read, and which `gpupool up` removes from its environment once read, so no
