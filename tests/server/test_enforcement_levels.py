@@ -7,7 +7,7 @@ from dataclasses import replace
 from gpupool.providers.base import Capability
 from gpupool.providers.fake import nodes_from_spec
 from gpupool.server.schemas.nodes import LayerOut
-from gpupool.server.services.enforcement import DEVICES, HOST_LIMITS, Level, node_layers
+from gpupool.server.services.enforcement import DEVICES, HOST_LIMITS, PROC, Level, node_layers
 
 
 def _real(spec: str):  # type: ignore[no-untyped-def]
@@ -34,3 +34,16 @@ def test_simulated_devices_and_missing_layers_are_unenforced() -> None:
     by_layer = {s.layer: s for s in node_layers(simulated, {Capability.CGROUPS: "no cgroup"})}
     assert by_layer[DEVICES].level is Level.UNENFORCED and not by_layer[DEVICES].enforced
     assert by_layer[HOST_LIMITS].level is Level.UNENFORCED and by_layer[HOST_LIMITS].detail == "no cgroup"
+
+
+def test_proc_is_enforced_only_when_hidden_and_pods_have_their_own_accounts() -> None:
+    node = _real("1x2xH100")
+    hidden = {s.layer: s for s in node_layers(node, {})}[PROC]
+    assert hidden.level is Level.ENFORCED and "hidepid=2" in hidden.detail
+    why = "/proc is mounted without hidepid; mount -o remount,hidepid=2,gid=GROUP /proc"
+    visible = {s.layer: s for s in node_layers(node, {Capability.HIDDEN_PROCESSES: why})}[PROC]
+    assert visible.level is Level.UNENFORCED and visible.detail == why
+    one_account = {s.layer: s for s in node_layers(node, {Capability.USER_ISOLATION: "not root"})}[PROC]
+    assert one_account.level is Level.UNENFORCED and "agent's own account" in one_account.detail
+    fake = {s.layer: s for s in node_layers(node, {Capability.REAL_PROCESSES: "fake"})}[PROC]
+    assert fake.level is Level.UNENFORCED and fake.detail == "fake"

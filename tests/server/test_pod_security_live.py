@@ -80,5 +80,5 @@ def test_unenforced_limits_are_said_in_events_show_and_nodes_ls(pool: UpProcess,
     assert shown.returncode == 0 and "not enforced: device compute and memory limits" in shown.stdout
     listing = cli(["nodes", "ls"], env)
     assert listing.returncode == 0, listing.stderr
-    for layer in ("accounts", "devices", "device_limits", "host_limits"):
+    for layer in ("accounts", "devices", "device_limits", "host_limits", "proc"):
         assert layer in listing.stdout

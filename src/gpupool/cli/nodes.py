@@ -39,7 +39,9 @@ def list_nodes(output: OutputOption = Format.TABLE) -> None:
     Layers: accounts (pods run as their tenant's Unix account), devices (a pod is given only its
     devices; "advisory" on real devices: no device cgroup rules stop a process that opens the
     others), device_limits (compute and memory shares capped by CUDA MPS), host_limits (cpu and
-    memory capped by a cgroup v2). A layer marked "no" is not enforced there, with the reason.
+    memory capped by a cgroup v2), proc (/proc mounted hidepid=2, so a pod cannot read other
+    accounts' command lines). A layer marked "no" is not enforced there, with the reason and the
+    remedy.
 
     Example: gpupool node ls -o name | xargs -n1 gpupool node cordon
     """

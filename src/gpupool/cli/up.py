@@ -53,8 +53,16 @@ def up(
             "run by the node's agent) or 'actor' (an actor per pod, a Python process each; slower)."))
     ] = "",
     database_url: Annotated[
-        str, typer.Option("--database-url", help="postgresql+psycopg://... (default: SQLite).")
+        str, typer.Option("--database-url", help=(
+            "postgresql+psycopg://USER@HOST:PORT/DB (default: SQLite in DATA_DIR). A URL with a "
+            "password is refused here (every user can read a command line): use --database-url-file "
+            "or GPUPOOL_DATABASE_URL."))
     ] = "",
+    database_url_file: Annotated[
+        Path | None, typer.Option("--database-url-file", help=(
+            "A file holding the database URL, password included; it must be yours and readable by "
+            "you only (chmod 600). Without either flag, GPUPOOL_DATABASE_URL is used."))
+    ] = None,
     policy: Annotated[
         str | None,
         typer.Option("--policy", help=f"Placement policy: {policy_names_text()} (default: {DEFAULT_POLICY}).")
@@ -111,11 +119,15 @@ def up(
     server); without --ray-address a Ray head starts here, its address printed and written to
     DATA_DIR/ray-address (see docs/scale-out.md).
 
+    A PostgreSQL password never goes on the command line: --database-url with one is refused;
+    give the URL in a 0600 file (--database-url-file) or in GPUPOOL_DATABASE_URL.
+
     Example: gpupool up --simulate 2x8xH100 --config pool.yaml
     """
     import os
 
     from gpupool.errors import GpupoolError
+    from gpupool.server import dburl
     from gpupool.server.settings import parse_size_bytes
 
     if ray_pod_carrier:
@@ -125,6 +137,9 @@ def up(
             raise typer.Exit(2)
         os.environ["GPUPOOL_RAY_POD_CARRIER"] = ray_pod_carrier  # read by the ray provider
     try:
+        # Read (and GPUPOOL_DATABASE_URL removed from this process's environment) before anything
+        # is started, so no child process inherits the URL.
+        database_url = dburl.resolve(database_url, database_url_file)
         limits = _Limits(max_request_body_bytes=parse_size_bytes(max_request_body, "--max-request-body"),
                          max_pod_log_bytes=parse_size_bytes(max_pod_log, "--max-pod-log"),
                          agent_dir=agent_dir)
@@ -177,10 +192,14 @@ def _serve(data_dir: Path | None, host: str, port: int, simulate: str, provider:
         print(provisioned.notice, flush=True)
     from gpupool.providers.base import Capability
 
-    accounts = pod_accounts_notice(Capability.REAL_PROCESSES not in
-                                   provisioned.provider.missing_capabilities())
+    missing = provisioned.provider.missing_capabilities()
+    accounts = pod_accounts_notice(Capability.REAL_PROCESSES not in missing)
     if accounts:
         print(accounts, flush=True)
+    if accounts and Capability.USER_ISOLATION not in missing:
+        visible = provisioned.provider.missing_capabilities().get(Capability.HIDDEN_PROCESSES)
+        if visible:  # read again: the pods' group exists now, so an exemption of it is seen
+            print(f"Warning: {visible} (gpupool node ls, layer proc).", file=sys.stderr, flush=True)
     store = Store.open(settings.resolved_database_url)
     rt = Runtime(settings=settings, store=store, provider=provisioned.provider, config=pool_config)
     if fabric_path is not None:

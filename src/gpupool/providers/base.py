@@ -109,6 +109,8 @@ class Capability(StrEnum):
     FAULT_INJECTION = "fault_injection"
     USER_ISOLATION = "user_isolation"
     """Pods run as unprivileged Unix accounts of their tenants, never as the agent's user."""
+    HIDDEN_PROCESSES = "hidden_processes"
+    """/proc hides other accounts' processes from a pod (hidepid=2)."""
 
 
 class Provider(ABC):

@@ -19,6 +19,7 @@ from gpupool.agent.node import NodeAgent
 from gpupool.agent.podstate import PodRecord
 from gpupool.agent.probes.infiniband import SYSFS_ROOT
 from gpupool.agent.probes.nvml import NvmlProbe
+from gpupool.agent.procfs import proc_visibility
 from gpupool.agent.runner import DEFAULT_MAX_LOG_BYTES
 from gpupool.core.model import Node
 from gpupool.errors import NotFound, ProviderError
@@ -83,6 +84,9 @@ class LocalProvider(Provider):
             missing[Capability.USER_ISOLATION] = (
                 "the agent does not run as root, so pods run as its own user: a pool for that one user"
             )
+        hidden = proc_visibility()
+        if hidden:
+            missing[Capability.HIDDEN_PROCESSES] = hidden
         if self.agent.cgroup_root is None:
             missing[Capability.CGROUPS] = (
                 f"no writable cgroup v2 tree with cpu and memory controllers (set {CGROUP_ROOT_ENV} to a "

@@ -39,7 +39,8 @@ class Settings:
     data_dir: Path = field(default_factory=default_data_dir)
     host: str = DEFAULT_HOST
     port: int = DEFAULT_PORT
-    database_url: str = ""
+    database_url: str = field(default="", repr=False)
+    """The store's URL, perhaps with a password: left out of repr(), so no log or error quotes it."""
     provider: str = "local"
     simulate: str = ""
     placement: str = ""
@@ -83,10 +84,16 @@ class Settings:
             raise InvalidInput(f"The pod log cap must be at least {MIN_MAX_POD_LOG_BYTES} bytes, got "
                                f"{self.max_pod_log_bytes}; raise --max-pod-log.")
         if self.database_url and not self.database_url.startswith(("sqlite", "postgresql")):
+            from gpupool.server.dburl import mask
+
             raise InvalidInput(
-                f"Unsupported database URL {self.database_url!r}; use sqlite:///PATH or "
+                f"Unsupported database URL {mask(self.database_url)!r}; use sqlite:///PATH or "
                 "postgresql+psycopg://USER@HOST:PORT/DB."
             )
+        if self.database_url:
+            from gpupool.server.dburl import check
+
+            check(self.database_url)
 
     @property
     def resolved_database_url(self) -> str:

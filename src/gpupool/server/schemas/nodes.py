@@ -48,7 +48,7 @@ class DeviceOut(Strict):
 
 
 class LayerOut(Strict):
-    layer: str = Field(description="accounts, devices, device_limits or host_limits")
+    layer: str = Field(description="accounts, devices, device_limits, host_limits or proc")
     enforced: bool = Field(description="true only when the layer is enforced (level 'enforced')")
     level: str = Field("unenforced", description="enforced; advisory (set up for every pod, but a process "
                        "of the pod can step past it); or unenforced")

@@ -40,14 +40,17 @@ ACCOUNTS = "accounts"
 DEVICES = "devices"
 DEVICE_LIMITS = "device_limits"
 HOST_LIMITS = "host_limits"
+PROC = "proc"
 
 
 def node_layers(node: Node, missing: Mapping[Capability, str]) -> list[LayerState]:
-    """What the node enforces for a pod: its account, its devices, its device share, its host share."""
+    """What the node enforces for a pod: its account, its devices, its device share, its host share,
+    and that it cannot see other accounts' processes."""
     simulated = any(d.simulated for d in node.devices)
     if Capability.REAL_PROCESSES in missing:
         why = missing[Capability.REAL_PROCESSES]
-        return [LayerState(layer, False, why) for layer in (ACCOUNTS, DEVICES, DEVICE_LIMITS, HOST_LIMITS)]
+        return [LayerState(layer, False, why)
+                for layer in (ACCOUNTS, DEVICES, DEVICE_LIMITS, HOST_LIMITS, PROC)]
     accounts = LayerState(ACCOUNTS, Capability.USER_ISOLATION not in missing,
                           missing.get(Capability.USER_ISOLATION, "pods run as their tenant's Unix account"))
     if simulated:
@@ -63,7 +66,18 @@ def node_layers(node: Node, missing: Mapping[Capability, str]) -> list[LayerStat
                                    missing.get(Capability.MPS, "CUDA MPS caps compute and memory per pod"))
     host = LayerState(HOST_LIMITS, Capability.CGROUPS not in missing,
                       missing.get(Capability.CGROUPS, "cgroup v2 caps cpu and memory per pod"))
-    return [accounts, devices, device_limits, host]
+    return [accounts, devices, device_limits, host, _proc(missing)]
+
+
+def _proc(missing: Mapping[Capability, str]) -> LayerState:
+    """hidepid=2 on /proc hides other accounts' processes, which is no help to pods that all run as
+    the agent's one account."""
+    if Capability.HIDDEN_PROCESSES in missing:
+        return LayerState(PROC, False, missing[Capability.HIDDEN_PROCESSES])
+    if Capability.USER_ISOLATION in missing:
+        return LayerState(PROC, False, "/proc hides other accounts' processes (hidepid=2), but pods run "
+                          "as the agent's own account, so they see each other's and the server's")
+    return LayerState(PROC, True, "/proc is mounted hidepid=2: a pod sees only its own account's processes")
 
 
 def limits_asked(request: PodRequest) -> tuple[bool, bool]:
