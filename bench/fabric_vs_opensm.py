@@ -180,7 +180,7 @@ def run_size(pods: int, workdir: Path, args: argparse.Namespace) -> dict[str, An
         started = time.perf_counter()
         tables = compute_tables(parsed)
         runs.append(time.perf_counter() - started)
-    row["gpupool_tables_s"] = round(sorted(runs)[1], 3)  # median of 3
+    row["gpupool_tables_s"] = round(sorted(runs)[1], 4)  # median of 3
     row["gpupool_tables_first_s"] = round(runs[0], 3)
     row["entries"] = tables.entries
     console.print(f"  gpupool tables: {row['gpupool_tables_s']} s for {tables.entries:,} entries")

@@ -60,10 +60,10 @@ def _median(values: list[float]) -> float:
 
 
 def _figure(result: dict[str, object], metric: str) -> float:
-    """`metric` from a benchmark's JSON (top level, or the first row of a `results`/`rows` list)."""
+    """`metric` from a benchmark's JSON (top level, or the first row of a `results`/`rows`/`fabrics` list)."""
     if metric in result:
         return float(result[metric])  # type: ignore[arg-type]
-    for key in ("results", "rows", "backends"):
+    for key in ("results", "rows", "backends", "fabrics"):
         rows = result.get(key)
         if isinstance(rows, list) and rows and isinstance(rows[0], dict) and metric in rows[0]:
             return float(rows[0][metric])
