@@ -37,7 +37,7 @@ from typing import Any
 
 from sqlalchemy import select
 
-from gpupool.core.model import Allocation, Slice, WorkloadStatus
+from gpupool.core.model import Allocation, WorkloadStatus
 from gpupool.server.loops.snapshot import WorkloadCache
 from gpupool.server.orm import PodRow, WorkloadRow
 from gpupool.server.runtime import Runtime
@@ -53,8 +53,9 @@ _PLACED = (WorkloadStatus.ADMITTED.value, WorkloadStatus.RUNNING.value)
 _ID_CHUNK = 500
 """Pod ids per `IN (...)` when looking for rows that vanished."""
 
-_Where = tuple[str, tuple[Slice, ...], int, int]
-"""Where one pod is: node, device slices, CPU milli and memory MiB held on the host."""
+_Where = tuple[str, tuple[tuple[int, int, int], ...], int, int]
+"""Where one pod is: node, device slices (index, compute milli, memory MiB), CPU milli and memory
+MiB held on the host."""
 
 
 @dataclass(slots=True)
@@ -124,6 +125,8 @@ def compare(rt: Runtime, cache: WorkloadCache) -> Divergence:
     """The differences between the cache's allocations and the store (see the module docstring)."""
     cached = cache.allocations()
     known = cache.allocation_nodes
+    found = Divergence()
+    gone: list[str] = []
     with rt.store.read() as session:
         conn = session.connection()
         pods = conn.execute(
@@ -136,22 +139,24 @@ def compare(rt: Runtime, cache: WorkloadCache) -> Divergence:
         by_workload: dict[str, list[Any]] = {}
         for pod in pods:
             by_workload.setdefault(pod.workload_id, []).append(pod)
-        gone = [pod_id for wid, (ids, _) in cached.items()
-                for pod_id in set(ids) - {p.id for p in by_workload.get(wid, ())}]
+        for wid in sorted(cached):
+            ids, allocation = cached[wid]
+            rows = by_workload.get(wid)
+            stored_ids = () if rows is None else tuple(sorted(p.id for p in rows))
+            if stored_ids != ids:
+                # its pods changed since the cache read them: the next read takes them in full; only
+                # a pod whose row is gone altogether is a difference
+                gone += set(ids).difference(stored_ids)
+                continue
+            assert rows is not None
+            status = rows[0].status
+            if status not in _PLACED:
+                found.add("status", f"workload {wid} holds {len(rows)} active pods in the cache and the "
+                                    f"store, but its status is {status}")
+            _compare_placements(found, wid, allocation, rows, known)
         still = _existing(conn, gone)
-    found = Divergence()
     for pod_id in sorted(set(gone) - still):
         found.add("missing", f"pod {pod_id}: held in the cache, no row in the store")
-    for wid in sorted(cached):
-        ids, allocation = cached[wid]
-        rows = by_workload.get(wid, [])
-        if not rows or tuple(sorted(p.id for p in rows)) != ids:
-            continue  # its pods changed since the cache read them: the next read takes them in full
-        status = rows[0].status
-        if status not in _PLACED:
-            found.add("status", f"workload {wid} holds {len(rows)} active pods in the cache and the "
-                                f"store, but its status is {status}")
-        _compare_placements(found, wid, allocation, rows, known)
     for wid in sorted(placed - set(by_workload)):
         found.add("status", f"workload {wid} is admitted or running in the store with no active pod")
     return found
@@ -164,29 +169,32 @@ def _compare_placements(found: Divergence, wid: str, allocation: Allocation, row
     for p in allocation.placements:
         rank = int(p.pod.removeprefix("r"))
         cpu, mem = p.held_host(requests[rank])
-        held[rank] = (p.node, tuple(p.slices), cpu, mem)
-    stored: dict[int, tuple[str, _Where]] = {}
+        slices = tuple((s.device_index, s.compute_milli, s.memory_mib) for s in p.slices)
+        held[rank] = (p.node, slices, cpu, mem)
+    stored: dict[int, _Where] = {}
     for row in rows:
         if row.node not in known:
             continue  # left out of the snapshot (the provider no longer lists its node), as by `load`
         request = requests[row.rank] if row.rank < len(requests) else None
         cpu = row.cpu_milli or (request.cpu_milli if request is not None else 0)
         mem = row.memory_mib or (request.memory_mib if request is not None else 0)
-        stored[row.rank] = (row.id, (row.node, tuple(Slice(**s) for s in row.slices), cpu, mem))
-    by_id = {rank: pod_id for rank, (pod_id, _) in stored.items()}
+        slices = tuple((s["device_index"], s["compute_milli"], s.get("memory_mib", 0)) for s in row.slices)
+        stored[row.rank] = (row.node, slices, cpu, mem)
+    if held == stored:
+        return
+    pod_ids = {row.rank: row.id for row in rows}
     for rank in sorted(set(held) | set(stored)):
-        mine, theirs = held.get(rank), stored.get(rank, (None, None))[1]
+        mine, theirs = held.get(rank), stored.get(rank)
         if mine != theirs:
-            pod_id = by_id.get(rank, f"{wid} rank {rank}")
-            found.add("placement",
-                      f"pod {pod_id}: {_where(mine)} in the cache, {_where(theirs)} in the store")
+            found.add("placement", f"pod {pod_ids.get(rank, f'{wid} rank {rank}')}: {_where(mine)} in the "
+                                   f"cache, {_where(theirs)} in the store")
 
 
 def _where(where: _Where | None) -> str:
     if where is None:
         return "nowhere"
     node, slices, cpu, mem = where
-    devices = ",".join(f"{s.device_index}:{s.compute_milli}m/{s.memory_mib}MiB" for s in slices)
+    devices = ",".join(f"{index}:{milli}m/{memory}MiB" for index, milli, memory in slices)
     return f"{node} [{devices}] cpu {cpu}m mem {mem}MiB"
 
 
