@@ -8,12 +8,14 @@ from collections.abc import Iterator
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Histogram
+from prometheus_client import Counter as PromCounter
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 from sqlalchemy import func, select
 
 from gpupool.core.model import WorkloadStatus
 from gpupool.core.units import MILLI
+from gpupool.server.loops.store_audit import KINDS as STORE_AUDIT_KINDS
 from gpupool.server.metrics_budgets import BudgetCollector
 from gpupool.server.metrics_usage import UsageCollector
 from gpupool.server.orm import PodRow, WorkloadRow
@@ -38,6 +40,15 @@ class Metrics:
             "Wall time of API requests by method, route template and status code.",
             ["method", "route", "status"], buckets=_LATENCY_BUCKETS_S, registry=self.registry,
         )
+        self.store_view_divergence = PromCounter(
+            "gpupool_store_view_divergence",
+            "Differences the scheduler's store audit found between its cached placements and the "
+            "store read afresh, by kind (placement, missing, status); each was logged and the cache "
+            "rebuilt. Never more than 0 unless something wrote the store behind the scheduler's back.",
+            ["kind"], registry=self.registry,
+        )
+        for kind in STORE_AUDIT_KINDS:
+            self.store_view_divergence.labels(kind)
         self.registry.register(PoolCollector(rt))
         self.registry.register(UsageCollector(rt))
         self.registry.register(BudgetCollector(rt))

@@ -47,6 +47,9 @@ class Settings:
     """`gpupool up --policy`: overrides the configuration's placement ('' = the configuration's)."""
     cycle_interval_s: float = 1.0
     busy_poll_interval_s: float = 0.02
+    store_audit_interval_s: float = 60.0
+    """At most this often the loop compares its cached placements with the store read afresh
+    (loops/store_audit.py); 0 turns the audit off."""
     seed: int = 0
     create_admin_token: bool = True
     token_expiry_s: float = 90 * 86400.0
@@ -70,6 +73,8 @@ class Settings:
             raise InvalidInput(f"Port must be between 1 and 65535, got {self.port}.")
         if self.cycle_interval_s <= 0 or self.busy_poll_interval_s <= 0:
             raise InvalidInput("Loop intervals must be positive numbers of seconds.")
+        if not self.store_audit_interval_s >= 0:
+            raise InvalidInput("The store audit interval must be 0 (off) or a positive number of seconds.")
         if self.token_expiry_s <= 0:
             raise InvalidInput("The default token lifetime must be a positive number of seconds.")
         if self.metrics_public and not is_loopback(self.host):
@@ -126,6 +131,12 @@ class Settings:
                 changes["cycle_interval_s"] = float(env["GPUPOOL_CYCLE_INTERVAL_S"])
             except ValueError:
                 raise InvalidInput("GPUPOOL_CYCLE_INTERVAL_S must be a number of seconds.") from None
+        if env.get("GPUPOOL_STORE_AUDIT_INTERVAL_S"):
+            try:
+                changes["store_audit_interval_s"] = float(env["GPUPOOL_STORE_AUDIT_INTERVAL_S"])
+            except ValueError:
+                raise InvalidInput(
+                    "GPUPOOL_STORE_AUDIT_INTERVAL_S must be a number of seconds (0: off).") from None
         for name, key, default in (
                 ("GPUPOOL_MAX_REQUEST_BODY", "max_request_body_bytes", DEFAULT_MAX_REQUEST_BODY_BYTES),
                 ("GPUPOOL_MAX_POD_LOG", "max_pod_log_bytes", DEFAULT_MAX_POD_LOG_BYTES)):

@@ -32,6 +32,9 @@ class ControlLoop:
         self.metrics = metrics
         self.scheduler = Scheduler(rt, policies(rt), seed=rt.settings.seed)
         self.reconciler = Reconciler(rt, on_final=self.scheduler.finished)
+        if metrics is not None:
+            divergence = metrics.store_view_divergence
+            self.scheduler.store_audit.on_divergence = lambda kind, n: divergence.labels(kind).inc(n)
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self.recovered: tuple[int, int] | None = None

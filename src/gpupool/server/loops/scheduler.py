@@ -46,6 +46,7 @@ from gpupool.errors import GpupoolError
 from gpupool.providers.base import PodLaunch
 from gpupool.server.loops.fabric_view import FabricKeeper
 from gpupool.server.loops.snapshot import MAX_PENDING_PER_CYCLE, StoreView, WorkloadCache, load
+from gpupool.server.loops.store_audit import StoreAudit
 from gpupool.server.orm import Base, PodRow, TenantRow, WorkloadRow
 from gpupool.server.runtime import Runtime
 from gpupool.server.services import enforcement, rendezvous
@@ -58,7 +59,8 @@ log = logging.getLogger("gpupool.scheduler")
 FULL_RESCAN_S = 10.0
 AUDIT_S = 60.0
 """How often (at most) a full pass checks the kept view against one built afresh from the store
-(`ViewKeeper.cycle(audit=True)`); a difference would be a bug, and the view is then rebuilt."""
+(`ViewKeeper.cycle(audit=True)`); a difference would be a bug, and the view is then rebuilt. It
+cannot see a store that diverged from the cache the snapshot is built from: `StoreAudit` does."""
 LIMIT_CHECK_S = 0.5
 """How often the loop looks for workloads past their time limit."""
 HISTORY_ROWS = 10_000
@@ -185,6 +187,8 @@ class Scheduler:
         """A cycle requeued work (preemption, eviction): the next cycle must look at all pending work."""
         self._next_limit_check_s = float("-inf")
         self._next_audit_s = float("-inf")
+        self.store_audit = StoreAudit(rt.settings.store_audit_interval_s)
+        """The cached placements against the store read afresh (loops/store_audit.py)."""
         self._backoff_s: float | None = None
         """When the next requeued workload's backoff ends (a full pass then looks at it)."""
         self.ports = rendezvous.PortBook()
@@ -205,7 +209,11 @@ class Scheduler:
         if not self._history_loaded:
             self._load_history()
         backoff_over = self._backoff_s is not None and now >= self._backoff_s
-        full = (capacity_changed or self.requeued or backoff_over or self._horizon_s is None
+        # before the snapshot is read: a difference drops the cache, so this cycle reads it afresh
+        diverged = self.store_audit.due(now) and self.store_audit.check(self.rt, self.cache)
+        if diverged:
+            self._next_audit_s = float("-inf")  # and the kept view is checked against it
+        full = (diverged or capacity_changed or self.requeued or backoff_over or self._horizon_s is None
                 or now - self._last_full_s > FULL_RESCAN_S)
         self.requeued = False
         if full:

@@ -92,6 +92,20 @@ class WorkloadCache:
             self._items[row_id] = found
         return found
 
+    def allocations(self) -> dict[str, tuple[tuple[str, ...], Allocation]]:
+        """The allocations as last read or noted: workload id -> (its active pod ids, sorted; the
+        Allocation built from them, whose placements leave out pods on nodes not listed then)."""
+        return dict(self._allocations)
+
+    @property
+    def allocation_nodes(self) -> frozenset[str]:
+        """The nodes the provider listed when the allocations were last read."""
+        return self._allocation_nodes
+
+    def drop_allocations(self) -> None:
+        """Forget every allocation, so the next `load` reads them all from the store."""
+        self._allocations.clear()
+
     def keep_only(self, ids: set[str]) -> None:
         for stale in set(self._items) - ids:
             del self._items[stale]
