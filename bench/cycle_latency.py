@@ -16,9 +16,9 @@ quota of over-quota tenants: hundreds of preemptions). Target: median under 50 m
         [--config FILE|default ...] [--pending N] [--gc server|default] [--json OUT.json]
 
 Without --config, each placement policy of --policies runs twice: with priority-fifo and nothing
-else (`Policies(placement=...)`), and with drf + per-tenant quota in one cohort + preemption +
-backfill. With --config (repeatable), each row is a pool configuration as `gpupool up --config` and
-`gpupool sim replay --config` read it (`load_config(FILE).policies()`); `default` is the
+else (no preemption, no backfill, each spelled out), and with drf + per-tenant quota in one cohort +
+preemption + backfill. With --config (repeatable), each row is a pool configuration as `gpupool up
+--config` and `gpupool sim replay --config` read it (`load_config(FILE).policies()`); `default` is the
 configuration's defaults (no file). bench/configs/full.yaml is the full configuration: the
 defaults (drf, preemption, backfill, fgd-strand) with the bench's eight tenants as queues of
 1,000 devices each in one cohort. The load average of the machine is recorded beside the figures.
@@ -174,7 +174,8 @@ def _configs(args: argparse.Namespace) -> list[tuple[str, Policies]]:
     rows = []
     for placement in placements:
         rows += [
-            (f"{placement}, priority-fifo", Policies(placement=placement)),
+            (f"{placement}, priority-fifo",
+             Policies(placement=placement, ordering="priority-fifo", preemption=False, backfill=False)),
             (
                 f"{placement}, drf+quota+preempt+backfill",
                 Policies(placement=placement, ordering="drf", quota=quota, preemption=True, backfill=True),

@@ -88,7 +88,8 @@ def main() -> int:
         console.print(f"Error: {exc.message}")
         return 2
     exclusive = exclusive_jobs(fractional)
-    policies = Policies(placement=args.policy, ordering=args.ordering)
+    # no preemption, no backfill, as measured (spelled out: not the configuration's defaults)
+    policies = Policies(placement=args.policy, ordering=args.ordering, preemption=False, backfill=False)
     rows = []
     for fraction in sorted((float(f) for f in args.fractions.split(",")), reverse=True):
         cluster = shrink(nodes, fraction)

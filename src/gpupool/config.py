@@ -413,9 +413,20 @@ class PoolConfig(_Strict):
                 weights[q.tenant] = max(weights.get(q.tenant, 0.0), q.weight)
         return QuotaConfig(cluster_queues=cluster, local_queues=local, tenant_weights=weights)
 
-    def policies(self) -> Policies:
-        """The core's Policies for this configuration (the same for the server and the replay)."""
+    def policies(self, *, placement: str | None = None, ordering: str | None = None,
+                 preemption: bool | None = None, backfill: bool | None = None) -> Policies:
+        """The core's Policies for this configuration: what `gpupool up` runs (with its --policy as
+        `placement`) and what `gpupool sim replay` and `sim fill` run (with their flags). A setting
+        given here (not None) replaces the configuration's; a placement or ordering other than the
+        configuration's drops the options the configuration gave its own."""
         s = self.scheduling
+        named = {"placement": placement, "ordering": ordering, "preemption": preemption, "backfill": backfill}
+        given: dict[str, Any] = {name: value for name, value in named.items() if value is not None}
+        if given.get("placement", s.placement) != s.placement:
+            given["placement_options"] = {}
+        if given.get("ordering", s.ordering) != s.ordering:
+            given["ordering_options"] = {}
+        s = s.model_copy(update=given)
         classes = PriorityClasses(tuple(PriorityClass(c.name, c.value, c.preemptible)
                                         for c in self.priority_classes))
         overcommit = None

@@ -78,7 +78,8 @@ def test_cli_replay_with_budgets_counts_the_waits(tmp_path: Path) -> None:
     prices.write_text("prices:\n  versions:\n    - devices: {V100M32: 2.0}\n")
     budgets.write_text("period: day\ntenants:\n  default: 0.01\n")
     args = ["replay", "--nodes", str(FIXTURES / "openb_tiny_nodes.csv"), "--trace",
-            f"openb:{FIXTURES / 'openb_tiny_pods.csv'}", "--policy", "first-fit", "--seed", "0",
+            f"openb:{FIXTURES / 'openb_tiny_pods.csv'}", "--policy", "first-fit",
+            "--ordering", "priority-fifo", "--no-preemption", "--no-backfill", "--seed", "0",
             "--budgets", str(budgets), "--json", str(out)]
     refused = CliRunner().invoke(app, args)
     assert refused.exit_code == 2 and "--budgets needs a price book" in refused.output

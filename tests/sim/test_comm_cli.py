@@ -19,7 +19,8 @@ def _args(tmp_path: Path, *extra: str) -> list[str]:
     fabric = tmp_path / "tree.topo"
     fabric.write_text(to_ibnetdiscover(fat_tree(4, levels=3, pods=2)))
     return ["replay", "--cluster", "8x8xV100M32", "--trace", f"philly:{REPLAY / 'philly_tiny.csv'}",
-            "--window", "2017-10-01:2017-10-03", "--seed", "1", "--json", str(tmp_path / "r.json"),
+            "--window", "2017-10-01:2017-10-03", "--ordering", "priority-fifo", "--no-preemption",
+            "--no-backfill", "--seed", "1", "--json", str(tmp_path / "r.json"),
             "--fabric", str(fabric), *extra]
 
 

@@ -63,7 +63,8 @@ def test_cli_replay_with_prices_adds_cost(tmp_path: Path) -> None:
     prices.write_text("prices:\n  versions:\n    - devices: {V100M32: 2.0}\n")
     out = tmp_path / "r.json"
     args = ["replay", "--nodes", str(FIXTURES / "openb_tiny_nodes.csv"), "--trace",
-            f"openb:{FIXTURES / 'openb_tiny_pods.csv'}", "--policy", "first-fit", "--seed", "0",
+            f"openb:{FIXTURES / 'openb_tiny_pods.csv'}", "--policy", "first-fit",
+            "--ordering", "priority-fifo", "--no-preemption", "--no-backfill", "--seed", "0",
             "--prices", str(prices), "--json", str(out)]
     result = CliRunner().invoke(app, args)
     assert result.exit_code == 0, result.output

@@ -30,7 +30,8 @@ def test_the_critical_share_is_seeded_and_leaves_the_other_draws_alone() -> None
 def _replay(tmp_path: Path, *extra: str) -> tuple[int, str, Path]:
     out = tmp_path / "r.json"
     result = CliRunner().invoke(app, ["replay", "--cluster", "2x8xV100M32", "--trace", f"philly:{TINY}",
-                                      "--preemption", "--seed", "1", "--json", str(out), *extra])
+                                      "--ordering", "priority-fifo", "--preemption", "--no-backfill",
+                                      "--seed", "1", "--json", str(out), *extra])
     return result.exit_code, result.output, out
 
 

@@ -46,7 +46,8 @@ def test_cli_fill_takes_a_fabric_and_refuses_one_too_small(tmp_path: Path) -> No
 def test_cli_replay_places_gangs_by_the_fabric(tmp_path: Path) -> None:
     out = tmp_path / "r.json"
     args = ["replay", "--cluster", "8x8xV100M32", "--trace", f"philly:{REPLAY / 'philly_tiny.csv'}",
-            "--window", "2017-10-01:2017-10-03", "--policy", "network-aware", "--seed", "1",
+            "--window", "2017-10-01:2017-10-03", "--policy", "network-aware", "--ordering", "priority-fifo",
+            "--no-preemption", "--no-backfill", "--seed", "1",
             "--fabric", str(fabric_file(tmp_path)), "--json", str(out)]
     result = runner.invoke(app, args)
     assert result.exit_code == 0, result.output

@@ -182,6 +182,8 @@ def test_cli_replay_openb_exclusive(tmp_path: Path) -> None:
         "fifo",
         "--policy",
         "first-fit",
+        "--no-preemption",
+        "--no-backfill",
         "--exclusive",
         "--seed",
         "0",

@@ -23,9 +23,22 @@ SIMULATED_MARK = "(sim)"
 def default_policy() -> str:
     """The placement policy `gpupool up` runs when neither --policy nor the configuration names one
     (the configuration's default): also `sim fill`'s and `sim replay`'s."""
-    from gpupool.config import SchedulingConfig
+    return str(config_default("placement"))
 
-    return str(SchedulingConfig.model_fields["placement"].default)
+
+def config_default(setting: str) -> Any:
+    """The configuration's default of `scheduling.<setting>` (`PoolConfig()`, what `gpupool up` runs
+    without --config): the one place the CLI's help reads a scheduling default from."""
+    from gpupool.config import PoolConfig
+
+    return getattr(PoolConfig().scheduling, setting)
+
+
+def config_default_text(setting: str) -> str:
+    """'default: the configuration's scheduling.ordering, drf' (a switch's value as on / off)."""
+    value = config_default(setting)
+    shown = ("on" if value else "off") if isinstance(value, bool) else str(value)
+    return f"default: the configuration's scheduling.{setting}, {shown}"
 
 
 def policy_names_text() -> str:

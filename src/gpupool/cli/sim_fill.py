@@ -3,27 +3,29 @@
 from __future__ import annotations
 
 import sys
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 import typer
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from gpupool.cli._common import default_policy, policy_names_text
+from gpupool.cli._common import config_default_text, policy_names_text
 from gpupool.errors import GpupoolError, InvalidInput
-
-DEFAULT_POLICY = default_policy()
 
 
 def fill(
     nodes: Path = typer.Option(..., "--nodes", help="OpenB node CSV (sn,cpu_milli,memory_mib,gpu,model)."),
     pods: Path = typer.Option(..., "--pods", help="OpenB pod CSV (name,cpu_milli,memory_mib,num_gpu,...)."),
-    policy: list[str] = typer.Option(
-        [],
+    # None (not given): the configuration's placement, as `gpupool up` (no literal default here;
+    # tests/cli/test_one_set_of_defaults.py checks)
+    policy: list[str] | None = typer.Option(
+        None,
         "--policy",
         help=f"Placement policy, repeat to compare several: {policy_names_text()} "
-        f"(default: {DEFAULT_POLICY}, as `gpupool up`).",
+        f"({config_default_text('placement')}, with its placement_options).",
     ),
     seeds: str = typer.Option(
         "42-51", "--seeds", "--seed", help="One seed, a range or a list: 42, 42-51, 42,43,50-51."
@@ -34,17 +36,29 @@ def fill(
         "are mapped onto its hosts in natural name order and the policy is bound to it."),
     json_out: Path | None = typer.Option(None, "--json", help="Write the summary and all runs as JSON."),
     plot_out: Path | None = typer.Option(None, "--plot", help="Write a PNG of allocation vs arrived demand."),
+    config_file: Path | None = typer.Option(
+        None, "--config", help="The pool's configuration (YAML, as `gpupool up` reads): its placement and "
+        "placement_options are the policy run when no --policy is given."),
 ) -> None:
     """Fill an empty cluster with a seeded, inflated, shuffled pod trace; report device allocation.
 
     Each pod is placed at once or fails and pods never leave; the table shows the mean device
-    allocation % over the seeds at 90, 100 and 130 % arrived demand.
+    allocation % over the seeds at 90, 100 and 130 % arrived demand. Without --policy the
+    configuration's placement runs (--config, else its defaults, as `gpupool up`).
 
     Example: gpupool sim fill --nodes nodes.csv --pods pods.csv --policy best-fit --policy fgd --seeds 42-51
     """
     console = Console()
     try:
-        results = _run(nodes, pods, policy or [DEFAULT_POLICY], seeds, jobs, console, fabric)
+        from gpupool.config import load_config
+
+        config = load_config(config_file)  # PoolConfig() without --config, as `gpupool up`
+        chosen: dict[str, Mapping[str, Any]] = {}
+        for name in dict.fromkeys(policy) if policy else [None]:
+            # each as `gpupool up --policy NAME` would run it (None: the configuration's placement)
+            placement = config.policies(placement=name)
+            chosen[placement.placement] = placement.placement_options
+        results = _run(nodes, pods, chosen, seeds, jobs, console, fabric)
         if json_out is not None:
             from gpupool.sim.report import write_json
 
@@ -67,9 +81,10 @@ def fill(
 
 
 def _run(
-    nodes: Path, pods: Path, policies: list[str], seeds_text: str, jobs: int, console: Console,
-    fabric: Path | None = None,
+    nodes: Path, pods: Path, policies: Mapping[str, Mapping[str, Any]], seeds_text: str, jobs: int,
+    console: Console, fabric: Path | None = None,
 ) -> list:
+    """Fill with each policy of `policies` (name -> its options) and each seed."""
     from gpupool.core.scheduling.policies.base import policy_class
     from gpupool.core.scheduling.topology import map_hosts
     from gpupool.sim.fill import FillJob, load_fabric_file, parse_seeds, run_jobs
@@ -79,8 +94,7 @@ def _run(
         if not path.is_file():
             raise InvalidInput(f"{what} file {path} does not exist; give the path of an OpenB CSV file.")
     seed_list = parse_seeds(seeds_text)
-    names = list(dict.fromkeys(policies))
-    for name in names:
+    for name in policies:
         policy_class(name)  # raises UnknownName with a did-you-mean
     cluster = load_openb_nodes(nodes)  # fail fast, with file:line, before any worker starts
     load_openb_pods(pods)
@@ -89,8 +103,8 @@ def _run(
             raise InvalidInput(f"--fabric file {fabric} does not exist; give an ibnetdiscover file.")
         map_hosts(load_fabric_file(str(fabric)), cluster)  # refuses a fabric with too few hosts
     fabric_path = str(fabric) if fabric is not None else None
-    work = [FillJob(str(nodes), str(pods), name, seed, fabric_path=fabric_path)
-            for name in names for seed in seed_list]
+    work = [FillJob(str(nodes), str(pods), name, seed, options=dict(options), fabric_path=fabric_path)
+            for name, options in policies.items() for seed in seed_list]
     columns = (
         TextColumn("[progress.description]{task.description}"),
         BarColumn(),

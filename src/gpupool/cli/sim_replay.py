@@ -9,17 +9,14 @@ from typing import Any
 
 import typer
 
-from gpupool.cli._common import default_policy, policy_names_text
+from gpupool.cli._common import config_default_text, policy_names_text
 from gpupool.errors import GpupoolError, InvalidInput
 
-DEFAULT_POLICY = default_policy()
 
+def _ordering_names_text() -> str:
+    from gpupool.core.scheduling.ordering.base import ordering_names
 
-def _from_command_line(ctx: typer.Context, name: str) -> bool:
-    """Whether option `name` was typed on the command line (typer may vendor its own click, so the
-    source is compared by name)."""
-    source = ctx.get_parameter_source(name)
-    return getattr(source, "name", "") == "COMMANDLINE"
+    return ", ".join(ordering_names())
 
 
 def _nodes(nodes_csv: Path | None, cluster: str | None) -> list[Any]:
@@ -40,15 +37,14 @@ def run_replay(
     cluster: str | None,
     trace: str,
     window: str | None,
-    ordering: str,
-    policy: str,
-    preemption: bool,
-    backfill: bool,
+    ordering: str | None,
+    policy: str | None,
+    preemption: bool | None,
+    backfill: bool | None,
     exclusive: bool,
     seed: int,
     tune_gc: bool = False,
     config: Any = None,
-    overrides: frozenset[str] = frozenset(),
     prices: Any = None,
     budgets: Any = None,
     fabric: Path | None = None,
@@ -57,9 +53,10 @@ def run_replay(
 ) -> dict[str, Any]:
     """Build the replay from CLI-style options and run it (also used by the benchmarks).
 
-    With `config` (a gpupool.config.PoolConfig, the file `gpupool up` reads), the Policies come from
-    it, and of ordering, policy, preemption and backfill only the names in `overrides` (options
-    given on the command line) replace its values.
+    The Policies are `config.policies(...)` (a gpupool.config.PoolConfig, the file `gpupool up`
+    reads; without it `PoolConfig()`, the defaults `gpupool up` runs), with each of ordering,
+    policy, preemption and backfill that is not None (given on the command line) replacing the
+    configuration's value: one set of defaults for the server and the simulator.
 
     `tune_gc` applies the long-running process settings of gpupool/gc_tuning.py once the trace is
     loaded; the `gpupool sim replay` command sets it (it changes the whole process's collector).
@@ -76,7 +73,7 @@ def run_replay(
 
     `critical_share`: that fraction of Philly's jobs (seeded) is of the priority class `critical`.
     """
-    from gpupool.core.scheduling.cycle import Policies
+    from gpupool.config import PoolConfig
     from gpupool.core.scheduling.ordering.base import make_ordering
     from gpupool.core.scheduling.policies.base import policy_class
     from gpupool.sim.jobs import (
@@ -89,6 +86,10 @@ def run_replay(
     )
     from gpupool.sim.replay import ReplayConfig, replay
 
+    policies = (config if config is not None else PoolConfig()).policies(
+        placement=policy, ordering=ordering, preemption=preemption, backfill=backfill)
+    ordering, policy = policies.ordering, policies.placement
+    preemption, backfill = policies.preemption, policies.backfill
     policy_class(policy)  # unknown names fail before any file is read
     make_ordering(ordering)
     span = parse_window(window) if window else None
@@ -100,17 +101,6 @@ def run_replay(
         jobs = exclusive_jobs(jobs)
     if not jobs:
         raise InvalidInput("No jobs in the trace fall inside the window; widen --window.")
-    if config is None:
-        policies = Policies(placement=policy, ordering=ordering, preemption=preemption, backfill=backfill)
-    else:
-        import dataclasses
-
-        policies = config.policies()
-        given = {"ordering": ordering, "placement": policy, "preemption": preemption, "backfill": backfill}
-        policies = dataclasses.replace(policies, **{k: v for k, v in given.items()
-                                                     if (k if k != "placement" else "policy") in overrides})
-        ordering, policy = policies.ordering, policies.placement
-        preemption, backfill = policies.preemption, policies.backfill
     if critical_share and policies.priority_classes.get(CRITICAL_CLASS) is None:
         raise InvalidInput(f"--critical-share marks jobs of class {CRITICAL_CLASS!r}, which the "
                            "configuration's priority_classes do not have; add it (the default classes "
@@ -161,7 +151,6 @@ def run_replay(
 
 
 def replay(
-    ctx: typer.Context,
     trace: str = typer.Option(..., "--trace", help="FORMAT:FILE, FORMAT is openb or philly."),
     nodes: Path | None = typer.Option(None, "--nodes", help="OpenB node CSV file (NODES.csv)."),
     cluster: str | None = typer.Option(
@@ -170,12 +159,24 @@ def replay(
     window: str | None = typer.Option(
         None, "--window", help="START:END as ISO dates (2017-10-01:2017-10-15) or trace seconds."
     ),
-    ordering: str = typer.Option("priority-fifo", "--ordering", help="fifo, priority-fifo, drf, las."),
-    policy: str = typer.Option(
-        DEFAULT_POLICY, "--policy", help=f"Placement policy: {policy_names_text()} (default: `up`'s)."
+    # The scheduling settings default to None, "not given": they come from the configuration (the
+    # --config file, else PoolConfig(), what `gpupool up` runs); tests/cli/test_one_set_of_defaults.py
+    # fails if a literal default comes back here.
+    ordering: str | None = typer.Option(
+        None, "--ordering", help=f"{_ordering_names_text()} ({config_default_text('ordering')})."
     ),
-    preemption: bool = typer.Option(False, "--preemption/--no-preemption", help="Preempt lower priorities."),
-    backfill: bool = typer.Option(False, "--backfill/--no-backfill", help="Backfill around a blocked head."),
+    policy: str | None = typer.Option(
+        None, "--policy",
+        help=f"Placement policy: {policy_names_text()} ({config_default_text('placement')})."
+    ),
+    preemption: bool | None = typer.Option(
+        None, "--preemption/--no-preemption",
+        help=f"Preempt lower priorities ({config_default_text('preemption')})."
+    ),
+    backfill: bool | None = typer.Option(
+        None, "--backfill/--no-backfill",
+        help=f"Backfill around a blocked head ({config_default_text('backfill')})."
+    ),
     exclusive: bool = typer.Option(
         False, "--exclusive/--no-exclusive", help="Round every pod up to whole devices."
     ),
@@ -203,19 +204,19 @@ def replay(
 ) -> None:
     """Replay a trace over time: arrivals, completions, full admission + placement per event.
 
+    Placement, ordering, preemption and backfill are the configuration's (--config, else its
+    defaults, as `gpupool up`; `gpupool config show` prints them) unless given here.
+
     Example: gpupool sim replay --cluster 64x8xV100M32 --trace philly:jobs.csv --preemption --json out.json
     """
     try:
         config = None
-        overrides: frozenset[str] = frozenset()
         if config_file is not None:
             from gpupool.config import load_config
 
             config = load_config(config_file)
             for note in config.notes():  # as `gpupool up` and `config check` say it
                 print(f"Note: {note}", file=sys.stderr)
-            overrides = frozenset(name for name in ("ordering", "policy", "preemption", "backfill")
-                                  if _from_command_line(ctx, name))
         prices = None
         if prices_file is not None:
             from gpupool.prices import load_prices
@@ -243,7 +244,6 @@ def replay(
             seed,
             tune_gc=True,
             config=config,
-            overrides=overrides,
             prices=prices,
             budgets=budgets,
             fabric=fabric_file,

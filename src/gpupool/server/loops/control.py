@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import threading
 import time
@@ -128,9 +127,7 @@ def policies(rt: Runtime) -> Policies:
     from gpupool.core.scheduling.ordering.base import make_ordering
     from gpupool.core.scheduling.policies.base import policy_class
 
-    chosen = rt.config.policies()
-    if rt.settings.placement:
-        chosen = dataclasses.replace(chosen, placement=rt.settings.placement, placement_options={})
+    chosen = rt.config.policies(placement=rt.settings.placement or None)
     policy_class(chosen.placement)
     make_ordering(chosen.ordering, **dict(chosen.ordering_options))
     return chosen
