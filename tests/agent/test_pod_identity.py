@@ -229,6 +229,15 @@ def test_the_launcher_delivers_the_exact_environment(provider: LocalProvider) ->
 
 
 @needs_root
+def _status(pid: int) -> str:
+    """/proc/PID/status, or "" for a process that ended after the listing (other tests' pods come
+    and go while this one looks)."""
+    try:
+        return Path(f"/proc/{pid}/status").read_text()
+    except (FileNotFoundError, ProcessLookupError):
+        return ""
+
+
 def test_an_account_helper_holds_nothing_of_the_root_helper(provider: LocalProvider) -> None:
     """An account's launcher must hold no descriptor that leads back to the root helper (nor run as
     the account, whose pods could then stop it: test_launcher.py), and the root helper refuses to
@@ -237,7 +246,7 @@ def test_an_account_helper_holds_nothing_of_the_root_helper(provider: LocalProvi
     launcher = provider.agent.runner._launcher
     assert launcher is not None
     helpers = [int(pid) for pid in os.listdir("/proc") if pid.isdigit()
-               and f"PPid:\t{launcher._proc.pid}\n" in Path(f"/proc/{pid}/status").read_text()]
+               and f"PPid:\t{launcher._proc.pid}\n" in _status(int(pid))]
     assert len(helpers) == 1
     assert os.stat(f"/proc/{helpers[0]}").st_uid == 0
     sockets = [os.readlink(f"/proc/{helpers[0]}/fd/{fd}") for fd in os.listdir(f"/proc/{helpers[0]}/fd")]
