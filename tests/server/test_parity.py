@@ -309,6 +309,9 @@ class ServerRun:
         self.loop.recovered = self.loop.reconciler.recover()
         self.log: list[Entry] = []
         self.stored = Stored()
+        self.full_passes = True
+        """Whether every step is a full pass (as the replay's cycles); else the loop decides, and a
+        step with only arrivals runs a cycle on them alone (ARRIVALS_PER_CYCLE, FULL_RESCAN_S)."""
         self.budgets: dict[str, Budget] = {}
         self.period_end_s: float | None = None
         """While work waits for a budget, the end of its tenant's period: a step then, as the
@@ -359,7 +362,8 @@ class ServerRun:
                     self.provider.inject_fault(failure.node)
                 else:
                     self.provider.clear_fault(failure.node)
-            self.rt.capacity_changed.set()  # a full pass, as the replay's cycles
+            if self.full_passes:
+                self.rt.capacity_changed.set()  # a full pass, as the replay's cycles
             self.loop.step()
             # pods that waited for a preempted pod to leave start now: the fake provider stops at once
             self.loop.reconciler.sync()
@@ -422,10 +426,12 @@ class ServerRun:
 
 def run_server(tmp_path: Path, nodes: Sequence[Node], jobs: Sequence[Job], config: PoolConfig,
                failure: NodeFailure, monkeypatch: pytest.MonkeyPatch,
-               budgets: Mapping[str, Budget] | None = None, audit: bool = True) -> Run:
+               budgets: Mapping[str, Budget] | None = None, audit: bool = True,
+               full_passes: bool = True) -> Run:
     order = iter(sorted(jobs, key=lambda j: (j.submit_s, j.id)))
     monkeypatch.setattr(workloads, "new_workload_id", lambda: next(order).id)
     server = ServerRun(tmp_path, nodes, config)
+    server.full_passes = full_passes
     server.budgets = dict(budgets or {})
     for tenant, budget in server.budgets.items():
         if tenant not in {t.name for t in tenants.list_tenants(server.rt, ADMIN)}:
@@ -739,3 +745,51 @@ def test_the_store_comparison_sees_a_server_that_stores_wrong(bug: str, small: S
     assert any(line.startswith(aspect) for line in diff), diff
     with pytest.raises(AssertionError):
         assert_same(small.expected, got)
+
+
+# ------------------------------------------------------------------ cycles the loop chooses
+
+
+def _count_arrival_cycles(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """Count the cycles that read new arrivals only (not full passes)."""
+    counted = [0]
+    load = scheduler_module.load
+
+    def counting(*args: Any, **kwargs: Any) -> Any:
+        counted[0] += kwargs.get("since_s") is not None
+        return load(*args, **kwargs)
+
+    monkeypatch.setattr(scheduler_module, "load", counting)
+    return counted
+
+
+def test_arrivals_only_cycles_store_alike_without_preemption(small: Small, tmp_path: Path,
+                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    """Steps are not forced to be full passes: at an instant with only arrivals the loop runs a
+    cycle on them alone (plus the reserved head), as it does live. Without preemption what it
+    decides and stores is what the replay's full passes decide: the work it sets aside cannot fit
+    until something ends, and something ending makes the next cycle a full pass."""
+    off = small.config.model_copy(update={"scheduling": small.config.scheduling.model_copy(
+        update={"preemption": False})})
+    expected = run_replay(MUTATION_NODES, small.jobs, off, small.failure)
+    counted = _count_arrival_cycles(monkeypatch)
+    got = run_server(tmp_path, MUTATION_NODES, small.jobs, off, small.failure, monkeypatch, full_passes=False)
+    assert counted[0] > 10, counted  # arrivals-only cycles ran
+    assert expected.stored.reserved and kinds(expected.log).get("evict")
+    assert_same(expected, got)
+
+
+@pytest.mark.xfail(strict=True, raises=AssertionError, reason=(
+    "a known divergence: in an arrivals-only cycle an arrival is its queue's only candidate and may "
+    "preempt, where a full pass (the replay's, or the loop's next) leaves it waiting behind older work "
+    "of its queue (on the long trace: s0176 preempted s0110 of its own queue; in the full pass it "
+    "waited, quota_exceeded)"))
+def test_arrivals_only_cycles_store_alike_with_preemption(small: Small, tmp_path: Path,
+                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    counted = _count_arrival_cycles(monkeypatch)
+    got = run_server(tmp_path, MUTATION_NODES, small.jobs, small.config, small.failure, monkeypatch,
+                     full_passes=False)
+    if counted[0] <= 10:  # not an AssertionError: the xfail is for the comparison alone
+        pytest.fail(f"only {counted[0]} arrivals-only cycles ran")
+    print("arrivals-only cycles", counted[0])
+    assert_same(small.expected, got)
