@@ -20,6 +20,7 @@ the failure or the repair) it takes the arrivals, then runs one step of its loop
 from __future__ import annotations
 
 import random
+import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -160,9 +161,13 @@ def placed(admission: Any) -> Entry:
 class Recorder(Replay):
     """The replay, noting what it applies in the shape of the store (`Stored`)."""
 
-    def __init__(self, config: ReplayConfig, grace_of: Callable[[str], float]) -> None:
+    def __init__(self, config: ReplayConfig, grace_of: Callable[[str], float],
+                 cancels: frozenset[str] = frozenset()) -> None:
         super().__init__(config)
         self.grace_of = grace_of
+        self.cancels = set(cancels)
+        """Workloads a user cancels while the cycle that admits them (the first time) runs: the
+        cancel wins, the admission is dropped, and the capacity it took is free again."""
         self.log: list[Entry] = []
         self.stored = Stored()
         self._row: dict[str, tuple[str, str]] = {}
@@ -235,6 +240,15 @@ class Recorder(Replay):
             self.stored.grace.setdefault(wid, []).append((self._attempts[wid], grace))
         for admission in result.admitted:
             wid = admission.workload_id
+            if wid in self.cancels:
+                self.cancels.discard(wid)
+                job = self.jobs[wid]
+                if job.token is not None:
+                    self.loop.cancel(job.token)
+                    job.token = None
+                self.view.remove(wid)
+                self._event(wid, now_s, "pending", "cancelled", "cancelled_by_user", "Cancelled by the user.")
+                continue
             where = ", ".join(sorted({p.node for p in admission.placements}))
             wait = any((p.node, s.device_index) in self._stopping
                        for p in admission.placements for s in p.slices)
@@ -258,11 +272,13 @@ class Recorder(Replay):
 
 
 def run_replay(nodes: Sequence[Node], jobs: Sequence[Job], config: PoolConfig,
-               failure: NodeFailure, budgets: Mapping[str, Budget] | None = None) -> Run:
+               failure: NodeFailure, budgets: Mapping[str, Budget] | None = None,
+               cancels: frozenset[str] = frozenset()) -> Run:
     trace = [TraceJob(core_workload(job), job.submit_s, job.duration_s) for job in jobs]
     prices = config.prices.price_book() if budgets else None
     replay = Recorder(ReplayConfig(nodes=tuple(nodes), jobs=tuple(trace), policies=config.policies(), seed=7,
-                                   failures=(failure,), prices=prices, budgets=budgets or {}), config.grace_s)
+                                   failures=(failure,), prices=prices, budgets=budgets or {}), config.grace_s,
+                      cancels)
     replay.run()
     return Run(replay.log, replay.stored)
 
@@ -297,10 +313,11 @@ class ResumingFake(FakeProvider):
 class ServerRun:
     """The server's control loop on a fake provider and a virtual clock."""
 
-    def __init__(self, tmp_path: Path, nodes: Sequence[Node], config: PoolConfig) -> None:
+    def __init__(self, tmp_path: Path, nodes: Sequence[Node], config: PoolConfig,
+                 url: str | None = None) -> None:
         self.now = 0.0
         self.provider = ResumingFake(list(nodes), clock=lambda: self.now)
-        url = f"sqlite:///{tmp_path / 'parity.sqlite'}"
+        url = url or f"sqlite:///{tmp_path / 'parity.sqlite'}"
         settings = Settings(data_dir=tmp_path, database_url=url, seed=7)
         self.rt = Runtime(settings=settings, store=Store.open(url), provider=self.provider,
                           clock=lambda: self.now, config=config)
@@ -427,10 +444,13 @@ class ServerRun:
 def run_server(tmp_path: Path, nodes: Sequence[Node], jobs: Sequence[Job], config: PoolConfig,
                failure: NodeFailure, monkeypatch: pytest.MonkeyPatch,
                budgets: Mapping[str, Budget] | None = None, audit: bool = True,
-               full_passes: bool = True) -> Run:
+               full_passes: bool = True, url: str | None = None,
+               cancels: frozenset[str] = frozenset()) -> Run:
     order = iter(sorted(jobs, key=lambda j: (j.submit_s, j.id)))
     monkeypatch.setattr(workloads, "new_workload_id", lambda: next(order).id)
-    server = ServerRun(tmp_path, nodes, config)
+    server = ServerRun(tmp_path, nodes, config, url)
+    if cancels:
+        race_cancels(server.rt, set(cancels), monkeypatch)
     server.full_passes = full_passes
     server.budgets = dict(budgets or {})
     for tenant, budget in server.budgets.items():
@@ -447,6 +467,34 @@ def run_server(tmp_path: Path, nodes: Sequence[Node], jobs: Sequence[Job], confi
         return Run(log, server.stored)
     finally:
         server.close()
+
+
+def race_cancels(rt: Runtime, cancels: set[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    """A user's cancel of each of `cancels`, committed by another thread (another connection) inside
+    the transaction that admits it the first time: after the scheduler read it pending, before its
+    compare-and-set to admitted. (PostgreSQL only: SQLite's write transaction excludes the cancel.)"""
+    apply = scheduler_module.apply_moves
+
+    def racing(conn: Any, moves: Sequence[Any]) -> Any:
+        raced = {m.workload_id for m in moves if m.to_status == "admitted" and m.workload_id in cancels}
+        for wid in sorted(raced):
+            cancels.discard(wid)
+            failed: list[BaseException] = []
+            user = threading.Thread(target=cancel, args=(wid, failed))
+            user.start()
+            user.join(timeout=30)
+            assert not user.is_alive() and not failed, failed
+        lost = apply(conn, moves)
+        assert raced <= {m.workload_id for m in lost}, "a cancel did not win its race"
+        return lost
+
+    def cancel(wid: str, failed: list[BaseException]) -> None:
+        try:
+            workloads.cancel(rt, ADMIN, wid)
+        except BaseException as exc:  # told to the test by the thread that waits for it
+            failed.append(exc)
+
+    monkeypatch.setattr(scheduler_module, "apply_moves", racing)
 
 
 def check_parity(tmp_path: Path, nodes: Sequence[Node], jobs: Sequence[Job], failure: NodeFailure,
@@ -727,6 +775,28 @@ def test_the_short_trace_is_stored_alike(small: Small, tmp_path: Path,
     differences below are the bugs')."""
     assert_same(small.expected, run_server(tmp_path, MUTATION_NODES, small.jobs, small.config, small.failure,
                                            monkeypatch))
+
+
+def test_the_short_trace_is_stored_alike_on_postgresql(small: Small, postgres: Any, tmp_path: Path,
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    """The same on PostgreSQL (its row locks, its JSON and float columns)."""
+    got = run_server(tmp_path, MUTATION_NODES, small.jobs, small.config, small.failure, monkeypatch,
+                     url=postgres.create_database())
+    assert_same(small.expected, got)
+
+
+def test_cancels_racing_admissions_on_postgresql(small: Small, postgres: Any, tmp_path: Path,
+                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """Users cancel work while the cycle that admits it runs: each cancel commits between the
+    scheduler's read of the row and its move to admitted, wins, and the admission is dropped (no pod
+    rows, no launch); the replay cancels the same work as it admits it. Both store alike."""
+    cancels = frozenset(j.id for j in small.jobs[3::9])
+    expected = run_replay(MUTATION_NODES, small.jobs, small.config, small.failure, cancels=cancels)
+    got = run_server(tmp_path, MUTATION_NODES, small.jobs, small.config, small.failure, monkeypatch,
+                     url=postgres.create_database(), cancels=cancels)
+    cancelled = {w for w, events in got.stored.events.items() if events[-1][2] == "cancelled"}
+    assert cancelled == cancels and not cancelled & set(got.stored.pods)
+    assert_same(expected, got)
 
 
 @pytest.mark.parametrize("bug", list(MUTATIONS))
