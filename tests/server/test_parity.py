@@ -6,6 +6,12 @@ clock, the store), with the same configuration: drf ordering, preemption, backfi
 whose queues share a cohort, and one injected node failure, repaired later. Both must make the
 same admissions (with the same placements), preemptions, evictions and requeues, in the same order.
 
+The decisions are compared as the core returned them, and then as the server stored them: its side
+is read back from the store (events with from, to, reason and message; pod rows with their node and
+device slices; the pending workloads' stored reasons and progress and the backfill reservation after
+each step) and from the provider (the grace each stop gave), the replay's side is built from what it
+applied (`Recorder`), and the two are compared whole (`Stored`, `differences`).
+
 The server is driven as the replay drives the core: at each event time (an arrival, a pod's end,
 the failure or the repair) it takes the arrivals, then runs one step of its loop with a full pass
 (`capacity_changed`), as the replay runs its cycles on every pending workload.
@@ -14,25 +20,32 @@ the failure or the repair) it takes the arrivals, then runs one step of its loop
 from __future__ import annotations
 
 import random
-from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass, replace
+import threading
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 import pytest
+from sqlalchemy import bindparam, false, or_, select, update
 
 from gpupool.config import PoolConfig, parse_config
 from gpupool.core.budgets import Budget, BudgetPeriod, period_end
 from gpupool.core.model import Node, Reason, Workload
 from gpupool.core.scheduling.cycle import CycleResult, EventKind
+from gpupool.providers.base import PodLaunch
 from gpupool.providers.fake import FakeProvider, nodes_from_spec
 from gpupool.server.auth import Principal
 from gpupool.server.db import Store
+from gpupool.server.loops import scheduler as scheduler_module
 from gpupool.server.loops.control import ControlLoop
+from gpupool.server.loops.scheduler import Scheduler
+from gpupool.server.orm import Base
 from gpupool.server.runtime import Runtime
 from gpupool.server.schemas.tenants import TenantCreate, TenantUpdate
 from gpupool.server.schemas.workloads import WorkloadSpec
 from gpupool.server.services import tenants, workloads
+from gpupool.server.services.requeue import Lost, lost_text
 from gpupool.server.services.specs import to_workload
 from gpupool.server.services.tenants import bootstrap
 from gpupool.server.settings import Settings
@@ -41,6 +54,7 @@ from gpupool.sim.replay import NodeFailure, Replay, ReplayConfig
 
 ADMIN = Principal("admin", None)
 Entry = tuple[Any, ...]
+_W, _E, _P = (Base.metadata.tables[name] for name in ("workloads", "events", "pods"))
 
 
 @dataclass(frozen=True)
@@ -79,23 +93,194 @@ def log_of(result: CycleResult, now: float) -> Iterator[Entry]:
             yield (round(now, 6), "reject", rejection.workload_id, rejection.reason.value)
 
 
+# ------------------------------------------------------------------ what the store holds
+
+
+@dataclass
+class Stored:
+    """What a run left in the store: the server's read back from it after (and, for what the store
+    keeps only as the latest value, at each event time of) the run; the replay's built from what it
+    applied, as the server should have written it. Compared whole (`differences`)."""
+
+    events: dict[str, list[Entry]] = field(default_factory=dict)
+    """Per workload, its transitions in order: (at, from, to, reason, message)."""
+    pods: dict[str, list[Entry]] = field(default_factory=dict)
+    """Per workload, per admission in order: its pods' (name, node, ((device, compute_milli,
+    memory_mib), ...)), sorted by name."""
+    grace: dict[str, list[Entry]] = field(default_factory=dict)
+    """Per workload, per stop: (attempt, grace_s) its pods were stopped with."""
+    waiting: dict[float, dict[str, Entry]] = field(default_factory=dict)
+    """At each event time after which work waits: per pending workload its stored reason, message
+    and progress_s (the work it resumes from) -- the row keeps only the latest, so it is read then."""
+    reserved: dict[float, Entry] = field(default_factory=dict)
+    """At each event time after which a head holds a backfill reservation: (workload, start_s)."""
+
+
+@dataclass
+class Run:
+    log: list[Entry]
+    """The core's decisions, as the run's cycles returned them (`log_of`)."""
+    stored: Stored
+
+
+def differences(expected: Stored, got: Stored, most: int = 4) -> list[str]:
+    """Where the server's store differs from what the replay applied: per aspect and key, the first
+    differing entry (at most `most` lines per aspect)."""
+    out: list[str] = []
+    for aspect in ("events", "pods", "grace", "waiting", "reserved"):
+        want, have = getattr(expected, aspect), getattr(got, aspect)
+        shown = len(out)
+        for key in sorted(set(want) | set(have), key=str):
+            a, b = want.get(key), have.get(key)
+            if a == b:
+                continue
+            if isinstance(a, list) and isinstance(b, list):
+                n = next((i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y),
+                         min(len(a), len(b)))
+                a, b = a[n] if n < len(a) else "(none)", b[n] if n < len(b) else "(none)"
+                out.append(f"{aspect} of {key}, #{n}: replay {a}, server {b}")
+            elif isinstance(a, dict) and isinstance(b, dict):
+                ids = sorted(k for k in set(a) | set(b) if a.get(k) != b.get(k))
+                out.append(f"{aspect} at {key}: " + "; ".join(
+                    f"{i}: replay {a.get(i)}, server {b.get(i)}" for i in ids[:3]))
+            else:
+                out.append(f"{aspect} at {key}: replay {a}, server {b}")
+            if len(out) - shown >= most:
+                break
+    return out
+
+
+def placed(admission: Any) -> Entry:
+    return tuple(sorted((p.pod, p.node, tuple((s.device_index, s.compute_milli, s.memory_mib)
+                                              for s in p.slices)) for p in admission.placements))
+
+
 # ------------------------------------------------------------------ the replay
 
 
+class Recorder(Replay):
+    """The replay, noting what it applies in the shape of the store (`Stored`)."""
+
+    def __init__(self, config: ReplayConfig, grace_of: Callable[[str], float],
+                 cancels: frozenset[str] = frozenset()) -> None:
+        super().__init__(config)
+        self.grace_of = grace_of
+        self.cancels = set(cancels)
+        """Workloads a user cancels while the cycle that admits them (the first time) runs: the
+        cancel wins, the admission is dropped, and the capacity it took is free again."""
+        self.log: list[Entry] = []
+        self.stored = Stored()
+        self._row: dict[str, tuple[str, str]] = {}
+        """Each workload's reason and message as the server's row should hold them."""
+        self._said: dict[str, str] = {}
+        """The wait reason last stored (the server writes a wait's message when its reason changes)."""
+        self._lost: dict[str, Lost] = {}
+        self._attempts: dict[str, int] = {}
+        self._reservation: Any = None
+        self._stopping: set[tuple[str, int]] = set()
+        """(node, device) of the pods stopped at this event time: the server's rows hold them
+        `stopping` until the step's end, and work placed on them waits (`waiting` pods)."""
+        self._waiting: set[str] = set()
+        """Admitted at this event time onto such a device: launched at the step's end."""
+
+    def _event(self, wid: str, now_s: float, *entry: str) -> None:
+        self.stored.events.setdefault(wid, []).append((round(now_s, 6), *entry))
+
+    def _arrive(self, job: TraceJob, now_s: float) -> None:
+        super()._arrive(job, now_s)
+        self._row[job.workload.id] = ("submitted", "Submitted.")
+        self._event(job.workload.id, now_s, "", "pending", "submitted", "Submitted.")
+
+    def _finish(self, wid: str, now_s: float) -> None:
+        super()._finish(wid, now_s)
+        self._event(wid, now_s, "running", "succeeded", "completed", "Every pod exited 0.")
+
+    def _stop(self, wid: str, now_s: float, kind: EventKind) -> float:
+        job = self.jobs[wid]
+        started, kept = job.run_start_s, job.kept_s
+        lost_device_s = super()._stop(wid, now_s, kind)
+        ran = now_s - started if started is not None else 0.0
+        self._lost[wid] = Lost(ran, job.kept_s - kept, lost_device_s)  # as the server accounts a stop
+        return lost_device_s
+
+    def _batch(self, now_s: float, events: Sequence[Any]) -> None:
+        self._reservation = None
+        self._stopping.clear()
+        super()._batch(now_s, events)
+        for wid in sorted(self._waiting):  # the stopped pods ended: the waiting ones start
+            self._event(wid, now_s, "admitted", "running", "launched", "Started.")
+        self._waiting.clear()
+        at = round(now_s, 6)
+        waiting = {wid: (*self._row[wid], round(job.kept_s, 6)) for wid, job in self.pending.items()}
+        if waiting:
+            self.stored.waiting[at] = waiting
+        reserved = self._reservation
+        if reserved is not None and reserved.workload_id in self.pending:
+            self.stored.reserved[at] = (reserved.workload_id, round(reserved.start_s, 1))
+
+    def _apply(self, result: CycleResult, now_s: float) -> None:
+        assert not result.moved, "topology moves are not recorded here"
+        self.log.extend(log_of(result, now_s))
+        self._lost.clear()
+        super()._apply(result, now_s)
+        for stop in result.preempted:
+            wid = stop.workload_id
+            message = stop.message + lost_text(self._lost[wid])
+            waited = wid in self._waiting  # its pods never reached the provider: none to stop
+            was = "admitted" if waited else "running"
+            self._event(wid, now_s, was, "pending", stop.reason.value, message)
+            self._row[wid] = (stop.reason.value, message)
+            if waited:
+                self._waiting.discard(wid)
+                continue
+            pods = self.stored.pods[wid][-1]
+            self._stopping.update((node, d) for _, node, slices in pods for d, *_ in slices)
+            evicted = stop.kind is EventKind.EVICT
+            grace = 0.0 if evicted else self.grace_of(self.jobs[wid].job.workload.priority_class)
+            self.stored.grace.setdefault(wid, []).append((self._attempts[wid], grace))
+        for admission in result.admitted:
+            wid = admission.workload_id
+            if wid in self.cancels:
+                self.cancels.discard(wid)
+                job = self.jobs[wid]
+                if job.token is not None:
+                    self.loop.cancel(job.token)
+                    job.token = None
+                self.view.remove(wid)
+                self._event(wid, now_s, "pending", "cancelled", "cancelled_by_user", "Cancelled by the user.")
+                continue
+            where = ", ".join(sorted({p.node for p in admission.placements}))
+            wait = any((p.node, s.device_index) in self._stopping
+                       for p in admission.placements for s in p.slices)
+            self._event(wid, now_s, "pending", "admitted", "admitted",
+                        f"Placed on {where}" + (scheduler_module._WAITS if wait else "."))
+            if wait:
+                self._waiting.add(wid)
+            else:
+                self._event(wid, now_s, "admitted", "running", "launched", "Started.")
+            self.stored.pods.setdefault(wid, []).append(placed(admission))
+            self._attempts[wid] = self._attempts.get(wid, 0) + 1
+            self._said.pop(wid, None)
+        for rejection in result.rejected:
+            wid, reason = rejection.workload_id, rejection.reason.value
+            if rejection.final:
+                self._event(wid, now_s, "pending", "failed", reason, rejection.message)
+            elif self._said.get(wid) != reason:
+                self._said[wid] = reason
+                self._row[wid] = (reason, rejection.message)
+        self._reservation = result.reservation
+
+
 def run_replay(nodes: Sequence[Node], jobs: Sequence[Job], config: PoolConfig,
-               failure: NodeFailure, budgets: Mapping[str, Budget] | None = None) -> list[Entry]:
-    log: list[Entry] = []
-
-    class Logged(Replay):
-        def _apply(self, result: CycleResult, now_s: float) -> None:
-            log.extend(log_of(result, now_s))
-            super()._apply(result, now_s)
-
+               failure: NodeFailure, budgets: Mapping[str, Budget] | None = None,
+               cancels: frozenset[str] = frozenset()) -> Run:
     trace = [TraceJob(core_workload(job), job.submit_s, job.duration_s) for job in jobs]
-    Logged(ReplayConfig(nodes=tuple(nodes), jobs=tuple(trace), policies=config.policies(), seed=7,
-                        failures=(failure,), prices=config.prices.price_book() if budgets else None,
-                        budgets=budgets or {})).run()
-    return log
+    prices = config.prices.price_book() if budgets else None
+    replay = Recorder(ReplayConfig(nodes=tuple(nodes), jobs=tuple(trace), policies=config.policies(), seed=7,
+                                   failures=(failure,), prices=prices, budgets=budgets or {}), config.grace_s,
+                      cancels)
+    replay.run()
+    return Run(replay.log, replay.stored)
 
 
 def core_workload(job: Job) -> Workload:
@@ -106,13 +291,33 @@ def core_workload(job: Job) -> Workload:
 # ------------------------------------------------------------------ the server
 
 
+class ResumingFake(FakeProvider):
+    """The fake provider, whose pods resume from their workload's checkpoints as the replay's jobs
+    do: a pod runs its duration less the work its workload's earlier attempts kept (the fake's own
+    checkpoint marks: the truth, not what the server stored)."""
+
+    def launch(self, pod: PodLaunch) -> None:
+        if pod.pod_id not in self._pods and "GPUPOOL_FAKE_CHECKPOINT_S" in pod.env:
+            kept: dict[str, float] = {}
+            for fake in self._checkpointing.get(pod.workload_id, ()):
+                mark, every = self._last_checkpoint_s(fake), fake.checkpoint_every_s
+                if mark is not None and every is not None:
+                    attempt = fake.launch.pod_id.rsplit("-", 2)[1]  # <workload>-a<attempt>-r<rank>
+                    done = mark - (fake.started_at_s + self.startup_s)
+                    kept[attempt] = max(kept.get(attempt, 0.0), round(done / every) * every)
+            duration = float(pod.env["GPUPOOL_FAKE_DURATION_S"]) - sum(kept.values())
+            pod = replace(pod, env=dict(pod.env, GPUPOOL_FAKE_DURATION_S=repr(duration)))
+        super().launch(pod)
+
+
 class ServerRun:
     """The server's control loop on a fake provider and a virtual clock."""
 
-    def __init__(self, tmp_path: Path, nodes: Sequence[Node], config: PoolConfig) -> None:
+    def __init__(self, tmp_path: Path, nodes: Sequence[Node], config: PoolConfig,
+                 url: str | None = None) -> None:
         self.now = 0.0
-        self.provider = FakeProvider(list(nodes), clock=lambda: self.now)
-        url = f"sqlite:///{tmp_path / 'parity.sqlite'}"
+        self.provider = ResumingFake(list(nodes), clock=lambda: self.now)
+        url = url or f"sqlite:///{tmp_path / 'parity.sqlite'}"
         settings = Settings(data_dir=tmp_path, database_url=url, seed=7)
         self.rt = Runtime(settings=settings, store=Store.open(url), provider=self.provider,
                           clock=lambda: self.now, config=config)
@@ -120,6 +325,10 @@ class ServerRun:
         self.loop = ControlLoop(self.rt)
         self.loop.recovered = self.loop.reconciler.recover()
         self.log: list[Entry] = []
+        self.stored = Stored()
+        self.full_passes = True
+        """Whether every step is a full pass (as the replay's cycles); else the loop decides, and a
+        step with only arrivals runs a cycle on them alone (ARRIVALS_PER_CYCLE, FULL_RESCAN_S)."""
         self.budgets: dict[str, Budget] = {}
         self.period_end_s: float | None = None
         """While work waits for a budget, the end of its tenant's period: a step then, as the
@@ -155,6 +364,7 @@ class ServerRun:
             times = [t for t in (arrivals[i].submit_s if i < len(arrivals) else None, self.next_end(),
                                  faults[0][0] if faults else None, self.period_end_s) if t is not None]
             if not times:
+                self.read_store()
                 return self.log
             self.now = min(times)
             if self.now == self.period_end_s:
@@ -169,15 +379,62 @@ class ServerRun:
                     self.provider.inject_fault(failure.node)
                 else:
                     self.provider.clear_fault(failure.node)
-            self.rt.capacity_changed.set()  # a full pass, as the replay's cycles
+            if self.full_passes:
+                self.rt.capacity_changed.set()  # a full pass, as the replay's cycles
             self.loop.step()
             # pods that waited for a preempted pod to leave start now: the fake provider stops at once
             self.loop.reconciler.sync()
             self.loop.scheduler.promote_waiting()
+            self.observe()
+
+    def observe(self) -> None:
+        """What the store holds only as its latest value, read afresh after each step: the pending
+        workloads' reasons, messages and progress, and the backfill reservation."""
+        at = round(self.now, 6)
+        with self.rt.store.read() as session:
+            rows = session.connection().execute(
+                select(_W.c.id, _W.c.status, _W.c.reason, _W.c.message, _W.c.progress_s,
+                       _W.c.reserved_start_s)
+                .where(or_(_W.c.status == "pending", _W.c.reserved_start_s.is_not(None)))).all()
+        waiting = {r.id: (r.reason, r.message, round(r.progress_s, 6)) for r in rows if r.status == "pending"}
+        if waiting:
+            self.stored.waiting[at] = waiting
+        reserved = [(r.id, r.reserved_start_s) for r in rows if r.reserved_start_s is not None]
+        if reserved:
+            assert len(reserved) == 1, reserved  # one head holds the reservation
+            self.stored.reserved[at] = reserved[0]
+
+    def read_store(self) -> None:
+        """The events and pod rows, read from the store after the run; the grace each stopped pod
+        was given, from the provider (the store keeps none: what the server told the provider is
+        what can be seen of it)."""
+        stored = self.stored
+        with self.rt.store.read() as session:
+            conn = session.connection()
+            for e in conn.execute(select(_E).order_by(_E.c.id)):
+                if e.reason == "limits_unenforced":  # a note on an admitted pod, not a transition
+                    continue
+                stored.events.setdefault(e.workload_id, []).append(
+                    (round(e.at_s, 6), e.from_status, e.to_status, e.reason, e.message))
+            attempts: dict[tuple[str, int], list[Entry]] = {}
+            for pod in conn.execute(select(_P).order_by(_P.c.workload_id, _P.c.attempt, _P.c.name)):
+                attempts.setdefault((pod.workload_id, pod.attempt), []).append((pod.name, pod.node, tuple(
+                    (s["device_index"], s["compute_milli"], s["memory_mib"]) for s in pod.slices)))
+        for (wid, _), pods in sorted(attempts.items()):
+            stored.pods.setdefault(wid, []).append(tuple(pods))
+        stops: set[tuple[str, int, float]] = set()
+        for fake in self.provider._pods.values():
+            if fake.stop_at_s is not None:
+                wid, attempt, _ = fake.launch.pod_id.rsplit("-", 2)
+                stops.add((wid, int(attempt.removeprefix("a")), fake.grace_s))
+        for wid, attempt, grace in sorted(stops):
+            stored.grace.setdefault(wid, []).append((attempt, grace))
 
     def submit(self, job: Job) -> None:
-        spec = dict(job.spec, tenant=job.tenant,
-                    env={"GPUPOOL_FAKE_DURATION_S": repr(job.duration_s)})
+        env = {"GPUPOOL_FAKE_DURATION_S": repr(job.duration_s)}
+        if job.spec.get("checkpoint_interval_s"):  # the fake pod checkpoints as the replay's job does
+            env["GPUPOOL_FAKE_CHECKPOINT_S"] = repr(job.spec["checkpoint_interval_s"])
+        spec = dict(job.spec, tenant=job.tenant, env=env)
         assert workloads.submit(self.rt, ADMIN, WorkloadSpec.model_validate(spec)).id == job.id
 
     def close(self) -> None:
@@ -186,10 +443,15 @@ class ServerRun:
 
 def run_server(tmp_path: Path, nodes: Sequence[Node], jobs: Sequence[Job], config: PoolConfig,
                failure: NodeFailure, monkeypatch: pytest.MonkeyPatch,
-               budgets: Mapping[str, Budget] | None = None) -> list[Entry]:
+               budgets: Mapping[str, Budget] | None = None, audit: bool = True,
+               full_passes: bool = True, url: str | None = None,
+               cancels: frozenset[str] = frozenset()) -> Run:
     order = iter(sorted(jobs, key=lambda j: (j.submit_s, j.id)))
     monkeypatch.setattr(workloads, "new_workload_id", lambda: next(order).id)
-    server = ServerRun(tmp_path, nodes, config)
+    server = ServerRun(tmp_path, nodes, config, url)
+    if cancels:
+        race_cancels(server.rt, set(cancels), monkeypatch)
+    server.full_passes = full_passes
     server.budgets = dict(budgets or {})
     for tenant, budget in server.budgets.items():
         if tenant not in {t.name for t in tenants.list_tenants(server.rt, ADMIN)}:
@@ -200,22 +462,58 @@ def run_server(tmp_path: Path, nodes: Sequence[Node], jobs: Sequence[Job], confi
     try:
         log = server.run(jobs, failure)
         # the loop audits its kept view against the store every minute (of the trace's time): no drift
-        assert server.loop.scheduler.keeper.drifts == 0
-        return log
+        if audit:
+            assert server.loop.scheduler.keeper.drifts == 0
+        return Run(log, server.stored)
     finally:
         server.close()
 
 
+def race_cancels(rt: Runtime, cancels: set[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    """A user's cancel of each of `cancels`, committed by another thread (another connection) inside
+    the transaction that admits it the first time: after the scheduler read it pending, before its
+    compare-and-set to admitted. (PostgreSQL only: SQLite's write transaction excludes the cancel.)"""
+    apply = scheduler_module.apply_moves
+
+    def racing(conn: Any, moves: Sequence[Any]) -> Any:
+        raced = {m.workload_id for m in moves if m.to_status == "admitted" and m.workload_id in cancels}
+        for wid in sorted(raced):
+            cancels.discard(wid)
+            failed: list[BaseException] = []
+            user = threading.Thread(target=cancel, args=(wid, failed))
+            user.start()
+            user.join(timeout=30)
+            assert not user.is_alive() and not failed, failed
+        lost = apply(conn, moves)
+        assert raced <= {m.workload_id for m in lost}, "a cancel did not win its race"
+        return lost
+
+    def cancel(wid: str, failed: list[BaseException]) -> None:
+        try:
+            workloads.cancel(rt, ADMIN, wid)
+        except BaseException as exc:  # told to the test by the thread that waits for it
+            failed.append(exc)
+
+    monkeypatch.setattr(scheduler_module, "apply_moves", racing)
+
+
 def check_parity(tmp_path: Path, nodes: Sequence[Node], jobs: Sequence[Job], failure: NodeFailure,
-                 monkeypatch: pytest.MonkeyPatch, budgets: Mapping[str, Budget] | None = None) -> list[Entry]:
+                 monkeypatch: pytest.MonkeyPatch, budgets: Mapping[str, Budget] | None = None) -> Run:
     names = sorted({j.tenant for j in jobs})
     config = parse_config(config_text(names))
     expected = run_replay(nodes, jobs, config, failure, budgets)
     got = run_server(tmp_path, nodes, jobs, config, failure, monkeypatch, budgets)
-    for n, (want, have) in enumerate(zip(expected, got, strict=False)):
-        assert have == want, f"decision {n} differs: replay {want}, server {have}"
-    assert len(got) == len(expected)
+    assert_same(expected, got)
     return expected
+
+
+def assert_same(expected: Run, got: Run) -> None:
+    """The same decisions, and the same store: what the server wrote is what the replay applied."""
+    for n, (want, have) in enumerate(zip(expected.log, got.log, strict=False)):
+        assert have == want, f"decision {n} differs: replay {want}, server {have}"
+    assert len(got.log) == len(expected.log)
+    diff = differences(expected.stored, got.stored)
+    assert not diff, "the store differs from what the replay applied:\n" + "\n".join(diff)
 
 
 def kinds(log: Sequence[Entry]) -> dict[str, int]:
@@ -228,10 +526,12 @@ def kinds(log: Sequence[Entry]) -> dict[str, int]:
 # ------------------------------------------------------------------ traces
 
 
-def synthetic_jobs(count: int, seed: int) -> list[Job]:
+def synthetic_jobs(count: int, seed: int, checkpointing: float = 0.5) -> list[Job]:
     """Fractions, whole devices and gangs from three tenants, in three priority classes; arrivals
-    in bursts so that queues form, preemption and backfill have work to do."""
+    in bursts so that queues form, preemption and backfill have work to do. A share
+    (`checkpointing`) of the jobs checkpoint, so that a stopped job resumes with progress."""
     rng = random.Random(seed)
+    saves = random.Random(seed + 1)  # its own draws: the rest of the trace is as without checkpoints
     shapes = [({"gpus": 0.25}, 1), ({"gpus": 0.5, "gpu_memory": "20GiB"}, 1), ({"gpus": 1}, 1),
               ({"gpus": 2}, 1), ({"gpus": 4}, 2), ({"gpus": 8}, 1)]
     classes = ["best-effort", "normal", "normal", "high"]
@@ -246,6 +546,10 @@ def synthetic_jobs(count: int, seed: int) -> list[Job]:
             limit = round(rng.uniform(600, 4000), 3)
             spec["time_limit_s"] = limit
             duration = min(duration, limit - 1)
+        if saves.random() < checkpointing:
+            spec["checkpoint_interval_s"] = saves.choice([120.0, 300.0, 600.0])
+            # the user's estimate: backfill then counts the progress a resumed job keeps
+            spec["runtime_estimate_s"] = round(duration * saves.uniform(0.8, 1.5), 3)
         jobs.append(Job(f"s{n:04d}", rng.choice(["vision", "nlp", "speech"]), spec, round(now, 3), duration))
     return jobs
 
@@ -255,12 +559,15 @@ def test_server_and_replay_decide_alike_on_a_synthetic_trace(tmp_path: Path,
     nodes = nodes_from_spec("3x8xH100,2x4xV100M32")
     jobs = synthetic_jobs(300, seed=3)
     failure = NodeFailure(at_s=jobs[120].submit_s + 0.5, node=nodes[0].name, repair_after_s=1800.0)
-    log = check_parity(tmp_path, nodes, jobs, failure, monkeypatch)
+    run = check_parity(tmp_path, nodes, jobs, failure, monkeypatch)
+    log, stored = run.log, run.stored
     seen = kinds(log)
     print("synthetic", seen)
     # the trace exercises what it is meant to: every kind of decision happens
     assert seen.get("admit", 0) >= 300 and seen.get("preempt", 0) > 0 and seen.get("evict", 0) > 0, seen
     assert seen["requeue"] == seen["preempt"] + seen["evict"]
+    waits = [v for w in stored.waiting.values() for v in w.values()]
+    assert stored.reserved and any(progress > 0 for *_, progress in waits), "no reservation or no resume"
 
 
 def test_parity_fails_when_the_server_decides_otherwise(tmp_path: Path,
@@ -274,7 +581,7 @@ def test_parity_fails_when_the_server_decides_otherwise(tmp_path: Path,
     expected = run_replay(nodes, jobs, config, failure)
     off = config.model_copy(update={"scheduling": config.scheduling.model_copy(update={"preemption": False})})
     got = run_server(tmp_path, nodes, jobs, off, failure, monkeypatch)
-    assert kinds(expected).get("preempt", 0) > 0 and got != expected
+    assert kinds(expected.log).get("preempt", 0) > 0 and got.log != expected.log
 
 
 def test_server_and_replay_decide_alike_with_budgets(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -286,7 +593,7 @@ def test_server_and_replay_decide_alike_with_budgets(tmp_path: Path, monkeypatch
     jobs = [replace(j, submit_s=round(j.submit_s + shift, 3)) for j in synthetic_jobs(220, seed=11)]
     failure = NodeFailure(at_s=jobs[90].submit_s + 0.5, node=nodes[0].name, repair_after_s=1800.0)
     budgets = {"vision": Budget(60.0, BudgetPeriod.DAY), "nlp": Budget(110.0, BudgetPeriod.DAY, 0.5)}
-    log = check_parity(tmp_path, nodes, jobs, failure, monkeypatch, budgets)
+    log = check_parity(tmp_path, nodes, jobs, failure, monkeypatch, budgets).log
     seen = kinds(log)
     print("budgets", seen)
     admitted = {e[2]: e[0] for e in log if e[1] == "admit"}
@@ -295,7 +602,7 @@ def test_server_and_replay_decide_alike_with_budgets(tmp_path: Path, monkeypatch
     late = [w for w, at in admitted.items() if at >= 86_400.0 and tenant_of[w] in budgets
             and next(j.submit_s for j in jobs if j.id == w) < 86_400.0 - 3_000.0]
     assert late, "no budgeted work waited for the new period"
-    without = run_replay(nodes, jobs, parse_config(config_text(sorted(set(tenant_of.values())))), failure)
+    without = run_replay(nodes, jobs, parse_config(config_text(sorted(set(tenant_of.values())))), failure).log
     assert without != log  # the budgets changed the decisions
 
 
@@ -337,7 +644,7 @@ def test_server_and_replay_decide_alike_on_philly(tmp_path: Path, shared_data: P
     nodes = nodes_from_spec("4x8xV100M32")
     jobs = dataset_jobs(philly_jobs(path, 8, seed=0), 250)
     failure = NodeFailure(at_s=jobs[100].submit_s + 0.5, node=nodes[0].name, repair_after_s=3600.0)
-    log = check_parity(tmp_path, nodes, jobs, failure, monkeypatch)
+    log = check_parity(tmp_path, nodes, jobs, failure, monkeypatch).log
     print("philly", kinds(log))
     assert kinds(log).get("admit", 0) >= 250
 
@@ -353,6 +660,206 @@ def test_server_and_replay_decide_alike_on_openb(tmp_path: Path, shared_data: Pa
     nodes = nodes_from_spec("4x8xV100M32")
     jobs = dataset_jobs(openb_jobs(timed[0]), 300)
     failure = NodeFailure(at_s=jobs[150].submit_s + 0.5, node=nodes[0].name, repair_after_s=3600.0)
-    log = check_parity(tmp_path, nodes, jobs, failure, monkeypatch)
+    log = check_parity(tmp_path, nodes, jobs, failure, monkeypatch).log
     print("openb", kinds(log))
     assert kinds(log).get("admit", 0) >= 300
+
+
+# ------------------------------------------------------------------ the check sees the store
+
+
+def _requeue_without_stops(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every stop stored as a generic requeue: the message and grace of no preemption or eviction."""
+    requeue = Scheduler._requeue
+
+    def generic(self: Scheduler, session: Any, batch: Any, marks: Any, now: float) -> Any:
+        return requeue(self, session, replace(batch, stops={}), marks, now)
+
+    monkeypatch.setattr(Scheduler, "_requeue", generic)
+
+
+def _no_wait_reasons(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Pending reasons never stored: the statement runs, and matches no row."""
+    nowhere = update(_W).where(_W.c.id == bindparam("r_id"), false())
+    monkeypatch.setattr(scheduler_module, "_SET_REASON",
+                        nowhere.values(reason=bindparam("r_reason"), message=bindparam("r_message")))
+
+
+def _no_reservation(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The backfill reservation never written."""
+    monkeypatch.setattr(Scheduler, "_write_reservation", lambda self, conn, reserved: None)
+
+
+def _pod_rows(change: Callable[[dict[str, Any]], None]) -> Callable[[pytest.MonkeyPatch], None]:
+    """Pod rows written with `change` made to them (the launches still go where the core placed)."""
+
+    def inject(monkeypatch: pytest.MonkeyPatch) -> None:
+        place = Scheduler._place_pods
+
+        class Writes:
+            def __init__(self, conn: Any) -> None:
+                self.conn = conn
+
+            def execute(self, statement: Any, params: Any = None, *args: Any, **kwargs: Any) -> Any:
+                if statement is scheduler_module._INSERT_POD:
+                    params = [dict(p) for p in params]
+                    for pod in params:
+                        change(pod)
+                return self.conn.execute(statement, params, *args, **kwargs)
+
+            def __getattr__(self, name: str) -> Any:
+                return getattr(self.conn, name)
+
+        def wrong(self: Scheduler, conn: Any, *args: Any) -> Any:
+            return place(self, Writes(conn), *args)
+
+        monkeypatch.setattr(Scheduler, "_place_pods", wrong)
+
+    return inject
+
+
+def _other_node(pod: dict[str, Any]) -> None:
+    pod["node"] = MUTATION_NODES[1].name if pod["node"] == MUTATION_NODES[0].name else MUTATION_NODES[0].name
+
+
+def _other_device(pod: dict[str, Any]) -> None:
+    pod["slices"] = [dict(s, device_index=(s["device_index"] + 1) % 8) for s in pod["slices"]]
+
+
+def _progress_untold(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Requeued work's progress (its checkpoints) never told to the core (stored all the same)."""
+    told = Scheduler._requeued_info
+
+    def untold(self: Scheduler, row: Any, moved_s: float | None) -> None:
+        told(self, row, moved_s)
+        self.info[row.id] = replace(self.info[row.id], progress_s=0.0)
+
+    monkeypatch.setattr(Scheduler, "_requeued_info", untold)
+
+
+MUTATION_NODES = nodes_from_spec("2x8xH100")
+MUTATIONS: dict[str, tuple[Callable[[pytest.MonkeyPatch], None], str]] = {
+    "stops stored generic": (_requeue_without_stops, "events"),
+    "pending reasons never stored": (_no_wait_reasons, "waiting"),
+    "reservation never written": (_no_reservation, "reserved"),
+    "pod rows on the wrong node": (_pod_rows(_other_node), "pods"),
+    "pod rows on the wrong device": (_pod_rows(_other_device), "pods"),
+    "requeue progress untold": (_progress_untold, ""),
+}
+"""Server bugs that left the decisions-only comparison green, and the aspect of the store that
+must show each (any aspect for the last: the core then decides otherwise, so much differs)."""
+
+
+@dataclass(frozen=True)
+class Small:
+    jobs: list[Job]
+    failure: NodeFailure
+    config: PoolConfig
+    expected: Run
+
+
+@pytest.fixture(scope="module")
+def small() -> Small:
+    """A short trace with every kind of stop, waits and reservations, replayed once. Every job
+    checkpoints and gives an estimate, so that the progress a resumed job keeps changes what
+    backfill decides (with half of them, as in the longer trace, it happens to change nothing)."""
+    jobs = synthetic_jobs(80, seed=5, checkpointing=1.0)
+    failure = NodeFailure(at_s=jobs[40].submit_s + 0.5, node=MUTATION_NODES[0].name, repair_after_s=900.0)
+    config = parse_config(config_text(sorted({j.tenant for j in jobs})))
+    return Small(jobs, failure, config, run_replay(MUTATION_NODES, jobs, config, failure))
+
+
+def test_the_short_trace_is_stored_alike(small: Small, tmp_path: Path,
+                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """Without a bug the server stores on the short trace what the replay applied (so the
+    differences below are the bugs')."""
+    assert_same(small.expected, run_server(tmp_path, MUTATION_NODES, small.jobs, small.config, small.failure,
+                                           monkeypatch))
+
+
+def test_the_short_trace_is_stored_alike_on_postgresql(small: Small, postgres: Any, tmp_path: Path,
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    """The same on PostgreSQL (its row locks, its JSON and float columns)."""
+    got = run_server(tmp_path, MUTATION_NODES, small.jobs, small.config, small.failure, monkeypatch,
+                     url=postgres.create_database())
+    assert_same(small.expected, got)
+
+
+def test_cancels_racing_admissions_on_postgresql(small: Small, postgres: Any, tmp_path: Path,
+                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """Users cancel work while the cycle that admits it runs: each cancel commits between the
+    scheduler's read of the row and its move to admitted, wins, and the admission is dropped (no pod
+    rows, no launch); the replay cancels the same work as it admits it. Both store alike."""
+    cancels = frozenset(j.id for j in small.jobs[3::9])
+    expected = run_replay(MUTATION_NODES, small.jobs, small.config, small.failure, cancels=cancels)
+    got = run_server(tmp_path, MUTATION_NODES, small.jobs, small.config, small.failure, monkeypatch,
+                     url=postgres.create_database(), cancels=cancels)
+    cancelled = {w for w, events in got.stored.events.items() if events[-1][2] == "cancelled"}
+    assert cancelled == cancels and not cancelled & set(got.stored.pods)
+    assert_same(expected, got)
+
+
+@pytest.mark.parametrize("bug", list(MUTATIONS))
+def test_the_store_comparison_sees_a_server_that_stores_wrong(bug: str, small: Small, tmp_path: Path,
+                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    inject, aspect = MUTATIONS[bug]
+    stored = small.expected.stored
+    # the trace exercises what each bug would spoil
+    assert stored.reserved and any(v[2] > 0 for w in stored.waiting.values() for v in w.values())
+    assert {g for v in stored.grace.values() for _, g in v} == {0.0, 30.0}  # evictions and preemptions
+    inject(monkeypatch)
+    got = run_server(tmp_path, MUTATION_NODES, small.jobs, small.config, small.failure, monkeypatch,
+                     audit=False)
+    diff = differences(stored, got.stored)
+    print(bug, "decisions alike:", got.log == small.expected.log, diff[:2])
+    assert any(line.startswith(aspect) for line in diff), diff
+    with pytest.raises(AssertionError):
+        assert_same(small.expected, got)
+
+
+# ------------------------------------------------------------------ cycles the loop chooses
+
+
+def _count_arrival_cycles(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """Count the cycles that read new arrivals only (not full passes)."""
+    counted = [0]
+    load = scheduler_module.load
+
+    def counting(*args: Any, **kwargs: Any) -> Any:
+        counted[0] += kwargs.get("since_s") is not None
+        return load(*args, **kwargs)
+
+    monkeypatch.setattr(scheduler_module, "load", counting)
+    return counted
+
+
+def test_arrivals_only_cycles_store_alike_without_preemption(small: Small, tmp_path: Path,
+                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    """Steps are not forced to be full passes: at an instant with only arrivals the loop runs a
+    cycle on them alone (plus the reserved head), as it does live. Without preemption what it
+    decides and stores is what the replay's full passes decide: the work it sets aside cannot fit
+    until something ends, and something ending makes the next cycle a full pass."""
+    off = small.config.model_copy(update={"scheduling": small.config.scheduling.model_copy(
+        update={"preemption": False})})
+    expected = run_replay(MUTATION_NODES, small.jobs, off, small.failure)
+    counted = _count_arrival_cycles(monkeypatch)
+    got = run_server(tmp_path, MUTATION_NODES, small.jobs, off, small.failure, monkeypatch, full_passes=False)
+    assert counted[0] > 10, counted  # arrivals-only cycles ran
+    assert expected.stored.reserved and kinds(expected.log).get("evict")
+    assert_same(expected, got)
+
+
+@pytest.mark.xfail(strict=True, raises=AssertionError, reason=(
+    "a known divergence: in an arrivals-only cycle an arrival is its queue's only candidate and may "
+    "preempt, where a full pass (the replay's, or the loop's next) leaves it waiting behind older work "
+    "of its queue (on the long trace: s0176 preempted s0110 of its own queue; in the full pass it "
+    "waited, quota_exceeded)"))
+def test_arrivals_only_cycles_store_alike_with_preemption(small: Small, tmp_path: Path,
+                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    counted = _count_arrival_cycles(monkeypatch)
+    got = run_server(tmp_path, MUTATION_NODES, small.jobs, small.config, small.failure, monkeypatch,
+                     full_passes=False, audit=False)  # the xfail is for the comparison alone
+    if counted[0] <= 10:  # not an AssertionError: the xfail is for the comparison alone
+        pytest.fail(f"only {counted[0]} arrivals-only cycles ran")
+    print("arrivals-only cycles", counted[0])
+    assert_same(small.expected, got)

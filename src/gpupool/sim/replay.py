@@ -182,7 +182,9 @@ class Replay:
         self.metrics.advance(now_s, self.view)
         if self.comm is not None:
             self.comm.advance(now_s)
-        for event in events:
+        # arrivals last: a job that ends at this instant joins the history before an arrival gets
+        # its estimate from it, as the live loop reconciles pod ends before its cycle notes arrivals
+        for event in sorted(events, key=lambda e: e.kind == "arrive"):
             if event.kind == "arrive":
                 self._arrive(event.payload, now_s)
             elif event.kind == "finish":
