@@ -644,6 +644,22 @@ def release_many(state: ClusterState, records: Sequence[PodAlloc]) -> None:
     if not records:
         return
     _add_many(state, records, 1)
+    note_released(state, records)
+
+
+def shift_free(state: ClusterState, records: Sequence[PodAlloc], sign: int) -> None:
+    """Add the records' resources to the free amounts (sign 1) or take them back (-1), and nothing
+    else: no node versions, no pods per node. A probe of how the free amounts would look: the
+    caller takes it back, or completes the release with `note_released` (the two together are
+    `release_many`)."""
+    if records:
+        _add_many(state, records, sign)
+
+
+def note_released(state: ClusterState, records: Sequence[PodAlloc]) -> None:
+    """What `release_many` does besides the free amounts: node versions and pods per node."""
+    if not records:
+        return
     if len(records) <= SMALL_BATCH:
         for r in records:
             state.node_version[r.node] += 1
