@@ -656,6 +656,25 @@ def shift_free(state: ClusterState, records: Sequence[PodAlloc], sign: int) -> N
         _add_many(state, records, sign)
 
 
+FreeAmounts = tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, int]
+
+
+def free_amounts(state: ClusterState) -> FreeAmounts:
+    """A copy of what `shift_free` changes, for `restore_free`."""
+    return (state.cpu_free.copy(), state.mem_free.copy(), state.dev_milli_free.copy(),
+            state.dev_mem_free.copy(), state.heavy_slices)
+
+
+def restore_free(state: ClusterState, saved: FreeAmounts) -> None:
+    """Put back the free amounts `free_amounts` copied (in place: the arrays stay the same objects)."""
+    cpu, mem, milli, dev_mem, heavy = saved
+    np.copyto(state.cpu_free, cpu)
+    np.copyto(state.mem_free, mem)
+    np.copyto(state.dev_milli_free, milli)
+    np.copyto(state.dev_mem_free, dev_mem)
+    state.heavy_slices = heavy
+
+
 def note_released(state: ClusterState, records: Sequence[PodAlloc]) -> None:
     """What `release_many` does besides the free amounts: node versions and pods per node."""
     if not records:

@@ -47,8 +47,10 @@ from gpupool.core.state import (
     ClusterState,
     PodAlloc,
     clone_state,
+    free_amounts,
     note_released,
     release_many,
+    restore_free,
     shift_free,
 )
 from gpupool.core.topology_spec import TopologySpec
@@ -235,7 +237,7 @@ def _first_passing(
     The same group as the check made after every group in turn, found in fewer checks: releasing
     runs only adds free room, so the check, once passed, passes at every later group. Groups are
     released in a doubling number (their free amounts only, `shift_free`); a batch after which the
-    check passes is taken back and searched by halves; one after which it fails is kept."""
+    check passes is taken back (`restore_free`) and searched by halves; one after which it fails is kept."""
     done, at = 0, i
     step, within = 1, 0  # within: a pass is known within that many groups from `done` (0: none yet)
     while True:
@@ -245,12 +247,14 @@ def _first_passing(
             if cand >= len(ends):
                 break
         records = _records(ends, running, done, cand)
+        one = cand == _group_end(ends, at, now_s)
+        saved = None if one else free_amounts(shadow)
         shift_free(shadow, records, 1)
         if could_fit(shadow):
-            if cand == _group_end(ends, at, now_s):  # one group: the first that passes
+            if saved is None:  # one group: the first that passes
                 note_released(shadow, records)
                 return cand
-            shift_free(shadow, records, -1)
+            restore_free(shadow, saved)
             within = step
             step = max(1, step // 2)
             continue
