@@ -644,6 +644,41 @@ def release_many(state: ClusterState, records: Sequence[PodAlloc]) -> None:
     if not records:
         return
     _add_many(state, records, 1)
+    note_released(state, records)
+
+
+def shift_free(state: ClusterState, records: Sequence[PodAlloc], sign: int) -> None:
+    """Add the records' resources to the free amounts (sign 1) or take them back (-1), and nothing
+    else: no node versions, no pods per node. A probe of how the free amounts would look: the
+    caller takes it back, or completes the release with `note_released` (the two together are
+    `release_many`)."""
+    if records:
+        _add_many(state, records, sign)
+
+
+FreeAmounts = tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, int]
+
+
+def free_amounts(state: ClusterState) -> FreeAmounts:
+    """A copy of what `shift_free` changes, for `restore_free`."""
+    return (state.cpu_free.copy(), state.mem_free.copy(), state.dev_milli_free.copy(),
+            state.dev_mem_free.copy(), state.heavy_slices)
+
+
+def restore_free(state: ClusterState, saved: FreeAmounts) -> None:
+    """Put back the free amounts `free_amounts` copied (in place: the arrays stay the same objects)."""
+    cpu, mem, milli, dev_mem, heavy = saved
+    np.copyto(state.cpu_free, cpu)
+    np.copyto(state.mem_free, mem)
+    np.copyto(state.dev_milli_free, milli)
+    np.copyto(state.dev_mem_free, dev_mem)
+    state.heavy_slices = heavy
+
+
+def note_released(state: ClusterState, records: Sequence[PodAlloc]) -> None:
+    """What `release_many` does besides the free amounts: node versions and pods per node."""
+    if not records:
+        return
     if len(records) <= SMALL_BATCH:
         for r in records:
             state.node_version[r.node] += 1

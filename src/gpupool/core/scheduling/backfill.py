@@ -42,7 +42,17 @@ from gpupool.core.scheduling.gang import GangPlacement, place_gang, release_gang
 from gpupool.core.scheduling.policies.base import NoFit, PlacementPolicy
 from gpupool.core.scheduling.topology import FabricView
 from gpupool.core.scheduling.view import ClusterView, Running
-from gpupool.core.state import BoolArray, ClusterState, clone_state, release_many
+from gpupool.core.state import (
+    BoolArray,
+    ClusterState,
+    PodAlloc,
+    clone_state,
+    free_amounts,
+    note_released,
+    release_many,
+    restore_free,
+    shift_free,
+)
 from gpupool.core.topology_spec import TopologySpec
 
 
@@ -187,23 +197,76 @@ def _first_fit_in_time(
         i = max(i, bisect.bisect_left(ends, not_before_s, key=_end))
     if i >= len(ends):
         return None
-    done = 0
     could_fit = _device_check(head, _required_domains(head, view, policy))
+    done = _first_passing(shadow, ends, running, i, now_s, could_fit)
+    if done is None:
+        return None
+    # the device check passes here and, the runs only ever freeing room, at every later end time
     trials = 0
-    while trials < MAX_RESERVATION_TRIALS:
-        t = max(ends[i][0], now_s)
-        i = bisect.bisect_right(ends, t, lo=i, key=_end)  # every run expected to end at t
-        release_many(shadow, [rec for _, rid in ends[done:i] for _, rec in running[rid].allocs])
-        done = i
-        if could_fit(shadow):
-            trials += 1
-            gang = place_gang(head, shadow, policy, rng)
-            if not isinstance(gang, NoFit):
-                release_gang(gang, shadow)
-                return Reservation(head, t, shadow, fits_on=nodes_mask(gang, shadow))
-        if i >= len(ends):
+    while True:
+        trials += 1
+        gang = place_gang(head, shadow, policy, rng)
+        if not isinstance(gang, NoFit):
+            release_gang(gang, shadow)
+            return Reservation(head, max(ends[done - 1][0], now_s), shadow,
+                               fits_on=nodes_mask(gang, shadow))
+        if done >= len(ends) or trials >= MAX_RESERVATION_TRIALS:
             return None
-    return None
+        i = _group_end(ends, done, now_s)
+        release_many(shadow, _records(ends, running, done, i))
+        done = i
+
+
+def _group_end(ends: list[tuple[float, str]], i: int, now_s: float) -> int:
+    """The end of the group of runs expected to end at the time of `ends[i]` (now, if past)."""
+    return bisect.bisect_right(ends, max(ends[i][0], now_s), lo=i, key=_end)
+
+
+def _records(ends: list[tuple[float, str]], running: dict[str, Running], lo: int, hi: int) -> list[PodAlloc]:
+    return [rec for _, rid in ends[lo:hi] for _, rec in running[rid].allocs]
+
+
+def _first_passing(
+    shadow: ClusterState, ends: list[tuple[float, str]], running: dict[str, Running], i: int,
+    now_s: float, could_fit: Callable[[ClusterState], bool],
+) -> int | None:
+    """Release the runs of `ends` up to the end of the first group (from the one holding `ends[i]`;
+    the runs before it with the first) after which `could_fit(shadow)` passes, and return that end;
+    None (the shadow then freed of them all): it passes at none.
+
+    The same group as the check made after every group in turn, found in fewer checks: releasing
+    runs only adds free room, so the check, once passed, passes at every later group. Groups are
+    released in a doubling number (their free amounts only, `shift_free`); a batch after which the
+    check passes is taken back (`restore_free`) and searched by halves; one after which it fails is kept."""
+    done, at = 0, i
+    step, within = 1, 0  # within: a pass is known within that many groups from `done` (0: none yet)
+    while True:
+        cand = at
+        for _ in range(step):
+            cand = _group_end(ends, cand, now_s)
+            if cand >= len(ends):
+                break
+        records = _records(ends, running, done, cand)
+        one = cand == _group_end(ends, at, now_s)
+        saved = None if one else free_amounts(shadow)
+        shift_free(shadow, records, 1)
+        if could_fit(shadow):
+            if saved is None:  # one group: the first that passes
+                note_released(shadow, records)
+                return cand
+            restore_free(shadow, saved)
+            within = step
+            step = max(1, step // 2)
+            continue
+        note_released(shadow, records)
+        done = at = cand
+        if cand >= len(ends):
+            return None
+        if within:
+            within -= step
+            step = max(1, within // 2)
+        else:
+            step *= 2
 
 
 keep_locality = True
