@@ -314,11 +314,11 @@ class ServerRun:
     """The server's control loop on a fake provider and a virtual clock."""
 
     def __init__(self, tmp_path: Path, nodes: Sequence[Node], config: PoolConfig,
-                 url: str | None = None) -> None:
+                 url: str | None = None, store_audit_s: float = 60.0) -> None:
         self.now = 0.0
         self.provider = ResumingFake(list(nodes), clock=lambda: self.now)
         url = url or f"sqlite:///{tmp_path / 'parity.sqlite'}"
-        settings = Settings(data_dir=tmp_path, database_url=url, seed=7)
+        settings = Settings(data_dir=tmp_path, database_url=url, seed=7, store_audit_interval_s=store_audit_s)
         self.rt = Runtime(settings=settings, store=Store.open(url), provider=self.provider,
                           clock=lambda: self.now, config=config)
         bootstrap(self.rt)
@@ -448,7 +448,9 @@ def run_server(tmp_path: Path, nodes: Sequence[Node], jobs: Sequence[Job], confi
                cancels: frozenset[str] = frozenset()) -> Run:
     order = iter(sorted(jobs, key=lambda j: (j.submit_s, j.id)))
     monkeypatch.setattr(workloads, "new_workload_id", lambda: next(order).id)
-    server = ServerRun(tmp_path, nodes, config, url)
+    # without the audits (the mutation controls): the store audit would find the injected bug's
+    # rows first and rebuild from them, and this is to show the comparison alone sees it
+    server = ServerRun(tmp_path, nodes, config, url, store_audit_s=60.0 if audit else 0.0)
     if cancels:
         race_cancels(server.rt, set(cancels), monkeypatch)
     server.full_passes = full_passes
