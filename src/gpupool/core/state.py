@@ -273,20 +273,7 @@ class ClusterState:
             ]
         if not hosts or not pod.num_devices:
             return bool(hosts)
-        at = np.asarray(hosts, dtype=np.intp)
-        milli_free, mem_free_dev = self.dev_milli_free[at], self.dev_mem_free[at]
-        if pod.device_milli >= MILLI:
-            dev = (milli_free == MILLI) & (mem_free_dev == self.dev_mem_cap[at])
-            dev &= self.dev_milli_cap[at] == MILLI
-        else:
-            dev = milli_free >= pod.device_milli
-        need = self.device_memory_need(pod)
-        if isinstance(need, np.ndarray):
-            if self.heavy_slices:  # see device_fits
-                dev &= mem_free_dev >= need[at]
-        elif need:
-            dev &= mem_free_dev >= need
-        dev &= self.allowed_devices(pod.allowed_models)[at]
+        dev = self._device_fits_at(pod, np.asarray(hosts, dtype=np.intp))
         return bool((dev.sum(axis=1) >= pod.num_devices).any())
 
     def node_fits_rows(self, pod: PodRequest, rows: Sequence[int]) -> BoolArray:
@@ -297,6 +284,10 @@ class ClusterState:
         ok &= self.mem_free[at] >= at_nodes(mem, at)
         if not pod.num_devices:
             return np.asarray(ok)
+        return np.asarray(ok & (row_counts(self._device_fits_at(pod, at)) >= pod.num_devices))
+
+    def _device_fits_at(self, pod: PodRequest, at: IntArray) -> BoolArray:
+        """`device_fits(pod)[at]`, computed on those nodes' rows only."""
         milli_free, mem_free_dev = self.dev_milli_free[at], self.dev_mem_free[at]
         if pod.device_milli >= MILLI:
             dev = (milli_free == MILLI) & (mem_free_dev == self.dev_mem_cap[at])
@@ -310,7 +301,7 @@ class ClusterState:
         elif need:
             dev &= mem_free_dev >= need
         dev &= self.allowed_devices(pod.allowed_models)[at]
-        return np.asarray(ok & (row_counts(dev) >= pod.num_devices))
+        return dev
 
     def host_fits(self, pod: PodRequest) -> BoolArray:
         """[node] mask of schedulable nodes with enough free cpu and memory for the pod."""

@@ -20,12 +20,11 @@ import numpy as np
 
 from gpupool.core.model import Workload
 from gpupool.core.scheduling.domains import only
-from gpupool.core.scheduling.gang import GangPlacement, hold_gang, place_gang, release_gang
-from gpupool.core.scheduling.policies.base import NoFit, PlacementPolicy
-from gpupool.core.scheduling.preemption import VictimSet
+from gpupool.core.scheduling.gang import GangPlacement, hold_gang, release_gang
+from gpupool.core.scheduling.policies.base import PlacementPolicy
+from gpupool.core.scheduling.preemption import VictimSet, _fits
 from gpupool.core.scheduling.victim_state import attach_all, detach_all
 from gpupool.core.scheduling.view import ClusterView, Running
-from gpupool.core.scheduling.workloads import lower_bound_usage
 
 
 def fewer_nodes(
@@ -138,14 +137,6 @@ def _within(
 def _fits_on(
     w: Workload, cq: str, view: ClusterView, policy: PlacementPolicy, rng: random.Random, mask: np.ndarray
 ) -> GangPlacement | None:
-    """Place `w` on the masked nodes if quota and capacity allow it (as `preemption._fits`)."""
-    if view.quota.fits(cq, lower_bound_usage(w)) is not None:
-        return None
+    """`preemption._fits` on the masked nodes only."""
     with only(view.state, mask):
-        gang = place_gang(w, view.state, policy, rng)
-    if isinstance(gang, NoFit):
-        return None
-    if view.quota.fits(cq, view.usage_of(gang.allocs)) is not None:
-        release_gang(gang, view.state)
-        return None
-    return gang
+        return _fits(w, cq, view, policy, rng)
