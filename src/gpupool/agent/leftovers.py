@@ -150,9 +150,12 @@ class AccountLocks:
         self._lock = threading.Lock()
         self._held: dict[int, int] = {}
 
-    def _open(self, uid: int) -> int:
+    def _make_dir(self) -> None:
         self._dir.mkdir(parents=True, exist_ok=True, mode=0o700)
         os.chmod(self._dir, 0o700)
+
+    def _open(self, uid: int) -> int:
+        self._make_dir()
         return os.open(self._dir / str(uid), os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
 
     def hold(self, uid: int) -> None:
@@ -189,7 +192,7 @@ class AccountLocks:
         notes keep every other agent's sweep off the account."""
         live = self._live_dir(uid)
         with contextlib.suppress(OSError):
-            self._open(uid)  # makes the directory, root's only
+            self._make_dir()  # root's only
             live.mkdir(exist_ok=True, mode=0o700)
             (live / key).write_text(f"{pid} {start_ticks if start_ticks is not None else ''}\n")
 
