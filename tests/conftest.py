@@ -45,7 +45,6 @@ def pod_scratch_root() -> Iterator[Path]:
         shutil.rmtree(root, ignore_errors=True)
 
 
-
 def xdist_scope(nodeid: str) -> str:
     """The unit of work a pytest-xdist worker takes whole: a test file (its module-scoped servers and
     the order its tests rely on stay as written), except that every test that starts Ray shares one
