@@ -36,7 +36,7 @@ from schemathesis.specs.openapi.checks import (
     status_code_conformance,
 )
 
-from gpupool.server.schemas.common import ErrorBody
+from gpupool.api.common import ErrorBody
 
 API = "/api/v1"
 SCHEMA_PATH = f"{API}/openapi.json"

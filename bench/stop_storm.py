@@ -32,6 +32,7 @@ from rich.table import Table
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
+from gpupool.api.workloads import WorkloadSpec
 from gpupool.config import parse_config
 from gpupool.providers.fake import FakeProvider
 from gpupool.server import pgtemp
@@ -41,7 +42,6 @@ from gpupool.server.loops import scheduler as scheduler_module
 from gpupool.server.loops.control import ControlLoop
 from gpupool.server.orm import EventRow
 from gpupool.server.runtime import Runtime
-from gpupool.server.schemas.workloads import WorkloadSpec
 from gpupool.server.services import workloads
 from gpupool.server.services.tenants import bootstrap
 from gpupool.server.settings import Settings

@@ -16,6 +16,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from gpupool.api.workloads import WorkloadSpec
 from gpupool.config import parse_config
 from gpupool.providers.fake import FakeProvider
 from gpupool.server import pgtemp
@@ -25,7 +26,6 @@ from gpupool.server.loops.control import ControlLoop
 from gpupool.server.loops.snapshot import load
 from gpupool.server.loops.store_audit import compare
 from gpupool.server.runtime import Runtime
-from gpupool.server.schemas.workloads import WorkloadSpec
 from gpupool.server.services import workloads
 from gpupool.server.services.tenants import bootstrap
 from gpupool.server.settings import Settings

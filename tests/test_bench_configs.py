@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
+from gpupool.api.workloads import WorkloadSpec
 from gpupool.config import PoolConfig, load_config
-from gpupool.server.schemas.workloads import WorkloadSpec
 
 BENCH = Path(__file__).resolve().parents[1] / "bench"
 sys.path.insert(0, str(BENCH))

@@ -9,9 +9,9 @@ from typing import Any
 import pytest
 
 from factories import node
+from gpupool.api.workloads import ResourcesSpec, WorkloadSpec
 from gpupool.client import Client, spec_body, submit_keywords
 from gpupool.errors import InvalidInput
-from gpupool.server.schemas.workloads import ResourcesSpec, WorkloadSpec
 from live import live_server
 from server.fakes import ManualProvider
 

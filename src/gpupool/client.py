@@ -24,17 +24,13 @@ from typing import Any, TypedDict, TypeVar, Unpack
 import httpx
 from pydantic import BaseModel, TypeAdapter
 
-from gpupool.clientconfig import ca_bundle, resolve
-from gpupool.durations import duration_s
-from gpupool.errors import InvalidInput, Unavailable, closest
-from gpupool.lite_http import error_from_answer
-from gpupool.server.schemas.audit import AuditOut
-from gpupool.server.schemas.common import Health
-from gpupool.server.schemas.fabric import FabricOut, LinkChangeOut
-from gpupool.server.schemas.nodes import NodeOut, PoolSummary
-from gpupool.server.schemas.tenants import QueueOut, TenantOut, TokenInfo, TokenOut
-from gpupool.server.schemas.usage import UsageOut
-from gpupool.server.schemas.workloads import (
+from gpupool.api.audit import AuditOut
+from gpupool.api.common import Health
+from gpupool.api.fabric import FabricOut, LinkChangeOut
+from gpupool.api.nodes import NodeOut, PoolSummary
+from gpupool.api.tenants import QueueOut, TenantOut, TokenInfo, TokenOut
+from gpupool.api.usage import UsageOut
+from gpupool.api.workloads import (
     ArrayCancelled,
     EventOut,
     LogsOut,
@@ -43,6 +39,10 @@ from gpupool.server.schemas.workloads import (
     WorkloadPage,
     WorkloadSpec,
 )
+from gpupool.clientconfig import ca_bundle, resolve
+from gpupool.durations import duration_s
+from gpupool.errors import InvalidInput, Unavailable, closest
+from gpupool.lite_http import error_from_answer
 
 M = TypeVar("M", bound=BaseModel)
 API = "/api/v1"

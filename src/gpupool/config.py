@@ -27,6 +27,7 @@ from pydantic import (
     model_validator,
 )
 
+from gpupool.api.common import NAME_PATTERN, NAME_RULE
 from gpupool.core.fabric.qos import QosPlan, plan_qos
 from gpupool.core.model import SliceDefaults
 from gpupool.core.overcommit import ModelRatio, OvercommitConfig
@@ -53,7 +54,6 @@ from gpupool.core.topology_spec import parse_topology_spec
 from gpupool.core.units import MILLI, parse_memory_mib
 from gpupool.errors import InvalidInput, did_you_mean
 from gpupool.prices import PricesConfig
-from gpupool.server.schemas.common import NAME_PATTERN, NAME_RULE
 from gpupool.yamlfiles import read_text, safe_load
 
 CONFIG_ENV = "GPUPOOL_CONFIG"

@@ -13,11 +13,11 @@ import pytest
 
 from cli.cliproc import gpupool, one_line_error
 from factories import ISSUE_CONFIG, node
+from gpupool.api.workloads import WorkloadOut
 from gpupool.cli.submit_fast import UsageError, duration_s, parse
 from gpupool.client import Client
 from gpupool.config import parse_config
 from gpupool.server.orm import WorkloadRow
-from gpupool.server.schemas.workloads import WorkloadOut
 from live import LiveServer, live_server
 from server.fakes import ManualProvider
 

@@ -11,11 +11,11 @@ import cloudpickle
 import pytest
 
 import gpupool
+from gpupool.api.calls import MAX_PAYLOAD_BYTES
 from gpupool.errors import InvalidInput
 from gpupool.remote import payload
 from gpupool.remote.errors import CallCancelled, RemoteCallError
 from gpupool.remote.options import Options
-from gpupool.server.schemas.calls import MAX_PAYLOAD_BYTES
 
 
 def triple(x: int) -> int:

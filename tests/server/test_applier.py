@@ -15,6 +15,7 @@ from sqlalchemy import select
 from sqlalchemy.exc import OperationalError
 from sqlalchemy.orm import Session
 
+from gpupool.api.workloads import WorkloadSpec
 from gpupool.config import parse_config
 from gpupool.errors import Conflict
 from gpupool.providers.fake import FakeProvider
@@ -25,7 +26,6 @@ from gpupool.server.loops import scheduler as scheduler_module
 from gpupool.server.loops.control import ControlLoop
 from gpupool.server.orm import EventRow, PodRow, WorkloadRow
 from gpupool.server.runtime import Runtime
-from gpupool.server.schemas.workloads import WorkloadSpec
 from gpupool.server.services import nodes, workloads
 from gpupool.server.services.events import LostMoves, Move, apply_moves
 from gpupool.server.services.tenants import bootstrap

@@ -12,14 +12,14 @@ from sqlalchemy import update
 
 from conftest import Server, make_runtime
 from factories import node
+from gpupool.api.array_spec import MAX_ARRAY_TASKS, compact, parse_array
+from gpupool.api.tenants import TenantCreate
+from gpupool.api.workloads import WorkloadSpec
 from gpupool.errors import InvalidInput, NotFound, TooManyPending
 from gpupool.server.auth import Principal
 from gpupool.server.loops.control import ControlLoop
 from gpupool.server.orm import WorkloadRow
 from gpupool.server.runtime import Runtime
-from gpupool.server.schemas.array_spec import MAX_ARRAY_TASKS, compact, parse_array
-from gpupool.server.schemas.tenants import TenantCreate
-from gpupool.server.schemas.workloads import WorkloadSpec
 from gpupool.server.services import listing, tenants, workloads
 from gpupool.server.services.arrays import throttled
 

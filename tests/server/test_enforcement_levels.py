@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from gpupool.api.nodes import LayerOut
 from gpupool.providers.base import Capability
 from gpupool.providers.fake import nodes_from_spec
-from gpupool.server.schemas.nodes import LayerOut
 from gpupool.server.services.enforcement import DEVICES, HOST_LIMITS, PROC, Level, node_layers
 
 

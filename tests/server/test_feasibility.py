@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 
 from factories import node
+from gpupool.api.workloads import WorkloadSpec
 from gpupool.core.model import Device, Node
 from gpupool.errors import InvalidInput, UnknownName
-from gpupool.server.schemas.workloads import WorkloadSpec
 from gpupool.server.services.listing import words
 from gpupool.server.services.specs import MAX_SHAPES, CapacityCache, PoolCapacity, check_fits
 

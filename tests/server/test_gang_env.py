@@ -13,6 +13,7 @@ import pytest
 from fakes import ManualProvider
 
 from factories import ALL_REDUCE, pod_python
+from gpupool.api.workloads import WorkloadSpec
 from gpupool.config import parse_config
 from gpupool.core.model import Device, IbPort, Node
 from gpupool.errors import InvalidInput
@@ -24,7 +25,6 @@ from gpupool.server.db import Store
 from gpupool.server.loops.control import ControlLoop
 from gpupool.server.orm import WorkloadRow
 from gpupool.server.runtime import Runtime
-from gpupool.server.schemas.workloads import WorkloadSpec
 from gpupool.server.services import rendezvous, workloads
 from gpupool.server.services.tenants import bootstrap
 from gpupool.server.settings import Settings

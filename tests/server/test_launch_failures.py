@@ -12,6 +12,7 @@ import pytest
 from sqlalchemy import select
 
 from factories import ISSUE_CONFIG
+from gpupool.api.workloads import WorkloadSpec
 from gpupool.config import parse_config
 from gpupool.providers.base import PodLaunch, PodPhase
 from gpupool.providers.fake import FakeProvider
@@ -20,7 +21,6 @@ from gpupool.server.db import Store
 from gpupool.server.loops.control import ControlLoop
 from gpupool.server.orm import EventRow, PodRow, WorkloadRow
 from gpupool.server.runtime import Runtime
-from gpupool.server.schemas.workloads import WorkloadSpec
 from gpupool.server.services import workloads
 from gpupool.server.services.tenants import bootstrap
 from gpupool.server.settings import Settings

@@ -11,6 +11,7 @@ import pytest
 from sqlalchemy import select
 
 from factories import ISSUE_CONFIG
+from gpupool.api.workloads import WorkloadSpec
 from gpupool.config import parse_config
 from gpupool.core.model import WorkloadStatus
 from gpupool.providers.fake import FakeProvider
@@ -19,7 +20,6 @@ from gpupool.server.db import Store
 from gpupool.server.loops.control import ControlLoop
 from gpupool.server.orm import EventRow, PodRow, WorkloadRow
 from gpupool.server.runtime import Runtime
-from gpupool.server.schemas.workloads import WorkloadSpec
 from gpupool.server.services import workloads
 from gpupool.server.services.events import IllegalMove, transition
 from gpupool.server.settings import Settings

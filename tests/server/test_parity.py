@@ -29,6 +29,8 @@ from typing import Any
 import pytest
 from sqlalchemy import bindparam, false, or_, select, update
 
+from gpupool.api.tenants import TenantCreate, TenantUpdate
+from gpupool.api.workloads import WorkloadSpec
 from gpupool.config import PoolConfig, parse_config
 from gpupool.core.budgets import Budget, BudgetPeriod, period_end
 from gpupool.core.model import Node, Reason, Workload
@@ -42,8 +44,6 @@ from gpupool.server.loops.control import ControlLoop
 from gpupool.server.loops.scheduler import Scheduler
 from gpupool.server.orm import Base
 from gpupool.server.runtime import Runtime
-from gpupool.server.schemas.tenants import TenantCreate, TenantUpdate
-from gpupool.server.schemas.workloads import WorkloadSpec
 from gpupool.server.services import tenants, workloads
 from gpupool.server.services.requeue import Lost, lost_text
 from gpupool.server.services.specs import to_workload

@@ -9,6 +9,8 @@ from typing import Any
 
 from sqlalchemy import select
 
+from gpupool.api.tenants import TenantCreate
+from gpupool.api.workloads import WorkloadSpec
 from gpupool.config import parse_config
 from gpupool.providers.fake import FakeProvider
 from gpupool.server.auth import Principal
@@ -16,8 +18,6 @@ from gpupool.server.db import Store
 from gpupool.server.loops.control import ControlLoop
 from gpupool.server.orm import EventRow, PodRow, WorkloadRow
 from gpupool.server.runtime import Runtime
-from gpupool.server.schemas.tenants import TenantCreate
-from gpupool.server.schemas.workloads import WorkloadSpec
 from gpupool.server.services import tenants, workloads
 from gpupool.server.services.tenants import bootstrap
 from gpupool.server.settings import Settings

@@ -14,6 +14,8 @@ from sqlalchemy import update
 
 from conftest import Server, make_runtime
 from factories import cluster, node, pod, workload
+from gpupool.api.tenants import QueueCreate, QueueUpdate, TenantCreate
+from gpupool.api.workloads import WorkloadSpec
 from gpupool.client import Client
 from gpupool.config import PoolConfig, parse_config
 from gpupool.core.model import Allocation, ClusterSnapshot, Reason, Workload
@@ -26,8 +28,6 @@ from gpupool.server.db import Store
 from gpupool.server.loops.control import ControlLoop
 from gpupool.server.orm import AuditRow, QueueRow, TenantRow, WorkloadRow
 from gpupool.server.runtime import Runtime
-from gpupool.server.schemas.tenants import QueueCreate, QueueUpdate, TenantCreate
-from gpupool.server.schemas.workloads import WorkloadSpec
 from gpupool.server.services import quotas, tenants, workloads
 from gpupool.server.services.tenants import bootstrap
 from gpupool.server.settings import Settings

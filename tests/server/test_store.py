@@ -9,11 +9,11 @@ from fakes import ManualProvider
 
 from conftest import make_runtime
 from factories import node
+from gpupool.api.tenants import QueueCreate, TenantCreate
+from gpupool.api.workloads import WorkloadSpec
 from gpupool.errors import Conflict, NotFound, QuotaExceeded
 from gpupool.server.auth import Principal
 from gpupool.server.loops.control import ControlLoop
-from gpupool.server.schemas.tenants import QueueCreate, TenantCreate
-from gpupool.server.schemas.workloads import WorkloadSpec
 from gpupool.server.services import tenants, workloads
 
 ADMIN = Principal("admin", None)

@@ -16,6 +16,7 @@ from prometheus_client import generate_latest
 from sqlalchemy import create_engine, delete, func, select, update
 
 from conftest import Server
+from gpupool.api.workloads import WorkloadSpec
 from gpupool.config import parse_config
 from gpupool.errors import Conflict
 from gpupool.providers.fake import FakeProvider
@@ -26,7 +27,6 @@ from gpupool.server.loops.store_audit import compare
 from gpupool.server.metrics import Metrics
 from gpupool.server.orm import PodRow, WorkloadRow
 from gpupool.server.runtime import Runtime
-from gpupool.server.schemas.workloads import WorkloadSpec
 from gpupool.server.services import workloads
 from gpupool.server.services.tenants import bootstrap
 from gpupool.server.settings import Settings

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import pytest
 
+from gpupool.api.workloads import WorkloadSpec
 from gpupool.config import PoolConfig, PriorityClassConfig, parse_config
 from gpupool.core.priority import PriorityClasses
 from gpupool.errors import PriorityNotAllowed, UnknownName
-from gpupool.server.schemas.workloads import WorkloadSpec
 from gpupool.server.services.specs import default_priority_class, priority_class, to_workload
 
 

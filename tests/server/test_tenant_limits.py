@@ -8,9 +8,9 @@ import pytest
 
 from conftest import Server
 from gpupool.agent.identity import Identities, PodIdentity, account_name, ensure_account, is_pool_account
+from gpupool.api.workloads import WorkloadSpec
 from gpupool.errors import PriorityNotAllowed
 from gpupool.server.auth import Principal
-from gpupool.server.schemas.workloads import WorkloadSpec
 from gpupool.server.services import tenants as tenants_service
 from gpupool.server.services import workloads as workloads_service
 

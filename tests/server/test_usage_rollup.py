@@ -12,6 +12,7 @@ import pytest
 from sqlalchemy import func, select
 
 from factories import node
+from gpupool.api.usage import UsageOut, UsageRowOut
 from gpupool.config import PoolConfig, parse_config
 from gpupool.core.metering import DAY_S, PriceBook, PriceVersion, Tier, price_key
 from gpupool.core.model import Device, Node, Slice
@@ -20,7 +21,6 @@ from gpupool.server.auth import Principal
 from gpupool.server.db import Store
 from gpupool.server.orm import PodRow, QueueRow, TenantRow, UsageDailyRow, WorkloadRow
 from gpupool.server.runtime import Runtime
-from gpupool.server.schemas.usage import UsageOut, UsageRowOut
 from gpupool.server.services import metering, usage, usage_rollup
 from gpupool.server.services.tenants import bootstrap
 from gpupool.server.settings import Settings

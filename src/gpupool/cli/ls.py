@@ -83,7 +83,7 @@ def ls(
 def _fold(pool: Any, items: list[Any]) -> tuple[list[Any], dict[str, int]]:
     """The rows of a table: each array's pending tasks as one row `ID_[INDEXES%LIMIT]` where its
     first one was, and how many tasks each folded row stands for."""
-    from gpupool.server.schemas.array_spec import compact
+    from gpupool.api.array_spec import compact
 
     rows: list[Any] = []
     tasks: dict[str, int] = {}

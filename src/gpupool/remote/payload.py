@@ -18,8 +18,8 @@ from typing import Any
 
 import cloudpickle
 
+from gpupool.api.calls import MAX_PAYLOAD_BYTES
 from gpupool.remote.errors import CallCancelled, RemoteCallError
-from gpupool.server.schemas.calls import MAX_PAYLOAD_BYTES
 
 PYTHON = f"{sys.version_info.major}.{sys.version_info.minor}"
 """This client's Python minor version; the pool refuses a session from another one."""

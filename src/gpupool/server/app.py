@@ -11,6 +11,7 @@ from fastapi.responses import Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 import gpupool
+from gpupool.api.common import ErrorBody
 from gpupool.errors import Forbidden
 from gpupool.server import apidocs, http_errors, ui
 from gpupool.server.auth import Scope
@@ -21,7 +22,6 @@ from gpupool.server.metrics import Metrics, RequestTimer
 from gpupool.server.routers import audit, calls, config, health, nodes, session, tenants, usage, workloads
 from gpupool.server.routers import fabric as fabric_routes
 from gpupool.server.runtime import Runtime
-from gpupool.server.schemas.common import ErrorBody
 from gpupool.server.services import node_faults
 from gpupool.server.services.submit_writer import SubmitWriter
 

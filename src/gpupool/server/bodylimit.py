@@ -14,8 +14,8 @@ from typing import Any
 
 from starlette.exceptions import HTTPException
 
+from gpupool.api.calls import MAX_PAYLOAD_TEXT
 from gpupool.server.http_errors import error_response
-from gpupool.server.schemas.calls import MAX_PAYLOAD_TEXT
 
 CALLS_PREFIX = "/api/v1/calls/"
 CALLS_BODY_BYTES = MAX_PAYLOAD_TEXT + 64 * 1024

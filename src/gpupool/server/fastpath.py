@@ -16,11 +16,11 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from gpupool.api.workloads import WorkloadSpec
 from gpupool.errors import GpupoolError
 from gpupool.server.http_errors import gpupool_error_response
 from gpupool.server.metrics import Metrics
 from gpupool.server.runtime import Runtime
-from gpupool.server.schemas.workloads import WorkloadSpec
 from gpupool.server.services.submit_writer import SubmitWriter
 from gpupool.server.services.workloads import prepare
 

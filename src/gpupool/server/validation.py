@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from gpupool.server.schemas.common import PATTERN_RULES
+from gpupool.api.common import PATTERN_RULES
 
 _BOUNDS = {"greater_than_equal": (">=", "ge"), "greater_than": (">", "gt"),
            "less_than_equal": ("<=", "le"), "less_than": ("<", "lt")}

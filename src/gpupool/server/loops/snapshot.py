@@ -10,6 +10,7 @@ from typing import Any
 
 from sqlalchemy import func, or_, select
 
+from gpupool.api.workloads import WorkloadSpec
 from gpupool.core.model import (
     Allocation,
     ClusterSnapshot,
@@ -21,7 +22,6 @@ from gpupool.core.model import (
 from gpupool.core.quota import QuotaConfig
 from gpupool.server.orm import NodeFlagRow, PodRow, WorkloadRow
 from gpupool.server.runtime import Runtime
-from gpupool.server.schemas.workloads import WorkloadSpec
 from gpupool.server.services.arrays import throttled
 from gpupool.server.services.quotas import read_quota
 from gpupool.server.services.specs import CAPACITY, to_workload

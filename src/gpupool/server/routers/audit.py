@@ -6,9 +6,9 @@ from typing import Annotated
 
 from fastapi import APIRouter, Query
 
+from gpupool.api.audit import AuditOut
+from gpupool.api.common import ErrorBody
 from gpupool.server.deps import Rt, Who
-from gpupool.server.schemas.audit import AuditOut
-from gpupool.server.schemas.common import ErrorBody
 from gpupool.server.services import audit as service
 
 router = APIRouter(tags=["audit"], responses={401: {"model": ErrorBody}, 403: {"model": ErrorBody},

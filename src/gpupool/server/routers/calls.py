@@ -15,10 +15,7 @@ from typing import Annotated, TypeVar
 from anyio import to_thread
 from fastapi import APIRouter, Path, Query, Request
 
-from gpupool.server.auth import Principal
-from gpupool.server.deps import Rt, Who
-from gpupool.server.runtime import Runtime
-from gpupool.server.schemas.calls import (
+from gpupool.api.calls import (
     MAX_WAIT_S,
     CallCreate,
     CallOut,
@@ -27,7 +24,10 @@ from gpupool.server.schemas.calls import (
     WorkerAsk,
     WorkerWork,
 )
-from gpupool.server.schemas.common import ErrorBody
+from gpupool.api.common import ErrorBody
+from gpupool.server.auth import Principal
+from gpupool.server.deps import Rt, Who
+from gpupool.server.runtime import Runtime
 from gpupool.server.services import calls as service
 
 RECHECK_S = 1.0

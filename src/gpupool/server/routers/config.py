@@ -6,8 +6,8 @@ from typing import Any
 
 from fastapi import APIRouter
 
+from gpupool.api.common import ErrorBody
 from gpupool.server.deps import Rt, Who
-from gpupool.server.schemas.common import ErrorBody
 
 router = APIRouter(tags=["config"], responses={401: {"model": ErrorBody}, 403: {"model": ErrorBody}})
 

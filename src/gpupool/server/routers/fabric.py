@@ -6,10 +6,10 @@ from typing import Annotated
 
 from fastapi import APIRouter, Query
 
+from gpupool.api.common import ErrorBody
+from gpupool.api.fabric import FabricOut, LinkChangeOut, LinkRequest, TelemetryIn
 from gpupool.core.fabric.telemetry import PortLoad
 from gpupool.server.deps import Rt, Who
-from gpupool.server.schemas.common import ErrorBody
-from gpupool.server.schemas.fabric import FabricOut, LinkChangeOut, LinkRequest, TelemetryIn
 from gpupool.server.services import fabric_links, fabric_listing
 
 router = APIRouter(prefix="/fabric", tags=["fabric"], responses={

@@ -5,8 +5,8 @@ from __future__ import annotations
 from fastapi import APIRouter
 
 import gpupool
+from gpupool.api.common import Health
 from gpupool.server.deps import Rt
-from gpupool.server.schemas.common import Health
 
 router = APIRouter(tags=["health"])
 

@@ -6,9 +6,9 @@ from typing import Annotated
 
 from fastapi import APIRouter, Header, Path, Query, Response
 
+from gpupool.api.common import ErrorBody
+from gpupool.api.nodes import NodeOut, PoolSummary
 from gpupool.server.deps import Rt, Who
-from gpupool.server.schemas.common import ErrorBody
-from gpupool.server.schemas.nodes import NodeOut, PoolSummary
 from gpupool.server.services import node_faults, node_listing, pool
 from gpupool.server.services import nodes as service
 

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from fastapi import APIRouter
 
+from gpupool.api.common import ErrorBody
+from gpupool.api.session import WhoAmI
 from gpupool.server.deps import Who
-from gpupool.server.schemas.common import ErrorBody
-from gpupool.server.schemas.session import WhoAmI
 
 router = APIRouter(tags=["session"], responses={401: {"model": ErrorBody}, 403: {"model": ErrorBody}})
 

@@ -6,9 +6,8 @@ from typing import Annotated
 
 from fastapi import APIRouter, Path, Query
 
-from gpupool.server.deps import Rt, Who
-from gpupool.server.schemas.common import NAME_PATTERN, ErrorBody
-from gpupool.server.schemas.tenants import (
+from gpupool.api.common import NAME_PATTERN, ErrorBody
+from gpupool.api.tenants import (
     QueueCreate,
     QueueOut,
     QueueUpdate,
@@ -19,6 +18,7 @@ from gpupool.server.schemas.tenants import (
     TokenInfo,
     TokenOut,
 )
+from gpupool.server.deps import Rt, Who
 from gpupool.server.services import tenants as service
 from gpupool.server.services import tokens
 

@@ -6,9 +6,9 @@ from typing import Annotated
 
 from fastapi import APIRouter, Query
 
+from gpupool.api.common import ErrorBody
+from gpupool.api.usage import UsageOut
 from gpupool.server.deps import Rt, Who
-from gpupool.server.schemas.common import ErrorBody
-from gpupool.server.schemas.usage import UsageOut
 from gpupool.server.services import usage as service
 
 router = APIRouter(tags=["usage"], responses={401: {"model": ErrorBody}, 403: {"model": ErrorBody},

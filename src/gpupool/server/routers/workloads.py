@@ -6,9 +6,8 @@ from typing import Annotated, Literal
 
 from fastapi import APIRouter, Path, Query
 
-from gpupool.server.deps import Rt, Who, Writer
-from gpupool.server.schemas.common import ErrorBody
-from gpupool.server.schemas.workloads import (
+from gpupool.api.common import ErrorBody
+from gpupool.api.workloads import (
     ArrayCancelled,
     EventOut,
     LogsOut,
@@ -17,6 +16,7 @@ from gpupool.server.schemas.workloads import (
     WorkloadPage,
     WorkloadSpec,
 )
+from gpupool.server.deps import Rt, Who, Writer
 from gpupool.server.services import listing
 from gpupool.server.services import logs as logs_service
 from gpupool.server.services import workloads as service

@@ -5,10 +5,10 @@ from __future__ import annotations
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
+from gpupool.api.audit import AuditOut
 from gpupool.server.auth import Principal
 from gpupool.server.orm import AuditRow
 from gpupool.server.runtime import Runtime
-from gpupool.server.schemas.audit import AuditOut
 
 MAX_LIMIT = 10_000
 

@@ -17,11 +17,11 @@ from typing import Any
 
 from sqlalchemy import or_, select
 
+from gpupool.api.tenants import TenantUpdate
 from gpupool.core.budgets import Budget, BudgetPeriod, SpendLedger, exhausted
 from gpupool.core.metering import PodInterval, PriceBook
 from gpupool.server.orm import AuditRow, PodRow, TenantRow, WorkloadRow
 from gpupool.server.runtime import Runtime
-from gpupool.server.schemas.tenants import TenantUpdate
 from gpupool.server.services.metering import device_map, held
 
 log = logging.getLogger(__name__)

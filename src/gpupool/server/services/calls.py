@@ -30,13 +30,7 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from gpupool.agent.identity import BASE_PATH
-from gpupool.core.model import WorkloadStatus
-from gpupool.errors import Conflict, InvalidInput, NotFound, Unauthorized
-from gpupool.server.auth import Principal, call_token, call_token_pod
-from gpupool.server.db import Store
-from gpupool.server.orm import Base, RemoteCallRow, RemoteKeyRow, RemoteSessionRow, WorkloadRow
-from gpupool.server.runtime import Runtime
-from gpupool.server.schemas.calls import (
+from gpupool.api.calls import (
     MAX_PAYLOAD_BYTES,
     CallCreate,
     CallDone,
@@ -46,7 +40,13 @@ from gpupool.server.schemas.calls import (
     SessionOut,
     WorkerWork,
 )
-from gpupool.server.schemas.workloads import WorkloadSpec
+from gpupool.api.workloads import WorkloadSpec
+from gpupool.core.model import WorkloadStatus
+from gpupool.errors import Conflict, InvalidInput, NotFound, Unauthorized
+from gpupool.server.auth import Principal, call_token, call_token_pod
+from gpupool.server.db import Store
+from gpupool.server.orm import Base, RemoteCallRow, RemoteKeyRow, RemoteSessionRow, WorkloadRow
+from gpupool.server.runtime import Runtime
 from gpupool.server.services import workloads as workloads_service
 from gpupool.server.services.submit_writer import commit
 from gpupool.server.states import ACTIVE_POD_STATES

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
+from gpupool.api.workloads import EventOut, PodOut, SliceOut, WorkloadOut, WorkloadSpec
 from gpupool.core.units import MILLI
 from gpupool.reasons import describe
 from gpupool.server.orm import EventRow, PodRow, WorkloadRow
-from gpupool.server.schemas.workloads import EventOut, PodOut, SliceOut, WorkloadOut, WorkloadSpec
 
 
 def pod_row_to_out(row: PodRow, simulated_nodes: frozenset[str]) -> PodOut:

@@ -6,11 +6,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Sequence
 
-from gpupool.core.fabric.model import NodeKind
-from gpupool.core.model import Node
-from gpupool.server.auth import Principal
-from gpupool.server.runtime import Runtime
-from gpupool.server.schemas.fabric import (
+from gpupool.api.fabric import (
     FabricNodeOut,
     FabricOut,
     GangPathOut,
@@ -20,7 +16,11 @@ from gpupool.server.schemas.fabric import (
     PortOut,
     SwitchOut,
 )
-from gpupool.server.schemas.workloads import WorkloadOut
+from gpupool.api.workloads import WorkloadOut
+from gpupool.core.fabric.model import NodeKind
+from gpupool.core.model import Node
+from gpupool.server.auth import Principal
+from gpupool.server.runtime import Runtime
 from gpupool.server.services.fabric import Key, LiveFabric
 from gpupool.server.services.fabric_links import GangPath, assess, live, running_gangs
 

@@ -14,12 +14,12 @@ from typing import Any
 from sqlalchemy import func, or_, select
 from sqlalchemy.orm import Session
 
+from gpupool.api.workloads import WorkloadPage
 from gpupool.core.model import WorkloadStatus
 from gpupool.errors import InvalidInput, NotFound, did_you_mean
 from gpupool.server.auth import Principal
 from gpupool.server.orm import QueueRow, TenantRow, WorkloadRow
 from gpupool.server.runtime import Runtime
-from gpupool.server.schemas.workloads import WorkloadPage
 from gpupool.server.services.converters import workload_row_to_out
 from gpupool.server.services.workloads import _pods, _simulated_nodes
 

@@ -9,13 +9,13 @@ from __future__ import annotations
 
 from sqlalchemy import select
 
+from gpupool.api.workloads import LogsOut
 from gpupool.core.model import WorkloadStatus
 from gpupool.errors import InvalidInput, NotFound, ProviderError
 from gpupool.providers.base import Provider
 from gpupool.server.auth import Principal
 from gpupool.server.orm import PodRow, WorkloadRow
 from gpupool.server.runtime import Runtime
-from gpupool.server.schemas.workloads import LogsOut
 
 
 def read(rt: Runtime, who: Principal, workload_id: str, *, rank: int, offset: int,

@@ -13,13 +13,13 @@ from typing import Any
 
 from sqlalchemy import Select, or_, select
 
+from gpupool.api.usage import UsageOut, UsageRowOut
 from gpupool.core.metering import HeldSlice, PodInterval, UsageKey, UsageRow, aggregate, totals
 from gpupool.core.model import Device, Node, Slice
 from gpupool.errors import InvalidInput
 from gpupool.server.auth import Principal
 from gpupool.server.orm import PodRow, WorkloadRow
 from gpupool.server.runtime import Runtime
-from gpupool.server.schemas.usage import UsageOut, UsageRowOut
 from gpupool.server.services.specs import default_priority_class
 
 UNKNOWN_MODEL = "unknown"

@@ -12,13 +12,13 @@ import logging
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
+from gpupool.api.nodes import NodeOut
 from gpupool.core.model import Device, Node
 from gpupool.errors import Conflict, GpupoolError, NotFound
 from gpupool.providers.base import Capability
 from gpupool.server.auth import Principal
 from gpupool.server.orm import NodeFlagRow
 from gpupool.server.runtime import Runtime
-from gpupool.server.schemas.nodes import NodeOut
 from gpupool.server.services import audit
 from gpupool.server.services.nodes import after_change, find, get_node, is_lost
 

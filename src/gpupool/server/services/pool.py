@@ -7,12 +7,12 @@ from dataclasses import dataclass
 
 from sqlalchemy import func, select
 
+from gpupool.api.nodes import ModelUsage, PoolSummary, TenantUsage
 from gpupool.core.model import Node, WorkloadStatus
 from gpupool.core.units import MILLI
 from gpupool.server.auth import Principal
 from gpupool.server.orm import WorkloadRow
 from gpupool.server.runtime import Runtime
-from gpupool.server.schemas.nodes import ModelUsage, PoolSummary, TenantUsage
 
 
 @dataclass(frozen=True)

@@ -14,13 +14,13 @@ from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from gpupool.api.workloads import ResourcesSpec, WorkloadSpec
 from gpupool.config import PoolConfig, PriorityClassConfig
 from gpupool.core.model import Node, PodRequest, Workload
 from gpupool.core.topology_spec import parse_topology_spec
 from gpupool.core.units import format_memory_mib, parse_cpu_milli, parse_devices, parse_memory_mib
 from gpupool.errors import InvalidInput, PriorityNotAllowed, UnknownName, did_you_mean
 from gpupool.profiles.loader import name_key
-from gpupool.server.schemas.workloads import ResourcesSpec, WorkloadSpec
 
 MAX_SHAPES = 64
 """Distinct node shapes checked exactly; a pool with more is checked against its per-figure maxima."""

@@ -12,14 +12,7 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from gpupool.agent.identity import account_name, is_pool_account, mapped_account
-from gpupool.core.model import WorkloadStatus
-from gpupool.core.quota import devices_milli
-from gpupool.core.units import MILLI
-from gpupool.errors import Conflict, InvalidInput, NotFound, did_you_mean
-from gpupool.server.auth import Principal, new_token
-from gpupool.server.orm import QueueRow, TenantRow, TokenRow, WorkloadRow
-from gpupool.server.runtime import Runtime
-from gpupool.server.schemas.tenants import (
+from gpupool.api.tenants import (
     QueueCreate,
     QueueOut,
     QueueUpdate,
@@ -27,6 +20,13 @@ from gpupool.server.schemas.tenants import (
     TenantOut,
     TenantUpdate,
 )
+from gpupool.core.model import WorkloadStatus
+from gpupool.core.quota import devices_milli
+from gpupool.core.units import MILLI
+from gpupool.errors import Conflict, InvalidInput, NotFound, did_you_mean
+from gpupool.server.auth import Principal, new_token
+from gpupool.server.orm import QueueRow, TenantRow, TokenRow, WorkloadRow
+from gpupool.server.runtime import Runtime
 from gpupool.server.services import audit, budgets, quotas
 from gpupool.server.services.converters import milli_to_gpus
 from gpupool.server.services.tokens import token_row, write_private_file

@@ -11,11 +11,11 @@ from pathlib import Path
 from sqlalchemy import Select, func, or_, select
 from sqlalchemy.orm import Session
 
+from gpupool.api.tenants import TokenCreate, TokenInfo, TokenOut
 from gpupool.errors import Conflict, InvalidInput, NotFound, did_you_mean
 from gpupool.server.auth import Principal, Scope, new_token, token_sha256
 from gpupool.server.orm import TenantRow, TokenRow
 from gpupool.server.runtime import Runtime
-from gpupool.server.schemas.tenants import TokenCreate, TokenInfo, TokenOut
 from gpupool.server.services import audit
 
 

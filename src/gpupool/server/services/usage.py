@@ -14,11 +14,11 @@ from collections.abc import Sequence
 
 from sqlalchemy import or_
 
+from gpupool.api.usage import UsageOut
 from gpupool.core.metering import DAY_S, PodInterval, UsageKey, UsageRow, aggregate, totals
 from gpupool.server.auth import Principal
 from gpupool.server.orm import PodRow, WorkloadRow
 from gpupool.server.runtime import Runtime
-from gpupool.server.schemas.usage import UsageOut
 from gpupool.server.services import usage_rollup
 from gpupool.server.services.metering import interval_rows, parse_by, raw_usage, row_out, to_intervals, window
 from gpupool.server.services.specs import default_priority_class

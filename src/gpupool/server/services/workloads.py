@@ -11,13 +11,8 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from gpupool.core.model import Workload, WorkloadStatus
-from gpupool.errors import Conflict, InvalidInput, NotFound, PriorityNotAllowed
-from gpupool.server.auth import Principal
-from gpupool.server.orm import EventRow, PodRow, WorkloadRow
-from gpupool.server.runtime import Runtime
-from gpupool.server.schemas.array_spec import parse_array
-from gpupool.server.schemas.workloads import (
+from gpupool.api.array_spec import parse_array
+from gpupool.api.workloads import (
     ArrayCancelled,
     EventOut,
     WorkloadCreated,
@@ -25,6 +20,11 @@ from gpupool.server.schemas.workloads import (
     WorkloadSpec,
     check_array_size,
 )
+from gpupool.core.model import Workload, WorkloadStatus
+from gpupool.errors import Conflict, InvalidInput, NotFound, PriorityNotAllowed
+from gpupool.server.auth import Principal
+from gpupool.server.orm import EventRow, PodRow, WorkloadRow
+from gpupool.server.runtime import Runtime
 from gpupool.server.services import audit
 from gpupool.server.services.converters import event_row_to_out, workload_row_to_out
 from gpupool.server.services.events import Move, apply_moves, transition

@@ -6,7 +6,7 @@ from enum import StrEnum
 
 from pydantic import Field
 
-from gpupool.server.schemas.common import Strict
+from gpupool.api.common import Strict
 
 
 class NodeState(StrEnum):

@@ -6,11 +6,11 @@ from typing import Annotated
 
 from pydantic import Field, field_validator
 
+from gpupool.api.array_spec import parse_array
+from gpupool.api.common import ArgText, Name, Strict, refuse_control
+from gpupool.api.fabric import NetworkOut
 from gpupool.core.units import parse_cpu_milli, parse_devices, parse_memory_mib
 from gpupool.errors import InvalidInput
-from gpupool.server.schemas.array_spec import parse_array
-from gpupool.server.schemas.common import ArgText, Name, Strict, refuse_control
-from gpupool.server.schemas.fabric import NetworkOut
 
 MAX_REPLICAS = 256
 MAX_COMMAND_ARGS = 4096

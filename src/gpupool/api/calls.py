@@ -10,8 +10,8 @@ from typing import Annotated
 
 from pydantic import Field
 
-from gpupool.server.schemas.common import ArgText, Name, Strict
-from gpupool.server.schemas.workloads import MAX_TIME_LIMIT_S, ResourcesSpec
+from gpupool.api.common import ArgText, Name, Strict
+from gpupool.api.workloads import MAX_TIME_LIMIT_S, ResourcesSpec
 
 MAX_PAYLOAD_BYTES = 16 * 2**20
 """The most a call's pickled function and arguments, or its pickled result, may weigh."""

@@ -6,7 +6,7 @@ from typing import Annotated, Literal
 
 from pydantic import Field, model_validator
 
-from gpupool.server.schemas.common import Name, Strict
+from gpupool.api.common import Name, Strict
 
 UnixUser = Annotated[str, Field(min_length=1, max_length=32, pattern=r"^[A-Za-z_][A-Za-z0-9._-]*\$?$",
                                 description="an existing account on the server machine, never root")]

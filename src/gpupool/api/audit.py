@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pydantic import Field
 
-from gpupool.server.schemas.common import Strict
+from gpupool.api.common import Strict
 
 
 class AuditOut(Strict):

@@ -7,7 +7,7 @@ from typing import Annotated
 
 from pydantic import Field
 
-from gpupool.server.schemas.common import Strict
+from gpupool.api.common import Strict
 
 
 class LevelOut(Strict):
