@@ -13,10 +13,10 @@ import pytest
 from fastapi.testclient import TestClient
 from typer.testing import CliRunner
 
+from gpupool.api.reasons import CATALOGUE
 from gpupool.cli import show
 from gpupool.cli.main import app
 from gpupool.client import Client
-from gpupool.reasons import CATALOGUE
 from gpupool.server.app import create_app
 from gpupool.server.services import workloads
 from server.test_live_scheduler import ADMIN, Pool

@@ -12,9 +12,9 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 from sqlalchemy import select
 
+from gpupool.api.reasons import describe
 from gpupool.api.tenants import TenantCreate, TenantOut, TenantUpdate
 from gpupool.core.budgets import BudgetPeriod, period_end
-from gpupool.reasons import describe
 from gpupool.server.metrics_budgets import BudgetCollector
 from gpupool.server.orm import AuditRow, PodRow, WorkloadRow
 from gpupool.server.services import tenants, usage

@@ -12,7 +12,7 @@ import pytest
 from fastapi.testclient import TestClient
 from sqlalchemy import update
 
-from gpupool.reasons import CATALOGUE
+from gpupool.api.reasons import CATALOGUE
 from gpupool.server.app import create_app
 from gpupool.server.orm import EventRow, PodRow, WorkloadRow
 from server.test_live_scheduler import Pool

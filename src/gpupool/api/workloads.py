@@ -242,7 +242,7 @@ class WorkloadOut(Strict):
     status: str = Field(description="pending, admitted, running, succeeded, failed or cancelled")
     priority: int
     attempt: int = Field(description="how many times it was placed (requeues place it again)")
-    reason: str = Field(description="the code of the last reason recorded (gpupool.reasons.CATALOGUE)")
+    reason: str = Field(description="the code of the last reason recorded (gpupool.api.reasons.CATALOGUE)")
     reason_text: str = Field("", description="what the reason means, in a sentence")
     reason_hint: str = Field("", description="what the user can do about it")
     reason_final: bool = Field(False, description="true when, after this reason, it will not run (again)")

@@ -36,7 +36,7 @@ class WorkloadStatus(StrEnum):
 class Reason(StrEnum):
     """Machine-readable reasons carried by the cycle's decisions (rejections, preemptions, evictions).
 
-    What each means, and what a user can do about it, is in `gpupool.reasons.CATALOGUE`."""
+    What each means, and what a user can do about it, is in `gpupool.api.reasons.CATALOGUE`."""
 
     NO_NODE_FITS = "no_node_fits"
     INSUFFICIENT_CPU = "insufficient_cpu"

@@ -15,13 +15,14 @@ from collections.abc import Callable, Mapping, Sequence
 from sqlalchemy import Connection, bindparam, select, update
 from sqlalchemy.orm import Session
 
+from gpupool.api.events import EventReason
 from gpupool.core.model import Node, WorkloadStatus
 from gpupool.providers.base import PodPhase, PodStatus
 from gpupool.server.orm import Base, PodRow, WorkloadRow
 from gpupool.server.runtime import Runtime
 from gpupool.server.services.events import Move, apply_moves, transition
 from gpupool.server.services.requeue import requeue, stop_pods
-from gpupool.server.states import ACTIVE_POD_STATES, EventReason, PodState
+from gpupool.server.states import ACTIVE_POD_STATES, PodState
 
 FinalHook = Callable[[str, float | None], None]
 """Called with a workload that ended for good, and the work it did when it succeeded."""

@@ -19,6 +19,7 @@ from typing import Any, assert_never
 from sqlalchemy import Connection, Row, bindparam, case, func, insert, select, update
 from sqlalchemy.orm import Session
 
+from gpupool.api.events import EventReason
 from gpupool.core.model import (
     Node,
     PodPlacement,
@@ -53,7 +54,7 @@ from gpupool.server.services import enforcement, rendezvous
 from gpupool.server.services.events import Move, apply_moves, transition
 from gpupool.server.services.metering import slice_models
 from gpupool.server.services.requeue import requeue, stop_pods
-from gpupool.server.states import EventReason, PodState
+from gpupool.server.states import PodState
 
 log = logging.getLogger("gpupool.scheduler")
 FULL_RESCAN_S = 10.0

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
+from gpupool.api.reasons import describe
 from gpupool.api.workloads import EventOut, PodOut, SliceOut, WorkloadOut, WorkloadSpec
 from gpupool.core.units import MILLI
-from gpupool.reasons import describe
 from gpupool.server.orm import EventRow, PodRow, WorkloadRow
 
 

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
+from gpupool.api.events import EventReason
 from gpupool.core.fabric.telemetry import PortLoad
 from gpupool.core.model import Node, WorkloadStatus
 from gpupool.core.scheduling import congestion
@@ -27,7 +28,7 @@ from gpupool.server.runtime import Runtime
 from gpupool.server.services import audit
 from gpupool.server.services.fabric import Key, LiveFabric, Route
 from gpupool.server.services.requeue import requeue
-from gpupool.server.states import ACTIVE_POD_STATES, EventReason
+from gpupool.server.states import ACTIVE_POD_STATES
 
 _RUNNING = (WorkloadStatus.ADMITTED.value, WorkloadStatus.RUNNING.value)
 

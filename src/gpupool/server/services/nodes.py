@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
+from gpupool.api.events import EventReason
 from gpupool.api.nodes import DeviceOut, HeldSliceOut, LayerOut, NodeOut, NodeState
 from gpupool.core.model import Node, WorkloadStatus
 from gpupool.errors import NotFound, did_you_mean
@@ -20,7 +21,7 @@ from gpupool.server.orm import NodeFlagRow, PodRow, WorkloadRow
 from gpupool.server.runtime import Runtime
 from gpupool.server.services import audit, enforcement
 from gpupool.server.services.requeue import requeue
-from gpupool.server.states import ACTIVE_POD_STATES, EventReason
+from gpupool.server.states import ACTIVE_POD_STATES
 
 
 @dataclass

@@ -12,6 +12,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from gpupool.api.array_spec import parse_array
+from gpupool.api.events import EventReason
 from gpupool.api.workloads import (
     ArrayCancelled,
     EventOut,
@@ -32,7 +33,7 @@ from gpupool.server.services.fabric_listing import with_network
 from gpupool.server.services.requeue import stop_pods
 from gpupool.server.services.specs import CAPACITY, check_fits, priority_class, to_workload
 from gpupool.server.services.submit_writer import Submission, SubmitWriter, commit
-from gpupool.server.states import EventReason, PodState
+from gpupool.server.states import PodState
 
 
 def new_workload_id() -> str:

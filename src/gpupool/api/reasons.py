@@ -2,7 +2,7 @@
 sentence that says what happened and a hint that says what the user can do.
 
 The core's scheduling reasons (`core.model.Reason`) and the server's event reasons
-(`server.states.EventReason`) are two enums with disjoint codes; every member of both has exactly one
+(`api.events.EventReason`) are two enums with disjoint codes; every member of both has exactly one
 entry here (tests/test_reasons.py checks it, and that every member is produced somewhere). The store
 keeps only the code; the catalogue is applied when answering (the API's `reason_text`, `reason_hint`,
 `reason_final`; `gpupool show`), never on the loop's or the submit path's writes. A code the store
@@ -15,8 +15,8 @@ from dataclasses import dataclass
 from enum import StrEnum
 from types import MappingProxyType
 
+from gpupool.api.events import EventReason
 from gpupool.core.model import Reason
-from gpupool.server.states import EventReason
 
 
 @dataclass(frozen=True, slots=True)
