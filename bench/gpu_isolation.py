@@ -31,7 +31,7 @@ from rich.table import Table
 
 from gpupool.agent.probes.nvml import NvmlProbe, ProbeStatus
 from gpupool.core.model import Slice
-from gpupool.providers.base import PodLaunch, PodPhase
+from gpupool.pods import PodLaunch, PodPhase
 from gpupool.providers.local import LocalProvider
 
 WORKER = r"""

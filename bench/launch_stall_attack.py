@@ -38,7 +38,7 @@ def main() -> int:
     os.environ["GPUPOOL_LAUNCH_TIMEOUT_S"] = str(args.timeout_s)
     from gpupool.agent.identity import BASE_PATH
     from gpupool.errors import ProviderError
-    from gpupool.providers.base import PodLaunch
+    from gpupool.pods import PodLaunch
     from gpupool.providers.local import LocalProvider
 
     provider = LocalProvider(tempfile.mkdtemp(prefix="gpupool-stall-") + "/agent", simulate="1xH100",

@@ -44,8 +44,9 @@ from rich.table import Table
 from gpupool.agent.isolation import mps_env
 from gpupool.agent.probes.nvml import NvmlProbe, ProbeResult, ProbeStatus
 from gpupool.core.model import Device, Slice
+from gpupool.pods import PodLaunch, PodPhase
 from gpupool.profiles import default_profiles
-from gpupool.providers.base import PodLaunch, PodPhase, Provider
+from gpupool.providers.base import Provider
 
 sys.path.insert(0, str(Path(__file__).parent))
 from _control_plane import write_json

@@ -34,7 +34,8 @@ from rich.console import Console
 from rich.table import Table
 
 from gpupool.core.model import Slice
-from gpupool.providers.base import PodLaunch, PodStatus, Provider
+from gpupool.pods import PodLaunch, PodStatus
+from gpupool.providers.base import Provider
 from gpupool.providers.localpool import LocalPool
 from gpupool.providers.nodespec import nodes_from_spec
 

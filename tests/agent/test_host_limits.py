@@ -31,7 +31,7 @@ from gpupool.agent.isolation import (
 from gpupool.agent.leftovers import account_processes
 from gpupool.core.model import Slice
 from gpupool.errors import InvalidInput
-from gpupool.providers.base import PodLaunch, PodPhase, PodStatus
+from gpupool.pods import PodLaunch, PodPhase, PodStatus
 from gpupool.providers.fake import nodes_from_spec
 from gpupool.providers.local import LocalProvider
 

@@ -19,7 +19,7 @@ from gpupool.agent.isolation import (
 )
 from gpupool.core.model import Slice
 from gpupool.errors import InvalidInput
-from gpupool.providers.base import PodLaunch
+from gpupool.pods import PodLaunch
 from gpupool.providers.fake import nodes_from_spec
 
 H100 = nodes_from_spec("1x4xH100")[0]

@@ -20,7 +20,7 @@ from factories import pod_python
 from gpupool.agent.launcher import Launcher, launch_timeout_s
 from gpupool.agent.shim import shim_argv
 from gpupool.errors import InvalidInput, ProviderError
-from gpupool.providers.base import PodLaunch, PodPhase, PodStatus
+from gpupool.pods import PodLaunch, PodPhase, PodStatus
 from gpupool.providers.local import LocalProvider
 
 needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="changing a pod's user needs root")

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from gpupool.agent.runner import DEFAULT_MAX_LOG_BYTES, Runner, cap_note
-from gpupool.providers.base import PodLaunch, PodPhase
+from gpupool.pods import PodLaunch, PodPhase
 from gpupool.server.provision import provision
 from gpupool.server.settings import DEFAULT_MAX_POD_LOG_BYTES, Settings
 

@@ -26,7 +26,7 @@ from gpupool.agent.identity import (
     mapped_account,
 )
 from gpupool.errors import InvalidInput, ProviderError
-from gpupool.providers.base import PodLaunch, PodPhase, PodStatus
+from gpupool.pods import PodLaunch, PodPhase, PodStatus
 from gpupool.providers.local import LocalProvider
 
 needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="changing a pod's user needs root")

@@ -14,7 +14,7 @@ import pytest
 from gpupool.agent import podstate
 from gpupool.agent.runner import Runner
 from gpupool.errors import InvalidInput, NotFound
-from gpupool.providers.base import PodPhase
+from gpupool.pods import PodPhase
 
 ENV = {"PATH": os.environ.get("PATH", "/usr/bin:/bin")}
 

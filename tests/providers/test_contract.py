@@ -11,7 +11,8 @@ import pytest
 
 from gpupool.core.model import Slice
 from gpupool.errors import GpupoolError, NotFound, ProviderError
-from gpupool.providers.base import Capability, PodLaunch, PodPhase, PodStatus, Provider
+from gpupool.pods import PodLaunch, PodPhase, PodStatus
+from gpupool.providers.base import Capability, Provider
 from gpupool.providers.fake import FakeProvider
 from gpupool.providers.local import LocalProvider
 from gpupool.providers.localpool import LocalPool

@@ -9,7 +9,7 @@ import random
 import pytest
 
 from gpupool.core.model import Slice
-from gpupool.providers.base import PodLaunch, PodStatus
+from gpupool.pods import PodLaunch, PodStatus
 from gpupool.providers.fake import FakeProvider
 
 

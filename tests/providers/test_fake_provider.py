@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from gpupool.errors import InvalidInput, UnknownName
-from gpupool.providers.base import PodLaunch, PodPhase
+from gpupool.pods import PodLaunch, PodPhase
 from gpupool.providers.fake import FakeProvider
 from gpupool.providers.registry import make_provider, provider_names
 

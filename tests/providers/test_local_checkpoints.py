@@ -20,7 +20,8 @@ from factories import pod_python
 from gpupool.agent.checkpoints import CHECKPOINT_DIR_ENV, MARK, ROOT_NAME, CheckpointDirs
 from gpupool.agent.probes.nvml import NvmlProbe, ProbedDevice, ProbeResult, ProbeStatus, XidEvent
 from gpupool.errors import InvalidInput, ProviderError
-from gpupool.providers.base import Capability, PodLaunch, PodPhase, PodStatus
+from gpupool.pods import PodLaunch, PodPhase, PodStatus
+from gpupool.providers.base import Capability
 from gpupool.providers.local import LocalProvider
 
 needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="changing a pod's user needs root")

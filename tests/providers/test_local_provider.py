@@ -14,7 +14,8 @@ from factories import pod_python
 from gpupool.agent.mps import MpsDaemon
 from gpupool.core.model import Slice
 from gpupool.errors import InvalidInput, UnknownName
-from gpupool.providers.base import Capability, PodLaunch, PodPhase, PodStatus
+from gpupool.pods import PodLaunch, PodPhase, PodStatus
+from gpupool.providers.base import Capability
 from gpupool.providers.local import LocalProvider
 from gpupool.providers.nodespec import SIMULATED_LABEL
 

@@ -18,7 +18,7 @@ import ray
 
 from gpupool.core.model import Slice
 from gpupool.errors import InvalidInput
-from gpupool.providers.base import PodLaunch, PodPhase, PodStatus
+from gpupool.pods import PodLaunch, PodPhase, PodStatus
 from gpupool.providers.ray import RayProvider
 from gpupool.providers.ray.nodeconfig import pod_actor_name
 from gpupool.providers.ray.settings import NAMESPACE

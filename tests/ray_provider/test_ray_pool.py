@@ -19,7 +19,7 @@ import ray
 
 from gpupool.core.model import Slice
 from gpupool.errors import InvalidInput, NotFound
-from gpupool.providers.base import PodLaunch, PodPhase, PodStatus
+from gpupool.pods import PodLaunch, PodPhase, PodStatus
 from gpupool.providers.ray import RayProvider
 from gpupool.providers.ray.nodeconfig import node_agent_name, pod_actor_name
 from gpupool.providers.ray.resources import compute_resource, memory_resource

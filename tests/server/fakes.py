@@ -7,7 +7,8 @@ import time
 
 from gpupool.core.model import Node
 from gpupool.errors import ProviderError
-from gpupool.providers.base import PodLaunch, PodPhase, PodStatus, Provider
+from gpupool.pods import PodLaunch, PodPhase, PodStatus
+from gpupool.providers.base import Provider
 
 
 class ManualProvider(Provider):

@@ -14,7 +14,7 @@ from conftest import Server
 from factories import node
 from gpupool.agent.runner import Runner
 from gpupool.api.workloads import MAX_COMMAND_BYTES, MAX_ENV_BYTES, MAX_ENV_VARS
-from gpupool.providers.base import LogChunk, PodLaunch
+from gpupool.pods import LogChunk, PodLaunch
 from gpupool.server.settings import DEFAULT_MAX_REQUEST_BODY_BYTES, Settings, parse_size_bytes
 from live import live_server
 

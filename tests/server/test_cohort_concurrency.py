@@ -17,7 +17,7 @@ from sqlalchemy import select
 
 from factories import node
 from gpupool.config import PoolConfig
-from gpupool.providers.base import PodLaunch
+from gpupool.pods import PodLaunch
 from gpupool.server.orm import PodRow, WorkloadRow
 from gpupool.server.runtime import Runtime
 from gpupool.server.services import quotas

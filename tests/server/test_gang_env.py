@@ -17,7 +17,8 @@ from gpupool.api.workloads import WorkloadSpec
 from gpupool.config import parse_config
 from gpupool.core.model import Device, IbPort, Node
 from gpupool.errors import InvalidInput
-from gpupool.providers.base import PodLaunch, Provider
+from gpupool.pods import PodLaunch
+from gpupool.providers.base import Provider
 from gpupool.providers.localpool import LocalPool
 from gpupool.providers.nodespec import nodes_from_spec
 from gpupool.server.auth import Principal

@@ -14,7 +14,7 @@ from sqlalchemy import select
 from factories import ISSUE_CONFIG
 from gpupool.api.workloads import WorkloadSpec
 from gpupool.config import parse_config
-from gpupool.providers.base import PodLaunch, PodPhase
+from gpupool.pods import PodLaunch, PodPhase
 from gpupool.providers.fake import FakeProvider
 from gpupool.server.auth import Principal
 from gpupool.server.db import Store

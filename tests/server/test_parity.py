@@ -35,7 +35,7 @@ from gpupool.config import PoolConfig, parse_config
 from gpupool.core.budgets import Budget, BudgetPeriod, period_end
 from gpupool.core.model import Node, Reason, Workload
 from gpupool.core.scheduling.cycle import CycleResult, EventKind
-from gpupool.providers.base import PodLaunch
+from gpupool.pods import PodLaunch
 from gpupool.providers.fake import FakeProvider, nodes_from_spec
 from gpupool.server.auth import Principal
 from gpupool.server.db import Store

@@ -10,7 +10,7 @@ import httpx
 from fakes import ManualProvider
 
 from factories import node
-from gpupool.providers.base import PodLaunch
+from gpupool.pods import PodLaunch
 from live import live_server
 
 QUOTA_MILLI = 2000

@@ -10,7 +10,7 @@ from sqlalchemy import update
 
 from conftest import Server
 from factories import node
-from gpupool.providers.base import PodPhase, PodStatus
+from gpupool.pods import PodPhase, PodStatus
 from gpupool.server.orm import PodRow
 
 

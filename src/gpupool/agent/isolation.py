@@ -26,8 +26,8 @@ from gpupool.agent.runner import HostLimits
 from gpupool.core.model import Device, Node, Slice
 from gpupool.core.units import MILLI
 from gpupool.errors import InvalidInput
+from gpupool.pods import PodLaunch
 from gpupool.profiles import DeviceProfile, ProfileSet, VisibleBy, default_profiles
-from gpupool.providers.base import PodLaunch
 
 SITECUSTOMIZE_DIR = Path(__file__).with_name("sitecustomize")
 CGROUP_ROOT_ENV = "GPUPOOL_CGROUP_ROOT"

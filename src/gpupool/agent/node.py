@@ -44,8 +44,8 @@ from gpupool.agent.probes.nvml import NvmlProbe, ProbeResult, ProbeStatus
 from gpupool.agent.runner import DEFAULT_MAX_LOG_BYTES, LogStream, Runner
 from gpupool.core.model import Device, IbPort, Node
 from gpupool.errors import InvalidInput, NotFound, ProviderError
+from gpupool.pods import HealthEvent, LogChunk, PodLaunch
 from gpupool.profiles import ProfileSet, default_profiles
-from gpupool.providers.base import HealthEvent, LogChunk, PodLaunch
 from gpupool.providers.nodespec import SIMULATED_LABEL, simulated_devices
 
 SCRATCH_DIR_ENV = "GPUPOOL_SCRATCH_DIR"

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from gpupool.providers.base import PodPhase
+from gpupool.pods import PodPhase
 
 FINAL_PHASES = frozenset({PodPhase.SUCCEEDED, PodPhase.FAILED, PodPhase.STOPPED, PodPhase.LOST})
 

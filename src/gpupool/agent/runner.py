@@ -39,7 +39,7 @@ from gpupool.agent.leftovers import MARKER, AccountLocks, kill_leftovers
 from gpupool.agent.podstate import PodRecord
 from gpupool.agent.shim import shim_argv
 from gpupool.errors import GpupoolError, InvalidInput, NotFound
-from gpupool.providers.base import LogChunk, PodPhase
+from gpupool.pods import LogChunk, PodPhase
 
 log = logging.getLogger("gpupool.agent")
 _POD_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")

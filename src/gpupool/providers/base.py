@@ -8,94 +8,13 @@ name (providers/registry.py). One contract test suite runs against every provide
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Sequence
 from enum import StrEnum
 from typing import ClassVar
 
-from gpupool.core.model import Node, Slice
+from gpupool.core.model import Node
 from gpupool.errors import ProviderError
-
-
-class PodPhase(StrEnum):
-    STARTING = "starting"
-    RUNNING = "running"
-    SUCCEEDED = "succeeded"
-    FAILED = "failed"
-    LOST = "lost"
-    STOPPED = "stopped"
-    """Ended because stop() asked it to (cancel, preemption, eviction); exit_code says how it died."""
-
-    @property
-    def is_final(self) -> bool:
-        return self not in (PodPhase.STARTING, PodPhase.RUNNING)
-
-
-@dataclass(frozen=True, slots=True)
-class PodLaunch:
-    """Everything a provider needs to start one pod: where, what, and inside which limits."""
-
-    pod_id: str
-    workload_id: str
-    node: str
-    command: tuple[str, ...]
-    slices: tuple[Slice, ...] = ()
-    cpu_milli: int = 0
-    memory_mib: int = 0
-    env: Mapping[str, str] = field(default_factory=dict)
-    workdir: str = ""
-    rank: int = 0
-    world_size: int = 1
-    local_rank: int = 0
-    local_world_size: int = 1
-    """How many pods of the gang run on this pod's node (LOCAL_WORLD_SIZE)."""
-    master_addr: str = "127.0.0.1"
-    """The rank-0 node's address (`Provider.node_address`), where the gang meets."""
-    master_port: int = 0
-    """The port the server reserved for the gang on the rank-0 node; 0: none (a single pod)."""
-    ib_hcas: tuple[str, ...] = ()
-    """NCCL_IB_HCA: the node's IB ports for the gang ("mlx5_0:1"), those on its fabric path when known."""
-    ib_sl: int | None = None
-    """NCCL_IB_SL: the service level of the pod's priority class, where the pool's fabric QoS sets one."""
-    ib_pkey_index: int | None = None
-    """NCCL_IB_PKEY: the P_Key table index of the tenant's partition, where the pool gives it one."""
-    tenant: str = "default"
-    """Whose pod it is: where the agent runs as root, it picks the Unix account from it."""
-    unix_user: str = ""
-    """The account the admin mapped to the tenant ('' = the pool's own account for the tenant)."""
-    separate_stderr: bool = False
-    """Keep stderr in its own log; by default stdout and stderr share one, in the order written."""
-
-
-@dataclass(frozen=True, slots=True)
-class PodStatus:
-    pod_id: str
-    phase: PodPhase
-    exit_code: int | None = None
-    message: str = ""
-    node: str = ""
-    started_at_s: float | None = None
-    finished_at_s: float | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class LogChunk:
-    """Log text from byte `offset` to `next_offset`; `finished` once the pod ended and all is read."""
-
-    text: str
-    next_offset: int
-    finished: bool
-
-
-@dataclass(frozen=True, slots=True)
-class HealthEvent:
-    """A device or node changed health: `device_uuid` empty means the whole node."""
-
-    time_s: float
-    node: str
-    device_uuid: str
-    healthy: bool
-    reason: str
+from gpupool.pods import HealthEvent, LogChunk, PodLaunch, PodStatus
 
 
 class Capability(StrEnum):

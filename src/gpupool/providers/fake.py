@@ -18,15 +18,8 @@ from dataclasses import dataclass, replace
 
 from gpupool.core.model import Node
 from gpupool.errors import InvalidInput, NotFound, ProviderError
-from gpupool.providers.base import (
-    Capability,
-    HealthEvent,
-    LogChunk,
-    PodLaunch,
-    PodPhase,
-    PodStatus,
-    Provider,
-)
+from gpupool.pods import HealthEvent, LogChunk, PodLaunch, PodPhase, PodStatus
+from gpupool.providers.base import Capability, Provider
 from gpupool.providers.nodespec import SPEC_SYNTAX, nodes_from_openb_csv, nodes_from_spec
 from gpupool.providers.registry import register_provider
 

@@ -23,14 +23,8 @@ from gpupool.agent.procfs import proc_visibility
 from gpupool.agent.runner import DEFAULT_MAX_LOG_BYTES
 from gpupool.core.model import Node
 from gpupool.errors import NotFound, ProviderError
-from gpupool.providers.base import (
-    Capability,
-    HealthEvent,
-    LogChunk,
-    PodLaunch,
-    PodStatus,
-    Provider,
-)
+from gpupool.pods import HealthEvent, LogChunk, PodLaunch, PodStatus
+from gpupool.providers.base import Capability, Provider
 from gpupool.providers.registry import register_provider
 
 

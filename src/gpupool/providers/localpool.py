@@ -13,7 +13,8 @@ from pathlib import Path
 from gpupool.agent.runner import DEFAULT_MAX_LOG_BYTES
 from gpupool.core.model import Node
 from gpupool.errors import InvalidInput, NotFound, ProviderError
-from gpupool.providers.base import Capability, HealthEvent, LogChunk, PodLaunch, PodStatus, Provider
+from gpupool.pods import HealthEvent, LogChunk, PodLaunch, PodStatus
+from gpupool.providers.base import Capability, Provider
 from gpupool.providers.local import LocalProvider
 
 

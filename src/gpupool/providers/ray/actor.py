@@ -13,7 +13,7 @@ import ray
 
 from gpupool.agent.mps import MpsDaemon
 from gpupool.errors import GpupoolError
-from gpupool.providers.base import LogChunk, PodLaunch, PodPhase, PodStatus
+from gpupool.pods import LogChunk, PodLaunch, PodPhase, PodStatus
 from gpupool.providers.local import LocalProvider
 from gpupool.providers.ray.nodeconfig import NodeConfig
 

@@ -13,7 +13,7 @@ from abc import ABC, abstractmethod
 from pathlib import Path
 from typing import Any, ClassVar, Protocol
 
-from gpupool.providers.base import PodLaunch, PodPhase
+from gpupool.pods import PodLaunch, PodPhase
 from gpupool.providers.ray.membership import Membership, RayNode
 from gpupool.providers.ray.node_agent import NodeDescription
 from gpupool.providers.ray.nodeconfig import NodeConfig

@@ -16,7 +16,7 @@ from typing import Any
 import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-from gpupool.providers.base import PodLaunch, PodPhase, PodStatus
+from gpupool.pods import PodLaunch, PodPhase, PodStatus
 from gpupool.providers.ray.actor import PodActor
 from gpupool.providers.ray.carrier import Carrier
 from gpupool.providers.ray.membership import RayNode

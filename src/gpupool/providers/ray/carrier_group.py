@@ -29,7 +29,7 @@ from ray.util.placement_group import (
     remove_placement_group,
 )
 
-from gpupool.providers.base import PodLaunch, PodPhase, PodStatus
+from gpupool.pods import PodLaunch, PodPhase, PodStatus
 from gpupool.providers.ray.carrier import Carrier, CarrierHost
 from gpupool.providers.ray.membership import RayNode, ray_node_table
 from gpupool.providers.ray.node_agent import NodeDescription

@@ -29,7 +29,8 @@ import ray
 from gpupool.agent.runner import Runner
 from gpupool.core.model import Node
 from gpupool.errors import GpupoolError, NotFound
-from gpupool.providers.base import Capability, HealthEvent, LogChunk, PodLaunch, PodPhase, PodStatus
+from gpupool.pods import HealthEvent, LogChunk, PodLaunch, PodPhase, PodStatus
+from gpupool.providers.base import Capability
 from gpupool.providers.local import LocalProvider
 from gpupool.providers.ray.nodeconfig import NodeConfig
 

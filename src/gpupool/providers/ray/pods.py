@@ -7,7 +7,7 @@ from dataclasses import dataclass, field, replace
 from enum import StrEnum
 from typing import Any
 
-from gpupool.providers.base import PodLaunch, PodPhase, PodStatus
+from gpupool.pods import PodLaunch, PodPhase, PodStatus
 
 RELEASE_AFTER_POLLS = 2
 """A finished pod's carrier (and so its slice's Ray resources) is released once poll() has returned

@@ -32,7 +32,8 @@ from gpupool.agent.leftovers import kill_leftovers
 from gpupool.agent.podstate import load_record
 from gpupool.core.model import Node
 from gpupool.errors import GpupoolError, InvalidInput, NotFound, ProviderError
-from gpupool.providers.base import Capability, HealthEvent, LogChunk, PodLaunch, PodPhase, PodStatus, Provider
+from gpupool.pods import HealthEvent, LogChunk, PodLaunch, PodPhase, PodStatus
+from gpupool.providers.base import Capability, Provider
 from gpupool.providers.nodespec import nodes_from_spec
 from gpupool.providers.ray import driver
 from gpupool.providers.ray.carrier import Carrier

@@ -17,7 +17,7 @@ from sqlalchemy.orm import Session
 
 from gpupool.api.events import EventReason
 from gpupool.core.model import Node, WorkloadStatus
-from gpupool.providers.base import PodPhase, PodStatus
+from gpupool.pods import PodPhase, PodStatus
 from gpupool.server.orm import Base, PodRow, WorkloadRow
 from gpupool.server.runtime import Runtime
 from gpupool.server.services.events import Move, apply_moves, transition

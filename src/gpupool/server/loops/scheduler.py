@@ -44,7 +44,7 @@ from gpupool.core.scheduling.cycle import (
 from gpupool.core.scheduling.keeper import PRUNE_SLACK, ViewKeeper
 from gpupool.core.scheduling.moves import Move as CoreMove
 from gpupool.errors import GpupoolError
-from gpupool.providers.base import PodLaunch
+from gpupool.pods import PodLaunch
 from gpupool.server.loops.fabric_view import FabricKeeper
 from gpupool.server.loops.snapshot import MAX_PENDING_PER_CYCLE, StoreView, WorkloadCache, load
 from gpupool.server.loops.store_audit import StoreAudit
