@@ -59,20 +59,19 @@ def _cause(exc: BaseException) -> BaseException:
 
 @register_provider
 class RayProvider(Provider):
-    """Pods on a Ray cluster: one at `address`, or a head started here (stopped on close)."""
+    """Pods on a Ray cluster: one at `address`, or a head started here (stopped on close).
+
+    `data_dir` holds the cluster token, the address file and simulated nodes' state: the caller (the
+    server passes its own data directory) says where, so the provider never reads server settings."""
 
     name = "ray"
 
     def __init__(self, address: str | None = None, *, simulate: str | None = None,
-                 data_dir: Path | str | None = None, token_path: Path | str | None = None,
+                 data_dir: Path | str, token_path: Path | str | None = None,
                  placement_timeout_s: float = 60.0, actor_lost_grace_s: float = 30.0,
                  poll_interval_s: float = 0.05, membership_interval_s: float = 0.25,
                  pod_carrier: str | None = None,
                  node_ip: str | None = None, head_env: dict[str, str] | None = None) -> None:
-        if data_dir is None:
-            from gpupool.server.settings import default_data_dir
-
-            data_dir = default_data_dir()
         self.data_dir = Path(data_dir)
         self.token_path = ensure_token(Path(token_path) if token_path else self.data_dir / TOKEN_FILE)
         self.pod_carrier = _carrier_kind(pod_carrier or os.environ.get(POD_CARRIER_ENV) or PodCarrier.GROUP)
