@@ -8,7 +8,7 @@ name (providers/registry.py). One contract test suite runs against every provide
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from enum import StrEnum
 from typing import ClassVar
 
@@ -56,6 +56,18 @@ class Provider(ABC):
     """
 
     name: ClassVar[str]
+
+    # Optional features are declared here, each with the default a provider without it gets: the
+    # server calls them on every provider, never probes for them (a misspelt override would silently
+    # turn a feature off; mypy checks these signatures).
+    concurrent_launch: ClassVar[bool] = False
+    """Whether launch() may be called from several threads at once (for different pods): the
+    scheduler then starts a batch of pods in parallel. False: one at a time."""
+
+    def add_exit_listener(self, listener: Callable[[], None]) -> None:
+        """Have `listener()` called (from any thread; it returns at once) soon after pods end, so the
+        control loop polls then instead of at its next interval. The default never calls it: exits
+        are seen at the next poll."""
 
     def missing_capabilities(self) -> dict[Capability, str]:
         """Each optional capability this provider lacks, with the reason. Non-blocking."""

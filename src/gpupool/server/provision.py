@@ -67,12 +67,14 @@ def provision(settings: Settings, *, ray_address: str = "") -> Provisioned:
 def _ray(settings: Settings, address: str) -> Provisioned:
     """The ray provider: on the cluster at `address`, or on a head started here (with one Ray
     worker node per simulated node when --simulate is given)."""
-    from gpupool.providers.ray.settings import ADDRESS_FILE
     from gpupool.providers.registry import make_provider
 
     provider = make_provider("ray", address=address or None, simulate=settings.simulate or None,
-                             data_dir=settings.data_dir)
-    head = getattr(provider, "address", "")
+                             data_dir=settings.data_dir)  # imports the ray provider, or says what to install
+    from gpupool.providers.ray.provider import RayProvider
+    from gpupool.providers.ray.settings import ADDRESS_FILE
+
+    head = provider.address if isinstance(provider, RayProvider) else ""
     where = f"the Ray cluster at {head}" if address else f"a Ray head started here at {head}"
     simulated = f", {len(provider.nodes())} simulated node(s) on this machine" if settings.simulate else ""
     return Provisioned(provider, f"Ray provider: {where}{simulated} (address in "

@@ -42,9 +42,8 @@ class ControlLoop:
 
     def start(self) -> None:
         self.recovered = self.reconciler.recover()
-        add_exit_listener = getattr(self.rt.provider, "add_exit_listener", None)
-        if add_exit_listener is not None:  # pods' exits wake the loop (no waiting for the next poll)
-            add_exit_listener(self._pods_exited)
+        # pods' exits wake the loop (no waiting for the next poll), where the provider reports them
+        self.rt.provider.add_exit_listener(self._pods_exited)
         self._thread = threading.Thread(target=self._run, name="gpupool-control-loop", daemon=True)
         self._thread.start()
 

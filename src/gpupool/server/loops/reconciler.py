@@ -175,12 +175,10 @@ class Reconciler:
 
     def _ended(self, ended: Sequence[tuple[str, float | None]]) -> None:
         """After the commit: tell the scheduler (run-time history) and the provider (checkpoints)."""
-        forget = getattr(self.rt.provider, "forget_workload", None)
         for workload_id, worked_s in ended:
             if self.on_final is not None:
                 self.on_final(workload_id, worked_s)
-            if forget is not None:
-                forget(workload_id)
+            self.rt.provider.forget_workload(workload_id)
 
     def _apply(self, session: Session, status: PodStatus, now: float, pods: dict[str, PodRow],
                rows: dict[str, WorkloadRow], ended: list[tuple[str, float | None]]) -> list[str]:

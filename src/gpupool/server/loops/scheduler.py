@@ -753,7 +753,7 @@ class Scheduler:
             outcome.failed.setdefault(launch.workload_id, why)
             outcome.failed_pods[launch.pod_id] = why
 
-        if len(launches) > 1 and getattr(self.rt.provider, "concurrent_launch", False):
+        if len(launches) > 1 and self.rt.provider.concurrent_launch:
             if self._launcher is None:
                 self._launcher = ThreadPoolExecutor(LAUNCH_THREADS, thread_name_prefix="gpupool-launch")
             list(self._launcher.map(one, launches))
@@ -839,6 +839,4 @@ def _duration(seconds: float) -> str:
 
 def _forget(rt: Runtime, workload_id: str) -> None:
     """The workload ended for good: the provider may drop what it kept for it (its checkpoints)."""
-    forget = getattr(rt.provider, "forget_workload", None)
-    if forget is not None:
-        forget(workload_id)
+    rt.provider.forget_workload(workload_id)

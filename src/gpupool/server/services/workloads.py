@@ -197,9 +197,7 @@ def cancel(rt: Runtime, who: Principal, workload_id: str) -> WorkloadOut:
                          f"tenant={row.tenant} was={row_status_before}")
     for pod_id in to_stop:
         rt.provider.stop(pod_id)
-    forget = getattr(rt.provider, "forget_workload", None)
-    if forget is not None:  # ended for good: its checkpoints go
-        forget(workload_id)
+    rt.provider.forget_workload(workload_id)  # ended for good: its checkpoints go
     rt.capacity_may_have_changed()
     return get(rt, who, workload_id)
 
