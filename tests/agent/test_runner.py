@@ -58,6 +58,26 @@ def test_an_offset_past_the_end_of_the_log_is_answered_at_its_end(runner: Runner
     assert runner.read_log("p", offset=4).text == "o\n"
 
 
+def test_forgotten_pods_leave_poll_but_their_records_and_logs_stay(tmp_path: Path) -> None:
+    runner = Runner(tmp_path)
+    try:
+        runner.start("done", ["sh", "-c", "echo bye"], env=ENV)
+        runner.start("busy", ["sleep", "60"], env=ENV)
+        runner.wait("done", 10)
+        runner.forget(["done", "busy", "unknown"])
+        assert [r.pod_id for r in runner.poll()] == ["busy"], "only an ended pod is forgotten"
+        assert runner.read_log("done").text == "bye\n" and runner.get("done").finished
+        assert runner.start("done", ["false"], env=ENV).exit_code == 0, "still known: not started again"
+        assert [r.pod_id for r in runner.poll()] == ["busy"]
+    finally:
+        runner.close()
+    again = Runner(tmp_path)  # not kept across a restart: the new one lists it until told again
+    try:
+        assert sorted(r.pod_id for r in again.poll()) == ["busy", "done"]
+    finally:
+        again.close(stop_pods=True, grace_s=0.5)
+
+
 def test_workdir_and_env_reach_the_process(runner: Runner, tmp_path: Path) -> None:
     work = tmp_path / "work"
     work.mkdir()

@@ -166,6 +166,25 @@ def test_launch_is_idempotent(harness: Harness) -> None:
     assert [s.pod_id for s in harness.provider.poll()].count("twice") == 1
 
 
+def test_an_acknowledged_pod_leaves_poll_but_stays_known(harness: Harness) -> None:
+    """forget_pods is poll()'s acknowledgement: the caller stored the pod's final state."""
+    provider = harness.provider
+    provider.launch(harness.ok("acked"))
+    provider.launch(harness.long("unended"))
+    harness.wait_final("acked")
+    provider.forget_pods(["acked", "unended", "never-launched"])
+    listed = {s.pod_id for s in provider.poll()}
+    assert "acked" not in listed, "a pod whose final state was acknowledged is still polled"
+    assert "unended" in listed, "a pod that has not ended is never forgotten"
+    assert provider.read_log("acked").finished, "its log outlives the acknowledgement"
+    provider.launch(harness.ok("acked"))  # still known by id: not started again
+    provider.stop("acked")
+    provider.forget_pods(["acked"])
+    harness.settle()
+    assert "acked" not in {s.pod_id for s in provider.poll()}
+    provider.stop("unended", grace_s=0)
+
+
 def test_launch_on_unknown_node_raises(harness: Harness) -> None:
     pod = harness.ok("nowhere")
     with pytest.raises(ProviderError):

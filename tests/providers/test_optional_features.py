@@ -62,6 +62,7 @@ def test_a_provider_with_only_the_required_methods_gets_every_default() -> None:
     assert provider.concurrent_launch is False
     provider.add_exit_listener(listener)  # accepted, never called
     provider.forget_workload("w-1")
+    provider.forget_pods(["p-1"])  # the acknowledgement: nothing to forget
     assert provider.checkpoint_marks(["w-1", "w-2"]) == {"w-1": None, "w-2": None}
     assert provider.health_events() == []
     assert provider.node_address("n1") == "127.0.0.1"

@@ -16,7 +16,7 @@ import re
 import socket
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import replace
 from pathlib import Path
 
@@ -275,6 +275,10 @@ class NodeAgent:
 
     def poll(self) -> list[PodRecord]:
         return self.runner.poll()
+
+    def forget_pods(self, pod_ids: Iterable[str]) -> None:
+        """poll() no longer returns these finished pods (see Runner.forget)."""
+        self.runner.forget(pod_ids)
 
     def read_log(self, pod_id: str, stream: str = "stdout", offset: int = 0) -> LogChunk:
         return self.runner.read_log(pod_id, stream, offset)

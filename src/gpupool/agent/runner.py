@@ -159,6 +159,8 @@ class Runner:
         """Pods whose process is being started (outside the lock): not reaped until it exists."""
         self._final_copies: dict[str, PodRecord] = {}
         """Copies of finished records (they never change again), so poll() costs O(running pods)."""
+        self._listed: dict[str, PodRecord] = {}
+        """The records poll() returns: every pod but the finished ones forget() acknowledged."""
         self._exit_listeners: list[Callable[[], None]] = []
         self._to_sweep: dict[str, tuple[int, str | None]] = {}
         """Pods reaped whose leftovers outside their process group are still to be killed."""
@@ -213,7 +215,7 @@ class Runner:
                                combined_output=combined_output,
                                cgroup=str(limits.cgroup_dir) if limits.cgroup_dir else None)
             self._save(record)  # before the process exists: a crash here leaves a record, not a stray
-            self._records[pod_id] = record
+            self._records[pod_id] = self._listed[pod_id] = record
             self._spawning.add(pod_id)
         try:  # outside the lock, so several pods can be started at once
             if identity is not None and self._sweepable(identity.uid):
@@ -394,7 +396,7 @@ class Runner:
         return entry.pw_name.startswith(ACCOUNT_PREFIX) and entry.pw_gid == group
 
     def _live_uids(self) -> set[int | None]:
-        return {r.uid for r in self._records.values() if not r.finished}
+        return {r.uid for r in self._listed.values() if not r.finished}  # a forgotten pod has ended
 
     def _sweep(self, *, force: bool = False) -> None:
         """Kill what reaped pods left outside their group: not under the lock (it reads /proc), and
@@ -421,8 +423,9 @@ class Runner:
             self._accounts.sweep(uid)
 
     def poll(self) -> list[PodRecord]:
-        """Reap finished pods, escalate overdue stops, and return a copy of every record (a finished
-        pod's copy is made once and shared by later polls: treat the records as read-only)."""
+        """Reap finished pods, escalate overdue stops, and return a copy of every record not
+        forgotten (a finished pod's copy is made once and shared by later polls: treat the records
+        as read-only)."""
         try:
             records = self._poll()
             self._cap_logs(r for r in records if not r.finished)
@@ -436,7 +439,7 @@ class Runner:
         with self._lock:
             now = self._clock()
             copies = []
-            for pod_id, record in self._records.items():
+            for pod_id, record in self._listed.items():
                 final = self._final_copies.get(pod_id)
                 if final is not None:
                     copies.append(final)
@@ -451,6 +454,17 @@ class Runner:
                 final = self._final_copies[pod_id] = record.model_copy()
                 copies.append(final)
             return copies
+
+    def forget(self, pod_ids: Iterable[str]) -> None:
+        """Stop returning these finished pods from poll() (their final state is stored elsewhere);
+        their records stay, so logs, get() and idempotent starts still know them. A pod that has not
+        finished, or an unknown id, is ignored."""
+        with self._lock:
+            for pod_id in pod_ids:
+                record = self._listed.get(pod_id)
+                if record is not None and record.finished:
+                    del self._listed[pod_id]
+                    self._final_copies.pop(pod_id, None)
 
     def _cap_logs(self, records: Iterable[PodRecord]) -> None:
         """Hold each log of these pods to max_log_bytes (see cap_log)."""
@@ -528,10 +542,10 @@ class Runner:
                 pod_id = state.parent.name
                 loaded = PodRecord(pod_id=pod_id, command=[], workdir="", phase=PodPhase.LOST,
                                    message=loaded)
-                self._records[pod_id] = loaded
+                self._records[pod_id] = self._listed[pod_id] = loaded
                 continue
             record = loaded
-            self._records[record.pod_id] = record
+            self._records[record.pod_id] = self._listed[record.pod_id] = record
             if record.finished:
                 continue
             if record.pid is None:
@@ -625,7 +639,7 @@ class Runner:
         `stop_pods`, in which case they are stopped and this blocks until they are reaped."""
         if stop_pods:
             with self._lock:
-                running = [r.pod_id for r in self._records.values() if not r.finished]
+                running = [r.pod_id for r in self._listed.values() if not r.finished]
             for pod_id in running:
                 self.stop(pod_id, grace_s)
             for pod_id in running:

@@ -45,8 +45,9 @@ class Provider(ABC):
        phase until it has ended). Callers reconcile on every call instead of expecting a change
        to show at once.
     3. Known once launched: once launch() returns, poll() lists the pod (STARTING at first) until
-       the provider is closed, and a provider built again over the same state finds it again by
-       pod id, so a restarted server re-adopts its pods instead of starting them twice.
+       the caller acknowledges its final state with forget_pods() or the provider is closed, and a
+       provider built again over the same state finds it again by pod id (finished pods included),
+       so a restarted server re-adopts its pods instead of starting them twice.
     4. Idempotent by id: launching a known pod id, stopping an ended one, or closing twice does
        nothing more.
     5. Errors: a request that can never succeed raises the gpupool error saying why (ProviderError
@@ -96,8 +97,18 @@ class Provider(ABC):
     @abstractmethod
     def poll(self) -> list[PodStatus]:
         """The latest known status of every pod this provider knows, including finished ones with
-        their exit codes (eventually consistent: a change shows on a later call). Non-blocking,
-        idempotent; Unavailable when the backend cannot be asked."""
+        their exit codes until forget_pods() acknowledges them (eventually consistent: a change
+        shows on a later call). Non-blocking, idempotent; Unavailable when the backend cannot be
+        asked."""
+
+    def forget_pods(self, pod_ids: Sequence[str]) -> None:
+        """The acknowledgement of poll(): the caller has stored the final state of these pods, so
+        poll() stops listing them and its cost follows the pods not yet acknowledged, not every pod
+        ever run. An id whose pod has not ended (or is unknown) is ignored: a pod never leaves poll()
+        before its final status was reported. A forgotten pod is still known by id otherwise: its
+        log stays readable, launching or stopping it again does nothing. Not kept across a restart:
+        a provider built again over the same state lists its finished pods until they are forgotten
+        again. Non-blocking, idempotent; never raises. The default forgets nothing."""
 
     def read_log(self, pod_id: str, stream: str = "stdout", offset: int = 0) -> LogChunk:
         """The pod's log text from byte `offset`. Non-blocking. Raises NotFound for an unknown pod,

@@ -75,6 +75,8 @@ class FakeProvider(Provider):
         """(when a pod's status next changes, a sequence number, pod id): a heap."""
         self._sequence = 0
         self._polled_at = -math.inf
+        self._forgotten: set[str] = set()
+        """Finished pods forget_pods acknowledged: poll() leaves them out (read_log still knows them)."""
 
     def advance(self, seconds: float) -> None:
         """Move the built-in clock forward (only when no clock was injected)."""
@@ -121,7 +123,11 @@ class FakeProvider(Provider):
         self._track(pod)
 
     def _track(self, pod: _FakePod) -> None:
-        """Record the pod's status now and when it changes next (a launch, a stop, a change seen)."""
+        """Record the pod's status now and when it changes next (a launch, a stop, a change seen);
+        never again once forgotten (a stopped pod's natural end may still be queued, and an injected
+        clock that steps back may make an ended pod run again)."""
+        if pod.launch.pod_id in self._forgotten:
+            return
         now = self._clock()
         self._statuses[pod.launch.pod_id] = self._status(pod)
         run_from = pod.started_at_s + self.startup_s
@@ -152,8 +158,9 @@ class FakeProvider(Provider):
         return replace(base, phase=PodPhase.RUNNING) if now >= run_from else base
 
     def poll(self) -> list[PodStatus]:
-        """Every pod's status; only those whose status may have changed since the last call are
-        worked out again (the pods running on undisturbed cost nothing)."""
+        """Every pod's status but those forget_pods acknowledged; only those whose status may have
+        changed since the last call are worked out again (the pods running on undisturbed cost
+        nothing)."""
         now = self._clock()
         if now < self._polled_at:  # an injected clock went back: work every status out afresh
             self._changes.clear()
@@ -165,6 +172,13 @@ class FakeProvider(Provider):
             _, _, pod_id = heapq.heappop(changes)
             self._track(self._pods[pod_id])
         return list(self._statuses.values())
+
+    def forget_pods(self, pod_ids: Sequence[str]) -> None:
+        for pod_id in pod_ids:
+            status = self._statuses.get(pod_id)
+            if status is not None and status.phase.is_final:
+                del self._statuses[pod_id]
+                self._forgotten.add(pod_id)
 
     def read_log(self, pod_id: str, stream: str = "stdout", offset: int = 0) -> LogChunk:
         if stream not in ("stdout", "stderr"):

@@ -7,7 +7,7 @@ machine (agent/checkpoints.py); faults can be injected into simulated devices on
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import platformdirs
@@ -121,6 +121,11 @@ class LocalProvider(Provider):
                     finals[record.pod_id] = status
             statuses.append(status)
         return statuses
+
+    def forget_pods(self, pod_ids: Sequence[str]) -> None:
+        self.agent.forget_pods(pod_ids)
+        for pod_id in pod_ids:
+            self._final_statuses.pop(pod_id, None)  # only finished pods have one; others are kept
 
     def read_log(self, pod_id: str, stream: str = "stdout", offset: int = 0) -> LogChunk:
         return self.agent.read_log(pod_id, stream, offset)

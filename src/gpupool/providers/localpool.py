@@ -68,6 +68,10 @@ class LocalPool(Provider):
     def poll(self) -> list[PodStatus]:
         return [s for member in self._members.values() for s in member.poll()]
 
+    def forget_pods(self, pod_ids: Sequence[str]) -> None:
+        for member in self._members.values():  # each ignores the ids it does not know
+            member.forget_pods(pod_ids)
+
     def read_log(self, pod_id: str, stream: str = "stdout", offset: int = 0) -> LogChunk:
         for member in self._members.values():
             try:

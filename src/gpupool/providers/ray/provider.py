@@ -90,6 +90,10 @@ class RayProvider(Provider):
         self._started_s = time.time()
         self.lock = threading.RLock()
         self._pods: dict[str, TrackedPod] = {}
+        self._listed: dict[str, TrackedPod] = {}
+        """The pods poll() lists (and the monitor watches): all but the finished ones forgotten."""
+        self._forgotten_to_release: list[TrackedPod] = []
+        """Pods forgotten before their carrier was released: the monitor releases them next."""
         self._agents: dict[str, tuple[str, Any]] = {}
         """node name -> (the Ray node id it was looked up for, its agent's actor handle)."""
         self._carriers: dict[PodCarrier, Carrier] = {PodCarrier.GROUP: GroupCarrier(self),
@@ -148,7 +152,8 @@ class RayProvider(Provider):
         """Take over the pods a previous server left running (their carriers, by name)."""
         for carrier in self._carriers.values():
             for tracked in carrier.readopt():
-                self._pods.setdefault(tracked.pod_id, tracked)
+                tracked = self._pods.setdefault(tracked.pod_id, tracked)
+                self._listed.setdefault(tracked.pod_id, tracked)
         if self._pods:
             log.info("re-adopted %d pod(s) on the Ray cluster", len(self._pods))
 
@@ -188,7 +193,8 @@ class RayProvider(Provider):
                                 f"{', '.join(n.name for n in self.nodes()) or 'no gpupool nodes'}.")
         tracked = self._carriers[self.pod_carrier].launch(pod, description, ray_node)
         with self.lock:
-            self._pods.setdefault(pod.pod_id, tracked)
+            tracked = self._pods.setdefault(pod.pod_id, tracked)
+            self._listed.setdefault(pod.pod_id, tracked)
         self._wake.set()
 
     def stop(self, pod_id: str, grace_s: float = 10.0) -> None:
@@ -204,11 +210,22 @@ class RayProvider(Provider):
     def poll(self) -> list[PodStatus]:
         with self.lock:
             statuses = []
-            for tracked in self._pods.values():
+            for tracked in self._listed.values():
                 if tracked.status.phase.is_final:
                     tracked.final_polls += 1
                 statuses.append(tracked.status)
             return statuses
+
+    def forget_pods(self, pod_ids: Sequence[str]) -> None:
+        """The server stored these pods' final states: poll() leaves them out, and the monitor
+        releases their carriers now rather than after RELEASE_AFTER_POLLS polls."""
+        with self.lock:
+            for pod_id in pod_ids:
+                tracked = self._listed.get(pod_id)
+                if tracked is not None and tracked.status.phase.is_final:
+                    del self._listed[pod_id]
+                    if not tracked.released:
+                        self._forgotten_to_release.append(tracked)
 
     def add_exit_listener(self, listener: Callable[[], None]) -> None:
         """Call `listener()` from the monitor thread when pods have ended."""
@@ -347,9 +364,11 @@ class RayProvider(Provider):
 
     def _check_pods(self) -> bool:
         with self.lock:
-            live = [p for p in self._pods.values() if not p.status.phase.is_final]
-            to_release = [p for p in self._pods.values() if p.status.phase.is_final and not p.released
+            live = [p for p in self._listed.values() if not p.status.phase.is_final]
+            to_release = [p for p in self._listed.values() if p.status.phase.is_final and not p.released
                           and p.final_polls >= RELEASE_AFTER_POLLS]
+            to_release += [p for p in self._forgotten_to_release if not p.released]
+            self._forgotten_to_release = []
         ended = self._lose_pods_of_gone_nodes(live)
         now = time.monotonic()
         for kind, carrier in self._carriers.items():

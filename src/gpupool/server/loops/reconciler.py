@@ -133,6 +133,9 @@ class Reconciler:
                 for status in finished:
                     to_stop += self._apply(session, status, now, pods, rows, ended)
         self._settled.update(s.pod_id for s in finished)
+        # their final states are committed: the provider stops listing them, so a pool that has run
+        # many pods does not walk all of them at every poll
+        self.rt.provider.forget_pods([s.pod_id for s in finished])
         for pod_id in to_stop:
             self.rt.provider.stop(pod_id, grace_s=0)
         self._ended(ended)
