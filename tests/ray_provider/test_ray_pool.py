@@ -185,6 +185,24 @@ def test_a_finished_pod_releases_its_slice_and_its_log_outlives_it(pool: RayProv
     assert _final(pool, "whole-again").phase is PodPhase.SUCCEEDED
 
 
+def test_an_acknowledged_pod_is_released_at_once_and_forgotten_by_its_node_agent(pool: RayProvider) -> None:
+    pool.launch(_pod("acked", "t4-002", "sh", "-c", "echo acked"))
+    assert _final(pool, "acked").phase is PodPhase.SUCCEEDED  # one poll: no release by poll count yet
+    agent = pool.agent("t4-002")
+
+    def agent_lists() -> set[str]:
+        return {s.pod_id for s in ray.get(agent.__ray_call__.remote(lambda a: a.local.poll()), timeout=30)}
+
+    assert "acked" in agent_lists()
+    pool.forget_pods(["acked"])
+    assert "acked" not in {s.pod_id for s in pool.poll()}
+    wait_for(lambda: _group_state("acked") in ("REMOVED", ""), what="the acknowledged pod's group to go")
+    wait_for(lambda: "acked" not in agent_lists(), what="the node agent to forget the pod")
+    status = ray.get(agent.statuses.remote(["acked"]), timeout=30)["acked"]
+    assert (status.phase, status.exit_code) == (PodPhase.SUCCEEDED, 0), "still known by id"
+    assert pool.read_log("acked").text == "acked\n"
+
+
 def test_a_node_agents_watch_answers_with_a_pods_end_and_reports_pods_it_never_ran_lost(
         pool: RayProvider, pod_scratch_root: Path) -> None:
     gate = pod_scratch_root / "gate"  # pods run as another account: a directory open to them

@@ -32,7 +32,8 @@ def default_state_dir() -> Path:
     return Path(platformdirs.user_state_dir("gpupool")) / "agent"
 
 
-def _status(node: str, record: PodRecord) -> PodStatus:
+def record_status(node: str, record: PodRecord) -> PodStatus:
+    """The provider's status of a pod from the runner's record of it."""
     return PodStatus(pod_id=record.pod_id, phase=record.phase, exit_code=record.exit_code,
                      message=record.message, node=node, started_at_s=record.started_at_s,
                      finished_at_s=record.finished_at_s)
@@ -116,7 +117,7 @@ class LocalProvider(Provider):
         for record in self.agent.poll():
             status = finals.get(record.pod_id)
             if status is None:
-                status = _status(node, record)
+                status = record_status(node, record)
                 if record.finished:  # a finished record never changes again: convert it once
                     finals[record.pod_id] = status
             statuses.append(status)

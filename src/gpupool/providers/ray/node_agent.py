@@ -31,7 +31,7 @@ from gpupool.core.model import Node
 from gpupool.errors import GpupoolError, NotFound
 from gpupool.pods import HealthEvent, LogChunk, PodLaunch, PodPhase, PodStatus
 from gpupool.providers.base import Capability
-from gpupool.providers.local import LocalProvider
+from gpupool.providers.local import LocalProvider, record_status
 from gpupool.providers.ray.nodeconfig import NodeConfig
 
 WATCH_MAX_S = 2.0
@@ -116,8 +116,10 @@ class NodeAgentActor:
         found = {s.pod_id: s for s in self.local.poll() if s.pod_id in wanted}
         found.update((p, self._failed[p]) for p in wanted if p in self._failed)
         for pod_id in wanted - found.keys():
-            found[pod_id] = PodStatus(pod_id, PodPhase.LOST, node=self.config.name,
-                                      message=f"node {self.config.name}'s agent has no record of the pod")
+            record = self.local.agent.runner.known(pod_id)  # a forgotten pod keeps its record
+            found[pod_id] = record_status(self.config.name, record) if record is not None else PodStatus(
+                pod_id, PodPhase.LOST, node=self.config.name,
+                message=f"node {self.config.name}'s agent has no record of the pod")
         return found
 
     @ray.method(concurrency_group="watch")
@@ -173,3 +175,8 @@ class NodeAgentActor:
 
     def forget_workload(self, workload_id: str) -> None:
         self.local.forget_workload(workload_id)
+
+    def forget_pods(self, pod_ids: list[str]) -> None:
+        """The server stored these pods' final states: the node's runner stops listing them, so
+        `statuses` and `watch` cost what this node's unacknowledged pods cost (logs stay)."""
+        self.local.forget_pods(pod_ids)

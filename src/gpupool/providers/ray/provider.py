@@ -217,8 +217,10 @@ class RayProvider(Provider):
             return statuses
 
     def forget_pods(self, pod_ids: Sequence[str]) -> None:
-        """The server stored these pods' final states: poll() leaves them out, and the monitor
-        releases their carriers now rather than after RELEASE_AFTER_POLLS polls."""
+        """The server stored these pods' final states: poll() leaves them out, the monitor releases
+        their carriers now rather than after RELEASE_AFTER_POLLS polls, and the node agents that ran
+        them (group carrier) are told too, without waiting for their answers."""
+        by_node: dict[str, list[str]] = {}
         with self.lock:
             for pod_id in pod_ids:
                 tracked = self._listed.get(pod_id)
@@ -226,6 +228,11 @@ class RayProvider(Provider):
                     del self._listed[pod_id]
                     if not tracked.released:
                         self._forgotten_to_release.append(tracked)
+                    if tracked.carrier is PodCarrier.GROUP:
+                        by_node.setdefault(tracked.node, []).append(pod_id)
+        for node, ids in by_node.items():
+            with contextlib.suppress(GpupoolError, ray.exceptions.RayError):  # a gone node forgets all
+                self.agent(node).forget_pods.remote(ids)
 
     def add_exit_listener(self, listener: Callable[[], None]) -> None:
         """Call `listener()` from the monitor thread when pods have ended."""
