@@ -98,3 +98,20 @@ def test_nothing_is_acknowledged_when_the_commit_fails(pool: Pool, monkeypatch: 
     assert pool.loop.reconciler.sync() == 1
     assert list(pool.pods().values()) == ["succeeded"]
     assert pool.provider.acknowledged == [status.pod_id] and pool.provider.poll() == []
+
+
+def test_the_reconciler_keeps_no_memory_of_pods_the_provider_forgot(pool: Pool) -> None:
+    """Its set of settled ids follows what the provider still lists, not every pod ever run."""
+    pool.submit(GPUPOOL_FAKE_DURATION_S="1e9")
+    for _ in range(30):
+        for _ in range(3):
+            pool.submit(GPUPOOL_FAKE_DURATION_S="1")
+        pool.loop.step()
+        pool.provider.now += 2
+        pool.loop.step()
+    assert sorted(set(pool.pods().values())) == ["running", "succeeded"]
+    assert len(pool.provider.acknowledged) == 90
+    assert len(pool.provider.poll()) == 1
+    assert len(pool.loop.reconciler._settled) <= 3, "the last sync's pods, until the next one"
+    pool.loop.reconciler.sync()
+    assert pool.loop.reconciler._settled == set()

@@ -52,6 +52,8 @@ class Reconciler:
         self.on_final = on_final
         self._known_nodes: frozenset[str] | None = None
         self._settled: set[str] = set()
+        """Finished pods already applied that the provider may still list (one that does not
+        forget lists them for ever); an id the provider no longer lists is dropped."""
         self.active = 0
         """Pods the provider reported starting or running at the last sync."""
 
@@ -113,6 +115,8 @@ class Reconciler:
     def sync(self) -> int:
         """Apply every newly finished pod the provider reports; returns how many changed."""
         statuses = self.rt.provider.poll()
+        if len(self._settled) > len(statuses):  # some were forgotten, and are never listed again
+            self._settled.intersection_update(s.pod_id for s in statuses)
         self.active = sum(1 for s in statuses if s.phase in (PodPhase.STARTING, PodPhase.RUNNING))
         finished = [s for s in statuses if s.phase in _FINAL_PHASES and s.pod_id not in self._settled]
         if not finished:
