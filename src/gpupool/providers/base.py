@@ -105,10 +105,10 @@ class Provider(ABC):
         """The acknowledgement of poll(): the caller has stored the final state of these pods, so
         poll() stops listing them and its cost follows the pods not yet acknowledged, not every pod
         ever run. An id whose pod has not ended (or is unknown) is ignored, so a pod never leaves
-        poll() unfinished. A forgotten pod is still known by id otherwise: its
-        log stays readable, launching or stopping it again does nothing. Not kept across a restart:
-        a provider built again over the same state lists its finished pods until they are forgotten
-        again. Non-blocking, idempotent; never raises. The default forgets nothing."""
+        poll() unfinished. A forgotten pod is still known by id otherwise: its log stays readable,
+        launching or stopping it again does nothing. Not kept across a restart: a provider built
+        again over the same state lists its finished pods until they are forgotten again.
+        Non-blocking, idempotent; never raises. The default forgets nothing."""
 
     def read_log(self, pod_id: str, stream: str = "stdout", offset: int = 0) -> LogChunk:
         """The pod's log text from byte `offset`. Non-blocking. Raises NotFound for an unknown pod,
