@@ -9,7 +9,7 @@ import pytest
 
 from factories import cluster, pod, workload
 from gpupool.core.model import Reason, Workload
-from gpupool.core.scheduling import cycle
+from gpupool.core.scheduling import backfill, cycle
 from gpupool.core.scheduling.backfill import RuntimeEstimator, corrected_end_s, may_backfill, reserve
 from gpupool.core.scheduling.cycle import Policies, cycle_on
 from gpupool.core.scheduling.policies.base import make_policy
@@ -150,18 +150,35 @@ def test_corrected_end_doubles_the_estimate_until_it_lies_ahead() -> None:
     assert corrected_end_s(_running(0.0, None), 5.0) == float("inf")  # no estimate: never ends
 
 
-def test_estimator_prefers_user_then_name_then_tenant_and_measures_error() -> None:
+def test_estimator_prefers_user_then_name_then_shape_and_measures_error() -> None:
     est = RuntimeEstimator()
     w = replace(workload(wid="a", tenant="t"), name="train")
     assert est.estimate_s(w) is None
     est.observe(w, 100.0, None)
     est.observe(w, 300.0, 100.0)
     assert est.estimate_s(replace(w, id="b")) == 200.0
+    est.observe(replace(w, name="eval"), 20.0, None)
+    assert est.estimate_s(replace(w, id="b")) == 200.0  # its own name's runs first
     other = replace(workload(wid="c", tenant="t"), name="other")
-    assert est.estimate_s(other) == 200.0
+    assert est.estimate_s(other) == (100.0 + 300.0 + 20.0) / 3  # the same tenant, queue and shape
     assert est.estimate_s(replace(other, runtime_estimate_s=7.0)) == 7.0
     assert est.history_error.summary()["mean_abs_error_s"] == 200.0
     assert est.history_error.summary()["underestimated_pct"] == 100.0
+
+
+def test_history_of_other_queues_shapes_or_tenants_estimates_nothing() -> None:
+    """Short jobs of the tenant's other queue, of another shape, or of another tenant say nothing
+    of a long run: it gets no estimate (it never ends in the reservation's reckoning), where the
+    older reckoning gave it their mean."""
+    est = RuntimeEstimator()
+    for short in (replace(workload(pod(1), tenant="t"), queue="dev"),
+                  workload(pod(0.3), tenant="t"), workload(pod(1), tenant="u")):
+        est.observe(short, 8.0, None)
+    long = workload(pod(1), tenant="t")
+    assert est.estimate_s(long) is None
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(backfill, "history_by", "tenant")
+        assert est.estimate_s(long) == 8.0
 
 
 FULL = replace(EASY, preemption=True)
@@ -223,3 +240,20 @@ def test_small_work_refused_on_the_reserved_node_starts_beside_it() -> None:
         before = cycle_on(_two_nodes(), pending, EASY, 0.0, random.Random(0))
     assert not before.admitted
     assert {r.workload_id: r.reason for r in before.rejected}["small"] == Reason.BACKFILL_BLOCKED
+
+
+def test_a_reserved_start_slides_only_by_the_correction_of_the_run_it_waits_on() -> None:
+    """The head (5 devices) waits on a1 (planned end 100): reserved at 100, again at 90. Once a1
+    runs over, its estimate doubled puts it at 200: the start slides once, by that correction
+    alone (100 s), and the view counts it; a cycle at 160 keeps 200 (no slide)."""
+    view = _overdue_view()
+    head = _w(5, "head", 1, 50.0)
+    starts = []
+    for now_s in (50.0, 90.0, 150.0, 160.0):
+        result = cycle_on(view, [head], EASY, now_s, random.Random(0))
+        assert result.reservation is not None and result.reservation.workload_id == "head"
+        starts.append((result.reservation.start_s, result.reservation.slid_s))
+    assert starts == [(100.0, 0.0), (100.0, 0.0), (200.0, 100.0), (200.0, 100.0)]
+    assert (view.reservation_slides, view.reservation_slid_s) == (1, 100.0)
+    run = view.running["a1"]
+    assert corrected_end_s(run, 150.0) - run.planned_end_s == 100.0

@@ -167,6 +167,10 @@ class ReservedStart:
 
     workload_id: str
     start_s: float
+    slid_s: float = field(default=0.0, compare=False)
+    """How much later `start_s` is than the start first reserved for this head (in the view's
+    cycles since it became the head): a start moves later only as the runs it waits on overrun
+    their estimates (`backfill.corrected_end_s`) or work that may preempt takes their room."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -318,7 +322,8 @@ class _Cycle:
             moved = [m for m in moved if m.workload_id not in stopped]
         reserved = None
         if self.reservation is not None:
-            reserved = ReservedStart(self.reservation.head.id, self.reservation.start_s)
+            head_id, start_s = self.reservation.head.id, self.reservation.start_s
+            reserved = ReservedStart(head_id, start_s, self.view.note_reserved(head_id, start_s))
         return CycleResult(
             admitted=tuple(self.admitted),
             preempted=tuple(self.preempted),

@@ -16,6 +16,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, assert_never
 
+from pydantic import ValidationError
 from sqlalchemy import Connection, Row, bindparam, case, func, insert, select, update
 from sqlalchemy.orm import Session
 
@@ -49,10 +50,12 @@ from gpupool.server.loops.snapshot import MAX_PENDING_PER_CYCLE, StoreView, Work
 from gpupool.server.loops.store_audit import StoreAudit
 from gpupool.server.orm import Base, PodRow, TenantRow, WorkloadRow
 from gpupool.server.runtime import Runtime
+from gpupool.server.schemas.workloads import WorkloadSpec
 from gpupool.server.services import enforcement, rendezvous
 from gpupool.server.services.events import Move, apply_moves, transition
 from gpupool.server.services.metering import slice_models
 from gpupool.server.services.requeue import requeue, stop_pods
+from gpupool.server.services.specs import to_workload
 from gpupool.server.states import EventReason, PodState
 
 log = logging.getLogger("gpupool.scheduler")
@@ -307,8 +310,10 @@ class Scheduler:
                 .order_by(_W.c.finished_s.desc()).limit(HISTORY_ROWS)
             ).all()
         for tenant, spec, started, finished, progress in reversed(rows):
-            name = str(spec.get("name", ""))
-            probe = Workload(id="history", pods=(PodRequest("r0"),), tenant=tenant, name=name)
+            try:  # its queue and shape: estimates are kept by (tenant, queue, shape)
+                probe = to_workload("history", WorkloadSpec.model_validate(spec), tenant, 0, 0.0)
+            except ValidationError:
+                continue  # a spec this version no longer reads: no history of it
             self.estimator.observe(probe, (finished - started) + (progress or 0.0), None)
         self._load_moves()
 
