@@ -65,6 +65,12 @@ steer_backfill = True
 """Work that would outlast a gang's reservation on the nodes the gang is reserved on is placed
 elsewhere first, when it fits elsewhere (`_Cycle._steer`)."""
 
+preempt_beside_reservation = True
+"""A reservation never holds back work that may preempt: the victim search runs with a reservation
+in place, and work of a higher priority class than the head starts where it fits (`_Cycle._above_head`).
+False: a reservation turns preemption off for the rest of the cycle, as before (kept to measure the
+change: `bench/reservations.py`)."""
+
 beside_reserved = True
 """Work the reservation refuses where the placement policy put it is placed again off the nodes the
 head is reserved on, and starts there when it fits (`_Cycle._beside`)."""
@@ -261,6 +267,8 @@ class _Cycle:
         self.victims: VictimIndex | None = None
         """The cycle's victim candidates, sorted once (made by the first victim search)."""
         self.reservation: Reservation | None = None
+        self.retook = False
+        """Work that may preempt took room the reservation counted on this cycle (`_reserve_again`)."""
         self.outlast: set[tuple[str, Shape]] = set()
         """(ClusterQueue, shape) of single placements the reservation just refused for work that
         outlasts its start: work of the same key that outlasts it is refused the same way, without
@@ -323,7 +331,7 @@ class _Cycle:
         reserved = None
         if self.reservation is not None:
             head_id, start_s = self.reservation.head.id, self.reservation.start_s
-            reserved = ReservedStart(head_id, start_s, self.view.note_reserved(head_id, start_s))
+            reserved = ReservedStart(head_id, start_s, self.view.note_reserved(head_id, start_s, self.retook))
         return CycleResult(
             admitted=tuple(self.admitted),
             preempted=tuple(self.preempted),
@@ -612,7 +620,7 @@ class _Cycle:
         there is nothing to say: not tried, or no lower-priority work runs). A reservation does not
         stop it (work that may preempt is never held back by backfill): the head is reserved again
         on the pool the preemption leaves (`_reserve_again`)."""
-        if not self.policies.preemption:
+        if not self.policies.preemption or (self.reservation is not None and not preempt_beside_reservation):
             return ""
         view = self.view
         key = (cq, shape, view.metas[w.id].rank)
@@ -652,7 +660,7 @@ class _Cycle:
         the head were the head running, so the head's reservation never holds it back (with
         preemption on)."""
         reservation = self.reservation
-        if reservation is None or not self.policies.preemption:
+        if reservation is None or not self.policies.preemption or not preempt_beside_reservation:
             return False
         head = self.view.metas.get(reservation.head.id)
         return head is not None and meta.rank[0] > head.rank[0]
@@ -665,6 +673,7 @@ class _Cycle:
             return
         head = reservation.head
         self.reservation = None
+        self.retook = True
         self.outlast.clear()
         if reservation.domain is not None:  # a gang waiting for its leaf: the walk reserves anew
             return
