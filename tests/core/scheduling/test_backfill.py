@@ -257,3 +257,22 @@ def test_a_reserved_start_slides_only_by_the_correction_of_the_run_it_waits_on()
     assert (view.reservation_slides, view.reservation_slid_s) == (1, 100.0)
     run = view.running["a1"]
     assert corrected_end_s(run, 150.0) - run.planned_end_s == 100.0
+
+
+def test_work_of_a_higher_class_goes_beside_the_reserved_node_when_it_fits_there() -> None:
+    """The head (4 devices) is reserved on A at t=100. A long high-priority 1-device job, which
+    first-fit puts on A, starts on B (one device free) instead: the head keeps its start. With
+    nothing free on B it takes A and the head is reserved again, behind it."""
+    pending = [_w(4, "head", 1, 50.0), _classed(1, "high", 2, 5000.0, "high")]
+    view = _two_nodes()
+    result = cycle_on(view, pending, FULL, 0.0, random.Random(0))
+    assert [a.workload_id for a in result.admitted] == ["high"]
+    assert result.admitted[0].placements[0].node == view.state.nodes[1].name
+    assert result.reservation is not None and result.reservation.start_s == 100.0
+    full_b = ClusterView.empty(cluster(2, devices=4))  # as _two_nodes, but r2 fills B
+    first = cycle_on(full_b, [_w(2, "r1", 0, 100.0), _w(4, "r2", 0.5, 1000.0)], EASY, 0.0, random.Random(0))
+    assert [a.placements[0].node for a in first.admitted] == [n.name for n in full_b.state.nodes]
+    again = cycle_on(full_b, pending, FULL, 0.0, random.Random(0))
+    assert [a.workload_id for a in again.admitted] == ["high"]
+    assert again.admitted[0].placements[0].node == full_b.state.nodes[0].name
+    assert again.reservation is not None and again.reservation.start_s == 1000.0

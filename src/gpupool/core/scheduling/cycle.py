@@ -496,8 +496,7 @@ class _Cycle:
                              "Starting now would take nodes a gang waiting for its leaf holds.")
                 return
             if above:  # it could preempt its way in: the reservation does not hold it back
-                self._admit(w, outcome, cq)
-                self._reserve_again()
+                self._admit_above(w, outcome, cq)
                 return
             if self.reservation is not None and not may_backfill(
                 outcome, view.remaining_estimate_s(w), self.reservation, self.now_s, self.policy, self.rng
@@ -664,6 +663,25 @@ class _Cycle:
             return False
         head = self.view.metas.get(reservation.head.id)
         return head is not None and meta.rank[0] > head.rank[0]
+
+    def _admit_above(self, w: Workload, gang: GangPlacement, cq: str) -> None:
+        """Admit work of a higher class than the reserved head: where it was placed when that does
+        not delay the head, else off the head's reserved nodes when it fits there, else where it
+        was placed, the head then reserved again (`_reserve_again`)."""
+        reservation = self.reservation
+        assert reservation is not None
+        view = self.view
+        if may_backfill(gang, view.remaining_estimate_s(w), reservation, self.now_s, self.policy, self.rng):
+            self._admit(w, gang, cq)
+            return
+        release_gang(gang, view.state)
+        beside = self._beside(w, gang, cq)
+        if beside is not None:
+            self._admit(w, beside, cq)
+            return
+        hold_gang(gang, view.state)  # nowhere else: take the room the head counted on
+        self._admit(w, gang, cq)
+        self._reserve_again()
 
     def _reserve_again(self) -> None:
         """Work that may preempt took room the reservation counted on: the head is reserved again
