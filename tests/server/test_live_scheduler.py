@@ -22,6 +22,7 @@ from gpupool.server.runtime import Runtime
 from gpupool.server.schemas.workloads import WorkloadSpec
 from gpupool.server.services import workloads
 from gpupool.server.services.events import IllegalMove, transition
+from gpupool.server.services.specs import to_workload
 from gpupool.server.settings import Settings
 from gpupool.server.states import PodState, pod_move_allowed, workload_move_allowed
 
@@ -275,3 +276,24 @@ def test_the_running_pool_says_which_configuration_it_runs(tmp_path: Path) -> No
             assert client.get("/api/v1/config").status_code == 401
     finally:
         pool.close()
+
+
+def test_history_estimates_are_kept_by_tenant_queue_and_shape_across_a_restart(pool: Pool) -> None:
+    """A 2-GPU job ran 300 s. After a restart the loop reads its history back from the store whole
+    (queue and pods): the next 2-GPU job of that queue is estimated at 300 s, a 1-GPU job of the
+    same tenant and queue has no estimate (its kind never ran)."""
+    done = pool.submit(gpus=2, env={"GPUPOOL_FAKE_DURATION_S": "300"})
+    pool.step()
+    assert pool.status(done) == "running"
+    pool.step(301.0)
+    pool.step()
+    assert pool.status(done) == "succeeded"
+    restarted = ControlLoop(pool.rt)
+    restarted.recovered = restarted.reconciler.recover()
+    restarted.step()
+    scheduler = restarted.scheduler
+    two = WorkloadSpec.model_validate({"command": ["train"], "resources": {"gpus": 2}})
+    one = WorkloadSpec.model_validate({"command": ["train"], "resources": {"gpus": 1}})
+    estimate = scheduler.estimator.history_s(to_workload("x", two, "default", 0, 0.0))
+    assert estimate == pytest.approx(300.0, abs=1.0)
+    assert scheduler.estimator.history_s(to_workload("y", one, "default", 0, 0.0)) is None
