@@ -297,3 +297,34 @@ def test_history_estimates_are_kept_by_tenant_queue_and_shape_across_a_restart(p
     estimate = scheduler.estimator.history_s(to_workload("x", two, "default", 0, 0.0))
     assert estimate == pytest.approx(300.0, abs=1.0)
     assert scheduler.estimator.history_s(to_workload("y", one, "default", 0, 0.0)) is None
+
+
+def test_a_reserved_start_slides_by_the_correction_of_the_run_it_waits_on_and_metrics_count_it(
+    tmp_path: Path,
+) -> None:
+    """Two GPUs, both held by a run estimated at 100 s; the head (2 GPUs, the same class: it cannot
+    preempt it) is reserved for that run's end. Once the run passes it, its estimate doubled puts
+    the head at 200 s: one slide of 100 s, stored for `gpupool show` and counted on /metrics."""
+    from gpupool.server.metrics import Metrics
+
+    pool = Pool(tmp_path)
+    try:
+        metrics = Metrics(pool.rt)
+        pool.loop = ControlLoop(pool.rt, metrics)
+        pool.loop.recovered = pool.loop.reconciler.recover()
+        start = pool.now
+        run = pool.submit(gpus=2, runtime_estimate_s=100.0)
+        pool.step()
+        assert pool.status(run) == "running"
+        head = pool.submit(gpus=2)
+        pool.step(1.0)
+        assert pool.row(head).reserved_start_s == pytest.approx(start + 100.0, abs=0.1)
+        pool.step(20.0)  # a full pass on time: the same start, no slide
+        assert metrics.registry.get_sample_value("gpupool_reservation_slides_total") == 0.0
+        pool.step(130.0)  # past the estimate: expected at 200 s now
+        assert pool.row(head).reserved_start_s == pytest.approx(start + 200.0, abs=0.1)
+        assert metrics.registry.get_sample_value("gpupool_reservation_slides_total") == 1.0
+        slid = metrics.registry.get_sample_value("gpupool_reservation_slid_seconds_total")
+        assert slid == pytest.approx(100.0, abs=0.1)
+    finally:
+        pool.close()

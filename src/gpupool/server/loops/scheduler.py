@@ -11,7 +11,7 @@ import dataclasses
 import logging
 import random
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, assert_never
@@ -184,6 +184,8 @@ class Scheduler:
         self._history_loaded = False
         self.reservation: tuple[str, float] | None = None
         """(head workload, expected start) as last stored."""
+        self.on_slide: Callable[[float], None] | None = None
+        """Told how far (seconds) the same head's reserved start moved later than last stored."""
         self.waiting = True
         """Whether pods may be waiting for a stopping pod to release their devices (checked at start)."""
         self.requeued = False
@@ -392,7 +394,11 @@ class Scheduler:
             if batch.reservation is not None:
                 self._write_reservation(conn, batch.reservation)
         if batch.reservation is not None:
-            self.reservation = (batch.reservation.workload_id, batch.reservation.start_s)
+            before, reserved = self.reservation, batch.reservation
+            if (self.on_slide is not None and before is not None and before[0] == reserved.workload_id
+                    and reserved.start_s > before[1]):
+                self.on_slide(reserved.start_s - before[1])
+            self.reservation = (reserved.workload_id, reserved.start_s)
         self._remember_reasons(recorded, view)
         for workload_id, pod_ids, placements in allocated:
             self.cache.admitted(by_id[workload_id], pod_ids, placements, now)
