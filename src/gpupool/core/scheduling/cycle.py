@@ -176,7 +176,8 @@ class ReservedStart:
     slid_s: float = field(default=0.0, compare=False)
     """How much later `start_s` is than the start first reserved for this head (in the view's
     cycles since it became the head): a start moves later only as the runs it waits on overrun
-    their estimates (`backfill.corrected_end_s`) or work that may preempt takes their room."""
+    their estimates (`backfill.corrected_end_s`), work that may preempt takes their room, or work
+    before the head in the order starts first."""
 
 
 @dataclass(frozen=True, slots=True)
