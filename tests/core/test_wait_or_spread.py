@@ -116,6 +116,7 @@ def test_without_steering_work_that_outlasts_the_reservation_is_refused_on_the_r
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     monkeypatch.setattr(cycle, "steer_backfill", False)
+    monkeypatch.setattr(cycle, "beside_reserved", False)  # which steers it off after the refusal
     view = congested(view_on(running=FREE_N001_N003))
     head = gang(2, 8, wid="g", estimate_s=10_000.0)
     result = run(view, [head, job("long", None, 1.0)], placement="network-aware")
@@ -154,6 +155,7 @@ def test_backfill_never_spreads_a_gang_reserved_in_one_leaf(
     but only across the spine (n001 and n003): with `keep_locality` that counts as delaying it, in
     the cycle that reserves and in the next, which reuses the reservation."""
     monkeypatch.setattr(cycle, "steer_backfill", False)
+    monkeypatch.setattr(cycle, "beside_reserved", False)  # which would start it on n003 after the refusal
     monkeypatch.setattr(backfill, "keep_locality", keep)
     view = view_on(running=HALF_OF_LEAF_0)
     pending = _stuck_head_and_small()

@@ -22,6 +22,7 @@ from gpupool.server.orm import EventRow, PodRow, WorkloadRow
 from gpupool.server.runtime import Runtime
 from gpupool.server.services import workloads
 from gpupool.server.services.events import IllegalMove, transition
+from gpupool.server.services.specs import to_workload
 from gpupool.server.settings import Settings
 from gpupool.server.states import PodState, pod_move_allowed, workload_move_allowed
 
@@ -273,5 +274,57 @@ def test_the_running_pool_says_which_configuration_it_runs(tmp_path: Path) -> No
             assert [c["name"] for c in effective["priority_classes"]] == ["low", "high"]
             assert effective["priority_classes"][0]["grace"] == 5.0
             assert client.get("/api/v1/config").status_code == 401
+    finally:
+        pool.close()
+
+
+def test_history_estimates_are_kept_by_tenant_queue_and_shape_across_a_restart(pool: Pool) -> None:
+    """A 2-GPU job ran 300 s. After a restart the loop reads its history back from the store whole
+    (queue and pods): the next 2-GPU job of that queue is estimated at 300 s, a 1-GPU job of the
+    same tenant and queue has no estimate (its kind never ran)."""
+    done = pool.submit(gpus=2, env={"GPUPOOL_FAKE_DURATION_S": "300"})
+    pool.step()
+    assert pool.status(done) == "running"
+    pool.step(301.0)
+    pool.step()
+    assert pool.status(done) == "succeeded"
+    restarted = ControlLoop(pool.rt)
+    restarted.recovered = restarted.reconciler.recover()
+    restarted.step()
+    scheduler = restarted.scheduler
+    two = WorkloadSpec.model_validate({"command": ["train"], "resources": {"gpus": 2}})
+    one = WorkloadSpec.model_validate({"command": ["train"], "resources": {"gpus": 1}})
+    estimate = scheduler.estimator.history_s(to_workload("x", two, "default", 0, 0.0))
+    assert estimate == pytest.approx(300.0, abs=1.0)
+    assert scheduler.estimator.history_s(to_workload("y", one, "default", 0, 0.0)) is None
+
+
+def test_a_reserved_start_slides_by_the_correction_of_the_run_it_waits_on_and_metrics_count_it(
+    tmp_path: Path,
+) -> None:
+    """Two GPUs, both held by a run estimated at 100 s; the head (2 GPUs, the same class: it cannot
+    preempt it) is reserved for that run's end. Once the run passes it, its estimate doubled puts
+    the head at 200 s: one slide of 100 s, stored for `gpupool show` and counted on /metrics."""
+    from gpupool.server.metrics import Metrics
+
+    pool = Pool(tmp_path)
+    try:
+        metrics = Metrics(pool.rt)
+        pool.loop = ControlLoop(pool.rt, metrics)
+        pool.loop.recovered = pool.loop.reconciler.recover()
+        start = pool.now
+        run = pool.submit(gpus=2, runtime_estimate_s=100.0)
+        pool.step()
+        assert pool.status(run) == "running"
+        head = pool.submit(gpus=2)
+        pool.step(1.0)
+        assert pool.row(head).reserved_start_s == pytest.approx(start + 100.0, abs=0.1)
+        pool.step(20.0)  # a full pass on time: the same start, no slide
+        assert metrics.registry.get_sample_value("gpupool_reservation_slides_total") == 0.0
+        pool.step(130.0)  # past the estimate: expected at 200 s now
+        assert pool.row(head).reserved_start_s == pytest.approx(start + 200.0, abs=0.1)
+        assert metrics.registry.get_sample_value("gpupool_reservation_slides_total") == 1.0
+        slid = metrics.registry.get_sample_value("gpupool_reservation_slid_seconds_total")
+        assert slid == pytest.approx(100.0, abs=0.1)
     finally:
         pool.close()

@@ -49,9 +49,26 @@ class Metrics:
         )
         for kind in STORE_AUDIT_KINDS:
             self.store_view_divergence.labels(kind)
+        self.reservation_slides = PromCounter(
+            "gpupool_reservation_slides",
+            "Times backfill's reserved start for the same head moved later from one cycle to the next "
+            "(a run it waits on ran past its estimate, or work that may preempt took its room).",
+            registry=self.registry,
+        )
+        self.reservation_slid_seconds = PromCounter(
+            "gpupool_reservation_slid_seconds",
+            "How far in all (seconds) those reserved starts moved later.",
+            registry=self.registry,
+        )
         self.registry.register(PoolCollector(rt))
         self.registry.register(UsageCollector(rt))
         self.registry.register(BudgetCollector(rt))
+
+
+    def reservation_slid(self, seconds: float) -> None:
+        """The same head's reserved start moved `seconds` later than last stored."""
+        self.reservation_slides.inc()
+        self.reservation_slid_seconds.inc(seconds)
 
 
 class PoolCollector(Collector):

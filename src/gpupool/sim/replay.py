@@ -161,6 +161,12 @@ class Replay:
             "user": self.estimator.user_error.summary(),
             "history": self.estimator.history_error.summary(),
         }
+        result["reservations"] = {  # how often, and how far in all, a head's reserved start moved later
+            "slides": self.view.reservation_slides,
+            "slid_s": self.view.reservation_slid_s,
+            "preempt_slides": self.view.preempt_slides,  # of those, in cycles where work that may
+            "preempt_slid_s": self.view.preempt_slid_s,  # preempt took room the head counted on
+        }
         result["cycles"] = self.cycles
         result["cycle_ms_mean"] = 1000.0 * self.cycle_s / max(self.cycles, 1)
         result["unfinished"] = len(self.pending)

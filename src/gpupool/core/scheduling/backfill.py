@@ -20,8 +20,12 @@ the overdue run still holds: on a busy pool with history estimates some run is n
 overdue, so the head's reservation would always be "now" and never hold anything back.
 
 Estimates come from the user when given, else from history: the mean run time of earlier runs of
-the same (tenant, workload name), else of the tenant, else of all, else none. `RuntimeEstimator` keeps that
-history and measures its own error.
+the same tenant, queue and shape (pod sizes), of the same workload name when it has one, else of
+any name; else none. History of other queues or shapes is never used: a tenant's short jobs say
+nothing of its long training runs, and an estimate drawn from them made a head's reservation read
+"in 8 s" while it waited on hours of work, sliding forward by a doubling at every correction.
+`RuntimeEstimator` keeps that history and measures its own error (`history_by` keeps the older
+reckoning, by name, then tenant, then all, for comparison).
 """
 
 from __future__ import annotations
@@ -42,6 +46,7 @@ from gpupool.core.scheduling.gang import GangPlacement, place_gang, release_gang
 from gpupool.core.scheduling.policies.base import NoFit, PlacementPolicy
 from gpupool.core.scheduling.topology import FabricView
 from gpupool.core.scheduling.view import ClusterView, Running
+from gpupool.core.scheduling.workloads import Shape, shape_of
 from gpupool.core.state import (
     BoolArray,
     ClusterState,
@@ -550,10 +555,24 @@ class EstimateError:
         }
 
 
+history_by: Literal["shape", "tenant"] = "shape"
+"""Where history estimates come from: "shape", the runs of the same tenant, queue and shape (and
+name, when known); "tenant", the older reckoning: the same (tenant, name), else the tenant's runs,
+else all runs (kept to measure what the change does: `bench/replay_philly.py --estimates`)."""
+
+
+def history_key(w: Workload) -> tuple[str, str, Shape]:
+    """What history estimates are kept by: (tenant, queue, shape)."""
+    return (w.tenant, w.queue, shape_of(w))
+
+
 @dataclass(slots=True)
 class RuntimeEstimator:
-    """Run-time history per (tenant, workload name) and per tenant; the user's estimate wins."""
+    """Run-time history per (tenant, queue, shape), with and without the workload's name; the
+    user's estimate wins (the module docstring)."""
 
+    by_key: dict[tuple[str, str, Shape], tuple[int, float]] = field(default_factory=dict)
+    by_key_name: dict[tuple[tuple[str, str, Shape], str], tuple[int, float]] = field(default_factory=dict)
     by_name: dict[tuple[str, str], tuple[int, float]] = field(default_factory=dict)
     by_tenant: dict[str, tuple[int, float]] = field(default_factory=dict)
     overall: tuple[int, float] = (0, 0.0)
@@ -561,17 +580,25 @@ class RuntimeEstimator:
     history_error: EstimateError = field(default_factory=EstimateError)
 
     def estimate_s(self, w: Workload) -> float | None:
-        """The user's estimate, else the history mean (by name, then by tenant), else None."""
+        """The user's estimate, else the history mean (`history_s`), else None."""
         if w.runtime_estimate_s is not None:
             return w.runtime_estimate_s
         return self.history_s(w)
 
     def history_s(self, w: Workload) -> float | None:
-        for found in (
-            self.by_name.get((w.tenant, w.name)) if w.name else None,
-            self.by_tenant.get(w.tenant),
-            self.overall if self.overall[0] else None,
-        ):
+        """The mean run time of earlier runs of the same tenant, queue, shape and name, else of the
+        same tenant, queue and shape; None: no such run finished yet (`history_by`)."""
+        candidates: tuple[tuple[int, float] | None, ...]
+        if history_by == "shape":
+            key = history_key(w)
+            candidates = (self.by_key_name.get((key, w.name)) if w.name else None, self.by_key.get(key))
+        else:
+            candidates = (
+                self.by_name.get((w.tenant, w.name)) if w.name else None,
+                self.by_tenant.get(w.tenant),
+                self.overall if self.overall[0] else None,
+            )
+        for found in candidates:
             if found is not None:
                 return found[1] / found[0]
         return None
@@ -581,7 +608,12 @@ class RuntimeEstimator:
         if estimate_used_s is not None:
             target = self.user_error if w.runtime_estimate_s is not None else self.history_error
             target.add(estimate_used_s, actual_s)
+        key = history_key(w)
+        n, total = self.by_key.get(key, (0, 0.0))
+        self.by_key[key] = (n + 1, total + actual_s)
         if w.name:
+            n, total = self.by_key_name.get((key, w.name), (0, 0.0))
+            self.by_key_name[(key, w.name)] = (n + 1, total + actual_s)
             n, total = self.by_name.get((w.tenant, w.name), (0, 0.0))
             self.by_name[(w.tenant, w.name)] = (n + 1, total + actual_s)
         n, total = self.by_tenant.get(w.tenant, (0, 0.0))

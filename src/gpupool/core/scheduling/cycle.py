@@ -65,6 +65,16 @@ steer_backfill = True
 """Work that would outlast a gang's reservation on the nodes the gang is reserved on is placed
 elsewhere first, when it fits elsewhere (`_Cycle._steer`)."""
 
+preempt_beside_reservation = True
+"""A reservation never holds back work that may preempt: the victim search runs with a reservation
+in place, and work of a higher priority class than the head starts where it fits (`_Cycle._above_head`).
+False: a reservation turns preemption off for the rest of the cycle, as before (kept to measure the
+change: `bench/reservations.py`)."""
+
+beside_reserved = True
+"""Work the reservation refuses where the placement policy put it is placed again off the nodes the
+head is reserved on, and starts there when it fits (`_Cycle._beside`)."""
+
 DEFAULT_TOPOLOGY = TopologySpec(preferred=Tier.LEAF)
 """Multi-pod gangs start inside one leaf when one has room, unless the operator says otherwise."""
 
@@ -163,6 +173,11 @@ class ReservedStart:
 
     workload_id: str
     start_s: float
+    slid_s: float = field(default=0.0, compare=False)
+    """How much later `start_s` is than the start first reserved for this head (in the view's
+    cycles since it became the head): a start moves later only as the runs it waits on overrun
+    their estimates (`backfill.corrected_end_s`), work that may preempt takes their room, or work
+    before the head in the order starts first."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -253,6 +268,8 @@ class _Cycle:
         self.victims: VictimIndex | None = None
         """The cycle's victim candidates, sorted once (made by the first victim search)."""
         self.reservation: Reservation | None = None
+        self.retook = False
+        """Work that may preempt took room the reservation counted on this cycle (`_reserve_again`)."""
         self.outlast: set[tuple[str, Shape]] = set()
         """(ClusterQueue, shape) of single placements the reservation just refused for work that
         outlasts its start: work of the same key that outlasts it is refused the same way, without
@@ -314,7 +331,8 @@ class _Cycle:
             moved = [m for m in moved if m.workload_id not in stopped]
         reserved = None
         if self.reservation is not None:
-            reserved = ReservedStart(self.reservation.head.id, self.reservation.start_s)
+            head_id, start_s = self.reservation.head.id, self.reservation.start_s
+            reserved = ReservedStart(head_id, start_s, self.view.note_reserved(head_id, start_s, self.retook))
         return CycleResult(
             admitted=tuple(self.admitted),
             preempted=tuple(self.preempted),
@@ -460,7 +478,8 @@ class _Cycle:
             self.never[key] = never
             self.live.discard(key)
             return
-        if self.outlast and (cq, shape) in self.outlast and self._outlasts(w):
+        above = self._above_head(meta)
+        if self.outlast and not above and (cq, shape) in self.outlast and self._outlasts(w):
             self._reject(original, Reason.BACKFILL_BLOCKED, BLOCKED_BY_HEAD)
             return
         outcome = self._try_place(w, shape, cq)
@@ -477,10 +496,17 @@ class _Cycle:
                 self._reject(original, Reason.BACKFILL_BLOCKED,
                              "Starting now would take nodes a gang waiting for its leaf holds.")
                 return
+            if above:  # it could preempt its way in: the reservation does not hold it back
+                self._admit_above(w, outcome, cq)
+                return
             if self.reservation is not None and not may_backfill(
                 outcome, view.remaining_estimate_s(w), self.reservation, self.now_s, self.policy, self.rng
             ):
                 release_gang(outcome, view.state)
+                beside = self._beside(w, outcome, cq)
+                if beside is not None:
+                    self._admit(w, beside, cq)
+                    return
                 self._reject(original, Reason.BACKFILL_BLOCKED, BLOCKED_BY_HEAD)
                 if self.repeatable and not multi and not held:
                     # placed again on the same pool, its key's work lands the same way (the
@@ -591,8 +617,10 @@ class _Cycle:
 
     def _try_preempt(self, w: Workload, shape: Shape, cq: str) -> str | None:
         """Preempt so `w` is admitted: None when it was; else why preemption did not help ('' when
-        there is nothing to say: not tried, or no lower-priority work runs)."""
-        if not self.policies.preemption or self.reservation is not None:
+        there is nothing to say: not tried, or no lower-priority work runs). A reservation does not
+        stop it (work that may preempt is never held back by backfill): the head is reserved again
+        on the pool the preemption leaves (`_reserve_again`)."""
+        if not self.policies.preemption or (self.reservation is not None and not preempt_beside_reservation):
             return ""
         view = self.view
         key = (cq, shape, view.metas[w.id].rank)
@@ -624,7 +652,76 @@ class _Cycle:
         self.settled.clear()
         blocked, never = self.blocked, self.never
         self.live = {k for k, n in self.left.items() if n and k[0] not in blocked and k not in never}
+        self._reserve_again()
         return None
+
+    def _above_head(self, meta: Meta) -> bool:
+        """Whether the workload's priority class ranks above the reserved head's: it could preempt
+        the head were the head running, so the head's reservation never holds it back (with
+        preemption on)."""
+        reservation = self.reservation
+        if reservation is None or not self.policies.preemption or not preempt_beside_reservation:
+            return False
+        head = self.view.metas.get(reservation.head.id)
+        return head is not None and meta.rank[0] > head.rank[0]
+
+    def _admit_above(self, w: Workload, gang: GangPlacement, cq: str) -> None:
+        """Admit work of a higher class than the reserved head: where it was placed when that does
+        not delay the head, else off the head's reserved nodes when it fits there, else where it
+        was placed, the head then reserved again (`_reserve_again`)."""
+        reservation = self.reservation
+        assert reservation is not None
+        view = self.view
+        if may_backfill(gang, view.remaining_estimate_s(w), reservation, self.now_s, self.policy, self.rng):
+            self._admit(w, gang, cq)
+            return
+        release_gang(gang, view.state)
+        beside = self._beside(w, gang, cq)
+        if beside is not None:
+            self._admit(w, beside, cq)
+            return
+        hold_gang(gang, view.state)  # nowhere else: take the room the head counted on
+        self._admit(w, gang, cq)
+        self._reserve_again()
+
+    def _reserve_again(self) -> None:
+        """Work that may preempt took room the reservation counted on: the head is reserved again
+        on the pool as it now is (its start may move later; the shadow it kept is stale)."""
+        reservation = self.reservation
+        if reservation is None:
+            return
+        head = reservation.head
+        self.reservation = None
+        self.retook = True
+        self.outlast.clear()
+        if reservation.domain is not None:  # a gang waiting for its leaf: the walk reserves anew
+            return
+        self._reserve_for(head)
+
+    def _beside(self, w: Workload, refused: GangPlacement, cq: str) -> GangPlacement | None:
+        """Work the reservation refused where the policy placed it, placed again off the nodes the
+        head is reserved on (`Reservation.fits_on`): there it leaves the head's placement whole, so
+        small work starts at once beside the reserved nodes. None: it fits nowhere else (or the
+        reservation names no nodes), the state as it was."""
+        reservation = self.reservation
+        assert reservation is not None
+        keep = reservation.fits_on
+        if not beside_reserved or keep is None or not keep.any() or keep.all():
+            return None
+        if not any(keep[record.node] for _, record in refused.allocs):
+            return None  # it was off them already: the refusal stands
+        view = self.view
+        state = view.state
+        with only(state, ~keep):
+            other = place_gang(w, state, self.policy, self.rng)
+        if isinstance(other, NoFit):
+            return None
+        if view.quota.fits(cq, view.usage_of(other.allocs)) is not None or not may_backfill(
+            other, view.remaining_estimate_s(w), reservation, self.now_s, self.policy, self.rng
+        ):
+            release_gang(other, state)
+            return None
+        return other
 
     def _record_preemption(self, run: Running, preemptor: Workload, reclaimed: bool) -> None:
         view = self.view
@@ -652,17 +749,20 @@ class _Cycle:
         """The workload cannot start: maybe reserve for it (backfill) or block its queue (strict)."""
         if self.policies.backfill and reason != Reason.QUOTA_EXCEEDED:
             if self.reservation is None:
-                self.reservation = kept_reserve(w, self.view, self.now_s, self.policy, self.rng)
-                if self.reservation is not None and len(w.pods) > 1:
-                    self.reservation = reserve_in_domain(
-                        w, self.reservation, self.view, self.policies.max_locality_wait_s, self.policy,
-                        self.now_s, self.rng, cap=self.policies.locality_wait_cap, backlog=self.backlog,
-                        ceiling_s=self.policies.max_locality_wait_ceiling_s, pending=self.valid)
+                self._reserve_for(w)
                 if self.reservation is None and self.ordering.strict:
                     self._block(cq)  # no reservation possible: strict order still holds
             return
         if self.ordering.strict:
             self._block(cq)
+
+    def _reserve_for(self, w: Workload) -> None:
+        self.reservation = kept_reserve(w, self.view, self.now_s, self.policy, self.rng)
+        if self.reservation is not None and len(w.pods) > 1:
+            self.reservation = reserve_in_domain(
+                w, self.reservation, self.view, self.policies.max_locality_wait_s, self.policy,
+                self.now_s, self.rng, cap=self.policies.locality_wait_cap, backlog=self.backlog,
+                ceiling_s=self.policies.max_locality_wait_ceiling_s, pending=self.valid)
 
     def _block(self, cq: str) -> None:
         self.blocked.add(cq)

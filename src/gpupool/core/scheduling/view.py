@@ -175,6 +175,17 @@ class ClusterView:
     """The last cycle's pending workloads, counted by (queue, shape, rank) (`cycle._nominate`)."""
     kept_reservation: KeptReservation | None = None
     """The last backfill reservation with what it was computed from (`backfill.kept_reserve`)."""
+    reserved_head: tuple[str, float, float] | None = None
+    """(head id, its first reserved start, its latest) of the reservation the last cycle that made
+    one reported (`note_reserved`)."""
+    reservation_slides: int = 0
+    """How often a head's reserved start moved later from one cycle to the next."""
+    reservation_slid_s: float = 0.0
+    """How far in all (seconds) those starts moved later."""
+    preempt_slides: int = 0
+    """Of `reservation_slides`, those in cycles where work that may preempt took room the head counted
+    on (`cycle._Cycle._reserve_again`); the others follow the corrections of overrunning estimates."""
+    preempt_slid_s: float = 0.0
     kept_leaf_reservation: KeptReservation | None = None
     """The last reservation of a stuck gang inside one domain of its preferred tier, kept likewise
     (`locality.reserve_in_domain`)."""
@@ -375,6 +386,24 @@ class ClusterView:
             return w.runtime_estimate_s
         info = self.info.get(w.id)
         return info.runtime_estimate_s if info else None
+
+    def note_reserved(self, head_id: str, start_s: float, preempted: bool = False) -> float:
+        """A cycle reserved `start_s` for the head: count a slide when the same head's start moved
+        later than the last cycle said (`preempted`: in a cycle where work that may preempt took
+        room it counted on); return how much later it is than its first reserved start."""
+        last = self.reserved_head
+        if last is None or last[0] != head_id:
+            self.reserved_head = (head_id, start_s, start_s)
+            return 0.0
+        _, first, before = last
+        if start_s > before:
+            self.reservation_slides += 1
+            self.reservation_slid_s += start_s - before
+            if preempted:
+                self.preempt_slides += 1
+                self.preempt_slid_s += start_s - before
+        self.reserved_head = (head_id, first, start_s)
+        return max(0.0, start_s - first)
 
     def remaining_estimate_s(self, w: Workload) -> float | None:
         est = self.estimate_s(w)

@@ -34,6 +34,7 @@ class ControlLoop:
         if metrics is not None:
             divergence = metrics.store_view_divergence
             self.scheduler.store_audit.on_divergence = lambda kind, n: divergence.labels(kind).inc(n)
+            self.scheduler.on_slide = metrics.reservation_slid
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self.recovered: tuple[int, int] | None = None

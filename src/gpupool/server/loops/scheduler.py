@@ -11,15 +11,17 @@ import dataclasses
 import logging
 import random
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, assert_never
 
+from pydantic import ValidationError
 from sqlalchemy import Connection, Row, bindparam, case, func, insert, select, update
 from sqlalchemy.orm import Session
 
 from gpupool.api.events import EventReason
+from gpupool.api.workloads import WorkloadSpec
 from gpupool.core.model import (
     Node,
     PodPlacement,
@@ -54,6 +56,7 @@ from gpupool.server.services import enforcement, rendezvous
 from gpupool.server.services.events import Move, apply_moves, transition
 from gpupool.server.services.metering import slice_models
 from gpupool.server.services.requeue import requeue, stop_pods
+from gpupool.server.services.specs import to_workload
 from gpupool.server.states import PodState
 
 log = logging.getLogger("gpupool.scheduler")
@@ -182,6 +185,8 @@ class Scheduler:
         self._history_loaded = False
         self.reservation: tuple[str, float] | None = None
         """(head workload, expected start) as last stored."""
+        self.on_slide: Callable[[float], None] | None = None
+        """Told how far (seconds) the same head's reserved start moved later than last stored."""
         self.waiting = True
         """Whether pods may be waiting for a stopping pod to release their devices (checked at start)."""
         self.requeued = False
@@ -308,8 +313,10 @@ class Scheduler:
                 .order_by(_W.c.finished_s.desc()).limit(HISTORY_ROWS)
             ).all()
         for tenant, spec, started, finished, progress in reversed(rows):
-            name = str(spec.get("name", ""))
-            probe = Workload(id="history", pods=(PodRequest("r0"),), tenant=tenant, name=name)
+            try:  # its queue and shape: estimates are kept by (tenant, queue, shape)
+                probe = to_workload("history", WorkloadSpec.model_validate(spec), tenant, 0, 0.0)
+            except ValidationError:
+                continue  # a spec this version no longer reads: no history of it
             self.estimator.observe(probe, (finished - started) + (progress or 0.0), None)
         self._load_moves()
 
@@ -388,7 +395,11 @@ class Scheduler:
             if batch.reservation is not None:
                 self._write_reservation(conn, batch.reservation)
         if batch.reservation is not None:
-            self.reservation = (batch.reservation.workload_id, batch.reservation.start_s)
+            before, reserved = self.reservation, batch.reservation
+            if (self.on_slide is not None and before is not None and before[0] == reserved.workload_id
+                    and reserved.start_s > before[1]):
+                self.on_slide(reserved.start_s - before[1])
+            self.reservation = (reserved.workload_id, reserved.start_s)
         self._remember_reasons(recorded, view)
         for workload_id, pod_ids, placements in allocated:
             self.cache.admitted(by_id[workload_id], pod_ids, placements, now)

@@ -55,7 +55,10 @@ def lost_work(row: WorkloadRow, now: float, checkpoint_s: float | None) -> Lost:
     ran = now - started
     devices = row.device_milli / 1000.0
     if checkpoint_s is not None and started < checkpoint_s <= now:
-        kept = checkpoint_s - started
+        # to the microsecond: the difference of two epoch times carries float noise (240 s of
+        # checkpoints read 240.0000000000009 s) that would break ties between victims of equal
+        # lost work otherwise than the replay, which counts checkpoints as multiples of the interval
+        kept = round(checkpoint_s - started, 6)
         return Lost(ran, kept, (now - checkpoint_s) * devices)
     return Lost(ran, 0.0, ran * devices)
 
