@@ -33,8 +33,10 @@ from gpupool.server.services import enforcement, rendezvous
 
 WHY = netns.probe()
 needs_netns = pytest.mark.skipif(bool(WHY), reason=f"network namespaces cannot be made here: {WHY}")
-ON = NetworkSettings(mode=NetnsMode.ON)
-OFF = NetworkSettings(mode=NetnsMode.OFF)
+NETWORK = ipaddress.IPv4Network("10.231.0.0/16")
+"""This file's own pod network: test files that run at once never share one."""
+ON = NetworkSettings(mode=NetnsMode.ON, pod_network=NETWORK)
+OFF = NetworkSettings(mode=NetnsMode.OFF, pod_network=NETWORK)
 GANG_PORT = 29_731
 PY = pod_python()
 
@@ -159,7 +161,7 @@ def launch(pool: LocalPool, pod_id: str, node: str, tenant: str, script: str, **
 def host_leftovers() -> dict[str, list[str]]:
     """Every pod namespace and veth on the host, and every address in the table's `pods` set."""
     spaces = sorted(p.name for p in Path("/run/netns").glob("gpn*")) if Path("/run/netns").is_dir() else []
-    links = sorted(p.name for p in Path("/sys/class/net").iterdir() if p.name.startswith("gpv"))
+    links = sorted(p.name for p in Path("/sys/class/net").iterdir() if p.name.startswith("gv"))
     done = subprocess.run(["nft", "-j", "list", "set", "inet", netns.TABLE, "pods"], capture_output=True,
                           text=True, check=False)
     addresses: list[str] = []
@@ -358,8 +360,9 @@ def ours(pool_slots: int = 2) -> dict[str, list[str]]:
     """The leftovers of the test pools' slots (0 and 1) only."""
     found = host_leftovers()
     slots = [netns.node_subnet(ON.pod_network, i) for i in range(pool_slots)]
-    return {"netns": [n for n in found["netns"] if n.split("-")[0] in ("gpn0", "gpn1")],
-            "veth": [n for n in found["veth"] if n.split("-")[0] in ("gpv0", "gpv1")],
+    keys = [PodNetwork(OFF, i).key for i in range(pool_slots)]
+    return {"netns": [n for n in found["netns"] if n.split("-")[1] in keys],
+            "veth": [n for n in found["veth"] if n[2:7] in keys],
             "addresses": [a for a in found["addresses"] if any(ipaddress.IPv4Address(a) in s for s in slots)]}
 
 
@@ -379,17 +382,18 @@ def test_a_pods_namespace_veth_and_rules_go_when_it_ends(pools: list[LocalPool],
 @needs_netns
 def test_an_agent_crash_leaves_nothing_behind_after_its_restart(tmp_path: Path) -> None:
     first = LocalPool(nodes(2), tmp_path / "pool", network=ON)
-    launch(first, "kept", "n0", "bob", LISTEN, env={"WHO": "bob"})
-    launch(first, "ended", "n1", "bob", "import time; time.sleep(60)")
-    kept_addr = wait_output(first, "kept", "address").split("address", 1)[1].split()[0]
-    ended_pid = json.loads((tmp_path / "pool/n1/pods/ended/state.json").read_text())["pid"]
-    first.close()  # the agent goes away without ending its pods, as a crash would
-    os.kill(ended_pid, signal.SIGKILL)  # a pod that ends while the agent is down
-    subprocess.run(["ip", "netns", "add", "gpn1-deadbeef"], check=True)  # made just before a crash
-    time.sleep(0.2)
-    assert len(ours()["netns"]) == 3
-    second = LocalPool(nodes(2), tmp_path / "pool", network=ON)
+    second: LocalPool | None = None
     try:
+        launch(first, "kept", "n0", "bob", LISTEN, env={"WHO": "bob"})
+        launch(first, "ended", "n1", "bob", "import time; time.sleep(60)")
+        kept_addr = wait_output(first, "kept", "address").split("address", 1)[1].split()[0]
+        ended_pid = json.loads((tmp_path / "pool/n1/pods/ended/state.json").read_text())["pid"]
+        first.close()  # the agent goes away without ending its pods, as a crash would
+        os.kill(ended_pid, signal.SIGKILL)  # a pod that ends while the agent is down
+        made = f"gpn-{PodNetwork(ON, 1).key}-deadbeef"
+        subprocess.run(["ip", "netns", "add", made], check=True)  # made just before a crash
+        assert len(ours()["netns"]) == 3
+        second = LocalPool(nodes(2), tmp_path / "pool", network=ON)
         found = ours()
         assert len(found["netns"]) == 1 and found["addresses"] == [kept_addr], found
         launch(second, "friend", "n1", "bob", CONNECT, env={"TARGET": kept_addr, "PORT": "7000"})
@@ -399,4 +403,5 @@ def test_an_agent_crash_leaves_nothing_behind_after_its_restart(tmp_path: Path) 
         wait_final(second, "kept")
         assert ours() == {"netns": [], "veth": [], "addresses": []}
     finally:
-        second.close(stop_pods=True)
+        first.close()
+        (second or LocalPool(nodes(2), tmp_path / "pool", network=ON)).close(stop_pods=True)

@@ -32,6 +32,8 @@ from gpupool.server.services.tenants import bootstrap
 from gpupool.server.settings import Settings
 
 ADMIN = Principal("admin", None)
+NETWORK = ipaddress.IPv4Network("10.232.0.0/16")
+"""This file's own pod network (test files that run at once never share one)."""
 CONFIG = """
 scheduling: {placement: first-fit, backfill: false}
 fabric:
@@ -187,7 +189,7 @@ def test_a_gang_in_pod_namespaces_meets_at_its_rank0_pods_own_address(tmp_path: 
     address (in its node's slot of the pod network), which the other node's pod reaches through the
     host's routing."""
     provider = LocalPool(nodes_from_spec("2x1xH100"), tmp_path / "agents",
-                         network=netns.NetworkSettings(mode=netns.NetnsMode.ON))
+                         network=netns.NetworkSettings(mode=netns.NetnsMode.ON, pod_network=NETWORK))
     pool = Pool(tmp_path, config="scheduling: {placement: first-fit}", provider=provider)
     try:
         command = [pod_python(), "-c", ALL_REDUCE]
@@ -203,7 +205,7 @@ def test_a_gang_in_pod_namespaces_meets_at_its_rank0_pods_own_address(tmp_path: 
             row = session.get(WorkloadRow, gang)
             assert row is not None
             entry = row.spec["rendezvous"][-1]
-        rank0_node = netns.node_subnet(netns.NetworkSettings().pod_network,
+        rank0_node = netns.node_subnet(NETWORK,
                                        sorted(n.name for n in provider.nodes()).index(entry["node"]))
         assert ipaddress.IPv4Address(entry["addr"]) in rank0_node  # the pod's address, not the node's
     finally:

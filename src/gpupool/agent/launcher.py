@@ -65,7 +65,7 @@ _SO_SNDBUFFORCE, _SO_RCVBUFFORCE = 32, 33  # Linux; root may exceed the system's
 HELPER = r'''
 import array, ctypes, ctypes.util, json, os, re, select, signal, socket, sys
 PLACEHOLDER = "\x00exit-fd"
-NETNS = re.compile(r"^gpn[0-9]{1,3}-[0-9a-f]{8}$")
+NETNS = re.compile(r"^gpn-[0-9a-f]{5}-[0-9a-f]{8}$")
 CLONE_NEWNET = 0x40000000
 BUFFER = 4 << 20
 

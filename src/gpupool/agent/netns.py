@@ -63,7 +63,7 @@ OTHER_HOSTS = GANG_HOSTS + GANG_PORT_COUNT + 32
 TABLE = "gpupool_net"
 LOCK_PATH = Path("/run/gpupool-net.lock")
 NETNS_DIR = Path("/run/netns")
-_NAME = re.compile(r"^gpn[0-9]{1,3}-[0-9a-f]{8}$")
+_NAME = re.compile(r"^gpn-[0-9a-f]{5}-[0-9a-f]{8}$")
 _TIMEOUT_S = 20.0
 _DEFAULT_NETWORK = ipaddress.IPv4Network(DEFAULT_POD_NETWORK)
 
@@ -206,7 +206,10 @@ class PodNetwork:
         self.slot = slot
         self.subnet = node_subnet(settings.pod_network, slot)
         self.gateway = str(self.subnet.network_address + 1)
-        self.bridge = f"gpb{slot}"
+        self.key = _key("subnet", str(self.subnet))[:5]
+        """Names this node's namespaces (gpn-KEY-POD), veths (gvKEYPOD), gateway (gpbKEY) and chains."""
+        self.bridge = f"gpb{self.key}"
+        self._claim = -1
         self.published = tuple((host, int(port)) for host, port in published)
         self._lock = threading.Lock()
         self._live: dict[str, PodNet] = {}
@@ -267,28 +270,28 @@ class PodNetwork:
             f"add chain {t} from_pod", f"add chain {t} pod_input",
             *(f"flush chain {t} {c}" for c in ("forward", "input", "prerouting", "postrouting", "from_pod",
                                                "pod_input")),
-            f'add rule {t} forward iifname "gpv*" jump from_pod',
-            f'add rule {t} forward oifname "gpv*" ct state established,related accept',
-            f'add rule {t} forward oifname "gpv*" drop',
+            f'add rule {t} forward iifname "gv*" jump from_pod',
+            f'add rule {t} forward oifname "gv*" ct state established,related accept',
+            f'add rule {t} forward oifname "gv*" drop',
             f"add rule {t} from_pod ct state established,related accept",
             f"add rule {t} from_pod iifname . ip saddr != @pod_ifs drop",
             f"add rule {t} from_pod ip daddr . th dport vmap @gang_guard",
             f"add rule {t} from_pod ip saddr vmap @src_tenant",
             f"add rule {t} from_pod ip saddr vmap @slot_fwd",
             f"add rule {t} from_pod drop",
-            f'add rule {t} input iifname "gpv*" jump pod_input',
+            f'add rule {t} input iifname "gv*" jump pod_input',
             f"add rule {t} pod_input ct state established,related accept",
             f"add rule {t} pod_input iifname . ip saddr != @pod_ifs drop",
             f"add rule {t} pod_input ip saddr vmap @slot_in",
             f"add rule {t} pod_input drop",
-            f'add rule {t} prerouting iifname "gpv*" ip saddr vmap @slot_nat',
+            f'add rule {t} prerouting iifname "gv*" ip saddr vmap @slot_nat',
             f"add rule {t} postrouting ip saddr @pods ip daddr != @pods masquerade",
         ]) + "\n"
 
     def _slot_batch(self) -> str:
         """This node's own chains: what its pods reach besides their tenant's pods (the published
         services, the declared networks), rewritten at every start, so a setting taken away goes."""
-        t, n = f"inet {TABLE}", f"s{self.slot}"
+        t, n = f"inet {TABLE}", f"s_{self.key}"
         lines = []
         for kind in ("fwd", "in", "nat"):
             lines += [f"add chain {t} {n}_{kind}", f"flush chain {t} {n}_{kind}",
@@ -312,6 +315,8 @@ class PodNetwork:
         holds. `live`: the attachments of the pods still running (re-adopted)."""
         if not self.active:
             return
+        if not self._take_claim():
+            return
         with self._host_lock():
             if _run(["nft", "list", "table", "inet", TABLE]).returncode != 0:
                 _must(["nft", "-f", "-"], self._table_batch())
@@ -324,6 +329,26 @@ class PodNetwork:
             with self._lock:
                 self._live = dict(live)
             self._sweep()
+
+    def _take_claim(self) -> bool:
+        """Hold this node's subnet for the agent's life (a lock file): a second agent on the same
+        subnet would sweep the first one's pods. In auto mode the second runs its pods without
+        namespaces (said in `node ls`); with `on` it refuses to start."""
+        LOCK_PATH.parent.mkdir(parents=True, exist_ok=True)
+        claim = LOCK_PATH.with_name(f"gpupool-net-{self.key}.lock")
+        fd = os.open(claim, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            os.close(fd)
+            why = (f"another agent on this machine uses the pod network {self.subnet}, so pods share the "
+                   f"node's network; give each pool on a machine its own {POD_NETWORK_ENV}")
+            if self.settings.mode is NetnsMode.ON:
+                raise InvalidInput(f"{NETNS_ENV}=on, but {why}.") from None
+            self.unavailable = why
+            return False
+        self._claim = fd
+        return True
 
     def gang_address(self, port: int) -> str:
         """The address of the rank-0 pod that serves rendezvous port `port` here ('' when off or
@@ -359,7 +384,7 @@ class PodNetwork:
             serves = master_port if rank == 0 and world_size > 1 else 0
             address = self._address_for(serves)
             gang = gang_key(workload_id, master_addr, master_port) if world_size > 1 and master_port else ""
-            net = PodNet(pod_id=pod_id, netns=f"gpn{self.slot}-{key}", veth=f"gpv{self.slot}-{key}"[:15],
+            net = PodNet(pod_id=pod_id, netns=f"gpn-{self.key}-{key}", veth=f"gv{self.key}{key}",
                          address=address, tenant_key=tenant_key(tenant), gang_key=gang, gang_port=serves)
             self._live[pod_id] = net
         try:
@@ -473,13 +498,13 @@ class PodNetwork:
         live = {net.netns for net in self._live.values()}
         live_veths = {net.veth for net in self._live.values()}
         live_addresses = {net.address for net in self._live.values()}
-        prefix = f"gpn{self.slot}-"
+        prefix = f"gpn-{self.key}-"
         if NETNS_DIR.is_dir():
             for entry in NETNS_DIR.iterdir():
                 if entry.name.startswith(prefix) and entry.name not in live:
                     _run(["ip", "netns", "del", entry.name])
         for entry in Path("/sys/class/net").iterdir():
-            if entry.name.startswith(f"gpv{self.slot}-") and entry.name not in live_veths:
+            if entry.name.startswith(f"gv{self.key}") and entry.name not in live_veths:
                 _run(["ip", "link", "del", entry.name])
         done = _run(["nft", "-j", "list", "table", "inet", TABLE])
         if done.returncode != 0:
@@ -517,6 +542,9 @@ class PodNetwork:
         """Forget the pods (their attachments stay, for the next agent to keep or sweep)."""
         with self._lock:
             self._live.clear()
+            claim, self._claim = self._claim, -1
+        if claim >= 0:
+            os.close(claim)
 
 
 def _first_address(element: object) -> str:
