@@ -37,11 +37,13 @@ import fcntl
 import hashlib
 import ipaddress
 import json
+import logging
 import os
 import re
 import shutil
 import subprocess
 import threading
+import time
 import urllib.parse
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -50,6 +52,7 @@ from pathlib import Path
 
 from gpupool.errors import InvalidInput, ProviderError
 
+log = logging.getLogger("gpupool.agent")
 NETNS_ENV = "GPUPOOL_POD_NETNS"
 POD_NETWORK_ENV = "GPUPOOL_POD_NETWORK"
 REACHABLE_ENV = "GPUPOOL_POD_REACHABLE"
@@ -212,7 +215,12 @@ class PodNetwork:
         self._claim = -1
         self.published = tuple((host, int(port)) for host, port in published)
         self._lock = threading.Lock()
+        self._changed = threading.Condition(self._lock)
         self._live: dict[str, PodNet] = {}
+        self._pending: dict[str, PodNet] = {}
+        """Pods detached whose teardown the worker has not finished."""
+        self._worker: threading.Thread | None = None
+        self._stopping = False
         why = "" if settings.mode is NetnsMode.OFF else probe()
         if settings.mode is NetnsMode.OFF:
             why = f"off ({NETNS_ENV}=off): pods share the node's network"
@@ -358,9 +366,16 @@ class PodNetwork:
         return str(self.subnet.network_address + GANG_HOSTS + port - GANG_PORT_BASE)
 
     def _address_for(self, gang_port: int) -> str:
-        taken = {net.address for net in self._live.values()}
+        """A free address (under the lock); a pod being torn down still holds its own."""
+        taken = {net.address for net in (*self._live.values(), *self._pending.values())}
         if gang_port:
             address = self.gang_address(gang_port)
+            if address in {net.address for net in self._pending.values()}:  # the port's last holder
+                deadline = time.monotonic() + _TIMEOUT_S
+                while address in {net.address for net in self._pending.values()} and (
+                        time.monotonic() < deadline):
+                    self._changed.wait(deadline - time.monotonic())
+                taken = {net.address for net in (*self._live.values(), *self._pending.values())}
             if address in taken:
                 raise ProviderError(f"Network isolation: the rendezvous address {address} is still held by "
                                     "an earlier pod on this node; the gang is retried once it has ended.")
@@ -401,13 +416,14 @@ class PodNetwork:
         return net
 
     def _create(self, net: PodNet) -> None:
-        _must(["ip", "netns", "add", net.netns])
-        _must(["ip", "link", "add", net.veth, "type", "veth", "peer", "name", "eth0", "netns", net.netns])
+        """Three programs: the host's side (namespace, veth, route), the pod's side, the rules."""
+        _must(["ip", "-batch", "-"], f"netns add {net.netns}\n"
+              f"link add {net.veth} type veth peer name eth0 netns {net.netns}\n"
+              f"link set {net.veth} up\nroute add {net.address}/32 dev {net.veth}\n")
         for name, value in (("proxy_arp", "1"), ("route_localnet", "1")):
             _write(f"/proc/sys/net/ipv4/conf/{net.veth}/{name}", value)
         with contextlib.suppress(OSError):
             _write(f"/proc/sys/net/ipv6/conf/{net.veth}/disable_ipv6", "1")
-        _must(["ip", "-batch", "-"], f"link set {net.veth} up\nroute add {net.address}/32 dev {net.veth}\n")
         _must(["ip", "-n", net.netns, "-batch", "-"],
               "link set lo up\nlink set eth0 up\n"
               f"addr add {net.address}/32 dev eth0\n"
@@ -439,6 +455,12 @@ class PodNetwork:
         return "\n".join(lines) + "\n"
 
     def _remove_rules(self, net: PodNet) -> None:
+        lines = self._rule_removals(net)
+        if _run(["nft", "-f", "-"], "\n".join(lines) + "\n").returncode != 0:
+            for line in lines:  # some were gone already (a half-made attachment): each on its own
+                _run(["nft", "-f", "-"], line + "\n")
+
+    def _rule_removals(self, net: PodNet) -> list[str]:
         t = f"inet {TABLE}"
         lines = [f"delete element {t} src_tenant {{ {net.address} }}",
                  f'delete element {t} pod_ifs {{ "{net.veth}" . {net.address} }}',
@@ -448,9 +470,7 @@ class PodNetwork:
             if net.gang_port:
                 lines.append(f"delete element {t} gang_guard {{ {net.address} . {net.gang_port} }}")
             lines.append(f"delete element {t} gm_{net.gang_key} {{ {net.address} }}")
-        if _run(["nft", "-f", "-"], "\n".join(lines) + "\n").returncode != 0:
-            for line in lines:  # some were gone already (a half-made attachment): each on its own
-                _run(["nft", "-f", "-"], line + "\n")
+        return lines
 
     def _remove_links(self, net: PodNet) -> None:
         if Path(f"/sys/class/net/{net.veth}").exists():
@@ -459,14 +479,60 @@ class PodNetwork:
             _run(["ip", "netns", "del", net.netns])
 
     def detach(self, pod_id: str) -> None:
-        """Remove the pod's namespace, veth and rules (its processes have ended). Idempotent."""
+        """Have the pod's namespace, veth and rules removed (its processes have ended), by a
+        thread of this network, so the caller (the agent's poll, the control loop's path) never
+        waits for it: the ends of many pods go in one batch. Until then its address stays taken.
+        Idempotent."""
         with self._lock:
             net = self._live.pop(pod_id, None)
-        if net is None:
-            return
-        with self._host_lock():
-            self._remove_links(net)
-            self._remove_rules(net)
+            if net is None:
+                return
+            self._pending[pod_id] = net
+            if self._worker is None or not self._worker.is_alive():
+                self._worker = threading.Thread(target=self._tear_down_pending, name="gpupool-netns",
+                                                daemon=True)
+                self._worker.start()
+            self._changed.notify_all()
+
+    def settle(self, timeout_s: float = _TIMEOUT_S) -> bool:
+        """Wait until every pod detached so far is torn down; False if `timeout_s` passed first."""
+        deadline = time.monotonic() + timeout_s
+        with self._lock:
+            while self._pending:
+                left = deadline - time.monotonic()
+                if left <= 0 or (self._worker is not None and not self._worker.is_alive()):
+                    return not self._pending
+                self._changed.wait(left)
+        return True
+
+    def _tear_down_pending(self) -> None:
+        while True:
+            with self._lock:
+                while not self._pending:
+                    if self._stopping:
+                        return
+                    self._changed.wait()
+                batch = list(self._pending.values())
+            try:
+                with self._host_lock():
+                    self._tear_down(batch)
+            except Exception:  # the next start's sweep removes what this left
+                log.exception("tearing down %d pod network(s) failed", len(batch))
+            with self._lock:
+                for net in batch:
+                    self._pending.pop(net.pod_id, None)
+                self._changed.notify_all()
+
+    def _tear_down(self, batch: Sequence[PodNet]) -> None:
+        """Two programs for the whole batch: `ip` (veths, namespaces) and `nft` (their elements)."""
+        links = [f"link del {n.veth}" for n in batch if Path(f"/sys/class/net/{n.veth}").exists()]
+        links += [f"netns del {n.netns}" for n in batch if (NETNS_DIR / n.netns).exists()]
+        if links:
+            _run(["ip", "-force", "-batch", "-"], "\n".join(links) + "\n")
+        lines = [line for net in batch for line in self._rule_removals(net)]
+        if _run(["nft", "-f", "-"], "\n".join(lines) + "\n").returncode != 0:
+            for net in batch:  # some were gone already (a half-made attachment): each on its own
+                self._remove_rules(net)
 
     def pod_url(self, url: str) -> str:
         """`url` (the pool's GPUPOOL_URL) as a pod in a namespace reaches it: a loopback host of a
@@ -539,7 +605,14 @@ class PodNetwork:
             return False
 
     def close(self) -> None:
-        """Forget the pods (their attachments stay, for the next agent to keep or sweep)."""
+        """Finish the teardowns asked for, and forget the live pods (their attachments stay, for
+        the next agent to keep). Idempotent."""
+        with self._lock:
+            self._stopping = True
+            self._changed.notify_all()
+            worker = self._worker
+        if worker is not None:
+            worker.join(timeout=2 * _TIMEOUT_S)
         with self._lock:
             self._live.clear()
             claim, self._claim = self._claim, -1
