@@ -239,8 +239,9 @@ class PodNetwork:
         if not self.active:
             return self.unavailable
         reach = ", ".join(str(n) for n in self.settings.reachable) or "none"
-        return (f"a network namespace per pod in {self.subnet}: its tenant's pods, the pool's API server "
-                f"and the declared networks ({reach}) only")
+        services = ", ".join(f"{host}:{port}" for host, port in self.published) or "none"
+        return (f"a network namespace per pod in {self.subnet}: it reaches its tenant's pods, the pool's "
+                f"API server ({services}) and the declared networks ({reach}), nothing else")
 
     # ---- the host's side -------------------------------------------------------------------
     @contextlib.contextmanager

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import os
 import re
 import socket
@@ -52,6 +53,7 @@ from gpupool.profiles import ProfileSet, default_profiles
 from gpupool.providers.base import HealthEvent, LogChunk, PodLaunch
 from gpupool.providers.nodespec import SIMULATED_LABEL, simulated_devices
 
+log = logging.getLogger("gpupool.agent")
 SCRATCH_DIR_ENV = "GPUPOOL_SCRATCH_DIR"
 POD_ADDRESS_ENV = "GPUPOOL_POD_ADDRESS"
 """The pod's own address in its network namespace (set only when it has one)."""
@@ -127,6 +129,7 @@ class NodeAgent:
         if network is None:
             self.network.unavailable = "this provider does not give pods network namespaces"
         self.network.start(self._attached_pods())
+        log.info("node %s: pod network: %s", self.node_name, self.network.detail)
         self._lock = threading.RLock()
         self._faults: dict[str, str] = {}
         self._events: list[HealthEvent] = []
