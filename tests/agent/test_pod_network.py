@@ -17,14 +17,14 @@ import signal
 import subprocess
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 
 from factories import pod_python
 from gpupool.agent import netns
-from gpupool.agent.netns import NetnsMode, NetworkSettings, PodNetwork
+from gpupool.agent.netns import NetnsMode, NetworkSettings, PodNet, PodNetwork
 from gpupool.core.model import Device, Node
 from gpupool.errors import InvalidInput
 from gpupool.providers.base import Capability, PodLaunch, PodPhase, PodStatus
@@ -366,32 +366,45 @@ def ours(pool_slots: int = 2) -> dict[str, list[str]]:
             "addresses": [a for a in found["addresses"] if any(ipaddress.IPv4Address(a) in s for s in slots)]}
 
 
-def assert_left(count: int, timeout_s: float = 20.0) -> None:
-    """`count` pods' namespaces, veths and addresses are left once the teardown thread has run (it
-    runs off the poll's path, so an ended pod's namespace may outlive the poll that reported the end
-    a little)."""
+def net_of(state_dir: Path, node: str, pod_id: str) -> PodNet:
+    net = PodNet.from_json((state_dir / node / "pods" / pod_id / "net.json").read_text())
+    assert net is not None
+    return net
+
+
+def present(net: PodNet) -> list[bool]:
+    """Whether the pod's namespace, its veth and its address in the table's `pods` set exist."""
+    found = host_leftovers()
+    return [net.netns in found["netns"], net.veth in found["veth"], net.address in found["addresses"]]
+
+
+def eventually(check: Callable[[], bool], timeout_s: float = 20.0) -> bool:
+    """Whether `check()` holds within `timeout_s`: a pod's network is torn down by a thread of the
+    agent, off the poll's path, so it may outlive the poll that reported the pod's end a little."""
     deadline = time.monotonic() + timeout_s
-    while [len(v) for v in ours().values()] != [count] * 3 and time.monotonic() < deadline:
+    while not check():
+        if time.monotonic() > deadline:
+            return False
         time.sleep(0.02)
-    found = ours()
-    assert [len(v) for v in found.values()] == [count] * 3, found
-
-
-def assert_cleaned_up() -> None:
-    assert_left(0)
+    return True
 
 
 @needs_netns
 def test_a_pods_namespace_veth_and_rules_go_when_it_ends(pools: list[LocalPool], tmp_path: Path) -> None:
     pool = make_pool(pools, tmp_path, ON)
-    assert ours() == {"netns": [], "veth": [], "addresses": []}
     launch(pool, "short", "n0", "bob", "print('done')")
     launch(pool, "long", "n1", "bob", "import time; time.sleep(60)")
+    short, long = net_of(tmp_path / "pool0", "n0", "short"), net_of(tmp_path / "pool0", "n1", "long")
+    assert present(long) == [True, True, True]
     assert wait_final(pool, "short").phase is PodPhase.SUCCEEDED
-    assert_left(1)
+    assert eventually(lambda: present(short) == [False, False, False]), present(short)
+    assert present(long) == [True, True, True]
     pool.stop("long", grace_s=0)
     assert wait_final(pool, "long").phase is PodPhase.STOPPED
-    assert_cleaned_up()
+    assert eventually(lambda: present(long) == [False, False, False]), present(long)
+    pools.remove(pool)
+    pool.close(stop_pods=True)
+    assert ours() == {"netns": [], "veth": [], "addresses": []}  # the namespaces made ahead go too
 
 
 @needs_netns
@@ -402,21 +415,24 @@ def test_an_agent_crash_leaves_nothing_behind_after_its_restart(tmp_path: Path) 
         launch(first, "kept", "n0", "bob", LISTEN, env={"WHO": "bob"})
         launch(first, "ended", "n1", "bob", "import time; time.sleep(60)")
         kept_addr = wait_output(first, "kept", "address").split("address", 1)[1].split()[0]
+        kept, ended = net_of(tmp_path / "pool", "n0", "kept"), net_of(tmp_path / "pool", "n1", "ended")
         ended_pid = json.loads((tmp_path / "pool/n1/pods/ended/state.json").read_text())["pid"]
         first.close()  # the agent goes away without ending its pods, as a crash would
         os.kill(ended_pid, signal.SIGKILL)  # a pod that ends while the agent is down
         made = f"gpn-{PodNetwork(ON, 1).key}-deadbeef"
         subprocess.run(["ip", "netns", "add", made], check=True)  # made just before a crash
-        assert len(ours()["netns"]) == 3
+        assert present(ended) == [True, True, True] and made in host_leftovers()["netns"]
         second = LocalPool(nodes(2), tmp_path / "pool", network=ON)
-        found = ours()
-        assert len(found["netns"]) == 1 and found["addresses"] == [kept_addr], found
+        assert present(ended) == [False, False, False] and made not in host_leftovers()["netns"]
+        assert present(kept) == [True, True, True] and kept.address == kept_addr
         launch(second, "friend", "n1", "bob", CONNECT, env={"TARGET": kept_addr, "PORT": "7000"})
         wait_final(second, "friend")
         assert "reached secret of bob" in second.read_log("friend").text  # the kept pod still serves
         second.stop("kept", grace_s=0)
         wait_final(second, "kept")
-        assert_cleaned_up()
+        assert eventually(lambda: present(kept) == [False, False, False]), present(kept)
+        second.close(stop_pods=True)
+        assert ours() == {"netns": [], "veth": [], "addresses": []}
     finally:
         first.close()
         (second or LocalPool(nodes(2), tmp_path / "pool", network=ON)).close(stop_pods=True)

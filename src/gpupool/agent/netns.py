@@ -68,6 +68,8 @@ LOCK_PATH = Path("/run/gpupool-net.lock")
 NETNS_DIR = Path("/run/netns")
 _NAME = re.compile(r"^gpn-[0-9a-f]{5}-[0-9a-f]{8}$")
 _TIMEOUT_S = 20.0
+SPARES = 4
+"""Namespaces each node keeps made ahead, so a launch only adds its rules (netns.py, PodNetwork)."""
 _DEFAULT_NETWORK = ipaddress.IPv4Network(DEFAULT_POD_NETWORK)
 
 
@@ -115,6 +117,15 @@ class NetworkSettings:
                                    "node's declared networks as comma-separated CIDRs, such as "
                                    "'10.0.0.0/16,192.168.7.0/24'.") from None
         return cls(mode, network, tuple(reachable))
+
+
+@dataclass(frozen=True, slots=True)
+class _Spare:
+    """A namespace with its veth, address and host route, and no rules (no process in it yet)."""
+
+    netns: str
+    veth: str
+    address: str
 
 
 @dataclass(frozen=True, slots=True)
@@ -221,6 +232,14 @@ class PodNetwork:
         """Pods detached whose teardown the worker has not finished."""
         self._worker: threading.Thread | None = None
         self._stopping = False
+        self.spares = SPARES
+        self._spares: list[_Spare] = []
+        """Namespaces made ahead by the worker, each with its veth, address and route."""
+        self._making: set[str] = set()
+        self._tenants: set[str] = set()
+        self._gangs: set[str] = set()
+        """Tenants and gangs whose chains this agent has made (a launch then adds elements only)."""
+        """The address of the spare the worker is making."""
         why = "" if settings.mode is NetnsMode.OFF else probe()
         if settings.mode is NetnsMode.OFF:
             why = f"off ({NETNS_ENV}=off): pods share the node's network"
@@ -338,6 +357,8 @@ class PodNetwork:
             with self._lock:
                 self._live = dict(live)
             self._sweep()
+        with self._lock:
+            self._wake_worker()  # makes the spares
 
     def _take_claim(self) -> bool:
         """Hold this node's subnet for the agent's life (a lock file): a second agent on the same
@@ -369,6 +390,7 @@ class PodNetwork:
     def _address_for(self, gang_port: int) -> str:
         """A free address (under the lock); a pod being torn down still holds its own."""
         taken = {net.address for net in (*self._live.values(), *self._pending.values())}
+        taken |= {spare.address for spare in self._spares} | self._making
         if gang_port:
             address = self.gang_address(gang_port)
             if address in {net.address for net in self._pending.values()}:  # the port's last holder
@@ -377,6 +399,7 @@ class PodNetwork:
                         time.monotonic() < deadline):
                     self._changed.wait(deadline - time.monotonic())
                 taken = {net.address for net in (*self._live.values(), *self._pending.values())}
+                taken |= {spare.address for spare in self._spares} | self._making
             if address in taken:
                 raise ProviderError(f"Network isolation: the rendezvous address {address} is still held by "
                                     "an earlier pod on this node; the gang is retried once it has ended.")
@@ -396,17 +419,30 @@ class PodNetwork:
             known = self._live.get(pod_id)
             if known is not None:
                 return known
-            key = hashlib.sha256(pod_id.encode()).hexdigest()[:8]
             serves = master_port if rank == 0 and world_size > 1 else 0
-            address = self._address_for(serves)
             gang = gang_key(workload_id, master_addr, master_port) if world_size > 1 and master_port else ""
-            net = PodNet(pod_id=pod_id, netns=f"gpn-{self.key}-{key}", veth=f"gv{self.key}{key}",
-                         address=address, tenant_key=tenant_key(tenant), gang_key=gang, gang_port=serves)
+            spare = self._spares.pop() if self._spares and not serves else None
+            if spare is None:  # a rank 0 (its address is its port's), or none made ahead: made now
+                spare = _Spare(*self._names(), self._address_for(serves))
+            net = PodNet(pod_id=pod_id, netns=spare.netns, veth=spare.veth, address=spare.address,
+                         tenant_key=tenant_key(tenant), gang_key=gang, gang_port=serves)
             self._live[pod_id] = net
+            self._wake_worker()  # to make the next spare
         try:
-            with self._host_lock():
-                self._remove_links(net)  # a namespace of the same name left behind
-                self._create(net)
+            if not (NETNS_DIR / net.netns).exists():
+                self._create(spare)
+            # A tenant this agent has seen has its chain: the pod's elements alone, in the usual case
+            # (where another agent's sweep removed the chain meanwhile, the batch fails, and is
+            # made whole).
+            seen = net.tenant_key in self._tenants and (not net.gang_key or net.gang_key in self._gangs)
+            if not seen or _run(["nft", "-f", "-"], self._add_rules(net, chains=False)).returncode != 0:
+                _must(["nft", "-f", "-"], self._add_rules(net))
+            with self._lock:
+                self._tenants.add(net.tenant_key)
+                if net.gang_key:
+                    if len(self._gangs) >= 100_000:  # a long-lived agent's gangs: forget the old
+                        self._gangs.clear()
+                    self._gangs.add(net.gang_key)
         except BaseException:
             with self._lock:
                 self._live.pop(pod_id, None)
@@ -416,8 +452,20 @@ class PodNetwork:
             raise
         return net
 
-    def _create(self, net: PodNet) -> None:
-        """Three programs: the host's side (namespace, veth, route), the pod's side, the rules."""
+    def _names(self) -> tuple[str, str]:
+        """A fresh namespace's and veth's names (gpn-NODE-RANDOM, gvNODERANDOM)."""
+        key = os.urandom(4).hex()
+        return f"gpn-{self.key}-{key}", f"gv{self.key}{key}"
+
+    def _wake_worker(self) -> None:
+        """Start the worker (under the lock) and tell it something changed."""
+        if self._worker is None or not self._worker.is_alive():
+            self._worker = threading.Thread(target=self._work, name="gpupool-netns", daemon=True)
+            self._worker.start()
+        self._changed.notify_all()
+
+    def _create(self, net: _Spare) -> None:
+        """Two programs: the host's side (namespace, veth, route), then the pod's side."""
         _must(["ip", "-batch", "-"], f"netns add {net.netns}\n"
               f"link add {net.veth} type veth peer name eth0 netns {net.netns}\n"
               f"link set {net.veth} up\nroute add {net.address}/32 dev {net.veth}\n")
@@ -430,15 +478,18 @@ class PodNetwork:
               f"addr add {net.address}/32 dev eth0\n"
               f"route add {self.gateway}/32 dev eth0 scope link\n"
               f"route add default via {self.gateway} dev eth0\n")
-        _must(["nft", "-f", "-"], self._add_rules(net))
 
-    def _add_rules(self, net: PodNet) -> str:
+    def _add_rules(self, net: PodNet, *, chains: bool = True) -> str:
+        """The pod's elements; with `chains`, first its tenant's (and gang's) set and chain, made
+        or remade (a flush and its rules in one transaction: idempotent)."""
         t = f"inet {TABLE}"
         tc, ta = f"t_{net.tenant_key}", f"ta_{net.tenant_key}"
         lines = [
             f"add set {t} {ta} {{ type ipv4_addr; }}",
             f"add chain {t} {tc}", f"flush chain {t} {tc}",
             f"add rule {t} {tc} ip daddr @{ta} accept",
+        ] if chains else []
+        lines += [
             f"add element {t} {ta} {{ {net.address} }}",
             f"add element {t} pods {{ {net.address} }}",
             f'add element {t} pod_ifs {{ "{net.veth}" . {net.address} }}',
@@ -446,11 +497,12 @@ class PodNetwork:
         ]
         if net.gang_key:
             gc, gm = f"g_{net.gang_key}", f"gm_{net.gang_key}"
-            lines += [f"add set {t} {gm} {{ type ipv4_addr; }}",
-                      f"add chain {t} {gc}", f"flush chain {t} {gc}",
-                      f"add rule {t} {gc} ip saddr @{gm} return",
-                      f"add rule {t} {gc} drop",
-                      f"add element {t} {gm} {{ {net.address} }}"]
+            if chains:
+                lines += [f"add set {t} {gm} {{ type ipv4_addr; }}",
+                          f"add chain {t} {gc}", f"flush chain {t} {gc}",
+                          f"add rule {t} {gc} ip saddr @{gm} return",
+                          f"add rule {t} {gc} drop"]
+            lines.append(f"add element {t} {gm} {{ {net.address} }}")
             if net.gang_port:
                 lines.append(f"add element {t} gang_guard {{ {net.address} . {net.gang_port} : jump {gc} }}")
         return "\n".join(lines) + "\n"
@@ -473,7 +525,7 @@ class PodNetwork:
             lines.append(f"delete element {t} gm_{net.gang_key} {{ {net.address} }}")
         return lines
 
-    def _remove_links(self, net: PodNet) -> None:
+    def _remove_links(self, net: PodNet | _Spare) -> None:
         if Path(f"/sys/class/net/{net.veth}").exists():
             _run(["ip", "link", "del", net.veth])
         if (NETNS_DIR / net.netns).exists():
@@ -489,11 +541,7 @@ class PodNetwork:
             if net is None:
                 return
             self._pending[pod_id] = net
-            if self._worker is None or not self._worker.is_alive():
-                self._worker = threading.Thread(target=self._tear_down_pending, name="gpupool-netns",
-                                                daemon=True)
-                self._worker.start()
-            self._changed.notify_all()
+            self._wake_worker()
 
     def settle(self, timeout_s: float = _TIMEOUT_S) -> bool:
         """Wait until every pod detached so far is torn down; False if `timeout_s` passed first."""
@@ -506,30 +554,54 @@ class PodNetwork:
                 self._changed.wait(left)
         return True
 
-    def _tear_down_pending(self) -> None:
+    def _work(self) -> None:
+        """The worker: tear down the pods that ended (in batches), then keep `spares` namespaces
+        made ahead (addressed and routed, without rules: nothing runs in them), so a launch only
+        adds its rules. At close it finishes the teardowns, removes the spares and ends."""
         while True:
+            spare = None
             with self._lock:
-                while not self._pending:
-                    if self._stopping:
-                        return
+                while not self._pending and not self._stopping and len(self._spares) >= self.spares:
                     self._changed.wait()
                 batch = list(self._pending.values())
-            try:
+                leftover: list[_Spare] = []
+                if not batch and self._stopping:
+                    leftover, self._spares = self._spares, []
+                elif not batch:
+                    spare = _Spare(*self._names(), self._address_for(0))
+                    self._making.add(spare.address)
+            if not batch and spare is None:  # stopping, nothing left to tear down
                 with self._host_lock():
-                    self._tear_down(batch)
+                    self._tear_down([], leftover)
+                return
+            try:
+                if batch:
+                    with self._host_lock():
+                        self._tear_down(batch)
+                elif spare is not None:
+                    self._create(spare)
             except Exception:  # the next start's sweep removes what this left
-                log.exception("tearing down %d pod network(s) failed", len(batch))
+                log.exception("the pod network's worker failed (%d pod(s) to tear down)", len(batch))
+                if spare is not None:
+                    self._remove_links(spare)
+                    spare = None
             with self._lock:
                 for net in batch:
                     self._pending.pop(net.pod_id, None)
+                if spare is not None:
+                    self._making.discard(spare.address)
+                    self._spares.append(spare)  # at close, removed with the others
                 self._changed.notify_all()
 
-    def _tear_down(self, batch: Sequence[PodNet]) -> None:
+    def _tear_down(self, batch: Sequence[PodNet], spares: Sequence[_Spare] = ()) -> None:
         """Two programs for the whole batch: `ip` (veths, namespaces) and `nft` (their elements)."""
-        links = [f"link del {n.veth}" for n in batch if Path(f"/sys/class/net/{n.veth}").exists()]
-        links += [f"netns del {n.netns}" for n in batch if (NETNS_DIR / n.netns).exists()]
+        nets: list[PodNet | _Spare] = [*batch, *spares]
+        links = [f"link del {n.veth}" for n in nets if Path(f"/sys/class/net/{n.veth}").exists()]
+        links += [f"netns del {n.netns}" for n in nets if (NETNS_DIR / n.netns).exists()]
         if links:
             _run(["ip", "-force", "-batch", "-"], "\n".join(links) + "\n")
+        if not batch:
+            return
         lines = [line for net in batch for line in self._rule_removals(net)]
         if _run(["nft", "-f", "-"], "\n".join(lines) + "\n").returncode != 0:
             for net in batch:  # some were gone already (a half-made attachment): each on its own
