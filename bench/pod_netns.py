@@ -1,12 +1,13 @@
 """What a pod's own network namespace costs its launch: p50 and p99 with namespaces on and off.
 
-    sudo .venv/bin/python bench/pod_netns.py [--pods 100] [--rounds 3] [--json bench/results/pod_netns.json]
+    sudo .venv/bin/python bench/pod_netns.py [--pods 100] [--burst 50] [--rounds 3] [--json FILE]
 
 Two local agents on this machine, one giving each pod a network namespace (GPUPOOL_POD_NETNS=on) and
-one not, launch `--pods` pods of `true` each, one after the other, in every round, alternating which
-goes first, so both see the same load. For each pod: the launch (the provider's launch() call: the
-agent plans the pod, makes its namespace, veth, routes and rules, and the launcher helper starts it)
-and the end (the poll that reports it ended, which removes its namespace and rules). Needs root,
+one not, launch `--pods` pods of `true` each, one after the other, then `--burst` pods back to back
+(the namespaces a node makes ahead run out), in every round, alternating which side goes first, so
+both see the same load. For each pod: the launch (the provider's launch() call: the agent plans the
+pod, takes or makes its namespace, adds its rules, and the launcher helper starts it) and, one at a
+time, the end (the poll that reports it ended, which hands its namespace to the teardown thread). Needs root,
 iproute2 and nftables; elsewhere it says why and exits 0 without figures.
 """
 
@@ -56,10 +57,27 @@ def one_pod(provider: LocalProvider, pod_id: str) -> tuple[float, float]:
         time.sleep(0.002)
 
 
+def burst(provider: LocalProvider, prefix: str, count: int) -> list[float]:
+    """Launch ms of `count` pods launched back to back (the namespaces made ahead run out)."""
+    took = []
+    for i in range(count):
+        began = time.perf_counter()
+        provider.launch(PodLaunch(pod_id=f"{prefix}-{i}", workload_id=f"{prefix}-{i}",
+                                  node=provider.agent.node_name, command=("/bin/true",), tenant="bench"))
+        took.append(1000 * (time.perf_counter() - began))
+    deadline = time.monotonic() + 60
+    while not all(s.phase.is_final for s in provider.poll() if s.pod_id.startswith(prefix + "-")):
+        if time.monotonic() > deadline:
+            raise SystemExit(f"the burst {prefix} did not end within 60 s")
+        time.sleep(0.01)
+    return took
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--pods", type=int, default=100)
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--burst", type=int, default=50, help="pods launched back to back per side and round")
     parser.add_argument("--json", type=Path, default=Path("bench/results/pod_netns.json"))
     args = parser.parse_args()
     why = netns.probe()
@@ -73,7 +91,8 @@ def main() -> int:
         "off": LocalProvider(work / "off", simulate="8xH100", node_name="bench-off",
                              network=NetworkSettings(mode=NetnsMode.OFF, pod_network=NETWORK)),
     }
-    samples: dict[str, dict[str, list[float]]] = {k: {"launch_ms": [], "end_poll_ms": []} for k in providers}
+    samples: dict[str, dict[str, list[float]]] = {
+        k: {"launch_ms": [], "burst_launch_ms": [], "end_poll_ms": []} for k in providers}
     load = os.getloadavg()[0]
     try:
         for round_no in range(args.rounds):
@@ -83,6 +102,7 @@ def main() -> int:
                     launch_ms, poll_ms = one_pod(providers[side], f"{side}-{round_no}-{i}")
                     samples[side]["launch_ms"].append(launch_ms)
                     samples[side]["end_poll_ms"].append(poll_ms)
+                samples[side]["burst_launch_ms"] += burst(providers[side], f"{side}-{round_no}-b", args.burst)
     finally:
         for provider in providers.values():
             provider.close(stop_pods=True)
@@ -92,7 +112,7 @@ def main() -> int:
                         f"pods a side, load {load:.1f})")
     for column in ("measure", "on p50", "off p50", "ratio p50", "on p99", "off p99", "ratio p99"):
         table.add_column(column, justify="right" if column != "measure" else "left")
-    for measure in ("launch_ms", "end_poll_ms"):
+    for measure in ("launch_ms", "burst_launch_ms", "end_poll_ms"):
         on, off = samples["on"][measure], samples["off"][measure]
         row = {"on_p50": quantile(on, 0.5), "off_p50": quantile(off, 0.5), "on_p99": quantile(on, 0.99),
                "off_p99": quantile(off, 0.99), "on_mean": statistics.fmean(on),
