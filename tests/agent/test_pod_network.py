@@ -436,3 +436,24 @@ def test_an_agent_crash_leaves_nothing_behind_after_its_restart(tmp_path: Path) 
     finally:
         first.close()
         (second or LocalPool(nodes(2), tmp_path / "pool", network=ON)).close(stop_pods=True)
+
+
+def test_an_unenforced_network_layer_is_recorded_in_the_audit_log(tmp_path: Path) -> None:
+    from gpupool.server.auth import Principal
+    from gpupool.server.db import Store
+    from gpupool.server.runtime import Runtime
+    from gpupool.server.services import audit
+    from gpupool.server.settings import Settings
+
+    pool = LocalPool(nodes(1), tmp_path / "pool", network=OFF)
+    url = f"sqlite:///{tmp_path / 'store.sqlite'}"
+    rt = Runtime(settings=Settings(data_dir=tmp_path, database_url=url), store=Store.open(url), provider=pool)
+    try:
+        assert "network" in audit.record_unenforced_layers(rt)
+        rows = audit.entries(rt, Principal("", None), None, 100)
+        network = [r for r in rows if r.action == "isolation.unenforced" and r.target == "network"]
+        assert len(network) == 1 and "GPUPOOL_POD_NETNS=off" in network[0].detail
+        assert network[0].remote == "start-up"
+    finally:
+        rt.store.close()
+        pool.close()

@@ -211,6 +211,9 @@ def _serve(data_dir: Path | None, host: str, port: int, simulate: str, provider:
     for note in pool_config.notes():
         print(f"Note: {note}", flush=True)
     token = bootstrap(rt)
+    from gpupool.server.services.audit import record_unenforced_layers
+
+    record_unenforced_layers(rt)  # `gpupool audit` keeps which isolation layers this run lacked
     _announce_token(settings.admin_token_path, token)
     print(f"gpupool is serving on {settings.scheme}://{host}:{port} (dashboard at /, API docs at /docs); "
           "stop with Ctrl-C.",
