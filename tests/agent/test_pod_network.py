@@ -405,6 +405,10 @@ def test_a_pods_namespace_veth_and_rules_go_when_it_ends(pools: list[LocalPool],
     pools.remove(pool)
     pool.close(stop_pods=True)
     assert ours() == {"netns": [], "veth": [], "addresses": []}  # the namespaces made ahead go too
+    table = subprocess.run(["nft", "list", "table", "inet", netns.TABLE], capture_output=True, text=True,
+                           check=True).stdout
+    assert f"chain t_{netns.tenant_key('bob')}" not in table  # bob's chain and set went with his last pod
+    assert f"set ta_{netns.tenant_key('bob')}" not in table
 
 
 @needs_netns

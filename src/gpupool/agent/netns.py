@@ -443,12 +443,15 @@ class PodNetwork:
                     if len(self._gangs) >= 100_000:  # a long-lived agent's gangs: forget the old
                         self._gangs.clear()
                     self._gangs.add(net.gang_key)
-        except BaseException:
+        except BaseException as exc:
             with self._lock:
                 self._live.pop(pod_id, None)
             with self._host_lock():
                 self._remove_links(net)
                 self._remove_rules(net)
+            if isinstance(exc, OSError):
+                raise ProviderError(f"Network isolation: the pod's network could not be set up ({exc}); "
+                                    "it was not started.") from None
             raise
         return net
 
@@ -606,6 +609,21 @@ class PodNetwork:
         if _run(["nft", "-f", "-"], "\n".join(lines) + "\n").returncode != 0:
             for net in batch:  # some were gone already (a half-made attachment): each on its own
                 self._remove_rules(net)
+        self._drop_unused_chains(batch)
+
+    def _drop_unused_chains(self, batch: Sequence[PodNet]) -> None:
+        """Delete the chains (and then sets) of the batch's gangs and tenants that nothing refers
+        to any more: a tenant's chain is referred to by each of its live pods' elements on this
+        machine, a gang's by its rank 0's guard, so the delete fails (and changes nothing) while
+        one lives."""
+        kinds = (("g_", "gm_", self._gangs, {n.gang_key for n in batch if n.gang_key}),
+                 ("t_", "ta_", self._tenants, {n.tenant_key for n in batch}))
+        for chain, members, made, keys in kinds:
+            for key in sorted(keys):
+                if _run(["nft", "delete", "chain", "inet", TABLE, chain + key]).returncode == 0:
+                    _run(["nft", "delete", "set", "inet", TABLE, members + key])
+                    with self._lock:
+                        made.discard(key)
 
     def pod_url(self, url: str) -> str:
         """`url` (the pool's GPUPOOL_URL) as a pod in a namespace reaches it: a loopback host of a

@@ -278,10 +278,15 @@ class NodeAgent:
                 env["GPUPOOL_URL"] = url
         env[CHECKPOINT_DIR_ENV] = str(self.checkpoints.prepare(pod.workload_id, identity))  # not the user's
         where = workdir.choose(pod.workdir, pod.env.get(workdir.SUBMIT_DIR_ENV, ""), identity)
-        record = self.runner.start(pod.pod_id, pod.command, env=env, workdir=where.path or home,
-                                   limits=limits, identity=identity,
-                                   combined_output=not pod.separate_stderr,
-                                   netns=net.netns if net is not None else "")
+        try:
+            record = self.runner.start(pod.pod_id, pod.command, env=env, workdir=where.path or home,
+                                       limits=limits, identity=identity,
+                                       combined_output=not pod.separate_stderr,
+                                       netns=net.netns if net is not None else "")
+        except Exception:
+            if net is not None and self.runner.known(pod.pod_id) is None:
+                self.network.detach(pod.pod_id)  # no record, so no poll would ever end it
+            raise
         layers = [{"layer": s.layer.value, "active": s.active, "detail": s.detail}
                   for s in (*plan.layers, network)]
         with self._lock:
