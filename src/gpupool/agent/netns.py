@@ -281,7 +281,7 @@ class PodNetwork:
                        if not ipaddress.ip_address(host).is_loopback})
 
     def _table_batch(self) -> str:
-        """The host's table, its sets and base chains (written when the table is missing)."""
+        """The host's table, its sets and its base chains with their rules."""
         t = f"inet {TABLE}"
         return "\n".join([
             f"add table {t}",
@@ -303,7 +303,7 @@ class PodNetwork:
             f'add rule {t} forward oifname "gv*" drop',
             f"add rule {t} from_pod ct state established,related accept",
             f"add rule {t} from_pod iifname . ip saddr != @pod_ifs drop",
-            f"add rule {t} from_pod ip daddr . th dport vmap @gang_guard",
+            f"add rule {t} from_pod meta l4proto {{ tcp, udp }} ip daddr . th dport vmap @gang_guard",
             f"add rule {t} from_pod ip saddr vmap @src_tenant",
             f"add rule {t} from_pod ip saddr vmap @slot_fwd",
             f"add rule {t} from_pod drop",
@@ -346,9 +346,9 @@ class PodNetwork:
         if not self._take_claim():
             return
         with self._host_lock():
-            if _run(["nft", "list", "table", "inet", TABLE]).returncode != 0:
-                _must(["nft", "-f", "-"], self._table_batch())
-            _must(["nft", "-f", "-"], self._slot_batch())
+            # the base chains are flushed and written again in one transaction (this version's
+            # rules); the sets and maps, which hold the other agents' pods, are kept
+            _must(["nft", "-f", "-"], self._table_batch() + self._slot_batch())
             if not Path(f"/sys/class/net/{self.bridge}").exists():
                 _must(["ip", "link", "add", self.bridge, "type", "bridge"])
             _run(["ip", "addr", "add", f"{self.gateway}/32", "dev", self.bridge])  # already there: fine
