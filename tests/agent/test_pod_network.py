@@ -289,6 +289,14 @@ def test_only_the_gang_reaches_its_rendezvous_port(pools: list[LocalPool], tmp_p
            master_port=GANG_PORT)
     assert wait_final(pool, "train-r1").phase is PodPhase.SUCCEEDED
     assert "rank1 got rank0" in pool.read_log("train-r1").text
+    wait_final(pool, "train-r0")
+    guard = f"chain g_{netns.gang_key('train', addr, GANG_PORT)}"
+    assert eventually(lambda: guard not in table())  # a gang's chain goes with its pods
+
+
+def table() -> str:
+    return subprocess.run(["nft", "list", "table", "inet", netns.TABLE], capture_output=True, text=True,
+                          check=True).stdout
 
 
 def services(pool: LocalPool) -> str:
@@ -405,10 +413,9 @@ def test_a_pods_namespace_veth_and_rules_go_when_it_ends(pools: list[LocalPool],
     pools.remove(pool)
     pool.close(stop_pods=True)
     assert ours() == {"netns": [], "veth": [], "addresses": []}  # the namespaces made ahead go too
-    table = subprocess.run(["nft", "list", "table", "inet", netns.TABLE], capture_output=True, text=True,
-                           check=True).stdout
-    assert f"chain t_{netns.tenant_key('bob')}" not in table  # bob's chain and set went with his last pod
-    assert f"set ta_{netns.tenant_key('bob')}" not in table
+    rules = table()
+    assert f"chain t_{netns.tenant_key('bob')}" not in rules  # bob's chain and set went with the agent
+    assert f"set ta_{netns.tenant_key('bob')}" not in rules
 
 
 @needs_netns

@@ -576,6 +576,9 @@ class PodNetwork:
             if not batch and spare is None:  # stopping, nothing left to tear down
                 with self._host_lock():
                     self._tear_down([], leftover)
+                    with self._lock:
+                        tenants = set(self._tenants)
+                    self._drop_unused_chains(tenants=tenants)
                 return
             try:
                 if batch:
@@ -609,15 +612,15 @@ class PodNetwork:
         if _run(["nft", "-f", "-"], "\n".join(lines) + "\n").returncode != 0:
             for net in batch:  # some were gone already (a half-made attachment): each on its own
                 self._remove_rules(net)
-        self._drop_unused_chains(batch)
+        self._drop_unused_chains(gangs={n.gang_key for n in batch if n.gang_key})
 
-    def _drop_unused_chains(self, batch: Sequence[PodNet]) -> None:
-        """Delete the chains (and then sets) of the batch's gangs and tenants that nothing refers
-        to any more: a tenant's chain is referred to by each of its live pods' elements on this
-        machine, a gang's by its rank 0's guard, so the delete fails (and changes nothing) while
-        one lives."""
-        kinds = (("g_", "gm_", self._gangs, {n.gang_key for n in batch if n.gang_key}),
-                 ("t_", "ta_", self._tenants, {n.tenant_key for n in batch}))
+    def _drop_unused_chains(self, *, gangs: Iterable[str] = (), tenants: Iterable[str] = ()) -> None:
+        """Delete the chains (and then sets) of these gangs and tenants that nothing refers to any
+        more: a tenant's chain is referred to by each of its live pods' elements on this machine, a
+        gang's by its rank 0's guard, so the delete fails (and changes nothing) while one lives. A
+        gang's go with its pods (there is one a gang); a tenant's, of which there are few, stay
+        until the agent stops, so its next pod here only adds elements."""
+        kinds = (("g_", "gm_", self._gangs, set(gangs)), ("t_", "ta_", self._tenants, set(tenants)))
         for chain, members, made, keys in kinds:
             for key in sorted(keys):
                 if _run(["nft", "delete", "chain", "inet", TABLE, chain + key]).returncode == 0:
