@@ -468,3 +468,23 @@ def test_an_unenforced_network_layer_is_recorded_in_the_audit_log(tmp_path: Path
     finally:
         rt.store.close()
         pool.close()
+
+
+@needs_netns
+def test_a_second_agent_on_the_same_pod_network_says_so_instead_of_sweeping_the_first() -> None:
+    first = PodNetwork(ON, 5)
+    first.start({})
+    try:
+        second = PodNetwork(NetworkSettings(pod_network=NETWORK), 5)  # auto
+        second.start({})
+        assert not second.active
+        assert "another agent on this machine uses the pod network" in second.unavailable
+        with pytest.raises(InvalidInput, match="give each pool on a machine its own GPUPOOL_POD_NETWORK"):
+            PodNetwork(ON, 5).start({})
+        assert first.active
+    finally:
+        first.close()
+    third = PodNetwork(ON, 5)  # once the first has stopped, the network is free again
+    third.start({})
+    assert third.active
+    third.close()
