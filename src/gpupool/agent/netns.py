@@ -2,7 +2,7 @@
 services (its API server) and the node's declared networks, and nothing else.
 
 Each pod of another Unix account gets its own network namespace (`ip netns add`), joined by the
-account helper (setns, before it drops to the pod's uid; launcher.py), with one veth pair to the
+launcher's account helper (setns, before it drops to the pod's uid; launcher.py), with one veth pair to the
 host. The host routes every pod's /32 through its veth (proxy ARP answers for the node's gateway):
 there is no layer-2 segment between pods, so every packet between two pods, or from a pod to
 anywhere, crosses the host's forward (or input) hook, where one nftables table, `inet gpupool_net`,
@@ -11,21 +11,25 @@ decides:
 - a pod's packet must carry its own address (the set `pod_ifs`: interface . address);
 - to a gang's rendezvous port (the rank-0 pod's address . MASTER_PORT, map `gang_guard`) only from
   the gang's pods (set `gm_<gang>`);
-- then to the pods of the same tenant (set `ta_<tenant>`, chain `t_<tenant>`), the declared networks
-  (`reachable`) and the published services (`published`); everything else is dropped;
+- then to the pods of the same tenant (set `ta_<tenant>`, chain `t_<tenant>`), and through the
+  node's own chains (`s_<node>_fwd`, rewritten at each start) to the declared networks and the
+  published services; everything else is dropped;
 - into a pod only the answers to what it opened, and what its tenant's pods send it;
 - to the host itself only the published services (a loopback one through DNAT from the node's
   gateway, as GPUPOOL_URL then names it).
 
 The node's pods live in one /19 of the pool's pod network (its `slot`): the rank-0 pod of a gang gets
-the address the gang's MASTER_PORT names (GANG_HOSTS + port - MASTER_PORT_BASE), so the server knows
-MASTER_ADDR before the pod starts; other pods take the lowest free address from OTHER_HOSTS up.
+the address the gang's MASTER_PORT names (GANG_HOSTS + port - GANG_PORT_BASE, the server's
+rendezvous range), so the server knows MASTER_ADDR before the pod starts; other pods take the
+lowest free address from OTHER_HOSTS up.
 Every simulated node of a local pool has its own slot, gateway device and routes on the same host:
 a gang spread over them meets through the host's routing, filtered by the same table.
 
-A pod's namespace, veth and set elements go when it ends (NodeAgent.poll); at start the agent sweeps
-whatever of its slot no live pod holds (a crash's leftovers). Every change runs under one host-wide
-lock file, so the agents of a local pool never interleave their batches.
+A worker thread keeps SPARES namespaces made ahead (addressed and routed, no rules), so a launch
+only adds its elements (one nft transaction), and tears down the networks of the pods that ended
+(NodeAgent.poll hands them over) in batches, off the poll's path. At start the agent sweeps
+whatever of its /19 no live pod holds (a crash's leftovers, old spares). An agent holds its /19 by
+a lock file for its lifetime; sweeps and teardowns also take one host-wide lock file.
 
 InfiniBand (RDMA) traffic does not pass through the namespace: it stays partitioned by PKey.
 """
@@ -212,7 +216,8 @@ def probe() -> str:
 
 
 class PodNetwork:
-    """One node's pod network: its slot of the pool's pod network, its gateway, and its pods."""
+    """One node's pod network: its slot of the pool's pod network, its gateway, its pods, and a
+    worker thread that tears ended pods' networks down and makes spare namespaces."""
 
     def __init__(self, settings: NetworkSettings, slot: int = 0,
                  published: Iterable[tuple[str, int]] = ()) -> None:
@@ -221,7 +226,8 @@ class PodNetwork:
         self.subnet = node_subnet(settings.pod_network, slot)
         self.gateway = str(self.subnet.network_address + 1)
         self.key = _key("subnet", str(self.subnet))[:5]
-        """Names this node's namespaces (gpn-KEY-POD), veths (gvKEYPOD), gateway (gpbKEY) and chains."""
+        """Names this node's namespaces (gpn-KEY-RANDOM), veths (gvKEYRANDOM), gateway (gpbKEY) and
+        chains (s_KEY_*)."""
         self.bridge = f"gpb{self.key}"
         self._claim = -1
         self.published = tuple((host, int(port)) for host, port in published)
@@ -236,10 +242,10 @@ class PodNetwork:
         self._spares: list[_Spare] = []
         """Namespaces made ahead by the worker, each with its veth, address and route."""
         self._making: set[str] = set()
+        """The address of the spare the worker is making."""
         self._tenants: set[str] = set()
         self._gangs: set[str] = set()
         """Tenants and gangs whose chains this agent has made (a launch then adds elements only)."""
-        """The address of the spare the worker is making."""
         why = "" if settings.mode is NetnsMode.OFF else probe()
         if settings.mode is NetnsMode.OFF:
             why = f"off ({NETNS_ENV}=off): pods share the node's network"
