@@ -419,6 +419,16 @@ def test_a_pods_namespace_veth_and_rules_go_when_it_ends(pools: list[LocalPool],
 
 
 @needs_netns
+def test_a_pod_refused_after_its_network_was_made_leaves_no_network(pools: list[LocalPool],
+                                                                    tmp_path: Path) -> None:
+    pool = make_pool(pools, tmp_path, ON)
+    with pytest.raises(InvalidInput, match="empty command"):
+        pool.launch(PodLaunch(pod_id="empty", workload_id="w", node="n0", command=(), tenant="bob"))
+    refused = net_of(tmp_path / "pool0", "n0", "empty")
+    assert eventually(lambda: present(refused) == [False, False, False]), present(refused)
+
+
+@needs_netns
 def test_an_agent_crash_leaves_nothing_behind_after_its_restart(tmp_path: Path) -> None:
     first = LocalPool(nodes(2), tmp_path / "pool", network=ON)
     second: LocalPool | None = None

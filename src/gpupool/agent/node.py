@@ -270,14 +270,20 @@ class NodeAgent:
         limits = prepare_cgroup(plan.host_limits, plan.cgroup_files)
         home = make_private_dir(self.scratch_root, pod.pod_id, identity)
         env = plan.process_env(base_env(identity, home, self.pod_path), pod.env)
-        net, network = self._attach(pod, identity is not None)
+        env[CHECKPOINT_DIR_ENV] = str(self.checkpoints.prepare(pod.workload_id, identity))  # not the user's
+        where = workdir.choose(pod.workdir, pod.env.get(workdir.SUBMIT_DIR_ENV, ""), identity)
+        try:  # last before the start: whatever refuses the pod before it leaves no network behind
+            net, network = self._attach(pod, identity is not None)
+        except Exception:
+            if limits.cgroup_dir is not None:
+                with contextlib.suppress(OSError):
+                    limits.cgroup_dir.rmdir()
+            raise
         if net is not None:
             env[POD_ADDRESS_ENV] = net.address
             url = self.network.pod_url(env.get("GPUPOOL_URL", ""))
             if url:
                 env["GPUPOOL_URL"] = url
-        env[CHECKPOINT_DIR_ENV] = str(self.checkpoints.prepare(pod.workload_id, identity))  # not the user's
-        where = workdir.choose(pod.workdir, pod.env.get(workdir.SUBMIT_DIR_ENV, ""), identity)
         try:
             record = self.runner.start(pod.pod_id, pod.command, env=env, workdir=where.path or home,
                                        limits=limits, identity=identity,
@@ -307,8 +313,13 @@ class NodeAgent:
                                   workload_id=pod.workload_id, master_addr=pod.master_addr,
                                   master_port=pod.master_port)
         pod_dir = self.runner.pod_dir(pod.pod_id)
-        pod_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
-        write_atomic(pod_dir / NET_FILE, net.to_json())
+        try:
+            pod_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+            write_atomic(pod_dir / NET_FILE, net.to_json())
+        except OSError as exc:
+            self.network.detach(pod.pod_id)
+            raise ProviderError(f"Cannot record pod {pod.pod_id}'s network ({exc.strerror}); it was not "
+                                "started.") from None
         return net, LayerState(Layer.NETWORK, True, f"network namespace {net.netns}, address {net.address}")
 
     def _detach_ended(self, records: Sequence[PodRecord]) -> None:
