@@ -386,6 +386,14 @@ class PodNetwork:
         self._claim = fd
         return True
 
+    def publish(self, services: Iterable[tuple[str, int]]) -> None:
+        """Make `services` (IPv4 address, port) the published services pods reach, in place of
+        those given at construction (for a server that learns its port after its agents start)."""
+        self.published = tuple((str(ipaddress.IPv4Address(host)), int(port)) for host, port in services)
+        if self.active and self._claim >= 0:
+            with self._host_lock():
+                _must(["nft", "-f", "-"], self._slot_batch())
+
     def gang_address(self, port: int) -> str:
         """The address of the rank-0 pod that serves rendezvous port `port` here ('' when off or
         when the port is outside the rendezvous range)."""
