@@ -498,3 +498,18 @@ def test_a_second_agent_on_the_same_pod_network_says_so_instead_of_sweeping_the_
     third.start({})
     assert third.active
     third.close()
+
+
+def test_the_published_service_is_where_pods_reach_the_api_server(tmp_path: Path,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    from gpupool.server.provision import published_services
+    from gpupool.server.settings import Settings
+
+    monkeypatch.delenv("GPUPOOL_POD_API_URL", raising=False)
+    everywhere = Settings(data_dir=tmp_path, host="0.0.0.0", port=8123)
+    assert published_services(everywhere) == (("127.0.0.1", 8123),)  # a wildcard listens on loopback too
+    assert published_services(Settings(data_dir=tmp_path, host="10.0.0.5", port=80)) == (("10.0.0.5", 80),)
+    monkeypatch.setenv("GPUPOOL_POD_API_URL", "https://10.1.2.3/")
+    assert published_services(Settings(data_dir=tmp_path, port=8123)) == (("10.1.2.3", 443),)
+    monkeypatch.setenv("GPUPOOL_POD_API_URL", "http://pool.example:8000")
+    assert published_services(Settings(data_dir=tmp_path, port=8123)) == ()  # a name: declare its network
