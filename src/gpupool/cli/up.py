@@ -200,6 +200,9 @@ def _serve(data_dir: Path | None, host: str, port: int, simulate: str, provider:
         visible = provisioned.provider.missing_capabilities().get(Capability.HIDDEN_PROCESSES)
         if visible:  # read again: the pods' group exists now, so an exemption of it is seen
             print(f"Warning: {visible} (gpupool node ls, layer proc).", file=sys.stderr, flush=True)
+        shared = missing.get(Capability.NETWORK_ISOLATION)
+        if shared:
+            print(f"Warning: {shared} (gpupool node ls, layer network).", file=sys.stderr, flush=True)
     store = Store.open(settings.resolved_database_url)
     rt = Runtime(settings=settings, store=store, provider=provisioned.provider, config=pool_config)
     if fabric_path is not None:
