@@ -128,6 +128,9 @@ class NodeAgent:
         """Each pod's network namespace (netns.py); off unless `network` asks for it."""
         if network is None:
             self.network.unavailable = "this provider does not give pods network namespaces"
+        elif self.network.active and not self.identities.switch_users:  # only the helper can join one
+            self.network.unavailable = ("pods run as the agent's own user (no tenant accounts), so they share "
+                                        "the node's network")
         self.network.start(self._attached_pods())
         log.info("node %s: pod network: %s", self.node_name, self.network.detail)
         self._lock = threading.RLock()
