@@ -129,8 +129,8 @@ class NodeAgent:
         if network is None:
             self.network.unavailable = "this provider does not give pods network namespaces"
         elif self.network.active and not self.identities.switch_users:  # only the helper can join one
-            self.network.unavailable = ("pods run as the agent's own user (no tenant accounts), so they share "
-                                        "the node's network")
+            self.network.unavailable = ("pods run as the agent's own user (no tenant accounts), so they "
+                                        "share the node's network")
         self.network.start(self._attached_pods())
         log.info("node %s: pod network: %s", self.node_name, self.network.detail)
         self._lock = threading.RLock()
