@@ -14,6 +14,7 @@ import ipaddress
 import json
 import os
 import signal
+import socket
 import subprocess
 import threading
 import time
@@ -315,7 +316,9 @@ def services(pool: LocalPool) -> str:
 def test_another_tenant_cannot_reach_a_pods_service_and_the_same_tenant_can(pools: list[LocalPool],
                                                                              tmp_path: Path) -> None:
     pool = make_pool(pools, tmp_path, ON)
-    services(pool)
+    target = services(pool)
+    with pytest.raises(OSError):  # nor does a process of the host itself (another user, say)
+        socket.create_connection((target, 7000), timeout=2).close()
     for node in ("n0", "n1"):
         assert "blocked" in pool.read_log(f"mallory-{node}").text, pool.read_log(f"mallory-{node}").text
         assert "reached secret of bob" in pool.read_log(f"bob-{node}").text, pool.read_log(f"bob-{node}").text
@@ -325,8 +328,9 @@ def test_another_tenant_cannot_reach_a_pods_service_and_the_same_tenant_can(pool
 def test_control_without_namespaces_another_tenant_reaches_the_service(pools: list[LocalPool],
                                                                        tmp_path: Path) -> None:
     pool = make_pool(pools, tmp_path, OFF)
-    services(pool)
+    target = services(pool)
     assert "reached secret of bob" in pool.read_log("mallory-n1").text
+    socket.create_connection((target, 7000), timeout=2).close()
 
 
 class _Api(http.server.BaseHTTPRequestHandler):

@@ -14,7 +14,8 @@ decides:
 - then to the pods of the same tenant (set `ta_<tenant>`, chain `t_<tenant>`), and through the
   node's own chains (`s_<node>_fwd`, rewritten at each start) to the declared networks and the
   published services; everything else is dropped;
-- into a pod only the answers to what it opened, and what its tenant's pods send it;
+- into a pod only the answers to what it opened, and what its tenant's pods send it (from the host's
+  own processes too: only answers);
 - to the host itself only the published services (a loopback one through DNAT from the node's
   gateway, as GPUPOOL_URL then names it).
 
@@ -299,11 +300,12 @@ class PodNetwork:
               for name in ("slot_fwd", "slot_in", "slot_nat")),
             f"add chain {t} forward {{ type filter hook forward priority 0; policy accept; }}",
             f"add chain {t} input {{ type filter hook input priority 0; policy accept; }}",
+            f"add chain {t} output {{ type filter hook output priority 0; policy accept; }}",
             f"add chain {t} prerouting {{ type nat hook prerouting priority dstnat; policy accept; }}",
             f"add chain {t} postrouting {{ type nat hook postrouting priority srcnat; policy accept; }}",
             f"add chain {t} from_pod", f"add chain {t} pod_input",
-            *(f"flush chain {t} {c}" for c in ("forward", "input", "prerouting", "postrouting", "from_pod",
-                                               "pod_input")),
+            *(f"flush chain {t} {c}" for c in ("forward", "input", "output", "prerouting", "postrouting",
+                                               "from_pod", "pod_input")),
             f'add rule {t} forward iifname "gv*" jump from_pod',
             f'add rule {t} forward oifname "gv*" ct state established,related accept',
             f'add rule {t} forward oifname "gv*" drop',
@@ -314,6 +316,10 @@ class PodNetwork:
             f"add rule {t} from_pod ip saddr vmap @slot_fwd",
             f"add rule {t} from_pod drop",
             f'add rule {t} input iifname "gv*" jump pod_input',
+            # the host's own processes (other users, pods of a pool without namespaces) reach a pod
+            # only with the answers to what it opened
+            f'add rule {t} output oifname "gv*" ct state established,related accept',
+            f'add rule {t} output oifname "gv*" drop',
             f"add rule {t} pod_input ct state established,related accept",
             f"add rule {t} pod_input iifname . ip saddr != @pod_ifs drop",
             f"add rule {t} pod_input ip saddr vmap @slot_in",
