@@ -566,17 +566,6 @@ class PodNetwork:
             self._pending[pod_id] = net
             self._wake_worker()
 
-    def settle(self, timeout_s: float = _TIMEOUT_S) -> bool:
-        """Wait until every pod detached so far is torn down; False if `timeout_s` passed first."""
-        deadline = time.monotonic() + timeout_s
-        with self._lock:
-            while self._pending:
-                left = deadline - time.monotonic()
-                if left <= 0 or (self._worker is not None and not self._worker.is_alive()):
-                    return not self._pending
-                self._changed.wait(left)
-        return True
-
     def _work(self) -> None:
         """The worker: tear down the pods that ended (in batches), then keep `spares` namespaces
         made ahead (addressed and routed, without rules: nothing runs in them), so a launch only
