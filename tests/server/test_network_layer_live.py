@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import ipaddress
 import os
 import subprocess
 import sys
@@ -16,6 +17,7 @@ from gpupool.server.pgtemp import free_port
 
 pytestmark = pytest.mark.slow
 WHY = netns.probe()
+NETWORK = ipaddress.IPv4Network("10.236.0.0/16")
 
 
 def _network_rows(server: UpProcess) -> tuple[list[dict[str, object]], list[str], list[dict[str, object]]]:
@@ -48,7 +50,7 @@ def test_up_with_namespaces_off_says_so_everywhere(tmp_path: Path) -> None:
 
 @pytest.mark.skipif(bool(WHY), reason=f"no pod network namespaces here: {WHY}")
 def test_up_with_namespaces_reports_the_layer_enforced(tmp_path: Path) -> None:
-    env = {"GPUPOOL_POD_NETNS": "on", "GPUPOOL_POD_NETWORK": "10.236.0.0/16"}
+    env = {"GPUPOOL_POD_NETNS": "on", "GPUPOOL_POD_NETWORK": str(NETWORK)}
     server = UpProcess(tmp_path / "data", ["--simulate", "2x1xH100"], env=env).start()
     try:
         layers, rows, recorded = _network_rows(server)
@@ -58,6 +60,10 @@ def test_up_with_namespaces_reports_the_layer_enforced(tmp_path: Path) -> None:
     assert len(rows) == 2 and all(" yes " in row for row in rows), rows
     assert recorded == []
     assert "layer network" not in server.log_text()
+    keys = [netns.PodNetwork(netns.NetworkSettings(mode=netns.NetnsMode.OFF, pod_network=NETWORK), slot).key
+            for slot in (0, 1)]
+    left = [p.name for p in Path("/run/netns").glob("gpn-*") if p.name.split("-")[1] in keys]
+    assert left == [], left  # stopped with SIGTERM, it closed its agents: their spare namespaces went too
 
 
 def test_up_refuses_a_network_setting_it_cannot_use_with_one_sentence(tmp_path: Path) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import signal
 import socket
 import sys
 from dataclasses import asdict, dataclass
@@ -224,12 +225,20 @@ def _serve(data_dir: Path | None, host: str, port: int, simulate: str, provider:
     from gpupool import gc_tuning
 
     gc_tuning.tune()  # a long-lived heap: see gpupool/gc_tuning.py
+    # uvicorn shuts down gracefully on SIGTERM, then raises the signal again with the handler it
+    # found: make that an exit through the `finally` below, so the provider is closed (the agents'
+    # spare pod namespaces removed, their threads stopped) as on Ctrl-C, with the status of SIGTERM.
+    signal.signal(signal.SIGTERM, _exit_on_sigterm)
     try:
         uvicorn.run(create_app(rt), host=host, port=port, log_level="warning", access_log=False,
                     ssl_certfile=settings.tls_cert, ssl_keyfile=settings.tls_key)
     finally:
         provisioned.provider.close()
         store.close()
+
+
+def _exit_on_sigterm(signum: int, _frame: object) -> None:
+    raise SystemExit(128 + signum)
 
 
 def _scheduling_line(config: PoolConfig, placement: str, path: Path | None) -> str:
