@@ -517,3 +517,66 @@ def test_the_published_service_is_where_pods_reach_the_api_server(tmp_path: Path
     assert published_services(Settings(data_dir=tmp_path, port=8123)) == (("10.1.2.3", 443),)
     monkeypatch.setenv("GPUPOOL_POD_API_URL", "http://pool.example:8000")
     assert published_services(Settings(data_dir=tmp_path, port=8123)) == ()  # a name: declare its network
+
+
+STORAGE = r"""
+import socket
+s = socket.socket()
+s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+s.bind(("198.51.100.2", 7100))
+s.listen(16)
+while True:
+    c, peer = s.accept()
+    c.sendall(b"storage")
+    c.close()
+"""
+
+
+@pytest.fixture
+def storage_network() -> Iterator[str]:
+    """A network outside the pool (198.51.100.0/24, in a namespace of its own joined to the host by
+    a veth) with a service at 198.51.100.2:7100, as a node's storage network would be."""
+    space, host_end = "gptest-storage", "gptstor0"
+    subprocess.run(["ip", "netns", "del", space], capture_output=True, check=False)
+    subprocess.run(["ip", "link", "del", host_end], capture_output=True, check=False)
+    steps = [["ip", "netns", "add", space],
+             ["ip", "link", "add", host_end, "type", "veth", "peer", "name", "eth0", "netns", space],
+             ["ip", "addr", "add", "198.51.100.1/24", "dev", host_end], ["ip", "link", "set", host_end, "up"],
+             ["ip", "-n", space, "addr", "add", "198.51.100.2/24", "dev", "eth0"],
+             ["ip", "-n", space, "link", "set", "eth0", "up"], ["ip", "-n", space, "link", "set", "lo", "up"]]
+    for step in steps:
+        subprocess.run(step, check=True)
+    server = subprocess.Popen(["ip", "netns", "exec", space, PY, "-c", STORAGE])
+
+    def listening() -> bool:
+        try:
+            socket.create_connection(("198.51.100.2", 7100), timeout=1).close()
+            return True
+        except OSError:
+            return False
+
+    try:
+        assert eventually(listening), "the storage service did not start"
+        yield "198.51.100.2"
+    finally:
+        server.kill()
+        server.wait()
+        subprocess.run(["ip", "link", "del", host_end], capture_output=True, check=False)
+        subprocess.run(["ip", "netns", "del", space], capture_output=True, check=False)
+
+
+@needs_netns
+def test_a_pod_reaches_a_declared_network_and_no_other(storage_network: str, tmp_path: Path) -> None:
+    declared = NetworkSettings(mode=NetnsMode.ON, pod_network=NETWORK,
+                               reachable=(ipaddress.IPv4Network("198.51.100.0/24"),))
+    results = {}
+    for name, settings in (("declared", declared), ("undeclared", ON)):
+        pool = LocalPool(nodes(1), tmp_path / name, network=settings)
+        try:
+            launch(pool, "fetch", "n0", "bob", CONNECT, env={"TARGET": storage_network, "PORT": "7100"})
+            wait_final(pool, "fetch")
+            results[name] = pool.read_log("fetch").text
+        finally:
+            pool.close(stop_pods=True)
+    assert "reached storage" in results["declared"], results
+    assert "blocked" in results["undeclared"], results
