@@ -47,7 +47,8 @@ class PodLaunch:
     local_world_size: int = 1
     """How many pods of the gang run on this pod's node (LOCAL_WORLD_SIZE)."""
     master_addr: str = "127.0.0.1"
-    """The rank-0 node's address (`Provider.node_address`), where the gang meets."""
+    """Where the gang meets (`Provider.gang_address`): the rank-0 pod's own address where pods have
+    network namespaces, else its node's."""
     master_port: int = 0
     """The port the server reserved for the gang on the rank-0 node; 0: none (a single pod)."""
     ib_hcas: tuple[str, ...] = ()

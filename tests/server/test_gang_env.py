@@ -4,6 +4,7 @@ pool's fabric configuration; driven step by step through the live loop."""
 
 from __future__ import annotations
 
+import ipaddress
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -13,6 +14,7 @@ import pytest
 from fakes import ManualProvider
 
 from factories import ALL_REDUCE, pod_python
+from gpupool.agent import netns
 from gpupool.api.workloads import WorkloadSpec
 from gpupool.config import parse_config
 from gpupool.core.model import Device, IbPort, Node
@@ -31,6 +33,8 @@ from gpupool.server.services.tenants import bootstrap
 from gpupool.server.settings import Settings
 
 ADMIN = Principal("admin", None)
+NETWORK = ipaddress.IPv4Network("10.232.0.0/16")
+"""This file's own pod network (test files that run at once never share one)."""
 CONFIG = """
 scheduling: {placement: first-fit, backfill: false}
 fabric:
@@ -175,6 +179,36 @@ def test_a_gang_across_two_nodes_meets_and_all_reduces(tmp_path: Path) -> None:
         nodes = sorted(n.name for n in provider.nodes())
         port = int(logs[0].split(" at port ")[1].split(":")[0])
         assert logs == [f"rank {r} of 2 on {nodes[r]} at port {port}: sum 3\n" for r in range(2)]
+    finally:
+        provider.close(stop_pods=True)
+        pool.rt.store.close()
+
+
+@pytest.mark.skipif(bool(netns.probe()), reason=f"no pod network namespaces here: {netns.probe()}")
+def test_a_gang_in_pod_namespaces_meets_at_its_rank0_pods_own_address(tmp_path: Path) -> None:
+    """The same all-reduce with a network namespace per pod: MASTER_ADDR is the rank-0 pod's own
+    address (in its node's slot of the pod network), which the other node's pod reaches through the
+    host's routing."""
+    provider = LocalPool(nodes_from_spec("2x1xH100"), tmp_path / "agents",
+                         network=netns.NetworkSettings(mode=netns.NetnsMode.ON, pod_network=NETWORK))
+    pool = Pool(tmp_path, config="scheduling: {placement: first-fit}", provider=provider)
+    try:
+        command = [pod_python(), "-c", ALL_REDUCE]
+        gang = pool.submit(2, 0.1, command=command, resources={"gpus": 1, "cpu": 0.1})
+        deadline = time.monotonic() + 120
+        while _status(pool, gang) not in ("succeeded", "failed"):
+            assert time.monotonic() < deadline, "the gang did not finish"
+            pool.loop.step()
+            time.sleep(0.02)
+        pods = [f"{gang}-a1-r{rank}" for rank in range(2)]  # poll() no longer lists them: stored
+        assert _status(pool, gang) == "succeeded", [provider.read_log(pod_id).text for pod_id in pods]
+        with pool.rt.store.read() as session:
+            row = session.get(WorkloadRow, gang)
+            assert row is not None
+            entry = row.spec["rendezvous"][-1]
+        rank0_node = netns.node_subnet(NETWORK,
+                                       sorted(n.name for n in provider.nodes()).index(entry["node"]))
+        assert ipaddress.IPv4Address(entry["addr"]) in rank0_node  # the pod's address, not the node's
     finally:
         provider.close(stop_pods=True)
         pool.rt.store.close()

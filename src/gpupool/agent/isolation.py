@@ -8,7 +8,9 @@ Layers (docs/isolation.md says what each enforces and what it cannot):
                          RLIMIT_DATA; a memory bound for every pod (its request, else a default
                          share), and a per-account process limit (RLIMIT_NPROC, see process_limit);
   5. gang environment - MASTER_ADDR/PORT, WORLD_SIZE, RANK, LOCAL_RANK, LOCAL_WORLD_SIZE and NCCL's
-                         IB variables (NCCL_IB_HCA, NCCL_IB_SL, NCCL_IB_PKEY), as the server planned them.
+                         IB variables (NCCL_IB_HCA, NCCL_IB_SL, NCCL_IB_PKEY), as the server planned them;
+  6. network          - a network namespace per pod with nftables rules (netns.py; the agent adds
+                         this layer at launch).
 """
 
 from __future__ import annotations
@@ -54,6 +56,7 @@ class Layer(StrEnum):
     FRAMEWORK_CAPS = "framework_caps"
     HOST_LIMITS = "host_limits"
     GANG = "gang"
+    NETWORK = "network"
 
 
 @dataclass(frozen=True, slots=True)

@@ -23,7 +23,7 @@ never runs anything.
 Protocol (SOCK_SEQPACKET socket pairs, JSON messages, descriptors as SCM_RIGHTS):
 - root helper: {"id", "uid", "gid"} -> {"id", "pid"} with one descriptor, the runner's end of a new
   account helper's socket; or {"id", "error"};
-- account helper: {"id", "argv", "env"} with stdin, stdout, stderr and the exit file's descriptors
+- account helper: {"id", "argv", "env"[, "netns"]} with stdin, stdout, stderr and the exit file's descriptors
   -> {"id", "pid", "start_ticks"} or {"id", "error"}; an argv item equal to EXIT_FD_PLACEHOLDER
   becomes the exit file's descriptor number there; and {"exited": pid, "returncode": n} reports
   (negative: killed by signal -n).
@@ -63,8 +63,10 @@ _MAX_EXITS_KEPT = 100_000
 _SO_SNDBUFFORCE, _SO_RCVBUFFORCE = 32, 33  # Linux; root may exceed the system's buffer maximum
 
 HELPER = r'''
-import array, ctypes, ctypes.util, json, os, select, signal, socket, sys
+import array, ctypes, ctypes.util, json, os, re, select, signal, socket, sys
 PLACEHOLDER = "\x00exit-fd"
+NETNS = re.compile(r"^gpn-[0-9a-f]{5}-[0-9a-f]{8}$")
+CLONE_NEWNET = 0x40000000
 BUFFER = 4 << 20
 
 def receive(sock):
@@ -144,6 +146,15 @@ def launcher(uid, gid):
                 raise ValueError("a NUL byte, or '=' in a variable's name")
         except (ValueError, TypeError, AttributeError) as exc:
             return {"id": request["id"], "error": f"cannot pass that command or environment ({exc})"}, []
+        netns = request.get("netns") or ""
+        ns_fd = -1
+        if netns:  # the pod's network namespace, joined by the child while it is still root
+            if not isinstance(netns, str) or not NETNS.match(netns):
+                return {"id": request["id"], "error": "not a pod network namespace name"}, []
+            try:
+                ns_fd = os.open("/run/netns/" + netns, os.O_RDONLY | os.O_CLOEXEC)
+            except OSError as exc:
+                return {"id": request["id"], "error": f"no network namespace {netns} ({exc.strerror})"}, []
         # The answer waits for the child's setsid (it is still root then: the account cannot stop
         # it), so a stop right after the launch finds the pod's process group.
         in_session_r, in_session_w = os.pipe()
@@ -153,6 +164,8 @@ def launcher(uid, gid):
                 signal.set_wakeup_fd(-1)
                 for number in (signal.SIGPIPE, signal.SIGXFSZ, signal.SIGCHLD):
                     signal.signal(number, signal.SIG_DFL)
+                if ns_fd >= 0 and libc.setns(ns_fd, CLONE_NEWNET) != 0:
+                    os._exit(127)  # never run the pod outside its namespace
                 os.setsid()
                 os.close(in_session_w)
                 os.chdir("/")
@@ -168,6 +181,8 @@ def launcher(uid, gid):
             finally:
                 os._exit(127)
         os.close(in_session_w)
+        if ns_fd >= 0:
+            os.close(ns_fd)
         os.read(in_session_r, 1)  # end of file once the child has its own session (or has died)
         os.close(in_session_r)
         return {"id": request["id"], "pid": pid, "start_ticks": ticks(pid)}, []
@@ -409,14 +424,19 @@ class Launcher:
             return channel
 
     def launch(self, argv: Sequence[str], env: Mapping[str, str], identity: PodIdentity, *, stdin: int,
-               stdout: int, stderr: int, exit_fd: int) -> tuple[int, int | None]:
+               stdout: int, stderr: int, exit_fd: int, netns: str = "") -> tuple[int, int | None]:
         """Start `argv` as `identity` (an argv item EXIT_FD_PLACEHOLDER becomes the exit file's
-        descriptor); returns (pid, start ticks). Raises OSError when it could not be started and
-        ProviderError when the helper is gone or did not answer within `timeout_s` (the helper is
-        then killed, and the account's next launch gets a new one)."""
+        descriptor), inside the network namespace /run/netns/`netns` when one is named (joined
+        before the uid changes: an unprivileged pod cannot leave it); returns (pid, start ticks).
+        Raises OSError when it could not be started and ProviderError when the helper is gone or
+        did not answer within `timeout_s` (the helper is then killed, and the account's next
+        launch gets a new one)."""
         channel = self._account(identity)
         try:
-            answer, _ = channel.ask({"argv": list(argv), "env": dict(env)}, [stdin, stdout, stderr, exit_fd],
+            body: dict[str, Any] = {"argv": list(argv), "env": dict(env)}
+            if netns:
+                body["netns"] = netns
+            answer, _ = channel.ask(body, [stdin, stdout, stderr, exit_fd],
                                     timeout_s=self.timeout_s)
         except HelperTimeout as exc:
             channel.kill()

@@ -10,13 +10,15 @@ Faults can be injected only into simulated devices.
 
 from __future__ import annotations
 
+import contextlib
 import json
+import logging
 import os
 import re
 import socket
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import replace
 from pathlib import Path
 
@@ -32,12 +34,15 @@ from gpupool.agent.identity import (
 )
 from gpupool.agent.isolation import (
     IsolationPlan,
+    Layer,
+    LayerState,
     find_cgroup_root,
     plan_isolation,
     prepare_cgroup,
     process_limit,
 )
 from gpupool.agent.mps import MpsDaemon
+from gpupool.agent.netns import NetnsMode, NetworkSettings, PodNet, PodNetwork
 from gpupool.agent.podstate import PodRecord, write_atomic
 from gpupool.agent.probes.infiniband import SYSFS_ROOT, read_ib_ports
 from gpupool.agent.probes.nvml import NvmlProbe, ProbeResult, ProbeStatus
@@ -48,11 +53,15 @@ from gpupool.pods import HealthEvent, LogChunk, PodLaunch
 from gpupool.profiles import ProfileSet, default_profiles
 from gpupool.providers.nodespec import SIMULATED_LABEL, simulated_devices
 
+log = logging.getLogger("gpupool.agent")
 SCRATCH_DIR_ENV = "GPUPOOL_SCRATCH_DIR"
+POD_ADDRESS_ENV = "GPUPOOL_POD_ADDRESS"
+"""The pod's own address in its network namespace (set only when it has one)."""
 POD_PATH_ENV = "GPUPOOL_POD_PATH"
 SHARED_SCRATCH_ROOT = Path("/var/tmp/gpupool-pods")
 """Where pods' private directories go when pods run as other accounts (the agent's own state
 directory is closed to them); GPUPOOL_SCRATCH_DIR chooses another."""
+NET_FILE = "net.json"
 SIMULATE_SYNTAX = "write DEVICESxMODEL[,...] for this machine, for example '4xH100' or '2xA100,2xT4'"
 _GROUP = re.compile(r"^\s*(\d+)\s*[xX]\s*([A-Za-z0-9][A-Za-z0-9._-]*)\s*$")
 
@@ -96,7 +105,8 @@ class NodeAgent:
                  cgroup_root: Path | str | None = None, clock: Callable[[], float] = time.time,
                  ib_sysfs_root: Path | str = SYSFS_ROOT, identities: Identities | None = None,
                  scratch_root: Path | str | None = None, pod_path: str | None = None,
-                 max_log_bytes: int = DEFAULT_MAX_LOG_BYTES) -> None:
+                 max_log_bytes: int = DEFAULT_MAX_LOG_BYTES, network: NetworkSettings | None = None,
+                 network_slot: int = 0, published: Sequence[tuple[str, int]] = ()) -> None:
         self.ib_sysfs_root = Path(ib_sysfs_root)
         self.state_dir = Path(state_dir)
         self.state_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
@@ -114,6 +124,15 @@ class NodeAgent:
         self.pod_processes = process_limit()
         """RLIMIT_NPROC of every pod account here (isolation.process_limit)."""
         self.runner = Runner(self.state_dir, clock=clock, max_log_bytes=max_log_bytes)
+        self.network = PodNetwork(network or NetworkSettings(mode=NetnsMode.OFF), network_slot, published)
+        """Each pod's network namespace (netns.py); off unless `network` asks for it."""
+        if network is None:
+            self.network.unavailable = "this provider does not give pods network namespaces"
+        elif self.network.active and not self.identities.switch_users:  # only the helper can join one
+            self.network.unavailable = ("pods run as the agent's own user (no tenant accounts), so they "
+                                        "share the node's network")
+        self.network.start(self._attached_pods())
+        log.info("node %s: pod network: %s", self.node_name, self.network.detail)
         self._lock = threading.RLock()
         self._faults: dict[str, str] = {}
         self._events: list[HealthEvent] = []
@@ -127,6 +146,18 @@ class NodeAgent:
             self.probe_result = self._probe.probe()
             if self.probe_result.status is not ProbeStatus.OK and fallback_simulate:
                 self._simulated = simulated_local_devices(fallback_simulate, self.node_name, self._profiles)
+
+    def _attached_pods(self) -> dict[str, PodNet]:
+        """The network attachments of the pods still running here (re-adopted after a restart)."""
+        live = {}
+        for record in self.runner.poll():
+            if record.finished:
+                continue
+            with contextlib.suppress(OSError):
+                net = PodNet.from_json((self.runner.pod_dir(record.pod_id) / NET_FILE).read_text())
+                if net is not None and net.pod_id == record.pod_id:
+                    live[record.pod_id] = net
+        return live
 
     def _default_scratch_root(self) -> Path:
         explicit = os.environ.get(SCRATCH_DIR_ENV)
@@ -244,15 +275,64 @@ class NodeAgent:
         env = plan.process_env(base_env(identity, home, self.pod_path), pod.env)
         env[CHECKPOINT_DIR_ENV] = str(self.checkpoints.prepare(pod.workload_id, identity))  # not the user's
         where = workdir.choose(pod.workdir, pod.env.get(workdir.SUBMIT_DIR_ENV, ""), identity)
-        record = self.runner.start(pod.pod_id, pod.command, env=env, workdir=where.path or home,
-                                   limits=limits, identity=identity,
-                                   combined_output=not pod.separate_stderr)
-        layers = [{"layer": s.layer.value, "active": s.active, "detail": s.detail} for s in plan.layers]
+        try:  # last before the start: whatever refuses the pod before it leaves no network behind
+            net, network = self._attach(pod, identity is not None)
+        except Exception:
+            if limits.cgroup_dir is not None:
+                with contextlib.suppress(OSError):
+                    limits.cgroup_dir.rmdir()
+            raise
+        if net is not None:
+            env[POD_ADDRESS_ENV] = net.address
+            url = self.network.pod_url(env.get("GPUPOOL_URL", ""))
+            if url:
+                env["GPUPOOL_URL"] = url
+        try:
+            record = self.runner.start(pod.pod_id, pod.command, env=env, workdir=where.path or home,
+                                       limits=limits, identity=identity,
+                                       combined_output=not pod.separate_stderr,
+                                       netns=net.netns if net is not None else "")
+        except Exception:
+            if net is not None and self.runner.known(pod.pod_id) is None:
+                self.network.detach(pod.pod_id)  # no record, so no poll would ever end it
+            raise
+        layers = [{"layer": s.layer.value, "active": s.active, "detail": s.detail}
+                  for s in (*plan.layers, network)]
         with self._lock:
             write_atomic(self.runner.pod_dir(pod.pod_id) / "isolation.json", json.dumps(layers, indent=1))
             if where.note:  # read back as the pod's "notes" stream (gpupool show)
                 write_atomic(self.runner.log_path(pod.pod_id, LogStream.NOTES), where.note + "\n")
         return record
+
+    def _attach(self, pod: PodLaunch, as_account: bool) -> tuple[PodNet | None, LayerState]:
+        """The pod's own network namespace, when this node makes them (only pods of another
+        account: the launcher helper joins it before the uid changes); recorded in net.json first,
+        so a restart finds what to remove."""
+        if not self.network.active or not as_account:
+            why = self.network.unavailable or "the pod runs as the agent's own user: it shares the node's " \
+                "network"
+            return None, LayerState(Layer.NETWORK, False, why)
+        net = self.network.attach(pod.pod_id, pod.tenant, rank=pod.rank, world_size=pod.world_size,
+                                  workload_id=pod.workload_id, master_addr=pod.master_addr,
+                                  master_port=pod.master_port)
+        pod_dir = self.runner.pod_dir(pod.pod_id)
+        try:
+            pod_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+            write_atomic(pod_dir / NET_FILE, net.to_json())
+        except OSError as exc:
+            self.network.detach(pod.pod_id)
+            raise ProviderError(f"Cannot record pod {pod.pod_id}'s network ({exc.strerror}); it was not "
+                                "started.") from None
+        return net, LayerState(Layer.NETWORK, True, f"network namespace {net.netns}, address {net.address}")
+
+    def _detach_ended(self, records: Sequence[PodRecord]) -> None:
+        """Remove the namespaces of the pods that ended (their processes are gone)."""
+        attached = set(self.network.attached())
+        if not attached:
+            return
+        for record in records:
+            if record.finished and record.pod_id in attached:
+                self.network.detach(record.pod_id)
 
     def isolation_layers(self, pod_id: str) -> list[dict[str, object]]:
         """What each isolation layer did for this pod (as recorded at launch)."""
@@ -274,7 +354,9 @@ class NodeAgent:
         self.checkpoints.forget(workload_id)
 
     def poll(self) -> list[PodRecord]:
-        return self.runner.poll()
+        records = self.runner.poll()
+        self._detach_ended(records)
+        return records
 
     def forget_pods(self, pod_ids: Iterable[str]) -> None:
         """poll() no longer returns these finished pods (see Runner.forget)."""
@@ -291,7 +373,9 @@ class NodeAgent:
         """Stop timers (and pods if asked), the MPS daemon and NVML. Idempotent."""
         self.runner.close(stop_pods=stop_pods)
         if stop_pods:
+            self._detach_ended(self.runner.poll())
             self._mps.stop()
+        self.network.close()
         self._probe.close()
 
 

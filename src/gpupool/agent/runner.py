@@ -190,16 +190,19 @@ class Runner:
     # ---- start -----------------------------------------------------------------------------
     def start(self, pod_id: str, command: Sequence[str], *, env: Mapping[str, str], workdir: str | Path = "",
               limits: HostLimits = HostLimits(), identity: PodIdentity | None = None,
-              combined_output: bool = False) -> PodRecord:
+              combined_output: bool = False, netns: str = "") -> PodRecord:
         """Start `command` as a new process group and return at once, with exactly `env` as its
         environment and, given an `identity`, as that Unix account (no supplementary groups, no new
         privileges). With `combined_output`, stdout and stderr go to one log (stdout.log), in the
-        order written, as sbatch does without --error. Idempotent by pod_id: a known pod is returned
-        unchanged. Raises InvalidInput for a bad pod id, command or workdir."""
+        order written, as sbatch does without --error. With `netns` (and an `identity`: only the
+        launcher helper can join it), inside that network namespace. Idempotent by pod_id: a known
+        pod is returned unchanged. Raises InvalidInput for a bad pod id, command or workdir."""
         if not _POD_ID.match(pod_id):
             raise InvalidInput(f"Pod id {pod_id!r} must be 1-128 letters, digits, '.', '_' or '-'.")
         if not command:
             raise InvalidInput(f"Pod {pod_id!r} has an empty command; give the program to run.")
+        if netns and identity is None:
+            raise InvalidInput(f"Pod {pod_id!r}: a network namespace needs a pod account to run as.")
         with self._lock:
             if pod_id in self._records:
                 return self._records[pod_id]
@@ -227,14 +230,14 @@ class Runner:
                         self._finish(record, PodPhase.FAILED, 127, None,
                                      f"cannot mark the pod's account in use: {exc.strerror}")
                     return record
-            self._spawn(record, {**env, MARKER: pod_id}, limits, identity)
+            self._spawn(record, {**env, MARKER: pod_id}, limits, identity, netns)
         finally:
             with self._lock:
                 self._spawning.discard(pod_id)
         return record
 
     def _spawn(self, record: PodRecord, env: dict[str, str], limits: HostLimits,
-               identity: PodIdentity | None) -> None:
+               identity: PodIdentity | None, netns: str = "") -> None:
         pod_dir = self.pod_dir(record.pod_id)
         exit_fd = os.open(pod_dir / "exit.json", os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
         # The shim waits for one line before it runs the command: to be moved into its cgroup, and,
@@ -253,7 +256,7 @@ class Runner:
                 if identity is not None:
                     os.fchown(exit_fd, identity.uid, identity.gid)  # the shim reopens it as the account
                     pid, start_ticks = self._launch_as(identity, argv, env, go_r, out.fileno(),
-                                                       err.fileno(), exit_fd)
+                                                       err.fileno(), exit_fd, netns)
                 else:
                     stdin = go_r if go_r >= 0 else subprocess.DEVNULL
                     child = subprocess.Popen(argv, cwd="/", env=env, stdin=stdin, stdout=out, stderr=err,
@@ -297,7 +300,7 @@ class Runner:
             reaper.watch(record.pod_id, pid)
 
     def _launch_as(self, identity: PodIdentity, argv: list[str], env: Mapping[str, str], go_r: int,
-                   stdout: int, stderr: int, exit_fd: int) -> tuple[int, int | None]:
+                   stdout: int, stderr: int, exit_fd: int, netns: str = "") -> tuple[int, int | None]:
         """Start the shim as `identity` through the launcher helper (see launcher.py); the exit
         file's descriptor number is the helper's, so argv names it by a placeholder."""
         with self._lock:
@@ -307,7 +310,7 @@ class Runner:
         devnull = os.open(os.devnull, os.O_RDONLY) if go_r < 0 else -1
         try:
             return launcher.launch(argv, env, identity, stdin=go_r if go_r >= 0 else devnull,
-                                   stdout=stdout, stderr=stderr, exit_fd=exit_fd)
+                                   stdout=stdout, stderr=stderr, exit_fd=exit_fd, netns=netns)
         finally:
             if devnull >= 0:
                 os.close(devnull)

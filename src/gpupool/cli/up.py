@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import signal
 import socket
 import sys
 from dataclasses import asdict, dataclass
@@ -200,6 +201,9 @@ def _serve(data_dir: Path | None, host: str, port: int, simulate: str, provider:
         visible = provisioned.provider.missing_capabilities().get(Capability.HIDDEN_PROCESSES)
         if visible:  # read again: the pods' group exists now, so an exemption of it is seen
             print(f"Warning: {visible} (gpupool node ls, layer proc).", file=sys.stderr, flush=True)
+        shared = missing.get(Capability.NETWORK_ISOLATION)
+        if shared:
+            print(f"Warning: {shared} (gpupool node ls, layer network).", file=sys.stderr, flush=True)
     store = Store.open(settings.resolved_database_url)
     rt = Runtime(settings=settings, store=store, provider=provisioned.provider, config=pool_config)
     if fabric_path is not None:
@@ -211,6 +215,9 @@ def _serve(data_dir: Path | None, host: str, port: int, simulate: str, provider:
     for note in pool_config.notes():
         print(f"Note: {note}", flush=True)
     token = bootstrap(rt)
+    from gpupool.server.services.audit import record_unenforced_layers
+
+    record_unenforced_layers(rt)  # `gpupool audit` keeps which isolation layers this run lacked
     _announce_token(settings.admin_token_path, token)
     print(f"gpupool is serving on {settings.scheme}://{host}:{port} (dashboard at /, API docs at /docs); "
           "stop with Ctrl-C.",
@@ -218,12 +225,20 @@ def _serve(data_dir: Path | None, host: str, port: int, simulate: str, provider:
     from gpupool import gc_tuning
 
     gc_tuning.tune()  # a long-lived heap: see gpupool/gc_tuning.py
+    # uvicorn shuts down gracefully on SIGTERM, then raises the signal again with the handler it
+    # found: make that an exit through the `finally` below, so the provider is closed (the agents'
+    # spare pod namespaces removed, their threads stopped) as on Ctrl-C, with the status of SIGTERM.
+    signal.signal(signal.SIGTERM, _exit_on_sigterm)
     try:
         uvicorn.run(create_app(rt), host=host, port=port, log_level="warning", access_log=False,
                     ssl_certfile=settings.tls_cert, ssl_keyfile=settings.tls_key)
     finally:
         provisioned.provider.close()
         store.close()
+
+
+def _exit_on_sigterm(signum: int, _frame: object) -> None:
+    raise SystemExit(128 + signum)
 
 
 def _scheduling_line(config: PoolConfig, placement: str, path: Path | None) -> str:

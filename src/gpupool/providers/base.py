@@ -30,6 +30,9 @@ class Capability(StrEnum):
     """Pods run as unprivileged Unix accounts of their tenants, never as the agent's user."""
     HIDDEN_PROCESSES = "hidden_processes"
     """/proc hides other accounts' processes from a pod (hidepid=2)."""
+    NETWORK_ISOLATION = "network_isolation"
+    """Each pod has its own network namespace: it reaches its tenant's pods, the pool's API server
+    and the node's declared networks, nothing else (agent/netns.py)."""
 
 
 class Provider(ABC):
@@ -155,6 +158,12 @@ class Provider(ABC):
         unknown node gets the default). Providers whose pods all run on this machine keep the
         default, loopback."""
         return "127.0.0.1"
+
+    def gang_address(self, node: str, port: int) -> str:
+        """MASTER_ADDR of a gang whose rank-0 pod runs on `node` and serves `port`: that pod's own
+        address where pods have network namespaces, else `node_address(node)`. Non-blocking,
+        idempotent; never raises."""
+        return self.node_address(node)
 
     def close(self) -> None:
         """Release the provider's resources (threads, daemons). Idempotent."""

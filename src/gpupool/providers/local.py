@@ -15,6 +15,7 @@ import platformdirs
 from gpupool.agent.identity import Identities
 from gpupool.agent.isolation import CGROUP_ROOT_ENV
 from gpupool.agent.mps import MPS_CONTROL, MpsDaemon
+from gpupool.agent.netns import NetworkSettings
 from gpupool.agent.node import NodeAgent
 from gpupool.agent.podstate import PodRecord
 from gpupool.agent.probes.infiniband import SYSFS_ROOT
@@ -55,12 +56,15 @@ class LocalProvider(Provider):
                  cgroup_root: Path | str | None = None, clock: Callable[[], float] = time.time,
                  probe: NvmlProbe | None = None, mps: MpsDaemon | None = None,
                  ib_sysfs_root: Path | str = SYSFS_ROOT, identities: Identities | None = None,
-                 scratch_root: Path | str | None = None, max_log_bytes: int = DEFAULT_MAX_LOG_BYTES) -> None:
+                 scratch_root: Path | str | None = None, max_log_bytes: int = DEFAULT_MAX_LOG_BYTES,
+                 network: NetworkSettings | None = None, network_slot: int = 0,
+                 published: Sequence[tuple[str, int]] = ()) -> None:
         self.agent = NodeAgent(state_dir or default_state_dir(), node_name=node_name, simulate=simulate,
                                fallback_simulate=fallback_simulate, probe=probe, mps=mps,
                                cgroup_root=cgroup_root, clock=clock, ib_sysfs_root=ib_sysfs_root,
                                identities=identities, scratch_root=scratch_root,
-                               max_log_bytes=max_log_bytes)
+                               max_log_bytes=max_log_bytes, network=network, network_slot=network_slot,
+                               published=published)
         self._closed = False
         self._final_statuses: dict[str, PodStatus] = {}
 
@@ -79,6 +83,8 @@ class LocalProvider(Provider):
             missing[Capability.USER_ISOLATION] = (
                 "the agent does not run as root, so pods run as its own user: a pool for that one user"
             )
+        if not self.agent.network.active:
+            missing[Capability.NETWORK_ISOLATION] = self.agent.network.unavailable
         hidden = proc_visibility()
         if hidden:
             missing[Capability.HIDDEN_PROCESSES] = hidden
@@ -91,6 +97,9 @@ class LocalProvider(Provider):
 
     def nodes(self) -> list[Node]:
         return [self.agent.node()]
+
+    def gang_address(self, node: str, port: int) -> str:
+        return self.agent.network.gang_address(port) or self.node_address(node)
 
     def _check_node(self, node: str) -> None:
         if node != self.agent.node_name:

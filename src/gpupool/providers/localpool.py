@@ -1,7 +1,9 @@
 """A simulated pool of several nodes on this machine: one local agent (LocalProvider) per node.
 
 Pods really run here while the scheduler sees the simulated nodes and devices; faults can be
-injected into any of them. Each member has its own state directory; when pods run as other accounts
+injected into any of them. Each member has its own state directory and, where pods get network
+namespaces, its own slot of the pod network (a /19, a gateway device and host routes: a gang spread
+over members meets through this machine's routing, agent/netns.py); when pods run as other accounts
 the members share the pods' scratch root, and so one checkpoint directory per workload.
 """
 
@@ -10,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
+from gpupool.agent.netns import NetworkSettings
 from gpupool.agent.runner import DEFAULT_MAX_LOG_BYTES
 from gpupool.core.model import Node
 from gpupool.errors import InvalidInput, NotFound, ProviderError
@@ -27,14 +30,18 @@ class LocalPool(Provider):
     """launch() may be called from several threads at once (each member's agent is thread-safe)."""
 
     def __init__(self, nodes: Sequence[Node], state_dir: Path, *,
-                 max_log_bytes: int = DEFAULT_MAX_LOG_BYTES) -> None:
+                 max_log_bytes: int = DEFAULT_MAX_LOG_BYTES, network: NetworkSettings | None = None,
+                 published: Sequence[tuple[str, int]] = ()) -> None:
         self._members: dict[str, LocalProvider] = {}
-        for node in nodes:
+        for slot, node in enumerate(nodes):
             if not node.devices:
                 raise InvalidInput(f"Simulated node {node.name!r} has no devices.")
             spec = f"{len(node.devices)}x{node.devices[0].model}"
+            # each member its own slot of the pod network (its own /19, gateway and routes)
             self._members[node.name] = LocalProvider(state_dir / node.name, simulate=spec,
-                                                     node_name=node.name, max_log_bytes=max_log_bytes)
+                                                     node_name=node.name, max_log_bytes=max_log_bytes,
+                                                     network=network, network_slot=slot,
+                                                     published=published)
 
     def _member(self, node: str) -> LocalProvider:
         member = self._members.get(node)
@@ -50,6 +57,10 @@ class LocalPool(Provider):
 
     def nodes(self) -> list[Node]:
         return [n for member in self._members.values() for n in member.nodes()]
+
+    def gang_address(self, node: str, port: int) -> str:
+        member = self._members.get(node)
+        return member.gang_address(node, port) if member is not None else self.node_address(node)
 
     def launch(self, pod: PodLaunch) -> None:
         member = self._members.get(pod.node)

@@ -48,10 +48,12 @@ def provision(settings: Settings, *, ray_address: str = "") -> Provisioned:
         return Provisioned(make_provider(settings.provider), "")
     if settings.simulate:
         return _simulated(settings.simulate, state_dir, f"Serving the simulated pool {settings.simulate}",
-                          settings.max_pod_log_bytes)
+                          settings.max_pod_log_bytes, settings)
+    from gpupool.agent.netns import NetworkSettings
     from gpupool.providers.local import LocalProvider
 
-    local = LocalProvider(state_dir / "local", max_log_bytes=settings.max_pod_log_bytes)
+    local = LocalProvider(state_dir / "local", max_log_bytes=settings.max_pod_log_bytes,
+                          network=NetworkSettings.from_env(), published=published_services(settings))
     if any(not d.simulated for n in local.nodes() for d in n.devices):
         return Provisioned(local, "")
     reason = local.missing_capabilities().get(Capability.GPU, "no accelerator found")
@@ -60,7 +62,7 @@ def provision(settings: Settings, *, ray_address: str = "") -> Provisioned:
         DEFAULT_SIMULATED_POOL, state_dir,
         f"No GPU found ({reason.removeprefix('no real accelerator: ')}); serving a SIMULATED pool of "
         f"{DEFAULT_SIMULATED_POOL} (marked simulated everywhere; choose another with --simulate SPEC)",
-        settings.max_pod_log_bytes,
+        settings.max_pod_log_bytes, settings,
     )
 
 
@@ -82,7 +84,36 @@ def _ray(settings: Settings, address: str) -> Provisioned:
                                  f"gpupool node join --server URL --ray-address {head}")
 
 
-def _simulated(spec: str, state_dir: Path, notice: str, max_log_bytes: int) -> Provisioned:
+def published_services(settings: Settings) -> tuple[tuple[str, int], ...]:
+    """The pool's services a pod in its own network namespace may reach: the API server, where pods
+    reach it (GPUPOOL_POD_API_URL when it names an address, else the listening address; a wildcard
+    listens on loopback too)."""
+    import ipaddress
+    import os
+    import urllib.parse
+
+    from gpupool.server.services.calls import POD_URL_ENV
+
+    explicit = os.environ.get(POD_URL_ENV, "").strip()
+    host, port = settings.host, settings.port
+    if explicit:
+        try:
+            parts = urllib.parse.urlsplit(explicit)
+            host = parts.hostname or host
+            port = parts.port or (443 if parts.scheme == "https" else 80)
+        except ValueError:
+            pass
+    if host in ("", "0.0.0.0", "localhost"):
+        host = "127.0.0.1"
+    try:
+        address = ipaddress.ip_address(host)
+    except ValueError:
+        return ()  # a name: the operator declares its network (GPUPOOL_POD_REACHABLE)
+    return ((str(address), port),) if address.version == 4 else ()
+
+
+def _simulated(spec: str, state_dir: Path, notice: str, max_log_bytes: int,
+               settings: Settings) -> Provisioned:
     from gpupool.providers.fake import nodes_from_spec
 
     nodes = nodes_from_spec(spec)
@@ -93,7 +124,9 @@ def _simulated(spec: str, state_dir: Path, notice: str, max_log_bytes: int) -> P
 
         return Provisioned(FakeProvider(nodes, clock=time.time),
                            f"{notice}: {len(nodes)} nodes, too many to run locally, so pods are simulated.")
+    from gpupool.agent.netns import NetworkSettings
     from gpupool.providers.localpool import LocalPool
 
-    return Provisioned(LocalPool(nodes, state_dir, max_log_bytes=max_log_bytes),
+    return Provisioned(LocalPool(nodes, state_dir, max_log_bytes=max_log_bytes,
+                                 network=NetworkSettings.from_env(), published=published_services(settings)),
                        f"{notice}; pods run as processes on this machine.")

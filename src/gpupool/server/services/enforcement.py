@@ -41,16 +41,18 @@ DEVICES = "devices"
 DEVICE_LIMITS = "device_limits"
 HOST_LIMITS = "host_limits"
 PROC = "proc"
+NETWORK = "network"
 
 
 def node_layers(node: Node, missing: Mapping[Capability, str]) -> list[LayerState]:
     """What the node enforces for a pod: its account, its devices, its device share, its host share,
-    and that it cannot see other accounts' processes."""
+    that it cannot see other accounts' processes, and that its network reaches only its tenant's
+    pods and the pool's services."""
     simulated = any(d.simulated for d in node.devices)
     if Capability.REAL_PROCESSES in missing:
         why = missing[Capability.REAL_PROCESSES]
         return [LayerState(layer, False, why)
-                for layer in (ACCOUNTS, DEVICES, DEVICE_LIMITS, HOST_LIMITS, PROC)]
+                for layer in (ACCOUNTS, DEVICES, DEVICE_LIMITS, HOST_LIMITS, PROC, NETWORK)]
     accounts = LayerState(ACCOUNTS, Capability.USER_ISOLATION not in missing,
                           missing.get(Capability.USER_ISOLATION, "pods run as their tenant's Unix account"))
     if simulated:
@@ -66,7 +68,10 @@ def node_layers(node: Node, missing: Mapping[Capability, str]) -> list[LayerStat
                                    missing.get(Capability.MPS, "CUDA MPS caps compute and memory per pod"))
     host = LayerState(HOST_LIMITS, Capability.CGROUPS not in missing,
                       missing.get(Capability.CGROUPS, "cgroup v2 caps cpu and memory per pod"))
-    return [accounts, devices, device_limits, host, _proc(missing)]
+    network = LayerState(NETWORK, Capability.NETWORK_ISOLATION not in missing, missing.get(
+        Capability.NETWORK_ISOLATION, "a network namespace per pod: it reaches its tenant's pods, the pool's "
+        "API server and the node's declared networks"))
+    return [accounts, devices, device_limits, host, _proc(missing), network]
 
 
 def _proc(missing: Mapping[Capability, str]) -> LayerState:

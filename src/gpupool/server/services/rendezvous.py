@@ -1,4 +1,5 @@
-"""Where a gang meets: MASTER_ADDR (the rank-0 node's address), a MASTER_PORT reserved on that node,
+"""Where a gang meets: MASTER_ADDR (the rank-0 pod's own address where pods have network namespaces,
+else its node's), a MASTER_PORT reserved on that node,
 the local ranks, and NCCL's IB settings (HCAs, service level, partition) for every pod it launches.
 
 A port is held by one attempt of one workload from its admission until its rank-0 pod has ended
@@ -128,7 +129,7 @@ def plan(rt: Runtime, conn: Connection, book: PortBook, row: Any, attempt: int, 
     caller's transaction); `row` has id, tenant and spec."""
     master = nodes[0]
     port = book.reserve(conn, row.id, attempt, master)
-    addr = rt.provider.node_address(master)
+    addr = rt.provider.gang_address(master, port)
     entry = {"attempt": attempt, "node": master, "addr": addr, "port": port}
     kept = [e for e in row.spec.get("rendezvous") or () if e.get("attempt") != attempt][-(KEPT - 1):]
     conn.execute(update(_W).where(_W.c.id == row.id).values(spec={**row.spec, "rendezvous": [*kept, entry]}))

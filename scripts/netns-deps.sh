@@ -1,0 +1,18 @@
+#!/usr/bin/env bash
+# Install the Debian packages the pod network tests use (iproute2's `ip`, nftables' `nft`) when they
+# are missing and we run as root; otherwise do nothing (those tests skip with a reason).
+set -euo pipefail
+missing=()
+{ command -v ip || [ -x /usr/sbin/ip ] || [ -x /sbin/ip ]; } >/dev/null 2>&1 || missing+=(iproute2)
+{ command -v nft || [ -x /usr/sbin/nft ]; } >/dev/null 2>&1 || missing+=(nftables)
+if [ "${#missing[@]}" -eq 0 ]; then
+    exit 0
+fi
+if [ "$(id -u)" -ne 0 ] || ! command -v apt-get >/dev/null 2>&1; then
+    echo "netns-deps: missing ${missing[*]} (install as root with apt-get); pod network tests will skip." >&2
+    exit 0
+fi
+export DEBIAN_FRONTEND=noninteractive
+apt-get update -qq || echo "netns-deps: apt-get update failed; trying the install anyway" >&2
+apt-get install -y -qq "${missing[@]}" >/dev/null \
+    || echo "netns-deps: could not install ${missing[*]}; pod network tests will skip." >&2

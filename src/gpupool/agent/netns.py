@@ -1,0 +1,752 @@
+"""Per-pod network namespaces: a pod reaches the pods of its own tenant, the pool's published
+services (its API server) and the node's declared networks, and nothing else.
+
+Each pod of another Unix account gets its own network namespace (`ip netns add`), joined by the
+launcher's account helper (setns, before it drops to the pod's uid; launcher.py), with one veth pair to the
+host. The host routes every pod's /32 through its veth (proxy ARP answers for the node's gateway):
+there is no layer-2 segment between pods, so every packet between two pods, or from a pod to
+anywhere, crosses the host's forward (or input) hook, where one nftables table, `inet gpupool_net`,
+decides:
+
+- a pod's packet must carry its own address (the set `pod_ifs`: interface . address);
+- to a gang's rendezvous port (the rank-0 pod's address . MASTER_PORT, map `gang_guard`) only from
+  the gang's pods (set `gm_<gang>`);
+- then to the pods of the same tenant (set `ta_<tenant>`, chain `t_<tenant>`), and through the
+  node's own chains (`s_<node>_fwd`, rewritten at each start) to the declared networks and the
+  published services; everything else is dropped;
+- into a pod only the answers to what it opened, and what its tenant's pods send it (from the host's
+  own processes too: only answers);
+- to the host itself only the published services (a loopback one through DNAT from the node's
+  gateway, as GPUPOOL_URL then names it).
+
+The node's pods live in one /19 of the pool's pod network (its `slot`): the rank-0 pod of a gang gets
+the address the gang's MASTER_PORT names (GANG_HOSTS + port - GANG_PORT_BASE, the server's
+rendezvous range), so the server knows MASTER_ADDR before the pod starts; other pods take the
+lowest free address from OTHER_HOSTS up.
+Every simulated node of a local pool has its own slot, gateway device and routes on the same host:
+a gang spread over them meets through the host's routing, filtered by the same table.
+
+A worker thread keeps SPARES namespaces made ahead (addressed and routed, no rules), so a launch
+only adds its elements (one nft transaction), and tears down the networks of the pods that ended
+(NodeAgent.poll hands them over) in batches, off the poll's path. At start the agent sweeps
+whatever of its /19 no live pod holds (a crash's leftovers, old spares). An agent holds its /19 by
+a lock file for its lifetime; sweeps and teardowns also take one host-wide lock file.
+
+InfiniBand (RDMA) traffic does not pass through the namespace: it stays partitioned by PKey.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import hashlib
+import ipaddress
+import json
+import logging
+import os
+import re
+import shutil
+import subprocess
+import threading
+import time
+import urllib.parse
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from enum import StrEnum
+from pathlib import Path
+
+from gpupool.errors import InvalidInput, ProviderError
+
+log = logging.getLogger("gpupool.agent")
+NETNS_ENV = "GPUPOOL_POD_NETNS"
+POD_NETWORK_ENV = "GPUPOOL_POD_NETWORK"
+REACHABLE_ENV = "GPUPOOL_POD_REACHABLE"
+DEFAULT_POD_NETWORK = "10.224.0.0/11"
+NODE_PREFIX = 19
+"""Each node's pods take one /19 of the pod network (8190 addresses)."""
+GANG_HOSTS = 16
+GANG_PORT_BASE = 29_500
+GANG_PORT_COUNT = 2_000
+OTHER_HOSTS = GANG_HOSTS + GANG_PORT_COUNT + 32
+TABLE = "gpupool_net"
+LOCK_PATH = Path("/run/gpupool-net.lock")
+NETNS_DIR = Path("/run/netns")
+_NAME = re.compile(r"^gpn-[0-9a-f]{5}-[0-9a-f]{8}$")
+_TIMEOUT_S = 20.0
+SPARES = 4
+"""Namespaces each node keeps made ahead, so a launch only adds its rules (netns.py, PodNetwork)."""
+_DEFAULT_NETWORK = ipaddress.IPv4Network(DEFAULT_POD_NETWORK)
+
+
+class NetnsMode(StrEnum):
+    AUTO = "auto"
+    """On where the agent is root and `ip` and `nft` work; else off, said in `node ls`."""
+    ON = "on"
+    """On, or the agent refuses to start."""
+    OFF = "off"
+
+
+@dataclass(frozen=True, slots=True)
+class NetworkSettings:
+    """The operator's choice: GPUPOOL_POD_NETNS, GPUPOOL_POD_NETWORK, GPUPOOL_POD_REACHABLE."""
+
+    mode: NetnsMode = NetnsMode.AUTO
+    pod_network: ipaddress.IPv4Network = _DEFAULT_NETWORK
+    reachable: tuple[ipaddress.IPv4Network, ...] = ()
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None) -> NetworkSettings:
+        """Read the settings; InvalidInput names the variable and what it takes."""
+        env = os.environ if environ is None else environ
+        raw_mode = env.get(NETNS_ENV, "").strip().lower() or NetnsMode.AUTO.value
+        try:
+            mode = NetnsMode(raw_mode)
+        except ValueError:
+            raise InvalidInput(f"{NETNS_ENV}={raw_mode[:40]!r} is not one of auto, on, off; unset it for "
+                               "auto (pods get network namespaces where the agent can make them).") from None
+        raw_net = env.get(POD_NETWORK_ENV, "").strip() or DEFAULT_POD_NETWORK
+        try:
+            network = ipaddress.IPv4Network(raw_net)
+        except ValueError:
+            raise InvalidInput(f"{POD_NETWORK_ENV}={raw_net[:60]!r} is not an IPv4 network such as "
+                               f"{DEFAULT_POD_NETWORK}; unset it for that default.") from None
+        if network.prefixlen > NODE_PREFIX:
+            raise InvalidInput(f"{POD_NETWORK_ENV}={raw_net!r} is smaller than one node's /{NODE_PREFIX}; "
+                               f"give a /{NODE_PREFIX} or larger, such as {DEFAULT_POD_NETWORK}.")
+        reachable = []
+        for part in filter(None, (p.strip() for p in env.get(REACHABLE_ENV, "").split(","))):
+            try:
+                reachable.append(ipaddress.IPv4Network(part, strict=False))
+            except ValueError:
+                raise InvalidInput(f"{REACHABLE_ENV}: {part[:60]!r} is not an IPv4 network; write the "
+                                   "node's declared networks as comma-separated CIDRs, such as "
+                                   "'10.0.0.0/16,192.168.7.0/24'.") from None
+        return cls(mode, network, tuple(reachable))
+
+
+@dataclass(frozen=True, slots=True)
+class _Spare:
+    """A namespace with its veth, address and host route, and no rules (no process in it yet)."""
+
+    netns: str
+    veth: str
+    address: str
+
+
+@dataclass(frozen=True, slots=True)
+class PodNet:
+    """One pod's attachment, kept in its directory (net.json) for the teardown after a restart."""
+
+    pod_id: str
+    netns: str
+    veth: str
+    address: str
+    tenant_key: str
+    gang_key: str = ""
+    gang_port: int = 0
+    """The rendezvous port this pod (rank 0) serves, guarded for its gang; 0: none."""
+
+    def to_json(self) -> str:
+        return json.dumps({"pod_id": self.pod_id, "netns": self.netns, "veth": self.veth,
+                           "address": self.address, "tenant_key": self.tenant_key,
+                           "gang_key": self.gang_key, "gang_port": self.gang_port})
+
+    @classmethod
+    def from_json(cls, text: str) -> PodNet | None:
+        try:
+            data = json.loads(text)
+            net = cls(str(data["pod_id"]), str(data["netns"]), str(data["veth"]), str(data["address"]),
+                      str(data["tenant_key"]), str(data.get("gang_key", "")), int(data.get("gang_port", 0)))
+        except (ValueError, KeyError, TypeError):
+            return None
+        return net if _NAME.match(net.netns) else None
+
+
+def _key(*parts: str) -> str:
+    return hashlib.sha256("\x00".join(parts).encode()).hexdigest()[:10]
+
+
+def gang_key(workload_id: str, master_addr: str, master_port: int) -> str:
+    return _key("gang", workload_id, master_addr, str(master_port))
+
+
+def tenant_key(tenant: str) -> str:
+    return _key("tenant", tenant)
+
+
+def node_subnet(pod_network: ipaddress.IPv4Network, slot: int) -> ipaddress.IPv4Network:
+    """The `slot`-th /19 of the pod network. InvalidInput when the network has no such slot."""
+    subnets = 2 ** (NODE_PREFIX - pod_network.prefixlen)
+    if not 0 <= slot < subnets:
+        raise InvalidInput(f"Pod network {pod_network} holds {subnets} node(s) of /{NODE_PREFIX}; node slot "
+                           f"{slot} does not fit: give {POD_NETWORK_ENV} a larger network.")
+    return ipaddress.IPv4Network((int(pod_network.network_address) + slot * 2 ** (32 - NODE_PREFIX),
+                                  NODE_PREFIX))
+
+
+def _run(argv: Sequence[str], stdin: str | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(list(argv), input=stdin, capture_output=True, text=True, timeout=_TIMEOUT_S,
+                          check=False, env={"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "LC_ALL": "C"})
+
+
+def _must(argv: Sequence[str], stdin: str | None = None) -> None:
+    done = _run(argv, stdin)
+    if done.returncode != 0:
+        what = (done.stderr or done.stdout).strip().splitlines()
+        raise ProviderError(f"Network isolation: `{' '.join(argv[:4])}` failed: "
+                            f"{what[0] if what else f'exit status {done.returncode}'}")
+
+
+def _write(path: str, value: str) -> None:
+    with open(path, "w") as handle:
+        handle.write(value)
+
+
+def probe() -> str:
+    """Why this machine cannot give pods network namespaces ('' when it can)."""
+    if os.geteuid() != 0:
+        return "the agent does not run as root (no CAP_NET_ADMIN), so pods share the node's network"
+    for tool, package in (("ip", "iproute2"), ("nft", "nftables")):
+        if shutil.which(tool, path="/usr/sbin:/usr/bin:/sbin:/bin") is None:
+            return f"`{tool}` is not installed (package {package}), so pods share the node's network"
+    done = _run(["nft", "list", "tables"])
+    if done.returncode != 0:
+        why = (done.stderr or "").strip()[:80]
+        return f"nftables does not answer ({why}), so pods share the node's network"
+    return ""
+
+
+class PodNetwork:
+    """One node's pod network: its slot of the pool's pod network, its gateway, its pods, and a
+    worker thread that tears ended pods' networks down and makes spare namespaces."""
+
+    def __init__(self, settings: NetworkSettings, slot: int = 0,
+                 published: Iterable[tuple[str, int]] = ()) -> None:
+        self.settings = settings
+        self.slot = slot
+        self.subnet = node_subnet(settings.pod_network, slot)
+        self.gateway = str(self.subnet.network_address + 1)
+        self.key = _key("subnet", str(self.subnet))[:5]
+        """Names this node's namespaces (gpn-KEY-RANDOM), veths (gvKEYRANDOM), gateway (gpbKEY) and
+        chains (s_KEY_*)."""
+        self.bridge = f"gpb{self.key}"
+        self._claim = -1
+        self.published = tuple((host, int(port)) for host, port in published)
+        self._lock = threading.Lock()
+        self._changed = threading.Condition(self._lock)
+        self._live: dict[str, PodNet] = {}
+        self._pending: dict[str, PodNet] = {}
+        """Pods detached whose teardown the worker has not finished."""
+        self._worker: threading.Thread | None = None
+        self._stopping = False
+        self.spares = SPARES
+        self._spares: list[_Spare] = []
+        """Namespaces made ahead by the worker, each with its veth, address and route."""
+        self._making: set[str] = set()
+        """The address of the spare the worker is making."""
+        self._tenants: set[str] = set()
+        self._gangs: set[str] = set()
+        """Tenants and gangs whose chains this agent has made (a launch then adds elements only)."""
+        why = "" if settings.mode is NetnsMode.OFF else probe()
+        if settings.mode is NetnsMode.OFF:
+            why = f"off ({NETNS_ENV}=off): pods share the node's network"
+        if why and settings.mode is NetnsMode.ON:
+            raise InvalidInput(f"{NETNS_ENV}=on, but {why}; run the agent as root with iproute2 and "
+                               "nftables installed, or set it to auto.")
+        self.unavailable = why
+        """Why pods share the node's network ('' when each gets its own namespace)."""
+
+    @property
+    def active(self) -> bool:
+        return not self.unavailable
+
+    @property
+    def detail(self) -> str:
+        if not self.active:
+            return self.unavailable
+        reach = ", ".join(str(n) for n in self.settings.reachable) or "none"
+        services = ", ".join(f"{host}:{port}" for host, port in self.published) or "none"
+        return (f"a network namespace per pod in {self.subnet}: it reaches its tenant's pods, the pool's "
+                f"API server ({services}) and the declared networks ({reach}), nothing else")
+
+    # ---- the host's side -------------------------------------------------------------------
+    @contextlib.contextmanager
+    def _host_lock(self) -> Iterator[None]:
+        LOCK_PATH.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(LOCK_PATH, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            yield None
+        finally:
+            os.close(fd)
+
+    def _published_local(self) -> list[int]:
+        return sorted({port for host, port in self.published if ipaddress.ip_address(host).is_loopback})
+
+    def _published_remote(self) -> list[tuple[str, int]]:
+        return sorted({(host, port) for host, port in self.published
+                       if not ipaddress.ip_address(host).is_loopback})
+
+    def _table_batch(self) -> str:
+        """The host's table, its sets and its base chains with their rules."""
+        t = f"inet {TABLE}"
+        return "\n".join([
+            f"add table {t}",
+            f"add set {t} pods {{ type ipv4_addr; }}",
+            f"add set {t} pod_ifs {{ type ifname . ipv4_addr; }}",
+            f"add map {t} src_tenant {{ type ipv4_addr : verdict; }}",
+            f"add map {t} gang_guard {{ type ipv4_addr . inet_service : verdict; }}",
+            *(f"add map {t} {name} {{ type ipv4_addr : verdict; flags interval; }}"
+              for name in ("slot_fwd", "slot_in", "slot_nat")),
+            f"add chain {t} forward {{ type filter hook forward priority 0; policy accept; }}",
+            f"add chain {t} input {{ type filter hook input priority 0; policy accept; }}",
+            f"add chain {t} output {{ type filter hook output priority 0; policy accept; }}",
+            f"add chain {t} prerouting {{ type nat hook prerouting priority dstnat; policy accept; }}",
+            f"add chain {t} postrouting {{ type nat hook postrouting priority srcnat; policy accept; }}",
+            f"add chain {t} from_pod", f"add chain {t} pod_input",
+            *(f"flush chain {t} {c}" for c in ("forward", "input", "output", "prerouting", "postrouting",
+                                               "from_pod", "pod_input")),
+            f'add rule {t} forward iifname "gv*" jump from_pod',
+            f'add rule {t} forward oifname "gv*" ct state established,related accept',
+            f'add rule {t} forward oifname "gv*" drop',
+            f"add rule {t} from_pod ct state established,related accept",
+            f"add rule {t} from_pod iifname . ip saddr != @pod_ifs drop",
+            f"add rule {t} from_pod meta l4proto {{ tcp, udp }} ip daddr . th dport vmap @gang_guard",
+            f"add rule {t} from_pod ip saddr vmap @src_tenant",
+            f"add rule {t} from_pod ip saddr vmap @slot_fwd",
+            f"add rule {t} from_pod drop",
+            f'add rule {t} input iifname "gv*" jump pod_input',
+            # the host's own processes (other users, pods of a pool without namespaces) reach a pod
+            # only with the answers to what it opened
+            f'add rule {t} output oifname "gv*" ct state established,related accept',
+            f'add rule {t} output oifname "gv*" drop',
+            f"add rule {t} pod_input ct state established,related accept",
+            f"add rule {t} pod_input iifname . ip saddr != @pod_ifs drop",
+            f"add rule {t} pod_input ip saddr vmap @slot_in",
+            f"add rule {t} pod_input drop",
+            f'add rule {t} prerouting iifname "gv*" ip saddr vmap @slot_nat',
+            f"add rule {t} postrouting ip saddr @pods ip daddr != @pods masquerade",
+        ]) + "\n"
+
+    def _slot_batch(self) -> str:
+        """This node's own chains: what its pods reach besides their tenant's pods (the published
+        services, the declared networks), rewritten at every start, so a setting taken away goes."""
+        t, n = f"inet {TABLE}", f"s_{self.key}"
+        lines = []
+        for kind in ("fwd", "in", "nat"):
+            lines += [f"add chain {t} {n}_{kind}", f"flush chain {t} {n}_{kind}",
+                      f"add element {t} slot_{kind} {{ {self.subnet} : jump {n}_{kind} }}"]
+        local = self._published_local()
+        if local:
+            ports = ", ".join(map(str, local))
+            lines += [f"add rule {t} {n}_nat fib daddr type local tcp dport {{ {ports} }} "
+                      "dnat ip to 127.0.0.1",
+                      f"add rule {t} {n}_in ip daddr 127.0.0.1 tcp dport {{ {ports} }} accept"]
+        for host, port in self._published_remote():  # on this machine (input) or another (forward)
+            lines += [f"add rule {t} {n}_in ip daddr {host} tcp dport {port} accept",
+                      f"add rule {t} {n}_fwd ip daddr {host} tcp dport {port} accept"]
+        if self.settings.reachable:
+            networks = ", ".join(map(str, self.settings.reachable))
+            lines.append(f"add rule {t} {n}_fwd ip daddr {{ {networks} }} accept")
+        return "\n".join(lines) + "\n"
+
+    def start(self, live: Mapping[str, PodNet]) -> None:
+        """Make the node's gateway and the host table (when missing), then sweep what no live pod
+        holds. `live`: the attachments of the pods still running (re-adopted)."""
+        if not self.active:
+            return
+        if not self._take_claim():
+            return
+        with self._host_lock():
+            # the base chains are flushed and written again in one transaction (this version's
+            # rules); the sets and maps, which hold the other agents' pods, are kept
+            _must(["nft", "-f", "-"], self._table_batch() + self._slot_batch())
+            if not Path(f"/sys/class/net/{self.bridge}").exists():
+                _must(["ip", "link", "add", self.bridge, "type", "bridge"])
+            _run(["ip", "addr", "add", f"{self.gateway}/32", "dev", self.bridge])  # already there: fine
+            _must(["ip", "link", "set", self.bridge, "up"])
+            _write("/proc/sys/net/ipv4/ip_forward", "1")
+            with self._lock:
+                self._live = dict(live)
+            self._sweep()
+        with self._lock:
+            self._wake_worker()  # makes the spares
+
+    def _take_claim(self) -> bool:
+        """Hold this node's subnet for the agent's life (a lock file): a second agent on the same
+        subnet would sweep the first one's pods. In auto mode the second runs its pods without
+        namespaces (said in `node ls`); with `on` it refuses to start."""
+        LOCK_PATH.parent.mkdir(parents=True, exist_ok=True)
+        claim = LOCK_PATH.with_name(f"gpupool-net-{self.key}.lock")
+        fd = os.open(claim, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            os.close(fd)
+            why = (f"another agent on this machine uses the pod network {self.subnet}, so pods share the "
+                   f"node's network; give each pool on a machine its own {POD_NETWORK_ENV}")
+            if self.settings.mode is NetnsMode.ON:
+                raise InvalidInput(f"{NETNS_ENV}=on, but {why}.") from None
+            self.unavailable = why
+            return False
+        self._claim = fd
+        return True
+
+    def publish(self, services: Iterable[tuple[str, int]]) -> None:
+        """Make `services` (IPv4 address, port) the published services pods reach, in place of
+        those given at construction (for a server that learns its port after its agents start)."""
+        self.published = tuple((str(ipaddress.IPv4Address(host)), int(port)) for host, port in services)
+        if self.active and self._claim >= 0:
+            with self._host_lock():
+                _must(["nft", "-f", "-"], self._slot_batch())
+
+    def gang_address(self, port: int) -> str:
+        """The address of the rank-0 pod that serves rendezvous port `port` here ('' when off or
+        when the port is outside the rendezvous range)."""
+        if not self.active or not GANG_PORT_BASE <= port < GANG_PORT_BASE + GANG_PORT_COUNT:
+            return ""
+        return str(self.subnet.network_address + GANG_HOSTS + port - GANG_PORT_BASE)
+
+    def _address_for(self, gang_port: int) -> str:
+        """A free address (under the lock); a pod being torn down still holds its own."""
+        taken = {net.address for net in (*self._live.values(), *self._pending.values())}
+        taken |= {spare.address for spare in self._spares} | self._making
+        if gang_port:
+            address = self.gang_address(gang_port)
+            if address in {net.address for net in self._pending.values()}:  # the port's last holder
+                deadline = time.monotonic() + _TIMEOUT_S
+                while address in {net.address for net in self._pending.values()} and (
+                        time.monotonic() < deadline):
+                    self._changed.wait(deadline - time.monotonic())
+                taken = {net.address for net in (*self._live.values(), *self._pending.values())}
+                taken |= {spare.address for spare in self._spares} | self._making
+            if address in taken:
+                raise ProviderError(f"Network isolation: the rendezvous address {address} is still held by "
+                                    "an earlier pod on this node; the gang is retried once it has ended.")
+            return address
+        base = int(self.subnet.network_address)
+        for host in range(OTHER_HOSTS, self.subnet.num_addresses - 1):
+            address = str(ipaddress.IPv4Address(base + host))
+            if address not in taken:
+                return address
+        raise ProviderError(f"Network isolation: every pod address of {self.subnet} is in use on this node.")
+
+    def attach(self, pod_id: str, tenant: str, *, rank: int = 0, world_size: int = 1, workload_id: str = "",
+               master_addr: str = "", master_port: int = 0) -> PodNet:
+        """Make the pod's namespace, veth, routes and rules; returns its attachment (idempotent by
+        pod id). ProviderError when the host refuses (the pod is not started)."""
+        with self._lock:
+            known = self._live.get(pod_id)
+            if known is not None:
+                return known
+            serves = master_port if rank == 0 and world_size > 1 else 0
+            gang = gang_key(workload_id, master_addr, master_port) if world_size > 1 and master_port else ""
+            spare = self._spares.pop() if self._spares and not serves else None
+            if spare is None:  # a rank 0 (its address is its port's), or none made ahead: made now
+                spare = _Spare(*self._names(), self._address_for(serves))
+            net = PodNet(pod_id=pod_id, netns=spare.netns, veth=spare.veth, address=spare.address,
+                         tenant_key=tenant_key(tenant), gang_key=gang, gang_port=serves)
+            self._live[pod_id] = net
+            self._wake_worker()  # to make the next spare
+        try:
+            if not (NETNS_DIR / net.netns).exists():
+                self._create(spare)
+            # A tenant this agent has seen has its chain: the pod's elements alone, in the usual case
+            # (where another agent's sweep removed the chain meanwhile, the batch fails, and is
+            # made whole).
+            seen = net.tenant_key in self._tenants and (not net.gang_key or net.gang_key in self._gangs)
+            if not seen or _run(["nft", "-f", "-"], self._add_rules(net, chains=False)).returncode != 0:
+                _must(["nft", "-f", "-"], self._add_rules(net))
+            with self._lock:
+                self._tenants.add(net.tenant_key)
+                if net.gang_key:
+                    if len(self._gangs) >= 100_000:  # a long-lived agent's gangs: forget the old
+                        self._gangs.clear()
+                    self._gangs.add(net.gang_key)
+        except BaseException as exc:
+            with self._lock:
+                self._live.pop(pod_id, None)
+            with self._host_lock():
+                self._remove_links(net)
+                self._remove_rules(net)
+            if isinstance(exc, OSError):
+                raise ProviderError(f"Network isolation: the pod's network could not be set up ({exc}); "
+                                    "it was not started.") from None
+            raise
+        return net
+
+    def _names(self) -> tuple[str, str]:
+        """A fresh namespace's and veth's names (gpn-NODE-RANDOM, gvNODERANDOM)."""
+        key = os.urandom(4).hex()
+        return f"gpn-{self.key}-{key}", f"gv{self.key}{key}"
+
+    def _wake_worker(self) -> None:
+        """Start the worker (under the lock) and tell it something changed."""
+        if self._worker is None or not self._worker.is_alive():
+            self._worker = threading.Thread(target=self._work, name="gpupool-netns", daemon=True)
+            self._worker.start()
+        self._changed.notify_all()
+
+    def _create(self, net: _Spare) -> None:
+        """Two programs: the host's side (namespace, veth, route), then the pod's side."""
+        _must(["ip", "-batch", "-"], f"netns add {net.netns}\n"
+              f"link add {net.veth} type veth peer name eth0 netns {net.netns}\n"
+              f"link set {net.veth} up\nroute add {net.address}/32 dev {net.veth}\n")
+        for name, value in (("proxy_arp", "1"), ("route_localnet", "1")):
+            _write(f"/proc/sys/net/ipv4/conf/{net.veth}/{name}", value)
+        with contextlib.suppress(OSError):
+            _write(f"/proc/sys/net/ipv6/conf/{net.veth}/disable_ipv6", "1")
+        _must(["ip", "-n", net.netns, "-batch", "-"],
+              "link set lo up\nlink set eth0 up\n"
+              f"addr add {net.address}/32 dev eth0\n"
+              f"route add {self.gateway}/32 dev eth0 scope link\n"
+              f"route add default via {self.gateway} dev eth0\n")
+
+    def _add_rules(self, net: PodNet, *, chains: bool = True) -> str:
+        """The pod's elements; with `chains`, first its tenant's (and gang's) set and chain, made
+        or remade (a flush and its rules in one transaction: idempotent)."""
+        t = f"inet {TABLE}"
+        tc, ta = f"t_{net.tenant_key}", f"ta_{net.tenant_key}"
+        lines = [
+            f"add set {t} {ta} {{ type ipv4_addr; }}",
+            f"add chain {t} {tc}", f"flush chain {t} {tc}",
+            f"add rule {t} {tc} ip daddr @{ta} accept",
+        ] if chains else []
+        lines += [
+            f"add element {t} {ta} {{ {net.address} }}",
+            f"add element {t} pods {{ {net.address} }}",
+            f'add element {t} pod_ifs {{ "{net.veth}" . {net.address} }}',
+            f"add element {t} src_tenant {{ {net.address} : jump {tc} }}",
+        ]
+        if net.gang_key:
+            gc, gm = f"g_{net.gang_key}", f"gm_{net.gang_key}"
+            if chains:
+                lines += [f"add set {t} {gm} {{ type ipv4_addr; }}",
+                          f"add chain {t} {gc}", f"flush chain {t} {gc}",
+                          f"add rule {t} {gc} ip saddr @{gm} return",
+                          f"add rule {t} {gc} drop"]
+            lines.append(f"add element {t} {gm} {{ {net.address} }}")
+            if net.gang_port:
+                lines.append(f"add element {t} gang_guard {{ {net.address} . {net.gang_port} : jump {gc} }}")
+        return "\n".join(lines) + "\n"
+
+    def _remove_rules(self, net: PodNet) -> None:
+        lines = self._rule_removals(net)
+        if _run(["nft", "-f", "-"], "\n".join(lines) + "\n").returncode != 0:
+            for line in lines:  # some were gone already (a half-made attachment): each on its own
+                _run(["nft", "-f", "-"], line + "\n")
+
+    def _rule_removals(self, net: PodNet) -> list[str]:
+        t = f"inet {TABLE}"
+        lines = [f"delete element {t} src_tenant {{ {net.address} }}",
+                 f'delete element {t} pod_ifs {{ "{net.veth}" . {net.address} }}',
+                 f"delete element {t} pods {{ {net.address} }}",
+                 f"delete element {t} ta_{net.tenant_key} {{ {net.address} }}"]
+        if net.gang_key:
+            if net.gang_port:
+                lines.append(f"delete element {t} gang_guard {{ {net.address} . {net.gang_port} }}")
+            lines.append(f"delete element {t} gm_{net.gang_key} {{ {net.address} }}")
+        return lines
+
+    def _remove_links(self, net: PodNet | _Spare) -> None:
+        if Path(f"/sys/class/net/{net.veth}").exists():
+            _run(["ip", "link", "del", net.veth])
+        if (NETNS_DIR / net.netns).exists():
+            _run(["ip", "netns", "del", net.netns])
+
+    def detach(self, pod_id: str) -> None:
+        """Have the pod's namespace, veth and rules removed (its processes have ended), by a
+        thread of this network, so the caller (the agent's poll, the control loop's path) never
+        waits for it: the ends of many pods go in one batch. Until then its address stays taken.
+        Idempotent."""
+        with self._lock:
+            net = self._live.pop(pod_id, None)
+            if net is None:
+                return
+            self._pending[pod_id] = net
+            self._wake_worker()
+
+    def _work(self) -> None:
+        """The worker: tear down the pods that ended (in batches), then keep `spares` namespaces
+        made ahead (addressed and routed, without rules: nothing runs in them), so a launch only
+        adds its rules. At close it finishes the teardowns, removes the spares and ends."""
+        while True:
+            spare = None
+            with self._lock:
+                while not self._pending and not self._stopping and len(self._spares) >= self.spares:
+                    self._changed.wait()
+                batch = list(self._pending.values())
+                leftover: list[_Spare] = []
+                if not batch and self._stopping:
+                    leftover, self._spares = self._spares, []
+                elif not batch:
+                    spare = _Spare(*self._names(), self._address_for(0))
+                    self._making.add(spare.address)
+            if not batch and spare is None:  # stopping, nothing left to tear down
+                with self._host_lock():
+                    self._tear_down([], leftover)
+                    with self._lock:
+                        tenants = set(self._tenants)
+                    self._drop_unused_chains(tenants=tenants)
+                return
+            try:
+                if batch:
+                    with self._host_lock():
+                        self._tear_down(batch)
+                elif spare is not None:
+                    self._create(spare)
+            except Exception:  # the next start's sweep removes what this left
+                log.exception("the pod network's worker failed (%d pod(s) to tear down)", len(batch))
+                if spare is not None:
+                    self._remove_links(spare)
+                    spare = None
+            with self._lock:
+                for net in batch:
+                    self._pending.pop(net.pod_id, None)
+                if spare is not None:
+                    self._making.discard(spare.address)
+                    self._spares.append(spare)  # at close, removed with the others
+                self._changed.notify_all()
+
+    def _tear_down(self, batch: Sequence[PodNet], spares: Sequence[_Spare] = ()) -> None:
+        """Two programs for the whole batch: `ip` (veths, namespaces) and `nft` (their elements)."""
+        nets: list[PodNet | _Spare] = [*batch, *spares]
+        links = [f"link del {n.veth}" for n in nets if Path(f"/sys/class/net/{n.veth}").exists()]
+        links += [f"netns del {n.netns}" for n in nets if (NETNS_DIR / n.netns).exists()]
+        if links:
+            _run(["ip", "-force", "-batch", "-"], "\n".join(links) + "\n")
+        if not batch:
+            return
+        lines = [line for net in batch for line in self._rule_removals(net)]
+        if _run(["nft", "-f", "-"], "\n".join(lines) + "\n").returncode != 0:
+            for net in batch:  # some were gone already (a half-made attachment): each on its own
+                self._remove_rules(net)
+        self._drop_unused_chains(gangs={n.gang_key for n in batch if n.gang_key})
+
+    def _drop_unused_chains(self, *, gangs: Iterable[str] = (), tenants: Iterable[str] = ()) -> None:
+        """Delete the chains (and then sets) of these gangs and tenants that nothing refers to any
+        more: a tenant's chain is referred to by each of its live pods' elements on this machine, a
+        gang's by its rank 0's guard, so the delete fails (and changes nothing) while one lives. A
+        gang's go with its pods (there is one a gang); a tenant's, of which there are few, stay
+        until the agent stops, so its next pod here only adds elements."""
+        kinds = (("g_", "gm_", self._gangs, set(gangs)), ("t_", "ta_", self._tenants, set(tenants)))
+        for chain, members, made, keys in kinds:
+            for key in sorted(keys):
+                if _run(["nft", "delete", "chain", "inet", TABLE, chain + key]).returncode == 0:
+                    _run(["nft", "delete", "set", "inet", TABLE, members + key])
+                    with self._lock:
+                        made.discard(key)
+
+    def pod_url(self, url: str) -> str:
+        """`url` (the pool's GPUPOOL_URL) as a pod in a namespace reaches it: a loopback host of a
+        published service becomes the node's gateway, which DNAT takes back to loopback; '' when
+        it needs no change."""
+        try:
+            parts = urllib.parse.urlsplit(url)
+            host, port = parts.hostname or "", parts.port
+        except ValueError:
+            return ""
+        if not host or port is None or port not in self._published_local():
+            return ""
+        try:
+            if not ipaddress.ip_address(host).is_loopback:
+                return ""
+        except ValueError:
+            if host != "localhost":
+                return ""
+        return parts._replace(netloc=f"{self.gateway}:{port}").geturl()
+
+    def attached(self) -> list[str]:
+        with self._lock:
+            return list(self._live)
+
+    # ---- leftovers -------------------------------------------------------------------------
+    def _sweep(self) -> None:
+        """Remove this slot's namespaces, veths and elements that no live pod holds, then the
+        tenant and gang chains no pod uses any more (under the host lock)."""
+        live = {net.netns for net in self._live.values()}
+        live_veths = {net.veth for net in self._live.values()}
+        live_addresses = {net.address for net in self._live.values()}
+        prefix = f"gpn-{self.key}-"
+        if NETNS_DIR.is_dir():
+            for entry in NETNS_DIR.iterdir():
+                if entry.name.startswith(prefix) and entry.name not in live:
+                    _run(["ip", "netns", "del", entry.name])
+        for entry in Path("/sys/class/net").iterdir():
+            if entry.name.startswith(f"gv{self.key}") and entry.name not in live_veths:
+                _run(["ip", "link", "del", entry.name])
+        done = _run(["nft", "-j", "list", "table", "inet", TABLE])
+        if done.returncode != 0:
+            return
+        lines: list[str] = []
+        empty: list[str] = []
+        t = f"inet {TABLE}"
+        for item in json.loads(done.stdout).get("nftables", []):
+            body = item.get("set") or item.get("map")
+            if body is None:
+                continue
+            name = body["name"]
+            elements = body.get("elem", [])
+            gone = [e for e in elements if self._ours_dead(_first_address(e), live_addresses)]
+            for element in gone:
+                lines.append(f"delete element {t} {name} {{ {_element_key(element)} }}")
+            if name.startswith(("ta_", "gm_")) and len(gone) == len(elements):
+                empty.append(name)
+        if lines:
+            _must(["nft", "-f", "-"], "\n".join(lines) + "\n")
+        for name in empty:  # another slot may still use it: then the chain's delete fails, and it stays
+            chain = ("t_" if name.startswith("ta_") else "g_") + name.split("_", 1)[1]
+            if _run(["nft", "delete", "chain", "inet", TABLE, chain]).returncode == 0:
+                _run(["nft", "delete", "set", "inet", TABLE, name])
+
+    def _ours_dead(self, address: str, live: set[str]) -> bool:
+        if not address:
+            return False
+        try:
+            return ipaddress.IPv4Address(address) in self.subnet and address not in live
+        except ValueError:
+            return False
+
+    def close(self) -> None:
+        """Finish the teardowns asked for, and forget the live pods (their attachments stay, for
+        the next agent to keep). Idempotent."""
+        with self._lock:
+            self._stopping = True
+            self._changed.notify_all()
+            worker = self._worker
+        if worker is not None:
+            worker.join(timeout=2 * _TIMEOUT_S)
+        with self._lock:
+            self._live.clear()
+            claim, self._claim = self._claim, -1
+        if claim >= 0:
+            os.close(claim)
+
+
+def _first_address(element: object) -> str:
+    """The IPv4 address an element of the table's sets and maps starts with ('' if none)."""
+    if isinstance(element, str):
+        return element
+    if isinstance(element, dict):
+        if "elem" in element:
+            return _first_address(element["elem"]["val"])
+        if "concat" in element:
+            for part in element["concat"]:
+                if isinstance(part, str) and part.count(".") == 3:
+                    return part
+            return ""
+    if isinstance(element, list) and element:  # a map element: [key, value]
+        return _first_address(element[0])
+    return ""
+
+
+def _element_key(element: object) -> str:
+    """The key of an element as `nft` writes it in a delete."""
+    if isinstance(element, list):
+        element = element[0]
+    if isinstance(element, dict) and "elem" in element:
+        element = element["elem"]["val"]
+    if isinstance(element, dict) and "concat" in element:
+        return " . ".join(f'"{p}"' if isinstance(p, str) and not p[:1].isdigit() else str(p)
+                          for p in element["concat"])
+    return str(element)
