@@ -27,7 +27,7 @@ from rich.table import Table
 
 from gpupool.agent import netns
 from gpupool.agent.netns import NetnsMode, NetworkSettings
-from gpupool.providers.base import PodLaunch
+from gpupool.pods import PodLaunch
 from gpupool.providers.local import LocalProvider
 
 NETWORK = ipaddress.IPv4Network("10.233.0.0/16")

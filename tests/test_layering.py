@@ -65,8 +65,9 @@ RULES: dict[str, Rule] = {
     "agent": _rule("core", "errors", "pods", "profiles", "providers.nodespec"),
     "providers": _rule("agent", "core", "errors", "pods", "profiles"),
     # the control plane and the command line on top
-    "server": _rule("agent.identity", "api", "config", "core", "errors", "gc_tuning", "pods", "prices",
-                    "profiles", "providers", "yamlfiles", "durations"),
+    # provision.py is where the server builds its provider: it passes the node's pod-network settings
+    "server": _rule("agent.identity", "agent.netns", "api", "config", "core", "errors", "gc_tuning", "pods",
+                    "prices", "profiles", "providers", "yamlfiles", "durations"),
     "cli": _rule(ANY),
     "__init__": _rule("remote"),
 }

@@ -28,7 +28,8 @@ from gpupool.agent import netns
 from gpupool.agent.netns import NetnsMode, NetworkSettings, PodNet, PodNetwork
 from gpupool.core.model import Device, Node
 from gpupool.errors import InvalidInput
-from gpupool.providers.base import Capability, PodLaunch, PodPhase, PodStatus
+from gpupool.pods import PodLaunch, PodPhase, PodStatus
+from gpupool.providers.base import Capability
 from gpupool.providers.localpool import LocalPool
 from gpupool.server.services import enforcement, rendezvous
 
