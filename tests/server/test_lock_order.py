@@ -168,3 +168,44 @@ def test_a_cancel_racing_the_record_of_a_failed_pod_waits_for_it(
     assert raced[0].join().startswith("conflict: Workload")
     assert pool.store_failures == []
     assert pool.status(workload_id) == "failed"
+
+
+def test_a_cancel_after_the_settles_read_is_not_written_over_by_a_success(
+        pool: Pool, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A batch of finished pods with a failure in it is settled through the ORM, which writes the
+    workload's row by its id alone: the rows it read must stay locked until it commits, or a cancel
+    committed in between is overwritten (cancelled, then succeeded). Checked between the read and
+    the write: where another connection can take the row, the cancel is made there and then."""
+    failing = pool.submit(GPUPOOL_FAKE_EXIT_CODE="3")
+    workload_id = pool.submit()
+    pool.loop.step()
+    transition = reconciler_module.transition
+    cancelled_between: list[bool] = []
+
+    def cancel_between(session: Any, row: WorkloadRow, to_status: str, *args: Any, **kwargs: Any) -> None:
+        if row.id == workload_id and not cancelled_between:
+            engine = create_engine(pool.url)
+            try:
+                with engine.connect() as other:
+                    try:
+                        other.execute(select(WorkloadRow.id).where(WorkloadRow.id == workload_id)
+                                      .with_for_update(nowait=True))
+                        free = True
+                    except OperationalError:
+                        free = False
+                    other.rollback()
+            finally:
+                engine.dispose()
+            if free:
+                workloads.cancel(pool.rt, ADMIN, workload_id)  # commits between the read and the write
+            cancelled_between.append(free)
+        transition(session, row, to_status, *args, **kwargs)
+
+    monkeypatch.setattr(reconciler_module, "transition", cancel_between)
+    pool.now += 11.0
+    pool.loop.step()
+    assert pool.status(failing) == "failed"
+    if cancelled_between == [True]:
+        assert pool.status(workload_id) == "cancelled", "the cancel committed in between was written over"
+    assert cancelled_between == [False], "the row was locked from the settle's read to its commit"
+    assert pool.status(workload_id) == "succeeded"
