@@ -234,10 +234,14 @@ class PutBack:
     so a caller may skip it (where the policy does not count its calls).
     """
 
-    def __init__(self, view: ClusterView, pod: PodRequest, watch: bool) -> None:
+    def __init__(self, view: ClusterView, pod: PodRequest, watch: bool,
+                 only: Sequence[int] | None = None) -> None:
         self.view = view
         self.pod = pod
         self.watch = watch
+        self.only = only
+        """When known, the only nodes the pod may fit when the first victim goes back (the nodes the
+        victims were freed from, where it fitted no node before): the first scan reads those alone."""
         self.fitting: np.ndarray | None = None
         self.last: list[Running] = []
         self.saved: dict[int, bool] = {}
@@ -246,7 +250,12 @@ class PutBack:
         """Put `runs` back; whether the pod may still fit (False: it fits no node)."""
         state = self.view.state
         if self.watch and self.fitting is None:
-            self.fitting = state.node_fits(self.pod)
+            if self.only is None:
+                self.fitting = state.node_fits(self.pod)
+            else:
+                self.fitting = np.zeros(len(state.nodes), dtype=bool)
+                if self.only:
+                    self.fitting[self.only] = state.node_fits_rows(self.pod, self.only)
         attach_all(self.view, runs)
         self.last = runs
         fitting = self.fitting
