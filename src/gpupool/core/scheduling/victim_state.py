@@ -155,8 +155,7 @@ class FirstPodFits:
     def freed(self, run: Running) -> None:
         """`run` is freed (or about to be: see the class docstring)."""
         if self.known is not True:
-            self._add(run, self.free)
-            self.touched.update(a.node for _, a in run.allocs)
+            self._add(run, self.free, self.touched)
 
     def fits_somewhere(self) -> bool:
         if self.known is None:
@@ -185,15 +184,18 @@ class FirstPodFits:
         ready = (devices >= self.share).sum(axis=1) - self.pod.num_devices
         return cpu, mem, ready, devices
 
-    def _add(self, run: Running, free: dict[int, list[int]]) -> None:
+    def _add(self, run: Running, free: dict[int, list[int]], touched: set[int] | None = None) -> None:
         """Add what `run` holds to the free amounts per node (see `_slacks` for where they start).
 
         The amounts are kept as slacks against the pod's need, so the bound is three comparisons
         (`_within`); a device is counted as having a share free when its free milli crosses it.
+        The nodes are added to `touched` when given.
         """
         share = self.share
         for _, a in run.allocs:
             n = a.node
+            if touched is not None:
+                touched.add(n)
             amounts = free.get(n)
             if amounts is None:
                 if self._base is None:
