@@ -184,21 +184,7 @@ def test_a_cancel_after_the_settles_read_is_not_written_over_by_a_success(
 
     def cancel_between(session: Any, row: WorkloadRow, to_status: str, *args: Any, **kwargs: Any) -> None:
         if row.id == workload_id and not cancelled_between:
-            engine = create_engine(pool.url)
-            try:
-                with engine.connect() as other:
-                    try:
-                        other.execute(select(WorkloadRow.id).where(WorkloadRow.id == workload_id)
-                                      .with_for_update(nowait=True))
-                        free = True
-                    except OperationalError:
-                        free = False
-                    other.rollback()
-            finally:
-                engine.dispose()
-            if free:
-                workloads.cancel(pool.rt, ADMIN, workload_id)  # commits between the read and the write
-            cancelled_between.append(free)
+            cancelled_between.append(cancel_if_free(pool, workload_id))
         transition(session, row, to_status, *args, **kwargs)
 
     monkeypatch.setattr(reconciler_module, "transition", cancel_between)
@@ -209,3 +195,46 @@ def test_a_cancel_after_the_settles_read_is_not_written_over_by_a_success(
         assert pool.status(workload_id) == "cancelled", "the cancel committed in between was written over"
     assert cancelled_between == [False], "the row was locked from the settle's read to its commit"
     assert pool.status(workload_id) == "succeeded"
+
+
+def cancel_if_free(pool: Pool, workload_id: str, cancel: bool = True) -> bool:
+    """Whether another connection can take the workload's row; if so (and `cancel`), cancel the
+    workload there and then (committed)."""
+    engine = create_engine(pool.url)
+    try:
+        with engine.connect() as other:
+            try:
+                other.execute(select(WorkloadRow.id).where(WorkloadRow.id == workload_id)
+                              .with_for_update(nowait=True))
+                free = True
+            except OperationalError:
+                free = False
+            other.rollback()
+    finally:
+        engine.dispose()
+    if free and cancel:
+        workloads.cancel(pool.rt, ADMIN, workload_id)
+    return free
+
+
+def test_the_recovery_after_a_restart_locks_the_workloads_it_writes(
+        pool: Pool, monkeypatch: pytest.MonkeyPatch) -> None:
+    """At start-up the recovery marks lost the pods the provider no longer knows and fails their
+    workloads through the ORM: the rows it read stay locked until it commits. (Only checked: the
+    recovery has written the pods by then, so a cancel made there would wait on this thread.)"""
+    workload_id = pool.submit()
+    pool.loop.step()
+    assert pool.status(workload_id) == "running"
+    pool.rt.provider = FakeProvider("1x8xH100", clock=lambda: pool.now)  # restarted: it knows no pod
+    transition = reconciler_module.transition
+    cancelled_between: list[bool] = []
+
+    def cancel_between(session: Any, row: WorkloadRow, to_status: str, *args: Any, **kwargs: Any) -> None:
+        if row.id == workload_id and not cancelled_between:
+            cancelled_between.append(cancel_if_free(pool, workload_id, cancel=False))
+        transition(session, row, to_status, *args, **kwargs)
+
+    monkeypatch.setattr(reconciler_module, "transition", cancel_between)
+    assert pool.loop.reconciler.recover() == (0, 1)
+    assert cancelled_between == [False], "the row was locked from the recovery's read to its commit"
+    assert pool.status(workload_id) == "failed"

@@ -63,6 +63,7 @@ class Reconciler:
         to_stop: list[str] = []
         with self.rt.store.write() as session:
             pods = session.scalars(select(PodRow).where(PodRow.status.in_(ACTIVE_POD_STATES))).all()
+            lock_workloads(session.connection(), {p.workload_id for p in pods})  # before any pod is written
             started = _started_attempts(session, {p.workload_id for p in pods}, known)
             for pod in pods:
                 row = session.get(WorkloadRow, pod.workload_id)
