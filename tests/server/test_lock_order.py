@@ -238,3 +238,24 @@ def test_the_recovery_after_a_restart_locks_the_workloads_it_writes(
     assert pool.loop.reconciler.recover() == (0, 1)
     assert cancelled_between == [False], "the row was locked from the recovery's read to its commit"
     assert pool.status(workload_id) == "failed"
+
+
+def test_requeuing_the_work_of_nodes_that_left_locks_the_workloads_it_writes(
+        pool: Pool, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Pods on nodes the provider no longer lists are marked lost and their workloads requeued
+    through the ORM: the rows read stay locked until the commit (checked between the pods' write
+    and the requeue)."""
+    workload_id = pool.submit()
+    pool.loop.step()
+    assert pool.status(workload_id) == "running"
+    requeue = reconciler_module.requeue
+    free: list[bool] = []
+
+    def check_between(session: Any, row: WorkloadRow, *args: Any, **kwargs: Any) -> list[str]:
+        free.append(cancel_if_free(pool, row.id, cancel=False))
+        return list(requeue(session, row, *args, **kwargs))
+
+    monkeypatch.setattr(reconciler_module, "requeue", check_between)
+    assert pool.loop.reconciler.nodes_gone([]) == 1
+    assert free == [False], "the row was locked from the read to the commit"
+    assert pool.status(workload_id) == "pending"
