@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import test_admission_properties as props
-from hypothesis import given, settings
+from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from factories import node
@@ -23,6 +23,7 @@ from gpupool.core.scheduling.ordering.base import SHARE_RESOURCES, demand_of
 from gpupool.core.scheduling.ordering.drf import Drf, _Book
 from gpupool.core.scheduling.policies.base import NoFit, make_policy
 from gpupool.core.scheduling.preemption import FirstPodFits, VictimIndex, lost_device_s, node_fits_at
+from gpupool.core.scheduling.victim_state import PutBack, detach_all
 from gpupool.core.scheduling.view import ClusterView, Running
 from gpupool.core.state import ClusterState, release_many, row_counts
 
@@ -91,6 +92,70 @@ def test_first_pod_fits_follows_releases_as_a_full_scan_does(pod: PodRequest, se
         if k % 3 == 2:  # the greedy search asks only once enough compute is freed: not every time
             assert tracker.fits_somewhere() == bool(state.node_fits(pod).any())
     assert tracker.fits_somewhere() == bool(state.node_fits(pod).any())
+
+
+@settings(max_examples=150, deadline=None)
+@given(pods, st.integers(0, 10_000))
+def test_first_pod_fits_keeps_each_touched_nodes_slacks(pod: PodRequest, seed: int) -> None:
+    """Told of each victim before it leaves the state (as the greedy search does), the tracker's
+    amounts for a node are its free cpu and memory less the pod's, its devices with a share free
+    less the pod's devices, and each device's free milli (a refused model never enough): the
+    bound is then exactly 'enough cpu, memory and devices', so no node the pod fits is left out."""
+    state, records = _busy_state(seed)
+    random.Random(seed).shuffle(records)
+    tracker = FirstPodFits(state, pod)
+    tracker.start()
+    share = min(pod.device_milli, 1000)
+    cpu, mem = state.cpu_need(pod), state.mem_need(pod)
+    for record in records:
+        tracker.freed(_Run(record))  # type: ignore[arg-type]
+        state.release(record)
+        fits = state.node_fits(pod)
+        for n, amounts in tracker.free.items():
+            if state.schedulable[n]:
+                assert amounts[0] == state.cpu_free[n] - (cpu[n] if isinstance(cpu, np.ndarray) else cpu)
+            else:
+                assert amounts[0] < 0
+            assert amounts[1] == state.mem_free[n] - (mem[n] if isinstance(mem, np.ndarray) else mem)
+            if pod.num_devices:
+                allowed = state.allowed_devices(pod.allowed_models)[n]
+                row = state.dev_milli_free[n]
+                free = [int(m) if ok else None for m, ok in zip(row, allowed, strict=True)]
+                assert [m if m >= 0 else None for m in amounts[3:]] == free
+                assert amounts[2] == sum(1 for m in free if m is not None and m >= share) - pod.num_devices
+            else:
+                assert amounts[2] == 0 and len(amounts) == 3
+            assert tracker._within(n, amounts) or not fits[n]
+
+
+@settings(max_examples=25, deadline=None)
+@given(st.integers(0, 10_000), st.sampled_from([(1, 1000), (2, 1000), (4, 1000), (8, 1000)]))
+def test_putting_victims_back_watches_only_their_nodes_where_the_pod_fitted_nowhere(
+        seed: int, shape: tuple[int, int]) -> None:
+    """Where the pod fitted no node before the victims went, the first scan of where it fits after
+    they went reads the victims' nodes alone: every answer as with the scan of every node."""
+    rng = random.Random(seed)
+    snapshot, _ = cycle_latency.build(40, 0, seed)
+    view = ClusterView.from_snapshot(snapshot, classes=PriorityClasses())
+    view.materialize()
+    pod = PodRequest("p", cpu_milli=4000 * shape[0], memory_mib=16_384 * shape[0], num_devices=shape[0],
+                     device_milli=shape[1])
+    assume(not view.state.node_fits(pod).any())  # (the benchmark's pool is full: most seeds)
+    runs = rng.sample(sorted(view.running.values(), key=lambda r: r.workload.id), 60)
+    detach_all(view, runs)
+    nodes = sorted({a.node for run in runs for _, a in run.allocs})
+    batches = [runs[i:i + 7] for i in range(0, len(runs), 7)]
+    answers = []
+    for only in (None, nodes):
+        back = PutBack(view, pod, watch=True, only=only)
+        seen = []
+        for k, batch in enumerate(batches):
+            seen.append((back.attach(batch), back.fitting.tolist()))  # type: ignore[union-attr]
+            if k % 2:
+                back.undo()
+        answers.append(seen)
+        detach_all(view, [run for k, batch in enumerate(batches) if not k % 2 for run in batch])  # as before
+    assert answers[0] == answers[1]
 
 
 def _drf_workload(i: int, tenant: str, klass: str, submit: float) -> Workload:

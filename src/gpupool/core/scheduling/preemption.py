@@ -23,7 +23,7 @@ import math
 import random
 from collections.abc import Callable, Iterable, Iterator, Sequence, Set
 from dataclasses import dataclass
-from itertools import chain, groupby, islice
+from itertools import chain, groupby, islice, repeat
 from operator import itemgetter
 from typing import NamedTuple
 
@@ -187,7 +187,8 @@ class VictimIndex:
             # The runs come sorted by id, so a stable sort by cost alone (in C) gives the order of
             # (cost, rank, id): the rank is the group's, the ids are unique.
             order = np.argsort(np.asarray(costs, dtype=np.float64), kind="stable").tolist()
-            entries = [(costs[i], rank, ids[i], runs[i]) for i in order]
+            entries = list(zip(map(costs.__getitem__, order), repeat(rank), map(ids.__getitem__, order),
+                               map(runs.__getitem__, order)))  # (the tuples built in C)
             self._sorted[(cq, rank)] = entries
         return entries
 
@@ -330,7 +331,10 @@ def select_victims(
     greedy = _greedy(found, need, view, fits, first)
     if greedy is None:
         return None
-    back = PutBack(view, preemptor.pods[0], watch=may_skip)
+    # Where the first pod fitted no node before any victim went, it may fit only where they were
+    # freed from (freeing capacity elsewhere changes nothing): the first scan reads those nodes.
+    only = sorted({a.node for run in greedy[0] for _, a in run.allocs}) if first.base is False else None
+    back = PutBack(view, preemptor.pods[0], watch=may_skip, only=only)
     chosen = _trim(_drop_apart(*greedy, back, fits), cost, back, fits)
     # The state is now as the last placement that succeeded found it (the trials after it were
     # undone): a policy that repeats itself would place the preemptor there again.

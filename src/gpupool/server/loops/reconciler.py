@@ -21,6 +21,7 @@ from gpupool.pods import PodPhase, PodStatus
 from gpupool.server.orm import Base, PodRow, WorkloadRow
 from gpupool.server.runtime import Runtime
 from gpupool.server.services.events import Move, apply_moves, transition
+from gpupool.server.services.locks import lock_workloads
 from gpupool.server.services.requeue import requeue, stop_pods
 from gpupool.server.states import ACTIVE_POD_STATES, PodState
 
@@ -65,6 +66,7 @@ class Reconciler:
         to_stop: list[str] = []
         with self.rt.store.write() as session:
             pods = session.scalars(select(PodRow).where(PodRow.status.in_(ACTIVE_POD_STATES))).all()
+            lock_workloads(session.connection(), {p.workload_id for p in pods})  # before any pod is written
             started = _started_attempts(session, {p.workload_id for p in pods}, known)
             for pod in pods:
                 row = session.get(WorkloadRow, pod.workload_id)
@@ -132,6 +134,7 @@ class Reconciler:
                 ids = [f.pod_id for f in finished]
                 pods = {p.id: p for p in session.scalars(select(PodRow).where(PodRow.id.in_(ids)))}
                 workload_ids = {p.workload_id for p in pods.values()}
+                lock_workloads(session.connection(), workload_ids)  # before any pod is written
                 query = select(WorkloadRow).where(WorkloadRow.id.in_(workload_ids))
                 rows = {r.id: r for r in session.scalars(query)}
                 for status in finished:
@@ -161,6 +164,7 @@ class Reconciler:
             by_workload: dict[str, list[PodRow]] = {}
             for pod in pods:
                 by_workload.setdefault(pod.workload_id, []).append(pod)
+            lock_workloads(session.connection(), by_workload)  # before any pod is written
             for workload_id, lost_pods in sorted(by_workload.items()):
                 row = session.get(WorkloadRow, workload_id)
                 for pod in lost_pods:
@@ -295,6 +299,7 @@ def _apply_successes(conn: Connection, finished: Sequence[PodStatus],
             attempts.setdefault(pod.workload_id, set()).add(pod.attempt)
     if not settled:
         return []
+    lock_workloads(conn, {pods[str(row["p_id"])].workload_id for row in settled})  # before the pods
     conn.execute(_SETTLE_POD, settled)
     rows = {r.id: r for r in conn.execute(
         select(_WORKLOADS.c.id, _WORKLOADS.c.status, _WORKLOADS.c.attempt, _WORKLOADS.c.started_s,

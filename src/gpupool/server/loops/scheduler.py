@@ -54,6 +54,7 @@ from gpupool.server.orm import Base, PodRow, TenantRow, WorkloadRow
 from gpupool.server.runtime import Runtime
 from gpupool.server.services import enforcement, rendezvous
 from gpupool.server.services.events import Move, apply_moves, transition
+from gpupool.server.services.locks import lock_workloads
 from gpupool.server.services.metering import slice_models
 from gpupool.server.services.requeue import requeue, stop_pods
 from gpupool.server.services.specs import to_workload
@@ -605,6 +606,7 @@ class Scheduler:
                      if not any((p.node, s["device_index"]) in busy for p in pods for s in p.slices)}
             if not ready:
                 return 0
+            lock_workloads(conn, ready)  # before their pods are written
             conn.execute(update(_P).where(_P.c.workload_id.in_(ready), _P.c.status == PodState.WAITING.value)
                          .values(status=PodState.LAUNCHING.value, message=""))
             rows = _states(conn, list(ready), with_spec=True)
@@ -694,6 +696,7 @@ class Scheduler:
         to_stop: list[str] = []
         with self.rt.store.write() as session, session.no_autoflush:
             conn = session.connection()
+            lock_workloads(conn, {launch.workload_id for launch in launches})  # before their pods
             if outcome.started:
                 conn.execute(
                     # metered from its start, even a pod stopped (cancelled) while it was being launched

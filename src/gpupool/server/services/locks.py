@@ -1,0 +1,26 @@
+"""The order in which a transaction takes row locks: a workload's row before its pods' rows.
+
+A cancel (and a drain, a time limit, a requeue) locks the workload's row first and then stops its
+pods. A transaction of the control loop that writes pods first and their workloads after (a launch
+recorded, pods settled from the provider's poll, waiting pods promoted, lost nodes) would take the
+same two locks the other way round; on PostgreSQL, where both run at once, each then waits for the
+other and the database aborts one of them ("deadlock detected": a 503 for the user's cancel, or the
+loop's whole write undone). Such a transaction locks the workloads' rows first, with
+`lock_workloads`, in id order (the order `cancel_array` takes them in). SQLite writes one
+transaction at a time and ignores the lock clause.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection
+
+from sqlalchemy import Connection, select
+
+from gpupool.server.orm import WorkloadRow
+
+
+def lock_workloads(conn: Connection, workload_ids: Collection[str]) -> None:
+    """Lock these workloads' rows (FOR NO KEY UPDATE, in id order) until the transaction ends."""
+    if workload_ids:
+        conn.execute(select(WorkloadRow.id).where(WorkloadRow.id.in_(sorted(workload_ids)))
+                     .order_by(WorkloadRow.id).with_for_update(key_share=True))
