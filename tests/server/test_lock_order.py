@@ -20,6 +20,7 @@ import pytest
 from sqlalchemy import create_engine, select, text
 from sqlalchemy.exc import OperationalError
 
+from gpupool.api.workloads import WorkloadSpec
 from gpupool.config import parse_config
 from gpupool.errors import Conflict, StoreUnavailable
 from gpupool.providers.fake import FakeProvider
@@ -31,7 +32,6 @@ from gpupool.server.loops import scheduler as scheduler_module
 from gpupool.server.loops.control import ControlLoop
 from gpupool.server.orm import WorkloadRow
 from gpupool.server.runtime import Runtime
-from gpupool.server.schemas.workloads import WorkloadSpec
 from gpupool.server.services import workloads
 from gpupool.server.services.tenants import bootstrap
 from gpupool.server.settings import Settings
