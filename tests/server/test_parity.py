@@ -675,7 +675,8 @@ def _requeue_without_stops(monkeypatch: pytest.MonkeyPatch) -> None:
     requeue = Scheduler._requeue
 
     def generic(self: Scheduler, session: Any, batch: Any, marks: Any, now: float) -> Any:
-        return requeue(self, session, replace(batch, stops={}), marks, now)
+        stops = [replace(stop, message="Requeued by the scheduler.", grace=True) for stop in batch.stops]
+        return requeue(self, session, replace(batch, stops=stops), marks, now)
 
     monkeypatch.setattr(Scheduler, "_requeue", generic)
 

@@ -57,6 +57,7 @@ class Reason(StrEnum):
     WAITING_FOR_LOCALITY = "waiting_for_locality"
     NO_DOMAIN_FITS = "no_domain_fits"
     MOVED_FOR_LOCALITY = "moved_for_locality"
+    CONGESTION_MOVED = "congestion_moved"
 
 
 @dataclass(frozen=True, slots=True)

@@ -27,7 +27,7 @@ from __future__ import annotations
 import random
 from collections.abc import Sequence
 from dataclasses import replace
-from itertools import compress
+from itertools import compress, repeat
 from operator import attrgetter, is_not, not_
 
 import numpy as np
@@ -36,7 +36,18 @@ from gpupool.core.fabric.model import Fabric
 from gpupool.core.model import Allocation, ClusterSnapshot, Node, PodPlacement, Workload
 from gpupool.core.priority import PriorityClasses
 from gpupool.core.quota import QuotaConfig
-from gpupool.core.scheduling.cycle import CycleResult, Policies, cycle_on
+from gpupool.core.scheduling.cycle import (
+    Admit,
+    CycleResult,
+    EventKind,
+    Policies,
+    Refuse,
+    Reserve,
+    Stop,
+    Wait,
+    cycle_on,
+    unhandled,
+)
 from gpupool.core.scheduling.topology import FabricView, topology_for
 from gpupool.core.scheduling.view import ClusterView
 
@@ -98,12 +109,20 @@ class ViewKeeper:
             view = self._rebuild(snapshot, policies)
         result = cycle_on(view, pending, policies, now_s, rng)
         held = self._held
-        for stop in result.preempted:
-            held.pop(stop.workload_id, None)
-        for admission in result.admitted:
-            held[admission.workload_id] = admission.placements
-        for move in result.moved:
-            held[move.workload_id] = move.placements
+        decisions = result.decisions
+        # waits are most of a cycle's decisions and change nothing held: passed over in C
+        for decision in compress(decisions, map(is_not, map(type, decisions), repeat(Wait))):
+            match decision:
+                case Stop(kind=EventKind.MOVE):
+                    held[decision.workload_id] = decision.placements
+                case Stop():
+                    held.pop(decision.workload_id, None)
+                case Admit():
+                    held[decision.workload_id] = decision.placements
+                case Wait() | Refuse() | Reserve():
+                    pass
+                case _:
+                    unhandled(decision)
         self._prune(view, pending)
         return result
 
@@ -194,7 +213,10 @@ class ViewKeeper:
 
     def _rebuild(self, snapshot: ClusterSnapshot, policies: Policies) -> ClusterView:
         p = policies
+        old = self.view
         view = ClusterView.from_snapshot(snapshot, p.quota, p.priority_classes, p.defaults)
+        if old is not None:  # telemetry's clock outlives a rebuild (the snapshot does not hold it)
+            view.congestion_sample, view.congested_since = old.congestion_sample, old.congested_since
         evicted = {run.workload.id for run in view.to_evict}
         self._attach(view, snapshot.nodes)
         self.view = view
