@@ -201,7 +201,8 @@ def test_a_gang_whose_bottleneck_stays_congested_is_moved(tmp_path: Path) -> Non
         assert pool.call("post", "/fabric/telemetry", hot).json()["congested"] == [gang]
         pool.loop.step()  # the cycle stops it (kind migrate) and requeues it, its pods with their grace
         moved = [m for r, m in pool.events(gang) if r == "congestion_moved"]
-        assert len(moved) == 1 and moved[0].startswith("Moved: its bottleneck stayed above 80% load for 60 s.")
+        assert len(moved) == 1
+        assert moved[0].startswith("Moved: its bottleneck stayed above 80% load for 60 s.")
         assert {f"{gang}-a1-r{rank}" for rank in range(3)} <= set(pool.provider.stopped)  # its first pods
     finally:
         pool.close()

@@ -3,9 +3,10 @@ long enough to be checkpoint-requeued and placed again elsewhere.
 
 Judged by the cycle, for the live server (samples from its telemetry route:
 `server/services/fabric_links.hand_congestion`) and the replay (`sim/replay.py`, samples from the
-communication model's truth) alike, so both move the same gangs for the same history of samples. A gang's clock starts at the first sample that sees it hot; a sample
-that does not see it hot forgets it (the load must stay above the threshold without a break); a
-gang that is due is dropped from the clock (it is requeued, and starts afresh where it lands).
+communication model's truth) alike, so both move the same gangs for the same history of samples.
+A gang's clock starts at the first sample that sees it hot; a sample that does not see it hot
+forgets it (the load must stay above the threshold without a break); a gang that is due is dropped
+from the clock (it is requeued, and starts afresh where it lands).
 
 The cycle judges each sample (`MigrateRule.judge`) and stops the gangs due with kind migrate
 (`cycle.EventKind.MIGRATE`); the server and the replay only hand it the samples.
