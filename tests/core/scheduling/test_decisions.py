@@ -172,3 +172,29 @@ def test_a_match_that_forgets_a_kind_fails_the_type_check(tmp_path: Path) -> Non
     snippet.write_text(snippet.read_text().replace("Refuse()", "Refuse() | Reserve()").replace(
         "Refuse, Stop", "Refuse, Reserve, Stop"))
     assert subprocess.run(mypy, cwd=ROOT, capture_output=True, text=True, timeout=600).returncode == 0
+
+
+def test_a_discarded_cycle_is_decided_again_as_if_it_had_not_run() -> None:
+    """`ViewKeeper.discard`: none of an undoable cycle's decisions is carried out, so the next cycle
+    on the same snapshot decides the same again: the congestion sample it judged, and the stop it
+    decided, are not lost with it."""
+    nodes = tuple(cluster(4, devices=1))
+    gang = replace(workload(pod(1, name="r0"), pod(1, name="r1"), wid="g"), checkpoint_interval_s=20.0)
+    keeper = ViewKeeper()
+    empty = ClusterSnapshot(nodes=nodes, allocations=())
+    first = keeper.cycle(empty, [gang], FF, 0.0, random.Random(0))
+    (admit,) = first.admitted
+    from gpupool.core.model import Allocation
+
+    running = ClusterSnapshot(nodes=nodes, allocations=(Allocation(gang, admit.placements, 0.0),))
+    migrate = replace(FF, migrate=MigrateRule(threshold=0.8, hold_s=0.0))
+    assert keeper.view is not None
+    keeper.view.congestion_sample = CongestionSample(30.0, {"g": 0.9})
+    with pytest.raises(ValueError, match="undoable"):
+        keeper.discard()
+    undone = keeper.cycle(running, [], migrate, 30.0, random.Random(0), undoable=True)
+    assert [(type(d), d.workload_id) for d in undone.decisions] == [(Stop, "g")]
+    keeper.discard()
+    again = keeper.cycle(running, [], migrate, 30.0, random.Random(0))
+    assert again.decisions == undone.decisions
+    assert "g" not in keeper.view.running

@@ -224,6 +224,8 @@ class CycleResult:
     `decisions`."""
 
     decisions: tuple[Decision, ...] = ()
+    victim_searches: int = 0
+    """How many times the walk searched for victims to preempt (whether or not it found them)."""
 
     @property
     def admitted(self) -> tuple[Admit, ...]:
@@ -410,7 +412,7 @@ class _Cycle:
             decisions = [d for d in decisions if id(d) not in dropped]
         if self.reservation is not None:
             decisions.append(Reserve(self.reservation.head.id, self.reservation.start_s))
-        return CycleResult(tuple(decisions))
+        return CycleResult(tuple(decisions), self.preemption_attempts)
 
     # ------------------------------------------------------------ step 1: broken hardware
 
@@ -437,6 +439,7 @@ class _Cycle:
         if rule is None:
             view.congested_since.clear()
             return
+        view.materialize()  # the running records of allocations taken from a snapshot (once per sample)
         due = rule.judge(sample, view.running.keys(), view.congested_since)
         for wid in due:
             run = view.running[wid]

@@ -26,9 +26,11 @@ from __future__ import annotations
 
 import random
 from collections.abc import Sequence
+from copy import copy
 from dataclasses import replace
 from itertools import compress, repeat
 from operator import attrgetter, is_not, not_
+from typing import Any
 
 import numpy as np
 
@@ -57,6 +59,10 @@ PRUNE_SLACK = 4096
 """Per-workload caches are trimmed to the live workloads once they hold this many more."""
 
 
+_KEPT = ("congestion_sample", "congested_since", "moves_tried", "locality_waits", "locality_caps")
+"""What a view keeps across cycles beyond what a snapshot holds, and that a cycle changes."""
+
+
 class ViewKeeper:
     """Runs cycles on a view kept in step with successive snapshots (see the module docstring)."""
 
@@ -76,6 +82,9 @@ class ViewKeeper:
         self.topology: FabricView | None = None
         """The view's fabric (`set_fabric`; else from node labels, else None), kept across rebuilds
         while the node names stay the same; the caller updates its link state in place."""
+        self._before: dict[str, Any] | None = None
+        """What the view kept beyond the snapshot before an undoable cycle (`cycle(undoable=True)`)."""
+        self._discarded = False
 
     def set_fabric(self, fabric: Fabric | None) -> None:
         """Place by `fabric` from now on (None: none known, node labels may still give domains).
@@ -100,13 +109,16 @@ class ViewKeeper:
         now_s: float,
         rng: random.Random,
         audit: bool = False,
+        undoable: bool = False,
     ) -> CycleResult:
         """`run_cycle(snapshot, pending, policies, now_s, rng)` on the kept view; with `audit`, the
-        kept view is first checked against one built afresh (see `drifted`)."""
+        kept view is first checked against one built afresh (see `drifted`); with `undoable`, the
+        caller may `discard` the cycle's decisions instead of carrying them out."""
         view = self.sync(snapshot, policies)
         if audit and self.drifted(snapshot, policies):
             self.drifts += 1
             view = self._rebuild(snapshot, policies)
+        self._before = {name: copy(getattr(view, name)) for name in _KEPT} if undoable else None
         result = cycle_on(view, pending, policies, now_s, rng)
         held = self._held
         decisions = result.decisions
@@ -126,12 +138,21 @@ class ViewKeeper:
         self._prune(view, pending)
         return result
 
+    def discard(self) -> None:
+        """Forget the last cycle (made `undoable`): none of its decisions is carried out, so the
+        next sync builds the view afresh from the snapshot, with what the view kept beyond the
+        snapshot (telemetry's congestion clock, move and locality-wait times) as before that cycle."""
+        if self._before is None:
+            raise ValueError("Only a cycle run with undoable=True can be discarded.")
+        self._discarded = True
+
     def sync(self, snapshot: ClusterSnapshot, policies: Policies) -> ClusterView:
         """The kept view, brought up to date with `snapshot` (built afresh when it must be)."""
         view = self.view
         health = None if view is None else _health_changes(self._nodes, snapshot.nodes)
         if (
             view is None
+            or self._discarded
             or health is None
             or policies.quota != self._quota
             or policies.priority_classes != self._classes
@@ -215,8 +236,12 @@ class ViewKeeper:
         p = policies
         old = self.view
         view = ClusterView.from_snapshot(snapshot, p.quota, p.priority_classes, p.defaults)
-        if old is not None:  # telemetry's clock outlives a rebuild (the snapshot does not hold it)
+        if self._discarded and self._before is not None:  # as before the discarded cycle
+            for name, value in self._before.items():
+                setattr(view, name, value)
+        elif old is not None:  # telemetry's clock outlives a rebuild (the snapshot does not hold it)
             view.congestion_sample, view.congested_since = old.congestion_sample, old.congested_since
+        self._discarded, self._before = False, None
         evicted = {run.workload.id for run in view.to_evict}
         self._attach(view, snapshot.nodes)
         self.view = view

@@ -240,10 +240,22 @@ class Scheduler:
         if audit:
             self._next_audit_s = now + AUDIT_S
             drifts = self.keeper.drifts
-        result = self.keeper.cycle(snapshot, candidates, policies, now, self.rng, audit=audit)
+        undoable = not full and self.policies.preemption
+        rng_state = self.rng.getstate() if undoable else None
+        result = self.keeper.cycle(snapshot, candidates, policies, now, self.rng, audit=audit,
+                                   undoable=undoable)
         if audit and self.keeper.drifts != drifts:
             log.error("the scheduler's kept view had drifted from the store (its free capacity differed "
                       "from a view built afresh); it was built afresh")
+        if rng_state is not None and result.victim_searches:
+            # An arrival looked for victims, but a full pass may decide (and say) otherwise: older
+            # work of its queue, set aside since the last one, comes first there, may hold the
+            # backfill reservation (no preemption then) or use up the cycle's victim searches.
+            # Nothing of this cycle is carried out: a full pass decides instead, from the same
+            # random state, on the view built afresh.
+            self.keeper.discard()
+            self.rng.setstate(rng_state)
+            return self.cycle(capacity_changed=True)
         launches, applied = self._record(result, view, more)
         self._launch(launches)
         if applied.requeued:
