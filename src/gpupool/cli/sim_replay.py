@@ -195,7 +195,8 @@ def replay(
     plot: Path | None = typer.Option(None, "--plot", help="Also draw allocation over time (PNG)."),
     config_file: Path | None = typer.Option(
         None, "--config", help="The pool's configuration (YAML, as `gpupool up` reads; see `gpupool config "
-        "show`): placement, ordering, preemption, backfill, priority classes, queues; flags given here win."),
+        "show`): placement, ordering, preemption, backfill, priority classes, queues, and with --comm-model "
+        "moving gangs off congestion (fabric.migrate_on_congestion); flags given here win."),
     prices_file: Path | None = typer.Option(
         None, "--prices", help="A price book (the `prices:` section of a pool configuration, or a file of "
         "it alone): adds the cost per tenant, pooled and exclusive, to the JSON."),
