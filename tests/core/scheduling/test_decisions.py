@@ -198,3 +198,22 @@ def test_a_discarded_cycle_is_decided_again_as_if_it_had_not_run() -> None:
     again = keeper.cycle(running, [], migrate, 30.0, random.Random(0))
     assert again.decisions == undone.decisions
     assert "g" not in keeper.view.running
+
+
+def test_work_passed_over_is_refused_or_waits_as_if_each_were_walked(monkeypatch: pytest.MonkeyPatch) -> None:
+    import gpupool.core.scheduling.cycle as cycle_module
+
+    def decide() -> list[tuple[str, str, Reason]]:
+        view = ClusterView.empty(cluster(1, devices=1))
+        cycle_on(view, [workload(pod(1), wid="busy")], FF, 0.0, random.Random(0))
+        # the small ones first: once the first huge one is refused, the other two are passed over
+        pending = [workload(pod(1), wid=f"small{i}", submit_s=1.0 + i) for i in range(3)]
+        pending += [workload(pod(4), wid=f"huge{i}", submit_s=5.0 + i) for i in range(3)]
+        result = cycle_on(view, pending, replace(FF, preemption=False), 10.0, random.Random(0))
+        return sorted((type(d).__name__, d.workload_id, d.reason) for d in result.rejected)
+
+    fast = decide()
+    monkeypatch.setattr(cycle_module._Cycle, "pass_over", False)
+    assert fast == decide()
+    assert [k for k, w, _ in fast if w.startswith("huge")] == ["Refuse"] * 3
+    assert [k for k, w, _ in fast if w.startswith("small")] == ["Wait"] * 3

@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import math
 import random
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from contextlib import nullcontext
 from dataclasses import dataclass, field
 from enum import StrEnum
@@ -825,18 +825,26 @@ class _Cycle:
             if band is not None and key[2][0] == band:
                 left[key] = 0
         exhausted = self.exhausted
-        if exhausted or refused:
+        if exhausted:
             new = tuple.__new__
             self.decisions.extend(
-                _budget_wait(w) if exhausted and w.tenant in exhausted
+                _budget_wait(w) if w.tenant in exhausted
                 else cast(Rejection, new(Refuse if kid in refused else Wait, (w.id, *verdicts[kid])))
                 for w in passed for kid in (metas[w.id].kid,))
             return
         # In C, one map after another: a queue of thousands is passed over on every cycle.
         if wids is None:
             wids = list(map(_workload_id, passed))
-        found = map(verdicts.__getitem__, map(_kid, map(metas.__getitem__, wids)))
-        self.decisions.extend(map(tuple.__new__, repeat(Wait), map(add, zip(wids), found)))
+        if refused:
+            kind = {kid: Refuse if kid in refused else Wait for kid in verdicts}
+            passed_kids = list(map(_kid, map(metas.__getitem__, wids)))
+            # (Wait or Refuse per key; typed as Wait: both are tuples of the same three fields)
+            kinds: Iterable[type[Wait]] = cast(Iterable[type[Wait]], map(kind.__getitem__, passed_kids))
+            found = map(verdicts.__getitem__, passed_kids)
+        else:
+            kinds = repeat(Wait)
+            found = map(verdicts.__getitem__, map(_kid, map(metas.__getitem__, wids)))
+        self.decisions.extend(map(tuple.__new__, kinds, map(add, zip(wids), found)))
 
     def _reject(self, w: Workload, reason: Reason, message: str, final: bool = False) -> None:
         self.decisions.append(Refuse(w.id, reason, message) if final else Wait(w.id, reason, message))
