@@ -41,3 +41,21 @@ def test_a_decision_the_server_cannot_apply_raises_instead_of_being_dropped(
         assert pool.detail(wid)["status"] in ("admitted", "running")
     finally:
         pool.close()
+
+
+def test_the_moves_of_a_cycle_are_written_in_one_transaction() -> None:
+    # one move takes the devices another leaves: split over two transactions, the second's stop
+    # would come after the first's admission had found its devices free
+    from gpupool.core.model import Reason
+    from gpupool.core.scheduling.cycle import EventKind, Stop, Wait
+    from gpupool.server.loops.scheduler import chunked
+
+    def move(wid: str) -> Stop:
+        return Stop(wid, EventKind.MOVE, Reason.MOVED_FOR_LOCALITY, "Moved.", gang_id="g")
+
+    evict = Stop("e", EventKind.EVICT, Reason.EVICTED_UNHEALTHY, "Evicted.", grace=False)
+    waits = [Wait(f"w{i}", Reason.NO_NODE_FITS, "No node fits.") for i in range(5)]
+    items = [evict, move("a"), move("b"), move("g"), *waits]
+    chunks = [[d.workload_id for d in chunk] for chunk in chunked(items, 2)]
+    assert chunks == [["e", "a", "b", "g"], ["w0", "w1"], ["w2", "w3"], ["w4"]]
+    assert [d for chunk in chunked(items, 3) for d in chunk] == items

@@ -94,12 +94,23 @@ _Placed = tuple[Row[Any], Admit, list[PodPlacement], bool]
 whether its pods wait for a stopping pod to leave their devices."""
 
 
+def _moves(a: Decision, b: Decision) -> bool:
+    return type(a) is Stop and type(b) is Stop and a.kind is EventKind.MOVE and b.kind is EventKind.MOVE
+
+
 def chunked(items: Sequence[Decision], size: int) -> Iterator[Sequence[Decision]]:
-    """A cycle's decisions (`CycleResult.decisions`, in the order made) in transactions of at most
-    `size`: a stop and its requeue are one record, so they are never split; a stop precedes the
-    admission that takes its devices, in the same transaction or an earlier one."""
-    for start in range(0, len(items), size):
-        yield items[start:start + size]
+    """A cycle's decisions (`CycleResult.decisions`, in the order made) in transactions of about
+    `size`: a stop and its requeue are one record, so they are never split, and a stop precedes the
+    admission that takes its devices, in the same transaction or an earlier one. The cycle's
+    topology moves (each a stop and an admission at once, one move taking the devices another
+    leaves) stay in one transaction, where every stop is written before any admission."""
+    start = 0
+    while start < len(items):
+        end = min(start + size, len(items))
+        while end < len(items) and _moves(items[end - 1], items[end]):
+            end += 1
+        yield items[start:end]
+        start = end
 
 
 @dataclass(frozen=True, slots=True)
