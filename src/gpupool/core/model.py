@@ -58,6 +58,7 @@ class Reason(StrEnum):
     NO_DOMAIN_FITS = "no_domain_fits"
     MOVED_FOR_LOCALITY = "moved_for_locality"
     CONGESTION_MOVED = "congestion_moved"
+    """Its bottleneck link stayed congested (`Policies.migrate`): stopped and requeued (kind migrate)."""
 
 
 @dataclass(frozen=True, slots=True)
