@@ -1,9 +1,9 @@
 """Check: a digest of every decision the scheduler's loop of bench/cycle_latency.py takes.
 
 Runs the loop of `cycle_latency.time_loop` (the same seeded pool, pending work, churn and
-configuration) without timing it and hashes every cycle's whole `CycleResult` (admissions with
-their placements, preemptions, every rejection with its reason and message, requeues, the
-reservation), on the kept view and on a fresh one. Two commits decide alike on this scenario when
+configuration) without timing it and hashes every cycle's decisions (admissions with their
+placements, preemptions, every rejection with its reason and message, requeues, the
+reservation; `_encode`), on the kept view and on a fresh one. Two commits decide alike on this scenario when
 they print the same digests: run it with each commit's `gpupool` first on PYTHONPATH (an
 optimisation of the cycle must leave the digests as they were).
 
@@ -65,7 +65,20 @@ def digests(config: str, nodes: int, pending: int, cycles: int, churn: int, seed
 
 
 def _encode(result: CycleResult) -> bytes:
-    return repr(result).encode()
+    """Every decision, by kind, in a form that does not depend on how the result is laid out (its
+    views by kind: the same on commits from before `CycleResult.decisions`): admissions with their
+    placements; stops with reason, message, preemptor, kind and lost work; requeues with their
+    resume point; waits and refusals with reason and message; moves; the reservation."""
+    reserved = result.reservation
+    return repr((
+        [(a.workload_id, a.placements) for a in result.admitted],
+        [(p.workload_id, p.reason, p.message, p.preemptor_id, str(p.kind), p.lost_work_s, p.lost_device_s)
+         for p in result.preempted],
+        [(r.workload_id, r.reason, r.resume_progress_s) for r in result.requeued],
+        [(r.workload_id, r.reason, r.message, r.final) for r in result.rejected],
+        [(m.workload_id, m.gang_id, m.placements, m.resume_progress_s, m.lost_work_s) for m in result.moved],
+        None if reserved is None else (reserved.workload_id, reserved.start_s),
+    )).encode()
 
 
 def main() -> int:

@@ -71,6 +71,7 @@ from rich.table import Table
 
 from gpupool.core.fabric.generate import fat_tree
 from gpupool.core.fabric.model import Fabric, Link
+from gpupool.core.scheduling.congestion import MigrateRule
 from gpupool.core.scheduling.cycle import Policies
 from gpupool.core.scheduling.locality import WaitCap
 from gpupool.core.scheduling.moves import MoveRule
@@ -112,8 +113,10 @@ class Variant:
     estimate: EstimateMode = EstimateMode.HOPS_ONLY
     """What the scheduler is told of each job's communication ratio."""
     congestion: CongestionRule | None = None
-    """Link load sampled from the truth into the scheduler's view every minute (sim/congestion.py);
-    with migrate, gangs moved off congestion."""
+    """Link load sampled from the truth into the scheduler's view every minute (sim/congestion.py)."""
+    migrate: MigrateRule | None = None
+    """The cycle moves gangs off congestion (`Policies.migrate`, the configuration's
+    fabric.migrate_on_congestion)."""
     moves: MoveRule | None = None
     """Spread gangs moved into one leaf, single-node work moved to make room (core/scheduling/moves.py)."""
 
@@ -148,10 +151,11 @@ VARIANTS = {
     "network-aware-telemetry": Variant("network-aware-telemetry", "network-aware",
                                        estimate=EstimateMode.EXACT, congestion=CongestionRule()),
     "network-aware-migrate": Variant("network-aware-migrate", "network-aware",
-                                     estimate=EstimateMode.EXACT, congestion=CongestionRule(migrate=True)),
+                                     estimate=EstimateMode.EXACT, congestion=CongestionRule(),
+                                     migrate=MigrateRule()),
     "network-aware-migrate-30": Variant("network-aware-migrate-30", "network-aware",
                                         estimate=EstimateMode.EXACT,
-                                        congestion=CongestionRule(threshold=0.3, migrate=True)),
+                                        congestion=CongestionRule(), migrate=MigrateRule(threshold=0.3)),
 }
 DEFAULT_POLICIES = "best-fit,fgd,fgd-strand,strict-leaf,slurm-switches,network-aware,oracle"
 
@@ -250,7 +254,7 @@ def run_one(task: dict[str, Any]) -> dict[str, Any]:
     policies = Policies(placement=variant.placement, placement_options=options, ordering="priority-fifo",
                         backfill=task["backfill"], topology_default=variant.topology,
                         max_locality_wait_s=variant.max_wait_s if variant.topology else math.inf,
-                        locality_wait_cap=variant.wait_cap, moves=variant.moves)
+                        locality_wait_cap=variant.wait_cap, moves=variant.moves, migrate=variant.migrate)
     config = ReplayConfig(tuple(nodes), tuple(jobs), policies, seed=scenario.seed,
                           comm=CommSetup(fabric, model, profiles) if variant.comm else None,
                           link_failures=cuts, timeline_points=50, congestion=variant.congestion)

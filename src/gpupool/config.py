@@ -40,6 +40,7 @@ from gpupool.core.quota import (
     ResourceQuota,
     devices_milli,
 )
+from gpupool.core.scheduling.congestion import MigrateRule
 from gpupool.core.scheduling.cycle import Policies
 from gpupool.core.scheduling.locality import WaitCap
 from gpupool.core.scheduling.moves import MoveRule
@@ -319,6 +320,13 @@ class FabricConfig(_Strict):
                 raise ValueError(exc.message) from None
         return value
 
+    def migrate_rule(self) -> MigrateRule | None:
+        """The cycle's congestion rule (`Policies.migrate`), the same for `gpupool up` and
+        `gpupool sim replay --config`; None when migrate_on_congestion is off."""
+        if not self.migrate_on_congestion:
+            return None
+        return MigrateRule(threshold=self.congestion_threshold, hold_s=self.congestion_for)
+
     def qos_plan(self) -> QosPlan | None:
         """The SL of each class (None when no QoS is configured)."""
         return plan_qos(self.qos) if self.qos else None
@@ -448,7 +456,8 @@ class PoolConfig(_Strict):
                                                      else s.topology_wait_ceiling),
                         moves=(MoveRule(restart_s=s.topology_move_restart,
                                         max_moves_each=s.topology_moves_per_workload)
-                               if s.topology_moves else None))
+                               if s.topology_moves else None),
+                        migrate=self.fabric.migrate_rule())
 
     def to_yaml(self) -> str:
         return yaml.safe_dump(self.model_dump(mode="json"), sort_keys=False, default_flow_style=False)

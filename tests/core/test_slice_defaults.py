@@ -23,7 +23,7 @@ from gpupool.core.model import (
     SliceDefaults,
     Workload,
 )
-from gpupool.core.scheduling.cycle import Admission, CycleResult, Policies, cycle_on, run_cycle
+from gpupool.core.scheduling.cycle import Admit, CycleResult, Policies, cycle_on, run_cycle
 from gpupool.core.scheduling.gang import place_gang, release_gang
 from gpupool.core.scheduling.keeper import ViewKeeper
 from gpupool.core.scheduling.policies.base import NoFit, make_policy
@@ -50,7 +50,7 @@ def _cycle(nodes: list[Node], pending: list[Workload], policies: Policies = FF) 
     return run_cycle(ClusterSnapshot(tuple(nodes)), pending, policies, 0.0, random.Random(0))
 
 
-def _held(admission: Admission) -> tuple[int, int, tuple[int, ...]]:
+def _held(admission: Admit) -> tuple[int, int, tuple[int, ...]]:
     placement = admission.placements[0]
     return placement.cpu_milli, placement.memory_mib, tuple(s.memory_mib for s in placement.slices)
 

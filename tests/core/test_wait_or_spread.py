@@ -13,7 +13,7 @@ from factories import cluster, node, pod, workload
 from gpupool.core.fabric.generate import fat_tree
 from gpupool.core.model import Allocation, Reason, Workload
 from gpupool.core.scheduling import backfill, cycle, locality
-from gpupool.core.scheduling.cycle import CycleResult, ReservedStart
+from gpupool.core.scheduling.cycle import CycleResult, Reserve
 from gpupool.core.scheduling.locality import WaitCap
 from gpupool.core.scheduling.view import ClusterView
 from gpupool.core.topology_spec import Tier
@@ -46,7 +46,7 @@ def test_a_gang_waits_for_its_leaf_when_spreading_costs_more() -> None:
     (waiting,) = result.rejected
     assert waiting.reason is Reason.WAITING_FOR_LOCALITY and not waiting.final
     assert "expected in 100 s" in waiting.message
-    assert result.reservation == ReservedStart("g", 100.0) and not result.admitted
+    assert result.reservation == Reserve("g", 100.0) and not result.admitted
     assert view.locality_waits == {"g": 0.0}
     assert view.state.dev_milli_free.sum() == 2 * 8 * 1000  # its place was given back
 
@@ -143,7 +143,7 @@ def test_backfill_steers_work_off_the_leaf_a_stuck_gang_is_reserved_in() -> None
     outlast the gang's reservation there, so it starts on n003 instead and leaf 0 stays the gang's."""
     view = view_on(running=HALF_OF_LEAF_0)
     result = run(view, _stuck_head_and_small(), placement="network-aware", backfill=True)
-    assert result.reservation == ReservedStart("g", 100.0)
+    assert result.reservation == Reserve("g", 100.0)
     assert nodes_of(result, "small") == ["n003"]
 
 
@@ -160,7 +160,7 @@ def test_backfill_never_spreads_a_gang_reserved_in_one_leaf(
     view = view_on(running=HALF_OF_LEAF_0)
     pending = _stuck_head_and_small()
     result = run(view, pending, placement="network-aware", backfill=True)
-    assert result.reservation == ReservedStart("g", 100.0)
+    assert result.reservation == Reserve("g", 100.0)
     if not keep:
         assert nodes_of(result, "small") == ["n000"]
         return
@@ -169,7 +169,7 @@ def test_backfill_never_spreads_a_gang_reserved_in_one_leaf(
     monkeypatch.setattr(backfill, "_reserve", lambda *a, **k: calls.append(1) or reserving(*a, **k))
     for now_s in (0.0, 10.0):
         result = run(view, pending, now_s=now_s, placement="network-aware", backfill=True)
-        assert result.reservation == ReservedStart("g", 100.0)
+        assert result.reservation == Reserve("g", 100.0)
         assert {r.workload_id: r.reason for r in result.rejected} == {
             "g": Reason.GANG_INCOMPLETE, "small": Reason.BACKFILL_BLOCKED}
     assert not calls  # both reused the first cycle's reservation, and with it the leaf it keeps
@@ -248,7 +248,7 @@ def test_under_the_loss_cap_a_gang_waits_beyond_max_wait_while_spreading_costs_m
     cap = view.locality_caps["g"]
     assert cap > 1000.0 and f"less than the {cap:.0f} s spreading would cost" in waiting.message
     assert f"at most {cap:.0f} s in all" in waiting.message
-    assert result.reservation == ReservedStart("g", 1000.0)
+    assert result.reservation == Reserve("g", 1000.0)
 
 
 def test_under_the_loss_cap_a_gang_never_waits_longer_in_all_than_spreading_would_cost() -> None:
@@ -376,7 +376,7 @@ def test_a_gang_that_fits_nowhere_now_is_reserved_in_a_leaf_when_the_delay_costs
     result = run(view, [gang(2, 8, wid="g", estimate_s=10_000.0)], placement="network-aware", backfill=True,
                  locality_wait_cap=cap)
     assert [r.reason for r in result.rejected] == [Reason.GANG_INCOMPLETE]
-    assert result.reservation == ReservedStart("g", reserved_s)
+    assert result.reservation == Reserve("g", reserved_s)
 
 
 def test_a_leaf_reservation_is_not_made_when_turned_off_or_for_a_light_gang(
@@ -385,11 +385,11 @@ def test_a_leaf_reservation_is_not_made_when_turned_off_or_for_a_light_gang(
     view = congested(view_on(running=_leaf_2_later(150.0)))
     light = gang(2, 8, spec="comm=0.0001", wid="g", estimate_s=100.0)  # spreading costs it < 50 s
     result = run(view, [light], placement="network-aware", backfill=True)
-    assert result.reservation == ReservedStart("g", 100.0)
+    assert result.reservation == Reserve("g", 100.0)
     monkeypatch.setattr(locality, "leaf_reservations", False)
     view = congested(view_on(running=_leaf_2_later(150.0)))
     result = run(view, [gang(2, 8, wid="g", estimate_s=10_000.0)], placement="network-aware", backfill=True)
-    assert result.reservation == ReservedStart("g", 100.0)
+    assert result.reservation == Reserve("g", 100.0)
 
 
 @pytest.mark.parametrize(("queued", "reserved_s"), [(0, 250.0), (1, 250.0), (3, 100.0)])
@@ -403,7 +403,7 @@ def test_the_queue_behind_a_stuck_gang_shrinks_how_much_later_its_leaf_may_be(
     view = congested(view_on(running=_leaf_2_later(250.0)))
     result = run(view, [gang(2, 8, wid="g", estimate_s=10_000.0), *behind], placement="network-aware",
                  backfill=True)
-    assert result.reservation == ReservedStart("g", reserved_s)
+    assert result.reservation == Reserve("g", reserved_s)
 
 
 def test_work_that_ends_before_a_leaf_reservation_backfills_the_gangs_leaf() -> None:
@@ -413,7 +413,7 @@ def test_work_that_ends_before_a_leaf_reservation_backfills_the_gangs_leaf() -> 
     short = dataclasses.replace(gang(1, 8, wid="short", estimate_s=120.0), submit_time_s=2.0)
     result = run(view, [gang(2, 8, wid="g", estimate_s=10_000.0), long, short], placement="network-aware",
                  backfill=True)
-    assert result.reservation == ReservedStart("g", 150.0)
+    assert result.reservation == Reserve("g", 150.0)
     assert nodes_of(result, "short") == ["n005"]
     assert {r.workload_id: r.reason for r in result.rejected} == {
         "g": Reason.GANG_INCOMPLETE, "long": Reason.BACKFILL_BLOCKED}

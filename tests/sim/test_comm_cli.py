@@ -44,3 +44,23 @@ def test_comm_model_errors_are_one_sentence(tmp_path: Path) -> None:
     del no_fabric[at:at + 2]
     refused = runner.invoke(app, no_fabric)
     assert refused.exit_code == 2 and "give --fabric FILE too" in refused.output
+
+
+def test_the_configurations_congestion_keys_move_gangs_in_the_replay(tmp_path: Path) -> None:
+    # fabric.migrate_on_congestion with congestion_threshold / congestion_for, as `gpupool up` reads
+    # them: the replay samples link load and its cycles stop gangs due (kind migrate)
+    config = tmp_path / "pool.yaml"
+    config.write_text("fabric: {migrate_on_congestion: true, congestion_threshold: 0.01, "
+                      "congestion_for: 0s}\n")
+    trace = tmp_path / "gangs.csv"  # gangs of three nodes: each crosses leaf uplinks
+    trace.write_text("timestamp,duration,num_gpus,gpu_time,cluster\n" + "".join(
+        f"2017-10-01 00:0{i}:00,7200.0,24,172800.0,team{i}\n" for i in range(2)))
+    args = _args(tmp_path, "--comm-model", "default")
+    args[args.index("--trace") + 1] = f"philly:{trace}"
+    done = runner.invoke(app, [*args, "--config", str(config)])
+    assert done.exit_code == 0, done.output
+    data = json.loads((tmp_path / "r.json").read_text())
+    assert data["congestion_samples"] > 0 and data["congestion_moves"] > 0
+    plain = runner.invoke(app, args)
+    assert plain.exit_code == 0, plain.output
+    assert "congestion_moves" not in json.loads((tmp_path / "r.json").read_text())

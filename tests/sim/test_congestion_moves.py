@@ -1,16 +1,20 @@
 """Congestion in the replay (sim/congestion.py): the truth's link load fed to the scheduler as
-telemetry, and gangs whose bottleneck pool stays hot moved off it (checkpoint-requeued)."""
+telemetry, and gangs whose bottleneck pool stays hot moved off it (checkpoint-requeued) by the
+cycle (`Policies.migrate`, a stop of kind migrate)."""
 
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import pytest
 
 from factories import cluster, pod
+from gpupool.config import parse_config
 from gpupool.core.fabric.generate import fat_tree
 from gpupool.core.model import Workload
-from gpupool.core.scheduling.cycle import Policies
+from gpupool.core.scheduling.congestion import MigrateRule
+from gpupool.core.scheduling.cycle import CycleResult, EventKind, Policies
 from gpupool.core.scheduling.preemption import checkpoint_split
 from gpupool.core.scheduling.topology import LEAF_UP, FabricView
 from gpupool.core.topology_spec import Tier, TopologySpec
@@ -52,9 +56,22 @@ POLICIES = Policies(placement="first-fit", ordering="fifo",
 """Preferred leaf, never waiting for one: a gang spreads when no leaf fits, packs when one does."""
 
 
-def _replay(rule: CongestionRule | None) -> tuple[Replay, dict]:
+class _Stops(Replay):
+    """A replay that keeps every stop its cycles decided."""
+
+    def __init__(self, config: ReplayConfig) -> None:
+        super().__init__(config)
+        self.stops: list[tuple[float, str, EventKind]] = []
+
+    def _apply(self, result: CycleResult, now_s: float) -> None:
+        self.stops += [(now_s, s.workload_id, s.kind) for s in result.stopped]
+        super()._apply(result, now_s)
+
+
+def _replay(rule: CongestionRule | None, migrate: MigrateRule | None = None) -> tuple[_Stops, dict]:
     setup = CommSetup(FABRIC, MODEL, {"a": LANGUAGE, "b": LANGUAGE})
-    run = Replay(ReplayConfig(NODES, JOBS, POLICIES, comm=setup, congestion=rule, check_invariants=True))
+    policies = replace(POLICIES, migrate=migrate)
+    run = _Stops(ReplayConfig(NODES, JOBS, policies, comm=setup, congestion=rule, check_invariants=True))
     return run, run.run()
 
 
@@ -84,11 +101,11 @@ def test_the_truth_gives_each_pool_and_each_gangs_bottleneck_its_utilisation() -
 def test_a_sample_sets_the_measured_load_in_the_schedulers_view_and_clears_it_after() -> None:
     truth = CommTracker(FABRIC, NODES, MODEL, {"a": LANGUAGE})
     view = FabricView.from_fabric(FABRIC, NODES)
-    watch = CongestionWatch(CongestionRule(threshold=HOT, migrate=True))
+    watch = CongestionWatch(CongestionRule())
     truth.start("a", [2, 3], 16.0)
     truth.rates()
     (uplink,) = truth.pool_links((LEAF_UP, 0))
-    assert watch.sample(truth, view, 0.0) == []  # one gang alone: not hot
+    assert watch.sample(truth, view, 0.0) == {"a": pytest.approx(ALONE, abs=1e-3)}  # its bottleneck's load
     state = view.link_state(uplink)
     assert state is not None and state[1] == pytest.approx(ALONE, abs=1e-3)
     truth.stop("a")
@@ -100,9 +117,11 @@ def test_a_sample_sets_the_measured_load_in_the_schedulers_view_and_clears_it_af
 
 
 def test_gangs_sharing_a_hot_pool_move_after_the_hold_time_losing_the_work_since_a_checkpoint() -> None:
-    run, result = _replay(CongestionRule(threshold=HOT, hold_s=120.0, sample_s=60.0, migrate=True))
+    run, result = _replay(CongestionRule(sample_s=60.0), MigrateRule(threshold=HOT, hold_s=120.0))
     # Samples at 70, 130, 190 (a's start + 60 s each): hot from 70 (b joined at 20), due at 190.
     assert result["congestion_moves"] == 2 and result["congestion_same_nodes"] == 0
+    # the cycle decided it: one stop of kind migrate each, at the sample that found them due
+    assert run.stops == [(190.0, "a", EventKind.MIGRATE), (190.0, "b", EventKind.MIGRATE)]
     assert result["preemptions"] == 0  # a move is not a preemption
     for wid, before in (("a", {2, 3}), ("b", {1, 4})):
         assert _nodes(run, wid) != before and len(_leaf(_nodes(run, wid))) == 1  # placed again in one leaf
@@ -123,16 +142,15 @@ def test_gangs_sharing_a_hot_pool_move_after_the_hold_time_losing_the_work_since
 
 
 def test_without_migrate_or_below_the_threshold_nobody_moves() -> None:
-    for rule in (CongestionRule(threshold=HOT, hold_s=120.0), CongestionRule(threshold=0.45, hold_s=120.0,
-                                                                             migrate=True)):
-        run, result = _replay(rule)
+    for migrate in (None, MigrateRule(threshold=0.45, hold_s=120.0)):
+        run, result = _replay(CongestionRule(), migrate)
         assert result["congestion_moves"] == 0 and result["congestion_lost_gpu_h"] == 0.0
         assert result["congestion_samples"] > 0
         assert _nodes(run, "a") == {2, 3} and _nodes(run, "b") == {1, 4}
 
 
 def test_sampling_stops_when_no_gang_runs() -> None:
-    run, result = _replay(CongestionRule(threshold=HOT, hold_s=1e6))
+    run, result = _replay(CongestionRule(), MigrateRule(threshold=HOT, hold_s=1e6))
     assert result["unfinished"] == 0
     # gangs ran from t=10 to about t=10 + 1000 / rate: one sample a minute, plus one to clear the view
     last_end = max(run.jobs[w].first_start_s or 0.0 for w in "ab") + 1000.0 / 0.42
@@ -145,6 +163,21 @@ def test_sampling_stops_when_no_gang_runs() -> None:
 
 
 def test_a_rule_out_of_range_is_refused() -> None:
-    for bad in ({"threshold": 0.0}, {"hold_s": -1.0}, {"sample_s": 0.0}, {"sample_s": math.inf}):
+    for bad in ({"sample_s": 0.0}, {"sample_s": math.inf}):
         with pytest.raises(InvalidInput):
             CongestionRule(**bad)
+    for wrong in ({"threshold": 0.0}, {"hold_s": -1.0}, {"threshold": math.nan}):
+        with pytest.raises(InvalidInput):
+            MigrateRule(**wrong)
+
+
+def test_the_pools_configuration_keys_are_the_replays() -> None:
+    # fabric.migrate_on_congestion, congestion_threshold, congestion_for: what `gpupool up` runs and
+    # `sim replay --config` replays, one rule of the cycle
+    config = parse_config("fabric: {migrate_on_congestion: true, congestion_threshold: 0.38, "
+                          "congestion_for: 2m}\n")
+    assert config.policies().migrate == MigrateRule(threshold=HOT, hold_s=120.0)
+    assert parse_config("{}").policies().migrate is None
+    run, result = _replay(CongestionRule(), config.policies().migrate)
+    assert result["congestion_moves"] == 2 and [s[1:] for s in run.stops] == [
+        ("a", EventKind.MIGRATE), ("b", EventKind.MIGRATE)]

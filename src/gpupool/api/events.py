@@ -35,5 +35,3 @@ class EventReason(StrEnum):
     """A fabric link failed and two of its nodes had no route left: the gang is requeued."""
     LINK_DEGRADED = "link_degraded"
     """A fabric link failed or healed and the gang's bottleneck changed (an event; it keeps running)."""
-    CONGESTION_MOVED = "congestion_moved"
-    """Its bottleneck link stayed congested (fabric.migrate_on_congestion): checkpoint-requeued."""

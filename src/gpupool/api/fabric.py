@@ -114,6 +114,7 @@ class LinkChangeOut(Strict):
     links: list[str] = Field(description="the cables that changed (failed now, for telemetry)")
     changed: bool = Field(description="false when the link already was in that state")
     requeued: list[str] = Field(description="gangs cut off (some of their nodes lost every route): requeued")
-    moved: list[str] = Field(default_factory=list, description=(
-        "gangs moved off a congested bottleneck (fabric.migrate_on_congestion)"))
+    congested: list[str] = Field(default_factory=list, description=(
+        "gangs whose bottleneck is above fabric.congestion_threshold at this sample "
+        "(fabric.migrate_on_congestion: the scheduler moves those congested for congestion_for)"))
     slowed: dict[str, str] = Field(description="gang -> the event naming its new bottleneck")

@@ -78,6 +78,11 @@ _ENTRIES: tuple[tuple[StrEnum, bool, str, str], ...] = (
      "where it runs faster; its domain is reserved meanwhile.",
      "Nothing to do: it starts spread once waiting would cost more than spreading, or after the pool's "
      "max_wait; --topology none lets it start anywhere at once."),
+    (_R.CONGESTION_MOVED, False,
+     "Its slowest link stayed congested longer than the pool allows, so it was stopped to be placed "
+     "away from it.",
+     "Nothing to do: it resumes from its last checkpoint in GPUPOOL_CHECKPOINT_DIR on a quieter part "
+     "of the fabric."),
     (_R.MOVED_FOR_LOCALITY, False,
      "Moved while running: a gang that ran spread over several leaves was stopped and started again "
      "inside one, where it runs faster, and single-node work made room for it by moving too.",
@@ -130,11 +135,6 @@ _ENTRIES: tuple[tuple[StrEnum, bool, str, str], ...] = (
      "A fabric link on its routes failed and left it less bandwidth; the event names its new slowest link.",
      "Nothing to do: it keeps running at the bandwidth named; `gpupool show ID --json` gives its "
      "placement's bottleneck."),
-    (_E.CONGESTION_MOVED, False,
-     "Its slowest link stayed congested longer than the pool allows, so it was stopped to be placed "
-     "away from it.",
-     "Nothing to do: it resumes from its last checkpoint in GPUPOOL_CHECKPOINT_DIR on a quieter part "
-     "of the fabric."),
     (_E.LIMITS_UNENFORCED, False,
      "Placed where one of its limits is not enforced (no cgroup v2, no MPS, or simulated devices).",
      "It runs, but may use more than its share; the message names the limit."),

@@ -72,6 +72,10 @@ def run_replay(
     communication allows on that fabric.
 
     `critical_share`: that fraction of Philly's jobs (seeded) is of the priority class `critical`.
+
+    With the configuration's fabric.migrate_on_congestion and a communication model, link load is
+    sampled from the truth every minute and the cycle moves gangs off congested links by the
+    configuration's congestion_threshold and congestion_for, as `gpupool up` does.
     """
     from gpupool.config import PoolConfig
     from gpupool.core.scheduling.ordering.base import make_ordering
@@ -127,8 +131,14 @@ def run_replay(
         if fabric_model is None:
             raise InvalidInput("--comm-model needs the fabric the gangs talk over: give --fabric FILE too.")
         comm = comm_setup(fabric_model, jobs, load_comm_model(comm_model), seed, per_node)
+    congestion = None
+    if policies.migrate is not None and comm is not None:
+        from gpupool.sim.congestion import CongestionRule
+
+        congestion = CongestionRule()  # telemetry from the truth, judged by the configuration's rule
     result = replay(ReplayConfig(tuple(nodes), tuple(jobs), policies, seed=seed, prices=book,
-                                 budgets=budgets or {}, fabric=fabric_model, comm=comm))
+                                 budgets=budgets or {}, fabric=fabric_model, comm=comm,
+                                 congestion=congestion))
     result["config"] = {
         "trace": trace,
         "nodes": str(nodes_csv) if nodes_csv else cluster,
@@ -185,7 +195,8 @@ def replay(
     plot: Path | None = typer.Option(None, "--plot", help="Also draw allocation over time (PNG)."),
     config_file: Path | None = typer.Option(
         None, "--config", help="The pool's configuration (YAML, as `gpupool up` reads; see `gpupool config "
-        "show`): placement, ordering, preemption, backfill, priority classes, queues; flags given here win."),
+        "show`): placement, ordering, preemption, backfill, priority classes, queues, and with --comm-model "
+        "moving gangs off congestion (fabric.migrate_on_congestion); flags given here win."),
     prices_file: Path | None = typer.Option(
         None, "--prices", help="A price book (the `prices:` section of a pool configuration, or a file of "
         "it alone): adds the cost per tenant, pooled and exclusive, to the JSON."),

@@ -57,6 +57,8 @@ class Reason(StrEnum):
     WAITING_FOR_LOCALITY = "waiting_for_locality"
     NO_DOMAIN_FITS = "no_domain_fits"
     MOVED_FOR_LOCALITY = "moved_for_locality"
+    CONGESTION_MOVED = "congestion_moved"
+    """Its bottleneck link stayed congested (`Policies.migrate`): stopped and requeued (kind migrate)."""
 
 
 @dataclass(frozen=True, slots=True)

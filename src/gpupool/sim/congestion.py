@@ -7,9 +7,10 @@ like the server's telemetry route, sets it as the load of that pool's links in t
 view (`FabricView.set_link(key, utilization=...)`): the network-aware policy then sees measured
 load, and a link at `LinkHealth.load_high` is penalised until its load falls (hysteresis). A pool
 keeps being sampled while one of its links is penalised, so the hysteresis can let go; sampling
-stops once no gang runs and nothing is penalised. With `migrate`, a gang whose bottleneck pool
-(`CommTracker.bottleneck_utilisation`) stays above `threshold` for `hold_s` is due to move (the
-rule the server uses: `core.scheduling.congestion.due_to_move`); the replay checkpoint-requeues it.
+stops once no gang runs and nothing is penalised. With `Policies.migrate`, each sample's bottleneck
+loads (`CommTracker.bottleneck_utilisation`) go to the cycle, which stops a gang whose bottleneck
+stays above the threshold for the hold time (kind migrate: the rule the server's cycle applies,
+`core.scheduling.congestion.MigrateRule`); the replay checkpoint-requeues it.
 """
 
 from __future__ import annotations
@@ -18,7 +19,6 @@ import math
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from gpupool.core.scheduling.congestion import due_to_move
 from gpupool.errors import InvalidInput
 
 if TYPE_CHECKING:
@@ -28,24 +28,14 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True, slots=True)
 class CongestionRule:
-    """When the replay samples link load, and whether it moves gangs off congested links."""
+    """When the replay samples link load (telemetry). Whether gangs move off congested links, and
+    when, is the cycle's (`Policies.migrate`: the configuration's fabric.migrate_on_congestion,
+    congestion_threshold and congestion_for, as `gpupool up` reads them)."""
 
-    threshold: float = 0.9
-    """A gang's bottleneck pool is hot above this utilisation (the server's congestion_threshold)."""
-    hold_s: float = 300.0
-    """How long it stays hot before the gang moves (the server's congestion_for)."""
     sample_s: float = 60.0
     """Telemetry period."""
-    migrate: bool = False
-    """False: telemetry only (the scheduler sees measured load; nobody moves)."""
 
     def __post_init__(self) -> None:
-        if not 0 < self.threshold <= 2 or not math.isfinite(self.threshold):
-            raise InvalidInput(f"The congestion threshold must be a utilisation in (0, 2], got "
-                               f"{self.threshold}.")
-        if not 0 <= self.hold_s < math.inf:
-            raise InvalidInput(f"The congestion hold time must be a finite number of seconds >= 0, got "
-                               f"{self.hold_s}.")
         if not 0 < self.sample_s < math.inf:
             raise InvalidInput(f"The congestion sample period must be a finite number of seconds > 0, got "
                                f"{self.sample_s}.")
@@ -53,11 +43,9 @@ class CongestionRule:
 
 @dataclass
 class CongestionWatch:
-    """The replay's telemetry and congestion clock (see the module docstring)."""
+    """The replay's telemetry, and its account of the gangs the cycle moved (see the module docstring)."""
 
     rule: CongestionRule
-    since: dict[str, float] = field(default_factory=dict)
-    """Gang -> when its bottleneck was first seen hot (without a break since)."""
     reported: set[tuple[int, int]] = field(default_factory=set)
     """Pools whose load the scheduler's view holds non-zero or penalised: sampled until they clear."""
     samples: int = 0
@@ -68,17 +56,14 @@ class CongestionWatch:
     same_nodes: int = 0
     """Moved gangs placed again on exactly the nodes they left."""
 
-    def sample(self, truth: CommTracker, topology: FabricView | None, now_s: float) -> list[str]:
-        """One telemetry sample; returns the gangs due to move (none unless `rule.migrate`)."""
+    def sample(self, truth: CommTracker, topology: FabricView | None, now_s: float) -> dict[str, float]:
+        """One telemetry sample: the measured load set in the view; returns each tracked gang's
+        bottleneck utilisation (`CommTracker.bottleneck_utilisation`), what the cycle judges."""
         self.samples += 1
         pools = truth.pool_utilisation()
         if topology is not None:
             self._telemetry(truth, topology, pools)
-        if not self.rule.migrate:
-            return []
-        hot = [w for w, u in truth.bottleneck_utilisation(pools).items() if u > self.rule.threshold]
-        due, self.since = due_to_move(hot, self.since, now_s, self.rule.hold_s)
-        return due
+        return truth.bottleneck_utilisation(pools)
 
     def active(self, truth: CommTracker) -> bool:
         """Whether the next sample is needed: gangs run, or the view still holds load to clear."""
@@ -88,7 +73,6 @@ class CongestionWatch:
         self.moves += 1
         self.lost_device_s += lost_device_s
         self.moved_from[wid] = nodes
-        self.since.pop(wid, None)
 
     def restarted(self, wid: str, nodes: tuple[int, ...]) -> None:
         left = self.moved_from.pop(wid, None)

@@ -30,8 +30,19 @@ from gpupool.core.metering import PriceBook
 from gpupool.core.model import Node, Reason, Workload, WorkloadInfo
 from gpupool.core.overcommit import device_slowdown
 from gpupool.core.scheduling.backfill import RuntimeEstimator
-from gpupool.core.scheduling.cycle import CycleResult, EventKind, Policies, cycle_on
-from gpupool.core.scheduling.moves import Move
+from gpupool.core.scheduling.congestion import CongestionSample
+from gpupool.core.scheduling.cycle import (
+    Admit,
+    CycleResult,
+    EventKind,
+    Policies,
+    Refuse,
+    Reserve,
+    Stop,
+    Wait,
+    cycle_on,
+    unhandled,
+)
 from gpupool.core.scheduling.ordering.base import make_ordering
 from gpupool.core.scheduling.preemption import checkpoint_split
 from gpupool.core.scheduling.topology import FabricView
@@ -81,8 +92,9 @@ class ReplayConfig:
     (`core.scheduling.topology.map_hosts`); None: the communication model's, else none."""
     congestion: CongestionRule | None = None
     """With `comm`: link load sampled from the truth into the scheduler's view every `sample_s`
-    while gangs run, and with `migrate` gangs moved off congested links (sim/congestion.py); the
-    result gains congestion_samples, congestion_moves, congestion_lost_gpu_h, congestion_same_nodes."""
+    while gangs run, and with `policies.migrate` each sample handed to the cycle, which moves gangs
+    off congested links (sim/congestion.py); the result gains congestion_samples, congestion_moves,
+    congestion_lost_gpu_h, congestion_same_nodes."""
 
 
 @dataclass(slots=True)
@@ -144,6 +156,10 @@ class Replay:
             self.view.set_topology(FabricView.from_fabric(fabric, config.nodes))
         self.congestion = CongestionWatch(config.congestion) if config.congestion and self.comm else None
         self.sample_at: float | None = None
+        self.requeued_now = 0
+        """Work the last applied cycle stopped and requeued (another cycle runs at once)."""
+        self.waiting_now = False
+        """Whether the last applied cycle left any workload waiting (not refused)."""
 
     # ------------------------------------------------------------------ driving
 
@@ -214,7 +230,8 @@ class Replay:
             self.metrics.observe(now_s, self.view)
             return  # new arrivals queue behind a head that still cannot start: the cycle would be a no-op
         freed = self.policies.moves is not None and any(e.kind in FREEING for e in events)
-        if not self.pending_workloads and not self.view.to_evict and not freed:
+        sampled = self.view.congestion_sample is not None
+        if not self.pending_workloads and not self.view.to_evict and not freed and not sampled:
             self.blocked = False
             self.metrics.observe(now_s, self.view)
             return  # nothing waits, nothing is to be evicted and nothing can move: nothing to decide
@@ -230,9 +247,9 @@ class Replay:
             self._apply(result, now_s)
             if self.config.check_invariants:
                 self._check(result)
-            if not result.preempted:
+            if not self.requeued_now:
                 break  # requeued work gets another cycle at once (it may fit elsewhere)
-        self.blocked = self.strict_alone and any(not r.final for r in result.rejected)
+        self.blocked = self.strict_alone and self.waiting_now
         self.metrics.observe(now_s, self.view)
 
     def _with_budgets(self, now_s: float) -> Policies:
@@ -250,34 +267,62 @@ class Replay:
             self.loop.schedule(self.next_period_s, "budget_period")
 
     def _apply(self, result: CycleResult, now_s: float) -> None:
-        self._locality_waits(result, now_s)
-        for move in result.moved:
-            self._move(move, now_s)
-        for stop in result.preempted:
-            self._stop(stop.workload_id, now_s, stop.kind)
-        for admission in result.admitted:
-            self._start(admission.workload_id, now_s)
-        for rejection in result.rejected:
-            if rejection.final:
-                job = self.pending.pop(rejection.workload_id, None)
-                self.pending_workloads.pop(rejection.workload_id, None)
-                if job is not None:
-                    self.metrics.rejected += 1
-                    self.metrics.pending_change(job.job, -1.0)
+        """Every decision of the cycle, in the order made, through one match (a kind the core
+        learns later fails the type check at `unhandled`, and raises there, rather than being
+        dropped silently)."""
+        was_held = self._credit_locality_waits(now_s)
+        requeued, waiting = 0, False
+        for decision in result.decisions:
+            match decision:
+                case Wait(workload_id=wid, reason=reason):
+                    waiting = True
+                    if reason is Reason.WAITING_FOR_LOCALITY:
+                        self._held_for_locality(wid, wid not in was_held, now_s)
+                case Stop(kind=EventKind.MOVE):
+                    self._move(decision, now_s)
+                case Stop(kind=EventKind.MIGRATE):
+                    nodes = tuple(sorted({n for n, _ in self.jobs[decision.workload_id].devices}))
+                    lost_device_s = self._stop(decision.workload_id, now_s, decision.kind)
+                    if self.congestion is not None:
+                        self.congestion.moved(decision.workload_id, nodes, lost_device_s)
+                    requeued += 1
+                case Stop():
+                    self._stop(decision.workload_id, now_s, decision.kind)
+                    requeued += 1
+                case Admit():
+                    self._start(decision.workload_id, now_s)
+                case Refuse():
+                    refused = self.pending.pop(decision.workload_id, None)
+                    self.pending_workloads.pop(decision.workload_id, None)
+                    if refused is not None:
+                        self.metrics.rejected += 1
+                        self.metrics.pending_change(refused.job, -1.0)
+                case Reserve():
+                    pass  # the view holds it; nothing runs until it starts
+                case _:
+                    unhandled(decision)
+        self.requeued_now, self.waiting_now = requeued, waiting
 
-    def _locality_waits(self, result: CycleResult, now_s: float) -> None:
-        """Credit each job the time since the last cycle held it back for locality; note who this
-        cycle holds back (only before a job's first start: the part of its queueing delay)."""
-        held = {r.workload_id for r in result.rejected if r.reason is Reason.WAITING_FOR_LOCALITY}
+    def _credit_locality_waits(self, now_s: float) -> set[str]:
+        """Credit each pending job the time since the last cycle held it back for locality (only
+        before its first start: the part of its queueing delay); returns those it held."""
+        held: set[str] = set()
         for wid, job in self.pending.items():
-            newly = job.held_since_s is None
             if job.held_since_s is not None:
                 job.locality_wait_s += now_s - job.held_since_s
-            job.held_since_s = now_s if wid in held and job.first_start_s is None else None
-            if wid in held and newly:
-                cap_s = self.view.locality_caps.get(wid, self.policies.max_locality_wait_s)
-                if math.isfinite(cap_s):
-                    self.loop.schedule(self.view.locality_waits.get(wid, now_s) + cap_s, "locality_cap", wid)
+                job.held_since_s = None
+                held.add(wid)
+        return held
+
+    def _held_for_locality(self, wid: str, newly: bool, now_s: float) -> None:
+        """This cycle holds the job back for locality: note since when, and wake when its cap runs out."""
+        job = self.pending[wid]
+        if job.first_start_s is None:
+            job.held_since_s = now_s
+        if newly:
+            cap_s = self.view.locality_caps.get(wid, self.policies.max_locality_wait_s)
+            if math.isfinite(cap_s):
+                self.loop.schedule(self.view.locality_waits.get(wid, now_s) + cap_s, "locality_cap", wid)
 
     # ------------------------------------------------------------------ job life cycle
 
@@ -360,7 +405,7 @@ class Replay:
         )
         return done - kept, tracked
 
-    def _move(self, move: Move, now_s: float) -> None:
+    def _move(self, move: Stop, now_s: float) -> None:
         """A workload the cycle moved (`Policies.moves`; the view holds its new placement): it
         resumes at once on its new nodes from its last checkpoint (what it really kept, which the
         scheduler, counting wall time, may overestimate for a slowed gang), after `restart_s` more
@@ -437,17 +482,14 @@ class Replay:
             self.loop.schedule(self.sample_at, "congestion_sample")
 
     def _congestion_sample(self, now_s: float) -> None:
-        """Telemetry into the scheduler's view; gangs due to move are checkpoint-requeued (released
-        from the view, their lost work accounted by `_stop`); the cycle after this batch places them."""
+        """Telemetry into the scheduler's view; with `Policies.migrate`, the gangs' bottleneck loads
+        are handed to the cycle of this batch, which stops the gangs due to move (kind migrate; `_apply`
+        checkpoint-requeues them) and places them again."""
         assert self.congestion is not None and self.comm is not None
         self.sample_at = None
-        for wid in self.congestion.sample(self.comm, self.view.topology, now_s):
-            job = self.jobs[wid]
-            if job.run_start_s is None:
-                continue
-            nodes = tuple(sorted({n for n, _ in job.devices}))
-            self.view.remove(wid)
-            self.congestion.moved(wid, nodes, self._stop(wid, now_s, EventKind.MIGRATE))
+        loads = self.congestion.sample(self.comm, self.view.topology, now_s)
+        if self.policies.migrate is not None:
+            self.view.congestion_sample = CongestionSample(now_s, loads)
         if self.congestion.active(self.comm):
             self._sample_soon(now_s)
 

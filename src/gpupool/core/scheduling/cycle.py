@@ -31,14 +31,14 @@ from __future__ import annotations
 
 import math
 import random
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from contextlib import nullcontext
 from dataclasses import dataclass, field
 from enum import StrEnum
 from functools import partial
 from itertools import compress, repeat
 from operator import add, attrgetter, not_
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, Never, cast
 
 import numpy as np
 
@@ -47,6 +47,7 @@ from gpupool.core.overcommit import OvercommitConfig
 from gpupool.core.priority import PriorityClasses
 from gpupool.core.quota import QuotaConfig
 from gpupool.core.scheduling.backfill import Reservation, kept_reserve, may_backfill
+from gpupool.core.scheduling.congestion import MigrateRule
 from gpupool.core.scheduling.domains import only
 from gpupool.core.scheduling.gang import GangPlacement, hold_gang, place_gang, release_gang
 from gpupool.core.scheduling.gang_victims import fewer_nodes
@@ -115,60 +116,94 @@ class Policies:
     moves: MoveRule | None = None
     """Move running gangs spread over several leaves into one, moving single-node work to make room
     (`moves`), before anything is admitted; None: never (the config's topology_moves)."""
+    migrate: MigrateRule | None = None
+    """Stop and requeue gangs whose bottleneck link stayed congested (`congestion`), judged on the
+    telemetry sample the caller hands the view; None: never (the config's
+    fabric.migrate_on_congestion)."""
 
 
 class EventKind(StrEnum):
+    """How a running workload is stopped (`Stop.kind`)."""
+
     PREEMPT = "preempt"
     EVICT = "evict"
     MIGRATE = "migrate"
-    """Checkpoint-requeued off a congested link (the replay's congestion rule; no cycle decides it)."""
+    """Checkpoint-requeued off a congested link (`Policies.migrate`, judged on the telemetry sample
+    the caller hands the view: `ClusterView.congestion_sample`)."""
     MOVE = "move"
     """Stopped and started again at once elsewhere (`Policies.moves`): a gang into one leaf, or
     single-node work making room for it."""
 
 
+StopKind = EventKind
+
+
 @dataclass(frozen=True, slots=True)
-class Admission:
+class Admit:
+    """A pending workload starts now, on these placements (one per pod)."""
+
     workload_id: str
     placements: tuple[PodPlacement, ...]
 
 
 @dataclass(frozen=True, slots=True)
-class Preemption:
-    """A running workload stopped: preempted (by `preemptor_id`) or evicted (broken hardware)."""
+class Stop:
+    """A running workload stopped and requeued as a whole gang (one record for both), resuming from
+    `resume_progress_s` (its last checkpoint) and losing `lost_work_s` of run time since it.
+
+    PREEMPT: by `preemptor_id` (reason preempted or reclaimed); EVICT: its hardware broke (no grace);
+    MIGRATE: its bottleneck link stayed congested; MOVE: restarted at once on `placements` (already
+    so in the view), into one leaf for gang `gang_id` (itself, or the gang it makes room for)."""
 
     workload_id: str
+    kind: EventKind
     reason: Reason
     message: str
     preemptor_id: str = ""
-    kind: EventKind = EventKind.PREEMPT
+    grace: bool = True
+    """Whether its pods get their priority class's grace between SIGTERM and SIGKILL (False: killed
+    at once, as on broken hardware)."""
+    resume_progress_s: float = 0.0
     lost_work_s: float = 0.0
     lost_device_s: float = 0.0
+    placements: tuple[PodPlacement, ...] = ()
+    gang_id: str = ""
 
 
-@dataclass(frozen=True, slots=True)
-class Requeue:
-    """A stopped workload goes back to pending as a whole gang, resuming from `resume_progress_s`."""
+class Wait(NamedTuple):
+    """A workload left pending this cycle, and why.
 
-    workload_id: str
-    reason: Reason
-    resume_progress_s: float = 0.0
-
-
-class Rejection(NamedTuple):
-    """A workload left pending this cycle (`final=False`) or refused for good (`final=True`).
-
-    A named tuple rather than a dataclass: a cycle reports one for every waiting workload.
+    Named tuples rather than dataclasses (`Wait`, `Refuse`): a cycle reports one for every waiting
+    workload, thousands at a time.
     """
 
     workload_id: str
     reason: Reason
     message: str
-    final: bool = False
+
+    @property
+    def final(self) -> bool:
+        return False
+
+
+class Refuse(NamedTuple):
+    """A workload refused for good (it can never run here, or names no queue or class that exists)."""
+
+    workload_id: str
+    reason: Reason
+    message: str
+
+    @property
+    def final(self) -> bool:
+        return True
+
+
+Rejection = Wait | Refuse
+"""A workload not started by this cycle: waiting, or refused for good."""
 
 
 @dataclass(frozen=True, slots=True)
-class ReservedStart:
+class Reserve:
     """Under backfill: the head of the queue and when it is expected to start."""
 
     workload_id: str
@@ -180,15 +215,65 @@ class ReservedStart:
     before the head in the order starts first."""
 
 
+Decision = Admit | Stop | Wait | Refuse | Reserve
+"""Every kind of decision a cycle makes. Each applier (the server's `Scheduler._apply`, the
+replay's `Replay._apply`) dispatches them with one `match` ending in `unhandled`, so a kind added
+here fails the type check there (and raises at run time) rather than being dropped silently."""
+
+
+def unhandled(decision: Never) -> Never:
+    """The last case of an applier's match: mypy proves it unreachable; reached, it raises."""
+    raise TypeError(f"No applier case for the decision {decision!r} (of kind {type(decision).__name__}); "
+                    "every kind of `Decision` must be applied.")
+
+
 @dataclass(frozen=True, slots=True)
 class CycleResult:
-    admitted: tuple[Admission, ...] = ()
-    preempted: tuple[Preemption, ...] = ()
-    rejected: tuple[Rejection, ...] = ()
-    requeued: tuple[Requeue, ...] = ()
-    reservation: ReservedStart | None = None
-    moved: tuple[Move, ...] = ()
-    """Running workloads restarted at once on new nodes (`Policies.moves`), already so in the view."""
+    """The cycle's decisions, one per workload it decided about, in the order it made them: stops
+    of broken hardware and congestion first, then topology moves, then the walk's (a preemptor's
+    victims stopped before it is admitted; waits and refusals in the order reached or passed
+    over), and the reservation, if any, last. A workload moved and then preempted in the same cycle
+    has only its preemption.
+
+    The properties below are read-only views by kind (for tests and reports); appliers walk
+    `decisions`."""
+
+    decisions: tuple[Decision, ...] = ()
+    victim_searches: int = 0
+    """How many times the walk searched for victims to preempt (whether or not it found them)."""
+
+    @property
+    def admitted(self) -> tuple[Admit, ...]:
+        return tuple(d for d in self.decisions if type(d) is Admit)
+
+    @property
+    def stopped(self) -> tuple[Stop, ...]:
+        """Every stop, moves included."""
+        return tuple(d for d in self.decisions if type(d) is Stop)
+
+    @property
+    def preempted(self) -> tuple[Stop, ...]:
+        """Stops that requeue (preempted, evicted, migrated): everything but moves."""
+        return tuple(d for d in self.decisions if type(d) is Stop and d.kind is not EventKind.MOVE)
+
+    @property
+    def requeued(self) -> tuple[Stop, ...]:
+        """The same records as `preempted`: a stop and its requeue are one."""
+        return self.preempted
+
+    @property
+    def moved(self) -> tuple[Stop, ...]:
+        """Running workloads restarted at once on new nodes (`Policies.moves`), already so in the view."""
+        return tuple(d for d in self.decisions if type(d) is Stop and d.kind is EventKind.MOVE)
+
+    @property
+    def rejected(self) -> tuple[Rejection, ...]:
+        return tuple(d for d in self.decisions if type(d) is Wait or type(d) is Refuse)
+
+    @property
+    def reservation(self) -> Reserve | None:
+        last = self.decisions[-1] if self.decisions else None
+        return last if type(last) is Reserve else None
 
 
 def run_cycle(
@@ -219,14 +304,23 @@ def cycle_on(
 BLOCKED_BY_HEAD = "Starting now would delay the reserved head."
 
 _workload_id = attrgetter("id")
+_running_id = attrgetter("workload.id")
 _kid = attrgetter("kid")
-_as_rejection = partial(tuple.__new__, Rejection)
-"""A Rejection from a plain (id, reason, message, final) tuple, without the keyword-checking constructor."""
+_as_wait = partial(tuple.__new__, Wait)
+"""A Wait from a plain (id, reason, message) tuple, without the keyword-checking constructor."""
 
 
-def _budget_wait(w: Workload) -> Rejection:
+def _budget_wait(w: Workload) -> Wait:
     message = f"Tenant {w.tenant!r} spent its budget for this period; its running work continues."
-    return _as_rejection((w.id, Reason.BUDGET_EXHAUSTED, message, False))
+    return _as_wait((w.id, Reason.BUDGET_EXHAUSTED, message))
+
+
+def moved_why(move: Move) -> str:
+    """Why a workload was moved (`Policies.moves`), naming where it went."""
+    where = ", ".join(sorted({p.node for p in move.placements}))
+    if move.workload_id == move.gang_id:
+        return f"Moved into one leaf ({where}): its pods ran spread over several."
+    return f"Moved to {where} to make room for gang {move.gang_id!r} inside one leaf."
 
 
 class _Cycle:
@@ -284,16 +378,20 @@ class _Cycle:
         """[node] the earliest expected start of the waiting gangs that hold it this cycle (inf: none);
         under WaitCap LOSS / QUEUE every waiting gang holds the nodes it is reserved on, not only
         the first (which `reservation` guards exactly)."""
-        self.admitted: list[Admission] = []
-        self.preempted: list[Preemption] = []
-        self.rejected: list[Rejection] = []
-        self.requeued: list[Requeue] = []
+        self.decisions: list[Decision] = []
+        """Every decision so far, in the order made (`CycleResult`)."""
+        self.admitted_ids: set[str] = set()
+        """The workloads admitted by this cycle (never victims of its preemptions)."""
+        self.preempted_ids: set[str] = set()
 
     def run(self, pending: Sequence[Workload]) -> CycleResult:
         self._evict_broken()
-        moved: list[Move] = []
+        self._migrate_congested()
+        moved: list[Stop] = []
         if self.policies.moves is not None:
-            moved = plan_moves(self.view, self.policy, self.now_s, self.rng, self.policies.moves)
+            moved = [self._move(m) for m in plan_moves(self.view, self.policy, self.now_s, self.rng,
+                                                        self.policies.moves)]
+            self.decisions.extend(moved)
         valid, stream = self._nominate(pending)
         self.backlog = max(0, len(valid) - 1)  # the others pending this cycle (WaitCap.QUEUE)
         self.valid = valid
@@ -306,7 +404,7 @@ class _Cycle:
             meta = metas[w.id]
             if exhausted and w.tenant in exhausted:
                 # not counted in `left`: passed over like a blocked queue's work, before placement
-                self.rejected.append(_budget_wait(w))
+                self.decisions.append(_budget_wait(w))
             else:
                 self._reached(meta)
                 self._consider(w, meta)
@@ -323,42 +421,64 @@ class _Cycle:
                 skipped = stream.skip_band()
                 self._reject_reached(skipped, band)
                 tried.extend(skipped)
-        if moved and self.preempted:
+        decisions = self.decisions
+        if moved and self.preempted_ids:
             # Work moved at the start of the cycle may be preempted by its walk (a move has just
             # restarted it, so it loses the least): it is reported stopped once, as preempted from
             # where it ran, never also as moved to a placement it no longer holds.
-            stopped = {p.workload_id for p in self.preempted}
-            moved = [m for m in moved if m.workload_id not in stopped]
-        reserved = None
+            dropped = {id(m) for m in moved if m.workload_id in self.preempted_ids}
+            decisions = [d for d in decisions if id(d) not in dropped]
         if self.reservation is not None:
             head_id, start_s = self.reservation.head.id, self.reservation.start_s
-            reserved = ReservedStart(head_id, start_s, self.view.note_reserved(head_id, start_s, self.retook))
-        return CycleResult(
-            admitted=tuple(self.admitted),
-            preempted=tuple(self.preempted),
-            rejected=tuple(self.rejected),
-            requeued=tuple(self.requeued),
-            reservation=reserved,
-            moved=tuple(moved),
-        )
+            slid_s = self.view.note_reserved(head_id, start_s, self.retook)
+            decisions.append(Reserve(head_id, start_s, slid_s))
+        return CycleResult(tuple(decisions), self.preemption_attempts)
 
     # ------------------------------------------------------------ step 1: broken hardware
 
     def _evict_broken(self) -> None:
-        for run in self.view.to_evict:
+        # In workload-id order: the view's own order follows how its running records were built
+        # (admissions as they came, or a snapshot after a rebuild), and a list of stops must not.
+        for run in sorted(self.view.to_evict, key=_running_id):
             resume, lost = lost_work_s(run, self.now_s)
-            self.preempted.append(
-                Preemption(
-                    run.workload.id,
-                    Reason.EVICTED_UNHEALTHY,
-                    "A node or device it ran on became unhealthy; the whole gang is requeued.",
-                    kind=EventKind.EVICT,
-                    lost_work_s=lost,
-                    lost_device_s=lost * run.device_count,
-                )
-            )
-            self.requeued.append(Requeue(run.workload.id, Reason.EVICTED_UNHEALTHY, resume))
+            self.decisions.append(Stop(
+                run.workload.id, EventKind.EVICT, Reason.EVICTED_UNHEALTHY,
+                "A node or device it ran on became unhealthy; the whole gang is requeued.",
+                grace=False, resume_progress_s=resume, lost_work_s=lost,
+                lost_device_s=lost * run.device_count,
+            ))
         self.view.to_evict.clear()
+
+    def _migrate_congested(self) -> None:
+        """Gangs whose bottleneck link stayed congested (`Policies.migrate`) are stopped and
+        requeued, to be placed again away from it (judged once per telemetry sample)."""
+        view = self.view
+        sample = view.congestion_sample
+        if sample is None:
+            return
+        view.congestion_sample = None
+        rule = self.policies.migrate
+        if rule is None:
+            view.congested_since.clear()
+            return
+        view.materialize()  # the running records of allocations taken from a snapshot (once per sample)
+        due = rule.judge(sample, view.running.keys(), view.congested_since)
+        for wid in due:
+            run = view.running[wid]
+            resume, lost = lost_work_s(run, self.now_s)
+            view.forget(run)
+            self.decisions.append(Stop(
+                wid, EventKind.MIGRATE, Reason.CONGESTION_MOVED, rule.why(),
+                resume_progress_s=resume, lost_work_s=lost, lost_device_s=lost * run.device_count,
+            ))
+
+    def _move(self, move: Move) -> Stop:
+        run = self.view.running.get(move.workload_id)
+        devices = run.device_count if run is not None else 0
+        return Stop(move.workload_id, EventKind.MOVE, Reason.MOVED_FOR_LOCALITY, moved_why(move),
+                    resume_progress_s=move.resume_progress_s, lost_work_s=move.lost_work_s,
+                    lost_device_s=move.lost_work_s * devices, placements=move.placements,
+                    gang_id=move.gang_id)
 
     # ------------------------------------------------------------ step 2: nominate
 
@@ -470,7 +590,7 @@ class _Cycle:
         key = meta.key
         settled = self.settled.get(key)
         if settled is not None:  # the same shape, queue and rank already failed every step
-            self.rejected.append(Rejection(original.id, settled[0], settled[1]))
+            self.decisions.append(Wait(original.id, settled[0], settled[1]))
             return
         never = self._never_fits(w, shape, cq)
         if never is not None:
@@ -627,7 +747,7 @@ class _Cycle:
         if key in self.failed_preempt or self.preemption_attempts >= self.policies.max_preemption_attempts:
             return ""
         self.preemption_attempts += 1
-        admitted_now = {a.workload_id for a in self.admitted}
+        admitted_now = self.admitted_ids
         if self.victims is None:
             self.victims = VictimIndex(view, self.now_s)
         rules = self.policies.preemption_rules
@@ -733,17 +853,11 @@ class _Cycle:
             if reclaimed
             else f"Preempted by higher-priority workload {preemptor.id!r}."
         )
-        self.preempted.append(
-            Preemption(
-                run.workload.id,
-                reason,
-                why,
-                preemptor_id=preemptor.id,
-                lost_work_s=lost,
-                lost_device_s=lost * run.device_count,
-            )
-        )
-        self.requeued.append(Requeue(run.workload.id, reason, resume))
+        self.preempted_ids.add(run.workload.id)
+        self.decisions.append(Stop(
+            run.workload.id, EventKind.PREEMPT, reason, why, preemptor_id=preemptor.id,
+            resume_progress_s=resume, lost_work_s=lost, lost_device_s=lost * run.device_count,
+        ))
 
     def _stuck(self, w: Workload, cq: str, reason: Reason) -> None:
         """The workload cannot start: maybe reserve for it (backfill) or block its queue (strict)."""
@@ -771,7 +885,8 @@ class _Cycle:
     def _admit(self, w: Workload, gang: GangPlacement, cq: str) -> None:
         self.outlast.clear()
         self.view.admit(w, gang, cq, self.now_s)
-        self.admitted.append(Admission(w.id, gang.placements(self.view.state)))
+        self.admitted_ids.add(w.id)
+        self.decisions.append(Admit(w.id, gang.placements(self.view.state)))
 
     def _reached(self, meta: Meta) -> None:
         key = meta.key
@@ -798,30 +913,45 @@ class _Cycle:
         metas = self.view.metas
         left = self.left
         kids = self.view.workloads.key_ids
-        verdicts: dict[int, tuple[Reason, str, bool]] = {}
-        waiting = (Reason.WAITING_FOR_HEAD, "An older workload of its queue waits first.", False)
+        verdicts: dict[int, tuple[Reason, str]] = {}
+        refused: set[int] = set()
+        """Keys whose workloads are refused for good (`never`); the others wait."""
+        waiting = (Reason.WAITING_FOR_HEAD, "An older workload of its queue waits first.")
         for key in left:
             if key[0] in self.blocked:
                 verdicts[kids[key]] = waiting
             elif key in self.settled:
-                verdicts[kids[key]] = (*self.settled[key], False)
+                verdicts[kids[key]] = self.settled[key]
             elif key in self.never:
-                verdicts[kids[key]] = (*self.never[key], True)
+                kid = kids[key]
+                verdicts[kid] = self.never[key]
+                refused.add(kid)
             if band is not None and key[2][0] == band:
                 left[key] = 0
         exhausted = self.exhausted
         if exhausted:
-            self.rejected.extend(_budget_wait(w) if w.tenant in exhausted
-                                 else _as_rejection((w.id, *verdicts[metas[w.id].kid])) for w in passed)
+            new = tuple.__new__
+            self.decisions.extend(
+                _budget_wait(w) if w.tenant in exhausted
+                else cast(Rejection, new(Refuse if kid in refused else Wait, (w.id, *verdicts[kid])))
+                for w in passed for kid in (metas[w.id].kid,))
             return
         # In C, one map after another: a queue of thousands is passed over on every cycle.
         if wids is None:
             wids = list(map(_workload_id, passed))
-        found = map(verdicts.__getitem__, map(_kid, map(metas.__getitem__, wids)))
-        self.rejected.extend(map(tuple.__new__, repeat(Rejection), map(add, zip(wids), found)))
+        if refused:
+            kind = {kid: Refuse if kid in refused else Wait for kid in verdicts}
+            passed_kids = list(map(_kid, map(metas.__getitem__, wids)))
+            # (Wait or Refuse per key; typed as Wait: both are tuples of the same three fields)
+            kinds: Iterable[type[Wait]] = cast(Iterable[type[Wait]], map(kind.__getitem__, passed_kids))
+            found = map(verdicts.__getitem__, passed_kids)
+        else:
+            kinds = repeat(Wait)
+            found = map(verdicts.__getitem__, map(_kid, map(metas.__getitem__, wids)))
+        self.decisions.extend(map(tuple.__new__, kinds, map(add, zip(wids), found)))
 
     def _reject(self, w: Workload, reason: Reason, message: str, final: bool = False) -> None:
-        self.rejected.append(Rejection(w.id, reason, message, final))
+        self.decisions.append(Refuse(w.id, reason, message) if final else Wait(w.id, reason, message))
 
     def _never_fits(self, w: Workload, shape: Shape, cq: str) -> tuple[Reason, str] | None:
         """Why the workload can never run here (checked on an empty pool, cached per shape)."""

@@ -26,9 +26,11 @@ from __future__ import annotations
 
 import random
 from collections.abc import Sequence
+from copy import copy
 from dataclasses import replace
-from itertools import compress
+from itertools import compress, repeat
 from operator import attrgetter, is_not, not_
+from typing import Any
 
 import numpy as np
 
@@ -36,7 +38,18 @@ from gpupool.core.fabric.model import Fabric
 from gpupool.core.model import Allocation, ClusterSnapshot, Node, PodPlacement, Workload
 from gpupool.core.priority import PriorityClasses
 from gpupool.core.quota import QuotaConfig
-from gpupool.core.scheduling.cycle import CycleResult, Policies, cycle_on
+from gpupool.core.scheduling.cycle import (
+    Admit,
+    CycleResult,
+    EventKind,
+    Policies,
+    Refuse,
+    Reserve,
+    Stop,
+    Wait,
+    cycle_on,
+    unhandled,
+)
 from gpupool.core.scheduling.topology import FabricView, topology_for
 from gpupool.core.scheduling.view import ClusterView
 
@@ -44,6 +57,10 @@ _workload_id = attrgetter("workload.id")
 
 PRUNE_SLACK = 4096
 """Per-workload caches are trimmed to the live workloads once they hold this many more."""
+
+
+_KEPT = ("congestion_sample", "congested_since", "moves_tried", "locality_waits", "locality_caps")
+"""What a view keeps across cycles beyond what a snapshot holds, and that a cycle changes."""
 
 
 class ViewKeeper:
@@ -65,6 +82,9 @@ class ViewKeeper:
         self.topology: FabricView | None = None
         """The view's fabric (`set_fabric`; else from node labels, else None), kept across rebuilds
         while the node names stay the same; the caller updates its link state in place."""
+        self._before: dict[str, Any] | None = None
+        """What the view kept beyond the snapshot before an undoable cycle (`cycle(undoable=True)`)."""
+        self._discarded = False
 
     def set_fabric(self, fabric: Fabric | None) -> None:
         """Place by `fabric` from now on (None: none known, node labels may still give domains).
@@ -89,23 +109,42 @@ class ViewKeeper:
         now_s: float,
         rng: random.Random,
         audit: bool = False,
+        undoable: bool = False,
     ) -> CycleResult:
         """`run_cycle(snapshot, pending, policies, now_s, rng)` on the kept view; with `audit`, the
-        kept view is first checked against one built afresh (see `drifted`)."""
+        kept view is first checked against one built afresh (see `drifted`); with `undoable`, the
+        caller may `discard` the cycle's decisions instead of carrying them out."""
         view = self.sync(snapshot, policies)
         if audit and self.drifted(snapshot, policies):
             self.drifts += 1
             view = self._rebuild(snapshot, policies)
+        self._before = {name: copy(getattr(view, name)) for name in _KEPT} if undoable else None
         result = cycle_on(view, pending, policies, now_s, rng)
         held = self._held
-        for stop in result.preempted:
-            held.pop(stop.workload_id, None)
-        for admission in result.admitted:
-            held[admission.workload_id] = admission.placements
-        for move in result.moved:
-            held[move.workload_id] = move.placements
+        decisions = result.decisions
+        # waits are most of a cycle's decisions and change nothing held: passed over in C
+        for decision in compress(decisions, map(is_not, map(type, decisions), repeat(Wait))):
+            match decision:
+                case Stop(kind=EventKind.MOVE):
+                    held[decision.workload_id] = decision.placements
+                case Stop():
+                    held.pop(decision.workload_id, None)
+                case Admit():
+                    held[decision.workload_id] = decision.placements
+                case Wait() | Refuse() | Reserve():
+                    pass
+                case _:
+                    unhandled(decision)
         self._prune(view, pending)
         return result
+
+    def discard(self) -> None:
+        """Forget the last cycle (made `undoable`): none of its decisions is carried out, so the
+        next sync builds the view afresh from the snapshot, with what the view kept beyond the
+        snapshot (telemetry's congestion clock, move and locality-wait times) as before that cycle."""
+        if self._before is None:
+            raise ValueError("Only a cycle run with undoable=True can be discarded.")
+        self._discarded = True
 
     def sync(self, snapshot: ClusterSnapshot, policies: Policies) -> ClusterView:
         """The kept view, brought up to date with `snapshot` (built afresh when it must be)."""
@@ -113,6 +152,7 @@ class ViewKeeper:
         health = None if view is None else _health_changes(self._nodes, snapshot.nodes)
         if (
             view is None
+            or self._discarded
             or health is None
             or policies.quota != self._quota
             or policies.priority_classes != self._classes
@@ -194,7 +234,14 @@ class ViewKeeper:
 
     def _rebuild(self, snapshot: ClusterSnapshot, policies: Policies) -> ClusterView:
         p = policies
+        old = self.view
         view = ClusterView.from_snapshot(snapshot, p.quota, p.priority_classes, p.defaults)
+        if self._discarded and self._before is not None:  # as before the discarded cycle
+            for name, value in self._before.items():
+                setattr(view, name, value)
+        elif old is not None:  # telemetry's clock outlives a rebuild (the snapshot does not hold it)
+            view.congestion_sample, view.congested_since = old.congestion_sample, old.congested_since
+        self._discarded, self._before = False, None
         evicted = {run.workload.id for run in view.to_evict}
         self._attach(view, snapshot.nodes)
         self.view = view

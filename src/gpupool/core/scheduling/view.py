@@ -31,6 +31,7 @@ from gpupool.core.quota import (
     Usage,
     device_resource,
 )
+from gpupool.core.scheduling.congestion import CongestionSample
 from gpupool.core.scheduling.gang import GangPlacement
 from gpupool.core.scheduling.pending import PendingBook
 from gpupool.core.scheduling.policies.base import PlacementPolicy
@@ -199,6 +200,10 @@ class ClusterView:
     """... and the longest each waits in all (`locality.Locality.cap_s`)."""
     moves_tried: dict[str, float] = field(default_factory=dict)
     """Running gang -> when `moves.plan_moves` last looked at moving it."""
+    congestion_sample: CongestionSample | None = None
+    """The latest telemetry sample not yet judged: the next cycle judges it (`Policies.migrate`)."""
+    congested_since: dict[str, float] = field(default_factory=dict)
+    """Running gang -> the sample that first saw its bottleneck hot, without a break since."""
     comm_ratio: Callable[[Workload], float | None] | None = None
     """The scheduler's estimate of a job's communication ratio (`TopologyContext.comm_ratio`; the
     replay binds each job's estimate); None: the context's default."""

@@ -11,7 +11,8 @@ from gpupool.server.runtime import Runtime
 
 class FabricKeeper(ViewKeeper):
     """A ViewKeeper whose view is bound, every cycle, to the runtime's fabric (`LiveFabric.view_for`:
-    the link changes queued since the last cycle are applied here, in the loop's thread)."""
+    the link changes queued since the last cycle are applied here, in the loop's thread), and
+    handed the telemetry's latest congestion sample for the cycle to judge."""
 
     def __init__(self, rt: Runtime) -> None:
         super().__init__()
@@ -26,4 +27,7 @@ class FabricKeeper(ViewKeeper):
                 for gang in list(topology.gangs):
                     topology.remove_gang(gang)
             view.set_topology(topology)
+        sample = fabric.take_congestion_sample() if fabric is not None else None
+        if sample is not None:  # judged by this cycle (`Policies.migrate`)
+            view.congestion_sample = sample
         return view

@@ -14,7 +14,7 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any, assert_never
+from typing import Any
 
 from pydantic import ValidationError
 from sqlalchemy import Connection, Row, bindparam, case, func, insert, select, update
@@ -34,17 +34,19 @@ from gpupool.core.model import (
 )
 from gpupool.core.scheduling.backfill import RuntimeEstimator
 from gpupool.core.scheduling.cycle import (
-    Admission,
+    Admit,
     CycleResult,
+    Decision,
     EventKind,
     Policies,
-    Preemption,
+    Refuse,
     Rejection,
-    Requeue,
-    ReservedStart,
+    Reserve,
+    Stop,
+    Wait,
+    unhandled,
 )
 from gpupool.core.scheduling.keeper import PRUNE_SLACK, ViewKeeper
-from gpupool.core.scheduling.moves import Move as CoreMove
 from gpupool.errors import GpupoolError
 from gpupool.pods import PodLaunch
 from gpupool.server.loops.fabric_view import FabricKeeper
@@ -92,49 +94,28 @@ _SET_REASON = update(_W).where(
     reason=bindparam("r_reason"), message=bindparam("r_message"))
 
 
-Decision = Preemption | Requeue | Admission | Rejection | ReservedStart
-"""Every kind of decision a core cycle returns (`CycleResult`)."""
-_Placed = tuple[Row[Any], Admission, list[PodPlacement], bool]
+_Placed = tuple[Row[Any], Admit, list[PodPlacement], bool]
 """An admission to write: the workload's row as read, the decision, its placements by rank, and
 whether its pods wait for a stopping pod to leave their devices."""
 
 
-def decisions(result: CycleResult) -> Iterator[Decision]:
-    """A cycle's decisions in the order they are applied: stops first (their pods are `stopping`
-    before an admission looks for busy devices), then requeues, admissions, rejections and the
-    reservation. A move (`CycleResult.moved`) is all three for one workload: its pods stop, it is
-    requeued with the progress it keeps, and admitted at once at its new placement (its new pods
-    wait for the stopping ones to leave their devices)."""
-    moved = result.moved
-    yield from (Preemption(m.workload_id, Reason.MOVED_FOR_LOCALITY, _moved_why(m), kind=EventKind.MOVE,
-                           lost_work_s=m.lost_work_s) for m in moved)
-    yield from result.preempted
-    yield from (Requeue(m.workload_id, Reason.MOVED_FOR_LOCALITY, m.resume_progress_s) for m in moved)
-    yield from result.requeued
-    yield from (Admission(m.workload_id, m.placements) for m in moved)
-    yield from result.admitted
-    yield from result.rejected
-    if result.reservation is not None:
-        yield result.reservation
+def _moves(a: Decision, b: Decision) -> bool:
+    return type(a) is Stop and type(b) is Stop and a.kind is EventKind.MOVE and b.kind is EventKind.MOVE
 
 
-def chunked(items: Sequence[Decision], size: int) -> Iterator[list[Decision]]:
-    """`items` in transactions of at most `size` decisions besides the stops, in order: a stop
-    (`Preemption`) goes in the transaction of its workload's `Requeue`, which stores its reason
-    (evicted, preempted, moved) and takes its grace (none for an eviction)."""
-    stops = {d.workload_id: d for d in items if isinstance(d, Preemption)}
-    rest = [d for d in items if not isinstance(d, Preemption)]
-    for start in range(0, len(rest), size):
-        piece = rest[start:start + size]
-        ids = [d.workload_id for d in piece if isinstance(d, Requeue) and d.workload_id in stops]
-        yield [stops[workload_id] for workload_id in ids] + piece
-
-
-def _moved_why(move: CoreMove) -> str:
-    where = ", ".join(sorted({p.node for p in move.placements}))
-    if move.workload_id == move.gang_id:
-        return f"Moved into one leaf ({where}): its pods ran spread over several."
-    return f"Moved to {where} to make room for gang {move.gang_id!r} inside one leaf."
+def chunked(items: Sequence[Decision], size: int) -> Iterator[Sequence[Decision]]:
+    """A cycle's decisions (`CycleResult.decisions`, in the order made) in transactions of about
+    `size`: a stop and its requeue are one record, so they are never split, and a stop precedes the
+    admission that takes its devices, in the same transaction or an earlier one. The cycle's
+    topology moves (each a stop and an admission at once, one move taking the devices another
+    leaves) stay in one transaction, where every stop is written before any admission."""
+    start = 0
+    while start < len(items):
+        end = min(start + size, len(items))
+        while end < len(items) and _moves(items[end - 1], items[end]):
+            end += 1
+        yield items[start:end]
+        start = end
 
 
 @dataclass(frozen=True, slots=True)
@@ -147,14 +128,24 @@ class CycleStats:
 
 
 @dataclass(slots=True)
+class _Applied:
+    """What a cycle's decisions came to, counted as they are applied."""
+
+    admitted: int = 0
+    requeued: int = 0
+    """Stops that left work pending (preempted, evicted, migrated; not moves)."""
+    reserved: bool = False
+
+
+@dataclass(slots=True)
 class _Batch:
     """One transaction's share of a cycle's decisions, sorted by kind."""
 
-    stops: dict[str, Preemption] = dataclasses.field(default_factory=dict)
-    requeues: list[Requeue] = dataclasses.field(default_factory=list)
-    admissions: list[Admission] = dataclasses.field(default_factory=list)
+    stops: list[Stop] = dataclasses.field(default_factory=list)
+    """Preempted, evicted, migrated and moved: each stopped and requeued (a move admitted again)."""
+    admissions: list[Admit] = dataclasses.field(default_factory=list)
     rejections: list[Rejection] = dataclasses.field(default_factory=list)
-    reservation: ReservedStart | None = None
+    reservation: Reserve | None = None
 
 
 class Scheduler:
@@ -252,7 +243,9 @@ class Scheduler:
         # with topology moves on, a full pass runs the cycle even with nothing pending: a spread
         # gang may move into a leaf that work ending has freed
         may_move = full and self.policies.moves is not None and bool(view.snapshot.allocations)
-        if not candidates and not nodes_changed and not may_move:
+        # a telemetry sample waits to be judged (congested gangs may be due to move)
+        sampled = self.rt.fabric is not None and self.rt.fabric.congestion_sample is not None
+        if not candidates and not nodes_changed and not may_move and not sampled:
             if self.reservation is not None and not view.pending:
                 self._clear_reservation()
             return CycleStats(0, len(view.pending), time.perf_counter() - start)
@@ -265,17 +258,27 @@ class Scheduler:
         if audit:
             self._next_audit_s = now + AUDIT_S
             drifts = self.keeper.drifts
-        result = self.keeper.cycle(snapshot, candidates, policies, now, self.rng, audit=audit)
+        undoable = not full and self.policies.preemption
+        rng_state = self.rng.getstate() if undoable else None
+        result = self.keeper.cycle(snapshot, candidates, policies, now, self.rng, audit=audit,
+                                   undoable=undoable)
         if audit and self.keeper.drifts != drifts:
             log.error("the scheduler's kept view had drifted from the store (its free capacity differed "
                       "from a view built afresh); it was built afresh")
-        self._inadmissible.update(r.workload_id for r in result.rejected if not r.final or more)
-        launches = self._record(result, view)
+        if rng_state is not None and result.victim_searches:
+            # An arrival looked for victims, but a full pass may decide (and say) otherwise: older
+            # work of its queue, set aside since the last one, comes first there, may hold the
+            # backfill reservation (no preemption then) or use up the cycle's victim searches.
+            # Nothing of this cycle is carried out: a full pass decides instead, from the same
+            # random state, on the view built afresh.
+            self.keeper.discard()
+            self.rng.setstate(rng_state)
+            return self.cycle(capacity_changed=True)
+        launches, applied = self._record(result, view, more)
         self._launch(launches)
-        if result.preempted:
+        if applied.requeued:
             self.requeued = True
-        return CycleStats(len(result.admitted), len(candidates), time.perf_counter() - start,
-                          len(result.preempted))
+        return CycleStats(applied.admitted, len(candidates), time.perf_counter() - start, applied.requeued)
 
     def _note_arrivals(self, pending: Sequence[Workload]) -> None:
         """A workload seen for the first time gets its history-based run-time estimate (when the
@@ -339,53 +342,69 @@ class Scheduler:
 
     # ------------------------------------------------------------------ applying a cycle's decisions
 
-    def _record(self, result: CycleResult, view: StoreView) -> list[PodLaunch]:
+    def _record(self, result: CycleResult, view: StoreView, more: bool) -> tuple[list[PodLaunch], _Applied]:
         """Every decision of the cycle, in short transactions of bulk statements, RECORD_CHUNK
         decisions at a time so that submissions are never kept waiting on the store's write lock
-        for long; returns the pods to launch (after every chunk is committed)."""
+        for long; returns the pods to launch (after every chunk is committed).
+
+        `more`: arrivals wait beyond this cycle's share; the refused are then set aside too (their
+        refusal is stored only once every node is schedulable)."""
         now = self.rt.clock()
         by_id = {w.id: w for w in view.pending}
-        if result.moved:  # running work it moves is admitted again: its spec is the snapshot's
+        items = result.decisions
+        stopped = [d for d in items if type(d) is Stop]
+        if self.policies.moves is not None and any(d.kind is EventKind.MOVE for d in stopped):
+            # running work it moves is admitted again: its spec is the snapshot's
             running = {a.workload.id: a.workload for a in view.snapshot.allocations}
-            by_id.update((m.workload_id, running[m.workload_id]) for m in result.moved)
-        items = list(decisions(result))
+            by_id.update((d.workload_id, running[d.workload_id]) for d in stopped if d.kind is EventKind.MOVE)
         # the provider's facts are asked for before any transaction opens, in one call for the cycle
-        stopped = [d.workload_id for d in items if isinstance(d, Requeue)]
-        marks = self.rt.provider.checkpoint_marks(stopped) if stopped else {}
+        marks = self.rt.provider.checkpoint_marks([d.workload_id for d in stopped]) if stopped else {}
         launches: list[PodLaunch] = []
+        applied = _Applied()
         for n, chunk in enumerate(chunked(items, 2 * RECORD_CHUNK)):
             if n:
                 time.sleep(0)  # let a waiting submission batch take the write lock in between
-            launches += self._apply(chunk, view, by_id, marks, now)
-        if result.reservation is None and self.reservation is not None:
+            launches += self._apply(chunk, view, by_id, marks, now, applied, more)
+        if not applied.reserved and self.reservation is not None:
             self._clear_reservation()
-        return launches
+        return launches, applied
 
     def _apply(self, chunk: Sequence[Decision], view: StoreView, by_id: dict[str, Workload],
-               marks: dict[str, float | None], now: float) -> list[PodLaunch]:
-        """One transaction: every decision kind is dispatched here (a kind the core learns later
-        fails the type check at `assert_never` rather than being dropped silently)."""
+               marks: dict[str, float | None], now: float, applied: _Applied, more: bool) -> list[PodLaunch]:
+        """One transaction: every decision kind is dispatched here, in one match (a kind the core
+        learns later fails the type check at `unhandled`, and raises there, rather than being
+        dropped silently)."""
         batch = _Batch()
+        inadmissible = self._inadmissible
         for decision in chunk:
             match decision:
-                case Preemption():
-                    batch.stops[decision.workload_id] = decision
-                case Requeue():
-                    batch.requeues.append(decision)
-                case Admission():
-                    batch.admissions.append(decision)
-                case Rejection():
+                case Wait():
                     batch.rejections.append(decision)
-                case ReservedStart():
+                    inadmissible.add(decision.workload_id)
+                case Stop(kind=EventKind.MOVE):  # stopped, requeued and admitted at once elsewhere
+                    batch.stops.append(decision)
+                    batch.admissions.append(Admit(decision.workload_id, decision.placements))
+                case Stop():
+                    batch.stops.append(decision)
+                    applied.requeued += 1
+                case Admit():
+                    batch.admissions.append(decision)
+                    applied.admitted += 1
+                case Refuse():
+                    batch.rejections.append(decision)
+                    if more:
+                        inadmissible.add(decision.workload_id)
+                case Reserve():
                     batch.reservation = decision
+                    applied.reserved = True
                 case _:
-                    assert_never(decision)
+                    unhandled(decision)
         to_stop: list[tuple[str, float]] = []
         recorded: list[dict[str, object]] = []
         launches: list[PodLaunch] = []
         allocated: list[tuple[str, list[str], list[PodPlacement]]] = []
         with self.rt.store.write() as session:
-            if batch.requeues:
+            if batch.stops:
                 with session.no_autoflush:  # each requeue's pod query would flush the ones before it
                     to_stop = self._requeue(session, batch, marks, now)
                 session.flush()
@@ -410,29 +429,26 @@ class Scheduler:
 
     def _requeue(self, session: Session, batch: _Batch, marks: dict[str, float | None],
                  now: float) -> list[tuple[str, float]]:
-        """Preempted and evicted workloads: their pods stop (SIGTERM, the class's grace, SIGKILL)
-        and they go back to pending, with the work lost since their last checkpoint (`marks`, read
-        from the provider before the transaction) accounted.
+        """Stopped workloads (preempted, evicted, migrated, moved): their pods stop (SIGTERM, the
+        class's grace unless the stop has none, SIGKILL) and they go back to pending, with the work
+        lost since their last checkpoint (`marks`, read from the provider before the transaction)
+        accounted.
 
         The rows are read FOR UPDATE, in id order: a cancel that comes after this read waits for the
         commit and then cancels the requeued workload, rather than being written over by it."""
         to_stop: list[tuple[str, float]] = []
         rows = {row.id: row for row in session.scalars(
-            select(WorkloadRow).where(WorkloadRow.id.in_({d.workload_id for d in batch.requeues}))
+            select(WorkloadRow).where(WorkloadRow.id.in_({d.workload_id for d in batch.stops}))
             .order_by(WorkloadRow.id).with_for_update())}
-        for decision in batch.requeues:
-            row = rows.get(decision.workload_id)
+        for stop in batch.stops:
+            row = rows.get(stop.workload_id)
             if row is None or row.status not in (WorkloadStatus.ADMITTED.value, WorkloadStatus.RUNNING.value):
                 continue  # it ended (or was cancelled) while the cycle ran
-            stop = batch.stops.get(decision.workload_id)
-            why = stop.message if stop is not None else "Requeued by the scheduler."
-            evicted = stop is not None and stop.kind is EventKind.EVICT
-            grace = 0.0 if evicted else self._grace_s(row.spec)
-            reason = (stop.reason if stop is not None else decision.reason).value
+            grace = self._grace_s(row.spec) if stop.grace else 0.0
             mark = marks.get(row.id) if row.started_s is not None else None
-            pods = requeue(session, row, reason, why, now, mark=mark)
+            pods = requeue(session, row, stop.reason.value, stop.message, now, mark=mark)
             to_stop += [(pod_id, grace) for pod_id in pods]
-            self._requeued_info(row, now if reason == Reason.MOVED_FOR_LOCALITY.value else None)
+            self._requeued_info(row, now if stop.kind is EventKind.MOVE else None)
         return to_stop
 
     def _requeued_info(self, row: WorkloadRow, moved_s: float | None) -> None:
@@ -448,7 +464,7 @@ class Scheduler:
             moved_s=before.moved_s if moved_s is None else moved_s,
         )
 
-    def _admit(self, conn: Connection, admissions: Sequence[Admission], by_id: dict[str, Workload],
+    def _admit(self, conn: Connection, admissions: Sequence[Admit], by_id: dict[str, Workload],
                now: float) -> tuple[list[PodLaunch], list[tuple[str, list[str], list[PodPlacement]]]]:
         """Pods of the admitted workloads, `launching` (handed to the provider after the commit) or,
         where a device they take still holds a stopping pod, `waiting` (launched once it ended).
@@ -550,7 +566,7 @@ class Scheduler:
             conn.execute(_SET_REASON, reasons)
         return reasons
 
-    def _write_reservation(self, conn: Connection, reserved: ReservedStart) -> None:
+    def _write_reservation(self, conn: Connection, reserved: Reserve) -> None:
         """Under backfill: the head workload's expected start, for `gpupool show` and `queue ls`."""
         start = round(reserved.start_s, 1)
         if self.reservation is not None and self.reservation[0] == reserved.workload_id \

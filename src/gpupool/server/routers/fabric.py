@@ -36,7 +36,7 @@ def _answer(change: fabric_links.LinkChange, rt: Rt) -> LinkChangeOut:
     fabric = fabric_links.live(rt)
     effects = change.effects
     return LinkChangeOut(links=[fabric_listing.link_id(fabric, key) for key in change.links],
-                         changed=change.changed, requeued=effects.requeued, moved=effects.moved,
+                         changed=change.changed, requeued=effects.requeued, congested=effects.congested,
                          slowed=effects.slowed)
 
 
@@ -58,8 +58,9 @@ def heal_link(body: LinkRequest, rt: Rt, who: Who) -> LinkChangeOut:
 def telemetry(body: TelemetryIn, rt: Rt, who: Who) -> LinkChangeOut:
     """Port load and error counts (admin; e.g. from perfquery on the subnet manager's host): each
     cable takes its busier end's load, an end that saw link_downed fails its cable (as fail-link
-    does), and with fabric.migrate_on_congestion a gang whose bottleneck stays above the threshold
-    for fabric.congestion_for is checkpoint-requeued to be placed away from it."""
+    does), and with fabric.migrate_on_congestion the gangs' bottleneck loads go to the next
+    scheduling cycle, which checkpoint-requeues a gang whose bottleneck stayed above the threshold
+    for fabric.congestion_for, to be placed away from it (`congested`: the gangs above it now)."""
     loads = {(p.node, p.port): PortLoad(p.node, p.port, 0.0, 0.0, p.utilization, dict(p.errors))
              for p in body.ports}
     return _answer(fabric_links.telemetry(rt, who, loads), rt)

@@ -21,6 +21,7 @@ from gpupool.core.fabric.parse import parse_topology
 from gpupool.core.fabric.reroute import reroute_after_failure
 from gpupool.core.fabric.telemetry import PortLoad
 from gpupool.core.model import Node
+from gpupool.core.scheduling.congestion import CongestionSample
 from gpupool.core.scheduling.topology import FabricView, LinkHealth, NodePlace, hosts
 from gpupool.core.topology_spec import Tier
 from gpupool.errors import InvalidInput, NotFound
@@ -88,8 +89,20 @@ class LiveFabric:
     _current: Fabric | None = None
     _read_view: tuple[tuple[tuple[str, tuple[str, ...]], ...], FabricView] | None = None
     """A view built for readers while the scheduler has none over the same nodes (places only)."""
-    congested_since: dict[str, float] = field(default_factory=dict)
-    """workload -> when its bottleneck cable was first seen above the congestion threshold."""
+    congestion_sample: CongestionSample | None = None
+    """The latest telemetry's bottleneck loads, for the scheduler's next cycle to judge
+    (fabric.migrate_on_congestion; `take_congestion_sample`)."""
+
+    def hand_congestion_sample(self, sample: CongestionSample) -> None:
+        """From the telemetry route: the next cycle judges this sample (a newer one replaces it)."""
+        with self.lock:
+            self.congestion_sample = sample
+
+    def take_congestion_sample(self) -> CongestionSample | None:
+        """From the scheduler loop: the sample not yet judged, if any (taken once)."""
+        with self.lock:
+            sample, self.congestion_sample = self.congestion_sample, None
+            return sample
 
     # ------------------------------------------------------------------ reading
 

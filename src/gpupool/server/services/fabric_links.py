@@ -1,8 +1,9 @@
 """Link changes on the live fabric and what they do to running gangs: a gang two of whose nodes lost
 every route is requeued (`link_lost`), one left with less bandwidth is told its new bottleneck
-(`link_degraded`), and with `fabric.migrate_on_congestion` one whose bottleneck link stayed loaded
-above the threshold for `congestion_for` is checkpoint-requeued (`congestion_moved`) to be placed
-away from it.
+(`link_degraded`), and with `fabric.migrate_on_congestion` each telemetry sample's bottleneck
+loads go to the scheduler's next cycle, which stops and requeues (`congestion_moved`, kind
+migrate) a gang whose bottleneck stayed above the threshold for `congestion_for`, to be placed away
+from it (`core.scheduling.congestion.MigrateRule`, the rule `sim replay --config` applies too).
 
 A gang's bottleneck is the slowest cable on its routes (`LiveFabric.route`): its data rate left by
 the measured load, shared equally by the gangs routed over it; 0 when it failed.
@@ -18,9 +19,10 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from gpupool.api.events import EventReason
+from gpupool.config import FabricConfig
 from gpupool.core.fabric.telemetry import PortLoad
 from gpupool.core.model import Node, WorkloadStatus
-from gpupool.core.scheduling import congestion
+from gpupool.core.scheduling.congestion import CongestionSample
 from gpupool.errors import Conflict
 from gpupool.server.auth import Principal
 from gpupool.server.orm import EventRow, PodRow, WorkloadRow
@@ -91,13 +93,15 @@ def assess(fabric: LiveFabric, nodes: Sequence[Node],
 
 @dataclass
 class Effects:
-    """What one change did: gangs requeued (cut off or moved off congestion) and gangs told."""
+    """What one change did: gangs requeued (cut off) and gangs told; the congested ones are the
+    next cycle's to judge."""
 
     requeued: list[str] = field(default_factory=list)
     slowed: dict[str, str] = field(default_factory=dict)
     """workload -> the event's message naming its new bottleneck."""
-    moved: list[str] = field(default_factory=list)
-    moved_why: str = ""
+    congested: list[str] = field(default_factory=list)
+    """Gangs whose bottleneck cable is above the congestion threshold at this sample (moved by the
+    scheduler once congested for `congestion_for`)."""
 
 
 def describe(fabric: LiveFabric, path: GangPath) -> str:
@@ -124,10 +128,10 @@ def compare(fabric: LiveFabric, before: Mapping[str, GangPath], after: Mapping[s
 
 def carry_out(rt: Runtime, effects: Effects, cause: str, now: float,
               who: Principal | None = None, action: str = "", target: str = "") -> None:
-    """Requeue the cut-off and congested gangs (their pods stop with their class's grace, the work
-    since their checkpoint accounted) and record the others' events, in one transaction."""
+    """Requeue the cut-off gangs (their pods stop with their class's grace, the work since their
+    checkpoint accounted) and record the others' events, in one transaction."""
     to_stop: list[tuple[str, float]] = []
-    stopping = [*effects.requeued, *effects.moved]
+    stopping = effects.requeued
     marks = rt.provider.checkpoint_marks(stopping) if stopping else {}  # before the transaction
     with rt.store.write() as session:
         if who is not None:
@@ -135,9 +139,6 @@ def carry_out(rt: Runtime, effects: Effects, cause: str, now: float,
         for workload_id in effects.requeued:
             to_stop += _requeue(rt, session, workload_id, EventReason.LINK_LOST, f"Requeued: {cause}, and "
                                 "some of its nodes had no route left to each other.", marks, now)
-        for workload_id in effects.moved:
-            to_stop += _requeue(rt, session, workload_id, EventReason.CONGESTION_MOVED,
-                                f"Moved: {effects.moved_why}.", marks, now)
         for workload_id, message in effects.slowed.items():
             row = session.get(WorkloadRow, workload_id)
             if row is not None and row.status in _RUNNING:
@@ -190,19 +191,18 @@ def set_link(rt: Runtime, who: Principal, ref: str, *, failed: bool) -> LinkChan
     return LinkChange((link.key,), changed, effects)
 
 
-def due_to_move(rt: Runtime, fabric: LiveFabric, paths: Mapping[str, GangPath], now: float) -> list[str]:
-    """The gangs whose bottleneck cable has been loaded above the threshold for `congestion_for`
-    (none unless fabric.migrate_on_congestion); the clock of each starts when it is first seen hot."""
-    config = rt.config.fabric
-    if not config.migrate_on_congestion:
-        fabric.congested_since.clear()
+def hand_congestion(fabric: LiveFabric, config: FabricConfig, paths: Mapping[str, GangPath],
+                    now: float) -> list[str]:
+    """With fabric.migrate_on_congestion: the bottleneck load of each gang that moving could
+    relieve, handed to the scheduler's next cycle (which judges it: `Policies.migrate`); returns the
+    gangs above the threshold now, sorted. Without it: nothing handed, none returned."""
+    rule = config.migrate_rule()
+    if rule is None:
         return []
-    hot = {w for w, p in paths.items()
-           if p.bottleneck is not None and fabric.load(p.bottleneck) > config.congestion_threshold
-           and _relievable(fabric, p)}
-    due, fabric.congested_since = congestion.due_to_move(hot, fabric.congested_since, now,
-                                                         config.congestion_for)
-    return due
+    loads = {w: fabric.load(p.bottleneck) for w, p in paths.items()
+             if p.bottleneck is not None and _relievable(fabric, p)}
+    fabric.hand_congestion_sample(CongestionSample(now, loads))
+    return sorted(w for w, load in loads.items() if load > rule.threshold)
 
 
 def _relievable(fabric: LiveFabric, path: GangPath) -> bool:
@@ -218,8 +218,8 @@ def _relievable(fabric: LiveFabric, path: GangPath) -> bool:
 
 def telemetry(rt: Runtime, who: Principal, loads: Mapping[tuple[str, int], PortLoad]) -> LinkChange:
     """Port loads and errors from the fabric's counters (admin): link load and health updated, a
-    link whose end saw link_downed failed; gangs cut off requeued, slowed ones told, congested ones
-    moved where the pool says so."""
+    link whose end saw link_downed failed; gangs cut off requeued, slowed ones told, and the
+    congestion sample handed to the scheduler's next cycle where the pool moves gangs off it."""
     who.require_admin()
     fabric = live(rt)
     nodes, gangs = rt.nodes(), running_gangs(rt)
@@ -233,10 +233,7 @@ def telemetry(rt: Runtime, who: Principal, loads: Mapping[tuple[str, int], PortL
     if not downed:
         effects.slowed.clear()  # load moves all the time: only failures are told
     staying = {w: p for w, p in after.items() if w not in effects.requeued}
-    effects.moved = due_to_move(rt, fabric, staying, now)
-    config = rt.config.fabric
-    effects.moved_why = (f"its bottleneck stayed above {config.congestion_threshold:.0%} load for "
-                         f"{config.congestion_for:g} s")
+    effects.congested = hand_congestion(fabric, rt.config.fabric, staying, now)
     carry_out(rt, effects, cause, now, who, "fabric.telemetry", f"{len(loads)} ports")
     rt.capacity_may_have_changed()
     return LinkChange(tuple(lk.key for lk in downed), bool(loads), effects)
