@@ -23,7 +23,9 @@ at one event time: requeued work gets another cycle at once (it may fit elsewher
 class ControlLoop:
     """Runs `step()` whenever woken (submit, cancel, quota change) or every interval.
 
-    While pods run it polls the provider often (busy interval) so exits are seen quickly.
+    While pods run or launch it polls the provider often (busy interval) so exits are seen quickly;
+    a launch's outcome wakes it. Launches themselves run in the nodes' launch workers
+    (loops/launches.py): a step never waits on a provider's launch.
     """
 
     def __init__(self, rt: Runtime, metrics: Metrics | None = None) -> None:
@@ -31,6 +33,7 @@ class ControlLoop:
         self.metrics = metrics
         self.scheduler = Scheduler(rt, policies(rt), seed=rt.settings.seed)
         self.reconciler = Reconciler(rt, on_final=self.scheduler.finished)
+        self.scheduler.launches.on_outcome = self._pods_exited  # a launch's outcome is recorded at once
         if metrics is not None:
             divergence = metrics.store_view_divergence
             self.scheduler.store_audit.on_divergence = lambda kind, n: divergence.labels(kind).inc(n)
@@ -59,6 +62,7 @@ class ControlLoop:
 
         Returns True while work is in flight, so the provider is polled again soon.
         """
+        recorded = self.scheduler.record_launches()  # before the poll: a pod started is then running
         changed = self.reconciler.sync()
         changed += self.reconciler.nodes_gone(self.rt.nodes())
         changed += self.scheduler.enforce_time_limits()
@@ -77,8 +81,9 @@ class ControlLoop:
                     self.metrics.cycle_seconds.observe(stats.seconds)
                 if not stats.stopped:
                     break
-        busy = self.reconciler.active or self.scheduler.waiting
-        in_flight = bool(changed or admitted or busy)
+        recorded += self.scheduler.record_launches()  # those that returned meanwhile (or ran inline)
+        busy = self.reconciler.active or self.scheduler.waiting or self.scheduler.launches.busy
+        in_flight = bool(changed or admitted or busy or recorded)
         self.rt.usage_rollup.maybe_fold(self.rt, in_flight)  # pods that ended join the usage rollup
         return in_flight
 

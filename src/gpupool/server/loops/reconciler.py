@@ -113,7 +113,11 @@ class Reconciler:
         """Apply every newly finished pod the provider reports; returns how many changed."""
         statuses = self.rt.provider.poll()
         self.active = sum(1 for s in statuses if s.phase in (PodPhase.STARTING, PodPhase.RUNNING))
-        finished = [s for s in statuses if s.phase in _FINAL_PHASES and s.pod_id not in self._settled]
+        # A pod whose launch outcome is not recorded yet waits for it (read after the poll): its end
+        # is applied once the store knows it started.
+        flying = self.rt.launches.in_flight() if self.rt.launches is not None else frozenset()
+        finished = [s for s in statuses if s.phase in _FINAL_PHASES and s.pod_id not in self._settled
+                    and s.pod_id not in flying]
         if not finished:
             return 0
         now = self.rt.clock()
