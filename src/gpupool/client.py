@@ -160,13 +160,16 @@ class Client:
                   queue: str | Sequence[str] | None = None, limit: int = 100, offset: int = 0,
                   id_prefix: str | None = None, name: str | None = None,
                   since_s: float | None = None, array_id: str | Sequence[str] | None = None,
-                  workload_id: str | Sequence[str] | None = None) -> WorkloadPage:
+                  workload_id: str | Sequence[str] | None = None, full: bool = False) -> WorkloadPage:
         """Newest first (at most 1000 a page); filters take any case and comma lists ("a,b"); an
         unknown tenant or queue raises NotFound. `id_prefix` keeps ids starting with it, `name` one
         exact name, `since_s` those submitted at or after it, `array_id` the tasks of those arrays
-        (in index order; with `workload_id`, those workloads too)."""
+        (in index order; with `workload_id`, those workloads too). Items are summaries (what each
+        asks for in `request`, no command or environment) unless `full`: then whole workloads."""
         params = _list_params(status, tenant, queue, since_s, array_id, workload_id)
         params.update(limit=limit, offset=offset)
+        if full:
+            params["full"] = "true"
         if id_prefix:
             params["id_prefix"] = id_prefix
         if name is not None:
@@ -222,8 +225,8 @@ class Client:
     def _all_tasks(self, array_id: str) -> list[WorkloadOut]:
         tasks: list[WorkloadOut] = []
         while True:
-            page = self.workloads(array_id=array_id, limit=1000, offset=len(tasks))
-            tasks += page.items
+            page = self.workloads(array_id=array_id, limit=1000, offset=len(tasks), full=True)
+            tasks += [item for item in page.items if isinstance(item, WorkloadOut)]
             if not page.items or len(tasks) >= page.total:
                 return tasks
 
