@@ -32,7 +32,7 @@ from gpupool.server.schemas.audit import AuditOut
 from gpupool.server.schemas.common import Health
 from gpupool.server.schemas.fabric import FabricOut, LinkChangeOut
 from gpupool.server.schemas.nodes import NodeOut, PoolSummary
-from gpupool.server.schemas.tenants import QueueOut, TenantOut, TokenInfo, TokenOut
+from gpupool.server.schemas.tenants import QueueOut, TenantDeleted, TenantOut, TokenInfo, TokenOut
 from gpupool.server.schemas.usage import UsageOut
 from gpupool.server.schemas.workloads import (
     ArrayCancelled,
@@ -309,6 +309,11 @@ class Client:
         if max_pending is not None:
             body["max_pending"] = max_pending
         return self._one(TenantOut, "POST", "/tenants", json=body)
+
+    def delete_tenant(self, name: str) -> TenantDeleted:
+        """Delete a tenant with nothing unfinished (Conflict, saying what still runs, otherwise): its
+        queues, tokens and finished workloads, and the pool's Unix account of it on the nodes."""
+        return self._one(TenantDeleted, "DELETE", f"/tenants/{_segment(name)}")
 
     def update_tenant(self, name: str, *, unix_user: str | None = None, clear_unix_user: bool = False,
                       max_priority: int | None = None, max_pending: int | None = None,

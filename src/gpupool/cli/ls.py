@@ -150,7 +150,7 @@ def _table(items: list[Any], total: int, output: Format, tasks: dict[str, int] |
         Column("NAME", lambda w: w.name or "-", key=True),
         Column("TENANT/QUEUE", lambda w: f"{w.tenant}/{w.queue}"),
         Column("STATUS", lambda w: w.status),
-        Column("GPUS", lambda w: f"{float(w.request.resources.gpus) * w.request.replicas * tasks.get(w.id, 1):g}"),
+        Column("GPUS", lambda w: f"{_gpus(w) * tasks.get(w.id, 1):g}"),
         Column("NODE", nodes),
         Column("SUBMITTED", lambda w: ago(w.submit_s, now)),
         Column("PRIORITY", lambda w: str(w.priority), wide=True),
@@ -164,6 +164,11 @@ def _table(items: list[Any], total: int, output: Format, tasks: dict[str, int] |
         Column("REASON", lambda w: w.reason if w.status in ("pending", "failed") else ""),
     ]
     render(output, items, columns, key=lambda w: w.id, title=f"{len(items)} of {total} workload(s)")
+
+
+def _gpus(w: Any) -> float:
+    """Devices the workload asks for in all (per pod x pods)."""
+    return float(w.request.resources.gpus) * w.request.replicas
 
 
 def _limit(seconds: float | None) -> str:

@@ -214,5 +214,11 @@ class Provider(ABC):
         default, loopback."""
         return "127.0.0.1"
 
+    def remove_tenant(self, tenant: str) -> list[str]:
+        """The tenant was deleted and nothing of it runs: remove what the provider keeps for it (the
+        pool's Unix account of the tenant on each node). Returns the accounts removed. Raises
+        ProviderError, saying why, when something of it still runs; idempotent."""
+        return []
+
     def close(self) -> None:
         """Release the provider's resources (threads, daemons). Idempotent."""

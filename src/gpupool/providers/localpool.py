@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
+from gpupool.agent.identity import Identities
 from gpupool.agent.runner import DEFAULT_MAX_LOG_BYTES
 from gpupool.core.model import Node
 from gpupool.errors import InvalidInput, NotFound, ProviderError
@@ -26,14 +27,16 @@ class LocalPool(Provider):
     """launch() may be called from several threads at once (each member's agent is thread-safe)."""
 
     def __init__(self, nodes: Sequence[Node], state_dir: Path, *,
-                 max_log_bytes: int = DEFAULT_MAX_LOG_BYTES) -> None:
+                 max_log_bytes: int = DEFAULT_MAX_LOG_BYTES, identities: Identities | None = None) -> None:
+        identities = identities or Identities()  # one for all members: one account per tenant
         self._members: dict[str, LocalProvider] = {}
         for node in nodes:
             if not node.devices:
                 raise InvalidInput(f"Simulated node {node.name!r} has no devices.")
             spec = f"{len(node.devices)}x{node.devices[0].model}"
             self._members[node.name] = LocalProvider(state_dir / node.name, simulate=spec,
-                                                     node_name=node.name, max_log_bytes=max_log_bytes)
+                                                     node_name=node.name, max_log_bytes=max_log_bytes,
+                                                     identities=identities)
 
     def _member(self, node: str) -> LocalProvider:
         member = self._members.get(node)
@@ -59,6 +62,12 @@ class LocalPool(Provider):
     def add_exit_listener(self, listener: Callable[[], None]) -> None:
         for member in self._members.values():
             member.add_exit_listener(listener)
+
+    def remove_tenant(self, tenant: str) -> list[str]:
+        removed: list[str] = []  # the members share their accounts: the first removes it
+        for member in self._members.values():
+            removed += [name for name in member.remove_tenant(tenant) if name not in removed]
+        return removed
 
     def stop(self, pod_id: str, grace_s: float = 10.0) -> None:
         for member in self._members.values():

@@ -48,10 +48,12 @@ def provision(settings: Settings, *, ray_address: str = "") -> Provisioned:
         return Provisioned(make_provider(settings.provider), "")
     if settings.simulate:
         return _simulated(settings.simulate, state_dir, f"Serving the simulated pool {settings.simulate}",
-                          settings.max_pod_log_bytes)
+                          settings.max_pod_log_bytes, settings.pool_id)
+    from gpupool.agent.identity import Identities
     from gpupool.providers.local import LocalProvider
 
-    local = LocalProvider(state_dir / "local", max_log_bytes=settings.max_pod_log_bytes)
+    local = LocalProvider(state_dir / "local", max_log_bytes=settings.max_pod_log_bytes,
+                          identities=Identities(pool_id=settings.pool_id))
     if any(not d.simulated for n in local.nodes() for d in n.devices):
         return Provisioned(local, "")
     reason = local.missing_capabilities().get(Capability.GPU, "no accelerator found")
@@ -60,7 +62,7 @@ def provision(settings: Settings, *, ray_address: str = "") -> Provisioned:
         DEFAULT_SIMULATED_POOL, state_dir,
         f"No GPU found ({reason.removeprefix('no real accelerator: ')}); serving a SIMULATED pool of "
         f"{DEFAULT_SIMULATED_POOL} (marked simulated everywhere; choose another with --simulate SPEC)",
-        settings.max_pod_log_bytes,
+        settings.max_pod_log_bytes, settings.pool_id,
     )
 
 
@@ -80,7 +82,7 @@ def _ray(settings: Settings, address: str) -> Provisioned:
                                  f"gpupool node join --server URL --ray-address {head}")
 
 
-def _simulated(spec: str, state_dir: Path, notice: str, max_log_bytes: int) -> Provisioned:
+def _simulated(spec: str, state_dir: Path, notice: str, max_log_bytes: int, pool: str = "") -> Provisioned:
     from gpupool.providers.fake import nodes_from_spec
 
     nodes = nodes_from_spec(spec)
@@ -91,7 +93,9 @@ def _simulated(spec: str, state_dir: Path, notice: str, max_log_bytes: int) -> P
 
         return Provisioned(FakeProvider(nodes, clock=time.time),
                            f"{notice}: {len(nodes)} nodes, too many to run locally, so pods are simulated.")
+    from gpupool.agent.identity import Identities
     from gpupool.providers.localpool import LocalPool
 
-    return Provisioned(LocalPool(nodes, state_dir, max_log_bytes=max_log_bytes),
+    return Provisioned(LocalPool(nodes, state_dir, max_log_bytes=max_log_bytes,
+                                 identities=Identities(pool_id=pool)),
                        f"{notice}; pods run as processes on this machine.")

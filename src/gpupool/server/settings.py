@@ -64,6 +64,10 @@ class Settings:
     payload limit)."""
     max_pod_log_bytes: int = DEFAULT_MAX_POD_LOG_BYTES
     """What one pod's log (each stream) may hold on the agent's disk; the rest is dropped."""
+    pool_id: str = ""
+    """The pool's short stable id (`pool-id` in the data directory, made by `gpupool up`): its pods'
+    accounts are `gpupool-<pool id>-<tenant>`, so two pools on one machine never share one. ''
+    (a server built outside `gpupool up`): `gpupool-<tenant>`."""
     launch_deadline_s: float = 30.0
     """How long one pod's launch may take before the pod is failed with that reason (the launch
     runs in its node's launch worker, outside the control loop; GPUPOOL_LAUNCH_DEADLINE_S). Keep it
