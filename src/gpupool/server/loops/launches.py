@@ -209,10 +209,15 @@ class LaunchWorkers:
 
     def _finish(self, launch: PodLaunch, outcome: Outcome) -> None:
         with self._lock:
-            if outcome.started_s is None:
+            failed = outcome.started_s is None
+            if failed:
                 self._failed.setdefault(launch.workload_id, outcome.why)
             self._done.append(outcome)
-        if self.threaded:  # inline, the caller records it itself
+            last = not self._begun and not any(self._queues.values())
+        # Wake the loop for a failure (its devices are free) or the last launch in flight: one record
+        # for a batch. Meanwhile the loop, busy while launches are in flight, records what is ready
+        # at each busy poll; inline, the caller records it itself.
+        if self.threaded and (failed or last):
             self.on_outcome()
 
     def _stop_quietly(self, pod_id: str) -> None:
