@@ -275,3 +275,14 @@ def test_a_restart_with_a_launch_in_flight_reconciles_it(tmp_path: Path, provide
         new.rt.store.close()
     finally:
         old.provider.gate.set()
+
+
+def test_the_launch_deadline_is_a_setting_with_a_sentence_for_bad_values() -> None:
+    from gpupool.errors import InvalidInput
+
+    assert Settings().launch_deadline_s == 30.0
+    assert Settings().with_env({"GPUPOOL_LAUNCH_DEADLINE_S": "12.5"}).launch_deadline_s == 12.5
+    for bad, said in (("soon", "must be a number of seconds"), ("0", "must be a positive number"),
+                      ("nan", "must be a positive number")):
+        with pytest.raises(InvalidInput, match=said):
+            Settings().with_env({"GPUPOOL_LAUNCH_DEADLINE_S": bad})
