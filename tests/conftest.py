@@ -24,6 +24,31 @@ def shared_data() -> Path:
 
 
 @pytest.fixture(scope="session", autouse=True)
+def fresh_pools_accounts() -> Iterator[None]:
+    """Every `gpupool up` on a fresh data directory is a new pool with a new id, so as root it makes
+    new pod accounts (`gpupool-<pool id>-<tenant>`): those this session made are removed at its end
+    (each only when no process runs as it), so test runs do not pile up system accounts."""
+    import os
+    import pwd
+    import re
+
+    fresh = re.compile(r"^gpupool-[0-9a-f]{6}-")
+    before = {e.pw_name for e in pwd.getpwall() if fresh.match(e.pw_name)} if os.geteuid() == 0 else set()
+    yield
+    if os.geteuid() != 0:
+        return
+    from gpupool.agent.identity import remove_account
+    from gpupool.errors import GpupoolError
+
+    for entry in pwd.getpwall():
+        if fresh.match(entry.pw_name) and entry.pw_name not in before:
+            try:
+                remove_account(entry.pw_name)
+            except GpupoolError:
+                continue  # still in use: left for the next session
+
+
+@pytest.fixture(scope="session", autouse=True)
 def pod_scratch_root() -> Iterator[Path]:
     """A scratch root for pods' private directories that every account can enter (pytest's own
     temporary directories are closed to other users, and pods run as other accounts under root)."""
