@@ -26,7 +26,7 @@ def shared_data() -> Path:
 @pytest.fixture(scope="session", autouse=True)
 def fresh_pools_accounts() -> Iterator[None]:
     """Every `gpupool up` on a fresh data directory is a new pool with a new id, so as root it makes
-    new pod accounts (`gpupool-<pool id>-<tenant>`): those this session made are removed at its end
+    new pod accounts (`gpupool-<pool id>-<tenant>`): those this test run made are removed at its end
     (each only when no process runs as it), so test runs do not pile up system accounts."""
     import os
     import pwd
@@ -45,7 +45,7 @@ def fresh_pools_accounts() -> Iterator[None]:
             try:
                 remove_account(entry.pw_name)
             except GpupoolError:
-                continue  # still in use: left for the next session
+                continue  # still in use: left for the next run
 
 
 @pytest.fixture(scope="session", autouse=True)
