@@ -62,7 +62,8 @@ def main() -> None:
     for name in pages:
         results[name] = {"bytes": sizes[name], "p50_ms": round(p50_ms(samples[name]), 1),
                          "max_ms": round(max(samples[name]) * 1000, 1)}
-        table.add_row(name, f"{sizes[name]:,}", f"{results[name]['p50_ms']:g}", f"{results[name]['max_ms']:g}")
+        row = results[name]
+        table.add_row(name, f"{sizes[name]:,}", f"{row['p50_ms']:g}", f"{row['max_ms']:g}")
     Console().print(table)
     bytes_ratio = sizes[full] / sizes[summary]
     time_ratio = results[full]["p50_ms"] / results[summary]["p50_ms"]

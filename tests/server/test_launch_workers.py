@@ -46,6 +46,8 @@ class GatedProvider(FakeProvider):
         self.gated: set[str] = set()
         self.record_first = False
         self.blocked: list[str] = []
+        self.released: set[str] = set()
+        """Pods whose launch returns although the gate is closed."""
         self.stopped: list[str] = []
         self._lock = threading.RLock()
 
@@ -55,7 +57,8 @@ class GatedProvider(FakeProvider):
                 with self._lock:
                     super().launch(pod)
             self.blocked.append(pod.pod_id)
-            self.gate.wait()
+            while not self.gate.wait(0.01) and pod.pod_id not in self.released:
+                pass
         with self._lock:
             super().launch(pod)
 
@@ -244,6 +247,31 @@ def test_a_cancel_of_a_pod_whose_launch_was_not_begun_ends_it_at_once(tmp_path: 
     finally:
         pool.provider.gate.set()
         pool.rt.store.close()
+
+
+def test_a_late_start_of_an_attempt_the_workload_left_does_not_start_the_next(pool: Pool) -> None:
+    """The outcome is recorded against the pod's own attempt: a requeued workload, placed again and
+    launching, is not marked running by its old pod's start."""
+    from gpupool.server.services import nodes
+
+    pool.provider.gated.update(n.name for n in pool.provider.nodes())
+    workload_id = pool.submit(8)
+    pool.step_until("its first launch to begin", lambda: len(pool.provider.blocked) == 1)
+    [old_pod] = pool.provider.blocked
+    first_node = pool.pods(workload_id)[0].node
+    nodes.drain(pool.rt, ADMIN, first_node, now=True)  # requeued while its launch is in flight
+    pool.now += 1.0
+    pool.step_until("its second launch to begin", lambda: len(pool.provider.blocked) == 2)
+    row = pool.row(workload_id)
+    assert (row.status, row.attempt) == ("admitted", 2)
+    pool.provider.released.add(old_pod)  # the old attempt's launch returns: that pod started
+    pool.step_until("the old pod to be stopped", lambda: {s.pod_id: s.phase for s in pool.provider.poll()}
+                    .get(old_pod) is PodPhase.STOPPED)
+    row = pool.row(workload_id)
+    assert (row.status, row.started_s) == ("admitted", None), "its new attempt has not started"
+    pool.provider.gate.set()
+    pool.step_until("the new attempt to run", lambda: pool.row(workload_id).status == "running")
+    assert pool.row(workload_id).attempt == 2
 
 
 @pytest.mark.parametrize("provider_took_it", [True, False])

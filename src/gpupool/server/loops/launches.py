@@ -145,19 +145,6 @@ class LaunchWorkers:
         with self._lock:
             return bool(self._in_flight)
 
-    def wait_idle(self, timeout_s: float) -> bool:
-        """Block until every launch handed over has an outcome ready (tests, shutdown); False if
-        `timeout_s` passed first."""
-        end = time.monotonic() + timeout_s
-        while True:
-            with self._lock:
-                ready = {o.launch.pod_id for o in self._done}
-                if self._in_flight.keys() <= ready:
-                    return True
-            if time.monotonic() >= end:
-                return False
-            time.sleep(0.001)
-
     # ------------------------------------------------------------------ the workers' side
 
     def _spawn_locked(self, node: str) -> None:
