@@ -74,10 +74,10 @@ class GatedProvider(FakeProvider):
 
 class Pool:
     def __init__(self, tmp_path: Path, provider: GatedProvider | None = None, *, nodes: str = "2x8xH100",
-                 deadline_s: float = PATIENCE_S * 10) -> None:
+                 deadline_s: float = PATIENCE_S * 10, url: str = "") -> None:
         self.now = 1_000_000.0
         self.provider = provider or GatedProvider(nodes, clock=lambda: self.now, duration_s=10_000.0)
-        self.url = f"sqlite:///{tmp_path / 'store.sqlite'}"
+        self.url = url or f"sqlite:///{tmp_path / 'store.sqlite'}"
         settings = Settings(data_dir=tmp_path, database_url=self.url, cycle_interval_s=0.05,
                             launch_deadline_s=deadline_s)
         self.rt = Runtime(settings=settings, store=Store.open(self.url), provider=self.provider,
@@ -132,9 +132,10 @@ def step_bounded(loop: ControlLoop) -> None:
 
 
 @pytest.fixture
-def pool(tmp_path: Path) -> Iterator[Pool]:
-    """A pool whose launch deadline is never reached in a test (the test says when launches return)."""
-    made = Pool(tmp_path)
+def pool(tmp_path: Path, db_url: str) -> Iterator[Pool]:
+    """A pool whose launch deadline is never reached in a test (the test says when launches return),
+    on SQLite and on PostgreSQL (whose transactions run concurrently: the records are compare-and-sets)."""
+    made = Pool(tmp_path, url=db_url)
     yield made
     made.provider.gate.set()  # let the hung launch threads end
     made.rt.store.close()
