@@ -315,3 +315,32 @@ def test_the_launch_deadline_is_a_setting_with_a_sentence_for_bad_values() -> No
                       ("nan", "must be a positive number")):
         with pytest.raises(InvalidInput, match=said):
             Settings().with_env({"GPUPOOL_LAUNCH_DEADLINE_S": bad})
+
+
+def test_a_failed_pod_skips_its_own_gangs_queued_pods_not_the_next_attempts() -> None:
+    """Pods of a gang whose pod failed are not launched (the gang fails anyway); a pod of the
+    workload's next attempt, handed over before that failure was recorded, is another gang."""
+    from gpupool.errors import ProviderError
+    from gpupool.server.loops.launches import LaunchWorkers
+
+    class Refusing(FakeProvider):
+        def launch(self, pod: PodLaunch) -> None:
+            if pod.env.get("GPUPOOL_ATTEMPT") == "1" and pod.rank == 0:
+                raise ProviderError("node n0 refused it.")
+            super().launch(pod)
+
+    provider = Refusing("1x8xH100")
+    node = provider.nodes()[0].name
+    workers = LaunchWorkers(provider, lambda: 5.0)
+
+    def pod(attempt: int, rank: int) -> PodLaunch:
+        return PodLaunch(pod_id=f"w-1-a{attempt}-r{rank}", workload_id="w-1", node=node, command=("true",),
+                         rank=rank, world_size=2, env={"GPUPOOL_ATTEMPT": str(attempt)})
+
+    workers.submit([pod(1, 0), pod(1, 1)])
+    workers.submit([pod(2, 0)])  # the next attempt, before the failure was collected
+    outcomes = {o.launch.pod_id: o for o in workers.collect()}
+    assert outcomes["w-1-a1-r0"].why == "node n0 refused it."
+    assert outcomes["w-1-a1-r1"].why == "node n0 refused it." and outcomes["w-1-a1-r1"].started_s is None
+    assert outcomes["w-1-a2-r0"].started_s == 5.0, "launched: another attempt"
+    assert {s.pod_id for s in provider.poll()} == {"w-1-a2-r0"}

@@ -67,10 +67,11 @@ class LaunchWorkers:
         """Launches a thread is in the middle of -> (launch, monotonic time it began)."""
         self._abandoned: set[str] = set()
         """Pods whose launch was reported failed at its deadline while its thread still waits."""
-        self._failed: dict[str, str] = {}
-        """Workloads with a failed pod among those in flight: their queued siblings are not launched."""
-        self._in_flight: dict[str, str] = {}
-        """Pods handed over whose outcome was not collected yet -> their workloads."""
+        self._failed: dict[tuple[str, str], str] = {}
+        """Gangs (workload, attempt) with a failed pod among those in flight: their queued pods are
+        not launched (an attempt placed later is another gang)."""
+        self._in_flight: dict[str, tuple[str, str]] = {}
+        """Pods handed over whose outcome was not collected yet -> their gangs."""
         self._done: list[Outcome] = []
 
     # ------------------------------------------------------------------ the loop's side
@@ -82,13 +83,13 @@ class LaunchWorkers:
         if not self.threaded:
             for launch in launches:
                 with self._lock:
-                    self._in_flight[launch.pod_id] = launch.workload_id
-                    skip = self._failed.get(launch.workload_id)
+                    self._in_flight[launch.pod_id] = _gang(launch)
+                    skip = self._failed.get(_gang(launch))
                 self._finish(launch, self._call(launch) if skip is None else Outcome(launch, None, skip))
             return
         with self._lock:
             for launch in launches:
-                self._in_flight[launch.pod_id] = launch.workload_id
+                self._in_flight[launch.pod_id] = _gang(launch)
                 self._queues.setdefault(launch.node, deque()).append(launch)
             for node in {launch.node for launch in launches}:
                 self._spawn_locked(node)
@@ -105,7 +106,7 @@ class LaunchWorkers:
                 self._workers[launch.node] -= 1
                 why = (f"node {launch.node} did not start it within {self.deadline_s:g} s (the server's "
                        "launch deadline); the node may be overloaded or its agent stuck.")
-                self._failed.setdefault(launch.workload_id, why)
+                self._failed.setdefault(_gang(launch), why)
                 self._done.append(Outcome(launch, None, why))
                 log.warning("launch of pod %s on node %s passed its %g s deadline", pod_id, launch.node,
                             self.deadline_s)
@@ -115,8 +116,8 @@ class LaunchWorkers:
                 self._in_flight.pop(outcome.launch.pod_id, None)
             if self._failed:
                 flying = set(self._in_flight.values())
-                for workload_id in [w for w in self._failed if w not in flying]:
-                    del self._failed[workload_id]
+                for gang in [g for g in self._failed if g not in flying]:
+                    del self._failed[gang]
         return done
 
     def withdraw(self, pod_ids: Iterable[str]) -> set[str]:
@@ -169,7 +170,7 @@ class LaunchWorkers:
                     self._workers[node] -= 1
                     return
                 launch = queue.popleft()
-                skip = self._failed.get(launch.workload_id)
+                skip = self._failed.get(_gang(launch))
                 if skip is None:
                     self._begun[launch.pod_id] = (launch, time.monotonic())
             outcome = Outcome(launch, None, skip) if skip is not None else self._call(launch)
@@ -198,7 +199,7 @@ class LaunchWorkers:
         with self._lock:
             failed = outcome.started_s is None
             if failed:
-                self._failed.setdefault(launch.workload_id, outcome.why)
+                self._failed.setdefault(_gang(launch), outcome.why)
             self._done.append(outcome)
             last = not self._begun and not any(self._queues.values())
         # Wake the loop for a failure (its devices are free) or the last launch in flight: one record
@@ -212,3 +213,8 @@ class LaunchWorkers:
             self.provider.stop(pod_id, grace_s=0)
         except Exception:
             log.exception("stopping pod %s after its late launch failed", pod_id)
+
+
+def _gang(launch: PodLaunch) -> tuple[str, str]:
+    """The gang a pod belongs to: its workload and the attempt it was placed for."""
+    return launch.workload_id, launch.env.get("GPUPOOL_ATTEMPT", "")
