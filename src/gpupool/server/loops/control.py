@@ -24,8 +24,8 @@ class ControlLoop:
     """Runs `step()` whenever woken (submit, cancel, quota change) or every interval.
 
     While pods run or launch it polls the provider often (busy interval) so exits are seen quickly;
-    a launch's outcome wakes it. Launches themselves run in the nodes' launch workers
-    (loops/launches.py): a step never waits on a provider's launch.
+    a failed launch, or the last one in flight, wakes it. Launches themselves run in the nodes'
+    launch workers (loops/launches.py): a step never waits on a provider's launch.
     """
 
     def __init__(self, rt: Runtime, metrics: Metrics | None = None) -> None:
@@ -33,7 +33,7 @@ class ControlLoop:
         self.metrics = metrics
         self.scheduler = Scheduler(rt, policies(rt), seed=rt.settings.seed)
         self.reconciler = Reconciler(rt, on_final=self.scheduler.finished)
-        self.scheduler.launches.on_outcome = self._pods_exited  # a launch's outcome is recorded at once
+        self.scheduler.launches.on_outcome = self._pods_exited  # recorded at once, without the rests
         if metrics is not None:
             divergence = metrics.store_view_divergence
             self.scheduler.store_audit.on_divergence = lambda kind, n: divergence.labels(kind).inc(n)
