@@ -9,7 +9,7 @@ import dataclasses
 import os
 import pwd
 import subprocess
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -57,7 +57,9 @@ def _submit(server: Server, token: str) -> str:
     return str(answer.json()["id"])
 
 
-def test_tenant_delete_is_refused_while_its_work_runs_then_removes_it(server: Server) -> None:
+def test_tenant_delete_is_refused_while_its_work_runs_then_removes_it(server_factory: Callable[..., Server],
+                                                                     db_url: str) -> None:
+    server = server_factory(db_url)
     server.created("/tenants", {"name": "team-a"})
     token = str(server.created("/tokens", {"tenant": "team-a"})["token"])
     running = _submit(server, token)
