@@ -275,6 +275,35 @@ def test_a_late_start_of_an_attempt_the_workload_left_does_not_start_the_next(po
     assert pool.row(workload_id).attempt == 2
 
 
+def test_a_pod_that_ends_before_its_launch_returns_is_settled_after_its_start(tmp_path: Path) -> None:
+    """The provider reports the pod ended while the server still waits for the launch call: its end
+    is applied once the start is recorded, so the workload ran (and is metered) before it succeeded."""
+    pool = Pool(tmp_path)
+    try:
+        pool.provider.duration_s = 0.0  # the pod ends as soon as it starts
+        pool.provider.gated.update(n.name for n in pool.provider.nodes())
+        pool.provider.record_first = True
+        workload_id = pool.submit(1)
+        pool.step_until("the launch to begin", lambda: len(pool.provider.blocked) == 1)
+        [pod_id] = pool.provider.blocked
+        assert {s.pod_id: s.phase for s in pool.provider.poll()}[pod_id] is PodPhase.SUCCEEDED
+        for _ in range(3):
+            step_bounded(pool.loop)
+        assert pool.row(workload_id).status == "admitted", "its end waits for its start"
+        pool.provider.gate.set()
+        pool.step_until("it to succeed", lambda: pool.row(workload_id).status == "succeeded")
+        row = pool.row(workload_id)
+        assert row.started_s is not None and row.finished_s is not None
+        moves = [(to, reason) for to, reason, _ in pool.events(workload_id) if reason != "limits_unenforced"]
+        assert moves == [("pending", "submitted"), ("admitted", "admitted"), ("running", "launched"),
+                         ("succeeded", "completed")]
+        [pod] = pool.pods(workload_id)
+        assert pod.status == "succeeded" and pod.started_s is not None
+    finally:
+        pool.provider.gate.set()
+        pool.rt.store.close()
+
+
 @pytest.mark.parametrize("provider_took_it", [True, False])
 def test_a_restart_with_a_launch_in_flight_reconciles_it(tmp_path: Path, provider_took_it: bool) -> None:
     old = Pool(tmp_path)
