@@ -15,6 +15,11 @@ from gpupool.server.runtime import Runtime
 
 log = logging.getLogger("gpupool.loop")
 WAKE_DELAY_S = 0.003
+LAUNCH_REST_S = 0.05
+"""After a woken step that handed launches to the nodes' workers, the loop waits up to this long for
+them to come back before it looks at new work: submissions that arrive meanwhile are decided in one
+cycle, as when the step itself waited for its launches, while a node that hangs holds the loop no
+longer than this."""
 MAX_CYCLES_PER_STEP = 3
 """Cycles run in one step while each one stops (preempts or evicts) something, as the replay does
 at one event time: requeued work gets another cycle at once (it may fit elsewhere)."""
@@ -33,7 +38,7 @@ class ControlLoop:
         self.metrics = metrics
         self.scheduler = Scheduler(rt, policies(rt), seed=rt.settings.seed)
         self.reconciler = Reconciler(rt, on_final=self.scheduler.finished)
-        self.scheduler.launches.on_outcome = self._pods_exited  # recorded at once, without the rests
+        self.scheduler.launches.on_outcome = self._launches_back  # recorded at once, without the rests
         if metrics is not None:
             divergence = metrics.store_view_divergence
             self.scheduler.store_audit.on_divergence = lambda kind, n: divergence.labels(kind).inc(n)
@@ -42,6 +47,7 @@ class ControlLoop:
         self.recovered: tuple[int, int] | None = None
         self._last_cycle = float("-inf")
         self._exited = threading.Event()
+        self._launched = threading.Event()
 
     def start(self) -> None:
         self.recovered = self.reconciler.recover()
@@ -91,6 +97,10 @@ class ControlLoop:
         self._exited.set()
         self.rt.wake.set()
 
+    def _launches_back(self) -> None:
+        self._launched.set()
+        self._pods_exited()
+
     def _run(self) -> None:
         settings = self.rt.settings
         while not self._stop.is_set():
@@ -104,6 +114,7 @@ class ControlLoop:
                 # interval or more (it also gathers the next few submissions into this cycle).
                 self._stop.wait(WAKE_DELAY_S)
             self.rt.wake.clear()
+            self._launched.clear()
             began, began_cpu = time.perf_counter(), time.process_time()
             try:
                 busy = self.step(woken)
@@ -120,6 +131,8 @@ class ControlLoop:
                 # longer than the CPU the process used meanwhile: a step that waited (on a launch
                 # that timed out) took no CPU from the API, and a rest would only delay other work.
                 self._stop.wait(min(time.perf_counter() - began, time.process_time() - began_cpu))
+                if self.scheduler.launches.busy:
+                    self._launched.wait(LAUNCH_REST_S)
             # Then the next wake (submit, cancel, quota change) starts a step at once; while pods run
             # the provider is polled every busy interval so exits free their slices quickly.
             self.rt.wake.wait(settings.busy_poll_interval_s if busy else settings.cycle_interval_s)
