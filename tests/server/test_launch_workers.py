@@ -204,6 +204,44 @@ def test_a_hung_launch_on_one_node_holds_up_neither_the_cycles_nor_another_node(
     assert pool.pods(third)[0].status == "failed"
 
 
+def test_the_running_loop_keeps_deciding_and_starting_work_while_a_node_hangs(tmp_path: Path) -> None:
+    """The loop's own thread (its rests included), not only single steps: with every launch on one
+    node hung, work submitted for the other node is placed and started."""
+    pool = Pool(tmp_path)
+    try:
+        first = pool.submit(8)
+        pool.step_until("the first workload to run", lambda: pool.row(first).status == "running")
+        stuck = pool.pods(first)[0].node
+        workloads.cancel(pool.rt, ADMIN, first)
+        pool.step_until("its pod to end", lambda: pool.pods(first)[0].status == "stopped")
+        pool.provider.gated.add(stuck)
+        pool.loop.start()
+        hung = pool.submit(8)
+        wait_until("its launch to hang", lambda: len(pool.provider.blocked) == 1)
+        assert pool.pods(hung)[0].node == stuck
+        pool.now += 1.0
+        later = [pool.submit(2) for _ in range(4)]  # only the other node has room
+        wait_until("the later work to run", lambda: all(pool.row(w).status == "running" for w in later))
+        assert pool.row(hung).status == "admitted", "still hung, and held nothing else up"
+    finally:
+        pool.provider.gate.set()
+        pool.loop.stop()
+        pool.rt.store.close()
+
+
+def wait_until(what: str, done: Any) -> None:
+    """Wait (the loop's thread does the work) until `done()`; fail after PATIENCE_S."""
+    end = threading.Event()
+    timer = threading.Timer(PATIENCE_S, end.set)
+    timer.start()
+    try:
+        while not done():
+            assert not end.is_set(), f"still waiting for {what} after {PATIENCE_S} s"
+            end.wait(0.01)
+    finally:
+        timer.cancel()
+
+
 def test_a_cancel_during_a_launch_wins(pool: Pool) -> None:
     pool.provider.gated.update(n.name for n in pool.provider.nodes())
     workload_id = pool.submit(1)
