@@ -16,10 +16,10 @@ from gpupool.server.runtime import Runtime
 log = logging.getLogger("gpupool.loop")
 WAKE_DELAY_S = 0.003
 LAUNCH_REST_S = 0.05
-"""After a woken step that handed launches to the nodes' workers, the loop waits up to this long for
-them to come back before it looks at new work: submissions that arrive meanwhile are decided in one
-cycle, as when the step itself waited for its launches, while a node that hangs holds the loop no
-longer than this."""
+"""After a step that handed launches to the nodes' workers, the loop waits up to this long for them
+to come back before it looks at new work: the submissions and pod exits that arrive meanwhile are
+decided in one cycle (a full pass over the pending work when capacity changed), as when the step
+itself waited for its launches, while a node that hangs holds the loop no longer than this."""
 MAX_CYCLES_PER_STEP = 3
 """Cycles run in one step while each one stops (preempts or evicts) something, as the replay does
 at one event time: requeued work gets another cycle at once (it may fit elsewhere)."""
@@ -116,6 +116,7 @@ class ControlLoop:
             self.rt.wake.clear()
             self._launched.clear()
             began, began_cpu = time.perf_counter(), time.process_time()
+            handed = self.scheduler.launches.handed
             try:
                 busy = self.step(woken)
             except StoreUnavailable:  # the store logged the outage once; try again next interval
@@ -131,8 +132,8 @@ class ControlLoop:
                 # longer than the CPU the process used meanwhile: a step that waited (on a launch
                 # that timed out) took no CPU from the API, and a rest would only delay other work.
                 self._stop.wait(min(time.perf_counter() - began, time.process_time() - began_cpu))
-                if self.scheduler.launches.busy:
-                    self._launched.wait(LAUNCH_REST_S)
+            if self.scheduler.launches.handed != handed and self.scheduler.launches.busy:
+                self._launched.wait(LAUNCH_REST_S)
             # Then the next wake (submit, cancel, quota change) starts a step at once; while pods run
             # the provider is polled every busy interval so exits free their slices quickly.
             self.rt.wake.wait(settings.busy_poll_interval_s if busy else settings.cycle_interval_s)

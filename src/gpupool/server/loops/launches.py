@@ -73,6 +73,8 @@ class LaunchWorkers:
         self._in_flight: dict[str, tuple[str, str]] = {}
         """Pods handed over whose outcome was not collected yet -> their gangs."""
         self._done: list[Outcome] = []
+        self.handed = 0
+        """How many launches were handed over so far (the loop rests after a step that handed some)."""
 
     # ------------------------------------------------------------------ the loop's side
 
@@ -80,6 +82,7 @@ class LaunchWorkers:
         """Hand launches over (after the transaction that recorded them `launching` committed)."""
         if not launches:
             return
+        self.handed += len(launches)
         if not self.threaded:
             for launch in launches:
                 with self._lock:
