@@ -28,9 +28,10 @@ at one event time: requeued work gets another cycle at once (it may fit elsewher
 class ControlLoop:
     """Runs `step()` whenever woken (submit, cancel, quota change) or every interval.
 
-    While pods run or launch it polls the provider often (busy interval) so exits are seen quickly;
-    a failed launch, or the last one in flight, wakes it. Launches themselves run in the nodes'
-    launch workers (loops/launches.py): a step never waits on a provider's launch.
+    While pods run or launch it polls the provider often (busy interval) so exits and launch
+    outcomes are recorded quickly. Launches themselves run in the nodes' launch workers
+    (loops/launches.py): a step never waits on a provider's launch, and the loop rests for them at
+    most LAUNCH_REST_S.
     """
 
     def __init__(self, rt: Runtime, metrics: Metrics | None = None) -> None:
@@ -38,7 +39,7 @@ class ControlLoop:
         self.metrics = metrics
         self.scheduler = Scheduler(rt, policies(rt), seed=rt.settings.seed)
         self.reconciler = Reconciler(rt, on_final=self.scheduler.finished)
-        self.scheduler.launches.on_outcome = self._launches_back  # recorded at once, without the rests
+        self.scheduler.launches.on_outcome = self._launches_back
         if metrics is not None:
             divergence = metrics.store_view_divergence
             self.scheduler.store_audit.on_divergence = lambda kind, n: divergence.labels(kind).inc(n)
@@ -98,8 +99,10 @@ class ControlLoop:
         self.rt.wake.set()
 
     def _launches_back(self) -> None:
+        """A failed launch, or the last one in flight, came back: it ends the loop's launch rest. The
+        loop is busy while launches are in flight, so its next step, at most a busy interval later,
+        records the outcome."""
         self._launched.set()
-        self._pods_exited()
 
     def _run(self) -> None:
         settings = self.rt.settings
