@@ -88,7 +88,29 @@ def gpupool_up(*args: str) -> Iterator[RunningServer]:
             os.killpg(proc.pid, signal.SIGKILL)
         log.close()
         os.unlink(log.name)
+        remove_pool_accounts(data_dir)
         shutil.rmtree(data_dir, ignore_errors=True)
+
+
+def remove_pool_accounts(data_dir: Path) -> list[str]:
+    """As root, remove the pod accounts a throwaway pool made (`gpupool-<pool id>-<tenant>`, the id in
+    DATA_DIR/pool-id), so benches that start fresh pools do not pile up system accounts. An account
+    still in use (a pod not ended yet) is left; stdlib only, so a run of an earlier commit works too."""
+    import pwd
+
+    try:
+        pool = (data_dir / "pool-id").read_text().strip()
+    except OSError:
+        return []
+    if os.geteuid() != 0 or not pool.isalnum():
+        return []
+    removed = []
+    for entry in pwd.getpwall():
+        if entry.pw_name.startswith(f"gpupool-{pool}-"):
+            done = subprocess.run(["userdel", entry.pw_name], capture_output=True, check=False)
+            if done.returncode == 0:
+                removed.append(entry.pw_name)
+    return removed
 
 
 PLAIN_SPEC: dict[str, object] = {"command": ["true"], "resources": {"gpus": 0.25}}

@@ -24,6 +24,35 @@ def shared_data() -> Path:
 
 
 @pytest.fixture(scope="session", autouse=True)
+def fresh_pools_accounts(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """Every `gpupool up` on a fresh data directory is a new pool with a new id, so as root it makes
+    new pod accounts (`gpupool-<pool id>-<tenant>`): at the end of the run, those of the pools whose
+    data directories this run made (a `pool-id` file under its temporary directory) are removed,
+    each only when no process runs as it, so test runs do not pile up system accounts."""
+    yield
+    import os
+    import pwd
+
+    if os.geteuid() != 0:
+        return
+    from gpupool.agent.identity import remove_account
+    from gpupool.errors import GpupoolError
+
+    pools = set()
+    for found in tmp_path_factory.getbasetemp().rglob("pool-id"):
+        try:
+            pools.add(found.read_text().strip())
+        except OSError:
+            continue
+    for entry in pwd.getpwall():
+        if any(pool and entry.pw_name.startswith(f"gpupool-{pool}-") for pool in pools):
+            try:
+                remove_account(entry.pw_name)
+            except GpupoolError:
+                continue  # still in use: left as it is
+
+
+@pytest.fixture(scope="session", autouse=True)
 def pod_scratch_root() -> Iterator[Path]:
     """A scratch root for pods' private directories that every account can enter (pytest's own
     temporary directories are closed to other users, and pods run as other accounts under root)."""

@@ -28,7 +28,7 @@ from gpupool.api.audit import AuditOut
 from gpupool.api.common import Health
 from gpupool.api.fabric import FabricOut, LinkChangeOut
 from gpupool.api.nodes import NodeOut, PoolSummary
-from gpupool.api.tenants import QueueOut, TenantOut, TokenInfo, TokenOut
+from gpupool.api.tenants import QueueOut, TenantDeleted, TenantOut, TokenInfo, TokenOut
 from gpupool.api.usage import UsageOut
 from gpupool.api.workloads import (
     ArrayCancelled,
@@ -160,13 +160,16 @@ class Client:
                   queue: str | Sequence[str] | None = None, limit: int = 100, offset: int = 0,
                   id_prefix: str | None = None, name: str | None = None,
                   since_s: float | None = None, array_id: str | Sequence[str] | None = None,
-                  workload_id: str | Sequence[str] | None = None) -> WorkloadPage:
+                  workload_id: str | Sequence[str] | None = None, full: bool = False) -> WorkloadPage:
         """Newest first (at most 1000 a page); filters take any case and comma lists ("a,b"); an
         unknown tenant or queue raises NotFound. `id_prefix` keeps ids starting with it, `name` one
         exact name, `since_s` those submitted at or after it, `array_id` the tasks of those arrays
-        (in index order; with `workload_id`, those workloads too)."""
+        (in index order; with `workload_id`, those workloads too). Items are summaries (what each
+        asks for in `request`, no command or environment) unless `full`: then whole workloads."""
         params = _list_params(status, tenant, queue, since_s, array_id, workload_id)
         params.update(limit=limit, offset=offset)
+        if full:
+            params["full"] = "true"
         if id_prefix:
             params["id_prefix"] = id_prefix
         if name is not None:
@@ -222,8 +225,8 @@ class Client:
     def _all_tasks(self, array_id: str) -> list[WorkloadOut]:
         tasks: list[WorkloadOut] = []
         while True:
-            page = self.workloads(array_id=array_id, limit=1000, offset=len(tasks))
-            tasks += page.items
+            page = self.workloads(array_id=array_id, limit=1000, offset=len(tasks), full=True)
+            tasks += [item for item in page.items if isinstance(item, WorkloadOut)]
             if not page.items or len(tasks) >= page.total:
                 return tasks
 
@@ -306,6 +309,11 @@ class Client:
         if max_pending is not None:
             body["max_pending"] = max_pending
         return self._one(TenantOut, "POST", "/tenants", json=body)
+
+    def delete_tenant(self, name: str) -> TenantDeleted:
+        """Delete a tenant with nothing unfinished (Conflict, saying what still runs, otherwise): its
+        queues, tokens and finished workloads, and the pool's Unix account of it on the nodes."""
+        return self._one(TenantDeleted, "DELETE", f"/tenants/{_segment(name)}")
 
     def update_tenant(self, name: str, *, unix_user: str | None = None, clear_unix_user: bool = False,
                       max_priority: int | None = None, max_pending: int | None = None,

@@ -55,7 +55,10 @@ def test_ls_name_and_json(srv: tuple[LiveServer, dict[str, set[str]]]) -> None:
     names = lines(run(srv, "ls", "-o", "name"))
     assert sorted(names) == sorted(every)  # ids only, one per line, every one of them
     objects = json.loads(run(srv, "ls", "-o", "json").stdout)
-    assert {o["id"] for o in objects} == every and {"spec", "pods", "status"} <= set(objects[0])
+    assert {o["id"] for o in objects} == every and {"request", "pods", "status"} <= set(objects[0])
+    assert "spec" not in objects[0], "a list page leaves out commands and environments"
+    whole = json.loads(run(srv, "ls", "-o", "json", "--full").stdout)
+    assert {o["id"] for o in whole} == every and {"spec", "request", "pods"} <= set(whole[0])
     assert len(lines(run(srv, "ls", "-o", "NAME", "--limit", "2"))) == 2
 
 

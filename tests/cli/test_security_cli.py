@@ -5,6 +5,7 @@ from __future__ import annotations
 import pwd
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -131,3 +132,23 @@ def test_audit_shows_admin_actions_and_refusals(srv: LiveServer, monkeypatch: py
     _, token, _ = gp("token", "create", "--tenant", "team-a")
     monkeypatch.setenv("GPUPOOL_TOKEN", token.strip())
     assert gp("audit")[0] == 3  # admin only
+
+
+def test_tenant_delete_refuses_with_a_sentence_while_work_is_unfinished(srv: LiveServer) -> None:
+    assert gp("tenant", "create", "team-d")[0] == 0
+    with Client(srv.url, srv.admin_token) as pool:
+        workload = pool.submit(command=["train"], gpus=1, tenant="team-d")
+    code, _, err = gp("tenant", "delete", "team-d")
+    assert code != 0 and "Traceback" not in err
+    assert "Tenant 'team-d' still has 1 unfinished workload(s)" in err
+    assert gp("cancel", workload)[0] == 0
+    with Client(srv.url, srv.admin_token) as pool:  # its pod, if it had started, ends at the next sync
+        deadline = time.monotonic() + 30
+        while any(p.status in ("launching", "running", "stopping") for p in pool.workload(workload).pods):
+            assert time.monotonic() < deadline, "the cancelled workload's pod did not end"
+            time.sleep(0.05)
+    code, out, err = gp("tenant", "delete", "team-d")
+    assert code == 0, err
+    assert out.startswith("team-d deleted (1 finished workload(s) removed")
+    assert "team-d" not in gp("tenant", "ls")[1]
+    assert gp("tenant", "delete", "team-d")[0] == 3  # not found

@@ -47,7 +47,9 @@ def make_rt(tmp_path: Path) -> Iterator[MakeRt]:
 
 
 def _tasks(rt: Runtime, array_id: str, who: Principal = ADMIN) -> list[workloads.WorkloadOut]:
-    return listing.list_workloads(rt, who, array_id=[array_id], limit=1000).items
+    items = listing.list_workloads(rt, who, array_id=[array_id], limit=1000, full=True).items
+    assert all(isinstance(item, workloads.WorkloadOut) for item in items)
+    return [item for item in items if isinstance(item, workloads.WorkloadOut)]
 
 
 def _set_status(rt: Runtime, ids: list[str], status: str) -> None:

@@ -398,6 +398,7 @@ class ServerRun:
             # pods that waited for a preempted pod to leave start now: the fake provider stops at once
             self.loop.reconciler.sync()
             self.loop.scheduler.promote_waiting()
+            self.loop.scheduler.record_launches()  # their launches' outcomes, as the loop's step records
             self.observe()
 
     def observe(self) -> None:

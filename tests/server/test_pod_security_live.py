@@ -58,7 +58,8 @@ def test_a_tenant_pod_cannot_read_the_admin_token_store_or_server_env(pool: UpPr
     assert "SQLite format" not in str(stolen["out"])
     assert "Permission denied" in str(stolen["out"])
     lines = str(stolen["out"]).splitlines()
-    assert "gpupool-mallory" in lines
+    pool_id = (data / "pool-id").read_text().strip()
+    assert f"gpupool-{pool_id}-mallory" in lines, "its pool account, named for this pool"
     assert SECRET not in str(stolen["out"])
     assert os.stat(data).st_mode & 0o777 == 0o700
     assert os.stat(data / "admin-token").st_mode & 0o777 == 0o600

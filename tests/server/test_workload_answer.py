@@ -104,7 +104,30 @@ def test_final_reasons_say_so_and_listings_carry_the_same_fields(pool: Pool) -> 
     assert (shown["status"], shown["reason"], shown["reason_final"]) == ("failed", "time_limit", True)
     assert shown["reason_hint"] == CATALOGUE["time_limit"].hint
     (listed,) = api.get("/workloads")["items"]
-    assert listed == shown
+    assert listed == {k: v for k, v in shown.items() if k != "spec"}, "a summary: all but the spec"
+    (whole,) = api.get("/workloads?full=true")["items"]
+    assert whole == shown
+
+
+def test_list_pages_leave_out_commands_and_environments_unless_asked(pool: Pool) -> None:
+    """A tenant's 1 MiB of command and environment is not copied into every list page."""
+    secret = "x" * 20_000
+    workload_id = pool.submit(2, command=["train", "--config", secret], env={"BIG": secret},
+                              priority_class=None, time_limit_s=3600)
+    api = Api(pool)
+    page = api.http.get("/api/v1/workloads", headers=api.headers)
+    assert page.status_code == 200 and secret not in page.text
+    (listed,) = page.json()["items"]
+    assert "spec" not in listed
+    (whole,) = api.get("/workloads?full=true")["items"]
+    spec = whole["spec"]
+    assert listed["request"] == {"replicas": 1, "resources": spec["resources"], "time_limit_s": 3600.0,
+                                 "priority_class": spec["priority_class"], "topology": None}
+    assert listed["request"]["resources"]["gpus"] == 2
+    assert whole["spec"]["env"] == {"BIG": secret} and whole["spec"]["command"][-1] == secret
+    assert api.get(f"/workloads/{workload_id}")["spec"]["env"] == {"BIG": secret}
+    bad = api.http.get("/api/v1/workloads?full=maybe", headers=api.headers)
+    assert bad.status_code in (400, 422) and "full" in bad.text
 
 
 def test_a_reason_code_from_an_older_version_still_reads(pool: Pool) -> None:

@@ -2,9 +2,13 @@
 
 When the agent runs as root, no pod runs as root or as the server's user: a tenant's pods run as the
 account the admin mapped to it (`gpupool tenant create NAME --unix-user USER`), else as an account
-of the pool's own, one per tenant, `gpupool-<tenant>` in the group `gpupool-pods`, created on first
-use (a tenant name too long for an account name is shortened and given a hash suffix). One account
-per tenant, not one for all: pods of two tenants under one uid could read each other's files.
+of the pool's own, one per tenant of the pool, `gpupool-<pool id>-<tenant>` in the group
+`gpupool-pods`, created on first use (a tenant name too long for an account name is shortened and
+given a hash suffix). One account per tenant, not one for all: pods of two tenants under one uid
+could read each other's files; and one per pool: tenant `a` of two pools on one machine are two
+tenants (the pool id is a short random id kept in the pool's data directory, `pool-id`). An agent
+given no pool id (one built outside `gpupool up`) names accounts `gpupool-<tenant>`, as pools did
+before they had ids.
 When the agent is not root it cannot change users, and pods run as its own user (a one-user pool).
 """
 
@@ -47,13 +51,15 @@ def can_switch_users() -> bool:
     return os.geteuid() == 0
 
 
-def account_name(tenant: str) -> str:
-    """The pool's own account for `tenant`: 'gpupool-<tenant>', at most 32 characters."""
-    name = ACCOUNT_PREFIX + tenant
+def account_name(tenant: str, pool_id: str = "") -> str:
+    """The pool's own account for `tenant`: 'gpupool-<pool id>-<tenant>' ('gpupool-<tenant>' with no
+    pool id), at most 32 characters (a long tenant name is cut and given a hash suffix)."""
+    prefix = f"{ACCOUNT_PREFIX}{pool_id}-" if pool_id else ACCOUNT_PREFIX
+    name = prefix + tenant
     if len(name) <= MAX_ACCOUNT_NAME:
         return name
     digest = hashlib.sha256(tenant.encode()).hexdigest()[:8]
-    return f"{ACCOUNT_PREFIX}{tenant[: MAX_ACCOUNT_NAME - len(ACCOUNT_PREFIX) - 9]}-{digest}"
+    return f"{prefix}{tenant[: MAX_ACCOUNT_NAME - len(prefix) - 9]}-{digest}"
 
 
 def is_pool_account(identity: PodIdentity) -> bool:
@@ -145,8 +151,10 @@ def ensure_account(name: str, comment: str = "") -> PodIdentity:
 class Identities:
     """Resolves (and creates) pod accounts; thread-safe, remembers what it resolved."""
 
-    def __init__(self, *, switch_users: bool | None = None) -> None:
+    def __init__(self, *, switch_users: bool | None = None, pool_id: str = "") -> None:
         self.switch_users = can_switch_users() if switch_users is None else switch_users
+        self.pool_id = pool_id
+        """The pool's id (`gpupool-<pool id>-<tenant>` accounts); '' names them `gpupool-<tenant>`."""
         self._lock = threading.Lock()
         self._known: dict[tuple[str, str], PodIdentity] = {}
 
@@ -161,16 +169,66 @@ class Identities:
             if known is None:
                 if unix_user:
                     known = mapped_account(unix_user)
-                    if is_pool_account(known) and known.user != account_name(tenant or "default"):
+                    if is_pool_account(known) and known.user != account_name(tenant or "default",
+                                                                               self.pool_id):
                         raise InvalidInput(  # a mapping stored before the server refused it
                             f"Tenant {tenant!r} is mapped to {unix_user!r}, the pool's account of another "
                             "tenant; its pods do not start until `gpupool tenant set --unix-user` maps "
                             "it to an account of its own.", unix_user=unix_user)
                 else:
                     tenant = tenant or "default"
-                    known = ensure_account(account_name(tenant), f"gpupool pods of tenant {tenant}")
+                    pool = f" of pool {self.pool_id}" if self.pool_id else ""
+                    known = ensure_account(account_name(tenant, self.pool_id),
+                                           f"gpupool pods of tenant {tenant}{pool}")
                 self._known[key] = known
             return known
+
+    def remove(self, tenant: str) -> str:
+        """The tenant was deleted: remove its pool account here (`remove_account`) and forget what was
+        resolved for it. Returns the account's name when one was removed, else ''."""
+        if not self.switch_users:
+            return ""
+        name = account_name(tenant, self.pool_id)
+        with self._lock:
+            removed = remove_account(name)
+            for key in [k for k in self._known if k[0] == tenant]:
+                del self._known[key]
+        return name if removed else ""
+
+
+def processes_of(uid: int, proc: Path = Path("/proc")) -> int:
+    """How many processes run as `uid` now (by the owner of /proc/PID: the effective uid)."""
+    count = 0
+    with os.scandir(proc) as entries:
+        for entry in entries:
+            if entry.name.isdigit():
+                try:
+                    count += entry.stat(follow_symlinks=False).st_uid == uid
+                except OSError:  # ended meanwhile
+                    continue
+    return count
+
+
+def remove_account(name: str) -> bool:
+    """Delete the pool's account `name` (userdel) when it exists and is one of the pool's (in the
+    pods' group); returns whether one was deleted. Raises ProviderError while a process still runs
+    as it (a pod's leftovers), saying so: its files would then belong to a uid that a later account
+    may be given."""
+    try:
+        entry = pwd.getpwnam(name)
+        gid = grp.getgrnam(POD_GROUP).gr_gid
+    except KeyError:
+        return False
+    if entry.pw_uid == 0 or entry.pw_gid != gid:
+        return False  # not one of the pool's: never touched
+    running = processes_of(entry.pw_uid)
+    if running:
+        raise ProviderError(f"{running} process(es) still run as the account {name!r}; it is removed once "
+                            "they have ended (stop them, or wait, and delete the tenant again).")
+    if shutil.which("userdel", path=BASE_PATH) is None:
+        raise ProviderError(f"userdel is not installed, so the pod account {name!r} cannot be removed.")
+    _run(["userdel", name])
+    return True
 
 
 def prepare_scratch_root(path: Path) -> Path:

@@ -42,6 +42,12 @@ class TenantUpdate(Strict):
     overdraft: bool | None = Field(default=None, description="new work starts even with the budget spent")
 
 
+class TenantDeleted(Strict):
+    name: str
+    workloads: int = Field(description="its finished workloads removed from the store (usage stays)")
+    accounts_removed: list[str] = Field(description="the pool's Unix accounts of it removed from the nodes")
+
+
 class TenantOut(Strict):
     name: str
     created_s: float

@@ -234,7 +234,21 @@ class PodOut(Strict):
     message: str
 
 
-class WorkloadOut(Strict):
+class SpecSummary(Strict):
+    """What a list page tells of a workload's spec: what it asks for, not what it runs. The command,
+    environment and directories (up to ~1 MiB a workload) are left out of list pages unless asked
+    (`GET /workloads?full=true`); `GET /workloads/{id}` always has the whole spec."""
+
+    replicas: int = 1
+    resources: ResourcesSpec
+    priority_class: str | None = None
+    time_limit_s: float | None = None
+    topology: str | None = None
+
+
+class WorkloadSummary(Strict):
+    """A workload in a list page: everything but its full spec (`request` says what it asks for)."""
+
     id: str
     name: str
     tenant: str
@@ -265,11 +279,17 @@ class WorkloadOut(Strict):
     array_id: str | None = Field(None, description="the array it is one task of (submit --array)")
     array_index: int | None = None
     array_limit: int | None = Field(None, description="how many tasks of its array may hold slices at once")
-    spec: WorkloadSpec
+    request: SpecSummary = Field(description="what it asks for (replicas, resources, class, time limit)")
     pods: list[PodOut]
     network: NetworkOut | None = Field(default=None, description=(
         "where its pods sit in the fabric while it holds them on several nodes (pools started with "
         "--fabric): domain, hops, bottleneck cable and its bandwidth"))
+
+
+class WorkloadOut(WorkloadSummary):
+    """A workload with its whole spec (`GET /workloads/{id}`, and list pages with full=true)."""
+
+    spec: WorkloadSpec
 
 
 class WorkloadCreated(Strict):
@@ -285,7 +305,8 @@ class ArrayCancelled(Strict):
 
 
 class WorkloadPage(Strict):
-    items: list[WorkloadOut]
+    items: list[WorkloadOut | WorkloadSummary] = Field(description=(
+        "summaries (no command, environment or directories) unless full=true asked for whole workloads"))
     ids: list[str] | None = Field(None, description="with fields=id: the page's ids (items is empty)")
     total: int
     limit: int

@@ -2,7 +2,9 @@
 
 In a table the pending tasks of an array fold into one row, as squeue shows them: `ID_[5-999%50]`
 (the indexes still pending, and the array's limit); tasks that were placed have rows of their own.
-`--expand` gives every task its row; `-o json` and `-o name` always list every task.
+`--expand` gives every task its row; `-o json` and `-o name` always list every task. A list page
+carries what each workload asks for (`request`), not its command or environment: `-o json --full`
+(or `gpupool show`) has those.
 """
 
 from __future__ import annotations
@@ -42,6 +44,9 @@ def ls(
     expand: Annotated[bool, typer.Option(
         "--expand", "-r", help="A row for every pending task of an array (like squeue -r); by default "
         "they fold into one row ID_[INDEXES%LIMIT].")] = False,
+    full: Annotated[bool, typer.Option(
+        "--full", help="With -o json: each workload whole, with its spec (command, environment); by "
+        "default what it asks for (request) without them.")] = False,
     output: OutputOption = Format.TABLE,
 ) -> None:
     """List workloads, newest first (an array's tasks, when it is named: in index order).
@@ -73,7 +78,7 @@ def ls(
         if output is Format.JSON:
             from gpupool.cli.output import as_json
 
-            as_json(_all(pool, filters, limit))
+            as_json(_all(pool, {**filters, "full": full}, limit))
             return
         page = pool.workloads(**filters, limit=min(limit or TABLE_LIMIT, JSON_PAGE))
         items, tasks = (page.items, {}) if expand else _fold(pool, page.items)
@@ -145,20 +150,25 @@ def _table(items: list[Any], total: int, output: Format, tasks: dict[str, int] |
         Column("NAME", lambda w: w.name or "-", key=True),
         Column("TENANT/QUEUE", lambda w: f"{w.tenant}/{w.queue}"),
         Column("STATUS", lambda w: w.status),
-        Column("GPUS", lambda w: f"{float(w.spec.resources.gpus) * w.spec.replicas * tasks.get(w.id, 1):g}"),
+        Column("GPUS", lambda w: f"{_gpus(w) * tasks.get(w.id, 1):g}"),
         Column("NODE", nodes),
         Column("SUBMITTED", lambda w: ago(w.submit_s, now)),
         Column("PRIORITY", lambda w: str(w.priority), wide=True),
-        Column("CLASS", lambda w: w.spec.priority_class or "-", wide=True),
-        Column("TIME LIMIT", lambda w: _limit(w.spec.time_limit_s), wide=True),
+        Column("CLASS", lambda w: w.request.priority_class or "-", wide=True),
+        Column("TIME LIMIT", lambda w: _limit(w.request.time_limit_s), wide=True),
         Column("ATTEMPT", lambda w: str(w.attempt), wide=True),
-        Column("REPLICAS", lambda w: str(w.spec.replicas), wide=True),
+        Column("REPLICAS", lambda w: str(w.request.replicas), wide=True),
         Column("STARTED", lambda w: when(w.started_s), wide=True),
         Column("FINISHED", lambda w: when(w.finished_s), wide=True),
         Column("EXIT", lambda w: "-" if w.exit_code is None else str(w.exit_code), wide=True),
         Column("REASON", lambda w: w.reason if w.status in ("pending", "failed") else ""),
     ]
     render(output, items, columns, key=lambda w: w.id, title=f"{len(items)} of {total} workload(s)")
+
+
+def _gpus(w: Any) -> float:
+    """Devices the workload asks for in all (per pod x pods)."""
+    return float(w.request.resources.gpus) * w.request.replicas
 
 
 def _limit(seconds: float | None) -> str:

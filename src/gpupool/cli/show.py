@@ -41,9 +41,11 @@ def show(
 
 
 def _with_network(pool: Any, workload: Any) -> Any:
-    """A gang across nodes as the detail route gives it, with its place in the fabric (listings
-    leave that out: it costs a route computation per workload)."""
-    if len({p.node for p in workload.pods}) < 2 or workload.status not in ("admitted", "running"):
+    """The workload as the detail route gives it: with its whole spec (list pages, which resolved
+    the id, carry a summary) and, for a gang across nodes, its place in the fabric (listings leave
+    that out: it costs a route computation per workload)."""
+    whole = hasattr(workload, "spec")
+    if whole and (len({p.node for p in workload.pods}) < 2 or workload.status not in ("admitted", "running")):
         return workload
     return pool.workload(workload.id)
 

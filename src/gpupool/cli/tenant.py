@@ -1,4 +1,4 @@
-"""`gpupool tenant create|set|ls`: tenants, their limits, Unix accounts and budgets (admin)."""
+"""`gpupool tenant create|set|ls|delete`: tenants, their limits, Unix accounts and budgets (admin)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from gpupool.cli._common import client, reports_errors
 from gpupool.cli.output import Column, Format, OutputOption
 from gpupool.core.budgets import BudgetPeriod
 
-app = typer.Typer(help="Tenants (admin): create, set, ls.\n\nExample: gpupool tenant create team-a",
+app = typer.Typer(help="Tenants (admin): create, set, ls, delete.\n\nExample: gpupool tenant create team-a",
                   no_args_is_help=True)
 
 UnixUser = Annotated[
@@ -45,6 +45,21 @@ def create(
     print(tenant.name)
     if tenant.warning:
         print(f"Warning: {tenant.warning}", file=sys.stderr)
+
+
+@app.command("delete")
+@reports_errors
+def delete(name: Annotated[str, typer.Argument(help="The tenant.")]) -> None:
+    """Delete a tenant whose work has all finished: its queues, tokens and finished workloads go
+    (their usage stays in `gpupool usage`), and so does the pool's Unix account of it on the nodes.
+    Refused, saying what still runs, while it has unfinished work or pods that have not ended.
+
+    Example: gpupool tenant delete team-a
+    """
+    with client() as pool:
+        deleted = pool.delete_tenant(name)
+    accounts = f"; account {', '.join(deleted.accounts_removed)} removed" if deleted.accounts_removed else ""
+    print(f"{deleted.name} deleted ({deleted.workloads} finished workload(s) removed{accounts})")
 
 
 @app.command("set")

@@ -180,9 +180,12 @@ def _serve(data_dir: Path | None, host: str, port: int, simulate: str, provider:
     if settings.tls_cert is None and not is_loopback(host):
         print(f"Warning: {host} is reachable from other machines and TLS is off, so tokens travel in clear; "
               "serve HTTPS with --tls-cert and --tls-key.", file=sys.stderr, flush=True)
-    from gpupool.server.datadir import pod_accounts_notice, secure_data_dir
+    from dataclasses import replace
+
+    from gpupool.server.datadir import pod_accounts_notice, pool_id, secure_data_dir
 
     secure_data_dir(settings.data_dir)
+    settings = replace(settings, pool_id=pool_id(settings.data_dir))
     if settings.agent_dir is not None:
         secure_data_dir(settings.agent_dir, flag="--agent-dir")
     _check_port(host, port)
@@ -194,7 +197,7 @@ def _serve(data_dir: Path | None, host: str, port: int, simulate: str, provider:
     from gpupool.providers.base import Capability
 
     missing = provisioned.provider.missing_capabilities()
-    accounts = pod_accounts_notice(Capability.REAL_PROCESSES not in missing)
+    accounts = pod_accounts_notice(Capability.REAL_PROCESSES not in missing, settings.pool_id)
     if accounts:
         print(accounts, flush=True)
     if accounts and Capability.USER_ISOLATION not in missing:

@@ -165,5 +165,11 @@ class Provider(ABC):
         idempotent; never raises."""
         return self.node_address(node)
 
+    def remove_tenant(self, tenant: str) -> list[str]:
+        """The tenant was deleted and nothing of it runs: remove what the provider keeps for it (the
+        pool's Unix account of the tenant on each node). Returns the accounts removed. Raises
+        ProviderError, saying why, when something of it still runs; idempotent."""
+        return []
+
     def close(self) -> None:
         """Release the provider's resources (threads, daemons). Idempotent."""

@@ -112,6 +112,10 @@ class LocalProvider(Provider):
         self._check_node(pod.node)
         self.agent.launch(pod)
 
+    def remove_tenant(self, tenant: str) -> list[str]:
+        removed = self.agent.identities.remove(tenant)
+        return [removed] if removed else []
+
     def stop(self, pod_id: str, grace_s: float = 10.0) -> None:
         self.agent.stop(pod_id, grace_s)
 

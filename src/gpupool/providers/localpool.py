@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
+from gpupool.agent.identity import Identities
 from gpupool.agent.netns import NetworkSettings
 from gpupool.agent.runner import DEFAULT_MAX_LOG_BYTES
 from gpupool.core.model import Node
@@ -31,7 +32,8 @@ class LocalPool(Provider):
 
     def __init__(self, nodes: Sequence[Node], state_dir: Path, *,
                  max_log_bytes: int = DEFAULT_MAX_LOG_BYTES, network: NetworkSettings | None = None,
-                 published: Sequence[tuple[str, int]] = ()) -> None:
+                 published: Sequence[tuple[str, int]] = (), identities: Identities | None = None) -> None:
+        identities = identities or Identities()  # one for all members: one account per tenant
         self._members: dict[str, LocalProvider] = {}
         for slot, node in enumerate(nodes):
             if not node.devices:
@@ -41,7 +43,7 @@ class LocalPool(Provider):
             self._members[node.name] = LocalProvider(state_dir / node.name, simulate=spec,
                                                      node_name=node.name, max_log_bytes=max_log_bytes,
                                                      network=network, network_slot=slot,
-                                                     published=published)
+                                                     published=published, identities=identities)
 
     def _member(self, node: str) -> LocalProvider:
         member = self._members.get(node)
@@ -71,6 +73,12 @@ class LocalPool(Provider):
     def add_exit_listener(self, listener: Callable[[], None]) -> None:
         for member in self._members.values():
             member.add_exit_listener(listener)
+
+    def remove_tenant(self, tenant: str) -> list[str]:
+        removed: list[str] = []  # the members share their accounts: the first removes it
+        for member in self._members.values():
+            removed += [name for name in member.remove_tenant(tenant) if name not in removed]
+        return removed
 
     def stop(self, pod_id: str, grace_s: float = 10.0) -> None:
         for member in self._members.values():

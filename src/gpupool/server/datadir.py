@@ -9,12 +9,38 @@ create later is private too.
 from __future__ import annotations
 
 import os
+import re
+import secrets
 import stat
 from pathlib import Path
 
 from gpupool.agent.identity import POD_GROUP, account_name, can_switch_users, ensure_account
 
 PRIVATE_UMASK = 0o077
+POOL_ID_FILE = "pool-id"
+_POOL_ID = re.compile(r"^[0-9a-z]{4,8}$")
+
+
+def pool_id(data_dir: Path) -> str:
+    """The pool's short stable id, kept in DATA_DIR/pool-id: made (6 random hex digits) on the first
+    start, read on every later one. It names the pool's pod accounts (`gpupool-<id>-<tenant>`), so two
+    pools on one machine never share an account. Refuses a file that does not hold an id."""
+    from gpupool.errors import InvalidInput
+
+    path = data_dir / POOL_ID_FILE
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    except FileExistsError:
+        text = path.read_text(errors="replace").strip()
+        if not _POOL_ID.match(text):
+            raise InvalidInput(f"{str(path)!r} holds {text[:40]!r}, not a pool id (4 to 8 lowercase letters "
+                               "and digits); restore it, or remove it to give this pool a new id (its pods "
+                               "then run as new accounts).") from None
+        return text
+    made = secrets.token_hex(3)
+    with os.fdopen(fd, "w") as handle:
+        handle.write(made + "\n")
+    return made
 
 
 def secure_data_dir(path: Path, flag: str = "--data-dir") -> None:
@@ -48,7 +74,7 @@ def _close(path: Path, mode: int) -> None:
         pass
 
 
-def pod_accounts_notice(runs_processes: bool) -> str:
+def pod_accounts_notice(runs_processes: bool, pool: str = "") -> str:
     """One line on whose accounts pods run as; where the agent is root, the default tenant's
     account (and the pods' group) is created or reused now, so a bad set-up shows at start-up."""
     if not runs_processes:
@@ -56,6 +82,8 @@ def pod_accounts_notice(runs_processes: bool) -> str:
     if not can_switch_users():
         return ("Pods run as this server's own user (it is not root, so it cannot start them as other "
                 "accounts): the pool is for that one user; run `gpupool up` as root for tenants.")
-    ensure_account(account_name("default"), "gpupool pods of tenant default")
-    return (f"Pods run as unprivileged accounts: gpupool-<tenant> (group {POD_GROUP}, created on first "
+    ensure_account(account_name("default", pool), "gpupool pods of tenant default"
+                   + (f" of pool {pool}" if pool else ""))
+    pattern = f"gpupool-{pool}-<tenant>" if pool else "gpupool-<tenant>"
+    return (f"Pods run as unprivileged accounts: {pattern} (group {POD_GROUP}, created on first "
             "use), or the account mapped with `gpupool tenant set NAME --unix-user USER`.")

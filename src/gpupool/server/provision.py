@@ -49,11 +49,13 @@ def provision(settings: Settings, *, ray_address: str = "") -> Provisioned:
     if settings.simulate:
         return _simulated(settings.simulate, state_dir, f"Serving the simulated pool {settings.simulate}",
                           settings.max_pod_log_bytes, settings)
+    from gpupool.agent.identity import Identities
     from gpupool.agent.netns import NetworkSettings
     from gpupool.providers.local import LocalProvider
 
     local = LocalProvider(state_dir / "local", max_log_bytes=settings.max_pod_log_bytes,
-                          network=NetworkSettings.from_env(), published=published_services(settings))
+                          network=NetworkSettings.from_env(), published=published_services(settings),
+                          identities=Identities(pool_id=settings.pool_id))
     if any(not d.simulated for n in local.nodes() for d in n.devices):
         return Provisioned(local, "")
     reason = local.missing_capabilities().get(Capability.GPU, "no accelerator found")
@@ -124,9 +126,11 @@ def _simulated(spec: str, state_dir: Path, notice: str, max_log_bytes: int,
 
         return Provisioned(FakeProvider(nodes, clock=time.time),
                            f"{notice}: {len(nodes)} nodes, too many to run locally, so pods are simulated.")
+    from gpupool.agent.identity import Identities
     from gpupool.agent.netns import NetworkSettings
     from gpupool.providers.localpool import LocalPool
 
     return Provisioned(LocalPool(nodes, state_dir, max_log_bytes=max_log_bytes,
-                                 network=NetworkSettings.from_env(), published=published_services(settings)),
+                                 network=NetworkSettings.from_env(), published=published_services(settings),
+                                 identities=Identities(pool_id=settings.pool_id)),
                        f"{notice}; pods run as processes on this machine.")

@@ -18,6 +18,7 @@ from gpupool.server.held import HeldPods
 from gpupool.server.settings import Settings
 
 if TYPE_CHECKING:
+    from gpupool.server.loops.launches import LaunchWorkers
     from gpupool.server.services.budgets import BudgetTracker
     from gpupool.server.services.fabric import LiveFabric
     from gpupool.server.services.usage_rollup import UsageRollup
@@ -51,6 +52,9 @@ class Runtime:
     fabric: LiveFabric | None = None
     """The IB fabric the pool runs on (`gpupool up --fabric FILE`): link state, routes and the
     scheduler's view of it (services/fabric.py); None: no fabric known, placement as before."""
+    launches: LaunchWorkers | None = None
+    """The nodes' launch workers, set by the control loop's scheduler (loops/launches.py): a cancel
+    takes back the launches no worker has begun, so their pods end at once."""
     _nodes: tuple[Node, ...] = ()
     _nodes_lock: threading.Lock = field(default_factory=threading.Lock)
     auth: Authenticator = field(init=False)

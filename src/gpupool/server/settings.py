@@ -64,6 +64,14 @@ class Settings:
     payload limit)."""
     max_pod_log_bytes: int = DEFAULT_MAX_POD_LOG_BYTES
     """What one pod's log (each stream) may hold on the agent's disk; the rest is dropped."""
+    pool_id: str = ""
+    """The pool's short stable id (`pool-id` in the data directory, made by `gpupool up`): its pods'
+    accounts are `gpupool-<pool id>-<tenant>`, so two pools on one machine never share one. ''
+    (a server built outside `gpupool up`): `gpupool-<tenant>`."""
+    launch_deadline_s: float = 30.0
+    """How long one pod's launch may take before the pod is failed with that reason (the launch
+    runs in its node's launch worker, outside the control loop; GPUPOOL_LAUNCH_DEADLINE_S). Keep it
+    above the agent's GPUPOOL_LAUNCH_TIMEOUT_S, so the agent's own, more precise sentence wins."""
     agent_dir: Path | None = None
     """The agents' state and the pods' logs (default: DATA_DIR/agents); may be on another
     filesystem than the store, so a pod's output can never fill the store's disk."""
@@ -75,6 +83,9 @@ class Settings:
             raise InvalidInput("Loop intervals must be positive numbers of seconds.")
         if not self.store_audit_interval_s >= 0:
             raise InvalidInput("The store audit interval must be 0 (off) or a positive number of seconds.")
+        if not self.launch_deadline_s > 0:
+            raise InvalidInput(f"The launch deadline must be a positive number of seconds, got "
+                               f"{self.launch_deadline_s}; set GPUPOOL_LAUNCH_DEADLINE_S to, e.g., 30.")
         if self.token_expiry_s <= 0:
             raise InvalidInput("The default token lifetime must be a positive number of seconds.")
         if self.metrics_public and not is_loopback(self.host):
@@ -137,6 +148,12 @@ class Settings:
             except ValueError:
                 raise InvalidInput(
                     "GPUPOOL_STORE_AUDIT_INTERVAL_S must be a number of seconds (0: off).") from None
+        if env.get("GPUPOOL_LAUNCH_DEADLINE_S"):
+            try:
+                changes["launch_deadline_s"] = float(env["GPUPOOL_LAUNCH_DEADLINE_S"])
+            except ValueError:
+                raise InvalidInput(
+                    "GPUPOOL_LAUNCH_DEADLINE_S must be a number of seconds, e.g. 30.") from None
         for name, key, default in (
                 ("GPUPOOL_MAX_REQUEST_BODY", "max_request_body_bytes", DEFAULT_MAX_REQUEST_BODY_BYTES),
                 ("GPUPOOL_MAX_POD_LOG", "max_pod_log_bytes", DEFAULT_MAX_POD_LOG_BYTES)):

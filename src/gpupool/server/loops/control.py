@@ -15,6 +15,11 @@ from gpupool.server.runtime import Runtime
 
 log = logging.getLogger("gpupool.loop")
 WAKE_DELAY_S = 0.003
+LAUNCH_REST_S = 0.05
+"""After a step that handed launches to the nodes' workers, the loop waits up to this long for them
+to come back before it looks at new work: the submissions and pod exits that arrive meanwhile are
+decided in one cycle (a full pass over the pending work when capacity changed), as when the step
+itself waited for its launches, while a node that hangs holds the loop no longer than this."""
 MAX_CYCLES_PER_STEP = 3
 """Cycles run in one step while each one stops (preempts or evicts) something, as the replay does
 at one event time: requeued work gets another cycle at once (it may fit elsewhere)."""
@@ -23,7 +28,10 @@ at one event time: requeued work gets another cycle at once (it may fit elsewher
 class ControlLoop:
     """Runs `step()` whenever woken (submit, cancel, quota change) or every interval.
 
-    While pods run it polls the provider often (busy interval) so exits are seen quickly.
+    While pods run or launch it polls the provider often (busy interval) so exits and launch
+    outcomes are recorded quickly. Launches themselves run in the nodes' launch workers
+    (loops/launches.py): a step never waits on a provider's launch, and the loop rests for them at
+    most LAUNCH_REST_S.
     """
 
     def __init__(self, rt: Runtime, metrics: Metrics | None = None) -> None:
@@ -31,6 +39,7 @@ class ControlLoop:
         self.metrics = metrics
         self.scheduler = Scheduler(rt, policies(rt), seed=rt.settings.seed)
         self.reconciler = Reconciler(rt, on_final=self.scheduler.finished)
+        self.scheduler.launches.on_outcome = self._launches_back
         if metrics is not None:
             divergence = metrics.store_view_divergence
             self.scheduler.store_audit.on_divergence = lambda kind, n: divergence.labels(kind).inc(n)
@@ -40,6 +49,7 @@ class ControlLoop:
         self.recovered: tuple[int, int] | None = None
         self._last_cycle = float("-inf")
         self._exited = threading.Event()
+        self._launched = threading.Event()
 
     def start(self) -> None:
         self.recovered = self.reconciler.recover()
@@ -59,6 +69,7 @@ class ControlLoop:
 
         Returns True while work is in flight, so the provider is polled again soon.
         """
+        recorded = self.scheduler.record_launches()  # before the poll: a pod started is then running
         changed = self.reconciler.sync()
         changed += self.reconciler.nodes_gone(self.rt.nodes())
         changed += self.scheduler.enforce_time_limits()
@@ -73,18 +84,28 @@ class ControlLoop:
             for _ in range(MAX_CYCLES_PER_STEP):
                 stats = self.scheduler.cycle(capacity_changed)
                 admitted += stats.admitted
+                # Outcomes back already (inline launches, quick workers) before the next cycle, so
+                # a workload it stops is stopped from running, as it is: launched, then preempted.
+                recorded += self.scheduler.record_launches()
                 if self.metrics is not None and stats.pending:
                     self.metrics.cycle_seconds.observe(stats.seconds)
                 if not stats.stopped:
                     break
-        busy = self.reconciler.active or self.scheduler.waiting
-        in_flight = bool(changed or admitted or busy)
+        recorded += self.scheduler.record_launches()  # those that returned meanwhile (or ran inline)
+        busy = self.reconciler.active or self.scheduler.waiting or self.scheduler.launches.busy
+        in_flight = bool(changed or admitted or busy or recorded)
         self.rt.usage_rollup.maybe_fold(self.rt, in_flight)  # pods that ended join the usage rollup
         return in_flight
 
     def _pods_exited(self) -> None:
         self._exited.set()
         self.rt.wake.set()
+
+    def _launches_back(self) -> None:
+        """A failed launch, or the last one in flight, came back: it ends the loop's launch rest. The
+        loop is busy while launches are in flight, so its next step, at most a busy interval later,
+        records the outcome."""
+        self._launched.set()
 
     def _run(self) -> None:
         settings = self.rt.settings
@@ -99,7 +120,9 @@ class ControlLoop:
                 # interval or more (it also gathers the next few submissions into this cycle).
                 self._stop.wait(WAKE_DELAY_S)
             self.rt.wake.clear()
+            self._launched.clear()
             began, began_cpu = time.perf_counter(), time.process_time()
+            handed = self.scheduler.launches.handed
             try:
                 busy = self.step(woken)
             except StoreUnavailable:  # the store logged the outage once; try again next interval
@@ -115,6 +138,8 @@ class ControlLoop:
                 # longer than the CPU the process used meanwhile: a step that waited (on a launch
                 # that timed out) took no CPU from the API, and a rest would only delay other work.
                 self._stop.wait(min(time.perf_counter() - began, time.process_time() - began_cpu))
+            if self.scheduler.launches.handed != handed and self.scheduler.launches.busy:
+                self._launched.wait(LAUNCH_REST_S)
             # Then the next wake (submit, cancel, quota change) starts a step at once; while pods run
             # the provider is polled every busy interval so exits free their slices quickly.
             self.rt.wake.wait(settings.busy_poll_interval_s if busy else settings.cycle_interval_s)

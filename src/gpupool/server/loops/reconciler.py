@@ -120,7 +120,11 @@ class Reconciler:
         if len(self._settled) > len(statuses):  # some were forgotten, and are never listed again
             self._settled.intersection_update(s.pod_id for s in statuses)
         self.active = sum(1 for s in statuses if s.phase in (PodPhase.STARTING, PodPhase.RUNNING))
-        finished = [s for s in statuses if s.phase in _FINAL_PHASES and s.pod_id not in self._settled]
+        # A pod whose launch outcome is not recorded yet waits for it (read after the poll): its end
+        # is applied once the store knows it started.
+        flying = self.rt.launches.in_flight() if self.rt.launches is not None else frozenset()
+        finished = [s for s in statuses if s.phase in _FINAL_PHASES and s.pod_id not in self._settled
+                    and s.pod_id not in flying]
         if not finished:
             return 0
         now = self.rt.clock()

@@ -1,8 +1,9 @@
 """The scheduling step: snapshot from the store, the core cycle, short writes, then launches.
 
 Order matters for the crash-restart promise: pods are written as `launching` (with their node and
-slices) in one transaction *before* the provider is asked to start them, and no provider call
-happens inside a transaction.
+slices) in one transaction *before* they are handed to the nodes' launch workers (loops/launches.py),
+and no provider call happens inside a transaction. The launches run outside the step; a later step
+records what came of them (`record_launches`).
 """
 
 from __future__ import annotations
@@ -12,7 +13,6 @@ import logging
 import random
 import time
 from collections.abc import Callable, Iterator, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
@@ -47,9 +47,9 @@ from gpupool.core.scheduling.cycle import (
     unhandled,
 )
 from gpupool.core.scheduling.keeper import PRUNE_SLACK, ViewKeeper
-from gpupool.errors import GpupoolError
 from gpupool.pods import PodLaunch
 from gpupool.server.loops.fabric_view import FabricKeeper
+from gpupool.server.loops.launches import LaunchWorkers
 from gpupool.server.loops.snapshot import MAX_PENDING_PER_CYCLE, StoreView, WorkloadCache, load
 from gpupool.server.loops.store_audit import StoreAudit
 from gpupool.server.orm import Base, PodRow, TenantRow, WorkloadRow
@@ -80,7 +80,6 @@ as if the loop had run during the burst, rather than one long one that holds up 
 shares the interpreter with the loop). Full passes read up to MAX_PENDING_PER_CYCLE."""
 """New arrivals are read from (newest seen - margin), so a slow commit is never skipped."""
 _WAITS = "; it starts once the pods stopping on its devices have ended."
-LAUNCH_THREADS = 4
 RECORD_CHUNK = 64
 _W = Base.metadata.tables["workloads"]
 _E = Base.metadata.tables["events"]
@@ -166,7 +165,9 @@ class Scheduler:
         self._core_nodes: tuple[Node, ...] | None = None
         """The nodes the core last saw: a change (a device or node turned unhealthy) runs a cycle
         even with nothing pending, so that its work is evicted."""
-        self._launcher: ThreadPoolExecutor | None = None
+        self.launches = LaunchWorkers(rt.provider, rt.clock, deadline_s=rt.settings.launch_deadline_s)
+        """The nodes' launch workers (loops/launches.py): a slow node holds up only its own launches."""
+        rt.launches = self.launches
         self._reasons: dict[str, str] = {}
         """The reason last stored for pending work this loop set aside (see `_apply`)."""
         self.info: dict[str, WorkloadInfo] = {}
@@ -702,105 +703,83 @@ class Scheduler:
         )
 
     def _launch(self, launches: list[PodLaunch]) -> None:
-        """Ask the provider (outside any transaction), then record what started, each pod metered
-        from its own start, and what did not: a pod whose launch failed never ran, so it is final at
-        once (its slices free, a cancel of it done) and its workload fails with the reason."""
-        if not launches:
-            return
-        outcome = self._start_all(launches)
+        """Hand launches (recorded `launching` by a committed transaction) to the nodes' launch
+        workers; `record_launches` records what came of them."""
+        self.launches.submit(launches)
+
+    def record_launches(self) -> int:
+        """Record the launch outcomes ready now; returns how many.
+
+        A pod that started is metered from its own start, and its workload (still `admitted`, in the
+        attempt the pod belongs to) runs; a pod stopped meanwhile (a cancel, a preemption) is stopped
+        with the provider now that the provider knows it. A pod whose launch failed never ran, so it
+        is final at once (its slices free, a cancel of it done) and its workload, when the pod is of
+        its current attempt and it is still placed, fails with the reason. Every write is a
+        compare-and-set on the state read: a cancel committed while the launch was in flight wins."""
+        outcomes = self.launches.collect()
+        if not outcomes:
+            return 0
         now = self.rt.clock()
+        workload_of = {o.launch.pod_id: o.launch.workload_id for o in outcomes}
+        started = {o.launch.pod_id: o.started_s for o in outcomes if o.started_s is not None}
+        failed = {o.launch.pod_id: o.why for o in outcomes if o.started_s is None}
         to_stop: list[str] = []
+        failed_workloads: dict[str, str] = {}
         with self.rt.store.write() as session, session.no_autoflush:
             conn = session.connection()
-            lock_workloads(conn, {launch.workload_id for launch in launches})  # before their pods
-            if outcome.started:
+            lock_workloads(conn, set(workload_of.values()))  # before their pods
+            pods = {r.id: r for r in conn.execute(select(_P.c.id, _P.c.status, _P.c.attempt)
+                                                  .where(_P.c.id.in_(workload_of)))}
+            if started:
                 conn.execute(
                     # metered from its start, even a pod stopped (cancelled) while it was being launched
                     update(PodRow).where(PodRow.id == bindparam("p_id"), PodRow.started_s.is_(None))
                     .values(status=case((PodRow.status == PodState.LAUNCHING.value, PodState.RUNNING.value),
                                         else_=PodRow.status), started_s=bindparam("p_started_s")),
-                    [{"p_id": pod_id, "p_started_s": at} for pod_id, at in outcome.started.items()],
+                    [{"p_id": pod_id, "p_started_s": at} for pod_id, at in started.items()],
                 )
                 # Stopped while it was being launched: the provider may not have known it when asked.
                 to_stop += conn.scalars(select(PodRow.id).where(
-                    PodRow.id.in_(outcome.started), PodRow.status == PodState.STOPPING.value)).all()
-            for pod_id, why in outcome.failed_pods.items():  # never started: nothing to wait for
+                    PodRow.id.in_(started), PodRow.status == PodState.STOPPING.value)).all()
+            for pod_id, why in failed.items():  # never started: nothing to wait for
                 conn.execute(update(PodRow).where(
                     PodRow.id == pod_id, PodRow.started_s.is_(None),
                     PodRow.status.in_((PodState.LAUNCHING.value, PodState.STOPPING.value)),
                 ).values(status=PodState.FAILED.value, finished_s=now,
                          message=f"Never started: {why}"[:1024]))
-            states = _states(conn, sorted({launch.workload_id for launch in launches}), with_spec=False)
+            states = _states(conn, sorted(set(workload_of.values())), with_spec=False)
             first_start: dict[str, float] = {}
-            for pod_id, at in outcome.started.items():
-                workload_id = outcome.workload_of[pod_id]
-                first_start[workload_id] = min(at, first_start.get(workload_id, at))
-            moves: list[Move] = []
-            for row in states.values():
-                if row.status != WorkloadStatus.ADMITTED.value:
-                    continue
-                if row.id in outcome.failed:  # rare: the ORM path, with its pods
-                    orm_row = session.get(WorkloadRow, row.id)
-                    assert orm_row is not None
-                    to_stop += stop_pods(session, orm_row, PodState.FAILED, now)
-                    transition(session, orm_row, WorkloadStatus.FAILED.value, EventReason.LAUNCH_FAILED,
-                               f"The provider could not start it: {outcome.failed[row.id]}", now)
-                    orm_row.finished_s = now
+            for pod_id, workload_id in workload_of.items():
+                pod, row = pods.get(pod_id), states.get(workload_id)
+                if (pod is None or row is None or pod.status != PodState.LAUNCHING.value
+                        or pod.attempt != row.attempt):
+                    continue  # stopped meanwhile, or of an attempt the workload has left
+                at = started.get(pod_id)
+                if at is None:
+                    failed_workloads.setdefault(workload_id, failed[pod_id])
                 else:
-                    started_s = first_start.get(row.id, now)
-                    moves.append(Move(row.id, row.status, WorkloadStatus.RUNNING.value, EventReason.LAUNCHED,
-                                      "Started.", now, columns=(("started_s", started_s),)))
-            apply_moves(conn, moves)
-        if outcome.failed:
+                    first_start[workload_id] = min(at, first_start.get(workload_id, at))
+            placed = (WorkloadStatus.ADMITTED.value, WorkloadStatus.RUNNING.value)
+            for workload_id, why in failed_workloads.items():  # rare: the ORM path, with its pods
+                orm_row = session.get(WorkloadRow, workload_id, with_for_update=True)
+                if (orm_row is None or orm_row.status not in placed
+                        or orm_row.attempt != states[workload_id].attempt):
+                    continue
+                to_stop += stop_pods(session, orm_row, PodState.FAILED, now)
+                transition(session, orm_row, WorkloadStatus.FAILED.value, EventReason.LAUNCH_FAILED,
+                           f"The provider could not start it: {why}", now)
+                orm_row.finished_s = now
+            session.flush()
+            apply_moves(conn, [Move(workload_id, WorkloadStatus.ADMITTED.value, WorkloadStatus.RUNNING.value,
+                                    EventReason.LAUNCHED, "Started.", now, columns=(("started_s", at),))
+                               for workload_id, at in first_start.items()
+                               if workload_id not in failed_workloads
+                               and states[workload_id].status == WorkloadStatus.ADMITTED.value])
+        if failed:
             self.rt.capacity_may_have_changed()
-        for pod_id in [*to_stop, *outcome.failed_pods]:  # a failed launch may have left something
+        for pod_id in [*to_stop, *failed]:  # a failed launch may have left something
             self.rt.provider.stop(pod_id, grace_s=0)
-
-    def _start_all(self, launches: list[PodLaunch]) -> _Outcome:
-        """Ask the provider to start each pod; every exception fails that pod's workload alone.
-
-        A provider that sets `concurrent_launch = True` (the local one) gets up to LAUNCH_THREADS
-        launches at once: a launch mostly waits on fork/exec and file writes, which release the GIL.
-        Pods of a gang whose sibling failed may still start; they are stopped with it.
-        """
-        outcome = _Outcome(workload_of={launch.pod_id: launch.workload_id for launch in launches})
-
-        def one(launch: PodLaunch) -> None:
-            if launch.workload_id in outcome.failed:
-                outcome.failed_pods[launch.pod_id] = outcome.failed[launch.workload_id]
-                return
-            try:
-                self.rt.provider.launch(launch)
-                outcome.started[launch.pod_id] = self.rt.clock()
-                return
-            except GpupoolError as exc:
-                why = exc.message
-                log.warning("launch of pod %s (workload %s) failed: %s", launch.pod_id, launch.workload_id,
-                            why)
-            except Exception:  # a bug or bad data in one launch must not abort the others' records
-                log.exception("launch of pod %s (workload %s) raised", launch.pod_id, launch.workload_id)
-                why = "the launch failed with an internal error (the server's log has the details)."
-            outcome.failed.setdefault(launch.workload_id, why)
-            outcome.failed_pods[launch.pod_id] = why
-
-        if len(launches) > 1 and self.rt.provider.concurrent_launch:
-            if self._launcher is None:
-                self._launcher = ThreadPoolExecutor(LAUNCH_THREADS, thread_name_prefix="gpupool-launch")
-            list(self._launcher.map(one, launches))
-        else:
-            for launch in launches:
-                one(launch)
-        return outcome
-
-
-@dataclass(slots=True)
-class _Outcome:
-    """What one batch of launches did: started pods (-> when), failed pods and workloads (-> why)."""
-
-    workload_of: dict[str, str]
-    started: dict[str, float] = dataclasses.field(default_factory=dict)
-    failed: dict[str, str] = dataclasses.field(default_factory=dict)
-    failed_pods: dict[str, str] = dataclasses.field(default_factory=dict)
+        return len(outcomes)
 
 
 def _states(conn: Connection, ids: Sequence[str], *, with_spec: bool) -> dict[str, Row[Any]]:

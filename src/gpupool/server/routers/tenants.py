@@ -12,6 +12,7 @@ from gpupool.api.tenants import (
     QueueOut,
     QueueUpdate,
     TenantCreate,
+    TenantDeleted,
     TenantOut,
     TenantUpdate,
     TokenCreate,
@@ -35,6 +36,14 @@ def create_tenant(body: TenantCreate, rt: Rt, who: Who) -> TenantOut:
 @router.patch("/tenants/{name}", response_model=TenantOut, responses={404: {"model": ErrorBody}})
 def update_tenant(name: NameParam, body: TenantUpdate, rt: Rt, who: Who) -> TenantOut:
     return service.update_tenant(rt, who, name, body)
+
+
+@router.delete("/tenants/{name}", response_model=TenantDeleted,
+               responses={404: {"model": ErrorBody}, 409: {"model": ErrorBody}})
+def delete_tenant(name: NameParam, rt: Rt, who: Who) -> TenantDeleted:
+    """Delete a tenant with nothing unfinished (409 with what still runs): its queues, tokens and
+    finished workloads, and the pool's Unix account of it on the nodes."""
+    return service.delete_tenant(rt, who, name)
 
 
 @router.get("/tenants", response_model=list[TenantOut])

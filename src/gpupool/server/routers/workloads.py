@@ -54,11 +54,13 @@ def list_workloads(
         "the tasks of these arrays, in index order (several values or a comma list)"))] = None,
     workload_id: Annotated[list[str] | None, Query(max_length=64, description=(
         "these workloads (with array_id: these and the arrays' tasks)"))] = None,
+    full: Annotated[bool, Query(description=(
+        "whole workloads, with their specs (command, environment); default: summaries"))] = False,
 ) -> WorkloadPage:
     return listing.list_workloads(rt, who, status=status or (), tenant=tenant or (), queue=queue or (),
                                   since_s=since_s, id_prefix=id_prefix or "", name=name, limit=limit,
                                   offset=offset, ids_only=fields == "id", array_id=array_id or (),
-                                  workload_id=workload_id or ())
+                                  workload_id=workload_id or (), full=full)
 
 
 @router.post("/arrays/{array_id}/cancel", response_model=ArrayCancelled,

@@ -5,7 +5,16 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from gpupool.api.reasons import describe
-from gpupool.api.workloads import EventOut, PodOut, SliceOut, WorkloadOut, WorkloadSpec
+from gpupool.api.workloads import (
+    EventOut,
+    PodOut,
+    ResourcesSpec,
+    SliceOut,
+    SpecSummary,
+    WorkloadOut,
+    WorkloadSpec,
+    WorkloadSummary,
+)
 from gpupool.core.units import MILLI
 from gpupool.server.orm import EventRow, PodRow, WorkloadRow
 
@@ -31,11 +40,20 @@ def workload_row_to_out(
 ) -> WorkloadOut:
     """`default_max_retries`: the pool's failure.max_retries, for a spec that names none. The reason's
     sentence and hint come from the catalogue here, when answering, not when the loop writes."""
+    summary = workload_row_to_summary(row, pods, simulated_nodes, default_max_retries=default_max_retries)
+    return WorkloadOut(**dict(summary), spec=WorkloadSpec.model_validate(row.spec))
+
+
+def workload_row_to_summary(
+    row: WorkloadRow, pods: Iterable[PodRow], simulated_nodes: frozenset[str], *, default_max_retries: int
+) -> WorkloadSummary:
+    """The workload as a list page shows it: without its full spec (command, environment)."""
     pod_outs = [pod_row_to_out(p, simulated_nodes) for p in pods if p.attempt == row.attempt]
     pod_outs.sort(key=lambda p: p.rank)
     reason = describe(row.reason)
     max_retries = row.spec.get("max_retries")
-    return WorkloadOut(
+    spec = row.spec
+    return WorkloadSummary(
         id=row.id,
         name=row.name,
         tenant=row.tenant,
@@ -65,7 +83,10 @@ def workload_row_to_out(
         array_id=row.array_id,
         array_index=row.array_index,
         array_limit=row.array_limit,
-        spec=WorkloadSpec.model_validate(row.spec),
+        request=SpecSummary(replicas=int(spec.get("replicas", 1)),
+                            resources=ResourcesSpec.model_validate(spec.get("resources") or {}),
+                            priority_class=spec.get("priority_class"), time_limit_s=spec.get("time_limit_s"),
+                            topology=spec.get("topology")),
         pods=pod_outs,
     )
 

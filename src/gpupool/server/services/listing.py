@@ -14,13 +14,13 @@ from typing import Any
 from sqlalchemy import func, or_, select
 from sqlalchemy.orm import Session
 
-from gpupool.api.workloads import WorkloadPage
+from gpupool.api.workloads import WorkloadOut, WorkloadPage, WorkloadSummary
 from gpupool.core.model import WorkloadStatus
 from gpupool.errors import InvalidInput, NotFound, did_you_mean
 from gpupool.server.auth import Principal
 from gpupool.server.orm import QueueRow, TenantRow, WorkloadRow
 from gpupool.server.runtime import Runtime
-from gpupool.server.services.converters import workload_row_to_out
+from gpupool.server.services.converters import workload_row_to_out, workload_row_to_summary
 from gpupool.server.services.workloads import _pods, _simulated_nodes
 
 MAX_PAGE = 1000
@@ -133,10 +133,11 @@ def list_workloads(rt: Runtime, who: Principal, *, status: Sequence[str] = (), t
                    queue: Sequence[str] = (), since_s: float | None = None, id_prefix: str = "",
                    name: str | None = None, limit: int = 100, offset: int = 0,
                    ids_only: bool = False, array_id: Sequence[str] = (),
-                   workload_id: Sequence[str] = ()) -> WorkloadPage:
+                   workload_id: Sequence[str] = (), full: bool = False) -> WorkloadPage:
     """Newest first. `id_prefix` keeps the ids that start with it (how the CLI resolves a short id),
     `name` the exact name, `array_id` the tasks of those arrays (and `workload_id` those workloads).
-    With ids_only the page holds `ids` (up to MAX_ID_PAGE) and no items."""
+    With ids_only the page holds `ids` (up to MAX_ID_PAGE) and no items; items are summaries (no
+    command, environment or directories) unless `full`."""
     page_max = MAX_ID_PAGE if ids_only else MAX_PAGE
     if limit > page_max:
         more = "" if ids_only else f" ({MAX_ID_PAGE} with fields=id)"
@@ -154,5 +155,7 @@ def list_workloads(rt: Runtime, who: Principal, *, status: Sequence[str] = (), t
         pods = _pods(session, [r.id for r in rows])
         simulated = _simulated_nodes(rt)
         retries = rt.config.failure.max_retries
-        items = [workload_row_to_out(r, pods[r.id], simulated, default_max_retries=retries) for r in rows]
+        convert = workload_row_to_out if full else workload_row_to_summary
+        items: list[WorkloadOut | WorkloadSummary] = [
+            convert(r, pods[r.id], simulated, default_max_retries=retries) for r in rows]
     return WorkloadPage(items=items, ids=None, total=int(total), limit=limit, offset=offset)

@@ -11,11 +11,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from sqlalchemy import select
+from sqlalchemy import select, update
 from sqlalchemy.orm import Session
 
 from gpupool.core.model import WorkloadStatus
 from gpupool.server.orm import PodRow, WorkloadRow
+from gpupool.server.runtime import Runtime
 from gpupool.server.services.events import transition
 from gpupool.server.states import ACTIVE_POD_STATES, PodState
 
@@ -35,6 +36,24 @@ def stop_pods(session: Session, row: WorkloadRow, to: PodState, now: float) -> l
         pod.status = PodState.STOPPING.value
         ids.append(pod.id)
     return ids
+
+
+def stop_after_commit(rt: Runtime, pod_ids: list[str], now: float, grace_s: float | None = None) -> None:
+    """After the commit that marked `pod_ids` stopping: a pod whose launch no node's worker has
+    begun is taken back and ends at once (`stopped`, it never reached the provider); the provider is
+    asked to stop the others. Each end is a compare-and-set on `stopping` with no start recorded."""
+    taken = rt.launches.withdraw(pod_ids) if rt.launches is not None and pod_ids else set()
+    if taken:
+        with rt.store.write() as session:
+            session.execute(update(PodRow).where(
+                PodRow.id.in_(taken), PodRow.status == PodState.STOPPING.value, PodRow.started_s.is_(None),
+            ).values(status=PodState.STOPPED.value, finished_s=now, message="Stopped before it started."))
+    for pod_id in pod_ids:
+        if pod_id not in taken:
+            if grace_s is None:
+                rt.provider.stop(pod_id)
+            else:
+                rt.provider.stop(pod_id, grace_s=grace_s)
 
 
 @dataclass(frozen=True, slots=True)

@@ -7,7 +7,7 @@ import getpass
 import os
 from collections import Counter
 
-from sqlalchemy import func, select
+from sqlalchemy import delete, func, select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
@@ -17,23 +17,27 @@ from gpupool.api.tenants import (
     QueueOut,
     QueueUpdate,
     TenantCreate,
+    TenantDeleted,
     TenantOut,
     TenantUpdate,
 )
 from gpupool.core.model import WorkloadStatus
 from gpupool.core.quota import devices_milli
 from gpupool.core.units import MILLI
-from gpupool.errors import Conflict, InvalidInput, NotFound, did_you_mean
+from gpupool.errors import Conflict, GpupoolError, InvalidInput, NotFound, did_you_mean
 from gpupool.server.auth import Principal, new_token
-from gpupool.server.orm import QueueRow, TenantRow, TokenRow, WorkloadRow
+from gpupool.server.orm import EventRow, PodRow, QueueRow, TenantRow, TokenRow, WorkloadRow
 from gpupool.server.runtime import Runtime
 from gpupool.server.services import audit, budgets, quotas
 from gpupool.server.services.converters import milli_to_gpus
 from gpupool.server.services.tokens import token_row, write_private_file
+from gpupool.server.states import ACTIVE_POD_STATES, PodState
 
 DEFAULT_TENANT = "default"
 DEFAULT_QUEUE = quotas.DEFAULT_QUEUE
 _ACTIVE = (WorkloadStatus.ADMITTED.value, WorkloadStatus.RUNNING.value)
+_UNENDED_PODS = (*ACTIVE_POD_STATES, PodState.STOPPING.value)
+"""Pods that hold, or may still hold, processes of their tenant's account."""
 
 
 def bootstrap(rt: Runtime) -> str | None:
@@ -74,15 +78,18 @@ def single_user_warning() -> str:
             "isolated from each other; this pool is for that one user.")
 
 
-def check_unix_user(session: Session, name: str, tenant: str) -> None:
+def check_unix_user(session: Session, name: str, tenant: str, pool: str = "") -> None:
     """An existing, unprivileged account on this machine (the agent checks it again at launch) that
-    no other tenant is mapped to and that is not the pool's own account of another tenant."""
+    no other tenant is mapped to and that is not a pool account (`gpupool-...`, or in the pods'
+    group) other than this tenant's own in this pool (`pool`: the pool's id): not another tenant's,
+    and not any tenant's of another pool on this machine."""
     identity = mapped_account(name)
-    if is_pool_account(identity) and name != account_name(tenant):
+    own = account_name(tenant, pool)
+    if is_pool_account(identity) and name != own:
         raise InvalidInput(
-            f"Unix account {name!r} is one of the pool's own accounts{_whose(session, name)}, not "
-            f"tenant {tenant!r}'s; map {tenant!r} to an account of its own, or leave it unmapped to "
-            f"run its pods as {account_name(tenant)!r}.", unix_user=name)
+            f"Unix account {name!r} is a pool account{_whose(session, name, pool)}, not tenant "
+            f"{tenant!r}'s in this pool; map {tenant!r} to an account of its own, or leave it unmapped "
+            f"to run its pods as {own!r}.", unix_user=name)
     other = session.scalars(select(TenantRow.name).where(TenantRow.unix_user == name,
                                                          TenantRow.name != tenant)).first()
     if other is not None:
@@ -100,8 +107,8 @@ def create_tenant(rt: Runtime, who: Principal, body: TenantCreate) -> TenantOut:
             if session.get(TenantRow, body.name) is not None:
                 raise Conflict(f"Tenant {body.name!r} already exists; pick another name.")
             if body.unix_user is not None:
-                check_unix_user(session, body.unix_user, body.name)
-            _check_own_account_free(session, body.name)
+                check_unix_user(session, body.unix_user, body.name, rt.settings.pool_id)
+            _check_own_account_free(session, body.name, rt.settings.pool_id)
             session.add(TenantRow(name=body.name, created_s=now, max_priority=body.max_priority,
                                   max_pending=body.max_pending, unix_user=body.unix_user))
             session.flush()
@@ -115,21 +122,80 @@ def create_tenant(rt: Runtime, who: Principal, body: TenantCreate) -> TenantOut:
                      max_pending=body.max_pending, unix_user=body.unix_user, warning=warning)
 
 
-def _whose(session: Session, account: str) -> str:
+def _whose(session: Session, account: str, pool: str) -> str:
     """' (tenant NAME's pods)' when a tenant's pods run as this pool account, else ''."""
-    owner = next((t for t in session.scalars(select(TenantRow.name)) if account_name(t) == account), None)
+    owner = next((t for t in session.scalars(select(TenantRow.name)) if account_name(t, pool) == account),
+                 None)
     return "" if owner is None else f" (tenant {owner!r}'s pods run as it)"
 
 
-def _check_own_account_free(session: Session, tenant: str) -> None:
+def _check_own_account_free(session: Session, tenant: str, pool: str) -> None:
     """A new tenant's pods run as its pool account: refuse the name when another tenant is mapped to
     that account (a mapping made before the pool refused such mappings)."""
-    own = account_name(tenant)
+    own = account_name(tenant, pool)
     other = session.scalars(select(TenantRow.name).where(TenantRow.unix_user == own)).first()
     if other is not None:
         raise InvalidInput(f"Tenant {tenant!r} would run its pods as {own!r}, which tenant {other!r} is "
                            f"mapped to; map {other!r} to another account first, or pick another name.",
                            unix_user=own)
+
+
+def delete_tenant(rt: Runtime, who: Principal, name: str) -> TenantDeleted:
+    """Delete a tenant with nothing unfinished: its queues, tokens and finished workloads go from the
+    store (their usage stays in the daily rollup, folded first), and the pool's Unix account of it
+    from the nodes. Refused (409, with what still runs) while it has unfinished work or pods that
+    have not ended; the default tenant is never deleted."""
+    who.require_admin()
+    if name == DEFAULT_TENANT:
+        raise InvalidInput("The default tenant cannot be deleted; it holds the admin's own work.",
+                           tenant=name)
+    with rt.store.read() as session:
+        require_tenant(session, name)
+        _refuse_if_busy(session, name)
+    rt.usage_rollup.fold(rt)  # its ended pods' usage is kept before their rows go
+    try:
+        accounts = rt.provider.remove_tenant(name)  # refused while a process still runs as it
+    except GpupoolError as exc:
+        raise Conflict(f"Tenant {name!r} cannot be deleted yet: {exc.message}", tenant=name) from None
+    now = rt.clock()
+    try:
+        with rt.store.write() as session:
+            row = session.get(TenantRow, name, with_for_update=True)
+            if row is None:
+                require_tenant(session, name)
+            _refuse_if_busy(session, name)  # a submission since the first look
+            ids = select(WorkloadRow.id).where(WorkloadRow.tenant == name).scalar_subquery()
+            conn = session.connection()
+            conn.execute(delete(EventRow).where(EventRow.workload_id.in_(ids)))
+            conn.execute(delete(PodRow).where(PodRow.workload_id.in_(ids)))
+            removed = conn.execute(delete(WorkloadRow).where(WorkloadRow.tenant == name)).rowcount
+            conn.execute(delete(TokenRow).where(TokenRow.tenant == name))
+            conn.execute(delete(QueueRow).where(QueueRow.tenant == name))
+            conn.execute(delete(TenantRow).where(TenantRow.name == name))
+            audit.record(session, who, "tenant.delete", name, now,
+                         f"workloads={removed} accounts={','.join(accounts) or '-'}")
+    except IntegrityError:
+        raise Conflict(f"Tenant {name!r} was given new work while it was being deleted; cancel it and "
+                       "delete the tenant again.", tenant=name) from None
+    rt.auth.forget()  # its tokens stop working on every process
+    rt.budgets.invalidate()
+    return TenantDeleted(name=name, workloads=int(removed or 0), accounts_removed=accounts)
+
+
+def _refuse_if_busy(session: Session, name: str) -> None:
+    """Conflict when the tenant has unfinished workloads or pods that have not ended yet."""
+    unfinished = session.scalar(select(func.count()).select_from(WorkloadRow).where(
+        WorkloadRow.tenant == name,
+        WorkloadRow.status.not_in([s.value for s in WorkloadStatus if s.is_final]))) or 0
+    pods = session.scalar(select(func.count()).select_from(PodRow).join(
+        WorkloadRow, PodRow.workload_id == WorkloadRow.id).where(
+        WorkloadRow.tenant == name, PodRow.status.in_(_UNENDED_PODS))) or 0
+    if unfinished or pods:
+        what = [f"{unfinished} unfinished workload(s)" if unfinished else "",
+                f"{pods} pod(s) not ended yet" if pods else ""]
+        raise Conflict(f"Tenant {name!r} still has {' and '.join(w for w in what if w)}; cancel its work "
+                       f"(gpupool ls -t {name}, gpupool cancel ID) and delete it once its pods have ended.",
+                       tenant=name, unfinished=int(unfinished), pods=int(pods))
 
 
 def _limits_text(max_priority: int, max_pending: int, unix_user: str | None) -> str:
@@ -146,7 +212,7 @@ def update_tenant(rt: Runtime, who: Principal, name: str, body: TenantUpdate) ->
             require_tenant(session, name)
         assert row is not None
         if "unix_user" in given and body.unix_user is not None:
-            check_unix_user(session, body.unix_user, name)
+            check_unix_user(session, body.unix_user, name, rt.settings.pool_id)
         if "unix_user" in given:
             row.unix_user = body.unix_user
         if body.max_priority is not None:

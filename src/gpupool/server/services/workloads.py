@@ -30,7 +30,7 @@ from gpupool.server.services import audit
 from gpupool.server.services.converters import event_row_to_out, workload_row_to_out
 from gpupool.server.services.events import Move, apply_moves, transition
 from gpupool.server.services.fabric_listing import with_network
-from gpupool.server.services.requeue import stop_pods
+from gpupool.server.services.requeue import stop_after_commit, stop_pods
 from gpupool.server.services.specs import CAPACITY, check_fits, priority_class, to_workload
 from gpupool.server.services.submit_writer import Submission, SubmitWriter, commit
 from gpupool.server.states import PodState
@@ -195,8 +195,7 @@ def cancel(rt: Runtime, who: Principal, workload_id: str) -> WorkloadOut:
         if who.is_admin:  # the admin acting on a tenant's work: the tenant can learn who did it
             audit.record(session, who, "workload.cancel", workload_id, now,
                          f"tenant={row.tenant} was={row_status_before}")
-    for pod_id in to_stop:
-        rt.provider.stop(pod_id)
+    stop_after_commit(rt, to_stop, now)  # a pod whose launch no worker has begun ends at once
     rt.provider.forget_workload(workload_id)  # ended for good: its checkpoints go
     rt.capacity_may_have_changed()
     return get(rt, who, workload_id)
@@ -235,8 +234,7 @@ def cancel_array(rt: Runtime, who: Principal, array_id: str) -> ArrayCancelled:
         if who.is_admin and unfinished:
             audit.record(session, who, "array.cancel", array_id, now,
                          f"tenant={tasks[0].tenant} tasks={unfinished}")
-    for pod_id in to_stop:
-        rt.provider.stop(pod_id)
+    stop_after_commit(rt, to_stop, now)  # a pod whose launch no worker has begun ends at once
     if to_stop:
         rt.capacity_may_have_changed()
     return ArrayCancelled(id=array_id, cancelled=unfinished, finished=len(tasks) - unfinished)

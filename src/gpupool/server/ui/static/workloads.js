@@ -62,8 +62,8 @@ export function mount(root, ctx) {
 }
 
 function devices(w) {
-  const r = w.spec.resources || {};
+  const r = w.request.resources || {};
   const n = r.gpus || 0;
   if (!n) return "";
-  return (w.spec.replicas > 1 ? `${w.spec.replicas} × ` : "") + String(n) + (r.gpu_memory ? ` (${r.gpu_memory})` : "");
+  return (w.request.replicas > 1 ? `${w.request.replicas} × ` : "") + String(n) + (r.gpu_memory ? ` (${r.gpu_memory})` : "");
 }

@@ -1,0 +1,159 @@
+"""Pool accounts belong to one tenant of one pool: `gpupool-<pool id>-<tenant>`, the pool id kept in
+the data directory; `--unix-user` refuses any pool account but the tenant's own in this pool; and
+`gpupool tenant delete` removes the tenant (and its pool account) only once nothing of it runs."""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import os
+import pwd
+import subprocess
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from conftest import Server
+from gpupool.agent.identity import (
+    MAX_ACCOUNT_NAME,
+    Identities,
+    account_name,
+    ensure_account,
+    remove_account,
+)
+from gpupool.errors import InvalidInput, ProviderError
+from gpupool.server.datadir import pool_id
+from gpupool.server.services import tenants as tenants_service
+
+API = "/api/v1"
+needs_root = pytest.mark.skipif(not tenants_service.server_is_root(),
+                                reason="creates and removes Unix accounts (needs root)")
+
+
+def test_the_pool_id_is_made_once_kept_private_and_checked(tmp_path: Path) -> None:
+    first = pool_id(tmp_path)
+    assert len(first) == 6 and first.isalnum() and first == first.lower()
+    assert pool_id(tmp_path) == first, "stable across starts"
+    assert (tmp_path / "pool-id").stat().st_mode & 0o077 == 0
+    (tmp_path / "pool-id").write_text("../../etc\n")
+    with pytest.raises(InvalidInput, match=r"not a pool id .* remove it to give this pool a new id"):
+        pool_id(tmp_path)
+
+
+def test_account_names_carry_the_pool_id_and_stay_short() -> None:
+    assert account_name("team-a", "1a2b3c") == "gpupool-1a2b3c-team-a"
+    assert account_name("team-a") == "gpupool-team-a", "a server without a pool id names them as before"
+    long = "a-tenant-name-far-too-long-for-unix"
+    one, two = account_name(long, "1a2b3c"), account_name(long, "4d5e6f")
+    assert len(one) <= MAX_ACCOUNT_NAME and len(two) <= MAX_ACCOUNT_NAME and one != two
+    assert account_name(long + "x", "1a2b3c") != one, "cut names keep a hash of the whole name"
+
+
+def _submit(server: Server, token: str) -> str:
+    answer = server.client.post(f"{API}/workloads", json={"command": ["train"], "resources": {"gpus": 1}},
+                                headers=server.headers(token))
+    assert answer.status_code == 201, answer.text
+    return str(answer.json()["id"])
+
+
+def test_tenant_delete_is_refused_while_its_work_runs_then_removes_it(server_factory: Callable[..., Server],
+                                                                     db_url: str) -> None:
+    server = server_factory(db_url)
+    server.created("/tenants", {"name": "team-a"})
+    token = str(server.created("/tokens", {"tenant": "team-a"})["token"])
+    running = _submit(server, token)
+    server.wait_for(lambda: server.status(running) == "running")
+    refused = server.client.delete(f"{API}/tenants/team-a", headers=server.headers())
+    assert refused.status_code == 409, refused.text
+    message = refused.json()["message"]
+    assert "Tenant 'team-a' still has 1 unfinished workload(s)" in message and "gpupool cancel" in message
+    assert server.client.delete(f"{API}/tenants/team-a", headers=server.headers(token)).status_code == 403
+    server.client.post(f"{API}/workloads/{running}/cancel", headers=server.headers())
+    [pod_id] = server.provider.launched
+    server.provider.finish(pod_id)  # the provider reports the stopped pod ended
+    # the cancelled workload's pod ended: nothing of the tenant runs any more
+    server.wait_for(lambda: server.client.delete(f"{API}/tenants/team-a",
+                                                 headers=server.headers()).status_code != 409)
+    names = [t["name"] for t in server.client.get(f"{API}/tenants", headers=server.headers()).json()]
+    assert "team-a" not in names
+    assert server.client.get(f"{API}/workloads", headers=server.headers(token)).status_code == 401
+    assert server.client.delete(f"{API}/tenants/team-a", headers=server.headers()).status_code == 404
+    default = server.client.delete(f"{API}/tenants/default", headers=server.headers())
+    assert default.status_code == 422 and "cannot be deleted" in default.json()["message"]
+
+
+def test_tenant_delete_is_refused_while_the_provider_still_sees_its_account_busy(server: Server) -> None:
+    server.created("/tenants", {"name": "team-b"})
+
+    def busy(tenant: str) -> list[str]:
+        raise ProviderError("1 process(es) still run as the account 'gpupool-x-team-b'; it is removed "
+                            "once they have ended.")
+
+    server.rt.provider.remove_tenant = busy  # type: ignore[method-assign]
+    answer = server.client.delete(f"{API}/tenants/team-b", headers=server.headers())
+    assert answer.status_code == 409 and "1 process(es) still run" in answer.json()["message"]
+    names = [t["name"] for t in server.client.get(f"{API}/tenants", headers=server.headers()).json()]
+    assert "team-b" in names, "nothing deleted"
+
+
+@pytest.fixture
+def accounts() -> Iterator[list[str]]:
+    """Account names to remove after the test."""
+    made: list[str] = []
+    yield made
+    for name in made:
+        with contextlib.suppress(ProviderError):
+            remove_account(name)
+
+
+@needs_root
+def test_two_pools_on_one_machine_never_share_an_account(accounts: list[str]) -> None:
+    first = Identities(switch_users=True, pool_id="t0a1")
+    second = Identities(switch_users=True, pool_id="t0b2")
+    accounts += [account_name("shared", "t0a1"), account_name("shared", "t0b2")]
+    one, two = first.resolve("shared"), second.resolve("shared")
+    assert one is not None and two is not None
+    assert (one.user, two.user) == ("gpupool-t0a1-shared", "gpupool-t0b2-shared")
+    assert one.uid != two.uid
+    with pytest.raises(InvalidInput, match="the pool's account of another tenant"):
+        Identities(switch_users=True, pool_id="t0a1").resolve("shared", two.user)  # the other pool's
+
+
+@needs_root
+def test_unix_user_refuses_another_pools_account_of_the_same_tenant(server: Server,
+                                                                   accounts: list[str]) -> None:
+    server.rt.settings = dataclasses.replace(server.rt.settings, pool_id="t1a1")
+    accounts += [account_name("team-c", "t1b2"), account_name("team-c", "t1a1")]
+    theirs = ensure_account(account_name("team-c", "t1b2"))  # team-c of another pool on this machine
+    answer = server.client.post(f"{API}/tenants", json={"name": "team-c", "unix_user": theirs.user},
+                                headers=server.headers())
+    assert answer.status_code == 422, answer.text
+    assert "'gpupool-t1b2-team-c' is a pool account" in answer.json()["message"]
+    assert "run its pods as 'gpupool-t1a1-team-c'" in answer.json()["message"]
+    own = ensure_account(account_name("team-c", "t1a1"))
+    created = server.client.post(f"{API}/tenants", json={"name": "team-c", "unix_user": own.user},
+                                 headers=server.headers())
+    assert created.status_code == 201, created.text
+
+
+@needs_root
+def test_removing_a_pool_account_waits_for_its_processes(accounts: list[str]) -> None:
+    identities = Identities(switch_users=True, pool_id="t2a1")
+    accounts.append(account_name("gone", "t2a1"))
+    identity = identities.resolve("gone")
+    assert identity is not None
+    sleeper = subprocess.Popen(["sleep", "60"], user=identity.uid, group=identity.gid)
+    try:
+        busy = r"1 process\(es\) still run as the account 'gpupool-t2a1-gone'"
+        with pytest.raises(ProviderError, match=busy):
+            identities.remove("gone")
+        pwd.getpwnam(identity.user)  # still there
+    finally:
+        sleeper.kill()
+        sleeper.wait()
+    assert identities.remove("gone") == identity.user
+    with pytest.raises(KeyError):
+        pwd.getpwnam(identity.user)
+    assert identities.remove("gone") == "", "idempotent"
+    assert os.geteuid() == 0
