@@ -112,6 +112,7 @@ EXPECTED: dict[tuple[str, str], Expectation] = {
     ("GET", "/tenants"): Readable(),
     ("POST", "/tenants"): Admin(body=lambda v: {"name": "intruder"}),
     ("PATCH", "/tenants/{name}"): Admin(body=lambda v: {"max_priority": 1000}),
+    ("DELETE", "/tenants/{name}"): Admin(),
     ("GET", "/queues"): Readable(probe={"tenant": "tenant"}),
     ("POST", "/queues"): Admin(body=lambda v: {"tenant": v.tenant, "name": "intruder"}),
     ("PATCH", "/queues/{tenant}/{name}"): Admin(params={"name": "queue"}, body=lambda v: {"quota_gpus": 0}),
