@@ -20,10 +20,10 @@ from gpupool.core.model import Node, WorkloadStatus
 from gpupool.pods import PodPhase, PodStatus
 from gpupool.server.orm import Base, PodRow, WorkloadRow
 from gpupool.server.runtime import Runtime
-from gpupool.server.services.events import Move, apply_moves, transition
+from gpupool.server.services.events import LOST, REFUSED, LostMoves, Move, apply_moves, not_made, transition
 from gpupool.server.services.locks import lock_workloads
 from gpupool.server.services.requeue import requeue, stop_pods
-from gpupool.server.states import ACTIVE_POD_STATES, PodState
+from gpupool.server.states import ACTIVE_POD_STATES, PodState, pod_move_allowed
 
 FinalHook = Callable[[str, float | None], None]
 """Called with a workload that ended for good, and the work it did when it succeeded."""
@@ -271,9 +271,30 @@ def _settle(pod: PodRow, status: PodStatus | None, now: float) -> None:
 
 _PODS = Base.metadata.tables["pods"]
 _WORKLOADS = Base.metadata.tables["workloads"]
-_SETTLE_POD = update(_PODS).where(_PODS.c.id == bindparam("p_id")).values(
+_SETTLE_POD = update(_PODS).where(
+    _PODS.c.id == bindparam("p_id"), _PODS.c.status == bindparam("p_expected")).values(
     status=bindparam("p_status"), exit_code=bindparam("p_exit_code"), finished_s=bindparam("p_finished_s"),
     message=bindparam("p_message"))
+
+
+def _still_as_read(conn: Connection, settled: list[dict[str, object]]) -> list[dict[str, object]]:
+    """The settles whose pod row (read before its workload was locked) still holds the state read,
+    and that the pod table allows; the others are not made (`not_made`: refused or lost, alike)."""
+    now_in = dict(conn.execute(select(_PODS.c.id, _PODS.c.status).where(
+        _PODS.c.id.in_([row["p_id"] for row in settled]))).tuples().all())
+    kept, seen = [], set()
+    for row in settled:
+        was, to = str(row["p_expected"]), str(row["p_status"])
+        if row["p_id"] in seen:  # the provider told of it twice: settled once
+            continue
+        seen.add(row["p_id"])
+        if now_in.get(str(row["p_id"])) != was:
+            not_made("pod", LOST, str(row["p_id"]), was, to, EventReason.COMPLETED)
+        elif not pod_move_allowed(was, to):
+            not_made("pod", REFUSED, str(row["p_id"]), was, to, EventReason.COMPLETED)
+        else:
+            kept.append(row)
+    return kept
 
 
 def _apply_successes(conn: Connection, finished: Sequence[PodStatus],
@@ -285,22 +306,30 @@ def _apply_successes(conn: Connection, finished: Sequence[PodStatus],
     pods = {r.id: r for r in conn.execute(
         select(_PODS.c.id, _PODS.c.workload_id, _PODS.c.attempt, _PODS.c.status).where(_PODS.c.id.in_(ids)))}
     settled: list[dict[str, object]] = []
-    attempts: dict[str, set[int]] = {}
     for status in finished:
         pod = pods.get(status.pod_id)
         if pod is None:
             continue
-        stopping = pod.status == PodState.STOPPING.value
-        if not stopping and not PodState(pod.status).is_active:
+        if pod.status != PodState.STOPPING.value and not PodState(pod.status).is_active:
             continue  # already settled here (cancel, drain, recovery); the provider only confirms it
-        settled.append({"p_id": pod.id, "p_status": PodState.SUCCEEDED.value, "p_exit_code": status.exit_code,
-                        "p_finished_s": now, "p_message": status.message[:1024]})
-        if not stopping:  # a stopping pod's workload has moved on already
-            attempts.setdefault(pod.workload_id, set()).add(pod.attempt)
+        settled.append({"p_id": pod.id, "p_expected": pod.status, "p_status": PodState.SUCCEEDED.value,
+                        "p_exit_code": status.exit_code, "p_finished_s": now,
+                        "p_message": status.message[:1024]})
     if not settled:
         return []
     lock_workloads(conn, {pods[str(row["p_id"])].workload_id for row in settled})  # before the pods
-    conn.execute(_SETTLE_POD, settled)
+    settled = _still_as_read(conn, settled)  # each pod's settle is a compare-and-set on what was read
+    if not settled:
+        return []
+    if conn.execute(_SETTLE_POD, settled).rowcount != len(settled):
+        raise LostMoves("a pod row its workload's lock held changed under the settle")
+    attempts: dict[str, set[int]] = {}
+    for row in settled:
+        if row["p_expected"] != PodState.STOPPING.value:  # a stopping pod's workload has moved on already
+            pod = pods[str(row["p_id"])]
+            attempts.setdefault(pod.workload_id, set()).add(pod.attempt)
+    if not attempts:
+        return []
     rows = {r.id: r for r in conn.execute(
         select(_WORKLOADS.c.id, _WORKLOADS.c.status, _WORKLOADS.c.attempt, _WORKLOADS.c.started_s,
                _WORKLOADS.c.progress_s)
