@@ -280,8 +280,8 @@ _SETTLE_POD = update(_PODS).where(
 def _still_as_read(conn: Connection, settled: list[dict[str, object]]) -> list[dict[str, object]]:
     """The settles whose pod row (read before its workload was locked) still holds the state read,
     and that the pod table allows; the others are not made (`not_made`: refused or lost, alike)."""
-    now_in = dict(conn.execute(select(_PODS.c.id, _PODS.c.status).where(
-        _PODS.c.id.in_([row["p_id"] for row in settled]))).tuples().all())
+    now_in: dict[str, str] = {r.id: r.status for r in conn.execute(select(_PODS.c.id, _PODS.c.status).where(
+        _PODS.c.id.in_([row["p_id"] for row in settled])))}
     kept, seen = [], set()
     for row in settled:
         was, to = str(row["p_expected"]), str(row["p_status"])
