@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 from sqlalchemy import Connection, select, update
 
+from factories import ISSUE_CONFIG
 from gpupool.api.workloads import WorkloadSpec
 from gpupool.config import parse_config
 from gpupool.core.model import WorkloadStatus
@@ -19,6 +20,7 @@ from gpupool.providers.fake import FakeProvider
 from gpupool.server.auth import Principal
 from gpupool.server.db import Store
 from gpupool.server.loops import reconciler as reconciler_module
+from gpupool.server.loops import scheduler as scheduler_module
 from gpupool.server.loops.control import ControlLoop
 from gpupool.server.metrics import Metrics
 from gpupool.server.orm import EventRow, PodRow, WorkloadRow
@@ -44,19 +46,19 @@ Key = tuple[str, str, str, str]
 
 
 class Pool:
-    def __init__(self, tmp_path: Path) -> None:
+    def __init__(self, tmp_path: Path, config: str = "scheduling:\n  placement: best-fit\n") -> None:
         self.now = 1000.0
         self.provider = FakeProvider("1x2xH100", clock=lambda: self.now, duration_s=100.0)
         url = f"sqlite:///{tmp_path / 'store.sqlite'}"
         self.rt = Runtime(settings=Settings(data_dir=tmp_path, database_url=url), store=Store.open(url),
                           provider=self.provider, clock=lambda: self.now,
-                          config=parse_config("scheduling:\n  placement: best-fit\n"))
+                          config=parse_config(config))
         bootstrap(self.rt)
         self.loop = ControlLoop(self.rt)
         self.metrics = Metrics(self.rt)
 
-    def submit(self) -> str:
-        spec = WorkloadSpec.model_validate({"command": ["train"], "resources": {"gpus": 1}})
+    def submit(self, **extra: Any) -> str:
+        spec = WorkloadSpec.model_validate({"command": ["train"], "resources": {"gpus": 1}, **extra})
         return workloads.submit(self.rt, ADMIN, spec).id
 
     def status(self, workload_id: str) -> str:
@@ -185,3 +187,38 @@ def test_a_pod_success_that_lost_its_race_is_not_written(pool: Pool, monkeypatch
     assert pool.status(workload_id) == "running" and "succeeded" not in pool.events(workload_id)
     assert pool.counted(key) == before + 1
     assert moves_not_made()[key] >= 1
+
+
+def test_a_waiting_pod_stopped_before_its_promotion_is_not_launched(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A pod waits for a preempted pod to leave its device; between the promotion's read of the
+    waiting pods and its lock of their workload, its workload is cancelled (its pods stopped). The
+    promotion's move waiting -> launching is a compare-and-set: it is lost, counted, and the pod is
+    never handed to the provider (a launch of a cancelled workload would run unaccounted)."""
+    pool = Pool(tmp_path, ISSUE_CONFIG)
+    try:
+        low = [pool.submit(priority_class="low", env={"GPUPOOL_FAKE_IGNORE_TERM": "1"}) for _ in range(2)]
+        pool.loop.step()
+        assert [pool.status(w) for w in low] == ["running", "running"]
+        high = pool.submit(priority_class="high")
+        pool.loop.step()  # a victim stops for its class's 5 s grace; the preemptor waits for it
+        pod_id = f"{high}-a1-r0"
+        assert pool.status(high) == "admitted" and pool.pod_status(pod_id) == "waiting"
+        lock = scheduler_module.lock_workloads
+
+        def cancelled_meanwhile(conn: Connection, ids: Any) -> None:
+            conn.execute(update(PodRow).where(PodRow.id == pod_id).values(status=PodState.STOPPED.value))
+            conn.execute(update(WorkloadRow).where(WorkloadRow.id == high).values(status="cancelled"))
+            lock(conn, ids)
+
+        pool.now += 10.0  # the victim has gone
+        pool.loop.reconciler.sync()
+        monkeypatch.setattr(scheduler_module, "lock_workloads", cancelled_meanwhile)
+        key = ("pod", "lost", "waiting", "launching")
+        before = pool.counted(key)
+        assert pool.loop.scheduler.promote_waiting() == 0
+        assert pod_id not in pool.provider._pods, "a stopped pod was handed to the provider"
+        assert pool.pod_status(pod_id) == "stopped"
+        assert pool.counted(key) == before + 1
+    finally:
+        pool.rt.store.close()
