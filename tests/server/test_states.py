@@ -222,3 +222,48 @@ def test_a_waiting_pod_stopped_before_its_promotion_is_not_launched(
         assert pool.counted(key) == before + 1
     finally:
         pool.rt.store.close()
+
+
+def test_a_pod_failure_read_before_a_cancel_does_not_overwrite_it(
+        pool: Pool, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The provider reports a pod exited 1; a cancel commits between the reconciler's read of the pod
+    and its lock of the workload. The pod's state is read under the lock: it stays stopped (a
+    loaded row's stale `running` would let stopped -> failed through), and nothing is retried."""
+    workload_id = pool.submit(env={"GPUPOOL_FAKE_EXIT_CODE": "1"})
+    pool.loop.step()
+    pod_id = f"{workload_id}-a1-r0"
+    assert pool.pod_status(pod_id) == "running"
+    lock = reconciler_module.lock_workloads
+
+    def cancelled_meanwhile(conn: Connection, ids: Any) -> None:
+        conn.execute(update(PodRow).where(PodRow.id == pod_id).values(status=PodState.STOPPED.value))
+        conn.execute(update(WorkloadRow).where(WorkloadRow.id == workload_id).values(status="cancelled"))
+        lock(conn, ids)
+
+    monkeypatch.setattr(reconciler_module, "lock_workloads", cancelled_meanwhile)
+    pool.now += 200.0  # the fake pod has ended, exit 1
+    assert pool.loop.reconciler.sync() == 1
+    assert pool.pod_status(pod_id) == "stopped"
+    assert pool.status(workload_id) == "cancelled"
+
+
+def test_a_node_gone_does_not_overwrite_a_pod_a_cancel_stopped(
+        pool: Pool, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The node a pod runs on leaves the pool; a cancel commits between the reconciler's read of the
+    pods on it and its lock of their workloads. The pods are read under the lock: the stopped pod is
+    not written over as lost, and the cancelled workload is not requeued."""
+    workload_id = pool.submit()
+    pool.loop.step()
+    pod_id = f"{workload_id}-a1-r0"
+    assert pool.pod_status(pod_id) == "running"
+    lock = reconciler_module.lock_workloads
+
+    def cancelled_meanwhile(conn: Connection, ids: Any) -> None:
+        conn.execute(update(PodRow).where(PodRow.id == pod_id).values(status=PodState.STOPPED.value))
+        conn.execute(update(WorkloadRow).where(WorkloadRow.id == workload_id).values(status="cancelled"))
+        lock(conn, ids)
+
+    monkeypatch.setattr(reconciler_module, "lock_workloads", cancelled_meanwhile)
+    assert pool.loop.reconciler.nodes_gone([]) == 0
+    assert pool.pod_status(pod_id) == "stopped"
+    assert pool.status(workload_id) == "cancelled"

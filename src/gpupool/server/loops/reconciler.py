@@ -132,9 +132,11 @@ class Reconciler:
         else:
             with self.rt.store.write() as session, session.no_autoflush:
                 ids = [f.pod_id for f in finished]
-                pods = {p.id: p for p in session.scalars(select(PodRow).where(PodRow.id.in_(ids)))}
-                workload_ids = {p.workload_id for p in pods.values()}
+                workload_ids = set(session.scalars(select(PodRow.workload_id).where(PodRow.id.in_(ids))))
                 lock_workloads(session.connection(), workload_ids)  # before any pod is written
+                # the pods are read under their workloads' locks: each change below is made from the
+                # state they hold now (one read before would let a cancel's stopped be overwritten)
+                pods = {p.id: p for p in session.scalars(select(PodRow).where(PodRow.id.in_(ids)))}
                 query = select(WorkloadRow).where(WorkloadRow.id.in_(workload_ids))
                 rows = {r.id: r for r in session.scalars(query)}
                 for status in finished:
@@ -159,12 +161,13 @@ class Reconciler:
         to_stop: list[str] = []
         requeued = 0
         with self.rt.store.write() as session:
-            pods = session.scalars(select(PodRow).where(PodRow.status.in_(ACTIVE_POD_STATES),
-                                                        PodRow.node.not_in(names))).all()
+            on_gone = (PodRow.status.in_(ACTIVE_POD_STATES), PodRow.node.not_in(names))
+            workload_ids = set(session.scalars(select(PodRow.workload_id).where(*on_gone)))
+            lock_workloads(session.connection(), workload_ids)  # before any pod is written
             by_workload: dict[str, list[PodRow]] = {}
-            for pod in pods:
+            # read under the locks: a pod a cancel stopped meanwhile is not written over as lost
+            for pod in session.scalars(select(PodRow).where(*on_gone, PodRow.workload_id.in_(workload_ids))):
                 by_workload.setdefault(pod.workload_id, []).append(pod)
-            lock_workloads(session.connection(), by_workload)  # before any pod is written
             for workload_id, lost_pods in sorted(by_workload.items()):
                 row = session.get(WorkloadRow, workload_id)
                 for pod in lost_pods:
