@@ -75,8 +75,9 @@ class Pool:
 
     def events(self, workload_id: str) -> list[str]:
         with self.rt.store.read() as session:
-            return list(session.scalars(select(EventRow.to_status).where(EventRow.workload_id == workload_id)
-                                        .order_by(EventRow.id)))
+            return list(session.scalars(select(EventRow.to_status).where(
+                EventRow.workload_id == workload_id, EventRow.reason != "limits_unenforced")  # a note
+                .order_by(EventRow.id)))
 
     def counted(self, key: Key) -> float:
         """What /metrics says of one (kind, outcome, from, to)."""
@@ -267,3 +268,32 @@ def test_a_node_gone_does_not_overwrite_a_pod_a_cancel_stopped(
     assert pool.loop.reconciler.nodes_gone([]) == 0
     assert pool.pod_status(pod_id) == "stopped"
     assert pool.status(workload_id) == "cancelled"
+
+
+def test_a_stop_whose_workload_was_cancelled_meanwhile_is_counted_lost(tmp_path: Path) -> None:
+    """The cycle preempts a running workload; the user's cancel of it commits before the cycle's
+    decisions are written (here: while the provider is asked for checkpoint marks, before any
+    transaction opens). The requeue finds it cancelled: it writes nothing, and is told and counted
+    as a lost move like any other."""
+    pool = Pool(tmp_path, ISSUE_CONFIG)
+    try:
+        low = [pool.submit(priority_class="low") for _ in range(2)]
+        pool.loop.step()
+        marks = pool.provider.checkpoint_marks
+
+        def cancel_first(workload_ids: Any) -> Any:
+            for wid in workload_ids:
+                workloads.cancel(pool.rt, ADMIN, wid)
+            return marks(workload_ids)
+
+        pool.provider.checkpoint_marks = cancel_first  # type: ignore[method-assign]
+        key = ("workload", "lost", "admitted|running", "pending")
+        before = pool.counted(key)
+        pool.submit(priority_class="high")
+        pool.loop.step()
+        victims = [w for w in low if pool.status(w) == "cancelled"]
+        assert len(victims) == 1
+        assert pool.events(victims[0]) == ["pending", "admitted", "running", "cancelled"]
+        assert pool.counted(key) == before + 1
+    finally:
+        pool.rt.store.close()

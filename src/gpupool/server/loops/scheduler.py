@@ -443,7 +443,10 @@ class Scheduler:
         for stop in batch.stops:
             row = rows.get(stop.workload_id)
             if row is None or row.status not in (WorkloadStatus.ADMITTED.value, WorkloadStatus.RUNNING.value):
-                continue  # it ended (or was cancelled) while the cycle ran
+                # it ended (or was cancelled) while the cycle ran: the requeue lost, told as any other
+                not_made("workload", LOST, stop.workload_id, _PLACED_LABEL, WorkloadStatus.PENDING.value,
+                         stop.reason.value)
+                continue
             grace = self._grace_s(row.spec) if stop.grace else 0.0
             mark = marks.get(row.id) if row.started_s is not None else None
             pods = requeue(session, row, stop.reason.value, stop.message, now, mark=mark)
@@ -850,6 +853,10 @@ def _unix_users(conn: Connection, tenants: set[str]) -> dict[str, str | None]:
         return {}
     return dict(conn.execute(select(TenantRow.name, TenantRow.unix_user)
                              .where(TenantRow.name.in_(tenants))).all())
+
+
+_PLACED_LABEL = f"{WorkloadStatus.ADMITTED.value}|{WorkloadStatus.RUNNING.value}"
+"""The from of a stop that lost: it expects its workload placed, admitted or running."""
 
 
 def _still_waiting(conn: Connection, ready: dict[str, list[Any]]) -> dict[str, list[Any]]:
