@@ -297,3 +297,24 @@ def test_a_stop_whose_workload_was_cancelled_meanwhile_is_counted_lost(tmp_path:
         assert pool.counted(key) == before + 1
     finally:
         pool.rt.store.close()
+
+
+def test_recovery_does_not_overwrite_a_pod_a_cancel_stopped(
+        pool: Pool, monkeypatch: pytest.MonkeyPatch) -> None:
+    """After a restart the provider no longer knows a running pod; a cancel commits between the
+    recovery's read of the active pods and its lock of their workloads. The pods are read under the
+    lock: the stopped pod is not written over as lost."""
+    workload_id = pool.submit()
+    pool.loop.step()
+    pod_id = f"{workload_id}-a1-r0"
+    lock = reconciler_module.lock_workloads
+
+    def cancelled_meanwhile(conn: Connection, ids: Any) -> None:
+        conn.execute(update(PodRow).where(PodRow.id == pod_id).values(status=PodState.STOPPED.value))
+        conn.execute(update(WorkloadRow).where(WorkloadRow.id == workload_id).values(status="cancelled"))
+        lock(conn, ids)
+
+    monkeypatch.setattr(reconciler_module, "lock_workloads", cancelled_meanwhile)
+    monkeypatch.setattr(pool.provider, "poll", lambda: [])  # it forgot every pod
+    assert pool.loop.reconciler.recover() == (0, 0)
+    assert pool.pod_status(pod_id) == "stopped"

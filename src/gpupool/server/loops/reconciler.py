@@ -65,8 +65,11 @@ class Reconciler:
         adopted = lost = 0
         to_stop: list[str] = []
         with self.rt.store.write() as session:
-            pods = session.scalars(select(PodRow).where(PodRow.status.in_(ACTIVE_POD_STATES))).all()
-            lock_workloads(session.connection(), {p.workload_id for p in pods})  # before any pod is written
+            active = PodRow.status.in_(ACTIVE_POD_STATES)
+            workload_ids = set(session.scalars(select(PodRow.workload_id).where(active)))
+            lock_workloads(session.connection(), workload_ids)  # before any pod is written
+            # the pods read under the locks (a cancel committed meanwhile is not written over)
+            pods = session.scalars(select(PodRow).where(active, PodRow.workload_id.in_(workload_ids))).all()
             started = _started_attempts(session, {p.workload_id for p in pods}, known)
             for pod in pods:
                 row = session.get(WorkloadRow, pod.workload_id)
