@@ -996,3 +996,12 @@ def test_the_store_comparison_sees_a_move_stored_on_the_wrong_node(
     assert any(line.startswith("pods of ") for line in diff), diff
     with pytest.raises(AssertionError):
         assert_same(t.expected, got)
+
+
+def test_topology_moves_on_a_fabric_are_stored_alike_on_postgresql(
+        fabric_trace: FabricTrace, postgres: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The same on PostgreSQL: a cycle's moves are written in one transaction, its row locks held."""
+    t = fabric_trace
+    got = run_server(tmp_path, FABRIC_NODES, t.jobs, t.config, t.failure, monkeypatch, fabric=t.topo,
+                     url=postgres.create_database())
+    assert_same(t.expected, got)
