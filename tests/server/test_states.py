@@ -318,3 +318,21 @@ def test_recovery_does_not_overwrite_a_pod_a_cancel_stopped(
     monkeypatch.setattr(pool.provider, "poll", lambda: [])  # it forgot every pod
     assert pool.loop.reconciler.recover() == (0, 0)
     assert pool.pod_status(pod_id) == "stopped"
+
+
+def test_the_bulk_settle_refuses_a_pod_move_the_table_does_not_have(pool: Pool) -> None:
+    """The settle of pods that exited 0 is written in bulk (no ORM listener): it checks the pod
+    table itself. A pod the store holds `waiting` (never handed to the provider) that the provider
+    reports succeeded is refused, counted, and written nowhere."""
+    workload_id = pool.submit()
+    pool.loop.step()
+    pod_id = f"{workload_id}-a1-r0"
+    with pool.rt.store.write() as session:
+        session.execute(update(PodRow).where(PodRow.id == pod_id).values(status=PodState.WAITING.value))
+    key = ("pod", "refused", "waiting", "succeeded")
+    before = pool.counted(key)
+    pool.now += 200.0  # the fake pod has ended, exit 0
+    assert pool.loop.reconciler.sync() == 1
+    assert pool.pod_status(pod_id) == "waiting"
+    assert pool.status(workload_id) == "running"
+    assert pool.counted(key) == before + 1
