@@ -12,6 +12,10 @@ device slices; the pending workloads' stored reasons and progress and the backfi
 each step) and from the provider (the grace each stop gave), the replay's side is built from what it
 applied (`Recorder`), and the two are compared whole (`Stored`, `differences`).
 
+A variant runs on a generated fat tree with the network-aware policy and topology moves (every
+job checkpoints): a move is a stop and an admission at once elsewhere, and its requeue event,
+grace and new pod rows are compared as the others (`test_topology_moves_on_a_fabric_are_stored_alike`).
+
 The server is driven as the replay drives the core: at each event time (an arrival, a pod's end,
 the failure or the repair) it takes the arrivals, then runs one step of its loop with a full pass
 (`capacity_changed`), as the replay runs its cycles on every pending workload.
@@ -33,8 +37,10 @@ from gpupool.api.tenants import TenantCreate, TenantUpdate
 from gpupool.api.workloads import WorkloadSpec
 from gpupool.config import PoolConfig, parse_config
 from gpupool.core.budgets import Budget, BudgetPeriod, period_end
-from gpupool.core.model import Node, Reason, Workload
-from gpupool.core.scheduling.cycle import CycleResult, EventKind
+from gpupool.core.fabric.generate import fat_tree
+from gpupool.core.fabric.write import to_ibnetdiscover
+from gpupool.core.model import Device, Node, Reason, Workload
+from gpupool.core.scheduling.cycle import Admit, CycleResult, EventKind, Stop
 from gpupool.pods import PodLaunch
 from gpupool.providers.fake import FakeProvider, nodes_from_spec
 from gpupool.server.auth import Principal
@@ -45,6 +51,7 @@ from gpupool.server.loops.scheduler import Scheduler
 from gpupool.server.orm import Base
 from gpupool.server.runtime import Runtime
 from gpupool.server.services import tenants, workloads
+from gpupool.server.services.fabric import load_fabric_file, open_live_fabric
 from gpupool.server.services.requeue import Lost, lost_text
 from gpupool.server.services.specs import to_workload
 from gpupool.server.services.tenants import bootstrap
@@ -84,6 +91,8 @@ def log_of(result: CycleResult, now: float) -> Iterator[Entry]:
         yield (round(now, 6), kind, stop.workload_id, stop.preemptor_id, stop.reason.value)
     for requeue in result.requeued:
         yield (round(now, 6), "requeue", requeue.workload_id)
+    for move in result.moved:
+        yield (round(now, 6), "move", move.workload_id, move.gang_id, move.reason.value, placed(move))
     for admission in result.admitted:
         where = tuple(sorted((p.pod, p.node, tuple((s.device_index, s.compute_milli, s.memory_mib)
                                                     for s in p.slices)) for p in admission.placements))
@@ -195,13 +204,14 @@ class Recorder(Replay):
         super()._finish(wid, now_s)
         self._event(wid, now_s, "running", "succeeded", "completed", "Every pod exited 0.")
 
-    def _stop(self, wid: str, now_s: float, kind: EventKind) -> float:
-        job = self.jobs[wid]
+    def _halt(self, job: Any, now_s: float) -> tuple[float, bool]:
+        """A stop or a move: the work it loses, as the server accounts a stop (`Lost`)."""
         started, kept = job.run_start_s, job.kept_s
-        lost_device_s = super()._stop(wid, now_s, kind)
+        lost, tracked = super()._halt(job, now_s)
         ran = now_s - started if started is not None else 0.0
-        self._lost[wid] = Lost(ran, job.kept_s - kept, lost_device_s)  # as the server accounts a stop
-        return lost_device_s
+        lost_device_s = lost * job.job.workload.total_device_milli / 1000
+        self._lost[job.job.workload.id] = Lost(ran, job.kept_s - kept, lost_device_s)
+        return lost, tracked
 
     def _batch(self, now_s: float, events: Sequence[Any]) -> None:
         self._reservation = None
@@ -219,11 +229,12 @@ class Recorder(Replay):
             self.stored.reserved[at] = (reserved.workload_id, round(reserved.start_s, 1))
 
     def _apply(self, result: CycleResult, now_s: float) -> None:
-        assert not result.moved, "topology moves are not recorded here"
         self.log.extend(log_of(result, now_s))
         self._lost.clear()
         super()._apply(result, now_s)
-        for stop in result.preempted:
+        # as the server writes a cycle's decisions: every stop (a move's too) in order, then every
+        # admission (a move's admission at its new placement) in order, in one transaction
+        for stop in result.stopped:
             wid = stop.workload_id
             message = stop.message + lost_text(self._lost[wid])
             waited = wid in self._waiting  # its pods never reached the provider: none to stop
@@ -235,10 +246,12 @@ class Recorder(Replay):
                 continue
             pods = self.stored.pods[wid][-1]
             self._stopping.update((node, d) for _, node, slices in pods for d, *_ in slices)
-            evicted = stop.kind is EventKind.EVICT
-            grace = 0.0 if evicted else self.grace_of(self.jobs[wid].job.workload.priority_class)
+            ungraced = stop.kind is EventKind.EVICT or not stop.grace
+            grace = 0.0 if ungraced else self.grace_of(self.jobs[wid].job.workload.priority_class)
             self.stored.grace.setdefault(wid, []).append((self._attempts[wid], grace))
-        for admission in result.admitted:
+        admitted = [d for d in result.decisions
+                    if type(d) is Admit or (type(d) is Stop and d.kind is EventKind.MOVE)]
+        for admission in admitted:
             wid = admission.workload_id
             if wid in self.cancels:
                 self.cancels.discard(wid)
@@ -273,11 +286,12 @@ class Recorder(Replay):
 
 def run_replay(nodes: Sequence[Node], jobs: Sequence[Job], config: PoolConfig,
                failure: NodeFailure, budgets: Mapping[str, Budget] | None = None,
-               cancels: frozenset[str] = frozenset()) -> Run:
+               cancels: frozenset[str] = frozenset(), fabric: Path | None = None) -> Run:
     trace = [TraceJob(core_workload(job), job.submit_s, job.duration_s) for job in jobs]
     prices = config.prices.price_book() if budgets else None
     replay = Recorder(ReplayConfig(nodes=tuple(nodes), jobs=tuple(trace), policies=config.policies(), seed=7,
-                                   failures=(failure,), prices=prices, budgets=budgets or {}), config.grace_s,
+                                   failures=(failure,), prices=prices, budgets=budgets or {},
+                                   fabric=load_fabric_file(fabric) if fabric else None), config.grace_s,
                       cancels)
     replay.run()
     return Run(replay.log, replay.stored)
@@ -314,13 +328,15 @@ class ServerRun:
     """The server's control loop on a fake provider and a virtual clock."""
 
     def __init__(self, tmp_path: Path, nodes: Sequence[Node], config: PoolConfig,
-                 url: str | None = None, store_audit_s: float = 60.0) -> None:
+                 url: str | None = None, store_audit_s: float = 60.0, fabric: Path | None = None) -> None:
         self.now = 0.0
         self.provider = ResumingFake(list(nodes), clock=lambda: self.now)
         url = url or f"sqlite:///{tmp_path / 'parity.sqlite'}"
         settings = Settings(data_dir=tmp_path, database_url=url, seed=7, store_audit_interval_s=store_audit_s)
         self.rt = Runtime(settings=settings, store=Store.open(url), provider=self.provider,
                           clock=lambda: self.now, config=config)
+        if fabric is not None:  # `gpupool up --fabric FILE`
+            self.rt.fabric = open_live_fabric(fabric, self.rt.nodes())
         bootstrap(self.rt)
         self.loop = ControlLoop(self.rt)
         self.loop.recovered = self.loop.reconciler.recover()
@@ -459,12 +475,12 @@ def run_server(tmp_path: Path, nodes: Sequence[Node], jobs: Sequence[Job], confi
                failure: NodeFailure, monkeypatch: pytest.MonkeyPatch,
                budgets: Mapping[str, Budget] | None = None, audit: bool = True,
                full_passes: bool = True, url: str | None = None,
-               cancels: frozenset[str] = frozenset()) -> Run:
+               cancels: frozenset[str] = frozenset(), fabric: Path | None = None) -> Run:
     order = iter(sorted(jobs, key=lambda j: (j.submit_s, j.id)))
     monkeypatch.setattr(workloads, "new_workload_id", lambda: next(order).id)
     # without the audits (the mutation controls): the store audit would find the injected bug's
     # rows first and rebuild from them, and this is to show the comparison alone sees it
-    server = ServerRun(tmp_path, nodes, config, url, store_audit_s=60.0 if audit else 0.0)
+    server = ServerRun(tmp_path, nodes, config, url, store_audit_s=60.0 if audit else 0.0, fabric=fabric)
     if cancels:
         race_cancels(server.rt, set(cancels), monkeypatch)
     server.full_passes = full_passes
@@ -878,3 +894,115 @@ def test_arrivals_only_cycles_store_alike_with_preemption(small: Small, tmp_path
     assert counted[0] > 10, counted  # arrivals-only cycles ran
     assert kinds(small.expected.log).get("preempt")
     assert_same(small.expected, got)
+
+
+# ------------------------------------------------------------------ a fabric, and topology moves
+
+
+FABRIC_NODES = [Node(name=f"node{i:05d}", cpu_milli=16_000, memory_mib=131_072,
+                     devices=tuple(Device(uuid=f"node{i:05d}-d{d}", model="H100", index=d) for d in range(2)))
+                for i in range(1, 9)]
+"""8 nodes of 2 devices: the hosts of a generated fat tree of 4 leaves of 2 (`fat_tree(4)`)."""
+
+
+def fabric_config(tenants: Sequence[str]) -> PoolConfig:
+    """The network-aware policy with topology moves: a gang spread over leaves is moved into one
+    (and single-node work moved out of its way) at once, costing only the work since its last
+    checkpoint (no restart cost: the fake pod resumes at once, as the replay's job does)."""
+    text = config_text(tenants).replace(
+        "  placement: fgd-strand\n",
+        "  placement: network-aware\n  topology_moves: true\n  topology_max_wait: 0s\n"
+        "  topology_move_restart: 0s\n  topology_moves_per_workload: 4\n")
+    return parse_config(text)
+
+
+def fabric_jobs(count: int, seed: int) -> list[Job]:
+    """Whole-node single jobs and 2- and 3-node gangs of whole nodes, from three tenants, every one
+    checkpointing with an estimate (only such work moves), in bursts so that gangs start spread."""
+    rng = random.Random(seed)
+    shapes = [(1, 1), (2, 1), (2, 1), (2, 2), (2, 2), (2, 3)]
+    jobs, now = [], 0.0
+    for n in range(count):
+        now += rng.expovariate(1 / 200.0)
+        gpus, replicas = rng.choice(shapes)
+        duration = round(rng.uniform(600, 6000), 3)
+        spec: dict[str, Any] = {
+            "command": ["train"], "resources": {"gpus": gpus}, "replicas": replicas,
+            "priority_class": rng.choice(["normal", "normal", "high"]), "name": f"job{n % 5}",
+            "checkpoint_interval_s": rng.choice([120.0, 300.0]),
+            "runtime_estimate_s": round(duration * rng.uniform(0.8, 1.5), 3)}
+        jobs.append(Job(f"f{n:04d}", rng.choice(["vision", "nlp", "speech"]), spec, round(now, 3), duration))
+    return jobs
+
+
+@dataclass(frozen=True)
+class FabricTrace:
+    jobs: list[Job]
+    failure: NodeFailure
+    config: PoolConfig
+    topo: Path
+    expected: Run
+
+
+@pytest.fixture(scope="module")
+def fabric_trace(tmp_path_factory: pytest.TempPathFactory) -> FabricTrace:
+    topo = tmp_path_factory.mktemp("fabric") / "tree.topo"
+    topo.write_text(to_ibnetdiscover(fat_tree(4, levels=2)))
+    jobs = fabric_jobs(60, seed=11)
+    failure = NodeFailure(at_s=jobs[30].submit_s + 0.5, node=FABRIC_NODES[2].name, repair_after_s=900.0)
+    config = fabric_config(sorted({j.tenant for j in jobs}))
+    expected = run_replay(FABRIC_NODES, jobs, config, failure, fabric=topo)
+    return FabricTrace(jobs, failure, config, topo, expected)
+
+
+def test_topology_moves_on_a_fabric_are_stored_alike(fabric_trace: FabricTrace, tmp_path: Path,
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """A fat tree, the network-aware policy and topology moves: the cycles move gangs into one leaf
+    (and single-node work out of their way); each move is stored as the replay applies it -- its
+    requeue event (reason, message, the work lost), the stop's grace, its new attempt's pod rows on
+    the new nodes (waiting where a moved pod still stops on the device) and its launch."""
+    t = fabric_trace
+    seen = kinds(t.expected.log)
+    print("fabric", seen)
+    assert seen.get("move", 0) >= 2 and seen.get("admit", 0) >= len(t.jobs), seen
+    moved = {e[2] for e in t.expected.log if e[1] == "move"}
+    assert all(len(t.expected.stored.pods[w]) >= 2 for w in moved)
+    gangs = {e[3] for e in t.expected.log if e[1] == "move"}
+    assert moved - gangs, "single-node work moved out of a gang's way too"
+    when = {(m[2], m[0]) for m in t.expected.log if m[1] == "move"}
+    moved_admissions = [e for w in moved for e in t.expected.stored.events[w]
+                        if e[3] == "admitted" and (w, e[0]) in when]
+    assert any(scheduler_module._WAITS in e[4] for e in moved_admissions), "a move waits for a stop"
+    got = run_server(tmp_path, FABRIC_NODES, t.jobs, t.config, t.failure, monkeypatch, fabric=t.topo)
+    assert_same(t.expected, got)
+
+
+def test_the_store_comparison_sees_a_move_stored_on_the_wrong_node(
+        fabric_trace: FabricTrace, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A server that writes a moved workload's new pod rows on another node (its launches still go
+    where the core placed them) differs in the pod rows, though every decision is alike."""
+    t = fabric_trace
+    moved = {e[2] for e in t.expected.log if e[1] == "move"}
+    names = [n.name for n in FABRIC_NODES]
+
+    def elsewhere(pod: dict[str, Any]) -> None:
+        if pod["workload_id"] in moved and pod["attempt"] > 1:
+            pod["node"] = names[(names.index(pod["node"]) + 1) % len(names)]
+
+    _pod_rows(elsewhere)(monkeypatch)
+    got = run_server(tmp_path, FABRIC_NODES, t.jobs, t.config, t.failure, monkeypatch, audit=False,
+                     fabric=t.topo)
+    diff = differences(t.expected.stored, got.stored)
+    print("moved pods elsewhere:", got.log == t.expected.log, diff[:2])
+    assert any(line.startswith("pods of ") for line in diff), diff
+    with pytest.raises(AssertionError):
+        assert_same(t.expected, got)
+
+
+def test_topology_moves_on_a_fabric_are_stored_alike_on_postgresql(
+        fabric_trace: FabricTrace, postgres: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The same on PostgreSQL: a cycle's moves are written in one transaction, its row locks held."""
+    t = fabric_trace
+    got = run_server(tmp_path, FABRIC_NODES, t.jobs, t.config, t.failure, monkeypatch, fabric=t.topo,
+                     url=postgres.create_database())
+    assert_same(t.expected, got)

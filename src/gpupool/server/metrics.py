@@ -9,7 +9,7 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry, Histogram
 from prometheus_client import Counter as PromCounter
-from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 from sqlalchemy import func, select
 
@@ -20,6 +20,7 @@ from gpupool.server.metrics_budgets import BudgetCollector
 from gpupool.server.metrics_usage import UsageCollector
 from gpupool.server.orm import PodRow, WorkloadRow
 from gpupool.server.runtime import Runtime
+from gpupool.server.services.events import moves_not_made
 from gpupool.server.states import ACTIVE_POD_STATES
 
 _LATENCY_BUCKETS_S = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
@@ -63,12 +64,32 @@ class Metrics:
         self.registry.register(PoolCollector(rt))
         self.registry.register(UsageCollector(rt))
         self.registry.register(BudgetCollector(rt))
+        self.registry.register(MovesNotMadeCollector())
 
 
     def reservation_slid(self, seconds: float) -> None:
         """The same head's reserved start moved `seconds` later than last stored."""
         self.reservation_slides.inc()
         self.reservation_slid_seconds.inc(seconds)
+
+
+class MovesNotMadeCollector(Collector):
+    """State moves not made in this process (`services/events.py` `not_made`), by kind (workload,
+    pod), outcome (refused: not an edge of the table; lost: a compare-and-set that lost), from, to."""
+
+    def describe(self) -> list[Metric]:
+        return []
+
+    def collect(self) -> Iterator[Metric]:
+        family = CounterMetricFamily(
+            "gpupool_state_moves_not_made",
+            "Workload and pod state moves not made, by kind, outcome (refused: not an edge of the "
+            "transition table, a bug; lost: its row had changed since it was read, a concurrent "
+            "change won) and the from and to states. Each was logged; nothing was written for it.",
+            labels=["kind", "outcome", "from_status", "to_status"])
+        for (kind, outcome, from_status, to_status), count in sorted(moves_not_made().items()):
+            family.add_metric([kind, outcome, from_status, to_status], count)
+        yield family
 
 
 class PoolCollector(Collector):

@@ -20,10 +20,10 @@ from gpupool.core.model import Node, WorkloadStatus
 from gpupool.pods import PodPhase, PodStatus
 from gpupool.server.orm import Base, PodRow, WorkloadRow
 from gpupool.server.runtime import Runtime
-from gpupool.server.services.events import Move, apply_moves, transition
+from gpupool.server.services.events import LOST, REFUSED, LostMoves, Move, apply_moves, not_made, transition
 from gpupool.server.services.locks import lock_workloads
 from gpupool.server.services.requeue import requeue, stop_pods
-from gpupool.server.states import ACTIVE_POD_STATES, PodState
+from gpupool.server.states import ACTIVE_POD_STATES, PodState, pod_move_allowed
 
 FinalHook = Callable[[str, float | None], None]
 """Called with a workload that ended for good, and the work it did when it succeeded."""
@@ -65,8 +65,11 @@ class Reconciler:
         adopted = lost = 0
         to_stop: list[str] = []
         with self.rt.store.write() as session:
-            pods = session.scalars(select(PodRow).where(PodRow.status.in_(ACTIVE_POD_STATES))).all()
-            lock_workloads(session.connection(), {p.workload_id for p in pods})  # before any pod is written
+            active = PodRow.status.in_(ACTIVE_POD_STATES)
+            workload_ids = set(session.scalars(select(PodRow.workload_id).where(active)))
+            lock_workloads(session.connection(), workload_ids)  # before any pod is written
+            # the pods read under the locks (a cancel committed meanwhile is not written over)
+            pods = session.scalars(select(PodRow).where(active, PodRow.workload_id.in_(workload_ids))).all()
             started = _started_attempts(session, {p.workload_id for p in pods}, known)
             for pod in pods:
                 row = session.get(WorkloadRow, pod.workload_id)
@@ -136,9 +139,11 @@ class Reconciler:
         else:
             with self.rt.store.write() as session, session.no_autoflush:
                 ids = [f.pod_id for f in finished]
-                pods = {p.id: p for p in session.scalars(select(PodRow).where(PodRow.id.in_(ids)))}
-                workload_ids = {p.workload_id for p in pods.values()}
+                workload_ids = set(session.scalars(select(PodRow.workload_id).where(PodRow.id.in_(ids))))
                 lock_workloads(session.connection(), workload_ids)  # before any pod is written
+                # the pods are read under their workloads' locks: each change below is made from the
+                # state they hold now (one read before would let a cancel's stopped be overwritten)
+                pods = {p.id: p for p in session.scalars(select(PodRow).where(PodRow.id.in_(ids)))}
                 query = select(WorkloadRow).where(WorkloadRow.id.in_(workload_ids))
                 rows = {r.id: r for r in session.scalars(query)}
                 for status in finished:
@@ -163,12 +168,13 @@ class Reconciler:
         to_stop: list[str] = []
         requeued = 0
         with self.rt.store.write() as session:
-            pods = session.scalars(select(PodRow).where(PodRow.status.in_(ACTIVE_POD_STATES),
-                                                        PodRow.node.not_in(names))).all()
+            on_gone = (PodRow.status.in_(ACTIVE_POD_STATES), PodRow.node.not_in(names))
+            workload_ids = set(session.scalars(select(PodRow.workload_id).where(*on_gone)))
+            lock_workloads(session.connection(), workload_ids)  # before any pod is written
             by_workload: dict[str, list[PodRow]] = {}
-            for pod in pods:
+            # read under the locks: a pod a cancel stopped meanwhile is not written over as lost
+            for pod in session.scalars(select(PodRow).where(*on_gone, PodRow.workload_id.in_(workload_ids))):
                 by_workload.setdefault(pod.workload_id, []).append(pod)
-            lock_workloads(session.connection(), by_workload)  # before any pod is written
             for workload_id, lost_pods in sorted(by_workload.items()):
                 row = session.get(WorkloadRow, workload_id)
                 for pod in lost_pods:
@@ -275,9 +281,30 @@ def _settle(pod: PodRow, status: PodStatus | None, now: float) -> None:
 
 _PODS = Base.metadata.tables["pods"]
 _WORKLOADS = Base.metadata.tables["workloads"]
-_SETTLE_POD = update(_PODS).where(_PODS.c.id == bindparam("p_id")).values(
+_SETTLE_POD = update(_PODS).where(
+    _PODS.c.id == bindparam("p_id"), _PODS.c.status == bindparam("p_expected")).values(
     status=bindparam("p_status"), exit_code=bindparam("p_exit_code"), finished_s=bindparam("p_finished_s"),
     message=bindparam("p_message"))
+
+
+def _still_as_read(conn: Connection, settled: list[dict[str, object]]) -> list[dict[str, object]]:
+    """The settles whose pod row (read before its workload was locked) still holds the state read,
+    and that the pod table allows; the others are not made (`not_made`: refused or lost, alike)."""
+    now_in: dict[str, str] = {r.id: r.status for r in conn.execute(select(_PODS.c.id, _PODS.c.status).where(
+        _PODS.c.id.in_([row["p_id"] for row in settled])))}
+    kept, seen = [], set()
+    for row in settled:
+        was, to = str(row["p_expected"]), str(row["p_status"])
+        if row["p_id"] in seen:  # the provider told of it twice: settled once
+            continue
+        seen.add(row["p_id"])
+        if now_in.get(str(row["p_id"])) != was:
+            not_made("pod", LOST, str(row["p_id"]), was, to, EventReason.COMPLETED)
+        elif not pod_move_allowed(was, to):
+            not_made("pod", REFUSED, str(row["p_id"]), was, to, EventReason.COMPLETED)
+        else:
+            kept.append(row)
+    return kept
 
 
 def _apply_successes(conn: Connection, finished: Sequence[PodStatus],
@@ -289,22 +316,30 @@ def _apply_successes(conn: Connection, finished: Sequence[PodStatus],
     pods = {r.id: r for r in conn.execute(
         select(_PODS.c.id, _PODS.c.workload_id, _PODS.c.attempt, _PODS.c.status).where(_PODS.c.id.in_(ids)))}
     settled: list[dict[str, object]] = []
-    attempts: dict[str, set[int]] = {}
     for status in finished:
         pod = pods.get(status.pod_id)
         if pod is None:
             continue
-        stopping = pod.status == PodState.STOPPING.value
-        if not stopping and not PodState(pod.status).is_active:
+        if pod.status != PodState.STOPPING.value and not PodState(pod.status).is_active:
             continue  # already settled here (cancel, drain, recovery); the provider only confirms it
-        settled.append({"p_id": pod.id, "p_status": PodState.SUCCEEDED.value, "p_exit_code": status.exit_code,
-                        "p_finished_s": now, "p_message": status.message[:1024]})
-        if not stopping:  # a stopping pod's workload has moved on already
-            attempts.setdefault(pod.workload_id, set()).add(pod.attempt)
+        settled.append({"p_id": pod.id, "p_expected": pod.status, "p_status": PodState.SUCCEEDED.value,
+                        "p_exit_code": status.exit_code, "p_finished_s": now,
+                        "p_message": status.message[:1024]})
     if not settled:
         return []
     lock_workloads(conn, {pods[str(row["p_id"])].workload_id for row in settled})  # before the pods
-    conn.execute(_SETTLE_POD, settled)
+    settled = _still_as_read(conn, settled)  # each pod's settle is a compare-and-set on what was read
+    if not settled:
+        return []
+    if conn.execute(_SETTLE_POD, settled).rowcount != len(settled):
+        raise LostMoves("a pod row its workload's lock held changed under the settle")
+    attempts: dict[str, set[int]] = {}
+    for row in settled:
+        if row["p_expected"] != PodState.STOPPING.value:  # a stopping pod's workload has moved on already
+            pod = pods[str(row["p_id"])]
+            attempts.setdefault(pod.workload_id, set()).add(pod.attempt)
+    if not attempts:
+        return []
     rows = {r.id: r for r in conn.execute(
         select(_WORKLOADS.c.id, _WORKLOADS.c.status, _WORKLOADS.c.attempt, _WORKLOADS.c.started_s,
                _WORKLOADS.c.progress_s)

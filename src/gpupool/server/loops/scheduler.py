@@ -55,7 +55,7 @@ from gpupool.server.loops.store_audit import StoreAudit
 from gpupool.server.orm import Base, PodRow, TenantRow, WorkloadRow
 from gpupool.server.runtime import Runtime
 from gpupool.server.services import enforcement, rendezvous
-from gpupool.server.services.events import Move, apply_moves, transition
+from gpupool.server.services.events import LOST, Move, apply_moves, not_made, transition
 from gpupool.server.services.locks import lock_workloads
 from gpupool.server.services.metering import slice_models
 from gpupool.server.services.requeue import requeue, stop_pods
@@ -444,7 +444,10 @@ class Scheduler:
         for stop in batch.stops:
             row = rows.get(stop.workload_id)
             if row is None or row.status not in (WorkloadStatus.ADMITTED.value, WorkloadStatus.RUNNING.value):
-                continue  # it ended (or was cancelled) while the cycle ran
+                # it ended (or was cancelled) while the cycle ran: the requeue lost, told as any other
+                not_made("workload", LOST, stop.workload_id, _PLACED_LABEL, WorkloadStatus.PENDING.value,
+                         stop.reason.value)
+                continue
             grace = self._grace_s(row.spec) if stop.grace else 0.0
             mark = marks.get(row.id) if row.started_s is not None else None
             pods = requeue(session, row, stop.reason.value, stop.message, now, mark=mark)
@@ -624,6 +627,9 @@ class Scheduler:
             if not ready:
                 return 0
             lock_workloads(conn, ready)  # before their pods are written
+            ready = _still_waiting(conn, ready)  # each gang's promotion: a compare-and-set on the read
+            if not ready:
+                return 0
             conn.execute(update(_P).where(_P.c.workload_id.in_(ready), _P.c.status == PodState.WAITING.value)
                          .values(status=PodState.LAUNCHING.value, message=""))
             rows = _states(conn, list(ready), with_spec=True)
@@ -826,6 +832,26 @@ def _unix_users(conn: Connection, tenants: set[str]) -> dict[str, str | None]:
         return {}
     return dict(conn.execute(select(TenantRow.name, TenantRow.unix_user)
                              .where(TenantRow.name.in_(tenants))).all())
+
+
+_PLACED_LABEL = f"{WorkloadStatus.ADMITTED.value}|{WorkloadStatus.RUNNING.value}"
+"""The from of a stop that lost: it expects its workload placed, admitted or running."""
+
+
+def _still_waiting(conn: Connection, ready: dict[str, list[Any]]) -> dict[str, list[Any]]:
+    """The gangs of `ready` (read before their workloads were locked) whose pods all still wait: a
+    gang a change reached since (a cancel stopped its pods) is not launched, its moves to launching
+    lost (`not_made`)."""
+    now_in: dict[str, str] = {r.id: r.status for r in conn.execute(
+        select(_P.c.id, _P.c.status).where(_P.c.workload_id.in_(ready)))}
+    kept: dict[str, list[Any]] = {}
+    for wid, pods in ready.items():
+        changed = [p.id for p in pods if now_in.get(p.id) != PodState.WAITING.value]
+        for pod_id in changed:
+            not_made("pod", LOST, pod_id, PodState.WAITING.value, PodState.LAUNCHING.value, "promoted")
+        if not changed:
+            kept[wid] = pods
+    return kept
 
 
 def _busy_devices(conn: Connection) -> set[tuple[str, int]]:

@@ -1,10 +1,19 @@
 """Record workload state transitions: every change of status goes through `transition` (one row,
-ORM) or `apply_moves` (many rows, bulk statements)."""
+ORM) or `apply_moves` (many rows, bulk statements).
+
+A move that is not made is refused (not an edge of the tables in server/states.py) or lost (its
+compare-and-set found the row changed since it was read). Both are told alike (`not_made`): one log
+line, and one count by kind, outcome, from and to (`NOT_MADE`, `gpupool_state_moves_not_made_total`
+on /metrics). `apply_moves` returns both to its caller, which leaves out what it would have written
+beside them; `transition` and a loaded pod row's change raise `IllegalMove` on a refusal (their rows
+are locked, so they lose no race), and the caller's transaction rolls back."""
 
 from __future__ import annotations
 
 import functools
 import logging
+import threading
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -23,9 +32,28 @@ class IllegalMove(RuntimeError):
     """A workload status change the transition table (server/states.py) does not allow."""
 
 
-def _refused(workload_id: str, from_status: str, to_status: str, reason: str) -> None:
-    log.error("refused illegal move of workload %s: %s -> %s (%s)", workload_id, from_status, to_status,
-              reason)
+REFUSED, LOST = "refused", "lost"
+"""The two outcomes of a move not made: not an edge of the table; a compare-and-set that lost."""
+
+NOT_MADE: Counter[tuple[str, str, str, str]] = Counter()
+"""Moves not made in this process, by (kind: workload or pod, outcome, from, to)."""
+_NOT_MADE_LOCK = threading.Lock()
+_WHY = {REFUSED: "it is not an edge of the transition table (a bug: nothing was written)",
+        LOST: "its row had changed since it was read (a concurrent change won; nothing was written)"}
+
+
+def moves_not_made() -> dict[tuple[str, str, str, str], int]:
+    """A copy of `NOT_MADE`, taken under its lock."""
+    with _NOT_MADE_LOCK:
+        return dict(NOT_MADE)
+
+
+def not_made(kind: str, outcome: str, subject: str, from_status: str, to_status: str, reason: str) -> None:
+    """Tell of a move not made, the same way wherever it was refused or lost."""
+    with _NOT_MADE_LOCK:
+        NOT_MADE[(kind, outcome, from_status, to_status)] += 1
+    log.warning("%s %s: move %s -> %s (%s) %s: %s", kind, subject, from_status, to_status, reason or "-",
+                outcome, _WHY[outcome])
 
 
 @event.listens_for(PodRow.status, "set")
@@ -35,7 +63,7 @@ def _pod_move(target: PodRow, value: str, old: object, _initiator: object) -> No
     if old is NO_VALUE or old is None or old == value or not isinstance(old, str):
         return
     if not pod_move_allowed(old, value):
-        log.error("refused illegal move of pod %s: %s -> %s", target.id, old, value)
+        not_made("pod", REFUSED, target.id, old, value, "")
         raise IllegalMove(f"pod {target.id}: {old} -> {value} is not allowed")
 
 
@@ -43,10 +71,11 @@ def transition(
     session: Session, row: WorkloadRow, to_status: str, reason: str, message: str, at_s: float,
     pod_id: str = "",
 ) -> None:
-    """Move `row` to `to_status` and append the event (in the caller's transaction); an illegal move
-    (server/states.py) is logged and raises IllegalMove, so the caller's transaction rolls back."""
+    """Move `row` (locked by the caller) to `to_status` and append the event (in the caller's
+    transaction); an illegal move (server/states.py) is told (`not_made`) and raises IllegalMove,
+    so the caller's transaction rolls back."""
     if not workload_move_allowed(row.status, to_status):
-        _refused(row.id, row.status, to_status, reason)
+        not_made("workload", REFUSED, row.id, row.status, to_status, reason)
         raise IllegalMove(f"workload {row.id}: {row.status} -> {to_status} is not allowed")
     session.add(
         EventRow(
@@ -98,32 +127,30 @@ class LostMoves(RuntimeError):
 
 def apply_moves(conn: Connection, moves: Sequence[Move]) -> list[Move]:
     """`transition` for many rows at once, in the caller's transaction, each a compare-and-set on
-    the status the caller read (`from_status`). The rows are locked and their statuses read
-    (`SELECT ... FOR UPDATE`, in id order; SQLite's write transaction is exclusive anyway): a move
-    whose row no longer holds the status it expects (a user's cancel committed since the caller
-    read it) is lost, writes nothing (no row change, no event), and is returned so the caller can
-    leave out what it would have written beside it. The others are written with one
+    the status the caller read (`from_status`). A move the table does not allow is refused. The
+    rows of the others are locked and their statuses read (`SELECT ... FOR UPDATE`, in id order;
+    SQLite's write transaction is exclusive anyway): a move whose row no longer holds the status it
+    expects (a user's cancel committed since the caller read it) is lost. Refused and lost moves
+    alike are told (`not_made`), write nothing (no row change, no event), and are returned so the
+    caller can leave out what it would have written beside them. The others are written with one
     `UPDATE ... WHERE id = :id AND status = :expected` per set of extra columns, their row count
     checked, and get the same rows and events as `transition` would give them."""
-    legal = []
+    legal: list[Move] = []
+    refused: list[Move] = []
     for move in moves:
-        if workload_move_allowed(move.from_status, move.to_status):
-            legal.append(move)
-        else:
-            _refused(move.workload_id, move.from_status, move.to_status, move.reason)
+        (legal if workload_move_allowed(move.from_status, move.to_status) else refused).append(move)
+    for move in refused:
+        not_made("workload", REFUSED, move.workload_id, move.from_status, move.to_status, move.reason)
     if not legal:
-        return []
+        return refused
     ids = sorted({m.workload_id for m in legal})
     now_in: dict[str, str] = {row.id: row.status for row in conn.execute(
         select(_WORKLOADS.c.id, _WORKLOADS.c.status).where(_WORKLOADS.c.id.in_(ids))
         .order_by(_WORKLOADS.c.id).with_for_update())}
     held = [m for m in legal if now_in.get(m.workload_id) == m.from_status]
     lost = [m for m in legal if now_in.get(m.workload_id) != m.from_status]
-    if lost:
-        first = lost[0]
-        log.warning("%d of %d workload moves were dropped: their rows had changed since they were read "
-                    "(e.g. %s was no longer %s when it was to become %s)", len(lost), len(legal),
-                    first.workload_id, first.from_status, first.to_status)
+    for move in lost:
+        not_made("workload", LOST, move.workload_id, move.from_status, move.to_status, move.reason)
     shapes: dict[tuple[str, ...], list[dict[str, object]]] = {}
     for move in held:
         params: dict[str, object] = {"v_id": move.workload_id, "v_expected": move.from_status,
@@ -142,4 +169,4 @@ def apply_moves(conn: Connection, moves: Sequence[Move]) -> list[Move]:
              "to_status": m.to_status, "reason": m.reason, "message": m.message[:1024], "at_s": m.at_s}
             for m in held
         ])
-    return lost
+    return refused + lost
