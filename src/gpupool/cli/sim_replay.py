@@ -278,8 +278,9 @@ def replay(
 
 
 def _print_summary(result: dict[str, Any]) -> None:
-    from rich.console import Console
     from rich.table import Table
+
+    from gpupool.cli.output import console
 
     table = Table(title="replay")
     table.add_column("metric")
@@ -305,4 +306,4 @@ def _print_summary(result: dict[str, Any]) -> None:
                          f"{total['pooled_cost']:.2f} / {total['exclusive_cost']:.2f}"))
     for name, value in rows:
         table.add_row(name, value)
-    Console().print(table)
+    console().print(table)
