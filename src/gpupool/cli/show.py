@@ -10,6 +10,7 @@ import typer
 
 from gpupool.cli._common import SIMULATED_MARK, client, console, reports_errors
 from gpupool.cli._targets import resolve_all
+from gpupool.cli.output import Format, OutputOption
 from gpupool.core.units import format_memory_mib
 
 
@@ -19,10 +20,14 @@ def show(
         list[str], typer.Argument(help="Workload ids (from submit or ls), or unique prefixes.")
     ],
     as_json: Annotated[
-        bool, typer.Option("--json", help="Print the workload as JSON (a list for several).")
+        bool, typer.Option("--json", help="Print the workload as JSON (a list for several); as -o json.")
     ] = False,
+    output: OutputOption = Format.TABLE,
 ) -> None:
     """Show workloads: status, reason, where they run, pods, events.
+
+    -o json (or --json) prints the API's object (a list for several); -o name the ids; -o wide is
+    the detail.
 
     Example: gpupool show w-1a2b
 
@@ -30,7 +35,12 @@ def show(
     """
     with client() as pool:
         workloads = [_with_network(pool, w) for w in resolve_all(pool, workload_ids)]
-        if as_json:
+        if output is Format.NAME:
+            from gpupool.cli.output import names
+
+            names(w.id for w in workloads)
+            return
+        if as_json or output is Format.JSON:
             dumped = [w.model_dump(mode="json") for w in workloads]
             print(json.dumps(dumped[0] if len(dumped) == 1 else dumped, indent=2))
             return

@@ -94,15 +94,19 @@ def set_tenant(
 def _budget(t: Any) -> str:
     if t.budget is None:
         return "-"
-    terms = f"{t.budget:g} per {t.budget_period}, warn at {t.budget_warn:.0%}"
+    from gpupool.money import money
+
+    terms = f"{money(t.budget)} per {t.budget_period}, warn at {t.budget_warn:.0%}"
     return terms + (", overdraft allowed" if t.overdraft else "")
 
 
 def _spent(t: Any) -> str:
     if t.budget is None or t.spent is None:
         return "-"
+    from gpupool.money import money
+
     mark = " exhausted" if t.budget_exhausted else ""
-    return f"{t.spent:.2f} ({t.spent_ratio:.0%}){mark}"
+    return f"{money(t.spent)} ({t.spent_ratio:.0%}){mark}"
 
 
 @app.command("ls")
