@@ -185,6 +185,42 @@ def times_line(workload: Any, now_s: float | None = None) -> str:
     return line
 
 
+def unenforced_sentences(pool: Any, workload: Any, events: list[Any]) -> list[str]:
+    """Which of its limits are not enforced where its pods are: the `limits_unenforced` events (real
+    nodes, as at admission) and, from each simulated node's layers as `gpupool node ls` reports them,
+    the same sentences (the server writes no event there: the node says it once for every workload)."""
+    said = {e.message for e in events if e.reason == "limits_unenforced"}
+    simulated = sorted({p.node for p in workload.pods if p.simulated})
+    if simulated:
+        r = workload.spec.resources
+        gpus = float(r.gpus or 0)
+        shares = 0 < gpus < 1 or bool(gpus and r.gpu_memory)
+        for name in simulated:
+            host = any(p.cpu_milli or p.memory_mib for p in workload.pods if p.node == name)
+            said.update(_node_sentences(pool, name, shares, host))
+    return sorted(said)
+
+
+def _node_sentences(pool: Any, name: str, shares: bool, host: bool) -> list[str]:
+    """The limits_unenforced sentences of the server (services/enforcement.unenforced) for a pod on
+    node `name` that asks for a device share (`shares`) and host cpu or memory (`host`)."""
+    if not (shares or host):
+        return []
+    from gpupool.errors import NotFound
+
+    try:
+        layers = {state.layer: state for state in pool.node(name).enforcement}
+    except NotFound:  # the node left the pool
+        return []
+    sentences = []
+    device, cpu = layers.get("device_limits"), layers.get("host_limits")
+    if shares and device is not None and not device.enforced:
+        sentences.append(f"device compute and memory limits are not enforced on node {name}: {device.detail}")
+    if host and cpu is not None and not cpu.enforced:
+        sentences.append(f"host cpu and memory limits are not enforced on node {name}: {cpu.detail}")
+    return sentences
+
+
 def _show_one(pool: Any, workload: Any) -> None:
     events = pool.events(workload.id)
     from rich.table import Table
@@ -207,8 +243,7 @@ def _show_one(pool: Any, workload: Any) -> None:
     out.print(workdir_line(pool, workload), **plain)
     if getattr(workload, "network", None) is not None:
         out.print(network_line(workload.network), **plain)
-    unenforced = sorted({e.message for e in events if e.reason == "limits_unenforced"})
-    for sentence in unenforced:
+    for sentence in unenforced_sentences(pool, workload, events):
         out.print(f"[bold]not enforced:[/bold] {sentence}")
     pods = Table(title="pods (the slices, cpu and memory each holds)")
     for column in ("POD", "STATUS", "NODE", "SLICES", "CPU", "MEMORY", "EXIT"):
