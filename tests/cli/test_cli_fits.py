@@ -11,6 +11,7 @@ import pty
 import re
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 
 import pytest
@@ -33,7 +34,8 @@ def pool(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[UpProcess, 
         with Client(server.url, server.token()) as api:
             api.create_tenant(LONG_TENANT)
             ids = {
-                "long": api.submit({"command": ["sleep", "600"], "name": LONG_NAME, "resources": {"gpus": 1}}),
+                "long": api.submit({"command": ["sleep", "600"], "name": LONG_NAME,
+                                    "resources": {"gpus": 1}}),
                 "share": api.submit({"command": ["sleep", "600"], "name": "share",
                                      "resources": {"gpus": 0.5, "cpu": 1}}),
                 "whole": api.submit({"command": ["sleep", "600"], "name": "whole", "resources": {"gpus": 2}}),
@@ -119,7 +121,7 @@ def test_o_json_for_show_audit_usage_and_invoice(pool: tuple[UpProcess, dict[str
     assert any(r["action"] == "tenant.create" and r["target"] == LONG_TENANT for r in audit), audit
     usage = json.loads(run(pool, "usage", "-o", "json"))
     assert usage and all(r["currency"] == "USD" and "cost" in r for r in usage)
-    month = subprocess.run(["date", "-u", "+%Y-%m"], capture_output=True, text=True, check=True).stdout.strip()
+    month = time.strftime("%Y-%m", time.gmtime())
     invoice = json.loads(run(pool, "invoice", "--tenant", "default", "--month", month, "-o", "json"))
     assert invoice and {r["model"] for r in invoice} == {"H100-SXM-80GB"}
     server, _ = pool
@@ -148,8 +150,8 @@ def test_unenforced_limits_are_said_per_node_not_per_workload(pool: tuple[UpProc
         node = api.workload(ids["share"]).pods[0].node
     shown = run(pool, "show", ids["share"])
     said = [line for line in shown.splitlines() if line.startswith("not enforced:")]
-    assert said == [
-        f"not enforced: device compute and memory limits are not enforced on node {node}: simulated devices: "
-        "compute and memory shares are accounted, not enforced"] + said[1:]
-    assert len(said) == len(set(said)) and all("host cpu and memory" in s for s in said[1:])
+    device = (f"not enforced: device compute and memory limits are not enforced on node {node}: simulated "
+              "devices: compute and memory shares are accounted, not enforced")
+    host = [s for s in said if s.startswith("not enforced: host cpu and memory limits")]  # without cgroup v2
+    assert said == [device, *host] and len(host) <= 1, said
     assert "limits_unenforced" not in shown
