@@ -94,9 +94,7 @@ def set_tenant(
 def _budget(t: Any) -> str:
     if t.budget is None:
         return "-"
-    from gpupool.money import money
-
-    terms = f"{money(t.budget)} per {t.budget_period}, warn at {t.budget_warn:.0%}"
+    terms = f"{t.budget:g} per {t.budget_period}, warn at {t.budget_warn:.0%}"
     return terms + (", overdraft allowed" if t.overdraft else "")
 
 
