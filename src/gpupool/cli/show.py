@@ -206,11 +206,11 @@ def _node_sentences(pool: Any, name: str, shares: bool, host: bool) -> list[str]
     node `name` that asks for a device share (`shares`) and host cpu or memory (`host`)."""
     if not (shares or host):
         return []
-    from gpupool.errors import NotFound
+    from gpupool.errors import Forbidden, NotFound
 
     try:
         layers = {state.layer: state for state in pool.node(name).enforcement}
-    except NotFound:  # the node left the pool
+    except (NotFound, Forbidden):  # the node left the pool
         return []
     sentences = []
     device, cpu = layers.get("device_limits"), layers.get("host_limits")
