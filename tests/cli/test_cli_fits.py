@@ -41,8 +41,10 @@ def pool(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[UpProcess, 
                 "whole": api.submit({"command": ["sleep", "600"], "name": "whole", "resources": {"gpus": 2}}),
                 "waits": api.submit({"command": ["true"], "name": "too-big", "replicas": 3,
                                      "resources": {"gpus": 8}}),
+                "other": api.submit({"command": ["sleep", "600"], "tenant": LONG_TENANT,
+                                     "resources": {"gpus": 1}}),
             }
-            running = [ids["long"], ids["share"], ids["whole"]]
+            running = [ids["long"], ids["share"], ids["whole"], ids["other"]]
             until(lambda: all(api.workload(w).status == "running" for w in running), 60, "the work to run")
         yield server, ids
     finally:
@@ -92,6 +94,15 @@ def test_ls_is_one_line_per_workload_at_80_columns(pool: tuple[UpProcess, dict[s
     assert "NODE: names after h100-sxm-80gb-" in lines
     assert sum("(sim)" in line for line in lines) == 1  # said once, under the table
     assert any("…" in row for row in rows if ids["long"] in row)  # the long name is cut to fit
+    assert any("…" in row for row in rows if ids["other"] in row)  # and the long tenant/queue
+    assert "QUEUE" in lines[1] and "in default/default" not in lines[0]  # two queues: a column
+
+
+def test_ls_names_the_one_queue_in_its_title(pool: tuple[UpProcess, dict[str, str]]) -> None:
+    _, ids = pool
+    lines = on_terminal(pool, "ls", "-t", "default")
+    assert "in default/default" in lines[0] and "QUEUE" not in lines[1]
+    assert ids["other"] not in "\n".join(lines) and ids["long"] in "\n".join(lines)
 
 
 def test_piped_tables_take_the_width_they_need(pool: tuple[UpProcess, dict[str, str]]) -> None:

@@ -156,7 +156,8 @@ def _table(items: list[Any], total: int, output: Format, tasks: dict[str, int] |
     columns: list[Column[Any]] = [
         Column("ID", lambda w: w.id, key=True),
         Column("NAME", lambda w: w.name or "-", key=wide, squeeze=not wide),
-        *([] if one_queue else [Column("TENANT/QUEUE", lambda w: f"{w.tenant}/{w.queue}", squeeze=not wide)]),
+        *([] if one_queue else [Column("TENANT/QUEUE" if wide else "QUEUE", lambda w: f"{w.tenant}/{w.queue}",
+                                       squeeze=not wide)]),
         Column("STATUS", lambda w: w.status),
         Column("GPUS", lambda w: f"{float(w.spec.resources.gpus) * w.spec.replicas * tasks.get(w.id, 1):g}"),
         Column("NODE", nodes, squeeze=not wide),
