@@ -4,6 +4,7 @@ are refused before any request, so no server is needed."""
 
 from __future__ import annotations
 
+import itertools
 import subprocess
 import sys
 
@@ -49,3 +50,16 @@ def test_a_bad_topology_is_said_of_the_option(topology: str, says: str) -> None:
     line = one_line_error(cli("submit", "--replicas", "2", "--topology", topology, "--", "train"), 2,
                           "Error: Option --topology")
     assert line == says and "Field 'topology'" not in line
+
+
+def test_help_paragraphs_are_reflowed_to_the_terminal() -> None:
+    """A docstring's source line breaks are not kept: at 80 columns each one left a short line."""
+    shown = cli("node", "ls", "--help")
+    assert shown.returncode == 0, shown.stderr
+    text = " ".join(line.strip(" │") for line in shown.stdout.splitlines())
+    assert "drained (draining and nothing left running)" in text
+    lines = [line.rstrip() for line in shown.stdout.splitlines()]
+    assert all(len(line) <= 80 for line in lines)
+    prose = [line for line in lines if not line.startswith(("╭", "│", "╰"))]  # blank lines kept
+    broken = [a for a, b in itertools.pairwise(prose) if a.strip() and b.strip() and len(a) < 50]
+    assert broken == [], broken  # a line cut short inside a paragraph

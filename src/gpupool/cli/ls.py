@@ -46,6 +46,10 @@ def ls(
 ) -> None:
     """List workloads, newest first (an array's tasks, when it is named: in index order).
 
+    The table keeps a workload to one line at 80 columns: node names without the prefix they share
+    and (sim) said once under it; on a narrow terminal long names are cut with an ellipsis (piped,
+    never). -o wide has every column, whole.
+
     Example: gpupool ls -s failed,cancelled --since 1d -o name | xargs gpupool show
 
     Example: gpupool ls w-1a2b3c4d5e6f   (the tasks of that array)
