@@ -57,3 +57,12 @@ def test_a_compact_table_without_a_width_cuts_nothing() -> None:
     lines = printed(None)
     assert any("x" * 60 in line for line in lines) and not any("…" in line for line in lines)
     assert not any("│" in line or "┃" in line for line in lines)  # no borders
+
+
+def test_the_footer_says_once_what_the_node_column_leaves_out() -> None:
+    from gpupool.cli.ls import _footer
+
+    assert _footer("h100-sxm-80gb-", {"h100-sxm-80gb-000"}, mixed=False) == [
+        "NODE: names after h100-sxm-80gb-", "(sim) every node shown is simulated"]
+    assert _footer("", {"sim-0"}, mixed=True) == ["(sim) the nodes marked * are simulated"]
+    assert _footer("", set(), mixed=False) == []

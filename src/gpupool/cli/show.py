@@ -210,7 +210,7 @@ def _node_sentences(pool: Any, name: str, shares: bool, host: bool) -> list[str]
 
     try:
         layers = {state.layer: state for state in pool.node(name).enforcement}
-    except (NotFound, Forbidden):  # the node left the pool
+    except (NotFound, Forbidden):  # the node left the pool (or this token may not read it)
         return []
     sentences = []
     device, cpu = layers.get("device_limits"), layers.get("host_limits")
