@@ -47,6 +47,12 @@ def pool(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[UpProcess, 
             running = [ids["long"], ids["share"], ids["whole"], ids["other"]]
             until(lambda: all(api.workload(w).status == "running" for w in running), 60, "the work to run")
         yield server, ids
+        with Client(server.url, server.token()) as api:  # pods outlive their server: stop them first
+            for wid in ids.values():
+                if api.workload(wid).status not in ("succeeded", "failed", "cancelled"):
+                    api.cancel(wid)
+            until(lambda: all(api.workload(w).status in ("succeeded", "failed", "cancelled")
+                              for w in ids.values()), 60, "the work to stop")
     finally:
         server.stop()
 
