@@ -107,6 +107,18 @@ def test_every_problem_of_a_file_is_listed() -> None:
     assert [p.split(":")[0] for p in problems] == ["p.yaml line 2", "p.yaml line 3", "p.yaml line 5"]
 
 
+def test_config_check_says_one_problem_a_line_in_line_order(tmp_path: Path) -> None:
+    path = tmp_path / "bad.yaml"  # failure comes before scheduling in the file, after it in the model
+    path.write_text("failure:\n  max_retries: -1\nscheduling:\n  backfil: true\n  ordering: nada\n")
+    checked = subprocess.run([sys.executable, "-m", "gpupool.cli.main", "config", "check", str(path)],
+                             capture_output=True, text=True, timeout=60, check=False)
+    assert checked.returncode == 2 and checked.stdout == ""
+    lines = checked.stderr.splitlines()
+    assert [line.split(":")[1] for line in lines] == [f" {path} line 2", f" {path} line 4", f" {path} line 5"]
+    assert all(line.startswith("Error: ") and line.endswith((".", "?")) for line in lines), lines
+    assert "Did you mean 'backfill'?" in lines[1]
+
+
 def test_config_cli_show_and_check(tmp_path: Path) -> None:
     good, bad = tmp_path / "pool.yaml", tmp_path / "bad.yaml"
     good.write_text(ISSUE_CONFIG)

@@ -485,7 +485,8 @@ def parse_config(text: str, source: str = "the configuration") -> PoolConfig:
     try:
         config = PoolConfig.model_validate(data)
     except ValidationError as exc:
-        problems = [_sentence(source, tree, error) for error in exc.errors()]
+        errors = sorted(exc.errors(), key=lambda error: _line_number(tree, tuple(error["loc"])))
+        problems = [_sentence(source, tree, error) for error in errors]  # in the file's line order
         raise InvalidInput(" ".join(problems), problems=problems) from None
     _check_options(config, source, tree)
     return config
@@ -536,6 +537,12 @@ def _allowed(loc: Sequence[Any]) -> list[str]:
             return []
         model = found
     return list(model.model_fields)
+
+
+def _line_number(tree: yaml.Node | None, loc: Sequence[Any]) -> int:
+    """The line `_line` names (0 when it names none: a problem of the whole file comes first)."""
+    text = _line(tree, loc)
+    return int(text.removeprefix(" line ")) if text else 0
 
 
 def _line(tree: yaml.Node | None, loc: Sequence[Any]) -> str:

@@ -26,7 +26,7 @@ def _network_rows(server: UpProcess) -> tuple[list[dict[str, object]], list[str]
         audit = api.get("/audit").json()
     layers = [layer for n in nodes for layer in n["enforcement"] if layer["layer"] == "network"]
     env = {"GPUPOOL_URL": server.url, "GPUPOOL_TOKEN": server.token(), "COLUMNS": "400"}
-    listing = cli(["node", "ls"], env)
+    listing = cli(["node", "ls", "-o", "wide"], env)
     assert listing.returncode == 0, listing.stderr
     rows = [line for line in listing.stdout.splitlines() if " network " in line]
     recorded = [r for r in audit if r["action"] == "isolation.unenforced" and r["target"] == "network"]

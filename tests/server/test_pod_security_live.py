@@ -1,6 +1,6 @@
 """The attack the issue names, tried on a real `gpupool up`: a tenant's pod reads the admin token,
 the store or the server's environment. It must get none of them; and a limit the node cannot
-enforce is said in the workload's events, `gpupool show` and `gpupool nodes ls`."""
+enforce is said in `gpupool show` and `gpupool nodes ls`."""
 
 from __future__ import annotations
 
@@ -72,14 +72,14 @@ def test_a_variable_of_the_server_never_reaches_a_pod(pool: UpProcess) -> None:
     assert SECRET not in str(result["out"]) and "MINE=kept" in str(result["out"])
 
 
-def test_unenforced_limits_are_said_in_events_show_and_nodes_ls(pool: UpProcess, tmp_path: Path) -> None:
+def test_unenforced_limits_are_said_in_show_and_nodes_ls(pool: UpProcess, tmp_path: Path) -> None:
     result = _run(pool, pool.token(), ["true"], resources={"gpus": 0.25, "cpu": 1})
     notes = [e["message"] for e in result["events"] if e["reason"] == "limits_unenforced"]  # type: ignore[attr-defined]
-    assert any("device compute and memory limits are not enforced on node" in n for n in notes), notes
+    assert notes == []  # a simulated node says it once (node ls), not in every workload's events
     env = {"GPUPOOL_URL": pool.url, "GPUPOOL_TOKEN": pool.token(), "COLUMNS": "250"}
     shown = cli(["show", str(result["id"])], env)
     assert shown.returncode == 0 and "not enforced: device compute and memory limits" in shown.stdout
-    listing = cli(["nodes", "ls"], env)
+    listing = cli(["nodes", "ls", "-o", "wide"], env)
     assert listing.returncode == 0, listing.stderr
     for layer in ("accounts", "devices", "device_limits", "host_limits", "proc"):
         assert layer in listing.stdout

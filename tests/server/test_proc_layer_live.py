@@ -23,8 +23,8 @@ def test_up_reports_the_proc_layer_with_its_remedy(tmp_path: Path) -> None:
             nodes = api.get("/nodes").json()
         layers = [layer for n in nodes for layer in n["enforcement"] if layer["layer"] == "proc"]
         assert len(layers) == len(nodes) >= 1
-        listing = cli(["node", "ls"], {"GPUPOOL_URL": server.url, "GPUPOOL_TOKEN": server.token(),
-                                       "COLUMNS": "400"})
+        env = {"GPUPOOL_URL": server.url, "GPUPOOL_TOKEN": server.token(), "COLUMNS": "400"}
+        listing = cli(["node", "ls", "-o", "wide"], env)
         assert listing.returncode == 0, listing.stderr
         rows = [line for line in listing.stdout.splitlines() if " proc " in line]
         assert len(rows) == len(nodes), listing.stdout

@@ -190,3 +190,14 @@ def test_usage_counters_match_the_bill_and_only_grow(srv: LiveServer) -> None:
     for row in bill.rows:
         counted = second[(row.tenant or "", "gpupool_device_seconds_total")]
         assert counted == pytest.approx(row.device_hours * 3600)
+
+
+def test_small_amounts_keep_their_digits_in_the_table(srv: LiveServer) -> None:
+    # a quarter device for 9 s in December (4.0/h): 0.0025, which two decimals would show as 0.00
+    _pod(srv, "team-b", "tiny", 0, 250, 10, at("2026-12-20T00:00:00"), at("2026-12-20T00:00:09"))
+    code, out, err = gp("invoice", "--tenant", "team-b", "--month", "2026-12")
+    assert code == 0, err
+    total = next(line for line in out.splitlines() if "TOTAL" in line)
+    assert " 0.0025 " in total, out  # the minor unit, then the digits that carry the amount
+    code, out, err = gp("invoice", "--tenant", "team-b", "--month", "2026-12", "-o", "json")
+    assert code == 0 and [r["currency"] for r in json.loads(out)] == ["USD"]

@@ -136,7 +136,8 @@ _ENTRIES: tuple[tuple[StrEnum, bool, str, str], ...] = (
      "Nothing to do: it keeps running at the bandwidth named; `gpupool show ID --json` gives its "
      "placement's bottleneck."),
     (_E.LIMITS_UNENFORCED, False,
-     "Placed where one of its limits is not enforced (no cgroup v2, no MPS, or simulated devices).",
+     "Placed on a real node where one of its limits is not enforced (no cgroup v2, no MPS); a "
+     "simulated node says it once, in `gpupool node ls`.",
      "It runs, but may use more than its share; the message names the limit."),
 )
 

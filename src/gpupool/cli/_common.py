@@ -94,9 +94,11 @@ def error_text(exc: GpupoolError) -> str:
 
 
 def console() -> Any:
-    from rich.console import Console
+    """A rich Console: the terminal's width on a terminal, unbounded when piped (tables are never
+    cut or wrapped in a file or a pipe)."""
+    from gpupool.cli.output import console as sized
 
-    return Console()
+    return sized()
 
 
 def gpus_text(gpus: float) -> str:

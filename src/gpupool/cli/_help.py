@@ -4,6 +4,9 @@ Typer prints every option's Python type beside it (`--seed <int>`, `--help <bool
 setting to turn that off, so the two display hooks are replaced here, once, for the whole CLI:
 flags show nothing, options show their name (`--seed SEED`), arguments show their name in capitals
 (`queue create TENANT NAME`). Only how help looks changes; parsing and conversion do not.
+
+A docstring's paragraphs are also reflowed (`reflow`): typer keeps each source line's break, so at
+80 columns every wrapped source line left a short line behind it.
 """
 
 from __future__ import annotations
@@ -54,3 +57,27 @@ def install() -> None:
         setattr(TyperArgument, "display_name_raw", property(_argument_name))  # noqa: B010
     if hasattr(TyperArgument, "_usage_display_name"):
         setattr(TyperArgument, "_usage_display_name", _argument_usage)  # noqa: B010
+
+
+def reflow(text: str | None) -> str | None:
+    """`text` with each paragraph's lines joined into one (the terminal wraps it); blank lines, and
+    lines that start indented or as a list item (-, *, |), keep their breaks."""
+    if not text:
+        return text
+    lines: list[str] = []
+    for line in text.split("\n"):
+        joins = (lines and lines[-1].strip() and line.strip()
+                 and not line.startswith((" ", "\t", "- ", "* ", "|")))
+        if joins:
+            lines[-1] = f"{lines[-1].rstrip()} {line.strip()}"
+        else:
+            lines.append(line)
+    return "\n".join(lines)
+
+
+def reflow_tree(command: Any) -> Any:
+    """Reflow the help of `command` and of every sub-command under it (click commands and groups)."""
+    command.help = reflow(command.help)
+    for sub in (getattr(command, "commands", None) or {}).values():
+        reflow_tree(sub)
+    return command

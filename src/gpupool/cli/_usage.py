@@ -7,6 +7,7 @@ Classes are told apart by name so this works with typer's vendored click and wit
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from gpupool.errors import closest
@@ -84,6 +85,11 @@ def _bad_value(exc: Any) -> str:
         return f"{hint}: {exc.message}"
     error = errors[0]
     kind, got, limits = str(error.get("type", "")), _shown(error.get("input")), error.get("ctx") or {}
+    choices = _choices(str(error.get("msg", "")))
+    if choices:  # a value outside a fixed list (-o, an enum): the list, and the one meant
+        close = closest(str(error.get("input")), choices)
+        meant = f"; did you mean {close}?" if close else ""
+        return f"{hint} must be {_one_of(choices)} (got {got}){meant}"
     if kind in _BOUNDS:
         symbol, key = _BOUNDS[kind]
         return f"{hint} must be {symbol} {_number(limits.get(key))} (got {got})"
@@ -95,8 +101,22 @@ def _bad_value(exc: Any) -> str:
         return f"{hint} takes true or false (got {got})"
     if kind in ("enum", "literal_error"):
         return f"{hint} must be {limits.get('expected', 'one of the listed values')} (got {got})"
-    text = str(error.get("msg", "is not valid"))
+    text = str(error.get("msg", "is not valid")).removeprefix("Value error, ")
     return f"{hint}: {text[:1].lower()}{text[1:].rstrip('.')} (got {got})"
+
+
+_NOT_ONE_OF = re.compile(r"is not one of ((?:'[^']*'(?:, )?)+)\.?$")
+
+
+def _choices(message: str) -> list[str]:
+    """The values a choice takes, from its "'x' is not one of 'a', 'b'." message ([] for others)."""
+    match = _NOT_ONE_OF.search(message)
+    return re.findall(r"'([^']*)'", match.group(1)) if match else []
+
+
+def _one_of(choices: list[str]) -> str:
+    """'table, wide, json or name'."""
+    return choices[0] if len(choices) == 1 else f"{', '.join(choices[:-1])} or {choices[-1]}"
 
 
 def _number(value: object) -> str:

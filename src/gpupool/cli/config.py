@@ -47,13 +47,22 @@ def show(
 @reports_errors
 def check(path: Annotated[Path, typer.Argument(help="The YAML file to check.")]) -> None:
     """Check a configuration file: 'ok' (then a note where two settings meet, saying which wins), or
-    one sentence per problem naming the field and its line.
+    one sentence per problem, one a line in the file's line order, naming the field and its line.
 
     Example: gpupool config check pool.yaml
     """
-    from gpupool.config import load_config
+    import sys
 
-    config = load_config(path)
+    from gpupool.config import load_config
+    from gpupool.errors import InvalidInput
+
+    try:
+        config = load_config(path)
+    except InvalidInput as exc:
+        problems = exc.details.get("problems") or [exc.message]
+        for problem in problems:  # one a line, in the file's line order
+            print(f"Error: {problem}", file=sys.stderr)
+        raise typer.Exit(exc.exit_code) from None
     print("ok")
     for note in config.notes():  # settings that meet, and which of them wins
         print(f"note: {note}")

@@ -85,7 +85,9 @@ def _emit(as_json: bool, payload: dict[str, Any], render: Callable[[Console], No
     if as_json:
         typer.echo(json.dumps(payload, indent=2))
     else:
-        render(Console())
+        from gpupool.cli.output import console
+
+        render(console())
 
 
 @app.command()

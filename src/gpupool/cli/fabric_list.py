@@ -6,9 +6,9 @@ import json
 from typing import Any
 
 import typer
-from rich.console import Console
 from rich.table import Table
 
+from gpupool.cli.output import console as sized_console
 from gpupool.core.fabric.model import Fabric
 
 
@@ -50,7 +50,7 @@ def show_names(fabric: Fabric, *, cas: bool, switches: bool, as_json: bool) -> N
     if as_json:
         typer.echo(json.dumps(payload, indent=2))
         return
-    console = Console()
+    console = sized_console()
     for what, rows in payload.items():
         table = Table(title=f"{len(rows)} {'CAs' if what == 'cas' else 'switches'}")
         for column in rows[0] if rows else ("name",):

@@ -49,14 +49,14 @@ def _load_group(name: str) -> Any:
     module, attr, help_text = SUBCOMMANDS[name]
     command = _without_completion(typer.main.get_command(getattr(importlib.import_module(module), attr)))
     command.help = command.help or help_text
-    return command
+    return _help.reflow_tree(command)
 
 
 def _load_single(name: str) -> Any:
     module, attr, _ = COMMANDS[name]
     single = typer.Typer(add_completion=False)
     single.command(name=name)(getattr(importlib.import_module(module), attr))
-    return typer.main.get_command(single)
+    return _help.reflow_tree(typer.main.get_command(single))
 
 
 class LazyGroup(typer.core.TyperGroup):

@@ -51,6 +51,10 @@ def ls(
 ) -> None:
     """List workloads, newest first (an array's tasks, when it is named: in index order).
 
+    The table keeps a workload to one line at 80 columns: node names without the prefix they share
+    and (sim) said once under it; on a narrow terminal long names are cut with an ellipsis (piped,
+    never). -o wide has every column, whole.
+
     Example: gpupool ls -s failed,cancelled --since 1d -o name | xargs gpupool show
 
     Example: gpupool ls w-1a2b3c4d5e6f   (the tasks of that array)
@@ -128,31 +132,46 @@ def _all(pool: Any, filters: dict[str, Any], limit: int | None) -> list[Any]:
 
 
 def _table(items: list[Any], total: int, output: Format, tasks: dict[str, int] | None = None) -> None:
-    """`tasks`: how many tasks each folded array row stands for (its GPUS are theirs in all)."""
+    """`tasks`: how many tasks each folded array row stands for (its GPUS are theirs in all).
+
+    The table (not `-o wide`) keeps a workload to one line at 80 columns: no borders, node names
+    without the prefix they all share, the queue in the title when every row has the same one, an
+    age rather than a date, and what is abbreviated said once under the table."""
     tasks = tasks or {}
     import time
 
     from gpupool.cli.output import render
 
     now = time.time()
+    wide = output is Format.WIDE
+    every_node = sorted({p.node for w in items for p in w.pods})
+    prefix = "" if wide else common_prefix(every_node)
+    simulated = {p.node for w in items for p in w.pods if p.simulated}
+    mixed = bool(simulated) and simulated != set(every_node)
 
     def nodes(w: Any) -> str:
-        shown = ",".join(sorted({p.node for p in w.pods})) or "-"
-        return shown + (f" {SIMULATED_MARK}" if w.simulated else "")
+        shown = sorted({p.node for p in w.pods})
+        if wide:
+            return ",".join(shown) + (f" {SIMULATED_MARK}" if w.simulated else "") if shown else "-"
+        return ",".join(n[len(prefix):] + ("*" if mixed and n in simulated else "") for n in shown) or "-"
 
     def when(epoch_s: float | None) -> str:
         from gpupool.cli._durations import when as local
 
         return local(epoch_s)
 
+    queues = {f"{w.tenant}/{w.queue}" for w in items}
+    one_queue = not wide and len(queues) == 1
     columns: list[Column[Any]] = [
         Column("ID", lambda w: w.id, key=True),
-        Column("NAME", lambda w: w.name or "-", key=True),
-        Column("TENANT/QUEUE", lambda w: f"{w.tenant}/{w.queue}"),
+        Column("NAME", lambda w: w.name or "-", key=wide, squeeze=not wide),
+        *([] if one_queue else [Column("TENANT/QUEUE" if wide else "QUEUE", lambda w: f"{w.tenant}/{w.queue}",
+                                       squeeze=not wide)]),
         Column("STATUS", lambda w: w.status),
         Column("GPUS", lambda w: f"{_gpus(w) * tasks.get(w.id, 1):g}"),
-        Column("NODE", nodes),
-        Column("SUBMITTED", lambda w: ago(w.submit_s, now)),
+        Column("NODE", nodes, squeeze=not wide),
+        (Column("SUBMITTED", lambda w: ago(w.submit_s, now)) if wide
+         else Column("AGE", lambda w: age(w.submit_s, now))),
         Column("PRIORITY", lambda w: str(w.priority), wide=True),
         Column("CLASS", lambda w: w.request.priority_class or "-", wide=True),
         Column("TIME LIMIT", lambda w: _limit(w.request.time_limit_s), wide=True),
@@ -161,9 +180,50 @@ def _table(items: list[Any], total: int, output: Format, tasks: dict[str, int] |
         Column("STARTED", lambda w: when(w.started_s), wide=True),
         Column("FINISHED", lambda w: when(w.finished_s), wide=True),
         Column("EXIT", lambda w: "-" if w.exit_code is None else str(w.exit_code), wide=True),
-        Column("REASON", lambda w: w.reason if w.status in ("pending", "failed") else ""),
     ]
-    render(output, items, columns, key=lambda w: w.id, title=f"{len(items)} of {total} workload(s)")
+    if wide or any(_reason(w) for w in items):
+        columns.append(Column("REASON", _reason, squeeze=not wide))
+    title = f"{len(items)} of {total} workload(s)" + (f" in {queues.pop()}" if one_queue else "")
+    footer = [] if wide else _footer(prefix, simulated, mixed)
+    render(output, items, columns, key=lambda w: w.id, title=title, compact=not wide, footer=footer)
+
+
+def _reason(w: Any) -> str:
+    return str(w.reason or "") if w.status in ("pending", "failed") else ""
+
+
+def _footer(prefix: str, simulated: set[str], mixed: bool) -> list[str]:
+    """What the NODE column abbreviates, said once."""
+    lines = [f"NODE: names after {prefix}"] if prefix else []
+    if simulated:
+        lines.append(f"{SIMULATED_MARK} " + ("the nodes marked * are simulated" if mixed
+                                            else "every node shown is simulated"))
+    return lines
+
+
+def common_prefix(names: list[str]) -> str:
+    """The part up to and including the last '-' that every one of `names` starts with ('' when
+    none): h100-sxm-80gb-000 and h100-sxm-80gb-001 share h100-sxm-80gb-."""
+    if not names:
+        return ""
+    first, last = min(names), max(names)
+    size = 0
+    while size < min(len(first), len(last)) and first[size] == last[size]:
+        size += 1
+    shared = first[:size]
+    cut = shared.rfind("-") + 1
+    return shared[:cut] if all(len(n) > cut for n in names) else ""
+
+
+def age(epoch_s: float | None, now: float) -> str:
+    """How long ago, in one short word: 45s, 12m, 5h, 3d ('-' when unknown)."""
+    if epoch_s is None:
+        return "-"
+    delta = max(0.0, now - epoch_s)
+    for size, unit in ((86400, "d"), (3600, "h"), (60, "m")):
+        if delta >= 2 * size:
+            return f"{delta // size:.0f}{unit}"
+    return f"{delta:.0f}s"
 
 
 def _gpus(w: Any) -> float:

@@ -40,8 +40,10 @@ def list_nodes(output: OutputOption = Format.TABLE) -> None:
     devices; "advisory" on real devices: no device cgroup rules stop a process that opens the
     others), device_limits (compute and memory shares capped by CUDA MPS), host_limits (cpu and
     memory capped by a cgroup v2), proc (/proc mounted hidepid=2, so a pod cannot read other
-    accounts' command lines). A layer marked "no" is not enforced there, with the reason and the
-    remedy.
+    accounts' command lines), network (a pod reaches only its tenant's pods and the pool's
+    services). The table's NOT ENFORCED column names a node's layers that are not enforced (all: none
+    is, as on simulated nodes; advisory ones are marked ~); -o wide adds the enforcement table, each
+    layer with the reason and the remedy.
 
     Example: gpupool node ls -o name | xargs -n1 gpupool node cordon
     """
@@ -54,7 +56,10 @@ def _list(output: Format) -> None:
     with client() as pool:
         listing = pool.nodes()
     render(output, listing, _COLUMNS, key=lambda n: n.name, title=f"{len(listing)} node(s)")
-    if output in (Format.TABLE, Format.WIDE):
+    if output is Format.TABLE and any(not_enforced(n) != "-" for n in listing):
+        console().print("NOT ENFORCED: what a pod on the node is not held to; see gpupool node ls -o wide "
+                        "for why and the remedy.", markup=False, highlight=False, soft_wrap=True)
+    if output is Format.WIDE:
         layers = [(n.name, state) for n in listing for state in n.enforcement]
         console().print(table("enforcement (what each node holds a pod to)", _LAYER_COLUMNS, layers,
                               wide=False))
@@ -63,6 +68,15 @@ def _list(output: Format) -> None:
 def _devices(n: Any) -> str:
     models = sorted({d.model for d in n.devices})
     return f"{len(n.devices)}x{','.join(models) or '-'}" + (f" {SIMULATED_MARK}" if n.simulated else "")
+
+
+def not_enforced(n: Any) -> str:
+    """The node's layers that are not enforced, said once for every pod there: `all` when none is,
+    advisory ones marked ~ (`devices~`), `-` when every layer holds."""
+    if n.enforcement and not any(state.enforced for state in n.enforcement):
+        return "all"
+    return ",".join(state.layer + ("~" if state.level == "advisory" else "")
+                    for state in n.enforcement if not state.enforced) or "-"
 
 
 def _allocated(n: Any) -> float:
@@ -99,6 +113,7 @@ _COLUMNS: list[Column[Any]] = [
     Column("ALLOCATED GPUS", lambda n: f"{_allocated(n):g}/{len(n.devices)}"),
     Column("CPU", lambda n: f"{n.allocated_cpu_milli / 1000:g}/{n.cpu_milli / 1000:g}"),
     Column("MEMORY", lambda n: f"{n.allocated_memory_mib}/{n.memory_mib} MiB"),
+    Column("NOT ENFORCED", not_enforced),
     Column("DEVICE MEMORY", _device_memory, wide=True),
     Column("HEALTHY", lambda n: "yes" if n.healthy else "no", wide=True),
     Column("INJECTED FAULTS", _faults, wide=True),
@@ -161,7 +176,8 @@ def show(
     name: Annotated[str, typer.Argument(help="Node name.")],
     output: OutputOption = Format.TABLE,
 ) -> None:
-    """One node: its state and each device's health and allocation (-o json: the API's object).
+    """One node: its state, each device's health and allocation, and which limits it enforces (-o json:
+    the API's object).
 
     Example: gpupool node show gpu-07
     """
@@ -180,6 +196,9 @@ def show(
     print(f"{node.name} {state_text(node)}")
     console().print(table(f"{len(node.devices)} device(s)", _DEVICE_COLUMNS, node.devices,
                           wide=output is Format.WIDE))
+    layers = [(node.name, state) for state in node.enforcement]
+    console().print(table("enforcement (what the node holds a pod to)", _LAYER_COLUMNS[1:], layers,
+                          wide=False))
 
 
 def _health(d: Any) -> str:

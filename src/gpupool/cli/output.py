@@ -44,6 +44,8 @@ class Column(Generic[T]):
     """Only in `-o wide`."""
     key: bool = False
     """An id or name people copy: never wrapped nor cut."""
+    squeeze: bool = False
+    """On a terminal too narrow for the row, cut to fit with an ellipsis (piped: never cut)."""
 
 
 def names(values: Iterable[str]) -> None:
@@ -58,20 +60,56 @@ def as_json(items: Sequence[Any]) -> None:
     sys.stdout.write(json.dumps(objects, indent=2) + "\n")
 
 
-def table(title: str, columns: Sequence[Column[T]], items: Iterable[T], wide: bool) -> Any:
-    """A rich Table of `items` (the wide-only columns when `wide`)."""
+def table(title: str, columns: Sequence[Column[T]], items: Iterable[T], wide: bool, *,
+          compact: bool = False, width: int | None = None) -> Any:
+    """A rich Table of `items` (the wide-only columns when `wide`).
+
+    `compact`: no borders, two spaces between columns (a row per line at 80 columns); with `width`
+    (a terminal's), the `squeeze` columns are cut with an ellipsis, widest first, until a row fits.
+    """
     from rich.table import Table
 
     shown = [c for c in columns if wide or not c.wide]
     rows = [[c.value(item) for c in shown] for item in items]
-    result = Table(title=title)
+    natural = [max([len(c.header), *(len(row[i]) for row in rows)]) for i, c in enumerate(shown)]
+    limits = _squeezed(shown, natural, width) if compact and width is not None else {}
+    result = (Table(title=title, box=None, padding=(0, 1), pad_edge=False, header_style="bold")
+              if compact else Table(title=title))
     for i, c in enumerate(shown):
+        if i in limits:
+            result.add_column(c.header, no_wrap=True, overflow="ellipsis", min_width=limits[i],
+                              max_width=limits[i])
+            continue
         # a key column is as wide as its longest value, so a narrow terminal squeezes the others
-        widest = max([len(c.header), *(len(row[i]) for row in rows)]) if c.key else len(c.header)
-        result.add_column(c.header, no_wrap=c.key, overflow="fold", min_width=widest)
+        result.add_column(c.header, no_wrap=c.key or compact, overflow="fold",
+                          min_width=natural[i] if c.key or compact else len(c.header))
     for row in rows:
         result.add_row(*row)
     return result
+
+
+SQUEEZED_MIN = 8
+"""The fewest characters a squeezed column keeps (its header's, when that is longer)."""
+
+
+def _squeezed(shown: Sequence[Column[T]], natural: list[int], width: int) -> dict[int, int]:
+    """Column index -> the width each `squeeze` column is cut to so that a compact row fits `width`
+    (two characters between columns); the widest is cut first, none below SQUEEZED_MIN."""
+    widths = list(natural)
+    excess = sum(widths) + 2 * (len(widths) - 1) - width
+    cut: dict[int, int] = {}
+    while excess > 0:
+        floors = {i: max(SQUEEZED_MIN, len(c.header)) for i, c in enumerate(shown) if c.squeeze}
+        room = [i for i in floors if widths[i] > floors[i]]
+        if not room:
+            break
+        widest = max(room, key=lambda i: widths[i])
+        others = max([floors[widest], *(widths[i] for i in room if i != widest)])
+        step = min(excess, widths[widest] - others) or 1
+        widths[widest] -= step
+        cut[widest] = widths[widest]
+        excess -= step
+    return cut
 
 
 def console() -> Any:
@@ -81,12 +119,22 @@ def console() -> Any:
     return Console() if sys.stdout.isatty() else Console(width=PIPE_WIDTH)
 
 
+def terminal_width() -> int | None:
+    """The terminal's width, or None when stdout is not a terminal (a table then takes what it needs)."""
+    return console().width if sys.stdout.isatty() else None
+
+
 def render(fmt: Format, items: Sequence[T], columns: Sequence[Column[T]], *, key: Callable[[T], str],
-           title: str) -> None:
-    """Print `items` as `fmt` asks: ids (`key`), JSON, or a table with a title."""
+           title: str, compact: bool = False, footer: Sequence[str] = ()) -> None:
+    """Print `items` as `fmt` asks: ids (`key`), JSON, or a table with a title (and `footer` lines
+    under it: what the table abbreviates, said once)."""
     if fmt is Format.NAME:
         names(key(i) for i in items)
     elif fmt is Format.JSON:
         as_json(items)
     else:
-        console().print(table(title, columns, items, wide=fmt is Format.WIDE))
+        out = console()
+        out.print(table(title, columns, items, wide=fmt is Format.WIDE, compact=compact,
+                        width=terminal_width()))
+        for line in footer:
+            out.print(line, markup=False, highlight=False, soft_wrap=True)

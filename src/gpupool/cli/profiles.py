@@ -7,7 +7,6 @@ import sys
 from pathlib import Path
 
 import typer
-from rich.console import Console
 from rich.table import Table
 
 from gpupool.errors import GpupoolError
@@ -92,4 +91,6 @@ def _list(as_json: bool, directory: list[Path]) -> None:
     if as_json:
         typer.echo(json.dumps([p.model_dump(mode="json") for p in ordered], indent=2))
         return
-    Console().print(_table(ordered))
+    from gpupool.cli.output import console
+
+    console().print(_table(ordered))

@@ -10,6 +10,7 @@ import typer
 
 from gpupool.cli._common import SIMULATED_MARK, client, console, reports_errors
 from gpupool.cli._targets import resolve_all
+from gpupool.cli.output import Format, OutputOption
 from gpupool.core.units import format_memory_mib
 
 
@@ -19,10 +20,14 @@ def show(
         list[str], typer.Argument(help="Workload ids (from submit or ls), or unique prefixes.")
     ],
     as_json: Annotated[
-        bool, typer.Option("--json", help="Print the workload as JSON (a list for several).")
+        bool, typer.Option("--json", help="Print the workload as JSON (a list for several); as -o json.")
     ] = False,
+    output: OutputOption = Format.TABLE,
 ) -> None:
     """Show workloads: status, reason, where they run, pods, events.
+
+    -o json (or --json) prints the API's object (a list for several); -o name the ids; -o wide is
+    the detail.
 
     Example: gpupool show w-1a2b
 
@@ -30,7 +35,12 @@ def show(
     """
     with client() as pool:
         workloads = [_with_network(pool, w) for w in resolve_all(pool, workload_ids)]
-        if as_json:
+        if output is Format.NAME:
+            from gpupool.cli.output import names
+
+            names(w.id for w in workloads)
+            return
+        if as_json or output is Format.JSON:
             dumped = [w.model_dump(mode="json") for w in workloads]
             print(json.dumps(dumped[0] if len(dumped) == 1 else dumped, indent=2))
             return
@@ -177,6 +187,42 @@ def times_line(workload: Any, now_s: float | None = None) -> str:
     return line
 
 
+def unenforced_sentences(pool: Any, workload: Any, events: list[Any]) -> list[str]:
+    """Which of its limits are not enforced where its pods are: the `limits_unenforced` events (real
+    nodes, as at admission) and, from each simulated node's layers as `gpupool node ls` reports them,
+    the same sentences (the server writes no event there: the node says it once for every workload)."""
+    said = {e.message for e in events if e.reason == "limits_unenforced"}
+    simulated = sorted({p.node for p in workload.pods if p.simulated})
+    if simulated:
+        r = workload.spec.resources
+        gpus = float(r.gpus or 0)
+        shares = 0 < gpus < 1 or bool(gpus and r.gpu_memory)
+        for name in simulated:
+            host = any(p.cpu_milli or p.memory_mib for p in workload.pods if p.node == name)
+            said.update(_node_sentences(pool, name, shares, host))
+    return sorted(said)
+
+
+def _node_sentences(pool: Any, name: str, shares: bool, host: bool) -> list[str]:
+    """The limits_unenforced sentences of the server (services/enforcement.unenforced) for a pod on
+    node `name` that asks for a device share (`shares`) and host cpu or memory (`host`)."""
+    if not (shares or host):
+        return []
+    from gpupool.errors import Forbidden, NotFound
+
+    try:
+        layers = {state.layer: state for state in pool.node(name).enforcement}
+    except (NotFound, Forbidden):  # the node left the pool (or this token may not read it)
+        return []
+    sentences = []
+    device, cpu = layers.get("device_limits"), layers.get("host_limits")
+    if shares and device is not None and not device.enforced:
+        sentences.append(f"device compute and memory limits are not enforced on node {name}: {device.detail}")
+    if host and cpu is not None and not cpu.enforced:
+        sentences.append(f"host cpu and memory limits are not enforced on node {name}: {cpu.detail}")
+    return sentences
+
+
 def _show_one(pool: Any, workload: Any) -> None:
     events = pool.events(workload.id)
     from rich.table import Table
@@ -199,8 +245,7 @@ def _show_one(pool: Any, workload: Any) -> None:
     out.print(workdir_line(pool, workload), **plain)
     if getattr(workload, "network", None) is not None:
         out.print(network_line(workload.network), **plain)
-    unenforced = sorted({e.message for e in events if e.reason == "limits_unenforced"})
-    for sentence in unenforced:
+    for sentence in unenforced_sentences(pool, workload, events):
         out.print(f"[bold]not enforced:[/bold] {sentence}")
     pods = Table(title="pods (the slices, cpu and memory each holds)")
     for column in ("POD", "STATUS", "NODE", "SLICES", "CPU", "MEMORY", "EXIT"):

@@ -13,6 +13,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from gpupool.cli._common import config_default_text, policy_names_text
+from gpupool.cli.output import console as sized_console
 from gpupool.errors import GpupoolError, InvalidInput
 
 
@@ -48,7 +49,7 @@ def fill(
 
     Example: gpupool sim fill --nodes nodes.csv --pods pods.csv --policy best-fit --policy fgd --seeds 42-51
     """
-    console = Console()
+    console = sized_console()
     try:
         from gpupool.config import load_config
 

@@ -278,8 +278,9 @@ def replay(
 
 
 def _print_summary(result: dict[str, Any]) -> None:
-    from rich.console import Console
     from rich.table import Table
+
+    from gpupool.cli.output import console
 
     table = Table(title="replay")
     table.add_column("metric")
@@ -300,9 +301,11 @@ def _print_summary(result: dict[str, Any]) -> None:
         ("wall (s)", f"{result['wall_s']:.1f}"),
     ]
     if "cost" in result:
+        from gpupool.money import money
+
         total, currency = result["cost"]["total"], result["cost"]["currency"]
-        rows.insert(-1, (f"cost pooled / exclusive ({currency})",
-                         f"{total['pooled_cost']:.2f} / {total['exclusive_cost']:.2f}"))
+        pooled, exclusive = money(total["pooled_cost"], currency), money(total["exclusive_cost"], currency)
+        rows.insert(-1, (f"cost pooled / exclusive ({currency})", f"{pooled} / {exclusive}"))
     for name, value in rows:
         table.add_row(name, value)
-    Console().print(table)
+    console().print(table)

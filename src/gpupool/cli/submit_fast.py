@@ -42,7 +42,7 @@ _FLAGS: dict[str, tuple[tuple[str, ...], str]] = {
     "--workdir": (("workdir",), "str"), "-w": (("workdir",), "str"),
     "--file": (("",), "file"), "-f": (("",), "file"),
     "--separate-stderr": (("separate_stderr",), "flag"),
-    "--topology": (("topology",), "str"),
+    "--topology": (("topology",), "topology"),
 }
 
 
@@ -150,6 +150,8 @@ def _set(flags: dict[tuple[str, ...], object], path: tuple[str, ...], kind: str,
             env = flags.setdefault(path, {})
             assert isinstance(env, dict)
             env[key] = val
+        elif kind == "topology":
+            flags[path] = _topology(value, name)
         else:
             flags[path] = value
         bounds = _RANGES.get(name)
@@ -159,6 +161,19 @@ def _set(flags: dict[tuple[str, ...], object], path: tuple[str, ...], kind: str,
         wanted = {"int": "a whole number", "float": "a number such as 0.25 or 2", "env": "KEY=VALUE",
                   "duration": "a duration such as 90s, 30m, 2h, 1d, 1:30:00 or 2-12:00:00 (days-hours)"}
         raise UsageError(f"Option {name} takes {wanted.get(kind, 'a value')}, got {value!r}.") from None
+
+
+def _topology(value: str, name: str) -> str:
+    """`value` when it reads as a topology; else the parser's sentence, said of the option (as the
+    other options' errors are), not of the request's field."""
+    from gpupool.core.topology_spec import parse_topology_spec
+    from gpupool.errors import InvalidInput
+
+    try:
+        parse_topology_spec(value)
+    except InvalidInput as exc:
+        raise UsageError(f"Option {name} got {value!r}: {exc.message[:1].lower()}{exc.message[1:]}") from None
+    return value
 
 
 def _read_file(path: str) -> dict[str, object]:

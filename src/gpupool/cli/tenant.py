@@ -116,8 +116,10 @@ def _budget(t: Any) -> str:
 def _spent(t: Any) -> str:
     if t.budget is None or t.spent is None:
         return "-"
+    from gpupool.money import money
+
     mark = " exhausted" if t.budget_exhausted else ""
-    return f"{t.spent:.2f} ({t.spent_ratio:.0%}){mark}"
+    return f"{money(t.spent)} ({t.spent_ratio:.0%}){mark}"
 
 
 @app.command("ls")

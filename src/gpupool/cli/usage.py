@@ -8,12 +8,14 @@ import json
 import re
 import time
 from datetime import UTC, date, datetime
+from enum import StrEnum
 from typing import Annotated, Any
 
 import typer
 
 from gpupool.cli._common import client, console, reports_errors
 from gpupool.errors import InvalidInput
+from gpupool.money import money
 
 _AGO = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([hdw])\s*$")
 _UNITS_S = {"h": 3600.0, "d": 86400.0, "w": 7 * 86400.0}
@@ -47,6 +49,18 @@ def month_window(text: str) -> tuple[float, float]:
     return start.timestamp(), end.timestamp()
 
 
+class UsageFormat(StrEnum):
+    TABLE = "table"
+    JSON = "json"
+    CSV = "csv"
+
+
+UsageOutput = Annotated[UsageFormat | None, typer.Option(
+    "--output", "-o", case_sensitive=False,
+    help="table, json (a list of rows, each with its currency) or csv (a header row); --json and --csv "
+         "say the same.")]
+
+
 def _rows(answer: Any) -> list[dict[str, Any]]:
     """Each row with its grouping keys (those asked for) and the figures."""
     return [{**{k: getattr(r, k) for k in answer.by}, "simulated": r.simulated,
@@ -56,7 +70,7 @@ def _rows(answer: Any) -> list[dict[str, Any]]:
 def _print(answer: Any, fmt: str, title: str) -> None:
     rows = _rows(answer)
     if fmt == "json":
-        typer.echo(json.dumps(rows, indent=2))
+        typer.echo(json.dumps([{**row, "currency": answer.currency} for row in rows], indent=2))
         return
     if fmt == "csv":
         out = io.StringIO()
@@ -72,24 +86,32 @@ def _print(answer: Any, fmt: str, title: str) -> None:
     for column in [*answer.by, "SIM", "PODS", "DEVICE-H", "MEM GiB-H", f"COST {answer.currency}",
                    f"DEDICATED {answer.currency}", "SAVING"]:
         table.add_column(column.upper(), justify="left" if column in answer.by else "right")
+    def cash(amount: float) -> str:
+        return money(amount, answer.currency)
+
     for row, r in zip(rows, answer.rows, strict=True):
         mark = "" if r.priced else " *"
         table.add_row(*[str(row[k]) for k in answer.by], "yes" if r.simulated else "", str(r.pods),
-                      f"{r.device_hours:.3f}", f"{r.memory_gib_hours:.1f}", f"{r.cost:.2f}{mark}",
-                      f"{r.dedicated_cost:.2f}", f"{r.saving:.2f}")
+                      f"{r.device_hours:.3f}", f"{r.memory_gib_hours:.1f}", f"{cash(r.cost)}{mark}",
+                      cash(r.dedicated_cost), cash(r.saving))
     t = answer.total
     label = ["TOTAL"] + [""] * (len(answer.by) - 1) if answer.by else []
     table.add_row(*label, "", str(t.pods), f"{t.device_hours:.3f}", f"{t.memory_gib_hours:.1f}",
-                  f"{t.cost:.2f}", f"{t.dedicated_cost:.2f}", f"{t.saving:.2f}")
+                  cash(t.cost), cash(t.dedicated_cost), cash(t.saving))
     console().print(table)
     if not t.priced:
         console().print("* some usage is of a device model with no price in the price book (costed 0).")
 
 
-def _format(as_json: bool, as_csv: bool) -> str:
-    if as_json and as_csv:
-        raise InvalidInput("Give --json or --csv, not both.")
-    return "json" if as_json else "csv" if as_csv else "table"
+def _format(as_json: bool, as_csv: bool, output: UsageFormat | None = None) -> str:
+    """-o, or --json / --csv (its older spellings); two that disagree are refused."""
+    asked = {f for f, given in (("json", as_json), ("csv", as_csv)) if given}
+    if output is not None:
+        asked.add(output.value)
+    if len(asked) > 1:
+        raise InvalidInput(f"Give one output format, not {' and '.join(sorted(asked))}; -o json, -o csv or "
+                           "-o table.")
+    return asked.pop() if asked else "table"
 
 
 @reports_errors
@@ -103,12 +125,13 @@ def usage(
                                                  "node, day (comma-separated).")] = "tenant",
     as_json: Annotated[bool, typer.Option("--json", help="A JSON list of rows.")] = False,
     as_csv: Annotated[bool, typer.Option("--csv", help="CSV with a header row.")] = False,
+    output: UsageOutput = None,
 ) -> None:
     """Show metered usage: device-hours, memory GiB-hours, cost, and the cost on dedicated devices.
 
     Example: gpupool usage --since 2026-12-01 --by tenant,model --csv
     """
-    fmt = _format(as_json, as_csv)
+    fmt = _format(as_json, as_csv, output)
     now = time.time()
     until_s = None if until is None else point_s(until, "--until", now)
     since_s = None if since is None else point_s(since, "--since", now)
@@ -124,12 +147,13 @@ def invoice(
     month: Annotated[str, typer.Option("--month", help="The month billed (UTC), such as 2026-12.")],
     as_csv: Annotated[bool, typer.Option("--csv", help="CSV with a header row.")] = False,
     as_json: Annotated[bool, typer.Option("--json", help="A JSON list of lines.")] = False,
+    output: UsageOutput = None,
 ) -> None:
     """Bill one tenant for one month: a line per queue, device model and priority class, and the total.
 
     Example: gpupool invoice --tenant vision --month 2026-12 --csv
     """
-    fmt = _format(as_json, as_csv)
+    fmt = _format(as_json, as_csv, output)
     since_s, until_s = month_window(month)
     with client() as pool:
         answer = pool.usage(tenant=tenant, since_s=since_s, until_s=until_s, by=INVOICE_BY)

@@ -26,7 +26,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from enum import StrEnum
 
-from gpupool.errors import InvalidInput
+from gpupool.errors import InvalidInput, closest
 
 
 class Tier(StrEnum):
@@ -98,11 +98,20 @@ class TopologySpec:
 UNCONSTRAINED = TopologySpec()
 
 
+_KEYS = ("required", "preferred", "slice", "comm")
+
+
+def _meant(close: str | None) -> str:
+    """' (did you mean X?)' inside the one sentence of an error, or ''."""
+    return f" (did you mean {close}?)" if close else ""
+
+
 def _tier(text: str, key: str) -> Tier:
     try:
         return Tier(text.strip().lower())
     except ValueError:
-        raise InvalidInput(f"Unknown topology tier {text!r} in {key}=; use {_TIER_NAMES}.") from None
+        meant = _meant(closest(text.strip(), [t.value for t in Tier]))
+        raise InvalidInput(f"Unknown topology tier {text!r} in {key}={meant}; use {_TIER_NAMES}.") from None
 
 
 def parse_topology_spec(text: str) -> TopologySpec:
@@ -115,12 +124,15 @@ def parse_topology_spec(text: str) -> TopologySpec:
         key, sep, value = part.partition("=")
         key, value = key.strip(), value.strip()
         if not sep or not value:
+            tier = closest(key, [t.value for t in Tier]) if not sep else None
+            meant = _meant(f"preferred={tier} or required={tier}" if tier else None)
             raise InvalidInput(
-                f"Cannot read topology {text!r}; write required=leaf|spine, preferred=leaf|spine, "
+                f"Cannot read topology {text!r}{meant}; write required=leaf|spine, preferred=leaf|spine, "
                 "slice=N@leaf|spine, comm=RATIO (comma-joined) or none."
             )
-        if key not in ("required", "preferred", "slice", "comm"):
-            raise InvalidInput(f"Unknown topology key {key!r}; use required, preferred, slice or comm.")
+        if key not in _KEYS:
+            raise InvalidInput(f"Unknown topology key {key!r}{_meant(closest(key, list(_KEYS)))}; use "
+                               "required, preferred, slice or comm.")
         if key in fields:
             raise InvalidInput(f"The topology names {key}= twice; give it once.")
         fields[key] = value

@@ -800,7 +800,11 @@ def _states(conn: Connection, ids: Sequence[str], *, with_spec: bool) -> dict[st
 
 
 class _LimitNotes:
-    """The `limits_unenforced` events of one transaction's admissions (node layers computed once)."""
+    """The `limits_unenforced` events of one transaction's admissions (node layers computed once).
+
+    None on a simulated node: nothing there is enforced, ever, and `gpupool node ls` says so once for
+    the node (`gpupool show` derives the workload's unenforced limits from its nodes' layers), where
+    an event would repeat it on every workload."""
 
     def __init__(self, rt: Runtime) -> None:
         self._missing = rt.provider.missing_capabilities()
@@ -813,7 +817,7 @@ class _LimitNotes:
     def events(self, workload_id: str, pod_id: str, node_name: str, request: PodRequest,
                now: float) -> list[dict[str, object]]:
         node = self._nodes.get(node_name)
-        if node is None:
+        if node is None or any(d.simulated for d in node.devices):
             return []
         key = (node_name, *enforcement.limits_asked(request))
         sentences = self._sentences.get(key)

@@ -2,8 +2,10 @@
 
 A limit the node cannot enforce is never silent: `gpupool nodes ls` shows each node's layers as
 enforced, advisory (set up for the pod, but a hostile pod can step past it) or unenforced, and a
-workload placed where one of its limits does not hold gets an event (`limits_unenforced`) naming the
-limit and the node, which `gpupool show` prints.
+workload placed on a real node where one of its limits does not hold gets an event
+(`limits_unenforced`) naming the limit and the node, which `gpupool show` prints. A simulated node
+enforces nothing, ever: it says so once (node ls), and `gpupool show` derives the same sentences
+from its layers (cli/show.py mirrors `unenforced`).
 """
 
 from __future__ import annotations
