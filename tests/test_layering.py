@@ -55,6 +55,7 @@ RULES: dict[str, Rule] = {
     "profiles": _rule("errors", "yamlfiles"),
     "exporters": _rule("core", "errors"),
     "prices": _rule("core", "errors", "profiles", "yamlfiles"),
+    "money": _rule(),
     "sim": _rule("core", "errors", "yamlfiles"),
     # the wire's vocabulary, and the two sides of it
     "api": _rule("core", "errors"),
