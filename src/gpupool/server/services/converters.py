@@ -65,6 +65,8 @@ def workload_row_to_out(
         array_id=row.array_id,
         array_index=row.array_index,
         array_limit=row.array_limit,
+        held=row.held or "",
+        waiting_on=row.waiting_on or "",
         spec=WorkloadSpec.model_validate(row.spec),
         pods=pod_outs,
     )
