@@ -17,6 +17,7 @@ from gpupool.api.workloads import WorkloadSpec, WorkloadUpdate
 from gpupool.errors import Conflict, Forbidden, InvalidInput, NotFound, PriorityNotAllowed
 from gpupool.server.auth import Principal
 from gpupool.server.loops.control import ControlLoop
+from gpupool.server.loops.snapshot import WorkloadCache, load
 from gpupool.server.runtime import Runtime
 from gpupool.server.services import audit, jobs, tenants, workloads
 
@@ -263,3 +264,18 @@ def test_requeue_of_running_work_stops_it_and_places_it_again(pool: Pool) -> Non
     assert "requeued_by_user" in [e.reason for e in workloads.events(rt, A, wid)]
     with pytest.raises(Conflict, match="only admitted or running work can be requeued"):
         jobs.requeue(rt, A, _submit(rt, dependency=f"afterok:{wid}"))
+
+
+def test_the_schedulers_read_leaves_out_held_and_waiting_work(pool: Pool) -> None:
+    """Filtered in the query, before the core: the core's cycle never weighs them (10,000 pending
+    with half of them waiting cost what the other half costs; bench/dependencies.py measures it)."""
+    rt, _, _ = pool
+    plain = _submit(rt)
+    held = _submit(rt)
+    jobs.hold(rt, A, held)
+    waiting = _submit(rt, dependency=f"afterok:{plain}")
+    view = load(rt, WorkloadCache())
+    assert [w.id for w in view.pending] == [plain]
+    jobs.release(rt, A, held)
+    assert {w.id for w in load(rt, WorkloadCache()).pending} == {plain, held}
+    assert waiting not in {w.id for w in load(rt, WorkloadCache()).pending}
