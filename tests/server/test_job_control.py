@@ -3,7 +3,7 @@ release, update while pending, requeue, and what a hostile tenant can and cannot
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -194,7 +194,7 @@ def test_hold_keeps_it_from_the_scheduler_until_released(pool: Pool) -> None:
 
 
 def test_an_admins_hold_only_the_admin_releases_and_it_is_audited(pool: Pool) -> None:
-    rt, _, loop = pool
+    rt, _, _ = pool
     wid = _submit(rt)
     assert jobs.hold(rt, ADMIN, wid).held == "admin"
     assert jobs.hold(rt, A, wid).held == "admin"  # the tenant cannot weaken it
