@@ -86,6 +86,7 @@ def test_afterok_afterany_afternotok_chains(pool: UpProcess, gate: Path) -> None
     shown = gp(pool, "show", ok)
     assert shown.returncode == 0 and "waiting_for_dependency" in shown.stdout, shown.stdout
     assert f"Waits for afterok:{first}" in shown.stdout
+    assert f"dependency: afterok:{first}; waits for afterok:{first}\n" in shown.stdout
     assert field(pool, ok, "status") == "pending"  # three free devices, and it waits
     gate.touch()
     assert finished(pool, ok) == f"{ok} succeeded"
@@ -106,7 +107,8 @@ def test_a_dependency_that_can_never_hold_is_cancelled_with_the_reason(pool: UpP
     assert finished(pool, cleanup) == f"{cleanup} succeeded"
     until(lambda: field(pool, kept, "reason") == "dependency_never_satisfied_kept")
     assert field(pool, kept, "status") == "pending"
-    assert "--kill-on-invalid-dep no" in gp(pool, "show", kept).stdout
+    assert f"dependency: afterok:{failing} (--kill-on-invalid-dep no); waits for afterok:{failing} (" in gp(
+        pool, "show", kept).stdout
     assert gp(pool, "cancel", kept).returncode == 0
 
 
@@ -160,7 +162,7 @@ def test_hold_release_update_and_refused_once_admitted(pool: UpProcess, gate: Pa
     until(lambda: field(pool, wid, "waiting_on") == "")
     assert (field(pool, wid, "status"), field(pool, wid, "held")) == ("pending", "admin")
     shown = gp(pool, "show", wid).stdout
-    assert "held" in shown
+    assert f"held by the admin: `gpupool release {wid}` lets it be placed\n" in shown
     assert gp(pool, "release", wid).returncode == 0
     assert finished(pool, wid) == f"{wid} succeeded"
     assert field(pool, wid, "pods") and len(field(pool, wid, "pods")) == 2  # type: ignore[arg-type]

@@ -175,6 +175,18 @@ def times_line(workload: Any, now_s: float | None = None) -> str:
     return line
 
 
+def control_lines(workload: Any) -> list[str]:
+    """Its dependency (and the part it still waits for) and its hold, when it has them."""
+    lines = []
+    if workload.spec.dependency:
+        waits = f"; waits for {workload.waiting_on}" if workload.waiting_on else ""
+        kept = "" if workload.spec.kill_on_invalid_dep else " (--kill-on-invalid-dep no)"
+        lines.append(f"dependency: {workload.spec.dependency}{kept}{waits}")
+    if workload.held:
+        lines.append(f"held by the {workload.held}: `gpupool release {workload.id}` lets it be placed")
+    return lines
+
+
 def _show_one(pool: Any, workload: Any) -> None:
     events = pool.events(workload.id)
     from rich.table import Table
@@ -187,6 +199,8 @@ def _show_one(pool: Any, workload: Any) -> None:
     )
     plain = {"markup": False, "highlight": False, "soft_wrap": True}
     for line in reason_lines(workload):
+        out.print(line, **plain)
+    for line in control_lines(workload):
         out.print(line, **plain)
     out.print(f"command: {' '.join(workload.spec.command)}", markup=False)
     out.print(requested_line(workload.spec), **plain)
