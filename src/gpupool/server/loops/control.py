@@ -69,9 +69,10 @@ class ControlLoop:
         capacity_changed = bool(changed) or self.rt.capacity_changed.is_set()
         # work that ended (or a cancel) may satisfy, or break, the dependencies pending work waits on:
         # judged before the cycle, so what they clear is placed in it
-        if capacity_changed or self.dependencies.dirty or self.rt.dependencies_changed.is_set():
+        submitted = self.rt.dependencies_changed.is_set()
+        if capacity_changed or self.dependencies.dirty or submitted:
             self.rt.dependencies_changed.clear()
-            if self.dependencies.run():
+            if self.dependencies.run(force=submitted or self.dependencies.dirty):
                 capacity_changed = True
         due = time.monotonic() - self._last_cycle >= self.rt.settings.cycle_interval_s
         admitted = 0

@@ -9,8 +9,9 @@ hold); the scheduler's read leaves such rows out, so the core never sees them.
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from sqlalchemy import Connection, bindparam, or_, select, update
 from sqlalchemy.orm import Session
@@ -64,6 +65,8 @@ def statuses(conn: Connection, ids: Sequence[str], tenant: str | None = None) ->
             for key in (row.id, row.array_id):
                 if key in wanted:
                     found.setdefault(key, []).append(row.status)
+    for seen in found.values():
+        seen.sort()  # comparable from one read to the next
     return found
 
 
@@ -114,28 +117,50 @@ class DependencyPass:
         self.rt = rt
         self._parsed: dict[str, tuple[tuple[Dependency, ...], bool]] = {}
         self.dirty = True
-        """Something may have ended (or a dependency was submitted) since the last pass."""
+        """A pass changed something, or none ran yet: the next one judges every waiting row."""
+        self._last_targets: tuple[str, ...] = ()
+        self._last_found: dict[str, list[str]] | None = None
+        """The statuses of what the waiting rows named at the last pass (None: judge afresh)."""
 
-    def run(self) -> int:
-        """Judge every waiting workload once (one write transaction): clear those whose dependency
-        holds, cancel (or keep, with the reason) those whose never can, and rewrite what the others
-        wait on when it changed. Each write is a compare-and-set on the row as read. Returns how many
-        became placeable or were cancelled (either may let more work proceed)."""
+    def run(self, force: bool = True) -> int:
+        """Judge every waiting workload once: clear those whose dependency holds, cancel (or keep,
+        with the reason) those whose never can, and rewrite what the others wait on when it changed.
+        Read in one read transaction; a write transaction is opened only when something changed, and
+        each write there is a compare-and-set on the row as read. Returns how many became placeable
+        or were cancelled (either may let more work proceed).
+
+        Without `force` (no dependency was submitted since the last pass), the pass ends after one
+        small read when no work the waiting rows name changed status since the last pass (and none
+        waits on a singleton, whose blockers are not named): a pod ending elsewhere costs that read."""
         self.dirty = False
         now = self.rt.clock()
-        with self.rt.store.write() as session:
+        with self.rt.store.read() as session:
             conn = session.connection()
+            if (not force and self._last_found is not None
+                    and statuses(conn, self._last_targets) == self._last_found):
+                return 0
             rows = [_Waiting(*r) for r in conn.execute(
                 select(_W.c.id, _W.c.tenant, _W.c.name, _W.c.submit_s, _W.c.waiting_on, _W.c.reason)
                 .where(_W.c.status == WorkloadStatus.PENDING.value, _W.c.waiting_on != ""))]
             if not rows:
                 self._parsed.clear()
+                self._last_targets, self._last_found = (), {}
                 return 0
             self._parse(conn, rows)
             parts_of = {r.id: self._parsed[r.id][0] for r in rows}
-            found = statuses(conn, named_ids([p for parts in parts_of.values() for p in parts]))
-            blocked = self._singletons(conn, [r for r in rows if _has_singleton(parts_of[r.id])])
-            changed = self._write(conn, rows, parts_of, found, blocked, now)
+            distinct = set(parts_of.values())
+            targets = named_ids([p for parts in distinct for p in parts])
+            found = statuses(conn, targets)
+            singles = {parts for parts in distinct if _has_singleton(parts)}
+            blocked = (self._singletons(conn, [r for r in rows if parts_of[r.id] in singles])
+                       if singles else set())
+        decided = self._decide(rows, parts_of, found, blocked, now)
+        self._last_targets, self._last_found = (targets, found) if not singles else ((), None)
+        if not any(list(decided)):
+            return 0
+        with self.rt.store.write() as session:
+            changed = _apply(session.connection(), *decided)
+        self._last_found = None  # what was written changes what waits: judge afresh next time
         if changed:
             self.dirty = True  # a cancel may make the work waiting on it never satisfiable
             self.rt.capacity_may_have_changed()  # cleared work is older than the scheduler's horizon
@@ -173,14 +198,18 @@ class DependencyPass:
         return {r.id for r in rows
                 if earliest.get((r.tenant, r.name), (r.submit_s, r.id)) < (r.submit_s, r.id)}
 
-    def _write(self, conn: Connection, rows: Sequence[_Waiting], parts_of: dict[str, tuple[Dependency, ...]],
-               found: dict[str, list[str]], blocked: set[str], now: float) -> int:
+    def _decide(self, rows: Sequence[_Waiting], parts_of: dict[str, tuple[Dependency, ...]],
+                found: dict[str, list[str]], blocked: set[str], now: float) -> _Decided:
+        """The cancels, and the rows whose waiting part or reason changed (with their events)."""
         cancels: list[Move] = []
         updates: list[dict[str, object]] = []
         events: list[dict[str, object]] = []
-        cleared = 0
+        verdicts: dict[tuple[tuple[Dependency, ...], bool], Judgement] = {}
         for row in rows:
-            verdict = judge(parts_of[row.id], found, row.id in blocked)
+            key = (parts_of[row.id], row.id in blocked)
+            verdict = verdicts.get(key)
+            if verdict is None:
+                verdict = verdicts[key] = judge(key[0], found, key[1])
             if verdict.verdict is Verdict.NEVER and self._parsed[row.id][1]:
                 message = f"Its dependency can never hold: {verdict.why}."
                 cancels.append(Move(row.id, WorkloadStatus.PENDING.value, WorkloadStatus.CANCELLED.value,
@@ -189,7 +218,6 @@ class DependencyPass:
                 continue
             if verdict.verdict is Verdict.MET:
                 reason, message, waiting = EventReason.DEPENDENCY_MET.value, "Its dependency holds.", ""
-                cleared += 1
             elif verdict.verdict is Verdict.NEVER:
                 reason = EventReason.DEPENDENCY_NEVER_SATISFIED_KEPT.value
                 message = f"Its dependency can never hold: {verdict.why}; kept (--kill-on-invalid-dep no)."
@@ -204,18 +232,36 @@ class DependencyPass:
             events.append({"workload_id": row.id, "pod_id": "", "from_status": WorkloadStatus.PENDING.value,
                            "to_status": WorkloadStatus.PENDING.value, "reason": reason,
                            "message": message[:1024], "at_s": now})
-        # each a compare-and-set on the row as read: a cancel committed since is left as it is
-        taken = [e for u, e in zip(updates, events, strict=True) if conn.execute(_SET_WAITING, u).rowcount]
-        if len(taken) < len(updates):
-            cleared -= sum(1 for u, e in zip(updates, events, strict=True)
-                           if e not in taken and u["d_now"] == "")
-        if taken:
-            conn.execute(_E.insert(), taken)
-        for start in range(0, len(cancels), CHUNK):
-            chunk = cancels[start:start + CHUNK]
-            lost = {m.workload_id for m in apply_moves(conn, chunk)}
-            done = [m.workload_id for m in chunk if m.workload_id not in lost]
-            cleared += len(done)
-            if done:
-                conn.execute(update(_W).where(_W.c.id.in_(done)).values(waiting_on=""))
-        return cleared
+        return _Decided(cancels, updates, events)
+
+
+@dataclass(frozen=True, slots=True)
+class _Decided:
+    cancels: list[Move]
+    updates: list[dict[str, object]]
+    events: list[dict[str, object]]
+
+    def __iter__(self) -> Iterator[list[Any]]:
+        return iter((self.cancels, self.updates, self.events))
+
+
+def _apply(conn: Connection, cancels: list[Move], updates: list[dict[str, object]],
+           events: list[dict[str, object]]) -> int:
+    """Write what `_decide` found, each a compare-and-set on the row as read (a cancel or a change
+    committed since leaves that row as it is); returns how many were cleared or cancelled."""
+    cleared = 0
+    taken = []
+    for values, event in zip(updates, events, strict=True):
+        if conn.execute(_SET_WAITING, values).rowcount:
+            taken.append(event)
+            cleared += values["d_now"] == ""
+    if taken:
+        conn.execute(_E.insert(), taken)
+    for start in range(0, len(cancels), CHUNK):
+        chunk = cancels[start:start + CHUNK]
+        lost = {m.workload_id for m in apply_moves(conn, chunk)}
+        done = [m.workload_id for m in chunk if m.workload_id not in lost]
+        cleared += len(done)
+        if done:
+            conn.execute(update(_W).where(_W.c.id.in_(done)).values(waiting_on=""))
+    return cleared
