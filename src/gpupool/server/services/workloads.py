@@ -47,7 +47,6 @@ def submit(rt: Runtime, who: Principal, spec: WorkloadSpec) -> WorkloadCreated:
     commit(rt, [submission])
     if submission.error is not None:
         raise submission.error
-    _committed(rt, submission)
     return created(submission)
 
 
@@ -57,16 +56,7 @@ async def submit_grouped(rt: Runtime, writer: SubmitWriter, who: Principal,
     answers once the submission is committed."""
     submission = prepare(rt, who, spec)
     await writer.store(submission)
-    _committed(rt, submission)
     return created(submission)
-
-
-def _committed(rt: Runtime, submission: Submission) -> None:
-    """Once committed (not before: the loop's pass must find the rows), work that waits on a
-    dependency has the loop judge the waiting rows afresh."""
-    if submission.workloads[0]["waiting_on"]:
-        rt.dependencies_changed.set()
-        rt.wake.set()
 
 
 def created(submission: Submission) -> WorkloadCreated:
