@@ -27,9 +27,10 @@ B = Principal("tb", "team-b", max_priority=5)
 
 
 @pytest.fixture
-def pool(tmp_path: Path) -> Iterator[tuple[Runtime, ManualProvider, ControlLoop]]:
+def pool(tmp_path: Path, db_url: str) -> Iterator[tuple[Runtime, ManualProvider, ControlLoop]]:
+    """On SQLite and on a real PostgreSQL (where transactions run concurrently), when one starts."""
     provider = ManualProvider([node("n0", devices=2, model="H100")])
-    rt, _ = make_runtime(f"sqlite:///{tmp_path / 'store.sqlite'}", tmp_path, provider)
+    rt, _ = make_runtime(db_url, tmp_path, provider)
     for name in ("team-a", "team-b"):
         tenants.create_tenant(rt, ADMIN, TenantCreate(name=name, unix_user=None))
     yield rt, provider, ControlLoop(rt)
