@@ -72,7 +72,7 @@ class ControlLoop:
         submitted = self.rt.dependencies_changed.is_set()
         if capacity_changed or self.dependencies.dirty or submitted:
             self.rt.dependencies_changed.clear()
-            if self.dependencies.run(force=submitted or self.dependencies.dirty):
+            if self.dependencies.run(force=self.dependencies.dirty, arrivals=submitted):
                 capacity_changed = True
         due = time.monotonic() - self._last_cycle >= self.rt.settings.cycle_interval_s
         admitted = 0

@@ -37,6 +37,9 @@ log = logging.getLogger("gpupool.dependencies")
 _W = Base.metadata.tables["workloads"]
 _E = Base.metadata.tables["events"]
 _UNFINISHED = (WorkloadStatus.PENDING.value, WorkloadStatus.ADMITTED.value, WorkloadStatus.RUNNING.value)
+ARRIVAL_MARGIN_S = 5.0
+"""Arrivals are read from this long before the newest submission judged: a submission's time is
+taken before its commit, so one committed after a later one is still read."""
 CHUNK = 500
 """Ids per IN list (SQLite binds at most 32,766 parameters a statement)."""
 
@@ -121,39 +124,55 @@ class DependencyPass:
         self._last_targets: tuple[str, ...] = ()
         self._last_found: dict[str, list[str]] | None = None
         """The statuses of what the waiting rows named at the last pass (None: judge afresh)."""
+        self._horizon_s = float("-inf")
+        """The newest submit time among the rows judged so far (arrivals are read from it)."""
 
-    def run(self, force: bool = True) -> int:
-        """Judge every waiting workload once: clear those whose dependency holds, cancel (or keep,
-        with the reason) those whose never can, and rewrite what the others wait on when it changed.
-        Read in one read transaction; a write transaction is opened only when something changed, and
-        each write there is a compare-and-set on the row as read. Returns how many became placeable
-        or were cancelled (either may let more work proceed).
+    def run(self, force: bool = True, arrivals: bool = False) -> int:
+        """Judge the waiting workloads: clear those whose dependency holds, cancel (or keep, with the
+        reason) those whose never can, and rewrite what the others wait on when it changed. Read in
+        one read transaction; a write transaction is opened only when something changed, and each
+        write there is a compare-and-set on the row as read. Returns how many became placeable or
+        were cancelled (either may let more work proceed).
 
-        Without `force` (no dependency was submitted since the last pass), the pass ends after one
-        small read when no work the waiting rows name changed status since the last pass (and none
-        waits on a singleton, whose blockers are not named): a pod ending elsewhere costs that read."""
+        With `force` every waiting row is judged. Without it, the pass first reads the statuses of
+        the work the waiting rows named at the last pass: when none changed, only the rows submitted
+        since (`arrivals`: a dependency was submitted) are judged, or none. So a pod ending elsewhere
+        costs one small read, and a burst of dependent submissions costs what they add. Rows waiting
+        on a singleton (whose blockers are not named) make every pass judge all."""
         self.dirty = False
         now = self.rt.clock()
         with self.rt.store.read() as session:
             conn = session.connection()
-            if (not force and self._last_found is not None
-                    and statuses(conn, self._last_targets) == self._last_found):
+            last = self._last_found
+            unchanged = (not force and last is not None
+                         and statuses(conn, self._last_targets) == last)
+            if unchanged and not arrivals:
                 return 0
-            rows = [_Waiting(*r) for r in conn.execute(
-                select(_W.c.id, _W.c.tenant, _W.c.name, _W.c.submit_s, _W.c.waiting_on, _W.c.reason)
-                .where(_W.c.status == WorkloadStatus.PENDING.value, _W.c.waiting_on != ""))]
+            query = select(_W.c.id, _W.c.tenant, _W.c.name, _W.c.submit_s, _W.c.waiting_on,
+                           _W.c.reason).where(_W.c.status == WorkloadStatus.PENDING.value,
+                                              _W.c.waiting_on != "")
+            if unchanged:
+                query = query.where(_W.c.submit_s >= self._horizon_s - ARRIVAL_MARGIN_S)
+            rows = [_Waiting(*r) for r in conn.execute(query)]
             if not rows:
-                self._parsed.clear()
-                self._last_targets, self._last_found = (), {}
+                if not unchanged:
+                    self._parsed.clear()
+                    self._last_targets, self._last_found = (), {}
                 return 0
-            self._parse(conn, rows)
+            self._parse(conn, rows, prune=not unchanged)
             parts_of = {r.id: self._parsed[r.id][0] for r in rows}
             distinct = set(parts_of.values())
-            targets = named_ids([p for parts in distinct for p in parts])
-            found = statuses(conn, targets)
+            named = named_ids([p for parts in distinct for p in parts])
+            if unchanged and last is not None:
+                known = set(self._last_targets)
+                targets = (*self._last_targets, *(i for i in named if i not in known))
+                found = {**last, **statuses(conn, [i for i in named if i not in known])}
+            else:
+                targets, found = named, statuses(conn, named)
             singles = {parts for parts in distinct if _has_singleton(parts)}
             blocked = (self._singletons(conn, [r for r in rows if parts_of[r.id] in singles])
                        if singles else set())
+        self._horizon_s = max(self._horizon_s, max(r.submit_s for r in rows))
         decided = self._decide(rows, parts_of, found, blocked, now)
         self._last_targets, self._last_found = (targets, found) if not singles else ((), None)
         if not any(list(decided)):
@@ -166,10 +185,10 @@ class DependencyPass:
             self.rt.capacity_may_have_changed()  # cleared work is older than the scheduler's horizon
         return changed
 
-    def _parse(self, conn: Connection, rows: Sequence[_Waiting]) -> None:
-        live = {r.id for r in rows}
-        for stale in set(self._parsed) - live:
-            del self._parsed[stale]
+    def _parse(self, conn: Connection, rows: Sequence[_Waiting], prune: bool) -> None:
+        if prune:  # `rows` are all that wait: forget the others
+            for stale in set(self._parsed) - {r.id for r in rows}:
+                del self._parsed[stale]
         unparsed = [r.id for r in rows if r.id not in self._parsed]
         for part in _chunks(unparsed):
             for row in conn.execute(select(_W.c.id, _W.c.spec).where(_W.c.id.in_(part))):
