@@ -28,6 +28,7 @@ from typing import Any
 
 from rich.console import Console
 from rich.table import Table
+from sqlalchemy import update
 
 from gpupool.api.workloads import WorkloadSpec
 from gpupool.providers.fake import FakeProvider
@@ -35,6 +36,7 @@ from gpupool.server.auth import Principal
 from gpupool.server.db import Store
 from gpupool.server.loops.control import ControlLoop
 from gpupool.server.loops.snapshot import load
+from gpupool.server.orm import TenantRow
 from gpupool.server.runtime import Runtime
 from gpupool.server.services import workloads
 from gpupool.server.services.dependencies import DependencyPass
@@ -54,6 +56,8 @@ class _Pool:
         self.rt = Runtime(settings=Settings(data_dir=data_dir, database_url=url), store=Store.open(url),
                           provider=provider, clock=lambda: self.now)
         bootstrap(self.rt)
+        with self.rt.store.write() as session:  # room for the pending work and each round's arrival
+            session.execute(update(TenantRow).values(max_pending=10 * pending))
         self.loop = ControlLoop(self.rt)
         self.loop.recovered = self.loop.reconciler.recover()
         self.with_dependencies = dependencies
