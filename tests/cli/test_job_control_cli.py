@@ -161,6 +161,9 @@ def test_hold_release_update_and_refused_once_admitted(pool: UpProcess, gate: Pa
     assert finished(pool, first) == f"{first} succeeded"
     until(lambda: field(pool, wid, "waiting_on") == "")
     assert (field(pool, wid, "status"), field(pool, wid, "held")) == ("pending", "admin")
+    assert field(pool, wid, "reason") == "held"  # what keeps it waiting now
+    [row] = [line for line in gp(pool, "ls", wid).stdout.splitlines() if wid in line]
+    assert "pending" in row and " held " in row, row  # ls's REASON column
     shown = gp(pool, "show", wid).stdout
     assert f"held by the admin: `gpupool release {wid}` lets it be placed\n" in shown
     assert gp(pool, "release", wid).returncode == 0

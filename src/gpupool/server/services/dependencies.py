@@ -110,6 +110,7 @@ class _Waiting:
     submit_s: float
     waiting_on: str
     reason: str
+    held: str
 
 
 class DependencyPass:
@@ -149,7 +150,7 @@ class DependencyPass:
             if unchanged and not arrivals:
                 return 0
             query = select(_W.c.id, _W.c.tenant, _W.c.name, _W.c.submit_s, _W.c.waiting_on,
-                           _W.c.reason).where(_W.c.status == WorkloadStatus.PENDING.value,
+                           _W.c.reason, _W.c.held).where(_W.c.status == WorkloadStatus.PENDING.value,
                                               _W.c.waiting_on != "")
             if unchanged:
                 query = query.where(_W.c.submit_s >= self._horizon_s - ARRIVAL_MARGIN_S)
@@ -237,6 +238,9 @@ class DependencyPass:
                 continue
             if verdict.verdict is Verdict.MET:
                 reason, message, waiting = EventReason.DEPENDENCY_MET.value, "Its dependency holds.", ""
+                if row.held:  # what keeps it waiting now is the hold: its reason stays
+                    reason = EventReason.HELD.value
+                    message = f"Held by the {row.held}; its dependency holds."
             elif verdict.verdict is Verdict.NEVER:
                 reason = EventReason.DEPENDENCY_NEVER_SATISFIED_KEPT.value
                 message = f"Its dependency can never hold: {verdict.why}; kept (--kill-on-invalid-dep no)."
