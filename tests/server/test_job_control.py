@@ -12,9 +12,9 @@ from fakes import ManualProvider
 from conftest import make_runtime
 from factories import node
 from gpupool.api.dependency_spec import parse_dependency
-from gpupool.api.tenants import TenantCreate
+from gpupool.api.tenants import QueueCreate, TenantCreate
 from gpupool.api.workloads import WorkloadSpec, WorkloadUpdate
-from gpupool.errors import Conflict, Forbidden, InvalidInput, NotFound, PriorityNotAllowed
+from gpupool.errors import Conflict, Forbidden, InvalidInput, NotFound, PriorityNotAllowed, QuotaExceeded
 from gpupool.server.auth import Principal
 from gpupool.server.loops.control import ControlLoop
 from gpupool.server.loops.snapshot import WorkloadCache, load
@@ -280,3 +280,12 @@ def test_the_schedulers_read_leaves_out_held_and_waiting_work(pool: Pool) -> Non
     jobs.release(rt, A, held)
     assert {w.id for w in load(rt, WorkloadCache()).pending} == {plain, held}
     assert waiting not in {w.id for w in load(rt, WorkloadCache()).pending}
+
+
+def test_update_keeps_within_the_queues_quota_as_submit_does(pool: Pool) -> None:
+    rt, _, _ = pool
+    tenants.create_queue(rt, ADMIN, QueueCreate(tenant="team-a", name="small", quota_gpus=1))
+    wid = _submit(rt, gpus=1, queue="small", dependency=f"afterok:{_submit(rt)}")  # stays pending
+    with pytest.raises(QuotaExceeded, match="queue team-a/small may hold at most 1"):
+        jobs.update(rt, A, wid, WorkloadUpdate(replicas=2))
+    assert workloads.get(rt, A, wid).spec.replicas == 1

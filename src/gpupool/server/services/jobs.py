@@ -17,9 +17,9 @@ from pydantic import ValidationError
 from gpupool.api.events import EventReason
 from gpupool.api.workloads import WorkloadOut, WorkloadSpec, WorkloadUpdate
 from gpupool.core.model import WorkloadStatus
-from gpupool.errors import Conflict, Forbidden, InvalidInput, PriorityNotAllowed
+from gpupool.errors import Conflict, Forbidden, InvalidInput, PriorityNotAllowed, QuotaExceeded
 from gpupool.server.auth import Principal
-from gpupool.server.orm import WorkloadRow
+from gpupool.server.orm import QueueRow, WorkloadRow
 from gpupool.server.runtime import Runtime
 from gpupool.server.services import audit
 from gpupool.server.services import workloads as workload_service
@@ -100,6 +100,14 @@ def update(rt: Runtime, who: Principal, workload_id: str, change: WorkloadUpdate
                                field="update") from None
         check_fits(spec, CAPACITY.get(rt.nodes()))
         parsed = to_workload(row.id, spec, row.tenant, spec.priority, row.submit_s)
+        queue = session.get(QueueRow, (row.tenant, row.queue))
+        limit_milli = None if queue is None else queue.quota_device_milli
+        if limit_milli is not None and parsed.total_device_milli > limit_milli:  # as at submit
+            raise QuotaExceeded(
+                f"The workload would ask for {parsed.total_device_milli / 1000:g} GPUs but queue "
+                f"{row.tenant}/{row.queue} may hold at most {limit_milli / 1000:g}; ask for less or "
+                "raise the quota.", requested_gpus=parsed.total_device_milli / 1000,
+                quota_gpus=limit_milli / 1000)
         row.spec = stored
         row.priority = spec.priority
         row.time_limit_s = spec.time_limit_s
