@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from fakes import ManualProvider
 
-from conftest import make_runtime
+from conftest import Server, make_runtime
 from factories import node
 from gpupool.api.dependency_spec import parse_dependency
 from gpupool.api.tenants import QueueCreate, TenantCreate
@@ -289,3 +289,21 @@ def test_update_keeps_within_the_queues_quota_as_submit_does(pool: Pool) -> None
     with pytest.raises(QuotaExceeded, match="queue team-a/small may hold at most 1"):
         jobs.update(rt, A, wid, WorkloadUpdate(replicas=2))
     assert workloads.get(rt, A, wid).spec.replicas == 1
+
+
+def test_over_http_a_bad_dependency_is_one_sentence(shared_server: Server) -> None:
+    post = shared_server.client.post
+    bad = post("/api/v1/workloads", json={"command": ["true"], "dependency": "afterok:"},
+               headers=shared_server.headers())
+    assert bad.status_code == 422
+    forms = "afterok:ID[:ID...], afterany:ID[:ID...], afternotok:ID[:ID...] or singleton"
+    assert forms in bad.json()["message"]
+    unknown = post("/api/v1/workloads", json={"command": ["true"], "dependency": "afterok:w-000000000000"},
+                   headers=shared_server.headers())
+    assert (unknown.status_code, unknown.json()["message"]) == (
+        404, "No workload 'w-000000000000' to depend on; list yours with `gpupool ls`.")
+    running = post("/api/v1/workloads/w-000000000000/requeue", headers=shared_server.headers())
+    assert running.status_code == 404
+    patched = shared_server.client.patch("/api/v1/workloads/w-000000000000", json={"command": ["sh"]},
+                                         headers=shared_server.headers())
+    assert patched.status_code == 422  # only priority, time limit, gpus and replicas may change
