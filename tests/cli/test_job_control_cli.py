@@ -213,3 +213,22 @@ def test_run_forwards_sigint_by_cancelling_the_job(pool: UpProcess, gate: Path) 
     finally:
         if proc.poll() is None:
             proc.kill()
+
+
+def test_run_says_why_it_waits_then_streams(pool: UpProcess, gate: Path) -> None:
+    first = submit(pool, *gated(gate))
+    argv = [sys.executable, "-m", "gpupool.cli.main", "run", "--dependency", f"afterok:{first}", "--",
+            "echo", "after"]
+    proc = subprocess.Popen(argv, env=_env(pool), cwd="/", stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
+    try:
+        assert proc.stderr is not None
+        wid = proc.stderr.readline().split()[1]
+        said = proc.stderr.readline()
+        assert said == f"gpupool: {wid} pending: waiting_for_dependency: Waits for afterok:{first}.\n"
+        gate.touch()
+        out, _ = proc.communicate(timeout=60)
+        assert (proc.returncode, out) == (0, "after\n")
+    finally:
+        if proc.poll() is None:
+            proc.kill()

@@ -88,6 +88,7 @@ def run(args: list[str]) -> int:
             print(f"gpupool: {workload_id} submitted", file=sys.stderr)
             replicas = int(spec.get("replicas", 1))  # type: ignore[call-overload]
             offsets: dict[tuple[int, str], tuple[str, int]] = {}
+            said = ""
             while True:
                 if signals.received is not None and not signals.forwarded:
                     signals.forwarded = True
@@ -97,6 +98,10 @@ def run(args: list[str]) -> int:
                           file=sys.stderr)
                 done = stream(pool, workload_id, replicas, offsets)
                 workload = pool.workload(workload_id)
+                if workload.status == "pending" and workload.reason != said:
+                    said = workload.reason  # as srun says "queued and waiting for resources"
+                    if said not in ("submitted", "released", "dependency_met"):
+                        print(f"gpupool: {workload_id} pending: {said}: {workload.message}", file=sys.stderr)
                 if workload.status in FINAL and done:
                     if workload.status != "succeeded":
                         print(f"gpupool: {workload_id} {workload.status}: {workload.message}",
