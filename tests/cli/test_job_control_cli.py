@@ -196,7 +196,8 @@ def test_run_streams_the_output_and_exits_with_the_jobs_code(pool: UpProcess) ->
     assert bad.returncode == 2 and "afterok:ID" in bad.stderr
 
 
-def test_run_forwards_sigint_by_cancelling_the_job(pool: UpProcess, gate: Path) -> None:
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
+def test_run_forwards_a_signal_by_cancelling_the_job(pool: UpProcess, gate: Path, signum: int) -> None:
     proc = subprocess.Popen([sys.executable, "-m", "gpupool.cli.main", "run", "--", "sh", "-c",
                              f"echo started; while [ ! -e {gate} ]; do sleep 0.05; done"],
                             env=_env(pool), cwd="/", stdout=subprocess.PIPE, stderr=subprocess.PIPE,
@@ -204,12 +205,12 @@ def test_run_forwards_sigint_by_cancelling_the_job(pool: UpProcess, gate: Path) 
     try:
         assert proc.stdout is not None
         assert proc.stdout.readline() == "started\n"  # placed, running and streamed
-        proc.send_signal(signal.SIGINT)
-        assert proc.wait(timeout=60) == 128 + signal.SIGINT
+        proc.send_signal(signum)
+        assert proc.wait(timeout=60) == 128 + signum
         stderr = proc.stderr.read() if proc.stderr else ""
         wid = stderr.split()[1]
         assert field(pool, wid, "status") == "cancelled"
-        assert f"gpupool: {wid} cancelled (SIGINT)" in stderr
+        assert f"gpupool: {wid} cancelled ({signal.Signals(signum).name})" in stderr
     finally:
         if proc.poll() is None:
             proc.kill()
