@@ -56,6 +56,7 @@ def test_final_codes_are_the_ones_after_which_it_never_runs() -> None:
         Reason.NEVER_FITS, Reason.UNKNOWN_PRIORITY_CLASS, Reason.UNKNOWN_QUEUE,
         EventReason.COMPLETED, EventReason.POD_FAILED, EventReason.POD_LOST, EventReason.LOST_ON_RESTART,
         EventReason.LAUNCH_FAILED, EventReason.CANCELLED_BY_USER, EventReason.TIME_LIMIT,
+        EventReason.DEPENDENCY_NEVER_SATISFIED,
     }
 
 

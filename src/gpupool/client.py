@@ -91,6 +91,8 @@ class SubmitFields(TypedDict, total=False):
     max_retries: int
     array: str
     topology: str
+    dependency: str
+    kill_on_invalid_dep: bool
 
 
 class Client:
@@ -198,6 +200,30 @@ class Client:
 
     def cancel(self, workload_id: str) -> WorkloadOut:
         return self._one(WorkloadOut, "POST", f"/workloads/{_segment(workload_id)}/cancel")
+
+    def hold(self, workload_id: str) -> WorkloadOut:
+        """Keep a pending workload from being placed until `release` (Slurm's scontrol hold)."""
+        return self._one(WorkloadOut, "POST", f"/workloads/{_segment(workload_id)}/hold")
+
+    def release(self, workload_id: str) -> WorkloadOut:
+        """Let a held workload be placed again (a hold the admin set only the admin releases)."""
+        return self._one(WorkloadOut, "POST", f"/workloads/{_segment(workload_id)}/release")
+
+    def update(self, workload_id: str, *, priority: int | None = None,
+               time_limit: str | float | timedelta | None = None, gpus: float | None = None,
+               replicas: int | None = None) -> WorkloadOut:
+        """Change a pending workload's priority (within the tenant's limit), time limit (seconds, a
+        timedelta or 90s, 2h, 1:30:00), gpus per replica or replicas; Conflict once admitted."""
+        seconds = None if time_limit is None else _seconds("time_limit", time_limit)
+        body: dict[str, Any] = {"priority": priority, "gpus": gpus, "replicas": replicas,
+                                "time_limit_s": seconds}
+        return self._one(WorkloadOut, "PATCH", f"/workloads/{_segment(workload_id)}",
+                         json={k: v for k, v in body.items() if v is not None})
+
+    def requeue(self, workload_id: str, *, hold: bool = False) -> WorkloadOut:
+        """Stop an admitted or running workload and send it back to pending (held with `hold`)."""
+        return self._one(WorkloadOut, "POST", f"/workloads/{_segment(workload_id)}/requeue",
+                         params={"hold": "true"} if hold else None)
 
     def cancel_array(self, array_id: str) -> ArrayCancelled:
         """Cancel every unfinished task of an array (`submit` with `array`) in one request."""

@@ -139,6 +139,27 @@ _ENTRIES: tuple[tuple[StrEnum, bool, str, str], ...] = (
      "Placed on a real node where one of its limits is not enforced (no cgroup v2, no MPS); a "
      "simulated node says it once, in `gpupool node ls`.",
      "It runs, but may use more than its share; the message names the limit."),
+    (_E.HELD, False, "Held while pending: the scheduler does not consider it until it is released.",
+     "`gpupool release ID` lets it be placed (a hold the admin set only the admin may release)."),
+    (_E.RELEASED, False, "Released from its hold; it waits for the scheduler to place it.",
+     "`gpupool show` says why it waits once the scheduler has looked at it."),
+    (_E.UPDATED, False, "Changed while pending (priority, time limit, gpus or replicas).",
+     "The event's message says what changed; `gpupool show` gives the spec it now runs with."),
+    (_E.REQUEUED_BY_USER, False, "Stopped with `gpupool requeue` and sent back to pending.",
+     "Nothing to do: it is placed again; checkpoints in GPUPOOL_CHECKPOINT_DIR keep its progress."),
+    (_E.WAITING_FOR_DEPENDENCY, False,
+     "Its --dependency does not hold yet, so the scheduler does not consider it.",
+     "It waits for the work it names (the message says which); `gpupool show ID` names the part."),
+    (_E.DEPENDENCY_MET, False, "Its --dependency holds now; it waits for the scheduler to place it.",
+     "`gpupool show` says why it waits once the scheduler has looked at it."),
+    (_E.DEPENDENCY_NEVER_SATISFIED, True,
+     "Its --dependency can never hold (work it needed to succeed did not, or the reverse), so it was "
+     "cancelled.",
+     "Resubmit with a dependency that can hold; --kill-on-invalid-dep no keeps such work pending instead."),
+    (_E.DEPENDENCY_NEVER_SATISFIED_KEPT, False,
+     "Its --dependency can never hold, and it was submitted with --kill-on-invalid-dep no, so it stays "
+     "pending.",
+     "Cancel it with `gpupool cancel ID`, or resubmit with a dependency that can hold."),
 )
 
 CATALOGUE: MappingProxyType[str, ReasonInfo] = MappingProxyType(

@@ -125,6 +125,14 @@ class WorkloadSpec(Strict):
         "policy weighs placements by) (comma-joined) or none; default: the pool's "
         "(scheduling.topology_default) for multi-pod gangs; single-pod and fractional work is never "
         "constrained"))
+    dependency: str | None = Field(None, max_length=1024, description=(
+        "Slurm's --dependency: afterok:ID[:ID...] (they all succeeded), afterany:ID[:ID...] (they all "
+        "ended), afternotok:ID[:ID...] (they all ended without succeeding), singleton (no earlier "
+        "workload of this tenant and name is unfinished); comma-joined, all must hold. An ID may be an "
+        "array's id (all its tasks). It is not considered for placement until they hold"))
+    kill_on_invalid_dep: bool = Field(True, description=(
+        "cancel it, with the reason, when its dependency can never hold (afterok on work that failed); "
+        "false keeps it pending with that reason until it is cancelled"))
     rendezvous: list[RendezvousSpec] | None = Field(None, description=(
         "set by the server when a multi-pod gang is placed (newest attempt last): the rank-0 node, its "
         "address and the port reserved there; not submitted"))
@@ -135,6 +143,15 @@ class WorkloadSpec(Strict):
         if value is not None:
             parse_array(value)
         return value
+
+    @field_validator("dependency")
+    @classmethod
+    def _dependency(cls, value: str | None) -> str | None:
+        if value is None:
+            return None
+        from gpupool.api.dependency_spec import parse_dependency
+
+        return ",".join(str(part) for part in parse_dependency(value))  # stored in its one written form
 
     @field_validator("topology")
     @classmethod
@@ -213,6 +230,20 @@ def check_env_size(env: dict[str, str]) -> dict[str, str]:
     return env
 
 
+class WorkloadUpdate(Strict):
+    """What `gpupool update` may change while a workload is pending (fields left out stay)."""
+
+    priority: int | None = Field(None, ge=-1000, le=1000, description="within the tenant's max priority")
+    time_limit_s: float | None = Field(None, ge=1, le=MAX_TIME_LIMIT_S, allow_inf_nan=False)
+    gpus: float | None = Field(None, ge=0, le=1024, description="per replica, as at submit")
+    replicas: int | None = Field(None, ge=1, le=MAX_REPLICAS)
+
+    @field_validator("gpus")
+    @classmethod
+    def _gpus(cls, value: float | None) -> float | None:
+        return None if value is None else _check(parse_devices, value)  # type: ignore[return-value]
+
+
 class SliceOut(Strict):
     device_index: int
     compute_milli: int
@@ -280,6 +311,10 @@ class WorkloadSummary(Strict):
     array_index: int | None = None
     array_limit: int | None = Field(None, description="how many tasks of its array may hold slices at once")
     request: SpecSummary = Field(description="what it asks for (replicas, resources, class, time limit)")
+    held: str = Field("", description=(
+        "while pending: 'user' or 'admin' when held (gpupool hold), not placed until released"))
+    waiting_on: str = Field("", description=(
+        "while pending: the part of its dependency that does not hold yet (empty: none)"))
     pods: list[PodOut]
     network: NetworkOut | None = Field(default=None, description=(
         "where its pods sit in the fabric while it holds them on several nodes (pools started with "

@@ -32,6 +32,11 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
     "ls": ("gpupool.cli.ls", "ls", "List workloads."),
     "show": ("gpupool.cli.show", "show", "Show one workload (--json for machines)."),
     "cancel": ("gpupool.cli.cancel", "cancel", "Cancel a workload."),
+    "hold": ("gpupool.cli.jobs", "hold", "Keep pending workloads from being placed."),
+    "release": ("gpupool.cli.jobs", "release", "Let held workloads be placed."),
+    "update": ("gpupool.cli.jobs", "update", "Change a pending workload's priority, time, gpus."),
+    "requeue": ("gpupool.cli.jobs", "requeue", "Send running workloads back to pending."),
+    "run": ("gpupool.cli.run", "run", "Submit, stream the output, exit with its code."),
     "logs": ("gpupool.cli.logs", "logs", "Print a workload's output (-f to follow)."),
     "wait": ("gpupool.cli.wait", "wait", "Wait for a workload; exit 0 when it succeeded."),
     "top": ("gpupool.cli.top", "top", "A live view of the pool."),
@@ -42,7 +47,7 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
 }
 
 
-FAST_COMMANDS = {"submit": "gpupool.cli.submit_fast"}
+FAST_COMMANDS = {"submit": "gpupool.cli.submit_fast", "run": "gpupool.cli.run_fast"}
 """Commands served without typer (their typer twin in COMMANDS gives --help)."""
 
 

@@ -223,6 +223,18 @@ def _node_sentences(pool: Any, name: str, shares: bool, host: bool) -> list[str]
     return sentences
 
 
+def control_lines(workload: Any) -> list[str]:
+    """Its dependency (and the part it still waits for) and its hold, when it has them."""
+    lines = []
+    if workload.spec.dependency:
+        waits = f"; waits for {workload.waiting_on}" if workload.waiting_on else ""
+        kept = "" if workload.spec.kill_on_invalid_dep else " (--kill-on-invalid-dep no)"
+        lines.append(f"dependency: {workload.spec.dependency}{kept}{waits}")
+    if workload.held:
+        lines.append(f"held by the {workload.held}: `gpupool release {workload.id}` lets it be placed")
+    return lines
+
+
 def _show_one(pool: Any, workload: Any) -> None:
     events = pool.events(workload.id)
     from rich.table import Table
@@ -235,6 +247,8 @@ def _show_one(pool: Any, workload: Any) -> None:
     )
     plain = {"markup": False, "highlight": False, "soft_wrap": True}
     for line in reason_lines(workload):
+        out.print(line, **plain)
+    for line in control_lines(workload):
         out.print(line, **plain)
     out.print(f"command: {' '.join(workload.spec.command)}", markup=False)
     out.print(requested_line(workload.spec), **plain)

@@ -85,6 +85,19 @@ def submit(
                                  "(default: the pool's, preferred=leaf, for multi-pod gangs). See "
                                  "docs/fabric.md.")
     ] = None,
+    dependency: Annotated[
+        str | None, typer.Option("--dependency", "-d", help="Slurm's --dependency: afterok:ID[:ID...] (start "
+                                 "after they all succeeded), afterany:ID[:ID...] (after they all ended), "
+                                 "afternotok:ID[:ID...] (after they all ended without succeeding), "
+                                 "singleton (after every earlier workload of this --name ended); "
+                                 "comma-joined, all must hold. An ID may be an array's id. Until they "
+                                 "hold, `gpupool show` says what it waits for.")
+    ] = None,
+    kill_on_invalid_dep: Annotated[
+        str | None, typer.Option("--kill-on-invalid-dep", help="yes (default): cancel it, with the reason, "
+                                 "when its dependency can never hold (afterok on work that failed); no: "
+                                 "keep it pending with that reason.")
+    ] = None,
     separate_stderr: Annotated[
         bool, typer.Option("--separate-stderr", help="Keep stderr in its own log (like sbatch --error); by "
                            "default stdout and stderr are one log, in the order written.")
@@ -96,9 +109,11 @@ def submit(
 
     Example: gpupool submit --array 0-99%10 --gpus 1 -- python sweep.py   (reads GPUPOOL_ARRAY_INDEX)
 
-    Exit codes: 0 submitted, 2 bad usage or refused (quota, invalid spec, a priority or class above
-    the tenant's max priority, too many pending), 3 queue/tenant not found or forbidden, 4 server
-    unreachable.
+    Example: gpupool submit --dependency afterok:w-1a2b3c4d5e6f -- python evaluate.py
+
+    Exit codes: 0 submitted, 2 bad usage or refused (quota, invalid spec or dependency, a priority or
+    class above the tenant's max priority, too many pending), 3 queue/tenant, or a workload the
+    dependency names, not found or forbidden, 4 server unreachable.
     """
     from gpupool.cli.submit_fast import run
 
@@ -121,6 +136,8 @@ def submit(
         ("--workdir", workdir),
         ("--file", file),
         ("--topology", topology),
+        ("--dependency", dependency),
+        ("--kill-on-invalid-dep", kill_on_invalid_dep),
     ]
     for flag, value in pairs:
         if value is not None:

@@ -18,7 +18,8 @@ USAGE = (
     "usage: gpupool submit [--name N] [--tenant T] [--queue Q] [--priority P] [--priority-class C] "
     "[--gpus 0.25|2] [--gpu-memory 8GiB] [--cpu 4] [--memory 16GiB] [--replicas N] [--env K=V] "
     "[--workdir D] [--time-limit 2h] [--checkpoint-every 30m] [--max-retries N] [--array 0-99%10] "
-    "[--topology required=leaf] [--separate-stderr] "
+    "[--topology required=leaf] [--separate-stderr] [--dependency afterok:ID] "
+    "[--kill-on-invalid-dep no] "
     "[-f spec.yaml] -- COMMAND..."
 )
 # flag -> (path in the spec, kind)
@@ -43,6 +44,8 @@ _FLAGS: dict[str, tuple[tuple[str, ...], str]] = {
     "--file": (("",), "file"), "-f": (("",), "file"),
     "--separate-stderr": (("separate_stderr",), "flag"),
     "--topology": (("topology",), "topology"),
+    "--dependency": (("dependency",), "dependency"), "-d": (("dependency",), "dependency"),
+    "--kill-on-invalid-dep": (("kill_on_invalid_dep",), "yesno"),
 }
 
 
@@ -139,6 +142,18 @@ def _set(flags: dict[tuple[str, ...], object], path: tuple[str, ...], kind: str,
             flags[path] = float(value)
         elif kind == "duration":
             flags[path] = duration_s(value)
+        elif kind == "dependency":
+            from gpupool.api.dependency_spec import parse_dependency
+
+            try:
+                parse_dependency(value)
+            except ValueError as exc:
+                raise UsageError(f"Option {name} {exc}.") from None
+            flags[path] = value
+        elif kind == "yesno":
+            if value.lower() not in ("yes", "no"):
+                raise ValueError
+            flags[path] = value.lower() == "yes"
         elif kind == "list":
             items = flags.setdefault(path, [])
             assert isinstance(items, list)
@@ -159,6 +174,7 @@ def _set(flags: dict[tuple[str, ...], object], path: tuple[str, ...], kind: str,
             raise UsageError(f"Option {name} takes {bounds[2]}, got {value!r}.")
     except ValueError:
         wanted = {"int": "a whole number", "float": "a number such as 0.25 or 2", "env": "KEY=VALUE",
+                  "yesno": "yes or no",
                   "duration": "a duration such as 90s, 30m, 2h, 1d, 1:30:00 or 2-12:00:00 (days-hours)"}
         raise UsageError(f"Option {name} takes {wanted.get(kind, 'a value')}, got {value!r}.") from None
 

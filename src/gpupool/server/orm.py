@@ -139,6 +139,12 @@ class WorkloadRow(Base):
     """Device-seconds of work lost to preemptions and evictions (after the last checkpoint)."""
     run_s: Mapped[float] = mapped_column(Float, default=0.0, server_default="0")
     """Seconds it ran in earlier attempts (its attained service is run_s x devices)."""
+    held: Mapped[str] = mapped_column(String(8), default="", server_default="")
+    """'' (not held), 'user' or 'admin' (`gpupool hold`): a held workload is not read for a cycle."""
+    waiting_on: Mapped[str] = mapped_column(String(1024), default="", server_default="")
+    """The part of its --dependency that does not hold yet ('' once it does): not read for a cycle."""
+    revision: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    """How often its spec was updated while pending: an admission expects the revision it placed."""
 
 
 class PodRow(Base):

@@ -39,6 +39,8 @@ class Runtime:
     wake: threading.Event = field(default_factory=threading.Event)
     capacity_changed: threading.Event = field(default_factory=threading.Event)
     """Set when room may have appeared (cancel, uncordon, quota change): re-examine all pending work."""
+    dependencies_changed: threading.Event = field(default_factory=threading.Event)
+    """Set when work waiting on a dependency was submitted: the loop judges the waiting work again."""
     submitted: collections.deque[Workload] = field(
         default_factory=lambda: collections.deque(maxlen=MAX_HANDED_OVER))
     """Core Workloads of just-committed submissions, parsed by the API: the scheduler takes them

@@ -12,6 +12,7 @@ from gpupool.server.loops.reconciler import Reconciler
 from gpupool.server.loops.scheduler import Scheduler
 from gpupool.server.metrics import Metrics
 from gpupool.server.runtime import Runtime
+from gpupool.server.services.dependencies import DependencyPass
 
 log = logging.getLogger("gpupool.loop")
 WAKE_DELAY_S = 0.003
@@ -40,6 +41,7 @@ class ControlLoop:
         self.scheduler = Scheduler(rt, policies(rt), seed=rt.settings.seed)
         self.reconciler = Reconciler(rt, on_final=self.scheduler.finished)
         self.scheduler.launches.on_outcome = self._launches_back
+        self.dependencies = DependencyPass(rt)
         if metrics is not None:
             divergence = metrics.store_view_divergence
             self.scheduler.store_audit.on_divergence = lambda kind, n: divergence.labels(kind).inc(n)
@@ -76,6 +78,13 @@ class ControlLoop:
         if changed or self.scheduler.waiting:
             changed += self.scheduler.promote_waiting()
         capacity_changed = bool(changed) or self.rt.capacity_changed.is_set()
+        # work that ended (or a cancel) may satisfy, or break, the dependencies pending work waits on:
+        # judged before the cycle, so what they clear is placed in it
+        submitted = self.rt.dependencies_changed.is_set()
+        if capacity_changed or self.dependencies.dirty or submitted:
+            self.rt.dependencies_changed.clear()
+            if self.dependencies.run(force=self.dependencies.dirty, arrivals=submitted):
+                capacity_changed = True
         due = time.monotonic() - self._last_cycle >= self.rt.settings.cycle_interval_s
         admitted = 0
         if woken or capacity_changed or due:

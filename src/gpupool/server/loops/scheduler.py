@@ -491,6 +491,8 @@ class Scheduler:
                 row.id, row.status, WorkloadStatus.ADMITTED.value, EventReason.ADMITTED,
                 f"Placed on {where}" + (_WAITS if wait else "."),
                 now, columns=(("attempt", row.attempt + 1), ("admitted_s", now), ("reserved_start_s", None)),
+                # not held or waiting on a dependency since the cycle read it, nor updated
+                expect=(("held", ""), ("waiting_on", ""), ("revision", self.cache.revision(row.id))),
             ))
             placed.append((row, admission, in_order, wait))
         lost = {m.workload_id for m in apply_moves(conn, moves)}

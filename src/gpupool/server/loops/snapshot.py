@@ -51,6 +51,8 @@ class WorkloadCache:
         self._allocations: dict[str, tuple[tuple[str, ...], Allocation]] = {}
         """workload id -> (its active pod ids, the Allocation built from them)."""
         self._allocation_nodes: frozenset[str] = frozenset()
+        self._revisions: dict[str, int] = {}
+        """workload id -> its spec revision as read, for the few updated while pending."""
 
     def take(self, submitted: collections.deque[Workload]) -> None:
         """Adopt the Workloads the API parsed for submissions committed since the last call."""
@@ -81,6 +83,18 @@ class WorkloadCache:
         """The parsed Workload of `row_id`, when this cache holds it."""
         return self._items.get(row_id)
 
+    def forget_if_changed(self, row_id: str, revision: int) -> None:
+        """Drop the parsed Workload of `row_id` when its spec's revision is no longer the one it was
+        parsed from (the spec of pending work may be updated), and note the revision read."""
+        if self._revisions.get(row_id, 0) != revision:
+            self._items.pop(row_id, None)
+        if revision or row_id in self._revisions:
+            self._revisions[row_id] = revision
+
+    def revision(self, row_id: str) -> int:
+        """The spec revision of `row_id` as last read (0: never updated)."""
+        return self._revisions.get(row_id, 0)
+
     def known(self, row_id: str, priority: int) -> Workload | None:
         found = self._items.get(row_id)
         return found if found is not None and found.priority == priority else None
@@ -109,6 +123,8 @@ class WorkloadCache:
     def keep_only(self, ids: set[str]) -> None:
         for stale in set(self._items) - ids:
             del self._items[stale]
+        for stale in set(self._revisions) - ids:
+            del self._revisions[stale]
 
 
 def load(rt: Runtime, cache: WorkloadCache, since_s: float | None = None,
@@ -127,9 +143,12 @@ def load(rt: Runtime, cache: WorkloadCache, since_s: float | None = None,
     nodes = rt.refresh_nodes()
     CAPACITY.get(nodes)  # summarise a changed pool here, not on a submission's path
     cache.take(rt.submitted)
+    # held work and work waiting on a dependency are left out here, in the query (services/jobs.py,
+    # loops/dependencies.py): the core never sees them
     pending_query = select(WorkloadRow.id, WorkloadRow.tenant, WorkloadRow.priority,
-                           WorkloadRow.submit_s, WorkloadRow.array_limit).where(
-                               WorkloadRow.status == WorkloadStatus.PENDING.value)
+                           WorkloadRow.submit_s, WorkloadRow.array_limit, WorkloadRow.revision).where(
+                               WorkloadRow.status == WorkloadStatus.PENDING.value,
+                               WorkloadRow.held == "", WorkloadRow.waiting_on == "")
     next_backoff: float | None = None
     with rt.store.read() as session:
         conn = session.connection()  # Core execution: none of the ORM's per-statement work
@@ -169,6 +188,8 @@ def load(rt: Runtime, cache: WorkloadCache, since_s: float | None = None,
             .join(WorkloadRow, WorkloadRow.id == PodRow.workload_id)
             .where(PodRow.status.in_(ACTIVE_POD_STATES), PodRow.workload_id.in_(changed))
         ).all() if changed else []
+        for r in pending_rows:  # its spec was updated while pending (gpupool update)
+            cache.forget_if_changed(r.id, r.revision)
         unparsed = {r.id for r in pending_rows if cache.known(r.id, r.priority) is None}
         unparsed.update(r.workload_id for r in active if cache.known(r.workload_id, r.priority) is None)
         specs: dict[str, Any] = {r.id: r.spec for r in conn.execute(

@@ -15,9 +15,10 @@ from gpupool.api.workloads import (
     WorkloadOut,
     WorkloadPage,
     WorkloadSpec,
+    WorkloadUpdate,
 )
 from gpupool.server.deps import Rt, Who, Writer
-from gpupool.server.services import listing
+from gpupool.server.services import jobs, listing
 from gpupool.server.services import logs as logs_service
 from gpupool.server.services import workloads as service
 
@@ -79,6 +80,37 @@ def get(workload_id: WorkloadId, rt: Rt, who: Who) -> WorkloadOut:
              responses={404: {"model": ErrorBody}, 409: {"model": ErrorBody}})
 def cancel(workload_id: WorkloadId, rt: Rt, who: Who) -> WorkloadOut:
     return service.cancel(rt, who, workload_id)
+
+
+@router.post("/{workload_id}/hold", response_model=WorkloadOut,
+             responses={404: {"model": ErrorBody}, 409: {"model": ErrorBody}})
+def hold(workload_id: WorkloadId, rt: Rt, who: Who) -> WorkloadOut:
+    """Keep a pending workload from being placed until it is released."""
+    return jobs.hold(rt, who, workload_id)
+
+
+@router.post("/{workload_id}/release", response_model=WorkloadOut,
+             responses={404: {"model": ErrorBody}, 409: {"model": ErrorBody}})
+def release(workload_id: WorkloadId, rt: Rt, who: Who) -> WorkloadOut:
+    """Let a held workload be placed (a hold the admin set only the admin releases)."""
+    return jobs.release(rt, who, workload_id)
+
+
+@router.patch("/{workload_id}", response_model=WorkloadOut,
+              responses={404: {"model": ErrorBody}, 409: {"model": ErrorBody}})
+def update(workload_id: WorkloadId, change: WorkloadUpdate, rt: Rt, who: Who) -> WorkloadOut:
+    """Change a pending workload's priority, time limit, gpus or replicas (409 once admitted)."""
+    return jobs.update(rt, who, workload_id, change)
+
+
+@router.post("/{workload_id}/requeue", response_model=WorkloadOut,
+             responses={404: {"model": ErrorBody}, 409: {"model": ErrorBody}})
+def requeue(
+    workload_id: WorkloadId, rt: Rt, who: Who,
+    hold: Annotated[bool, Query(description="wait held once back in pending")] = False,
+) -> WorkloadOut:
+    """Stop an admitted or running workload and send it back to pending."""
+    return jobs.requeue(rt, who, workload_id, hold_after=hold)
 
 
 @router.get("/{workload_id}/events", response_model=list[EventOut], responses={404: {"model": ErrorBody}})

@@ -87,6 +87,8 @@ def workload_row_to_summary(
                             resources=ResourcesSpec.model_validate(spec.get("resources") or {}),
                             priority_class=spec.get("priority_class"), time_limit_s=spec.get("time_limit_s"),
                             topology=spec.get("topology")),
+        held=row.held or "",
+        waiting_on=row.waiting_on or "",
         pods=pod_outs,
     )
 

@@ -106,6 +106,9 @@ class Move:
     at_s: float
     pod_id: str = ""
     columns: tuple[tuple[str, object], ...] = ()
+    expect: tuple[tuple[str, object], ...] = ()
+    """Columns that must hold these values too (read under the same lock as the status): an
+    admission expects the row not held, not waiting on a dependency and of the shape it placed."""
 
 
 _WORKLOADS = Base.metadata.tables["workloads"]
@@ -144,11 +147,20 @@ def apply_moves(conn: Connection, moves: Sequence[Move]) -> list[Move]:
     if not legal:
         return refused
     ids = sorted({m.workload_id for m in legal})
-    now_in: dict[str, str] = {row.id: row.status for row in conn.execute(
-        select(_WORKLOADS.c.id, _WORKLOADS.c.status).where(_WORKLOADS.c.id.in_(ids))
-        .order_by(_WORKLOADS.c.id).with_for_update())}
-    held = [m for m in legal if now_in.get(m.workload_id) == m.from_status]
-    lost = [m for m in legal if now_in.get(m.workload_id) != m.from_status]
+    expected = sorted({name for m in legal for name, _ in m.expect})
+    read = conn.execute(
+        select(_WORKLOADS.c.id, _WORKLOADS.c.status, *(_WORKLOADS.c[name] for name in expected))
+        .where(_WORKLOADS.c.id.in_(ids)).order_by(_WORKLOADS.c.id).with_for_update()).all()
+    now_in: dict[str, Any] = {row.id: row for row in read}
+
+    def holds(move: Move) -> bool:
+        """Its row still has the status it expects, and the columns it expects (`Move.expect`)."""
+        row = now_in.get(move.workload_id)
+        return (row is not None and row.status == move.from_status
+                and all(getattr(row, name) == value for name, value in move.expect))
+
+    held = [m for m in legal if holds(m)]
+    lost = [m for m in legal if not holds(m)]
     for move in lost:
         not_made("workload", LOST, move.workload_id, move.from_status, move.to_status, move.reason)
     shapes: dict[tuple[str, ...], list[dict[str, object]]] = {}

@@ -243,6 +243,8 @@ def commit(rt: Runtime, batch: Sequence[Submission]) -> int:
         return 0
     if accepted:
         rt.submitted.extend(workload for item in accepted for workload in item.parsed)
+        if any(item.workloads[0].get("waiting_on") for item in accepted):
+            rt.dependencies_changed.set()  # committed: the loop's dependency pass finds these rows
         rt.wake.set()
     return len(accepted)
 

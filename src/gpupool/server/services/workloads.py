@@ -12,6 +12,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from gpupool.api.array_spec import parse_array
+from gpupool.api.dependency_spec import Verdict
 from gpupool.api.events import EventReason
 from gpupool.api.workloads import (
     ArrayCancelled,
@@ -26,7 +27,7 @@ from gpupool.errors import Conflict, InvalidInput, NotFound, PriorityNotAllowed
 from gpupool.server.auth import Principal
 from gpupool.server.orm import EventRow, PodRow, WorkloadRow
 from gpupool.server.runtime import Runtime
-from gpupool.server.services import audit
+from gpupool.server.services import audit, dependencies
 from gpupool.server.services.converters import event_row_to_out, workload_row_to_out
 from gpupool.server.services.events import Move, apply_moves, transition
 from gpupool.server.services.fabric_listing import with_network
@@ -86,15 +87,44 @@ def prepare(rt: Runtime, who: Principal, spec: WorkloadSpec) -> Submission:
     chosen = priority_class(rt.config, spec.priority_class, tenant, who.max_priority)
     spec = check_fits(spec, CAPACITY.get(rt.nodes()))  # O(shapes): the summary is cached per node list
     now = rt.clock()
+    waiting = _waiting_on(rt, tenant, spec)
     if spec.array is not None:
-        return _array(spec, tenant, now, chosen)
-    workload_id = new_workload_id()
-    workload = to_workload(workload_id, spec, tenant, spec.priority, now, priority_class=chosen)
-    stored = _stored(spec, tenant, chosen)
-    return Submission(
-        id=workload_id, tenant=tenant, queue=spec.queue, device_milli=workload.total_device_milli,
-        workloads=[_row(workload, spec, stored, None)], events=[_event(workload_id, now)],
-        parsed=[workload])
+        submission = _array(spec, tenant, now, chosen)
+    else:
+        workload_id = new_workload_id()
+        workload = to_workload(workload_id, spec, tenant, spec.priority, now, priority_class=chosen)
+        stored = _stored(spec, tenant, chosen)
+        submission = Submission(
+            id=workload_id, tenant=tenant, queue=spec.queue, device_milli=workload.total_device_milli,
+            workloads=[_row(workload, spec, stored, None)], events=[_event(workload_id, now)],
+            parsed=[workload])
+    if waiting:
+        _wait_on(submission, waiting, now)
+    return submission
+
+
+def _waiting_on(rt: Runtime, tenant: str, spec: WorkloadSpec) -> str:
+    """What a submission's --dependency waits on now ('' when it holds or there is none); NotFound
+    when it names work that is not the tenant's."""
+    if spec.dependency is None:
+        return ""
+    with rt.store.read() as session:
+        judgement = dependencies.at_submit(session, tenant, spec.name, spec.dependency)
+    if judgement.verdict is Verdict.MET:
+        return ""
+    return judgement.why or spec.dependency
+
+
+def _wait_on(submission: Submission, waiting: str, now: float) -> None:
+    """Store the submission's rows as waiting on `waiting` (the loop judges them from there on)."""
+    message = f"Waits for {waiting}."
+    for row in submission.workloads:
+        row.update(waiting_on=waiting[:1024], reason=EventReason.WAITING_FOR_DEPENDENCY.value,
+                   message=message)
+    submission.events.extend(
+        dict(workload_id=row["id"], pod_id="", from_status=WorkloadStatus.PENDING.value,
+             to_status=WorkloadStatus.PENDING.value, reason=EventReason.WAITING_FOR_DEPENDENCY.value,
+             message=message, at_s=now) for row in submission.workloads)
 
 
 def _stored(spec: WorkloadSpec, tenant: str, chosen: str | None) -> dict[str, Any]:
@@ -138,6 +168,7 @@ def _row(workload: Workload, spec: WorkloadSpec, stored: dict[str, Any],
         spec=stored, attempt=0, reason=EventReason.SUBMITTED.value, message="Submitted.",
         submit_s=workload.submit_time_s, admitted_s=None, started_s=None, finished_s=None, exit_code=None,
         time_limit_s=spec.time_limit_s, array_id=array_id, array_index=array_index, array_limit=array_limit,
+        held="", waiting_on="", revision=0,
     )
 
 

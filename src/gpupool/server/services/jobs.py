@@ -1,0 +1,169 @@
+"""Job control of one workload: hold and release while pending, update a pending spec, and requeue
+admitted or running work (Slurm's scontrol hold/release/update and requeue).
+
+Each reads the workload's row locked (FOR UPDATE) and writes only if it still holds the status the
+decision rests on; the scheduler's admission in turn expects the row not held, not waiting on a
+dependency and of the revision it placed (services/events.py `Move.expect`), so neither can undo
+the other. A tenant acts only on its own work (another tenant's id reads as unknown); the admin
+acts on anyone's, and is audited.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import ValidationError
+
+from gpupool.api.events import EventReason
+from gpupool.api.workloads import WorkloadOut, WorkloadSpec, WorkloadUpdate
+from gpupool.core.model import WorkloadStatus
+from gpupool.errors import Conflict, Forbidden, InvalidInput, PriorityNotAllowed, QuotaExceeded
+from gpupool.server.auth import Principal
+from gpupool.server.orm import QueueRow, WorkloadRow
+from gpupool.server.runtime import Runtime
+from gpupool.server.services import audit
+from gpupool.server.services import workloads as workload_service
+from gpupool.server.services.events import transition
+from gpupool.server.services.requeue import requeue as requeue_row
+from gpupool.server.services.specs import CAPACITY, check_fits, to_workload
+
+_PENDING = WorkloadStatus.PENDING.value
+
+
+def _only_pending(row: WorkloadRow, verb: str) -> None:
+    if row.status != _PENDING:
+        raise Conflict(f"Workload {row.id} is {row.status}; only pending work can be {verb} "
+                       "(`gpupool requeue ID` sends admitted or running work back to pending).",
+                       status=row.status)
+
+
+def hold(rt: Runtime, who: Principal, workload_id: str) -> WorkloadOut:
+    """Keep a pending workload from being placed until released (an admin's hold only the admin
+    releases). Holding held work is a no-op."""
+    now = rt.clock()
+    with rt.store.write() as session:
+        row = workload_service._visible(session, who, workload_id, lock=True)
+        _only_pending(row, "held")
+        by = "admin" if who.is_admin else "user"
+        if row.held != by and row.held != "admin":
+            row.held = by
+            transition(session, row, _PENDING, EventReason.HELD, f"Held by the {by}.", now)
+            if who.is_admin:
+                audit.record(session, who, "workload.hold", workload_id, now, f"tenant={row.tenant}")
+    return workload_service.get(rt, who, workload_id)
+
+
+def release(rt: Runtime, who: Principal, workload_id: str) -> WorkloadOut:
+    """Let a held workload be placed again (pending work that is not held is left as it is)."""
+    now = rt.clock()
+    with rt.store.write() as session:
+        row = workload_service._visible(session, who, workload_id, lock=True)
+        _only_pending(row, "released")
+        if row.held == "admin" and not who.is_admin:
+            raise Forbidden(f"Workload {workload_id} was held by the admin; only the admin may release it.",
+                            workload=workload_id)
+        if row.held:
+            row.held = ""
+            transition(session, row, _PENDING, EventReason.RELEASED, "Released.", now)
+            if who.is_admin:
+                audit.record(session, who, "workload.release", workload_id, now, f"tenant={row.tenant}")
+    rt.capacity_may_have_changed()  # it is older than the scheduler's horizon of new arrivals
+    return workload_service.get(rt, who, workload_id)
+
+
+def update(rt: Runtime, who: Principal, workload_id: str, change: WorkloadUpdate) -> WorkloadOut:
+    """Change a pending workload's priority (within the tenant's limit), time limit, gpus or
+    replicas; refused with a sentence once it was admitted."""
+    now = rt.clock()
+    with rt.store.write() as session:
+        row = workload_service._visible(session, who, workload_id, lock=True)
+        _only_pending(row, "updated")
+        limit = who.max_priority
+        if change.priority is not None and limit is not None and change.priority > limit:
+            raise PriorityNotAllowed(
+                f"Tenant {row.tenant} may use priority <= {who.max_priority}; ask the admin "
+                f"(gpupool tenant set {row.tenant} --max-priority N).",
+                priority=change.priority, max_priority=who.max_priority)
+        stored: dict[str, Any] = dict(row.spec)
+        said: list[str] = []
+        for field, value in _changes(change):
+            was = _current(stored, field)
+            if was != value:
+                said.append(f"{field} {_shown(was)} -> {_shown(value)}")
+                _put(stored, field, value)
+        if not said:
+            return workload_service.get(rt, who, workload_id)
+        try:
+            spec = WorkloadSpec.model_validate(stored)
+        except ValidationError as exc:
+            raise InvalidInput(f"That update leaves an invalid spec: {exc.errors()[0]['msg']}.",
+                               field="update") from None
+        check_fits(spec, CAPACITY.get(rt.nodes()))
+        parsed = to_workload(row.id, spec, row.tenant, spec.priority, row.submit_s)
+        queue = session.get(QueueRow, (row.tenant, row.queue))
+        limit_milli = None if queue is None else queue.quota_device_milli
+        if limit_milli is not None and parsed.total_device_milli > limit_milli:  # as at submit
+            raise QuotaExceeded(
+                f"The workload would ask for {parsed.total_device_milli / 1000:g} GPUs but queue "
+                f"{row.tenant}/{row.queue} may hold at most {limit_milli / 1000:g}; ask for less or "
+                "raise the quota.", requested_gpus=parsed.total_device_milli / 1000,
+                quota_gpus=limit_milli / 1000)
+        row.spec = stored
+        row.priority = spec.priority
+        row.time_limit_s = spec.time_limit_s
+        row.device_milli = parsed.total_device_milli
+        row.revision = (row.revision or 0) + 1
+        transition(session, row, _PENDING, EventReason.UPDATED, "Updated: " + "; ".join(said) + ".", now)
+        if who.is_admin:
+            audit.record(session, who, "workload.update", workload_id, now,
+                         f"tenant={row.tenant} " + "; ".join(said))
+    rt.capacity_may_have_changed()
+    return workload_service.get(rt, who, workload_id)
+
+
+def _changes(change: WorkloadUpdate) -> list[tuple[str, object]]:
+    return [(name, value) for name, value in (
+        ("priority", change.priority), ("time_limit_s", change.time_limit_s),
+        ("gpus", change.gpus), ("replicas", change.replicas)) if value is not None]
+
+
+def _current(stored: dict[str, Any], field: str) -> object:
+    if field == "gpus":
+        return stored.get("resources", {}).get("gpus", 0)
+    return stored.get(field, {"priority": 0, "replicas": 1}.get(field))
+
+
+def _put(stored: dict[str, Any], field: str, value: object) -> None:
+    if field == "gpus":
+        stored["resources"] = {**stored.get("resources", {}), "gpus": value}
+    else:
+        stored[field] = value
+
+
+def _shown(value: object) -> str:
+    if isinstance(value, float) and value.is_integer():
+        return str(int(value))
+    return "none" if value is None else str(value)
+
+
+def requeue(rt: Runtime, who: Principal, workload_id: str, *, hold_after: bool = False) -> WorkloadOut:
+    """Stop an admitted or running workload's pods and send it back to pending (Slurm's requeue);
+    with `hold_after` it waits held there. Its pods are stopped after the commit."""
+    now = rt.clock()
+    with rt.store.write() as session:
+        row = workload_service._visible(session, who, workload_id, lock=True)
+        if row.status not in (WorkloadStatus.ADMITTED.value, WorkloadStatus.RUNNING.value):
+            raise Conflict(f"Workload {workload_id} is {row.status}; only admitted or running work can be "
+                           "requeued (pending work waits already; finished work is resubmitted).",
+                           status=row.status)
+        by = "the admin" if who.is_admin else "the user"
+        to_stop = requeue_row(session, row, EventReason.REQUEUED_BY_USER.value, f"Requeued by {by}.", now)
+        if hold_after:
+            row.held = "admin" if who.is_admin else "user"
+            transition(session, row, _PENDING, EventReason.HELD, f"Held by {by} (requeue --hold).", now)
+        if who.is_admin:
+            audit.record(session, who, "workload.requeue", workload_id, now, f"tenant={row.tenant}")
+    for pod_id in to_stop:
+        rt.provider.stop(pod_id)
+    rt.capacity_may_have_changed()
+    return workload_service.get(rt, who, workload_id)
