@@ -1,6 +1,8 @@
 """A replay with a fabric and the communication model decides exactly the same whether backfill's
-reservation search looks at the head's last reserved start first (`backfill.search_hints`) or
-searches every end time from the start: every decision of every cycle, and every metric."""
+reservation search looks at the head's last reserved start first (`backfill.search_hints`) and a
+stuck gang's search inside one leaf stops past the starts it would take
+(`locality.bound_leaf_search`), or every search walks the end times from the start to the first
+fit: every decision of every cycle, and every metric."""
 
 from __future__ import annotations
 
@@ -12,7 +14,7 @@ import pytest
 from factories import cluster, pod
 from gpupool.core.fabric.generate import fat_tree
 from gpupool.core.model import Workload
-from gpupool.core.scheduling import backfill
+from gpupool.core.scheduling import backfill, locality
 from gpupool.core.scheduling.cycle import CycleResult, Policies
 from gpupool.core.state import ClusterState
 from gpupool.core.topology_spec import Tier, TopologySpec
@@ -49,15 +51,16 @@ def _jobs(seed: int) -> tuple[tuple[TraceJob, ...], dict[str, JobComm]]:
     return tuple(jobs), profiles
 
 
-def _run(seed: int, monkeypatch: pytest.MonkeyPatch, hints: bool) -> tuple[list[Any], dict, int]:
-    """Every cycle's decisions, the metrics (wall time left out) and how many device checks the
-    reservation searches made."""
+def _run(seed: int, monkeypatch: pytest.MonkeyPatch, fast: bool) -> tuple[list[Any], dict, int, int]:
+    """Every cycle's decisions, the metrics (wall time left out), how many device checks the
+    reservation searches made and how many reservations inside one leaf were taken."""
     jobs, profiles = _jobs(seed)
     policies = Policies(placement="network-aware", ordering="drf", backfill=True, preemption=True,
                         topology_default=TopologySpec(preferred=Tier.LEAF), max_locality_wait_s=600.0)
     decided: list[Any] = []
-    checks = [0]
+    checks, leaves = [0], [0]
     cycle_on, device_check = replay_module.cycle_on, backfill._device_check
+    with_domain = locality._with_domain
 
     def recorded(*args: Any) -> CycleResult:
         result = cycle_on(*args)
@@ -73,25 +76,33 @@ def _run(seed: int, monkeypatch: pytest.MonkeyPatch, hints: bool) -> tuple[list[
 
         return run
 
+    def taken(*args: Any) -> Any:
+        leaves[0] += 1
+        return with_domain(*args)
+
     with monkeypatch.context() as mp:
         mp.setattr(replay_module, "cycle_on", recorded)
         mp.setattr(backfill, "_device_check", counted)
-        mp.setattr(backfill, "search_hints", hints)
+        mp.setattr(locality, "_with_domain", taken)
+        mp.setattr(backfill, "search_hints", fast)
+        mp.setattr(locality, "bound_leaf_search", fast)
         result = Replay(ReplayConfig(NODES, jobs, policies, seed=seed, check_invariants=True,
                                      comm=CommSetup(FABRIC, MODEL, profiles))).run()
     for volatile in ("wall_s", "cycle_ms_mean"):
         result.pop(volatile)
-    return decided, result, checks[0]
+    return decided, result, checks[0], leaves[0]
 
 
 @pytest.mark.parametrize("seed", [1, 2, 3])
-def test_a_fabric_replay_decides_the_same_with_the_hinted_search(
+def test_a_fabric_replay_decides_the_same_with_the_faster_searches(
     seed: int, monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    hinted, hinted_result, hinted_checks = _run(seed, monkeypatch, hints=True)
-    plain, plain_result, plain_checks = _run(seed, monkeypatch, hints=False)
+    fast, fast_result, fast_checks, fast_leaves = _run(seed, monkeypatch, fast=True)
+    plain, plain_result, plain_checks, plain_leaves = _run(seed, monkeypatch, fast=False)
     reserves = sum(1 for _, ds in plain for d in ds if type(d).__name__ == "Reserve")
     assert reserves > 50  # the pool is backed up: heads are reserved cycle after cycle
-    assert hinted == plain
-    assert hinted_result == plain_result
-    assert hinted_checks < plain_checks  # the hint was taken (and was right) often enough to matter
+    assert plain_leaves > 0  # gangs are reserved inside one leaf too
+    assert fast == plain
+    assert fast_result == plain_result
+    assert fast_leaves == plain_leaves
+    assert fast_checks < plain_checks  # the searches were cut short often enough to matter

@@ -171,3 +171,45 @@ def test_the_hinted_search_passes_over_every_group_before_the_hint_with_one_chec
     assert plain is not None and hinted is not None
     assert plain.start_s == hinted.start_s == 1400.0
     assert len(checks) == 2 < plain_checks
+
+
+@pytest.mark.parametrize("seed", range(30))
+def test_a_bounded_search_finds_every_start_it_is_asked_for(seed: int) -> None:
+    """`wanted` (a stuck gang's leaf search: a start of use only by less than the loss and no more
+    than the cap after `not_before_s`) stops the search past those starts: it reserves as the whole
+    search wherever that start is of use, and finds none where it is not (or there is none)."""
+    rng = random.Random(seed)
+    view, now = _busy_pool(rng)
+    view.materialize()
+    if not view.ends:
+        pytest.skip("no run with an estimate")
+    ends, _, _ = backfill._expected_ends(view, now, True)
+    times = sorted({t for t, _ in ends})
+    policy = make_policy("first-fit")
+    used = unused = 0
+    for h in range(4):
+        shape = rng.choice([0.5, 1, 2, 3, 4])
+        head = workload(*(pod(shape) for _ in range(rng.choice([1, 2, 3, 5]))), wid=f"head{h}")
+        for not_before in (now, times[0], times[len(times) // 2]):
+            whole, _ = backfill._reserve(head, view, now, policy, random.Random(h), not_before_s=not_before)
+            # the limits at every end time's delay exactly, and just either side of it
+            delays = [t - not_before for t in times] + [0.0, math.inf]
+            for delay in delays:
+                for loss, cap in ((delay, math.inf), (math.inf, delay), (delay + 0.5, delay),
+                                  (delay, delay - 0.5), (delay + 0.5, math.inf)):
+                    bounded, _ = backfill._reserve(head, view, now, policy, random.Random(h),
+                                                   not_before_s=not_before, wanted=(loss, cap))
+                    # reserve_in_domain's own test of a later start
+                    if whole is not None and (whole.start_s - not_before < loss
+                                              and whole.start_s - not_before <= cap):
+                        used += 1
+                        assert bounded is not None
+                        assert bounded.start_s == whole.start_s
+                        assert np.array_equal(bounded.fits_on, whole.fits_on)  # type: ignore[arg-type]
+                        assert _state_key(bounded.shadow) == _state_key(whole.shadow)
+                    else:
+                        unused += 1
+                        assert bounded is None
+    assert unused
+    if not used:
+        pytest.skip("no head fits at any end time of this pool")

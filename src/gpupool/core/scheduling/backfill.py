@@ -165,21 +165,38 @@ def reserve(
 def _reserve(
     head: Workload, view: ClusterView, now_s: float, policy: PlacementPolicy, rng: random.Random,
     correct: bool = True, not_before_s: float = -math.inf, hint_s: float = math.inf,
+    wanted: tuple[float, float] | None = None,
 ) -> tuple[Reservation | None, float]:
     """`reserve`, and until when the clock changes nothing in its answer: the earliest corrected end
     at or before the start (inf: none). A reservation reads only the runs expected to end by its
     start: a correction further out moves a run from one time after the start to a later one.
     `not_before_s`: no earlier end time is tried (one the caller knows the head cannot start at);
-    `hint_s`: where the search looks first (`_first_fit_in_time`; any value gives the same answer)."""
+    `hint_s`: where the search looks first (`_first_fit_in_time`; any value gives the same answer).
+    `wanted`: (loss_s, cap_s): the caller uses a start t only when t - not_before_s < loss_s and
+    t - not_before_s <= cap_s, so the search stops at the first end time past that (None then, where
+    the whole search may have found a later start: `locality.reserve_in_domain`)."""
     view.materialize()
     if not view.ends:
         return None, math.inf
     ends, end_milli, first_fix = _expected_ends(view, now_s, correct)
+    if wanted is not None:
+        # the start found is an end time (or now) and never earlier than the search got to: past
+        # the first end time the caller cannot use, none later is of use either (t - not_before_s
+        # only grows with t, so the test flips once); the groups before it are whole
+        bound = wanted
+        cut = bisect.bisect_left(ends, True, key=lambda e: not _wanted(max(e[0], now_s), not_before_s, bound))
+        ends, end_milli = ends[:cut], end_milli[:cut]
     found = _first_fit_in_time(head, view, now_s, policy, rng, ends, end_milli, not_before_s, hint_s)
     if found is not None:
         found.narrow = _narrow(head, view, policy, found.fits_on)
     until = first_fix if found is None or first_fix <= found.start_s else math.inf
     return found, until
+
+
+def _wanted(start_s: float, not_before_s: float, wanted: tuple[float, float]) -> bool:
+    """Whether a start is of use to a caller that asked for `wanted` (`_reserve`)."""
+    delay_s = start_s - not_before_s
+    return delay_s < wanted[0] and delay_s <= wanted[1]
 
 
 def _first_fit_in_time(
@@ -434,6 +451,7 @@ class KeptReservation:
     """The reservation's `fits_on` as `reserve` returned it (`may_backfill` changes the copies)."""
     narrow: np.ndarray | None = None
     not_before_s: float = -math.inf
+    wanted: tuple[float, float] | None = None
 
     def matches(self, head: Workload, view: ClusterView, now_s: float, policy: PlacementPolicy) -> bool:
         state = view.state
@@ -487,28 +505,31 @@ computes it afresh on every call (the same reservations, slower: kept to check t
 def kept_reserve(
     head: Workload, view: ClusterView, now_s: float, policy: PlacementPolicy, rng: random.Random,
     slot: Literal["kept_reservation", "kept_leaf_reservation"] = "kept_reservation",
-    not_before_s: float = -math.inf,
+    not_before_s: float = -math.inf, wanted: tuple[float, float] | None = None,
 ) -> Reservation | None:
     """`reserve(head, view, now_s, policy, rng)`, reused from the view's last one when it must be
     the same (see `KeptReservation`). `slot`: the view's attribute that keeps it (a stuck gang's
     reservation inside one leaf is kept beside the head's own, `locality.reserve_in_domain`);
-    `not_before_s` as `_reserve`'s."""
+    `not_before_s` and `wanted` as `_reserve`'s."""
     view.materialize()
     kept = getattr(view, slot)
     if (keep_reservations and kept is not None and kept.not_before_s == not_before_s
+            and kept.wanted == wanted
             and kept.matches(head, view, now_s, policy)):
         return kept.reservation(now_s)
     last = view.reserve_hints.get(slot)
     hint_s = last[1] if last is not None and last[0] == head.id else math.inf
     if not policy.is_repeatable():  # its placements draw from the rng or change later ones
         setattr(view, slot, None)
-        found = _reserve(head, view, now_s, policy, rng, not_before_s=not_before_s, hint_s=hint_s)[0]
+        found = _reserve(head, view, now_s, policy, rng, not_before_s=not_before_s, hint_s=hint_s,
+                     wanted=wanted)[0]
         _note_hint(view, slot, head, found)
         return found
     state = view.state
     arrays = tuple(a.copy() for a in _arrays(state))
     pod_kinds = [dict(k) for k in state.node_pod_kinds]
-    found, until_s = _reserve(head, view, now_s, policy, rng, not_before_s=not_before_s, hint_s=hint_s)
+    found, until_s = _reserve(head, view, now_s, policy, rng, not_before_s=not_before_s, hint_s=hint_s,
+                     wanted=wanted)
     _note_hint(view, slot, head, found)
     overdue = _overdue(view, now_s)
     setattr(view, slot, KeptReservation(
@@ -527,6 +548,7 @@ def kept_reserve(
         fits_on=None if found is None or found.fits_on is None else found.fits_on.copy(),
         narrow=None if found is None else found.narrow,
         not_before_s=not_before_s,
+        wanted=wanted,
     ))
     return found
 
