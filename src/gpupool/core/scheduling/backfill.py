@@ -164,29 +164,50 @@ def reserve(
 
 def _reserve(
     head: Workload, view: ClusterView, now_s: float, policy: PlacementPolicy, rng: random.Random,
-    correct: bool = True, not_before_s: float = -math.inf,
+    correct: bool = True, not_before_s: float = -math.inf, hint_s: float = math.inf,
+    wanted: tuple[float, float] | None = None,
 ) -> tuple[Reservation | None, float]:
     """`reserve`, and until when the clock changes nothing in its answer: the earliest corrected end
     at or before the start (inf: none). A reservation reads only the runs expected to end by its
     start: a correction further out moves a run from one time after the start to a later one.
-    `not_before_s`: no earlier end time is tried (one the caller knows the head cannot start at)."""
+    `not_before_s`: no earlier end time is tried (one the caller knows the head cannot start at);
+    `hint_s`: where the search looks first (`_first_fit_in_time`; any value gives the same answer).
+    `wanted`: (loss_s, cap_s): the caller uses a start t only when t - not_before_s < loss_s and
+    t - not_before_s <= cap_s, so the search stops at the first end time past that (None then, where
+    the whole search may have found a later start: `locality.reserve_in_domain`)."""
     view.materialize()
     if not view.ends:
         return None, math.inf
     ends, end_milli, first_fix = _expected_ends(view, now_s, correct)
-    found = _first_fit_in_time(head, view, now_s, policy, rng, ends, end_milli, not_before_s)
+    if wanted is not None:
+        # the start found is an end time (or now) and never earlier than the search got to: past
+        # the first end time the caller cannot use, none later is of use either (t - not_before_s
+        # only grows with t, so the test flips once); the groups before it are whole
+        bound = wanted
+        cut = bisect.bisect_left(ends, True, key=lambda e: not _wanted(max(e[0], now_s), not_before_s, bound))
+        ends, end_milli = ends[:cut], end_milli[:cut]
+    found = _first_fit_in_time(head, view, now_s, policy, rng, ends, end_milli, not_before_s, hint_s)
     if found is not None:
         found.narrow = _narrow(head, view, policy, found.fits_on)
     until = first_fix if found is None or first_fix <= found.start_s else math.inf
     return found, until
 
 
+def _wanted(start_s: float, not_before_s: float, wanted: tuple[float, float]) -> bool:
+    """Whether a start is of use to a caller that asked for `wanted` (`_reserve`)."""
+    delay_s = start_s - not_before_s
+    return delay_s < wanted[0] and delay_s <= wanted[1]
+
+
 def _first_fit_in_time(
     head: Workload, view: ClusterView, now_s: float, policy: PlacementPolicy, rng: random.Random,
     ends: list[tuple[float, str]], end_milli: list[int], not_before_s: float = -math.inf,
+    hint_s: float = math.inf,
 ) -> Reservation | None:
     """The head placed on the shadow pool at each end time in turn, from the first at which enough
-    compute is free, until it fits (placed at most MAX_RESERVATION_TRIALS times)."""
+    compute is free, until it fits (placed at most MAX_RESERVATION_TRIALS times). `hint_s`: the end
+    time at which the device check is expected to pass first (the head's last reserved start,
+    `kept_reserve`): tried before the search from the start (`_hinted_first_passing`)."""
     running = view.running
     shadow = clone_state(view.state)
     allowed = _allowed(head, shadow)
@@ -203,7 +224,10 @@ def _first_fit_in_time(
     if i >= len(ends):
         return None
     could_fit = _device_check(head, _required_domains(head, view, policy))
-    done = _first_passing(shadow, ends, running, i, now_s, could_fit)
+    if search_hints and math.isfinite(hint_s):
+        done = _hinted_first_passing(shadow, ends, running, i, now_s, could_fit, hint_s)
+    else:
+        done = _first_passing(shadow, ends, running, i, now_s, could_fit)
     if done is None:
         return None
     # the device check passes here and, the runs only ever freeing room, at every later end time
@@ -231,19 +255,68 @@ def _records(ends: list[tuple[float, str]], running: dict[str, Running], lo: int
     return [rec for _, rid in ends[lo:hi] for _, rec in running[rid].allocs]
 
 
+search_hints = True
+"""Look for the first end time at which the head passes the device check at its last reserved start
+first (`_hinted_first_passing`); False searches from the start every time (the same reservations,
+slower: kept to check that claim)."""
+
+
+def _hinted_first_passing(
+    shadow: ClusterState, ends: list[tuple[float, str]], running: dict[str, Running], i: int,
+    now_s: float, could_fit: Callable[[ClusterState], bool], hint_s: float,
+) -> int | None:
+    """`_first_passing(shadow, ends, running, i, now_s, could_fit)`, trying the group at `hint_s`
+    first: when the check fails after the group before it and passes after it, that group is the
+    first that passes (the check is monotone along the groups: releases only add free room), found
+    with two releases and two checks instead of a search over every group from `i`. When the check
+    fails there too, the search goes on from that group; when it passes already before it, the
+    search starts afresh from `i` (the free amounts put back). The shadow ends as `_first_passing`
+    leaves it: the same records released, each once."""
+    first = _group_end(ends, i, now_s)  # the first group end `_first_passing` checks
+    at = bisect.bisect_left(ends, hint_s, key=_end)  # the first run at or after the hint
+    if at >= len(ends):
+        return _first_passing(shadow, ends, running, i, now_s, could_fit)
+    hinted = _group_end(ends, at, now_s)
+    if hinted <= first:  # the hint's group is the first checked anyway
+        return _first_passing(shadow, ends, running, i, now_s, could_fit)
+    before = _group_start(ends, at, now_s)  # the end of the group before the hint's
+    saved = free_amounts(shadow)
+    below = _records(ends, running, 0, before)
+    shift_free(shadow, below, 1)
+    if before >= first and could_fit(shadow):  # it passes earlier: search from the start
+        restore_free(shadow, saved)
+        return _first_passing(shadow, ends, running, i, now_s, could_fit)
+    group = _records(ends, running, before, hinted)
+    shift_free(shadow, group, 1)
+    note_released(shadow, below)
+    note_released(shadow, group)
+    if could_fit(shadow):
+        return hinted
+    if hinted >= len(ends):
+        return None
+    return _first_passing(shadow, ends, running, hinted, now_s, could_fit, released=hinted)
+
+
+def _group_start(ends: list[tuple[float, str]], i: int, now_s: float) -> int:
+    """The start of the group of runs expected to end at the time of `ends[i]` (now, if past)."""
+    t = ends[i][0]
+    return 0 if t <= now_s else bisect.bisect_left(ends, t, hi=i, key=_end)
+
+
 def _first_passing(
     shadow: ClusterState, ends: list[tuple[float, str]], running: dict[str, Running], i: int,
-    now_s: float, could_fit: Callable[[ClusterState], bool],
+    now_s: float, could_fit: Callable[[ClusterState], bool], released: int = 0,
 ) -> int | None:
     """Release the runs of `ends` up to the end of the first group (from the one holding `ends[i]`;
     the runs before it with the first) after which `could_fit(shadow)` passes, and return that end;
-    None (the shadow then freed of them all): it passes at none.
+    None (the shadow then freed of them all): it passes at none. `released`: the runs before it
+    are released already (a group end at or before `i`).
 
     The same group as the check made after every group in turn, found in fewer checks: releasing
     runs only adds free room, so the check, once passed, passes at every later group. Groups are
     released in a doubling number (their free amounts only, `shift_free`); a batch after which the
     check passes is taken back (`restore_free`) and searched by halves; one after which it fails is kept."""
-    done, at = 0, i
+    done, at = released, i
     step, within = 1, 0  # within: a pass is known within that many groups from `done` (0: none yet)
     while True:
         cand = at
@@ -378,6 +451,7 @@ class KeptReservation:
     """The reservation's `fits_on` as `reserve` returned it (`may_backfill` changes the copies)."""
     narrow: np.ndarray | None = None
     not_before_s: float = -math.inf
+    wanted: tuple[float, float] | None = None
 
     def matches(self, head: Workload, view: ClusterView, now_s: float, policy: PlacementPolicy) -> bool:
         state = view.state
@@ -431,24 +505,32 @@ computes it afresh on every call (the same reservations, slower: kept to check t
 def kept_reserve(
     head: Workload, view: ClusterView, now_s: float, policy: PlacementPolicy, rng: random.Random,
     slot: Literal["kept_reservation", "kept_leaf_reservation"] = "kept_reservation",
-    not_before_s: float = -math.inf,
+    not_before_s: float = -math.inf, wanted: tuple[float, float] | None = None,
 ) -> Reservation | None:
     """`reserve(head, view, now_s, policy, rng)`, reused from the view's last one when it must be
     the same (see `KeptReservation`). `slot`: the view's attribute that keeps it (a stuck gang's
     reservation inside one leaf is kept beside the head's own, `locality.reserve_in_domain`);
-    `not_before_s` as `_reserve`'s."""
+    `not_before_s` and `wanted` as `_reserve`'s."""
     view.materialize()
     kept = getattr(view, slot)
     if (keep_reservations and kept is not None and kept.not_before_s == not_before_s
+            and kept.wanted == wanted
             and kept.matches(head, view, now_s, policy)):
         return kept.reservation(now_s)
+    last = view.reserve_hints.get(slot)
+    hint_s = last[1] if last is not None and last[0] == head.id else math.inf
     if not policy.is_repeatable():  # its placements draw from the rng or change later ones
         setattr(view, slot, None)
-        return _reserve(head, view, now_s, policy, rng, not_before_s=not_before_s)[0]
+        found = _reserve(head, view, now_s, policy, rng, not_before_s=not_before_s, hint_s=hint_s,
+                     wanted=wanted)[0]
+        _note_hint(view, slot, head, found)
+        return found
     state = view.state
     arrays = tuple(a.copy() for a in _arrays(state))
     pod_kinds = [dict(k) for k in state.node_pod_kinds]
-    found, until_s = _reserve(head, view, now_s, policy, rng, not_before_s=not_before_s)
+    found, until_s = _reserve(head, view, now_s, policy, rng, not_before_s=not_before_s, hint_s=hint_s,
+                     wanted=wanted)
+    _note_hint(view, slot, head, found)
     overdue = _overdue(view, now_s)
     setattr(view, slot, KeptReservation(
         head=head,
@@ -466,8 +548,17 @@ def kept_reserve(
         fits_on=None if found is None or found.fits_on is None else found.fits_on.copy(),
         narrow=None if found is None else found.narrow,
         not_before_s=not_before_s,
+        wanted=wanted,
     ))
     return found
+
+
+def _note_hint(view: ClusterView, slot: str, head: Workload, found: Reservation | None) -> None:
+    """Keep the head's reserved start: the next search for it looks there first (`search_hints`)."""
+    if found is None:
+        view.reserve_hints.pop(slot, None)
+    else:
+        view.reserve_hints[slot] = (head.id, found.start_s)
 
 
 def _allowed_milli(run: Running, allowed: BoolArray) -> int:

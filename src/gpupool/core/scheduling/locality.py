@@ -189,6 +189,12 @@ the pool's compute). 0 (the cap as `wait_for_domain`'s) and 1 measured worse tha
 reservations on a saturated two-month replay, 4 better (docs/experiments/network-aware.md)."""
 
 
+bound_leaf_search = True
+"""Search a stuck gang's reservation inside one leaf only as far as a start it would take
+(`reserve_in_domain`); False searches on to its first start there wherever that lies (the same
+reservations, slower: kept to check that claim)."""
+
+
 def reserve_in_domain(
     workload: Workload, wide: Reservation, view: ClusterView, max_wait_s: float, policy: PlacementPolicy,
     now_s: float, rng: random.Random, cap: WaitCap = WaitCap.FIXED, backlog: int = 0,
@@ -220,8 +226,10 @@ def reserve_in_domain(
     if kept is not None and kept.head == head:
         head = kept.head  # the same object again, so the kept reservation may match
     # it fits nowhere before the wide start, so in no leaf either
+    # a later start is of use only by less than the loss and no more than the cap: the search
+    # stops at the first end time past that instead of placing the gang there
     found = kept_reserve(head, view, now_s, policy, rng, slot="kept_leaf_reservation",
-                         not_before_s=wide.start_s)
+                         not_before_s=wide.start_s, wanted=(loss_s, cap_s) if bound_leaf_search else None)
     if found is None:
         return wide
     delay_s = found.start_s - wide.start_s

@@ -190,6 +190,9 @@ class ClusterView:
     kept_leaf_reservation: KeptReservation | None = None
     """The last reservation of a stuck gang inside one domain of its preferred tier, kept likewise
     (`locality.reserve_in_domain`)."""
+    reserve_hints: dict[str, tuple[str, float]] = field(default_factory=dict)
+    """(head id, reserved start) of the last reservation made afresh, by the slot that keeps it:
+    where the next search for the same head looks first (`backfill.search_hints`)."""
     topology: FabricView | None = None
     """The fabric the nodes sit in (`set_topology`); None: no fabric known, placement as before."""
     topology_default: TopologySpec | None = None
