@@ -58,7 +58,7 @@ from gpupool.server.services import enforcement, rendezvous
 from gpupool.server.services.events import LOST, Move, apply_moves, not_made, transition
 from gpupool.server.services.locks import lock_workloads
 from gpupool.server.services.metering import slice_models
-from gpupool.server.services.requeue import requeue, stop_pods
+from gpupool.server.services.requeue import requeue, stop_each_after_commit, stop_pods
 from gpupool.server.services.specs import to_workload
 from gpupool.server.states import PodState
 
@@ -424,8 +424,9 @@ class Scheduler:
         self._remember_reasons(recorded, view)
         for workload_id, pod_ids, placements in allocated:
             self.cache.admitted(by_id[workload_id], pod_ids, placements, now)
-        for pod_id, grace in to_stop:
-            self.rt.provider.stop(pod_id, grace_s=grace)
+        # a victim's launch still queued is taken back: it never starts, and the pods waiting on its
+        # devices are promoted at the next step rather than after its start-then-stop
+        stop_each_after_commit(self.rt, to_stop, now)
         return launches
 
     def _requeue(self, session: Session, batch: _Batch, marks: dict[str, float | None],
@@ -673,8 +674,7 @@ class Scheduler:
                            "longer "
                            "--time-limit, or make it checkpoint and resume.", now)
                 ended.append(row.id)
-        for pod_id, grace in to_stop:
-            self.rt.provider.stop(pod_id, grace_s=grace)
+        stop_each_after_commit(self.rt, to_stop, now)  # a launch not begun is taken back
         for workload_id in ended:
             self.finished(workload_id, None)
             _forget(self.rt, workload_id)

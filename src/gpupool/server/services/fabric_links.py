@@ -29,7 +29,7 @@ from gpupool.server.orm import EventRow, PodRow, WorkloadRow
 from gpupool.server.runtime import Runtime
 from gpupool.server.services import audit
 from gpupool.server.services.fabric import Key, LiveFabric, Route
-from gpupool.server.services.requeue import requeue
+from gpupool.server.services.requeue import requeue, stop_each_after_commit
 from gpupool.server.states import ACTIVE_POD_STATES
 
 _RUNNING = (WorkloadStatus.ADMITTED.value, WorkloadStatus.RUNNING.value)
@@ -145,8 +145,7 @@ def carry_out(rt: Runtime, effects: Effects, cause: str, now: float,
                 session.add(EventRow(
                     workload_id=workload_id, from_status=row.status, to_status=row.status,
                     reason=EventReason.LINK_DEGRADED.value, message=message[:1024], at_s=now))
-    for pod_id, grace in to_stop:
-        rt.provider.stop(pod_id, grace_s=grace)
+    stop_each_after_commit(rt, to_stop, now)  # a launch no worker has begun is taken back
     if to_stop:
         rt.capacity_may_have_changed()
 

@@ -25,6 +25,7 @@ from gpupool.server.services import audit
 from gpupool.server.services import workloads as workload_service
 from gpupool.server.services.events import transition
 from gpupool.server.services.requeue import requeue as requeue_row
+from gpupool.server.services.requeue import stop_after_commit
 from gpupool.server.services.specs import CAPACITY, check_fits, to_workload
 
 _PENDING = WorkloadStatus.PENDING.value
@@ -163,7 +164,6 @@ def requeue(rt: Runtime, who: Principal, workload_id: str, *, hold_after: bool =
             transition(session, row, _PENDING, EventReason.HELD, f"Held by {by} (requeue --hold).", now)
         if who.is_admin:
             audit.record(session, who, "workload.requeue", workload_id, now, f"tenant={row.tenant}")
-    for pod_id in to_stop:
-        rt.provider.stop(pod_id)
+    stop_after_commit(rt, to_stop, now)  # a launch no worker has begun is taken back
     rt.capacity_may_have_changed()
     return workload_service.get(rt, who, workload_id)

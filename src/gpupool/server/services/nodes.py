@@ -20,7 +20,7 @@ from gpupool.server.held import EMPTY_NODE, NodeHeld
 from gpupool.server.orm import NodeFlagRow, PodRow, WorkloadRow
 from gpupool.server.runtime import Runtime
 from gpupool.server.services import audit, enforcement
-from gpupool.server.services.requeue import requeue
+from gpupool.server.services.requeue import requeue, stop_after_commit
 from gpupool.server.states import ACTIVE_POD_STATES
 
 
@@ -203,8 +203,7 @@ def drain(rt: Runtime, who: Principal, name: str, *, now: bool = False) -> NodeO
         audit.record(session, who, "node.drain", name, at, "now" if now else "")
         if now:
             to_stop = _requeue_all(session, name, marks, at)
-    for pod_id in to_stop:
-        rt.provider.stop(pod_id)
+    stop_after_commit(rt, to_stop, at)  # a launch no worker has begun is taken back
     rt.capacity_may_have_changed()
     return get_node(rt, who, name)
 

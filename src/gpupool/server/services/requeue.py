@@ -9,6 +9,7 @@ last checkpoint (the mtime of `$GPUPOOL_CHECKPOINT_DIR/.checkpoint`, when the po
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from sqlalchemy import select, update
@@ -38,22 +39,35 @@ def stop_pods(session: Session, row: WorkloadRow, to: PodState, now: float) -> l
     return ids
 
 
-def stop_after_commit(rt: Runtime, pod_ids: list[str], now: float, grace_s: float | None = None) -> None:
+def stop_after_commit(rt: Runtime, pod_ids: list[str], now: float, grace_s: float | None = None) -> set[str]:
     """After the commit that marked `pod_ids` stopping: a pod whose launch no node's worker has
     begun is taken back and ends at once (`stopped`, it never reached the provider); the provider is
-    asked to stop the others. Each end is a compare-and-set on `stopping` with no start recorded."""
+    asked to stop the others. Each end is a compare-and-set on `stopping` with no start recorded.
+    Returns the ids taken back."""
+    return stop_each_after_commit(rt, [(pod_id, grace_s) for pod_id in pod_ids], now)
+
+
+def stop_each_after_commit(rt: Runtime, stops: Sequence[tuple[str, float | None]], now: float) -> set[str]:
+    """`stop_after_commit` with each pod's own grace (None: the provider's default). Every stop path
+    (cancel, preemption, time limit, drain, requeue, a lost link) comes here, so a launch still
+    queued never starts only to be stopped; what a taken-back pod held is free at once, and the
+    loop is woken to promote the pods waiting on its devices. Returns the ids taken back."""
+    pod_ids = [pod_id for pod_id, _ in stops]
     taken = rt.launches.withdraw(pod_ids) if rt.launches is not None and pod_ids else set()
     if taken:
         with rt.store.write() as session:
             session.execute(update(PodRow).where(
                 PodRow.id.in_(taken), PodRow.status == PodState.STOPPING.value, PodRow.started_s.is_(None),
             ).values(status=PodState.STOPPED.value, finished_s=now, message="Stopped before it started."))
-    for pod_id in pod_ids:
+    for pod_id, grace_s in stops:
         if pod_id not in taken:
             if grace_s is None:
                 rt.provider.stop(pod_id)
             else:
                 rt.provider.stop(pod_id, grace_s=grace_s)
+    if taken:
+        rt.capacity_may_have_changed()
+    return taken
 
 
 @dataclass(frozen=True, slots=True)
