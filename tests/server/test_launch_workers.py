@@ -93,8 +93,8 @@ class Pool:
         self.loop = ControlLoop(self.rt)
         self.loop.recovered = self.loop.reconciler.recover()
 
-    def submit(self, gpus: float) -> str:
-        spec = WorkloadSpec.model_validate({"command": ["train"], "resources": {"gpus": gpus}})
+    def submit(self, gpus: float, **extra: Any) -> str:
+        spec = WorkloadSpec.model_validate({"command": ["train"], "resources": {"gpus": gpus}, **extra})
         return workloads.submit(self.rt, ADMIN, spec).id
 
     def row(self, workload_id: str) -> WorkloadRow:
@@ -290,6 +290,91 @@ def test_a_cancel_of_a_pod_whose_launch_was_not_begun_ends_it_at_once(tmp_path: 
         assert pod.id not in {s.pod_id for s in pool.provider.poll()}, "never handed to the provider"
         assert pool.row(second if queued == first else first).status == "running"
         assert pool.pods(queued)[0].status == "stopped"
+    finally:
+        pool.provider.gate.set()
+        pool.rt.store.close()
+
+
+def queued_behind_a_hung_launch(pool: Pool, **extra: Any) -> tuple[str, str]:
+    """On a one-node pool whose node launches one pod at a time and hangs: a high-priority workload
+    whose launch has begun (and hangs), then a 4-GPU one (`extra`) whose launch is queued behind it.
+    Returns (the hung one, the queued one)."""
+    pool.loop.scheduler.launches.per_node = 1
+    pool.provider.gated.update(n.name for n in pool.provider.nodes())
+    hung = pool.submit(4, priority_class="high")
+    pool.step_until("the first launch to begin", lambda: len(pool.provider.blocked) == 1)
+    pool.now += 1.0
+    queued = pool.submit(4, **extra)
+    pool.step_until("the second to be placed", lambda: pool.row(queued).status == "admitted")
+    step_bounded(pool.loop)
+    assert pool.provider.blocked == [pool.pods(hung)[0].id], "the second's launch waits in the queue"
+    assert pool.pods(queued)[0].id in pool.loop.scheduler.launches.in_flight()
+    return hung, queued
+
+
+def assert_taken_back(pool: Pool, workload_id: str, at: float) -> None:
+    """The workload's only pod ended at `at` without ever reaching the provider."""
+    [pod] = pool.pods(workload_id)
+    assert (pod.status, pod.message) == ("stopped", "Stopped before it started.")
+    assert pod.finished_s == at and pod.started_s is None
+    assert pod.id not in pool.provider.stopped, "nothing to ask the provider: it never had it"
+    assert pod.id not in pool.provider.blocked and pool.provider.phase(pod.id) is None, "never launched"
+    assert pod.id not in pool.loop.scheduler.launches.in_flight()
+
+
+def test_a_preempted_pod_whose_launch_was_not_begun_is_taken_back_and_its_preemptor_starts(
+        tmp_path: Path) -> None:
+    """The victim's launch waits behind a hung one: it is taken back (it never starts only to be
+    stopped), and the preemptor waiting on its devices is launched without waiting for the hung one."""
+    pool = Pool(tmp_path, nodes="1x8xH100")
+    try:
+        hung, victim = queued_behind_a_hung_launch(pool, priority_class="low")
+        pool.now += 1.0
+        preemptor = pool.submit(4, priority_class="high")
+        preempted_at = pool.now
+        pool.step_until("the victim to be preempted", lambda: pool.row(victim).status == "pending")
+        assert_taken_back(pool, victim, preempted_at)
+        [waiting] = pool.pods(preemptor)
+        pool.provider.released.add(waiting.id)  # its node answers this launch at once
+        pool.loop.scheduler.launches.per_node = 2  # room for a launch beside the hung one
+        pool.step_until("the preemptor to run", lambda: pool.row(preemptor).status == "running")
+        assert pool.provider.phase(waiting.id) is PodPhase.RUNNING
+        assert pool.row(hung).status == "admitted", "while the first launch still hangs"
+        assert pool.row(victim).status == "pending" and pool.pods(victim)[0].status == "stopped"
+    finally:
+        pool.provider.gate.set()
+        pool.rt.store.close()
+
+
+def test_a_drained_pod_whose_launch_was_not_begun_is_taken_back(tmp_path: Path) -> None:
+    from gpupool.server.services import nodes
+
+    pool = Pool(tmp_path, nodes="1x8xH100")
+    try:
+        hung, queued = queued_behind_a_hung_launch(pool)
+        [hung_pod] = pool.pods(hung)
+        pool.now += 1.0
+        nodes.drain(pool.rt, ADMIN, hung_pod.node, now=True)
+        assert_taken_back(pool, queued, pool.now)
+        assert pool.row(queued).status == "pending"
+        assert pool.pods(hung)[0].status == "stopping", "begun: the provider is asked to stop it"
+        pool.provider.gate.set()
+        pool.step_until("the begun launch to be recorded", lambda: not pool.loop.scheduler.launches.busy)
+        assert pool.provider.phase(pool.pods(queued)[0].id) is None, "never handed to the provider"
+    finally:
+        pool.provider.gate.set()
+        pool.rt.store.close()
+
+
+def test_a_requeued_pod_whose_launch_was_not_begun_is_taken_back(tmp_path: Path) -> None:
+    from gpupool.server.services import jobs
+
+    pool = Pool(tmp_path, nodes="1x8xH100")
+    try:
+        _, queued = queued_behind_a_hung_launch(pool)
+        pool.now += 1.0
+        assert jobs.requeue(pool.rt, ADMIN, queued).status == "pending"
+        assert_taken_back(pool, queued, pool.now)
     finally:
         pool.provider.gate.set()
         pool.rt.store.close()
