@@ -1,7 +1,8 @@
 """Launches run in per-node launch workers, outside the control loop: a node whose launch hangs holds
 up neither the scheduling cycles nor the other nodes' launches, and its pod fails with a reason at
-the launch deadline; a cancel that lands while a launch is in flight wins; a cancel of a pod whose
-launch was not begun ends the pod at once; a restart with launches in flight reconciles them."""
+the launch deadline; a cancel that lands while a launch is in flight wins; a stop (cancel,
+preemption, time limit, drain, requeue) of a pod whose launch was not begun ends the pod at once; a
+restart with launches in flight reconciles them."""
 
 from __future__ import annotations
 
@@ -375,6 +376,37 @@ def test_a_requeued_pod_whose_launch_was_not_begun_is_taken_back(tmp_path: Path)
         pool.now += 1.0
         assert jobs.requeue(pool.rt, ADMIN, queued).status == "pending"
         assert_taken_back(pool, queued, pool.now)
+    finally:
+        pool.provider.gate.set()
+        pool.rt.store.close()
+
+
+def test_a_pod_whose_launch_was_not_begun_is_taken_back_at_its_workloads_time_limit(tmp_path: Path) -> None:
+    """A gang whose pod on one node started while its pod on the other waits behind a hung launch:
+    at the time limit the waiting one is taken back, the started one is stopped by the provider."""
+    pool = Pool(tmp_path)
+    try:
+        pool.loop.scheduler.launches.per_node = 1
+        pool.provider.gated.update(n.name for n in pool.provider.nodes())
+        hung = pool.submit(2, priority_class="high")
+        pool.step_until("the first launch to begin", lambda: len(pool.provider.blocked) == 1)
+        stuck = pool.pods(hung)[0].node
+        pool.provider.gated = {stuck}
+        pool.now += 1.0
+        timed = pool.submit(6, replicas=2, time_limit_s=60)  # 6 + 6 GPUs: one pod on each node
+        pool.step_until("the timed gang to run", lambda: pool.row(timed).status == "running")
+        pods = {p.node: p for p in pool.pods(timed)}
+        assert pods[stuck].status == "launching" and pods[stuck].id not in pool.provider.blocked
+        [(_, started)] = [(node, p) for node, p in pods.items() if node != stuck]
+        assert started.status == "running"
+        pool.now += 61.0
+        limit_at = pool.now
+        pool.step_until("the time limit", lambda: pool.row(timed).status == "failed")
+        [queued] = [p for p in pool.pods(timed) if p.node == stuck]
+        assert (queued.status, queued.message) == ("stopped", "Stopped before it started.")
+        assert queued.finished_s == limit_at and queued.started_s is None
+        assert queued.id not in pool.provider.stopped and pool.provider.phase(queued.id) is None
+        assert started.id in pool.provider.stopped, "the started pod is stopped by the provider"
     finally:
         pool.provider.gate.set()
         pool.rt.store.close()
