@@ -78,7 +78,8 @@ POD_EDGES: Mapping[tuple[PodState, PodState], str] = MappingProxyType({
     (_P.RUNNING, _P.FAILED): "it exited non-zero",
     (_P.RUNNING, _P.LOST): "its node or the provider lost it",
     (_P.RUNNING, _P.STOPPED): "stopped at once (cancel, eviction, time limit)",
-    (_P.STOPPING, _P.STOPPED): "the provider reports it ended after the stop",
+    (_P.STOPPING, _P.STOPPED): ("the provider reports it ended after the stop, or its launch was not "
+                                "begun and was taken back"),
     (_P.STOPPING, _P.SUCCEEDED): "it exited 0 within its grace",
     (_P.STOPPING, _P.FAILED): "it exited non-zero within its grace",
     (_P.STOPPING, _P.LOST): "its node or the provider lost it while it stopped",
