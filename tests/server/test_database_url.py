@@ -6,7 +6,6 @@ environment or command line, nor a pod, nor the log."""
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
@@ -113,18 +112,6 @@ def test_up_takes_a_sqlite_url_from_the_environment(tmp_path: Path) -> None:
                        env={dburl.URL_ENV: f"sqlite:///{store}"}).start()
     try:
         assert store.exists() and not (tmp_path / "data" / "gpupool.sqlite").exists()
-    finally:
-        server.stop()
-
-
-@pytest.fixture(scope="module")
-def postgres() -> Iterator[pgtemp.TempPostgres]:
-    reason = pgtemp.why_unavailable()
-    if reason:
-        pytest.skip(f"PostgreSQL tests skipped: {reason}")
-    server = pgtemp.start()
-    try:
-        yield server
     finally:
         server.stop()
 

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from sqlalchemy import select
+from storereads import StoreReads
 
 from factories import ISSUE_CONFIG
 from gpupool.api.workloads import WorkloadSpec
@@ -19,7 +19,6 @@ from gpupool.providers.fake import FakeProvider
 from gpupool.server.auth import Principal
 from gpupool.server.db import Store
 from gpupool.server.loops.control import ControlLoop
-from gpupool.server.orm import EventRow, PodRow, WorkloadRow
 from gpupool.server.runtime import Runtime
 from gpupool.server.services import workloads
 from gpupool.server.services.tenants import bootstrap
@@ -40,7 +39,7 @@ class HookedProvider(FakeProvider):
         super().launch(pod)
 
 
-class Pool:
+class Pool(StoreReads):
     def __init__(self, tmp_path: Path) -> None:
         self.now = 1_000_000.0
         self.provider = HookedProvider("1x8xH100", clock=lambda: self.now, duration_s=10_000.0)
@@ -55,27 +54,6 @@ class Pool:
     def submit(self, gpus: float, command: str = "train") -> str:
         spec = WorkloadSpec.model_validate({"command": [command], "resources": {"gpus": gpus}})
         return workloads.submit(self.rt, ADMIN, spec).id
-
-    def row(self, workload_id: str) -> WorkloadRow:
-        with self.rt.store.read() as session:
-            row = session.get(WorkloadRow, workload_id)
-            assert row is not None
-            session.expunge(row)
-            return row
-
-    def pods(self, workload_id: str) -> list[PodRow]:
-        with self.rt.store.read() as session:
-            rows = list(session.scalars(select(PodRow).where(PodRow.workload_id == workload_id)))
-            for row in rows:
-                session.expunge(row)
-            return rows
-
-    def last_event(self, workload_id: str) -> tuple[str, str, str]:
-        with self.rt.store.read() as session:
-            event = session.scalars(select(EventRow).where(EventRow.workload_id == workload_id)
-                                    .order_by(EventRow.id.desc())).first()
-            assert event is not None
-            return event.to_status, event.reason, event.message
 
 
 @pytest.fixture

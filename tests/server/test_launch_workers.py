@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from sqlalchemy import select
+from storereads import StoreReads
 
 from factories import ISSUE_CONFIG
 from gpupool.api.workloads import WorkloadSpec
@@ -22,7 +22,6 @@ from gpupool.providers.fake import FakeProvider
 from gpupool.server.auth import Principal
 from gpupool.server.db import Store
 from gpupool.server.loops.control import ControlLoop
-from gpupool.server.orm import EventRow, PodRow, WorkloadRow
 from gpupool.server.runtime import Runtime
 from gpupool.server.services import workloads
 from gpupool.server.services.tenants import bootstrap
@@ -80,7 +79,7 @@ class GatedProvider(FakeProvider):
             return None if pod is None else self._status(pod).phase
 
 
-class Pool:
+class Pool(StoreReads):
     def __init__(self, tmp_path: Path, provider: GatedProvider | None = None, *, nodes: str = "2x8xH100",
                  deadline_s: float = PATIENCE_S * 10, url: str = "") -> None:
         self.now = 1_000_000.0
@@ -97,25 +96,6 @@ class Pool:
     def submit(self, gpus: float, **extra: Any) -> str:
         spec = WorkloadSpec.model_validate({"command": ["train"], "resources": {"gpus": gpus}, **extra})
         return workloads.submit(self.rt, ADMIN, spec).id
-
-    def row(self, workload_id: str) -> WorkloadRow:
-        with self.rt.store.read() as session:
-            row = session.get(WorkloadRow, workload_id)
-            assert row is not None
-            session.expunge(row)
-            return row
-
-    def pods(self, workload_id: str) -> list[PodRow]:
-        with self.rt.store.read() as session:
-            rows = list(session.scalars(select(PodRow).where(PodRow.workload_id == workload_id)))
-            for row in rows:
-                session.expunge(row)
-            return rows
-
-    def events(self, workload_id: str) -> list[tuple[str, str, str]]:
-        with self.rt.store.read() as session:
-            return [(e.to_status, e.reason, e.message) for e in session.scalars(
-                select(EventRow).where(EventRow.workload_id == workload_id).order_by(EventRow.id))]
 
     def step_until(self, what: str, done: Any) -> None:
         """Run steps (as the loop does) until `done()`; fail after PATIENCE_S of real time."""

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from sqlalchemy import select
+from storereads import StoreReads
 
 from gpupool.api.tenants import TenantCreate
 from gpupool.api.workloads import WorkloadSpec
@@ -16,7 +17,7 @@ from gpupool.providers.fake import FakeProvider
 from gpupool.server.auth import Principal
 from gpupool.server.db import Store
 from gpupool.server.loops.control import ControlLoop
-from gpupool.server.orm import EventRow, PodRow, WorkloadRow
+from gpupool.server.orm import PodRow
 from gpupool.server.runtime import Runtime
 from gpupool.server.services import tenants, workloads
 from gpupool.server.services.tenants import bootstrap
@@ -29,7 +30,7 @@ preemption: {scope: SCOPE}
 """
 
 
-class _Pool:
+class _Pool(StoreReads):
     def __init__(self, tmp_path: Path, scope: str, nodes: str = "2x4xH100") -> None:
         self.now = 1_000_000.0
         provider = FakeProvider(nodes, clock=lambda: self.now, duration_s=10_000.0)
@@ -54,20 +55,6 @@ class _Pool:
     def step(self, advance_s: float = 0.0) -> None:
         self.now += advance_s
         self.loop.step()
-
-    def row(self, workload_id: str) -> WorkloadRow:
-        with self.rt.store.read() as session:
-            row = session.get(WorkloadRow, workload_id)
-            assert row is not None
-            session.expunge(row)
-            return row
-
-    def last_event(self, workload_id: str) -> tuple[str, str, str]:
-        with self.rt.store.read() as session:
-            e = session.scalars(select(EventRow).where(EventRow.workload_id == workload_id)
-                                .order_by(EventRow.id.desc())).first()
-            assert e is not None
-            return e.to_status, e.reason, e.message
 
 
 def _full_of_best_effort(tmp_path: Path, scope: str) -> tuple[_Pool, list[str]]:
