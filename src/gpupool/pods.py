@@ -63,6 +63,11 @@ class PodLaunch:
     """The account the admin mapped to the tenant ('' = the pool's own account for the tenant)."""
     separate_stderr: bool = False
     """Keep stderr in its own log; by default stdout and stderr share one, in the order written."""
+    # Container images (agent/container.py)
+    image: str = ""
+    """The image the pod runs in, by name ('' = on the node itself, as before)."""
+    image_rootfs: str = ""
+    """That image's root filesystem on the node, as the pool's image store resolved it at launch."""
 
 
 @dataclass(frozen=True, slots=True)

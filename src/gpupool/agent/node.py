@@ -22,7 +22,7 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import replace
 from pathlib import Path
 
-from gpupool.agent import workdir
+from gpupool.agent import container, workdir
 from gpupool.agent.checkpoints import CHECKPOINT_DIR_ENV, CheckpointDirs
 from gpupool.agent.identity import (
     BASE_PATH,
@@ -33,6 +33,7 @@ from gpupool.agent.identity import (
     prepare_scratch_root,
 )
 from gpupool.agent.isolation import (
+    SITECUSTOMIZE_DIR,
     IsolationPlan,
     Layer,
     LayerState,
@@ -124,6 +125,8 @@ class NodeAgent:
         self.pod_processes = process_limit()
         """RLIMIT_NPROC of every pod account here (isolation.process_limit)."""
         self.runner = Runner(self.state_dir, clock=clock, max_log_bytes=max_log_bytes)
+        self.containers, self.containers_unavailable = container.detect()
+        """What runs `--image` pods here (container.py), or None and the sentence why nothing does."""
         self.network = PodNetwork(network or NetworkSettings(mode=NetnsMode.OFF), network_slot, published)
         """Each pod's network namespace (netns.py); off unless `network` asks for it."""
         if network is None:
@@ -205,6 +208,8 @@ class NodeAgent:
                 replace(d, healthy=d.healthy and d.uuid not in self._faults) for d in self._devices()
             )
             labels = {SIMULATED_LABEL: "true"} if self.simulated else {}
+            if self.containers is not None:
+                labels[container.CONTAINERS_LABEL] = self.containers.label
             return Node(name=self.node_name, cpu_milli=self._cpu_milli, memory_mib=self._memory_mib,
                         devices=devices, labels=labels, ib_ports=self.ib_ports(),
                         healthy="" not in self._faults)
@@ -287,8 +292,11 @@ class NodeAgent:
             url = self.network.pod_url(env.get("GPUPOOL_URL", ""))
             if url:
                 env["GPUPOOL_URL"] = url
+        command, cwd = pod.command, where.path or home
+        if pod.image_rootfs:  # the command runs in the image's container (container.py)
+            command, cwd = self._containerised(pod, identity, env, home)
         try:
-            record = self.runner.start(pod.pod_id, pod.command, env=env, workdir=where.path or home,
+            record = self.runner.start(pod.pod_id, command, env=env, workdir=cwd,
                                        limits=limits, identity=identity,
                                        combined_output=not pod.separate_stderr,
                                        netns=net.netns if net is not None else "")
@@ -303,6 +311,36 @@ class NodeAgent:
             if where.note:  # read back as the pod's "notes" stream (gpupool show)
                 write_atomic(self.runner.log_path(pod.pod_id, LogStream.NOTES), where.note + "\n")
         return record
+
+    def _containerised(self, pod: PodLaunch, identity: PodIdentity | None,
+                       env: dict[str, str], home: Path) -> tuple[tuple[str, ...], str]:
+        """The shim's command and directory for a pod in a container: its bundle (in its private
+        directory) runs the pod's command with the pod's environment, in its --workdir or else its
+        private directory (bound in, with its checkpoint directory and the MPS pipe); the pod's own
+        GPUs' device nodes only."""
+        runtime = self.containers
+        if runtime is None:
+            raise ProviderError(f"Node {self.node_name} cannot run pod {pod.pod_id} in image "
+                                f"{pod.image!r}: {self.containers_unavailable}.")
+        uid, gid = (identity.uid, identity.gid) if identity is not None else (os.geteuid(), os.getegid())
+        inside = container.POD_MOUNT_POINTS
+        binds = {inside["home"]: str(home), inside["checkpoint"]: env.get(CHECKPOINT_DIR_ENV, ""),
+                 inside["mps"]: env.get("CUDA_MPS_PIPE_DIRECTORY", "")}
+        if pod.workdir:
+            binds[inside["work"]] = pod.workdir
+        moved = {host: inner for host, inner in ((str(home), inside["home"]), (str(SITECUSTOMIZE_DIR), inside["site"]),
+                                                 (binds[inside["checkpoint"]], inside["checkpoint"]),
+                                                 (binds[inside["mps"]], inside["mps"])) if host}
+        inner_env = {k: moved.get(v, v) for k, v in env.items()} | {"GPUPOOL_POD_ID": pod.pod_id}
+        if "PYTHONPATH" in env:
+            inner_env["PYTHONPATH"] = os.pathsep.join(moved.get(p, p) for p in env["PYTHONPATH"].split(os.pathsep))
+        devices = [] if self.simulated else container.gpu_device_nodes(s.device_index for s in pod.slices)
+        config = container.oci_config(command=pod.command, env=inner_env,
+                                      cwd=inside["work"] if pod.workdir else inside["home"], uid=uid, gid=gid,
+                                      rootfs=pod.image_rootfs, binds=binds,
+                                      read_only_binds={inside["site"]: str(SITECUSTOMIZE_DIR)}, devices=devices)
+        bundle = container.write_bundle(home, config, uid, gid)
+        return tuple(container.container_argv(runtime, bundle, pod.pod_id)), pod.workdir or str(home)
 
     def _attach(self, pod: PodLaunch, as_account: bool) -> tuple[PodNet | None, LayerState]:
         """The pod's own network namespace, when this node makes them (only pods of another
