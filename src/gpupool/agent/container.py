@@ -47,7 +47,8 @@ GPU_CONTROL_NODES = ("/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools
 """Device nodes every CUDA process opens besides its GPUs' own /dev/nvidiaN."""
 _HOST_PROC_MASKED = ("/proc/acpi", "/proc/kcore", "/proc/keys", "/proc/latency_stats", "/proc/timer_list",
                      "/proc/timer_stats", "/proc/sched_debug", "/proc/scsi", "/sys/firmware")
-_HOST_PROC_READONLY = ("/proc/asound", "/proc/bus", "/proc/fs", "/proc/irq", "/proc/sys", "/proc/sysrq-trigger")
+_HOST_PROC_READONLY = ("/proc/asound", "/proc/bus", "/proc/fs", "/proc/irq", "/proc/sys",
+                       "/proc/sysrq-trigger")
 POD_MOUNT_POINTS = {"home": "/gpupool/home", "work": "/gpupool/work", "checkpoint": "/gpupool/checkpoint",
                     "mps": "/gpupool/mps", "site": "/gpupool/site"}
 """Where a pod's own directories appear in its container (HOME and TMPDIR, --workdir,
@@ -162,7 +163,8 @@ def oci_config(*, command: Sequence[str], env: Mapping[str, str], cwd: str, uid:
         {"destination": "/dev/mqueue", "type": "mqueue", "source": "mqueue",
          "options": ["nosuid", "noexec", "nodev"]},
         _bind("/sys", "/sys", read_only=True),
-        {"destination": "/tmp", "type": "tmpfs", "source": "tmpfs", "options": ["nosuid", "nodev", "mode=1777"]},
+        {"destination": "/tmp", "type": "tmpfs", "source": "tmpfs",
+         "options": ["nosuid", "nodev", "mode=1777"]},
     ]
     for table, read_only in ((binds, False), (read_only_binds, True)):
         for destination, source in sorted(table.items()):
@@ -180,7 +182,8 @@ def oci_config(*, command: Sequence[str], env: Mapping[str, str], cwd: str, uid:
             "args": list(command),
             "env": [f"{k}={v}" for k, v in env.items()],
             "cwd": cwd or "/",
-            "capabilities": {"bounding": [], "effective": [], "inheritable": [], "permitted": [], "ambient": []},
+            "capabilities": {kind: [] for kind in ("bounding", "effective", "inheritable", "permitted",
+                                                   "ambient")},
             "noNewPrivileges": True,
         },
         "root": {"path": rootfs, "readonly": True},

@@ -328,17 +328,19 @@ class NodeAgent:
                  inside["mps"]: env.get("CUDA_MPS_PIPE_DIRECTORY", "")}
         if pod.workdir:
             binds[inside["work"]] = pod.workdir
-        moved = {host: inner for host, inner in ((str(home), inside["home"]), (str(SITECUSTOMIZE_DIR), inside["site"]),
-                                                 (binds[inside["checkpoint"]], inside["checkpoint"]),
-                                                 (binds[inside["mps"]], inside["mps"])) if host}
+        pairs = ((str(home), inside["home"]), (str(SITECUSTOMIZE_DIR), inside["site"]),
+                 (binds[inside["checkpoint"]], inside["checkpoint"]), (binds[inside["mps"]], inside["mps"]))
+        moved = {host: inner for host, inner in pairs if host}
         inner_env = {k: moved.get(v, v) for k, v in env.items()} | {"GPUPOOL_POD_ID": pod.pod_id}
         if "PYTHONPATH" in env:
-            inner_env["PYTHONPATH"] = os.pathsep.join(moved.get(p, p) for p in env["PYTHONPATH"].split(os.pathsep))
+            entries = env["PYTHONPATH"].split(os.pathsep)
+            inner_env["PYTHONPATH"] = os.pathsep.join(moved.get(p, p) for p in entries)
         devices = [] if self.simulated else container.gpu_device_nodes(s.device_index for s in pod.slices)
         config = container.oci_config(command=pod.command, env=inner_env,
                                       cwd=inside["work"] if pod.workdir else inside["home"], uid=uid, gid=gid,
                                       rootfs=pod.image_rootfs, binds=binds,
-                                      read_only_binds={inside["site"]: str(SITECUSTOMIZE_DIR)}, devices=devices)
+                                      read_only_binds={inside["site"]: str(SITECUSTOMIZE_DIR)},
+                                      devices=devices)
         bundle = container.write_bundle(home, config, uid, gid)
         return tuple(container.container_argv(runtime, bundle, pod.pod_id)), pod.workdir or str(home)
 
