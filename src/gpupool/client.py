@@ -15,11 +15,13 @@ or against the private CA that GPUPOOL_CA_BUNDLE (or `ca_bundle` in the config f
 
 from __future__ import annotations
 
+import os
 import ssl
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from datetime import timedelta
-from typing import Any, TypedDict, TypeVar, Unpack
+from typing import IO, Any, TypedDict, TypeVar, Unpack
+from urllib.parse import quote
 
 import httpx
 from pydantic import BaseModel, TypeAdapter
@@ -27,6 +29,7 @@ from pydantic import BaseModel, TypeAdapter
 from gpupool.api.audit import AuditOut
 from gpupool.api.common import Health
 from gpupool.api.fabric import FabricOut, LinkChangeOut
+from gpupool.api.images import ImageOut
 from gpupool.api.nodes import NodeOut, PoolSummary
 from gpupool.api.tenants import QueueOut, TenantDeleted, TenantOut, TokenInfo, TokenOut
 from gpupool.api.usage import UsageOut
@@ -93,6 +96,7 @@ class SubmitFields(TypedDict, total=False):
     topology: str
     dependency: str
     kill_on_invalid_dep: bool
+    image: str
 
 
 class Client:
@@ -306,6 +310,31 @@ class Client:
     def pool(self) -> PoolSummary:
         return self._one(PoolSummary, "GET", "/pool")
 
+    # ----------------------------------------------------------------- images
+
+    def images(self) -> list[ImageOut]:
+        """The pool's images (`submit(image=NAME)` runs pods in one)."""
+        return self._many(ImageOut, "GET", "/images")
+
+    def import_image(self, archive: str | os.PathLike[str] | IO[bytes], name: str) -> ImageOut:
+        """Import a tar (or .tar.gz) of a root filesystem or of an OCI image layout as image `name`
+        (admin only; it replaces an image of that name). The file is streamed, never read whole."""
+        if isinstance(archive, (str, os.PathLike)):
+            with open(archive, "rb") as handle:
+                return self.import_image(handle, name)
+        try:
+            answer = self._http.post("/images", params={"name": name}, content=_chunks(archive),
+                                     headers={"Content-Type": "application/x-tar"}, timeout=None)
+        except httpx.TransportError as exc:
+            raise _unreachable(self.url, exc) from None
+        if answer.status_code >= 400:
+            raise error_from_answer(answer.status_code, answer.content)
+        return ImageOut.model_validate(answer.json())
+
+    def remove_image(self, name: str) -> ImageOut:
+        """Forget image `name` (admin only); raises NotFound when there is none."""
+        return self._one(ImageOut, "DELETE", f"/images/{quote(name, safe='')}")
+
     # ----------------------------------------------------------------- fabric
 
     def fabric(self, *, workload: str | None = None) -> FabricOut:
@@ -506,6 +535,11 @@ def _plain(value: Any) -> Any:
     if isinstance(value, Sequence) and not isinstance(value, str | bytes):
         return [_plain(item) for item in value]
     return value
+
+
+def _chunks(handle: IO[bytes], size: int = 1 << 20) -> Iterator[bytes]:
+    while chunk := handle.read(size):
+        yield chunk
 
 
 def _list_params(status: Sequence[str], tenant: str | Sequence[str] | None,

@@ -36,8 +36,9 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
-CONTAINERS_LABEL = "gpupool.io/containers"
-"""A node label: the runtime that runs `--image` pods there ("crun 1.8.1"); absent: none can."""
+from gpupool.providers.nodespec import CONTAINERS_LABEL
+
+__all__ = ["CONTAINERS_LABEL", "ContainerRuntime", "container_argv", "detect", "oci_config", "write_bundle"]
 RUNTIME_ENV = "GPUPOOL_CONTAINER_RUNTIME"
 """The crun binary to use (default: crun on PATH); `off` turns containers off on this node."""
 BUNDLE_DIR = ".gpupool-container"

@@ -293,7 +293,7 @@ class NodeAgent:
             if url:
                 env["GPUPOOL_URL"] = url
         command, cwd = pod.command, where.path or home
-        if pod.image_rootfs:  # the command runs in the image's container (container.py)
+        if pod.image:  # the command runs in the image's container (container.py)
             command, cwd = self._containerised(pod, identity, env, home)
         try:
             record = self.runner.start(pod.pod_id, command, env=env, workdir=cwd,
@@ -322,6 +322,9 @@ class NodeAgent:
         if runtime is None:
             raise ProviderError(f"Node {self.node_name} cannot run pod {pod.pod_id} in image "
                                 f"{pod.image!r}: {self.containers_unavailable}.")
+        if not pod.image_rootfs:
+            raise ProviderError(f"Image {pod.image!r} of pod {pod.pod_id} is no longer in the pool's store "
+                                "(removed after the submit); import it again and resubmit.")
         uid, gid = (identity.uid, identity.gid) if identity is not None else (os.geteuid(), os.getegid())
         inside = container.POD_MOUNT_POINTS
         binds = {inside["home"]: str(home), inside["checkpoint"]: env.get(CHECKPOINT_DIR_ENV, ""),

@@ -9,6 +9,7 @@ from pydantic import Field, field_validator
 from gpupool.api.array_spec import parse_array
 from gpupool.api.common import ArgText, Name, Strict, refuse_control
 from gpupool.api.fabric import NetworkOut
+from gpupool.api.images import ImageName
 from gpupool.core.units import parse_cpu_milli, parse_devices, parse_memory_mib
 from gpupool.errors import InvalidInput
 
@@ -136,6 +137,10 @@ class WorkloadSpec(Strict):
     rendezvous: list[RendezvousSpec] | None = Field(None, description=(
         "set by the server when a multi-pod gang is placed (newest attempt last): the rank-0 node, its "
         "address and the port reserved there; not submitted"))
+    # Container images (gpupool image ...): one block, so other spec additions merge beside it
+    image: ImageName | None = Field(None, description=(
+        "run each pod in this image of the pool's store (`gpupool image ls`), in a container as the "
+        "tenant's account; default: on the node itself"))
 
     @field_validator("array")
     @classmethod

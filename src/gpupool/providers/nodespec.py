@@ -16,6 +16,8 @@ SPEC_SYNTAX = (
     "or give the path of an OpenB node CSV (columns sn,cpu_milli,memory_mib,gpu,model)"
 )
 SIMULATED_LABEL = "gpupool.io/simulated"
+CONTAINERS_LABEL = "gpupool.io/containers"
+"""A node label: the runtime that runs `--image` pods there ("crun 1.8.1"); absent: none can."""
 _GROUP = re.compile(r"^\s*(\d+)\s*[xX]\s*(\d+)\s*[xX]\s*([A-Za-z0-9][A-Za-z0-9._-]*)\s*$")
 _UUID_NAMESPACE = uuid.UUID("6f1c2d4e-2b7a-4e0c-9a51-7d3e8b9f0a11")
 

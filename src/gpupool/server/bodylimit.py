@@ -5,7 +5,8 @@ without one (chunked) is counted as it streams and refused at the first chunk th
 so a client can never make the server hold more than the limit plus one chunk of a request. Two
 routes take more by their nature and get their own room whatever the limit says: remote calls
 (`/api/v1/calls/...`) carry pickled arguments and results of up to their payload limit, and fabric
-telemetry (`/api/v1/fabric/telemetry`) up to 100,000 port samples.
+telemetry (`/api/v1/fabric/telemetry`) up to 100,000 port samples, and image imports
+(`/api/v1/images`, admin only) archives of up to 16 GiB.
 """
 
 from __future__ import annotations
@@ -23,6 +24,9 @@ CALLS_BODY_BYTES = MAX_PAYLOAD_TEXT + 64 * 1024
 TELEMETRY_PATH = "/api/v1/fabric/telemetry"
 TELEMETRY_BODY_BYTES = 32 * 2**20
 """100,000 port samples (TelemetryIn's bound) of a few hundred bytes at most each."""
+IMAGES_PATH = "/api/v1/images"
+IMAGES_BODY_BYTES = 16 * 2**30
+"""An image archive (admin only), streamed to disk as it comes."""
 _MIB = 2**20
 
 
@@ -49,6 +53,8 @@ class BodyLimit:
     def limit_for(self, path: str) -> int:
         if path.startswith(CALLS_PREFIX):
             return max(self.limit_bytes, CALLS_BODY_BYTES)
+        if path == IMAGES_PATH:
+            return max(self.limit_bytes, IMAGES_BODY_BYTES)
         if path == TELEMETRY_PATH:
             return max(self.limit_bytes, TELEMETRY_BODY_BYTES)
         return self.limit_bytes

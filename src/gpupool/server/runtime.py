@@ -15,6 +15,7 @@ from gpupool.providers.base import Provider
 from gpupool.server.auth import Authenticator
 from gpupool.server.db import Store
 from gpupool.server.held import HeldPods
+from gpupool.server.images import ImageStore
 from gpupool.server.settings import Settings
 
 if TYPE_CHECKING:
@@ -57,6 +58,7 @@ class Runtime:
     launches: LaunchWorkers | None = None
     """The nodes' launch workers, set by the control loop's scheduler (loops/launches.py): a cancel
     takes back the launches no worker has begun, so their pods end at once."""
+    _images: ImageStore | None = None
     _nodes: tuple[Node, ...] = ()
     _nodes_lock: threading.Lock = field(default_factory=threading.Lock)
     auth: Authenticator = field(init=False)
@@ -78,6 +80,14 @@ class Runtime:
         with self._nodes_lock:
             nodes = self._nodes
         return nodes or self.refresh_nodes()
+
+    @property
+    def images(self) -> ImageStore:
+        """The pool's image store (server/images.py), opened at first use."""
+        with self._nodes_lock:
+            if self._images is None:
+                self._images = ImageStore(self.settings.resolved_image_dir)
+            return self._images
 
     def capacity_may_have_changed(self) -> None:
         self.capacity_changed.set()

@@ -72,6 +72,10 @@ class Settings:
     """How long one pod's launch may take before the pod is failed with that reason (the launch
     runs in its node's launch worker, outside the control loop; GPUPOOL_LAUNCH_DEADLINE_S). Keep it
     above the agent's GPUPOOL_LAUNCH_TIMEOUT_S, so the agent's own, more precise sentence wins."""
+    image_dir: Path | None = None
+    """The image store (server/images.py; GPUPOOL_IMAGE_DIR): default DATA_DIR/images, or, for a
+    root server (whose pods run as other accounts and must read the images, while the data directory
+    is closed to them), /var/lib/gpupool-images/POOL_ID."""
     agent_dir: Path | None = None
     """The agents' state and the pods' logs (default: DATA_DIR/agents); may be on another
     filesystem than the store, so a pod's output can never fill the store's disk."""
@@ -125,6 +129,14 @@ class Settings:
         return self.data_dir / "admin-token"
 
     @property
+    def resolved_image_dir(self) -> Path:
+        if self.image_dir is not None:
+            return self.image_dir
+        if os.geteuid() == 0:
+            return Path("/var/lib/gpupool-images") / (self.pool_id or "pool")
+        return self.data_dir / "images"
+
+    @property
     def resolved_agent_dir(self) -> Path:
         """Where the agents keep pods' state and logs: the explicit directory, else DATA_DIR/agents."""
         return self.agent_dir or self.data_dir / "agents"
@@ -159,6 +171,8 @@ class Settings:
                 ("GPUPOOL_MAX_POD_LOG", "max_pod_log_bytes", DEFAULT_MAX_POD_LOG_BYTES)):
             if env.get(name) and getattr(self, key) == default:
                 changes[key] = parse_size_bytes(env[name], name)
+        if self.image_dir is None and env.get("GPUPOOL_IMAGE_DIR"):
+            changes["image_dir"] = Path(env["GPUPOOL_IMAGE_DIR"])
         if self.agent_dir is None and env.get("GPUPOOL_AGENT_DIR"):
             changes["agent_dir"] = Path(env["GPUPOOL_AGENT_DIR"])
         return replace(self, **changes) if changes else self  # type: ignore[arg-type]

@@ -708,7 +708,15 @@ class Scheduler:
             workdir=str(spec.get("workdir", "")), rank=rank, world_size=world, tenant=row.tenant,
             unix_user=unix_user, separate_stderr=bool(spec.get("separate_stderr", False)),
             **(gang.launch_fields(rank) if gang is not None else {}),
+            image=str(spec.get("image") or ""), image_rootfs=self._image_rootfs(spec),
         )
+
+    def _image_rootfs(self, spec: dict[str, Any]) -> str:
+        """The root filesystem of a pod's image, resolved now ('' when it has none, or when the image
+        was removed since the submit: the agent then fails the pod with that reason)."""
+        name = spec.get("image")
+        rootfs = self.rt.images.rootfs(str(name)) if name else None
+        return str(rootfs) if rootfs is not None else ""
 
     def _launch(self, launches: list[PodLaunch]) -> None:
         """Hand launches (recorded `launching` by a committed transaction) to the nodes' launch

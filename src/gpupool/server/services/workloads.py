@@ -24,6 +24,7 @@ from gpupool.api.workloads import (
 )
 from gpupool.core.model import Workload, WorkloadStatus
 from gpupool.errors import Conflict, InvalidInput, NotFound, PriorityNotAllowed
+from gpupool.providers.nodespec import CONTAINERS_LABEL
 from gpupool.server.auth import Principal
 from gpupool.server.orm import EventRow, PodRow, WorkloadRow
 from gpupool.server.runtime import Runtime
@@ -86,6 +87,8 @@ def prepare(rt: Runtime, who: Principal, spec: WorkloadSpec) -> Submission:
                            "finds MASTER_ADDR and MASTER_PORT in its environment).", field="rendezvous")
     chosen = priority_class(rt.config, spec.priority_class, tenant, who.max_priority)
     spec = check_fits(spec, CAPACITY.get(rt.nodes()))  # O(shapes): the summary is cached per node list
+    if spec.image is not None:
+        check_image(rt, spec.image)
     now = rt.clock()
     waiting = _waiting_on(rt, tenant, spec)
     if spec.array is not None:
@@ -101,6 +104,19 @@ def prepare(rt: Runtime, who: Principal, spec: WorkloadSpec) -> Submission:
     if waiting:
         _wait_on(submission, waiting, now)
     return submission
+
+
+def check_image(rt: Runtime, name: str) -> None:
+    """Refuse an image the store does not hold, or any image where no node can run containers."""
+    if rt.images.get(name) is None:
+        names = rt.images.names()
+        have = f"it has {', '.join(names)}" if names else "it has none yet (an admin imports them)"
+        raise InvalidInput(f"No image {name!r} in this pool: {have}; see `gpupool image ls`, and "
+                           "`gpupool image import FILE.tar NAME`.", field="image")
+    if not any(CONTAINERS_LABEL in node.labels for node in rt.nodes()):
+        raise InvalidInput(f"No node of this pool can run containers, so work in image {name!r} would never "
+                           "start: install crun on the nodes (Debian: apt-get install crun) and restart "
+                           "their agents; `gpupool node show NAME` says why a node cannot.", field="image")
 
 
 def _waiting_on(rt: Runtime, tenant: str, spec: WorkloadSpec) -> str:
