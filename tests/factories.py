@@ -142,3 +142,50 @@ print(f"rank {rank} of {world} on {os.environ['GPUPOOL_NODE']} at port {where[1]
 """A gang's real rendezvous, for `python -c ALL_REDUCE [MEET_DIR N]`: rank 0 listens on MASTER_ADDR:
 MASTER_PORT, every rank sends RANK + 1 over TCP, all print the sum; with MEET_DIR, rank 0 keeps its
 port until N gangs' rank 0 hold theirs (two gangs at once)."""
+
+
+BUSYBOX_APPLETS = ("sh", "id", "ls", "cat", "echo", "sleep", "true", "test", "stat")
+
+
+def static_busybox() -> str | None:
+    """The path of a statically linked busybox (Debian's busybox-static), None when there is none: an
+    image built from it needs nothing else of the host."""
+    import shutil
+    import struct
+
+    for candidate in ("/bin/busybox", "/usr/bin/busybox", shutil.which("busybox") or ""):
+        try:
+            with open(candidate, "rb") as handle:
+                head = handle.read(64)
+                if head[:5] != b"\x7fELF\x02":
+                    continue
+                phoff, = struct.unpack_from("<Q", head, 0x20)
+                entsize, count = struct.unpack_from("<HH", head, 0x36)
+                handle.seek(phoff)
+                table = handle.read(entsize * count)
+        except OSError:
+            continue
+        if all(struct.unpack_from("<I", table, i * entsize)[0] != 3 for i in range(count)):  # no PT_INTERP
+            return candidate
+    return None
+
+
+def busybox_image_tar(os_release: str = "NAME=tiny\n") -> bytes:
+    """A tar of a tiny root filesystem: a static busybox with a few applets and an /etc/os-release."""
+    import io
+    import tarfile
+
+    busybox = static_busybox()
+    assert busybox is not None, "no static busybox (apt-get install busybox-static)"
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w") as archive:
+        archive.add(busybox, arcname="bin/busybox")
+        for applet in BUSYBOX_APPLETS:
+            link = tarfile.TarInfo(f"bin/{applet}")
+            link.type, link.linkname = tarfile.SYMTYPE, "busybox"
+            archive.addfile(link)
+        data = os_release.encode()
+        info = tarfile.TarInfo("etc/os-release")
+        info.size = len(data)
+        archive.addfile(info, io.BytesIO(data))
+    return buffer.getvalue()

@@ -102,6 +102,11 @@ def submit(
         bool, typer.Option("--separate-stderr", help="Keep stderr in its own log (like sbatch --error); by "
                            "default stdout and stderr are one log, in the order written.")
     ] = False,
+    image: Annotated[
+        str | None, typer.Option("--image", help="Run each pod in this image of the pool's store (gpupool "
+                                 "image ls), in a container as the tenant's account; its --workdir, else its "
+                                 "private directory, is bound in. A name the pool lacks: exit 2.")
+    ] = None,
 ) -> None:
     """Submit a workload (or with --array, one task per index) and print only its id.
 
@@ -138,6 +143,7 @@ def submit(
         ("--topology", topology),
         ("--dependency", dependency),
         ("--kill-on-invalid-dep", kill_on_invalid_dep),
+        ("--image", image),
     ]
     for flag, value in pairs:
         if value is not None:

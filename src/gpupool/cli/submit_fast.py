@@ -19,7 +19,7 @@ USAGE = (
     "[--gpus 0.25|2] [--gpu-memory 8GiB] [--cpu 4] [--memory 16GiB] [--replicas N] [--env K=V] "
     "[--workdir D] [--time-limit 2h] [--checkpoint-every 30m] [--max-retries N] [--array 0-99%10] "
     "[--topology required=leaf] [--separate-stderr] [--dependency afterok:ID] "
-    "[--kill-on-invalid-dep no] "
+    "[--kill-on-invalid-dep no] [--image NAME] "
     "[-f spec.yaml] -- COMMAND..."
 )
 # flag -> (path in the spec, kind)
@@ -46,6 +46,7 @@ _FLAGS: dict[str, tuple[tuple[str, ...], str]] = {
     "--topology": (("topology",), "topology"),
     "--dependency": (("dependency",), "dependency"), "-d": (("dependency",), "dependency"),
     "--kill-on-invalid-dep": (("kill_on_invalid_dep",), "yesno"),
+    "--image": (("image",), "str"),
 }
 
 

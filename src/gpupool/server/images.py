@@ -19,14 +19,17 @@ since they resolve inside the container's root only.
 from __future__ import annotations
 
 import contextlib
+import gzip
 import hashlib
 import json
+import lzma
 import os
 import secrets
 import shutil
 import stat
 import tarfile
 import time
+import zlib
 from collections.abc import Iterator
 from pathlib import Path
 from typing import IO, Any
@@ -291,10 +294,11 @@ class ImageStore:
                 tree.finish()
             except _Refused as exc:
                 raise InvalidInput(f"Cannot import image {name!r}: {exc}.") from None
-            except tarfile.TarError as exc:
-                raise InvalidInput(f"Cannot import image {name!r}: it is not a readable tar archive ({exc}); "
-                                   "give a .tar (or .tar.gz) of a root filesystem or an OCI image layout.") \
-                    from None
+            except (tarfile.TarError, EOFError, gzip.BadGzipFile, zlib.error, lzma.LZMAError) as exc:
+                why = "it is not a readable tar archive" if isinstance(exc, tarfile.ReadError) else \
+                    f"it is cut short or damaged ({type(exc).__name__})"
+                raise InvalidInput(f"Cannot import image {name!r}: {why}; give a .tar (or .tar.gz) of a root "
+                                   "filesystem or an OCI image layout.") from None
             finally:
                 tree.close()
             size = sum(e.stat(follow_symlinks=False).st_size for e in _walk(tree_dir))
