@@ -127,7 +127,7 @@ def test_an_oci_layout_applies_its_layers_in_order_with_whiteouts(store: ImageSt
 
 
 def test_not_a_tar_is_refused_with_what_to_give(store: ImageStore) -> None:
-    with pytest.raises(InvalidInput, match="not a readable tar archive.*root filesystem or an OCI"):
+    with pytest.raises(InvalidInput, match=r"not a readable tar archive.*root filesystem or an OCI"):
         store.import_archive("junk", io.BytesIO(b"not a tar at all" * 100))
 
 

@@ -21,7 +21,7 @@ def import_image(
     archive: Annotated[Path, typer.Argument(help=(
         "A tar (or .tar.gz) of a root filesystem (tar -C ROOTFS -cf FILE.tar .), or of an OCI image "
         "layout (skopeo copy ... oci-archive:FILE.tar, podman save --format oci-archive)."))],
-    name: Annotated[str, typer.Argument(help="The image's name (lower-case letters, digits, '.', '_', '-').")],
+    name: Annotated[str, typer.Argument(help="Its name: lower-case letters, digits, '.', '_', '-'.")],
 ) -> None:
     """Import an image into the pool's store (admin; replaces an image of that name). Members with
     absolute names, '..' or paths through links refuse the archive; device nodes and set-uid bits are
