@@ -140,6 +140,10 @@ EXPECTED: dict[tuple[str, str], Expectation] = {
     ("GET", "/fabric"): Readable(probe={"workload": "workload_id"}),
     ("POST", "/fabric/links/fail"): Admin(body=lambda v: {"link": "leaf-0:1"}),
     ("POST", "/fabric/links/heal"): Admin(body=lambda v: {"link": "leaf-0:1"}),
+    # Container images: the pool's, listed to every token; imported and removed by the admin only
+    ("GET", "/images"): Readable(),
+    ("POST", "/images"): Admin(),
+    ("DELETE", "/images/{name}"): Admin(),
     ("POST", "/fabric/telemetry"): Admin(body=lambda v: {"ports": [{"node": "leaf-0", "port": 1,
                                                                      "utilization": 0.5}]}),
 }

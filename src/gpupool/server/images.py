@@ -28,6 +28,7 @@ import secrets
 import shutil
 import stat
 import tarfile
+import tempfile
 import time
 import zlib
 from collections.abc import Iterator
@@ -237,15 +238,28 @@ class ImageStore:
 
     def __init__(self, root: Path) -> None:
         self.root = root
+        self._made = False
+
+    def _make(self) -> None:
+        """Create the store's directories (at the first import: listing an empty store writes
+        nothing) and clear what an import cut short by a crash left in `incoming`."""
+        if self._made:
+            return
         for sub, mode in (("", 0o711), ("names", 0o700), ("rootfs", 0o711), ("incoming", 0o700)):
-            path = root / sub if sub else root
+            path = self.root / sub if sub else self.root
             path.mkdir(parents=True, exist_ok=True, mode=mode)
             os.chmod(path, mode)
-        for leftover in (root / "incoming").iterdir():
+        for leftover in (self.root / "incoming").iterdir():
             if leftover.is_dir():
                 shutil.rmtree(leftover, ignore_errors=True)
             else:
                 leftover.unlink(missing_ok=True)
+        self._made = True
+
+    def spool(self) -> IO[bytes]:
+        """An unnamed file in the store's `incoming` directory, for an upload on its way in."""
+        self._make()
+        return tempfile.TemporaryFile(dir=self.root / "incoming")
 
     def _record(self, name: str) -> Path:
         return self.root / "names" / f"{check_name(name)}.json"
@@ -275,6 +289,7 @@ class ImageStore:
         """Read a tar (plain or compressed) from `upload`, unpack it safely and record it as `name`
         (replacing an image of that name). Raises InvalidInput with the reason for a refused one."""
         check_name(name)
+        self._make()
         incoming = self.root / "incoming" / secrets.token_hex(8)
         incoming.mkdir(mode=0o700)
         try:

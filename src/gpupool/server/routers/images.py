@@ -2,15 +2,15 @@
 
 from __future__ import annotations
 
-import tempfile
 from typing import Annotated
 
 from fastapi import APIRouter, Path, Query, Request
 from starlette.concurrency import run_in_threadpool
 
 from gpupool.api.common import ErrorBody
-from gpupool.api.images import IMAGE_NAME_PATTERN, ImageOut
+from gpupool.api.images import IMAGE_NAME_PATTERN, IMAGE_NAME_RULE, ImageOut
 from gpupool.server.deps import Rt, Who
+from gpupool.server.images import check_name
 from gpupool.server.services import audit
 
 router = APIRouter(tags=["images"], responses={401: {"model": ErrorBody}})
@@ -26,13 +26,14 @@ def list_images(rt: Rt, who: Who) -> list[ImageOut]:
 @router.post("/images", response_model=ImageOut, status_code=201,
              responses={400: {"model": ErrorBody}, 403: {"model": ErrorBody}})
 async def import_image(request: Request, rt: Rt, who: Who,
-                       name: Annotated[str, Query(min_length=1, max_length=63,
-                                                  pattern=IMAGE_NAME_PATTERN)]) -> ImageOut:
+                       name: Annotated[str, Query(max_length=63, description=IMAGE_NAME_RULE)] = ""
+                       ) -> ImageOut:
     """Import the request's body, a tar (or .tar.gz) of a root filesystem or of an OCI image layout,
     as image `name` (replacing one of that name). Admin only: every tenant's pods may run in it."""
-    who.require_admin()
+    who.require_admin()  # before the name is judged: a tenant learns nothing but that it may not
+    check_name(name)
     store = rt.images
-    with tempfile.TemporaryFile(dir=store.root / "incoming") as spool:
+    with store.spool() as spool:
         async for chunk in request.stream():
             await run_in_threadpool(spool.write, chunk)
         spool.seek(0)
