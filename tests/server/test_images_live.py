@@ -101,6 +101,12 @@ def test_a_tenants_pod_runs_in_the_image_as_its_account(pool: Pool) -> None:
     assert lines[-1] == "/gpupool/home"  # its private directory, bound in
 
 
+def test_the_node_says_what_runs_its_containers(pool: Pool) -> None:
+    names = cli(["node", "ls", "-o", "name"], pool.tenant).stdout.split()
+    shown = cli(["node", "show", names[0]], pool.tenant)
+    assert RUNTIME is not None and f"containers: crun {RUNTIME.version}" in shown.stdout, shown.stderr
+
+
 def test_its_command_s_exit_code_is_the_pods(pool: Pool) -> None:
     done = cli(["run", "--image", "tiny", "--", "sh", "-c", "echo bye; exit 7"], pool.tenant)
     assert done.returncode == 7 and "bye" in done.stdout, done.stderr

@@ -74,6 +74,8 @@ class NodeOut(Strict):
     allocated_memory_mib: int
     enforcement: list[LayerOut] = Field(default_factory=list,
                                         description="which of a pod's limits this node enforces")
+    containers: str = Field(default="", description=(
+        "what runs `--image` pods here ('crun 1.8.1'), or 'none: ' and why nothing does"))
 
 
 class ModelUsage(Strict):

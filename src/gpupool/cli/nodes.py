@@ -117,6 +117,7 @@ _COLUMNS: list[Column[Any]] = [
     Column("DEVICE MEMORY", _device_memory, wide=True),
     Column("HEALTHY", lambda n: "yes" if n.healthy else "no", wide=True),
     Column("INJECTED FAULTS", _faults, wide=True),
+    Column("CONTAINERS", lambda n: n.containers.partition(":")[0] if n.containers else "-", wide=True),
     Column("LABELS", lambda n: ",".join(f"{k}={v}" for k, v in sorted(n.labels.items())) or "-", wide=True),
 ]
 _LAYER_COLUMNS: list[Column[Any]] = [
@@ -196,6 +197,7 @@ def show(
     print(f"{node.name} {state_text(node)}")
     console().print(table(f"{len(node.devices)} device(s)", _DEVICE_COLUMNS, node.devices,
                           wide=output is Format.WIDE))
+    print(f"containers: {node.containers}")
     layers = [(node.name, state) for state in node.enforcement]
     console().print(table("enforcement (what the node holds a pod to)", _LAYER_COLUMNS[1:], layers,
                           wide=False))

@@ -33,6 +33,8 @@ class Capability(StrEnum):
     NETWORK_ISOLATION = "network_isolation"
     """Each pod has its own network namespace: it reaches its tenant's pods, the pool's API server
     and the node's declared networks, nothing else (agent/netns.py)."""
+    CONTAINERS = "containers"
+    """Pods may run in an image of the pool's store (`--image`), in a container (agent/container.py)."""
 
 
 class Provider(ABC):

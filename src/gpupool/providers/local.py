@@ -85,6 +85,8 @@ class LocalProvider(Provider):
             )
         if not self.agent.network.active:
             missing[Capability.NETWORK_ISOLATION] = self.agent.network.unavailable
+        if self.agent.containers is None:
+            missing[Capability.CONTAINERS] = self.agent.containers_unavailable
         hidden = proc_visibility()
         if hidden:
             missing[Capability.HIDDEN_PROCESSES] = hidden

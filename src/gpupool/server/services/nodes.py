@@ -15,6 +15,7 @@ from gpupool.api.nodes import DeviceOut, HeldSliceOut, LayerOut, NodeOut, NodeSt
 from gpupool.core.model import Node, WorkloadStatus
 from gpupool.errors import NotFound, did_you_mean
 from gpupool.providers.base import Capability
+from gpupool.providers.nodespec import CONTAINERS_LABEL
 from gpupool.server.auth import Principal
 from gpupool.server.held import EMPTY_NODE, NodeHeld
 from gpupool.server.orm import NodeFlagRow, PodRow, WorkloadRow
@@ -104,6 +105,8 @@ def node_out(node: Node, flags: NodeFlagRow | None, use: NodeUse,
         enforcement=[LayerOut(layer=state.layer, enforced=state.enforced, level=state.level.value,
                               detail=state.detail)
                      for state in enforcement.node_layers(node, missing)],
+        containers=node.labels.get(CONTAINERS_LABEL) or "none: " + missing.get(
+            Capability.CONTAINERS, "this node's provider does not run containers"),
     )
 
 

@@ -1,0 +1,118 @@
+"""The image routes and `--image` at submit, against a hand-driven provider: the admin imports and
+removes, every token lists, a submit naming an image the pool lacks (or on a pool whose nodes cannot
+run containers) is refused with a sentence, and a placed pod carries its image's root filesystem."""
+
+from __future__ import annotations
+
+import dataclasses
+import io
+import tarfile
+from collections.abc import Iterator
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+from fakes import ManualProvider
+
+from conftest import Server, start_server, stop_server
+from factories import node
+from gpupool.providers.nodespec import CONTAINERS_LABEL
+
+API = "/api/v1"
+
+
+def _archive() -> bytes:
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w") as archive:
+        info = tarfile.TarInfo("etc/os-release")
+        info.size = 10
+        archive.addfile(info, io.BytesIO(b"NAME=tiny\n"))
+    return buffer.getvalue()
+
+
+def _server(tmp_path: Path, *, containers: bool) -> Server:
+    box = node("n0", devices=2, model="H100")
+    if containers:
+        box = replace(box, labels={CONTAINERS_LABEL: "crun 1.8.1"})
+    server = start_server(tmp_path / "data", provider=ManualProvider([box]))
+    server.rt.settings = dataclasses.replace(server.rt.settings, image_dir=tmp_path / "images")
+    return server
+
+
+@pytest.fixture
+def pool(tmp_path: Path) -> Iterator[tuple[Server, str]]:
+    server = _server(tmp_path, containers=True)
+    server.created("/tenants", {"name": "team-a"})
+    token = str(server.created("/tokens", {"tenant": "team-a", "name": "t"})["token"])
+    yield server, token
+    stop_server(server)
+
+
+def _import(server: Server, name: str, body: bytes, token: str | None = None) -> object:
+    return server.client.post(f"{API}/images", params={"name": name}, content=body,
+                              headers=server.headers(token))
+
+
+def test_the_admin_imports_and_removes_and_every_token_lists(pool: tuple[Server, str]) -> None:
+    server, tenant = pool
+    answer = _import(server, "tiny", _archive())
+    assert answer.status_code == 201, answer.text  # type: ignore[attr-defined]
+    listed = server.client.get(f"{API}/images", headers=server.headers(tenant)).json()
+    assert [(i["name"], i["source"], i["files"]) for i in listed] == [("tiny", "rootfs", 1)]
+    refused = _import(server, "mine", _archive(), tenant)
+    assert refused.status_code == 403, refused.text  # type: ignore[attr-defined]
+    assert server.client.delete(f"{API}/images/tiny", headers=server.headers(tenant)).status_code == 403
+    audit = server.client.get(f"{API}/audit", headers=server.headers()).json()
+    assert [a["action"] for a in audit if a["action"].startswith("image.")] == ["image.import"]
+    assert server.client.delete(f"{API}/images/tiny", headers=server.headers()).status_code == 200
+    gone = server.client.delete(f"{API}/images/tiny", headers=server.headers())
+    assert gone.status_code == 404 and "No image 'tiny'" in gone.json()["message"]
+
+
+@pytest.mark.parametrize(("name", "body", "sentence"), [
+    ("Bad/Name", _archive(), "is not valid: an image's name holds"),
+    ("junk", b"not a tar" * 100, "it is not a readable tar archive"),
+])
+def test_a_bad_import_is_one_sentence(pool: tuple[Server, str], name: str, body: bytes,
+                                      sentence: str) -> None:
+    server, _ = pool
+    answer = _import(server, name, body)
+    assert answer.status_code == 422 and sentence in answer.json()["message"], answer.text  # type: ignore
+
+
+def test_a_submit_in_an_image_the_pool_lacks_is_refused_naming_those_it_has(pool: tuple[Server, str]) -> None:
+    server, tenant = pool
+    spec = {"command": ["true"], "image": "nope"}
+    answer = server.client.post(f"{API}/workloads", json=spec, headers=server.headers(tenant))
+    assert answer.status_code == 422 and "it has none yet" in answer.json()["message"], answer.text
+    _import(server, "tiny", _archive())
+    _import(server, "other", _archive())
+    answer = server.client.post(f"{API}/workloads", json=spec, headers=server.headers(tenant))
+    assert answer.status_code == 422, answer.text
+    assert "No image 'nope' in this pool: it has other, tiny;" in answer.json()["message"]
+
+
+def test_a_placed_pod_carries_its_images_root_filesystem(pool: tuple[Server, str]) -> None:
+    server, tenant = pool
+    _import(server, "tiny", _archive())
+    spec = {"command": ["true"], "image": "tiny"}
+    answer = server.client.post(f"{API}/workloads", json=spec, headers=server.headers(tenant))
+    assert answer.status_code == 201, answer.text
+    server.wait_for(lambda: bool(server.provider.launched))
+    launch = next(iter(server.provider.launched.values()))
+    assert launch.image == "tiny" and launch.image_rootfs == str(server.rt.images.rootfs("tiny"))
+    assert Path(launch.image_rootfs, "etc/os-release").read_text() == "NAME=tiny\n"
+
+
+def test_a_pool_whose_nodes_cannot_run_containers_refuses_image_work(tmp_path: Path) -> None:
+    server = _server(tmp_path, containers=False)
+    try:
+        _import(server, "tiny", _archive())
+        answer = server.client.post(f"{API}/workloads", json={"command": ["true"], "image": "tiny"},
+                                    headers=server.headers())
+        assert answer.status_code == 422, answer.text
+        assert "No node of this pool can run containers" in answer.json()["message"]
+        shown = server.client.get(f"{API}/nodes/n0", headers=server.headers()).json()
+        assert shown["containers"].startswith("none: ")
+    finally:
+        stop_server(server)
