@@ -101,6 +101,21 @@ def test_a_tenants_pod_runs_in_the_image_as_its_account(pool: Pool) -> None:
     assert lines[-1] == "/gpupool/home"  # its private directory, bound in
 
 
+def test_an_explicit_workdir_is_bound_in_and_the_pod_runs_there(pool: Pool) -> None:
+    work = Path(tempfile.mkdtemp(prefix="gpupool-work-", dir="/var/tmp"))  # open to the pods' accounts
+    try:
+        os.chmod(work, 0o777)
+        (work / "marker").write_text("from-the-node\n")
+        done = cli(["run", "--image", "tiny", "--workdir", str(work), "--", "sh", "-c",
+                    "pwd; cat marker; echo written > out"], pool.tenant)
+        assert done.returncode == 0, done.stdout + done.stderr
+        assert done.stdout.split() == ["/gpupool/work", "from-the-node"]
+        assert (work / "out").read_text() == "written\n" and (work / "out").stat().st_uid == _account_uid(
+            pool, "img-a")
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
 def test_the_node_says_what_runs_its_containers(pool: Pool) -> None:
     names = cli(["node", "ls", "-o", "name"], pool.tenant).stdout.split()
     shown = cli(["node", "show", names[0]], pool.tenant)

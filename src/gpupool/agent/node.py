@@ -279,7 +279,8 @@ class NodeAgent:
         home = make_private_dir(self.scratch_root, pod.pod_id, identity)
         env = plan.process_env(base_env(identity, home, self.pod_path), pod.env)
         env[CHECKPOINT_DIR_ENV] = str(self.checkpoints.prepare(pod.workload_id, identity))  # not the user's
-        where = workdir.choose(pod.workdir, pod.env.get(workdir.SUBMIT_DIR_ENV, ""), identity)
+        submit_dir = "" if pod.image else pod.env.get(workdir.SUBMIT_DIR_ENV, "")  # not bound into images
+        where = workdir.choose(pod.workdir, submit_dir, identity)
         try:  # last before the start: whatever refuses the pod before it leaves no network behind
             net, network = self._attach(pod, identity is not None)
         except Exception:
