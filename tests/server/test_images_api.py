@@ -92,6 +92,14 @@ def test_a_submit_in_an_image_the_pool_lacks_is_refused_naming_those_it_has(pool
     assert "No image 'nope' in this pool: it has other, tiny;" in answer.json()["message"]
 
 
+def test_a_malformed_image_name_at_submit_says_what_a_name_may_hold(pool: tuple[Server, str]) -> None:
+    server, tenant = pool
+    answer = server.client.post(f"{API}/workloads", json={"command": ["true"], "image": "Bad/Name"},
+                                headers=server.headers(tenant))
+    assert answer.status_code == 422, answer.text
+    assert "an image's name holds 1-63 lower-case letters" in answer.json()["message"]
+
+
 def test_a_placed_pod_carries_its_images_root_filesystem(pool: tuple[Server, str]) -> None:
     server, tenant = pool
     _import(server, "tiny", _archive())

@@ -6,11 +6,10 @@ from typing import Annotated
 
 from pydantic import Field
 
-from gpupool.api.common import Strict
+from gpupool.api.common import PATTERN_RULES, Strict
 
 IMAGE_NAME_PATTERN = r"^[a-z0-9][a-z0-9._-]{0,62}$"
-IMAGE_NAME_RULE = ("an image's name holds 1-63 lower-case letters, digits, '.', '_' and '-', and starts with "
-                   "a letter or digit")
+IMAGE_NAME_RULE = PATTERN_RULES[IMAGE_NAME_PATTERN]
 ImageName = Annotated[str, Field(min_length=1, max_length=63, pattern=IMAGE_NAME_PATTERN,
                                  description=IMAGE_NAME_RULE)]
 
