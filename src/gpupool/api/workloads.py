@@ -9,6 +9,7 @@ from pydantic import Field, field_validator
 from gpupool.api.array_spec import parse_array
 from gpupool.api.common import ArgText, Name, Strict, refuse_control
 from gpupool.api.fabric import NetworkOut
+from gpupool.api.mounts import MAX_MOUNTS, MAX_SECRET_USES, MountSpec, SecretUse
 from gpupool.core.units import parse_cpu_milli, parse_devices, parse_memory_mib
 from gpupool.errors import InvalidInput
 
@@ -136,6 +137,11 @@ class WorkloadSpec(Strict):
     rendezvous: list[RendezvousSpec] | None = Field(None, description=(
         "set by the server when a multi-pod gang is placed (newest attempt last): the rank-0 node, its "
         "address and the port reserved there; not submitted"))
+    # mounts and secrets (docs/security.md): only references are stored, never a secret's value
+    mounts: list[MountSpec] = Field(default_factory=list, max_length=MAX_MOUNTS, description=(
+        "node paths inside the tenant's allowed roots, bound into each pod's own mount namespace"))
+    secrets: list[SecretUse] = Field(default_factory=list, max_length=MAX_SECRET_USES, description=(
+        "the tenant's secrets given to each pod as variables or as files under /run/secrets"))
 
     @field_validator("array")
     @classmethod

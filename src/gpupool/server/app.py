@@ -21,6 +21,7 @@ from gpupool.server.loops.control import ControlLoop
 from gpupool.server.metrics import Metrics, RequestTimer
 from gpupool.server.routers import audit, calls, config, health, nodes, session, tenants, usage, workloads
 from gpupool.server.routers import fabric as fabric_routes
+from gpupool.server.routers import secrets as secret_routes
 from gpupool.server.runtime import Runtime
 from gpupool.server.services import node_faults
 from gpupool.server.services.submit_writer import SubmitWriter
@@ -64,7 +65,8 @@ def create_app(rt: Runtime, *, run_loop: bool = True) -> FastAPI:
     too_large: dict[int | str, dict[str, Any]] = {
         413: {"model": ErrorBody, "description": "the request body is larger than the pool's limit"}}
     for router in (health.router, workloads.router, nodes.router, tenants.router, audit.router,
-                   config.router, session.router, usage.router, calls.router, fabric_routes.router):
+                   config.router, session.router, usage.router, calls.router, fabric_routes.router,
+                   secret_routes.router):
         app.include_router(router, prefix=API_PREFIX, responses=dict(too_large))
     app.include_router(health.router, include_in_schema=False)  # /health at the root too
     apidocs.install(app, f"{API_PREFIX}/openapi.json")
