@@ -11,6 +11,7 @@ Pods run as tenant accounts in their own mount namespaces, so this needs root; s
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -91,7 +92,8 @@ def test_the_owners_pod_gets_the_secret_and_its_mount(pool: Pool) -> None:
     code, logs, _ = pool.gp("team-a", "logs", out.strip())
     assert logs.split() == [DIGEST, DIGEST, "0o400", "rows"]
     stored = shown["spec"]["secrets"]  # type: ignore[index]
-    assert [(s["name"], s["env"], s["path"]) for s in stored] == [("hf", "", ""), ("hf", "", "/run/secrets/hf")]
+    assert [(s["name"], s["env"], s["path"]) for s in stored] == [("hf", "", ""),
+                                                                   ("hf", "", "/run/secrets/hf")]
 
 
 def test_a_second_tenant_cannot_read_list_use_delete_or_guess_it(pool: Pool) -> None:
@@ -156,10 +158,8 @@ def test_the_value_is_nowhere_but_in_the_pod(pool: Pool) -> None:
     pids += [int(p) for p in os.listdir("/proc") if p.isdigit() and _parent(int(p)) in pids]
     for pid in pids:  # the server and its children (the launcher helpers), not the pods' own
         for part in ("environ", "cmdline"):
-            try:
+            with contextlib.suppress(FileNotFoundError, ProcessLookupError):  # ended meanwhile
                 assert VALUE.encode() not in Path(f"/proc/{pid}/{part}").read_bytes(), (pid, part)
-            except (FileNotFoundError, ProcessLookupError):
-                pass
 
 
 def test_a_secret_deleted_before_the_launch_fails_the_pod_with_a_sentence(pool: Pool) -> None:
