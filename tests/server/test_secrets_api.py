@@ -7,6 +7,7 @@ tests/agent/test_pod_mounts.py and tests/server/test_secrets_live.py, which need
 
 from __future__ import annotations
 
+import re
 import stat
 import time
 from collections.abc import Iterator
@@ -54,7 +55,7 @@ def test_a_secret_is_stored_sealed_and_answered_without_its_value(srv: LiveServe
         out = api.create_secret("db", {"password": VALUE, "user": "app"})
         assert (out.tenant, out.name, out.keys) == ("team-a", "db", ["password", "user"])
         assert VALUE not in str(api.request("GET", "/secrets"))
-        with pytest.raises(Conflict, match="already has a secret named 'db'.*--replace"):
+        with pytest.raises(Conflict, match=r"already has a secret named 'db'.*--replace"):
             api.create_secret("db", {"password": "x"})
         replaced = api.create_secret("db", {"password": VALUE, "user": "app"}, replace=True)
         assert replaced.created_s == out.created_s and replaced.updated_s >= out.updated_s
@@ -121,8 +122,7 @@ def test_a_secret_that_cannot_be_given_as_asked_is_refused_at_submit(srv: LiveSe
 ])
 def test_a_mount_outside_the_tenants_roots_is_refused_naming_them(srv: LiveServer, tenant: str, mount: str,
                                                                   said: str) -> None:
-    with tenant_client(srv, tenant) as api, pytest.raises(InvalidInput, match=said.replace("(", r"\(")
-                                                          .replace(")", r"\)")):
+    with tenant_client(srv, tenant) as api, pytest.raises(InvalidInput, match=re.escape(said)):
         api.submit(command=["true"], mounts=[mount])
 
 
@@ -159,7 +159,7 @@ def test_a_mount_no_longer_allowed_reaches_the_node_without_a_root(
         workload_id = api.submit(command=["true"], mounts=["/data/team-a/set:/data:ro"])
     with srv.rt.store.write() as session:  # as if it had been stored before the root was removed
         session.execute(update(WorkloadRow).where(WorkloadRow.id == workload_id).values(
-            spec={**session.get(WorkloadRow, workload_id).spec,  # type: ignore[union-attr]
+            spec={**session.get(WorkloadRow, workload_id).spec,  # type: ignore
                   "mounts": [{"source": "/elsewhere", "target": "/data", "read_only": True}]}))
     deadline = time.monotonic() + 30
     while not any(p.workload_id == workload_id for p in provider.launched.values()):
@@ -182,7 +182,7 @@ def test_deleting_a_tenant_deletes_its_secrets(srv: LiveServer) -> None:
 def test_the_configuration_checks_mount_roots() -> None:
     with pytest.raises(InvalidInput, match="a mount root of / would let the tenant mount every file"):
         parse_config("tenants:\n  team-a:\n    mounts:\n      - {path: /}\n")
-    with pytest.raises(InvalidInput, match="must be written without '.', '..'"):
+    with pytest.raises(InvalidInput, match=re.escape("must be written without '.', '..'")):
         parse_config("tenants:\n  team-a:\n    mounts:\n      - {path: /data/../etc}\n")
     with pytest.raises(InvalidInput, match="mode"):
         parse_config("tenants:\n  team-a:\n    mounts:\n      - {path: /data, mode: write}\n")
