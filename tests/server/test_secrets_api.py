@@ -159,7 +159,7 @@ def test_a_mount_no_longer_allowed_reaches_the_node_without_a_root(
         workload_id = api.submit(command=["true"], mounts=["/data/team-a/set:/data:ro"])
     with srv.rt.store.write() as session:  # as if it had been stored before the root was removed
         session.execute(update(WorkloadRow).where(WorkloadRow.id == workload_id).values(
-            spec={**session.get(WorkloadRow, workload_id).spec,  # type: ignore
+            spec={**session.get(WorkloadRow, workload_id).spec,
                   "mounts": [{"source": "/elsewhere", "target": "/data", "read_only": True}]}))
     deadline = time.monotonic() + 30
     while not any(p.workload_id == workload_id for p in provider.launched.values()):
