@@ -119,6 +119,19 @@ def test_a_missing_target_fails_the_pod_with_the_reason(provider: LocalProvider,
     assert "the target must exist on the node" in status.message
 
 
+def test_a_target_through_a_symlink_is_refused(provider: LocalProvider, data: Path) -> None:
+    """A tenant can plant a symlink on the node (in /tmp, say, to /proc) and name it as a target:
+    the root mount call would follow it (covering /proc, through which a later bind takes its
+    source). The launcher opens targets without following symlinks and fails the pod instead; here
+    the link leads to the harmless /mnt, where a followed bind would simply have worked."""
+    link = data.parent / "to-mnt"
+    link.symlink_to("/mnt")
+    status, out = run(provider, "m-target-link", "print('ran')",
+                      mounts=(PodMount(str(data / "set"), str(link), True, str(data)),))
+    assert status.phase is PodPhase.FAILED, (status, out)
+    assert f"cannot mount on {link}" in status.message and "symbolic link" in status.message
+
+
 def test_secrets_reach_the_pod_by_variable_and_by_file_and_nothing_else(provider: LocalProvider) -> None:
     script = """
 import json, os

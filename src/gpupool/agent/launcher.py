@@ -66,7 +66,7 @@ _MAX_EXITS_KEPT = 100_000
 _SO_SNDBUFFORCE, _SO_RCVBUFFORCE = 32, 33  # Linux; root may exceed the system's buffer maximum
 
 HELPER = r'''
-import array, base64, ctypes, ctypes.util, json, os, re, select, signal, socket, sys
+import array, base64, ctypes, ctypes.util, errno, json, os, re, select, signal, socket, stat, sys
 PLACEHOLDER = "\x00exit-fd"
 NETNS = re.compile(r"^gpn-[0-9a-f]{5}-[0-9a-f]{8}$")
 CLONE_NEWNET = 0x40000000
@@ -143,17 +143,90 @@ def mount(source, target, fstype, flags, data=None):
     if libc.mount(source, target.encode() if isinstance(target, str) else target, fstype, flags, data) != 0:
         raise OSError(ctypes.get_errno(), os.strerror(ctypes.get_errno()))
 
+def walk(path):
+    """An O_PATH descriptor of `path`, opened from / one component at a time without following a
+    symlink (OSError ELOOP for one): the node's directories are shared, so a tenant could plant a
+    symlink in a target (into /proc, say) for a root mount call to follow."""
+    fd = os.open("/", os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+    for part in [p for p in path.split("/") if p]:
+        try:
+            inner = os.open(part, os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=fd)
+        finally:
+            os.close(fd)
+        fd = inner
+        if stat.S_ISLNK(os.fstat(fd).st_mode):
+            os.close(fd)
+            raise OSError(errno.ELOOP, "it is or passes through a symbolic link; name the real path")
+    return fd
+
+def at(fd):
+    return f"/proc/self/fd/{fd}".encode()
+
+def secret_files(files, uid, gid):
+    """The secrets as 0400 files of the account on a fresh tmpfs at /run/secrets (made empty on the
+    node once, if missing), remounted read-only; every path is opened below the tmpfs's root."""
+    run = walk("/run")
+    try:
+        try:
+            os.mkdir("secrets", 0o755, dir_fd=run)  # empty and root's on the node; the tmpfs covers it
+        except FileExistsError:
+            pass
+        point = os.open("secrets", os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=run)
+    finally:
+        os.close(run)
+    size = sum(len(v) for v in files.values()) + 4096 * (2 * len(files) + 16)
+    try:
+        mount(b"tmpfs", at(point), b"tmpfs", MS_NOSUID | MS_NODEV | MS_NOEXEC,
+              f"mode=0500,uid={uid},gid={gid},size={size}".encode())
+    finally:
+        os.close(point)
+    root = walk(SECRETS_DIR)  # the tmpfs now
+    try:
+        for path, data in sorted(files.items()):
+            *dirs, name = path.split("/")
+            where = os.dup(root)
+            try:
+                for part in dirs:
+                    try:
+                        os.mkdir(part, 0o500, dir_fd=where)
+                        os.chown(part, uid, gid, dir_fd=where, follow_symlinks=False)
+                    except FileExistsError:
+                        pass
+                    inner = os.open(part, os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC,
+                                    dir_fd=where)
+                    os.close(where)
+                    where = inner
+                fd = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
+                             0o400, dir_fd=where)
+                try:
+                    os.write(fd, data)
+                    os.fchown(fd, uid, gid)
+                finally:
+                    os.close(fd)
+            finally:
+                os.close(where)
+        mount(None, at(root), None, MS_REMOUNT | MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC)
+    finally:
+        os.close(root)
+
 def private_mounts(ns, fds, uid, gid):
     """In the (root) child: a mount namespace of the pod's own, no mount of which reaches the node:
-    each source (an O_PATH descriptor the agent opened) bound at its target, with the flags of its
-    file system kept (a noexec source stays noexec), nosuid and nodev, read-only for :ro; the
-    secrets as 0400 files of the account on a tmpfs at /run/secrets. '' or what failed."""
+    the secrets as 0400 files of the account on a tmpfs at /run/secrets; each source (an O_PATH
+    descriptor the agent opened) bound at its target, with the flags of its file system kept (a
+    noexec source stays noexec), nosuid and nodev, read-only for :ro. Sources and targets are
+    reached through descriptors, never a path a tenant's symlink could redirect. '' or what failed."""
     if libc.unshare(CLONE_NEWNS) != 0:
         return f"cannot make the pod's mount namespace ({os.strerror(ctypes.get_errno())})"
     try:
         mount(None, "/", None, MS_REC | MS_SLAVE)  # nothing mounted below reaches the node
     except OSError as exc:
         return f"cannot make the pod's mounts private ({exc.strerror})"
+    files = {path: base64.b64decode(data) for path, data in ns["files"].items()}
+    if files:  # first: no bind of the tenant's may lie under /run/secrets (the API refuses one there)
+        try:
+            secret_files(files, uid, gid)
+        except OSError as exc:
+            return f"cannot write the pod's secret files ({exc.strerror})"
     for spec, fd in zip(ns["mounts"], fds):
         target = spec["target"]
         try:
@@ -164,37 +237,27 @@ def private_mounts(ns, fds, uid, gid):
             checked, found = os.fstat(fd), os.fstat(here)
             if (checked.st_dev, checked.st_ino) != (found.st_dev, found.st_ino):
                 return f"{spec['source']} changed while it was being mounted; it was not mounted"
-            mount(f"/proc/self/fd/{here}".encode(), target, None, MS_BIND)
-            mount(None, target, None, MS_REMOUNT | MS_BIND | MS_NOSUID | MS_NODEV | kept
-                  | (MS_RDONLY if spec["ro"] else 0))
+        except OSError as exc:
+            return f"cannot open {spec['source']} again to mount it ({exc.strerror})"
+        try:
+            point = walk(target)
+            try:
+                mount(at(here), at(point), None, MS_BIND)
+            finally:
+                os.close(point)
+            point = walk(target)  # the bind now: remount it, never what it covers
+            try:
+                if (os.fstat(point).st_dev, os.fstat(point).st_ino) != (found.st_dev, found.st_ino):
+                    return f"{target} changed while it was being mounted; it was not mounted"
+                mount(None, at(point), None, MS_REMOUNT | MS_BIND | MS_NOSUID | MS_NODEV | kept
+                      | (MS_RDONLY if spec["ro"] else 0))
+            finally:
+                os.close(point)
         except OSError as exc:
             return f"cannot mount on {target} ({exc.strerror}; the target must exist on the node, a " \
                    "directory for a directory, a file for a file)"
-    files = {path: base64.b64decode(data) for path, data in ns["files"].items()}
-    if files:
-        try:
-            if not os.path.isdir(SECRETS_DIR) or os.path.islink(SECRETS_DIR):
-                os.mkdir(SECRETS_DIR, 0o755)  # empty and root's on the node; the pod's tmpfs covers it
-            size = sum(len(v) for v in files.values()) + 4096 * (2 * len(files) + 16)
-            mount(b"tmpfs", SECRETS_DIR, b"tmpfs", MS_NOSUID | MS_NODEV | MS_NOEXEC,
-                  f"mode=0500,uid={uid},gid={gid},size={size}".encode())
-            for path, data in sorted(files.items()):
-                where = SECRETS_DIR
-                for part in path.split("/")[:-1]:
-                    where += "/" + part
-                    if not os.path.isdir(where):
-                        os.mkdir(where, 0o500)
-                        os.chown(where, uid, gid)
-                fd = os.open(f"{SECRETS_DIR}/{path}", os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW,
-                             0o400)
-                try:
-                    os.write(fd, data)
-                    os.fchown(fd, uid, gid)
-                finally:
-                    os.close(fd)
-            mount(None, SECRETS_DIR, None, MS_REMOUNT | MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC)
-        except OSError as exc:
-            return f"cannot write the pod's secret files ({exc.strerror})"
+        finally:
+            os.close(here)
     return ""
 
 def launcher(uid, gid):
