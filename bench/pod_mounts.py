@@ -4,7 +4,8 @@ against the same agent's plain pods, p50 and p99.
     sudo .venv/bin/python bench/pod_mounts.py [--pods 50] [--rounds 3] [--json FILE]
 
 One local agent (root, no network namespaces) launches `--pods` pods of `true` per side and round,
-one after the other, the sides in a rotated order each round so all see the same load: `plain`
+one after the other, interleaved pod by pod with the sides' order rotated, so all see the same
+load: `plain`
 (no mount namespace), `secret` (one secret as a variable and as a file under /run/secrets: the
 helper unshares the mount namespace, mounts a tmpfs and writes the file), and `mount+secret` (the
 same plus one read-only bind of a directory, resolved and opened by the agent first). For each pod
@@ -85,9 +86,9 @@ def main() -> int:
     try:
         one_pod(provider, launch_of("plain", "warm", "bench", root))  # the account and its helper
         for round_no in range(args.rounds):
-            order = SIDES[round_no % 3:] + SIDES[:round_no % 3]
-            for side in order:
-                for i in range(args.pods):
+            for i in range(args.pods):  # interleaved pod by pod, the order rotated: the same load drift
+                turn = round_no * args.pods + i
+                for side in SIDES[turn % 3:] + SIDES[:turn % 3]:
                     pod_id = f"{side.replace('+', '-')}-{round_no}-{i}"
                     launch_ms, poll_ms = one_pod(provider, launch_of(side, pod_id, "bench", root))
                     samples[side]["launch_ms"].append(launch_ms)
