@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import re
 import stat
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -187,3 +189,19 @@ def test_the_configuration_checks_mount_roots() -> None:
     with pytest.raises(InvalidInput, match="mode"):
         parse_config("tenants:\n  team-a:\n    mounts:\n      - {path: /data, mode: write}\n")
     assert CONFIG.mount_roots("team-a")[0].mode == "ro" and CONFIG.mount_roots("nobody") == []
+
+
+def test_config_check_names_a_bad_mount_root_with_its_line(tmp_path: Path) -> None:
+    path = tmp_path / "pool.yaml"
+    path.write_text("tenants:\n  team-a:\n    mounts:\n      - {path: data/team-a}\n"
+                    "      - {path: /d, mode: rwx}\n")
+    checked = subprocess.run([sys.executable, "-m", "gpupool.cli.main", "config", "check", str(path)],
+                             capture_output=True, text=True, timeout=60, check=False)
+    assert checked.returncode == 2 and checked.stdout == "", checked.stderr
+    lines = checked.stderr.splitlines()
+    assert f"{path} line 4" in lines[0] and "must be an absolute path" in lines[0], lines
+    assert f"{path} line 5" in lines[1] and "mode" in lines[1], lines
+    path.write_text("tenants:\n  team-a:\n    mounts:\n      - {path: /data/team-a, mode: rw}\n")
+    checked = subprocess.run([sys.executable, "-m", "gpupool.cli.main", "config", "check", str(path)],
+                             capture_output=True, text=True, timeout=60, check=False)
+    assert checked.returncode == 0, checked.stderr
