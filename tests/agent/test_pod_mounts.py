@@ -202,3 +202,11 @@ def test_a_deleted_secret_refuses_the_pod_with_a_sentence(provider: LocalProvide
     with pytest.raises(InvalidInput, match="secret 'gone' no longer exists"):
         provider.launch(PodLaunch(pod_id="s-gone", workload_id="w", node="box", tenant="team-a",
                                   command=("true",), secrets=(PodSecret("gone", env="X"),)))
+
+
+def test_a_secret_path_that_climbs_out_of_the_tmpfs_is_refused(provider: LocalProvider) -> None:
+    """The API refuses such a path; the launcher, root while it writes, refuses it again."""
+    status, _ = run(provider, "s-climb", "print('ran')",
+                    secrets=(PodSecret("x", path="/run/secrets/../escaped", data={"k": b"v"}),))
+    assert status.phase is PodPhase.FAILED and "not a plain path below /run/secrets" in status.message
+    assert not Path("/run/escaped").exists()

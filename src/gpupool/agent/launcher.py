@@ -184,6 +184,8 @@ def secret_files(files, uid, gid):
     try:
         for path, data in sorted(files.items()):
             *dirs, name = path.split("/")
+            if any(part in ("", ".", "..") for part in (*dirs, name)):  # the API refuses them too
+                raise OSError(errno.EINVAL, f"{path!r} is not a plain path below /run/secrets")
             where = os.dup(root)
             try:
                 for part in dirs:
