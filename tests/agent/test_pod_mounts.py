@@ -210,3 +210,14 @@ def test_a_secret_path_that_climbs_out_of_the_tmpfs_is_refused(provider: LocalPr
                     secrets=(PodSecret("x", path="/run/secrets/../escaped", data={"k": b"v"}),))
     assert status.phase is PodPhase.FAILED and "not a plain path below /run/secrets" in status.message
     assert not Path("/run/escaped").exists()
+
+
+@pytest.mark.parametrize("target", ["/", "/proc/self", "/run", "/mnt/../proc", "relative"])
+def test_a_target_the_api_would_refuse_is_refused_by_the_node_too(provider: LocalProvider, data: Path,
+                                                                   target: str) -> None:
+    from gpupool.errors import InvalidInput
+
+    with pytest.raises(InvalidInput, match="must be a plain absolute path outside /proc"):
+        provider.launch(PodLaunch(pod_id=f"m-t-{abs(hash(target))}", workload_id="w", node="box",
+                                  tenant="team-a", command=("true",),
+                                  mounts=(PodMount(str(data / "set"), target, True, str(data)),)))

@@ -22,7 +22,10 @@ from dataclasses import dataclass, field
 
 from gpupool.agent.identity import PodIdentity
 from gpupool.errors import InvalidInput
-from gpupool.pods import PodMount
+from gpupool.pods import SECRETS_DIR, PodMount
+
+RESERVED = ("/proc", "/sys", "/dev", SECRETS_DIR)
+"""What no mount may cover (as api/mounts.py's RESERVED_TARGETS)."""
 
 
 @dataclass
@@ -109,6 +112,13 @@ def prepare(mounts: Sequence[PodMount], files: Mapping[str, bytes], identity: Po
         raise InvalidInput(f"Pod {pod_id}: this node runs pods as its own user (it is not root), so it "
                            "cannot give them mounts or secret files; submit without --mount and file "
                            "secrets.")
+    for mount in mounts:  # the API refused these; the node does not take them on trust
+        parts = mount.target.split("/")[1:]
+        plain = mount.target.startswith("/") and mount.target != "/" and all(
+            p not in ("", ".", "..") for p in parts)
+        if not plain or any(_under(mount.target, r) or _under(r, mount.target) for r in RESERVED):
+            raise InvalidInput(f"Pod {pod_id}: mount target {mount.target!r} must be a plain absolute path "
+                               f"outside {', '.join(RESERVED)}.")
     namespace = PodNamespace(files=dict(files))
     try:
         for mount in mounts:
