@@ -148,6 +148,8 @@ def with_values(rt: Runtime, launches: list[PodLaunch]) -> list[PodLaunch]:
                                     SecretRow.name.in_(sorted({n for _, n in wanted}))))}
     opened: dict[tuple[str, str], dict[str, bytes]] = {}
     for key, sealed in rows.items():
+        if key not in wanted:  # the same name of another tenant that has a launch here too
+            continue
         try:
             opened[key] = box(rt).open(key[0], key[1], sealed)
         except GpupoolError as exc:  # its pods are refused as for a deleted secret; the log says why
