@@ -22,6 +22,8 @@ from pathlib import Path
 import pytest
 from upproc import UpProcess, cli, until
 
+from factories import pod_python
+
 pytestmark = [pytest.mark.slow,
               pytest.mark.skipif(os.geteuid() != 0, reason="tenant accounts and mount namespaces need root")]
 
@@ -85,7 +87,7 @@ READER = ("import hashlib, os; d = lambda b: hashlib.sha256(b).hexdigest(); "
 
 def test_the_owners_pod_gets_the_secret_and_its_mount(pool: Pool) -> None:
     code, out, err = pool.gp("team-a", "submit", "--secret", "hf", "--secret", "hf:/run/secrets/hf",
-                             "--mount", f"{pool.root}:/mnt:ro", "--", "python3", "-c", READER)
+                             "--mount", f"{pool.root}:/mnt:ro", "--", pod_python(), "-c", READER)
     assert code == 0, err
     shown = pool.finished("team-a", out.strip())
     assert shown["status"] == "succeeded", json.dumps(shown)
