@@ -20,7 +20,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from upproc import UpProcess, cli, until
+from upproc import UpProcess, cli
 
 from factories import pod_python
 
@@ -203,4 +203,3 @@ def _parent(pid: int) -> int:
     return int(raw[raw.rfind(")") + 2:].split()[1])
 
 
-_ = until  # the module's waits are `gpupool wait` (a condition, not a sleep)
