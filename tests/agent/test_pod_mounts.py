@@ -38,7 +38,8 @@ def wait_final(provider: LocalProvider, pod_id: str, timeout_s: float = 20.0) ->
 
 def run(provider: LocalProvider, pod_id: str, script: str, *, tenant: str = "team-a",
         mounts: tuple[PodMount, ...] = (), secrets: tuple[PodSecret, ...] = ()) -> tuple[PodStatus, str]:
-    provider.launch(PodLaunch(pod_id=pod_id, workload_id="w-" + pod_id, node="box", tenant=tenant,
+    provider.launch(PodLaunch(pod_id=pod_id, workload_id="w-" + pod_id, node=provider.agent.node_name,
+                              tenant=tenant,
                               command=(pod_python(), "-c", script), mounts=mounts, secrets=secrets))
     status = wait_final(provider, pod_id)
     return status, provider.read_log(pod_id).text
@@ -221,3 +222,31 @@ def test_a_target_the_api_would_refuse_is_refused_by_the_node_too(provider: Loca
         provider.launch(PodLaunch(pod_id=f"m-t-{abs(hash(target))}", workload_id="w", node="box",
                                   tenant="team-a", command=("true",),
                                   mounts=(PodMount(str(data / "set"), target, True, str(data)),)))
+
+
+def test_a_pod_with_its_own_network_namespace_gets_its_mounts_and_secrets_too(
+        tmp_path: Path, data: Path) -> None:
+    """The helper's child joins the pod's network namespace, then unshares its mount namespace."""
+    import ipaddress
+
+    from gpupool.agent import netns
+    from gpupool.agent.netns import NetnsMode, NetworkSettings
+
+    why = netns.probe()
+    if why:
+        pytest.skip(f"no pod network namespaces here: {why}")
+    network = NetworkSettings(mode=NetnsMode.ON, pod_network=ipaddress.IPv4Network("10.238.0.0/16"))
+    provider = LocalProvider(tmp_path / "agent", simulate="1xH100", node_name="box-net", network=network)
+    try:
+        if not provider.agent.network.active:
+            pytest.skip(f"no pod network namespaces here: {provider.agent.network.unavailable}")
+        script = ("import os; print(open('/run/secrets/t').read(), open('/mnt/part-0').read().strip(), "
+                  "os.readlink('/proc/self/ns/net') != NODE_NET)").replace(
+                      "NODE_NET", repr(os.readlink("/proc/self/ns/net")))
+        status, out = run(provider, "net-1", script,
+                          mounts=(PodMount(str(data / "set"), "/mnt", True, str(data)),),
+                          secrets=(PodSecret("t", path="/run/secrets/t", data={"k": b"v"}),))
+        assert status.phase is PodPhase.SUCCEEDED, (status, out)
+        assert out.split() == ["v", "rows", "True"]
+    finally:
+        provider.close(stop_pods=True)
