@@ -15,6 +15,7 @@ or against the private CA that GPUPOOL_CA_BUNDLE (or `ca_bundle` in the config f
 
 from __future__ import annotations
 
+import base64
 import os
 import ssl
 import time
@@ -30,7 +31,9 @@ from gpupool.api.audit import AuditOut
 from gpupool.api.common import Health
 from gpupool.api.fabric import FabricOut, LinkChangeOut
 from gpupool.api.images import ImageOut
+from gpupool.api.mounts import parse_mount, parse_secret_use
 from gpupool.api.nodes import NodeOut, PoolSummary
+from gpupool.api.secrets import SecretDeleted, SecretOut
 from gpupool.api.tenants import QueueOut, TenantDeleted, TenantOut, TokenInfo, TokenOut
 from gpupool.api.usage import UsageOut
 from gpupool.api.workloads import (
@@ -97,6 +100,10 @@ class SubmitFields(TypedDict, total=False):
     dependency: str
     kill_on_invalid_dep: bool
     image: str
+    mounts: Sequence[str | Mapping[str, Any]]
+    """"SRC:DST[:ro]" as `submit --mount` takes, or {"source", "target", "read_only"}."""
+    secrets: Sequence[str | Mapping[str, Any]]
+    """"NAME[:ENV_VAR | :/run/secrets/FILE]" as `submit --secret` takes, or {"name", "env", "path"}."""
 
 
 class Client:
@@ -443,6 +450,24 @@ class Client:
         raise NotFound(f"{owner.capitalize()} has no active token named {name!r}; list them with "
                        "`gpupool token ls`.")
 
+    def create_secret(self, name: str, data: Mapping[str, str | bytes], *, tenant: str | None = None,
+                      replace: bool = False) -> SecretOut:
+        """Store one of the tenant's secrets (key -> value; text is stored as UTF-8); the answer and
+        every later one hold its keys, never a value. `replace` overwrites one of that name."""
+        encoded = {key: base64.b64encode(value.encode() if isinstance(value, str) else value).decode()
+                   for key, value in data.items()}
+        return self._one(SecretOut, "POST", "/secrets", json={"name": name, "tenant": tenant, "data": encoded,
+                                                              "replace": replace})
+
+    def secrets(self, tenant: str | None = None) -> list[SecretOut]:
+        """The tenant's secrets (names and keys); the admin's: every tenant's, or `tenant`'s."""
+        return self._many(SecretOut, "GET", "/secrets", params={"tenant": tenant} if tenant else None)
+
+    def delete_secret(self, name: str, tenant: str | None = None) -> SecretDeleted:
+        """Delete one (NotFound when the tenant has none of that name; another tenant's reads the same)."""
+        return self._one(SecretDeleted, "DELETE", f"/secrets/{_segment(name)}",
+                         params={"tenant": tenant} if tenant else None)
+
     def pool_config(self) -> dict[str, Any]:
         """The scheduling configuration the running pool uses, as `gpupool config show` (admin)."""
         return dict(self._call("GET", "/config"))
@@ -496,6 +521,10 @@ def spec_body(spec: WorkloadSpec | Mapping[str, Any] | None, fields: dict[str, A
     if isinstance(given.get("command"), str | bytes):
         raise InvalidInput("command= takes a list of words such as ['python', 'train.py'], not one string; "
                            "shlex.split() turns a shell line into one.")
+    for key, parse in (("mounts", parse_mount), ("secrets", parse_secret_use)):  # the CLI's forms too
+        if key in given and not isinstance(given[key], str | bytes):
+            given[key] = [parse(v).model_dump(exclude_defaults=True) if isinstance(v, str) else v
+                          for v in given[key]]
     resources = {key: given.pop(key) for key in sorted(_RESOURCE_KEYS & given.keys())}
     if "resources" in given or resources:
         base = given.pop("resources", None) or body.get("resources") or {}

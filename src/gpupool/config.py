@@ -28,6 +28,7 @@ from pydantic import (
 )
 
 from gpupool.api.common import NAME_PATTERN, NAME_RULE
+from gpupool.api.mounts import clean_path
 from gpupool.core.fabric.qos import QosPlan, plan_qos
 from gpupool.core.model import SliceDefaults
 from gpupool.core.overcommit import ModelRatio, OvercommitConfig
@@ -228,6 +229,29 @@ class QueueConfig(_Strict):
         return self
 
 
+class MountRootConfig(_Strict):
+    """A directory of the nodes a tenant's pods may mount (`submit --mount`), read-only or not."""
+
+    path: str = Field(max_length=4096)
+    mode: Literal["ro", "rw"] = "ro"
+
+    @field_validator("path")
+    @classmethod
+    def _path(cls, value: str) -> str:
+        clean_path(value, "a mount root")
+        if value == "/":
+            raise ValueError("a mount root of / would let the tenant mount every file of the node (its "
+                             "keys, the pool's data directory); name the directories it needs")
+        return value
+
+
+class TenantConfig(_Strict):
+    """What the configuration grants one tenant beyond its queues (`tenants.<name>`)."""
+
+    mounts: list[MountRootConfig] = Field(default_factory=list, max_length=64)
+    """The roots its pods may mount from; nothing outside them (the default: no mounts)."""
+
+
 class ModelRatioConfig(_Strict):
     compute: float = Field(1.0, ge=1.0, le=100.0)
     memory: float = Field(1.0, ge=1.0, le=100.0)
@@ -360,6 +384,21 @@ class PoolConfig(_Strict):
     prices: PricesConfig = Field(default_factory=lambda: PricesConfig.model_validate({}))
     """The price book `gpupool usage` and `invoice` bill with (gpupool/prices.py)."""
     fabric: FabricConfig = Field(default_factory=lambda: FabricConfig.model_validate({}))
+    tenants: dict[str, TenantConfig] = Field(default_factory=dict)
+    """Per tenant: the node directories its pods may mount (`tenants.<name>.mounts`)."""
+
+    @field_validator("tenants")
+    @classmethod
+    def _tenant_names(cls, value: dict[str, TenantConfig]) -> dict[str, TenantConfig]:
+        for name in value:
+            if not re.fullmatch(NAME_PATTERN, name):
+                raise ValueError(f"tenant {name!r} cannot be stored: {NAME_RULE}")
+        return value
+
+    def mount_roots(self, tenant: str) -> list[MountRootConfig]:
+        """The roots `tenant`'s pods may mount from (none unless the configuration lists some)."""
+        entry = self.tenants.get(tenant)
+        return list(entry.mounts) if entry is not None else []
 
     @field_validator("priority_classes")
     @classmethod

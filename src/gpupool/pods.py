@@ -29,6 +29,31 @@ class PodPhase(StrEnum):
 
 
 @dataclass(frozen=True, slots=True)
+class PodMount:
+    """A directory or file of the node bound into the pod's own mount namespace (`submit --mount`).
+    `root` is the tenant's allowed root the server checked `source` against; the node checks it
+    again, symlinks resolved, at the launch."""
+
+    source: str
+    target: str
+    read_only: bool
+    root: str
+
+
+@dataclass(frozen=True, slots=True)
+class PodSecret:
+    """One `submit --secret NAME[:ENV_VAR | :/run/secrets/PATH]`: its keys as variables (`env`
+    empty: each key its own variable), as one variable (`env`), or as files under `path`. `data`
+    (key -> value) is filled by the server just before the launch and never printed; None: the
+    secret no longer exists."""
+
+    name: str
+    env: str = ""
+    path: str = ""
+    data: Mapping[str, bytes] | None = field(default=None, repr=False, compare=False)
+
+
+@dataclass(frozen=True, slots=True)
 class PodLaunch:
     """Everything a provider needs to start one pod: where, what, and inside which limits."""
 
@@ -68,6 +93,9 @@ class PodLaunch:
     """The image the pod runs in, by name ('' = on the node itself, as before)."""
     image_rootfs: str = ""
     """That image's root filesystem on the node, as the pool's image store resolved it at launch."""
+    # mounts and secrets (`submit --mount`, `--secret`): the node gives such a pod its own mount namespace
+    mounts: tuple[PodMount, ...] = ()
+    secrets: tuple[PodSecret, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -99,3 +127,41 @@ class HealthEvent:
     device_uuid: str
     healthy: bool
     reason: str
+
+
+SECRETS_DIR = "/run/secrets"
+"""Where a pod's secret files appear (api/mounts.py refuses other paths): its own tmpfs."""
+
+
+def secret_injection(secret: PodSecret) -> tuple[dict[str, str], dict[str, bytes]]:
+    """What `secret` becomes in its pod: variables (name -> text) and files (path under SECRETS_DIR,
+    relative -> bytes). Raises ValueError with the sentence when it cannot be given as asked (it no
+    longer exists, a variable of several keys, a key that cannot name a variable, a value that is
+    not text for a variable)."""
+    data = secret.data
+    if data is None:
+        raise ValueError(f"secret {secret.name!r} no longer exists; create it again (gpupool secret "
+                         "create) or submit without it")
+    if secret.path:
+        relative = secret.path[len(SECRETS_DIR) + 1:]
+        if len(data) == 1:
+            return {}, {relative: next(iter(data.values()))}
+        return {}, {f"{relative}/{key}": value for key, value in sorted(data.items())}
+    if secret.env and len(data) != 1:
+        raise ValueError(f"secret {secret.name!r} holds {len(data)} keys, so it cannot be one variable "
+                         f"{secret.env}; give it as --secret {secret.name} (a variable per key) or as files")
+    env: dict[str, str] = {}
+    for key, value in sorted(data.items()):
+        name = secret.env or key
+        if not name.isidentifier() or not name.isascii():
+            raise ValueError(f"key {key!r} of secret {secret.name!r} cannot name a variable; give it as "
+                             f"--secret {secret.name}:VAR or as files under {SECRETS_DIR}")
+        try:
+            text = value.decode()
+        except UnicodeDecodeError:
+            text = "\x00"
+        if "\x00" in text:
+            raise ValueError(f"key {key!r} of secret {secret.name!r} is not text without NUL bytes, so it "
+                             f"cannot be a variable; give it as a file under {SECRETS_DIR}")
+        env[name] = text
+    return env, {}

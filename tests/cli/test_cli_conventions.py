@@ -112,8 +112,8 @@ def test_policy_has_one_name_and_one_default_in_up_and_sim() -> None:
 # ---- one vocabulary: every noun has ls, both spellings work -----------------------------------------
 
 def test_every_group_has_ls_and_answers_to_both_spellings() -> None:
-    groups = {"node", "profile", "tenant", "queue", "token", "image"}
-    assert set(ALIASES.values()) == groups <= set(SUBCOMMANDS)
+    nouns = {"node", "profile", "tenant", "queue", "token", "secret", "image"}
+    assert set(ALIASES.values()) == nouns <= set(SUBCOMMANDS)
     for alias, name in ALIASES.items():
         for spelling in (alias, name):
             result = runner.invoke(app, [spelling, "ls", "--help"])

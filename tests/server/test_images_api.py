@@ -100,6 +100,21 @@ def test_a_malformed_image_name_at_submit_says_what_a_name_may_hold(pool: tuple[
     assert "an image's name holds 1-63 lower-case letters" in answer.json()["message"]
 
 
+@pytest.mark.parametrize("extra", [
+    {"mounts": [{"source": "/srv/data", "target": "/data"}]},
+    {"secrets": [{"name": "key", "path": "/run/secrets/key"}]},
+])
+def test_binds_that_cannot_reach_into_a_container_are_refused_at_submit(
+        pool: tuple[Server, str], extra: dict[str, object]) -> None:
+    server, tenant = pool
+    _import(server, "tiny", _archive())
+    answer = server.client.post(f"{API}/workloads", json={"command": ["true"], "image": "tiny", **extra},
+                                headers=server.headers(tenant))
+    assert answer.status_code == 422, answer.text
+    assert "do not reach into a container yet" in answer.json()["message"]
+    assert server.client.get(f"{API}/workloads", headers=server.headers(tenant)).json()["items"] == []
+
+
 def test_a_placed_pod_carries_its_images_root_filesystem(pool: tuple[Server, str]) -> None:
     server, tenant = pool
     _import(server, "tiny", _archive())

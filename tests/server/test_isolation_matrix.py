@@ -42,6 +42,8 @@ class Victim:
     session_id: str = ""
     """The victim's remote-function session (its workload's id) and a call queued on it."""
     call_id: str = ""
+    secret_name: str = "victim-api"
+    """The victim's secret: its value is SECRET, which no answer may hold."""
 
     def value(self, key: str) -> str:
         return str(getattr(self, key))
@@ -146,6 +148,11 @@ EXPECTED: dict[tuple[str, str], Expectation] = {
     ("DELETE", "/images/{name}"): Admin(),
     ("POST", "/fabric/telemetry"): Admin(body=lambda v: {"ports": [{"node": "leaf-0", "port": 1,
                                                                      "utilization": 0.5}]}),
+    # Secrets: a tenant's own only; another's reads as one that does not exist (or 403 when named)
+    ("POST", "/secrets"): Others(body=lambda v: {"name": v.secret_name, "tenant": v.tenant, "replace": True,
+                                                 "data": {"k": "aW50cnVkZXI="}}, codes=frozenset({403})),
+    ("GET", "/secrets"): Readable(probe={"tenant": "tenant"}),
+    ("DELETE", "/secrets/{name}"): Others(params={"name": "secret_name"}, codes=frozenset({404})),
 }
 
 
@@ -185,6 +192,8 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[World]:
     array = ok(client.post(f"{API}/workloads", json={**spec, "array": "0-3", "resources": {"gpus": 2}},
                            headers=server.headers(victim_token["token"])))
     ok(client.post(f"{API}/workloads", json={"command": ["true"]}, headers=server.headers(intruder)))
+    ok(client.post(f"{API}/secrets", headers=server.headers(victim_token["token"]), json={
+        "name": "victim-api", "data": {"VICTIM_KEY": base64.b64encode(SECRET.encode()).decode()}}))
     session = ok(client.post(f"{API}/calls/sessions", headers=server.headers(victim_token["token"]), json={
         "python": PYTHON, "name": "victim-fn", "queue": "victim-q", "env": {"VICTIM_KEY": SECRET},
         "call": {"payload": base64.b64encode(SECRET.encode()).decode()}}))
@@ -291,6 +300,9 @@ def test_the_refusals_changed_nothing(world: World) -> None:
     assert not any(n["cordoned"] for n in client.get(f"{API}/nodes", headers=admin).json())
     tenants = {t["name"] for t in client.get(f"{API}/tenants", headers=admin).json()}
     assert "intruder" not in tenants
+    secrets = client.get(f"{API}/secrets", headers=world.server.headers(world.victim_token)).json()
+    assert [(x["name"], x["keys"], x["created_s"] == x["updated_s"]) for x in secrets] == [
+        ("victim-api", ["VICTIM_KEY"], True)], "the secret was replaced or deleted"
 
 
 def test_a_tenant_sees_its_own_objects(world: World) -> None:

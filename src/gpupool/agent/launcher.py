@@ -23,7 +23,9 @@ never runs anything.
 Protocol (SOCK_SEQPACKET socket pairs, JSON messages, descriptors as SCM_RIGHTS):
 - root helper: {"id", "uid", "gid"} -> {"id", "pid"} with one descriptor, the runner's end of a new
   account helper's socket; or {"id", "error"};
-- account helper: {"id", "argv", "env"[, "netns"]} with stdin, stdout, stderr and the exit file's descriptors
+- account helper: {"id", "argv", "env"[, "netns"][, "ns"]} with stdin, stdout, stderr and the exit file's
+  descriptors (then one O_PATH descriptor per mount of "ns": {"mounts": [{"target", "ro"}], "files":
+  {path under /run/secrets: base64}}, set up in a mount namespace of the pod's own)
   -> {"id", "pid", "start_ticks"} or {"id", "error"}; an argv item equal to EXIT_FD_PLACEHOLDER
   becomes the exit file's descriptor number there; and {"exited": pid, "returncode": n} reports
   (negative: killed by signal -n).
@@ -50,6 +52,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from gpupool.agent.identity import PodIdentity
+from gpupool.agent.mounts import PodNamespace
 from gpupool.errors import InvalidInput, ProviderError
 
 log = logging.getLogger("gpupool.launcher")
@@ -63,7 +66,7 @@ _MAX_EXITS_KEPT = 100_000
 _SO_SNDBUFFORCE, _SO_RCVBUFFORCE = 32, 33  # Linux; root may exceed the system's buffer maximum
 
 HELPER = r'''
-import array, ctypes, ctypes.util, json, os, re, select, signal, socket, sys
+import array, base64, ctypes, ctypes.util, errno, json, os, re, select, signal, socket, stat, sys
 PLACEHOLDER = "\x00exit-fd"
 NETNS = re.compile(r"^gpn-[0-9a-f]{5}-[0-9a-f]{8}$")
 CLONE_NEWNET = 0x40000000
@@ -72,7 +75,7 @@ BUFFER = 4 << 20
 def receive(sock):
     fds = array.array("i")
     try:
-        data, ancdata, _, _ = sock.recvmsg(BUFFER, socket.CMSG_SPACE(8 * fds.itemsize))
+        data, ancdata, _, _ = sock.recvmsg(BUFFER, socket.CMSG_SPACE(32 * fds.itemsize))
     except OSError:  # ECONNRESET: the runner closed with exit reports unread; as good as EOF
         return b"", []
     for level, kind, payload in ancdata:
@@ -131,13 +134,144 @@ def serve(sock, handle):
                     os.close(fd)
             reap()
 
+CLONE_NEWNS = 0x00020000
+MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC, MS_REMOUNT, MS_BIND, MS_REC, MS_SLAVE = (
+    1, 2, 4, 8, 32, 4096, 16384, 1 << 19)
+SECRETS_DIR = "/run/secrets"
+
+def mount(source, target, fstype, flags, data=None):
+    if libc.mount(source, target.encode() if isinstance(target, str) else target, fstype, flags, data) != 0:
+        raise OSError(ctypes.get_errno(), os.strerror(ctypes.get_errno()))
+
+def walk(path):
+    """An O_PATH descriptor of `path`, opened from / one component at a time without following a
+    symlink (OSError ELOOP for one): the node's directories are shared, so a tenant could plant a
+    symlink in a target (into /proc, say) for a root mount call to follow."""
+    fd = os.open("/", os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+    for part in [p for p in path.split("/") if p]:
+        try:
+            inner = os.open(part, os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=fd)
+        finally:
+            os.close(fd)
+        fd = inner
+        if stat.S_ISLNK(os.fstat(fd).st_mode):
+            os.close(fd)
+            raise OSError(errno.ELOOP, "it is or passes through a symbolic link; name the real path")
+    return fd
+
+def at(fd):
+    return f"/proc/self/fd/{fd}".encode()
+
+def secret_files(files, uid, gid):
+    """The secrets as 0400 files of the account on a fresh tmpfs at /run/secrets (made empty on the
+    node once, if missing), remounted read-only; every path is opened below the tmpfs's root."""
+    run = walk("/run")
+    try:
+        try:
+            os.mkdir("secrets", 0o755, dir_fd=run)  # empty and root's on the node; the tmpfs covers it
+        except FileExistsError:
+            pass
+        point = os.open("secrets", os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=run)
+    finally:
+        os.close(run)
+    size = sum(len(v) for v in files.values()) + 4096 * (2 * len(files) + 16)
+    try:
+        mount(b"tmpfs", at(point), b"tmpfs", MS_NOSUID | MS_NODEV | MS_NOEXEC,
+              f"mode=0500,uid={uid},gid={gid},size={size}".encode())
+    finally:
+        os.close(point)
+    root = walk(SECRETS_DIR)  # the tmpfs now
+    try:
+        for path, data in sorted(files.items()):
+            *dirs, name = path.split("/")
+            if any(part in ("", ".", "..") for part in (*dirs, name)):  # the API refuses them too
+                raise OSError(errno.EINVAL, f"{path!r} is not a plain path below /run/secrets")
+            where = os.dup(root)
+            try:
+                for part in dirs:
+                    try:
+                        os.mkdir(part, 0o500, dir_fd=where)
+                        os.chown(part, uid, gid, dir_fd=where, follow_symlinks=False)
+                    except FileExistsError:
+                        pass
+                    inner = os.open(part, os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC,
+                                    dir_fd=where)
+                    os.close(where)
+                    where = inner
+                fd = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
+                             0o400, dir_fd=where)
+                try:
+                    os.write(fd, data)
+                    os.fchown(fd, uid, gid)
+                finally:
+                    os.close(fd)
+            finally:
+                os.close(where)
+        mount(None, at(root), None, MS_REMOUNT | MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC)
+    finally:
+        os.close(root)
+
+def private_mounts(ns, fds, uid, gid):
+    """In the (root) child: a mount namespace of the pod's own, no mount of which reaches the node:
+    the secrets as 0400 files of the account on a tmpfs at /run/secrets; each source (an O_PATH
+    descriptor the agent opened) bound at its target, with the flags of its file system kept (a
+    noexec source stays noexec), nosuid and nodev, read-only for :ro. Sources and targets are
+    reached through descriptors, never a path a tenant's symlink could redirect. '' or what failed."""
+    if libc.unshare(CLONE_NEWNS) != 0:
+        return f"cannot make the pod's mount namespace ({os.strerror(ctypes.get_errno())})"
+    try:
+        mount(None, "/", None, MS_REC | MS_SLAVE)  # nothing mounted below reaches the node
+    except OSError as exc:
+        return f"cannot make the pod's mounts private ({exc.strerror})"
+    files = {path: base64.b64decode(data) for path, data in ns["files"].items()}
+    if files:  # first: no bind of the tenant's may lie under /run/secrets (the API refuses one there)
+        try:
+            secret_files(files, uid, gid)
+        except OSError as exc:
+            return f"cannot write the pod's secret files ({exc.strerror})"
+    for spec, fd in zip(ns["mounts"], fds):
+        target = spec["target"]
+        try:
+            kept = os.fstatvfs(fd).f_flag & (MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC)
+            # A bind takes its source from this namespace: the path again, and it must be the very
+            # file the agent checked (whose descriptor keeps its inode from being reused)
+            here = os.open(spec["source"], os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC)
+            checked, found = os.fstat(fd), os.fstat(here)
+            if (checked.st_dev, checked.st_ino) != (found.st_dev, found.st_ino):
+                return f"{spec['source']} changed while it was being mounted; it was not mounted"
+        except OSError as exc:
+            return f"cannot open {spec['source']} again to mount it ({exc.strerror})"
+        try:
+            point = walk(target)
+            try:
+                mount(at(here), at(point), None, MS_BIND)
+            finally:
+                os.close(point)
+            point = walk(target)  # the bind now: remount it, never what it covers
+            try:
+                if (os.fstat(point).st_dev, os.fstat(point).st_ino) != (found.st_dev, found.st_ino):
+                    return f"{target} changed while it was being mounted; it was not mounted"
+                mount(None, at(point), None, MS_REMOUNT | MS_BIND | MS_NOSUID | MS_NODEV | kept
+                      | (MS_RDONLY if spec["ro"] else 0))
+            finally:
+                os.close(point)
+        except OSError as exc:
+            return f"cannot mount on {target} ({exc.strerror}; the target must exist on the node, a " \
+                   "directory for a directory, a file for a file)"
+        finally:
+            os.close(here)
+    return ""
+
 def launcher(uid, gid):
     def launch(request, fds):
         """An account helper's request: start the shim as the account. A fork of this small helper
         drops the supplementary groups, gid then uid and execs; the helper does not wait for the
         exec, so a child that the account stops in between (it is the account's from its setuid
         on) holds up nothing but its own pod. This helper stays root."""
-        stdin, stdout, stderr, exit_fd = fds
+        stdin, stdout, stderr, exit_fd = fds[:4]
+        ns = request.get("ns")
+        if (ns is None and len(fds) != 4) or (ns is not None and len(fds) != 4 + len(ns["mounts"])):
+            return {"id": request["id"], "error": "one descriptor per mount"}, []
         try:
             args = [os.fsencode(str(exit_fd) if a == PLACEHOLDER else a) for a in request["argv"]]
             env = {os.fsencode(k): os.fsencode(v) for k, v in request["env"].items()}
@@ -166,6 +300,11 @@ def launcher(uid, gid):
                     signal.signal(number, signal.SIG_DFL)
                 if ns_fd >= 0 and libc.setns(ns_fd, CLONE_NEWNET) != 0:
                     os._exit(127)  # never run the pod outside its namespace
+                if ns is not None:  # its mounts and secret files, before the pod's session exists
+                    failed = private_mounts(ns, fds[4:], uid, gid)
+                    if failed:
+                        os.write(in_session_w, failed.encode()[:4000])
+                        os._exit(127)
                 os.setsid()
                 os.close(in_session_w)
                 os.chdir("/")
@@ -183,8 +322,10 @@ def launcher(uid, gid):
         os.close(in_session_w)
         if ns_fd >= 0:
             os.close(ns_fd)
-        os.read(in_session_r, 1)  # end of file once the child has its own session (or has died)
+        failed = os.read(in_session_r, 4096)  # end of file once the child has its own session (or died)
         os.close(in_session_r)
+        if failed:  # its mounts could not be made: it exits without having run anything
+            return {"id": request["id"], "error": failed.decode(errors="replace")}, []
         return {"id": request["id"], "pid": pid, "start_ticks": ticks(pid)}, []
     return launch
 
@@ -424,20 +565,25 @@ class Launcher:
             return channel
 
     def launch(self, argv: Sequence[str], env: Mapping[str, str], identity: PodIdentity, *, stdin: int,
-               stdout: int, stderr: int, exit_fd: int, netns: str = "") -> tuple[int, int | None]:
+               stdout: int, stderr: int, exit_fd: int, netns: str = "",
+               namespace: PodNamespace | None = None) -> tuple[int, int | None]:
         """Start `argv` as `identity` (an argv item EXIT_FD_PLACEHOLDER becomes the exit file's
         descriptor), inside the network namespace /run/netns/`netns` when one is named (joined
         before the uid changes: an unprivileged pod cannot leave it); returns (pid, start ticks).
         Raises OSError when it could not be started and ProviderError when the helper is gone or
         did not answer within `timeout_s` (the helper is then killed, and the account's next
-        launch gets a new one)."""
+        launch gets a new one). With a `namespace`, the pod gets a mount namespace of its own with
+        those mounts and secret files (made before the uid changes)."""
         channel = self._account(identity)
         try:
             body: dict[str, Any] = {"argv": list(argv), "env": dict(env)}
             if netns:
                 body["netns"] = netns
-            answer, _ = channel.ask(body, [stdin, stdout, stderr, exit_fd],
-                                    timeout_s=self.timeout_s)
+            passed = [stdin, stdout, stderr, exit_fd]
+            if namespace is not None:  # its own mounts and secret files (agent/mounts.py)
+                body["ns"] = namespace.request()
+                passed += [fd for fd, _, _ in namespace.mounts]
+            answer, _ = channel.ask(body, passed, timeout_s=self.timeout_s)
         except HelperTimeout as exc:
             channel.kill()
             log.warning("the launcher helper of account %s (pid %s) did not answer (%s); killed it, a new "

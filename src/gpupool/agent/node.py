@@ -22,7 +22,7 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import replace
 from pathlib import Path
 
-from gpupool.agent import container, workdir
+from gpupool.agent import container, mounts, workdir
 from gpupool.agent.checkpoints import CHECKPOINT_DIR_ENV, CheckpointDirs
 from gpupool.agent.identity import (
     BASE_PATH,
@@ -50,7 +50,7 @@ from gpupool.agent.probes.nvml import NvmlProbe, ProbeResult, ProbeStatus
 from gpupool.agent.runner import DEFAULT_MAX_LOG_BYTES, LogStream, Runner
 from gpupool.core.model import Device, IbPort, Node
 from gpupool.errors import InvalidInput, NotFound, ProviderError
-from gpupool.pods import HealthEvent, LogChunk, PodLaunch
+from gpupool.pods import HealthEvent, LogChunk, PodLaunch, secret_injection
 from gpupool.profiles import ProfileSet, default_profiles
 from gpupool.providers.nodespec import SIMULATED_LABEL, simulated_devices
 
@@ -273,11 +273,13 @@ class NodeAgent:
             return known
         _refuse_nul(pod)
         identity = self.identities.resolve(pod.tenant, pod.unix_user)
+        secret_env, secret_files = _secrets(pod)  # before anything is made for the pod
         with self._lock:  # planning may start the MPS daemon; the start itself may overlap others
             plan = self.plan(pod, identity)
         limits = prepare_cgroup(plan.host_limits, plan.cgroup_files)
         home = make_private_dir(self.scratch_root, pod.pod_id, identity)
-        env = plan.process_env(base_env(identity, home, self.pod_path), pod.env)
+        # secrets as the user's own variables (the pool's win): the pod's environment only
+        env = plan.process_env(base_env(identity, home, self.pod_path), {**pod.env, **secret_env})
         env[CHECKPOINT_DIR_ENV] = str(self.checkpoints.prepare(pod.workload_id, identity))  # not the user's
         submit_dir = "" if pod.image else pod.env.get(workdir.SUBMIT_DIR_ENV, "")  # not bound into images
         where = workdir.choose(pod.workdir, submit_dir, identity)
@@ -295,16 +297,24 @@ class NodeAgent:
                 env["GPUPOOL_URL"] = url
         command, cwd = pod.command, where.path or home
         if pod.image:  # the command runs in the image's container (container.py)
+            if pod.mounts or secret_files:  # the server refuses these at submit; a node never half-does them
+                raise ProviderError(f"Pod {pod.pod_id} asks for mounts or secret files in image "
+                                    f"{pod.image!r}; a container takes secrets as variables only.")
             command, cwd = self._containerised(pod, identity, env, home)
+        namespace = None
         try:
+            namespace = mounts.prepare(pod.mounts, secret_files, identity, pod.pod_id)
             record = self.runner.start(pod.pod_id, command, env=env, workdir=cwd,
                                        limits=limits, identity=identity,
                                        combined_output=not pod.separate_stderr,
-                                       netns=net.netns if net is not None else "")
+                                       netns=net.netns if net is not None else "", namespace=namespace)
         except Exception:
             if net is not None and self.runner.known(pod.pod_id) is None:
                 self.network.detach(pod.pod_id)  # no record, so no poll would ever end it
             raise
+        finally:
+            if namespace is not None:
+                namespace.close()
         layers = [{"layer": s.layer.value, "active": s.active, "detail": s.detail}
                   for s in (*plan.layers, network)]
         with self._lock:
@@ -421,6 +431,21 @@ class NodeAgent:
             self._mps.stop()
         self.network.close()
         self._probe.close()
+
+
+def _secrets(pod: PodLaunch) -> tuple[dict[str, str], dict[str, bytes]]:
+    """The pod's secrets as variables and files (pods.secret_injection); InvalidInput with the
+    sentence for one that cannot be given (deleted since the submit, or changed keys)."""
+    env: dict[str, str] = {}
+    files: dict[str, bytes] = {}
+    for secret in pod.secrets:
+        try:
+            more_env, more_files = secret_injection(secret)
+        except ValueError as exc:
+            raise InvalidInput(f"Pod {pod.pod_id}: {exc}.") from None
+        env.update(more_env)
+        files.update(more_files)
+    return env, files
 
 
 def _refuse_nul(pod: PodLaunch) -> None:

@@ -36,6 +36,7 @@ from gpupool.agent import podstate
 from gpupool.agent.identity import ACCOUNT_PREFIX, POD_GROUP, PodIdentity
 from gpupool.agent.launcher import EXIT_FD_PLACEHOLDER, Launcher, launch_timeout_s
 from gpupool.agent.leftovers import MARKER, AccountLocks, kill_leftovers
+from gpupool.agent.mounts import PodNamespace
 from gpupool.agent.podstate import PodRecord
 from gpupool.agent.shim import shim_argv
 from gpupool.errors import GpupoolError, InvalidInput, NotFound
@@ -190,7 +191,8 @@ class Runner:
     # ---- start -----------------------------------------------------------------------------
     def start(self, pod_id: str, command: Sequence[str], *, env: Mapping[str, str], workdir: str | Path = "",
               limits: HostLimits = HostLimits(), identity: PodIdentity | None = None,
-              combined_output: bool = False, netns: str = "") -> PodRecord:
+              combined_output: bool = False, netns: str = "",
+              namespace: PodNamespace | None = None) -> PodRecord:
         """Start `command` as a new process group and return at once, with exactly `env` as its
         environment and, given an `identity`, as that Unix account (no supplementary groups, no new
         privileges). With `combined_output`, stdout and stderr go to one log (stdout.log), in the
@@ -203,6 +205,8 @@ class Runner:
             raise InvalidInput(f"Pod {pod_id!r} has an empty command; give the program to run.")
         if netns and identity is None:
             raise InvalidInput(f"Pod {pod_id!r}: a network namespace needs a pod account to run as.")
+        if namespace is not None and identity is None:
+            raise InvalidInput(f"Pod {pod_id!r}: mounts and secret files need a pod account to run as.")
         with self._lock:
             if pod_id in self._records:
                 return self._records[pod_id]
@@ -230,14 +234,15 @@ class Runner:
                         self._finish(record, PodPhase.FAILED, 127, None,
                                      f"cannot mark the pod's account in use: {exc.strerror}")
                     return record
-            self._spawn(record, {**env, MARKER: pod_id}, limits, identity, netns)
+            self._spawn(record, {**env, MARKER: pod_id}, limits, identity, netns, namespace)
         finally:
             with self._lock:
                 self._spawning.discard(pod_id)
         return record
 
     def _spawn(self, record: PodRecord, env: dict[str, str], limits: HostLimits,
-               identity: PodIdentity | None, netns: str = "") -> None:
+               identity: PodIdentity | None, netns: str = "",
+               namespace: PodNamespace | None = None) -> None:
         pod_dir = self.pod_dir(record.pod_id)
         exit_fd = os.open(pod_dir / "exit.json", os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
         # The shim waits for one line before it runs the command: to be moved into its cgroup, and,
@@ -256,7 +261,7 @@ class Runner:
                 if identity is not None:
                     os.fchown(exit_fd, identity.uid, identity.gid)  # the shim reopens it as the account
                     pid, start_ticks = self._launch_as(identity, argv, env, go_r, out.fileno(),
-                                                       err.fileno(), exit_fd, netns)
+                                                       err.fileno(), exit_fd, netns, namespace)
                 else:
                     stdin = go_r if go_r >= 0 else subprocess.DEVNULL
                     child = subprocess.Popen(argv, cwd="/", env=env, stdin=stdin, stdout=out, stderr=err,
@@ -300,7 +305,8 @@ class Runner:
             reaper.watch(record.pod_id, pid)
 
     def _launch_as(self, identity: PodIdentity, argv: list[str], env: Mapping[str, str], go_r: int,
-                   stdout: int, stderr: int, exit_fd: int, netns: str = "") -> tuple[int, int | None]:
+                   stdout: int, stderr: int, exit_fd: int, netns: str = "",
+                   namespace: PodNamespace | None = None) -> tuple[int, int | None]:
         """Start the shim as `identity` through the launcher helper (see launcher.py); the exit
         file's descriptor number is the helper's, so argv names it by a placeholder."""
         with self._lock:
@@ -310,7 +316,8 @@ class Runner:
         devnull = os.open(os.devnull, os.O_RDONLY) if go_r < 0 else -1
         try:
             return launcher.launch(argv, env, identity, stdin=go_r if go_r >= 0 else devnull,
-                                   stdout=stdout, stderr=stderr, exit_fd=exit_fd, netns=netns)
+                                   stdout=stdout, stderr=stderr, exit_fd=exit_fd, netns=netns,
+                                   namespace=namespace)
         finally:
             if devnull >= 0:
                 os.close(devnull)

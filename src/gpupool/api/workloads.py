@@ -4,12 +4,13 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from pydantic import Field, field_validator
+from pydantic import Field, field_validator, model_validator
 
 from gpupool.api.array_spec import parse_array
 from gpupool.api.common import ArgText, Name, Strict, refuse_control
 from gpupool.api.fabric import NetworkOut
 from gpupool.api.images import ImageName
+from gpupool.api.mounts import MAX_MOUNTS, MAX_SECRET_USES, MountSpec, SecretUse
 from gpupool.core.units import parse_cpu_milli, parse_devices, parse_memory_mib
 from gpupool.errors import InvalidInput
 
@@ -141,6 +142,19 @@ class WorkloadSpec(Strict):
     image: ImageName | None = Field(None, description=(
         "run each pod in this image of the pool's store (`gpupool image ls`), in a container as the "
         "tenant's account; default: on the node itself"))
+    # mounts and secrets (docs/security.md): only references are stored, never a secret's value
+    mounts: list[MountSpec] = Field(default_factory=list, max_length=MAX_MOUNTS, description=(
+        "node paths inside the tenant's allowed roots, bound into each pod's own mount namespace"))
+    secrets: list[SecretUse] = Field(default_factory=list, max_length=MAX_SECRET_USES, description=(
+        "the tenant's secrets given to each pod as variables or as files under /run/secrets"))
+
+    @model_validator(mode="after")
+    def _image_takes_no_binds(self) -> WorkloadSpec:
+        if self.image and (self.mounts or any(use.path for use in self.secrets)):
+            raise ValueError(
+                "--mount and secrets as files (NAME:/run/secrets/F) do not reach into a container yet: "
+                "with --image, give secrets as variables (NAME or NAME:ENV_VAR) and put data in --workdir")
+        return self
 
     @field_validator("array")
     @classmethod

@@ -21,7 +21,8 @@ from gpupool.cli.main import ALIASES, COMMANDS, SUBCOMMANDS
 _help.install()
 EXTRA_OF_MODULE: dict[str, str] = {
     **dict.fromkeys(("fastapi", "fastapi_offline", "starlette", "uvicorn", "sqlalchemy", "alembic", "psycopg",
-                     "prometheus_client", "pynvml", "numpy", "scipy", "networkx", "matplotlib"), "server"),
+                     "prometheus_client", "pynvml", "numpy", "scipy", "networkx", "matplotlib",
+                     "cryptography"), "server"),
     "ray": "ray",
 }
 """The top-level modules of each extra (pyproject.toml): a command that needs one names the extra."""

@@ -19,11 +19,12 @@ SUBCOMMANDS: dict[str, tuple[str, str, str]] = {
     "tenant": ("gpupool.cli.tenant", "app", "Tenants (admin): create, set, ls."),
     "queue": ("gpupool.cli.queue", "app", "Queues, quotas and cohorts (admin): create, set, ls."),
     "token": ("gpupool.cli.token", "app", "Bearer tokens: create (admin), ls, revoke."),
+    "secret": ("gpupool.cli.secret", "app", "A tenant's secrets: create, ls, delete (never shown)."),
     "config": ("gpupool.cli.config", "app", "The pool's configuration (YAML): show, check."),
     "image": ("gpupool.cli.image", "app", "Container images: import (admin), ls, rm (admin)."),
 }
 ALIASES: dict[str, str] = {"profiles": "profile", "nodes": "node", "tenants": "tenant", "queues": "queue",
-                           "tokens": "token", "images": "image"}
+                           "tokens": "token", "images": "image", "secrets": "secret"}
 """The other spelling of each group's name, accepted but not listed in help."""
 
 # Top-level commands (not groups): name -> (module, function, help).

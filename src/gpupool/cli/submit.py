@@ -107,6 +107,17 @@ def submit(
                                  "image ls), in a container as the tenant's account; its --workdir, else its "
                                  "private directory, is bound in. A name the pool lacks: exit 2.")
     ] = None,
+    mount: Annotated[
+        list[str] | None, typer.Option("--mount", help="SRC:DST[:ro] (repeatable): a node path inside the "
+                                       "roots the pool allows the tenant (tenants.<name>.mounts), seen by "
+                                       "the pods at DST (which must exist on the node); :ro read-only.")
+    ] = None,
+    secret: Annotated[
+        list[str] | None, typer.Option("--secret", help="NAME (each key a variable), NAME:ENV_VAR (its one "
+                                       "key) or NAME:/run/secrets/FILE (a 0400 file; a directory of one "
+                                       "file per key): one of the tenant's secrets (gpupool secret "
+                                       "create), repeatable.")
+    ] = None,
 ) -> None:
     """Submit a workload (or with --array, one task per index) and print only its id.
 
@@ -115,6 +126,8 @@ def submit(
     Example: gpupool submit --array 0-99%10 --gpus 1 -- python sweep.py   (reads GPUPOOL_ARRAY_INDEX)
 
     Example: gpupool submit --dependency afterok:w-1a2b3c4d5e6f -- python evaluate.py
+
+    Example: gpupool submit --mount /data/team-a/set:/data:ro --secret hf:HF_TOKEN -- python train.py
 
     Exit codes: 0 submitted, 2 bad usage or refused (quota, invalid spec or dependency, a priority or
     class above the tenant's max priority, too many pending), 3 queue/tenant, or a workload the
@@ -150,7 +163,7 @@ def submit(
             args += [flag, str(value)]
     if separate_stderr:
         args.append("--separate-stderr")
-    for flag, values in (("--model", model), ("--env", env)):
+    for flag, values in (("--model", model), ("--env", env), ("--mount", mount), ("--secret", secret)):
         for value in values or []:
             args += [flag, value]
     raise typer.Exit(run([*args, "--", *(command or [])]))

@@ -19,7 +19,8 @@ USAGE = (
     "[--gpus 0.25|2] [--gpu-memory 8GiB] [--cpu 4] [--memory 16GiB] [--replicas N] [--env K=V] "
     "[--workdir D] [--time-limit 2h] [--checkpoint-every 30m] [--max-retries N] [--array 0-99%10] "
     "[--topology required=leaf] [--separate-stderr] [--dependency afterok:ID] "
-    "[--kill-on-invalid-dep no] [--image NAME] "
+    "[--kill-on-invalid-dep no] [--image NAME] [--mount SRC:DST[:ro]] "
+    "[--secret NAME[:ENV_VAR|:/run/secrets/F]] "
     "[-f spec.yaml] -- COMMAND..."
 )
 # flag -> (path in the spec, kind)
@@ -47,6 +48,7 @@ _FLAGS: dict[str, tuple[tuple[str, ...], str]] = {
     "--dependency": (("dependency",), "dependency"), "-d": (("dependency",), "dependency"),
     "--kill-on-invalid-dep": (("kill_on_invalid_dep",), "yesno"),
     "--image": (("image",), "str"),
+    "--mount": (("mounts",), "mount"), "--secret": (("secrets",), "secret"),
 }
 
 
@@ -168,6 +170,9 @@ def _set(flags: dict[tuple[str, ...], object], path: tuple[str, ...], kind: str,
             env[key] = val
         elif kind == "topology":
             flags[path] = _topology(value, name)
+        elif kind in ("mount", "secret"):
+            flags.setdefault(path, [])
+            flags[path].append(_mount_or_secret(kind, value))  # type: ignore[attr-defined]
         else:
             flags[path] = value
         bounds = _RANGES.get(name)
@@ -191,6 +196,18 @@ def _topology(value: str, name: str) -> str:
     except InvalidInput as exc:
         raise UsageError(f"Option {name} got {value!r}: {exc.message[:1].lower()}{exc.message[1:]}") from None
     return value
+
+
+def _mount_or_secret(kind: str, value: str) -> dict[str, object]:
+    """`--mount SRC:DST[:ro]` or `--secret NAME[:TARGET]` as the spec's entry; UsageError otherwise."""
+    from gpupool.api.mounts import parse_mount, parse_secret_use
+    from gpupool.errors import InvalidInput
+
+    try:
+        parsed = parse_mount(value) if kind == "mount" else parse_secret_use(value)
+    except InvalidInput as exc:
+        raise UsageError(exc.message) from None
+    return parsed.model_dump(exclude_defaults=True)
 
 
 def _read_file(path: str) -> dict[str, object]:

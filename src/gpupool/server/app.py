@@ -32,6 +32,7 @@ from gpupool.server.routers import (
     workloads,
 )
 from gpupool.server.routers import fabric as fabric_routes
+from gpupool.server.routers import secrets as secret_routes
 from gpupool.server.runtime import Runtime
 from gpupool.server.services import node_faults
 from gpupool.server.services.submit_writer import SubmitWriter
@@ -76,7 +77,7 @@ def create_app(rt: Runtime, *, run_loop: bool = True) -> FastAPI:
         413: {"model": ErrorBody, "description": "the request body is larger than the pool's limit"}}
     for router in (health.router, workloads.router, nodes.router, tenants.router, audit.router,
                    config.router, session.router, usage.router, calls.router, fabric_routes.router,
-                   images.router):
+                   images.router, secret_routes.router):
         app.include_router(router, prefix=API_PREFIX, responses=dict(too_large))
     app.include_router(health.router, include_in_schema=False)  # /health at the root too
     apidocs.install(app, f"{API_PREFIX}/openapi.json")

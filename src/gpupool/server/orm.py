@@ -325,3 +325,19 @@ class RemoteKeyRow(Base):
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
     secret: Mapped[str] = mapped_column(String(128))
     created_s: Mapped[float] = mapped_column(Float)
+
+
+class SecretRow(Base):
+    """One of a tenant's secrets: its keys' values sealed together (server/secretbox.py), never in
+    the clear; `keys` lists their names (they are not secret)."""
+
+    __tablename__ = "secrets"
+
+    tenant: Mapped[str] = mapped_column(String(NAME_LENGTH), primary_key=True)
+    name: Mapped[str] = mapped_column(String(NAME_LENGTH), primary_key=True)
+    keys: Mapped[list[str]] = mapped_column(JSON)
+    sealed: Mapped[bytes] = mapped_column(LargeBinary)
+    created_s: Mapped[float] = mapped_column(Float)
+    updated_s: Mapped[float] = mapped_column(Float)
+    revision: Mapped[int] = mapped_column(Integer, default=0)
+    """Counts replacements: a replace writes only over the revision it read (compare-and-set)."""

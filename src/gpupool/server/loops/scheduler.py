@@ -47,14 +47,14 @@ from gpupool.core.scheduling.cycle import (
     unhandled,
 )
 from gpupool.core.scheduling.keeper import PRUNE_SLACK, ViewKeeper
-from gpupool.pods import PodLaunch
+from gpupool.pods import PodLaunch, PodSecret
 from gpupool.server.loops.fabric_view import FabricKeeper
 from gpupool.server.loops.launches import LaunchWorkers
 from gpupool.server.loops.snapshot import MAX_PENDING_PER_CYCLE, StoreView, WorkloadCache, load
 from gpupool.server.loops.store_audit import StoreAudit
 from gpupool.server.orm import Base, PodRow, TenantRow, WorkloadRow
 from gpupool.server.runtime import Runtime
-from gpupool.server.services import enforcement, rendezvous
+from gpupool.server.services import enforcement, mounts, rendezvous, secrets
 from gpupool.server.services.events import LOST, Move, apply_moves, not_made, transition
 from gpupool.server.services.locks import lock_workloads
 from gpupool.server.services.metering import slice_models
@@ -709,6 +709,8 @@ class Scheduler:
             unix_user=unix_user, separate_stderr=bool(spec.get("separate_stderr", False)),
             **(gang.launch_fields(rank) if gang is not None else {}),
             image=str(spec.get("image") or ""), image_rootfs=self._image_rootfs(spec),
+            **(_mounts_and_secrets(self.rt, row.tenant, spec) if "mounts" in spec or "secrets" in spec
+               else {}),
         )
 
     def _image_rootfs(self, spec: dict[str, Any]) -> str:
@@ -721,7 +723,7 @@ class Scheduler:
     def _launch(self, launches: list[PodLaunch]) -> None:
         """Hand launches (recorded `launching` by a committed transaction) to the nodes' launch
         workers; `record_launches` records what came of them."""
-        self.launches.submit(launches)
+        self.launches.submit(secrets.with_values(self.rt, launches))  # values opened now, in memory only
 
     def record_launches(self) -> int:
         """Record the launch outcomes ready now; returns how many.
@@ -889,3 +891,11 @@ def _duration(seconds: float) -> str:
 def _forget(rt: Runtime, workload_id: str) -> None:
     """The workload ended for good: the provider may drop what it kept for it (its checkpoints)."""
     rt.provider.forget_workload(workload_id)
+
+
+def _mounts_and_secrets(rt: Runtime, tenant: str, spec: dict[str, Any]) -> dict[str, Any]:
+    """A launch's mounts (with the roots that allow them now) and secret references (values are
+    added by secrets.with_values, just before the launch)."""
+    return {"mounts": mounts.pod_mounts(rt.config, tenant, spec.get("mounts", [])),
+            "secrets": tuple(PodSecret(str(s["name"]), str(s.get("env", "")), str(s.get("path", "")))
+                             for s in spec.get("secrets", []))}
