@@ -388,6 +388,42 @@ def test_a_pod_whose_launch_was_not_begun_is_taken_back_at_its_workloads_time_li
         pool.rt.store.close()
 
 
+def test_a_gangs_pod_whose_launch_was_not_begun_is_taken_back_when_another_node_leaves(
+        tmp_path: Path) -> None:
+    """A gang with a pod on each node: one waits behind a hung launch on its node, the other's launch
+    hangs on a node that then leaves the pool. The gang is requeued (node_lost); its pod still queued
+    is ended at once and never handed to the provider."""
+    pool = Pool(tmp_path)
+    try:
+        pool.loop.scheduler.launches.per_node = 1
+        pool.provider.gated.update(n.name for n in pool.provider.nodes())
+        hung = pool.submit(2, priority_class="high")
+        pool.step_until("the first launch to begin", lambda: len(pool.provider.blocked) == 1)
+        stuck = pool.pods(hung)[0].node
+        pool.now += 1.0
+        gang = pool.submit(6, replicas=2)  # 6 + 6 GPUs: one pod on each node
+        pool.step_until("the gang's launch on the other node to begin", lambda: len(pool.provider.blocked) == 2)
+        pods = {p.node: p for p in pool.pods(gang)}
+        queued = pods[stuck]
+        [(gone, lost)] = [(node, p) for node, p in pods.items() if node != stuck]
+        assert queued.id in pool.loop.scheduler.launches.in_flight() and lost.id in pool.provider.blocked
+        pool.now += 1.0
+        left_at = pool.now
+        assert pool.loop.reconciler.nodes_gone([n for n in pool.provider.nodes() if n.name != gone]) == 1
+        assert pool.row(gang).status == "pending" and pool.row(gang).reason == "node_lost"
+        [after] = [p for p in pool.pods(gang) if p.id == queued.id]
+        assert (after.status, after.message) == ("stopped", "Stopped before it started.")
+        assert after.finished_s == left_at and after.started_s is None
+        assert queued.id not in pool.provider.stopped, "nothing to ask the provider: it never had it"
+        assert queued.id not in pool.loop.scheduler.launches.in_flight()
+        pool.provider.gate.set()
+        pool.step_until("the begun launches to be recorded", lambda: not pool.loop.scheduler.launches.busy)
+        assert queued.id not in pool.provider.blocked and pool.provider.phase(queued.id) is None
+    finally:
+        pool.provider.gate.set()
+        pool.rt.store.close()
+
+
 def test_a_late_start_of_an_attempt_the_workload_left_does_not_start_the_next(pool: Pool) -> None:
     """The outcome is recorded against the pod's own attempt: a requeued workload, placed again and
     launching, is not marked running by its old pod's start."""
