@@ -1,7 +1,8 @@
 """Launches run in per-node launch workers, outside the control loop: a node whose launch hangs holds
 up neither the scheduling cycles nor the other nodes' launches, and its pod fails with a reason at
 the launch deadline; a cancel that lands while a launch is in flight wins; a stop (cancel,
-preemption, time limit, drain, requeue) of a pod whose launch was not begun ends the pod at once; a
+preemption, time limit, drain, requeue, a node that left) of a pod whose launch was not begun ends
+the pod at once; a
 restart with launches in flight reconciles them."""
 
 from __future__ import annotations
@@ -402,7 +403,7 @@ def test_a_gangs_pod_whose_launch_was_not_begun_is_taken_back_when_another_node_
         stuck = pool.pods(hung)[0].node
         pool.now += 1.0
         gang = pool.submit(6, replicas=2)  # 6 + 6 GPUs: one pod on each node
-        pool.step_until("the gang's launch on the other node to begin", lambda: len(pool.provider.blocked) == 2)
+        pool.step_until("the gang's other launch to begin", lambda: len(pool.provider.blocked) == 2)
         pods = {p.node: p for p in pool.pods(gang)}
         queued = pods[stuck]
         [(gone, lost)] = [(node, p) for node, p in pods.items() if node != stuck]
