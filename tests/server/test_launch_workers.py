@@ -2,8 +2,7 @@
 up neither the scheduling cycles nor the other nodes' launches, and its pod fails with a reason at
 the launch deadline; a cancel that lands while a launch is in flight wins; a stop (cancel,
 preemption, time limit, drain, requeue, a node that left) of a pod whose launch was not begun ends
-the pod at once; a
-restart with launches in flight reconciles them."""
+the pod at once; a restart with launches in flight reconciles them."""
 
 from __future__ import annotations
 
