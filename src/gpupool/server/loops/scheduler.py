@@ -168,6 +168,8 @@ class Scheduler:
         self.launches = LaunchWorkers(rt.provider, rt.clock, deadline_s=rt.settings.launch_deadline_s)
         """The nodes' launch workers (loops/launches.py): a slow node holds up only its own launches."""
         rt.launches = self.launches
+        # a node that stops or starts refusing launches (its stuck threads) changes what fits
+        self.launches.on_stuck_change = rt.capacity_may_have_changed
         self._reasons: dict[str, str] = {}
         """The reason last stored for pending work this loop set aside (see `_apply`)."""
         self.info: dict[str, WorkloadInfo] = {}
@@ -224,6 +226,7 @@ class Scheduler:
         head = frozenset({self.reservation[0]}) if self.reservation is not None and not full else frozenset()
         view = load(self.rt, self.cache, since_s=None if full else self._horizon_s,
                     skip=frozenset(self._inadmissible - head), limit=limit, now_s=now, also=head)
+        view = _without_launches(view, self.launches.stuck_nodes())
         if full:
             self._backoff_s = view.next_backoff_s
         if view.snapshot.nodes != self._last_nodes:
@@ -788,6 +791,17 @@ class Scheduler:
         for pod_id in [*to_stop, *failed]:  # a failed launch may have left something
             self.rt.provider.stop(pod_id, grace_s=0)
         return len(outcomes)
+
+
+def _without_launches(view: StoreView, stuck: frozenset[str]) -> StoreView:
+    """The view with the nodes given no launches (their launch threads stuck) cordoned: no new work
+    is placed there, the work running there stays."""
+    if not stuck:
+        return view
+    nodes = tuple(dataclasses.replace(n, cordoned=True) if n.name in stuck and not n.cordoned else n
+                  for n in view.snapshot.nodes)
+    return dataclasses.replace(view, snapshot=dataclasses.replace(view.snapshot, nodes=nodes),
+                               unschedulable_nodes=sum(1 for n in nodes if not n.schedulable))
 
 
 def _states(conn: Connection, ids: Sequence[str], *, with_spec: bool) -> dict[str, Row[Any]]:
