@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 from storereads import StoreReads
 
-from factories import ISSUE_CONFIG
+from factories import ISSUE_CONFIG, node
 from gpupool.api.workloads import WorkloadSpec
 from gpupool.config import parse_config
 from gpupool.pods import PodLaunch, PodPhase, PodStatus
@@ -564,8 +564,8 @@ def test_a_node_whose_launches_hang_holds_a_bounded_number_of_threads_and_recove
     takes launches again."""
     from gpupool.server.loops.launches import LaunchWorkers
 
-    provider = GatedProvider("2x8xH100", duration_s=10_000.0)
-    hung, other = (n.name for n in provider.nodes())
+    hung, other = "bounded-hung", "bounded-other"  # names no other test's launch threads carry
+    provider = GatedProvider([node(hung), node(other)], duration_s=10_000.0)
     provider.gated = {hung}
     changes = threading.Event()
     workers = LaunchWorkers(provider, lambda: 0.0, deadline_s=DEADLINE_S, per_node=1, max_stuck=2)
