@@ -1,14 +1,16 @@
 """The control loop's parts, each on its own (loops/time_limits.py, loops/arrivals.py): the time-limit
-part given a clock and a store of rows fails exactly the overdue ones; the arrivals window decides
-full passes and moves its horizon as the scheduler's docstring says."""
+part given a clock and a store of rows fails exactly the overdue ones, and takes no write lock when
+none is; the arrivals window decides full passes and moves its horizon as the scheduler relies on."""
 
 from __future__ import annotations
 
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
 from sqlalchemy import update
+from sqlalchemy.orm import Session
 
 from factories import node, workload
 from gpupool.api.workloads import WorkloadSpec
@@ -96,6 +98,32 @@ def test_the_time_limit_part_fails_exactly_the_workloads_past_their_limit(rt: Ru
     clock.now = 1001.0
     assert part.enforce() == 1 and told[-1] == a_second_early
     assert part.enforce() == 0, "checked again only after LIMIT_CHECK_S"
+
+
+def test_a_time_limit_check_that_finds_none_takes_no_write_lock(rt: Runtime,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """Most checks find nothing due: they only read, so they never hold the store's write lock (on
+    SQLite one writer at a time: the submissions wait on it)."""
+    clock = rt.clock
+    assert isinstance(clock, Clock)
+    limited = _row(rt, "running", 1000.0, 60.0)
+    writes: list[bool] = []
+    write = rt.store.write
+
+    @contextmanager
+    def counted() -> Iterator[Session]:
+        writes.append(True)
+        with write() as session:
+            yield session
+
+    monkeypatch.setattr(rt.store, "write", counted)
+    part = TimeLimits(rt)
+    for _ in range(3):
+        assert part.enforce() == 0
+        clock.now += LIMIT_CHECK_S
+    assert writes == [], "nothing was due: no write transaction"
+    clock.now = 1060.0
+    assert part.enforce() == 1 and writes == [True] and _status(rt, limited) == ("failed", "time_limit")
 
 
 def test_durations_read_as_the_time_limit_was_given() -> None:

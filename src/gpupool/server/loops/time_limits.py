@@ -3,7 +3,8 @@
 Given the store and a clock it decides on its own, checked at most every LIMIT_CHECK_S: the
 workloads admitted or running whose `started_s + time_limit_s` is at or before now are failed
 (reason time_limit) in one transaction, their rows read FOR UPDATE (a cancel after the read waits
-for the commit), and their pods stopped after it, a launch no worker has begun taken back.
+for the commit), and their pods stopped after it, a launch no worker has begun taken back. A check
+that finds none (most of them) only reads: it takes no write lock from the submissions.
 """
 
 from __future__ import annotations
@@ -40,14 +41,17 @@ class TimeLimits:
         if now < self._next_check_s:
             return 0
         self._next_check_s = now + LIMIT_CHECK_S
+        overdue = (WorkloadRow.status.in_((WorkloadStatus.ADMITTED.value, WorkloadStatus.RUNNING.value)),
+                   WorkloadRow.time_limit_s.is_not(None), WorkloadRow.started_s.is_not(None),
+                   WorkloadRow.started_s + WorkloadRow.time_limit_s <= now)
+        with self.rt.store.read() as session:  # most checks find none: no write transaction then
+            if session.scalar(select(WorkloadRow.id).where(*overdue).limit(1)) is None:
+                return 0
         to_stop: list[tuple[str, float]] = []
         ended: list[str] = []
         with self.rt.store.write() as session:
-            rows = session.scalars(select(WorkloadRow).where(
-                WorkloadRow.status.in_((WorkloadStatus.ADMITTED.value, WorkloadStatus.RUNNING.value)),
-                WorkloadRow.time_limit_s.is_not(None), WorkloadRow.started_s.is_not(None),
-                WorkloadRow.started_s + WorkloadRow.time_limit_s <= now)
-                .with_for_update()).all()  # a cancel after this read waits for the commit
+            rows = session.scalars(select(WorkloadRow).where(*overdue)
+                                   .with_for_update()).all()  # a cancel after this read waits for the commit
             for row in rows:
                 grace = preempt_grace_s(self.rt, row.spec)
                 to_stop += [(pod_id, grace) for pod_id in stop_pods(session, row, PodState.STOPPED, now)]
