@@ -38,7 +38,7 @@ from gpupool.providers.fake import FakeProvider
 from gpupool.server import pgtemp
 from gpupool.server.auth import Principal
 from gpupool.server.db import Store
-from gpupool.server.loops import scheduler as scheduler_module
+from gpupool.server.loops import applier as applier_module
 from gpupool.server.loops.control import ControlLoop
 from gpupool.server.orm import EventRow
 from gpupool.server.runtime import Runtime
@@ -147,7 +147,7 @@ def stop_storm(url: str, data_dir: Path, pods: int) -> dict[str, object]:
 
 def cancel_race(url: str, data_dir: Path, count: int) -> dict[str, object]:
     run = _Loop(url, data_dir, f"1x{max(8, count)}xH100")
-    read = scheduler_module._states
+    read = applier_module.states
     try:
         ids = [run.submit(1) for _ in range(count)]
         to_cancel = set(ids[::2])
@@ -161,10 +161,10 @@ def cancel_race(url: str, data_dir: Path, count: int) -> dict[str, object]:
                     landed.append(workload_id)
             return rows
 
-        scheduler_module._states = read_then_cancel  # type: ignore[assignment]
+        applier_module.states = read_then_cancel  # type: ignore[assignment]
         for _ in range(math.ceil(count / 128) + 2):
             run.step(1.0)
-        scheduler_module._states = read
+        applier_module.states = read
         for _ in range(2):
             run.step(1.0)
         cancelled: set[str] = set()
@@ -180,7 +180,7 @@ def cancel_race(url: str, data_dir: Path, count: int) -> dict[str, object]:
                 "cancelled_launched": len(launched & cancelled),
                 "others_running": len(launched - cancelled)}
     finally:
-        scheduler_module._states = read
+        applier_module.states = read
         run.rt.store.close()
 
 

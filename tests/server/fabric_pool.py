@@ -32,11 +32,12 @@ def _node(name: str) -> Node:
 class Pool:
     """A server on a hand-driven provider and a fabric file, its loop stepped by the test."""
 
-    def __init__(self, tmp_path: Path, config: str = CONFIG, fabric: bool = True) -> None:
+    def __init__(self, tmp_path: Path, config: str = CONFIG, fabric: bool = True,
+                 provider: type[ManualProvider] = ManualProvider) -> None:
         self.now = 1_000_000.0
         path = tmp_path / "tree.topo"
         path.write_text(to_ibnetdiscover(fat_tree(4, levels=2)))
-        self.provider = ManualProvider([_node(f"node{i:05d}") for i in range(1, HOSTS + 1)])
+        self.provider = provider([_node(f"node{i:05d}") for i in range(1, HOSTS + 1)])
         url = f"sqlite:///{tmp_path / 'store.sqlite'}"
         settings = Settings(data_dir=tmp_path, database_url=url, cycle_interval_s=0.05)
         self.rt = Runtime(settings=settings, store=Store.open(url), provider=self.provider,

@@ -22,7 +22,8 @@ from gpupool.providers.fake import FakeProvider
 from gpupool.server import pgtemp
 from gpupool.server.auth import Principal
 from gpupool.server.db import Store
-from gpupool.server.loops import scheduler as scheduler_module
+from gpupool.server.loops import applier as applier_module
+from gpupool.server.loops import time_limits as time_limits_module
 from gpupool.server.loops.control import ControlLoop
 from gpupool.server.orm import EventRow, PodRow, WorkloadRow
 from gpupool.server.runtime import Runtime
@@ -186,7 +187,7 @@ def test_cancels_landing_between_the_admissions_read_and_write_are_never_overwri
     pool = pg_pool
     submitted = [pool.submit(gpus=1) for _ in range(12)]
     to_cancel = set(submitted[::2])
-    read = scheduler_module._states
+    read = applier_module.states
     landed: list[str] = []
 
     def read_then_cancel(conn: Any, ids: Sequence[str], *, with_spec: bool) -> dict[str, Any]:
@@ -197,10 +198,10 @@ def test_cancels_landing_between_the_admissions_read_and_write_are_never_overwri
                 landed.append(workload_id)
         return rows
 
-    monkeypatch.setattr(scheduler_module, "_states", read_then_cancel)
+    monkeypatch.setattr(applier_module, "states", read_then_cancel)
     pool.step()
     assert sorted(landed) == sorted(to_cancel), "every cancel landed inside the admission's transaction"
-    monkeypatch.setattr(scheduler_module, "_states", read)
+    monkeypatch.setattr(applier_module, "states", read)
     for _ in range(3):
         pool.step(1.0)
     events = pool.events()
@@ -266,14 +267,14 @@ def test_a_cancel_after_a_requeues_read_waits_for_its_commit_and_is_not_written_
     pool.step()
     node = pool.provider._pods[f"{evicted[0]}-a1-r0"].launch.node
     evicted = [w for w in evicted if pool.provider._pods[f"{w}-a1-r0"].launch.node == node]
-    requeue = scheduler_module.requeue
+    requeue = applier_module.requeue
     waited: list[str] = []
 
     def cancel_between(session: Session, row: WorkloadRow, *args: Any, **kwargs: Any) -> list[str]:
         cancel_or_wait(pool, row.id, waited)
         return requeue(session, row, *args, **kwargs)
 
-    monkeypatch.setattr(scheduler_module, "requeue", cancel_between)
+    monkeypatch.setattr(applier_module, "requeue", cancel_between)
     pool.provider.inject_fault(node)
     pool.step()
     for workload_id in waited:
@@ -305,14 +306,14 @@ def test_a_cancel_after_the_time_limits_read_waits_for_its_commit_and_is_not_wri
     pool = pg_pool
     limited = [pool.submit(gpus=1, time_limit_s=60) for _ in range(2)]
     pool.step()
-    stop_pods = scheduler_module.stop_pods
+    stop_pods = time_limits_module.stop_pods
     waited: list[str] = []
 
     def cancel_between(session: Session, row: WorkloadRow, *args: Any, **kwargs: Any) -> list[str]:
         cancel_or_wait(pool, row.id, waited)
         return stop_pods(session, row, *args, **kwargs)
 
-    monkeypatch.setattr(scheduler_module, "stop_pods", cancel_between)
+    monkeypatch.setattr(time_limits_module, "stop_pods", cancel_between)
     pool.step(61.0)
     for workload_id in waited:  # the cancel that waited finds it failed at its time limit
         with pytest.raises(Conflict, match="already failed"):

@@ -1,5 +1,5 @@
-"""The server applies a cycle's decisions through one exhaustive match (`Scheduler._apply`): a kind
-it has no case for raises rather than being dropped silently."""
+"""The server applies a cycle's decisions through one exhaustive match (`DecisionApplier._apply`): a
+kind it has no case for raises rather than being dropped silently."""
 
 from __future__ import annotations
 

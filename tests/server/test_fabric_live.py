@@ -4,14 +4,19 @@ view updated, gangs cut off requeued, slowed ones told), telemetry and moving of
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import threading
+import time
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import pytest
 from fabric_pool import CONFIG, Pool
+from fakes import ManualProvider
 from sqlalchemy.orm import Session
+
+from gpupool.pods import PodLaunch
 
 
 @pytest.fixture
@@ -252,3 +257,67 @@ def test_the_sdk_reads_the_fabric_and_fails_and_heals_links(pool: Pool) -> None:
     assert any(lk.failed for lk in sdk.fabric().links if lk.id == uplink)
     assert sdk.heal_link(uplink).changed and not sdk.heal_link(uplink).changed
     assert sdk.request("GET", "/fabric")["levels"] == sdk.fabric().model_dump(mode="json")["levels"]
+
+
+def _within_patience(what: str, done: Callable[[], bool]) -> None:
+    """Wait for `done()` (checked every 10 ms); fail after 20 s of real time (a loaded machine)."""
+    deadline = time.monotonic() + 20.0
+    while not done():
+        assert time.monotonic() < deadline, f"still waiting for {what}"
+        threading.Event().wait(0.01)
+
+
+class _HungLaunches(ManualProvider):
+    """Launches from the server's per-node workers, each blocking until `gate` is set (stuck agents)."""
+
+    concurrent_launch = True
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.gate = threading.Event()
+        self.begun: list[str] = []
+
+    def launch(self, pod: PodLaunch) -> None:
+        self.begun.append(pod.pod_id)
+        self.gate.wait(30)
+        super().launch(pod)
+
+
+def test_a_cut_off_gangs_pod_whose_launch_was_not_begun_is_taken_back(tmp_path: Path) -> None:
+    """A gang across two leaves, two of its pods on each node of one leaf, whose nodes' one launch
+    thread hangs on the first: when that leaf's links are lost the pods still queued are ended at
+    once and never handed to the provider; the provider is asked to stop the begun ones."""
+    pool = Pool(tmp_path, provider=_HungLaunches)
+    provider = pool.provider
+    assert isinstance(provider, _HungLaunches)
+    try:
+        pool.loop.scheduler.launches.per_node = 1
+        gang = pool.gang(replicas=5, resources={"gpus": 1})  # one leaf holds 4 devices
+        pods = pool.detail(gang)["pods"]
+        _within_patience("one launch to begin on each of its 3 nodes", lambda: len(provider.begun) == 3)
+        queued = {p["id"] for p in pods if p["id"] not in provider.begun}
+        assert len(queued) == 2, "two wait behind a begun launch on their node"
+        assert queued <= pool.loop.scheduler.launches.in_flight()
+        [doubled, *_] = [p["node"] for p in pods if p["id"] in queued]
+        for link in _uplink_ids(pool.call("get", "/fabric").json(), doubled):
+            pool.call("post", "/fabric/links/fail", {"link": link})
+        assert pool.detail(gang)["status"] == "pending"
+        assert tuple(r for r, _ in pool.events(gang)[-1:]) == ("link_lost", )
+        for pod in pool.detail(gang)["pods"]:
+            if pod["id"] in queued:
+                assert (pod["status"], pod["message"]) == ("stopped", "Stopped before it started.")
+        assert not queued & set(provider.stopped), "nothing to ask the provider: it never had them"
+        assert not queued & pool.loop.scheduler.launches.in_flight()
+        begun = {p["id"] for p in pods} - queued
+        assert begun == set(provider.stopped), "the begun pods are stopped by the provider"
+        provider.gate.set()  # the hung launches return; the taken-back ones are never launched
+
+        def recorded() -> bool:
+            pool.loop.step()
+            return not pool.loop.scheduler.launches.busy
+
+        _within_patience("the begun launches to be recorded", recorded)
+        assert not queued & set(provider.launched) and not queued & set(provider.begun)
+    finally:
+        provider.gate.set()
+        pool.close()

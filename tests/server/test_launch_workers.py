@@ -1,8 +1,8 @@
 """Launches run in per-node launch workers, outside the control loop: a node whose launch hangs holds
 up neither the scheduling cycles nor the other nodes' launches, and its pod fails with a reason at
 the launch deadline; a cancel that lands while a launch is in flight wins; a stop (cancel,
-preemption, time limit, drain, requeue) of a pod whose launch was not begun ends the pod at once; a
-restart with launches in flight reconciles them."""
+preemption, time limit, drain, requeue, a node that left) of a pod whose launch was not begun ends
+the pod at once; a restart with launches in flight reconciles them."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 from storereads import StoreReads
 
-from factories import ISSUE_CONFIG
+from factories import ISSUE_CONFIG, node
 from gpupool.api.workloads import WorkloadSpec
 from gpupool.config import parse_config
 from gpupool.pods import PodLaunch, PodPhase, PodStatus
@@ -388,6 +388,42 @@ def test_a_pod_whose_launch_was_not_begun_is_taken_back_at_its_workloads_time_li
         pool.rt.store.close()
 
 
+def test_a_gangs_pod_whose_launch_was_not_begun_is_taken_back_when_another_node_leaves(
+        tmp_path: Path) -> None:
+    """A gang with a pod on each node: one waits behind a hung launch on its node, the other's launch
+    hangs on a node that then leaves the pool. The gang is requeued (node_lost); its pod still queued
+    is ended at once and never handed to the provider."""
+    pool = Pool(tmp_path)
+    try:
+        pool.loop.scheduler.launches.per_node = 1
+        pool.provider.gated.update(n.name for n in pool.provider.nodes())
+        hung = pool.submit(2, priority_class="high")
+        pool.step_until("the first launch to begin", lambda: len(pool.provider.blocked) == 1)
+        stuck = pool.pods(hung)[0].node
+        pool.now += 1.0
+        gang = pool.submit(6, replicas=2)  # 6 + 6 GPUs: one pod on each node
+        pool.step_until("the gang's other launch to begin", lambda: len(pool.provider.blocked) == 2)
+        pods = {p.node: p for p in pool.pods(gang)}
+        queued = pods[stuck]
+        [(gone, lost)] = [(node, p) for node, p in pods.items() if node != stuck]
+        assert queued.id in pool.loop.scheduler.launches.in_flight() and lost.id in pool.provider.blocked
+        pool.now += 1.0
+        left_at = pool.now
+        assert pool.loop.reconciler.nodes_gone([n for n in pool.provider.nodes() if n.name != gone]) == 1
+        assert pool.row(gang).status == "pending" and pool.row(gang).reason == "node_lost"
+        [after] = [p for p in pool.pods(gang) if p.id == queued.id]
+        assert (after.status, after.message) == ("stopped", "Stopped before it started.")
+        assert after.finished_s == left_at and after.started_s is None
+        assert queued.id not in pool.provider.stopped, "nothing to ask the provider: it never had it"
+        assert queued.id not in pool.loop.scheduler.launches.in_flight()
+        pool.provider.gate.set()
+        pool.step_until("the begun launches to be recorded", lambda: not pool.loop.scheduler.launches.busy)
+        assert queued.id not in pool.provider.blocked and pool.provider.phase(queued.id) is None
+    finally:
+        pool.provider.gate.set()
+        pool.rt.store.close()
+
+
 def test_a_late_start_of_an_attempt_the_workload_left_does_not_start_the_next(pool: Pool) -> None:
     """The outcome is recorded against the pod's own attempt: a requeued workload, placed again and
     launching, is not marked running by its old pod's start."""
@@ -510,3 +546,102 @@ def test_a_failed_pod_skips_its_own_gangs_queued_pods_not_the_next_attempts() ->
     assert outcomes["w-1-a1-r1"].why == "node n0 refused it." and outcomes["w-1-a1-r1"].started_s is None
     assert outcomes["w-1-a2-r0"].started_s == 5.0, "launched: another attempt"
     assert {s.pod_id for s in provider.poll()} == {"w-1-a2-r0"}
+
+
+def _launch(node: str, n: int) -> PodLaunch:
+    return PodLaunch(pod_id=f"w{n}-a1-r0", workload_id=f"w{n}", node=node, command=("train",),
+                     env={"GPUPOOL_ATTEMPT": "1"})
+
+
+def _threads_of(node: str) -> int:
+    return sum(1 for t in threading.enumerate() if t.name == f"gpupool-launch-{node}")
+
+
+def test_a_node_whose_launches_hang_holds_a_bounded_number_of_threads_and_recovers() -> None:
+    """Every launch on one node hangs: past the deadline each thread is stuck, and once the node has
+    `max_stuck` of them it is given no more (its queued and later launches fail at once with a
+    sentence naming it), while the other node keeps launching. When a stuck call returns the node
+    takes launches again."""
+    from gpupool.server.loops.launches import LaunchWorkers
+
+    hung, other = "bounded-hung", "bounded-other"  # names no other test's launch threads carry
+    provider = GatedProvider([node(hung), node(other)], duration_s=10_000.0)
+    provider.gated = {hung}
+    changes = threading.Event()
+    workers = LaunchWorkers(provider, lambda: 0.0, deadline_s=DEADLINE_S, per_node=1, max_stuck=2)
+    workers.on_stuck_change = changes.set
+    try:
+        workers.submit([_launch(hung, n) for n in range(6)] + [_launch(other, 10), _launch(other, 11)])
+        outcomes: dict[str, Any] = {}
+
+        def decided(ids: set[str]) -> Any:
+            def check() -> bool:
+                outcomes.update((o.launch.pod_id, o) for o in workers.collect())
+                return ids <= set(outcomes)
+            return check
+
+        wait_until("every launch to be decided", decided({f"w{n}-a1-r0" for n in (*range(6), 10, 11)}))
+        assert outcomes["w10-a1-r0"].started_s is not None and outcomes["w11-a1-r0"].started_s is not None
+        assert provider.blocked == ["w0-a1-r0", "w1-a1-r0"], "two calls stuck; the node got no third"
+        for n in (0, 1):
+            assert "within 0.5 s (the server's launch deadline)" in outcomes[f"w{n}-a1-r0"].why
+        refused = (f"node {hung} has 2 launches stuck past the 0.5 s launch deadline, so it is given no "
+                   f"more until one returns; its agent may be hung: check it, or drain the node "
+                   f"(gpupool node drain {hung}).")
+        assert [outcomes[f"w{n}-a1-r0"].why for n in range(2, 6)] == [refused] * 4
+        assert _threads_of(hung) == 2, "only the stuck threads: none serves the node any more"
+        assert workers.stuck() == {hung: 2} and workers.stuck_nodes() == {hung}
+        assert changes.is_set()
+        changes.clear()
+        workers.submit([_launch(hung, 20), _launch(other, 21)])  # a later launch there: refused at once
+        wait_until("the later launches", decided({"w20-a1-r0", "w21-a1-r0"}))
+        assert outcomes["w20-a1-r0"].why == refused and outcomes["w21-a1-r0"].started_s is not None
+        assert len(provider.blocked) == 2 and _threads_of(hung) == 2
+        provider.released.add("w0-a1-r0")  # one stuck call returns
+        wait_until("the node to take launches again", changes.is_set)
+        assert workers.stuck() == {hung: 1} and workers.stuck_nodes() == frozenset()
+        assert "w0-a1-r0" in provider.stopped, "its late start is stopped: it was reported failed"
+        provider.gated.clear()
+        workers.submit([_launch(hung, 30)])
+        wait_until("a launch on the recovered node", decided({"w30-a1-r0"}))
+        assert outcomes["w30-a1-r0"].started_s is not None
+    finally:
+        provider.gate.set()
+    wait_until("the stuck threads to end once their calls return", lambda: _threads_of(hung) == 0)
+    assert workers.stuck() == {hung: 0}
+
+
+def test_the_scheduler_places_no_work_on_a_node_whose_launches_are_stuck(tmp_path: Path) -> None:
+    """With its launch threads stuck, a node is as if cordoned: new work goes to the other node or
+    waits, none is placed there to fail; /metrics counts the stuck threads; once a stuck call returns
+    the waiting work is placed there."""
+    from gpupool.server.metrics import Metrics
+
+    pool = Pool(tmp_path, deadline_s=DEADLINE_S)
+    try:
+        metrics = Metrics(pool.rt)
+        pool.loop.scheduler.launches.per_node = 1
+        pool.loop.scheduler.launches.max_stuck = 1
+        pool.provider.gated.update(n.name for n in pool.provider.nodes())
+        first = pool.submit(8)
+        pool.step_until("the first launch to begin", lambda: len(pool.provider.blocked) == 1)
+        [pod] = pool.pods(first)
+        pool.provider.gated = {pod.node}
+        pool.step_until("the launch deadline", lambda: pool.row(first).status == "failed")
+        assert metrics.registry.get_sample_value("gpupool_launch_threads_stuck", {"node": pod.node}) == 1
+        pool.now += 1.0
+        placed, waits = pool.submit(8), pool.submit(8)
+        pool.step_until("one to run", lambda: "running" in {pool.row(placed).status, pool.row(waits).status})
+        step_bounded(pool.loop)
+        [(running, _)] = [(w, s) for w in (placed, waits) if (s := pool.row(w).status) == "running"]
+        [waiting] = [w for w in (placed, waits) if w != running]
+        assert pool.pods(running)[0].node != pod.node
+        assert pool.row(waiting).status == "pending" and pool.pods(waiting) == []
+        pool.provider.gated.clear()
+        pool.provider.released.add(pod.id)  # the stuck call returns
+        pool.step_until("the waiting one to run there", lambda: pool.row(waiting).status == "running")
+        assert pool.pods(waiting)[0].node == pod.node
+        assert metrics.registry.get_sample_value("gpupool_launch_threads_stuck", {"node": pod.node}) == 0
+    finally:
+        pool.provider.gate.set()
+        pool.rt.store.close()

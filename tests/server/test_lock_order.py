@@ -27,8 +27,8 @@ from gpupool.providers.fake import FakeProvider
 from gpupool.server import pgtemp
 from gpupool.server.auth import Principal
 from gpupool.server.db import Store
+from gpupool.server.loops import launching as launching_module
 from gpupool.server.loops import reconciler as reconciler_module
-from gpupool.server.loops import scheduler as scheduler_module
 from gpupool.server.loops.control import ControlLoop
 from gpupool.server.orm import WorkloadRow
 from gpupool.server.runtime import Runtime
@@ -131,9 +131,9 @@ def race_once(pool: Pool, workload_id: str, original: Callable[..., Any],
 def test_a_cancel_racing_the_record_of_a_launch_waits_for_it(
         pool: Pool, monkeypatch: pytest.MonkeyPatch) -> None:
     workload_id = pool.submit()
-    wrapped, raced = race_once(pool, workload_id, scheduler_module._states,
+    wrapped, raced = race_once(pool, workload_id, launching_module.states,
                                when=lambda conn, ids, *, with_spec: not with_spec and workload_id in ids)
-    monkeypatch.setattr(scheduler_module, "_states", wrapped)  # _launch reads after writing the pods
+    monkeypatch.setattr(launching_module, "states", wrapped)  # record_launches reads after writing the pods
     pool.loop.step()
     assert raced, "the launch was recorded"
     assert raced[0].join() == "cancelled"

@@ -45,9 +45,11 @@ from gpupool.pods import PodLaunch
 from gpupool.providers.fake import FakeProvider, nodes_from_spec
 from gpupool.server.auth import Principal
 from gpupool.server.db import Store
+from gpupool.server.loops import applier as applier_module
 from gpupool.server.loops import scheduler as scheduler_module
+from gpupool.server.loops.applier import DecisionApplier
+from gpupool.server.loops.arrivals import Estimates
 from gpupool.server.loops.control import ControlLoop
-from gpupool.server.loops.scheduler import Scheduler
 from gpupool.server.orm import Base
 from gpupool.server.runtime import Runtime
 from gpupool.server.services import tenants, workloads
@@ -266,7 +268,7 @@ class Recorder(Replay):
             wait = any((p.node, s.device_index) in self._stopping
                        for p in admission.placements for s in p.slices)
             self._event(wid, now_s, "pending", "admitted", "admitted",
-                        f"Placed on {where}" + (scheduler_module._WAITS if wait else "."))
+                        f"Placed on {where}" + (applier_module._WAITS if wait else "."))
             if wait:
                 self._waiting.add(wid)
             else:
@@ -505,7 +507,7 @@ def race_cancels(rt: Runtime, cancels: set[str], monkeypatch: pytest.MonkeyPatch
     """A user's cancel of each of `cancels`, committed by another thread (another connection) inside
     the transaction that admits it the first time: after the scheduler read it pending, before its
     compare-and-set to admitted. (PostgreSQL only: SQLite's write transaction excludes the cancel.)"""
-    apply = scheduler_module.apply_moves
+    apply = applier_module.apply_moves
 
     def racing(conn: Any, moves: Sequence[Any]) -> Any:
         raced = {m.workload_id for m in moves if m.to_status == "admitted" and m.workload_id in cancels}
@@ -526,7 +528,7 @@ def race_cancels(rt: Runtime, cancels: set[str], monkeypatch: pytest.MonkeyPatch
         except BaseException as exc:  # told to the test by the thread that waits for it
             failed.append(exc)
 
-    monkeypatch.setattr(scheduler_module, "apply_moves", racing)
+    monkeypatch.setattr(applier_module, "apply_moves", racing)
 
 
 def check_parity(tmp_path: Path, nodes: Sequence[Node], jobs: Sequence[Job], failure: NodeFailure,
@@ -702,39 +704,39 @@ def test_server_and_replay_decide_alike_on_openb(tmp_path: Path, shared_data: Pa
 
 def _requeue_without_stops(monkeypatch: pytest.MonkeyPatch) -> None:
     """Every stop stored as a generic requeue: the message and grace of no preemption or eviction."""
-    requeue = Scheduler._requeue
+    requeue = DecisionApplier._requeue
 
-    def generic(self: Scheduler, session: Any, batch: Any, marks: Any, now: float) -> Any:
+    def generic(self: DecisionApplier, session: Any, batch: Any, marks: Any, now: float) -> Any:
         stops = [replace(stop, message="Requeued by the scheduler.", grace=True) for stop in batch.stops]
         return requeue(self, session, replace(batch, stops=stops), marks, now)
 
-    monkeypatch.setattr(Scheduler, "_requeue", generic)
+    monkeypatch.setattr(DecisionApplier, "_requeue", generic)
 
 
 def _no_wait_reasons(monkeypatch: pytest.MonkeyPatch) -> None:
     """Pending reasons never stored: the statement runs, and matches no row."""
     nowhere = update(_W).where(_W.c.id == bindparam("r_id"), false())
-    monkeypatch.setattr(scheduler_module, "_SET_REASON",
+    monkeypatch.setattr(applier_module, "_SET_REASON",
                         nowhere.values(reason=bindparam("r_reason"), message=bindparam("r_message")))
 
 
 def _no_reservation(monkeypatch: pytest.MonkeyPatch) -> None:
     """The backfill reservation never written."""
-    monkeypatch.setattr(Scheduler, "_write_reservation", lambda self, conn, reserved: None)
+    monkeypatch.setattr(DecisionApplier, "_write_reservation", lambda self, conn, reserved: None)
 
 
 def _pod_rows(change: Callable[[dict[str, Any]], None]) -> Callable[[pytest.MonkeyPatch], None]:
     """Pod rows written with `change` made to them (the launches still go where the core placed)."""
 
     def inject(monkeypatch: pytest.MonkeyPatch) -> None:
-        place = Scheduler._place_pods
+        place = DecisionApplier._place_pods
 
         class Writes:
             def __init__(self, conn: Any) -> None:
                 self.conn = conn
 
             def execute(self, statement: Any, params: Any = None, *args: Any, **kwargs: Any) -> Any:
-                if statement is scheduler_module._INSERT_POD:
+                if statement is applier_module._INSERT_POD:
                     params = [dict(p) for p in params]
                     for pod in params:
                         change(pod)
@@ -743,10 +745,10 @@ def _pod_rows(change: Callable[[dict[str, Any]], None]) -> Callable[[pytest.Monk
             def __getattr__(self, name: str) -> Any:
                 return getattr(self.conn, name)
 
-        def wrong(self: Scheduler, conn: Any, *args: Any) -> Any:
+        def wrong(self: DecisionApplier, conn: Any, *args: Any) -> Any:
             return place(self, Writes(conn), *args)
 
-        monkeypatch.setattr(Scheduler, "_place_pods", wrong)
+        monkeypatch.setattr(DecisionApplier, "_place_pods", wrong)
 
     return inject
 
@@ -761,13 +763,13 @@ def _other_device(pod: dict[str, Any]) -> None:
 
 def _progress_untold(monkeypatch: pytest.MonkeyPatch) -> None:
     """Requeued work's progress (its checkpoints) never told to the core (stored all the same)."""
-    told = Scheduler._requeued_info
+    told = Estimates.requeued
 
-    def untold(self: Scheduler, row: Any, moved_s: float | None) -> None:
+    def untold(self: Estimates, row: Any, moved_s: float | None) -> None:
         told(self, row, moved_s)
         self.info[row.id] = replace(self.info[row.id], progress_s=0.0)
 
-    monkeypatch.setattr(Scheduler, "_requeued_info", untold)
+    monkeypatch.setattr(Estimates, "requeued", untold)
 
 
 MUTATION_NODES = nodes_from_spec("2x8xH100")
@@ -972,7 +974,7 @@ def test_topology_moves_on_a_fabric_are_stored_alike(fabric_trace: FabricTrace, 
     when = {(m[2], m[0]) for m in t.expected.log if m[1] == "move"}
     moved_admissions = [e for w in moved for e in t.expected.stored.events[w]
                         if e[3] == "admitted" and (w, e[0]) in when]
-    assert any(scheduler_module._WAITS in e[4] for e in moved_admissions), "a move waits for a stop"
+    assert any(applier_module._WAITS in e[4] for e in moved_admissions), "a move waits for a stop"
     got = run_server(tmp_path, FABRIC_NODES, t.jobs, t.config, t.failure, monkeypatch, fabric=t.topo)
     assert_same(t.expected, got)
 

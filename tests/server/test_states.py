@@ -19,8 +19,8 @@ from gpupool.core.model import WorkloadStatus
 from gpupool.providers.fake import FakeProvider
 from gpupool.server.auth import Principal
 from gpupool.server.db import Store
+from gpupool.server.loops import launching as launching_module
 from gpupool.server.loops import reconciler as reconciler_module
-from gpupool.server.loops import scheduler as scheduler_module
 from gpupool.server.loops.control import ControlLoop
 from gpupool.server.metrics import Metrics
 from gpupool.server.orm import EventRow, PodRow, WorkloadRow
@@ -205,7 +205,7 @@ def test_a_waiting_pod_stopped_before_its_promotion_is_not_launched(
         pool.loop.step()  # a victim stops for its class's 5 s grace; the preemptor waits for it
         pod_id = f"{high}-a1-r0"
         assert pool.status(high) == "admitted" and pool.pod_status(pod_id) == "waiting"
-        lock = scheduler_module.lock_workloads
+        lock = launching_module.lock_workloads
 
         def cancelled_meanwhile(conn: Connection, ids: Any) -> None:
             conn.execute(update(PodRow).where(PodRow.id == pod_id).values(status=PodState.STOPPED.value))
@@ -214,7 +214,7 @@ def test_a_waiting_pod_stopped_before_its_promotion_is_not_launched(
 
         pool.now += 10.0  # the victim has gone
         pool.loop.reconciler.sync()
-        monkeypatch.setattr(scheduler_module, "lock_workloads", cancelled_meanwhile)
+        monkeypatch.setattr(launching_module, "lock_workloads", cancelled_meanwhile)
         key = ("pod", "lost", "waiting", "launching")
         before = pool.counted(key)
         assert pool.loop.scheduler.promote_waiting() == 0

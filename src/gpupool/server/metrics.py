@@ -15,6 +15,7 @@ from sqlalchemy import func, select
 
 from gpupool.core.model import WorkloadStatus
 from gpupool.core.units import MILLI
+from gpupool.server.loops.launches import MAX_STUCK
 from gpupool.server.loops.store_audit import KINDS as STORE_AUDIT_KINDS
 from gpupool.server.metrics_budgets import BudgetCollector
 from gpupool.server.metrics_usage import UsageCollector
@@ -65,6 +66,7 @@ class Metrics:
         self.registry.register(UsageCollector(rt))
         self.registry.register(BudgetCollector(rt))
         self.registry.register(MovesNotMadeCollector())
+        self.registry.register(LaunchCollector(rt))
 
 
     def reservation_slid(self, seconds: float) -> None:
@@ -89,6 +91,28 @@ class MovesNotMadeCollector(Collector):
             labels=["kind", "outcome", "from_status", "to_status"])
         for (kind, outcome, from_status, to_status), count in sorted(moves_not_made().items()):
             family.add_metric([kind, outcome, from_status, to_status], count)
+        yield family
+
+
+class LaunchCollector(Collector):
+    """The nodes' launch threads stuck past the launch deadline (loops/launches.py)."""
+
+    def __init__(self, rt: Runtime) -> None:
+        self.rt = rt
+
+    def describe(self) -> list[Metric]:
+        return []
+
+    def collect(self) -> Iterator[Metric]:
+        family = GaugeMetricFamily(
+            "gpupool_launch_threads_stuck",
+            "Launch threads of each node whose provider call has not returned past the launch deadline "
+            f"(GPUPOOL_LAUNCH_DEADLINE_S); a node with {MAX_STUCK} of them is given no more launches "
+            "until one returns. Nodes that never had one are left out.",
+            labels=["node"])
+        launches = self.rt.launches
+        for node, count in sorted((launches.stuck() if launches is not None else {}).items()):
+            family.add_metric([node], count)
         yield family
 
 

@@ -216,7 +216,7 @@ class Reserve:
 
 
 Decision = Admit | Stop | Wait | Refuse | Reserve
-"""Every kind of decision a cycle makes. Each applier (the server's `Scheduler._apply`, the
+"""Every kind of decision a cycle makes. Each applier (the server's `DecisionApplier._apply`, the
 replay's `Replay._apply`) dispatches them with one `match` ending in `unhandled`, so a kind added
 here fails the type check there (and raises at run time) rather than being dropped silently."""
 

@@ -9,6 +9,12 @@ came of them (`collect()`): started (when) or failed (why). A launch that has no
 `deadline_s` is reported failed at once, its thread is left to finish on its own (the pod is then
 stopped), and the node's queue goes on with a fresh thread.
 
+Such a stuck thread cannot be killed, so a node whose launches all hang would grow threads without
+bound. A node with MAX_STUCK threads stuck past the deadline is given no more: its queued launches,
+and those handed over later, fail at once with a sentence naming the node, and the scheduler treats
+the node as cordoned for new work (`stuck_nodes()`; the work running there is left alone) until one
+of its stuck calls returns. `gpupool_launch_threads_stuck{node}` on /metrics counts them.
+
 Other providers (the in-memory fake; Ray, whose client is not shared between threads) are called
 inline, in the caller's thread, as before: their outcomes are collected the same way.
 
@@ -35,6 +41,8 @@ PER_NODE = 4
 DEFAULT_DEADLINE_S = 30.0
 """How long one launch may take before its pod is reported failed (above the agent's own launch
 helper deadline, GPUPOOL_LAUNCH_TIMEOUT_S, 10 s by default, so the agent's sentence wins)."""
+MAX_STUCK = PER_NODE
+"""Threads of one node stuck past the deadline at which the node is given no more launches."""
 INTERNAL = "the launch failed with an internal error (the server's log has the details)."
 
 
@@ -52,13 +60,19 @@ class LaunchWorkers:
 
     def __init__(self, provider: Provider, clock: Callable[[], float], *,
                  deadline_s: float = DEFAULT_DEADLINE_S, on_outcome: Callable[[], None] = lambda: None,
-                 per_node: int = PER_NODE) -> None:
+                 per_node: int = PER_NODE, max_stuck: int = MAX_STUCK) -> None:
         self.provider = provider
         self.clock = clock
         self.deadline_s = deadline_s
         self.on_outcome = on_outcome
         """Called (from a worker thread) when an outcome is ready: it wakes the control loop."""
         self.per_node = per_node
+        self.max_stuck = max_stuck
+        self.on_stuck_change: Callable[[], None] = lambda: None
+        """Called (outside the lock) when a node starts or stops refusing launches for its stuck
+        threads: the scheduler's view of the node changes (it is woken to run a full pass)."""
+        self._stuck: dict[str, int] = {}
+        """Threads of each node past the deadline whose provider call has not returned."""
         self.threaded = provider.concurrent_launch
         self._lock = threading.Lock()
         self._queues: dict[str, deque[PodLaunch]] = {}
@@ -91,16 +105,24 @@ class LaunchWorkers:
                     skip = self._failed.get(_gang(launch))
                 self._finish(launch, self._call(launch) if skip is None else Outcome(launch, None, skip))
             return
+        refused = False
         with self._lock:
             for launch in launches:
                 self._in_flight[launch.pod_id] = _gang(launch)
-                self._queues.setdefault(launch.node, deque()).append(launch)
+                if self._refuses_locked(launch.node):
+                    self._refuse_locked(launch)
+                    refused = True
+                else:
+                    self._queues.setdefault(launch.node, deque()).append(launch)
             for node in {launch.node for launch in launches}:
                 self._spawn_locked(node)
+        if refused:
+            self.on_outcome()
 
     def collect(self) -> list[Outcome]:
         """The outcomes ready now (each once), with a failure for every launch past its deadline."""
         now = time.monotonic()
+        newly_stuck = False
         with self._lock:
             late = [(pod_id, launch) for pod_id, (launch, began) in self._begun.items()
                     if now - began >= self.deadline_s]
@@ -108,12 +130,19 @@ class LaunchWorkers:
                 del self._begun[pod_id]
                 self._abandoned.add(pod_id)
                 self._workers[launch.node] -= 1
+                self._stuck[launch.node] = self._stuck.get(launch.node, 0) + 1
                 why = (f"node {launch.node} did not start it within {self.deadline_s:g} s (the server's "
                        "launch deadline); the node may be overloaded or its agent stuck.")
                 self._failed.setdefault(_gang(launch), why)
                 self._done.append(Outcome(launch, None, why))
                 log.warning("launch of pod %s on node %s passed its %g s deadline", pod_id, launch.node,
                             self.deadline_s)
+                if self._stuck[launch.node] == self.max_stuck:
+                    newly_stuck = True
+                    log.warning("node %s has %d launch threads stuck past the deadline: it is given no "
+                                "more launches until one returns", launch.node, self.max_stuck)
+                    for queued in self._queues.pop(launch.node, ()):
+                        self._refuse_locked(queued)
                 self._spawn_locked(launch.node)
             done, self._done = self._done, []
             for outcome in done:
@@ -122,7 +151,20 @@ class LaunchWorkers:
                 flying = set(self._in_flight.values())
                 for gang in [g for g in self._failed if g not in flying]:
                     del self._failed[gang]
+        if newly_stuck:
+            self.on_stuck_change()
         return done
+
+    def stuck(self) -> dict[str, int]:
+        """Threads of each node stuck past the launch deadline (every node that had one; 0 once all
+        of its stuck calls returned)."""
+        with self._lock:
+            return dict(self._stuck)
+
+    def stuck_nodes(self) -> frozenset[str]:
+        """The nodes given no more launches until one of their stuck calls returns."""
+        with self._lock:
+            return frozenset(node for node in self._stuck if self._refuses_locked(node))
 
     def withdraw(self, pod_ids: Iterable[str]) -> set[str]:
         """Take back launches no thread has begun (their pods were stopped meanwhile): they never
@@ -152,10 +194,21 @@ class LaunchWorkers:
 
     # ------------------------------------------------------------------ the workers' side
 
+    def _refuses_locked(self, node: str) -> bool:
+        return self._stuck.get(node, 0) >= self.max_stuck
+
+    def _refuse_locked(self, launch: PodLaunch) -> None:
+        """Fail a launch to a node whose stuck threads reached the bound, without calling it."""
+        why = (f"node {launch.node} has {self._stuck[launch.node]} launches stuck past the "
+               f"{self.deadline_s:g} s launch deadline, so it is given no more until one returns; its "
+               f"agent may be hung: check it, or drain the node (gpupool node drain {launch.node}).")
+        self._failed.setdefault(_gang(launch), why)
+        self._done.append(Outcome(launch, None, why))
+
     def _spawn_locked(self, node: str) -> None:
         """Start threads for `node` while its queue has more launches than free threads."""
         queue = self._queues.get(node)
-        if not queue:
+        if not queue or self._refuses_locked(node):
             return
         threads = self._workers.get(node, 0)
         busy = sum(1 for launch, _ in self._begun.values() if launch.node == node)
@@ -182,8 +235,16 @@ class LaunchWorkers:
                 late = launch.pod_id in self._abandoned
                 self._abandoned.discard(launch.pod_id)
                 self._begun.pop(launch.pod_id, None)
+                recovered = False
+                if late:
+                    recovered = self._refuses_locked(node)
+                    self._stuck[node] -= 1
+                    recovered = recovered and not self._refuses_locked(node)
             if late:  # already reported failed: whatever the provider made of it is stopped
                 self._stop_quietly(launch.pod_id)
+                if recovered:
+                    log.warning("a stuck launch on node %s returned: it is given launches again", node)
+                    self.on_stuck_change()
                 return  # a fresh thread took this one's place at the deadline
             self._finish(launch, outcome)
 

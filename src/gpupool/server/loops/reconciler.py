@@ -22,7 +22,7 @@ from gpupool.server.orm import Base, PodRow, WorkloadRow
 from gpupool.server.runtime import Runtime
 from gpupool.server.services.events import LOST, REFUSED, LostMoves, Move, apply_moves, not_made, transition
 from gpupool.server.services.locks import lock_workloads
-from gpupool.server.services.requeue import requeue, stop_pods
+from gpupool.server.services.requeue import requeue, stop_each_after_commit, stop_pods
 from gpupool.server.states import ACTIVE_POD_STATES, PodState, pod_move_allowed
 
 FinalHook = Callable[[str, float | None], None]
@@ -187,8 +187,8 @@ class Reconciler:
                 to_stop += requeue(session, row, EventReason.NODE_LOST,
                                    f"Requeued: node {gone} left the pool.", now, pod_id=lost_pods[0].id)
                 requeued += 1
-        for pod_id in to_stop:
-            self.rt.provider.stop(pod_id, grace_s=0)
+        # its pods on the nodes left: a launch still queued behind a hung one is taken back
+        stop_each_after_commit(self.rt, [(pod_id, 0.0) for pod_id in to_stop], now)
         if requeued:
             log.warning("%d workload(s) requeued: their nodes left the pool", requeued)
             self.rt.capacity_may_have_changed()

@@ -49,9 +49,9 @@ def stop_after_commit(rt: Runtime, pod_ids: list[str], now: float, grace_s: floa
 
 def stop_each_after_commit(rt: Runtime, stops: Sequence[tuple[str, float | None]], now: float) -> set[str]:
     """`stop_after_commit` with each pod's own grace (None: the provider's default). Every stop path
-    (cancel, preemption, time limit, drain, requeue, a lost link) comes here, so a launch still
-    queued never starts only to be stopped; what a taken-back pod held is free at once, and the
-    loop is woken to promote the pods waiting on its devices. Returns the ids taken back."""
+    (cancel, preemption, time limit, drain, requeue, a lost link, a node that left) comes here, so
+    a launch still queued never starts only to be stopped; what a taken-back pod held is free at
+    once, and the loop is woken to promote the pods waiting on its devices. Returns the ids taken back."""
     pod_ids = [pod_id for pod_id, _ in stops]
     taken = rt.launches.withdraw(pod_ids) if rt.launches is not None and pod_ids else set()
     if taken:

@@ -1,0 +1,43 @@
+"""The reads the loop's parts share: workload states, tenants' Unix accounts, devices still held."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from sqlalchemy import Connection, Row, select
+
+from gpupool.server.orm import Base, TenantRow
+from gpupool.server.states import PodState
+
+W = Base.metadata.tables["workloads"]
+E = Base.metadata.tables["events"]
+P = Base.metadata.tables["pods"]
+
+
+def states(conn: Connection, ids: Sequence[str], *, with_spec: bool) -> dict[str, Row[Any]]:
+    """id, status, attempt, reason and tenant (and the spec, for launches) of the workloads `ids`,
+    in one query."""
+    if not ids:
+        return {}
+    columns = [W.c.id, W.c.status, W.c.attempt, W.c.reason, W.c.tenant]
+    if with_spec:
+        columns.append(W.c.spec)
+    return {r.id: r for r in conn.execute(select(*columns).where(W.c.id.in_(set(ids))))}
+
+
+def unix_users(conn: Connection, tenants: set[str]) -> dict[str, str | None]:
+    """The Unix account the admin mapped to each of `tenants` (None: the pool's own account)."""
+    if not tenants:
+        return {}
+    return dict(conn.execute(select(TenantRow.name, TenantRow.unix_user)
+                             .where(TenantRow.name.in_(tenants))).all())
+
+
+def busy_devices(conn: Connection) -> set[tuple[str, int]]:
+    """(node, device index) of every device a stopping pod still holds."""
+    busy: set[tuple[str, int]] = set()
+    query = select(P.c.node, P.c.slices).where(P.c.status == PodState.STOPPING.value)
+    for node, slices in conn.execute(query):
+        busy.update((node, s["device_index"]) for s in slices)
+    return busy
