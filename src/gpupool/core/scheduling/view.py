@@ -33,7 +33,7 @@ from gpupool.core.quota import (
 )
 from gpupool.core.scheduling.congestion import CongestionSample
 from gpupool.core.scheduling.gang import GangPlacement
-from gpupool.core.scheduling.pending import PendingBook
+from gpupool.core.scheduling.pending import PassedWaits, PendingBook
 from gpupool.core.scheduling.policies.base import PlacementPolicy
 from gpupool.core.scheduling.policy_cache import MAX_PREPARE_PODS, PolicyCache
 from gpupool.core.scheduling.topology import UNKNOWN_RUN_S
@@ -174,6 +174,9 @@ class ClusterView:
     """The compute each of them holds, aligned with `ends`."""
     pending_book: PendingBook = field(default_factory=PendingBook)
     """The last cycle's pending workloads, counted by (queue, shape, rank) (`cycle._nominate`)."""
+    passed_waits: PassedWaits = field(default_factory=PassedWaits)
+    """The waits last reported for workloads a cycle passed over, reused while unchanged
+    (`cycle._Cycle._reject_reached`)."""
     kept_reservation: KeptReservation | None = None
     """The last backfill reservation with what it was computed from (`backfill.kept_reserve`)."""
     reserved_head: tuple[str, float, float] | None = None
