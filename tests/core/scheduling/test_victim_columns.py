@@ -1,10 +1,13 @@
-"""A victim group's lost work read from the columns the view keeps (`VictimGroup.columns`) is the
-lost work of its runs read one by one: the same floats, so the same search order."""
+"""What the view keeps across cycles for the victim search and the reservation is what computing
+it afresh gives: a victim group's lost work read from its kept columns (`VictimGroup.columns`), the
+same floats, so the same search order; the overdue runs' corrected ends (`backfill._corrected_kept`)."""
 
 from __future__ import annotations
 
 import random
+import sys
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 import test_admission_properties as props
@@ -13,9 +16,13 @@ from hypothesis import strategies as st
 
 from factories import cluster
 from gpupool.core.model import Workload
+from gpupool.core.scheduling import backfill
 from gpupool.core.scheduling.cycle import cycle_on
 from gpupool.core.scheduling.preemption import VictimIndex, lost_device_s, lost_device_s_columns
 from gpupool.core.scheduling.view import ClusterView
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "bench"))
+import cycle_latency
 
 
 def _orders(view: ClusterView, now: float) -> dict[tuple[str, object], list[tuple[float, object, str]]]:
@@ -77,3 +84,20 @@ def test_kept_columns_give_the_lost_work_of_the_runs(sequence: list, drf: bool) 
             if rejection.final:
                 pending.pop(rejection.workload_id)
         _check(view, now + 3.5)
+
+
+@settings(max_examples=30, deadline=None)
+@given(st.lists(st.floats(min_value=0.0, max_value=200_000.0), min_size=2, max_size=12))
+def test_kept_corrected_ends_are_the_ends_computed_afresh(times: list[float]) -> None:
+    """The overdue runs' corrected ends kept from one reservation to the next (the clock moving on,
+    past many of them, or back) are those computed afresh at each time."""
+    snapshot, _ = cycle_latency.build(20, 0, seed=2)  # 20 nodes full of work of 600-36,000 s estimates
+    view = ClusterView.from_snapshot(snapshot, props.BASE.quota, props.BASE.priority_classes)
+    kept_before = 0
+    for now in [*sorted(times[: len(times) // 2]), *times[len(times) // 2:], 150_000.0]:
+        fast = backfill._expected_ends(view, now, True)
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setattr(backfill, "keep_corrected", False)
+            assert backfill._expected_ends(view, now, True) == fast
+        kept_before = max(kept_before, len(view.corrected_ends))
+    assert kept_before  # some run was overdue, its end kept

@@ -190,6 +190,8 @@ class ClusterView:
     ends: list[tuple[float, str]] = field(default_factory=list)
     """(planned end, id) of the running workloads with an estimate, sorted (kept as they come and go)."""
     end_milli: list[int] = field(default_factory=list)
+    corrected_ends: dict[str, tuple[Running, float, float]] = field(default_factory=dict)
+    """By id, overdue runs' (run, when computed, corrected end) (`backfill._corrected_kept`)."""
     """The compute each of them holds, aligned with `ends`."""
     pending_book: PendingBook = field(default_factory=PendingBook)
     """The last cycle's pending workloads, counted by (queue, shape, rank) (`cycle._nominate`)."""
