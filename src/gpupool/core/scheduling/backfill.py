@@ -120,10 +120,39 @@ def _expected_ends(
     if not late:
         return ends, milli, math.inf
     running = view.running
-    fixed = sorted((corrected_end_s(running[rid], now_s), rid, m)
-                   for (_, rid), m in zip(ends[:late], milli[:late], strict=True))
+    if keep_corrected:
+        fixed = _corrected_kept(view, now_s, late)
+    else:
+        fixed = sorted((corrected_end_s(running[rid], now_s), rid, m)
+                       for (_, rid), m in zip(ends[:late], milli[:late], strict=True))
     merged, merged_milli = _merge_in(ends, milli, late, fixed)
     return merged, merged_milli, fixed[0][0]
+
+
+keep_corrected = True
+"""Keep each overdue run's corrected end from one reservation to the next while it stands
+(`ClusterView.corrected_ends`); False computes every one afresh (the same ends, slower: kept to
+check that claim)."""
+
+
+def _corrected_kept(view: ClusterView, now_s: float, late: int) -> list[tuple[float, str, int]]:
+    """The (corrected end, id, compute) of the `late` overdue runs, sorted, each end the one kept
+    since it was computed while `now_s` has not passed it: `corrected_end_s` is constant from the
+    time it was computed until the end it returns (the same doublings of the estimate cover the
+    work done meanwhile)."""
+    running, kept = view.running, view.corrected_ends
+    if len(kept) > 2 * late + 1024:  # runs that ended or caught up since: forget them
+        live = {rid for _, rid in view.ends[:late]}
+        kept = view.corrected_ends = {rid: v for rid, v in kept.items() if rid in live}
+    fixed = []
+    for (_, rid), m in zip(view.ends[:late], view.end_milli[:late], strict=True):
+        run = running[rid]
+        found = kept.get(rid)
+        if found is None or found[0] is not run or not found[1] <= now_s < found[2]:
+            found = kept[rid] = (run, now_s, corrected_end_s(run, now_s))
+        fixed.append((found[2], rid, m))
+    fixed.sort()
+    return fixed
 
 
 def _merge_in(

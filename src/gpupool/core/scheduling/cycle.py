@@ -36,7 +36,7 @@ from contextlib import nullcontext
 from dataclasses import dataclass, field
 from enum import StrEnum
 from functools import partial
-from itertools import compress, repeat
+from itertools import compress, filterfalse, repeat
 from operator import add, attrgetter, not_
 from typing import Any, NamedTuple, Never, cast
 
@@ -305,9 +305,12 @@ BLOCKED_BY_HEAD = "Starting now would delay the reserved head."
 
 _workload_id = attrgetter("id")
 _running_id = attrgetter("workload.id")
-_kid = attrgetter("kid")
 _as_wait = partial(tuple.__new__, Wait)
 """A Wait from a plain (id, reason, message) tuple, without the keyword-checking constructor."""
+
+
+def _wait_of(wid: str, verdict: tuple[Reason, str]) -> Wait:
+    return _as_wait((wid, *verdict))
 
 
 def _budget_wait(w: Workload) -> Wait:
@@ -336,6 +339,9 @@ class _Cycle:
     keep_pending = True
     """Count the pending workloads with the view's `PendingBook` (fed by arrivals and departures);
     False looks every one up on every cycle (the same decisions, slower: kept to check that claim)."""
+    keep_waits = True
+    """Reuse the wait a passed-over workload got last while its verdict is the same (the view's
+    `PassedWaits`); False builds every one afresh (equal records, slower: kept to check that claim)."""
 
     def __init__(self, view: ClusterView, policies: Policies, now_s: float, rng: random.Random) -> None:
         self.view = view
@@ -486,6 +492,11 @@ class _Cycle:
         view = self.view
         book = view.pending_book
         arrivals = book.update(pending, self._meta) if self.keep_pending else None
+        waits = view.passed_waits
+        if arrivals is None:
+            waits.clear()  # no departures known: the records start afresh
+        elif book.departed:
+            waits.forget(book.departed)
         changes = None
         if arrivals is None:
             valid = self._validate(pending)
@@ -898,6 +909,9 @@ class _Cycle:
     def _reject_rest(self, valid: Sequence[Workload], tried: Sequence[Workload]) -> None:
         """The verdicts of the workloads the walk did not reach (listed in `valid`'s order)."""
         seen = set(map(_workload_id, tried))
+        if not self.exhausted:  # only the ids are read
+            self._reject_reached((), wids=list(filterfalse(seen.__contains__, map(_workload_id, valid))))
+            return
         ids = list(map(_workload_id, valid))
         unseen = list(map(not_, map(seen.__contains__, ids)))
         self._reject_reached(list(compress(valid, unseen)), wids=list(compress(ids, unseen)))
@@ -908,11 +922,12 @@ class _Cycle:
         """The verdicts of workloads passed over (not yet reached): each repeats its key's or queue's.
 
         `band`: they are the rest of that priority band, so no key of the band is left to reach.
-        `wids`: their ids, when the caller has them.
+        `wids`: their ids, when the caller has them (then `passed` is read only under budgets).
         """
         metas = self.view.metas
         left = self.left
         kids = self.view.workloads.key_ids
+        kid_of = self.view.workloads.kids
         verdicts: dict[int, tuple[Reason, str]] = {}
         refused: set[int] = set()
         """Keys whose workloads are refused for good (`never`); the others wait."""
@@ -941,13 +956,21 @@ class _Cycle:
             wids = list(map(_workload_id, passed))
         if refused:
             kind = {kid: Refuse if kid in refused else Wait for kid in verdicts}
-            passed_kids = list(map(_kid, map(metas.__getitem__, wids)))
+            passed_kids = list(map(kid_of.__getitem__, wids))
             # (Wait or Refuse per key; typed as Wait: both are tuples of the same three fields)
             kinds: Iterable[type[Wait]] = cast(Iterable[type[Wait]], map(kind.__getitem__, passed_kids))
             found = map(verdicts.__getitem__, passed_kids)
+        elif self.keep_waits:
+            # a wait whose verdict is the one its workload got last is that record again
+            waits = self.view.passed_waits
+            intern = waits.intern
+            verdicts = {kid: intern(v) for kid, v in verdicts.items()}
+            found_list = list(map(verdicts.__getitem__, map(kid_of.__getitem__, wids)))
+            self.decisions.extend(waits.records_for(wids, found_list, _wait_of))
+            return
         else:
             kinds = repeat(Wait)
-            found = map(verdicts.__getitem__, map(_kid, map(metas.__getitem__, wids)))
+            found = map(verdicts.__getitem__, map(kid_of.__getitem__, wids))
         self.decisions.extend(map(tuple.__new__, kinds, map(add, zip(wids), found)))
 
     def _reject(self, w: Workload, reason: Reason, message: str, final: bool = False) -> None:

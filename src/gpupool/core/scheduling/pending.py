@@ -8,14 +8,19 @@ changed, instead of a Python loop over every waiting workload on every cycle.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
+from itertools import compress, repeat
+from operator import is_not, itemgetter
+from typing import Any, TypeVar, cast
 
 from gpupool.core.model import Workload
 from gpupool.core.priority import Rank
 from gpupool.core.scheduling.workloads import Meta, Shape
 
 Key = tuple[str, Shape, Rank]
+V = TypeVar("V")
+R = TypeVar("R")
 
 
 @dataclass(slots=True)
@@ -85,3 +90,58 @@ class PendingBook:
         self.keys.clear()
         self.invalid.clear()
         self.counts.clear()
+
+
+_MISSING: tuple[object, object] = (None, None)
+_verdict = itemgetter(0)
+_record = itemgetter(1)
+
+MAX_VERDICTS = 4096
+"""The most distinct verdicts `PassedWaits` interns before it starts afresh (a message may name
+amounts, so a long-lived view could otherwise collect them without end)."""
+
+
+@dataclass(slots=True)
+class PassedWaits:
+    """The record each passed-over workload got last, reused while its verdict stays the same.
+
+    A cycle passes over most of a long queue with the verdict of its (queue, shape, rank), cycle
+    after cycle the same one; building a fresh record for each of thousands of workloads is most of
+    that pass. Verdicts are interned (`intern`), so "the same verdict as last time" is one identity
+    test per workload, run in C; only the workloads whose verdict changed (or that are new) get a
+    new record. The records are equal to fresh ones (they are immutable tuples of the same fields).
+    """
+
+    records: dict[str, tuple[object, Any]] = field(default_factory=dict)
+    """By workload id: (the interned verdict it was built from, the record)."""
+    interned: dict[Any, Any] = field(default_factory=dict)
+
+    def intern(self, verdict: V) -> V:
+        """The one object kept for verdicts equal to `verdict`."""
+        kept = self.interned.get(verdict)
+        if kept is None:
+            if len(self.interned) >= MAX_VERDICTS:
+                self.interned.clear()  # records built from the old objects are rebuilt once
+            kept = self.interned[verdict] = verdict
+        return cast(V, kept)
+
+    def records_for(self, wids: Sequence[str], verdicts: Sequence[V],
+                    make: Callable[[str, V], R]) -> Iterator[R]:
+        """The record of each workload (`make(wid, verdict)` unless the last one has the same interned
+        verdict), in order."""
+        records = self.records
+        kept = list(map(records.get, wids, repeat(_MISSING)))
+        for i in compress(range(len(kept)), map(is_not, map(_verdict, kept), verdicts)):
+            wid, verdict = wids[i], verdicts[i]
+            kept[i] = records[wid] = (verdict, make(wid, verdict))
+        return map(_record, kept)
+
+    def forget(self, workloads: Iterable[Workload]) -> None:
+        """Drop the records of workloads no longer pending."""
+        pop = self.records.pop
+        for w in workloads:
+            pop(w.id, None)
+
+    def clear(self) -> None:
+        self.records.clear()
+        self.interned.clear()

@@ -84,6 +84,26 @@ def lost_device_s_many(runs: Sequence[Running], now_s: float) -> list[float]:
         return (since * count).tolist()
     interval = np.fromiter([i or 0.0 for i in intervals], np.float64, n)
     progress = np.fromiter([r.progress_s for r in runs], np.float64, n)
+    return _lost_checkpointed(since, count, interval, progress)
+
+
+def lost_device_s_columns(starts: Sequence[float], counts: Sequence[float], intervals: Sequence[float],
+                          progress: Sequence[float], now_s: float) -> list[float]:
+    """`lost_device_s_many` of runs given by their columns (start time, devices, checkpoint interval
+    with 0 for none, progress; `view.VictimGroup.columns`): the same operations, the same floats."""
+    n = len(starts)
+    since = now_s - np.fromiter(starts, np.float64, n)
+    since = np.where(since > 0.0, since, 0.0)
+    count = np.fromiter(counts, np.float64, n)
+    if not any(intervals):
+        return (since * count).tolist()
+    return _lost_checkpointed(since, count, np.fromiter(intervals, np.float64, n),
+                              np.fromiter(progress, np.float64, n))
+
+
+def _lost_checkpointed(since: np.ndarray, count: np.ndarray, interval: np.ndarray,
+                       progress: np.ndarray) -> list[float]:
+    """The lost device-seconds where some runs checkpoint (`lost_work_s`'s steps on arrays)."""
     done = progress + since
     positive = interval > 0
     step = np.where(positive, interval, 1.0)
@@ -135,6 +155,7 @@ def _newer_equal(run: Running, cq: str, reached: Reach) -> bool:
 
 
 _Entry = tuple[float, Rank, str, Running]
+_Columns = tuple[list[float], list[float], list[float], list[float]]
 
 
 class Sources(NamedTuple):
@@ -158,6 +179,10 @@ class VictimIndex:
     never reads its own queue's groups of equal or higher rank.
     """
 
+    keep_columns = True
+    """Read a group's lost work from the columns its `VictimGroup` keeps; False reads every run (the
+    same floats, slower: kept to check that claim)."""
+
     def __init__(self, view: ClusterView, now_s: float) -> None:
         self.view = view
         self.now_s = now_s
@@ -165,6 +190,7 @@ class VictimIndex:
         self._groups: dict[str, dict[Rank, list[Running]]] = {}
         self._sorted: dict[tuple[str, Rank], list[_Entry]] = {}
         self._milli: dict[tuple[str, Rank], int] = {}
+        self._columns: dict[tuple[str, Rank], tuple[list[str], _Columns]] = {}
 
     def _ranks(self, cq: str) -> dict[Rank, list[Running]]:
         groups = self._groups.get(cq)
@@ -173,6 +199,11 @@ class VictimIndex:
             groups = self._groups[cq] = {}
             for rank, group in self.view.victim_groups.get(cq, {}).items():
                 groups[rank] = group.by_id()  # (sorted by id: see `_group`)
+                if self.keep_columns:  # as they are now: the group changes as victims go
+                    assert group.order is not None
+                    starts, counts, intervals, progress = group.columns
+                    self._columns[(cq, rank)] = (list(group.order), (list(starts), list(counts),
+                                                                     list(intervals), list(progress)))
                 self._milli[(cq, rank)] = group.milli
         return groups
 
@@ -181,8 +212,13 @@ class VictimIndex:
         entries = self._sorted.get((cq, rank))
         if entries is None:
             runs = self._ranks(cq)[rank]
-            costs = lost_device_s_many(runs, self.now_s)
-            ids = [run.workload.id for run in runs]
+            kept = self._columns.get((cq, rank))
+            if kept is not None:
+                ids, (starts, counts, intervals, progress) = kept
+                costs = lost_device_s_columns(starts, counts, intervals, progress, self.now_s)
+            else:
+                costs = lost_device_s_many(runs, self.now_s)
+                ids = [run.workload.id for run in runs]
             self.cost.update(zip(ids, costs, strict=True))
             # The runs come sorted by id, so a stable sort by cost alone (in C) gives the order of
             # (cost, rank, id): the rank is the group's, the ids are unique.

@@ -67,6 +67,9 @@ class WorkloadCache:
     quota: QuotaConfig
     route: dict[tuple[str, str], str]
     metas: dict[str, Meta] = field(default_factory=dict)
+    kids: dict[str, int] = field(default_factory=dict)
+    """`metas[id].kid` by workload id, kept with `metas`: a cycle looks up the verdicts of
+    thousands of passed-over workloads by it without reading their `Meta` objects."""
     demands: dict[str, tuple[Workload, dict[str, float]]] = field(default_factory=dict)
     cq_cache: dict[tuple[str, str], str | None] = field(default_factory=dict)
     lower_cache: dict[Shape, Usage] = field(default_factory=dict)
@@ -110,6 +113,7 @@ class WorkloadCache:
                 source=w,
                 kid=kid,
             )
+            self.kids[w.id] = kid
         return found
 
     def demand(self, w: Workload) -> dict[str, float]:
@@ -122,6 +126,7 @@ class WorkloadCache:
     def forget_except(self, keep: set[str]) -> None:
         """Trim the caches to the workloads in `keep`."""
         self.metas = {k: v for k, v in self.metas.items() if k in keep}
+        self.kids = {k: v for k, v in self.kids.items() if k in keep}
         self.demands = {k: v for k, v in self.demands.items() if k in keep}
 
 

@@ -1,0 +1,154 @@
+"""The waits of passed-over workloads, reused from cycle to cycle while their verdict stays the same
+(`pending.PassedWaits`), are the waits a cycle builds afresh: the same records, in the same order."""
+
+from __future__ import annotations
+
+import itertools
+import random
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+import test_admission_properties as props
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from factories import cluster, workload
+from gpupool.config import load_config
+from gpupool.core.model import Allocation, ClusterSnapshot, Workload
+from gpupool.core.scheduling import cycle
+from gpupool.core.scheduling.cycle import CycleResult, Policies, Wait, cycle_on
+from gpupool.core.scheduling.keeper import ViewKeeper
+from gpupool.core.scheduling.pending import PassedWaits
+from gpupool.core.scheduling.view import ClusterView
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "bench"))
+import cycle_latency
+
+
+def _bench_loop(policies: Policies, cycles: int, churn: int = 3) -> list[CycleResult]:
+    """The cycle benchmark's loop, scaled down (40 nodes, 400 waiting): a kept view, work ending and
+    arriving before each cycle, the admissions started and the preempted requeued."""
+    snapshot, pending = cycle_latency.build(40, 400, seed=3)
+    rng = random.Random(5)
+    keeper = ViewKeeper()
+    running = {a.workload.id: a for a in snapshot.allocations}
+    waiting = {w.id: w for w in pending}
+    now, serial, results = 3600.0, 500_000, []
+    for k in range(cycles):
+        for wid in rng.sample(sorted(running), min(churn, len(running))):
+            del running[wid]
+        for _ in range(churn):
+            w = cycle_latency._workload(serial, rng, now)
+            serial += 1
+            waiting[w.id] = w
+        current = ClusterSnapshot(snapshot.nodes, tuple(running.values()))
+        result = keeper.cycle(current, list(waiting.values()), policies, now, random.Random(k))
+        for stop in result.preempted:
+            waiting[stop.workload_id] = running.pop(stop.workload_id).workload
+        for admission in result.admitted:
+            w = waiting.pop(admission.workload_id)
+            running[w.id] = Allocation(w, admission.placements, now)
+        results.append(result)
+        now += 10.0
+    return results
+
+
+def _plain(run):  # type: ignore[no-untyped-def]
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(cycle._Cycle, "keep_waits", False)
+        return run()
+
+
+@pytest.mark.parametrize("config", ["default", "bench/configs/full.yaml"])
+def test_the_bench_loop_decides_the_same_with_waits_reused(config: str) -> None:
+    """Every decision of every cycle, waits included, equal and in the same order (tuples compare by
+    their fields: the kind is compared apart), with waits the record of the cycle before (under
+    the full configuration's quotas most verdicts name usage that changes from cycle to cycle)."""
+    root = Path(__file__).resolve().parents[3]
+    policies = load_config(None if config == "default" else root / config).policies()
+    fast = _bench_loop(policies, cycles=12)
+    plain = _plain(lambda: _bench_loop(policies, cycles=12))
+    for a, b in zip(fast, plain, strict=True):
+        assert a.decisions == b.decisions
+        assert list(map(type, a.decisions)) == list(map(type, b.decisions))
+    reused = fresh = 0
+    for before, after in itertools.pairwise(fast):
+        last = {d.workload_id: d for d in before.decisions if type(d) is Wait}
+        for d in after.decisions:
+            if type(d) is Wait and d.workload_id in last:
+                if d is last[d.workload_id]:
+                    reused += 1
+                else:
+                    fresh += 1
+    assert reused > 0  # built afresh: none
+    if config == "default":  # one queue: most waits are the record of the cycle before
+        assert reused > 4 * fresh
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    st.lists(st.tuples(st.booleans(), props.narrow_job), min_size=2, max_size=40),
+    st.sampled_from(["priority-fifo", "drf"]),
+    st.booleans(),
+    st.booleans(),
+)
+def test_random_runs_decide_the_same_with_waits_reused(
+    sequence: list, ordering: str, preemption: bool, backfill: bool
+) -> None:
+    """Random arrivals and ends on a small pool with quotas: keys that fail, then fit again after an
+    end or a preemption, and queues whose quota message changes, so passed-over verdicts change
+    between cycles; every cycle's decisions equal those built afresh, in order."""
+    policies = replace(props.BASE, ordering=ordering, preemption=preemption, backfill=backfill)
+    fast = _drive(sequence, policies)
+    plain = _plain(lambda: _drive(sequence, policies))
+    assert [r.decisions for r in fast] == [r.decisions for r in plain]
+    assert [list(map(type, r.decisions)) for r in fast] == [list(map(type, r.decisions)) for r in plain]
+
+
+def _drive(sequence: list, policies: Policies) -> list[CycleResult]:
+    """`props._drive` with each step's arrivals in threes (many workloads share a key and are
+    passed over), on one view kept across the cycles."""
+    view = ClusterView.empty(cluster(2, devices=4), policies.quota, policies.priority_classes)
+    rng = random.Random(11)
+    pending: dict[str, Workload] = {}
+    running: dict[str, Workload] = {}
+    results = []
+    for step, (finish_one, spec) in enumerate(sequence):
+        now = float(step * 5)
+        if finish_one and view.running:
+            view.remove(sorted(view.running)[rng.randrange(len(view.running))])
+        for k in range(3):
+            w = props._workload(3 * step + k, spec, now)
+            pending[w.id] = w
+        running.update((wid, r.workload) for wid, r in view.running.items())
+        result = cycle_on(view, list(pending.values()), policies, now, rng)
+        for stop in result.preempted:
+            pending[stop.workload_id] = running[stop.workload_id]
+        for admission in result.admitted:
+            pending.pop(admission.workload_id)
+        for rejection in result.rejected:
+            if rejection.final:
+                pending.pop(rejection.workload_id)
+        results.append(result)
+    return results
+
+
+def test_a_changed_verdict_gets_a_new_record() -> None:
+    """The record is kept by the interned verdict it was built from: a verdict equal to the last
+    one gives the same record back, another one a new record (and is kept from then on)."""
+    waits = PassedWaits()
+    first = waits.intern((cycle.Reason.QUOTA_EXCEEDED, "Queue 'a' is over its quota."))
+    a = list(waits.records_for(["w1", "w2"], [first, first], cycle._wait_of))
+    assert a == [Wait("w1", *first), Wait("w2", *first)]
+    same = waits.intern((cycle.Reason.QUOTA_EXCEEDED, "Queue 'a' is over its quota."))
+    other = waits.intern((cycle.Reason.NO_NODE_FITS, "No node has room."))
+    b = list(waits.records_for(["w1", "w2"], [same, other], cycle._wait_of))
+    assert b[0] is a[0]
+    assert b[1] == Wait("w2", *other) and b[1] is not a[1]
+    c = list(waits.records_for(["w2"], [waits.intern((cycle.Reason.NO_NODE_FITS, "No node has room."))],
+                               cycle._wait_of))
+    assert c[0] is b[1]
+    waits.forget([workload(wid="w2")])  # departed: rebuilt if it comes back
+    assert "w2" not in waits.records
