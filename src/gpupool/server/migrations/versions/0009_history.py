@@ -1,0 +1,34 @@
+"""The pool's history for the dashboard's charts: allocation, pending demand, per-device
+utilisation and per-tenant usage, one row per minute and key, rolled up to hours after a day.
+
+Revision ID: 0009
+Revises: 0008
+Create Date: 2026-12-28
+"""
+
+from __future__ import annotations
+
+import sqlalchemy as sa
+from alembic import op
+
+revision = "0009"
+down_revision = "0008"
+branch_labels = None
+depends_on = None
+
+
+def upgrade() -> None:
+    op.create_table(
+        "history",
+        sa.Column("series", sa.String(16), primary_key=True),
+        sa.Column("step_s", sa.Integer(), primary_key=True),
+        sa.Column("at_s", sa.Float(), primary_key=True),
+        sa.Column("key", sa.String(255), primary_key=True),
+        sa.Column("value", sa.Float(), nullable=False),
+        sa.Column("busy_pct", sa.Float(), nullable=True),
+        sa.Column("memory_mib", sa.Float(), nullable=True),
+    )
+
+
+def downgrade() -> None:
+    op.drop_table("history")
