@@ -120,6 +120,11 @@ def test_query_means_per_point_and_fills_a_tenants_idle_minutes(rt: Runtime) -> 
     alloc = history.query(rt, ADMIN, "allocation", "24h", NOW)
     assert alloc.step_s == 300 and [s.name for s in alloc.series] == ["capacity", "allocated"]
     assert all(v == 1.0 for _, v in alloc.series[1].values)
+    devices = history.query(rt, ADMIN, "devices", "1h", NOW).devices
+    assert [(d.node, d.index, d.allocated, d.busy_pct) for d in devices] == [("n0", 0, 1.0, None)]
+    _minute(rt, first + 10 * MINUTE_S, 0.0, {}, busy=30.0)  # measured once in 11 minutes; idle then
+    (device,) = history.query(rt, ADMIN, "devices", "1h", NOW).devices
+    assert device.busy_pct == 30.0 and device.allocated == pytest.approx(10 / 11, abs=1e-6)
     mine = history.query(rt, Principal(token_id="t", tenant="b"), "tenants", "1h", NOW)
     assert [s.name for s in mine.series] == ["b"]
 
