@@ -27,6 +27,7 @@ def upgrade() -> None:
         sa.Column("value", sa.Float(), nullable=False),
         sa.Column("busy_pct", sa.Float(), nullable=True),
         sa.Column("memory_mib", sa.Float(), nullable=True),
+        sqlite_with_rowid=False,  # the key is the row: no second copy of it in an index
     )
 
 
