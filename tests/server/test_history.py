@@ -4,6 +4,7 @@ retention deleted, a tenant reading only its own usage, and NVML's readings carr
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -208,3 +209,35 @@ def test_the_local_provider_reads_nvml_and_simulated_devices_are_never_measured(
     finally:
         real.close()
         simulated.close()
+
+
+def test_two_servers_sampling_one_minute_at_once_record_one_sample(rt: Runtime) -> None:
+    """Both write in the same instant (on PostgreSQL, truly at once): one sample wins whole."""
+    minute = history.minute_of(NOW)
+    barrier = threading.Barrier(2)
+    written: list[int] = []
+
+    def server(alloc: float, tenant: str) -> None:
+        barrier.wait()
+        written.append(_minute(rt, minute, alloc, {tenant: alloc}))
+
+    threads = [threading.Thread(target=server, args=args) for args in ((1000.0, "a"), (1500.0, "b"))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert sorted(written) == [0, 5]
+    rows = {(r.series, r.key): r.value for r in _rows(rt)}
+    winner = rows[("allocated", "")]
+    assert rows == {("capacity", ""): 2000.0, ("allocated", ""): winner, ("pending", ""): 500.0,
+                    ("tenant", "a" if winner == 1000.0 else "b"): winner, ("device", "n0/0"): winner}
+
+
+def test_the_sampler_rolls_up_and_expires_once_an_hour(rt: Runtime) -> None:
+    old = history.minute_of(NOW - 40 * DAY_S)
+    day_old = float(int((NOW - 2 * DAY_S) // HOUR_S) * HOUR_S)
+    history.record(rt, old, [Point("capacity", "", 1.0)])
+    history.record(rt, day_old, [Point("capacity", "", 1.0)])
+    sampler = HistorySampler(rt)
+    sampler.step(NOW)
+    assert {(r.step_s, r.at_s) for r in _rows(rt)} == {(HOUR_S, day_old), (MINUTE_S, history.minute_of(NOW))}

@@ -15,7 +15,7 @@ import httpx
 import pytest
 
 from server.upproc import UpProcess, until
-from ui.browser import Watched
+from ui.browser import SCREENSHOTS, Watched, screenshot
 from ui.test_dashboard import _log_in, _not_reloaded, _status, _submit, _tenant_token
 
 pytestmark = pytest.mark.slow
@@ -104,6 +104,12 @@ def test_drain_uncordon_and_heal_a_node(pool: UpProcess, browser_page: Watched) 
     card = page.locator(f"article.node[data-node='{name}']")
     card.locator(".badge", has_text="ready").wait_for()
     assert card.locator("button[data-action=uncordon]").count() == 0  # a ready node: nothing to undo
+    if SCREENSHOTS:
+        card.locator("button[data-action=drain]").click()
+        page.locator("dialog#confirm").wait_for(state="visible")
+        screenshot(page, "confirm")
+        page.click("#confirm-no")
+        page.locator("dialog#confirm").wait_for(state="hidden")
     _act(page, card.locator("button[data-action=drain]"), f"Drain {name}")
     with pool.client() as api:
         assert api.get(f"/nodes/{name}").json()["draining"] is True
