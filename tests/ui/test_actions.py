@@ -213,3 +213,21 @@ def test_without_a_fabric_the_tab_is_hidden_and_the_fabric_never_asked(
         until(lambda b=before: page.locator("#updated").text_content() != b, 10, "another poll")
     assert asked == []
     browser_page.assert_clean()
+
+
+def test_a_tenant_acts_on_its_own_work_but_cannot_release_the_admins_hold(
+        pool: UpProcess, browser_page: Watched, busy_pool: tuple[str, str, str]) -> None:
+    _, _, waiting = busy_pool
+    with pool.client() as api:
+        assert api.post(f"/workloads/{waiting}/hold").status_code == 200
+    token = _tenant_token(pool, "ops")  # the tenant the busy pool's work belongs to
+    page = _log_in(browser_page, pool, token, f"/ui/workloads/{waiting}")
+    page.locator("#wl-held", has_text="held by the admin").wait_for()
+    assert page.locator("button[data-action=release]").count() == 0  # only the admin releases it
+    _act(page, page.locator("button[data-action=cancel]"), "Cancel waiter")
+    assert _status(pool, waiting) == "cancelled"
+    with pool.client() as api:
+        events = api.get(f"/workloads/{waiting}/events").json()
+    assert events[-1]["reason"] == "cancelled_by_user"
+    assert not _audited(pool, "workload.cancel", waiting)  # the audit log is the admin's actions
+    browser_page.assert_clean()
