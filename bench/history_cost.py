@@ -8,8 +8,10 @@ A server runtime over the fake provider (`--nodes` x 8 H100) and the embedded SQ
 tenants' rows, every device measured (as NVML would: utilisation and memory, the larger rows). The
 store's size is read before and after (pages in use), the minutes are rolled up into hours, and the
 store read again; from these: a day at minute resolution (kept one day), a rolled-up day (kept for
-the retention) and the steady state at 30 days. The API's cost beside the sampler on and off is
-`bench/side_by_side.py ... -- bench/api_load.py` (docs/experiments/dashboard.md).
+the retention) and the steady state at 30 days. The last hour is then copied into a week of hours,
+for the time of each device's means over a day and a week (read from hourly rows). The API's cost
+beside the commit before is `bench/side_by_side.py ... -- bench/api_load.py`
+(docs/experiments/dashboard.md).
 """
 
 from __future__ import annotations
@@ -86,6 +88,18 @@ def measure(nodes: int, minutes: int, tenants: int, data_dir: Path) -> dict[str,
     with rt.store.engine.connect() as conn:
         conn.execute(text("VACUUM"))
     hour_bytes = (_bytes(rt) - empty) / max(hours, 1)
+    # a week of hours, copied from the last one rolled up, for the reads of each device's means
+    last_hour = first + (hours - 1) * HOUR_S
+    with rt.store.engine.begin() as conn:
+        for k in range(1, 7 * 24 - hours + 1):
+            conn.execute(text("INSERT INTO history SELECT series, step_s, at_s + :shift, key, value, "
+                              "busy_pct, memory_mib FROM history WHERE step_s = :hour AND at_s = :at"),
+                         {"shift": k * HOUR_S, "hour": HOUR_S, "at": last_hour})
+    week_end = last_hour + (7 * 24 - hours + 1) * HOUR_S
+    for range_ in ("24h", "7d"):
+        began = time.perf_counter()
+        history.query(rt, ADMIN, "devices", range_, week_end)
+        reads[f"devices_{range_}_ms"] = round((time.perf_counter() - began) * 1000, 1)
     rt.store.close()
     day_minutes_mb = minute_bytes * 1440 / 2**20
     day_hours_mb = hour_bytes * 24 / 2**20
@@ -97,7 +111,7 @@ def measure(nodes: int, minutes: int, tenants: int, data_dir: Path) -> dict[str,
         "rollup_ms_per_hour": round(rollup_ms, 1),
         "bytes_per_minute": round(minute_bytes), "bytes_per_rolled_hour": round(hour_bytes),
         "day_at_minutes_mib": round(day_minutes_mb, 1), "day_rolled_up_mib": round(day_hours_mb, 2),
-        "steady_state_30d_mib": round(day_minutes_mb + 29 * day_hours_mb, 1),
+        "steady_state_30d_mib": round(day_minutes_mb + 30 * day_hours_mb, 1),  # hours: the last day too
         "sampler_share_of_a_core": round((statistics.median(sample_ms) + statistics.median(write_ms)
                                           + rollup_ms / 60) / (MINUTE_S * 1000), 5),
         **reads,

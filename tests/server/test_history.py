@@ -75,20 +75,23 @@ def test_old_minutes_roll_up_into_hours_with_the_right_means(rt: Runtime) -> Non
     for m in range(60):  # tenant b holds a device in the first 15 minutes only; utilisation measured half
         _minute(rt, old_hour + m * MINUTE_S, 1000.0 + m, {"a": 1000.0, **({"b": 1000.0} if m < 15 else {})},
                 busy=40.0 if m % 2 else None)
-    recent = history.minute_of(NOW) - 10 * MINUTE_S
+    recent = history.minute_of(NOW) - 10 * MINUTE_S  # in the hour that just ended
+    current = history.minute_of(NOW)  # in the hour under way: not rolled up yet
     _minute(rt, recent, 2000.0, {"a": 2000.0})
-    assert history.roll_up(rt, NOW) == 1
-    hourly = {(r.series, r.key): r for r in _rows(rt, step_s=HOUR_S)}
-    assert {r.at_s for r in hourly.values()} == {old_hour}
+    _minute(rt, current, 2000.0, {"a": 2000.0})
+    assert history.roll_up(rt, NOW) == 2
+    recent_hour = float(int(recent // HOUR_S) * HOUR_S)
+    assert {r.at_s for r in _rows(rt, step_s=HOUR_S)} == {old_hour, recent_hour}
+    hourly = {(r.series, r.key): r for r in _rows(rt, step_s=HOUR_S, at_s=old_hour)}
     assert hourly[("allocated", "")].value == pytest.approx(1000.0 + 59 / 2)
     assert hourly[("tenant", "a")].value == pytest.approx(1000.0)
     assert hourly[("tenant", "b")].value == pytest.approx(250.0)  # 15 of 60 minutes: a quarter
     device = hourly[("device", "n0/0")]
     assert device.busy_pct == pytest.approx(40.0) and device.memory_mib == pytest.approx(1000.0)
     minutes = _rows(rt, step_s=MINUTE_S)
-    assert {r.at_s for r in minutes} == {recent}  # the old hour's minutes are gone, the last day's kept
+    assert {r.at_s for r in minutes} == {recent, current}  # the old hour's minutes gone, the day's kept
     assert history.roll_up(rt, NOW) == 0  # again: nothing more
-    assert len(_rows(rt, step_s=HOUR_S)) == len(hourly)
+    assert len(_rows(rt, step_s=HOUR_S, at_s=old_hour)) == len(hourly)
 
 
 def test_a_roll_up_another_server_made_is_kept(rt: Runtime) -> None:
@@ -241,3 +244,20 @@ def test_the_sampler_rolls_up_and_expires_once_an_hour(rt: Runtime) -> None:
     sampler = HistorySampler(rt)
     sampler.step(NOW)
     assert {(r.step_s, r.at_s) for r in _rows(rt)} == {(HOUR_S, day_old), (MINUTE_S, history.minute_of(NOW))}
+
+
+def test_a_week_reads_hours_and_a_day_reads_minutes_never_both(rt: Runtime) -> None:
+    hour = float(int(NOW // HOUR_S) * HOUR_S) - 2 * HOUR_S
+    for m in range(60):
+        _minute(rt, hour + m * MINUTE_S, 1000.0 if m < 30 else 0.0, {}, busy=50.0)
+    history.roll_up(rt, NOW)
+    week = history.query(rt, ADMIN, "allocation", "7d", NOW)
+    assert [s.values for s in week.series] == [[(hour, 2.0)], [(hour, 0.5)]]
+    day = history.query(rt, ADMIN, "allocation", "24h", NOW)
+    assert [v for _, v in day.series[1].values] == [1.0] * 6 + [0.0] * 6  # twelve 5-minute points
+    with rt.store.write() as session:  # the hourly row alone answers a day's device means
+        session.query(HistoryRow).filter_by(series="device", step_s=HOUR_S).update({"busy_pct": 10.0})
+    (device,) = history.query(rt, ADMIN, "devices", "24h", NOW).devices
+    assert device.busy_pct == 10.0 and device.allocated == pytest.approx(0.5)
+    (device,) = history.query(rt, ADMIN, "devices", "1h", hour + 90 * MINUTE_S).devices
+    assert device.busy_pct == 50.0 and device.allocated == pytest.approx(0.0)  # the last half hour

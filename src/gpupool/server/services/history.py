@@ -38,9 +38,12 @@ MINUTES_KEPT_S = DAY_S
 DEFAULT_KEEP_DAYS = 30.0
 Metric = Literal["tenants", "allocation", "pending", "devices"]
 Range = Literal["1h", "24h", "7d"]
-RANGES: dict[str, tuple[float, int]] = {"1h": (HOUR_S, MINUTE_S), "24h": (DAY_S, 5 * MINUTE_S),
-                                        "7d": (7 * DAY_S, HOUR_S)}
-"""A chart's range -> (its span, the width of one drawn point)."""
+RANGES: dict[str, tuple[float, int, int]] = {"1h": (HOUR_S, MINUTE_S, MINUTE_S),
+                                             "24h": (DAY_S, 5 * MINUTE_S, MINUTE_S),
+                                             "7d": (7 * DAY_S, HOUR_S, HOUR_S)}
+"""A chart's range -> (its span, the width of one drawn point, the rows it reads: minutes, which
+are kept a day, or hours). Each device's means read hours beyond one hour (DEVICE_STEPS)."""
+DEVICE_STEPS = {"1h": MINUTE_S, "24h": HOUR_S, "7d": HOUR_S}
 _TABLE = HistoryRow.__table__
 
 
@@ -106,59 +109,73 @@ def record(rt: Runtime, minute_s: float, points: list[Point]) -> int:
 
 
 DELETE_SLICE_S = 10 * MINUTE_S
-"""A rolled-up hour's minute rows are deleted ten minutes a transaction: the store's write lock is
-never held long (8,000 device rows a minute at 1,000 nodes)."""
+"""Minute rows past the day are deleted ten minutes a transaction: the store's write lock is never
+held long (8,000 device rows a minute at 1,000 nodes)."""
 
 
 def roll_up(rt: Runtime, now: float) -> int:
-    """Fold the minute rows of every hour that ended more than a day ago into one hourly row per
-    series and key, then delete those minute rows; returns the hours folded. A key's value is its
-    mean over the minutes sampled in that hour (a tenant with no row in a minute held nothing then);
-    utilisation and memory are the mean over the minutes they were measured.
+    """Give every hour that has ended its hourly rows (one per series and key), then delete the
+    minute rows older than a day; returns the hours rolled up. An hour is rolled up as soon as it
+    ends, while its minutes are still kept: a read over a day or a week of each device's means then
+    reads hours, not minutes. A key's hourly value is its mean over the minutes sampled in that hour
+    (a tenant with no row in a minute held nothing then); utilisation and memory are the mean over
+    the minutes they were measured.
 
-    The hour is read and averaged outside any write transaction; the hourly rows are inserted (a
-    roll-up another server made first is kept) and the minutes deleted in short transactions of
-    their own. Stopped half-way, the next roll-up averages the minutes left, its insert is ignored,
-    and it deletes the rest."""
+    An hour is read and averaged outside any write transaction, its rows inserted in a short one (a
+    roll-up another server made first is kept), and the old minutes deleted ten at a time. Stopped
+    half-way, the next call finds what is left to do."""
+    this_hour = float(int(now // HOUR_S) * HOUR_S)
+    with rt.store.read() as session:
+        conn = session.connection()
+        sampled = set(conn.execute(select(HistoryRow.at_s).where(
+            HistoryRow.series == "capacity", HistoryRow.step_s == MINUTE_S,
+            HistoryRow.at_s < this_hour)).scalars())
+        hours = {float(int(t // HOUR_S) * HOUR_S) for t in sampled}
+        done = set(conn.execute(select(HistoryRow.at_s).where(
+            HistoryRow.series == "capacity", HistoryRow.step_s == HOUR_S,
+            HistoryRow.at_s.in_(sorted(hours)))).scalars()) if hours else set()
+    rolled = 0
+    for hour in sorted(hours - done):
+        _roll_hour(rt, hour)
+        rolled += 1
     cutoff = float(int((now - MINUTES_KEPT_S) // HOUR_S) * HOUR_S)
-    folded = 0
-    while True:
-        with rt.store.read() as session:
-            conn = session.connection()
-            first = conn.execute(select(func.min(HistoryRow.at_s)).where(
-                HistoryRow.step_s == MINUTE_S, HistoryRow.at_s < cutoff)).scalar_one()
-            if first is None:
-                return folded
-            hour = float(int(first // HOUR_S) * HOUR_S)
-            found = conn.execute(select(HistoryRow.series, HistoryRow.key, HistoryRow.value,
-                                        HistoryRow.busy_pct, HistoryRow.memory_mib).where(
-                HistoryRow.step_s == MINUTE_S, HistoryRow.at_s >= hour,
-                HistoryRow.at_s < hour + HOUR_S)).all()
-        minutes = sum(1 for r in found if r.series == "capacity") or 1
-        sums: dict[tuple[str, str], list[float]] = defaultdict(lambda: [0.0, 0.0, 0, 0.0, 0])
-        for r in found:
-            acc = sums[(r.series, r.key)]
-            acc[0] += r.value
-            if r.busy_pct is not None:
-                acc[1] += r.busy_pct
-                acc[2] += 1
-            if r.memory_mib is not None:
-                acc[3] += r.memory_mib
-                acc[4] += 1
-        rows = [{"series": series, "step_s": HOUR_S, "at_s": hour, "key": key, "value": acc[0] / minutes,
-                 "busy_pct": acc[1] / acc[2] if acc[2] else None,
-                 "memory_mib": acc[3] / acc[4] if acc[4] else None}
-                for (series, key), acc in sums.items()]
-        if rows:
-            with rt.store.write() as session:
-                conn = session.connection()
-                conn.execute(_insert_ignoring(conn), rows)
-        for start in range(0, HOUR_S, DELETE_SLICE_S):
+    old = sorted(t for t in sampled if t < cutoff)
+    if old:
+        start = old[0]
+        while start < cutoff:
             with rt.store.write() as session:
                 session.connection().execute(delete(HistoryRow).where(
-                    HistoryRow.step_s == MINUTE_S, HistoryRow.at_s >= hour + start,
-                    HistoryRow.at_s < hour + start + DELETE_SLICE_S))
-        folded += 1
+                    HistoryRow.step_s == MINUTE_S, HistoryRow.at_s >= start,
+                    HistoryRow.at_s < min(cutoff, start + DELETE_SLICE_S)))
+            start += DELETE_SLICE_S
+    return rolled
+
+
+def _roll_hour(rt: Runtime, hour: float) -> None:
+    with rt.store.read() as session:
+        found = session.connection().execute(select(
+            HistoryRow.series, HistoryRow.key, HistoryRow.value, HistoryRow.busy_pct, HistoryRow.memory_mib,
+        ).where(HistoryRow.step_s == MINUTE_S, HistoryRow.at_s >= hour,
+                HistoryRow.at_s < hour + HOUR_S)).all()
+    minutes = sum(1 for r in found if r.series == "capacity") or 1
+    sums: dict[tuple[str, str], list[float]] = defaultdict(lambda: [0.0, 0.0, 0, 0.0, 0])
+    for r in found:
+        acc = sums[(r.series, r.key)]
+        acc[0] += r.value
+        if r.busy_pct is not None:
+            acc[1] += r.busy_pct
+            acc[2] += 1
+        if r.memory_mib is not None:
+            acc[3] += r.memory_mib
+            acc[4] += 1
+    rows = [{"series": series, "step_s": HOUR_S, "at_s": hour, "key": key, "value": acc[0] / minutes,
+             "busy_pct": acc[1] / acc[2] if acc[2] else None,
+             "memory_mib": acc[3] / acc[4] if acc[4] else None}
+            for (series, key), acc in sums.items()]
+    if rows:
+        with rt.store.write() as session:
+            conn = session.connection()
+            conn.execute(_insert_ignoring(conn), rows)
 
 
 def expire(rt: Runtime, now: float, keep_days: float) -> int:
@@ -181,14 +198,14 @@ def query(rt: Runtime, who: Principal, metric: str, range_: str, now: float) -> 
     if metric != "tenants" and not who.is_admin:
         raise Forbidden(f"The {metric} history covers the whole pool: it is the admin's; a tenant's token "
                         "reads its own usage with metric=tenants.")
-    span, width = RANGES[range_]
+    span, width, step = RANGES[range_]
     since = now - span
     series_names = {"tenants": ("capacity", "tenant"), "allocation": ("capacity", "allocated"),
                     "pending": ("capacity", "pending"), "devices": ("capacity", "device")}[metric]
     if metric == "devices":  # means in the store's own aggregate: a minute of 1,000 nodes is 8,000 rows
         return HistoryOut(metric=metric, range=range_, step_s=width, since_s=since, now_s=now, series=[],
-                          devices=_devices(rt, since))
-    where = [HistoryRow.at_s >= since, HistoryRow.series.in_(series_names)]
+                          devices=_devices(rt, since, DEVICE_STEPS[range_]))
+    where = [HistoryRow.at_s >= since, HistoryRow.series.in_(series_names), HistoryRow.step_s == step]
     if metric == "tenants" and not who.is_admin:
         where.append((HistoryRow.series == "capacity") | (HistoryRow.key == (who.tenant or "")))
     with rt.store.read() as session:
@@ -223,14 +240,15 @@ def _buckets(times: list[float], by_time: dict[float, float], width: int) -> lis
     return [(start, round(acc[0] / acc[1], 6)) for start, acc in sorted(sums.items())]
 
 
-def _devices(rt: Runtime, since: float) -> list[DeviceHistory]:
-    """Each device's means since `since`: allocated share, and utilisation and memory where measured
-    (AVG leaves out the minutes a device was not measured)."""
+def _devices(rt: Runtime, since: float, step: int) -> list[DeviceHistory]:
+    """Each device's means since `since` over the rows `step` long: allocated share, and utilisation
+    and memory where measured (AVG leaves out the minutes a device was not measured)."""
     with rt.store.read() as session:
         found = session.execute(
             select(HistoryRow.key, func.avg(HistoryRow.value), func.avg(HistoryRow.busy_pct),
                    func.avg(HistoryRow.memory_mib))
-            .where(HistoryRow.series == "device", HistoryRow.at_s >= since).group_by(HistoryRow.key)).all()
+            .where(HistoryRow.series == "device", HistoryRow.step_s == step, HistoryRow.at_s >= since)
+            .group_by(HistoryRow.key)).all()
     simulated = {f"{n.name}/{d.index}": d.simulated for n in rt.nodes() for d in n.devices}
     out = []
     for key, allocated, busy, memory in sorted(found, key=lambda r: _device_order(r[0])):
