@@ -3,8 +3,8 @@
 Once a minute the sampler (loops/history.py) records what the pool holds: devices allocated and
 the capacity (milli-GPUs), the demand of pending work, each tenant's allocation, and each device's
 allocation with its measured utilisation and memory where the provider measures them (NVML; a
-simulated device never is, and says so). Minute rows older than a day are rolled up into hourly
-rows, and every row older than the retention (30 days by default) is deleted.
+simulated device never is, and says so). Each hour is rolled up into hourly rows when it ends;
+minute rows are deleted after a day, and every row older than the retention (30 days by default).
 
 Every write is idempotent: rows are keyed by (series, step, bucket start, key) and inserted with
 "insert or ignore". A minute is claimed by its capacity row in the transaction that writes the rest,
@@ -34,7 +34,7 @@ from gpupool.server.runtime import Runtime
 MINUTE_S = 60
 HOUR_S = 3600
 MINUTES_KEPT_S = DAY_S
-"""Minute rows older than this are rolled up into hourly rows."""
+"""Minute rows are kept this long (their hours are rolled up as each ends)."""
 DEFAULT_KEEP_DAYS = 30.0
 Metric = Literal["tenants", "allocation", "pending", "devices"]
 Range = Literal["1h", "24h", "7d"]

@@ -1,5 +1,5 @@
 """The pool's history for the dashboard's charts: allocation, pending demand, per-device
-utilisation and per-tenant usage, one row per minute and key, rolled up to hours after a day.
+utilisation and per-tenant usage, one row per minute and key (kept a day) and per hour and key.
 
 Revision ID: 0009
 Revises: 0008
