@@ -81,5 +81,3 @@ function idleness(d) {
   if (d.busy_pct === null) return -1;
   return d.allocated * (1 - d.busy_pct / 100);
 }
-
-
