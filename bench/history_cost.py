@@ -1,9 +1,11 @@
 """What the dashboard's history costs at 1,000 nodes x 8 devices: store bytes per day, and the time of a
 minute's sample, of an hour's roll-up and of the dashboard's reads (services/history.py).
 
-    .venv/bin/python bench/history_cost.py [--nodes 1000] [--minutes 120] [--tenants 50]
+    .venv/bin/python bench/history_cost.py [--nodes 1000] [--minutes 120] [--tenants 50] \
+        [--backend sqlite|postgresql]
 
-A server runtime over the fake provider (`--nodes` x 8 H100) and the embedded SQLite store records
+A server runtime over the fake provider (`--nodes` x 8 H100) and the store (the embedded SQLite, or
+a throw-away PostgreSQL with `--backend postgresql`: the table's size with its index) records
 `--minutes` minutes (whole hours, more than a day old), each one sample of the pool plus `--tenants`
 tenants' rows, every device measured (as NVML would: utilisation and memory, the larger rows). The
 store's size is read before and after (pages in use), the minutes are rolled up into hours, and the
@@ -41,6 +43,9 @@ START = 1_796_083_200.0  # a UTC midnight
 
 
 def _bytes(rt: Runtime) -> int:
+    if rt.store.engine.dialect.name == "postgresql":
+        with rt.store.engine.connect() as conn:
+            return int(conn.execute(text("SELECT pg_total_relation_size('history')")).scalar_one())
     with rt.store.engine.connect() as conn:
         conn.execute(text("PRAGMA wal_checkpoint(TRUNCATE)"))
         pages = conn.execute(text("PRAGMA page_count")).scalar_one()
@@ -60,8 +65,8 @@ def _points(rt: Runtime, tenants: int, minute: int) -> list[Point]:
     return points + [Point("tenant", f"tenant-{t:03d}", 1000.0 * (t % 7)) for t in range(tenants)]
 
 
-def measure(nodes: int, minutes: int, tenants: int, data_dir: Path) -> dict[str, object]:
-    url = f"sqlite:///{data_dir / 'store.sqlite'}"
+def measure(nodes: int, minutes: int, tenants: int, data_dir: Path, url: str = "") -> dict[str, object]:
+    url = url or f"sqlite:///{data_dir / 'store.sqlite'}"
     rt = Runtime(settings=Settings(data_dir=data_dir, database_url=url), store=Store.open(url),
                  provider=FakeProvider(f"{nodes}x8xH100"))
     first = START
@@ -85,8 +90,12 @@ def measure(nodes: int, minutes: int, tenants: int, data_dir: Path) -> dict[str,
     began = time.perf_counter()
     hours = history.roll_up(rt, first + minutes * MINUTE_S + DAY_S + HOUR_S)
     rollup_ms = (time.perf_counter() - began) * 1000 / max(hours, 1)
-    with rt.store.engine.connect() as conn:
-        conn.execute(text("VACUUM"))
+    if rt.store.engine.dialect.name == "postgresql":  # VACUUM FULL: the deleted minutes' space returned
+        with rt.store.engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
+            conn.execute(text("VACUUM FULL history"))
+    else:
+        with rt.store.engine.connect() as conn:
+            conn.execute(text("VACUUM"))
     hour_bytes = (_bytes(rt) - empty) / max(hours, 1)
     # a week of hours, copied from the last one rolled up, for the reads of each device's means
     last_hour = first + (hours - 1) * HOUR_S
@@ -104,7 +113,8 @@ def measure(nodes: int, minutes: int, tenants: int, data_dir: Path) -> dict[str,
     day_minutes_mb = minute_bytes * 1440 / 2**20
     day_hours_mb = hour_bytes * 24 / 2**20
     return {
-        "nodes": nodes, "devices": nodes * 8, "tenants": tenants, "minutes": minutes,
+        "backend": rt.store.engine.dialect.name, "nodes": nodes, "devices": nodes * 8, "tenants": tenants,
+        "minutes": minutes,
         "rows_per_minute": rows // minutes, "hours_rolled_up": hours,
         "sample_ms_median": round(statistics.median(sample_ms), 1),
         "write_ms_median": round(statistics.median(write_ms), 1),
@@ -123,19 +133,33 @@ def main() -> None:
     parser.add_argument("--nodes", type=int, default=1000)
     parser.add_argument("--minutes", type=int, default=120, help="whole hours of minutes to write")
     parser.add_argument("--tenants", type=int, default=50)
+    parser.add_argument("--backend", choices=("sqlite", "postgresql"), default="sqlite")
     parser.add_argument("--json", default="")
     opts = parser.parse_args()
     if opts.minutes < 60 or opts.minutes % 60:
         raise SystemExit(f"--minutes must be whole hours (60, 120, ...), got {opts.minutes}")
-    with tempfile.TemporaryDirectory(prefix="gpupool-history-") as tmp:
-        result = measure(opts.nodes, opts.minutes, opts.tenants, Path(tmp))
-    table = Table(title=f"history cost at {result['nodes']} nodes x 8 devices, SQLite")
+    pg = None
+    if opts.backend == "postgresql":
+        from gpupool.server import pgtemp
+
+        reason = pgtemp.why_unavailable()
+        if reason:
+            raise SystemExit(f"PostgreSQL cannot be started here: {reason}")
+        pg = pgtemp.start(fsync=True)
+    try:
+        with tempfile.TemporaryDirectory(prefix="gpupool-history-") as tmp:
+            result = measure(opts.nodes, opts.minutes, opts.tenants, Path(tmp),
+                             pg.create_database() if pg else "")
+    finally:
+        if pg is not None:
+            pg.stop()
+    table = Table(title=f"history cost at {result['nodes']} nodes x 8 devices, {result['backend']}")
     table.add_column("figure")
     table.add_column("value", justify="right")
     for key, value in result.items():
         table.add_row(key, str(value))
     Console().print(table)
-    print(f"JSON: {write_json(opts.json, 'history_cost', result)}")
+    print(f"JSON: {write_json(opts.json, f'history_cost_{opts.backend}', result)}")
 
 
 if __name__ == "__main__":
