@@ -65,6 +65,7 @@ def test_a_provider_with_only_the_required_methods_gets_every_default() -> None:
     provider.forget_pods(["p-1"])  # the acknowledgement: nothing to forget
     assert provider.checkpoint_marks(["w-1", "w-2"]) == {"w-1": None, "w-2": None}
     assert provider.health_events() == []
+    assert provider.device_readings() == {}  # nothing measured: the dashboard says so
     assert provider.node_address("n1") == "127.0.0.1"
     assert calls == []
 

@@ -130,6 +130,7 @@ EXPECTED: dict[tuple[str, str], Expectation] = {
     ("GET", "/config"): Admin(),
     # Usage and chargeback
     ("GET", "/usage"): Readable(probe={"tenant": "tenant"}),
+    ("GET", "/history"): Readable(),  # its own usage series; the pool-wide metrics are the admin's
     # Remote function calls
     ("POST", "/calls/sessions"): Others(body=lambda v: {"python": PYTHON, "tenant": v.tenant},
                                        codes=frozenset({403})),

@@ -12,7 +12,7 @@ import httpx
 import pytest
 
 from server.upproc import UpProcess, until
-from ui.browser import SCREENSHOTS, Watched, screenshot
+from ui.browser import Watched, screenshot
 
 pytestmark = pytest.mark.slow
 INJECTED = '<img src=x onerror="window.__pwned=1"><script>window.__pwned=1</script>'
@@ -200,9 +200,7 @@ def test_a_failed_node_is_marked(pool: UpProcess, browser_page: Watched, gate_di
         screenshot(page, "workloads")
         page.click("#nav a[data-page=overview]")
         page.get_by_role("link", name=f"wide ({waiting})").wait_for()  # pending, with its reason
-        if SCREENSHOTS:  # a few points of history on the chart
-            line = page.locator(".chart polyline.total")
-            until(lambda: len(str(line.get_attribute("points")).split()) >= 6, 30, "six points drawn")
+        page.locator("#history-allocation").wait_for()  # the history the store keeps, charted
         screenshot(page, "overview")
         _not_reloaded(page)
         browser_page.assert_clean()

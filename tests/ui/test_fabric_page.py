@@ -52,6 +52,7 @@ def test_fabric_page_draws_levels_cables_a_gang_path_and_a_failed_cable(
         fabric = _fabric(pool)
         page = _log_in(browser_page, pool, pool.token(), "/ui/fabric")
         page.wait_for_selector("svg.fabric")
+        assert page.locator("#nav a[data-page=fabric]").is_visible()  # a pool with a fabric shows its tab
         assert page.locator("svg.fabric g.box.sw").count() == len(fabric["switches"]) == 6
         assert page.locator("svg.fabric g.box.nd").count() == len(fabric["nodes"]) == 8
         assert page.locator("svg.fabric line.lk").count() == len(fabric["links"])

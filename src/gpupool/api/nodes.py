@@ -103,3 +103,4 @@ class PoolSummary(Strict):
     by_model: list[ModelUsage]
     by_tenant: list[TenantUsage]
     workloads: dict[str, int]
+    fabric: bool = Field(False, description="the pool knows its InfiniBand fabric (GET /fabric answers)")

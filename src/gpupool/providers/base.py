@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from enum import StrEnum
 from typing import ClassVar
 
@@ -35,6 +36,14 @@ class Capability(StrEnum):
     and the node's declared networks, nothing else (agent/netns.py)."""
     CONTAINERS = "containers"
     """Pods may run in an image of the pool's store (`--image`), in a container (agent/container.py)."""
+
+
+@dataclass(frozen=True, slots=True)
+class DeviceReading:
+    """What a real device measures now (NVML): how busy it is and the memory its processes use."""
+
+    busy_pct: float | None
+    memory_used_mib: float | None
 
 
 class Provider(ABC):
@@ -148,6 +157,12 @@ class Provider(ABC):
         `checkpoint_s` on each node (a provider whose nodes answer over the network asks them all at
         once); never raises (a workload no node answers for has no mark)."""
         return {workload_id: self.checkpoint_s(workload_id) for workload_id in workload_ids}
+
+    def device_readings(self) -> dict[tuple[str, int], DeviceReading]:
+        """The latest measurement of each real device by (node, device index), where the provider
+        measures them (NVML); never blocks on a node and never raises. A device missing here is not
+        measured: simulated devices never are (the dashboard says so)."""
+        return {}
 
     def forget_workload(self, workload_id: str) -> None:
         """The workload reached a final state and will not run again: remove its checkpoint

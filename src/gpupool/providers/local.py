@@ -25,7 +25,7 @@ from gpupool.agent.runner import DEFAULT_MAX_LOG_BYTES
 from gpupool.core.model import Node
 from gpupool.errors import NotFound, ProviderError
 from gpupool.pods import HealthEvent, LogChunk, PodLaunch, PodStatus
-from gpupool.providers.base import Capability, Provider
+from gpupool.providers.base import Capability, DeviceReading, Provider
 from gpupool.providers.registry import register_provider
 
 
@@ -99,6 +99,13 @@ class LocalProvider(Provider):
 
     def nodes(self) -> list[Node]:
         return [self.agent.node()]
+
+    def device_readings(self) -> dict[tuple[str, int], DeviceReading]:
+        """From NVML's last reading (nodes() probes the devices each cycle): no extra driver call."""
+        if self.agent.simulated:
+            return {}
+        return {(self.agent.node_name, d.index): DeviceReading(d.utilization_pct, d.memory_used_mib)
+                for d in self.agent.probe_result.devices}
 
     def gang_address(self, node: str, port: int) -> str:
         return self.agent.network.gang_address(port) or self.node_address(node)

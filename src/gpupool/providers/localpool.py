@@ -18,7 +18,7 @@ from gpupool.agent.runner import DEFAULT_MAX_LOG_BYTES
 from gpupool.core.model import Node
 from gpupool.errors import InvalidInput, NotFound, ProviderError
 from gpupool.pods import HealthEvent, LogChunk, PodLaunch, PodStatus
-from gpupool.providers.base import Capability, Provider
+from gpupool.providers.base import Capability, DeviceReading, Provider
 from gpupool.providers.local import LocalProvider
 
 
@@ -59,6 +59,10 @@ class LocalPool(Provider):
 
     def nodes(self) -> list[Node]:
         return [n for member in self._members.values() for n in member.nodes()]
+
+    def device_readings(self) -> dict[tuple[str, int], DeviceReading]:
+        return {key: reading for member in self._members.values()
+                for key, reading in member.device_readings().items()}
 
     def gang_address(self, node: str, port: int) -> str:
         member = self._members.get(node)

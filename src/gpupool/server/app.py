@@ -18,6 +18,7 @@ from gpupool.server.auth import Scope
 from gpupool.server.bodylimit import BodyLimit
 from gpupool.server.fastpath import SubmitFastPath
 from gpupool.server.loops.control import ControlLoop
+from gpupool.server.loops.history import HistorySampler
 from gpupool.server.metrics import Metrics, RequestTimer
 from gpupool.server.routers import (
     audit,
@@ -32,6 +33,7 @@ from gpupool.server.routers import (
     workloads,
 )
 from gpupool.server.routers import fabric as fabric_routes
+from gpupool.server.routers import history as history_routes
 from gpupool.server.routers import secrets as secret_routes
 from gpupool.server.runtime import Runtime
 from gpupool.server.services import node_faults
@@ -45,17 +47,20 @@ def create_app(rt: Runtime, *, run_loop: bool = True) -> FastAPI:
     metrics = Metrics(rt)
     loop = ControlLoop(rt, metrics)
     writer = SubmitWriter(rt)
+    sampler = HistorySampler(rt)
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
         node_faults.restore(rt)  # injected faults outlive a restart: back before the loop's first cycle
         if run_loop:
             loop.start()
+            sampler.start()  # a thread of its own: a minute's sample never waits on a cycle
         try:
             yield
         finally:
             writer.stop()
             if run_loop:
+                sampler.stop()
                 loop.stop()
             rt.auth.flush()  # tokens' last use and refused logins still held in memory
 
@@ -72,12 +77,13 @@ def create_app(rt: Runtime, *, run_loop: bool = True) -> FastAPI:
     app.state.metrics = metrics
     app.state.loop = loop
     app.state.submit_writer = writer
+    app.state.history_sampler = sampler
     http_errors.install(app)
     too_large: dict[int | str, dict[str, Any]] = {
         413: {"model": ErrorBody, "description": "the request body is larger than the pool's limit"}}
     for router in (health.router, workloads.router, nodes.router, tenants.router, audit.router,
                    config.router, session.router, usage.router, calls.router, fabric_routes.router,
-                   images.router, secret_routes.router):
+                   images.router, secret_routes.router, history_routes.router):
         app.include_router(router, prefix=API_PREFIX, responses=dict(too_large))
     app.include_router(health.router, include_in_schema=False)  # /health at the root too
     apidocs.install(app, f"{API_PREFIX}/openapi.json")

@@ -341,3 +341,24 @@ class SecretRow(Base):
     updated_s: Mapped[float] = mapped_column(Float)
     revision: Mapped[int] = mapped_column(Integer, default=0)
     """Counts replacements: a replace writes only over the revision it read (compare-and-set)."""
+class HistoryRow(Base):
+    """One point of the pool's history (services/history.py): `series` at the bucket starting `at_s`,
+    `step_s` long (60: one minute; 3600: an hour rolled up from its minutes), for `key` (a tenant, a
+    device as NODE/INDEX, or '' for the pool). The primary key makes every write idempotent: a minute
+    sampled twice (two servers, a restart) is inserted once, the second insert ignored."""
+
+    __tablename__ = "history"
+    __table_args__ = ({"sqlite_with_rowid": False},)
+    """The key is the row (SQLite WITHOUT ROWID): no second copy of it in an index; half the bytes."""
+
+    series: Mapped[str] = mapped_column(String(16), primary_key=True)
+    step_s: Mapped[int] = mapped_column(Integer, primary_key=True)
+    at_s: Mapped[float] = mapped_column(Float, primary_key=True)
+    key: Mapped[str] = mapped_column(String(255), primary_key=True)
+    value: Mapped[float] = mapped_column(Float)
+    """allocated, capacity: milli-GPUs; pending: milli-GPUs asked by pending work; tenant: its
+    allocated milli-GPUs; device: the device's allocated milli."""
+    busy_pct: Mapped[float | None] = mapped_column(Float, nullable=True)
+    """device rows: utilisation measured by NVML (percent), None where not measured (simulated)."""
+    memory_mib: Mapped[float | None] = mapped_column(Float, nullable=True)
+    """device rows: memory used as NVML measures it, None where not measured."""

@@ -76,6 +76,9 @@ class Settings:
     """The image store (server/images.py; GPUPOOL_IMAGE_DIR): default DATA_DIR/images, or, for a
     root server (whose pods run as other accounts and must read the images, while the data directory
     is closed to them), /var/lib/gpupool-images/POOL_ID."""
+    history_days: float = 30.0
+    """How long the dashboard's history (services/history.py) is kept; 0 turns the history sampler
+    off (GPUPOOL_HISTORY_DAYS). Minute rows are rolled up into hourly ones after a day."""
     agent_dir: Path | None = None
     """The agents' state and the pods' logs (default: DATA_DIR/agents); may be on another
     filesystem than the store, so a pod's output can never fill the store's disk."""
@@ -90,6 +93,9 @@ class Settings:
         if not self.launch_deadline_s > 0:
             raise InvalidInput(f"The launch deadline must be a positive number of seconds, got "
                                f"{self.launch_deadline_s}; set GPUPOOL_LAUNCH_DEADLINE_S to, e.g., 30.")
+        if not 0 <= self.history_days <= 3660:
+            raise InvalidInput(f"The history retention must be 0 (off) to 3660 days, got "
+                               f"{self.history_days}; set GPUPOOL_HISTORY_DAYS to, e.g., 30.")
         if self.token_expiry_s <= 0:
             raise InvalidInput("The default token lifetime must be a positive number of seconds.")
         if self.metrics_public and not is_loopback(self.host):
@@ -166,6 +172,12 @@ class Settings:
             except ValueError:
                 raise InvalidInput(
                     "GPUPOOL_LAUNCH_DEADLINE_S must be a number of seconds, e.g. 30.") from None
+        if env.get("GPUPOOL_HISTORY_DAYS"):
+            try:
+                changes["history_days"] = float(env["GPUPOOL_HISTORY_DAYS"])
+            except ValueError:
+                raise InvalidInput(
+                    "GPUPOOL_HISTORY_DAYS must be a number of days, e.g. 30 (0: off).") from None
         for name, key, default in (
                 ("GPUPOOL_MAX_REQUEST_BODY", "max_request_body_bytes", DEFAULT_MAX_REQUEST_BODY_BYTES),
                 ("GPUPOOL_MAX_POD_LOG", "max_pod_log_bytes", DEFAULT_MAX_POD_LOG_BYTES)):

@@ -92,4 +92,5 @@ def summary(rt: Runtime, who: Principal) -> PoolSummary:
             for t, c in sorted(per_tenant.items())
         ],
         workloads={s.value: status_counts[s.value] for s in WorkloadStatus},
+        fabric=rt.fabric is not None,
     )

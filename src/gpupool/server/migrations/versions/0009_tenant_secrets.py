@@ -5,7 +5,7 @@ Nothing existed before this revision to carry over: the table starts empty.
 
 Revision ID: 0009
 Revises: 0008
-Create Date: 2026-12-23
+Create Date: 2026-12-05
 """
 
 from __future__ import annotations

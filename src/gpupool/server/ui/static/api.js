@@ -64,3 +64,22 @@ export async function getKept(path) {
   else kept.delete(path);
   return data;
 }
+
+/** POST /api/v1/<path> with query `params` and no body (the admin actions); the parsed JSON, or ApiError. */
+export async function post(path, params) {
+  const query = new URLSearchParams(Object.entries(params || {}).filter(([, v]) => v !== null && v !== undefined));
+  const url = "/api/v1/" + path + (query.toString() ? "?" + query : "");
+  let answer;
+  try {
+    answer = await fetch(url, { method: "POST", headers: { Authorization: "Bearer " + session.token() }, cache: "no-store" });
+  } catch (err) {
+    throw new ApiError(0, "The server does not answer; try again.");
+  }
+  if (!answer.ok) {
+    let message = "The server answered " + answer.status + ".";
+    try { message = (await answer.json()).message || message; } catch (err) { /* not JSON */ }
+    throw new ApiError(answer.status, message);
+  }
+  kept.clear(); // what the action changed is read afresh
+  return answer.json();
+}

@@ -32,7 +32,9 @@ export function lineChart(series, yMax, label) {
   for (const s of [...series.slice(1), series[0]]) { // the total last, on top
     if (!s || !s.values.length) continue;
     const points = s.values.map(([t, v]) => `${x(t).toFixed(1)},${y(v).toFixed(1)}`).join(" ");
-    const line = el("polyline", { points, class: "line " + s.cls });
+    // a series of one point (the first minute of history) is drawn as a dot: a line needs two
+    const line = s.values.length > 1 ? el("polyline", { points, class: "line " + s.cls })
+      : el("circle", { cx: x(s.values[0][0]).toFixed(1), cy: y(s.values[0][1]).toFixed(1), r: 4, class: "dot " + s.cls });
     const tip = el("title", {});
     tip.textContent = `${s.name}: ${s.values[s.values.length - 1][1]} devices now`;
     line.appendChild(tip);

@@ -34,7 +34,10 @@ export function replace(el, ...children) {
 
 /** A table with a caption, column headers and rows of cells (strings or nodes). */
 export function table(caption, headers, rows, emptyText) {
-  const body = h("tbody", {}, rows.map((cells) => h("tr", {}, cells.map((c) => h("td", {}, c)))));
+  // a row is its cells, or { attrs, cells } for a row with attributes of its own
+  const body = h("tbody", {}, rows.map((row) => Array.isArray(row)
+    ? h("tr", {}, row.map((c) => h("td", {}, c)))
+    : h("tr", row.attrs, row.cells.map((c) => h("td", {}, c)))));
   if (!rows.length) body.appendChild(h("tr", {}, h("td", { colspan: headers.length, class: "empty" }, emptyText || "none")));
   return h("table", {},
     h("caption", {}, caption),
@@ -95,6 +98,15 @@ export function ago(epochS) {
   return (s / 3600).toFixed(1) + " h";
 }
 
+/** A duration in seconds, short: "42 s", "7 min", "3.5 h", "2.1 d". */
+export function duration(s) {
+  if (s === null || s === undefined || !(s >= 0)) return "";
+  if (s < 60) return Math.round(s) + " s";
+  if (s < 3600) return Math.round(s / 60) + " min";
+  if (s < 86400) return (s / 3600).toFixed(1) + " h";
+  return (s / 86400).toFixed(1) + " d";
+}
+
 export function statusBadge(status) {
   return h("span", { class: "badge st-" + status }, status);
 }
@@ -109,4 +121,37 @@ export function update(el, data, build) {
   drawn.set(el, key);
   replace(el, build(data));
   return true;
+}
+
+/** An action's button: a click asks for confirmation in a modal dialog saying what will happen;
+ * only "Confirm" runs `act` (an async call); its outcome, or the server's sentence, is said in
+ * `#action-result`, then `done` runs (a redraw). */
+export function actionButton(label, sentence, act, done) {
+  return h("button", { type: "button", class: "action", "data-action": label.toLowerCase(),
+    onclick: () => confirmThen(sentence, act, done) }, label);
+}
+
+function confirmThen(sentence, act, done) {
+  const dialog = document.getElementById("confirm");
+  document.getElementById("confirm-text").textContent = sentence;
+  const yes = document.getElementById("confirm-yes");
+  const no = document.getElementById("confirm-no");
+  const result = document.getElementById("action-result");
+  const close = () => { yes.onclick = null; no.onclick = null; dialog.close(); };
+  no.onclick = () => close();
+  yes.onclick = async () => {
+    close();
+    result.textContent = "Working…";
+    result.classList.remove("error");
+    try {
+      await act();
+      result.textContent = "Done: " + sentence.replace(/\?$/, ".");
+    } catch (err) {
+      result.textContent = err.message || String(err);
+      result.classList.add("error");
+    }
+    if (done) done();
+  };
+  dialog.showModal();
+  no.focus();
 }

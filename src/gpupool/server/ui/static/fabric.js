@@ -37,7 +37,7 @@ const pct = (v) => `${Math.round(v * 100)} %`;
 const gbps = (v) => `${Math.round(v * 10) / 10} Gb/s`;
 const short = (name) => (name.length > 17 ? "…" + name.slice(-16) : name);
 
-export function mount(root) {
+export function mount(root, ctx) {
   const state = { workload: "", notableOnly: null };
   const gangSelect = h("select", { id: "fabric-gang", onchange: () => { state.workload = gangSelect.value; rerun(); } });
   const notable = h("input", { id: "fabric-notable", type: "checkbox",
@@ -103,16 +103,22 @@ export function mount(root) {
     redrawTable();
   }
 
+  let none = ctx && ctx.me && !ctx.me.fabric ? "This pool runs without a fabric; start it with "
+    + "`gpupool up --fabric FILE` (ibnetdiscover output or a `gpupool fabric generate` file)." : "";
   async function load() {
+    if (none) { // a pool without a fabric: said once, never asked again every second
+      body.hidden = true;
+      absent.hidden = false;
+      absent.textContent = none;
+      return;
+    }
     let fabric;
     try {
       fabric = await get("fabric", { workload: state.workload || null });
     } catch (err) {
       if (err instanceof ApiError && err.status === 409) {
-        body.hidden = true;
-        absent.hidden = false;
-        absent.textContent = err.message;
-        return;
+        none = err.message;
+        return load();
       }
       if (err instanceof ApiError && err.status === 404 && state.workload) { state.workload = ""; return; }
       throw err;

@@ -56,6 +56,8 @@ function show(path) {
     if (a.dataset.page === page) a.setAttribute("aria-current", "page");
     else a.removeAttribute("aria-current");
   }
+  const said = $("action-result"); // what the last action did, said on the page it was taken from
+  if (said) said.textContent = "";
   const root = replace($("view"));
   document.title = view.title(arg) + " · gpupool";
   refresh = view.mount(root, { me, arg });
@@ -68,9 +70,11 @@ function navigate(path) {
   $("main").focus();
 }
 
-function loggedIn(who) {
-  me = who;
+function loggedIn(who, pool) {
+  me = { ...who, fabric: Boolean(pool && pool.fabric) };
   $("login").hidden = true;
+  // the Fabric tab only where the pool knows a fabric: a pool without one has nothing to show there
+  document.querySelector("#nav a[data-page=fabric]").hidden = !me.fabric;
   $("nav").hidden = false;
   $("logout").hidden = false;
   $("who").textContent = who.admin ? "admin" : "tenant " + who.tenant;
@@ -95,7 +99,8 @@ function logout(message) {
 async function login(token) {
   session.set(token);
   try {
-    loggedIn(await get("whoami"));
+    const who = await get("whoami");
+    loggedIn(who, await get("pool"));
   } catch (err) {
     logout(err instanceof ApiError && err.status ? err.message : "The server does not answer; try again.");
   }

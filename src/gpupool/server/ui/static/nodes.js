@@ -3,8 +3,8 @@
 // Each device's `held` slices come with GET /nodes (a tenant's token gets only its own there), so
 // no workload listing is read; an unchanged listing (304 on its ETag) is not drawn again.
 
-import { getKept } from "./api.js";
-import { bar, h, mib, replace, tenantClass, update } from "./dom.js";
+import { getKept, post } from "./api.js";
+import { actionButton, bar, h, mib, replace, tenantClass, update } from "./dom.js";
 
 const PAGE_NODES = 100;
 
@@ -66,11 +66,32 @@ function nodeCard(node, holders, admin) {
   if (node.injected_fault) badges.push(h("span", { class: "badge state-unhealthy" }, "fault injected"));
   return [
     h("h2", {}, node.name, " ", badges),
+    admin ? nodeActions(node) : "",
     h("p", { class: "hostline" }, `cpu ${(node.allocated_cpu_milli / 1000).toFixed(1)} of ${(node.cpu_milli / 1000).toFixed(0)} cores · `
       + `memory ${mib(node.allocated_memory_mib)} of ${mib(node.memory_mib)}`),
     h("ul", { class: "devices", "aria-label": `Devices of ${node.name}` },
       node.devices.map((d, i) => device(node, d, holders[i], admin))),
   ];
+}
+
+/** The admin's actions on a node, each behind a confirmation (a tenant's page shows none, and the
+ * server refuses them to a tenant's token). */
+function nodeActions(node) {
+  const name = encodeURIComponent(node.name);
+  const buttons = [];
+  if (!node.draining) {
+    buttons.push(actionButton("Drain", `Drain ${node.name}? No new work is placed there; the work running there finishes.`,
+      () => post(`nodes/${name}/drain`)));
+  }
+  if (node.cordoned || node.draining) {
+    buttons.push(actionButton("Uncordon", `Uncordon ${node.name} so new work is placed there again?`,
+      () => post(`nodes/${name}/uncordon`)));
+  }
+  if (node.injected_fault || node.unhealthy_devices.length) {
+    buttons.push(actionButton("Heal", `Heal ${node.name}: clear every fault injected into it and its devices?`,
+      () => post(`nodes/${name}/heal`)));
+  }
+  return h("p", { class: "actions", "aria-label": `Actions on ${node.name}` }, buttons);
 }
 
 function device(node, d, slices, admin) {

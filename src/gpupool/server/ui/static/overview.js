@@ -1,13 +1,12 @@
-// Overview: what the pool holds now (by model, by tenant), how that moved during this session,
-// the work that waits, with the reason the scheduler gave, and the cost so far this period.
+// Overview: what the pool holds now (by model, by tenant), how that moved over the last hour, day
+// or week (history.js, from the store), the work that waits, with the reason the scheduler gave,
+// and the cost so far this period.
 
 import { get } from "./api.js";
 import { bar, gpus, h, link, replace, table, tenantClass, update, when } from "./dom.js";
-import { lineChart } from "./chart.js";
+import { mountHistory } from "./history.js";
 import { num } from "./usage.js";
 
-const HISTORY_POINTS = 400;
-const history = []; // [{ at, total, byTenant: {t: gpus} }] kept for this tab's session
 const COST_EVERY_MS = 10000; // metering costs the server more than the other routes: as on the usage page
 let cost = { at: 0, who: "", since: 0, usage: null }; // the last cost asked, kept across visits of the page
 
@@ -28,6 +27,7 @@ export function mount(root, ctx) {
   const pending = h("section", { "aria-labelledby": "h-pending" });
   root.append(h("h1", {}, "Overview"), cards,
     h("div", { class: "two" }, models, tenants), chart, pending);
+  const drawHistory = mountHistory(chart, ctx.me);
 
   return async () => {
     // both asked at once; the totals are drawn as soon as /pool answers, the pending table after
@@ -43,7 +43,6 @@ export function mount(root, ctx) {
       costing.catch(() => {});
     }
     const pool = await get("pool");
-    record(pool);
     drawCards(cards, pool);
     cards.appendChild(costCard);
     if (!costing) drawCost(costCard, cost.usage, ctx.me.admin);
@@ -62,20 +61,13 @@ export function mount(root, ctx) {
         h("span", {}, h("span", { class: "swatch " + tenantClass(t.tenant), "aria-hidden": "true" }), t.tenant),
         gpus(t.allocated_gpus), String(t.running), String(t.pending),
       ]), "no workloads yet")]);
-    drawHistory(chart);
+    await drawHistory();
     update(pending, await waiting, drawPending);
     if (costing) { // last, so a slow metering query holds back nothing else
       cost.usage = await costing;
       drawCost(costCard, cost.usage, ctx.me.admin);
     }
   };
-}
-
-function record(pool) {
-  const byTenant = {};
-  for (const t of pool.by_tenant) byTenant[t.tenant] = t.allocated_gpus;
-  history.push({ at: Date.now() / 1000, total: pool.allocated_gpus, capacity: pool.capacity_gpus, byTenant });
-  if (history.length > HISTORY_POINTS) history.splice(0, history.length - HISTORY_POINTS);
 }
 
 function drawCost(el, usage, admin) {
@@ -98,18 +90,6 @@ function drawCards(cards, pool) {
     card("pending", String(w.pending || 0), "c-pending"),
     card("succeeded", String(w.succeeded || 0), "c-succeeded"),
     card("failed", String(w.failed || 0), "c-failed"));
-}
-
-function drawHistory(section) {
-  const names = new Set();
-  for (const point of history) for (const t of Object.keys(point.byTenant)) names.add(t);
-  const series = [{ name: "all", cls: "total", values: history.map((p) => [p.at, p.total]) }];
-  for (const t of [...names].sort()) {
-    series.push({ name: t, cls: tenantClass(t), values: history.map((p) => [p.at, p.byTenant[t] || 0]) });
-  }
-  const capacity = history.length ? history[history.length - 1].capacity : 0;
-  replace(section, h("h2", { id: "h-history" }, "Devices allocated during this session"),
-    lineChart(series, Math.max(capacity, 1), "Devices allocated over time, total and by tenant, since this page opened"));
 }
 
 function drawPending(page) {

@@ -1,8 +1,8 @@
 // One workload: its state and why, its pods and where they run (placement), its events and the
 // tail of its log, followed as it grows.
 
-import { get } from "./api.js";
-import { h, link, mib, replace, statusBadge, table, update, when } from "./dom.js";
+import { get, post } from "./api.js";
+import { actionButton, h, link, mib, replace, statusBadge, table, update, when } from "./dom.js";
 
 const TAIL_CHARS = 64 * 1024;
 
@@ -28,7 +28,7 @@ export function mount(root, ctx) {
   return async () => {
     const [w, evs] = await Promise.all([get("workloads/" + encodeURIComponent(id)),
       get(`workloads/${encodeURIComponent(id)}/events`)]);
-    update(head, w, () => summary(w));
+    update(head, w, () => summary(w, ctx.me));
     update(pods, w.pods, () => [h("h2", { id: "h-pods" }, "Pods and placement"), table("Pods of this workload",
       ["Rank", "Pod", "Status", "Node", "Device slices", "Host cpu / memory", "Exit", "Message"],
       w.pods.map((p) => [String(p.rank), p.name || p.id, statusBadge(p.status),
@@ -67,10 +67,33 @@ export function mount(root, ctx) {
   }
 }
 
-function summary(w) {
+/** The actions its state allows, each behind a confirmation (the page shows a tenant only its own
+ * work, so a tenant's token gets the actions on its own work only; the server checks every call). */
+export function actions(w, me) {
+  const id = encodeURIComponent(w.id);
+  const who = w.name ? `${w.name} (${w.id})` : w.id;
+  const buttons = [];
+  if (w.status === "pending" && !w.held) {
+    buttons.push(actionButton("Hold", `Hold ${who} so it is not placed until released?`, () => post(`workloads/${id}/hold`)));
+  }
+  if (w.status === "pending" && w.held && (me.admin || w.held !== "admin")) {
+    buttons.push(actionButton("Release", `Release ${who} so it can be placed?`, () => post(`workloads/${id}/release`)));
+  }
+  if (w.status === "admitted" || w.status === "running") {
+    buttons.push(actionButton("Requeue", `Stop ${who}'s pods and send it back to pending?`, () => post(`workloads/${id}/requeue`)));
+  }
+  if (!["succeeded", "failed", "cancelled"].includes(w.status)) {
+    buttons.push(actionButton("Cancel", `Cancel ${who}? Its pods are stopped and it will not run again.`, () => post(`workloads/${id}/cancel`)));
+  }
+  return buttons.length ? h("p", { class: "actions", "aria-label": "Actions" }, buttons) : "";
+}
+
+function summary(w, me) {
   const row = (term, value) => [h("dt", {}, term), h("dd", {}, value)];
   return [
-    h("h1", {}, w.name ? `${w.name} ` : "", h("span", { class: "id" }, w.id), " ", statusBadge(w.status)),
+    h("h1", {}, w.name ? `${w.name} ` : "", h("span", { class: "id" }, w.id), " ", statusBadge(w.status),
+      w.held ? h("span", { class: "badge", id: "wl-held" }, `held by the ${w.held}`) : ""),
+    actions(w, me),
     h("dl", { class: "facts" },
       row("Why", h("span", { id: "wl-reason" }, w.reason_text || w.reason || "")),
       w.reason_hint ? row("What to do", w.reason_hint) : "",
