@@ -93,6 +93,8 @@ class SubmitFields(TypedDict, total=False):
     topology: str
     dependency: str
     kill_on_invalid_dep: bool
+    launcher: str
+    """'none' or 'torchrun' (`submit --launcher`)."""
 
 
 class Client:

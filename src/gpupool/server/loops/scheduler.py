@@ -47,7 +47,7 @@ from gpupool.core.scheduling.cycle import (
     unhandled,
 )
 from gpupool.core.scheduling.keeper import PRUNE_SLACK, ViewKeeper
-from gpupool.pods import PodLaunch
+from gpupool.pods import PodLaunch, nproc_per_node, torchrun_command
 from gpupool.server.loops.fabric_view import FabricKeeper
 from gpupool.server.loops.launches import LaunchWorkers
 from gpupool.server.loops.snapshot import MAX_PENDING_PER_CYCLE, StoreView, WorkloadCache, load
@@ -702,8 +702,13 @@ class Scheduler:
         if spec["command"][-2:] == ["-m", "gpupool.remote.worker"]:  # a function's worker pod: the API's
             from gpupool.server.services import calls  # URL and its call token (services/calls.py)
             env.update(calls.pod_env(self.rt, pod_id))
+        command = tuple(spec["command"])
+        if spec.get("launcher") == "torchrun":  # `submit --launcher torchrun`: each pod one torch node
+            command = torchrun_command(command, nnodes=world, node_rank=rank, nproc=nproc_per_node(slices),
+                                       master_addr=gang.master_addr if gang else "127.0.0.1",
+                                       master_port=gang.master_port if gang else 0)
         return PodLaunch(
-            pod_id=pod_id, workload_id=row.id, node=node, command=tuple(spec["command"]),
+            pod_id=pod_id, workload_id=row.id, node=node, command=command,
             slices=slices, cpu_milli=cpu_milli, memory_mib=memory_mib, env=env,
             workdir=str(spec.get("workdir", "")), rank=rank, world_size=world, tenant=row.tenant,
             unix_user=unix_user, separate_stderr=bool(spec.get("separate_stderr", False)),
