@@ -394,3 +394,10 @@ class LogsOut(Strict):
     complete: bool = Field(description="true when the workload is finished and every byte was sent")
     combined: bool = Field(True, description="stdout holds stderr too, in the order written (the "
                            "default); false when the workload was submitted with separate_stderr")
+    # ---- attempts (`logs --attempt N`, `--all-attempts`)
+    attempt: int = Field(0, description="the attempt this text is from (0: no pod of it started yet)")
+    attempts: list[int] = Field(default_factory=list, description=(
+        "every attempt that has a pod of this rank, oldest first; each keeps its own log"))
+    parts: list[LogsOut] = Field(default_factory=list, description=(
+        "with all_attempts: each attempt's log from its start, oldest first (the newest 16; read "
+        "the others, or more of one, with attempt=N and its offset)"))

@@ -20,6 +20,7 @@ from gpupool.server.fastpath import SubmitFastPath
 from gpupool.server.loops.control import ControlLoop
 from gpupool.server.metrics import Metrics, RequestTimer
 from gpupool.server.routers import audit, calls, config, health, nodes, session, tenants, usage, workloads
+from gpupool.server.routers import events as event_routes
 from gpupool.server.routers import fabric as fabric_routes
 from gpupool.server.runtime import Runtime
 from gpupool.server.services import node_faults
@@ -60,11 +61,13 @@ def create_app(rt: Runtime, *, run_loop: bool = True) -> FastAPI:
     app.state.metrics = metrics
     app.state.loop = loop
     app.state.submit_writer = writer
+    app.state.stopping = lambda: False  # the server that serves the app sets its own (event streams end)
     http_errors.install(app)
     too_large: dict[int | str, dict[str, Any]] = {
         413: {"model": ErrorBody, "description": "the request body is larger than the pool's limit"}}
     for router in (health.router, workloads.router, nodes.router, tenants.router, audit.router,
-                   config.router, session.router, usage.router, calls.router, fabric_routes.router):
+                   config.router, session.router, usage.router, calls.router, fabric_routes.router,
+                   event_routes.router):
         app.include_router(router, prefix=API_PREFIX, responses=dict(too_large))
     app.include_router(health.router, include_in_schema=False)  # /health at the root too
     apidocs.install(app, f"{API_PREFIX}/openapi.json")
