@@ -45,7 +45,8 @@ class PodLaunch:
     world_size: int = 1
     local_rank: int = 0
     local_world_size: int = 1
-    """How many pods of the gang run on this pod's node (LOCAL_WORLD_SIZE)."""
+    """How many pods of the gang run on this pod's node (each pod is its own torch node, so the
+    pod's LOCAL_WORLD_SIZE is its own process count, not this; see agent/isolation.gang_env)."""
     master_addr: str = "127.0.0.1"
     """Where the gang meets (`Provider.gang_address`): the rank-0 pod's own address where pods have
     network namespaces, else its node's."""
