@@ -14,13 +14,16 @@ from starlette.concurrency import run_in_threadpool
 from gpupool.api.common import ErrorBody
 from gpupool.errors import InvalidInput
 from gpupool.server.deps import Rt, Who
+from gpupool.server.runtime import Runtime
 from gpupool.server.services import event_stream as service
+from gpupool.server.services.event_tail import EventTail
 
 router = APIRouter(prefix="/events", tags=["events"], responses={
     401: {"model": ErrorBody}, 404: {"model": ErrorBody}, 422: {"model": ErrorBody}})
 
 POLL_S = 0.1
-"""How often a following stream looks for new events: one short indexed read per stream."""
+"""How often a following stream looks for new events; the server's streams share one read of the
+table per interval (services/event_tail.py)."""
 
 
 async def _filter(
@@ -50,6 +53,14 @@ async def _resume(
                            "of the last event received.") from None
 
 
+def _tail(request: Request, rt: Runtime) -> EventTail:
+    """The server's one tail of new events, which its following streams share."""
+    tail: EventTail | None = getattr(request.app.state, "event_tail", None)
+    if tail is None:
+        tail = request.app.state.event_tail = EventTail(rt, max_age_s=POLL_S)
+    return tail
+
+
 @router.get("/stream", response_class=EventSourceResponse)
 async def stream(
     request: Request, rt: Rt,
@@ -67,13 +78,18 @@ async def stream(
     stopping: Callable[[], bool] = request.app.state.stopping
     cursor = service.Cursor(done=start)
     yield ServerSentEvent(id=str(start), comment="start")  # where a reconnect resumes before any event
+    tail = _tail(request, rt) if follow else None
     while not stopping():  # the server's shutdown ends every stream within POLL_S
         before = cursor.done
-        events, present = await run_in_threadpool(service.read_after, rt, wanted, cursor.done)
-        for event in cursor.take(events, present, time.time()):
+        if tail is not None:
+            await tail.refresh()
+        page = tail.page(wanted, cursor.done) if tail is not None else None
+        if page is None:  # a backlog (or a finite stream): from the table itself
+            page = await run_in_threadpool(service.read_after, rt, wanted, cursor.done)
+        for event in cursor.take(page, time.time()):
             yield ServerSentEvent(id=str(event.id), event=event.to_status or "event",
                                   raw_data=event.model_dump_json())
-        if len(events) == service.PAGE and cursor.done > before:
+        if len(page.events) == service.PAGE and cursor.done > before:
             continue  # more stored: no wait
         if not follow and not cursor.gaps:
             return

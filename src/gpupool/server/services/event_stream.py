@@ -14,6 +14,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from sqlalchemy import select
+from sqlalchemy.orm import Session
 
 from gpupool.api.workloads import EventOut
 from gpupool.errors import InvalidInput, NotFound
@@ -25,6 +26,8 @@ from gpupool.server.services.converters import event_row_to_out
 PAGE = 500
 """Events one read returns at most: what a slow client can make the server hold per stream."""
 MAX_WORKLOADS = 100
+SCAN = 50_000
+"""The most ids one read looks across (a stream far behind catches up window by window)."""
 GAP_WAIT_S = 5.0
 """How long an id below the newest one seen may stay missing (a transaction not yet committed)
 before the stream steps past it (a rolled-back insert never fills its id)."""
@@ -57,7 +60,7 @@ def stream_filter(rt: Runtime, who: Principal, tenant: str | None,
             raise NotFound(f"No tenant {tenant!r}; list them with `gpupool tenant ls`.", tenant=tenant)
         if ids:
             found = dict(session.execute(select(WorkloadRow.id, WorkloadRow.tenant)
-                                         .where(WorkloadRow.id.in_(ids))).tuples().all())
+                                         .where(WorkloadRow.id.in_(ids))).all())
             for workload_id in ids:
                 if workload_id not in found or (tenant is not None and found[workload_id] != tenant):
                     raise NotFound(f"No workload {workload_id!r}; list yours with `gpupool ls`.",
@@ -65,11 +68,20 @@ def stream_filter(rt: Runtime, who: Principal, tenant: str | None,
     return StreamFilter(tenant=tenant, workload_ids=ids)
 
 
-def read_after(rt: Runtime, wanted: StreamFilter, after_id: int, limit: int = PAGE
-               ) -> tuple[list[EventOut], set[int] | None]:
-    """The next events after `after_id` that `wanted` shows, oldest first, at most `limit`; and
-    every id stored (whoever's) from after_id to the last one returned, where commits may become
-    visible out of id order (None on SQLite, whose writes commit one at a time, in id order)."""
+@dataclass(frozen=True, slots=True)
+class Page:
+    """One read of the events table after a stream's cursor: the events it shows, the highest id
+    the read looked at (`scanned_to`), and, where commits may become visible out of id order
+    (PostgreSQL), every id stored up to there, whoever's (`present`; None on SQLite, whose writes
+    commit one at a time, in id order)."""
+
+    events: list[EventOut]
+    scanned_to: int
+    present: frozenset[int] | None = None
+
+
+def read_after(rt: Runtime, wanted: StreamFilter, after_id: int, limit: int = PAGE) -> Page:
+    """The next events after `after_id` that `wanted` shows, oldest first, at most `limit`."""
     query = select(EventRow).where(EventRow.id > after_id).order_by(EventRow.id).limit(limit)
     if wanted.workload_ids:
         query = query.where(EventRow.workload_id.in_(wanted.workload_ids))
@@ -77,12 +89,34 @@ def read_after(rt: Runtime, wanted: StreamFilter, after_id: int, limit: int = PA
         query = query.join(WorkloadRow, WorkloadRow.id == EventRow.workload_id).where(
             WorkloadRow.tenant == wanted.tenant)
     with rt.store.read() as session:
-        events = [event_row_to_out(row) for row in session.scalars(query)]
-        if not events or session.get_bind().dialect.name == "sqlite":
-            return events, None
-        present = set(session.scalars(select(EventRow.id).where(EventRow.id > after_id,
-                                                                EventRow.id <= events[-1].id)))
-    return events, present
+        newest, present = _bounds(session, after_id)
+        events = [event_row_to_out(row) for row in session.scalars(query.where(EventRow.id <= newest))]
+    return Page(events, events[-1].id if len(events) == limit else newest, present)
+
+
+def read_all_after(rt: Runtime, after_id: int, limit: int = PAGE) -> tuple[Page, list[str]]:
+    """Every tenant's next events after `after_id`, and each one's tenant."""
+    query = (select(EventRow, WorkloadRow.tenant).join(WorkloadRow, WorkloadRow.id == EventRow.workload_id)
+             .where(EventRow.id > after_id).order_by(EventRow.id).limit(limit))
+    with rt.store.read() as session:
+        newest, present = _bounds(session, after_id)
+        rows = session.execute(query.where(EventRow.id <= newest)).all()
+    events = [event_row_to_out(row) for row, _ in rows]
+    page = Page(events, events[-1].id if len(events) == limit else newest, present)
+    return page, [str(tenant) for _, tenant in rows]
+
+
+def _bounds(session: Session, after_id: int) -> tuple[int, frozenset[int] | None]:
+    """The newest id stored (at most SCAN past `after_id`), and (where ids may show out of order)
+    every id stored after `after_id` up to it: read before the events, so an event committed in
+    between is either read (and delivered) or not yet present (a gap, waited for), never taken for
+    another stream's."""
+    newest = int(session.scalar(select(EventRow.id).order_by(EventRow.id.desc()).limit(1)) or 0)
+    newest = min(newest, after_id + SCAN)
+    if session.get_bind().dialect.name == "sqlite" or newest <= after_id:
+        return max(newest, after_id), None
+    present = session.scalars(select(EventRow.id).where(EventRow.id > after_id, EventRow.id <= newest))
+    return newest, frozenset(present)
 
 
 def newest_id(rt: Runtime) -> int:
@@ -101,22 +135,20 @@ class Cursor:
     sent: set[int] = field(default_factory=set)
     gaps: dict[int, float] = field(default_factory=dict)
 
-    def take(self, events: list[EventOut], present: set[int] | None, now_s: float) -> list[EventOut]:
-        """The events of a page (read after `done`) not delivered yet, marked delivered. `present`:
-        every id stored in the page's range (None: ids become visible in order, so there are no
-        gaps). `done` moves past each id delivered, or stored but not this stream's, or missing
-        for longer than GAP_WAIT_S."""
-        fresh = [e for e in events if e.id > self.done and e.id not in self.sent]
+    def take(self, page: Page, now_s: float) -> list[EventOut]:
+        """The events of a page (read after `done`) not delivered yet, marked delivered; `done`
+        moves past each id delivered, or stored but not this stream's, or missing (not committed
+        yet, or never) for longer than GAP_WAIT_S."""
+        fresh = [e for e in page.events if e.id > self.done and e.id not in self.sent]
         self.sent.update(e.id for e in fresh)
-        if present is None:
-            self.done = max([self.done, *(e.id for e in events)])
+        if page.present is None:  # ids show in order: everything up to scanned_to was seen
+            self.done = max(self.done, page.scanned_to)
             self.sent.clear()
             return fresh
-        top = max((e.id for e in events), default=self.done)
-        for number in range(self.done + 1, top):
-            if number in present:
-                self.sent.add(number)  # another stream's event: nothing to wait for
-            else:
+        for number in range(self.done + 1, page.scanned_to + 1):
+            if number in page.present:
+                self.sent.add(number)  # delivered, or another stream's: nothing to wait for
+            elif number not in self.sent:
                 self.gaps.setdefault(number, now_s)
         while True:
             following = self.done + 1
