@@ -125,12 +125,15 @@ def main() -> None:
     def median(rows: list[dict[str, object]], key: str) -> float:
         return float(statistics.median(float(r[key]) for r in rows))  # type: ignore[arg-type]
 
-    summary = {
+    summary: dict[str, object] = {
         "jobs_per_s_ratio": round(median(followed, "jobs_per_s") / median(anchor, "jobs_per_s"), 3),
         "server_cpu_per_job_ratio": round(median(followed, "server_cpu_ms_per_job")
                                           / median(anchor, "server_cpu_ms_per_job"), 3),
         "latency_p50_ms": median(followed, "latency_p50_ms"),
         "latency_p99_ms": median(followed, "latency_p99_ms"),
+        "server_cpu_ms_per_job": median(followed, "server_cpu_ms_per_job"),
+        "missing": sum(int(r["missing"]) for r in followed),  # type: ignore[call-overload]
+        "duplicated": sum(int(r["duplicated"]) for r in followed),  # type: ignore[call-overload]
     }
     table = Table(title=f"{opts.jobs} x `true` at 0.25 GPU, 1 simulated 8-GPU node: {opts.clients} "
                         "events -f followers against none, alternating")
@@ -148,7 +151,7 @@ def main() -> None:
     print(f"with followers / without (medians): jobs/s x{summary['jobs_per_s_ratio']}, server CPU per job "
           f"x{summary['server_cpu_per_job_ratio']}; delivery p50 {summary['latency_p50_ms']} ms, "
           f"p99 {summary['latency_p99_ms']} ms")
-    print(f"JSON: {write_json(opts.json, 'events_stream', {'summary': summary, 'rounds': rounds})}")
+    print(f"JSON: {write_json(opts.json, 'events_stream', {**summary, 'rounds': rounds})}")
 
 
 if __name__ == "__main__":
