@@ -8,7 +8,7 @@ from typing import Annotated
 
 import anyio
 from fastapi import APIRouter, Depends, Header, Query, Request
-from fastapi.sse import EventSourceResponse, ServerSentEvent
+from fastapi.responses import StreamingResponse
 from starlette.concurrency import run_in_threadpool
 
 from gpupool.api.common import ErrorBody
@@ -21,6 +21,7 @@ from gpupool.server.services.event_tail import EventTail
 router = APIRouter(prefix="/events", tags=["events"], responses={
     401: {"model": ErrorBody}, 404: {"model": ErrorBody}, 422: {"model": ErrorBody}})
 
+KEEPALIVE_S = 15.0
 POLL_S = 0.1
 """How often a following stream looks for new events; the server's streams share one read of the
 table per interval (services/event_tail.py)."""
@@ -61,7 +62,9 @@ def _tail(request: Request, rt: Runtime) -> EventTail:
     return tail
 
 
-@router.get("/stream", response_class=EventSourceResponse)
+@router.get("/stream", response_class=StreamingResponse,
+            responses={200: {"content": {"text/event-stream": {}}, "description": (
+                "server-sent events: id (the event's), event (its new status), data (the event)")}})
 async def stream(
     request: Request, rt: Rt,
     wanted: Annotated[service.StreamFilter, Depends(_filter)],
@@ -69,16 +72,25 @@ async def stream(
     follow: Annotated[bool, Query(description=(
         "keep the stream open and send new events as they are stored; false: end after those stored "
         "now"))] = False,
-) -> AsyncIterator[ServerSentEvent]:
+) -> StreamingResponse:
     """Workload events as server-sent events, oldest first: `id` is the event's id, `event` its new
     status, `data` the event (as `GET /workloads/{id}/events` gives it). A tenant token sees only
     its tenant's events. Reconnect with Last-Event-ID to resume without a gap or a repeat."""
     if start is None:
         start = await run_in_threadpool(service.newest_id, rt) if follow else 0
-    stopping: Callable[[], bool] = request.app.state.stopping
-    cursor = service.Cursor(done=start)
-    yield ServerSentEvent(id=str(start), comment="start")  # where a reconnect resumes before any event
     tail = _tail(request, rt) if follow else None
+    body = _events(rt, wanted, start, tail, request.app.state.stopping)
+    return StreamingResponse(body, media_type="text/event-stream",
+                             headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+
+
+async def _events(rt: Runtime, wanted: service.StreamFilter, start: int, tail: EventTail | None,
+                  stopping: Callable[[], bool]) -> AsyncIterator[bytes]:
+    """The stream's bytes: each page's new events in one chunk (one send, however many events),
+    a keep-alive comment after KEEPALIVE_S of silence; ends with a finite stream or the server."""
+    cursor = service.Cursor(done=start)
+    yield f": start\nid: {start}\n\n".encode()  # where a reconnect resumes before any event
+    quiet_since = time.monotonic()
     while not stopping():  # the server's shutdown ends every stream within POLL_S
         before = cursor.done
         if tail is not None:
@@ -86,11 +98,15 @@ async def stream(
         page = tail.page(wanted, cursor.done) if tail is not None else None
         if page is None:  # a backlog (or a finite stream): from the table itself
             page = await run_in_threadpool(service.read_after, rt, wanted, cursor.done)
-        for event in cursor.take(page, time.time()):
-            yield ServerSentEvent(id=str(event.id), event=event.to_status or "event",
-                                  raw_data=event.model_dump_json())
+        fresh = cursor.take(page, time.time())
+        if fresh:
+            yield b"".join(tail.encoded(e) if tail is not None else service.encode(e) for e in fresh)
+            quiet_since = time.monotonic()
+        elif time.monotonic() - quiet_since >= KEEPALIVE_S:
+            yield b": keep-alive\n\n"  # proxies keep the connection; a gone client is noticed
+            quiet_since = time.monotonic()
         if len(page.events) == service.PAGE and cursor.done > before:
             continue  # more stored: no wait
-        if not follow and not cursor.gaps:
+        if tail is None and not cursor.gaps:
             return
         await anyio.sleep(POLL_S)

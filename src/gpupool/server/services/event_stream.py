@@ -119,6 +119,12 @@ def _bounds(session: Session, after_id: int) -> tuple[int, frozenset[int] | None
     return newest, frozenset(present)
 
 
+def encode(event: EventOut) -> bytes:
+    """One event as a server-sent event: its id, its new status as the type, the event as data."""
+    return (f"id: {event.id}\nevent: {event.to_status or 'event'}\ndata: {event.model_dump_json()}\n\n"
+            .encode())
+
+
 def newest_id(rt: Runtime) -> int:
     """The largest event id stored now (0 when none): where a stream that asks for no backlog starts."""
     with rt.store.read() as session:

@@ -25,6 +25,7 @@ from gpupool.server.services.event_stream import (
     Cursor,
     Page,
     StreamFilter,
+    encode,
     newest_id,
     read_all_after,
 )
@@ -59,6 +60,7 @@ class EventTail:
         on by the tail's cursor, as a stream's own would have)."""
         self._ids: list[int] = []
         self._held: dict[int, tuple[EventOut, str]] = {}
+        self._encoded: dict[int, bytes] = {}
         self._ordered = True
         self._scanned_to = 0
 
@@ -101,7 +103,17 @@ class EventTail:
         while len(self._ids) > RECENT:
             oldest = self._ids.pop(0)
             del self._held[oldest]
+            self._encoded.pop(oldest, None)
             self._base = oldest
+
+    def encoded(self, event: EventOut) -> bytes:
+        """The event as a server-sent event, encoded once for every stream that sends it."""
+        block = self._encoded.get(event.id)
+        if block is None:
+            block = encode(event)
+            if event.id in self._held:
+                self._encoded[event.id] = block
+        return block
 
     def page(self, wanted: StreamFilter, after_id: int) -> Page | None:
         """What `event_stream.read_after(wanted, after_id)` would give as of the last refresh, or
