@@ -21,9 +21,10 @@ from gpupool.server.services.event_stream import StreamFilter
 ADMIN = Principal("admin", None)
 
 
-def test_a_page_from_the_tail_is_the_tables_page_for_every_filter(tmp_path: Path,
+def test_a_page_from_the_tail_is_the_tables_page_for_every_filter(tmp_path: Path, db_url: str,
                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
-    rt, _ = make_runtime(f"sqlite:///{tmp_path / 'store.sqlite'}", tmp_path,
+    """On SQLite and PostgreSQL (where a page also carries the ids present, for late commits)."""
+    rt, _ = make_runtime(db_url, tmp_path,
                          ManualProvider([node("n0", devices=8, model="H100")]))
     try:
         tenants.create_tenant(rt, ADMIN, TenantCreate(name="team-a", unix_user=None))
@@ -42,8 +43,9 @@ def test_a_page_from_the_tail_is_the_tables_page_for_every_filter(tmp_path: Path
                 from_tail = tail.page(wanted, after)
                 assert from_tail is not None
                 from_table = event_stream.read_after(rt, wanted, after)
-                assert ([e.id for e in from_tail.events], from_tail.scanned_to) == (
-                    [e.id for e in from_table.events], from_table.scanned_to), (wanted, after)
+                assert ([e.id for e in from_tail.events], from_tail.scanned_to, from_tail.present) == (
+                    [e.id for e in from_table.events], from_table.scanned_to, from_table.present), (
+                    wanted, after)
         assert len(event_stream.read_after(rt, StreamFilter("team-a"), 0).events) == 4  # 3 submits, 1 cancel
         monkeypatch.setattr(event_tail, "RECENT", 2)  # the tail keeps only the newest two
         workloads.submit(rt, ADMIN, WorkloadSpec.model_validate({"command": ["true"]}))

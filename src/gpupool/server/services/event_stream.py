@@ -113,8 +113,10 @@ def _bounds(session: Session, after_id: int) -> tuple[int, frozenset[int] | None
     another stream's."""
     newest = int(session.scalar(select(EventRow.id).order_by(EventRow.id.desc()).limit(1)) or 0)
     newest = min(newest, after_id + SCAN)
-    if session.get_bind().dialect.name == "sqlite" or newest <= after_id:
+    if session.get_bind().dialect.name == "sqlite":
         return max(newest, after_id), None
+    if newest <= after_id:
+        return after_id, frozenset()
     present = session.scalars(select(EventRow.id).where(EventRow.id > after_id, EventRow.id <= newest))
     return newest, frozenset(present)
 
