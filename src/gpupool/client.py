@@ -267,8 +267,9 @@ class Client:
         """Workload events as they are stored (`GET /events/stream`, server-sent events), oldest
         first: a tenant's own, or (admin) every tenant's or `tenant`'s, of `workload_ids` if given.
         `after`: events with a larger id (default: all stored, with `follow` only new ones). A
-        dropped connection is resumed from the last event received (Last-Event-ID, so nothing is
-        missed or repeated) for up to `reconnect_s` seconds of trying; then Unavailable."""
+        dropped connection, or a followed stream that ends (its server stopped), is resumed from
+        the last event received (Last-Event-ID, so nothing is missed or repeated) for up to
+        `reconnect_s` seconds of trying; then Unavailable."""
         params: dict[str, Any] = {"follow": "true" if follow else "false"}
         if tenant is not None:
             params["tenant"] = tenant
@@ -288,7 +289,10 @@ class Client:
                         last = event_id  # the first, without an event, says where the stream starts
                         if event is not None:
                             yield event
-                return
+                if not follow:
+                    return
+                # a followed stream ends only when its server stops: resume from the next one
+                raise httpx.RemoteProtocolError("the server ended the stream")
             except httpx.TransportError as exc:
                 now = time.monotonic()
                 failing_since = now if failing_since is None else failing_since

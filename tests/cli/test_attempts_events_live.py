@@ -210,8 +210,9 @@ def test_ls_watch_redraws_until_ctrl_c(pool: UpProcess) -> None:
     assert sum(1 for s in lines.seen if s.startswith("--- ")) >= 2  # one view per redraw
 
 
-def test_open_streams_end_when_the_server_shuts_down(tmp_path_factory: pytest.TempPathFactory) -> None:
-    server = UpProcess(tmp_path_factory.mktemp("shutdown") / "data", ["--simulate", "1x1xH100"],
+def test_streams_end_at_shutdown_and_events_f_resumes_after_a_restart_without_gap_or_repeat(
+        tmp_path_factory: pytest.TempPathFactory) -> None:
+    server = UpProcess(tmp_path_factory.mktemp("restart") / "data", ["--simulate", "1x1xH100"],
                        env={"GPUPOOL_POD_NETWORK": POD_NETWORK}).start()
     ended = threading.Event()
 
@@ -226,13 +227,34 @@ def test_open_streams_end_when_the_server_shuts_down(tmp_path_factory: pytest.Te
                 pass
         ended.set()
 
-    threading.Thread(target=follow, daemon=True).start()
+    follower = popen(server, "events", "-f", "-o", "json", "--reconnect", "120")
+    lines = Lines(follower)
     try:
-        assert not ended.wait(1.0)  # following (the stream stays open)
+        first = submit(server, "--", "true")
+        lines.until(lambda seen: any(f'"{first}"' in s and '"succeeded"' in s for s in seen))
+        threading.Thread(target=follow, daemon=True).start()
+        assert not ended.wait(0.5)  # following (the stream stays open)
         assert server.proc is not None
         proc = server.proc
         proc.send_signal(signal.SIGTERM)
-        proc.wait(timeout=30)  # uvicorn waits for open responses: a stream that never ends would hold it
+        proc.wait(timeout=30)  # uvicorn waits for open responses: a stream that never ended would hold it
         assert ended.wait(10)
+        server.start()  # the same data and port: `events -f` reconnects with the last id it received
+        second = submit(server, "--", "true")
+        lines.until(lambda seen: any(f'"{second}"' in s and '"succeeded"' in s for s in seen), timeout_s=120)
+    finally:
+        follower.send_signal(signal.SIGINT)
+        assert follower.wait(timeout=30) == 0
+        server.stop()
+    received = [json.loads(s)["id"] for s in lines.seen]
+    stored = [e["id"] for e in stream_of(server)]
+    assert received == stored[:len(received)] and len(received) >= 8  # both runs, once each, in order
+
+
+def stream_of(server: UpProcess) -> list[dict[str, object]]:
+    """What the stopped server's store holds, read by a server started on it again."""
+    server.start()
+    try:
+        return stream(server, server.token())
     finally:
         server.stop()
