@@ -49,7 +49,15 @@ def _pod_python() -> tuple[str, dict[str, str], str]:
     return python, {"PYTHONPATH": site}, ""
 
 
-PYTHON, PYTHON_ENV, MISSING = _pod_python()
+@pytest.fixture(scope="module")
+def torch_python() -> tuple[str, dict[str, str]]:
+    """The pods' Python with torch and its environment (probed once, when a test asks)."""
+    python, env, missing = _pod_python()
+    if missing:
+        pytest.skip(missing)
+    return python, env
+
+
 POD_NETWORK = "10.241.0.0/16"
 """This file's own pod network: pools on one machine must not share one."""
 ALL_REDUCE = """
@@ -81,10 +89,11 @@ def gp(pool: UpProcess, *args: str) -> subprocess.CompletedProcess[str]:
                           text=True, timeout=180, stdin=subprocess.DEVNULL)
 
 
-@pytest.mark.skipif(bool(MISSING), reason=MISSING)
-def test_a_torchrun_gang_all_reduces_across_two_pods_of_two_processes(pool: UpProcess) -> None:
+def test_a_torchrun_gang_all_reduces_across_two_pods_of_two_processes(
+        pool: UpProcess, torch_python: tuple[str, dict[str, str]]) -> None:
+    python, python_env = torch_python
     submitted = gp(pool, "submit", "--replicas", "2", "--gpus", "2", "--cpu", "0.5", "--launcher", "torchrun",
-                   *(f"--env={k}={v}" for k, v in PYTHON_ENV.items()), "--", PYTHON, "-c", ALL_REDUCE)
+                   *(f"--env={k}={v}" for k, v in python_env.items()), "--", python, "-c", ALL_REDUCE)
     assert submitted.returncode == 0, submitted.stderr
     wid = submitted.stdout.strip()
     waited = gp(pool, "wait", wid)
