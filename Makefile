@@ -24,7 +24,7 @@ venv: $(STAMP)  ## Create .venv and install gpupool with every extra and its dev
 run: $(STAMP)  ## Start the pool on the embedded defaults (SQLite, local provider)
 	$(BIN)/gpupool up
 
-test-deps:  ## Install the Debian packages the tests use (only as root; elsewhere those tests skip)
+test-deps:  ## Install the Debian packages the tests use (only as root) and a local CPU torch wheel (never downloaded); elsewhere those tests skip
 	@bash scripts/install-test-deps.sh
 
 lint: $(STAMP)  ## ruff

@@ -109,7 +109,7 @@ def pod_python() -> str:
 
 ALL_REDUCE = """
 import os, pathlib, socket, sys, time
-rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+rank, world = int(os.environ["NODE_RANK"]), int(os.environ["NNODES"])  # pods, whatever their devices
 where = (os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]))
 value = rank + 1
 if rank == 0:
@@ -140,7 +140,7 @@ else:
 print(f"rank {rank} of {world} on {os.environ['GPUPOOL_NODE']} at port {where[1]}: sum {total}", flush=True)
 """
 """A gang's real rendezvous, for `python -c ALL_REDUCE [MEET_DIR N]`: rank 0 listens on MASTER_ADDR:
-MASTER_PORT, every rank sends RANK + 1 over TCP, all print the sum; with MEET_DIR, rank 0 keeps its
+MASTER_PORT, every pod sends NODE_RANK + 1 over TCP, all print the sum; with MEET_DIR, rank 0 keeps its
 port until N gangs' rank 0 hold theirs (two gangs at once)."""
 
 

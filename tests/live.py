@@ -37,7 +37,9 @@ def live_server(data_dir: Path, provider: Provider, database_url: str = "",
     rt = Runtime(settings=settings, store=Store.open(settings.resolved_database_url), provider=provider,
                  config=config or PoolConfig())
     token = bootstrap(rt) or ""
-    server = uvicorn.Server(uvicorn.Config(create_app(rt), host="127.0.0.1", port=port, log_level="warning"))
+    app = create_app(rt)
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
+    app.state.stopping = lambda: server.should_exit  # as `gpupool up` does: event streams end with it
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
     deadline = time.monotonic() + 20

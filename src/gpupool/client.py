@@ -104,6 +104,8 @@ class SubmitFields(TypedDict, total=False):
     """"SRC:DST[:ro]" as `submit --mount` takes, or {"source", "target", "read_only"}."""
     secrets: Sequence[str | Mapping[str, Any]]
     """"NAME[:ENV_VAR | :/run/secrets/FILE]" as `submit --secret` takes, or {"name", "env", "path"}."""
+    launcher: str
+    """'none' or 'torchrun' (`submit --launcher`)."""
 
 
 class Client:
@@ -270,9 +272,55 @@ class Client:
     def events(self, workload_id: str) -> list[EventOut]:
         return self._many(EventOut, "GET", f"/workloads/{_segment(workload_id)}/events")
 
-    def logs(self, workload_id: str, *, rank: int = 0, offset: int = 0, stream: str = "stdout") -> LogsOut:
-        return self._one(LogsOut, "GET", f"/workloads/{_segment(workload_id)}/logs",
-                         params={"rank": rank, "offset": offset, "stream": stream})
+    def stream_events(self, *, tenant: str | None = None, workload_ids: Sequence[str] = (),
+                      after: int | None = None, follow: bool = True, reconnect_s: float = 0.0
+                      ) -> Iterator[EventOut]:
+        """Workload events as they are stored (`GET /events/stream`, server-sent events), oldest
+        first: a tenant's own, or (admin) every tenant's or `tenant`'s, of `workload_ids` if given.
+        `after`: events with a larger id (default: all stored, with `follow` only new ones). A
+        dropped connection, or a followed stream that ends (its server stopped), is resumed from
+        the last event received (Last-Event-ID, so nothing is missed or repeated) for up to
+        `reconnect_s` seconds of trying; then Unavailable."""
+        params: dict[str, Any] = {"follow": "true" if follow else "false"}
+        if tenant is not None:
+            params["tenant"] = tenant
+        if workload_ids:
+            params["workload"] = list(workload_ids)
+        last = after
+        failing_since: float | None = None
+        while True:
+            headers = {} if last is None else {"Last-Event-ID": str(last)}
+            try:
+                with self._http.stream("GET", "/events/stream", params=params, headers=headers,
+                                       timeout=httpx.Timeout(30.0, read=60.0)) as answer:
+                    if answer.status_code >= 400:
+                        raise error_from_answer(answer.status_code, answer.read())
+                    failing_since = None
+                    for event_id, event in _sse_events(answer.iter_lines()):
+                        last = event_id  # the first, without an event, says where the stream starts
+                        if event is not None:
+                            yield event
+                if not follow:
+                    return
+                # a followed stream ends only when its server stops: resume from the next one
+                raise httpx.RemoteProtocolError("the server ended the stream")
+            except httpx.TransportError as exc:
+                now = time.monotonic()
+                failing_since = now if failing_since is None else failing_since
+                if now - failing_since >= reconnect_s:
+                    raise _unreachable(self.url, exc) from None
+                time.sleep(min(1.0, reconnect_s / 10))
+
+    def logs(self, workload_id: str, *, rank: int = 0, offset: int = 0, stream: str = "stdout",
+             attempt: int | None = None, all_attempts: bool = False) -> LogsOut:
+        """A pod's log from `offset`: the newest attempt's, `attempt`'s, or with `all_attempts`
+        every attempt's from its start (`parts`); `attempts` lists them."""
+        params: dict[str, Any] = {"rank": rank, "offset": offset, "stream": stream}
+        if attempt is not None:
+            params["attempt"] = attempt
+        if all_attempts:
+            params["all_attempts"] = "true"
+        return self._one(LogsOut, "GET", f"/workloads/{_segment(workload_id)}/logs", params=params)
 
     def wait(self, workload_id: str, timeout_s: float | None = None, poll_s: float = 0.2) -> WorkloadOut:
         """Poll until the workload is final; raises TimeoutError after timeout_s."""
@@ -595,6 +643,22 @@ def _verify(url: str) -> ssl.SSLContext | bool:
     except ssl.SSLError as exc:
         raise InvalidInput(f"The CA bundle {bundle!r} holds no usable PEM certificate ({exc.reason or exc}); "
                            "point GPUPOOL_CA_BUNDLE at the CA's PEM certificate.") from None
+
+
+def _sse_events(lines: Iterator[str]) -> Iterator[tuple[int, EventOut | None]]:
+    """(id, event) for each block of a server-sent event stream that has an id; the event is None
+    for a block without data (the stream's start). Comments (keep-alive pings) are skipped."""
+    event_id: int | None = None
+    data = ""
+    for line in lines:
+        if line.startswith("id:"):
+            event_id = int(line[3:].strip())
+        elif line.startswith("data:"):
+            data = line[5:].strip()
+        elif not line:
+            if event_id is not None:
+                yield event_id, EventOut.model_validate_json(data) if data else None
+            event_id, data = None, ""
 
 
 def _unreachable(url: str, exc: httpx.TransportError) -> Unavailable:

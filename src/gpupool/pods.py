@@ -70,7 +70,8 @@ class PodLaunch:
     world_size: int = 1
     local_rank: int = 0
     local_world_size: int = 1
-    """How many pods of the gang run on this pod's node (LOCAL_WORLD_SIZE)."""
+    """How many pods of the gang run on this pod's node (each pod is its own torch node, so the
+    pod's LOCAL_WORLD_SIZE is its own process count, not this; see agent/isolation.gang_env)."""
     master_addr: str = "127.0.0.1"
     """Where the gang meets (`Provider.gang_address`): the rank-0 pod's own address where pods have
     network namespaces, else its node's."""
@@ -165,3 +166,35 @@ def secret_injection(secret: PodSecret) -> tuple[dict[str, str], dict[str, bytes
                              f"cannot be a variable; give it as a file under {SECRETS_DIR}")
         env[name] = text
     return env, {}
+
+
+# ---- `submit --launcher torchrun` ------------------------------------------------
+
+def nproc_per_node(slices: tuple[Slice, ...]) -> int:
+    """NPROC_PER_NODE: one process per whole device the pod holds; a pod with a fraction of one
+    device, or none, runs one."""
+    return max(1, sum(1 for piece in slices if piece.compute_milli >= 1000))
+
+
+def torchrun_command(command: tuple[str, ...], *, nnodes: int, node_rank: int, nproc: int,
+                     master_addr: str, master_port: int) -> tuple[str, ...]:
+    """`command` under torchrun (`python -m torch.distributed.run`), each pod one of its nodes.
+
+    torchrun runs in the command's own interpreter when the command starts with a Python (so the
+    torch it imports is the one the command would), else in the pod's `python3`; `--no-python`
+    makes it start the command exactly as given (`python -c ...` included) in each of its `nproc`
+    processes. A single pod (or a gang without a reserved port) meets on its own (`--standalone`)."""
+    python = command[0] if _is_python(command[0]) else "python3"
+    if nnodes > 1 and master_port:
+        meet = ["--nnodes", str(nnodes), "--node-rank", str(node_rank), "--master-addr", master_addr,
+                "--master-port", str(master_port)]
+    else:
+        meet = ["--standalone", "--nnodes", "1"]
+    return (python, "-m", "torch.distributed.run", *meet, "--nproc-per-node", str(nproc), "--no-python",
+            *command)
+
+
+def _is_python(program: str) -> bool:
+    name = program.rsplit("/", 1)[-1]
+    version = name.removeprefix("python")
+    return name.startswith("python") and all(part.isdigit() for part in version.split(".") if part)

@@ -89,8 +89,31 @@ def test_gang_environment() -> None:
     assert {k: env[k] for k in ("MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE", "RANK", "LOCAL_RANK",
                                 "NCCL_IB_HCA")} == {
         "MASTER_ADDR": "10.0.0.1", "MASTER_PORT": "29600", "WORLD_SIZE": "4", "RANK": "2",
-        "LOCAL_RANK": "1", "NCCL_IB_HCA": "=mlx5_0,mlx5_3"}
+        "LOCAL_RANK": "0", "NCCL_IB_HCA": "=mlx5_0,mlx5_3"}  # the pod sees its one device as 0
+    assert (env["NNODES"], env["NODE_RANK"], env["NPROC_PER_NODE"]) == ("4", "2", "1")
     assert "RANK" not in plan_isolation(launch(Slice(0, 1000)), H100).env
+
+
+def test_a_pod_of_several_devices_gets_pod_names_and_no_per_process_ones() -> None:
+    """Two pods of four devices are eight torch processes: calling them WORLD_SIZE 2 would lie, so
+    only the pod-level layout (torchrun's --nnodes/--node-rank/--nproc-per-node) is set."""
+    pod = launch(*(Slice(i, 1000) for i in range(4)), world_size=2, rank=1, local_rank=1, local_world_size=2,
+                 master_addr="10.0.0.1", master_port=29600)
+    env = plan_isolation(pod, H100).env
+    assert (env["NNODES"], env["NODE_RANK"], env["NPROC_PER_NODE"]) == ("2", "1", "4")
+    assert (env["MASTER_ADDR"], env["MASTER_PORT"]) == ("10.0.0.1", "29600")
+    assert not {"WORLD_SIZE", "RANK", "LOCAL_RANK", "LOCAL_WORLD_SIZE"} & set(env)
+    fractional = plan_isolation(launch(Slice(0, 250), world_size=2, rank=1), H100).env
+    assert (fractional["NPROC_PER_NODE"], fractional["WORLD_SIZE"], fractional["RANK"]) == ("1", "2", "1")
+
+
+def test_a_user_cannot_set_the_gang_layout() -> None:
+    pod = launch(Slice(0, 1000), world_size=2, rank=1, env={"NNODES": "9", "NODE_RANK": "7", "RANK": "5"})
+    env = plan_isolation(pod, H100).process_env({}, pod.env)
+    assert (env["NNODES"], env["NODE_RANK"], env["RANK"]) == ("2", "1", "1")
+    alone = launch(Slice(0, 1000))  # nor does the agent's own environment leak a layout into a pod
+    assert not {"NNODES", "NODE_RANK", "NPROC_PER_NODE"} & set(plan_isolation(alone, H100).process_env(
+        {"NNODES": "3", "NODE_RANK": "1", "NPROC_PER_NODE": "8"}, {}))
 
 
 def test_gang_environment_carries_the_local_world_and_the_fabric_settings() -> None:
@@ -98,7 +121,7 @@ def test_gang_environment_carries_the_local_world_and_the_fabric_settings() -> N
                  master_addr="10.0.0.1", master_port=29_777, ib_hcas=("mlx5_0:1",), ib_sl=3,
                  ib_pkey_index=1)
     env = plan_isolation(pod, H100).env
-    assert (env["LOCAL_WORLD_SIZE"], env["NCCL_IB_SL"], env["NCCL_IB_PKEY"]) == ("2", "3", "1")
+    assert (env["LOCAL_WORLD_SIZE"], env["NCCL_IB_SL"], env["NCCL_IB_PKEY"]) == ("1", "3", "1")
     assert env["NCCL_IB_HCA"] == "=mlx5_0:1"
     unreserved = plan_isolation(launch(Slice(0, 1000), world_size=2, rank=1), H100).env
     assert "MASTER_PORT" not in unreserved  # the server reserves it; no guessed port

@@ -76,7 +76,8 @@ def test_gang_member_environment(provider: LocalProvider) -> None:
     env = run_env(provider, PodLaunch(pod_id="r1", workload_id="w", node="box", command=DUMP_ENV,
                                       slices=(Slice(0, 1000),), world_size=2, rank=1, local_rank=1,
                                       master_addr="10.1.2.3", master_port=29501, ib_hcas=("mlx5_0",)))
-    assert (env["WORLD_SIZE"], env["RANK"], env["LOCAL_RANK"]) == ("2", "1", "1")
+    assert (env["WORLD_SIZE"], env["RANK"], env["LOCAL_RANK"]) == ("2", "1", "0")  # its device is its 0
+    assert (env["NNODES"], env["NODE_RANK"], env["NPROC_PER_NODE"]) == ("2", "1", "1")
     assert (env["MASTER_ADDR"], env["MASTER_PORT"], env["NCCL_IB_HCA"]) == ("10.1.2.3", "29501", "=mlx5_0")
     assert "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE" not in env
 

@@ -271,3 +271,24 @@ def test_with_a_fabric_nccl_uses_the_adapters_whose_cable_works(tmp_path: Path) 
         assert (first.ib_hcas, second.ib_hcas) == (("mlx5_0:1",), ("mlx5_0:1", "mlx5_1:1"))
     finally:
         pool.rt.store.close()
+
+
+def test_torchrun_launcher_wraps_each_pods_command_with_the_gangs_layout(pool: Pool) -> None:
+    gang = pool.submit(2, 1.5, command=["venv/bin/python3.11", "train.py", "--lr", "0.1"],
+                       launcher="torchrun", resources={"gpus": 2, "cpu": 1.5})
+    pool.loop.step()
+    r0, r1 = pool.launched(gang)
+    for launch in (r0, r1):
+        assert launch.command == (
+            "venv/bin/python3.11", "-m", "torch.distributed.run", "--nnodes", "2", "--node-rank",
+            str(launch.rank), "--master-addr", "10.0.0.10", "--master-port", str(r0.master_port),
+            "--nproc-per-node", "2", "--no-python", "venv/bin/python3.11", "train.py", "--lr", "0.1")
+        assert pool.env(launch)["NPROC_PER_NODE"] == "2" and "WORLD_SIZE" not in pool.env(launch)
+    alone = pool.submit(1, 0.1, command=["./train.sh"], launcher="torchrun",
+                        resources={"gpus": 0.5, "cpu": 0.1})
+    plain = pool.submit(1, 0.1, command=["python", "train.py"], resources={"cpu": 0.1})
+    pool.loop.step()
+    (single,) = pool.launched(alone)  # a script: torchrun in the pod's python3, which runs it as given
+    assert single.command == ("python3", "-m", "torch.distributed.run", "--standalone", "--nnodes", "1",
+                              "--nproc-per-node", "1", "--no-python", "./train.sh")
+    assert pool.launched(plain)[0].command == ("python", "train.py")

@@ -104,6 +104,7 @@ EXPECTED: dict[tuple[str, str], Expectation] = {
     ("POST", "/workloads/{workload_id}/requeue"): Others(),
     ("GET", "/workloads/{workload_id}/events"): Others(),
     ("GET", "/workloads/{workload_id}/logs"): Others(),
+    ("GET", "/events/stream"): Readable(probe={"tenant": "tenant", "workload": "workload_id"}),
     ("POST", "/workloads/arrays/{array_id}/cancel"): Others(),
     # Nodes and the pool
     ("GET", "/nodes"): Readable(),

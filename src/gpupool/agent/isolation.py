@@ -7,8 +7,10 @@ Layers (docs/isolation.md says what each enforces and what it cannot):
   4. host limits      - cgroup v2 cpu.max/memory.max/pids.max where a delegated tree is writable, else
                          RLIMIT_DATA; a memory bound for every pod (its request, else a default
                          share), and a per-account process limit (RLIMIT_NPROC, see process_limit);
-  5. gang environment - MASTER_ADDR/PORT, WORLD_SIZE, RANK, LOCAL_RANK, LOCAL_WORLD_SIZE and NCCL's
-                         IB variables (NCCL_IB_HCA, NCCL_IB_SL, NCCL_IB_PKEY), as the server planned them;
+  5. gang environment - MASTER_ADDR/PORT, NNODES, NODE_RANK, NPROC_PER_NODE (each pod is one torch
+                         "node"), torch's per-process WORLD_SIZE, RANK, LOCAL_RANK, LOCAL_WORLD_SIZE
+                         where one process per pod makes them true, and NCCL's IB variables
+                         (NCCL_IB_HCA, NCCL_IB_SL, NCCL_IB_PKEY), as the server planned them;
   6. network          - a network namespace per pod with nftables rules (netns.py; the agent adds
                          this layer at launch).
 """
@@ -28,7 +30,7 @@ from gpupool.agent.runner import HostLimits
 from gpupool.core.model import Device, Node, Slice
 from gpupool.core.units import MILLI
 from gpupool.errors import InvalidInput
-from gpupool.pods import PodLaunch
+from gpupool.pods import PodLaunch, nproc_per_node
 from gpupool.profiles import DeviceProfile, ProfileSet, VisibleBy, default_profiles
 
 SITECUSTOMIZE_DIR = Path(__file__).with_name("sitecustomize")
@@ -46,7 +48,7 @@ CONTROLLED_PREFIXES = ("CUDA_MPS_", "GPUPOOL_")
 CONTROLLED_VARS = frozenset({
     *VISIBLE_DEVICE_VARS, "XLA_PYTHON_CLIENT_MEM_FRACTION", "CUPY_GPU_MEMORY_LIMIT", "MASTER_ADDR",
     "MASTER_PORT", "WORLD_SIZE", "RANK", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "NCCL_IB_HCA", "NCCL_IB_SL",
-    "NCCL_IB_PKEY",
+    "NCCL_IB_PKEY", "NNODES", "NODE_RANK", "NPROC_PER_NODE",
 })
 
 
@@ -178,11 +180,23 @@ def framework_env(pairs: list[tuple[Slice, Device]],
 def gang_env(pod: PodLaunch) -> tuple[dict[str, str], LayerState]:
     """Layer 5: what torch.distributed and NCCL need to form the gang. The server reserves the
     gang's MASTER_PORT on the rank-0 node (no two gangs share one); a launch without a port (a
-    caller other than the server) gets no MASTER_PORT rather than a guessed one."""
+    caller other than the server) gets no MASTER_PORT rather than a guessed one.
+
+    Each pod is one torch "node": NNODES pods, this one NODE_RANK, NPROC_PER_NODE its whole devices
+    (torchrun's --nnodes/--node-rank/--nproc-per-node). torch's per-process names (WORLD_SIZE, RANK,
+    LOCAL_RANK, LOCAL_WORLD_SIZE) count processes, so they are set only where the pod runs one
+    process (NPROC_PER_NODE 1): there they are what torchrun would set. A pod of several devices
+    gets them from torchrun (`submit --launcher torchrun`) or from whatever starts its processes.
+    LOCAL_RANK is 0, not the pod's place among the gang's pods on its node: each pod sees only its
+    own devices, numbered from 0."""
     if pod.world_size <= 1 and not pod.ib_hcas:
         return {}, LayerState(Layer.GANG, False, "single pod")
-    env = {"MASTER_ADDR": pod.master_addr, "WORLD_SIZE": str(pod.world_size), "RANK": str(pod.rank),
-           "LOCAL_RANK": str(pod.local_rank), "LOCAL_WORLD_SIZE": str(max(1, pod.local_world_size))}
+    nproc = nproc_per_node(pod.slices)
+    env = {"MASTER_ADDR": pod.master_addr, "NNODES": str(pod.world_size), "NODE_RANK": str(pod.rank),
+           "NPROC_PER_NODE": str(nproc)}
+    if nproc == 1:
+        env |= {"WORLD_SIZE": str(pod.world_size), "RANK": str(pod.rank), "LOCAL_RANK": "0",
+                "LOCAL_WORLD_SIZE": "1"}
     if pod.master_port:
         env["MASTER_PORT"] = str(pod.master_port)
     if pod.ib_hcas:

@@ -292,6 +292,8 @@ class NodeAgent:
             raise
         if net is not None:
             env[POD_ADDRESS_ENV] = net.address
+            if pod.world_size > 1:  # gloo takes its address from the host name, which names the node's
+                env.setdefault("GLOO_SOCKET_IFNAME", "eth0")  # network, not the pod's (netns.py's eth0)
             url = self.network.pod_url(env.get("GPUPOOL_URL", ""))
             if url:
                 env["GPUPOOL_URL"] = url

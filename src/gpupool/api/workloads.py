@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from enum import StrEnum
 from typing import Annotated
 
 from pydantic import Field, field_validator, model_validator
@@ -82,6 +83,13 @@ class RendezvousSpec(Strict):
     port: int = Field(description="the MASTER_PORT reserved there for this attempt")
 
 
+class Launcher(StrEnum):
+    """What starts the command in each pod: itself (`none`), or torchrun with the gang's layout."""
+
+    NONE = "none"
+    TORCHRUN = "torchrun"
+
+
 class WorkloadSpec(Strict):
     """A workload as submitted: a command run by `replicas` pods placed all-or-nothing."""
 
@@ -135,6 +143,24 @@ class WorkloadSpec(Strict):
     kill_on_invalid_dep: bool = Field(True, description=(
         "cancel it, with the reason, when its dependency can never hold (afterok on work that failed); "
         "false keeps it pending with that reason until it is cancelled"))
+    # ---- distributed launch (docs/cli.md, "Distributed training")
+    launcher: Launcher = Field(Launcher.NONE, description=(
+        "torchrun: each pod runs `python -m torch.distributed.run --nnodes NNODES --node-rank NODE_RANK "
+        "--nproc-per-node NPROC_PER_NODE --master-addr MASTER_ADDR --master-port MASTER_PORT --no-python "
+        "COMMAND...` in the command's own Python (else the pod's python3), one process per whole device; "
+        "none: the command as given"))
+
+    @field_validator("launcher", mode="before")
+    @classmethod
+    def _launcher(cls, value: object) -> object:
+        names = [member.value for member in Launcher]
+        if isinstance(value, str) and value not in names:
+            from gpupool.errors import did_you_mean
+
+            raise ValueError(f"there is no launcher {value!r}; use one of {', '.join(names)}."
+                             f"{did_you_mean(value, names)}")
+        return value
+
     rendezvous: list[RendezvousSpec] | None = Field(None, description=(
         "set by the server when a multi-pod gang is placed (newest attempt last): the rank-0 node, its "
         "address and the port reserved there; not submitted"))
@@ -387,3 +413,10 @@ class LogsOut(Strict):
     complete: bool = Field(description="true when the workload is finished and every byte was sent")
     combined: bool = Field(True, description="stdout holds stderr too, in the order written (the "
                            "default); false when the workload was submitted with separate_stderr")
+    # ---- attempts (`logs --attempt N`, `--all-attempts`)
+    attempt: int = Field(0, description="the attempt this text is from (0: no pod of it started yet)")
+    attempts: list[int] = Field(default_factory=list, description=(
+        "every attempt that has a pod of this rank, oldest first; each keeps its own log"))
+    parts: list[LogsOut] = Field(default_factory=list, description=(
+        "with all_attempts: each attempt's log from its start, oldest first (the newest 16; read "
+        "the others, or more of one, with attempt=N and its offset)"))

@@ -11,13 +11,16 @@ from __future__ import annotations
 
 import sys
 import time
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
 from gpupool.cli._common import client, reports_errors
 from gpupool.cli._reconnect import DEFAULT_RECONNECT_S, Reconnecting, ReconnectOption
 from gpupool.cli._targets import resolve
+
+if TYPE_CHECKING:
+    from gpupool.client import Client
 
 POLL_S = 0.25
 
@@ -30,43 +33,69 @@ def logs(
     stdout: Annotated[bool, typer.Option("--stdout", help="Only its standard output (a workload "
                                          "submitted with --separate-stderr).")] = False,
     stderr: Annotated[bool, typer.Option("--stderr", help="Only its standard error (likewise).")] = False,
+    attempt: Annotated[int | None, typer.Option("--attempt", min=1, help="Which attempt (1 = the first "
+                                                "run; a requeue, retry or preemption starts the next); "
+                                                "default: the newest.")] = None,
+    all_attempts: Annotated[bool, typer.Option("--all-attempts", help="Every attempt's output, oldest "
+                                               "first, each under a '==> attempt N (POD) <==' line; -f "
+                                               "follows the newest.")] = False,
     reconnect: ReconnectOption = DEFAULT_RECONNECT_S,
 ) -> None:
     """Print the output of one pod: stdout and stderr as written (or, for a workload submitted with
-    --separate-stderr, both or one of them).
+    --separate-stderr, both or one of them), of its newest attempt unless --attempt or --all-attempts.
 
     Example: gpupool logs w-1a2b -f --rank 1
 
-    Exit codes: 0 ok, 2 bad usage or an ambiguous id prefix, 3 not found, 4 server unreachable
-    (with -f, after --reconnect).
+    Example: gpupool logs w-1a2b --all-attempts
+
+    Exit codes: 0 ok, 2 bad usage or an ambiguous id prefix, 3 not found (the workload, replica or
+    attempt), 4 server unreachable (with -f, after --reconnect).
     """
     if stdout and stderr:
         print("Error: --stdout and --stderr exclude each other; give neither to see both.", file=sys.stderr)
         raise typer.Exit(2)
+    if attempt is not None and all_attempts:
+        print("Error: --attempt and --all-attempts exclude each other; give one.", file=sys.stderr)
+        raise typer.Exit(2)
     streams = ["stderr"] if stderr else ["stdout"]
     retry = Reconnecting(reconnect if follow else 0)
-    offsets = dict.fromkeys(["stdout", "stderr"], 0)
     with client() as pool:
         wid = retry.call(lambda: resolve(pool, workload_id)).id
-        first = retry.call(lambda: pool.logs(wid, rank=rank, offset=0, stream="stdout"))
+        first = retry.call(lambda: pool.logs(wid, rank=rank, offset=0, stream="stdout", attempt=attempt))
         if first.combined and stdout:
             print(f"Error: workload {wid}'s stderr is in its output with stdout, in the order written; "
                   "give neither --stdout nor --stderr (or submit with --separate-stderr).", file=sys.stderr)
             raise typer.Exit(2)
         if not first.combined and not stdout and not stderr:
             streams = ["stdout", "stderr"]
-        while True:
-            complete, wrote = True, False
-            for stream in streams:
-                chunk = retry.call(lambda s=stream: pool.logs(wid, rank=rank, offset=offsets[s],  # type: ignore[misc]
-                                                              stream=s))
-                if chunk.text:
-                    sys.stdout.write(chunk.text)
-                    sys.stdout.flush()
-                    wrote = True
-                offsets[stream] = chunk.offset
-                complete = complete and chunk.complete
-            if complete or (not follow and not wrote):
-                return
-            if not wrote:
-                time.sleep(POLL_S)
+        if not all_attempts or not first.attempts:
+            _print_attempt(pool, retry, wid, rank, streams, attempt, follow)
+            return
+        for number in first.attempts:
+            _print_attempt(pool, retry, wid, rank, streams, number, follow and number == first.attempts[-1],
+                           header=True)
+
+
+def _print_attempt(pool: Client, retry: Reconnecting, wid: str, rank: int, streams: list[str],
+                   attempt: int | None, follow: bool, *, header: bool = False) -> None:
+    """Print one attempt's streams from their start (the newest attempt's for None), after a
+    '==> attempt N (POD) <==' line with `header`; with `follow`, until it is complete."""
+    offsets = dict.fromkeys(["stdout", "stderr"], 0)
+    while True:
+        complete, wrote = True, False
+        for stream in streams:
+            chunk = retry.call(lambda s=stream: pool.logs(wid, rank=rank, offset=offsets[s],  # type: ignore[misc]
+                                                          stream=s, attempt=attempt))
+            if header:
+                sys.stdout.write(f"==> attempt {chunk.attempt} ({chunk.pod_id}) <==\n")
+                header = False
+            if chunk.text:
+                sys.stdout.write(chunk.text)
+                sys.stdout.flush()
+                wrote = True
+            offsets[stream] = chunk.offset
+            complete = complete and chunk.complete
+        if complete or (not follow and not wrote):
+            return
+        if not wrote:
+            time.sleep(POLL_S)

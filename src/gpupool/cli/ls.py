@@ -9,11 +9,13 @@ carries what each workload asks for (`request`), not its command or environment:
 
 from __future__ import annotations
 
+import sys
 from typing import Annotated, Any
 
 import typer
 
 from gpupool.cli._common import SIMULATED_MARK, ago, client, reports_errors
+from gpupool.cli._reconnect import DEFAULT_RECONNECT_S, Reconnecting, ReconnectOption
 from gpupool.cli.output import Column, Format, OutputOption
 
 TABLE_LIMIT = 50
@@ -48,6 +50,13 @@ def ls(
         "--full", help="With -o json: each workload whole, with its spec (command, environment); by "
         "default what it asks for (request) without them.")] = False,
     output: OutputOption = Format.TABLE,
+    watch: Annotated[bool, typer.Option(
+        "--watch", help="Redraw the table every --interval seconds until Ctrl-C (exit 0); rides out a "
+        "server restart for up to --reconnect seconds.")] = False,
+    interval: Annotated[float, typer.Option(
+        "--interval", min=0.1, max=3600, metavar="SECONDS", help="With --watch: seconds between redraws.")
+    ] = 2.0,
+    reconnect: ReconnectOption = DEFAULT_RECONNECT_S,
 ) -> None:
     """List workloads, newest first (an array's tasks, when it is named: in index order).
 
@@ -59,6 +68,8 @@ def ls(
 
     Example: gpupool ls w-1a2b3c4d5e6f   (the tasks of that array)
 
+    Example: gpupool ls --watch --interval 5 -s pending,running
+
     Exit codes: 0 ok, 2 bad usage, 3 an unknown tenant or queue (or forbidden), 4 unreachable.
     """
     since_s = None
@@ -67,6 +78,10 @@ def ls(
 
         since_s = parse_since(since)
     filters: dict[str, Any] = {"status": status or (), "tenant": tenant, "queue": queue, "since_s": since_s}
+    if watch and output not in (Format.TABLE, Format.WIDE):
+        print(f"Error: --watch redraws a table; give -o table or -o wide, not -o {output.value}.",
+              file=sys.stderr)
+        raise typer.Exit(2)
     with client() as pool:
         if targets:
             from gpupool.cli._targets import resolve_targets
@@ -84,9 +99,39 @@ def ls(
 
             as_json(_all(pool, {**filters, "full": full}, limit))
             return
+        if watch:
+            _watch(pool, filters, limit, expand, output, interval, Reconnecting(reconnect))
+            return
         page = pool.workloads(**filters, limit=min(limit or TABLE_LIMIT, JSON_PAGE))
         items, tasks = (page.items, {}) if expand else _fold(pool, page.items)
     _table(items, page.total, output, tasks)
+
+
+CLEAR = "\x1b[H\x1b[2J"
+"""Home and erase the screen: each redraw replaces the last on a terminal."""
+
+
+def _watch(pool: Any, filters: dict[str, Any], limit: int | None, expand: bool, output: Format,
+           interval_s: float, retry: Reconnecting) -> None:
+    """Redraw the table every `interval_s` until Ctrl-C. On a terminal each view replaces the last;
+    piped, views follow one another, each under a line with its time."""
+    import time
+
+    try:
+        while True:
+            page = retry.call(lambda: pool.workloads(**filters, limit=min(limit or TABLE_LIMIT, JSON_PAGE)))
+            shown = page.items
+            items, tasks = (shown, {}) if expand else retry.call(lambda s=shown: _fold(pool, s))  # type: ignore[misc]
+            stamp = time.strftime("%H:%M:%S")
+            tty = sys.stdout.isatty()
+            sys.stdout.write(f"{CLEAR}Every {interval_s:g}s, at {stamp} (Ctrl-C to stop)\n" if tty
+                             else f"--- {stamp}\n")
+            sys.stdout.flush()
+            _table(items, page.total, output, tasks)
+            sys.stdout.flush()
+            time.sleep(interval_s)
+    except KeyboardInterrupt:
+        return
 
 
 def _fold(pool: Any, items: list[Any]) -> tuple[list[Any], dict[str, int]]:

@@ -41,6 +41,7 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
     "run": ("gpupool.cli.run", "run", "Submit, stream the output, exit with its code."),
     "logs": ("gpupool.cli.logs", "logs", "Print a workload's output (-f to follow)."),
     "wait": ("gpupool.cli.wait", "wait", "Wait for a workload; exit 0 when it succeeded."),
+    "events": ("gpupool.cli.events", "events", "Print workload events (-f to follow them live)."),
     "top": ("gpupool.cli.top", "top", "A live view of the pool."),
     "audit": ("gpupool.cli.audit", "audit", "Show the audit log: admin actions, refused logins (admin)."),
     "usage": ("gpupool.cli.usage", "usage", "Show metered usage and its cost (pooled and dedicated)."),

@@ -98,6 +98,13 @@ def submit(
                                  "when its dependency can never hold (afterok on work that failed); no: "
                                  "keep it pending with that reason.")
     ] = None,
+    launcher: Annotated[
+        str | None, typer.Option("--launcher", help="torchrun: run the command under torchrun in each pod "
+                                 "(--nnodes = the pods, --node-rank = the pod's rank, --nproc-per-node = "
+                                 "its whole devices, at MASTER_ADDR:MASTER_PORT), so WORLD_SIZE, RANK and "
+                                 "LOCAL_RANK count processes; none (default): the command as given. See "
+                                 "docs/cli.md, Distributed training.")
+    ] = None,
     separate_stderr: Annotated[
         bool, typer.Option("--separate-stderr", help="Keep stderr in its own log (like sbatch --error); by "
                            "default stdout and stderr are one log, in the order written.")
@@ -128,6 +135,7 @@ def submit(
     Example: gpupool submit --dependency afterok:w-1a2b3c4d5e6f -- python evaluate.py
 
     Example: gpupool submit --mount /data/team-a/set:/data:ro --secret hf:HF_TOKEN -- python train.py
+    Example: gpupool submit --replicas 2 --gpus 8 --launcher torchrun -- python train.py
 
     Exit codes: 0 submitted, 2 bad usage or refused (quota, invalid spec or dependency, a priority or
     class above the tenant's max priority, too many pending), 3 queue/tenant, or a workload the
@@ -157,6 +165,7 @@ def submit(
         ("--dependency", dependency),
         ("--kill-on-invalid-dep", kill_on_invalid_dep),
         ("--image", image),
+        ("--launcher", launcher),
     ]
     for flag, value in pairs:
         if value is not None:

@@ -19,7 +19,7 @@ USAGE = (
     "[--gpus 0.25|2] [--gpu-memory 8GiB] [--cpu 4] [--memory 16GiB] [--replicas N] [--env K=V] "
     "[--workdir D] [--time-limit 2h] [--checkpoint-every 30m] [--max-retries N] [--array 0-99%10] "
     "[--topology required=leaf] [--separate-stderr] [--dependency afterok:ID] "
-    "[--kill-on-invalid-dep no] [--image NAME] [--mount SRC:DST[:ro]] "
+    "[--kill-on-invalid-dep no] [--launcher torchrun] [--image NAME] [--mount SRC:DST[:ro]] "
     "[--secret NAME[:ENV_VAR|:/run/secrets/F]] "
     "[-f spec.yaml] -- COMMAND..."
 )
@@ -49,7 +49,9 @@ _FLAGS: dict[str, tuple[tuple[str, ...], str]] = {
     "--kill-on-invalid-dep": (("kill_on_invalid_dep",), "yesno"),
     "--image": (("image",), "str"),
     "--mount": (("mounts",), "mount"), "--secret": (("secrets",), "secret"),
+    "--launcher": (("launcher",), "launcher"),
 }
+LAUNCHERS = ("none", "torchrun")
 
 
 # flag -> (lowest, highest, in words): checked here so the error names the flag, not the API field
@@ -173,6 +175,13 @@ def _set(flags: dict[tuple[str, ...], object], path: tuple[str, ...], kind: str,
         elif kind in ("mount", "secret"):
             flags.setdefault(path, [])
             flags[path].append(_mount_or_secret(kind, value))  # type: ignore[attr-defined]
+        elif kind == "launcher":
+            if value not in LAUNCHERS:
+                from gpupool.errors import did_you_mean
+
+                raise UsageError(f"Option {name} takes {' or '.join(LAUNCHERS)}, got {value!r}."
+                                 f"{did_you_mean(value, list(LAUNCHERS))}")
+            flags[path] = value
         else:
             flags[path] = value
         bounds = _RANGES.get(name)

@@ -233,8 +233,14 @@ def _serve(data_dir: Path | None, host: str, port: int, simulate: str, provider:
     # spare pod namespaces removed, their threads stopped) as on Ctrl-C, with the status of SIGTERM.
     signal.signal(signal.SIGTERM, _exit_on_sigterm)
     try:
-        uvicorn.run(create_app(rt), host=host, port=port, log_level="warning", access_log=False,
-                    ssl_certfile=settings.tls_cert, ssl_keyfile=settings.tls_key)
+        app = create_app(rt)
+        server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level="warning",
+                                               access_log=False, ssl_certfile=settings.tls_cert,
+                                               ssl_keyfile=settings.tls_key))
+        app.state.stopping = lambda: server.should_exit  # open event streams end, so shutdown waits for none
+        server.run()
+        if not server.started:
+            sys.exit(3)  # uvicorn.run's STARTUP_FAILURE: the port was taken, the certificate unreadable
     finally:
         provisioned.provider.close()
         store.close()

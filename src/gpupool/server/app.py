@@ -32,6 +32,7 @@ from gpupool.server.routers import (
     usage,
     workloads,
 )
+from gpupool.server.routers import events as event_routes
 from gpupool.server.routers import fabric as fabric_routes
 from gpupool.server.routers import history as history_routes
 from gpupool.server.routers import secrets as secret_routes
@@ -78,12 +79,13 @@ def create_app(rt: Runtime, *, run_loop: bool = True) -> FastAPI:
     app.state.loop = loop
     app.state.submit_writer = writer
     app.state.history_sampler = sampler
+    app.state.stopping = lambda: False  # the server that serves the app sets its own (event streams end)
     http_errors.install(app)
     too_large: dict[int | str, dict[str, Any]] = {
         413: {"model": ErrorBody, "description": "the request body is larger than the pool's limit"}}
     for router in (health.router, workloads.router, nodes.router, tenants.router, audit.router,
                    config.router, session.router, usage.router, calls.router, fabric_routes.router,
-                   images.router, secret_routes.router, history_routes.router):
+                   images.router, secret_routes.router, history_routes.router, event_routes.router):
         app.include_router(router, prefix=API_PREFIX, responses=dict(too_large))
     app.include_router(health.router, include_in_schema=False)  # /health at the root too
     apidocs.install(app, f"{API_PREFIX}/openapi.json")

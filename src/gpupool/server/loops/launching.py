@@ -15,7 +15,7 @@ from sqlalchemy import Connection, Row, bindparam, case, select, update
 
 from gpupool.api.events import EventReason
 from gpupool.core.model import Slice, WorkloadStatus
-from gpupool.pods import PodLaunch, PodSecret
+from gpupool.pods import PodLaunch, PodSecret, nproc_per_node, torchrun_command
 from gpupool.server.loops.launches import LaunchWorkers
 from gpupool.server.loops.rows import P, busy_devices, states, unix_users
 from gpupool.server.orm import PodRow, WorkloadRow
@@ -65,8 +65,13 @@ class PodLauncher:
         if spec["command"][-2:] == ["-m", "gpupool.remote.worker"]:  # a function's worker pod: the API's
             from gpupool.server.services import calls  # URL and its call token (services/calls.py)
             env.update(calls.pod_env(self.rt, pod_id))
+        command = tuple(spec["command"])
+        if spec.get("launcher") == "torchrun":  # `submit --launcher torchrun`: each pod one torch node
+            command = torchrun_command(command, nnodes=world, node_rank=rank, nproc=nproc_per_node(slices),
+                                       master_addr=gang.master_addr if gang else "127.0.0.1",
+                                       master_port=gang.master_port if gang else 0)
         return PodLaunch(
-            pod_id=pod_id, workload_id=row.id, node=node, command=tuple(spec["command"]),
+            pod_id=pod_id, workload_id=row.id, node=node, command=command,
             slices=slices, cpu_milli=cpu_milli, memory_mib=memory_mib, env=env,
             workdir=str(spec.get("workdir", "")), rank=rank, world_size=world, tenant=row.tenant,
             unix_user=unix_user, separate_stderr=bool(spec.get("separate_stderr", False)),

@@ -125,5 +125,11 @@ def logs(
     offset: Annotated[int, Query(ge=0, le=2**53)] = 0,
     stream: Annotated[Literal["stdout", "stderr", "notes"], Query(
         description="notes: what the pool says about the pod (where it runs, and why)")] = "stdout",
+    attempt: Annotated[int | None, Query(ge=1, le=2**31, description=(
+        "which attempt's log (default: the newest); each attempt keeps its own"))] = None,
+    all_attempts: Annotated[bool, Query(description=(
+        "every attempt's log from its start, in `parts`, oldest first (the newest 16)"))] = False,
 ) -> LogsOut:
-    return logs_service.read(rt, who, workload_id, rank=rank, offset=offset, stream=stream)
+    """A pod's log from `offset`: its newest attempt's, or `attempt`'s, or with `all_attempts` each one's."""
+    return logs_service.read(rt, who, workload_id, rank=rank, offset=offset, stream=stream, attempt=attempt,
+                             all_attempts=all_attempts)
