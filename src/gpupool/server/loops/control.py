@@ -17,10 +17,12 @@ from gpupool.server.services.dependencies import DependencyPass
 log = logging.getLogger("gpupool.loop")
 WAKE_DELAY_S = 0.003
 LAUNCH_REST_S = 0.05
-"""After a step that handed launches to the nodes' workers, the loop waits up to this long for them
-to come back before it looks at new work: the submissions and pod exits that arrive meanwhile are
-decided in one cycle (a full pass over the pending work when capacity changed), as when the step
-itself waited for its launches, while a node that hangs holds the loop no longer than this."""
+"""After a step that handed launches to the nodes' workers, the loop waits for them to come back
+before it looks at new work, as long as each comes within this long of the one before (up to
+LAUNCH_REST_MAX_S in all): the submissions and pod exits that arrive meanwhile are decided in one
+cycle (a full pass over the pending work when capacity changed), as when the step itself waited for
+its launches, while a node that hangs holds the loop no longer than this."""
+LAUNCH_REST_MAX_S = 1.0
 MAX_CYCLES_PER_STEP = 3
 """Cycles run in one step while each one stops (preempts or evicts) something, as the replay does
 at one event time: requeued work gets another cycle at once (it may fit elsewhere)."""
@@ -111,9 +113,9 @@ class ControlLoop:
         self.rt.wake.set()
 
     def _launches_back(self) -> None:
-        """A failed launch, or the last one in flight, came back: it ends the loop's launch rest. The
-        loop is busy while launches are in flight, so its next step, at most a busy interval later,
-        records the outcome."""
+        """A launch came back: the loop's launch rest goes on (or ends, with the last one). The loop
+        is busy while launches are in flight, so its next step, at most a busy interval later,
+        records the outcomes."""
         self._launched.set()
 
     def _run(self) -> None:
@@ -147,11 +149,22 @@ class ControlLoop:
                 # longer than the CPU the process used meanwhile: a step that waited (on a launch
                 # that timed out) took no CPU from the API, and a rest would only delay other work.
                 self._stop.wait(min(time.perf_counter() - began, time.process_time() - began_cpu))
-            if self.scheduler.launches.handed != handed and self.scheduler.launches.busy:
-                self._launched.wait(LAUNCH_REST_S)
+            if self.scheduler.launches.handed != handed:
+                self._launch_rest()
             # Then the next wake (submit, cancel, quota change) starts a step at once; while pods run
             # the provider is polled every busy interval so exits free their slices quickly.
             self.rt.wake.wait(settings.busy_poll_interval_s if busy else settings.cycle_interval_s)
+
+
+    def _launch_rest(self) -> None:
+        """Wait while the launches handed over come back one after another (see LAUNCH_REST_S)."""
+        launches = self.scheduler.launches
+        deadline = time.monotonic() + LAUNCH_REST_MAX_S
+        while launches.launching and not self._stop.is_set():
+            left = deadline - time.monotonic()
+            if left <= 0 or not self._launched.wait(min(LAUNCH_REST_S, left)):
+                return  # none came back for a while: a node may hang, the loop goes on
+            self._launched.clear()
 
 
 def policies(rt: Runtime) -> Policies:

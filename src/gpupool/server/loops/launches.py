@@ -57,7 +57,8 @@ class LaunchWorkers:
         self.clock = clock
         self.deadline_s = deadline_s
         self.on_outcome = on_outcome
-        """Called (from a worker thread) when an outcome is ready: it wakes the control loop."""
+        """Called (from a worker thread) whenever an outcome is ready (the control loop's launch rest
+        waits on it)."""
         self.per_node = per_node
         self.threaded = provider.concurrent_launch
         self._lock = threading.Lock()
@@ -150,6 +151,12 @@ class LaunchWorkers:
         with self._lock:
             return bool(self._in_flight)
 
+    @property
+    def launching(self) -> bool:
+        """Whether a launch is queued or under way (not counting those past their deadline)."""
+        with self._lock:
+            return bool(self._begun) or any(self._queues.values())
+
     # ------------------------------------------------------------------ the workers' side
 
     def _spawn_locked(self, node: str) -> None:
@@ -205,11 +212,10 @@ class LaunchWorkers:
             if failed:
                 self._failed.setdefault(_gang(launch), outcome.why)
             self._done.append(outcome)
-            last = not self._begun and not any(self._queues.values())
-        # Wake the loop for a failure (its devices are free) or the last launch in flight: one record
-        # for a batch. Meanwhile the loop, busy while launches are in flight, records what is ready
-        # at each busy poll; inline, the caller records it itself.
-        if self.threaded and (failed or last):
+        # Tell the loop's launch rest: it goes on while outcomes keep coming and ends with the last
+        # one (one record for a batch), or when none came for a while (a node that hangs). Inline,
+        # the caller records what came of its launches itself.
+        if self.threaded:
             self.on_outcome()
 
     def _stop_quietly(self, pod_id: str) -> None:
