@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import ipaddress
 import subprocess
+import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -102,6 +103,30 @@ def test_the_tenants_next_pod_gets_the_kept_namespace_without_ip_or_nft(
     assert ran == []
     assert (second.netns, second.veth, second.address) == (first.netns, first.veth, first.address)
     assert second.pod_id == "p2" and network.kept() == [] and network.attached() == ["p2"]
+
+
+def test_a_launch_while_the_worker_judges_the_tenants_ended_namespace_waits_for_it(
+        network: PodNetwork, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The next pod's launch comes before the worker has read /proc for the pod that ended: it
+    waits for the verdict and takes that namespace, instead of making one anew."""
+    scanning, verdict = threading.Event(), threading.Event()
+    real = netns._netns_in_use
+
+    def held_scan(names: list[str]) -> set[str]:
+        scanning.set()
+        assert verdict.wait(20)
+        return real(names)
+
+    monkeypatch.setattr(netns, "_netns_in_use", held_scan)
+    first = network.attach("p1", "bob")
+    network.detach("p1")
+    assert scanning.wait(20)
+    got: list[PodNet] = []
+    attach = threading.Thread(target=lambda: got.append(network.attach("p2", "bob")))
+    attach.start()
+    verdict.set()
+    attach.join(20)
+    assert [n.netns for n in got] == [first.netns]
 
 
 def test_another_tenant_never_gets_a_namespace_kept_for_bob(network: PodNetwork) -> None:

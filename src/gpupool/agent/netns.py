@@ -80,6 +80,9 @@ SPARES = 4
 """Namespaces each node keeps made ahead, so a launch only adds its rules (netns.py, PodNetwork)."""
 KEPT = 32
 """Namespaces of ended pods each node keeps for their tenants' next pods (netns.py, PodNetwork)."""
+JUDGE_WAIT_S = 2.0
+"""How long a launch waits for the worker to say whether its tenant's ended pod's namespace can be
+kept (a /proc scan, milliseconds) before it makes one anew."""
 _DEFAULT_NETWORK = ipaddress.IPv4Network(DEFAULT_POD_NETWORK)
 
 
@@ -454,15 +457,12 @@ class PodNetwork:
                 return known
             serves = master_port if rank == 0 and world_size > 1 else 0
             gang = gang_key(workload_id, master_addr, master_port) if world_size > 1 and master_port else ""
-            if not gang:  # the tenant's kept namespace: its address and elements are in place already
-                owner = tenant_key(tenant)
-                kept = next((k for k in self._kept.values() if k.tenant_key == owner), None)
-                if kept is not None:
-                    del self._kept[kept.pod_id]
-                    net = PodNet(pod_id=pod_id, netns=kept.netns, veth=kept.veth, address=kept.address,
-                                 tenant_key=owner)
-                    self._live[pod_id] = net
-                    return net
+            kept = self._take_kept(tenant_key(tenant)) if not gang else None
+            if kept is not None:  # its address and elements are in place already
+                net = PodNet(pod_id=pod_id, netns=kept.netns, veth=kept.veth, address=kept.address,
+                             tenant_key=kept.tenant_key)
+                self._live[pod_id] = net
+                return net
             spare = self._spares.pop() if self._spares and not serves else None
             if spare is None:  # a rank 0 (its address is its port's), or none made ahead: made now
                 spare = _Spare(*self._names(), self._address_for(serves))
@@ -496,6 +496,21 @@ class PodNetwork:
                                     "it was not started.") from None
             raise
         return net
+
+    def _take_kept(self, owner: str) -> PodNet | None:
+        """A namespace kept for tenant `owner` (under the lock), taken out of the kept ones. While
+        the worker judges one of the tenant's ended pods' namespaces (it reads /proc), its verdict is
+        waited for (JUDGE_WAIT_S at most): cheaper than a namespace made anew."""
+        deadline = time.monotonic() + JUDGE_WAIT_S
+        while True:
+            kept = next((k for k in self._kept.values() if k.tenant_key == owner), None)
+            if kept is not None:
+                del self._kept[kept.pod_id]
+                return kept
+            left = deadline - time.monotonic()
+            if left <= 0 or not any(k.tenant_key == owner for k in self._to_keep.values()):
+                return None
+            self._changed.wait(left)
 
     def _names(self) -> tuple[str, str]:
         """A fresh namespace's and veth's names (gpn-NODE-RANDOM, gvNODERANDOM)."""
@@ -602,13 +617,14 @@ class PodNetwork:
                        and len(self._spares) >= self.spares):
                     self._changed.wait()
                 if self._to_keep:
-                    candidates, self._to_keep = self._to_keep, {}
+                    candidates = dict(self._to_keep)  # still listed: a launch of the tenant waits on them
                     self._lock.release()
                     try:  # outside the lock: it reads /proc
                         busy = _netns_in_use([net.netns for net in candidates.values()])
                     finally:
                         self._lock.acquire()
                     for pod_id, net in candidates.items():
+                        del self._to_keep[pod_id]
                         if net.netns in busy or self._stopping:
                             self._pending[pod_id] = net  # something of the pod lives on in it: it goes
                         else:
