@@ -1,6 +1,6 @@
 """The control loop's rest after it handed launches over: it lasts while the launches keep coming
 back (so the pod exits and submissions of that time are decided in one cycle and the batch is
-recorded at once), and ends when none came back for LAUNCH_REST_S (a node that hangs)."""
+recorded at once), and ends when one under way has taken LAUNCH_SLOW_S (a node that hangs)."""
 
 from __future__ import annotations
 
@@ -14,13 +14,13 @@ from test_launch_workers import PATIENCE_S, Pool, step_bounded
 from gpupool.server.loops import control
 
 GAP_S = 0.3
-"""Between two launches coming back: well under the rest's patience below, so only a machine that
-stalls a thread for seconds could make it look like a hang."""
+"""How long each launch takes: well under LAUNCH_SLOW_S below, so only a machine that stalls a
+thread for seconds could make it look like a hang."""
 
 
 @pytest.fixture
 def pool(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Pool:
-    monkeypatch.setattr(control, "LAUNCH_REST_S", 1.0)
+    monkeypatch.setattr(control, "LAUNCH_SLOW_S", 1.5)
     monkeypatch.setattr(control, "LAUNCH_REST_MAX_S", PATIENCE_S)
     made = Pool(tmp_path, nodes="1x8xH100")
     made.provider.gated.update(n.name for n in made.provider.nodes())
@@ -29,8 +29,8 @@ def pool(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Pool:
 
 
 def test_the_rest_lasts_while_launches_come_back_one_after_another(pool: Pool) -> None:
-    """Six launches come back GAP_S apart (1.8 s in all, beyond one LAUNCH_REST_S): the rest ends
-    only once the last is back, and the next step records all six in one go."""
+    """Six launches come back GAP_S apart (1.8 s in all, beyond LAUNCH_SLOW_S): the rest ends only
+    once the last is back, and the next step records all six in one go."""
     ids = [pool.submit(1) for _ in range(6)]
     pool.loop._launched.clear()
     step_bounded(pool.loop)  # admits the six and hands their launches over
@@ -55,7 +55,7 @@ def test_the_rest_lasts_while_launches_come_back_one_after_another(pool: Pool) -
 
 
 def test_the_rest_ends_when_no_launch_comes_back(pool: Pool) -> None:
-    """A node that hangs holds the loop for one LAUNCH_REST_S, not until its launches' deadline."""
+    """A node that hangs holds the loop for LAUNCH_SLOW_S, not until its launches' deadline."""
     pool.submit(1)
     pool.loop._launched.clear()
     step_bounded(pool.loop)

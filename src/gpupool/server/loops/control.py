@@ -16,13 +16,15 @@ from gpupool.server.services.dependencies import DependencyPass
 
 log = logging.getLogger("gpupool.loop")
 WAKE_DELAY_S = 0.003
-LAUNCH_REST_S = 0.05
+LAUNCH_SLOW_S = 0.5
 """After a step that handed launches to the nodes' workers, the loop waits for them to come back
-before it looks at new work, as long as each comes within this long of the one before (up to
+before it looks at new work, as long as none of those under way has taken this long (up to
 LAUNCH_REST_MAX_S in all): the submissions and pod exits that arrive meanwhile are decided in one
 cycle (a full pass over the pending work when capacity changed), as when the step itself waited for
 its launches, while a node that hangs holds the loop no longer than this."""
-LAUNCH_REST_MAX_S = 1.0
+LAUNCH_REST_MAX_S = 2.0
+LAUNCH_REST_S = 0.05
+"""How often the launch rest looks again when no launch came back meanwhile."""
 MAX_CYCLES_PER_STEP = 3
 """Cycles run in one step while each one stops (preempts or evicts) something, as the replay does
 at one event time: requeued work gets another cycle at once (it may fit elsewhere)."""
@@ -157,13 +159,14 @@ class ControlLoop:
 
 
     def _launch_rest(self) -> None:
-        """Wait while the launches handed over come back one after another (see LAUNCH_REST_S)."""
+        """Wait while the launches handed over are under way, none of them slow (see LAUNCH_SLOW_S)."""
         launches = self.scheduler.launches
         deadline = time.monotonic() + LAUNCH_REST_MAX_S
         while launches.launching and not self._stop.is_set():
             left = deadline - time.monotonic()
-            if left <= 0 or not self._launched.wait(min(LAUNCH_REST_S, left)):
-                return  # none came back for a while: a node may hang, the loop goes on
+            if left <= 0 or launches.longest_s() >= LAUNCH_SLOW_S:
+                return  # a launch this slow: its node may hang, the loop goes on
+            self._launched.wait(min(LAUNCH_REST_S, left))
             self._launched.clear()
 
 

@@ -146,6 +146,12 @@ class LaunchWorkers:
         with self._lock:
             return frozenset(self._in_flight)
 
+    def longest_s(self) -> float:
+        """How long the oldest launch under way has taken so far (0 when none is)."""
+        now = time.monotonic()
+        with self._lock:
+            return max((now - began for _, began in self._begun.values()), default=0.0)
+
     @property
     def busy(self) -> bool:
         with self._lock:
