@@ -24,7 +24,8 @@ cycle (a full pass over the pending work when capacity changed), as when the ste
 its launches, while a node that hangs holds the loop no longer than this."""
 LAUNCH_REST_MAX_S = 2.0
 LAUNCH_REST_S = 0.05
-"""How often the launch rest looks again when no launch came back meanwhile."""
+"""How often the launch rest looks at the launches under way (the last one back, or a failure,
+ends it at once)."""
 MAX_CYCLES_PER_STEP = 3
 """Cycles run in one step while each one stops (preempts or evicts) something, as the replay does
 at one event time: requeued work gets another cycle at once (it may fit elsewhere)."""
@@ -35,8 +36,8 @@ class ControlLoop:
 
     While pods run or launch it polls the provider often (busy interval) so exits and launch
     outcomes are recorded quickly. Launches themselves run in the nodes' launch workers
-    (loops/launches.py): a step never waits on a provider's launch, and the loop rests for them at
-    most LAUNCH_REST_S.
+    (loops/launches.py): a step never waits on a provider's launch, and the loop rests for them
+    while they are under way, none slow (LAUNCH_SLOW_S).
     """
 
     def __init__(self, rt: Runtime, metrics: Metrics | None = None) -> None:
@@ -115,8 +116,8 @@ class ControlLoop:
         self.rt.wake.set()
 
     def _launches_back(self) -> None:
-        """A launch came back: the loop's launch rest goes on (or ends, with the last one). The loop
-        is busy while launches are in flight, so its next step, at most a busy interval later,
+        """A failed launch, or the last one in flight, came back: it ends the loop's launch rest. The
+        loop is busy while launches are in flight, so its next step, at most a busy interval later,
         records the outcomes."""
         self._launched.set()
 

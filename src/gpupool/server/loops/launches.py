@@ -57,8 +57,8 @@ class LaunchWorkers:
         self.clock = clock
         self.deadline_s = deadline_s
         self.on_outcome = on_outcome
-        """Called (from a worker thread) whenever an outcome is ready (the control loop's launch rest
-        waits on it)."""
+        """Called (from a worker thread) for a failed launch or the last one in flight: it ends the
+        control loop's launch rest."""
         self.per_node = per_node
         self.threaded = provider.concurrent_launch
         self._lock = threading.Lock()
@@ -218,10 +218,12 @@ class LaunchWorkers:
             if failed:
                 self._failed.setdefault(_gang(launch), outcome.why)
             self._done.append(outcome)
-        # Tell the loop's launch rest: it goes on while outcomes keep coming and ends with the last
-        # one (one record for a batch), or when none came for a while (a node that hangs). Inline,
-        # the caller records what came of its launches itself.
-        if self.threaded:
+            last = not self._begun and not any(self._queues.values())
+        # Wake the loop for a failure (its devices are free) or the last launch in flight: its launch
+        # rest ends, and one record takes the batch (a wake for every outcome cost the launch threads
+        # more than the rest saved: each wakes a thread waiting on the loop's event). Inline, the
+        # caller records what came of its launches itself.
+        if self.threaded and (failed or last):
             self.on_outcome()
 
     def _stop_quietly(self, pod_id: str) -> None:
