@@ -171,6 +171,17 @@ def unusual_events(server: RunningServer) -> dict[str, int]:
     return {str(r): int(n) for r, n in sorted(rows) if r not in ROUTINE_REASONS}
 
 
+def submit_to_running_s(server: RunningServer) -> list[float]:
+    """Each started workload's seconds from its submission to its start (workloads.started_s -
+    submit_s), read from the SQLite file (empty for another store)."""
+    path = server.data_dir / "gpupool.sqlite"
+    if not path.exists():
+        return []
+    with contextlib.closing(sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=30)) as db:
+        rows = db.execute("SELECT started_s - submit_s FROM workloads WHERE started_s IS NOT NULL").fetchall()
+    return [float(r) for (r,) in rows]
+
+
 def cycle_totals(server: RunningServer) -> tuple[int, float]:
     """(scheduling cycles that had pending work, their seconds in all), from the server's /metrics."""
     text = httpx.get(f"{server.url}/metrics", headers={"Authorization": f"Bearer {server.token}"}).text

@@ -5,12 +5,15 @@ provider: every job is a real process. Target >= 100 jobs/s. Anchor (quoted, not
 Slurm 22.05 with 8 GPUs as `shard` GRES runs the same at about 29 jobs/s with
 batch_sched_delay=0 (11 jobs/s stock).
 
-    .venv/bin/python bench/jobs_e2e.py [--jobs 1000] [--config FILE] [--mix plain|cohort]
+    .venv/bin/python bench/jobs_e2e.py [--jobs 1000] [--config FILE] [--mix plain|cohort] [--netns on|off]
 
 --config FILE starts the pool with that configuration (`gpupool up --config`); --mix cohort submits
 the mix of `_control_plane.workload_mix` (three tenants, three priority classes, some whole-device
 jobs with a time limit) instead of one spec; bench/side_by_side.py --config-b compares two
-configurations in alternating rounds.
+configurations in alternating rounds. --netns sets the pool's GPUPOOL_POD_NETNS (as root, `auto`,
+the default, gives every pod its own network namespace; a commit before namespaces ignores it), so
+`bench/side_by_side.py --args-a "--netns off" --args-b "--netns on"` prices the namespaces. The JSON
+also has the p50 and p99 of each job's submission to its start (the store's started_s - submit_s).
 """
 
 from __future__ import annotations
@@ -33,6 +36,9 @@ from _control_plane import (
     cycle_totals,
     ensure_tenants,
     gpupool_up,
+    p50_ms,
+    percentile_ms,
+    submit_to_running_s,
     unusual_events,
     workload_mix,
     write_json,
@@ -89,9 +95,15 @@ def main() -> None:
     parser.add_argument("--mix", choices=MIXES, default="plain", help="what is submitted (see above)")
     parser.add_argument("--stall-s", type=float, default=60.0,
                         help="give up when no workload ended for this long (a stuck pool)")
+    parser.add_argument("--netns", choices=("auto", "on", "off"), default="",
+                        help="the pool's GPUPOOL_POD_NETNS (default: as the environment has it)")
     parser.add_argument("--json", default="")
     opts = parser.parse_args()
     config = ["--config", opts.config] if opts.config else []
+    if opts.netns:
+        os.environ["GPUPOOL_POD_NETNS"] = opts.netns  # `gpupool up` inherits it
+        # a pod network of its own: a pool (or test) already on the default one would leave `auto` off
+        os.environ.setdefault("GPUPOOL_POD_NETWORK", "10.244.0.0/16")
     with gpupool_up("--simulate", "1x8xH100", *config) as server:
         ensure_tenants(server, opts.mix)
         headers = {"Authorization": f"Bearer {server.token}"}
@@ -104,6 +116,7 @@ def main() -> None:
         server_cpu_s = server.cpu_s() - cpu_before
         events = unusual_events(server)
         cycles, cycle_s = cycle_totals(server)
+        to_running = submit_to_running_s(server)
     result = {
         "jobs": opts.jobs,
         "config": opts.config or "defaults",
@@ -114,6 +127,9 @@ def main() -> None:
         "end_to_end_s": round(total_s, 2),
         "jobs_per_s": round(opts.jobs / total_s, 1),
         "server_cpu_ms_per_job": round(server_cpu_s * 1000 / opts.jobs, 2),
+        "netns": os.environ.get("GPUPOOL_POD_NETNS", "") or "auto",
+        "submit_to_running_p50_ms": round(p50_ms(to_running), 1),
+        "submit_to_running_p99_ms": round(percentile_ms(to_running, 99), 1),
         "cycles": cycles,
         "cycle_s": round(cycle_s, 3),
         "events": events,

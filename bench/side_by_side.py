@@ -1,18 +1,22 @@
-"""Run a control-plane benchmark on two sides alternately in one run: an earlier commit, or a configuration.
+"""Run a control-plane benchmark on two sides alternately in one run: commits, configurations or arguments.
 
 The machine is shared and noisy, so a figure means something only beside its anchor measured under
 the same load. With --ref, this checks out REF in a temporary git worktree, then runs the benchmark
 script (with its own arguments) ROUNDS times for each side, alternating (ref, head, ref, head, ...),
 each with the `gpupool` package of its side first on PYTHONPATH. With --config-a/--config-b it runs
 this checkout on both sides, the benchmark given `--config FILE` (none: the pool's defaults), a then
-b, round after round. It prints the per-round figures and the ratio of the medians (head / ref, or
-b / a), and writes JSON under bench/results/ (with every round's whole result).
+b, round after round; with --args-a/--args-b, this checkout on both sides, each adding its own
+arguments to the benchmark's (split as a shell would). It prints the per-round figures and the
+ratio of the medians (head / ref, or b / a), and writes JSON under bench/results/ (with every round's
+whole result).
 
   .venv/bin/python bench/side_by_side.py --ref HEAD~5 --rounds 3 -- bench/jobs_e2e.py --jobs 1000
   .venv/bin/python bench/side_by_side.py --ref HEAD~5 --metric submissions_per_s -- \\
       bench/api_load.py --total 2000 --backends sqlite
   .venv/bin/python bench/side_by_side.py --config-b bench/configs/live-full-1x8.yaml --rounds 7 \\
       --metric jobs_per_s -- bench/jobs_e2e.py --jobs 1000 --mix cohort
+  .venv/bin/python bench/side_by_side.py --args-a "--netns off" --args-b "--netns on" --rounds 5 \\
+      --metric jobs_per_s,submit_to_running_p50_ms -- bench/jobs_e2e.py --jobs 1000
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shlex
 import shutil
 import statistics
 import subprocess
@@ -84,6 +89,11 @@ def _sides(opts: argparse.Namespace, work: Path) -> tuple[list[Side], str]:
         ref_sha = _short(opts.ref)
         return [Side("ref", ref_tree / "src"), Side("head", ROOT / "src")], \
             f"ref {ref_sha} vs head {_short('HEAD')}"
+    if opts.args_a or opts.args_b:
+        sides = [Side(name, ROOT / "src", tuple(shlex.split(extra)))
+                 for name, extra in (("a", opts.args_a), ("b", opts.args_b))]
+        return sides, f"a = {opts.args_a or 'no arguments'!r} vs b = {opts.args_b or 'no arguments'!r} " \
+            f"at {_short('HEAD')}"
     sides = [Side(name, ROOT / "src", ("--config", path) if path else ())
              for name, path in (("a", opts.config_a), ("b", opts.config_b))]
     names = f"a = {opts.config_a or 'defaults'} vs b = {opts.config_b or 'defaults'}"
@@ -101,6 +111,8 @@ def main() -> None:
     parser.add_argument("--config-a", default="",
                         help="side a's pool configuration (default: none, the pool's defaults)")
     parser.add_argument("--config-b", default="", help="side b's pool configuration")
+    parser.add_argument("--args-a", default="", help="arguments side a adds to the benchmark's")
+    parser.add_argument("--args-b", default="", help="arguments side b adds to the benchmark's")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--metric", default="jobs_per_s",
                         help="the JSON figure(s) to compare, comma-separated (the first is the headline)")
@@ -110,9 +122,11 @@ def main() -> None:
     bench = [a for a in opts.bench if a != "--"]
     if not bench:
         raise SystemExit("give the benchmark after --, e.g. -- bench/jobs_e2e.py --jobs 1000")
-    if bool(opts.ref) == bool(opts.config_a or opts.config_b):
-        raise SystemExit("compare either with an earlier commit (--ref COMMIT) or two configurations "
-                         "(--config-a FILE and/or --config-b FILE), one of the two")
+    modes = [bool(opts.ref), bool(opts.config_a or opts.config_b), bool(opts.args_a or opts.args_b)]
+    if sum(modes) != 1:
+        raise SystemExit("compare with an earlier commit (--ref COMMIT), two configurations (--config-a "
+                         "FILE and/or --config-b FILE) or two sets of arguments (--args-a and/or --args-b), "
+                         "one of the three")
     for path in (opts.config_a, opts.config_b):
         if path and not Path(path).is_file():
             raise SystemExit(f"no configuration file {path!r}; check the path given to --config-a/--config-b")
@@ -158,7 +172,8 @@ def main() -> None:
     for name, rounds in failed.items():
         if rounds:
             print(f"side {name} failed in rounds {', '.join(map(str, rounds))} (left out above)")
-    default_name = f"side_by_side_{Path(script).stem}" + ("" if opts.ref else "_configs")
+    suffix = "" if opts.ref else "_args" if modes[2] else "_configs"
+    default_name = f"side_by_side_{Path(script).stem}{suffix}"
     out = Path(opts.json or ROOT / "bench" / "results" / f"{default_name}.json")
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps({"script": script, "args": args, "metric": opts.metric, "compared": compared,

@@ -174,6 +174,13 @@ def host_leftovers() -> dict[str, list[str]]:
     return {"netns": spaces, "veth": links, "addresses": sorted(addresses)}
 
 
+@pytest.fixture(autouse=True)
+def nothing_kept(monkeypatch: pytest.MonkeyPatch) -> None:
+    """This file follows each pod's network to its teardown: none is kept for the tenant's next pod
+    (that is test_netns_kept.py)."""
+    monkeypatch.setattr(netns, "KEPT", 0)
+
+
 @pytest.fixture
 def pools(tmp_path: Path) -> Iterator[list[LocalPool]]:
     made: list[LocalPool] = []

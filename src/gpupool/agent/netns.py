@@ -28,7 +28,10 @@ a gang spread over them meets through the host's routing, filtered by the same t
 
 A worker thread keeps SPARES namespaces made ahead (addressed and routed, no rules), so a launch
 only adds its elements (one nft transaction), and tears down the networks of the pods that ended
-(NodeAgent.poll hands them over) in batches, off the poll's path. At start the agent sweeps
+(NodeAgent.poll hands them over) in batches, off the poll's path. The namespace of a pod that ended
+alone (not of a gang) with no process left in it is kept instead, with its address and elements, for
+the next pod of the same tenant (the same Unix account), which then needs no `ip` or `nft` at all:
+at most KEPT per node, the oldest torn down first. It never goes to another tenant. At start the agent sweeps
 whatever of its /19 no live pod holds (a crash's leftovers, old spares). An agent holds its /19 by
 a lock file for its lifetime; sweeps and teardowns also take one host-wide lock file.
 
@@ -75,6 +78,11 @@ _NAME = re.compile(r"^gpn-[0-9a-f]{5}-[0-9a-f]{8}$")
 _TIMEOUT_S = 20.0
 SPARES = 4
 """Namespaces each node keeps made ahead, so a launch only adds its rules (netns.py, PodNetwork)."""
+KEPT = 32
+"""Namespaces of ended pods each node keeps for their tenants' next pods (netns.py, PodNetwork)."""
+JUDGE_WAIT_S = 2.0
+"""How long a launch waits for the worker to say whether its tenant's ended pod's namespace can be
+kept (a /proc scan, milliseconds) before it makes one anew."""
 _DEFAULT_NETWORK = ipaddress.IPv4Network(DEFAULT_POD_NETWORK)
 
 
@@ -237,6 +245,11 @@ class PodNetwork:
         self._live: dict[str, PodNet] = {}
         self._pending: dict[str, PodNet] = {}
         """Pods detached whose teardown the worker has not finished."""
+        self.kept_limit = KEPT
+        self._to_keep: dict[str, PodNet] = {}
+        """Pods detached whose namespace may be kept once the worker has seen no process left in it."""
+        self._kept: dict[str, PodNet] = {}
+        """Namespaces kept for their tenant's next pod (by the pod id they last held, oldest first)."""
         self._worker: threading.Thread | None = None
         self._stopping = False
         self.spares = SPARES
@@ -407,10 +420,14 @@ class PodNetwork:
             return ""
         return str(self.subnet.network_address + GANG_HOSTS + port - GANG_PORT_BASE)
 
+    def _addresses_held(self) -> set[str]:
+        """Every address this node's pods, kept namespaces and spares hold (under the lock)."""
+        nets = (*self._live.values(), *self._pending.values(), *self._to_keep.values(), *self._kept.values())
+        return {net.address for net in nets} | {spare.address for spare in self._spares} | self._making
+
     def _address_for(self, gang_port: int) -> str:
         """A free address (under the lock); a pod being torn down still holds its own."""
-        taken = {net.address for net in (*self._live.values(), *self._pending.values())}
-        taken |= {spare.address for spare in self._spares} | self._making
+        taken = self._addresses_held()
         if gang_port:
             address = self.gang_address(gang_port)
             if address in {net.address for net in self._pending.values()}:  # the port's last holder
@@ -418,8 +435,7 @@ class PodNetwork:
                 while address in {net.address for net in self._pending.values()} and (
                         time.monotonic() < deadline):
                     self._changed.wait(deadline - time.monotonic())
-                taken = {net.address for net in (*self._live.values(), *self._pending.values())}
-                taken |= {spare.address for spare in self._spares} | self._making
+                taken = self._addresses_held()
             if address in taken:
                 raise ProviderError(f"Network isolation: the rendezvous address {address} is still held by "
                                     "an earlier pod on this node; the gang is retried once it has ended.")
@@ -441,6 +457,12 @@ class PodNetwork:
                 return known
             serves = master_port if rank == 0 and world_size > 1 else 0
             gang = gang_key(workload_id, master_addr, master_port) if world_size > 1 and master_port else ""
+            kept = self._take_kept(tenant_key(tenant)) if not gang else None
+            if kept is not None:  # its address and elements are in place already
+                net = PodNet(pod_id=pod_id, netns=kept.netns, veth=kept.veth, address=kept.address,
+                             tenant_key=kept.tenant_key)
+                self._live[pod_id] = net
+                return net
             spare = self._spares.pop() if self._spares and not serves else None
             if spare is None:  # a rank 0 (its address is its port's), or none made ahead: made now
                 spare = _Spare(*self._names(), self._address_for(serves))
@@ -474,6 +496,21 @@ class PodNetwork:
                                     "it was not started.") from None
             raise
         return net
+
+    def _take_kept(self, owner: str) -> PodNet | None:
+        """A namespace kept for tenant `owner` (under the lock), taken out of the kept ones. While
+        the worker judges one of the tenant's ended pods' namespaces (it reads /proc), its verdict is
+        waited for (JUDGE_WAIT_S at most): cheaper than a namespace made anew."""
+        deadline = time.monotonic() + JUDGE_WAIT_S
+        while True:
+            kept = next((k for k in self._kept.values() if k.tenant_key == owner), None)
+            if kept is not None:
+                del self._kept[kept.pod_id]
+                return kept
+            left = deadline - time.monotonic()
+            if left <= 0 or not any(k.tenant_key == owner for k in self._to_keep.values()):
+                return None
+            self._changed.wait(left)
 
     def _names(self) -> tuple[str, str]:
         """A fresh namespace's and veth's names (gpn-NODE-RANDOM, gvNODERANDOM)."""
@@ -563,7 +600,10 @@ class PodNetwork:
             net = self._live.pop(pod_id, None)
             if net is None:
                 return
-            self._pending[pod_id] = net
+            if net.gang_key or self.kept_limit <= 0 or self._stopping:
+                self._pending[pod_id] = net
+            else:  # kept for the tenant's next pod, if the worker finds it empty
+                self._to_keep[pod_id] = net
             self._wake_worker()
 
     def _work(self) -> None:
@@ -573,12 +613,35 @@ class PodNetwork:
         while True:
             spare = None
             with self._lock:
-                while not self._pending and not self._stopping and len(self._spares) >= self.spares:
+                while (not self._pending and not self._to_keep and not self._stopping
+                       and len(self._spares) >= self.spares):
                     self._changed.wait()
+                if self._to_keep:
+                    candidates = dict(self._to_keep)  # still listed: a launch of the tenant waits on them
+                    self._lock.release()
+                    try:  # outside the lock: it reads /proc
+                        busy = _netns_in_use([net.netns for net in candidates.values()])
+                    finally:
+                        self._lock.acquire()
+                    for pod_id, net in candidates.items():
+                        del self._to_keep[pod_id]
+                        if net.netns in busy or self._stopping:
+                            self._pending[pod_id] = net  # something of the pod lives on in it: it goes
+                        else:
+                            self._kept[pod_id] = net
+                    while len(self._kept) > self.kept_limit:  # the oldest go first
+                        oldest = next(iter(self._kept))
+                        self._pending[oldest] = self._kept.pop(oldest)
+                    self._changed.notify_all()
+                if self._stopping:  # kept namespaces go with the agent
+                    self._pending.update(self._kept)
+                    self._kept.clear()
                 batch = list(self._pending.values())
                 leftover: list[_Spare] = []
                 if not batch and self._stopping:
                     leftover, self._spares = self._spares, []
+                elif not batch and len(self._spares) >= self.spares:
+                    continue
                 elif not batch:
                     spare = _Spare(*self._names(), self._address_for(0))
                     self._making.add(spare.address)
@@ -660,6 +723,11 @@ class PodNetwork:
         with self._lock:
             return list(self._live)
 
+    def kept(self) -> list[PodNet]:
+        """The namespaces kept for their tenants' next pods (each as the pod that last held it)."""
+        with self._lock:
+            return list(self._kept.values())
+
     # ---- leftovers -------------------------------------------------------------------------
     def _sweep(self) -> None:
         """Remove this slot's namespaces, veths and elements that no live pod holds, then the
@@ -721,6 +789,33 @@ class PodNetwork:
             claim, self._claim = self._claim, -1
         if claim >= 0:
             os.close(claim)
+
+
+def _netns_in_use(names: Sequence[str]) -> set[str]:
+    """Those of the namespaces /run/netns/NAME that a process is in (a /proc scan: its
+    /proc/PID/ns/net is the same namespace); a namespace that cannot be read counts as in use."""
+    inodes: dict[tuple[int, int], str] = {}
+    busy: set[str] = set()
+    for name in names:
+        try:
+            st = os.stat(NETNS_DIR / name)
+        except OSError:
+            busy.add(name)
+            continue
+        inodes[(st.st_dev, st.st_ino)] = name
+    if not inodes:
+        return busy
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        try:
+            st = os.stat(f"/proc/{entry.name}/ns/net")
+        except OSError:  # it ended meanwhile
+            continue
+        held = inodes.get((st.st_dev, st.st_ino))
+        if held is not None:
+            busy.add(held)
+    return busy
 
 
 def _first_address(element: object) -> str:

@@ -16,11 +16,16 @@ from gpupool.server.services.dependencies import DependencyPass
 
 log = logging.getLogger("gpupool.loop")
 WAKE_DELAY_S = 0.003
+LAUNCH_SLOW_S = 0.5
+"""After a step that handed launches to the nodes' workers, the loop waits for them to come back
+before it looks at new work, as long as none of those under way has taken this long (up to
+LAUNCH_REST_MAX_S in all): the submissions and pod exits that arrive meanwhile are decided in one
+cycle (a full pass over the pending work when capacity changed), as when the step itself waited for
+its launches, while a node that hangs holds the loop no longer than this."""
+LAUNCH_REST_MAX_S = 2.0
 LAUNCH_REST_S = 0.05
-"""After a step that handed launches to the nodes' workers, the loop waits up to this long for them
-to come back before it looks at new work: the submissions and pod exits that arrive meanwhile are
-decided in one cycle (a full pass over the pending work when capacity changed), as when the step
-itself waited for its launches, while a node that hangs holds the loop no longer than this."""
+"""How often the launch rest looks at the launches under way (the last one back, or a failure,
+ends it at once)."""
 MAX_CYCLES_PER_STEP = 3
 """Cycles run in one step while each one stops (preempts or evicts) something, as the replay does
 at one event time: requeued work gets another cycle at once (it may fit elsewhere)."""
@@ -31,8 +36,8 @@ class ControlLoop:
 
     While pods run or launch it polls the provider often (busy interval) so exits and launch
     outcomes are recorded quickly. Launches themselves run in the nodes' launch workers
-    (loops/launches.py): a step never waits on a provider's launch, and the loop rests for them at
-    most LAUNCH_REST_S.
+    (loops/launches.py): a step never waits on a provider's launch, and the loop rests for them
+    while they are under way, none slow (LAUNCH_SLOW_S).
     """
 
     def __init__(self, rt: Runtime, metrics: Metrics | None = None) -> None:
@@ -113,7 +118,7 @@ class ControlLoop:
     def _launches_back(self) -> None:
         """A failed launch, or the last one in flight, came back: it ends the loop's launch rest. The
         loop is busy while launches are in flight, so its next step, at most a busy interval later,
-        records the outcome."""
+        records the outcomes."""
         self._launched.set()
 
     def _run(self) -> None:
@@ -147,11 +152,23 @@ class ControlLoop:
                 # longer than the CPU the process used meanwhile: a step that waited (on a launch
                 # that timed out) took no CPU from the API, and a rest would only delay other work.
                 self._stop.wait(min(time.perf_counter() - began, time.process_time() - began_cpu))
-            if self.scheduler.launches.handed != handed and self.scheduler.launches.busy:
-                self._launched.wait(LAUNCH_REST_S)
+            if self.scheduler.launches.handed != handed:
+                self._launch_rest()
             # Then the next wake (submit, cancel, quota change) starts a step at once; while pods run
             # the provider is polled every busy interval so exits free their slices quickly.
             self.rt.wake.wait(settings.busy_poll_interval_s if busy else settings.cycle_interval_s)
+
+
+    def _launch_rest(self) -> None:
+        """Wait while the launches handed over are under way, none of them slow (see LAUNCH_SLOW_S)."""
+        launches = self.scheduler.launches
+        deadline = time.monotonic() + LAUNCH_REST_MAX_S
+        while launches.launching and not self._stop.is_set():
+            left = deadline - time.monotonic()
+            if left <= 0 or launches.longest_s() >= LAUNCH_SLOW_S:
+                return  # a launch this slow: its node may hang, the loop goes on
+            self._launched.wait(min(LAUNCH_REST_S, left))
+            self._launched.clear()
 
 
 def policies(rt: Runtime) -> Policies:

@@ -65,7 +65,8 @@ class LaunchWorkers:
         self.clock = clock
         self.deadline_s = deadline_s
         self.on_outcome = on_outcome
-        """Called (from a worker thread) when an outcome is ready: it wakes the control loop."""
+        """Called (from a worker thread) for a failed launch or the last one in flight: it ends the
+        control loop's launch rest."""
         self.per_node = per_node
         self.max_stuck = max_stuck
         self.on_stuck_change: Callable[[], None] = lambda: None
@@ -187,10 +188,22 @@ class LaunchWorkers:
         with self._lock:
             return frozenset(self._in_flight)
 
+    def longest_s(self) -> float:
+        """How long the oldest launch under way has taken so far (0 when none is)."""
+        now = time.monotonic()
+        with self._lock:
+            return max((now - began for _, began in self._begun.values()), default=0.0)
+
     @property
     def busy(self) -> bool:
         with self._lock:
             return bool(self._in_flight)
+
+    @property
+    def launching(self) -> bool:
+        """Whether a launch is queued or under way (not counting those past their deadline)."""
+        with self._lock:
+            return bool(self._begun) or any(self._queues.values())
 
     # ------------------------------------------------------------------ the workers' side
 
@@ -267,9 +280,10 @@ class LaunchWorkers:
                 self._failed.setdefault(_gang(launch), outcome.why)
             self._done.append(outcome)
             last = not self._begun and not any(self._queues.values())
-        # Wake the loop for a failure (its devices are free) or the last launch in flight: one record
-        # for a batch. Meanwhile the loop, busy while launches are in flight, records what is ready
-        # at each busy poll; inline, the caller records it itself.
+        # Wake the loop for a failure (its devices are free) or the last launch in flight: its launch
+        # rest ends, and one record takes the batch (a wake for every outcome cost the launch threads
+        # more than the rest saved: each wakes a thread waiting on the loop's event). Inline, the
+        # caller records what came of its launches itself.
         if self.threaded and (failed or last):
             self.on_outcome()
 
