@@ -181,3 +181,30 @@ def test_the_pools_configuration_keys_are_the_replays() -> None:
     run, result = _replay(CongestionRule(), config.policies().migrate)
     assert result["congestion_moves"] == 2 and [s[1:] for s in run.stops] == [
         ("a", EventKind.MIGRATE), ("b", EventKind.MIGRATE)]
+
+
+class _Ends(Replay):
+    """A replay that keeps when each job ended."""
+
+    def __init__(self, config: ReplayConfig) -> None:
+        super().__init__(config)
+        self.ends: dict[str, float] = {}
+
+    def _finish(self, wid: str, now_s: float) -> None:
+        super()._finish(wid, now_s)
+        self.ends[wid] = now_s
+
+
+def test_a_model_that_only_measures_load_leaves_gangs_at_the_traces_rate() -> None:
+    """`comm_slows=False` (the parity test's replay): the gangs run their trace duration, as the live
+    pool's pods run what their provider gives them, and the model still measures their links' load."""
+    setup = CommSetup(FABRIC, MODEL, {"a": LANGUAGE, "b": LANGUAGE})
+    slowed = _Ends(ReplayConfig(NODES, JOBS, POLICIES, comm=setup, congestion=CongestionRule()))
+    measured = _Ends(ReplayConfig(NODES, JOBS, POLICIES, comm=setup, congestion=CongestionRule(),
+                                  comm_slows=False))
+    slow, result = slowed.run(), measured.run()
+    for wid, start in (("a", 10.0), ("b", 20.0)):  # as placed in the module's trace
+        assert measured.ends[wid] == pytest.approx(start + 1000.0)
+        assert slowed.ends[wid] > start + 1000.0 / 0.5
+    assert result["congestion_samples"] > 0 and result["link_util_max"] == pytest.approx(SHARED, abs=1e-3)
+    assert slow["link_util_max"] > 0

@@ -95,6 +95,12 @@ class ReplayConfig:
     while gangs run, and with `policies.migrate` each sample handed to the cycle, which moves gangs
     off congested links (sim/congestion.py); the result gains congestion_samples, congestion_moves,
     congestion_lost_gpu_h, congestion_same_nodes."""
+    comm_slows: bool = True
+    """With `comm`: multi-node gangs progress at their network-bound rate. False: at the trace's
+    rate, the model then only measuring link load (telemetry, congestion) -- what a comparison with
+    the live server needs, whose pods run as long as their provider says and whose progress counts
+    the wall-clock seconds up to a checkpoint (tests/server/test_parity.py); the report's comm
+    lost_gpu_hours is then what the slowdowns would have cost."""
 
 
 @dataclass(slots=True)
@@ -456,7 +462,10 @@ class Replay:
     def _comm_rerate(self, now_s: float) -> None:
         """Multi-node gangs progress at their network-bound rate, recomputed on every change."""
         assert self.comm is not None
-        for wid, rate in self.comm.rates().items():
+        rates = self.comm.rates()  # the gangs' step times too, which the link loads follow
+        if not self.config.comm_slows:
+            return
+        for wid, rate in rates.items():
             job = self.jobs[wid]
             if job.run_start_s is None or job.rate == rate:
                 continue

@@ -115,6 +115,25 @@ def test_a_congested_gang_is_stopped_by_the_cycle_with_kind_migrate() -> None:
     assert view2.congestion_sample is None and "g" in view2.running
 
 
+def test_a_migrated_gang_gives_its_devices_back_and_is_placed_again_at_once() -> None:
+    """The stop frees what the gang held (devices, quota) in the view, as a preemption does: the
+    gang itself, requeued, fits again in the next cycle of the same instant (a view that kept its
+    devices taken let it wait for work to end, and its free capacity drifted from the store)."""
+    view = ClusterView.empty(cluster(2, devices=1))
+    gang = replace(workload(pod(1, name="r0"), pod(1, name="r1"), wid="g"), checkpoint_interval_s=20.0)
+    cycle_on(view, [gang], FF, 0.0, random.Random(0))
+    assert int(view.state.dev_milli_free.sum()) == 0
+    migrate = replace(FF, migrate=MigrateRule(threshold=0.8, hold_s=0.0))
+    view.congestion_sample = CongestionSample(30.0, {"g": 0.95})
+    (stop,) = cycle_on(view, [], migrate, 30.0, random.Random(0)).decisions
+    assert isinstance(stop, Stop) and stop.kind is EventKind.MIGRATE
+    assert int(view.state.dev_milli_free.sum()) == 2000 and "g" not in view.running
+    view.state.check_invariants()
+    view.quota.check_invariants()
+    again = cycle_on(view, [gang], migrate, 30.0, random.Random(0))
+    assert [type(d) for d in again.decisions] == [Admit] and "g" in view.running
+
+
 def test_the_kept_view_refuses_a_decision_it_cannot_apply(monkeypatch: pytest.MonkeyPatch) -> None:
     import gpupool.core.scheduling.keeper as keeper_module
 

@@ -470,9 +470,8 @@ class _Cycle:
         view.materialize()  # the running records of allocations taken from a snapshot (once per sample)
         due = rule.judge(sample, view.running.keys(), view.congested_since)
         for wid in due:
-            run = view.running[wid]
+            run = view.remove(wid)  # its devices and quota given back: placed again from pending
             resume, lost = lost_work_s(run, self.now_s)
-            view.forget(run)
             self.decisions.append(Stop(
                 wid, EventKind.MIGRATE, Reason.CONGESTION_MOVED, rule.why(),
                 resume_progress_s=resume, lost_work_s=lost, lost_device_s=lost * run.device_count,
