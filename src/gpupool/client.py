@@ -104,6 +104,8 @@ class SubmitFields(TypedDict, total=False):
     """"SRC:DST[:ro]" as `submit --mount` takes, or {"source", "target", "read_only"}."""
     secrets: Sequence[str | Mapping[str, Any]]
     """"NAME[:ENV_VAR | :/run/secrets/FILE]" as `submit --secret` takes, or {"name", "env", "path"}."""
+    constraints: Sequence[str]
+    """Node labels the pods need, "KEY" or "KEY=VALUE", as `submit --constraint` takes."""
 
 
 class Client:

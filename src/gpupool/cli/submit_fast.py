@@ -20,7 +20,7 @@ USAGE = (
     "[--workdir D] [--time-limit 2h] [--checkpoint-every 30m] [--max-retries N] [--array 0-99%10] "
     "[--topology required=leaf] [--separate-stderr] [--dependency afterok:ID] "
     "[--kill-on-invalid-dep no] [--image NAME] [--mount SRC:DST[:ro]] "
-    "[--secret NAME[:ENV_VAR|:/run/secrets/F]] "
+    "[--secret NAME[:ENV_VAR|:/run/secrets/F]] [--constraint KEY[=VALUE]] "
     "[-f spec.yaml] -- COMMAND..."
 )
 # flag -> (path in the spec, kind)
@@ -49,6 +49,7 @@ _FLAGS: dict[str, tuple[tuple[str, ...], str]] = {
     "--kill-on-invalid-dep": (("kill_on_invalid_dep",), "yesno"),
     "--image": (("image",), "str"),
     "--mount": (("mounts",), "mount"), "--secret": (("secrets",), "secret"),
+    "--constraint": (("constraints",), "list"), "-C": (("constraints",), "list"),
 }
 
 
