@@ -35,7 +35,7 @@ def _archive() -> bytes:
 @pytest.fixture(scope="module")
 def pool(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Server, str]]:
     tmp = tmp_path_factory.mktemp("constraints")
-    plain = node("n0", devices=4, model="H100")
+    plain = replace(node("n0", devices=4, model="H100"), labels={"zone": "a"})
     crun = replace(node("n1", devices=4, model="H100"), labels={CONTAINERS_LABEL: "crun 1.8.1", "zone": "b"})
     server = start_server(tmp / "data", provider=ManualProvider([plain, crun]))
     server.rt.settings = dataclasses.replace(server.rt.settings, image_dir=tmp / "images")
@@ -88,8 +88,8 @@ def test_a_constraint_lands_on_the_nodes_carrying_it(pool: tuple[Server, str]) -
 
 
 @pytest.mark.parametrize(("constraints", "sentence"), [
-    (["zone=a"], "No node carries the labels zone=a, so this work would never start; the pool's nodes "
-                 f"have {CONTAINERS_LABEL}=crun 1.8.1, zone=b"),
+    (["zone=c"], "No node carries the labels zone=c, so this work would never start; the pool's nodes "
+                 f"have {CONTAINERS_LABEL}=crun 1.8.1, zone=a, zone=b"),
     (["gpu-kind"], "No node carries the labels gpu-kind"),
     (["zone=b", "rack"], "No node carries the labels rack, zone=b"),
     (["bad key"], "constraint 'bad key' is not KEY or KEY=VALUE"),
@@ -104,15 +104,15 @@ def test_a_constraint_no_node_meets_is_refused_at_submit(pool: tuple[Server, str
 def test_work_whose_labelled_nodes_are_full_waits_saying_the_constraint_narrows_it(
         pool: tuple[Server, str]) -> None:
     server, token = pool
-    first = _submit(server, token, constraints=["zone"], resources={"gpus": 4}).json()["id"]
+    first = _submit(server, token, constraints=["zone=b"], resources={"gpus": 4}).json()["id"]
     assert _launched_nodes(server, [first]) == {first: "n1"}
-    late = _submit(server, token, constraints=["zone"], resources={"gpus": 1}).json()["id"]
+    late = _submit(server, token, constraints=["zone=b"], resources={"gpus": 1}).json()["id"]
 
     def waiting() -> bool:
         shown = server.client.get(f"{API}/workloads/{late}", headers=server.headers(token)).json()
-        return "its constraint zone narrows the choice to 1 of 2 node(s)" in shown["message"]
+        return "its constraint zone=b narrows the choice to 1 of 2 node(s)" in shown["message"]
 
-    server.wait_for(waiting)  # n0 has 4 free devices, but no zone label
+    server.wait_for(waiting)  # n0 has 4 free devices, but in zone a
     assert server.status(late) == "pending"
     _finish(server, [first])
     assert _launched_nodes(server, [late]) == {late: "n1"}
@@ -138,6 +138,19 @@ def test_node_show_lists_the_labels_a_constraint_matches(pool: tuple[Server, str
     server, _ = pool
     shown = server.client.get(f"{API}/nodes/n1", headers=server.headers()).json()
     assert shown["labels"] == {CONTAINERS_LABEL: "crun 1.8.1", "zone": "b"}
+
+
+def test_a_tenant_cannot_steer_image_work_onto_a_node_without_containers(pool: tuple[Server, str]) -> None:
+    server, token = pool
+    # zone=a is n0's alone, and n0 cannot run containers: the implied label still holds.
+    answer = _submit(server, token, image="tiny", constraints=["zone=a"], resources={"gpus": 1})
+    assert answer.status_code == 422, answer.text
+    assert f"No node carries the labels {CONTAINERS_LABEL}, zone=a" in answer.json()["message"]
+    # Naming the containers label with another value does not drop the implied one either.
+    answer = _submit(server, token, image="tiny", constraints=[f"{CONTAINERS_LABEL}=none"])
+    assert answer.status_code == 422, answer.text
+    assert server.client.get(f"{API}/workloads", params={"status": "pending"},
+                             headers=server.headers(token)).json()["items"] == []
 
 
 def test_the_cli_takes_repeated_constraints() -> None:

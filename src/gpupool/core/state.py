@@ -50,6 +50,8 @@ Need = int | IntArray
 """An effective amount: one number, or one per node ([node]) or per device ([node, slot])."""
 
 _NEED_CACHE_SIZE = 64
+_LABEL_CACHE_SIZE = 256
+"""Distinct node-label sets whose masks a state keeps (tenants choose them); cleared when full."""
 """Per-device memory needs kept per state (one [node, slot] array per share); cleared when full."""
 
 
@@ -251,6 +253,9 @@ class ClusterState:
         """[node] mask of the nodes carrying every one of `node_labels` (all nodes: empty set)."""
         cached = self._label_cache.get(node_labels)
         if cached is None:
+            if len(self._label_cache) >= _LABEL_CACHE_SIZE:
+                self._label_cache = {}
+                self._allowed_cache = {k: v for k, v in self._allowed_cache.items() if not k[1]}
             cached = np.array([labels_match(node_labels, n.labels) for n in self.nodes], dtype=bool)
             self._label_cache[node_labels] = cached
         return cached

@@ -142,3 +142,14 @@ def test_workloads_of_one_shape_but_other_labels_are_judged_apart() -> None:
     result = cycle_on(view, [nowhere, anywhere], Policies(), 0.0, random.Random(0))
     assert [a.workload_id for a in result.admitted] == ["anywhere"]
     assert [(r.workload_id, r.reason) for r in result.rejected] == [("nowhere", Reason.NEVER_FITS)]
+
+
+def test_the_label_masks_a_state_keeps_are_bounded() -> None:
+    # Tenants choose their label sets: a state must not keep one mask per set it ever saw.
+    state = ClusterState(_pool(2, labelled=(1,)))
+    plain = state.allowed_devices(frozenset())
+    for i in range(1000):
+        labels = frozenset({(CONTAINERS, None), ("k", str(i))})
+        assert not state.allowed_devices(frozenset(), labels).any()
+    assert len(state._label_cache) <= 256 and len(state._allowed_cache) <= 257
+    assert state.allowed_devices(frozenset()) is plain  # the masks without labels stay

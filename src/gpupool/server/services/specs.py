@@ -54,11 +54,12 @@ def node_labels(spec: WorkloadSpec) -> Labels:
 
 
 def check_constraints(spec: WorkloadSpec, nodes: Sequence[Node]) -> None:
-    """Refuse (InvalidInput, HTTP 422) constraints no node of the pool meets, naming the labels
-    there are; a pool without nodes yet refuses nothing (as `check_fits`)."""
+    """Refuse (InvalidInput, HTTP 422) constraints no node of the pool meets together with the label
+    `image` implies, naming the labels there are; a pool without nodes yet refuses nothing (as
+    `check_fits`)."""
     if not spec.constraints or not nodes:
         return
-    wanted = frozenset(parse_constraint(text) for text in spec.constraints)
+    wanted = node_labels(spec)
     if any(labels_match(wanted, node.labels) for node in nodes):
         return
     have = sorted({f"{k}={v}" for node in nodes for k, v in node.labels.items()})
