@@ -10,6 +10,7 @@ import io
 import tarfile
 from collections.abc import Iterator
 from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -156,3 +157,17 @@ def test_a_tenant_cannot_steer_image_work_onto_a_node_without_containers(pool: t
 def test_the_cli_takes_repeated_constraints() -> None:
     spec = parse(["--constraint", "zone=b", "-C", "rack", "--", "true"])
     assert spec["constraints"] == ["zone=b", "rack"]
+
+
+def test_a_spec_file_carries_constraints(tmp_path: Path) -> None:
+    spec_file = tmp_path / "spec.yaml"
+    spec_file.write_text("command: [python, train.py]\nconstraints: [zone=b, rack]\n")
+    assert parse(["-f", str(spec_file)])["constraints"] == ["zone=b", "rack"]
+
+
+def test_the_sdk_sends_constraints_as_the_spec_field() -> None:
+    from gpupool.api.workloads import WorkloadSpec
+    from gpupool.client import spec_body
+
+    body = spec_body(None, {"command": ["true"], "constraints": ["zone=b", "rack", "zone=b"]})
+    assert WorkloadSpec.model_validate(body).constraints == ["rack", "zone=b"]  # stored sorted, once each
