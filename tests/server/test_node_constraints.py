@@ -171,3 +171,25 @@ def test_the_sdk_sends_constraints_as_the_spec_field() -> None:
 
     body = spec_body(None, {"command": ["true"], "constraints": ["zone=b", "rack", "zone=b"]})
     assert WorkloadSpec.model_validate(body).constraints == ["rack", "zone=b"]  # stored sorted, once each
+
+
+def test_the_image_in_use_query_reads_the_spec_on_both_stores(db_url: str, tmp_path: Path) -> None:
+    from gpupool.server.services.image_use import users
+
+    crun = replace(node("n0", devices=1, model="H100"), labels={CONTAINERS_LABEL: "crun 1.8.1"})
+    server = start_server(tmp_path / "data", url=db_url, provider=ManualProvider([crun]))
+    try:
+        server.rt.settings = dataclasses.replace(server.rt.settings, image_dir=tmp_path / "images")
+        for name in ("tiny", "tiny2"):
+            answer = server.client.post(f"{API}/images", params={"name": name}, content=_archive(),
+                                        headers=server.headers())
+            assert answer.status_code == 201, answer.text
+        ids = [_submit(server, server.admin_token, image="tiny", resources={"gpus": 1}).json()["id"]
+               for _ in range(2)]
+        other = _submit(server, server.admin_token, image="tiny2").json()["id"]
+        with server.rt.store.read() as session:
+            assert users(session, "tiny") == sorted(ids)  # pending or running alike
+            assert users(session, "tiny2") == [other]
+            assert users(session, "tin") == []
+    finally:
+        stop_server(server)
