@@ -36,7 +36,7 @@ def _archive() -> bytes:
 @pytest.fixture(scope="module")
 def pool(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Server, str]]:
     tmp = tmp_path_factory.mktemp("constraints")
-    plain = replace(node("n0", devices=4, model="H100"), labels={"zone": "a"})
+    plain = replace(node("n0", devices=8, model="H100"), labels={"zone": "a"})
     crun = replace(node("n1", devices=4, model="H100"), labels={CONTAINERS_LABEL: "crun 1.8.1", "zone": "b"})
     server = start_server(tmp / "data", provider=ManualProvider([plain, crun]))
     server.rt.settings = dataclasses.replace(server.rt.settings, image_dir=tmp / "images")
@@ -100,6 +100,16 @@ def test_a_constraint_no_node_meets_is_refused_at_submit(pool: tuple[Server, str
     server, token = pool
     answer = _submit(server, token, constraints=constraints)
     assert answer.status_code == 422 and sentence in answer.json()["message"], answer.text
+
+
+@pytest.mark.parametrize("spec", [{"constraints": ["zone=b"]}, {"image": "tiny"}])
+def test_work_the_labelled_nodes_could_never_hold_is_refused_at_submit(pool: tuple[Server, str],
+                                                                        spec: dict[str, Any]) -> None:
+    server, token = pool
+    answer = _submit(server, token, resources={"gpus": 6}, **spec)  # n0 has 8 devices, n1 has 4
+    assert answer.status_code == 422, answer.text
+    assert "Only 1 node(s) carry the labels" in answer.json()["message"]
+    assert "cannot hold it: No node has 6 devices" in answer.json()["message"]
 
 
 def test_work_whose_labelled_nodes_are_full_waits_saying_the_constraint_narrows_it(

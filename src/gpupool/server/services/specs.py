@@ -54,20 +54,28 @@ def node_labels(spec: WorkloadSpec) -> Labels:
 
 
 def check_constraints(spec: WorkloadSpec, nodes: Sequence[Node]) -> None:
-    """Refuse (InvalidInput, HTTP 422) constraints no node of the pool meets together with the label
-    `image` implies, naming the labels there are; a pool without nodes yet refuses nothing (as
-    `check_fits`)."""
-    if not spec.constraints or not nodes:
-        return
+    """Refuse (InvalidInput, HTTP 422) work whose node labels (its constraints and the label `image`
+    implies) no node carries, naming the labels there are, or that no node carrying them could ever
+    hold (as `check_fits`, on those nodes); a pool without nodes yet refuses nothing."""
     wanted = node_labels(spec)
-    if any(labels_match(wanted, node.labels) for node in nodes):
+    if not wanted or not nodes:
         return
-    have = sorted({f"{k}={v}" for node in nodes for k, v in node.labels.items()})
-    listing = ", ".join(have[:12]) + (f" and {len(have) - 12} more" if len(have) > 12 else "") or "none"
-    raise InvalidInput(
-        f"No node carries the labels {label_text(wanted)}, so this work would never start; the pool's "
-        f"nodes have {listing} (`gpupool node ls -o wide` shows them per node): drop or change "
-        "--constraint.", field="constraints")
+    matching = [node for node in nodes if labels_match(wanted, node.labels)]
+    if not matching:
+        if not spec.constraints:
+            return  # image work alone: `check_image` says why no node runs containers
+        have = sorted({f"{k}={v}" for node in nodes for k, v in node.labels.items()})
+        listing = ", ".join(have[:12]) + (f" and {len(have) - 12} more" if len(have) > 12 else "") or "none"
+        raise InvalidInput(
+            f"No node carries the labels {label_text(wanted)}, so this work would never start; the pool's "
+            f"nodes have {listing} (`gpupool node ls -o wide` shows them per node): drop or change "
+            "--constraint.", field="constraints")
+    if len(matching) < len(nodes):
+        try:
+            _check_capacity(spec.resources, frozenset(spec.resources.models), PoolCapacity.of(matching))
+        except InvalidInput as exc:
+            raise InvalidInput(f"Only {len(matching)} node(s) carry the labels {label_text(wanted)}, and "
+                               f"they cannot hold it: {exc.message}", field="constraints") from None
 
 
 def to_workload(

@@ -92,9 +92,9 @@ def prepare(rt: Runtime, who: Principal, spec: WorkloadSpec) -> Submission:
         check_mounts(rt.config, tenant, spec.mounts)
         check_secret_uses(rt, tenant, spec.secrets)
     spec = check_fits(spec, CAPACITY.get(rt.nodes()))  # O(shapes): the summary is cached per node list
-    check_constraints(spec, rt.nodes())
     if spec.image is not None:
         check_image(rt, spec.image)
+    check_constraints(spec, rt.nodes())
     now = rt.clock()
     waiting = _waiting_on(rt, tenant, spec)
     if spec.array is not None:
