@@ -50,9 +50,10 @@ Need = int | IntArray
 """An effective amount: one number, or one per node ([node]) or per device ([node, slot])."""
 
 _NEED_CACHE_SIZE = 64
-_LABEL_CACHE_SIZE = 256
-"""Distinct node-label sets whose masks a state keeps (tenants choose them); cleared when full."""
 """Per-device memory needs kept per state (one [node, slot] array per share); cleared when full."""
+_LABEL_CACHE_SIZE = 256
+"""Distinct node-label sets (and model and label pairs) whose masks a state keeps (tenants choose
+them); cleared when full."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -125,8 +126,9 @@ class ClusterState:
         """Placed shares holding more device memory than their compute's share of it (see
         `device_fits`); while there are none, a default share that fits in compute fits in memory."""
         self._set_need_caches()
-        self._allowed_cache: dict[tuple[frozenset[str], Labels], BoolArray] = {}
+        self._allowed_cache: dict[frozenset[str], BoolArray] = {}
         self._label_cache: dict[Labels, BoolArray] = {}
+        self._labelled_cache: dict[tuple[frozenset[str], Labels], BoolArray] = {}
         # Bumped on every change of a node's free capacity, so policies can cache per-node scores.
         self.node_version: IntArray = np.zeros(n, dtype=np.int64)
         # Per node: how many placed pods of each kind ("cpu", "share", "<k>-dev") it holds.
@@ -235,18 +237,24 @@ class ClusterState:
 
     def allowed_devices(self, allowed_models: frozenset[str], node_labels: Labels = frozenset()) -> BoolArray:
         """[node, slot] mask of valid devices whose model the pod accepts, on nodes carrying the
-        labels it requires (cached per pair of sets)."""
-        key = (allowed_models, node_labels)
-        cached = self._allowed_cache.get(key)
+        labels it requires (cached per set, and per pair of sets where labels are given)."""
+        if node_labels:
+            key = (allowed_models, node_labels)
+            found = self._labelled_cache.get(key)
+            if found is None:
+                if len(self._labelled_cache) >= _LABEL_CACHE_SIZE:
+                    self._labelled_cache = {}
+                found = self.allowed_devices(allowed_models) & self.labelled(node_labels)[:, None]
+                self._labelled_cache[key] = found
+            return found
+        cached = self._allowed_cache.get(allowed_models)
         if cached is None:
             if allowed_models:
                 ids = [self.model_id[m] for m in allowed_models if m in self.model_id]
                 cached = self.dev_valid & np.isin(self.dev_model, ids)
             else:
                 cached = self.dev_valid.copy()
-            if node_labels:
-                cached &= self.labelled(node_labels)[:, None]
-            self._allowed_cache[key] = cached
+            self._allowed_cache[allowed_models] = cached
         return cached
 
     def labelled(self, node_labels: Labels) -> BoolArray:
@@ -254,8 +262,7 @@ class ClusterState:
         cached = self._label_cache.get(node_labels)
         if cached is None:
             if len(self._label_cache) >= _LABEL_CACHE_SIZE:
-                self._label_cache = {}
-                self._allowed_cache = {k: v for k, v in self._allowed_cache.items() if not k[1]}
+                self._label_cache, self._labelled_cache = {}, {}
             cached = np.array([labels_match(node_labels, n.labels) for n in self.nodes], dtype=bool)
             self._label_cache[node_labels] = cached
         return cached

@@ -151,5 +151,5 @@ def test_the_label_masks_a_state_keeps_are_bounded() -> None:
     for i in range(1000):
         labels = frozenset({(CONTAINERS, None), ("k", str(i))})
         assert not state.allowed_devices(frozenset(), labels).any()
-    assert len(state._label_cache) <= 256 and len(state._allowed_cache) <= 257
+    assert len(state._label_cache) <= 256 and len(state._labelled_cache) <= 256
     assert state.allowed_devices(frozenset()) is plain  # the masks without labels stay
