@@ -175,10 +175,6 @@ class PodRequest:
     def allows(self, model: str) -> bool:
         return not self.allowed_models or model in self.allowed_models
 
-    def accepts_node(self, labels: Mapping[str, str]) -> bool:
-        """Whether a node with these labels satisfies every one of the pod's `node_labels`."""
-        return labels_match(self.node_labels, labels)
-
 
 def shared_labels(pods: Iterable[PodRequest]) -> Labels:
     """The node labels every one of `pods` requires (a workload's pods share them as submitted)."""

@@ -153,3 +153,13 @@ def test_the_label_masks_a_state_keeps_are_bounded() -> None:
         assert not state.allowed_devices(frozenset(), labels).any()
     assert len(state._label_cache) <= 256 and len(state._labelled_cache) <= 256
     assert state.allowed_devices(frozenset()) is plain  # the masks without labels stay
+
+
+def test_labelled_nodes_without_devices_say_so() -> None:
+    nodes = [node("gpu", devices=4), replace(node("cpu", devices=0), labels={"zone": "a"})]
+    view = ClusterView.empty(nodes)
+    pending = [workload(_need(pod(1), frozenset({("zone", "a")})), wid="w")]
+    result = cycle_on(view, pending, Policies(), 0.0, random.Random(0))
+    (refused,) = result.rejected
+    assert refused.reason is Reason.NEVER_FITS
+    assert refused.message.endswith("No node with the labels zone=a has a device.")

@@ -159,8 +159,10 @@ def _explain_nofit(pod: PodRequest, state: ClusterState) -> NoFit:
         if not allowed.any():
             return NoFit(
                 Reason.NO_ALLOWED_MODEL,
-                f"No node has a device of the allowed models {sorted(pod.allowed_models)}"
-                + (f" with the labels {label_text(pod.node_labels)}." if pod.node_labels else "."),
+                f"No node has a device of the allowed models {sorted(pod.allowed_models)}."
+                if not pod.node_labels
+                else f"No node with the labels {label_text(pod.node_labels)} has a device"
+                + (f" of the allowed models {sorted(pod.allowed_models)}." if pod.allowed_models else "."),
             )
     host = state.host_fits(pod)
     if not host.any():
