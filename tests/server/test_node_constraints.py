@@ -203,3 +203,10 @@ def test_the_image_in_use_query_reads_the_spec_on_both_stores(db_url: str, tmp_p
             assert users(session, "tin") == []
     finally:
         stop_server(server)
+
+
+def test_the_cli_refuses_a_malformed_constraint_before_it_calls_the_server() -> None:
+    from gpupool.cli.submit_fast import UsageError
+
+    with pytest.raises(UsageError, match=r"Option --constraint got 'bad key', which is not KEY or KEY=VALUE"):
+        parse(["--constraint", "bad key", "--", "true"])

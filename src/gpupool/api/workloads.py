@@ -31,7 +31,9 @@ request of a large spec with 10,000 tasks would write gigabytes to the store."""
 
 
 MAX_CONSTRAINTS = 16
-_CONSTRAINT = re.compile(r"[A-Za-z0-9][A-Za-z0-9._/-]{0,252}(=[A-Za-z0-9._:/+-]{0,256})?")
+CONSTRAINT_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._/-]{0,252}(=[A-Za-z0-9._:/+-]{0,256})?")
+CONSTRAINT_RULE = ("is not KEY or KEY=VALUE: a key starts with a letter or digit and holds letters, digits, "
+                   "'.', '_', '/', '-' (gpupool.io/containers, zone=a)")
 ConstraintText = Annotated[str, Field(min_length=1, max_length=512)]
 
 
@@ -177,10 +179,8 @@ class WorkloadSpec(Strict):
     @classmethod
     def _constraints(cls, value: list[str]) -> list[str]:
         for text in value:
-            if not _CONSTRAINT.fullmatch(text):
-                raise ValueError(
-                    f"constraint {text[:80]!r} is not KEY or KEY=VALUE: a key starts with a letter or digit "
-                    "and holds letters, digits, '.', '_', '/', '-' (gpupool.io/containers, zone=a)")
+            if not CONSTRAINT_RE.fullmatch(text):
+                raise ValueError(f"constraint {text[:80]!r} {CONSTRAINT_RULE}")
         return sorted(set(value))  # stored in one order: alike constraints read alike
 
     @field_validator("array")

@@ -49,7 +49,7 @@ _FLAGS: dict[str, tuple[tuple[str, ...], str]] = {
     "--kill-on-invalid-dep": (("kill_on_invalid_dep",), "yesno"),
     "--image": (("image",), "str"),
     "--mount": (("mounts",), "mount"), "--secret": (("secrets",), "secret"),
-    "--constraint": (("constraints",), "list"), "-C": (("constraints",), "list"),
+    "--constraint": (("constraints",), "constraint"), "-C": (("constraints",), "constraint"),
 }
 
 
@@ -169,6 +169,13 @@ def _set(flags: dict[tuple[str, ...], object], path: tuple[str, ...], kind: str,
             env = flags.setdefault(path, {})
             assert isinstance(env, dict)
             env[key] = val
+        elif kind == "constraint":
+            from gpupool.api.workloads import CONSTRAINT_RE, CONSTRAINT_RULE
+
+            if not CONSTRAINT_RE.fullmatch(value):
+                raise UsageError(f"Option {name} got {value!r}, which {CONSTRAINT_RULE}.")
+            flags.setdefault(path, [])
+            flags[path].append(value)  # type: ignore[attr-defined]
         elif kind == "topology":
             flags[path] = _topology(value, name)
         elif kind in ("mount", "secret"):
