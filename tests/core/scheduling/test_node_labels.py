@@ -163,3 +163,4 @@ def test_labelled_nodes_without_devices_say_so() -> None:
     (refused,) = result.rejected
     assert refused.reason is Reason.NEVER_FITS
     assert refused.message.endswith("No node with the labels zone=a has a device.")
+
