@@ -106,6 +106,8 @@ class SubmitFields(TypedDict, total=False):
     """"NAME[:ENV_VAR | :/run/secrets/FILE]" as `submit --secret` takes, or {"name", "env", "path"}."""
     launcher: str
     """'none' or 'torchrun' (`submit --launcher`)."""
+    constraints: Sequence[str]
+    """Node labels the pods need, "KEY" or "KEY=VALUE", as `submit --constraint` takes."""
 
 
 class Client:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from enum import StrEnum
 from typing import Annotated
 
@@ -28,6 +29,19 @@ MAX_ENV_VARS = 1024
 MAX_ARRAY_STORED_BYTES = 64 * 2**20
 """What one array's tasks may store in all: each task stores the whole spec, so without this one
 request of a large spec with 10,000 tasks would write gigabytes to the store."""
+
+
+MAX_CONSTRAINTS = 16
+CONSTRAINT_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._/-]{0,252}(=[A-Za-z0-9._:/+-]{0,256})?")
+CONSTRAINT_RULE = ("is not KEY or KEY=VALUE: a key starts with a letter or digit and holds letters, digits, "
+                   "'.', '_', '/', '-' (gpupool.io/containers, zone=a)")
+ConstraintText = Annotated[str, Field(min_length=1, max_length=512)]
+
+
+def parse_constraint(text: str) -> tuple[str, str | None]:
+    """A node constraint as the core reads it: (KEY, None) or (KEY, VALUE)."""
+    key, sep, value = text.partition("=")
+    return (key, value if sep else None)
 
 
 def _check(parse: object, value: object) -> object:
@@ -168,6 +182,11 @@ class WorkloadSpec(Strict):
     image: ImageName | None = Field(None, description=(
         "run each pod in this image of the pool's store (`gpupool image ls`), in a container as the "
         "tenant's account; default: on the node itself"))
+    # node constraints (docs/admission.md): labels a node must carry to take the pods
+    constraints: list[ConstraintText] = Field(default_factory=list, max_length=MAX_CONSTRAINTS, description=(
+        "node labels its pods need, as KEY (present, any value) or KEY=VALUE (Slurm's --constraint, "
+        "Kubernetes' nodeSelector); all must hold; `gpupool node show NAME` lists a node's labels. "
+        "With `image`, the server also requires gpupool.io/containers (not stored here)"))
     # mounts and secrets (docs/security.md): only references are stored, never a secret's value
     mounts: list[MountSpec] = Field(default_factory=list, max_length=MAX_MOUNTS, description=(
         "node paths inside the tenant's allowed roots, bound into each pod's own mount namespace"))
@@ -181,6 +200,14 @@ class WorkloadSpec(Strict):
                 "--mount and secrets as files (NAME:/run/secrets/F) do not reach into a container yet: "
                 "with --image, give secrets as variables (NAME or NAME:ENV_VAR) and put data in --workdir")
         return self
+
+    @field_validator("constraints")
+    @classmethod
+    def _constraints(cls, value: list[str]) -> list[str]:
+        for text in value:
+            if not CONSTRAINT_RE.fullmatch(text):
+                raise ValueError(f"constraint {text[:80]!r} {CONSTRAINT_RULE}")
+        return sorted(set(value))  # stored in one order: alike constraints read alike
 
     @field_validator("array")
     @classmethod

@@ -67,8 +67,8 @@ def list_images(output: OutputOption = Format.TABLE) -> None:
 def remove_image(
     name: Annotated[str, typer.Argument(help="The image to remove.")],
 ) -> None:
-    """Remove an image (admin). Pods placed in it later fail with that reason; remove it only when
-    no work uses it.
+    """Remove an image (admin). Refused (exit 2, naming them) while pending or running work uses it:
+    wait for that work or cancel it first.
 
     Example: gpupool image rm tiny
     """

@@ -125,6 +125,13 @@ def submit(
                                        "file per key): one of the tenant's secrets (gpupool secret "
                                        "create), repeatable.")
     ] = None,
+    constraint: Annotated[
+        list[str] | None, typer.Option("--constraint", "-C", help="KEY or KEY=VALUE (repeatable, all must "
+                                       "hold): place the pods only on nodes carrying that label (Slurm's "
+                                       "--constraint, Kubernetes' nodeSelector; `gpupool node ls -o wide` "
+                                       "lists them). One no node carries: exit 2. --image adds "
+                                       "gpupool.io/containers by itself.")
+    ] = None,
 ) -> None:
     """Submit a workload (or with --array, one task per index) and print only its id.
 
@@ -136,6 +143,8 @@ def submit(
 
     Example: gpupool submit --mount /data/team-a/set:/data:ro --secret hf:HF_TOKEN -- python train.py
     Example: gpupool submit --replicas 2 --gpus 8 --launcher torchrun -- python train.py
+
+    Example: gpupool submit --constraint zone=a --gpus 1 -- python train.py
 
     Exit codes: 0 submitted, 2 bad usage or refused (quota, invalid spec or dependency, a priority or
     class above the tenant's max priority, too many pending), 3 queue/tenant, or a workload the
@@ -172,7 +181,8 @@ def submit(
             args += [flag, str(value)]
     if separate_stderr:
         args.append("--separate-stderr")
-    for flag, values in (("--model", model), ("--env", env), ("--mount", mount), ("--secret", secret)):
+    for flag, values in (("--model", model), ("--env", env), ("--mount", mount), ("--secret", secret),
+                         ("--constraint", constraint)):
         for value in values or []:
             args += [flag, value]
     raise typer.Exit(run([*args, "--", *(command or [])]))

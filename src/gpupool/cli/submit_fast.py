@@ -20,7 +20,7 @@ USAGE = (
     "[--workdir D] [--time-limit 2h] [--checkpoint-every 30m] [--max-retries N] [--array 0-99%10] "
     "[--topology required=leaf] [--separate-stderr] [--dependency afterok:ID] "
     "[--kill-on-invalid-dep no] [--launcher torchrun] [--image NAME] [--mount SRC:DST[:ro]] "
-    "[--secret NAME[:ENV_VAR|:/run/secrets/F]] "
+    "[--secret NAME[:ENV_VAR|:/run/secrets/F]] [--constraint KEY[=VALUE]] "
     "[-f spec.yaml] -- COMMAND..."
 )
 # flag -> (path in the spec, kind)
@@ -50,6 +50,7 @@ _FLAGS: dict[str, tuple[tuple[str, ...], str]] = {
     "--image": (("image",), "str"),
     "--mount": (("mounts",), "mount"), "--secret": (("secrets",), "secret"),
     "--launcher": (("launcher",), "launcher"),
+    "--constraint": (("constraints",), "constraint"), "-C": (("constraints",), "constraint"),
 }
 LAUNCHERS = ("none", "torchrun")
 
@@ -170,6 +171,13 @@ def _set(flags: dict[tuple[str, ...], object], path: tuple[str, ...], kind: str,
             env = flags.setdefault(path, {})
             assert isinstance(env, dict)
             env[key] = val
+        elif kind == "constraint":
+            from gpupool.api.workloads import CONSTRAINT_RE, CONSTRAINT_RULE
+
+            if not CONSTRAINT_RE.fullmatch(value):
+                raise UsageError(f"Option {name} got {value!r}, which {CONSTRAINT_RULE}.")
+            flags.setdefault(path, [])
+            flags[path].append(value)  # type: ignore[attr-defined]
         elif kind == "topology":
             flags[path] = _topology(value, name)
         elif kind in ("mount", "secret"):

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
 
@@ -117,6 +117,10 @@ class Slice:
     memory_mib: int = 0
 
 
+Labels = frozenset[tuple[str, str | None]]
+"""Node labels a pod requires: (key, None) for the key with any value, (key, value) for that value."""
+
+
 @dataclass(frozen=True, slots=True)
 class PodRequest:
     """One process group's request.
@@ -137,6 +141,9 @@ class PodRequest:
     """A fractional pod without `device_memory_mib`, under proportional defaults, holds this share
     of its device's memory (milli); 0 means its compute share, `device_milli`. Only oversubscription
     sets it (a guaranteed part whose compute and memory ratios differ)."""
+    node_labels: Labels = frozenset()
+    """Labels a node must carry to take the pod: (key, None) asks for the key with any value,
+    (key, value) for that value (Slurm's --constraint, Kubernetes' nodeSelector); empty: any node."""
 
     def __post_init__(self) -> None:
         if self.cpu_milli < 0 or self.memory_mib < 0 or self.device_memory_mib < 0:
@@ -167,6 +174,22 @@ class PodRequest:
 
     def allows(self, model: str) -> bool:
         return not self.allowed_models or model in self.allowed_models
+
+
+def shared_labels(pods: Iterable[PodRequest]) -> Labels:
+    """The node labels every one of `pods` requires (a workload's pods share them as submitted)."""
+    sets = [p.node_labels for p in pods]
+    return frozenset.intersection(*sets) if sets else frozenset()
+
+
+def label_text(labels: Iterable[tuple[str, str | None]]) -> str:
+    """Labels as a user writes them: `KEY` or `KEY=VALUE`, comma-separated, sorted."""
+    return ", ".join(sorted(k if v is None else f"{k}={v}" for k, v in labels))
+
+
+def labels_match(wanted: Iterable[tuple[str, str | None]], labels: Mapping[str, str]) -> bool:
+    """Whether `labels` carry every wanted key (and its value, where one is named)."""
+    return all(k in labels and (v is None or labels[k] == v) for k, v in wanted)
 
 
 @dataclass(frozen=True, slots=True)

@@ -30,11 +30,13 @@ from gpupool.core.model import (
     UNKNOWN_MEMORY_MIB,
     Allocation,
     ClusterSnapshot,
+    Labels,
     Node,
     PodPlacement,
     PodRequest,
     Slice,
     SliceDefaults,
+    labels_match,
 )
 from gpupool.core.units import MILLI
 from gpupool.errors import OverAllocation
@@ -49,6 +51,9 @@ Need = int | IntArray
 
 _NEED_CACHE_SIZE = 64
 """Per-device memory needs kept per state (one [node, slot] array per share); cleared when full."""
+_LABEL_CACHE_SIZE = 256
+"""Distinct node-label sets (and model and label pairs) whose masks a state keeps (tenants choose
+them); cleared when full."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -122,6 +127,8 @@ class ClusterState:
         `device_fits`); while there are none, a default share that fits in compute fits in memory."""
         self._set_need_caches()
         self._allowed_cache: dict[frozenset[str], BoolArray] = {}
+        self._label_cache: dict[Labels, BoolArray] = {}
+        self._labelled_cache: dict[tuple[frozenset[str], Labels], BoolArray] = {}
         # Bumped on every change of a node's free capacity, so policies can cache per-node scores.
         self.node_version: IntArray = np.zeros(n, dtype=np.int64)
         # Per node: how many placed pods of each kind ("cpu", "share", "<k>-dev") it holds.
@@ -228,8 +235,18 @@ class ClusterState:
 
     # ----------------------------------------------------------------- feasibility
 
-    def allowed_devices(self, allowed_models: frozenset[str]) -> BoolArray:
-        """[node, slot] mask of valid devices whose model the pod accepts (cached per set)."""
+    def allowed_devices(self, allowed_models: frozenset[str], node_labels: Labels = frozenset()) -> BoolArray:
+        """[node, slot] mask of valid devices whose model the pod accepts, on nodes carrying the
+        labels it requires (cached per set, and per pair of sets where labels are given)."""
+        if node_labels:
+            key = (allowed_models, node_labels)
+            found = self._labelled_cache.get(key)
+            if found is None:
+                if len(self._labelled_cache) >= _LABEL_CACHE_SIZE:
+                    self._labelled_cache = {}
+                found = self.allowed_devices(allowed_models) & self.labelled(node_labels)[:, None]
+                self._labelled_cache[key] = found
+            return found
         cached = self._allowed_cache.get(allowed_models)
         if cached is None:
             if allowed_models:
@@ -240,9 +257,19 @@ class ClusterState:
             self._allowed_cache[allowed_models] = cached
         return cached
 
+    def labelled(self, node_labels: Labels) -> BoolArray:
+        """[node] mask of the nodes carrying every one of `node_labels` (all nodes: empty set)."""
+        cached = self._label_cache.get(node_labels)
+        if cached is None:
+            if len(self._label_cache) >= _LABEL_CACHE_SIZE:
+                self._label_cache, self._labelled_cache = {}, {}
+            cached = np.array([labels_match(node_labels, n.labels) for n in self.nodes], dtype=bool)
+            self._label_cache[node_labels] = cached
+        return cached
+
     def device_fits(self, pod: PodRequest) -> BoolArray:
         """[node, slot] mask of devices that could hold one of the pod's device shares now."""
-        allowed = self.allowed_devices(pod.allowed_models)
+        allowed = self.allowed_devices(pod.allowed_models, pod.node_labels)
         if pod.device_milli >= MILLI:
             ok = (self.dev_milli_free == MILLI) & (self.dev_mem_free == self.dev_mem_cap)
             ok &= self.dev_milli_cap == MILLI
@@ -263,6 +290,8 @@ class ClusterState:
         """`node_fits(pod)[rows].any()`, computed on those nodes only (host resources first)."""
         schedulable, cpu_free, mem_free = self.schedulable, self.cpu_free, self.mem_free
         cpu, mem = self.cpu_need(pod), self.mem_need(pod)
+        if pod.node_labels:
+            schedulable = schedulable & self.labelled(pod.node_labels)
         if isinstance(cpu, int) and isinstance(mem, int):  # the common case, kept a plain comparison
             hosts = [n for n in rows if schedulable[n] and cpu_free[n] >= cpu and mem_free[n] >= mem]
         else:
@@ -282,6 +311,8 @@ class ClusterState:
         cpu, mem = self.cpu_need(pod), self.mem_need(pod)
         ok = self.schedulable[at] & (self.cpu_free[at] >= at_nodes(cpu, at))
         ok &= self.mem_free[at] >= at_nodes(mem, at)
+        if pod.node_labels:
+            ok &= self.labelled(pod.node_labels)[at]
         if not pod.num_devices:
             return np.asarray(ok)
         return np.asarray(ok & (row_counts(self._device_fits_at(pod, at)) >= pod.num_devices))
@@ -300,13 +331,16 @@ class ClusterState:
                 dev &= mem_free_dev >= need[at]
         elif need:
             dev &= mem_free_dev >= need
-        dev &= self.allowed_devices(pod.allowed_models)[at]
+        dev &= self.allowed_devices(pod.allowed_models, pod.node_labels)[at]
         return dev
 
     def host_fits(self, pod: PodRequest) -> BoolArray:
         """[node] mask of schedulable nodes with enough free cpu and memory for the pod."""
         cpu, mem = self.cpu_need(pod), self.mem_need(pod)
-        return self.schedulable & (self.cpu_free >= cpu) & (self.mem_free >= mem)
+        ok = self.schedulable & (self.cpu_free >= cpu) & (self.mem_free >= mem)
+        if pod.node_labels:
+            ok &= self.labelled(pod.node_labels)
+        return ok
 
     def node_fits(self, pod: PodRequest) -> BoolArray:
         """[node] mask of nodes that can hold the whole pod right now."""

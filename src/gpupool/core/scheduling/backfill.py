@@ -40,7 +40,7 @@ from typing import Literal
 
 import numpy as np
 
-from gpupool.core.model import SliceDefaults, Workload
+from gpupool.core.model import SliceDefaults, Workload, shared_labels
 from gpupool.core.scheduling.domains import narrowest_tier
 from gpupool.core.scheduling.gang import GangPlacement, place_gang, release_gang
 from gpupool.core.scheduling.policies.base import NoFit, PlacementPolicy
@@ -645,9 +645,10 @@ def nodes_mask(gang: GangPlacement, state: ClusterState) -> BoolArray:
 
 
 def _allowed(w: Workload, state: ClusterState) -> BoolArray:
+    labels = shared_labels(w.pods)
     if any(not p.allowed_models for p in w.pods if p.num_devices):
-        return state.allowed_devices(frozenset())
-    return state.allowed_devices(frozenset().union(*(p.allowed_models for p in w.pods)))
+        return state.allowed_devices(frozenset(), labels)
+    return state.allowed_devices(frozenset().union(*(p.allowed_models for p in w.pods)), labels)
 
 
 @dataclass(slots=True)

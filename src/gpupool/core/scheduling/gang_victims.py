@@ -18,7 +18,7 @@ from collections.abc import Iterable, Set
 
 import numpy as np
 
-from gpupool.core.model import Workload
+from gpupool.core.model import Workload, shared_labels
 from gpupool.core.scheduling.domains import only
 from gpupool.core.scheduling.gang import GangPlacement, hold_gang, release_gang
 from gpupool.core.scheduling.policies.base import PlacementPolicy
@@ -70,11 +70,15 @@ def _fewest_nodes(preemptor: Workload, view: ClusterView, pool: list[Running]) -
     """The fewest nodes whose free device compute plus what `pool` holds there covers the gang's
     (the nodes with the most such room first, ties by index); None when all of them do not."""
     state = view.state
-    room = (state.dev_milli_free * state.allowed_devices(_models(preemptor))).sum(axis=1).astype(np.int64)
+    labels = shared_labels(preemptor.pods)
+    allowed = state.allowed_devices(_models(preemptor), labels)
+    room = (state.dev_milli_free * allowed).sum(axis=1).astype(np.int64)
     for run in pool:
         for _, a in run.allocs:
             room[a.node] += sum(a.device_milli)
     room[~state.schedulable] = 0
+    if labels:
+        room[~state.labelled(labels)] = 0
     order = sorted(range(len(room)), key=lambda n: (-int(room[n]), n))
     need = preemptor.total_device_milli
     total = 0

@@ -29,7 +29,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from gpupool.core.model import Workload
+from gpupool.core.model import Workload, shared_labels
 from gpupool.core.priority import Rank
 from gpupool.core.scheduling.gang import GangPlacement, place_gang, release_gang
 from gpupool.core.scheduling.policies.base import NoFit, PlacementPolicy
@@ -484,4 +484,4 @@ def free_milli(view: ClusterView, w: Workload) -> int:
         models: frozenset[str] = frozenset()
     else:
         models = frozenset().union(*(p.allowed_models for p in w.pods))
-    return int(state.dev_milli_free[state.allowed_devices(models)].sum())
+    return int(state.dev_milli_free[state.allowed_devices(models, shared_labels(w.pods))].sum())

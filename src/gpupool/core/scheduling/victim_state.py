@@ -114,7 +114,7 @@ class FirstPodFits:
         self.mem = state.mem_need(pod)
         self.share = min(pod.device_milli, MILLI)
         """The free milli a device needs to take one of the pod's shares (whole: all of it)."""
-        self.allowed = state.allowed_devices(pod.allowed_models) if pod.num_devices else None
+        self.allowed = state.allowed_devices(pod.allowed_models, pod.node_labels) if pod.num_devices else None
         self._base: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray | None] | None = None
         """Every node's slacks on the state before any victim is freed (see `_slacks`)."""
         self.free: dict[int, list[int]] = {}
@@ -176,7 +176,10 @@ class FirstPodFits:
         the pod refuses). Read before any victim is freed: a node's values are used only when a
         victim is first freed there, and until then nothing has changed on it."""
         state = self.state
-        cpu = np.where(state.schedulable, state.cpu_free - self.cpu, _REFUSED)
+        usable = state.schedulable
+        if self.pod.node_labels:
+            usable = usable & state.labelled(self.pod.node_labels)
+        cpu = np.where(usable, state.cpu_free - self.cpu, _REFUSED)
         mem = state.mem_free - self.mem
         if self.allowed is None:
             return cpu, mem, np.zeros(len(cpu), dtype=np.int64), None

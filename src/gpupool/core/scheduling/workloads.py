@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from gpupool.core.model import Workload
+from gpupool.core.model import Labels, Workload
 from gpupool.core.overcommit import OvercommitConfig, guaranteed_workload
 from gpupool.core.priority import PriorityClasses, Rank
 from gpupool.core.quota import (
@@ -25,7 +25,7 @@ from gpupool.core.quota import (
 )
 from gpupool.core.scheduling.ordering.base import demand_of
 
-PodShape = tuple[int, int, int, int, int, frozenset[str], int]
+PodShape = tuple[int, int, int, int, int, frozenset[str], int, Labels]
 Shape = tuple[PodShape | tuple[str], ...]
 """The pods' shapes, then the gang's own topology constraint (its text) when it names one."""
 
@@ -34,7 +34,7 @@ def shape_of(w: Workload) -> Shape:
     """Two workloads of one shape fit (or fail) exactly alike on the same state."""
     pods: Shape = tuple(
         (p.cpu_milli, p.memory_mib, p.num_devices, p.device_milli, p.device_memory_mib, p.allowed_models,
-         p.memory_share_milli)
+         p.memory_share_milli, p.node_labels)
         for p in w.pods
     )
     return pods if w.topology is None else (*pods, (str(w.topology),))

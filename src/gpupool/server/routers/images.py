@@ -11,7 +11,7 @@ from gpupool.api.common import ErrorBody
 from gpupool.api.images import IMAGE_NAME_PATTERN, IMAGE_NAME_RULE, ImageOut
 from gpupool.server.deps import Rt, Who
 from gpupool.server.images import check_name
-from gpupool.server.services import audit
+from gpupool.server.services import audit, image_use
 
 router = APIRouter(tags=["images"], responses={401: {"model": ErrorBody}})
 ImageNameParam = Annotated[str, Path(min_length=1, max_length=63, pattern=IMAGE_NAME_PATTERN)]
@@ -44,10 +44,14 @@ async def import_image(request: Request, rt: Rt, who: Who,
 
 
 @router.delete("/images/{name}", response_model=ImageOut,
-               responses={403: {"model": ErrorBody}, 404: {"model": ErrorBody}})
+               responses={403: {"model": ErrorBody}, 404: {"model": ErrorBody}, 409: {"model": ErrorBody}})
 def remove_image(name: ImageNameParam, rt: Rt, who: Who) -> ImageOut:
-    """Forget image `name` (admin only); pods placed later in it fail with that reason."""
+    """Forget image `name` (admin only); refused (409, naming them) while pending or running work
+    uses it."""
     who.require_admin()
+    if rt.images.get(name) is not None:  # an unknown name: the store's 404
+        with rt.store.read() as session:
+            image_use.refuse_if_used(session, name)
     image = rt.images.remove(name)
     with rt.store.write() as session:
         audit.record(session, who, "image.rm", name, rt.clock(), image.digest)

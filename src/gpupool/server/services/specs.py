@@ -14,13 +14,14 @@ from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from gpupool.api.workloads import ResourcesSpec, WorkloadSpec
+from gpupool.api.workloads import ResourcesSpec, WorkloadSpec, parse_constraint
 from gpupool.config import PoolConfig, PriorityClassConfig
-from gpupool.core.model import Node, PodRequest, Workload
+from gpupool.core.model import Labels, Node, PodRequest, Workload, label_text, labels_match
 from gpupool.core.topology_spec import parse_topology_spec
 from gpupool.core.units import format_memory_mib, parse_cpu_milli, parse_devices, parse_memory_mib
 from gpupool.errors import InvalidInput, PriorityNotAllowed, UnknownName, did_you_mean
 from gpupool.profiles.loader import name_key
+from gpupool.providers.nodespec import CONTAINERS_LABEL
 
 MAX_SHAPES = 64
 """Distinct node shapes checked exactly; a pool with more is checked against its per-figure maxima."""
@@ -38,8 +39,43 @@ def pod_requests(spec: WorkloadSpec) -> tuple[PodRequest, ...]:
         "device_milli": milli,
         "device_memory_mib": gpu_memory if count else 0,
         "allowed_models": frozenset(res.models),
+        "node_labels": node_labels(spec),
     }
     return tuple(PodRequest(name=f"r{rank}", **base) for rank in range(spec.replicas))  # type: ignore[arg-type]
+
+
+def node_labels(spec: WorkloadSpec) -> Labels:
+    """The labels a node must carry to take the spec's pods: its constraints and, for work in an
+    image, the containers label (added here, never stored: it follows what the agents report)."""
+    labels = frozenset(parse_constraint(text) for text in spec.constraints)
+    if spec.image is not None:
+        labels |= {(CONTAINERS_LABEL, None)}
+    return labels
+
+
+def check_constraints(spec: WorkloadSpec, nodes: Sequence[Node]) -> None:
+    """Refuse (InvalidInput, HTTP 422) work whose node labels (its constraints and the label `image`
+    implies) no node carries, naming the labels there are, or that no node carrying them could ever
+    hold (as `check_fits`, on those nodes); a pool without nodes yet refuses nothing."""
+    wanted = node_labels(spec)
+    if not wanted or not nodes:
+        return
+    matching = [node for node in nodes if labels_match(wanted, node.labels)]
+    if not matching:
+        if not spec.constraints:
+            return  # image work alone: `check_image` says why no node runs containers
+        have = sorted({f"{k}={v}" for node in nodes for k, v in node.labels.items()})
+        listing = ", ".join(have[:12]) + (f" and {len(have) - 12} more" if len(have) > 12 else "") or "none"
+        raise InvalidInput(
+            f"No node carries the labels {label_text(wanted)}, so this work would never start; the pool's "
+            f"nodes have {listing} (`gpupool node ls -o wide` shows them per node): drop or change "
+            "--constraint.", field="constraints")
+    if len(matching) < len(nodes):
+        try:
+            _check_capacity(spec.resources, frozenset(spec.resources.models), PoolCapacity.of(matching))
+        except InvalidInput as exc:
+            raise InvalidInput(f"Only {len(matching)} node(s) carry the labels {label_text(wanted)}, and "
+                               f"they cannot hold it: {exc.message}", field="constraints") from None
 
 
 def to_workload(

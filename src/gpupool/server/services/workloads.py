@@ -35,7 +35,7 @@ from gpupool.server.services.fabric_listing import with_network
 from gpupool.server.services.mounts import check as check_mounts
 from gpupool.server.services.requeue import stop_after_commit, stop_pods
 from gpupool.server.services.secrets import check_uses as check_secret_uses
-from gpupool.server.services.specs import CAPACITY, check_fits, priority_class, to_workload
+from gpupool.server.services.specs import CAPACITY, check_constraints, check_fits, priority_class, to_workload
 from gpupool.server.services.submit_writer import Submission, SubmitWriter, commit
 from gpupool.server.states import PodState
 
@@ -94,6 +94,7 @@ def prepare(rt: Runtime, who: Principal, spec: WorkloadSpec) -> Submission:
     spec = check_fits(spec, CAPACITY.get(rt.nodes()))  # O(shapes): the summary is cached per node list
     if spec.image is not None:
         check_image(rt, spec.image)
+    check_constraints(spec, rt.nodes())
     now = rt.clock()
     waiting = _waiting_on(rt, tenant, spec)
     if spec.array is not None:

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
-from gpupool.core.model import PodRequest
+from gpupool.core.model import Labels, PodRequest
 from gpupool.core.state import BoolArray, ClusterState, IntArray, Need, at_nodes
 
 FloatArray = npt.NDArray[np.float64]
@@ -35,17 +35,20 @@ class Shape:
     num_devices: int
     device_milli: int
     allowed_models: frozenset[str] = frozenset()
+    node_labels: Labels = frozenset()
 
 
 def shape_of(pod: PodRequest) -> Shape:
-    return Shape(pod.cpu_milli, pod.memory_mib, pod.num_devices, pod.device_milli, pod.allowed_models)
+    return Shape(
+        pod.cpu_milli, pod.memory_mib, pod.num_devices, pod.device_milli, pod.allowed_models, pod.node_labels
+    )
 
 
 def pod_of(shape: Shape) -> PodRequest:
     """A pod of the shape (to ask the state what it needs)."""
     return PodRequest(
         "shape", shape.cpu_milli, shape.memory_mib, shape.num_devices, shape.device_milli,
-        allowed_models=shape.allowed_models,
+        allowed_models=shape.allowed_models, node_labels=shape.node_labels,
     )
 
 
@@ -95,7 +98,8 @@ class FragModel:
         self.cpu_only_counts_all = cpu_only_counts_all
         n, g = state.dev_valid.shape
         if shapes:
-            self.elig = np.stack([state.allowed_devices(s.allowed_models) for s in shapes], axis=2)
+            elig = [state.allowed_devices(s.allowed_models, s.node_labels) for s in shapes]
+            self.elig = np.stack(elig, axis=2)
         else:
             self.elig = np.zeros((n, g, 0), dtype=bool)
         self.version = np.full(n, -1, dtype=np.int64)

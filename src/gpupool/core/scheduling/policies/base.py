@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 
-from gpupool.core.model import PodRequest, Reason, Workload
+from gpupool.core.model import PodRequest, Reason, Workload, label_text
 from gpupool.core.state import ClusterState
 from gpupool.errors import UnknownName, did_you_mean
 
@@ -143,13 +143,26 @@ PolicyFactory = Callable[[], PlacementPolicy]
 
 
 def explain_nofit(pod: PodRequest, state: ClusterState) -> NoFit:
-    """The most specific reason no node can hold `pod` now."""
+    """The most specific reason no node can hold `pod` now (saying so where its node labels narrow
+    the nodes it may use)."""
+    found = _explain_nofit(pod, state)
+    if not pod.node_labels or found.reason is Reason.NO_ALLOWED_MODEL:
+        return found
+    n = int(state.labelled(pod.node_labels).sum())
+    return NoFit(found.reason, f"{found.message.rstrip('.')}: its constraint {label_text(pod.node_labels)} "
+                 f"narrows the choice to {n} of {len(state.nodes)} node(s).")
+
+
+def _explain_nofit(pod: PodRequest, state: ClusterState) -> NoFit:
     if pod.num_devices:
-        allowed = state.allowed_devices(pod.allowed_models)
+        allowed = state.allowed_devices(pod.allowed_models, pod.node_labels)
         if not allowed.any():
             return NoFit(
                 Reason.NO_ALLOWED_MODEL,
-                f"No node has a device of the allowed models {sorted(pod.allowed_models)}.",
+                f"No node has a device of the allowed models {sorted(pod.allowed_models)}."
+                if not pod.node_labels
+                else f"No node with the labels {label_text(pod.node_labels)} has a device"
+                + (f" of the allowed models {sorted(pod.allowed_models)}." if pod.allowed_models else "."),
             )
     host = state.host_fits(pod)
     if not host.any():

@@ -45,7 +45,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from gpupool.core.model import PodRequest, SliceDefaults
+from gpupool.core.model import Labels, PodRequest, SliceDefaults
 from gpupool.core.scheduling.policies._common import FloatArray
 from gpupool.core.scheduling.policies.base import Choice, NoFit, explain_nofit, register_policy
 from gpupool.core.scheduling.policies.fgd import Fgd, sigmoid
@@ -91,7 +91,7 @@ class FgdStrand(Fgd):
         self._expected: dict[GangKey, float] = {}
         self._arrived: Counter[GangKey] = Counter()
         self._protect_for: dict[GangKey, np.ndarray] = {}
-        self._whole: dict[frozenset[str], IntArray] = {}
+        self._whole: dict[tuple[frozenset[str], Labels], IntArray] = {}
         self._host_rows = np.zeros((0, 0), dtype=bool)
         self._shape_cpu = self._shape_mem = self._shape_devices = np.zeros((0, 1), dtype=np.int64)
 
@@ -189,7 +189,7 @@ class FgdStrand(Fgd):
             self._shape_cpu = _rows([state.cpu_need(g) for g in shapes], n)
             self._shape_mem = _rows([state.mem_need(g) for g in shapes], n)
             self._shape_devices = np.array([g.num_devices for g in shapes], dtype=np.int64)[:, None]
-        whole = np.array([self._whole_free(state, g.allowed_models) for g in shapes])
+        whole = np.array([self._whole_free(state, g.allowed_models, g.node_labels) for g in shapes])
         able = (
             self._host_rows
             & state.schedulable
@@ -208,12 +208,15 @@ class FgdStrand(Fgd):
         """The per-shape host caches were built for another state or other slice defaults."""
         return self._hosts_of is not state or self._hosts_for is not state.defaults
 
-    def _whole_free(self, state: ClusterState, models: frozenset[str]) -> IntArray:
-        """[node] whole free devices of the given models (all: empty set); valid during one place()."""
-        whole = self._whole.get(models)
+    def _whole_free(
+        self, state: ClusterState, models: frozenset[str], labels: Labels = frozenset()
+    ) -> IntArray:
+        """[node] whole free devices of the given models (all: empty set) on nodes with the labels;
+        valid during one place()."""
+        whole = self._whole.get((models, labels))
         if whole is None:
-            free = (state.dev_milli_free == state.dev_milli_cap) & state.allowed_devices(models)
-            whole = self._whole[models] = free.sum(axis=1)
+            free = (state.dev_milli_free == state.dev_milli_cap) & state.allowed_devices(models, labels)
+            whole = self._whole[(models, labels)] = free.sum(axis=1)
         return whole
 
     def _room_for(
@@ -221,7 +224,7 @@ class FgdStrand(Fgd):
         devices: int = 0,
     ) -> np.ndarray:
         """[nodes] whether `shape` would still fit once cpu, memory and whole devices are taken."""
-        whole = self._whole_free(state, shape.allowed_models)
+        whole = self._whole_free(state, shape.allowed_models, shape.node_labels)
         sel = slice(None) if nodes is None else nodes
         return np.asarray(
             (state.cpu_free[sel] - cpu >= at_nodes(state.cpu_need(shape), sel))
@@ -231,7 +234,8 @@ class FgdStrand(Fgd):
 
     @staticmethod
     def _could_host(state: ClusterState, shape: PodRequest) -> np.ndarray:
-        devices = state.allowed_devices(shape.allowed_models).sum(axis=1) >= shape.num_devices
+        allowed = state.allowed_devices(shape.allowed_models, shape.node_labels)
+        devices = allowed.sum(axis=1) >= shape.num_devices
         cpu, mem = state.cpu_need(shape), state.mem_need(shape)
         return np.asarray(devices & (state.cpu_cap >= cpu) & (state.mem_cap >= mem))
 
@@ -305,11 +309,11 @@ def _rows(needs: list[Need], n: int) -> IntArray:
     return np.stack([np.broadcast_to(np.asarray(x, dtype=np.int64), (n,)) for x in needs])
 
 
-GangKey = tuple[int, int, int, frozenset[str]]
+GangKey = tuple[int, int, int, frozenset[str], Labels]
 
 
 def _gang_key(pod: PodRequest) -> GangKey:
-    return (pod.num_devices, pod.cpu_milli, pod.memory_mib, pod.allowed_models)
+    return (pod.num_devices, pod.cpu_milli, pod.memory_mib, pod.allowed_models, pod.node_labels)
 
 
 def _gang_shapes(pods: Sequence[PodRequest]) -> list[PodRequest]:
