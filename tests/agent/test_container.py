@@ -90,3 +90,22 @@ def test_the_bundle_is_the_accounts_own(tmp_path: Path) -> None:
     bundle = container.write_bundle(tmp_path, _config(), uid, gid)
     assert (bundle / "config.json").stat().st_mode & 0o777 == 0o600 and (bundle / "state").is_dir()
     assert (bundle / "config.json").stat().st_uid == uid
+
+
+def test_the_pools_sitecustomize_is_bound_from_a_copy_the_account_owns(tmp_path: Path) -> None:
+    """crun runs as the pod's account, so what it binds must be the account's to reach: the package's
+    own directory may lie under a path the account cannot enter (a 0700 checkout)."""
+    from gpupool.agent.isolation import SITECUSTOMIZE_DIR
+    from gpupool.agent.node import _site_copy
+
+    home = tmp_path / "p-1"
+    home.mkdir()
+    site = _site_copy(home, 4321, 4321)
+    assert site.parent == home
+    names = sorted(p.name for p in SITECUSTOMIZE_DIR.glob("*.py"))
+    assert names and sorted(p.name for p in site.iterdir()) == names
+    for name in names:
+        copy = site / name
+        assert copy.read_bytes() == (SITECUSTOMIZE_DIR / name).read_bytes()
+        if os.geteuid() == 0:
+            assert (copy.stat().st_uid, copy.stat().st_gid) == (4321, 4321)

@@ -352,10 +352,11 @@ class NodeAgent:
             entries = env["PYTHONPATH"].split(os.pathsep)
             inner_env["PYTHONPATH"] = os.pathsep.join(moved.get(p, p) for p in entries)
         devices = [] if self.simulated else container.gpu_device_nodes(s.device_index for s in pod.slices)
+        site = _site_copy(home, uid, gid)  # the account may not reach the installed package's own files
         config = container.oci_config(command=pod.command, env=inner_env,
                                       cwd=inside["work"] if pod.workdir else inside["home"], uid=uid, gid=gid,
                                       rootfs=pod.image_rootfs, binds=binds,
-                                      read_only_binds={inside["site"]: str(SITECUSTOMIZE_DIR)},
+                                      read_only_binds={inside["site"]: str(site)},
                                       devices=devices)
         bundle = container.write_bundle(home, config, uid, gid)
         return tuple(container.container_argv(runtime, bundle, pod.pod_id)), pod.workdir or str(home)
@@ -458,3 +459,20 @@ def _refuse_nul(pod: PodLaunch) -> None:
         if any("\x00" in text for text in texts):
             raise InvalidInput(f"Pod {pod.pod_id}: its {field} holds a NUL byte, which no program can be "
                                "given; resubmit the workload without it.")
+
+
+def _site_copy(home: Path, uid: int, gid: int) -> Path:
+    """The pool's sitecustomize copied into the pod's private directory, owned by its account: crun
+    runs as that account and binds what it can reach, and the package's own directory may lie under a
+    path the account cannot enter (a 0700 checkout, a root-only virtualenv)."""
+    site = home / ".gpupool-site"
+    site.mkdir(mode=0o755, exist_ok=True)
+    for source in SITECUSTOMIZE_DIR.glob("*.py"):
+        target = site / source.name
+        target.write_bytes(source.read_bytes())
+        target.chmod(0o444)
+        if os.geteuid() == 0:
+            os.chown(target, uid, gid)
+    if os.geteuid() == 0:
+        os.chown(site, uid, gid)
+    return site
