@@ -7,6 +7,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from sqlalchemy import select
@@ -242,8 +243,21 @@ def test_the_sampler_rolls_up_and_expires_once_an_hour(rt: Runtime) -> None:
     history.record(rt, old, [Point("capacity", "", 1.0)])
     history.record(rt, day_old, [Point("capacity", "", 1.0)])
     sampler = HistorySampler(rt)
-    sampler.step(NOW)
+    writes = 0
+    write = rt.store.write
+
+    def counted() -> Any:
+        nonlocal writes
+        writes += 1
+        return write()
+
+    rt.store.write = counted  # type: ignore[method-assign]
+    try:
+        sampler.step(NOW)
+    finally:
+        rt.store.write = write  # type: ignore[method-assign]
     assert {(r.step_s, r.at_s) for r in _rows(rt)} == {(HOUR_S, day_old), (MINUTE_S, history.minute_of(NOW))}
+    assert writes <= 8, f"{writes} write transactions for two old minutes: the delete walked the gap"
 
 
 def test_a_week_reads_hours_and_a_day_reads_minutes_never_both(rt: Runtime) -> None:

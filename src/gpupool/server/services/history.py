@@ -14,6 +14,7 @@ samples; a roll-up another server already made is left as it is.
 
 from __future__ import annotations
 
+from bisect import bisect_left
 from collections import defaultdict
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -140,14 +141,14 @@ def roll_up(rt: Runtime, now: float) -> int:
         rolled += 1
     cutoff = float(int((now - MINUTES_KEPT_S) // HOUR_S) * HOUR_S)
     old = sorted(t for t in sampled if t < cutoff)
-    if old:
-        start = old[0]
-        while start < cutoff:
-            with rt.store.write() as session:
-                session.connection().execute(delete(HistoryRow).where(
-                    HistoryRow.step_s == MINUTE_S, HistoryRow.at_s >= start,
-                    HistoryRow.at_s < min(cutoff, start + DELETE_SLICE_S)))
-            start += DELETE_SLICE_S
+    i = 0
+    while i < len(old):  # slices that hold sampled minutes only: a month-long gap costs no transactions
+        start = old[i]
+        end = min(cutoff, start + DELETE_SLICE_S)
+        with rt.store.write() as session:
+            session.connection().execute(delete(HistoryRow).where(
+                HistoryRow.step_s == MINUTE_S, HistoryRow.at_s >= start, HistoryRow.at_s < end))
+        i = bisect_left(old, end)
     return rolled
 
 
