@@ -399,25 +399,13 @@ def _greedy(
     freed = 0
     held = Detached(view)
     first.start(held.flush)
-    stream: Iterator[Running] | None = iter(found)
-    ahead = False
-    while stream is not None:
-        if ahead:  # enough is freed, the pod fits no node yet: the next victim after which it does
-            stream = _first_fitting(stream, chosen, held, first)
-            ahead = False
-            if stream is None:
-                break
-        else:
-            run = next(stream, None)
-            if run is None:
-                break
-            chosen.append(run)
-            held.pending.append(run)
-            freed += run.device_milli
-            first.freed(run)
-            if freed < need or not first.fits_somewhere():
-                ahead = freed >= need and array_steps
-                continue  # (a first pod that fits no node fails every placement before it starts)
+    for run in found:
+        chosen.append(run)
+        held.pending.append(run)
+        freed += run.device_milli
+        first.freed(run)
+        if freed < need or not first.fits_somewhere():
+            continue  # (a first pod that fits no node fails every placement before it starts)
         held.flush()
         gang = fits()
         if gang is not None:
@@ -425,44 +413,6 @@ def _greedy(
             return chosen, gang
     held.restore()
     return None
-
-
-array_steps = True
-"""Once enough compute is freed but the first pod fits no node, find the next victim after which it
-fits one (`_first_fitting`) in array passes; False: the bound per victim (the same states, slower:
-kept to check that claim)."""
-
-
-def _first_fitting(stream: Iterator[Running], chosen: list[Running], held: Detached, first: FirstPodFits
-                   ) -> Iterator[Running] | None:
-    """Take victims from `stream` (into `chosen`, off the state or pending on `held`) up to the first
-    after which the first pod fits some node; the rest of the stream then (None: it ran out first).
-
-    The same victims and the same checks on the same states as `_greedy`'s loop, one victim at a
-    time, would take and make: the bound of every victim of a chunk is computed in one pass
-    (`FirstPodFits.within_steps`), and the state is checked only after a victim that brings a node
-    within it (with all the victims before it off the state)."""
-    state, pod = first.state, first.pod
-    size = 16
-    while True:
-        chunk = list(islice(stream, size))
-        if not chunk:
-            return None
-        size *= 2
-        rows = first.within_steps(chunk)
-        taken = 0
-        for i, at in enumerate(rows):
-            if not at:
-                continue
-            chosen.extend(chunk[taken:i + 1])
-            held.pending.extend(chunk[taken:i + 1])
-            taken = i + 1
-            held.flush()
-            if state.node_fits_at(pod, at):
-                first.known = True
-                return chain(chunk[taken:], stream)
-        chosen.extend(chunk[taken:])
-        held.pending.extend(chunk[taken:])
 
 
 def _drop_apart(

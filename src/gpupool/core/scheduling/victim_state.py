@@ -117,8 +117,6 @@ class FirstPodFits:
         self.allowed = state.allowed_devices(pod.allowed_models) if pod.num_devices else None
         self._base: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray | None] | None = None
         """Every node's slacks on the state before any victim is freed (see `_slacks`)."""
-        self._arrays: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray | None] | None = None
-        """`within_steps`' amounts per node (all of them), once it is first called."""
         self.free: dict[int, list[int]] = {}
         """Per node touched, once the victims are freed: [free cpu less the pod's, free memory less
         the pod's, devices with a share free less the pod's devices, free milli of each device]; the
@@ -130,7 +128,6 @@ class FirstPodFits:
         self.touched.clear()
         self.free.clear()
         self._base = None
-        self._arrays = None
         self.flush = flush
 
     def fits_alone(self) -> bool:
@@ -216,72 +213,9 @@ class FirstPodFits:
                     if was < share <= was + milli:
                         amounts[2] += 1
 
-    def within_steps(self, runs: Sequence[Running]) -> list[list[int]]:
-        """`freed` then `fits_somewhere`'s bound for each of `runs` in turn, in one array pass: per
-        run, the nodes it frees from that are then within the bound (those `fits_somewhere` would
-        check on the state after it). Carries the amounts on to the next call; only once the first
-        `fits_somewhere` has been asked (the nodes touched before it are in `free`)."""
-        if self._arrays is None:
-            if self._base is None:
-                self._base = self._slacks()
-            cpu, mem, ready, devices = self._base
-            arrays = (cpu.copy(), mem.copy(), ready.copy(), None if devices is None else devices.copy())
-            for n, amounts in self.free.items():  # the nodes the victims so far were freed from
-                arrays[0][n], arrays[1][n], arrays[2][n] = amounts[:3]
-                if arrays[3] is not None:
-                    arrays[3][n] = amounts[3:]
-            self._arrays = arrays
-        cpu, mem, ready, devices = self._arrays
-        records = [(i, a) for i, run in enumerate(runs) for _, a in run.allocs]
-        k = len(records)
-        step = np.fromiter((i for i, _ in records), np.int64, k)
-        node = np.fromiter((a.node for _, a in records), np.int64, k)
-        used_cpu = np.fromiter((a.cpu_milli for _, a in records), np.int64, k)
-        used_mem = np.fromiter((a.memory_mib for _, a in records), np.int64, k)
-        crossed = np.zeros(k, dtype=np.int64)
-        if devices is not None:
-            slots = [(r, a.node, d, milli) for r, (_, a) in enumerate(records)
-                     for d, milli in zip(a.devices, a.device_milli, strict=True)]
-            if slots:
-                m = len(slots)
-                rec = np.fromiter((s[0] for s in slots), np.int64, m)
-                at = (np.fromiter((s[1] for s in slots), np.int64, m),
-                      np.fromiter((s[2] for s in slots), np.int64, m))
-                milli = np.fromiter((s[3] for s in slots), np.int64, m)
-                was = devices[at] + _sum_before(at[0] * devices.shape[1] + at[1], milli)
-                hit = (was < self.share) & (was + milli >= self.share)
-                crossed = np.bincount(rec, weights=hit, minlength=k).astype(np.int64)
-                np.add.at(devices, at, milli)
-        # Each node's amounts after each record (the records in order, per node); then carried on.
-        within = ((cpu[node] + _sum_before(node, used_cpu) + used_cpu >= 0)
-                  & (mem[node] + _sum_before(node, used_mem) + used_mem >= 0)
-                  & (ready[node] + _sum_before(node, crossed) + crossed >= 0))
-        np.add.at(cpu, node, used_cpu)
-        np.add.at(mem, node, used_mem)
-        np.add.at(ready, node, crossed)
-        rows: list[list[int]] = [[] for _ in runs]
-        for r in np.flatnonzero(within).tolist():
-            n = int(node[r])
-            if n not in rows[step[r]]:
-                rows[step[r]].append(n)
-        return rows
-
     def _within(self, n: int, amounts: list[int]) -> bool:
         """Whether the node's free amounts (see `_add`) may hold the pod: a necessary condition."""
         return amounts[0] >= 0 and amounts[1] >= 0 and amounts[2] >= 0
-
-
-def _sum_before(keys: np.ndarray, values: np.ndarray) -> np.ndarray:
-    """For each position, the sum of `values` at the earlier positions with the same key."""
-    order = np.argsort(keys, kind="stable")
-    ordered = values[order]
-    total = np.cumsum(ordered) - ordered  # exclusive running sum over all, in key order
-    first = np.ones(len(order), dtype=bool)
-    first[1:] = keys[order][1:] != keys[order][:-1]
-    starts = np.maximum.accumulate(np.where(first, np.arange(len(order)), 0))
-    out = np.empty_like(values)
-    out[order] = total - total[starts]
-    return out
 
 
 _REFUSED = -(1 << 62)
