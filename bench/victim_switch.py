@@ -94,12 +94,22 @@ def main() -> int:
             spent[getattr(preemption, args.switch)] += time.thread_time() - start
 
     setattr(preemption, args.part, timed)
+    try:
+        return _compare(args, snapshot, pending, policies, spent)
+    finally:  # (the module as it was: the switch and the part)
+        setattr(preemption, args.part, part)
+        setattr(preemption, args.switch, switch)
+
+
+def _compare(args: argparse.Namespace, snapshot: ClusterSnapshot, pending: list[Any], policies: Policies,
+             spent: dict[bool, float]) -> int:
+    """The two loops, alternating; the table printed and the JSON written."""
     loops = {side: _Loop(snapshot, pending, policies, args.seed) for side in (True, False)}
     cycles: dict[bool, list[float]] = {True: [], False: []}
     differ = 0
     for k in range(args.warmup + args.cycles):
         if k == args.warmup:
-            spent = {True: 0.0, False: 0.0}
+            spent.update({True: 0.0, False: 0.0})
         results = {}
         for side in (True, False) if k % 2 else (False, True):
             setattr(preemption, args.switch, side)
