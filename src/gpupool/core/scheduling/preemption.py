@@ -38,7 +38,7 @@ from gpupool.core.scheduling.victim_state import Detached, FirstPodFits, PutBack
 from gpupool.core.scheduling.victim_state import node_fits_at as node_fits_at  # (tests import it here)
 from gpupool.core.scheduling.view import ClusterView, Running
 from gpupool.core.scheduling.workloads import lower_bound_usage
-from gpupool.core.state import ClusterState
+from gpupool.core.state import ClusterState, free_amounts
 
 DEFAULT_RULES = PreemptionRules()
 
@@ -364,13 +364,14 @@ def select_victims(
             return VictimSet((run,), reclaimed([run]), gang)
         view.attach(run)
     found = index.search_order(preemptor, cq, exclude, True, sources, rules)[0]  # consumed lazily
+    base = free_amounts(view.state) if put_back_from_base else None  # (no victim is off the state)
     greedy = _greedy(found, need, view, fits, first)
     if greedy is None:
         return None
     # Where the first pod fitted no node before any victim went, it may fit only where they were
     # freed from (freeing capacity elsewhere changes nothing): the first scan reads those nodes.
     only = sorted({a.node for run in greedy[0] for _, a in run.allocs}) if first.base is False else None
-    back = PutBack(view, preemptor.pods[0], watch=may_skip, only=only)
+    back = PutBack(view, preemptor.pods[0], watch=may_skip, only=only, base=base)
     chosen = _trim(_drop_apart(*greedy, back, fits), cost, back, fits)
     # The state is now as the last placement that succeeded found it (the trials after it were
     # undone): a policy that repeats itself would place the preemptor there again.
@@ -380,6 +381,12 @@ def select_victims(
             view.attach(run)
         return None
     return VictimSet(tuple(chosen), reclaimed(chosen), gang)
+
+
+put_back_from_base = True
+"""Put the victims apart from the greedy search's placement back (`_drop_apart`) by setting the free
+amounts back to those before the search and taking the few others off again; False: by adding
+each one's records back (the same state, slower: kept to check that claim)."""
 
 
 def _greedy(
@@ -429,13 +436,13 @@ def _drop_apart(
     apart = [r for r in chosen if all(alloc.node not in nodes for _, alloc in r.allocs)]
     if not apart or len(apart) == len(chosen):
         return chosen
-    trial = fits() if back.attach(apart) else None
+    out = {id(r) for r in apart}
+    trial = fits() if back.attach(apart, [r for r in chosen if id(r) not in out]) else None
     if trial is None:
         back.undo()
         return chosen
     release_gang(trial, back.view.state)
-    dropped = {id(r) for r in apart}
-    return [r for r in chosen if id(r) not in dropped]
+    return [r for r in chosen if id(r) not in out]
 
 
 def _trim(

@@ -14,7 +14,14 @@ import numpy as np
 from gpupool.core.model import PodRequest
 from gpupool.core.quota import Usage
 from gpupool.core.scheduling.view import ClusterView, Running
-from gpupool.core.state import ClusterState, allocate_many, release_many
+from gpupool.core.state import (
+    ClusterState,
+    FreeAmounts,
+    allocate_many,
+    release_many,
+    restore_free,
+    shift_free,
+)
 from gpupool.core.units import MILLI
 
 
@@ -60,6 +67,25 @@ def attach_all(view: ClusterView, runs: Sequence[Running]) -> None:
     else:
         for record in records:
             view.state.allocate(record)
+    for cq, usage in _usage_by_queue(runs, view.quota.queues).items():
+        view.quota.add(cq, usage)
+
+
+def attach_back(view: ClusterView, runs: Sequence[Running], base: FreeAmounts, held: Sequence[Running]
+                ) -> None:
+    """`attach_all(view, runs)` where the state's free amounts were `base` and then exactly `runs`
+    and `held` were taken off: the free amounts are set back to `base` and `held` is taken off again
+    (few records, when most victims go back), the rest as `allocate_many` does it."""
+    state = view.state
+    restore_free(state, base)
+    shift_free(state, [record for run in held for _, record in run.allocs], 1)
+    records = [record for run in runs for _, record in run.allocs]
+    np.add.at(state.node_version, [r.node for r in records], 1)
+    kinds, kind = state.node_pod_kinds, state.pod_kind
+    for r in records:
+        on = kinds[r.node]
+        k = kind(r)
+        on[k] = on.get(k, 0) + 1
     for cq, usage in _usage_by_queue(runs, view.quota.queues).items():
         view.quota.add(cq, usage)
 
@@ -240,7 +266,7 @@ class PutBack:
     """
 
     def __init__(self, view: ClusterView, pod: PodRequest, watch: bool,
-                 only: Sequence[int] | None = None) -> None:
+                 only: Sequence[int] | None = None, base: FreeAmounts | None = None) -> None:
         self.view = view
         self.pod = pod
         self.watch = watch
@@ -248,11 +274,14 @@ class PutBack:
         """When known, the only nodes the pod may fit when the first victim goes back (the nodes the
         victims were freed from, where it fitted no node before): the first scan reads those alone."""
         self.fitting: np.ndarray | None = None
+        self.base: FreeAmounts | None = base
+        """The free amounts before any victim of the search went (see `attach`)."""
         self.last: list[Running] = []
         self.saved: dict[int, bool] = {}
 
-    def attach(self, runs: list[Running]) -> bool:
-        """Put `runs` back; whether the pod may still fit (False: it fits no node)."""
+    def attach(self, runs: list[Running], held: Sequence[Running] | None = None) -> bool:
+        """Put `runs` back; whether the pod may still fit (False: it fits no node). `held`: the
+        other victims off the state, when `base` holds the free amounts before all of them went."""
         state = self.view.state
         if self.watch and self.fitting is None:
             if self.only is None:
@@ -261,7 +290,10 @@ class PutBack:
                 self.fitting = np.zeros(len(state.nodes), dtype=bool)
                 if self.only:
                     self.fitting[self.only] = state.node_fits_rows(self.pod, self.only)
-        attach_all(self.view, runs)
+        if held is not None and self.base is not None and len(runs) > _BULK:
+            attach_back(self.view, runs, self.base, held)
+        else:
+            attach_all(self.view, runs)
         self.last = runs
         fitting = self.fitting
         if fitting is None:
