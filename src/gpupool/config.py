@@ -333,6 +333,8 @@ class FabricConfig(_Strict):
     """A link whose load (fraction of its data rate) exceeds this is congested."""
     congestion_for: Seconds = 300.0
     """How long a gang's bottleneck link stays congested before the gang is moved."""
+    congestion_max_moves: int = Field(2, ge=1, le=100)
+    """How many times one gang may be moved off congestion (then it stays where it runs)."""
 
     @field_validator("qos")
     @classmethod
@@ -349,7 +351,8 @@ class FabricConfig(_Strict):
         `gpupool sim replay --config`; None when migrate_on_congestion is off."""
         if not self.migrate_on_congestion:
             return None
-        return MigrateRule(threshold=self.congestion_threshold, hold_s=self.congestion_for)
+        return MigrateRule(threshold=self.congestion_threshold, hold_s=self.congestion_for,
+                           max_moves_each=self.congestion_max_moves)
 
     def qos_plan(self) -> QosPlan | None:
         """The SL of each class (None when no QoS is configured)."""

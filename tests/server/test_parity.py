@@ -823,8 +823,8 @@ def _progress_untold(monkeypatch: pytest.MonkeyPatch) -> None:
     """Requeued work's progress (its checkpoints) never told to the core (stored all the same)."""
     told = Estimates.requeued
 
-    def untold(self: Estimates, row: Any, moved_s: float | None) -> None:
-        told(self, row, moved_s)
+    def untold(self: Estimates, row: Any, moved_s: float | None, *, migrated: bool = False) -> None:
+        told(self, row, moved_s, migrated=migrated)
         self.info[row.id] = replace(self.info[row.id], progress_s=0.0)
 
     monkeypatch.setattr(Estimates, "requeued", untold)

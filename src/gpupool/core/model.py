@@ -317,7 +317,8 @@ class WorkloadInfo:
     `progress_s` is work kept from earlier runs (checkpoints) so the current run needs less;
     `runtime_estimate_s` is a history-based estimate used when the user gave none;
     `moves` is how many times it was moved for another gang's locality or its own
-    (`moves.plan_moves`), the last at `moved_s`.
+    (`moves.plan_moves`), the last at `moved_s`; `congestion_moves` how many times it was moved off
+    a congested link (`MigrateRule.max_moves_each` bounds it).
     """
 
     attained_service_s: float = 0.0
@@ -325,6 +326,7 @@ class WorkloadInfo:
     runtime_estimate_s: float | None = None
     moves: int = 0
     moved_s: float | None = None
+    congestion_moves: int = 0
 
 
 @dataclass(frozen=True, slots=True)

@@ -31,6 +31,7 @@ from gpupool.core.scheduling.cycle import (
 )
 from gpupool.core.scheduling.keeper import ViewKeeper
 from gpupool.core.scheduling.view import ClusterView
+from gpupool.errors import InvalidInput
 from gpupool.sim.jobs import TraceJob
 from gpupool.sim.replay import Replay, ReplayConfig
 
@@ -132,6 +133,28 @@ def test_a_migrated_gang_gives_its_devices_back_and_is_placed_again_at_once() ->
     view.quota.check_invariants()
     again = cycle_on(view, [gang], migrate, 30.0, random.Random(0))
     assert [type(d) for d in again.decisions] == [Admit] and "g" in view.running
+
+
+def test_a_gang_is_moved_off_congestion_at_most_max_moves_each_times() -> None:
+    """Where every placement crosses the congested link, a gang moved at every sample would never
+    finish: after `max_moves_each` moves it stays where it runs, and the count is what the view's
+    caller keeps (WorkloadInfo.congestion_moves), so a rebuilt view keeps the bound."""
+    view = ClusterView.empty(cluster(2, devices=1))
+    gang = replace(workload(pod(1, name="r0"), pod(1, name="r1"), wid="g"), checkpoint_interval_s=20.0)
+    migrate = replace(FF, migrate=MigrateRule(threshold=0.8, hold_s=0.0, max_moves_each=2))
+    cycle_on(view, [gang], migrate, 0.0, random.Random(0))
+    moved = 0
+    for at in range(1, 6):
+        view.congestion_sample = CongestionSample(30.0 * at, {"g": 0.95})
+        decisions = cycle_on(view, [gang] if "g" not in view.running else [], migrate, 30.0 * at,
+                             random.Random(0)).decisions
+        moved += sum(1 for d in decisions if isinstance(d, Stop) and d.kind is EventKind.MIGRATE)
+        if "g" not in view.running:
+            cycle_on(view, [gang], migrate, 30.0 * at, random.Random(0))
+        assert "g" in view.running
+    assert moved == 2 and view.info["g"].congestion_moves == 2
+    with pytest.raises(InvalidInput, match="bounded by at least 1"):
+        MigrateRule(max_moves_each=0)
 
 
 def test_the_kept_view_refuses_a_decision_it_cannot_apply(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -48,15 +48,21 @@ class CongestionSample:
 class MigrateRule:
     """Move gangs off congested links (the configuration's fabric.migrate_on_congestion,
     congestion_threshold, congestion_for; `Policies.migrate`): a gang whose bottleneck stays above
-    `threshold` for `hold_s` is stopped (kind migrate) and requeued by the cycle."""
+    `threshold` for `hold_s` is stopped (kind migrate) and requeued by the cycle, at most
+    `max_moves_each` times: where every placement it can get crosses a congested link, a gang moved
+    at every sample would never finish."""
 
     threshold: float = 0.9
     hold_s: float = 300.0
+    max_moves_each: int = 2
 
     def __post_init__(self) -> None:
         if not 0 < self.threshold <= 2 or not math.isfinite(self.threshold):
             raise InvalidInput(f"The congestion threshold must be a utilisation in (0, 2], got "
                                f"{self.threshold}.")
+        if self.max_moves_each < 1:
+            raise InvalidInput(f"A gang's congestion moves must be bounded by at least 1 (leave "
+                               f"migrate_on_congestion off to move nothing), got {self.max_moves_each}.")
         if not 0 <= self.hold_s < math.inf:
             raise InvalidInput(f"The congestion hold time must be a finite number of seconds >= 0, got "
                                f"{self.hold_s}.")

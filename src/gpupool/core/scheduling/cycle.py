@@ -29,6 +29,7 @@ on a view the caller keeps (the replay's, or `keeper.ViewKeeper`'s for the serve
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import random
 from collections.abc import Iterable, Mapping, Sequence
@@ -42,7 +43,7 @@ from typing import Any, NamedTuple, Never, cast
 
 import numpy as np
 
-from gpupool.core.model import ClusterSnapshot, PodPlacement, Reason, SliceDefaults, Workload
+from gpupool.core.model import ClusterSnapshot, PodPlacement, Reason, SliceDefaults, Workload, WorkloadInfo
 from gpupool.core.overcommit import OvercommitConfig
 from gpupool.core.priority import PriorityClasses
 from gpupool.core.quota import QuotaConfig
@@ -77,6 +78,7 @@ beside_reserved = True
 head is reserved on, and starts there when it fits (`_Cycle._beside`)."""
 
 DEFAULT_TOPOLOGY = TopologySpec(preferred=Tier.LEAF)
+NO_INFO = WorkloadInfo()
 """Multi-pod gangs start inside one leaf when one has room, unless the operator says otherwise."""
 
 
@@ -468,8 +470,12 @@ class _Cycle:
             view.congested_since.clear()
             return
         view.materialize()  # the running records of allocations taken from a snapshot (once per sample)
-        due = rule.judge(sample, view.running.keys(), view.congested_since)
+        info = view.info
+        movable = {w for w in view.running if (info.get(w) or NO_INFO).congestion_moves < rule.max_moves_each}
+        due = rule.judge(sample, movable, view.congested_since)
         for wid in due:
+            before = info.get(wid) or NO_INFO
+            info[wid] = dataclasses.replace(before, congestion_moves=before.congestion_moves + 1)
             run = view.remove(wid)  # its devices and quota given back: placed again from pending
             resume, lost = lost_work_s(run, self.now_s)
             self.decisions.append(Stop(

@@ -239,7 +239,8 @@ class DecisionApplier:
             mark = marks.get(row.id) if row.started_s is not None else None
             pods = requeue(session, row, stop.reason.value, stop.message, now, mark=mark)
             to_stop += [(pod_id, grace) for pod_id in pods]
-            self.estimates.requeued(row, now if stop.kind is EventKind.MOVE else None)
+            self.estimates.requeued(row, now if stop.kind is EventKind.MOVE else None,
+                                    migrated=stop.kind is EventKind.MIGRATE)
         return to_stop
 
     def _admit(self, conn: Connection, admissions: Sequence[Admit], by_id: dict[str, Workload],

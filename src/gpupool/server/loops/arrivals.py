@@ -130,10 +130,11 @@ class Estimates:
         used = info.runtime_estimate_s if info is not None else None
         self.estimator.observe(workload, worked_s, used if used is not None else workload.runtime_estimate_s)
 
-    def requeued(self, row: WorkloadRow, moved_s: float | None) -> None:
+    def requeued(self, row: WorkloadRow, moved_s: float | None, *, migrated: bool = False) -> None:
         """What the core should know of a requeued workload: the service it received, the progress
-        it keeps (its checkpoints), its run-time estimate, and how often it was moved for locality
-        (one more when `moved_s`, the time of this move, is given)."""
+        it keeps (its checkpoints), its run-time estimate, how often it was moved for locality
+        (one more when `moved_s`, the time of this move, is given) and off congestion (one more when
+        `migrated`)."""
         before = self.info.get(row.id) or WorkloadInfo()
         self.info[row.id] = WorkloadInfo(
             attained_service_s=row.run_s * row.device_milli / 1000.0,
@@ -141,6 +142,7 @@ class Estimates:
             runtime_estimate_s=before.runtime_estimate_s,
             moves=before.moves + (moved_s is not None),
             moved_s=before.moved_s if moved_s is None else moved_s,
+            congestion_moves=before.congestion_moves + migrated,
         )
 
     def prune(self, view: StoreView) -> None:
@@ -169,17 +171,21 @@ class Estimates:
         self._load_moves()
 
     def _load_moves(self) -> None:
-        """How often each live workload was moved for locality, from its events, so the bound on
-        moves per workload (`MoveRule.max_moves_each`) survives a restart."""
+        """How often each live workload was moved for locality and off congestion, from its events,
+        so the bounds on moves per workload (`MoveRule.max_moves_each`, `MigrateRule.max_moves_each`)
+        survive a restart."""
         live = (WorkloadStatus.PENDING.value, WorkloadStatus.ADMITTED.value, WorkloadStatus.RUNNING.value)
         with self.rt.store.read() as session:
             rows = session.execute(
-                select(E.c.workload_id, func.count(), func.max(E.c.at_s))
+                select(E.c.workload_id, E.c.reason, func.count(), func.max(E.c.at_s))
                 .join(W, W.c.id == E.c.workload_id)
-                .where(E.c.reason == Reason.MOVED_FOR_LOCALITY.value, E.c.pod_id == "",
-                       E.c.to_status == WorkloadStatus.PENDING.value, W.c.status.in_(live))
-                .group_by(E.c.workload_id)
+                .where(E.c.reason.in_((Reason.MOVED_FOR_LOCALITY.value, Reason.CONGESTION_MOVED.value)),
+                       E.c.pod_id == "", E.c.to_status == WorkloadStatus.PENDING.value, W.c.status.in_(live))
+                .group_by(E.c.workload_id, E.c.reason)
             ).all()
-        for wid, count, last in rows:
+        for wid, reason, count, last in rows:
             before = self.info.get(wid) or WorkloadInfo()
-            self.info[wid] = dataclasses.replace(before, moves=int(count), moved_s=float(last))
+            if reason == Reason.CONGESTION_MOVED.value:
+                self.info[wid] = dataclasses.replace(before, congestion_moves=int(count))
+            else:
+                self.info[wid] = dataclasses.replace(before, moves=int(count), moved_s=float(last))
