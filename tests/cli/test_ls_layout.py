@@ -41,7 +41,7 @@ ROWS = [("w-1a2b3c4d5e6f", "x" * 60, "pending", "insufficient_devices_for_the_ga
 def printed(width: int | None) -> list[str]:
     out = io.StringIO()
     Console(file=out, width=width or 100_000, color_system=None).print(
-        table("t", COLUMNS, ROWS, wide=False, compact=True, width=width))
+        table("t", COLUMNS, ROWS, wide=False, width=width))
     return [line.rstrip() for line in out.getvalue().splitlines()]
 
 
