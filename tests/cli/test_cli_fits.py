@@ -218,7 +218,8 @@ def test_every_list_is_plain_columns_that_fit_80(pool: tuple[UpProcess, dict[str
         assert sum(line.startswith(key + " ") for line in lines) == 1, (key, lines)
 
 
-def test_long_cells_are_cut_on_a_terminal_and_whole_when_piped(pool: tuple[UpProcess, dict[str, str]]) -> None:
+def test_long_cells_are_cut_on_a_terminal_and_whole_when_piped(
+        pool: tuple[UpProcess, dict[str, str]]) -> None:
     queues = on_terminal(pool, "queue", "ls")
     (research,) = [line for line in queues if line.startswith("default/research ")]
     assert "…" in research and LONG_COHORT not in research
