@@ -232,3 +232,12 @@ def test_long_cells_are_cut_on_a_terminal_and_whole_when_piped(
     assert any(line.startswith(LONG_TENANT + " ") for line in tenants.splitlines())
     wide = on_terminal(pool, "queue", "ls", "-o", "wide")  # every cell whole, the terminal wraps
     assert LONG_COHORT in "".join(wide) and "…" not in "".join(wide) and not BOX & set("".join(wide))
+
+
+def test_node_show_fits_80_and_is_whole_piped(pool: tuple[UpProcess, dict[str, str]]) -> None:
+    lines = on_terminal(pool, "node", "show", "h100-sxm-80gb-000")
+    assert all(len(line) <= 80 for line in lines) and not BOX & set("".join(lines)), "\n".join(lines)
+    assert any(line.startswith("device_limits ") and "…" in line for line in lines), lines  # the reason cut
+    piped = run(pool, "node", "show", "h100-sxm-80gb-000")
+    assert "simulated devices: compute and memory shares are accounted, not enforced" in piped
+    assert "…" not in piped

@@ -51,7 +51,7 @@ def list_nodes(output: OutputOption = Format.TABLE) -> None:
 
 
 def _list(output: Format) -> None:
-    from gpupool.cli.output import console, render, table
+    from gpupool.cli.output import console, render, table, whole_console
 
     with client() as pool:
         listing = pool.nodes()
@@ -61,8 +61,8 @@ def _list(output: Format) -> None:
                         "for why and the remedy.", markup=False, highlight=False)  # wrapped to a terminal
     if output is Format.WIDE:
         layers = [(n.name, state) for n in listing for state in n.enforcement]
-        console().print(table("enforcement (what each node holds a pod to)", _LAYER_COLUMNS, layers,
-                              wide=False))
+        whole_console().print(table("enforcement (what each node holds a pod to)", _LAYER_COLUMNS,
+                                    layers, wide=False))  # -o wide: every reason whole
 
 
 def _devices(n: Any) -> str:
@@ -131,7 +131,7 @@ _LAYER_COLUMNS: list[Column[Any]] = [
     Column("NODE", lambda r: r[0], key=True),
     Column("LAYER", lambda r: r[1].layer),
     Column("ENFORCED", lambda r: "yes" if r[1].enforced else (
-        "advisory" if r[1].level == "advisory" else "[bold]no[/bold]")),
+        "advisory" if r[1].level == "advisory" else "no")),
     Column("DETAIL", lambda r: r[1].detail, squeeze=True),
 ]
 
@@ -191,7 +191,7 @@ def show(
     """
     import json
 
-    from gpupool.cli.output import console, table
+    from gpupool.cli.output import console, table, terminal_width, whole_console
 
     with client() as pool:
         node = pool.node(name)
@@ -202,12 +202,14 @@ def show(
         print(node.name)
         return
     print(f"{node.name} {state_text(node)}")
+    width = None if output is Format.WIDE else terminal_width()
     console().print(table(f"{len(node.devices)} device(s)", _DEVICE_COLUMNS, node.devices,
-                          wide=output is Format.WIDE))
+                          wide=output is Format.WIDE, width=width))
     print(f"containers: {node.containers}")
     layers = [(node.name, state) for state in node.enforcement]
-    console().print(table("enforcement (what the node holds a pod to)", _LAYER_COLUMNS[1:], layers,
-                          wide=False))
+    out = console() if width else whole_console()
+    out.print(table("enforcement (what the node holds a pod to)", _LAYER_COLUMNS[1:], layers, wide=False,
+                    width=width))
 
 
 def _health(d: Any) -> str:

@@ -69,6 +69,7 @@ def table(title: str, columns: Sequence[Column[T]], items: Iterable[T], wide: bo
     `squeeze` columns are cut with an ellipsis, widest first, until a row fits; without, nothing is
     cut."""
     from rich.table import Table
+    from rich.text import Text
 
     shown = [c for c in columns if wide or not c.wide]
     rows = [[c.value(item) for c in shown] for item in items]
@@ -81,8 +82,8 @@ def table(title: str, columns: Sequence[Column[T]], items: Iterable[T], wide: bo
                               max_width=limits[i])
             continue
         result.add_column(c.header, no_wrap=True, overflow="fold", min_width=natural[i])
-    for row in rows:
-        result.add_row(*row)
+    for row in rows:  # as text, not markup: a cell's "[x]" is printed, and counted, as it is
+        result.add_row(*(Text(cell) for cell in row))
     return result
 
 
