@@ -116,7 +116,7 @@ def remove_pool_accounts(data_dir: Path) -> list[str]:
 PLAIN_SPEC: dict[str, object] = {"command": ["true"], "resources": {"gpus": 0.25}}
 COHORT_TENANTS = ("team-a", "team-b", "team-c")
 MIXES = ("plain", "cohort")
-ROUTINE_REASONS = frozenset({"submitted", "admitted", "launched", "completed", "limits_unenforced"})
+ROUTINE_REASONS = frozenset({"submitted", "admitted", "launched", "completed"})
 """Event reasons every workload of the benches records; the rest are what the mix made happen."""
 
 

@@ -5,12 +5,15 @@ unenforced limit said once per node rather than as events on every workload."""
 
 from __future__ import annotations
 
+import io
 import json
 import os
+import pathlib
 import pty
 import re
 import subprocess
 import sys
+import tarfile
 import time
 from collections.abc import Iterator
 
@@ -24,6 +27,21 @@ pytestmark = pytest.mark.slow
 LONG_NAME = "a-name-long-enough-to-be-wrapped-by-an-80-column-table-" + "x" * 8
 LONG_TENANT = "a-tenant-whose-name-runs-past-eighty-columns-in-a-table"
 ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
+LONG_COHORT = "a-cohort-whose-name-would-push-the-queue-table-past-eighty"
+BOX = set("┏┓┗┛━┃│┡┩╇╈┳┻─")
+LISTS = [("node", "ls"), ("queue", "ls"), ("tenant", "ls"), ("token", "ls"), ("image", "ls"),
+         ("secret", "ls")]
+
+
+def _rootfs(base: pathlib.Path) -> pathlib.Path:
+    """A one-file root filesystem as a tar: enough for `image import`."""
+    archive = base / "tiny.tar"
+    with tarfile.open(archive, "w") as tar:
+        data = b"#!/bin/sh\n"
+        member = tarfile.TarInfo("bin/sh")
+        member.size, member.mode = len(data), 0o755
+        tar.addfile(member, io.BytesIO(data))
+    return archive
 
 
 @pytest.fixture(scope="module")
@@ -33,6 +51,10 @@ def pool(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[UpProcess, 
     try:
         with Client(server.url, server.token()) as api:
             api.create_tenant(LONG_TENANT)
+            api.create_queue("default", "research", 4, cohort=LONG_COHORT)
+            api.create_token("default", "ci-" + "t" * 40)
+            api.create_secret("registry", {f"KEY_{i}_" + "K" * 12: "v" for i in range(6)})
+            api.import_image(_rootfs(base), "tiny")
             ids = {
                 "long": api.submit({"command": ["sleep", "600"], "name": LONG_NAME,
                                     "resources": {"gpus": 1}}),
@@ -172,3 +194,50 @@ def test_unenforced_limits_are_said_per_node_not_per_workload(pool: tuple[UpProc
     host = [s for s in said if s.startswith("not enforced: host cpu and memory limits")]  # without cgroup v2
     assert said == [device, *host] and len(host) <= 1, said
     assert "limits_unenforced" not in shown
+
+
+def keys_of(pool: tuple[UpProcess, dict[str, str]], command: tuple[str, ...]) -> list[str]:
+    """What `-o name` says each row of COMMAND is keyed by (its first cell: a name, an id)."""
+    return [name.rpartition("/")[2] if command[0] == "secret" else name
+            for name in run(pool, *command, "-o", "name").split()]
+
+
+@pytest.mark.parametrize("command", LISTS, ids=[" ".join(c) for c in LISTS])
+def test_every_list_is_plain_columns_that_fit_80(pool: tuple[UpProcess, dict[str, str]],
+                                                   command: tuple[str, ...]) -> None:
+    """Issue 38 item 6: each list command prints kubectl-style columns (no box), one line a row at
+    80 columns, the key of each row whole."""
+    lines = on_terminal(pool, *command)
+    assert not BOX & set("".join(lines)), "\n".join(lines)
+    assert all(len(line) <= 80 for line in lines), "\n".join(lines)
+    keys = keys_of(pool, command)
+    assert keys, command
+    header = lines[1]
+    assert header.split()[0] in ("NODE", "TENANT/QUEUE", "TENANT", "ID", "NAME"), header
+    for key in keys:  # one line per row, starting with its key, whole
+        assert sum(line.startswith(key + " ") for line in lines) == 1, (key, lines)
+
+
+def test_long_cells_are_cut_on_a_terminal_and_whole_when_piped(
+        pool: tuple[UpProcess, dict[str, str]]) -> None:
+    queues = on_terminal(pool, "queue", "ls")
+    (research,) = [line for line in queues if line.startswith("default/research ")]
+    assert "…" in research and LONG_COHORT not in research
+    piped = run(pool, "queue", "ls")
+    assert LONG_COHORT in piped and "…" not in piped and not BOX & set(piped)
+    secrets = on_terminal(pool, "secret", "ls")
+    assert any(line.startswith("registry ") and "…" in line for line in secrets), secrets
+    assert "KEY_5_" + "K" * 12 in run(pool, "secret", "ls")
+    tenants = run(pool, "tenant", "ls")
+    assert any(line.startswith(LONG_TENANT + " ") for line in tenants.splitlines())
+    wide = on_terminal(pool, "queue", "ls", "-o", "wide")  # every cell whole, the terminal wraps
+    assert LONG_COHORT in "".join(wide) and "…" not in "".join(wide) and not BOX & set("".join(wide))
+
+
+def test_node_show_fits_80_and_is_whole_piped(pool: tuple[UpProcess, dict[str, str]]) -> None:
+    lines = on_terminal(pool, "node", "show", "h100-sxm-80gb-000")
+    assert all(len(line) <= 80 for line in lines) and not BOX & set("".join(lines)), "\n".join(lines)
+    assert any(line.startswith("device_limits ") and "…" in line for line in lines), lines  # the reason cut
+    piped = run(pool, "node", "show", "h100-sxm-80gb-000")
+    assert "simulated devices: compute and memory shares are accounted, not enforced" in piped
+    assert "…" not in piped

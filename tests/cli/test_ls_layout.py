@@ -41,7 +41,7 @@ ROWS = [("w-1a2b3c4d5e6f", "x" * 60, "pending", "insufficient_devices_for_the_ga
 def printed(width: int | None) -> list[str]:
     out = io.StringIO()
     Console(file=out, width=width or 100_000, color_system=None).print(
-        table("t", COLUMNS, ROWS, wide=False, compact=True, width=width))
+        table("t", COLUMNS, ROWS, wide=False, width=width))
     return [line.rstrip() for line in out.getvalue().splitlines()]
 
 
@@ -66,3 +66,12 @@ def test_the_footer_says_once_what_the_node_column_leaves_out() -> None:
         "NODE: names after h100-sxm-80gb-", "(sim) every node shown is simulated"]
     assert _footer("", {"sim-0"}, mixed=True) == ["(sim) the nodes marked * are simulated"]
     assert _footer("", set(), mixed=False) == []
+
+
+def test_a_cell_is_printed_as_it_is_not_as_markup() -> None:
+    """A label like `team=[bold]` is a value to show, not a style: printed and measured as written."""
+    rows = [("w-1a2b3c4d5e6f", "[bold]x[/bold]", "pending", "[red]no[/red]")]
+    out = io.StringIO()
+    Console(file=out, width=100_000, color_system=None).print(table("t", COLUMNS, rows, wide=False))
+    (row,) = [line.rstrip() for line in out.getvalue().splitlines() if line.startswith("w-")]
+    assert row == "w-1a2b3c4d5e6f  [bold]x[/bold]  pending  [red]no[/red]"

@@ -42,13 +42,13 @@ def ok(result: subprocess.CompletedProcess[str]) -> str:
 def test_fail_a_device_show_it_and_heal_it(server: LiveServer) -> None:
     assert ok(run(server, "node", "fail", "s0", "--device", "2")) == "s0 unhealthy (device 2)\n"
     listing = ok(run(server, "node", "ls")).splitlines()
-    (s0_row,) = [line for line in listing if "│ s0 " in line and "H100" in line]  # not the enforcement rows
+    (s0_row,) = [line for line in listing if line.startswith("s0 ") and "H100" in line]  # the node's row
     assert "unhealthy (device 2)" in s0_row
     wide = ok(run(server, "node", "ls", "-o", "wide"))
     assert "INJECTED FAULTS" in wide and "device 2" in wide
     shown = ok(run(server, "node", "show", "s0")).splitlines()
     assert shown[0] == "s0 unhealthy (device 2)"
-    device_rows = {line.split()[1]: line for line in shown if line.split()[1:2] in (["0"], ["1"], ["2"])}
+    device_rows = {line.split()[0]: line for line in shown if line.split()[:1] in (["0"], ["1"], ["2"])}
     assert "unhealthy (injected)" in device_rows["2"] and "unhealthy" not in device_rows["1"]
     as_json = json.loads(ok(run(server, "node", "show", "s0", "-o", "json")))
     assert [d["healthy"] for d in as_json["devices"]] == [True, True, False, True]

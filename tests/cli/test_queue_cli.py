@@ -5,6 +5,7 @@ reserved head in every output format."""
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import time
 from collections.abc import Iterator
@@ -43,9 +44,10 @@ def out(srv: LiveServer, *args: str) -> str:
 
 
 def row(table: str, key: str) -> list[str]:
-    """The cells of the table row whose first cell is `key` (piped: one line per row)."""
+    """The cells of the table row whose first cell is `key` (piped: one line per row, two spaces or
+    more between cells, none empty)."""
     for line in table.splitlines():
-        cells = [c.strip() for c in line.replace("┃", "│").strip().strip("│").split("│")]
+        cells = re.split(r"\s{2,}", line.strip())
         if cells and cells[0] == key:
             return cells
     raise AssertionError(f"no row {key!r} in:\n{table}")

@@ -500,8 +500,6 @@ class ServerRun:
         with self.rt.store.read() as session:
             conn = session.connection()
             for e in conn.execute(select(_E).order_by(_E.c.id)):
-                if e.reason == "limits_unenforced":  # a note on an admitted pod, not a transition
-                    continue
                 stored.events.setdefault(e.workload_id, []).append(
                     (round(e.at_s, 6), e.from_status, e.to_status, e.reason, e.message))
             attempts: dict[tuple[str, int], list[Entry]] = {}

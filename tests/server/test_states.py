@@ -76,8 +76,7 @@ class Pool:
     def events(self, workload_id: str) -> list[str]:
         with self.rt.store.read() as session:
             return list(session.scalars(select(EventRow.to_status).where(
-                EventRow.workload_id == workload_id, EventRow.reason != "limits_unenforced")  # a note
-                .order_by(EventRow.id)))
+                EventRow.workload_id == workload_id).order_by(EventRow.id)))
 
     def counted(self, key: Key) -> float:
         """What /metrics says of one (kind, outcome, from, to)."""

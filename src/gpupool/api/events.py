@@ -29,8 +29,6 @@ class EventReason(StrEnum):
     """A pod failed; the workload waits (backoff) to run again, within its max_retries."""
     NODE_LOST = "node_lost"
     """The node it ran on is no longer listed by the provider; the workload is requeued."""
-    LIMITS_UNENFORCED = "limits_unenforced"
-    """Placed where one of its limits does not hold (no cgroup v2 tree, no MPS, simulated devices)."""
     LINK_LOST = "link_lost"
     """A fabric link failed and two of its nodes had no route left: the gang is requeued."""
     LINK_DEGRADED = "link_degraded"

@@ -135,10 +135,6 @@ _ENTRIES: tuple[tuple[StrEnum, bool, str, str], ...] = (
      "A fabric link on its routes failed and left it less bandwidth; the event names its new slowest link.",
      "Nothing to do: it keeps running at the bandwidth named; `gpupool show ID --json` gives its "
      "placement's bottleneck."),
-    (_E.LIMITS_UNENFORCED, False,
-     "Placed on a real node where one of its limits is not enforced (no cgroup v2, no MPS); a "
-     "simulated node says it once, in `gpupool node ls`.",
-     "It runs, but may use more than its share; the message names the limit."),
     (_E.HELD, False, "Held while pending: the scheduler does not consider it until it is released.",
      "`gpupool release ID` lets it be placed (a hold the admin set only the admin may release)."),
     (_E.RELEASED, False, "Released from its hold; it waits for the scheduler to place it.",

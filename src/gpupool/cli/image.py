@@ -54,7 +54,7 @@ def list_images(output: OutputOption = Format.TABLE) -> None:
     columns: list[Column[Any]] = [
         Column("NAME", lambda i: i.name, key=True),
         Column("DIGEST", lambda i: i.digest[:19]),
-        Column("SOURCE", lambda i: i.source),
+        Column("SOURCE", lambda i: i.source, squeeze=True),
         Column("SIZE", lambda i: _size(i.size_bytes)),
         Column("FILES", lambda i: str(i.files)),
         Column("CREATED", lambda i: ago(i.created_s, now)),

@@ -230,7 +230,7 @@ def _table(items: list[Any], total: int, output: Format, tasks: dict[str, int] |
         columns.append(Column("REASON", _reason, squeeze=not wide))
     title = f"{len(items)} of {total} workload(s)" + (f" in {queues.pop()}" if one_queue else "")
     footer = [] if wide else _footer(prefix, simulated, mixed)
-    render(output, items, columns, key=lambda w: w.id, title=title, compact=not wide, footer=footer)
+    render(output, items, columns, key=lambda w: w.id, title=title, footer=footer)
 
 
 def _reason(w: Any) -> str:

@@ -51,18 +51,18 @@ def list_nodes(output: OutputOption = Format.TABLE) -> None:
 
 
 def _list(output: Format) -> None:
-    from gpupool.cli.output import console, render, table
+    from gpupool.cli.output import console, render, table, whole_console
 
     with client() as pool:
         listing = pool.nodes()
     render(output, listing, _COLUMNS, key=lambda n: n.name, title=f"{len(listing)} node(s)")
     if output is Format.TABLE and any(not_enforced(n) != "-" for n in listing):
         console().print("NOT ENFORCED: what a pod on the node is not held to; see gpupool node ls -o wide "
-                        "for why and the remedy.", markup=False, highlight=False, soft_wrap=True)
+                        "for why and the remedy.", markup=False, highlight=False)  # wrapped to a terminal
     if output is Format.WIDE:
         layers = [(n.name, state) for n in listing for state in n.enforcement]
-        console().print(table("enforcement (what each node holds a pod to)", _LAYER_COLUMNS, layers,
-                              wide=False))
+        whole_console().print(table("enforcement (what each node holds a pod to)", _LAYER_COLUMNS,
+                                    layers, wide=False))  # -o wide: every reason whole
 
 
 def _devices(n: Any) -> str:
@@ -77,6 +77,13 @@ def not_enforced(n: Any) -> str:
         return "all"
     return ",".join(state.layer + ("~" if state.level == "advisory" else "")
                     for state in n.enforcement if not state.enforced) or "-"
+
+
+def _host_memory(n: Any) -> str:
+    """Host memory allocated of the node's, in the unit people read: 64GiB/2048GiB."""
+    from gpupool.core.units import format_memory_mib
+
+    return f"{format_memory_mib(n.allocated_memory_mib)}/{format_memory_mib(n.memory_mib)}"
 
 
 def _allocated(n: Any) -> float:
@@ -108,12 +115,12 @@ def _faults(n: Any) -> str:
 
 _COLUMNS: list[Column[Any]] = [
     Column("NODE", lambda n: n.name, key=True),
-    Column("STATE", state_text),
-    Column("DEVICES", _devices),
-    Column("ALLOCATED GPUS", lambda n: f"{_allocated(n):g}/{len(n.devices)}"),
+    Column("STATE", state_text, squeeze=True),
+    Column("DEVICES", _devices, squeeze=True),
+    Column("GPUS", lambda n: f"{_allocated(n):g}/{len(n.devices)}"),
     Column("CPU", lambda n: f"{n.allocated_cpu_milli / 1000:g}/{n.cpu_milli / 1000:g}"),
-    Column("MEMORY", lambda n: f"{n.allocated_memory_mib}/{n.memory_mib} MiB"),
-    Column("NOT ENFORCED", not_enforced),
+    Column("MEMORY", _host_memory),
+    Column("NOT ENFORCED", not_enforced, squeeze=True),
     Column("DEVICE MEMORY", _device_memory, wide=True),
     Column("HEALTHY", lambda n: "yes" if n.healthy else "no", wide=True),
     Column("INJECTED FAULTS", _faults, wide=True),
@@ -124,8 +131,8 @@ _LAYER_COLUMNS: list[Column[Any]] = [
     Column("NODE", lambda r: r[0], key=True),
     Column("LAYER", lambda r: r[1].layer),
     Column("ENFORCED", lambda r: "yes" if r[1].enforced else (
-        "advisory" if r[1].level == "advisory" else "[bold]no[/bold]")),
-    Column("DETAIL", lambda r: r[1].detail),
+        "advisory" if r[1].level == "advisory" else "no")),
+    Column("DETAIL", lambda r: r[1].detail, squeeze=True),
 ]
 
 
@@ -184,7 +191,7 @@ def show(
     """
     import json
 
-    from gpupool.cli.output import console, table
+    from gpupool.cli.output import console, table, terminal_width, whole_console
 
     with client() as pool:
         node = pool.node(name)
@@ -195,12 +202,14 @@ def show(
         print(node.name)
         return
     print(f"{node.name} {state_text(node)}")
+    width = None if output is Format.WIDE else terminal_width()
     console().print(table(f"{len(node.devices)} device(s)", _DEVICE_COLUMNS, node.devices,
-                          wide=output is Format.WIDE))
+                          wide=output is Format.WIDE, width=width))
     print(f"containers: {node.containers}")
     layers = [(node.name, state) for state in node.enforcement]
-    console().print(table("enforcement (what the node holds a pod to)", _LAYER_COLUMNS[1:], layers,
-                          wide=False))
+    out = console() if width else whole_console()
+    out.print(table("enforcement (what the node holds a pod to)", _LAYER_COLUMNS[1:], layers, wide=False,
+                    width=width))
 
 
 def _health(d: Any) -> str:

@@ -1,8 +1,10 @@
 """`-o table|wide|json|name` for the listing verbs: one renderer, so every `ls` reads and scripts alike.
 
 `name` prints ids only, one per line; `json` the API's objects as a JSON list; `table` and `wide`
-(more columns) a rich table whose key column (the id) is never wrapped or cut, and which takes
-whatever width it needs when stdout is not a terminal (`gpupool ls | cat` keeps whole ids).
+(more columns) plain kubectl/Slurm-style columns: a header row, cells padded, two spaces between,
+no box. On a terminal `table` fits its width by cutting the long descriptive cells with an ellipsis
+(a key column, an id or name, is never cut); `wide`, and any table when stdout is not a terminal,
+takes whatever width it needs (`gpupool ls | cat` keeps whole cells).
 """
 
 from __future__ import annotations
@@ -61,30 +63,27 @@ def as_json(items: Sequence[Any]) -> None:
 
 
 def table(title: str, columns: Sequence[Column[T]], items: Iterable[T], wide: bool, *,
-          compact: bool = False, width: int | None = None) -> Any:
-    """A rich Table of `items` (the wide-only columns when `wide`).
-
-    `compact`: no borders, two spaces between columns (a row per line at 80 columns); with `width`
-    (a terminal's), the `squeeze` columns are cut with an ellipsis, widest first, until a row fits.
-    """
+          width: int | None = None) -> Any:
+    """A plain rich Table of `items` (the wide-only columns when `wide`): no borders, a bold header
+    row, two spaces between columns, every cell on one line. With `width` (a terminal's), the
+    `squeeze` columns are cut with an ellipsis, widest first, until a row fits; without, nothing is
+    cut."""
     from rich.table import Table
+    from rich.text import Text
 
     shown = [c for c in columns if wide or not c.wide]
     rows = [[c.value(item) for c in shown] for item in items]
     natural = [max([len(c.header), *(len(row[i]) for row in rows)]) for i, c in enumerate(shown)]
-    limits = _squeezed(shown, natural, width) if compact and width is not None else {}
-    result = (Table(title=title, box=None, padding=(0, 1), pad_edge=False, header_style="bold")
-              if compact else Table(title=title))
+    limits = _squeezed(shown, natural, width) if width is not None else {}
+    result = Table(title=title, box=None, padding=(0, 1), pad_edge=False, header_style="bold")
     for i, c in enumerate(shown):
         if i in limits:
             result.add_column(c.header, no_wrap=True, overflow="ellipsis", min_width=limits[i],
                               max_width=limits[i])
             continue
-        # a key column is as wide as its longest value, so a narrow terminal squeezes the others
-        result.add_column(c.header, no_wrap=c.key or compact, overflow="fold",
-                          min_width=natural[i] if c.key or compact else len(c.header))
-    for row in rows:
-        result.add_row(*row)
+        result.add_column(c.header, no_wrap=True, overflow="fold", min_width=natural[i])
+    for row in rows:  # as text, not markup: a cell's "[x]" is printed, and counted, as it is
+        result.add_row(*(Text(cell) for cell in row))
     return result
 
 
@@ -93,7 +92,7 @@ SQUEEZED_MIN = 8
 
 
 def _squeezed(shown: Sequence[Column[T]], natural: list[int], width: int) -> dict[int, int]:
-    """Column index -> the width each `squeeze` column is cut to so that a compact row fits `width`
+    """Column index -> the width each `squeeze` column is cut to so that a row fits `width`
     (two characters between columns); the widest is cut first, none below SQUEEZED_MIN."""
     widths = list(natural)
     excess = sum(widths) + 2 * (len(widths) - 1) - width
@@ -119,22 +118,32 @@ def console() -> Any:
     return Console() if sys.stdout.isatty() else Console(width=PIPE_WIDTH)
 
 
+def whole_console() -> Any:
+    """A rich Console that never cuts nor folds a row, on a terminal too (`-o wide`)."""
+    from rich.console import Console
+
+    return Console(width=PIPE_WIDTH, force_terminal=sys.stdout.isatty() or None)
+
+
 def terminal_width() -> int | None:
     """The terminal's width, or None when stdout is not a terminal (a table then takes what it needs)."""
     return console().width if sys.stdout.isatty() else None
 
 
 def render(fmt: Format, items: Sequence[T], columns: Sequence[Column[T]], *, key: Callable[[T], str],
-           title: str, compact: bool = False, footer: Sequence[str] = ()) -> None:
-    """Print `items` as `fmt` asks: ids (`key`), JSON, or a table with a title (and `footer` lines
-    under it: what the table abbreviates, said once)."""
+           title: str, footer: Sequence[str] = ()) -> None:
+    """Print `items` as `fmt` asks: ids (`key`), JSON, or a plain table with a title (and `footer`
+    lines under it: what the table abbreviates, said once). Every listing verb prints through here.
+
+    `table` on a terminal fits its width (the `squeeze` columns cut); `wide` keeps every cell whole
+    (the terminal wraps a long row), as does any table when piped."""
     if fmt is Format.NAME:
         names(key(i) for i in items)
     elif fmt is Format.JSON:
         as_json(items)
     else:
-        out = console()
-        out.print(table(title, columns, items, wide=fmt is Format.WIDE, compact=compact,
-                        width=terminal_width()))
+        wide = fmt is Format.WIDE
+        out = whole_console() if wide else console()
+        out.print(table(title, columns, items, wide=wide, width=None if wide else terminal_width()))
         for line in footer:
             out.print(line, markup=False, highlight=False, soft_wrap=True)

@@ -148,7 +148,7 @@ def list_queues(
     now = time.time()
     columns: list[Column[Any]] = [
         Column("TENANT/QUEUE", lambda q: f"{q.tenant}/{q.name}", key=True),
-        Column("COHORT", lambda q: q.cohort or "-"),
+        Column("COHORT", lambda q: q.cohort or "-", squeeze=True),
         Column("NOMINAL", lambda q: _dash(q.quota_gpus)),
         Column("USED", lambda q: f"{q.used_gpus:g}"),
         Column("BORROWED", lambda q: f"{q.borrowed_gpus:g}"),
@@ -158,7 +158,8 @@ def list_queues(
         Column("WEIGHT", lambda q: f"{q.weight:g}"),
         Column("RUNNING", lambda q: str(q.running), wide=True),
         Column("PENDING", lambda q: str(q.pending)),
-        Column("RESERVED", lambda q: reserved_text(q.reserved_workload, q.reserved_start_s, now)),
+        Column("RESERVED", lambda q: reserved_text(q.reserved_workload, q.reserved_start_s, now),
+               squeeze=True),
     ]
     render(output, queues, columns, key=lambda q: f"{q.tenant}/{q.name}", title=f"{len(queues)} queue(s)")
 

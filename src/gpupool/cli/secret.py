@@ -82,8 +82,8 @@ def list_secrets(tenant: TenantOption = None, output: OutputOption = Format.TABL
         found = pool.secrets(tenant.strip().lower() if tenant else None)
     columns: list[Column[Any]] = [
         Column("NAME", lambda s: s.name, key=True),
-        Column("TENANT", lambda s: s.tenant),
-        Column("KEYS", lambda s: ",".join(s.keys)),
+        Column("TENANT", lambda s: s.tenant, squeeze=True),
+        Column("KEYS", lambda s: ",".join(s.keys), squeeze=True),
         Column("CREATED", lambda s: day(s.created_s)),
         Column("UPDATED", lambda s: day(s.updated_s)),
     ]

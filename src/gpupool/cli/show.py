@@ -188,24 +188,22 @@ def times_line(workload: Any, now_s: float | None = None) -> str:
 
 
 def unenforced_sentences(pool: Any, workload: Any, events: list[Any]) -> list[str]:
-    """Which of its limits are not enforced where its pods are: the `limits_unenforced` events (real
-    nodes, as at admission) and, from each simulated node's layers as `gpupool node ls` reports them,
-    the same sentences (the server writes no event there: the node says it once for every workload)."""
+    """Which of its limits are not enforced where its pods are, from each node's layers as `gpupool
+    node ls` reports them (the node says it once for every workload there, so the server writes no
+    event per workload); a `limits_unenforced` event a workload got from an older server is kept."""
     said = {e.message for e in events if e.reason == "limits_unenforced"}
-    simulated = sorted({p.node for p in workload.pods if p.simulated})
-    if simulated:
-        r = workload.spec.resources
-        gpus = float(r.gpus or 0)
-        shares = 0 < gpus < 1 or bool(gpus and r.gpu_memory)
-        for name in simulated:
-            host = any(p.cpu_milli or p.memory_mib for p in workload.pods if p.node == name)
-            said.update(_node_sentences(pool, name, shares, host))
+    r = workload.spec.resources
+    gpus = float(r.gpus or 0)
+    shares = 0 < gpus < 1 or bool(gpus and r.gpu_memory)
+    for name in sorted({p.node for p in workload.pods}):
+        host = any(p.cpu_milli or p.memory_mib for p in workload.pods if p.node == name)
+        said.update(_node_sentences(pool, name, shares, host))
     return sorted(said)
 
 
 def _node_sentences(pool: Any, name: str, shares: bool, host: bool) -> list[str]:
-    """The limits_unenforced sentences of the server (services/enforcement.unenforced) for a pod on
-    node `name` that asks for a device share (`shares`) and host cpu or memory (`host`)."""
+    """One sentence per limit a pod on node `name` asks for that the node does not enforce: a device
+    share (`shares`: its device_limits layer) and host cpu or memory (`host`: host_limits)."""
     if not (shares or host):
         return []
     from gpupool.errors import Forbidden, NotFound

@@ -136,12 +136,12 @@ def list_tenants(output: OutputOption = Format.TABLE) -> None:
         tenants = pool.tenants()
     columns: list[Column[Any]] = [
         Column("TENANT", lambda t: t.name, key=True),
-        Column("QUEUES", lambda t: ", ".join(t.queues)),
+        Column("QUEUES", lambda t: ",".join(t.queues), squeeze=True),
         Column("MAX PRIORITY", lambda t: str(t.max_priority)),
         Column("MAX PENDING", lambda t: str(t.max_pending)),
-        Column("UNIX USER", lambda t: t.unix_user or "-"),
-        Column("BUDGET", _budget),
-        Column("SPENT THIS PERIOD", _spent),
-        Column("CREATED", lambda t: when(t.created_s)),
+        Column("UNIX USER", lambda t: t.unix_user or "-", squeeze=True),
+        Column("BUDGET", _budget, squeeze=True),
+        Column("SPENT", _spent, squeeze=True),
+        Column("CREATED", lambda t: when(t.created_s), wide=True),
     ]
     render(output, tenants, columns, key=lambda t: t.name, title=f"{len(tenants)} tenant(s)")

@@ -75,7 +75,7 @@ def list_tokens(
     columns: list[Column[Any]] = [
         Column("ID", lambda t: t.id, key=True),
         Column("NAME", lambda t: t.name, key=True),
-        Column("TENANT", lambda t: t.tenant or "(admin)"),
+        Column("TENANT", lambda t: t.tenant or "(admin)", squeeze=True),
         Column("SCOPE", lambda t: t.scope),
         Column("STATE", state),
         Column("CREATED", lambda t: day(t.created_s)),

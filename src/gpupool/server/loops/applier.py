@@ -21,7 +21,7 @@ from sqlalchemy import Connection, Row, bindparam, insert, select, update
 from sqlalchemy.orm import Session
 
 from gpupool.api.events import EventReason
-from gpupool.core.model import Node, PodPlacement, PodRequest, Workload, WorkloadStatus
+from gpupool.core.model import PodPlacement, Workload, WorkloadStatus
 from gpupool.core.scheduling.cycle import (
     Admit,
     CycleResult,
@@ -42,7 +42,7 @@ from gpupool.server.loops.rows import W, busy_devices, states, unix_users
 from gpupool.server.loops.snapshot import StoreView, WorkloadCache
 from gpupool.server.orm import Base, WorkloadRow
 from gpupool.server.runtime import Runtime
-from gpupool.server.services import enforcement, rendezvous
+from gpupool.server.services import rendezvous
 from gpupool.server.services.events import LOST, Move, apply_moves, not_made
 from gpupool.server.services.metering import slice_models
 from gpupool.server.services.requeue import requeue, stop_each_after_commit
@@ -52,7 +52,6 @@ log = logging.getLogger("gpupool.scheduler")
 _WAITS = "; it starts once the pods stopping on its devices have ended."
 RECORD_CHUNK = 64
 _INSERT_POD = insert(Base.metadata.tables["pods"])
-_INSERT_EVENT = insert(Base.metadata.tables["events"])
 _SET_REASON = update(W).where(
     W.c.id == bindparam("r_id"), W.c.status == WorkloadStatus.PENDING.value,
     W.c.reason != bindparam("r_reason"),
@@ -282,8 +281,9 @@ class DecisionApplier:
         launches: list[PodLaunch] = []
         pods: list[dict[str, object]] = []
         allocated: list[tuple[str, list[str], list[PodPlacement]]] = []
-        notes: list[dict[str, object]] = []
-        limits = _LimitNotes(self.rt)
+        # A node's unenforced limits are said once for the node (node ls, node show), and `gpupool
+        # show` derives a workload's from its nodes' layers: no event on every workload placed there.
+        nodes = {n.name: n for n in self.rt.nodes()}
         accounts = unix_users(conn, {row.tenant for row, _, _, _ in placed})
         for row, admission, in_order, wait in placed:
             self.reasons.pop(row.id, None)
@@ -303,7 +303,7 @@ class DecisionApplier:
                     status=state.value, node=placement.node,
                     slices=[{"device_index": s.device_index, "compute_milli": s.compute_milli,
                              "memory_mib": s.memory_mib} for s in placement.slices],
-                    models=slice_models(limits.node(placement.node), placement.slices),
+                    models=slice_models(nodes.get(placement.node), placement.slices),
                     cpu_milli=cpu_milli, memory_mib=memory_mib,
                     message="Waits for a preempted pod to leave its device." if wait else "",
                     created_s=now, exit_code=None, finished_s=None,
@@ -313,14 +313,10 @@ class DecisionApplier:
                     launches.append(self.launcher.pod_launch(row, pod_id, placement.node, placement.slices,
                                                              rank, world, cpu_milli, memory_mib, account,
                                                              gang=gang))
-                held = dataclasses.replace(request, cpu_milli=cpu_milli, memory_mib=memory_mib)
-                notes += limits.events(row.id, pod_id, placement.node, held, now)  # what it holds
             if wait:
                 self.launcher.waiting = True
         if pods:
             conn.execute(_INSERT_POD, pods)
-        if notes:
-            conn.execute(_INSERT_EVENT, notes)
         return launches, allocated
 
     def _reject(self, conn: Connection, rejections: Sequence[Rejection], view: StoreView,
@@ -375,37 +371,6 @@ class DecisionApplier:
         for item in recorded:
             self.reasons[str(item["r_id"])] = str(item["r_reason"])
         self.estimates.prune(view)
-
-
-class _LimitNotes:
-    """The `limits_unenforced` events of one transaction's admissions (node layers computed once).
-
-    None on a simulated node: nothing there is enforced, ever, and `gpupool node ls` says so once for
-    the node (`gpupool show` derives the workload's unenforced limits from its nodes' layers), where
-    an event would repeat it on every workload."""
-
-    def __init__(self, rt: Runtime) -> None:
-        self._missing = rt.provider.missing_capabilities()
-        self._nodes = {n.name: n for n in rt.nodes()}
-        self._sentences: dict[tuple[str, bool, bool], list[str]] = {}
-
-    def node(self, name: str) -> Node | None:
-        return self._nodes.get(name)
-
-    def events(self, workload_id: str, pod_id: str, node_name: str, request: PodRequest,
-               now: float) -> list[dict[str, object]]:
-        node = self._nodes.get(node_name)
-        if node is None or any(d.simulated for d in node.devices):
-            return []
-        key = (node_name, *enforcement.limits_asked(request))
-        sentences = self._sentences.get(key)
-        if sentences is None:
-            layers = enforcement.node_layers(node, self._missing)
-            sentences = self._sentences[key] = enforcement.unenforced(node, layers, request)
-        admitted = WorkloadStatus.ADMITTED.value
-        return [{"workload_id": workload_id, "pod_id": pod_id, "from_status": admitted,
-                 "to_status": admitted, "reason": EventReason.LIMITS_UNENFORCED.value,
-                 "message": sentence[:1024], "at_s": now} for sentence in sentences]
 
 
 _PLACED_LABEL = f"{WorkloadStatus.ADMITTED.value}|{WorkloadStatus.RUNNING.value}"

@@ -1,11 +1,9 @@
 """Which limits a node enforces, layer by layer, and which of a pod's limits it cannot.
 
-A limit the node cannot enforce is never silent: `gpupool nodes ls` shows each node's layers as
-enforced, advisory (set up for the pod, but a hostile pod can step past it) or unenforced, and a
-workload placed on a real node where one of its limits does not hold gets an event
-(`limits_unenforced`) naming the limit and the node, which `gpupool show` prints. A simulated node
-enforces nothing, ever: it says so once (node ls), and `gpupool show` derives the same sentences
-from its layers (cli/show.py mirrors `unenforced`).
+A limit the node cannot enforce is never silent: `gpupool node ls` shows each node's layers as
+enforced, advisory (set up for the pod, but a hostile pod can step past it) or unenforced, once for
+the node rather than as an event on every workload placed there; `gpupool show` derives from its
+nodes' layers which of a workload's own limits do not hold (`not enforced: ...`, cli/show.py).
 """
 
 from __future__ import annotations
@@ -14,8 +12,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from enum import StrEnum
 
-from gpupool.core.model import Node, PodRequest
-from gpupool.core.units import MILLI
+from gpupool.core.model import Node
 from gpupool.providers.base import Capability
 
 
@@ -85,24 +82,3 @@ def _proc(missing: Mapping[Capability, str]) -> LayerState:
         return LayerState(PROC, False, "/proc hides other accounts' processes (hidepid=2), but pods run "
                           "as the agent's own account, so they see each other's and the server's")
     return LayerState(PROC, True, "/proc is mounted hidepid=2: a pod sees only its own account's processes")
-
-
-def limits_asked(request: PodRequest) -> tuple[bool, bool]:
-    """(asks for a share of a device, asks for host cpu or memory): the limits a node must hold."""
-    shares = bool(request.num_devices and (request.device_milli < MILLI or request.device_memory_mib))
-    return shares, bool(request.cpu_milli or request.memory_mib)
-
-
-def unenforced(node: Node, layers: list[LayerState], request: PodRequest) -> list[str]:
-    """One sentence per limit of `request` that `node` does not enforce (empty when all hold). The
-    accounts layer is left out: a pool whose agent cannot change users says so once, at start-up."""
-    by_layer = {state.layer: state for state in layers}
-    sentences = []
-    shares, host = limits_asked(request)
-    if shares and not by_layer[DEVICE_LIMITS].enforced:
-        sentences.append(f"device compute and memory limits are not enforced on node {node.name}: "
-                         f"{by_layer[DEVICE_LIMITS].detail}")
-    if host and not by_layer[HOST_LIMITS].enforced:
-        sentences.append(f"host cpu and memory limits are not enforced on node {node.name}: "
-                         f"{by_layer[HOST_LIMITS].detail}")
-    return sentences
