@@ -93,7 +93,7 @@ def test_a_low_priority_workload_is_preempted_with_sigterm_and_the_high_one_runs
     for directory in (marks, armed):
         directory.mkdir()
         directory.chmod(0o777)
-    trap = f"trap 'touch {marks}/$RANK; exit 0' TERM; touch {armed}/$RANK; sleep 60 & wait"
+    trap = f"trap 'touch {marks}/$NODE_RANK; exit 0' TERM; touch {armed}/$NODE_RANK; sleep 60 & wait"
     low = client.submit({"command": ["sh", "-c", trap], "replicas": 3, "priority_class": "low",
                          "resources": {"gpus": 2, "cpu": 0.1}})  # every device of the pool
     wait_for(lambda: client.workload(low).status == "running", 120.0, "the low workload to run")
