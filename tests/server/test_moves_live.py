@@ -124,3 +124,23 @@ def test_moves_per_workload_are_counted_and_survive_a_restart(pool: Pool) -> Non
     again = restarted.scheduler.info
     assert again[g].moves == again[neighbour].moves == 1 and again[neighbour].moved_s == moved_at
     assert all(s not in again or again[s].moves == 0 for s in set(singles) - {neighbour})
+
+
+def test_moves_off_congestion_are_counted_apart_and_survive_a_restart(pool: Pool) -> None:
+    """The bound on congestion moves (`fabric.congestion_max_moves`) reads its count from the
+    workload's `congestion_moved` events after a restart, apart from its moves for locality."""
+    from gpupool.core.model import Reason
+    from gpupool.server.orm import EventRow
+
+    g, neighbour, _ = _moved_on_a_quiet_pool(pool)
+    with pool.rt.store.write() as session:
+        for at in (pool.now + 1.0, pool.now + 2.0):
+            session.add(EventRow(workload_id=g, pod_id="", from_status="running", to_status="pending",
+                                 reason=Reason.CONGESTION_MOVED.value, message="moved", at_s=at))
+    restarted = ControlLoop(pool.rt)
+    restarted.recovered = restarted.reconciler.recover()
+    pool.now += 60.0
+    restarted.step()
+    again = restarted.scheduler.info
+    assert (again[g].moves, again[g].congestion_moves) == (1, 2)
+    assert (again[neighbour].moves, again[neighbour].congestion_moves) == (1, 0)
