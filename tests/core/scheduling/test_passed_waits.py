@@ -5,54 +5,28 @@ from __future__ import annotations
 
 import itertools
 import random
-import sys
 from dataclasses import replace
 from pathlib import Path
 
 import pytest
 import test_admission_properties as props
+from bench_loop import bench_loop
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from factories import cluster, workload
 from gpupool.config import load_config
-from gpupool.core.model import Allocation, ClusterSnapshot, Workload
+from gpupool.core.model import Workload
 from gpupool.core.scheduling import cycle
 from gpupool.core.scheduling.cycle import CycleResult, Policies, Wait, cycle_on
-from gpupool.core.scheduling.keeper import ViewKeeper
 from gpupool.core.scheduling.pending import PassedWaits
 from gpupool.core.scheduling.view import ClusterView
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "bench"))
-import cycle_latency
 
-
-def _bench_loop(policies: Policies, cycles: int, churn: int = 3) -> list[CycleResult]:
-    """The cycle benchmark's loop, scaled down (40 nodes, 400 waiting): a kept view, work ending and
-    arriving before each cycle, the admissions started and the preempted requeued."""
-    snapshot, pending = cycle_latency.build(40, 400, seed=3)
-    rng = random.Random(5)
-    keeper = ViewKeeper()
-    running = {a.workload.id: a for a in snapshot.allocations}
-    waiting = {w.id: w for w in pending}
-    now, serial, results = 3600.0, 500_000, []
-    for k in range(cycles):
-        for wid in rng.sample(sorted(running), min(churn, len(running))):
-            del running[wid]
-        for _ in range(churn):
-            w = cycle_latency._workload(serial, rng, now)
-            serial += 1
-            waiting[w.id] = w
-        current = ClusterSnapshot(snapshot.nodes, tuple(running.values()))
-        result = keeper.cycle(current, list(waiting.values()), policies, now, random.Random(k))
-        for stop in result.preempted:
-            waiting[stop.workload_id] = running.pop(stop.workload_id).workload
-        for admission in result.admitted:
-            w = waiting.pop(admission.workload_id)
-            running[w.id] = Allocation(w, admission.placements, now)
-        results.append(result)
-        now += 10.0
-    return results
+def _bench_loop(policies: Policies, cycles: int) -> list[CycleResult]:
+    """40 nodes, 400 waiting."""
+    return [result for result, _ in bench_loop(policies, cycles, nodes=40, pending=400, seed=3, churn_seed=5,
+                                               churn=3)]
 
 
 def _plain(run):  # type: ignore[no-untyped-def]

@@ -10,14 +10,14 @@ import sys
 from pathlib import Path
 
 import pytest
+from bench_loop import bench_loop
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gpupool.config import load_config
-from gpupool.core.model import Allocation, ClusterSnapshot
+from gpupool.core.model import ClusterSnapshot
 from gpupool.core.scheduling import preemption, victim_state
 from gpupool.core.scheduling.cycle import CycleResult, Policies
-from gpupool.core.scheduling.keeper import ViewKeeper
 from gpupool.core.scheduling.view import ClusterView
 from gpupool.core.state import free_amounts
 
@@ -75,33 +75,9 @@ def test_putting_back_from_the_base_is_putting_back_each_run(seed: int, order: r
     assert _everything(views[0]) == _everything(views[1])
 
 
-def _bench_loop(policies: Policies, cycles: int, churn: int = 4) -> list[tuple[CycleResult, object]]:
-    """The cycle benchmark's loop, scaled down (60 nodes, 300 waiting): per cycle its result and the
-    rng's state after it."""
-    snapshot, pending = cycle_latency.build(60, 300, seed=7)
-    rng = random.Random(3)
-    keeper = ViewKeeper()
-    running = {a.workload.id: a for a in snapshot.allocations}
-    waiting = {w.id: w for w in pending}
-    now, serial, out = 3600.0, 500_000, []
-    for k in range(cycles):
-        for wid in rng.sample(sorted(running), min(churn, len(running))):
-            del running[wid]
-        for _ in range(churn):
-            w = cycle_latency._workload(serial, rng, now)
-            serial += 1
-            waiting[w.id] = w
-        current = ClusterSnapshot(snapshot.nodes, tuple(running.values()))
-        draws = random.Random(k)
-        result = keeper.cycle(current, list(waiting.values()), policies, now, draws)
-        for stop in result.preempted:
-            waiting[stop.workload_id] = running.pop(stop.workload_id).workload
-        for admission in result.admitted:
-            w = waiting.pop(admission.workload_id)
-            running[w.id] = Allocation(w, admission.placements, now)
-        out.append((result, draws.getstate()))
-        now += 10.0
-    return out
+def _bench_loop(policies: Policies, cycles: int) -> list[tuple[CycleResult, object]]:
+    """60 nodes, 300 waiting: per cycle its result and the rng's state after it."""
+    return bench_loop(policies, cycles, nodes=60, pending=300, seed=7, churn_seed=3, churn=4)
 
 
 @pytest.mark.parametrize("config", ["default", "bench/configs/full.yaml"])
