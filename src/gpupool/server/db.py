@@ -148,10 +148,13 @@ def alembic_config(engine: Engine) -> Any:
 
 
 def upgrade(engine: Engine, revision: str = "head") -> None:
-    """Bring the schema up to `revision` (idempotent)."""
+    """Bring the schema up to `revision` (idempotent); SchemaTooNew when a newer gpupool migrated it."""
     from alembic import command
 
+    from gpupool.server.schema import check_not_newer
+
     try:
+        check_not_newer(engine)
         command.upgrade(alembic_config(engine), revision)
     except Exception as exc:  # the driver's own error says what is wrong with the database
         if isinstance(exc, InvalidInput):
