@@ -47,6 +47,9 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
     "usage": ("gpupool.cli.usage", "usage", "Show metered usage and its cost (pooled and dedicated)."),
     "invoice": ("gpupool.cli.usage", "invoice", "Bill one tenant for one month."),
     "completion": ("gpupool.cli.completion", "completion", "Print the shell completion script."),
+    # backup and restore of the store and the data directory's keys (admin, on the server's machine)
+    "backup": ("gpupool.cli.backup", "backup", "Back up the pool's store and keys to a file (admin)."),
+    "restore": ("gpupool.cli.backup", "restore", "Restore a backup into a stopped, fresh pool (admin)."),
 }
 
 

@@ -207,6 +207,9 @@ def _serve(data_dir: Path | None, host: str, port: int, simulate: str, provider:
         shared = missing.get(Capability.NETWORK_ISOLATION)
         if shared:
             print(f"Warning: {shared} (gpupool node ls, layer network).", file=sys.stderr, flush=True)
+    from gpupool.server.backup import hold_server_lock
+
+    hold_server_lock(settings.data_dir)  # `gpupool restore` refuses this data directory while we run
     store = Store.open(settings.resolved_database_url)
     rt = Runtime(settings=settings, store=store, provider=provisioned.provider, config=pool_config)
     if fabric_path is not None:
