@@ -11,6 +11,7 @@ from typing import Annotated
 from pydantic import Field
 
 from gpupool.api.common import ArgText, Name, Strict
+from gpupool.api.images import ImageName
 from gpupool.api.workloads import MAX_TIME_LIMIT_S, ResourcesSpec
 
 MAX_PAYLOAD_BYTES = 16 * 2**20
@@ -59,6 +60,9 @@ class SessionCreate(Strict):
     env: dict[Annotated[str, Field(min_length=1, max_length=256, pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")],
               ArgText] = Field(default_factory=dict)
     call: CallCreate | None = Field(None, description="a first call, queued with the session")
+    image: ImageName | None = Field(None, description=(
+        "run the worker in a container of this image of the pool's store; the image must hold the "
+        "pool's Python (same minor version) as python3.X in /usr/local/bin, /usr/bin or /bin"))
 
 class CallOut(Strict):
     id: str

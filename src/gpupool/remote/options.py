@@ -29,18 +29,20 @@ class Options:
     tenant: str | None = None
     name: str = ""
     env: Mapping[str, str] = field(default_factory=dict)
+    image: str | None = None
+    """An image of the pool's store to run the worker in (it must hold the pool's Python)."""
 
     @classmethod
     def make(cls, *, gpus: float = 0, gpu_memory: str | int | None = None, cpu: str | float = 0,
              memory: str | int = 0, models: Sequence[str] = (), timeout: str | float | None = None,
              idle_timeout: str | float | None = None, queue: str = "default", priority: int = 0,
              priority_class: str | None = None, tenant: str | None = None, name: str = "",
-             env: Mapping[str, str] | None = None) -> Options:
+             env: Mapping[str, str] | None = None, image: str | None = None) -> Options:
         return cls(gpus=gpus, gpu_memory=gpu_memory, cpu=cpu, memory=memory, models=tuple(models),
                    timeout_s=parse_duration_s(timeout, "timeout"),
                    idle_timeout_s=parse_duration_s(idle_timeout, "idle_timeout"), queue=queue,
                    priority=priority, priority_class=priority_class, tenant=tenant, name=name,
-                   env=dict(env or {}))
+                   env=dict(env or {}), image=image)
 
     def named(self, name: str) -> Options:
         """These options with a workload name made from `name` when none was given."""
@@ -59,6 +61,7 @@ class Options:
                                 "priority": self.priority, "one_shot": one_shot, "env": dict(self.env),
                                 "name": self.name}
         for key, value in (("priority_class", self.priority_class), ("tenant", self.tenant),
+                           ("image", self.image),
                            ("time_limit_s", self.timeout_s), ("idle_timeout_s", self.idle_timeout_s)):
             if value is not None:
                 body[key] = value

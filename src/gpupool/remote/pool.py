@@ -40,23 +40,26 @@ class Pool:
                  cpu: str | float = 0, memory: str | int = 0, models: Sequence[str] = (),
                  timeout: str | float | None = None, queue: str = "default", priority: int = 0,
                  priority_class: str | None = None, tenant: str | None = None, name: str = "",
-                 env: Mapping[str, str] | None = None
+                 env: Mapping[str, str] | None = None, image: str | None = None
                  ) -> Callable[[Callable[P, R]], RemoteFunction[P, R]]: ...
 
     def function(self, fn: Callable[P, R] | None = None, /, *, gpus: float = 0,
                  gpu_memory: str | int | None = None, cpu: str | float = 0, memory: str | int = 0,
                  models: Sequence[str] = (), timeout: str | float | None = None, queue: str = "default",
                  priority: int = 0, priority_class: str | None = None, tenant: str | None = None,
-                 name: str = "", env: Mapping[str, str] | None = None
+                 name: str = "", env: Mapping[str, str] | None = None, image: str | None = None
                  ) -> RemoteFunction[P, R] | Callable[[Callable[P, R]], RemoteFunction[P, R]]:
         """Make `fn` run on a slice of the pool: `gpus` (0.25, or whole devices), `gpu_memory`
         ('8GiB'), host `cpu` and `memory`, allowed device `models`, `timeout` (its workload's time
         limit: 90, '10m', '2h'), and the `queue`, `priority`, `priority_class` it is submitted with.
-        `env` adds variables to its pod. Each `remote()` call runs on a fresh slice (its own workload);
-        `map()` and `pool.session()` keep one warm for many calls."""
+        `env` adds variables to its pod; `image` runs it in a container of that image of the pool
+        (`gpupool image ls`), which must hold the pool's Python (same minor version). Each `remote()`
+        call runs on a fresh slice (its own workload); `map()` and `pool.session()` keep one warm for
+        many calls."""
         options = Options.make(gpus=gpus, gpu_memory=gpu_memory, cpu=cpu, memory=memory, models=models,
                                timeout=timeout, queue=queue, priority=priority,
-                               priority_class=priority_class, tenant=tenant, name=name, env=env)
+                               priority_class=priority_class, tenant=tenant, name=name, env=env,
+                               image=image)
 
         def wrap(target: Callable[P, R]) -> RemoteFunction[P, R]:
             return RemoteFunction(self, target, options.named(getattr(target, "__name__", "function")))
@@ -67,13 +70,14 @@ class Pool:
                 memory: str | int = 0, models: Sequence[str] = (), timeout: str | float | None = None,
                 idle_timeout: str | float | None = "5m", queue: str = "default", priority: int = 0,
                 priority_class: str | None = None, tenant: str | None = None, name: str = "session",
-                env: Mapping[str, str] | None = None) -> Session:
+                env: Mapping[str, str] | None = None, image: str | None = None) -> Session:
         """One warm slice for many calls (`s.call(fn, x)`, `s.submit`, `s.map`), run one after the
         other by one worker process. Opened at once (its workload is submitted now); closed when the
         `with` block ends, or after `idle_timeout` without a call; `timeout` bounds its whole life."""
         options = Options.make(gpus=gpus, gpu_memory=gpu_memory, cpu=cpu, memory=memory, models=models,
                                timeout=timeout, idle_timeout=idle_timeout, queue=queue, priority=priority,
-                               priority_class=priority_class, tenant=tenant, name=name, env=env)
+                               priority_class=priority_class, tenant=tenant, name=name, env=env,
+                               image=image)
         return Session(self, options)
 
     # ------------------------------------------------------------------ the routes (used by the others)

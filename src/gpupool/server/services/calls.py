@@ -262,13 +262,18 @@ def _staged_worker() -> str:
     return str(root)
 
 
-def _workload_spec(body: SessionCreate) -> WorkloadSpec:
+def _workload_spec(body: SessionCreate, rt: Runtime) -> WorkloadSpec:
     python, paths = worker_python()
     env = {**body.env, "PYTHONUNBUFFERED": "1"}
+    command = [python, "-P", "-m", WORKER_MODULE]
+    if body.image is not None:  # the image's own Python, the worker's code carried in (call_images.py)
+        from gpupool.server.services.call_images import worker_command
+
+        command, paths = worker_command(rt, body.image), ""
     if paths:
         env["PYTHONPATH"] = os.pathsep.join(p for p in (paths, body.env.get("PYTHONPATH", "")) if p)
     return WorkloadSpec.model_validate({
-        "command": [python, "-P", "-m", WORKER_MODULE], "name": body.name or "function",
+        "command": command, "name": body.name or "function", "image": body.image,
         "tenant": body.tenant, "queue": body.queue, "priority": body.priority,
         "priority_class": body.priority_class, "time_limit_s": body.time_limit_s,
         "resources": body.resources, "env": env})
@@ -281,7 +286,7 @@ def open_session(rt: Runtime, who: Principal, body: SessionCreate) -> SessionOut
     payload = None if body.call is None else decode_payload(body.call.payload, "function and its arguments")
     _key(rt.store, create=True)  # before any of its pods is launched (the scheduler only reads it)
     _prune(rt)
-    submission = workloads_service.prepare(rt, who, _workload_spec(body))
+    submission = workloads_service.prepare(rt, who, _workload_spec(body, rt))
     now = rt.clock()
     row = RemoteSessionRow(id=submission.id, tenant=submission.tenant, one_shot=body.one_shot, closed=False,
                            idle_timeout_s=body.idle_timeout_s, last_active_s=now, pod_id="",
