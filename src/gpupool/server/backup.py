@@ -4,8 +4,9 @@ A backup is a tar archive (mode 0600) of:
 
 - `manifest.json`: the format, the store's kind and schema revision, when, the rows per table, and
   the SHA-256 of every other member (a damaged or truncated file is refused at restore);
-- the store: SQLite copied through its online backup API (a consistent snapshot while the server
-  runs and writes), or PostgreSQL dumped by `pg_dump -Fc` (one snapshot transaction);
+- the store: SQLite copied through its online backup API in one step (one read transaction: a
+  consistent snapshot while the server runs and writes, never blocking it in WAL mode), or
+  PostgreSQL dumped by `pg_dump -Fc` (one snapshot transaction);
 - `pool-id` (it names the pods' accounts), in the clear;
 - with a passphrase, `keys.sealed`: `secrets.key` (it opens every tenant's secret) and `admin-token`,
   encrypted with AES-256-GCM under a key derived from the passphrase by scrypt. Without one they
@@ -175,18 +176,34 @@ def _rows(url: str) -> tuple[str, dict[str, int]]:
         engine.dispose()
 
 
-def _copy_sqlite(source: sqlite3.Connection, target: sqlite3.Connection, progress: Progress,
-                 what: str) -> None:
-    last = [0.0]
+def _copy_sqlite(source: sqlite3.Connection, target: sqlite3.Connection, target_path: Path,
+                 progress: Progress, what: str) -> None:
+    """Copy the whole database in one step of SQLite's backup API: one read transaction, so one
+    consistent snapshot, which in WAL mode never blocks the server's writes (a copy in several steps
+    would start over after each write of the server, and might never end on a busy pool). A thread
+    reports the pages written so far, once a second."""
+    import threading
 
-    def report(_status: int, remaining: int, total: int) -> None:
-        now = time.monotonic()
-        if total and (now - last[0] >= 1.0 or remaining == 0):
-            last[0] = now
-            done = total - remaining
-            progress(f"{what}: {100 * done // total}% ({done}/{total} pages)")
+    page_size = int(source.execute("PRAGMA page_size").fetchone()[0])
+    total = int(source.execute("PRAGMA page_count").fetchone()[0])
+    done = threading.Event()
 
-    source.backup(target, pages=4096, progress=report)
+    def report() -> None:
+        while not done.wait(1.0):
+            try:
+                copied = min(total, target_path.stat().st_size // page_size)
+            except OSError:
+                continue
+            progress(f"{what}: {100 * copied // max(total, 1)}% ({copied}/{total} pages)")
+
+    watcher = threading.Thread(target=report, daemon=True)
+    watcher.start()
+    try:
+        source.backup(target, pages=-1)
+    finally:
+        done.set()
+        watcher.join()
+    progress(f"{what}: 100% ({total}/{total} pages)")
 
 
 def _derive(passphrase: bytes, salt: bytes) -> bytes:
@@ -249,7 +266,7 @@ def backup(data_dir: Path, url: str, dest: Path, *, passphrase: bytes | None = N
                                "--database-url).")
             with closing(sqlite3.connect(f"file:{path}?mode=ro", uri=True)) as source, \
                     closing(sqlite3.connect(member)) as target:
-                _copy_sqlite(source, target, progress, "backup")
+                _copy_sqlite(source, target, member, progress, "backup")
             revision, rows = _rows(f"sqlite:///{member}")
         else:
             member = work / PG_MEMBER
@@ -406,7 +423,7 @@ def restore(source: Path, data_dir: Path, url: str, *, passphrase: bytes | None 
                     target = _sqlite_path(url)
                     target.parent.mkdir(parents=True, exist_ok=True)
                     with closing(sqlite3.connect(staged)) as copy, closing(sqlite3.connect(target)) as store:
-                        _copy_sqlite(copy, store, progress, "restore")
+                        _copy_sqlite(copy, store, target, progress, "restore")
                     os.chmod(target, 0o600)
                 else:
                     _run_pg([find_pg_tool("pg_restore"), "-v", "--no-owner", "--no-privileges",
