@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import io
 import json
+import os
 import sqlite3
 import tarfile
 import threading
@@ -303,3 +304,15 @@ def test_damaged_absent_or_wrongly_opened_backups_are_refused_with_a_sentence(
     one_error(run("backup", str(archive), "--data-dir", str(tmp_path / "fresh")), 2, "exists already")
     one_error(run("backup", str(tmp_path / "new.tar"), "--data-dir", str(tmp_path / "empty")), 3,
               "No store at")
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="giving a directory to another user needs root")
+def test_restore_refuses_a_data_directory_of_another_user(tmp_path: Path,
+                                                          small_backup: tuple[Path, Path]) -> None:
+    archive, passphrase = small_backup
+    theirs = tmp_path / "theirs"
+    theirs.mkdir(mode=0o755)
+    os.chown(theirs, 65534, 65534)  # nobody's
+    refused = run("restore", str(archive), "--data-dir", str(theirs), "--passphrase-file", str(passphrase))
+    one_error(refused, 2, "not a directory owned by this user")
+    assert list(theirs.iterdir()) == []  # not even the lock file was made there

@@ -72,8 +72,11 @@ def hold_server_lock(data_dir: Path) -> int:
 
 @contextmanager
 def _stopped_pool(data_dir: Path) -> Iterator[None]:
-    """The data directory, with no server running on it for as long as the block runs."""
-    data_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+    """The data directory (made, or checked to be this user's, 0700), with no server running on it for
+    as long as the block runs."""
+    from gpupool.server.datadir import secure_data_dir
+
+    secure_data_dir(data_dir)
     fd = os.open(data_dir / LOCK_FILE, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
     try:
         try:
@@ -297,16 +300,22 @@ def backup(data_dir: Path, url: str, dest: Path, *, passphrase: bytes | None = N
                     "rows": rows, "sealed": kept,
                     "not_included": NOT_INCLUDED,
                     "sha256": {name: _sha256(path) for name, path in members.items()}}
-        partial = dest.with_name(f".{dest.name}.partial")
-        fd = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
-        with os.fdopen(fd, "wb") as raw:
-            with tarfile.open(fileobj=raw, mode="w") as archive:
-                _add_bytes(archive, MANIFEST, json.dumps(manifest, indent=1).encode())
-                for name, path in members.items():
-                    archive.add(path, arcname=name, recursive=False, filter=_plain)
-            raw.flush()
-            os.fsync(raw.fileno())
-        os.replace(partial, dest)
+        fd, partial_name = tempfile.mkstemp(prefix=f".{dest.name}.", suffix=".partial", dir=dest.parent)
+        partial = Path(partial_name)  # 0600, made new: nothing another user prepared is written into
+        try:
+            with os.fdopen(fd, "wb") as raw:
+                with tarfile.open(fileobj=raw, mode="w") as archive:
+                    _add_bytes(archive, MANIFEST, json.dumps(manifest, indent=1).encode())
+                    for name, path in members.items():
+                        archive.add(path, arcname=name, recursive=False, filter=_plain)
+                raw.flush()
+                os.fsync(raw.fileno())
+            os.link(partial, dest)  # whole or not at all, and never over a file that appeared meanwhile
+        except FileExistsError:
+            raise InvalidInput(f"{str(dest)!r} exists already; give a new file name (a backup never "
+                               "overwrites a file).") from None
+        finally:
+            partial.unlink(missing_ok=True)
         return Summary(backend=backend, revision=revision, rows=rows, sealed=kept,
                        warnings=warnings, seconds=time.monotonic() - started,
                        size_bytes=dest.stat().st_size)
@@ -405,7 +414,6 @@ def restore(source: Path, data_dir: Path, url: str, *, passphrase: bytes | None 
         raise InvalidInput("This backup holds the pool's keys encrypted; give --passphrase-file with the "
                            "passphrase used by `gpupool backup`.")
     with _stopped_pool(data_dir):
-        os.chmod(data_dir, 0o700)
         _refuse_existing_store(url, backend)
         with tarfile.open(source, mode="r:") as archive:
             files = {name: _read_member(archive, name) for name in CLEAR_FILES if name in manifest["sha256"]}
