@@ -135,6 +135,24 @@ def test_an_expanding_migration_passes(tmp_path: Path) -> None:
     assert expand_problems(make, since=head_revision(), location=location) == []
 
 
+def test_models_that_cannot_read_the_last_releases_rows_are_caught(tmp_path: Path) -> None:
+    """This code's models expecting a column that no migration adds (the old rows cannot have it)."""
+    from sqlalchemy import Column, MetaData, String
+
+    from gpupool.server.orm import Base
+
+    models = MetaData()
+    for table in Base.metadata.sorted_tables:
+        table.to_metadata(models)
+    models.tables["tenants"].append_column(Column("region", String(16), nullable=True))
+
+    def make() -> Engine:
+        return make_engine(f"sqlite:///{tmp_path / 'models.sqlite'}")
+
+    problems = expand_problems(make, since=head_revision(), models=models)
+    assert problems and "cannot read table tenants" in problems[0] and "region" in problems[0], problems
+
+
 def test_the_marker_is_a_known_revision() -> None:
     """LAST_RELEASED names a revision of this tree (a typo would make the check above vacuous)."""
     from gpupool.server.schema import script_directory

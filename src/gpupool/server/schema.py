@@ -12,8 +12,8 @@ renaming a column or table, narrowing a type, or adding a NOT NULL column withou
 for the release after (the "contract" step), when no server of the old release is left.
 `expand_problems` checks that on a real database: it builds the store at `LAST_RELEASED`, reads its
 schema, migrates to the newest revision, and then runs what the old release can run against the
-store: an insert into every table of the old schema that gives only the old columns, and a select
-of those columns back.
+store: an insert into every table of the old schema that gives only the old columns, a select of
+those columns back, and a select of the whole row as this code's models read it.
 """
 
 from __future__ import annotations
@@ -74,9 +74,10 @@ def check_not_newer(engine: Engine, location: Path | None = None) -> None:
 
 
 def expand_problems(make_engine: Callable[[], Engine], *, since: str = LAST_RELEASED,
-                    location: Path | None = None) -> list[str]:
+                    location: Path | None = None, models: MetaData | None = None) -> list[str]:
     """One sentence per way in which the migrations after `since` break a server of the release at
-    `since` (empty when they only expand). `make_engine` gives an engine on an empty database."""
+    `since`, or this code on that release's rows (empty when they only expand). `make_engine` gives
+    an engine on an empty database; `models` are this code's tables (default: the ORM's)."""
     from alembic import command
 
     from gpupool.server.db import alembic_config
@@ -100,7 +101,7 @@ def expand_problems(make_engine: Callable[[], Engine], *, since: str = LAST_RELE
                 continue
             problems.extend(_column_problems(name, table, new.get_columns(name), since))
         if not problems:
-            problems.extend(_old_queries_fail(engine, old, since))
+            problems.extend(_old_queries_fail(engine, old, since, models))
         return problems
     finally:
         engine.dispose()
@@ -127,9 +128,14 @@ def _column_problems(name: str, table: Table, columns: list[Any], since: str) ->
     return problems
 
 
-def _old_queries_fail(engine: Engine, old: MetaData, since: str) -> list[str]:
+def _old_queries_fail(engine: Engine, old: MetaData, since: str, models: MetaData | None) -> list[str]:
     """Insert one row with only the old columns into every old table (parents first, so every
-    foreign key finds its row), read each back, and roll it all back."""
+    foreign key finds its row), read each back with the old columns and with this code's models
+    (every column, its defaults filled in by the store), and roll it all back."""
+    from gpupool.server.orm import Base
+
+    current = models if models is not None else Base.metadata
+
     with engine.connect() as conn, conn.begin() as transaction:
         try:
             for table in old.sorted_tables:
@@ -143,6 +149,13 @@ def _old_queries_fail(engine: Engine, old: MetaData, since: str) -> list[str]:
                     return [f"the release at {since} cannot write table {table.name}: {first}"]
                 if found is None:
                     return [f"a row the release at {since} writes into {table.name} is not read back"]
+                if table.name in current.tables:  # and this code's models load it whole
+                    try:
+                        conn.execute(select(current.tables[table.name])).all()
+                    except Exception as exc:  # the driver's or a type's own words
+                        first = (str(getattr(exc, "orig", exc)).strip().splitlines() or [""])[0][:200]
+                        return [f"this release cannot read table {table.name} as the release at {since} "
+                                f"writes it: {first}"]
         finally:
             transaction.rollback()
     return []
