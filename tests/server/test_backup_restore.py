@@ -21,11 +21,13 @@ from upproc import UpProcess, cli
 
 from factories import node
 from gpupool.client import Client
+from gpupool.errors import GpupoolError, InvalidInput, NotFound
 from gpupool.server import pgtemp
-from gpupool.server.backup import find_pg_tool
+from gpupool.server.backup import backup, find_pg_tool, read_passphrase, restore
 from gpupool.server.datadir import pool_id
 from gpupool.server.db import Store, make_engine
 from gpupool.server.orm import Base, SecretRow, UsageDailyRow
+from gpupool.server.schema import SchemaTooNew
 from gpupool.server.secretbox import SecretBox
 from live import LiveServer, live_server
 from server.fakes import ManualProvider
@@ -271,39 +273,47 @@ def _rewritten(archive: Path, dest: Path, change: dict[str, bytes]) -> Path:
 
 def test_damaged_absent_or_wrongly_opened_backups_are_refused_with_a_sentence(
         tmp_path: Path, small_backup: tuple[Path, Path]) -> None:
-    archive, passphrase = small_backup
-    target = ["--data-dir", str(tmp_path / "fresh"), "--passphrase-file", str(passphrase)]
+    """Through the CLI for the exit codes; the other refusals in-process (the same errors, faster)."""
+    archive, passphrase_file = small_backup
+    fresh = tmp_path / "fresh"
+    target = ["--data-dir", str(fresh), "--passphrase-file", str(passphrase_file)]
     one_error(run("restore", str(tmp_path / "nothing.tar"), *target), 3, "No backup file")
     junk = tmp_path / "junk.tar"
     junk.write_bytes(b"not a backup at all\n" * 100)
     one_error(run("restore", str(junk), *target), 2, "not a usable gpupool backup")
+
+    url = f"sqlite:///{fresh / 'gpupool.sqlite'}"
+    passphrase = read_passphrase(passphrase_file)
+
+    def refused(source: Path, error: type[GpupoolError], words: str, key: bytes | None = passphrase) -> None:
+        with pytest.raises(error) as caught:
+            restore(source, fresh, url, passphrase=key)
+        assert words in caught.value.message and "\n" not in caught.value.message, caught.value.message
+
     truncated = tmp_path / "truncated.tar"
     truncated.write_bytes(archive.read_bytes()[: archive.stat().st_size // 2])
-    one_error(run("restore", str(truncated), *target), 2, "not a usable gpupool backup")
+    refused(truncated, InvalidInput, "not a usable gpupool backup")
     with tarfile.open(archive) as old:
         handle = old.extractfile("store.sqlite")
         assert handle is not None
         store = bytearray(handle.read())
     store[len(store) // 2] ^= 0xFF
     flipped = _rewritten(archive, tmp_path / "flipped.tar", {"store.sqlite": bytes(store)})
-    one_error(run("restore", str(flipped), *target), 2, "store.sqlite does not match its checksum")
-    wrong = tmp_path / "wrong-passphrase"
-    wrong.write_text("not the passphrase\n")
-    one_error(run("restore", str(archive), "--data-dir", str(tmp_path / "fresh"), "--passphrase-file",
-                  str(wrong)), 2, "passphrase does not open")
-    one_error(run("restore", str(archive), "--data-dir", str(tmp_path / "fresh")), 2,
-              "give --passphrase-file")
+    refused(flipped, InvalidInput, "store.sqlite does not match its checksum")
+    refused(archive, InvalidInput, "passphrase does not open", b"not the passphrase")
+    refused(archive, InvalidInput, "give --passphrase-file", None)
     with tarfile.open(archive) as old:
         handle = old.extractfile("manifest.json")
         assert handle is not None
         newer = json.loads(handle.read())
     newer["revision"] = "9999"
     future = _rewritten(archive, tmp_path / "future.tar", {"manifest.json": json.dumps(newer).encode()})
-    one_error(run("restore", str(future), *target), 2, "revision 9999, newer than this gpupool knows")
-    assert not (tmp_path / "fresh" / "gpupool.sqlite").exists()  # nothing was restored by any of them
-    one_error(run("backup", str(archive), "--data-dir", str(tmp_path / "fresh")), 2, "exists already")
-    one_error(run("backup", str(tmp_path / "new.tar"), "--data-dir", str(tmp_path / "empty")), 3,
-              "No store at")
+    refused(future, SchemaTooNew, "revision 9999, newer than this gpupool knows")
+    assert not (fresh / "gpupool.sqlite").exists()  # nothing was restored by any of them
+    with pytest.raises(InvalidInput, match="exists already"):
+        backup(fresh, url, archive)
+    with pytest.raises(NotFound, match="No store at"):
+        backup(tmp_path / "empty", f"sqlite:///{tmp_path / 'empty' / 'gpupool.sqlite'}", tmp_path / "new.tar")
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="giving a directory to another user needs root")
