@@ -21,7 +21,7 @@ from upproc import UpProcess, cli
 
 from factories import node
 from gpupool.client import Client
-from gpupool.errors import GpupoolError, InvalidInput, NotFound
+from gpupool.errors import GpupoolError, InvalidInput, NotFound, Unavailable
 from gpupool.server import pgtemp
 from gpupool.server.backup import backup, find_pg_tool, read_passphrase, restore
 from gpupool.server.datadir import pool_id
@@ -312,6 +312,11 @@ def test_damaged_absent_or_wrongly_opened_backups_are_refused_with_a_sentence(
     assert not (fresh / "gpupool.sqlite").exists()  # nothing was restored by any of them
     with pytest.raises(InvalidInput, match="exists already"):
         backup(fresh, url, archive)
+    closed = f"postgresql+psycopg://postgres:pw-never-shown@127.0.0.1:{pgtemp.free_port()}/pool"
+    with pytest.raises(Unavailable) as unreachable:  # a store that cannot be reached: the driver's words
+        backup(fresh, closed, tmp_path / "unreachable.tar")
+    assert "Cannot open the pool's store" in unreachable.value.message
+    assert "pw-never-shown" not in unreachable.value.message and "\n" not in unreachable.value.message
     with pytest.raises(NotFound, match="No store at"):
         backup(tmp_path / "empty", f"sqlite:///{tmp_path / 'empty' / 'gpupool.sqlite'}", tmp_path / "new.tar")
 

@@ -164,6 +164,7 @@ def _sqlite_path(url: str) -> Path:
 def _rows(url: str) -> tuple[str, dict[str, int]]:
     """The store's schema revision and rows per table."""
     from sqlalchemy import func, inspect, select, table
+    from sqlalchemy.exc import SQLAlchemyError
 
     from gpupool.server.db import make_engine
     from gpupool.server.schema import current_revision
@@ -175,8 +176,17 @@ def _rows(url: str) -> tuple[str, dict[str, int]]:
             rows = {name: int(conn.execute(select(func.count()).select_from(table(name))).scalar() or 0)
                     for name in names}
         return current_revision(engine) or "", rows
+    except SQLAlchemyError as exc:
+        raise _cannot_open(exc) from None
     finally:
         engine.dispose()
+
+
+def _cannot_open(exc: Exception) -> Unavailable:
+    """One sentence for a store that cannot be reached: the driver's first line, no URL."""
+    first = (str(getattr(exc, "orig", None) or exc).strip().splitlines() or [""])[0][:300]
+    return Unavailable(f"Cannot open the pool's store ({first}); check --database-url and that the "
+                       "database server runs.")
 
 
 def _copy_sqlite(source: sqlite3.Connection, target: sqlite3.Connection, target_path: Path,
@@ -462,8 +472,7 @@ def _refuse_existing_store(url: str, backend: str) -> None:
     try:
         tables = inspect(engine).get_table_names()
     except Exception as exc:  # the driver's words say why the store cannot be reached
-        first = (str(exc).splitlines() or [""])[0][:300]
-        raise Unavailable(f"Cannot open the store to restore into: {first}") from None
+        raise _cannot_open(exc) from None
     finally:
         engine.dispose()
     if tables:
