@@ -309,6 +309,12 @@ def test_damaged_absent_or_wrongly_opened_backups_are_refused_with_a_sentence(
     newer["revision"] = "9999"
     future = _rewritten(archive, tmp_path / "future.tar", {"manifest.json": json.dumps(newer).encode()})
     refused(future, SchemaTooNew, "revision 9999, newer than this gpupool knows")
+    other = tmp_path / "other-keys"
+    other.mkdir(mode=0o700)
+    (other / "secrets.key").write_bytes(os.urandom(32))  # another pool's key: it would open nothing here
+    with pytest.raises(InvalidInput, match="secrets.key' exists and differs from the backup's"):
+        restore(archive, other, f"sqlite:///{other / 'gpupool.sqlite'}", passphrase=passphrase)
+    assert not (other / "gpupool.sqlite").exists()
     assert not (fresh / "gpupool.sqlite").exists()  # nothing was restored by any of them
     with pytest.raises(InvalidInput, match="exists already"):
         backup(fresh, url, archive)
