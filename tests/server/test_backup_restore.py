@@ -312,7 +312,7 @@ def test_damaged_absent_or_wrongly_opened_backups_are_refused_with_a_sentence(
     other = tmp_path / "other-keys"
     other.mkdir(mode=0o700)
     (other / "secrets.key").write_bytes(os.urandom(32))  # another pool's key: it would open nothing here
-    with pytest.raises(InvalidInput, match="secrets.key' exists and differs from the backup's"):
+    with pytest.raises(InvalidInput, match=r"secrets\.key' exists and differs from the backup's"):
         restore(archive, other, f"sqlite:///{other / 'gpupool.sqlite'}", passphrase=passphrase)
     assert not (other / "gpupool.sqlite").exists()
     assert not (fresh / "gpupool.sqlite").exists()  # nothing was restored by any of them
