@@ -251,6 +251,7 @@ def test_a_backup_without_passphrase_says_loudly_what_to_copy(tmp_path: Path) ->
         done = run("backup", str(tmp_path / "bare.tar"), "--data-dir", str(tmp_path / "pool"))
     assert done.returncode == 0, done.stderr
     assert f"WARNING: {tmp_path / 'pool' / 'secrets.key'} is NOT in this backup" in done.stderr
+    assert "not in the backup: pods' logs" in done.stdout and "container images" in done.stdout
     with tarfile.open(tmp_path / "bare.tar") as archive:
         assert sorted(archive.getnames()) == ["manifest.json", "pool-id", "store.sqlite"]
     done = run("restore", str(tmp_path / "bare.tar"), "--data-dir", str(tmp_path / "restored"))

@@ -72,6 +72,9 @@ def backup(
     print(f"backed up {summary.backend} store at revision {summary.revision}: "
           f"{_rows_text(summary.rows)}, {keys}; {summary.size_bytes / 2**20:.1f} MiB in "
           f"{summary.seconds:.1f} s to {file}")
+    from gpupool.server.backup import NOT_INCLUDED
+
+    print(f"not in the backup: {NOT_INCLUDED}")
 
 
 def restore(
