@@ -310,6 +310,9 @@ def test_damaged_absent_or_wrongly_opened_backups_are_refused_with_a_sentence(
     newer["revision"] = "9999"
     future = _rewritten(archive, tmp_path / "future.tar", {"manifest.json": json.dumps(newer).encode()})
     refused(future, SchemaTooNew, "revision 9999, newer than this gpupool knows")
+    del newer["backend"]
+    bare = _rewritten(archive, tmp_path / "bare.tar", {"manifest.json": json.dumps(newer).encode()})
+    refused(bare, InvalidInput, "manifest lacks the store's kind")
     other = tmp_path / "other-keys"
     other.mkdir(mode=0o700)
     (other / "secrets.key").write_bytes(os.urandom(32))  # another pool's key: it would open nothing here

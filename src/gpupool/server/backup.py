@@ -372,8 +372,17 @@ def read_manifest(source: Path) -> dict[str, Any]:
             if MANIFEST not in names:
                 raise _damaged(source, "it holds no manifest")
             manifest: dict[str, Any] = json.loads(_read_member(archive, MANIFEST))
-            if manifest.get("format") != FORMAT:
-                raise _damaged(source, f"format {manifest.get('format')!r}, this gpupool reads {FORMAT}")
+            if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
+                found = manifest.get("format") if isinstance(manifest, dict) else None
+                raise _damaged(source, f"format {found!r}, this gpupool reads {FORMAT}")
+            if manifest.get("backend") not in ("sqlite", "postgresql") or not isinstance(
+                    manifest.get("revision"), str) or not isinstance(manifest.get("sealed"), list) or \
+                    not isinstance(manifest.get("sha256"), dict):
+                raise _damaged(source, "its manifest lacks the store's kind, revision or checksums")
+            member = SQLITE_MEMBER if manifest["backend"] == "sqlite" else PG_MEMBER
+            needed = {member} | ({SEALED_MEMBER} if manifest["sealed"] else set())
+            if not needed <= set(manifest["sha256"]):
+                raise _damaged(source, f"its manifest names no checksum for {member}")
             for name, expected in manifest["sha256"].items():
                 digest = hashlib.sha256()
                 handle = _member(archive, name, source)
