@@ -4,6 +4,7 @@ as the tenant it names, reads usage and the pool's summary, and nothing else (do
 from __future__ import annotations
 
 import pytest
+
 from conftest import Server
 
 ON_BEHALF = "X-Gpupool-On-Behalf-Of"
@@ -35,9 +36,11 @@ def test_submits_reads_and_cancels_as_the_tenant_it_names(fed: tuple[Server, str
     shown = server.client.get(f"/api/v1/workloads/{wid}", headers=_h(token, "alice"))
     assert shown.json()["tenant"] == "alice"
     assert server.client.get(f"/api/v1/workloads/{wid}", headers=_h(token, "bob")).status_code == 404
-    assert server.client.post(f"/api/v1/workloads/{wid}/cancel", headers=_h(token, "alice")).status_code == 200
+    cancelled = server.client.post(f"/api/v1/workloads/{wid}/cancel", headers=_h(token, "alice"))
+    assert cancelled.status_code == 200
     # a spec naming another tenant is refused: the header is who it acts for
-    spoof = server.client.post("/api/v1/workloads", json={**body, "tenant": "bob"}, headers=_h(token, "alice"))
+    spoof = server.client.post("/api/v1/workloads", json={**body, "tenant": "bob"},
+                               headers=_h(token, "alice"))
     assert spoof.status_code == 403, spoof.text
 
 
@@ -69,7 +72,7 @@ def test_nothing_more(fed: tuple[Server, str, str], method: str, path: str) -> N
         assert answer.status_code == 403, (method, path, tenant, answer.text)
 
 
-def test_only_the_admin_owns_one_and_a_tenant_header_gives_a_tenant_nothing(fed: tuple[Server, str, str]) -> None:
+def test_only_the_admin_owns_one_and_the_header_gives_a_tenant_nothing(fed: tuple[Server, str, str]) -> None:
     server, _, bob = fed
     refused = server.client.post("/api/v1/tokens", json={"tenant": "bob", "scope": "federation"},
                                  headers=server.headers())
