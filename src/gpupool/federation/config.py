@@ -1,0 +1,288 @@
+"""fed.yaml: the member pools a federation hub places work on (docs/federation.md).
+
+Every problem found is reported, one sentence each, in one InvalidInput (`gpupool up` exits 2).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import stat
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+from gpupool.errors import InvalidInput, did_you_mean
+from gpupool.yamlfiles import read_text, safe_load
+
+POLICIES = ("home", "cheapest", "fastest", "balanced", "data-local")
+"""The placement policies a hub knows (their maths: core/federation.py)."""
+LATENCY_CLASSES = ("batch", "interactive", "service")
+
+_TOP = ("policy", "member_down_after_s", "requeue_grace_s", "poll_interval_s", "members", "regions",
+        "datasets", "tenants")
+_MEMBER = ("name", "url", "token_file", "region", "prices", "datasets")
+_PRICES = ("currency", "gpu_hour", "periods")
+_PERIOD = ("hours", "gpu_hour")
+_LINK = ("bandwidth_gbps", "latency_ms", "egress_per_gb")
+_TENANT = ("home", "policy", "max_gpus", "may_leave_home")
+
+
+@dataclass(frozen=True, slots=True)
+class PricePeriod:
+    start_hour: int
+    end_hour: int
+    """UTC hours [start, end), wrapping past midnight when end <= start."""
+    gpu_hour: float
+
+    def holds(self, hour: int) -> bool:
+        if self.start_hour < self.end_hour:
+            return self.start_hour <= hour < self.end_hour
+        return hour >= self.start_hour or hour < self.end_hour
+
+
+@dataclass(frozen=True, slots=True)
+class PriceBook:
+    gpu_hour: float = 0.0
+    periods: tuple[PricePeriod, ...] = ()
+    currency: str = "USD"
+
+    def at(self, time_s: float) -> float:
+        """The price of one GPU-hour at `time_s` (UTC hours of day; the first period that holds)."""
+        hour = int(time_s // 3600) % 24
+        return next((p.gpu_hour for p in self.periods if p.holds(hour)), self.gpu_hour)
+
+
+@dataclass(frozen=True, slots=True)
+class MemberConfig:
+    name: str
+    url: str
+    token: str = field(repr=False)
+    region: str
+    prices: PriceBook
+    datasets: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class Link:
+    bandwidth_gbps: float
+    latency_ms: float
+    egress_per_gb: float = 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class TenantPolicy:
+    home: str | None = None
+    policy: str | None = None
+    max_gpus: float | None = None
+    """Federation-wide: the GPUs its unfinished work may ask for across all members together."""
+    may_leave_home: bool = False
+    """Interactive and service work may be placed outside its home region."""
+
+
+@dataclass(frozen=True, slots=True)
+class FederationConfig:
+    members: tuple[MemberConfig, ...]
+    policy: str = "home"
+    member_down_after_s: float = 10.0
+    requeue_grace_s: float = 30.0
+    poll_interval_s: float = 1.0
+    links: dict[tuple[str, str], Link] = field(default_factory=dict)
+    datasets: dict[str, float] = field(default_factory=dict)
+    """name -> size in GB"""
+    tenants: dict[str, TenantPolicy] = field(default_factory=dict)
+
+    def member(self, name: str) -> MemberConfig:
+        return next(m for m in self.members if m.name == name)
+
+    def home_of(self, tenant: str) -> str:
+        choice = self.tenants.get(tenant, TenantPolicy()).home
+        return choice or self.members[0].name
+
+    def policy_of(self, tenant: str) -> str:
+        return self.tenants.get(tenant, TenantPolicy()).policy or self.policy
+
+
+class _Problems:
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.items: list[str] = []
+
+    def add(self, sentence: str) -> None:
+        self.items.append(sentence)
+
+    def keys(self, where: str, value: Any, known: tuple[str, ...]) -> dict[str, Any]:
+        if not isinstance(value, dict):
+            self.add(f"{where} must be a mapping of {', '.join(known)}.")
+            return {}
+        for key in value:
+            if key not in known:
+                self.add(f"{where} has an unknown key {key!r}; it takes {', '.join(known)}."
+                         f"{did_you_mean(str(key), list(known))}")
+        return value
+
+    def number(self, where: str, value: Any, *, low: float = 0.0, positive: bool = False) -> float:
+        if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value) \
+                or value < low or (positive and value <= 0):
+            self.add(f"{where} must be a {'positive' if positive else 'non-negative'} number, not {value!r}.")
+            return 0.0
+        return float(value)
+
+    def policy(self, where: str, value: Any) -> str:
+        if value not in POLICIES:
+            self.add(f"{where}: there is no policy {value!r}; use one of {', '.join(POLICIES)}."
+                     f"{did_you_mean(str(value), list(POLICIES))}")
+            return "home"
+        return str(value)
+
+
+def load_federation(path: Path) -> FederationConfig:
+    """The hub's configuration from `path`; InvalidInput naming every problem, one sentence each."""
+    try:
+        raw = safe_load(read_text(path, "the federation file"))
+    except OSError as exc:
+        raise InvalidInput(f"Cannot read the federation file {str(path)!r}: {exc.strerror}.") from None
+    except Exception as exc:  # yaml.YAMLError: the parser's own sentence, with the line
+        raise InvalidInput(f"The federation file {str(path)!r} is not valid YAML: "
+                           f"{' '.join(str(exc).split())}.") from None
+    problems = _Problems(path)
+    top = problems.keys("fed.yaml", raw, _TOP)
+    members = _members(problems, top.get("members"), path.parent)
+    names = [m.name for m in members]
+    regions = {m.region for m in members}
+    links = _links(problems, top.get("regions", {}) or {}, regions)
+    datasets: dict[str, float] = {}
+    for name, spec in _mapping(problems, "datasets", top.get("datasets")).items():
+        sized = problems.keys(f"datasets.{name}", spec, ("size_gb",))
+        datasets[str(name)] = problems.number(f"datasets.{name}.size_gb", sized.get("size_gb"), positive=True)
+    for member in members:
+        for held in member.datasets:
+            if held not in datasets:
+                problems.add(f"members.{member.name}.datasets names {held!r}, which datasets does not "
+                             f"define; add it there with its size_gb.{did_you_mean(held, list(datasets))}")
+    tenants: dict[str, TenantPolicy] = {}
+    for tenant, spec in _mapping(problems, "tenants", top.get("tenants")).items():
+        entry = problems.keys(f"tenants.{tenant}", spec, _TENANT)
+        home = entry.get("home")
+        if home is not None and home not in names:
+            problems.add(f"tenants.{tenant}.home is {home!r}, which is no member; use one of "
+                         f"{', '.join(names)}.{did_you_mean(str(home), names)}")
+        policy = problems.policy(f"tenants.{tenant}.policy", entry["policy"]) if "policy" in entry else None
+        max_gpus = (problems.number(f"tenants.{tenant}.max_gpus", entry["max_gpus"])
+                    if "max_gpus" in entry else None)
+        tenants[str(tenant)] = TenantPolicy(home=home, policy=policy, max_gpus=max_gpus,
+                                            may_leave_home=bool(entry.get("may_leave_home", False)))
+    config = FederationConfig(
+        members=tuple(members),
+        policy=problems.policy("policy", top.get("policy", "home")),
+        member_down_after_s=problems.number("member_down_after_s", top.get("member_down_after_s", 10.0),
+                                            positive=True),
+        requeue_grace_s=problems.number("requeue_grace_s", top.get("requeue_grace_s", 30.0)),
+        poll_interval_s=problems.number("poll_interval_s", top.get("poll_interval_s", 1.0), positive=True),
+        links=links, datasets=datasets, tenants=tenants)
+    if problems.items:
+        raise InvalidInput(" ".join(f"{path}: {item}" for item in problems.items), problems=problems.items)
+    return config
+
+
+def _mapping(problems: _Problems, where: str, value: Any) -> dict[str, Any]:
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        problems.add(f"{where} must be a mapping of names to their settings.")
+        return {}
+    return value
+
+
+def _members(problems: _Problems, raw: Any, base: Path) -> list[MemberConfig]:
+    if not isinstance(raw, list) or not raw:
+        problems.add("members must be a list of at least one member pool (name, url, token_file, region).")
+        return []
+    out: list[MemberConfig] = []
+    for index, spec in enumerate(raw):
+        entry = problems.keys(f"members[{index}]", spec, _MEMBER)
+        if not entry:
+            continue
+        name = str(entry.get("name", ""))
+        where = f"members.{name or index}"
+        if not name or not name.replace("-", "").replace("_", "").isalnum():
+            problems.add(f"members[{index}].name must be a word of letters, digits, '-' or '_', "
+                         f"not {name!r}.")
+        if name in {m.name for m in out}:
+            problems.add(f"{where} is named twice; give each member its own name.")
+        url = str(entry.get("url", ""))
+        parts = urlsplit(url)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            problems.add(f"{where}.url must be http(s)://HOST:PORT of the member's API, not {url!r}.")
+        token = _token(problems, where, entry.get("token_file"), base)
+        region = entry.get("region")
+        if not isinstance(region, str) or not region:
+            problems.add(f"{where}.region must name the member's region (a word).")
+            region = ""
+        out.append(MemberConfig(name=name, url=url.rstrip("/"), token=token, region=region,
+                                prices=_prices(problems, where, entry.get("prices", {})),
+                                datasets=tuple(str(d) for d in entry.get("datasets", []) or [])))
+    return out
+
+
+def _token(problems: _Problems, where: str, value: Any, base: Path) -> str:
+    if not isinstance(value, str) or not value:
+        problems.add(f"{where}.token_file must name a file holding the member's federation token "
+                     "(gpupool token create --admin --scope federation, on the member).")
+        return ""
+    path = base / value
+    try:
+        mode = path.stat().st_mode
+        text = path.read_text().strip()
+    except OSError as exc:
+        problems.add(f"{where}.token_file {str(path)!r} cannot be read ({exc.strerror}).")
+        return ""
+    if os.name == "posix" and mode & (stat.S_IRWXG | stat.S_IRWXO):
+        problems.add(f"{where}.token_file {str(path)!r} is readable by others; chmod 600 it.")
+    if not text:
+        problems.add(f"{where}.token_file {str(path)!r} is empty; put the member's federation token in it.")
+    return text
+
+
+def _prices(problems: _Problems, where: str, raw: Any) -> PriceBook:
+    entry = problems.keys(f"{where}.prices", raw or {}, _PRICES)
+    periods: list[PricePeriod] = []
+    for index, spec in enumerate(entry.get("periods", []) or []):
+        period = problems.keys(f"{where}.prices.periods[{index}]", spec, _PERIOD)
+        hours = str(period.get("hours", ""))
+        start, _, end = hours.partition("-")
+        if not (start.isdigit() and end.isdigit() and int(start) < 24 and int(end) <= 24):
+            problems.add(f"{where}.prices.periods[{index}].hours must read START-END in UTC hours "
+                         f"(22-6), not {hours!r}.")
+            continue
+        periods.append(PricePeriod(int(start), int(end) % 24,
+                                   problems.number(f"{where}.prices.periods[{index}].gpu_hour",
+                                                   period.get("gpu_hour"))))
+    return PriceBook(gpu_hour=problems.number(f"{where}.prices.gpu_hour", entry.get("gpu_hour", 0.0)),
+                     periods=tuple(periods), currency=str(entry.get("currency", "USD")))
+
+
+def _links(problems: _Problems, raw: Any, regions: set[str]) -> dict[tuple[str, str], Link]:
+    links: dict[tuple[str, str], Link] = {}
+    if not isinstance(raw, dict):
+        problems.add("regions must map each region to the others: "
+                     "REGION: {OTHER: {bandwidth_gbps, latency_ms}}.")
+        return links
+    for src, targets in raw.items():
+        if src not in regions:
+            problems.add(f"regions names {src!r}, the region of no member; use one of "
+                         f"{', '.join(sorted(regions))}.{did_you_mean(str(src), sorted(regions))}")
+        for dst, spec in (targets or {}).items() if isinstance(targets, dict) else []:
+            where = f"regions.{src}.{dst}"
+            if dst not in regions:
+                problems.add(f"{where} names {dst!r}, the region of no member."
+                             f"{did_you_mean(str(dst), sorted(regions))}")
+            entry = problems.keys(where, spec, _LINK)
+            link = Link(problems.number(f"{where}.bandwidth_gbps", entry.get("bandwidth_gbps"),
+                                        positive=True),
+                        problems.number(f"{where}.latency_ms", entry.get("latency_ms", 0.0)),
+                        problems.number(f"{where}.egress_per_gb", entry.get("egress_per_gb", 0.0)))
+            links[(str(src), str(dst))] = link
+            links.setdefault((str(dst), str(src)), link)
+    return links

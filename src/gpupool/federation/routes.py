@@ -1,0 +1,173 @@
+"""The hub's workload routes: the pool's API, answered from the hub's record and by forwarding to the
+member that holds each workload (under the hub's id). Tenants, tokens and the rest are the hub's own
+pool routes (server/routers), so one token works at the hub as at a pool."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Query, Request
+from fastapi.responses import JSONResponse
+from pydantic import BaseModel
+
+from gpupool.api.common import ErrorBody
+from gpupool.api.workloads import EventOut, WorkloadCreated, WorkloadSpec
+from gpupool.errors import NotFound, Unavailable
+from gpupool.federation.hub import FEDERATION_ID_ENV, Hub
+from gpupool.federation.members import MemberUnreachable
+from gpupool.server.deps import Who
+from gpupool.server.orm import FedWorkloadRow
+
+
+class MemberOut(BaseModel):
+    name: str
+    url: str
+    region: str
+    state: str = "up"
+    note: str = ""
+    capacity_gpus: float
+    allocated_gpus: float
+    pending: int
+    running: int
+    placed_here: int
+    price_gpu_hour: float
+    currency: str
+
+
+def hub_router(hub: Hub) -> APIRouter:
+    router = APIRouter()
+    errors: dict[int | str, dict[str, Any]] = {404: {"model": ErrorBody}}
+
+    @router.post("/workloads", status_code=201, response_model=WorkloadCreated, tags=["federation"])
+    def submit(spec: WorkloadSpec, who: Who) -> WorkloadCreated:
+        return WorkloadCreated(id=hub.submit(who, spec), status="pending", tasks=None)
+
+    @router.get("/workloads", tags=["federation"])
+    def list_workloads(
+        who: Who,
+        status: Annotated[list[str] | None, Query(max_length=6)] = None,
+        tenant: Annotated[list[str] | None, Query(max_length=64)] = None,
+        fields: Annotated[str, Query(pattern="^(all|id)$")] = "all",
+        limit: Annotated[int, Query(ge=1, le=10_000)] = 100,
+        offset: Annotated[int, Query(ge=0, le=10**9)] = 0,
+        full: bool = False,
+    ) -> dict[str, Any]:
+        from sqlalchemy import func, select
+
+        wanted = {s.lower() for part in status or () for s in part.split(",") if s}
+        tenants = [t for part in tenant or () for t in part.split(",") if t]
+        query = select(FedWorkloadRow)
+        if who.tenant is not None:
+            query = query.where(FedWorkloadRow.tenant == who.tenant)
+        elif tenants:
+            query = query.where(FedWorkloadRow.tenant.in_(tenants))
+        if wanted:
+            query = query.where(FedWorkloadRow.status.in_(wanted))
+        with hub.store.read() as session:
+            total = int(session.scalar(select(func.count()).select_from(query.subquery())) or 0)
+            rows = list(session.scalars(query.order_by(FedWorkloadRow.submit_s).offset(offset).limit(limit)))
+            if fields == "id":
+                return {"items": [], "ids": [r.id for r in rows], "total": total, "limit": limit,
+                        "offset": offset}
+            items = [view_of(row, row.view, full=full) for row in rows]
+        return {"items": items, "ids": None, "total": total, "limit": limit, "offset": offset}
+
+    @router.get("/workloads/{workload_id}", responses=errors, tags=["federation"])
+    def get(workload_id: str, who: Who) -> dict[str, Any]:
+        row = hub.row(who, workload_id)
+        return view_of(row, hub.fresh_view(row), full=True)
+
+    @router.post("/workloads/{workload_id}/cancel", responses=errors, tags=["federation"])
+    def cancel(workload_id: str, who: Who) -> dict[str, Any]:
+        row = hub.cancel(who, workload_id)
+        return view_of(row, hub.fresh_view(row) if row.state != "cancelled" else row.view, full=True)
+
+    @router.get("/workloads/{workload_id}/events", response_model=list[EventOut], responses=errors,
+                tags=["federation"])
+    def events(workload_id: str, who: Who) -> list[EventOut]:
+        row = hub.row(who, workload_id)
+        out = [EventOut(id=-e.id, workload_id=row.id, pod_id="", from_status="", to_status="",
+                        reason=e.reason, reason_text="", message=e.message, at_s=e.at_s)
+               for e in hub.events(row.id)]
+        answer = _forward(hub, row, "GET", "events", None)
+        if answer is not None and answer.status_code == 200:
+            out += [EventOut.model_validate({**e, "workload_id": row.id}) for e in answer.json()]
+        return sorted(out, key=lambda e: e.at_s)
+
+    @router.get("/workloads/{workload_id}/logs", responses=errors, tags=["federation"])
+    def logs(workload_id: str, who: Who, request: Request) -> Any:
+        row = hub.row(who, workload_id)
+        answer = _forward(hub, row, "GET", "logs", dict(request.query_params))
+        if answer is None:
+            raise NotFound(f"Workload {workload_id!r} has no logs yet: it is not placed on a member.",
+                           workload_id=workload_id)
+        body = answer.json()
+        if answer.status_code == 200:
+            body["workload_id"] = row.id
+        return JSONResponse(body, status_code=answer.status_code)
+
+    @router.get("/federation/members", response_model=list[MemberOut], tags=["federation"])
+    def members(who: Who) -> list[MemberOut]:
+        del who  # any token of the hub: the members' names, capacity and prices are no tenant's secret
+        return member_table(hub)
+
+    return router
+
+
+def member_table(hub: Hub) -> list[MemberOut]:
+    from sqlalchemy import func, select
+
+    with hub.store.read() as session:
+        placed = dict(session.execute(select(FedWorkloadRow.member, func.count()).where(
+            FedWorkloadRow.state == "placed").group_by(FedWorkloadRow.member)).tuples().all())
+    now = hub.clock()
+    return [MemberOut(name=link.name, url=link.config.url, region=link.config.region,
+                      state="up" if link.state.up else "down", note=link.state.note,
+                      capacity_gpus=link.state.capacity_gpus, allocated_gpus=link.state.allocated_gpus,
+                      pending=link.state.pending, running=link.state.running,
+                      placed_here=int(placed.get(link.name, 0)),
+                      price_gpu_hour=link.config.prices.at(now), currency=link.config.prices.currency)
+            for link in hub.links]
+
+
+def _forward(hub: Hub, row: FedWorkloadRow, method: str, leaf: str, params: Any) -> Any:
+    link = hub.by_name.get(row.member or "")
+    if link is None or not row.member_id:
+        return None
+    try:
+        return link.call(method, f"/workloads/{row.member_id}/{leaf}", tenant=row.tenant, params=params)
+    except MemberUnreachable as exc:
+        raise Unavailable(f"The member holding {row.id} does not answer now ({exc}); "
+                          "try again later.") from None
+
+
+def view_of(row: FedWorkloadRow, view: dict[str, Any] | None, *, full: bool) -> dict[str, Any]:
+    """The workload as the hub shows it: the member's copy under the hub's id, or, before a member
+    holds it, a pending workload that says why."""
+    if view is not None and row.state in ("placed", "done", "cancelled"):
+        out = dict(view)
+        out["id"] = row.id
+        if row.state == "cancelled":
+            out["status"] = "cancelled"
+        if "spec" in out:
+            env = {k: v for k, v in out["spec"].get("env", {}).items() if k != FEDERATION_ID_ENV}
+            out["spec"] = {**out["spec"], "env": env}
+        if not full:
+            out.pop("spec", None)
+        return out
+    spec = WorkloadSpec.model_validate(row.spec)
+    out = {
+        "id": row.id, "name": spec.name, "tenant": row.tenant, "queue": spec.queue,
+        "status": "cancelled" if row.state == "cancelled" else "pending", "priority": spec.priority,
+        "attempt": 0, "reason": "federation_queued" if row.state == "queued" else "federation_" + row.state,
+        "message": "at the hub, to be offered to a member" if row.state == "queued" else "",
+        "exit_code": None, "submit_s": row.submit_s, "admitted_s": None, "started_s": None,
+        "finished_s": None, "simulated": False, "pods": [],
+        "request": {"replicas": spec.replicas, "resources": spec.resources.model_dump(mode="json"),
+                    "priority_class": spec.priority_class, "time_limit_s": spec.time_limit_s,
+                    "topology": spec.topology},
+    }
+    if full:
+        out["spec"] = spec.model_dump(mode="json")
+    return out
+
