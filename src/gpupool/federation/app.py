@@ -21,6 +21,8 @@ from gpupool.server.runtime import Runtime
 class NoNodes(Provider):
     """A hub runs nothing itself: its work runs on the member pools."""
 
+    name = "federation"
+
     def nodes(self) -> list[Node]:
         return []
 

@@ -13,45 +13,20 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
+from gpupool.core.federation import Link, Member, Policy, PriceBook, TimeWindow
 from gpupool.errors import InvalidInput, did_you_mean
 from gpupool.yamlfiles import read_text, safe_load
 
-POLICIES = ("home", "cheapest", "fastest", "balanced", "data-local")
+POLICIES = tuple(p.value for p in Policy)
 """The placement policies a hub knows (their maths: core/federation.py)."""
-LATENCY_CLASSES = ("batch", "interactive", "service")
 
 _TOP = ("policy", "member_down_after_s", "requeue_grace_s", "poll_interval_s", "members", "regions",
         "datasets", "tenants")
-_MEMBER = ("name", "url", "token_file", "region", "prices", "datasets")
-_PRICES = ("currency", "gpu_hour", "periods")
-_PERIOD = ("hours", "gpu_hour")
-_LINK = ("bandwidth_gbps", "latency_ms", "egress_per_gb")
-_TENANT = ("home", "policy", "max_gpus", "may_leave_home")
-
-
-@dataclass(frozen=True, slots=True)
-class PricePeriod:
-    start_hour: int
-    end_hour: int
-    """UTC hours [start, end), wrapping past midnight when end <= start."""
-    gpu_hour: float
-
-    def holds(self, hour: int) -> bool:
-        if self.start_hour < self.end_hour:
-            return self.start_hour <= hour < self.end_hour
-        return hour >= self.start_hour or hour < self.end_hour
-
-
-@dataclass(frozen=True, slots=True)
-class PriceBook:
-    gpu_hour: float = 0.0
-    periods: tuple[PricePeriod, ...] = ()
-    currency: str = "USD"
-
-    def at(self, time_s: float) -> float:
-        """The price of one GPU-hour at `time_s` (UTC hours of day; the first period that holds)."""
-        hour = int(time_s // 3600) % 24
-        return next((p.gpu_hour for p in self.periods if p.holds(hour)), self.gpu_hour)
+_MEMBER = ("name", "url", "token_file", "region", "prices", "egress_per_gb", "datasets")
+_PRICES = ("currency", "gpu_hour", "windows")
+_WINDOW = ("hours", "multiplier")
+_LINK = ("bandwidth_gbps", "latency_ms")
+_TENANT = ("home", "policy", "max_gpus", "may_leave_home", "wait_price_per_h")
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,14 +36,13 @@ class MemberConfig:
     token: str = field(repr=False)
     region: str
     prices: PriceBook
+    currency: str = "USD"
+    egress_per_gb: float = 0.0
     datasets: tuple[str, ...] = ()
 
-
-@dataclass(frozen=True, slots=True)
-class Link:
-    bandwidth_gbps: float
-    latency_ms: float
-    egress_per_gb: float = 0.0
+    def price_now(self, now_s: float) -> float:
+        """One GPU-hour at `now_s` (the time-of-day window that covers it)."""
+        return self.prices.per_device_hour.get("gpu", 0.0) * self.prices.multiplier(now_s)
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,6 +53,8 @@ class TenantPolicy:
     """Federation-wide: the GPUs its unfinished work may ask for across all members together."""
     may_leave_home: bool = False
     """Interactive and service work may be placed outside its home region."""
+    wait_price_per_h: float = 0.0
+    """What an hour of waiting is worth to the tenant (the `balanced` policy)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -89,6 +65,7 @@ class FederationConfig:
     requeue_grace_s: float = 30.0
     poll_interval_s: float = 1.0
     links: dict[tuple[str, str], Link] = field(default_factory=dict)
+    """(from region, to region) -> the WAN link"""
     datasets: dict[str, float] = field(default_factory=dict)
     """name -> size in GB"""
     tenants: dict[str, TenantPolicy] = field(default_factory=dict)
@@ -102,6 +79,12 @@ class FederationConfig:
 
     def policy_of(self, tenant: str) -> str:
         return self.tenants.get(tenant, TenantPolicy()).policy or self.policy
+
+    def core_members(self) -> list[Member]:
+        """The members as core/federation.py ranks them."""
+        return [Member(name=m.name, region=m.region, prices=m.prices, egress_per_gb=m.egress_per_gb,
+                       links={dst: link for (src, dst), link in self.links.items() if src == m.region},
+                       datasets=frozenset(m.datasets)) for m in self.members]
 
 
 class _Problems:
@@ -171,8 +154,11 @@ def load_federation(path: Path) -> FederationConfig:
         policy = problems.policy(f"tenants.{tenant}.policy", entry["policy"]) if "policy" in entry else None
         max_gpus = (problems.number(f"tenants.{tenant}.max_gpus", entry["max_gpus"])
                     if "max_gpus" in entry else None)
-        tenants[str(tenant)] = TenantPolicy(home=home, policy=policy, max_gpus=max_gpus,
-                                            may_leave_home=bool(entry.get("may_leave_home", False)))
+        tenants[str(tenant)] = TenantPolicy(
+            home=home, policy=policy, max_gpus=max_gpus,
+            may_leave_home=bool(entry.get("may_leave_home", False)),
+            wait_price_per_h=problems.number(f"tenants.{tenant}.wait_price_per_h",
+                                             entry.get("wait_price_per_h", 0.0)))
     config = FederationConfig(
         members=tuple(members),
         policy=problems.policy("policy", top.get("policy", "home")),
@@ -220,8 +206,11 @@ def _members(problems: _Problems, raw: Any, base: Path) -> list[MemberConfig]:
         if not isinstance(region, str) or not region:
             problems.add(f"{where}.region must name the member's region (a word).")
             region = ""
+        prices, currency = _prices(problems, where, entry.get("prices", {}))
         out.append(MemberConfig(name=name, url=url.rstrip("/"), token=token, region=region,
-                                prices=_prices(problems, where, entry.get("prices", {})),
+                                prices=prices, currency=currency,
+                                egress_per_gb=problems.number(f"{where}.egress_per_gb",
+                                                              entry.get("egress_per_gb", 0.0)),
                                 datasets=tuple(str(d) for d in entry.get("datasets", []) or [])))
     return out
 
@@ -245,22 +234,23 @@ def _token(problems: _Problems, where: str, value: Any, base: Path) -> str:
     return text
 
 
-def _prices(problems: _Problems, where: str, raw: Any) -> PriceBook:
+def _prices(problems: _Problems, where: str, raw: Any) -> tuple[PriceBook, str]:
     entry = problems.keys(f"{where}.prices", raw or {}, _PRICES)
-    periods: list[PricePeriod] = []
-    for index, spec in enumerate(entry.get("periods", []) or []):
-        period = problems.keys(f"{where}.prices.periods[{index}]", spec, _PERIOD)
-        hours = str(period.get("hours", ""))
+    windows: list[TimeWindow] = []
+    for index, spec in enumerate(entry.get("windows", []) or []):
+        window = problems.keys(f"{where}.prices.windows[{index}]", spec, _WINDOW)
+        hours = str(window.get("hours", ""))
         start, _, end = hours.partition("-")
         if not (start.isdigit() and end.isdigit() and int(start) < 24 and int(end) <= 24):
-            problems.add(f"{where}.prices.periods[{index}].hours must read START-END in UTC hours "
+            problems.add(f"{where}.prices.windows[{index}].hours must read START-END in UTC hours "
                          f"(22-6), not {hours!r}.")
             continue
-        periods.append(PricePeriod(int(start), int(end) % 24,
-                                   problems.number(f"{where}.prices.periods[{index}].gpu_hour",
-                                                   period.get("gpu_hour"))))
-    return PriceBook(gpu_hour=problems.number(f"{where}.prices.gpu_hour", entry.get("gpu_hour", 0.0)),
-                     periods=tuple(periods), currency=str(entry.get("currency", "USD")))
+        windows.append(TimeWindow(float(start), float(end), problems.number(
+            f"{where}.prices.windows[{index}].multiplier", window.get("multiplier"))))
+    book = PriceBook(per_device_hour={"gpu": problems.number(f"{where}.prices.gpu_hour",
+                                                             entry.get("gpu_hour", 0.0))},
+                     windows=tuple(windows))
+    return book, str(entry.get("currency", "USD"))
 
 
 def _links(problems: _Problems, raw: Any, regions: set[str]) -> dict[tuple[str, str], Link]:
@@ -281,8 +271,7 @@ def _links(problems: _Problems, raw: Any, regions: set[str]) -> dict[tuple[str, 
             entry = problems.keys(where, spec, _LINK)
             link = Link(problems.number(f"{where}.bandwidth_gbps", entry.get("bandwidth_gbps"),
                                         positive=True),
-                        problems.number(f"{where}.latency_ms", entry.get("latency_ms", 0.0)),
-                        problems.number(f"{where}.egress_per_gb", entry.get("egress_per_gb", 0.0)))
+                        problems.number(f"{where}.latency_ms", entry.get("latency_ms", 0.0)))
             links[(str(src), str(dst))] = link
             links.setdefault((str(dst), str(src)), link)
     return links

@@ -58,6 +58,7 @@ class Hub:
         self.wake = threading.Event()
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
+        self._last_refusal: dict[str, str] = {}
 
     # ------------------------------------------------------------ lifetime
 
@@ -68,8 +69,8 @@ class Hub:
         for link in self.links:
             link.poll(now, self.config.member_down_after_s)
             if not link.state.up:
-                notices.append(f"Member {link.name} ({link.config.url}) is down: {link.state.note}; the hub "
-                               "starts without it and offers it work once it answers.")
+                notices.append(f"Member {link.state.note}, so it is marked down; the hub starts "
+                               "without it and offers it work once it answers.")
         return notices
 
     def start(self) -> None:
@@ -205,8 +206,14 @@ class Hub:
         if self._unresolved_offer(row):
             return None
         spec = WorkloadSpec.model_validate(row.spec)
-        order = candidates(self.config, self.links, row.tenant, spec, self.clock())
+        ranked = candidates(self.config, self.links, row.tenant, spec, self.clock())
+        order = ranked.members
         if not order:
+            why = "; ".join(ranked.refused)
+            if why != self._last_refusal.get(row.id):  # said once, not every round
+                self._last_refusal[row.id] = why
+                self._event(row.id, "federation_unplaceable",
+                            f"no member can take it under {ranked.policy}: {why}")
             return None
         body = {**row.spec, "env": {**row.spec.get("env", {}), FEDERATION_ID_ENV: row.id}}
         refusals = []

@@ -1,31 +1,64 @@
-"""The seam between the hub and the placement policies: which members to offer a workload to, in order.
+"""The seam between the hub and the placement policies (core/federation.py): which members to offer
+a workload to, in order, and why the others were left out.
 
-The ranking itself is core/federation.py's; until a policy is ranked there, a workload is offered to
-its tenant's home member first and then to the others in fed.yaml's order (the `home` policy).
-Interactive and service work (priority class `interactive` or `service`) is offered only to members
-in its home region unless its tenant may leave home (tenants.NAME.may_leave_home).
+The hub only translates: the workload into a FedRequest (its GPUs, run time, latency class, data
+set), each member's last summary into a MemberState. Under `home`, a workload whose home member is
+down is ranked by `fastest` among the others, so a failed home does not strand its work.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 from gpupool.api.workloads import WorkloadSpec
+from gpupool.core.federation import FedRequest, LatencyClass, MemberState, Policy, rank
 from gpupool.federation.config import FederationConfig, TenantPolicy
 from gpupool.federation.members import MemberLink
 
-HOME_BOUND_CLASSES = ("interactive", "service")
+DATASET_ENV = "GPUPOOL_DATASET"
+"""A workload names the data set it reads in its environment (fed.yaml's datasets)."""
+DEFAULT_RUNTIME_S = 3600.0
+"""Its run time when it states neither runtime_estimate_s nor time_limit_s."""
+LATENCY_CLASSES = {"interactive": LatencyClass.INTERACTIVE, "service": LatencyClass.SERVICE}
+"""Priority classes whose work stays in its home region unless its tenant may leave home."""
+
+
+@dataclass(frozen=True, slots=True)
+class Candidates:
+    members: list[str]
+    refused: list[str]
+    """'member: why' for each member left out."""
+    policy: str
+
+
+def request_of(config: FederationConfig, tenant: str, spec: WorkloadSpec) -> FedRequest:
+    rules = config.tenants.get(tenant, TenantPolicy())
+    dataset = spec.env.get(DATASET_ENV) or None
+    return FedRequest(
+        tenant=tenant, home=config.home_of(tenant), devices=float(spec.replicas) * float(spec.resources.gpus),
+        runtime_s=spec.runtime_estimate_s or spec.time_limit_s or DEFAULT_RUNTIME_S,
+        latency=LATENCY_CLASSES.get(spec.priority_class or "", LatencyClass.BATCH),
+        dataset=dataset, dataset_gb=config.datasets.get(dataset or "", 0.0),
+        wait_price_per_h=rules.wait_price_per_h, allow_remote=rules.may_leave_home)
+
+
+def state_of(link: MemberLink) -> MemberState:
+    s = link.state
+    return MemberState(up=s.up, free={"gpu": max(0.0, s.capacity_gpus - s.allocated_gpus)},
+                       capacity={"gpu": s.capacity_gpus},
+                       queued_device_s=s.pending * DEFAULT_RUNTIME_S)
 
 
 def candidates(config: FederationConfig, links: Sequence[MemberLink], tenant: str, spec: WorkloadSpec,
-               now_s: float) -> list[str]:
-    """The members to offer `spec` to, best first; down members left out."""
-    del now_s  # the time-of-day prices are the policies' (core/federation.py)
-    home = config.home_of(tenant)
-    home_region = config.member(home).region
-    order = [home] + [m.name for m in config.members if m.name != home]
-    bound = (spec.priority_class in HOME_BOUND_CLASSES
-             and not config.tenants.get(tenant, TenantPolicy()).may_leave_home)
-    up = {link.name for link in links if link.state.up}
-    return [name for name in order
-            if name in up and (not bound or config.member(name).region == home_region)]
+               now_s: float) -> Candidates:
+    """The members to offer `spec` to, best first, under the tenant's policy."""
+    request = request_of(config, tenant, spec)
+    states = {link.name: state_of(link) for link in links}
+    policy = config.policy_of(tenant)
+    members = config.core_members()
+    if policy == Policy.HOME.value and not states[request.home].up:
+        policy = Policy.FASTEST.value  # its home is down: the soonest start among the others
+    ranking = rank(request, members, states, policy, now_s)
+    return Candidates(members=[c.member for c in ranking.choices if not c.split],
+                      refused=[f"{r.member}: {r.reason}" for r in ranking.refused], policy=policy)

@@ -126,7 +126,7 @@ def member_table(hub: Hub) -> list[MemberOut]:
                       capacity_gpus=link.state.capacity_gpus, allocated_gpus=link.state.allocated_gpus,
                       pending=link.state.pending, running=link.state.running,
                       placed_here=int(placed.get(link.name, 0)),
-                      price_gpu_hour=link.config.prices.at(now), currency=link.config.prices.currency)
+                      price_gpu_hour=link.config.price_now(now), currency=link.config.currency)
             for link in hub.links]
 
 

@@ -44,7 +44,7 @@ def serve_hub(federation: Path, data_dir: Path | None, host: str, port: int, dat
           f"({'created now' if token else 'created at first start'}).",
           flush=True)
     print(f"gpupool hub is serving on {settings.scheme}://{host}:{port}; stop with Ctrl-C.", flush=True)
-    signal.signal(signal.SIGTERM, lambda signum, _frame: (_ for _ in ()).throw(SystemExit(128 + signum)))
+    signal.signal(signal.SIGTERM, _exit_on_sigterm)
     served.hub.start()
     try:
         server = uvicorn.Server(uvicorn.Config(served.app, host=host, port=port, log_level="warning",
@@ -56,3 +56,7 @@ def serve_hub(federation: Path, data_dir: Path | None, host: str, port: int, dat
     finally:
         served.hub.stop()
         store.close()
+
+
+def _exit_on_sigterm(signum: int, _frame: object) -> None:
+    raise SystemExit(128 + signum)
