@@ -101,7 +101,7 @@ class Federation:
                             headers={"Authorization": f"Bearer {token or self.alice_token}"})
 
     def stop(self) -> None:
-        for proc in [*(self.hub and [self.hub] or []), *self.members]:
+        for proc in [*((self.hub and [self.hub]) or []), *self.members]:
             proc.stop()
 
 
