@@ -149,8 +149,8 @@ def _start(fed: Federation, names: tuple[str, ...], simulate: str, ghost: bool, 
         ghost_token = root / "ghost.token"
         ghost_token.write_text("gp_nothing-answers-here")
         ghost_token.chmod(0o600)
-        lines += ["  - name: ghost", f"    url: http://127.0.0.1:{free_port()}", "    token_file: ghost.token",
-                  "    region: ghost"]
+        lines += ["  - name: ghost", f"    url: http://127.0.0.1:{free_port()}",
+                  "    token_file: ghost.token", "    region: ghost"]
     lines += ["tenants:", f"  {ALICE}: {{home: {names[0]}}}"]
     (root / "fed.yaml").write_text("\n".join(lines) + "\n")
     hub_dir = root / "hub"
