@@ -20,7 +20,8 @@ from gpupool.yamlfiles import read_text, safe_load
 POLICIES = tuple(p.value for p in Policy)
 """The placement policies a hub knows (their maths: core/federation.py)."""
 
-_TOP = ("policy", "member_down_after_s", "requeue_grace_s", "poll_interval_s", "members", "regions",
+_TOP = ("policy", "member_down_after_s", "requeue_grace_s", "poll_interval_s", "offer_timeout_s", "members",
+        "regions",
         "datasets", "tenants")
 _MEMBER = ("name", "url", "token_file", "region", "prices", "egress_per_gb", "datasets")
 _PRICES = ("currency", "gpu_hour", "windows")
@@ -64,6 +65,8 @@ class FederationConfig:
     member_down_after_s: float = 10.0
     requeue_grace_s: float = 30.0
     poll_interval_s: float = 1.0
+    offer_timeout_s: float = 10.0
+    """A copy still waiting on its member this long is withdrawn when another member has room now."""
     links: dict[tuple[str, str], Link] = field(default_factory=dict)
     """(from region, to region) -> the WAN link"""
     datasets: dict[str, float] = field(default_factory=dict)
@@ -166,6 +169,7 @@ def load_federation(path: Path) -> FederationConfig:
                                             positive=True),
         requeue_grace_s=problems.number("requeue_grace_s", top.get("requeue_grace_s", 30.0)),
         poll_interval_s=problems.number("poll_interval_s", top.get("poll_interval_s", 1.0), positive=True),
+        offer_timeout_s=problems.number("offer_timeout_s", top.get("offer_timeout_s", 10.0), positive=True),
         links=links, datasets=datasets, tenants=tenants)
     if problems.items:
         raise InvalidInput(" ".join(f"{path}: {item}" for item in problems.items), problems=problems.items)

@@ -238,6 +238,7 @@ class Hub:
             member_id = str(answer.json()["id"])
             self._set_offer(offer_id, member_id, "current")
             if self._cas(row, state="placed", member=name, member_id=member_id, status="pending"):
+                link.state.took(row.gpus)  # the next offer of this round sees it taken
                 self._event(row.id, "federation_placed", f"offered to {name} and kept there as {member_id}"
                             + (f" (refused first by {'; '.join(refusals)})" if refusals else ""))
                 return name
@@ -342,25 +343,47 @@ class Hub:
                 continue
             link = held
             if link.state.up:
-                self._follow(link, row)
+                if not self._follow(link, row):
+                    self._maybe_withdraw(link, row, now)
             else:
                 self._maybe_move(link, row, now)
 
-    def _follow(self, link: MemberLink, row: FedWorkloadRow) -> None:
+    def _follow(self, link: MemberLink, row: FedWorkloadRow) -> bool:
+        """Read the member's copy into the record; True when the record changed (or may have)."""
         try:
             answer = link.call("GET", f"/workloads/{row.member_id}", tenant=row.tenant)
         except MemberUnreachable:
-            return
+            return True
         if answer.status_code == 404:  # the member lost it (its store was replaced): place it again
             self._move(row, f"{link.name} no longer knows {row.member_id}")
-            return
+            return True
         if answer.status_code != 200:
-            return
+            return True
         view = answer.json()
         status = str(view["status"])
         if status == row.status and status not in ENDED:
-            return
+            return False
         self._cas(row, status=status, view=view, state="done" if status in ENDED else "placed")
+        return True
+
+    def _maybe_withdraw(self, link: MemberLink, row: FedWorkloadRow, now: float) -> None:
+        """MultiKueue's rule: a copy its member has not admitted within offer_timeout_s goes to a member
+        that has room now; it is offered again only once its member says the copy is cancelled."""
+        if row.status != "pending" or now - row.updated_s < self.config.offer_timeout_s:
+            return
+        ranked = candidates(self.config, self.links, row.tenant, WorkloadSpec.model_validate(row.spec), now)
+        roomy = [name for name in ranked.members if name != link.name
+                 and self.by_name[name].state.free_gpus() >= row.gpus]
+        if not roomy:
+            return
+        try:
+            answer = link.call("POST", f"/workloads/{row.member_id}/cancel", tenant=row.tenant)
+        except MemberUnreachable:
+            return
+        if answer.status_code != 200 or answer.json().get("status") != "cancelled":
+            return  # it started meanwhile (or ended): it stays where it is
+        self._move(row, f"{link.name} had not admitted it after {now - row.updated_s:.0f} s while "
+                   f"{roomy[0]} has room; withdrawn there", withdrawn=True)
 
     def _maybe_move(self, link: MemberLink, row: FedWorkloadRow, now: float) -> None:
         down_since = link.state.down_since_s or now
@@ -372,9 +395,15 @@ class Hub:
                        f"{now - down_since:.0f} s (grace {self.config.requeue_grace_s:g} s); it starts "
                        f"again elsewhere" + (f" from {kept:g} s of checkpointed work" if kept else ""))
 
-    def _move(self, row: FedWorkloadRow, why: str) -> None:
+    def _move(self, row: FedWorkloadRow, why: str, *, withdrawn: bool = False) -> None:
         if self._cas(row, state="queued", member=None, member_id=None, status="pending", moves=row.moves + 1):
             self._mark_stale(row, why)
+            if withdrawn:
+                with self.store.write() as session:
+                    session.execute(update(FedPlacementRow).where(
+                        FedPlacementRow.workload_id == row.id,
+                        FedPlacementRow.member_id == (row.member_id or ""),
+                        FedPlacementRow.state == "stale").values(state="withdrawn"))
             self._event(row.id, "federation_moved", f"taken back from {row.member} ({row.member_id}): {why}")
             self.wake.set()
 

@@ -131,7 +131,7 @@ def _start(fed: Federation, names: tuple[str, ...], simulate: str, ghost: bool, 
     for proc in fed.members:
         proc.start()
     lines = [f"policy: {policy}", f"member_down_after_s: {down_after_s}", f"requeue_grace_s: {grace_s}",
-             f"poll_interval_s: {poll_s}", "members:"]
+             f"poll_interval_s: {poll_s}", f"offer_timeout_s: {max(1.0, 4 * poll_s)}", "members:"]
     for index, proc in enumerate(fed.members):
         proc.wait_up()
         with proc.admin() as api:

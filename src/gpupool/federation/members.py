@@ -33,6 +33,16 @@ class MemberState:
     pending: int = 0
     running: int = 0
 
+    def free_gpus(self) -> float:
+        return max(0.0, self.capacity_gpus - self.allocated_gpus) if self.up else 0.0
+
+    def took(self, gpus: float) -> None:
+        """A copy was just placed here: counted until the next poll says what the member did."""
+        if self.free_gpus() >= gpus:
+            self.allocated_gpus += gpus
+        else:
+            self.pending += 1
+
 
 @dataclass
 class MemberLink:

@@ -34,6 +34,18 @@ class MemberOut(BaseModel):
     currency: str
 
 
+class PlacementOut(BaseModel):
+    """Where the hub's record places one workload (`state`: queued, placed, done or cancelled)."""
+
+    id: str
+    tenant: str
+    state: str
+    status: str
+    member: str | None
+    member_id: str | None
+    moves: int
+
+
 def hub_router(hub: Hub) -> APIRouter:
     router = APIRouter()
     errors: dict[int | str, dict[str, Any]] = {404: {"model": ErrorBody}}
@@ -105,6 +117,13 @@ def hub_router(hub: Hub) -> APIRouter:
         if answer.status_code == 200:
             body["workload_id"] = row.id
         return JSONResponse(body, status_code=answer.status_code)
+
+    @router.get("/federation/workloads/{workload_id}", response_model=PlacementOut, responses=errors,
+                tags=["federation"])
+    def placement(workload_id: str, who: Who) -> PlacementOut:
+        row = hub.row(who, workload_id)
+        return PlacementOut(id=row.id, tenant=row.tenant, state=row.state, status=row.status,
+                            member=row.member, member_id=row.member_id, moves=row.moves)
 
     @router.get("/federation/members", response_model=list[MemberOut], tags=["federation"])
     def members(who: Who) -> list[MemberOut]:
