@@ -5,6 +5,7 @@ runs in exactly one member."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -92,9 +93,25 @@ def test_a_member_killed_under_load_loses_nothing_and_nothing_runs_twice(fed: Fe
     until(lambda: all(_hub_row(fed, i)["status"] == "running" for i in ids), 30, "all running elsewhere")
     where = {i: [m.name for m in others if i in copies(m)] for i in ids}
     assert all(len(names) == 1 for names in where.values()), where  # one copy each, none on two members
+    restarted_s = time.time()
     east.start()
     east.wait_up()
-    until(lambda: not any(i in copies(east) for i in ids), 60, "east's stale copies cancelled")
+    twice: list[str] = []
+
+    def swept() -> bool:  # sampled until east holds none of them: never running in two members
+        held = [copies(m) for m in fed.members]
+        twice.extend(i for i in ids if sum(h.get(i, [{}])[0].get("status") == "running" for h in held) > 1)
+        return not any(i in held[0] for i in ids)
+
+    until(swept, 60, "east's stale copies cancelled")
+    assert twice == []
+    with east.admin() as admin:  # and east started none of them again after its restart
+        for fed_id, items in copies(east, active_only=False).items():
+            if fed_id in ids:
+                for item in items:
+                    events = admin.get(f"/workloads/{item['id']}/events").json()
+                    started = [e for e in events if e["at_s"] >= restarted_s and e["to_status"] == "running"]
+                    assert started == [], (fed_id, started)
     for workload_id in ids:
         holders = [m.name for m in fed.members if workload_id in copies(m)]
         assert holders == where[workload_id], (workload_id, holders)

@@ -26,15 +26,13 @@ from gpupool.errors import GpupoolError, NotFound, QuotaExceeded
 from gpupool.federation.config import FederationConfig
 from gpupool.federation.members import MemberLink, MemberUnreachable
 from gpupool.federation.placement import candidates
-from gpupool.server.auth import Principal
+from gpupool.server.auth import FEDERATION_ID_ENV, Principal
 from gpupool.server.db import Store
 from gpupool.server.orm import FedEventRow, FedPlacementRow, FedWorkloadRow
 from gpupool.server.services.tokens import lock_tenant
 
 log = logging.getLogger("gpupool.federation")
 
-FEDERATION_ID_ENV = "GPUPOOL_FEDERATION_ID"
-"""Set in every copy's environment: the hub's id of the workload it is a copy of."""
 ACTIVE = ("queued", "placed")
 ENDED = ("succeeded", "failed", "cancelled")
 BEFORE_START = ("pending", "admitted")
@@ -361,6 +359,11 @@ class Hub:
             return True
         view = answer.json()
         status = str(view["status"])
+        if status == "pending" and view.get("held") == "user":  # held by the member's restart: still ours
+            try:
+                link.call("POST", f"/workloads/{row.member_id}/release", tenant=row.tenant)
+            except MemberUnreachable:
+                return True
         if status == row.status and status not in ENDED:
             return False
         self._cas(row, status=status, view=view, state="done" if status in ENDED else "placed")

@@ -31,12 +31,15 @@ log = logging.getLogger("gpupool.auth")
 TOKEN_PREFIX = "gp_"
 ON_BEHALF_HEADER = "X-Gpupool-On-Behalf-Of"
 """The tenant a federation-scope token acts for (Scope.FEDERATION)."""
+FEDERATION_ID_ENV = "GPUPOOL_FEDERATION_ID"
+"""In a federation hub's copy's environment: the hub's id of the workload it is a copy of."""
 _W = r"/api/v1/workloads"
 _ID = r"/[^/]+"
 FEDERATION_ROUTES: tuple[tuple[str, re.Pattern[str], bool], ...] = tuple(
     (method, re.compile(path), needs_tenant) for method, path, needs_tenant in (
         ("POST", _W, True), ("GET", _W, True), ("GET", _W + _ID, True), ("GET", _W + _ID + "/events", True),
         ("GET", _W + _ID + "/logs", True), ("POST", _W + _ID + "/cancel", True),
+        ("POST", _W + _ID + "/release", True),
         ("GET", r"/api/v1/usage", False), ("GET", r"/api/v1/pool", False), ("GET", r"/api/v1/health", False)))
 """(method, path, whether a tenant must be named) a federation token may call: nothing else."""
 CACHE_TTL_S = 0.5
