@@ -61,6 +61,22 @@ def test_a_tenant_uses_the_hub_as_a_pool(fed: Federation) -> None:
     until(lambda: workload_id not in copies(fed.member("east")), 10, "cancelled on the member too")
 
 
+def test_usage_at_the_hub_adds_the_members_metering(fed: Federation) -> None:
+    with fed.hub_api() as api:
+        merged = api.get("/usage", params={"by": "tenant"}).json()
+        split = api.get("/federation/usage", params={"by": "tenant"}).json()
+    direct = {}
+    for member in fed.members:
+        with member.admin() as admin:
+            answer = admin.get("/usage", params={"by": "tenant", "tenant": "alice"})
+            direct[member.name] = answer.json()["total"]
+    assert split["missing"] == ["ghost"]
+    assert {name: row["pods"] for name, row in split["members"].items()} == \
+        {name: row["pods"] for name, row in direct.items()}
+    assert merged["total"]["pods"] == sum(row["pods"] for row in direct.values()) >= 1
+    assert set(split["regions"]) == {"east", "west", "north"}
+
+
 def test_another_tenant_sees_nothing_of_it(fed: Federation) -> None:
     assert fed.hub is not None
     with fed.hub.admin() as admin:

@@ -8,13 +8,15 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, Query, Request
 from fastapi.responses import JSONResponse
-from pydantic import BaseModel
+from pydantic import BaseModel, Field
 
 from gpupool.api.common import ErrorBody
+from gpupool.api.usage import UsageOut, UsageRowOut
 from gpupool.api.workloads import EventOut, WorkloadCreated, WorkloadSpec
 from gpupool.errors import NotFound, Unavailable
 from gpupool.federation.hub import FEDERATION_ID_ENV, Hub
-from gpupool.federation.members import MemberUnreachable
+from gpupool.federation.members import MemberLink, MemberUnreachable
+from gpupool.server.auth import Principal
 from gpupool.server.deps import Who
 from gpupool.server.orm import FedWorkloadRow
 
@@ -32,6 +34,50 @@ class MemberOut(BaseModel):
     placed_here: int
     price_gpu_hour: float
     currency: str
+
+
+class FederationUsageOut(BaseModel):
+    """`gpupool usage` at a hub, per member and per region (each a total of that member's metering)."""
+
+    members: dict[str, UsageRowOut]
+    regions: dict[str, UsageRowOut]
+    total: UsageRowOut | None
+    missing: list[str] = Field(description="members that did not answer: their usage is not in these sums")
+
+
+_SUMMED = ("pods", "device_hours", "memory_gib_hours", "cost", "dedicated_cost", "saving")
+
+
+def member_usage(hub: Hub, who: Principal, params: dict[str, str]) -> list[tuple[MemberLink, UsageOut]]:
+    """Each answering member's usage for `who` (a tenant: its own, through the hub's token)."""
+    out = []
+    for link in hub.links:
+        if not link.state.up:
+            continue
+        try:
+            answer = link.call("GET", "/usage", tenant=who.tenant, params=params)
+        except MemberUnreachable:
+            continue
+        if answer.status_code == 200:
+            out.append((link, UsageOut.model_validate(answer.json())))
+    return out
+
+
+def merge_usage(parts: list[UsageOut]) -> UsageOut:
+    """Rows with the same grouping key added up; the window spans all parts."""
+    rows: dict[tuple[Any, ...], dict[str, Any]] = {}
+    for part in parts:
+        for row in part.rows:
+            data = row.model_dump()
+            key = tuple(v for k, v in data.items() if k not in _SUMMED)
+            into = rows.setdefault(key, {**data, **{k: 0 for k in _SUMMED}})
+            for k in _SUMMED:
+                into[k] += data[k]
+    total = {**parts[0].total.model_dump(), **{k: sum(getattr(p.total, k) for p in parts) for k in _SUMMED}}
+    return UsageOut(since_s=min(p.since_s for p in parts), until_s=max(p.until_s for p in parts),
+                    by=parts[0].by, currency=parts[0].currency,
+                    rows=[UsageRowOut.model_validate(r) for r in rows.values()],
+                    total=UsageRowOut.model_validate(total))
 
 
 class PlacementOut(BaseModel):
@@ -124,6 +170,28 @@ def hub_router(hub: Hub) -> APIRouter:
         row = hub.row(who, workload_id)
         return PlacementOut(id=row.id, tenant=row.tenant, state=row.state, status=row.status,
                             member=row.member, member_id=row.member_id, moves=row.moves)
+
+    @router.get("/usage", response_model=UsageOut, tags=["federation"])
+    def usage(who: Who, request: Request) -> UsageOut:
+        """The members' metering added up (rows with the same key summed); members that do not answer
+        are left out and named in each row's absence by GET /federation/usage."""
+        parts = member_usage(hub, who, dict(request.query_params))
+        if not parts:
+            raise Unavailable("No member answers for its usage now; try again later (gpupool fed ls).")
+        return merge_usage([u for _, u in parts])
+
+    @router.get("/federation/usage", response_model=FederationUsageOut, tags=["federation"])
+    def federation_usage(who: Who, request: Request) -> FederationUsageOut:
+        parts = member_usage(hub, who, dict(request.query_params))
+        answered = {link.name for link, _ in parts}
+        regions: dict[str, list[UsageOut]] = {}
+        for link, part in parts:
+            regions.setdefault(link.config.region, []).append(part)
+        return FederationUsageOut(
+            members={link.name: part.total for link, part in parts},
+            regions={region: merge_usage(found).total for region, found in regions.items()},
+            total=merge_usage([u for _, u in parts]).total if parts else None,
+            missing=[link.name for link in hub.links if link.name not in answered])
 
     @router.get("/federation/members", response_model=list[MemberOut], tags=["federation"])
     def members(who: Who) -> list[MemberOut]:
