@@ -106,3 +106,31 @@ def test_interactive_work_stays_home_and_data_local_says_why(tmp_path: Path) -> 
     ranked = candidates(config, _links(config, {"east": False, "west": True}), "carol", reads, 0)
     assert ranked.members == []
     assert any("data-local runs work only where its data set 'imagenet' is held" in r for r in ranked.refused)
+
+
+def test_the_federation_wide_quota_is_checked_at_the_hub(tmp_path: Path) -> None:
+    from gpupool.api.tenants import TenantCreate
+    from gpupool.errors import QuotaExceeded
+    from gpupool.federation.app import NoNodes
+    from gpupool.federation.hub import Hub
+    from gpupool.server.auth import Principal
+    from gpupool.server.db import Store
+    from gpupool.server.runtime import Runtime
+    from gpupool.server.services.tenants import create_tenant
+    from gpupool.server.settings import Settings
+
+    config = replace(_load(tmp_path, GOOD.replace("alice: {home: east}", "alice: {home: east, max_gpus: 3}")))
+    url = f"sqlite:///{tmp_path / 'hub.sqlite'}"
+    settings = Settings(data_dir=tmp_path, database_url=url)
+    rt = Runtime(settings=settings, store=Store.open(url), provider=NoNodes())
+    admin = Principal(token_id="t", tenant=None)
+    create_tenant(rt, admin, TenantCreate(name="alice"))
+    hub = Hub(rt.store, config)  # no threads: nothing is offered, the record alone counts
+    alice = Principal(token_id="a", tenant="alice", max_priority=0)
+    two = WorkloadSpec(command=["x"], resources={"gpus": 2})  # type: ignore[arg-type]
+    first = hub.submit(alice, two)
+    with pytest.raises(QuotaExceeded, match="may hold 3 GPUs across the federation"):
+        hub.submit(alice, two)
+    hub.cancel(alice, first)  # what is cancelled no longer counts
+    hub.submit(alice, two)
+    rt.store.close()
