@@ -77,6 +77,35 @@ def test_usage_at_the_hub_adds_the_members_metering(fed: Federation) -> None:
     assert set(split["regions"]) == {"east", "west", "north"}
 
 
+def test_the_cli_at_the_hub(fed: Federation) -> None:
+    import json
+
+    from typer.testing import CliRunner
+
+    from gpupool.cli.main import app
+
+    assert fed.hub is not None
+    env = {"GPUPOOL_URL": fed.hub.url, "GPUPOOL_TOKEN": fed.alice_token}
+    runner = CliRunner()
+    members = runner.invoke(app, ["fed", "ls", "-o", "json"], env=env)
+    assert members.exit_code == 0, members.output
+    assert {m["name"]: m["state"] for m in json.loads(members.output)}["ghost"] == "down"
+    table = runner.invoke(app, ["fed", "ls"], env=env, terminal_width=200)
+    assert "ghost" in table.output and "down" in table.output
+    listed = runner.invoke(app, ["ls", "-o", "json"], env=env)
+    assert listed.exit_code == 0, listed.output
+    ids = [w["id"] for w in json.loads(listed.output)]
+    assert ids and all(i.startswith("f-") for i in ids)
+    shown = runner.invoke(app, ["show", ids[0][:6], "-o", "json"], env=env)  # a unique prefix, as at a pool
+    if len([i for i in ids if i.startswith(ids[0][:6])]) == 1:
+        assert shown.exit_code == 0 and json.loads(shown.output)["id"] == ids[0], shown.output
+    bill = runner.invoke(app, ["invoice", "--tenant", "alice", "--month",
+                               time.strftime("%Y-%m", time.gmtime()), "-o", "json"], env=env)
+    assert bill.exit_code == 0, bill.output
+    missing = runner.invoke(app, ["show", "f-000000000000"], env=env)
+    assert missing.exit_code == 3 and "No workload" in missing.output
+
+
 def test_another_tenant_sees_nothing_of_it(fed: Federation) -> None:
     assert fed.hub is not None
     with fed.hub.admin() as admin:

@@ -13,7 +13,7 @@ from pydantic import BaseModel, Field
 from gpupool.api.common import ErrorBody
 from gpupool.api.usage import UsageOut, UsageRowOut
 from gpupool.api.workloads import EventOut, WorkloadCreated, WorkloadSpec
-from gpupool.errors import NotFound, Unavailable
+from gpupool.errors import InvalidInput, NotFound, Unavailable
 from gpupool.federation.hub import FEDERATION_ID_ENV, Hub
 from gpupool.federation.members import MemberLink, MemberUnreachable
 from gpupool.server.auth import Principal
@@ -109,8 +109,20 @@ def hub_router(hub: Hub) -> APIRouter:
         limit: Annotated[int, Query(ge=1, le=10_000)] = 100,
         offset: Annotated[int, Query(ge=0, le=10**9)] = 0,
         full: bool = False,
+        id_prefix: Annotated[str | None, Query(max_length=64)] = None,
+        workload_id: Annotated[list[str] | None, Query(max_length=64)] = None,
+        since_s: Annotated[float | None, Query(ge=0, le=1e11)] = None,
+        name: Annotated[str | None, Query(max_length=63)] = None,
+        queue: Annotated[list[str] | None, Query(max_length=64)] = None,
+        array_id: Annotated[list[str] | None, Query(max_length=64)] = None,
     ) -> dict[str, Any]:
         from sqlalchemy import func, select
+
+        unsupported = [flag for flag, value in (("name", name), ("queue", queue), ("array_id", array_id))
+                       if value]
+        if unsupported:
+            raise InvalidInput(f"A federation hub does not filter workloads by {', '.join(unsupported)} yet; "
+                               "list them without it (gpupool ls) or ask the member that holds them.")
 
         wanted = {s.lower() for part in status or () for s in part.split(",") if s}
         tenants = [t for part in tenant or () for t in part.split(",") if t]
@@ -121,6 +133,12 @@ def hub_router(hub: Hub) -> APIRouter:
             query = query.where(FedWorkloadRow.tenant.in_(tenants))
         if wanted:
             query = query.where(FedWorkloadRow.status.in_(wanted))
+        if id_prefix:
+            query = query.where(FedWorkloadRow.id.startswith(id_prefix, autoescape=True))
+        if workload_id:
+            query = query.where(FedWorkloadRow.id.in_([w for part in workload_id for w in part.split(",")]))
+        if since_s is not None:
+            query = query.where(FedWorkloadRow.submit_s >= since_s)
         with hub.store.read() as session:
             total = int(session.scalar(select(func.count()).select_from(query.subquery())) or 0)
             rows = list(session.scalars(query.order_by(FedWorkloadRow.submit_s).offset(offset).limit(limit)))
