@@ -133,4 +133,11 @@ def test_the_federation_wide_quota_is_checked_at_the_hub(tmp_path: Path) -> None
         hub.submit(alice, two)
     hub.cancel(alice, first)  # what is cancelled no longer counts
     hub.submit(alice, two)
+    from gpupool.api.tenants import TenantUpdate
+    from gpupool.errors import TooManyPending
+    from gpupool.server.services.tenants import update_tenant
+
+    update_tenant(rt, admin, "alice", TenantUpdate(max_pending=1))
+    with pytest.raises(TooManyPending, match="already has 1 workloads waiting at the hub"):
+        hub.submit(alice, WorkloadSpec(command=["x"]))
     rt.store.close()

@@ -43,6 +43,10 @@ def test_the_hub_starts_with_a_member_down_and_says_so(fed: Federation) -> None:
     with fed.hub_api() as api:
         states = {m["name"]: m["state"] for m in api.get("/federation/members").json()}
     assert states == {"east": "up", "west": "up", "north": "up", "ghost": "down"}
+    with fed.hub.admin() as admin:  # type: ignore[union-attr]  # the addresses are the admin's only
+        assert all(m["url"].startswith("http://127.0.0.1:") for m in admin.get("/federation/members").json())
+    with fed.hub_api() as api:
+        assert {m["url"] for m in api.get("/federation/members").json()} == {""}
 
 
 def test_a_tenant_uses_the_hub_as_a_pool(fed: Federation) -> None:

@@ -22,7 +22,7 @@ from typing import Any
 from sqlalchemy import func, select, update
 
 from gpupool.api.workloads import WorkloadSpec
-from gpupool.errors import GpupoolError, NotFound, QuotaExceeded
+from gpupool.errors import GpupoolError, NotFound, QuotaExceeded, TooManyPending
 from gpupool.federation.config import FederationConfig
 from gpupool.federation.members import MemberLink, MemberUnreachable
 from gpupool.federation.placement import candidates
@@ -95,7 +95,14 @@ class Hub:
         now = self.clock()
         workload_id = new_id()
         with self.store.write() as session:
-            lock_tenant(session, tenant)  # two submissions of one tenant count its quota one after the other
+            tenant_row = lock_tenant(session, tenant)  # one tenant's submissions counted one after another
+            waiting = session.scalar(select(func.count()).where(
+                FedWorkloadRow.tenant == tenant, FedWorkloadRow.state.in_(ACTIVE),
+                FedWorkloadRow.status == "pending")) or 0
+            if waiting >= tenant_row.max_pending:  # a flood from one tenant must not stall the hub's dispatch
+                raise TooManyPending(
+                    f"Tenant {tenant!r} already has {waiting} workloads waiting at the hub, its limit "
+                    f"({tenant_row.max_pending}); submit more once some have started.", tenant=tenant)
             if limit is not None and limit.max_gpus is not None:
                 held = session.scalar(select(func.coalesce(func.sum(FedWorkloadRow.gpus), 0.0)).where(
                     FedWorkloadRow.tenant == tenant, FedWorkloadRow.state.in_(ACTIVE))) or 0.0

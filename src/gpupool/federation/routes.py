@@ -213,8 +213,12 @@ def hub_router(hub: Hub) -> APIRouter:
 
     @router.get("/federation/members", response_model=list[MemberOut], tags=["federation"])
     def members(who: Who) -> list[MemberOut]:
-        del who  # any token of the hub: the members' names, capacity and prices are no tenant's secret
-        return member_table(hub)
+        """Any token of the hub: names, regions, capacity, queues and prices are no tenant's secret;
+        the members' addresses and why one is down (which may name them) are the admin's."""
+        table = member_table(hub)
+        if who.is_admin:
+            return table
+        return [m.model_copy(update={"url": "", "note": "unreachable" if m.note else ""}) for m in table]
 
     return router
 
