@@ -21,7 +21,7 @@ def _group() -> None:
 
 
 # Each protocol lives in its own module exposing a function named like the command.
-for _name in ("fill", "replay"):
+for _name in ("fill", "replay", "federate"):
     _module = f"gpupool.cli.sim_{_name}"
     if importlib.util.find_spec(_module) is not None:
         app.command(_name)(getattr(importlib.import_module(_module), _name))
