@@ -332,9 +332,8 @@ class Federation:
         start_s = min((j.submit_s for j in self.setup.jobs), default=0.0)
         if failure is not None:
             at = start_s + failure.at_h * 3600
-            events.append((at, seq, "fail", failure.member))
-            events.append((at + failure.for_h * 3600, seq + 1, "return", failure.member))
-            seq += 2
+            events.append((at, -2, "fail", failure.member))  # before arrivals at the same instant
+            events.append((at + failure.for_h * 3600, -1, "return", failure.member))
         heapq.heapify(events)
         while events:
             at, _, kind, payload = heapq.heappop(events)
