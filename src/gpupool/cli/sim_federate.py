@@ -76,7 +76,7 @@ def federate(
     """Replay a trace over a federation of pools, each placement policy in its own run of the same jobs.
 
     Every member runs the same scheduler as `gpupool sim replay`; the hub ranks the members at each
-    arrival (core/federation.py) and offers the job down that list, the first member that starts it
+    arrival by the policy (docs/federation.md, Placement policies) and offers the job down that list, the first member that starts it
     keeping it.
 
     Example: gpupool sim federate --federation fed.yaml --trace philly:philly-sia.csv
