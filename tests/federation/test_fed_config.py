@@ -137,6 +137,10 @@ def test_the_federation_wide_quota_is_checked_at_the_hub(tmp_path: Path) -> None
     from gpupool.errors import TooManyPending
     from gpupool.server.services.tenants import update_tenant
 
+    with pytest.raises(InvalidInput, match="does not take arrays yet"):  # a member would give its own ids
+        hub.submit(alice, WorkloadSpec(command=["x"], array="0-3"))
+    with pytest.raises(InvalidInput, match="does not take dependencies yet"):
+        hub.submit(alice, WorkloadSpec(command=["x"], dependency=f"afterok:{first}"))
     update_tenant(rt, admin, "alice", TenantUpdate(max_pending=1))
     with pytest.raises(TooManyPending, match="already has 1 workloads waiting at the hub"):
         hub.submit(alice, WorkloadSpec(command=["x"]))

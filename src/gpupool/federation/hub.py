@@ -22,7 +22,7 @@ from typing import Any
 from sqlalchemy import func, select, update
 
 from gpupool.api.workloads import WorkloadSpec
-from gpupool.errors import GpupoolError, NotFound, QuotaExceeded, TooManyPending
+from gpupool.errors import GpupoolError, InvalidInput, NotFound, QuotaExceeded, TooManyPending
 from gpupool.federation.config import FederationConfig
 from gpupool.federation.members import MemberLink, MemberUnreachable
 from gpupool.federation.placement import candidates
@@ -89,6 +89,9 @@ class Hub:
 
     def submit(self, who: Principal, spec: WorkloadSpec) -> str:
         tenant = who.tenant_for(spec.tenant)
+        if spec.array is not None or spec.dependency is not None:  # ids a member would read as its own
+            raise InvalidInput(f"A federation hub does not take {'arrays' if spec.array else 'dependencies'} "
+                               "yet; submit it to a member pool directly, or as separate workloads.")
         spec = spec.model_copy(update={"tenant": None})
         gpus = float(spec.replicas) * float(spec.resources.gpus)
         limit = self.config.tenants.get(tenant)
