@@ -130,6 +130,20 @@ def test_another_tenant_sees_nothing_of_it(fed: Federation) -> None:
         alice.post(f"/workloads/{workload_id}/cancel")
 
 
+def test_the_hub_restarts_on_its_record(fed: Federation) -> None:
+    assert fed.hub is not None
+    with fed.hub_api() as api:
+        workload_id = api.post("/workloads", json={"command": ["x"], "env": LONG}).json()["id"]
+    until(lambda: _hub_row(fed, workload_id)["status"] == "running", 30, "running")
+    fed.hub.stop()
+    fed.hub.start()
+    fed.hub.wait_up()
+    assert _placed(fed, workload_id) == "east" and _hub_row(fed, workload_id)["status"] == "running"
+    with fed.hub_api() as api:
+        assert api.post(f"/workloads/{workload_id}/cancel").json()["status"] == "cancelled"
+    until(lambda: workload_id not in copies(fed.member("east")), 10, "cancelled on east after the restart")
+
+
 def test_a_member_killed_under_load_loses_nothing_and_nothing_runs_twice(fed: Federation) -> None:
     east, others = fed.member("east"), [fed.member("west"), fed.member("north")]
     body = {"command": ["x"], "resources": {"gpus": 1}, "env": LONG}
