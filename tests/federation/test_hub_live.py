@@ -47,6 +47,9 @@ def test_the_hub_starts_with_a_member_down_and_says_so(fed: Federation) -> None:
         assert all(m["url"].startswith("http://127.0.0.1:") for m in admin.get("/federation/members").json())
     with fed.hub_api() as api:
         assert {m["url"] for m in api.get("/federation/members").json()} == {""}
+        pool = api.get("/pool").json()  # the dashboard's overview and `gpupool top` at the hub
+    assert (pool["nodes"], pool["capacity_gpus"]) == (3, 12.0)  # three members of 1x4, the ghost down
+    assert {t["tenant"] for t in pool["by_tenant"]} <= {"alice"}
 
 
 def test_a_tenant_uses_the_hub_as_a_pool(fed: Federation) -> None:

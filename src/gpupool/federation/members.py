@@ -32,6 +32,8 @@ class MemberState:
     allocated_gpus: float = 0.0
     pending: int = 0
     running: int = 0
+    summary: dict[str, Any] | None = None
+    """The member's GET /pool as last read (the hub's own /pool adds these up)."""
 
     def free_gpus(self) -> float:
         return max(0.0, self.capacity_gpus - self.allocated_gpus) if self.up else 0.0
@@ -89,6 +91,7 @@ class MemberLink:
             counts = summary.get("workloads", {})
             state.pending = int(counts.get("pending", 0))
             state.running = int(counts.get("running", 0))
+            state.summary = summary
             state.up, state.last_ok_s, state.down_since_s, state.note = True, now_s, None, ""
         else:
             state.note = note

@@ -11,6 +11,7 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel, Field
 
 from gpupool.api.common import ErrorBody
+from gpupool.api.nodes import ModelUsage, PoolSummary, TenantUsage
 from gpupool.api.usage import UsageOut, UsageRowOut
 from gpupool.api.workloads import EventOut, WorkloadCreated, WorkloadSpec
 from gpupool.errors import InvalidInput, NotFound, Unavailable
@@ -34,6 +35,39 @@ class MemberOut(BaseModel):
     placed_here: int
     price_gpu_hour: float
     currency: str
+
+
+def add_pools(summaries: list[dict[str, Any]], who: Principal) -> PoolSummary:
+    models: dict[tuple[str, bool], dict[str, Any]] = {}
+    tenants: dict[str, dict[str, Any]] = {}
+    counts: dict[str, int] = {}
+    for summary in summaries:
+        for m in summary.get("by_model", []):
+            into = models.setdefault((m["model"], m["simulated"]), {**m, "devices": 0, "allocated_gpus": 0.0})
+            into["devices"] += m["devices"]
+            into["allocated_gpus"] += m["allocated_gpus"]
+        for t in summary.get("by_tenant", []):
+            if not who.may_see(t["tenant"]):
+                continue
+            into = tenants.setdefault(t["tenant"], {"tenant": t["tenant"], "allocated_gpus": 0.0,
+                                                    "running": 0, "pending": 0})
+            for key in ("allocated_gpus", "running", "pending"):
+                into[key] += t[key]
+        for status, n in summary.get("workloads", {}).items():
+            counts[status] = counts.get(status, 0) + int(n)
+    for m in models.values():
+        m["utilisation"] = m["allocated_gpus"] / m["devices"] if m["devices"] else 0.0
+    capacity = sum(float(s.get("capacity_gpus", 0.0)) for s in summaries)
+    allocated = sum(float(s.get("allocated_gpus", 0.0)) for s in summaries)
+    return PoolSummary(
+        simulated=any(s.get("simulated", False) for s in summaries),
+        nodes=sum(int(s.get("nodes", 0)) for s in summaries),
+        devices=sum(int(s.get("devices", 0)) for s in summaries),
+        capacity_gpus=capacity, allocated_gpus=allocated,
+        utilisation=allocated / capacity if capacity else 0.0,
+        by_model=[ModelUsage.model_validate(m) for m in models.values()],
+        by_tenant=[TenantUsage.model_validate(t) for t in tenants.values()],
+        workloads=counts, fabric=False)
 
 
 class FederationUsageOut(BaseModel):
@@ -210,6 +244,13 @@ def hub_router(hub: Hub) -> APIRouter:
             regions={region: merge_usage(found).total for region, found in regions.items()},
             total=merge_usage([u for _, u in parts]).total if parts else None,
             missing=[link.name for link in hub.links if link.name not in answered])
+
+    @router.get("/pool", response_model=PoolSummary, tags=["federation"])
+    def pool(who: Who) -> PoolSummary:
+        """The members' summaries as last read, added up (the dashboard's overview and `gpupool top`
+        at the hub show the federation's capacity); a tenant sees only its own row per tenant."""
+        return add_pools([link.state.summary for link in hub.links if link.state.up and link.state.summary],
+                         who)
 
     @router.get("/federation/members", response_model=list[MemberOut], tags=["federation"])
     def members(who: Who) -> list[MemberOut]:
