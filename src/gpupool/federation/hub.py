@@ -258,8 +258,9 @@ class Hub:
 
     def _set_offer(self, offer_id: int, member_id: str, state: str) -> None:
         with self.store.write() as session:
-            session.execute(update(FedPlacementRow).where(FedPlacementRow.id == offer_id)
-                            .values(member_id=member_id, state=state))
+            session.execute(update(FedPlacementRow).where(  # only over an open offer (compare-and-set)
+                FedPlacementRow.id == offer_id, FedPlacementRow.state.in_(("offered", "current")))
+                .values(member_id=member_id, state=state))
 
     def _unresolved_offer(self, row: FedWorkloadRow) -> bool:
         """An offer whose answer was lost: adopt the copy it made, or give it up; True while unknown."""
