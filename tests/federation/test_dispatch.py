@@ -91,12 +91,12 @@ class Rig:
 
 
 @pytest.fixture
-def rig(tmp_path: Path) -> Iterator[Rig]:
+def rig(tmp_path: Path, hub_db_url: str) -> Iterator[Rig]:
     (tmp_path / "t").write_text("gp_x")
     (tmp_path / "t").chmod(0o600)
     (tmp_path / "fed.yaml").write_text(FED)
     config: FederationConfig = load_federation(tmp_path / "fed.yaml")
-    url = f"sqlite:///{tmp_path / 'hub.sqlite'}"
+    url = hub_db_url
     rt = Runtime(settings=Settings(data_dir=tmp_path, database_url=url), store=Store.open(url),
                  provider=NoNodes())
     create_tenant(rt, Principal(token_id="t", tenant=None), TenantCreate(name="alice"))
