@@ -89,7 +89,11 @@ def test_placement_ranks_by_the_tenants_policy_and_leaves_home_when_home_is_down
     config = _load(tmp_path, GOOD)
     spec = WorkloadSpec(command=["x"], resources={"gpus": 1})  # type: ignore[arg-type]
     both = _links(config, {"east": True, "west": True})
-    assert candidates(config, both, "alice", spec, 12 * 3600).members[0] == "west"  # cheapest at noon
+    cheapest = candidates(config, both, "alice", spec, 12 * 3600)
+    assert cheapest.members[0] == "west" and "expected cost 0.6" in cheapest.why["west"]  # cheapest at noon
+    reads = WorkloadSpec(command=["x"], env={"GPUPOOL_DATASET": "imagenet"})
+    moved = candidates(config, both, "alice", reads, 12 * 3600)  # west lacks it: 150 GB over 10 Gbit/s
+    assert "150 GB of imagenet from east in 120 s" in moved.why["west"]
     home = replace(config, policy="home")
     assert candidates(home, both, "alice", spec, 0).members == ["east"]
     east_down = _links(config, {"east": False, "west": True})

@@ -247,8 +247,9 @@ class Hub:
             self._set_offer(offer_id, member_id, "current")
             if self._cas(row, state="placed", member=name, member_id=member_id, status="pending"):
                 link.state.took(row.gpus)  # the next offer of this round sees it taken
-                self._event(row.id, "federation_placed", f"offered to {name} and kept there as {member_id}"
-                            + (f" (refused first by {'; '.join(refusals)})" if refusals else ""))
+                self._event(row.id, "federation_placed", f"offered to {name} under {ranked.policy} "
+                            f"({ranked.why.get(name, '')}) and kept there as {member_id}"
+                            + (f"; refused first by {'; '.join(refusals)}" if refusals else ""))
                 return name
             self._set_offer(offer_id, member_id, "stale")  # cancelled at the hub meanwhile: withdraw it
             self._withdraw(row.tenant, name, member_id)

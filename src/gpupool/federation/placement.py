@@ -30,6 +30,8 @@ class Candidates:
     refused: list[str]
     """'member: why' for each member left out."""
     policy: str
+    why: dict[str, str]
+    """member -> what the ranking expects there: start, cost and the data it moves"""
 
 
 def request_of(config: FederationConfig, tenant: str, spec: WorkloadSpec) -> FedRequest:
@@ -60,5 +62,8 @@ def candidates(config: FederationConfig, links: Sequence[MemberLink], tenant: st
     if policy == Policy.HOME.value and not states[request.home].up:
         policy = Policy.FASTEST.value  # its home is down: the soonest start among the others
     ranking = rank(request, members, states, policy, now_s)
-    return Candidates(members=[c.member for c in ranking.choices if not c.split],
-                      refused=[f"{r.member}: {r.reason}" for r in ranking.refused], policy=policy)
+    whole = [c for c in ranking.choices if not c.split]
+    return Candidates(members=[c.member for c in whole],
+                      refused=[f"{r.member}: {r.reason}" for r in ranking.refused], policy=policy,
+                      why={c.member: f"{c.reason}; expected cost {c.cost:.4g}" + (
+                          f" (egress {c.egress_cost:.4g})" if c.egress_cost else "") for c in whole})
