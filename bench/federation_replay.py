@@ -87,7 +87,7 @@ def main() -> int:
         runs: dict[int, list[dict[str, Any]]] = {}
         started = time.perf_counter()
         for seed in seeds:
-            setup = build_setup(args.federation, trace, args.window, seed)
+            setup = build_setup(args.federation, trace, args.window, seed, variants=variants)
             runs[seed] = run_variants(setup, variants)
             console.print(f"  seed {seed}: {len(setup.jobs)} jobs, {time.perf_counter() - started:.0f} s")
     except GpupoolError as exc:

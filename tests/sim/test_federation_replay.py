@@ -167,6 +167,8 @@ def test_cli_bad_input_exits_2_with_the_reason(tmp_path: Path) -> None:
     assert misspelt.exit_code == 2
     assert "Did you mean 'balanced'" in misspelt.output
     assert "Traceback" not in misspelt.output
+    no_failure = _cli(tmp_path, "--variants", "home,balanced+failure")
+    assert no_failure.exit_code == 2 and "needs a member that fails" in no_failure.output
     fed = tmp_path / "bad.yaml"
     fed.write_text("members: []\ndefault_home: east\n")
     bad = runner.invoke(app, ["federate", "--federation", str(fed), "--trace",

@@ -37,8 +37,9 @@ def parse_variants(text: str) -> list[Any]:
 
 
 def build_setup(fed_file: Path, trace: str, window: str | None, seed: int,
-                config_file: Path | None = None) -> Any:
-    """The federated replay's inputs: the members' nodes, the trace's jobs (in the window), the data sets."""
+                config_file: Path | None = None, variants: list[Any] | None = None) -> Any:
+    """The federated replay's inputs: the members' nodes, the trace's jobs (in the window), the data
+    sets; InvalidInput when a `+failure` variant meets a file without a failure."""
     from gpupool.config import PoolConfig, load_config
     from gpupool.providers.nodespec import nodes_from_spec
     from gpupool.sim.federation import FedSetup, draw_datasets
@@ -46,6 +47,10 @@ def build_setup(fed_file: Path, trace: str, window: str | None, seed: int,
     from gpupool.sim.jobs import in_window, load_trace, parse_window
 
     spec = load_fed_spec(fed_file)
+    failing = [v.name for v in variants or () if v.failure]
+    if failing and spec.failure is None:
+        raise InvalidInput(f"Variant {failing[0]!r} needs a member that fails: add `failure: {{member: NAME, "
+                           f"at_h: H, for_h: 24}}` to {fed_file}, or drop '+failure'.")
     nodes = {m.name: tuple(nodes_from_spec(m.cluster)) for m in spec.members}
     per_node = max(len(n.devices) for ns in nodes.values() for n in ns)
     span = parse_window(window) if window else None
@@ -76,15 +81,15 @@ def federate(
     """Replay a trace over a federation of pools, each placement policy in its own run of the same jobs.
 
     Every member runs the same scheduler as `gpupool sim replay`; the hub ranks the members at each
-    arrival by the policy (docs/federation.md, Placement policies) and offers the job down that list, the first member that starts it
-    keeping it.
+    arrival by the policy (docs/federation.md, Placement policies) and offers the job down that
+    list, the first member that starts it keeping it.
 
     Example: gpupool sim federate --federation fed.yaml --trace philly:philly-sia.csv
     --window 2017-10-01:2017-10-08 --json out.json
     """
     try:
         chosen = parse_variants(variants)
-        setup = build_setup(federation, trace, window, seed, config_file)
+        setup = build_setup(federation, trace, window, seed, config_file, chosen)
         from gpupool.sim.federation import run_variants
 
         rows = run_variants(setup, chosen)

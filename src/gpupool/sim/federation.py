@@ -245,8 +245,8 @@ class Federation:
         request = self._request(fed, runtime_s)
         ranking = rank(request, self._member_views(), states, self.variant.policy, now_s)
         if not ranking.choices:
-            if any("down" in r.reason for r in ranking.refused):
-                self.unplaced.append((wid, runtime_s))  # its only members are down: wait for one
+            if not all(self.up.values()):
+                self.unplaced.append((wid, runtime_s))  # a member that is down may take it once back
             else:
                 self.refused += 1
             return
