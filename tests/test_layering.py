@@ -69,6 +69,7 @@ RULES: dict[str, Rule] = {
     # provision.py is where the server builds its provider: it passes the node's pod-network settings
     "server": _rule("agent.identity", "agent.netns", "api", "config", "core", "errors", "gc_tuning", "pods",
                     "prices", "profiles", "providers", "yamlfiles", "durations"),
+    "federation": _rule("api", "core", "errors", "pods", "providers", "server", "yamlfiles"),
     "cli": _rule(ANY),
     "__init__": _rule("remote"),
 }

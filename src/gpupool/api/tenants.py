@@ -116,8 +116,10 @@ class QueueOut(Strict):
 class TokenCreate(Strict):
     tenant: Name | None = Field(None, description="the tenant it acts for; null makes an admin token")
     name: TokenName = Field("", description="unique among the tenant's tokens; empty: named by its id")
-    scope: Literal["full", "metrics"] = Field("full", description=(
-        "metrics: may read /metrics only; the admin's tokens only (it names every tenant's use)"))
+    scope: Literal["full", "metrics", "federation"] = Field("full", description=(
+        "metrics: may read /metrics only; the admin's tokens only (it names every tenant's use); "
+        "federation: a federation hub's token, admin only: submits, reads and cancels work on behalf "
+        "of the tenant named in X-Gpupool-On-Behalf-Of, reads usage and the pool's summary"))
     expires_in_s: float | None = Field(
         None, gt=0, le=100 * 365 * 86400, strict=True,
         description="lifetime; null: the server's default (90 days)")

@@ -22,6 +22,7 @@ SUBCOMMANDS: dict[str, tuple[str, str, str]] = {
     "secret": ("gpupool.cli.secret", "app", "A tenant's secrets: create, ls, delete (never shown)."),
     "config": ("gpupool.cli.config", "app", "The pool's configuration (YAML): show, check."),
     "image": ("gpupool.cli.image", "app", "Container images: import (admin), ls, rm (admin)."),
+    "fed": ("gpupool.cli.fed", "app", "A federation hub's member pools: ls."),
 }
 ALIASES: dict[str, str] = {"profiles": "profile", "nodes": "node", "tenants": "tenant", "queues": "queue",
                            "tokens": "token", "images": "image", "secrets": "secret"}

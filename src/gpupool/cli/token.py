@@ -25,8 +25,8 @@ def create(
     ] = "",
     scope: Annotated[
         str, typer.Option("--scope", help=(
-            "full (default) or metrics (may read /metrics only; with --admin only, as /metrics names "
-            "every tenant)."))
+            "full (default), metrics (may read /metrics only; with --admin only, as /metrics names "
+            "every tenant) or federation (a federation hub's token, --admin only; see docs/federation.md)."))
     ] = "full",
 ) -> None:
     """Create a token and print it once (only its hash is stored).
@@ -37,8 +37,8 @@ def create(
 
     if (tenant is None) == (not admin):
         raise typer.BadParameter("Give --tenant NAME for a tenant token, or --admin for an admin token.")
-    if scope not in ("full", "metrics"):
-        raise typer.BadParameter(f"--scope is full or metrics, not {scope!r}.")
+    if scope not in ("full", "metrics", "federation"):
+        raise typer.BadParameter(f"--scope is full, metrics or federation, not {scope!r}.")
     never = expires.strip().lower() == "never"
     lifetime = duration_s(expires, "--expires") if expires and not never else None
     with client() as pool:

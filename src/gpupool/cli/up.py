@@ -106,6 +106,13 @@ def up(
             "The IB fabric (ibnetdiscover output or a `gpupool fabric generate` file): gangs are placed "
             "by it, link failures requeue the gangs they cut off; see docs/fabric.md."))
     ] = None,
+    federation: Annotated[
+        Path | None,
+        typer.Option("--federation", help=(
+            "Serve a federation hub over the member pools this file names (URL, token file, region, "
+            "prices, data sets): tenants use it as a pool, it places their work on the members; see "
+            "docs/federation.md."))
+    ] = None,
 ) -> None:
     """Start the pool: API on http://HOST:PORT/api/v1 (docs at /docs), scheduler, local agent.
 
@@ -137,6 +144,16 @@ def up(
                   file=sys.stderr)
             raise typer.Exit(2)
         os.environ["GPUPOOL_RAY_POD_CARRIER"] = ray_pod_carrier  # read by the ray provider
+    if federation is not None:  # a hub: no nodes, no scheduler; the members run the work
+        from gpupool.federation.serve import serve_hub
+
+        try:
+            serve_hub(federation, data_dir, host, port, dburl.resolve(database_url, database_url_file),
+                      tls_cert, tls_key)
+        except GpupoolError as exc:
+            print(f"Error: {exc.message}", file=sys.stderr)
+            raise typer.Exit(exc.exit_code) from None
+        return
     try:
         # Read (and GPUPOOL_DATABASE_URL removed from this process's environment) before anything
         # is started, so no child process inherits the URL.

@@ -6,7 +6,7 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
 
-from fastapi import FastAPI, Request
+from fastapi import APIRouter, FastAPI, Request
 from fastapi.responses import Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
@@ -43,8 +43,10 @@ from gpupool.server.services.submit_writer import SubmitWriter
 API_PREFIX = "/api/v1"
 
 
-def create_app(rt: Runtime, *, run_loop: bool = True) -> FastAPI:
-    """An app over `rt`; with run_loop the control loop starts and stops with the app."""
+def create_app(rt: Runtime, *, run_loop: bool = True, hub_router: APIRouter | None = None) -> FastAPI:
+    """An app over `rt`; with run_loop the control loop starts and stops with the app. A federation
+    hub (src/gpupool/federation) passes its workload routes in `hub_router`: they answer before the
+    pool's own, and the submission fast path (which writes to this pool's store) is left out."""
     metrics = Metrics(rt)
     loop = ControlLoop(rt, metrics)
     writer = SubmitWriter(rt)
@@ -83,6 +85,8 @@ def create_app(rt: Runtime, *, run_loop: bool = True) -> FastAPI:
     http_errors.install(app)
     too_large: dict[int | str, dict[str, Any]] = {
         413: {"model": ErrorBody, "description": "the request body is larger than the pool's limit"}}
+    if hub_router is not None:
+        app.include_router(hub_router, prefix=API_PREFIX, responses=dict(too_large))
     for router in (health.router, workloads.router, nodes.router, tenants.router, audit.router,
                    config.router, session.router, usage.router, calls.router, fabric_routes.router,
                    images.router, secret_routes.router, history_routes.router, event_routes.router):
@@ -104,6 +108,7 @@ def create_app(rt: Runtime, *, run_loop: bool = True) -> FastAPI:
         return Response(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
     app.add_middleware(RequestTimer, metrics=metrics)
-    app.add_middleware(SubmitFastPath, rt=rt, writer=writer, metrics=metrics)
+    if hub_router is None:
+        app.add_middleware(SubmitFastPath, rt=rt, writer=writer, metrics=metrics)
     app.add_middleware(BodyLimit, limit_bytes=rt.settings.max_request_body_bytes)  # outermost of ours
     return app

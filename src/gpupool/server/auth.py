@@ -12,6 +12,7 @@ import base64
 import hashlib
 import hmac
 import logging
+import re
 import secrets
 import threading
 import time
@@ -28,6 +29,19 @@ from gpupool.server.orm import AuditRow, TenantRow, TokenRow
 log = logging.getLogger("gpupool.auth")
 
 TOKEN_PREFIX = "gp_"
+ON_BEHALF_HEADER = "X-Gpupool-On-Behalf-Of"
+"""The tenant a federation-scope token acts for (Scope.FEDERATION)."""
+FEDERATION_ID_ENV = "GPUPOOL_FEDERATION_ID"
+"""In a federation hub's copy's environment: the hub's id of the workload it is a copy of."""
+_W = r"/api/v1/workloads"
+_ID = r"/[^/]+"
+FEDERATION_ROUTES: tuple[tuple[str, re.Pattern[str], bool], ...] = tuple(
+    (method, re.compile(path), needs_tenant) for method, path, needs_tenant in (
+        ("POST", _W, True), ("GET", _W, True), ("GET", _W + _ID, True), ("GET", _W + _ID + "/events", True),
+        ("GET", _W + _ID + "/logs", True), ("POST", _W + _ID + "/cancel", True),
+        ("POST", _W + _ID + "/release", True),
+        ("GET", r"/api/v1/usage", False), ("GET", r"/api/v1/pool", False), ("GET", r"/api/v1/health", False)))
+"""(method, path, whether a tenant must be named) a federation token may call: nothing else."""
 CACHE_TTL_S = 0.5
 """How long a resolved token is trusted without looking at the store again (revocations)."""
 LAST_USED_FLUSH_S = 5.0
@@ -43,6 +57,9 @@ class Scope(StrEnum):
     FULL = "full"
     METRICS = "metrics"
     """May read /metrics and nothing else (for Prometheus)."""
+    FEDERATION = "federation"
+    """A federation hub's token (docs/federation.md): submits, reads and cancels work on behalf of a
+    tenant it names in ON_BEHALF_HEADER, reads usage and the pool's summary; nothing more."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -150,7 +167,8 @@ class Authenticator:
             self._known.clear()
 
     def principal(self, authorization: str | None, *, remote: str | None = None,
-                  scope: Scope = Scope.FULL) -> Principal:
+                  scope: Scope = Scope.FULL, route: tuple[str, str] | None = None,
+                  on_behalf: str | None = None) -> Principal:
         """The caller of a request, or Unauthorized / Forbidden.
 
         With `remote` (the client's address, "" if unknown) a refusal is recorded in the audit log;
@@ -167,7 +185,32 @@ class Authenticator:
             if remote is not None:
                 self.note_forbidden(replace(who, remote=remote), "a metrics token used on the API")
             raise Forbidden("This token may only read /metrics; use a full token for the API.")
+        if who.scope == Scope.FEDERATION:  # a hub's token: only its routes, as the tenant it names
+            try:
+                who = self._federated(who, route, on_behalf)
+            except Forbidden:
+                if remote is not None:
+                    self.note_forbidden(replace(who, remote=remote), "a federation token off its routes")
+                raise
         return replace(who, remote=remote) if remote else who
+
+    def _federated(self, who: Principal, route: tuple[str, str] | None, on_behalf: str | None) -> Principal:
+        method, path = route or ("", "")
+        allowed = next((needs for m, pattern, needs in FEDERATION_ROUTES
+                        if m == method and pattern.fullmatch(path)), None)
+        if allowed is None:
+            raise Forbidden("A federation token may only submit, read and cancel workloads, and read "
+                            "usage and the pool's summary; use a full token for anything else.")
+        if not on_behalf:
+            if allowed:
+                raise Forbidden(f"A federation token must name the tenant it acts for in {ON_BEHALF_HEADER}.")
+            return who  # a read across the pool's tenants (usage, summary, health)
+        with self._store.read() as session:
+            limit = session.execute(select(TenantRow.max_priority).where(TenantRow.name == on_behalf)).first()
+        if limit is None:
+            raise Forbidden(f"There is no tenant {on_behalf[:64]!r} in this pool; create it here "
+                            "(gpupool tenant create) before the hub sends its work.")
+        return replace(who, tenant=on_behalf, max_priority=int(limit[0]))
 
     def _resolve(self, authorization: str | None) -> Principal:
         if not authorization:

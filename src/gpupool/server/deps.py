@@ -6,7 +6,7 @@ from typing import Annotated
 
 from fastapi import Depends, Request
 
-from gpupool.server.auth import Principal
+from gpupool.server.auth import ON_BEHALF_HEADER, Principal
 from gpupool.server.runtime import Runtime
 from gpupool.server.services.submit_writer import SubmitWriter
 
@@ -21,7 +21,9 @@ async def runtime(request: Request) -> Runtime:
 async def principal(request: Request) -> Principal:
     rt: Runtime = request.app.state.runtime
     client = request.client  # its address goes to the audit log (refusals, admin actions)
-    who = rt.auth.principal(request.headers.get("authorization"), remote=client.host if client else "")
+    who = rt.auth.principal(request.headers.get("authorization"), remote=client.host if client else "",
+                            route=(request.method, request.url.path),
+                            on_behalf=request.headers.get(ON_BEHALF_HEADER))
     request.state.principal = who  # a 403 this request ends with is audited as this caller's
     return who
 

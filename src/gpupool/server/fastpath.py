@@ -18,6 +18,7 @@ from pydantic import ValidationError
 
 from gpupool.api.workloads import WorkloadSpec
 from gpupool.errors import GpupoolError
+from gpupool.server.auth import ON_BEHALF_HEADER
 from gpupool.server.http_errors import gpupool_error_response
 from gpupool.server.metrics import Metrics
 from gpupool.server.runtime import Runtime
@@ -25,6 +26,7 @@ from gpupool.server.services.submit_writer import SubmitWriter
 from gpupool.server.services.workloads import prepare
 
 SUBMIT_PATH = "/api/v1/workloads"
+_ON_BEHALF = ON_BEHALF_HEADER.lower().encode()
 MAX_FAST_BODY_BYTES = 256 * 1024
 """Larger submissions take the ordinary route (with its request body limit)."""
 _JSON_HEADERS = [(b"content-type", b"application/json")]
@@ -53,7 +55,9 @@ class SubmitFastPath:
             return
         body, more = await _read_body(receive)
         try:
-            who = self.rt.auth.principal(headers.get(b"authorization", b"").decode("latin-1") or None)
+            who = self.rt.auth.principal(headers.get(b"authorization", b"").decode("latin-1") or None,
+                                         route=("POST", SUBMIT_PATH),
+                                         on_behalf=headers.get(_ON_BEHALF, b"").decode("latin-1") or None)
             spec = WorkloadSpec.model_validate_json(body)
             if spec.array is not None:  # an array's answer counts its tasks: the route gives it
                 raise ValueError("array")

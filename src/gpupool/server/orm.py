@@ -362,3 +362,57 @@ class HistoryRow(Base):
     """device rows: utilisation measured by NVML (percent), None where not measured (simulated)."""
     memory_mib: Mapped[float | None] = mapped_column(Float, nullable=True)
     """device rows: memory used as NVML measures it, None where not measured."""
+
+
+# ---- federation hub (src/gpupool/federation): a hub's own record of the work it placed on members
+class FedWorkloadRow(Base):
+    """A workload submitted to a federation hub: the truth about where it runs. Every change is a
+    compare-and-set on `version`, so two hub threads (or servers) never both move or place it."""
+
+    __tablename__ = "fed_workloads"
+
+    id: Mapped[str] = mapped_column(String(ID_LENGTH), primary_key=True)
+    tenant: Mapped[str] = mapped_column(String(NAME_LENGTH), index=True)
+    spec: Mapped[dict[str, Any]] = mapped_column(JSON)
+    gpus: Mapped[float] = mapped_column(Float)
+    """What it asks for in all (replicas x GPUs per pod): the federation-wide quota counts it."""
+    state: Mapped[str] = mapped_column(String(16), index=True)
+    """queued (to be offered), placed (a member holds it), done (ended there), cancelled."""
+    member: Mapped[str | None] = mapped_column(String(NAME_LENGTH), nullable=True)
+    member_id: Mapped[str | None] = mapped_column(String(ID_LENGTH), nullable=True)
+    status: Mapped[str] = mapped_column(String(16))
+    """The member's status of its copy as last read (pending before it is placed)."""
+    view: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)
+    """The member's copy as last read (GET /workloads/ID), shown under the hub's id."""
+    moves: Mapped[int] = mapped_column(Integer, default=0)
+    version: Mapped[int] = mapped_column(Integer, default=0)
+    submit_s: Mapped[float] = mapped_column(Float)
+    updated_s: Mapped[float] = mapped_column(Float)
+
+
+class FedPlacementRow(Base):
+    """Every copy a hub made on a member: current, stale (the hub moved it; cancel it there when the
+    member answers) or withdrawn (cancelled there, or found ended)."""
+
+    __tablename__ = "fed_placements"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    workload_id: Mapped[str] = mapped_column(String(ID_LENGTH), index=True)
+    tenant: Mapped[str] = mapped_column(String(NAME_LENGTH))
+    member: Mapped[str] = mapped_column(String(NAME_LENGTH), index=True)
+    member_id: Mapped[str] = mapped_column(String(ID_LENGTH))
+    """'' when the offer's answer was lost: found on the member by the hub's id in its env."""
+    state: Mapped[str] = mapped_column(String(16))
+    at_s: Mapped[float] = mapped_column(Float)
+
+
+class FedEventRow(Base):
+    """A hub's decision about one workload: offered, placed, refused, moved, stale copy cancelled."""
+
+    __tablename__ = "fed_events"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    workload_id: Mapped[str] = mapped_column(String(ID_LENGTH), index=True)
+    reason: Mapped[str] = mapped_column(String(64))
+    message: Mapped[str] = mapped_column(Text)
+    at_s: Mapped[float] = mapped_column(Float)

@@ -18,6 +18,7 @@ from sqlalchemy.orm import Session
 from gpupool.api.events import EventReason
 from gpupool.core.model import Node, WorkloadStatus
 from gpupool.pods import PodPhase, PodStatus
+from gpupool.server.auth import FEDERATION_ID_ENV
 from gpupool.server.orm import Base, PodRow, WorkloadRow
 from gpupool.server.runtime import Runtime
 from gpupool.server.services.events import LOST, REFUSED, LostMoves, Move, apply_moves, not_made, transition
@@ -104,6 +105,7 @@ class Reconciler:
                                "Lost across a server restart: its pod could not be re-adopted, and it was "
                                "not started again so it can never run twice; resubmit it.", now, pod.id)
                     row.finished_s = now
+            _hold_federated_copies(session, now)
             for pod in session.scalars(select(PodRow).where(PodRow.status == PodState.STOPPING.value)):
                 if pod.id in known and not known[pod.id].phase.is_final:
                     to_stop.append(pod.id)  # asked to stop before the restart: ask again
@@ -255,6 +257,20 @@ class Reconciler:
                    f"Pod {pod.name} {what}{detail}{after}.", now, pod.id)
         ended.append((row.id, None))
         return to_stop
+
+
+def _hold_federated_copies(session: Session, now: float) -> None:
+    """After a restart, a federation hub's pending copies (FEDERATION_ID_ENV in their environment)
+    wait, held, for the hub: while this pool was away the hub may have placed them elsewhere, and it
+    releases the ones it still places here or cancels the others (docs/federation.md)."""
+    pending = session.scalars(select(WorkloadRow).where(WorkloadRow.status == WorkloadStatus.PENDING.value,
+                                                        WorkloadRow.held == "")).all()
+    for row in pending:
+        if FEDERATION_ID_ENV in (row.spec.get("env") or {}):
+            row.held = "user"
+            transition(session, row, WorkloadStatus.PENDING.value, EventReason.HELD,
+                       "Held after a server restart: a federation hub's copy waits for the hub to release "
+                       "or cancel it.", now)
 
 
 def _worked_s(started_s: float | None, progress_s: float | None, now: float) -> float | None:

@@ -56,6 +56,10 @@ def _of(tenant: str | None) -> Select[TokenRow]:
 def create_token(rt: Runtime, who: Principal, body: TokenCreate) -> TokenOut:
     """A new token, shown once; its name is unique among its owner's unrevoked tokens."""
     who.require_admin()
+    if body.tenant is not None and Scope(body.scope) is Scope.FEDERATION:
+        raise InvalidInput(f"A federation token acts for every tenant a hub serves, so only the admin owns "
+                           f"one; create it with --admin --scope federation, not --tenant {body.tenant}.",
+                           tenant=body.tenant)
     if body.tenant is not None and Scope(body.scope) is Scope.METRICS:
         # /metrics names every tenant and queue: a tenant's token must not read the others' use
         raise InvalidInput(f"A metrics token reads every tenant's series, so only the admin owns one; "

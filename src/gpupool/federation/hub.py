@@ -1,0 +1,458 @@
+"""The federation hub: takes tenants' work, offers it to member pools, and keeps the one true record
+of where each workload runs (docs/federation.md).
+
+Dispatch is MultiKueue's: a workload is offered to the ranked members in order and the first whose
+admission takes it keeps it; a member's refusal passes it to the next. Every change of the hub's
+record is a compare-and-set on its version, and a copy the hub gave up (its member went silent and
+the work was placed again elsewhere) is cancelled on that member as soon as it answers again: the
+hub's record wins, so a workload never runs in two members for longer than it takes to see the
+member again. Each copy carries the hub's id in its environment (FEDERATION_ID_ENV), so a copy whose
+creation answer was lost is found on the member and adopted or cancelled.
+"""
+
+from __future__ import annotations
+
+import logging
+import secrets
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+from sqlalchemy import func, select, update
+
+from gpupool.api.workloads import WorkloadSpec
+from gpupool.errors import GpupoolError, InvalidInput, NotFound, QuotaExceeded, TooManyPending
+from gpupool.federation.config import FederationConfig
+from gpupool.federation.members import MemberLink, MemberUnreachable
+from gpupool.federation.placement import candidates
+from gpupool.server.auth import FEDERATION_ID_ENV, Principal
+from gpupool.server.db import Store
+from gpupool.server.orm import FedEventRow, FedPlacementRow, FedWorkloadRow
+from gpupool.server.services.tokens import lock_tenant
+
+log = logging.getLogger("gpupool.federation")
+
+ACTIVE = ("queued", "placed")
+ENDED = ("succeeded", "failed", "cancelled")
+BEFORE_START = ("pending", "admitted")
+
+
+def new_id() -> str:
+    return "f-" + secrets.token_hex(6)
+
+
+class Hub:
+    """The hub's state and its two threads: the dispatcher (offers queued work) and the monitor (polls
+    members, follows placed work, moves the work of a silent member, cancels stale copies)."""
+
+    def __init__(self, store: Store, config: FederationConfig,
+                 clock: Callable[[], float] = time.time) -> None:
+        self.store = store
+        self.config = config
+        self.clock = clock
+        self.links = [MemberLink(member) for member in config.members]
+        self.by_name = {link.name: link for link in self.links}
+        self.wake = threading.Event()
+        self._stop = threading.Event()
+        self._threads: list[threading.Thread] = []
+        self._last_refusal: dict[str, str] = {}
+
+    # ------------------------------------------------------------ lifetime
+
+    def first_poll(self) -> list[str]:
+        """Poll every member once; a sentence for each that does not answer (the hub starts anyway)."""
+        now = self.clock()
+        notices = []
+        for link in self.links:
+            link.poll(now, self.config.member_down_after_s)
+            if not link.state.up:
+                notices.append(f"Member {link.state.note}, so it is marked down; the hub starts "
+                               "without it and offers it work once it answers.")
+        return notices
+
+    def start(self) -> None:
+        for target, name in ((self._dispatch_loop, "fed-dispatch"), (self._monitor_loop, "fed-monitor")):
+            thread = threading.Thread(target=target, name=name, daemon=True)
+            thread.start()
+            self._threads.append(thread)
+
+    def stop(self) -> None:
+        self._stop.set()
+        self.wake.set()
+        for thread in self._threads:
+            thread.join(timeout=10)
+        for link in self.links:
+            link.close()
+
+    # ------------------------------------------------------------ tenants' acts
+
+    def submit(self, who: Principal, spec: WorkloadSpec) -> str:
+        tenant = who.tenant_for(spec.tenant)
+        if spec.array is not None or spec.dependency is not None:  # ids a member would read as its own
+            raise InvalidInput(f"A federation hub does not take {'arrays' if spec.array else 'dependencies'} "
+                               "yet; submit it to a member pool directly, or as separate workloads.")
+        spec = spec.model_copy(update={"tenant": None})
+        gpus = float(spec.replicas) * float(spec.resources.gpus)
+        limit = self.config.tenants.get(tenant)
+        now = self.clock()
+        workload_id = new_id()
+        with self.store.write() as session:
+            tenant_row = lock_tenant(session, tenant)  # one tenant's submissions counted one after another
+            waiting = session.scalar(select(func.count()).where(
+                FedWorkloadRow.tenant == tenant, FedWorkloadRow.state.in_(ACTIVE),
+                FedWorkloadRow.status == "pending")) or 0
+            if waiting >= tenant_row.max_pending:  # a flood from one tenant must not stall the hub's dispatch
+                raise TooManyPending(
+                    f"Tenant {tenant!r} already has {waiting} workloads waiting at the hub, its limit "
+                    f"({tenant_row.max_pending}); submit more once some have started.", tenant=tenant)
+            if limit is not None and limit.max_gpus is not None:
+                held = session.scalar(select(func.coalesce(func.sum(FedWorkloadRow.gpus), 0.0)).where(
+                    FedWorkloadRow.tenant == tenant, FedWorkloadRow.state.in_(ACTIVE))) or 0.0
+                if held + gpus > limit.max_gpus:
+                    raise QuotaExceeded(
+                        f"Tenant {tenant!r} may hold {limit.max_gpus:g} GPUs across the federation and its "
+                        f"unfinished work asks for {held:g}; this asks for {gpus:g} more. Wait for some to "
+                        "end or cancel some (gpupool ls).", tenant=tenant)
+            session.add(FedWorkloadRow(id=workload_id, tenant=tenant, spec=spec.model_dump(mode="json"),
+                                       gpus=gpus, state="queued", member=None, member_id=None,
+                                       status="pending",
+                                       view=None, moves=0, version=0, submit_s=now, updated_s=now))
+            session.add(FedEventRow(workload_id=workload_id, reason="federation_submitted",
+                                    message=f"taken by the hub for tenant {tenant}", at_s=now))
+        self.wake.set()
+        return workload_id
+
+    def row(self, who: Principal, workload_id: str) -> FedWorkloadRow:
+        with self.store.read() as session:
+            row = session.get(FedWorkloadRow, workload_id)
+            if row is None or not who.may_see(row.tenant):
+                raise NotFound(f"No workload {workload_id!r} at this hub; `gpupool ls` lists yours.",
+                               workload_id=workload_id)
+            session.expunge(row)
+            return row
+
+    def cancel(self, who: Principal, workload_id: str) -> FedWorkloadRow:
+        for _ in range(20):
+            row = self.row(who, workload_id)
+            if row.state not in ACTIVE:
+                return row
+            if self._cas(row, state="cancelled", status="cancelled"):
+                self._event(row.id, "federation_cancelled", f"cancelled by {who.actor}")
+                if row.member and row.member_id:
+                    self._mark_stale(row, "cancelled at the hub")
+                    self._withdraw(row.tenant, row.member, row.member_id)
+                return self.row(who, workload_id)
+        raise GpupoolError(f"Workload {workload_id!r} kept changing while it was cancelled; try again.")
+
+    def fresh_view(self, row: FedWorkloadRow) -> dict[str, Any] | None:
+        """The member's copy now (falls back on the last one read when the member is silent)."""
+        link = self.by_name.get(row.member or "")
+        if link is None or not row.member_id or not link.state.up:
+            return row.view
+        try:
+            answer = link.call("GET", f"/workloads/{row.member_id}", tenant=row.tenant)
+        except MemberUnreachable:
+            return row.view
+        return dict(answer.json()) if answer.status_code == 200 else row.view
+
+    def events(self, workload_id: str) -> list[FedEventRow]:
+        with self.store.read() as session:
+            rows = list(session.scalars(select(FedEventRow).where(FedEventRow.workload_id == workload_id)
+                                        .order_by(FedEventRow.id)))
+            session.expunge_all()
+            return rows
+
+    # ------------------------------------------------------------ store helpers
+
+    def _cas(self, row: FedWorkloadRow, **values: Any) -> bool:
+        """Write `values` over `row` only if nobody changed it since it was read."""
+        with self.store.write() as session:
+            result = session.execute(
+                update(FedWorkloadRow).where(FedWorkloadRow.id == row.id,
+                                             FedWorkloadRow.version == row.version)
+                .values(version=row.version + 1, updated_s=self.clock(), **values))
+            return bool(getattr(result, "rowcount", 0))
+
+    def _event(self, workload_id: str, reason: str, message: str) -> None:
+        with self.store.write() as session:
+            session.add(FedEventRow(workload_id=workload_id, reason=reason, message=message,
+                                    at_s=self.clock()))
+        log.info("%s %s: %s", workload_id, reason, message)
+
+    def _mark_stale(self, row: FedWorkloadRow, why: str) -> None:
+        with self.store.write() as session:
+            session.execute(update(FedPlacementRow).where(
+                FedPlacementRow.workload_id == row.id, FedPlacementRow.member == row.member,
+                FedPlacementRow.member_id == (row.member_id or ""), FedPlacementRow.state == "current")
+                .values(state="stale"))
+        del why
+
+    def _rows(self, *states: str) -> list[FedWorkloadRow]:
+        with self.store.read() as session:
+            rows = list(session.scalars(select(FedWorkloadRow).where(FedWorkloadRow.state.in_(states))
+                                        .order_by(FedWorkloadRow.submit_s).limit(1000)))
+            session.expunge_all()
+            return rows
+
+    # ------------------------------------------------------------ dispatch
+
+    def _dispatch_loop(self) -> None:
+        while not self._stop.is_set():
+            self.wake.wait(self.config.poll_interval_s)
+            self.wake.clear()
+            try:
+                for row in self._rows("queued"):
+                    if self._stop.is_set():
+                        return
+                    self.offer(row)
+            except Exception:  # one bad round must not end the hub's dispatching
+                log.exception("dispatch round failed")
+
+    def offer(self, row: FedWorkloadRow) -> str | None:
+        """Offer a queued workload to its candidates in order; the member that keeps it, or None."""
+        if self._unresolved_offer(row):
+            return None
+        spec = WorkloadSpec.model_validate(row.spec)
+        ranked = candidates(self.config, self.links, row.tenant, spec, self.clock())
+        order = ranked.members
+        if not order:
+            why = "; ".join(ranked.refused)
+            if why != self._last_refusal.get(row.id):  # said once, not every round
+                self._last_refusal[row.id] = why
+                self._event(row.id, "federation_unplaceable",
+                            f"no member can take it under {ranked.policy}: {why}")
+            return None
+        body = {**row.spec, "env": {**row.spec.get("env", {}), FEDERATION_ID_ENV: row.id}}
+        refusals = []
+        for name in order:
+            link = self.by_name[name]
+            with self.store.write() as session:  # the offer is recorded before it is made
+                offer = FedPlacementRow(workload_id=row.id, tenant=row.tenant, member=name, member_id="",
+                                        state="offered", at_s=self.clock())
+                session.add(offer)
+                session.flush()
+                offer_id = offer.id
+            try:
+                answer = link.call("POST", "/workloads", tenant=row.tenant, json=body)
+            except MemberUnreachable as exc:
+                self._event(row.id, "federation_offer_lost", f"{exc}; the offer is looked for there before "
+                            "any other")
+                return None  # its answer may be lost with a copy made: found or given up before moving on
+            if answer.status_code != 201:
+                self._set_offer(offer_id, "", "refused")
+                refusals.append(f"{name}: {_message(answer)}")
+                continue
+            member_id = str(answer.json()["id"])
+            self._set_offer(offer_id, member_id, "current")
+            if self._cas(row, state="placed", member=name, member_id=member_id, status="pending"):
+                link.state.took(row.gpus)  # the next offer of this round sees it taken
+                self._event(row.id, "federation_placed", f"offered to {name} under {ranked.policy} "
+                            f"({ranked.why.get(name, '')}) and kept there as {member_id}"
+                            + (f"; refused first by {'; '.join(refusals)}" if refusals else ""))
+                return name
+            self._set_offer(offer_id, member_id, "stale")  # cancelled at the hub meanwhile: withdraw it
+            self._withdraw(row.tenant, name, member_id)
+            return None
+        self._event(row.id, "federation_refused", "no member admits it now: " + "; ".join(refusals))
+        return None
+
+    def _set_offer(self, offer_id: int, member_id: str, state: str) -> None:
+        with self.store.write() as session:
+            session.execute(update(FedPlacementRow).where(  # only over an open offer (compare-and-set)
+                FedPlacementRow.id == offer_id, FedPlacementRow.state.in_(("offered", "current")))
+                .values(member_id=member_id, state=state))
+
+    def _unresolved_offer(self, row: FedWorkloadRow) -> bool:
+        """An offer whose answer was lost: adopt the copy it made, or give it up; True while unknown."""
+        with self.store.read() as session:
+            lost = list(session.scalars(select(FedPlacementRow).where(
+                FedPlacementRow.workload_id == row.id, FedPlacementRow.state == "offered")))
+            session.expunge_all()
+        for offer in lost:
+            link = self.by_name.get(offer.member)
+            if link is None:
+                continue
+            if not link.state.up:
+                if self.clock() - offer.at_s < self.config.requeue_grace_s:
+                    return True
+                self._set_offer(offer.id, "", "stale")  # swept when that member answers again
+                continue
+            try:
+                copies = self._copies(link, row.tenant, row.id)
+            except MemberUnreachable:
+                return True
+            if not copies:
+                self._set_offer(offer.id, "", "refused")
+                continue
+            keep, *extra = copies
+            self._set_offer(offer.id, keep, "current")
+            for member_id in extra:
+                self._withdraw(row.tenant, link.name, member_id)
+            if self._cas(row, state="placed", member=link.name, member_id=keep, status="pending"):
+                self._event(row.id, "federation_placed", f"its lost offer to {link.name} made {keep}: kept")
+            return True
+        return False
+
+    def _copies(self, link: MemberLink, tenant: str, workload_id: str) -> list[str]:
+        """The member's unfinished copies of hub workload `workload_id` (by the id in their env)."""
+        found = []
+        offset = 0
+        while True:
+            answer = link.call("GET", "/workloads", tenant=tenant, params={
+                "full": "true", "limit": 500, "offset": offset,
+                "status": ["pending", "admitted", "running"]})
+            if answer.status_code != 200:
+                raise MemberUnreachable(f"{link.name} answered {answer.status_code} listing work")
+            page = answer.json()
+            found += [item["id"] for item in page["items"]
+                      if item.get("spec", {}).get("env", {}).get(FEDERATION_ID_ENV) == workload_id]
+            offset += len(page["items"])
+            if not page["items"] or offset >= page["total"]:
+                return found
+
+    def _withdraw(self, tenant: str, member: str, member_id: str) -> bool:
+        """Cancel a copy on its member; True when it is cancelled or had ended (nothing left running)."""
+        link = self.by_name.get(member)
+        if link is None:
+            return True
+        try:
+            answer = link.call("POST", f"/workloads/{member_id}/cancel", tenant=tenant)
+        except MemberUnreachable:
+            return False
+        done = answer.status_code in (200, 404, 409)
+        if done:
+            with self.store.write() as session:
+                session.execute(update(FedPlacementRow).where(
+                    FedPlacementRow.member == member, FedPlacementRow.member_id == member_id,
+                    FedPlacementRow.state.in_(("stale", "current"))).values(state="withdrawn"))
+        return done
+
+    # ------------------------------------------------------------ monitor
+
+    def _monitor_loop(self) -> None:
+        while not self._stop.wait(self.config.poll_interval_s):
+            try:
+                self.monitor_round()
+            except Exception:  # a member's odd answer must not end the hub's watch
+                log.exception("monitor round failed")
+
+    def monitor_round(self) -> None:
+        now = self.clock()
+        for link in self.links:
+            _, changed = link.poll(now, self.config.member_down_after_s)
+            if changed:
+                log.warning("member %s is %s%s", link.name, "up" if link.state.up else "down",
+                            f": {link.state.note}" if link.state.note else "")
+                self.wake.set()
+            if link.state.up:
+                self._sweep(link)
+        for row in self._rows("placed"):
+            held = self.by_name.get(row.member or "")
+            if held is None:
+                continue
+            link = held
+            if link.state.up:
+                if not self._follow(link, row):
+                    self._maybe_withdraw(link, row, now)
+            else:
+                self._maybe_move(link, row, now)
+
+    def _follow(self, link: MemberLink, row: FedWorkloadRow) -> bool:
+        """Read the member's copy into the record; True when the record changed (or may have)."""
+        try:
+            answer = link.call("GET", f"/workloads/{row.member_id}", tenant=row.tenant)
+        except MemberUnreachable:
+            return True
+        if answer.status_code == 404:  # the member lost it (its store was replaced): place it again
+            self._move(row, f"{link.name} no longer knows {row.member_id}")
+            return True
+        if answer.status_code != 200:
+            return True
+        view = answer.json()
+        status = str(view["status"])
+        if status == "pending" and view.get("held") == "user":  # held by the member's restart: still ours
+            try:
+                link.call("POST", f"/workloads/{row.member_id}/release", tenant=row.tenant)
+            except MemberUnreachable:
+                return True
+        if status == row.status and status not in ENDED:
+            return False
+        self._cas(row, status=status, view=view, state="done" if status in ENDED else "placed")
+        return True
+
+    def _maybe_withdraw(self, link: MemberLink, row: FedWorkloadRow, now: float) -> None:
+        """MultiKueue's rule: a copy its member has not admitted within offer_timeout_s goes to a member
+        that has room now; it is offered again only once its member says the copy is cancelled."""
+        if row.status != "pending" or now - row.updated_s < self.config.offer_timeout_s:
+            return
+        ranked = candidates(self.config, self.links, row.tenant, WorkloadSpec.model_validate(row.spec), now)
+        roomy = [name for name in ranked.members if name != link.name
+                 and self.by_name[name].state.free_gpus() >= row.gpus]
+        if not roomy:
+            return
+        try:
+            answer = link.call("POST", f"/workloads/{row.member_id}/cancel", tenant=row.tenant)
+        except MemberUnreachable:
+            return
+        if answer.status_code != 200 or answer.json().get("status") != "cancelled":
+            return  # it started meanwhile (or ended): it stays where it is
+        self._move(row, f"{link.name} had not admitted it after {now - row.updated_s:.0f} s while "
+                   f"{roomy[0]} has room; withdrawn there", withdrawn=True)
+
+    def _maybe_move(self, link: MemberLink, row: FedWorkloadRow, now: float) -> None:
+        down_since = link.state.down_since_s or now
+        if row.status in BEFORE_START:
+            self._move(row, f"{link.name} stopped answering while it waited there ({link.state.note})")
+        elif now - down_since >= self.config.requeue_grace_s:
+            kept = (row.view or {}).get("progress_s", 0.0)
+            self._move(row, f"{link.name} stopped answering while it ran there, for "
+                       f"{now - down_since:.0f} s (grace {self.config.requeue_grace_s:g} s); it starts "
+                       f"again elsewhere" + (f" from {kept:g} s of checkpointed work" if kept else ""))
+
+    def _move(self, row: FedWorkloadRow, why: str, *, withdrawn: bool = False) -> None:
+        if self._cas(row, state="queued", member=None, member_id=None, status="pending", moves=row.moves + 1):
+            self._mark_stale(row, why)
+            if withdrawn:
+                with self.store.write() as session:
+                    session.execute(update(FedPlacementRow).where(
+                        FedPlacementRow.workload_id == row.id,
+                        FedPlacementRow.member_id == (row.member_id or ""),
+                        FedPlacementRow.state == "stale").values(state="withdrawn"))
+            self._event(row.id, "federation_moved", f"taken back from {row.member} ({row.member_id}): {why}")
+            self.wake.set()
+
+    def _sweep(self, link: MemberLink) -> None:
+        """Cancel the copies on `link` that the hub gave up: its record wins."""
+        with self.store.read() as session:
+            stale = list(session.scalars(select(FedPlacementRow).where(
+                FedPlacementRow.member == link.name, FedPlacementRow.state == "stale")))
+            session.expunge_all()
+        for copy in stale:
+            ids = [copy.member_id] if copy.member_id else self._lost_copies(link, copy)
+            for member_id in ids:
+                if self._withdraw(copy.tenant, link.name, member_id):
+                    self._event(copy.workload_id, "federation_stale_cancelled",
+                                f"the copy {member_id} on {link.name} was given up by the hub; "
+                                "cancelled there")
+            if not copy.member_id:
+                with self.store.write() as session:
+                    session.execute(update(FedPlacementRow).where(FedPlacementRow.id == copy.id)
+                                    .values(state="withdrawn"))
+
+    def _lost_copies(self, link: MemberLink, copy: FedPlacementRow) -> list[str]:
+        try:
+            found = self._copies(link, copy.tenant, copy.workload_id)
+        except MemberUnreachable:
+            return []
+        with self.store.read() as session:
+            row = session.get(FedWorkloadRow, copy.workload_id)
+            current = row.member_id if row is not None and row.member == link.name else None
+        return [member_id for member_id in found if member_id != current]
+
+
+def _message(answer: Any) -> str:
+    try:
+        return str(answer.json().get("message", answer.text))[:300]
+    except ValueError:
+        return str(answer.text)[:300]

@@ -1,0 +1,146 @@
+"""The hub's dispatch against members answered in memory (httpx.MockTransport): an offer whose answer
+is lost is looked for on that member and adopted before the workload is offered anywhere else, and
+a copy given up while its member was away is cancelled when it answers again; never two copies."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from gpupool.api.tenants import TenantCreate
+from gpupool.api.workloads import WorkloadSpec
+from gpupool.federation.app import NoNodes
+from gpupool.federation.config import FederationConfig, load_federation
+from gpupool.federation.hub import Hub
+from gpupool.server.auth import FEDERATION_ID_ENV, ON_BEHALF_HEADER, Principal
+from gpupool.server.db import Store
+from gpupool.server.orm import FedWorkloadRow
+from gpupool.server.runtime import Runtime
+from gpupool.server.services.tenants import create_tenant
+from gpupool.server.settings import Settings
+
+
+@dataclass
+class FakeMember:
+    """A member pool's workload routes, in memory; `reachable` False: every call fails to connect."""
+
+    name: str
+    reachable: bool = True
+    lose_next_answer: bool = False
+    work: dict[str, dict[str, Any]] = field(default_factory=dict)
+    posts: int = 0
+
+    def __call__(self, request: httpx.Request) -> httpx.Response:
+        if not self.reachable:
+            raise httpx.ConnectError("refused", request=request)
+        path = request.url.path.removeprefix("/api/v1")
+        tenant = request.headers.get(ON_BEHALF_HEADER)
+        if path == "/pool":
+            return httpx.Response(200, json={"capacity_gpus": 8, "allocated_gpus": 0, "workloads": {}})
+        if request.method == "POST" and path == "/workloads":
+            self.posts += 1
+            wid = f"w-{self.name}{self.posts}"
+            self.work[wid] = {"id": wid, "tenant": tenant, "status": "pending",
+                              "spec": json.loads(request.content)}
+            if self.lose_next_answer:
+                self.lose_next_answer = False
+                raise httpx.ReadTimeout("answer lost", request=request)
+            return httpx.Response(201, json={"id": wid, "status": "pending"})
+        if request.method == "GET" and path == "/workloads":
+            mine = [w for w in self.work.values() if w["tenant"] == tenant and w["status"] != "cancelled"]
+            return httpx.Response(200, json={"items": mine, "total": len(mine)})
+        wid = path.split("/")[2]
+        if wid not in self.work or self.work[wid]["tenant"] != tenant:
+            return httpx.Response(404, json={"message": "no such workload"})
+        if path.endswith("/cancel"):
+            self.work[wid]["status"] = "cancelled"
+        return httpx.Response(200, json=self.work[wid])
+
+    def active(self) -> list[str]:
+        return [w["spec"]["env"][FEDERATION_ID_ENV] for w in self.work.values() if w["status"] != "cancelled"]
+
+
+FED = """
+policy: home
+member_down_after_s: 5
+requeue_grace_s: 10
+members:
+  - {name: a, url: "http://a.invalid", token_file: t, region: r, prices: {gpu_hour: 1}}
+  - {name: b, url: "http://b.invalid", token_file: t, region: r, prices: {gpu_hour: 1}}
+tenants:
+  alice: {home: a}
+"""
+
+
+@dataclass
+class Rig:
+    hub: Hub
+    a: FakeMember
+    b: FakeMember
+    clock: list[float]
+    alice: Principal
+
+    def row(self, workload_id: str) -> FedWorkloadRow:
+        return self.hub.row(self.alice, workload_id)
+
+
+@pytest.fixture
+def rig(tmp_path: Path, hub_db_url: str) -> Iterator[Rig]:
+    (tmp_path / "t").write_text("gp_x")
+    (tmp_path / "t").chmod(0o600)
+    (tmp_path / "fed.yaml").write_text(FED)
+    config: FederationConfig = load_federation(tmp_path / "fed.yaml")
+    url = hub_db_url
+    rt = Runtime(settings=Settings(data_dir=tmp_path, database_url=url), store=Store.open(url),
+                 provider=NoNodes())
+    create_tenant(rt, Principal(token_id="t", tenant=None), TenantCreate(name="alice"))
+    clock = [1000.0]
+    hub = Hub(rt.store, config, clock=lambda: clock[0])
+    members = {"a": FakeMember("a"), "b": FakeMember("b")}
+    for link in hub.links:  # the hub's own client, over the in-memory member
+        link._local.client = httpx.Client(base_url=link.config.url + "/api/v1",
+                                          transport=httpx.MockTransport(members[link.name]))
+    hub.monitor_round()
+    yield Rig(hub, members["a"], members["b"], clock, Principal(token_id="x", tenant="alice", max_priority=0))
+    rt.store.close()
+
+
+def test_a_lost_answer_is_found_on_its_member_and_kept_there(rig: Rig) -> None:
+    workload_id = rig.hub.submit(rig.alice, WorkloadSpec(command=["x"]))
+    rig.a.lose_next_answer = True
+    assert rig.hub.offer(rig.row(workload_id)) is None  # the copy exists on a; the hub does not know its id
+    assert rig.row(workload_id).state == "queued" and rig.b.posts == 0
+    rig.hub.offer(rig.row(workload_id))  # looked for on a first: found by the id in its environment
+    row = rig.row(workload_id)
+    assert (row.state, row.member, row.member_id) == ("placed", "a", "w-a1")
+    assert rig.a.active() == [workload_id] and rig.b.posts == 0 and rig.a.posts == 1
+
+
+def test_a_copy_given_up_while_its_member_was_away_is_cancelled_when_it_returns(rig: Rig) -> None:
+    workload_id = rig.hub.submit(rig.alice, WorkloadSpec(command=["x"]))
+    assert rig.hub.offer(rig.row(workload_id)) == "a"
+    rig.a.reachable = False
+    rig.clock[0] += 6  # silent longer than member_down_after_s: its pending work is offered elsewhere
+    rig.hub.monitor_round()
+    assert rig.row(workload_id).state == "queued"
+    assert rig.hub.offer(rig.row(workload_id)) == "b"  # home is down: ranked by fastest among the others
+    assert rig.a.active() == [workload_id] and rig.b.active() == [workload_id]  # a cannot be told yet
+    rig.a.reachable = True
+    rig.clock[0] += 1
+    rig.hub.monitor_round()  # a answers: the hub's record wins
+    assert rig.a.active() == [] and rig.b.active() == [workload_id]
+    reasons = [e.reason for e in rig.hub.events(workload_id)]
+    assert "federation_moved" in reasons and reasons[-1] == "federation_stale_cancelled"
+
+
+def test_a_cancel_at_the_hub_withdraws_the_copy(rig: Rig) -> None:
+    workload_id = rig.hub.submit(rig.alice, WorkloadSpec(command=["x"]))
+    rig.hub.offer(rig.row(workload_id))
+    assert rig.hub.cancel(rig.alice, workload_id).state == "cancelled"
+    assert rig.a.active() == []

@@ -1,0 +1,84 @@
+"""The federation token scope on a member pool: a hub's token submits, reads and cancels work only
+as the tenant it names, reads usage and the pool's summary, and nothing else (docs/federation.md)."""
+
+from __future__ import annotations
+
+import pytest
+
+from conftest import Server
+
+ON_BEHALF = "X-Gpupool-On-Behalf-Of"
+
+
+@pytest.fixture(scope="module")
+def fed(shared_server: Server) -> tuple[Server, str, str]:
+    server = shared_server
+    for tenant in ("alice", "bob"):
+        server.created("/tenants", {"name": tenant})
+    token = str(server.created("/tokens", {"tenant": None, "name": "hub", "scope": "federation"})["token"])
+    bob = str(server.created("/tokens", {"tenant": "bob", "name": "bob"})["token"])
+    return server, token, bob
+
+
+def _h(token: str, tenant: str | None = None) -> dict[str, str]:
+    headers = {"Authorization": f"Bearer {token}"}
+    if tenant:
+        headers[ON_BEHALF] = tenant
+    return headers
+
+
+def test_submits_reads_and_cancels_as_the_tenant_it_names(fed: tuple[Server, str, str]) -> None:
+    server, token, _ = fed
+    body = {"command": ["true"], "resources": {"gpus": 1}}
+    created = server.client.post("/api/v1/workloads", json=body, headers=_h(token, "alice"))
+    assert created.status_code == 201, created.text
+    wid = created.json()["id"]
+    shown = server.client.get(f"/api/v1/workloads/{wid}", headers=_h(token, "alice"))
+    assert shown.json()["tenant"] == "alice"
+    assert server.client.get(f"/api/v1/workloads/{wid}", headers=_h(token, "bob")).status_code == 404
+    cancelled = server.client.post(f"/api/v1/workloads/{wid}/cancel", headers=_h(token, "alice"))
+    assert cancelled.status_code == 200
+    # a spec naming another tenant is refused: the header is who it acts for
+    spoof = server.client.post("/api/v1/workloads", json={**body, "tenant": "bob"},
+                               headers=_h(token, "alice"))
+    assert spoof.status_code == 403, spoof.text
+
+
+def test_needs_a_tenant_to_act_and_an_existing_one(fed: tuple[Server, str, str]) -> None:
+    server, token, _ = fed
+    body = {"command": ["true"]}
+    bare = server.client.post("/api/v1/workloads", json=body, headers=_h(token))
+    assert bare.status_code == 403 and ON_BEHALF in bare.json()["message"]
+    ghost = server.client.post("/api/v1/workloads", json=body, headers=_h(token, "mallory"))
+    assert ghost.status_code == 403 and "no tenant 'mallory'" in ghost.json()["message"]
+
+
+def test_reads_usage_and_the_pool_without_a_tenant(fed: tuple[Server, str, str]) -> None:
+    server, token, _ = fed
+    assert server.client.get("/api/v1/usage", headers=_h(token)).status_code == 200
+    assert server.client.get("/api/v1/pool", headers=_h(token)).status_code == 200
+
+
+@pytest.mark.parametrize(("method", "path"), [
+    ("GET", "/api/v1/tenants"), ("POST", "/api/v1/tenants"), ("GET", "/api/v1/tokens"),
+    ("POST", "/api/v1/tokens"), ("GET", "/api/v1/secrets"), ("GET", "/api/v1/nodes"),
+    ("POST", "/api/v1/nodes/n0/cordon"), ("GET", "/api/v1/audit"), ("GET", "/metrics"),
+    ("GET", "/api/v1/events/stream"),
+])
+def test_nothing_more(fed: tuple[Server, str, str], method: str, path: str) -> None:
+    server, token, _ = fed
+    for tenant in (None, "alice"):
+        answer = server.client.request(method, path, headers=_h(token, tenant), json={})
+        assert answer.status_code == 403, (method, path, tenant, answer.text)
+
+
+def test_only_the_admin_owns_one_and_the_header_gives_a_tenant_nothing(fed: tuple[Server, str, str]) -> None:
+    server, _, bob = fed
+    refused = server.client.post("/api/v1/tokens", json={"tenant": "bob", "scope": "federation"},
+                                 headers=server.headers())
+    assert refused.status_code == 422 and "--admin --scope federation" in refused.json()["message"]
+    # bob's own token with the header still acts as bob, never as alice
+    created = server.client.post("/api/v1/workloads", json={"command": ["true"]}, headers=_h(bob, "alice"))
+    assert created.status_code == 201
+    shown = server.client.get(f"/api/v1/workloads/{created.json()['id']}", headers=_h(bob))
+    assert shown.json()["tenant"] == "bob"
