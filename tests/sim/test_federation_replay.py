@@ -106,6 +106,20 @@ def test_a_failed_member_s_work_moves_from_its_last_checkpoint() -> None:
     assert calm["moved_by_failure"] == 0 and calm["members"]["west"]["jobs"] == 1
 
 
+def test_a_member_that_cannot_start_an_offer_withdraws_it() -> None:
+    # east (2 nodes) runs two 6-GPU jobs, one per node: 4 GPUs free, but 2 + 2. A 4-GPU job ranks
+    # east first (1.0 against 10), east's cycle cannot place it, east withdraws it, west starts it.
+    data = spec(west_price=10.0).model_dump()
+    data["members"][0]["cluster"] = "2x8xV100M32"
+    fed = FedSpec.model_validate(data)
+    r = run(fed, [job(1, 0.0, 2.0, gpus=6), job(2, 1.0, 2.0, gpus=6), job(3, 2.0, 1.0, gpus=4)], "balanced")
+    assert r["members"]["west"]["jobs"] == 1
+    # j3 never ran in east: a copy left there would have started once j1 ended
+    assert r["members"]["east"]["compute_cost"] == pytest.approx(2 * 6 * 2 * 1.0, rel=1e-4)
+    assert r["members"]["west"]["compute_cost"] == pytest.approx(4 * 1 * 10.0, rel=1e-4)
+    assert r["queue_mean_s"] == pytest.approx(0.0, abs=0.01)  # only the data set's millisecond
+
+
 def test_home_work_waits_at_the_hub_while_its_member_is_down() -> None:
     fed = spec(failure={"member": "east", "at_h": 0.0, "for_h": 2, "grace_s": 0})
     r = run(fed, [job(1, 60.0, 1.0)], "home", failure=True)
