@@ -158,9 +158,9 @@ def test_bad_federation_file_names_the_field(tmp_path: Path) -> None:
         load_fed_spec(bad)
 
 
-def _cli(tmp_path: Path, *extra: str) -> Any:
+def _cli(tmp_path: Path, *extra: str, fed_spec: FedSpec | None = None) -> Any:
     fed = tmp_path / "fed.yaml"
-    fed.write_text(json.dumps(spec().model_dump(mode="json") | {"default_home": "east"}))
+    fed.write_text(json.dumps((fed_spec or spec()).model_dump(mode="json")))
     return runner.invoke(app, ["federate", "--federation", str(fed), "--trace",
                                f"philly:{REPLAY / 'philly_tiny.csv'}", "--json", str(tmp_path / "r.json"),
                                *extra])
@@ -174,6 +174,20 @@ def test_cli_runs_the_variants_side_by_side(tmp_path: Path) -> None:
     assert all(r["single_member_checked"] for r in rows)
     # teamC's 16-GPU job fits no 8-GPU member: refused in both, the others finish
     assert [(r["finished"], r["refused"]) for r in rows] == [(5, 1), (5, 1)]
+
+
+def test_cli_failure_variant_moves_work_and_runs_it_once(tmp_path: Path) -> None:
+    # the tiny trace's first jobs are running east 2 minutes in, when east goes down for an hour
+    failing = spec(west_price=2.0, failure={"member": "east", "at_h": 2 / 60, "for_h": 1, "grace_s": 60})
+    done = _cli(tmp_path, "--variants", "balanced,balanced+failure", fed_spec=failing)
+    assert done.exit_code == 0, done.output
+    calm, failed = json.loads((tmp_path / "r.json").read_text())["variants"]
+    assert calm["moved_by_failure"] == 0
+    assert failed["moved_by_failure"] >= 1
+    assert failed["members"]["west"]["jobs"] > calm["members"]["west"]["jobs"]
+    assert failed["failure_lost_gpu_hours"] > 0  # work since the start (no checkpoint yet) is lost
+    assert failed["finished"] == calm["finished"] == 5
+    assert failed["single_member_checked"]
 
 
 def test_cli_bad_input_exits_2_with_the_reason(tmp_path: Path) -> None:
