@@ -106,6 +106,20 @@ def test_a_failed_member_s_work_moves_from_its_last_checkpoint() -> None:
     assert calm["moved_by_failure"] == 0 and calm["members"]["west"]["jobs"] == 1
 
 
+def test_a_member_that_cannot_start_an_offer_withdraws_it() -> None:
+    # east (2 nodes) runs two 6-GPU jobs, one per node: 4 GPUs free, but 2 + 2. A 4-GPU job ranks
+    # east first (1.0 against 10), east's cycle cannot place it, east withdraws it, west starts it.
+    data = spec(west_price=10.0).model_dump()
+    data["members"][0]["cluster"] = "2x8xV100M32"
+    fed = FedSpec.model_validate(data)
+    r = run(fed, [job(1, 0.0, 2.0, gpus=6), job(2, 1.0, 2.0, gpus=6), job(3, 2.0, 1.0, gpus=4)], "balanced")
+    assert r["members"]["west"]["jobs"] == 1
+    # j3 never ran in east: a copy left there would have started once j1 ended
+    assert r["members"]["east"]["compute_cost"] == pytest.approx(2 * 6 * 2 * 1.0, rel=1e-4)
+    assert r["members"]["west"]["compute_cost"] == pytest.approx(4 * 1 * 10.0, rel=1e-4)
+    assert r["queue_mean_s"] == pytest.approx(0.0, abs=0.01)  # only the data set's millisecond
+
+
 def test_home_work_waits_at_the_hub_while_its_member_is_down() -> None:
     fed = spec(failure={"member": "east", "at_h": 0.0, "for_h": 2, "grace_s": 0})
     r = run(fed, [job(1, 60.0, 1.0)], "home", failure=True)
@@ -144,9 +158,9 @@ def test_bad_federation_file_names_the_field(tmp_path: Path) -> None:
         load_fed_spec(bad)
 
 
-def _cli(tmp_path: Path, *extra: str) -> Any:
+def _cli(tmp_path: Path, *extra: str, fed_spec: FedSpec | None = None) -> Any:
     fed = tmp_path / "fed.yaml"
-    fed.write_text(json.dumps(spec().model_dump(mode="json") | {"default_home": "east"}))
+    fed.write_text(json.dumps((fed_spec or spec()).model_dump(mode="json")))
     return runner.invoke(app, ["federate", "--federation", str(fed), "--trace",
                                f"philly:{REPLAY / 'philly_tiny.csv'}", "--json", str(tmp_path / "r.json"),
                                *extra])
@@ -160,6 +174,20 @@ def test_cli_runs_the_variants_side_by_side(tmp_path: Path) -> None:
     assert all(r["single_member_checked"] for r in rows)
     # teamC's 16-GPU job fits no 8-GPU member: refused in both, the others finish
     assert [(r["finished"], r["refused"]) for r in rows] == [(5, 1), (5, 1)]
+
+
+def test_cli_failure_variant_moves_work_and_runs_it_once(tmp_path: Path) -> None:
+    # the tiny trace's first jobs are running east 2 minutes in, when east goes down for an hour
+    failing = spec(west_price=2.0, failure={"member": "east", "at_h": 2 / 60, "for_h": 1, "grace_s": 60})
+    done = _cli(tmp_path, "--variants", "balanced,balanced+failure", fed_spec=failing)
+    assert done.exit_code == 0, done.output
+    calm, failed = json.loads((tmp_path / "r.json").read_text())["variants"]
+    assert calm["moved_by_failure"] == 0
+    assert failed["moved_by_failure"] >= 1
+    assert failed["members"]["west"]["jobs"] > calm["members"]["west"]["jobs"]
+    assert failed["failure_lost_gpu_hours"] > 0  # work since the start (no checkpoint yet) is lost
+    assert failed["finished"] == calm["finished"] == 5
+    assert failed["single_member_checked"]
 
 
 def test_cli_bad_input_exits_2_with_the_reason(tmp_path: Path) -> None:

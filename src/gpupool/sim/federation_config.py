@@ -60,7 +60,7 @@ class DatasetSpec(_Strict):
 class FailureSpec(_Strict):
     member: str
     at_h: float = Field(ge=0)
-    """Hours after the window's start."""
+    """Hours after the first arrival of the replay."""
     for_h: float = Field(24.0, gt=0)
     grace_s: float = Field(600.0, ge=0)
     """How long the hub waits before requeueing a down member's running work elsewhere."""
