@@ -15,10 +15,11 @@ from sqlalchemy import select
 
 from conftest import Server, start_server, stop_server
 from factories import node
-from gpupool.server.orm import ServiceReplicaRow, ServiceRow
+from gpupool.server.orm import ServiceReplicaRow, ServiceRow, WorkloadRow
 from gpupool.server.serving.endpoints import ready_endpoints
 
 API = "/api/v1"
+FINAL = ("succeeded", "failed", "cancelled")
 
 
 class Replica:
@@ -219,3 +220,44 @@ def test_a_tenant_cannot_see_scale_or_delete_another_tenants_service(pool: Serve
     service = show(pool, "private")
     assert (service["desired"], service["max_replicas"], service["version"]) == (0, 1, 1)
     delete(pool, "private")
+
+
+def test_an_update_rolls_the_replicas_within_surge_and_unavailable(
+        pool: Server, listeners: dict[int, Replica]) -> None:
+    """Every read of the store during the rollout: at most desired + max_surge replicas exist, and
+    at least desired - max_unavailable serve."""
+    create(pool, {"name": "rolling", "command": ["serve"], "min_replicas": 3, "max_replicas": 3,
+                  "resources": {"gpus": 0.25}, "rollout": {"max_surge": 1, "max_unavailable": 0},
+                  "readiness": {"period_s": 0.1, "timeout_s": 0.1}})
+    serve_all(pool, "rolling", listeners, 3)
+    wait_until(pool, lambda: show(pool, "rolling")["state"] == "ready")
+    service_id = show(pool, "rolling")["id"]
+    answer = pool.client.patch(f"{API}/services/rolling", params={"tenant": "alpha"}, headers=pool.headers(),
+                               json={"changes": {"env": {"MODEL": "v2"}}})
+    assert answer.status_code == 200, answer.text
+    assert answer.json()["generation"] == 2
+    seen: list[tuple[int, int]] = []
+
+    def rolled() -> bool:
+        for port in ports_launched(pool, "rolling").values():
+            if port not in listeners:
+                listeners[port] = Replica(port)
+        with pool.rt.store.read() as session:
+            rows = session.execute(select(ServiceReplicaRow.generation, ServiceReplicaRow.ready,
+                                          WorkloadRow.status)
+                                   .join(WorkloadRow, WorkloadRow.id == ServiceReplicaRow.workload_id)
+                                   .where(ServiceReplicaRow.service_id == service_id,
+                                          WorkloadRow.status.not_in(FINAL))).all()
+        serving = [g for g, ready, status in rows if ready == "ready" and status == "running"]
+        seen.append((len(rows), len(serving)))
+        return serving == [2, 2, 2] and len(rows) == 3
+
+    wait_until(pool, rolled)
+    assert max(total for total, _ in seen) <= 4, seen
+    assert min(serving for _, serving in seen) >= 3, seen
+    assert any(total == 4 for total, _ in seen), seen  # the surge was used
+    events = [e["message"] for e in show(pool, "rolling")["events"]]
+    assert sum("replaced by generation 2" in m for m in events) == 3, events
+    launched = [p for p in pool.provider.launched.values() if p.env.get("MODEL") == "v2"]
+    assert len(launched) == 3
+    delete(pool, "rolling")

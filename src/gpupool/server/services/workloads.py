@@ -88,6 +88,9 @@ def prepare(rt: Runtime, who: Principal, spec: WorkloadSpec, *,
     if spec.rendezvous is not None:
         raise InvalidInput("rendezvous is set by the server when a gang is placed; leave it out (each pod "
                            "finds MASTER_ADDR and MASTER_PORT in its environment).", field="rendezvous")
+    if spec.serve_port is not None and service_class is None:
+        raise InvalidInput("serve_port is set by the server on a service's replicas; leave it out (create a "
+                           "service with `gpupool service create`).", field="serve_port")
     chosen = service_class or priority_class(rt.config, spec.priority_class, tenant, who.max_priority)
     if spec.mounts or spec.secrets:  # only names and paths are stored, checked now
         check_mounts(rt.config, tenant, spec.mounts)

@@ -48,6 +48,7 @@ class Replica:
     status: str
     started_s: float | None
     node: str
+    pod_id: str
 
     @property
     def serving(self) -> bool:
@@ -92,14 +93,14 @@ class Controller:
             .order_by(ServiceReplicaRow.created_s, ServiceReplicaRow.workload_id)
         ).all()
         ids = [r.workload_id for r, _, _ in rows]
-        nodes: dict[str, str] = {}
+        nodes: dict[str, tuple[str, str]] = {}
         if ids:
-            for wid, node in session.execute(
-                select(PodRow.workload_id, PodRow.node)
+            for wid, node, pod_id in session.execute(
+                select(PodRow.workload_id, PodRow.node, PodRow.id)
                 .where(PodRow.workload_id.in_(ids))
                 .order_by(PodRow.created_s)
             ):
-                nodes[wid] = node  # the newest pod's node
+                nodes[wid] = (node, pod_id)  # the newest pod's
         return [
             Replica(
                 r.workload_id,
@@ -111,7 +112,7 @@ class Controller:
                 r.last_error,
                 status,
                 started,
-                nodes.get(r.workload_id, ""),
+                *nodes.get(r.workload_id, ("", "")),
             )
             for r, status, started in rows
         ]
@@ -138,7 +139,7 @@ class Controller:
                     continue
                 running = r.status == WorkloadStatus.RUNNING.value
                 if running and not r.host and r.node:
-                    host = self.rt.provider.gang_address(r.node, r.port)
+                    host = self.rt.provider.pod_address(r.node, r.pod_id)
                     session.execute(
                         update(ServiceReplicaRow)
                         .where(ServiceReplicaRow.workload_id == r.workload_id)

@@ -56,6 +56,7 @@ def replica_spec(spec: ServiceSpec, tenant: str, port: int) -> WorkloadSpec:
             "env": {**spec.env, spec.port_env: str(port)},
             "workdir": spec.workdir,
             "max_retries": 0,
+            "serve_port": port,
             "image": spec.image,
             "constraints": spec.constraints,
             "mounts": [m.model_dump(mode="json") for m in spec.mounts],
