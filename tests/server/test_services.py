@@ -261,3 +261,42 @@ def test_an_update_rolls_the_replicas_within_surge_and_unavailable(
     launched = [p for p in pool.provider.launched.values() if p.env.get("MODEL") == "v2"]
     assert len(launched) == 3
     delete(pool, "rolling")
+
+
+def test_a_replica_that_cannot_fit_preempts_batch_and_batch_never_preempts_it(tmp_path: Path) -> None:
+    """One device: batch holds it; the service's replica preempts it (serving outranks normal), and
+    batch submitted afterwards, even at class high, waits instead of preempting the replica."""
+    provider = ManualProvider([node("n0", devices=1, model="H100")])
+    server = start_server(tmp_path, provider=provider)
+    try:
+        client, admin = server.client, server.headers()
+        batch = client.post(f"{API}/workloads", headers=admin,
+                            json={"command": ["train"], "resources": {"gpus": 1}}).json()["id"]
+        server.wait_for(lambda: server.status(batch) == "running")
+        answer = client.post(f"{API}/services", headers=admin,
+                             json={"name": "infer", "command": ["serve"], "resources": {"gpus": 1}})
+        assert answer.status_code == 201, answer.text
+
+        def replica_running() -> bool:
+            replicas = client.get(f"{API}/services/infer", headers=admin).json()["replicas"]
+            return [r["status"] for r in replicas] == ["running"]
+
+        server.wait_for(replica_running)
+        assert server.status(batch) == "pending"
+        reasons = [e["reason"] for e in client.get(f"{API}/workloads/{batch}/events", headers=admin).json()]
+        assert "preempted" in reasons, reasons
+        late = client.post(f"{API}/workloads", headers=admin, json={
+            "command": ["train"], "resources": {"gpus": 1}, "priority_class": "high"}).json()["id"]
+
+        def considered() -> bool:  # a cycle placed it nowhere and said why
+            row = client.get(f"{API}/workloads/{late}", headers=admin).json()
+            return bool(row["status"] == "pending" and row["reason"] not in ("", "submitted"))
+
+        server.wait_for(considered)
+        replica = client.get(f"{API}/services/infer", headers=admin).json()["replicas"][0]
+        assert replica["status"] == "running"
+        assert server.status(batch) == "pending"
+        client.delete(f"{API}/services/infer", headers=admin)
+        server.wait_for(lambda: "running" in (server.status(batch), server.status(late)))  # batch backfills
+    finally:
+        stop_server(server)

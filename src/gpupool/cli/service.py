@@ -235,9 +235,9 @@ def list_services(tenant: TenantOption = None, output: OutputOption = Format.TAB
         Column("TENANT", lambda s: s.tenant, squeeze=True),
         Column("STATE", lambda s: s.state),
         Column("READY", lambda s: f"{s.ready_replicas}/{s.desired}"),
-        Column("MIN", lambda s: s.min_replicas),
-        Column("MAX", lambda s: s.max_replicas),
-        Column("GEN", lambda s: s.generation),
+        Column("MIN", lambda s: str(s.min_replicas)),
+        Column("MAX", lambda s: str(s.max_replicas)),
+        Column("GEN", lambda s: str(s.generation)),
         Column("PUBLIC", lambda s: "yes" if s.public else "no"),
         Column("ERROR", lambda s: s.last_probe_error, squeeze=True),
     ]
