@@ -95,14 +95,16 @@ def test_replicas_serve_on_their_port_and_a_killed_one_is_replaced(pool: UpProce
 
 
 @pytest.mark.parametrize(("args", "code", "words"), [
-    (("create", "bad", "--min", "3", "--max", "2", "--", "x"), 2, "min_replicas (3) is above max_replicas (2)"),
+    (("create", "bad", "--min", "3", "--max", "2", "--", "x"), 2,
+     "min_replicas (3) is above max_replicas (2)"),
     (("create", "bad", "--target-concurrency", "0", "--", "x"), 2, "a target per replica must be above 0"),
     (("create", "bad"), 2, "Give the replica's command after --"),
     (("show", "nope"), 3, "No service 'nope'"),
     (("scale", "nope", "2"), 3, "No service 'nope'"),
     (("delete", "nope"), 3, "No service 'nope'"),
 ])
-def test_bad_input_exits_with_a_sentence(pool: UpProcess, args: tuple[str, ...], code: int, words: str) -> None:
+def test_bad_input_exits_with_a_sentence(pool: UpProcess, args: tuple[str, ...], code: int,
+                                         words: str) -> None:
     result = gp(pool, "service", *args)
     assert result.returncode == code, (result.stdout, result.stderr)
     assert words in result.stderr, result.stderr
