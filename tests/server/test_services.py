@@ -300,3 +300,52 @@ def test_a_replica_that_cannot_fit_preempts_batch_and_batch_never_preempts_it(tm
         server.wait_for(lambda: "running" in (server.status(batch), server.status(late)))  # batch backfills
     finally:
         stop_server(server)
+
+
+def test_headroom_keeps_room_for_a_replica_free_of_new_batch(tmp_path: Path) -> None:
+    """serving.headroom_replicas: 1 with a one-device service (no replica yet): of two one-device
+    batch workloads on two devices one runs, the other waits with serving_headroom; the replica the
+    service then asks for starts at once, without a preemption."""
+    from fastapi.testclient import TestClient
+
+    from gpupool.config import PoolConfig
+    from gpupool.server.app import create_app
+    from gpupool.server.db import Store
+    from gpupool.server.runtime import Runtime
+    from gpupool.server.services.tenants import bootstrap
+    from gpupool.server.settings import Settings
+
+    url = f"sqlite:///{tmp_path / 'store.sqlite'}"
+    provider = ManualProvider([node("n0", devices=2, model="H100")])
+    settings = Settings(data_dir=tmp_path, database_url=url, placement="first-fit", cycle_interval_s=0.05,
+                        busy_poll_interval_s=0.01)
+    config = PoolConfig.model_validate({"serving": {"headroom_replicas": 1}})
+    rt = Runtime(settings=settings, store=Store.open(url), provider=provider, config=config)
+    server = Server(rt=rt, provider=provider, client=TestClient(create_app(rt)), admin_token=bootstrap(rt) or "")
+    server.client.__enter__()
+    try:
+        client, admin = server.client, server.headers()
+        assert client.post(f"{API}/services", headers=admin, json={
+            "name": "later", "command": ["serve"], "resources": {"gpus": 1}, "min_replicas": 0,
+            "replicas": 0}).status_code == 201
+        ids = [client.post(f"{API}/workloads", headers=admin, json={
+            "command": ["train"], "resources": {"gpus": 1}}).json()["id"] for _ in range(2)]
+
+        def decided() -> bool:
+            rows = [client.get(f"{API}/workloads/{i}", headers=admin).json() for i in ids]
+            return sorted((r["status"], r["reason"]) for r in rows)[1][0] == "running" and any(
+                r["reason"] == "serving_headroom" for r in rows)
+
+        server.wait_for(decided)
+        scaled = client.post(f"{API}/services/later/scale", headers=admin, json={"replicas": 1})
+        assert scaled.status_code == 200, scaled.text
+
+        def replica_running() -> bool:
+            replicas = client.get(f"{API}/services/later", headers=admin).json()["replicas"]
+            return [r["status"] for r in replicas] == ["running"]
+
+        server.wait_for(replica_running)
+        statuses = sorted(server.status(i) for i in ids)
+        assert statuses == ["pending", "running"]  # nothing was preempted for it
+    finally:
+        stop_server(server)
