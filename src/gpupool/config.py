@@ -220,9 +220,10 @@ class ServingConfig(_Strict):
     (0: none; batch then fills everything and replicas preempt it when they need room)."""
     probe_concurrency: int = Field(16, ge=1, le=256)
     """Probes in flight at once, across all services."""
-    port_base: int = Field(41_000, ge=1024, le=65_000)
-    port_count: int = Field(8_000, ge=16, le=30_000)
-    """Replicas' ports ($PORT) come from [port_base, port_base + port_count), each unique in the pool."""
+    port_base: int = Field(22_000, ge=1024, le=65_000)
+    port_count: int = Field(6_000, ge=16, le=30_000)
+    """Replicas' ports ($PORT) come from [port_base, port_base + port_count), each unique in the pool;
+    the default lies below Linux's ephemeral ports (32768-) and the gangs' ports (29500-31499)."""
 
     @model_validator(mode="after")
     def _ports_fit(self) -> ServingConfig:

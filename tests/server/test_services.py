@@ -321,7 +321,8 @@ def test_headroom_keeps_room_for_a_replica_free_of_new_batch(tmp_path: Path) -> 
                         busy_poll_interval_s=0.01)
     config = PoolConfig.model_validate({"serving": {"headroom_replicas": 1}})
     rt = Runtime(settings=settings, store=Store.open(url), provider=provider, config=config)
-    server = Server(rt=rt, provider=provider, client=TestClient(create_app(rt)), admin_token=bootstrap(rt) or "")
+    server = Server(rt=rt, provider=provider, client=TestClient(create_app(rt)),
+                    admin_token=bootstrap(rt) or "")
     server.client.__enter__()
     try:
         client, admin = server.client, server.headers()
