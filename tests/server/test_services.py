@@ -131,6 +131,11 @@ def test_replicas_get_ports_and_become_ready_endpoints(pool: Server, listeners: 
     metrics = pool.client.get("/metrics", headers=pool.headers()).text
     assert 'gpupool_service_replicas{service="alpha/web",state="ready"} 2.0' in metrics
     assert 'gpupool_service_desired_replicas{service="alpha/web"} 2.0' in metrics
+    usage = pool.client.get(f"{API}/usage", params={"by": "service,priority_class", "tenant": "alpha"},
+                            headers=pool.headers()).json()
+    web = [r for r in usage["rows"] if r["service"] == "web"]
+    assert [(r["priority_class"], r["pods"]) for r in web] == [("serving", 2)], usage["rows"]
+    assert web[0]["device_hours"] > 0
     delete(pool, "web")
     wait_until(pool, lambda: not ports_launched(pool, "web"))
 
