@@ -358,3 +358,12 @@ def test_headroom_keeps_room_for_a_replica_free_of_new_batch(tmp_path: Path) -> 
         assert statuses == ["pending", "running"]  # nothing was preempted for it
     finally:
         stop_server(server)
+
+
+def test_a_spec_no_replica_could_run_as_is_refused_at_create(pool: Server) -> None:
+    """Found by bench/fuzz_api.py: an empty program passed the service's own rules, and the replica's
+    workload spec then refused it inside the controller."""
+    answer = pool.client.post(f"{API}/services", headers=pool.headers(),
+                              json={"tenant": "alpha", "name": "empty", "command": [""]})
+    assert answer.status_code == 422, answer.text
+    assert "the first word of the command (the program) must not be empty" in answer.json()["message"]
