@@ -367,3 +367,26 @@ def test_a_spec_no_replica_could_run_as_is_refused_at_create(pool: Server) -> No
                               json={"tenant": "alpha", "name": "empty", "command": [""]})
     assert answer.status_code == 422, answer.text
     assert "the first word of the command (the program) must not be empty" in answer.json()["message"]
+
+
+def test_a_replica_failing_its_liveness_probe_is_replaced(
+        pool: Server, listeners: dict[int, Replica]) -> None:
+    create(pool, {"name": "stuck", "command": ["serve"], "resources": {"gpus": 0.25},
+                  "liveness": {"path": "/healthz", "period_s": 0.1, "timeout_s": 0.1,
+                               "failure_threshold": 2}})
+    serve_all(pool, "stuck", listeners, 1)
+    wait_until(pool, lambda: show(pool, "stuck")["state"] == "ready")
+    first = show(pool, "stuck")["replicas"][0]["workload_id"]
+    for replica in listeners.values():
+        replica.code = 500  # it still accepts connections (ready by TCP) but answers nothing useful
+    wait_until(pool, lambda: pool.status(first) == "cancelled")
+    events = [e for e in show(pool, "stuck")["events"] if e["reason"] == "replica_replaced"]
+    assert len(events) == 1 and first in events[0]["message"]
+    assert "failed its liveness probe 2 times" in events[0]["message"]
+    assert "answered 500" in events[0]["message"]
+    for replica in listeners.values():
+        replica.code = 200
+    serve_all(pool, "stuck", listeners, 1)
+    wait_until(pool, lambda: show(pool, "stuck")["state"] == "ready"
+               and show(pool, "stuck")["replicas"][0]["workload_id"] != first)
+    delete(pool, "stuck")
