@@ -128,6 +128,7 @@ def test_replicas_get_ports_and_become_ready_endpoints(pool: Server, listeners: 
     assert sorted((e.workload_id, e.host, e.port) for e in endpoints) == sorted(
         (wid, "127.0.0.1", port) for wid, port in ports.items())
     assert {r["ready"] for r in service["replicas"]} == {"ready"}
+    assert sorted(r["node"] for r in service["replicas"]) == ["n0", "n1"]  # spread, though first-fit
     metrics = pool.client.get("/metrics", headers=pool.headers()).text
     assert 'gpupool_service_replicas{service="alpha/web",state="ready"} 2.0' in metrics
     assert 'gpupool_service_desired_replicas{service="alpha/web"} 2.0' in metrics

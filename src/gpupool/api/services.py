@@ -99,7 +99,6 @@ class ServiceSpec(Strict):
     priority_class: Name | None = Field(None, description=(
         "one of the pool's priority classes; default: the pool's serving.priority_class"))
     public: bool = Field(False, description="its endpoints answer requests without the tenant's token")
-    spread: bool = Field(True, description="place replicas on different nodes where the pool can")
     env: dict[Annotated[str, Field(min_length=1, max_length=256, pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")],
               ArgText] = Field(default_factory=dict)
     workdir: str = Field("", max_length=4096)
