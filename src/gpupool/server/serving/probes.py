@@ -7,14 +7,16 @@ accepted. A probe that fails says why in one line (the service shows the last on
 
 from __future__ import annotations
 
-import http.client
 import queue
 import socket
 import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 from gpupool.api.services import ProbeKind, ProbeSpec
+
+MAX_STATUS_LINE = 1024
 
 
 @dataclass(frozen=True, slots=True)
@@ -27,26 +29,43 @@ class ProbeResult:
 
 
 def probe_once(probe: ProbeSpec, host: str, port: int) -> str:
-    """'' when the probe passes, else a sentence on what it found. Blocks up to probe.timeout_s."""
+    """'' when the probe passes, else a sentence on what it found. Returns within probe.timeout_s
+    (plus scheduling slack) whatever the replica does: the deadline covers the connect and the whole
+    status line, so a replica that answers one byte at a time cannot hold a probe thread."""
+    deadline = time.monotonic() + probe.timeout_s
+    http = probe.kind is ProbeKind.HTTP
+    what = f"GET {probe.path} on {host}:{port}" if http else f"TCP connect to {host}:{port}"
     try:
-        if probe.kind is ProbeKind.TCP:
-            with socket.create_connection((host, port), timeout=probe.timeout_s):
+        with socket.create_connection((host, port), timeout=probe.timeout_s) as conn:
+            if not http:
                 return ""
-        conn = http.client.HTTPConnection(host, port, timeout=probe.timeout_s)
-        try:
-            conn.request("GET", probe.path, headers={"User-Agent": "gpupool-probe"})
-            status = conn.getresponse().status
-        finally:
-            conn.close()
-        if 200 <= status < 400:
-            return ""
-        return f"GET {probe.path} on {host}:{port} answered {status}"
+            conn.sendall(f"GET {probe.path} HTTP/1.0\r\nHost: {host}:{port}\r\nUser-Agent: gpupool-probe\r\n"
+                         "Connection: close\r\n\r\n".encode())
+            line = _status_line(conn, deadline)
     except TimeoutError:
-        return f"{probe.kind.value} probe of {host}:{port} timed out after {probe.timeout_s:g} s"
-    except (OSError, http.client.HTTPException) as exc:
-        what = f"GET {probe.path}" if probe.kind is ProbeKind.HTTP else "TCP connect"
-        return f"{what} on {host}:{port} failed: {exc.strerror or exc}" if isinstance(exc, OSError) and \
-            exc.strerror else f"{what} on {host}:{port} failed: {exc.__class__.__name__} {exc}".rstrip()
+        return f"{what} timed out after {probe.timeout_s:g} s"
+    except OSError as exc:
+        return f"{what} failed: {exc.strerror or exc.__class__.__name__}"
+    parts = line.split()
+    if len(parts) < 2 or not parts[0].startswith(b"HTTP/") or not parts[1].isdigit():
+        return f"{what} did not answer HTTP (it sent {line[:60]!r})"
+    status = int(parts[1])
+    return "" if 200 <= status < 400 else f"{what} answered {status}"
+
+
+def _status_line(conn: socket.socket, deadline: float) -> bytes:
+    """The answer's first line, read by the deadline (TimeoutError past it)."""
+    buf = b""
+    while b"\r\n" not in buf and len(buf) < MAX_STATUS_LINE:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise TimeoutError
+        conn.settimeout(left)
+        chunk = conn.recv(MAX_STATUS_LINE)
+        if not chunk:
+            break
+        buf += chunk
+    return buf.split(b"\r\n", 1)[0]
 
 
 class Prober:
