@@ -210,6 +210,15 @@ def test_bad_input_says_what_was_wrong(pool: Server) -> None:
         assert words in answer.json()["message"], answer.text
     missing = client.get(f"{API}/services/nope", params={"tenant": "alpha"}, headers=admin)
     assert missing.status_code == 404 and "gpupool service ls" in missing.json()["message"]
+    create(pool, {"name": "kept", "command": ["serve"], "min_replicas": 0, "max_replicas": 2, "replicas": 0})
+    for changes, words in (({"min_replicas": 3}, "min_replicas (3) is above max_replicas (2)"),
+                           ({"name": "other"}, "cannot change name of a service"),
+                           ({"command": [""]}, "must not be empty")):
+        answer = client.patch(f"{API}/services/kept", params={"tenant": "alpha"}, headers=admin,
+                              json={"changes": changes})
+        assert answer.status_code == 422 and words in answer.json()["message"], answer.text
+    assert show(pool, "kept")["version"] == 1  # nothing of the refused updates was stored
+    delete(pool, "kept")
 
 
 def test_a_tenant_cannot_see_scale_or_delete_another_tenants_service(pool: Server) -> None:
