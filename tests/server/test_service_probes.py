@@ -11,7 +11,7 @@ from collections.abc import Callable, Iterator
 import pytest
 
 from gpupool.api.services import ProbeSpec
-from gpupool.server.serving.probes import probe_once
+from gpupool.server.serving.probes import Prober, probe_once
 
 Behaviour = Callable[[socket.socket], None]
 
@@ -96,3 +96,26 @@ def test_nothing_listening_says_so() -> None:
     assert probe_once(HTTP, "127.0.0.1", port) == f"GET /healthz on 127.0.0.1:{port} {refused}"
     tcp = ProbeSpec.model_validate({"kind": "tcp", "timeout_s": 0.3})
     assert probe_once(tcp, "127.0.0.1", port) == f"TCP connect to 127.0.0.1:{port} failed: Connection refused"
+
+
+def test_a_tenant_whose_replicas_hang_every_probe_delays_only_its_own(
+        replica: Callable[[Behaviour], int]) -> None:
+    """Two workers: the hostile tenant's eight probes may hold one of them (each to its 1 s deadline),
+    never both, so the other tenant's probe is answered while the hostile ones still queue."""
+    prober = Prober(2)
+    try:
+        slow = ProbeSpec.model_validate({"path": "/", "period_s": 1, "timeout_s": 1})
+        hang = replica(silent)
+        for i in range(8):
+            assert prober.start(f"w-hostile-{i}", "readiness", slow, "127.0.0.1", hang, tenant="mallory")
+        assert not prober.start("w-hostile-0", "readiness", slow, "127.0.0.1", hang, tenant="mallory")
+        assert prober.start("w-good", "readiness", HTTP, "127.0.0.1", replica(ok), tenant="bob")
+        seen: list[str] = []
+        deadline = time.monotonic() + 30
+        while "w-good" not in seen:
+            assert time.monotonic() < deadline, seen
+            seen += [r.workload_id for r in prober.results()]
+            time.sleep(0.01)
+        assert len(seen) <= 2, seen  # at most one hostile probe (1 s each, one at a time) ended first
+    finally:
+        prober.close()

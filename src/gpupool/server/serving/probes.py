@@ -11,7 +11,7 @@ import queue
 import socket
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
+from collections import deque
 from dataclasses import dataclass
 
 from gpupool.api.services import ProbeKind, ProbeSpec
@@ -68,33 +68,83 @@ def _status_line(conn: socket.socket, deadline: float) -> bytes:
     return buf.split(b"\r\n", 1)[0]
 
 
+@dataclass(frozen=True, slots=True)
+class _Job:
+    key: tuple[str, str]
+    probe: ProbeSpec
+    host: str
+    port: int
+
+
 class Prober:
-    """At most `concurrency` probes in flight; at most one per (replica, kind)."""
+    """`concurrency` worker threads; at most one probe per (replica, kind) queued or in flight. The
+    workers take tenants in turn, and no tenant holds more than half of them at once: a tenant whose
+    replicas hang every probe until its timeout delays only its own."""
 
     def __init__(self, concurrency: int) -> None:
-        self._pool = ThreadPoolExecutor(max_workers=concurrency, thread_name_prefix="gpupool-probe")
+        self.per_tenant = max(1, concurrency // 2)
         self._results: queue.SimpleQueue[ProbeResult] = queue.SimpleQueue()
-        self._in_flight: set[tuple[str, str]] = set()
-        self._lock = threading.Lock()
+        self._waiting: dict[str, deque[_Job]] = {}
+        self._busy: dict[str, int] = {}
+        self._turn: deque[str] = deque()
+        self._known: set[tuple[str, str]] = set()
+        self._changed = threading.Condition()
+        self._closed = False
+        self._workers = [threading.Thread(target=self._work, name=f"gpupool-probe-{i}", daemon=True)
+                         for i in range(concurrency)]
+        for worker in self._workers:
+            worker.start()
 
-    def start(self, workload_id: str, kind: str, probe: ProbeSpec, host: str, port: int) -> bool:
-        """Hand one probe over (never waits); False when that replica's probe of this kind still runs."""
+    def start(self, workload_id: str, kind: str, probe: ProbeSpec, host: str, port: int,
+              tenant: str = "") -> bool:
+        """Queue one probe (never waits); False when that replica's probe of this kind is queued or runs."""
         key = (workload_id, kind)
-        with self._lock:
-            if key in self._in_flight:
+        with self._changed:
+            if key in self._known or self._closed:
                 return False
-            self._in_flight.add(key)
-        self._pool.submit(self._run, key, probe, host, port)
+            self._known.add(key)
+            if tenant not in self._waiting:
+                self._waiting[tenant] = deque()
+                self._turn.append(tenant)
+            self._waiting[tenant].append(_Job(key, probe, host, port))
+            self._changed.notify()
         return True
 
-    def _run(self, key: tuple[str, str], probe: ProbeSpec, host: str, port: int) -> None:
-        try:
-            error = probe_once(probe, host, port)
-        except Exception as exc:  # a probe must never take its worker down
-            error = f"probe failed: {exc}"
-        with self._lock:
-            self._in_flight.discard(key)
-        self._results.put(ProbeResult(key[0], key[1], not error, error))
+    def _next(self) -> tuple[str, _Job] | None:
+        """The first tenant in turn with a queued probe and a free share (under the lock)."""
+        for _ in range(len(self._turn)):
+            tenant = self._turn[0]
+            self._turn.rotate(-1)
+            jobs = self._waiting.get(tenant)
+            if jobs and self._busy.get(tenant, 0) < self.per_tenant:
+                self._busy[tenant] = self._busy.get(tenant, 0) + 1
+                return tenant, jobs.popleft()
+        return None
+
+    def _work(self) -> None:
+        while True:
+            with self._changed:
+                taken = self._next()
+                while taken is None and not self._closed:
+                    self._changed.wait()
+                    taken = self._next()
+                if taken is None:
+                    return
+            tenant, job = taken
+            try:
+                error = probe_once(job.probe, job.host, job.port)
+            except Exception as exc:  # a probe must never take its worker down
+                error = f"probe failed: {exc}"
+            with self._changed:
+                self._known.discard(job.key)
+                self._busy[tenant] = busy = self._busy.get(tenant, 1) - 1
+                if not busy and not self._waiting.get(tenant):  # forget a tenant with nothing left
+                    self._waiting.pop(tenant, None)
+                    self._busy.pop(tenant, None)
+                    if tenant in self._turn:
+                        self._turn.remove(tenant)
+                self._changed.notify_all()
+            self._results.put(ProbeResult(job.key[0], job.key[1], not error, error))
 
     def results(self) -> list[ProbeResult]:
         """The outcomes that came back since the last call."""
@@ -106,4 +156,8 @@ class Prober:
                 return out
 
     def close(self) -> None:
-        self._pool.shutdown(wait=False, cancel_futures=True)
+        """Queued probes are dropped; those running end by their own deadline."""
+        with self._changed:
+            self._closed = True
+            self._waiting.clear()
+            self._changed.notify_all()
