@@ -415,6 +415,7 @@ class FedEventRow(Base):
     workload_id: Mapped[str] = mapped_column(String(ID_LENGTH), index=True)
     reason: Mapped[str] = mapped_column(String(64))
     message: Mapped[str] = mapped_column(Text)
+    at_s: Mapped[float] = mapped_column(Float)
 
 
 # ---- inference services (docs/services.md): one block, so other tables merge beside it
