@@ -99,7 +99,8 @@ def plan_instances(
             raise InvalidInput(
                 f"One {opt.model} instance needs {need:,.0f} GiB of device memory (weights "
                 f"{arch.weight_bytes / 2**30:,.0f} GiB and the KV cache of one "
-                f"{LONGEST_REQUEST_TOKENS}-token request, at 90 % use); {opt.tp} x {model} hold {opt.tp * mib / 1024:,.0f} GiB. "
+                f"{LONGEST_REQUEST_TOKENS}-token request, at 90 % use); {opt.tp} x {model} hold "
+                f"{opt.tp * mib / 1024:,.0f} GiB. "
                 "Give a larger --tp or bigger devices."
             )
     h100, a100 = count.get(H100, 0), count.get(A100, 0)
@@ -201,8 +202,17 @@ def run_serving(
         "links": net.link_report(outcome.end_s),
         "training_slowdown": net.training_slowdown(outcome.end_s),
         "busy_share": float(np.mean(outcome.busy_s)) / outcome.end_s if outcome.end_s > 0 else 0.0,
+        "cdf_s": {
+            k: _quantiles(v) for k, v in (("ttft", outcome.ttft), ("tbt", outcome.tbt), ("e2e", outcome.e2e))
+        },
         "sim_wall_s": time.perf_counter() - wall,
     }
+
+
+def _quantiles(values: np.ndarray) -> list[float]:
+    """The 0th..100th percentiles (unfinished requests as inf, written as null by the JSON writer)."""
+    finite = np.where(np.isnan(values), np.inf, values)
+    return [float(x) for x in np.percentile(finite, np.arange(101))] if len(finite) else []
 
 
 def _power_w(profile: StepProfile) -> float:
