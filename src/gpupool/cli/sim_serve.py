@@ -43,6 +43,7 @@ def serve_runs(
     tp: int,
     prefill_share: float,
     overlap: bool,
+    first_token: str,
     training_gangs: int,
     training_nodes: int,
     limit_s: float | None,
@@ -62,6 +63,7 @@ def serve_runs(
     _choice(mode, [m.value for m in Mode], "--mode")
     _choice(placement, [p.value for p in Placement], "--placement")
     _choice(router, ["jsq", "fabric"], "--router")
+    _choice(first_token, ["prefill", "decode"], "--first-token")
     if perf is None:
         root = data_dir()
         perf = root / "splitwise-perf" / "perf_model.csv" if root is not None else None
@@ -96,6 +98,7 @@ def serve_runs(
                 tp=tp,
                 prefill_share=prefill_share,
                 overlap=overlap,
+                first_token=first_token,
                 seed=seed,
                 training=TrainingSpec(gangs=training_gangs, nodes_per_gang=training_nodes),
             )
@@ -153,6 +156,12 @@ def serve(
     overlap: bool = typer.Option(
         False, "--overlap", help="Send the KV cache layer by layer during the prefill."
     ),
+    first_token: str = typer.Option(
+        "prefill",
+        "--first-token",
+        help="Where a split request's first token reaches the user: prefill (Splitwise) or decode "
+        "(once the KV cache has arrived, as disaggregated vLLM and Dynamo stream it).",
+    ),
     training_gangs: int = typer.Option(0, "--training-gangs", help="Training gangs beside the service."),
     training_nodes: int = typer.Option(4, "--training-nodes", help="Whole nodes per training gang."),
     limit_s: float | None = typer.Option(None, "--limit-s", help="Only the first seconds of the trace."),
@@ -184,6 +193,7 @@ def serve(
             tp,
             prefill_share,
             overlap,
+            first_token,
             training_gangs,
             training_nodes,
             limit_s,

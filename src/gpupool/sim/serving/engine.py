@@ -20,7 +20,8 @@ flow has ended and the last layer (1/layers of the bytes) has crossed after the 
 Routing (Splitwise's JSQ): a prompt goes to the prefill (or co-located) instance with the fewest
 queued tokens; a decode instance is chosen at arrival: `jsq` the most free KV memory, `fabric` the
 lowest estimated KV transfer time plus the time of its next decode step (among those with room).
-Ties go to the lowest instance index: a run is a pure function of its inputs.
+The first token is the prefill's (`first_token`: where the user gets it; `decode` puts the KV transfer
+into TTFT). Ties go to the lowest instance index: a run is a pure function of its inputs.
 """
 
 from __future__ import annotations
@@ -75,6 +76,10 @@ class Instance:
 class EngineOptions:
     router: str = "jsq"
     overlap: bool = False
+    first_token: str = "prefill"
+    """Where a split request's first token reaches the user: `prefill` (Splitwise: the prefill
+    instance sends it) or `decode` (the decode instance streams every token, the first once the KV
+    cache has arrived, as disaggregated vLLM and Dynamo do): the KV transfer is then in the TTFT."""
     kv_bytes_per_token: int = 327_680
     layers: int = 80
 
@@ -106,6 +111,7 @@ class ServingSim:
         self.opt = options
         n = len(self.reqs)
         self.first = np.full(n, math.nan)
+        self.prefilled = np.full(n, math.nan)
         self.done = np.full(n, math.nan)
         self.decoder = [-1] * n
         self.kv_at = [-1] * n
@@ -236,7 +242,9 @@ class ServingSim:
                 inst.kv_used -= req.prompt_tokens + req.output_tokens
         for r in inst.batch:
             req = self.reqs[r]
-            self.first[r] = now
+            self.prefilled[r] = now
+            if inst.role == "both" or self.opt.first_token == "prefill" or req.output_tokens <= 1:
+                self.first[r] = now
             if req.output_tokens <= 1:
                 self.done[r] = now
                 inst.kv_used -= req.prompt_tokens + (req.output_tokens if inst.role == "both" else 0)
@@ -281,7 +289,7 @@ class ServingSim:
 
     def _maybe_ready(self, now: float, r: int) -> None:
         at = self.flow_pending.get(r)
-        if at is None or math.isnan(self.first[r]):
+        if at is None or math.isnan(self.prefilled[r]):
             return  # the flow or the prefill is still going
         at = max(at, self.ready_floor[r])
         if at > now:
@@ -293,6 +301,8 @@ class ServingSim:
 
     def _ready(self, now: float, r: int) -> None:
         self.flow_pending.pop(r, None)
+        if math.isnan(self.first[r]):
+            self.first[r] = now
         src = self.inst[self.kv_at[r]]
         src.kv_used -= self.reqs[r].prompt_tokens
         if not src.busy:

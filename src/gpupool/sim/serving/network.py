@@ -49,6 +49,8 @@ class _Train:
     pools: tuple[Pool, ...]
     alone_step_s: float = 0.0
     slow_integral: float = 0.0
+    gbps_now: float = 0.0
+    slow_now: float = 1.0
 
 
 @dataclass(slots=True)
@@ -68,6 +70,10 @@ class KVNetwork:
     util_integral: dict[Pool, float] = field(default_factory=dict)
     util_peak: dict[Pool, float] = field(default_factory=dict)
     version: int = 0
+    _cap: dict[Pool, float] = field(default_factory=dict)
+    _util_now: dict[Pool, float] = field(default_factory=dict)
+    _on_pool: dict[Pool, set[int]] = field(default_factory=dict)
+    """Who is on each pool: flow ids (>= 0) and training gangs (-1 - index)."""
 
     # ------------------------------------------------------------------ paths
 
@@ -104,9 +110,14 @@ class KVNetwork:
         return tuple(pools)
 
     def capacity_gbps(self, pool: Pool) -> float:
-        if self.view is None:
-            return self.nic_gbps if pool[0] == ACCESS else math.inf
-        return float(self.view.avail[pool[0]][pool[1]])
+        cap = self._cap.get(pool)
+        if cap is None:
+            if self.view is None:
+                cap = self.nic_gbps if pool[0] == ACCESS else math.inf
+            else:
+                cap = float(self.view.avail[pool[0]][pool[1]])
+            self._cap[pool] = cap
+        return cap
 
     def share_gbps(self, pools: Sequence[Pool], joining: bool = False) -> float:
         """The bottleneck equal share along `pools` (one more flow on each when `joining`)."""
@@ -128,17 +139,17 @@ class KVNetwork:
         """Training gangs (node indices) beside the service: persistent flows from now on."""
         for nodes in gangs:
             pools = self.gang_pools(nodes)
-            self._add(pools)
+            self._add(pools, who=-1 - len(self.trains))
             self.trains.append(_Train(tuple(sorted(set(nodes))), pools))
         for train in self.trains:
-            train.alone_step_s = self._step_s(train)
+            train.alone_step_s = self._step_s(train, self.share_gbps(train.pools))
+        self._rerate({p for t in self.trains for p in t.pools})
 
-    def _step_s(self, train: _Train) -> float:
+    def _step_s(self, train: _Train, gbps: float) -> float:
         p = len(train.nodes)
         spec = self.training
-        if p < 2:
+        if p < 2 or math.isinf(gbps):
             return spec.compute_s
-        gbps = self.share_gbps(train.pools)
         return spec.compute_s + 2 * (p - 1) / p * spec.gradient_gib * 2**30 * 8 / (gbps * 1e9)
 
     def training_slowdown(self, end_s: float) -> float:
@@ -150,9 +161,15 @@ class KVNetwork:
 
     # ------------------------------------------------------------------ flows
 
-    def _add(self, pools: Sequence[Pool], sign: int = 1) -> None:
+    def _add(self, pools: Sequence[Pool], sign: int = 1, who: int | None = None) -> None:
         for pool in pools:
             self.count[pool] = self.count.get(pool, 0) + sign
+            if who is not None:
+                members = self._on_pool.setdefault(pool, set())
+                if sign > 0:
+                    members.add(who)
+                else:
+                    members.discard(who)
 
     def start(self, now_s: float, fid: int, a: int, b: int, nbytes: float) -> None:
         """A transfer of `nbytes` from a to b begins now (re-rates every flow)."""
@@ -164,8 +181,8 @@ class KVNetwork:
         if cross_spine:
             self.cross_spine_bytes += nbytes
         self.flows[fid] = _Flow(pools, float(nbytes), 0.0, cross_leaf, cross_spine)
-        self._add(pools)
-        self._rerate()
+        self._add(pools, who=fid)
+        self._rerate(set(pools))
 
     def next_finish(self) -> tuple[float, int] | None:
         """(time, flow id) of the flow that ends first at today's rates; None with no flow."""
@@ -180,38 +197,57 @@ class KVNetwork:
         """The flow ended (its bytes arrived): take it off its pools, re-rate the rest."""
         self.advance(now_s)
         flow = self.flows.pop(fid)
-        self._add(flow.pools, -1)
-        self._rerate()
+        self._add(flow.pools, -1, who=fid)
+        self._rerate(set(flow.pools))
 
     def rate_bps(self, fid: int) -> float:
         return self.flows[fid].rate_bps
 
-    def _rerate(self) -> None:
+    def _rerate(self, changed: set[Pool]) -> None:
+        """New rates for the flows and training gangs on the `changed` pools, and the utilisation of
+        every pool they cross (held until the next change: `advance` integrates it)."""
         self.version += 1
-        for flow in self.flows.values():
-            gbps = self.share_gbps(flow.pools)
-            flow.rate_bps = (self.nic_gbps if math.isinf(gbps) else gbps) * 1e9 / 8
+        who: set[int] = set()
+        for pool in changed:
+            who |= self._on_pool.get(pool, set())
+        touched = set(changed)
+        for key in who:
+            if key >= 0:
+                flow = self.flows[key]
+                gbps = self.share_gbps(flow.pools)
+                flow.rate_bps = (self.nic_gbps if math.isinf(gbps) else gbps) * 1e9 / 8
+                touched.update(flow.pools)
+            else:
+                train = self.trains[-1 - key]
+                gbps = self.share_gbps(train.pools)
+                train.gbps_now = 0.0 if math.isinf(gbps) else gbps
+                step = self._step_s(train, gbps)
+                train.slow_now = step / train.alone_step_s if train.alone_step_s > 0 else 1.0
+                touched.update(train.pools)
+        for pool in touched:
+            carried = 0.0
+            for key in self._on_pool.get(pool, ()):
+                carried += self.flows[key].rate_bps * 8 / 1e9 if key >= 0 else self.trains[-1 - key].gbps_now
+            cap = self.capacity_gbps(pool)
+            if carried > 0 and cap > 0 and math.isfinite(cap):
+                self._util_now[pool] = carried / cap
+            else:
+                self._util_now.pop(pool, None)
 
     def advance(self, now_s: float) -> None:
         """Move every flow's bytes on to `now_s`; integrate link utilisation and training slowdown."""
         dt = now_s - self.last_s
         if dt <= 0:
             return
-        carried: dict[Pool, float] = {}
         for flow in self.flows.values():
             flow.remaining = max(0.0, flow.remaining - flow.rate_bps * dt)
-            for pool in flow.pools:
-                carried[pool] = carried.get(pool, 0.0) + flow.rate_bps * 8 / 1e9
         for train in self.trains:
-            gbps = self.share_gbps(train.pools)
-            for pool in train.pools:
-                carried[pool] = carried.get(pool, 0.0) + (0.0 if math.isinf(gbps) else gbps)
-            train.slow_integral += self._step_s(train) / train.alone_step_s * dt
-        for pool, gbps in carried.items():
-            cap = self.capacity_gbps(pool)
-            util = gbps / cap if cap > 0 and math.isfinite(cap) else 0.0
-            self.util_integral[pool] = self.util_integral.get(pool, 0.0) + util * dt
-            self.util_peak[pool] = max(self.util_peak.get(pool, 0.0), util)
+            train.slow_integral += train.slow_now * dt
+        integral, peak = self.util_integral, self.util_peak
+        for pool, util in self._util_now.items():
+            integral[pool] = integral.get(pool, 0.0) + util * dt
+            if util > peak.get(pool, 0.0):
+                peak[pool] = util
         self.last_s = now_s
 
     def link_report(self, end_s: float) -> dict[str, float]:

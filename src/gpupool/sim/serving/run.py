@@ -54,6 +54,7 @@ class ServeOptions:
     tp: int = 8
     prefill_share: float = 0.5
     overlap: bool = False
+    first_token: str = "prefill"
     token_budget: int = 2048
     max_batch: int = 64
     nic_gbps: float = DEFAULT_NIC_GBPS
@@ -162,7 +163,10 @@ def run_serving(
             )
         )
     sim = ServingSim(
-        instances, requests, net, EngineOptions(opt.router, opt.overlap, arch.kv_bytes_per_token, arch.layers)
+        instances,
+        requests,
+        net,
+        EngineOptions(opt.router, opt.overlap, opt.first_token, arch.kv_bytes_per_token, arch.layers),
     )
     outcome = sim.run()
     ref = book.get(opt.model, "h100-80gb", opt.tp)
@@ -183,6 +187,7 @@ def run_serving(
         "router": opt.router,
         "seed": opt.seed,
         "overlap": opt.overlap,
+        "first_token": opt.first_token,
         "requests": len(requests),
         "finished": finished,
         "rate_rps": rate,
