@@ -13,7 +13,8 @@ device's rated power) are reduced to the median of their repetitions, then fitte
 
 The decode fit is least squares on relative error (each row divided by its measured time).
 Outliers are listed and left out: a prefill point whose repetitions spread by more than
-`SPREAD_REL` (max-min over median) or that is faster than a batch of fewer tokens; a decode row
+`SPREAD_REL` (max-min over median), that is out of order with its neighbours or far from the line
+between them (`_prefill_outliers`); a decode row
 that the fit of the other rows (leave-one-out) misses by more than `OUTLIER_REL`.
 `held_out_error` fits without every other interior point and reports the error on those.
 """
@@ -44,6 +45,9 @@ PERF_COLUMNS = (
 OUTLIER_REL = 0.25
 SPREAD_REL = 0.30
 ORDER_TOLERANCE = 0.15
+NEIGHBOUR_REL = 0.40
+"""A prefill point further than this from the straight line between its neighbours is out of line
+(the measured curves bend by at most 26 % between doubling neighbours)."""
 """Below a few hundred tokens a prefill is a fixed cost (50-60 ms on H100 x8) and the medians wander
 by about 10 % in either direction: not out of order."""
 
@@ -198,7 +202,8 @@ def _prefill_rows(points: Iterable[PerfPoint]) -> tuple[np.ndarray, np.ndarray, 
 def _prefill_outliers(xs: np.ndarray, ys: np.ndarray, spread: np.ndarray) -> np.ndarray:
     """Points whose repetitions spread by more than SPREAD_REL, and points that break the rule that
     a batch of more tokens takes longer, by more than ORDER_TOLERANCE, against both neighbours (a
-    spike or a dip; at an end, against its one neighbour: a last point that drops)."""
+    spike or a dip; at an end, against its one neighbour: a last point that drops), and interior
+    points further than NEIGHBOUR_REL from the line between their neighbours."""
     bad = spread > SPREAD_REL
     n = len(ys)
     tol = 1.0 + ORDER_TOLERANCE
@@ -209,6 +214,9 @@ def _prefill_outliers(xs: np.ndarray, ys: np.ndarray, spread: np.ndarray) -> np.
         below_next = i < n - 1 and ys[i] * tol < ys[i + 1]
         if 0 < i < n - 1:
             bad[i] |= (above_prev and above_next) or (below_prev and below_next)
+            share = (xs[i] - xs[i - 1]) / (xs[i + 1] - xs[i - 1])
+            line = ys[i - 1] + share * (ys[i + 1] - ys[i - 1])
+            bad[i] |= bool(abs(ys[i] / line - 1.0) > NEIGHBOUR_REL)
         elif n > 1:
             bad[i] |= above_next if i == 0 else below_prev
     return bad
