@@ -85,6 +85,6 @@ def test_fabric_blind_best_fit_puts_the_pools_in_blocks_across_leaves() -> None:
 
 
 def test_a_pool_too_small_for_the_instances_says_so() -> None:
-    view, nodes = _tree_view("2x8xH100")
+    _, nodes = _tree_view("2x8xH100")
     with pytest.raises(InvalidInput, match="2 decode instance"):
         place_instances(nodes[:2], None, _plan(2, 2), Placement.BEST_FIT, seed=1)
