@@ -2,7 +2,8 @@
 
 Three parts, each printing a table and writing its JSON under bench/results/:
 
-- `reproduce`: Splitwise's iso-cost comparison (Llama-2-70B, DGX machines of 8 GPUs, tensor
+- `reproduce` (Poisson arrivals at the trace's rate x scale, its requests' token counts, as
+  Splitwise's simulator replays them): Splitwise's iso-cost comparison (Llama-2-70B, DGX machines of 8 GPUs, tensor
   parallelism 8, the code and conversation traces): the highest request rate (trace rate x scale,
   found by bisection) at which all nine SLOs hold, for co-located H100 and A100 clusters and the
   split designs (HH, HHcap at the same machines; HA at the same cost under the price book), and
@@ -43,10 +44,11 @@ PRICES = {"H100-SXM-80GB": 2.5, "A100-80GB": 1.8}  # the profiles' reference pri
 T95 = {1: 12.71, 2: 4.30, 3: 3.18, 4: 2.78, 5: 2.57, 6: 2.45, 7: 2.36, 8: 2.31, 9: 2.26}
 
 
-def _trace(kind: str, scale: float, limit_s: float | None = None) -> list[Request]:
-    return load_azure(
-        require_data_dir() / "azure-llm-2023" / f"AzureLLMInferenceTrace_{kind}.csv", scale, limit_s
-    )
+def _trace(
+    kind: str, scale: float, limit_s: float | None = None, poisson_seed: int | None = None
+) -> list[Request]:
+    path = require_data_dir() / "azure-llm-2023" / f"AzureLLMInferenceTrace_{kind}.csv"
+    return load_azure(path, scale, limit_s, poisson_seed)
 
 
 def _book() -> ProfileBook:
@@ -58,6 +60,8 @@ def max_rate(
     kind: str,
     cluster: str,
     opt: ServeOptions,
+    poisson_seed: int | None = 0,
+    limit_s: float | None = None,
     lo: float = 0.05,
     hi: float = 16.0,
     steps: int = 9,
@@ -66,7 +70,7 @@ def max_rate(
     nodes = nodes_from_spec(cluster)
 
     def run(scale: float) -> dict[str, Any]:
-        result = run_serving(nodes, None, _trace(kind, scale), book, opt, PRICES)
+        result = run_serving(nodes, None, _trace(kind, scale, limit_s, poisson_seed), book, opt, PRICES)
         result["rate_scale"] = scale
         return result
 
@@ -86,8 +90,8 @@ def max_rate(
 DESIGNS: list[tuple[str, str, Mode, list[float]]] = [
     ("co-located H100", "8x8xH100", Mode.COLOCATED, [0.5]),
     ("co-located A100", "11x8xA100", Mode.COLOCATED, [0.5]),
-    ("split HH", "8x8xH100", Mode.SPLIT_HH, [0.375, 0.5, 0.625, 0.75]),
-    ("split HHcap", "8x8xH100", Mode.SPLIT_HHCAP, [0.375, 0.5, 0.625, 0.75]),
+    ("split HH", "8x8xH100", Mode.SPLIT_HH, [0.25, 0.375, 0.5, 0.625, 0.75]),
+    ("split HHcap", "8x8xH100", Mode.SPLIT_HHCAP, [0.25, 0.375, 0.5, 0.625, 0.75]),
     ("split HA", "5x8xH100,4x8xA100", Mode.SPLIT_HA, [0.5]),
     ("split HA", "4x8xH100,5x8xA100", Mode.SPLIT_HA, [0.5]),
     ("split HA", "3x8xH100,7x8xA100", Mode.SPLIT_HA, [0.5]),
@@ -101,7 +105,8 @@ def reproduce(args: argparse.Namespace) -> dict[str, Any]:
         for name, cluster, mode, shares in DESIGNS:
             for share in shares:
                 t0 = time.perf_counter()
-                scale, result = max_rate(book, kind, cluster, ServeOptions(mode=mode, prefill_share=share))
+                opt = ServeOptions(mode=mode, prefill_share=share)
+                scale, result = max_rate(book, kind, cluster, opt, args.seed, args.limit_s)
                 rows.append(
                     {
                         "trace": kind,
@@ -246,7 +251,10 @@ def speed(args: argparse.Namespace) -> dict[str, Any]:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="part", required=True)
-    sub.add_parser("reproduce").set_defaults(func=reproduce)
+    rep = sub.add_parser("reproduce")
+    rep.set_defaults(func=reproduce)
+    rep.add_argument("--seed", type=int, default=0, help="of the Poisson arrivals")
+    rep.add_argument("--limit-s", type=float, default=900.0, help="simulated seconds of arrivals")
     fab = sub.add_parser("fabric")
     fab.set_defaults(func=fabric)
     fab.add_argument("--seeds", type=lambda s: [int(x) for x in s.split(",")], default=[1, 2, 3, 4, 5])

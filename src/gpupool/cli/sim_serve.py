@@ -47,6 +47,7 @@ def serve_runs(
     training_gangs: int,
     training_nodes: int,
     limit_s: float | None,
+    arrivals: str = "trace",
 ) -> list[dict[str, Any]]:
     """Every (rate scale, seed) run of one configuration (also used by bench/pd_serving.py)."""
     from gpupool.prices import PricesConfig
@@ -64,6 +65,7 @@ def serve_runs(
     _choice(placement, [p.value for p in Placement], "--placement")
     _choice(router, ["jsq", "fabric"], "--router")
     _choice(first_token, ["prefill", "decode"], "--first-token")
+    _choice(arrivals, ["trace", "poisson"], "--arrivals")
     if perf is None:
         root = data_dir()
         perf = root / "splitwise-perf" / "perf_model.csv" if root is not None else None
@@ -88,8 +90,8 @@ def serve_runs(
         prices[device] = book_prices.device_price(device) or 0.0
     runs = []
     for scale in rate_scales:
-        requests = load_azure(trace_path, scale, limit_s)
         for seed in seeds:
+            requests = load_azure(trace_path, scale, limit_s, seed if arrivals == "poisson" else None)
             opt = ServeOptions(
                 model=model,
                 mode=Mode(mode),
@@ -164,6 +166,11 @@ def serve(
     ),
     training_gangs: int = typer.Option(0, "--training-gangs", help="Training gangs beside the service."),
     training_nodes: int = typer.Option(4, "--training-nodes", help="Whole nodes per training gang."),
+    arrivals: str = typer.Option(
+        "trace",
+        "--arrivals",
+        help="trace (the trace's own times) or poisson (its requests at its mean rate, Poisson, per seed).",
+    ),
     limit_s: float | None = typer.Option(None, "--limit-s", help="Only the first seconds of the trace."),
     json_out: Path | None = typer.Option(None, "--json", help="Write every run's metrics here (JSON)."),
     plot: Path | None = typer.Option(None, "--plot", help="Latency CDFs and throughput-latency (PNG)."),
@@ -197,6 +204,7 @@ def serve(
             training_gangs,
             training_nodes,
             limit_s,
+            arrivals,
         )
         print(
             f"{'scale':>6} {'seed':>4} {'req/s':>7} {'TTFT50':>7} {'TTFT99':>7} {'TBT50':>7} {'TBT99':>7} "

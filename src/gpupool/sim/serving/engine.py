@@ -18,7 +18,8 @@ with the prefill iteration (layer by layer, as Splitwise does) and the request i
 flow has ended and the last layer (1/layers of the bytes) has crossed after the prefill.
 
 Routing (Splitwise's JSQ): a prompt goes to the prefill (or co-located) instance with the fewest
-queued tokens; a decode instance is chosen at arrival: `jsq` the most free KV memory, `fabric` the
+queued tokens (waiting or in the running iteration; then the fewest running requests, so that idle
+co-located instances share the prompts); a decode instance is chosen at arrival: `jsq` the most free KV memory, `fabric` the
 lowest estimated KV transfer time plus the time of its next decode step (among those with room).
 The first token is the prefill's (`first_token`: where the user gets it; `decode` puts the KV transfer
 into TTFT). Ties go to the lowest instance index: a run is a pure function of its inputs.
@@ -55,6 +56,7 @@ class Instance:
     max_batch: int = 64
     queue: deque[int] = field(default_factory=deque)
     queued_tokens: int = 0
+    """Prompt tokens waiting or in the running iteration: what JSQ compares."""
     joins: deque[int] = field(default_factory=deque)
     kv_used: int = 0
     kv_reserved: int = 0
@@ -153,7 +155,7 @@ class ServingSim:
 
     def _arrive(self, now: float, r: int) -> None:
         req = self.reqs[r]
-        front = min(self.front, key=lambda i: (i.queued_tokens, i.index))
+        front = min(self.front, key=lambda i: (i.queued_tokens, len(i.running), i.index))
         front.queue.append(r)
         front.queued_tokens += req.prompt_tokens
         if self.back and req.output_tokens > 1:
@@ -193,7 +195,6 @@ class ServingSim:
                 if hold > inst.free_kv or full:
                     break
                 inst.queue.popleft()
-                inst.queued_tokens -= req.prompt_tokens
                 inst.kv_used += hold
                 tokens += req.prompt_tokens
                 batch.append(r)
@@ -242,6 +243,7 @@ class ServingSim:
                 inst.kv_used -= req.prompt_tokens + req.output_tokens
         for r in inst.batch:
             req = self.reqs[r]
+            inst.queued_tokens -= req.prompt_tokens
             self.prefilled[r] = now
             if inst.role == "both" or self.opt.first_token == "prefill" or req.output_tokens <= 1:
                 self.first[r] = now

@@ -1,7 +1,8 @@
 """Serving metrics: latency percentiles, slowdowns against an unloaded run, Splitwise's SLOs.
 
 SLOs (Splitwise, ISCA'24, Table IV): the p50 / p90 / p99 of each request's slowdown, its latency
-over the same request's latency alone on an unloaded reference instance, must stay within
+over the same request's latency alone on an unloaded reference instance (a DGX-A100 by default,
+`ServeOptions.slo_reference`), must stay within
 TTFT 2 / 3 / 6, TBT 1.25 / 1.5 / 5 and end-to-end 1.25 / 1.5 / 5. A run meets its SLOs when all
 nine hold; its attainment is the share of the nine that hold. A request that never finished counts
 as an infinite slowdown.

@@ -60,6 +60,9 @@ class ServeOptions:
     nic_gbps: float = DEFAULT_NIC_GBPS
     training: TrainingSpec = field(default_factory=TrainingSpec)
     seed: int = 0
+    slo_reference: str = "a100-80gb"
+    """The hardware whose unloaded run (tp as the instances') the slowdowns are taken against:
+    Splitwise states its SLOs against the request alone on a DGX-A100 (our reading of its Table IV)."""
 
 
 def _device_model(node: Node) -> str:
@@ -169,7 +172,7 @@ def run_serving(
         EngineOptions(opt.router, opt.overlap, opt.first_token, arch.kv_bytes_per_token, arch.layers),
     )
     outcome = sim.run()
-    ref = book.get(opt.model, "h100-80gb", opt.tp)
+    ref = book.get(opt.model, opt.slo_reference, opt.tp)
     table = latency_table(
         {"ttft": outcome.ttft, "tbt": outcome.tbt, "e2e": outcome.e2e}, unloaded(requests, ref)
     )

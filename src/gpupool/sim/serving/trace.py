@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import csv
 import datetime as dt
+import random
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -39,10 +40,14 @@ def _stamp(text: str) -> float:
     return base + (float("0." + frac) if frac else 0.0)
 
 
-def load_azure(path: Path, rate_scale: float = 1.0, limit_s: float | None = None) -> list[Request]:
+def load_azure(path: Path, rate_scale: float = 1.0, limit_s: float | None = None,
+               poisson_seed: int | None = None) -> list[Request]:
     """Requests of an Azure LLM trace (TIMESTAMP,ContextTokens,GeneratedTokens), arrivals from the
     first one, divided by `rate_scale` (2.0: twice the request rate); only the first `limit_s`
-    seconds (after scaling) when given. Raises InvalidInput naming missing columns or a bad row."""
+    seconds (after scaling) when given. With `poisson_seed`, the requests keep their order and token
+    counts but arrive as a Poisson process at the trace's mean rate x `rate_scale` (what Splitwise's
+    simulator replays: its traces are drawn at a request rate from these distributions), seeded.
+    Raises InvalidInput naming missing columns or a bad row."""
     if rate_scale <= 0:
         raise InvalidInput(f"--rate-scale must be above 0 (1.0: the trace's own rate), got {rate_scale:g}.")
     try:
@@ -70,9 +75,17 @@ def load_azure(path: Path, rate_scale: float = 1.0, limit_s: float | None = None
         raise InvalidInput(f"The trace {path.name} has no requests.")
     raw.sort()
     t0 = raw[0][0]
+    stamps = [stamp - t0 for stamp, _, _ in raw]
+    if poisson_seed is not None:
+        rng = random.Random(poisson_seed)
+        mean_gap = (stamps[-1] / (len(raw) - 1)) if len(raw) > 1 else 1.0
+        clock, stamps = 0.0, []
+        for _ in raw:
+            stamps.append(clock)
+            clock += rng.expovariate(1.0 / mean_gap)
     out = []
-    for stamp, prompt, output in raw:
-        at = (stamp - t0) / rate_scale
+    for (_, prompt, output), stamp in zip(raw, stamps, strict=True):
+        at = stamp / rate_scale
         if limit_s is not None and at > limit_s:
             break
         out.append(Request(at, max(prompt, 1), max(output, 1)))
