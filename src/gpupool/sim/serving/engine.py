@@ -19,10 +19,10 @@ flow has ended and the last layer (1/layers of the bytes) has crossed after the 
 
 Routing (Splitwise's JSQ): a prompt goes to the prefill (or co-located) instance with the fewest
 queued tokens (waiting or in the running iteration; then the fewest running requests, so that idle
-co-located instances share the prompts); a decode instance is chosen at arrival: `jsq` the most free KV memory, `fabric` the
-lowest estimated KV transfer time plus the time of its next decode step (among those with room).
-The first token is the prefill's (`first_token`: where the user gets it; `decode` puts the KV transfer
-into TTFT). Ties go to the lowest instance index: a run is a pure function of its inputs.
+co-located instances share the prompts); a decode instance is chosen at arrival: `jsq` the most
+free KV memory, `fabric` the lowest estimated KV transfer time plus the time of its next decode
+step (among those with room). `first_token` says where the user gets the first token: `prefill`
+(Splitwise) or `decode` (the KV transfer is then part of TTFT). Ties go to the lowest instance index: a run is a pure function of its inputs.
 """
 
 from __future__ import annotations
