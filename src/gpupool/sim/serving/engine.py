@@ -22,7 +22,8 @@ queued tokens (waiting or in the running iteration; then the fewest running requ
 co-located instances share the prompts); a decode instance is chosen at arrival: `jsq` the most
 free KV memory, `fabric` the lowest estimated KV transfer time plus the time of its next decode
 step (among those with room). `first_token` says where the user gets the first token: `prefill`
-(Splitwise) or `decode` (the KV transfer is then part of TTFT). Ties go to the lowest instance index: a run is a pure function of its inputs.
+(Splitwise) or `decode` (the KV transfer is then part of TTFT). Ties go to the lowest instance
+index: a run is a pure function of its inputs.
 """
 
 from __future__ import annotations
