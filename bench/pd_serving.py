@@ -6,8 +6,9 @@ Three parts, each printing a table and writing its JSON under bench/results/:
   Splitwise's simulator replays them): Splitwise's iso-cost comparison (Llama-2-70B, DGX
   machines of 8 GPUs, tensor parallelism 8, the code and conversation traces): the highest
   request rate (trace rate x scale, found by bisection) at which all nine SLOs hold, for
-  co-located H100 and A100 clusters and the split designs (HH, HHcap at the same machines; HA at the same cost under the price book), and
-  the ratio of each to co-located H100. No fabric: every machine's KV cache leaves at 400 Gb/s.
+  co-located H100 and A100 clusters and the split designs (HH, HHcap on the same machines; HA at
+  the same cost under the price book), and the ratio of each to co-located H100. No fabric:
+  every machine's KV cache leaves at 400 Gb/s.
 - `fabric`: a 3-level fat tree, 2:1 oversubscribed at the leaves, training gangs beside the
   service; fabric-blind (best-fit placement, JSQ routing) against fabric-aware (network-aware
   placement, routing by KV transfer cost) at the same load, over seeds (training placement), with
