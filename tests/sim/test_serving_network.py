@@ -88,3 +88,15 @@ def test_a_pool_too_small_for_the_instances_says_so() -> None:
     _, nodes = _tree_view("2x8xH100")
     with pytest.raises(InvalidInput, match="2 decode instance"):
         place_instances(nodes[:2], None, _plan(2, 2), Placement.BEST_FIT, seed=1)
+
+
+def test_the_others_term_prices_a_flow_by_the_flows_it_slows() -> None:
+    view, _ = _tree_view(oversubscription=1.0)
+    net = KVNetwork(view)
+    assert net.others_delay_s(0, 2, 1e9) == 0.0  # an empty fabric: nobody to slow
+    net.add_training([(1, 3)])  # a ring over leaves 0 and 1: one flow on each's uplinks and HCAs
+    uplinks = 2 * 4 * 50.0 * 64 / 66  # two HDR uplinks a leaf
+    # from host 0 (leaf 0) to host 2 (leaf 1): the two uplink pools carry the ring, one flow each
+    assert net.others_delay_s(0, 2, 1e9) == pytest.approx(2 * 1e9 * 8 / (uplinks * 1e9))
+    # inside leaf 0 to host 1, a ring member: only its HCA's one flow is slowed
+    assert net.others_delay_s(0, 1, 1e9) == pytest.approx(1e9 * 8 / (uplinks / 2 * 1e9))

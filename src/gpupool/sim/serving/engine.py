@@ -20,8 +20,9 @@ flow has ended and the last layer (1/layers of the bytes) has crossed after the 
 Routing (Splitwise's JSQ): a prompt goes to the prefill (or co-located) instance with the fewest
 queued tokens (waiting or in the running iteration; then the fewest running requests, so that idle
 co-located instances share the prompts); a decode instance is chosen at arrival: `jsq` the most
-free KV memory, `fabric` the lowest estimated KV transfer time plus the time of its next decode
-step (among those with room). `first_token` says where the user gets the first token: `prefill`
+free KV memory, `fabric` the lowest estimated KV transfer time, plus the time the flows already on
+its path lose to it (`KVNetwork.others_delay_s`), plus the time of its next decode step (among
+those with room). `first_token` says where the user gets the first token: `prefill`
 (Splitwise) or `decode` (the KV transfer is then part of TTFT). Ties go to the lowest instance
 index: a run is a pure function of its inputs.
 """
@@ -176,7 +177,10 @@ class ServingSim:
         def cost(i: Instance) -> tuple[float, int]:
             batch = len(i.running) + len(i.joins) + 1
             step = i.profile.decode_s(batch, i.ctx_sum + need)
-            return self.net.estimate_s(front.node, i.node, nbytes) + step, i.index
+            net = self.net.estimate_s(front.node, i.node, nbytes) + self.net.others_delay_s(
+                front.node, i.node, nbytes
+            )
+            return net + step, i.index
 
         return min(roomy, key=cost)
 

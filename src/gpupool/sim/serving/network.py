@@ -133,6 +133,20 @@ class KVNetwork:
         gbps = self.share_gbps(pools, joining=True)
         return 0.0 if not pools or math.isinf(gbps) else nbytes * 8 / (gbps * 1e9)
 
+    def others_delay_s(self, a: int, b: int, nbytes: float) -> float:
+        """The time the flows already on the path's pools lose while a transfer of `nbytes` shares
+        them: on a pool of capacity C with n flows, the newcomer takes C/(n+1) for nbytes/(C/(n+1))
+        seconds and each of the n others loses nbytes/C seconds of its own progress (the network-aware
+        policy's `others` term, for one KV flow)."""
+        pools, _, _ = self.path(a, b)
+        total = 0.0
+        for pool in pools:
+            cap = self.capacity_gbps(pool)
+            flows = self.count.get(pool, 0)
+            if flows and cap > 0 and math.isfinite(cap):
+                total += flows * nbytes * 8 / (cap * 1e9)
+        return total
+
     # ------------------------------------------------------------------ training
 
     def add_training(self, gangs: Sequence[Sequence[int]]) -> None:

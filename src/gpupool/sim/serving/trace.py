@@ -40,8 +40,9 @@ def _stamp(text: str) -> float:
     return base + (float("0." + frac) if frac else 0.0)
 
 
-def load_azure(path: Path, rate_scale: float = 1.0, limit_s: float | None = None,
-               poisson_seed: int | None = None) -> list[Request]:
+def load_azure(
+    path: Path, rate_scale: float = 1.0, limit_s: float | None = None, poisson_seed: int | None = None
+) -> list[Request]:
     """Requests of an Azure LLM trace (TIMESTAMP,ContextTokens,GeneratedTokens), arrivals from the
     first one, divided by `rate_scale` (2.0: twice the request rate); only the first `limit_s`
     seconds (after scaling) when given. With `poisson_seed`, the requests keep their order and token
