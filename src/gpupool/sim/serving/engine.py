@@ -21,8 +21,9 @@ Routing (Splitwise's JSQ): a prompt goes to the prefill (or co-located) instance
 queued tokens (waiting or in the running iteration; then the fewest running requests, so that idle
 co-located instances share the prompts); a decode instance is chosen at arrival: `jsq` the most
 free KV memory, `fabric` the lowest estimated KV transfer time, plus the time the flows already on
-its path lose to it (`KVNetwork.others_delay_s`), plus the time of its next decode step (among
-those with room). `first_token` says where the user gets the first token: `prefill`
+its path lose to it (`KVNetwork.others_delay_s`), plus its decode step time x the mean output
+length seen so far (the request waits one step per token; among those with room).
+`first_token` says where the user gets the first token: `prefill`
 (Splitwise) or `decode` (the KV transfer is then part of TTFT). Ties go to the lowest instance
 index: a run is a pure function of its inputs.
 """
@@ -42,6 +43,8 @@ from gpupool.sim.serving.profiles import StepProfile
 from gpupool.sim.serving.trace import Request
 
 MIXED_FACTOR = 1.1
+DEFAULT_OUTPUT_GUESS = 128
+"""Output tokens the fabric router assumes before any request has finished."""
 ARRIVE, ITER_END, NET, READY = 0, 1, 2, 3
 
 
@@ -122,6 +125,8 @@ class ServingSim:
         self.ready_floor = np.zeros(n)
         self.flow_pending: dict[int, float] = {}
         self.events: list[tuple[float, int, int, int, int]] = []
+        self.out_sum = 0
+        self.out_count = 0
         self.seq = 0
         self.front = [i for i in self.inst if i.role in ("both", "prefill")]
         self.back = [i for i in self.inst if i.role == "decode"]
@@ -174,13 +179,17 @@ class ServingSim:
         nbytes = req.prompt_tokens * self.opt.kv_bytes_per_token
         roomy = [i for i in self.back if i.free_kv >= need] or self.back
 
+        # The request will wait one step of the instance per output token: its length is not
+        # known when it arrives, so the router takes the mean of the outputs finished so far.
+        tokens = self.out_sum / self.out_count if self.out_count else DEFAULT_OUTPUT_GUESS
+
         def cost(i: Instance) -> tuple[float, int]:
             batch = len(i.running) + len(i.joins) + 1
             step = i.profile.decode_s(batch, i.ctx_sum + need)
             net = self.net.estimate_s(front.node, i.node, nbytes) + self.net.others_delay_s(
                 front.node, i.node, nbytes
             )
-            return net + step, i.index
+            return net + tokens * step, i.index
 
         return min(roomy, key=cost)
 
@@ -244,6 +253,8 @@ class ServingSim:
                 _, r = heapq.heappop(inst.running)
                 req = self.reqs[r]
                 self.done[r] = now
+                self.out_sum += req.output_tokens
+                self.out_count += 1
                 inst.ctx_sum -= req.prompt_tokens + req.output_tokens
                 inst.kv_used -= req.prompt_tokens + req.output_tokens
         for r in inst.batch:
