@@ -10,8 +10,8 @@ Three parts, each printing a table and writing its JSON under bench/results/:
   the same cost under the price book), and the ratio of each to co-located H100. No fabric:
   every machine's KV cache leaves at 400 Gb/s.
 - `fabric`: a 3-level fat tree, 2:1 oversubscribed at the leaves, training gangs beside the
-  service; fabric-blind (best-fit placement, JSQ routing) against fabric-aware (network-aware
-  placement, routing by KV transfer cost) at the same load, over seeds (training placement), with
+  service, Poisson arrivals; fabric-blind (best-fit placement, JSQ routing) against fabric-aware
+  (network-aware placement with the `fabric` router, and with `fabric-local`) at the same load, over seeds (training placement), with
   95 % intervals (t distribution) of the cross-spine KV bytes and p99 TTFT, and their ratios.
 - `speed`: one hour of the conversation trace, wall seconds of the simulation.
 
@@ -169,16 +169,21 @@ def fabric(args: argparse.Namespace) -> dict[str, Any]:
     tree = fat_tree(args.ports, levels=3, oversubscription=2.0, pods=args.pods, speed=LinkSpeed[args.speed])
     hosts = sum(1 for n in tree.nodes.values() if n.kind == "ca")
     nodes = nodes_from_spec(f"{hosts}x8xH100")
-    requests = _trace(args.trace, args.rate_scale, args.limit_s)
     training = TrainingSpec(
         gangs=args.training_gangs,
         nodes_per_gang=args.training_nodes,
         gradient_gib=args.gradient_gib,
         compute_s=args.compute_s,
     )
-    sides = {"fabric-blind": (Placement.BEST_FIT, "jsq"), "fabric-aware": (Placement.NETWORK_AWARE, "fabric")}
+    sides = {
+        "fabric-blind": (Placement.BEST_FIT, "jsq"),
+        "fabric-aware": (Placement.NETWORK_AWARE, "fabric"),
+        "fabric-local": (Placement.NETWORK_AWARE, "fabric-local"),
+    }
     runs: dict[str, list[dict[str, Any]]] = {s: [] for s in sides}
+    requests: list[Request] = []
     for seed in args.seeds:
+        requests = _trace(args.trace, args.rate_scale, args.limit_s, seed)  # Poisson, seeded
         for side, (placement, router) in sides.items():
             opt = ServeOptions(
                 mode=Mode.SPLIT_HH,
@@ -211,14 +216,19 @@ def fabric(args: argparse.Namespace) -> dict[str, Any]:
         "training_slowdown": lambda r: r["training_slowdown"],
     }
     summary: dict[str, Any] = {}
-    print(f"\n{'metric':18} {'fabric-blind':>22} {'fabric-aware':>22} {'aware/blind':>20}")
-    for name, get in metrics.items():
-        blind = [get(r) for r in runs["fabric-blind"]]
-        aware = [get(r) for r in runs["fabric-aware"]]
-        ratios = [a / b if b else math.nan for a, b in zip(aware, blind, strict=True)]
-        (bm, bh), (am, ah), (rm, rh) = _ci(blind), _ci(aware), _ci(ratios)
-        summary[name] = {"blind": [bm, bh], "aware": [am, ah], "ratio": [rm, rh]}
-        print(f"{name:18} {bm:12.4g} ± {bh:<7.3g} {am:12.4g} ± {ah:<7.3g} {rm:10.3f} ± {rh:<7.3f}")
+    for aware_side in ("fabric-aware", "fabric-local"):
+        print(f"\n{'metric':18} {'fabric-blind':>22} {aware_side:>22} {'ratio':>20}")
+        for name, get in metrics.items():
+            blind = [get(r) for r in runs["fabric-blind"]]
+            aware = [get(r) for r in runs[aware_side]]
+            ratios = [a / b if b else math.nan for a, b in zip(aware, blind, strict=True)]
+            (bm, bh), (am, ah), (rm, rh) = _ci(blind), _ci(aware), _ci(ratios)
+            summary.setdefault(aware_side, {})[name] = {
+                "blind": [bm, bh],
+                "aware": [am, ah],
+                "ratio": [rm, rh],
+            }
+            print(f"{name:18} {bm:12.4g} ± {bh:<7.3g} {am:12.4g} ± {ah:<7.3g} {rm:10.3f} ± {rh:<7.3f}")
     met = {side: sum(r["latency"]["slo_met"] for r in rs) for side, rs in runs.items()}
     print(f"SLOs met: {met} of {len(args.seeds)} seeds; hosts {hosts}, requests {len(requests)}")
     slim = {side: [{k: v for k, v in r.items() if k != "cdf_s"} for r in rs] for side, rs in runs.items()}

@@ -63,7 +63,7 @@ def serve_runs(
     _, trace_path = parse_trace_arg(trace)
     _choice(mode, [m.value for m in Mode], "--mode")
     _choice(placement, [p.value for p in Placement], "--placement")
-    _choice(router, ["jsq", "fabric"], "--router")
+    _choice(router, ["jsq", "fabric", "fabric-local"], "--router")
     _choice(first_token, ["prefill", "decode"], "--first-token")
     _choice(arrivals, ["trace", "poisson"], "--arrivals")
     if perf is None:
@@ -141,7 +141,8 @@ def serve(
     router: str = typer.Option(
         "jsq",
         "--router",
-        help="jsq (decode by free KV memory) or fabric (decode by KV transfer cost and next step).",
+        help="jsq (decode by free KV memory), fabric (by KV transfer cost, the flows it slows and the "
+        "decode steps it waits) or fabric-local (the same, one step: locality first).",
     ),
     rate_scale: str = typer.Option("1", "--rate-scale", help="Request rate multipliers, comma-separated."),
     seeds: str = typer.Option("0", "--seeds", help="Seeds, comma-separated (placement of training gangs)."),

@@ -22,7 +22,8 @@ queued tokens (waiting or in the running iteration; then the fewest running requ
 co-located instances share the prompts); a decode instance is chosen at arrival: `jsq` the most
 free KV memory, `fabric` the lowest estimated KV transfer time, plus the time the flows already on
 its path lose to it (`KVNetwork.others_delay_s`), plus its decode step time x the mean output
-length seen so far (the request waits one step per token; among those with room).
+length seen so far (the request waits one step per token; among those with room); `fabric-local`
+the same with the step counted once (locality first, load balance a tie-breaker).
 `first_token` says where the user gets the first token: `prefill`
 (Splitwise) or `decode` (the KV transfer is then part of TTFT). Ties go to the lowest instance
 index: a run is a pure function of its inputs.
@@ -182,6 +183,8 @@ class ServingSim:
         # The request will wait one step of the instance per output token: its length is not
         # known when it arrives, so the router takes the mean of the outputs finished so far.
         tokens = self.out_sum / self.out_count if self.out_count else DEFAULT_OUTPUT_GUESS
+        if self.opt.router == "fabric-local":
+            tokens = 1.0  # locality first: the step counts once, as a tie-breaker among near ones
 
         def cost(i: Instance) -> tuple[float, int]:
             batch = len(i.running) + len(i.joins) + 1
