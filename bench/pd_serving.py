@@ -11,7 +11,8 @@ Three parts, each printing a table and writing its JSON under bench/results/:
   every machine's KV cache leaves at 400 Gb/s.
 - `fabric`: a 3-level fat tree, 2:1 oversubscribed at the leaves, training gangs beside the
   service, Poisson arrivals; fabric-blind (best-fit placement, JSQ routing) against fabric-aware
-  (network-aware placement with the `fabric` router, and with `fabric-local`) at the same load, over seeds (training placement), with
+  (network-aware placement with the `fabric` router, and with `fabric-local`) at the same load,
+  over seeds (training placement and arrivals), with
   95 % intervals (t distribution) of the cross-spine KV bytes and p99 TTFT, and their ratios.
 - `speed`: one hour of the conversation trace, wall seconds of the simulation.
 
