@@ -105,9 +105,11 @@ def reproduce(args: argparse.Namespace) -> dict[str, Any]:
     rows = []
     for kind in ("code", "conv"):
         for name, cluster, mode, shares in DESIGNS:
+            if args.designs and not any(d in name for d in args.designs.split(",")):
+                continue
             for share in shares:
                 t0 = time.perf_counter()
-                opt = ServeOptions(mode=mode, prefill_share=share)
+                opt = ServeOptions(mode=mode, prefill_share=share, slo_reference=args.slo_reference)
                 scale, result = max_rate(book, kind, cluster, opt, args.seed, args.limit_s)
                 rows.append(
                     {
@@ -267,6 +269,8 @@ def main() -> int:
     rep.set_defaults(func=reproduce)
     rep.add_argument("--seed", type=int, default=0, help="of the Poisson arrivals")
     rep.add_argument("--limit-s", type=float, default=900.0, help="simulated seconds of arrivals")
+    rep.add_argument("--slo-reference", default="a100-80gb", help="hardware of the unloaded reference run")
+    rep.add_argument("--designs", default="", help="only the designs whose name holds one of these (a,b)")
     fab = sub.add_parser("fabric")
     fab.set_defaults(func=fabric)
     fab.add_argument("--seeds", type=lambda s: [int(x) for x in s.split(",")], default=[1, 2, 3, 4, 5])
