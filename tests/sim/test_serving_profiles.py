@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from gpupool.errors import InvalidInput
@@ -65,3 +66,13 @@ def test_a_profile_file_without_the_columns_names_them(tmp_path: Path) -> None:
     bad.write_text("model,hardware,prompt_size\nllama2-70b,h100-80gb,512\n")
     with pytest.raises(InvalidInput, match="lacks the columns tensor_parallel, batch_size"):
         ProfileBook.from_csv(bad)
+
+
+def test_a_collapsed_last_point_goes_alone_not_with_its_neighbour() -> None:
+    # the tp2 pattern of the measured file: 512 x 64 at a tenth of 512 x 32's time
+    from gpupool.sim.serving.profiles import _prefill_outliers
+
+    xs = np.array([512.0, 1024, 2048, 4096, 8192, 16384, 32768])
+    ys = np.array([prefill_ms(x) for x in xs])
+    ys[-1] = ys[-2] / 8
+    assert _prefill_outliers(xs, ys, np.zeros(len(xs))).tolist() == [False] * 6 + [True]

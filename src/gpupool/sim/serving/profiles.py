@@ -199,27 +199,38 @@ def _prefill_rows(points: Iterable[PerfPoint]) -> tuple[np.ndarray, np.ndarray, 
     return np.asarray(xs), np.asarray(ys), labels
 
 
+def _offence(xs: np.ndarray, ys: np.ndarray, i: int) -> float:
+    """How far point i of (xs, ys) is out of line (0: not at all): out of order with both
+    neighbours by more than ORDER_TOLERANCE (a spike or a dip; at an end, with its one neighbour:
+    a last point that drops, a first one above the second), or, inside, further than NEIGHBOUR_REL
+    from the line between its neighbours."""
+    n, tol = len(ys), 1.0 + ORDER_TOLERANCE
+    if n < 2:
+        return 0.0
+    if i == 0:
+        return ys[0] / ys[1] - 1.0 if ys[0] > ys[1] * tol else 0.0
+    if i == n - 1:
+        return ys[i - 1] / ys[i] - 1.0 if ys[i] * tol < ys[i - 1] else 0.0
+    prev, nxt = ys[i - 1], ys[i + 1]
+    worst = 0.0
+    if (ys[i] > prev * tol and ys[i] > nxt * tol) or (ys[i] * tol < prev and ys[i] * tol < nxt):
+        worst = min(abs(ys[i] / prev - 1.0), abs(ys[i] / nxt - 1.0))
+    share = (xs[i] - xs[i - 1]) / (xs[i + 1] - xs[i - 1])
+    off = abs(ys[i] / (prev + share * (nxt - prev)) - 1.0)
+    return max(worst, off if off > NEIGHBOUR_REL else 0.0)
+
+
 def _prefill_outliers(xs: np.ndarray, ys: np.ndarray, spread: np.ndarray) -> np.ndarray:
-    """Points whose repetitions spread by more than SPREAD_REL, and points that break the rule that
-    a batch of more tokens takes longer, by more than ORDER_TOLERANCE, against both neighbours (a
-    spike or a dip; at an end, against its one neighbour: a last point that drops), and interior
-    points further than NEIGHBOUR_REL from the line between their neighbours."""
+    """Points whose repetitions spread by more than SPREAD_REL, then, one at a time and worst
+    first, points out of line with their remaining neighbours (`_offence`): a wild point is taken
+    out before it can make its neighbours look wild."""
     bad = spread > SPREAD_REL
-    n = len(ys)
-    tol = 1.0 + ORDER_TOLERANCE
-    for i in range(n):
-        above_prev = i > 0 and ys[i] > ys[i - 1] * tol
-        below_prev = i > 0 and ys[i] * tol < ys[i - 1]
-        above_next = i < n - 1 and ys[i] > ys[i + 1] * tol
-        below_next = i < n - 1 and ys[i] * tol < ys[i + 1]
-        if 0 < i < n - 1:
-            bad[i] |= (above_prev and above_next) or (below_prev and below_next)
-            share = (xs[i] - xs[i - 1]) / (xs[i + 1] - xs[i - 1])
-            line = ys[i - 1] + share * (ys[i + 1] - ys[i - 1])
-            bad[i] |= bool(abs(ys[i] / line - 1.0) > NEIGHBOUR_REL)
-        elif n > 1:
-            bad[i] |= above_next if i == 0 else below_prev
-    return bad
+    while True:
+        keep = np.flatnonzero(~bad)
+        scores = [_offence(xs[keep], ys[keep], j) for j in range(len(keep))]
+        if not scores or max(scores) <= 0.0:
+            return bad
+        bad[keep[int(np.argmax(scores))]] = True
 
 
 def _decode_rows(points: Iterable[PerfPoint]) -> tuple[np.ndarray, np.ndarray, list[str]]:
