@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 from pathlib import Path
 
@@ -21,20 +22,46 @@ def inputs(tmp_path: Path) -> dict[str, Path]:
     rows = [(0.5 * i, 300 + 97 * (i % 7), 5 + i % 4) for i in range(40)]
     fabric = tmp_path / "tree.topo"
     fabric.write_text(to_ibnetdiscover(fat_tree(4, levels=3, pods=2)))
-    return {"trace": write_trace(tmp_path / "conv.csv", rows), "perf": write_profile(tmp_path / "perf.csv"),
-            "fabric": fabric, "dir": tmp_path}
+    return {
+        "trace": write_trace(tmp_path / "conv.csv", rows),
+        "perf": write_profile(tmp_path / "perf.csv"),
+        "fabric": fabric,
+        "dir": tmp_path,
+    }
 
 
 def _args(inputs: dict[str, Path], *extra: str) -> list[str]:
-    return ["serve", "--trace", f"azure-conv:{inputs['trace']}", "--profiles", str(inputs["perf"]),
-            "--cluster", "8x8xH100", *extra]
+    return [
+        "serve",
+        "--trace",
+        f"azure-conv:{inputs['trace']}",
+        "--profiles",
+        str(inputs["perf"]),
+        "--cluster",
+        "8x8xH100",
+        *extra,
+    ]
 
 
 @pytest.mark.parametrize("mode", ["colocated", "split-hh", "split-hhcap"])
 def test_each_mode_runs_and_writes_json(inputs: dict[str, Path], mode: str) -> None:
     out = inputs["dir"] / f"{mode}.json"
-    done = runner.invoke(app, _args(inputs, "--mode", mode, "--fabric", str(inputs["fabric"]),
-                                    "--placement", "network-aware", "--router", "fabric", "--json", str(out)))
+    done = runner.invoke(
+        app,
+        _args(
+            inputs,
+            "--mode",
+            mode,
+            "--fabric",
+            str(inputs["fabric"]),
+            "--placement",
+            "network-aware",
+            "--router",
+            "fabric",
+            "--json",
+            str(out),
+        ),
+    )
     assert done.exit_code == 0, done.output
     assert "TTFT50" in done.output
     (run,) = json.loads(out.read_text())
@@ -88,10 +115,27 @@ def test_a_trace_without_its_columns_names_them(inputs: dict[str, Path]) -> None
 
 
 def test_bad_choices_are_refused(inputs: dict[str, Path]) -> None:
-    for extra, text in ((("--mode", "split-xx"), "--mode 'split-xx' is not one of"),
-                        (("--placement", "random"), "--placement 'random' is not one of"),
-                        (("--rate-scale", "fast"), "numbers separated by commas")):
+    for extra, text in (
+        (("--mode", "split-xx"), "--mode 'split-xx' is not one of"),
+        (("--placement", "random"), "--placement 'random' is not one of"),
+        (("--rate-scale", "fast"), "numbers separated by commas"),
+    ):
         done = runner.invoke(app, _args(inputs, *extra))
         assert done.exit_code == 2 and text in done.output, done.output
     wrong = runner.invoke(app, ["serve", "--trace", "philly:x.csv", "--cluster", "1x8xH100"])
     assert wrong.exit_code == 2 and "KIND:FILE" in wrong.output
+
+
+def test_poisson_arrivals_keep_the_requests_in_order_seeded(inputs: dict[str, Path]) -> None:
+    from gpupool.sim.serving.trace import load_azure
+
+    raw = load_azure(inputs["trace"])
+    one = load_azure(inputs["trace"], 2.0, poisson_seed=7)
+    assert [(r.prompt_tokens, r.output_tokens) for r in one] == [
+        (r.prompt_tokens, r.output_tokens) for r in raw
+    ]
+    assert one == load_azure(inputs["trace"], 2.0, poisson_seed=7)  # seeded
+    assert one != load_azure(inputs["trace"], 2.0, poisson_seed=8)
+    gaps = [b.arrival_s - a.arrival_s for a, b in itertools.pairwise(one)]
+    assert len(set(gaps)) > 1 and all(g >= 0 for g in gaps)
+    assert one[0].arrival_s == 0.0

@@ -54,15 +54,15 @@ def test_split_sends_the_kv_cache_before_decoding(mode: str) -> None:
 
 
 def test_first_token_at_decode_puts_the_transfer_into_ttft() -> None:
-    out = _run([_inst(0, "prefill", 0), _inst(1, "decode", 1)], [Request(0.0, 500, 3)],
-               first_token="decode").outcome  # type: ignore[attr-defined]
+    out = _run(
+        [_inst(0, "prefill", 0), _inst(1, "decode", 1)], [Request(0.0, 500, 3)], first_token="decode"
+    ).outcome  # type: ignore[attr-defined]
     assert out.ttft[0] == pytest.approx(0.06)
     assert out.e2e[0] == pytest.approx(0.08)
 
 
 def test_layer_wise_overlap_hides_the_transfer_behind_the_prefill() -> None:
-    out = _run([_inst(0, "prefill", 0), _inst(1, "decode", 1)], [Request(0.0, 500, 3)],
-               overlap=True).outcome  # type: ignore[attr-defined]
+    out = _run([_inst(0, "prefill", 0), _inst(1, "decode", 1)], [Request(0.0, 500, 3)], overlap=True).outcome  # type: ignore[attr-defined]
     # the flow runs during the prefill (10 ms of its 50); the last layer (1/80) leaves after it
     assert out.e2e[0] == pytest.approx(0.05 + 0.01 / 80 + 0.02)
 
@@ -82,6 +82,42 @@ def test_the_fabric_router_keeps_the_kv_cache_off_a_loaded_link() -> None:
     net = KVNetwork(None, nic_gbps=400.0)
     net.start(0.0, 99, 5, 2, 1e12)  # a long flow already on node 2's link
     for router, expected in (("jsq", 2), ("fabric", 1)):
-        sim = ServingSim(instances, [Request(0.0, 500, 2)], net,
-                         EngineOptions(router=router, kv_bytes_per_token=KV_BYTES))
+        sim = ServingSim(
+            instances, [Request(0.0, 500, 2)], net, EngineOptions(router=router, kv_bytes_per_token=KV_BYTES)
+        )
         assert sim._pick_decode(instances[0], sim.reqs[0]).index == expected
+
+
+def test_idle_colocated_instances_share_the_prompts() -> None:
+    # A runs on instance 0 from 0 to 50 ms; B arrives at 0.1 s when both queues are empty: it goes
+    # to instance 1, which has no running request, and prefills at once (50 ms)
+    out = _run(
+        [_inst(0, "both", 0), _inst(1, "both", 1)], [Request(0.0, 500, 100), Request(0.1, 500, 2)]
+    ).outcome  # type: ignore[attr-defined]
+    assert out.ttft[1] == pytest.approx(0.05)
+
+
+def test_fabric_weighs_every_decode_step_and_fabric_local_only_one() -> None:
+    # decode 1 shares node 0's leaf-free path but already runs 10 requests (a 21 ms step against 11 ms);
+    # decode 2 is idle behind a link another flow loads
+    slow = StepProfile("m", "h100-80gb", 8, (0.0, 1000.0), (0.0, 100.0), (10.0, 1.0, 0.0, 0.0), 1.0)
+    near, far = Instance(1, "decode", 1, slow, 100_000), Instance(2, "decode", 2, slow, 100_000)
+    for r in range(10):
+        near.running.append((1000, r))
+    net = KVNetwork(None, nic_gbps=400.0)
+    net.start(0.0, 99, 5, 2, 1e12)
+    front = _inst(0, "prefill", 0)
+    picks = {}
+    for router in ("fabric", "fabric-local"):
+        sim = ServingSim(
+            [front, near, far],
+            [Request(0.0, 500, 200)],
+            net,
+            EngineOptions(router=router, kv_bytes_per_token=KV_BYTES),
+        )
+        picks[router] = sim._pick_decode(front, sim.reqs[0]).index
+    # near: 10 ms of transfer; far: 20 ms (half the link) + 10 ms the other flow loses.
+    # fabric: 128 steps (no output seen yet) x 10 ms more on `near` outweigh those 20 ms;
+    # fabric-local: one step, 10 + 21 ms against 30 + 11 ms: the near one
+
+    assert picks == {"fabric": 2, "fabric-local": 1}
