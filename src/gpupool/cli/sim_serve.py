@@ -145,7 +145,9 @@ def serve(
         "decode steps it waits) or fabric-local (the same, one step: locality first).",
     ),
     rate_scale: str = typer.Option("1", "--rate-scale", help="Request rate multipliers, comma-separated."),
-    seeds: str = typer.Option("0", "--seeds", help="Seeds, comma-separated (placement of training gangs)."),
+    seeds: str = typer.Option(
+        "0", "--seeds", help="Seeds, comma-separated (training gangs' placement; Poisson arrivals)."
+    ),
     perf: Path | None = typer.Option(
         None,
         "--profiles",

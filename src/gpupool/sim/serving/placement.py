@@ -9,8 +9,8 @@ stays inside the NVLink domain). Policies for the prefill/decode pools:
   one gang with `required=leaf` under the bound fabric, so each prefill instance's partners sit in
   its leaf and the pools are sized per leaf; a unit that fits no leaf falls back to `preferred=leaf`.
 - `network-aware`: the same units, placed by the core `network-aware` policy with `preferred=leaf`
-  and the unit's KV traffic stated as its communication ratio, so its cost term prices the KV flows
-  against the links other gangs already load.
+  and a stated communication ratio (`kv_ratio`, 1.0: a unit counted as communication-heavy), so
+  its cost term prices spreading a unit against the links other gangs already load.
 
 Training gangs are placed first with the core `random` policy (seeded): other tenants' work, spread
 the way a busy pool spreads it.
