@@ -139,3 +139,17 @@ def test_poisson_arrivals_keep_the_requests_in_order_seeded(inputs: dict[str, Pa
     gaps = [b.arrival_s - a.arrival_s for a, b in itertools.pairwise(one)]
     assert len(set(gaps)) > 1 and all(g >= 0 for g in gaps)
     assert one[0].arrival_s == 0.0
+
+
+def test_a_price_book_prices_the_requests(inputs: dict[str, Path]) -> None:
+    book = inputs["dir"] / "prices.yaml"
+    book.write_text("prices:\n  versions:\n    - devices: {H100: 4.0}\n")
+    out = inputs["dir"] / "priced.json"
+    done = runner.invoke(app, _args(inputs, "--mode", "colocated", "--prices", str(book), "--json", str(out)))
+    assert done.exit_code == 0, done.output
+    (run,) = json.loads(out.read_text())
+    assert run["usd_per_hour"] == pytest.approx(8 * 8 * 4.0)
+    assert run["requests_per_usd"] == pytest.approx(run["rate_rps"] * 3600 / 256.0)
+    book.write_text("prices:\n  versions:\n    - devices: {H100: -1}\n")
+    refused = runner.invoke(app, _args(inputs, "--prices", str(book)))
+    assert refused.exit_code == 2 and "Traceback" not in refused.output

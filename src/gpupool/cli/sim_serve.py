@@ -48,9 +48,10 @@ def serve_runs(
     training_nodes: int,
     limit_s: float | None,
     arrivals: str = "trace",
+    prices_file: Path | None = None,
 ) -> list[dict[str, Any]]:
     """Every (rate scale, seed) run of one configuration (also used by bench/pd_serving.py)."""
-    from gpupool.prices import PricesConfig
+    from gpupool.prices import PricesConfig, load_prices
     from gpupool.providers.nodespec import nodes_from_spec
     from gpupool.sim.datadir import data_dir
     from gpupool.sim.fill import load_fabric_file
@@ -85,7 +86,8 @@ def serve_runs(
             )
         fab = load_fabric_file(str(fabric))
     prices = {"H100-SXM-80GB": 0.0, "A100-80GB": 0.0}
-    book_prices = PricesConfig.model_validate({}).price_book().versions[0]
+    config = load_prices(prices_file) if prices_file is not None else PricesConfig.model_validate({})
+    book_prices = config.price_book().versions[-1]  # the newest version: today's prices
     for device in prices:
         prices[device] = book_prices.device_price(device) or 0.0
     runs = []
@@ -175,6 +177,12 @@ def serve(
         help="trace (the trace's own times) or poisson (its requests at its mean rate, Poisson, per seed).",
     ),
     limit_s: float | None = typer.Option(None, "--limit-s", help="Only the first seconds of the trace."),
+    prices_file: Path | None = typer.Option(
+        None,
+        "--prices",
+        help="A price book (the `prices:` section of a pool configuration, or a file of it alone) for "
+        "requests per dollar; default: the devices' reference prices.",
+    ),
     json_out: Path | None = typer.Option(None, "--json", help="Write every run's metrics here (JSON)."),
     plot: Path | None = typer.Option(None, "--plot", help="Latency CDFs and throughput-latency (PNG)."),
 ) -> None:
@@ -208,6 +216,7 @@ def serve(
             training_nodes,
             limit_s,
             arrivals,
+            prices_file,
         )
         print(
             f"{'scale':>6} {'seed':>4} {'req/s':>7} {'TTFT50':>7} {'TTFT99':>7} {'TBT50':>7} {'TBT99':>7} "
