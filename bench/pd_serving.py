@@ -92,11 +92,12 @@ def max_rate(
 DESIGNS: list[tuple[str, str, Mode, list[float]]] = [
     ("co-located H100", "8x8xH100", Mode.COLOCATED, [0.5]),
     ("co-located A100", "11x8xA100", Mode.COLOCATED, [0.5]),
-    ("split HH", "8x8xH100", Mode.SPLIT_HH, [0.25, 0.375, 0.5, 0.625, 0.75]),
-    ("split HHcap", "8x8xH100", Mode.SPLIT_HHCAP, [0.25, 0.375, 0.5, 0.625, 0.75]),
+    ("split HH", "8x8xH100", Mode.SPLIT_HH, [0.25, 0.375, 0.5, 0.625, 0.75, 0.875]),
+    ("split HHcap", "8x8xH100", Mode.SPLIT_HHCAP, [0.25, 0.375, 0.5, 0.625, 0.75, 0.875]),
     ("split HA", "5x8xH100,4x8xA100", Mode.SPLIT_HA, [0.5]),
     ("split HA", "4x8xH100,5x8xA100", Mode.SPLIT_HA, [0.5]),
     ("split HA", "3x8xH100,7x8xA100", Mode.SPLIT_HA, [0.5]),
+    ("split HA", "6x8xH100,2x8xA100", Mode.SPLIT_HA, [0.5]),
 ]
 
 
