@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -13,10 +13,12 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 import gpupool
 from gpupool.api.common import ErrorBody
 from gpupool.errors import Forbidden
+from gpupool.providers.base import Provider
 from gpupool.server import apidocs, http_errors, ui
 from gpupool.server.auth import Scope
 from gpupool.server.bodylimit import BodyLimit
 from gpupool.server.fastpath import SubmitFastPath
+from gpupool.server.leader import Leadership
 from gpupool.server.loops.control import ControlLoop
 from gpupool.server.loops.history import HistorySampler
 from gpupool.server.metrics import Metrics, RequestTimer
@@ -36,6 +38,7 @@ from gpupool.server.routers import events as event_routes
 from gpupool.server.routers import fabric as fabric_routes
 from gpupool.server.routers import history as history_routes
 from gpupool.server.routers import secrets as secret_routes
+from gpupool.server.routers import servers as server_routes
 from gpupool.server.runtime import Runtime
 from gpupool.server.services import node_faults
 from gpupool.server.services.submit_writer import SubmitWriter
@@ -43,10 +46,15 @@ from gpupool.server.services.submit_writer import SubmitWriter
 API_PREFIX = "/api/v1"
 
 
-def create_app(rt: Runtime, *, run_loop: bool = True) -> FastAPI:
-    """An app over `rt`; with run_loop the control loop starts and stops with the app."""
+def create_app(rt: Runtime, *, run_loop: bool = True, leadership: Leadership | None = None,
+               reopen_provider: Callable[[], Provider] | None = None) -> FastAPI:
+    """An app over `rt`; with run_loop the control loop starts and stops with the app. With
+    `leadership` (several servers on one store) the loop acts only while this server leads."""
     metrics = Metrics(rt)
-    loop = ControlLoop(rt, metrics)
+    if leadership is not None:
+        metrics.is_leader.set(0)
+        leadership.on_renew = metrics.lease_renew_seconds.observe
+    loop = ControlLoop(rt, metrics, leadership, reopen_provider)
     writer = SubmitWriter(rt)
     sampler = HistorySampler(rt)
 
@@ -55,6 +63,8 @@ def create_app(rt: Runtime, *, run_loop: bool = True) -> FastAPI:
         node_faults.restore(rt)  # injected faults outlive a restart: back before the loop's first cycle
         if run_loop:
             loop.start()
+            if leadership is not None:
+                leadership.start()  # after the loop: it wakes the loop when it takes the lease
             sampler.start()  # a thread of its own: a minute's sample never waits on a cycle
         try:
             yield
@@ -63,6 +73,8 @@ def create_app(rt: Runtime, *, run_loop: bool = True) -> FastAPI:
             if run_loop:
                 sampler.stop()
                 loop.stop()
+                if leadership is not None:
+                    leadership.stop()  # after the loop stopped acting: the lease is released
             rt.auth.flush()  # tokens' last use and refused logins still held in memory
 
     app = FastAPI(
@@ -77,6 +89,7 @@ def create_app(rt: Runtime, *, run_loop: bool = True) -> FastAPI:
     app.state.runtime = rt
     app.state.metrics = metrics
     app.state.loop = loop
+    app.state.leadership = leadership
     app.state.submit_writer = writer
     app.state.history_sampler = sampler
     app.state.stopping = lambda: False  # the server that serves the app sets its own (event streams end)
@@ -85,7 +98,8 @@ def create_app(rt: Runtime, *, run_loop: bool = True) -> FastAPI:
         413: {"model": ErrorBody, "description": "the request body is larger than the pool's limit"}}
     for router in (health.router, workloads.router, nodes.router, tenants.router, audit.router,
                    config.router, session.router, usage.router, calls.router, fabric_routes.router,
-                   images.router, secret_routes.router, history_routes.router, event_routes.router):
+                   images.router, secret_routes.router, history_routes.router, event_routes.router,
+                   server_routes.router):
         app.include_router(router, prefix=API_PREFIX, responses=dict(too_large))
     app.include_router(health.router, include_in_schema=False)  # /health at the root too
     apidocs.install(app, f"{API_PREFIX}/openapi.json")

@@ -17,7 +17,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import Engine, create_engine, event
+from sqlalchemy import Engine, create_engine, event, text
 from sqlalchemy.exc import OperationalError
 from sqlalchemy.orm import Session, sessionmaker
 
@@ -35,7 +35,8 @@ def make_engine(url: str) -> Engine:
     if url.startswith("postgresql"):
         if url.startswith("postgresql://"):
             url = "postgresql+psycopg://" + url.removeprefix("postgresql://")
-        return create_engine(url, pool_size=8, max_overflow=8, pool_pre_ping=True)
+        # pre-ping: a connection the server lost (PostgreSQL restarted) is replaced, not used once
+        return create_engine(url, pool_size=8, max_overflow=8, pool_pre_ping=True, pool_recycle=300)
     raise InvalidInput(f"Unsupported database URL {url!r}; use sqlite:///PATH or postgresql+psycopg://...")
 
 
@@ -68,6 +69,11 @@ class Store:
         self._failing: str | None = None
         """The driver's message of the failure now in progress (None while the store works)."""
         self._failing_lock = threading.Lock()
+        # Fencing (server/leader.py): a thread acting for the leader writes only while its epoch is
+        # the lease's; the check is made inside each of its transactions (see _check_fence).
+        self._fence = threading.local()
+        self.fenced_writes = 0
+        """Transactions refused because their epoch was no longer the lease's."""
 
     @classmethod
     def open(cls, url: str, *, migrate: bool = True) -> Store:
@@ -94,14 +100,47 @@ class Store:
         try:
             if self.is_sqlite:
                 with self._write_lock, self._sessions() as session, session.begin():
+                    self._check_fence(session)
                     yield session
             else:
                 with self._sessions() as session, session.begin():
+                    self._check_fence(session)
                     yield session
         except OperationalError as exc:
             raise self._unavailable(exc) from exc
         if self._failing is not None:
             self._recovered()
+
+    @contextmanager
+    def fenced(self, epoch: int | None) -> Iterator[None]:
+        """Within the block, every write() of this thread is refused (Fenced) unless `epoch` is the
+        leader lease's epoch when the transaction starts; None: no check (a single server)."""
+        before = getattr(self._fence, "epoch", None)
+        self._fence.epoch = epoch
+        try:
+            yield
+        finally:
+            self._fence.epoch = before
+
+    def fence_epoch(self) -> int | None:
+        """The epoch this thread writes under (None: unfenced)."""
+        return getattr(self._fence, "epoch", None)
+
+    def _check_fence(self, session: Session) -> None:
+        """The lease's epoch read in the transaction itself. On PostgreSQL FOR SHARE holds the
+        lease row until the commit, so a takeover (which updates that row) waits for this
+        transaction, and every transaction after the takeover reads the new epoch: a deposed
+        leader's write is either committed before the new epoch exists or not at all. SQLite
+        serialises every write, which gives the same order."""
+        epoch = getattr(self._fence, "epoch", None)
+        if epoch is None:
+            return
+        lock = "" if self.is_sqlite else " FOR SHARE"
+        current = session.execute(text(f"SELECT epoch FROM leader_lease WHERE id = 1{lock}")).scalar()
+        if current != epoch:
+            self.fenced_writes += 1
+            raise Fenced(f"This server no longer leads the pool (its epoch {epoch} is not the lease's "
+                         f"{current}); its scheduling write was refused and it follows the new leader.")
 
     def _unavailable(self, exc: OperationalError) -> StoreUnavailable:
         """The error to answer with; logs one line when this failure starts (not one per request)."""
@@ -120,6 +159,12 @@ class Store:
 
     def close(self) -> None:
         self.engine.dispose()
+
+
+class Fenced(StoreUnavailable):
+    """A write made for a leader whose epoch is no longer the lease's (server/leader.py)."""
+
+    code = "fenced"
 
 
 def store_unavailable(cause: str) -> StoreUnavailable:
