@@ -180,11 +180,11 @@ class ControlLoop:
         self._epoch = None
         with self.rt.store.fenced(epoch):
             if self.reopen_provider is not None:
-                old, self.rt.provider = self.rt.provider, self.reopen_provider()
-                try:
-                    old.close()
+                try:  # closed first: the fresh one then finds this machine's pod network free
+                    self.rt.provider.close()
                 except Exception:
                     log.exception("closing the previous provider failed")
+                self.rt.provider = self.reopen_provider()
             self.rt.refresh_nodes()
             self._build()
             self.recovered = self.reconciler.recover()
