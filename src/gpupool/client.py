@@ -34,6 +34,7 @@ from gpupool.api.images import ImageOut
 from gpupool.api.mounts import parse_mount, parse_secret_use
 from gpupool.api.nodes import NodeOut, PoolSummary
 from gpupool.api.secrets import SecretDeleted, SecretOut
+from gpupool.api.servers import ServersOut
 from gpupool.api.tenants import QueueOut, TenantDeleted, TenantOut, TokenInfo, TokenOut
 from gpupool.api.usage import UsageOut
 from gpupool.api.workloads import (
@@ -548,6 +549,10 @@ class Client:
     def pool_config(self) -> dict[str, Any]:
         """The scheduling configuration the running pool uses, as `gpupool config show` (admin)."""
         return dict(self._call("GET", "/config"))
+
+    def servers(self) -> ServersOut:
+        """The servers sharing the pool's store and which one leads (admin; `gpupool server ls`)."""
+        return self._one(ServersOut, "GET", "/servers")
 
     def audit(self, since_s: float | None = None, limit: int = 100) -> list[AuditOut]:
         """The audit log, newest first (admin)."""
