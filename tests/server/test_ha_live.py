@@ -101,7 +101,8 @@ def _launched(api: httpx.Client, wid: str) -> int:
 
 
 def _is_leader(server: UpProcess) -> float:
-    text_ = server.client().get("/metrics", params=None).text
+    text_ = httpx.get(f"{server.url}/metrics", headers={"Authorization": f"Bearer {server.token()}"},
+                      timeout=30).text
     match = re.search(r"^gpupool_is_leader (\S+)$", text_, re.M)
     assert match, text_[:400]
     return float(match.group(1))

@@ -13,6 +13,11 @@ app = typer.Typer(help="The servers sharing the pool's store (admin): ls.\n\nExa
                   add_completion=False)
 
 
+@app.callback()
+def _group() -> None:
+    """The servers sharing the pool's store (admin): ls."""
+
+
 @app.command("ls")
 @reports_errors
 def ls(output: OutputOption = Format.TABLE) -> None:
