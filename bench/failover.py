@@ -102,6 +102,7 @@ class Load:
         self.cancelled: dict[str, float] = {}
         """Workloads whose cancel was answered: when it was."""
         self.requests = self.failed = 0
+        self.errors: list[str] = []
         self.latency: list[tuple[float, float]] = []
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
@@ -133,8 +134,9 @@ class Load:
                     answer = self.client.request("POST", f"/workloads/{wid}/cancel")
                     if answer.get("status") == "cancelled":
                         self.cancelled[wid] = time.time()
-            except GpupoolError:
+            except GpupoolError as exc:
                 self.failed += 1
+                self.errors.append(f"{time.time():.3f} {exc.message}")
             self._stop.wait(max(0.0, next_at - time.monotonic()))
 
 
@@ -163,8 +165,9 @@ def main() -> None:
     reason = pgtemp.why_unavailable()
     if reason:
         raise SystemExit(f"needs PostgreSQL: {reason}")
-    pg = pgtemp.start()
+    pg = pgtemp.start(fsync=True)  # durable commits: an immediate stop must lose no acknowledged one
     root = Path(tempfile.mkdtemp(prefix="gpupool-failover-"))
+    os.chmod(root, 0o711)  # the pods' accounts reach their marker directory below
     markers = root / "markers"
     markers.mkdir()
     os.chmod(markers, 0o1777)  # the pods' accounts write their start markers here
@@ -303,6 +306,7 @@ def main() -> None:
             "submit_latency_all_p99_ms": round(1000 * pct(all_lat, 0.99), 1),
             "submit_latency_all_max_ms": round(1000 * max(all_lat, default=0.0), 1),
             "markers": sum(len(m) for m in marks.values()),
+            "errors": load.errors[:10],
             "servers_alive_at_end": sum(s.alive() for s in servers),
         }
         table = Table(title=f"failover: {args.servers} servers, {args.simulate}, {args.rate:g} "
@@ -310,11 +314,13 @@ def main() -> None:
         table.add_column("measure")
         table.add_column("value", justify="right")
         for key, value in result.items():
-            if key != "faults":
+            if key not in ("faults", "errors"):
                 table.add_row(key, f"{value:.3f}" if isinstance(value, float) else str(value))
         Console().print(table)
         for fault in faults:
             print(fault)
+        for error in load.errors[:10]:
+            print("failed request:", error)
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(result, indent=2) + "\n")
         print(f"wrote {args.json}")
