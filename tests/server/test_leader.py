@@ -6,13 +6,18 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 from sqlalchemy import func, insert, select
+from upproc import cli
 
+from gpupool.errors import InvalidInput
 from gpupool.server.db import Fenced, Store
 from gpupool.server.leader import Leadership
 from gpupool.server.orm import LeaderLeaseRow, ServerRow, TenantRow
+from gpupool.server.pgtemp import free_port
+from gpupool.server.settings import Settings
 
 
 class Clock:
@@ -151,3 +156,18 @@ def test_takeover_waits_for_the_fenced_transaction_in_flight(store: Store) -> No
     with store.read() as session:
         names = set(session.scalars(select(TenantRow.name)))
     assert "in-flight" in names and "after" not in names
+
+
+def test_ha_settings_refused_with_a_sentence(tmp_path: Path) -> None:
+    with pytest.raises(InvalidInput, match=r"--ha .* needs PostgreSQL"):
+        Settings(data_dir=tmp_path, ha=True)
+    with pytest.raises(InvalidInput, match="at most a third of the lease"):
+        Settings(data_dir=tmp_path, lease_s=3, lease_renew_s=2)
+    with pytest.raises(InvalidInput, match="GPUPOOL_LEASE_S must be a number"):
+        Settings(data_dir=tmp_path).with_env({"GPUPOOL_LEASE_S": "ten"})
+    assert Settings(data_dir=tmp_path).with_env({"GPUPOOL_LEASE_S": "6", "GPUPOOL_LEASE_RENEW_S": "1"}
+                                                ).lease_s == 6
+    done = cli(["up", "--ha", "--data-dir", str(tmp_path / "d"), "--port", str(free_port())], {})
+    assert done.returncode == 2, done.stderr
+    assert "--ha shares the store between servers, so it needs PostgreSQL" in done.stderr
+    assert "Traceback" not in done.stderr
