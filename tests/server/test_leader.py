@@ -171,3 +171,35 @@ def test_ha_settings_refused_with_a_sentence(tmp_path: Path) -> None:
     assert done.returncode == 2, done.stderr
     assert "--ha shares the store between servers, so it needs PostgreSQL" in done.stderr
     assert "Traceback" not in done.stderr
+
+
+def test_a_commit_that_breaks_is_not_offered_for_retry(tmp_path: Path) -> None:
+    """A connection lost before the commit: 503 with Retry-After (nothing kept). Lost during the
+    commit itself: it may have landed, so no Retry-After and a sentence saying to check first."""
+    from sqlalchemy import event
+    from sqlalchemy.exc import OperationalError
+
+    from gpupool.errors import StoreUnavailable
+    from gpupool.server.http_errors import gpupool_error_response
+
+    store = Store.open(f"sqlite:///{tmp_path / 's.sqlite'}")
+    lost = OperationalError("COMMIT", {}, Exception("server closed the connection unexpectedly"))
+    where: list[str] = []
+
+    def breaks(_: object) -> None:
+        if where == ["commit"]:
+            raise lost
+
+    event.listen(store._sessions, "before_commit", breaks)
+    where.append("before")
+    with pytest.raises(StoreUnavailable) as before, store.write() as session:
+        session.execute(insert(TenantRow).values(name="t1", created_s=0.0))
+        raise lost
+    assert gpupool_error_response(before.value).headers["retry-after"] == "1"
+    where[:] = ["commit"]
+    with pytest.raises(StoreUnavailable, match="may or may not have been saved") as during, \
+            store.write() as session:
+        session.execute(insert(TenantRow).values(name="t2", created_s=0.0))
+    answer = gpupool_error_response(during.value)
+    assert answer.status_code == 503 and "retry-after" not in answer.headers
+    store.close()

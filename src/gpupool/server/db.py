@@ -95,19 +95,29 @@ class Store:
     def write(self) -> Iterator[Session]:
         """One transaction: committed when the block ends, rolled back if it raises.
 
-        Raises StoreUnavailable when the store cannot take it (nothing of it was stored).
+        Raises StoreUnavailable when the store cannot take it: nothing of it was stored, unless the
+        connection broke during the commit itself (its `details["outcome_unknown"]` is then True:
+        the commit may have landed, so the request must not be sent again blindly).
         """
+        committing = False
         try:
             if self.is_sqlite:
                 with self._write_lock, self._sessions() as session, session.begin():
                     self._check_fence(session)
                     yield session
+                    committing = True
             else:
                 with self._sessions() as session, session.begin():
                     self._check_fence(session)
                     yield session
+                    committing = True
         except OperationalError as exc:
-            raise self._unavailable(exc) from exc
+            error = self._unavailable(exc)
+            if committing:  # the commit was sent: whether it landed is unknown
+                error = StoreUnavailable(
+                    "The pool's store failed while saving this, so it may or may not have been saved; "
+                    "check (gpupool ls, gpupool show) before sending it again.", outcome_unknown=True)
+            raise error from exc
         if self._failing is not None:
             self._recovered()
 
