@@ -161,6 +161,7 @@ def main() -> None:
     parser.add_argument("--gap", type=float, default=8.0, help="seconds of steady load between faults")
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--json", type=Path, default=Path("bench/results/failover.json"))
+    parser.add_argument("--logs", type=Path, default=None, help="copy the servers' logs here at the end")
     args = parser.parse_args()
     reason = pgtemp.why_unavailable()
     if reason:
@@ -346,6 +347,10 @@ def main() -> None:
         if engine is not None:
             engine.dispose()
         pg.stop()
+        if args.logs is not None:
+            args.logs.mkdir(parents=True, exist_ok=True)
+            for log in root.glob("server*.log"):
+                shutil.copy(log, args.logs / log.name)
         shutil.rmtree(root, ignore_errors=True)
 
 
