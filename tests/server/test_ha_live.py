@@ -1,5 +1,6 @@
 """Two real `gpupool up --ha` servers on one PostgreSQL: a leader SIGSTOPped past its lease is
-replaced and, resumed, writes nothing and follows; a leader killed -9 is replaced, its pods
+replaced and, resumed, writes nothing and follows (and a cancel it answers stops the pod that the
+leader runs); a leader killed -9 is replaced, its pods
 re-adopted, nothing started twice; a PostgreSQL restart answers 503 with Retry-After, then works,
 and no server exits. One cluster for the module (the tests run in order on it)."""
 
@@ -32,8 +33,18 @@ class Cluster:
     url: str
     servers: list[UpProcess]
 
-    def leader(self) -> tuple[UpProcess, int]:
-        """The server holding the lease (as the store says), and its epoch."""
+    def leader(self, timeout_s: float = 30.0) -> tuple[UpProcess, int]:
+        """The server holding the lease (as the store says), and its epoch; waits for one."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            found = self._leader()
+            if found is not None:
+                return found
+            if time.monotonic() > deadline:
+                raise AssertionError("no leader")
+            time.sleep(0.05)
+
+    def _leader(self) -> tuple[UpProcess, int] | None:
         for server in self.servers:
             if server.proc is None or server.proc.poll() is not None:
                 continue
@@ -45,7 +56,7 @@ class Cluster:
                 if row["leader"]:
                     port = int(row["address"].rsplit(":", 1)[1])
                     return next(s for s in self.servers if s.port == port), int(row["epoch"])
-        raise AssertionError("no leader")
+        return None
 
     def sql(self, query: str, **params: object) -> list[tuple[object, ...]]:
         engine = create_engine(self.url)
@@ -109,7 +120,6 @@ def _is_leader(server: UpProcess) -> float:
 
 
 def test_sigstopped_leader_is_replaced_and_resumed_writes_nothing(cluster: Cluster) -> None:
-    until(lambda: cluster.leader(), 30, "a leader")
     old, epoch = cluster.leader()
     other = next(s for s in cluster.servers if s is not old)
     api = other.client()
@@ -118,7 +128,7 @@ def test_sigstopped_leader_is_replaced_and_resumed_writes_nothing(cluster: Clust
     assert old.proc is not None
     os.kill(old.proc.pid, signal.SIGSTOP)
     try:
-        until(lambda: cluster.leader() == (other, epoch + 1), 30, "the other server leading")
+        until(lambda: cluster._leader() == (other, epoch + 1), 30, "the other server leading")
         second = _submit(api)
         until(lambda: _running(api, second), 30, "work submitted meanwhile running")
     finally:
@@ -136,6 +146,13 @@ def test_sigstopped_leader_is_replaced_and_resumed_writes_nothing(cluster: Clust
     for wid in (first, second, third.json()["id"]):
         assert _launched(api, wid) == 1  # each started once
     assert cluster.sql("SELECT count(*) FROM pods WHERE status IN ('running', 'launching')") == [(3,)]
+    # a cancel answered by the follower, of a pod launched after its agent last read the pods' state
+    # (by the new leader): the leader, whose agent runs the pod, stops it
+    cancelled = old.client().post(f"/workloads/{second}/cancel")
+    assert cancelled.status_code == 200 and cancelled.json()["status"] == "cancelled", cancelled.text
+    until(lambda: cluster.sql("SELECT count(*) FROM pods WHERE workload_id = :w AND status IN "
+                              "('stopping', 'running', 'launching')", w=second) == [(0,)],
+          30, "the cancelled workload's pod (sleep 300) stopped by the leader")
 
 
 def test_killed_leader_is_replaced_pods_adopted_none_started_twice(cluster: Cluster, tmp_path: Path) -> None:
@@ -143,10 +160,10 @@ def test_killed_leader_is_replaced_pods_adopted_none_started_twice(cluster: Clus
     other = next(s for s in cluster.servers if s is not old)
     api = other.client()
     running = [str(r[0]) for r in cluster.sql("SELECT workload_id FROM pods WHERE status = 'running'")]
-    assert len(running) == 3
+    assert len(running) == 2
     old.kill9()
     dead_url = old.url
-    until(lambda: cluster.leader() == (other, epoch + 1), 30, "the other server leading after kill -9")
+    until(lambda: cluster._leader() == (other, epoch + 1), 30, "the other server leading after kill -9")
     # the CLI with both servers, the dead one first: it fails over and says who leads
     env = {"GPUPOOL_URL": f"{dead_url},{other.url}", "GPUPOOL_TOKEN": other.token()}
     listed = cli(["server", "ls"], env)

@@ -7,6 +7,8 @@ import threading
 import time
 from collections.abc import Callable
 
+from sqlalchemy import select
+
 from gpupool.core.scheduling.cycle import Policies
 from gpupool.errors import StoreUnavailable
 from gpupool.providers.base import Provider
@@ -15,8 +17,10 @@ from gpupool.server.leader import Leadership
 from gpupool.server.loops.reconciler import Reconciler
 from gpupool.server.loops.scheduler import Scheduler
 from gpupool.server.metrics import Metrics
+from gpupool.server.orm import PodRow
 from gpupool.server.runtime import Runtime
 from gpupool.server.services.dependencies import DependencyPass
+from gpupool.server.states import PodState
 
 log = logging.getLogger("gpupool.loop")
 WAKE_DELAY_S = 0.003
@@ -30,6 +34,8 @@ LAUNCH_REST_MAX_S = 2.0
 LAUNCH_REST_S = 0.05
 """How often the launch rest looks at the launches under way (the last one back, or a failure,
 ends it at once)."""
+STOP_SWEEP_S = 0.5
+"""With several servers: how often the leader stops the pods another server marked stopping."""
 MAX_CYCLES_PER_STEP = 3
 """Cycles run in one step while each one stops (preempts or evicts) something, as the replay does
 at one event time: requeued work gets another cycle at once (it may fit elsewhere)."""
@@ -64,6 +70,7 @@ class ControlLoop:
         self._exited = threading.Event()
         self._launched = threading.Event()
         self._led = threading.Event()
+        self._next_stop_sweep = float("-inf")
 
     def _build(self) -> None:
         rt, metrics = self.rt, self.metrics
@@ -105,6 +112,8 @@ class ControlLoop:
         Returns True while work is in flight, so the provider is polled again soon.
         """
         recorded = self.scheduler.record_launches()  # before the poll: a pod started is then running
+        if self.leadership is not None:
+            self._stop_asked_elsewhere()
         changed = self.reconciler.sync()
         changed += self.reconciler.nodes_gone(self.rt.nodes())
         changed += self.scheduler.enforce_time_limits()
@@ -150,6 +159,19 @@ class ControlLoop:
         self._launched.set()
 
     # ------------------------------------------------------------------ several servers
+
+    def _stop_asked_elsewhere(self) -> None:
+        """A cancel (or any stop) answered by another server marks the pods stopping in the store,
+        but only this server's provider holds them: every STOP_SWEEP_S the leader asks its provider
+        to stop each pod the store says is stopping (a no-op for those already asked)."""
+        now = time.monotonic()
+        if now < self._next_stop_sweep:
+            return
+        self._next_stop_sweep = now + STOP_SWEEP_S
+        with self.rt.store.read() as session:
+            pod_ids = list(session.scalars(select(PodRow.id).where(PodRow.status == PodState.STOPPING.value)))
+        for pod_id in pod_ids:
+            self.rt.provider.stop(pod_id)
 
     def _leadership_changed(self) -> None:
         self._led.set()
