@@ -203,3 +203,46 @@ def test_a_commit_that_breaks_is_not_offered_for_retry(tmp_path: Path) -> None:
     answer = gpupool_error_response(during.value)
     assert answer.status_code == 503 and "retry-after" not in answer.headers
     store.close()
+
+
+def test_a_leader_stopped_inside_a_transaction_does_not_block_the_takeover(store: Store) -> None:
+    """The old leader's fenced transaction is left open (its process stopped): the database ends
+    it after the bound, its writes are rolled back, and the takeover goes on."""
+    if store.is_sqlite:
+        pytest.skip("the row lock that would block the takeover is PostgreSQL's")
+    from gpupool.errors import StoreUnavailable
+    from gpupool.server.leader import bound_stalled_transactions
+
+    bound_stalled_transactions(store, 1.0)
+    clock = Clock()
+    a, b = _pair(store, clock)
+    assert a.round()
+    clock.now += 10
+    inside, resume = threading.Event(), threading.Event()
+    outcome: list[str] = []
+
+    def stalled_leader() -> None:
+        try:
+            with store.fenced(1), store.write() as session:
+                session.execute(insert(TenantRow).values(name="stalled", created_s=0.0))
+                inside.set()
+                resume.wait(20)  # stopped: nothing is sent to the database meanwhile
+        except StoreUnavailable:
+            outcome.append("refused")
+        else:
+            outcome.append("committed")
+
+    writer = threading.Thread(target=stalled_leader)
+    writer.start()
+    assert inside.wait(10)
+    took: list[bool] = []
+    taker = threading.Thread(target=lambda: took.append(b.round()))
+    taker.start()
+    taker.join(10)
+    assert not taker.is_alive(), "the takeover still waits for the stopped leader's transaction"
+    assert took == [True] and b.epoch == 2
+    resume.set()
+    writer.join(10)
+    assert outcome == ["refused"]  # it resumed to a connection the database had ended
+    with store.read() as session:
+        assert "stalled" not in set(session.scalars(select(TenantRow.name)))

@@ -241,8 +241,9 @@ def _serve(data_dir: Path | None, host: str, port: int, simulate: str, provider:
     signal.signal(signal.SIGTERM, _exit_on_sigterm)
     leadership = None
     if settings.ha:
-        from gpupool.server.leader import Leadership
+        from gpupool.server.leader import Leadership, bound_stalled_transactions
 
+        bound_stalled_transactions(store, settings.lease_s * 2 / 3)  # a stopped leader's transaction
         leadership = Leadership(store, address=f"{host}:{port}", lease_s=settings.lease_s,
                                 renew_s=settings.lease_renew_s)
         print(f"High availability: server {leadership.server_id} schedules only while it holds the "

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from sqlalchemy import Engine, create_engine, event, text
-from sqlalchemy.exc import OperationalError
+from sqlalchemy.exc import InternalError, OperationalError
 from sqlalchemy.orm import Session, sessionmaker
 
 from gpupool.errors import InvalidInput, StoreUnavailable, Unavailable
@@ -111,7 +111,7 @@ class Store:
                     self._check_fence(session)
                     yield session
                     committing = True
-        except OperationalError as exc:
+        except (OperationalError, InternalError) as exc:  # Internal: the session ended by the server
             error = self._unavailable(exc)
             if committing:  # the commit was sent: whether it landed is unknown
                 error = StoreUnavailable(
@@ -152,7 +152,7 @@ class Store:
             raise Fenced(f"This server no longer leads the pool (its epoch {epoch} is not the lease's "
                          f"{current}); its scheduling write was refused and it follows the new leader.")
 
-    def _unavailable(self, exc: OperationalError) -> StoreUnavailable:
+    def _unavailable(self, exc: OperationalError | InternalError) -> StoreUnavailable:
         """The error to answer with; logs one line when this failure starts (not one per request)."""
         cause = " ".join(str(exc.orig if exc.orig is not None else exc).split())
         with self._failing_lock:

@@ -54,6 +54,28 @@ class LeaseView:
     renewed_s: float
 
 
+def bound_stalled_transactions(store: Store, seconds: float) -> None:
+    """PostgreSQL ends any session of this server that sits inside a transaction for `seconds`
+    (idle_in_transaction_session_timeout). A leader stopped (SIGSTOP) in the middle of a fenced
+    transaction holds the lease row FOR SHARE, and the takeover's update of that row would wait for
+    it as long as the process stays stopped: ended by the database, its transaction rolls back and
+    the takeover goes on. Applied to every connection this store opens from now on."""
+    if store.is_sqlite:
+        return
+    from sqlalchemy import event
+
+    millis = max(1, int(seconds * 1000))
+
+    @event.listens_for(store.engine, "connect")
+    def _bound(dbapi_connection: object, _record: object) -> None:
+        cursor = dbapi_connection.cursor()  # type: ignore[attr-defined]
+        cursor.execute(f"SET idle_in_transaction_session_timeout = {millis}")
+        cursor.close()
+        dbapi_connection.commit()  # type: ignore[attr-defined]
+
+    store.engine.dispose()  # connections pooled before (the migrations') are opened again with it
+
+
 def new_server_id() -> str:
     return "s-" + uuid.uuid4().hex[:10]
 
