@@ -138,6 +138,10 @@ def test_sigstopped_leader_is_replaced_and_resumed_writes_nothing(cluster: Clust
     assert third.status_code == 201, third.text  # a follower takes submissions; the leader places them
     until(lambda: _running(api, third.json()["id"]), 30, "work submitted to the follower running")
     assert _is_leader(other) == 1
+    scraped = httpx.get(f"{other.url}/metrics", headers={"Authorization": f"Bearer {other.token()}"}).text
+    assert re.search(r"^gpupool_leader_changes_total 1\.0$", scraped, re.M), scraped[:400]
+    renewals = re.search(r"^gpupool_lease_renew_seconds_count (\S+)$", scraped, re.M)
+    assert renewals and float(renewals.group(1)) >= 1
     # the store: nothing written under the old epoch since the new one began
     (took,), = cluster.sql("SELECT acquired_s FROM leader_lease")
     stale = cluster.sql("SELECT id FROM pods WHERE epoch = :e AND created_s >= :t", e=epoch, t=took)
