@@ -270,6 +270,9 @@ class LaunchWorkers:
             return Outcome(launch, None, NOT_LEADER)
         try:
             self.provider.launch(launch)
+            if not self.may_launch():  # the leadership was lost during the call (a stopped leader):
+                self.provider.stop(launch.pod_id, grace_s=0)  # the new leader places it again
+                return Outcome(launch, None, NOT_LEADER)
             return Outcome(launch, self.clock())
         except GpupoolError as exc:
             log.warning("launch of pod %s (workload %s) failed: %s", launch.pod_id, launch.workload_id,
