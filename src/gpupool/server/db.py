@@ -96,8 +96,8 @@ class Store:
         """One transaction: committed when the block ends, rolled back if it raises.
 
         Raises StoreUnavailable when the store cannot take it: nothing of it was stored, unless the
-        connection broke during the commit itself (its `details["outcome_unknown"]` is then True:
-        the commit may have landed, so the request must not be sent again blindly).
+        connection to PostgreSQL broke during the commit itself (its `details["outcome_unknown"]` is
+        then True: the commit may have landed, so the request must not be sent again blindly).
         """
         committing = False
         try:
@@ -113,7 +113,9 @@ class Store:
                     committing = True
         except (OperationalError, InternalError) as exc:  # Internal: the session ended by the server
             error = self._unavailable(exc)
-            if committing:  # the commit was sent: whether it landed is unknown
+            if committing and not self.is_sqlite and exc.connection_invalidated:
+                # the connection broke while the commit was on its way: whether it landed is unknown
+                # (SQLite's commit is local: when it fails, nothing was stored)
                 error = StoreUnavailable(
                     "The pool's store failed while saving this, so it may or may not have been saved; "
                     "check (gpupool ls, gpupool show) before sending it again.", outcome_unknown=True)
