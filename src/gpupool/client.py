@@ -35,6 +35,7 @@ from gpupool.api.mounts import parse_mount, parse_secret_use
 from gpupool.api.nodes import NodeOut, PoolSummary
 from gpupool.api.secrets import SecretDeleted, SecretOut
 from gpupool.api.services import ServiceOut, ServiceSpec
+from gpupool.api.servers import ServersOut
 from gpupool.api.tenants import QueueOut, TenantDeleted, TenantOut, TokenInfo, TokenOut
 from gpupool.api.usage import UsageOut
 from gpupool.api.workloads import (
@@ -115,8 +116,15 @@ class Client:
     """A connection to one gpupool server; safe to reuse for many calls, close it when done."""
 
     def __init__(self, url: str | None = None, token: str | None = None, *, timeout_s: float = 30.0,
-                 transport: httpx.BaseTransport | None = None) -> None:
-        self.url, self.token = resolve(url, token)
+                 transport: httpx.BaseTransport | None = None, retry_unavailable_s: float = 30.0) -> None:
+        urls, self.token = resolve(url, token)
+        self.urls = urls.split(",")
+        """The pool's servers (GPUPOOL_URL may list several, comma-separated): a request that cannot
+        connect to one is sent to the next, in order, and the one that answered is used from then on."""
+        self.url = self.urls[0]
+        self.retry_unavailable_s = retry_unavailable_s
+        """How long a request answered 503 with Retry-After (the store restarting; nothing of the
+        request was kept) is sent again before its error is raised; 0: never."""
         headers = {"Authorization": f"Bearer {self.token}"} if self.token else {}
         self._http = httpx.Client(base_url=self.url + API, headers=headers, timeout=timeout_s,
                                   transport=transport, verify=_verify(self.url))
@@ -134,13 +142,33 @@ class Client:
 
     def _call(self, method: str, path: str, *, json: Any = None, params: Mapping[str, Any] | None = None
               ) -> Any:
-        try:
-            answer = self._http.request(method, path, json=json, params=params)
-        except httpx.TransportError as exc:
-            raise _unreachable(self.url, exc) from None
+        deadline = time.monotonic() + self.retry_unavailable_s
+        while True:
+            answer = self._send(method, path, json, params)
+            wait = _retry_after(answer)
+            if wait is None or time.monotonic() + wait > deadline:
+                break
+            time.sleep(wait)  # the store was unavailable and nothing was kept: the same request again
         if answer.status_code >= 400:
             raise error_from_answer(answer.status_code, answer.content)
         return answer.json()
+
+    def _send(self, method: str, path: str, json: Any, params: Mapping[str, Any] | None) -> httpx.Response:
+        """One request to the server last used, else to the others in order where a connection
+        cannot be made (nothing was sent: safe for a submission too); the one that answers is kept."""
+        order = [self.url, *(u for u in self.urls if u != self.url)]
+        for i, url in enumerate(order):
+            if url != self.url:
+                self.url = url
+                self._http.base_url = httpx.URL(url + API)
+            try:
+                return self._http.request(method, path, json=json, params=params)
+            except (httpx.ConnectError, httpx.ConnectTimeout) as exc:
+                if i == len(order) - 1:
+                    raise _unreachable(", ".join(order) if len(order) > 1 else url, exc) from None
+            except httpx.TransportError as exc:
+                raise _unreachable(url, exc) from None
+        raise AssertionError("unreachable")  # pragma: no cover - the loop returns or raises
 
     def request(self, method: str, path: str, *, json: Any = None, params: Mapping[str, Any] | None = None
                 ) -> Any:
@@ -557,6 +585,10 @@ class Client:
         """The scheduling configuration the running pool uses, as `gpupool config show` (admin)."""
         return dict(self._call("GET", "/config"))
 
+    def servers(self) -> ServersOut:
+        """The servers sharing the pool's store and which one leads (admin; `gpupool server ls`)."""
+        return self._one(ServersOut, "GET", "/servers")
+
     def audit(self, since_s: float | None = None, limit: int = 100) -> list[AuditOut]:
         """The audit log, newest first (admin)."""
         params: dict[str, Any] = {"limit": limit}
@@ -696,6 +728,17 @@ def _sse_events(lines: Iterator[str]) -> Iterator[tuple[int, EventOut | None]]:
             if event_id is not None:
                 yield event_id, EventOut.model_validate_json(data) if data else None
             event_id, data = None, ""
+
+
+def _retry_after(answer: httpx.Response) -> float | None:
+    """Seconds to wait before sending a request again that was answered 503 with Retry-After (at
+    most 5), else None."""
+    if answer.status_code != 503:
+        return None
+    try:
+        return min(5.0, max(0.1, float(answer.headers.get("retry-after", ""))))
+    except ValueError:
+        return None
 
 
 def _unreachable(url: str, exc: httpx.TransportError) -> Unavailable:

@@ -82,7 +82,9 @@ def _resolve(url: str | None, token: str | None) -> tuple[str, str, str]:
             config = _config_file()
             url, url_source = str(config.get("url", "")), f"url in {config_path()}"
             url = url or DEFAULT_URL
-    url = normalize_url(url, url_source)
+    # several servers of one pool (gpupool up --ha): "URL1,URL2,...", tried in order by the client
+    url = ",".join(normalize_url(one, url_source) for one in url.split(",") if one.strip()) or \
+        normalize_url(url, url_source)
     source = ""
     if not token:
         token, source = os.environ.get("GPUPOOL_TOKEN", ""), "GPUPOOL_TOKEN"

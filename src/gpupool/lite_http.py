@@ -17,7 +17,7 @@ class NotPlainHttp(Exception):
 
 
 def _split(url: str) -> tuple[str, int, str]:
-    if not url.startswith("http://"):
+    if not url.startswith("http://") or "," in url:  # several servers: the SDK fails over between them
         raise NotPlainHttp(url)
     rest = url[len("http://"):]
     hostport, _, prefix = rest.partition("/")

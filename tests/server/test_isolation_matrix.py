@@ -131,6 +131,7 @@ EXPECTED: dict[tuple[str, str], Expectation] = {
     # Audit, configuration
     ("GET", "/audit"): Admin(),
     ("GET", "/config"): Admin(),
+    ("GET", "/servers"): Admin(),
     # Usage and chargeback
     ("GET", "/usage"): Readable(probe={"tenant": "tenant"}),
     ("GET", "/history"): Readable(),  # its own usage series; the pool-wide metrics are the admin's

@@ -24,10 +24,11 @@ SUBCOMMANDS: dict[str, tuple[str, str, str]] = {
     "image": ("gpupool.cli.image", "app", "Container images: import (admin), ls, rm (admin)."),
     "fed": ("gpupool.cli.fed", "app", "A federation hub's member pools: ls."),
     "service": ("gpupool.cli.service", "app", "Inference services: create, ls, show, scale, update, delete."),
+    "server": ("gpupool.cli.servers", "app", "The servers sharing the pool's store (admin): ls."),
 }
 ALIASES: dict[str, str] = {"profiles": "profile", "nodes": "node", "tenants": "tenant", "queues": "queue",
                            "tokens": "token", "images": "image", "secrets": "secret",
-                           "services": "service"}
+                           "services": "service", "servers": "server"}
 """The other spelling of each group's name, accepted but not listed in help."""
 
 # Top-level commands (not groups): name -> (module, function, help).

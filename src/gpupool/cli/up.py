@@ -32,6 +32,7 @@ class _Limits:
     max_request_body_bytes: int = DEFAULT_MAX_REQUEST_BODY_BYTES
     max_pod_log_bytes: int = DEFAULT_MAX_POD_LOG_BYTES
     agent_dir: Path | None = None
+    ha: bool = False
 
 
 def up(
@@ -100,6 +101,12 @@ def up(
             "Pods' logs and the agents' state (default: DATA_DIR/agents); put it on another "
             "filesystem than the store so pods' output can never fill the store's disk."))
     ] = None,
+    ha: Annotated[
+        bool, typer.Option("--ha", help=(
+            "Share the PostgreSQL store with other servers: all serve the API, the one holding the "
+            "leader lease schedules, another takes over within the lease (GPUPOOL_LEASE_S, default "
+            "10 s) if it dies; see docs/ha.md."))
+    ] = False,
     fabric: Annotated[
         Path | None,
         typer.Option("--fabric", help=(
@@ -160,7 +167,7 @@ def up(
         database_url = dburl.resolve(database_url, database_url_file)
         limits = _Limits(max_request_body_bytes=parse_size_bytes(max_request_body, "--max-request-body"),
                          max_pod_log_bytes=parse_size_bytes(max_pod_log, "--max-pod-log"),
-                         agent_dir=agent_dir)
+                         agent_dir=agent_dir, ha=ha)
         _serve(data_dir, host, port, simulate, provider, database_url, policy or placement or "",
                tls_cert, tls_key, metrics_public, config, fabric_path=fabric, ray_address=ray_address,
                limits=limits)
@@ -252,8 +259,19 @@ def _serve(data_dir: Path | None, host: str, port: int, simulate: str, provider:
     # found: make that an exit through the `finally` below, so the provider is closed (the agents'
     # spare pod namespaces removed, their threads stopped) as on Ctrl-C, with the status of SIGTERM.
     signal.signal(signal.SIGTERM, _exit_on_sigterm)
+    leadership = None
+    if settings.ha:
+        from gpupool.server.leader import Leadership, bound_stalled_transactions
+
+        bound_stalled_transactions(store, settings.lease_s * 2 / 3)  # a stopped leader's transaction
+        leadership = Leadership(store, address=f"{host}:{port}", lease_s=settings.lease_s,
+                                renew_s=settings.lease_renew_s)
+        print(f"High availability: server {leadership.server_id} schedules only while it holds the "
+              f"leader lease ({settings.lease_s:g} s, renewed every {settings.lease_renew_s:g} s).",
+              flush=True)
     try:
-        app = create_app(rt)
+        app = create_app(rt, leadership=leadership, reopen_provider=(
+            (lambda: provision(settings, ray_address=ray_address).provider) if settings.ha else None))
         server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level="warning",
                                                access_log=False, ssl_certfile=settings.tls_cert,
                                                ssl_keyfile=settings.tls_key))
@@ -262,7 +280,7 @@ def _serve(data_dir: Path | None, host: str, port: int, simulate: str, provider:
         if not server.started:
             sys.exit(3)  # uvicorn.run's STARTUP_FAILURE: the port was taken, the certificate unreadable
     finally:
-        provisioned.provider.close()
+        rt.provider.close()  # the one opened at the last takeover, with several servers
         store.close()
 
 

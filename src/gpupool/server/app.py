@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -13,10 +13,12 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 import gpupool
 from gpupool.api.common import ErrorBody
 from gpupool.errors import Forbidden
+from gpupool.providers.base import Provider
 from gpupool.server import apidocs, http_errors, ui
 from gpupool.server.auth import Scope
 from gpupool.server.bodylimit import BodyLimit
 from gpupool.server.fastpath import SubmitFastPath
+from gpupool.server.leader import Leadership
 from gpupool.server.loops.control import ControlLoop
 from gpupool.server.loops.history import HistorySampler
 from gpupool.server.loops.serving import ServingLoop
@@ -38,6 +40,7 @@ from gpupool.server.routers import fabric as fabric_routes
 from gpupool.server.routers import history as history_routes
 from gpupool.server.routers import secrets as secret_routes
 from gpupool.server.routers import services as service_routes
+from gpupool.server.routers import servers as server_routes
 from gpupool.server.runtime import Runtime
 from gpupool.server.services import node_faults
 from gpupool.server.services.submit_writer import SubmitWriter
@@ -45,12 +48,18 @@ from gpupool.server.services.submit_writer import SubmitWriter
 API_PREFIX = "/api/v1"
 
 
-def create_app(rt: Runtime, *, run_loop: bool = True, hub_router: APIRouter | None = None) -> FastAPI:
+def create_app(rt: Runtime, *, run_loop: bool = True, hub_router: APIRouter | None = None,
+               leadership: Leadership | None = None,
+               reopen_provider: Callable[[], Provider] | None = None) -> FastAPI:
     """An app over `rt`; with run_loop the control loop starts and stops with the app. A federation
     hub (src/gpupool/federation) passes its workload routes in `hub_router`: they answer before the
-    pool's own, and the submission fast path (which writes to this pool's store) is left out."""
+    pool's own, and the submission fast path (which writes to this pool's store) is left out. With
+    `leadership` (several servers on one store) the loop acts only while this server leads."""
     metrics = Metrics(rt)
-    loop = ControlLoop(rt, metrics)
+    if leadership is not None:
+        metrics.is_leader.set(0)
+        leadership.on_renew = metrics.lease_renew_seconds.observe
+    loop = ControlLoop(rt, metrics, leadership, reopen_provider)
     writer = SubmitWriter(rt)
     sampler = HistorySampler(rt)
     serving = ServingLoop(rt)  # inference services' replicas and probes (docs/services.md)
@@ -60,6 +69,8 @@ def create_app(rt: Runtime, *, run_loop: bool = True, hub_router: APIRouter | No
         node_faults.restore(rt)  # injected faults outlive a restart: back before the loop's first cycle
         if run_loop:
             loop.start()
+            if leadership is not None:
+                leadership.start()  # after the loop: it wakes the loop when it takes the lease
             sampler.start()  # a thread of its own: a minute's sample never waits on a cycle
             serving.start()
         try:
@@ -70,6 +81,8 @@ def create_app(rt: Runtime, *, run_loop: bool = True, hub_router: APIRouter | No
                 sampler.stop()
                 serving.stop()
                 loop.stop()
+                if leadership is not None:
+                    leadership.stop()  # after the loop stopped acting: the lease is released
             rt.auth.flush()  # tokens' last use and refused logins still held in memory
 
     app = FastAPI(
@@ -84,6 +97,7 @@ def create_app(rt: Runtime, *, run_loop: bool = True, hub_router: APIRouter | No
     app.state.runtime = rt
     app.state.metrics = metrics
     app.state.loop = loop
+    app.state.leadership = leadership
     app.state.submit_writer = writer
     app.state.history_sampler = sampler
     app.state.serving = serving
@@ -96,7 +110,7 @@ def create_app(rt: Runtime, *, run_loop: bool = True, hub_router: APIRouter | No
     for router in (health.router, workloads.router, nodes.router, tenants.router, audit.router,
                    config.router, session.router, usage.router, calls.router, fabric_routes.router,
                    images.router, secret_routes.router, history_routes.router, event_routes.router,
-                   service_routes.router):
+                   service_routes.router, server_routes.router):
         app.include_router(router, prefix=API_PREFIX, responses=dict(too_large))
     app.include_router(health.router, include_in_schema=False)  # /health at the root too
     apidocs.install(app, f"{API_PREFIX}/openapi.json")

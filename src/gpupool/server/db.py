@@ -17,8 +17,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import Engine, create_engine, event
-from sqlalchemy.exc import OperationalError
+from sqlalchemy import Engine, create_engine, event, text
+from sqlalchemy.exc import InternalError, OperationalError
 from sqlalchemy.orm import Session, sessionmaker
 
 from gpupool.errors import InvalidInput, StoreUnavailable, Unavailable
@@ -35,7 +35,8 @@ def make_engine(url: str) -> Engine:
     if url.startswith("postgresql"):
         if url.startswith("postgresql://"):
             url = "postgresql+psycopg://" + url.removeprefix("postgresql://")
-        return create_engine(url, pool_size=8, max_overflow=8, pool_pre_ping=True)
+        # pre-ping: a connection the server lost (PostgreSQL restarted) is replaced, not used once
+        return create_engine(url, pool_size=8, max_overflow=8, pool_pre_ping=True, pool_recycle=300)
     raise InvalidInput(f"Unsupported database URL {url!r}; use sqlite:///PATH or postgresql+psycopg://...")
 
 
@@ -68,6 +69,11 @@ class Store:
         self._failing: str | None = None
         """The driver's message of the failure now in progress (None while the store works)."""
         self._failing_lock = threading.Lock()
+        # Fencing (server/leader.py): a thread acting for the leader writes only while its epoch is
+        # the lease's; the check is made inside each of its transactions (see _check_fence).
+        self._fence = threading.local()
+        self.fenced_writes = 0
+        """Transactions refused because their epoch was no longer the lease's."""
 
     @classmethod
     def open(cls, url: str, *, migrate: bool = True) -> Store:
@@ -89,21 +95,66 @@ class Store:
     def write(self) -> Iterator[Session]:
         """One transaction: committed when the block ends, rolled back if it raises.
 
-        Raises StoreUnavailable when the store cannot take it (nothing of it was stored).
+        Raises StoreUnavailable when the store cannot take it: nothing of it was stored, unless the
+        connection to PostgreSQL broke during the commit itself (its `details["outcome_unknown"]` is
+        then True: the commit may have landed, so the request must not be sent again blindly).
         """
+        committing = False
         try:
             if self.is_sqlite:
                 with self._write_lock, self._sessions() as session, session.begin():
+                    self._check_fence(session)
                     yield session
+                    committing = True
             else:
                 with self._sessions() as session, session.begin():
+                    self._check_fence(session)
                     yield session
-        except OperationalError as exc:
-            raise self._unavailable(exc) from exc
+                    committing = True
+        except (OperationalError, InternalError) as exc:  # Internal: the session ended by the server
+            error = self._unavailable(exc)
+            if committing and not self.is_sqlite and exc.connection_invalidated:
+                # the connection broke while the commit was on its way: whether it landed is unknown
+                # (SQLite's commit is local: when it fails, nothing was stored)
+                error = StoreUnavailable(
+                    "The pool's store failed while saving this, so it may or may not have been saved; "
+                    "check (gpupool ls, gpupool show) before sending it again.", outcome_unknown=True)
+            raise error from exc
         if self._failing is not None:
             self._recovered()
 
-    def _unavailable(self, exc: OperationalError) -> StoreUnavailable:
+    @contextmanager
+    def fenced(self, epoch: int | None) -> Iterator[None]:
+        """Within the block, every write() of this thread is refused (Fenced) unless `epoch` is the
+        leader lease's epoch when the transaction starts; None: no check (a single server)."""
+        before = getattr(self._fence, "epoch", None)
+        self._fence.epoch = epoch
+        try:
+            yield
+        finally:
+            self._fence.epoch = before
+
+    def fence_epoch(self) -> int | None:
+        """The epoch this thread writes under (None: unfenced)."""
+        return getattr(self._fence, "epoch", None)
+
+    def _check_fence(self, session: Session) -> None:
+        """The lease's epoch read in the transaction itself. On PostgreSQL FOR SHARE holds the
+        lease row until the commit, so a takeover (which updates that row) waits for this
+        transaction, and every transaction after the takeover reads the new epoch: a deposed
+        leader's write is either committed before the new epoch exists or not at all. SQLite
+        serialises every write, which gives the same order."""
+        epoch = getattr(self._fence, "epoch", None)
+        if epoch is None:
+            return
+        lock = "" if self.is_sqlite else " FOR SHARE"
+        current = session.execute(text(f"SELECT epoch FROM leader_lease WHERE id = 1{lock}")).scalar()
+        if current != epoch:
+            self.fenced_writes += 1
+            raise Fenced(f"This server no longer leads the pool (its epoch {epoch} is not the lease's "
+                         f"{current}); its scheduling write was refused and it follows the new leader.")
+
+    def _unavailable(self, exc: OperationalError | InternalError) -> StoreUnavailable:
         """The error to answer with; logs one line when this failure starts (not one per request)."""
         cause = " ".join(str(exc.orig if exc.orig is not None else exc).split())
         with self._failing_lock:
@@ -120,6 +171,12 @@ class Store:
 
     def close(self) -> None:
         self.engine.dispose()
+
+
+class Fenced(StoreUnavailable):
+    """A write made for a leader whose epoch is no longer the lease's (server/leader.py)."""
+
+    code = "fenced"
 
 
 def store_unavailable(cause: str) -> StoreUnavailable:

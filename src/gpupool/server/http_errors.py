@@ -11,7 +11,7 @@ from fastapi.responses import JSONResponse
 from sqlalchemy.exc import OperationalError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from gpupool.errors import Forbidden, GpupoolError
+from gpupool.errors import Forbidden, GpupoolError, StoreUnavailable
 from gpupool.server import validation
 from gpupool.server.db import store_unavailable
 
@@ -46,6 +46,8 @@ def gpupool_error_response(exc: GpupoolError) -> JSONResponse:
     """The answer for a gpupool error (its HTTP status, code, message and details)."""
     status = exc.http_status if exc.http_status < 500 or exc.code != "over_allocation" else 500
     headers = {"WWW-Authenticate": "Bearer"} if exc.http_status == 401 else None
+    if isinstance(exc, StoreUnavailable) and not exc.details.get("outcome_unknown"):
+        headers = {"Retry-After": "1"}  # nothing of the request was stored: the client may send it again
     return error_response(status, exc.code, exc.message, _jsonable(exc.details), headers)
 
 

@@ -7,7 +7,7 @@ from collections import Counter
 from collections.abc import Iterator
 from typing import Any
 
-from prometheus_client import CollectorRegistry, Histogram
+from prometheus_client import CollectorRegistry, Gauge, Histogram
 from prometheus_client import Counter as PromCounter
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
@@ -62,6 +62,17 @@ class Metrics:
             "How far in all (seconds) those reserved starts moved later.",
             registry=self.registry,
         )
+        # several servers on one store (server/leader.py)
+        self.is_leader = Gauge("gpupool_is_leader", "1 while this server leads the pool (runs the control "
+                               "loop), 0 while it follows; a single server always leads.",
+                               registry=self.registry)
+        self.is_leader.set(1)
+        self.leader_changes = PromCounter(
+            "gpupool_leader_changes", "Times this server took the leadership (a takeover, or its start).",
+            registry=self.registry)
+        self.lease_renew_seconds = Histogram(
+            "gpupool_lease_renew_seconds", "Wall time of one successful take or renewal of the leader lease.",
+            buckets=_LATENCY_BUCKETS_S, registry=self.registry)
         self.registry.register(PoolCollector(rt))
         self.registry.register(UsageCollector(rt))
         self.registry.register(BudgetCollector(rt))

@@ -178,6 +178,8 @@ class PodRow(Base):
     before revision 0006; metered with the devices listed now)."""
     rolled_up: Mapped[bool] = mapped_column(Boolean, default=False, server_default="0", index=True)
     """Its usage is in usage_daily (set once it ended and the rollup folded it)."""
+    epoch: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    """The leader's epoch it was written under (server/leader.py; NULL: a single server)."""
 
 
 class UsageDailyRow(Base):
@@ -486,3 +488,29 @@ class ServiceEventRow(Base):
     reason: Mapped[str] = mapped_column(String(64))
     message: Mapped[str] = mapped_column(String(1024))
     at_s: Mapped[float] = mapped_column(Float)
+
+
+class LeaderLeaseRow(Base):
+    """The one lease of several servers on one store (server/leader.py): who leads, under which
+    epoch, until when. Taken and renewed by compare-and-set; a new holder bumps the epoch."""
+
+    __tablename__ = "leader_lease"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    holder: Mapped[str] = mapped_column(String(64))
+    epoch: Mapped[int] = mapped_column(BigInteger)
+    expires_s: Mapped[float] = mapped_column(Float)
+    renewed_s: Mapped[float] = mapped_column(Float)
+    acquired_s: Mapped[float] = mapped_column(Float)
+
+
+class ServerRow(Base):
+    """A server on this store and its heartbeat (`gpupool server ls`)."""
+
+    __tablename__ = "servers"
+
+    id: Mapped[str] = mapped_column(String(64), primary_key=True)
+    address: Mapped[str] = mapped_column(String(255))
+    version: Mapped[str] = mapped_column(String(64))
+    started_s: Mapped[float] = mapped_column(Float)
+    seen_s: Mapped[float] = mapped_column(Float)

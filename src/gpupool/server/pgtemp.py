@@ -62,6 +62,8 @@ class TempPostgres:
     root: Path
     port: int
     bindir: Path
+    options: str = ""
+    """The server's start options, for `restart()`."""
 
     def url(self, database: str = "postgres") -> str:
         return f"postgresql+psycopg://postgres@127.0.0.1:{self.port}/{database}"
@@ -75,6 +77,16 @@ class TempPostgres:
                              autocommit=True) as conn:
             conn.execute(f'CREATE DATABASE "{name}"')
         return self.url(name)
+
+    def halt(self) -> None:
+        """Stop the server as a crash would (immediate); `resume()` starts it again."""
+        _run_as_pg([str(self.bindir / "pg_ctl"), "-D", str(self.root / "data"), "-m", "immediate",
+                    "-w", "stop"])
+
+    def resume(self) -> None:
+        """Start the halted server again on the same port and data."""
+        _run_as_pg([str(self.bindir / "pg_ctl"), "-D", str(self.root / "data"), "-o", self.options,
+                    "-l", str(self.root / "log"), "-w", "-t", "60", "start"])
 
     def stop(self) -> None:
         _run_as_pg([str(self.bindir / "pg_ctl"), "-D", str(self.root / "data"), "-m", "immediate",
@@ -110,4 +122,4 @@ def start(*, fsync: bool = False) -> TempPostgres:
     options = f"-p {port} -k {root} -c listen_addresses=127.0.0.1 -c max_connections=100{durability}"
     _run_as_pg([str(bindir / "pg_ctl"), "-D", str(data), "-o", options, "-l", str(root / "log"),
                 "-w", "-t", "60", "start"])
-    return TempPostgres(root=root, port=port, bindir=bindir)
+    return TempPostgres(root=root, port=port, bindir=bindir, options=options)

@@ -82,6 +82,15 @@ class Settings:
     agent_dir: Path | None = None
     """The agents' state and the pods' logs (default: DATA_DIR/agents); may be on another
     filesystem than the store, so a pod's output can never fill the store's disk."""
+    # several servers on one PostgreSQL store (server/leader.py, docs/ha.md)
+    ha: bool = False
+    """`gpupool up --ha`: this server shares its store with others; it schedules only while it holds
+    the leader lease."""
+    lease_s: float = 10.0
+    """How long the leader lease lasts unless renewed (GPUPOOL_LEASE_S): a dead leader's successor
+    takes over at most this long after its last renewal."""
+    lease_renew_s: float = 2.0
+    """How often the leader renews its lease (GPUPOOL_LEASE_RENEW_S); less than a third of lease_s."""
 
     def __post_init__(self) -> None:
         if not 0 < self.port < 65536:
@@ -120,6 +129,15 @@ class Settings:
             from gpupool.server.dburl import check
 
             check(self.database_url)
+        if self.ha and not self.database_url.startswith("postgresql"):
+            raise InvalidInput("--ha shares the store between servers, so it needs PostgreSQL: give "
+                               "--database-url postgresql+psycopg://USER@HOST:PORT/DB (or "
+                               "GPUPOOL_DATABASE_URL).")
+        if not (self.lease_s > 0 and 0 < self.lease_renew_s * 3 <= self.lease_s):
+            raise InvalidInput(f"The lease renew interval must be positive and at most a third of the "
+                               f"lease, got renew {self.lease_renew_s:g} s for a lease of "
+                               f"{self.lease_s:g} s; "
+                               "set GPUPOOL_LEASE_RENEW_S and GPUPOOL_LEASE_S, e.g. 2 and 10.")
 
     @property
     def resolved_database_url(self) -> str:
@@ -183,6 +201,13 @@ class Settings:
                 ("GPUPOOL_MAX_POD_LOG", "max_pod_log_bytes", DEFAULT_MAX_POD_LOG_BYTES)):
             if env.get(name) and getattr(self, key) == default:
                 changes[key] = parse_size_bytes(env[name], name)
+        for name, key in (("GPUPOOL_LEASE_S", "lease_s"), ("GPUPOOL_LEASE_RENEW_S", "lease_renew_s")):
+            if env.get(name):
+                try:
+                    changes[key] = float(env[name])
+                except ValueError:
+                    raise InvalidInput(f"{name} must be a number of seconds, e.g. "
+                                       f"{'10' if key == 'lease_s' else '2'}.") from None
         if self.image_dir is None and env.get("GPUPOOL_IMAGE_DIR"):
             changes["image_dir"] = Path(env["GPUPOOL_IMAGE_DIR"])
         if self.agent_dir is None and env.get("GPUPOOL_AGENT_DIR"):

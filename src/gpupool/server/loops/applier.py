@@ -307,6 +307,7 @@ class DecisionApplier:
                     cpu_milli=cpu_milli, memory_mib=memory_mib,
                     message="Waits for a preempted pod to leave its device." if wait else "",
                     created_s=now, exit_code=None, finished_s=None,
+                    epoch=self.rt.store.fence_epoch(),  # the leader's (several servers), else None
                 ))
                 if not wait:
                     account = accounts.get(row.tenant) or ""

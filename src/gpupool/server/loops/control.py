@@ -5,14 +5,22 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Callable
+
+from sqlalchemy import select
 
 from gpupool.core.scheduling.cycle import Policies
 from gpupool.errors import StoreUnavailable
+from gpupool.providers.base import Provider
+from gpupool.server.db import Fenced
+from gpupool.server.leader import Leadership
 from gpupool.server.loops.reconciler import Reconciler
 from gpupool.server.loops.scheduler import Scheduler
 from gpupool.server.metrics import Metrics
+from gpupool.server.orm import PodRow
 from gpupool.server.runtime import Runtime
 from gpupool.server.services.dependencies import DependencyPass
+from gpupool.server.states import PodState
 
 log = logging.getLogger("gpupool.loop")
 WAKE_DELAY_S = 0.003
@@ -26,6 +34,8 @@ LAUNCH_REST_MAX_S = 2.0
 LAUNCH_REST_S = 0.05
 """How often the launch rest looks at the launches under way (the last one back, or a failure,
 ends it at once)."""
+STOP_SWEEP_S = 0.5
+"""With several servers: how often the leader stops the pods another server marked stopping."""
 MAX_CYCLES_PER_STEP = 3
 """Cycles run in one step while each one stops (preempts or evicts) something, as the replay does
 at one event time: requeued work gets another cycle at once (it may fit elsewhere)."""
@@ -40,28 +50,53 @@ class ControlLoop:
     while they are under way, none slow (LAUNCH_SLOW_S).
     """
 
-    def __init__(self, rt: Runtime, metrics: Metrics | None = None) -> None:
+    def __init__(self, rt: Runtime, metrics: Metrics | None = None,
+                 leadership: Leadership | None = None,
+                 reopen_provider: Callable[[], Provider] | None = None) -> None:
         self.rt = rt
         self.metrics = metrics
-        self.scheduler = Scheduler(rt, policies(rt), seed=rt.settings.seed)
-        self.reconciler = Reconciler(rt, on_final=self.scheduler.finished)
-        self.scheduler.launches.on_outcome = self._launches_back
-        self.dependencies = DependencyPass(rt)
-        if metrics is not None:
-            divergence = metrics.store_view_divergence
-            self.scheduler.store_audit.on_divergence = lambda kind, n: divergence.labels(kind).inc(n)
-            self.scheduler.on_slide = metrics.reservation_slid
+        self.leadership = leadership
+        """Several servers on one store (server/leader.py): the loop acts only while this server
+        leads, each step's writes fenced by its epoch. None: a single server, always acting."""
+        self.reopen_provider = reopen_provider
+        """With leadership: opens the provider afresh at each takeover, so it re-adopts the pods
+        the previous leader launched (the local agents' state on disk, Ray's detached actors)."""
+        self._epoch: int | None = None
+        self._build()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self.recovered: tuple[int, int] | None = None
         self._last_cycle = float("-inf")
         self._exited = threading.Event()
         self._launched = threading.Event()
+        self._led = threading.Event()
+        self._next_stop_sweep = float("-inf")
+
+    def _build(self) -> None:
+        rt, metrics = self.rt, self.metrics
+        self.scheduler = Scheduler(rt, policies(rt), seed=rt.settings.seed)
+        self.reconciler = Reconciler(rt, on_final=self.scheduler.finished)
+        self.scheduler.launches.on_outcome = self._launches_back
+        self.dependencies = DependencyPass(rt)
+        if self.leadership is not None:
+            self.scheduler.launches.may_launch = self._still_leading
+        if metrics is not None:
+            divergence = metrics.store_view_divergence
+            self.scheduler.store_audit.on_divergence = lambda kind, n: divergence.labels(kind).inc(n)
+            self.scheduler.on_slide = metrics.reservation_slid
+
+    def _still_leading(self) -> bool:
+        if self.leadership is None or self._epoch is None:
+            return False
+        return self.leadership.acting_epoch() == self._epoch
 
     def start(self) -> None:
-        self.recovered = self.reconciler.recover()
-        # pods' exits wake the loop (no waiting for the next poll), where the provider reports them
-        self.rt.provider.add_exit_listener(self._pods_exited)
+        if self.leadership is None:
+            self.recovered = self.reconciler.recover()
+            # pods' exits wake the loop (no waiting for the next poll), where the provider reports them
+            self.rt.provider.add_exit_listener(self._pods_exited)
+        else:
+            self.leadership.on_change = self._leadership_changed
         self._thread = threading.Thread(target=self._run, name="gpupool-control-loop", daemon=True)
         self._thread.start()
 
@@ -77,6 +112,8 @@ class ControlLoop:
         Returns True while work is in flight, so the provider is polled again soon.
         """
         recorded = self.scheduler.record_launches()  # before the poll: a pod started is then running
+        if self.leadership is not None:
+            self._stop_asked_elsewhere()
         changed = self.reconciler.sync()
         changed += self.reconciler.nodes_gone(self.rt.nodes())
         changed += self.scheduler.enforce_time_limits()
@@ -121,9 +158,83 @@ class ControlLoop:
         records the outcomes."""
         self._launched.set()
 
+    # ------------------------------------------------------------------ several servers
+
+    def _stop_asked_elsewhere(self) -> None:
+        """A cancel (or any stop) answered by another server marks the pods stopping in the store,
+        but only this server's provider holds them: every STOP_SWEEP_S the leader asks its provider
+        to stop each pod the store says is stopping (a no-op for those already asked)."""
+        now = time.monotonic()
+        if now < self._next_stop_sweep:
+            return
+        self._next_stop_sweep = now + STOP_SWEEP_S
+        with self.rt.store.read() as session:
+            pod_ids = list(session.scalars(select(PodRow.id).where(PodRow.status == PodState.STOPPING.value)))
+        for pod_id in pod_ids:
+            self.rt.provider.stop(pod_id)
+
+    def _leadership_changed(self) -> None:
+        self._led.set()
+        self.rt.wake.set()
+
+    def _lead(self) -> int | None:
+        """The epoch to act under in this step, None while following (then it waits for a change).
+        A new epoch is a takeover: the scheduler's state is built afresh from the store."""
+        assert self.leadership is not None
+        epoch = self.leadership.acting_epoch()
+        if epoch is None:
+            if self._epoch is not None:
+                log.warning("stopped scheduling: this server no longer leads (epoch %d)", self._epoch)
+                self._epoch = None
+                if self.metrics is not None:
+                    self.metrics.is_leader.set(0)
+            self._led.wait(min(0.5, self.leadership.renew_s))
+            self._led.clear()
+            return None
+        if epoch != self._epoch:
+            self._take_over(epoch)
+        return epoch
+
+    def _take_over(self, epoch: int) -> None:
+        """Rebuild from the store at a new epoch: a fresh provider (re-adopting what the previous
+        leader launched), a fresh scheduler, recovery of every active pod; all writes fenced."""
+        began = time.monotonic()
+        self._epoch = None
+        with self.rt.store.fenced(epoch):
+            if self.reopen_provider is not None:
+                try:  # closed first: the fresh one then finds this machine's pod network free
+                    self.rt.provider.close()
+                except Exception:
+                    log.exception("closing the previous provider failed")
+                self.rt.provider = self.reopen_provider()
+            self.rt.refresh_nodes()
+            self._build()
+            self.recovered = self.reconciler.recover()
+        self.rt.provider.add_exit_listener(self._pods_exited)
+        self._epoch = epoch
+        self._last_cycle = float("-inf")
+        self.rt.capacity_may_have_changed()
+        if self.metrics is not None:
+            self.metrics.is_leader.set(1)
+            self.metrics.leader_changes.inc()
+        log.warning("leading at epoch %d: re-adopted %d pods, %d lost, in %.2f s", epoch,
+                    self.recovered[0], self.recovered[1], time.monotonic() - began)
+
     def _run(self) -> None:
         settings = self.rt.settings
         while not self._stop.is_set():
+            epoch: int | None = None
+            if self.leadership is not None:
+                try:
+                    epoch = self._lead()
+                except Fenced:
+                    continue  # the lease moved on meanwhile: the next round follows
+                except StoreUnavailable:
+                    self._epoch = None  # half a takeover: made again once the store answers
+                    self._stop.wait(settings.cycle_interval_s)
+                    continue
+                if epoch is None:
+                    continue
             exited = self._exited.is_set()
             self._exited.clear()
             woken = self.rt.wake.is_set()
@@ -138,7 +249,12 @@ class ControlLoop:
             began, began_cpu = time.perf_counter(), time.process_time()
             handed = self.scheduler.launches.handed
             try:
-                busy = self.step(woken)
+                with self.rt.store.fenced(epoch):
+                    busy = self.step(woken)
+            except Fenced:
+                busy = False
+                if self.leadership is not None and epoch is not None:
+                    self.leadership.lost(epoch)
             except StoreUnavailable:  # the store logged the outage once; try again next interval
                 busy = False
                 self._stop.wait(settings.cycle_interval_s)

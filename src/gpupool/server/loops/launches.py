@@ -44,6 +44,7 @@ helper deadline, GPUPOOL_LAUNCH_TIMEOUT_S, 10 s by default, so the agent's sente
 MAX_STUCK = PER_NODE
 """Threads of one node stuck past the deadline at which the node is given no more launches."""
 INTERNAL = "the launch failed with an internal error (the server's log has the details)."
+NOT_LEADER = "not launched: this server stopped leading the pool before the launch began."
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,6 +76,9 @@ class LaunchWorkers:
         self._stuck: dict[str, int] = {}
         """Threads of each node past the deadline whose provider call has not returned."""
         self.threaded = provider.concurrent_launch
+        self.may_launch: Callable[[], bool] = lambda: True
+        """Asked right before each provider call: False (a server that no longer leads, or whose
+        lease renewal is overdue) fails the launch instead; the new leader places it again."""
         self._lock = threading.Lock()
         self._queues: dict[str, deque[PodLaunch]] = {}
         self._workers: dict[str, int] = {}
@@ -262,8 +266,13 @@ class LaunchWorkers:
             self._finish(launch, outcome)
 
     def _call(self, launch: PodLaunch) -> Outcome:
+        if not self.may_launch():
+            return Outcome(launch, None, NOT_LEADER)
         try:
             self.provider.launch(launch)
+            if not self.may_launch():  # the leadership was lost during the call (a stopped leader):
+                self.provider.stop(launch.pod_id, grace_s=0)  # the new leader places it again
+                return Outcome(launch, None, NOT_LEADER)
             return Outcome(launch, self.clock())
         except GpupoolError as exc:
             log.warning("launch of pod %s (workload %s) failed: %s", launch.pod_id, launch.workload_id,

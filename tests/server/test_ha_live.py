@@ -1,0 +1,208 @@
+"""Two real `gpupool up --ha` servers on one PostgreSQL: a leader SIGSTOPped past its lease is
+replaced and, resumed, writes nothing and follows (and a cancel it answers stops the pod that the
+leader runs); a leader killed -9 is replaced, its pods
+re-adopted, nothing started twice; a PostgreSQL restart answers 503 with Retry-After, then works,
+and no server exits. One cluster for the module (the tests run in order on it)."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+import pytest
+from sqlalchemy import create_engine, text
+from upproc import UpProcess, cli, until
+
+from gpupool.client import Client
+from gpupool.server import pgtemp
+
+pytestmark = pytest.mark.slow
+LEASE = {"GPUPOOL_LEASE_S": "3", "GPUPOOL_LEASE_RENEW_S": "0.5"}
+
+
+@dataclass
+class Cluster:
+    pg: pgtemp.TempPostgres
+    url: str
+    servers: list[UpProcess]
+
+    def leader(self, timeout_s: float = 30.0) -> tuple[UpProcess, int]:
+        """The server holding the lease (as the store says), and its epoch; waits for one."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            found = self._leader()
+            if found is not None:
+                return found
+            if time.monotonic() > deadline:
+                raise AssertionError("no leader")
+            time.sleep(0.05)
+
+    def _leader(self) -> tuple[UpProcess, int] | None:
+        for server in self.servers:
+            if server.proc is None or server.proc.poll() is not None:
+                continue
+            try:
+                answer = server.client().get("/servers").json()
+            except httpx.TransportError:
+                continue
+            for row in answer["servers"]:
+                if row["leader"]:
+                    port = int(row["address"].rsplit(":", 1)[1])
+                    return next(s for s in self.servers if s.port == port), int(row["epoch"])
+        return None
+
+    def sql(self, query: str, **params: object) -> list[tuple[object, ...]]:
+        engine = create_engine(self.url)
+        try:
+            with engine.connect() as conn:
+                return [tuple(r) for r in conn.execute(text(query), params)]
+        finally:
+            engine.dispose()
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+    reason = pgtemp.why_unavailable()
+    if reason:
+        pytest.skip(f"several servers need PostgreSQL: {reason}")
+    pg = pgtemp.start()
+    root = tmp_path_factory.mktemp("ha")
+    servers: list[UpProcess] = []
+    try:
+        url = pg.create_database()
+        env = {"GPUPOOL_DATABASE_URL": url, **LEASE}
+        for name in ("a", "b"):  # one data directory: one pool (its token, its agents' state)
+            servers.append(UpProcess(root / "data", ["--ha", "--simulate", "1x8xH100"], env=env,
+                                     log_path=root / f"{name}.log").start())
+        yield Cluster(pg, url, servers)
+    finally:
+        for server in servers:
+            if server.proc is not None and server.proc.poll() is None:
+                try:
+                    api = server.client()
+                    for item in api.get("/workloads", params={"status": "running,pending"}).json()["items"]:
+                        api.post(f"/workloads/{item['id']}/cancel")
+                except httpx.HTTPError:
+                    pass
+                break
+        for server in servers:
+            server.stop()
+        pg.stop()
+
+
+def _submit(api: httpx.Client) -> str:
+    answer = api.post("/workloads", json={"command": ["sleep", "300"], "resources": {"gpus": 1}})
+    assert answer.status_code == 201, answer.text
+    return str(answer.json()["id"])
+
+
+def _running(api: httpx.Client, *ids: str) -> bool:
+    return all(api.get(f"/workloads/{w}").json()["status"] == "running" for w in ids)
+
+
+def _launched(api: httpx.Client, wid: str) -> int:
+    return [e["reason"] for e in api.get(f"/workloads/{wid}/events").json()].count("launched")
+
+
+def _is_leader(server: UpProcess) -> float:
+    text_ = httpx.get(f"{server.url}/metrics", headers={"Authorization": f"Bearer {server.token()}"},
+                      timeout=30).text
+    match = re.search(r"^gpupool_is_leader (\S+)$", text_, re.M)
+    assert match, text_[:400]
+    return float(match.group(1))
+
+
+def test_sigstopped_leader_is_replaced_and_resumed_writes_nothing(cluster: Cluster) -> None:
+    old, epoch = cluster.leader()
+    other = next(s for s in cluster.servers if s is not old)
+    api = other.client()
+    first = _submit(api)
+    until(lambda: _running(api, first), 30, "the first workload running")
+    assert old.proc is not None
+    os.kill(old.proc.pid, signal.SIGSTOP)
+    try:
+        until(lambda: cluster._leader() == (other, epoch + 1), 30, "the other server leading")
+        second = _submit(api)
+        until(lambda: _running(api, second), 30, "work submitted meanwhile running")
+    finally:
+        os.kill(old.proc.pid, signal.SIGCONT)
+    until(lambda: _is_leader(old) == 0, 30, "the resumed server following")
+    third = old.client().post("/workloads", json={"command": ["sleep", "300"], "resources": {"gpus": 1}})
+    assert third.status_code == 201, third.text  # a follower takes submissions; the leader places them
+    until(lambda: _running(api, third.json()["id"]), 30, "work submitted to the follower running")
+    assert _is_leader(other) == 1
+    scraped = httpx.get(f"{other.url}/metrics", headers={"Authorization": f"Bearer {other.token()}"}).text
+    assert re.search(r"^gpupool_leader_changes_total 1\.0$", scraped, re.M), scraped[:400]
+    renewals = re.search(r"^gpupool_lease_renew_seconds_count (\S+)$", scraped, re.M)
+    assert renewals and float(renewals.group(1)) >= 1
+    # the store: nothing written under the old epoch since the new one began
+    (took,), = cluster.sql("SELECT acquired_s FROM leader_lease")
+    stale = cluster.sql("SELECT id FROM pods WHERE epoch = :e AND created_s >= :t", e=epoch, t=took)
+    assert stale == []
+    assert cluster.sql("SELECT epoch FROM pods WHERE workload_id = :w", w=second) == [(epoch + 1,)]
+    for wid in (first, second, third.json()["id"]):
+        assert _launched(api, wid) == 1  # each started once
+    assert cluster.sql("SELECT count(*) FROM pods WHERE status IN ('running', 'launching')") == [(3,)]
+    # a cancel answered by the follower, of a pod launched after its agent last read the pods' state
+    # (by the new leader): the leader, whose agent runs the pod, stops it
+    cancelled = old.client().post(f"/workloads/{second}/cancel")
+    assert cancelled.status_code == 200 and cancelled.json()["status"] == "cancelled", cancelled.text
+    until(lambda: cluster.sql("SELECT count(*) FROM pods WHERE workload_id = :w AND status IN "
+                              "('stopping', 'running', 'launching')", w=second) == [(0,)],
+          30, "the cancelled workload's pod (sleep 300) stopped by the leader")
+
+
+def test_killed_leader_is_replaced_pods_adopted_none_started_twice(cluster: Cluster, tmp_path: Path) -> None:
+    old, epoch = cluster.leader()
+    other = next(s for s in cluster.servers if s is not old)
+    api = other.client()
+    running = [str(r[0]) for r in cluster.sql("SELECT workload_id FROM pods WHERE status = 'running'")]
+    assert len(running) == 2
+    old.kill9()
+    dead_url = old.url
+    until(lambda: cluster._leader() == (other, epoch + 1), 30, "the other server leading after kill -9")
+    # the CLI with both servers, the dead one first: it fails over and says who leads
+    env = {"GPUPOOL_URL": f"{dead_url},{other.url}", "GPUPOOL_TOKEN": other.token()}
+    listed = cli(["server", "ls"], env)
+    assert listed.returncode == 0, listed.stderr
+    assert "leader" in listed.stdout and str(epoch + 1) in listed.stdout
+    submitted = cli(["submit", "--gpus", "1", "--", "sleep", "300"], env)
+    assert submitted.returncode == 0, submitted.stderr
+    new = submitted.stdout.strip().split()[-1]
+    until(lambda: _running(api, new, *running), 30, "the new work running beside the adopted")
+    for wid in running:
+        reasons = [e["reason"] for e in api.get(f"/workloads/{wid}/events").json()]
+        assert reasons.count("launched") == 1 and reasons[-1] == "adopted", reasons
+    assert _launched(api, new) == 1
+    old.start()  # back, as a follower
+    until(lambda: _is_leader(old) == 0 and cluster.leader()[0] is other, 30, "the restarted server following")
+
+
+def test_postgres_restart_answers_503_then_works_and_no_server_exits(cluster: Cluster) -> None:
+    leader, _ = cluster.leader()
+    api = leader.client()
+    before = int(api.get("/workloads", params={"limit": 1}).json()["total"])
+    cluster.pg.halt()
+    try:
+        down = api.post("/workloads", json={"command": ["true"]})
+        assert down.status_code == 503, down.text
+        assert down.headers["retry-after"] == "1"
+        assert "store" in down.json()["message"]
+    finally:
+        threading.Timer(1.5, cluster.pg.resume).start()
+    with Client(leader.url, leader.token()) as pool:  # retries the 503s until the store is back
+        began = time.monotonic()
+        wid = pool.submit(command=["true"])
+        assert time.monotonic() - began < 30
+        until(lambda: pool.workload(wid).status == "succeeded", 30, "work placed after the restart")
+    assert int(api.get("/workloads", params={"limit": 1}).json()["total"]) == before + 1
+    for server in cluster.servers:
+        assert server.proc is not None and server.proc.poll() is None, server.log_text()[-2000:]
+    until(lambda: sum(_is_leader(s) for s in cluster.servers) == 1, 30, "exactly one leader again")
