@@ -34,8 +34,8 @@ from gpupool.api.images import ImageOut
 from gpupool.api.mounts import parse_mount, parse_secret_use
 from gpupool.api.nodes import NodeOut, PoolSummary
 from gpupool.api.secrets import SecretDeleted, SecretOut
-from gpupool.api.services import ServiceOut, ServiceSpec
 from gpupool.api.servers import ServersOut
+from gpupool.api.services import ServiceOut, ServiceSpec
 from gpupool.api.tenants import QueueOut, TenantDeleted, TenantOut, TokenInfo, TokenOut
 from gpupool.api.usage import UsageOut
 from gpupool.api.workloads import (

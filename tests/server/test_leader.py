@@ -250,3 +250,62 @@ def test_a_leader_stopped_inside_a_transaction_does_not_block_the_takeover(store
     assert outcome == ["refused"]  # it resumed to a connection the database had ended
     with store.read() as session:
         assert "stalled" not in set(session.scalars(select(TenantRow.name)))
+
+
+class _Passes:
+    """Stands in for the services' controller: records each pass and the epoch it was fenced by,
+    writes a row (so a stale epoch is refused by the store), and stops the loop after one pass."""
+
+    def __init__(self, loop: object, store: Store) -> None:
+        self.loop, self.store, self.epochs = loop, store, []  # type: ignore[var-annotated]
+
+    def step(self) -> int:
+        self.epochs.append(self.store.fence_epoch())
+        self.loop._stop.set()  # type: ignore[attr-defined]
+        _add_tenant(self.store, f"pass-{len(self.epochs)}-{id(self)}")
+        return 1
+
+    def close(self) -> None:
+        pass
+
+
+def test_services_controller_runs_only_on_the_leader_under_its_epoch(db_url: str, tmp_path: Path) -> None:
+    from fakes import ManualProvider
+
+    from conftest import make_runtime
+    from factories import node
+    from gpupool.server.loops.serving import ServingLoop
+
+    rt, _ = make_runtime(db_url, tmp_path, ManualProvider([node("n0", devices=8, model="H100")]))
+    try:
+        clock = Clock()
+        a, b = _pair(rt.store, clock)
+        assert a.round() and not b.round()
+        follower = ServingLoop(rt, b)
+        follower.controller = passes_b = _Passes(follower, rt.store)  # type: ignore[assignment]
+        asked = threading.Event()
+
+        def not_leading() -> None:
+            asked.set()
+            follower._stop.set()  # one round of the follower's loop, then stop
+
+        b.acting_epoch = lambda: not_leading()  # type: ignore[method-assign]
+        follower._run()
+        assert asked.is_set() and passes_b.epochs == []  # a follower never runs a pass
+
+        leader = ServingLoop(rt, a)
+        leader.controller = passes_a = _Passes(leader, rt.store)  # type: ignore[assignment]
+        leader._run()
+        assert passes_a.epochs == [1]  # the leader's pass, fenced by its epoch
+
+        clock.now += 10  # a's lease ran out; b takes it (epoch 2)
+        assert b.round()
+        del b.acting_epoch
+        stale = ServingLoop(rt, a)
+        stale.controller = passes_stale = _Passes(stale, rt.store)  # type: ignore[assignment]
+        a.acting_epoch = lambda: 1  # type: ignore[method-assign]  # a deposed leader that has not noticed
+        before = _tenants(rt.store)
+        stale._run()
+        assert passes_stale.epochs == [1] and _tenants(rt.store) == before  # its write was refused
+    finally:
+        rt.store.close()

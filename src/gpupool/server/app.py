@@ -39,8 +39,8 @@ from gpupool.server.routers import events as event_routes
 from gpupool.server.routers import fabric as fabric_routes
 from gpupool.server.routers import history as history_routes
 from gpupool.server.routers import secrets as secret_routes
-from gpupool.server.routers import services as service_routes
 from gpupool.server.routers import servers as server_routes
+from gpupool.server.routers import services as service_routes
 from gpupool.server.runtime import Runtime
 from gpupool.server.services import node_faults
 from gpupool.server.services.submit_writer import SubmitWriter
@@ -62,7 +62,7 @@ def create_app(rt: Runtime, *, run_loop: bool = True, hub_router: APIRouter | No
     loop = ControlLoop(rt, metrics, leadership, reopen_provider)
     writer = SubmitWriter(rt)
     sampler = HistorySampler(rt)
-    serving = ServingLoop(rt)  # inference services' replicas and probes (docs/services.md)
+    serving = ServingLoop(rt, leadership)  # inference services' replicas and probes (docs/services.md)
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:

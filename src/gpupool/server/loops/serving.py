@@ -8,6 +8,8 @@ import logging
 import threading
 
 from gpupool.errors import StoreUnavailable
+from gpupool.server.db import Fenced
+from gpupool.server.leader import Leadership
 from gpupool.server.runtime import Runtime
 from gpupool.server.serving.controller import Controller
 
@@ -17,8 +19,11 @@ IDLE_S = 1.0
 
 
 class ServingLoop:
-    def __init__(self, rt: Runtime) -> None:
+    def __init__(self, rt: Runtime, leadership: Leadership | None = None) -> None:
         self.rt = rt
+        self.leadership = leadership
+        """With several servers on one store (docs/ha.md) only the leader's passes run, each one
+        fenced by its epoch as the control loop's cycles are: a deposed leader creates no replica."""
         self.controller = Controller(rt)
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -36,8 +41,18 @@ class ServingLoop:
     def _run(self) -> None:
         while not self._stop.is_set():
             services = 1
+            epoch: int | None = None
+            if self.leadership is not None:
+                epoch = self.leadership.acting_epoch()
+                if epoch is None:  # a follower: the leader's controller keeps the replicas
+                    self._stop.wait(IDLE_S)
+                    continue
             try:
-                services = self.controller.step()
+                with self.rt.store.fenced(epoch):
+                    services = self.controller.step()
+            except Fenced:
+                if self.leadership is not None and epoch is not None:
+                    self.leadership.lost(epoch)
             except StoreUnavailable:  # the store logged the outage once; the next pass tries again
                 pass
             except Exception:  # the loop must outlive any one bad pass
