@@ -26,7 +26,15 @@ from gpupool.api.services import (
 from gpupool.core.model import WorkloadStatus
 from gpupool.errors import Conflict, InvalidInput, NotFound
 from gpupool.server.auth import Principal
-from gpupool.server.orm import PodRow, QueueRow, ServiceEventRow, ServiceReplicaRow, ServiceRow, WorkloadRow
+from gpupool.server.orm import (
+    PodRow,
+    QueueRow,
+    ServiceEventRow,
+    ServiceReplicaRow,
+    ServiceRow,
+    TenantRow,
+    WorkloadRow,
+)
 from gpupool.server.runtime import Runtime
 from gpupool.server.services import audit
 from gpupool.server.services import workloads as workload_cases
@@ -111,9 +119,13 @@ def create(rt: Runtime, who: Principal, spec: ServiceSpec) -> ServiceOut:
 def check_partner(session: Session, tenant: str, spec: ServiceSpec) -> None:
     """A pair's partner is looked up among the tenant's own services only (another tenant's service of
     that name is never it). It may not exist yet (either half may be created first); when it does, it
-    must have the opposite role. 422 otherwise."""
+    must have the opposite role. 422 otherwise.
+
+    The tenant's row is locked first (PostgreSQL runs transactions concurrently): two halves created
+    at once are checked one after the other, so neither misses the other's role."""
     if spec.role is None or spec.pair_with is None:
         return
+    session.execute(select(TenantRow.name).where(TenantRow.name == tenant).with_for_update())
     partner = _find(session, tenant, spec.pair_with)
     if partner is None:
         return
