@@ -13,7 +13,7 @@ from gpupool.cli.output import Column, Format, OutputOption
 from gpupool.errors import InvalidInput
 
 app = typer.Typer(
-    help="Inference services: create, ls, show, scale, update, delete.\n\n"
+    help="Inference services: create, ls, show, scale, update, delete, partners.\n\n"
     "Example: gpupool service create chat --gpus 0.25 --min 1 --max 4 "
     "--readiness-http /healthz -- python -m myapp.serve",
     no_args_is_help=True,
