@@ -35,7 +35,7 @@ from gpupool.api.mounts import parse_mount, parse_secret_use
 from gpupool.api.nodes import NodeOut, PoolSummary
 from gpupool.api.secrets import SecretDeleted, SecretOut
 from gpupool.api.servers import ServersOut
-from gpupool.api.services import ServiceOut, ServiceSpec
+from gpupool.api.services import PartnersOut, ServiceOut, ServiceSpec
 from gpupool.api.tenants import QueueOut, TenantDeleted, TenantOut, TokenInfo, TokenOut
 from gpupool.api.usage import UsageOut
 from gpupool.api.workloads import (
@@ -564,6 +564,12 @@ class Client:
         return self._one(ServiceOut, "GET", f"/services/{_segment(name)}",
                          params={"tenant": tenant} if tenant else None)
 
+    def service_partners(self, name: str, tenant: str | None = None) -> PartnersOut:
+        """The ready endpoints of the partner of a prefill/decode service (what a replica reads to
+        find its partners now; its GPUPOOL_PARTNER_ENDPOINTS is a snapshot from its launch)."""
+        return self._one(PartnersOut, "GET", f"/services/{_segment(name)}/partners",
+                         params={"tenant": tenant} if tenant else None)
+
     def update_service(self, name: str, changes: Mapping[str, Any], tenant: str | None = None) -> ServiceOut:
         """Change fields of its spec; a change of what replicas run rolls them over."""
         return self._one(ServiceOut, "PATCH", f"/services/{_segment(name)}", json={"changes": dict(changes)},
@@ -608,7 +614,7 @@ class Client:
 
 
 _RESOURCE_KEYS = frozenset(ResourcesSpec.model_fields)
-_SET_BY_SERVER = frozenset({"array_index", "rendezvous", "serve_port"})
+_SET_BY_SERVER = frozenset({"array_index", "rendezvous", "serve_port", "service_role", "pair_with"})
 
 
 def submit_keywords() -> list[str]:

@@ -72,6 +72,17 @@ class RolloutSpec(Strict):
         return self
 
 
+class ServiceRole(StrEnum):
+    """A prefill/decode pair's halves (docs/services.md#prefilldecode-pairs)."""
+
+    PREFILL = "prefill"
+    DECODE = "decode"
+
+    @property
+    def opposite(self) -> ServiceRole:
+        return ServiceRole.DECODE if self is ServiceRole.PREFILL else ServiceRole.PREFILL
+
+
 class ServiceSpec(Strict):
     """An inference service as submitted (`gpupool service create`, POST /v1/services)."""
 
@@ -106,6 +117,11 @@ class ServiceSpec(Strict):
     constraints: list[ConstraintText] = Field(default_factory=list, max_length=MAX_CONSTRAINTS)
     mounts: list[MountSpec] = Field(default_factory=list, max_length=MAX_MOUNTS)
     secrets: list[SecretUse] = Field(default_factory=list, max_length=MAX_SECRET_USES)
+    # prefill/decode pairs (docs/services.md#prefilldecode-pairs)
+    role: ServiceRole | None = Field(None, description="prefill or decode: this half of a pair")
+    pair_with: Name | None = Field(None, description=(
+        "the tenant's service of the opposite role its replicas pass KV caches to or from; it may be "
+        "created before or after this one"))
 
     @field_validator("command")
     @classmethod
@@ -131,6 +147,12 @@ class ServiceSpec(Strict):
         if self.replicas is not None and not self.min_replicas <= self.replicas <= self.max_replicas:
             raise ValueError(f"replicas ({self.replicas}) must lie between min_replicas "
                              f"({self.min_replicas}) and max_replicas ({self.max_replicas})")
+        if (self.role is None) != (self.pair_with is None):
+            raise ValueError("role and pair_with go together: a prefill service names its decode service "
+                             "(role: prefill, pair_with: NAME) and the reverse; give both or neither")
+        if self.pair_with is not None and self.pair_with == self.name:
+            raise ValueError(f"a service cannot pair with itself ({self.name}); pair_with names the "
+                             f"service of the opposite role")
         if self.port_env in self.env:
             raise ValueError(f"env sets {self.port_env}, which the pool sets to each replica's port; "
                              "remove it from env (or choose another port_env)")
@@ -152,7 +174,8 @@ class ServiceSpec(Strict):
             "env": {**self.env, self.port_env: str(port)},
             "workdir": self.workdir, "max_retries": 0, "serve_port": port, "image": self.image,
             "constraints": self.constraints, "mounts": [m.model_dump(mode="json") for m in self.mounts],
-            "secrets": [s.model_dump(mode="json") for s in self.secrets]}
+            "secrets": [s.model_dump(mode="json") for s in self.secrets],
+            "service_role": None if self.role is None else self.role.value, "pair_with": self.pair_with}
 
     @property
     def initial_replicas(self) -> int:
@@ -169,7 +192,7 @@ def check_bounds(low: int, high: int) -> None:
                          "min_replicas <= max_replicas")
 
 
-UPDATABLE = frozenset(ServiceSpec.model_fields) - {"name", "tenant", "queue"}
+UPDATABLE = frozenset(ServiceSpec.model_fields) - {"name", "tenant", "queue", "role", "pair_with"}
 
 
 class ServiceUpdate(Strict):
@@ -205,6 +228,16 @@ class ReplicaOut(Strict):
     host: str = ""
     port: int
     last_error: str = ""
+
+
+class PartnersOut(Strict):
+    """GET /v1/services/{name}/partners: where the paired service's ready replicas answer now."""
+
+    service: str
+    role: str
+    pair_with: str
+    exists: bool = Field(description="whether the partner service has been created yet")
+    endpoints: list[str] = Field(description="host:port of each ready replica of the partner, sorted")
 
 
 class ServiceEventOut(Strict):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 from enum import StrEnum
-from typing import Annotated
+from typing import Annotated, Literal
 
 from pydantic import Field, field_validator, model_validator
 
@@ -196,6 +196,10 @@ class WorkloadSpec(Strict):
     serve_port: int | None = Field(None, ge=1024, le=65535, description=(
         "set by the server on a service's replica: the port its pod serves (open to the node's own "
         "processes inside the pod's network namespace); not submitted"))
+    service_role: Literal["prefill", "decode"] | None = Field(None, description=(
+        "set by the server on a paired service's replica: its role (GPUPOOL_SERVICE_ROLE); not submitted"))
+    pair_with: Name | None = Field(None, description=(
+        "set by the server on a paired service's replica: the partner service; not submitted"))
 
     @model_validator(mode="after")
     def _image_takes_no_binds(self) -> WorkloadSpec:

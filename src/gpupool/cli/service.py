@@ -13,7 +13,7 @@ from gpupool.cli.output import Column, Format, OutputOption
 from gpupool.errors import InvalidInput
 
 app = typer.Typer(
-    help="Inference services: create, ls, show, scale, update, delete.\n\n"
+    help="Inference services: create, ls, show, scale, update, delete, partners.\n\n"
     "Example: gpupool service create chat --gpus 0.25 --min 1 --max 4 "
     "--readiness-http /healthz -- python -m myapp.serve",
     no_args_is_help=True,
@@ -176,10 +176,18 @@ def create(
     queue: Annotated[str | None, typer.Option("--queue", "-q", help="The tenant's queue (default).")] = None,
     env: EnvOption = None,
     tenant: TenantOption = None,
+    role: Annotated[str | None, typer.Option(
+        "--role", help="prefill or decode: this half of a prefill/decode pair (with --pair-with).")] = None,
+    pair_with: Annotated[str | None, typer.Option(
+        "--pair-with", help="The service of the opposite role (yours; it may be created later).")] = None,
 ) -> None:
     """Create a service: its replicas run COMMAND, each told its port in $PORT, probed by the pool.
 
     Example: gpupool service create chat --gpus 0.25 --min 1 --max 4 --readiness-http /healthz -- ./serve
+
+    A prefill/decode pair: gpupool service create pre --role prefill --pair-with dec -- ./prefill
+    (and dec with --role decode --pair-with pre); their replicas are placed near each other on the
+    fabric and told each other's endpoints (docs/services.md).
 
     Exit codes: 0 created, 2 bad usage (--min above --max, a target of 0) or the name is taken, 3 tenant
     or queue not found, 4 server unreachable.
@@ -208,6 +216,8 @@ def create(
         ("priority_class", priority_class),
         ("queue", queue),
         ("tenant", tenant),
+        ("role", role),
+        ("pair_with", pair_with),
     ):
         if value is not None:
             spec[key] = value
@@ -217,6 +227,28 @@ def create(
     with client() as pool:
         out = pool.create_service(spec)
     print(out.name)
+
+
+@app.command()
+@reports_errors
+def partners(
+    name: Annotated[str, typer.Argument(help="A service with --role and --pair-with.")],
+    tenant: TenantOption = None,
+    as_json: Annotated[bool, typer.Option("--json", help="The whole answer as JSON.")] = False,
+) -> None:
+    """Print the ready endpoints (host:port, one a line) of the service's partner in its pair.
+
+    Example: gpupool service partners pre
+
+    Exit codes: 0 shown, 2 the service is not half of a pair, 3 no such service.
+    """
+    with client() as pool:
+        out = pool.service_partners(name, tenant)
+    if as_json:
+        print(json.dumps(out.model_dump(mode="json"), indent=2))
+        return
+    for endpoint in out.endpoints:
+        print(endpoint)
 
 
 @app.command("ls")

@@ -271,6 +271,9 @@ class Workload:
     spread_key: str = ""
     """Workloads of one key (a service's replicas) prefer nodes none of the others holds: placed
     there when it fits, anywhere otherwise (`scheduling.spread`); '' for none."""
+    pair_key: str = ""
+    """The spread key of a paired service (a prefill service's decode partner, or the reverse): its
+    replicas prefer the leaf, then the spine, of the partner's replicas (`scheduling.pairing`)."""
 
     def __post_init__(self) -> None:
         if not self.pods:

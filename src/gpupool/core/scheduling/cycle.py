@@ -56,6 +56,7 @@ from gpupool.core.scheduling.headroom import Headroom, keeps, refusal
 from gpupool.core.scheduling.locality import WaitCap, reserve_in_domain, wait_for_domain
 from gpupool.core.scheduling.moves import Move, MoveRule, plan_moves
 from gpupool.core.scheduling.ordering.base import OrderingContext, OrderStream, PendingChanges, make_ordering
+from gpupool.core.scheduling.pairing import pair_gang
 from gpupool.core.scheduling.policies.base import DEFAULT_POLICY, NoFit
 from gpupool.core.scheduling.preemption import VictimIndex, lost_work_s, select_victims
 from gpupool.core.scheduling.reach import PreemptionRules, out_of_reach, reach
@@ -746,7 +747,9 @@ class _Cycle:
         nofit = self.failed_shapes.get(shape)
         if nofit is not None:
             return nofit.reason, nofit.message
-        spread = spread_gang(w, view, self.policy, self.rng) if w.spread_key else None
+        spread = pair_gang(w, view, self.policy, self.rng) if w.pair_key else None
+        if spread is None and w.spread_key:
+            spread = spread_gang(w, view, self.policy, self.rng)
         gang = spread if spread is not None else place_gang(w, view.state, self.policy, self.rng)
         if isinstance(gang, NoFit):
             self.failed_shapes[shape] = gang

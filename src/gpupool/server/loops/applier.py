@@ -313,7 +313,7 @@ class DecisionApplier:
                     account = accounts.get(row.tenant) or ""
                     launches.append(self.launcher.pod_launch(row, pod_id, placement.node, placement.slices,
                                                              rank, world, cpu_milli, memory_mib, account,
-                                                             gang=gang))
+                                                             gang=gang, conn=conn))
             if wait:
                 self.launcher.waiting = True
         if pods:

@@ -24,6 +24,7 @@ from gpupool.server.services import mounts, rendezvous, secrets
 from gpupool.server.services.events import LOST, Move, apply_moves, not_made, transition
 from gpupool.server.services.locks import lock_workloads
 from gpupool.server.services.requeue import stop_pods
+from gpupool.server.serving.pairs import pair_env
 from gpupool.server.states import PodState
 
 
@@ -49,7 +50,7 @@ class PodLauncher:
 
     def pod_launch(self, row: Row[Any], pod_id: str, node: str, slices: tuple[Slice, ...], rank: int,
                    world: int, cpu_milli: int, memory_mib: int, unix_user: str = "",
-                   gang: rendezvous.Gang | None = None) -> PodLaunch:
+                   gang: rendezvous.Gang | None = None, conn: Connection | None = None) -> PodLaunch:
         """The launch of pod `pod_id` of the workload `row` (read with its spec), rank `rank` of
         `world`, on `node` with `slices`: its command, environment and limits."""
         spec = row.spec
@@ -65,6 +66,8 @@ class PodLauncher:
         if spec["command"][-2:] == ["-m", "gpupool.remote.worker"]:  # a function's worker pod: the API's
             from gpupool.server.services import calls  # URL and its call token (services/calls.py)
             env.update(calls.pod_env(self.rt, pod_id))
+        if spec.get("pair_with"):  # a prefill/decode pair's replica (docs/services.md), read in `conn`
+            env.update(pair_env(self.rt, conn, row.tenant, spec, node))
         command = tuple(spec["command"])
         if spec.get("launcher") == "torchrun":  # `submit --launcher torchrun`: each pod one torch node
             command = torchrun_command(command, nnodes=world, node_rank=rank, nproc=nproc_per_node(slices),
@@ -127,7 +130,7 @@ class PodLauncher:
                     slices = tuple(Slice(**s) for s in pod.slices)
                     launches.append(self.pod_launch(row, pod.id, pod.node, slices, pod.rank, len(pods),
                                                     pod.cpu_milli, pod.memory_mib,
-                                                    accounts.get(row.tenant) or "", gang=gang))
+                                                    accounts.get(row.tenant) or "", gang=gang, conn=conn))
         self.submit(launches)
         return len(ready)
 

@@ -8,7 +8,7 @@ from typing import Annotated
 from fastapi import APIRouter, Path, Query
 
 from gpupool.api.common import NAME_PATTERN, ErrorBody
-from gpupool.api.services import ScaleRequest, ServiceOut, ServiceSpec, ServiceUpdate
+from gpupool.api.services import PartnersOut, ScaleRequest, ServiceOut, ServiceSpec, ServiceUpdate
 from gpupool.server.deps import Rt, Who
 from gpupool.server.serving import services as cases
 
@@ -34,6 +34,13 @@ def list_services(rt: Rt, who: Who, tenant: TenantQuery = None) -> list[ServiceO
 def get_service(name: NameParam, rt: Rt, who: Who, tenant: TenantQuery = None) -> ServiceOut:
     """One service with its replicas (status, readiness, endpoint) and its recent events."""
     return cases.get(rt, who, name, tenant)
+
+
+@router.get("/services/{name}/partners", response_model=PartnersOut)
+def service_partners(name: NameParam, rt: Rt, who: Who, tenant: TenantQuery = None) -> PartnersOut:
+    """Where the paired service's ready replicas answer now (prefill/decode pairs); the caller's own
+    service only."""
+    return cases.partners(rt, who, name, tenant)
 
 
 @router.patch("/services/{name}", response_model=ServiceOut, responses={409: {"model": ErrorBody}})

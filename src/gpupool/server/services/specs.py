@@ -90,6 +90,8 @@ def to_workload(
         extra["topology"] = parse_topology_spec(spec.topology)
     if spec.serve_port is not None:  # a service's replica: its siblings' nodes are avoided where it can
         extra["spread_key"] = f"{tenant}/{spec.name}"
+        if spec.pair_with is not None:  # a prefill/decode pair: near the partner's replicas where it can
+            extra["pair_key"] = f"{tenant}/{spec.pair_with}"
     return Workload(
         id=workload_id,
         pods=pod_requests(spec),

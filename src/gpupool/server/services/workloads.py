@@ -91,6 +91,10 @@ def prepare(rt: Runtime, who: Principal, spec: WorkloadSpec, *,
     if spec.serve_port is not None and service_class is None:
         raise InvalidInput("serve_port is set by the server on a service's replicas; leave it out (create a "
                            "service with `gpupool service create`).", field="serve_port")
+    if (spec.service_role is not None or spec.pair_with is not None) and service_class is None:
+        raise InvalidInput("service_role and pair_with are set by the server on a paired service's replicas; "
+                           "leave them out (create the service with `gpupool service create --role R "
+                           "--pair-with NAME`).", field="pair_with")
     chosen = service_class or priority_class(rt.config, spec.priority_class, tenant, who.max_priority)
     if spec.mounts or spec.secrets:  # only names and paths are stored, checked now
         check_mounts(rt.config, tenant, spec.mounts)

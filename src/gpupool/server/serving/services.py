@@ -15,6 +15,7 @@ from sqlalchemy import delete, select, update
 from sqlalchemy.orm import Session
 
 from gpupool.api.services import (
+    PartnersOut,
     ReplicaOut,
     ScaleRequest,
     ServiceEventOut,
@@ -25,11 +26,19 @@ from gpupool.api.services import (
 from gpupool.core.model import WorkloadStatus
 from gpupool.errors import Conflict, InvalidInput, NotFound
 from gpupool.server.auth import Principal
-from gpupool.server.orm import PodRow, QueueRow, ServiceEventRow, ServiceReplicaRow, ServiceRow, WorkloadRow
+from gpupool.server.orm import (
+    PodRow,
+    QueueRow,
+    ServiceEventRow,
+    ServiceReplicaRow,
+    ServiceRow,
+    TenantRow,
+    WorkloadRow,
+)
 from gpupool.server.runtime import Runtime
 from gpupool.server.services import audit
 from gpupool.server.services import workloads as workload_cases
-from gpupool.server.serving.endpoints import clamp, set_desired
+from gpupool.server.serving.endpoints import clamp, ready_endpoints, set_desired
 from gpupool.server.serving.specs import acting_for, replica_spec, service_class
 
 SHOWN_EVENTS = 50
@@ -79,6 +88,7 @@ def create(rt: Runtime, who: Principal, spec: ServiceSpec) -> ServiceOut:
                 f"update {spec.name}` or delete it first.",
                 service=spec.name,
             )
+        check_partner(session, tenant, spec)
         row = ServiceRow(
             id=new_service_id(),
             tenant=tenant,
@@ -104,6 +114,51 @@ def create(rt: Runtime, who: Principal, spec: ServiceSpec) -> ServiceOut:
             audit.record(session, who, "service.create", f"{tenant}/{spec.name}", now)
     rt.wake.set()
     return get(rt, who, spec.name, tenant)
+
+
+def check_partner(session: Session, tenant: str, spec: ServiceSpec) -> None:
+    """A pair's partner is looked up among the tenant's own services only (another tenant's service of
+    that name is never it). It may not exist yet (either half may be created first); when it does, it
+    must have the opposite role. 422 otherwise.
+
+    The tenant's row is locked first (PostgreSQL runs transactions concurrently): two halves created
+    at once are checked one after the other, so neither misses the other's role."""
+    if spec.role is None or spec.pair_with is None:
+        return
+    session.execute(select(TenantRow.name).where(TenantRow.name == tenant).with_for_update())
+    partner = _find(session, tenant, spec.pair_with)
+    if partner is None:
+        return
+    role = partner.spec.get("role")
+    if role != spec.role.opposite.value:
+        has = f"role {role}" if role else "no role"
+        raise InvalidInput(
+            f"Service {spec.pair_with!r} has {has}, so a {spec.role.value} service cannot pair with it: "
+            f"pair_with must name a {spec.role.opposite.value} service of tenant {tenant} (or one not "
+            f"created yet).",
+            field="pair_with",
+        )
+
+
+def partners(rt: Runtime, who: Principal, name: str, tenant: str | None) -> PartnersOut:
+    """The ready endpoints of the service's partner (GET /v1/services/{name}/partners): the caller's
+    own service only (404 for another tenant's), and its partner within that same tenant."""
+    with rt.store.read() as session:
+        row = visible(session, who, name, tenant)
+        pair_with = row.spec.get("pair_with")
+        if not pair_with:
+            raise InvalidInput(
+                f"Service {name!r} is not half of a prefill/decode pair, so it has no partners; create "
+                "it with --role and --pair-with.",
+                field="name",
+            )
+        partner = _find(session, row.tenant, str(pair_with))
+        found = [] if partner is None else ready_endpoints(session, partner.id)
+        return PartnersOut(
+            service=row.name, role=str(row.spec.get("role") or ""), pair_with=str(pair_with),
+            exists=partner is not None,
+            endpoints=sorted(f"{e.host}:{e.port}" for e in found),
+        )
 
 
 def _check_runnable(rt: Runtime, tenant: str, spec: ServiceSpec, chosen: str) -> None:
