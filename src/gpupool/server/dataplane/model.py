@@ -1,0 +1,81 @@
+"""What the data plane routes: services, their replicas' endpoints, tokens, and the answers it gives."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+
+SERVICE_NAME = re.compile(r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$")
+"""A service name as it appears in /s/<service>/ (a DNS label)."""
+POOL_TOKEN = re.compile(r"^Bearer +gp_", re.IGNORECASE)
+"""An Authorization header that carries a pool token: never passed on to a replica."""
+
+
+@dataclass(frozen=True, slots=True)
+class Probe:
+    """The service's readiness probe, which the router's health checks repeat."""
+
+    path: str | None = "/"
+    """HTTP GET path; None: a TCP connect."""
+    interval_s: float = 1.0
+    success_threshold: int = 1
+    failure_threshold: int = 3
+    timeout_s: float = 1.0
+
+
+@dataclass(frozen=True, slots=True)
+class Route:
+    service: str
+    tenant: str
+    public: bool = False
+    probe: Probe = field(default_factory=Probe)
+
+    def __post_init__(self) -> None:
+        if not SERVICE_NAME.match(self.service):
+            raise ValueError(f"service name {self.service!r} is not a DNS label (a-z, 0-9 and -)")
+
+
+@dataclass(frozen=True, slots=True, order=True)
+class Backend:
+    """One ready replica's address, as the router reaches it."""
+
+    replica_id: str
+    host: str
+    port: int
+
+    @property
+    def server_name(self) -> str:
+        return "r-" + re.sub(r"[^A-Za-z0-9_.-]", "_", self.replica_id)
+
+
+@dataclass(frozen=True, slots=True)
+class ServiceTraffic:
+    """What the router saw of one service at one instant (the autoscaler's sample)."""
+
+    service: str
+    in_flight: int
+    """Requests at a replica, queued for one or held by the activator."""
+    requests_total: int
+    latency_p50_ms: float | None = None
+    latency_p99_ms: float | None = None
+    latency_avg_ms: float | None = None
+    cold_starts: int = 0
+
+
+def no_route() -> str:
+    return "no route: services are reached at /s/<service>/<path>"
+
+
+def unknown_service(service: str) -> str:
+    return f"no service named {service!r} is served here; `gpupool service ls` lists the services"
+
+
+UNAUTHENTICATED = ("this service answers only its tenant's bearer tokens: send 'Authorization: Bearer "
+                   "<token>' with a token that is neither revoked nor expired")
+FORBIDDEN = ("this service belongs to another tenant: use a token of the service's tenant, or ask its "
+             "owner to declare it public")
+
+
+def cold_start_timeout(service: str, limit_s: float) -> str:
+    return (f"no replica of service {service!r} became ready within the {limit_s:g} s cold-start limit; "
+            f"retry after the time in Retry-After")
