@@ -29,7 +29,7 @@ class Replica:
         class Handler(BaseHTTPRequestHandler):
             protocol_version = "HTTP/1.1"
 
-            def do_GET(self) -> None:  # noqa: N802 (the stdlib's name)
+            def do_GET(self) -> None:
                 if self.path == "/ready":
                     code, body = (200, b"ok") if replica.ready.is_set() else (503, b"not ready")
                 else:

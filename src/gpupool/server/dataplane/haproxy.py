@@ -23,7 +23,13 @@ import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from gpupool.server.dataplane.haproxy_config import HAProxyPaths, backend_name, render, render_maps, server_options
+from gpupool.server.dataplane.haproxy_config import (
+    HAProxyPaths,
+    backend_name,
+    render,
+    render_maps,
+    server_options,
+)
 from gpupool.server.dataplane.model import Backend, Route, ServiceTraffic
 
 log = logging.getLogger("gpupool.dataplane")
@@ -174,8 +180,9 @@ class HAProxySupervisor:
         files = render_maps(list(self._routes.values()), self._tokens)
         for attr, text in files.items():
             _write_private(getattr(self.paths, attr), text)
-        _write_private(self.paths.config, render(self.paths, self.host, self.port, list(self._routes.values()),
-                                                 backends, self.cold_start_limit_s))
+        text = render(self.paths, self.host, self.port, list(self._routes.values()), backends,
+                      self.cold_start_limit_s)
+        _write_private(self.paths.config, text)
 
     def _reload(self) -> None:
         """Re-read the configuration (new backends): the master stays, a new worker takes over."""
@@ -214,7 +221,8 @@ class HAProxySupervisor:
         wanted = {r.service: r for r in routes}
         with self._lock:
             structural = set(wanted) != set(self._routes) or any(
-                wanted[s].probe != self._routes[s].probe for s in wanted)
+                (wanted[s].probe, wanted[s].cold_start_limit_s)
+                != (self._routes[s].probe, self._routes[s].cold_start_limit_s) for s in wanted)
             old = self._routes
             self._routes = wanted
             for gone in set(self._backends) - set(wanted):

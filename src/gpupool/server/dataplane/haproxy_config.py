@@ -14,7 +14,15 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from gpupool.server.dataplane.model import FORBIDDEN, UNAUTHENTICATED, Backend, Probe, Route, no_route
+from gpupool.server.dataplane.model import (
+    FORBIDDEN,
+    UNAUTHENTICATED,
+    Backend,
+    Probe,
+    Route,
+    no_route,
+    unknown_service,
+)
 
 SERVICE_HEADER = "X-Gpupool-Service"
 """Set by the router (the client's own is removed) so the activator knows which service is asked."""
@@ -82,7 +90,8 @@ def _backend(route: Route, backends: Sequence[Backend], paths: HAProxyPaths) -> 
     if probe.path is not None:
         lines.append(f"    option httpchk GET {probe.path}")
     lines.append(f"    http-request set-header {SERVICE_HEADER} {route.service}")
-    lines += [f"    server {b.server_name} {b.host}:{b.port} {server_options(probe)}" for b in sorted(backends)]
+    lines += [f"    server {b.server_name} {b.host}:{b.port} {server_options(probe)}"
+              for b in sorted(backends)]
     lines.append(f"    server activator unix@{paths.activator_socket} backup")
     return lines
 
@@ -91,7 +100,8 @@ def render(paths: HAProxyPaths, host: str, port: int, routes: Sequence[Route],
            backends: Mapping[str, Sequence[Backend]], cold_start_limit_s: float) -> str:
     """The whole configuration file."""
     # the activator holds a request up to the cold-start limit: the router must wait longer for it
-    server_timeout_s = max(300, int(cold_start_limit_s) + 30)
+    longest = max([cold_start_limit_s, *(r.cold_start_limit_s or 0 for r in routes)])
+    server_timeout_s = max(300, int(longest) + 30)
     lines = [
         "# Written by gpupool at each change of services; replicas and tokens change at runtime.",
         "global",
@@ -111,7 +121,7 @@ def render(paths: HAProxyPaths, host: str, port: int, routes: Sequence[Route],
         "    http-request set-var(txn.svc) path,field(3,/)",
         f"    http-request set-var(txn.owner) var(txn.svc),map({paths.services_map})",
         "    http-request return status 404 content-type text/plain lf-string "
-        + _quoted("no service named '%[var(txn.svc)]' is served here; `gpupool service ls` lists the services")
+        + _quoted(unknown_service("%[var(txn.svc)]").replace('"', "'"))
         + " unless { var(txn.owner) -m found }",
         f"    acl public var(txn.svc),map({paths.public_map},no) -m str yes",
         "    http-request set-var(txn.tenant) req.hdr(authorization),regsub(\"^[Bb]earer +\",\"\"),"

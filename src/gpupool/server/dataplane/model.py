@@ -29,6 +29,8 @@ class Route:
     tenant: str
     public: bool = False
     probe: Probe = field(default_factory=Probe)
+    cold_start_limit_s: float | None = None
+    """How long a request waits for a first ready replica; None: the pool's limit."""
 
     def __post_init__(self) -> None:
         if not SERVICE_NAME.match(self.service):
