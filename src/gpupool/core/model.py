@@ -59,6 +59,8 @@ class Reason(StrEnum):
     MOVED_FOR_LOCALITY = "moved_for_locality"
     CONGESTION_MOVED = "congestion_moved"
     """Its bottleneck link stayed congested (`Policies.migrate`): stopped and requeued (kind migrate)."""
+    SERVING_HEADROOM = "serving_headroom"
+    """Starting it would take the room the pool keeps free for its services (`Policies.headroom`)."""
 
 
 @dataclass(frozen=True, slots=True)
