@@ -72,26 +72,26 @@ def wait_for(what: str, condition: Callable[[], bool], timeout_s: float = 20.0) 
 
 
 def test_requests_reach_a_ready_replica_with_the_service_prefix_stripped(plane: Plane) -> None:
-    plane.route(Route("echo", "alice", probe=PROBE))
+    plane.route(Route("alice/echo", "alice", probe=PROBE))
     with replicas("a") as (a,):
-        plane.plane.set_backends("echo", [Backend("echo-0", "127.0.0.1", a.port)])
-        r = get(plane.port, "/s/echo/v1/predict?x=1&y=2", "gp_alice")
+        plane.plane.set_backends("alice/echo", [Backend("echo-0", "127.0.0.1", a.port)])
+        r = get(plane.port, "/s/alice/echo/v1/predict?x=1&y=2", "gp_alice")
         assert (r.status_code, r.text.split()[:2]) == (200, ["a", "/v1/predict?x=1&y=2"])
-        assert get(plane.port, "/s/echo", "gp_alice").text.split()[:2] == ["a", "/"]
+        assert get(plane.port, "/s/alice/echo", "gp_alice").text.split()[:2] == ["a", "/"]
 
 
 def test_least_outstanding_requests_balances_away_from_a_busy_replica(plane: Plane) -> None:
-    plane.route(Route("lb", "alice", probe=PROBE))
+    plane.route(Route("alice/lb", "alice", probe=PROBE))
     with replicas("a", "b") as (a, b):
-        plane.plane.set_backends("lb", [Backend("lb-0", "127.0.0.1", a.port),
+        plane.plane.set_backends("alice/lb", [Backend("lb-0", "127.0.0.1", a.port),
                                         Backend("lb-1", "127.0.0.1", b.port)])
         a.release.clear()
         b.release.clear()
-        slow = threading.Thread(target=get, args=(plane.port, "/s/lb/slow", "gp_alice"))
+        slow = threading.Thread(target=get, args=(plane.port, "/s/alice/lb/slow", "gp_alice"))
         slow.start()
         wait_for("the slow request to reach a replica", lambda: "/slow" in a.seen + b.seen)
         busy, idle = (a, b) if "/slow" in a.seen else (b, a)
-        answered = [get(plane.port, f"/s/lb/n{i}", "gp_alice").text.split()[0] for i in range(6)]
+        answered = [get(plane.port, f"/s/alice/lb/n{i}", "gp_alice").text.split()[0] for i in range(6)]
         assert answered == [idle.name] * 6
         a.release.set()
         b.release.set()
@@ -100,72 +100,78 @@ def test_least_outstanding_requests_balances_away_from_a_busy_replica(plane: Pla
 
 
 def test_a_tenants_service_answers_only_that_tenants_tokens(plane: Plane) -> None:
-    plane.route(Route("private", "alice", probe=PROBE))
-    with replicas("a") as (a,):
-        plane.plane.set_backends("private", [Backend("p-0", "127.0.0.1", a.port)])
-        assert get(plane.port, "/s/private/", "gp_alice").status_code == 200
-        other = get(plane.port, "/s/private/", "gp_bob")
+    plane.route(Route("alice/private", "alice", probe=PROBE))
+    plane.route(Route("bob/private", "bob", probe=PROBE))  # the same name in another tenant
+    with replicas("a", "b") as (a, b):
+        plane.plane.set_backends("alice/private", [Backend("p-0", "127.0.0.1", a.port)])
+        plane.plane.set_backends("bob/private", [Backend("p-1", "127.0.0.1", b.port)])
+        assert get(plane.port, "/s/bob/private/", "gp_bob").text.startswith("b /")
+        assert get(plane.port, "/s/bob/private/", "gp_alice").status_code == 403
+        assert get(plane.port, "/s/alice/private/", "gp_alice").status_code == 200
+        other = get(plane.port, "/s/alice/private/", "gp_bob")
         assert other.status_code == 403 and "belongs to another tenant" in other.text
-        anonymous = get(plane.port, "/s/private/")
+        anonymous = get(plane.port, "/s/alice/private/")
         assert anonymous.status_code == 401 and "bearer token" in anonymous.text
         assert anonymous.headers["www-authenticate"] == "Bearer"
-        assert get(plane.port, "/s/private/", "gp_forged").status_code == 401
+        assert get(plane.port, "/s/alice/private/", "gp_forged").status_code == 401
         plane.plane.set_tokens({k: v for k, v in TOKENS.items() if v != "alice"})  # alice's token revoked
         try:
-            revoked = get(plane.port, "/s/private/", "gp_alice")
+            revoked = get(plane.port, "/s/alice/private/", "gp_alice")
             assert revoked.status_code == 401 and "neither revoked nor expired" in revoked.text
         finally:
             plane.plane.set_tokens(dict(TOKENS))
-        assert get(plane.port, "/s/private/", "gp_alice").status_code == 200
+        assert get(plane.port, "/s/alice/private/", "gp_alice").status_code == 200
         assert a.seen == ["/", "/"]  # no refused request reached the replica
 
 
 def test_a_public_service_answers_anyone_and_never_sees_the_callers_pool_token(plane: Plane) -> None:
-    plane.route(Route("open", "alice", public=True, probe=PROBE))
+    plane.route(Route("alice/open", "alice", public=True, probe=PROBE))
     with replicas("a") as (a,):
-        plane.plane.set_backends("open", [Backend("o-0", "127.0.0.1", a.port)])
-        assert get(plane.port, "/s/open/x").status_code == 200
+        plane.plane.set_backends("alice/open", [Backend("o-0", "127.0.0.1", a.port)])
+        assert get(plane.port, "/s/alice/open/x").status_code == 200
         # the owner's code must not harvest another tenant's pool token from its callers
-        r = get(plane.port, "/s/open/x", "gp_bob")
+        r = get(plane.port, "/s/alice/open/x", "gp_bob")
         assert r.status_code == 200 and r.text == "a /x -"
-        own = httpx.get(f"http://127.0.0.1:{plane.port}/s/open/x", headers=bearer("app-key-123"), timeout=10)
+        own = httpx.get(f"http://127.0.0.1:{plane.port}/s/alice/open/x", headers=bearer("app-key-123"),
+                        timeout=10)
         assert own.text == "a /x Bearer app-key-123"  # the service's own scheme passes through
-        plane.route(Route("open", "alice", public=False, probe=PROBE))
-        assert get(plane.port, "/s/open/x", "gp_bob").status_code == 403
+        plane.route(Route("alice/open", "alice", public=False, probe=PROBE))
+        assert get(plane.port, "/s/alice/open/x", "gp_bob").status_code == 403
 
 
 def test_unknown_services_and_other_paths_get_a_sentence(plane: Plane) -> None:
-    r = get(plane.port, "/s/nothing-here/", "gp_alice")
-    assert r.status_code == 404 and "no service named 'nothing-here'" in r.text
+    r = get(plane.port, "/s/alice/nothing-here/", "gp_alice")
+    assert r.status_code == 404 and "no service 'alice/nothing-here'" in r.text
+    assert get(plane.port, "/s/echo/", "gp_alice").status_code == 404  # the tenant is part of the URL
     r = get(plane.port, "/api/v1/pool")
-    assert r.status_code == 404 and "/s/<service>/<path>" in r.text
+    assert r.status_code == 404 and "/s/<tenant>/<service>/<path>" in r.text
 
 
 def test_requests_are_held_across_a_scale_from_zero_and_none_is_dropped(plane: Plane) -> None:
-    plane.route(Route("cold", "alice", probe=PROBE))
+    plane.route(Route("alice/cold", "alice", probe=PROBE))
     answers: list[httpx.Response] = []
-    threads = [threading.Thread(target=lambda i=i: answers.append(get(plane.port, f"/s/cold/q{i}", "gp_alice",
-                                                                       timeout_s=30)))
-               for i in range(8)]
+    threads = [threading.Thread(target=lambda i=i: answers.append(
+        get(plane.port, f"/s/alice/cold/q{i}", "gp_alice", timeout_s=30))) for i in range(8)]
     for t in threads:
         t.start()
     # held by the activator (HAProxy's backup server) or the in-process router: the one that waits
     holder = plane.plane.proxy
-    wait_for("8 held requests", lambda: "cold" in holder.traffic() and holder.traffic()["cold"].in_flight == 8)
-    assert plane.plane.traffic()["cold"].in_flight == 8  # the router counts them for the autoscaler
+    wait_for("8 held requests",
+             lambda: "alice/cold" in holder.traffic() and holder.traffic()["alice/cold"].in_flight == 8)
+    assert plane.plane.traffic()["alice/cold"].in_flight == 8  # the router counts them for the autoscaler
     with replicas("a") as (a,):
-        plane.plane.set_backends("cold", [Backend("c-0", "127.0.0.1", a.port)])
+        plane.plane.set_backends("alice/cold", [Backend("c-0", "127.0.0.1", a.port)])
         for t in threads:
             t.join()
     assert sorted(r.status_code for r in answers) == [200] * 8
     assert sorted(a.seen) == sorted(f"/q{i}" for i in range(8))
-    assert [s for s, _ in plane.cold_starts if s == "cold"] == ["cold"]
-    assert plane.plane.traffic()["cold"].cold_starts == 1
+    assert [s for s, _ in plane.cold_starts if s == "alice/cold"] == ["alice/cold"]
+    assert plane.plane.traffic()["alice/cold"].cold_starts == 1
 
 
 def test_a_request_held_past_the_cold_start_limit_gets_503_and_retry_after(plane: Plane) -> None:
-    plane.route(Route("never", "alice", probe=PROBE, cold_start_limit_s=0.5))
-    r = get(plane.port, "/s/never/", "gp_alice")
+    plane.route(Route("alice/never", "alice", probe=PROBE, cold_start_limit_s=0.5))
+    r = get(plane.port, "/s/alice/never/", "gp_alice")
     assert r.status_code == 503
     assert "within the 0.5 s cold-start limit" in r.text
     assert int(r.headers["retry-after"]) > 0

@@ -66,7 +66,7 @@ class HAProxyPaths:
 
 
 def backend_name(service: str) -> str:
-    return f"svc_{service}"
+    return "svc_" + service.replace("/", ".")
 
 
 def _quoted(text: str) -> str:
@@ -117,8 +117,10 @@ def render(paths: HAProxyPaths, host: str, port: int, routes: Sequence[Route],
         f"    bind {host}:{port}",
         f"    http-request del-header {SERVICE_HEADER}",
         f"    http-request return status 404 content-type text/plain string {_quoted(no_route())} "
-        "unless { path_reg ^/s/[^/]+(/|$) }",
-        "    http-request set-var(txn.svc) path,field(3,/)",
+        "unless { path_reg ^/s/[^/]+/[^/]+(/|$) }",
+        "    http-request set-var(txn.svc_tenant) path,field(3,/)",
+        "    http-request set-var(txn.svc_name) path,field(4,/)",
+        "    http-request set-var(txn.svc) var(txn.svc_tenant),concat(/,txn.svc_name)",
         f"    http-request set-var(txn.owner) var(txn.svc),map({paths.services_map})",
         "    http-request return status 404 content-type text/plain lf-string "
         + _quoted(unknown_service("%[var(txn.svc)]").replace('"', "'"))
@@ -133,7 +135,7 @@ def render(paths: HAProxyPaths, host: str, port: int, routes: Sequence[Route],
         "if !public !owner_ok",
         # a pool token is the caller's credential to the pool, never the replica's to read
         "    http-request del-header authorization if { req.hdr(authorization) -m reg -i ^bearer\\ +gp_ }",
-        "    http-request replace-path ^/s/[^/]+/?(.*) /\\1",
+        "    http-request replace-path ^/s/[^/]+/[^/]+/?(.*) /\\1",
         f"    use_backend %[var(txn.svc),map({paths.backends_map})]",
     ]
     for route in sorted(routes, key=lambda r: r.service):

@@ -5,8 +5,10 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
-SERVICE_NAME = re.compile(r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$")
-"""A service name as it appears in /s/<service>/ (a DNS label)."""
+LABEL = r"[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?"
+SERVICE_KEY = re.compile(rf"^{LABEL}/{LABEL}$")
+"""How a service appears in its URL, /s/<tenant>/<name>/: names are unique per tenant only, and a URL
+that names the tenant cannot be squatted or shadowed by another tenant's service of the same name."""
 POOL_TOKEN = re.compile(r"^Bearer +gp_", re.IGNORECASE)
 """An Authorization header that carries a pool token: never passed on to a replica."""
 
@@ -26,6 +28,7 @@ class Probe:
 @dataclass(frozen=True, slots=True)
 class Route:
     service: str
+    """<tenant>/<name>"""
     tenant: str
     public: bool = False
     probe: Probe = field(default_factory=Probe)
@@ -33,8 +36,8 @@ class Route:
     """How long a request waits for a first ready replica; None: the pool's limit."""
 
     def __post_init__(self) -> None:
-        if not SERVICE_NAME.match(self.service):
-            raise ValueError(f"service name {self.service!r} is not a DNS label (a-z, 0-9 and -)")
+        if not SERVICE_KEY.match(self.service) or self.service.split("/")[0] != self.tenant:
+            raise ValueError(f"service {self.service!r} is not <tenant>/<name> of tenant {self.tenant!r}")
 
 
 @dataclass(frozen=True, slots=True, order=True)
@@ -65,11 +68,11 @@ class ServiceTraffic:
 
 
 def no_route() -> str:
-    return "no route: services are reached at /s/<service>/<path>"
+    return "no route: services are reached at /s/<tenant>/<service>/<path>"
 
 
 def unknown_service(service: str) -> str:
-    return f"no service named {service!r} is served here; `gpupool service ls` lists the services"
+    return f"no service {service!r} is served here; `gpupool service ls` lists the services"
 
 
 UNAUTHENTICATED = ("this service answers only its tenant's bearer tokens: send 'Authorization: Bearer "

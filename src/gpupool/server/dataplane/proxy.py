@@ -28,7 +28,7 @@ from gpupool.server.dataplane.haproxy_config import SERVICE_HEADER
 from gpupool.server.dataplane.model import (
     FORBIDDEN,
     POOL_TOKEN,
-    SERVICE_NAME,
+    SERVICE_KEY,
     UNAUTHENTICATED,
     Backend,
     Route,
@@ -164,13 +164,13 @@ class ProxyApp:
                 if service not in self._services or self._services[service].route is None:
                     return _Answer(404, unknown_service(service))
             return service, path
-        parts = path.split("/", 3)
-        if len(parts) < 3 or parts[1] != "s" or not parts[2]:
+        parts = path.split("/", 4)
+        if len(parts) < 4 or parts[1] != "s" or not parts[2] or not parts[3]:
             return _Answer(404, no_route())
-        service = parts[2]
-        rest = "/" + (parts[3] if len(parts) > 3 else "")
+        service = f"{parts[2]}/{parts[3]}"
+        rest = "/" + (parts[4] if len(parts) > 4 else "")
         with self._lock:
-            state = self._services.get(service) if SERVICE_NAME.match(service) else None
+            state = self._services.get(service) if SERVICE_KEY.match(service) else None
             route = state.route if state is not None else None
             if route is None:
                 return _Answer(404, unknown_service(service))
