@@ -49,9 +49,9 @@ class DataPlane:
     def note(self) -> str:
         """One line for the start banner, `gpupool node ls` and `gpupool config show`."""
         if self.kind is RouterKind.HAPROXY:
-            return f"services are served by HAProxy ({self.binary}) on {self.url}/s/<service>/"
+            return f"services are served by HAProxy ({self.binary}) on {self.url}/s/<tenant>/<service>/"
         return (f"HAProxy is not installed: services are served by the in-process router on "
-                f"{self.url}/s/<service>/ (install the haproxy package for the faster one)")
+                f"{self.url}/s/<tenant>/<service>/ (install the haproxy package for the faster one)")
 
     @property
     def url(self) -> str:
