@@ -47,7 +47,9 @@ ColdStartHook = Callable[[str, float], None]
 
 LATENCY_SAMPLES = 2048
 HOP_BY_HOP = frozenset({"connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "te",
-                        "trailers", "transfer-encoding", "upgrade", "host", "content-length"})
+                        "trailers", "transfer-encoding", "upgrade"})
+NOT_PASSED_ON = HOP_BY_HOP | {"host", "content-length"}
+"""Request headers the proxy sets itself (the replica's host; the length of the body it sends)."""
 
 
 @dataclass
@@ -237,7 +239,7 @@ class ProxyApp:
     async def _forward(self, method: str, backend: Backend, path: str, query: str,
                        headers: list[tuple[str, str]], body: bytes, send: Send) -> None:
         assert self._client is not None
-        out_headers = [(k, v) for k, v in headers if k not in HOP_BY_HOP and k != SERVICE_HEADER.lower()
+        out_headers = [(k, v) for k, v in headers if k not in NOT_PASSED_ON and k != SERVICE_HEADER.lower()
                        and not (k == "authorization" and POOL_TOKEN.match(v))]
         url = f"http://{backend.host}:{backend.port}{path}" + (f"?{query}" if query else "")
         try:
