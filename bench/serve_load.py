@@ -303,6 +303,11 @@ def part_pool(burst: int) -> dict[str, object]:
         scaled = [e for e in show("step")["events"] if e["reason"] == "scaled" and e["at_s"] >= step_at - 0.5]
         done.set()
         load.join()
+        for name in ("echo", "step"):  # replicas outlive the server (as any pod): delete them first
+            httpx.delete(f"{api}/services/{name}", headers=auth, timeout=30)
+        for name in ("echo", "step"):
+            url = f"{api}/services/{name}"
+            until(lambda url=url: httpx.get(url, headers=auth, timeout=10).status_code == 404, 60)
         decision_s = scaled[0]["at_s"] - step_at if scaled else None
         step_ready_s = ready_at - step_at if ready_at else None
         readiness_s = ready_at - scaled[0]["at_s"] if ready_at and scaled else None

@@ -39,6 +39,7 @@ class Pool:
         self.server = server
         self.serve_port = serve_port
         self.tokens: dict[str, str] = {}
+        self.services: list[str] = []
 
     def gp(self, *args: str, token: str | None = None) -> subprocess.CompletedProcess[str]:
         base = {k: v for k, v in os.environ.items() if not k.startswith("GPUPOOL_")}
@@ -66,6 +67,12 @@ def pool(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Pool]:
             assert created.returncode == 0, created.stderr
             made.tokens[tenant] = created.stdout.strip()
         yield made
+        # a replica outlives its server (as any pod): the services go first, and their replicas with them
+        alice = made.tokens["alice"]
+        for name in made.services:
+            assert made.gp("service", "delete", name, token=alice).returncode == 0
+            until(lambda name=name: made.gp("service", "show", name, token=alice).returncode == 3,
+                  60, f"service {name} gone")
     finally:
         server.stop()
 
@@ -76,10 +83,12 @@ def test_a_request_scales_a_service_from_zero_and_is_answered(pool: Pool) -> Non
                       "--target-concurrency", "1", "--readiness-http", "/", "--probe-period", "0.2",
                       "--", "python3", "-c", REPLICA, token=alice)
     assert created.returncode == 0, created.stderr
+    pool.services.append("web")
     shown = json.loads(pool.gp("service", "show", "web", "--json", token=alice).stdout)
     assert shown["replicas"] == []
-    # the route appears within a tick of the data plane loop
-    until(lambda: pool.routed("/s/alice/web/", alice, timeout_s=5).status_code != 404, 30, "the route")
+    # routed within a tick of the data plane's loop: then a request without a token is refused with 401
+    # (one with alice's token would be held, and count for the autoscaler)
+    until(lambda: pool.routed("/s/alice/web/", None, timeout_s=5).status_code == 401, 30, "the route")
     answer = pool.routed("/s/alice/web/v1/hello", alice)
     assert answer.status_code == 200, answer.text
     assert answer.text.startswith("replica ") and answer.text.endswith(" -")  # the pool token stays behind
