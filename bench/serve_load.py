@@ -8,7 +8,7 @@ of the rounds' figures), and requests per second.
 
 Part 2, the pool (`gpupool up --simulate 1x4xH100 --serve-port`): a tenant's service at zero replicas
 with a target concurrency of 2; a burst of requests while it is at zero (all must be answered: none
-dropped; the cold start is the first answer's wait), then a load step to 8 requests in flight (the
+dropped; the cold start is the first answer's wait), then a load step to 16 closed-loop clients (the
 replica takes 50 ms a request): the time from the step to the autoscaler's scale event and to the
 new ready replica, against the replica's own readiness time (its scale event to ready).
 
@@ -198,6 +198,10 @@ def part_router(rounds: int, seconds: float, rate: float) -> dict[str, object]:
 
 
 TOKEN = "gp_benchtoken"
+STEP_CLIENTS = 16
+"""Closed-loop clients of the load step (each request takes the replica 50 ms): a Python client on a
+loaded machine keeps fewer in flight than it has clients, so there are more clients than the target
+needs."""
 
 
 def serve_plane(kind: str, port: int, replica_port: int, directory: Path) -> None:
@@ -288,7 +292,7 @@ def part_pool(burst: int) -> dict[str, object]:
                 async def worker() -> None:
                     while time.perf_counter() < stop and not done.is_set():
                         await client.get(f"{base}/work")
-                await asyncio.gather(*(worker() for _ in range(8)))
+                await asyncio.gather(*(worker() for _ in range(STEP_CLIENTS)))
 
         import threading
 
@@ -321,8 +325,9 @@ def part_pool(burst: int) -> dict[str, object]:
            "replica_readiness_s": readiness_s, "scale_event": scaled[0]["message"] if scaled else None}
     print(f"\npool: {burst} requests at zero replicas: {dropped} dropped, first answered after "
           f"{first_s:.2f} s, last after {last_s:.2f} s")
-    print(f"load step to 8 in flight (target 2): scale event after {fmt(decision_s)} s, new ready replica "
-          f"after {fmt(step_ready_s)} s; the replica's own readiness time {fmt(readiness_s)} s")
+    print(f"load step to {STEP_CLIENTS} clients (target 2 in flight): scale event after {fmt(decision_s)} s, "
+          f"new ready replica after {fmt(step_ready_s)} s; the replica's own readiness time "
+          f"{fmt(readiness_s)} s")
     print(f"  {out['scale_event']}")
     return out
 
