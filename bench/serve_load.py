@@ -288,11 +288,16 @@ def part_pool(burst: int) -> dict[str, object]:
         stop = time.perf_counter() + 30
 
         async def step_load() -> None:
-            async with httpx.AsyncClient(timeout=60, headers=auth) as client:
-                async def worker() -> None:
+            # the small keep-alive client: httpx's own cost per request on a loaded machine kept fewer
+            # than 3 requests in flight out of 16 clients
+            async def worker() -> None:
+                conn = await Conn.open(serve_port, "/s/bench/step/work", token)
+                try:
                     while time.perf_counter() < stop and not done.is_set():
-                        await client.get(f"{base}/work")
-                await asyncio.gather(*(worker() for _ in range(STEP_CLIENTS)))
+                        await conn.get()
+                finally:
+                    conn.close()
+            await asyncio.gather(*(worker() for _ in range(STEP_CLIENTS)))
 
         import threading
 
