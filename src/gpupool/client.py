@@ -576,7 +576,7 @@ class Client:
 
 
 _RESOURCE_KEYS = frozenset(ResourcesSpec.model_fields)
-_SET_BY_SERVER = frozenset({"array_index", "rendezvous"})
+_SET_BY_SERVER = frozenset({"array_index", "rendezvous", "serve_port"})
 
 
 def submit_keywords() -> list[str]:

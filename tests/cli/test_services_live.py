@@ -10,6 +10,7 @@ import signal
 import subprocess
 import sys
 from collections.abc import Iterator
+from pathlib import Path
 
 import httpx
 import pytest
@@ -109,3 +110,22 @@ def test_bad_input_exits_with_a_sentence(pool: UpProcess, args: tuple[str, ...],
     assert result.returncode == code, (result.stdout, result.stderr)
     assert words in result.stderr, result.stderr
     assert "Traceback" not in result.stderr
+
+
+def test_a_spec_file_then_scale_and_update_through_the_cli(pool: UpProcess, tmp_path: Path) -> None:
+    spec = tmp_path / "svc.yaml"
+    spec.write_text("command: [sleep, '600']\nresources: {gpus: 0.25}\nmin_replicas: 0\nmax_replicas: 2\n"
+                    "replicas: 0\nreadiness: {kind: tcp, period_s: 0.5, timeout_s: 0.5}\n")
+    assert gp(pool, "service", "create", "filed", "-f", str(spec)).returncode == 0
+    assert shown(pool, "filed")["spec"]["command"] == ["sleep", "600"]
+    scaled = gp(pool, "service", "scale", "filed", "5", "--reason", "a test")
+    assert scaled.returncode == 0 and scaled.stdout.strip() == "filed desired=2 version=2", scaled.stdout
+    stale = gp(pool, "service", "scale", "filed", "0", "--expected-version", "1")
+    assert stale.returncode == 2 and "is at version 2, not 1" in stale.stderr, stale.stderr
+    assert gp(pool, "service", "scale", "filed", "0", "--expected-version", "2").returncode == 0
+    bounds = gp(pool, "service", "update", "filed", "--max", "3")
+    assert bounds.returncode == 0 and "generation=1" in bounds.stdout, bounds.stdout
+    rolled = gp(pool, "service", "update", "filed", "--env", "MODEL=v2")
+    assert rolled.returncode == 0 and "generation=2" in rolled.stdout, rolled.stdout
+    assert any(e["message"] == "scaled 0 → 2: a test" for e in shown(pool, "filed")["events"])
+    assert gp(pool, "service", "delete", "filed").returncode == 0

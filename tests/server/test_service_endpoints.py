@@ -3,7 +3,9 @@ compare-and-set on the service row (SQLite and PostgreSQL)."""
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 from sqlalchemy import select
@@ -69,3 +71,25 @@ def test_set_desired_is_a_compare_and_set_that_clamps_and_writes_its_event(store
         assert row is not None and (row.desired, row.version) == (1, 5)  # clamped to min 1
     with store.write() as session:
         assert not set_desired(session, "s-gone", 1, "", 1)
+
+
+def test_of_concurrent_scalers_that_read_one_version_exactly_one_wins(store: Store) -> None:
+    """Eight writers at once, each in its own transaction (PostgreSQL runs them concurrently): one
+    scale applies, with one event; the others are told they lost."""
+    barrier = threading.Barrier(8)
+
+    def scale(n: int) -> bool:
+        barrier.wait()
+        with store.write() as session:
+            return set_desired(session, "s-1", n, f"writer {n}", 3, now=float(n))
+
+    asked = [1, 3, 4, 1, 3, 4, 3, 4]  # each a change from the 2 it has
+    with ThreadPoolExecutor(max_workers=8) as pool:
+        outcomes = list(pool.map(scale, asked))
+    with store.read() as session:
+        row = session.get(ServiceRow, "s-1")
+        events = session.scalars(select(ServiceEventRow.message)).all()
+    winners = [n for n, won in zip(asked, outcomes, strict=True) if won]
+    assert len(winners) == 1, outcomes
+    assert row is not None and (row.version, row.desired) == (4, winners[0])
+    assert events == [f"scaled 2 → {winners[0]}: writer {winners[0]}"]

@@ -128,6 +128,15 @@ def test_replicas_get_ports_and_become_ready_endpoints(pool: Server, listeners: 
     assert sorted((e.workload_id, e.host, e.port) for e in endpoints) == sorted(
         (wid, "127.0.0.1", port) for wid, port in ports.items())
     assert {r["ready"] for r in service["replicas"]} == {"ready"}
+    assert sorted(r["node"] for r in service["replicas"]) == ["n0", "n1"]  # spread, though first-fit
+    metrics = pool.client.get("/metrics", headers=pool.headers()).text
+    assert 'gpupool_service_replicas{service="alpha/web",state="ready"} 2.0' in metrics
+    assert 'gpupool_service_desired_replicas{service="alpha/web"} 2.0' in metrics
+    usage = pool.client.get(f"{API}/usage", params={"by": "service,priority_class", "tenant": "alpha"},
+                            headers=pool.headers()).json()
+    web = [r for r in usage["rows"] if r["service"] == "web"]
+    assert [(r["priority_class"], r["pods"]) for r in web] == [("serving", 2)], usage["rows"]
+    assert web[0]["device_hours"] > 0
     delete(pool, "web")
     wait_until(pool, lambda: not ports_launched(pool, "web"))
 
@@ -201,6 +210,15 @@ def test_bad_input_says_what_was_wrong(pool: Server) -> None:
         assert words in answer.json()["message"], answer.text
     missing = client.get(f"{API}/services/nope", params={"tenant": "alpha"}, headers=admin)
     assert missing.status_code == 404 and "gpupool service ls" in missing.json()["message"]
+    create(pool, {"name": "kept", "command": ["serve"], "min_replicas": 0, "max_replicas": 2, "replicas": 0})
+    for changes, words in (({"min_replicas": 3}, "min_replicas (3) is above max_replicas (2)"),
+                           ({"name": "other"}, "cannot change name of a service"),
+                           ({"command": [""]}, "must not be empty")):
+        answer = client.patch(f"{API}/services/kept", params={"tenant": "alpha"}, headers=admin,
+                              json={"changes": changes})
+        assert answer.status_code == 422 and words in answer.json()["message"], answer.text
+    assert show(pool, "kept")["version"] == 1  # nothing of the refused updates was stored
+    delete(pool, "kept")
 
 
 def test_a_tenant_cannot_see_scale_or_delete_another_tenants_service(pool: Server) -> None:
@@ -350,3 +368,35 @@ def test_headroom_keeps_room_for_a_replica_free_of_new_batch(tmp_path: Path) -> 
         assert statuses == ["pending", "running"]  # nothing was preempted for it
     finally:
         stop_server(server)
+
+
+def test_a_spec_no_replica_could_run_as_is_refused_at_create(pool: Server) -> None:
+    """Found by bench/fuzz_api.py: an empty program passed the service's own rules, and the replica's
+    workload spec then refused it inside the controller."""
+    answer = pool.client.post(f"{API}/services", headers=pool.headers(),
+                              json={"tenant": "alpha", "name": "empty", "command": [""]})
+    assert answer.status_code == 422, answer.text
+    assert "the first word of the command (the program) must not be empty" in answer.json()["message"]
+
+
+def test_a_replica_failing_its_liveness_probe_is_replaced(
+        pool: Server, listeners: dict[int, Replica]) -> None:
+    create(pool, {"name": "stuck", "command": ["serve"], "resources": {"gpus": 0.25},
+                  "liveness": {"path": "/healthz", "period_s": 0.1, "timeout_s": 0.1,
+                               "failure_threshold": 2}})
+    serve_all(pool, "stuck", listeners, 1)
+    wait_until(pool, lambda: show(pool, "stuck")["state"] == "ready")
+    first = show(pool, "stuck")["replicas"][0]["workload_id"]
+    for replica in listeners.values():
+        replica.code = 500  # it still accepts connections (ready by TCP) but answers nothing useful
+    wait_until(pool, lambda: pool.status(first) == "cancelled")
+    events = [e for e in show(pool, "stuck")["events"] if e["reason"] == "replica_replaced"]
+    assert len(events) == 1 and first in events[0]["message"]
+    assert "failed its liveness probe 2 times" in events[0]["message"]
+    assert "answered 500" in events[0]["message"]
+    for replica in listeners.values():
+        replica.code = 200
+    serve_all(pool, "stuck", listeners, 1)
+    wait_until(pool, lambda: show(pool, "stuck")["state"] == "ready"
+               and show(pool, "stuck")["replicas"][0]["workload_id"] != first)
+    delete(pool, "stuck")

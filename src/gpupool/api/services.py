@@ -11,7 +11,7 @@ from __future__ import annotations
 from enum import StrEnum
 from typing import Annotated, Any
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, ValidationError, field_validator, model_validator
 
 from gpupool.api.common import ArgText, Name, Strict
 from gpupool.api.images import ImageName
@@ -21,6 +21,7 @@ from gpupool.api.workloads import (
     MAX_CONSTRAINTS,
     ConstraintText,
     ResourcesSpec,
+    WorkloadSpec,
     check_command_size,
     check_env_size,
 )
@@ -98,7 +99,6 @@ class ServiceSpec(Strict):
     priority_class: Name | None = Field(None, description=(
         "one of the pool's priority classes; default: the pool's serving.priority_class"))
     public: bool = Field(False, description="its endpoints answer requests without the tenant's token")
-    spread: bool = Field(True, description="place replicas on different nodes where the pool can")
     env: dict[Annotated[str, Field(min_length=1, max_length=256, pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")],
               ArgText] = Field(default_factory=dict)
     workdir: str = Field("", max_length=4096)
@@ -134,7 +134,25 @@ class ServiceSpec(Strict):
         if self.port_env in self.env:
             raise ValueError(f"env sets {self.port_env}, which the pool sets to each replica's port; "
                              "remove it from env (or choose another port_env)")
+        try:  # every rule of a workload holds for its replicas: refused here, not when one is made
+            WorkloadSpec.model_validate(self.replica_fields(None, 1024))
+        except ValidationError as exc:
+            first = exc.errors()[0]
+            where = ".".join(str(part) for part in first.get("loc", ()))
+            text = str(first.get("msg", "")).removeprefix("Value error, ")
+            raise ValueError(f"{where}: {text}" if where else text) from None
         return self
+
+    def replica_fields(self, tenant: str | None, port: int) -> dict[str, Any]:
+        """One replica's workload spec: the service's command and slice, its port in `port_env`, and no
+        requeue of its own (the controller replaces a replica that ended)."""
+        return {
+            "command": self.command, "name": self.name, "tenant": tenant, "queue": self.queue,
+            "resources": self.resources.model_dump(mode="json"),
+            "env": {**self.env, self.port_env: str(port)},
+            "workdir": self.workdir, "max_retries": 0, "serve_port": port, "image": self.image,
+            "constraints": self.constraints, "mounts": [m.model_dump(mode="json") for m in self.mounts],
+            "secrets": [s.model_dump(mode="json") for s in self.secrets]}
 
     @property
     def initial_replicas(self) -> int:

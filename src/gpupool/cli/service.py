@@ -253,6 +253,8 @@ def show(
 ) -> None:
     """Show a service: its replicas (status, readiness, endpoint), version and recent events.
 
+    Example: gpupool service show chat --json
+
     Exit codes: 0 shown, 3 no such service.
     """
     with client() as pool:
@@ -285,6 +287,8 @@ def scale(
     tenant: TenantOption = None,
 ) -> None:
     """Set how many replicas a service should have.
+
+    Example: gpupool service scale chat 3 --expected-version 7
 
     Exit codes: 0 set, 2 the service changed since --expected-version, 3 no such service.
     """
@@ -360,6 +364,8 @@ def delete(
     name: Annotated[str, typer.Argument(help="The service's name.")], tenant: TenantOption = None
 ) -> None:
     """Stop a service's replicas and delete it.
+
+    Example: gpupool service delete chat
 
     Exit codes: 0 deleted, 3 no such service.
     """

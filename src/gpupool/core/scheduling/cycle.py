@@ -59,6 +59,7 @@ from gpupool.core.scheduling.ordering.base import OrderingContext, OrderStream, 
 from gpupool.core.scheduling.policies.base import DEFAULT_POLICY, NoFit
 from gpupool.core.scheduling.preemption import VictimIndex, lost_work_s, select_victims
 from gpupool.core.scheduling.reach import PreemptionRules, out_of_reach, reach
+from gpupool.core.scheduling.spread import spread_gang
 from gpupool.core.scheduling.view import ClusterView, Running
 from gpupool.core.scheduling.workloads import Meta, Shape
 from gpupool.core.state import ClusterState, clone_state
@@ -745,7 +746,8 @@ class _Cycle:
         nofit = self.failed_shapes.get(shape)
         if nofit is not None:
             return nofit.reason, nofit.message
-        gang = place_gang(w, view.state, self.policy, self.rng)
+        spread = spread_gang(w, view, self.policy, self.rng) if w.spread_key else None
+        gang = spread if spread is not None else place_gang(w, view.state, self.policy, self.rng)
         if isinstance(gang, NoFit):
             self.failed_shapes[shape] = gang
             return gang.reason, gang.message

@@ -184,7 +184,7 @@ class Controller:
         for _ in range(create):
             if not self._create(row, spec, now):
                 break
-        self._probe(spec, [r for r in active if r not in remove], now)
+        self._probe(spec, [r for r in active if r not in remove], now, row.tenant)
         self._state(row, spec, [r for r in active if r not in remove], now)
 
     def _create(self, row: ServiceRow, spec: ServiceSpec, now: float) -> bool:
@@ -269,7 +269,7 @@ class Controller:
 
     # ---------------------------------------------------------------- probes and state
 
-    def _probe(self, spec: ServiceSpec, active: list[Replica], now: float) -> None:
+    def _probe(self, spec: ServiceSpec, active: list[Replica], now: float, tenant: str) -> None:
         probes: list[tuple[str, ProbeSpec]] = [(READINESS, spec.readiness_probe)]
         if spec.liveness is not None:
             probes.append((LIVENESS, spec.liveness))
@@ -279,7 +279,7 @@ class Controller:
             for kind, probe in probes:
                 key = (r.workload_id, kind)
                 due = self._due.get(key, r.started_s + probe.initial_delay_s)
-                if now >= due and self.prober.start(r.workload_id, kind, probe, r.host, r.port):
+                if now >= due and self.prober.start(r.workload_id, kind, probe, r.host, r.port, tenant):
                     self._due[key] = now + probe.period_s
 
     def _apply(self, results: list[ProbeResult], specs: dict[str, ServiceSpec], now: float) -> None:

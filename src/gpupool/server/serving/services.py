@@ -23,7 +23,7 @@ from gpupool.api.services import (
     ServiceUpdate,
 )
 from gpupool.core.model import WorkloadStatus
-from gpupool.errors import Conflict, GpupoolError, InvalidInput, NotFound
+from gpupool.errors import Conflict, InvalidInput, NotFound
 from gpupool.server.auth import Principal
 from gpupool.server.orm import PodRow, QueueRow, ServiceEventRow, ServiceReplicaRow, ServiceRow, WorkloadRow
 from gpupool.server.runtime import Runtime
@@ -335,5 +335,3 @@ def _first_error(exc: ValidationError) -> str:
     where = ".".join(str(p) for p in first.get("loc", ()))
     return f"{where}: {first.get('msg', '')}" if where else str(first.get("msg", ""))
 
-
-__all__ = ["GpupoolError", "create", "get", "list_services", "remove", "scale", "update_spec"]

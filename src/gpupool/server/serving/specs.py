@@ -44,25 +44,8 @@ def service_class(config: PoolConfig, asked: str | None, tenant: str, max_priori
 
 
 def replica_spec(spec: ServiceSpec, tenant: str, port: int) -> WorkloadSpec:
-    """One replica's workload: the service's command and slice, its port in `port_env`, and no
-    requeue of its own (the controller replaces a replica that ended)."""
-    return WorkloadSpec.model_validate(
-        {
-            "command": spec.command,
-            "name": spec.name,
-            "tenant": tenant,
-            "queue": spec.queue,
-            "resources": spec.resources.model_dump(mode="json"),
-            "env": {**spec.env, spec.port_env: str(port)},
-            "workdir": spec.workdir,
-            "max_retries": 0,
-            "serve_port": port,
-            "image": spec.image,
-            "constraints": spec.constraints,
-            "mounts": [m.model_dump(mode="json") for m in spec.mounts],
-            "secrets": [s.model_dump(mode="json") for s in spec.secrets],
-        }
-    )
+    """One replica's workload (ServiceSpec.replica_fields)."""
+    return WorkloadSpec.model_validate(spec.replica_fields(tenant, port))
 
 
 def acting_for(tenant: str) -> Principal:
