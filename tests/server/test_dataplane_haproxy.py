@@ -119,3 +119,31 @@ def test_a_killed_haproxy_is_restarted_with_its_services_replicas_and_tokens(pla
                  lambda: get(plane.port, "/s/alice/phoenix/x", "gp_alice").status_code == 200)
         assert get(plane.port, "/s/alice/phoenix/x", "gp_alice").text.startswith("a /x")
         assert get(plane.port, "/s/alice/phoenix/x", "gp_forged").status_code == 401
+
+
+def running(pid: int) -> bool:
+    """Alive and not a zombie waiting to be reaped (this test's own child)."""
+    try:
+        state = Path(f"/proc/{pid}/status").read_text().split("State:")[1].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state != "Z"
+
+
+def test_a_haproxy_left_by_a_killed_pool_is_stopped_by_the_next_start(tmp_path: Path) -> None:
+    assert HAPROXY is not None
+    port = free_port()
+    first = HAProxySupervisor(HAPROXY, tmp_path / "dataplane", "127.0.0.1", port, 5.0)
+    first.start()
+    orphan = first.master_pid
+    assert orphan is not None
+    first._stopping.set()  # the pool is gone without stopping it (kill -9): its HAProxy keeps the port
+    second = HAProxySupervisor(HAPROXY, tmp_path / "dataplane", "127.0.0.1", port, 5.0)
+    try:
+        second.start()
+        assert second.master_pid != orphan
+        assert not running(orphan)
+        assert get(port, "/s/alice/none/", "gp_alice").status_code == 404  # the new one answers
+    finally:
+        second.stop()
+        first.stop()

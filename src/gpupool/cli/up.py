@@ -205,6 +205,9 @@ def _serve(data_dir: Path | None, host: str, port: int, simulate: str, provider:
         secure_data_dir(settings.agent_dir, flag="--agent-dir")
     _check_port(host, port)
     if settings.serve_port:
+        from gpupool.server.dataplane.haproxy import stop_stale
+
+        stop_stale(settings.data_dir / "dataplane")  # left running by a run that was killed
         _check_port(settings.serve_host, settings.serve_port, flag="--serve-port")
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     logging.getLogger("alembic").setLevel(logging.WARNING)

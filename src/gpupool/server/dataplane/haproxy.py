@@ -41,6 +41,26 @@ class RuntimeError_(Exception):
     """The runtime API refused a command (the text is HAProxy's answer)."""
 
 
+def stop_stale(directory: Path, timeout_s: float = 10.0) -> bool:
+    """End the HAProxy a previous run of the pool left behind in `directory` (the pool was killed
+    and could not stop it), so its listener is free again; True when there was one. Only a process
+    whose command line names this directory's configuration is signalled."""
+    paths = HAProxyPaths(directory)
+    try:
+        pid = int(paths.pidfile.read_text().strip())
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+    except (OSError, ValueError):
+        return False
+    if str(paths.config).encode() not in cmdline:
+        return False
+    os.kill(pid, signal.SIGTERM)
+    deadline = time.monotonic() + timeout_s
+    while Path(f"/proc/{pid}").exists() and time.monotonic() < deadline:
+        time.sleep(0.02)
+    log.warning("stopped the HAProxy (pid %d) a previous run of the pool left running", pid)
+    return True
+
+
 def find_haproxy() -> str | None:
     """The haproxy binary, or None when it is not installed."""
     return shutil.which("haproxy") or next(
@@ -106,6 +126,7 @@ class HAProxySupervisor:
     def start(self) -> None:
         self.paths.directory.mkdir(mode=0o700, parents=True, exist_ok=True)
         os.chmod(self.paths.directory, 0o700)
+        stop_stale(self.paths.directory)
         with self._lock:
             self._write_files()
             self._spawn()
@@ -122,6 +143,7 @@ class HAProxySupervisor:
                 env={"PATH": "/usr/sbin:/usr/bin:/sbin:/bin"}, start_new_session=True, close_fds=True)
         finally:
             os.close(fd)
+        _write_private(self.paths.pidfile, f"{self._proc.pid}\n")
         self._wait_for_socket()
 
     def _wait_for_socket(self, timeout_s: float = 10.0) -> None:

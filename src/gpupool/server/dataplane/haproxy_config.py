@@ -37,6 +37,10 @@ class HAProxyPaths:
         return self.directory / "haproxy.cfg"
 
     @property
+    def pidfile(self) -> Path:
+        return self.directory / "haproxy.pid"
+
+    @property
     def log(self) -> Path:
         return self.directory / "haproxy.log"
 
