@@ -13,7 +13,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from dataplane_helpers import bearer, digest, free_port, get, replicas
+from dataplane_replicas import bearer, digest, free_port, get, replicas
 
 from gpupool.server.dataplane.haproxy import find_haproxy
 from gpupool.server.dataplane.model import Backend, Probe, Route
@@ -31,7 +31,7 @@ KINDS = [
 
 
 class Plane:
-    """A started data plane, the cold starts it reported, and helpers to route one service."""
+    """A started data plane, the cold starts it reported, and a way to route one service."""
 
     def __init__(self, plane: DataPlane) -> None:
         self.plane = plane

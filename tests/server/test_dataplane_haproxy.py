@@ -10,7 +10,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from dataplane_helpers import digest, free_port, get, replicas
+from dataplane_replicas import digest, free_port, get, replicas
 from test_dataplane import wait_for
 
 from gpupool.server.dataplane.haproxy import HAProxySupervisor, find_haproxy
