@@ -337,8 +337,10 @@ class PodNetwork:
             # the host's own processes (other users, pods of a pool without namespaces) reach a pod
             # only with the answers to what it opened
             f'add rule {t} output oifname "gv*" ct state established,related accept',
-            # ... and a service replica's port (the pool's probes and router open connections to it)
-            f'add rule {t} output oifname "gv*" ip daddr . tcp dport @serve_ports accept',
+            # ... and a service replica's port, to the pool's own identity only: its probes and its
+            # router (HAProxy runs as the pool) open connections to it; other users' processes do not
+            (f'add rule {t} output oifname "gv*" meta skuid {os.geteuid()} '
+             "ip daddr . tcp dport @serve_ports accept"),
             f'add rule {t} output oifname "gv*" drop',
             f"add rule {t} pod_input ct state established,related accept",
             f"add rule {t} pod_input iifname . ip saddr != @pod_ifs drop",

@@ -17,6 +17,8 @@ from gpupool.providers.base import Provider
 from gpupool.server import apidocs, http_errors, ui
 from gpupool.server.auth import Scope
 from gpupool.server.bodylimit import BodyLimit
+from gpupool.server.dataplane import loop as dataplane_loop
+from gpupool.server.dataplane.metrics import ServiceTrafficCollector
 from gpupool.server.fastpath import SubmitFastPath
 from gpupool.server.leader import Leadership
 from gpupool.server.loops.control import ControlLoop
@@ -63,6 +65,9 @@ def create_app(rt: Runtime, *, run_loop: bool = True, hub_router: APIRouter | No
     writer = SubmitWriter(rt)
     sampler = HistorySampler(rt)
     serving = ServingLoop(rt, leadership)  # inference services' replicas and probes (docs/services.md)
+    dataplane = dataplane_loop.from_settings(rt)  # --serve-port: docs/serving-dataplane.md
+    if dataplane is not None:
+        metrics.registry.register(ServiceTrafficCollector(dataplane))
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
@@ -73,12 +78,16 @@ def create_app(rt: Runtime, *, run_loop: bool = True, hub_router: APIRouter | No
                 leadership.start()  # after the loop: it wakes the loop when it takes the lease
             sampler.start()  # a thread of its own: a minute's sample never waits on a cycle
             serving.start()
+            if dataplane is not None:
+                dataplane.start()
         try:
             yield
         finally:
             writer.stop()
             if run_loop:
                 sampler.stop()
+                if dataplane is not None:
+                    dataplane.stop()
                 serving.stop()
                 loop.stop()
                 if leadership is not None:
@@ -101,6 +110,7 @@ def create_app(rt: Runtime, *, run_loop: bool = True, hub_router: APIRouter | No
     app.state.submit_writer = writer
     app.state.history_sampler = sampler
     app.state.serving = serving
+    app.state.dataplane = dataplane
     app.state.stopping = lambda: False  # the server that serves the app sets its own (event streams end)
     http_errors.install(app)
     too_large: dict[int | str, dict[str, Any]] = {
