@@ -65,7 +65,7 @@ def create_app(rt: Runtime, *, run_loop: bool = True, hub_router: APIRouter | No
     writer = SubmitWriter(rt)
     sampler = HistorySampler(rt)
     serving = ServingLoop(rt, leadership)  # inference services' replicas and probes (docs/services.md)
-    dataplane = dataplane_loop.from_settings(rt)  # --serve-port: docs/serving-dataplane.md
+    dataplane = dataplane_loop.from_settings(rt, leadership)  # --serve-port: docs/serving-dataplane.md
     if dataplane is not None:
         metrics.registry.register(ServiceTrafficCollector(dataplane))
 

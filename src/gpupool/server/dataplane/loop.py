@@ -24,6 +24,8 @@ from gpupool.errors import InvalidInput, StoreUnavailable
 from gpupool.server.dataplane.haproxy import find_haproxy
 from gpupool.server.dataplane.model import Backend, Probe, Route, ServiceTraffic
 from gpupool.server.dataplane.plane import DataPlane
+from gpupool.server.db import Fenced
+from gpupool.server.leader import Leadership
 from gpupool.server.orm import ServiceEventRow, ServiceRow, TokenRow
 from gpupool.server.runtime import Runtime
 from gpupool.server.serving.endpoints import ready_endpoints, set_desired
@@ -71,9 +73,12 @@ def _policy(row: ServiceRow) -> AutoscalePolicy | None:
 
 
 class DataPlaneLoop:
-    def __init__(self, rt: Runtime, plane: DataPlane) -> None:
+    def __init__(self, rt: Runtime, plane: DataPlane, leadership: Leadership | None = None) -> None:
         self.rt = rt
         self.plane = plane
+        self.leadership = leadership
+        """With several servers on one store (docs/ha.md) every server routes, but only the
+        leader's autoscaler writes, fenced by its epoch: a follower's traffic is not counted."""
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._routes: list[Route] = []
@@ -118,6 +123,11 @@ class DataPlaneLoop:
     def tick(self, now_s: float) -> None:
         views, tokens = self._read(now_s)
         self._apply(views, tokens)
+        epoch: int | None = None
+        if self.leadership is not None:
+            epoch = self.leadership.acting_epoch()
+            if epoch is None:  # a follower routes; the leader decides the replica counts
+                return
         traffic = self.plane.traffic()
         writes: list[tuple[ServiceView, Decision]] = []
         for view in views:
@@ -133,7 +143,12 @@ class DataPlaneLoop:
             self._states[view.id] = decision.state
             if decision.changed:
                 writes.append((view, decision))
-        self._write(writes, now_s)
+        try:
+            with self.rt.store.fenced(epoch):
+                self._write(writes, now_s)
+        except Fenced:
+            if self.leadership is not None and epoch is not None:
+                self.leadership.lost(epoch)
 
     def _read(self, now_s: float) -> tuple[list[ServiceView], dict[str, str]]:
         views = []
@@ -203,7 +218,7 @@ class DataPlaneLoop:
                                                         f"{seconds:.2f} s for a ready replica"))
 
 
-def from_settings(rt: Runtime) -> DataPlaneLoop | None:
+def from_settings(rt: Runtime, leadership: Leadership | None = None) -> DataPlaneLoop | None:
     """The loop `gpupool up --serve-port` runs, or None when no service traffic is routed."""
     s = rt.settings
     if not s.serve_port:
@@ -216,4 +231,4 @@ def from_settings(rt: Runtime) -> DataPlaneLoop | None:
                                "package or use --serve-router auto")
     plane = DataPlane(s.data_dir / "dataplane", s.serve_host, s.serve_port,
                       cold_start_limit_s=s.serve_cold_start_s, haproxy=binary)
-    return DataPlaneLoop(rt, plane)
+    return DataPlaneLoop(rt, plane, leadership)
