@@ -8,8 +8,9 @@ import importlib.util
 import typer
 
 app = typer.Typer(
-    help="Replay cluster traces through the scheduler: `fill` (the FGD paper's packing protocol) "
-    "and `replay` (arrivals and departures over time). Both take --policy (default: `gpupool up`'s) "
+    help="Replay cluster traces through the scheduler: `fill` (the FGD paper's packing protocol), "
+    "`replay` (arrivals and departures over time) and `colocate` (inference services and batch on one "
+    "pool against a static split). fill and replay take --policy (default: `gpupool up`'s) "
     "and --seed.\n\nExample: gpupool sim fill --nodes nodes.csv --pods pods.csv --seed 42",
     no_args_is_help=True,
 )
@@ -21,7 +22,7 @@ def _group() -> None:
 
 
 # Each protocol lives in its own module exposing a function named like the command.
-for _name in ("fill", "replay"):
+for _name in ("fill", "replay", "colocate"):
     _module = f"gpupool.cli.sim_{_name}"
     if importlib.util.find_spec(_module) is not None:
         app.command(_name)(getattr(importlib.import_module(_module), _name))
