@@ -11,7 +11,7 @@ import typer
 
 from gpupool.errors import GpupoolError, InvalidInput
 
-DEFAULT_CLUSTER = "512x8xA100-80GB"
+DEFAULT_CLUSTER = "64x8xA100-80GB"
 DEFAULT_BATCH_START = "2017-10-01"
 SERVICES_FILE = ("alibaba-dlrm-2025", "disaggregated_DLRM_trace.csv")
 PHILLY_FILE = ("philly", "philly-sia.csv")
@@ -31,12 +31,19 @@ def _data_file(given: Path | None, parts: tuple[str, str], flag: str) -> Path:
 
 def build_setup(services: Path | None, batch: Path | None, cluster: str, batch_scale: float,
                 batch_start: str, seed: int, headroom: int, cold_start_s: float, grace_s: float,
-                assume_share: float | None = None, days: float | None = None) -> Any:
+                assume_share: float | None = None, days: float | None = None, thin: int = 1) -> Any:
     """The ColocationSetup of the command's options (also used by bench/colocation.py)."""
     from gpupool.config import PoolConfig
     from gpupool.prices import PricesConfig
     from gpupool.providers.nodespec import nodes_from_spec
-    from gpupool.sim.colocation import ColocationSetup, scale_batch, with_service_class
+    from gpupool.sim.colocation import (
+        ColocationSetup,
+        scale_batch,
+        static_inference_nodes,
+        thin_instances,
+        widest_fitting,
+        with_service_class,
+    )
     from gpupool.sim.jobs import in_window, philly_jobs
     from gpupool.sim.traces.alibaba_serving import load_instances
     from gpupool.sim.traces.philly import parse_time_s
@@ -58,6 +65,8 @@ def build_setup(services: Path | None, batch: Path | None, cluster: str, batch_s
     if days is not None:
         end_s = min(end_s, days * 86400.0)
         instances = [i for i in instances if i.start_s < end_s]
+    instances = thin_instances(instances, thin, seed)
+    batch_devices = sum(len(n.devices) for n in nodes[static_inference_nodes(instances, nodes):])
     try:
         start = parse_time_s(batch_start)
     except ValueError:
@@ -67,11 +76,17 @@ def build_setup(services: Path | None, batch: Path | None, cluster: str, batch_s
     if not jobs:
         raise InvalidInput(f"No batch job falls in {batch_start} plus the services' {end_s / 86400:.1f} "
                            "days; choose another --batch-start.")
+    if batch_devices < 1:
+        raise InvalidInput(f"The services' peak fills all of --cluster {cluster}: no batch cluster is left "
+                           "for the static split; give more nodes (or a larger --service-thin).")
+    # a job wider than the static split's batch cluster could never run there: left out of every variant
+    jobs, wide = widest_fitting(jobs, batch_devices)
     policies = with_service_class(PoolConfig().policies())
-    return ColocationSetup(nodes=nodes, instances=tuple(instances),
+    return ColocationSetup(nodes=nodes, instances=tuple(instances), wide_jobs_left_out=wide,
                            batch=tuple(scale_batch(jobs, batch_scale, seed, start)), policies=policies,
                            end_s=end_s, seed=seed, headroom_replicas=headroom, cold_start_s=cold_start_s,
-                           grace_s=grace_s, assume_share=assume_share, prices=PricesConfig.model_validate({}).price_book())
+                           grace_s=grace_s, assume_share=assume_share,
+                           prices=PricesConfig.model_validate({}).price_book())
 
 
 def colocate(
@@ -89,7 +104,11 @@ def colocate(
         "directory."),
     cluster: str = typer.Option(DEFAULT_CLUSTER, "--cluster", help="The whole pool, NODESxDEVICESxMODEL."),
     batch_scale: float = typer.Option(
-        1.6, "--batch-scale", help="Each Philly job cloned this many times on average (seeded)."),
+        0.2, "--batch-scale", help="Each Philly job taken this many times on average (seeded; 0.2 keeps one "
+        "in five)."),
+    service_thin: int = typer.Option(
+        8, "--service-thin", help="A 1/N scale model of the services: every Nth instance of each app (the "
+        "seed picks which); 1 replays them all (then give a cluster about 8x larger)."),
     batch_start: str = typer.Option(
         DEFAULT_BATCH_START, "--batch-start", help="The Philly day the services' trace start is laid on."),
     days: float | None = typer.Option(None, "--days", help="Only the first DAYS of the services' trace."),
@@ -114,10 +133,11 @@ def colocate(
     try:
         chosen = parse_variants(variants)
         setup = build_setup(services, batch, cluster, batch_scale, batch_start, seed, headroom,
-                            cold_start, grace, assume_share, days)
+                            cold_start, grace, assume_share, days, service_thin)
         result = run_all(setup, chosen)
         result["config"] = {"cluster": cluster, "batch_scale": batch_scale, "batch_start": batch_start,
-                            "days": days, "headroom": headroom, "cold_start_s": cold_start, "grace_s": grace,
+                            "days": days, "service_thin": service_thin,
+                            "headroom": headroom, "cold_start_s": cold_start, "grace_s": grace,
                             "assume_share": assume_share, "seed": seed}
         json_out.parent.mkdir(parents=True, exist_ok=True)
         json_out.write_text(json.dumps(result, indent=2, sort_keys=True))

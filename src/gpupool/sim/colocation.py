@@ -103,6 +103,23 @@ def service_jobs(instances: Sequence[ServiceInstance], fractional: bool = False,
     return out
 
 
+def thin_instances(instances: Sequence[ServiceInstance], every: int, seed: int = 0) -> list[ServiceInstance]:
+    """A 1/`every` scale model of the services: of each app's instances (in order of start), every
+    `every`-th one from an offset the seed picks, so each app keeps its shape at 1/`every` of its size
+    (an app with fewer instances than `every` may keep none)."""
+    if every < 1:
+        raise InvalidInput(f"--service-thin must be a whole number >= 1 (8 keeps one instance in 8), "
+                           f"not {every}.")
+    if every == 1:
+        return list(instances)
+    offset = seed % every
+    by_app: dict[str, list[ServiceInstance]] = {}
+    for inst in sorted(instances, key=lambda i: (i.start_s, i.line)):
+        by_app.setdefault(inst.app, []).append(inst)
+    kept = [inst for group in by_app.values() for k, inst in enumerate(group) if k % every == offset]
+    return sorted(kept, key=lambda i: (i.start_s, i.line))
+
+
 def scale_batch(jobs: Sequence[TraceJob], factor: float, seed: int, shift_s: float = 0.0) -> list[TraceJob]:
     """Each job `floor(factor)` times, plus once more with the fraction's probability (seeded); the
     clones arrive with the original, `shift_s` earlier (the trace's window start moved to 0)."""
@@ -121,6 +138,18 @@ def scale_batch(jobs: Sequence[TraceJob], factor: float, seed: int, shift_s: flo
             out.append(TraceJob(clone, at, job.duration_s))
     out.sort(key=lambda j: (j.submit_s, j.workload.id))
     return out
+
+
+def widest_fitting(jobs: Sequence[TraceJob], devices: int) -> tuple[list[TraceJob], int]:
+    """The jobs that ask for at most `devices` devices, and how many asked for more."""
+    kept = [j for j in jobs if j.workload.total_device_milli <= devices * MILLI]
+    return kept, len(jobs) - len(kept)
+
+
+def static_inference_nodes(instances: Sequence[ServiceInstance], nodes: Sequence[Node]) -> int:
+    """Nodes of the static split's inference pool: the fewest that hold the services' peak."""
+    per_node = max((len(n.devices) for n in nodes), default=1) * MILLI
+    return max(1, math.ceil(peak_milli(service_jobs(instances)) / per_node))
 
 
 def peak_milli(jobs: Sequence[TraceJob]) -> int:
@@ -152,6 +181,8 @@ class ColocationSetup:
     assume_share: float | None = None
     prices: PriceBook | None = None
     check_invariants: bool = False
+    wide_jobs_left_out: int = 0
+    """Batch jobs wider than the static split's batch cluster, left out of every variant."""
 
 
 class ColocationReplay(Replay):
@@ -301,8 +332,10 @@ def _replay(setup: ColocationSetup, nodes: tuple[Node, ...], jobs: list[TraceJob
     return run
 
 
-def run_variant(setup: ColocationSetup, variant: str) -> dict[str, Any]:
-    """One variant's metrics (JSON-ready)."""
+def run_variant(setup: ColocationSetup, variant: str,
+                keep: list[ColocationReplay] | None = None) -> dict[str, Any]:
+    """One variant's metrics (JSON-ready); `keep` gets its replays (static: the inference pool's,
+    then the batch cluster's)."""
     if variant not in VARIANTS:
         raise InvalidInput(f"Unknown variant {variant!r}; choose from {', '.join(VARIANTS)}."
                            + did_you_mean(variant, list(VARIANTS)))
@@ -310,12 +343,10 @@ def run_variant(setup: ColocationSetup, variant: str) -> dict[str, Any]:
     services = service_jobs(setup.instances, fractional, setup.assume_share)
     ends = {j.workload.id: j.submit_s + j.duration_s for j in services}
     batch = list(setup.batch)
-    per_node = max((len(n.devices) for n in setup.nodes), default=1) * MILLI
     headroom = setup.headroom_replicas * MILLI if variant in ("headroom", "fractional") else 0
     info: dict[str, Any] = {"variant": variant, "devices": sum(len(n.devices) for n in setup.nodes)}
     if variant == "static":
-        need = peak_milli(services)
-        inference_nodes = min(len(setup.nodes), max(1, math.ceil(need / per_node)))
+        inference_nodes = min(len(setup.nodes), static_inference_nodes(setup.instances, setup.nodes))
         serving_nodes, batch_nodes = setup.nodes[:inference_nodes], setup.nodes[inference_nodes:]
         if not batch_nodes:
             raise InvalidInput(f"The pool has {len(setup.nodes)} nodes and the services' peak needs "
@@ -329,6 +360,9 @@ def run_variant(setup: ColocationSetup, variant: str) -> dict[str, Any]:
         one = _replay(setup, setup.nodes, services + batch, ends, headroom)
         svc = bat = one
         runs = [one]
+    info["service_demand_peak_gpus"] = peak_milli(services) / MILLI
+    if keep is not None:
+        keep.extend(runs)
     info.update(_service_metrics(setup, services, ends, svc))
     info.update(_batch_metrics(setup, batch, bat))
     info["preemptions"] = sum(r.metrics.preemptions for r in runs)
@@ -342,7 +376,7 @@ def run_variant(setup: ColocationSetup, variant: str) -> dict[str, Any]:
     info["wall_s"] = sum(r.result["wall_s"] for r in runs)
     info["timeline"] = _timeline(runs, setup.end_s)
     if setup.prices is not None:
-        info["cost"] = _cost(runs)
+        info["cost"] = _cost(runs, info, setup.end_s)
     return info
 
 
@@ -370,18 +404,26 @@ def _timeline(runs: list[ColocationReplay], end_s: float) -> list[list[float]]:
     return _downsample(merged, TIMELINE_POINTS)
 
 
-def _cost(runs: list[ColocationReplay]) -> dict[str, Any]:
-    """Priced device-hours (the price book's rates), services and batch apart."""
-    out: dict[str, float] = {"services": 0.0, "batch": 0.0}
+def _cost(runs: list[ColocationReplay], info: dict[str, Any], end_s: float) -> dict[str, Any]:
+    """The window's cost under the price book (its rate per device-hour, as the meter priced the
+    replay's runs): the pool's, the services' and batch's share of it, and what each batch GPU-hour
+    delivered cost (the pool less the services' part, over batch GPU-hours)."""
+    cost = hours = 0.0
     currency = "USD"
     for r in runs:
         report = r.result.get("cost")
-        if not report:
-            continue
-        currency = report["currency"]
-        for tenant, row in report["tenants"].items():
-            out["services" if tenant == SERVICE_TENANT else "batch"] += row["pooled_cost"]
-    return {"currency": currency, "services": round(out["services"], 2), "batch": round(out["batch"], 2)}
+        if report:
+            currency = report["currency"]
+            cost += report["total"]["pooled_cost"]
+            hours += report["total"]["device_hours"]
+    rate = cost / hours if hours else 0.0
+    pool = rate * info["devices"] * end_s / 3600
+    services = rate * info["service_gpu_hours_window"]
+    batch = rate * info["batch_gpu_hours_window"]
+    return {"currency": currency, "per_device_hour": round(rate, 4), "pool": round(pool, 2),
+            "services": round(services, 2), "batch": round(batch, 2),
+            "idle": round(pool - services - batch, 2),
+            "per_batch_gpu_hour": round((pool - services) / max(info["batch_gpu_hours_window"], 1e-9), 4)}
 
 
 def _service_metrics(setup: ColocationSetup, services: list[TraceJob], ends: dict[str, float],
@@ -435,7 +477,7 @@ def _batch_metrics(setup: ColocationSetup, batch: list[TraceJob], run: Colocatio
 def run_all(setup: ColocationSetup, variants: Sequence[str] = VARIANTS) -> dict[str, Any]:
     """Every variant on the same setup, and the ratios against the static split where it ran."""
     results = {v: run_variant(setup, v) for v in variants}
-    out: dict[str, Any] = {"variants": results}
+    out: dict[str, Any] = {"variants": results, "wide_jobs_left_out": setup.wide_jobs_left_out}
     base = results.get("static")
     if base is not None:
         out["vs_static"] = {
