@@ -2,12 +2,13 @@
 
 Replays the Alibaba 2025 inference trace (31 days; each app's live GPU instances are its replica
 demand, as a 1/8 scale model: `--service-thin`) and Philly batch (from 2017-10-01, each job taken
-0.2 times on average) on 64 nodes of 8 A100-80GB, in four variants per seed, all in one run:
+0.2 times on average) on nodes of 8 A100-80GB: the static split's inference pool (the fewest nodes
+that hold the services' peak) plus 8 nodes (`--batch-nodes`), in four variants per seed, in one run:
 static split, colocated, headroom, fractional (sim/colocation.py). Prints per variant the mean over
 seeds with a 95 % interval (t distribution) and the ratios against the static split of the same
 seed; writes the JSON and a plot of GPU allocation over time (first seed).
 
-    .venv/bin/python bench/colocation.py [--seeds 1,2,3] [--days 31] [--workers 2] \\
+    .venv/bin/python bench/colocation.py [--seeds 1,2,3] [--days 31] [--batch-nodes 8] [--workers 2] \\
         [--json bench/results/colocation.json] [--plot docs/img/colocation.png]
 """
 
@@ -30,7 +31,7 @@ from gpupool.sim.colocation import VARIANTS, interval, run_variant
 def one(args: argparse.Namespace, seed: int, variant: str) -> dict[str, Any]:
     setup = build_setup(None, None, args.cluster, args.batch_scale, DEFAULT_BATCH_START, seed,
                         args.headroom, args.cold_start, args.grace, args.assume_share, args.days,
-                        args.service_thin)
+                        args.service_thin, args.batch_nodes or None)
     result = run_variant(setup, variant)
     result["seed"] = seed
     result["wide_jobs_left_out"] = setup.wide_jobs_left_out
@@ -61,6 +62,8 @@ def main() -> None:
     parser.add_argument("--cluster", default=DEFAULT_CLUSTER)
     parser.add_argument("--batch-scale", type=float, default=0.2)
     parser.add_argument("--service-thin", type=int, default=8)
+    parser.add_argument("--batch-nodes", type=int, default=8,
+                        help="pool = the static inference pool + this many nodes (0: --cluster as given)")
     parser.add_argument("--headroom", type=int, default=8)
     parser.add_argument("--cold-start", type=float, default=30.0)
     parser.add_argument("--grace", type=float, default=30.0)

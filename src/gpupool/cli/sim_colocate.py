@@ -31,8 +31,13 @@ def _data_file(given: Path | None, parts: tuple[str, str], flag: str) -> Path:
 
 def build_setup(services: Path | None, batch: Path | None, cluster: str, batch_scale: float,
                 batch_start: str, seed: int, headroom: int, cold_start_s: float, grace_s: float,
-                assume_share: float | None = None, days: float | None = None, thin: int = 1) -> Any:
-    """The ColocationSetup of the command's options (also used by bench/colocation.py)."""
+                assume_share: float | None = None, days: float | None = None, thin: int = 1,
+                batch_nodes: int | None = None) -> Any:
+    """The ColocationSetup of the command's options (also used by bench/colocation.py).
+
+    `batch_nodes`: the pool is the static split's inference pool (the fewest nodes of `cluster`'s
+    kind that hold the services' peak) plus this many nodes, so the static batch cluster is the same
+    size whatever the seed's sample of the services; None: `cluster` as given."""
     from gpupool.config import PoolConfig
     from gpupool.prices import PricesConfig
     from gpupool.providers.nodespec import nodes_from_spec
@@ -66,6 +71,14 @@ def build_setup(services: Path | None, batch: Path | None, cluster: str, batch_s
         end_s = min(end_s, days * 86400.0)
         instances = [i for i in instances if i.start_s < end_s]
     instances = thin_instances(instances, thin, seed)
+    if batch_nodes is not None:
+        if batch_nodes < 1:
+            raise InvalidInput(f"--batch-nodes must be a number of nodes >= 1, not {batch_nodes}.")
+        kind = cluster.split(",")[0].partition("x")[2]
+        if not kind:
+            raise InvalidInput(f"--batch-nodes needs --cluster NODESxDEVICESxMODEL to take the node kind "
+                               f"from, not {cluster!r}.")
+        nodes = tuple(nodes_from_spec(f"{static_inference_nodes(instances, nodes) + batch_nodes}x{kind}"))
     batch_devices = sum(len(n.devices) for n in nodes[static_inference_nodes(instances, nodes):])
     try:
         start = parse_time_s(batch_start)
@@ -112,6 +125,9 @@ def colocate(
     batch_start: str = typer.Option(
         DEFAULT_BATCH_START, "--batch-start", help="The Philly day the services' trace start is laid on."),
     days: float | None = typer.Option(None, "--days", help="Only the first DAYS of the services' trace."),
+    batch_nodes: int | None = typer.Option(
+        None, "--batch-nodes", help="The pool is the static split's inference pool (the fewest nodes of "
+        "--cluster's kind that hold the services' peak) plus this many nodes; default: --cluster as given."),
     headroom: int = typer.Option(8, "--headroom", help="Replicas' worth of devices kept free from new "
                                  "batch under headroom and fractional."),
     cold_start: float = typer.Option(30.0, "--cold-start", help="Seconds from placement to a ready replica."),
@@ -133,10 +149,10 @@ def colocate(
     try:
         chosen = parse_variants(variants)
         setup = build_setup(services, batch, cluster, batch_scale, batch_start, seed, headroom,
-                            cold_start, grace, assume_share, days, service_thin)
+                            cold_start, grace, assume_share, days, service_thin, batch_nodes)
         result = run_all(setup, chosen)
         result["config"] = {"cluster": cluster, "batch_scale": batch_scale, "batch_start": batch_start,
-                            "days": days, "service_thin": service_thin,
+                            "days": days, "service_thin": service_thin, "batch_nodes": batch_nodes,
                             "headroom": headroom, "cold_start_s": cold_start, "grace_s": grace,
                             "assume_share": assume_share, "seed": seed}
         json_out.parent.mkdir(parents=True, exist_ok=True)
