@@ -133,10 +133,11 @@ def plot(by: dict[str, dict[int, dict[str, Any]]], seed: int, path: Path) -> Non
         ax.stackplot(hours, [p[1] for p in points], [p[2] for p in points], labels=["services", "batch"],
                      step="post", alpha=0.8)
         ax.axhline(by[v][seed]["devices"], color="black", linewidth=0.8)
+        ax.set_ylim(max(0.0, min(p[1] for p in points) - 60), by[v][seed]["devices"] + 5)
         ax.set_ylabel(f"{v}\nGPUs")
         ax.grid(alpha=0.3)
     axes[0].legend(loc="lower right")
-    axes[-1].set_xlabel("hours since the services' trace start")
+    axes[-1].set_xlabel("hours since the services' trace start (the y axis starts below the services' least)")
     fig.suptitle(f"GPU allocation over time (seed {seed})")
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -211,3 +211,10 @@ def test_cli_runs_the_four_variants_on_fixtures(tmp_path: Path) -> None:
     assert data["variants"]["static"]["inference_devices"] == 8
     assert all(r["service_on_time_pct"] == 100.0 for r in data["variants"].values())
     assert set(data["vs_static"]) == {"colocated", "headroom", "fractional"}
+    out2 = tmp_path / "d.json"
+    result = CliRunner().invoke(app, ["colocate", "--variants", "static", "--services", str(SERVICES),
+                                      "--batch", str(PHILLY), "--service-thin", "1", "--batch-nodes", "3",
+                                      "--json", str(out2)])
+    assert result.exit_code == 0, result.output
+    static = json.loads(out2.read_text())["variants"]["static"]
+    assert (static["inference_devices"], static["batch_devices"]) == (8, 24)  # a peak of 4 replicas: one node
