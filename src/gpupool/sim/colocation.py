@@ -463,9 +463,16 @@ def _service_metrics(setup: ColocationSetup, services: list[TraceJob], ends: dic
 
 def _batch_metrics(setup: ColocationSetup, batch: list[TraceJob], run: ColocationReplay) -> dict[str, Any]:
     jct = [run.finished_at[j.workload.id] - j.submit_s for j in batch if j.workload.id in run.finished_at]
+    # work that never finished (a gang that found no whole nodes free once the replay had nothing
+    # else to do) is counted to the replay's last event: a lower bound on its JCT
+    end = run.loop.clock.now_s
+    censored = jct + [max(0.0, end - j.submit_s) for j in batch if j.workload.id not in run.finished_at]
     return {
         "batch_jobs": len(batch),
         "batch_finished": len(jct),
+        "batch_unfinished": len(batch) - len(jct),
+        "batch_jct_with_unfinished_s": {"mean": float(np.mean(censored)) if censored else 0.0,
+                                        "p95": _pct(censored, 95)},
         "batch_jct_s": {"mean": float(np.mean(jct)) if jct else 0.0, "p50": _pct(jct, 50),
                         "p95": _pct(jct, 95)},
         "batch_gpu_hours_window": run.batch_device_s_window / 3600,
