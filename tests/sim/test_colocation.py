@@ -218,3 +218,13 @@ def test_cli_runs_the_four_variants_on_fixtures(tmp_path: Path) -> None:
     assert result.exit_code == 0, result.output
     static = json.loads(out2.read_text())["variants"]["static"]
     assert (static["inference_devices"], static["batch_devices"]) == (8, 24)  # a peak of 4 replicas: one node
+
+
+def test_batch_that_never_finds_room_is_counted_and_its_jct_bounded_below() -> None:
+    # a replica that stays to the end keeps one of four devices: a 4-device gang never starts
+    s = setup("1x4xA100-80GB", [replica(1, 0.0, math.inf), replica(2, 0.0, 500.0)],
+              [batch_job("wide", 4, 100.0, at=10.0), batch_job("narrow", 2, 100.0, at=10.0)], 1000.0)
+    r = run_variant(s, "colocated")
+    assert (r["batch_finished"], r["batch_unfinished"]) == (1, 1)
+    assert r["batch_jct_s"]["mean"] == 100.0
+    assert r["batch_jct_with_unfinished_s"]["mean"] == pytest.approx((100.0 + (500.0 - 10.0)) / 2)
