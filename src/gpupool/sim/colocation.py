@@ -124,8 +124,8 @@ def scale_batch(jobs: Sequence[TraceJob], factor: float, seed: int, shift_s: flo
     """Each job `floor(factor)` times, plus once more with the fraction's probability (seeded); the
     clones arrive with the original, `shift_s` earlier (the trace's window start moved to 0)."""
     if not factor > 0 or not math.isfinite(factor):
-        raise InvalidInput(f"--batch-scale must be a number above 0 (1.6 clones each job 1.6 times on "
-                           f"average), not {factor:g}.")
+        raise InvalidInput(f"--batch-scale must be a number above 0 (0.2 takes one job in five, 1.5 each "
+                           f"job once and half of them twice), not {factor:g}.")
     rng = random.Random(f"batch-scale:{seed}")
     whole, frac = int(factor), factor - int(factor)
     out = []
