@@ -21,7 +21,7 @@ def test_the_example_is_accepted_as_written() -> None:
     assert (policies.placement, policies.ordering, policies.preemption, policies.backfill) == (
         "fgd-strand", "drf", True, True)
     assert [(c.name, c.value, c.preemptible) for c in policies.priority_classes.classes] == [
-        ("low", 0, True), ("high", 1000, True)]
+        ("low", 0, True), ("high", 1000, True), ("serving", 500, True)]  # services' class (serving.classes)
     assert config.grace_s("low") == 5.0 and config.grace_s("high") == config.scheduling.preemption_grace
 
 

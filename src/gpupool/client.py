@@ -34,6 +34,7 @@ from gpupool.api.images import ImageOut
 from gpupool.api.mounts import parse_mount, parse_secret_use
 from gpupool.api.nodes import NodeOut, PoolSummary
 from gpupool.api.secrets import SecretDeleted, SecretOut
+from gpupool.api.services import ServiceOut, ServiceSpec
 from gpupool.api.tenants import QueueOut, TenantDeleted, TenantOut, TokenInfo, TokenOut
 from gpupool.api.usage import UsageOut
 from gpupool.api.workloads import (
@@ -518,6 +519,40 @@ class Client:
         return self._one(SecretDeleted, "DELETE", f"/secrets/{_segment(name)}",
                          params={"tenant": tenant} if tenant else None)
 
+    # ----------------------------------------------------------------- inference services
+
+    def create_service(self, spec: ServiceSpec | Mapping[str, Any]) -> ServiceOut:
+        """Create a service (docs/services.md); its replicas start as the pool places them."""
+        body = (spec.model_dump(mode="json", exclude_defaults=True) if isinstance(spec, ServiceSpec)
+                else dict(spec))
+        return self._one(ServiceOut, "POST", "/services", json=body)
+
+    def services(self, tenant: str | None = None) -> list[ServiceOut]:
+        """The tenant's services; the admin's: every tenant's, or `tenant`'s."""
+        return self._many(ServiceOut, "GET", "/services", params={"tenant": tenant} if tenant else None)
+
+    def service(self, name: str, tenant: str | None = None) -> ServiceOut:
+        """One service with its replicas and recent events (NotFound: none of that name)."""
+        return self._one(ServiceOut, "GET", f"/services/{_segment(name)}",
+                         params={"tenant": tenant} if tenant else None)
+
+    def update_service(self, name: str, changes: Mapping[str, Any], tenant: str | None = None) -> ServiceOut:
+        """Change fields of its spec; a change of what replicas run rolls them over."""
+        return self._one(ServiceOut, "PATCH", f"/services/{_segment(name)}", json={"changes": dict(changes)},
+                         params={"tenant": tenant} if tenant else None)
+
+    def scale_service(self, name: str, replicas: int, *, expected_version: int | None = None,
+                      reason: str = "", tenant: str | None = None) -> ServiceOut:
+        """Set its desired replicas (clamped to its bounds); Conflict when `expected_version` is stale."""
+        return self._one(ServiceOut, "POST", f"/services/{_segment(name)}/scale",
+                         json={"replicas": replicas, "expected_version": expected_version, "reason": reason},
+                         params={"tenant": tenant} if tenant else None)
+
+    def delete_service(self, name: str, tenant: str | None = None) -> ServiceOut:
+        """Stop its replicas and delete it."""
+        return self._one(ServiceOut, "DELETE", f"/services/{_segment(name)}",
+                         params={"tenant": tenant} if tenant else None)
+
     def pool_config(self) -> dict[str, Any]:
         """The scheduling configuration the running pool uses, as `gpupool config show` (admin)."""
         return dict(self._call("GET", "/config"))
@@ -541,7 +576,7 @@ class Client:
 
 
 _RESOURCE_KEYS = frozenset(ResourcesSpec.model_fields)
-_SET_BY_SERVER = frozenset({"array_index", "rendezvous"})
+_SET_BY_SERVER = frozenset({"array_index", "rendezvous", "serve_port"})
 
 
 def submit_keywords() -> list[str]:

@@ -201,6 +201,38 @@ class PriorityClassConfig(_Strict):
     """SIGTERM to SIGKILL when a pod of this class is preempted (default: scheduling.preemption_grace)."""
 
 
+
+# ---- inference services (docs/services.md): one block, so other sections merge beside it
+SERVING_CLASS = PriorityClassConfig(name="serving", value=500, preemptible=True)
+"""Services' default class: above batch (normal, high), so a replica that cannot fit preempts
+preemptible batch and lower classes never preempt it; below critical."""
+
+
+class ServingConfig(_Strict):
+    """`serving:` how the pool runs inference services (`gpupool service`)."""
+
+    priority_class: str = Field("serving", min_length=1, max_length=63)
+    """The class of a service that names none; one of `classes` or of `priority_classes`."""
+    classes: list[PriorityClassConfig] = Field(default_factory=lambda: [SERVING_CLASS.model_copy()])
+    """Priority classes only services may use (batch submissions cannot name them)."""
+    headroom_replicas: int = Field(0, ge=0, le=1000)
+    """Keep room for this many more replicas of the largest service free from new batch admission
+    (0: none; batch then fills everything and replicas preempt it when they need room)."""
+    probe_concurrency: int = Field(16, ge=1, le=256)
+    """Probes in flight at once, across all services."""
+    port_base: int = Field(22_000, ge=1024, le=65_000)
+    port_count: int = Field(6_000, ge=16, le=30_000)
+    """Replicas' ports ($PORT) come from [port_base, port_base + port_count), each unique in the pool;
+    the default lies below Linux's ephemeral ports (32768-) and the gangs' ports (29500-31499)."""
+
+    @model_validator(mode="after")
+    def _ports_fit(self) -> ServingConfig:
+        if self.port_base + self.port_count > 65_536:
+            raise ValueError(f"serving.port_base + port_count ({self.port_base + self.port_count}) exceeds "
+                             "65536; lower one of them")
+        return self
+
+
 class QueueConfig(_Strict):
     """A tenant's queue with its quota (Kueue's ClusterQueue, one per queue), in an optional cohort."""
 
@@ -389,6 +421,21 @@ class PoolConfig(_Strict):
     fabric: FabricConfig = Field(default_factory=lambda: FabricConfig.model_validate({}))
     tenants: dict[str, TenantConfig] = Field(default_factory=dict)
     """Per tenant: the node directories its pods may mount (`tenants.<name>.mounts`)."""
+    serving: ServingConfig = Field(default_factory=lambda: ServingConfig.model_validate({}))
+    """Inference services: their priority classes, headroom and probes (docs/services.md)."""
+
+    def all_priority_classes(self) -> list[PriorityClassConfig]:
+        """The batch classes, then the services' classes the batch list does not define."""
+        names = {c.name for c in self.priority_classes}
+        return [*self.priority_classes, *(c for c in self.serving.classes if c.name not in names)]
+
+    @model_validator(mode="after")
+    def _serving_class_defined(self) -> PoolConfig:
+        names = [c.name for c in self.all_priority_classes()]
+        if self.serving.priority_class not in names:
+            raise ValueError(f"serving.priority_class {self.serving.priority_class!r} is not a priority "
+                             f"class; name one of {', '.join(names)} or add it to serving.classes")
+        return self
 
     @field_validator("tenants")
     @classmethod
@@ -442,7 +489,7 @@ class PoolConfig(_Strict):
 
     def grace_s(self, class_name: str) -> float:
         """SIGTERM to SIGKILL for a preempted pod of this class."""
-        for cls in self.priority_classes:
+        for cls in self.all_priority_classes():
             if cls.name == class_name and cls.grace is not None:
                 return cls.grace
         return self.scheduling.preemption_grace
@@ -478,7 +525,7 @@ class PoolConfig(_Strict):
             given["ordering_options"] = {}
         s = s.model_copy(update=given)
         classes = PriorityClasses(tuple(PriorityClass(c.name, c.value, c.preemptible)
-                                        for c in self.priority_classes))
+                                        for c in self.all_priority_classes()))
         overcommit = None
         if self.overcommit.ratios:
             overcommit = OvercommitConfig(

@@ -97,6 +97,10 @@ class PodLaunch:
     # mounts and secrets (`submit --mount`, `--secret`): the node gives such a pod its own mount namespace
     mounts: tuple[PodMount, ...] = ()
     secrets: tuple[PodSecret, ...] = ()
+    # inference services (docs/services.md)
+    serve_port: int = 0
+    """A service replica's port: the node's own processes (the pool's probes, its router) may open
+    connections to it in the pod's network namespace; 0: none (only answers reach the pod)."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -112,7 +112,7 @@ def test_policy_has_one_name_and_one_default_in_up_and_sim() -> None:
 # ---- one vocabulary: every noun has ls, both spellings work -----------------------------------------
 
 def test_every_group_has_ls_and_answers_to_both_spellings() -> None:
-    nouns = {"node", "profile", "tenant", "queue", "token", "secret", "image"}
+    nouns = {"node", "profile", "tenant", "queue", "token", "secret", "image", "service"}
     assert set(ALIASES.values()) == nouns <= set(SUBCOMMANDS)
     for alias, name in ALIASES.items():
         for spelling in (alias, name):

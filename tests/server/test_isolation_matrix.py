@@ -44,6 +44,8 @@ class Victim:
     call_id: str = ""
     secret_name: str = "victim-api"
     """The victim's secret: its value is SECRET, which no answer may hold."""
+    service_name: str = "victim-svc"
+    """The victim's inference service (no replicas: its listing of workloads stays as it was)."""
 
     def value(self, key: str) -> str:
         return str(getattr(self, key))
@@ -155,6 +157,16 @@ EXPECTED: dict[tuple[str, str], Expectation] = {
                                                  "data": {"k": "aW50cnVkZXI="}}, codes=frozenset({403})),
     ("GET", "/secrets"): Readable(probe={"tenant": "tenant"}),
     ("DELETE", "/secrets/{name}"): Others(params={"name": "secret_name"}, codes=frozenset({404})),
+    # Inference services: a tenant's own only; another's does not exist for it
+    ("POST", "/services"): Others(body=lambda v: {"name": v.service_name, "command": ["true"],
+                                                  "tenant": v.tenant}, codes=frozenset({403})),
+    ("GET", "/services"): Readable(probe={"tenant": "tenant"}),
+    ("GET", "/services/{name}"): Others(params={"name": "service_name"}, codes=frozenset({404})),
+    ("PATCH", "/services/{name}"): Others(params={"name": "service_name"}, codes=frozenset({404}),
+                                          body=lambda v: {"changes": {"command": ["evil"]}}),
+    ("POST", "/services/{name}/scale"): Others(params={"name": "service_name"}, codes=frozenset({404}),
+                                               body=lambda v: {"replicas": 1}),
+    ("DELETE", "/services/{name}"): Others(params={"name": "service_name"}, codes=frozenset({404})),
 }
 
 
@@ -199,6 +211,9 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[World]:
     session = ok(client.post(f"{API}/calls/sessions", headers=server.headers(victim_token["token"]), json={
         "python": PYTHON, "name": "victim-fn", "queue": "victim-q", "env": {"VICTIM_KEY": SECRET},
         "call": {"payload": base64.b64encode(SECRET.encode()).decode()}}))
+    ok(client.post(f"{API}/services", headers=server.headers(victim_token["token"]), json={
+        "name": "victim-svc", "command": ["serve", SECRET], "env": {"VICTIM_KEY": SECRET}, "min_replicas": 0,
+        "replicas": 0}))
     server.wait_for(lambda: server.status(workload["id"]) == "running")
     schema = ok(client.get(f"{API}/openapi.json"))
     routes = sorted((method.upper(), path.removeprefix(API))
@@ -305,6 +320,9 @@ def test_the_refusals_changed_nothing(world: World) -> None:
     secrets = client.get(f"{API}/secrets", headers=world.server.headers(world.victim_token)).json()
     assert [(x["name"], x["keys"], x["created_s"] == x["updated_s"]) for x in secrets] == [
         ("victim-api", ["VICTIM_KEY"], True)], "the secret was replaced or deleted"
+    services = client.get(f"{API}/services", headers=world.server.headers(world.victim_token)).json()
+    assert [(x["name"], x["desired"], x["version"], x["spec"]["command"]) for x in services] == [
+        ("victim-svc", 0, 1, ["serve", SECRET])], "the service was scaled, changed or deleted"
 
 
 def test_a_tenant_sees_its_own_objects(world: World) -> None:

@@ -153,18 +153,22 @@ class PodNet:
     gang_key: str = ""
     gang_port: int = 0
     """The rendezvous port this pod (rank 0) serves, guarded for its gang; 0: none."""
+    serve_port: int = 0
+    """A service replica's port, open to the node's own processes (set `serve_ports`); 0: none."""
 
     def to_json(self) -> str:
         return json.dumps({"pod_id": self.pod_id, "netns": self.netns, "veth": self.veth,
                            "address": self.address, "tenant_key": self.tenant_key,
-                           "gang_key": self.gang_key, "gang_port": self.gang_port})
+                           "gang_key": self.gang_key, "gang_port": self.gang_port,
+                           "serve_port": self.serve_port})
 
     @classmethod
     def from_json(cls, text: str) -> PodNet | None:
         try:
             data = json.loads(text)
             net = cls(str(data["pod_id"]), str(data["netns"]), str(data["veth"]), str(data["address"]),
-                      str(data["tenant_key"]), str(data.get("gang_key", "")), int(data.get("gang_port", 0)))
+                      str(data["tenant_key"]), str(data.get("gang_key", "")), int(data.get("gang_port", 0)),
+                      int(data.get("serve_port", 0)))
         except (ValueError, KeyError, TypeError):
             return None
         return net if _NAME.match(net.netns) else None
@@ -309,6 +313,7 @@ class PodNetwork:
             f"add set {t} pod_ifs {{ type ifname . ipv4_addr; }}",
             f"add map {t} src_tenant {{ type ipv4_addr : verdict; }}",
             f"add map {t} gang_guard {{ type ipv4_addr . inet_service : verdict; }}",
+            f"add set {t} serve_ports {{ type ipv4_addr . inet_service; }}",
             *(f"add map {t} {name} {{ type ipv4_addr : verdict; flags interval; }}"
               for name in ("slot_fwd", "slot_in", "slot_nat")),
             f"add chain {t} forward {{ type filter hook forward priority 0; policy accept; }}",
@@ -332,6 +337,10 @@ class PodNetwork:
             # the host's own processes (other users, pods of a pool without namespaces) reach a pod
             # only with the answers to what it opened
             f'add rule {t} output oifname "gv*" ct state established,related accept',
+            # ... and a service replica's port, to the pool's own identity only: its probes and its
+            # router (HAProxy runs as the pool) open connections to it; other users' processes do not
+            (f'add rule {t} output oifname "gv*" meta skuid {os.geteuid()} '
+             "ip daddr . tcp dport @serve_ports accept"),
             f'add rule {t} output oifname "gv*" drop',
             f"add rule {t} pod_input ct state established,related accept",
             f"add rule {t} pod_input iifname . ip saddr != @pod_ifs drop",
@@ -413,6 +422,12 @@ class PodNetwork:
             with self._host_lock():
                 _must(["nft", "-f", "-"], self._slot_batch())
 
+    def pod_address(self, pod_id: str) -> str:
+        """The address of a pod running here in its own namespace ('' when it has none)."""
+        with self._lock:
+            net = self._live.get(pod_id)
+        return net.address if net is not None else ""
+
     def gang_address(self, port: int) -> str:
         """The address of the rank-0 pod that serves rendezvous port `port` here ('' when off or
         when the port is outside the rendezvous range)."""
@@ -448,7 +463,7 @@ class PodNetwork:
         raise ProviderError(f"Network isolation: every pod address of {self.subnet} is in use on this node.")
 
     def attach(self, pod_id: str, tenant: str, *, rank: int = 0, world_size: int = 1, workload_id: str = "",
-               master_addr: str = "", master_port: int = 0) -> PodNet:
+               master_addr: str = "", master_port: int = 0, serve_port: int = 0) -> PodNet:
         """Make the pod's namespace, veth, routes and rules; returns its attachment (idempotent by
         pod id). ProviderError when the host refuses (the pod is not started)."""
         with self._lock:
@@ -457,7 +472,7 @@ class PodNetwork:
                 return known
             serves = master_port if rank == 0 and world_size > 1 else 0
             gang = gang_key(workload_id, master_addr, master_port) if world_size > 1 and master_port else ""
-            kept = self._take_kept(tenant_key(tenant)) if not gang else None
+            kept = self._take_kept(tenant_key(tenant)) if not gang and not serve_port else None
             if kept is not None:  # its address and elements are in place already
                 net = PodNet(pod_id=pod_id, netns=kept.netns, veth=kept.veth, address=kept.address,
                              tenant_key=kept.tenant_key)
@@ -467,7 +482,8 @@ class PodNetwork:
             if spare is None:  # a rank 0 (its address is its port's), or none made ahead: made now
                 spare = _Spare(*self._names(), self._address_for(serves))
             net = PodNet(pod_id=pod_id, netns=spare.netns, veth=spare.veth, address=spare.address,
-                         tenant_key=tenant_key(tenant), gang_key=gang, gang_port=serves)
+                         tenant_key=tenant_key(tenant), gang_key=gang, gang_port=serves,
+                         serve_port=serve_port)
             self._live[pod_id] = net
             self._wake_worker()  # to make the next spare
         try:
@@ -565,6 +581,8 @@ class PodNetwork:
             lines.append(f"add element {t} {gm} {{ {net.address} }}")
             if net.gang_port:
                 lines.append(f"add element {t} gang_guard {{ {net.address} . {net.gang_port} : jump {gc} }}")
+        if net.serve_port:
+            lines.append(f"add element {t} serve_ports {{ {net.address} . {net.serve_port} }}")
         return "\n".join(lines) + "\n"
 
     def _remove_rules(self, net: PodNet) -> None:
@@ -583,6 +601,8 @@ class PodNetwork:
             if net.gang_port:
                 lines.append(f"delete element {t} gang_guard {{ {net.address} . {net.gang_port} }}")
             lines.append(f"delete element {t} gm_{net.gang_key} {{ {net.address} }}")
+        if net.serve_port:
+            lines.append(f"delete element {t} serve_ports {{ {net.address} . {net.serve_port} }}")
         return lines
 
     def _remove_links(self, net: PodNet | _Spare) -> None:
@@ -600,7 +620,7 @@ class PodNetwork:
             net = self._live.pop(pod_id, None)
             if net is None:
                 return
-            if net.gang_key or self.kept_limit <= 0 or self._stopping:
+            if net.gang_key or net.serve_port or self.kept_limit <= 0 or self._stopping:
                 self._pending[pod_id] = net
             else:  # kept for the tenant's next pod, if the worker finds it empty
                 self._to_keep[pod_id] = net

@@ -371,7 +371,7 @@ class NodeAgent:
             return None, LayerState(Layer.NETWORK, False, why)
         net = self.network.attach(pod.pod_id, pod.tenant, rank=pod.rank, world_size=pod.world_size,
                                   workload_id=pod.workload_id, master_addr=pod.master_addr,
-                                  master_port=pod.master_port)
+                                  master_port=pod.master_port, serve_port=pod.serve_port)
         pod_dir = self.runner.pod_dir(pod.pod_id)
         try:
             pod_dir.mkdir(parents=True, exist_ok=True, mode=0o700)

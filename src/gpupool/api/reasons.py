@@ -70,6 +70,10 @@ _ENTRIES: tuple[tuple[StrEnum, bool, str, str], ...] = (
      "Stopped because its queue ran on borrowed quota that the lending queue now needs back.",
      f"It waits to run again within its queue's quota ({_QUEUE_LS}); work within the nominal quota is "
      "never reclaimed."),
+    (_R.SERVING_HEADROOM, False,
+     "Starting it would take room the pool keeps free so that its inference services can grow at once.",
+     "It starts once the services' headroom is free beside it (serving.headroom_replicas in the pool's "
+     "configuration; `gpupool config show`)."),
     (_R.BUDGET_EXHAUSTED, False, "Its tenant spent its budget for this period; running work continues.",
      "It waits for the next budget period; an admin may raise the budget or allow overdraft with "
      "`gpupool tenant set`."),

@@ -16,6 +16,7 @@ class UsageRowOut(Strict):
     priority_class: str | None = None
     node: str | None = None
     day: str | None = Field(None, description="UTC date, YYYY-MM-DD")
+    service: str | None = Field(None, description="the inference service ('' for other work)")
     simulated: bool = Field(description="usage of simulated devices, metered apart")
     pods: int = Field(description="pod attempts that held slices in this group")
     device_hours: float = Field(description="compute share x hours: a 0.25 slice for 4 h is 1.0")

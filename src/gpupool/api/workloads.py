@@ -192,6 +192,10 @@ class WorkloadSpec(Strict):
         "node paths inside the tenant's allowed roots, bound into each pod's own mount namespace"))
     secrets: list[SecretUse] = Field(default_factory=list, max_length=MAX_SECRET_USES, description=(
         "the tenant's secrets given to each pod as variables or as files under /run/secrets"))
+    # inference services (docs/services.md)
+    serve_port: int | None = Field(None, ge=1024, le=65535, description=(
+        "set by the server on a service's replica: the port its pod serves (open to the node's own "
+        "processes inside the pod's network namespace); not submitted"))
 
     @model_validator(mode="after")
     def _image_takes_no_binds(self) -> WorkloadSpec:

@@ -22,9 +22,11 @@ SUBCOMMANDS: dict[str, tuple[str, str, str]] = {
     "secret": ("gpupool.cli.secret", "app", "A tenant's secrets: create, ls, delete (never shown)."),
     "config": ("gpupool.cli.config", "app", "The pool's configuration (YAML): show, check."),
     "image": ("gpupool.cli.image", "app", "Container images: import (admin), ls, rm (admin)."),
+    "service": ("gpupool.cli.service", "app", "Inference services: create, ls, show, scale, update, delete."),
 }
 ALIASES: dict[str, str] = {"profiles": "profile", "nodes": "node", "tenants": "tenant", "queues": "queue",
-                           "tokens": "token", "images": "image", "secrets": "secret"}
+                           "tokens": "token", "images": "image", "secrets": "secret",
+                           "services": "service"}
 """The other spelling of each group's name, accepted but not listed in help."""
 
 # Top-level commands (not groups): name -> (module, function, help).

@@ -32,6 +32,10 @@ class _Limits:
     max_request_body_bytes: int = DEFAULT_MAX_REQUEST_BODY_BYTES
     max_pod_log_bytes: int = DEFAULT_MAX_POD_LOG_BYTES
     agent_dir: Path | None = None
+    serve_port: int = 0  # the services' data plane (docs/serving-dataplane.md)
+    serve_host: str = DEFAULT_HOST
+    serve_router: str = "auto"
+    serve_cold_start_s: float = 60.0
 
 
 def up(
@@ -100,6 +104,16 @@ def up(
             "Pods' logs and the agents' state (default: DATA_DIR/agents); put it on another "
             "filesystem than the store so pods' output can never fill the store's disk."))
     ] = None,
+    # ---- the services' data plane (docs/serving-dataplane.md): one block
+    serve_port: Annotated[int, typer.Option("--serve-port", min=0, max=65535, help=(
+        "Route services' traffic on this port: http://SERVE_HOST:PORT/s/TENANT/SERVICE/ "
+        "(0: not routed)."))] = 0,
+    serve_host: Annotated[str, typer.Option("--serve-host", help=(
+        "Address of the services' listener."))] = DEFAULT_HOST,
+    serve_router: Annotated[str, typer.Option("--serve-router", help=(
+        "auto (HAProxy when installed, else the in-process router), haproxy or in-process."))] = "auto",
+    serve_cold_start: Annotated[float, typer.Option("--serve-cold-start", help=(
+        "Seconds a request waits for a first ready replica before a 503 with Retry-After."))] = 60.0,
     fabric: Annotated[
         Path | None,
         typer.Option("--fabric", help=(
@@ -143,7 +157,8 @@ def up(
         database_url = dburl.resolve(database_url, database_url_file)
         limits = _Limits(max_request_body_bytes=parse_size_bytes(max_request_body, "--max-request-body"),
                          max_pod_log_bytes=parse_size_bytes(max_pod_log, "--max-pod-log"),
-                         agent_dir=agent_dir)
+                         agent_dir=agent_dir, serve_port=serve_port, serve_host=serve_host,
+                         serve_router=serve_router, serve_cold_start_s=serve_cold_start)
         _serve(data_dir, host, port, simulate, provider, database_url, policy or placement or "",
                tls_cert, tls_key, metrics_public, config, fabric_path=fabric, ray_address=ray_address,
                limits=limits)
@@ -189,6 +204,11 @@ def _serve(data_dir: Path | None, host: str, port: int, simulate: str, provider:
     if settings.agent_dir is not None:
         secure_data_dir(settings.agent_dir, flag="--agent-dir")
     _check_port(host, port)
+    if settings.serve_port:
+        from gpupool.server.dataplane.haproxy import stop_stale
+
+        stop_stale(settings.data_dir / "dataplane")  # left running by a run that was killed
+        _check_port(settings.serve_host, settings.serve_port, flag="--serve-port")
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     logging.getLogger("alembic").setLevel(logging.WARNING)
     provisioned = provision(settings, ray_address=ray_address)
@@ -260,7 +280,7 @@ def _scheduling_line(config: PoolConfig, placement: str, path: Path | None) -> s
             f"{preemption}, backfill {'on' if s.backfill else 'off'} ({source}).")
 
 
-def _check_port(host: str, port: int) -> None:
+def _check_port(host: str, port: int, flag: str = "--port") -> None:
     from gpupool.errors import InvalidInput
 
     with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as sock:
@@ -269,7 +289,7 @@ def _check_port(host: str, port: int) -> None:
             sock.bind((host, port))
         except OSError as exc:
             raise InvalidInput(
-                f"Cannot listen on {host}:{port} ({exc.strerror}); pick another --port."
+                f"Cannot listen on {host}:{port} ({exc.strerror}); pick another {flag}."
             ) from None
 
 

@@ -122,7 +122,7 @@ def usage(
                                                                "default 30 days before --until.")] = None,
     until: Annotated[str | None, typer.Option("--until", help="Same forms; default now.")] = None,
     by: Annotated[str, typer.Option("--by", help="Group by any of tenant, queue, model, priority_class, "
-                                                 "node, day (comma-separated).")] = "tenant",
+                                                 "node, day, service (comma-separated).")] = "tenant",
     as_json: Annotated[bool, typer.Option("--json", help="A JSON list of rows.")] = False,
     as_csv: Annotated[bool, typer.Option("--csv", help="CSV with a header row.")] = False,
     output: UsageOutput = None,

@@ -33,6 +33,8 @@ class UsageKey(StrEnum):
     PRIORITY_CLASS = "priority_class"
     NODE = "node"
     DAY = "day"
+    SERVICE = "service"
+    """The inference service a pod was a replica of ('' for other work); metered from the pods."""
 
 
 class SliceShare(StrEnum):
@@ -68,6 +70,8 @@ class PodInterval:
     start_s: float
     end_s: float
     slices: tuple[HeldSlice, ...]
+    service: str = ""
+    """The inference service it is a replica of ('' for other work)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -221,7 +225,8 @@ def aggregate(intervals: Iterable[PodInterval], book: PriceBook, by: Sequence[Us
 
 def _keys(interval: PodInterval, held: HeldSlice, by: Sequence[UsageKey], at_s: float) -> dict[str, str]:
     values = {UsageKey.TENANT: interval.tenant, UsageKey.QUEUE: interval.queue, UsageKey.MODEL: held.model,
-              UsageKey.PRIORITY_CLASS: interval.priority_class, UsageKey.NODE: interval.node}
+              UsageKey.PRIORITY_CLASS: interval.priority_class, UsageKey.NODE: interval.node,
+              UsageKey.SERVICE: interval.service}
     return {key.value: day_of(at_s) if key is UsageKey.DAY else values[key] for key in by}
 
 

@@ -59,6 +59,8 @@ class Reason(StrEnum):
     MOVED_FOR_LOCALITY = "moved_for_locality"
     CONGESTION_MOVED = "congestion_moved"
     """Its bottleneck link stayed congested (`Policies.migrate`): stopped and requeued (kind migrate)."""
+    SERVING_HEADROOM = "serving_headroom"
+    """Starting it would take the room the pool keeps free for its services (`Policies.headroom`)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -266,6 +268,9 @@ class Workload:
     topology: TopologySpec | None = None
     """Where its pods may go in the fabric (`core.topology_spec`); None: the pool's default for
     multi-pod gangs (single-pod and fractional work is never constrained)."""
+    spread_key: str = ""
+    """Workloads of one key (a service's replicas) prefer nodes none of the others holds: placed
+    there when it fits, anywhere otherwise (`scheduling.spread`); '' for none."""
 
     def __post_init__(self) -> None:
         if not self.pods:

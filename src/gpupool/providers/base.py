@@ -182,6 +182,12 @@ class Provider(ABC):
         idempotent; never raises."""
         return self.node_address(node)
 
+    def pod_address(self, node: str, pod_id: str) -> str:
+        """Where a pod running on `node` is reached (a service replica's endpoint): its own address
+        where pods have network namespaces, else `node_address(node)`. Non-blocking, idempotent;
+        never raises."""
+        return self.node_address(node)
+
     def remove_tenant(self, tenant: str) -> list[str]:
         """The tenant was deleted and nothing of it runs: remove what the provider keeps for it (the
         pool's Unix account of the tenant on each node). Returns the accounts removed. Raises

@@ -110,6 +110,9 @@ class LocalProvider(Provider):
     def gang_address(self, node: str, port: int) -> str:
         return self.agent.network.gang_address(port) or self.node_address(node)
 
+    def pod_address(self, node: str, pod_id: str) -> str:
+        return self.agent.network.pod_address(pod_id) or self.node_address(node)
+
     def _check_node(self, node: str) -> None:
         if node != self.agent.node_name:
             raise ProviderError(

@@ -68,6 +68,10 @@ class LocalPool(Provider):
         member = self._members.get(node)
         return member.gang_address(node, port) if member is not None else self.node_address(node)
 
+    def pod_address(self, node: str, pod_id: str) -> str:
+        member = self._members.get(node)
+        return member.pod_address(node, pod_id) if member is not None else self.node_address(node)
+
     def launch(self, pod: PodLaunch) -> None:
         member = self._members.get(pod.node)
         if member is None:

@@ -16,9 +16,12 @@ from gpupool.errors import Forbidden
 from gpupool.server import apidocs, http_errors, ui
 from gpupool.server.auth import Scope
 from gpupool.server.bodylimit import BodyLimit
+from gpupool.server.dataplane import loop as dataplane_loop
+from gpupool.server.dataplane.metrics import ServiceTrafficCollector
 from gpupool.server.fastpath import SubmitFastPath
 from gpupool.server.loops.control import ControlLoop
 from gpupool.server.loops.history import HistorySampler
+from gpupool.server.loops.serving import ServingLoop
 from gpupool.server.metrics import Metrics, RequestTimer
 from gpupool.server.routers import (
     audit,
@@ -36,6 +39,7 @@ from gpupool.server.routers import events as event_routes
 from gpupool.server.routers import fabric as fabric_routes
 from gpupool.server.routers import history as history_routes
 from gpupool.server.routers import secrets as secret_routes
+from gpupool.server.routers import services as service_routes
 from gpupool.server.runtime import Runtime
 from gpupool.server.services import node_faults
 from gpupool.server.services.submit_writer import SubmitWriter
@@ -49,6 +53,10 @@ def create_app(rt: Runtime, *, run_loop: bool = True) -> FastAPI:
     loop = ControlLoop(rt, metrics)
     writer = SubmitWriter(rt)
     sampler = HistorySampler(rt)
+    serving = ServingLoop(rt)  # inference services' replicas and probes (docs/services.md)
+    dataplane = dataplane_loop.from_settings(rt)  # --serve-port: docs/serving-dataplane.md
+    if dataplane is not None:
+        metrics.registry.register(ServiceTrafficCollector(dataplane))
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
@@ -56,12 +64,18 @@ def create_app(rt: Runtime, *, run_loop: bool = True) -> FastAPI:
         if run_loop:
             loop.start()
             sampler.start()  # a thread of its own: a minute's sample never waits on a cycle
+            serving.start()
+            if dataplane is not None:
+                dataplane.start()
         try:
             yield
         finally:
             writer.stop()
             if run_loop:
                 sampler.stop()
+                if dataplane is not None:
+                    dataplane.stop()
+                serving.stop()
                 loop.stop()
             rt.auth.flush()  # tokens' last use and refused logins still held in memory
 
@@ -79,13 +93,16 @@ def create_app(rt: Runtime, *, run_loop: bool = True) -> FastAPI:
     app.state.loop = loop
     app.state.submit_writer = writer
     app.state.history_sampler = sampler
+    app.state.serving = serving
+    app.state.dataplane = dataplane
     app.state.stopping = lambda: False  # the server that serves the app sets its own (event streams end)
     http_errors.install(app)
     too_large: dict[int | str, dict[str, Any]] = {
         413: {"model": ErrorBody, "description": "the request body is larger than the pool's limit"}}
     for router in (health.router, workloads.router, nodes.router, tenants.router, audit.router,
                    config.router, session.router, usage.router, calls.router, fabric_routes.router,
-                   images.router, secret_routes.router, history_routes.router, event_routes.router):
+                   images.router, secret_routes.router, history_routes.router, event_routes.router,
+                   service_routes.router):
         app.include_router(router, prefix=API_PREFIX, responses=dict(too_large))
     app.include_router(health.router, include_in_schema=False)  # /health at the root too
     apidocs.install(app, f"{API_PREFIX}/openapi.json")

@@ -67,6 +67,9 @@ class Metrics:
         self.registry.register(BudgetCollector(rt))
         self.registry.register(MovesNotMadeCollector())
         self.registry.register(LaunchCollector(rt))
+        from gpupool.server.serving.metrics import ServiceCollector  # inference services' gauges
+
+        self.registry.register(ServiceCollector(rt))
 
 
     def reservation_slid(self, seconds: float) -> None:

@@ -362,3 +362,73 @@ class HistoryRow(Base):
     """device rows: utilisation measured by NVML (percent), None where not measured (simulated)."""
     memory_mib: Mapped[float | None] = mapped_column(Float, nullable=True)
     """device rows: memory used as NVML measures it, None where not measured."""
+
+
+# ---- inference services (docs/services.md): one block, so other tables merge beside it
+class ServiceRow(Base):
+    """A tenant's inference service: its spec (api.services.ServiceSpec, as stored), how many replicas
+    it should have, and what the controller last saw. `version` counts every write to the row: a write
+    that depends on a read states the version it read (compare-and-set); `generation` counts spec
+    changes only (a replica of an older generation is rolled over to the new one)."""
+
+    __tablename__ = "services"
+    __table_args__ = (Index("ux_services_tenant_name", "tenant", "name", unique=True),)
+
+    id: Mapped[str] = mapped_column(String(ID_LENGTH), primary_key=True)
+    tenant: Mapped[str] = mapped_column(String(NAME_LENGTH), ForeignKey("tenants.name", ondelete="CASCADE"))
+    name: Mapped[str] = mapped_column(String(NAME_LENGTH))
+    spec: Mapped[dict[str, Any]] = mapped_column(JSON)
+    generation: Mapped[int] = mapped_column(Integer, default=1)
+    version: Mapped[int] = mapped_column(Integer, default=1)
+    desired: Mapped[int] = mapped_column(Integer)
+    min_replicas: Mapped[int] = mapped_column(Integer)
+    max_replicas: Mapped[int] = mapped_column(Integer)
+    target_concurrency: Mapped[float | None] = mapped_column(Float, nullable=True)
+    target_rps: Mapped[float | None] = mapped_column(Float, nullable=True)
+    public: Mapped[bool] = mapped_column(Boolean, default=False)
+    """Its endpoints answer requests without the tenant's token (the router decides)."""
+    state: Mapped[str] = mapped_column(String(16))
+    """pending, ready (desired replicas ready), degraded (a replica's probe does not pass), deleting."""
+    last_probe_error: Mapped[str] = mapped_column(String(1024), default="")
+    created_s: Mapped[float] = mapped_column(Float)
+    updated_s: Mapped[float] = mapped_column(Float)
+
+
+class ServiceReplicaRow(Base):
+    """One replica of a service: the workload that runs it, the port reserved for it ($PORT), where it
+    answers once placed, and what its probes said."""
+
+    __tablename__ = "service_replicas"
+
+    workload_id: Mapped[str] = mapped_column(
+        String(ID_LENGTH), ForeignKey("workloads.id", ondelete="CASCADE"), primary_key=True)
+    service_id: Mapped[str] = mapped_column(
+        String(ID_LENGTH), ForeignKey("services.id", ondelete="CASCADE"), index=True)
+    generation: Mapped[int] = mapped_column(Integer)
+    """The service's spec generation it was created from."""
+    port: Mapped[int] = mapped_column(Integer)
+    host: Mapped[str] = mapped_column(String(255), default="")
+    """Its endpoint's address once its pod runs ('' before)."""
+    ready: Mapped[str] = mapped_column(String(16), default="starting")
+    """starting (no probe passed yet), ready, unready (readiness failing), failed (liveness failed:
+    being replaced), draining (being removed)."""
+    successes: Mapped[int] = mapped_column(Integer, default=0)
+    failures: Mapped[int] = mapped_column(Integer, default=0)
+    """Consecutive probe results (reset when the other kind comes)."""
+    last_error: Mapped[str] = mapped_column(String(1024), default="")
+    created_s: Mapped[float] = mapped_column(Float)
+    ready_s: Mapped[float | None] = mapped_column(Float, nullable=True)
+
+
+class ServiceEventRow(Base):
+    """Something that happened to a service: scaled, replica replaced, rollout step, degraded."""
+
+    __tablename__ = "service_events"
+
+    id: Mapped[int] = mapped_column(BigInteger().with_variant(Integer, "sqlite"), primary_key=True,
+                                    autoincrement=True)
+    service_id: Mapped[str] = mapped_column(
+        String(ID_LENGTH), ForeignKey("services.id", ondelete="CASCADE"), index=True)
+    reason: Mapped[str] = mapped_column(String(64))
+    message: Mapped[str] = mapped_column(String(1024))
+    at_s: Mapped[float] = mapped_column(Float)

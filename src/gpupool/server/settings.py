@@ -82,6 +82,15 @@ class Settings:
     agent_dir: Path | None = None
     """The agents' state and the pods' logs (default: DATA_DIR/agents); may be on another
     filesystem than the store, so a pod's output can never fill the store's disk."""
+    # ---- the services' data plane (server/dataplane, docs/serving-dataplane.md): one block
+    serve_port: int = 0
+    """`gpupool up --serve-port`: services answer at http://SERVE_HOST:SERVE_PORT/s/<tenant>/<name>/;
+    0: the pool routes no service traffic."""
+    serve_host: str = DEFAULT_HOST
+    serve_router: str = "auto"
+    """auto (HAProxy when installed, else the in-process router), haproxy or in-process."""
+    serve_cold_start_s: float = 60.0
+    """How long a request for a service with no ready replica is held before a 503."""
 
     def __post_init__(self) -> None:
         if not 0 < self.port < 65536:
@@ -96,6 +105,15 @@ class Settings:
         if not 0 <= self.history_days <= 3660:
             raise InvalidInput(f"The history retention must be 0 (off) to 3660 days, got "
                                f"{self.history_days}; set GPUPOOL_HISTORY_DAYS to, e.g., 30.")
+        if (self.serve_port and not 0 < self.serve_port < 65536) or self.serve_port == self.port:
+            raise InvalidInput(f"--serve-port must be between 1 and 65535 and not the API's --port, got "
+                               f"{self.serve_port}.")
+        if self.serve_router not in ("auto", "haproxy", "in-process"):
+            raise InvalidInput(f"--serve-router must be auto, haproxy or in-process, "
+                               f"not {self.serve_router!r}.")
+        if not 0 < self.serve_cold_start_s <= 3600:
+            raise InvalidInput(f"--serve-cold-start must be above 0 and at most 3600 seconds, got "
+                               f"{self.serve_cold_start_s:g}.")
         if self.token_expiry_s <= 0:
             raise InvalidInput("The default token lifetime must be a positive number of seconds.")
         if self.metrics_public and not is_loopback(self.host):

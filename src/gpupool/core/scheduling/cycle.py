@@ -52,12 +52,14 @@ from gpupool.core.scheduling.congestion import MigrateRule
 from gpupool.core.scheduling.domains import only
 from gpupool.core.scheduling.gang import GangPlacement, hold_gang, place_gang, release_gang
 from gpupool.core.scheduling.gang_victims import fewer_nodes
+from gpupool.core.scheduling.headroom import Headroom, keeps, refusal
 from gpupool.core.scheduling.locality import WaitCap, reserve_in_domain, wait_for_domain
 from gpupool.core.scheduling.moves import Move, MoveRule, plan_moves
 from gpupool.core.scheduling.ordering.base import OrderingContext, OrderStream, PendingChanges, make_ordering
 from gpupool.core.scheduling.policies.base import DEFAULT_POLICY, NoFit
 from gpupool.core.scheduling.preemption import VictimIndex, lost_work_s, select_victims
 from gpupool.core.scheduling.reach import PreemptionRules, out_of_reach, reach
+from gpupool.core.scheduling.spread import spread_gang
 from gpupool.core.scheduling.view import ClusterView, Running
 from gpupool.core.scheduling.workloads import Meta, Shape
 from gpupool.core.state import ClusterState, clone_state
@@ -118,6 +120,8 @@ class Policies:
     moves: MoveRule | None = None
     """Move running gangs spread over several leaves into one, moving single-node work to make room
     (`moves`), before anything is admitted; None: never (the config's topology_moves)."""
+    headroom: Headroom | None = None
+    """Room kept free from new work outside the services' classes (`headroom`); None: none."""
     migrate: MigrateRule | None = None
     """Stop and requeue gangs whose bottleneck link stayed congested (`congestion`), judged on the
     telemetry sample the caller hands the view; None: never (the config's
@@ -652,7 +656,8 @@ class _Cycle:
             self._admit(w, outcome, cq)
             return
         reason, message = outcome
-        why_not = self._try_preempt(w, shape, cq)
+        # the services' headroom is not won by preempting (a victim's room would go to batch)
+        why_not = "" if reason is Reason.SERVING_HEADROOM else self._try_preempt(w, shape, cq)
         if why_not is None:
             return
         if why_not:
@@ -741,7 +746,8 @@ class _Cycle:
         nofit = self.failed_shapes.get(shape)
         if nofit is not None:
             return nofit.reason, nofit.message
-        gang = place_gang(w, view.state, self.policy, self.rng)
+        spread = spread_gang(w, view, self.policy, self.rng) if w.spread_key else None
+        gang = spread if spread is not None else place_gang(w, view.state, self.policy, self.rng)
         if isinstance(gang, NoFit):
             self.failed_shapes[shape] = gang
             return gang.reason, gang.message
@@ -749,6 +755,10 @@ class _Cycle:
         if quota_msg is not None:
             release_gang(gang, view.state)
             return Reason.QUOTA_EXCEEDED, quota_msg
+        headroom = self.policies.headroom
+        if headroom is not None and headroom.applies_to(w.priority_class) and not keeps(headroom, view.state):
+            release_gang(gang, view.state)
+            return Reason.SERVING_HEADROOM, refusal(headroom)
         return gang
 
     def _try_preempt(self, w: Workload, shape: Shape, cq: str) -> str | None:

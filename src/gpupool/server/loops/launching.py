@@ -77,6 +77,7 @@ class PodLauncher:
             unix_user=unix_user, separate_stderr=bool(spec.get("separate_stderr", False)),
             **(gang.launch_fields(rank) if gang is not None else {}),
             image=str(spec.get("image") or ""), image_rootfs=self._image_rootfs(spec),
+            serve_port=int(spec.get("serve_port") or 0),  # a service's replica (docs/services.md)
             **(_mounts_and_secrets(self.rt, row.tenant, spec) if "mounts" in spec or "secrets" in spec
                else {}),
         )

@@ -38,6 +38,7 @@ from gpupool.server.loops.store_audit import StoreAudit
 from gpupool.server.loops.time_limits import LIMIT_CHECK_S, TimeLimits
 from gpupool.server.runtime import Runtime
 from gpupool.server.services import rendezvous
+from gpupool.server.serving.headroom import HeadroomBook
 
 __all__ = ["FULL_RESCAN_S", "LIMIT_CHECK_S", "RECORD_CHUNK", "CycleStats", "Scheduler", "chunked"]
 
@@ -68,6 +69,7 @@ class Scheduler:
     def __init__(self, rt: Runtime, policies: Policies, seed: int = 0) -> None:
         self.rt = rt
         self.policies = policies
+        self.headroom = HeadroomBook(rt)
         self.rng = random.Random(seed)
         self.cache = WorkloadCache()
         self.keeper: ViewKeeper = FabricKeeper(rt)
@@ -190,7 +192,8 @@ class Scheduler:
         self.estimates.note(candidates)
         snapshot = dataclasses.replace(view.snapshot, workload_info=self.estimates.info)
         # the core enforces the queues' quotas itself (Kueue semantics), and tenants' budgets
-        policies = dataclasses.replace(self.policies, quota=view.quota, exhausted_tenants=exhausted)
+        policies = dataclasses.replace(self.policies, quota=view.quota, exhausted_tenants=exhausted,
+                                       headroom=self.headroom.current())  # services' (docs/services.md)
         audit = full and now >= self._next_audit_s
         if audit:
             self._next_audit_s = now + AUDIT_S

@@ -98,7 +98,8 @@ def _interval(row: Any, devices: Devices, now: float, default_class: str) -> Pod
     end = row.finished_s if row.finished_s is not None else max(now, row.started_s)
     return PodInterval(row.id, row.tenant, row.queue, str(row.spec.get("priority_class") or default_class),
                        row.node, row.started_s, max(end, row.started_s),
-                       held(row.node, row.slices, devices, row.models))
+                       held(row.node, row.slices, devices, row.models),
+                       service=str(row.spec.get("name") or "") if row.spec.get("serve_port") else "")
 
 
 def parse_by(text: str) -> list[UsageKey]:

@@ -88,6 +88,8 @@ def to_workload(
     extra: dict[str, object] = {"priority_class": chosen} if chosen else {}
     if spec.topology is not None:
         extra["topology"] = parse_topology_spec(spec.topology)
+    if spec.serve_port is not None:  # a service's replica: its siblings' nodes are avoided where it can
+        extra["spread_key"] = f"{tenant}/{spec.name}"
     return Workload(
         id=workload_id,
         pods=pod_requests(spec),

@@ -18,7 +18,7 @@ import contextlib
 import logging
 import queue
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -55,6 +55,8 @@ class Submission:
     loop: asyncio.AbstractEventLoop | None = None
     future: asyncio.Future[None] | None = None
     error: BaseException | None = None
+    also: Callable[[Connection], None] | None = None
+    """Rows that belong with it, written in its transaction once it is accepted (a service's replica)."""
 
 
 def _check(item: Submission, quotas: dict[tuple[str, str], int | None]) -> BaseException | None:
@@ -234,6 +236,9 @@ def commit(rt: Runtime, batch: Sequence[Submission]) -> int:
             if accepted:
                 conn.execute(_INSERT_WORKLOAD, [row for item in accepted for row in item.workloads])
                 conn.execute(_INSERT_EVENT, [event for item in accepted for event in item.events])
+                for item in accepted:
+                    if item.also is not None:
+                        item.also(conn)
     except Exception as exc:  # the store's own error: nothing of this batch was stored
         if not isinstance(exc, StoreUnavailable):  # the store logs its own failures, once each
             log.warning("storing %d submission(s) failed: %s", len(batch), exc)

@@ -72,9 +72,10 @@ TASK_ORDER_S = 1e-6
 considers them lowest index first (as Slurm does) rather than in the order of their ids' text."""
 
 
-def prepare(rt: Runtime, who: Principal, spec: WorkloadSpec) -> Submission:
+def prepare(rt: Runtime, who: Principal, spec: WorkloadSpec, *,
+            service_class: str | None = None) -> Submission:
     """The rows one submission writes: the pending workload (or every task of an array) and the
-    `submitted` events."""
+    `submitted` events. `service_class`: a service's replica, in the class its service resolved."""
     tenant = who.tenant_for(spec.tenant)
     if who.max_priority is not None and spec.priority > who.max_priority:  # the admin is not limited
         raise PriorityNotAllowed(
@@ -87,7 +88,10 @@ def prepare(rt: Runtime, who: Principal, spec: WorkloadSpec) -> Submission:
     if spec.rendezvous is not None:
         raise InvalidInput("rendezvous is set by the server when a gang is placed; leave it out (each pod "
                            "finds MASTER_ADDR and MASTER_PORT in its environment).", field="rendezvous")
-    chosen = priority_class(rt.config, spec.priority_class, tenant, who.max_priority)
+    if spec.serve_port is not None and service_class is None:
+        raise InvalidInput("serve_port is set by the server on a service's replicas; leave it out (create a "
+                           "service with `gpupool service create`).", field="serve_port")
+    chosen = service_class or priority_class(rt.config, spec.priority_class, tenant, who.max_priority)
     if spec.mounts or spec.secrets:  # only names and paths are stored, checked now
         check_mounts(rt.config, tenant, spec.mounts)
         check_secret_uses(rt, tenant, spec.secrets)

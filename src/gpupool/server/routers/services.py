@@ -1,0 +1,57 @@
+"""Inference services (docs/services.md): create, list, show, update, scale and delete; a tenant's
+own only (another tenant's service does not exist for it)."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import APIRouter, Path, Query
+
+from gpupool.api.common import NAME_PATTERN, ErrorBody
+from gpupool.api.services import ScaleRequest, ServiceOut, ServiceSpec, ServiceUpdate
+from gpupool.server.deps import Rt, Who
+from gpupool.server.serving import services as cases
+
+router = APIRouter(tags=["services"], responses={401: {"model": ErrorBody}, 403: {"model": ErrorBody},
+                                                 404: {"model": ErrorBody}, 422: {"model": ErrorBody}})
+NameParam = Annotated[str, Path(min_length=1, max_length=63, pattern=NAME_PATTERN)]
+TenantQuery = Annotated[str | None, Query(max_length=63, description="admin only: whose service")]
+
+
+@router.post("/services", status_code=201, response_model=ServiceOut, responses={409: {"model": ErrorBody}})
+def create_service(body: ServiceSpec, rt: Rt, who: Who) -> ServiceOut:
+    """Create a service; the controller starts its replicas (each one workload with its slice)."""
+    return cases.create(rt, who, body)
+
+
+@router.get("/services", response_model=list[ServiceOut])
+def list_services(rt: Rt, who: Who, tenant: TenantQuery = None) -> list[ServiceOut]:
+    """The caller's services; the admin's: every tenant's, or `tenant`'s."""
+    return cases.list_services(rt, who, tenant)
+
+
+@router.get("/services/{name}", response_model=ServiceOut)
+def get_service(name: NameParam, rt: Rt, who: Who, tenant: TenantQuery = None) -> ServiceOut:
+    """One service with its replicas (status, readiness, endpoint) and its recent events."""
+    return cases.get(rt, who, name, tenant)
+
+
+@router.patch("/services/{name}", response_model=ServiceOut, responses={409: {"model": ErrorBody}})
+def update_service(name: NameParam, body: ServiceUpdate, rt: Rt, who: Who,
+                   tenant: TenantQuery = None) -> ServiceOut:
+    """Change fields of its spec; a change of what replicas run rolls them over within the rollout's
+    max_surge and max_unavailable."""
+    return cases.update_spec(rt, who, name, body, tenant)
+
+
+@router.post("/services/{name}/scale", response_model=ServiceOut, responses={409: {"model": ErrorBody}})
+def scale_service(name: NameParam, body: ScaleRequest, rt: Rt, who: Who,
+                  tenant: TenantQuery = None) -> ServiceOut:
+    """Set its desired replicas (clamped to its bounds); with expected_version, only if it is unchanged."""
+    return cases.scale(rt, who, name, body, tenant)
+
+
+@router.delete("/services/{name}", response_model=ServiceOut)
+def delete_service(name: NameParam, rt: Rt, who: Who, tenant: TenantQuery = None) -> ServiceOut:
+    """Stop its replicas and delete it."""
+    return cases.remove(rt, who, name, tenant)

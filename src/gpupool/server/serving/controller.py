@@ -1,0 +1,397 @@
+"""The services' controller: each pass makes every service's replicas match its row.
+
+A pass (1) writes back the probe outcomes that came in, (2) forgets replicas whose workload ended,
+replacing them by count, (3) records where running replicas answer, (4) creates or removes replica
+workloads through the batch path (`workloads.prepare` + `submit_writer.commit`, `workloads.cancel`)
+so admission, quotas, preemption and metering treat them as any workload, within the rollout's
+surge and unavailable bounds, (5) hands due probes to the prober (never waiting for one), and (6)
+sets the service's state: ready, pending (replicas still coming), or degraded with the last error.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import secrets
+from dataclasses import dataclass, replace
+
+from sqlalchemy import Connection, delete, insert, select, update
+from sqlalchemy.orm import Session
+
+from gpupool.api.services import ProbeSpec, ServiceSpec
+from gpupool.core.model import WorkloadStatus
+from gpupool.errors import Conflict, GpupoolError, Unavailable
+from gpupool.server.orm import PodRow, ServiceReplicaRow, ServiceRow, WorkloadRow
+from gpupool.server.runtime import Runtime
+from gpupool.server.services import workloads as workload_cases
+from gpupool.server.services.submit_writer import commit
+from gpupool.server.serving.probes import Prober, ProbeResult
+from gpupool.server.serving.services import event
+from gpupool.server.serving.specs import acting_for, replica_spec
+
+log = logging.getLogger("gpupool.serving")
+FINAL = frozenset(s.value for s in WorkloadStatus if s.is_final)
+READINESS, LIVENESS = "readiness", "liveness"
+
+
+@dataclass(frozen=True, slots=True)
+class Replica:
+    """One replica as a pass reads it."""
+
+    workload_id: str
+    generation: int
+    port: int
+    host: str
+    ready: str
+    failures: int
+    last_error: str
+    status: str
+    started_s: float | None
+    node: str
+    pod_id: str
+
+    @property
+    def serving(self) -> bool:
+        return self.ready == "ready" and self.status == WorkloadStatus.RUNNING.value
+
+
+class Controller:
+    def __init__(self, rt: Runtime) -> None:
+        self.rt = rt
+        self.prober = Prober(rt.config.serving.probe_concurrency)
+        self._due: dict[tuple[str, str], float] = {}
+        self._liveness_failures: dict[str, int] = {}
+        self._refused: dict[str, str] = {}
+        """service id -> why its last replica could not be created ('' once one could)."""
+
+    def step(self) -> int:
+        """One pass over every service; returns how many there are."""
+        now = self.rt.clock()
+        with self.rt.store.read() as session:
+            services = list(session.scalars(select(ServiceRow).where(ServiceRow.state != "deleting")))
+        specs = {row.id: ServiceSpec.model_validate(row.spec) for row in services}
+        self._apply(self.prober.results(), specs, now)
+        for row in services:
+            try:
+                self._reconcile(row, specs[row.id], now)
+            except Unavailable:
+                raise
+            except Exception:  # one service's trouble must not stop the others'
+                log.exception("service %s/%s: reconcile failed; trying again next pass", row.tenant, row.name)
+        return len(services)
+
+    def close(self) -> None:
+        self.prober.close()
+
+    # ---------------------------------------------------------------- reading and bookkeeping
+
+    def _read(self, session: Session, service_id: str) -> list[Replica]:
+        rows = session.execute(
+            select(ServiceReplicaRow, WorkloadRow.status, WorkloadRow.started_s)
+            .join(WorkloadRow, WorkloadRow.id == ServiceReplicaRow.workload_id)
+            .where(ServiceReplicaRow.service_id == service_id)
+            .order_by(ServiceReplicaRow.created_s, ServiceReplicaRow.workload_id)
+        ).all()
+        ids = [r.workload_id for r, _, _ in rows]
+        nodes: dict[str, tuple[str, str]] = {}
+        if ids:
+            for wid, node, pod_id in session.execute(
+                select(PodRow.workload_id, PodRow.node, PodRow.id)
+                .where(PodRow.workload_id.in_(ids))
+                .order_by(PodRow.created_s)
+            ):
+                nodes[wid] = (node, pod_id)  # the newest pod's
+        return [
+            Replica(
+                r.workload_id,
+                r.generation,
+                r.port,
+                r.host,
+                r.ready,
+                r.failures,
+                r.last_error,
+                status,
+                started,
+                *nodes.get(r.workload_id, ("", "")),
+            )
+            for r, status, started in rows
+        ]
+
+    def _settle(self, row: ServiceRow, replicas: list[Replica], now: float) -> list[Replica]:
+        """Forget ended replicas; record the address of running ones; a replica sent back to pending
+        (preempted) starts its probes afresh. Returns the live replicas as they now are."""
+        live: list[Replica] = []
+        with self.rt.store.write() as session:
+            for r in replicas:
+                if r.status in FINAL:
+                    session.execute(
+                        delete(ServiceReplicaRow).where(ServiceReplicaRow.workload_id == r.workload_id)
+                    )
+                    self._forget(r.workload_id)
+                    if r.ready != "draining":
+                        event(
+                            session,
+                            row.id,
+                            "replica_replaced",
+                            f"replica {r.workload_id} {r.status}; a new replica replaces it",
+                            now,
+                        )
+                    continue
+                running = r.status == WorkloadStatus.RUNNING.value
+                if running and not r.host and r.node:
+                    host = self.rt.provider.pod_address(r.node, r.pod_id)
+                    session.execute(
+                        update(ServiceReplicaRow)
+                        .where(ServiceReplicaRow.workload_id == r.workload_id)
+                        .values(host=host)
+                    )
+                    r = _with(r, host=host)
+                elif not running and (r.host or r.ready == "ready"):
+                    session.execute(
+                        update(ServiceReplicaRow)
+                        .where(ServiceReplicaRow.workload_id == r.workload_id)
+                        .values(host="", ready="starting", successes=0, failures=0)
+                    )
+                    self._forget(r.workload_id)
+                    r = _with(r, host="", ready="starting", failures=0)
+                live.append(r)
+        return live
+
+    def _forget(self, workload_id: str) -> None:
+        for kind in (READINESS, LIVENESS):
+            self._due.pop((workload_id, kind), None)
+        self._liveness_failures.pop(workload_id, None)
+
+    # ---------------------------------------------------------------- the count
+
+    def _reconcile(self, row: ServiceRow, spec: ServiceSpec, now: float) -> None:
+        with self.rt.store.read() as session:
+            replicas = self._read(session, row.id)
+        live = self._settle(row, replicas, now)
+        active = [r for r in live if r.ready != "draining"]
+        remove, create = plan(
+            row.desired, row.generation, spec.rollout.max_surge, spec.rollout.max_unavailable, active
+        )
+        for r in remove:
+            self._remove(
+                row,
+                r,
+                "scaled down"
+                if r.generation == row.generation
+                else f"replaced by generation {row.generation}",
+                now,
+            )
+        for _ in range(create):
+            if not self._create(row, spec, now):
+                break
+        self._probe(spec, [r for r in active if r not in remove], now, row.tenant)
+        self._state(row, spec, [r for r in active if r not in remove], now)
+
+    def _create(self, row: ServiceRow, spec: ServiceSpec, now: float) -> bool:
+        tenant = row.tenant
+        try:
+            with self.rt.store.read() as session:
+                port = self._free_port(session)
+            submission = workload_cases.prepare(
+                self.rt,
+                acting_for(tenant),
+                replica_spec(spec, tenant, port),
+                service_class=str(row.spec.get("priority_class") or "") or None,
+            )
+            values = dict(
+                workload_id=submission.id,
+                service_id=row.id,
+                generation=row.generation,
+                port=port,
+                host="",
+                ready="starting",
+                successes=0,
+                failures=0,
+                last_error="",
+                created_s=now,
+                ready_s=None,
+            )
+
+            def link(conn: Connection) -> None:
+                conn.execute(insert(ServiceReplicaRow).values(**values))
+
+            submission.also = link
+            commit(self.rt, [submission])
+            if submission.error is not None:
+                raise submission.error
+        except GpupoolError as exc:
+            if self._refused.get(row.id) != exc.message:
+                self._refused[row.id] = exc.message
+                with self.rt.store.write() as session:
+                    event(
+                        session,
+                        row.id,
+                        "replica_refused",
+                        f"a replica could not be created: {exc.message}",
+                        now,
+                    )
+            return False
+        self._refused[row.id] = ""
+        return True
+
+    def _free_port(self, session: Session) -> int:
+        """A port no live replica of the pool holds, from a random point of the range (two pools on
+        one machine rarely try the same first)."""
+        serving = self.rt.config.serving
+        used = set(
+            session.scalars(
+                select(ServiceReplicaRow.port)
+                .join(WorkloadRow, WorkloadRow.id == ServiceReplicaRow.workload_id)
+                .where(WorkloadRow.status.not_in(FINAL))
+            )
+        )
+        start = secrets.randbelow(serving.port_count)
+        for step in range(serving.port_count):
+            port = serving.port_base + (start + step) % serving.port_count
+            if port not in used:
+                return port
+        raise Unavailable(
+            f"Every replica port ({serving.port_base}-{serving.port_base + serving.port_count - 1}) "
+            "is held; widen serving.port_count."
+        )
+
+    def _remove(self, row: ServiceRow, r: Replica, why: str, now: float) -> None:
+        with self.rt.store.write() as session:
+            session.execute(
+                update(ServiceReplicaRow)
+                .where(ServiceReplicaRow.workload_id == r.workload_id)
+                .values(ready="draining")
+            )
+            event(session, row.id, "replica_removed", f"replica {r.workload_id} removed: {why}", now)
+        with contextlib.suppress(Conflict):  # it ended meanwhile
+            workload_cases.cancel(self.rt, acting_for(row.tenant), r.workload_id)
+        self._forget(r.workload_id)
+
+    # ---------------------------------------------------------------- probes and state
+
+    def _probe(self, spec: ServiceSpec, active: list[Replica], now: float, tenant: str) -> None:
+        probes: list[tuple[str, ProbeSpec]] = [(READINESS, spec.readiness_probe)]
+        if spec.liveness is not None:
+            probes.append((LIVENESS, spec.liveness))
+        for r in active:
+            if r.status != WorkloadStatus.RUNNING.value or not r.host or r.started_s is None:
+                continue
+            for kind, probe in probes:
+                key = (r.workload_id, kind)
+                due = self._due.get(key, r.started_s + probe.initial_delay_s)
+                if now >= due and self.prober.start(r.workload_id, kind, probe, r.host, r.port, tenant):
+                    self._due[key] = now + probe.period_s
+
+    def _apply(self, results: list[ProbeResult], specs: dict[str, ServiceSpec], now: float) -> None:
+        """Write the probes' outcomes: readiness moves a replica between starting/unready and ready;
+        liveness failing failure_threshold times in a row replaces it (cancelled after the commit)."""
+        if not results:
+            return
+        doomed: list[tuple[str, str]] = []
+        with self.rt.store.write() as session:
+            for result in results:
+                replica = session.get(ServiceReplicaRow, result.workload_id)
+                if replica is None or replica.ready == "draining" or replica.service_id not in specs:
+                    continue
+                spec = specs[replica.service_id]
+                if result.kind == LIVENESS and spec.liveness is not None:
+                    if self._liveness(session, replica, spec.liveness, result, now):
+                        tenant = session.scalar(
+                            select(ServiceRow.tenant).where(ServiceRow.id == replica.service_id)
+                        )
+                        doomed.append((tenant or "", replica.workload_id))
+                elif result.kind == READINESS:
+                    _readiness(session, replica, spec.readiness_probe, result, now)
+        for tenant, workload_id in doomed:
+            with contextlib.suppress(Conflict):  # it ended meanwhile
+                workload_cases.cancel(self.rt, acting_for(tenant), workload_id)
+            self._forget(workload_id)
+
+    def _liveness(
+        self, session: Session, replica: ServiceReplicaRow, probe: ProbeSpec, result: ProbeResult, now: float
+    ) -> bool:
+        """Count the outcome; True when the replica is to be replaced (marked draining, with its event)."""
+        wid = replica.workload_id
+        failures = 0 if result.ok else self._liveness_failures.get(wid, 0) + 1
+        self._liveness_failures[wid] = failures
+        if failures < probe.failure_threshold:
+            return False
+        replica.ready, replica.last_error = "draining", result.error[:1024]
+        event(
+            session,
+            replica.service_id,
+            "replica_replaced",
+            f"replica {wid} failed its liveness probe {failures} times ({result.error}); replacing it",
+            now,
+        )
+        return True
+
+    def _state(self, row: ServiceRow, spec: ServiceSpec, active: list[Replica], now: float) -> None:
+        threshold = spec.readiness_probe.failure_threshold
+        failing = [r for r in active if not r.serving and r.failures >= threshold and r.last_error]
+        ready = sum(1 for r in active if r.serving)
+        old = any(r.generation != row.generation for r in active)
+        refused = self._refused.get(row.id, "")
+        if failing:
+            state, error = "degraded", failing[0].last_error
+        elif refused and ready < row.desired:
+            state, error = "degraded", refused
+        elif ready >= row.desired and not old:
+            state, error = "ready", ""
+        else:
+            state, error = "pending", row.last_probe_error
+        if (state, error) != (row.state, row.last_probe_error):
+            with self.rt.store.write() as session:
+                session.execute(
+                    update(ServiceRow)
+                    .where(ServiceRow.id == row.id, ServiceRow.state != "deleting")
+                    .values(state=state, last_probe_error=error[:1024], updated_s=now)
+                )
+                if state != row.state:
+                    event(
+                        session,
+                        row.id,
+                        state,
+                        f"{row.state} → {state}" + (f": {error}" if error else ""),
+                        now,
+                    )
+
+
+def _readiness(
+    session: Session, replica: ServiceReplicaRow, probe: ProbeSpec, result: ProbeResult, now: float
+) -> None:
+    if result.ok:
+        replica.successes, replica.failures = replica.successes + 1, 0
+        if replica.ready != "ready" and replica.successes >= probe.success_threshold:
+            replica.ready, replica.ready_s, replica.last_error = "ready", now, ""
+    else:
+        replica.successes, replica.failures = 0, replica.failures + 1
+        replica.last_error = result.error[:1024]
+        if replica.ready == "ready" and replica.failures >= probe.failure_threshold:
+            replica.ready = "unready"
+
+
+def plan(
+    desired: int, generation: int, max_surge: int, max_unavailable: int, active: list[Replica]
+) -> tuple[list[Replica], int]:
+    """(replicas to remove, how many to create): scale to `desired`, or during a rollout replace
+    older generations while at most desired + max_surge replicas exist and at least desired -
+    max_unavailable are serving. Removes the least useful first: not serving, then newest."""
+    new = [r for r in active if r.generation == generation]
+    old = [r for r in active if r.generation != generation]
+    if not old:
+        if len(new) > desired:
+            order = [r for r in reversed(new) if not r.serving] + [r for r in reversed(new) if r.serving]
+            return order[: len(new) - desired], 0
+        return [], desired - len(new)
+    serving = sum(1 for r in active if r.serving)
+    spare = max(0, serving - (desired - max_unavailable))
+    remove = [r for r in old if not r.serving]
+    remove += [r for r in old if r.serving][:spare]
+    remaining = len(active) - len(remove)
+    create = max(0, min(desired - len(new), desired + max_surge - remaining))
+    return remove, create
+
+
+def _with(r: Replica, **changes: object) -> Replica:
+    return replace(r, **changes)  # type: ignore[arg-type]

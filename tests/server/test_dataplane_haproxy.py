@@ -1,0 +1,149 @@
+"""HAProxy as the pool runs it: replicas change at runtime without a reload, a removed replica is drained
+first, health checks follow the readiness probe, and a dead HAProxy is restarted with its state."""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from dataplane_helpers import digest, free_port, get, replicas
+from test_dataplane import wait_for
+
+from gpupool.server.dataplane.haproxy import HAProxySupervisor, find_haproxy
+from gpupool.server.dataplane.model import Backend, Probe, Route
+from gpupool.server.dataplane.plane import DataPlane
+
+HAPROXY = find_haproxy()
+pytestmark = pytest.mark.skipif(HAPROXY is None, reason="haproxy is not installed "
+                                "(scripts/install-test-deps.sh installs it)")
+PROBE = Probe(path="/ready", interval_s=0.2, success_threshold=1, failure_threshold=2)
+
+
+@pytest.fixture(scope="module")
+def plane(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DataPlane]:
+    assert HAPROXY is not None
+    dp = DataPlane(tmp_path_factory.mktemp("hap") / "dataplane", "127.0.0.1", free_port(),
+                   cold_start_limit_s=20.0, haproxy=HAPROXY)
+    os.environ["GPUPOOL_TEST_SECRET"] = "must-not-leak"  # as the server's own settings would be
+    try:
+        dp.start()
+    finally:
+        del os.environ["GPUPOOL_TEST_SECRET"]
+    dp.set_tokens({digest("gp_alice"): "alice"})
+    try:
+        yield dp
+    finally:
+        dp.stop()
+
+
+def sup(plane: DataPlane) -> HAProxySupervisor:
+    assert plane.haproxy is not None
+    return plane.haproxy
+
+
+def worker_pid(plane: DataPlane) -> str:
+    info = sup(plane).runtime.command("show info").splitlines()
+    return next(line for line in info if line.startswith("Pid:"))
+
+
+def server_states(plane: DataPlane, backend: str) -> dict[str, str]:
+    """server name -> srv_op_state (2 up, 0 down) from `show servers state`."""
+    rows = sup(plane).runtime.command(f"show servers state {backend}").splitlines()[2:]
+    return {cols[3]: cols[5] for cols in (row.split() for row in rows) if len(cols) > 5}
+
+
+def test_replicas_are_added_drained_and_removed_without_a_reload(plane: DataPlane) -> None:
+    plane.set_routes([Route("alice/rt", "alice", probe=PROBE)])
+    master, worker = sup(plane).master_pid, worker_pid(plane)
+    with replicas("a", "b") as (a, b):
+        plane.set_backends("alice/rt", [Backend("rt-a", "127.0.0.1", a.port)])
+        assert get(plane.port, "/s/alice/rt/x", "gp_alice").text.startswith("a ")
+        a.release.clear()
+        slow: list[str] = []
+        request = threading.Thread(
+            target=lambda: slow.append(get(plane.port, "/s/alice/rt/slow", "gp_alice").text))
+        request.start()
+        wait_for("the slow request at a", lambda: "/slow" in a.seen)
+        swap = threading.Thread(target=plane.set_backends,
+                                args=("alice/rt", [Backend("rt-b", "127.0.0.1", b.port)]))
+        swap.start()  # adds b, drains a: it returns once a's request is answered
+        wait_for("b added", lambda: "r-rt-b" in server_states(plane, "svc_alice.rt"))
+        answered = [get(plane.port, f"/s/alice/rt/n{i}", "gp_alice").text.split()[0] for i in range(4)]
+        assert answered == ["b"] * 4
+        assert swap.is_alive()  # still waiting for a's request in flight
+        a.release.set()
+        swap.join(timeout=30)
+        request.join(timeout=30)
+        assert slow == ["a /slow -"]  # the drained replica finished its request
+        assert set(server_states(plane, "svc_alice.rt")) == {"activator", "r-rt-b"}
+    assert (sup(plane).master_pid, worker_pid(plane)) == (master, worker)  # no restart, no reload
+
+
+def test_health_checks_repeat_the_readiness_probe(plane: DataPlane) -> None:
+    plane.set_routes([Route("alice/hc", "alice", probe=PROBE)])
+    config = sup(plane).paths.config.read_text()
+    assert "option httpchk GET /ready" in config
+    with replicas("a") as (a,):
+        plane.set_backends("alice/hc", [Backend("hc-a", "127.0.0.1", a.port)])
+        assert "check inter 200 rise 1 fall 2" in sup(plane).paths.config.read_text()
+        a.ready.clear()
+        state = lambda: server_states(plane, "svc_alice.hc")["r-hc-a"]  # noqa: E731
+        wait_for("HAProxy to see the probe fail", lambda: state() == "0")
+        a.ready.set()
+        wait_for("HAProxy to see it pass again", lambda: state() == "2")
+
+
+def test_haproxy_runs_without_the_servers_environment(plane: DataPlane) -> None:
+    raw = Path(f"/proc/{sup(plane).master_pid}/environ").read_bytes()
+    environ = [e.decode() for e in raw.split(b"\0") if e]
+    assert "PATH=/usr/sbin:/usr/bin:/sbin:/bin" in environ
+    # only what HAProxy's master sets for its workers besides the PATH given
+    assert [e for e in environ if not e.startswith(("PATH=", "HAPROXY_"))] == []
+
+
+def test_a_killed_haproxy_is_restarted_with_its_services_replicas_and_tokens(plane: DataPlane) -> None:
+    plane.set_routes([Route("alice/phoenix", "alice", probe=PROBE)])
+    with replicas("a") as (a,):
+        plane.set_backends("alice/phoenix", [Backend("ph-a", "127.0.0.1", a.port)])
+        old = sup(plane).master_pid
+        assert old is not None
+        restarts = sup(plane).restarts
+        os.kill(old, signal.SIGKILL)
+        wait_for("a new HAProxy", lambda: sup(plane).restarts == restarts + 1)
+        assert sup(plane).master_pid != old
+        wait_for("the new one to route",
+                 lambda: get(plane.port, "/s/alice/phoenix/x", "gp_alice").status_code == 200)
+        assert get(plane.port, "/s/alice/phoenix/x", "gp_alice").text.startswith("a /x")
+        assert get(plane.port, "/s/alice/phoenix/x", "gp_forged").status_code == 401
+
+
+def running(pid: int) -> bool:
+    """Alive and not a zombie waiting to be reaped (this test's own child)."""
+    try:
+        state = Path(f"/proc/{pid}/status").read_text().split("State:")[1].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state != "Z"
+
+
+def test_a_haproxy_left_by_a_killed_pool_is_stopped_by_the_next_start(tmp_path: Path) -> None:
+    assert HAPROXY is not None
+    port = free_port()
+    first = HAProxySupervisor(HAPROXY, tmp_path / "dataplane", "127.0.0.1", port, 5.0)
+    first.start()
+    orphan = first.master_pid
+    assert orphan is not None
+    first._stopping.set()  # the pool is gone without stopping it (kill -9): its HAProxy keeps the port
+    second = HAProxySupervisor(HAPROXY, tmp_path / "dataplane", "127.0.0.1", port, 5.0)
+    try:
+        second.start()
+        assert second.master_pid != orphan
+        assert not running(orphan)
+        assert get(port, "/s/alice/none/", "gp_alice").status_code == 404  # the new one answers
+    finally:
+        second.stop()
+        first.stop()

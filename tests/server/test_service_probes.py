@@ -1,0 +1,121 @@
+"""Probes against hostile or broken replicas: each returns by its deadline with a sentence, whatever
+the replica does (answers one byte at a time, never answers, speaks something else, is not there)."""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+from collections.abc import Callable, Iterator
+
+import pytest
+
+from gpupool.api.services import ProbeSpec
+from gpupool.server.serving.probes import Prober, probe_once
+
+Behaviour = Callable[[socket.socket], None]
+
+
+def trickle(conn: socket.socket) -> None:
+    """Never ends its status line: one byte every 50 ms, forever (until the probe hangs up)."""
+    try:
+        while True:
+            conn.sendall(b"H")
+            time.sleep(0.05)
+    except OSError:
+        pass
+
+
+def silent(conn: socket.socket) -> None:
+    conn.recv(1024)
+    threading.Event().wait(10)
+
+
+def garbage(conn: socket.socket) -> None:
+    conn.recv(1024)
+    conn.sendall(b"SSH-2.0-OpenSSH\r\n")
+
+
+def ok(conn: socket.socket) -> None:
+    conn.recv(1024)
+    conn.sendall(b"HTTP/1.1 204 No Content\r\n\r\n")
+
+
+@pytest.fixture
+def replica() -> Iterator[Callable[[Behaviour], int]]:
+    servers: list[socket.socket] = []
+
+    def start(behaviour: Behaviour) -> int:
+        server = socket.create_server(("127.0.0.1", 0))
+        servers.append(server)
+
+        def accept() -> None:
+            while True:
+                try:
+                    conn, _ = server.accept()
+                except OSError:
+                    return
+                threading.Thread(target=behaviour, args=(conn,), daemon=True).start()
+
+        threading.Thread(target=accept, daemon=True).start()
+        return int(server.getsockname()[1])
+
+    yield start
+    for server in servers:
+        server.close()
+
+
+HTTP = ProbeSpec.model_validate({"path": "/healthz", "period_s": 1, "timeout_s": 0.3})
+
+
+def test_a_replica_answering_one_byte_at_a_time_cannot_hold_the_probe(
+        replica: Callable[[Behaviour], int]) -> None:
+    port = replica(trickle)
+    started = time.monotonic()
+    error = probe_once(HTTP, "127.0.0.1", port)
+    assert error == f"GET /healthz on 127.0.0.1:{port} timed out after 0.3 s"
+    assert time.monotonic() - started < 5  # bounded by its deadline, not by the replica (which never stops)
+
+
+@pytest.mark.parametrize(("behaviour", "words"), [
+    (silent, "timed out after 0.3 s"),
+    (garbage, "did not answer HTTP (it sent b'SSH-2.0-OpenSSH')"),
+    (ok, ""),
+])
+def test_each_answer_gets_its_sentence(replica: Callable[[Behaviour], int], behaviour: Behaviour,
+                                       words: str) -> None:
+    error = probe_once(HTTP, "127.0.0.1", replica(behaviour))
+    assert (words in error) if words else error == ""
+
+
+def test_nothing_listening_says_so() -> None:
+    probe = socket.create_server(("127.0.0.1", 0))
+    port = int(probe.getsockname()[1])
+    probe.close()
+    refused = "failed: Connection refused"
+    assert probe_once(HTTP, "127.0.0.1", port) == f"GET /healthz on 127.0.0.1:{port} {refused}"
+    tcp = ProbeSpec.model_validate({"kind": "tcp", "timeout_s": 0.3})
+    assert probe_once(tcp, "127.0.0.1", port) == f"TCP connect to 127.0.0.1:{port} failed: Connection refused"
+
+
+def test_a_tenant_whose_replicas_hang_every_probe_delays_only_its_own(
+        replica: Callable[[Behaviour], int]) -> None:
+    """Two workers: the hostile tenant's eight probes may hold one of them (each to its 1 s deadline),
+    never both, so the other tenant's probe is answered while the hostile ones still queue."""
+    prober = Prober(2)
+    try:
+        slow = ProbeSpec.model_validate({"path": "/", "period_s": 1, "timeout_s": 1})
+        hang = replica(silent)
+        for i in range(8):
+            assert prober.start(f"w-hostile-{i}", "readiness", slow, "127.0.0.1", hang, tenant="mallory")
+        assert not prober.start("w-hostile-0", "readiness", slow, "127.0.0.1", hang, tenant="mallory")
+        assert prober.start("w-good", "readiness", HTTP, "127.0.0.1", replica(ok), tenant="bob")
+        seen: list[str] = []
+        deadline = time.monotonic() + 30
+        while "w-good" not in seen:
+            assert time.monotonic() < deadline, seen
+            seen += [r.workload_id for r in prober.results()]
+            time.sleep(0.01)
+        assert len(seen) <= 2, seen  # at most one hostile probe (1 s each, one at a time) ended first
+    finally:
+        prober.close()
