@@ -72,9 +72,15 @@ def main() -> None:
     parser.add_argument("--grace", type=float, default=30.0)
     parser.add_argument("--assume-share", type=float, default=None)
     parser.add_argument("--workers", type=int, default=1)
+    parser.add_argument("--requests-only", action="store_true",
+                        help="only the request-level part: the Azure LLM hour through the autoscaler")
+    parser.add_argument("--target", type=float, default=4.0, help="target requests in flight a replica")
     parser.add_argument("--json", type=Path, default=Path("bench/results/colocation.json"))
     parser.add_argument("--plot", type=Path, default=None)
     args = parser.parse_args()
+    requests = request_level(args)
+    if args.requests_only:
+        return
     seeds = [int(s) for s in args.seeds.split(",")]
     started = time.perf_counter()
     tasks = [(seed, v) for seed in seeds for v in VARIANTS]
@@ -119,11 +125,36 @@ def main() -> None:
     config = {k: v for k, v in vars(args).items() if k not in ("json", "plot")}
     args.json.write_text(json.dumps({"config": config,
                                      "summary": summary, "vs_static": vs, "wall_s": wall,
+                                     "requests": requests,
                                      "runs": results}, indent=2, default=str) + "\n")
     console.print(f"wrote {args.json}")
     if args.plot is not None:
         plot(by, seeds[0], args.plot)
         console.print(f"wrote {args.plot}")
+
+
+def request_level(args: argparse.Namespace) -> dict[str, Any]:
+    """Each Azure LLM 2023 service's requests through the autoscaler: the replica demand they make."""
+    from gpupool.core.autoscale import AutoscalePolicy
+    from gpupool.sim.datadir import require_data_dir
+    from gpupool.sim.request_demand import load_requests, replica_demand
+
+    root = require_data_dir() / "azure-llm-2023"
+    policy = AutoscalePolicy(target_per_replica=args.target, min_replicas=0, max_replicas=64)
+    table = Table(title=f"Azure LLM 2023 hour through the autoscaler (target {args.target:g} in flight, "
+                  f"cold start {args.cold_start:g} s)")
+    for col in ("service", "requests", "in flight max", "replicas max", "replicas mean", "scale events"):
+        table.add_column(col, justify="right")
+    out: dict[str, Any] = {}
+    for name in ("code", "conv"):
+        result = replica_demand(load_requests(root / f"AzureLLMInferenceTrace_{name}.csv"), policy,
+                                cold_start_s=args.cold_start)
+        out[name] = result
+        table.add_row(name, str(result["requests"]), f"{result['in_flight_max']:.0f}",
+                      str(result["replicas_max"]), f"{result['replicas_mean']:.2f}",
+                      str(result["scale_events"]))
+    Console(width=200).print(table)
+    return out
 
 
 def plot(by: dict[str, dict[int, dict[str, Any]]], seed: int, path: Path) -> None:
