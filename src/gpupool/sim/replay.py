@@ -243,7 +243,7 @@ class Replay:
             return  # nothing waits, nothing is to be evicted and nothing can move: nothing to decide
         for _ in range(MAX_CYCLES_PER_EVENT):
             tick = time.perf_counter()
-            pending = list(self.pending_workloads.values())
+            pending = self._pending_for_cycle(now_s)
             policies = self.policies if self.budgets is None else self._with_budgets(now_s)
             result = cycle_on(self.view, pending, policies, now_s, self.rng)
             self.cycle_s += time.perf_counter() - tick
@@ -257,6 +257,10 @@ class Replay:
                 break  # requeued work gets another cycle at once (it may fit elsewhere)
         self.blocked = self.strict_alone and self.waiting_now
         self.metrics.observe(now_s, self.view)
+
+    def _pending_for_cycle(self, now_s: float) -> list[Workload]:
+        """What the next cycle may admit: all pending work (sim/colocation.py holds some back)."""
+        return list(self.pending_workloads.values())
 
     def _with_budgets(self, now_s: float) -> Policies:
         """The policies with the tenants whose budget is spent."""
