@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import http.server
 import threading
+import types
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -15,6 +16,9 @@ from sqlalchemy import select
 
 from conftest import Server, start_server, stop_server
 from factories import node
+from gpupool.server.dataplane.loop import DataPlaneLoop
+from gpupool.server.dataplane.model import ServiceTraffic
+from gpupool.server.leader import Leadership
 from gpupool.server.orm import ServiceReplicaRow, ServiceRow, WorkloadRow
 from gpupool.server.serving.endpoints import ready_endpoints
 
@@ -400,3 +404,49 @@ def test_a_replica_failing_its_liveness_probe_is_replaced(
     wait_until(pool, lambda: show(pool, "stuck")["state"] == "ready"
                and show(pool, "stuck")["replicas"][0]["workload_id"] != first)
     delete(pool, "stuck")
+
+
+class _Clock:
+    def __init__(self) -> None:
+        self.now = 2_000_000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+class _Plane:
+    """The data plane's surface the loop drives, with a fixed load of 6 requests in flight."""
+
+    def __init__(self, service: str) -> None:
+        self.proxy = types.SimpleNamespace(on_cold_start=None)
+        self.service = service
+
+    def set_routes(self, routes: object) -> None:
+        pass
+
+    def set_backends(self, service: str, backends: object) -> None:
+        pass
+
+    def set_tokens(self, tokens: object) -> None:
+        pass
+
+    def traffic(self) -> dict[str, ServiceTraffic]:
+        return {self.service: ServiceTraffic(self.service, in_flight=6, requests_total=0)}
+
+
+def test_with_several_servers_only_the_leaders_autoscaler_writes(pool: Server) -> None:
+    create(pool, {"name": "traffic", "command": ["serve"], "min_replicas": 0, "max_replicas": 4,
+                  "replicas": 0, "target_concurrency": 2, "resources": {"gpus": 0.25}})
+    clock = _Clock()
+    lead = Leadership(pool.rt.store, server_id="lead", lease_s=9.0, renew_s=2.0, clock=clock, monotonic=clock)
+    follow = Leadership(pool.rt.store, server_id="follow", lease_s=9.0, renew_s=2.0, clock=clock,
+                        monotonic=clock)
+    assert lead.round() and not follow.round()
+    try:
+        DataPlaneLoop(pool.rt, _Plane("alpha/traffic"), follow).tick(pool.rt.clock())  # type: ignore[arg-type]
+        assert show(pool, "traffic")["desired"] == 0  # a follower routes but does not scale
+        DataPlaneLoop(pool.rt, _Plane("alpha/traffic"), lead).tick(pool.rt.clock())  # type: ignore[arg-type]
+        assert show(pool, "traffic")["desired"] == 3  # 6 in flight against a target of 2
+    finally:
+        lead.release()
+        delete(pool, "traffic")
