@@ -197,6 +197,7 @@ def fabric(args: argparse.Namespace) -> dict[str, Any]:
                 prefill_share=args.prefill_share,
                 first_token=args.first_token,
                 training=training,
+                rails=args.rails,
             )
             result = run_serving(nodes, tree, requests, book, opt, PRICES)
             runs[side].append(result)
@@ -281,6 +282,9 @@ def main() -> int:
     fab.add_argument("--ports", type=int, default=12)
     fab.add_argument("--pods", type=int, default=2)
     fab.add_argument("--speed", default="NDR")
+    fab.add_argument(
+        "--rails", type=int, default=1, help="HCAs a host (planes of the tree); a DGX-H100 has 8"
+    )
     fab.add_argument("--training-gangs", type=int, default=16)
     fab.add_argument("--training-nodes", type=int, default=4)
     fab.add_argument("--gradient-gib", type=float, default=4.0)

@@ -58,6 +58,8 @@ class ServeOptions:
     token_budget: int = 2048
     max_batch: int = 64
     nic_gbps: float = DEFAULT_NIC_GBPS
+    rails: int = 1
+    """HCAs a host has, each on its own plane of the fabric (a DGX-H100: 8); flows stripe across them."""
     training: TrainingSpec = field(default_factory=TrainingSpec)
     seed: int = 0
     slo_reference: str = "a100-80gb"
@@ -149,7 +151,7 @@ def run_serving(
     placed = place_instances(
         nodes, view, specs, opt.placement, opt.seed, opt.training.gangs, opt.training.nodes_per_gang, kv_ratio
     )
-    net = KVNetwork(view, opt.nic_gbps, opt.training)
+    net = KVNetwork(view, opt.nic_gbps, opt.training, rails=opt.rails)
     net.add_training(placed.training_nodes)
     instances = []
     for i, (spec, prof, node) in enumerate(zip(specs, profiles, placed.instance_nodes, strict=True)):
