@@ -43,6 +43,9 @@ from gpupool.sim.serving.run import Mode, ServeOptions, run_serving
 from gpupool.sim.serving.trace import Request, load_azure
 
 PRICES = {"H100-SXM-80GB": 2.5, "A100-80GB": 1.8}  # the profiles' reference prices (price book default)
+# Splitwise's own cost model (its simulator's iso-cost sizing: a DGX-H100 costs 4.76 / 2.21 = 2.15 DGX-A100s,
+# so 40 DGX-H100 cost what 86 DGX-A100 do); the H100 price kept, the A100 scaled to that ratio
+SPLITWISE_PRICES = {"H100-SXM-80GB": 2.5, "A100-80GB": 2.5 * 2.21 / 4.76}
 T95 = {1: 12.71, 2: 4.30, 3: 3.18, 4: 2.78, 5: 2.57, 6: 2.45, 7: 2.36, 8: 2.31, 9: 2.26}
 
 
@@ -67,12 +70,14 @@ def max_rate(
     lo: float = 0.05,
     hi: float = 16.0,
     steps: int = 9,
+    prices: dict[str, float] | None = None,
 ) -> tuple[float, dict[str, Any]]:
     """The highest rate scale in [lo, hi] at which every SLO holds (bisection on a log scale)."""
     nodes = nodes_from_spec(cluster)
+    prices = prices or PRICES
 
     def run(scale: float) -> dict[str, Any]:
-        result = run_serving(nodes, None, _trace(kind, scale, limit_s, poisson_seed), book, opt, PRICES)
+        result = run_serving(nodes, None, _trace(kind, scale, limit_s, poisson_seed), book, opt, prices)
         result["rate_scale"] = scale
         return result
 
@@ -89,6 +94,14 @@ def max_rate(
     return lo, best
 
 
+# iso-cost at Splitwise's prices (`--prices splitwise`): 8 DGX-H100 ($160/h) against 17 DGX-A100
+# ($158/h); split-ha mixes of $155-158/h
+SPLITWISE_DESIGNS: list[tuple[str, str, Mode, list[float]]] = [
+    ("co-located A100", "17x8xA100", Mode.COLOCATED, [0.5]),
+    ("split HA", "6x8xH100,4x8xA100", Mode.SPLIT_HA, [0.5]),
+    ("split HA", "5x8xH100,6x8xA100", Mode.SPLIT_HA, [0.5]),
+    ("split HA", "4x8xH100,8x8xA100", Mode.SPLIT_HA, [0.5]),
+]
 DESIGNS: list[tuple[str, str, Mode, list[float]]] = [
     ("co-located H100", "8x8xH100", Mode.COLOCATED, [0.5]),
     ("co-located A100", "11x8xA100", Mode.COLOCATED, [0.5]),
@@ -105,13 +118,17 @@ def reproduce(args: argparse.Namespace) -> dict[str, Any]:
     book = _book()
     rows = []
     for kind in ("code", "conv"):
-        for name, cluster, mode, shares in DESIGNS:
+        designs = DESIGNS
+        if args.prices == "splitwise":  # the A100 designs resized to the same cost at Splitwise's prices
+            designs = [d for d in DESIGNS if "A100" not in d[1]] + SPLITWISE_DESIGNS
+        for name, cluster, mode, shares in designs:
             if args.designs and not any(d in name for d in args.designs.split(",")):
                 continue
             for share in shares:
                 t0 = time.perf_counter()
                 opt = ServeOptions(mode=mode, prefill_share=share, slo_reference=args.slo_reference)
-                scale, result = max_rate(book, kind, cluster, opt, args.seed, args.limit_s)
+                prices = SPLITWISE_PRICES if args.prices == "splitwise" else PRICES
+                scale, result = max_rate(book, kind, cluster, opt, args.seed, args.limit_s, prices=prices)
                 rows.append(
                     {
                         "trace": kind,
@@ -142,9 +159,9 @@ def reproduce(args: argparse.Namespace) -> dict[str, Any]:
     )
     table = []
     for (kind, name), row in best.items():
-        base = best[(kind, "co-located H100")]
-        ratio = row["max_rps"] / base["max_rps"] if base["max_rps"] else math.nan
-        iso = ratio * base["usd_per_hour"] / row["usd_per_hour"]
+        base = best.get((kind, "co-located H100"))  # absent when --designs leaves it out
+        ratio = row["max_rps"] / base["max_rps"] if base and base["max_rps"] else math.nan
+        iso = ratio * base["usd_per_hour"] / row["usd_per_hour"] if base else math.nan
         row = {
             **row,
             "vs_colocated_h100": ratio,
@@ -273,6 +290,12 @@ def main() -> int:
     rep.add_argument("--limit-s", type=float, default=900.0, help="simulated seconds of arrivals")
     rep.add_argument("--slo-reference", default="a100-80gb", help="hardware of the unloaded reference run")
     rep.add_argument("--designs", default="", help="only the designs whose name holds one of these (a,b)")
+    rep.add_argument(
+        "--prices",
+        default="book",
+        choices=["book", "splitwise"],
+        help="GPU prices: the price book's, or Splitwise's",
+    )
     fab = sub.add_parser("fabric")
     fab.set_defaults(func=fabric)
     fab.add_argument("--seeds", type=lambda s: [int(x) for x in s.split(",")], default=[1, 2, 3, 4, 5])
