@@ -124,9 +124,16 @@ def reproduce(args: argparse.Namespace) -> dict[str, Any]:
         for name, cluster, mode, shares in designs:
             if args.designs and not any(d in name for d in args.designs.split(",")):
                 continue
+            if args.shares and len(shares) > 1:
+                shares = [float(x) for x in args.shares.split(",")]
             for share in shares:
                 t0 = time.perf_counter()
-                opt = ServeOptions(mode=mode, prefill_share=share, slo_reference=args.slo_reference)
+                opt = ServeOptions(
+                    mode=mode,
+                    prefill_share=share,
+                    slo_reference=args.slo_reference,
+                    mixed_pool=args.mixed_pool,
+                )
                 prices = SPLITWISE_PRICES if args.prices == "splitwise" else PRICES
                 scale, result = max_rate(book, kind, cluster, opt, args.seed, args.limit_s, prices=prices)
                 rows.append(
@@ -290,6 +297,15 @@ def main() -> int:
     rep.add_argument("--limit-s", type=float, default=900.0, help="simulated seconds of arrivals")
     rep.add_argument("--slo-reference", default="a100-80gb", help="hardware of the unloaded reference run")
     rep.add_argument("--designs", default="", help="only the designs whose name holds one of these (a,b)")
+    rep.add_argument(
+        "--mixed-pool",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="split designs borrow decode machines for prompts under long queues (Splitwise's mixed pool)",
+    )
+    rep.add_argument(
+        "--shares", default="", help="prefill shares of split-hh/hhcap to sweep (a,b); all when empty"
+    )
     rep.add_argument(
         "--prices",
         default="book",
