@@ -117,7 +117,7 @@ DESIGNS: list[tuple[str, str, Mode, list[float]]] = [
 def reproduce(args: argparse.Namespace) -> dict[str, Any]:
     book = _book()
     rows = []
-    for kind in ("code", "conv"):
+    for kind in args.traces.split(","):
         designs = DESIGNS
         if args.prices == "splitwise":  # the A100 designs resized to the same cost at Splitwise's prices
             designs = [d for d in DESIGNS if "A100" not in d[1]] + SPLITWISE_DESIGNS
