@@ -122,7 +122,8 @@ def reproduce(args: argparse.Namespace) -> dict[str, Any]:
         if args.prices == "splitwise":  # the A100 designs resized to the same cost at Splitwise's prices
             designs = [d for d in DESIGNS if "A100" not in d[1]] + SPLITWISE_DESIGNS
         for name, cluster, mode, shares in designs:
-            if args.designs and not any(d in name for d in args.designs.split(",")):
+            wanted = args.designs.split(",") if args.designs else []
+            if wanted and not any(name == d or name.startswith(d + " ") for d in wanted):
                 continue
             if args.shares and len(shares) > 1:
                 shares = [float(x) for x in args.shares.split(",")]
@@ -296,13 +297,14 @@ def main() -> int:
     rep.add_argument("--seed", type=int, default=0, help="of the Poisson arrivals")
     rep.add_argument("--limit-s", type=float, default=900.0, help="simulated seconds of arrivals")
     rep.add_argument("--slo-reference", default="a100-80gb", help="hardware of the unloaded reference run")
-    rep.add_argument("--designs", default="", help="only the designs whose name holds one of these (a,b)")
+    rep.add_argument("--designs", default="", help="only these designs (a,b: a name, or its first words)")
     rep.add_argument(
         "--mixed-pool",
         action=argparse.BooleanOptionalAction,
         default=True,
         help="split designs borrow decode machines for prompts under long queues (Splitwise's mixed pool)",
     )
+    rep.add_argument("--traces", default="code,conv", help="which of code,conv")
     rep.add_argument(
         "--shares", default="", help="prefill shares of split-hh/hhcap to sweep (a,b); all when empty"
     )
