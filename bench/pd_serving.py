@@ -215,6 +215,7 @@ def fabric(args: argparse.Namespace) -> dict[str, Any]:
         requests = _trace(args.trace, args.rate_scale, args.limit_s, seed)  # Poisson, seeded
         for side, (placement, router) in sides.items():
             opt = ServeOptions(
+                model=args.model,
                 mode=Mode.SPLIT_HH,
                 placement=placement,
                 router=router,
@@ -323,6 +324,9 @@ def main() -> int:
     fab.add_argument("--ports", type=int, default=12)
     fab.add_argument("--pods", type=int, default=2)
     fab.add_argument("--speed", default="NDR")
+    fab.add_argument(
+        "--model", default="llama2-70b", help="llama2-70b (320 KiB of KV a token) or bloom-176b (4 MiB)"
+    )
     fab.add_argument(
         "--rails", type=int, default=1, help="HCAs a host (planes of the tree); a DGX-H100 has 8"
     )
