@@ -325,7 +325,7 @@ def main() -> int:
     fab.add_argument("--pods", type=int, default=2)
     fab.add_argument("--speed", default="NDR")
     fab.add_argument(
-        "--model", default="llama2-70b", help="llama2-70b (320 KiB of KV a token) or bloom-176b (4 MiB)"
+        "--model", default="llama2-70b", help="llama2-70b (320 KiB of KV a token) or bloom-176b (3.8 MiB)"
     )
     fab.add_argument(
         "--rails", type=int, default=1, help="HCAs a host (planes of the tree); a DGX-H100 has 8"
