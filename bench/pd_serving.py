@@ -134,6 +134,7 @@ def reproduce(args: argparse.Namespace) -> dict[str, Any]:
                     prefill_share=share,
                     slo_reference=args.slo_reference,
                     mixed_pool=args.mixed_pool,
+                    max_batch=args.max_batch,
                 )
                 prices = SPLITWISE_PRICES if args.prices == "splitwise" else PRICES
                 scale, result = max_rate(book, kind, cluster, opt, args.seed, args.limit_s, prices=prices)
@@ -304,6 +305,9 @@ def main() -> int:
         action=argparse.BooleanOptionalAction,
         default=True,
         help="split designs borrow decode machines for prompts under long queues (Splitwise's mixed pool)",
+    )
+    rep.add_argument(
+        "--max-batch", type=int, default=64, help="decodes an iteration (64: the largest measured)"
     )
     rep.add_argument("--traces", default="code,conv", help="which of code,conv")
     rep.add_argument(
