@@ -17,6 +17,8 @@ Three parts, each printing a table and writing its JSON under bench/results/:
 - `speed`: one hour of the conversation trace, wall seconds of the simulation.
 
     python bench/pd_serving.py reproduce
+    python bench/pd_serving.py reproduce --prices splitwise --traces conv  # Splitwise's prices, mixed pool
+    python bench/pd_serving.py fabric --rails 8 --model bloom-176b  # 8 HCAs a host, a larger KV cache
     python bench/pd_serving.py fabric --seeds 1,2,3,4,5 --rate-scale 6
     python bench/pd_serving.py speed
 """
