@@ -17,6 +17,8 @@ Three parts, each printing a table and writing its JSON under bench/results/:
 - `speed`: one hour of the conversation trace, wall seconds of the simulation.
 
     python bench/pd_serving.py reproduce
+    python bench/pd_serving.py reproduce --prices splitwise --traces conv  # Splitwise's prices, mixed pool
+    python bench/pd_serving.py fabric --rails 8 --model bloom-176b  # 8 HCAs a host, a larger KV cache
     python bench/pd_serving.py fabric --seeds 1,2,3,4,5 --rate-scale 6
     python bench/pd_serving.py speed
 """
@@ -43,6 +45,9 @@ from gpupool.sim.serving.run import Mode, ServeOptions, run_serving
 from gpupool.sim.serving.trace import Request, load_azure
 
 PRICES = {"H100-SXM-80GB": 2.5, "A100-80GB": 1.8}  # the profiles' reference prices (price book default)
+# Splitwise's own cost model (its simulator's iso-cost sizing: a DGX-H100 costs 4.76 / 2.21 = 2.15 DGX-A100s,
+# so 40 DGX-H100 cost what 86 DGX-A100 do); the H100 price kept, the A100 scaled to that ratio
+SPLITWISE_PRICES = {"H100-SXM-80GB": 2.5, "A100-80GB": 2.5 * 2.21 / 4.76}
 T95 = {1: 12.71, 2: 4.30, 3: 3.18, 4: 2.78, 5: 2.57, 6: 2.45, 7: 2.36, 8: 2.31, 9: 2.26}
 
 
@@ -67,12 +72,14 @@ def max_rate(
     lo: float = 0.05,
     hi: float = 16.0,
     steps: int = 9,
+    prices: dict[str, float] | None = None,
 ) -> tuple[float, dict[str, Any]]:
     """The highest rate scale in [lo, hi] at which every SLO holds (bisection on a log scale)."""
     nodes = nodes_from_spec(cluster)
+    prices = prices or PRICES
 
     def run(scale: float) -> dict[str, Any]:
-        result = run_serving(nodes, None, _trace(kind, scale, limit_s, poisson_seed), book, opt, PRICES)
+        result = run_serving(nodes, None, _trace(kind, scale, limit_s, poisson_seed), book, opt, prices)
         result["rate_scale"] = scale
         return result
 
@@ -89,6 +96,14 @@ def max_rate(
     return lo, best
 
 
+# iso-cost at Splitwise's prices (`--prices splitwise`): 8 DGX-H100 ($160/h) against 17 DGX-A100
+# ($158/h); split-ha mixes of $155-158/h
+SPLITWISE_DESIGNS: list[tuple[str, str, Mode, list[float]]] = [
+    ("co-located A100", "17x8xA100", Mode.COLOCATED, [0.5]),
+    ("split HA", "6x8xH100,4x8xA100", Mode.SPLIT_HA, [0.5]),
+    ("split HA", "5x8xH100,6x8xA100", Mode.SPLIT_HA, [0.5]),
+    ("split HA", "4x8xH100,8x8xA100", Mode.SPLIT_HA, [0.5]),
+]
 DESIGNS: list[tuple[str, str, Mode, list[float]]] = [
     ("co-located H100", "8x8xH100", Mode.COLOCATED, [0.5]),
     ("co-located A100", "11x8xA100", Mode.COLOCATED, [0.5]),
@@ -104,14 +119,27 @@ DESIGNS: list[tuple[str, str, Mode, list[float]]] = [
 def reproduce(args: argparse.Namespace) -> dict[str, Any]:
     book = _book()
     rows = []
-    for kind in ("code", "conv"):
-        for name, cluster, mode, shares in DESIGNS:
-            if args.designs and not any(d in name for d in args.designs.split(",")):
+    for kind in args.traces.split(","):
+        designs = DESIGNS
+        if args.prices == "splitwise":  # the A100 designs resized to the same cost at Splitwise's prices
+            designs = [d for d in DESIGNS if "A100" not in d[1]] + SPLITWISE_DESIGNS
+        for name, cluster, mode, shares in designs:
+            wanted = args.designs.split(",") if args.designs else []
+            if wanted and not any(name == d or name.startswith(d + " ") for d in wanted):
                 continue
+            if args.shares and len(shares) > 1:
+                shares = [float(x) for x in args.shares.split(",")]
             for share in shares:
                 t0 = time.perf_counter()
-                opt = ServeOptions(mode=mode, prefill_share=share, slo_reference=args.slo_reference)
-                scale, result = max_rate(book, kind, cluster, opt, args.seed, args.limit_s)
+                opt = ServeOptions(
+                    mode=mode,
+                    prefill_share=share,
+                    slo_reference=args.slo_reference,
+                    mixed_pool=args.mixed_pool,
+                    max_batch=args.max_batch,
+                )
+                prices = SPLITWISE_PRICES if args.prices == "splitwise" else PRICES
+                scale, result = max_rate(book, kind, cluster, opt, args.seed, args.limit_s, prices=prices)
                 rows.append(
                     {
                         "trace": kind,
@@ -142,9 +170,9 @@ def reproduce(args: argparse.Namespace) -> dict[str, Any]:
     )
     table = []
     for (kind, name), row in best.items():
-        base = best[(kind, "co-located H100")]
-        ratio = row["max_rps"] / base["max_rps"] if base["max_rps"] else math.nan
-        iso = ratio * base["usd_per_hour"] / row["usd_per_hour"]
+        base = best.get((kind, "co-located H100"))  # absent when --designs leaves it out
+        ratio = row["max_rps"] / base["max_rps"] if base and base["max_rps"] else math.nan
+        iso = ratio * base["usd_per_hour"] / row["usd_per_hour"] if base else math.nan
         row = {
             **row,
             "vs_colocated_h100": ratio,
@@ -190,6 +218,7 @@ def fabric(args: argparse.Namespace) -> dict[str, Any]:
         requests = _trace(args.trace, args.rate_scale, args.limit_s, seed)  # Poisson, seeded
         for side, (placement, router) in sides.items():
             opt = ServeOptions(
+                model=args.model,
                 mode=Mode.SPLIT_HH,
                 placement=placement,
                 router=router,
@@ -197,6 +226,7 @@ def fabric(args: argparse.Namespace) -> dict[str, Any]:
                 prefill_share=args.prefill_share,
                 first_token=args.first_token,
                 training=training,
+                rails=args.rails,
             )
             result = run_serving(nodes, tree, requests, book, opt, PRICES)
             runs[side].append(result)
@@ -271,7 +301,26 @@ def main() -> int:
     rep.add_argument("--seed", type=int, default=0, help="of the Poisson arrivals")
     rep.add_argument("--limit-s", type=float, default=900.0, help="simulated seconds of arrivals")
     rep.add_argument("--slo-reference", default="a100-80gb", help="hardware of the unloaded reference run")
-    rep.add_argument("--designs", default="", help="only the designs whose name holds one of these (a,b)")
+    rep.add_argument("--designs", default="", help="only these designs (a,b: a name, or its first words)")
+    rep.add_argument(
+        "--mixed-pool",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="split designs borrow decode machines for prompts under long queues (Splitwise's mixed pool)",
+    )
+    rep.add_argument(
+        "--max-batch", type=int, default=64, help="decodes an iteration (64: the largest measured)"
+    )
+    rep.add_argument("--traces", default="code,conv", help="which of code,conv")
+    rep.add_argument(
+        "--shares", default="", help="prefill shares of split-hh/hhcap to sweep (a,b); all when empty"
+    )
+    rep.add_argument(
+        "--prices",
+        default="book",
+        choices=["book", "splitwise"],
+        help="GPU prices: the price book's, or Splitwise's",
+    )
     fab = sub.add_parser("fabric")
     fab.set_defaults(func=fabric)
     fab.add_argument("--seeds", type=lambda s: [int(x) for x in s.split(",")], default=[1, 2, 3, 4, 5])
@@ -281,6 +330,12 @@ def main() -> int:
     fab.add_argument("--ports", type=int, default=12)
     fab.add_argument("--pods", type=int, default=2)
     fab.add_argument("--speed", default="NDR")
+    fab.add_argument(
+        "--model", default="llama2-70b", help="llama2-70b (320 KiB of KV a token) or bloom-176b (3.8 MiB)"
+    )
+    fab.add_argument(
+        "--rails", type=int, default=1, help="HCAs a host (planes of the tree); a DGX-H100 has 8"
+    )
     fab.add_argument("--training-gangs", type=int, default=16)
     fab.add_argument("--training-nodes", type=int, default=4)
     fab.add_argument("--gradient-gib", type=float, default=4.0)

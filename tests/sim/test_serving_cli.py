@@ -153,3 +153,27 @@ def test_a_price_book_prices_the_requests(inputs: dict[str, Path]) -> None:
     book.write_text("prices:\n  versions:\n    - devices: {H100: -1}\n")
     refused = runner.invoke(app, _args(inputs, "--prices", str(book)))
     assert refused.exit_code == 2 and "Traceback" not in refused.output
+
+
+def test_mixed_pool_and_rails_reach_the_run(inputs: dict[str, Path]) -> None:
+    out = inputs["dir"] / "mixed.json"
+    extra = (
+        "--mode",
+        "split-hh",
+        "--prefill-share",
+        "0.125",
+        "--mixed-pool",
+        "--rails",
+        "8",
+        "--rate-scale",
+        "1000",
+    )
+    done = runner.invoke(app, _args(inputs, *extra, "--json", str(out)))
+    assert done.exit_code == 0, done.output
+    (run,) = json.loads(out.read_text())
+    assert run["mixed_pool"] is True and run["finished"] == 40
+    assert (
+        run["prompts_on_decode_instances"] > 0
+    )  # one prefill instance, 40 prompts at once: its queue overflows
+    bad = runner.invoke(app, _args(inputs, "--rails", "0"))
+    assert bad.exit_code == 2 and "--rails must be 1 to 16" in bad.output

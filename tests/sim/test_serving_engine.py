@@ -121,3 +121,25 @@ def test_fabric_weighs_every_decode_step_and_fabric_local_only_one() -> None:
     # fabric-local: one step, 10 + 21 ms against 30 + 11 ms: the near one
 
     assert picks == {"fabric": 2, "fabric-local": 1}
+
+
+def test_mixed_pool_runs_a_prompt_on_a_decode_instance_when_the_prefill_queue_is_long() -> None:
+    # A's 8,000-token prompt holds the only prefill instance for 0.8 s; B (500 tokens) would push
+    # its queue past 8,192 tokens, so with Splitwise's mixed pool the idle decode instance prefills
+    # B itself (50 ms) and decodes it there: no KV transfer for B
+    reqs = [Request(0.0, 8000, 3), Request(0.01, 500, 3)]
+    plain = _run([_inst(0, "prefill", 0), _inst(1, "decode", 1)], reqs)
+    mixed = _run([_inst(0, "prefill", 0), _inst(1, "decode", 1)], reqs, mixed_pool=True)
+    assert plain.outcome.ttft[1] == pytest.approx(0.8 + 0.05 - 0.01)  # type: ignore[attr-defined]
+    assert mixed.outcome.ttft[1] == pytest.approx(0.05)  # type: ignore[attr-defined]
+    assert mixed.borrowed == 1 and plain.borrowed == 0
+    assert mixed.net.kv_bytes == 8000 * KV_BYTES  # only A's cache crossed
+    assert mixed.outcome.ttft[0] == pytest.approx(0.8)  # type: ignore[attr-defined]
+    assert all(i.kv_used == 0 and i.kv_reserved == 0 for i in mixed.inst)
+    # a short queue keeps the split: B behind a 1,000-token prompt waits for the prefill instance
+    short = _run(
+        [_inst(0, "prefill", 0), _inst(1, "decode", 1)],
+        [Request(0.0, 1000, 3), Request(0.01, 500, 3)],
+        mixed_pool=True,
+    )
+    assert short.borrowed == 0

@@ -100,3 +100,32 @@ def test_the_others_term_prices_a_flow_by_the_flows_it_slows() -> None:
     assert net.others_delay_s(0, 2, 1e9) == pytest.approx(2 * 1e9 * 8 / (uplinks * 1e9))
     # inside leaf 0 to host 1, a ring member: only its HCA's one flow is slowed
     assert net.others_delay_s(0, 1, 1e9) == pytest.approx(1e9 * 8 / (uplinks / 2 * 1e9))
+
+
+def test_a_flow_held_back_elsewhere_leaves_its_share_to_the_others() -> None:
+    # max-min fairness: flow 2 is held to 400/3 Gb/s on node 2's link (three flows there), so on
+    # node 0's link flow 1 gets the rest (400 - 133), not an equal half (200)
+    net = KVNetwork(None, nic_gbps=400.0)
+    net.start(0.0, 1, 0, 1, 1e12)
+    net.start(0.0, 2, 0, 2, 1e12)
+    net.start(0.0, 3, 2, 3, 1e12)
+    net.start(0.0, 4, 2, 4, 1e12)
+    third = 400.0 / 3
+    assert net.rate_bps(2) * 8 / 1e9 == pytest.approx(third)
+    assert net.rate_bps(3) * 8 / 1e9 == pytest.approx(third)
+    assert net.rate_bps(1) * 8 / 1e9 == pytest.approx(400.0 - third)
+    net.finish(0.0, 3)  # node 2's link now holds two: flow 2 rises to 200, flow 1 falls to 200
+    assert net.rate_bps(2) * 8 / 1e9 == pytest.approx(200.0)
+    assert net.rate_bps(1) * 8 / 1e9 == pytest.approx(200.0)
+
+
+def test_rails_stripe_a_flow_over_every_hca_and_plane() -> None:
+    view, _ = _tree_view(oversubscription=3.0)  # 1 HDR uplink a leaf
+    one = KVNetwork(view)
+    eight = KVNetwork(view, rails=8)
+    for net in (one, eight):
+        net.start(0.0, 1, 0, 3, 1e12)  # across leaves
+        net.start(0.0, 2, 1, 4, 1e12)  # the same two uplinks
+    hdr = 50.0 * 64 / 66 * 4
+    assert one.rate_bps(1) * 8 / 1e9 == pytest.approx(hdr / 2)
+    assert eight.rate_bps(1) * 8 / 1e9 == pytest.approx(8 * hdr / 2)

@@ -49,6 +49,8 @@ def serve_runs(
     limit_s: float | None,
     arrivals: str = "trace",
     prices_file: Path | None = None,
+    mixed_pool: bool = False,
+    rails: int = 1,
 ) -> list[dict[str, Any]]:
     """Every (rate scale, seed) run of one configuration (also used by bench/pd_serving.py)."""
     from gpupool.prices import PricesConfig, load_prices
@@ -105,6 +107,8 @@ def serve_runs(
                 first_token=first_token,
                 seed=seed,
                 training=TrainingSpec(gangs=training_gangs, nodes_per_gang=training_nodes),
+                mixed_pool=mixed_pool,
+                rails=rails,
             )
             result = run_serving(nodes, fab, requests, book, opt, prices)
             result["rate_scale"] = scale
@@ -183,6 +187,15 @@ def serve(
         help="A price book (the `prices:` section of a pool configuration, or a file of it alone) for "
         "requests per dollar; default: the devices' reference prices.",
     ),
+    mixed_pool: bool = typer.Option(
+        False,
+        "--mixed-pool",
+        help="Split modes: decode instances run prompts while every prefill queue holds over 8,192 "
+        "tokens (Splitwise's mixed pool).",
+    ),
+    rails: int = typer.Option(
+        1, "--rails", help="HCAs a host, each on its own plane of the fabric (a DGX-H100: 8), 1 to 16."
+    ),
     json_out: Path | None = typer.Option(None, "--json", help="Write every run's metrics here (JSON)."),
     plot: Path | None = typer.Option(None, "--plot", help="Latency CDFs and throughput-latency (PNG)."),
 ) -> None:
@@ -196,6 +209,8 @@ def serve(
             raise InvalidInput(f"--tp must be 1 to 8 (devices of one node), got {tp}.")
         if not 0 < prefill_share < 1:
             raise InvalidInput(f"--prefill-share must be between 0 and 1, got {prefill_share:g}.")
+        if not 1 <= rails <= 16:
+            raise InvalidInput(f"--rails must be 1 to 16 (HCAs a host), got {rails}.")
         seed_list = [int(s) for s in _floats(seeds, "--seeds")]
         runs = serve_runs(
             trace,
@@ -217,6 +232,8 @@ def serve(
             limit_s,
             arrivals,
             prices_file,
+            mixed_pool,
+            rails,
         )
         print(
             f"{'scale':>6} {'seed':>4} {'req/s':>7} {'TTFT50':>7} {'TTFT99':>7} {'TBT50':>7} {'TBT99':>7} "

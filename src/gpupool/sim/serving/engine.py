@@ -24,6 +24,11 @@ free KV memory, `fabric` the lowest estimated KV transfer time, plus the time th
 its path lose to it (`KVNetwork.others_delay_s`), plus its decode step time x the mean output
 length seen so far (the request waits one step per token; among those with room); `fabric-local`
 the same with the step counted once (locality first, load balance a tie-breaker).
+With `mixed_pool` (Splitwise's split designs: its simulator's `MixedPoolScheduler`), a prompt that
+finds even the least-loaded prefill instance with a queue of more than MIXED_POOL_TOKENS prompt tokens
+goes to the decode instance with the fewest queued prompt tokens instead, which runs it there as a
+co-located instance would (mixed iterations) and decodes it itself: under a prompt burst the split
+cluster borrows decode machines rather than queueing, as Splitwise's does.
 `first_token` says where the user gets the first token: `prefill`
 (Splitwise) or `decode` (the KV transfer is then part of TTFT). Ties go to the lowest instance
 index: a run is a pure function of its inputs.
@@ -44,6 +49,9 @@ from gpupool.sim.serving.profiles import StepProfile
 from gpupool.sim.serving.trace import Request
 
 MIXED_FACTOR = 1.1
+MIXED_POOL_TOKENS = 8192
+"""Queued prompt tokens past which a split cluster runs prompts on decode instances (Splitwise's
+`prompt_max_pending_batch_tokens`)."""
 DEFAULT_OUTPUT_GUESS = 128
 """Output tokens the fabric router assumes before any request has finished."""
 ARRIVE, ITER_END, NET, READY = 0, 1, 2, 3
@@ -90,6 +98,8 @@ class EngineOptions:
     cache has arrived, as disaggregated vLLM and Dynamo do): the KV transfer is then in the TTFT."""
     kv_bytes_per_token: int = 327_680
     layers: int = 80
+    mixed_pool: bool = False
+    """Split modes: decode instances take prompts when the prefill queues are long (Splitwise)."""
 
 
 @dataclass(slots=True)
@@ -128,6 +138,8 @@ class ServingSim:
         self.events: list[tuple[float, int, int, int, int]] = []
         self.out_sum = 0
         self.out_count = 0
+        self.borrowed = 0
+        """Prompts a decode instance ran (the mixed pool)."""
         self.seq = 0
         self.front = [i for i in self.inst if i.role in ("both", "prefill")]
         self.back = [i for i in self.inst if i.role == "decode"]
@@ -164,6 +176,21 @@ class ServingSim:
     def _arrive(self, now: float, r: int) -> None:
         req = self.reqs[r]
         front = min(self.front, key=lambda i: (i.queued_tokens, len(i.running), i.index))
+        if (
+            self.opt.mixed_pool
+            and self.back
+            and front.role == "prefill"
+            and front.queued_tokens > 0
+            and front.queued_tokens + req.prompt_tokens > MIXED_POOL_TOKENS
+        ):
+            front = min(self.back, key=lambda i: (i.queued_tokens, len(i.running) + len(i.joins), i.index))
+            front.queue.append(r)
+            front.queued_tokens += req.prompt_tokens
+            self.decoder[r] = front.index
+            self.borrowed += 1
+            if not front.busy:
+                self._start(now, front)
+            return
         front.queue.append(r)
         front.queued_tokens += req.prompt_tokens
         if self.back and req.output_tokens > 1:
@@ -201,21 +228,8 @@ class ServingSim:
     def _start(self, now: float, inst: Instance) -> None:
         batch: list[int] = []
         tokens = 0
-        if inst.role != "decode":
-            while inst.queue:
-                r = inst.queue[0]
-                req = self.reqs[r]
-                hold = req.prompt_tokens + (req.output_tokens if inst.role == "both" else 0)
-                if batch and tokens + req.prompt_tokens > inst.token_budget:
-                    break
-                full = inst.role == "both" and len(inst.running) + len(batch) >= inst.max_batch
-                if hold > inst.free_kv or full:
-                    break
-                inst.queue.popleft()
-                inst.kv_used += hold
-                tokens += req.prompt_tokens
-                batch.append(r)
-        else:
+        local = inst.role != "prefill"  # decodes what it prefills: co-located, or a borrowed decode instance
+        if inst.role == "decode":
             while inst.joins and len(inst.running) < inst.max_batch:
                 r = inst.joins[0]
                 req = self.reqs[r]
@@ -226,6 +240,19 @@ class ServingSim:
                 inst.kv_reserved -= need
                 inst.kv_used += need
                 self._join(inst, r, req.output_tokens - 1)
+        while inst.queue:
+            r = inst.queue[0]
+            req = self.reqs[r]
+            hold = req.prompt_tokens + (req.output_tokens if local else 0)
+            if batch and tokens + req.prompt_tokens > inst.token_budget:
+                break
+            full = local and len(inst.running) + len(batch) >= inst.max_batch
+            if hold > inst.free_kv or full:
+                break
+            inst.queue.popleft()
+            inst.kv_used += hold
+            tokens += req.prompt_tokens
+            batch.append(r)
         decodes = len(inst.running)
         if not batch and not decodes:
             inst.busy = False
@@ -260,16 +287,17 @@ class ServingSim:
                 self.out_count += 1
                 inst.ctx_sum -= req.prompt_tokens + req.output_tokens
                 inst.kv_used -= req.prompt_tokens + req.output_tokens
+        local = inst.role != "prefill"
         for r in inst.batch:
             req = self.reqs[r]
             inst.queued_tokens -= req.prompt_tokens
             self.prefilled[r] = now
-            if inst.role == "both" or self.opt.first_token == "prefill" or req.output_tokens <= 1:
+            if local or self.opt.first_token == "prefill" or req.output_tokens <= 1:
                 self.first[r] = now
             if req.output_tokens <= 1:
                 self.done[r] = now
-                inst.kv_used -= req.prompt_tokens + (req.output_tokens if inst.role == "both" else 0)
-            elif inst.role == "both":
+                inst.kv_used -= req.prompt_tokens + (req.output_tokens if local else 0)
+            elif local:
                 self._join(inst, r, req.output_tokens - 1)
             elif not self.opt.overlap:
                 self._send(now, inst, r, floor=now)

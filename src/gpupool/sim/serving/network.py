@@ -1,14 +1,22 @@
 """KV-cache transfers as flows on the fabric's link pools, beside training gangs' all-reduce traffic.
 
 A flow from node a to node b uses the link pools of the path model (`FabricView`): both nodes' HCA
-links, both leaves' uplinks when they differ, both spine groups' uplinks when those differ. Every
-flow on a pool gets an equal share of the pool's available Gb/s; a flow runs at the smallest share
-along its path (its bottleneck), re-rated whenever a flow starts or ends (processor sharing). A
-training gang is a persistent flow on every pool its ring crosses: it takes its share all the time
-(the all-reduce of a data-parallel job runs every step), and its slowdown is the step time at its
-share over the step time at the share it had with no KV flow beside it.
+links, both leaves' uplinks when they differ, both spine groups' uplinks when those differ. The
+pools' Gb/s are divided max-min fairly (progressive filling: every flow's rate grows together until
+a pool is full; the flows on it are frozen at that rate and the rest grow on), re-rated whenever a
+flow starts or ends. A flow held back elsewhere leaves its unused share of a pool to the others,
+which an equal split of each pool would waste. A training gang is a persistent flow on every pool
+its ring crosses: it takes its share all the time (the all-reduce of a data-parallel job runs every
+step), and its slowdown is the step time at its rate over the step time at the rate it had with no
+KV flow beside it.
 
-Without a fabric every node has one pool of `nic_gbps` (its HCA links) and nothing else is shared.
+`rails` > 1 models hosts with that many HCAs on as many parallel planes of the same fabric (a
+rail-optimised DGX cluster: 8 rails, each a copy of the tree): every pool carries `rails` times its
+Gb/s, and every flow (a tensor-parallel instance's KV shards, a gang's all-reduce) is striped
+across all the rails.
+
+Without a fabric every node has one pool of `nic_gbps` x `rails` (its HCA links) and nothing else
+is shared.
 """
 
 from __future__ import annotations
@@ -60,6 +68,7 @@ class KVNetwork:
     view: FabricView | None
     nic_gbps: float = DEFAULT_NIC_GBPS
     training: TrainingSpec = field(default_factory=TrainingSpec)
+    rails: int = 1
     flows: dict[int, _Flow] = field(default_factory=dict)
     count: dict[Pool, int] = field(default_factory=dict)
     trains: list[_Train] = field(default_factory=list)
@@ -116,6 +125,7 @@ class KVNetwork:
                 cap = self.nic_gbps if pool[0] == ACCESS else math.inf
             else:
                 cap = float(self.view.avail[pool[0]][pool[1]])
+            cap *= max(self.rails, 1)
             self._cap[pool] = cap
         return cap
 
@@ -155,8 +165,9 @@ class KVNetwork:
             pools = self.gang_pools(nodes)
             self._add(pools, who=-1 - len(self.trains))
             self.trains.append(_Train(tuple(sorted(set(nodes))), pools))
-        for train in self.trains:
-            train.alone_step_s = self._step_s(train, self.share_gbps(train.pools))
+        rates = self._max_min({-1 - i: t.pools for i, t in enumerate(self.trains)})
+        for i, train in enumerate(self.trains):
+            train.alone_step_s = self._step_s(train, rates[-1 - i])
         self._rerate({p for t in self.trains for p in t.pools})
 
     def _step_s(self, train: _Train, gbps: float) -> float:
@@ -217,27 +228,73 @@ class KVNetwork:
     def rate_bps(self, fid: int) -> float:
         return self.flows[fid].rate_bps
 
-    def _rerate(self, changed: set[Pool]) -> None:
-        """New rates for the flows and training gangs on the `changed` pools, and the utilisation of
-        every pool they cross (held until the next change: `advance` integrates it)."""
-        self.version += 1
+    def _max_min(self, paths: dict[int, tuple[Pool, ...]]) -> dict[int, float]:
+        """Max-min fair Gb/s of every entity in `paths` (flow ids >= 0, gangs < 0) by progressive
+        filling; an entity with no finite pool on its path gets math.inf."""
+        left: dict[Pool, float] = {}
+        users: dict[Pool, list[int]] = {}
+        for key, pools in paths.items():
+            for pool in pools:
+                cap = self.capacity_gbps(pool)
+                if math.isfinite(cap):
+                    left[pool] = cap
+                    users.setdefault(pool, []).append(key)
+        rate = {key: math.inf for key in paths}
+        frozen: set[int] = set()
+        active = {pool: len(keys) for pool, keys in users.items()}
+        while active:
+            pool = min(active, key=lambda q: (left[q] / active[q], q))
+            level = max(left[pool], 0.0) / active[pool]
+            for key in users[pool]:
+                if key in frozen:
+                    continue
+                frozen.add(key)
+                rate[key] = level
+                for other in paths[key]:
+                    if other in active:
+                        left[other] -= level
+                        active[other] -= 1
+                        if active[other] == 0:
+                            del active[other]
+        return rate
+
+    def _component(self, changed: set[Pool]) -> tuple[set[int], set[Pool]]:
+        """The entities and pools connected to `changed` through shared pools: max-min rates
+        outside it do not move when something inside it does."""
         who: set[int] = set()
-        for pool in changed:
-            who |= self._on_pool.get(pool, set())
-        touched = set(changed)
+        seen: set[Pool] = set()
+        todo = list(changed)
+        while todo:
+            pool = todo.pop()
+            if pool in seen:
+                continue
+            seen.add(pool)
+            for key in self._on_pool.get(pool, ()):
+                if key not in who:
+                    who.add(key)
+                    pools = self.flows[key].pools if key >= 0 else self.trains[-1 - key].pools
+                    todo.extend(p for p in pools if p not in seen)
+        return who, seen
+
+    def _rerate(self, changed: set[Pool]) -> None:
+        """Max-min fair rates for the flows and training gangs connected to the `changed` pools, and
+        the utilisation of every pool they cross (held until the next change: `advance` integrates
+        it)."""
+        self.version += 1
+        who, touched = self._component(changed)
+        paths = {key: (self.flows[key].pools if key >= 0 else self.trains[-1 - key].pools) for key in who}
+        rates = self._max_min(paths)
         for key in who:
+            gbps = rates[key]
             if key >= 0:
-                flow = self.flows[key]
-                gbps = self.share_gbps(flow.pools)
-                flow.rate_bps = (self.nic_gbps if math.isinf(gbps) else gbps) * 1e9 / 8
-                touched.update(flow.pools)
+                self.flows[key].rate_bps = (
+                    (self.nic_gbps * max(self.rails, 1) if math.isinf(gbps) else gbps) * 1e9 / 8
+                )
             else:
                 train = self.trains[-1 - key]
-                gbps = self.share_gbps(train.pools)
                 train.gbps_now = 0.0 if math.isinf(gbps) else gbps
                 step = self._step_s(train, gbps)
                 train.slow_now = step / train.alone_step_s if train.alone_step_s > 0 else 1.0
-                touched.update(train.pools)
         for pool in touched:
             carried = 0.0
             for key in self._on_pool.get(pool, ()):

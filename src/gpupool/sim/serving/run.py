@@ -58,6 +58,11 @@ class ServeOptions:
     token_budget: int = 2048
     max_batch: int = 64
     nic_gbps: float = DEFAULT_NIC_GBPS
+    rails: int = 1
+    mixed_pool: bool = False
+    """Split modes: decode instances run prompts while the prefill queues are long (Splitwise's
+    mixed pool, `EngineOptions.mixed_pool`)."""
+    """HCAs a host has, each on its own plane of the fabric (a DGX-H100: 8); flows stripe across them."""
     training: TrainingSpec = field(default_factory=TrainingSpec)
     seed: int = 0
     slo_reference: str = "a100-80gb"
@@ -149,7 +154,7 @@ def run_serving(
     placed = place_instances(
         nodes, view, specs, opt.placement, opt.seed, opt.training.gangs, opt.training.nodes_per_gang, kv_ratio
     )
-    net = KVNetwork(view, opt.nic_gbps, opt.training)
+    net = KVNetwork(view, opt.nic_gbps, opt.training, rails=opt.rails)
     net.add_training(placed.training_nodes)
     instances = []
     for i, (spec, prof, node) in enumerate(zip(specs, profiles, placed.instance_nodes, strict=True)):
@@ -169,7 +174,9 @@ def run_serving(
         instances,
         requests,
         net,
-        EngineOptions(opt.router, opt.overlap, opt.first_token, arch.kv_bytes_per_token, arch.layers),
+        EngineOptions(
+            opt.router, opt.overlap, opt.first_token, arch.kv_bytes_per_token, arch.layers, opt.mixed_pool
+        ),
     )
     outcome = sim.run()
     ref = book.get(opt.model, opt.slo_reference, opt.tp)
@@ -200,6 +207,8 @@ def run_serving(
             "colocated": sum(s.role == "both" for s in specs),
         },
         "latency": table,
+        "mixed_pool": opt.mixed_pool,
+        "prompts_on_decode_instances": sim.borrowed,
         "usd_per_hour": usd_h,
         "power_kw": power_kw,
         "requests_per_usd": rate * 3600 / usd_h if usd_h > 0 else math.nan,
