@@ -202,3 +202,45 @@ def test_cli_bad_input_exits_2_with_the_reason(tmp_path: Path) -> None:
     bad = runner.invoke(app, ["federate", "--federation", str(fed), "--trace",
                               f"philly:{REPLAY / 'philly_tiny.csv'}", "--json", str(tmp_path / "r.json")])
     assert bad.exit_code == 2 and "field members" in bad.output
+
+
+def _reoffer_case(every_s: float) -> tuple[dict[str, Any], Federation]:
+    # west (0.6, two nodes) runs j1 (10 h) and j2 (15 min); east (1.0, one node) takes j3 now. The
+    # fluid estimate says west frees in 5.1 h, so j4 (3 h) queues at east behind j3 (1 h). At 901 s
+    # west's second node is free: the re-rank at 1200 s moves j4 there (14.4 + no wait against
+    # 24 + 0.67 h of waiting at east).
+    data = spec().model_dump()
+    data["members"][1]["cluster"] = "2x8xV100M32"
+    data["reoffer_every_s"], data["reoffer_after_s"] = every_s, 600.0
+    fed = FedSpec.model_validate(data)
+    jobs = [job(1, 0.0, 10.0), job(2, 1.0, 0.25), job(3, 2.0, 1.0), job(4, 3.0, 3.0)]
+    nodes = {m.name: tuple(nodes_from_spec(m.cluster)) for m in fed.members}
+    sizes, holders, per_job = draw_datasets(fed, jobs, 0)
+    setup = FedSetup(fed, nodes, tuple(jobs), PoolConfig().policies(), 0, sizes, holders, per_job)
+    federation = Federation(setup, Variant("balanced", Policy.BALANCED))
+    return federation.run(), federation
+
+
+def test_queued_work_is_re_offered_where_it_starts_sooner_and_ranks_better() -> None:
+    r, fed = _reoffer_case(300.0)
+    assert r["moved_by_reoffer"] == 1
+    (at, wid, src, dst, why), = fed.moves
+    assert (at, wid, src, dst) == (1200.0, "j4", "east", "west")
+    assert "ranks better under balanced" in why
+    j4 = fed.jobs["j4"]
+    assert j4.member == "west" and j4.first_start_s == pytest.approx(1200.0)
+    assert j4.finished_s == pytest.approx(1200.0 + 3 * H, abs=1)
+    # it never ran in east: east's bill is j3's hour only (check_single ran in report())
+    assert r["members"]["east"]["compute_cost"] == pytest.approx(8 * 1.0, rel=1e-4)
+    # without the re-rank it stays at its first choice and starts when j3 ends
+    still, calm = _reoffer_case(0.0)
+    assert still["moved_by_reoffer"] == 0 and calm.jobs["j4"].member == "east"
+    assert calm.jobs["j4"].first_start_s == pytest.approx(H + 2, abs=1)
+    assert r["jct_mean_s"] < still["jct_mean_s"] and r["total_cost"] < still["total_cost"]
+
+
+def test_re_offer_leaves_home_work_where_it_is() -> None:
+    data = spec().model_dump()
+    data["reoffer_every_s"], data["reoffer_after_s"] = 60.0, 0.0
+    r = run(FedSpec.model_validate(data), THREE, "home")
+    assert r["moved_by_reoffer"] == 0 and r["members"]["west"]["utilisation_pct"] == 0.0

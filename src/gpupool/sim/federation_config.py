@@ -77,6 +77,10 @@ class FedSpec(_Strict):
     """What an hour of delay of one device's work is worth to its tenant (`balanced`)."""
     failure: FailureSpec | None = None
     """The member that fails (in the failure variant)."""
+    reoffer_every_s: float = Field(300.0, ge=0)
+    """How often the hub re-ranks queued work (0: never; queued work then stays at its first choice)."""
+    reoffer_after_s: float = Field(600.0, ge=0)
+    """Only work queued at its member at least this long is re-ranked."""
 
     @model_validator(mode="after")
     def _names(self) -> FedSpec:
