@@ -198,7 +198,7 @@ class Federation:
     def __init__(self, setup: FedSetup, variant: Variant) -> None:
         self.setup, self.variant, self.spec = setup, variant, setup.spec
         self.base_members = {m.name: m for m in self.spec.core_members()}
-        self.held: dict[str, set[str]] = {name: set() for name in self.base_members}
+        self.held: dict[str, set[str]] = {name: set(m.datasets) for name, m in self.base_members.items()}
         for ds, members in setup.holders.items():
             for m in members:
                 self.held[m].add(ds)
