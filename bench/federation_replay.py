@@ -31,7 +31,7 @@ from gpupool.sim.federation import run_variants
 
 ROOT = Path(__file__).resolve().parents[1]
 KEYS = ("total_cost", "egress_cost", "data_moved_gb", "jct_mean_s", "jct_p95_s", "queue_mean_s",
-        "remote_share", "moved_by_failure", "failure_lost_gpu_hours")
+        "remote_share", "moved_by_failure", "moved_by_reoffer", "failure_lost_gpu_hours")
 
 
 def interval(values: list[float]) -> tuple[float, float]:
@@ -96,7 +96,7 @@ def main() -> int:
     summary = summarise(runs)
     table = Table(title=f"federated Philly {args.window}, seeds {args.seeds} (mean ± 95 % half-width)")
     for col in ("variant", "cost", "egress", "data TB", "JCT mean h", "JCT p95 h", "queue h", "remote %",
-                "moved by failure", "util % per member"):
+                "moved by failure", "re-offered", "util % per member"):
         table.add_column(col, justify="right")
     for v in variants:
         e = summary[v.name]
@@ -105,6 +105,7 @@ def main() -> int:
                       f"{e['jct_mean_s'] / 3600:.2f}±{e['jct_mean_s_ci95'] / 3600:.2f}",
                       f"{e['jct_p95_s'] / 3600:.1f}", f"{e['queue_mean_s'] / 3600:.2f}",
                       f"{100 * e['remote_share']:.0f}", f"{e['moved_by_failure']:.0f}",
+                      f"{e['moved_by_reoffer']:.0f}",
                       " ".join(f"{m}:{u:.0f}" for m, u in e["utilisation_pct"].items()))
     console.print(table)
     if "balanced_vs_home" in summary:
