@@ -77,6 +77,8 @@ def main() -> int:
     parser.add_argument("--window", default="2017-10-02:2017-10-04")
     parser.add_argument("--seeds", default="1,2,3")
     parser.add_argument("--variants", default=DEFAULT_VARIANTS)
+    parser.add_argument("--reoffer-every-s", type=float, default=None,
+                        help="override the file's simulation.reoffer_every_s (0: no re-offer)")
     parser.add_argument("--json", type=Path, default=ROOT / "bench" / "results" / "federation_replay.json")
     args = parser.parse_args()
     console = Console(width=160)
@@ -88,6 +90,8 @@ def main() -> int:
         started = time.perf_counter()
         for seed in seeds:
             setup = build_setup(args.federation, trace, args.window, seed, variants=variants)
+            if args.reoffer_every_s is not None:
+                setup.spec = setup.spec.model_copy(update={"reoffer_every_s": args.reoffer_every_s})
             runs[seed] = run_variants(setup, variants)
             console.print(f"  seed {seed}: {len(setup.jobs)} jobs, {time.perf_counter() - started:.0f} s")
     except GpupoolError as exc:
@@ -114,6 +118,7 @@ def main() -> int:
                       f"{r['jct_ratio']:.3f}±{r['jct_ratio_ci95']:.3f}; target met: {r['target_met']}")
     args.json.parent.mkdir(parents=True, exist_ok=True)
     result = {"window": args.window, "seeds": seeds, "federation": args.federation.name, "summary": summary,
+              "reoffer_every_s": args.reoffer_every_s,
               "runs": runs}
     args.json.write_text(json.dumps(result, indent=2, sort_keys=True))
     return 0
