@@ -293,7 +293,8 @@ class Federation:
 
     def _reoffer(self, now_s: float) -> None:
         """Re-rank the work queued at its member for at least `reoffer_after_s`; move each job that
-        another member starts now and sooner by the policy's measure (core.federation.reoffer). The
+        another member starts now and sooner by the policy's measure (core.federation.reoffer). Its
+        wait where it is counts the work queued there before it (not all of that member's queue). The
         old copy is withdrawn (and checked gone) before the new one is offered: never two copies."""
         if self.variant.policy is Policy.HOME:
             return
@@ -303,12 +304,16 @@ class Federation:
                         if self.up[name] for wid in member.pending
                         if (fed := self.jobs[wid]).queued_s is not None
                         and now_s - fed.queued_s >= self.spec.reoffer_after_s)
+        ahead: dict[str, float] = {}  # the work queued at its member before it (its wait there)
+        for member in self.members.values():
+            total = 0.0
+            for _, wid in sorted((self.jobs[w].queued_s or 0.0, w) for w in member.pending):
+                ahead[wid] = total
+                total += member.jobs[wid].remaining_s * self.jobs[wid].job.workload.total_device_milli / 1000
         for _, wid, name in queued:
             member, fed = self.members[name], self.jobs[wid]
             remaining = member.jobs[wid].remaining_s
-            devices = fed.job.workload.total_device_milli / 1000
-            here = replace(states[name], queued_device_s=max(0.0, states[name].queued_device_s
-                                                               - devices * remaining))
+            here = replace(states[name], queued_device_s=ahead[wid])
             found = reoffer(self._request(fed, remaining), name, views, {**states, name: here},
                             self.variant.policy, now_s)
             if found is None:
