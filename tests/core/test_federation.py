@@ -191,5 +191,8 @@ def test_reoffer_moves_queued_work_only_where_it_starts_sooner_and_ranks_better(
     assert reoffer(req(wait_price_per_h=0.1), "west", MEMBERS, full_west, Policy.BALANCED, NOON) is None
     assert reoffer(request, "east", MEMBERS, full_west, Policy.HOME, NOON) is None
     # a member with room but that ranks better is not enough when it cannot start it now
-    both_full = {"east": free(0.0, queued_device_s=3600.0), "west": full_west["west"]}
+    both_full = {"east": free(0.0, queued_device_s=3600.0), "west": busy}
     assert reoffer(request, "west", MEMBERS, both_full, Policy.BALANCED, NOON) is None
+    # nor when its free devices are promised to work queued there already
+    queued_east = {"east": free(8.0, queued_device_s=3600.0), "west": busy}
+    assert reoffer(request, "west", MEMBERS, queued_east, Policy.BALANCED, NOON) is None
