@@ -31,7 +31,7 @@ from gpupool.sim.federation import run_variants
 
 ROOT = Path(__file__).resolve().parents[1]
 KEYS = ("total_cost", "egress_cost", "data_moved_gb", "jct_mean_s", "jct_p95_s", "queue_mean_s",
-        "remote_share", "moved_by_failure", "failure_lost_gpu_hours")
+        "remote_share", "moved_by_failure", "moved_by_reoffer", "failure_lost_gpu_hours")
 
 
 def interval(values: list[float]) -> tuple[float, float]:
@@ -77,6 +77,8 @@ def main() -> int:
     parser.add_argument("--window", default="2017-10-02:2017-10-04")
     parser.add_argument("--seeds", default="1,2,3")
     parser.add_argument("--variants", default=DEFAULT_VARIANTS)
+    parser.add_argument("--reoffer-every-s", type=float, default=None,
+                        help="override the file's simulation.reoffer_every_s (0: no re-offer)")
     parser.add_argument("--json", type=Path, default=ROOT / "bench" / "results" / "federation_replay.json")
     args = parser.parse_args()
     console = Console(width=160)
@@ -88,6 +90,8 @@ def main() -> int:
         started = time.perf_counter()
         for seed in seeds:
             setup = build_setup(args.federation, trace, args.window, seed, variants=variants)
+            if args.reoffer_every_s is not None:
+                setup.spec = setup.spec.model_copy(update={"reoffer_every_s": args.reoffer_every_s})
             runs[seed] = run_variants(setup, variants)
             console.print(f"  seed {seed}: {len(setup.jobs)} jobs, {time.perf_counter() - started:.0f} s")
     except GpupoolError as exc:
@@ -96,7 +100,7 @@ def main() -> int:
     summary = summarise(runs)
     table = Table(title=f"federated Philly {args.window}, seeds {args.seeds} (mean ± 95 % half-width)")
     for col in ("variant", "cost", "egress", "data TB", "JCT mean h", "JCT p95 h", "queue h", "remote %",
-                "moved by failure", "util % per member"):
+                "moved by failure", "re-offered", "util % per member"):
         table.add_column(col, justify="right")
     for v in variants:
         e = summary[v.name]
@@ -105,6 +109,7 @@ def main() -> int:
                       f"{e['jct_mean_s'] / 3600:.2f}±{e['jct_mean_s_ci95'] / 3600:.2f}",
                       f"{e['jct_p95_s'] / 3600:.1f}", f"{e['queue_mean_s'] / 3600:.2f}",
                       f"{100 * e['remote_share']:.0f}", f"{e['moved_by_failure']:.0f}",
+                      f"{e['moved_by_reoffer']:.0f}",
                       " ".join(f"{m}:{u:.0f}" for m, u in e["utilisation_pct"].items()))
     console.print(table)
     if "balanced_vs_home" in summary:
@@ -113,6 +118,7 @@ def main() -> int:
                       f"{r['jct_ratio']:.3f}±{r['jct_ratio_ci95']:.3f}; target met: {r['target_met']}")
     args.json.parent.mkdir(parents=True, exist_ok=True)
     result = {"window": args.window, "seeds": seeds, "federation": args.federation.name, "summary": summary,
+              "reoffer_every_s": args.reoffer_every_s,
               "runs": runs}
     args.json.write_text(json.dumps(result, indent=2, sort_keys=True))
     return 0

@@ -56,7 +56,8 @@ RULES: dict[str, Rule] = {
     "exporters": _rule("core", "errors"),
     "prices": _rule("core", "errors", "profiles", "yamlfiles"),
     "money": _rule(),
-    "sim": _rule("core", "errors", "yamlfiles"),
+    "fedfile": _rule("core", "errors", "yamlfiles"),
+    "sim": _rule("core", "errors", "fedfile", "yamlfiles"),
     # the wire's vocabulary, and the two sides of it
     "api": _rule("core", "errors"),
     "config": _rule("api", "core", "errors", "prices", "yamlfiles"),
@@ -69,7 +70,7 @@ RULES: dict[str, Rule] = {
     # provision.py is where the server builds its provider: it passes the node's pod-network settings
     "server": _rule("agent.identity", "agent.netns", "api", "config", "core", "errors", "gc_tuning", "pods",
                     "prices", "profiles", "providers", "yamlfiles", "durations"),
-    "federation": _rule("api", "core", "errors", "pods", "providers", "server", "yamlfiles"),
+    "federation": _rule("api", "core", "errors", "fedfile", "pods", "providers", "server", "yamlfiles"),
     "cli": _rule(ANY),
     "__init__": _rule("remote"),
 }

@@ -22,6 +22,7 @@ from gpupool.core.federation import (
     estimate_start_s,
     parse_policy,
     rank,
+    reoffer,
     split_slowdown,
 )
 
@@ -174,3 +175,24 @@ def test_ranking_is_deterministic_on_ties() -> None:
     states = {**BOTH_FREE, "aaa": free()}
     ranking = rank(req(), (EAST, twin, WEST), states, "fastest", NOON)
     assert names(ranking) == ["aaa", "east", "west"]
+
+
+def test_reoffer_moves_queued_work_only_where_it_starts_sooner_and_ranks_better() -> None:
+    # 4 GPUs for 2 h queued at west (0.6): west is full with 4 h of work on its 8 GPUs, east is free
+    busy = MemberState(True, {"gpu": 0.0}, {"gpu": 8.0}, running_device_s=8 * 4 * 3600.0)
+    full_west = {"east": free(), "west": busy}
+    request = req(wait_price_per_h=4.0)
+    moved = reoffer(request, "west", MEMBERS, full_west, Policy.BALANCED, NOON)
+    assert moved is not None and moved[0].member == "east"  # 8.0 now against 4.8 + 4 h x 4
+    assert "starts it in ~0 s, west in ~14400 s" in moved[1] and "under balanced" in moved[1]
+    fastest = reoffer(request, "west", MEMBERS, full_west, Policy.FASTEST, NOON)
+    assert fastest is not None and fastest[0].member == "east"
+    assert reoffer(request, "west", MEMBERS, full_west, Policy.CHEAPEST, NOON) is None  # east is dearer
+    assert reoffer(req(wait_price_per_h=0.1), "west", MEMBERS, full_west, Policy.BALANCED, NOON) is None
+    assert reoffer(request, "east", MEMBERS, full_west, Policy.HOME, NOON) is None
+    # a member with room but that ranks better is not enough when it cannot start it now
+    both_full = {"east": free(0.0, queued_device_s=3600.0), "west": busy}
+    assert reoffer(request, "west", MEMBERS, both_full, Policy.BALANCED, NOON) is None
+    # nor when its free devices are promised to work queued there already
+    queued_east = {"east": free(8.0, queued_device_s=3600.0), "west": busy}
+    assert reoffer(request, "west", MEMBERS, queued_east, Policy.BALANCED, NOON) is None

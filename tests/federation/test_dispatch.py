@@ -35,6 +35,7 @@ class FakeMember:
     lose_next_answer: bool = False
     work: dict[str, dict[str, Any]] = field(default_factory=dict)
     posts: int = 0
+    allocated_gpus: float = 0.0
 
     def __call__(self, request: httpx.Request) -> httpx.Response:
         if not self.reachable:
@@ -42,7 +43,9 @@ class FakeMember:
         path = request.url.path.removeprefix("/api/v1")
         tenant = request.headers.get(ON_BEHALF_HEADER)
         if path == "/pool":
-            return httpx.Response(200, json={"capacity_gpus": 8, "allocated_gpus": 0, "workloads": {}})
+            pending = sum(1 for w in self.work.values() if w["status"] == "pending")
+            return httpx.Response(200, json={"capacity_gpus": 8, "allocated_gpus": self.allocated_gpus,
+                                             "workloads": {"pending": pending}})
         if request.method == "POST" and path == "/workloads":
             self.posts += 1
             wid = f"w-{self.name}{self.posts}"
@@ -92,9 +95,29 @@ class Rig:
 
 @pytest.fixture
 def rig(tmp_path: Path, hub_db_url: str) -> Iterator[Rig]:
+    yield from _rig(tmp_path, hub_db_url, FED)
+
+
+PRICED = """
+policy: balanced
+offer_timeout_s: 10
+members:
+  - {name: a, url: "http://a.invalid", token_file: t, region: r, prices: {gpu_hour: 0.5}}
+  - {name: b, url: "http://b.invalid", token_file: t, region: r, prices: {gpu_hour: %s}}
+tenants:
+  alice: {home: a, wait_price_per_h: 10}
+"""
+
+
+@pytest.fixture
+def priced_rig(tmp_path: Path, hub_db_url: str, request: pytest.FixtureRequest) -> Iterator[Rig]:
+    yield from _rig(tmp_path, hub_db_url, PRICED % getattr(request, "param", 1.0))
+
+
+def _rig(tmp_path: Path, hub_db_url: str, fed_yaml: str) -> Iterator[Rig]:
     (tmp_path / "t").write_text("gp_x")
     (tmp_path / "t").chmod(0o600)
-    (tmp_path / "fed.yaml").write_text(FED)
+    (tmp_path / "fed.yaml").write_text(fed_yaml)
     config: FederationConfig = load_federation(tmp_path / "fed.yaml")
     url = hub_db_url
     rt = Runtime(settings=Settings(data_dir=tmp_path, database_url=url), store=Store.open(url),
@@ -144,3 +167,43 @@ def test_a_cancel_at_the_hub_withdraws_the_copy(rig: Rig) -> None:
     rig.hub.offer(rig.row(workload_id))
     assert rig.hub.cancel(rig.alice, workload_id).state == "cancelled"
     assert rig.a.active() == []
+
+
+def _queued_at_a(rig: Rig) -> str:
+    """Both members full: the work is offered to a (0.5 + half an hour of waiting at 10 an hour,
+    against 1.0 + the same at b) and waits there."""
+    rig.a.allocated_gpus = rig.b.allocated_gpus = 8
+    rig.hub.monitor_round()
+    workload_id = rig.hub.submit(rig.alice, WorkloadSpec(command=["x"], resources={"gpus": 1}))
+    assert rig.hub.offer(rig.row(workload_id)) == "a"
+    return workload_id
+
+
+def test_queued_work_is_re_offered_to_a_member_that_starts_it_sooner(priced_rig: Rig) -> None:
+    rig = priced_rig
+    workload_id = _queued_at_a(rig)
+    rig.b.allocated_gpus = 0  # b frees up: 1.0 and no wait, against 0.5 + 5 at a
+    rig.clock[0] += 5
+    rig.hub.monitor_round()  # younger than offer_timeout_s: not re-ranked yet
+    assert rig.row(workload_id).member == "a"
+    rig.clock[0] += 6
+    rig.hub.monitor_round()  # withdrawn from a (confirmed cancelled there) before any other offer
+    row = rig.row(workload_id)
+    assert row.state == "queued" and rig.a.active() == [] and rig.b.active() == []
+    assert rig.hub.offer(row) == "b"
+    assert rig.a.active() == [] and rig.b.active() == [workload_id]
+    moved = [e.message for e in rig.hub.events(workload_id) if e.reason == "federation_moved"]
+    assert len(moved) == 1 and "(w-a1): re-offered: a had not admitted it after 11 s" in moved[0]
+    assert "b starts it in ~0 s, a in ~1800 s, and ranks better under balanced" in moved[0]
+
+
+@pytest.mark.parametrize("priced_rig", [20.0], indirect=True)
+def test_queued_work_stays_when_the_free_member_ranks_worse(priced_rig: Rig) -> None:
+    # b at 20 an hour: starting now there (20) is worse than half an hour's wait at a (0.5 + 5)
+    rig = priced_rig
+    workload_id = _queued_at_a(rig)
+    rig.b.allocated_gpus = 0
+    rig.clock[0] += 60
+    rig.hub.monitor_round()
+    assert rig.row(workload_id).member == "a" and rig.a.active() == [workload_id] and rig.b.posts == 0
+    assert [e.reason for e in rig.hub.events(workload_id)][-1] == "federation_placed"

@@ -202,3 +202,114 @@ def test_cli_bad_input_exits_2_with_the_reason(tmp_path: Path) -> None:
     bad = runner.invoke(app, ["federate", "--federation", str(fed), "--trace",
                               f"philly:{REPLAY / 'philly_tiny.csv'}", "--json", str(tmp_path / "r.json")])
     assert bad.exit_code == 2 and "field members" in bad.output
+
+
+def _reoffer_case(every_s: float) -> tuple[dict[str, Any], Federation]:
+    # west (0.6, two nodes) runs j1 (10 h) and j2 (15 min); east (1.0, one node) takes j3 now. The
+    # fluid estimate says west frees in 5.1 h, so j4 (3 h) queues at east behind j3 (1 h). At 901 s
+    # west's second node is free: the re-rank at 1200 s moves j4 there (14.4 + no wait against
+    # 24 + 0.67 h of waiting at east).
+    data = spec().model_dump()
+    data["members"][1]["cluster"] = "2x8xV100M32"
+    data["reoffer_every_s"], data["reoffer_after_s"] = every_s, 600.0
+    fed = FedSpec.model_validate(data)
+    jobs = [job(1, 0.0, 10.0), job(2, 1.0, 0.25), job(3, 2.0, 1.0), job(4, 3.0, 3.0)]
+    nodes = {m.name: tuple(nodes_from_spec(m.cluster)) for m in fed.members}
+    sizes, holders, per_job = draw_datasets(fed, jobs, 0)
+    setup = FedSetup(fed, nodes, tuple(jobs), PoolConfig().policies(), 0, sizes, holders, per_job)
+    federation = Federation(setup, Variant("balanced", Policy.BALANCED))
+    return federation.run(), federation
+
+
+def test_queued_work_is_re_offered_where_it_starts_sooner_and_ranks_better() -> None:
+    r, fed = _reoffer_case(300.0)
+    assert r["moved_by_reoffer"] == 1
+    (at, wid, src, dst, why), = fed.moves
+    assert (at, wid, src, dst) == (1200.0, "j4", "east", "west")
+    assert "ranks better under balanced" in why
+    j4 = fed.jobs["j4"]
+    assert j4.member == "west" and j4.first_start_s == pytest.approx(1200.0)
+    assert j4.finished_s == pytest.approx(1200.0 + 3 * H, abs=1)
+    # it never ran in east: east's bill is j3's hour only (check_single ran in report())
+    assert r["members"]["east"]["compute_cost"] == pytest.approx(8 * 1.0, rel=1e-4)
+    # without the re-rank it stays at its first choice and starts when j3 ends
+    still, calm = _reoffer_case(0.0)
+    assert still["moved_by_reoffer"] == 0 and calm.jobs["j4"].member == "east"
+    assert calm.jobs["j4"].first_start_s == pytest.approx(H + 2, abs=1)
+    assert r["jct_mean_s"] < still["jct_mean_s"] and r["total_cost"] < still["total_cost"]
+
+
+def test_re_offer_leaves_home_work_where_it_is() -> None:
+    data = spec().model_dump()
+    data["reoffer_every_s"], data["reoffer_after_s"] = 60.0, 0.0
+    r = run(FedSpec.model_validate(data), THREE, "home")
+    assert r["moved_by_reoffer"] == 0 and r["members"]["west"]["utilisation_pct"] == 0.0
+
+
+HUB_FORM = """
+policy: balanced
+members:
+  - {name: east, url: "http://127.0.0.1:9", token_file: east.token, region: east,
+     prices: {gpu_hour: 1.0, windows: [{hours: 22-6, multiplier: 0.5}]}, datasets: [corpus]}
+  - {name: west, url: "http://127.0.0.1:10", token_file: west.token, region: west, egress_per_gb: 0.01,
+     prices: {gpu_hour: 0.6}}
+regions:
+  east: {west: {bandwidth_gbps: 10, latency_ms: 40}}
+datasets: {corpus: {size_gb: 5}}
+tenants:
+  a: {home: east}
+  b: {home: west}
+simulation:
+  clusters: {east: 1x8xV100M32, west: 1x8xV100M32}
+  datasets: {per_tenant: 1, median_gb: 0.001, sigma: 0}
+  reoffer_every_s: 120
+"""
+
+
+def test_the_replay_reads_the_hub_s_fed_yaml(tmp_path: Path) -> None:
+    from gpupool.federation.config import load_federation
+
+    fed_file = tmp_path / "fed.yaml"
+    fed_file.write_text(HUB_FORM)
+    for name in ("east", "west"):
+        (tmp_path / f"{name}.token").write_text("gp_x")
+        (tmp_path / f"{name}.token").chmod(0o600)
+    hub = load_federation(fed_file)  # the hub reads the same file and leaves `simulation` alone
+    assert [m.name for m in hub.members] == ["east", "west"] and hub.simulation["clusters"]
+    replay = load_fed_spec(fed_file)
+    assert replay.homes == {"a": "east", "b": "west"} and replay.default_home == "east"
+    assert [m.cluster for m in replay.members] == ["1x8xV100M32", "1x8xV100M32"]
+    assert replay.reoffer_every_s == 120 and replay.reoffer_after_s == 600
+    east, west = replay.core_members()
+    assert east.prices.cost("gpu", 1, 23 * H, 24 * H) == pytest.approx(0.5)  # the hub's UTC window
+    link = west.link_to("east")
+    assert west.egress_per_gb == 0.01 and link is not None and link.gbit_s == 10.0
+    assert east.datasets == frozenset({"corpus"})
+    (tmp_path / "east.token").unlink()  # the replay calls no member: no url or token is needed
+    del_urls = HUB_FORM.replace('url: "http://127.0.0.1:9", token_file: east.token, ', "")
+    fed_file.write_text(del_urls)
+    assert load_fed_spec(fed_file).core_members()[0].prices.per_device_hour == {"gpu": 1.0}
+    r = run(load_fed_spec(fed_file), THREE, "cheapest")
+    # midnight UTC is east's night (0.5 < west's 0.6): the first two go east at its list price 1.0
+    assert r["finished"] == 3 and (r["members"]["east"]["jobs"], r["members"]["west"]["jobs"]) == (2, 1)
+
+
+def test_the_hub_form_s_bad_fields_are_named(tmp_path: Path) -> None:
+    fed_file = tmp_path / "fed.yaml"
+    fed_file.write_text(HUB_FORM.replace("clusters: {east: 1x8xV100M32, west: 1x8xV100M32}",
+                                         "clusters: {east: 1x8xV100M32}"))
+    with pytest.raises(InvalidInput, match=r"simulation\.clusters must give every member .*missing west"):
+        load_fed_spec(fed_file)
+    fed_file.write_text(HUB_FORM.replace("reoffer_every_s: 120", "reoffer_every_s: -1"))
+    with pytest.raises(InvalidInput, match=r"field simulation\.reoffer_every_s"):
+        load_fed_spec(fed_file)
+    fed_file.write_text(HUB_FORM.replace("policy: balanced", "policy: balanced\ncolour: red"))
+    with pytest.raises(InvalidInput, match="unknown key 'colour'"):
+        load_fed_spec(fed_file)
+
+
+def test_the_benchmark_s_file_reads_in_the_hub_s_form() -> None:
+    fed = load_fed_spec(Path(__file__).resolve().parents[2] / "bench" / "configs" / "federation.yaml")
+    east = next(m for m in fed.core_members() if m.name == "east")
+    assert east.prices.cost("gpu", 1, 3 * H, 4 * H) == pytest.approx(0.7)  # 22:00 at UTC-5
+    assert fed.failure is not None and fed.homes["0e4a51"] == "west"

@@ -64,8 +64,9 @@ def build_setup(fed_file: Path, trace: str, window: str | None, seed: int,
 
 def federate(
     federation: Path = typer.Option(
-        ..., "--federation", help="The federation file (fed.yaml): members, prices, links, homes, data "
-        "sets, a failure; see docs/experiments/federation.md."),
+        ..., "--federation", help="The hub's fed.yaml (members, prices, regions, data sets, tenants' "
+        "homes) with a `simulation` section (members' nodes, drawn data sets, a failure, the re-offer); see "
+        "docs/experiments/federation.md."),
     trace: str = typer.Option(..., "--trace", help="FORMAT:FILE, e.g. philly:philly-sia.csv."),
     window: str | None = typer.Option(
         None, "--window", help="START:END as ISO dates (2017-10-01:2017-10-15) or trace seconds."),

@@ -405,3 +405,30 @@ def _scored(choice: Choice, request: FedRequest, policy: Policy) -> Choice:
     else:  # balanced, and data-local among the members that hold the data
         score = choice.cost + request.wait_price_per_h * delay_h
     return replace(choice, score=score)
+
+
+def reoffer(request: FedRequest, current: str, members: Sequence[Member], states: Mapping[str, MemberState],
+            policy: Policy | str, now_s: float) -> tuple[Choice, str] | None:
+    """Where work still queued at member `current` should move, and why; None: it stays.
+
+    MultiKueue keeps queued work offered to every candidate; here the hub re-ranks it instead. It moves
+    when another member can start it now (its free devices cover it and nothing queues there), sooner
+    than `current` expects to, and that member ranks better by the policy's own measure (its score).
+    `states[current]` must count only the work ahead of it, not the work itself. Under `home` nothing
+    moves (there is one candidate)."""
+    ranking = rank(request, members, states, policy, now_s)
+    here = next((c for c in ranking.choices if c.member == current and not c.split), None)
+    for choice in ranking.choices:  # best first
+        if choice.member == current or choice.split:
+            continue
+        if estimate_start_s(states[choice.member], request.kind, request.devices) > 0:
+            continue  # it could not start there now (too few free devices, or a queue of its own)
+        if here is None:
+            return choice, f"{current} may no longer take it; {choice.member} starts it now"
+        if choice.score < here.score and choice.expected_start_s < here.expected_start_s:
+            return choice, (f"{choice.member} starts it in ~{choice.expected_start_s:.0f} s, {current} in "
+                            f"~{here.expected_start_s:.0f} s, and ranks better under "
+                            f"{parse_policy(policy).value if isinstance(policy, str) else policy.value} "
+                            f"({choice.score:.4g} against {here.score:.4g})")
+        return None  # the best member that could start it now does not beat where it is
+    return None

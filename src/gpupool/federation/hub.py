@@ -25,7 +25,7 @@ from gpupool.api.workloads import WorkloadSpec
 from gpupool.errors import GpupoolError, InvalidInput, NotFound, QuotaExceeded, TooManyPending
 from gpupool.federation.config import FederationConfig
 from gpupool.federation.members import MemberLink, MemberUnreachable
-from gpupool.federation.placement import candidates
+from gpupool.federation.placement import candidates, reoffer_target
 from gpupool.server.auth import FEDERATION_ID_ENV, Principal
 from gpupool.server.db import Store
 from gpupool.server.orm import FedEventRow, FedPlacementRow, FedWorkloadRow
@@ -382,23 +382,25 @@ class Hub:
         return True
 
     def _maybe_withdraw(self, link: MemberLink, row: FedWorkloadRow, now: float) -> None:
-        """MultiKueue's rule: a copy its member has not admitted within offer_timeout_s goes to a member
-        that has room now; it is offered again only once its member says the copy is cancelled."""
+        """The re-offer (MultiKueue keeps queued work offered to every candidate; the hub re-ranks it
+        instead): a copy its member has not admitted within offer_timeout_s is re-ranked every round
+        and moves when another member starts it now, sooner and ranked better by the tenant's policy
+        (core.federation.reoffer). It is offered again only once its member says the copy is cancelled."""
         if row.status != "pending" or now - row.updated_s < self.config.offer_timeout_s:
             return
-        ranked = candidates(self.config, self.links, row.tenant, WorkloadSpec.model_validate(row.spec), now)
-        roomy = [name for name in ranked.members if name != link.name
-                 and self.by_name[name].state.free_gpus() >= row.gpus]
-        if not roomy:
+        found = reoffer_target(self.config, self.links, row.tenant, WorkloadSpec.model_validate(row.spec),
+                               link.name, now)
+        if found is None:
             return
+        target, why = found
         try:
             answer = link.call("POST", f"/workloads/{row.member_id}/cancel", tenant=row.tenant)
         except MemberUnreachable:
             return
         if answer.status_code != 200 or answer.json().get("status") != "cancelled":
             return  # it started meanwhile (or ended): it stays where it is
-        self._move(row, f"{link.name} had not admitted it after {now - row.updated_s:.0f} s while "
-                   f"{roomy[0]} has room; withdrawn there", withdrawn=True)
+        self._move(row, f"re-offered: {link.name} had not admitted it after {now - row.updated_s:.0f} s and "
+                   f"{why}; withdrawn there to be offered to {target}", withdrawn=True)
 
     def _maybe_move(self, link: MemberLink, row: FedWorkloadRow, now: float) -> None:
         down_since = link.state.down_since_s or now

@@ -91,6 +91,8 @@ class Federation:
     hub: Proc | None = None
     alice_token: str = ""
     hub_output: str = ""
+    tokens: dict[str, str] = field(default_factory=dict)
+    """Tenant -> its token at the hub, for the tenants beyond alice."""
 
     def member(self, name: str) -> Proc:
         return next(m for m in self.members if m.name == name)
@@ -108,12 +110,16 @@ class Federation:
 def start_federation(root: Path, names: tuple[str, ...] = ("east", "west", "north"), *,
                      simulate: str = "1x4xH100", ghost: bool = False, down_after_s: float = 2.0,
                      grace_s: float = 1.0, poll_s: float = 0.25, policy: str = "home",
-                     regions: tuple[str, ...] = ()) -> Federation:
-    """Members `names` (alice's home: the first) and a hub over them; with `ghost`, one more member
-    whose URL nothing answers (the hub starts anyway and says so)."""
+                     regions: tuple[str, ...] = (), tenants: dict[str, str] | None = None,
+                     datasets: dict[str, tuple[float, str]] | None = None) -> Federation:
+    """Members `names` (alice's home: the first; member i's GPU-hour at 1.0 - 0.1 i) and a hub over
+    them; with `ghost`, one more member whose URL nothing answers (the hub starts anyway and says so).
+    `tenants`: more tenants (home: the first member) -> their own policy; `datasets`: name -> (size in
+    GB, the member holding it)."""
     fed = Federation(root)
     try:
-        _start(fed, names, simulate, ghost, down_after_s, grace_s, poll_s, policy, regions)
+        _start(fed, names, simulate, ghost, down_after_s, grace_s, poll_s, policy, regions, tenants or {},
+               datasets or {})
     except BaseException:
         fed.stop()
         raise
@@ -121,7 +127,8 @@ def start_federation(root: Path, names: tuple[str, ...] = ("east", "west", "nort
 
 
 def _start(fed: Federation, names: tuple[str, ...], simulate: str, ghost: bool, down_after_s: float,
-           grace_s: float, poll_s: float, policy: str, regions: tuple[str, ...]) -> None:
+           grace_s: float, poll_s: float, policy: str, regions: tuple[str, ...], tenants: dict[str, str],
+           datasets: dict[str, tuple[float, str]]) -> None:
     root = fed.root
     for name in names:
         data = root / name
@@ -135,7 +142,8 @@ def _start(fed: Federation, names: tuple[str, ...], simulate: str, ghost: bool, 
     for index, proc in enumerate(fed.members):
         proc.wait_up()
         with proc.admin() as api:
-            assert api.post("/tenants", json={"name": ALICE}).status_code == 201
+            for tenant in (ALICE, *tenants):
+                assert api.post("/tenants", json={"name": tenant}).status_code == 201
             made = api.post("/tokens", json={"tenant": None, "name": "hub", "scope": "federation",
                                               "never_expires": True})
             assert made.status_code == 201, made.text
@@ -144,14 +152,18 @@ def _start(fed: Federation, names: tuple[str, ...], simulate: str, ghost: bool, 
         token_file.chmod(0o600)
         region = regions[index] if index < len(regions) else proc.name
         lines += [f"  - name: {proc.name}", f"    url: {proc.url}", f"    token_file: {token_file.name}",
-                  f"    region: {region}", f"    prices: {{gpu_hour: {1.0 - 0.1 * index:g}}}"]
+                  f"    region: {region}", f"    prices: {{gpu_hour: {1.0 - 0.1 * index:g}}}",
+                  f"    datasets: [{', '.join(d for d, (_, m) in datasets.items() if m == proc.name)}]"]
     if ghost:
         ghost_token = root / "ghost.token"
         ghost_token.write_text("gp_nothing-answers-here")
         ghost_token.chmod(0o600)
         lines += ["  - name: ghost", f"    url: http://127.0.0.1:{free_port()}",
                   "    token_file: ghost.token", "    region: ghost"]
-    lines += ["tenants:", f"  {ALICE}: {{home: {names[0]}}}"]
+    lines += ["tenants:", f"  {ALICE}: {{home: {names[0]}}}",
+              *(f"  {t}: {{home: {names[0]}, policy: {p}}}" for t, p in tenants.items())]
+    if datasets:
+        lines += ["datasets:", *(f"  {d}: {{size_gb: {gb:g}}}" for d, (gb, _) in datasets.items())]
     (root / "fed.yaml").write_text("\n".join(lines) + "\n")
     hub_dir = root / "hub"
     hub_dir.mkdir(mode=0o700)
@@ -161,6 +173,9 @@ def _start(fed: Federation, names: tuple[str, ...], simulate: str, ghost: bool, 
     with fed.hub.admin() as api:
         assert api.post("/tenants", json={"name": ALICE}).status_code == 201
         fed.alice_token = api.post("/tokens", json={"tenant": ALICE, "name": "alice"}).json()["token"]
+        for tenant in tenants:
+            assert api.post("/tenants", json={"name": tenant}).status_code == 201
+            fed.tokens[tenant] = api.post("/tokens", json={"tenant": tenant, "name": tenant}).json()["token"]
     fed.hub_output = fed.hub.log.read_text()
 
 

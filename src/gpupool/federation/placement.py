@@ -9,10 +9,10 @@ down is ranked by `fastest` among the others, so a failed home does not strand i
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from gpupool.api.workloads import WorkloadSpec
-from gpupool.core.federation import FedRequest, LatencyClass, MemberState, Policy, rank
+from gpupool.core.federation import FedRequest, LatencyClass, MemberState, Policy, rank, reoffer
 from gpupool.federation.config import FederationConfig, TenantPolicy
 from gpupool.federation.members import MemberLink
 
@@ -46,10 +46,28 @@ def request_of(config: FederationConfig, tenant: str, spec: WorkloadSpec) -> Fed
 
 
 def state_of(link: MemberLink) -> MemberState:
+    """The member's last summary as the ranking reads it: each pending workload counts the default run
+    time, and the busy GPUs half of it still to run (the member does not report run times)."""
     s = link.state
     return MemberState(up=s.up, free={"gpu": max(0.0, s.capacity_gpus - s.allocated_gpus)},
                        capacity={"gpu": s.capacity_gpus},
-                       queued_device_s=s.pending * DEFAULT_RUNTIME_S)
+                       queued_device_s=s.pending * DEFAULT_RUNTIME_S,
+                       running_device_s=s.allocated_gpus * DEFAULT_RUNTIME_S / 2)
+
+
+def reoffer_target(config: FederationConfig, links: Sequence[MemberLink], tenant: str, spec: WorkloadSpec,
+                   current: str, now_s: float) -> tuple[str, str] | None:
+    """(member, why) where work still pending at `current` should move under the tenant's policy, or
+    None (core.federation.reoffer: another member starts it now, sooner and ranked better)."""
+    request = request_of(config, tenant, spec)
+    states = {link.name: state_of(link) for link in links}
+    here = states[current]  # its own copy is one of the member's pending ones
+    states[current] = replace(here, queued_device_s=max(0.0, here.queued_device_s - DEFAULT_RUNTIME_S))
+    policy = config.policy_of(tenant)
+    if policy == Policy.HOME.value and not states[request.home].up:
+        policy = Policy.FASTEST.value
+    found = reoffer(request, current, config.core_members(), states, policy, now_s)
+    return None if found is None else (found[0].member, found[1])
 
 
 def candidates(config: FederationConfig, links: Sequence[MemberLink], tenant: str, spec: WorkloadSpec,

@@ -24,7 +24,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from gpupool.core.federation import Choice, FedRequest, Member, MemberState, Policy, rank
+from gpupool.core.federation import Choice, FedRequest, Member, MemberState, Policy, rank, reoffer
 from gpupool.core.metering import PriceBook as MeterBook
 from gpupool.core.metering import PriceVersion
 from gpupool.core.model import Node
@@ -144,6 +144,9 @@ class FedJob:
     lost_s: float = 0.0
     data_gb: float = 0.0
     egress_cost: float = 0.0
+    queued_s: float | None = None
+    """When it was last given to its member (the age the re-offer measures)."""
+    reoffer_moves: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -195,7 +198,7 @@ class Federation:
     def __init__(self, setup: FedSetup, variant: Variant) -> None:
         self.setup, self.variant, self.spec = setup, variant, setup.spec
         self.base_members = {m.name: m for m in self.spec.core_members()}
-        self.held: dict[str, set[str]] = {name: set() for name in self.base_members}
+        self.held: dict[str, set[str]] = {name: set(m.datasets) for name, m in self.base_members.items()}
         for ds, members in setup.holders.items():
             for m in members:
                 self.held[m].add(ds)
@@ -211,6 +214,8 @@ class Federation:
         self.unplaced: list[tuple[str, float]] = []
         """(workload, remaining run time) held at the hub while no member can take it."""
         self.refused = 0
+        self.moves: list[tuple[float, str, str, str, str]] = []
+        """(when, workload, from, to, why) of every re-offer move."""
 
     # ------------------------------------------------------------------ bookkeeping
 
@@ -259,7 +264,7 @@ class Federation:
                 self._stage(job, choice, now_s)
                 return
             if self.members[choice.member].offer(job, now_s):
-                self._commit(fed, choice.member, choice.transfer_gb, choice.egress_cost)
+                self._commit(fed, choice.member, choice.transfer_gb, choice.egress_cost, now_s)
                 return
             self.members[choice.member].withdraw(wid, now_s)
         first = ranking.choices[0]  # nobody starts it now: it queues at the first choice
@@ -267,21 +272,67 @@ class Federation:
             self._stage(job, first, now_s)
         else:
             self.members[first.member].offer(job, now_s)
-            self._commit(fed, first.member, first.transfer_gb, first.egress_cost)
+            self._commit(fed, first.member, first.transfer_gb, first.egress_cost, now_s)
 
     def _stage(self, job: TraceJob, choice: Choice, now_s: float) -> None:
         """The job arrives at the member once its data set has (the transfer's seconds from now)."""
         target = self.members[choice.member]
         target.loop.schedule(now_s + choice.transfer_s, "arrive", job)
         target.queued_device_s += job.workload.total_device_milli / 1000 * job.duration_s
-        self._commit(self.jobs[job.workload.id], choice.member, choice.transfer_gb, choice.egress_cost)
+        self._commit(self.jobs[job.workload.id], choice.member, choice.transfer_gb, choice.egress_cost, now_s)
 
-    def _commit(self, fed: FedJob, member: str, gb: float, egress: float) -> None:
+    def _commit(self, fed: FedJob, member: str, gb: float, egress: float, now_s: float) -> None:
         fed.member = member
+        fed.queued_s = now_s
         fed.data_gb += gb
         fed.egress_cost += egress
         if gb and self.spec.datasets.cache:
             self.held[member].add(fed.dataset)
+
+    # ------------------------------------------------------------------ re-offer
+
+    def _reoffer(self, now_s: float) -> None:
+        """Re-rank the work queued at its member for at least `reoffer_after_s`; move each job that
+        another member starts now and sooner by the policy's measure (core.federation.reoffer). Its
+        wait where it is counts the work queued there before it (not all of that member's queue). The
+        old copy is withdrawn (and checked gone) before the new one is offered: never two copies."""
+        if self.variant.policy is Policy.HOME:
+            return
+        states = {name: r.state(self.up[name], now_s) for name, r in self.members.items()}
+        views = self._member_views()
+        queued = sorted((fed.queued_s or 0.0, wid, name) for name, member in self.members.items()
+                        if self.up[name] for wid in member.pending
+                        if (fed := self.jobs[wid]).queued_s is not None
+                        and now_s - fed.queued_s >= self.spec.reoffer_after_s)
+        ahead: dict[str, float] = {}  # the work queued at its member before it (its wait there)
+        for member in self.members.values():
+            total = 0.0
+            for _, wid in sorted((self.jobs[w].queued_s or 0.0, w) for w in member.pending):
+                ahead[wid] = total
+                total += member.jobs[wid].remaining_s * self.jobs[wid].job.workload.total_device_milli / 1000
+        for _, wid, name in queued:
+            member, fed = self.members[name], self.jobs[wid]
+            remaining = member.jobs[wid].remaining_s
+            here = replace(states[name], queued_device_s=ahead[wid])
+            found = reoffer(self._request(fed, remaining), name, views, {**states, name: here},
+                            self.variant.policy, now_s)
+            if found is None:
+                continue
+            choice, why = found
+            left = member.withdraw(wid, now_s)
+            assert wid not in member.jobs, f"{wid} still in {name} after its withdrawal"
+            job = replace(fed.job, duration_s=left)
+            if choice.transfer_s > 0:
+                self._stage(job, choice, now_s)
+            else:
+                self.members[choice.member].offer(job, now_s)
+                self._commit(fed, choice.member, choice.transfer_gb, choice.egress_cost, now_s)
+            fed.reoffer_moves += 1
+            self.moves.append((now_s, wid, name, choice.member, why))
+            for changed in (name, choice.member):
+                states[changed] = self.members[changed].state(self.up[changed], now_s)
+            if choice.transfer_gb:
+                views = self._member_views()
 
     # ------------------------------------------------------------------ failures
 
@@ -334,6 +385,9 @@ class Federation:
             at = start_s + failure.at_h * 3600
             events.append((at, -2, "fail", failure.member))  # before arrivals at the same instant
             events.append((at + failure.for_h * 3600, -1, "return", failure.member))
+        every = self.spec.reoffer_every_s
+        if every > 0:
+            events.append((start_s + every, -3, "reoffer", None))
         heapq.heapify(events)
         while events:
             at, _, kind, payload = heapq.heappop(events)
@@ -346,6 +400,11 @@ class Federation:
                 for when, wid, remaining in self._fail(payload, at, failure.grace_s):
                     seq += 1
                     heapq.heappush(events, (when, seq, "arrive", (wid, remaining)))
+            elif kind == "reoffer":
+                self._reoffer(at)
+                if any(e[2] != "reoffer" for e in events) or any(
+                        m.pending and math.isfinite(m.loop.peek_s()) for m in self.members.values()):
+                    heapq.heappush(events, (at + every, -3, "reoffer", None))
             elif kind == "return":
                 self.up[payload] = True
                 held, self.unplaced = self.unplaced, []
@@ -392,6 +451,7 @@ class Federation:
             "queue_mean_s": sum(queue) / len(queue) if queue else 0.0,
             "remote_share": remote / max(len(self.jobs), 1),
             "moved_by_failure": self.moved_by_failure,
+            "moved_by_reoffer": len(self.moves),
             "failure_lost_gpu_hours": self.lost_device_s / 3600,
             "members": per_member,
             "single_member_checked": True,

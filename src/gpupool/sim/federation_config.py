@@ -1,17 +1,22 @@
-"""The federated replay's file (fed.yaml): members, their prices and links, homes, data sets, a failure.
+"""The federated replay's file: the hub's fed.yaml (read by the one reader, gpupool/fedfile.py: members,
+regions and their WAN links, price books, named data sets, tenants' homes) with a `simulation`
+section for what only the replay needs: each member's simulated nodes, the default home of the
+trace's tenants, the drawn data sets, the price on waiting, a failure, the re-offer's period.
 
-Read strictly (unknown fields refused, each error names its field); see docs/experiments/federation.md
-for the file the benchmark uses and what each field means.
+An older form (members with `cluster` and `price_per_gpu_hour`, `links`, `homes` at the top) is still
+read, into the same FedSpec. Read strictly (unknown fields refused, each error names its field); see
+docs/experiments/federation.md for the file the benchmark uses and what each field means.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, model_validator
 
 from gpupool.core.federation import Link, Member, PriceBook, TimeWindow
 from gpupool.errors import InvalidInput
+from gpupool.fedfile import FederationConfig, load_federation
 
 
 class _Strict(BaseModel):
@@ -77,6 +82,12 @@ class FedSpec(_Strict):
     """What an hour of delay of one device's work is worth to its tenant (`balanced`)."""
     failure: FailureSpec | None = None
     """The member that fails (in the failure variant)."""
+    reoffer_every_s: float = Field(300.0, ge=0)
+    """How often the hub re-ranks queued work (0: never; queued work then stays at its first choice)."""
+    reoffer_after_s: float = Field(600.0, ge=0)
+    """Only work queued at its member at least this long is re-ranked."""
+    _core: tuple[Member, ...] | None = PrivateAttr(default=None)
+    """The members as the hub's file states them (its price books and links), when read from one."""
 
     @model_validator(mode="after")
     def _names(self) -> FedSpec:
@@ -100,6 +111,8 @@ class FedSpec(_Strict):
 
     def core_members(self) -> tuple[Member, ...]:
         """The members as core/federation.py ranks them (data sets are added by the replay)."""
+        if self._core is not None:
+            return self._core
         out = []
         for m in self.members:
             windows = (TimeWindow(m.night.start_h, m.night.end_h, m.night.multiplier),) if m.night else ()
@@ -111,6 +124,41 @@ class FedSpec(_Strict):
             book = PriceBook({"gpu": m.price_per_gpu_hour}, windows, m.utc_offset_h)
             out.append(Member(m.name, m.region, book, m.egress_per_gb, links))
         return tuple(out)
+
+
+class SimulationSpec(_Strict):
+    """fed.yaml's `simulation` section (the hub ignores it)."""
+
+    clusters: dict[str, str]
+    """Member -> its simulated nodes, as `gpupool sim replay --cluster` takes them (32x8xV100M32)."""
+    default_home: str | None = None
+    """The home of the trace's tenants that `tenants` does not name (default: the first member)."""
+    datasets: DatasetSpec = Field(default_factory=lambda: DatasetSpec.model_validate({}))
+    wait_price_per_device_hour: float = Field(1.0, ge=0)
+    failure: FailureSpec | None = None
+    reoffer_every_s: float = Field(300.0, ge=0)
+    reoffer_after_s: float = Field(600.0, ge=0)
+
+
+def spec_of(config: FederationConfig) -> FedSpec:
+    """The replay's FedSpec from the hub's file as the one reader returned it; ValueError naming the
+    field of the simulation section that is wrong."""
+    sim = SimulationSpec.model_validate(config.simulation)
+    names = [m.name for m in config.members]
+    missing = [n for n in names if n not in sim.clusters]
+    if missing or set(sim.clusters) - set(names):
+        extra = sorted(set(sim.clusters) - set(names))
+        raise ValueError("simulation.clusters must give every member its nodes and name no other: "
+                         + (f"missing {', '.join(missing)}" if missing else f"no member {', '.join(extra)}"))
+    members = [MemberSpec(name=m.name, region=m.region, cluster=sim.clusters[m.name],
+                          price_per_gpu_hour=m.prices.per_device_hour.get("gpu", 0.0) or 1.0,
+                          utc_offset_h=0.0, egress_per_gb=m.egress_per_gb) for m in config.members]
+    spec = FedSpec(members=members, homes={t: p.home for t, p in config.tenants.items() if p.home},
+                   default_home=sim.default_home or names[0], datasets=sim.datasets,
+                   wait_price_per_device_hour=sim.wait_price_per_device_hour, failure=sim.failure,
+                   reoffer_every_s=sim.reoffer_every_s, reoffer_after_s=sim.reoffer_after_s)
+    spec._core = tuple(config.core_members())
+    return spec
 
 
 def load_fed_spec(path: str | Path) -> FedSpec:
@@ -129,11 +177,17 @@ def load_fed_spec(path: str | Path) -> FedSpec:
         where = f" line {mark.line + 1}" if mark is not None else ""
         problem = getattr(exc, "problem", None) or exc
         raise InvalidInput(f"{path}{where} is not valid YAML ({problem}).") from None
+    hub_form = isinstance(data, dict) and "simulation" in data
     try:
+        if hub_form:
+            return spec_of(load_federation(path, replay=True))
         return FedSpec.model_validate(data)
-    except ValidationError as exc:
+    except ValueError as exc:
+        if not isinstance(exc, ValidationError):
+            raise InvalidInput(f"{path}: {exc}; see docs/experiments/federation.md for the fields.") from None
         err = exc.errors()[0]
-        field = ".".join(str(p) for p in err["loc"]) or "(top level)"
+        loc = ("simulation",) if hub_form else ()
+        field = ".".join(str(p) for p in (*loc, *err["loc"])) or "(top level)"
         msg = err["msg"].removeprefix("Value error, ")
         raise InvalidInput(f"{path}: field {field}: {msg}; see docs/experiments/federation.md for the "
                            "fields.") from None
