@@ -164,8 +164,6 @@ class Execs:
                 master, slave = ptys.openpty()
                 ours.append(master)
                 theirs.append(slave)
-                if context.identity is not None:
-                    os.fchown(slave, context.identity.uid, context.identity.gid)
                 stdin_r, stdout_w, stderr_w = slave, slave, slave
                 session_fds = (master, master, -1)
             else:
@@ -179,6 +177,9 @@ class Execs:
             go_r, go_w = os.pipe()
             theirs.append(go_r)
             ours.append(go_w)
+            if context.identity is not None:  # the account reopens them by /dev/fd (the script, /dev/stdin)
+                for fd in theirs:
+                    os.fchown(fd, context.identity.uid, context.identity.gid)
             session = self._spawn(pod_id, context, list(command), pty, stdin_r, stdout_w, stderr_w,
                                   go_r, session_fds)
         except BaseException:
