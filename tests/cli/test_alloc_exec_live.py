@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import ipaddress
 import os
+import signal
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -128,6 +129,27 @@ def test_exec_pipes_stdin_and_returns_the_code(pool: Pool) -> None:
         assert notty.returncode == 1
         assert workload(pool, wid)["status"] == "running"  # an exec's end is not the allocation's
     finally:
+        gp(pool, "cancel", wid)
+
+
+def test_exec_forwards_ctrl_c_to_the_command(pool: Pool) -> None:
+    server, _, tokens = pool
+    wid = held(pool, "--gpus", "0.5")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GPUPOOL_")}
+    env.update(GPUPOOL_URL=server.url, GPUPOOL_TOKEN=tokens["alice"])
+    script = "trap 'echo interrupted; exit 9' INT; echo ready; while :; do sleep 0.05; done"
+    proc = subprocess.Popen([sys.executable, "-m", "gpupool.cli.main", "exec", wid, "--", "sh", "-c", script],
+                            env=env, cwd="/", stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout is not None
+        assert proc.stdout.readline() == "ready\n"  # the command runs: now interrupt it
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=60)
+        assert proc.returncode == 9, err
+        assert out == "interrupted\n"
+    finally:
+        proc.kill()
         gp(pool, "cancel", wid)
 
 
