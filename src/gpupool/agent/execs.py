@@ -37,7 +37,7 @@ from pathlib import Path
 from gpupool.agent.identity import PodIdentity
 from gpupool.agent.launcher import EXIT_FD_PLACEHOLDER, Launcher
 from gpupool.agent.leftovers import MARKER
-from gpupool.errors import InvalidInput, NotFound, ProviderError
+from gpupool.errors import Conflict, InvalidInput, NotFound, ProviderError
 
 SCRIPT = r"""
 go=$1 pty=$2 rlimit_kib=$3 nproc=$4 workdir=$5
@@ -58,6 +58,9 @@ if [ -n "$pty" ] && command -v setsid > /dev/null 2>&1; then exec setsid --ctty 
 exec "$@"
 """
 MAX_COMMAND_ARGS = 4096
+MAX_EXECS_PER_POD = 32
+"""Execs running in one pod at once: each holds descriptors in the agent and a stream in the server."""
+IN_IMAGE = "in-image"
 _EXIT_REPORT_WAIT_S = 10.0
 
 
@@ -88,6 +91,9 @@ class ExecSession:
     pty: bool
     _wait: object = field(repr=False, default=None)
     _closed: bool = False
+    pidfd: int = -1
+    """Readable once the command's process ended (a pidfd), so a caller waits without a thread."""
+    _on_close: object = field(repr=False, default=None)
 
     def resize(self, rows: int, cols: int) -> None:
         """Tell the pty its window size (the command gets SIGWINCH); ignored without a pty."""
@@ -119,7 +125,9 @@ class ExecSession:
             return
         self._closed = True
         self.signal(signal.SIGKILL)
-        for fd in {self.stdin, self.stdout, self.stderr} - {-1}:
+        if callable(self._on_close):
+            self._on_close(self)
+        for fd in {self.stdin, self.stdout, self.stderr, self.pidfd} - {-1}:
             with contextlib.suppress(OSError):
                 os.close(fd)
 
@@ -130,12 +138,19 @@ class Execs:
     def __init__(self, launcher: Callable[[], Launcher]) -> None:
         self._launcher = launcher
         self._lock = threading.Lock()
-        self._contexts: dict[str, ExecContext] = {}
+        self._contexts: dict[str, ExecContext | str] = {}
         self._running: dict[str, list[ExecSession]] = {}
 
-    def remember(self, pod_id: str, context: ExecContext) -> None:
+    def remember(self, pod_id: str, context: ExecContext | str) -> None:
+        """The pod's context, or why nothing can run inside it (IN_IMAGE)."""
         with self._lock:
             self._contexts[pod_id] = context
+
+    def _forget(self, pod_id: str, session: ExecSession) -> None:
+        with self._lock:
+            running = self._running.get(pod_id, [])
+            if session in running:
+                running.remove(session)
 
     def end_pod(self, pod_id: str) -> None:
         """The pod is stopping or ended: no new exec, and those running are killed."""
@@ -157,6 +172,14 @@ class Execs:
         if context is None:
             raise NotFound(f"Pod {pod_id} is not running on this node (it ended, or was started before "
                            "its node agent restarted); exec runs only in a live pod.")
+        if context == IN_IMAGE:
+            raise ProviderError(f"Pod {pod_id} runs in a container image; gpupool exec into containers is "
+                                "not supported yet.")
+        assert isinstance(context, ExecContext)
+        with self._lock:
+            if len(self._running.get(pod_id, [])) >= MAX_EXECS_PER_POD:
+                raise Conflict(f"Pod {pod_id} already runs {MAX_EXECS_PER_POD} execs, the most at once; "
+                               "wait for one to end.")
         ours: list[int] = []
         theirs: list[int] = []
         try:
@@ -208,6 +231,7 @@ class Execs:
                 session.close()
                 raise NotFound(f"Pod {pod_id} ended; exec runs only in a live pod.")
             self._running.setdefault(pod_id, []).append(session)
+        session._on_close = lambda ended: self._forget(pod_id, ended)
         session.resize(rows, cols)
         return session
 
@@ -234,7 +258,11 @@ class Execs:
                                      start_new_session=True, close_fds=True, pass_fds=(go_r,))
             pid = child.pid
             wait = child.wait
-        return ExecSession(pid, *session_fds, pty=pty, _wait=wait)
+        try:
+            pidfd = os.pidfd_open(pid)
+        except OSError:  # it is gone already (or no pidfds): wait() answers at once or in a thread
+            pidfd = -1
+        return ExecSession(pid, *session_fds, pty=pty, _wait=wait, pidfd=pidfd)
 
 
 def _wait_reported(launcher: Launcher, pid: int) -> int:

@@ -24,7 +24,7 @@ from pathlib import Path
 
 from gpupool.agent import container, mounts, workdir
 from gpupool.agent.checkpoints import CHECKPOINT_DIR_ENV, CheckpointDirs
-from gpupool.agent.execs import ExecContext, Execs
+from gpupool.agent.execs import IN_IMAGE, ExecContext, Execs
 from gpupool.agent.identity import (
     BASE_PATH,
     Identities,
@@ -313,7 +313,9 @@ class NodeAgent:
                                        limits=limits, identity=identity,
                                        combined_output=not pod.separate_stderr,
                                        netns=net.netns if net is not None else "", namespace=namespace)
-            if not pod.image:  # gpupool exec: the pod's account, netns, cgroup, limits and environment
+            if pod.image:
+                self.execs.remember(pod.pod_id, IN_IMAGE)
+            else:  # gpupool exec: the pod's account, netns, cgroup, limits and environment
                 self.execs.remember(pod.pod_id, ExecContext(
                     env=env, identity=identity, netns=net.netns if net is not None else "",
                     cgroup_dir=limits.cgroup_dir, workdir=str(cwd),

@@ -1,6 +1,6 @@
 """`gpupool exec`: a WebSocket that runs a command inside a live pod of the caller's workload.
 
-The client opens `/v1/workloads/{id}/exec` with its tenant token and sends one JSON text message:
+The client opens `/api/v1/workloads/{id}/exec` with its tenant token and sends one JSON text message:
 `{"command": [...], "rank": 0, "pty": false, "rows": 0, "cols": 0}`. The server checks the token
 (another tenant's workload is 404, as if it did not exist; the admin token is refused: an exec runs
 as the tenant's account, so it takes the tenant's token, and an admin acts through the pool's verbs,
@@ -40,6 +40,7 @@ router = APIRouter(prefix="/workloads", tags=["workloads"])
 STDIN, STDOUT, STDERR, RESIZE, STDIN_EOF, SIGNAL = 0, 1, 2, 3, 4, 5
 READ_CHUNK = 64 * 1024
 MAX_FRAME = 1 << 20
+FIRST_MESSAGE_S = 30.0
 DRAIN_AFTER_EXIT_S = 5.0
 """How long output still open after the command ended (a child it left holds the pipe) is read."""
 SIGNALS = {signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGKILL, signal.SIGUSR1,
@@ -122,6 +123,15 @@ async def _write_all(fd: int, data: bytes) -> None:
             await _ready(fd, write=True)
 
 
+async def _exited(session: Any) -> int:
+    """The command's exit code: its pidfd turns readable when it ends, so no thread waits meanwhile
+    (the exit status itself is then read at once)."""
+    if session.pidfd >= 0:
+        await _ready(session.pidfd)
+    code: int = await asyncio.to_thread(session.wait)
+    return code
+
+
 async def _feed(ws: WebSocket, session: Any) -> None:
     """Client frames to the exec, one at a time (the next is received once this one is written)."""
     while True:
@@ -156,7 +166,14 @@ async def exec_stream(ws: WebSocket, workload_id: str) -> None:
             client = ws.client
             who = rt.auth.principal(ws.headers.get("authorization"), remote=client.host if client else "",
                                     route=("GET", ws.url.path))
-            command, rank, pty, rows, cols = _request(await ws.receive_text())
+            try:
+                first = await asyncio.wait_for(ws.receive(), FIRST_MESSAGE_S)
+            except TimeoutError:
+                raise InvalidInput(f"No command came within {FIRST_MESSAGE_S:.0f} s of the connection; "
+                                   "send it first.") from None
+            if first["type"] == "websocket.disconnect":
+                return
+            command, rank, pty, rows, cols = _request(first.get("text") or "")
             node, pod_id = await asyncio.to_thread(live_pod, rt, who.tenant, workload_id, rank)
             session = await asyncio.to_thread(rt.provider.exec, node, pod_id, command, pty=pty, rows=rows,
                                               cols=cols)
@@ -169,7 +186,7 @@ async def exec_stream(ws: WebSocket, workload_id: str) -> None:
         if session.stderr >= 0:
             outputs.append(asyncio.create_task(_pump(ws, session.stderr, STDERR)))
         feeding = asyncio.create_task(_feed(ws, session))
-        waiting = asyncio.create_task(asyncio.to_thread(session.wait))
+        waiting = asyncio.create_task(_exited(session))
         await asyncio.wait({feeding, waiting}, return_when=asyncio.FIRST_COMPLETED)
         if not waiting.done():  # the client went away: the exec goes too
             session.signal(signal.SIGKILL)
