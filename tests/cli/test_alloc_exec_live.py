@@ -61,9 +61,9 @@ def gp(pool: Pool, *args: str, who: str = "alice",
                           stdin=None if stdin is not None else subprocess.DEVNULL)
 
 
-def held(pool: Pool, *options: str) -> str:
+def held(pool: Pool, *options: str, who: str = "alice") -> str:
     """A held allocation's id (alloc in a script prints it and keeps it)."""
-    made = gp(pool, "alloc", *options)
+    made = gp(pool, "alloc", *options, who=who)
     assert made.returncode == 0, made.stderr
     return made.stdout.strip()
 
@@ -111,8 +111,49 @@ def test_exec_runs_as_the_pods_account_in_its_network_namespace(
         assert seen == wid and cuda
         if not NETNS_WHY:
             assert ns == os.readlink(f"/proc/{pod.pid}/ns/net") != os.readlink("/proc/self/ns/net")
+        # exactly the pod's environment (its shim's, as the agent started it), nothing of the server's
+        env = gp(pool, "exec", wid, "--", "sh", "-c", "cat /proc/$$/environ")
+        assert env.returncode == 0, env.stderr
+        with open(f"/proc/{pod.pid}/environ", "rb") as pods:
+            shims = pods.read().decode()
+
+        def variables(environ: str) -> set[str]:  # PWD and OLDPWD: set by the `cd` into its directory
+            return {v for v in environ.split("\0") if v and not v.startswith(("PWD=", "OLDPWD="))}
+
+        assert variables(env.stdout) == variables(shims)
+        assert SECRET not in env.stdout
+        # no descriptor of the server's or the agent's: its stdio and the one its start-up line came on
+        fds = gp(pool, "exec", wid, "--", "sh", "-c", "exec ls /proc/self/fd")
+        assert fds.returncode == 0, fds.stderr
+        assert {"0", "1", "2"} <= set(fds.stdout.split()) and len(fds.stdout.split()) <= 5, fds.stdout
     finally:
         gp(pool, "cancel", wid)
+
+
+@pytest.mark.skipif(not ROOT, reason="pods run as the tenant's own account only when the agent is root")
+def test_another_tenants_pod_cannot_open_an_exec_terminal(pool: Pool) -> None:
+    server, _, tokens = pool
+    mine, theirs = held(pool, "--gpus", "0.5"), held(pool, "--gpus", "0.5", who="mallory")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GPUPOOL_")}
+    env.update(GPUPOOL_URL=server.url, GPUPOOL_TOKEN=tokens["alice"])
+    argv = ["exec", "--pty", mine, "--", "sh", "-c", "tty; read line; echo got:$line"]
+    proc = subprocess.Popen([sys.executable, "-m", "gpupool.cli.main", *argv], env=env, cwd="/",
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout is not None and proc.stdin is not None
+        terminal = proc.stdout.readline().strip()
+        assert terminal.startswith("/dev/pts/")
+        hijack = gp(pool, "exec", theirs, "--", "sh", "-c", f"echo injected > {terminal} || cat {terminal}",
+                    who="mallory")
+        assert hijack.returncode != 0 and "Permission denied" in hijack.stderr
+        proc.stdin.write("mine\n")
+        proc.stdin.flush()
+        out, _ = proc.communicate(timeout=60)
+        assert proc.returncode == 0 and "got:mine" in out and "injected" not in out
+    finally:
+        proc.kill()
+        gp(pool, "cancel", mine)
+        gp(pool, "cancel", theirs, who="mallory")
 
 
 def test_exec_pipes_stdin_and_returns_the_code(pool: Pool) -> None:
