@@ -174,14 +174,9 @@ def test_exec_pipes_stdin_and_returns_the_code(pool: Pool) -> None:
 
 
 def test_exec_forwards_ctrl_c_to_the_command(pool: Pool) -> None:
-    server, _, tokens = pool
     wid = held(pool, "--gpus", "0.5")
-    env = {k: v for k, v in os.environ.items() if not k.startswith("GPUPOOL_")}
-    env.update(GPUPOOL_URL=server.url, GPUPOOL_TOKEN=tokens["alice"])
     script = "trap 'echo interrupted; exit 9' INT; echo ready; while :; do sleep 0.05; done"
-    proc = subprocess.Popen([sys.executable, "-m", "gpupool.cli.main", "exec", wid, "--", "sh", "-c", script],
-                            env=env, cwd="/", stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
+    proc = _popen(pool, "exec", wid, "--", "sh", "-c", script)
     try:
         assert proc.stdout is not None
         assert proc.stdout.readline() == "ready\n"  # the command runs: now interrupt it
@@ -192,6 +187,47 @@ def test_exec_forwards_ctrl_c_to_the_command(pool: Pool) -> None:
     finally:
         proc.kill()
         gp(pool, "cancel", wid)
+
+
+def _popen(pool: Pool, *args: str) -> subprocess.Popen[str]:
+    server, _, tokens = pool
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GPUPOOL_")}
+    env.update(GPUPOOL_URL=server.url, GPUPOOL_TOKEN=tokens["alice"])
+    return subprocess.Popen([sys.executable, "-m", "gpupool.cli.main", *args], env=env, cwd="/",
+                            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
+
+
+def test_an_exec_ends_with_its_allocation(pool: Pool) -> None:
+    wid = held(pool, "--gpus", "0.5")
+    proc = _popen(pool, "exec", wid, "--", "sh", "-c", "echo ready; exec sleep 600")
+    try:
+        assert proc.stdout is not None and proc.stdout.readline() == "ready\n"
+        assert gp(pool, "cancel", wid).returncode == 0
+        _, err = proc.communicate(timeout=60)
+        assert proc.returncode == 128 + signal.SIGKILL, err
+    finally:
+        proc.kill()
+
+
+def test_alloc_says_why_it_waits_and_ctrl_c_cancels_it(pool: Pool) -> None:
+    everything = held(pool, "--gpus", "2")
+    proc = _popen(pool, "alloc", "--gpus", "1", "--", "true")
+    try:
+        assert proc.stderr is not None
+        submitted = proc.stderr.readline()
+        assert submitted.startswith("gpupool: allocation w")
+        wid = submitted.split()[2]
+        pending = proc.stderr.readline()
+        assert pending.startswith(f"gpupool: {wid} pending: "), pending
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=60)
+        assert proc.returncode == 128 + signal.SIGINT, err
+        assert f"allocation {wid} cancelled" in err
+        assert workload(pool, wid)["status"] == "cancelled"
+    finally:
+        proc.kill()
+        gp(pool, "cancel", everything)
 
 
 def test_another_tenant_and_the_admin_cannot_exec(pool: Pool
