@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import ipaddress
 import os
+import pty
+import select
 import signal
 import subprocess
 import sys
@@ -228,6 +230,38 @@ def test_alloc_says_why_it_waits_and_ctrl_c_cancels_it(pool: Pool) -> None:
     finally:
         proc.kill()
         gp(pool, "cancel", everything)
+
+
+def test_alloc_on_a_terminal_opens_a_shell_inside_and_releases_it_on_exit(pool: Pool) -> None:
+    server, _, tokens = pool
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GPUPOOL_")}
+    env.update(GPUPOOL_URL=server.url, GPUPOOL_TOKEN=tokens["alice"], SHELL="/bin/sh")
+    master, slave = pty.openpty()
+    proc = subprocess.Popen([sys.executable, "-m", "gpupool.cli.main", "alloc", "--gpus", "0.5"], env=env,
+                            cwd="/", stdin=slave, stdout=slave, stderr=subprocess.PIPE, text=True)
+    os.close(slave)
+    seen = b""
+    try:
+        typed = False
+        while proc.poll() is None or select.select([master], [], [], 0)[0]:
+            if not select.select([master], [], [], 60)[0]:
+                raise AssertionError(f"no output from the shell: {seen!r}")
+            try:
+                chunk = os.read(master, 4096)
+            except OSError:  # EIO: the terminal's last user is gone
+                break
+            seen += chunk
+            if not typed and b"$ " in seen:  # the shell's prompt: it reads from its own terminal
+                os.write(master, b'test -t 0 && echo "in:$GPUPOOL_WORKLOAD_ID"; exit 4\r')
+                typed = True
+        _, err = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+        os.close(master)
+    assert proc.returncode == 4, (seen, err)
+    wid = err.split()[2]
+    assert f"in:{wid}".encode() in seen
+    until(lambda: workload(pool, wid)["status"] == "cancelled", what=f"{wid} released")
 
 
 def test_another_tenant_and_the_admin_cannot_exec(pool: Pool
