@@ -168,6 +168,11 @@ def test_exec_pipes_stdin_and_returns_the_code(pool: Pool) -> None:
         tty = gp(pool, "exec", "--pty", wid, "--", "sh", "-c", "test -t 0 && test -t 1 && tty")
         assert tty.returncode == 0, tty.stderr
         assert tty.stdout.strip().startswith("/dev/pts/")
+        big = 3 * 1024 * 1024 + 7  # more than any pipe or frame holds: flow control both ways
+        through = gp(pool, "exec", wid, "--", "sh", "-c", "wc -c; head -c 3000001 /dev/zero | tr '\\0' x",
+                     stdin="y" * big)
+        assert through.returncode == 0, through.stderr
+        assert through.stdout.startswith(f"{big}\n") and through.stdout[len(f"{big}\n"):] == "x" * 3000001
         notty = gp(pool, "exec", wid, "--", "sh", "-c", "test -t 0")
         assert notty.returncode == 1
         assert workload(pool, wid)["status"] == "running"  # an exec's end is not the allocation's

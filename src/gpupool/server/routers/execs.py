@@ -31,7 +31,7 @@ from fastapi import APIRouter, WebSocket, WebSocketDisconnect
 from sqlalchemy import select
 
 from gpupool.core.model import WorkloadStatus
-from gpupool.errors import Forbidden, GpupoolError, InvalidInput, NotFound
+from gpupool.errors import Forbidden, GpupoolError, InvalidInput, NotFound, ProviderError
 from gpupool.server.orm import PodRow, WorkloadRow
 from gpupool.server.runtime import Runtime
 from gpupool.server.states import PodState
@@ -175,8 +175,12 @@ async def exec_stream(ws: WebSocket, workload_id: str) -> None:
                 return
             command, rank, pty, rows, cols = _request(first.get("text") or "")
             node, pod_id = await asyncio.to_thread(live_pod, rt, who.tenant, workload_id, rank)
-            session = await asyncio.to_thread(rt.provider.exec, node, pod_id, command, pty=pty, rows=rows,
-                                              cols=cols)
+            try:
+                session = await asyncio.to_thread(rt.provider.exec, node, pod_id, command, pty=pty, rows=rows,
+                                                  cols=cols)
+            except OSError as exc:  # out of descriptors or ptys on the node: said, not a dropped stream
+                raise ProviderError(f"Could not start the command inside pod {pod_id} ({exc.strerror}); "
+                                    "try again when the node has fewer execs open.") from None
         except GpupoolError as exc:
             await ws.send_text(json.dumps({"error": exc.message, "status": exc.http_status}))
             await ws.close()
