@@ -282,6 +282,11 @@ def test_another_tenant_and_the_admin_cannot_exec(pool: Pool
         assert unknown.returncode == 3 and "No workload 'w-nope'" in unknown.stderr
         usage = gp(pool, "exec", wid)
         assert usage.returncode == 2 and "usage: gpupool exec ID" in usage.stderr
+        rank = gp(pool, "exec", "--rank", "one", wid, "--", "true")
+        assert rank.returncode == 2
+        assert rank.stderr == "Error: --rank takes a replica number (0, 1, ...), not 'one'.\n"
+        gang = gp(pool, "alloc", "--replicas", "2", "--", "true")
+        assert gang.returncode == 2 and "an allocation is one pod" in gang.stderr
     finally:
         gp(pool, "cancel", wid)
 
