@@ -50,16 +50,22 @@ def exec_command(workload_id: str, command: list[str], *, pty: bool, rank: int =
     from websockets.exceptions import ConnectionClosed, InvalidHandshake
     from websockets.sync.client import connect
 
-    from gpupool.client import API, Client
+    from gpupool.clientconfig import ca_bundle, resolve
 
-    with Client(url, token) as pool:
-        base, bearer = pool.url, pool.token
-    target = ("wss" + base[5:] if base.startswith("https") else "ws" + base[4:]) + API
+    urls, bearer = resolve(url, token)
+    base = urls.split(",")[0]  # the first of the pool's servers, as the API client starts with
+    secure = base.startswith("https://")
+    target = ("wss" + base[5:] if secure else "ws" + base[4:]) + "/api/v1"
     headers = {"Authorization": f"Bearer {bearer}"} if bearer else {}
+    context = None
+    if secure:
+        import ssl
+
+        context = ssl.create_default_context(cafile=ca_bundle())  # the pool's private CA when named
     try:
-        ws = connect(f"{target}/workloads/{workload_id}/exec", additional_headers=headers,
+        ws = connect(f"{target}/workloads/{workload_id}/exec", additional_headers=headers, ssl=context,
                      max_size=MAX_MESSAGE, open_timeout=30)
-    except (OSError, InvalidHandshake) as exc:
+    except (OSError, InvalidHandshake, TimeoutError) as exc:
         return _error(f"cannot reach the pool at {base} ({exc}); is `gpupool up` running?", 4)
     with ws:
         rows, cols = _size() if pty else (0, 0)
