@@ -89,3 +89,10 @@ def test_checkpoints_every_interval_of_running_and_kept_across_attempts() -> Non
     assert fake.checkpoint_s("w") is None
     with pytest.raises(InvalidInput, match="GPUPOOL_FAKE_CHECKPOINT_S"):
         fake.launch(pod("bad", node, GPUPOOL_FAKE_CHECKPOINT_S="often"))
+
+
+def test_exec_into_a_fake_pod_says_why_it_cannot() -> None:
+    from gpupool.errors import ProviderError
+
+    with pytest.raises(ProviderError, match="not processes, so nothing can run inside them"):
+        FakeProvider("1x1xT4").exec("n0", "p-1", ["true"])

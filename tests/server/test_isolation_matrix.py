@@ -8,6 +8,7 @@ fails `test_every_route_has_an_expectation` until its developer says what a tena
 from __future__ import annotations
 
 import base64
+import json
 import sys
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
@@ -284,6 +285,33 @@ def _refusal_problems(world: World, method: str, template: str, expectation: Adm
     if set(answer.json()) != {"code", "message", "details"} or SECRET in answer.text:
         return [f"{where}: the refusal is not one error body without the other tenant's data: {answer.text}"]
     return []
+
+
+WEBSOCKETS: dict[str, frozenset[int]] = {
+    "/workloads/{workload_id}/exec": frozenset({404}),  # gpupool exec: another tenant's pod does not exist
+}
+"""WebSocket routes (the OpenAPI schema does not list them) -> the refusal an intruder gets, as the
+status of the one error message the route sends before it closes."""
+
+
+def test_every_websocket_is_the_owners_alone(world: World) -> None:
+    import importlib
+    import pkgutil
+
+    from starlette.routing import WebSocketRoute
+
+    import gpupool.server.routers as routers
+
+    paths = sorted(r.path for info in pkgutil.iter_modules(routers.__path__)
+                   for r in importlib.import_module(f"{routers.__name__}.{info.name}").router.routes
+                   if isinstance(r, WebSocketRoute))
+    assert paths == sorted(WEBSOCKETS), f"WebSocket routes {paths}: give each a row in WEBSOCKETS"
+    for template, codes in WEBSOCKETS.items():
+        path = _path(template, {}, world.victim)
+        with world.server.client.websocket_connect(path, headers=world.server.headers(world.intruder)) as ws:
+            ws.send_text(json.dumps({"command": ["cat", "/proc/self/environ"]}))
+            answer = json.loads(ws.receive_text())
+        assert answer.get("status") in codes and SECRET not in json.dumps(answer), (template, answer)
 
 
 def test_a_tenant_reaches_nothing_of_another_tenant(world: World) -> None:

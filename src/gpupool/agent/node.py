@@ -24,6 +24,7 @@ from pathlib import Path
 
 from gpupool.agent import container, mounts, workdir
 from gpupool.agent.checkpoints import CHECKPOINT_DIR_ENV, CheckpointDirs
+from gpupool.agent.execs import IN_IMAGE, ExecContext, Execs
 from gpupool.agent.identity import (
     BASE_PATH,
     Identities,
@@ -125,6 +126,8 @@ class NodeAgent:
         self.pod_processes = process_limit()
         """RLIMIT_NPROC of every pod account here (isolation.process_limit)."""
         self.runner = Runner(self.state_dir, clock=clock, max_log_bytes=max_log_bytes)
+        self.execs = Execs(self.runner.launcher)
+        """Commands run inside live pods (gpupool exec; execs.py)."""
         self.containers, self.containers_unavailable = container.detect()
         """What runs `--image` pods here (container.py), or None and the sentence why nothing does."""
         self.network = PodNetwork(network or NetworkSettings(mode=NetnsMode.OFF), network_slot, published)
@@ -310,6 +313,13 @@ class NodeAgent:
                                        limits=limits, identity=identity,
                                        combined_output=not pod.separate_stderr,
                                        netns=net.netns if net is not None else "", namespace=namespace)
+            if pod.image:
+                self.execs.remember(pod.pod_id, IN_IMAGE)
+            else:  # gpupool exec: the pod's account, netns, cgroup, limits and environment
+                self.execs.remember(pod.pod_id, ExecContext(
+                    env=env, identity=identity, netns=net.netns if net is not None else "",
+                    cgroup_dir=limits.cgroup_dir, workdir=str(cwd),
+                    rlimit_data_bytes=limits.rlimit_data_bytes, rlimit_nproc=limits.rlimit_nproc))
         except Exception:
             if net is not None and self.runner.known(pod.pod_id) is None:
                 self.network.detach(pod.pod_id)  # no record, so no poll would ever end it
@@ -400,6 +410,7 @@ class NodeAgent:
             raise NotFound(f"No isolation record for pod {pod_id!r} on this node.") from None
 
     def stop(self, pod_id: str, grace_s: float = 10.0) -> None:
+        self.execs.end_pod(pod_id)
         self.runner.stop(pod_id, grace_s)
 
     def checkpoint_s(self, workload_id: str) -> float | None:
@@ -413,6 +424,9 @@ class NodeAgent:
     def poll(self) -> list[PodRecord]:
         records = self.runner.poll()
         self._detach_ended(records)
+        for record in records:
+            if record.finished:
+                self.execs.end_pod(record.pod_id)
         return records
 
     def forget_pods(self, pod_ids: Iterable[str]) -> None:

@@ -304,6 +304,13 @@ class Runner:
         if reaper is not None:
             reaper.watch(record.pod_id, pid)
 
+    def launcher(self) -> Launcher:
+        """The launcher helpers (started on first use): execs into pods are started through them too."""
+        with self._lock:
+            if self._launcher is None:
+                self._launcher = Launcher(self._launch_timeout_s)
+            return self._launcher
+
     def _launch_as(self, identity: PodIdentity, argv: list[str], env: Mapping[str, str], go_r: int,
                    stdout: int, stderr: int, exit_fd: int, netns: str = "",
                    namespace: PodNamespace | None = None) -> tuple[int, int | None]:

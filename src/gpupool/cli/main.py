@@ -43,6 +43,9 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
     "update": ("gpupool.cli.jobs", "update", "Change a pending workload's priority, time, gpus."),
     "requeue": ("gpupool.cli.jobs", "requeue", "Send running workloads back to pending."),
     "run": ("gpupool.cli.run", "run", "Submit, stream the output, exit with its code."),
+    # interactive allocations: salloc, and srun --pty / kubectl exec inside one
+    "alloc": ("gpupool.cli.alloc", "alloc", "Hold a slice; run a command or a shell inside it (salloc)."),
+    "exec": ("gpupool.cli.alloc", "exec_", "Run a command inside a running workload (--pty for a tty)."),
     "logs": ("gpupool.cli.logs", "logs", "Print a workload's output (-f to follow)."),
     "wait": ("gpupool.cli.wait", "wait", "Wait for a workload; exit 0 when it succeeded."),
     "events": ("gpupool.cli.events", "events", "Print workload events (-f to follow them live)."),
@@ -57,7 +60,8 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
 }
 
 
-FAST_COMMANDS = {"submit": "gpupool.cli.submit_fast", "run": "gpupool.cli.run_fast"}
+FAST_COMMANDS = {"submit": "gpupool.cli.submit_fast", "run": "gpupool.cli.run_fast",
+                 "alloc": "gpupool.cli.alloc_fast", "exec": "gpupool.cli.exec_fast"}
 """Commands served without typer (their typer twin in COMMANDS gives --help)."""
 
 

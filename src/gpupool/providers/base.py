@@ -11,11 +11,14 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import ClassVar
+from typing import TYPE_CHECKING, ClassVar
 
 from gpupool.core.model import Node
 from gpupool.errors import ProviderError
 from gpupool.pods import HealthEvent, LogChunk, PodLaunch, PodStatus
+
+if TYPE_CHECKING:
+    from gpupool.agent.execs import ExecSession
 
 
 class Capability(StrEnum):
@@ -128,6 +131,14 @@ class Provider(ABC):
         """The pod's log text from byte `offset`. Non-blocking. Raises NotFound for an unknown pod,
         InvalidInput for a stream other than stdout/stderr."""
         raise ProviderError(f"The {self.name} provider keeps no logs.")
+
+    def exec(self, node: str, pod_id: str, command: Sequence[str], *, pty: bool = False, rows: int = 0,
+             cols: int = 0) -> ExecSession:
+        """Start `command` inside the live pod `pod_id` on `node` (gpupool exec): its account, network
+        namespace, cgroup, limits and environment; see agent/execs.py. Raises NotFound when the pod is
+        not live there, ProviderError where this provider cannot."""
+        raise ProviderError(f"The {self.name} provider cannot run commands inside pods yet; "
+                            "gpupool exec and alloc need the local provider (gpupool up, or --simulate).")
 
     def inject_fault(self, node: str, device_uuid: str = "", reason: str = "injected fault") -> None:
         """Mark a device (or, with no uuid, the whole node) unhealthy, as a real fault would.

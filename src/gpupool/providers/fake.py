@@ -15,6 +15,7 @@ import heapq
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING
 
 from gpupool.core.model import Node
 from gpupool.errors import InvalidInput, NotFound, ProviderError
@@ -22,6 +23,9 @@ from gpupool.pods import HealthEvent, LogChunk, PodLaunch, PodPhase, PodStatus
 from gpupool.providers.base import Capability, Provider
 from gpupool.providers.nodespec import SPEC_SYNTAX, nodes_from_openb_csv, nodes_from_spec
 from gpupool.providers.registry import register_provider
+
+if TYPE_CHECKING:
+    from gpupool.agent.execs import ExecSession
 
 __all__ = ["SPEC_SYNTAX", "FakeProvider", "nodes_from_openb_csv", "nodes_from_spec"]
 
@@ -200,6 +204,11 @@ class FakeProvider(Provider):
             raise NotFound(f"No node {node!r} in the fake provider.")
         if device_uuid and device_uuid not in {d.uuid for d in self._nodes[node].devices}:
             raise NotFound(f"Node {node!r} has no device {device_uuid!r}.")
+
+    def exec(self, node: str, pod_id: str, command: Sequence[str], *, pty: bool = False, rows: int = 0,
+             cols: int = 0) -> ExecSession:
+        raise ProviderError("Pods of the fake provider are not processes, so nothing can run inside them; "
+                            "gpupool exec and alloc need the local provider (gpupool up --simulate).")
 
     def inject_fault(self, node: str, device_uuid: str = "", reason: str = "injected fault") -> None:
         self._check(node, device_uuid)

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import platformdirs
 
+from gpupool.agent.execs import ExecSession
 from gpupool.agent.identity import Identities
 from gpupool.agent.isolation import CGROUP_ROOT_ENV
 from gpupool.agent.mps import MPS_CONTROL, MpsDaemon
@@ -155,6 +156,11 @@ class LocalProvider(Provider):
 
     def read_log(self, pod_id: str, stream: str = "stdout", offset: int = 0) -> LogChunk:
         return self.agent.read_log(pod_id, stream, offset)
+
+    def exec(self, node: str, pod_id: str, command: Sequence[str], *, pty: bool = False, rows: int = 0,
+             cols: int = 0) -> ExecSession:
+        self._check_node(node)
+        return self.agent.execs.start(pod_id, command, pty=pty, rows=rows, cols=cols)
 
     def inject_fault(self, node: str, device_uuid: str = "", reason: str = "injected fault") -> None:
         if node != self.agent.node_name:

@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
+from gpupool.agent.execs import ExecSession
 from gpupool.agent.identity import Identities
 from gpupool.agent.netns import NetworkSettings
 from gpupool.agent.runner import DEFAULT_MAX_LOG_BYTES
@@ -106,6 +107,10 @@ class LocalPool(Provider):
             except NotFound:
                 continue
         raise NotFound(f"No pod {pod_id!r} on this pool.")
+
+    def exec(self, node: str, pod_id: str, command: Sequence[str], *, pty: bool = False, rows: int = 0,
+             cols: int = 0) -> ExecSession:
+        return self._member(node).exec(node, pod_id, command, pty=pty, rows=rows, cols=cols)
 
     def inject_fault(self, node: str, device_uuid: str = "", reason: str = "injected fault") -> None:
         self._member(node).inject_fault(node, device_uuid, reason)

@@ -38,6 +38,7 @@ from gpupool.server.routers import (
     workloads,
 )
 from gpupool.server.routers import events as event_routes
+from gpupool.server.routers import execs as exec_routes
 from gpupool.server.routers import fabric as fabric_routes
 from gpupool.server.routers import history as history_routes
 from gpupool.server.routers import secrets as secret_routes
@@ -120,7 +121,7 @@ def create_app(rt: Runtime, *, run_loop: bool = True, hub_router: APIRouter | No
     for router in (health.router, workloads.router, nodes.router, tenants.router, audit.router,
                    config.router, session.router, usage.router, calls.router, fabric_routes.router,
                    images.router, secret_routes.router, history_routes.router, event_routes.router,
-                   service_routes.router, server_routes.router):
+                   service_routes.router, server_routes.router, exec_routes.router):
         app.include_router(router, prefix=API_PREFIX, responses=dict(too_large))
     app.include_router(health.router, include_in_schema=False)  # /health at the root too
     apidocs.install(app, f"{API_PREFIX}/openapi.json")
