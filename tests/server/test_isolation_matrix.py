@@ -164,6 +164,7 @@ EXPECTED: dict[tuple[str, str], Expectation] = {
     ("GET", "/services"): Readable(probe={"tenant": "tenant"}),
     ("GET", "/services/{name}"): Others(params={"name": "service_name"}, codes=frozenset({404})),
     ("GET", "/services/{name}/partners"): Others(params={"name": "service_name"}, codes=frozenset({404})),
+    ("GET", "/services/{name}/history"): Others(params={"name": "service_name"}, codes=frozenset({404})),
     ("PATCH", "/services/{name}"): Others(params={"name": "service_name"}, codes=frozenset({404}),
                                           body=lambda v: {"changes": {"command": ["evil"]}}),
     ("POST", "/services/{name}/scale"): Others(params={"name": "service_name"}, codes=frozenset({404}),

@@ -266,3 +266,35 @@ class ServiceOut(Strict):
     spec: dict[str, Any]
     replicas: list[ReplicaOut] = Field(default_factory=list)
     events: list[ServiceEventOut] = Field(default_factory=list)
+
+
+# --- the dashboard's service page (docs/dashboard.md) ---
+class ServiceLive(Strict):
+    """What the data plane's router sees of one service now (its last one-second tick)."""
+
+    requests_per_s: float
+    in_flight: int
+    latency_p50_ms: float | None = Field(None, description="in-process router only")
+    latency_p99_ms: float | None = Field(None, description="in-process router only")
+    latency_mean_ms: float | None = Field(None, description="HAProxy: the mean of its last 1024 requests")
+
+
+class ServiceHistorySeries(Strict):
+    name: str = Field(description="ready, desired, requests_per_s, in_flight, latency_p50_ms, "
+                                  "latency_p99_ms or latency_mean_ms")
+    values: list[tuple[float, float]] = Field(description="[bucket start (epoch s), mean]")
+
+
+class ServiceHistoryOut(Strict):
+    """GET /v1/services/{name}/history: the service page's charts, its live numbers and scale events."""
+
+    service: str = Field(description="<tenant>/<name>")
+    range: str
+    step_s: int
+    since_s: float
+    now_s: float
+    router: str = Field(description="haproxy, in-process, or none (no --serve-port)")
+    latency: str = Field(description="quantiles (p50/p99 per request) or mean (HAProxy's average)")
+    live: ServiceLive | None = Field(description="null where no router serves or it has not seen the service")
+    series: list[ServiceHistorySeries]
+    events: list[ServiceEventOut]
