@@ -33,15 +33,26 @@ def create_service(body: ServiceSpec, rt: Rt, who: Who) -> ServiceOut:
 
 
 @router.get("/services", response_model=list[ServiceOut])
-def list_services(rt: Rt, who: Who, tenant: TenantQuery = None) -> list[ServiceOut]:
-    """The caller's services; the admin's: every tenant's, or `tenant`'s."""
-    return cases.list_services(rt, who, tenant)
+def list_services(request: Request, rt: Rt, who: Who, tenant: TenantQuery = None) -> list[ServiceOut]:
+    """The caller's services, each with the router's live numbers; the admin's: every tenant's, or
+    `tenant`'s."""
+    return _with_live(request, cases.list_services(rt, who, tenant))
 
 
 @router.get("/services/{name}", response_model=ServiceOut)
-def get_service(name: NameParam, rt: Rt, who: Who, tenant: TenantQuery = None) -> ServiceOut:
-    """One service with its replicas (status, readiness, endpoint) and its recent events."""
-    return cases.get(rt, who, name, tenant)
+def get_service(name: NameParam, request: Request, rt: Rt, who: Who,
+                tenant: TenantQuery = None) -> ServiceOut:
+    """One service with its replicas (status, readiness, endpoint), its recent events and the router's
+    live numbers."""
+    return _with_live(request, [cases.get(rt, who, name, tenant)])[0]
+
+
+def _with_live(request: Request, services: list[ServiceOut]) -> list[ServiceOut]:
+    dataplane = request.app.state.dataplane
+    if dataplane is None:
+        return services
+    live = dataplane.live()
+    return [s.model_copy(update={"live": live.get(f"{s.tenant}/{s.name}")}) for s in services]
 
 
 @router.get("/services/{name}/partners", response_model=PartnersOut)
