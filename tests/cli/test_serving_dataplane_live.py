@@ -116,3 +116,25 @@ def test_the_router_follows_a_revoked_token(pool: Pool) -> None:
     until(lambda: pool.routed("/s/alice/web/", token, timeout_s=10).status_code == 401, 10,
           "the revoked token refused by the router")
     assert pool.routed("/s/alice/web/", pool.tokens["alice"], timeout_s=10).status_code == 200
+
+
+def test_the_service_page_reads_the_routers_live_numbers(pool: Pool) -> None:
+    """Needs alice/web with a ready replica (the first test leaves one)."""
+    alice = {"Authorization": f"Bearer {pool.tokens['alice']}"}
+    for _ in range(5):
+        assert pool.routed("/s/alice/web/", pool.tokens["alice"], timeout_s=10).status_code == 200
+
+    def live() -> dict | None:  # type: ignore[type-arg]
+        answer = httpx.get(f"{pool.server.api}/services/web", headers=alice, timeout=10)
+        assert answer.status_code == 200, answer.text
+        return answer.json()["live"]  # type: ignore[no-any-return]
+
+    until(lambda: live() is not None, 10, "the router's numbers on the service")
+    page = httpx.get(f"{pool.server.api}/services/web/history", headers=alice, timeout=10).json()
+    assert page["router"] in ("haproxy", "in-process") and page["live"] is not None
+    if page["router"] == "in-process":  # it times every request: quantiles
+        assert page["latency"] == "quantiles" and page["live"]["latency_p50_ms"] is not None
+    else:  # HAProxy's show stat: the mean only, never called a quantile
+        assert page["latency"] == "mean" and page["live"]["latency_p50_ms"] is None
+    listed = httpx.get(f"{pool.server.api}/services", headers=alice, timeout=10).json()
+    assert [s["live"] is not None for s in listed if s["name"] == "web"] == [True]
