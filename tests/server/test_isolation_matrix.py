@@ -107,6 +107,7 @@ EXPECTED: dict[tuple[str, str], Expectation] = {
     ("GET", "/workloads/{workload_id}/events"): Others(),
     ("GET", "/workloads/{workload_id}/logs"): Others(),
     ("GET", "/events/stream"): Readable(probe={"tenant": "tenant", "workload": "workload_id"}),
+    ("GET", "/events/services/stream"): Readable(probe={"tenant": "tenant", "service": "service_name"}),
     ("POST", "/workloads/arrays/{array_id}/cancel"): Others(),
     # Nodes and the pool
     ("GET", "/nodes"): Readable(),

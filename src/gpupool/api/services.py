@@ -301,3 +301,14 @@ class ServiceHistoryOut(Strict):
     live: ServiceLive | None = Field(description="null where no router serves or it has not seen the service")
     series: list[ServiceHistorySeries]
     events: list[ServiceEventOut]
+
+
+class ServiceStreamEvent(Strict):
+    """One service event as `GET /events/services/stream` sends it (`gpupool events --services`)."""
+
+    id: int = Field(description="grows with each event stored: resume after it (Last-Event-ID)")
+    tenant: str
+    service: str
+    reason: str = Field(description="scaled, cold_start, replica replaced, rollout step, degraded ...")
+    message: str
+    at_s: float
