@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import threading
@@ -175,3 +176,14 @@ def test_events_services_follows_a_scale_and_shows_the_tenants_own_only(pool: Po
         follower.wait(timeout=30)
         assert pool.gp("service", "delete", "bobs", token=bob).returncode == 0
         until(lambda: pool.gp("service", "show", "bobs", token=bob).returncode == 3, 60, "bobs gone")
+
+
+def test_node_ls_and_the_pool_summary_say_which_router_serves(pool: Pool) -> None:
+    summary = httpx.get(f"{pool.server.api}/pool", headers={"Authorization": f"Bearer {pool.tokens['bob']}"},
+                        timeout=10).json()
+    want = "haproxy" if shutil.which("haproxy") or os.access("/usr/sbin/haproxy", os.X_OK) else \
+        "in-process (haproxy not installed)"
+    assert summary["router"] == want
+    listed = pool.gp("node", "ls")
+    assert listed.returncode == 0 and f"services: routed by {want}" in listed.stdout, listed.stderr
+    assert "services:" not in pool.gp("node", "ls", "-o", "json").stdout  # machine output stays JSON

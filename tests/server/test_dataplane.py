@@ -15,6 +15,7 @@ import httpx
 import pytest
 from dataplane_replicas import bearer, digest, free_port, get, replicas
 
+from gpupool.server.dataplane import plane as plane_module
 from gpupool.server.dataplane.haproxy import find_haproxy
 from gpupool.server.dataplane.model import Backend, Probe, Route
 from gpupool.server.dataplane.plane import DataPlane, RouterKind
@@ -188,5 +189,17 @@ def test_the_router_files_are_the_pools_alone(plane: Plane) -> None:
 def test_the_start_note_says_which_router_serves(plane: Plane) -> None:
     if plane.plane.kind is RouterKind.HAPROXY:
         assert plane.plane.note.startswith("services are served by HAProxy")
-    else:
-        assert plane.plane.note.startswith("HAProxy is not installed: services are served by the in-process")
+        assert plane.plane.router == "haproxy"
+    else:  # asked for (haproxy=None): not said to be missing when it may well be installed
+        assert plane.plane.note.startswith("services are served by the in-process router (--serve-router "
+                                           "in-process)")
+        assert plane.plane.router == "in-process (--serve-router in-process)"
+
+
+def test_a_pool_without_haproxy_says_so_in_its_router(tmp_path: Path,
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(plane_module, "find_haproxy", lambda: None)  # a machine without the package
+    fallen_back = DataPlane(tmp_path / "dataplane", "127.0.0.1", free_port(), haproxy="")
+    assert fallen_back.kind is RouterKind.IN_PROCESS
+    assert fallen_back.router == "in-process (haproxy not installed)"
+    assert fallen_back.note.startswith("HAProxy is not installed: services are served by the in-process")

@@ -120,6 +120,11 @@ class DataPlaneLoop:
         """haproxy or in-process: which router serves (the start note, `config show --server`)."""
         return self.plane.kind.value
 
+    @property
+    def router_note(self) -> str:
+        """haproxy, or in-process with why (GET /pool, `gpupool node ls`)."""
+        return self.plane.router
+
     def live(self) -> dict[str, ServiceLive]:
         """Each service's numbers at the last tick (the dashboard's service page and history)."""
         return {service: ServiceLive(requests_per_s=round(r.requests_per_s, 3), in_flight=r.traffic.in_flight,
