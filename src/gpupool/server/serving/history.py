@@ -2,9 +2,10 @@
 
 Once a minute the history sampler (loops/history.py) records, per service <tenant>/<name>, its ready
 and desired replicas from the store and, where a router serves (--serve-port), the requests per second,
-requests in flight and latency the data plane loop saw at its last tick. The in-process router measures
-every request (p50/p99); HAProxy's `show stat` gives only the mean of its last 1024 requests, which is
-recorded as `latency_mean_ms` and shown as a mean, never as a quantile.
+requests in flight and latency the data plane loop saw at its last tick. Both routers time every
+request (p50/p99: the in-process router itself, HAProxy through its request log, haproxy_log.py);
+HAProxy's `show stat` mean of its last 1024 requests is kept too (`latency_mean_ms`), and where only
+a mean is known it is shown as a mean, never as a quantile.
 """
 
 from __future__ import annotations
@@ -89,8 +90,11 @@ def query(rt: Runtime, who: Principal, name: str, tenant: str | None, range_: st
         elif by_time or s in ("ready", "desired"):
             out.append(ServiceHistorySeries(name=s, values=bucket_means(times, by_time, width)))
     seen = None if live is None else live.get(key)
-    mean_only = router == "haproxy" or (seen is not None and seen.latency_p50_ms is None
-                                        and seen.latency_mean_ms is not None)
+    quantiles = any(s.name == "latency_p50_ms" and s.values for s in out)
+    if seen is not None and (seen.latency_p50_ms is not None or seen.latency_mean_ms is not None):
+        quantiles = seen.latency_p50_ms is not None  # what the router measures now decides
+    mean_only = not quantiles and (router == "haproxy" or any(s.name == "latency_mean_ms" and s.values
+                                                             for s in out))
     return ServiceHistoryOut(service=key, range=range_, step_s=width, since_s=since, now_s=now, router=router,
                              latency="mean" if mean_only else "quantiles", live=seen,
                              series=[s for s in out if s.values or s.name in ("ready", "desired")],

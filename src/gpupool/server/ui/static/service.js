@@ -1,7 +1,7 @@
 // One service: its state and replicas (node, endpoint, readiness), charts of its replicas, requests/s
 // and latency over the last hour, day or week (the store's history, one point a minute), the router's
-// numbers now, and its scale events with their reasons. Behind HAProxy only the mean latency is known
-// (its `show stat` gives no quantiles): the page says so rather than show a mean as a p50.
+// numbers now, and its scale events with their reasons. Latency is p50/p99 per request; where only
+// HAProxy's `show stat` mean is known the page says so rather than show a mean as a p50.
 
 import { get } from "./api.js";
 import { h, link, statusBadge, table, update, when } from "./dom.js";
@@ -54,7 +54,7 @@ function summary(s) {
   const live = s.live;
   let latency = "no router serves this pool (--serve-port)";
   if (live && live.latency_p50_ms !== null) latency = `p50 ${live.latency_p50_ms.toFixed(2)} ms, p99 ${(live.latency_p99_ms ?? 0).toFixed(2)} ms`;
-  else if (live && live.latency_mean_ms !== null) latency = `mean ${live.latency_mean_ms.toFixed(2)} ms (HAProxy reports only the mean of its last 1024 requests)`;
+  else if (live && live.latency_mean_ms !== null) latency = `mean ${live.latency_mean_ms.toFixed(2)} ms (HAProxy's show stat: its last 1024 requests; no quantiles yet)`;
   else if (live) latency = "no requests yet";
   return [
     h("h1", {}, s.name, " ", statusBadge(s.state)),
