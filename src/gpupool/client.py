@@ -35,7 +35,7 @@ from gpupool.api.mounts import parse_mount, parse_secret_use
 from gpupool.api.nodes import NodeOut, PoolSummary
 from gpupool.api.secrets import SecretDeleted, SecretOut
 from gpupool.api.servers import ServersOut
-from gpupool.api.services import PartnersOut, ServiceOut, ServiceSpec
+from gpupool.api.services import PartnersOut, ServiceOut, ServiceSpec, ServiceStreamEvent
 from gpupool.api.tenants import QueueOut, TenantDeleted, TenantOut, TokenInfo, TokenOut
 from gpupool.api.usage import UsageOut
 from gpupool.api.workloads import (
@@ -317,17 +317,33 @@ class Client:
             params["tenant"] = tenant
         if workload_ids:
             params["workload"] = list(workload_ids)
+        return self._sse("/events/stream", params, EventOut, after, follow, reconnect_s)
+
+    def stream_service_events(self, *, tenant: str | None = None, services: Sequence[str] = (),
+                              after: int | None = None, follow: bool = True, reconnect_s: float = 0.0
+                              ) -> Iterator[ServiceStreamEvent]:
+        """Service events (scaled, cold starts, replicas replaced ...) as they are stored
+        (`GET /events/services/stream`): as stream_events, with the service events' own ids."""
+        params: dict[str, Any] = {"follow": "true" if follow else "false"}
+        if tenant is not None:
+            params["tenant"] = tenant
+        if services:
+            params["service"] = list(services)
+        return self._sse("/events/services/stream", params, ServiceStreamEvent, after, follow, reconnect_s)
+
+    def _sse(self, path: str, params: dict[str, Any], model: type[M], after: int | None, follow: bool,
+             reconnect_s: float) -> Iterator[M]:
         last = after
         failing_since: float | None = None
         while True:
             headers = {} if last is None else {"Last-Event-ID": str(last)}
             try:
-                with self._http.stream("GET", "/events/stream", params=params, headers=headers,
+                with self._http.stream("GET", path, params=params, headers=headers,
                                        timeout=httpx.Timeout(30.0, read=60.0)) as answer:
                     if answer.status_code >= 400:
                         raise error_from_answer(answer.status_code, answer.read())
                     failing_since = None
-                    for event_id, event in _sse_events(answer.iter_lines()):
+                    for event_id, event in _sse_events(answer.iter_lines(), model):
                         last = event_id  # the first, without an event, says where the stream starts
                         if event is not None:
                             yield event
@@ -720,7 +736,7 @@ def _verify(url: str) -> ssl.SSLContext | bool:
                            "point GPUPOOL_CA_BUNDLE at the CA's PEM certificate.") from None
 
 
-def _sse_events(lines: Iterator[str]) -> Iterator[tuple[int, EventOut | None]]:
+def _sse_events(lines: Iterator[str], model: type[M]) -> Iterator[tuple[int, M | None]]:
     """(id, event) for each block of a server-sent event stream that has an id; the event is None
     for a block without data (the stream's start). Comments (keep-alive pings) are skipped."""
     event_id: int | None = None
@@ -732,7 +748,7 @@ def _sse_events(lines: Iterator[str]) -> Iterator[tuple[int, EventOut | None]]:
             data = line[5:].strip()
         elif not line:
             if event_id is not None:
-                yield event_id, EventOut.model_validate_json(data) if data else None
+                yield event_id, model.model_validate_json(data) if data else None
             event_id, data = None, ""
 
 

@@ -6,8 +6,10 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
+import threading
 from collections.abc import Iterator
 
 import httpx
@@ -116,3 +118,75 @@ def test_the_router_follows_a_revoked_token(pool: Pool) -> None:
     until(lambda: pool.routed("/s/alice/web/", token, timeout_s=10).status_code == 401, 10,
           "the revoked token refused by the router")
     assert pool.routed("/s/alice/web/", pool.tokens["alice"], timeout_s=10).status_code == 200
+
+
+def test_the_service_page_reads_the_routers_live_numbers(pool: Pool) -> None:
+    """Needs alice/web with a ready replica (the first test leaves one)."""
+    alice = {"Authorization": f"Bearer {pool.tokens['alice']}"}
+    for _ in range(5):
+        assert pool.routed("/s/alice/web/", pool.tokens["alice"], timeout_s=10).status_code == 200
+
+    def live() -> dict | None:  # type: ignore[type-arg]
+        answer = httpx.get(f"{pool.server.api}/services/web", headers=alice, timeout=10)
+        assert answer.status_code == 200, answer.text
+        return answer.json()["live"]  # type: ignore[no-any-return]
+
+    until(lambda: live() is not None, 10, "the router's numbers on the service")
+    page = httpx.get(f"{pool.server.api}/services/web/history", headers=alice, timeout=10).json()
+    assert page["router"] in ("haproxy", "in-process") and page["live"] is not None
+    # both routers time every request (HAProxy through its request log): quantiles
+    until(lambda: httpx.get(f"{pool.server.api}/services/web/history", headers=alice, timeout=10)
+          .json()["live"]["latency_p50_ms"] is not None, 10, "per-request latency")
+    page = httpx.get(f"{pool.server.api}/services/web/history", headers=alice, timeout=10).json()
+    assert page["latency"] == "quantiles" and page["live"]["latency_p99_ms"] is not None
+    if page["router"] == "haproxy":  # and show stat's mean beside them
+        assert page["live"]["latency_mean_ms"] is not None
+    listed = httpx.get(f"{pool.server.api}/services", headers=alice, timeout=10).json()
+    assert [s["live"] is not None for s in listed if s["name"] == "web"] == [True]
+
+
+def test_events_services_follows_a_scale_and_shows_the_tenants_own_only(pool: Pool) -> None:
+    """`gpupool events --services -f` as alice: her scale appears as it is stored; bob's never."""
+    alice, bob = pool.tokens["alice"], pool.tokens["bob"]
+    assert pool.gp("service", "create", "bobs", "--gpus", "0.25", "--min", "0", "--max", "1", "--",
+                   "sleep", "600", token=bob).returncode == 0
+    stored = pool.gp("events", "--services", "-o", "json", token=alice)
+    assert stored.returncode == 0, stored.stderr
+    seen = [json.loads(line) for line in stored.stdout.splitlines()]
+    assert seen and {e["service"] for e in seen} == {"web"}  # bob's service is not hers to see
+    base = {k: v for k, v in os.environ.items() if not k.startswith("GPUPOOL_")}
+    env = {**base, "GPUPOOL_URL": pool.server.url, "GPUPOOL_TOKEN": alice}
+    follower = subprocess.Popen(  # from the last stored event on: nothing stored after it is missed
+        [sys.executable, "-m", "gpupool.cli.main", "events", "--services", "-f",
+         "--after", str(seen[-1]["id"])],
+        env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, stdin=subprocess.DEVNULL)
+    watchdog = threading.Timer(60, follower.kill)  # a missing event fails the test, never hangs it
+    watchdog.start()
+    try:
+        assert pool.gp("service", "scale", "bobs", "1", "--reason", "bob's own", token=bob).returncode == 0
+        assert pool.gp("service", "scale", "web", "2", "--reason", "followed", token=alice).returncode == 0
+        assert follower.stdout is not None
+        lines = []
+        for line in follower.stdout:
+            lines.append(line)
+            if "followed" in line:
+                break
+        assert lines and "followed" in lines[-1] and "scaled" in lines[-1], lines
+        assert all("alice/web" in line for line in lines), lines  # the autoscaler's own, never bob's
+    finally:
+        watchdog.cancel()
+        follower.terminate()
+        follower.wait(timeout=30)
+        assert pool.gp("service", "delete", "bobs", token=bob).returncode == 0
+        until(lambda: pool.gp("service", "show", "bobs", token=bob).returncode == 3, 60, "bobs gone")
+
+
+def test_node_ls_and_the_pool_summary_say_which_router_serves(pool: Pool) -> None:
+    summary = httpx.get(f"{pool.server.api}/pool", headers={"Authorization": f"Bearer {pool.tokens['bob']}"},
+                        timeout=10).json()
+    want = "haproxy" if shutil.which("haproxy") or os.access("/usr/sbin/haproxy", os.X_OK) else \
+        "in-process (haproxy not installed)"
+    assert summary["router"] == want
+    listed = pool.gp("node", "ls")
+    assert listed.returncode == 0 and f"services: routed by {want}" in listed.stdout, listed.stderr
+    assert "services:" not in pool.gp("node", "ls", "-o", "json").stdout  # machine output stays JSON

@@ -15,8 +15,10 @@ import httpx
 import pytest
 from dataplane_replicas import bearer, digest, free_port, get, replicas
 
+from gpupool.server.dataplane import plane as plane_module
 from gpupool.server.dataplane.haproxy import find_haproxy
-from gpupool.server.dataplane.model import Backend, Probe, Route
+from gpupool.server.dataplane.haproxy_log import LatencyLog
+from gpupool.server.dataplane.model import Backend, Probe, Route, ServiceTraffic
 from gpupool.server.dataplane.plane import DataPlane, RouterKind
 
 HAPROXY = find_haproxy()
@@ -188,5 +190,49 @@ def test_the_router_files_are_the_pools_alone(plane: Plane) -> None:
 def test_the_start_note_says_which_router_serves(plane: Plane) -> None:
     if plane.plane.kind is RouterKind.HAPROXY:
         assert plane.plane.note.startswith("services are served by HAProxy")
-    else:
-        assert plane.plane.note.startswith("HAProxy is not installed: services are served by the in-process")
+        assert plane.plane.router == "haproxy"
+    else:  # asked for (haproxy=None): not said to be missing when it may well be installed
+        assert plane.plane.note.startswith("services are served by the in-process router (--serve-router "
+                                           "in-process)")
+        assert plane.plane.router == "in-process (--serve-router in-process)"
+
+
+def test_a_pool_without_haproxy_says_so_in_its_router(tmp_path: Path,
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(plane_module, "find_haproxy", lambda: None)  # a machine without the package
+    fallen_back = DataPlane(tmp_path / "dataplane", "127.0.0.1", free_port(), haproxy="")
+    assert fallen_back.kind is RouterKind.IN_PROCESS
+    assert fallen_back.router == "in-process (haproxy not installed)"
+    assert fallen_back.note.startswith("HAProxy is not installed: services are served by the in-process")
+
+
+def test_each_router_gives_per_request_latency_quantiles(plane: Plane) -> None:
+    """The in-process router times each request; HAProxy's request log (haproxy_log.py) gives the
+    same p50/p99, not only `show stat`'s mean."""
+    plane.route(Route("alice/timed", "alice", probe=PROBE))
+    with replicas("t") as (t,):
+        plane.plane.set_backends("alice/timed", [Backend("timed-0", "127.0.0.1", t.port)])
+        wait_for("the replica routed",
+                 lambda: get(plane.port, "/s/alice/timed/", "gp_alice").status_code == 200)
+        for _ in range(20):
+            assert get(plane.port, "/s/alice/timed/x", "gp_alice").status_code == 200
+
+        def seen() -> ServiceTraffic | None:
+            return plane.plane.traffic().get("alice/timed")
+
+        wait_for("latency quantiles", lambda: (s := seen()) is not None and s.latency_p99_ms is not None)
+        timed = seen()
+        assert timed is not None and timed.latency_p50_ms is not None and timed.latency_p99_ms is not None
+        assert 0 <= timed.latency_p50_ms <= timed.latency_p99_ms < 10_000
+
+
+def test_the_latency_log_keeps_routed_backends_answered_requests_only(tmp_path: Path) -> None:
+    latency = LatencyLog(tmp_path / "latency.sock", lambda backend: backend == "svc_alice.web")
+    for line in (b"svc_alice.web 4 200", b"svc_alice.web 9 200", b"serve 1 401", b"svc_bob.x 7 200",
+                 b"svc_alice.web -1 -1", b"svc_alice.web x 200", b"garbage"):
+        latency.take(line)
+    assert latency.quantiles("svc_alice.web") == (9.0, 9.0)  # the samples 4 and 9: rank 0.5 is 9
+    assert latency.quantiles("svc_bob.x") == (None, None)
+    for _ in range(5000):
+        latency.take(b"svc_alice.web 1 200")
+    assert latency.quantiles("svc_alice.web") == (1.0, 1.0)  # bounded: the old samples are gone

@@ -108,6 +108,7 @@ EXPECTED: dict[tuple[str, str], Expectation] = {
     ("GET", "/workloads/{workload_id}/events"): Others(),
     ("GET", "/workloads/{workload_id}/logs"): Others(),
     ("GET", "/events/stream"): Readable(probe={"tenant": "tenant", "workload": "workload_id"}),
+    ("GET", "/events/services/stream"): Readable(probe={"tenant": "tenant", "service": "service_name"}),
     ("POST", "/workloads/arrays/{array_id}/cancel"): Others(),
     # Nodes and the pool
     ("GET", "/nodes"): Readable(),
@@ -165,6 +166,7 @@ EXPECTED: dict[tuple[str, str], Expectation] = {
     ("GET", "/services"): Readable(probe={"tenant": "tenant"}),
     ("GET", "/services/{name}"): Others(params={"name": "service_name"}, codes=frozenset({404})),
     ("GET", "/services/{name}/partners"): Others(params={"name": "service_name"}, codes=frozenset({404})),
+    ("GET", "/services/{name}/history"): Others(params={"name": "service_name"}, codes=frozenset({404})),
     ("PATCH", "/services/{name}"): Others(params={"name": "service_name"}, codes=frozenset({404}),
                                           body=lambda v: {"changes": {"command": ["evil"]}}),
     ("POST", "/services/{name}/scale"): Others(params={"name": "service_name"}, codes=frozenset({404}),

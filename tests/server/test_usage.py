@@ -11,6 +11,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
+from sqlalchemy import select
 from typer.testing import CliRunner
 
 from factories import node
@@ -52,12 +53,13 @@ def srv(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[LiveServer]
 
 
 def _pod(server: LiveServer, tenant: str, pod_id: str, device: int, compute: int, memory_gib: int,
-         start: float | None, end: float | None, cls: str = "normal") -> None:
+         start: float | None, end: float | None, cls: str = "normal", service: str = "") -> None:
     """A finished (or, with `end` None, running) pod of its own workload, written to the store."""
     with server.rt.store.write() as session:
         session.add(WorkloadRow(id=pod_id, name=pod_id, tenant=tenant, queue="default", status="succeeded",
                                 priority=0, device_milli=compute,
-                                spec={"command": ["true"], "priority_class": cls},
+                                spec={"command": ["true"], "priority_class": cls,
+                                      **({"name": service, "serve_port": 8000} if service else {})},
                                 attempt=1, submit_s=start or 0.0))
         session.flush()
         session.add(PodRow(id=f"{pod_id}-a1-r0", workload_id=pod_id, attempt=1, name="r0", rank=0,
@@ -105,6 +107,31 @@ def test_invoice_bills_the_month_with_the_prices_in_force(srv: LiveServer) -> No
     assert (code, json.loads(out)) == (0, [])
     code, _, err = gp("invoice", "--tenant", "team-a", "--month", "2026-13")
     assert code == 2 and "--month takes a month such as 2026-12" in err and "Traceback" not in err
+
+
+def test_invoice_has_a_line_per_service_from_the_rollup_as_from_the_pods(srv: LiveServer) -> None:
+    _history(srv)
+    for n, service in enumerate(("chat", "chat", "embed")):  # replicas: a quarter device for 4 h each
+        _pod(srv, "team-a", f"s{n}", 3, 250, 20, at("2026-12-12T00:00"), at("2026-12-12T04:00"),
+             service=service)
+
+    def lines() -> dict[tuple[str, str], dict]:  # type: ignore[type-arg]
+        code, out, err = gp("invoice", "--tenant", "team-a", "--month", "2026-12", "--json")
+        assert code == 0, err
+        return {(r["priority_class"], r["service"]): r for r in json.loads(out)}
+
+    before = lines()  # read from the pod rows
+    assert set(before) == {("normal", ""), ("best-effort", ""), ("normal", "chat"), ("normal", "embed")}
+    assert before[("normal", "chat")]["pods"] == 2 and before[("normal", "chat")]["device_hours"] == 2.0
+    assert before[("normal", "chat")]["cost"] == pytest.approx(8.0)
+    assert before[("normal", "embed")]["device_hours"] == 1.0
+    assert before[("normal", "")]["device_hours"] == 0.25
+    srv.rt.usage_rollup.fold(srv.rt)  # (the loop may have folded them already)
+    with srv.rt.store.read() as session:
+        assert all(session.scalars(select(PodRow.rolled_up).where(PodRow.id.like("s%"))))
+    assert lines() == before  # the same lines once the days are rolled up
+    code, out, err = gp("invoice", "--tenant", "team-a", "--month", "2026-12")
+    assert code == 0 and "SERVICE" in out and "chat" in out and "embed" in out, err
 
 
 def test_usage_groups_and_prices_memory_heavy_slices_by_their_memory(srv: LiveServer) -> None:

@@ -14,12 +14,12 @@ from sqlalchemy import func, select
 from factories import node
 from gpupool.api.usage import UsageOut, UsageRowOut
 from gpupool.config import PoolConfig, parse_config
-from gpupool.core.metering import DAY_S, PriceBook, PriceVersion, Tier, price_key
+from gpupool.core.metering import DAY_S, PriceBook, PriceVersion, Tier, UsageKey, price_key
 from gpupool.core.model import Device, Node, Slice
 from gpupool.prices import PricesConfig
 from gpupool.server.auth import Principal
 from gpupool.server.db import Store
-from gpupool.server.orm import PodRow, QueueRow, TenantRow, UsageDailyRow, WorkloadRow
+from gpupool.server.orm import PodRow, QueueRow, TenantRow, UsageDailyServiceRow, WorkloadRow
 from gpupool.server.runtime import Runtime
 from gpupool.server.services import metering, usage, usage_rollup
 from gpupool.server.services.tenants import bootstrap
@@ -31,7 +31,7 @@ ADMIN = Principal(token_id="test", tenant=None)
 START = 1_796_083_200.0  # 2026-12-01T00:00Z
 NOW = START + 9 * DAY_S + 13 * 3600.0
 BYS = ("tenant", "tenant,model,day", "queue,model,priority_class", "node", "day", "model",
-       "priority_class,day")
+       "priority_class,day", "service", "queue,model,priority_class,service", "service,day")
 
 
 def _book(shift_s: float = 0.0) -> PriceBook:
@@ -91,7 +91,9 @@ def _history(rt: Runtime, rng: random.Random, count: int) -> None:
             session.add(WorkloadRow(id=f"w{i}", name="", tenant=tenant, queue=rng.choice(["default", "q2"]),
                                     status="running", priority=0, device_milli=0,
                                     spec={"command": ["x"], **({"priority_class": "best-effort"}
-                                                               if rng.random() < 0.3 else {})},
+                                                               if rng.random() < 0.3 else {}),
+                                          **({"name": f"svc{i % 2}", "serve_port": 8000}  # a replica
+                                             if rng.random() < 0.3 else {})},
                                     attempt=1, submit_s=start))
             session.flush()
             session.add(PodRow(id=f"w{i}-a1-r0", workload_id=f"w{i}", attempt=1, name="r0", rank=0,
@@ -111,7 +113,8 @@ def _same(got: UsageOut, want: UsageOut) -> None:
 
 
 def _same_row(a: UsageRowOut, b: UsageRowOut) -> None:
-    exact = {"tenant", "queue", "model", "priority_class", "node", "day", "simulated", "pods", "priced"}
+    exact = {"tenant", "queue", "model", "priority_class", "node", "day", "simulated", "pods", "priced",
+             "service"}
     assert a.model_dump(include=exact) == b.model_dump(include=exact)
     for name in ("device_hours", "memory_gib_hours", "cost", "dedicated_cost", "saving"):
         assert getattr(a, name) == pytest.approx(getattr(b, name), rel=1e-9, abs=2e-6), name
@@ -140,10 +143,15 @@ def test_the_rollup_answers_what_the_pod_rows_answer(rt: Runtime, seed: int,
                 ended = max(NOW - rng.uniform(0, 2 * DAY_S), pod.started_s or 0.0)
                 pod.finished_s, pod.status = ended, "failed"
     with rt.store.read() as session:
-        assert session.scalar(select(func.count()).select_from(UsageDailyRow))
+        assert session.scalar(select(func.count()).select_from(UsageDailyServiceRow))
         assert session.scalar(select(func.count()).where(PodRow.rolled_up.is_(False),
                                                          PodRow.finished_s.is_not(None))) == 0
     _compare(rt, rng, 10)
+    # the rollup itself holds each service's days (an invoice's line per service reads summed rows)
+    with rt.store.read() as session:
+        wanted = usage_rollup.digest(rt.book["now"], "normal")  # type: ignore[attr-defined]
+        rolled = usage_rollup.read(session, wanted, [UsageKey.SERVICE], START, START + 9 * DAY_S, None)
+    assert rolled.usable and {keys[0] for keys in rolled.rows} == {"", "svc0", "svc1"}
     # a whole-days window: the rollup alone, but for the running pods
     whole = dict(tenant=None, since_s=START, until_s=START + 9 * DAY_S, by="tenant,model")
     _same(usage.usage(rt, ADMIN, **whole), metering.raw_usage(rt, ADMIN, **whole))  # type: ignore[arg-type]

@@ -277,3 +277,48 @@ def test_budget_bar_cost_card_and_a_budget_wait(pool: UpProcess, browser_page: W
     with pool.client() as api:  # leave the module's pool as it was found
         api.post(f"/workloads/{held}/cancel")
         api.patch("/tenants/epsilon", json={"budget": None})
+
+
+def _service(pool: UpProcess, token: str, **spec: Any) -> None:
+    with httpx.Client(base_url=pool.api, headers={"Authorization": f"Bearer {token}"}, timeout=30) as api:
+        answer = api.post("/services", json=spec)
+        assert answer.status_code == 201, answer.text
+
+
+def _drop_service(pool: UpProcess, token: str, name: str) -> None:
+    """A replica outlives its server (as any pod): a test's services go before the pool stops."""
+    with httpx.Client(base_url=pool.api, headers={"Authorization": f"Bearer {token}"}, timeout=30) as api:
+        assert api.delete(f"/services/{name}").status_code == 200
+        until(lambda: api.get(f"/services/{name}").status_code == 404, 60, f"service {name} gone")
+
+
+def test_services_tab_and_a_service_page_show_the_tenants_own_only(
+        pool: UpProcess, browser_page: Watched) -> None:
+    mine, theirs = _tenant_token(pool, "svc-own"), _tenant_token(pool, "svc-other")
+    _service(pool, mine, name="web", command=["sleep", "600"], min_replicas=1, max_replicas=2,
+             resources={"gpus": 0.25})
+    _service(pool, theirs, name="hidden", command=["sleep", "600"], min_replicas=0, max_replicas=1,
+             resources={"gpus": 0.25})
+    try:
+        page = _log_in(browser_page, pool, mine, "/ui/services")
+        page.wait_for_selector("#service-table tr[data-service='svc-own/web']")
+        assert page.locator("#service-table tr[data-service='svc-other/hidden']").count() == 0
+        row = page.locator("#service-table tr[data-service='svc-own/web']")
+        assert "no router" in (row.text_content() or "")  # this pool routes no traffic (no --serve-port)
+        row.locator("a").click()
+        page.wait_for_selector("#h-replicas")
+        _not_reloaded(page)
+        assert page.url.endswith("/ui/services/web")
+        assert "no router serves" in (page.locator("#svc-latency").text_content() or "")
+        page.wait_for_selector("#service-replicas-chart")  # its history, or a sentence until the first minute
+        page.wait_for_selector("section[aria-labelledby=h-scale-events] table")
+        until(lambda: page.locator("tr[data-replica]").count() == 1, 60, "its replica listed")
+        # another tenant's service page does not exist for this tenant: the banner says so
+        page.goto(pool.url + "/ui/services/hidden")
+        page.wait_for_selector("#banner:not([hidden])")
+        assert "No service 'hidden'" in (page.locator("#banner").text_content() or "")
+        browser_page.problems[:] = [p for p in browser_page.problems if "404" not in p]
+        browser_page.assert_clean()
+    finally:
+        _drop_service(pool, mine, "web")
+        _drop_service(pool, theirs, "hidden")

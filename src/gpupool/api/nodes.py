@@ -104,3 +104,5 @@ class PoolSummary(Strict):
     by_tenant: list[TenantUsage]
     workloads: dict[str, int]
     fabric: bool = Field(False, description="the pool knows its InfiniBand fabric (GET /fabric answers)")
+    router: str = Field(default="", description="which router serves services: haproxy, or in-process "
+                        "with why (haproxy not installed, or chosen); '' without --serve-port")

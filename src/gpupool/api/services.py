@@ -89,7 +89,7 @@ class ServiceSpec(Strict):
     name: Name
     command: list[ArgText] = Field(min_length=1, max_length=MAX_COMMAND_ARGS,
                                    description="program and arguments")
-    tenant: Name | None = Field(None, description="admin only: create it on behalf of this tenant")
+    tenant: Name | None = Field(default=None, description="admin only: create it on behalf of this tenant")
     queue: Name = "default"
     resources: ResourcesSpec = Field(default_factory=lambda: ResourcesSpec.model_validate({}),
                                      description="what each replica asks for")
@@ -103,11 +103,11 @@ class ServiceSpec(Strict):
         "requests in flight per replica the autoscaler aims at"))
     target_rps: float | None = Field(None, allow_inf_nan=False, description=(
         "requests per second per replica the autoscaler aims at"))
-    readiness: ProbeSpec | None = Field(None, description="a replica gets traffic once this passes; "
+    readiness: ProbeSpec | None = Field(default=None, description="a replica gets traffic once this passes; "
                                         "default: a TCP connect to its port")
-    liveness: ProbeSpec | None = Field(None, description="a replica failing this is replaced")
+    liveness: ProbeSpec | None = Field(default=None, description="a replica failing this is replaced")
     rollout: RolloutSpec = Field(default_factory=lambda: RolloutSpec.model_validate({}))
-    priority_class: Name | None = Field(None, description=(
+    priority_class: Name | None = Field(default=None, description=(
         "one of the pool's priority classes; default: the pool's serving.priority_class"))
     public: bool = Field(False, description="its endpoints answer requests without the tenant's token")
     env: dict[Annotated[str, Field(min_length=1, max_length=256, pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")],
@@ -118,8 +118,8 @@ class ServiceSpec(Strict):
     mounts: list[MountSpec] = Field(default_factory=list, max_length=MAX_MOUNTS)
     secrets: list[SecretUse] = Field(default_factory=list, max_length=MAX_SECRET_USES)
     # prefill/decode pairs (docs/services.md#prefilldecode-pairs)
-    role: ServiceRole | None = Field(None, description="prefill or decode: this half of a pair")
-    pair_with: Name | None = Field(None, description=(
+    role: ServiceRole | None = Field(default=None, description="prefill or decode: this half of a pair")
+    pair_with: Name | None = Field(default=None, description=(
         "the tenant's service of the opposite role its replicas pass KV caches to or from; it may be "
         "created before or after this one"))
 
@@ -246,6 +246,17 @@ class ServiceEventOut(Strict):
     at_s: float
 
 
+class ServiceLive(Strict):
+    """What the data plane's router sees of one service now (its last one-second tick)."""
+
+    requests_per_s: float
+    in_flight: int
+    latency_p50_ms: float | None = Field(default=None, description="in-process router only")
+    latency_p99_ms: float | None = Field(default=None, description="in-process router only")
+    latency_mean_ms: float | None = Field(default=None,
+                                          description="HAProxy: the mean of its last 1024 requests")
+
+
 class ServiceOut(Strict):
     id: str
     name: str
@@ -266,3 +277,38 @@ class ServiceOut(Strict):
     spec: dict[str, Any]
     replicas: list[ReplicaOut] = Field(default_factory=list)
     events: list[ServiceEventOut] = Field(default_factory=list)
+    live: ServiceLive | None = Field(default=None,
+                                     description="the router's numbers now; null without --serve-port")
+
+
+# --- the dashboard's service page (docs/dashboard.md) ---
+class ServiceHistorySeries(Strict):
+    name: str = Field(description="ready, desired, requests_per_s, in_flight, latency_p50_ms, "
+                                  "latency_p99_ms or latency_mean_ms")
+    values: list[tuple[float, float]] = Field(description="[bucket start (epoch s), mean]")
+
+
+class ServiceHistoryOut(Strict):
+    """GET /v1/services/{name}/history: the service page's charts, its live numbers and scale events."""
+
+    service: str = Field(description="<tenant>/<name>")
+    range: str
+    step_s: int
+    since_s: float
+    now_s: float
+    router: str = Field(description="haproxy, in-process, or none (no --serve-port)")
+    latency: str = Field(description="quantiles (p50/p99 per request) or mean (HAProxy's average)")
+    live: ServiceLive | None = Field(description="null where no router serves or it has not seen the service")
+    series: list[ServiceHistorySeries]
+    events: list[ServiceEventOut]
+
+
+class ServiceStreamEvent(Strict):
+    """One service event as `GET /events/services/stream` sends it (`gpupool events --services`)."""
+
+    id: int = Field(description="grows with each event stored: resume after it (Last-Event-ID)")
+    tenant: str
+    service: str
+    reason: str = Field(description="scaled, cold_start, replica replaced, rollout step, degraded ...")
+    message: str
+    at_s: float

@@ -1,4 +1,5 @@
-"""`gpupool events [ID...] [-f] [--tenant T]`: workload events, one line each, as they are stored.
+"""`gpupool events [ID...] [-f] [--tenant T]`: workload events, one line each, as they are stored;
+`gpupool events --services [NAME...]`: service events (scaled, cold starts, replicas replaced ...).
 
 Reads `GET /events/stream` (server-sent events): the events stored now (after --after), and with
 -f those that follow too, until Ctrl-C (exit 0). A dropped connection is resumed from the last event received
@@ -10,13 +11,16 @@ from __future__ import annotations
 
 import sys
 import time
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
 from gpupool.cli._common import client, reports_errors
 from gpupool.cli._reconnect import DEFAULT_RECONNECT_S, ReconnectOption
 from gpupool.cli._targets import resolve
+
+if TYPE_CHECKING:
+    from gpupool.client import Client
 
 
 @reports_errors
@@ -32,6 +36,10 @@ def events(
     after: Annotated[int, typer.Option("--after", min=0, metavar="EVENT_ID", help="Only events after "
                                        "this one (its `id` in -o json): resume where a run stopped.")] = 0,
     reconnect: ReconnectOption = DEFAULT_RECONNECT_S,
+    services: Annotated[bool, typer.Option("--services", help="Service events instead (scaled, cold "
+                                           "starts, replicas replaced, rollout steps, degraded): the "
+                                           "arguments are then service names. Their ids are their own.")]
+    = False,
 ) -> None:
     """Print workload events (submitted, admitted, running, succeeded ...), oldest first: those
     stored (after --after), then with -f new ones as they happen.
@@ -40,6 +48,8 @@ def events(
 
     Example: gpupool events -f --tenant team-a w-1a2b
 
+    Example: gpupool events --services -f chat
+
     Exit codes: 0 ok (also Ctrl-C with -f), 2 bad usage, 3 a workload or tenant not found, 4 server
     unreachable (after --reconnect).
     """
@@ -47,6 +57,9 @@ def events(
         print(f"Error: --output takes table or json, not {output!r}.", file=sys.stderr)
         raise typer.Exit(2)
     with client() as pool:
+        if services:
+            _service_events(pool, workload_ids or [], follow, tenant, output, after, reconnect)
+            return
         ids = [resolve(pool, given).id for given in workload_ids or []]
         try:
             for event in pool.stream_events(tenant=tenant, workload_ids=ids, follow=follow, after=after,
@@ -61,3 +74,19 @@ def events(
                 sys.stdout.flush()
         except KeyboardInterrupt:
             return
+
+
+def _service_events(pool: Client, names: list[str], follow: bool, tenant: str | None, output: str,
+                    after: int, reconnect: float) -> None:
+    try:
+        for event in pool.stream_service_events(tenant=tenant, services=names, follow=follow, after=after,
+                                                reconnect_s=reconnect if follow else 0.0):
+            if output == "json":
+                line = event.model_dump_json()
+            else:
+                at = time.strftime("%H:%M:%S", time.localtime(event.at_s))
+                line = f"{at}  {event.tenant}/{event.service}  {event.reason:<18}  {event.message}"
+            sys.stdout.write(line + "\n")
+            sys.stdout.flush()
+    except KeyboardInterrupt:
+        return

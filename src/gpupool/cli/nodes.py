@@ -55,7 +55,10 @@ def _list(output: Format) -> None:
 
     with client() as pool:
         listing = pool.nodes()
+        router = pool.pool().router if output in (Format.TABLE, Format.WIDE) else ""
     render(output, listing, _COLUMNS, key=lambda n: n.name, title=f"{len(listing)} node(s)")
+    if router:  # where operators look: not only the server's start log
+        print(f"services: routed by {router}")
     if output is Format.TABLE and any(not_enforced(n) != "-" for n in listing):
         console().print("NOT ENFORCED: what a pod on the node is not held to; see gpupool node ls -o wide "
                         "for why and the remedy.", markup=False, highlight=False)  # wrapped to a terminal

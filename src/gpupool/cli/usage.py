@@ -21,7 +21,8 @@ _AGO = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([hdw])\s*$")
 _UNITS_S = {"h": 3600.0, "d": 86400.0, "w": 7 * 86400.0}
 _MONTH = re.compile(r"^(\d{4})-(0[1-9]|1[0-2])$")
 _NUMBERS = ("pods", "device_hours", "memory_gib_hours", "cost", "dedicated_cost", "saving")
-INVOICE_BY = ("queue", "model", "priority_class")
+INVOICE_BY = ("queue", "model", "priority_class", "service")
+"""An invoice's lines: a service's replicas are a line of their own (service '' is other work)."""
 
 
 def point_s(text: str, flag: str, now_s: float | None = None) -> float:
@@ -91,7 +92,8 @@ def _print(answer: Any, fmt: str, title: str) -> None:
 
     for row, r in zip(rows, answer.rows, strict=True):
         mark = "" if r.priced else " *"
-        table.add_row(*[str(row[k]) for k in answer.by], "yes" if r.simulated else "", str(r.pods),
+        keys = [str(row[k]) if k != "service" else (row[k] or "-") for k in answer.by]
+        table.add_row(*keys, "yes" if r.simulated else "", str(r.pods),
                       f"{r.device_hours:.3f}", f"{r.memory_gib_hours:.1f}", f"{cash(r.cost)}{mark}",
                       cash(r.dedicated_cost), cash(r.saving))
     t = answer.total
@@ -149,7 +151,8 @@ def invoice(
     as_json: Annotated[bool, typer.Option("--json", help="A JSON list of lines.")] = False,
     output: UsageOutput = None,
 ) -> None:
-    """Bill one tenant for one month: a line per queue, device model and priority class, and the total.
+    """Bill one tenant for one month: a line per queue, device model, priority class and service (a
+    service's replicas; `-` for other work), and the total.
 
     Example: gpupool invoice --tenant vision --month 2026-12 --csv
     """

@@ -47,6 +47,7 @@ from gpupool.server.routers import services as service_routes
 from gpupool.server.runtime import Runtime
 from gpupool.server.services import node_faults
 from gpupool.server.services.submit_writer import SubmitWriter
+from gpupool.server.serving import history as service_history
 
 API_PREFIX = "/api/v1"
 
@@ -69,6 +70,7 @@ def create_app(rt: Runtime, *, run_loop: bool = True, hub_router: APIRouter | No
     dataplane = dataplane_loop.from_settings(rt, leadership)  # --serve-port: docs/serving-dataplane.md
     if dataplane is not None:
         metrics.registry.register(ServiceTrafficCollector(dataplane))
+    sampler.extra = lambda: service_history.points(rt, dataplane.live() if dataplane is not None else {})
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:

@@ -211,8 +211,37 @@ class UsageDailyRow(Base):
     pods_carried_first: Mapped[int] = mapped_column(Integer)
 
 
+class UsageDailyServiceRow(Base):
+    """usage_daily keyed by the service a pod was a replica of too ('' for other work): what the
+    rollup writes and reads since 0014 (an invoice has a line per service); usage_daily is the last
+    release's, left as it was."""
+
+    __tablename__ = "usage_daily_services"
+
+    day_s: Mapped[float] = mapped_column(Float, primary_key=True)
+    tenant: Mapped[str] = mapped_column(String(NAME_LENGTH), primary_key=True)
+    queue: Mapped[str] = mapped_column(String(NAME_LENGTH), primary_key=True)
+    priority_class: Mapped[str] = mapped_column(String(NAME_LENGTH), primary_key=True)
+    node: Mapped[str] = mapped_column(String(255), primary_key=True)
+    model: Mapped[str] = mapped_column(String(255), primary_key=True)
+    simulated: Mapped[bool] = mapped_column(Boolean, primary_key=True)
+    service: Mapped[str] = mapped_column(String(NAME_LENGTH), primary_key=True)
+    compute_milli_s: Mapped[float] = mapped_column(Float)
+    memory_mib_s: Mapped[float] = mapped_column(Float)
+    cost: Mapped[float] = mapped_column(Float)
+    dedicated_cost: Mapped[float] = mapped_column(Float)
+    unpriced: Mapped[int] = mapped_column(Integer)
+    pods: Mapped[int] = mapped_column(Integer)
+    pods_carried: Mapped[int] = mapped_column(Integer)
+    pods_first_model: Mapped[int] = mapped_column(Integer)
+    pods_carried_first_model: Mapped[int] = mapped_column(Integer)
+    pods_first: Mapped[int] = mapped_column(Integer)
+    pods_carried_first: Mapped[int] = mapped_column(Integer)
+
+
 class UsageRollupStateRow(Base):
-    """The rollup's one state row: the pods marked `rolled_up` are in usage_daily, priced by the price
+    """The rollup's one state row: the pods marked `rolled_up` are in usage_daily_services (the last
+    release's: usage_daily), priced by the price
     book whose digest is `prices_sha256` (another digest: rebuilt)."""
 
     __tablename__ = "usage_rollup_state"

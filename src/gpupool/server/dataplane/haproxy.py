@@ -30,6 +30,7 @@ from gpupool.server.dataplane.haproxy_config import (
     render_maps,
     server_options,
 )
+from gpupool.server.dataplane.haproxy_log import LatencyLog
 from gpupool.server.dataplane.model import Backend, Route, ServiceTraffic
 
 log = logging.getLogger("gpupool.dataplane")
@@ -117,6 +118,9 @@ class HAProxySupervisor:
         self._stopping = threading.Event()
         self._watcher: threading.Thread | None = None
         self.restarts = 0
+        self.latency = LatencyLog(self.paths.latency_log_socket,
+                                  lambda backend: backend in self._backend_names)
+        self._backend_names: frozenset[str] = frozenset()
 
     # -- the process --------------------------------------------------------------------------------
     @property
@@ -127,6 +131,7 @@ class HAProxySupervisor:
         self.paths.directory.mkdir(mode=0o700, parents=True, exist_ok=True)
         os.chmod(self.paths.directory, 0o700)
         stop_stale(self.paths.directory)
+        self.latency.start()  # bound before HAProxy logs to it
         with self._lock:
             self._write_files()
             self._spawn()
@@ -196,6 +201,7 @@ class HAProxySupervisor:
                     proc.wait()
         if self._watcher is not None and self._watcher is not threading.current_thread():
             self._watcher.join(timeout=10)
+        self.latency.stop()
 
     def _write_files(self) -> None:
         backends = {name: list(by_id.values()) for name, by_id in self._backends.items()}
@@ -247,6 +253,7 @@ class HAProxySupervisor:
                 != (self._routes[s].probe, self._routes[s].cold_start_limit_s) for s in wanted)
             old = self._routes
             self._routes = wanted
+            self._backend_names = frozenset(backend_name(s) for s in wanted)
             for gone in set(self._backends) - set(wanted):
                 del self._backends[gone]
             self._write_files()
@@ -317,13 +324,15 @@ class HAProxySupervisor:
         total answered, from `show stat`."""
         out: dict[str, ServiceTraffic] = {}
         names = {backend_name(s): s for s in self._routes}
+        self.latency.forget(set(names))
         for row in self.runtime.stat_rows():
             service = names.get(row.get("pxname", ""))
             if service is None or row.get("svname") != "BACKEND":
                 continue
+            p50, p99 = self.latency.quantiles(row["pxname"])  # from its request log, per request
             out[service] = ServiceTraffic(
                 service=service, in_flight=int(row.get("qcur") or 0) + int(row.get("scur") or 0),
-                requests_total=int(row.get("stot") or 0),
+                requests_total=int(row.get("stot") or 0), latency_p50_ms=p50, latency_p99_ms=p99,
                 latency_avg_ms=float(row["ttime"]) if row.get("ttime") else None)
         return out
 

@@ -14,6 +14,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from gpupool.server.dataplane.haproxy_log import LINE_MAX, LOG_FORMAT
 from gpupool.server.dataplane.model import (
     FORBIDDEN,
     UNAUTHENTICATED,
@@ -47,6 +48,10 @@ class HAProxyPaths:
     @property
     def runtime_socket(self) -> Path:
         return self.directory / "haproxy.sock"
+
+    @property
+    def latency_log_socket(self) -> Path:
+        return self.directory / "latency.sock"
 
     @property
     def activator_socket(self) -> Path:
@@ -110,8 +115,11 @@ def render(paths: HAProxyPaths, host: str, port: int, routes: Sequence[Route],
         "# Written by gpupool at each change of services; replicas and tokens change at runtime.",
         "global",
         f"    stats socket {paths.runtime_socket} mode 600 level admin",
+        # each request's total time, for p50/p99 (haproxy_log.py); a datagram never blocks HAProxy
+        f"    log unix@{paths.latency_log_socket} len {LINE_MAX} format raw local0 info",
         "defaults",
         "    mode http",
+        "    log global",
         "    option http-keep-alive",
         "    timeout connect 5s",
         "    timeout client 300s",
@@ -119,6 +127,7 @@ def render(paths: HAProxyPaths, host: str, port: int, routes: Sequence[Route],
         "    timeout http-request 30s",
         "frontend serve",
         f"    bind {host}:{port}",
+        f"    log-format {_quoted(LOG_FORMAT)}",
         f"    http-request del-header {SERVICE_HEADER}",
         f"    http-request return status 404 content-type text/plain string {_quoted(no_route())} "
         "unless { path_reg ^/s/[^/]+/[^/]+(/|$) }",

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 from sqlalchemy import or_, select
 
-from gpupool.api.services import ProbeKind, ServiceSpec
+from gpupool.api.services import ProbeKind, ServiceLive, ServiceSpec
 from gpupool.core.autoscale import AutoscalePolicy, AutoscaleState, Decision, Sample, ScaleMetric, decide
 from gpupool.errors import InvalidInput, StoreUnavailable
 from gpupool.server.dataplane.haproxy import find_haproxy
@@ -114,6 +114,24 @@ class DataPlaneLoop:
             except Exception:  # the loop must outlive any one bad tick
                 log.exception("data plane tick failed; trying again")
             self._stop.wait(max(0.0, TICK_S - (time.monotonic() - started)))
+
+    @property
+    def router(self) -> str:
+        """haproxy or in-process: which router serves (the start note, `config show --server`)."""
+        return self.plane.kind.value
+
+    @property
+    def router_note(self) -> str:
+        """haproxy, or in-process with why (GET /pool, `gpupool node ls`)."""
+        return self.plane.router
+
+    def live(self) -> dict[str, ServiceLive]:
+        """Each service's numbers at the last tick (the dashboard's service page and history)."""
+        return {service: ServiceLive(requests_per_s=round(r.requests_per_s, 3), in_flight=r.traffic.in_flight,
+                                     latency_p50_ms=r.traffic.latency_p50_ms,
+                                     latency_p99_ms=r.traffic.latency_p99_ms,
+                                     latency_mean_ms=r.traffic.latency_avg_ms)
+                for service, r in dict(self.rates).items()}
 
     def _cold_start(self, service: str, seconds: float) -> None:
         with self._cold_lock:  # called on the proxy's thread: written to the store by the next tick

@@ -25,8 +25,9 @@ class ServiceTrafficCollector(Collector):
                                       "Requests at a replica, queued or held for a cold start, per service.",
                                       labels=["service"])
         latency = GaugeMetricFamily("gpupool_service_latency_seconds",
-                                    "Request latency through the router: p50 and p99 (in-process router) "
-                                    "or the mean of the last 1024 requests (HAProxy), per service.",
+                                    "Request latency through the router: p50 and p99 of each request's time "
+                                    "(HAProxy: from its request log), and HAProxy's mean of its last "
+                                    "1024 requests, per service.",
                                     labels=["service", "quantile"])
         cold = CounterMetricFamily("gpupool_service_cold_starts", "Scale-from-zero cold starts, per service.",
                                    labels=["service"])

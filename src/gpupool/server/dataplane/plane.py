@@ -34,6 +34,8 @@ class DataPlane:
         """`haproxy`: the binary; "" finds it on the PATH, None forces the in-process router."""
         self.binary = find_haproxy() if haproxy == "" else haproxy
         self.kind = RouterKind.HAPROXY if self.binary else RouterKind.IN_PROCESS
+        self.chosen = haproxy is None
+        """The in-process router was asked for (--serve-router in-process), not fallen back to."""
         self.directory = directory
         self.host, self.port = host, port
         self.proxy = ProxyApp(authenticate=self.kind is RouterKind.IN_PROCESS,
@@ -50,8 +52,20 @@ class DataPlane:
         """One line for the start banner, `gpupool node ls` and `gpupool config show`."""
         if self.kind is RouterKind.HAPROXY:
             return f"services are served by HAProxy ({self.binary}) on {self.url}/s/<tenant>/<service>/"
+        if self.chosen:
+            return (f"services are served by the in-process router (--serve-router in-process) on "
+                    f"{self.url}/s/<tenant>/<service>/")
         return (f"HAProxy is not installed: services are served by the in-process router on "
                 f"{self.url}/s/<tenant>/<service>/ (install the haproxy package for the faster one)")
+
+    @property
+    def router(self) -> str:
+        """Which router serves, and why where it is not HAProxy (GET /pool, `gpupool node ls`)."""
+        if self.kind is RouterKind.HAPROXY:
+            return "haproxy"
+        if self.chosen:
+            return "in-process (--serve-router in-process)"
+        return "in-process (haproxy not installed)"
 
     @property
     def url(self) -> str:

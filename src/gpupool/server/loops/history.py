@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections.abc import Callable
 
 from gpupool.errors import StoreUnavailable
 from gpupool.server.runtime import Runtime
@@ -22,6 +23,8 @@ class HistorySampler:
         self._thread: threading.Thread | None = None
         self._last_minute = -1.0
         self._last_hour = -1.0
+        self.extra: Callable[[], list[history.Point]] | None = None
+        """More points each minute (each service's: serving/history.py, set by the app)."""
 
     @property
     def enabled(self) -> bool:
@@ -43,7 +46,8 @@ class HistorySampler:
         minute = history.minute_of(now)
         written = 0
         if minute != self._last_minute:
-            written = history.record(self.rt, minute, history.sample(self.rt))
+            extra = self.extra() if self.extra else None
+            written = history.record(self.rt, minute, history.sample(self.rt, extra))
             self._last_minute = minute
         hour = minute // history.HOUR_S
         if hour != self._last_hour:

@@ -17,6 +17,7 @@ from gpupool.server.deps import Rt, Who
 from gpupool.server.runtime import Runtime
 from gpupool.server.services import event_stream as service
 from gpupool.server.services.event_tail import EventTail
+from gpupool.server.serving import event_stream as service_events
 
 router = APIRouter(prefix="/events", tags=["events"], responses={
     401: {"model": ErrorBody}, 404: {"model": ErrorBody}, 422: {"model": ErrorBody}})
@@ -110,3 +111,61 @@ async def _events(rt: Runtime, wanted: service.StreamFilter, start: int, tail: E
         if tail is None and not cursor.gaps:
             return
         await anyio.sleep(POLL_S)
+
+
+# --- service events (`gpupool events --services`): a stream of their own, with its own ids ---
+SERVICE_POLL_S = 0.5
+"""Service events are rare (scale decisions, replacements): each following stream reads on its own."""
+
+
+async def _service_filter(
+    rt: Rt, who: Who,
+    tenant: Annotated[str | None, Query(max_length=63, description=(
+        "admin: only this tenant's services; a tenant token always sees only its own"))] = None,
+    service_name: Annotated[list[str] | None, Query(alias="service", max_length=service_events.MAX_SERVICES,
+                                                    description="only these services' events (repeatable)")]
+    = None,
+) -> service_events.ServiceFilter:
+    return await run_in_threadpool(service_events.stream_filter, rt, who, tenant, service_name or [])
+
+
+@router.get("/services/stream", response_class=StreamingResponse,
+            responses={200: {"content": {"text/event-stream": {}}, "description": (
+                "server-sent events: id (the service event's), event `service`, data (the event)")}})
+async def service_stream(
+    request: Request, rt: Rt,
+    wanted: Annotated[service_events.ServiceFilter, Depends(_service_filter)],
+    start: Annotated[int | None, Depends(_resume)],
+    follow: Annotated[bool, Query(description="keep the stream open and send new events as they are "
+                                  "stored; false: end after those stored now")] = False,
+) -> StreamingResponse:
+    """Service events (scaled, cold starts, replicas replaced, rollout steps, degraded) as server-sent
+    events, oldest first; a tenant token sees only its tenant's services. Ids are the service events'
+    own (not the workload stream's): reconnect with Last-Event-ID to resume without a gap or repeat."""
+    if start is None:
+        start = await run_in_threadpool(service_events.newest_id, rt) if follow else 0
+    body = _service_events(rt, wanted, start, follow, request.app.state.stopping)
+    return StreamingResponse(body, media_type="text/event-stream",
+                             headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+
+
+async def _service_events(rt: Runtime, wanted: service_events.ServiceFilter, start: int, follow: bool,
+                          stopping: Callable[[], bool]) -> AsyncIterator[bytes]:
+    cursor = service.Cursor(done=start)
+    yield f": start\nid: {start}\n\n".encode()
+    quiet_since = time.monotonic()
+    while not stopping():
+        before = cursor.done
+        page = await run_in_threadpool(service_events.read_after, rt, wanted, cursor.done)
+        fresh = cursor.take(page, time.time())
+        if fresh:
+            yield b"".join(service_events.encode(e) for e in fresh)
+            quiet_since = time.monotonic()
+        elif time.monotonic() - quiet_since >= KEEPALIVE_S:
+            yield b": keep-alive\n\n"
+            quiet_since = time.monotonic()
+        if len(page.events) == service.PAGE and cursor.done > before:
+            continue
+        if not follow and not cursor.gaps:
+            return
+        await anyio.sleep(SERVICE_POLL_S if follow else POLL_S)

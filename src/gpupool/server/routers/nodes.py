@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import APIRouter, Header, Path, Query, Response
+from fastapi import APIRouter, Header, Path, Query, Request, Response
 
 from gpupool.api.common import ErrorBody
 from gpupool.api.nodes import NodeOut, PoolSummary
@@ -69,5 +69,8 @@ def heal(name: NodeName, rt: Rt, who: Who, device: DeviceIndex = None) -> NodeOu
 
 
 @router.get("/pool", response_model=PoolSummary)
-def summary(rt: Rt, who: Who) -> PoolSummary:
-    return pool.summary(rt, who)
+def summary(request: Request, rt: Rt, who: Who) -> PoolSummary:
+    """The pool at a glance; `router` says which router serves services (where --serve-port is set)."""
+    dataplane = request.app.state.dataplane
+    out = pool.summary(rt, who)
+    return out if dataplane is None else out.model_copy(update={"router": dataplane.router_note})

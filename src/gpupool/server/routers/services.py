@@ -5,11 +5,19 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import APIRouter, Path, Query
+from fastapi import APIRouter, Path, Query, Request
 
 from gpupool.api.common import NAME_PATTERN, ErrorBody
-from gpupool.api.services import PartnersOut, ScaleRequest, ServiceOut, ServiceSpec, ServiceUpdate
+from gpupool.api.services import (
+    PartnersOut,
+    ScaleRequest,
+    ServiceHistoryOut,
+    ServiceOut,
+    ServiceSpec,
+    ServiceUpdate,
+)
 from gpupool.server.deps import Rt, Who
+from gpupool.server.serving import history as service_history
 from gpupool.server.serving import services as cases
 
 router = APIRouter(tags=["services"], responses={401: {"model": ErrorBody}, 403: {"model": ErrorBody},
@@ -25,15 +33,26 @@ def create_service(body: ServiceSpec, rt: Rt, who: Who) -> ServiceOut:
 
 
 @router.get("/services", response_model=list[ServiceOut])
-def list_services(rt: Rt, who: Who, tenant: TenantQuery = None) -> list[ServiceOut]:
-    """The caller's services; the admin's: every tenant's, or `tenant`'s."""
-    return cases.list_services(rt, who, tenant)
+def list_services(request: Request, rt: Rt, who: Who, tenant: TenantQuery = None) -> list[ServiceOut]:
+    """The caller's services, each with the router's live numbers; the admin's: every tenant's, or
+    `tenant`'s."""
+    return _with_live(request, cases.list_services(rt, who, tenant))
 
 
 @router.get("/services/{name}", response_model=ServiceOut)
-def get_service(name: NameParam, rt: Rt, who: Who, tenant: TenantQuery = None) -> ServiceOut:
-    """One service with its replicas (status, readiness, endpoint) and its recent events."""
-    return cases.get(rt, who, name, tenant)
+def get_service(name: NameParam, request: Request, rt: Rt, who: Who,
+                tenant: TenantQuery = None) -> ServiceOut:
+    """One service with its replicas (status, readiness, endpoint), its recent events and the router's
+    live numbers."""
+    return _with_live(request, [cases.get(rt, who, name, tenant)])[0]
+
+
+def _with_live(request: Request, services: list[ServiceOut]) -> list[ServiceOut]:
+    dataplane = request.app.state.dataplane
+    if dataplane is None:
+        return services
+    live = dataplane.live()
+    return [s.model_copy(update={"live": live.get(f"{s.tenant}/{s.name}")}) for s in services]
 
 
 @router.get("/services/{name}/partners", response_model=PartnersOut)
@@ -41,6 +60,18 @@ def service_partners(name: NameParam, rt: Rt, who: Who, tenant: TenantQuery = No
     """Where the paired service's ready replicas answer now (prefill/decode pairs); the caller's own
     service only."""
     return cases.partners(rt, who, name, tenant)
+
+
+@router.get("/services/{name}/history", response_model=ServiceHistoryOut)
+def service_history_page(name: NameParam, request: Request, rt: Rt, who: Who, tenant: TenantQuery = None,
+                         range: Annotated[str, Query(max_length=8, description="1h, 24h or 7d")] = "1h",
+                         ) -> ServiceHistoryOut:
+    """Its page on the dashboard: replicas ready and desired, requests/s, in flight and latency over
+    the range, the router's live numbers, and its scale events; the caller's own service only."""
+    dataplane = request.app.state.dataplane
+    return service_history.query(rt, who, name, tenant, range, rt.clock(),
+                                 None if dataplane is None else dataplane.live(),
+                                 "none" if dataplane is None else dataplane.router)
 
 
 @router.patch("/services/{name}", response_model=ServiceOut, responses={409: {"model": ErrorBody}})

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Generic, Protocol, TypeVar
 
 from sqlalchemy import select
 from sqlalchemy.orm import Session
@@ -68,19 +69,28 @@ def stream_filter(rt: Runtime, who: Principal, tenant: str | None,
     return StreamFilter(tenant=tenant, workload_ids=ids)
 
 
+class _Numbered(Protocol):
+    @property
+    def id(self) -> int: ...
+
+
+E = TypeVar("E", bound=_Numbered)
+"""A workload's event, or a service's (serving/event_stream.py): anything with a growing id."""
+
+
 @dataclass(frozen=True, slots=True)
-class Page:
+class Page(Generic[E]):
     """One read of the events table after a stream's cursor: the events it shows, the highest id
     the read looked at (`scanned_to`), and, where commits may become visible out of id order
     (PostgreSQL), every id stored up to there, whoever's (`present`; None on SQLite, whose writes
     commit one at a time, in id order)."""
 
-    events: list[EventOut]
+    events: list[E]
     scanned_to: int
     present: frozenset[int] | None = None
 
 
-def read_after(rt: Runtime, wanted: StreamFilter, after_id: int, limit: int = PAGE) -> Page:
+def read_after(rt: Runtime, wanted: StreamFilter, after_id: int, limit: int = PAGE) -> Page[EventOut]:
     """The next events after `after_id` that `wanted` shows, oldest first, at most `limit`."""
     query = select(EventRow).where(EventRow.id > after_id).order_by(EventRow.id).limit(limit)
     if wanted.workload_ids:
@@ -94,7 +104,7 @@ def read_after(rt: Runtime, wanted: StreamFilter, after_id: int, limit: int = PA
     return Page(events, events[-1].id if len(events) == limit else newest, present)
 
 
-def read_all_after(rt: Runtime, after_id: int, limit: int = PAGE) -> tuple[Page, list[str]]:
+def read_all_after(rt: Runtime, after_id: int, limit: int = PAGE) -> tuple[Page[EventOut], list[str]]:
     """Every tenant's next events after `after_id`, and each one's tenant."""
     query = (select(EventRow, WorkloadRow.tenant).join(WorkloadRow, WorkloadRow.id == EventRow.workload_id)
              .where(EventRow.id > after_id).order_by(EventRow.id).limit(limit))
@@ -143,7 +153,7 @@ class Cursor:
     sent: set[int] = field(default_factory=set)
     gaps: dict[int, float] = field(default_factory=dict)
 
-    def take(self, page: Page, now_s: float) -> list[EventOut]:
+    def take(self, page: Page[E], now_s: float) -> list[E]:
         """The events of a page (read after `done`) not delivered yet, marked delivered; `done`
         moves past each id delivered, or stored but not this stream's, or missing (not committed
         yet, or never) for longer than GAP_WAIT_S."""

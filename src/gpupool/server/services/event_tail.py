@@ -115,7 +115,7 @@ class EventTail:
                 self._encoded[event.id] = block
         return block
 
-    def page(self, wanted: StreamFilter, after_id: int) -> Page | None:
+    def page(self, wanted: StreamFilter, after_id: int) -> Page[EventOut] | None:
         """What `event_stream.read_after(wanted, after_id)` would give as of the last refresh, or
         None when `after_id` is behind the tail (the caller reads the table)."""
         if self._base is None or after_id < self._base:

@@ -44,6 +44,9 @@ RANGES: dict[str, tuple[float, int, int]] = {"1h": (HOUR_S, MINUTE_S, MINUTE_S),
                                              "7d": (7 * DAY_S, HOUR_S, HOUR_S)}
 """A chart's range -> (its span, the width of one drawn point, the rows it reads: minutes, which
 are kept a day, or hours). Each device's means read hours beyond one hour (DEVICE_STEPS)."""
+MEAN_OF_MEASURED = frozenset({"svc_latency_p50_ms", "svc_latency_p99_ms", "svc_latency_mean_ms"})
+"""Series whose hour is the mean of the minutes that have a row (a service's latency: an idle minute
+measured none, it was not 0 ms); every other series counts a missing minute as 0."""
 DEVICE_STEPS = {"1h": MINUTE_S, "24h": HOUR_S, "7d": HOUR_S}
 _TABLE = HistoryRow.__table__
 
@@ -61,8 +64,9 @@ def minute_of(now: float) -> float:
     return float(int(now // MINUTE_S) * MINUTE_S)
 
 
-def sample(rt: Runtime) -> list[Point]:
-    """What the pool holds now, as points to record (the capacity row first: it claims the minute)."""
+def sample(rt: Runtime, extra: list[Point] | None = None) -> list[Point]:
+    """What the pool holds now, as points to record (the capacity row first: it claims the minute);
+    `extra`: more of this minute's points (each service's, serving/history.py)."""
     nodes = rt.nodes()
     with rt.store.read() as session:
         conn = session.connection()
@@ -83,7 +87,7 @@ def sample(rt: Runtime) -> list[Point]:
                                 float(by_device.get((node.name, device.index), 0)),
                                 None if reading is None else reading.busy_pct,
                                 None if reading is None else reading.memory_used_mib))
-    return points
+    return points + (extra or [])
 
 
 def _insert_ignoring(conn: Connection) -> Any:
@@ -159,17 +163,19 @@ def _roll_hour(rt: Runtime, hour: float) -> None:
         ).where(HistoryRow.step_s == MINUTE_S, HistoryRow.at_s >= hour,
                 HistoryRow.at_s < hour + HOUR_S)).all()
     minutes = sum(1 for r in found if r.series == "capacity") or 1
-    sums: dict[tuple[str, str], list[float]] = defaultdict(lambda: [0.0, 0.0, 0, 0.0, 0])
+    sums: dict[tuple[str, str], list[float]] = defaultdict(lambda: [0.0, 0.0, 0, 0.0, 0, 0])
     for r in found:
         acc = sums[(r.series, r.key)]
         acc[0] += r.value
+        acc[5] += 1
         if r.busy_pct is not None:
             acc[1] += r.busy_pct
             acc[2] += 1
         if r.memory_mib is not None:
             acc[3] += r.memory_mib
             acc[4] += 1
-    rows = [{"series": series, "step_s": HOUR_S, "at_s": hour, "key": key, "value": acc[0] / minutes,
+    rows = [{"series": series, "step_s": HOUR_S, "at_s": hour, "key": key,
+             "value": acc[0] / (acc[5] if series in MEAN_OF_MEASURED else minutes),
              "busy_pct": acc[1] / acc[2] if acc[2] else None,
              "memory_mib": acc[3] / acc[4] if acc[4] else None}
             for (series, key), acc in sums.items()]
@@ -225,11 +231,11 @@ def query(rt: Runtime, who: Principal, metric: str, range_: str, now: float) -> 
         wanted.append((series_names[1], "", series_names[1]))
     for series, key, name in wanted:
         by_time = values.get((series, key), {})
-        out.series.append(HistorySeries(name=name, values=_buckets(times, by_time, width)))
+        out.series.append(HistorySeries(name=name, values=bucket_means(times, by_time, width)))
     return out
 
 
-def _buckets(times: list[float], by_time: dict[float, float], width: int) -> list[tuple[float, float]]:
+def bucket_means(times: list[float], by_time: dict[float, float], width: int) -> list[tuple[float, float]]:
     """The mean per bucket of `width` seconds over the sampled times (a key missing at a sampled time
     held nothing then: 0)."""
     sums: dict[float, list[float]] = {}

@@ -34,7 +34,7 @@ def usage(rt: Runtime, who: Principal, *, tenant: str | None, since_s: float | N
     since, until = window(rt, since_s, until_s)
     keys = parse_by(by)
     first_day, end_day = math.ceil(since / DAY_S) * DAY_S, math.floor(until / DAY_S) * DAY_S
-    if end_day <= first_day or UsageKey.SERVICE in keys:  # no whole day, or a key the rollup lacks
+    if end_day <= first_day:  # no whole day
         return raw_usage(rt, who, tenant=tenant, since_s=since, until_s=until, by=by)
     book = rt.config.prices.price_book()
     default_class = default_priority_class(rt.config.priority_classes) or ""

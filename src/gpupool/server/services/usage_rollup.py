@@ -1,6 +1,6 @@
 """The daily usage rollup: the metered usage of ended pods summed per UTC day, tenant, queue, priority
-class, node, device model and simulated mark (table usage_daily), so a usage query over a long
-window reads a few summed rows instead of every pod.
+class, node, device model, simulated mark and service (table usage_daily_services), so a usage query
+over a long window reads a few summed rows instead of every pod.
 
 A pod that ended is folded into the rollup (`fold`, from the control loop: every 30 s while it is
 idle, every 5 minutes while work is in flight) and marked `rolled_up` in the same transaction; a
@@ -31,7 +31,7 @@ from sqlalchemy import ColumnElement, bindparam, case, delete, func, insert, sel
 from sqlalchemy.orm import Session
 
 from gpupool.core.metering import DAY_S, PodInterval, PriceBook, UsageKey, UsageRow, aggregate
-from gpupool.server.orm import Base, PodRow, UsageDailyRow, UsageRollupStateRow
+from gpupool.server.orm import Base, PodRow, UsageDailyServiceRow, UsageRollupStateRow
 from gpupool.server.runtime import Runtime
 from gpupool.server.services.metering import interval_rows, to_intervals
 
@@ -41,7 +41,10 @@ FOLD_BUSY_EVERY_S = 300.0
 FOLD_BATCH = 5_000
 """Pods folded in one transaction at most (the rest at the next steps)."""
 _ALL_KEYS = (UsageKey.TENANT, UsageKey.QUEUE, UsageKey.PRIORITY_CLASS, UsageKey.NODE, UsageKey.MODEL,
-             UsageKey.DAY)
+             UsageKey.DAY, UsageKey.SERVICE)
+LAYOUT = "usage_daily_services"
+"""Part of the digest: a rollup the last release made (in usage_daily, by another digest) is
+rebuilt into usage_daily_services once, as after a change of prices."""
 _COUNTS = ("pods", "pods_carried", "pods_first_model", "pods_carried_first_model", "pods_first",
            "pods_carried_first")
 _SUMS = ("compute_milli_s", "memory_mib_s", "cost", "dedicated_cost", "unpriced")
@@ -53,12 +56,12 @@ def digest(book: PriceBook, default_class: str) -> str:
     versions = [[v.effective_from_s, sorted(v.device_prices.items()), v.fallback_price,
                  sorted(v.class_multipliers.items()), [[t.start_s, t.end_s, t.multiplier] for t in v.tiers],
                  v.share.value, v.compute_weight] for v in book.versions]
-    text = json.dumps([book.currency, default_class, versions], separators=(",", ":"))
+    text = json.dumps([LAYOUT, book.currency, default_class, versions], separators=(",", ":"))
     return hashlib.sha256(text.encode()).hexdigest()
 
 
 class UsageRollup:
-    """Keeps usage_daily up to date; `lock` is held by a reader combining the rollup with the pods
+    """Keeps usage_daily_services up to date; `lock` is held by a reader combining the rollup with the pods
     it does not hold, so a fold cannot mark pods between its two reads."""
 
     def __init__(self) -> None:
@@ -93,7 +96,7 @@ class UsageRollup:
             if state is None:
                 session.add(UsageRollupStateRow(id=1, prices_sha256=wanted))
             elif state.prices_sha256 != wanted:
-                session.execute(delete(UsageDailyRow))
+                session.execute(delete(UsageDailyServiceRow))
                 session.connection().execute(update(_PODS).where(_PODS.c.rolled_up.is_(True))
                                              .values(rolled_up=False))
                 state.prices_sha256 = wanted
@@ -112,9 +115,9 @@ class UsageRollup:
 
 @dataclass(slots=True)
 class Piece:
-    """One usage_daily row's worth of usage, to add to the stored row with the same key."""
+    """One usage_daily_services row's worth of usage, to add to the stored row with the same key."""
 
-    key: tuple[float, str, str, str, str, str, bool]
+    key: tuple[float, str, str, str, str, str, bool, str]
     sums: tuple[float, float, float, float, int]
     counts: tuple[int, int, int, int, int, int]
 
@@ -140,7 +143,7 @@ def pieces(intervals: Sequence[PodInterval], book: PriceBook) -> list[Piece]:
                     counts[2 * index + 1] += carried
         out.append(Piece(
             (day_s, keys[UsageKey.TENANT], keys[UsageKey.QUEUE], keys[UsageKey.PRIORITY_CLASS],
-             keys[UsageKey.NODE], keys[UsageKey.MODEL], row.simulated),
+             keys[UsageKey.NODE], keys[UsageKey.MODEL], row.simulated, keys[UsageKey.SERVICE]),
             (row.compute_milli_s, row.memory_mib_s, row.cost, row.dedicated_cost, 0 if row.priced else 1),
             (counts[0], counts[1], counts[2], counts[3], counts[4], counts[5])))
     return out
@@ -156,8 +159,8 @@ def _day_start(any_time_s: float, day: str) -> float:
     return start
 
 
-_DAILY = Base.metadata.tables["usage_daily"]
-_KEYS = ("day_s", "tenant", "queue", "priority_class", "node", "model", "simulated")
+_DAILY = Base.metadata.tables["usage_daily_services"]
+_KEYS = ("day_s", "tenant", "queue", "priority_class", "node", "model", "simulated", "service")
 _UPDATE = (update(_DAILY)
            .where(*(_DAILY.c[k] == bindparam(f"k_{k}") for k in _KEYS))
            .values({name: _DAILY.c[name] + bindparam(f"v_{name}") for name in (*_SUMS, *_COUNTS)}))
@@ -204,9 +207,10 @@ def read(session: Session, wanted: str, by: Sequence[UsageKey], first_day_s: flo
     state = session.get(UsageRollupStateRow, 1)
     if state is None or state.prices_sha256 != wanted:
         return RolledUp({}, 0, False)
-    t = UsageDailyRow
+    t = UsageDailyServiceRow
     columns = {UsageKey.TENANT: t.tenant, UsageKey.QUEUE: t.queue, UsageKey.MODEL: t.model,
-               UsageKey.PRIORITY_CLASS: t.priority_class, UsageKey.NODE: t.node, UsageKey.DAY: t.day_s}
+               UsageKey.PRIORITY_CLASS: t.priority_class, UsageKey.NODE: t.node, UsageKey.DAY: t.day_s,
+               UsageKey.SERVICE: t.service}
     group = [columns[k] for k in by] + [t.simulated]
     suffix = "" if UsageKey.MODEL in by else "_first_model"
     count = _count(suffix, by_day=UsageKey.DAY in by, first_day_s=first_day_s)
@@ -228,11 +232,11 @@ def read(session: Session, wanted: str, by: Sequence[UsageKey], first_day_s: flo
 
 
 def _count(suffix: str, *, by_day: bool, first_day_s: float) -> ColumnElement[Any]:
-    counted = getattr(UsageDailyRow, "pods" + suffix)
+    counted = getattr(UsageDailyServiceRow, "pods" + suffix)
     if by_day:
         return func.sum(counted)
-    carried = getattr(UsageDailyRow, "pods_carried" + suffix)
-    return func.sum(counted) - func.sum(case((UsageDailyRow.day_s > first_day_s, carried), else_=0))
+    carried = getattr(UsageDailyServiceRow, "pods_carried" + suffix)
+    return func.sum(counted) - func.sum(case((UsageDailyServiceRow.day_s > first_day_s, carried), else_=0))
 
 
 def _key_text(key: UsageKey, value: Any) -> str:

@@ -11,7 +11,7 @@ function el(tag, attrs) {
   return node;
 }
 
-export function lineChart(series, yMax, label) {
+export function lineChart(series, yMax, label, unit = "devices") {
   const svg = el("svg", { viewBox: `0 0 ${W} ${H}`, class: "chart", role: "img", "aria-label": label });
   const title = el("title", {});
   title.textContent = label;
@@ -36,7 +36,7 @@ export function lineChart(series, yMax, label) {
     const line = s.values.length > 1 ? el("polyline", { points, class: "line " + s.cls })
       : el("circle", { cx: x(s.values[0][0]).toFixed(1), cy: y(s.values[0][1]).toFixed(1), r: 4, class: "dot " + s.cls });
     const tip = el("title", {});
-    tip.textContent = `${s.name}: ${s.values[s.values.length - 1][1]} devices now`;
+    tip.textContent = `${s.name}: ${s.values[s.values.length - 1][1]}${unit ? " " + unit : ""} now`;
     line.appendChild(tip);
     svg.appendChild(line);
   }

@@ -9,6 +9,8 @@ import * as workload from "./workload.js";
 import * as queues from "./queues.js";
 import * as usage from "./usage.js";
 import * as fabric from "./fabric.js";
+import * as services from "./services.js";
+import * as service from "./service.js";
 
 const POLL_MS = 1000;
 const $ = (id) => document.getElementById(id);
@@ -17,7 +19,7 @@ let generation = 0;      // bumped on every navigation: a stale view's poll stop
 let refresh = null;
 
 function route(path) {
-  const rest = path.replace(/^\/ui\/?/, "").replace(/\/+$/, "");
+  const rest = path.split("?")[0].replace(/^\/ui\/?/, "").replace(/\/+$/, "");
   const [first, second] = rest.split("/");
   if (first === "nodes") return { page: "nodes", view: nodes };
   if (first === "workloads" && second) return { page: "workloads", view: workload, arg: decodeURIComponent(second) };
@@ -25,6 +27,8 @@ function route(path) {
   if (first === "queues") return { page: "queues", view: queues };
   if (first === "usage") return { page: "usage", view: usage };
   if (first === "fabric") return { page: "fabric", view: fabric };
+  if (first === "services" && second) return { page: "services", view: service, arg: decodeURIComponent(second) };
+  if (first === "services") return { page: "services", view: services };
   return { page: "overview", view: overview };
 }
 
