@@ -45,7 +45,7 @@ def test_a_launch_from_a_deposed_leader_reaching_the_node_after_the_takeover_is_
             adopted = new.get("kept")
             assert adopted.phase is PodPhase.RUNNING and adopted.adopted and adopted.epoch == 1
             stale = tmp_path / "stale.marker"
-            with pytest.raises(ProviderError, match="epoch 1.*epoch 2 has taken over"):
+            with pytest.raises(ProviderError, match=r"epoch 1.*epoch 2 has taken over"):
                 old.start("stale", _marker_command(stale), env=ENV, epoch=1)  # the deposed leader's
             record = old.get("stale")
             assert record.phase is PodPhase.FAILED and "refused" in record.message
