@@ -236,6 +236,9 @@ def _burst_across_a_kill(cluster: Cluster, markers: Path) -> None:
     until(lambda: any(markers.iterdir()), 30, "the leader launching the burst")
     old.kill9()  # in the middle of the burst's launches
     until(lambda: cluster._leader() == (other, epoch + 1), 30, "the other server leading after kill -9")
+    # its takeover announced its epoch to the node before reading the node's records
+    (announced,) = sorted(other.data_dir.glob("agents/*/epoch"))
+    assert int(announced.read_text()) == epoch + 1
     final = {"succeeded", "failed", "cancelled"}
     until(lambda: all(api.get(f"/workloads/{w}").json()["status"] in final for w in ids), 120,
           "every workload of the burst ended")
