@@ -113,6 +113,13 @@ def _launched(api: httpx.Client, wid: str) -> int:
     return [e["reason"] for e in api.get(f"/workloads/{wid}/events").json()].count("launched")
 
 
+def _metric(server: UpProcess, name: str) -> float:
+    text_ = httpx.get(f"{server.url}/metrics", headers={"Authorization": f"Bearer {server.token()}"},
+                      timeout=30).text
+    match = re.search(rf"^{name} (\S+)$", text_, re.M)
+    return float(match.group(1)) if match else 0.0
+
+
 def _is_leader(server: UpProcess) -> float:
     text_ = httpx.get(f"{server.url}/metrics", headers={"Authorization": f"Bearer {server.token()}"},
                       timeout=30).text
@@ -139,6 +146,8 @@ def test_sigstopped_leader_is_replaced_and_resumed_writes_nothing(cluster: Clust
     third = old.client().post("/workloads", json={"command": ["sleep", "300"], "resources": {"gpus": 1}})
     assert third.status_code == 201, third.text  # a follower takes submissions; the leader places them
     until(lambda: _running(api, third.json()["id"]), 30, "work submitted to the follower running")
+    until(lambda: _metric(other, "gpupool_follower_wakes_total") >= 1, 30,
+          "the follower's submission waking the leader's loop (LISTEN/NOTIFY)")
     assert _is_leader(other) == 1
     scraped = httpx.get(f"{other.url}/metrics", headers={"Authorization": f"Bearer {other.token()}"}).text
     assert re.search(r"^gpupool_leader_changes_total 1\.0$", scraped, re.M), scraped[:400]

@@ -64,6 +64,7 @@ def create_app(rt: Runtime, *, run_loop: bool = True, hub_router: APIRouter | No
     relay = WakeRelay(rt.store, leadership) if leadership is not None and not rt.store.is_sqlite else None
     if relay is not None:  # --ha: a follower's write wakes the leader's loop (LISTEN/NOTIFY)
         rt.wake = relay.wake
+        relay.on_woken = metrics.follower_wakes.inc
     loop = ControlLoop(rt, metrics, leadership, reopen_provider)
     writer = SubmitWriter(rt)
     sampler = HistorySampler(rt)

@@ -292,6 +292,8 @@ class WakeRelay:
         """Takes the place of the runtime's wake event (`Runtime.wake`)."""
         self.sent = 0
         self.received = 0
+        self.on_woken: Callable[[], None] = lambda: None
+        """Called each time a follower's notification woke this (leading) server's loop (/metrics)."""
         self._pending = threading.Event()
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
@@ -345,6 +347,7 @@ class WakeRelay:
                         self.received += 1
                         if self.leadership.is_leader:
                             threading.Event.set(self.wake)  # not relayed back
+                            self.on_woken()
             except Exception:
                 log.debug("the wake channel's connection broke; listening again", exc_info=True)
                 self._stop.wait(0.5)
