@@ -101,6 +101,9 @@ class PodLaunch:
     serve_port: int = 0
     """A service replica's port: the node's own processes (the pool's probes, its router) may open
     connections to it in the pod's network namespace; 0: none (only answers reach the pod)."""
+    # several servers (docs/ha.md): the node refuses a launch of a leader deposed since
+    epoch: int | None = None
+    """The leader lease's epoch the launch was decided under; None: a single server (no fencing)."""
 
 
 @dataclass(frozen=True, slots=True)

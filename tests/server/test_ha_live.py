@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import signal
+import tempfile
 import threading
 import time
 from collections.abc import Iterator
@@ -111,6 +113,13 @@ def _launched(api: httpx.Client, wid: str) -> int:
     return [e["reason"] for e in api.get(f"/workloads/{wid}/events").json()].count("launched")
 
 
+def _metric(server: UpProcess, name: str) -> float:
+    text_ = httpx.get(f"{server.url}/metrics", headers={"Authorization": f"Bearer {server.token()}"},
+                      timeout=30).text
+    match = re.search(rf"^{name} (\S+)$", text_, re.M)
+    return float(match.group(1)) if match else 0.0
+
+
 def _is_leader(server: UpProcess) -> float:
     text_ = httpx.get(f"{server.url}/metrics", headers={"Authorization": f"Bearer {server.token()}"},
                       timeout=30).text
@@ -137,6 +146,8 @@ def test_sigstopped_leader_is_replaced_and_resumed_writes_nothing(cluster: Clust
     third = old.client().post("/workloads", json={"command": ["sleep", "300"], "resources": {"gpus": 1}})
     assert third.status_code == 201, third.text  # a follower takes submissions; the leader places them
     until(lambda: _running(api, third.json()["id"]), 30, "work submitted to the follower running")
+    until(lambda: _metric(other, "gpupool_follower_wakes_total") >= 1, 30,
+          "the follower's submission waking the leader's loop (LISTEN/NOTIFY)")
     assert _is_leader(other) == 1
     scraped = httpx.get(f"{other.url}/metrics", headers={"Authorization": f"Bearer {other.token()}"}).text
     assert re.search(r"^gpupool_leader_changes_total 1\.0$", scraped, re.M), scraped[:400]
@@ -206,3 +217,47 @@ def test_postgres_restart_answers_503_then_works_and_no_server_exits(cluster: Cl
     for server in cluster.servers:
         assert server.proc is not None and server.proc.poll() is None, server.log_text()[-2000:]
     until(lambda: sum(_is_leader(s) for s in cluster.servers) == 1, 30, "exactly one leader again")
+
+
+def test_kill9_during_launches_starts_no_workload_twice(cluster: Cluster) -> None:
+    # Launches in flight when the leader dies: the new leader requeues the rows it cannot see started,
+    # and the nodes refuse whatever of the old epoch reaches them after its takeover (agent/fencing.py).
+    # Counted from the pods' own start markers, not from the store.
+    markers = Path(tempfile.mkdtemp(prefix="gpupool-markers-"))
+    os.chmod(markers, 0o1777)  # the pods' accounts write their start markers here
+    try:
+        _burst_across_a_kill(cluster, markers)
+    finally:
+        shutil.rmtree(markers, ignore_errors=True)
+
+
+def _burst_across_a_kill(cluster: Cluster, markers: Path) -> None:
+    old, epoch = cluster.leader()
+    other = next(s for s in cluster.servers if s is not old)
+    api = other.client()
+    marker = f'touch "{markers}/$GPUPOOL_WORKLOAD_ID.$$"; exec sleep 1'
+    ids = []
+    for _ in range(24):
+        answer = api.post("/workloads", json={"command": ["sh", "-c", marker],
+                                              "resources": {"gpus": 0.125}})
+        assert answer.status_code == 201, answer.text
+        ids.append(str(answer.json()["id"]))
+    until(lambda: any(markers.iterdir()), 30, "the leader launching the burst")
+    old.kill9()  # in the middle of the burst's launches
+    until(lambda: cluster._leader() == (other, epoch + 1), 30, "the other server leading after kill -9")
+    # its takeover announced its epoch to the node before reading the node's records
+    (announced,) = sorted(other.data_dir.glob("agents/*/epoch"))
+    assert int(announced.read_text()) == epoch + 1
+    final = {"succeeded", "failed", "cancelled"}
+    until(lambda: all(api.get(f"/workloads/{w}").json()["status"] in final for w in ids), 120,
+          "every workload of the burst ended")
+    starts: dict[str, int] = {}
+    for path in markers.iterdir():
+        workload = path.name.rsplit(".", 1)[0]
+        starts[workload] = starts.get(workload, 0) + 1
+    assert set(starts) <= set(ids) and starts, starts
+    assert max(starts.values()) == 1, {w: n for w, n in starts.items() if n > 1}
+    succeeded = [w for w in ids if api.get(f"/workloads/{w}").json()["status"] == "succeeded"]
+    assert all(starts.get(w) == 1 for w in succeeded)  # each one that ran, ran once
+    old.start()
+    until(lambda: _is_leader(old) == 0, 30, "the restarted server following")

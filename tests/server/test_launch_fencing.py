@@ -60,3 +60,23 @@ def test_a_launch_is_not_begun_and_one_in_flight_is_stopped_once_leadership_is_l
     workers.submit([_launch("p3")])  # lost before: never begun
     (third,) = _outcomes(workers, 1)
     assert third.why == NOT_LEADER and "p3" not in provider.launched
+
+
+def test_each_launch_carries_the_epoch_it_was_decided_under() -> None:
+    provider = _Provider()
+    seen: list[int | None] = []
+    provider.during = lambda: None
+    original = provider.launch
+
+    def launch(pod: PodLaunch) -> None:
+        seen.append(pod.epoch)
+        original(pod)
+
+    provider.launch = launch  # type: ignore[method-assign]
+    workers = LaunchWorkers(provider, time.time)
+    workers.submit([_launch("single")])  # a single server: no epoch, the node never fences
+    assert len(_outcomes(workers, 1)) == 1
+    workers.launch_epoch = lambda: 7
+    workers.submit([_launch("led")])
+    assert len(_outcomes(workers, 1)) == 1
+    assert seen == [None, 7]

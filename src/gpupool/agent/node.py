@@ -312,7 +312,8 @@ class NodeAgent:
             record = self.runner.start(pod.pod_id, command, env=env, workdir=cwd,
                                        limits=limits, identity=identity,
                                        combined_output=not pod.separate_stderr,
-                                       netns=net.netns if net is not None else "", namespace=namespace)
+                                       netns=net.netns if net is not None else "", namespace=namespace,
+                                       epoch=pod.epoch)
             if pod.image:
                 self.execs.remember(pod.pod_id, IN_IMAGE)
             else:  # gpupool exec: the pod's account, netns, cgroup, limits and environment
@@ -408,6 +409,10 @@ class NodeAgent:
             return list(json.loads(path.read_text()))
         except (OSError, ValueError):
             raise NotFound(f"No isolation record for pod {pod_id!r} on this node.") from None
+
+    def fence(self, epoch: int, confirm: Callable[[], None] | None = None) -> int:
+        """A new leader's takeover: launches of older epochs are refused from now on (fencing.py)."""
+        return self.runner.fence.advance(epoch, confirm)
 
     def stop(self, pod_id: str, grace_s: float = 10.0) -> None:
         self.execs.end_pod(pod_id)

@@ -37,6 +37,8 @@ class PodRecord(BaseModel):
     combined_output: bool = False
     """stdout.log holds stderr too, in the order written (no stderr.log)."""
     adopted: bool = False
+    epoch: int | None = None
+    """The leader epoch the launch was decided under (`gpupool up --ha`; None: a single server)."""
 
     @property
     def finished(self) -> bool:

@@ -33,13 +33,14 @@ from enum import StrEnum
 from pathlib import Path
 
 from gpupool.agent import podstate
+from gpupool.agent.fencing import EpochFence
 from gpupool.agent.identity import ACCOUNT_PREFIX, POD_GROUP, PodIdentity
 from gpupool.agent.launcher import EXIT_FD_PLACEHOLDER, Launcher, launch_timeout_s
 from gpupool.agent.leftovers import MARKER, AccountLocks, kill_leftovers
 from gpupool.agent.mounts import PodNamespace
 from gpupool.agent.podstate import PodRecord
 from gpupool.agent.shim import shim_argv
-from gpupool.errors import GpupoolError, InvalidInput, NotFound
+from gpupool.errors import GpupoolError, InvalidInput, NotFound, ProviderError
 from gpupool.pods import LogChunk, PodPhase
 
 log = logging.getLogger("gpupool.agent")
@@ -175,6 +176,8 @@ class Runner:
         self._launcher: Launcher | None = None
         """Started at the first pod that runs as another account (see launcher.py)."""
         self._launch_timeout_s = launch_timeout_s()
+        self.fence = EpochFence(Path(state_dir))
+        """The newest leader epoch announced to this node (fencing.py)."""
         self._readopt()
         self._sweep(force=True)
 
@@ -192,13 +195,15 @@ class Runner:
     def start(self, pod_id: str, command: Sequence[str], *, env: Mapping[str, str], workdir: str | Path = "",
               limits: HostLimits = HostLimits(), identity: PodIdentity | None = None,
               combined_output: bool = False, netns: str = "",
-              namespace: PodNamespace | None = None) -> PodRecord:
+              namespace: PodNamespace | None = None, epoch: int | None = None) -> PodRecord:
         """Start `command` as a new process group and return at once, with exactly `env` as its
         environment and, given an `identity`, as that Unix account (no supplementary groups, no new
         privileges). With `combined_output`, stdout and stderr go to one log (stdout.log), in the
         order written, as sbatch does without --error. With `netns` (and an `identity`: only the
         launcher helper can join it), inside that network namespace. Idempotent by pod_id: a known
-        pod is returned unchanged. Raises InvalidInput for a bad pod id, command or workdir."""
+        pod is returned unchanged. Raises InvalidInput for a bad pod id, command or workdir. With an
+        `epoch` (a leader's, fencing.py), the command runs only if no newer leader took over
+        before it was let go; otherwise its record ends failed and ProviderError says why."""
         if not _POD_ID.match(pod_id):
             raise InvalidInput(f"Pod id {pod_id!r} must be 1-128 letters, digits, '.', '_' or '-'.")
         if not command:
@@ -220,7 +225,8 @@ class Runner:
             record = PodRecord(pod_id=pod_id, command=list(command), workdir=str(cwd),
                                started_at_s=self._clock(), uid=identity.uid if identity else None,
                                combined_output=combined_output,
-                               cgroup=str(limits.cgroup_dir) if limits.cgroup_dir else None)
+                               cgroup=str(limits.cgroup_dir) if limits.cgroup_dir else None,
+                               epoch=epoch)
             self._save(record)  # before the process exists: a crash here leaves a record, not a stray
             self._records[pod_id] = self._listed[pod_id] = record
             self._spawning.add(pod_id)
@@ -247,7 +253,9 @@ class Runner:
         exit_fd = os.open(pod_dir / "exit.json", os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
         # The shim waits for one line before it runs the command: to be moved into its cgroup, and,
         # started through a helper, to be told the launch was answered in time (launcher.py).
-        go_r, go_w = os.pipe() if limits.cgroup_dir or identity is not None else (-1, -1)
+        # A leader's launch (an epoch) waits for it too: to be refused if a newer leader took over.
+        go_r, go_w = (os.pipe() if limits.cgroup_dir or identity is not None or record.epoch is not None
+                      else (-1, -1))
         child: subprocess.Popen[bytes] | None = None
         # A launcher helper has its own descriptor numbers: it puts the exit file's in for the token.
         argv = shim_argv(exit_fd if identity is None else EXIT_FD_PLACEHOLDER, record.command,
@@ -284,10 +292,18 @@ class Runner:
             os.close(exit_fd)
             if go_r >= 0:
                 os.close(go_r)
-        if go_w >= 0 and limits.cgroup_dir is not None:
-            _join_cgroup(limits, pid, go_w)
-        elif go_w >= 0:
-            _go(go_w, "ok")
+        with contextlib.ExitStack() as fence:  # a leader's launch: fenced by its epoch (fencing.py)
+            if record.epoch is not None:
+                newest = fence.enter_context(self.fence.admitting())
+                if newest > record.epoch:
+                    self._refuse_stale(record, go_w, child, newest)
+                with self._lock:  # the process id on disk before the command may run: a takeover that
+                    record.pid, record.start_ticks = pid, start_ticks  # re-reads the records adopts it
+                    self._save(record)
+            if go_w >= 0 and limits.cgroup_dir is not None:
+                _join_cgroup(limits, pid, go_w)
+            elif go_w >= 0:
+                _go(go_w, "ok")
         if self._accounts is not None and identity is not None and self._sweepable(identity.uid):
             self._accounts.register(identity.uid, self._note_key(record.pod_id), pid, start_ticks)
         with self._lock:
@@ -310,6 +326,20 @@ class Runner:
             if self._launcher is None:
                 self._launcher = Launcher(self._launch_timeout_s)
             return self._launcher
+
+    def _refuse_stale(self, record: PodRecord, go_w: int, child: subprocess.Popen[bytes] | None,
+                      newest: int) -> None:
+        """A launch decided under an epoch older than the newest leader's: its shim reads end of file
+        and runs nothing; the record ends failed; ProviderError tells the (deposed) caller."""
+        os.close(go_w)
+        if child is not None:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                child.wait(timeout=5)  # the shim exits at once on end of file
+        why = (f"refused: launched under leader epoch {record.epoch}, but the leader at epoch {newest} "
+               "has taken over since; the new leader places the workload itself")
+        with self._lock:
+            self._finish(record, PodPhase.FAILED, None, None, why)
+        raise ProviderError(f"Pod {record.pod_id} {why}.", pod_id=record.pod_id)
 
     def _launch_as(self, identity: PodIdentity, argv: list[str], env: Mapping[str, str], go_r: int,
                    stdout: int, stderr: int, exit_fd: int, netns: str = "",

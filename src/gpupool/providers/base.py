@@ -118,6 +118,12 @@ class Provider(ABC):
         shows on a later call). Non-blocking, idempotent; Unavailable when the backend cannot be
         asked."""
 
+    def fence(self, epoch: int, confirm: Callable[[], None] | None = None) -> None:
+        """A new leader's first act at takeover (`gpupool up --ha`): the nodes refuse, from now on,
+        launches carrying an older `PodLaunch.epoch`, and wait for those being let go right now.
+        `confirm` (called under the node's lock) raises when `epoch` is no longer the store's.
+        Default: nothing (a provider whose nodes do not fence; docs/ha.md)."""
+
     def forget_pods(self, pod_ids: Sequence[str]) -> None:
         """The acknowledgement of poll(): the caller has stored the final state of these pods, so
         poll() stops listing them and its cost follows the pods not yet acknowledged, not every pod

@@ -125,6 +125,9 @@ class LocalProvider(Provider):
         self._check_node(pod.node)
         self.agent.launch(pod)
 
+    def fence(self, epoch: int, confirm: Callable[[], None] | None = None) -> None:
+        self.agent.fence(epoch, confirm)
+
     def remove_tenant(self, tenant: str) -> list[str]:
         removed = self.agent.identities.remove(tenant)
         return [removed] if removed else []

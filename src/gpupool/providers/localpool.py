@@ -79,6 +79,10 @@ class LocalPool(Provider):
             raise ProviderError(f"Unknown node {pod.node!r}; this pool has {', '.join(self._members)}.")
         member.launch(pod)
 
+    def fence(self, epoch: int, confirm: Callable[[], None] | None = None) -> None:
+        for member in self._members.values():
+            member.fence(epoch, confirm)
+
     def add_exit_listener(self, listener: Callable[[], None]) -> None:
         for member in self._members.values():
             member.add_exit_listener(listener)

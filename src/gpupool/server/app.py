@@ -20,7 +20,7 @@ from gpupool.server.bodylimit import BodyLimit
 from gpupool.server.dataplane import loop as dataplane_loop
 from gpupool.server.dataplane.metrics import ServiceTrafficCollector
 from gpupool.server.fastpath import SubmitFastPath
-from gpupool.server.leader import Leadership
+from gpupool.server.leader import Leadership, WakeRelay
 from gpupool.server.loops.control import ControlLoop
 from gpupool.server.loops.history import HistorySampler
 from gpupool.server.loops.serving import ServingLoop
@@ -63,6 +63,10 @@ def create_app(rt: Runtime, *, run_loop: bool = True, hub_router: APIRouter | No
     if leadership is not None:
         metrics.is_leader.set(0)
         leadership.on_renew = metrics.lease_renew_seconds.observe
+    relay = WakeRelay(rt.store, leadership) if leadership is not None and not rt.store.is_sqlite else None
+    if relay is not None:  # --ha: a follower's write wakes the leader's loop (LISTEN/NOTIFY)
+        rt.wake = relay.wake
+        relay.on_woken = metrics.follower_wakes.inc
     loop = ControlLoop(rt, metrics, leadership, reopen_provider)
     writer = SubmitWriter(rt)
     sampler = HistorySampler(rt)
@@ -79,6 +83,8 @@ def create_app(rt: Runtime, *, run_loop: bool = True, hub_router: APIRouter | No
             loop.start()
             if leadership is not None:
                 leadership.start()  # after the loop: it wakes the loop when it takes the lease
+            if relay is not None:
+                relay.start()
             sampler.start()  # a thread of its own: a minute's sample never waits on a cycle
             serving.start()
             if dataplane is not None:
@@ -93,6 +99,8 @@ def create_app(rt: Runtime, *, run_loop: bool = True, hub_router: APIRouter | No
                     dataplane.stop()
                 serving.stop()
                 loop.stop()
+                if relay is not None:
+                    relay.stop()
                 if leadership is not None:
                     leadership.stop()  # after the loop stopped acting: the lease is released
             rt.auth.flush()  # tokens' last use and refused logins still held in memory
@@ -110,6 +118,7 @@ def create_app(rt: Runtime, *, run_loop: bool = True, hub_router: APIRouter | No
     app.state.metrics = metrics
     app.state.loop = loop
     app.state.leadership = leadership
+    app.state.wake_relay = relay
     app.state.submit_writer = writer
     app.state.history_sampler = sampler
     app.state.serving = serving

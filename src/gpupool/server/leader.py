@@ -21,6 +21,7 @@ clocks in step (NTP) to well within a third of the lease.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 import time
@@ -256,3 +257,100 @@ class Leadership:
         if lease is None:
             return self.renew_s
         return max(0.05, min(self.renew_s, lease.expires_s - self.clock() + 0.05))
+
+
+WAKE_CHANNEL = "gpupool_wake"
+"""The PostgreSQL channel on which a follower's write wakes the leader's control loop."""
+
+
+class _RelayedEvent(threading.Event):
+    """The loop's wake event, which also tells `relay` each time it is set."""
+
+    def __init__(self, relay: Callable[[], None]) -> None:
+        super().__init__()
+        self._relay = relay
+
+    def set(self) -> None:
+        super().set()
+        self._relay()
+
+
+class WakeRelay:
+    """`gpupool up --ha` on PostgreSQL: a submission or cancel answered by a follower wakes the
+    leader's loop at once instead of at its next full pass (the cycle interval).
+
+    A request sets its server's wake event, as on a single server; on a follower this relay then
+    sends one `NOTIFY gpupool_wake` (from a thread of its own, one per burst: the request never waits
+    on it), and the leader, which LISTENs on a connection of its own, sets its loop's wake event. The
+    notification is delivered at its commit, after the follower's write committed, so the woken
+    step reads it."""
+
+    def __init__(self, store: Store, leadership: Leadership) -> None:
+        self.store = store
+        self.leadership = leadership
+        self.wake: threading.Event = _RelayedEvent(self._poke)
+        """Takes the place of the runtime's wake event (`Runtime.wake`)."""
+        self.sent = 0
+        self.received = 0
+        self.on_woken: Callable[[], None] = lambda: None
+        """Called each time a follower's notification woke this (leading) server's loop (/metrics)."""
+        self._pending = threading.Event()
+        self._stop = threading.Event()
+        self._threads: list[threading.Thread] = []
+
+    def _poke(self) -> None:
+        if not self._stop.is_set():
+            self._pending.set()
+
+    def start(self) -> None:
+        for target, name in ((self._send, "gpupool-wake-notify"), (self._listen, "gpupool-wake-listen")):
+            thread = threading.Thread(target=target, name=name, daemon=True)
+            thread.start()
+            self._threads.append(thread)
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._pending.set()
+        for thread in self._threads:
+            thread.join(timeout=5)
+
+    def _send(self) -> None:
+        while True:
+            self._pending.wait()
+            if self._stop.is_set():
+                return
+            self._pending.clear()
+            if self.leadership.is_leader:
+                continue  # the leader's own requests wake its loop directly
+            try:
+                with self.store.engine.connect() as conn:
+                    conn.exec_driver_sql(f"NOTIFY {WAKE_CHANNEL}")
+                    conn.commit()
+                self.sent += 1
+            except Exception:  # the store restarting: the leader's next full pass reads the write
+                log.debug("could not notify the leader of a write", exc_info=True)
+
+    def _listen(self) -> None:
+        while not self._stop.is_set():
+            try:
+                raw = self.store.engine.raw_connection()
+            except Exception:
+                self._stop.wait(1.0)  # the store restarting: listen again when it is back
+                continue
+            conn = raw.driver_connection
+            raw.detach()  # its own connection for good: never handed back to the pool
+            try:
+                conn.autocommit = True  # type: ignore[union-attr]
+                conn.execute(f"LISTEN {WAKE_CHANNEL}")  # type: ignore[union-attr]
+                while not self._stop.is_set():
+                    for _ in conn.notifies(timeout=1.0, stop_after=1):  # type: ignore[union-attr]
+                        self.received += 1
+                        if self.leadership.is_leader:
+                            threading.Event.set(self.wake)  # not relayed back
+                            self.on_woken()
+            except Exception:
+                log.debug("the wake channel's connection broke; listening again", exc_info=True)
+                self._stop.wait(0.5)
+            finally:
+                with contextlib.suppress(Exception):
+                    raw.close()

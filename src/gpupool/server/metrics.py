@@ -73,6 +73,9 @@ class Metrics:
         self.lease_renew_seconds = Histogram(
             "gpupool_lease_renew_seconds", "Wall time of one successful take or renewal of the leader lease.",
             buckets=_LATENCY_BUCKETS_S, registry=self.registry)
+        self.follower_wakes = PromCounter(
+            "gpupool_follower_wakes", "Times a write answered by another server woke this leader's loop "
+            "(LISTEN/NOTIFY; --ha on PostgreSQL).", registry=self.registry)
         self.registry.register(PoolCollector(rt))
         self.registry.register(UsageCollector(rt))
         self.registry.register(BudgetCollector(rt))

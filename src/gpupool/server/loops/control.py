@@ -80,6 +80,7 @@ class ControlLoop:
         self.dependencies = DependencyPass(rt)
         if self.leadership is not None:
             self.scheduler.launches.may_launch = self._still_leading
+            self.scheduler.launches.launch_epoch = lambda: self._epoch  # the node fences by it
         if metrics is not None:
             divergence = metrics.store_view_divergence
             self.scheduler.store_audit.on_divergence = lambda kind, n: divergence.labels(kind).inc(n)
@@ -195,12 +196,20 @@ class ControlLoop:
             self._take_over(epoch)
         return epoch
 
+    def _confirm_epoch(self) -> None:
+        """Raises Fenced unless this thread's epoch is still the lease's (an empty fenced write)."""
+        with self.rt.store.write():
+            pass
+
     def _take_over(self, epoch: int) -> None:
         """Rebuild from the store at a new epoch: a fresh provider (re-adopting what the previous
         leader launched), a fresh scheduler, recovery of every active pod; all writes fenced."""
         began = time.monotonic()
         self._epoch = None
         with self.rt.store.fenced(epoch):
+            # First the nodes learn the epoch (a deposed leader's launch is refused from now on, or
+            # was let go before and is on record), then their records are read afresh (fencing.py).
+            self.rt.provider.fence(epoch, confirm=self._confirm_epoch)
             if self.reopen_provider is not None:
                 try:  # closed first: the fresh one then finds this machine's pod network free
                     self.rt.provider.close()

@@ -29,7 +29,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from gpupool.errors import GpupoolError
 from gpupool.pods import PodLaunch
@@ -79,6 +79,9 @@ class LaunchWorkers:
         self.may_launch: Callable[[], bool] = lambda: True
         """Asked right before each provider call: False (a server that no longer leads, or whose
         lease renewal is overdue) fails the launch instead; the new leader places it again."""
+        self.launch_epoch: Callable[[], int | None] = lambda: None
+        """The leader epoch the launches handed over now were decided under (stamped on each, so the
+        node refuses them once a newer leader took over); None: a single server."""
         self._lock = threading.Lock()
         self._queues: dict[str, deque[PodLaunch]] = {}
         self._workers: dict[str, int] = {}
@@ -102,6 +105,9 @@ class LaunchWorkers:
         """Hand launches over (after the transaction that recorded them `launching` committed)."""
         if not launches:
             return
+        epoch = self.launch_epoch()
+        if epoch is not None:
+            launches = [replace(launch, epoch=epoch) for launch in launches]
         self.handed += len(launches)
         if not self.threaded:
             for launch in launches:

@@ -25,7 +25,8 @@ export function mount(root, ctx) {
   const tenants = h("section", { "aria-labelledby": "h-tenants" });
   const chart = h("section", { "aria-labelledby": "h-history" });
   const pending = h("section", { "aria-labelledby": "h-pending" });
-  root.append(h("h1", {}, "Overview"), cards,
+  const leader = h("p", { class: "leader", id: "leader", hidden: true }); // admins: who schedules (docs/ha.md)
+  root.append(h("h1", {}, "Overview"), leader, cards,
     h("div", { class: "two" }, models, tenants), chart, pending);
   const drawHistory = mountHistory(chart, ctx.me);
 
@@ -42,8 +43,11 @@ export function mount(root, ctx) {
       costing = get("usage", { by: "tenant", since_s: since });
       costing.catch(() => {});
     }
+    const servers = ctx.me.admin ? get("servers") : null; // admin only: it names the servers' addresses
+    if (servers) servers.catch(() => {});
     const pool = await get("pool");
     drawCards(cards, pool);
+    if (servers) drawLeader(leader, await servers);
     cards.appendChild(costCard);
     if (!costing) drawCost(costCard, cost.usage, ctx.me.admin);
     update(models, pool.by_model, () => [h("h2", { id: "h-models" }, "Devices allocated by model"), table("Allocated device share by device model",
@@ -68,6 +72,21 @@ export function mount(root, ctx) {
       drawCost(costCard, cost.usage, ctx.me.admin);
     }
   };
+}
+
+/** Which server leads the pool, under which epoch, and how long ago it renewed its lease. */
+export function leaderText(answer) {
+  if (!answer.ha) return "Single server (no --ha): it schedules the pool itself.";
+  const others = answer.servers.length - 1;
+  const peers = others > 0 ? `; ${others} other server${others > 1 ? "s" : ""} follow` : "";
+  const lead = answer.servers.find((s) => s.leader);
+  if (!lead) return `No server leads right now (last epoch ${answer.epoch ?? "-"}): another takes over within the lease${peers}.`;
+  return `Leader: ${lead.id} (${lead.address}), epoch ${lead.epoch}, lease renewed ${lead.lease_age_s.toFixed(1)} s ago${peers}.`;
+}
+
+function drawLeader(el, answer) {
+  el.hidden = false;
+  el.textContent = leaderText(answer);
 }
 
 function drawCost(el, usage, admin) {

@@ -1,0 +1,110 @@
+"""Epoch fencing at the node agent (agent/fencing.py): a launch decided by a leader that was deposed
+since never runs its command on the node, whichever server process delivers it."""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from gpupool.agent.fencing import EpochFence
+from gpupool.agent.runner import Runner
+from gpupool.errors import ProviderError
+from gpupool.pods import PodPhase
+
+ENV = {"PATH": os.environ.get("PATH", "/usr/bin:/bin")}
+
+
+def _marker_command(marker: Path) -> list[str]:
+    """A pod whose only effect is its own start marker (then it sleeps, as a workload would)."""
+    return ["sh", "-c", f"echo started >> {marker}; sleep 30"]
+
+
+def _wait_for(predicate, timeout_s: float = 20.0) -> None:  # type: ignore[no-untyped-def]
+    deadline = time.monotonic() + timeout_s
+    while not predicate():
+        assert time.monotonic() < deadline, "condition not met in time"
+        time.sleep(0.02)
+
+
+def test_a_launch_from_a_deposed_leader_reaching_the_node_after_the_takeover_is_refused(
+        tmp_path: Path) -> None:
+    # Two servers' agents over one node directory: the old leader's (epoch 1) and the new one's.
+    old = Runner(tmp_path)
+    try:
+        kept = tmp_path / "kept.marker"
+        old.start("kept", _marker_command(kept), env=ENV, epoch=1)  # let go before the takeover
+        _wait_for(kept.exists)
+        assert old.fence.newest() == 0
+        old.fence.advance(2)  # what the new leader does first at its takeover (through its own agent)
+        new = Runner(tmp_path)  # then it reads the node's records afresh
+        try:
+            adopted = new.get("kept")
+            assert adopted.phase is PodPhase.RUNNING and adopted.adopted and adopted.epoch == 1
+            stale = tmp_path / "stale.marker"
+            with pytest.raises(ProviderError, match=r"epoch 1.*epoch 2 has taken over"):
+                old.start("stale", _marker_command(stale), env=ENV, epoch=1)  # the deposed leader's
+            record = old.get("stale")
+            assert record.phase is PodPhase.FAILED and "refused" in record.message
+            fresh = tmp_path / "fresh.marker"
+            new.start("fresh", _marker_command(fresh), env=ENV, epoch=2)  # the new leader's own
+            _wait_for(fresh.exists)
+            assert not stale.exists()  # its shim ended without running the command
+            assert kept.read_text() == "started\n"  # and the adopted pod was never started again
+        finally:
+            new.close(stop_pods=True, grace_s=0.5)
+    finally:
+        old.close(stop_pods=True, grace_s=0.5)
+
+
+def test_a_single_server_launch_carries_no_epoch_and_is_never_fenced(tmp_path: Path) -> None:
+    runner = Runner(tmp_path)
+    try:
+        runner.fence.advance(9)
+        marker = tmp_path / "m"
+        runner.start("p", _marker_command(marker), env=ENV)
+        _wait_for(marker.exists)
+    finally:
+        runner.close(stop_pods=True, grace_s=0.5)
+
+
+def test_the_takeover_waits_for_a_launch_being_let_go(tmp_path: Path) -> None:
+    fence = EpochFence(tmp_path)
+    fence.advance(1)
+    holding, release = threading.Event(), threading.Event()
+
+    def launch() -> None:
+        with fence.admitting() as newest:
+            assert newest == 1
+            holding.set()
+            release.wait(10)
+
+    launcher = threading.Thread(target=launch)
+    launcher.start()
+    assert holding.wait(10)
+    takeover = threading.Thread(target=fence.advance, args=(2,))
+    takeover.start()
+    takeover.join(0.3)
+    assert takeover.is_alive() and fence.newest() == 1  # blocked behind the launch's check
+    release.set()
+    takeover.join(10)
+    launcher.join(10)
+    assert fence.newest() == 2
+
+
+def test_the_epoch_only_grows_unless_the_store_confirms_a_lower_one(tmp_path: Path) -> None:
+    fence = EpochFence(tmp_path)
+    assert fence.advance(5) == 5
+    assert fence.advance(3) == 5  # an older takeover never lowers it
+
+    def stale() -> None:
+        raise RuntimeError("no longer the lease's epoch")
+
+    with pytest.raises(RuntimeError):
+        fence.advance(2, confirm=stale)
+    assert fence.newest() == 5
+    assert fence.advance(2, confirm=lambda: None) == 2  # a store made afresh: its epoch 2 is current
+    assert fence.newest() == 2
