@@ -47,14 +47,14 @@ def build_setup(services: Path | None, batch: Path | None, cluster: str, batch_s
         static_inference_nodes,
         thin_instances,
         widest_fitting,
-        with_service_class,
     )
     from gpupool.sim.jobs import in_window, philly_jobs
     from gpupool.sim.traces.alibaba_serving import load_instances
     from gpupool.sim.traces.philly import parse_time_s
 
-    if headroom < 0:
-        raise InvalidInput(f"--headroom must be a number of replicas >= 0, not {headroom}.")
+    if not 0 <= headroom <= 1000:
+        raise InvalidInput(f"--headroom is serving.headroom_replicas, a number of replicas from 0 to 1000, "
+                           f"not {headroom}.")
     if cold_start_s < 0 or grace_s < 0:
         raise InvalidInput("--cold-start and --grace are seconds >= 0.")
     if assume_share is not None and not 0.05 <= assume_share <= 1.0:
@@ -94,12 +94,22 @@ def build_setup(services: Path | None, batch: Path | None, cluster: str, batch_s
                            "for the static split; give more nodes (or a larger --service-thin).")
     # a job wider than the static split's batch cluster could never run there: left out of every variant
     jobs, wide = widest_fitting(jobs, batch_devices)
-    policies = with_service_class(PoolConfig().policies())
+    config = PoolConfig.model_validate({"serving": {"headroom_replicas": headroom}})
     return ColocationSetup(nodes=nodes, instances=tuple(instances), wide_jobs_left_out=wide,
-                           batch=tuple(scale_batch(jobs, batch_scale, seed, start)), policies=policies,
-                           end_s=end_s, seed=seed, headroom_replicas=headroom, cold_start_s=cold_start_s,
+                           batch=tuple(scale_batch(jobs, batch_scale, seed, start)),
+                           end_s=end_s, seed=seed, cold_start_s=cold_start_s, **serving_setup(config),
                            grace_s=grace_s, assume_share=assume_share,
                            prices=PricesConfig.model_validate({}).price_book())
+
+
+def serving_setup(config: Any) -> dict[str, Any]:
+    """What the replay takes from a pool configuration, as `gpupool up` takes it: the policies (with
+    preemption on: replicas take room from batch), the replicas' class, the classes the headroom is
+    kept for and `serving.headroom_replicas`."""
+    serving = config.serving
+    return {"policies": config.policies(preemption=True), "service_class": serving.priority_class,
+            "exempt_classes": frozenset({serving.priority_class, *(c.name for c in serving.classes)}),
+            "headroom_replicas": serving.headroom_replicas}
 
 
 def colocate(
@@ -128,8 +138,9 @@ def colocate(
     batch_nodes: int | None = typer.Option(
         None, "--batch-nodes", help="The pool is the static split's inference pool (the fewest nodes of "
         "--cluster's kind that hold the services' peak) plus this many nodes; default: --cluster as given."),
-    headroom: int = typer.Option(8, "--headroom", help="Replicas' worth of devices kept free from new "
-                                 "batch under headroom and fractional."),
+    headroom: int = typer.Option(8, "--headroom", help="serving.headroom_replicas under headroom and "
+                                 "fractional: room for this many more replicas of the largest one kept "
+                                 "free from new batch (the core's admission rule, as in the pool)."),
     cold_start: float = typer.Option(30.0, "--cold-start", help="Seconds from placement to a ready replica."),
     grace: float = typer.Option(30.0, "--grace", help="A replica placed within this many seconds of its "
                                 "rise in demand is on time."),
