@@ -175,6 +175,9 @@ def test_the_configuration_gives_the_class_and_headroom(tmp_path: Path) -> None:
     assert runs[0].config.policies.headroom.exempt_classes == frozenset({"gold"})
     result = CliRunner().invoke(app, ["colocate", "--headroom", "-1", "--json", str(tmp_path / "x.json")])
     assert result.exit_code == 2 and "serving.headroom_replicas" in result.output
+    result = CliRunner().invoke(app, ["colocate", "--services", str(SERVICES), "--batch", str(PHILLY),
+                                      "--placement", "best-fitt", "--json", str(tmp_path / "x.json")])
+    assert result.exit_code == 2 and "best-fit" in result.output and "Traceback" not in result.output
 
 
 def test_fractional_replicas_pack_and_leave_whole_devices_to_batch() -> None:
@@ -259,3 +262,5 @@ def test_batch_that_never_finds_room_is_counted_and_its_jct_bounded_below() -> N
     assert (r["batch_finished"], r["batch_unfinished"]) == (1, 1)
     assert r["batch_jct_s"]["mean"] == 100.0
     assert r["batch_jct_with_unfinished_s"]["mean"] == pytest.approx((100.0 + (500.0 - 10.0)) / 2)
+    assert r["batch_unfinished_by_gpus"] == {"4": 1}  # the starved gang, counted with its work
+    assert r["batch_unfinished_gpu_hours"] == pytest.approx(4 * 100.0 / 3600)

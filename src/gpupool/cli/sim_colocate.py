@@ -9,7 +9,7 @@ from typing import Any
 
 import typer
 
-from gpupool.errors import GpupoolError, InvalidInput
+from gpupool.errors import GpupoolError, InvalidInput, did_you_mean
 
 DEFAULT_CLUSTER = "64x8xA100-80GB"
 DEFAULT_BATCH_START = "2017-10-01"
@@ -32,7 +32,7 @@ def _data_file(given: Path | None, parts: tuple[str, str], flag: str) -> Path:
 def build_setup(services: Path | None, batch: Path | None, cluster: str, batch_scale: float,
                 batch_start: str, seed: int, headroom: int, cold_start_s: float, grace_s: float,
                 assume_share: float | None = None, days: float | None = None, thin: int = 1,
-                batch_nodes: int | None = None) -> Any:
+                batch_nodes: int | None = None, placement: str | None = None) -> Any:
     """The ColocationSetup of the command's options (also used by bench/colocation.py).
 
     `batch_nodes`: the pool is the static split's inference pool (the fewest nodes of `cluster`'s
@@ -94,7 +94,16 @@ def build_setup(services: Path | None, batch: Path | None, cluster: str, batch_s
                            "for the static split; give more nodes (or a larger --service-thin).")
     # a job wider than the static split's batch cluster could never run there: left out of every variant
     jobs, wide = widest_fitting(jobs, batch_devices)
-    config = PoolConfig.model_validate({"serving": {"headroom_replicas": headroom}})
+    settings: dict[str, Any] = {"serving": {"headroom_replicas": headroom}}
+    if placement is not None:
+        from gpupool.core.scheduling.policies.base import policy_names
+
+        if placement not in policy_names():
+            names = policy_names()
+            raise InvalidInput(f"Unknown --placement {placement!r}; choose from {', '.join(names)}."
+                               + did_you_mean(placement, names))
+        settings["scheduling"] = {"placement": placement}
+    config = PoolConfig.model_validate(settings)
     return ColocationSetup(nodes=nodes, instances=tuple(instances), wide_jobs_left_out=wide,
                            batch=tuple(scale_batch(jobs, batch_scale, seed, start)),
                            end_s=end_s, seed=seed, cold_start_s=cold_start_s, **serving_setup(config),
@@ -138,6 +147,9 @@ def colocate(
     batch_nodes: int | None = typer.Option(
         None, "--batch-nodes", help="The pool is the static split's inference pool (the fewest nodes of "
         "--cluster's kind that hold the services' peak) plus this many nodes; default: --cluster as given."),
+    placement: str | None = typer.Option(
+        None, "--placement", help="scheduling.placement for every variant (replicas and batch alike); "
+        "default: the pool's (fgd-strand). best-fit packs replicas onto the nodes already busiest."),
     headroom: int = typer.Option(8, "--headroom", help="serving.headroom_replicas under headroom and "
                                  "fractional: room for this many more replicas of the largest one kept "
                                  "free from new batch (the core's admission rule, as in the pool)."),
@@ -160,11 +172,12 @@ def colocate(
     try:
         chosen = parse_variants(variants)
         setup = build_setup(services, batch, cluster, batch_scale, batch_start, seed, headroom,
-                            cold_start, grace, assume_share, days, service_thin, batch_nodes)
+                            cold_start, grace, assume_share, days, service_thin, batch_nodes, placement)
         result = run_all(setup, chosen)
         result["config"] = {"cluster": cluster, "batch_scale": batch_scale, "batch_start": batch_start,
                             "days": days, "service_thin": service_thin, "batch_nodes": batch_nodes,
-                            "headroom": headroom, "cold_start_s": cold_start, "grace_s": grace,
+                            "placement": placement, "headroom": headroom, "cold_start_s": cold_start,
+                            "grace_s": grace,
                             "assume_share": assume_share, "seed": seed}
         json_out.parent.mkdir(parents=True, exist_ok=True)
         json_out.write_text(json.dumps(result, indent=2, sort_keys=True))

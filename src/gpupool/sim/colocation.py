@@ -456,7 +456,22 @@ def _batch_metrics(setup: ColocationSetup, batch: list[TraceJob], run: Colocatio
     # else to do) is counted to the replay's last event: a lower bound on its JCT
     end = run.loop.clock.now_s
     censored = jct + [max(0.0, end - j.submit_s) for j in batch if j.workload.id not in run.finished_at]
+    # what never finished, by width (a whole-node gang among scattered replicas may never find its node)
+    # and the work it still had to do (GPU-hours): starvation counted, not dropped from the means
+    by_width: dict[str, int] = {}
+    left_h = 0.0
+    for j in batch:
+        wid = j.workload.id
+        if wid in run.finished_at:
+            continue
+        gpus = j.workload.total_device_milli / MILLI
+        by_width[f"{gpus:g}"] = by_width.get(f"{gpus:g}", 0) + 1
+        state = run.jobs.get(wid)
+        remaining = state.remaining_s if state is not None else j.duration_s
+        left_h += remaining * gpus / 3600
     return {
+        "batch_unfinished_by_gpus": dict(sorted(by_width.items(), key=lambda kv: float(kv[0]))),
+        "batch_unfinished_gpu_hours": left_h,
         "batch_jobs": len(batch),
         "batch_finished": len(jct),
         "batch_unfinished": len(batch) - len(jct),
