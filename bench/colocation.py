@@ -31,7 +31,8 @@ from gpupool.sim.colocation import VARIANTS, interval, parse_variants, run_varia
 def one(args: argparse.Namespace, seed: int, variant: str) -> dict[str, Any]:
     setup = build_setup(None, None, args.cluster, args.batch_scale, DEFAULT_BATCH_START, seed,
                         args.headroom, args.cold_start, args.grace, args.assume_share, args.days,
-                        args.service_thin, args.batch_nodes or None, args.placement)
+                        args.service_thin, args.batch_nodes or None, args.placement, args.azure_service,
+                        None, args.target)
     result = run_variant(setup, variant)
     result["seed"] = seed
     result["wide_jobs_left_out"] = setup.wide_jobs_left_out
@@ -78,6 +79,9 @@ def main() -> None:
                         help="comma-separated, static first for the ratios (fractional equals headroom on "
                         "this trace: every instance asks for one device)")
     parser.add_argument("--placement", default=None, help="scheduling.placement (default: the pool's)")
+    parser.add_argument("--azure-service", default=None, choices=("code", "conv"),
+                        help="sensitivity: one more service from the Azure LLM hour through the autoscaler, "
+                        "the hour repeated over the window (an assumption)")
     parser.add_argument("--requests-only", action="store_true",
                         help="only the request-level part: the Azure LLM hour through the autoscaler")
     parser.add_argument("--target", type=float, default=4.0, help="target requests in flight a replica")
