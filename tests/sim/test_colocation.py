@@ -175,6 +175,12 @@ def test_the_configuration_gives_the_class_and_headroom(tmp_path: Path) -> None:
     assert runs[0].config.policies.headroom.exempt_classes == frozenset({"gold"})
     result = CliRunner().invoke(app, ["colocate", "--headroom", "-1", "--json", str(tmp_path / "x.json")])
     assert result.exit_code == 2 and "serving.headroom_replicas" in result.output
+    from gpupool.cli.sim_colocate import build_setup
+
+    packed = build_setup(SERVICES, PHILLY, "4x8xA100-80GB", 1.0, "2017-10-01", 1, 2, 30.0, 30.0, thin=1,
+                         placement="best-fit")
+    assert packed.policies.placement == "best-fit" and packed.headroom_replicas == 2
+    assert packed.service_class == "serving" and packed.policies.preemption
     result = CliRunner().invoke(app, ["colocate", "--services", str(SERVICES), "--batch", str(PHILLY),
                                       "--placement", "best-fitt", "--json", str(tmp_path / "x.json")])
     assert result.exit_code == 2 and "best-fit" in result.output and "Traceback" not in result.output
