@@ -202,6 +202,9 @@ class ColocationReplay(Replay):
         self.service_milli = 0
         self.batch_held = 0
         """Cycles in which the core held back some pending batch for the headroom (`serving_headroom`)."""
+        self.headroom_reservations = 0
+        """Cycles whose backfill reservation went to a head held for the headroom (the core reserves
+        for it as for any head that cannot start, so smaller batch may not delay it)."""
         self.headroom_breaches = 0
         """Cycles after which batch admitted this cycle left less than the headroom free."""
         self.last_s = 0.0
@@ -250,9 +253,14 @@ class ColocationReplay(Replay):
         self.last_s = max(self.last_s, upto)
 
     def _apply(self, result: CycleResult, now_s: float) -> None:
-        if self.headroom is not None and any(type(d) is Wait and d.reason is Reason.SERVING_HEADROOM
-                                             for d in result.decisions):
-            self.batch_held += 1
+        if self.headroom is not None:
+            held = {d.workload_id for d in result.decisions
+                    if type(d) is Wait and d.reason is Reason.SERVING_HEADROOM}
+            if held:
+                self.batch_held += 1
+                reserve = result.reservation
+                if reserve is not None and reserve.workload_id in held:
+                    self.headroom_reservations += 1
         super()._apply(result, now_s)
 
     def _start(self, wid: str, now_s: float) -> None:
@@ -360,6 +368,7 @@ def run_variant(setup: ColocationSetup, variant: str,
     info["headroom_replicas"] = headroom.replicas if headroom else 0
     info["headroom_held_cycles"] = bat.batch_held
     info["headroom_breaches"] = bat.headroom_breaches
+    info["headroom_reservations"] = bat.headroom_reservations
     info["service_gpu_hours_window"] = svc.service_device_s_window / 3600
     info["cycles"] = sum(r.cycles for r in runs)
     info["wall_s"] = sum(r.result["wall_s"] for r in runs)
