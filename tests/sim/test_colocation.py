@@ -160,7 +160,7 @@ def test_headroom_is_the_cores_rule_in_replicas_of_the_largest_replicas_shape() 
     assert "serving" in policies.headroom.exempt_classes
     assert max(p[2] for p in frac["timeline"]) == 2.0
     assert frac["headroom_held_cycles"] > 0 and frac["headroom_breaches"] == 0
-    assert frac["headroom_reservations"] > 0  # the held head is reserved for, as in the live pool
+    assert frac["headroom_reservations"] == 0  # a head held only by the room gets no backfill reservation
     assert frac["batch_finished"] == 4 and frac["batch_jct_s"]["mean"] == pytest.approx(1500.0)
 
 
