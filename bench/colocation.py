@@ -9,7 +9,8 @@ seeds with a 95 % interval (t distribution) and the ratios against the static sp
 seed; writes the JSON and a plot of GPU allocation over time (first seed).
 
     .venv/bin/python bench/colocation.py [--seeds 1,2,3] [--days 31] [--batch-nodes 8] [--workers 2] \\
-        [--json bench/results/colocation.json] [--plot docs/img/colocation.png]
+        [--json bench/results/colocation.json] [--plot docs/img/colocation.png] \\
+        [--variants static,colocated,headroom] [--placement best-fit] [--azure-service code|conv]
 """
 
 from __future__ import annotations
