@@ -9,7 +9,8 @@ seeds with a 95 % interval (t distribution) and the ratios against the static sp
 seed; writes the JSON and a plot of GPU allocation over time (first seed).
 
     .venv/bin/python bench/colocation.py [--seeds 1,2,3] [--days 31] [--batch-nodes 8] [--workers 2] \\
-        [--json bench/results/colocation.json] [--plot docs/img/colocation.png]
+        [--json bench/results/colocation.json] [--plot docs/img/colocation.png] \\
+        [--variants static,colocated,headroom] [--placement best-fit] [--azure-service code|conv]
 """
 
 from __future__ import annotations
@@ -25,13 +26,14 @@ from rich.console import Console
 from rich.table import Table
 
 from gpupool.cli.sim_colocate import DEFAULT_BATCH_START, DEFAULT_CLUSTER, build_setup
-from gpupool.sim.colocation import VARIANTS, interval, run_variant
+from gpupool.sim.colocation import VARIANTS, interval, parse_variants, run_variant
 
 
 def one(args: argparse.Namespace, seed: int, variant: str) -> dict[str, Any]:
     setup = build_setup(None, None, args.cluster, args.batch_scale, DEFAULT_BATCH_START, seed,
                         args.headroom, args.cold_start, args.grace, args.assume_share, args.days,
-                        args.service_thin, args.batch_nodes or None)
+                        args.service_thin, args.batch_nodes or None, args.placement, args.azure_service,
+                        None, args.target)
     result = run_variant(setup, variant)
     result["seed"] = seed
     result["wide_jobs_left_out"] = setup.wide_jobs_left_out
@@ -45,6 +47,8 @@ METRICS = (
     ("JCT mean h", lambda r: r["batch_jct_s"]["mean"] / 3600, "{:.2f}"),
     ("JCT p95 h", lambda r: r["batch_jct_s"]["p95"] / 3600, "{:.2f}"),
     ("unfinished", lambda r: r["batch_unfinished"], "{:.0f}"),
+    ("unfinished 8-GPU", lambda r: r["batch_unfinished_by_gpus"].get("8", 0), "{:.0f}"),
+    ("unfinished GPU-h", lambda r: r["batch_unfinished_gpu_hours"], "{:.0f}"),
     ("JCT mean h, unfinished to the end",
      lambda r: r["batch_jct_with_unfinished_s"]["mean"] / 3600, "{:.2f}"),
     ("preemptions", lambda r: r["preemptions"], "{:.0f}"),
@@ -72,6 +76,13 @@ def main() -> None:
     parser.add_argument("--grace", type=float, default=30.0)
     parser.add_argument("--assume-share", type=float, default=None)
     parser.add_argument("--workers", type=int, default=1)
+    parser.add_argument("--variants", default=",".join(VARIANTS),
+                        help="comma-separated, static first for the ratios (fractional equals headroom on "
+                        "this trace: every instance asks for one device)")
+    parser.add_argument("--placement", default=None, help="scheduling.placement (default: the pool's)")
+    parser.add_argument("--azure-service", default=None, choices=("code", "conv"),
+                        help="sensitivity: one more service from the Azure LLM hour through the autoscaler, "
+                        "the hour repeated over the window (an assumption)")
     parser.add_argument("--requests-only", action="store_true",
                         help="only the request-level part: the Azure LLM hour through the autoscaler")
     parser.add_argument("--target", type=float, default=4.0, help="target requests in flight a replica")
@@ -83,12 +94,15 @@ def main() -> None:
         return
     seeds = [int(s) for s in args.seeds.split(",")]
     started = time.perf_counter()
-    tasks = [(seed, v) for seed in seeds for v in VARIANTS]
+    variants = parse_variants(args.variants)
+    if "static" not in variants:
+        parser.error("--variants needs static: the ratios are against it")
+    tasks = [(seed, v) for seed in seeds for v in variants]
     with ProcessPoolExecutor(max_workers=max(1, args.workers)) as pool:
         futures = [pool.submit(one, args, seed, v) for seed, v in tasks]
         results = [f.result() for f in futures]
     wall = time.perf_counter() - started
-    by: dict[str, dict[int, dict[str, Any]]] = {v: {} for v in VARIANTS}
+    by: dict[str, dict[int, dict[str, Any]]] = {v: {} for v in variants}
     for r in results:
         by[r["variant"]][r["seed"]] = r
 
@@ -98,7 +112,7 @@ def main() -> None:
     for name, _, _ in METRICS:
         table.add_column(name, justify="right")
     summary: dict[str, Any] = {}
-    for v in VARIANTS:
+    for v in variants:
         runs = [by[v][s] for s in seeds]
         table.add_row(v, *[cell([get(r) for r in runs], fmt) for _, get, fmt in METRICS])
         summary[v] = {name: interval([get(r) for r in runs]) for name, get, _ in METRICS}
@@ -109,7 +123,7 @@ def main() -> None:
                 "JCT mean speedup, unfinished to the end"):
         ratios.add_column(col, justify="right")
     vs: dict[str, Any] = {}
-    for v in VARIANTS[1:]:
+    for v in variants[1:]:
         gpu = [by[v][s]["batch_gpu_hours_window"] / by["static"][s]["batch_gpu_hours_window"] for s in seeds]
         jct = [by["static"][s]["batch_jct_s"]["mean"] / by[v][s]["batch_jct_s"]["mean"] for s in seeds]
         p95 = [by["static"][s]["batch_jct_s"]["p95"] / by[v][s]["batch_jct_s"]["p95"] for s in seeds]
@@ -163,8 +177,8 @@ def plot(by: dict[str, dict[int, dict[str, Any]]], seed: int, path: Path) -> Non
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(len(VARIANTS), 1, figsize=(9, 8), sharex=True)
-    for ax, v in zip(axes, VARIANTS, strict=True):
+    fig, axes = plt.subplots(len(by), 1, figsize=(9, 8), sharex=True)
+    for ax, v in zip(axes, by, strict=True):
         points = by[v][seed]["timeline"]
         hours = [p[0] / 3600 for p in points]
         ax.stackplot(hours, [p[1] for p in points], [p[2] for p in points], labels=["services", "batch"],

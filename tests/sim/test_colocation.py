@@ -11,6 +11,7 @@ import pytest
 from typer.testing import CliRunner
 
 from gpupool.cli.sim import app
+from gpupool.cli.sim_colocate import serving_setup
 from gpupool.config import PoolConfig
 from gpupool.core.model import PodRequest, Workload
 from gpupool.errors import InvalidInput, TraceError
@@ -24,7 +25,6 @@ from gpupool.sim.colocation import (
     scale_batch,
     service_jobs,
     thin_instances,
-    with_service_class,
 )
 from gpupool.sim.jobs import TraceJob
 from gpupool.sim.traces.alibaba_serving import ServiceInstance, load_instances
@@ -32,7 +32,7 @@ from gpupool.sim.traces.alibaba_serving import ServiceInstance, load_instances
 FIXTURES = Path(__file__).parents[1] / "fixtures"
 SERVICES = FIXTURES / "colocation" / "alibaba_tiny.csv"
 PHILLY = FIXTURES / "replay" / "philly_tiny.csv"
-POLICIES = with_service_class(PoolConfig().policies())
+SERVING = serving_setup(PoolConfig())
 
 
 def replica(line: int, start: float, end: float, gpus: float = 1.0, app: str = "app") -> ServiceInstance:
@@ -48,9 +48,9 @@ def batch_job(name: str, gpus: int, duration: float, at: float = 0.0) -> TraceJo
 
 def setup(spec: str, instances: list[ServiceInstance], batch: list[TraceJob], end_s: float,
           headroom: int = 0, **kw: object) -> ColocationSetup:
+    given = {**SERVING, "headroom_replicas": headroom, **kw}
     return ColocationSetup(nodes=tuple(nodes_from_spec(spec)), instances=tuple(instances), batch=tuple(batch),
-                           policies=POLICIES, end_s=end_s, headroom_replicas=headroom,
-                           check_invariants=True, **kw)  # type: ignore[arg-type]
+                           end_s=end_s, check_invariants=True, **given)
 
 
 # ------------------------------------------------------------------ the demand model
@@ -69,7 +69,7 @@ def test_instances_from_the_trace_treat_missing_times_as_live_before_and_after()
     assert jobs["svc-app_b-5"].workload.total_device_milli == 500
     whole = {j.workload.id: j for j in service_jobs(list(got.values()))}
     assert whole["svc-app_b-5"].workload.total_device_milli == 1000
-    assert whole["svc-app_a-3"].workload.priority_class == "service"
+    assert whole["svc-app_a-3"].workload.priority_class == "serving"  # the pool's serving class
 
 
 def test_missing_columns_and_bad_rows_are_named(tmp_path: Path) -> None:
@@ -144,6 +144,47 @@ def test_headroom_keeps_capacity_free_from_new_batch() -> None:
     packed = run_variant(s, "colocated")
     assert max(p[2] for p in packed["timeline"]) == 7.0
     assert packed["preemptions"] == 1  # the rise had to take a batch job's device
+
+
+def test_headroom_is_the_cores_rule_in_replicas_of_the_largest_replicas_shape() -> None:
+    # half-device replicas: room for 2 more is one half-free device plus one free device, so batch may
+    # take two whole devices of four (a rule in devices, 2 kept free, would have left it one); the
+    # batch held back waits with the live pool's reason, counted per cycle
+    s = setup("1x4xA100-80GB", [replica(1, 0.0, math.inf, gpus=0.5)],
+              [batch_job(f"b{i}", 1, 1000.0) for i in range(4)], 3000.0, headroom=2)
+    runs: list[ColocationReplay] = []
+    frac = run_variant(s, "fractional", runs)
+    policies = runs[0].config.policies
+    assert policies.headroom is not None and (policies.headroom.num_devices, policies.headroom.device_milli,
+                                              policies.headroom.replicas) == (1, 500, 2)
+    assert "serving" in policies.headroom.exempt_classes
+    assert max(p[2] for p in frac["timeline"]) == 2.0
+    assert frac["headroom_held_cycles"] > 0 and frac["headroom_breaches"] == 0
+    assert frac["headroom_reservations"] == 0  # a head held only by the room gets no backfill reservation
+    assert frac["batch_finished"] == 4 and frac["batch_jct_s"]["mean"] == pytest.approx(1500.0)
+
+
+def test_the_configuration_gives_the_class_and_headroom(tmp_path: Path) -> None:
+    config = PoolConfig.model_validate({"serving": {"headroom_replicas": 3, "priority_class": "gold",
+                                                    "classes": [{"name": "gold", "value": 700}]}})
+    s = setup("1x4xA100-80GB", [replica(1, 0.0, 100.0)], [], 200.0, **{**serving_setup(config)})
+    runs: list[ColocationReplay] = []
+    run_variant(s, "headroom", runs)
+    assert {j.job.workload.priority_class for j in runs[0].jobs.values()} == {"gold"}
+    assert runs[0].config.policies.headroom is not None
+    assert runs[0].config.policies.headroom.replicas == 3
+    assert runs[0].config.policies.headroom.exempt_classes == frozenset({"gold"})
+    result = CliRunner().invoke(app, ["colocate", "--headroom", "-1", "--json", str(tmp_path / "x.json")])
+    assert result.exit_code == 2 and "serving.headroom_replicas" in result.output
+    from gpupool.cli.sim_colocate import build_setup
+
+    packed = build_setup(SERVICES, PHILLY, "4x8xA100-80GB", 1.0, "2017-10-01", 1, 2, 30.0, 30.0, thin=1,
+                         placement="best-fit")
+    assert packed.policies.placement == "best-fit" and packed.headroom_replicas == 2
+    assert packed.service_class == "serving" and packed.policies.preemption
+    result = CliRunner().invoke(app, ["colocate", "--services", str(SERVICES), "--batch", str(PHILLY),
+                                      "--placement", "best-fitt", "--json", str(tmp_path / "x.json")])
+    assert result.exit_code == 2 and "best-fit" in result.output and "Traceback" not in result.output
 
 
 def test_fractional_replicas_pack_and_leave_whole_devices_to_batch() -> None:
@@ -228,3 +269,5 @@ def test_batch_that_never_finds_room_is_counted_and_its_jct_bounded_below() -> N
     assert (r["batch_finished"], r["batch_unfinished"]) == (1, 1)
     assert r["batch_jct_s"]["mean"] == 100.0
     assert r["batch_jct_with_unfinished_s"]["mean"] == pytest.approx((100.0 + (500.0 - 10.0)) / 2)
+    assert r["batch_unfinished_by_gpus"] == {"4": 1}  # the starved gang, counted with its work
+    assert r["batch_unfinished_gpu_hours"] == pytest.approx(4 * 100.0 / 3600)

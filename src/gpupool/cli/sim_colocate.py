@@ -9,12 +9,13 @@ from typing import Any
 
 import typer
 
-from gpupool.errors import GpupoolError, InvalidInput
+from gpupool.errors import GpupoolError, InvalidInput, did_you_mean
 
 DEFAULT_CLUSTER = "64x8xA100-80GB"
 DEFAULT_BATCH_START = "2017-10-01"
 SERVICES_FILE = ("alibaba-dlrm-2025", "disaggregated_DLRM_trace.csv")
 PHILLY_FILE = ("philly", "philly-sia.csv")
+AZURE_SERVICES = ("code", "conv")
 
 
 def _data_file(given: Path | None, parts: tuple[str, str], flag: str) -> Path:
@@ -32,12 +33,18 @@ def _data_file(given: Path | None, parts: tuple[str, str], flag: str) -> Path:
 def build_setup(services: Path | None, batch: Path | None, cluster: str, batch_scale: float,
                 batch_start: str, seed: int, headroom: int, cold_start_s: float, grace_s: float,
                 assume_share: float | None = None, days: float | None = None, thin: int = 1,
-                batch_nodes: int | None = None) -> Any:
+                batch_nodes: int | None = None, placement: str | None = None,
+                azure: str | None = None, azure_file: Path | None = None, azure_target: float = 4.0) -> Any:
     """The ColocationSetup of the command's options (also used by bench/colocation.py).
 
     `batch_nodes`: the pool is the static split's inference pool (the fewest nodes of `cluster`'s
     kind that hold the services' peak) plus this many nodes, so the static batch cluster is the same
-    size whatever the seed's sample of the services; None: `cluster` as given."""
+    size whatever the seed's sample of the services; None: `cluster` as given.
+
+    `azure` ('code' or 'conv'): one more service whose replicas are the Azure LLM 2023 hour of that
+    service's requests through the autoscaler (core/autoscale.py, `azure_target` requests in flight a
+    replica, min 0, max 64, `cold_start_s`), the hour repeated back to back over the window (an
+    assumption: a sensitivity, not the trace)."""
     from gpupool.config import PoolConfig
     from gpupool.prices import PricesConfig
     from gpupool.providers.nodespec import nodes_from_spec
@@ -47,14 +54,14 @@ def build_setup(services: Path | None, batch: Path | None, cluster: str, batch_s
         static_inference_nodes,
         thin_instances,
         widest_fitting,
-        with_service_class,
     )
     from gpupool.sim.jobs import in_window, philly_jobs
     from gpupool.sim.traces.alibaba_serving import load_instances
     from gpupool.sim.traces.philly import parse_time_s
 
-    if headroom < 0:
-        raise InvalidInput(f"--headroom must be a number of replicas >= 0, not {headroom}.")
+    if not 0 <= headroom <= 1000:
+        raise InvalidInput(f"--headroom is serving.headroom_replicas, a number of replicas from 0 to 1000, "
+                           f"not {headroom}.")
     if cold_start_s < 0 or grace_s < 0:
         raise InvalidInput("--cold-start and --grace are seconds >= 0.")
     if assume_share is not None and not 0.05 <= assume_share <= 1.0:
@@ -71,6 +78,9 @@ def build_setup(services: Path | None, batch: Path | None, cluster: str, batch_s
         end_s = min(end_s, days * 86400.0)
         instances = [i for i in instances if i.start_s < end_s]
     instances = thin_instances(instances, thin, seed)
+    if azure is not None:
+        extra = _azure_instances(azure, azure_file, azure_target, cold_start_s, end_s)
+        instances = sorted([*instances, *extra], key=lambda i: (i.start_s, i.line))
     if batch_nodes is not None:
         if batch_nodes < 1:
             raise InvalidInput(f"--batch-nodes must be a number of nodes >= 1, not {batch_nodes}.")
@@ -94,12 +104,47 @@ def build_setup(services: Path | None, batch: Path | None, cluster: str, batch_s
                            "for the static split; give more nodes (or a larger --service-thin).")
     # a job wider than the static split's batch cluster could never run there: left out of every variant
     jobs, wide = widest_fitting(jobs, batch_devices)
-    policies = with_service_class(PoolConfig().policies())
+    settings: dict[str, Any] = {"serving": {"headroom_replicas": headroom}}
+    if placement is not None:
+        from gpupool.core.scheduling.policies.base import policy_names
+
+        if placement not in policy_names():
+            names = policy_names()
+            raise InvalidInput(f"Unknown --placement {placement!r}; choose from {', '.join(names)}."
+                               + did_you_mean(placement, names))
+        settings["scheduling"] = {"placement": placement}
+    config = PoolConfig.model_validate(settings)
     return ColocationSetup(nodes=nodes, instances=tuple(instances), wide_jobs_left_out=wide,
-                           batch=tuple(scale_batch(jobs, batch_scale, seed, start)), policies=policies,
-                           end_s=end_s, seed=seed, headroom_replicas=headroom, cold_start_s=cold_start_s,
+                           batch=tuple(scale_batch(jobs, batch_scale, seed, start)),
+                           end_s=end_s, seed=seed, cold_start_s=cold_start_s, **serving_setup(config),
                            grace_s=grace_s, assume_share=assume_share,
                            prices=PricesConfig.model_validate({}).price_book())
+
+
+def _azure_instances(name: str, given: Path | None, target: float, cold_start_s: float,
+                     until_s: float) -> list[Any]:
+    from gpupool.core.autoscale import AutoscalePolicy
+    from gpupool.sim.request_demand import load_requests, repeated_instances, replica_demand
+
+    if name not in AZURE_SERVICES:
+        raise InvalidInput(f"--azure-service is one of {', '.join(AZURE_SERVICES)} (the Azure LLM 2023 "
+                           f"trace's two services), not {name!r}." + did_you_mean(name, list(AZURE_SERVICES)))
+    if not target > 0:
+        raise InvalidInput(f"--azure-target is requests in flight a replica, above 0, not {target:g}.")
+    path = _data_file(given, ("azure-llm-2023", f"AzureLLMInferenceTrace_{name}.csv"), "--azure-file")
+    policy = AutoscalePolicy(target_per_replica=target, min_replicas=0, max_replicas=64)
+    demand = replica_demand(load_requests(path), policy, cold_start_s=cold_start_s)
+    return repeated_instances(demand["steps"], float(demand["span_s"]), until_s, f"azure-{name}")
+
+
+def serving_setup(config: Any) -> dict[str, Any]:
+    """What the replay takes from a pool configuration, as `gpupool up` takes it: the policies (with
+    preemption on: replicas take room from batch), the replicas' class, the classes the headroom is
+    kept for and `serving.headroom_replicas`."""
+    serving = config.serving
+    return {"policies": config.policies(preemption=True), "service_class": serving.priority_class,
+            "exempt_classes": frozenset({serving.priority_class, *(c.name for c in serving.classes)}),
+            "headroom_replicas": serving.headroom_replicas}
 
 
 def colocate(
@@ -128,8 +173,20 @@ def colocate(
     batch_nodes: int | None = typer.Option(
         None, "--batch-nodes", help="The pool is the static split's inference pool (the fewest nodes of "
         "--cluster's kind that hold the services' peak) plus this many nodes; default: --cluster as given."),
-    headroom: int = typer.Option(8, "--headroom", help="Replicas' worth of devices kept free from new "
-                                 "batch under headroom and fractional."),
+    placement: str | None = typer.Option(
+        None, "--placement", help="scheduling.placement for every variant (replicas and batch alike); "
+        "default: the pool's (fgd-strand). best-fit packs replicas onto the nodes already busiest."),
+    azure_service: str | None = typer.Option(
+        None, "--azure-service", help="Sensitivity: add one service (code or conv) whose replicas are the "
+        "Azure LLM 2023 hour of its requests through the autoscaler, the hour repeated over the window "
+        "(an assumption)."),
+    azure_file: Path | None = typer.Option(
+        None, "--azure-file", help="That service's CSV; default: azure-llm-2023/ in the shared data "
+        "directory."),
+    azure_target: float = typer.Option(4.0, "--azure-target", help="Requests in flight a replica."),
+    headroom: int = typer.Option(8, "--headroom", help="serving.headroom_replicas under headroom and "
+                                 "fractional: room for this many more replicas of the largest one kept "
+                                 "free from new batch (the core's admission rule, as in the pool)."),
     cold_start: float = typer.Option(30.0, "--cold-start", help="Seconds from placement to a ready replica."),
     grace: float = typer.Option(30.0, "--grace", help="A replica placed within this many seconds of its "
                                 "rise in demand is on time."),
@@ -149,11 +206,13 @@ def colocate(
     try:
         chosen = parse_variants(variants)
         setup = build_setup(services, batch, cluster, batch_scale, batch_start, seed, headroom,
-                            cold_start, grace, assume_share, days, service_thin, batch_nodes)
+                            cold_start, grace, assume_share, days, service_thin, batch_nodes, placement,
+                            azure_service, azure_file, azure_target)
         result = run_all(setup, chosen)
         result["config"] = {"cluster": cluster, "batch_scale": batch_scale, "batch_start": batch_start,
                             "days": days, "service_thin": service_thin, "batch_nodes": batch_nodes,
-                            "headroom": headroom, "cold_start_s": cold_start, "grace_s": grace,
+                            "placement": placement, "headroom": headroom, "cold_start_s": cold_start,
+                            "grace_s": grace, "azure_service": azure_service, "azure_target": azure_target,
                             "assume_share": assume_share, "seed": seed}
         json_out.parent.mkdir(parents=True, exist_ok=True)
         json_out.write_text(json.dumps(result, indent=2, sort_keys=True))

@@ -3,7 +3,8 @@
 The replay protocol of sim/replay.py drives it: every decision is the core's (`cycle_on`).
 
 Services. Each GPU instance of the service trace (sim/traces/alibaba_serving.py) is a replica: a
-one-pod workload of class `service` (above every batch class, not preemptible) that arrives when
+one-pod workload of the pool's serving class (`serving.priority_class` of the configuration the
+setup was built from: `serving`, above every batch class) that arrives when
 the instance was created and whose demand ends when it was deleted, whenever it was placed. A
 replica placed late serves only the rest of its lifetime; one whose demand ends before it is placed
 is dropped. A replica is ready `cold_start_s` after it is placed. Its demand seconds (up to the
@@ -19,9 +20,9 @@ Variants, each on the same nodes:
 - static: two clusters, an inference pool of the fewest nodes that hold the services' peak and a
   batch cluster of the other nodes; two replays, nothing crosses.
 - colocated: one pool; a replica that finds no room preempts batch.
-- headroom: colocated, and new batch is admitted only while `headroom_replicas` replicas' worth of
-  devices stays free (the live pool's `serving.headroom_replicas`; here the driver holds batch back
-  from the cycle, as that setting's admission rule would, since the core does not have it yet).
+- headroom: colocated, with the live pool's `serving.headroom_replicas`: the core's admission
+  (`core/scheduling/headroom.py`, `Policies.headroom`) admits new batch only while room for that many
+  more replicas of the largest replica's shape stays free, as `gpupool up` does.
 - fractional: headroom, and a replica whose instance asks for less than a device gets a slice of
   one (rounded up to a quarter, at least 0.25); `assume_share` (a sensitivity, not the trace)
   gives every whole-device replica that share instead.
@@ -38,9 +39,9 @@ from typing import Any
 import numpy as np
 
 from gpupool.core.metering import PriceBook
-from gpupool.core.model import Node, PodRequest, Workload
-from gpupool.core.priority import PriorityClass, PriorityClasses
-from gpupool.core.scheduling.cycle import Policies
+from gpupool.core.model import Node, PodRequest, Reason, Workload
+from gpupool.core.scheduling.cycle import CycleResult, Policies, Wait
+from gpupool.core.scheduling.headroom import Headroom, for_services, keeps
 from gpupool.core.units import MILLI
 from gpupool.errors import InvalidInput, did_you_mean
 from gpupool.sim.jobs import TraceJob
@@ -48,7 +49,8 @@ from gpupool.sim.replay import Replay, ReplayConfig
 from gpupool.sim.traces.alibaba_serving import ServiceInstance
 
 VARIANTS = ("static", "colocated", "headroom", "fractional")
-SERVICE_CLASS = PriorityClass("service", 500, preemptible=False)
+SERVICE_CLASS = "serving"
+"""The replicas' class where the setup names none: the configuration's default `serving.priority_class`."""
 SERVICE_TENANT = "services"
 COLD_START_S = 30.0
 """Placement to ready replica: pulling a cached image and loading a DLRM shard (an assumption)."""
@@ -71,13 +73,6 @@ def parse_variants(text: str) -> tuple[str, ...]:
     return tuple(v for v in VARIANTS if v in names)
 
 
-def with_service_class(policies: Policies) -> Policies:
-    """The policies with the `service` class added (above the others, never a victim) and preemption on."""
-    classes = tuple(c for c in policies.priority_classes.classes if c.name != SERVICE_CLASS.name)
-    return replace(policies, preemption=True,
-                   priority_classes=PriorityClasses((SERVICE_CLASS, *classes)))
-
-
 def replica_milli(instance: ServiceInstance, fractional: bool, assume_share: float | None) -> int:
     """Milli-devices of one device a replica holds (whole devices: MILLI per device)."""
     if instance.gpus >= 1:
@@ -90,15 +85,15 @@ def replica_milli(instance: ServiceInstance, fractional: bool, assume_share: flo
 
 
 def service_jobs(instances: Sequence[ServiceInstance], fractional: bool = False,
-                 assume_share: float | None = None) -> list[TraceJob]:
-    """The replicas as workloads of class `service` (duration: the instance's lifetime)."""
+                 assume_share: float | None = None, priority_class: str = SERVICE_CLASS) -> list[TraceJob]:
+    """The replicas as workloads of the serving class (duration: the instance's lifetime)."""
     out = []
     for inst in instances:
         milli = replica_milli(inst, fractional, assume_share)
         devices = max(1, int(inst.gpus)) if milli == MILLI else 1
         pod = PodRequest(name="replica", num_devices=devices, device_milli=milli)
         w = Workload(id=f"svc-{inst.app}-{inst.line}", pods=(pod,), tenant=SERVICE_TENANT, queue="default",
-                     priority_class=SERVICE_CLASS.name, submit_time_s=inst.start_s, name=inst.app)
+                     priority_class=priority_class, submit_time_s=inst.start_s, name=inst.app)
         out.append(TraceJob(w, inst.start_s, inst.end_s - inst.start_s))
     return out
 
@@ -172,10 +167,16 @@ class ColocationSetup:
     instances: tuple[ServiceInstance, ...]
     batch: tuple[TraceJob, ...]
     policies: Policies
+    """The pool's policies, from its configuration (cli/sim_colocate.py: `PoolConfig.policies`)."""
     end_s: float
     """The services' window end (the trace's last time): their demand is counted up to it."""
     seed: int = 0
     headroom_replicas: int = HEADROOM_REPLICAS
+    """`serving.headroom_replicas` under the headroom and fractional variants."""
+    service_class: str = SERVICE_CLASS
+    """The replicas' class (`serving.priority_class`)."""
+    exempt_classes: frozenset[str] = frozenset({SERVICE_CLASS})
+    """The classes the headroom is kept for (`serving.priority_class` and `serving.classes`)."""
     cold_start_s: float = COLD_START_S
     grace_s: float = GRACE_S
     assume_share: float | None = None
@@ -186,14 +187,13 @@ class ColocationSetup:
 
 
 class ColocationReplay(Replay):
-    """The replay with replicas whose demand ends at a time, not after an amount of work, and an
-    optional headroom that new batch may not take."""
+    """The replay with replicas whose demand ends at a time, not after an amount of work; the
+    headroom, if any, is the core's (`config.policies.headroom`)."""
 
-    def __init__(self, config: ReplayConfig, ends: dict[str, float], headroom_milli: int = 0,
-                 end_s: float = math.inf) -> None:
+    def __init__(self, config: ReplayConfig, ends: dict[str, float], end_s: float = math.inf) -> None:
         super().__init__(config)
         self.ends = ends
-        self.headroom_milli = headroom_milli
+        self.headroom: Headroom | None = config.policies.headroom
         self.end_s = end_s
         self.placed: dict[str, float] = {}
         self.dropped: set[str] = set()
@@ -201,7 +201,10 @@ class ColocationReplay(Replay):
         self.finished_at: dict[str, float] = {}
         self.service_milli = 0
         self.batch_held = 0
-        """Cycles in which headroom held back some batch work that was pending."""
+        """Cycles in which the core held back some pending batch for the headroom (`serving_headroom`)."""
+        self.headroom_reservations = 0
+        """Cycles whose backfill reservation went to a head held for the headroom (the core reserves
+        for it as for any head that cannot start, so smaller batch may not delay it)."""
         self.headroom_breaches = 0
         """Cycles after which batch admitted this cycle left less than the headroom free."""
         self.last_s = 0.0
@@ -232,8 +235,7 @@ class ColocationReplay(Replay):
         super()._batch(now_s, events)
         state = self.view.state
         batch_now = state.allocated_device_milli - self.service_milli
-        if (self.headroom_milli and batch_now > allocated_before
-                and state.total_device_milli - state.allocated_device_milli < self.headroom_milli):
+        if self.headroom is not None and batch_now > allocated_before and not keeps(self.headroom, state):
             self.headroom_breaches += 1
         if not self.timeline or self.timeline[-1][0] != now_s:
             self.timeline.append((now_s, self.service_milli / MILLI, batch_now / MILLI))
@@ -250,25 +252,16 @@ class ColocationReplay(Replay):
             self.service_device_s_window += span * self.service_milli / MILLI
         self.last_s = max(self.last_s, upto)
 
-    def _pending_for_cycle(self, now_s: float) -> list[Workload]:
-        pending = list(self.pending_workloads.values())
-        if not self.headroom_milli:
-            return pending
-        services = [w for w in pending if w.id in self.ends]
-        state = self.view.state
-        allowance = (state.total_device_milli - state.allocated_device_milli - self.headroom_milli
-                     - sum(w.total_device_milli for w in services))
-        classes = self.policies.priority_classes
-        batch = sorted((w for w in pending if w.id not in self.ends),
-                       key=lambda w: (-classes.rank(w)[0], -classes.rank(w)[1], w.submit_time_s, w.id))
-        admitted = []
-        for w in batch:
-            if w.total_device_milli <= allowance:
-                admitted.append(w)
-                allowance -= w.total_device_milli
-        if len(admitted) < len(batch):
-            self.batch_held += 1
-        return services + admitted
+    def _apply(self, result: CycleResult, now_s: float) -> None:
+        if self.headroom is not None:
+            held = {d.workload_id for d in result.decisions
+                    if type(d) is Wait and d.reason is Reason.SERVING_HEADROOM}
+            if held:
+                self.batch_held += 1
+                reserve = result.reservation
+                if reserve is not None and reserve.workload_id in held:
+                    self.headroom_reservations += 1
+        super()._apply(result, now_s)
 
     def _start(self, wid: str, now_s: float) -> None:
         end = self.ends.get(wid)
@@ -324,10 +317,11 @@ def _downsample(timeline: list[tuple[float, float, float]], points: int) -> list
 
 
 def _replay(setup: ColocationSetup, nodes: tuple[Node, ...], jobs: list[TraceJob], ends: dict[str, float],
-            headroom_milli: int) -> ColocationReplay:
-    config = ReplayConfig(nodes, tuple(jobs), setup.policies, seed=setup.seed, prices=setup.prices,
+            headroom: Headroom | None) -> ColocationReplay:
+    policies = replace(setup.policies, headroom=headroom)
+    config = ReplayConfig(nodes, tuple(jobs), policies, seed=setup.seed, prices=setup.prices,
                           check_invariants=setup.check_invariants)
-    run = ColocationReplay(config, ends, headroom_milli, setup.end_s)
+    run = ColocationReplay(config, ends, setup.end_s)
     run.run()
     return run
 
@@ -340,10 +334,13 @@ def run_variant(setup: ColocationSetup, variant: str,
         raise InvalidInput(f"Unknown variant {variant!r}; choose from {', '.join(VARIANTS)}."
                            + did_you_mean(variant, list(VARIANTS)))
     fractional = variant == "fractional"
-    services = service_jobs(setup.instances, fractional, setup.assume_share)
+    services = service_jobs(setup.instances, fractional, setup.assume_share, setup.service_class)
     ends = {j.workload.id: j.submit_s + j.duration_s for j in services}
     batch = list(setup.batch)
-    headroom = setup.headroom_replicas * MILLI if variant in ("headroom", "fractional") else 0
+    # the live pool's rule (server/serving/headroom.py): room for N replicas of the largest one
+    headroom = (for_services(setup.headroom_replicas, {(p.num_devices, p.device_milli) for j in services
+                                                        for p in j.workload.pods}, setup.exempt_classes)
+                if variant in ("headroom", "fractional") else None)
     info: dict[str, Any] = {"variant": variant, "devices": sum(len(n.devices) for n in setup.nodes)}
     if variant == "static":
         inference_nodes = min(len(setup.nodes), static_inference_nodes(setup.instances, setup.nodes))
@@ -351,8 +348,8 @@ def run_variant(setup: ColocationSetup, variant: str,
         if not batch_nodes:
             raise InvalidInput(f"The pool has {len(setup.nodes)} nodes and the services' peak needs "
                                f"{inference_nodes}: no batch cluster is left; give a larger --cluster.")
-        svc = _replay(setup, serving_nodes, services, ends, 0)
-        bat = _replay(setup, batch_nodes, batch, {}, 0)
+        svc = _replay(setup, serving_nodes, services, ends, None)
+        bat = _replay(setup, batch_nodes, batch, {}, None)
         info["inference_devices"] = sum(len(n.devices) for n in serving_nodes)
         info["batch_devices"] = sum(len(n.devices) for n in batch_nodes)
         runs = [svc, bat]
@@ -368,9 +365,10 @@ def run_variant(setup: ColocationSetup, variant: str,
     info["preemptions"] = sum(r.metrics.preemptions for r in runs)
     info["lost_batch_gpu_hours"] = sum(r.metrics.lost_device_s for r in runs) / 3600
     info["service_preemptions"] = sum(r.service_preemptions for r in runs)
-    info["headroom_replicas"] = setup.headroom_replicas if headroom else 0
+    info["headroom_replicas"] = headroom.replicas if headroom else 0
     info["headroom_held_cycles"] = bat.batch_held
     info["headroom_breaches"] = bat.headroom_breaches
+    info["headroom_reservations"] = bat.headroom_reservations
     info["service_gpu_hours_window"] = svc.service_device_s_window / 3600
     info["cycles"] = sum(r.cycles for r in runs)
     info["wall_s"] = sum(r.result["wall_s"] for r in runs)
@@ -467,7 +465,22 @@ def _batch_metrics(setup: ColocationSetup, batch: list[TraceJob], run: Colocatio
     # else to do) is counted to the replay's last event: a lower bound on its JCT
     end = run.loop.clock.now_s
     censored = jct + [max(0.0, end - j.submit_s) for j in batch if j.workload.id not in run.finished_at]
+    # what never finished, by width (a whole-node gang among scattered replicas may never find its node)
+    # and the work it still had to do (GPU-hours): starvation counted, not dropped from the means
+    by_width: dict[str, int] = {}
+    left_h = 0.0
+    for j in batch:
+        wid = j.workload.id
+        if wid in run.finished_at:
+            continue
+        gpus = j.workload.total_device_milli / MILLI
+        by_width[f"{gpus:g}"] = by_width.get(f"{gpus:g}", 0) + 1
+        state = run.jobs.get(wid)
+        remaining = state.remaining_s if state is not None else j.duration_s
+        left_h += remaining * gpus / 3600
     return {
+        "batch_unfinished_by_gpus": dict(sorted(by_width.items(), key=lambda kv: float(kv[0]))),
+        "batch_unfinished_gpu_hours": left_h,
         "batch_jobs": len(batch),
         "batch_finished": len(jct),
         "batch_unfinished": len(batch) - len(jct),

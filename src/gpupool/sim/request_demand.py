@@ -21,6 +21,7 @@ from typing import Any
 
 from gpupool.core.autoscale import AutoscalePolicy, AutoscaleState, Sample, decide
 from gpupool.errors import InvalidInput, TraceError
+from gpupool.sim.traces.alibaba_serving import ServiceInstance
 
 COLUMNS = ("TIMESTAMP", "ContextTokens", "GeneratedTokens")
 PREFILL_S_PER_TOKEN = 0.0002
@@ -99,6 +100,7 @@ def replica_demand(requests: list[Request], policy: AutoscalePolicy, cold_start_
     desired = policy.min_replicas
     asked: list[tuple[float, int]] = [(0.0, desired)]  # (when, desired) to read readiness from
     timeline: list[tuple[float, int, int, float]] = []
+    steps: list[tuple[float, int]] = [(0.0, desired)]
     events: list[str] = []
     replica_s = 0.0
     window = policy.stable_window_s
@@ -117,6 +119,8 @@ def replica_demand(requests: list[Request], policy: AutoscalePolicy, cold_start_
         if decision.changed:
             events.append(f"{now:.0f} s: {decision.reason}")
             asked.append((now, decision.desired))
+        if decision.desired != desired:
+            steps.append((now, decision.desired))
         desired = decision.desired
         replica_s += desired
         timeline.append((now, desired, ready, float(in_flight)))
@@ -130,4 +134,37 @@ def replica_demand(requests: list[Request], policy: AutoscalePolicy, cold_start_
         "scale_events": len(events),
         "first_events": events[:10],
         "timeline": [list(t) for t in timeline[:: max(1, len(timeline) // 400)]],
+        "steps": [list(t) for t in steps],
     }
+
+
+def repeated_instances(steps: list[tuple[float, int]] | list[list[float]], period_s: float, until_s: float,
+                       app: str, gpus: float = 1.0, first_line: int = 10_000_000) -> list[ServiceInstance]:
+    """The autoscaler's decisions (`steps`: (time, desired replicas) at each change, from
+    `replica_demand`) as replicas of one service, the whole span repeated back to back every
+    `period_s` up to `until_s` (an assumption: the trace has one hour). A scale-up starts that many
+    replicas; a scale-down ends the newest first. Replicas still live at a period's end end there."""
+    if not period_s > 0:
+        raise InvalidInput(f"The repetition period must be above 0 seconds, not {period_s:g}.")
+    out: list[ServiceInstance] = []
+    line = first_line
+    offset = 0.0
+    while offset < until_s:
+        live: list[float] = []  # start times, newest last
+        for at, want in steps:
+            t = offset + float(at)
+            if t >= until_s or float(at) >= period_s:
+                break
+            while len(live) < int(want):
+                live.append(t)
+            while len(live) > int(want):
+                out.append(ServiceInstance(line, f"{app}-{line}", app, "req", gpus, live.pop(), t,
+                                           created_in_trace=True))
+                line += 1
+        end = min(offset + period_s, until_s)
+        for start in reversed(live):
+            out.append(ServiceInstance(line, f"{app}-{line}", app, "req", gpus, start, end,
+                                       created_in_trace=True))
+            line += 1
+        offset += period_s
+    return sorted(out, key=lambda i: (i.start_s, i.line))

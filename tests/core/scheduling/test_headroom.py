@@ -69,6 +69,24 @@ def test_batch_does_not_preempt_its_way_into_the_room() -> None:
     assert [(r.workload_id, r.reason) for r in result.rejected] == [("high", Reason.SERVING_HEADROOM)]
 
 
+def test_batch_that_must_preempt_does_not_take_the_room_with_its_victims_devices() -> None:
+    """A gang that does not fit may preempt lower batch, but not into the room: the victim's device and
+    the free one together would leave no room for a whole-device replica."""
+    whole = Headroom(replicas=1, num_devices=1, device_milli=1000, exempt_classes=frozenset({"serving"}))
+    snap = ClusterSnapshot(tuple(cluster(1, devices=2)))
+    low = replace(workload(pod(1), wid="low", submit_s=0), priority=-5)
+    placed = run_cycle(snap, [low], FF, 0.0, random.Random(0)).admitted[0]
+    running = ClusterSnapshot(snap.nodes, (Allocation(low, placed.placements, 0.0),))
+    high = replace(workload(pod(2), wid="high", submit_s=1), priority=5)
+    result = run_cycle(running, [high], replace(FF, preemption=True, headroom=whole), 1.0, random.Random(0))
+    assert (result.admitted, result.preempted) == ((), ())
+    [(wid, message)] = [(r.workload_id, r.message) for r in result.rejected]
+    assert wid == "high" and "serving.headroom_replicas: 1" in message
+    # without the headroom it preempts, as before
+    result = run_cycle(running, [high], replace(FF, preemption=True), 1.0, random.Random(0))
+    assert [a.workload_id for a in result.admitted] == ["high"] and len(result.preempted) == 1
+
+
 def test_no_headroom_is_the_cycle_of_before() -> None:
     ws = [workload(pod(1), wid=f"b{i}", submit_s=i) for i in range(2)]
     assert _admitted(None, *ws) == (["b0", "b1"], {})

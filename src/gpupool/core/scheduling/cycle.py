@@ -791,6 +791,14 @@ class _Cycle:
             found, reclaim = self.victims.search_order(w, cq, admitted_now, True, None, rules)
             chosen = fewer_nodes(chosen, w, cq, view, self.policy, self.rng, found, self.victims.cost,
                                  frozenset(reclaim))
+        headroom = self.policies.headroom
+        if headroom is not None and headroom.applies_to(w.priority_class) and not keeps(headroom, view.state):
+            # the victims' devices and the free room together: the room is not won by preempting either
+            release_gang(chosen.gang, view.state)
+            for run in reversed(chosen.victims):
+                view.attach(run)
+            self.failed_preempt.add(key)
+            return refusal(headroom).rstrip(".")
         for run in chosen.victims:
             self._record_preemption(run, w, run.workload.id in chosen.reclaimed)
         self._admit(w, chosen.gang, cq)

@@ -9,6 +9,7 @@ may use the room; any other is admitted only if the room stays at least `replica
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 import numpy as np
@@ -51,3 +52,14 @@ def refusal(headroom: Headroom) -> str:
              else f"{headroom.num_devices} device(s)")
     return (f"Starting it would leave less room than the pool keeps for its services "
             f"(serving.headroom_replicas: {headroom.replicas} replica(s) of {share}).")
+
+
+def for_services(replicas: int, shapes: Iterable[tuple[int, int]],
+                 exempt_classes: Iterable[str]) -> Headroom | None:
+    """The headroom for `replicas` more replicas of the largest of the services' replica shapes
+    ((num_devices, device_milli) each), as the pool keeps it (`serving.headroom_replicas`) and the
+    replay (sim/colocation.py) does; None when it keeps none or no service asks for devices."""
+    largest = max(shapes, key=lambda s: s[0] * s[1], default=(0, 0))
+    if replicas <= 0 or largest[1] <= 0:
+        return None
+    return Headroom(replicas, largest[0], largest[1], frozenset(exempt_classes))

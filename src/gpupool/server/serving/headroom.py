@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from sqlalchemy import select
 
-from gpupool.core.scheduling.headroom import Headroom
+from gpupool.core.scheduling.headroom import Headroom, for_services
 from gpupool.core.units import MILLI
 from gpupool.server.orm import ServiceRow
 from gpupool.server.runtime import Runtime
@@ -34,7 +34,5 @@ class HeadroomBook:
             return None
         with self.rt.store.read() as session:
             specs = list(session.scalars(select(ServiceRow.spec)))
-        shapes = [replica_shape(spec) for spec in specs]
-        largest = max(shapes, key=lambda s: s[0] * s[1], default=(0, 0))
-        exempt = frozenset({serving.priority_class, *(c.name for c in serving.classes)})
-        return Headroom(serving.headroom_replicas, largest[0], largest[1], exempt) if largest[1] else None
+        exempt = {serving.priority_class, *(c.name for c in serving.classes)}
+        return for_services(serving.headroom_replicas, (replica_shape(spec) for spec in specs), exempt)
