@@ -386,8 +386,10 @@ def test_a_spec_no_replica_could_run_as_is_refused_at_create(pool: Server) -> No
 def test_a_replica_failing_its_liveness_probe_is_replaced(
         pool: Server, listeners: dict[int, Replica]) -> None:
     create(pool, {"name": "stuck", "command": ["serve"], "resources": {"gpus": 0.25},
-                  "liveness": {"path": "/healthz", "period_s": 0.1, "timeout_s": 0.1,
+                  "liveness": {"path": "/healthz", "period_s": 1.5, "timeout_s": 1.5,
                                "failure_threshold": 2}})
+    # A healthy replica gets 1.5 s to answer each probe: on a loaded machine a 0.1 s timeout failed
+    # it before it was ever ready. A 500 fails at once, so the replacement below is not slower.
     serve_all(pool, "stuck", listeners, 1)
     wait_until(pool, lambda: show(pool, "stuck")["state"] == "ready")
     first = show(pool, "stuck")["replicas"][0]["workload_id"]
