@@ -104,5 +104,7 @@ class PoolSummary(Strict):
     by_tenant: list[TenantUsage]
     workloads: dict[str, int]
     fabric: bool = Field(False, description="the pool knows its InfiniBand fabric (GET /fabric answers)")
+    federation: bool = Field(default=False, description="a federation hub answers (GET /federation/members "
+                             "lists its members' capacity, queues and prices)")
     router: str = Field(default="", description="which router serves services: haproxy, or in-process "
                         "with why (haproxy not installed, or chosen); '' without --serve-port")

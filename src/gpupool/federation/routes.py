@@ -67,7 +67,7 @@ def add_pools(summaries: list[dict[str, Any]], who: Principal) -> PoolSummary:
         utilisation=allocated / capacity if capacity else 0.0,
         by_model=[ModelUsage.model_validate(m) for m in models.values()],
         by_tenant=[TenantUsage.model_validate(t) for t in tenants.values()],
-        workloads=counts, fabric=False)
+        workloads=counts, fabric=False, federation=True)
 
 
 class FederationUsageOut(BaseModel):

@@ -25,8 +25,9 @@ export function mount(root, ctx) {
   const tenants = h("section", { "aria-labelledby": "h-tenants" });
   const chart = h("section", { "aria-labelledby": "h-history" });
   const pending = h("section", { "aria-labelledby": "h-pending" });
+  const members = h("section", { "aria-labelledby": "h-members", id: "members", hidden: true }); // a hub's members
   const leader = h("p", { class: "leader", id: "leader", hidden: true }); // admins: who schedules (docs/ha.md)
-  root.append(h("h1", {}, "Overview"), leader, cards,
+  root.append(h("h1", {}, "Overview"), leader, cards, members,
     h("div", { class: "two" }, models, tenants), chart, pending);
   const drawHistory = mountHistory(chart, ctx.me);
 
@@ -47,6 +48,10 @@ export function mount(root, ctx) {
     if (servers) servers.catch(() => {});
     const pool = await get("pool");
     drawCards(cards, pool);
+    if (pool.federation) { // a hub: each member's capacity, queue and price now
+      members.hidden = false;
+      update(members, await get("federation/members"), drawMembers);
+    }
     if (servers) drawLeader(leader, await servers);
     cards.appendChild(costCard);
     if (!costing) drawCost(costCard, cost.usage, ctx.me.admin);
@@ -109,6 +114,21 @@ function drawCards(cards, pool) {
     card("pending", String(w.pending || 0), "c-pending"),
     card("succeeded", String(w.succeeded || 0), "c-succeeded"),
     card("failed", String(w.failed || 0), "c-failed"));
+}
+
+/** One row per member of a federation: its devices free of all, its queue and its price now. */
+export function memberCells(m) {
+  const free = Math.max(0, m.capacity_gpus - m.allocated_gpus);
+  return [m.name, m.region, m.note ? `${m.state} (${m.note})` : m.state,
+    `${gpus(free)} of ${gpus(m.capacity_gpus)}`, String(m.pending), String(m.running),
+    `${m.price_gpu_hour.toFixed(2)} ${m.currency}`];
+}
+
+function drawMembers(list) {
+  return [h("h2", { id: "h-members" }, "Members"), table("Member pools of this federation: capacity, queue and price now",
+    ["Member", "Region", "State", "Devices free", "Pending", "Running", "Price per GPU-hour"],
+    list.map((m) => ({ attrs: { "data-member": m.name, class: m.state === "up" ? "" : "down" }, cells: memberCells(m) })),
+    "no members")];
 }
 
 function drawPending(page) {
