@@ -204,3 +204,58 @@ def test_a_bad_federation_file_is_refused_with_a_sentence_each(tmp_path: Path) -
                      "unknown key 'polcy'"):
         assert sentence in text, (sentence, text)
     assert "Traceback" not in result.output
+
+
+def test_hold_update_and_release_through_the_hub_reach_the_member_holding_it(fed: Federation) -> None:
+    east = fed.member("east")
+    full = {"command": ["x"], "resources": {"gpus": 4}, "env": LONG}
+    with fed.hub_api() as api:
+        blocker = api.post("/workloads", json=full).json()["id"]
+        until(lambda: _hub_row(fed, blocker)["status"] == "running", 30, "the blocker running on east")
+        waiting = api.post("/workloads", json=full).json()["id"]
+        until(lambda: waiting in copies(east), 30, "the second placed on east, waiting there")
+        held = api.post(f"/workloads/{waiting}/hold")
+        assert held.status_code == 200, held.text
+        assert held.json()["id"] == waiting and held.json()["held"] == "user"
+        assert copies(east)[waiting][0]["held"] == "user"  # the member's copy is held, under its own id
+        changed = api.patch(f"/workloads/{waiting}", json={"priority": -5})
+        assert changed.status_code == 200 and changed.json()["priority"] == -5, changed.text
+        assert api.post(f"/workloads/{blocker}/cancel").json()["status"] == "cancelled"
+        # east is free now; a later workload starting there through the hub means east scheduled with
+        # room and the hub's watch read the held copy since: neither started it nor released it
+        small = {"command": ["x"], "resources": {"gpus": 1}, "env": LONG}
+        later = api.post("/workloads", json=small).json()["id"]
+        until(lambda: _hub_row(fed, later)["status"] == "running", 30, "a later workload running on east")
+        assert _hub_row(fed, waiting)["status"] == "pending" and _placed(fed, waiting) == "east"
+        assert copies(east)[waiting][0]["held"] == "user"
+        assert api.post(f"/workloads/{later}/cancel").json()["status"] == "cancelled"  # room for all 4
+        released = api.post(f"/workloads/{waiting}/release")
+        assert released.status_code == 200, released.text
+        until(lambda: _hub_row(fed, waiting)["status"] == "running", 30, "released: it starts on east")
+        assert _placed(fed, waiting) == "east"
+        reasons = [e["reason"] for e in api.get(f"/workloads/{waiting}/events").json()]
+        assert {"federation_hold", "federation_update", "federation_release"} <= set(reasons), reasons
+        api.post(f"/workloads/{waiting}/cancel")
+
+
+def test_job_control_at_the_hub_is_scoped_to_the_tenant_and_to_the_admins_hold(fed: Federation) -> None:
+    assert fed.hub is not None
+    with fed.hub.admin() as admin:
+        if "mallory" not in {t["name"] for t in admin.get("/tenants").json()}:
+            assert admin.post("/tenants", json={"name": "mallory"}).status_code == 201
+        mallory = admin.post("/tokens", json={"tenant": "mallory", "name": "mallory"}).json()["token"]
+        with fed.hub_api() as alice:  # more than any member has: it stays at the hub, on no member
+            workload_id = alice.post("/workloads", json={"command": ["x"], "resources": {"gpus": 64},
+                                                         "env": LONG}).json()["id"]
+            with fed.hub_api(mallory) as api:
+                for method, leaf in (("POST", "/hold"), ("POST", "/release"), ("POST", "/requeue"),
+                                     ("PATCH", "")):
+                    answer = api.request(method, f"/workloads/{workload_id}{leaf}",
+                                         json={"priority": 1} if method == "PATCH" else None)
+                    assert answer.status_code == 404, (method, leaf, answer.text)
+            assert admin.post(f"/workloads/{workload_id}/hold").json()["held"] == "admin"
+            refused = alice.post(f"/workloads/{workload_id}/release")
+            assert refused.status_code == 409 and "only the admin releases it" in refused.json()["message"]
+            assert alice.get(f"/workloads/{workload_id}").json()["held"] == "admin"
+            assert admin.post(f"/workloads/{workload_id}/release").json()["held"] == ""
+            alice.post(f"/workloads/{workload_id}/cancel")

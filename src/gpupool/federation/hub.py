@@ -22,7 +22,15 @@ from typing import Any
 from sqlalchemy import func, select, update
 
 from gpupool.api.workloads import WorkloadSpec
-from gpupool.errors import GpupoolError, InvalidInput, NotFound, QuotaExceeded, TooManyPending
+from gpupool.errors import (
+    Conflict,
+    GpupoolError,
+    InvalidInput,
+    NotFound,
+    QuotaExceeded,
+    TooManyPending,
+    Unavailable,
+)
 from gpupool.federation.config import FederationConfig
 from gpupool.federation.members import MemberLink, MemberUnreachable
 from gpupool.federation.placement import candidates, reoffer_target
@@ -145,6 +153,73 @@ class Hub:
                 return self.row(who, workload_id)
         raise GpupoolError(f"Workload {workload_id!r} kept changing while it was cancelled; try again.")
 
+    def control(self, who: Principal, workload_id: str, act: str, *, hold_after: bool = False,
+                change: dict[str, Any] | None = None) -> tuple[FedWorkloadRow, Any]:
+        """`act` (hold, release, requeue or update) on a workload, forwarded to the member holding it
+        under the hub's id; the hub's record first (compare-and-set on its version), so its watch
+        neither offers a held workload nor releases the member's held copy. Returns the record and
+        the member's answer (None when no member holds it: the act was the hub's alone)."""
+        kind = "admin" if who.is_admin else "user"
+        for _ in range(20):
+            row = self.row(who, workload_id)
+            if row.state not in ACTIVE:
+                raise Conflict(f"Workload {workload_id!r} has ended ({row.status}); nothing to {act}.",
+                               workload_id=workload_id)
+            if act == "release" and row.held == "admin" and not who.is_admin:
+                raise Conflict(f"Workload {workload_id!r} was held by the admin; only the admin releases it.",
+                               workload_id=workload_id)
+            held = {"hold": kind, "release": "",
+                    "requeue": kind if hold_after else row.held}.get(act, row.held)
+            if row.state == "queued" and act in ("update", "requeue"):
+                raise Conflict(f"Workload {workload_id!r} waits at the hub and is on no member yet, so it "
+                               f"cannot be {'updated' if act == 'update' else 'requeued'}; cancel it and "
+                               "submit it again with the change, or wait until a member holds it.",
+                               workload_id=workload_id)
+            if not self._cas(row, held=held):
+                continue
+            if row.state == "queued":
+                self._event(row.id, f"federation_{act}", f"{act} at the hub by {who.actor}")
+                self.wake.set()
+                return self.row(who, workload_id), None
+            answer = self._forward_act(row, act, hold_after, change)
+            fresh = self.row(who, workload_id)
+            if answer.status_code != 200:  # the member refused: the record says what it said before
+                self._cas(fresh, held=row.held)
+                return self.row(who, workload_id), answer
+            view = dict(answer.json())
+            values: dict[str, Any] = {"status": str(view["status"]), "view": view}
+            if act == "update" and "spec" in view:  # a later move re-offers the changed spec
+                spec = {**view["spec"], "env": {k: v for k, v in view["spec"].get("env", {}).items()
+                                                if k != FEDERATION_ID_ENV}, "tenant": None}
+                values["spec"] = spec
+                values["gpus"] = (float(spec.get("replicas", 1))
+                                  * float(spec.get("resources", {}).get("gpus", 0)))
+            self._cas(fresh, **values)  # lost to the watch's newer read: it reads the member again
+            self._event(row.id, f"federation_{act}", f"{act} by {who.actor}, forwarded to {row.member} "
+                        f"({row.member_id})")
+            return self.row(who, workload_id), answer
+        raise GpupoolError(f"Workload {workload_id!r} kept changing during {act}; try again.")
+
+    def _forward_act(self, row: FedWorkloadRow, act: str, hold_after: bool,
+                     change: dict[str, Any] | None) -> Any:
+        link = self.by_name[row.member or ""]
+        try:
+            if act == "update":
+                return link.call("PATCH", f"/workloads/{row.member_id}", tenant=row.tenant, json=change or {})
+            return link.call("POST", f"/workloads/{row.member_id}/{act}", tenant=row.tenant,
+                             params={"hold": "true"} if act == "requeue" and hold_after else None)
+        except MemberUnreachable as exc:
+            self._cas(self.row_any(row.id), held=row.held)
+            raise Unavailable(f"The member holding {row.id} does not answer now ({exc}); "
+                              "try again later.") from None
+
+    def row_any(self, workload_id: str) -> FedWorkloadRow:
+        with self.store.read() as session:
+            row = session.get(FedWorkloadRow, workload_id)
+            assert row is not None
+            session.expunge(row)
+            return row
+
     def fresh_view(self, row: FedWorkloadRow) -> dict[str, Any] | None:
         """The member's copy now (falls back on the last one read when the member is silent)."""
         link = self.by_name.get(row.member or "")
@@ -211,6 +286,8 @@ class Hub:
 
     def offer(self, row: FedWorkloadRow) -> str | None:
         """Offer a queued workload to its candidates in order; the member that keeps it, or None."""
+        if row.held:  # held at the hub: offered once released
+            return None
         if self._unresolved_offer(row):
             return None
         spec = WorkloadSpec.model_validate(row.spec)
@@ -371,7 +448,8 @@ class Hub:
             return True
         view = answer.json()
         status = str(view["status"])
-        if status == "pending" and view.get("held") == "user":  # held by the member's restart: still ours
+        if status == "pending" and view.get("held") == "user" and not row.held:  # held by the member's
+            # restart, not by its tenant through the hub: still ours
             try:
                 link.call("POST", f"/workloads/{row.member_id}/release", tenant=row.tenant)
             except MemberUnreachable:
@@ -386,8 +464,8 @@ class Hub:
         instead): a copy its member has not admitted within offer_timeout_s is re-ranked every round
         and moves when another member starts it now, sooner and ranked better by the tenant's policy
         (core.federation.reoffer). It is offered again only once its member says the copy is cancelled."""
-        if row.status != "pending" or now - row.updated_s < self.config.offer_timeout_s:
-            return
+        if row.status != "pending" or row.held or now - row.updated_s < self.config.offer_timeout_s:
+            return  # a held copy waits where it is for its release
         found = reoffer_target(self.config, self.links, row.tenant, WorkloadSpec.model_validate(row.spec),
                                link.name, now)
         if found is None:

@@ -13,7 +13,7 @@ from pydantic import BaseModel, Field
 from gpupool.api.common import ErrorBody
 from gpupool.api.nodes import ModelUsage, PoolSummary, TenantUsage
 from gpupool.api.usage import UsageOut, UsageRowOut
-from gpupool.api.workloads import EventOut, WorkloadCreated, WorkloadSpec
+from gpupool.api.workloads import EventOut, WorkloadCreated, WorkloadSpec, WorkloadUpdate
 from gpupool.errors import InvalidInput, NotFound, Unavailable
 from gpupool.federation.hub import FEDERATION_ID_ENV, Hub
 from gpupool.federation.members import MemberLink, MemberUnreachable
@@ -192,6 +192,35 @@ def hub_router(hub: Hub) -> APIRouter:
         row = hub.cancel(who, workload_id)
         return view_of(row, hub.fresh_view(row) if row.state != "cancelled" else row.view, full=True)
 
+    conflict: dict[int | str, dict[str, Any]] = {**errors, 409: {"model": ErrorBody}}
+
+    def act(who: Principal, workload_id: str, what: str, **kw: Any) -> Any:
+        """A job-control act through the hub: the member's answer under the hub's id (its refusal as
+        it said it), or the hub's own record when no member holds the workload yet."""
+        row, answer = hub.control(who, workload_id, what, **kw)
+        if answer is None:
+            return view_of(row, row.view, full=True)
+        if answer.status_code != 200:
+            return JSONResponse(answer.json(), status_code=answer.status_code)
+        return view_of(row, answer.json(), full=True)
+
+    @router.post("/workloads/{workload_id}/hold", responses=conflict, tags=["federation"])
+    def hold(workload_id: str, who: Who) -> Any:
+        """Keep it from being placed (at the hub) or admitted (on the member holding it) until released."""
+        return act(who, workload_id, "hold")
+
+    @router.post("/workloads/{workload_id}/release", responses=conflict, tags=["federation"])
+    def release(workload_id: str, who: Who) -> Any:
+        return act(who, workload_id, "release")
+
+    @router.post("/workloads/{workload_id}/requeue", responses=conflict, tags=["federation"])
+    def requeue(workload_id: str, who: Who, hold: bool = False) -> Any:
+        return act(who, workload_id, "requeue", hold_after=hold)
+
+    @router.patch("/workloads/{workload_id}", responses=conflict, tags=["federation"])
+    def update(workload_id: str, change: WorkloadUpdate, who: Who) -> Any:
+        return act(who, workload_id, "update", change=change.model_dump(mode="json", exclude_none=True))
+
     @router.get("/workloads/{workload_id}/events", response_model=list[EventOut], responses=errors,
                 tags=["federation"])
     def events(workload_id: str, who: Who) -> list[EventOut]:
@@ -317,6 +346,7 @@ def view_of(row: FedWorkloadRow, view: dict[str, Any] | None, *, full: bool) -> 
                     "priority_class": spec.priority_class, "time_limit_s": spec.time_limit_s,
                     "topology": spec.topology},
     }
+    out["held"] = row.held
     if full:
         out["spec"] = spec.model_dump(mode="json")
     return out

@@ -39,7 +39,8 @@ FEDERATION_ROUTES: tuple[tuple[str, re.Pattern[str], bool], ...] = tuple(
     (method, re.compile(path), needs_tenant) for method, path, needs_tenant in (
         ("POST", _W, True), ("GET", _W, True), ("GET", _W + _ID, True), ("GET", _W + _ID + "/events", True),
         ("GET", _W + _ID + "/logs", True), ("POST", _W + _ID + "/cancel", True),
-        ("POST", _W + _ID + "/release", True),
+        ("POST", _W + _ID + "/release", True), ("POST", _W + _ID + "/hold", True),
+        ("POST", _W + _ID + "/requeue", True), ("PATCH", _W + _ID, True),
         ("GET", r"/api/v1/usage", False), ("GET", r"/api/v1/pool", False), ("GET", r"/api/v1/health", False)))
 """(method, path, whether a tenant must be named) a federation token may call: nothing else."""
 CACHE_TTL_S = 0.5

@@ -419,6 +419,9 @@ class FedWorkloadRow(Base):
     version: Mapped[int] = mapped_column(Integer, default=0)
     submit_s: Mapped[float] = mapped_column(Float)
     updated_s: Mapped[float] = mapped_column(Float)
+    held: Mapped[str] = mapped_column(String(16), default="", server_default="")
+    """A hold asked at the hub: "user" or "admin" ("" for none). A held workload is not offered, and
+    the member's held copy is not released by the hub's watch (as it releases a restarted member's)."""
 
 
 class FedPlacementRow(Base):
