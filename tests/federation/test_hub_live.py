@@ -229,8 +229,8 @@ def test_hold_update_and_release_through_the_hub_reach_the_member_holding_it(fed
         assert _hub_row(fed, waiting)["status"] == "pending" and _placed(fed, waiting) == "east"
         assert copies(east)[waiting][0]["held"] == "user"
         assert api.post(f"/workloads/{later}/cancel").json()["status"] == "cancelled"  # room for all 4
-        released = api.post(f"/workloads/{waiting}/release")
-        assert released.status_code == 200, released.text
+        with Client(fed.hub.url, fed.alice_token) as sdk:  # what `gpupool release` calls
+            assert sdk.release(waiting).held == ""
         until(lambda: _hub_row(fed, waiting)["status"] == "running", 30, "released: it starts on east")
         assert _placed(fed, waiting) == "east"
         reasons = [e["reason"] for e in api.get(f"/workloads/{waiting}/events").json()]

@@ -82,3 +82,20 @@ def test_only_the_admin_owns_one_and_the_header_gives_a_tenant_nothing(fed: tupl
     assert created.status_code == 201
     shown = server.client.get(f"/api/v1/workloads/{created.json()['id']}", headers=_h(bob))
     assert shown.json()["tenant"] == "bob"
+
+
+def test_holds_updates_and_requeues_only_as_the_tenant_it_names(fed: tuple[Server, str, str]) -> None:
+    """Job control forwarded by a hub (docs/federation.md): the tenant's own acts, on its own work."""
+    server, token, _ = fed
+    created = server.client.post("/api/v1/workloads", json={"command": ["true"], "resources": {"gpus": 1}},
+                                 headers=_h(token, "alice"))
+    wid = created.json()["id"]
+    for method, leaf in (("POST", "/hold"), ("PATCH", ""), ("POST", "/requeue"), ("POST", "/release")):
+        body = {"priority": 0} if method == "PATCH" else None
+        mine = server.client.request(method, f"/api/v1/workloads/{wid}{leaf}", json=body,
+                                     headers=_h(token, "alice"))
+        assert mine.status_code in (200, 409), (method, leaf, mine.text)  # allowed; 409: not in that state
+        theirs = server.client.request(method, f"/api/v1/workloads/{wid}{leaf}", json=body,
+                                       headers=_h(token, "bob"))
+        assert theirs.status_code == 404, (method, leaf, theirs.text)
+    server.client.post(f"/api/v1/workloads/{wid}/cancel", headers=_h(token, "alice"))

@@ -200,8 +200,9 @@ class Authenticator:
         allowed = next((needs for m, pattern, needs in FEDERATION_ROUTES
                         if m == method and pattern.fullmatch(path)), None)
         if allowed is None:
-            raise Forbidden("A federation token may only submit, read and cancel workloads, and read "
-                            "usage and the pool's summary; use a full token for anything else.")
+            raise Forbidden("A federation token may only submit, read, cancel, hold, release, update and "
+                            "requeue workloads, and read usage and the pool's summary; use a full token for "
+                            "anything else.")
         if not on_behalf:
             if allowed:
                 raise Forbidden(f"A federation token must name the tenant it acts for in {ON_BEHALF_HEADER}.")
