@@ -259,3 +259,16 @@ def test_job_control_at_the_hub_is_scoped_to_the_tenant_and_to_the_admins_hold(f
             assert alice.get(f"/workloads/{workload_id}").json()["held"] == "admin"
             assert admin.post(f"/workloads/{workload_id}/release").json()["held"] == ""
             alice.post(f"/workloads/{workload_id}/cancel")
+
+
+def test_a_hold_the_member_refuses_comes_back_as_it_said_it_and_leaves_no_hold_at_the_hub(
+        fed: Federation) -> None:
+    with fed.hub_api() as api:
+        workload_id = api.post("/workloads", json={"command": ["x"], "env": LONG}).json()["id"]
+        until(lambda: _hub_row(fed, workload_id)["status"] == "running", 30, "running on east")
+        refused = api.post(f"/workloads/{workload_id}/hold")
+        assert refused.status_code == 409, refused.text  # the member's sentence: it runs already
+        assert "Traceback" not in refused.text and refused.json()["message"]
+        # the hub's record is not left held: a later move would offer it again
+        assert api.get(f"/federation/workloads/{workload_id}").json()["held"] == ""
+        api.post(f"/workloads/{workload_id}/cancel")

@@ -184,7 +184,7 @@ class Hub:
             answer = self._forward_act(row, act, hold_after, change)
             fresh = self.row(who, workload_id)
             if answer.status_code != 200:  # the member refused: the record says what it said before
-                self._cas(fresh, held=row.held)
+                self._set_held(row.id, row.held)
                 return self.row(who, workload_id), answer
             view = dict(answer.json())
             values: dict[str, Any] = {"status": str(view["status"]), "view": view}
@@ -209,16 +209,21 @@ class Hub:
             return link.call("POST", f"/workloads/{row.member_id}/{act}", tenant=row.tenant,
                              params={"hold": "true"} if act == "requeue" and hold_after else None)
         except MemberUnreachable as exc:
-            self._cas(self.row_any(row.id), held=row.held)
+            self._set_held(row.id, row.held)
             raise Unavailable(f"The member holding {row.id} does not answer now ({exc}); "
                               "try again later.") from None
 
-    def row_any(self, workload_id: str) -> FedWorkloadRow:
-        with self.store.read() as session:
-            row = session.get(FedWorkloadRow, workload_id)
-            assert row is not None
-            session.expunge(row)
-            return row
+    def _set_held(self, workload_id: str, held: str) -> None:
+        """Put the record's hold back (compare-and-set, read again while the watch writes meanwhile)."""
+        for _ in range(20):
+            with self.store.read() as session:
+                row = session.get(FedWorkloadRow, workload_id)
+                if row is None or row.held == held:
+                    return
+                session.expunge(row)
+            if self._cas(row, held=held):
+                return
+        log.warning("%s: its hold could not be put back to %r", workload_id, held)
 
     def fresh_view(self, row: FedWorkloadRow) -> dict[str, Any] | None:
         """The member's copy now (falls back on the last one read when the member is silent)."""

@@ -124,6 +124,7 @@ class PlacementOut(BaseModel):
     member: str | None
     member_id: str | None
     moves: int
+    held: str = Field(default="", description="a hold asked at the hub: user or admin ('' for none)")
 
 
 def hub_router(hub: Hub) -> APIRouter:
@@ -250,7 +251,7 @@ def hub_router(hub: Hub) -> APIRouter:
     def placement(workload_id: str, who: Who) -> PlacementOut:
         row = hub.row(who, workload_id)
         return PlacementOut(id=row.id, tenant=row.tenant, state=row.state, status=row.status,
-                            member=row.member, member_id=row.member_id, moves=row.moves)
+                            member=row.member, member_id=row.member_id, moves=row.moves, held=row.held)
 
     @router.get("/usage", response_model=UsageOut, tags=["federation"])
     def usage(who: Who, request: Request) -> UsageOut:
