@@ -120,7 +120,9 @@ def delete(pool: Server, name: str) -> None:
 def test_replicas_get_ports_and_become_ready_endpoints(pool: Server, listeners: dict[int, Replica]) -> None:
     created = create(pool, {"name": "web", "command": ["serve"], "min_replicas": 2, "max_replicas": 4,
                             "resources": {"gpus": 0.25},
-                            "readiness": {"path": "/healthz", "period_s": 0.2, "timeout_s": 0.2}})
+                            "readiness": {"path": "/healthz", "period_s": 1.5, "timeout_s": 1.5}})
+    # 1.5 s a probe (as the liveness test below): a 0.2 s timeout could mark a healthy replica
+    # not ready on a loaded machine between the wait for "ready" and the reads that follow it.
     assert created["state"] == "pending" and created["desired"] == 2
     serve_all(pool, "web", listeners, 2)
     wait_until(pool, lambda: show(pool, "web")["state"] == "ready")
@@ -148,8 +150,9 @@ def test_replicas_get_ports_and_become_ready_endpoints(pool: Server, listeners: 
 def test_a_probe_that_never_passes_degrades_the_service_with_its_error(
         pool: Server, listeners: dict[int, Replica]) -> None:
     create(pool, {"name": "sick", "command": ["serve"], "resources": {"gpus": 0.25},
-                  "readiness": {"path": "/healthz", "period_s": 0.1, "timeout_s": 0.1,
+                  "readiness": {"path": "/healthz", "period_s": 1.5, "timeout_s": 1.5,
                                 "failure_threshold": 2}})
+    # a 503 fails a probe at once whatever its timeout; the 1.5 s is for the healthy answers after
     serve_all(pool, "sick", listeners, 1)
     for replica in listeners.values():
         replica.code = 503
@@ -250,7 +253,9 @@ def test_an_update_rolls_the_replicas_within_surge_and_unavailable(
     at least desired - max_unavailable serve."""
     create(pool, {"name": "rolling", "command": ["serve"], "min_replicas": 3, "max_replicas": 3,
                   "resources": {"gpus": 0.25}, "rollout": {"max_surge": 1, "max_unavailable": 0},
-                  "readiness": {"period_s": 0.1, "timeout_s": 0.1}})
+                  "readiness": {"period_s": 1.5, "timeout_s": 1.5}})
+    # a probe timing out on a loaded machine would take a healthy replica out of the serving count
+    # that the rollout's bound is checked on: 1.5 s a probe, as the liveness test below
     serve_all(pool, "rolling", listeners, 3)
     wait_until(pool, lambda: show(pool, "rolling")["state"] == "ready")
     service_id = show(pool, "rolling")["id"]
