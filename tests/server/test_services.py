@@ -95,10 +95,12 @@ def ports_launched(pool: Server, name: str) -> dict[str, int]:
 def serve_all(pool: Server, name: str, listeners: dict[int, Replica], want: int) -> None:
     """Open a listener on every running replica's port until `want` replicas run."""
     def opened() -> bool:
-        for port in ports_launched(pool, name).values():
+        # one read for both: a replica launched between two reads was counted but never served
+        ports = ports_launched(pool, name).values()
+        for port in ports:
             if port not in listeners:
                 listeners[port] = Replica(port)
-        return len(ports_launched(pool, name)) >= want
+        return len(ports) >= want
     pool.wait_for(opened, timeout_s=20)
 
 
@@ -154,6 +156,8 @@ def test_a_probe_that_never_passes_degrades_the_service_with_its_error(
                                 "failure_threshold": 2}})
     # a 503 fails a probe at once whatever its timeout; the 1.5 s is for the healthy answers after
     serve_all(pool, "sick", listeners, 1)
+    # ready first: probes refused before the listener opened must not be what degrades it
+    wait_until(pool, lambda: show(pool, "sick")["state"] == "ready")
     for replica in listeners.values():
         replica.code = 503
     wait_until(pool, lambda: show(pool, "sick")["state"] == "degraded")
