@@ -95,10 +95,12 @@ def ports_launched(pool: Server, name: str) -> dict[str, int]:
 def serve_all(pool: Server, name: str, listeners: dict[int, Replica], want: int) -> None:
     """Open a listener on every running replica's port until `want` replicas run."""
     def opened() -> bool:
-        for port in ports_launched(pool, name).values():
+        # one read for both: a replica launched between two reads was counted but never served
+        ports = ports_launched(pool, name).values()
+        for port in ports:
             if port not in listeners:
                 listeners[port] = Replica(port)
-        return len(ports_launched(pool, name)) >= want
+        return len(ports) >= want
     pool.wait_for(opened, timeout_s=20)
 
 
@@ -120,7 +122,9 @@ def delete(pool: Server, name: str) -> None:
 def test_replicas_get_ports_and_become_ready_endpoints(pool: Server, listeners: dict[int, Replica]) -> None:
     created = create(pool, {"name": "web", "command": ["serve"], "min_replicas": 2, "max_replicas": 4,
                             "resources": {"gpus": 0.25},
-                            "readiness": {"path": "/healthz", "period_s": 0.2, "timeout_s": 0.2}})
+                            "readiness": {"path": "/healthz", "period_s": 1.5, "timeout_s": 1.5}})
+    # 1.5 s a probe (as the liveness test below): a 0.2 s timeout could mark a healthy replica
+    # not ready on a loaded machine between the wait for "ready" and the reads that follow it.
     assert created["state"] == "pending" and created["desired"] == 2
     serve_all(pool, "web", listeners, 2)
     wait_until(pool, lambda: show(pool, "web")["state"] == "ready")
@@ -148,9 +152,12 @@ def test_replicas_get_ports_and_become_ready_endpoints(pool: Server, listeners: 
 def test_a_probe_that_never_passes_degrades_the_service_with_its_error(
         pool: Server, listeners: dict[int, Replica]) -> None:
     create(pool, {"name": "sick", "command": ["serve"], "resources": {"gpus": 0.25},
-                  "readiness": {"path": "/healthz", "period_s": 0.1, "timeout_s": 0.1,
+                  "readiness": {"path": "/healthz", "period_s": 1.5, "timeout_s": 1.5,
                                 "failure_threshold": 2}})
+    # a 503 fails a probe at once whatever its timeout; the 1.5 s is for the healthy answers after
     serve_all(pool, "sick", listeners, 1)
+    # ready first: probes refused before the listener opened must not be what degrades it
+    wait_until(pool, lambda: show(pool, "sick")["state"] == "ready")
     for replica in listeners.values():
         replica.code = 503
     wait_until(pool, lambda: show(pool, "sick")["state"] == "degraded")
@@ -250,7 +257,9 @@ def test_an_update_rolls_the_replicas_within_surge_and_unavailable(
     at least desired - max_unavailable serve."""
     create(pool, {"name": "rolling", "command": ["serve"], "min_replicas": 3, "max_replicas": 3,
                   "resources": {"gpus": 0.25}, "rollout": {"max_surge": 1, "max_unavailable": 0},
-                  "readiness": {"period_s": 0.1, "timeout_s": 0.1}})
+                  "readiness": {"period_s": 1.5, "timeout_s": 1.5}})
+    # a probe timing out on a loaded machine would take a healthy replica out of the serving count
+    # that the rollout's bound is checked on: 1.5 s a probe, as the liveness test below
     serve_all(pool, "rolling", listeners, 3)
     wait_until(pool, lambda: show(pool, "rolling")["state"] == "ready")
     service_id = show(pool, "rolling")["id"]

@@ -165,6 +165,23 @@ def test_submitted_work_appears_runs_and_finishes_without_a_reload(
     browser_page.assert_clean()
 
 
+def test_an_unchanged_answer_finishes_its_request(pool: UpProcess, browser_page: Watched) -> None:
+    # The nodes view polls with If-None-Match; a 304 leaves its (empty) body unread unless the app
+    # reads it, and Chromium finishes a request only once its body is read: an unread one stays
+    # open until the dropped answer is collected, then fails as net::ERR_ABORTED (it did, under load).
+    page = _log_in(browser_page, pool, pool.token(), "/ui/nodes")
+    unchanged: set[Any] = set()
+
+    def note(response: Any) -> None:
+        if response.status == 304 and response.url.endswith("/api/v1/nodes"):
+            unchanged.add(response.request)
+
+    page.on("response", note)
+    page.wait_for_event("requestfinished", predicate=lambda request: request in unchanged, timeout=30_000)
+    _not_reloaded(page)
+    browser_page.assert_clean()
+
+
 def test_a_failed_node_is_marked(pool: UpProcess, browser_page: Watched, gate_dir: Path) -> None:
     page = _log_in(browser_page, pool, pool.token(), "/ui/nodes")
     with pool.client() as api:

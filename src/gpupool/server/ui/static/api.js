@@ -52,7 +52,12 @@ export async function getKept(path) {
   } catch (err) {
     throw new ApiError(0, "The server does not answer; retrying.");
   }
-  if (answer.status === 304 && last) return last.data;
+  if (answer.status === 304 && last) {
+    // Read the (empty) body all the same: Chromium finishes a request only once its body is read,
+    // and cancels an unread one (net::ERR_ABORTED) when it collects the dropped answer.
+    await answer.arrayBuffer();
+    return last.data;
+  }
   if (!answer.ok) {
     let message = "The server answered " + answer.status + ".";
     try { message = (await answer.json()).message || message; } catch (err) { /* not JSON */ }
