@@ -158,11 +158,17 @@ def test_a_mount_no_longer_allowed_reaches_the_node_without_a_root(
     """The configuration may change between submit and launch: the node then refuses the mount."""
     srv, provider = pool
     with tenant_client(srv, "team-a") as api:
-        workload_id = api.submit(command=["true"], mounts=["/data/team-a/set:/data:ro"])
-    with srv.rt.store.write() as session:  # as if it had been stored before the root was removed
-        session.execute(update(WorkloadRow).where(WorkloadRow.id == workload_id).values(
-            spec={**session.get(WorkloadRow, workload_id).spec,
-                  "mounts": [{"source": "/elsewhere", "target": "/data", "read_only": True}]}))
+        # It waits on a blocker until its stored spec is changed: without the wait it could be launched
+        # before the change on a loaded machine (it was, once, in a full run).
+        blocker = api.submit(command=["sleep", "3600"])
+        workload_id = api.submit(command=["true"], mounts=["/data/team-a/set:/data:ro"],
+                                 dependency=f"afterany:{blocker}")
+        with srv.rt.store.write() as session:  # as if it had been stored before the root was removed
+            session.execute(update(WorkloadRow).where(WorkloadRow.id == workload_id).values(
+                spec={**session.get(WorkloadRow, workload_id).spec,
+                      "mounts": [{"source": "/elsewhere", "target": "/data", "read_only": True}]}))
+        assert not any(p.workload_id == workload_id for p in provider.launched.values())
+        api.cancel(blocker)
     deadline = time.monotonic() + 30
     while not any(p.workload_id == workload_id for p in provider.launched.values()):
         assert time.monotonic() < deadline, "never launched"
