@@ -11,6 +11,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
 
+from gpupool.server import pgtemp
 from gpupool.sim.datadir import data_dir
 
 
@@ -96,3 +97,24 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
             return xdist_scope(nodeid)
 
     return ByFile(config, log)
+
+
+# One throwaway PostgreSQL per test process, shared by every test directory that asks for a store URL.
+@pytest.fixture(scope="session")
+def postgres() -> Iterator[pgtemp.TempPostgres]:
+    reason = pgtemp.why_unavailable()
+    if reason:
+        pytest.skip(f"PostgreSQL tests skipped: {reason}")
+    server = pgtemp.start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def db_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    if request.param == "sqlite":
+        return f"sqlite:///{tmp_path / 'store.sqlite'}"
+    server: pgtemp.TempPostgres = request.getfixturevalue("postgres")
+    return server.create_database()

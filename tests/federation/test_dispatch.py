@@ -94,8 +94,8 @@ class Rig:
 
 
 @pytest.fixture
-def rig(tmp_path: Path, hub_db_url: str) -> Iterator[Rig]:
-    yield from _rig(tmp_path, hub_db_url, FED)
+def rig(tmp_path: Path, db_url: str) -> Iterator[Rig]:
+    yield from _rig(tmp_path, db_url, FED)
 
 
 PRICED = """
@@ -110,16 +110,16 @@ tenants:
 
 
 @pytest.fixture
-def priced_rig(tmp_path: Path, hub_db_url: str, request: pytest.FixtureRequest) -> Iterator[Rig]:
-    yield from _rig(tmp_path, hub_db_url, PRICED % getattr(request, "param", 1.0))
+def priced_rig(tmp_path: Path, db_url: str, request: pytest.FixtureRequest) -> Iterator[Rig]:
+    yield from _rig(tmp_path, db_url, PRICED % getattr(request, "param", 1.0))
 
 
-def _rig(tmp_path: Path, hub_db_url: str, fed_yaml: str) -> Iterator[Rig]:
+def _rig(tmp_path: Path, db_url: str, fed_yaml: str) -> Iterator[Rig]:
     (tmp_path / "t").write_text("gp_x")
     (tmp_path / "t").chmod(0o600)
     (tmp_path / "fed.yaml").write_text(fed_yaml)
     config: FederationConfig = load_federation(tmp_path / "fed.yaml")
-    url = hub_db_url
+    url = db_url
     rt = Runtime(settings=Settings(data_dir=tmp_path, database_url=url), store=Store.open(url),
                  provider=NoNodes())
     create_tenant(rt, Principal(token_id="t", tenant=None), TenantCreate(name="alice"))

@@ -112,7 +112,7 @@ def test_interactive_work_stays_home_and_data_local_says_why(tmp_path: Path) -> 
     assert any("data-local runs work only where its data set 'imagenet' is held" in r for r in ranked.refused)
 
 
-def test_the_federation_wide_quota_is_checked_at_the_hub(tmp_path: Path, hub_db_url: str) -> None:
+def test_the_federation_wide_quota_is_checked_at_the_hub(tmp_path: Path, db_url: str) -> None:
     from gpupool.api.tenants import TenantCreate
     from gpupool.errors import QuotaExceeded
     from gpupool.federation.app import NoNodes
@@ -124,7 +124,7 @@ def test_the_federation_wide_quota_is_checked_at_the_hub(tmp_path: Path, hub_db_
     from gpupool.server.settings import Settings
 
     config = replace(_load(tmp_path, GOOD.replace("alice: {home: east}", "alice: {home: east, max_gpus: 3}")))
-    url = hub_db_url
+    url = db_url
     settings = Settings(data_dir=tmp_path, database_url=url)
     rt = Runtime(settings=settings, store=Store.open(url), provider=NoNodes())
     admin = Principal(token_id="t", tenant=None)

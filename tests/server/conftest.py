@@ -12,32 +12,11 @@ from fakes import ManualProvider
 from fastapi.testclient import TestClient
 
 from factories import node
-from gpupool.server import pgtemp
 from gpupool.server.app import create_app
 from gpupool.server.db import Store
 from gpupool.server.runtime import Runtime
 from gpupool.server.services.tenants import bootstrap
 from gpupool.server.settings import Settings
-
-
-@pytest.fixture(scope="session")
-def postgres() -> Iterator[pgtemp.TempPostgres]:
-    reason = pgtemp.why_unavailable()
-    if reason:
-        pytest.skip(f"PostgreSQL tests skipped: {reason}")
-    server = pgtemp.start()
-    try:
-        yield server
-    finally:
-        server.stop()
-
-
-@pytest.fixture(params=["sqlite", "postgresql"])
-def db_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
-    if request.param == "sqlite":
-        return f"sqlite:///{tmp_path / 'store.sqlite'}"
-    server: pgtemp.TempPostgres = request.getfixturevalue("postgres")
-    return server.create_database()
 
 
 @dataclass
