@@ -52,13 +52,7 @@ def stream_filter(rt: Runtime, who: Principal, tenant: str | None,
         raise InvalidInput(f"A stream follows at most {MAX_WORKLOADS} workloads by id, not {len(ids)}; "
                            "follow the tenant's whole stream instead (no ids).")
     with rt.store.read() as session:
-        if who.tenant is not None:
-            if tenant not in (None, who.tenant):
-                raise NotFound(f"No tenant {tenant!r} for this token: it streams only tenant "
-                               f"{who.tenant!r}'s events.", tenant=tenant)
-            tenant = who.tenant
-        elif tenant is not None and session.get(TenantRow, tenant) is None:
-            raise NotFound(f"No tenant {tenant!r}; list them with `gpupool tenant ls`.", tenant=tenant)
+        tenant = stream_tenant(session, who, tenant)
         if ids:
             found = dict(session.execute(select(WorkloadRow.id, WorkloadRow.tenant)
                                          .where(WorkloadRow.id.in_(ids))).all())
@@ -67,6 +61,19 @@ def stream_filter(rt: Runtime, who: Principal, tenant: str | None,
                     raise NotFound(f"No workload {workload_id!r}; list yours with `gpupool ls`.",
                                    workload=workload_id)
     return StreamFilter(tenant=tenant, workload_ids=ids)
+
+
+def stream_tenant(session: Session, who: Principal, tenant: str | None) -> str | None:
+    """The tenant a stream may show: a tenant token only its own (naming another is NotFound, as for
+    a listing); an admin's named tenant must exist (None: every tenant)."""
+    if who.tenant is not None:
+        if tenant not in (None, who.tenant):
+            raise NotFound(f"No tenant {tenant!r} for this token: it streams only tenant "
+                           f"{who.tenant!r}'s events.", tenant=tenant)
+        return who.tenant
+    if tenant is not None and session.get(TenantRow, tenant) is None:
+        raise NotFound(f"No tenant {tenant!r}; list them with `gpupool tenant ls`.", tenant=tenant)
+    return tenant
 
 
 class _Numbered(Protocol):

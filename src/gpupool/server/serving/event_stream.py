@@ -17,9 +17,9 @@ from sqlalchemy.orm import Session
 from gpupool.api.services import ServiceStreamEvent
 from gpupool.errors import InvalidInput, NotFound
 from gpupool.server.auth import Principal
-from gpupool.server.orm import ServiceEventRow, ServiceRow, TenantRow
+from gpupool.server.orm import ServiceEventRow, ServiceRow
 from gpupool.server.runtime import Runtime
-from gpupool.server.services.event_stream import MAX_WORKLOADS, PAGE, SCAN, Page
+from gpupool.server.services.event_stream import MAX_WORKLOADS, PAGE, SCAN, Page, stream_tenant
 
 MAX_SERVICES = MAX_WORKLOADS
 
@@ -41,13 +41,7 @@ def stream_filter(rt: Runtime, who: Principal, tenant: str | None, names: Sequen
         raise InvalidInput(f"A stream follows at most {MAX_SERVICES} services by name, not {len(wanted)}; "
                            "follow the tenant's whole stream instead (no names).")
     with rt.store.read() as session:
-        if who.tenant is not None:
-            if tenant not in (None, who.tenant):
-                raise NotFound(f"No tenant {tenant!r} for this token: it streams only tenant "
-                               f"{who.tenant!r}'s events.", tenant=tenant)
-            tenant = who.tenant
-        elif tenant is not None and session.get(TenantRow, tenant) is None:
-            raise NotFound(f"No tenant {tenant!r}; list them with `gpupool tenant ls`.", tenant=tenant)
+        tenant = stream_tenant(session, who, tenant)
         ids = []
         owner = tenant or "default"
         for name in wanted:
