@@ -12,6 +12,8 @@ from typing import Annotated
 
 import typer
 
+from gpupool.cli._common import reports_errors
+
 DataDirOption = Annotated[Path | None, typer.Option("--data-dir", help=(
     "The pool's data directory (default: the user data dir, as for `gpupool up`)."))]
 DatabaseUrlOption = Annotated[str, typer.Option("--database-url", help=(
@@ -39,6 +41,7 @@ def _store(data_dir: Path | None, database_url: str, database_url_file: Path | N
     return settings.data_dir, settings.resolved_database_url
 
 
+@reports_errors
 def backup(
     file: Annotated[Path, typer.Argument(help="The backup file to write (it must not exist yet).")],
     data_dir: DataDirOption = None,
@@ -55,17 +58,12 @@ def backup(
 
     Example: gpupool backup pool-2026-12-05.tar --passphrase-file ~/.pool-passphrase
     """
-    from gpupool.errors import GpupoolError
     from gpupool.server.backup import backup as run_backup
     from gpupool.server.backup import read_passphrase
 
-    try:
-        data, url = _store(data_dir, database_url, database_url_file)
-        passphrase = read_passphrase(passphrase_file) if passphrase_file is not None else None
-        summary = run_backup(data, url, file, passphrase=passphrase, progress=_progress)
-    except GpupoolError as exc:
-        print(f"Error: {exc.message}", file=sys.stderr)
-        raise typer.Exit(exc.exit_code) from None
+    data, url = _store(data_dir, database_url, database_url_file)
+    passphrase = read_passphrase(passphrase_file) if passphrase_file is not None else None
+    summary = run_backup(data, url, file, passphrase=passphrase, progress=_progress)
     for warning in summary.warnings:
         print(f"WARNING: {warning}", file=sys.stderr)
     keys = ", ".join(summary.sealed) + " (encrypted)" if summary.sealed else "no keys"
@@ -77,6 +75,7 @@ def backup(
     print(f"not in the backup: {NOT_INCLUDED}")
 
 
+@reports_errors
 def restore(
     file: Annotated[Path, typer.Argument(help="A file written by `gpupool backup`.")],
     data_dir: DataDirOption = None,
@@ -90,17 +89,12 @@ def restore(
 
     Example: gpupool restore pool-2026-12-05.tar --data-dir /srv/gpupool --passphrase-file KEYFILE
     """
-    from gpupool.errors import GpupoolError
     from gpupool.server.backup import read_passphrase
     from gpupool.server.backup import restore as run_restore
 
-    try:
-        data, url = _store(data_dir, database_url, database_url_file)
-        passphrase = read_passphrase(passphrase_file) if passphrase_file is not None else None
-        summary = run_restore(file, data, url, passphrase=passphrase, progress=_progress)
-    except GpupoolError as exc:
-        print(f"Error: {exc.message}", file=sys.stderr)
-        raise typer.Exit(exc.exit_code) from None
+    data, url = _store(data_dir, database_url, database_url_file)
+    passphrase = read_passphrase(passphrase_file) if passphrase_file is not None else None
+    summary = run_restore(file, data, url, passphrase=passphrase, progress=_progress)
     for warning in summary.warnings:
         print(f"WARNING: {warning}", file=sys.stderr)
     keys = ", ".join(summary.sealed) if summary.sealed else "no keys"
