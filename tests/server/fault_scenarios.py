@@ -352,9 +352,13 @@ def agent_killed_while_pods_run(workdir: Path, pods: int = 3) -> AgentKillOutcom
             ids = [api.post("/workloads", json=spec).json()["id"] for _ in range(pods)]
 
             def started() -> bool:
-                return all(STARTED_LINE in api.get(f"/workloads/{w}/logs").json()["text"] for w in ids)
+                # running, not only printing: the launch is recorded, so the kill below falls while
+                # the pods run (a kill between a pod's start and that record leaves no `launched`
+                # event to count, only the adoption)
+                return all(STARTED_LINE in api.get(f"/workloads/{w}/logs").json()["text"]
+                           and api.get(f"/workloads/{w}").json()["status"] == "running" for w in ids)
 
-            until(started, 60, "every pod started")
+            until(started, 60, "every pod started and recorded running")
         before = _leaders(mark)
         server.kill9()
         outcome.survived_kill = len(_leaders(mark) & before)
