@@ -9,7 +9,7 @@ JOBS ?= 2
 # tests/conftest.py keeps each file (and everything that starts Ray) on one worker.
 PYTEST_WORKERS ?= $(shell $(PYTHON) -c 'import os; print(len(os.sched_getaffinity(0)) + 1)')
 
-.PHONY: help run test lint typecheck pytest test-deps bench bench-openb clean
+.PHONY: help run test test-durations lint typecheck pytest test-deps bench bench-openb clean
 
 help:  ## List the targets
 	@grep -E '^[a-z-]+:.*##' $(MAKEFILE_LIST) | sed 's/:.*## /\t/'
@@ -37,7 +37,13 @@ typecheck: $(STAMP)  ## mypy
 pytest: $(STAMP)  ## The test suite in parallel, with the 25 slowest tests listed at the end
 	$(BIN)/pytest -q -n $(PYTEST_WORKERS) --dist loadfile --durations=25
 
-test: $(STAMP) test-deps lint typecheck pytest  ## Everything CI runs: deps, ruff, mypy, pytest
+test: $(STAMP)  ## Everything CI runs: deps, ruff and mypy side by side, then pytest
+	@$(MAKE) --no-print-directory -j3 -O test-deps lint typecheck
+	@$(MAKE) --no-print-directory pytest
+
+test-durations: $(STAMP)  ## Run the suite and record each file's seconds in tests/durations.json (the order workers take files in)
+	$(BIN)/pytest -q -n $(PYTEST_WORKERS) --junitxml=.pytest-junit.xml; \
+		status=$$?; $(BIN)/python scripts/test-durations.py .pytest-junit.xml && rm -f .pytest-junit.xml; exit $$status
 
 bench: $(STAMP)  ## The quick benchmarks (each prints a table and writes JSON under bench/results/)
 	$(BIN)/python bench/fill_speed.py

@@ -86,15 +86,53 @@ def xdist_scope(nodeid: str) -> str:
     return path
 
 
+DURATIONS = Path(__file__).parent / "durations.json"
+"""Seconds each scheduling unit took in a recent run (`make test-durations` rewrites it): only the
+order units are handed out in depends on it, never what runs."""
+UNKNOWN_TEST_S = 0.5
+"""What a test of a unit missing from DURATIONS is taken to cost (a new file)."""
+
+
+def longest_first(units: dict[str, dict[str, bool]], seconds: dict[str, float]) -> list[str]:
+    """The units in the order to hand them out: the longest first (LPT: with the longest last, one
+    worker runs it alone at the end while the others idle), ties by name so the order is stable."""
+    def expected(unit: str) -> float:
+        return seconds.get(unit, UNKNOWN_TEST_S * len(units[unit]))
+    return sorted(units, key=lambda unit: (-expected(unit), unit))
+
+
+def recorded_durations() -> dict[str, float]:
+    import json
+
+    try:
+        data = json.loads(DURATIONS.read_text())
+    except (OSError, ValueError):
+        return {}
+    return {str(k): float(v) for k, v in data.items()} if isinstance(data, dict) else {}
+
+
 @pytest.hookimpl(optionalhook=True)
 def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
     """Schedule by `xdist_scope` (pytest-xdist's own --dist loadgroup marks do not reach its
-    scheduler with pytest 9.2, and --dist loadfile would split the Ray tests over workers)."""
+    scheduler with pytest 9.2, and --dist loadfile would split the Ray tests over workers), the
+    longest units first by DURATIONS (xdist's own order, by number of tests, left a 30-second file
+    with three tests for the end)."""
     from xdist.scheduler import LoadScopeScheduling
 
     class ByFile(LoadScopeScheduling):
+        ordered = False
+
         def _split_scope(self, nodeid: str) -> str:
             return xdist_scope(nodeid)
+
+        def _assign_work_unit(self, node: Any) -> None:
+            if not self.ordered:  # once, when the whole collection is known
+                order = longest_first(self.workqueue, recorded_durations())
+                units = {unit: self.workqueue[unit] for unit in order}
+                self.workqueue.clear()
+                self.workqueue.update(units)
+                self.ordered = True
+            super()._assign_work_unit(node)
 
     return ByFile(config, log)
 
