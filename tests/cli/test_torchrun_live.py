@@ -92,7 +92,7 @@ def gp(pool: UpProcess, *args: str) -> subprocess.CompletedProcess[str]:
 def test_a_torchrun_gang_all_reduces_across_two_pods_of_two_processes(
         torch_python: tuple[str, dict[str, str]], pool: UpProcess) -> None:
     python, python_env = torch_python
-    submitted = gp(pool, "submit", "--replicas", "2", "--gpus", "2", "--cpu", "0.5", "--launcher", "torchrun",
+    submitted = gp(pool, "submit", "--replicas", "2", "--gpus", "2", "--cpu", "2", "--launcher", "torchrun",
                    *(f"--env={k}={v}" for k, v in python_env.items()), "--", python, "-c", ALL_REDUCE)
     assert submitted.returncode == 0, submitted.stderr
     wid = submitted.stdout.strip()
