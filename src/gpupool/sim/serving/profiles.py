@@ -9,7 +9,8 @@ device's rated power) are reduced to the median of their repetitions, then fitte
   medians at each measured T, extended linearly past both ends (the curve bends at 2-4k tokens,
   where a low-order polynomial misses by 15-40 %);
 - decode step: t_ms = a + b*B + c*B^2 + d*K, B the batch size, K the context tokens the step reads
-  (B x (prompt_size + token_size / 2)), d >= 0.
+  (B x (prompt_size + token_size / 2)), d >= 0; past the largest batch the fit kept, a + b*B + c*B^2
+  goes on along its tangent there, never falling (`StepProfile.decode_batch_max`).
 
 The decode fit is least squares on relative error (each row divided by its measured time).
 Outliers are listed and left out: a prefill point whose repetitions spread by more than
@@ -117,6 +118,10 @@ class StepProfile:
     peak_power: float
     """Median measured peak power as a fraction of rated (1.0 where the file records none)."""
     outliers: tuple[str, ...] = ()
+    decode_batch_max: int = 0
+    """The largest measured decode batch (0: no bound). Past it the decode fit is extended along its
+    tangent there, never falling: the quadratic term, fitted on batches of 1-64, bends the A100 curve
+    down past 64 (to 1 ms at 256) and the H100 one up (476 ms at 512)."""
 
     def prefill_s(self, tokens: float) -> float:
         ms = _interp(np.asarray(self.prefill_tokens), np.asarray(self.prefill_ms), tokens)
@@ -124,7 +129,13 @@ class StepProfile:
 
     def decode_s(self, batch: int, context_tokens: float) -> float:
         a, b, c, d = self.decode
-        return max(a + b * batch + c * batch * batch + d * context_tokens, 1.0) / 1000.0
+        top = self.decode_batch_max
+        if 0 < top < batch:
+            at_top = a + b * top + c * top * top
+            ms = at_top + max(b + 2 * c * top, 0.0) * (batch - top) + d * context_tokens
+        else:
+            ms = a + b * batch + c * batch * batch + d * context_tokens
+        return max(ms, 1.0) / 1000.0
 
     @property
     def power_w(self) -> float:
@@ -316,6 +327,7 @@ def fit_profile(points: Sequence[PerfPoint], model: str, hardware: str, tp: int)
         (float(dcoef[0]), float(dcoef[1]), float(dcoef[2]), float(dcoef[3])),
         float(np.median(powers)) if powers else 1.0,
         outliers,
+        int(dd[~dbad, 1].max()) if (~dbad).any() else 0,
     )
 
 
