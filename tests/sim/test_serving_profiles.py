@@ -103,3 +103,27 @@ def test_a_fitted_profile_knows_its_largest_measured_batch(tmp_path: Path) -> No
     assert prof.decode_s(64, 64 * 600) * 1000 == pytest.approx(decode_ms(64, 64 * 600), rel=1e-6)
     slope = 0.2 + 2 * 0.002 * 64
     assert prof.decode_s(128, 0.0) * 1000 == pytest.approx(decode_ms(64, 0.0) + slope * 64, rel=1e-6)
+
+
+def test_splitwise_lookup_reads_a_decode_batch_as_batch_tokens_and_ignores_the_batch_sweep(tmp_path: Path) -> None:
+    from gpupool.providers.nodespec import nodes_from_spec
+    from gpupool.sim.serving.run import Mode, ServeOptions, plan_instances
+
+    book = ProfileBook.from_csv(write_profile(tmp_path / "perf.csv"))
+    key = ("llama2-70b", "h100-80gb", 8)
+    nodes = nodes_from_spec("2x8xH100")
+    _, fitted = plan_instances(nodes, book, ServeOptions(mode=Mode.SPLIT_HH))
+    _, looked = plan_instances(nodes, book, ServeOptions(mode=Mode.SPLIT_HH, decode_model="splitwise"))
+    assert fitted[0].decode_by_tokens is None
+    # 512 requests are 512 batch tokens: the median token time of the points of 512 tokens (batch 1,
+    # prompt 512, outputs of 128-4,096 tokens), one request's step, not a batch of 512's
+    one = sorted(decode_ms(1, 512 + t / 2) for t in (128, 256, 1024, 4096))
+    assert looked[1].decode_s(512, 10**6) * 1000 == pytest.approx((one[1] + one[2]) / 2)
+    assert fitted[1].decode_s(512, 512 * 600) > 3 * looked[1].decode_s(512, 512 * 600)
+    # below the smallest batch-token point (128 tokens) the line through 128 and 256 goes on
+    low = book.points[key]
+    at = {p.prompt_size: p.token_ms for p in low if p.batch_size == 1 and p.token_size == 128}
+    slope = (at[256] - at[128]) / 128
+    assert looked[1].decode_s(64, 0) * 1000 == pytest.approx(at[128] - 64 * slope)
+    with pytest.raises(InvalidInput, match="use fit or splitwise"):
+        plan_instances(nodes, book, ServeOptions(mode=Mode.SPLIT_HH, decode_model="flat"))

@@ -123,11 +123,18 @@ class StepProfile:
     tangent there, never falling: the quadratic term, fitted on batches of 1-64, bends the A100 curve
     down past 64 (to 1 ms at 256) and the H100 one up (476 ms at 512)."""
 
+    decode_by_tokens: tuple[tuple[float, ...], tuple[float, ...]] | None = None
+    """Splitwise's simulator's decode lookup instead of the fit (`splitwise_decode_lookup`): a
+    decode step of B requests takes the measured token time at B batch tokens, whatever the context."""
+
     def prefill_s(self, tokens: float) -> float:
         ms = _interp(np.asarray(self.prefill_tokens), np.asarray(self.prefill_ms), tokens)
         return max(ms, 1.0) / 1000.0
 
     def decode_s(self, batch: int, context_tokens: float) -> float:
+        if self.decode_by_tokens is not None:
+            xs, ys = self.decode_by_tokens
+            return max(_interp(np.asarray(xs), np.asarray(ys), batch), 1.0) / 1000.0
         a, b, c, d = self.decode
         top = self.decode_batch_max
         if 0 < top < batch:
@@ -140,6 +147,19 @@ class StepProfile:
     @property
     def power_w(self) -> float:
         return self.tp * RATED_POWER_W.get(self.hardware, 700.0) * self.peak_power
+
+
+def splitwise_decode_lookup(points: Iterable[PerfPoint]) -> tuple[tuple[float, ...], tuple[float, ...]]:
+    """Splitwise's simulator's decode curve: the median token time of the points at each batch token
+    count (prompt size x batch size), piecewise linear, extended past both ends. It reads a decode
+    batch of B requests as B batch tokens, so it meets the prompt sweep's points (batch 1, 128-8,192
+    tokens: one request's step at that context) and not the batch sweep's (512 x B): on Llama-2-70B
+    H100 x8 a step of 512 requests costs 30 ms, as much as one request's."""
+    by: dict[int, list[float]] = defaultdict(list)
+    for p in points:
+        by[p.prompt_size * p.batch_size].append(p.token_ms)
+    xs = sorted(by)
+    return tuple(float(x) for x in xs), tuple(float(np.median(by[x])) for x in xs)
 
 
 def read_perf_csv(path: Path) -> dict[tuple[str, str, int], list[PerfPoint]]:
