@@ -96,34 +96,34 @@ def max_rate(
     return lo, best
 
 
-# iso-cost at Splitwise's prices (`--prices splitwise`): 8 DGX-H100 ($160/h) against 17 DGX-A100
-# ($158/h); split-ha mixes of $155-158/h
-SPLITWISE_DESIGNS: list[tuple[str, str, Mode, list[float]]] = [
-    ("co-located A100", "17x8xA100", Mode.COLOCATED, [0.5]),
-    ("split HA", "6x8xH100,4x8xA100", Mode.SPLIT_HA, [0.5]),
-    ("split HA", "5x8xH100,6x8xA100", Mode.SPLIT_HA, [0.5]),
-    ("split HA", "4x8xH100,8x8xA100", Mode.SPLIT_HA, [0.5]),
-]
-DESIGNS: list[tuple[str, str, Mode, list[float]]] = [
-    ("co-located H100", "8x8xH100", Mode.COLOCATED, [0.5]),
-    ("co-located A100", "11x8xA100", Mode.COLOCATED, [0.5]),
-    ("split HH", "8x8xH100", Mode.SPLIT_HH, [0.25, 0.375, 0.5, 0.625, 0.75, 0.875]),
-    ("split HHcap", "8x8xH100", Mode.SPLIT_HHCAP, [0.25, 0.375, 0.5, 0.625, 0.75, 0.875]),
-    ("split HA", "5x8xH100,4x8xA100", Mode.SPLIT_HA, [0.5]),
-    ("split HA", "4x8xH100,5x8xA100", Mode.SPLIT_HA, [0.5]),
-    ("split HA", "3x8xH100,7x8xA100", Mode.SPLIT_HA, [0.5]),
-    ("split HA", "6x8xH100,2x8xA100", Mode.SPLIT_HA, [0.5]),
-]
+H100_TO_A100_COST = 4.76 / 2.21
+"""Splitwise's cost ratio of a DGX-H100 to a DGX-A100 (its iso-cost sizing: 40 DGX-H100 = 86 DGX-A100)."""
+SPLIT_SHARES = [0.25, 0.375, 0.5, 0.625, 0.75, 0.875]
+
+
+def designs(machines: int, prices: str) -> list[tuple[str, str, Mode, list[float]]]:
+    """The designs at the cost of `machines` DGX-H100: co-located H100 and A100, split HH/HHcap on the
+    same machines (prefill shares swept), split HA with h H100 and the A100s the rest of the money buys
+    (Splitwise's sizing, `int(4.76 x (N - h) / 2.21)` at its prices; the price book's ratio otherwise)."""
+    ratio = H100_TO_A100_COST if prices == "splitwise" else PRICES["H100-SXM-80GB"] / PRICES["A100-80GB"]
+    n = machines
+    out: list[tuple[str, str, Mode, list[float]]] = [
+        ("co-located H100", f"{n}x8xH100", Mode.COLOCATED, [0.5]),
+        ("co-located A100", f"{int(n * ratio)}x8xA100", Mode.COLOCATED, [0.5]),
+        ("split HH", f"{n}x8xH100", Mode.SPLIT_HH, SPLIT_SHARES),
+        ("split HHcap", f"{n}x8xH100", Mode.SPLIT_HHCAP, SPLIT_SHARES),
+    ]
+    for share in (0.5, 0.625, 0.75):
+        h = max(1, round(n * share))
+        out.append(("split HA", f"{h}x8xH100,{int(ratio * (n - h))}x8xA100", Mode.SPLIT_HA, [0.5]))
+    return out
 
 
 def reproduce(args: argparse.Namespace) -> dict[str, Any]:
     book = _book()
     rows = []
     for kind in args.traces.split(","):
-        designs = DESIGNS
-        if args.prices == "splitwise":  # the A100 designs resized to the same cost at Splitwise's prices
-            designs = [d for d in DESIGNS if "A100" not in d[1]] + SPLITWISE_DESIGNS
-        for name, cluster, mode, shares in designs:
+        for name, cluster, mode, shares in designs(args.machines, args.prices):
             wanted = args.designs.split(",") if args.designs else []
             if wanted and not any(name == d or name.startswith(d + " ") for d in wanted):
                 continue
@@ -137,9 +137,13 @@ def reproduce(args: argparse.Namespace) -> dict[str, Any]:
                     slo_reference=args.slo_reference,
                     mixed_pool=args.mixed_pool,
                     max_batch=args.max_batch,
+                    decode_model=args.decode_model,
                 )
                 prices = SPLITWISE_PRICES if args.prices == "splitwise" else PRICES
-                scale, result = max_rate(book, kind, cluster, opt, args.seed, args.limit_s, prices=prices)
+                hi = 16.0 * args.machines / 8  # the trace's rate x 16 saturates 8 machines
+                scale, result = max_rate(
+                    book, kind, cluster, opt, args.seed, args.limit_s, hi=hi, steps=args.steps, prices=prices
+                )
                 rows.append(
                     {
                         "trace": kind,
@@ -312,6 +316,19 @@ def main() -> int:
         "--max-batch", type=int, default=64, help="decodes an iteration (64: the largest measured)"
     )
     rep.add_argument("--traces", default="code,conv", help="which of code,conv")
+    rep.add_argument(
+        "--machines",
+        type=int,
+        default=40,
+        help="DGX-H100 machines the cost is set by (Splitwise: 40, against 86 DGX-A100 at its prices)",
+    )
+    rep.add_argument("--steps", type=int, default=9, help="bisection steps of the highest rate")
+    rep.add_argument(
+        "--decode-model",
+        default="fit",
+        choices=["fit", "splitwise"],
+        help="decode step times: the fit of the measured batch sweep, or Splitwise's simulator's lookup",
+    )
     rep.add_argument(
         "--shares", default="", help="prefill shares of split-hh/hhcap to sweep (a,b); all when empty"
     )
