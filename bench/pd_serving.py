@@ -7,7 +7,9 @@ Three parts, each printing a table and writing its JSON under bench/results/:
   machines of 8 GPUs, tensor parallelism 8, the code and conversation traces): the highest
   request rate (trace rate x scale, found by bisection) at which all nine SLOs hold, for
   co-located H100 and A100 clusters and the split designs (HH, HHcap on the same machines; HA at
-  the same cost under the price book), and the ratio of each to co-located H100. No fabric:
+  the same cost), and the ratio of each to co-located H100. Splitwise's scale by default: the cost
+  of 40 DGX-H100 (`--machines`), instances of up to 512 requests an iteration; `--decode-model
+  splitwise` takes its simulator's decode lookup instead of the measured batch sweep. No fabric:
   every machine's KV cache leaves at 400 Gb/s.
 - `fabric`: a 3-level fat tree, 2:1 oversubscribed at the leaves, training gangs beside the
   service, Poisson arrivals; fabric-blind (best-fit placement, JSQ routing) against fabric-aware
@@ -18,6 +20,7 @@ Three parts, each printing a table and writing its JSON under bench/results/:
 
     python bench/pd_serving.py reproduce
     python bench/pd_serving.py reproduce --prices splitwise --traces conv  # Splitwise's prices, mixed pool
+    python bench/pd_serving.py reproduce --prices splitwise --decode-model splitwise  # and its decode lookup
     python bench/pd_serving.py fabric --rails 8 --model bloom-176b  # 8 HCAs a host, a larger KV cache
     python bench/pd_serving.py fabric --seeds 1,2,3,4,5 --rate-scale 6
     python bench/pd_serving.py speed
@@ -234,12 +237,14 @@ def fabric(args: argparse.Namespace) -> dict[str, Any]:
             )
             result = run_serving(nodes, tree, requests, book, opt, PRICES)
             runs[side].append(result)
-            lat = result["latency"]
+            lat, kv = result["latency"], result["kv_wait"]
             print(
                 f"seed {seed} {side:13} TTFT p99 {lat['ttft']['p99_s']:.3f} s"
                 f"  TBT p99 {lat['tbt']['p99_s']:.4f} s"
                 f"  spine {result['kv_cross_spine_bytes'] / 1e9:8.1f} GB"
                 f"  leaf {result['kv_cross_leaf_bytes'] / 1e9:8.1f} GB"
+                f"  KV wait p50/p99 {kv['p50_s'] * 1e3:.1f}/{kv['p99_s'] * 1e3:.1f} ms"
+                f"  (tail {kv['ttft_tail_kv_s'] * 1e3:.1f} ms of {kv['ttft_tail_s']:.3f} s)"
                 f"  SLO {'met' if lat['slo_met'] else 'missed'}  train x{result['training_slowdown']:.3f}"
                 f"  ({result['sim_wall_s']:.1f} s)",
                 flush=True,
@@ -251,6 +256,10 @@ def fabric(args: argparse.Namespace) -> dict[str, Any]:
         "tbt_p99_s": lambda r: r["latency"]["tbt"]["p99_s"],
         "e2e_p99_s": lambda r: r["latency"]["e2e"]["p99_s"],
         "uplink_util_max": lambda r: r["links"]["uplink_util_max"],
+        "kv_wait_p50_ms": lambda r: r["kv_wait"]["p50_s"] * 1e3,
+        "kv_wait_p99_ms": lambda r: r["kv_wait"]["p99_s"] * 1e3,
+        "ttft_tail_s": lambda r: r["kv_wait"]["ttft_tail_s"],
+        "ttft_tail_kv_ms": lambda r: r["kv_wait"]["ttft_tail_kv_s"] * 1e3,
         "training_slowdown": lambda r: r["training_slowdown"],
     }
     summary: dict[str, Any] = {}
@@ -313,7 +322,10 @@ def main() -> int:
         help="split designs borrow decode machines for prompts under long queues (Splitwise's mixed pool)",
     )
     rep.add_argument(
-        "--max-batch", type=int, default=64, help="decodes an iteration (64: the largest measured)"
+        "--max-batch",
+        type=int,
+        default=512,
+        help="requests an iteration (Splitwise's instances: 512; the largest measured batch is 64)",
     )
     rep.add_argument("--traces", default="code,conv", help="which of code,conv")
     rep.add_argument(
