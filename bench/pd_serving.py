@@ -143,9 +143,11 @@ def reproduce(args: argparse.Namespace) -> dict[str, Any]:
                     decode_model=args.decode_model,
                 )
                 prices = SPLITWISE_PRICES if args.prices == "splitwise" else PRICES
-                hi = 16.0 * args.machines / 8  # the trace's rate x 16 saturates 8 machines
+                lo, hi = 0.05, 16.0 * args.machines / 8  # the trace's rate x 16 saturates 8 machines
+                if args.bracket:
+                    lo, hi = (float(x) for x in args.bracket.split(","))
                 scale, result = max_rate(
-                    book, kind, cluster, opt, args.seed, args.limit_s, hi=hi, steps=args.steps, prices=prices
+                    book, kind, cluster, opt, args.seed, args.limit_s, lo, hi, args.steps, prices
                 )
                 rows.append(
                     {
@@ -335,6 +337,7 @@ def main() -> int:
         help="DGX-H100 machines the cost is set by (Splitwise: 40, against 86 DGX-A100 at its prices)",
     )
     rep.add_argument("--steps", type=int, default=9, help="bisection steps of the highest rate")
+    rep.add_argument("--bracket", default="", help="LO,HI: the rate scales the bisection starts between")
     rep.add_argument(
         "--decode-model",
         default="fit",
