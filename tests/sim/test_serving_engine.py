@@ -148,7 +148,8 @@ def test_mixed_pool_runs_a_prompt_on_a_decode_instance_when_the_prefill_queue_is
 def test_the_kv_wait_is_the_transfer_after_the_prefill_and_nothing_where_nothing_moved() -> None:
     split = _run([_inst(0, "prefill", 0), _inst(1, "decode", 1)], [Request(0.0, 500, 3)]).outcome  # type: ignore[attr-defined]
     assert split.kv_wait[0] == pytest.approx(0.01)  # 500 MB at 400 Gb/s
-    overlap = _run([_inst(0, "prefill", 0), _inst(1, "decode", 1)], [Request(0.0, 500, 3)], overlap=True).outcome  # type: ignore[attr-defined]
+    pair = [_inst(0, "prefill", 0), _inst(1, "decode", 1)]
+    overlap = _run(pair, [Request(0.0, 500, 3)], overlap=True).outcome  # type: ignore[attr-defined]
     assert overlap.kv_wait[0] == pytest.approx(0.01 / 80)  # only the last layer is left after the prefill
     local = _run([_inst(0, "both", 0)], [Request(0.0, 500, 3)]).outcome  # type: ignore[attr-defined]
     assert math.isnan(local.kv_wait[0])

@@ -105,7 +105,7 @@ def test_a_fitted_profile_knows_its_largest_measured_batch(tmp_path: Path) -> No
     assert prof.decode_s(128, 0.0) * 1000 == pytest.approx(decode_ms(64, 0.0) + slope * 64, rel=1e-6)
 
 
-def test_splitwise_lookup_reads_a_decode_batch_as_batch_tokens_and_ignores_the_batch_sweep(tmp_path: Path) -> None:
+def test_splitwise_lookup_reads_a_decode_batch_as_batch_tokens_not_the_batch_sweep(tmp_path: Path) -> None:
     from gpupool.providers.nodespec import nodes_from_spec
     from gpupool.sim.serving.run import Mode, ServeOptions, plan_instances
 
