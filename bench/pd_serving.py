@@ -7,7 +7,9 @@ Three parts, each printing a table and writing its JSON under bench/results/:
   machines of 8 GPUs, tensor parallelism 8, the code and conversation traces): the highest
   request rate (trace rate x scale, found by bisection) at which all nine SLOs hold, for
   co-located H100 and A100 clusters and the split designs (HH, HHcap on the same machines; HA at
-  the same cost under the price book), and the ratio of each to co-located H100. No fabric:
+  the same cost), and the ratio of each to co-located H100. Splitwise's scale by default: the cost
+  of 40 DGX-H100 (`--machines`), instances of up to 512 requests an iteration; `--decode-model
+  splitwise` takes its simulator's decode lookup instead of the measured batch sweep. No fabric:
   every machine's KV cache leaves at 400 Gb/s.
 - `fabric`: a 3-level fat tree, 2:1 oversubscribed at the leaves, training gangs beside the
   service, Poisson arrivals; fabric-blind (best-fit placement, JSQ routing) against fabric-aware
@@ -18,6 +20,7 @@ Three parts, each printing a table and writing its JSON under bench/results/:
 
     python bench/pd_serving.py reproduce
     python bench/pd_serving.py reproduce --prices splitwise --traces conv  # Splitwise's prices, mixed pool
+    python bench/pd_serving.py reproduce --prices splitwise --decode-model splitwise  # and its decode lookup
     python bench/pd_serving.py fabric --rails 8 --model bloom-176b  # 8 HCAs a host, a larger KV cache
     python bench/pd_serving.py fabric --seeds 1,2,3,4,5 --rate-scale 6
     python bench/pd_serving.py speed
@@ -96,34 +99,34 @@ def max_rate(
     return lo, best
 
 
-# iso-cost at Splitwise's prices (`--prices splitwise`): 8 DGX-H100 ($160/h) against 17 DGX-A100
-# ($158/h); split-ha mixes of $155-158/h
-SPLITWISE_DESIGNS: list[tuple[str, str, Mode, list[float]]] = [
-    ("co-located A100", "17x8xA100", Mode.COLOCATED, [0.5]),
-    ("split HA", "6x8xH100,4x8xA100", Mode.SPLIT_HA, [0.5]),
-    ("split HA", "5x8xH100,6x8xA100", Mode.SPLIT_HA, [0.5]),
-    ("split HA", "4x8xH100,8x8xA100", Mode.SPLIT_HA, [0.5]),
-]
-DESIGNS: list[tuple[str, str, Mode, list[float]]] = [
-    ("co-located H100", "8x8xH100", Mode.COLOCATED, [0.5]),
-    ("co-located A100", "11x8xA100", Mode.COLOCATED, [0.5]),
-    ("split HH", "8x8xH100", Mode.SPLIT_HH, [0.25, 0.375, 0.5, 0.625, 0.75, 0.875]),
-    ("split HHcap", "8x8xH100", Mode.SPLIT_HHCAP, [0.25, 0.375, 0.5, 0.625, 0.75, 0.875]),
-    ("split HA", "5x8xH100,4x8xA100", Mode.SPLIT_HA, [0.5]),
-    ("split HA", "4x8xH100,5x8xA100", Mode.SPLIT_HA, [0.5]),
-    ("split HA", "3x8xH100,7x8xA100", Mode.SPLIT_HA, [0.5]),
-    ("split HA", "6x8xH100,2x8xA100", Mode.SPLIT_HA, [0.5]),
-]
+H100_TO_A100_COST = 4.76 / 2.21
+"""Splitwise's cost ratio of a DGX-H100 to a DGX-A100 (its iso-cost sizing: 40 DGX-H100 = 86 DGX-A100)."""
+SPLIT_SHARES = [0.25, 0.375, 0.5, 0.625, 0.75, 0.875]
+
+
+def designs(machines: int, prices: str) -> list[tuple[str, str, Mode, list[float]]]:
+    """The designs at the cost of `machines` DGX-H100: co-located H100 and A100, split HH/HHcap on the
+    same machines (prefill shares swept), split HA with h H100 and the A100s the rest of the money buys
+    (Splitwise's sizing, `int(4.76 x (N - h) / 2.21)` at its prices; the price book's ratio otherwise)."""
+    ratio = H100_TO_A100_COST if prices == "splitwise" else PRICES["H100-SXM-80GB"] / PRICES["A100-80GB"]
+    n = machines
+    out: list[tuple[str, str, Mode, list[float]]] = [
+        ("co-located H100", f"{n}x8xH100", Mode.COLOCATED, [0.5]),
+        ("co-located A100", f"{int(n * ratio)}x8xA100", Mode.COLOCATED, [0.5]),
+        ("split HH", f"{n}x8xH100", Mode.SPLIT_HH, SPLIT_SHARES),
+        ("split HHcap", f"{n}x8xH100", Mode.SPLIT_HHCAP, SPLIT_SHARES),
+    ]
+    for share in (0.5, 0.625, 0.75):
+        h = max(1, round(n * share))
+        out.append(("split HA", f"{h}x8xH100,{int(ratio * (n - h))}x8xA100", Mode.SPLIT_HA, [0.5]))
+    return out
 
 
 def reproduce(args: argparse.Namespace) -> dict[str, Any]:
     book = _book()
     rows = []
     for kind in args.traces.split(","):
-        designs = DESIGNS
-        if args.prices == "splitwise":  # the A100 designs resized to the same cost at Splitwise's prices
-            designs = [d for d in DESIGNS if "A100" not in d[1]] + SPLITWISE_DESIGNS
-        for name, cluster, mode, shares in designs:
+        for name, cluster, mode, shares in designs(args.machines, args.prices):
             wanted = args.designs.split(",") if args.designs else []
             if wanted and not any(name == d or name.startswith(d + " ") for d in wanted):
                 continue
@@ -137,9 +140,15 @@ def reproduce(args: argparse.Namespace) -> dict[str, Any]:
                     slo_reference=args.slo_reference,
                     mixed_pool=args.mixed_pool,
                     max_batch=args.max_batch,
+                    decode_model=args.decode_model,
                 )
                 prices = SPLITWISE_PRICES if args.prices == "splitwise" else PRICES
-                scale, result = max_rate(book, kind, cluster, opt, args.seed, args.limit_s, prices=prices)
+                lo, hi = 0.05, 16.0 * args.machines / 8  # the trace's rate x 16 saturates 8 machines
+                if args.bracket:
+                    lo, hi = (float(x) for x in args.bracket.split(","))
+                scale, result = max_rate(
+                    book, kind, cluster, opt, args.seed, args.limit_s, lo, hi, args.steps, prices
+                )
                 rows.append(
                     {
                         "trace": kind,
@@ -230,12 +239,14 @@ def fabric(args: argparse.Namespace) -> dict[str, Any]:
             )
             result = run_serving(nodes, tree, requests, book, opt, PRICES)
             runs[side].append(result)
-            lat = result["latency"]
+            lat, kv = result["latency"], result["kv_wait"]
             print(
                 f"seed {seed} {side:13} TTFT p99 {lat['ttft']['p99_s']:.3f} s"
                 f"  TBT p99 {lat['tbt']['p99_s']:.4f} s"
                 f"  spine {result['kv_cross_spine_bytes'] / 1e9:8.1f} GB"
                 f"  leaf {result['kv_cross_leaf_bytes'] / 1e9:8.1f} GB"
+                f"  KV wait p50/p99 {kv['p50_s'] * 1e3:.1f}/{kv['p99_s'] * 1e3:.1f} ms"
+                f"  (tail {kv['ttft_tail_kv_s'] * 1e3:.1f} ms of {kv['ttft_tail_s']:.3f} s)"
                 f"  SLO {'met' if lat['slo_met'] else 'missed'}  train x{result['training_slowdown']:.3f}"
                 f"  ({result['sim_wall_s']:.1f} s)",
                 flush=True,
@@ -247,6 +258,10 @@ def fabric(args: argparse.Namespace) -> dict[str, Any]:
         "tbt_p99_s": lambda r: r["latency"]["tbt"]["p99_s"],
         "e2e_p99_s": lambda r: r["latency"]["e2e"]["p99_s"],
         "uplink_util_max": lambda r: r["links"]["uplink_util_max"],
+        "kv_wait_p50_ms": lambda r: r["kv_wait"]["p50_s"] * 1e3,
+        "kv_wait_p99_ms": lambda r: r["kv_wait"]["p99_s"] * 1e3,
+        "ttft_tail_s": lambda r: r["kv_wait"]["ttft_tail_s"],
+        "ttft_tail_kv_ms": lambda r: r["kv_wait"]["ttft_tail_kv_s"] * 1e3,
         "training_slowdown": lambda r: r["training_slowdown"],
     }
     summary: dict[str, Any] = {}
@@ -309,9 +324,26 @@ def main() -> int:
         help="split designs borrow decode machines for prompts under long queues (Splitwise's mixed pool)",
     )
     rep.add_argument(
-        "--max-batch", type=int, default=64, help="decodes an iteration (64: the largest measured)"
+        "--max-batch",
+        type=int,
+        default=512,
+        help="requests an iteration (Splitwise's instances: 512; the largest measured batch is 64)",
     )
     rep.add_argument("--traces", default="code,conv", help="which of code,conv")
+    rep.add_argument(
+        "--machines",
+        type=int,
+        default=40,
+        help="DGX-H100 machines the cost is set by (Splitwise: 40, against 86 DGX-A100 at its prices)",
+    )
+    rep.add_argument("--steps", type=int, default=9, help="bisection steps of the highest rate")
+    rep.add_argument("--bracket", default="", help="LO,HI: the rate scales the bisection starts between")
+    rep.add_argument(
+        "--decode-model",
+        default="fit",
+        choices=["fit", "splitwise"],
+        help="decode step times: the fit of the measured batch sweep, or Splitwise's simulator's lookup",
+    )
     rep.add_argument(
         "--shares", default="", help="prefill shares of split-hh/hhcap to sweep (a,b); all when empty"
     )

@@ -143,3 +143,29 @@ def test_mixed_pool_runs_a_prompt_on_a_decode_instance_when_the_prefill_queue_is
         mixed_pool=True,
     )
     assert short.borrowed == 0
+
+
+def test_the_kv_wait_is_the_transfer_after_the_prefill_and_nothing_where_nothing_moved() -> None:
+    split = _run([_inst(0, "prefill", 0), _inst(1, "decode", 1)], [Request(0.0, 500, 3)]).outcome  # type: ignore[attr-defined]
+    assert split.kv_wait[0] == pytest.approx(0.01)  # 500 MB at 400 Gb/s
+    pair = [_inst(0, "prefill", 0), _inst(1, "decode", 1)]
+    overlap = _run(pair, [Request(0.0, 500, 3)], overlap=True).outcome  # type: ignore[attr-defined]
+    assert overlap.kv_wait[0] == pytest.approx(0.01 / 80)  # only the last layer is left after the prefill
+    local = _run([_inst(0, "both", 0)], [Request(0.0, 500, 3)]).outcome  # type: ignore[attr-defined]
+    assert math.isnan(local.kv_wait[0])
+
+
+def test_the_ttft_tail_says_how_much_of_it_is_the_kv_transfer() -> None:
+    import numpy as np
+
+    from gpupool.sim.serving.engine import Outcome
+    from gpupool.sim.serving.run import _kv_wait
+
+    ttft = np.arange(1, 201, dtype=float) / 100  # 0.01 .. 2.00 s; the slowest 1 %: 1.99 and 2.00 s
+    wait = np.full(200, 0.001)
+    wait[-1], wait[-2], wait[0] = 0.5, math.nan, math.nan  # the slowest moved 0.5 s; one was local
+    out = Outcome(ttft, ttft, ttft, 3.0, (1.0,), wait)
+    got = _kv_wait(out)
+    assert got["ttft_tail_s"] == pytest.approx((1.99 + 2.00) / 2)
+    assert got["ttft_tail_kv_s"] == pytest.approx(0.5 / 2)  # the local one counts as no wait
+    assert got["p50_s"] == pytest.approx(0.001)

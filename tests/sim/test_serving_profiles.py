@@ -76,3 +76,54 @@ def test_a_collapsed_last_point_goes_alone_not_with_its_neighbour() -> None:
     ys = np.array([prefill_ms(x) for x in xs])
     ys[-1] = ys[-2] / 8
     assert _prefill_outliers(xs, ys, np.zeros(len(xs))).tolist() == [False] * 6 + [True]
+
+
+def test_past_the_largest_measured_batch_the_decode_step_follows_its_tangent_and_never_falls() -> None:
+    from gpupool.sim.serving.profiles import StepProfile
+
+    # a quadratic that bends down (as the A100 fit does: c < 0), measured up to batch 32
+    prof = StepProfile("m", "a100-80gb", 8, (0.0, 1000.0), (0.0, 100.0), (44.0, 0.24, -0.0043, 0.0), 1.0,
+                       decode_batch_max=32)
+    at32 = prof.decode_s(32, 0.0)
+    assert at32 * 1000 == pytest.approx(44.0 + 0.24 * 32 - 0.0043 * 32 * 32)
+    # the tangent at 32 falls (0.24 - 2 x 0.0043 x 32 < 0): held flat, never down to the 1 ms floor
+    assert prof.decode_s(256, 0.0) == pytest.approx(at32)
+    rising = StepProfile("m", "h100-80gb", 8, (0.0, 1000.0), (0.0, 100.0), (30.0, 0.15, 0.001, 0.0), 1.0,
+                         decode_batch_max=64)
+    slope = 0.15 + 2 * 0.001 * 64
+    assert rising.decode_s(512, 0.0) * 1000 == pytest.approx(30.0 + 0.15 * 64 + 0.001 * 64**2 + slope * 448)
+    assert rising.decode_s(512, 0.0) < (30.0 + 0.15 * 512 + 0.001 * 512**2) / 1000  # not the quadratic
+
+
+def test_a_fitted_profile_knows_its_largest_measured_batch(tmp_path: Path) -> None:
+    book = ProfileBook.from_csv(write_profile(tmp_path / "perf.csv"))
+    prof = book.get("llama2-70b", "h100-80gb", 8)
+    assert prof.decode_batch_max == 64
+    # inside the measured range the fit is the generator's own
+    assert prof.decode_s(64, 64 * 600) * 1000 == pytest.approx(decode_ms(64, 64 * 600), rel=1e-6)
+    slope = 0.2 + 2 * 0.002 * 64
+    assert prof.decode_s(128, 0.0) * 1000 == pytest.approx(decode_ms(64, 0.0) + slope * 64, rel=1e-6)
+
+
+def test_splitwise_lookup_reads_a_decode_batch_as_batch_tokens_not_the_batch_sweep(tmp_path: Path) -> None:
+    from gpupool.providers.nodespec import nodes_from_spec
+    from gpupool.sim.serving.run import Mode, ServeOptions, plan_instances
+
+    book = ProfileBook.from_csv(write_profile(tmp_path / "perf.csv"))
+    key = ("llama2-70b", "h100-80gb", 8)
+    nodes = nodes_from_spec("2x8xH100")
+    _, fitted = plan_instances(nodes, book, ServeOptions(mode=Mode.SPLIT_HH))
+    _, looked = plan_instances(nodes, book, ServeOptions(mode=Mode.SPLIT_HH, decode_model="splitwise"))
+    assert fitted[0].decode_by_tokens is None
+    # 512 requests are 512 batch tokens: the median token time of the points of 512 tokens (batch 1,
+    # prompt 512, outputs of 128-4,096 tokens), one request's step, not a batch of 512's
+    one = sorted(decode_ms(1, 512 + t / 2) for t in (128, 256, 1024, 4096))
+    assert looked[1].decode_s(512, 10**6) * 1000 == pytest.approx((one[1] + one[2]) / 2)
+    assert fitted[1].decode_s(512, 512 * 600) > 3 * looked[1].decode_s(512, 512 * 600)
+    # below the smallest batch-token point (128 tokens) the line through 128 and 256 goes on
+    low = book.points[key]
+    at = {p.prompt_size: p.token_ms for p in low if p.batch_size == 1 and p.token_size == 128}
+    slope = (at[256] - at[128]) / 128
+    assert looked[1].decode_s(64, 0) * 1000 == pytest.approx(at[128] - 64 * slope)
+    with pytest.raises(InvalidInput, match="use fit or splitwise"):
+        plan_instances(nodes, book, ServeOptions(mode=Mode.SPLIT_HH, decode_model="flat"))

@@ -111,6 +111,9 @@ class Outcome:
     tbt: np.ndarray
     end_s: float
     busy_s: tuple[float, ...]
+    kv_wait: np.ndarray
+    """From the end of a request's prefill to its KV cache being ready at the decode instance
+    (the transfer, or its last layer with `overlap`); nan where it was decoded where it was prefilled."""
 
 
 class ServingSim:
@@ -134,6 +137,7 @@ class ServingSim:
         self.decoder = [-1] * n
         self.kv_at = [-1] * n
         self.ready_floor = np.zeros(n)
+        self.kv_ready = np.full(n, math.nan)
         self.flow_pending: dict[int, float] = {}
         self.events: list[tuple[float, int, int, int, int]] = []
         self.out_sum = 0
@@ -169,7 +173,8 @@ class ServingSim:
         out = np.array([q.output_tokens for q in self.reqs], dtype=float)
         with np.errstate(invalid="ignore", divide="ignore"):
             tbt = np.where(out > 1, (self.done - self.first) / np.maximum(out - 1, 1), 0.0)
-        return Outcome(ttft, e2e, tbt, now, tuple(i.busy_s for i in self.inst))
+        busy = tuple(i.busy_s for i in self.inst)
+        return Outcome(ttft, e2e, tbt, now, busy, self.kv_ready - self.prefilled)
 
     # ------------------------------------------------------------------ routing
 
@@ -350,6 +355,7 @@ class ServingSim:
 
     def _ready(self, now: float, r: int) -> None:
         self.flow_pending.pop(r, None)
+        self.kv_ready[r] = now
         if math.isnan(self.first[r]):
             self.first[r] = now
         src = self.inst[self.kv_at[r]]

@@ -9,7 +9,8 @@ device's rated power) are reduced to the median of their repetitions, then fitte
   medians at each measured T, extended linearly past both ends (the curve bends at 2-4k tokens,
   where a low-order polynomial misses by 15-40 %);
 - decode step: t_ms = a + b*B + c*B^2 + d*K, B the batch size, K the context tokens the step reads
-  (B x (prompt_size + token_size / 2)), d >= 0.
+  (B x (prompt_size + token_size / 2)), d >= 0; past the largest batch the fit kept, a + b*B + c*B^2
+  goes on along its tangent there, never falling (`StepProfile.decode_batch_max`).
 
 The decode fit is least squares on relative error (each row divided by its measured time).
 Outliers are listed and left out: a prefill point whose repetitions spread by more than
@@ -117,18 +118,48 @@ class StepProfile:
     peak_power: float
     """Median measured peak power as a fraction of rated (1.0 where the file records none)."""
     outliers: tuple[str, ...] = ()
+    decode_batch_max: int = 0
+    """The largest measured decode batch (0: no bound). Past it the decode fit is extended along its
+    tangent there, never falling: the quadratic term, fitted on batches of 1-64, bends the A100 curve
+    down past 64 (to 1 ms at 256) and the H100 one up (476 ms at 512)."""
+
+    decode_by_tokens: tuple[tuple[float, ...], tuple[float, ...]] | None = None
+    """Splitwise's simulator's decode lookup instead of the fit (`splitwise_decode_lookup`): a
+    decode step of B requests takes the measured token time at B batch tokens, whatever the context."""
 
     def prefill_s(self, tokens: float) -> float:
         ms = _interp(np.asarray(self.prefill_tokens), np.asarray(self.prefill_ms), tokens)
         return max(ms, 1.0) / 1000.0
 
     def decode_s(self, batch: int, context_tokens: float) -> float:
+        if self.decode_by_tokens is not None:
+            xs, ys = self.decode_by_tokens
+            return max(_interp(np.asarray(xs), np.asarray(ys), batch), 1.0) / 1000.0
         a, b, c, d = self.decode
-        return max(a + b * batch + c * batch * batch + d * context_tokens, 1.0) / 1000.0
+        top = self.decode_batch_max
+        if 0 < top < batch:
+            at_top = a + b * top + c * top * top
+            ms = at_top + max(b + 2 * c * top, 0.0) * (batch - top) + d * context_tokens
+        else:
+            ms = a + b * batch + c * batch * batch + d * context_tokens
+        return max(ms, 1.0) / 1000.0
 
     @property
     def power_w(self) -> float:
         return self.tp * RATED_POWER_W.get(self.hardware, 700.0) * self.peak_power
+
+
+def splitwise_decode_lookup(points: Iterable[PerfPoint]) -> tuple[tuple[float, ...], tuple[float, ...]]:
+    """Splitwise's simulator's decode curve: the median token time of the points at each batch token
+    count (prompt size x batch size), piecewise linear, extended past both ends. It reads a decode
+    batch of B requests as B batch tokens, so it meets the prompt sweep's points (batch 1, 128-8,192
+    tokens: one request's step at that context) and not the batch sweep's (512 x B): on Llama-2-70B
+    H100 x8 a step of 512 requests costs 30 ms, as much as one request's."""
+    by: dict[int, list[float]] = defaultdict(list)
+    for p in points:
+        by[p.prompt_size * p.batch_size].append(p.token_ms)
+    xs = sorted(by)
+    return tuple(float(x) for x in xs), tuple(float(np.median(by[x])) for x in xs)
 
 
 def read_perf_csv(path: Path) -> dict[tuple[str, str, int], list[PerfPoint]]:
@@ -316,6 +347,7 @@ def fit_profile(points: Sequence[PerfPoint], model: str, hardware: str, tp: int)
         (float(dcoef[0]), float(dcoef[1]), float(dcoef[2]), float(dcoef[3])),
         float(np.median(powers)) if powers else 1.0,
         outliers,
+        int(dd[~dbad, 1].max()) if (~dbad).any() else 0,
     )
 
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from enum import StrEnum
 from typing import Any
 
@@ -22,11 +22,17 @@ from gpupool.core.fabric.model import Fabric
 from gpupool.core.model import Node
 from gpupool.core.scheduling.topology import FabricView
 from gpupool.errors import InvalidInput
-from gpupool.sim.serving.engine import EngineOptions, Instance, ServingSim
+from gpupool.sim.serving.engine import EngineOptions, Instance, Outcome, ServingSim
 from gpupool.sim.serving.metrics import latency_table, unloaded
 from gpupool.sim.serving.network import DEFAULT_NIC_GBPS, KVNetwork, TrainingSpec
 from gpupool.sim.serving.placement import InstanceSpec, Placement, place_instances
-from gpupool.sim.serving.profiles import MODELS, ProfileBook, StepProfile, instance_kv_tokens
+from gpupool.sim.serving.profiles import (
+    MODELS,
+    ProfileBook,
+    StepProfile,
+    instance_kv_tokens,
+    splitwise_decode_lookup,
+)
 from gpupool.sim.serving.trace import Request
 
 H100, A100 = "H100-SXM-80GB", "A100-80GB"
@@ -65,6 +71,9 @@ class ServeOptions:
     """HCAs a host has, each on its own plane of the fabric (a DGX-H100: 8); flows stripe across them."""
     training: TrainingSpec = field(default_factory=TrainingSpec)
     seed: int = 0
+    decode_model: str = "fit"
+    """`fit` (the measured batch sweep, `StepProfile.decode`) or `splitwise` (Splitwise's simulator's
+    lookup by batch tokens: a step's time hardly grows with its batch; a sensitivity)."""
     slo_reference: str = "a100-80gb"
     """The hardware whose unloaded run (tp as the instances') the slowdowns are taken against:
     Splitwise states its SLOs against the request alone on a DGX-A100 (our reading of its Table IV)."""
@@ -133,6 +142,13 @@ def plan_instances(
         roles = [("prefill", H100, "h100-80gb")] * prefill + [("decode", H100, decode_hw)] * (h100 - prefill)
     specs = [InstanceSpec(role, device, opt.tp) for role, device, _ in roles]
     profiles = [book.get(opt.model, hw, opt.tp) for _, _, hw in roles]
+    if opt.decode_model == "splitwise":
+        profiles = [
+            replace(p, decode_by_tokens=splitwise_decode_lookup(book.points[(p.model, p.hardware, p.tp)]))
+            for p in profiles
+        ]
+    elif opt.decode_model != "fit":
+        raise InvalidInput(f"Unknown decode model {opt.decode_model!r}; use fit or splitwise.")
     return specs, profiles
 
 
@@ -217,12 +233,29 @@ def run_serving(
         "kv_cross_leaf_bytes": net.cross_leaf_bytes,
         "kv_cross_spine_bytes": net.cross_spine_bytes,
         "links": net.link_report(outcome.end_s),
+        "kv_wait": _kv_wait(outcome),
         "training_slowdown": net.training_slowdown(outcome.end_s),
         "busy_share": float(np.mean(outcome.busy_s)) / outcome.end_s if outcome.end_s > 0 else 0.0,
         "cdf_s": {
             k: _quantiles(v) for k, v in (("ttft", outcome.ttft), ("tbt", outcome.tbt), ("e2e", outcome.e2e))
         },
         "sim_wall_s": time.perf_counter() - wall,
+    }
+
+
+def _kv_wait(outcome: Outcome) -> dict[str, float]:
+    """How long KV caches took to be ready after their prefill (p50/p99 over the requests that moved),
+    and what of the slowest 1 % of TTFTs they make up: the part placement can change."""
+    wait = outcome.kv_wait[np.isfinite(outcome.kv_wait)]
+    ttft = np.where(np.isnan(outcome.ttft), np.inf, outcome.ttft)
+    tail = ttft >= np.percentile(ttft, 99) if len(ttft) else np.zeros(0, dtype=bool)
+    tail &= np.isfinite(ttft)
+    tail_wait = np.nan_to_num(outcome.kv_wait[tail], nan=0.0)
+    return {
+        "p50_s": float(np.percentile(wait, 50)) if len(wait) else 0.0,
+        "p99_s": float(np.percentile(wait, 99)) if len(wait) else 0.0,
+        "ttft_tail_s": float(ttft[tail].mean()) if tail.any() else 0.0,
+        "ttft_tail_kv_s": float(tail_wait.mean()) if tail.any() else 0.0,
     }
 
 
