@@ -24,7 +24,12 @@ the address the gang's MASTER_PORT names (GANG_HOSTS + port - GANG_PORT_BASE, th
 rendezvous range), so the server knows MASTER_ADDR before the pod starts; other pods take the
 lowest free address from OTHER_HOSTS up.
 Every simulated node of a local pool has its own slot, gateway device and routes on the same host:
-a gang spread over them meets through the host's routing, filtered by the same table.
+a gang spread over them meets through the host's routing, filtered by the same table. A Ray
+machine's slot is handed out by the server when it joins (providers/ray/network.py); the other
+machines' slots are routed through their node addresses (`set_routes`), and their pods, announced
+by their agents before they start (`add_remote`), are in the set `remote` and their tenants' (and
+gangs') sets: a packet from another machine is let in (chain `from_remote`) only from an announced
+pod, to its tenant's pods and past the gang guard, and traffic between pods is never masqueraded.
 
 A worker thread keeps SPARES namespaces made ahead (addressed and routed, no rules), so a launch
 only adds its elements (one nft transaction), and tears down the networks of the pods that ended
