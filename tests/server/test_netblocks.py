@@ -53,7 +53,8 @@ def test_a_full_pod_network_refuses_with_the_setting_to_change(store: Store) -> 
         blocks.assign("b", "ray-b", 1)
 
 
-def test_a_lost_race_reads_again_and_takes_another_block(db_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_lost_race_reads_again_and_takes_another_block(db_url: str,
+                                                         monkeypatch: pytest.MonkeyPatch) -> None:
     """The compare-and-set itself: server A reads slot 0 as free, server B takes it before A
     writes; A's insert fails on the unique slot and A takes slot 1."""
     first, second = Store.open(db_url), Store.open(db_url)
