@@ -968,10 +968,26 @@ def _is_local(address: str) -> bool:
     return True
 
 
+SETTLE_S = 1.0
+"""A process's network namespace is read from /proc until it has lived this long, then once more
+and no more (see _netns_in_use)."""
+_seen_lock = threading.Lock()
+_seen: dict[tuple[str, int], tuple[str, float, bool]] = {}
+"""(pid, its /proc entry's inode) -> (its `ns/net` link, when first seen, whether settled)."""
+
+
 def _netns_in_use(names: Sequence[str]) -> set[str]:
-    """Those of the namespaces /run/netns/NAME that a process is in (a /proc scan: its
-    /proc/PID/ns/net is the same namespace); a namespace that cannot be read counts as in use."""
-    inodes: dict[tuple[int, int], str] = {}
+    """Those of the namespaces /run/netns/NAME that a process is in (its /proc/PID/ns/net names the
+    same namespace); a namespace that cannot be read counts as in use.
+
+    A scan reads only the processes it has not settled: an unprivileged process can leave its
+    network namespace (for a new one) but never enter an existing one (setns needs CAP_SYS_ADMIN
+    over it), and root processes that enter one (the launcher's helper, `ip netns exec`) do so just
+    after they start; so a process is read at each scan until it has lived SETTLE_S, once more after
+    that, and then known by its pid and its /proc entry's inode (a pid used again is a new entry).
+    On a machine of a few hundred processes that is a directory listing and a few links a scan,
+    instead of a link for every process (about 3 ms of CPU each time a pod ended)."""
+    targets: dict[str, str] = {}
     busy: set[str] = set()
     for name in names:
         try:
@@ -979,19 +995,32 @@ def _netns_in_use(names: Sequence[str]) -> set[str]:
         except OSError:
             busy.add(name)
             continue
-        inodes[(st.st_dev, st.st_ino)] = name
-    if not inodes:
+        targets[f"net:[{st.st_ino}]"] = name
+    if not targets:
         return busy
-    for entry in os.scandir("/proc"):
-        if not entry.name.isdigit():
-            continue
-        try:
-            st = os.stat(f"/proc/{entry.name}/ns/net")
-        except OSError:  # it ended meanwhile
-            continue
-        held = inodes.get((st.st_dev, st.st_ino))
-        if held is not None:
-            busy.add(held)
+    now = time.monotonic()
+    with _seen_lock:
+        seen: dict[tuple[str, int], tuple[str, float, bool]] = {}
+        for entry in os.scandir("/proc"):
+            if not entry.name.isdigit():
+                continue
+            key = (entry.name, entry.inode())
+            known = _seen.get(key)
+            if known is not None and known[2]:
+                link = known[0]
+                seen[key] = known
+            else:
+                try:
+                    link = os.readlink(f"/proc/{entry.name}/ns/net")
+                except OSError:  # it ended meanwhile, or may not be read (nor then enter ours)
+                    link = ""
+                first = now if known is None else known[1]
+                seen[key] = (link, first, now - first >= SETTLE_S)
+            held = targets.get(link)
+            if held is not None:
+                busy.add(held)
+        _seen.clear()
+        _seen.update(seen)
     return busy
 
 
