@@ -50,6 +50,8 @@ class NetworkPlan:
     slot: int
     peers: tuple[tuple[str, int, str], ...]
     """(node, slot, node address) of every machine of the pool, this one included."""
+    machines: tuple[tuple[str, str], ...] = ()
+    """(node, the Ray node id of its join): a node that joined again is told of the pods anew."""
 
 
 @dataclass
@@ -146,9 +148,10 @@ class RayNetwork:
                 except GpupoolError as exc:
                     log.warning("node %s: no block of the pod network: %s", name, exc)
         peers = tuple(sorted((name, slot, alive[name].ip) for name, (_m, slot) in self._held.items()))
+        machines = tuple(sorted((name, machine) for name, (machine, _s) in self._held.items()))
         now = time.monotonic()
         for name, (machine, slot) in self._held.items():
-            plan = NetworkPlan(self.settings, self.published, slot, peers)
+            plan = NetworkPlan(self.settings, self.published, slot, peers, machines)
             sent = self._sent.get(name)
             restarted = (sent is not None and sent.ref is None and self._ready.get(name)
                          and network_slots.get(name, slot) != slot and now - sent.at >= RESEND_S)

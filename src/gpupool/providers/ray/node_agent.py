@@ -87,6 +87,9 @@ class NodeAgentActor:
         self.local.add_exit_listener(self._bump)
         self._remote_peers: tuple[str, ...] = ()
         """The other machines' nodes (on other hosts), told of this machine's pods."""
+        self._peer_handles: dict[str, Any] = {}
+        self._remote_machines: dict[str, str] = {}
+        """Each of them -> the join (Ray node id) it was told of under."""
 
     def _bump(self) -> None:
         with self._changed:
@@ -109,8 +112,11 @@ class NodeAgentActor:
         agent.use_network(plan.settings, plan.slot, plan.published, plan.peers, announce=self._announce)
         remote = tuple(sorted(name for name, slot, address in plan.peers
                               if slot != plan.slot and agent.network.routes([(name, slot, address)])))
-        joined = [name for name in remote if name not in self._remote_peers]
-        self._remote_peers = remote
+        machines = dict(plan.machines)
+        joined = [name for name in remote if self._remote_machines.get(name) != machines.get(name)]
+        self._remote_peers, self._remote_machines = remote, {n: machines.get(n, "") for n in remote}
+        for name in joined:  # a machine that joined (again: its agent is another actor)
+            self._peer_handles.pop(name, None)
         members = agent.network.members() if agent.network.active else []
         if joined and members:  # a machine that joins learns of the pods already running here
             self._tell(joined, members, [])
@@ -130,10 +136,13 @@ class NodeAgentActor:
     def _tell(self, nodes: Sequence[str], added: Sequence[Member], removed: Sequence[str]) -> None:
         refs: list[Any] = []
         for name in nodes:
-            try:
-                peer = ray.get_actor(node_agent_name(name), namespace=NAMESPACE)
-            except ValueError:
-                continue  # it left meanwhile
+            peer = self._peer_handles.get(name)
+            if peer is None:  # looked up once (a GCS round trip), not at every launch
+                try:
+                    peer = ray.get_actor(node_agent_name(name), namespace=NAMESPACE)
+                except ValueError:
+                    continue  # it left meanwhile
+                self._peer_handles[name] = peer
             refs.append(peer.network_members.remote(list(added), list(removed)))
         if added and refs:  # the pod starts once the other machines let its traffic in
             ray.wait(refs, num_returns=len(refs), timeout=ANNOUNCE_WAIT_S)
