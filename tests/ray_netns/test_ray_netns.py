@@ -11,6 +11,7 @@ its own cluster up for all of its modules.
 from __future__ import annotations
 
 import ipaddress
+import socket
 from collections.abc import Iterator
 
 import pytest
@@ -168,6 +169,34 @@ def test_another_tenants_pod_on_the_other_machine_cannot_connect(pool: tuple[Ray
     assert provider.read_log("alice-probe").text.strip() == "reached secret of alice"
     provider.stop("alice-server", grace_s=1)
     _final(provider, "alice-server")
+
+
+SERVE = r"""
+import socket
+s = socket.socket()
+s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+s.bind(("0.0.0.0", 29_801))
+s.listen(16)
+print("serving", flush=True)
+while True:
+    c, _ = s.accept()
+    c.sendall(b"replica")
+    c.close()
+"""
+
+
+def test_a_service_replica_stays_reachable_at_its_node_address(pool: tuple[RayProvider, Store]) -> None:
+    """The pool's router and probes run on the server's machine, which another machine's table
+    does not let in: a replica on a Ray node shares the node's network, and says so."""
+    provider, _store = pool
+    _launch(provider, "replica", "t4-000", "alice", SERVE, serve_port=29_801)
+    _log(provider, "replica", "serving")
+    host = provider.pod_address("t4-000", "replica")
+    assert host == provider.node_address("t4-000")
+    with socket.create_connection((host, 29_801), timeout=5) as conn:
+        assert conn.recv(100) == b"replica"
+    provider.stop("replica", grace_s=1)
+    _final(provider, "replica")
 
 
 def test_a_machine_that_leaves_gives_its_block_back(pool: tuple[RayProvider, Store]) -> None:

@@ -407,6 +407,9 @@ class NodeAgent:
             why = self.network.unavailable or "the pod runs as the agent's own user: it shares the node's " \
                 "network"
             return None, LayerState(Layer.NETWORK, False, why)
+        if pod.serve_port and self.network.announce is not None:
+            return None, LayerState(Layer.NETWORK, False, "a service replica on a Ray node shares the node's "
+                                    "network (the pool's router reaches it at the node's address)")
         net = self.network.attach(pod.pod_id, pod.tenant, rank=pod.rank, world_size=pod.world_size,
                                   workload_id=pod.workload_id, master_addr=pod.master_addr,
                                   master_port=pod.master_port, serve_port=pod.serve_port)
