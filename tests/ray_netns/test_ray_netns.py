@@ -99,6 +99,17 @@ def pool(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[RayProvider
     finally:
         provider.close(stop_pods=True)
         store.close()
+        sweep()
+
+
+def sweep() -> None:
+    """What the simulated machines' agents left (killed with their Ray nodes, they closed nothing):
+    an agent's start on each block sweeps whatever no live pod holds, as a machine's next join would."""
+    for slot in range(2):
+        leftover = netns.PodNetwork(NetworkSettings(mode=NetnsMode.ON, pod_network=NETWORK), slot)
+        leftover.spares = 0
+        leftover.start({})
+        leftover.close()
 
 
 def _launch(provider: RayProvider, pod_id: str, node: str, tenant: str, script: str,
