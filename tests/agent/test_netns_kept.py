@@ -8,6 +8,7 @@ Root, iproute2 and nftables (`make test-deps`); elsewhere these skip with the re
 from __future__ import annotations
 
 import ipaddress
+import os
 import subprocess
 import threading
 import time
@@ -153,6 +154,31 @@ def test_a_namespace_a_process_still_lives_in_is_torn_down_not_kept(network: Pod
     network.detach("p2")
     assert eventually(lambda: [k.netns for k in network.kept()] == [control.netns])
     assert exists(control)
+
+
+def test_a_scan_reads_a_settled_process_once_not_at_every_pod_end(
+        network: PodNetwork, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The /proc scan that judges an ended pod's namespace reads each process's namespace until the
+    process has settled, then never again: long-lived processes (this one, init) cost nothing at
+    the next pod's end."""
+    held = network.attach("p1", "bob")
+    monkeypatch.setattr(netns, "SETTLE_S", 0.0)
+    monkeypatch.setattr(netns, "_seen", {})  # nothing settled yet
+    real = os.readlink
+    reads: list[str] = []
+
+    def counted(path: str) -> str:
+        if str(path).endswith("/ns/net"):
+            reads.append(str(path))
+        return real(path)
+
+    monkeypatch.setattr(netns.os, "readlink", counted)
+    mine = {f"/proc/{os.getpid()}/ns/net", "/proc/1/ns/net"}
+    netns._netns_in_use([held.netns])
+    assert mine <= set(reads)
+    reads.clear()
+    netns._netns_in_use([held.netns])
+    assert not mine & set(reads), reads
 
 
 def test_a_gangs_namespace_is_never_kept(network: PodNetwork) -> None:

@@ -24,7 +24,12 @@ the address the gang's MASTER_PORT names (GANG_HOSTS + port - GANG_PORT_BASE, th
 rendezvous range), so the server knows MASTER_ADDR before the pod starts; other pods take the
 lowest free address from OTHER_HOSTS up.
 Every simulated node of a local pool has its own slot, gateway device and routes on the same host:
-a gang spread over them meets through the host's routing, filtered by the same table.
+a gang spread over them meets through the host's routing, filtered by the same table. A Ray
+machine's slot is handed out by the server when it joins (providers/ray/network.py); the other
+machines' slots are routed through their node addresses (`set_routes`), and their pods, announced
+by their agents before they start (`add_remote`), are in the set `remote` and their tenants' (and
+gangs') sets: a packet from another machine is let in (chain `from_remote`) only from an announced
+pod, to its tenant's pods and past the gang guard, and traffic between pods is never masqueraded.
 
 A worker thread keeps SPARES namespaces made ahead (addressed and routed, no rules), so a launch
 only adds its elements (one nft transaction), and tears down the networks of the pods that ended
@@ -49,11 +54,12 @@ import logging
 import os
 import re
 import shutil
+import socket
 import subprocess
 import threading
 import time
 import urllib.parse
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 from pathlib import Path
@@ -156,6 +162,9 @@ class PodNet:
     serve_port: int = 0
     """A service replica's port, open to the node's own processes (set `serve_ports`); 0: none."""
 
+    def member(self) -> Member:
+        return Member(self.address, self.tenant_key, self.gang_key)
+
     def to_json(self) -> str:
         return json.dumps({"pod_id": self.pod_id, "netns": self.netns, "veth": self.veth,
                            "address": self.address, "tenant_key": self.tenant_key,
@@ -174,6 +183,20 @@ class PodNet:
         return net if _NAME.match(net.netns) else None
 
 
+@dataclass(frozen=True, slots=True)
+class Member:
+    """A pod as the other machines' tables know it: its address, tenant and gang."""
+
+    address: str
+    tenant_key: str
+    gang_key: str = ""
+
+
+Announce = Callable[[Sequence[Member], Sequence[str]], None]
+"""Tells the other machines' agents of this machine's pods that were attached (before they start)
+and of the addresses given up (Ray nodes: providers/ray/network.py)."""
+
+
 def _key(*parts: str) -> str:
     return hashlib.sha256("\x00".join(parts).encode()).hexdigest()[:10]
 
@@ -184,6 +207,19 @@ def gang_key(workload_id: str, master_addr: str, master_port: int) -> str:
 
 def tenant_key(tenant: str) -> str:
     return _key("tenant", tenant)
+
+
+def blocks_in(pod_network: ipaddress.IPv4Network) -> int:
+    """How many machines' blocks (/19) the pod network holds."""
+    return 2 ** (NODE_PREFIX - pod_network.prefixlen)
+
+
+def gang_address_in(subnet: ipaddress.IPv4Network, port: int) -> str:
+    """The address of the rank-0 pod serving rendezvous port `port` in the block `subnet` ('' when
+    the port is outside the rendezvous range): known before the pod starts, anywhere."""
+    if not GANG_PORT_BASE <= port < GANG_PORT_BASE + GANG_PORT_COUNT:
+        return ""
+    return str(subnet.network_address + GANG_HOSTS + port - GANG_PORT_BASE)
 
 
 def node_subnet(pod_network: ipaddress.IPv4Network, slot: int) -> ipaddress.IPv4Network:
@@ -261,6 +297,12 @@ class PodNetwork:
         """Namespaces made ahead by the worker, each with its veth, address and route."""
         self._making: set[str] = set()
         """The address of the spare the worker is making."""
+        self.announce: Announce | None = None
+        """Told of pods attached and addresses given up, for the other machines' tables."""
+        self._routes: dict[str, str] = {}
+        """Other machines' blocks (CIDR) -> the node address they are routed through."""
+        self._remote: dict[str, Member] = {}
+        """The other machines' pods (by address) in this machine's table."""
         self._tenants: set[str] = set()
         self._gangs: set[str] = set()
         """Tenants and gangs whose chains this agent has made (a launch then adds elements only)."""
@@ -314,6 +356,7 @@ class PodNetwork:
             f"add map {t} src_tenant {{ type ipv4_addr : verdict; }}",
             f"add map {t} gang_guard {{ type ipv4_addr . inet_service : verdict; }}",
             f"add set {t} serve_ports {{ type ipv4_addr . inet_service; }}",
+            f"add set {t} remote {{ type ipv4_addr; }}",
             *(f"add map {t} {name} {{ type ipv4_addr : verdict; flags interval; }}"
               for name in ("slot_fwd", "slot_in", "slot_nat")),
             f"add chain {t} forward {{ type filter hook forward priority 0; policy accept; }}",
@@ -321,12 +364,19 @@ class PodNetwork:
             f"add chain {t} output {{ type filter hook output priority 0; policy accept; }}",
             f"add chain {t} prerouting {{ type nat hook prerouting priority dstnat; policy accept; }}",
             f"add chain {t} postrouting {{ type nat hook postrouting priority srcnat; policy accept; }}",
-            f"add chain {t} from_pod", f"add chain {t} pod_input",
+            f"add chain {t} from_pod", f"add chain {t} pod_input", f"add chain {t} from_remote",
             *(f"flush chain {t} {c}" for c in ("forward", "input", "output", "prerouting", "postrouting",
-                                               "from_pod", "pod_input")),
+                                               "from_pod", "pod_input", "from_remote")),
             f'add rule {t} forward iifname "gv*" jump from_pod',
             f'add rule {t} forward oifname "gv*" ct state established,related accept',
+            # a pod of another machine (set `remote`, told by its agent) reaches a pod here as a pod
+            # of this machine would: its gang's rendezvous, its tenant's pods; its own machine
+            # checked that it sends with its own address
+            f'add rule {t} forward oifname "gv*" ip saddr @remote jump from_remote',
             f'add rule {t} forward oifname "gv*" drop',
+            f"add rule {t} from_remote meta l4proto {{ tcp, udp }} ip daddr . th dport vmap @gang_guard",
+            f"add rule {t} from_remote ip saddr vmap @src_tenant",
+            f"add rule {t} from_remote drop",
             f"add rule {t} from_pod ct state established,related accept",
             f"add rule {t} from_pod iifname . ip saddr != @pod_ifs drop",
             f"add rule {t} from_pod meta l4proto {{ tcp, udp }} ip daddr . th dport vmap @gang_guard",
@@ -347,7 +397,7 @@ class PodNetwork:
             f"add rule {t} pod_input ip saddr vmap @slot_in",
             f"add rule {t} pod_input drop",
             f'add rule {t} prerouting iifname "gv*" ip saddr vmap @slot_nat',
-            f"add rule {t} postrouting ip saddr @pods ip daddr != @pods masquerade",
+            f"add rule {t} postrouting ip saddr @pods ip daddr != @pods ip daddr != @remote masquerade",
         ]) + "\n"
 
     def _slot_batch(self) -> str:
@@ -431,9 +481,7 @@ class PodNetwork:
     def gang_address(self, port: int) -> str:
         """The address of the rank-0 pod that serves rendezvous port `port` here ('' when off or
         when the port is outside the rendezvous range)."""
-        if not self.active or not GANG_PORT_BASE <= port < GANG_PORT_BASE + GANG_PORT_COUNT:
-            return ""
-        return str(self.subnet.network_address + GANG_HOSTS + port - GANG_PORT_BASE)
+        return gang_address_in(self.subnet, port) if self.active else ""
 
     def _addresses_held(self) -> set[str]:
         """Every address this node's pods, kept namespaces and spares hold (under the lock)."""
@@ -501,6 +549,8 @@ class PodNetwork:
                     if len(self._gangs) >= 100_000:  # a long-lived agent's gangs: forget the old
                         self._gangs.clear()
                     self._gangs.add(net.gang_key)
+            if self.announce is not None and self._routes:  # the other machines learn it first
+                self.announce([net.member()], [])
         except BaseException as exc:
             with self._lock:
                 self._live.pop(pod_id, None)
@@ -676,6 +726,8 @@ class PodNetwork:
                 if batch:
                     with self._host_lock():
                         self._tear_down(batch)
+                    if self.announce is not None and self._routes:
+                        self.announce([], [net.address for net in batch])
                 elif spare is not None:
                     self._create(spare)
             except Exception:  # the next start's sweep removes what this left
@@ -719,6 +771,95 @@ class PodNetwork:
                     _run(["nft", "delete", "set", "inet", TABLE, members + key])
                     with self._lock:
                         made.discard(key)
+
+    # ---- other machines ----------------------------------------------------------------------
+    def routes(self, peers: Iterable[tuple[str, int, str]]) -> dict[str, str]:
+        """The routes this machine needs to the other machines' blocks: `peers` are (node, slot,
+        node address) of every machine of the pool; a block on this machine itself (another agent
+        on this host, as simulated nodes are) needs none, its pods' routes are here already."""
+        wanted: dict[str, str] = {}
+        for _node, slot, address in peers:
+            if slot == self.slot or not address or _is_local(address):
+                continue
+            wanted[str(node_subnet(self.settings.pod_network, slot))] = address
+        return wanted
+
+    def set_routes(self, peers: Iterable[tuple[str, int, str]]) -> None:
+        """Route the other machines' blocks through their node addresses (one `ip -batch`); the
+        pods of a machine no longer among `peers` are forgotten here."""
+        if not self.active or self._claim < 0:
+            return
+        wanted = self.routes(peers)
+        with self._lock:
+            old, self._routes = self._routes, wanted
+            blocks = [ipaddress.IPv4Network(cidr) for cidr in wanted]
+            gone = [a for a in self._remote if not any(ipaddress.IPv4Address(a) in b for b in blocks)]
+        lines = [f"route replace {cidr} via {via}" for cidr, via in wanted.items() if old.get(cidr) != via]
+        lines += [f"route del {cidr}" for cidr in old if cidr not in wanted]
+        if lines:
+            _run(["ip", "-force", "-batch", "-"], "\n".join(lines) + "\n")
+        if gone:
+            self.forget_remote(gone)
+
+    def members(self) -> list[Member]:
+        """This machine's pods (and kept namespaces) as the other machines' tables know them."""
+        with self._lock:
+            nets = (*self._live.values(), *self._kept.values(), *self._to_keep.values())
+            return [net.member() for net in nets]
+
+    def remote_members(self) -> list[Member]:
+        with self._lock:
+            return list(self._remote.values())
+
+    def add_remote(self, members: Sequence[Member]) -> None:
+        """Pods of other machines (told by their agents, before they start): this machine's pods of
+        the same tenant (and gang) reach them and are reached by them. One nft transaction."""
+        if not self.active or not members:
+            return
+        t = f"inet {TABLE}"
+        lines: list[str] = []
+        for m in members:
+            tc, ta = f"t_{m.tenant_key}", f"ta_{m.tenant_key}"
+            lines += [f"add set {t} {ta} {{ type ipv4_addr; }}", f"add chain {t} {tc}",
+                      f"flush chain {t} {tc}", f"add rule {t} {tc} ip daddr @{ta} accept",
+                      f"add element {t} {ta} {{ {m.address} }}", f"add element {t} remote {{ {m.address} }}",
+                      f"add element {t} src_tenant {{ {m.address} : jump {tc} }}"]
+            if m.gang_key:
+                gc, gm = f"g_{m.gang_key}", f"gm_{m.gang_key}"
+                lines += [f"add set {t} {gm} {{ type ipv4_addr; }}", f"add chain {t} {gc}",
+                          f"flush chain {t} {gc}", f"add rule {t} {gc} ip saddr @{gm} return",
+                          f"add rule {t} {gc} drop", f"add element {t} {gm} {{ {m.address} }}"]
+        with self._lock:
+            stale = [self._remote[m.address] for m in members
+                     if m.address in self._remote and self._remote[m.address] != m]
+        if stale:  # an address taken over by another pod there: its old tenant and gang go first
+            self.forget_remote([m.address for m in stale])
+        _must(["nft", "-f", "-"], "\n".join(lines) + "\n")
+        with self._lock:
+            for m in members:
+                self._remote[m.address] = m
+                self._tenants.add(m.tenant_key)
+                if m.gang_key:
+                    self._gangs.add(m.gang_key)
+
+    def forget_remote(self, addresses: Sequence[str]) -> None:
+        """Pods of other machines that ended there (or whose machine left): no longer reached."""
+        with self._lock:
+            members = [self._remote.pop(a) for a in addresses if a in self._remote]
+        if not members or not self.active:
+            return
+        t = f"inet {TABLE}"
+        lines = []
+        for m in members:
+            lines += [f"delete element {t} src_tenant {{ {m.address} }}",
+                      f"delete element {t} remote {{ {m.address} }}",
+                      f"delete element {t} ta_{m.tenant_key} {{ {m.address} }}"]
+            if m.gang_key:
+                lines.append(f"delete element {t} gm_{m.gang_key} {{ {m.address} }}")
+        if _run(["nft", "-f", "-"], "\n".join(lines) + "\n").returncode != 0:
+            for line in lines:  # some were gone already: each on its own
+                _run(["nft", "-f", "-"], line + "\n")
+        self._drop_unused_chains(gangs={m.gang_key for m in members if m.gang_key})
 
     def pod_url(self, url: str) -> str:
         """`url` (the pool's GPUPOOL_URL) as a pod in a namespace reaches it: a loopback host of a
@@ -811,10 +952,42 @@ class PodNetwork:
             os.close(claim)
 
 
+def _is_local(address: str) -> bool:
+    """Whether `address` is one of this machine's own (a loopback one, or one a socket can bind)."""
+    try:
+        ip = ipaddress.IPv4Address(address)
+    except ValueError:
+        return False
+    if ip.is_loopback:
+        return True
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe_socket:
+        try:
+            probe_socket.bind((address, 0))
+        except OSError:
+            return False
+    return True
+
+
+SETTLE_S = 1.0
+"""A process's network namespace is read from /proc until it has lived this long, then once more
+and no more (see _netns_in_use)."""
+_seen_lock = threading.Lock()
+_seen: dict[tuple[str, int], tuple[str, float, bool]] = {}
+"""(pid, its /proc entry's inode) -> (its `ns/net` link, when first seen, whether settled)."""
+
+
 def _netns_in_use(names: Sequence[str]) -> set[str]:
-    """Those of the namespaces /run/netns/NAME that a process is in (a /proc scan: its
-    /proc/PID/ns/net is the same namespace); a namespace that cannot be read counts as in use."""
-    inodes: dict[tuple[int, int], str] = {}
+    """Those of the namespaces /run/netns/NAME that a process is in (its /proc/PID/ns/net names the
+    same namespace); a namespace that cannot be read counts as in use.
+
+    A scan reads only the processes it has not settled: an unprivileged process can leave its
+    network namespace (for a new one) but never enter an existing one (setns needs CAP_SYS_ADMIN
+    over it), and root processes that enter one (the launcher's helper, `ip netns exec`) do so just
+    after they start; so a process is read at each scan until it has lived SETTLE_S, once more after
+    that, and then known by its pid and its /proc entry's inode (a pid used again is a new entry).
+    On a machine of a few hundred processes that is a directory listing and a few links a scan,
+    instead of a link for every process (about 3 ms of CPU each time a pod ended)."""
+    targets: dict[str, str] = {}
     busy: set[str] = set()
     for name in names:
         try:
@@ -822,19 +995,32 @@ def _netns_in_use(names: Sequence[str]) -> set[str]:
         except OSError:
             busy.add(name)
             continue
-        inodes[(st.st_dev, st.st_ino)] = name
-    if not inodes:
+        targets[f"net:[{st.st_ino}]"] = name
+    if not targets:
         return busy
-    for entry in os.scandir("/proc"):
-        if not entry.name.isdigit():
-            continue
-        try:
-            st = os.stat(f"/proc/{entry.name}/ns/net")
-        except OSError:  # it ended meanwhile
-            continue
-        held = inodes.get((st.st_dev, st.st_ino))
-        if held is not None:
-            busy.add(held)
+    now = time.monotonic()
+    with _seen_lock:
+        seen: dict[tuple[str, int], tuple[str, float, bool]] = {}
+        for entry in os.scandir("/proc"):
+            if not entry.name.isdigit():
+                continue
+            key = (entry.name, entry.inode())
+            known = _seen.get(key)
+            if known is not None and known[2]:
+                link = known[0]
+                seen[key] = known
+            else:
+                try:
+                    link = os.readlink(f"/proc/{entry.name}/ns/net")
+                except OSError:  # it ended meanwhile, or may not be read (nor then enter ours)
+                    link = ""
+                first = now if known is None else known[1]
+                seen[key] = (link, first, now - first >= SETTLE_S)
+            held = targets.get(link)
+            if held is not None:
+                busy.add(held)
+        _seen.clear()
+        _seen.update(seen)
     return busy
 
 

@@ -44,7 +44,7 @@ from gpupool.agent.isolation import (
     process_limit,
 )
 from gpupool.agent.mps import MpsDaemon
-from gpupool.agent.netns import NetnsMode, NetworkSettings, PodNet, PodNetwork
+from gpupool.agent.netns import Announce, NetnsMode, NetworkSettings, PodNet, PodNetwork
 from gpupool.agent.podstate import PodRecord, write_atomic
 from gpupool.agent.probes.infiniband import SYSFS_ROOT, read_ib_ports
 from gpupool.agent.probes.nvml import NvmlProbe, ProbeResult, ProbeStatus
@@ -152,6 +152,33 @@ class NodeAgent:
             self.probe_result = self._probe.probe()
             if self.probe_result.status is not ProbeStatus.OK and fallback_simulate:
                 self._simulated = simulated_local_devices(fallback_simulate, self.node_name, self._profiles)
+
+    def use_network(self, settings: NetworkSettings, slot: int, published: Sequence[tuple[str, int]],
+                    peers: Sequence[tuple[str, int, str]] = (), announce: Announce | None = None) -> None:
+        """Give pods network namespaces in block `slot` of the pod network from now on (a Ray
+        machine's block, handed out by the server when it joined), with routes to the other
+        machines' blocks (`peers`: node, slot, node address); `announce` tells the other machines of
+        this one's pods (netns.Announce). Idempotent; the block of a machine
+        with pods in namespaces is not changed under them (it keeps the one it has)."""
+        with self._lock:
+            current = self.network
+            if current.settings != settings or current.slot != slot:
+                if current.attached():
+                    log.warning("node %s: pods are attached to block %d; block %d not taken",
+                                self.node_name, current.slot, slot)
+                else:
+                    current.close()
+                    network = PodNetwork(settings, slot, published)
+                    if network.active and not self.identities.switch_users:
+                        network.unavailable = ("pods run as the agent's own user (no tenant accounts), so "
+                                               "they share the node's network")
+                    network.start(self._attached_pods())
+                    self.network = current = network
+                    log.info("node %s: pod network: %s", self.node_name, network.detail)
+            elif tuple(published) != current.published:
+                current.publish(published)
+            current.announce = announce
+            current.set_routes(peers)
 
     def _attached_pods(self) -> dict[str, PodNet]:
         """The network attachments of the pods still running here (re-adopted after a restart)."""
@@ -380,6 +407,9 @@ class NodeAgent:
             why = self.network.unavailable or "the pod runs as the agent's own user: it shares the node's " \
                 "network"
             return None, LayerState(Layer.NETWORK, False, why)
+        if pod.serve_port and self.network.announce is not None:
+            return None, LayerState(Layer.NETWORK, False, "a service replica on a Ray node shares the node's "
+                                    "network (the pool's router reaches it at the node's address)")
         net = self.network.attach(pod.pod_id, pod.tenant, rank=pod.rank, world_size=pod.world_size,
                                   workload_id=pod.workload_id, master_addr=pod.master_addr,
                                   master_port=pod.master_port, serve_port=pod.serve_port)

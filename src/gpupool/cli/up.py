@@ -21,6 +21,8 @@ from gpupool.server.settings import (
 
 if TYPE_CHECKING:
     from gpupool.config import PoolConfig
+    from gpupool.providers.base import Provider
+    from gpupool.server.db import Store
 
 DEFAULT_POLICY = default_policy()
 
@@ -255,6 +257,9 @@ def _serve(data_dir: Path | None, host: str, port: int, simulate: str, provider:
 
     hold_server_lock(settings.data_dir)  # `gpupool restore` refuses this data directory while we run
     store = Store.open(settings.resolved_database_url)
+    from gpupool.server.services.netblocks import StoreBlocks
+
+    provisioned.provider.use_network_blocks(StoreBlocks(store))  # each Ray machine's block, stored
     rt = Runtime(settings=settings, store=store, provider=provisioned.provider, config=pool_config)
     if fabric_path is not None:
         from gpupool.server.services.fabric import open_live_fabric
@@ -291,7 +296,8 @@ def _serve(data_dir: Path | None, host: str, port: int, simulate: str, provider:
               flush=True)
     try:
         app = create_app(rt, leadership=leadership, reopen_provider=(
-            (lambda: provision(settings, ray_address=ray_address).provider) if settings.ha else None))
+            (lambda: _with_blocks(provision(settings, ray_address=ray_address).provider, store))
+            if settings.ha else None))
         server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level="warning",
                                                access_log=False, ssl_certfile=settings.tls_cert,
                                                ssl_keyfile=settings.tls_key))
@@ -302,6 +308,14 @@ def _serve(data_dir: Path | None, host: str, port: int, simulate: str, provider:
     finally:
         rt.provider.close()  # the one opened at the last takeover, with several servers
         store.close()
+
+
+def _with_blocks(provider: Provider, store: Store) -> Provider:
+    """A provider reopened at a takeover hands out machines' pod network blocks from the store."""
+    from gpupool.server.services.netblocks import StoreBlocks
+
+    provider.use_network_blocks(StoreBlocks(store))
+    return provider
 
 
 def _exit_on_sigterm(signum: int, _frame: object) -> None:

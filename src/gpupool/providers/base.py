@@ -11,7 +11,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import TYPE_CHECKING, ClassVar
+from typing import TYPE_CHECKING, ClassVar, Protocol
 
 from gpupool.core.model import Node
 from gpupool.errors import ProviderError
@@ -47,6 +47,45 @@ class DeviceReading:
 
     busy_pct: float | None
     memory_used_mib: float | None
+
+
+class NetworkBlocks(Protocol):
+    """Who hands out each machine's block of the pod network (its /19 slot, agent/netns.py): the
+    server's store (server/services/netblocks.py), or `MemoryBlocks` for a provider on its own."""
+
+    def assign(self, node: str, machine: str, capacity: int) -> int:
+        """The slot of `node` (joined as `machine`, e.g. its Ray node id): the one it holds, else
+        a free one below `capacity`, never one another node holds. ProviderError when none is free."""
+        ...
+
+    def release(self, node: str, machine: str) -> None:
+        """`node` (as joined by `machine`) left: its slot is free again (a later join of the node
+        under another `machine` keeps the one it took over). Idempotent."""
+        ...
+
+
+class MemoryBlocks:
+    """NetworkBlocks in this process's memory: for a provider used without a server's store."""
+
+    def __init__(self) -> None:
+        self._held: dict[str, tuple[int, str]] = {}
+
+    def assign(self, node: str, machine: str, capacity: int) -> int:
+        known = self._held.get(node)
+        if known is None:
+            taken = {slot for slot, _ in self._held.values()}
+            slot = next((s for s in range(capacity) if s not in taken), None)
+            if slot is None:
+                raise ProviderError(f"The pod network holds {capacity} machine block(s), all in use; "
+                                    "give GPUPOOL_POD_NETWORK a larger network.")
+            known = (slot, machine)
+        self._held[node] = (known[0], machine)
+        return known[0]
+
+    def release(self, node: str, machine: str) -> None:
+        known = self._held.get(node)
+        if known is not None and known[1] == machine:
+            del self._held[node]
 
 
 class Provider(ABC):
@@ -204,6 +243,10 @@ class Provider(ABC):
         where pods have network namespaces, else `node_address(node)`. Non-blocking, idempotent;
         never raises."""
         return self.node_address(node)
+
+    def use_network_blocks(self, blocks: NetworkBlocks) -> None:
+        """Take each joining machine's block of the pod network from `blocks` (the server's store)
+        from now on. Providers whose machines' blocks are fixed (this machine's) ignore it."""
 
     def remove_tenant(self, tenant: str) -> list[str]:
         """The tenant was deleted and nothing of it runs: remove what the provider keeps for it (the

@@ -546,3 +546,17 @@ class ServerRow(Base):
     version: Mapped[str] = mapped_column(String(64))
     started_s: Mapped[float] = mapped_column(Float)
     seen_s: Mapped[float] = mapped_column(Float)
+
+
+class NetBlockRow(Base):
+    """A machine's block of the pod network (the /19 numbered `slot`, agent/netns.py): handed out
+    when the machine joins (a Ray node), given back when it leaves. `slot` and `node` are each
+    unique, so two servers handing out blocks at once can never give one block twice."""
+
+    __tablename__ = "net_blocks"
+
+    slot: Mapped[int] = mapped_column(Integer, primary_key=True)
+    node: Mapped[str] = mapped_column(String(255), unique=True)
+    machine: Mapped[str] = mapped_column(String(64))
+    """The join holding it (its Ray node id): a later join of the node takes it over."""
+    assigned_s: Mapped[float] = mapped_column(Float)

@@ -71,10 +71,12 @@ def provision(settings: Settings, *, ray_address: str = "") -> Provisioned:
 def _ray(settings: Settings, address: str) -> Provisioned:
     """The ray provider: on the cluster at `address`, or on a head started here (with one Ray
     worker node per simulated node when --simulate is given)."""
+    from gpupool.agent.netns import NetworkSettings
     from gpupool.providers.registry import make_provider
 
     provider = make_provider("ray", address=address or None, simulate=settings.simulate or None,
-                             data_dir=settings.data_dir)  # imports the ray provider, or says what to install
+                             data_dir=settings.data_dir,  # imports the ray provider, or says what to install
+                             network=NetworkSettings.from_env(), published=published_services(settings))
     from gpupool.providers.ray.provider import RayProvider
     from gpupool.providers.ray.settings import ADDRESS_FILE
 

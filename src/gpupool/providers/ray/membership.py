@@ -160,6 +160,11 @@ class Membership:
         with self._lock:
             return [d for _, d in self._described.values()]
 
+    def table(self) -> dict[str, RayNode]:
+        """Ray's node table as last read (every labelled node, dead ones too)."""
+        with self._lock:
+            return dict(self._ray)
+
     def ray_node(self, name: str) -> RayNode | None:
         with self._lock:
             known = self._described.get(name)

@@ -22,22 +22,33 @@ import os
 import socket
 import threading
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
 
 import ray
 
+from gpupool.agent.netns import Member
 from gpupool.agent.runner import Runner
 from gpupool.core.model import Node
 from gpupool.errors import GpupoolError, NotFound
 from gpupool.pods import HealthEvent, LogChunk, PodLaunch, PodPhase, PodStatus
 from gpupool.providers.base import Capability
 from gpupool.providers.local import LocalProvider, record_status
-from gpupool.providers.ray.nodeconfig import NodeConfig
+from gpupool.providers.ray.nodeconfig import NodeConfig, node_agent_name
+from gpupool.providers.ray.settings import NAMESPACE
+
+if TYPE_CHECKING:
+    from gpupool.providers.ray.network import NetworkPlan
 
 WATCH_MAX_S = 2.0
 """The longest a `watch` call waits before answering with no change."""
 WATCHERS = 64
 """Watch calls served at once (one per provider per busy node, usually one provider)."""
+NETWORK_CALLS = 4
+"""Other machines' agents' `network_members` calls served at once."""
+ANNOUNCE_WAIT_S = 5.0
+"""The longest a launch waits for the other machines to take its pod's address (network.py)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,9 +62,13 @@ class NodeDescription:
     hostname: str = ""
     seq: int = 0
     """Counts the agent's answers: a later one describes a later state (the agent answers in order)."""
+    network_slot: int = -1
+    """The block of the pod network this node's pods take their addresses from (-1: none, its pods
+    share the machine's network; providers/ray/network.py)."""
 
 
-@ray.remote(num_cpus=0, max_restarts=-1, max_task_retries=-1, concurrency_groups={"watch": WATCHERS})  # type: ignore[call-overload]  # Ray's stub lacks concurrency_groups
+@ray.remote(num_cpus=0, max_restarts=-1, max_task_retries=-1,
+            concurrency_groups={"watch": WATCHERS, "network": NETWORK_CALLS})  # type: ignore[call-overload]  # Ray's stub lacks concurrency_groups
 class NodeAgentActor:
     """Serves one node's description, faults, finished pods' logs and checkpoint marks."""
 
@@ -70,6 +85,11 @@ class NodeAgentActor:
         self._generation = 0
         """Counts pods launched and pods that exited here (what a watch waits for)."""
         self.local.add_exit_listener(self._bump)
+        self._remote_peers: tuple[str, ...] = ()
+        """The other machines' nodes (on other hosts), told of this machine's pods."""
+        self._peer_handles: dict[str, Any] = {}
+        self._remote_machines: dict[str, str] = {}
+        """Each of them -> the join (Ray node id) it was told of under."""
 
     def _bump(self) -> None:
         with self._changed:
@@ -78,10 +98,54 @@ class NodeAgentActor:
 
     def describe(self) -> NodeDescription:
         self._seq += 1  # the default concurrency group runs one call at a time: answers stay in order
+        network = self.local.agent.network
         return NodeDescription(node=self.local.nodes()[0], config=self.config,
                                events=tuple(self.local.health_events()),
                                missing=self.local.missing_capabilities(), hostname=socket.gethostname(),
-                               seq=self._seq)
+                               seq=self._seq, network_slot=network.slot if network.active else -1)
+
+    # ---- the pod network (providers/ray/network.py) -----------------------------------------
+    def use_network(self, plan: NetworkPlan) -> NodeDescription:
+        """Take this machine's block and routes (sent by the provider when machines join or leave,
+        and before any launch here); answers the description that says whether pods get namespaces."""
+        agent = self.local.agent
+        agent.use_network(plan.settings, plan.slot, plan.published, plan.peers, announce=self._announce)
+        remote = tuple(sorted(name for name, slot, address in plan.peers
+                              if slot != plan.slot and agent.network.routes([(name, slot, address)])))
+        machines = dict(plan.machines)
+        joined = [name for name in remote if self._remote_machines.get(name) != machines.get(name)]
+        self._remote_peers, self._remote_machines = remote, {n: machines.get(n, "") for n in remote}
+        for name in joined:  # a machine that joined (again: its agent is another actor)
+            self._peer_handles.pop(name, None)
+        members = agent.network.members() if agent.network.active else []
+        if joined and members:  # a machine that joins learns of the pods already running here
+            self._tell(joined, members, [])
+        return self.describe()
+
+    @ray.method(concurrency_group="network")
+    def network_members(self, added: list[Member], removed: list[str]) -> None:
+        """Pods of another machine attached (before they start) or ended there."""
+        network = self.local.agent.network
+        network.forget_remote(removed)
+        network.add_remote(added)
+
+    def _announce(self, added: Sequence[Member], removed: Sequence[str]) -> None:
+        if self._remote_peers:
+            self._tell(self._remote_peers, added, removed)
+
+    def _tell(self, nodes: Sequence[str], added: Sequence[Member], removed: Sequence[str]) -> None:
+        refs: list[Any] = []
+        for name in nodes:
+            peer = self._peer_handles.get(name)
+            if peer is None:  # looked up once (a GCS round trip), not at every launch
+                try:
+                    peer = ray.get_actor(node_agent_name(name), namespace=NAMESPACE)
+                except ValueError:
+                    continue  # it left meanwhile
+                self._peer_handles[name] = peer
+            refs.append(peer.network_members.remote(list(added), list(removed)))
+        if added and refs:  # the pod starts once the other machines let its traffic in
+            ray.wait(refs, num_returns=len(refs), timeout=ANNOUNCE_WAIT_S)
 
     def inject_fault(self, device_uuid: str, reason: str) -> NodeDescription:
         self.local.inject_fault(self.config.name, device_uuid, reason)

@@ -29,11 +29,12 @@ from typing import Any
 import ray
 
 from gpupool.agent.leftovers import kill_leftovers
+from gpupool.agent.netns import NetworkSettings
 from gpupool.agent.podstate import load_record
 from gpupool.core.model import Node
 from gpupool.errors import GpupoolError, InvalidInput, NotFound, ProviderError
 from gpupool.pods import HealthEvent, LogChunk, PodLaunch, PodPhase, PodStatus
-from gpupool.providers.base import Capability, Provider
+from gpupool.providers.base import Capability, NetworkBlocks, Provider
 from gpupool.providers.nodespec import nodes_from_spec
 from gpupool.providers.ray import driver
 from gpupool.providers.ray.carrier import Carrier
@@ -42,6 +43,7 @@ from gpupool.providers.ray.carrier_group import GroupCarrier
 from gpupool.providers.ray.cluster import RayProcess, start_head
 from gpupool.providers.ray.join import JoinedNode, start_node
 from gpupool.providers.ray.membership import Membership
+from gpupool.providers.ray.network import RayNetwork
 from gpupool.providers.ray.nodeconfig import NodeConfig, node_agent_name
 from gpupool.providers.ray.pods import RELEASE_AFTER_POLLS, PodCarrier, TrackedPod
 from gpupool.providers.ray.settings import ADDRESS_FILE, NAMESPACE, POD_CARRIER_ENV, TOKEN_FILE, ensure_token
@@ -71,7 +73,8 @@ class RayProvider(Provider):
                  placement_timeout_s: float = 60.0, actor_lost_grace_s: float = 30.0,
                  poll_interval_s: float = 0.05, membership_interval_s: float = 0.25,
                  pod_carrier: str | None = None,
-                 node_ip: str | None = None, head_env: dict[str, str] | None = None) -> None:
+                 node_ip: str | None = None, head_env: dict[str, str] | None = None,
+                 network: NetworkSettings | None = None, published: Sequence[tuple[str, int]] = ()) -> None:
         self.data_dir = Path(data_dir)
         self.token_path = ensure_token(Path(token_path) if token_path else self.data_dir / TOKEN_FILE)
         self.pod_carrier = _carrier_kind(pod_carrier or os.environ.get(POD_CARRIER_ENV) or PodCarrier.GROUP)
@@ -101,6 +104,8 @@ class RayProvider(Provider):
         self._wake = threading.Event()
         self._listeners: list[Callable[[], None]] = []
         self.membership = Membership()
+        self.network = RayNetwork(network, published)
+        """Each machine's block of the pod network, its routes and plans (network.py)."""
         self._stop = threading.Event()
         self._closed = False
         if address is None:
@@ -114,6 +119,7 @@ class RayProvider(Provider):
             if simulate:
                 self._start_simulated(simulate, node_ip)
             self.membership.refresh(wait_s=CALL_TIMEOUT_S)
+            self._first_plans()
             self._readopt()
         except BaseException:
             self.close()
@@ -148,6 +154,24 @@ class RayProvider(Provider):
         for joined in self.joined:
             self.membership.update(joined.config.name, joined.node_id, joined.description)
 
+    def _first_plans(self) -> None:
+        """Send the nodes known at start their pod network plans and wait for the answers, so they
+        are listed at once (network.py: a node is schedulable once its agent has its block)."""
+        if not self.network.on:
+            return
+        self._sync_network()
+        for description in self.membership.descriptions():
+            self.network.wait(description.node.name, CALL_TIMEOUT_S)
+        self._sync_network()
+
+    def _sync_network(self) -> None:
+        slots = {d.node.name: d.network_slot for d in self.membership.descriptions()}
+        for name, machine, description in self.network.sync(self.membership.table(), self.agent, slots):
+            self.membership.update(name, machine, description)
+
+    def use_network_blocks(self, blocks: NetworkBlocks) -> None:
+        self.network.use_blocks(blocks)
+
     def _readopt(self) -> None:
         """Take over the pods a previous server left running (their carriers, by name)."""
         for carrier in self._carriers.values():
@@ -173,7 +197,7 @@ class RayProvider(Provider):
         return missing
 
     def nodes(self) -> list[Node]:
-        return self.membership.nodes()
+        return [node for node in self.membership.nodes() if self.network.ready(node.name)]
 
     def node_address(self, node: str) -> str:
         """The address other nodes reach `node` by (its Ray node's IP); NotFound if unknown."""
@@ -181,6 +205,9 @@ class RayProvider(Provider):
         if ray_node is None:
             raise NotFound(f"No node {node!r} on the Ray cluster.")
         return ray_node.ip
+
+    def gang_address(self, node: str, port: int) -> str:
+        return self.network.gang_address(node, port) or self.node_address(node)
 
     def launch(self, pod: PodLaunch) -> None:
         with self.lock:
@@ -351,6 +378,8 @@ class RayProvider(Provider):
                 if now - refreshed >= self.membership_interval_s:
                     self.membership.refresh()
                     refreshed = now
+                    if self.network.on:
+                        self._sync_network()
                 ended = self._check_pods()
             except Exception:  # Ray unreachable for a moment: try again at the next tick
                 log.exception("Ray monitor step failed")
