@@ -81,7 +81,7 @@ def xdist_scope(nodeid: str) -> str:
     unit: two Ray clusters starting side by side on a small machine time out, and the package's
     tests share one cluster."""
     path = nodeid.split("::", 1)[0]
-    if path.startswith("tests/ray_provider/") or "[ray" in nodeid:
+    if path.startswith(("tests/ray_provider/", "tests/ray_netns/")) or "[ray" in nodeid:
         return "ray"
     return path
 
