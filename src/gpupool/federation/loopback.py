@@ -111,15 +111,16 @@ def start_federation(root: Path, names: tuple[str, ...] = ("east", "west", "nort
                      simulate: str = "1x4xH100", ghost: bool = False, down_after_s: float = 2.0,
                      grace_s: float = 1.0, poll_s: float = 0.25, policy: str = "home",
                      regions: tuple[str, ...] = (), tenants: dict[str, str] | None = None,
-                     datasets: dict[str, tuple[float, str]] | None = None) -> Federation:
+                     datasets: dict[str, tuple[float, str]] | None = None,
+                     provider: str = "fake") -> Federation:
     """Members `names` (alice's home: the first; member i's GPU-hour at 1.0 - 0.1 i) and a hub over
     them; with `ghost`, one more member whose URL nothing answers (the hub starts anyway and says so).
     `tenants`: more tenants (home: the first member) -> their own policy; `datasets`: name -> (size in
-    GB, the member holding it)."""
+    GB, the member holding it); `provider`: the members' (local: their pods are real processes)."""
     fed = Federation(root)
     try:
         _start(fed, names, simulate, ghost, down_after_s, grace_s, poll_s, policy, regions, tenants or {},
-               datasets or {})
+               datasets or {}, provider)
     except BaseException:
         fed.stop()
         raise
@@ -128,12 +129,12 @@ def start_federation(root: Path, names: tuple[str, ...] = ("east", "west", "nort
 
 def _start(fed: Federation, names: tuple[str, ...], simulate: str, ghost: bool, down_after_s: float,
            grace_s: float, poll_s: float, policy: str, regions: tuple[str, ...], tenants: dict[str, str],
-           datasets: dict[str, tuple[float, str]]) -> None:
+           datasets: dict[str, tuple[float, str]], provider: str = "fake") -> None:
     root = fed.root
     for name in names:
         data = root / name
         data.mkdir(mode=0o700, parents=True)
-        fed.members.append(Proc(name, free_port(), data, ["--provider", "fake", "--simulate", simulate,
+        fed.members.append(Proc(name, free_port(), data, ["--provider", provider, "--simulate", simulate,
                                                           "--placement", "first-fit"], root / f"{name}.log"))
     for proc in fed.members:
         proc.start()

@@ -41,6 +41,7 @@ FEDERATION_ROUTES: tuple[tuple[str, re.Pattern[str], bool], ...] = tuple(
         ("GET", _W + _ID + "/logs", True), ("POST", _W + _ID + "/cancel", True),
         ("POST", _W + _ID + "/release", True), ("POST", _W + _ID + "/hold", True),
         ("POST", _W + _ID + "/requeue", True), ("PATCH", _W + _ID, True),
+        ("GET", _W + _ID + "/checkpoint", True), ("PUT", _W + _ID + "/checkpoint", True),
         ("GET", r"/api/v1/usage", False), ("GET", r"/api/v1/pool", False), ("GET", r"/api/v1/health", False)))
 """(method, path, whether a tenant must be named) a federation token may call: nothing else."""
 CACHE_TTL_S = 0.5
@@ -201,8 +202,8 @@ class Authenticator:
                         if m == method and pattern.fullmatch(path)), None)
         if allowed is None:
             raise Forbidden("A federation token may only submit, read, cancel, hold, release, update and "
-                            "requeue workloads, and read usage and the pool's summary; use a full token for "
-                            "anything else.")
+                            "requeue workloads, carry their checkpoints, and read usage and the pool's "
+                            "summary; use a full token for anything else.")
         if not on_behalf:
             if allowed:
                 raise Forbidden(f"A federation token must name the tenant it acts for in {ON_BEHALF_HEADER}.")
