@@ -1,0 +1,79 @@
+"""Work moved off a dead member resumes from its last checkpoint on another (one federation of two
+members with real pods for the module): the hub fetched the checkpoint while the member was up, the
+next copy starts with its files, and the dead member's copy never runs again when it returns."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+from collections.abc import Iterator
+
+import pytest
+
+from gpupool.client import Client
+from gpupool.errors import NotFound
+from gpupool.federation.loopback import Federation, copies, start_federation, until
+
+pytestmark = pytest.mark.slow
+
+WORK = r"""
+import os, pathlib, sys, time
+d = pathlib.Path(os.environ["GPUPOOL_CHECKPOINT_DIR"])
+if (d / "state").exists():
+    print("resumed from", (d / "state").read_text(), len((d / "sub" / "weights").read_bytes()), flush=True)
+    sys.exit(0)
+print("pid", os.getpid(), flush=True)
+(d / "sub").mkdir()
+(d / "sub" / "weights").write_bytes(b"w" * 3000)
+(d / "state").write_text("step-41")
+(d / ".checkpoint").touch()
+time.sleep(3600)
+"""
+
+
+@pytest.fixture(scope="module")
+def fed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Federation]:
+    federation = start_federation(tmp_path_factory.mktemp("fedck"), ("east", "west"), provider="local",
+                                  simulate="1x2xH100", down_after_s=1.0, grace_s=1.0, poll_s=0.2)
+    yield federation
+    federation.stop()
+
+
+def _logs(pool: Client, workload_id: str) -> str:
+    try:
+        return pool.logs(workload_id).text
+    except NotFound:  # no pod of it started yet
+        return ""
+
+
+def test_work_moved_off_a_dead_member_resumes_from_its_checkpoint(fed: Federation) -> None:
+    assert fed.hub is not None
+    east = fed.member("east")
+    with Client(fed.hub.url, fed.alice_token) as pool, fed.hub_api() as api:
+        workload_id = pool.submit(command=["python3", "-c", WORK], gpus=1, checkpoint_every=60)
+        pid = int(until(lambda: re.search(r"pid (\d+)", _logs(pool, workload_id)), 60,
+                        "running on east").group(1))
+        record = until(lambda: (r := api.get(f"/federation/workloads/{workload_id}").json())["checkpoint_s"]
+                       and r, 30, "the hub fetched its checkpoint")
+        assert record["member"] == "east"
+        east_id = record["member_id"]
+        east.kill()  # the machine dies: its server and its pod
+        os.kill(pid, signal.SIGKILL)
+        until(lambda: pool.workload(workload_id).status == "succeeded", 60, "resumed and done on west")
+        assert api.get(f"/federation/workloads/{workload_id}").json()["member"] == "west"
+        assert "resumed from step-41 3000" in _logs(pool, workload_id)
+        moved = [e.message for e in pool.events(workload_id) if e.reason == "federation_moved"]
+        assert moved and "from its checkpoint of" in moved[0]
+        placed = [e.message for e in pool.events(workload_id) if e.reason == "federation_placed"]
+        assert "resumes from its checkpoint" in placed[-1]
+    east.start()  # it comes back: its copy is the hub's stale one, cancelled before it runs again
+    east.wait_up()
+    until(lambda: workload_id not in copies(east), 30, "the stale copy cancelled on east")
+    with east.admin() as admin:
+        copy = admin.get(f"/workloads/{east_id}").json()
+    # its pod died with the machine (failed) or it was cancelled as stale: never started again there
+    assert copy["status"] in ("failed", "cancelled") and copy["attempt"] == 1, copy
+    with fed.hub_api() as api:
+        record = api.get(f"/federation/workloads/{workload_id}").json()
+    assert (record["member"], record["status"]) == ("west", "succeeded")
