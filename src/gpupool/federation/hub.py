@@ -77,6 +77,14 @@ class Hub:
             if not link.state.up:
                 notices.append(f"Member {link.state.note}, so it is marked down; the hub starts "
                                "without it and offers it work once it answers.")
+        fences = {link.name: fence for link in self.links if (fence := link.fence_s()) is not None
+                  and fence >= self.config.requeue_grace_s}
+        if fences:
+            raise InvalidInput(
+                f"requeue_grace_s ({self.config.requeue_grace_s:g} s) must be longer than each member's "
+                f"federation.fence, or a member cut off from the hub could still run a copy the hub has "
+                f"started elsewhere; {', '.join(f'{n} fences after {f:g} s' for n, f in fences.items())}: "
+                "raise requeue_grace_s in the federation file or lower the members' fence.")
         return notices
 
     def start(self) -> None:

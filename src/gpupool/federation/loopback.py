@@ -112,15 +112,16 @@ def start_federation(root: Path, names: tuple[str, ...] = ("east", "west", "nort
                      grace_s: float = 1.0, poll_s: float = 0.25, policy: str = "home",
                      regions: tuple[str, ...] = (), tenants: dict[str, str] | None = None,
                      datasets: dict[str, tuple[float, str]] | None = None,
-                     provider: str = "fake") -> Federation:
+                     provider: str = "fake", fence_s: float | None = None) -> Federation:
     """Members `names` (alice's home: the first; member i's GPU-hour at 1.0 - 0.1 i) and a hub over
     them; with `ghost`, one more member whose URL nothing answers (the hub starts anyway and says so).
     `tenants`: more tenants (home: the first member) -> their own policy; `datasets`: name -> (size in
-    GB, the member holding it); `provider`: the members' (local: their pods are real processes)."""
+    GB, the member holding it); `provider`: the members' (local: their pods are real processes);
+    `fence_s`: the members' federation.fence."""
     fed = Federation(root)
     try:
         _start(fed, names, simulate, ghost, down_after_s, grace_s, poll_s, policy, regions, tenants or {},
-               datasets or {}, provider)
+               datasets or {}, provider, fence_s)
     except BaseException:
         fed.stop()
         raise
@@ -129,13 +130,19 @@ def start_federation(root: Path, names: tuple[str, ...] = ("east", "west", "nort
 
 def _start(fed: Federation, names: tuple[str, ...], simulate: str, ghost: bool, down_after_s: float,
            grace_s: float, poll_s: float, policy: str, regions: tuple[str, ...], tenants: dict[str, str],
-           datasets: dict[str, tuple[float, str]], provider: str = "fake") -> None:
+           datasets: dict[str, tuple[float, str]], provider: str = "fake",
+           fence_s: float | None = None) -> None:
     root = fed.root
+    pool_config: list[str] = []
+    if fence_s is not None:
+        (root / "member.yaml").write_text(f"federation:\n  fence: {fence_s:g}\n")
+        pool_config = ["--config", str(root / "member.yaml")]
     for name in names:
         data = root / name
         data.mkdir(mode=0o700, parents=True)
         fed.members.append(Proc(name, free_port(), data, ["--provider", provider, "--simulate", simulate,
-                                                          "--placement", "first-fit"], root / f"{name}.log"))
+                                                          "--placement", "first-fit", *pool_config],
+                                root / f"{name}.log"))
     for proc in fed.members:
         proc.start()
     lines = [f"policy: {policy}", f"member_down_after_s: {down_after_s}", f"requeue_grace_s: {grace_s}",

@@ -103,6 +103,11 @@ class MemberLink:
                 state.up = False
         return ok, was_up != state.up
 
+    def fence_s(self) -> float | None:
+        """The member's federation.fence as its summary last said (None: no fence, or not read)."""
+        value = (self.state.summary or {}).get("federation_fence_s")
+        return float(value) if value is not None else None
+
     def close(self) -> None:
         client: httpx.Client | None = getattr(self._local, "client", None)
         if client is not None:

@@ -162,6 +162,9 @@ class Authenticator:
         self._next_refusal_flush = 0.0
         self._flushing = False
         self._lock = threading.Lock()
+        self.federation_heard_s = monotonic()
+        """When a federation token last called (monotonic; the start counts as heard): a member's
+        fence holds the hub's work once this is older than its federation.fence."""
 
     def forget(self) -> None:
         """Drop every remembered token (after a revocation or a limit change in this process)."""
@@ -188,6 +191,7 @@ class Authenticator:
                 self.note_forbidden(replace(who, remote=remote), "a metrics token used on the API")
             raise Forbidden("This token may only read /metrics; use a full token for the API.")
         if who.scope == Scope.FEDERATION:  # a hub's token: only its routes, as the tenant it names
+            self.federation_heard_s = self._monotonic()
             try:
                 who = self._federated(who, route, on_behalf)
             except Forbidden:
