@@ -222,6 +222,10 @@ class Hub:
             raise Unavailable(f"The member holding {row.id} does not answer now ({exc}); "
                               "try again later.") from None
 
+    def _held_now(self, workload_id: str) -> bool:
+        with self.store.read() as session:
+            return bool(session.scalar(select(FedWorkloadRow.held).where(FedWorkloadRow.id == workload_id)))
+
     def _set_held(self, workload_id: str, held: str) -> None:
         """Put the record's hold back (compare-and-set, read again while the watch writes meanwhile)."""
         for _ in range(20):
@@ -537,8 +541,10 @@ class Hub:
             return True
         view = answer.json()
         status = str(view["status"])
-        if status == "pending" and view.get("held") == "user" and not row.held:  # held by the member's
-            # restart, not by its tenant through the hub: still ours
+        if status == "pending" and view.get("held") == "user" and not row.held \
+                and not self._held_now(row.id):  # held by the member's restart or fence, not by its
+            # tenant through the hub (whose hold is recorded here before it reaches the member, so it
+            # is read again after the member's answer): still ours
             try:
                 link.call("POST", f"/workloads/{row.member_id}/release", tenant=row.tenant)
             except MemberUnreachable:
