@@ -455,6 +455,18 @@ class FedCheckpointRow(Base):
     at_s: Mapped[float] = mapped_column(Float)
 
 
+class FedSessionRow(Base):
+    """A remote-function session opened through a hub: its id is the member's (its workload there),
+    and its calls are forwarded to that member as its tenant."""
+
+    __tablename__ = "fed_sessions"
+
+    id: Mapped[str] = mapped_column(String(ID_LENGTH), primary_key=True)
+    tenant: Mapped[str] = mapped_column(String(NAME_LENGTH))
+    member: Mapped[str] = mapped_column(String(NAME_LENGTH))
+    at_s: Mapped[float] = mapped_column(Float)
+
+
 class FedEventRow(Base):
     """A hub's decision about one workload: offered, placed, refused, moved, stale copy cancelled."""
 

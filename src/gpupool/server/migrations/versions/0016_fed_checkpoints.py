@@ -1,6 +1,7 @@
 """fed_checkpoints: the last checkpoint a federation hub fetched of each workload that declares one,
-so work moved off a silent member resumes from it on the next (expand only: the last release's hubs
-ignore the table).
+so work moved off a silent member resumes from it on the next; fed_sessions: the member that holds
+each remote-function session opened through a hub (expand only: the last release's hubs ignore
+both tables).
 
 Revision ID: 0016
 Revises: 0015
@@ -29,7 +30,15 @@ def upgrade() -> None:
         sa.Column("data", sa.LargeBinary(), nullable=False),
         sa.Column("at_s", sa.Float(), nullable=False),
     )
+    op.create_table(
+        "fed_sessions",
+        sa.Column("id", sa.String(64), primary_key=True),
+        sa.Column("tenant", sa.String(63), nullable=False),
+        sa.Column("member", sa.String(63), nullable=False),
+        sa.Column("at_s", sa.Float(), nullable=False),
+    )
 
 
 def downgrade() -> None:
+    op.drop_table("fed_sessions")
     op.drop_table("fed_checkpoints")

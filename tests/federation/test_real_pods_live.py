@@ -1,16 +1,19 @@
-"""Work moved off a dead member resumes from its last checkpoint on another (one federation of two
-members with real pods for the module): the hub fetched the checkpoint while the member was up, the
-next copy starts with its files, and the dead member's copy never runs again when it returns."""
+"""A federation of two members whose pods are real processes (one for the module): remote functions
+through the hub run on a member and only their tenant reads their calls; work moved off a dead member
+resumes from its last checkpoint on another (the hub fetched it while the member was up, the next copy
+starts with its files), and the dead member's copy never runs again when it returns."""
 
 from __future__ import annotations
 
 import os
 import re
 import signal
+import sys
 from collections.abc import Iterator
 
 import pytest
 
+import gpupool
 from gpupool.client import Client
 from gpupool.errors import NotFound
 from gpupool.federation.loopback import Federation, copies, start_federation, until
@@ -45,6 +48,40 @@ def _logs(pool: Client, workload_id: str) -> str:
         return pool.logs(workload_id).text
     except NotFound:  # no pod of it started yet
         return ""
+
+
+PYTHON = f"{sys.version_info.major}.{sys.version_info.minor}"
+
+
+def square(x: int) -> int:
+    return x * x
+
+
+def test_remote_functions_through_the_hub_run_on_a_member_for_their_tenant_only(fed: Federation) -> None:
+    assert fed.hub is not None
+    with gpupool.connect(fed.hub.url, fed.alice_token) as pool:
+        future = pool.function(square, gpus=1).remote(7)
+        assert future.result(timeout=120) == 49
+        with pool.session(gpus=1) as session:
+            assert session.call(square, 5) == 25
+            assert [f.result(timeout=120) for f in [session.submit(square, n) for n in (2, 3)]] == [4, 9]
+            opened = session.id
+        assert pool.client.request("GET", f"/calls/{future.id}")["status"] == "succeeded"
+    with fed.hub.admin() as admin:
+        assert admin.post("/tenants", json={"name": "mallory"}).status_code == 201
+        mallory = admin.post("/tokens", json={"tenant": "mallory", "name": "m"}).json()["token"]
+    for member in fed.members:  # she has no tenant there: the hub must never reach her work there
+        with member.admin() as api:
+            api.post("/tenants", json={"name": "mallory"})
+    with fed.hub_api(mallory) as api:  # alice's call and session read as unknown; nothing forwarded
+        assert api.get(f"/calls/{future.id}").status_code == 404
+        assert api.post(f"/calls/{future.id}/cancel").status_code == 404
+        assert api.get(f"/calls/sessions/{opened}").status_code == 404
+        assert api.post(f"/calls/sessions/{opened}/calls", json={"payload": "AA=="}).status_code == 404
+        own = api.post("/calls/sessions", json={"python": PYTHON, "resources": {"gpus": 1}}).json()["id"]
+        forged = f"{own}.{future.id.split('.', 1)[1]}"  # her session, alice's call id on the member
+        assert api.get(f"/calls/{forged}").status_code == 404
+        api.post(f"/calls/sessions/{own}/close")
 
 
 def test_work_moved_off_a_dead_member_resumes_from_its_checkpoint(fed: Federation) -> None:
