@@ -581,8 +581,15 @@ class Hub:
 
     def _maybe_move(self, link: MemberLink, row: FedWorkloadRow, now: float) -> None:
         down_since = link.state.down_since_s or now
+        fence = link.fence_s()
+        silent = now - (link.state.last_ok_s if link.state.last_ok_s is not None else down_since)
         if row.status in BEFORE_START:
-            self._move(row, f"{link.name} stopped answering while it waited there ({link.state.note})")
+            # the record is a poll old: a copy it calls pending may have started since. A member that
+            # fences holds or stops it once silent for its fence, so the move waits that long (and a
+            # poll more); without a fence it moves at once (a dead member runs nothing)
+            if fence is None or silent > fence + self.config.poll_interval_s:
+                self._move(row, f"{link.name} stopped answering while it waited there ({link.state.note})"
+                           + (f"; silent {silent:.0f} s, past its fence of {fence:g} s" if fence else ""))
         elif now - down_since >= self.config.requeue_grace_s:
             carried = self._checkpoint(row.id)
             self._move(row, f"{link.name} stopped answering while it ran there, for "

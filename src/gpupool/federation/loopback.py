@@ -57,14 +57,28 @@ class Proc:
             except subprocess.TimeoutExpired:
                 self.kill()
 
-    def admin(self) -> httpx.Client:
+    def admin(self, source: str | None = None) -> httpx.Client:
+        """The admin API; from `source` (e.g. 127.0.0.3), past `cut_link`, which rejects 127.0.0.1."""
         token = (self.data_dir / "admin-token").read_text().strip()
         return httpx.Client(base_url=self.url + "/api/v1", headers={"Authorization": f"Bearer {token}"},
-                            timeout=10)
+                            timeout=10,
+                            transport=httpx.HTTPTransport(local_address=source) if source else None)
 
     def wait_up(self, timeout_s: float = 60.0) -> None:
         until(lambda: httpx.get(self.url + "/health", timeout=1).status_code == 200, timeout_s,
               f"{self.name} did not start (see {self.log})", self)
+
+
+UNCUT = "127.0.0.3"
+"""The address tests and benches read a member from while `cut_link` keeps the hub away from it."""
+
+
+def cut_link(port: int, cut: bool) -> None:
+    """Reject (TCP reset) or allow again connections from 127.0.0.1 to `port`: the hub's link to a
+    member, both left running (a partition). Root and iptables only."""
+    subprocess.run(["iptables", "-I" if cut else "-D", "INPUT", "-p", "tcp", "-s", "127.0.0.1",
+                    "-d", "127.0.0.1", "--dport", str(port), "-j", "REJECT", "--reject-with", "tcp-reset"],
+                   check=True)
 
 
 def until(predicate: Callable[[], Any], timeout_s: float, what: str, proc: Proc | None = None) -> Any:
@@ -187,14 +201,15 @@ def _start(fed: Federation, names: tuple[str, ...], simulate: str, ghost: bool, 
     fed.hub_output = fed.hub.log.read_text()
 
 
-def copies(proc: Proc, active_only: bool = True) -> dict[str, list[dict[str, Any]]]:
+def copies(proc: Proc, active_only: bool = True,
+           source: str | None = None) -> dict[str, list[dict[str, Any]]]:
     """A member's copies of hub workloads, by the hub's id (read with the member's admin token)."""
     from gpupool.federation.hub import FEDERATION_ID_ENV
 
     params: dict[str, Any] = {"full": "true", "limit": 1000}
     if active_only:
         params["status"] = ["pending", "admitted", "running"]
-    with proc.admin() as api:
+    with proc.admin(source) as api:
         items = api.get("/workloads", params=params).json()["items"]
     out: dict[str, list[dict[str, Any]]] = {}
     for item in items:
