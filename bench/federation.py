@@ -32,7 +32,7 @@ import httpx
 from rich.console import Console
 from rich.table import Table
 
-from gpupool.federation.loopback import ALICE, UNCUT, Federation, copies, cut_link, start_federation, until
+from gpupool.federation.loopback import ALICE, Federation, copies, start_federation, until
 
 
 def _pct(values: list[float], q: float) -> float:
@@ -124,6 +124,8 @@ def failure(fed: Federation, work: int) -> dict[str, Any]:
 
 
 def partition(fed: Federation, work: int) -> dict[str, Any]:
+    from gpupool.federation.loopback import UNCUT, cut_link  # here: bench/side_by_side.py runs the
+    # latency part against older checkouts, which lack them
     east = fed.member("east")
     others = [m for m in fed.members if m.name != "east"]
     body = {"command": ["x"], "resources": {"gpus": 1}, "env": {"GPUPOOL_FAKE_DURATION_S": "3600"}}
@@ -179,6 +181,8 @@ def main() -> None:
     parser.add_argument("--blocks", type=int, default=10)
     parser.add_argument("--per-block", type=int, default=50)
     parser.add_argument("--work", type=int, default=12)
+    parser.add_argument("--latency-only", action="store_true",
+                        help="only the submission latency (for bench/side_by_side.py)")
     parser.add_argument("--partition", action="store_true", help="also the partition run (root, iptables)")
     parser.add_argument("--fence", type=float, default=2.0, help="the members' federation.fence (s)")
     parser.add_argument("--json", type=Path, default=Path("bench/results/federation.json"))
@@ -188,9 +192,16 @@ def main() -> None:
                                poll_s=0.25)
         try:
             lat = latency(fed, args.blocks, args.per_block)
-            fail = failure(fed, args.work)
+            fail = failure(fed, args.work) if not args.latency_only else None
         finally:
             fed.stop()
+    if fail is None:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps({"latency": lat, "hub_p50_ms": lat["hub"]["p50_ms"],
+                                         "direct_p50_ms": lat["direct"]["p50_ms"],
+                                         "added_p50_ms": lat["added_p50_ms"]}, indent=2) + "\n")
+        print(f"submit p50: direct {lat['direct']['p50_ms']:.2f} ms, hub {lat['hub']['p50_ms']:.2f} ms")
+        return
     cut: dict[str, Any] | None = None
     if args.partition:
         with tempfile.TemporaryDirectory(prefix="gpupool-fed-") as root:
