@@ -15,7 +15,7 @@ from __future__ import annotations
 import logging
 import time
 
-from sqlalchemy import select
+from sqlalchemy import Text, cast, select
 
 from gpupool.api.events import EventReason
 from gpupool.core.model import WorkloadStatus
@@ -58,8 +58,9 @@ class Fence:
         why = (f"The federation hub has not called for {silent:.0f} s (federation.fence "
                f"{self.fence_s:g} s) and may run this work elsewhere: held until it answers.")
         with self.rt.store.write() as session:
-            rows = session.scalars(select(WorkloadRow).where(WorkloadRow.status.in_(_ACTIVE),
-                                                             WorkloadRow.held == "")).all()
+            rows = session.scalars(select(WorkloadRow).where(  # the text narrows it; the env decides
+                WorkloadRow.status.in_(_ACTIVE), WorkloadRow.held == "",
+                cast(WorkloadRow.spec, Text).contains(FEDERATION_ID_ENV, autoescape=True))).all()
             for row in rows:
                 if FEDERATION_ID_ENV not in (row.spec.get("env") or {}):
                     continue
