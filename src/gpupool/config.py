@@ -305,6 +305,13 @@ class FailureConfig(_Strict):
     """Wait before a workload requeued after a failure may be placed again (doubled per retry)."""
 
 
+class FederationMemberConfig(_Strict):
+    fence: Seconds | None = None
+    """For a pool that a federation hub uses: after this long without any call from a federation
+    token, the hub's pending copies are held and its running ones stopped and held, since the hub
+    may place them elsewhere (its requeue_grace_s must be longer). None: no fence."""
+
+
 class DefaultsConfig(_Strict):
     """What a request that names no amount gets."""
 
@@ -423,6 +430,9 @@ class PoolConfig(_Strict):
     """Per tenant: the node directories its pods may mount (`tenants.<name>.mounts`)."""
     serving: ServingConfig = Field(default_factory=lambda: ServingConfig.model_validate({}))
     """Inference services: their priority classes, headroom and probes (docs/services.md)."""
+    federation: FederationMemberConfig = Field(
+        default_factory=lambda: FederationMemberConfig.model_validate({}))
+    """As a member of a federation (docs/federation.md): the fence against a silent hub."""
 
     def all_priority_classes(self) -> list[PriorityClassConfig]:
         """The batch classes, then the services' classes the batch list does not define."""

@@ -47,6 +47,13 @@ class UnknownName(InvalidInput):
     code = "unknown_name"
 
 
+class TooLarge(InvalidInput):
+    """What was sent or asked for is larger than the limit the message names."""
+
+    code = "too_large"
+    http_status = 413
+
+
 class NotFound(GpupoolError):
     code = "not_found"
     http_status = 404

@@ -24,7 +24,8 @@ from gpupool.yamlfiles import read_text, safe_load
 POLICIES = tuple(p.value for p in Policy)
 """The placement policies a hub knows (their maths: core/federation.py)."""
 
-_TOP = ("policy", "member_down_after_s", "requeue_grace_s", "poll_interval_s", "offer_timeout_s", "members",
+_TOP = ("policy", "member_down_after_s", "requeue_grace_s", "poll_interval_s", "offer_timeout_s",
+        "checkpoint_max_mb", "members",
         "regions",
         "datasets", "tenants", "simulation")
 _MEMBER = ("name", "url", "token_file", "region", "prices", "egress_per_gb", "datasets")
@@ -71,6 +72,8 @@ class FederationConfig:
     poll_interval_s: float = 1.0
     offer_timeout_s: float = 10.0
     """A copy still waiting on its member this long is withdrawn when another member has room now."""
+    checkpoint_max_mb: float = 64.0
+    """The largest checkpoint the hub fetches and carries to the member that runs the work next."""
     links: dict[tuple[str, str], Link] = field(default_factory=dict)
     """(from region, to region) -> the WAN link"""
     datasets: dict[str, float] = field(default_factory=dict)
@@ -177,6 +180,8 @@ def load_federation(path: Path, *, replay: bool = False) -> FederationConfig:
         requeue_grace_s=problems.number("requeue_grace_s", top.get("requeue_grace_s", 30.0)),
         poll_interval_s=problems.number("poll_interval_s", top.get("poll_interval_s", 1.0), positive=True),
         offer_timeout_s=problems.number("offer_timeout_s", top.get("offer_timeout_s", 10.0), positive=True),
+        checkpoint_max_mb=min(256.0, problems.number("checkpoint_max_mb", top.get("checkpoint_max_mb", 64.0),
+                                                     positive=True)),
         links=links, datasets=datasets, tenants=tenants,
         simulation=_mapping(problems, "simulation", top.get("simulation")))
     if problems.items:

@@ -107,6 +107,8 @@ EXPECTED: dict[tuple[str, str], Expectation] = {
     ("POST", "/workloads/{workload_id}/requeue"): Others(),
     ("GET", "/workloads/{workload_id}/events"): Others(),
     ("GET", "/workloads/{workload_id}/logs"): Others(),
+    ("GET", "/workloads/{workload_id}/checkpoint"): Others(),
+    ("PUT", "/workloads/{workload_id}/checkpoint"): Others(body=lambda v: {"not": "a tar"}),
     ("GET", "/events/stream"): Readable(probe={"tenant": "tenant", "workload": "workload_id"}),
     ("GET", "/events/services/stream"): Readable(probe={"tenant": "tenant", "service": "service_name"}),
     ("POST", "/workloads/arrays/{array_id}/cancel"): Others(),

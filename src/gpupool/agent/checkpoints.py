@@ -17,11 +17,12 @@ import re
 import secrets
 import shutil
 import stat
+import tarfile
 import threading
 from pathlib import Path
 
 from gpupool.agent.identity import PodIdentity, make_private_dir, prepare_scratch_root
-from gpupool.errors import InvalidInput
+from gpupool.errors import Conflict, InvalidInput, TooLarge
 
 CHECKPOINT_DIR_ENV = "GPUPOOL_CHECKPOINT_DIR"
 MARK = ".checkpoint"
@@ -74,6 +75,26 @@ class CheckpointDirs:
             return None
         return info.st_mtime
 
+    def archive(self, workload_id: str, max_bytes: int) -> tuple[float | None, bytes] | None:
+        """The workload's directory as a tar (`pack`) and its mark; None when it has no directory or
+        an empty one. TooLarge past `max_bytes`."""
+        directory = self.path(workload_id)
+        try:
+            if not any(os.scandir(directory)):
+                return None
+            return self.mark_s(workload_id), pack(directory, max_bytes)
+        except (FileNotFoundError, NotADirectoryError):
+            return None
+
+    def seed(self, workload_id: str, identity: PodIdentity | None, data: bytes) -> int:
+        """Fill the workload's directory, before its first pod starts, with a checkpoint made elsewhere
+        (`unpack`; a federation hub carries one to the member that runs the work next). Conflict when
+        the directory already holds files. Returns the bytes written."""
+        directory = self.prepare(workload_id, identity)
+        if any(os.scandir(directory)):
+            raise Conflict(f"Workload {workload_id} already has a checkpoint here; it is not replaced.")
+        return unpack(directory, data, identity.uid if identity else None, identity.gid if identity else None)
+
     def forget(self, workload_id: str) -> None:
         """The workload ended for good: its directory disappears now (renamed aside, so the id is free
         at once) and its files are deleted in the background. Idempotent."""
@@ -111,3 +132,129 @@ class CheckpointDirs:
             # rmtree works through directory descriptors and never follows a link the tenant made;
             # what a pod still writes meanwhile is left for the next agent start.
             shutil.rmtree(path, ignore_errors=True)
+
+
+MAX_ARCHIVE_BYTES = 256 * 2**20
+"""The most a checkpoint archive may hold (what a federation hub carries to another member)."""
+_MAX_ENTRIES = 10_000
+
+
+def pack(directory: Path, max_bytes: int) -> bytes:
+    """`directory`'s regular files and subdirectories as an uncompressed tar, read through directory
+    descriptors without following any link (the tenant controls the directory, and this runs as
+    root): links, devices and sockets are left out. TooLarge past `max_bytes` of file contents or
+    10,000 entries; FileNotFoundError when the directory is gone."""
+    import io
+
+    out = io.BytesIO()
+    total = 0
+    entries = 0
+    with tarfile.open(fileobj=out, mode="w", format=tarfile.PAX_FORMAT) as archive:
+        top = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+
+        def walk(fd: int, prefix: str) -> None:
+            nonlocal total, entries
+            for name in sorted(os.listdir(fd)):
+                entries += 1
+                if entries > _MAX_ENTRIES:
+                    raise TooLarge(f"The checkpoint holds more than {_MAX_ENTRIES} files; keep fewer, larger "
+                                   "files in $GPUPOOL_CHECKPOINT_DIR.")
+                try:
+                    child = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK, dir_fd=fd)
+                except OSError:  # a link (ELOOP), or gone meanwhile: not part of the checkpoint
+                    continue
+                try:
+                    info = os.fstat(child)
+                    member = tarfile.TarInfo(prefix + name)
+                    member.mtime = int(info.st_mtime)
+                    member.mode = stat.S_IMODE(info.st_mode) & 0o755
+                    if stat.S_ISDIR(info.st_mode):
+                        member.type = tarfile.DIRTYPE
+                        archive.addfile(member)
+                        walk(child, prefix + name + "/")
+                    elif stat.S_ISREG(info.st_mode):
+                        total += info.st_size
+                        if total > max_bytes:
+                            raise TooLarge(f"The checkpoint holds more than {max_bytes / 2**20:g} MiB, "
+                                           "the most that is carried between pools.")
+                        with os.fdopen(child, "rb", closefd=False) as data:
+                            content = data.read(info.st_size + 1)[:info.st_size]
+                        member.size = len(content)
+                        archive.addfile(member, io.BytesIO(content))
+                finally:
+                    os.close(child)
+
+        try:
+            walk(top, "")
+        finally:
+            os.close(top)
+    return out.getvalue()
+
+
+def unpack(directory: Path, data: bytes, uid: int | None, gid: int | None) -> int:
+    """Write the tar `data` (from `pack`) into the empty `directory`: regular files and directories
+    only, created with O_EXCL under directory descriptors without following links, owned by
+    uid:gid (None: left as this process's). InvalidInput for anything else in the archive, or a
+    name that leaves the directory. Returns the bytes written."""
+    import io
+
+    if len(data) > MAX_ARCHIVE_BYTES + 2**20:
+        raise TooLarge(f"A checkpoint archive may hold at most {MAX_ARCHIVE_BYTES / 2**20:g} MiB.")
+    try:
+        with tarfile.open(fileobj=io.BytesIO(data), mode="r:") as archive:
+            members = archive.getmembers()
+            if len(members) > _MAX_ENTRIES:
+                raise TooLarge(f"A checkpoint archive may hold at most {_MAX_ENTRIES} entries.")
+            for member in members:
+                _check_member(member)
+            return _write_members(directory, archive, members, uid, gid)
+    except (tarfile.TarError, EOFError) as exc:
+        raise InvalidInput(f"The checkpoint is not a tar archive ({exc}); send what GET "
+                           "/workloads/ID/checkpoint answered.") from None
+
+
+def _check_member(member: tarfile.TarInfo) -> None:
+    parts = member.name.split("/")
+    if (member.name.startswith("/") or any(p in ("", ".", "..") for p in parts)
+            or not (member.isfile() or member.isdir())):
+        raise InvalidInput(f"The checkpoint archive holds {member.name[:100]!r}, which is not a plain file "
+                           "or directory inside it; send what GET /workloads/ID/checkpoint answered.")
+
+
+def _write_members(directory: Path, archive: tarfile.TarFile, members: list[tarfile.TarInfo],
+                   uid: int | None, gid: int | None) -> int:
+    top = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+    opened: dict[str, int] = {"": top}
+    written = 0
+    try:
+        for member in members:
+            parts = member.name.split("/")
+            parent = opened.get("/".join(parts[:-1]))
+            if parent is None:
+                raise InvalidInput(f"The checkpoint archive names {member.name[:100]!r} before its "
+                                   "directory.")
+            if member.isdir():
+                os.mkdir(parts[-1], 0o700, dir_fd=parent)
+                fd = os.open(parts[-1], os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=parent)
+                opened[member.name] = fd
+            else:
+                fd = os.open(parts[-1], os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600,
+                             dir_fd=parent)
+                try:
+                    source = archive.extractfile(member)
+                    content = source.read() if source is not None else b""
+                    with os.fdopen(fd, "wb", closefd=False) as out:
+                        out.write(content)
+                    written += len(content)
+                    os.utime(fd, (member.mtime, member.mtime))
+                finally:
+                    if uid is not None and gid is not None:
+                        os.fchown(fd, uid, gid)
+                    os.close(fd)
+                continue
+            if uid is not None and gid is not None:
+                os.fchown(fd, uid, gid)
+    finally:
+        for fd in opened.values():
+            os.close(fd)
+    return written

@@ -452,6 +452,15 @@ class NodeAgent:
         """The workload's last checkpoint mark on this node (see checkpoints.py), or None."""
         return self.checkpoints.mark_s(workload_id)
 
+    def checkpoint_archive(self, workload_id: str, max_bytes: int) -> tuple[float | None, bytes] | None:
+        """The workload's checkpoint directory on this node as a tar, with its mark (checkpoints.py)."""
+        return self.checkpoints.archive(workload_id, max_bytes)
+
+    def seed_checkpoint(self, workload_id: str, tenant: str, unix_user: str, data: bytes) -> int:
+        """Fill the workload's checkpoint directory before its first pod, owned by the account its pods
+        run as (checkpoints.py)."""
+        return self.checkpoints.seed(workload_id, self.identities.resolve(tenant, unix_user), data)
+
     def forget_workload(self, workload_id: str) -> None:
         """Remove the workload's checkpoint directory on this node (it ended for good)."""
         self.checkpoints.forget(workload_id)

@@ -41,6 +41,9 @@ class EventReason(StrEnum):
     """Its priority, time limit, gpus or replicas were changed while pending (`gpupool update`)."""
     REQUEUED_BY_USER = "requeued_by_user"
     """Stopped and sent back to pending by `gpupool requeue`."""
+    FEDERATION_FENCED = "federation_fenced"
+    """A federation hub's copy, held (or stopped and held): the hub was not heard from for the pool's
+    federation.fence (docs/federation.md)."""
     WAITING_FOR_DEPENDENCY = "waiting_for_dependency"
     """Its --dependency does not hold yet: it is not considered for placement."""
     DEPENDENCY_MET = "dependency_met"

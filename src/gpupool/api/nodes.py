@@ -106,5 +106,7 @@ class PoolSummary(Strict):
     fabric: bool = Field(False, description="the pool knows its InfiniBand fabric (GET /fabric answers)")
     federation: bool = Field(default=False, description="a federation hub answers (GET /federation/members "
                              "lists its members' capacity, queues and prices)")
+    federation_fence_s: float | None = Field(default=None, description=(
+        "as a federation member: the hub's work is held after this long without a call from it"))
     router: str = Field(default="", description="which router serves services: haproxy, or in-process "
                         "with why (haproxy not installed, or chosen); '' without --serve-port")

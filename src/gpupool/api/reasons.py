@@ -147,6 +147,11 @@ _ENTRIES: tuple[tuple[StrEnum, bool, str, str], ...] = (
      "The event's message says what changed; `gpupool show` gives the spec it now runs with."),
     (_E.REQUEUED_BY_USER, False, "Stopped with `gpupool requeue` and sent back to pending.",
      "Nothing to do: it is placed again; checkpoints in GPUPOOL_CHECKPOINT_DIR keep its progress."),
+    (_E.FEDERATION_FENCED, False,
+     "A federation hub's copy held (and stopped, if it ran): the pool has not heard from the hub for "
+     "its federation.fence, and the hub may run the work elsewhere.",
+     "Nothing to do: when the hub answers again it releases the copy it still places here and "
+     "cancels the others."),
     (_E.WAITING_FOR_DEPENDENCY, False,
      "Its --dependency does not hold yet, so the scheduler does not consider it.",
      "It waits for the work it names (the message says which); `gpupool show ID` names the part."),

@@ -9,6 +9,7 @@ from fastapi import FastAPI
 
 from gpupool.core.model import Node
 from gpupool.errors import ProviderError
+from gpupool.federation.calls import calls_router
 from gpupool.federation.config import FederationConfig
 from gpupool.federation.hub import Hub
 from gpupool.federation.routes import hub_router
@@ -47,6 +48,8 @@ def create_hub(rt: Runtime, config: FederationConfig) -> HubServer:
     """The hub's app over `rt` (whose provider is NoNodes); members polled once, threads not started."""
     hub = Hub(rt.store, config, clock=rt.clock)
     notices = hub.first_poll()
-    app = create_app(rt, run_loop=False, hub_router=hub_router(hub))
+    routes = hub_router(hub)
+    routes.include_router(calls_router(hub))
+    app = create_app(rt, run_loop=False, hub_router=routes)
     app.state.hub = hub
     return HubServer(app=app, hub=hub, notices=notices)

@@ -19,7 +19,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from sqlalchemy import func, select, update
+from sqlalchemy import delete, func, select, update
 
 from gpupool.api.workloads import WorkloadSpec
 from gpupool.errors import (
@@ -36,7 +36,7 @@ from gpupool.federation.members import MemberLink, MemberUnreachable
 from gpupool.federation.placement import candidates, reoffer_target
 from gpupool.server.auth import FEDERATION_ID_ENV, Principal
 from gpupool.server.db import Store
-from gpupool.server.orm import FedEventRow, FedPlacementRow, FedWorkloadRow
+from gpupool.server.orm import FedCheckpointRow, FedEventRow, FedPlacementRow, FedWorkloadRow
 from gpupool.server.services.tokens import lock_tenant
 
 log = logging.getLogger("gpupool.federation")
@@ -77,6 +77,14 @@ class Hub:
             if not link.state.up:
                 notices.append(f"Member {link.state.note}, so it is marked down; the hub starts "
                                "without it and offers it work once it answers.")
+        fences = {link.name: fence for link in self.links if (fence := link.fence_s()) is not None
+                  and fence >= self.config.requeue_grace_s}
+        if fences:
+            raise InvalidInput(
+                f"requeue_grace_s ({self.config.requeue_grace_s:g} s) must be longer than each member's "
+                f"federation.fence, or a member cut off from the hub could still run a copy the hub has "
+                f"started elsewhere; {', '.join(f'{n} fences after {f:g} s' for n, f in fences.items())}: "
+                "raise requeue_grace_s in the federation file or lower the members' fence.")
         return notices
 
     def start(self) -> None:
@@ -146,6 +154,7 @@ class Hub:
             if row.state not in ACTIVE:
                 return row
             if self._cas(row, state="cancelled", status="cancelled"):
+                self._drop_checkpoint(row.id)
                 self._event(row.id, "federation_cancelled", f"cancelled by {who.actor}")
                 if row.member and row.member_id:
                     self._mark_stale(row, "cancelled at the hub")
@@ -212,6 +221,10 @@ class Hub:
             self._set_held(row.id, row.held)
             raise Unavailable(f"The member holding {row.id} does not answer now ({exc}); "
                               "try again later.") from None
+
+    def _held_now(self, workload_id: str) -> bool:
+        with self.store.read() as session:
+            return bool(session.scalar(select(FedWorkloadRow.held).where(FedWorkloadRow.id == workload_id)))
 
     def _set_held(self, workload_id: str, held: str) -> None:
         """Put the record's hold back (compare-and-set, read again while the watch writes meanwhile)."""
@@ -306,6 +319,7 @@ class Hub:
                             f"no member can take it under {ranked.policy}: {why}")
             return None
         body = {**row.spec, "env": {**row.spec.get("env", {}), FEDERATION_ID_ENV: row.id}}
+        carried = self._checkpoint(row.id)
         refusals = []
         for name in order:
             link = self.by_name[name]
@@ -316,7 +330,8 @@ class Hub:
                 session.flush()
                 offer_id = offer.id
             try:
-                answer = link.call("POST", "/workloads", tenant=row.tenant, json=body)
+                answer = link.call("POST", "/workloads", tenant=row.tenant, json=body,
+                                   params={"hold": "true"} if carried else None)
             except MemberUnreachable as exc:
                 self._event(row.id, "federation_offer_lost", f"{exc}; the offer is looked for there before "
                             "any other")
@@ -326,11 +341,12 @@ class Hub:
                 refusals.append(f"{name}: {_message(answer)}")
                 continue
             member_id = str(answer.json()["id"])
+            resumed = self._give_checkpoint(link, row, member_id, carried) if carried else ""
             self._set_offer(offer_id, member_id, "current")
             if self._cas(row, state="placed", member=name, member_id=member_id, status="pending"):
                 link.state.took(row.gpus)  # the next offer of this round sees it taken
                 self._event(row.id, "federation_placed", f"offered to {name} under {ranked.policy} "
-                            f"({ranked.why.get(name, '')}) and kept there as {member_id}"
+                            f"({ranked.why.get(name, '')}) and kept there as {member_id}{resumed}"
                             + (f"; refused first by {'; '.join(refusals)}" if refusals else ""))
                 return name
             self._set_offer(offer_id, member_id, "stale")  # cancelled at the hub meanwhile: withdraw it
@@ -338,6 +354,78 @@ class Hub:
             return None
         self._event(row.id, "federation_refused", "no member admits it now: " + "; ".join(refusals))
         return None
+
+    # ------------------------------------------------------------ checkpoints
+
+    def _checkpoint(self, workload_id: str) -> FedCheckpointRow | None:
+        with self.store.read() as session:
+            found = session.get(FedCheckpointRow, workload_id)
+            if found is not None:
+                session.expunge(found)
+            return found
+
+    def checkpoint_mark(self, workload_id: str) -> float | None:
+        with self.store.read() as session:
+            return session.scalar(select(FedCheckpointRow.mark_s)
+                                  .where(FedCheckpointRow.workload_id == workload_id))
+
+    def _give_checkpoint(self, link: MemberLink, row: FedWorkloadRow, member_id: str,
+                         carried: FedCheckpointRow) -> str:
+        """Put the carried checkpoint into the new copy (submitted held, so no pod starts before it is
+        there), then release the copy; what the placement event adds about it. A release lost here is
+        done by the watch (it releases a copy held on the member but not at the hub)."""
+        said = ""
+        try:
+            put = link.call("PUT", f"/workloads/{member_id}/checkpoint", tenant=row.tenant,
+                            content=carried.data, timeout_s=60.0)
+            if put.status_code == 200:
+                said = (f"; it resumes from its checkpoint of {carried.size} bytes made on {carried.member} "
+                        f"at {time.strftime('%H:%M:%S', time.gmtime(carried.mark_s))} UTC")
+            else:
+                said = (f"; its checkpoint could not be given there ({_message(put)}): it starts from the "
+                        "beginning")
+            if not row.held:
+                link.call("POST", f"/workloads/{member_id}/release", tenant=row.tenant)
+        except MemberUnreachable as exc:
+            said = f"; its checkpoint or release was not answered ({exc}): the watch releases it"
+        return said
+
+    def _fetch_checkpoint(self, link: MemberLink, row: FedWorkloadRow) -> None:
+        """Keep the latest checkpoint of running work that declares checkpoints (the member answers 304
+        while its mark is not newer than the one held); it is fetched as the workload's tenant, kept
+        under the hub's id, and given only to that workload's next copy."""
+        held = self._checkpoint(row.id)
+        params: dict[str, Any] = {"max_bytes": int(self.config.checkpoint_max_mb * 2**20)}
+        if held is not None:
+            params["since_s"] = held.mark_s
+        try:
+            answer = link.call("GET", f"/workloads/{row.member_id}/checkpoint", tenant=row.tenant,
+                               params=params, timeout_s=60.0)
+        except MemberUnreachable:
+            return
+        if answer.status_code == 413:
+            if self._last_refusal.get(row.id) != "checkpoint":
+                self._last_refusal[row.id] = "checkpoint"
+                self._event(row.id, "federation_checkpoint_too_large", f"{_message(answer)}: a move would "
+                            "start it from the beginning")
+            return
+        if answer.status_code != 200:
+            return
+        mark = float(answer.headers.get("X-Gpupool-Checkpoint-Mark") or self.clock())
+        data = answer.content
+        with self.store.write() as session:  # only over an older mark (compare-and-set)
+            found = session.get(FedCheckpointRow, row.id)
+            if found is None:
+                session.add(FedCheckpointRow(workload_id=row.id, tenant=row.tenant, member=link.name,
+                                             mark_s=mark, size=len(data), data=data, at_s=self.clock()))
+            else:
+                session.execute(update(FedCheckpointRow).where(
+                    FedCheckpointRow.workload_id == row.id, FedCheckpointRow.mark_s == found.mark_s)
+                    .values(member=link.name, mark_s=mark, size=len(data), data=data, at_s=self.clock()))
+
+    def _drop_checkpoint(self, workload_id: str) -> None:
+        with self.store.write() as session:
+            session.execute(delete(FedCheckpointRow).where(FedCheckpointRow.workload_id == workload_id))
 
     def _set_offer(self, offer_id: int, member_id: str, state: str) -> None:
         with self.store.write() as session:
@@ -453,15 +541,21 @@ class Hub:
             return True
         view = answer.json()
         status = str(view["status"])
-        if status == "pending" and view.get("held") == "user" and not row.held:  # held by the member's
-            # restart, not by its tenant through the hub: still ours
+        if status == "pending" and view.get("held") == "user" and not row.held \
+                and not self._held_now(row.id):  # held by the member's restart or fence, not by its
+            # tenant through the hub (whose hold is recorded here before it reaches the member, so it
+            # is read again after the member's answer): still ours
             try:
                 link.call("POST", f"/workloads/{row.member_id}/release", tenant=row.tenant)
             except MemberUnreachable:
                 return True
+        if status == "running" and row.spec.get("checkpoint_interval_s"):
+            self._fetch_checkpoint(link, row)
         if status == row.status and status not in ENDED:
             return False
-        self._cas(row, status=status, view=view, state="done" if status in ENDED else "placed")
+        if self._cas(row, status=status, view=view, state="done" if status in ENDED else "placed") \
+                and status in ENDED:
+            self._drop_checkpoint(row.id)
         return True
 
     def _maybe_withdraw(self, link: MemberLink, row: FedWorkloadRow, now: float) -> None:
@@ -487,13 +581,21 @@ class Hub:
 
     def _maybe_move(self, link: MemberLink, row: FedWorkloadRow, now: float) -> None:
         down_since = link.state.down_since_s or now
+        fence = link.fence_s()
+        silent = now - (link.state.last_ok_s if link.state.last_ok_s is not None else down_since)
         if row.status in BEFORE_START:
-            self._move(row, f"{link.name} stopped answering while it waited there ({link.state.note})")
+            # the record is a poll old: a copy it calls pending may have started since. A member that
+            # fences holds or stops it once silent for its fence, so the move waits that long (and a
+            # poll more); without a fence it moves at once (a dead member runs nothing)
+            if fence is None or silent > fence + self.config.poll_interval_s:
+                self._move(row, f"{link.name} stopped answering while it waited there ({link.state.note})"
+                           + (f"; silent {silent:.0f} s, past its fence of {fence:g} s" if fence else ""))
         elif now - down_since >= self.config.requeue_grace_s:
-            kept = (row.view or {}).get("progress_s", 0.0)
+            carried = self._checkpoint(row.id)
             self._move(row, f"{link.name} stopped answering while it ran there, for "
                        f"{now - down_since:.0f} s (grace {self.config.requeue_grace_s:g} s); it starts "
-                       f"again elsewhere" + (f" from {kept:g} s of checkpointed work" if kept else ""))
+                       "again elsewhere" + (f" from its checkpoint of {carried.size} bytes" if carried else
+                                           ", from the beginning (no checkpoint was fetched)"))
 
     def _move(self, row: FedWorkloadRow, why: str, *, withdrawn: bool = False) -> None:
         if self._cas(row, state="queued", member=None, member_id=None, status="pending", moves=row.moves + 1):

@@ -57,14 +57,28 @@ class Proc:
             except subprocess.TimeoutExpired:
                 self.kill()
 
-    def admin(self) -> httpx.Client:
+    def admin(self, source: str | None = None) -> httpx.Client:
+        """The admin API; from `source` (e.g. 127.0.0.3), past `cut_link`, which rejects 127.0.0.1."""
         token = (self.data_dir / "admin-token").read_text().strip()
         return httpx.Client(base_url=self.url + "/api/v1", headers={"Authorization": f"Bearer {token}"},
-                            timeout=10)
+                            timeout=10,
+                            transport=httpx.HTTPTransport(local_address=source) if source else None)
 
     def wait_up(self, timeout_s: float = 60.0) -> None:
         until(lambda: httpx.get(self.url + "/health", timeout=1).status_code == 200, timeout_s,
               f"{self.name} did not start (see {self.log})", self)
+
+
+UNCUT = "127.0.0.3"
+"""The address tests and benches read a member from while `cut_link` keeps the hub away from it."""
+
+
+def cut_link(port: int, cut: bool) -> None:
+    """Reject (TCP reset) or allow again connections from 127.0.0.1 to `port`: the hub's link to a
+    member, both left running (a partition). Root and iptables only."""
+    subprocess.run(["iptables", "-I" if cut else "-D", "INPUT", "-p", "tcp", "-s", "127.0.0.1",
+                    "-d", "127.0.0.1", "--dport", str(port), "-j", "REJECT", "--reject-with", "tcp-reset"],
+                   check=True)
 
 
 def until(predicate: Callable[[], Any], timeout_s: float, what: str, proc: Proc | None = None) -> Any:
@@ -111,15 +125,17 @@ def start_federation(root: Path, names: tuple[str, ...] = ("east", "west", "nort
                      simulate: str = "1x4xH100", ghost: bool = False, down_after_s: float = 2.0,
                      grace_s: float = 1.0, poll_s: float = 0.25, policy: str = "home",
                      regions: tuple[str, ...] = (), tenants: dict[str, str] | None = None,
-                     datasets: dict[str, tuple[float, str]] | None = None) -> Federation:
+                     datasets: dict[str, tuple[float, str]] | None = None,
+                     provider: str = "fake", fence_s: float | None = None) -> Federation:
     """Members `names` (alice's home: the first; member i's GPU-hour at 1.0 - 0.1 i) and a hub over
     them; with `ghost`, one more member whose URL nothing answers (the hub starts anyway and says so).
     `tenants`: more tenants (home: the first member) -> their own policy; `datasets`: name -> (size in
-    GB, the member holding it)."""
+    GB, the member holding it); `provider`: the members' (local: their pods are real processes);
+    `fence_s`: the members' federation.fence."""
     fed = Federation(root)
     try:
         _start(fed, names, simulate, ghost, down_after_s, grace_s, poll_s, policy, regions, tenants or {},
-               datasets or {})
+               datasets or {}, provider, fence_s)
     except BaseException:
         fed.stop()
         raise
@@ -128,13 +144,19 @@ def start_federation(root: Path, names: tuple[str, ...] = ("east", "west", "nort
 
 def _start(fed: Federation, names: tuple[str, ...], simulate: str, ghost: bool, down_after_s: float,
            grace_s: float, poll_s: float, policy: str, regions: tuple[str, ...], tenants: dict[str, str],
-           datasets: dict[str, tuple[float, str]]) -> None:
+           datasets: dict[str, tuple[float, str]], provider: str = "fake",
+           fence_s: float | None = None) -> None:
     root = fed.root
+    pool_config: list[str] = []
+    if fence_s is not None:
+        (root / "member.yaml").write_text(f"federation:\n  fence: {fence_s:g}\n")
+        pool_config = ["--config", str(root / "member.yaml")]
     for name in names:
         data = root / name
         data.mkdir(mode=0o700, parents=True)
-        fed.members.append(Proc(name, free_port(), data, ["--provider", "fake", "--simulate", simulate,
-                                                          "--placement", "first-fit"], root / f"{name}.log"))
+        fed.members.append(Proc(name, free_port(), data, ["--provider", provider, "--simulate", simulate,
+                                                          "--placement", "first-fit", *pool_config],
+                                root / f"{name}.log"))
     for proc in fed.members:
         proc.start()
     lines = [f"policy: {policy}", f"member_down_after_s: {down_after_s}", f"requeue_grace_s: {grace_s}",
@@ -179,14 +201,15 @@ def _start(fed: Federation, names: tuple[str, ...], simulate: str, ghost: bool, 
     fed.hub_output = fed.hub.log.read_text()
 
 
-def copies(proc: Proc, active_only: bool = True) -> dict[str, list[dict[str, Any]]]:
+def copies(proc: Proc, active_only: bool = True,
+           source: str | None = None) -> dict[str, list[dict[str, Any]]]:
     """A member's copies of hub workloads, by the hub's id (read with the member's admin token)."""
     from gpupool.federation.hub import FEDERATION_ID_ENV
 
     params: dict[str, Any] = {"full": "true", "limit": 1000}
     if active_only:
         params["status"] = ["pending", "admitted", "running"]
-    with proc.admin() as api:
+    with proc.admin(source) as api:
         items = api.get("/workloads", params=params).json()["items"]
     out: dict[str, list[dict[str, Any]]] = {}
     for item in items:

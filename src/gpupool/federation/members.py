@@ -65,11 +65,12 @@ class MemberLink:
         return client
 
     def call(self, method: str, path: str, *, tenant: str | None = None, json: Any = None,
-             params: Any = None, timeout_s: float = CALL_TIMEOUT_S) -> httpx.Response:
+             params: Any = None, timeout_s: float = CALL_TIMEOUT_S,
+             content: bytes | None = None) -> httpx.Response:
         headers = {ON_BEHALF_HEADER: tenant} if tenant else {}
         try:
             return self._http().request(method, path, json=json, params=params, headers=headers,
-                                        timeout=timeout_s)
+                                        timeout=timeout_s, content=content)
         except httpx.TransportError as exc:
             raise MemberUnreachable(f"{self.name} ({self.config.url}) does not answer: "
                                     f"{type(exc).__name__} {exc}".strip()) from None
@@ -101,6 +102,11 @@ class MemberLink:
                     state.down_since_s = now_s
                 state.up = False
         return ok, was_up != state.up
+
+    def fence_s(self) -> float | None:
+        """The member's federation.fence as its summary last said (None: no fence, or not read)."""
+        value = (self.state.summary or {}).get("federation_fence_s")
+        return float(value) if value is not None else None
 
     def close(self) -> None:
         client: httpx.Client | None = getattr(self._local, "client", None)

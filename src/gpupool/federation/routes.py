@@ -125,6 +125,8 @@ class PlacementOut(BaseModel):
     member_id: str | None
     moves: int
     held: str = Field(default="", description="a hold asked at the hub: user or admin ('' for none)")
+    checkpoint_s: float | None = Field(default=None, description=(
+        "the mark of the last checkpoint the hub holds of it (the next member resumes from it)"))
 
 
 def hub_router(hub: Hub) -> APIRouter:
@@ -250,8 +252,10 @@ def hub_router(hub: Hub) -> APIRouter:
                 tags=["federation"])
     def placement(workload_id: str, who: Who) -> PlacementOut:
         row = hub.row(who, workload_id)
+        carried = hub.checkpoint_mark(row.id)
         return PlacementOut(id=row.id, tenant=row.tenant, state=row.state, status=row.status,
-                            member=row.member, member_id=row.member_id, moves=row.moves, held=row.held)
+                            member=row.member, member_id=row.member_id, moves=row.moves, held=row.held,
+                            checkpoint_s=carried)
 
     @router.get("/usage", response_model=UsageOut, tags=["federation"])
     def usage(who: Who, request: Request) -> UsageOut:

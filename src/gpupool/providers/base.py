@@ -17,6 +17,9 @@ from gpupool.core.model import Node
 from gpupool.errors import ProviderError
 from gpupool.pods import HealthEvent, LogChunk, PodLaunch, PodStatus
 
+MAX_CHECKPOINT_BYTES = 256 * 2**20  # agent/checkpoints.py MAX_ARCHIVE_BYTES
+"""The most a checkpoint carried between pools may hold (read_checkpoint, seed_checkpoint)."""
+
 if TYPE_CHECKING:
     from gpupool.agent.execs import ExecSession
 
@@ -219,6 +222,20 @@ class Provider(ABC):
         measures them (NVML); never blocks on a node and never raises. A device missing here is not
         measured: simulated devices never are (the dashboard says so)."""
         return {}
+
+    def read_checkpoint(self, workload_id: str, max_bytes: int) -> tuple[float | None, bytes] | None:
+        """The workload's checkpoint directory as a tar of its files and directories (links left
+        out) and its mark (`checkpoint_s`); None when it has none. A federation hub carries it to the
+        member that runs the work next. InvalidInput past `max_bytes`; ProviderError where this
+        provider cannot."""
+        raise ProviderError(f"The {self.name} provider cannot read checkpoints yet; the local provider can.")
+
+    def seed_checkpoint(self, workload_id: str, tenant: str, unix_user: str, data: bytes) -> int:
+        """Fill the checkpoint directory of a workload that has not started with `data` (a tar from
+        `read_checkpoint`), owned by the account its pods will run as; returns the bytes written.
+        Conflict when it already holds files, InvalidInput for a bad archive, ProviderError where this
+        provider cannot."""
+        raise ProviderError(f"The {self.name} provider cannot take checkpoints yet; the local provider can.")
 
     def forget_workload(self, workload_id: str) -> None:
         """The workload reached a final state and will not run again: remove its checkpoint

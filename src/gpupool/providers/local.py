@@ -181,6 +181,12 @@ class LocalProvider(Provider):
     def checkpoint_s(self, workload_id: str) -> float | None:
         return self.agent.checkpoint_s(workload_id)
 
+    def read_checkpoint(self, workload_id: str, max_bytes: int) -> tuple[float | None, bytes] | None:
+        return self.agent.checkpoint_archive(workload_id, max_bytes)
+
+    def seed_checkpoint(self, workload_id: str, tenant: str, unix_user: str, data: bytes) -> int:
+        return self.agent.seed_checkpoint(workload_id, tenant, unix_user, data)
+
     def forget_workload(self, workload_id: str) -> None:
         self.agent.forget_workload(workload_id)
 

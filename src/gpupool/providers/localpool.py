@@ -130,6 +130,17 @@ class LocalPool(Provider):
         marks = [member.checkpoint_s(workload_id) for member in self._members.values()]
         return max((m for m in marks if m is not None), default=None)
 
+    def _checkpoint_roots(self) -> list[LocalProvider]:
+        """One member per distinct checkpoint root (one in all where the members share it)."""
+        return list({member.agent.checkpoints.root: member for member in self._members.values()}.values())
+
+    def read_checkpoint(self, workload_id: str, max_bytes: int) -> tuple[float | None, bytes] | None:
+        found = [c for m in self._checkpoint_roots() if (c := m.read_checkpoint(workload_id, max_bytes))]
+        return max(found, key=lambda c: c[0] or 0.0, default=None)  # the latest where it ran
+
+    def seed_checkpoint(self, workload_id: str, tenant: str, unix_user: str, data: bytes) -> int:
+        return max(m.seed_checkpoint(workload_id, tenant, unix_user, data) for m in self._checkpoint_roots())
+
     def forget_workload(self, workload_id: str) -> None:
         for member in self._members.values():
             member.forget_workload(workload_id)

@@ -35,12 +35,17 @@ FEDERATION_ID_ENV = "GPUPOOL_FEDERATION_ID"
 """In a federation hub's copy's environment: the hub's id of the workload it is a copy of."""
 _W = r"/api/v1/workloads"
 _ID = r"/[^/]+"
+_C = r"/api/v1/calls"
 FEDERATION_ROUTES: tuple[tuple[str, re.Pattern[str], bool], ...] = tuple(
     (method, re.compile(path), needs_tenant) for method, path, needs_tenant in (
         ("POST", _W, True), ("GET", _W, True), ("GET", _W + _ID, True), ("GET", _W + _ID + "/events", True),
         ("GET", _W + _ID + "/logs", True), ("POST", _W + _ID + "/cancel", True),
         ("POST", _W + _ID + "/release", True), ("POST", _W + _ID + "/hold", True),
         ("POST", _W + _ID + "/requeue", True), ("PATCH", _W + _ID, True),
+        ("GET", _W + _ID + "/checkpoint", True), ("PUT", _W + _ID + "/checkpoint", True),
+        ("POST", _C + "/sessions", True), ("GET", _C + "/sessions" + _ID, True),
+        ("POST", _C + "/sessions" + _ID + "/calls", True), ("POST", _C + "/sessions" + _ID + "/close", True),
+        ("GET", _C + r"/(?!worker/)[^/]+", True), ("POST", _C + r"/(?!worker/)[^/]+/cancel", True),
         ("GET", r"/api/v1/usage", False), ("GET", r"/api/v1/pool", False), ("GET", r"/api/v1/health", False)))
 """(method, path, whether a tenant must be named) a federation token may call: nothing else."""
 CACHE_TTL_S = 0.5
@@ -161,6 +166,9 @@ class Authenticator:
         self._next_refusal_flush = 0.0
         self._flushing = False
         self._lock = threading.Lock()
+        self.federation_heard_s = monotonic()
+        """When a federation token last called (monotonic; the start counts as heard): a member's
+        fence holds the hub's work once this is older than its federation.fence."""
 
     def forget(self) -> None:
         """Drop every remembered token (after a revocation or a limit change in this process)."""
@@ -187,6 +195,7 @@ class Authenticator:
                 self.note_forbidden(replace(who, remote=remote), "a metrics token used on the API")
             raise Forbidden("This token may only read /metrics; use a full token for the API.")
         if who.scope == Scope.FEDERATION:  # a hub's token: only its routes, as the tenant it names
+            self.federation_heard_s = self._monotonic()
             try:
                 who = self._federated(who, route, on_behalf)
             except Forbidden:
@@ -201,8 +210,8 @@ class Authenticator:
                         if m == method and pattern.fullmatch(path)), None)
         if allowed is None:
             raise Forbidden("A federation token may only submit, read, cancel, hold, release, update and "
-                            "requeue workloads, and read usage and the pool's summary; use a full token for "
-                            "anything else.")
+                            "requeue workloads, carry their checkpoints, forward remote-function calls, "
+                            "and read usage and the pool's summary; use a full token for anything else.")
         if not on_behalf:
             if allowed:
                 raise Forbidden(f"A federation token must name the tenant it acts for in {ON_BEHALF_HEADER}.")

@@ -49,8 +49,8 @@ class SubmitFastPath:
         headers = dict(scope["headers"])
         length = headers.get(b"content-length", b"")
         content_type = headers.get(b"content-type", b"")
-        if (not length.isdigit() or int(length) > MAX_FAST_BODY_BYTES
-                or not content_type.startswith(b"application/json")):
+        if (not length.isdigit() or int(length) > MAX_FAST_BODY_BYTES or scope.get("query_string")
+                or not content_type.startswith(b"application/json")):  # ?hold=true: the route's
             await self.app(scope, receive, send)
             return
         body, more = await _read_body(receive)

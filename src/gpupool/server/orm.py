@@ -440,6 +440,33 @@ class FedPlacementRow(Base):
     at_s: Mapped[float] = mapped_column(Float)
 
 
+class FedCheckpointRow(Base):
+    """The last checkpoint a hub fetched of a workload that declares one (a tar of its checkpoint
+    directory on `member`, marked at `mark_s` there): the member that runs it next starts from it."""
+
+    __tablename__ = "fed_checkpoints"
+
+    workload_id: Mapped[str] = mapped_column(String(ID_LENGTH), primary_key=True)
+    tenant: Mapped[str] = mapped_column(String(NAME_LENGTH))
+    member: Mapped[str] = mapped_column(String(NAME_LENGTH))
+    mark_s: Mapped[float] = mapped_column(Float)
+    size: Mapped[int] = mapped_column(Integer)
+    data: Mapped[bytes] = mapped_column(LargeBinary)
+    at_s: Mapped[float] = mapped_column(Float)
+
+
+class FedSessionRow(Base):
+    """A remote-function session opened through a hub: its id is the member's (its workload there),
+    and its calls are forwarded to that member as its tenant."""
+
+    __tablename__ = "fed_sessions"
+
+    id: Mapped[str] = mapped_column(String(ID_LENGTH), primary_key=True)
+    tenant: Mapped[str] = mapped_column(String(NAME_LENGTH))
+    member: Mapped[str] = mapped_column(String(NAME_LENGTH))
+    at_s: Mapped[float] = mapped_column(Float)
+
+
 class FedEventRow(Base):
     """A hub's decision about one workload: offered, placed, refused, moved, stale copy cancelled."""
 

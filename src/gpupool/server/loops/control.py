@@ -13,6 +13,7 @@ from gpupool.core.scheduling.cycle import Policies
 from gpupool.errors import StoreUnavailable
 from gpupool.providers.base import Provider
 from gpupool.server.db import Fenced
+from gpupool.server.federation_fence import Fence
 from gpupool.server.leader import Leadership
 from gpupool.server.loops.reconciler import Reconciler
 from gpupool.server.loops.scheduler import Scheduler
@@ -55,6 +56,7 @@ class ControlLoop:
                  reopen_provider: Callable[[], Provider] | None = None) -> None:
         self.rt = rt
         self.metrics = metrics
+        self.fence = Fence(rt)
         self.leadership = leadership
         """Several servers on one store (server/leader.py): the loop acts only while this server
         leads, each step's writes fenced by its epoch. None: a single server, always acting."""
@@ -116,6 +118,7 @@ class ControlLoop:
         if self.leadership is not None:
             self._stop_asked_elsewhere()
         changed = self.reconciler.sync()
+        changed += self.fence.check()  # a federation member whose hub is silent (federation_fence.py)
         changed += self.reconciler.nodes_gone(self.rt.nodes())
         changed += self.scheduler.enforce_time_limits()
         if changed or self.scheduler.waiting:

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from fastapi import APIRouter, Path, Query
+from fastapi import APIRouter, Path, Query, Request, Response
+from starlette.concurrency import run_in_threadpool
 
 from gpupool.api.common import ErrorBody
 from gpupool.api.workloads import (
@@ -17,6 +18,8 @@ from gpupool.api.workloads import (
     WorkloadSpec,
     WorkloadUpdate,
 )
+from gpupool.errors import TooLarge
+from gpupool.providers.base import MAX_CHECKPOINT_BYTES as MAX_ARCHIVE_BYTES
 from gpupool.server.deps import Rt, Who, Writer
 from gpupool.server.services import jobs, listing
 from gpupool.server.services import logs as logs_service
@@ -33,10 +36,11 @@ WorkloadId = Annotated[str, Path(min_length=1, max_length=64)]
 
 @router.post("", status_code=201, response_model=WorkloadCreated,
              responses={404: {"model": ErrorBody}, 409: {"model": ErrorBody}})
-async def submit(spec: WorkloadSpec, rt: Rt, who: Who, writer: Writer) -> WorkloadCreated:
+async def submit(spec: WorkloadSpec, rt: Rt, who: Who, writer: Writer, hold: Annotated[bool, Query(
+        description="store it held (sbatch --hold): it waits until released")] = False) -> WorkloadCreated:
     # The hot path: validated here, stored by the group-commit writer thread (services/submit_writer.py)
     # so the event loop never waits on the store.
-    return await service.submit_grouped(rt, writer, who, spec)
+    return await service.submit_grouped(rt, writer, who, spec, hold=hold)
 
 
 @router.get("", response_model=WorkloadPage, responses={404: {"model": ErrorBody}})
@@ -111,6 +115,46 @@ def requeue(
 ) -> WorkloadOut:
     """Stop an admitted or running workload and send it back to pending."""
     return jobs.requeue(rt, who, workload_id, hold_after=hold)
+
+
+@router.get("/{workload_id}/checkpoint", responses={404: {"model": ErrorBody}, 413: {"model": ErrorBody}},
+            response_class=Response)
+def read_checkpoint(
+    workload_id: WorkloadId, rt: Rt, who: Who,
+    since_s: Annotated[float | None, Query(ge=0, le=1e11, description="304 unless marked after it")] = None,
+    max_bytes: Annotated[int, Query(ge=1, le=MAX_ARCHIVE_BYTES)] = MAX_ARCHIVE_BYTES,
+) -> Response:
+    """Its checkpoint directory as a tar (files and directories; links left out), the mark's time in
+    X-Gpupool-Checkpoint-Mark; 204 when it has none. A federation hub carries it to another member."""
+    found = jobs.read_checkpoint(rt, who, workload_id, since_s, max_bytes)
+    if found is None:
+        return Response(status_code=204)
+    mark, data = found
+    if data is None:
+        return Response(status_code=304)
+    return Response(data, media_type="application/x-tar",
+                    headers={"X-Gpupool-Checkpoint-Mark": "" if mark is None else repr(mark)})
+
+
+async def read_bounded(request: Request, limit: int) -> bytes:
+    """The request's body, refused (413) past `limit` bytes before more is read."""
+    parts: list[bytes] = []
+    size = 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise TooLarge(f"A checkpoint may hold at most {limit / 2**20:g} MiB.")
+        parts.append(chunk)
+    return b"".join(parts)
+
+
+@router.put("/{workload_id}/checkpoint", response_model=WorkloadOut,
+            responses={404: {"model": ErrorBody}, 409: {"model": ErrorBody}, 413: {"model": ErrorBody}})
+async def seed_checkpoint(workload_id: WorkloadId, rt: Rt, who: Who, request: Request) -> WorkloadOut:
+    """Fill the checkpoint directory of a held workload that never ran with a tar from GET .../checkpoint
+    (a federation hub resumes work moved off another member from it); 409 once it ran or has one."""
+    data = await read_bounded(request, MAX_ARCHIVE_BYTES)
+    return await run_in_threadpool(jobs.seed_checkpoint, rt, who, workload_id, data)
 
 
 @router.get("/{workload_id}/events", response_model=list[EventOut], responses={404: {"model": ErrorBody}})

@@ -167,3 +167,45 @@ def requeue(rt: Runtime, who: Principal, workload_id: str, *, hold_after: bool =
     stop_after_commit(rt, to_stop, now)  # a launch no worker has begun is taken back
     rt.capacity_may_have_changed()
     return workload_service.get(rt, who, workload_id)
+
+
+def read_checkpoint(rt: Runtime, who: Principal, workload_id: str, since_s: float | None,
+                    max_bytes: int) -> tuple[float | None, bytes | None] | None:
+    """The workload's checkpoint directory as a tar and its mark (GET /workloads/ID/checkpoint):
+    None when it has no mark (none saved), (mark, None) when its mark is not after `since_s`. Only
+    its tenant (or a federation hub acting as that tenant) and the admin read it; another tenant's id
+    is unknown."""
+    with rt.store.read() as session:
+        workload_service._visible(session, who, workload_id)
+    mark = rt.provider.checkpoint_s(workload_id)  # a pod touches the mark once its files are saved
+    if mark is None:
+        return None
+    if since_s is not None and mark <= since_s:
+        return mark, None
+    return rt.provider.read_checkpoint(workload_id, max_bytes)
+
+
+def seed_checkpoint(rt: Runtime, who: Principal, workload_id: str, data: bytes) -> WorkloadOut:
+    """Fill the checkpoint directory of a held workload that never ran (PUT /workloads/ID/checkpoint):
+    a federation hub resumes there work that a silent member ran. Held, so no pod starts while the
+    files are written; the row stays locked until they are."""
+    with rt.store.write() as session:
+        row = workload_service._visible(session, who, workload_id, lock=True)
+        if row.status != _PENDING or row.attempt != 0 or not row.held:
+            raise Conflict(f"Workload {workload_id} is {row.status}{'' if row.held else ', not held'}"
+                           f"{', and has run before' if row.attempt else ''}; a checkpoint is given only to "
+                           "held work that never ran (submit it with ?hold=true, put the checkpoint, then "
+                           "release it).", workload=workload_id, status=row.status)
+        tenant, unix_user = row.tenant, _unix_user(session, row.tenant)
+        size = rt.provider.seed_checkpoint(workload_id, tenant, unix_user, data)
+        transition(session, row, _PENDING, EventReason.HELD,
+                   f"Given a checkpoint of {size} bytes to resume from.", rt.clock())
+    return workload_service.get(rt, who, workload_id)
+
+
+def _unix_user(session: Any, tenant: str) -> str:
+    from sqlalchemy import select
+
+    from gpupool.server.orm import TenantRow
+
+    return str(session.scalar(select(TenantRow.unix_user).where(TenantRow.name == tenant)) or "")

@@ -93,4 +93,5 @@ def summary(rt: Runtime, who: Principal) -> PoolSummary:
         ],
         workloads={s.value: status_counts[s.value] for s in WorkloadStatus},
         fabric=rt.fabric is not None,
+        federation_fence_s=rt.config.federation.fence,
     )

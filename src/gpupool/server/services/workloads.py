@@ -54,10 +54,13 @@ def submit(rt: Runtime, who: Principal, spec: WorkloadSpec) -> WorkloadCreated:
 
 
 async def submit_grouped(rt: Runtime, writer: SubmitWriter, who: Principal,
-                         spec: WorkloadSpec) -> WorkloadCreated:
+                         spec: WorkloadSpec, *, hold: bool = False) -> WorkloadCreated:
     """The same through the group-commit writer (one transaction for concurrent submissions);
-    answers once the submission is committed."""
+    answers once the submission is committed. With `hold` it is stored held (sbatch --hold): a
+    federation hub fills its checkpoint before releasing it."""
     submission = prepare(rt, who, spec)
+    for row in submission.workloads if hold else ():
+        row.update(held="admin" if who.is_admin else "user", message="Submitted held; release it to run.")
     await writer.store(submission)
     return created(submission)
 

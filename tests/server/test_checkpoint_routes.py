@@ -1,0 +1,94 @@
+"""A workload's checkpoint over the API (what a federation hub carries between members): submitted
+held, a checkpoint is given before its first run only; it is read back as a tar with its mark, 304
+while the mark has not moved, and a body past the limit is refused before it is read whole."""
+
+from __future__ import annotations
+
+import io
+import tarfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from fakes import ManualProvider
+
+from conftest import Server, start_server, stop_server
+from factories import node
+from gpupool.agent.checkpoints import CheckpointDirs
+
+
+class CheckpointingProvider(ManualProvider):
+    """ManualProvider with checkpoint directories on this machine (as the local provider's)."""
+
+    def __init__(self, scratch: Path) -> None:
+        super().__init__([node("n0", devices=8, model="H100")])
+        self.dirs = CheckpointDirs(scratch)
+
+    def checkpoint_s(self, workload_id: str) -> float | None:
+        return self.dirs.mark_s(workload_id)
+
+    def read_checkpoint(self, workload_id: str, max_bytes: int) -> tuple[float | None, bytes] | None:
+        return self.dirs.archive(workload_id, max_bytes)
+
+    def seed_checkpoint(self, workload_id: str, tenant: str, unix_user: str, data: bytes) -> int:
+        return self.dirs.seed(workload_id, None, data)
+
+
+@pytest.fixture
+def server(tmp_path: Path) -> Iterator[Server]:
+    served = start_server(tmp_path, provider=CheckpointingProvider(tmp_path / "scratch"))
+    made = served.client.post("/api/v1/tenants", json={"name": "team"}, headers=served.headers())
+    assert made.status_code == 201, made.text
+    yield served
+    stop_server(served)
+
+
+SPEC = {"command": ["train"], "resources": {"gpus": 1}, "tenant": "team"}
+
+
+def _tar(files: dict[str, bytes]) -> bytes:
+    out = io.BytesIO()
+    with tarfile.open(fileobj=out, mode="w") as archive:
+        for name, data in files.items():
+            info = tarfile.TarInfo(name)
+            info.size, info.mtime = len(data), 1_700_000_000
+            archive.addfile(info, io.BytesIO(data))
+    return out.getvalue()
+
+
+def test_a_held_submission_takes_a_checkpoint_once_and_reads_it_back(server: Server) -> None:
+    api, h = server.client, server.headers()
+    held = api.post("/api/v1/workloads", params={"hold": "true"}, json=SPEC,
+                    headers=h).json()["id"]
+    shown = api.get(f"/api/v1/workloads/{held}", headers=h).json()
+    assert (shown["status"], shown["held"]) == ("pending", "admin")
+    assert api.get(f"/api/v1/workloads/{held}/checkpoint", headers=h).status_code == 204  # none yet
+    data = _tar({"state": b"step-41", ".checkpoint": b""})
+    put = api.put(f"/api/v1/workloads/{held}/checkpoint", content=data, headers=h)
+    assert put.status_code == 200, put.text
+    assert "Given a checkpoint of 7 bytes" in put.json()["message"]
+    again = api.put(f"/api/v1/workloads/{held}/checkpoint", content=data, headers=h)
+    assert again.status_code == 409 and "already has a checkpoint" in again.json()["message"]
+    got = api.get(f"/api/v1/workloads/{held}/checkpoint", headers=h)
+    assert got.status_code == 200 and got.headers["content-type"] == "application/x-tar"
+    mark = float(got.headers["X-Gpupool-Checkpoint-Mark"])
+    assert mark == 1_700_000_000
+    with tarfile.open(fileobj=io.BytesIO(got.content)) as archive:
+        assert archive.extractfile("state").read() == b"step-41"  # type: ignore[union-attr]
+    assert api.get(f"/api/v1/workloads/{held}/checkpoint", params={"since_s": mark},
+                   headers=h).status_code == 304
+    assert api.get(f"/api/v1/workloads/{held}/checkpoint", params={"max_bytes": 3},
+                   headers=h).status_code == 413
+
+
+def test_a_checkpoint_is_refused_for_work_not_held_or_a_bad_archive(server: Server) -> None:
+    api, h = server.client, server.headers()
+    free = api.post("/api/v1/workloads", json=SPEC, headers=h).json()["id"]
+    refused = api.put(f"/api/v1/workloads/{free}/checkpoint", content=_tar({"a": b"1"}), headers=h)
+    assert refused.status_code == 409 and "not held" in refused.json()["message"]
+    held = api.post("/api/v1/workloads", params={"hold": "true"}, json=SPEC,
+                    headers=h).json()["id"]
+    bad = api.put(f"/api/v1/workloads/{held}/checkpoint", content=b"not a tar" * 200, headers=h)
+    assert bad.status_code == 422 and "not a tar archive" in bad.json()["message"]
+    escape = api.put(f"/api/v1/workloads/{held}/checkpoint", content=_tar({"../x": b"1"}), headers=h)
+    assert escape.status_code == 422 and "not a plain file" in escape.json()["message"]
