@@ -3,8 +3,8 @@ so work moved off a silent member resumes from it on the next; fed_sessions: the
 each remote-function session opened through a hub (expand only: the last release's hubs ignore
 both tables).
 
-Revision ID: 0016
-Revises: 0015
+Revision ID: 0017
+Revises: 0016
 Create Date: 2026-12-05
 """
 
@@ -13,8 +13,8 @@ from __future__ import annotations
 import sqlalchemy as sa
 from alembic import op
 
-revision = "0016"
-down_revision = "0015"
+revision = "0017"
+down_revision = "0016"
 branch_labels = None
 depends_on = None
 
