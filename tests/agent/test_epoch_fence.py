@@ -3,6 +3,7 @@ since never runs its command on the node, whichever server process delivers it."
 
 from __future__ import annotations
 
+import json
 import os
 import threading
 import time
@@ -12,6 +13,7 @@ import pytest
 
 from gpupool.agent.fencing import EpochFence
 from gpupool.agent.runner import Runner
+from gpupool.agent.shim import NEVER_STARTED
 from gpupool.errors import ProviderError
 from gpupool.pods import PodPhase
 
@@ -108,3 +110,56 @@ def test_the_epoch_only_grows_unless_the_store_confirms_a_lower_one(tmp_path: Pa
     assert fence.newest() == 5
     assert fence.advance(2, confirm=lambda: None) == 2  # a store made afresh: its epoch 2 is current
     assert fence.newest() == 2
+
+
+_KILLED_BEFORE_GO = """
+import os, signal, sys
+from pathlib import Path
+from gpupool.agent import runner as runner_module
+
+def killed(*_args):  # the server's process dies right after the pod's process id was saved
+    os.kill(os.getpid(), signal.SIGKILL)
+
+runner_module._go = runner_module._join_cgroup = killed
+runner = runner_module.Runner(Path(sys.argv[1]))
+runner.start("p", ["sh", "-c", "echo started >> " + sys.argv[2] + "; sleep 30"],
+             env={"PATH": os.environ.get("PATH", "/usr/bin:/bin")}, epoch=1)
+"""
+
+
+def test_a_kill_between_saving_the_pid_and_letting_the_pod_go_reports_it_never_started(
+        tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    marker = tmp_path / "marker"
+    state = tmp_path / "state"
+    state.mkdir()
+    killed = subprocess.run([sys.executable, "-c", _KILLED_BEFORE_GO, str(state), str(marker)], timeout=60)
+    assert killed.returncode == -9
+    runner = Runner(state)  # the next server's agent over the same node directory
+    try:
+        _wait_for(lambda: runner.poll() and runner.get("p").finished)
+        record = runner.get("p")
+        assert record.pid is not None  # saved before the kill: the pod was not simply unknown
+        assert record.phase is PodPhase.LOST and record.never_started, record
+        assert not marker.exists()  # the command never ran
+    finally:
+        runner.close(stop_pods=True, grace_s=0.5)
+
+
+def test_a_pod_that_ran_never_reports_never_started(tmp_path: Path) -> None:
+    runner = Runner(tmp_path)
+    try:
+        # the command writes what a shim never let go would, into its shim's exit file, then kills the
+        # shim so nothing overwrites it: it ran, so its own word does not get it placed again
+        forged = json.dumps({"exit_code": 125, "signal": None, "message": NEVER_STARTED})
+        script = (f"for f in /proc/$PPID/fd/*; do case $(readlink $f) in *exit.json) echo '{forged}' > $f;; "
+                  "esac; done; kill -9 $PPID; sleep 30")
+        runner.start("p", ["sh", "-c", script], env=ENV, epoch=1)
+        _wait_for(lambda: runner.poll() and runner.get("p").finished)
+        record = runner.get("p")
+        assert record.exit_code == 125 and record.message.endswith(NEVER_STARTED), record  # forged
+        assert not record.never_started and record.phase is PodPhase.FAILED, record
+    finally:
+        runner.close(stop_pods=True, grace_s=0.5)

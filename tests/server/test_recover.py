@@ -63,3 +63,34 @@ def test_a_failed_pod_is_reported_once_not_twice(server: Server) -> None:
     server.wait_for(lambda: server.status(wid) == "failed")
     message = server.client.get(f"/api/v1/workloads/{wid}", headers=server.headers()).json()["message"]
     assert message == "Pod r0 exited with code 3."
+
+
+def test_a_pod_its_node_says_never_started_is_placed_again(server_factory: Callable[..., Server]) -> None:
+    # The server died after the node saved the pod's process id and before it let the command run
+    # (agent/shim.py NEVER_STARTED): the next server neither adopts it nor fails its workload.
+    first = server_factory()
+    at_restart, later = _submit(first), _submit(first)
+    first.wait_for(lambda: all(first.status(w) == "running" for w in (at_restart, later)))
+    url = first.rt.settings.resolved_database_url
+    pods = dict(first.provider.status)
+    first.client.__exit__(None, None, None)
+
+    survivor = ManualProvider([node("n0", devices=8, model="H100")])
+    for pod_id in pods:
+        if pod_id.startswith(at_restart):  # known to the node, and ended before its command ran
+            survivor.status[pod_id] = PodStatus(pod_id, PodPhase.LOST, never_started=True)
+        else:  # still starting when the new server took over: it ends so once adopted
+            survivor.status[pod_id] = PodStatus(pod_id, PodPhase.RUNNING)
+    second = server_factory(url=url, provider=survivor)
+    second.admin_token = first.admin_token
+    second.wait_for(lambda: second.status(at_restart) == "running")
+    assert _events(second, at_restart)[-3:] == ["requeued_on_restart", "admitted", "launched"]
+    assert survivor.launch_count == {f"{at_restart}-a2-r0": 1}
+
+    [adopted] = [p for p in pods if p.startswith(later)]
+    assert second.status(later) == "running" and _events(second, later)[-1] == "adopted"
+    survivor.status[adopted] = PodStatus(adopted, PodPhase.LOST, never_started=True)
+    second.wait_for(lambda: second.status(later) == "running" and f"{later}-a2-r0" in survivor.launched)
+    assert _events(second, later)[-3:] == ["requeued_on_restart", "admitted", "launched"]
+    workload = second.client.get(f"/api/v1/workloads/{later}", headers=second.headers()).json()
+    assert workload["retries"] == 0  # not a failure: no retry used up

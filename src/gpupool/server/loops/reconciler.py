@@ -5,6 +5,8 @@ provider still knows them. One it does not know was either never handed to it (r
 the server stopped before the launch call: a provider knows every pod it was asked to launch, the
 local one from a state file written before the process exists), and its workload goes back to
 pending to be placed again; or it ran and is gone, and its workload fails (never started twice).
+A pod its node reports `never_started` (the server died after the node saved its process id but
+before letting its command run) counts as never handed over: its workload is placed again.
 """
 
 from __future__ import annotations
@@ -37,15 +39,17 @@ _FINAL_PHASES = {PodPhase.SUCCEEDED: PodState.SUCCEEDED, PodPhase.FAILED: PodSta
                  PodPhase.LOST: PodState.LOST, PodPhase.STOPPED: PodState.STOPPED}
 
 
-def _started_attempts(session: Session, workload_ids: set[str],
-                      known: Mapping[str, PodStatus]) -> set[tuple[str, int]]:
+def _started_attempts(session: Session, workload_ids: set[str], known: Mapping[str, PodStatus],
+                      never: frozenset[str] = frozenset()) -> set[tuple[str, int]]:
     """(workload, attempt) pairs of which some pod was handed to the provider: it knows the pod, or
-    the store saw it past `launching`. Such an attempt is never started again."""
+    the store saw it past `launching`, unless its node says it `never` ran. Such an attempt is never
+    started again."""
     if not workload_ids:
         return set()
     rows = session.execute(select(PodRow.workload_id, PodRow.attempt, PodRow.id, PodRow.status)
                            .where(PodRow.workload_id.in_(workload_ids))).all()
-    return {(w, a) for w, a, pod_id, status in rows if pod_id in known or status not in _NOT_HANDED}
+    return {(w, a) for w, a, pod_id, status in rows
+            if pod_id not in never and (pod_id in known or status not in _NOT_HANDED)}
 
 
 class Reconciler:
@@ -61,7 +65,11 @@ class Reconciler:
 
     def recover(self) -> tuple[int, int]:
         """Re-adopt or mark lost every active pod after a (re)start; returns (adopted, lost)."""
-        known = {s.pod_id: s for s in self.rt.provider.poll()}
+        # a pod its node says never ran its command (the server died before letting it go) is not
+        # adopted: it is requeued below like one never handed over
+        statuses = self.rt.provider.poll()
+        known = {s.pod_id: s for s in statuses if not s.never_started}
+        never = frozenset(s.pod_id for s in statuses if s.never_started)
         now = self.rt.clock()
         adopted = lost = 0
         to_stop: list[str] = []
@@ -71,7 +79,7 @@ class Reconciler:
             lock_workloads(session.connection(), workload_ids)  # before any pod is written
             # the pods read under the locks (a cancel committed meanwhile is not written over)
             pods = session.scalars(select(PodRow).where(active, PodRow.workload_id.in_(workload_ids))).all()
-            started = _started_attempts(session, {p.workload_id for p in pods}, known)
+            started = _started_attempts(session, {p.workload_id for p in pods}, known, never)
             for pod in pods:
                 row = session.get(WorkloadRow, pod.workload_id)
                 if row is None or pod.status not in ACTIVE_POD_STATES:  # stopped with a sibling
@@ -88,7 +96,7 @@ class Reconciler:
                                    f"Pod {pod.name} re-adopted after a server restart.", now, pod.id)
                     continue
                 lost += 1
-                launching = pod.status in _NOT_HANDED
+                launching = pod.status in _NOT_HANDED or pod.id in never
                 pod.status, pod.finished_s = PodState.LOST.value, now
                 pod.message = "The provider no longer knows this pod after a server restart."
                 current = row.attempt == pod.attempt and not WorkloadStatus(row.status).is_final
@@ -235,6 +243,13 @@ class Reconciler:
         what = f"exited with code {status.exit_code}" if status.exit_code is not None else "was lost"
         detail = f": {status.message}" if status.message and status.message != what else ""
         session.flush()  # this pod is final now; only its siblings are left to stop
+        if status.never_started and row.status in _PLACED and row.spec.get("replicas", 1) == 1:
+            # its node says the command never ran (its server died before letting it go): placed
+            # again, as recovery does with a pod never handed over; no retry is used up
+            self.rt.capacity_may_have_changed()
+            return requeue(session, row, EventReason.REQUEUED_ON_RESTART,
+                           f"Requeued: pod {pod.name} never started (its server stopped before letting it "
+                           "run); it waits to be placed again.", now, say_lost=False, pod_id=pod.id)
         failure = self.rt.config.failure
         limit = row.spec.get("max_retries")
         max_retries = failure.max_retries if limit is None else int(limit)
