@@ -140,6 +140,35 @@ class Load:
             self._stop.wait(max(0.0, next_at - time.monotonic()))
 
 
+PHASES = ("lease_left", "poll_lag", "wake", "fence", "close", "reopen", "build", "recover", "first_cycle")
+"""The parts of a takeover, one after another: the dead leader's lease running out (death to its
+expiry), the new leader taking it (expiry to acquired), the new leader's loop starting its
+takeover, the takeover's own steps as the new leader logs them (`takeover epoch=N fence_s=...`:
+control.py), its first step up to the first pod row."""
+
+
+def takeover_parts(faults: list[dict[str, Any]], logs: Any) -> None:
+    """Adds each fault's phases (PHASES) from the servers' logs and the store's times."""
+    done: dict[int, dict[str, float]] = {}
+    for path in logs:
+        for line in Path(path).read_text(errors="replace").splitlines():
+            if " takeover epoch=" not in line:
+                continue
+            fields = dict(item.split("=", 1) for item in line.split(" takeover ", 1)[1].split())
+            done[int(fields.pop("epoch"))] = {k: float(v) for k, v in fields.items()}
+    for fault in faults:
+        steps = done.get(fault.get("epoch") or -1)
+        if steps is None or fault.get("lease_expired_s") is None:
+            continue
+        fault["lease_left"] = fault["lease_expired_s"]
+        fault["poll_lag"] = round(fault["lease_taken_s"] - fault["lease_expired_s"], 3)
+        for name in ("fence", "close", "reopen", "build", "recover"):
+            fault[name] = steps.get(f"{name}_s")
+        own = sum(v for k, v in steps.items() if k.endswith("_s"))
+        fault["wake"] = round(steps["done_wall"] - own - (fault["died_wall"] + fault["lease_taken_s"]), 3)
+        fault["first_cycle"] = round(fault["first_wall"] - steps["done_wall"], 3)
+
+
 def pct(values: list[float], q: float) -> float:
     if not values:
         return float("nan")
@@ -199,6 +228,10 @@ def main() -> None:
             rows = sql("SELECT holder, epoch, acquired_s FROM leader_lease")
             return (rows[0][0], int(rows[0][1]), float(rows[0][2])) if rows else ("", 0, 0.0)
 
+        def expiry(epoch: int) -> float | None:
+            rows = sql("SELECT expires_s FROM leader_lease WHERE epoch = :e", e=epoch)
+            return float(rows[0][0]) if rows else None
+
         def leader() -> Server:
             holder = lease()[0]
             (address,), = sql("SELECT address FROM servers WHERE id = :i", i=holder)
@@ -217,13 +250,19 @@ def main() -> None:
 
         def await_takeover(kind: str, died_at: float, epoch: int) -> dict[str, Any]:
             deadline = time.monotonic() + 60
+            expires: float | None = None
             while time.monotonic() < deadline:
                 _, now_epoch, acquired = lease()
+                if now_epoch == epoch:  # the dead leader's last expiry (it renews no more)
+                    expires = expiry(epoch) or expires
                 first = sql("SELECT min(created_s) FROM pods WHERE epoch = :e", e=now_epoch)[0][0] \
                     if now_epoch > epoch else None
                 if first is not None:
-                    return {"kind": kind, "epoch": now_epoch, "lease_taken_s": round(acquired - died_at, 3),
-                            "first_decision_s": round(float(first) - died_at, 3)}
+                    return {"kind": kind, "epoch": now_epoch,
+                            "lease_expired_s": round(expires - died_at, 3) if expires else None,
+                            "lease_taken_s": round(acquired - died_at, 3),
+                            "first_decision_s": round(float(first) - died_at, 3), "died_wall": died_at,
+                            "first_wall": float(first)}
                 time.sleep(0.05)
             return {"kind": kind, "epoch": None, "lease_taken_s": None, "first_decision_s": None}
 
@@ -285,8 +324,13 @@ def main() -> None:
                                        e=e, t=min(later))[0][0])
         decisions = sql("SELECT created_s FROM pods")
         steady_rate = sum(1 for (c,) in decisions if steady_from <= c < steady_to) / (steady_to - steady_from)
+        takeover_parts(faults, root.glob("server*.log"))
         takeovers = [f["first_decision_s"] for f in faults if f.get("first_decision_s") is not None]
         leases = [f["lease_taken_s"] for f in faults if f.get("lease_taken_s") is not None]
+
+        def p50(key: str) -> float | None:
+            values = [f[key] for f in faults if f.get(key) is not None]
+            return round(statistics.median(values), 3) if values else None
         steady_lat = [lat for at, lat in load.latency if steady_from <= at < steady_to]
         all_lat = [lat for _, lat in load.latency]
         result = {
@@ -295,6 +339,7 @@ def main() -> None:
             "takeover_first_decision_p50_s": statistics.median(takeovers) if takeovers else None,
             "takeover_first_decision_max_s": max(takeovers) if takeovers else None,
             "lease_taken_p50_s": statistics.median(leases) if leases else None,
+            **{f"phase_{name}_p50_s": p50(name) for name in PHASES},
             "takeovers_missing": sum(1 for f in faults if "epoch" in f and f["epoch"] is None),
             "acknowledged": len(acked), "acknowledged_lost": len(lost),
             "started_twice_markers": len(twice_markers), "started_twice_pods": len(twice_pods),
@@ -318,8 +363,18 @@ def main() -> None:
             if key not in ("faults", "errors"):
                 table.add_row(key, f"{value:.3f}" if isinstance(value, float) else str(value))
         Console().print(table)
+        phases = Table(title="where the time from the leader's death to the new leader's first decision "
+                             "went (s)")
+        for column in ("fault", "epoch", *PHASES, "total"):
+            phases.add_column(column, justify="right")
         for fault in faults:
-            print(fault)
+            if fault.get("first_decision_s") is not None:
+                phases.add_row(fault["kind"], str(fault["epoch"]), *(
+                    "-" if fault.get(name) is None else f"{fault[name]:.3f}" for name in PHASES),
+                    f"{fault['first_decision_s']:.3f}")
+        Console().print(phases)
+        for fault in faults:
+            print({k: v for k, v in fault.items() if not k.endswith("_wall")})
         for error in load.errors[:10]:
             print("failed request:", error)
         args.json.parent.mkdir(parents=True, exist_ok=True)

@@ -39,7 +39,7 @@ from gpupool.agent.launcher import EXIT_FD_PLACEHOLDER, Launcher, launch_timeout
 from gpupool.agent.leftovers import MARKER, AccountLocks, kill_leftovers
 from gpupool.agent.mounts import PodNamespace
 from gpupool.agent.podstate import PodRecord
-from gpupool.agent.shim import shim_argv
+from gpupool.agent.shim import NEVER_STARTED, shim_argv
 from gpupool.errors import GpupoolError, InvalidInput, NotFound, ProviderError
 from gpupool.pods import LogChunk, PodPhase
 
@@ -533,6 +533,11 @@ class Runner:
             if record.stop_requested_at_s is not None:
                 self._sweep_now = True  # a cancel or preemption is rare: its leftovers go at once
         status = podstate.read_exit_file(self.pod_dir(record.pod_id) / "exit.json")
+        if status == (125, None, NEVER_STARTED) and record.phase is PodPhase.STARTING:
+            # its shim was never let go (the agent saves RUNNING right after it does): nothing ran
+            record.never_started = True
+            self._finish(record, PodPhase.LOST, None, None, NEVER_STARTED)
+            return
         if status is not None:
             code, sig, message = status
         elif (returncode := self._returncode(record, child)) is not None and returncode < 0:
@@ -608,9 +613,11 @@ class Runner:
                     self._accounts.hold(record.uid)
                     self._accounts.register(record.uid, self._note_key(record.pod_id), record.pid,
                                             record.start_ticks)
+                # not saved now: both fields only inform, any later re-adoption sets them again, and
+                # the record's next change saves them (a write per pod here was most of a takeover's
+                # re-adoption: bench/failover.py)
                 record.adopted = True
                 record.message = "re-adopted after an agent restart"
-                self._save(record)
             else:
                 self._reap(record)
         for record in self._records.values():

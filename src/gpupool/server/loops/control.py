@@ -203,22 +203,35 @@ class ControlLoop:
 
     def _take_over(self, epoch: int) -> None:
         """Rebuild from the store at a new epoch: a fresh provider (re-adopting what the previous
-        leader launched), a fresh scheduler, recovery of every active pod; all writes fenced."""
+        leader launched), a fresh scheduler, recovery of every active pod; all writes fenced.
+        Logs the time each part took (`takeover epoch=N fence_s=...`: bench/failover.py reads it)."""
         began = time.monotonic()
+        parts: dict[str, float] = {}
+
+        def part(name: str, since: float) -> float:
+            now = time.monotonic()
+            parts[name] = now - since
+            return now
+
         self._epoch = None
         with self.rt.store.fenced(epoch):
             # First the nodes learn the epoch (a deposed leader's launch is refused from now on, or
             # was let go before and is on record), then their records are read afresh (fencing.py).
             self.rt.provider.fence(epoch, confirm=self._confirm_epoch)
+            mark = part("fence", began)
             if self.reopen_provider is not None:
                 try:  # closed first: the fresh one then finds this machine's pod network free
                     self.rt.provider.close()
                 except Exception:
                     log.exception("closing the previous provider failed")
+                mark = part("close", mark)
                 self.rt.provider = self.reopen_provider()
+                mark = part("reopen", mark)
             self.rt.refresh_nodes()
             self._build()
+            mark = part("build", mark)
             self.recovered = self.reconciler.recover()
+            part("recover", mark)
         self.rt.provider.add_exit_listener(self._pods_exited)
         self._epoch = epoch
         self._last_cycle = float("-inf")
@@ -228,6 +241,8 @@ class ControlLoop:
             self.metrics.leader_changes.inc()
         log.warning("leading at epoch %d: re-adopted %d pods, %d lost, in %.2f s", epoch,
                     self.recovered[0], self.recovered[1], time.monotonic() - began)
+        log.warning("takeover epoch=%d %s done_wall=%.3f", epoch,
+                    " ".join(f"{name}_s={seconds:.3f}" for name, seconds in parts.items()), time.time())
 
     def _run(self) -> None:
         settings = self.rt.settings
