@@ -163,3 +163,10 @@ def test_a_pod_that_ran_never_reports_never_started(tmp_path: Path) -> None:
         assert not record.never_started and record.phase is PodPhase.FAILED, record
     finally:
         runner.close(stop_pods=True, grace_s=0.5)
+
+
+def test_a_reset_lowers_the_epoch_only_from_the_one_the_caller_read(tmp_path: Path) -> None:
+    fence = EpochFence(tmp_path)
+    fence.advance(9)
+    assert fence.reset(3, expected=8) == 9  # a newer leader moved it since the caller read it: kept
+    assert fence.reset(3, expected=9) == 3

@@ -73,3 +73,16 @@ class EpochFence:
             if current != epoch:
                 write_atomic(self._path, f"{epoch}\n")
             return epoch
+
+    def reset(self, epoch: int, expected: int) -> int:
+        """`advance` with a confirmation made by the caller beforehand (a node reached through a
+        remote call, which cannot call back into the store under its lock): set the file to `epoch`,
+        even lower, only if it still holds `expected`, the epoch the caller read there before it
+        confirmed `epoch` as the store's. Returns the epoch the file holds afterwards."""
+        with self._locked(fcntl.LOCK_EX):
+            current = self.newest()
+            if current != expected:
+                return current
+            if current != epoch:
+                write_atomic(self._path, f"{epoch}\n")
+            return epoch
