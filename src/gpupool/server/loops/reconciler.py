@@ -80,8 +80,11 @@ class Reconciler:
             # the pods read under the locks (a cancel committed meanwhile is not written over)
             pods = session.scalars(select(PodRow).where(active, PodRow.workload_id.in_(workload_ids))).all()
             started = _started_attempts(session, {p.workload_id for p in pods}, known, never)
+            # the workloads in one read (one query per pod was most of a takeover's recovery)
+            rows = {r.id: r for r in session.scalars(select(WorkloadRow).where(
+                WorkloadRow.id.in_({p.workload_id for p in pods})))}
             for pod in pods:
-                row = session.get(WorkloadRow, pod.workload_id)
+                row = rows.get(pod.workload_id)
                 if row is None or pod.status not in ACTIVE_POD_STATES:  # stopped with a sibling
                     continue
                 if pod.id in known:
