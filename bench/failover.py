@@ -169,6 +169,34 @@ def takeover_parts(faults: list[dict[str, Any]], logs: Any) -> None:
         fault["first_cycle"] = round(fault["first_wall"] - steps["done_wall"], 3)
 
 
+def renew_latency(servers: list[Server], token: str) -> dict[str, Any]:
+    """The lease renewals' wall time from the servers' /metrics (gpupool_lease_renew_seconds, over
+    every server alive at the end, since its last start): how many, the mean, and how many took
+    longer than 0.25 / 0.5 / 1 s (the margin a lease must leave: a leader stops acting at two
+    thirds of it after the start of its last renewal)."""
+    count = total = 0.0
+    over: dict[str, float] = {"0.25": 0.0, "0.5": 0.0, "1.0": 0.0}
+    for server in servers:
+        try:
+            text_ = httpx.get(f"{server.url}/metrics", headers={"Authorization": f"Bearer {token}"},
+                              timeout=10).text
+        except httpx.HTTPError:
+            continue
+        buckets: dict[str, float] = {}
+        for line in text_.splitlines():
+            if line.startswith("gpupool_lease_renew_seconds_bucket{"):
+                le = line.split('le="', 1)[1].split('"', 1)[0]
+                buckets[le] = float(line.rsplit(" ", 1)[1])
+            elif line.startswith("gpupool_lease_renew_seconds_count"):
+                count += float(line.rsplit(" ", 1)[1])
+            elif line.startswith("gpupool_lease_renew_seconds_sum"):
+                total += float(line.rsplit(" ", 1)[1])
+        for le in over:
+            over[le] += buckets.get("+Inf", 0.0) - buckets.get(le, 0.0)
+    return {"renewals": int(count), "renew_mean_ms": round(1000 * total / count, 1) if count else None,
+            **{f"renewals_over_{le}_s": int(n) for le, n in over.items()}}
+
+
 def pct(values: list[float], q: float) -> float:
     if not values:
         return float("nan")
@@ -291,6 +319,7 @@ def main() -> None:
                     os.kill(victim.proc.pid, signal.SIGCONT)
             time.sleep(args.gap)
         load.stop()
+        renew = renew_latency([s for s in servers if s.alive()], token)
         time.sleep(args.lease + 10)  # the last pods end and are recorded
 
         # ---- the counts, from the store and the markers
@@ -339,6 +368,7 @@ def main() -> None:
             "takeover_first_decision_p50_s": statistics.median(takeovers) if takeovers else None,
             "takeover_first_decision_max_s": max(takeovers) if takeovers else None,
             "lease_taken_p50_s": statistics.median(leases) if leases else None,
+            **renew,
             **{f"phase_{name}_p50_s": p50(name) for name in PHASES},
             "takeovers_missing": sum(1 for f in faults if "epoch" in f and f["epoch"] is None),
             "acknowledged": len(acked), "acknowledged_lost": len(lost),
@@ -364,14 +394,17 @@ def main() -> None:
                 table.add_row(key, f"{value:.3f}" if isinstance(value, float) else str(value))
         Console().print(table)
         phases = Table(title="where the time from the leader's death to the new leader's first decision "
-                             "went (s)")
-        for column in ("fault", "epoch", *PHASES, "total"):
-            phases.add_column(column, justify="right")
-        for fault in faults:
-            if fault.get("first_decision_s") is not None:
-                phases.add_row(fault["kind"], str(fault["epoch"]), *(
-                    "-" if fault.get(name) is None else f"{fault[name]:.3f}" for name in PHASES),
-                    f"{fault['first_decision_s']:.3f}")
+                             "went (s), per takeover")
+        timed = [f for f in faults if f.get("first_decision_s") is not None]
+        phases.add_column("phase")
+        for fault in timed:
+            phases.add_column(f"{'kill' if fault['kind'] == 'kill -9' else 'stop'} {fault['epoch']}",
+                              justify="right")
+        phases.add_column("p50", justify="right")
+        for name in (*PHASES, "first_decision_s"):
+            cells = ["-" if f.get(name) is None else f"{f[name]:.2f}" for f in timed]
+            middle = p50(name)
+            phases.add_row(name.removesuffix("_s"), *cells, "-" if middle is None else f"{middle:.2f}")
         Console().print(phases)
         for fault in faults:
             print({k: v for k, v in fault.items() if not k.endswith("_wall")})

@@ -73,7 +73,9 @@ class Reconciler:
         now = self.rt.clock()
         adopted = lost = 0
         to_stop: list[str] = []
+        settled: list[str] = []
         with self.rt.store.write() as session:
+            settled = _already_settled(session, [s.pod_id for s in statuses if s.phase.is_final])
             active = PodRow.status.in_(ACTIVE_POD_STATES)
             workload_ids = set(session.scalars(select(PodRow.workload_id).where(active)))
             lock_workloads(session.connection(), workload_ids)  # before any pod is written
@@ -126,6 +128,10 @@ class Reconciler:
                                                  pod.started_s or pod.created_s, now))
         for pod_id in to_stop:
             self.rt.provider.stop(pod_id, grace_s=0)
+        # A provider opened afresh lists every finished pod of its nodes again (forgetting is not
+        # kept across a restart): those whose end the store holds already are acknowledged now, so
+        # the first sync after a takeover walks only what ended meanwhile, not the pool's history.
+        self.rt.provider.forget_pods(settled)
         if adopted or lost:
             log.info("recovery: %d pod(s) re-adopted, %d marked lost", adopted, lost)
         return adopted, lost
@@ -275,6 +281,20 @@ class Reconciler:
                    f"Pod {pod.name} {what}{detail}{after}.", now, pod.id)
         ended.append((row.id, None))
         return to_stop
+
+
+def _already_settled(session: Session, pod_ids: Sequence[str], chunk: int = 500) -> list[str]:
+    """Of these pods (final at their provider), those the store holds final too, or knows not at
+    all: nothing is left to apply for them."""
+    active: set[str] = set()
+    for at in range(0, len(pod_ids), chunk):
+        part = pod_ids[at:at + chunk]
+        active.update(session.scalars(select(PodRow.id).where(PodRow.id.in_(part),
+                                                              PodRow.status.not_in(_FINAL_STATES))))
+    return [pod_id for pod_id in pod_ids if pod_id not in active]
+
+
+_FINAL_STATES = (PodState.SUCCEEDED.value, PodState.FAILED.value, PodState.LOST.value, PodState.STOPPED.value)
 
 
 def _hold_federated_copies(session: Session, now: float) -> None:
