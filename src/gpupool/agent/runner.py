@@ -135,6 +135,10 @@ def _go(go_w: int, answer: str) -> None:
     os.close(go_w)
 
 
+ACKNOWLEDGED = "acknowledged"
+"""A file in a finished pod's directory once the server stored its end (`Runner.forget`)."""
+
+
 def _final_phase(record: PodRecord, exit_code: int) -> PodPhase:
     if record.stop_requested_at_s is not None:
         return PodPhase.STOPPED
@@ -163,6 +167,10 @@ class Runner:
         """Copies of finished records (they never change again), so poll() costs O(running pods)."""
         self._listed: dict[str, PodRecord] = {}
         """The records poll() returns: every pod but the finished ones forget() acknowledged."""
+        self._dormant: set[str] = set()
+        """Finished pods acknowledged before this runner started (ACKNOWLEDGED in their directory):
+        their records are read from disk only when asked for (`_record`), so opening a node that has
+        run many pods costs what its live pods cost."""
         self._exit_listeners: list[Callable[[], None]] = []
         self._to_sweep: dict[str, tuple[int, str | None]] = {}
         """Pods reaped whose leftovers outside their process group are still to be killed."""
@@ -213,8 +221,9 @@ class Runner:
         if namespace is not None and identity is None:
             raise InvalidInput(f"Pod {pod_id!r}: mounts and secret files need a pod account to run as.")
         with self._lock:
-            if pod_id in self._records:
-                return self._records[pod_id]
+            known = self._record(pod_id)
+            if known is not None:
+                return known
             pod_dir = self.pod_dir(pod_id)
             pod_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
             cwd = Path(workdir) if workdir else pod_dir
@@ -364,7 +373,7 @@ class Runner:
         """SIGTERM the pod's whole process group now and SIGKILL it after `grace_s`. Returns at
         once; idempotent; unknown or finished pods are ignored."""
         with self._lock:
-            record = self._records.get(pod_id)
+            record = self._record(pod_id)
             if record is None or record.finished or record.stop_requested_at_s is not None:
                 return
             now = self._clock()
@@ -400,7 +409,7 @@ class Runner:
     def known(self, pod_id: str) -> PodRecord | None:
         """A copy of the pod's record as last seen (no reaping), or None for an unknown pod."""
         with self._lock:
-            record = self._records.get(pod_id)
+            record = self._record(pod_id)
             return None if record is None else record.model_copy()
 
     def add_exit_listener(self, listener: Callable[[], None]) -> None:
@@ -505,13 +514,31 @@ class Runner:
     def forget(self, pod_ids: Iterable[str]) -> None:
         """Stop returning these finished pods from poll() (their final state is stored elsewhere);
         their records stay, so logs, get() and idempotent starts still know them. A pod that has not
-        finished, or an unknown id, is ignored."""
+        finished, or an unknown id, is ignored. Marked on disk too (ACKNOWLEDGED), so a runner opened
+        again over this directory (a restart, a new leader's takeover) does not read them back."""
+        forgotten = []
         with self._lock:
             for pod_id in pod_ids:
                 record = self._listed.get(pod_id)
                 if record is not None and record.finished:
                     del self._listed[pod_id]
                     self._final_copies.pop(pod_id, None)
+                    forgotten.append(pod_id)
+        for pod_id in forgotten:
+            with contextlib.suppress(OSError):
+                os.close(os.open(self.pod_dir(pod_id) / ACKNOWLEDGED,
+                                 os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o600))
+
+    def _record(self, pod_id: str) -> PodRecord | None:
+        """The pod's record (under the lock), read from disk the first time for a dormant one."""
+        record = self._records.get(pod_id)
+        if record is None and pod_id in self._dormant:
+            self._dormant.discard(pod_id)
+            loaded = podstate.load_record(self.pod_dir(pod_id) / "state.json")
+            record = loaded if not isinstance(loaded, str) else PodRecord(
+                pod_id=pod_id, command=[], workdir="", phase=PodPhase.LOST, message=loaded)
+            self._records[pod_id] = record
+        return record
 
     def _cap_logs(self, records: Iterable[PodRecord]) -> None:
         """Hold each log of these pods to max_log_bytes (see cap_log)."""
@@ -583,12 +610,21 @@ class Runner:
 
     # ---- restart ---------------------------------------------------------------------------
     def _readopt(self) -> None:
-        for pod_dir in sorted(self._dir.iterdir()):
-            if pod_dir.is_dir() and not pod_dir.is_symlink() and not (pod_dir / "state.json").exists():
+        with os.scandir(self._dir) as entries:
+            names = sorted(e.name for e in entries if e.is_dir(follow_symlinks=False))
+        states = []
+        for name in names:
+            pod_dir = self._dir / name
+            state = pod_dir / "state.json"
+            if not state.exists():
                 # made by `start` just before a crash, before its record was saved: nothing ran
                 # there and no one knows the pod, which its scheduler will place again
                 shutil.rmtree(pod_dir, ignore_errors=True)
-        for state in sorted(self._dir.glob("*/state.json")):
+            elif (pod_dir / ACKNOWLEDGED).exists():
+                self._dormant.add(name)  # finished, and its end stored: read only when asked for
+            else:
+                states.append(state)
+        for state in states:
             loaded = podstate.load_record(state)
             if isinstance(loaded, str):
                 pod_id = state.parent.name
@@ -633,7 +669,7 @@ class Runner:
         """The pod's current record (after a poll). Raises NotFound for an unknown pod."""
         self.poll()
         with self._lock:
-            record = self._records.get(pod_id)
+            record = self._record(pod_id)
             if record is None:
                 raise NotFound(f"No pod {pod_id!r} on this node.", pod_id=pod_id)
             return record.model_copy()
