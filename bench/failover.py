@@ -32,6 +32,7 @@ import argparse
 import json
 import os
 import random
+import resource
 import shutil
 import signal
 import statistics
@@ -93,9 +94,11 @@ class Server:
 class Load:
     """Submissions at `rate`/s through one SDK client holding every URL; one in five cancelled."""
 
-    def __init__(self, urls: str, token: str, rate: float, marker_dir: Path, seed: int) -> None:
+    def __init__(self, urls: str, token: str, rate: float, marker_dir: Path, seed: int,
+                 gpus: float = 0.125) -> None:
         self.client = Client(urls, token, timeout_s=10, retry_unavailable_s=20)
         self.rate = rate
+        self.gpus = gpus
         self.markers = marker_dir
         self.rng = random.Random(seed)
         self.acked: list[str] = []
@@ -126,7 +129,7 @@ class Load:
             began = time.monotonic()
             self.requests += 1
             try:
-                wid = self.client.submit(command=command, gpus=0.125)
+                wid = self.client.submit(command=command, gpus=self.gpus)
                 self.acked.append(wid)
                 self.latency.append((time.time(), time.monotonic() - began))
                 if self.rng.random() < 0.2:
@@ -197,6 +200,52 @@ def renew_latency(servers: list[Server], token: str) -> dict[str, Any]:
             **{f"renewals_over_{le}_s": int(n) for le, n in over.items()}}
 
 
+def cpu_seconds(servers: list[Server], pg_root: Path) -> dict[str, float]:
+    """CPU seconds used so far by the servers (their own processes), by PostgreSQL (the postmaster
+    under `pg_root` and its backends), by this bench, and by the whole machine (every core, other
+    work included: this is a shared machine), from /proc."""
+    tick = os.sysconf("SC_CLK_TCK")
+
+    def stat(pid: int) -> tuple[int, float]:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return int(fields[1]), (int(fields[11]) + int(fields[12])) / tick  # ppid, utime + stime
+
+    parts = {"servers": 0.0, "postgres": 0.0}
+    ours = {s.proc.pid for s in servers if s.proc is not None and s.proc.poll() is None}
+    postmaster = None
+    table: dict[int, tuple[int, float]] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            table[int(entry.name)] = stat(int(entry.name))
+            if postmaster is None and str(pg_root) in (entry / "cmdline").read_text(errors="replace"):
+                postmaster = int(entry.name)
+        except (OSError, ValueError, IndexError):
+            continue
+    for pid, (ppid, used) in table.items():
+        if pid in ours:
+            parts["servers"] += used
+        elif postmaster is not None and (pid == postmaster or ppid == postmaster):
+            parts["postgres"] += used
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    parts["bench"] = usage.ru_utime + usage.ru_stime
+    cpu = Path("/proc/stat").read_text().splitlines()[0].split()[1:]
+    parts["machine"] = (sum(int(v) for v in cpu) - int(cpu[3]) - int(cpu[4])) / tick  # all but idle, iowait
+    return parts
+
+
+def running_max(intervals: list[Any]) -> int:
+    """The most pods running at once, from their started/finished times."""
+    events = sorted([(float(a), 1) for a, _ in intervals] +
+                    [(float(b), -1) for _, b in intervals if b is not None])
+    running = peak = 0
+    for _, step in events:
+        running += step
+        peak = max(peak, running)
+    return peak
+
+
 def pct(values: list[float], q: float) -> float:
     if not values:
         return float("nan")
@@ -210,6 +259,8 @@ def main() -> None:
     parser.add_argument("--servers", type=int, default=3)
     parser.add_argument("--simulate", default="2x8xH100")
     parser.add_argument("--rate", type=float, default=20.0)
+    parser.add_argument("--pod-gpus", type=float, default=0.125,
+                        help="each pod's GPU fraction (smaller: more pods run at once on the pool)")
     parser.add_argument("--kills", type=int, default=5)
     parser.add_argument("--stops", type=int, default=2)
     parser.add_argument("--pg-restarts", type=int, default=1)
@@ -268,12 +319,20 @@ def main() -> None:
 
         while lease()[1] == 0:
             time.sleep(0.1)
-        load = Load(",".join(s.url for s in servers), token, args.rate, markers, args.seed)
+        load = Load(",".join(s.url for s in servers), token, args.rate, markers, args.seed, args.pod_gpus)
         load.start()
         time.sleep(args.gap)
         steady_from = time.time()
+        cpu_from, acked_from = cpu_seconds(servers, pg.root), len(load.acked)
         time.sleep(args.gap)
         steady_to = time.time()
+        cpu_to, acked_to = cpu_seconds(servers, pg.root), len(load.acked)
+        steady_acked = max(1, acked_to - acked_from)
+        cpu_use = {f"steady_cpu_{part}_ms_per_submission": round(1000 * (cpu_to[part] - cpu_from[part])
+                                                                  / steady_acked, 2) for part in cpu_to}
+        cpu_use["steady_machine_busy_cores"] = round((cpu_to["machine"] - cpu_from["machine"])
+                                                     / (steady_to - steady_from), 2)
+        cpu_use["load_average_1m_at_steady"] = round(os.getloadavg()[0], 1)
         faults: list[dict[str, Any]] = []
 
         def await_takeover(kind: str, died_at: float, epoch: int) -> dict[str, Any]:
@@ -364,6 +423,9 @@ def main() -> None:
         all_lat = [lat for _, lat in load.latency]
         result = {
             "servers": args.servers, "simulate": args.simulate, "rate_per_s": args.rate,
+            "pod_gpus": args.pod_gpus, **cpu_use,
+            "running_pods_max": running_max(sql("SELECT started_s, finished_s FROM pods "
+                                                "WHERE started_s IS NOT NULL")),
             "lease_s": args.lease, "renew_s": args.renew, "faults": faults,
             "takeover_first_decision_p50_s": statistics.median(takeovers) if takeovers else None,
             "takeover_first_decision_max_s": max(takeovers) if takeovers else None,
