@@ -71,6 +71,8 @@ class ControlLoop:
         self._launched = threading.Event()
         self._led = threading.Event()
         self._next_stop_sweep = float("-inf")
+        self._first_step_of: int | None = None
+        """The epoch of a takeover whose first step is still to come (its parts are logged)."""
 
     def _build(self) -> None:
         rt, metrics = self.rt, self.metrics
@@ -112,9 +114,11 @@ class ControlLoop:
 
         Returns True while work is in flight, so the provider is polled again soon.
         """
+        began = time.monotonic()
         recorded = self.scheduler.record_launches()  # before the poll: a pod started is then running
         if self.leadership is not None:
             self._stop_asked_elsewhere()
+        synced = time.monotonic()
         changed = self.reconciler.sync()
         changed += self.reconciler.nodes_gone(self.rt.nodes())
         changed += self.scheduler.enforce_time_limits()
@@ -129,7 +133,7 @@ class ControlLoop:
             if self.dependencies.run(force=self.dependencies.dirty, arrivals=submitted):
                 capacity_changed = True
         due = time.monotonic() - self._last_cycle >= self.rt.settings.cycle_interval_s
-        admitted = 0
+        admitted, cycled = 0, time.monotonic()
         if woken or capacity_changed or due:
             self.rt.capacity_changed.clear()
             self._last_cycle = time.monotonic()
@@ -144,6 +148,11 @@ class ControlLoop:
                 if not stats.stopped:
                     break
         recorded += self.scheduler.record_launches()  # those that returned meanwhile (or ran inline)
+        if self._first_step_of is not None:  # the first step after a takeover: where its time went
+            log.warning("first step epoch=%d sweep_s=%.3f sync_s=%.3f cycle_s=%.3f admitted=%d",
+                        self._first_step_of, synced - began, cycled - synced, time.monotonic() - cycled,
+                        admitted)
+            self._first_step_of = None
         busy = self.reconciler.active or self.scheduler.waiting or self.scheduler.launches.busy
         in_flight = bool(changed or admitted or busy or recorded)
         self.rt.usage_rollup.maybe_fold(self.rt, in_flight)  # pods that ended join the usage rollup
@@ -233,7 +242,7 @@ class ControlLoop:
             self.recovered = self.reconciler.recover()
             part("recover", mark)
         self.rt.provider.add_exit_listener(self._pods_exited)
-        self._epoch = epoch
+        self._epoch = self._first_step_of = epoch
         self._last_cycle = float("-inf")
         self.rt.capacity_may_have_changed()
         if self.metrics is not None:
