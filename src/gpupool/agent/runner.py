@@ -301,18 +301,17 @@ class Runner:
             os.close(exit_fd)
             if go_r >= 0:
                 os.close(go_r)
-        with contextlib.ExitStack() as fence:  # a leader's launch: fenced by its epoch (fencing.py)
-            if record.epoch is not None:
-                newest = fence.enter_context(self.fence.admitting())
-                if newest > record.epoch:
-                    self._refuse_stale(record, go_w, child, newest)
-                with self._lock:  # the process id on disk before the command may run: a takeover that
-                    record.pid, record.start_ticks = pid, start_ticks  # re-reads the records adopts it
-                    self._save(record)
-            if go_w >= 0 and limits.cgroup_dir is not None:
-                _join_cgroup(limits, pid, go_w)
-            elif go_w >= 0:
-                _go(go_w, "ok")
+        if record.epoch is not None:  # a leader's launch: fenced by its epoch (fencing.py)
+            with self._lock:  # the process id on disk first: a takeover that reads the records after
+                record.pid, record.start_ticks = pid, start_ticks  # this save adopts the pod
+                self._save(record)
+            newest = self.fence.newest()  # then the epoch: one announced before this read refuses it
+            if newest > record.epoch:
+                self._refuse_stale(record, go_w, child, newest)
+        if go_w >= 0 and limits.cgroup_dir is not None:
+            _join_cgroup(limits, pid, go_w)
+        elif go_w >= 0:
+            _go(go_w, "ok")
         if self._accounts is not None and identity is not None and self._sweepable(identity.uid):
             self._accounts.register(identity.uid, self._note_key(record.pod_id), pid, start_ticks)
         with self._lock:
@@ -346,8 +345,9 @@ class Runner:
                 child.wait(timeout=5)  # the shim exits at once on end of file
         why = (f"refused: launched under leader epoch {record.epoch}, but the leader at epoch {newest} "
                "has taken over since; the new leader places the workload itself")
-        with self._lock:
-            self._finish(record, PodPhase.FAILED, None, None, why)
+        with self._lock:  # never started: the new leader, which may have read this record with its
+            record.never_started = True  # process id, requeues the workload
+            self._finish(record, PodPhase.LOST, None, None, why)
         raise ProviderError(f"Pod {record.pod_id} {why}.", pod_id=record.pod_id)
 
     def _launch_as(self, identity: PodIdentity, argv: list[str], env: Mapping[str, str], go_r: int,
