@@ -95,10 +95,11 @@ class Load:
     """Submissions at `rate`/s through one SDK client holding every URL; one in five cancelled."""
 
     def __init__(self, urls: str, token: str, rate: float, marker_dir: Path, seed: int,
-                 gpus: float = 0.125) -> None:
+                 gpus: float = 0.125, seconds: tuple[float, float] = (3.0, 8.0)) -> None:
         self.client = Client(urls, token, timeout_s=10, retry_unavailable_s=20)
         self.rate = rate
         self.gpus = gpus
+        self.seconds = seconds
         self.markers = marker_dir
         self.rng = random.Random(seed)
         self.acked: list[str] = []
@@ -123,7 +124,7 @@ class Load:
         next_at = time.monotonic()
         while not self._stop.is_set():
             next_at += period
-            sleep_s = self.rng.uniform(3, 8)
+            sleep_s = self.rng.uniform(*self.seconds)
             marker = f'touch "{self.markers}/$GPUPOOL_WORKLOAD_ID.$$"'
             command = ["sh", "-c", f"{marker}; exec sleep {sleep_s:.1f}"]
             began = time.monotonic()
@@ -264,6 +265,10 @@ def main() -> None:
     parser.add_argument("--kills", type=int, default=5)
     parser.add_argument("--stops", type=int, default=2)
     parser.add_argument("--pg-restarts", type=int, default=1)
+    parser.add_argument("--pod-seconds", default="3,8",
+                        help="each pod sleeps a uniform time in MIN,MAX seconds (longer: more run at once)")
+    parser.add_argument("--netns", choices=("auto", "on", "off"), default="auto",
+                        help="GPUPOOL_POD_NETNS for the servers (a network namespace per pod, or none)")
     parser.add_argument("--lease", type=float, default=3.0)
     parser.add_argument("--renew", type=float, default=0.5)
     parser.add_argument("--gap", type=float, default=8.0, help="seconds of steady load between faults")
@@ -287,7 +292,7 @@ def main() -> None:
         url = pg.create_database()
         engine = create_engine(url, pool_pre_ping=True)
         env = {"GPUPOOL_DATABASE_URL": url, "GPUPOOL_LEASE_S": str(args.lease),
-               "GPUPOOL_LEASE_RENEW_S": str(args.renew)}
+               "GPUPOOL_LEASE_RENEW_S": str(args.renew), "GPUPOOL_POD_NETNS": args.netns}
         for i in range(args.servers):
             server = Server(root / "data", root / f"server{i}.log", env, args.simulate)
             server.start()
@@ -319,7 +324,9 @@ def main() -> None:
 
         while lease()[1] == 0:
             time.sleep(0.1)
-        load = Load(",".join(s.url for s in servers), token, args.rate, markers, args.seed, args.pod_gpus)
+        low, _, high = args.pod_seconds.partition(",")
+        load = Load(",".join(s.url for s in servers), token, args.rate, markers, args.seed, args.pod_gpus,
+                    (float(low), float(high or low)))
         load.start()
         time.sleep(args.gap)
         steady_from = time.time()
@@ -379,7 +386,7 @@ def main() -> None:
             time.sleep(args.gap)
         load.stop()
         renew = renew_latency([s for s in servers if s.alive()], token)
-        time.sleep(args.lease + 10)  # the last pods end and are recorded
+        time.sleep(args.lease + 10 + float(high or low))  # the last pods end and are recorded
 
         # ---- the counts, from the store and the markers
         acked = load.acked
@@ -423,7 +430,7 @@ def main() -> None:
         all_lat = [lat for _, lat in load.latency]
         result = {
             "servers": args.servers, "simulate": args.simulate, "rate_per_s": args.rate,
-            "pod_gpus": args.pod_gpus, **cpu_use,
+            "pod_gpus": args.pod_gpus, "pod_seconds": args.pod_seconds, "netns": args.netns, **cpu_use,
             "running_pods_max": running_max(sql("SELECT started_s, finished_s FROM pods "
                                                 "WHERE started_s IS NOT NULL")),
             "lease_s": args.lease, "renew_s": args.renew, "faults": faults,
