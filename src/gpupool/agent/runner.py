@@ -613,17 +613,16 @@ class Runner:
         with os.scandir(self._dir) as entries:
             names = sorted(e.name for e in entries if e.is_dir(follow_symlinks=False))
         states = []
+        base = os.fspath(self._dir)  # plain strings: a node keeps thousands of pod directories
         for name in names:
-            pod_dir = self._dir / name
-            state = pod_dir / "state.json"
-            if not state.exists():
+            if os.path.exists(f"{base}/{name}/{ACKNOWLEDGED}"):  # only a saved, finished record is
+                self._dormant.add(name)  # acknowledged: its end is stored; read only when asked for
+            elif not os.path.exists(f"{base}/{name}/state.json"):
                 # made by `start` just before a crash, before its record was saved: nothing ran
                 # there and no one knows the pod, which its scheduler will place again
-                shutil.rmtree(pod_dir, ignore_errors=True)
-            elif (pod_dir / ACKNOWLEDGED).exists():
-                self._dormant.add(name)  # finished, and its end stored: read only when asked for
+                shutil.rmtree(f"{base}/{name}", ignore_errors=True)
             else:
-                states.append(state)
+                states.append(self._dir / name / "state.json")
         for state in states:
             loaded = podstate.load_record(state)
             if isinstance(loaded, str):
