@@ -465,15 +465,20 @@ def main() -> None:
         phases = Table(title="where the time from the leader's death to the new leader's first decision "
                              "went (s), per takeover")
         timed = [f for f in faults if f.get("first_decision_s") is not None]
+        shown = timed if len(timed) <= 8 else []  # more: only the summary columns fit a terminal
         phases.add_column("phase")
-        for fault in timed:
+        for fault in shown:
             phases.add_column(f"{'kill' if fault['kind'] == 'kill -9' else 'stop'} {fault['epoch']}",
                               justify="right")
-        phases.add_column("p50", justify="right")
+        for column in ("min", "p50", "max"):
+            phases.add_column(column, justify="right")
         for name in (*PHASES, "first_decision_s"):
-            cells = ["-" if f.get(name) is None else f"{f[name]:.2f}" for f in timed]
+            values = [f[name] for f in timed if f.get(name) is not None]
+            cells = ["-" if f.get(name) is None else f"{f[name]:.2f}" for f in shown]
             middle = p50(name)
-            phases.add_row(name.removesuffix("_s"), *cells, "-" if middle is None else f"{middle:.2f}")
+            summary = [f"{min(values):.2f}", "-" if middle is None else f"{middle:.2f}",
+                       f"{max(values):.2f}"] if values else ["-", "-", "-"]
+            phases.add_row(name.removesuffix("_s"), *cells, *summary)
         Console().print(phases)
         for fault in faults:
             print({k: v for k, v in fault.items() if not k.endswith("_wall")})
