@@ -32,6 +32,7 @@ import argparse
 import json
 import os
 import random
+import resource
 import shutil
 import signal
 import statistics
@@ -93,9 +94,12 @@ class Server:
 class Load:
     """Submissions at `rate`/s through one SDK client holding every URL; one in five cancelled."""
 
-    def __init__(self, urls: str, token: str, rate: float, marker_dir: Path, seed: int) -> None:
+    def __init__(self, urls: str, token: str, rate: float, marker_dir: Path, seed: int,
+                 gpus: float = 0.125, seconds: tuple[float, float] = (3.0, 8.0)) -> None:
         self.client = Client(urls, token, timeout_s=10, retry_unavailable_s=20)
         self.rate = rate
+        self.gpus = gpus
+        self.seconds = seconds
         self.markers = marker_dir
         self.rng = random.Random(seed)
         self.acked: list[str] = []
@@ -120,13 +124,13 @@ class Load:
         next_at = time.monotonic()
         while not self._stop.is_set():
             next_at += period
-            sleep_s = self.rng.uniform(3, 8)
+            sleep_s = self.rng.uniform(*self.seconds)
             marker = f'touch "{self.markers}/$GPUPOOL_WORKLOAD_ID.$$"'
             command = ["sh", "-c", f"{marker}; exec sleep {sleep_s:.1f}"]
             began = time.monotonic()
             self.requests += 1
             try:
-                wid = self.client.submit(command=command, gpus=0.125)
+                wid = self.client.submit(command=command, gpus=self.gpus)
                 self.acked.append(wid)
                 self.latency.append((time.time(), time.monotonic() - began))
                 if self.rng.random() < 0.2:
@@ -138,6 +142,109 @@ class Load:
                 self.failed += 1
                 self.errors.append(f"{time.time():.3f} {exc.message}")
             self._stop.wait(max(0.0, next_at - time.monotonic()))
+
+
+PHASES = ("lease_left", "poll_lag", "wake", "fence", "close", "reopen", "build", "recover", "first_cycle")
+"""The parts of a takeover, one after another: the dead leader's lease running out (death to its
+expiry), the new leader taking it (expiry to acquired), the new leader's loop starting its
+takeover, the takeover's own steps as the new leader logs them (`takeover epoch=N fence_s=...`:
+control.py), its first step up to the first pod row."""
+
+
+def takeover_parts(faults: list[dict[str, Any]], logs: Any) -> None:
+    """Adds each fault's phases (PHASES) from the servers' logs and the store's times."""
+    done: dict[int, dict[str, float]] = {}
+    for path in logs:
+        for line in Path(path).read_text(errors="replace").splitlines():
+            if " takeover epoch=" not in line:
+                continue
+            fields = dict(item.split("=", 1) for item in line.split(" takeover ", 1)[1].split())
+            done[int(fields.pop("epoch"))] = {k: float(v) for k, v in fields.items()}
+    for fault in faults:
+        steps = done.get(fault.get("epoch") or -1)
+        if steps is None or fault.get("lease_expired_s") is None:
+            continue
+        fault["lease_left"] = fault["lease_expired_s"]
+        fault["poll_lag"] = round(fault["lease_taken_s"] - fault["lease_expired_s"], 3)
+        for name in ("fence", "close", "reopen", "build", "recover"):
+            fault[name] = steps.get(f"{name}_s")
+        own = sum(v for k, v in steps.items() if k.endswith("_s"))
+        fault["wake"] = round(steps["done_wall"] - own - (fault["died_wall"] + fault["lease_taken_s"]), 3)
+        fault["first_cycle"] = round(fault["first_wall"] - steps["done_wall"], 3)
+
+
+def renew_latency(servers: list[Server], token: str) -> dict[str, Any]:
+    """The lease renewals' wall time from the servers' /metrics (gpupool_lease_renew_seconds, over
+    every server alive at the end, since its last start): how many, the mean, and how many took
+    longer than 0.25 / 0.5 / 1 s (the margin a lease must leave: a leader stops acting at two
+    thirds of it after the start of its last renewal)."""
+    count = total = 0.0
+    over: dict[str, float] = {"0.25": 0.0, "0.5": 0.0, "1.0": 0.0}
+    for server in servers:
+        try:
+            text_ = httpx.get(f"{server.url}/metrics", headers={"Authorization": f"Bearer {token}"},
+                              timeout=10).text
+        except httpx.HTTPError:
+            continue
+        buckets: dict[str, float] = {}
+        for line in text_.splitlines():
+            if line.startswith("gpupool_lease_renew_seconds_bucket{"):
+                le = line.split('le="', 1)[1].split('"', 1)[0]
+                buckets[le] = float(line.rsplit(" ", 1)[1])
+            elif line.startswith("gpupool_lease_renew_seconds_count"):
+                count += float(line.rsplit(" ", 1)[1])
+            elif line.startswith("gpupool_lease_renew_seconds_sum"):
+                total += float(line.rsplit(" ", 1)[1])
+        for le in over:
+            over[le] += buckets.get("+Inf", 0.0) - buckets.get(le, 0.0)
+    return {"renewals": int(count), "renew_mean_ms": round(1000 * total / count, 1) if count else None,
+            **{f"renewals_over_{le}_s": int(n) for le, n in over.items()}}
+
+
+def cpu_seconds(servers: list[Server], pg_root: Path) -> dict[str, float]:
+    """CPU seconds used so far by the servers (their own processes), by PostgreSQL (the postmaster
+    under `pg_root` and its backends), by this bench, and by the whole machine (every core, other
+    work included: this is a shared machine), from /proc."""
+    tick = os.sysconf("SC_CLK_TCK")
+
+    def stat(pid: int) -> tuple[int, float]:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return int(fields[1]), (int(fields[11]) + int(fields[12])) / tick  # ppid, utime + stime
+
+    parts = {"servers": 0.0, "postgres": 0.0}
+    ours = {s.proc.pid for s in servers if s.proc is not None and s.proc.poll() is None}
+    postmaster = None
+    table: dict[int, tuple[int, float]] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            table[int(entry.name)] = stat(int(entry.name))
+            if postmaster is None and str(pg_root) in (entry / "cmdline").read_text(errors="replace"):
+                postmaster = int(entry.name)
+        except (OSError, ValueError, IndexError):
+            continue
+    for pid, (ppid, used) in table.items():
+        if pid in ours:
+            parts["servers"] += used
+        elif postmaster is not None and (pid == postmaster or ppid == postmaster):
+            parts["postgres"] += used
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    parts["bench"] = usage.ru_utime + usage.ru_stime
+    cpu = Path("/proc/stat").read_text().splitlines()[0].split()[1:]
+    parts["machine"] = (sum(int(v) for v in cpu) - int(cpu[3]) - int(cpu[4])) / tick  # all but idle, iowait
+    return parts
+
+
+def running_max(intervals: list[Any]) -> int:
+    """The most pods running at once, from their started/finished times."""
+    events = sorted([(float(a), 1) for a, _ in intervals] +
+                    [(float(b), -1) for _, b in intervals if b is not None])
+    running = peak = 0
+    for _, step in events:
+        running += step
+        peak = max(peak, running)
+    return peak
 
 
 def pct(values: list[float], q: float) -> float:
@@ -153,9 +260,15 @@ def main() -> None:
     parser.add_argument("--servers", type=int, default=3)
     parser.add_argument("--simulate", default="2x8xH100")
     parser.add_argument("--rate", type=float, default=20.0)
+    parser.add_argument("--pod-gpus", type=float, default=0.125,
+                        help="each pod's GPU fraction (smaller: more pods run at once on the pool)")
     parser.add_argument("--kills", type=int, default=5)
     parser.add_argument("--stops", type=int, default=2)
     parser.add_argument("--pg-restarts", type=int, default=1)
+    parser.add_argument("--pod-seconds", default="3,8",
+                        help="each pod sleeps a uniform time in MIN,MAX seconds (longer: more run at once)")
+    parser.add_argument("--netns", choices=("auto", "on", "off"), default="auto",
+                        help="GPUPOOL_POD_NETNS for the servers (a network namespace per pod, or none)")
     parser.add_argument("--lease", type=float, default=3.0)
     parser.add_argument("--renew", type=float, default=0.5)
     parser.add_argument("--gap", type=float, default=8.0, help="seconds of steady load between faults")
@@ -179,7 +292,7 @@ def main() -> None:
         url = pg.create_database()
         engine = create_engine(url, pool_pre_ping=True)
         env = {"GPUPOOL_DATABASE_URL": url, "GPUPOOL_LEASE_S": str(args.lease),
-               "GPUPOOL_LEASE_RENEW_S": str(args.renew)}
+               "GPUPOOL_LEASE_RENEW_S": str(args.renew), "GPUPOOL_POD_NETNS": args.netns}
         for i in range(args.servers):
             server = Server(root / "data", root / f"server{i}.log", env, args.simulate)
             server.start()
@@ -199,6 +312,10 @@ def main() -> None:
             rows = sql("SELECT holder, epoch, acquired_s FROM leader_lease")
             return (rows[0][0], int(rows[0][1]), float(rows[0][2])) if rows else ("", 0, 0.0)
 
+        def expiry(epoch: int) -> float | None:
+            rows = sql("SELECT expires_s FROM leader_lease WHERE epoch = :e", e=epoch)
+            return float(rows[0][0]) if rows else None
+
         def leader() -> Server:
             holder = lease()[0]
             (address,), = sql("SELECT address FROM servers WHERE id = :i", i=holder)
@@ -207,23 +324,39 @@ def main() -> None:
 
         while lease()[1] == 0:
             time.sleep(0.1)
-        load = Load(",".join(s.url for s in servers), token, args.rate, markers, args.seed)
+        low, _, high = args.pod_seconds.partition(",")
+        load = Load(",".join(s.url for s in servers), token, args.rate, markers, args.seed, args.pod_gpus,
+                    (float(low), float(high or low)))
         load.start()
         time.sleep(args.gap)
         steady_from = time.time()
+        cpu_from, acked_from = cpu_seconds(servers, pg.root), len(load.acked)
         time.sleep(args.gap)
         steady_to = time.time()
+        cpu_to, acked_to = cpu_seconds(servers, pg.root), len(load.acked)
+        steady_acked = max(1, acked_to - acked_from)
+        cpu_use = {f"steady_cpu_{part}_ms_per_submission": round(1000 * (cpu_to[part] - cpu_from[part])
+                                                                  / steady_acked, 2) for part in cpu_to}
+        cpu_use["steady_machine_busy_cores"] = round((cpu_to["machine"] - cpu_from["machine"])
+                                                     / (steady_to - steady_from), 2)
+        cpu_use["load_average_1m_at_steady"] = round(os.getloadavg()[0], 1)
         faults: list[dict[str, Any]] = []
 
         def await_takeover(kind: str, died_at: float, epoch: int) -> dict[str, Any]:
             deadline = time.monotonic() + 60
+            expires: float | None = None
             while time.monotonic() < deadline:
                 _, now_epoch, acquired = lease()
+                if now_epoch == epoch:  # the dead leader's last expiry (it renews no more)
+                    expires = expiry(epoch) or expires
                 first = sql("SELECT min(created_s) FROM pods WHERE epoch = :e", e=now_epoch)[0][0] \
                     if now_epoch > epoch else None
                 if first is not None:
-                    return {"kind": kind, "epoch": now_epoch, "lease_taken_s": round(acquired - died_at, 3),
-                            "first_decision_s": round(float(first) - died_at, 3)}
+                    return {"kind": kind, "epoch": now_epoch,
+                            "lease_expired_s": round(expires - died_at, 3) if expires else None,
+                            "lease_taken_s": round(acquired - died_at, 3),
+                            "first_decision_s": round(float(first) - died_at, 3), "died_wall": died_at,
+                            "first_wall": float(first)}
                 time.sleep(0.05)
             return {"kind": kind, "epoch": None, "lease_taken_s": None, "first_decision_s": None}
 
@@ -252,7 +385,8 @@ def main() -> None:
                     os.kill(victim.proc.pid, signal.SIGCONT)
             time.sleep(args.gap)
         load.stop()
-        time.sleep(args.lease + 10)  # the last pods end and are recorded
+        renew = renew_latency([s for s in servers if s.alive()], token)
+        time.sleep(args.lease + 10 + float(high or low))  # the last pods end and are recorded
 
         # ---- the counts, from the store and the markers
         acked = load.acked
@@ -285,16 +419,26 @@ def main() -> None:
                                        e=e, t=min(later))[0][0])
         decisions = sql("SELECT created_s FROM pods")
         steady_rate = sum(1 for (c,) in decisions if steady_from <= c < steady_to) / (steady_to - steady_from)
+        takeover_parts(faults, root.glob("server*.log"))
         takeovers = [f["first_decision_s"] for f in faults if f.get("first_decision_s") is not None]
         leases = [f["lease_taken_s"] for f in faults if f.get("lease_taken_s") is not None]
+
+        def p50(key: str) -> float | None:
+            values = [f[key] for f in faults if f.get(key) is not None]
+            return round(statistics.median(values), 3) if values else None
         steady_lat = [lat for at, lat in load.latency if steady_from <= at < steady_to]
         all_lat = [lat for _, lat in load.latency]
         result = {
             "servers": args.servers, "simulate": args.simulate, "rate_per_s": args.rate,
+            "pod_gpus": args.pod_gpus, "pod_seconds": args.pod_seconds, "netns": args.netns, **cpu_use,
+            "running_pods_max": running_max(sql("SELECT started_s, finished_s FROM pods "
+                                                "WHERE started_s IS NOT NULL")),
             "lease_s": args.lease, "renew_s": args.renew, "faults": faults,
             "takeover_first_decision_p50_s": statistics.median(takeovers) if takeovers else None,
             "takeover_first_decision_max_s": max(takeovers) if takeovers else None,
             "lease_taken_p50_s": statistics.median(leases) if leases else None,
+            **renew,
+            **{f"phase_{name}_p50_s": p50(name) for name in PHASES},
             "takeovers_missing": sum(1 for f in faults if "epoch" in f and f["epoch"] is None),
             "acknowledged": len(acked), "acknowledged_lost": len(lost),
             "started_twice_markers": len(twice_markers), "started_twice_pods": len(twice_pods),
@@ -318,8 +462,26 @@ def main() -> None:
             if key not in ("faults", "errors"):
                 table.add_row(key, f"{value:.3f}" if isinstance(value, float) else str(value))
         Console().print(table)
+        phases = Table(title="where the time from the leader's death to the new leader's first decision "
+                             "went (s), per takeover")
+        timed = [f for f in faults if f.get("first_decision_s") is not None]
+        shown = timed if len(timed) <= 8 else []  # more: only the summary columns fit a terminal
+        phases.add_column("phase")
+        for fault in shown:
+            phases.add_column(f"{'kill' if fault['kind'] == 'kill -9' else 'stop'} {fault['epoch']}",
+                              justify="right")
+        for column in ("min", "p50", "max"):
+            phases.add_column(column, justify="right")
+        for name in (*PHASES, "first_decision_s"):
+            values = [f[name] for f in timed if f.get(name) is not None]
+            cells = ["-" if f.get(name) is None else f"{f[name]:.2f}" for f in shown]
+            middle = p50(name)
+            summary = [f"{min(values):.2f}", "-" if middle is None else f"{middle:.2f}",
+                       f"{max(values):.2f}"] if values else ["-", "-", "-"]
+            phases.add_row(name.removesuffix("_s"), *cells, *summary)
+        Console().print(phases)
         for fault in faults:
-            print(fault)
+            print({k: v for k, v in fault.items() if not k.endswith("_wall")})
         for error in load.errors[:10]:
             print("failed request:", error)
         args.json.parent.mkdir(parents=True, exist_ok=True)

@@ -115,6 +115,8 @@ class PodStatus:
     node: str = ""
     started_at_s: float | None = None
     finished_at_s: float | None = None
+    never_started: bool = False
+    """LOST before its command ran (the node says so for certain): it may be placed again."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -122,40 +122,48 @@ def test_a_write_under_a_stale_epoch_is_refused(store: Store) -> None:
     assert _tenants(store) == before + 3
 
 
-def test_takeover_waits_for_the_fenced_transaction_in_flight(store: Store) -> None:
-    """A leader's transaction that read the lease keeps its epoch current until it commits: the
-    takeover is ordered after it, and what follows it under the old epoch is refused."""
+def test_takeover_ends_the_fenced_transaction_in_flight(store: Store) -> None:
+    """A transaction of the old leader still open when its lease has expired (the leader is past its
+    renew deadline: stopped, or stalled) holds the lease row: the takeover ends it rather than wait,
+    so it commits nothing, and what follows under the old epoch is refused."""
     if store.is_sqlite:
         pytest.skip("SQLite serialises every write; the ordering is PostgreSQL's row lock")
+    from gpupool.errors import StoreUnavailable
+
     clock = Clock()
     a, b = _pair(store, clock)
     assert a.round()
     clock.now += 10
     inside, release = threading.Event(), threading.Event()
     took: list[bool] = []
+    outcome: list[str] = []
 
     def old_leader() -> None:
-        with store.fenced(1), store.write() as session:
-            session.execute(insert(TenantRow).values(name="in-flight", created_s=0.0))
-            inside.set()
-            release.wait(10)
+        try:
+            with store.fenced(1), store.write() as session:
+                session.execute(insert(TenantRow).values(name="in-flight", created_s=0.0))
+                inside.set()
+                release.wait(10)
+        except StoreUnavailable:
+            outcome.append("refused")
+        else:
+            outcome.append("committed")
 
     writer = threading.Thread(target=old_leader)
     writer.start()
     assert inside.wait(10)
     taker = threading.Thread(target=lambda: took.append(b.round()))
     taker.start()
-    taker.join(0.5)
-    assert taker.is_alive(), "the takeover did not wait for the old epoch's transaction"
+    taker.join(10)
+    assert not taker.is_alive(), "the takeover waited for the old epoch's transaction"
     release.set()
     writer.join(10)
-    taker.join(10)
-    assert took == [True] and b.epoch == 2
+    assert took == [True] and b.epoch == 2 and outcome == ["refused"]
     with store.fenced(1), pytest.raises(Fenced):
         _add_tenant(store, "after")
     with store.read() as session:
         names = set(session.scalars(select(TenantRow.name)))
-    assert "in-flight" in names and "after" not in names
+    assert "in-flight" not in names and "after" not in names
 
 
 def test_ha_settings_refused_with_a_sentence(tmp_path: Path) -> None:
@@ -309,3 +317,45 @@ def test_services_controller_runs_only_on_the_leader_under_its_epoch(db_url: str
         assert passes_stale.epochs == [1] and _tenants(rt.store) == before  # its write was refused
     finally:
         rt.store.close()
+
+
+def test_a_leader_stopped_inside_a_statement_does_not_block_the_takeover(store: Store) -> None:
+    """A session the database is still busy with (a long statement, or results a stopped client no
+    longer reads) is not idle, so the database's own bound never ends it: the takeover ends it."""
+    if store.is_sqlite:
+        pytest.skip("the row lock that would block the takeover is PostgreSQL's")
+    from sqlalchemy import text
+
+    from gpupool.errors import StoreUnavailable
+
+    clock = Clock()
+    a, b = _pair(store, clock)
+    assert a.round()
+    clock.now += 10
+    inside = threading.Event()
+    outcome: list[str] = []
+
+    def busy_leader() -> None:
+        try:
+            with store.fenced(1), store.write() as session:
+                session.execute(insert(TenantRow).values(name="stalled", created_s=0.0))
+                inside.set()
+                session.execute(text("SELECT pg_sleep(60)"))  # active, holding the lease row
+        except StoreUnavailable:
+            outcome.append("refused")
+        else:
+            outcome.append("committed")
+
+    writer = threading.Thread(target=busy_leader)
+    writer.start()
+    assert inside.wait(10)
+    took: list[bool] = []
+    taker = threading.Thread(target=lambda: took.append(b.round()))
+    taker.start()
+    taker.join(15)
+    assert not taker.is_alive(), "the takeover still waits for the old leader's transaction"
+    assert took == [True] and b.epoch == 2
+    writer.join(15)
+    assert outcome == ["refused"]
+    with store.read() as session:
+        assert "stalled" not in set(session.scalars(select(TenantRow.name)))

@@ -3,7 +3,7 @@ placed again; one that ran and vanished fails; a gang of which one pod started i
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 from fakes import ManualProvider
 from sqlalchemy import update
@@ -63,3 +63,82 @@ def test_a_failed_pod_is_reported_once_not_twice(server: Server) -> None:
     server.wait_for(lambda: server.status(wid) == "failed")
     message = server.client.get(f"/api/v1/workloads/{wid}", headers=server.headers()).json()["message"]
     assert message == "Pod r0 exited with code 3."
+
+
+def test_a_pod_its_node_says_never_started_is_placed_again(server_factory: Callable[..., Server]) -> None:
+    # The server died after the node saved the pod's process id and before it let the command run
+    # (agent/shim.py NEVER_STARTED): the next server neither adopts it nor fails its workload.
+    first = server_factory()
+    at_restart, later = _submit(first), _submit(first)
+    first.wait_for(lambda: all(first.status(w) == "running" for w in (at_restart, later)))
+    url = first.rt.settings.resolved_database_url
+    pods = dict(first.provider.status)
+    first.client.__exit__(None, None, None)
+
+    survivor = ManualProvider([node("n0", devices=8, model="H100")])
+    for pod_id in pods:
+        if pod_id.startswith(at_restart):  # known to the node, and ended before its command ran
+            survivor.status[pod_id] = PodStatus(pod_id, PodPhase.LOST, never_started=True)
+        else:  # still starting when the new server took over: it ends so once adopted
+            survivor.status[pod_id] = PodStatus(pod_id, PodPhase.RUNNING)
+    second = server_factory(url=url, provider=survivor)
+    second.admin_token = first.admin_token
+    second.wait_for(lambda: second.status(at_restart) == "running")
+    assert _events(second, at_restart)[-3:] == ["requeued_on_restart", "admitted", "launched"]
+    assert survivor.launch_count == {f"{at_restart}-a2-r0": 1}
+
+    [adopted] = [p for p in pods if p.startswith(later)]
+    assert second.status(later) == "running" and _events(second, later)[-1] == "adopted"
+    survivor.status[adopted] = PodStatus(adopted, PodPhase.LOST, never_started=True)
+    second.wait_for(lambda: second.status(later) == "running" and f"{later}-a2-r0" in survivor.launched)
+    assert _events(second, later)[-3:] == ["requeued_on_restart", "admitted", "launched"]
+    workload = second.client.get(f"/api/v1/workloads/{later}", headers=second.headers()).json()
+    assert workload["retries"] == 0  # not a failure: no retry used up
+
+
+class _Reopened(ManualProvider):
+    """A provider opened afresh over nodes that ran pods before: it lists their finished pods again
+    until told to forget them; records at which poll each forget came."""
+
+    def __init__(self) -> None:
+        super().__init__([node("n0", devices=8, model="H100")])
+        self.polls = 0
+        self.forgotten: dict[str, int] = {}
+
+    def poll(self) -> list[PodStatus]:
+        self.polls += 1
+        return super().poll()
+
+    def forget_pods(self, pod_ids: Sequence[str]) -> None:
+        for pod_id in pod_ids:
+            if self.status.get(pod_id) is not None and self.status[pod_id].phase.is_final:
+                self.forgotten.setdefault(pod_id, self.polls)
+                del self.status[pod_id]
+
+
+def test_recovery_acknowledges_at_once_the_finished_pods_the_store_has_settled(
+        server_factory: Callable[..., Server]) -> None:
+    # A new leader's provider lists its nodes' history again: what the store holds final is not walked
+    # again by the first sync (at a takeover it delayed the first decision by the pool's history).
+    first = server_factory()
+    done, running = _submit(first), _submit(first)
+    first.wait_for(lambda: all(first.status(w) == "running" for w in (done, running)))
+    [done_pod] = [p for p in first.provider.status if p.startswith(done)]
+    [running_pod] = [p for p in first.provider.status if p.startswith(running)]
+    first.provider.finish(done_pod)
+    first.wait_for(lambda: first.status(done) == "succeeded")
+    url = first.rt.settings.resolved_database_url
+    first.client.__exit__(None, None, None)
+
+    reopened = _Reopened()
+    reopened.status[done_pod] = PodStatus(done_pod, PodPhase.SUCCEEDED, 0)
+    reopened.status[running_pod] = PodStatus(running_pod, PodPhase.RUNNING)
+    unknown = "w-unknown-a1-r0"  # a pod the store never had (its row gone): nothing to apply either
+    reopened.status[unknown] = PodStatus(unknown, PodPhase.FAILED, 1)
+    second = server_factory(url=url, provider=reopened)
+    second.admin_token = first.admin_token
+    second.wait_for(lambda: second.status(running) == "running" and reopened.polls > 1)
+    assert reopened.forgotten == {done_pod: 1, unknown: 1}  # right after recovery's own poll
+    reopened.finish(running_pod)
+    second.wait_for(lambda: second.status(running) == "succeeded")
+    assert reopened.forgotten[running_pod] > 1  # an end applied by a sync, acknowledged after it

@@ -5,16 +5,20 @@ under (`PodLaunch.epoch`). The agent keeps the newest epoch a leader announced a
 its directory (`epoch`), and a launch is let go (the shim told to run the command) only while its
 epoch is not older than that one:
 
-- `advance()`, a new leader's first act at takeover, takes the file's lock exclusively and writes
-  its epoch;
-- a launch takes the same lock shared from its check until its process id is saved and the shim is
-  told to go (or, refused, to run nothing).
+- `advance()`, a new leader's first act at takeover, writes its epoch, then the new leader reads
+  the agent's records;
+- a launch (agent/runner.py) first saves its record with the process id of its shim (forked and
+  waiting on a pipe), then reads the epoch, and tells the shim to go only if it is not older.
 
-So either a deposed leader's launch was let go before the takeover's `advance()` (then its record,
-process id included, is on disk when the new leader re-reads the agent's records, and the pod is
-adopted, its store row being the `launching` one committed before the hand-over), or it is refused:
-its shim reads end-of-file and never runs the command. No launch of an old epoch starts after the
-new leader's view of the agent was taken.
+Each side writes its own file before it reads the other's, so at least one sees the other: either
+the launch read the old epoch, and then its record (process id included) was on disk before the new
+epoch, so the new leader's read of the records finds it and the pod is adopted (its store row being
+the `launching` one committed before the hand-over); or it read the new one and is refused: its
+shim reads end of file and runs nothing, and the pod ends `never_started`, so a new leader that
+adopted it places the workload again. No launch of an old epoch starts unknown to the new leader,
+and the takeover never waits on a launch: a leader stopped (SIGSTOP) in the middle of one holds
+nothing the new leader needs (its shim waits for it, and runs once, or never). The file's lock
+orders takeovers among themselves, and the Ray actor carrier's launches (`admitting`).
 """
 
 from __future__ import annotations
@@ -53,14 +57,15 @@ class EpochFence:
 
     @contextlib.contextmanager
     def admitting(self) -> Iterator[int]:
-        """Held by a launch from its check of the epoch until its shim was told to go or not: yields
-        the newest epoch; no takeover's `advance()` runs meanwhile."""
+        """Held by a launch from its check of the epoch until its pod was started or refused (the
+        Ray actor carrier's, providers/ray/actor.py): yields the newest epoch; no takeover's
+        `advance()` runs meanwhile."""
         with self._locked(fcntl.LOCK_SH):
             yield self.newest()
 
     def advance(self, epoch: int, confirm: Callable[[], None] | None = None) -> int:
-        """A new leader's takeover: from now on launches of an older epoch are refused. Waits for
-        the launches being let go right now. With `confirm` (called under the lock; it raises when
+        """A new leader's takeover: from now on launches of an older epoch are refused. With
+        `confirm` (called under the lock; it raises when
         `epoch` is no longer the store's), the file is set to `epoch` even when it holds a higher one
         (left by a pool whose store was made afresh); without, it only ever grows. Returns the epoch
         the file holds afterwards."""
@@ -69,6 +74,19 @@ class EpochFence:
             if confirm is not None:
                 confirm()
             elif current >= epoch:
+                return current
+            if current != epoch:
+                write_atomic(self._path, f"{epoch}\n")
+            return epoch
+
+    def reset(self, epoch: int, expected: int) -> int:
+        """`advance` with a confirmation made by the caller beforehand (a node reached through a
+        remote call, which cannot call back into the store under its lock): set the file to `epoch`,
+        even lower, only if it still holds `expected`, the epoch the caller read there before it
+        confirmed `epoch` as the store's. Returns the epoch the file holds afterwards."""
+        with self._locked(fcntl.LOCK_EX):
+            current = self.newest()
+            if current != expected:
                 return current
             if current != epoch:
                 write_atomic(self._path, f"{epoch}\n")

@@ -39,6 +39,9 @@ class PodRecord(BaseModel):
     adopted: bool = False
     epoch: int | None = None
     """The leader epoch the launch was decided under (`gpupool up --ha`; None: a single server)."""
+    never_started: bool = False
+    """Ended before its command ran: the agent's process died between saving the pod's process id
+    and letting its shim go (shim.NEVER_STARTED), so the scheduler may place it again."""
 
     @property
     def finished(self) -> bool:

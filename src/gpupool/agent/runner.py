@@ -39,7 +39,7 @@ from gpupool.agent.launcher import EXIT_FD_PLACEHOLDER, Launcher, launch_timeout
 from gpupool.agent.leftovers import MARKER, AccountLocks, kill_leftovers
 from gpupool.agent.mounts import PodNamespace
 from gpupool.agent.podstate import PodRecord
-from gpupool.agent.shim import shim_argv
+from gpupool.agent.shim import NEVER_STARTED, shim_argv
 from gpupool.errors import GpupoolError, InvalidInput, NotFound, ProviderError
 from gpupool.pods import LogChunk, PodPhase
 
@@ -135,6 +135,10 @@ def _go(go_w: int, answer: str) -> None:
     os.close(go_w)
 
 
+ACKNOWLEDGED = "acknowledged"
+"""A file in a finished pod's directory once the server stored its end (`Runner.forget`)."""
+
+
 def _final_phase(record: PodRecord, exit_code: int) -> PodPhase:
     if record.stop_requested_at_s is not None:
         return PodPhase.STOPPED
@@ -163,6 +167,10 @@ class Runner:
         """Copies of finished records (they never change again), so poll() costs O(running pods)."""
         self._listed: dict[str, PodRecord] = {}
         """The records poll() returns: every pod but the finished ones forget() acknowledged."""
+        self._dormant: set[str] = set()
+        """Finished pods acknowledged before this runner started (ACKNOWLEDGED in their directory):
+        their records are read from disk only when asked for (`_record`), so opening a node that has
+        run many pods costs what its live pods cost."""
         self._exit_listeners: list[Callable[[], None]] = []
         self._to_sweep: dict[str, tuple[int, str | None]] = {}
         """Pods reaped whose leftovers outside their process group are still to be killed."""
@@ -213,8 +221,9 @@ class Runner:
         if namespace is not None and identity is None:
             raise InvalidInput(f"Pod {pod_id!r}: mounts and secret files need a pod account to run as.")
         with self._lock:
-            if pod_id in self._records:
-                return self._records[pod_id]
+            known = self._record(pod_id)
+            if known is not None:
+                return known
             pod_dir = self.pod_dir(pod_id)
             pod_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
             cwd = Path(workdir) if workdir else pod_dir
@@ -292,18 +301,17 @@ class Runner:
             os.close(exit_fd)
             if go_r >= 0:
                 os.close(go_r)
-        with contextlib.ExitStack() as fence:  # a leader's launch: fenced by its epoch (fencing.py)
-            if record.epoch is not None:
-                newest = fence.enter_context(self.fence.admitting())
-                if newest > record.epoch:
-                    self._refuse_stale(record, go_w, child, newest)
-                with self._lock:  # the process id on disk before the command may run: a takeover that
-                    record.pid, record.start_ticks = pid, start_ticks  # re-reads the records adopts it
-                    self._save(record)
-            if go_w >= 0 and limits.cgroup_dir is not None:
-                _join_cgroup(limits, pid, go_w)
-            elif go_w >= 0:
-                _go(go_w, "ok")
+        if record.epoch is not None:  # a leader's launch: fenced by its epoch (fencing.py)
+            with self._lock:  # the process id on disk first: a takeover that reads the records after
+                record.pid, record.start_ticks = pid, start_ticks  # this save adopts the pod
+                self._save(record)
+            newest = self.fence.newest()  # then the epoch: one announced before this read refuses it
+            if newest > record.epoch:
+                self._refuse_stale(record, go_w, child, newest)
+        if go_w >= 0 and limits.cgroup_dir is not None:
+            _join_cgroup(limits, pid, go_w)
+        elif go_w >= 0:
+            _go(go_w, "ok")
         if self._accounts is not None and identity is not None and self._sweepable(identity.uid):
             self._accounts.register(identity.uid, self._note_key(record.pod_id), pid, start_ticks)
         with self._lock:
@@ -337,8 +345,9 @@ class Runner:
                 child.wait(timeout=5)  # the shim exits at once on end of file
         why = (f"refused: launched under leader epoch {record.epoch}, but the leader at epoch {newest} "
                "has taken over since; the new leader places the workload itself")
-        with self._lock:
-            self._finish(record, PodPhase.FAILED, None, None, why)
+        with self._lock:  # never started: the new leader, which may have read this record with its
+            record.never_started = True  # process id, requeues the workload
+            self._finish(record, PodPhase.LOST, None, None, why)
         raise ProviderError(f"Pod {record.pod_id} {why}.", pod_id=record.pod_id)
 
     def _launch_as(self, identity: PodIdentity, argv: list[str], env: Mapping[str, str], go_r: int,
@@ -364,7 +373,7 @@ class Runner:
         """SIGTERM the pod's whole process group now and SIGKILL it after `grace_s`. Returns at
         once; idempotent; unknown or finished pods are ignored."""
         with self._lock:
-            record = self._records.get(pod_id)
+            record = self._record(pod_id)
             if record is None or record.finished or record.stop_requested_at_s is not None:
                 return
             now = self._clock()
@@ -400,7 +409,7 @@ class Runner:
     def known(self, pod_id: str) -> PodRecord | None:
         """A copy of the pod's record as last seen (no reaping), or None for an unknown pod."""
         with self._lock:
-            record = self._records.get(pod_id)
+            record = self._record(pod_id)
             return None if record is None else record.model_copy()
 
     def add_exit_listener(self, listener: Callable[[], None]) -> None:
@@ -505,13 +514,31 @@ class Runner:
     def forget(self, pod_ids: Iterable[str]) -> None:
         """Stop returning these finished pods from poll() (their final state is stored elsewhere);
         their records stay, so logs, get() and idempotent starts still know them. A pod that has not
-        finished, or an unknown id, is ignored."""
+        finished, or an unknown id, is ignored. Marked on disk too (ACKNOWLEDGED), so a runner opened
+        again over this directory (a restart, a new leader's takeover) does not read them back."""
+        forgotten = []
         with self._lock:
             for pod_id in pod_ids:
                 record = self._listed.get(pod_id)
                 if record is not None and record.finished:
                     del self._listed[pod_id]
                     self._final_copies.pop(pod_id, None)
+                    forgotten.append(pod_id)
+        for pod_id in forgotten:
+            with contextlib.suppress(OSError):
+                os.close(os.open(self.pod_dir(pod_id) / ACKNOWLEDGED,
+                                 os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o600))
+
+    def _record(self, pod_id: str) -> PodRecord | None:
+        """The pod's record (under the lock), read from disk the first time for a dormant one."""
+        record = self._records.get(pod_id)
+        if record is None and pod_id in self._dormant:
+            self._dormant.discard(pod_id)
+            loaded = podstate.load_record(self.pod_dir(pod_id) / "state.json")
+            record = loaded if not isinstance(loaded, str) else PodRecord(
+                pod_id=pod_id, command=[], workdir="", phase=PodPhase.LOST, message=loaded)
+            self._records[pod_id] = record
+        return record
 
     def _cap_logs(self, records: Iterable[PodRecord]) -> None:
         """Hold each log of these pods to max_log_bytes (see cap_log)."""
@@ -533,6 +560,11 @@ class Runner:
             if record.stop_requested_at_s is not None:
                 self._sweep_now = True  # a cancel or preemption is rare: its leftovers go at once
         status = podstate.read_exit_file(self.pod_dir(record.pod_id) / "exit.json")
+        if status == (125, None, NEVER_STARTED) and record.phase is PodPhase.STARTING:
+            # its shim was never let go (the agent saves RUNNING right after it does): nothing ran
+            record.never_started = True
+            self._finish(record, PodPhase.LOST, None, None, NEVER_STARTED)
+            return
         if status is not None:
             code, sig, message = status
         elif (returncode := self._returncode(record, child)) is not None and returncode < 0:
@@ -578,12 +610,20 @@ class Runner:
 
     # ---- restart ---------------------------------------------------------------------------
     def _readopt(self) -> None:
-        for pod_dir in sorted(self._dir.iterdir()):
-            if pod_dir.is_dir() and not pod_dir.is_symlink() and not (pod_dir / "state.json").exists():
+        with os.scandir(self._dir) as entries:
+            names = sorted(e.name for e in entries if e.is_dir(follow_symlinks=False))
+        states = []
+        base = os.fspath(self._dir)  # plain strings: a node keeps thousands of pod directories
+        for name in names:
+            if os.path.exists(f"{base}/{name}/{ACKNOWLEDGED}"):  # only a saved, finished record is
+                self._dormant.add(name)  # acknowledged: its end is stored; read only when asked for
+            elif not os.path.exists(f"{base}/{name}/state.json"):
                 # made by `start` just before a crash, before its record was saved: nothing ran
                 # there and no one knows the pod, which its scheduler will place again
-                shutil.rmtree(pod_dir, ignore_errors=True)
-        for state in sorted(self._dir.glob("*/state.json")):
+                shutil.rmtree(f"{base}/{name}", ignore_errors=True)
+            else:
+                states.append(self._dir / name / "state.json")
+        for state in states:
             loaded = podstate.load_record(state)
             if isinstance(loaded, str):
                 pod_id = state.parent.name
@@ -608,9 +648,11 @@ class Runner:
                     self._accounts.hold(record.uid)
                     self._accounts.register(record.uid, self._note_key(record.pod_id), record.pid,
                                             record.start_ticks)
+                # not saved now: both fields only inform, any later re-adoption sets them again, and
+                # the record's next change saves them (a write per pod here was most of a takeover's
+                # re-adoption: bench/failover.py)
                 record.adopted = True
                 record.message = "re-adopted after an agent restart"
-                self._save(record)
             else:
                 self._reap(record)
         for record in self._records.values():
@@ -626,7 +668,7 @@ class Runner:
         """The pod's current record (after a poll). Raises NotFound for an unknown pod."""
         self.poll()
         with self._lock:
-            record = self._records.get(pod_id)
+            record = self._record(pod_id)
             if record is None:
                 raise NotFound(f"No pod {pod_id!r} on this node.", pod_id=pod_id)
             return record.model_copy()

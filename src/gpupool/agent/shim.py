@@ -12,8 +12,9 @@ input is the read end of a pipe: the runner moves the shim into the cgroup (a po
 write cgroup.procs) and then writes one line, and only then does the shim start the command (with
 /dev/null as its input), so no process of the pod runs outside its limits. A shim started through a
 launcher helper always waits so: the runner writes its line only once the helper answered in time,
-and a shim that reads end-of-file instead (the launch was given up, its helper replaced) exits 125
-without running anything. It enters WORKDIR itself,
+and a shim that reads end-of-file instead (the launch was given up, its helper replaced, or the
+agent's process killed between saving the pod's process id and letting it go) records NEVER_STARTED
+in its exit file and exits 125 without running anything. It enters WORKDIR itself,
 as the pod's account, so a directory that account may not enter fails the pod instead of being
 entered with the agent's rights. It was a `python -I -S` script; a shell costs about 1 ms of CPU to
 start where Python costs 20-60 ms, which bounded how many short pods a node could run per second.
@@ -46,11 +47,19 @@ from collections.abc import Sequence
 
 SHELL = "/bin/sh"
 
+NEVER_STARTED = "never started: the agent ended before letting the command run"
+"""The exit file's message of a shim that read end-of-file where it waited to be let go: the agent
+(a server's process, killed) never told it to run the command, so nothing of the pod ran."""
+
 SCRIPT = r"""
 exit_fd=$1 go=$2 rlimit_kib=$3 nproc=$4 workdir=$5
 shift 5
+record() { printf '{"exit_code": %d, "signal": %s, "message": "%s"}\n' "$1" "$2" "$3" > "/dev/fd/$exit_fd"; }
 if [ -n "$go" ]; then
-  read -r joined || exit 125
+  if ! read -r joined; then
+    record 125 null "NEVER_STARTED"
+    exit 125
+  fi
   exec < /dev/null
   [ "$joined" = ok ] || echo "gpupool: $joined" >&2
 fi
@@ -59,7 +68,6 @@ if [ -n "$nproc" ]; then
   { ulimit -p "$nproc" || ulimit -u "$nproc"; } 2>/dev/null ||
     echo "gpupool: could not limit this account's processes to $nproc; not enforced" >&2
 fi
-record() { printf '{"exit_code": %d, "signal": %s, "message": "%s"}\n' "$1" "$2" "$3" > "/dev/fd/$exit_fd"; }
 if ! cd -- "$workdir" 2>/dev/null; then
   echo "gpupool: cannot enter the working directory $workdir as $(id -un 2>/dev/null || id -u)" >&2
   record 126 null "cannot enter the working directory (missing, or not open to the pod's account)"
@@ -86,7 +94,7 @@ else
   record "$rc" null "exited with code $rc"
 fi
 exit "$rc"
-"""
+""".replace("NEVER_STARTED", NEVER_STARTED)
 
 
 def shim_argv(exit_fd: int | str, command: Sequence[str], *, workdir: str, wait_for_go: bool = False,

@@ -171,8 +171,8 @@ class Provider(ABC):
         poll() stops listing them and its cost follows the pods not yet acknowledged, not every pod
         ever run. An id whose pod has not ended (or is unknown) is ignored, so a pod never leaves
         poll() unfinished. A forgotten pod is still known by id otherwise: its log stays readable,
-        launching or stopping it again does nothing. Not kept across a restart: a provider built
-        again over the same state lists its finished pods until they are forgotten again.
+        launching or stopping it again does nothing. A provider built again over the same state may
+        list them again until they are forgotten again (the local agents keep it on disk: not).
         Non-blocking, idempotent; never raises. The default forgets nothing."""
 
     def read_log(self, pod_id: str, stream: str = "stdout", offset: int = 0) -> LogChunk:

@@ -38,7 +38,7 @@ def record_status(node: str, record: PodRecord) -> PodStatus:
     """The provider's status of a pod from the runner's record of it."""
     return PodStatus(pod_id=record.pod_id, phase=record.phase, exit_code=record.exit_code,
                      message=record.message, node=node, started_at_s=record.started_at_s,
-                     finished_at_s=record.finished_at_s)
+                     finished_at_s=record.finished_at_s, never_started=record.never_started)
 
 
 @register_provider

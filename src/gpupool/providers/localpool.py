@@ -10,6 +10,7 @@ the members share the pods' scratch root, and so one checkpoint directory per wo
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from gpupool.agent.execs import ExecSession
@@ -35,16 +36,28 @@ class LocalPool(Provider):
                  max_log_bytes: int = DEFAULT_MAX_LOG_BYTES, network: NetworkSettings | None = None,
                  published: Sequence[tuple[str, int]] = (), identities: Identities | None = None) -> None:
         identities = identities or Identities()  # one for all members: one account per tenant
-        self._members: dict[str, LocalProvider] = {}
-        for slot, node in enumerate(nodes):
+        for node in nodes:
             if not node.devices:
                 raise InvalidInput(f"Simulated node {node.name!r} has no devices.")
+
+        def member(slot: int, node: Node) -> LocalProvider:
             spec = f"{len(node.devices)}x{node.devices[0].model}"
             # each member its own slot of the pod network (its own /19, gateway and routes)
-            self._members[node.name] = LocalProvider(state_dir / node.name, simulate=spec,
-                                                     node_name=node.name, max_log_bytes=max_log_bytes,
-                                                     network=network, network_slot=slot,
-                                                     published=published, identities=identities)
+            return LocalProvider(state_dir / node.name, simulate=spec, node_name=node.name,
+                                 max_log_bytes=max_log_bytes, network=network, network_slot=slot,
+                                 published=published, identities=identities)
+
+        # Opened side by side: each mostly waits on its network's commands and its pods' records
+        # (a new leader opens the pool again at its takeover: bench/failover.py)
+        with ThreadPoolExecutor(max_workers=max(1, min(8, len(nodes)))) as pool:
+            futures = [pool.submit(member, slot, node) for slot, node in enumerate(nodes)]
+        opened = [f.result() for f in futures if f.exception() is None]
+        failed = next((f.exception() for f in futures if f.exception() is not None), None)
+        if failed is not None:
+            for provider in opened:
+                provider.close()
+            raise failed
+        self._members: dict[str, LocalProvider] = {n.name: m for n, m in zip(nodes, opened, strict=True)}
 
     def _member(self, node: str) -> LocalProvider:
         member = self._members.get(node)

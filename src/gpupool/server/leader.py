@@ -30,7 +30,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from sqlalchemy import Connection, delete, insert, select, update
-from sqlalchemy.exc import IntegrityError
+from sqlalchemy.exc import DBAPIError, IntegrityError
 
 import gpupool
 from gpupool.errors import StoreUnavailable
@@ -75,6 +75,26 @@ def bound_stalled_transactions(store: Store, seconds: float) -> None:
         dbapi_connection.commit()  # type: ignore[attr-defined]
 
     store.engine.dispose()  # connections pooled before (the migrations') are opened again with it
+
+
+def _end_stale_fenced_transactions(conn: Connection) -> None:
+    """Before taking an expired lease on PostgreSQL: end the sessions that hold its row FOR SHARE
+    (every fenced transaction does, until it ends). They are the previous leader's, past its renew
+    deadline: stopped (SIGSTOP) in the middle of one, a leader holds the row for as long as it stays
+    stopped, and the takeover's update would wait as long. A session idle in its transaction is ended
+    by the database after the renew deadline already (bound_stalled_transactions), but not one the
+    database is still sending to (a stopped client that reads no more) or one inside a long
+    statement; their transactions roll back, and a resumed leader finds its connection gone and
+    follows."""
+    try:
+        with conn.begin_nested():  # a role that may not end them: the takeover goes on, and waits
+            conn.exec_driver_sql(
+                "SELECT pg_terminate_backend(pid) FROM pg_locks WHERE locktype = 'relation' "
+                "AND relation = 'leader_lease'::regclass AND mode = 'RowShareLock' AND granted "
+                "AND pid <> pg_backend_pid()")
+    except DBAPIError as exc:
+        log.warning("could not end the previous leader's transactions (%s); the takeover waits for them",
+                    " ".join(str(exc.orig).split()))
 
 
 def new_server_id() -> str:
@@ -199,6 +219,8 @@ class Leadership:
                 return done == 1
             if row.expires_s >= now:
                 return False  # another server's lease (or ours, from before a restart) still runs
+            if not self.store.is_sqlite:
+                _end_stale_fenced_transactions(conn)
             epoch = row.epoch + 1
             taken = conn.execute(update(LeaderLeaseRow).where(
                 LeaderLeaseRow.id == LEASE_ID, LeaderLeaseRow.epoch == row.epoch,
@@ -252,11 +274,12 @@ class Leadership:
                 log.exception("lease round failed; retrying")
 
     def _follow_wait(self) -> float:
-        """A follower checks again every renew interval, or right when the lease runs out."""
+        """A follower checks again every renew interval, or right when the lease runs out (10 ms
+        after its expiry as last read: one more read if the holder renewed meanwhile)."""
         lease = self.lease
         if lease is None:
             return self.renew_s
-        return max(0.05, min(self.renew_s, lease.expires_s - self.clock() + 0.05))
+        return max(0.01, min(self.renew_s, lease.expires_s - self.clock() + 0.01))
 
 
 WAKE_CHANNEL = "gpupool_wake"

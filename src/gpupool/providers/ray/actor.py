@@ -9,8 +9,11 @@ the whole group. Construction never raises: a pod that cannot start is reported 
 
 from __future__ import annotations
 
+import contextlib
+
 import ray
 
+from gpupool.agent.fencing import EpochFence
 from gpupool.agent.mps import MpsDaemon
 from gpupool.errors import GpupoolError
 from gpupool.pods import LogChunk, PodLaunch, PodPhase, PodStatus
@@ -30,7 +33,16 @@ class PodActor:
             self.local = LocalProvider(config.pod_dir(pod.pod_id), simulate=config.simulate or None,
                                        node_name=config.name, ib_sysfs_root=config.ib_sysfs_root,
                                        scratch_root=config.scratch(), mps=MpsDaemon(config.agent_dir()))
-            self.local.launch(pod)
+            # A leader's launch: fenced by the node's epoch (its agent's fence, node_agent.py), held
+            # until the pod's record is saved and its shim let go, as the agent's own launches are
+            node_fence = EpochFence(config.agent_dir()) if pod.epoch is not None else None
+            with node_fence.admitting() if node_fence is not None else contextlib.nullcontext(0) as newest:
+                if pod.epoch is not None and newest > pod.epoch:
+                    self.error = (f"refused: launched under leader epoch {pod.epoch}, but the leader at "
+                                  f"epoch {newest} has taken over since; the new leader places the "
+                                  "workload itself")
+                else:
+                    self.local.launch(pod)
         except GpupoolError as exc:
             self.error = exc.message
         except OSError as exc:

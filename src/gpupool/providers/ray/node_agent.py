@@ -170,6 +170,14 @@ class NodeAgentActor:
         self._bump()
         return self.statuses([pod.pod_id])[pod.pod_id]
 
+    def fence(self, epoch: int, expected: int | None = None) -> int:
+        """A new leader's takeover (agent/fencing.py): from now on this node refuses launches of an
+        older epoch, those of the group carrier (its runner) and of the actor carrier (a pod actor
+        checks this node's fence too). With `expected`: `EpochFence.reset`. Returns the epoch the
+        node holds afterwards (higher than `epoch`: a store made afresh, or a newer leader)."""
+        fence = self.local.agent.runner.fence
+        return fence.advance(epoch) if expected is None else fence.reset(epoch, expected)
+
     def _failure(self, pod_id: str, message: str) -> PodStatus:
         return PodStatus(pod_id, PodPhase.FAILED, message=message, node=self.config.name)
 

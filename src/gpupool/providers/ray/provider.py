@@ -224,6 +224,40 @@ class RayProvider(Provider):
             self._listed.setdefault(pod.pod_id, tracked)
         self._wake.set()
 
+    def fence(self, epoch: int, confirm: Callable[[], None] | None = None) -> None:
+        """Every node's agent learns the epoch at once (agent/fencing.py: each refuses older launches
+        from now on, once those being let go are on record), waited for together up to CALL_TIMEOUT_S.
+        A node holding a higher epoch is set back to `epoch` only after `confirm` (it raises unless
+        `epoch` is the store's: a store made afresh) and only if it still holds what it answered. A
+        node that does not answer is not fenced: the deposed leader's launches to it are stopped
+        by the launch worker's own check only (docs/ha.md)."""
+        asked: dict[str, Any] = {}
+        for description in self.membership.descriptions():
+            name = description.node.name
+            with contextlib.suppress(GpupoolError):
+                asked[name] = self.agent(name).fence.remote(epoch)
+        held = self._answers(asked)
+        higher = {name: at for name, at in held.items() if at > epoch}
+        if higher and confirm is not None:
+            confirm()
+            held.update(self._answers({name: self.agent(name).fence.remote(epoch, at)
+                                       for name, at in higher.items()}))
+        for name in sorted(set(asked) - set(held)):
+            log.warning("node %s did not learn leader epoch %d in time: it does not fence launches by "
+                        "it yet", name, epoch)
+
+    def _answers(self, asked: dict[str, Any]) -> dict[str, int]:
+        """The answers of the calls in `asked` (node -> ref) that came within CALL_TIMEOUT_S."""
+        if not asked:
+            return {}
+        ready, _late = ray.wait(list(asked.values()), num_returns=len(asked), timeout=CALL_TIMEOUT_S)
+        answered: dict[str, int] = {}
+        for name, ref in asked.items():
+            if ref in ready:
+                with contextlib.suppress(ray.exceptions.RayError):
+                    answered[name] = int(ray.get(ref, timeout=0))
+        return answered
+
     def stop(self, pod_id: str, grace_s: float = 10.0) -> None:
         with self.lock:
             tracked = self._pods.get(pod_id)

@@ -73,6 +73,8 @@ class ControlLoop:
         self._launched = threading.Event()
         self._led = threading.Event()
         self._next_stop_sweep = float("-inf")
+        self._first_step_of: int | None = None
+        """The epoch of a takeover whose first step is still to come (its parts are logged)."""
 
     def _build(self) -> None:
         rt, metrics = self.rt, self.metrics
@@ -114,9 +116,11 @@ class ControlLoop:
 
         Returns True while work is in flight, so the provider is polled again soon.
         """
+        began = time.monotonic()
         recorded = self.scheduler.record_launches()  # before the poll: a pod started is then running
         if self.leadership is not None:
             self._stop_asked_elsewhere()
+        synced = time.monotonic()
         changed = self.reconciler.sync()
         changed += self.fence.check()  # a federation member whose hub is silent (federation_fence.py)
         changed += self.reconciler.nodes_gone(self.rt.nodes())
@@ -132,7 +136,7 @@ class ControlLoop:
             if self.dependencies.run(force=self.dependencies.dirty, arrivals=submitted):
                 capacity_changed = True
         due = time.monotonic() - self._last_cycle >= self.rt.settings.cycle_interval_s
-        admitted = 0
+        admitted, cycled = 0, time.monotonic()
         if woken or capacity_changed or due:
             self.rt.capacity_changed.clear()
             self._last_cycle = time.monotonic()
@@ -147,6 +151,11 @@ class ControlLoop:
                 if not stats.stopped:
                     break
         recorded += self.scheduler.record_launches()  # those that returned meanwhile (or ran inline)
+        if self._first_step_of is not None:  # the first step after a takeover: where its time went
+            log.warning("first step epoch=%d sweep_s=%.3f sync_s=%.3f cycle_s=%.3f admitted=%d",
+                        self._first_step_of, synced - began, cycled - synced, time.monotonic() - cycled,
+                        admitted)
+            self._first_step_of = None
         busy = self.reconciler.active or self.scheduler.waiting or self.scheduler.launches.busy
         in_flight = bool(changed or admitted or busy or recorded)
         self.rt.usage_rollup.maybe_fold(self.rt, in_flight)  # pods that ended join the usage rollup
@@ -206,24 +215,37 @@ class ControlLoop:
 
     def _take_over(self, epoch: int) -> None:
         """Rebuild from the store at a new epoch: a fresh provider (re-adopting what the previous
-        leader launched), a fresh scheduler, recovery of every active pod; all writes fenced."""
+        leader launched), a fresh scheduler, recovery of every active pod; all writes fenced.
+        Logs the time each part took (`takeover epoch=N fence_s=...`: bench/failover.py reads it)."""
         began = time.monotonic()
+        parts: dict[str, float] = {}
+
+        def part(name: str, since: float) -> float:
+            now = time.monotonic()
+            parts[name] = now - since
+            return now
+
         self._epoch = None
         with self.rt.store.fenced(epoch):
             # First the nodes learn the epoch (a deposed leader's launch is refused from now on, or
             # was let go before and is on record), then their records are read afresh (fencing.py).
             self.rt.provider.fence(epoch, confirm=self._confirm_epoch)
+            mark = part("fence", began)
             if self.reopen_provider is not None:
                 try:  # closed first: the fresh one then finds this machine's pod network free
                     self.rt.provider.close()
                 except Exception:
                     log.exception("closing the previous provider failed")
+                mark = part("close", mark)
                 self.rt.provider = self.reopen_provider()
+                mark = part("reopen", mark)
             self.rt.refresh_nodes()
             self._build()
+            mark = part("build", mark)
             self.recovered = self.reconciler.recover()
+            part("recover", mark)
         self.rt.provider.add_exit_listener(self._pods_exited)
-        self._epoch = epoch
+        self._epoch = self._first_step_of = epoch
         self._last_cycle = float("-inf")
         self.rt.capacity_may_have_changed()
         if self.metrics is not None:
@@ -231,6 +253,8 @@ class ControlLoop:
             self.metrics.leader_changes.inc()
         log.warning("leading at epoch %d: re-adopted %d pods, %d lost, in %.2f s", epoch,
                     self.recovered[0], self.recovered[1], time.monotonic() - began)
+        log.warning("takeover epoch=%d %s done_wall=%.3f", epoch,
+                    " ".join(f"{name}_s={seconds:.3f}" for name, seconds in parts.items()), time.time())
 
     def _run(self) -> None:
         settings = self.rt.settings

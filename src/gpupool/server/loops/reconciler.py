@@ -5,6 +5,8 @@ provider still knows them. One it does not know was either never handed to it (r
 the server stopped before the launch call: a provider knows every pod it was asked to launch, the
 local one from a state file written before the process exists), and its workload goes back to
 pending to be placed again; or it ran and is gone, and its workload fails (never started twice).
+A pod its node reports `never_started` (the server died after the node saved its process id but
+before letting its command run) counts as never handed over: its workload is placed again.
 """
 
 from __future__ import annotations
@@ -37,15 +39,17 @@ _FINAL_PHASES = {PodPhase.SUCCEEDED: PodState.SUCCEEDED, PodPhase.FAILED: PodSta
                  PodPhase.LOST: PodState.LOST, PodPhase.STOPPED: PodState.STOPPED}
 
 
-def _started_attempts(session: Session, workload_ids: set[str],
-                      known: Mapping[str, PodStatus]) -> set[tuple[str, int]]:
+def _started_attempts(session: Session, workload_ids: set[str], known: Mapping[str, PodStatus],
+                      never: frozenset[str] = frozenset()) -> set[tuple[str, int]]:
     """(workload, attempt) pairs of which some pod was handed to the provider: it knows the pod, or
-    the store saw it past `launching`. Such an attempt is never started again."""
+    the store saw it past `launching`, unless its node says it `never` ran. Such an attempt is never
+    started again."""
     if not workload_ids:
         return set()
     rows = session.execute(select(PodRow.workload_id, PodRow.attempt, PodRow.id, PodRow.status)
                            .where(PodRow.workload_id.in_(workload_ids))).all()
-    return {(w, a) for w, a, pod_id, status in rows if pod_id in known or status not in _NOT_HANDED}
+    return {(w, a) for w, a, pod_id, status in rows
+            if pod_id not in never and (pod_id in known or status not in _NOT_HANDED)}
 
 
 class Reconciler:
@@ -61,19 +65,28 @@ class Reconciler:
 
     def recover(self) -> tuple[int, int]:
         """Re-adopt or mark lost every active pod after a (re)start; returns (adopted, lost)."""
-        known = {s.pod_id: s for s in self.rt.provider.poll()}
+        # a pod its node says never ran its command (the server died before letting it go) is not
+        # adopted: it is requeued below like one never handed over
+        statuses = self.rt.provider.poll()
+        known = {s.pod_id: s for s in statuses if not s.never_started}
+        never = frozenset(s.pod_id for s in statuses if s.never_started)
         now = self.rt.clock()
         adopted = lost = 0
         to_stop: list[str] = []
+        settled: list[str] = []
         with self.rt.store.write() as session:
+            settled = _already_settled(session, [s.pod_id for s in statuses if s.phase.is_final])
             active = PodRow.status.in_(ACTIVE_POD_STATES)
             workload_ids = set(session.scalars(select(PodRow.workload_id).where(active)))
             lock_workloads(session.connection(), workload_ids)  # before any pod is written
             # the pods read under the locks (a cancel committed meanwhile is not written over)
             pods = session.scalars(select(PodRow).where(active, PodRow.workload_id.in_(workload_ids))).all()
-            started = _started_attempts(session, {p.workload_id for p in pods}, known)
+            started = _started_attempts(session, {p.workload_id for p in pods}, known, never)
+            # the workloads in one read (one query per pod was most of a takeover's recovery)
+            rows = {r.id: r for r in session.scalars(select(WorkloadRow).where(
+                WorkloadRow.id.in_({p.workload_id for p in pods})))}
             for pod in pods:
-                row = session.get(WorkloadRow, pod.workload_id)
+                row = rows.get(pod.workload_id)
                 if row is None or pod.status not in ACTIVE_POD_STATES:  # stopped with a sibling
                     continue
                 if pod.id in known:
@@ -88,7 +101,7 @@ class Reconciler:
                                    f"Pod {pod.name} re-adopted after a server restart.", now, pod.id)
                     continue
                 lost += 1
-                launching = pod.status in _NOT_HANDED
+                launching = pod.status in _NOT_HANDED or pod.id in never
                 pod.status, pod.finished_s = PodState.LOST.value, now
                 pod.message = "The provider no longer knows this pod after a server restart."
                 current = row.attempt == pod.attempt and not WorkloadStatus(row.status).is_final
@@ -115,6 +128,10 @@ class Reconciler:
                                                  pod.started_s or pod.created_s, now))
         for pod_id in to_stop:
             self.rt.provider.stop(pod_id, grace_s=0)
+        # A provider opened afresh lists every finished pod of its nodes again (forgetting is not
+        # kept across a restart): those whose end the store holds already are acknowledged now, so
+        # the first sync after a takeover walks only what ended meanwhile, not the pool's history.
+        self.rt.provider.forget_pods(settled)
         if adopted or lost:
             log.info("recovery: %d pod(s) re-adopted, %d marked lost", adopted, lost)
         return adopted, lost
@@ -235,6 +252,13 @@ class Reconciler:
         what = f"exited with code {status.exit_code}" if status.exit_code is not None else "was lost"
         detail = f": {status.message}" if status.message and status.message != what else ""
         session.flush()  # this pod is final now; only its siblings are left to stop
+        if status.never_started and row.status in _PLACED and row.spec.get("replicas", 1) == 1:
+            # its node says the command never ran (its server died before letting it go): placed
+            # again, as recovery does with a pod never handed over; no retry is used up
+            self.rt.capacity_may_have_changed()
+            return requeue(session, row, EventReason.REQUEUED_ON_RESTART,
+                           f"Requeued: pod {pod.name} never started (its server stopped before letting it "
+                           "run); it waits to be placed again.", now, say_lost=False, pod_id=pod.id)
         failure = self.rt.config.failure
         limit = row.spec.get("max_retries")
         max_retries = failure.max_retries if limit is None else int(limit)
@@ -257,6 +281,20 @@ class Reconciler:
                    f"Pod {pod.name} {what}{detail}{after}.", now, pod.id)
         ended.append((row.id, None))
         return to_stop
+
+
+def _already_settled(session: Session, pod_ids: Sequence[str], chunk: int = 500) -> list[str]:
+    """Of these pods (final at their provider), those the store holds final too, or knows not at
+    all: nothing is left to apply for them."""
+    active: set[str] = set()
+    for at in range(0, len(pod_ids), chunk):
+        part = pod_ids[at:at + chunk]
+        active.update(session.scalars(select(PodRow.id).where(PodRow.id.in_(part),
+                                                              PodRow.status.not_in(_FINAL_STATES))))
+    return [pod_id for pod_id in pod_ids if pod_id not in active]
+
+
+_FINAL_STATES = (PodState.SUCCEEDED.value, PodState.FAILED.value, PodState.LOST.value, PodState.STOPPED.value)
 
 
 def _hold_federated_copies(session: Session, now: float) -> None:
