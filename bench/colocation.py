@@ -28,14 +28,20 @@ from rich.table import Table
 from gpupool.cli.sim_colocate import DEFAULT_BATCH_START, DEFAULT_CLUSTER, build_setup
 from gpupool.sim.colocation import VARIANTS, interval, parse_variants, run_variant
 
+UNPACKED = "/unpacked"
+"""The label suffix of a variant run without `serving.pack_replicas` (`--pack both`)."""
 
-def one(args: argparse.Namespace, seed: int, variant: str) -> dict[str, Any]:
+
+def one(args: argparse.Namespace, seed: int, variant: str, pack: bool = True) -> dict[str, Any]:
     setup = build_setup(None, None, args.cluster, args.batch_scale, DEFAULT_BATCH_START, seed,
                         args.headroom, args.cold_start, args.grace, args.assume_share, args.days,
                         args.service_thin, args.batch_nodes or None, args.placement, args.azure_service,
-                        None, args.target)
+                        None, args.target, pack)
     result = run_variant(setup, variant)
     result["seed"] = seed
+    result["pack"] = pack
+    if not pack and variant != "static":
+        result["variant"] = variant + UNPACKED
     result["wide_jobs_left_out"] = setup.wide_jobs_left_out
     return result
 
@@ -52,6 +58,7 @@ METRICS = (
     ("JCT mean h, unfinished to the end",
      lambda r: r["batch_jct_with_unfinished_s"]["mean"] / 3600, "{:.2f}"),
     ("preemptions", lambda r: r["preemptions"], "{:.0f}"),
+    ("consolidations", lambda r: r.get("consolidations", 0), "{:.0f}"),
     ("lost GPU-h", lambda r: r["lost_batch_gpu_hours"], "{:.1f}"),
     ("$ / batch GPU-h", lambda r: r["cost"]["per_batch_gpu_hour"], "{:.3f}"),
 )
@@ -85,6 +92,10 @@ def main() -> None:
                         "the hour repeated over the window (an assumption)")
     parser.add_argument("--requests-only", action="store_true",
                         help="only the request-level part: the Azure LLM hour through the autoscaler")
+    parser.add_argument("--pack", default="on", choices=("on", "off", "both"),
+                        help="serving.pack_replicas (replicas onto nodes in use, the emptiest node's replica "
+                        "removed first); both: each co-located variant also without it (VARIANT/unpacked), "
+                        "in the same run")
     parser.add_argument("--target", type=float, default=4.0, help="target requests in flight a replica")
     parser.add_argument("--json", type=Path, default=Path("bench/results/colocation.json"))
     parser.add_argument("--plot", type=Path, default=None)
@@ -97,10 +108,14 @@ def main() -> None:
     variants = parse_variants(args.variants)
     if "static" not in variants:
         parser.error("--variants needs static: the ratios are against it")
-    tasks = [(seed, v) for seed in seeds for v in variants]
+    packs = {"on": [True], "off": [False], "both": [True, False]}[args.pack]
+    tasks = [(seed, v, p) for seed in seeds for v in variants for p in packs
+             if v != "static" or p == packs[0]]
     with ProcessPoolExecutor(max_workers=max(1, args.workers)) as pool:
-        futures = [pool.submit(one, args, seed, v) for seed, v in tasks]
+        futures = [pool.submit(one, args, seed, v, p) for seed, v, p in tasks]
         results = [f.result() for f in futures]
+    if args.pack == "both":
+        variants = (*variants, *(v + UNPACKED for v in variants if v != "static"))
     wall = time.perf_counter() - started
     by: dict[str, dict[int, dict[str, Any]]] = {v: {} for v in variants}
     for r in results:
