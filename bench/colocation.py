@@ -10,7 +10,8 @@ seed; writes the JSON and a plot of GPU allocation over time (first seed).
 
     .venv/bin/python bench/colocation.py [--seeds 1,2,3] [--days 31] [--batch-nodes 8] [--workers 2] \\
         [--json bench/results/colocation.json] [--plot docs/img/colocation.png] \\
-        [--variants static,colocated,headroom] [--placement best-fit] [--azure-service code|conv]
+        [--variants static,colocated,headroom] [--placement best-fit] [--azure-service code|conv] \\
+        [--pack on|off] [--unpacked colocated]
 """
 
 from __future__ import annotations
@@ -40,7 +41,7 @@ def one(args: argparse.Namespace, seed: int, variant: str, pack: bool = True) ->
     result = run_variant(setup, variant)
     result["seed"] = seed
     result["pack"] = pack
-    if not pack and variant != "static":
+    if not pack and variant != "static" and args.pack == "on":
         result["variant"] = variant + UNPACKED
     result["wide_jobs_left_out"] = setup.wide_jobs_left_out
     return result
@@ -92,10 +93,12 @@ def main() -> None:
                         "the hour repeated over the window (an assumption)")
     parser.add_argument("--requests-only", action="store_true",
                         help="only the request-level part: the Azure LLM hour through the autoscaler")
-    parser.add_argument("--pack", default="on", choices=("on", "off", "both"),
+    parser.add_argument("--pack", default="on", choices=("on", "off"),
                         help="serving.pack_replicas (replicas onto nodes in use, the emptiest node's replica "
-                        "removed first); both: each co-located variant also without it (VARIANT/unpacked), "
-                        "in the same run")
+                        "removed first) for every variant")
+    parser.add_argument("--unpacked", default="",
+                        help="comma-separated co-located variants also run without serving.pack_replicas in "
+                        "the same run (labelled VARIANT/unpacked): the side-by-side baseline of packing")
     parser.add_argument("--target", type=float, default=4.0, help="target requests in flight a replica")
     parser.add_argument("--json", type=Path, default=Path("bench/results/colocation.json"))
     parser.add_argument("--plot", type=Path, default=None)
@@ -108,14 +111,15 @@ def main() -> None:
     variants = parse_variants(args.variants)
     if "static" not in variants:
         parser.error("--variants needs static: the ratios are against it")
-    packs = {"on": [True], "off": [False], "both": [True, False]}[args.pack]
-    tasks = [(seed, v, p) for seed in seeds for v in variants for p in packs
-             if v != "static" or p == packs[0]]
+    unpacked = parse_variants(args.unpacked) if args.unpacked else ()
+    if "static" in unpacked or (args.pack == "off" and unpacked):
+        parser.error("--unpacked names co-located variants, beside --pack on")
+    tasks = [(seed, v, args.pack == "on") for seed in seeds for v in variants]
+    tasks += [(seed, v, False) for seed in seeds for v in unpacked]
     with ProcessPoolExecutor(max_workers=max(1, args.workers)) as pool:
         futures = [pool.submit(one, args, seed, v, p) for seed, v, p in tasks]
         results = [f.result() for f in futures]
-    if args.pack == "both":
-        variants = (*variants, *(v + UNPACKED for v in variants if v != "static"))
+    variants = (*variants, *(v + UNPACKED for v in unpacked))
     wall = time.perf_counter() - started
     by: dict[str, dict[int, dict[str, Any]]] = {v: {} for v in variants}
     for r in results:
