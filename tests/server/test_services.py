@@ -446,7 +446,7 @@ class _Plane:
 
 
 def test_with_several_servers_only_the_leaders_autoscaler_writes(pool: Server) -> None:
-    create(pool, {"name": "traffic", "command": ["serve"], "min_replicas": 0, "max_replicas": 4,
+    create(pool, {"name": "traffic", "command": ["serve"], "min_replicas": 0, "max_replicas": 8,
                   "replicas": 0, "target_concurrency": 2, "resources": {"gpus": 0.25}})
     clock = _Clock()
     lead = Leadership(pool.rt.store, server_id="lead", lease_s=9.0, renew_s=2.0, clock=clock, monotonic=clock)
@@ -457,7 +457,8 @@ def test_with_several_servers_only_the_leaders_autoscaler_writes(pool: Server) -
         DataPlaneLoop(pool.rt, _Plane("alpha/traffic"), follow).tick(pool.rt.clock())  # type: ignore[arg-type]
         assert show(pool, "traffic")["desired"] == 0  # a follower routes but does not scale
         DataPlaneLoop(pool.rt, _Plane("alpha/traffic"), lead).tick(pool.rt.clock())  # type: ignore[arg-type]
-        assert show(pool, "traffic")["desired"] == 3  # 6 in flight against a target of 2
+        # 6 in flight at each router: the follower's, reported to the store, counted with the leader's own
+        assert show(pool, "traffic")["desired"] == 6  # 12 in flight against a target of 2
     finally:
         lead.release()
         delete(pool, "traffic")
