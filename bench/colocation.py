@@ -19,7 +19,7 @@ from __future__ import annotations
 import argparse
 import json
 import time
-from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures import ProcessPoolExecutor, as_completed
 from pathlib import Path
 from typing import Any
 
@@ -114,10 +114,18 @@ def main() -> None:
     unpacked = parse_variants(args.unpacked) if args.unpacked else ()
     if "static" in unpacked or (args.pack == "off" and unpacked):
         parser.error("--unpacked names co-located variants, beside --pack on")
-    tasks = [(seed, v, args.pack == "on") for seed in seeds for v in variants]
-    tasks += [(seed, v, False) for seed in seeds for v in unpacked]
+    # seed by seed, each seed's unpacked runs beside its own; every finished run is appended to
+    # PARTIAL at once, so a run cut short still leaves what it measured
+    tasks = [t for seed in seeds for t in [*((seed, v, args.pack == "on") for v in variants),
+                                           *((seed, v, False) for v in unpacked)]]
+    partial = args.json.with_suffix(".partial.jsonl")
+    partial.parent.mkdir(parents=True, exist_ok=True)
+    partial.write_text("")
     with ProcessPoolExecutor(max_workers=max(1, args.workers)) as pool:
         futures = [pool.submit(one, args, seed, v, p) for seed, v, p in tasks]
+        for f in as_completed(futures):
+            with partial.open("a") as out:
+                out.write(json.dumps({k: v for k, v in f.result().items() if k != "timeline"}) + "\n")
         results = [f.result() for f in futures]
     variants = (*variants, *(v + UNPACKED for v in unpacked))
     wall = time.perf_counter() - started
