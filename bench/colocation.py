@@ -10,7 +10,8 @@ seed; writes the JSON and a plot of GPU allocation over time (first seed).
 
     .venv/bin/python bench/colocation.py [--seeds 1,2,3] [--days 31] [--batch-nodes 8] [--workers 2] \\
         [--json bench/results/colocation.json] [--plot docs/img/colocation.png] \\
-        [--variants static,colocated,headroom] [--placement best-fit] [--azure-service code|conv]
+        [--variants static,colocated,headroom] [--placement best-fit] [--azure-service code|conv] \\
+        [--pack on|off] [--unpacked colocated]
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from __future__ import annotations
 import argparse
 import json
 import time
-from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures import ProcessPoolExecutor, as_completed
 from pathlib import Path
 from typing import Any
 
@@ -28,14 +29,20 @@ from rich.table import Table
 from gpupool.cli.sim_colocate import DEFAULT_BATCH_START, DEFAULT_CLUSTER, build_setup
 from gpupool.sim.colocation import VARIANTS, interval, parse_variants, run_variant
 
+UNPACKED = "/unpacked"
+"""The label suffix of a variant run without `serving.pack_replicas` (`--pack both`)."""
 
-def one(args: argparse.Namespace, seed: int, variant: str) -> dict[str, Any]:
+
+def one(args: argparse.Namespace, seed: int, variant: str, pack: bool = True) -> dict[str, Any]:
     setup = build_setup(None, None, args.cluster, args.batch_scale, DEFAULT_BATCH_START, seed,
                         args.headroom, args.cold_start, args.grace, args.assume_share, args.days,
                         args.service_thin, args.batch_nodes or None, args.placement, args.azure_service,
-                        None, args.target)
+                        None, args.target, pack)
     result = run_variant(setup, variant)
     result["seed"] = seed
+    result["pack"] = pack
+    if not pack and variant != "static" and args.pack == "on":
+        result["variant"] = variant + UNPACKED
     result["wide_jobs_left_out"] = setup.wide_jobs_left_out
     return result
 
@@ -52,6 +59,7 @@ METRICS = (
     ("JCT mean h, unfinished to the end",
      lambda r: r["batch_jct_with_unfinished_s"]["mean"] / 3600, "{:.2f}"),
     ("preemptions", lambda r: r["preemptions"], "{:.0f}"),
+    ("consolidations", lambda r: r.get("consolidations", 0), "{:.0f}"),
     ("lost GPU-h", lambda r: r["lost_batch_gpu_hours"], "{:.1f}"),
     ("$ / batch GPU-h", lambda r: r["cost"]["per_batch_gpu_hour"], "{:.3f}"),
 )
@@ -85,6 +93,12 @@ def main() -> None:
                         "the hour repeated over the window (an assumption)")
     parser.add_argument("--requests-only", action="store_true",
                         help="only the request-level part: the Azure LLM hour through the autoscaler")
+    parser.add_argument("--pack", default="on", choices=("on", "off"),
+                        help="serving.pack_replicas (replicas onto nodes in use, the emptiest node's replica "
+                        "removed first) for every variant")
+    parser.add_argument("--unpacked", default="",
+                        help="comma-separated co-located variants also run without serving.pack_replicas in "
+                        "the same run (labelled VARIANT/unpacked): the side-by-side baseline of packing")
     parser.add_argument("--target", type=float, default=4.0, help="target requests in flight a replica")
     parser.add_argument("--json", type=Path, default=Path("bench/results/colocation.json"))
     parser.add_argument("--plot", type=Path, default=None)
@@ -97,10 +111,23 @@ def main() -> None:
     variants = parse_variants(args.variants)
     if "static" not in variants:
         parser.error("--variants needs static: the ratios are against it")
-    tasks = [(seed, v) for seed in seeds for v in variants]
+    unpacked = parse_variants(args.unpacked) if args.unpacked else ()
+    if "static" in unpacked or (args.pack == "off" and unpacked):
+        parser.error("--unpacked names co-located variants, beside --pack on")
+    # seed by seed, each seed's unpacked runs beside its own; every finished run is appended to
+    # PARTIAL at once, so a run cut short still leaves what it measured
+    tasks = [t for seed in seeds for t in [*((seed, v, args.pack == "on") for v in variants),
+                                           *((seed, v, False) for v in unpacked)]]
+    partial = args.json.with_suffix(".partial.jsonl")
+    partial.parent.mkdir(parents=True, exist_ok=True)
+    partial.write_text("")
     with ProcessPoolExecutor(max_workers=max(1, args.workers)) as pool:
-        futures = [pool.submit(one, args, seed, v) for seed, v in tasks]
+        futures = [pool.submit(one, args, seed, v, p) for seed, v, p in tasks]
+        for f in as_completed(futures):
+            with partial.open("a") as out:
+                out.write(json.dumps({k: v for k, v in f.result().items() if k != "timeline"}) + "\n")
         results = [f.result() for f in futures]
+    variants = (*variants, *(v + UNPACKED for v in unpacked))
     wall = time.perf_counter() - started
     by: dict[str, dict[int, dict[str, Any]]] = {v: {} for v in variants}
     for r in results:

@@ -218,12 +218,22 @@ class ServingConfig(_Strict):
     headroom_replicas: int = Field(0, ge=0, le=1000)
     """Keep room for this many more replicas of the largest service free from new batch admission
     (0: none; batch then fills everything and replicas preempt it when they need room)."""
+    pack_replicas: bool = True
+    """Place replicas on nodes already in use (services' nodes first) before a free one, and remove
+    the replica on the emptiest node at scale-down, so whole nodes stay free for wide batch gangs
+    (a service's replicas still spread over nodes first)."""
     probe_concurrency: int = Field(16, ge=1, le=256)
     """Probes in flight at once, across all services."""
     port_base: int = Field(22_000, ge=1024, le=65_000)
     port_count: int = Field(6_000, ge=16, le=30_000)
     """Replicas' ports ($PORT) come from [port_base, port_base + port_count), each unique in the pool;
     the default lies below Linux's ephemeral ports (32768-) and the gangs' ports (29500-31499)."""
+
+    def packed_classes(self) -> frozenset[str]:
+        """The classes the core packs (`Policies.pack_classes`): the services' own, or none."""
+        if not self.pack_replicas:
+            return frozenset()
+        return frozenset({self.priority_class, *(c.name for c in self.classes)})
 
     @model_validator(mode="after")
     def _ports_fit(self) -> ServingConfig:
@@ -556,7 +566,8 @@ class PoolConfig(_Strict):
                         moves=(MoveRule(restart_s=s.topology_move_restart,
                                         max_moves_each=s.topology_moves_per_workload)
                                if s.topology_moves else None),
-                        migrate=self.fabric.migrate_rule())
+                        migrate=self.fabric.migrate_rule(),
+                        pack_classes=self.serving.packed_classes())
 
     def to_yaml(self) -> str:
         return yaml.safe_dump(self.model_dump(mode="json"), sort_keys=False, default_flow_style=False)

@@ -1,5 +1,6 @@
-"""A service replica's port is open to the pool's own identity (its probes and its router) and to no
-other process on the node: another user's process is refused as another tenant's pod is.
+"""A service replica's port is open to the pool's own identity (its probes) and its router's account
+(HAProxy's workers) and to no other process on the node: another user's process is refused as
+another tenant's pod is.
 
 Runs for real as root with iproute2, nftables and setpriv; elsewhere it skips with the reason.
 """
@@ -19,6 +20,7 @@ import pytest
 
 from agent.test_pod_network import CONNECT, LISTEN, launch, nodes, wait_output
 from gpupool.agent import netns
+from gpupool.agent.identity import router_account
 from gpupool.agent.netns import NetnsMode, NetworkSettings
 from gpupool.providers.localpool import LocalPool
 
@@ -59,3 +61,7 @@ def test_only_the_pools_identity_reaches_a_replicas_port(pool: LocalPool) -> Non
     # the same identity in another process, then another user of the node
     assert connect_as(os.geteuid(), address) == "reached secret of bob"
     assert connect_as(NOBODY, address).startswith("blocked")
+    # HAProxy's workers run as the router's own account (the data plane, where the pool is root)
+    router = router_account()
+    assert router is not None
+    assert connect_as(router.uid, address) == "reached secret of bob"

@@ -147,3 +147,81 @@ def test_a_haproxy_left_by_a_killed_pool_is_stopped_by_the_next_start(tmp_path: 
     finally:
         second.stop()
         first.stop()
+
+
+as_root = pytest.mark.skipif(os.geteuid() != 0, reason="HAProxy's workers change account only where the "
+                             "pool runs as root (run the tests as root)")
+
+
+def workers(plane: DataPlane) -> list[int]:
+    """The master's children: HAProxy's workers (the processes that parse requests)."""
+    master = sup(plane).master_pid
+    found = []
+    for status in Path("/proc").glob("[0-9]*/status"):
+        try:
+            text = status.read_text()
+        except OSError:
+            continue
+        if f"\nPPid:\t{master}\n" in text:
+            found.append(int(status.parent.name))
+    return found
+
+
+def ids(pid: int) -> tuple[set[int], set[int], set[int]]:
+    """(the uids, the gids, the supplementary groups) of a process: real, effective, saved, fs."""
+    lines = dict(line.split(":", 1) for line in Path(f"/proc/{pid}/status").read_text().splitlines()
+                 if ":" in line)
+    return ({int(u) for u in lines["Uid"].split()}, {int(g) for g in lines["Gid"].split()},
+            {int(g) for g in lines["Groups"].split()})
+
+
+@as_root
+def test_haproxys_workers_run_as_an_account_of_their_own_in_a_jail(plane: DataPlane) -> None:
+    from gpupool.agent.identity import ROUTER_ACCOUNT, router_account
+
+    account = router_account()
+    assert account is not None and account.user == ROUTER_ACCOUNT
+    jail = sup(plane).jail
+    assert jail is not None and (jail.uid, jail.gid) == (account.uid, account.gid)
+    wait_for("a worker", lambda: bool(workers(plane)))
+    for pid in workers(plane):
+        uids, gids, groups = ids(pid)
+        assert uids == {account.uid} and 0 not in uids and os.geteuid() not in uids
+        assert gids == {account.gid} and 0 not in groups
+        assert os.readlink(f"/proc/{pid}/root") == str(plane.directory / "jail")
+    # and from there it still routes, checks, and writes each request's time to the pool's socket
+    plane.set_routes([Route("alice/jailed", "alice", probe=PROBE)])
+    with replicas("a") as (a,):
+        plane.set_backends("alice/jailed", [Backend("j-a", "127.0.0.1", a.port)])
+        wait_for("the jailed worker to route",
+                 lambda: get(plane.port, "/s/alice/jailed/x", "gp_alice").status_code == 200)
+        wait_for("its request's time",
+                 lambda: sup(plane).traffic()["alice/jailed"].latency_p50_ms is not None)
+
+
+@as_root
+def test_a_tenant_or_the_routers_account_cannot_open_the_runtime_socket(plane: DataPlane) -> None:
+    import subprocess
+
+    from factories import pod_python
+    from gpupool.agent.identity import account_name, ensure_account, router_account
+
+    tenant = ensure_account(account_name("sockprobe"))  # a tenant's pod account, as the agent makes it
+    router = router_account()
+    assert router is not None
+    paths = sup(plane).paths
+    assert os.stat(paths.runtime_socket).st_uid == os.geteuid()
+    probe = ("import socket, sys\ns = socket.socket(socket.AF_UNIX)\ntry:\n    s.connect(sys.argv[1])\n"
+             "except PermissionError:\n    sys.exit(13)\nsys.exit(0)\n")
+    for who in (tenant, router):
+        for sock in (paths.runtime_socket, paths.activator_socket):
+            done = subprocess.run([pod_python(), "-c", probe, str(sock)], user=who.uid, group=who.gid,
+                                  extra_groups=[], env={"PATH": "/usr/bin:/bin"}, cwd="/", check=False)
+            assert done.returncode == 13, (who.user, sock.name)  # outside the jail: nothing to reach
+    # inside it, the workers reach the activator's and the latency log's sockets, and only those
+    jailed = ((paths.jail, 0o710), (paths.activator_socket, 0o620), (paths.latency_log_socket, 0o620))
+    for path, mode in jailed:
+        st = os.stat(path)
+        assert (st.st_uid, st.st_gid, st.st_mode & 0o777) == (0, router.gid, mode), path.name
+    assert sorted(p.name for p in paths.jail.iterdir()) == ["activator.sock", "latency.sock"]
+    assert sup(plane).runtime.command("show info").startswith("Name: HAProxy")  # the pool's still

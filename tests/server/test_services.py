@@ -446,7 +446,7 @@ class _Plane:
 
 
 def test_with_several_servers_only_the_leaders_autoscaler_writes(pool: Server) -> None:
-    create(pool, {"name": "traffic", "command": ["serve"], "min_replicas": 0, "max_replicas": 4,
+    create(pool, {"name": "traffic", "command": ["serve"], "min_replicas": 0, "max_replicas": 8,
                   "replicas": 0, "target_concurrency": 2, "resources": {"gpus": 0.25}})
     clock = _Clock()
     lead = Leadership(pool.rt.store, server_id="lead", lease_s=9.0, renew_s=2.0, clock=clock, monotonic=clock)
@@ -457,7 +457,30 @@ def test_with_several_servers_only_the_leaders_autoscaler_writes(pool: Server) -
         DataPlaneLoop(pool.rt, _Plane("alpha/traffic"), follow).tick(pool.rt.clock())  # type: ignore[arg-type]
         assert show(pool, "traffic")["desired"] == 0  # a follower routes but does not scale
         DataPlaneLoop(pool.rt, _Plane("alpha/traffic"), lead).tick(pool.rt.clock())  # type: ignore[arg-type]
-        assert show(pool, "traffic")["desired"] == 3  # 6 in flight against a target of 2
+        # 6 in flight at each router: the follower's, reported to the store, counted with the leader's own
+        assert show(pool, "traffic")["desired"] == 6  # 12 in flight against a target of 2
     finally:
         lead.release()
         delete(pool, "traffic")
+
+
+def test_a_scale_down_removes_the_replica_on_the_emptiest_node(pool: Server,
+                                                               listeners: dict[int, Replica]) -> None:
+    """serving.pack_replicas: three one-device replicas on two 2-device nodes (two share a node); a scale
+    to two removes the one alone on its node, not the newest, so that node comes whole again."""
+    created = create(pool, {"name": "packed", "command": ["serve"], "min_replicas": 1, "max_replicas": 3,
+                            "replicas": 3, "resources": {"gpus": 1},
+                            "readiness": {"period_s": 1.5, "timeout_s": 1.5}})
+    serve_all(pool, "packed", listeners, 3)
+    wait_until(pool, lambda: show(pool, "packed")["ready_replicas"] == 3)
+    where = {r["workload_id"]: r["node"] for r in show(pool, "packed")["replicas"]}
+    alone = [w for w, n in where.items() if list(where.values()).count(n) == 1]
+    assert len(alone) == 1 and len(set(where.values())) == 2, where
+    answer = pool.client.post(f"{API}/services/packed/scale", params={"tenant": "alpha"},
+                              headers=pool.headers(),
+                              json={"replicas": 2, "expected_version": show(pool, "packed")["version"]})
+    assert answer.status_code == 200, answer.text
+    wait_until(pool, lambda: {r["workload_id"] for r in show(pool, "packed")["replicas"]
+                              if r["ready"] != "draining"} == set(where) - set(alone))
+    assert created["desired"] == 3
+    delete(pool, "packed")

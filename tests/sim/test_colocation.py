@@ -271,3 +271,20 @@ def test_batch_that_never_finds_room_is_counted_and_its_jct_bounded_below() -> N
     assert r["batch_jct_with_unfinished_s"]["mean"] == pytest.approx((100.0 + (500.0 - 10.0)) / 2)
     assert r["batch_unfinished_by_gpus"] == {"4": 1}  # the starved gang, counted with its work
     assert r["batch_unfinished_gpu_hours"] == pytest.approx(4 * 100.0 / 3600)
+
+
+def test_an_instance_end_removes_the_apps_replica_on_the_emptiest_node() -> None:
+    """serving.pack_replicas: when an app's instance ends, the replica removed is the app's on the
+    emptiest node (the core's `emptiest_first`), and the ending one serves that one's demand; a node
+    the replicas left whole lets a gang start that would otherwise never find one."""
+    app = [replica(1, 0.0, 500.0), replica(2, 0.0, math.inf), replica(3, 0.0, math.inf)]
+    gang = [batch_job("gang", 2, 100.0, at=10.0)]
+    runs: list[ColocationReplay] = []
+    packed = run_variant(setup("2x2xA100-80GB", app, gang, 2000.0), "colocated", runs)
+    where = {wid: runs[0].view.running[wid].allocs[0][1].node
+             for wid in runs[0].view.running if wid.startswith("svc-")}
+    assert len(where) == 2 and len(set(where.values())) == 1  # the two left share one node
+    assert packed["consolidations"] == 1 and packed["batch_finished"] == 1
+    assert packed["service_on_time_pct"] == 100.0  # every instance's demand still served
+    trace = run_variant(setup("2x2xA100-80GB", app, gang, 2000.0, consolidate=False), "colocated")
+    assert trace["consolidations"] == 0 and trace["batch_unfinished_by_gpus"] == {"2": 1}

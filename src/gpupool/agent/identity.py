@@ -148,6 +148,47 @@ def ensure_account(name: str, comment: str = "") -> PodIdentity:
     return PodIdentity(user=entry.pw_name, uid=entry.pw_uid, gid=entry.pw_gid)
 
 
+ROUTER_ACCOUNT = "gpupool_haproxy"
+"""The services' router's own account (HAProxy's workers run as it when the pool runs as root): no
+tenant's account can have this name (tenant names have no underscore), and it is in no pool group."""
+
+
+def router_account() -> PodIdentity | None:
+    """The router's account where it exists on this machine (the nodes let it reach replicas)."""
+    try:
+        entry = pwd.getpwnam(ROUTER_ACCOUNT)
+    except KeyError:
+        return None
+    return PodIdentity(user=entry.pw_name, uid=entry.pw_uid, gid=entry.pw_gid) if entry.pw_uid else None
+
+
+def ensure_router_account() -> PodIdentity:
+    """The router's account (a system account with a group of its own, no login shell, no home),
+    created when missing. Raises ProviderError when it cannot be made or is not an unprivileged
+    account of its own (uid 0, or in the pods' group)."""
+    found = router_account()
+    if found is None:
+        if shutil.which("useradd", path=BASE_PATH) is None:
+            raise ProviderError(f"useradd is not installed, so the router's account {ROUTER_ACCOUNT!r} "
+                                "cannot be created.")
+        _run(["useradd", "--system", "--user-group", "--no-create-home", "--home-dir", "/nonexistent",
+              "--shell", _nologin_shell(), "--comment", "gpupool services router", ROUTER_ACCOUNT])
+        found = router_account()
+    pods = _pod_gid()
+    if found is None or found.gid == 0 or (pods is not None and found.gid == pods):
+        raise ProviderError(f"The account {ROUTER_ACCOUNT!r} exists but is not an unprivileged account of "
+                            "its own (uid or group 0, or the pods' group); remove it so the pool can create "
+                            "it.")
+    return found
+
+
+def _pod_gid() -> int | None:
+    try:
+        return grp.getgrnam(POD_GROUP).gr_gid
+    except KeyError:
+        return None
+
+
 class Identities:
     """Resolves (and creates) pod accounts; thread-safe, remembers what it resolved."""
 

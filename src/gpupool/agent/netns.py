@@ -64,6 +64,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 from pathlib import Path
 
+from gpupool.agent.identity import ensure_router_account
 from gpupool.errors import InvalidInput, ProviderError
 
 log = logging.getLogger("gpupool.agent")
@@ -387,9 +388,9 @@ class PodNetwork:
             # the host's own processes (other users, pods of a pool without namespaces) reach a pod
             # only with the answers to what it opened
             f'add rule {t} output oifname "gv*" ct state established,related accept',
-            # ... and a service replica's port, to the pool's own identity only: its probes and its
-            # router (HAProxy runs as the pool) open connections to it; other users' processes do not
-            (f'add rule {t} output oifname "gv*" meta skuid {os.geteuid()} '
+            # ... and a service replica's port, to the pool's own identity and its router's account
+            # only: its probes and HAProxy's workers open connections to it; other users' do not
+            (f'add rule {t} output oifname "gv*" meta skuid {{ {_router_uids()} }} '
              "ip daddr . tcp dport @serve_ports accept"),
             f'add rule {t} output oifname "gv*" drop',
             f"add rule {t} pod_input ct state established,related accept",
@@ -1051,3 +1052,16 @@ def _element_key(element: object) -> str:
         return " . ".join(f'"{p}"' if isinstance(p, str) and not p[:1].isdigit() else str(p)
                           for p in element["concat"])
     return str(element)
+
+
+def _router_uids() -> str:
+    """The uids that may open a replica's serve port: the pool's, and its router's account (where
+    the pool runs as root HAProxy's workers run as it; created here if missing, so the rule holds it
+    whichever starts first)."""
+    uids = {os.geteuid()}
+    try:
+        uids.add(ensure_router_account().uid)
+    except ProviderError as exc:
+        log.warning("services' replicas in pod namespaces are reachable by the pool's account only: %s",
+                    exc.message)
+    return ", ".join(map(str, sorted(uids)))

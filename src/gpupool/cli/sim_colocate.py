@@ -34,7 +34,8 @@ def build_setup(services: Path | None, batch: Path | None, cluster: str, batch_s
                 batch_start: str, seed: int, headroom: int, cold_start_s: float, grace_s: float,
                 assume_share: float | None = None, days: float | None = None, thin: int = 1,
                 batch_nodes: int | None = None, placement: str | None = None,
-                azure: str | None = None, azure_file: Path | None = None, azure_target: float = 4.0) -> Any:
+                azure: str | None = None, azure_file: Path | None = None, azure_target: float = 4.0,
+                pack: bool = True) -> Any:
     """The ColocationSetup of the command's options (also used by bench/colocation.py).
 
     `batch_nodes`: the pool is the static split's inference pool (the fewest nodes of `cluster`'s
@@ -44,7 +45,10 @@ def build_setup(services: Path | None, batch: Path | None, cluster: str, batch_s
     `azure` ('code' or 'conv'): one more service whose replicas are the Azure LLM 2023 hour of that
     service's requests through the autoscaler (core/autoscale.py, `azure_target` requests in flight a
     replica, min 0, max 64, `cold_start_s`), the hour repeated back to back over the window (an
-    assumption: a sensitivity, not the trace)."""
+    assumption: a sensitivity, not the trace).
+
+    `pack`: `serving.pack_replicas` (replicas onto nodes in use first, the emptiest node's replica
+    removed first); False replays the pool without it."""
     from gpupool.config import PoolConfig
     from gpupool.prices import PricesConfig
     from gpupool.providers.nodespec import nodes_from_spec
@@ -104,7 +108,7 @@ def build_setup(services: Path | None, batch: Path | None, cluster: str, batch_s
                            "for the static split; give more nodes (or a larger --service-thin).")
     # a job wider than the static split's batch cluster could never run there: left out of every variant
     jobs, wide = widest_fitting(jobs, batch_devices)
-    settings: dict[str, Any] = {"serving": {"headroom_replicas": headroom}}
+    settings: dict[str, Any] = {"serving": {"headroom_replicas": headroom, "pack_replicas": pack}}
     if placement is not None:
         from gpupool.core.scheduling.policies.base import policy_names
 
@@ -140,11 +144,11 @@ def _azure_instances(name: str, given: Path | None, target: float, cold_start_s:
 def serving_setup(config: Any) -> dict[str, Any]:
     """What the replay takes from a pool configuration, as `gpupool up` takes it: the policies (with
     preemption on: replicas take room from batch), the replicas' class, the classes the headroom is
-    kept for and `serving.headroom_replicas`."""
+    kept for, `serving.headroom_replicas` and `serving.pack_replicas`."""
     serving = config.serving
     return {"policies": config.policies(preemption=True), "service_class": serving.priority_class,
             "exempt_classes": frozenset({serving.priority_class, *(c.name for c in serving.classes)}),
-            "headroom_replicas": serving.headroom_replicas}
+            "headroom_replicas": serving.headroom_replicas, "consolidate": serving.pack_replicas}
 
 
 def colocate(
@@ -194,6 +198,10 @@ def colocate(
         None, "--assume-share", help="Sensitivity: under fractional, every whole-device replica gets this "
         "share of a device (the trace's own requests are whole devices)."),
     seed: int = typer.Option(0, "--seed", help="Seed of the batch clones, classes and every random choice."),
+    pack: bool = typer.Option(
+        True, "--pack/--no-pack", help="serving.pack_replicas: replicas onto nodes already in use first, "
+        "and at each end of an app's instance the replica on the emptiest node removed (--no-pack: the "
+        "trace's own instance)."),
     json_out: Path = typer.Option(..., "--json", help="Where to write the metrics (JSON)."),
 ) -> None:
     """Replay inference services (their replica demand from the Alibaba 2025 trace) and Philly batch on
@@ -207,13 +215,13 @@ def colocate(
         chosen = parse_variants(variants)
         setup = build_setup(services, batch, cluster, batch_scale, batch_start, seed, headroom,
                             cold_start, grace, assume_share, days, service_thin, batch_nodes, placement,
-                            azure_service, azure_file, azure_target)
+                            azure_service, azure_file, azure_target, pack)
         result = run_all(setup, chosen)
         result["config"] = {"cluster": cluster, "batch_scale": batch_scale, "batch_start": batch_start,
                             "days": days, "service_thin": service_thin, "batch_nodes": batch_nodes,
                             "placement": placement, "headroom": headroom, "cold_start_s": cold_start,
                             "grace_s": grace, "azure_service": azure_service, "azure_target": azure_target,
-                            "assume_share": assume_share, "seed": seed}
+                            "assume_share": assume_share, "seed": seed, "pack": pack}
         json_out.parent.mkdir(parents=True, exist_ok=True)
         json_out.write_text(json.dumps(result, indent=2, sort_keys=True))
     except GpupoolError as exc:

@@ -549,6 +549,22 @@ class ServiceEventRow(Base):
     at_s: Mapped[float] = mapped_column(Float)
 
 
+class ServiceTrafficRow(Base):
+    """What one server's router saw of one service at its last tick, written by every server but the
+    leader once a second (several servers on one store: docs/ha.md); the leader's autoscaler adds the
+    fresh rows of the others to its own router's numbers."""
+
+    __tablename__ = "service_traffic"
+
+    server_id: Mapped[str] = mapped_column(String(64), primary_key=True)
+    service_id: Mapped[str] = mapped_column(
+        String(ID_LENGTH), ForeignKey("services.id", ondelete="CASCADE"), primary_key=True)
+    in_flight: Mapped[int] = mapped_column(BigInteger)
+    requests_total: Mapped[int] = mapped_column(BigInteger)
+    """The router's own count since it started (the leader counts what it grew by)."""
+    at_s: Mapped[float] = mapped_column(Float)
+
+
 class LeaderLeaseRow(Base):
     """The one lease of several servers on one store (server/leader.py): who leads, under which
     epoch, until when. Taken and renewed by compare-and-set; a new holder bumps the epoch."""

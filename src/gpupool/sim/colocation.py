@@ -42,6 +42,7 @@ from gpupool.core.metering import PriceBook
 from gpupool.core.model import Node, PodRequest, Reason, Workload
 from gpupool.core.scheduling.cycle import CycleResult, Policies, Wait
 from gpupool.core.scheduling.headroom import Headroom, for_services, keeps
+from gpupool.core.scheduling.packing import emptiest_first
 from gpupool.core.units import MILLI
 from gpupool.errors import InvalidInput, did_you_mean
 from gpupool.sim.jobs import TraceJob
@@ -184,15 +185,27 @@ class ColocationSetup:
     check_invariants: bool = False
     wide_jobs_left_out: int = 0
     """Batch jobs wider than the static split's batch cluster, left out of every variant."""
+    consolidate: bool = False
+    """`serving.pack_replicas`: when an app's instance ends, the app's ready replica on the emptiest
+    node is removed (the core's `packing.emptiest_first`, as the live controller scales down) and the
+    ending instance's replica serves the rest of that one's demand."""
 
 
 class ColocationReplay(Replay):
     """The replay with replicas whose demand ends at a time, not after an amount of work; the
     headroom, if any, is the core's (`config.policies.headroom`)."""
 
-    def __init__(self, config: ReplayConfig, ends: dict[str, float], end_s: float = math.inf) -> None:
+    def __init__(self, config: ReplayConfig, ends: dict[str, float], end_s: float = math.inf,
+                 consolidate: bool = False, cold_start_s: float = COLD_START_S) -> None:
         super().__init__(config)
         self.ends = ends
+        self.consolidate = consolidate
+        self.cold_start_s = cold_start_s
+        self.serves_until = dict(ends)
+        """The demand end each replica serves now (a consolidation hands one replica's end to another)."""
+        self.app_running: dict[str, set[str]] = {}
+        self.consolidations = 0
+        """Instance ends at which another replica of the app was removed in its place."""
         self.headroom: Headroom | None = config.policies.headroom
         self.end_s = end_s
         self.placed: dict[str, float] = {}
@@ -266,6 +279,8 @@ class ColocationReplay(Replay):
     def _start(self, wid: str, now_s: float) -> None:
         end = self.ends.get(wid)
         if end is not None:
+            self.app_running.setdefault(self.pending_workloads[wid].name, set()).add(wid)
+            end = self.serves_until[wid]
             self.pending[wid].remaining_s = max(0.0, end - now_s)
             self.placed[wid] = now_s
             self.service_milli += self.pending_workloads[wid].total_device_milli
@@ -278,12 +293,51 @@ class ColocationReplay(Replay):
 
     def _finish(self, wid: str, now_s: float) -> None:
         if wid in self.ends:
+            if self.consolidate:
+                wid = self._removed_instead(wid, now_s)
             self.service_milli -= self.jobs[wid].job.workload.total_device_milli
+            self.app_running[self.jobs[wid].job.workload.name].discard(wid)
         super()._finish(wid, now_s)
         self.finished_at[wid] = now_s
 
+    def _ready(self, wid: str, now_s: float) -> bool:
+        placed = self.placed.get(wid)
+        return placed is not None and placed + self.cold_start_s <= now_s
+
+    def _removed_instead(self, wid: str, now_s: float) -> str:
+        """The replica to remove as `wid`'s demand ends: of the app's ready replicas, the one on the
+        emptiest node (`emptiest_first`); when it is another, `wid`'s replica (ready too) goes on
+        serving that one's demand to its end."""
+        if not self._ready(wid, now_s):
+            return wid
+        app = self.jobs[wid].job.workload.name
+        ready = sorted(r for r in self.app_running.get(app, ()) if self._ready(r, now_s))
+        if len(ready) < 2:
+            return wid
+        state = self.view.state
+        used = np.where(state.dev_valid, state.dev_milli_cap - state.dev_milli_free, 0).sum(axis=1)
+        nodes = {r: self.view.running[r].allocs[0][1].node for r in ready}
+        other = emptiest_first([(r, nodes[r]) for r in ready],
+                               {n: float(used[n]) for n in set(nodes.values())})[0]
+        if used[nodes[other]] >= used[nodes[wid]]:
+            return wid  # no emptier node: the trace's own instance ends
+        job, gone = self.jobs[wid], self.jobs[other]
+        until = self.serves_until[other]
+        self.serves_until[wid] = until
+        self._progress(job, now_s)
+        if math.isfinite(until):
+            job.remaining_s = max(0.0, until - now_s)
+            self._reschedule(job, now_s)
+        else:
+            job.token = None  # serves to the end of the replay
+        if gone.token is not None:
+            self.loop.cancel(gone.token)
+        self.consolidations += 1
+        return other
+
     def _stop(self, wid: str, now_s: float, kind: Any) -> float:
         if wid in self.ends:  # never for a non-preemptible class; counted if the core ever did
+            self.app_running[self.jobs[wid].job.workload.name].discard(wid)
             self.service_preemptions += 1
             self.service_milli -= self.jobs[wid].job.workload.total_device_milli
             self.placed.pop(wid, None)
@@ -321,7 +375,7 @@ def _replay(setup: ColocationSetup, nodes: tuple[Node, ...], jobs: list[TraceJob
     policies = replace(setup.policies, headroom=headroom)
     config = ReplayConfig(nodes, tuple(jobs), policies, seed=setup.seed, prices=setup.prices,
                           check_invariants=setup.check_invariants)
-    run = ColocationReplay(config, ends, setup.end_s)
+    run = ColocationReplay(config, ends, setup.end_s, setup.consolidate and bool(ends), setup.cold_start_s)
     run.run()
     return run
 
@@ -365,6 +419,7 @@ def run_variant(setup: ColocationSetup, variant: str,
     info["preemptions"] = sum(r.metrics.preemptions for r in runs)
     info["lost_batch_gpu_hours"] = sum(r.metrics.lost_device_s for r in runs) / 3600
     info["service_preemptions"] = sum(r.service_preemptions for r in runs)
+    info["consolidations"] = sum(r.consolidations for r in runs)
     info["headroom_replicas"] = headroom.replicas if headroom else 0
     info["headroom_held_cycles"] = bat.batch_held
     info["headroom_breaches"] = bat.headroom_breaches

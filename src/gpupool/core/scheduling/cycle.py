@@ -56,6 +56,7 @@ from gpupool.core.scheduling.headroom import Headroom, keeps, refusal
 from gpupool.core.scheduling.locality import WaitCap, reserve_in_domain, wait_for_domain
 from gpupool.core.scheduling.moves import Move, MoveRule, plan_moves
 from gpupool.core.scheduling.ordering.base import OrderingContext, OrderStream, PendingChanges, make_ordering
+from gpupool.core.scheduling.packing import packed_gang
 from gpupool.core.scheduling.pairing import pair_gang
 from gpupool.core.scheduling.policies.base import DEFAULT_POLICY, NoFit
 from gpupool.core.scheduling.preemption import VictimIndex, lost_work_s, select_victims
@@ -123,6 +124,8 @@ class Policies:
     (`moves`), before anything is admitted; None: never (the config's topology_moves)."""
     headroom: Headroom | None = None
     """Room kept free from new work outside the services' classes (`headroom`); None: none."""
+    pack_classes: frozenset[str] = frozenset()
+    """Classes whose workloads go onto nodes already in use before a free one (`packing`)."""
     migrate: MigrateRule | None = None
     """Stop and requeue gangs whose bottleneck link stayed congested (`congestion`), judged on the
     telemetry sample the caller hands the view; None: never (the config's
@@ -748,7 +751,9 @@ class _Cycle:
         if nofit is not None:
             return nofit.reason, nofit.message
         spread = pair_gang(w, view, self.policy, self.rng) if w.pair_key else None
-        if spread is None and w.spread_key:
+        if spread is None and w.priority_class in self.policies.pack_classes:
+            spread = packed_gang(w, view, self.policy, self.rng, self.policies.pack_classes)
+        elif spread is None and w.spread_key:
             spread = spread_gang(w, view, self.policy, self.rng)
         gang = spread if spread is not None else place_gang(w, view.state, self.policy, self.rng)
         if isinstance(gang, NoFit):

@@ -1,7 +1,11 @@
 """HAProxy supervised by the pool: started, restarted when it dies, changed only at runtime.
 
-The process runs in master-worker mode with the pool's identity and an empty environment (it needs
-none of the server's settings or secrets). Replicas are added (`add server`, then `enable health`
+The process runs in master-worker mode with an empty environment (it needs none of the server's
+settings or secrets). Where the pool runs as root, its workers (the processes that parse requests)
+drop to an account of their own, `gpupool_haproxy` (created like the pods' accounts, with a group of
+its own), chrooted into a jail holding only the two sockets they write to (the activator's and the
+latency log's, writable by that group alone); the master stays the pool's, so the admin socket it
+binds stays the pool's alone (mode 0600). Replicas are added (`add server`, then `enable health`
 and `enable server`), drained (`set server ... state drain`) and deleted (`state maint`, `del
 server`) through the runtime socket, and tokens follow the store through `add map`/`del map`: the
 process is never reloaded for those. A new or deleted service (a new backend) reloads the master
@@ -23,8 +27,11 @@ import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
+from gpupool.agent.identity import ensure_router_account
+from gpupool.errors import ProviderError
 from gpupool.server.dataplane.haproxy_config import (
     HAProxyPaths,
+    Jail,
     backend_name,
     render,
     render_maps,
@@ -121,6 +128,8 @@ class HAProxySupervisor:
         self.latency = LatencyLog(self.paths.latency_log_socket,
                                   lambda backend: backend in self._backend_names)
         self._backend_names: frozenset[str] = frozenset()
+        self.jail: Jail | None = None
+        """The workers' account and root where the pool runs as root (None: they run as the pool)."""
 
     # -- the process --------------------------------------------------------------------------------
     @property
@@ -130,8 +139,18 @@ class HAProxySupervisor:
     def start(self) -> None:
         self.paths.directory.mkdir(mode=0o700, parents=True, exist_ok=True)
         os.chmod(self.paths.directory, 0o700)
+        self.paths.jail.mkdir(mode=0o700, exist_ok=True)
         stop_stale(self.paths.directory)
+        self.jail = _jail() if os.geteuid() == 0 else None
         self.latency.start()  # bound before HAProxy logs to it
+        jail = self.jail
+        if jail is not None:  # the workers may enter the jail and write to its two sockets, nothing more
+            os.chown(self.paths.jail, 0, jail.gid)
+            os.chmod(self.paths.jail, 0o710)
+            for sock in (self.paths.latency_log_socket, self.paths.activator_socket):
+                if sock.exists():
+                    os.chown(sock, 0, jail.gid)
+                    os.chmod(sock, 0o620)
         with self._lock:
             self._write_files()
             self._spawn()
@@ -209,7 +228,7 @@ class HAProxySupervisor:
         for attr, text in files.items():
             _write_private(getattr(self.paths, attr), text)
         text = render(self.paths, self.host, self.port, list(self._routes.values()), backends,
-                      self.cold_start_limit_s)
+                      self.cold_start_limit_s, self.jail)
         _write_private(self.paths.config, text)
 
     def _reload(self) -> None:
@@ -335,6 +354,16 @@ class HAProxySupervisor:
                 requests_total=int(row.get("stot") or 0), latency_p50_ms=p50, latency_p99_ms=p99,
                 latency_avg_ms=float(row["ttime"]) if row.get("ttime") else None)
         return out
+
+
+def _jail() -> Jail | None:
+    """The workers' own account (created when missing); None, said in the log, where it cannot be."""
+    try:
+        account = ensure_router_account()
+    except ProviderError as exc:
+        log.warning("HAProxy's workers run as the pool's own account: %s", exc.message)
+        return None
+    return Jail(account.uid, account.gid)
 
 
 def _pid_line(info: str) -> str | None:

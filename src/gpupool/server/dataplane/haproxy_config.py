@@ -30,8 +30,22 @@ SERVICE_HEADER = "X-Gpupool-Service"
 
 
 @dataclass(frozen=True, slots=True)
+class Jail:
+    """HAProxy's workers run as this account, chrooted into `HAProxyPaths.jail` (the pool runs as
+    root); its master stays the pool's, to bind the listeners and the admin socket and to reload."""
+
+    uid: int
+    gid: int
+
+
+@dataclass(frozen=True, slots=True)
 class HAProxyPaths:
     directory: Path
+
+    @property
+    def jail(self) -> Path:
+        """The workers' root when jailed: only the two sockets they connect to live in it."""
+        return self.directory / "jail"
 
     @property
     def config(self) -> Path:
@@ -51,11 +65,15 @@ class HAProxyPaths:
 
     @property
     def latency_log_socket(self) -> Path:
-        return self.directory / "latency.sock"
+        return self.jail / "latency.sock"
 
     @property
     def activator_socket(self) -> Path:
-        return self.directory / "activator.sock"
+        return self.jail / "activator.sock"
+
+    def seen_by_workers(self, path: Path, jail: Jail | None) -> Path:
+        """`path` (in the jail) as a jailed worker names it: from the jail's root."""
+        return Path("/") / path.relative_to(self.jail) if jail is not None else path
 
     @property
     def services_map(self) -> Path:
@@ -92,7 +110,7 @@ def server_options(probe: Probe) -> str:
             f"fall {probe.failure_threshold}")
 
 
-def _backend(route: Route, backends: Sequence[Backend], paths: HAProxyPaths) -> list[str]:
+def _backend(route: Route, backends: Sequence[Backend], paths: HAProxyPaths, jail: Jail | None) -> list[str]:
     probe = route.probe
     lines = [f"backend {backend_name(route.service)}", "    balance leastconn",
              f"    timeout check {_ms(probe.timeout_s)}"]
@@ -101,22 +119,26 @@ def _backend(route: Route, backends: Sequence[Backend], paths: HAProxyPaths) -> 
     lines.append(f"    http-request set-header {SERVICE_HEADER} {route.service}")
     lines += [f"    server {b.server_name} {b.host}:{b.port} {server_options(probe)}"
               for b in sorted(backends)]
-    lines.append(f"    server activator unix@{paths.activator_socket} backup")
+    lines.append(f"    server activator unix@{paths.seen_by_workers(paths.activator_socket, jail)} backup")
     return lines
 
 
 def render(paths: HAProxyPaths, host: str, port: int, routes: Sequence[Route],
-           backends: Mapping[str, Sequence[Backend]], cold_start_limit_s: float) -> str:
-    """The whole configuration file."""
+           backends: Mapping[str, Sequence[Backend]], cold_start_limit_s: float,
+           jail: Jail | None = None) -> str:
+    """The whole configuration file; with `jail`, the workers drop to its account in the jail."""
     # the activator holds a request up to the cold-start limit: the router must wait longer for it
     longest = max([cold_start_limit_s, *(r.cold_start_limit_s or 0 for r in routes)])
     server_timeout_s = max(300, int(longest) + 30)
     lines = [
         "# Written by gpupool at each change of services; replicas and tokens change at runtime.",
         "global",
+        # bound by the master (the pool's identity): the pool alone may open it
         f"    stats socket {paths.runtime_socket} mode 600 level admin",
+        *([f"    chroot {paths.jail}", f"    uid {jail.uid}", f"    gid {jail.gid}"] if jail else []),
         # each request's total time, for p50/p99 (haproxy_log.py); a datagram never blocks HAProxy
-        f"    log unix@{paths.latency_log_socket} len {LINE_MAX} format raw local0 info",
+        f"    log unix@{paths.seen_by_workers(paths.latency_log_socket, jail)} len {LINE_MAX} format raw "
+        "local0 info",
         "defaults",
         "    mode http",
         "    log global",
@@ -152,7 +174,7 @@ def render(paths: HAProxyPaths, host: str, port: int, routes: Sequence[Route],
         f"    use_backend %[var(txn.svc),map({paths.backends_map})]",
     ]
     for route in sorted(routes, key=lambda r: r.service):
-        lines += _backend(route, backends.get(route.service, ()), paths)
+        lines += _backend(route, backends.get(route.service, ()), paths, jail)
     return "\n".join(lines) + "\n"
 
 

@@ -14,9 +14,9 @@ import logging
 import threading
 import time
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
-from sqlalchemy import or_, select
+from sqlalchemy import delete, or_, select, update
 
 from gpupool.api.services import ProbeKind, ServiceLive, ServiceSpec
 from gpupool.core.autoscale import AutoscalePolicy, AutoscaleState, Decision, Sample, ScaleMetric, decide
@@ -26,13 +26,17 @@ from gpupool.server.dataplane.model import Backend, Probe, Route, ServiceTraffic
 from gpupool.server.dataplane.plane import DataPlane
 from gpupool.server.db import Fenced
 from gpupool.server.leader import Leadership
-from gpupool.server.orm import ServiceEventRow, ServiceRow, TokenRow
+from gpupool.server.orm import ServiceEventRow, ServiceRow, ServiceTrafficRow, TokenRow
 from gpupool.server.runtime import Runtime
 from gpupool.server.serving.endpoints import ready_endpoints, set_desired
 
 log = logging.getLogger("gpupool.dataplane")
 TICK_S = 1.0
 STABLE_WINDOW_S = 60.0
+REPORT_FRESH_S = 5.0
+"""A server's traffic row older than this is not counted (its server stopped or cannot write)."""
+REPORT_FORGET_S = 60.0
+"""The leader deletes rows older than this (a server that went away)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,6 +95,10 @@ class DataPlaneLoop:
         self.rates: dict[str, ServiceRates] = {}
         self._cold: list[tuple[str, float]] = []
         self._cold_lock = threading.Lock()
+        self._others_seen: dict[tuple[str, str], int] = {}
+        """(server, service id) -> its router's request count when the leader last read it."""
+        self._others_added: dict[str, int] = {}
+        """service id -> requests the other servers' routers answered since this server leads."""
         plane.proxy.on_cold_start = self._cold_start
 
     def start(self) -> None:
@@ -142,11 +150,14 @@ class DataPlaneLoop:
         views, tokens = self._read(now_s)
         self._apply(views, tokens)
         epoch: int | None = None
+        traffic = self.plane.traffic()
         if self.leadership is not None:
             epoch = self.leadership.acting_epoch()
-            if epoch is None:  # a follower routes; the leader decides the replica counts
+            if epoch is None:  # a follower routes and reports; the leader decides the replica counts
+                self._others_seen.clear()
+                self._report(views, traffic, now_s)
                 return
-        traffic = self.plane.traffic()
+            traffic = self._with_others(views, traffic, now_s)
         writes: list[tuple[ServiceView, Decision]] = []
         for view in views:
             seen = traffic.get(view.route.service)
@@ -167,6 +178,55 @@ class DataPlaneLoop:
         except Fenced:
             if self.leadership is not None and epoch is not None:
                 self.leadership.lost(epoch)
+
+    def _report(self, views: list[ServiceView], traffic: dict[str, ServiceTraffic], now_s: float) -> None:
+        """This server's router's numbers, one row per service (written only by this server)."""
+        assert self.leadership is not None
+        me = self.leadership.server_id
+        with self.rt.store.write() as session:
+            for view in views:
+                seen = traffic.get(view.route.service)
+                if seen is None:
+                    continue
+                values = {"in_flight": seen.in_flight, "requests_total": seen.requests_total, "at_s": now_s}
+                mine = (ServiceTrafficRow.server_id == me, ServiceTrafficRow.service_id == view.id)
+                done = session.execute(update(ServiceTrafficRow).where(*mine).values(**values))
+                if not done.rowcount:  # type: ignore[attr-defined]
+                    session.add(ServiceTrafficRow(server_id=me, service_id=view.id, **values))
+
+    def _with_others(self, views: list[ServiceView], traffic: dict[str, ServiceTraffic],
+                     now_s: float) -> dict[str, ServiceTraffic]:
+        """The leader's router's numbers plus the other servers' fresh ones (their requests counted by
+        growth since the last read, so a server that appears or restarts adds no burst)."""
+        assert self.leadership is not None
+        me = self.leadership.server_id
+        with self.rt.store.read() as session:
+            rows = session.scalars(select(ServiceTrafficRow).where(ServiceTrafficRow.server_id != me)).all()
+            stale = [(r.server_id, r.service_id) for r in rows if r.at_s < now_s - REPORT_FORGET_S]
+            fresh = [(r.server_id, r.service_id, r.in_flight, r.requests_total)
+                     for r in rows if r.at_s >= now_s - REPORT_FRESH_S]
+        in_flight: dict[str, int] = {}
+        for server, service_id, flying, total in fresh:
+            in_flight[service_id] = in_flight.get(service_id, 0) + flying
+            last = self._others_seen.get((server, service_id))
+            if last is not None:
+                self._others_added[service_id] = self._others_added.get(service_id, 0) + max(0, total - last)
+            self._others_seen[(server, service_id)] = total
+        if stale:
+            with self.rt.store.write() as session:
+                for server, service_id in stale:
+                    session.execute(delete(ServiceTrafficRow).where(
+                        ServiceTrafficRow.server_id == server, ServiceTrafficRow.service_id == service_id,
+                        ServiceTrafficRow.at_s < now_s - REPORT_FORGET_S))
+        out = dict(traffic)
+        for view in views:
+            own = traffic.get(view.route.service)
+            if own is None:
+                continue
+            out[view.route.service] = replace(
+                own, in_flight=own.in_flight + in_flight.get(view.id, 0),
+                requests_total=own.requests_total + self._others_added.get(view.id, 0))
+        return out
 
     def _read(self, now_s: float) -> tuple[list[ServiceView], dict[str, str]]:
         views = []
@@ -247,6 +307,8 @@ def from_settings(rt: Runtime, leadership: Leadership | None = None) -> DataPlan
         if binary is None:
             raise InvalidInput("--serve-router haproxy: haproxy is not installed; install the haproxy "
                                "package or use --serve-router auto")
-    plane = DataPlane(s.data_dir / "dataplane", s.serve_host, s.serve_port,
+    # several servers on one machine (and one data directory) each run a router of their own
+    where = s.data_dir / ("dataplane" if leadership is None else f"dataplane-{s.serve_port}")
+    plane = DataPlane(where, s.serve_host, s.serve_port,
                       cold_start_limit_s=s.serve_cold_start_s, haproxy=binary)
     return DataPlaneLoop(rt, plane, leadership)

@@ -74,6 +74,7 @@ class DataPlane:
     def start(self) -> None:
         self.directory.mkdir(mode=0o700, parents=True, exist_ok=True)
         self.directory.chmod(0o700)
+        HAProxyPaths(self.directory).jail.mkdir(mode=0o700, exist_ok=True)  # the activator's socket
         self._server.start()
         if self.haproxy is not None:
             try:

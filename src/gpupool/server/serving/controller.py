@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import secrets
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
 
 from sqlalchemy import Connection, delete, insert, select, update
@@ -20,6 +21,7 @@ from sqlalchemy.orm import Session
 
 from gpupool.api.services import ProbeSpec, ServiceSpec
 from gpupool.core.model import WorkloadStatus
+from gpupool.core.scheduling.packing import emptiest_first
 from gpupool.errors import Conflict, GpupoolError, Unavailable
 from gpupool.server.orm import PodRow, ServiceReplicaRow, ServiceRow, WorkloadRow
 from gpupool.server.runtime import Runtime
@@ -169,8 +171,11 @@ class Controller:
             replicas = self._read(session, row.id)
         live = self._settle(row, replicas, now)
         active = [r for r in live if r.ready != "draining"]
+        used = None
+        if self.rt.config.serving.pack_replicas and len(active) > row.desired:
+            used = self._used({r.node for r in active if r.node})
         remove, create = plan(
-            row.desired, row.generation, spec.rollout.max_surge, spec.rollout.max_unavailable, active
+            row.desired, row.generation, spec.rollout.max_surge, spec.rollout.max_unavailable, active, used
         )
         for r in remove:
             self._remove(
@@ -186,6 +191,19 @@ class Controller:
                 break
         self._probe(spec, [r for r in active if r not in remove], now, row.tenant)
         self._state(row, spec, [r for r in active if r not in remove], now)
+
+    def _used(self, nodes: set[str]) -> dict[str, float]:
+        """Devices in use on each node (its running and launching pods' slices), read at a scale-down."""
+        used = dict.fromkeys(nodes, 0.0)
+        if not nodes:
+            return used
+        with self.rt.store.read() as session:
+            for node, slices in session.execute(
+                select(PodRow.node, PodRow.slices)
+                .where(PodRow.node.in_(sorted(nodes)), PodRow.finished_s.is_(None))
+            ):
+                used[node] += sum(int(s.get("compute_milli", 0)) for s in slices or ()) / 1000
+        return used
 
     def _create(self, row: ServiceRow, spec: ServiceSpec, now: float) -> bool:
         tenant = row.tenant
@@ -372,16 +390,26 @@ def _readiness(
 
 
 def plan(
-    desired: int, generation: int, max_surge: int, max_unavailable: int, active: list[Replica]
+    desired: int,
+    generation: int,
+    max_surge: int,
+    max_unavailable: int,
+    active: list[Replica],
+    used: Mapping[str, float] | None = None,
 ) -> tuple[list[Replica], int]:
     """(replicas to remove, how many to create): scale to `desired`, or during a rollout replace
     older generations while at most desired + max_surge replicas exist and at least desired -
-    max_unavailable are serving. Removes the least useful first: not serving, then newest."""
+    max_unavailable are serving. Removes the least useful first: not serving, then newest; with
+    `used` (devices in use a node: `serving.pack_replicas`), serving ones on the emptiest node first
+    (the core's `emptiest_first`), so whole nodes come free for wide batch gangs."""
     new = [r for r in active if r.generation == generation]
     old = [r for r in active if r.generation != generation]
     if not old:
         if len(new) > desired:
-            order = [r for r in reversed(new) if not r.serving] + [r for r in reversed(new) if r.serving]
+            ready = [r for r in reversed(new) if r.serving]
+            if used is not None:
+                ready = emptiest_first([(r, r.node) for r in ready], used)
+            order = [r for r in reversed(new) if not r.serving] + ready
             return order[: len(new) - desired], 0
         return [], desired - len(new)
     serving = sum(1 for r in active if r.serving)
