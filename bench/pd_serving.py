@@ -236,6 +236,7 @@ def fabric(args: argparse.Namespace) -> dict[str, Any]:
                 first_token=args.first_token,
                 training=training,
                 rails=args.rails,
+                routing=args.routing,
             )
             result = run_serving(nodes, tree, requests, book, opt, PRICES)
             runs[side].append(result)
@@ -367,6 +368,12 @@ def main() -> int:
     )
     fab.add_argument(
         "--rails", type=int, default=1, help="HCAs a host (planes of the tree); a DGX-H100 has 8"
+    )
+    fab.add_argument(
+        "--routing",
+        default="static",
+        choices=["static", "pooled"],
+        help="static: one path a host pair, from the forwarding tables; pooled: a leaf's uplinks as one pool",
     )
     fab.add_argument("--training-gangs", type=int, default=16)
     fab.add_argument("--training-nodes", type=int, default=4)
