@@ -221,6 +221,8 @@ def fabric(args: argparse.Namespace) -> dict[str, Any]:
         "fabric-aware": (Placement.NETWORK_AWARE, "fabric"),
         "fabric-local": (Placement.NETWORK_AWARE, "fabric-local"),
     }
+    if args.sides:
+        sides = {s: sides[s] for s in args.sides.split(",")}
     runs: dict[str, list[dict[str, Any]]] = {s: [] for s in sides}
     requests: list[Request] = []
     for seed in args.seeds:
@@ -266,7 +268,7 @@ def fabric(args: argparse.Namespace) -> dict[str, Any]:
         "training_slowdown": lambda r: r["training_slowdown"],
     }
     summary: dict[str, Any] = {}
-    for aware_side in ("fabric-aware", "fabric-local"):
+    for aware_side in [s for s in ("fabric-aware", "fabric-local") if s in runs and "fabric-blind" in runs]:
         print(f"\n{'metric':18} {'fabric-blind':>22} {aware_side:>22} {'ratio':>20}")
         for name, get in metrics.items():
             blind = [get(r) for r in runs["fabric-blind"]]
@@ -375,6 +377,7 @@ def main() -> int:
         choices=["static", "pooled"],
         help="static: one path a host pair, from the forwarding tables; pooled: a leaf's uplinks as one pool",
     )
+    fab.add_argument("--sides", default="", help="only these of fabric-blind,fabric-aware,fabric-local")
     fab.add_argument("--training-gangs", type=int, default=16)
     fab.add_argument("--training-nodes", type=int, default=4)
     fab.add_argument("--gradient-gib", type=float, default=4.0)

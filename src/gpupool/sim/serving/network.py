@@ -20,14 +20,14 @@ is shared.
 
 `routing` says which switch-to-switch links a flow crosses. `pooled` (the model above, the earlier
 rounds' figures): a leaf's uplinks are one pool, as if every flow were spread over all of them
-(perfect multipath). `static` (the serving runs' default): what an InfiniBand subnet manager programs. OpenSM's
-up*/down* and ftree engines write linear forwarding tables, one output port per destination LID at
-every switch, so all traffic between two hosts takes one fixed path; the path here is the one the
-project's own up*/down* tables give (`core.fabric.forwarding.compute_tables` and `walk`), and each
-switch-to-switch cable, one pool per direction (IB links are full duplex), is shared max-min fairly
-by the flows routed onto it. The HCA links stay one pool a host in both models. A training gang's
-ring all-reduce is one entity on every cable of its ring's hops (node i to node i+1 in index order,
-the last back to the first), counted once per cable.
+(perfect multipath). `static` (the serving runs' default): what an InfiniBand subnet manager
+programs. OpenSM's up*/down* and ftree engines write linear forwarding tables, one output port per
+destination LID at every switch, so all traffic between two hosts takes one fixed path; the path
+here is the one the project's own up*/down* tables give (`core.fabric.forwarding.compute_tables`
+and `walk`), and each switch-to-switch cable, one pool per direction (IB links are full duplex), is
+shared max-min fairly by the flows routed onto it. The HCA links stay one pool a host in both
+models. A training gang's ring all-reduce is one entity on every cable of its ring's hops (node i
+to node i+1 in index order, the last back to the first), counted once per cable.
 """
 
 from __future__ import annotations
