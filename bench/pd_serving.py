@@ -14,7 +14,8 @@ Three parts, each printing a table and writing its JSON under bench/results/:
 - `fabric`: a 3-level fat tree, 2:1 oversubscribed at the leaves, training gangs beside the
   service, Poisson arrivals; fabric-blind (best-fit placement, JSQ routing) against fabric-aware
   (network-aware placement with the `fabric` router, and with `fabric-local`) at the same load,
-  over seeds (training placement and arrivals), with
+  over seeds (training placement and arrivals), flows on the forwarding tables' static routes
+  (`--routing pooled`: a leaf's uplinks as one pool, the earlier rounds), with
   95 % intervals (t distribution) of the cross-spine KV bytes and p99 TTFT, and their ratios.
 - `speed`: one hour of the conversation trace, wall seconds of the simulation.
 
@@ -22,7 +23,8 @@ Three parts, each printing a table and writing its JSON under bench/results/:
     python bench/pd_serving.py reproduce --prices splitwise --traces conv  # Splitwise's prices, mixed pool
     python bench/pd_serving.py reproduce --prices splitwise --decode-model splitwise  # and its decode lookup
     python bench/pd_serving.py fabric --rails 8 --model bloom-176b  # 8 HCAs a host, a larger KV cache
-    python bench/pd_serving.py fabric --seeds 1,2,3,4,5 --rate-scale 6
+    python bench/pd_serving.py fabric --seeds 1,2,3,4,5 --rate-scale 12 --limit-s 300
+    python bench/pd_serving.py fabric --sides fabric-blind --seeds 1 --rate-scale 14  # the load edge
     python bench/pd_serving.py speed
 """
 
