@@ -14,7 +14,8 @@ Three parts, each printing a table and writing its JSON under bench/results/:
 - `fabric`: a 3-level fat tree, 2:1 oversubscribed at the leaves, training gangs beside the
   service, Poisson arrivals; fabric-blind (best-fit placement, JSQ routing) against fabric-aware
   (network-aware placement with the `fabric` router, and with `fabric-local`) at the same load,
-  over seeds (training placement and arrivals), with
+  over seeds (training placement and arrivals), flows on the forwarding tables' static routes
+  (`--routing pooled`: a leaf's uplinks as one pool, the earlier rounds), with
   95 % intervals (t distribution) of the cross-spine KV bytes and p99 TTFT, and their ratios.
 - `speed`: one hour of the conversation trace, wall seconds of the simulation.
 
@@ -22,7 +23,8 @@ Three parts, each printing a table and writing its JSON under bench/results/:
     python bench/pd_serving.py reproduce --prices splitwise --traces conv  # Splitwise's prices, mixed pool
     python bench/pd_serving.py reproduce --prices splitwise --decode-model splitwise  # and its decode lookup
     python bench/pd_serving.py fabric --rails 8 --model bloom-176b  # 8 HCAs a host, a larger KV cache
-    python bench/pd_serving.py fabric --seeds 1,2,3,4,5 --rate-scale 6
+    python bench/pd_serving.py fabric --seeds 1,2,3,4,5 --rate-scale 12 --limit-s 300
+    python bench/pd_serving.py fabric --sides fabric-blind --seeds 1 --rate-scale 14  # the load edge
     python bench/pd_serving.py speed
 """
 
@@ -221,6 +223,8 @@ def fabric(args: argparse.Namespace) -> dict[str, Any]:
         "fabric-aware": (Placement.NETWORK_AWARE, "fabric"),
         "fabric-local": (Placement.NETWORK_AWARE, "fabric-local"),
     }
+    if args.sides:
+        sides = {s: sides[s] for s in args.sides.split(",")}
     runs: dict[str, list[dict[str, Any]]] = {s: [] for s in sides}
     requests: list[Request] = []
     for seed in args.seeds:
@@ -236,6 +240,7 @@ def fabric(args: argparse.Namespace) -> dict[str, Any]:
                 first_token=args.first_token,
                 training=training,
                 rails=args.rails,
+                routing=args.routing,
             )
             result = run_serving(nodes, tree, requests, book, opt, PRICES)
             runs[side].append(result)
@@ -265,7 +270,7 @@ def fabric(args: argparse.Namespace) -> dict[str, Any]:
         "training_slowdown": lambda r: r["training_slowdown"],
     }
     summary: dict[str, Any] = {}
-    for aware_side in ("fabric-aware", "fabric-local"):
+    for aware_side in [s for s in ("fabric-aware", "fabric-local") if s in runs and "fabric-blind" in runs]:
         print(f"\n{'metric':18} {'fabric-blind':>22} {aware_side:>22} {'ratio':>20}")
         for name, get in metrics.items():
             blind = [get(r) for r in runs["fabric-blind"]]
@@ -368,6 +373,13 @@ def main() -> int:
     fab.add_argument(
         "--rails", type=int, default=1, help="HCAs a host (planes of the tree); a DGX-H100 has 8"
     )
+    fab.add_argument(
+        "--routing",
+        default="static",
+        choices=["static", "pooled"],
+        help="static: one path a host pair, from the forwarding tables; pooled: a leaf's uplinks as one pool",
+    )
+    fab.add_argument("--sides", default="", help="only these of fabric-blind,fabric-aware,fabric-local")
     fab.add_argument("--training-gangs", type=int, default=16)
     fab.add_argument("--training-nodes", type=int, default=4)
     fab.add_argument("--gradient-gib", type=float, default=4.0)

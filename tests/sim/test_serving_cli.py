@@ -177,3 +177,18 @@ def test_mixed_pool_and_rails_reach_the_run(inputs: dict[str, Path]) -> None:
     )  # one prefill instance, 40 prompts at once: its queue overflows
     bad = runner.invoke(app, _args(inputs, "--rails", "0"))
     assert bad.exit_code == 2 and "--rails must be 1 to 16" in bad.output
+
+
+def test_routing_reaches_the_run_and_a_bad_one_is_refused(inputs: dict[str, Path]) -> None:
+    seen = {}
+    for routing in ("static", "pooled"):
+        out = inputs["dir"] / f"{routing}.json"
+        fab = ("--fabric", str(inputs["fabric"]), "--routing", routing, "--json", str(out))
+        done = runner.invoke(app, _args(inputs, "--mode", "split-hh", *fab))
+        assert done.exit_code == 0, done.output
+        (run,) = json.loads(out.read_text())
+        seen[routing] = (run["routing"], run["finished"])
+    assert seen == {"static": ("static", 40), "pooled": ("pooled", 40)}
+    bad = runner.invoke(app, _args(inputs, "--routing", "ecmp"))
+    assert bad.exit_code == 2 and "--routing must be static or pooled" in bad.output
+    assert "Traceback" not in bad.output

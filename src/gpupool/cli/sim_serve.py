@@ -51,6 +51,7 @@ def serve_runs(
     prices_file: Path | None = None,
     mixed_pool: bool = False,
     rails: int = 1,
+    routing: str = "static",
 ) -> list[dict[str, Any]]:
     """Every (rate scale, seed) run of one configuration (also used by bench/pd_serving.py)."""
     from gpupool.prices import PricesConfig, load_prices
@@ -109,6 +110,7 @@ def serve_runs(
                 training=TrainingSpec(gangs=training_gangs, nodes_per_gang=training_nodes),
                 mixed_pool=mixed_pool,
                 rails=rails,
+                routing=routing,
             )
             result = run_serving(nodes, fab, requests, book, opt, prices)
             result["rate_scale"] = scale
@@ -196,6 +198,13 @@ def serve(
     rails: int = typer.Option(
         1, "--rails", help="HCAs a host, each on its own plane of the fabric (a DGX-H100: 8), 1 to 16."
     ),
+    routing: str = typer.Option(
+        "static",
+        "--routing",
+        help="static: each host pair's flows on the one path the up*/down* forwarding tables give, "
+        "cables shared per direction (what an InfiniBand subnet manager programs); pooled: a leaf's "
+        "uplinks as one pool (perfect multipath).",
+    ),
     json_out: Path | None = typer.Option(None, "--json", help="Write every run's metrics here (JSON)."),
     plot: Path | None = typer.Option(None, "--plot", help="Latency CDFs and throughput-latency (PNG)."),
 ) -> None:
@@ -211,6 +220,8 @@ def serve(
             raise InvalidInput(f"--prefill-share must be between 0 and 1, got {prefill_share:g}.")
         if not 1 <= rails <= 16:
             raise InvalidInput(f"--rails must be 1 to 16 (HCAs a host), got {rails}.")
+        if routing not in ("static", "pooled"):
+            raise InvalidInput(f"--routing must be static or pooled, got {routing!r}.")
         seed_list = [int(s) for s in _floats(seeds, "--seeds")]
         runs = serve_runs(
             trace,
@@ -234,6 +245,7 @@ def serve(
             prices_file,
             mixed_pool,
             rails,
+            routing,
         )
         print(
             f"{'scale':>6} {'seed':>4} {'req/s':>7} {'TTFT50':>7} {'TTFT99':>7} {'TBT50':>7} {'TBT99':>7} "

@@ -17,6 +17,17 @@ across all the rails.
 
 Without a fabric every node has one pool of `nic_gbps` x `rails` (its HCA links) and nothing else
 is shared.
+
+`routing` says which switch-to-switch links a flow crosses. `pooled` (the model above, the earlier
+rounds' figures): a leaf's uplinks are one pool, as if every flow were spread over all of them
+(perfect multipath). `static` (the serving runs' default): what an InfiniBand subnet manager
+programs. OpenSM's up*/down* and ftree engines write linear forwarding tables, one output port per
+destination LID at every switch, so all traffic between two hosts takes one fixed path; the path
+here is the one the project's own up*/down* tables give (`core.fabric.forwarding.compute_tables`
+and `walk`), and each switch-to-switch cable, one pool per direction (IB links are full duplex), is
+shared max-min fairly by the flows routed onto it. The HCA links stay one pool a host in both
+models. A training gang's ring all-reduce is one entity on every cable of its ring's hops (node i
+to node i+1 in index order, the last back to the first), counted once per cable.
 """
 
 from __future__ import annotations
@@ -25,10 +36,17 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from gpupool.core.fabric.forwarding import ForwardingTables, compute_tables, walk
+from gpupool.core.fabric.model import Fabric
 from gpupool.core.scheduling.topology import ACCESS, LEAF_UP, SPINE_UP, FabricView
+from gpupool.errors import InvalidInput
 
 Pool = tuple[int, int]
 DEFAULT_NIC_GBPS = 400.0
+CABLE = 3
+"""Pool kind of one direction of one switch-to-switch cable (static routing): (CABLE, edge index in
+the forwarding tables' switch arrays)."""
+ROUTINGS = ("static", "pooled")
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,6 +87,10 @@ class KVNetwork:
     nic_gbps: float = DEFAULT_NIC_GBPS
     training: TrainingSpec = field(default_factory=TrainingSpec)
     rails: int = 1
+    fabric: Fabric | None = None
+    """The fabric `view` was built from: needed by `routing="static"` (its forwarding tables)."""
+    routing: str = "pooled"
+    """`pooled` or `static` (see the module docstring; `ServeOptions` defaults to static)."""
     flows: dict[int, _Flow] = field(default_factory=dict)
     count: dict[Pool, int] = field(default_factory=dict)
     trains: list[_Train] = field(default_factory=list)
@@ -83,6 +105,41 @@ class KVNetwork:
     _util_now: dict[Pool, float] = field(default_factory=dict)
     _on_pool: dict[Pool, set[int]] = field(default_factory=dict)
     """Who is on each pool: flow ids (>= 0) and training gangs (-1 - index)."""
+    _tables: ForwardingTables | None = None
+    _edge: dict[tuple[int, int], int] = field(default_factory=dict)
+    _routes: dict[tuple[int, int], tuple[Pool, ...]] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.routing not in ROUTINGS:
+            raise InvalidInput(f"Unknown routing {self.routing!r}; use static or pooled.")
+        if self.routing == "static" and self.view is not None:
+            if self.fabric is None:
+                raise InvalidInput("Static routing needs the fabric the view was built from.")
+            self._tables = compute_tables(self.fabric)
+            arrays = self._tables.arrays
+            ends = zip(arrays.src.tolist(), arrays.port.tolist(), strict=True)
+            self._edge = {end: e for e, end in enumerate(ends)}
+
+    def route_cables(self, a: int, b: int) -> tuple[Pool, ...]:
+        """The cables (one direction each) the forwarding tables send traffic from node a to node b
+        over, in order; () on one leaf, with pooled routing, or without a fabric."""
+        tables, view = self._tables, self.view
+        if tables is None or view is None or a == b:
+            return ()
+        key = (a, b)
+        cached = self._routes.get(key)
+        if cached is None:
+            src, dst = view.places[a], view.places[b]
+            if src is None or dst is None:
+                return ()
+            assert self.fabric is not None
+            hops = walk(self.fabric, tables, src.ports[0].ca, dst.ports[0].ca)
+            if not hops:
+                raise InvalidInput(f"The forwarding tables have no route from node {a} to node {b}.")
+            index = tables.arrays.index
+            cached = tuple((CABLE, self._edge[(index[sw], port)]) for sw, port in hops[:-1])
+            self._routes[key] = cached
+        return cached
 
     # ------------------------------------------------------------------ paths
 
@@ -98,17 +155,24 @@ class KVNetwork:
         cross_leaf = la != lb
         cross_spine = False
         if cross_leaf:
-            pools += [(LEAF_UP, la), (LEAF_UP, lb)]
             sa, sb = int(view.spine_id[a]), int(view.spine_id[b])
-            if sa != sb:
-                cross_spine = True
-                pools += [(SPINE_UP, sa), (SPINE_UP, sb)]
+            cross_spine = sa != sb
+            if self._tables is not None:
+                pools += self.route_cables(a, b)
+            else:
+                pools += [(LEAF_UP, la), (LEAF_UP, lb)]
+                if cross_spine:
+                    pools += [(SPINE_UP, sa), (SPINE_UP, sb)]
         return tuple(pools), cross_leaf, cross_spine
 
     def gang_pools(self, nodes: Sequence[int]) -> tuple[Pool, ...]:
         """The pools a ring over `nodes` crosses (FabricView's span rule)."""
         distinct = sorted(set(nodes))
         pools: list[Pool] = [(ACCESS, n) for n in distinct]
+        if self._tables is not None and len(distinct) > 1:
+            ring = zip(distinct, distinct[1:] + distinct[:1], strict=True)
+            cables = dict.fromkeys(c for a, b in ring for c in self.route_cables(a, b))
+            return tuple(pools) + tuple(cables)
         if self.view is not None and len(distinct) > 1:
             leaves = sorted({int(self.view.leaf_id[n]) for n in distinct})
             if len(leaves) > 1:
@@ -123,6 +187,9 @@ class KVNetwork:
         if cap is None:
             if self.view is None:
                 cap = self.nic_gbps if pool[0] == ACCESS else math.inf
+            elif pool[0] == CABLE:
+                assert self._tables is not None
+                cap = float(self._tables.arrays.links[pool[1]].available_gbps)
             else:
                 cap = float(self.view.avail[pool[0]][pool[1]])
             cap *= max(self.rails, 1)

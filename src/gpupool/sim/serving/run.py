@@ -65,6 +65,9 @@ class ServeOptions:
     max_batch: int = 64
     nic_gbps: float = DEFAULT_NIC_GBPS
     rails: int = 1
+    routing: str = "static"
+    """`static` (one fixed path per host pair, from the forwarding tables) or `pooled` (a leaf's
+    uplinks as one pool: the earlier rounds); see `network`."""
     mixed_pool: bool = False
     """Split modes: decode instances run prompts while the prefill queues are long (Splitwise's
     mixed pool, `EngineOptions.mixed_pool`)."""
@@ -170,7 +173,7 @@ def run_serving(
     placed = place_instances(
         nodes, view, specs, opt.placement, opt.seed, opt.training.gangs, opt.training.nodes_per_gang, kv_ratio
     )
-    net = KVNetwork(view, opt.nic_gbps, opt.training, rails=opt.rails)
+    net = KVNetwork(view, opt.nic_gbps, opt.training, rails=opt.rails, fabric=fabric, routing=opt.routing)
     net.add_training(placed.training_nodes)
     instances = []
     for i, (spec, prof, node) in enumerate(zip(specs, profiles, placed.instance_nodes, strict=True)):
@@ -211,6 +214,7 @@ def run_serving(
         "mode": str(opt.mode),
         "placement": str(opt.placement),
         "router": opt.router,
+        "routing": opt.routing,
         "seed": opt.seed,
         "overlap": opt.overlap,
         "first_token": opt.first_token,
