@@ -506,22 +506,18 @@ def _greedy(
 def _resumable(walk: Walk, base: FreeAmounts, alive: dict[str, Running], exclude: Set[str]
                ) -> tuple[list[Running], np.ndarray] | None:
     """The victims of `walk`'s prefix that may still go, and [node] whether a node's free amounts
-    differ from the walk's state or a victim of its prefix left it since; None when the first pod
-    may fit otherwise on any node (the heavy slices changed from none to some or back)."""
+    differ from the walk's state; None when the first pod may fit otherwise on any node (the heavy
+    slices changed from none to some or back). A victim of the prefix gone since leaves its node
+    unchanged only where other work took what it held: with less freed there, the pod fits it no
+    more than in the walk (a fit needs at least as much free on every axis)."""
     before = walk.base
     if bool(before[4]) != bool(base[4]):
         return None
     changed = (before[0] != base[0]) | (before[1] != base[1])
     changed |= (before[2] != base[2]).any(axis=1)
     changed |= (before[3] != base[3]).any(axis=1)
-    live = []
-    for run in walk.prefix:
-        wid = run.workload.id
-        if alive.get(wid) is run and wid not in exclude:
-            live.append(run)
-        else:
-            for _, a in run.allocs:
-                changed[a.node] = True
+    live = [run for run in walk.prefix
+            if alive.get(run.workload.id) is run and run.workload.id not in exclude]
     return live, changed
 
 
