@@ -458,7 +458,8 @@ def _greedy(
     view: ClusterView,
     fits: Callable[[], GangPlacement | None],
     first: FirstPodFits,
-    resume: tuple[list[Running], np.ndarray, Callable[[], Iterator[Running]]] | None = None,
+    resume: tuple[list[Running], Callable[[list[int]], np.ndarray], Callable[[], Iterator[Running]]]
+    | None = None,
 ) -> tuple[tuple[list[Running], GangPlacement] | None, list[Running], int]:
     """Victims in `found`'s order until the preemptor fits; with the placement it then got (released).
 
@@ -467,7 +468,7 @@ def _greedy(
     placements are tried on the same states as when every victim goes off as it is taken.
 
     `resume`: (the live victims of an earlier walk's prefix after which the first pod fitted no
-    node, the nodes changed since, the stream after that prefix): where `FirstPodFits.resume`
+    node, which of some nodes changed since, the stream after that prefix): where `FirstPodFits.resume`
     finds the pod fits no node once they are freed here either, the walk takes them at once (no
     placement was tried among them) and goes on from the stream after them; else it walks `found`.
     Also returns the victims walked and how many of the first of them leave the pod fitting no node
@@ -504,21 +505,28 @@ def _greedy(
 
 
 def _resumable(walk: Walk, base: FreeAmounts, alive: dict[str, Running], exclude: Set[str]
-               ) -> tuple[list[Running], np.ndarray] | None:
-    """The victims of `walk`'s prefix that may still go, and [node] whether a node's free amounts
-    differ from the walk's state; None when the first pod may fit otherwise on any node (the heavy
-    slices changed from none to some or back). A victim of the prefix gone since leaves its node
-    unchanged only where other work took what it held: with less freed there, the pod fits it no
-    more than in the walk (a fit needs at least as much free on every axis)."""
+               ) -> tuple[list[Running], Callable[[list[int]], np.ndarray]] | None:
+    """The victims of `walk`'s prefix that may still go, and which of some nodes' free amounts differ
+    from the walk's state (a function of the rows: only the prefix's nodes are read); None when the
+    first pod may fit otherwise on any node (the heavy slices changed from none to some or back).
+    A victim of the prefix gone since leaves its node unchanged only where other work took what it
+    held: with less freed there, the pod fits it no more than in the walk (a fit needs at least as
+    much free on every axis)."""
     before = walk.base
     if bool(before[4]) != bool(base[4]):
         return None
-    changed = (before[0] != base[0]) | (before[1] != base[1])
-    changed |= (before[2] != base[2]).any(axis=1)
-    changed |= (before[3] != base[3]).any(axis=1)
     live = [run for run in walk.prefix
             if alive.get(run.workload.id) is run and run.workload.id not in exclude]
-    return live, changed
+    return live, partial(_changed, before, base)
+
+
+def _changed(before: FreeAmounts, now: FreeAmounts, rows: list[int]) -> np.ndarray:
+    """[row] whether the node's free cpu, memory, or any device's free milli or memory differ."""
+    at = np.asarray(rows, dtype=np.intp)
+    changed = (before[0][at] != now[0][at]) | (before[1][at] != now[1][at])
+    changed |= (before[2][at] != now[2][at]).any(axis=1)
+    changed |= (before[3][at] != now[3][at]).any(axis=1)
+    return np.asarray(changed)
 
 
 def _drop_apart(

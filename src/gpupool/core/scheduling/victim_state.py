@@ -8,6 +8,7 @@ track without rescanning every node whether the preemptor's first pod fits some 
 from __future__ import annotations
 
 from collections.abc import Callable, Container, Iterable, Sequence
+from itertools import compress
 
 import numpy as np
 
@@ -161,11 +162,12 @@ class FirstPodFits:
         self._base = None
         self.flush = flush
 
-    def resume(self, prefix: Sequence[Running], changed: np.ndarray) -> bool:
+    def resume(self, prefix: Sequence[Running], changed: Callable[[list[int]], np.ndarray]) -> bool:
         """After `start`: the victims of `prefix` are freed at once, without a bound per victim,
         where a walk over them on an earlier state found that the pod fits no node once they are all
-        freed, and `changed` [node] marks the nodes whose free amounts differ from that state's
-        (with those a victim of the walk has left since). Checks that the pod fits no node here
+        freed, and `changed(rows)` marks which of those nodes' free amounts differ from that state's
+        (a node where a victim of the walk has left since, its amounts the same, frees less: it fits
+        the pod no more than then). Checks that the pod fits no node here
         either: not before any victim, and on no changed node the prefix frees from (by the bound).
         False: it may, and nothing was told (walk the victims one by one)."""
         if self.fits_alone():
@@ -180,7 +182,8 @@ class FirstPodFits:
                     on.append(a)
         self._base = self._slacks()  # (read before any victim leaves the state, as `_add` reads it)
         self.later = later
-        for n in [n for n in later if changed[n]]:
+        rows = list(later)
+        for n in compress(rows, changed(rows)):
             amounts = self._open(n)
             if amounts[0] >= 0 and amounts[1] >= 0 and amounts[2] >= 0:
                 self.free.clear()
