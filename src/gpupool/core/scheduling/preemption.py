@@ -21,15 +21,17 @@ from __future__ import annotations
 import heapq
 import math
 import random
+from bisect import bisect_right
 from collections.abc import Callable, Iterable, Iterator, Sequence, Set
 from dataclasses import dataclass
+from functools import partial
 from itertools import chain, groupby, islice, repeat
 from operator import itemgetter
 from typing import NamedTuple
 
 import numpy as np
 
-from gpupool.core.model import Workload, shared_labels
+from gpupool.core.model import PodRequest, Workload, shared_labels
 from gpupool.core.priority import Rank
 from gpupool.core.scheduling.gang import GangPlacement, place_gang, release_gang
 from gpupool.core.scheduling.policies.base import NoFit, PlacementPolicy
@@ -38,7 +40,7 @@ from gpupool.core.scheduling.victim_state import Detached, FirstPodFits, PutBack
 from gpupool.core.scheduling.victim_state import node_fits_at as node_fits_at  # (tests import it here)
 from gpupool.core.scheduling.view import ClusterView, Running
 from gpupool.core.scheduling.workloads import lower_bound_usage
-from gpupool.core.state import ClusterState, free_amounts
+from gpupool.core.state import ClusterState, FreeAmounts, free_amounts
 
 DEFAULT_RULES = PreemptionRules()
 
@@ -169,6 +171,23 @@ class Sources(NamedTuple):
     newer_than_s: float = math.inf
 
 
+_Order = tuple[float, Rank, str]
+"""An entry's place within its rank's band of the by-rank stream: (cost, rank, id)."""
+_order = itemgetter(0, 1, 2)
+_WalkKey = tuple[PodRequest, tuple[tuple[Rank, str], ...], tuple[Rank, str] | None, float]
+
+
+class Walk(NamedTuple):
+    """What a greedy search's walk left known (`VictimIndex.walks`): on the state before it (`base`),
+    the preemptor's first pod fitted no node once the victims of `prefix` were freed, the last of
+    them at `last` in the by-rank stream of those sources (with `exclude` left out)."""
+
+    base: FreeAmounts
+    exclude: Set[str]
+    prefix: list[Running]
+    last: _Order
+
+
 class VictimIndex:
     """One cycle's victim candidates per ClusterQueue and rank, sorted once by lost work.
 
@@ -191,6 +210,9 @@ class VictimIndex:
         self._sorted: dict[tuple[str, Rank], list[_Entry]] = {}
         self._milli: dict[tuple[str, Rank], int] = {}
         self._columns: dict[tuple[str, Rank], tuple[list[str], _Columns]] = {}
+        self.walks: dict[_WalkKey, Walk] = {}
+        """The last greedy walk per (first pod, sources): a later search of the same resumes it
+        (`select_victims`, `resume_walks`)."""
 
     def _ranks(self, cq: str) -> dict[Rank, list[Running]]:
         groups = self._groups.get(cq)
@@ -252,6 +274,21 @@ class VictimIndex:
             merged = self._merged(groups, alive, exclude, found)
         return (entry[3] for entry in merged), found.reclaim
 
+    def by_rank_after(self, sources: Sources, exclude: Set[str], after: _Order) -> Iterator[Running]:
+        """`search_order(..., by_rank=True, sources)`'s stream from the entry after `after` on."""
+        rank = after[1]
+        groups = sources.groups if sources.newer is None else [*sources.groups, sources.newer]
+        alive = self.view.running
+        bands = groupby(sorted(g for g in groups if g[0] >= rank), key=itemgetter(0))
+        merged = chain.from_iterable(self._merged(same, alive, exclude, sources, after if r == rank else None)
+                                     for r, same in bands)
+        return (entry[3] for entry in merged)
+
+    def place_of(self, run: Running) -> _Order:
+        """The run's (cost, rank, id) in the stream (its group sorted already)."""
+        wid = run.workload.id
+        return self.cost[wid], run.rank, wid
+
     def most_freed(self, sources: Sources) -> int:
         """An upper bound on the compute (milli) all candidates of `sources` hold together (it counts
         those gone or excluded since the cycle's groups were made, and the whole `newer` group)."""
@@ -286,17 +323,25 @@ class VictimIndex:
                 if any(alive.get(run.workload.id) is run and run.workload.id not in exclude for run in runs)]
 
     def _merged(
-        self, groups: Iterable[tuple[Rank, str]], alive: dict[str, Running], exclude: Set[str], found: Sources
+        self, groups: Iterable[tuple[Rank, str]], alive: dict[str, Running], exclude: Set[str],
+        found: Sources, after: _Order | None = None,
     ) -> Iterator[_Entry]:
-        """The live entries of the (rank, queue) groups, merged by (cost, rank, id)."""
+        """The live entries of the (rank, queue) groups, merged by (cost, rank, id); with `after`,
+        only those placed after it."""
         newer = found.newer
         return heapq.merge(*(
-            _live_newer(self._group(q, r), alive, exclude, found.newer_than_s) if (r, q) == newer
-            else _live(self._group(q, r), alive, exclude)
+            _live_newer(self._entries(q, r, after), alive, exclude, found.newer_than_s) if (r, q) == newer
+            else _live(self._entries(q, r, after), alive, exclude)
             for r, q in groups))
 
+    def _entries(self, q: str, rank: Rank, after: _Order | None) -> Iterable[_Entry]:
+        entries = self._group(q, rank)
+        if after is None:
+            return entries
+        return islice(entries, bisect_right(entries, after, key=_order), None)
 
-def _live(entries: list[_Entry], alive: dict[str, Running], exclude: Set[str]) -> Iterator[_Entry]:
+
+def _live(entries: Iterable[_Entry], alive: dict[str, Running], exclude: Set[str]) -> Iterator[_Entry]:
     """The entries whose workload still runs and is not excluded."""
     for entry in entries:
         wid = entry[2]
@@ -304,7 +349,7 @@ def _live(entries: list[_Entry], alive: dict[str, Running], exclude: Set[str]) -
             yield entry
 
 
-def _live_newer(entries: list[_Entry], alive: dict[str, Running], exclude: Set[str], after_s: float
+def _live_newer(entries: Iterable[_Entry], alive: dict[str, Running], exclude: Set[str], after_s: float
                 ) -> Iterator[_Entry]:
     """`_live`, keeping only the work submitted after `after_s`."""
     for entry in _live(entries, alive, exclude):
@@ -364,14 +409,26 @@ def select_victims(
             return VictimSet((run,), reclaimed([run]), gang)
         view.attach(run)
     found = index.search_order(preemptor, cq, exclude, True, sources, rules)[0]  # consumed lazily
-    base = free_amounts(view.state) if put_back_from_base else None  # (no victim is off the state)
-    greedy = _greedy(found, need, view, fits, first)
+    # (no victim is off the state)
+    base = free_amounts(view.state) if put_back_from_base or resume_walks else None
+    walk_key = (preemptor.pods[0], tuple(sources.groups), sources.newer, sources.newer_than_s)
+    resume = None
+    if resume_walks and base is not None:
+        walk = index.walks.get(walk_key)
+        if walk is not None and walk.exclude is exclude:
+            live = _resumable(walk, base, view.running, exclude)
+            if live is not None:
+                resume = (*live, partial(index.by_rank_after, sources, exclude, walk.last))
+    greedy, walked, known = _greedy(found, need, view, fits, first, resume)
+    if known and base is not None:
+        index.walks[walk_key] = Walk(base, exclude, walked[:known], index.place_of(walked[known - 1]))
     if greedy is None:
         return None
     # Where the first pod fitted no node before any victim went, it may fit only where they were
     # freed from (freeing capacity elsewhere changes nothing): the first scan reads those nodes.
     only = sorted({a.node for run in greedy[0] for _, a in run.allocs}) if first.base is False else None
-    back = PutBack(view, preemptor.pods[0], watch=may_skip, only=only, base=base)
+    back = PutBack(view, preemptor.pods[0], watch=may_skip, only=only,
+                   base=base if put_back_from_base else None)
     chosen = _trim(_drop_apart(*greedy, back, fits), cost, back, fits)
     # The state is now as the last placement that succeeded found it (the trials after it were
     # undone): a policy that repeats itself would place the preemptor there again.
@@ -382,6 +439,12 @@ def select_victims(
         return None
     return VictimSet(tuple(chosen), reclaimed(chosen), gang)
 
+
+resume_walks = True
+"""A greedy search for the same first pod from the same sources as an earlier one in the cycle takes
+the earlier walk's victims after which the pod fitted no node at once, where the pod still fits no
+node once they are freed (`_greedy`); False: walks every victim (the same states placed on, slower:
+kept to check that claim)."""
 
 put_back_from_base = True
 """Put the victims apart from the greedy search's placement back (`_drop_apart`) by setting the free
@@ -395,31 +458,75 @@ def _greedy(
     view: ClusterView,
     fits: Callable[[], GangPlacement | None],
     first: FirstPodFits,
-) -> tuple[list[Running], GangPlacement] | None:
+    resume: tuple[list[Running], Callable[[list[int]], np.ndarray], Callable[[], Iterator[Running]]]
+    | None = None,
+) -> tuple[tuple[list[Running], GangPlacement] | None, list[Running], int]:
     """Victims in `found`'s order until the preemptor fits; with the placement it then got (released).
 
     A victim is taken off the state only when a placement is tried (all those before it go in one
     step), or when the bound says its node may now hold the first pod (see `FirstPodFits`): the
     placements are tried on the same states as when every victim goes off as it is taken.
+
+    `resume`: (the live victims of an earlier walk's prefix after which the first pod fitted no
+    node, which of some nodes changed since, the stream after that prefix): where `FirstPodFits.resume`
+    finds the pod fits no node once they are freed here either, the walk takes them at once (no
+    placement was tried among them) and goes on from the stream after them; else it walks `found`.
+    Also returns the victims walked and how many of the first of them leave the pod fitting no node
+    (0: none known).
     """
     chosen: list[Running] = []
     freed = 0
     held = Detached(view)
     first.start(held.flush)
+    known = 0
+    if resume is not None and first.resume(resume[0], resume[1]):
+        chosen = list(resume[0])
+        held.pending = list(chosen)
+        freed = sum(run.device_milli for run in chosen)
+        known = len(chosen)
+        found = resume[2]()
     for run in found:
         chosen.append(run)
         held.pending.append(run)
         freed += run.device_milli
         first.freed(run)
-        if freed < need or not first.fits_somewhere():
-            continue  # (a first pod that fits no node fails every placement before it starts)
+        if freed < need:
+            continue
+        if not first.fits_somewhere():
+            known = len(chosen)  # (a first pod that fits no node fails every placement before it starts)
+            continue
         held.flush()
         gang = fits()
         if gang is not None:
             release_gang(gang, view.state)
-            return chosen, gang
+            return (chosen, gang), chosen, known
     held.restore()
-    return None
+    return None, chosen, known
+
+
+def _resumable(walk: Walk, base: FreeAmounts, alive: dict[str, Running], exclude: Set[str]
+               ) -> tuple[list[Running], Callable[[list[int]], np.ndarray]] | None:
+    """The victims of `walk`'s prefix that may still go, and which of some nodes' free amounts differ
+    from the walk's state (a function of the rows: only the prefix's nodes are read); None when the
+    first pod may fit otherwise on any node (the heavy slices changed from none to some or back).
+    A victim of the prefix gone since leaves its node unchanged only where other work took what it
+    held: with less freed there, the pod fits it no more than in the walk (a fit needs at least as
+    much free on every axis)."""
+    before = walk.base
+    if bool(before[4]) != bool(base[4]):
+        return None
+    live = [run for run in walk.prefix
+            if alive.get(run.workload.id) is run and run.workload.id not in exclude]
+    return live, partial(_changed, before, base)
+
+
+def _changed(before: FreeAmounts, now: FreeAmounts, rows: list[int]) -> np.ndarray:
+    """[row] whether the node's free cpu, memory, or any device's free milli or memory differ."""
+    at = np.asarray(rows, dtype=np.intp)
+    changed = (before[0][at] != now[0][at]) | (before[1][at] != now[1][at])
+    changed |= (before[2][at] != now[2][at]).any(axis=1)
+    changed |= (before[3][at] != now[3][at]).any(axis=1)
+    return np.asarray(changed)
 
 
 def _drop_apart(

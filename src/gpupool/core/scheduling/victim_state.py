@@ -8,6 +8,7 @@ track without rescanning every node whether the preemptor's first pod fits some 
 from __future__ import annotations
 
 from collections.abc import Callable, Container, Iterable, Sequence
+from itertools import compress
 
 import numpy as np
 
@@ -17,6 +18,7 @@ from gpupool.core.scheduling.view import ClusterView, Running
 from gpupool.core.state import (
     ClusterState,
     FreeAmounts,
+    PodAlloc,
     allocate_many,
     release_many,
     restore_free,
@@ -147,14 +149,67 @@ class FirstPodFits:
         """Per node touched, once the victims are freed: [free cpu less the pod's, free memory less
         the pod's, devices with a share free less the pod's devices, free milli of each device]; the
         node is within the bound when the first three are all >= 0 (see `_add`)."""
+        self.later: dict[int, list[PodAlloc]] = {}
+        """Per node, the records of victims freed by `resume` that `free` does not count yet: added
+        when a later victim first touches the node (until then it is known not to hold the pod)."""
 
     def start(self, flush: Callable[[], None] = _nothing) -> None:
         """A new sequence of victims on the base state; `flush` takes those told of off the state."""
         self.known = None
         self.touched.clear()
         self.free.clear()
+        self.later = {}
         self._base = None
         self.flush = flush
+
+    def resume(self, prefix: Sequence[Running], changed: Callable[[list[int]], np.ndarray]) -> bool:
+        """After `start`: the victims of `prefix` are freed at once, without a bound per victim,
+        where a walk over them on an earlier state found that the pod fits no node once they are all
+        freed, and `changed(rows)` marks which of those nodes' free amounts differ from that state's
+        (a node where a victim of the walk has left since, its amounts the same, frees less: it fits
+        the pod no more than then). Checks that the pod fits no node here
+        either: not before any victim, and on no changed node the prefix frees from (by the bound).
+        False: it may, and nothing was told (walk the victims one by one)."""
+        if self.fits_alone():
+            return False
+        later: dict[int, list[PodAlloc]] = {}
+        for run in prefix:
+            for _, a in run.allocs:
+                on = later.get(a.node)
+                if on is None:
+                    later[a.node] = [a]
+                else:
+                    on.append(a)
+        self._base = self._slacks()  # (read before any victim leaves the state, as `_add` reads it)
+        self.later = later
+        rows = list(later)
+        for n in compress(rows, changed(rows)):
+            amounts = self._open(n)
+            if amounts[0] >= 0 and amounts[1] >= 0 and amounts[2] >= 0:
+                self.free.clear()
+                self.later = {}
+                return False
+        self.known = False
+        return True
+
+    def _open(self, n: int) -> list[int]:
+        """Node n's amounts in `free` as `_slacks` starts them, with the records `resume` left."""
+        assert self._base is not None
+        cpu, mem, ready, devices = self._base
+        amounts = self.free[n] = [int(cpu[n]), int(mem[n]), int(ready[n])]
+        if devices is not None:
+            amounts += devices[n].tolist()
+        share = self.share
+        for a in self.later.pop(n, ()):
+            amounts[0] += a.cpu_milli
+            amounts[1] += a.memory_mib
+            if len(amounts) > 3:
+                for d, milli in zip(a.devices, a.device_milli, strict=True):
+                    was = amounts[3 + d]
+                    amounts[3 + d] = was + milli
+                    if was < share <= was + milli:
+                        amounts[2] += 1
+        return amounts
 
     def fits_alone(self) -> bool:
         if self.base is None:
@@ -229,10 +284,13 @@ class FirstPodFits:
             if amounts is None:
                 if self._base is None:
                     self._base = self._slacks()
-                cpu, mem, ready, devices = self._base
-                amounts = free[n] = [int(cpu[n]), int(mem[n]), int(ready[n])]
-                if devices is not None:
-                    amounts += devices[n].tolist()
+                if free is self.free and n in self.later:
+                    amounts = self._open(n)
+                else:
+                    cpu, mem, ready, devices = self._base
+                    amounts = free[n] = [int(cpu[n]), int(mem[n]), int(ready[n])]
+                    if devices is not None:
+                        amounts += devices[n].tolist()
             amounts[0] += a.cpu_milli
             amounts[1] += a.memory_mib
             if len(amounts) > 3:
