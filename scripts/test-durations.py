@@ -16,7 +16,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
 
-from conftest import DURATIONS, xdist_scope  # noqa: E402
+from work_units import DURATIONS, xdist_scope  # noqa: E402
 
 
 def test_file(classname: str) -> str | None:

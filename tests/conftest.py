@@ -13,6 +13,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 
 from gpupool.server import pgtemp
 from gpupool.sim.datadir import data_dir
+from work_units import longest_first, recorded_durations, xdist_scope
 
 
 @pytest.fixture(scope="session")
@@ -73,42 +74,6 @@ def pod_scratch_root() -> Iterator[Path]:
         else:
             os.environ["GPUPOOL_SCRATCH_DIR"] = previous
         shutil.rmtree(root, ignore_errors=True)
-
-
-def xdist_scope(nodeid: str) -> str:
-    """The unit of work a pytest-xdist worker takes whole: a test file (its module-scoped servers and
-    the order its tests rely on stay as written), except that every test that starts Ray shares one
-    unit: two Ray clusters starting side by side on a small machine time out, and the package's
-    tests share one cluster."""
-    path = nodeid.split("::", 1)[0]
-    if path.startswith(("tests/ray_provider/", "tests/ray_netns/")) or "[ray" in nodeid:
-        return "ray"
-    return path
-
-
-DURATIONS = Path(__file__).parent / "durations.json"
-"""Seconds each scheduling unit took in a recent run (`make test-durations` rewrites it): only the
-order units are handed out in depends on it, never what runs."""
-UNKNOWN_TEST_S = 0.5
-"""What a test of a unit missing from DURATIONS is taken to cost (a new file)."""
-
-
-def longest_first(units: dict[str, dict[str, bool]], seconds: dict[str, float]) -> list[str]:
-    """The units in the order to hand them out: the longest first (LPT: with the longest last, one
-    worker runs it alone at the end while the others idle), ties by name so the order is stable."""
-    def expected(unit: str) -> float:
-        return seconds.get(unit, UNKNOWN_TEST_S * len(units[unit]))
-    return sorted(units, key=lambda unit: (-expected(unit), unit))
-
-
-def recorded_durations() -> dict[str, float]:
-    import json
-
-    try:
-        data = json.loads(DURATIONS.read_text())
-    except (OSError, ValueError):
-        return {}
-    return {str(k): float(v) for k, v in data.items()} if isinstance(data, dict) else {}
 
 
 @pytest.hookimpl(optionalhook=True)
