@@ -22,7 +22,9 @@ def tree() -> Iterator[Path]:
     root = Path(tempfile.mkdtemp(prefix="gpupool-workdir-"))
     os.chmod(root, 0o755)
     (root / "open" / "proj").mkdir(parents=True)
+    # modes set, not left to the umask: an in-process server earlier in this worker sets 077
     os.chmod(root / "open", 0o755)
+    os.chmod(root / "open" / "proj", 0o755)
     try:
         yield root
     finally:
