@@ -78,7 +78,9 @@ class Server:
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
-                raise SystemExit(f"gpupool up exited: see {self.log}")
+                tail = self.log.read_text(errors="replace").strip().splitlines()[-5:]
+                raise SystemExit("gpupool up exited (its data directory is removed with the run):\n"
+                                 + "\n".join(tail))
             try:
                 if httpx.get(f"{self.url}/health", timeout=5).status_code == 200:
                     return
