@@ -201,14 +201,7 @@ class FirstPodFits:
             amounts += devices[n].tolist()
         share = self.share
         for a in self.later.pop(n, ()):
-            amounts[0] += a.cpu_milli
-            amounts[1] += a.memory_mib
-            if len(amounts) > 3:
-                for d, milli in zip(a.devices, a.device_milli, strict=True):
-                    was = amounts[3 + d]
-                    amounts[3 + d] = was + milli
-                    if was < share <= was + milli:
-                        amounts[2] += 1
+            _give_back(amounts, a, share)
         return amounts
 
     def fits_alone(self) -> bool:
@@ -291,14 +284,7 @@ class FirstPodFits:
                     amounts = free[n] = [int(cpu[n]), int(mem[n]), int(ready[n])]
                     if devices is not None:
                         amounts += devices[n].tolist()
-            amounts[0] += a.cpu_milli
-            amounts[1] += a.memory_mib
-            if len(amounts) > 3:
-                for d, milli in zip(a.devices, a.device_milli, strict=True):
-                    was = amounts[3 + d]
-                    amounts[3 + d] = was + milli
-                    if was < share <= was + milli:
-                        amounts[2] += 1
+            _give_back(amounts, a, share)
 
     def _within(self, n: int, amounts: list[int]) -> bool:
         """Whether the node's free amounts (see `_add`) may hold the pod: a necessary condition."""
@@ -307,6 +293,19 @@ class FirstPodFits:
 
 _REFUSED = -(1 << 62)
 """The free milli a bound gives a device of a model the pod refuses (never enough)."""
+
+
+def _give_back(amounts: list[int], a: PodAlloc, share: int) -> None:
+    """Add an allocation to a node's free amounts ([cpu, memory, devices with `share` free, each
+    device's free milli...]): a device is counted once its free milli crosses the share."""
+    amounts[0] += a.cpu_milli
+    amounts[1] += a.memory_mib
+    if len(amounts) > 3:
+        for d, milli in zip(a.devices, a.device_milli, strict=True):
+            was = amounts[3 + d]
+            amounts[3 + d] = was + milli
+            if was < share <= was + milli:
+                amounts[2] += 1
 
 
 def node_fits_at(state: ClusterState, pod: PodRequest, rows: Iterable[int]) -> bool:
