@@ -192,3 +192,12 @@ def test_routing_reaches_the_run_and_a_bad_one_is_refused(inputs: dict[str, Path
     bad = runner.invoke(app, _args(inputs, "--routing", "ecmp"))
     assert bad.exit_code == 2 and "--routing must be static or pooled" in bad.output
     assert "Traceback" not in bad.output
+
+
+def test_an_unwritable_json_path_is_one_sentence_and_exit_2(inputs: dict[str, Path]) -> None:
+    blocker = inputs["dir"] / "a-file"
+    blocker.write_text("")
+    done = runner.invoke(app, _args(inputs, "--json", str(blocker / "out.json")))
+    assert done.exit_code == 2, done.output  # the caller's path: bad usage, as every `gpupool sim` command
+    assert "cannot write output (" in done.output and str(blocker) in done.output
+    assert "Traceback" not in done.output

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import functools
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any, TypeVar
 
 import typer
@@ -79,6 +80,22 @@ def reports_errors(func: F) -> F:
             raise typer.Exit(130) from None
 
     return wrapper  # type: ignore[return-value]
+
+
+@contextmanager
+def reports_run_errors() -> Iterator[None]:
+    """For the `gpupool sim` commands, which read inputs and write their JSON, plots and tables:
+    a gpupool error becomes its sentence and exit code, a file that cannot be written (or read)
+    one sentence and exit 2 (bad usage: the path is the caller's), never a traceback."""
+    try:
+        yield
+    except GpupoolError as exc:
+        print(f"Error: {exc.message}", file=sys.stderr)  # kept whole: some list every bad line
+        raise typer.Exit(exc.exit_code) from None
+    except OSError as exc:
+        where = f" ({exc.strerror}: {exc.filename})" if exc.filename and exc.strerror else f" ({exc})"
+        print(f"Error: cannot write output{where}. Choose a path in a writable directory.", file=sys.stderr)
+        raise typer.Exit(2) from None
 
 
 def error_text(exc: GpupoolError) -> str:

@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 from typing import Any
 
 import typer
 
-from gpupool.errors import GpupoolError, InvalidInput, did_you_mean
+from gpupool.cli._common import reports_run_errors
+from gpupool.errors import InvalidInput, did_you_mean
 
 DEFAULT_CLUSTER = "64x8xA100-80GB"
 DEFAULT_BATCH_START = "2017-10-01"
@@ -211,7 +211,7 @@ def colocate(
     """
     from gpupool.sim.colocation import parse_variants, run_all
 
-    try:
+    with reports_run_errors():
         chosen = parse_variants(variants)
         setup = build_setup(services, batch, cluster, batch_scale, batch_start, seed, headroom,
                             cold_start, grace, assume_share, days, service_thin, batch_nodes, placement,
@@ -224,12 +224,6 @@ def colocate(
                             "assume_share": assume_share, "seed": seed, "pack": pack}
         json_out.parent.mkdir(parents=True, exist_ok=True)
         json_out.write_text(json.dumps(result, indent=2, sort_keys=True))
-    except GpupoolError as exc:
-        print(f"Error: {exc.message}", file=sys.stderr)
-        raise typer.Exit(exc.exit_code) from None
-    except OSError as exc:
-        print(f"Error: cannot write output: {exc}.", file=sys.stderr)
-        raise typer.Exit(2) from None
     print_table(result)
 
 

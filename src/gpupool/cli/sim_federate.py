@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 from typing import Any
 
 import typer
 
-from gpupool.errors import GpupoolError, InvalidInput
+from gpupool.cli._common import reports_run_errors
+from gpupool.errors import InvalidInput
 
 DEFAULT_VARIANTS = "home,cheapest,fastest,balanced,data-local,balanced+failure"
 
@@ -88,7 +88,7 @@ def federate(
     Example: gpupool sim federate --federation fed.yaml --trace philly:philly-sia.csv
     --window 2017-10-01:2017-10-08 --json out.json
     """
-    try:
+    with reports_run_errors():
         chosen = parse_variants(variants)
         setup = build_setup(federation, trace, window, seed, config_file, chosen)
         from gpupool.sim.federation import run_variants
@@ -97,12 +97,6 @@ def federate(
         json_out.parent.mkdir(parents=True, exist_ok=True)
         json_out.write_text(json.dumps({"seed": seed, "window": window, "trace": trace, "variants": rows},
                                        indent=2, sort_keys=True))
-    except GpupoolError as exc:
-        print(f"Error: {exc.message}", file=sys.stderr)
-        raise typer.Exit(exc.exit_code) from None
-    except OSError as exc:
-        print(f"Error: cannot write output: {exc}.", file=sys.stderr)
-        raise typer.Exit(2) from None
     print_rows(rows)
 
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -12,9 +11,9 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from gpupool.cli._common import config_default_text, policy_names_text
+from gpupool.cli._common import config_default_text, policy_names_text, reports_run_errors
 from gpupool.cli.output import console as sized_console
-from gpupool.errors import GpupoolError, InvalidInput
+from gpupool.errors import InvalidInput
 
 
 def fill(
@@ -50,7 +49,7 @@ def fill(
     Example: gpupool sim fill --nodes nodes.csv --pods pods.csv --policy best-fit --policy fgd --seeds 42-51
     """
     console = sized_console()
-    try:
+    with reports_run_errors():
         from gpupool.config import load_config
 
         config = load_config(config_file)  # PoolConfig() without --config, as `gpupool up`
@@ -68,12 +67,6 @@ def fill(
             from gpupool.sim.report import plot
 
             plot(results, plot_out, title=f"fill: {pods.name} on {nodes.name}")
-    except GpupoolError as exc:
-        print(f"Error: {exc.message}", file=sys.stderr)
-        raise typer.Exit(exc.exit_code) from None
-    except OSError as exc:
-        print(f"Error: cannot write output ({exc.strerror}: {exc.filename}).", file=sys.stderr)
-        raise typer.Exit(2) from None
     _print_table(results, console)
     if json_out is not None:
         console.print(f"JSON written to {json_out}")

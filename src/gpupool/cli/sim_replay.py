@@ -9,8 +9,8 @@ from typing import Any
 
 import typer
 
-from gpupool.cli._common import config_default_text, policy_names_text
-from gpupool.errors import GpupoolError, InvalidInput
+from gpupool.cli._common import config_default_text, policy_names_text, reports_run_errors
+from gpupool.errors import InvalidInput
 
 
 def _ordering_names_text() -> str:
@@ -220,7 +220,7 @@ def replay(
 
     Example: gpupool sim replay --cluster 64x8xV100M32 --trace philly:jobs.csv --preemption --json out.json
     """
-    try:
+    with reports_run_errors():
         config = None
         if config_file is not None:
             from gpupool.config import load_config
@@ -268,12 +268,6 @@ def replay(
             from gpupool.sim.replay_plot import plot_replay
 
             plot_replay(result, plot)
-    except GpupoolError as exc:
-        print(f"Error: {exc.message}", file=sys.stderr)
-        raise typer.Exit(exc.exit_code) from None
-    except OSError as exc:
-        print(f"Error: cannot write output: {exc}.", file=sys.stderr)
-        raise typer.Exit(2) from None
     _print_summary(result)
 
 

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import json
 import math
-import sys
 from pathlib import Path
 from typing import Any
 
 import typer
 
-from gpupool.errors import GpupoolError, InvalidInput
+from gpupool.cli._common import reports_run_errors
+from gpupool.errors import InvalidInput
 
 
 def _floats(text: str, what: str) -> list[float]:
@@ -213,7 +213,7 @@ def serve(
     Example: gpupool sim serve --trace azure-conv:AzureLLMInferenceTrace_conv.csv --cluster 16x8xH100
     --mode split-hh --rate-scale 1,2 --json out.json
     """
-    try:
+    with reports_run_errors():
         if not 1 <= tp <= 8:
             raise InvalidInput(f"--tp must be 1 to 8 (devices of one node), got {tp}.")
         if not 0 < prefill_share < 1:
@@ -258,12 +258,6 @@ def serve(
             json_out.write_text(json.dumps(_clean(runs), indent=2, sort_keys=True))
         if plot is not None:
             plot_serving(runs, plot)
-    except GpupoolError as exc:
-        print(f"Error: {exc.message}", file=sys.stderr)
-        raise typer.Exit(exc.exit_code) from None
-    except OSError as exc:
-        print(f"Error: cannot write output: {exc}.", file=sys.stderr)
-        raise typer.Exit(1) from None
 
 
 def _clean(value: Any) -> Any:
