@@ -43,6 +43,7 @@ from gpupool.agent.isolation import (
     prepare_cgroup,
     process_limit,
 )
+from gpupool.agent.leftovers import pod_mark
 from gpupool.agent.mps import MpsDaemon
 from gpupool.agent.netns import Announce, NetnsMode, NetworkSettings, PodNet, PodNetwork
 from gpupool.agent.podstate import PodRecord, write_atomic
@@ -126,7 +127,7 @@ class NodeAgent:
         self.pod_processes = process_limit()
         """RLIMIT_NPROC of every pod account here (isolation.process_limit)."""
         self.runner = Runner(self.state_dir, clock=clock, max_log_bytes=max_log_bytes)
-        self.execs = Execs(self.runner.launcher)
+        self.execs = Execs(self.runner.launcher, self.runner.mark)
         """Commands run inside live pods (gpupool exec; execs.py)."""
         self.containers, self.containers_unavailable = container.detect()
         """What runs `--image` pods here (container.py), or None and the sentence why nothing does."""
@@ -293,7 +294,8 @@ class NodeAgent:
         base_path = pod.env.get("PYTHONPATH", "")  # never the agent's own
         return plan_isolation(pod, node, profiles=self._profiles, mps_client_env=client_env,
                               cgroup_root=self.cgroup_root, base_pythonpath=base_path,
-                              nproc=self.pod_processes if identity is not None else None)
+                              nproc=self.pod_processes if identity is not None else None,
+                              agent_mark=self.runner.mark)
 
     def launch(self, pod: PodLaunch) -> PodRecord:
         """Start the pod inside its slice; idempotent by pod id. Returns its record at once.
@@ -385,7 +387,8 @@ class NodeAgent:
         pairs = ((str(home), inside["home"]), (str(SITECUSTOMIZE_DIR), inside["site"]),
                  (binds[inside["checkpoint"]], inside["checkpoint"]), (binds[inside["mps"]], inside["mps"]))
         moved = {host: inner for host, inner in pairs if host}
-        inner_env = {k: moved.get(v, v) for k, v in env.items()} | {"GPUPOOL_POD_ID": pod.pod_id}
+        inner_env = {k: moved.get(v, v) for k, v in env.items()} | {"GPUPOOL_POD_ID": pod.pod_id,
+                                                                     **pod_mark(self.runner.mark, pod.pod_id)}
         if "PYTHONPATH" in env:
             entries = env["PYTHONPATH"].split(os.pathsep)
             inner_env["PYTHONPATH"] = os.pathsep.join(moved.get(p, p) for p in entries)

@@ -36,7 +36,7 @@ from gpupool.agent import podstate
 from gpupool.agent.fencing import EpochFence
 from gpupool.agent.identity import ACCOUNT_PREFIX, POD_GROUP, PodIdentity
 from gpupool.agent.launcher import EXIT_FD_PLACEHOLDER, Launcher, launch_timeout_s
-from gpupool.agent.leftovers import MARKER, AccountLocks, kill_leftovers
+from gpupool.agent.leftovers import AccountLocks, agent_mark, kill_leftovers, pod_mark
 from gpupool.agent.mounts import PodNamespace
 from gpupool.agent.podstate import PodRecord
 from gpupool.agent.shim import NEVER_STARTED, shim_argv
@@ -156,6 +156,8 @@ class Runner:
         """Each log of a pod is cut back to this (and a note saying so) at every poll and at its end."""
         self._dir.mkdir(parents=True, exist_ok=True, mode=0o700)
         os.chmod(self._dir, 0o700)
+        self.mark = agent_mark(Path(state_dir))
+        """This agent's part of its pods' marker (leftovers.py): another agent's sweep passes them by."""
         self._clock = clock
         self._lock = threading.RLock()
         self._records: dict[str, PodRecord] = {}
@@ -249,7 +251,8 @@ class Runner:
                         self._finish(record, PodPhase.FAILED, 127, None,
                                      f"cannot mark the pod's account in use: {exc.strerror}")
                     return record
-            self._spawn(record, {**env, MARKER: pod_id}, limits, identity, netns, namespace)
+            marked = {**env, "GPUPOOL_POD_ID": pod_id, **pod_mark(self.mark, pod_id)}
+            self._spawn(record, marked, limits, identity, netns, namespace)
         finally:
             with self._lock:
                 self._spawning.discard(pod_id)
@@ -468,7 +471,7 @@ class Runner:
             live = self._live_uids()
             idle, self._accounts_to_sweep = self._accounts_to_sweep - live, set()
         if pods:
-            kill_leftovers(pods)
+            kill_leftovers(pods, self.mark)
         for uid in idle:
             assert self._accounts is not None
             # released first: sweep() then runs only if no other agent has a live pod of it either
