@@ -11,15 +11,12 @@ def xdist_scope(nodeid: str) -> str:
     """The unit of work a pytest-xdist worker takes whole: a test file (its module-scoped servers and
     the order its tests rely on stay as written), except that every test that starts Ray shares one
     unit: two Ray clusters starting side by side on a small machine time out, and the package's
-    tests share one cluster; and the node agent's tests share one (below)."""
+    tests share one cluster. The node agent's test files run side by side: each agent's leftover
+    sweep passes by the pods of other agents named alike (agent/leftovers.py), and each file that
+    makes pod namespaces has a pod network of its own."""
     path = nodeid.split("::", 1)[0]
     if path.startswith(("tests/ray_provider/", "tests/ray_netns/")) or "[ray" in nodeid:
         return "ray"
-    if path.startswith("tests/agent/"):
-        # one unit: these tests run pods as root under short ids ("p"), and a pod's end sweeps the
-        # processes of its uid that carry its id (agent/leftovers.py): side by side, one test's
-        # sweep killed another's pod of the same name
-        return "tests/agent/"
     return path
 
 
