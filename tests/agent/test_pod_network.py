@@ -387,7 +387,8 @@ def ours(pool_slots: int = 2) -> dict[str, list[str]]:
 
 
 def net_of(state_dir: Path, node: str, pod_id: str) -> PodNet:
-    net = PodNet.from_json((state_dir / node / "pods" / pod_id / "net.json").read_text())
+    """The pod's network attachment, as its record keeps it for the agent's next start."""
+    net = PodNet.from_json(json.loads((state_dir / node / "pods" / pod_id / "state.json").read_text())["net"])
     assert net is not None
     return net
 
@@ -434,9 +435,13 @@ def test_a_pods_namespace_veth_and_rules_go_when_it_ends(pools: list[LocalPool],
 def test_a_pod_refused_after_its_network_was_made_leaves_no_network(pools: list[LocalPool],
                                                                     tmp_path: Path) -> None:
     pool = make_pool(pools, tmp_path, ON)
+    made: list[PodNet] = []
+    network = pool._members["n0"].agent.network
+    attach = network.attach
+    network.attach = lambda *a, **k: made.append(attach(*a, **k)) or made[-1]  # type: ignore[method-assign]
     with pytest.raises(InvalidInput, match="empty command"):
         pool.launch(PodLaunch(pod_id="empty", workload_id="w", node="n0", command=(), tenant="bob"))
-    refused = net_of(tmp_path / "pool0", "n0", "empty")
+    [refused] = made
     assert eventually(lambda: present(refused) == [False, False, False]), present(refused)
 
 
@@ -469,6 +474,39 @@ def test_an_agent_crash_leaves_nothing_behind_after_its_restart(tmp_path: Path) 
     finally:
         first.close()
         (second or LocalPool(nodes(2), tmp_path / "pool", network=ON)).close(stop_pods=True)
+
+
+@needs_netns
+def test_a_namespace_adds_no_file_to_a_pods_directory_and_an_older_agents_file_is_still_read(
+        tmp_path: Path) -> None:
+    """A pod's attachment lives in its record, not a file of its own (each file made and removed a
+    pod costs the agent CPU); a pod started by an agent that kept it in net.json keeps its namespace
+    across the restart onto this agent, which removes it when the pod ends."""
+    plain = LocalPool(nodes(1), tmp_path / "plain", network=OFF)
+    first = LocalPool(nodes(1), tmp_path / "pool", network=ON)
+    second: LocalPool | None = None
+    try:
+        for pool in (plain, first):
+            launch(pool, "p", "n0", "bob", "print('up', flush=True); import time; time.sleep(60)")
+            wait_output(pool, "p", "up")
+        files = [sorted(os.listdir(tmp_path / name / "n0/pods/p")) for name in ("pool", "plain")]
+        assert files[0] == files[1], files
+        net = net_of(tmp_path / "pool", "n0", "p")
+        first.close()  # the agent goes away; its pod runs on
+        state = tmp_path / "pool/n0/pods/p/state.json"
+        record = json.loads(state.read_text())
+        del record["net"]  # as the older agent wrote it, with the attachment beside it
+        state.write_text(json.dumps(record))
+        (state.parent / "net.json").write_text(net.to_json())
+        second = LocalPool(nodes(1), tmp_path / "pool", network=ON)
+        assert present(net) == [True, True, True]  # not swept as a leftover at the start
+        second.stop("p", grace_s=0)
+        assert wait_final(second, "p").phase is PodPhase.STOPPED
+        assert eventually(lambda: present(net) == [False, False, False]), present(net)
+    finally:
+        plain.close(stop_pods=True)
+        first.close()
+        (second or LocalPool(nodes(1), tmp_path / "pool", network=ON)).close(stop_pods=True)
 
 
 def test_an_unenforced_network_layer_is_recorded_in_the_audit_log(tmp_path: Path) -> None:

@@ -150,7 +150,7 @@ class _Spare:
 
 @dataclass(frozen=True, slots=True)
 class PodNet:
-    """One pod's attachment, kept in its directory (net.json) for the teardown after a restart."""
+    """One pod's attachment, kept in its record (PodRecord.net) for the teardown after a restart."""
 
     pod_id: str
     netns: str

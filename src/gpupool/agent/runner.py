@@ -205,12 +205,13 @@ class Runner:
     def start(self, pod_id: str, command: Sequence[str], *, env: Mapping[str, str], workdir: str | Path = "",
               limits: HostLimits = HostLimits(), identity: PodIdentity | None = None,
               combined_output: bool = False, netns: str = "",
-              namespace: PodNamespace | None = None, epoch: int | None = None) -> PodRecord:
+              namespace: PodNamespace | None = None, epoch: int | None = None, net: str = "") -> PodRecord:
         """Start `command` as a new process group and return at once, with exactly `env` as its
         environment and, given an `identity`, as that Unix account (no supplementary groups, no new
         privileges). With `combined_output`, stdout and stderr go to one log (stdout.log), in the
         order written, as sbatch does without --error. With `netns` (and an `identity`: only the
-        launcher helper can join it), inside that network namespace. Idempotent by pod_id: a known
+        launcher helper can join it), inside that network namespace; `net`, the namespace's attachment
+        (netns.PodNet as JSON), is kept in the pod's record. Idempotent by pod_id: a known
         pod is returned unchanged. Raises InvalidInput for a bad pod id, command or workdir. With an
         `epoch` (a leader's, fencing.py), the command runs only if no newer leader took over
         before it was let go; otherwise its record ends failed and ProviderError says why."""
@@ -237,7 +238,7 @@ class Runner:
                                started_at_s=self._clock(), uid=identity.uid if identity else None,
                                combined_output=combined_output,
                                cgroup=str(limits.cgroup_dir) if limits.cgroup_dir else None,
-                               epoch=epoch)
+                               epoch=epoch, net=net)
             self._save(record)  # before the process exists: a crash here leaves a record, not a stray
             self._records[pod_id] = self._listed[pod_id] = record
             self._spawning.add(pod_id)
