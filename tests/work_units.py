@@ -11,12 +11,15 @@ def xdist_scope(nodeid: str) -> str:
     """The unit of work a pytest-xdist worker takes whole: a test file (its module-scoped servers and
     the order its tests rely on stay as written), except that every test that starts Ray shares one
     unit: two Ray clusters starting side by side on a small machine time out, and the package's
-    tests share one cluster. The node agent's test files run side by side: each agent's leftover
-    sweep passes by the pods of other agents named alike (agent/leftovers.py), and each file that
-    makes pod namespaces has a pod network of its own."""
+    tests share one cluster; and the node agent's tests share one (below)."""
     path = nodeid.split("::", 1)[0]
     if path.startswith(("tests/ray_provider/", "tests/ray_netns/")) or "[ray" in nodeid:
         return "ray"
+    if path.startswith("tests/agent/"):
+        # one unit: the pod network's tenant chains live in one host-wide nftables table, named by
+        # the tenant alone (netns.tenant_key), and several files' pools run pods of tenant "bob":
+        # side by side, test_pod_network can find the chain that another file's pool still uses
+        return "tests/agent/"
     return path
 
 
