@@ -32,6 +32,7 @@ from gpupool.pods import PodLaunch, PodPhase, PodStatus
 from gpupool.providers.base import Capability
 from gpupool.providers.localpool import LocalPool
 from gpupool.server.services import enforcement, rendezvous
+from netns_scripts import connect, listen
 
 WHY = netns.probe()
 needs_netns = pytest.mark.skipif(bool(WHY), reason=f"network namespaces cannot be made here: {WHY}")
@@ -92,28 +93,6 @@ while True:
         time.sleep(0.1)
 c.sendall(b"rank1")
 print("rank1 got", c.recv(100).decode(), flush=True)
-"""
-
-LISTEN = r"""
-import os, socket, threading
-s = socket.socket()
-s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-s.bind(("0.0.0.0", 7000))
-s.listen(16)
-print("address", os.environ.get("GPUPOOL_POD_ADDRESS", "127.0.0.1"), flush=True)
-while True:
-    c, _ = s.accept()
-    c.sendall(b"secret of " + os.environ["WHO"].encode())
-    c.close()
-"""
-
-CONNECT = r"""
-import os, socket
-try:
-    c = socket.create_connection((os.environ["TARGET"], int(os.environ["PORT"])), timeout=2)
-    print("reached", c.recv(100).decode(), flush=True)
-except OSError as exc:
-    print("blocked", type(exc).__name__, flush=True)
 """
 
 FETCH = r"""
@@ -291,7 +270,7 @@ def test_only_the_gang_reaches_its_rendezvous_port(pools: list[LocalPool], tmp_p
     addr = pool.gang_address("n0", GANG_PORT)
     launch(pool, "train-r0", "n0", "bob", RANK0, workload_id="train", rank=0, world_size=2, master_addr=addr,
            master_port=GANG_PORT)
-    launch(pool, "other", "n1", "bob", CONNECT, env={"TARGET": addr, "PORT": str(GANG_PORT)})
+    launch(pool, "other", "n1", "bob", connect(addr, GANG_PORT))
     wait_final(pool, "other")
     assert "blocked" in pool.read_log("other").text
     launch(pool, "train-r1", "n1", "bob", RANK1, workload_id="train", rank=1, world_size=2, master_addr=addr,
@@ -310,11 +289,11 @@ def table() -> str:
 
 def services(pool: LocalPool) -> str:
     """Bob's service on n0 (its address), and a pod of bob and one of mallory on each node that try it."""
-    launch(pool, "bob-service", "n0", "bob", LISTEN, env={"WHO": "bob"})
+    launch(pool, "bob-service", "n0", "bob", listen("secret of bob"))
     out = wait_output(pool, "bob-service", "address")
     target = out.split("address", 1)[1].split()[0]
     for who, node in (("mallory", "n0"), ("mallory", "n1"), ("bob", "n0"), ("bob", "n1")):
-        launch(pool, f"{who}-{node}", node, who, CONNECT, env={"TARGET": target, "PORT": "7000"})
+        launch(pool, f"{who}-{node}", node, who, connect(target))
     for who, node in (("mallory", "n0"), ("mallory", "n1"), ("bob", "n0"), ("bob", "n1")):
         wait_final(pool, f"{who}-{node}")
     return target
@@ -450,7 +429,7 @@ def test_an_agent_crash_leaves_nothing_behind_after_its_restart(tmp_path: Path) 
     first = LocalPool(nodes(2), tmp_path / "pool", network=ON)
     second: LocalPool | None = None
     try:
-        launch(first, "kept", "n0", "bob", LISTEN, env={"WHO": "bob"})
+        launch(first, "kept", "n0", "bob", listen("secret of bob"))
         launch(first, "ended", "n1", "bob", "import time; time.sleep(60)")
         kept_addr = wait_output(first, "kept", "address").split("address", 1)[1].split()[0]
         kept, ended = net_of(tmp_path / "pool", "n0", "kept"), net_of(tmp_path / "pool", "n1", "ended")
@@ -463,7 +442,7 @@ def test_an_agent_crash_leaves_nothing_behind_after_its_restart(tmp_path: Path) 
         second = LocalPool(nodes(2), tmp_path / "pool", network=ON)
         assert present(ended) == [False, False, False] and made not in host_leftovers()["netns"]
         assert present(kept) == [True, True, True] and kept.address == kept_addr
-        launch(second, "friend", "n1", "bob", CONNECT, env={"TARGET": kept_addr, "PORT": "7000"})
+        launch(second, "friend", "n1", "bob", connect(kept_addr))
         wait_final(second, "friend")
         assert "reached secret of bob" in second.read_log("friend").text  # the kept pod still serves
         second.stop("kept", grace_s=0)
@@ -619,7 +598,7 @@ def test_a_pod_reaches_a_declared_network_and_no_other(storage_network: str, tmp
     for name, settings in (("declared", declared), ("undeclared", ON)):
         pool = LocalPool(nodes(1), tmp_path / name, network=settings)
         try:
-            launch(pool, "fetch", "n0", "bob", CONNECT, env={"TARGET": storage_network, "PORT": "7100"})
+            launch(pool, "fetch", "n0", "bob", connect(storage_network, 7100))
             wait_final(pool, "fetch")
             results[name] = pool.read_log("fetch").text
         finally:
