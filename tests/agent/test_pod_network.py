@@ -40,6 +40,8 @@ NETWORK = ipaddress.IPv4Network("10.231.0.0/16")
 """This file's own pod network: test files that run at once never share one."""
 ON = NetworkSettings(mode=NetnsMode.ON, pod_network=NETWORK)
 OFF = NetworkSettings(mode=NetnsMode.OFF, pod_network=NETWORK)
+OTHER_POOL_NETWORK = ipaddress.IPv4Network("10.230.0.0/16")
+"""Another pool's pod network on the same machine (a test of two pools)."""
 GANG_PORT = 29_731
 PY = pod_python()
 
@@ -312,6 +314,24 @@ def test_another_tenant_cannot_reach_a_pods_service_and_the_same_tenant_can(pool
 
 
 @needs_netns
+def test_a_tenant_of_another_pool_on_the_machine_cannot_reach_a_pod_of_its_namesake(pools: list[LocalPool],
+                                                                                    tmp_path: Path) -> None:
+    """Two pools on one machine (each its own pod network) share the host's table: a tenant named
+    alike in the other pool is another tenant, and its pod is dropped as any other tenant's."""
+    here = make_pool(pools, tmp_path, ON, count=1)
+    other = make_pool(pools, tmp_path, NetworkSettings(mode=NetnsMode.ON, pod_network=OTHER_POOL_NETWORK),
+                      count=1)
+    launch(here, "bob-service", "n0", "bob", listen("secret of bob"))
+    target = wait_output(here, "bob-service", "address").split("address", 1)[1].split()[0]
+    launch(here, "bob-friend", "n0", "bob", connect(target))
+    launch(other, "bob-namesake", "n0", "bob", connect(target))
+    assert wait_final(here, "bob-friend").phase is PodPhase.SUCCEEDED
+    assert wait_final(other, "bob-namesake").phase is PodPhase.SUCCEEDED
+    assert here.read_log("bob-friend").text.strip() == "reached secret of bob"
+    assert other.read_log("bob-namesake").text.strip() == "blocked TimeoutError"
+
+
+@needs_netns
 def test_control_without_namespaces_another_tenant_reaches_the_service(pools: list[LocalPool],
                                                                        tmp_path: Path) -> None:
     pool = make_pool(pools, tmp_path, OFF)
@@ -406,8 +426,8 @@ def test_a_pods_namespace_veth_and_rules_go_when_it_ends(pools: list[LocalPool],
     pool.close(stop_pods=True)
     assert ours() == {"netns": [], "veth": [], "addresses": []}  # the namespaces made ahead go too
     rules = table()
-    assert f"chain t_{netns.tenant_key('bob')}" not in rules  # bob's chain and set went with the agent
-    assert f"set ta_{netns.tenant_key('bob')}" not in rules
+    bob = netns.tenant_key("bob", NETWORK)
+    assert f"chain t_{bob}" not in rules and f"set ta_{bob}" not in rules  # they went with the agent
 
 
 @needs_netns

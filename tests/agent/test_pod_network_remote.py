@@ -95,11 +95,11 @@ def test_another_machines_pod_is_let_in_only_as_a_pod_of_the_same_tenant(
     net, remote = machine
     _pod_space, address = alice_pod
     assert _reach(remote, address) == "blocked TimeoutError"  # not told of it: dropped
-    net.add_remote([Member(REMOTE, tenant_key("bob"))])
+    net.add_remote([Member(REMOTE, tenant_key("bob", NETWORK))])
     assert _reach(remote, address) == "blocked TimeoutError"  # bob's pod: still dropped
-    net.add_remote([Member(REMOTE, tenant_key("alice"))])  # the address now alice's (bob's went)
+    net.add_remote([Member(REMOTE, tenant_key("alice", NETWORK))])  # the address now alice's (bob's went)
     assert _reach(remote, address) == f"reached from {REMOTE}"
-    assert net.remote_members() == [Member(REMOTE, tenant_key("alice"))]
+    assert net.remote_members() == [Member(REMOTE, tenant_key("alice", NETWORK))]
     net.forget_remote([REMOTE])  # it ended there
     assert _reach(remote, address) == "blocked TimeoutError"
 
@@ -111,9 +111,9 @@ def test_a_pod_reaches_its_tenants_pod_on_another_machine_with_its_own_address(
     server = _serve(remote)
     try:
         assert _reach(pod_space, REMOTE) == "blocked TimeoutError"  # not one of alice's
-        net.add_remote([Member(REMOTE, tenant_key("bob"))])
+        net.add_remote([Member(REMOTE, tenant_key("bob", NETWORK))])
         assert _reach(pod_space, REMOTE) == "blocked TimeoutError"
-        net.add_remote([Member(REMOTE, tenant_key("alice"))])
+        net.add_remote([Member(REMOTE, tenant_key("alice", NETWORK))])
         assert _reach(pod_space, REMOTE) == f"reached from {address}"  # not masqueraded
     finally:
         server.kill()
