@@ -16,9 +16,10 @@ def xdist_scope(nodeid: str) -> str:
     if path.startswith(("tests/ray_provider/", "tests/ray_netns/")) or "[ray" in nodeid:
         return "ray"
     if path.startswith("tests/agent/"):
-        # one unit: the pod network's tenant chains live in one host-wide nftables table, named by
-        # the tenant alone (netns.tenant_key), and several files' pools run pods of tenant "bob":
-        # side by side, test_pod_network can find the chain that another file's pool still uses
+        # one unit: side by side, one file's pool swept another's pod named alike, and found the
+        # tenant chain another pool of tenant "bob" still used in the host's table; both now carry
+        # their agent's or pool's identity (leftovers.agent_mark, netns.tenant_key), but the files
+        # were not yet run apart on many workers
         return "tests/agent/"
     return path
 
