@@ -435,7 +435,12 @@ class PodNetwork:
         with self._host_lock():
             # the base chains are flushed and written again in one transaction (this version's
             # rules); the sets and maps, which hold the other agents' pods, are kept
-            _must(["nft", "-f", "-"], self._table_batch() + self._slot_batch())
+            if _run(["nft", "-f", "-"], self._table_batch() + self._slot_batch()).returncode != 0:
+                # a machine's first table: a kernel may refuse an interval map's jumps in the
+                # transaction that makes the map ("No such file or directory", Linux 6.18), and
+                # nothing is enforced before the table exists: the map first, then its elements
+                _must(["nft", "-f", "-"], self._table_batch())
+                _must(["nft", "-f", "-"], self._slot_batch())
             if not Path(f"/sys/class/net/{self.bridge}").exists():
                 _must(["ip", "link", "add", self.bridge, "type", "bridge"])
             _run(["ip", "addr", "add", f"{self.gateway}/32", "dev", self.bridge])  # already there: fine
