@@ -16,9 +16,10 @@ def xdist_scope(nodeid: str) -> str:
     if path.startswith(("tests/ray_provider/", "tests/ray_netns/")) or "[ray" in nodeid:
         return "ray"
     if path.startswith("tests/agent/"):
-        # one unit: these tests run pods as root under short ids ("p"), and a pod's end sweeps the
-        # processes of its uid that carry its id (agent/leftovers.py): side by side, one test's
-        # sweep killed another's pod of the same name
+        # one unit: side by side, one file's pool swept another's pod named alike, and found the
+        # tenant chain another pool of tenant "bob" still used in the host's table; both now carry
+        # their agent's or pool's identity (leftovers.agent_mark, netns.tenant_key), but the files
+        # were not yet run apart on many workers
         return "tests/agent/"
     return path
 

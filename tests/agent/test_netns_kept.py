@@ -23,6 +23,7 @@ from gpupool.agent.netns import NetnsMode, NetworkSettings, PodNet, PodNetwork
 from gpupool.core.model import Device, Node
 from gpupool.pods import PodLaunch, PodPhase, PodStatus
 from gpupool.providers.localpool import LocalPool
+from netns_scripts import connect, listen
 
 WHY = netns.probe()
 pytestmark = pytest.mark.skipif(bool(WHY), reason=f"network namespaces cannot be made here: {WHY}")
@@ -30,29 +31,6 @@ NETWORK = ipaddress.IPv4Network("10.238.0.0/16")
 """This file's own pod network: test files that run at once never share one."""
 ON = NetworkSettings(mode=NetnsMode.ON, pod_network=NETWORK)
 PY = pod_python()
-
-LISTEN = r"""
-import os, socket
-s = socket.socket()
-s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-s.bind(("0.0.0.0", 7000))
-s.listen(16)
-print("address", os.environ["GPUPOOL_POD_ADDRESS"], flush=True)
-while True:
-    c, _ = s.accept()
-    c.sendall(b"secret of bob")
-    c.close()
-"""
-
-CONNECT = r"""
-import os, socket
-try:
-    c = socket.create_connection((os.environ["TARGET"], 7000), timeout=2)
-    print("reached", c.recv(100).decode(), flush=True)
-except OSError as exc:
-    print("blocked", type(exc).__name__, flush=True)
-"""
-
 
 def eventually(check: Callable[[], bool], timeout_s: float = 20.0) -> bool:
     """Whether `check()` holds within `timeout_s` (the network's worker keeps or tears down an
@@ -203,9 +181,9 @@ def nodes() -> list[Node]:
                  devices=(Device(uuid="GPU-n0-0", model="H100", index=0, memory_mib=81920),))]
 
 
-def run_pod(pool: LocalPool, pod_id: str, tenant: str, script: str, **env: str) -> None:
+def run_pod(pool: LocalPool, pod_id: str, tenant: str, script: str) -> None:
     pool.launch(PodLaunch(pod_id=pod_id, workload_id="w-" + pod_id, node="n0", command=(PY, "-c", script),
-                          tenant=tenant, env=env))
+                          tenant=tenant))
 
 
 def wait_status(pool: LocalPool, pod_id: str, check: Callable[[PodStatus], bool]) -> PodStatus:
@@ -228,12 +206,12 @@ def test_a_pod_in_a_kept_namespace_is_fenced_off_as_in_a_new_one(tmp_path: Path)
         assert wait_status(pool, "first", lambda s: s.phase.is_final).phase is PodPhase.SUCCEEDED
         assert eventually(lambda: len(network.kept()) == 1)  # the poll above handed its end over
         kept = network.kept()[0]
-        run_pod(pool, "service", "bob", LISTEN)
+        run_pod(pool, "service", "bob", listen("secret of bob"))
         wait_status(pool, "service", lambda s: "address" in pool.read_log("service").text)
         address = pool.read_log("service").text.split("address", 1)[1].split()[0]
         assert address == kept.address
         for who in ("mallory", "bob"):
-            run_pod(pool, who, who, CONNECT, TARGET=address)
+            run_pod(pool, who, who, connect(address))
         for who in ("mallory", "bob"):
             wait_status(pool, who, lambda s: s.phase.is_final)
         assert "blocked" in pool.read_log("mallory").text, pool.read_log("mallory").text

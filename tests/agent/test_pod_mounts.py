@@ -235,7 +235,8 @@ def test_a_pod_with_its_own_network_namespace_gets_its_mounts_and_secrets_too(
     why = netns.probe()
     if why:
         pytest.skip(f"no pod network namespaces here: {why}")
-    network = NetworkSettings(mode=NetnsMode.ON, pod_network=ipaddress.IPv4Network("10.238.0.0/16"))
+    # a pod network of this file's own: test files that run at once never share one
+    network = NetworkSettings(mode=NetnsMode.ON, pod_network=ipaddress.IPv4Network("10.239.0.0/16"))
     provider = LocalProvider(tmp_path / "agent", simulate="1xH100", node_name="box-net", network=network)
     try:
         if not provider.agent.network.active:

@@ -32,6 +32,7 @@ from gpupool.pods import PodLaunch, PodPhase, PodStatus
 from gpupool.providers.base import Capability
 from gpupool.providers.localpool import LocalPool
 from gpupool.server.services import enforcement, rendezvous
+from netns_scripts import connect, listen
 
 WHY = netns.probe()
 needs_netns = pytest.mark.skipif(bool(WHY), reason=f"network namespaces cannot be made here: {WHY}")
@@ -39,6 +40,8 @@ NETWORK = ipaddress.IPv4Network("10.231.0.0/16")
 """This file's own pod network: test files that run at once never share one."""
 ON = NetworkSettings(mode=NetnsMode.ON, pod_network=NETWORK)
 OFF = NetworkSettings(mode=NetnsMode.OFF, pod_network=NETWORK)
+OTHER_POOL_NETWORK = ipaddress.IPv4Network("10.230.0.0/16")
+"""Another pool's pod network on the same machine (a test of two pools)."""
 GANG_PORT = 29_731
 PY = pod_python()
 
@@ -92,28 +95,6 @@ while True:
         time.sleep(0.1)
 c.sendall(b"rank1")
 print("rank1 got", c.recv(100).decode(), flush=True)
-"""
-
-LISTEN = r"""
-import os, socket, threading
-s = socket.socket()
-s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-s.bind(("0.0.0.0", 7000))
-s.listen(16)
-print("address", os.environ.get("GPUPOOL_POD_ADDRESS", "127.0.0.1"), flush=True)
-while True:
-    c, _ = s.accept()
-    c.sendall(b"secret of " + os.environ["WHO"].encode())
-    c.close()
-"""
-
-CONNECT = r"""
-import os, socket
-try:
-    c = socket.create_connection((os.environ["TARGET"], int(os.environ["PORT"])), timeout=2)
-    print("reached", c.recv(100).decode(), flush=True)
-except OSError as exc:
-    print("blocked", type(exc).__name__, flush=True)
 """
 
 FETCH = r"""
@@ -291,7 +272,7 @@ def test_only_the_gang_reaches_its_rendezvous_port(pools: list[LocalPool], tmp_p
     addr = pool.gang_address("n0", GANG_PORT)
     launch(pool, "train-r0", "n0", "bob", RANK0, workload_id="train", rank=0, world_size=2, master_addr=addr,
            master_port=GANG_PORT)
-    launch(pool, "other", "n1", "bob", CONNECT, env={"TARGET": addr, "PORT": str(GANG_PORT)})
+    launch(pool, "other", "n1", "bob", connect(addr, GANG_PORT))
     wait_final(pool, "other")
     assert "blocked" in pool.read_log("other").text
     launch(pool, "train-r1", "n1", "bob", RANK1, workload_id="train", rank=1, world_size=2, master_addr=addr,
@@ -310,11 +291,11 @@ def table() -> str:
 
 def services(pool: LocalPool) -> str:
     """Bob's service on n0 (its address), and a pod of bob and one of mallory on each node that try it."""
-    launch(pool, "bob-service", "n0", "bob", LISTEN, env={"WHO": "bob"})
+    launch(pool, "bob-service", "n0", "bob", listen("secret of bob"))
     out = wait_output(pool, "bob-service", "address")
     target = out.split("address", 1)[1].split()[0]
     for who, node in (("mallory", "n0"), ("mallory", "n1"), ("bob", "n0"), ("bob", "n1")):
-        launch(pool, f"{who}-{node}", node, who, CONNECT, env={"TARGET": target, "PORT": "7000"})
+        launch(pool, f"{who}-{node}", node, who, connect(target))
     for who, node in (("mallory", "n0"), ("mallory", "n1"), ("bob", "n0"), ("bob", "n1")):
         wait_final(pool, f"{who}-{node}")
     return target
@@ -330,6 +311,24 @@ def test_another_tenant_cannot_reach_a_pods_service_and_the_same_tenant_can(pool
     for node in ("n0", "n1"):
         assert "blocked" in pool.read_log(f"mallory-{node}").text, pool.read_log(f"mallory-{node}").text
         assert "reached secret of bob" in pool.read_log(f"bob-{node}").text, pool.read_log(f"bob-{node}").text
+
+
+@needs_netns
+def test_a_tenant_of_another_pool_on_the_machine_cannot_reach_a_pod_of_its_namesake(pools: list[LocalPool],
+                                                                                    tmp_path: Path) -> None:
+    """Two pools on one machine (each its own pod network) share the host's table: a tenant named
+    alike in the other pool is another tenant, and its pod is dropped as any other tenant's."""
+    here = make_pool(pools, tmp_path, ON, count=1)
+    other = make_pool(pools, tmp_path, NetworkSettings(mode=NetnsMode.ON, pod_network=OTHER_POOL_NETWORK),
+                      count=1)
+    launch(here, "bob-service", "n0", "bob", listen("secret of bob"))
+    target = wait_output(here, "bob-service", "address").split("address", 1)[1].split()[0]
+    launch(here, "bob-friend", "n0", "bob", connect(target))
+    launch(other, "bob-namesake", "n0", "bob", connect(target))
+    assert wait_final(here, "bob-friend").phase is PodPhase.SUCCEEDED
+    assert wait_final(other, "bob-namesake").phase is PodPhase.SUCCEEDED
+    assert here.read_log("bob-friend").text.strip() == "reached secret of bob"
+    assert other.read_log("bob-namesake").text.strip() == "blocked TimeoutError"
 
 
 @needs_netns
@@ -387,7 +386,8 @@ def ours(pool_slots: int = 2) -> dict[str, list[str]]:
 
 
 def net_of(state_dir: Path, node: str, pod_id: str) -> PodNet:
-    net = PodNet.from_json((state_dir / node / "pods" / pod_id / "net.json").read_text())
+    """The pod's network attachment, as its record keeps it for the agent's next start."""
+    net = PodNet.from_json(json.loads((state_dir / node / "pods" / pod_id / "state.json").read_text())["net"])
     assert net is not None
     return net
 
@@ -426,17 +426,21 @@ def test_a_pods_namespace_veth_and_rules_go_when_it_ends(pools: list[LocalPool],
     pool.close(stop_pods=True)
     assert ours() == {"netns": [], "veth": [], "addresses": []}  # the namespaces made ahead go too
     rules = table()
-    assert f"chain t_{netns.tenant_key('bob')}" not in rules  # bob's chain and set went with the agent
-    assert f"set ta_{netns.tenant_key('bob')}" not in rules
+    bob = netns.tenant_key("bob", NETWORK)
+    assert f"chain t_{bob}" not in rules and f"set ta_{bob}" not in rules  # they went with the agent
 
 
 @needs_netns
 def test_a_pod_refused_after_its_network_was_made_leaves_no_network(pools: list[LocalPool],
                                                                     tmp_path: Path) -> None:
     pool = make_pool(pools, tmp_path, ON)
+    made: list[PodNet] = []
+    network = pool._members["n0"].agent.network
+    attach = network.attach
+    network.attach = lambda *a, **k: made.append(attach(*a, **k)) or made[-1]  # type: ignore[method-assign]
     with pytest.raises(InvalidInput, match="empty command"):
         pool.launch(PodLaunch(pod_id="empty", workload_id="w", node="n0", command=(), tenant="bob"))
-    refused = net_of(tmp_path / "pool0", "n0", "empty")
+    [refused] = made
     assert eventually(lambda: present(refused) == [False, False, False]), present(refused)
 
 
@@ -445,7 +449,7 @@ def test_an_agent_crash_leaves_nothing_behind_after_its_restart(tmp_path: Path) 
     first = LocalPool(nodes(2), tmp_path / "pool", network=ON)
     second: LocalPool | None = None
     try:
-        launch(first, "kept", "n0", "bob", LISTEN, env={"WHO": "bob"})
+        launch(first, "kept", "n0", "bob", listen("secret of bob"))
         launch(first, "ended", "n1", "bob", "import time; time.sleep(60)")
         kept_addr = wait_output(first, "kept", "address").split("address", 1)[1].split()[0]
         kept, ended = net_of(tmp_path / "pool", "n0", "kept"), net_of(tmp_path / "pool", "n1", "ended")
@@ -458,7 +462,7 @@ def test_an_agent_crash_leaves_nothing_behind_after_its_restart(tmp_path: Path) 
         second = LocalPool(nodes(2), tmp_path / "pool", network=ON)
         assert present(ended) == [False, False, False] and made not in host_leftovers()["netns"]
         assert present(kept) == [True, True, True] and kept.address == kept_addr
-        launch(second, "friend", "n1", "bob", CONNECT, env={"TARGET": kept_addr, "PORT": "7000"})
+        launch(second, "friend", "n1", "bob", connect(kept_addr))
         wait_final(second, "friend")
         assert "reached secret of bob" in second.read_log("friend").text  # the kept pod still serves
         second.stop("kept", grace_s=0)
@@ -469,6 +473,39 @@ def test_an_agent_crash_leaves_nothing_behind_after_its_restart(tmp_path: Path) 
     finally:
         first.close()
         (second or LocalPool(nodes(2), tmp_path / "pool", network=ON)).close(stop_pods=True)
+
+
+@needs_netns
+def test_a_namespace_adds_no_file_to_a_pods_directory_and_an_older_agents_file_is_still_read(
+        tmp_path: Path) -> None:
+    """A pod's attachment lives in its record, not a file of its own (each file made and removed a
+    pod costs the agent CPU); a pod started by an agent that kept it in net.json keeps its namespace
+    across the restart onto this agent, which removes it when the pod ends."""
+    plain = LocalPool(nodes(1), tmp_path / "plain", network=OFF)
+    first = LocalPool(nodes(1), tmp_path / "pool", network=ON)
+    second: LocalPool | None = None
+    try:
+        for pool in (plain, first):
+            launch(pool, "p", "n0", "bob", "print('up', flush=True); import time; time.sleep(60)")
+            wait_output(pool, "p", "up")
+        files = [sorted(os.listdir(tmp_path / name / "n0/pods/p")) for name in ("pool", "plain")]
+        assert files[0] == files[1], files
+        net = net_of(tmp_path / "pool", "n0", "p")
+        first.close()  # the agent goes away; its pod runs on
+        state = tmp_path / "pool/n0/pods/p/state.json"
+        record = json.loads(state.read_text())
+        del record["net"]  # as the older agent wrote it, with the attachment beside it
+        state.write_text(json.dumps(record))
+        (state.parent / "net.json").write_text(net.to_json())
+        second = LocalPool(nodes(1), tmp_path / "pool", network=ON)
+        assert present(net) == [True, True, True]  # not swept as a leftover at the start
+        second.stop("p", grace_s=0)
+        assert wait_final(second, "p").phase is PodPhase.STOPPED
+        assert eventually(lambda: present(net) == [False, False, False]), present(net)
+    finally:
+        plain.close(stop_pods=True)
+        first.close()
+        (second or LocalPool(nodes(1), tmp_path / "pool", network=ON)).close(stop_pods=True)
 
 
 def test_an_unenforced_network_layer_is_recorded_in_the_audit_log(tmp_path: Path) -> None:
@@ -581,7 +618,7 @@ def test_a_pod_reaches_a_declared_network_and_no_other(storage_network: str, tmp
     for name, settings in (("declared", declared), ("undeclared", ON)):
         pool = LocalPool(nodes(1), tmp_path / name, network=settings)
         try:
-            launch(pool, "fetch", "n0", "bob", CONNECT, env={"TARGET": storage_network, "PORT": "7100"})
+            launch(pool, "fetch", "n0", "bob", connect(storage_network, 7100))
             wait_final(pool, "fetch")
             results[name] = pool.read_log("fetch").text
         finally:

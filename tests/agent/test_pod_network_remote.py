@@ -20,6 +20,7 @@ import pytest
 
 from gpupool.agent import netns
 from gpupool.agent.netns import Member, NetnsMode, NetworkSettings, PodNetwork, tenant_key
+from netns_scripts import connect, listen
 
 WHY = netns.probe()
 pytestmark = pytest.mark.skipif(bool(WHY), reason=f"network namespaces cannot be made here: {WHY}")
@@ -29,43 +30,22 @@ ON = NetworkSettings(mode=NetnsMode.ON, pod_network=NETWORK)
 REMOTE = str(netns.node_subnet(NETWORK, 1).network_address + 100)
 """The other machine's pod: an address of block 1 (this machine has block 0)."""
 
-LISTEN = r"""
-import socket, sys
-s = socket.socket()
-s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-s.bind(("0.0.0.0", 7000))
-s.listen(16)
-print("ready", flush=True)
-while True:
-    c, peer = s.accept()
-    c.sendall(("from " + peer[0]).encode())
-    c.close()
-"""
-
-CONNECT = r"""
-import socket, sys
-try:
-    c = socket.create_connection((sys.argv[1], 7000), timeout=1.0)
-    print("reached", c.recv(100).decode(), flush=True)
-except OSError as exc:
-    print("blocked", type(exc).__name__, flush=True)
-"""
-
-
 def _ip(*args: str) -> None:
     subprocess.run(["ip", *args], check=True, capture_output=True, text=True)
 
 
-def _in(space: str, script: str, *args: str) -> str:
-    done = subprocess.run(["ip", "netns", "exec", space, sys.executable, "-c", script, *args],
+def _reach(space: str, target: str) -> str:
+    """What a probe in namespace `space` gets from `target`'s port 7000 (netns_scripts.connect)."""
+    probe = connect(target, timeout_s=1.0)
+    done = subprocess.run(["ip", "netns", "exec", space, sys.executable, "-c", probe],
                           capture_output=True, text=True, timeout=20, check=True)
     return done.stdout.strip()
 
 
 def _serve(space: str) -> subprocess.Popen[str]:
-    server = subprocess.Popen(["ip", "netns", "exec", space, sys.executable, "-c", LISTEN],
+    server = subprocess.Popen(["ip", "netns", "exec", space, sys.executable, "-c", listen(None)],
                               stdout=subprocess.PIPE, text=True)
-    assert server.stdout is not None and server.stdout.readline().strip() == "ready"
+    assert server.stdout is not None and server.stdout.readline().startswith("address")  # it listens
     return server
 
 
@@ -114,14 +94,14 @@ def test_another_machines_pod_is_let_in_only_as_a_pod_of_the_same_tenant(
         machine: tuple[PodNetwork, str], alice_pod: tuple[str, str]) -> None:
     net, remote = machine
     _pod_space, address = alice_pod
-    assert _in(remote, CONNECT, address) == "blocked TimeoutError"  # not told of it: dropped
-    net.add_remote([Member(REMOTE, tenant_key("bob"))])
-    assert _in(remote, CONNECT, address) == "blocked TimeoutError"  # bob's pod: still dropped
-    net.add_remote([Member(REMOTE, tenant_key("alice"))])  # the address now alice's (bob's went)
-    assert _in(remote, CONNECT, address) == f"reached from {REMOTE}"
-    assert net.remote_members() == [Member(REMOTE, tenant_key("alice"))]
+    assert _reach(remote, address) == "blocked TimeoutError"  # not told of it: dropped
+    net.add_remote([Member(REMOTE, tenant_key("bob", NETWORK))])
+    assert _reach(remote, address) == "blocked TimeoutError"  # bob's pod: still dropped
+    net.add_remote([Member(REMOTE, tenant_key("alice", NETWORK))])  # the address now alice's (bob's went)
+    assert _reach(remote, address) == f"reached from {REMOTE}"
+    assert net.remote_members() == [Member(REMOTE, tenant_key("alice", NETWORK))]
     net.forget_remote([REMOTE])  # it ended there
-    assert _in(remote, CONNECT, address) == "blocked TimeoutError"
+    assert _reach(remote, address) == "blocked TimeoutError"
 
 
 def test_a_pod_reaches_its_tenants_pod_on_another_machine_with_its_own_address(
@@ -130,11 +110,11 @@ def test_a_pod_reaches_its_tenants_pod_on_another_machine_with_its_own_address(
     pod_space, address = alice_pod
     server = _serve(remote)
     try:
-        assert _in(pod_space, CONNECT, REMOTE) == "blocked TimeoutError"  # not one of alice's
-        net.add_remote([Member(REMOTE, tenant_key("bob"))])
-        assert _in(pod_space, CONNECT, REMOTE) == "blocked TimeoutError"
-        net.add_remote([Member(REMOTE, tenant_key("alice"))])
-        assert _in(pod_space, CONNECT, REMOTE) == f"reached from {address}"  # not masqueraded
+        assert _reach(pod_space, REMOTE) == "blocked TimeoutError"  # not one of alice's
+        net.add_remote([Member(REMOTE, tenant_key("bob", NETWORK))])
+        assert _reach(pod_space, REMOTE) == "blocked TimeoutError"
+        net.add_remote([Member(REMOTE, tenant_key("alice", NETWORK))])
+        assert _reach(pod_space, REMOTE) == f"reached from {address}"  # not masqueraded
     finally:
         server.kill()
         server.wait()

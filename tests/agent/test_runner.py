@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import signal
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -304,3 +305,30 @@ def test_restart_removes_a_pod_directory_whose_start_was_cut_before_its_record(t
     assert again.get("kept").phase is PodPhase.SUCCEEDED
     with pytest.raises(NotFound):
         again.get("cut")
+
+
+def test_two_agents_on_one_host_never_sweep_each_others_pods(tmp_path: Path) -> None:
+    """Two agents here (two pools on one machine, or simulated nodes) each run a pod named alike
+    as the same account: ending one agent's pod sweeps its leftovers and only its own."""
+    first, second = Runner(tmp_path / "first"), Runner(tmp_path / "second")
+    assert first.mark != second.mark and Runner(tmp_path / "first").mark == first.mark  # kept across restarts
+    swept = threading.Event()
+    first.add_exit_listener(swept.set)  # called after the reaper's sweep of the pods it reaped
+    go = tmp_path / "go"
+    wait_go = f"while [ ! -e {go} ]; do sleep 0.02; done"
+    try:
+        first.start("twin", ["sh", "-c", "setsid sh -c 'echo $$; exec sleep 60' & sleep 60"], env=ENV)
+        second.start("twin", ["sh", "-c", f"setsid sh -c '{wait_go}; echo escaped-alive' & {wait_go}; wait; "
+                              "echo main-alive"], env=ENV)
+        escaped = int(wait_for(lambda: first.read_log("twin").text.strip()))
+        first.stop("twin", grace_s=0.5)
+        assert first.wait("twin", 10).phase is PodPhase.STOPPED
+        assert swept.wait(10)
+        wait_for(lambda: not alive(escaped))  # the first agent's own leftover went
+        go.touch()  # the second agent's pod and its escapee, untouched, go on and end by themselves
+        record = second.wait("twin", 10)
+        assert (record.phase, record.exit_code) == (PodPhase.SUCCEEDED, 0), record.message
+        assert sorted(second.read_log("twin").text.split()) == ["escaped-alive", "main-alive"]
+    finally:
+        first.close(stop_pods=True, grace_s=0.5)
+        second.close(stop_pods=True, grace_s=0.5)

@@ -16,10 +16,11 @@ from pathlib import Path
 
 import pytest
 
-from agent.test_pod_network import CONNECT, LISTEN, launch, nodes, wait_final, wait_output
+from agent.test_pod_network import launch, nodes, wait_final, wait_output
 from gpupool.agent import netns
 from gpupool.agent.netns import NetnsMode, NetworkSettings
 from gpupool.providers.localpool import LocalPool
+from netns_scripts import connect, listen
 
 WHY = netns.probe()
 pytestmark = pytest.mark.skipif(bool(WHY), reason=f"network namespaces cannot be made here: {WHY}")
@@ -42,7 +43,7 @@ def serve_ports() -> str:
 
 
 def test_the_node_reaches_a_replicas_port_and_another_tenant_does_not(pool: LocalPool) -> None:
-    launch(pool, "replica", "n0", "bob", LISTEN, env={"WHO": "bob"}, serve_port=7000)
+    launch(pool, "replica", "n0", "bob", listen("secret of bob"), serve_port=7000)
     out = wait_output(pool, "replica", "address")
     address = out.split("address", 1)[1].split()[0]
     assert pool.pod_address("n0", "replica") == address != "127.0.0.1"
@@ -50,7 +51,7 @@ def test_the_node_reaches_a_replicas_port_and_another_tenant_does_not(pool: Loca
         assert conn.recv(100) == b"secret of bob"
     assert f"{address} . 7000" in serve_ports()
     for node in ("n0", "n1"):
-        launch(pool, f"mallory-{node}", node, "mallory", CONNECT, env={"TARGET": address, "PORT": "7000"})
+        launch(pool, f"mallory-{node}", node, "mallory", connect(address))
         wait_final(pool, f"mallory-{node}")
         assert "blocked" in pool.read_log(f"mallory-{node}").text
     pool.stop("replica", grace_s=0.5)
@@ -62,7 +63,7 @@ def test_the_node_reaches_a_replicas_port_and_another_tenant_does_not(pool: Loca
 
 
 def test_control_a_pod_without_a_serve_port_is_closed_to_the_node(pool: LocalPool) -> None:
-    launch(pool, "plain", "n0", "bob", LISTEN, env={"WHO": "bob"})
+    launch(pool, "plain", "n0", "bob", listen("secret of bob"))
     out = wait_output(pool, "plain", "address")
     address = out.split("address", 1)[1].split()[0]
     with pytest.raises(OSError):

@@ -18,11 +18,12 @@ from pathlib import Path
 
 import pytest
 
-from agent.test_pod_network import CONNECT, LISTEN, launch, nodes, wait_output
+from agent.test_pod_network import launch, nodes, wait_output
 from gpupool.agent import netns
 from gpupool.agent.identity import router_account
 from gpupool.agent.netns import NetnsMode, NetworkSettings
 from gpupool.providers.localpool import LocalPool
+from netns_scripts import connect, listen
 
 WHY = netns.probe()
 SETPRIV = shutil.which("setpriv")
@@ -48,13 +49,12 @@ def pool(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[LocalPool]
 def connect_as(uid: int, address: str) -> str:
     assert SETPRIV is not None
     result = subprocess.run([SETPRIV, f"--reuid={uid}", f"--regid={uid}", "--clear-groups", sys.executable,
-                             "-c", CONNECT], env={"TARGET": address, "PORT": "7000"}, capture_output=True,
-                            text=True, timeout=30)
+                             "-c", connect(address)], env={}, capture_output=True, text=True, timeout=30)
     return result.stdout.strip()
 
 
 def test_only_the_pools_identity_reaches_a_replicas_port(pool: LocalPool) -> None:
-    launch(pool, "replica", "n0", "bob", LISTEN, env={"WHO": "bob"}, serve_port=7000)
+    launch(pool, "replica", "n0", "bob", listen("secret of bob"), serve_port=7000)
     address = wait_output(pool, "replica", "address").split("address", 1)[1].split()[0]
     with socket.create_connection((address, 7000), timeout=5) as conn:  # the pool: its probes, its router
         assert conn.recv(100) == b"secret of bob"

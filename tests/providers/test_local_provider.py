@@ -103,20 +103,27 @@ def test_agent_restart_loses_no_record(tmp_path: Path, pod_scratch_root: Path) -
 
 
 def test_host_limits_through_a_cgroup(tmp_path: Path) -> None:
+    """Two agents under one cgroup root (two pools on a machine) each run a pod named alike: each
+    gets a cgroup of its own (a pod's end kills every process in its cgroup)."""
     root = tmp_path / "cg"
     root.mkdir()
     (root / "cgroup.controllers").write_text("cpu memory\n")
-    provider = LocalProvider(tmp_path / "agent", simulate="1xT4", node_name="box", cgroup_root=root)
+    providers = [LocalProvider(tmp_path / name, simulate="1xT4", node_name="box", cgroup_root=root)
+                 for name in ("agent", "other-agent")]
     try:
-        assert Capability.CGROUPS not in provider.missing_capabilities()
-        provider.launch(PodLaunch(pod_id="cg", workload_id="w", node="box", command=("true",),
-                                  cpu_milli=2000, memory_mib=512))
-        status = wait_final(provider, "cg")
-        assert status.phase is PodPhase.SUCCEEDED
-        assert (root / "pod-cg" / "cpu.max").read_text() == "200000 100000"
-        assert (root / "pod-cg" / "cgroup.procs").read_text().strip().isdigit()  # the runner moved it in
+        for provider, cpu_milli in zip(providers, (2000, 500), strict=True):
+            assert Capability.CGROUPS not in provider.missing_capabilities()
+            provider.launch(PodLaunch(pod_id="cg", workload_id="w", node="box", command=("true",),
+                                      cpu_milli=cpu_milli, memory_mib=512))
+            assert wait_final(provider, "cg").phase is PodPhase.SUCCEEDED
+        made = [root / f"pod-{provider.agent.runner.mark}-cg" for provider in providers]
+        assert sorted(p.name for p in root.iterdir() if p.is_dir()) == sorted(p.name for p in made)
+        assert [(p / "cpu.max").read_text() for p in made] == ["200000 100000", "50000 100000"]
+        for cgroup in made:
+            assert (cgroup / "cgroup.procs").read_text().strip().isdigit()  # the runner moved it in
     finally:
-        provider.close(stop_pods=True)
+        for provider in providers:
+            provider.close(stop_pods=True)
 
 
 def test_mps_daemon_started_for_real_fractional_slices(tmp_path: Path) -> None:

@@ -27,6 +27,7 @@ from gpupool.providers.base import Capability
 from gpupool.providers.ray import RayProvider
 from gpupool.server.db import Store
 from gpupool.server.services.netblocks import StoreBlocks
+from netns_scripts import connect, listen
 from ray_provider.conftest import FAST_HEALTH_CHECKS, wait_for
 
 WHY = netns.probe()
@@ -36,28 +37,6 @@ NETWORK = ipaddress.IPv4Network("10.248.0.0/16")
 """This file's own pod network: test files that run at once never share one."""
 PORT = 29_733
 PY = pod_python()
-
-LISTEN = r"""
-import os, socket
-s = socket.socket()
-s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-s.bind(("0.0.0.0", 7000))
-s.listen(16)
-print("address", os.environ["GPUPOOL_POD_ADDRESS"], flush=True)
-while True:
-    c, _ = s.accept()
-    c.sendall(b"secret of alice")
-    c.close()
-"""
-
-CONNECT = r"""
-import os, socket
-try:
-    c = socket.create_connection((os.environ["TARGET"], 7000), timeout=2)
-    print("reached", c.recv(100).decode(), flush=True)
-except OSError as exc:
-    print("blocked", type(exc).__name__, flush=True)
-"""
 
 RANK0 = r"""
 import os, socket
@@ -170,10 +149,10 @@ def test_a_gangs_two_pods_on_two_machines_reach_each_other(pool: tuple[RayProvid
 
 def test_another_tenants_pod_on_the_other_machine_cannot_connect(pool: tuple[RayProvider, Store]) -> None:
     provider, _store = pool
-    _launch(provider, "alice-server", "t4-000", "alice", LISTEN)
+    _launch(provider, "alice-server", "t4-000", "alice", listen("secret of alice"))
     address = _log(provider, "alice-server", "address").split()[1]
-    _launch(provider, "bob-probe", "t4-001", "bob", CONNECT, env={"TARGET": address})
-    _launch(provider, "alice-probe", "t4-001", "alice", CONNECT, env={"TARGET": address})
+    _launch(provider, "bob-probe", "t4-001", "bob", connect(address))
+    _launch(provider, "alice-probe", "t4-001", "alice", connect(address))
     for pod_id in ("bob-probe", "alice-probe"):
         assert _final(provider, pod_id).phase is PodPhase.SUCCEEDED
     assert provider.read_log("bob-probe").text.strip() == "blocked TimeoutError"

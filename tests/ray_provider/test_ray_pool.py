@@ -17,6 +17,7 @@ pytest.importorskip("ray", reason="the ray provider needs Ray (pip install 'gpup
 
 import ray
 
+from gpupool.agent.podstate import load_record, process_alive
 from gpupool.core.model import Slice
 from gpupool.errors import InvalidInput, NotFound
 from gpupool.pods import PodLaunch, PodPhase, PodStatus
@@ -282,10 +283,12 @@ def test_a_machine_joins_with_the_cli_runs_work_and_leaves(pool: RayProvider, tm
 
 
 def test_a_killed_node_leaves_the_pool_before_its_pods_are_reported_lost(pool: RayProvider) -> None:
-    pool.launch(_pod("doomed", "t4-002", "sleep", "60"))
+    pool.launch(_pod("doomed", "t4-002", "sleep", "600"))  # outlives the wait below unless ended
     pool.launch(_pod("survivor", "t4-000", "sleep", "60"))
     _wait_running(pool, "doomed", "survivor")
     victim = next(j for j in pool.joined if j.config.name == "t4-002")
+    doomed = load_record(pool._carriers[pool.pod_carrier].state_file(victim.config, "doomed"))
+    assert not isinstance(doomed, str) and doomed.pid is not None
     victim.process.kill()
     seen: list[tuple[bool, PodPhase]] = []
 
@@ -299,6 +302,8 @@ def test_a_killed_node_leaves_the_pool_before_its_pods_are_reported_lost(pool: R
     first_lost = next(i for i, (_, phase) in enumerate(seen) if phase is PodPhase.LOST)
     assert first_lost >= 2 and not any(present for present, _ in seen[first_lost - 2:])
     assert "t4-002" in _status(pool, "doomed").message
+    # its process outlived the node's agent (its own session): the provider ended it, by its marker
+    wait_for(lambda: not process_alive(doomed.pid, doomed.start_ticks), 30, "the lost pod's process to end")
     assert _names(pool) == ["t4-000", "t4-001"]
     assert _status(pool, "survivor").phase is PodPhase.RUNNING
     pool.stop("survivor", grace_s=1.0)

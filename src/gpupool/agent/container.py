@@ -19,7 +19,7 @@ So crun never holds a privilege the account does not have: a config.json the acc
 not give it more. The container joins no network namespace of its own (it is in the pod's) and no
 pid namespace: a pid 1 ignores a SIGTERM it has no handler for, which would turn every cancel into a
 wait for the grace period; crun forwards the shim's SIGTERM to the command, and what the command
-started in its own session carries the pod's marker (GPUPOOL_POD_ID) and is swept with the pod's
+started in its own session carries the pod's marker (GPUPOOL_POD_MARK) and is swept with the pod's
 leftovers (leftovers.py). The pod's standard output and error are the container's (no terminal).
 """
 

@@ -36,7 +36,7 @@ from pathlib import Path
 
 from gpupool.agent.identity import PodIdentity
 from gpupool.agent.launcher import EXIT_FD_PLACEHOLDER, Launcher
-from gpupool.agent.leftovers import MARKER
+from gpupool.agent.leftovers import pod_mark
 from gpupool.errors import Conflict, InvalidInput, NotFound, ProviderError
 
 SCRIPT = r"""
@@ -135,8 +135,9 @@ class ExecSession:
 class Execs:
     """The exec contexts of this node's pods, and their running execs."""
 
-    def __init__(self, launcher: Callable[[], Launcher]) -> None:
+    def __init__(self, launcher: Callable[[], Launcher], agent_mark: str) -> None:
         self._launcher = launcher
+        self._agent_mark = agent_mark
         self._lock = threading.Lock()
         self._contexts: dict[str, ExecContext | str] = {}
         self._running: dict[str, list[ExecSession]] = {}
@@ -239,7 +240,8 @@ class Execs:
                stdout: int, stderr: int, go_r: int, session_fds: tuple[int, int, int]) -> ExecSession:
         rlimit_kib = str(max(1, context.rlimit_data_bytes // 1024)) if context.rlimit_data_bytes else ""
         nproc = str(max(1, context.rlimit_nproc)) if context.rlimit_nproc else ""
-        env = {**context.env, MARKER: pod_id}  # the pod's mark: its leftovers sweep ends the exec too
+        # the pod's mark: its leftovers sweep ends the exec too
+        env = {**context.env, **pod_mark(self._agent_mark, pod_id)}
         if pty:
             env.setdefault("TERM", "xterm-256color")
         if context.identity is not None:

@@ -269,10 +269,13 @@ def find_cgroup_root(explicit: Path | str | None = None) -> Path | None:
 
 
 def host_limits(pod: PodLaunch, cgroup_root: Path | None, has_devices: bool, *, default_memory_mib: int = 0,
-                nproc: int | None = None) -> tuple[HostLimits, dict[str, str], LayerState]:
+                nproc: int | None = None,
+                agent_mark: str = "") -> tuple[HostLimits, dict[str, str], LayerState]:
     """Layer 4: cgroup v2 files for a pod cgroup, or an RLIMIT_DATA fallback; the memory bound is
     the pod's request, else `default_memory_mib`; `nproc` is the account's RLIMIT_NPROC (None: not
-    set, as for pods that run as the agent's own user)."""
+    set, as for pods that run as the agent's own user). The cgroup's name carries `agent_mark` (the
+    agent's, leftovers.agent_mark): two agents under one root never share a pod's cgroup, whose end
+    kills every process in it."""
     memory_mib = pod.memory_mib or default_memory_mib
     bound = "" if pod.memory_mib or not memory_mib else " (a default share: no memory asked)"
     procs = f"; RLIMIT_NPROC={nproc} per account" if nproc else "; processes not limited"
@@ -282,7 +285,7 @@ def host_limits(pod: PodLaunch, cgroup_root: Path | None, has_devices: bool, *, 
         files = {"cpu.max": cpu, "memory.max": memory}
         if nproc:
             files["pids.max"] = str(nproc)  # written only where the pids controller is delegated
-        directory = cgroup_root / f"pod-{pod.pod_id}"
+        directory = cgroup_root / (f"pod-{agent_mark}-{pod.pod_id}" if agent_mark else f"pod-{pod.pod_id}")
         return HostLimits(cgroup_dir=directory, rlimit_nproc=nproc), files, LayerState(
             Layer.HOST_LIMITS, True, f"cgroup {directory}: cpu.max={cpu}, memory.max={memory}{bound}{procs}")
     if memory_mib and not has_devices:
@@ -316,7 +319,8 @@ def prepare_cgroup(limits: HostLimits, files: Mapping[str, str]) -> HostLimits:
 
 def plan_isolation(pod: PodLaunch, node: Node, *, profiles: ProfileSet | None = None,
                    mps_client_env: Mapping[str, str] | None = None, cgroup_root: Path | None = None,
-                   base_pythonpath: str = "", nproc: int | None = None) -> IsolationPlan:
+                   base_pythonpath: str = "", nproc: int | None = None,
+                   agent_mark: str = "") -> IsolationPlan:
     """Every layer's variables and limits for `pod` on `node`. Pure apart from reading nothing:
     the caller passes the MPS daemon's client variables (None when no daemon runs), the cgroup
     root and the account's process limit (None: none). Raises InvalidInput when the pod names a
@@ -335,7 +339,7 @@ def plan_isolation(pod: PodLaunch, node: Node, *, profiles: ProfileSet | None = 
         env.update(part)
         layers.append(state)
     devices = len({p.device_index for p, _ in pairs})
-    limits, files, host_state = host_limits(pod, cgroup_root, bool(pairs), nproc=nproc,
+    limits, files, host_state = host_limits(pod, cgroup_root, bool(pairs), nproc=nproc, agent_mark=agent_mark,
                                             default_memory_mib=default_memory_mib(node, devices))
     layers.insert(3, host_state)
     return IsolationPlan(env=env, host_limits=limits, cgroup_files=files, layers=tuple(layers))

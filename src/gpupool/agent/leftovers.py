@@ -5,7 +5,10 @@ that called setsid() (a double-forked daemon, say) has left that group; it is st
 - with a cgroup, every process in it is the pod's, and `cgroup.kill` (Linux >= 5.14) ends them all
   at once (older kernels: SIGKILL each pid in cgroup.procs until it is empty);
 - without one, the runner looks for processes of the pod's account whose environment, as it was at
-  their exec, holds the pod's marker `GPUPOOL_POD_ID=<pod id>`. A process that execs itself with a
+  their exec, holds the pod's marker `GPUPOOL_POD_MARK=<agent mark>/<pod id>`. The agent's mark (a
+  random token kept in its state directory, `agent_mark`) keeps two agents on one machine (two pools,
+  or simulated nodes) apart: pods of the same id under the same account in both are different pods,
+  and one's end must not sweep the other's processes. A process that execs itself with a
   cleared environment (`setsid env -i ...`) carries no marker, so for the pool's own accounts there
   is a second sweep, by uid (AccountLocks.sweep): a pool account belongs to one tenant and
   to the pool, and when no pod of that account is live on this machine, in this agent or any other
@@ -24,20 +27,47 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import os
+import secrets
 import signal
 import threading
 from pathlib import Path
 
 from gpupool.agent.podstate import process_alive
 
-MARKER = "GPUPOOL_POD_ID"
+MARKER = "GPUPOOL_POD_MARK"
+MARK_FILE = "sweep-mark"
+"""The file in an agent's state directory that holds its mark (`agent_mark`)."""
 _PROC = Path("/proc")
 ACCOUNT_LOCK_DIR = Path("/run/gpupool/accounts")
 """Root's directory of per-account lock files (0700: no tenant can open one to hold it)."""
 
 
-def marker(pod_id: str) -> bytes:
-    return f"{MARKER}={pod_id}".encode()
+def agent_mark(state_dir: Path) -> str:
+    """The mark of the agent whose state directory is `state_dir`: made (random) by the first agent
+    there and kept, so the agent that re-adopts its pods after a restart sweeps them too."""
+    path = Path(state_dir) / MARK_FILE
+    with contextlib.suppress(OSError, UnicodeDecodeError):
+        mark = path.read_text().strip()
+        if mark.isalnum():
+            return mark
+    draft = path.with_name(f"{MARK_FILE}.{os.getpid()}.{secrets.token_hex(4)}")
+    draft.write_text(secrets.token_hex(8) + "\n")
+    try:
+        os.link(draft, path)  # atomic, and never over another agent's mark made meanwhile
+    except FileExistsError:
+        pass
+    finally:
+        draft.unlink()
+    return path.read_text().strip()
+
+
+def pod_mark(agent: str, pod_id: str) -> dict[str, str]:
+    """The environment entry that marks a process as pod `pod_id`'s of the agent marked `agent`."""
+    return {MARKER: f"{agent}/{pod_id}"}
+
+
+def marker(agent: str, pod_id: str) -> bytes:
+    return f"{MARKER}={agent}/{pod_id}".encode()
 
 
 def kill_cgroup(cgroup: Path) -> int:
@@ -62,12 +92,12 @@ def kill_cgroup(cgroup: Path) -> int:
     return killed
 
 
-def pods_processes(pods: dict[str, int], *, exclude: int | None = None) -> list[int]:
-    """Pids of processes carrying the marker of one of `pods` (pod id -> the uid it runs as), owned
-    by that uid; one pass over /proc for all of them."""
+def pods_processes(pods: dict[str, int], agent: str, *, exclude: int | None = None) -> list[int]:
+    """Pids of processes carrying the marker of one of `pods` (pod id -> the uid it runs as) of the
+    agent marked `agent`, owned by that uid; one pass over /proc for all of them."""
     wanted: dict[int, set[bytes]] = {}
     for pod_id, uid in pods.items():
-        wanted.setdefault(uid, set()).add(marker(pod_id))
+        wanted.setdefault(uid, set()).add(marker(agent, pod_id))
     found = []
     try:
         entries = os.listdir(_PROC)
@@ -89,13 +119,13 @@ def pods_processes(pods: dict[str, int], *, exclude: int | None = None) -> list[
     return found
 
 
-def kill_leftovers(pods: dict[str, tuple[int, str | None]]) -> int:
-    """SIGKILL what is left of `pods` (pod id -> (uid, cgroup or None); see the module's
-    docstring); returns how many processes (or cgroups) were killed."""
+def kill_leftovers(pods: dict[str, tuple[int, str | None]], agent: str) -> int:
+    """SIGKILL what is left of `pods` (pod id -> (uid, cgroup or None)) of the agent marked `agent`
+    (see the module's docstring); returns how many processes (or cgroups) were killed."""
     killed = sum(kill_cgroup(Path(cgroup)) for _, cgroup in pods.values() if cgroup)
     uids = {pod_id: uid for pod_id, (uid, _) in pods.items()}
     for _ in range(10):  # a leftover may fork once more before its SIGKILL lands
-        pids = pods_processes(uids, exclude=os.getpid())
+        pids = pods_processes(uids, agent, exclude=os.getpid())
         if not pids:
             break
         for pid in pids:

@@ -150,7 +150,7 @@ class _Spare:
 
 @dataclass(frozen=True, slots=True)
 class PodNet:
-    """One pod's attachment, kept in its directory (net.json) for the teardown after a restart."""
+    """One pod's attachment, kept in its record (PodRecord.net) for the teardown after a restart."""
 
     pod_id: str
     netns: str
@@ -206,8 +206,10 @@ def gang_key(workload_id: str, master_addr: str, master_port: int) -> str:
     return _key("gang", workload_id, master_addr, str(master_port))
 
 
-def tenant_key(tenant: str) -> str:
-    return _key("tenant", tenant)
+def tenant_key(tenant: str, pod_network: ipaddress.IPv4Network | str = "") -> str:
+    """The key of `tenant`'s chain and set in the host's table, per pool (its pod network): two pools
+    on one machine share the table, and a tenant named alike in the other pool is another tenant."""
+    return _key("tenant", str(pod_network), tenant)
 
 
 def blocks_in(pod_network: ipaddress.IPv4Network) -> int:
@@ -433,7 +435,12 @@ class PodNetwork:
         with self._host_lock():
             # the base chains are flushed and written again in one transaction (this version's
             # rules); the sets and maps, which hold the other agents' pods, are kept
-            _must(["nft", "-f", "-"], self._table_batch() + self._slot_batch())
+            if _run(["nft", "-f", "-"], self._table_batch() + self._slot_batch()).returncode != 0:
+                # a machine's first table: a kernel may refuse an interval map's jumps in the
+                # transaction that makes the map ("No such file or directory", Linux 6.18), and
+                # nothing is enforced before the table exists: the map first, then its elements
+                _must(["nft", "-f", "-"], self._table_batch())
+                _must(["nft", "-f", "-"], self._slot_batch())
             if not Path(f"/sys/class/net/{self.bridge}").exists():
                 _must(["ip", "link", "add", self.bridge, "type", "bridge"])
             _run(["ip", "addr", "add", f"{self.gateway}/32", "dev", self.bridge])  # already there: fine
@@ -521,7 +528,8 @@ class PodNetwork:
                 return known
             serves = master_port if rank == 0 and world_size > 1 else 0
             gang = gang_key(workload_id, master_addr, master_port) if world_size > 1 and master_port else ""
-            kept = self._take_kept(tenant_key(tenant)) if not gang and not serve_port else None
+            owner = tenant_key(tenant, self.settings.pod_network)
+            kept = self._take_kept(owner) if not gang and not serve_port else None
             if kept is not None:  # its address and elements are in place already
                 net = PodNet(pod_id=pod_id, netns=kept.netns, veth=kept.veth, address=kept.address,
                              tenant_key=kept.tenant_key)
@@ -531,7 +539,7 @@ class PodNetwork:
             if spare is None:  # a rank 0 (its address is its port's), or none made ahead: made now
                 spare = _Spare(*self._names(), self._address_for(serves))
             net = PodNet(pod_id=pod_id, netns=spare.netns, veth=spare.veth, address=spare.address,
-                         tenant_key=tenant_key(tenant), gang_key=gang, gang_port=serves,
+                         tenant_key=owner, gang_key=gang, gang_port=serves,
                          serve_port=serve_port)
             self._live[pod_id] = net
             self._wake_worker()  # to make the next spare

@@ -43,6 +43,7 @@ from gpupool.agent.isolation import (
     prepare_cgroup,
     process_limit,
 )
+from gpupool.agent.leftovers import pod_mark
 from gpupool.agent.mps import MpsDaemon
 from gpupool.agent.netns import Announce, NetnsMode, NetworkSettings, PodNet, PodNetwork
 from gpupool.agent.podstate import PodRecord, write_atomic
@@ -64,6 +65,7 @@ SHARED_SCRATCH_ROOT = Path("/var/tmp/gpupool-pods")
 """Where pods' private directories go when pods run as other accounts (the agent's own state
 directory is closed to them); GPUPOOL_SCRATCH_DIR chooses another."""
 NET_FILE = "net.json"
+"""Where an earlier agent kept a pod's network attachment (now in its record: PodRecord.net)."""
 SIMULATE_SYNTAX = "write DEVICESxMODEL[,...] for this machine, for example '4xH100' or '2xA100,2xT4'"
 _GROUP = re.compile(r"^\s*(\d+)\s*[xX]\s*([A-Za-z0-9][A-Za-z0-9._-]*)\s*$")
 
@@ -126,7 +128,7 @@ class NodeAgent:
         self.pod_processes = process_limit()
         """RLIMIT_NPROC of every pod account here (isolation.process_limit)."""
         self.runner = Runner(self.state_dir, clock=clock, max_log_bytes=max_log_bytes)
-        self.execs = Execs(self.runner.launcher)
+        self.execs = Execs(self.runner.launcher, self.runner.mark)
         """Commands run inside live pods (gpupool exec; execs.py)."""
         self.containers, self.containers_unavailable = container.detect()
         """What runs `--image` pods here (container.py), or None and the sentence why nothing does."""
@@ -186,10 +188,13 @@ class NodeAgent:
         for record in self.runner.poll():
             if record.finished:
                 continue
-            with contextlib.suppress(OSError):
-                net = PodNet.from_json((self.runner.pod_dir(record.pod_id) / NET_FILE).read_text())
-                if net is not None and net.pod_id == record.pod_id:
-                    live[record.pod_id] = net
+            text = record.net
+            if not text:  # a pod started by an agent that kept it in a file of its own
+                with contextlib.suppress(OSError):
+                    text = (self.runner.pod_dir(record.pod_id) / NET_FILE).read_text()
+            net = PodNet.from_json(text) if text else None
+            if net is not None and net.pod_id == record.pod_id:
+                live[record.pod_id] = net
         return live
 
     def _default_scratch_root(self) -> Path:
@@ -293,7 +298,8 @@ class NodeAgent:
         base_path = pod.env.get("PYTHONPATH", "")  # never the agent's own
         return plan_isolation(pod, node, profiles=self._profiles, mps_client_env=client_env,
                               cgroup_root=self.cgroup_root, base_pythonpath=base_path,
-                              nproc=self.pod_processes if identity is not None else None)
+                              nproc=self.pod_processes if identity is not None else None,
+                              agent_mark=self.runner.mark)
 
     def launch(self, pod: PodLaunch) -> PodRecord:
         """Start the pod inside its slice; idempotent by pod id. Returns its record at once.
@@ -340,7 +346,7 @@ class NodeAgent:
                                        limits=limits, identity=identity,
                                        combined_output=not pod.separate_stderr,
                                        netns=net.netns if net is not None else "", namespace=namespace,
-                                       epoch=pod.epoch)
+                                       epoch=pod.epoch, net=net.to_json() if net is not None else "")
             if pod.image:
                 self.execs.remember(pod.pod_id, IN_IMAGE)
             else:  # gpupool exec: the pod's account, netns, cgroup, limits and environment
@@ -385,7 +391,8 @@ class NodeAgent:
         pairs = ((str(home), inside["home"]), (str(SITECUSTOMIZE_DIR), inside["site"]),
                  (binds[inside["checkpoint"]], inside["checkpoint"]), (binds[inside["mps"]], inside["mps"]))
         moved = {host: inner for host, inner in pairs if host}
-        inner_env = {k: moved.get(v, v) for k, v in env.items()} | {"GPUPOOL_POD_ID": pod.pod_id}
+        inner_env = {k: moved.get(v, v) for k, v in env.items()} | {"GPUPOOL_POD_ID": pod.pod_id,
+                                                                     **pod_mark(self.runner.mark, pod.pod_id)}
         if "PYTHONPATH" in env:
             entries = env["PYTHONPATH"].split(os.pathsep)
             inner_env["PYTHONPATH"] = os.pathsep.join(moved.get(p, p) for p in entries)
@@ -401,8 +408,9 @@ class NodeAgent:
 
     def _attach(self, pod: PodLaunch, as_account: bool) -> tuple[PodNet | None, LayerState]:
         """The pod's own network namespace, when this node makes them (only pods of another
-        account: the launcher helper joins it before the uid changes); recorded in net.json first,
-        so a restart finds what to remove."""
+        account: the launcher helper joins it before the uid changes); recorded in the pod's record
+        (runner.start), so a restart finds what to remove (an agent that dies before that leaves a
+        namespace no record holds: the next one's start removes it, PodNetwork._sweep)."""
         if not self.network.active or not as_account:
             why = self.network.unavailable or "the pod runs as the agent's own user: it shares the node's " \
                 "network"
@@ -413,14 +421,6 @@ class NodeAgent:
         net = self.network.attach(pod.pod_id, pod.tenant, rank=pod.rank, world_size=pod.world_size,
                                   workload_id=pod.workload_id, master_addr=pod.master_addr,
                                   master_port=pod.master_port, serve_port=pod.serve_port)
-        pod_dir = self.runner.pod_dir(pod.pod_id)
-        try:
-            pod_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
-            write_atomic(pod_dir / NET_FILE, net.to_json())
-        except OSError as exc:
-            self.network.detach(pod.pod_id)
-            raise ProviderError(f"Cannot record pod {pod.pod_id}'s network ({exc.strerror}); it was not "
-                                "started.") from None
         return net, LayerState(Layer.NETWORK, True, f"network namespace {net.netns}, address {net.address}")
 
     def _detach_ended(self, records: Sequence[PodRecord]) -> None:

@@ -42,6 +42,10 @@ class PodRecord(BaseModel):
     never_started: bool = False
     """Ended before its command ran: the agent's process died between saving the pod's process id
     and letting its shim go (shim.NEVER_STARTED), so the scheduler may place it again."""
+    net: str = ""
+    """The pod's network attachment (netns.PodNet, as JSON; '' when it shares the node's network),
+    for its teardown after a restart: kept here rather than in a file of its own, whose creation and
+    removal cost the agent about as much CPU as the rest of the namespace's work for a short pod."""
 
     @property
     def finished(self) -> bool:

@@ -36,7 +36,7 @@ from gpupool.agent import podstate
 from gpupool.agent.fencing import EpochFence
 from gpupool.agent.identity import ACCOUNT_PREFIX, POD_GROUP, PodIdentity
 from gpupool.agent.launcher import EXIT_FD_PLACEHOLDER, Launcher, launch_timeout_s
-from gpupool.agent.leftovers import MARKER, AccountLocks, kill_leftovers
+from gpupool.agent.leftovers import AccountLocks, agent_mark, kill_leftovers, pod_mark
 from gpupool.agent.mounts import PodNamespace
 from gpupool.agent.podstate import PodRecord
 from gpupool.agent.shim import NEVER_STARTED, shim_argv
@@ -156,6 +156,8 @@ class Runner:
         """Each log of a pod is cut back to this (and a note saying so) at every poll and at its end."""
         self._dir.mkdir(parents=True, exist_ok=True, mode=0o700)
         os.chmod(self._dir, 0o700)
+        self.mark = agent_mark(Path(state_dir))
+        """This agent's part of its pods' marker (leftovers.py): another agent's sweep passes them by."""
         self._clock = clock
         self._lock = threading.RLock()
         self._records: dict[str, PodRecord] = {}
@@ -203,12 +205,13 @@ class Runner:
     def start(self, pod_id: str, command: Sequence[str], *, env: Mapping[str, str], workdir: str | Path = "",
               limits: HostLimits = HostLimits(), identity: PodIdentity | None = None,
               combined_output: bool = False, netns: str = "",
-              namespace: PodNamespace | None = None, epoch: int | None = None) -> PodRecord:
+              namespace: PodNamespace | None = None, epoch: int | None = None, net: str = "") -> PodRecord:
         """Start `command` as a new process group and return at once, with exactly `env` as its
         environment and, given an `identity`, as that Unix account (no supplementary groups, no new
         privileges). With `combined_output`, stdout and stderr go to one log (stdout.log), in the
         order written, as sbatch does without --error. With `netns` (and an `identity`: only the
-        launcher helper can join it), inside that network namespace. Idempotent by pod_id: a known
+        launcher helper can join it), inside that network namespace; `net`, the namespace's attachment
+        (netns.PodNet as JSON), is kept in the pod's record. Idempotent by pod_id: a known
         pod is returned unchanged. Raises InvalidInput for a bad pod id, command or workdir. With an
         `epoch` (a leader's, fencing.py), the command runs only if no newer leader took over
         before it was let go; otherwise its record ends failed and ProviderError says why."""
@@ -235,7 +238,7 @@ class Runner:
                                started_at_s=self._clock(), uid=identity.uid if identity else None,
                                combined_output=combined_output,
                                cgroup=str(limits.cgroup_dir) if limits.cgroup_dir else None,
-                               epoch=epoch)
+                               epoch=epoch, net=net)
             self._save(record)  # before the process exists: a crash here leaves a record, not a stray
             self._records[pod_id] = self._listed[pod_id] = record
             self._spawning.add(pod_id)
@@ -249,7 +252,8 @@ class Runner:
                         self._finish(record, PodPhase.FAILED, 127, None,
                                      f"cannot mark the pod's account in use: {exc.strerror}")
                     return record
-            self._spawn(record, {**env, MARKER: pod_id}, limits, identity, netns, namespace)
+            marked = {**env, "GPUPOOL_POD_ID": pod_id, **pod_mark(self.mark, pod_id)}
+            self._spawn(record, marked, limits, identity, netns, namespace)
         finally:
             with self._lock:
                 self._spawning.discard(pod_id)
@@ -468,7 +472,7 @@ class Runner:
             live = self._live_uids()
             idle, self._accounts_to_sweep = self._accounts_to_sweep - live, set()
         if pods:
-            kill_leftovers(pods)
+            kill_leftovers(pods, self.mark)
         for uid in idle:
             assert self._accounts is not None
             # released first: sweep() then runs only if no other agent has a live pod of it either

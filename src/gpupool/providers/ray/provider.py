@@ -28,7 +28,7 @@ from typing import Any
 
 import ray
 
-from gpupool.agent.leftovers import kill_leftovers
+from gpupool.agent.leftovers import agent_mark, kill_leftovers
 from gpupool.agent.netns import NetworkSettings
 from gpupool.agent.podstate import load_record
 from gpupool.core.model import Node
@@ -465,17 +465,19 @@ class RayProvider(Provider):
         """A simulated node that died is a process group on this machine, and its pods (each in a
         session of its own) outlived it; a real machine's death would take them, so end them."""
         simulated = {j.config.name: j.config for j in self.joined}
-        leftovers: dict[str, tuple[int, str | None]] = {}
+        leftovers: dict[str, dict[str, tuple[int, str | None]]] = {}  # by the agent's mark
         for tracked in lost:
             config = simulated.get(tracked.node)
             if config is None:
                 continue
-            record = load_record(self._carriers[tracked.carrier].state_file(config, tracked.pod_id))
+            state_file = self._carriers[tracked.carrier].state_file(config, tracked.pod_id)
+            record = load_record(state_file)
             if not isinstance(record, str):
                 uid = os.geteuid() if record.uid is None else record.uid
-                leftovers[tracked.pod_id] = (uid, record.cgroup)
-        if leftovers:
-            kill_leftovers(leftovers)
+                mark = agent_mark(state_file.parents[2])  # the state directory of the pod's agent
+                leftovers.setdefault(mark, {})[tracked.pod_id] = (uid, record.cgroup)
+        for mark, pods in leftovers.items():
+            kill_leftovers(pods, mark)
 
     # ---- shutdown ---------------------------------------------------------------------------
     def close(self, *, stop_pods: bool = False) -> None:

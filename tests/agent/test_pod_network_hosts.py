@@ -1,0 +1,191 @@
+"""Two machines' pod networks, live: each agent's network runs inside a network namespace standing
+for its host (its own table, routes and pods), the hosts joined by a veth as the node network, and
+each agent's announcements handed to the other as Ray nodes' agents hand them over
+(providers/ray/network.py). A gang's pods on both machines reach each other; another tenant's pod
+is dropped both ways."""
+
+from __future__ import annotations
+
+import ipaddress
+import json
+import os
+import shutil
+import subprocess
+import sys
+from collections.abc import Iterator
+from typing import IO, Any
+
+import pytest
+
+from gpupool.agent import netns
+from netns_scripts import connect, listen
+
+WHY = netns.probe()
+NSENTER = shutil.which("nsenter")
+pytestmark = [pytest.mark.skipif(bool(WHY), reason=f"network namespaces cannot be made here: {WHY}"),
+              pytest.mark.skipif(NSENTER is None, reason="nsenter is not installed (util-linux)")]
+NETWORK = ipaddress.IPv4Network("10.229.0.0/16")
+"""This file's own pod network: test files that run at once never share one."""
+GANG_PORT = 29_741
+
+AGENT = r"""
+import ipaddress, json, sys
+from gpupool.agent.netns import Member, NetnsMode, NetworkSettings, PodNetwork
+
+net = PodNetwork(NetworkSettings(mode=NetnsMode.ON, pod_network=ipaddress.IPv4Network(sys.argv[1])),
+                 int(sys.argv[2]))
+net.spares = 0
+
+
+def say(**message):
+    print(json.dumps(message), flush=True)
+
+
+net.announce = lambda added, gone: say(added=[[m.address, m.tenant_key, m.gang_key] for m in added],
+                                       gone=list(gone))
+net.start({})
+say(ready=net.active)
+for line in sys.stdin:
+    ask = json.loads(line)
+    if ask["op"] == "routes":
+        net.set_routes([tuple(p) for p in ask["peers"]])
+        say(done=True)
+    elif ask["op"] == "attach":
+        pod = net.attach(ask["pod_id"], ask["tenant"], **ask.get("gang", {}))
+        say(netns=pod.netns, address=pod.address)
+    elif ask["op"] == "remote":
+        net.add_remote([Member(*m) for m in ask["members"]])
+        say(done=True)
+    elif ask["op"] == "gang_address":
+        say(address=net.gang_address(ask["port"]))
+for pod_id in net.attached():
+    net.detach(pod_id)
+net.close()
+"""
+
+
+class Host:
+    """One machine: a network namespace with the node network's end and an agent's pod network."""
+
+    def __init__(self, name: str, slot: int) -> None:
+        self.name, self.slot = name, slot
+        self.agent: subprocess.Popen[str] | None = None
+        self.announced: list[dict[str, Any]] = []
+
+    def start(self) -> None:
+        self.agent = subprocess.Popen(["ip", "netns", "exec", self.name, sys.executable, "-c", AGENT,
+                                       str(NETWORK), str(self.slot)], stdin=subprocess.PIPE,
+                                      stdout=subprocess.PIPE, text=True)
+        assert self._read() == {"ready": True}
+
+    def _read(self) -> dict[str, Any]:
+        assert self.agent is not None and self.agent.stdout is not None
+        line = self.agent.stdout.readline()
+        assert line, f"the agent in {self.name} ended (exit {self.agent.poll()})"
+        return dict(json.loads(line))
+
+    def ask(self, **message: Any) -> dict[str, Any]:
+        """Send one request; the answer (announcements made meanwhile are kept in `announced`)."""
+        assert self.agent is not None and self.agent.stdin is not None
+        self.agent.stdin.write(json.dumps(message) + "\n")
+        self.agent.stdin.flush()
+        while True:
+            answer = self._read()
+            if "added" not in answer:
+                return answer
+            self.announced.append(answer)
+
+    def stop(self) -> None:
+        if self.agent is not None:
+            stdin: IO[str] | None = self.agent.stdin
+            if stdin is not None:
+                stdin.close()
+            try:
+                self.agent.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                self.agent.kill()
+                self.agent.wait()
+
+
+def _ip(*args: str) -> None:
+    subprocess.run(["ip", *args], check=True, capture_output=True, text=True)
+
+
+def _relay(source: Host, target: Host) -> None:
+    """Hand what `source`'s agent announced to `target`'s (the pods it attached, before they start)."""
+    members = [m for message in source.announced for m in message["added"]]
+    source.announced.clear()
+    if members:
+        assert target.ask(op="remote", members=members) == {"done": True}
+
+
+def _in_pod(host: Host, pod_netns: str, script: str) -> list[str]:
+    """The command that runs `script` in a pod's namespace of `host` (named in its agent's mounts)."""
+    assert host.agent is not None and NSENTER is not None
+    return [NSENTER, f"--mount=/proc/{host.agent.pid}/ns/mnt", "ip", "netns", "exec", pod_netns,
+            sys.executable, "-c", script]
+
+
+def _reach(host: Host, pod_netns: str, target: str, port: int = 7000) -> str:
+    done = subprocess.run(_in_pod(host, pod_netns, connect(target, port, timeout_s=1.0)), capture_output=True,
+                          text=True, timeout=20, check=True)
+    return done.stdout.strip()
+
+
+def _serve(host: Host, pod_netns: str, secret: str, port: int = 7000) -> subprocess.Popen[str]:
+    script = listen(secret, port)
+    server = subprocess.Popen(_in_pod(host, pod_netns, script), stdout=subprocess.PIPE, text=True)
+    assert server.stdout is not None and server.stdout.readline().startswith("address")
+    return server
+
+
+@pytest.fixture(scope="module")
+def hosts() -> Iterator[tuple[Host, Host]]:
+    key = os.urandom(3).hex()
+    a, b = Host(f"gphA-{key}", 0), Host(f"gphB-{key}", 1)
+    made: list[str] = []
+    try:
+        for host in (a, b):
+            _ip("netns", "add", host.name)
+            made.append(host.name)
+            _ip("-n", host.name, "link", "set", "lo", "up")
+        _ip("-n", a.name, "link", "add", "node0", "type", "veth", "peer", "name", "node0", "netns", b.name)
+        for host, address in ((a, "192.0.2.1/24"), (b, "192.0.2.2/24")):
+            _ip("-n", host.name, "addr", "add", address, "dev", "node0")
+            _ip("-n", host.name, "link", "set", "node0", "up")
+        for host in (a, b):
+            host.start()
+        peers = [["a", 0, "192.0.2.1"], ["b", 1, "192.0.2.2"]]
+        for host in (a, b):
+            assert host.ask(op="routes", peers=peers) == {"done": True}
+        yield a, b
+    finally:
+        for host in (a, b):
+            host.stop()
+        for name in made:
+            subprocess.run(["ip", "netns", "del", name], capture_output=True, check=False)
+
+
+def test_a_gangs_pods_on_two_machines_connect_and_another_tenant_is_dropped_both_ways(
+        hosts: tuple[Host, Host]) -> None:
+    a, b = hosts
+    master = a.ask(op="gang_address", port=GANG_PORT)["address"]
+    gang = {"workload_id": "train", "master_addr": master, "master_port": GANG_PORT, "world_size": 2}
+    rank0 = a.ask(op="attach", pod_id="train-r0", tenant="bob", gang={**gang, "rank": 0})
+    rank1 = b.ask(op="attach", pod_id="train-r1", tenant="bob", gang={**gang, "rank": 1})
+    mallory_a = a.ask(op="attach", pod_id="mallory-a", tenant="mallory")
+    mallory_b = b.ask(op="attach", pod_id="mallory-b", tenant="mallory")
+    assert rank0["address"] == master
+    _relay(a, b)
+    _relay(b, a)
+    servers = [_serve(a, rank0["netns"], "rank0 of bob", GANG_PORT),
+               _serve(b, rank1["netns"], "rank1 of bob")]
+    try:
+        assert _reach(b, rank1["netns"], master, GANG_PORT) == "reached rank0 of bob"  # b to a, the gang
+        assert _reach(a, rank0["netns"], rank1["address"]) == "reached rank1 of bob"  # a to b, one tenant
+        assert _reach(b, mallory_b["netns"], master, GANG_PORT) == "blocked TimeoutError"  # b to a
+        assert _reach(a, mallory_a["netns"], rank1["address"]) == "blocked TimeoutError"  # a to b
+    finally:
+        for server in servers:
+            server.kill()
+            server.wait()
