@@ -7,7 +7,8 @@ stdin a child would get, its stdout and stderr captured apart, and its exit stat
 `SystemExit` the entry point always ends with. What is not the same is left to a real process:
 
 - `run`, `alloc` and `exec` (cli/main.py FAST_COMMANDS, less `submit`, which only prints) write to
-  file descriptors and forward signals, so they still run as a child;
+  file descriptors and forward signals, and `up`, `node join`, `backup` and `restore` serve, set
+  signal handlers or work on a data directory as the server's process: they still run as a child;
 - an exception the entry point does not turn into an exit status propagates to the test (a child
   would print a traceback and exit 1: either way the test fails).
 
@@ -28,8 +29,8 @@ from pathlib import Path
 from gpupool.cli.main import FAST_COMMANDS, main
 
 _LOCK = threading.Lock()
-CHILD_COMMANDS = frozenset(FAST_COMMANDS) - {"submit"}
-"""Commands that always run as a child process."""
+CHILD_COMMANDS = (frozenset(FAST_COMMANDS) - {"submit"}) | {"up", "backup", "restore"}
+"""Commands that always run as a child process (and `node join`)."""
 
 
 def run_cli(args: Sequence[str], env: Mapping[str, str], *, cwd: str | Path | None = None,
@@ -37,7 +38,7 @@ def run_cli(args: Sequence[str], env: Mapping[str, str], *, cwd: str | Path | No
     """`gpupool ARGS...` with exactly `env` as its environment, like subprocess.run(capture_output=True,
     text=True, stdin=DEVNULL) of `python -m gpupool.cli.main ARGS...`."""
     argv = [sys.executable, "-m", "gpupool.cli.main", *args]
-    if args and args[0] in CHILD_COMMANDS:
+    if args and (args[0] in CHILD_COMMANDS or (args[0] in ("node", "nodes") and list(args[1:2]) == ["join"])):
         return subprocess.run(argv, env=dict(env), cwd=cwd, capture_output=True, text=True,
                               timeout=timeout_s, stdin=subprocess.DEVNULL)
     out, err = io.StringIO(), io.StringIO()

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import httpx
 
+from cli_inproc import run_cli
 from gpupool.server.pgtemp import free_port
 
 START_TIMEOUT_S = 90.0
@@ -108,5 +109,4 @@ def cli(args: Sequence[str], env: dict[str, str], timeout_s: float = 60.0
     """Run the `gpupool` CLI with exactly `env` added to a clean copy of this environment."""
     base = {k: v for k, v in os.environ.items()
             if not k.startswith("GPUPOOL_") and k not in ("SSL_CERT_FILE", "SSL_CERT_DIR")}
-    return subprocess.run([sys.executable, "-m", "gpupool.cli.main", *args], env={**base, **env},
-                          capture_output=True, text=True, timeout=timeout_s, stdin=subprocess.DEVNULL)
+    return run_cli(args, {**base, **env}, timeout_s=timeout_s)
