@@ -24,7 +24,8 @@ def child(args: list[str], env: dict[str, str], cwd: Path | None = None) -> subp
 def nowhere() -> dict[str, str]:
     """A clean environment whose server URL nothing answers."""
     base = {k: v for k, v in os.environ.items() if not k.startswith("GPUPOOL_")}
-    return {**base, "GPUPOOL_URL": f"http://127.0.0.1:{free_port()}", "GPUPOOL_TOKEN": "gp_x", "COLUMNS": "80"}
+    url = f"http://127.0.0.1:{free_port()}"
+    return {**base, "GPUPOOL_URL": url, "GPUPOOL_TOKEN": "gp_x", "COLUMNS": "80"}
 
 
 @pytest.mark.parametrize("args", [
@@ -39,7 +40,8 @@ def test_in_process_answers_as_a_child_does(args: list[str], nowhere: dict[str, 
     (tmp_path / "pool.yaml").write_text("scheduling:\n  ordering: nada\n")
     inside = run_cli(args, nowhere, cwd=tmp_path)
     outside = child(args, nowhere, cwd=tmp_path)
-    assert (inside.returncode, inside.stdout, inside.stderr) == (outside.returncode, outside.stdout, outside.stderr)
+    answer = (inside.returncode, inside.stdout, inside.stderr)
+    assert answer == (outside.returncode, outside.stdout, outside.stderr)
     assert inside.stdout or inside.stderr  # each case says something
 
 
