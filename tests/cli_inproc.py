@@ -38,8 +38,9 @@ def run_cli(args: Sequence[str], env: Mapping[str, str], *, cwd: str | Path | No
     """`gpupool ARGS...` with exactly `env` as its environment, like subprocess.run(capture_output=True,
     text=True, stdin=DEVNULL) of `python -m gpupool.cli.main ARGS...`."""
     argv = [sys.executable, "-m", "gpupool.cli.main", *args]
+    env = dict(env)  # a copy: `env` may be os.environ itself, which is replaced below
     if args and (args[0] in CHILD_COMMANDS or (args[0] in ("node", "nodes") and list(args[1:2]) == ["join"])):
-        return subprocess.run(argv, env=dict(env), cwd=cwd, capture_output=True, text=True,
+        return subprocess.run(argv, env=env, cwd=cwd, capture_output=True, text=True,
                               timeout=timeout_s, stdin=subprocess.DEVNULL)
     out, err = io.StringIO(), io.StringIO()
     with _LOCK:

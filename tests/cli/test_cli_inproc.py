@@ -54,3 +54,11 @@ def test_only_the_given_environment_is_seen_and_everything_is_put_back(
     assert "192.0.2.1" not in shown.stderr
     assert (dict(os.environ), list(sys.argv), os.getcwd(), sys.stdin, sys.stdout, sys.stderr) == before
 
+
+
+def test_the_test_process_environment_itself_may_be_given(nowhere: dict[str, str],
+                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("GPUPOOL_URL", nowhere["GPUPOOL_URL"])
+    shown = run_cli(["show", "w-000000000000"], os.environ)
+    assert nowhere["GPUPOOL_URL"].removeprefix("http://") in shown.stderr, shown.stderr
+    assert os.environ["GPUPOOL_URL"] == nowhere["GPUPOOL_URL"]
