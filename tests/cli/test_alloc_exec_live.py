@@ -19,7 +19,6 @@ from collections.abc import Iterator
 
 import pytest
 
-from cli_inproc import run_cli
 from gpupool.agent import netns
 from gpupool.client import Client
 from gpupool.providers.local import LocalProvider
@@ -59,10 +58,9 @@ def gp(pool: Pool, *args: str, who: str = "alice",
     server, _, tokens = pool
     env = {k: v for k, v in os.environ.items() if not k.startswith("GPUPOOL_")}
     env.update(GPUPOOL_URL=server.url, GPUPOOL_TOKEN=tokens[who])
-    if stdin is None:
-        return run_cli(args, env, cwd="/", timeout_s=timeout)
     return subprocess.run([sys.executable, "-m", "gpupool.cli.main", *args], env=env, cwd="/", text=True,
-                          capture_output=True, timeout=timeout, input=stdin)
+                          capture_output=True, timeout=timeout, input=stdin,
+                          stdin=None if stdin is not None else subprocess.DEVNULL)
 
 
 def held(pool: Pool, *options: str, who: str = "alice") -> str:
