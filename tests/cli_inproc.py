@@ -13,6 +13,9 @@ stdin a child would get, its stdout and stderr captured apart, and its exit stat
   would print a traceback and exit 1: either way the test fails).
 
 Calls are serialised (one lock): the environment, argv, cwd and standard streams are per process.
+For the same reason a server running in this process (tests/live.py) sees the command's environment
+while a call runs: a test about what that server's pods inherit from its environment (a secret set
+in os.environ, as tests/cli/test_alloc_exec_live.py does) keeps running the CLI as a child.
 """
 
 from __future__ import annotations
