@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
+from cli_inproc import run_cli
 from factories import ISSUE_CONFIG
 from gpupool.config import PoolConfig, load_config, parse_config
 from gpupool.core.quota import DEVICE_MILLI
@@ -110,8 +111,7 @@ def test_every_problem_of_a_file_is_listed() -> None:
 def test_config_check_says_one_problem_a_line_in_line_order(tmp_path: Path) -> None:
     path = tmp_path / "bad.yaml"  # failure comes before scheduling in the file, after it in the model
     path.write_text("failure:\n  max_retries: -1\nscheduling:\n  backfil: true\n  ordering: nada\n")
-    checked = subprocess.run([sys.executable, "-m", "gpupool.cli.main", "config", "check", str(path)],
-                             capture_output=True, text=True, timeout=60, check=False)
+    checked = run_cli(["config", "check", str(path)], os.environ)
     assert checked.returncode == 2 and checked.stdout == ""
     lines = checked.stderr.splitlines()
     assert [line.split(":")[1] for line in lines] == [f" {path} line 2", f" {path} line 4", f" {path} line 5"]
@@ -125,8 +125,7 @@ def test_config_cli_show_and_check(tmp_path: Path) -> None:
     bad.write_text("scheduling:\n  ordering: dfr\n")
 
     def cli(*args: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run([sys.executable, "-m", "gpupool.cli.main", "config", *args],
-                              capture_output=True, text=True, timeout=60, check=False)
+        return run_cli(["config", *args], os.environ)
 
     shown = cli("show", "--config", str(good))
     assert shown.returncode == 0 and parse_config(shown.stdout) == parse_config(ISSUE_CONFIG)
@@ -155,8 +154,7 @@ def test_config_check_refuses_what_up_refuses(tmp_path: Path) -> None:
     for name, data in files.items():
         (tmp_path / name).write_bytes(data)
         for args in (["config", "check", name], ["up", "--data-dir", "d", "--config", name]):
-            done = subprocess.run([sys.executable, "-m", "gpupool.cli.main", *args], capture_output=True,
-                                  text=True, timeout=60, check=False, cwd=tmp_path)
+            done = run_cli(args, os.environ, cwd=tmp_path)
             lines = done.stderr.strip().splitlines()
             assert done.returncode == 2 and len(lines) == 1 and lines[0].startswith("Error: "), (args, done)
             assert "Traceback" not in done.stderr
@@ -222,6 +220,5 @@ def test_pool_scope_and_a_class_that_is_never_preempted_say_which_wins(tmp_path:
     assert parse_config(text.replace("scope: pool", "scope: queue")).notes() == []
     path = tmp_path / "pool.yaml"
     path.write_text(text)
-    checked = subprocess.run([sys.executable, "-m", "gpupool.cli.main", "config", "check", str(path)],
-                             capture_output=True, text=True, timeout=60, check=False)
+    checked = run_cli(["config", "check", str(path)], os.environ)
     assert checked.returncode == 0 and checked.stdout.splitlines() == ["ok", f"note: {notes[0]}"]

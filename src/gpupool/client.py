@@ -16,6 +16,7 @@ or against the private CA that GPUPOOL_CA_BUNDLE (or `ca_bundle` in the config f
 from __future__ import annotations
 
 import base64
+import functools
 import os
 import ssl
 import time
@@ -724,16 +725,24 @@ def _list_params(status: Sequence[str], tenant: str | Sequence[str] | None,
     return params
 
 
-def _verify(url: str) -> ssl.SSLContext | bool:
+def _verify(url: str) -> ssl.SSLContext:
     """How to check an https:// server: the private CA's bundle when one is named, else the system's."""
     bundle = ca_bundle() if url.startswith("https://") else None
     if bundle is None:
-        return True
+        return _default_context(os.environ.get("SSL_CERT_FILE"), os.environ.get("SSL_CERT_DIR"))
     try:
         return ssl.create_default_context(cafile=bundle)
     except ssl.SSLError as exc:
         raise InvalidInput(f"The CA bundle {bundle!r} holds no usable PEM certificate ({exc.reason or exc}); "
                            "point GPUPOOL_CA_BUNDLE at the CA's PEM certificate.") from None
+
+
+@functools.cache
+def _default_context(cert_file: str | None, cert_dir: str | None) -> ssl.SSLContext:
+    """What httpx builds for verify=True (the CAs of SSL_CERT_FILE or SSL_CERT_DIR when set, else
+    certifi's), once per process and setting: loading the CAs takes ~17 ms of CPU, most of what a
+    Client costs to make, and a program (a test, a dashboard, a script) may make many."""
+    return httpx.create_ssl_context()
 
 
 def _sse_events(lines: Iterator[str], model: type[M]) -> Iterator[tuple[int, M | None]]:

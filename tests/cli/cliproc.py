@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import os
 import subprocess
-import sys
+
+from cli_inproc import run_cli
 
 
 def gpupool(url: str, token: str, *args: str, timeout_s: float = 60) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "GPUPOOL_URL": url, "GPUPOOL_TOKEN": token, "COLUMNS": "80"}
-    return subprocess.run([sys.executable, "-m", "gpupool.cli.main", *args], capture_output=True, text=True,
-                          env=env, timeout=timeout_s, stdin=subprocess.DEVNULL)
+    return run_cli(args, env, timeout_s=timeout_s)
 
 
 def one_line_error(result: subprocess.CompletedProcess[str], code: int, starts: str) -> str:

@@ -17,6 +17,7 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
+from cli_inproc import run_cli
 from server.upproc import UpProcess, until
 
 pytestmark = pytest.mark.slow
@@ -46,8 +47,7 @@ def rival(pool: UpProcess) -> str:
 def gp(pool: UpProcess, *args: str, token: str | None = None) -> subprocess.CompletedProcess[str]:
     base = {k: v for k, v in os.environ.items() if not k.startswith("GPUPOOL_")}
     env = {**base, "GPUPOOL_URL": pool.url, "GPUPOOL_TOKEN": token or pool.token()}
-    return subprocess.run([sys.executable, "-m", "gpupool.cli.main", *args], env=env, capture_output=True,
-                          text=True, timeout=120, stdin=subprocess.DEVNULL)
+    return run_cli(args, env)
 
 
 def popen(pool: UpProcess, *args: str) -> subprocess.Popen[str]:

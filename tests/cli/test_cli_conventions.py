@@ -7,13 +7,13 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from typer.testing import CliRunner
 
+from cli_inproc import run_cli
 from factories import node
 from gpupool.cli import lazy
 from gpupool.cli.main import ALIASES, COMMANDS, SUBCOMMANDS, app
@@ -30,8 +30,7 @@ runner = CliRunner()
 
 def gpupool(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     base = {k: v for k, v in os.environ.items() if not k.startswith("GPUPOOL_")}
-    return subprocess.run([sys.executable, "-m", "gpupool.cli.main", *args], capture_output=True, text=True,
-                          env={**base, **(env or {})}, timeout=120, check=False)
+    return run_cli(args, {**base, **(env or {})})
 
 
 def one_line_error(done: subprocess.CompletedProcess[str], code: int) -> str:

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+from cli_inproc import run_cli
 from server.upproc import UpProcess, until
 
 pytestmark = pytest.mark.slow
@@ -49,8 +50,7 @@ def _env(pool: UpProcess, token: str | None = None) -> dict[str, str]:
 
 
 def gp(pool: UpProcess, *args: str, token: str | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "gpupool.cli.main", *args], env=_env(pool, token),
-                          cwd="/", capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL)
+    return run_cli(args, _env(pool, token), cwd="/")
 
 
 def submit(pool: UpProcess, *args: str, token: str | None = None) -> str:

@@ -11,13 +11,13 @@ import json
 import os
 import sqlite3
 import subprocess
-import sys
 from collections.abc import Iterator
 from typing import Any
 
 import httpx
 import pytest
 
+from cli_inproc import run_cli
 from gpupool.core.fabric.generate import fat_tree
 from gpupool.core.fabric.write import to_ibnetdiscover
 from server.upproc import UpProcess, until
@@ -96,8 +96,7 @@ def tenant_token(pool: UpProcess, name: str) -> str:
 def gp(pool: UpProcess, token: str, *args: str) -> subprocess.CompletedProcess[str]:
     base = {k: v for k, v in os.environ.items() if not k.startswith("GPUPOOL_")}
     env = {**base, "GPUPOOL_URL": pool.url, "GPUPOOL_TOKEN": token}
-    return subprocess.run([sys.executable, "-m", "gpupool.cli.main", *args], env=env, capture_output=True,
-                          text=True, timeout=120, stdin=subprocess.DEVNULL)
+    return run_cli(args, env)
 
 
 def shown(pool: UpProcess, token: str, name: str) -> dict[str, Any]:

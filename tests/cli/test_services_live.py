@@ -8,13 +8,13 @@ import json
 import os
 import signal
 import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
 import pytest
 
+from cli_inproc import run_cli
 from server.upproc import UpProcess, until
 
 pytestmark = pytest.mark.slow
@@ -47,8 +47,7 @@ def pool(tmp_path_factory: pytest.TempPathFactory) -> Iterator[UpProcess]:
 def gp(pool: UpProcess, *args: str) -> subprocess.CompletedProcess[str]:
     base = {k: v for k, v in os.environ.items() if not k.startswith("GPUPOOL_")}
     env = {**base, "GPUPOOL_URL": pool.url, "GPUPOOL_TOKEN": pool.token()}
-    return subprocess.run([sys.executable, "-m", "gpupool.cli.main", *args], env=env, capture_output=True,
-                          text=True, timeout=120, stdin=subprocess.DEVNULL)
+    return run_cli(args, env)
 
 
 def shown(pool: UpProcess, name: str) -> dict:  # type: ignore[type-arg]

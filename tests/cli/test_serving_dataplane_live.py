@@ -15,6 +15,7 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
+from cli_inproc import run_cli
 from gpupool.server.pgtemp import free_port
 from server.upproc import UpProcess, until
 
@@ -46,8 +47,7 @@ class Pool:
     def gp(self, *args: str, token: str | None = None) -> subprocess.CompletedProcess[str]:
         base = {k: v for k, v in os.environ.items() if not k.startswith("GPUPOOL_")}
         env = {**base, "GPUPOOL_URL": self.server.url, "GPUPOOL_TOKEN": token or self.server.token()}
-        return subprocess.run([sys.executable, "-m", "gpupool.cli.main", *args], env=env, capture_output=True,
-                              text=True, timeout=120, stdin=subprocess.DEVNULL)
+        return run_cli(args, env)
 
     def routed(self, path: str, token: str | None, timeout_s: float = 90.0) -> httpx.Response:
         headers = {"Authorization": f"Bearer {token}"} if token else {}

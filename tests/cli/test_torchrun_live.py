@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from cli_inproc import run_cli
 from factories import pod_python
 from server.upproc import UpProcess
 
@@ -85,8 +86,7 @@ def pool(tmp_path_factory: pytest.TempPathFactory) -> Iterator[UpProcess]:
 def gp(pool: UpProcess, *args: str) -> subprocess.CompletedProcess[str]:
     base = {k: v for k, v in os.environ.items() if not k.startswith("GPUPOOL_")}
     env = {**base, "GPUPOOL_URL": pool.url, "GPUPOOL_TOKEN": pool.token()}
-    return subprocess.run([sys.executable, "-m", "gpupool.cli.main", *args], env=env, capture_output=True,
-                          text=True, timeout=180, stdin=subprocess.DEVNULL)
+    return run_cli(args, env, timeout_s=180)
 
 
 def test_a_torchrun_gang_all_reduces_across_two_pods_of_two_processes(

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from cli_inproc import run_cli
 from gpupool.server.pgtemp import free_port
 from server.upproc import UpProcess, until
 
@@ -47,8 +48,7 @@ def gp(pool: UpProcess | str, *args: str, cwd: Path | None = None) -> subprocess
     url, token = (pool, "gp_none") if isinstance(pool, str) else (pool.url, pool.token())
     base = {k: v for k, v in os.environ.items() if not k.startswith("GPUPOOL_")}
     env = {**base, "GPUPOOL_URL": url, "GPUPOOL_TOKEN": token}
-    return subprocess.run([sys.executable, "-m", "gpupool.cli.main", *args], env=env, cwd=cwd,
-                          capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL)
+    return run_cli(args, env, cwd=cwd)
 
 
 def submit(pool: UpProcess, *args: str, cwd: Path | None = None) -> str:

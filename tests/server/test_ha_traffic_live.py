@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -17,6 +16,7 @@ import httpx
 import pytest
 from upproc import UpProcess, until
 
+from cli_inproc import run_cli
 from gpupool.server import pgtemp
 from gpupool.server.pgtemp import free_port
 
@@ -44,8 +44,7 @@ http.server.ThreadingHTTPServer(('0.0.0.0', int(os.environ['PORT'])), H).serve_f
 def gp(server: UpProcess, *args: str, token: str | None = None) -> subprocess.CompletedProcess[str]:
     base = {k: v for k, v in os.environ.items() if not k.startswith("GPUPOOL_")}
     env = {**base, "GPUPOOL_URL": server.url, "GPUPOOL_TOKEN": token or server.token()}
-    return subprocess.run([sys.executable, "-m", "gpupool.cli.main", *args], env=env, capture_output=True,
-                          text=True, timeout=120, stdin=subprocess.DEVNULL)
+    return run_cli(args, env)
 
 
 def leader_of(servers: list[tuple[UpProcess, int]]) -> UpProcess | None:

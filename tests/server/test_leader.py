@@ -5,8 +5,9 @@ leader stops acting at its renew deadline; a write under a stale epoch is refuse
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from sqlalchemy import func, insert, select
@@ -122,48 +123,81 @@ def test_a_write_under_a_stale_epoch_is_refused(store: Store) -> None:
     assert _tenants(store) == before + 3
 
 
-def test_takeover_ends_the_fenced_transaction_in_flight(store: Store) -> None:
-    """A transaction of the old leader still open when its lease has expired (the leader is past its
-    renew deadline: stopped, or stalled) holds the lease row: the takeover ends it rather than wait,
-    so it commits nothing, and what follows under the old epoch is refused."""
+@pytest.fixture
+def lapsed(store: Store) -> Callable[[], Leadership]:
+    """The takeover tests' setup, on PostgreSQL (SQLite serialises every write, so no row lock is
+    met there): leader a takes the lease (epoch 1) and lets it run out; the call returns contender b,
+    ready to take it. A factory, so that a test may bound the store's transactions first."""
     if store.is_sqlite:
-        pytest.skip("SQLite serialises every write; the ordering is PostgreSQL's row lock")
-    from gpupool.errors import StoreUnavailable
+        pytest.skip("SQLite serialises every write; the row lock a takeover meets is PostgreSQL's")
 
-    clock = Clock()
-    a, b = _pair(store, clock)
-    assert a.round()
-    clock.now += 10
-    inside, release = threading.Event(), threading.Event()
-    took: list[bool] = []
+    def make() -> Leadership:
+        clock = Clock()
+        a, b = _pair(store, clock)
+        assert a.round()
+        clock.now += 10
+        return b
+
+    return make
+
+
+def _old_leader(store: Store, name: str, hold: Callable[[Any], None]) -> tuple[threading.Thread, list[str]]:
+    """The old leader's fenced transaction (epoch 1), started: it writes tenant `name`, then `hold`s
+    the session open; its outcome, once the thread ends: "refused" or "committed"."""
+    inside = threading.Event()
     outcome: list[str] = []
 
-    def old_leader() -> None:
+    def run() -> None:
+        from gpupool.errors import StoreUnavailable
+
         try:
             with store.fenced(1), store.write() as session:
-                session.execute(insert(TenantRow).values(name="in-flight", created_s=0.0))
+                session.execute(insert(TenantRow).values(name=name, created_s=0.0))
                 inside.set()
-                release.wait(10)
+                hold(session)
         except StoreUnavailable:
             outcome.append("refused")
         else:
             outcome.append("committed")
 
-    writer = threading.Thread(target=old_leader)
+    writer = threading.Thread(target=run)
     writer.start()
     assert inside.wait(10)
+    return writer, outcome
+
+
+def _takes_over(b: Leadership, within_s: float, why: str) -> None:
+    """b takes the lease (epoch 2) within `within_s`, not waiting for the old leader's transaction."""
+    took: list[bool] = []
     taker = threading.Thread(target=lambda: took.append(b.round()))
     taker.start()
-    taker.join(10)
-    assert not taker.is_alive(), "the takeover waited for the old epoch's transaction"
-    release.set()
-    writer.join(10)
-    assert took == [True] and b.epoch == 2 and outcome == ["refused"]
+    taker.join(within_s)
+    assert not taker.is_alive(), why
+    assert took == [True] and b.epoch == 2
+
+
+def _tenant_names(store: Store) -> set[str]:
+    with store.read() as session:
+        return set(session.scalars(select(TenantRow.name)))
+
+
+def test_takeover_ends_the_fenced_transaction_in_flight(store: Store,
+                                                        lapsed: Callable[[], Leadership]) -> None:
+    """A transaction of the old leader still open when its lease has expired (the leader is past its
+    renew deadline: stopped, or stalled) holds the lease row: the takeover ends it rather than wait,
+    so it commits nothing, and what follows under the old epoch is refused."""
+    b = lapsed()
+    release = threading.Event()
+    writer, outcome = _old_leader(store, "in-flight", lambda _: release.wait(10))
+    try:
+        _takes_over(b, 10, "the takeover waited for the old epoch's transaction")
+    finally:
+        release.set()
+        writer.join(10)
+    assert outcome == ["refused"]
     with store.fenced(1), pytest.raises(Fenced):
         _add_tenant(store, "after")
-    with store.read() as session:
-        names = set(session.scalars(select(TenantRow.name)))
-    assert "in-flight" not in names and "after" not in names
+    assert not {"in-flight", "after"} & _tenant_names(store)
 
 
 def test_ha_settings_refused_with_a_sentence(tmp_path: Path) -> None:
@@ -217,47 +251,23 @@ def test_a_commit_that_breaks_is_not_offered_for_retry(store: Store) -> None:
         assert "may or may not have been saved" in during.value.message
 
 
-def test_a_leader_stopped_inside_a_transaction_does_not_block_the_takeover(store: Store) -> None:
+def test_a_leader_stopped_inside_a_transaction_does_not_block_the_takeover(
+        store: Store, lapsed: Callable[[], Leadership]) -> None:
     """The old leader's fenced transaction is left open (its process stopped): the database ends
     it after the bound, its writes are rolled back, and the takeover goes on."""
-    if store.is_sqlite:
-        pytest.skip("the row lock that would block the takeover is PostgreSQL's")
-    from gpupool.errors import StoreUnavailable
     from gpupool.server.leader import bound_stalled_transactions
 
-    bound_stalled_transactions(store, 1.0)
-    clock = Clock()
-    a, b = _pair(store, clock)
-    assert a.round()
-    clock.now += 10
-    inside, resume = threading.Event(), threading.Event()
-    outcome: list[str] = []
-
-    def stalled_leader() -> None:
-        try:
-            with store.fenced(1), store.write() as session:
-                session.execute(insert(TenantRow).values(name="stalled", created_s=0.0))
-                inside.set()
-                resume.wait(20)  # stopped: nothing is sent to the database meanwhile
-        except StoreUnavailable:
-            outcome.append("refused")
-        else:
-            outcome.append("committed")
-
-    writer = threading.Thread(target=stalled_leader)
-    writer.start()
-    assert inside.wait(10)
-    took: list[bool] = []
-    taker = threading.Thread(target=lambda: took.append(b.round()))
-    taker.start()
-    taker.join(10)
-    assert not taker.is_alive(), "the takeover still waits for the stopped leader's transaction"
-    assert took == [True] and b.epoch == 2
-    resume.set()
-    writer.join(10)
+    bound_stalled_transactions(store, 1.0)  # before any connection of the test's is opened
+    b = lapsed()
+    resume = threading.Event()  # stopped: nothing is sent to the database meanwhile
+    writer, outcome = _old_leader(store, "stalled", lambda _: resume.wait(20))
+    try:
+        _takes_over(b, 10, "the takeover still waits for the stopped leader's transaction")
+    finally:
+        resume.set()
+        writer.join(10)
     assert outcome == ["refused"]  # it resumed to a connection the database had ended
-    with store.read() as session:
-        assert "stalled" not in set(session.scalars(select(TenantRow.name)))
+    assert "stalled" not in _tenant_names(store)
 
 
 class _Passes:
@@ -319,43 +329,16 @@ def test_services_controller_runs_only_on_the_leader_under_its_epoch(db_url: str
         rt.store.close()
 
 
-def test_a_leader_stopped_inside_a_statement_does_not_block_the_takeover(store: Store) -> None:
+def test_a_leader_stopped_inside_a_statement_does_not_block_the_takeover(
+        store: Store, lapsed: Callable[[], Leadership]) -> None:
     """A session the database is still busy with (a long statement, or results a stopped client no
     longer reads) is not idle, so the database's own bound never ends it: the takeover ends it."""
-    if store.is_sqlite:
-        pytest.skip("the row lock that would block the takeover is PostgreSQL's")
     from sqlalchemy import text
 
-    from gpupool.errors import StoreUnavailable
-
-    clock = Clock()
-    a, b = _pair(store, clock)
-    assert a.round()
-    clock.now += 10
-    inside = threading.Event()
-    outcome: list[str] = []
-
-    def busy_leader() -> None:
-        try:
-            with store.fenced(1), store.write() as session:
-                session.execute(insert(TenantRow).values(name="stalled", created_s=0.0))
-                inside.set()
-                session.execute(text("SELECT pg_sleep(60)"))  # active, holding the lease row
-        except StoreUnavailable:
-            outcome.append("refused")
-        else:
-            outcome.append("committed")
-
-    writer = threading.Thread(target=busy_leader)
-    writer.start()
-    assert inside.wait(10)
-    took: list[bool] = []
-    taker = threading.Thread(target=lambda: took.append(b.round()))
-    taker.start()
-    taker.join(15)
-    assert not taker.is_alive(), "the takeover still waits for the old leader's transaction"
-    assert took == [True] and b.epoch == 2
+    b = lapsed()
+    writer, outcome = _old_leader(store, "stalled",  # active, holding the lease row
+                                  lambda session: session.execute(text("SELECT pg_sleep(60)")))
+    _takes_over(b, 15, "the takeover still waits for the old leader's transaction")
     writer.join(15)
     assert outcome == ["refused"]
-    with store.read() as session:
-        assert "stalled" not in set(session.scalars(select(TenantRow.name)))
+    assert "stalled" not in _tenant_names(store)

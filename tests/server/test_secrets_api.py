@@ -7,10 +7,9 @@ tests/agent/test_pod_mounts.py and tests/server/test_secrets_live.py, which need
 
 from __future__ import annotations
 
+import os
 import re
 import stat
-import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -18,6 +17,7 @@ from pathlib import Path
 import pytest
 from sqlalchemy import select, update
 
+from cli_inproc import run_cli
 from factories import node
 from gpupool.client import Client
 from gpupool.config import parse_config
@@ -201,13 +201,11 @@ def test_config_check_names_a_bad_mount_root_with_its_line(tmp_path: Path) -> No
     path = tmp_path / "pool.yaml"
     path.write_text("tenants:\n  team-a:\n    mounts:\n      - {path: data/team-a}\n"
                     "      - {path: /d, mode: rwx}\n")
-    checked = subprocess.run([sys.executable, "-m", "gpupool.cli.main", "config", "check", str(path)],
-                             capture_output=True, text=True, timeout=60, check=False)
+    checked = run_cli(["config", "check", str(path)], os.environ)
     assert checked.returncode == 2 and checked.stdout == "", checked.stderr
     lines = checked.stderr.splitlines()
     assert f"{path} line 4" in lines[0] and "must be an absolute path" in lines[0], lines
     assert f"{path} line 5" in lines[1] and "mode" in lines[1], lines
     path.write_text("tenants:\n  team-a:\n    mounts:\n      - {path: /data/team-a, mode: rw}\n")
-    checked = subprocess.run([sys.executable, "-m", "gpupool.cli.main", "config", "check", str(path)],
-                             capture_output=True, text=True, timeout=60, check=False)
+    checked = run_cli(["config", "check", str(path)], os.environ)
     assert checked.returncode == 0, checked.stderr

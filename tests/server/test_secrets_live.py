@@ -42,7 +42,8 @@ class Pool:
         return result.returncode, result.stdout, result.stderr
 
     def finished(self, tenant: str, workload_id: str) -> dict[str, object]:
-        code, _, err = self.gp(tenant, "wait", workload_id, "--timeout", "60s")
+        code, _, err = self.gp(tenant, "wait", workload_id, "--timeout", "60")
+        assert code in (0, 1), err  # ended: succeeded (0), or failed or cancelled (1)
         code, out, err = self.gp(tenant, "show", workload_id, "--json")
         assert code == 0, err
         return dict(json.loads(out))

@@ -126,6 +126,20 @@ def test_an_untrusted_certificate_is_one_sentence_naming_the_fix(https_server: U
     assert "Traceback" not in refused.stderr
 
 
+def test_the_system_trust_follows_ssl_cert_file_though_its_context_is_built_once(
+        https_server: UpProcess, pki: Pki) -> None:
+    """The SDK builds httpx's default context once per SSL_CERT_FILE/SSL_CERT_DIR (client._verify):
+    trusted with the private CA named there, refused again once it is not."""
+    from gpupool.client import _verify
+
+    assert isinstance(_verify("http://127.0.0.1:1"), ssl.SSLContext)
+    assert _verify("http://127.0.0.1:1") is _verify("https://127.0.0.1:2")  # one context, not one a client
+    trusted = cli(["ls"], _env(https_server, SSL_CERT_FILE=str(pki.ca)))
+    assert trusted.returncode == 0, trusted.stderr
+    refused = cli(["ls"], _env(https_server))
+    assert refused.returncode == 4 and "does not trust" in refused.stderr, refused.stderr
+
+
 def test_a_missing_ca_bundle_file_is_named(https_server: UpProcess, tmp_path: Path) -> None:
     refused = cli(["ls"], _env(https_server, GPUPOOL_CA_BUNDLE=str(tmp_path / "nope.pem")))
     assert refused.returncode == 2

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import os
 import signal
 import ssl
@@ -13,6 +14,7 @@ from pathlib import Path
 
 import httpx
 
+from cli_inproc import run_cli
 from gpupool.server.pgtemp import free_port
 
 START_TIMEOUT_S = 90.0
@@ -30,6 +32,17 @@ def until(predicate: Callable[[], object], timeout_s: float = 60.0, what: str = 
         if time.monotonic() > deadline:
             raise AssertionError(f"{what} not reached within {timeout_s:g} s")
         time.sleep(0.05)
+
+
+def default_ssl_context() -> ssl.SSLContext:
+    """httpx's context for verify=True (SSL_CERT_FILE or SSL_CERT_DIR when set, else certifi's CAs),
+    built once per setting: loading the CAs costs ~17 ms of CPU, and tests make a client every poll."""
+    return _ssl_context(os.environ.get("SSL_CERT_FILE"), os.environ.get("SSL_CERT_DIR"))
+
+
+@functools.cache
+def _ssl_context(cert_file: str | None, cert_dir: str | None) -> ssl.SSLContext:
+    return httpx.create_ssl_context()
 
 
 class UpProcess:
@@ -59,7 +72,10 @@ class UpProcess:
 
     def client(self, **kwargs: object) -> httpx.Client:
         return httpx.Client(base_url=self.api, headers={"Authorization": f"Bearer {self.token()}"},
-                            verify=self.verify, timeout=30, **kwargs)  # type: ignore[arg-type]
+                            verify=self._verify(), timeout=30, **kwargs)  # type: ignore[arg-type]
+
+    def _verify(self) -> ssl.SSLContext | bool:
+        return default_ssl_context() if self.verify is True else self.verify
 
     def start(self) -> UpProcess:
         """Start it and return once /health answers."""
@@ -71,12 +87,13 @@ class UpProcess:
                                          stdin=subprocess.DEVNULL, start_new_session=True)
         proc = self.proc
 
-        def healthy() -> bool:
-            if proc.poll() is not None:
-                raise AssertionError(f"gpupool up exited with {proc.returncode}:\n{self.log_text()}")
-            return httpx.get(f"{self.api}/health", verify=self.verify, timeout=5).status_code == 200
+        with httpx.Client(verify=self._verify(), timeout=5) as probe:  # one client for every poll
+            def healthy() -> bool:
+                if proc.poll() is not None:
+                    raise AssertionError(f"gpupool up exited with {proc.returncode}:\n{self.log_text()}")
+                return probe.get(f"{self.api}/health").status_code == 200
 
-        until(healthy, START_TIMEOUT_S, "gpupool up answering /health")
+            until(healthy, START_TIMEOUT_S, "gpupool up answering /health")
         return self
 
     def kill9(self) -> None:
@@ -108,5 +125,4 @@ def cli(args: Sequence[str], env: dict[str, str], timeout_s: float = 60.0
     """Run the `gpupool` CLI with exactly `env` added to a clean copy of this environment."""
     base = {k: v for k, v in os.environ.items()
             if not k.startswith("GPUPOOL_") and k not in ("SSL_CERT_FILE", "SSL_CERT_DIR")}
-    return subprocess.run([sys.executable, "-m", "gpupool.cli.main", *args], env={**base, **env},
-                          capture_output=True, text=True, timeout=timeout_s, stdin=subprocess.DEVNULL)
+    return run_cli(args, {**base, **env}, timeout_s=timeout_s)
