@@ -41,7 +41,9 @@ class Detached:
         the state at those nodes is then as with every victim off)."""
         if rows is not None:
             on = set(rows)
-            take = [run for run in self.pending if any(a.node in on for _, a in run.allocs)]
+            take = [run for run in self.pending  # (most runs are one pod: read without a generator)
+                    if (run.allocs[0][1].node in on if len(run.allocs) == 1
+                        else any(a.node in on for _, a in run.allocs))]
             if take and len(take) < len(self.pending):
                 detach_all(self.view, take)
                 self.done += take
