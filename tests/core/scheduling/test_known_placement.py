@@ -118,16 +118,17 @@ def _bench_loop(config: str) -> list[tuple[CycleResult, object]]:
     return bench_loop(policies, 12, nodes=60, pending=300, seed=7, churn_seed=3, churn=4)
 
 
-@pytest.mark.parametrize(("config", "least"), [("default", 5), ("bench/configs/full.yaml", 0)])
+@pytest.mark.parametrize(("config", "least"), [("default", 5), ("bench/configs/full.yaml", 5)])
 def test_the_bench_loop_decides_the_same_without_the_known_trials(config: str, least: int) -> None:
     """Every decision of every cycle (victims in order, placements) and the rng after it equal with
-    the trials made; trials were skipped (not under `full.yaml`: every queue there has a quota)."""
+    the trials made; trials were skipped (under `full.yaml`, every queue with a quota: checked
+    against it as the trials would)."""
     skipped: list[int] = []
     original = preemption._drop_apart_on
 
-    def counted(chosen: list[preemption.Running], node: int) -> list[preemption.Running]:
+    def counted(chosen: list[preemption.Running], node: int, *rest: object) -> list[preemption.Running]:
         skipped.append(node)
-        return original(chosen, node)
+        return original(chosen, node, *rest)  # type: ignore[arg-type]
 
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(preemption, "_drop_apart_on", counted)
@@ -156,3 +157,26 @@ def test_a_queue_with_a_quota_makes_its_trials() -> None:
     assert chosen is not None
     assert sorted(r.workload.id for r in chosen.victims) == sorted(
         [f"a{i}" for i in range(7)] + [f"b{i}" for i in range(7)] + ["g"])
+
+
+def test_a_quota_that_refuses_the_trial_not_made_walks_on() -> None:
+    """As above, with one more job k of t on a third node c (the rest of c held by another tenant's
+    `high` work) and started earliest: once g goes, a holds the preemptor but t would use 10 devices,
+    so that trial fails and the walk goes on to k; with k gone it passes. All sixteen go (b's and k
+    back over the quota again), the preemptor on a."""
+    allocations = _one_fits()
+    allocations.append(_at(_job("k", "best-effort"), 50.0, ("c", 0)))
+    others = [Workload(id=f"u{i}", pods=(_pod("p0"),), tenant="u", priority_class="high", submit_time_s=0.0)
+              for i in range(1, 8)]
+    allocations += [_at(w, 0.0, ("c", i + 1)) for i, w in enumerate(others)]
+    quota = QuotaConfig.per_tenant({"t": {"device_milli": devices_milli(9)}})
+    view = ClusterView.from_snapshot(
+        ClusterSnapshot((node("a"), node("b"), node("c")), tuple(allocations)), quota)
+    view.materialize()
+    x = _job("x", "high", devices=8)
+    chosen = select_victims(x, "t", view, view.placement_policy("first-fit", {}), random.Random(0), NOW,
+                            set(), VictimIndex(view, NOW))
+    assert chosen is not None
+    assert [view.state.nodes[a.node].name for _, a in chosen.gang.allocs] == ["a"]
+    assert sorted(r.workload.id for r in chosen.victims) == sorted(
+        [f"a{i}" for i in range(7)] + [f"b{i}" for i in range(7)] + ["g", "k"])

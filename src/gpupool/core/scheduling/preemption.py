@@ -36,7 +36,7 @@ from gpupool.core.priority import Rank
 from gpupool.core.scheduling.gang import GangPlacement, place_gang, release_gang
 from gpupool.core.scheduling.policies.base import NoFit, PlacementPolicy
 from gpupool.core.scheduling.reach import PreemptionRules, Reach, reach
-from gpupool.core.scheduling.victim_state import Detached, FirstPodFits, PutBack
+from gpupool.core.scheduling.victim_state import Detached, FirstPodFits, PutBack, detach_all, usage_by_queue
 from gpupool.core.scheduling.victim_state import node_fits_at as node_fits_at  # (tests import it here)
 from gpupool.core.scheduling.view import ClusterView, Running
 from gpupool.core.scheduling.workloads import lower_bound_usage
@@ -421,9 +421,9 @@ def select_victims(
                 resume = (*live, partial(index.by_rank_after, sources, exclude, walk.last))
     # Where the preemptor is one pod that no quota holds back, a policy that repeats itself places
     # it on the one node it fits, when it fits one alone: that trial need not be made (`_greedy`).
-    sole = (place_known and may_skip and policy.is_repeatable() and len(preemptor.pods) == 1
-            and cq not in view.quota.queues)
-    greedy, walked, known = _greedy(found, need, view, fits, first, resume, sole)
+    sole = place_known and may_skip and policy.is_repeatable() and len(preemptor.pods) == 1
+    charged = partial(_quota_known, preemptor, cq, view) if sole and cq in view.quota.queues else None
+    greedy, walked, known = _greedy(found, need, view, fits, first, resume, sole, charged)
     if known and base is not None:
         index.walks[walk_key] = Walk(base, exclude, walked[:known], index.place_of(walked[known - 1]))
     if greedy is None:
@@ -437,7 +437,7 @@ def select_victims(
     if isinstance(placed, GangPlacement):
         kept = _drop_apart(greedy[0], placed, back, fits)
     else:
-        kept = _drop_apart_on(greedy[0], placed)
+        kept = _drop_apart_on(greedy[0], placed, view, charged)
     chosen = _trim(kept, cost, back, fits)
     # The state is now as the last placement that succeeded found it (the trials after it were
     # undone): a policy that repeats itself would place the preemptor there again (none made: the
@@ -478,6 +478,7 @@ def _greedy(
     resume: tuple[list[Running], Callable[[list[int]], np.ndarray], Callable[[], Iterator[Running]]]
     | None = None,
     sole: bool = False,
+    charged: Callable[[int, Sequence[Running]], bool] | None = None,
 ) -> tuple[tuple[list[Running], GangPlacement | int] | None, list[Running], int]:
     """Victims in `found`'s order until the preemptor fits; with the placement it then got (released).
 
@@ -495,7 +496,9 @@ def _greedy(
     `sole`: when the first placement would be tried where the pod fits exactly one node
     (`FirstPodFits.sole_candidate`), that node is returned instead of a placement, and only the
     victims holding something there are off the state (the bound checks take off only the victims
-    on the nodes they check, and no other node was within it).
+    on the nodes they check, and no other node was within it). `charged(node, pending)`: where the
+    preemptor's queue has a quota, whether that placement is known to pass it with the victims not
+    yet off the state (`pending`) off too; if not, the placement is tried.
     """
     chosen: list[Running] = []
     freed = 0
@@ -521,7 +524,7 @@ def _greedy(
             continue
         if sole and not tried:
             node = first.sole_candidate()
-            if node is not None:
+            if node is not None and (charged is None or charged(node, held.pending)):
                 return (chosen, node), chosen, known
         tried = True
         held.flush()
@@ -581,14 +584,45 @@ def _drop_apart(
     return [r for r in chosen if id(r) not in out]
 
 
-def _drop_apart_on(chosen: list[Running], node: int) -> list[Running]:
+def _drop_apart_on(chosen: list[Running], node: int, view: ClusterView,
+                   charged: Callable[[int, Sequence[Running]], bool] | None = None) -> list[Running]:
     """`_drop_apart` where the greedy search's placement would have been on `node` (not tried): the
     victims holding nothing there are dropped. They were never taken off the state (the others
     are off it), so the state is already the one `_drop_apart` tries, and its trial needs no
     making: the pod fits `node`, which holds what it held in the walk's state, and a policy places
-    a pod that fits some node (without quota on its queue, the preemptor fits). Were that trial the
-    last placement to succeed, `select_victims` places the preemptor on this state again."""
-    return [r for r in chosen if any(alloc.node == node for _, alloc in r.allocs)]
+    a pod that fits some node; `charged`, where its queue has a quota, says whether it passes it.
+    Were that trial the last placement to succeed, `select_victims` places the preemptor on this
+    state again. Where the quota refuses it, the victims apart go off the state too and all stay."""
+    kept = [r for r in chosen if any(alloc.node == node for _, alloc in r.allocs)]
+    if charged is not None and len(kept) < len(chosen) and not charged(node, ()):
+        detach_all(view, [r for r in chosen if not any(alloc.node == node for _, alloc in r.allocs)])
+        return chosen
+    return kept
+
+
+def _quota_known(w: Workload, cq: str, view: ClusterView, node: int, off: Sequence[Running]) -> bool:
+    """Whether one-pod `w` placed on `node` would pass its queue's quota (`_fits`' two checks) with
+    the usage of `off` removed too (for the check only). True only where that is known without
+    placing it: the node's devices are alike (model, capacity, memory), so the usage the placement
+    charges does not depend on which of them it takes."""
+    state = view.state
+    pod = w.pods[0]
+    n = pod.num_devices
+    if n:
+        rows = (state.dev_valid[node], state.dev_model[node], state.dev_milli_cap[node],
+                state.dev_mem_cap[node], state.dev_mem_size[node])
+        if n > len(rows[0]) or not rows[0][0] or not all(bool((r == r[0]).all()) for r in rows):
+            return False
+    usage = view.usage_of(((pod, state.make_alloc(pod, node, range(n))),))
+    quota = view.quota
+    removed = usage_by_queue(off, quota.queues)
+    for q, u in removed.items():
+        quota.remove(q, u)
+    try:
+        return quota.fits(cq, lower_bound_usage(w)) is None and quota.fits(cq, usage) is None
+    finally:
+        for q, u in removed.items():
+            quota.add(q, u)
 
 
 def _trim(

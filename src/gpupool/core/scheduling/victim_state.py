@@ -73,7 +73,7 @@ def detach_all(view: ClusterView, runs: Sequence[Running]) -> None:
         view.detach(runs[0])
         return
     release_many(view.state, [record for run in runs for _, record in run.allocs])
-    for cq, usage in _usage_by_queue(runs, view.quota.queues).items():
+    for cq, usage in usage_by_queue(runs, view.quota.queues).items():
         view.quota.remove(cq, usage)
 
 
@@ -88,7 +88,7 @@ def attach_all(view: ClusterView, runs: Sequence[Running]) -> None:
     else:
         for record in records:
             view.state.allocate(record)
-    for cq, usage in _usage_by_queue(runs, view.quota.queues).items():
+    for cq, usage in usage_by_queue(runs, view.quota.queues).items():
         view.quota.add(cq, usage)
 
 
@@ -107,7 +107,7 @@ def attach_back(view: ClusterView, runs: Sequence[Running], base: FreeAmounts, h
         on = kinds[r.node]
         k = kind(r)
         on[k] = on.get(k, 0) + 1
-    for cq, usage in _usage_by_queue(runs, view.quota.queues).items():
+    for cq, usage in usage_by_queue(runs, view.quota.queues).items():
         view.quota.add(cq, usage)
 
 
@@ -116,7 +116,7 @@ _BULK = 16
 records, what a search's victims apart from its placement number, 75 against 185 microseconds)."""
 
 
-def _usage_by_queue(runs: Iterable[Running], queues: Container[str]) -> dict[str, Usage]:
+def usage_by_queue(runs: Iterable[Running], queues: Container[str]) -> dict[str, Usage]:
     """The runs' quota usage summed per ClusterQueue with a quota (integers: the same totals in any
     order; a queue without one keeps no usage)."""
     total: dict[str, Usage] = {}
