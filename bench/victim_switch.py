@@ -2,18 +2,21 @@
 
 Two copies of the loop of bench/cycle_latency.py (the same seeded pool, pending work and churn,
 a kept view each) run side by side, one with a module-level switch of
-`gpupool.core.scheduling.preemption` on, the other with it off, alternating which goes first each
-cycle; the thread CPU time of one function of that module (the part the switch changes) and of
-the whole cycle are summed per side. Both sides decide the same when the switch keeps its promise:
-the script checks it cycle by cycle.
+`gpupool.core.scheduling.preemption` (or of the module `--module` names) on, the other with it
+off, alternating which goes first each cycle; the thread CPU time of one function of that module
+(the part the switch changes) and of the whole cycle are summed per side. Both sides decide the
+same when the switch keeps its promise: the script checks it cycle by cycle.
 
     python bench/victim_switch.py --switch put_back_from_base --part _drop_apart \\
         --config bench/configs/full.yaml --pending 1000 --cycles 14
+    python bench/victim_switch.py --module gpupool.core.scheduling.policies.fgd \\
+        --switch lazy_refresh --part Fgd._place_feasible --config default --pending 10000
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import random
 import statistics
@@ -65,8 +68,10 @@ class _Loop:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--switch", required=True, help="a boolean of gpupool.core.scheduling.preemption")
-    parser.add_argument("--part", required=True, help="the function of that module to time")
+    parser.add_argument("--module", default=preemption.__name__, help="the module of the switch and part")
+    parser.add_argument("--switch", required=True, help="a boolean of that module")
+    parser.add_argument("--part", required=True,
+                        help="the function of that module to time (Class.method: a method)")
     parser.add_argument("--config", default="default")
     parser.add_argument("--nodes", type=int, default=1000)
     parser.add_argument("--pending", type=int, default=1000)
@@ -76,9 +81,16 @@ def main() -> int:
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--json", type=Path, default=Path("bench/results/victim_switch.json"))
     args = parser.parse_args()
-    switch, part_fn = getattr(preemption, args.switch, None), getattr(preemption, args.part, None)
+    try:
+        module = importlib.import_module(args.module)
+    except ImportError:
+        print(f"--module {args.module!r} is not a module of this checkout.", file=sys.stderr)
+        return 2
+    owner_name, _, part_name = args.part.rpartition(".")
+    owner = getattr(module, owner_name, None) if owner_name else module
+    switch, part_fn = getattr(module, args.switch, None), getattr(owner, part_name, None)
     if not isinstance(switch, bool) or not callable(part_fn):
-        print(f"--switch must name a boolean and --part a function of {preemption.__name__}: "
+        print(f"--switch must name a boolean and --part a function of {module.__name__}: "
               f"{args.switch!r} / {args.part!r} are not.", file=sys.stderr)
         return 2
     policies = load_config(None if args.config == "default" else args.config).policies()
@@ -91,18 +103,18 @@ def main() -> int:
         try:
             return part(*a, **kw)
         finally:
-            spent[getattr(preemption, args.switch)] += time.thread_time() - start
+            spent[getattr(module, args.switch)] += time.thread_time() - start
 
-    setattr(preemption, args.part, timed)
+    setattr(owner, part_name, timed)
     try:
-        return _compare(args, snapshot, pending, policies, spent)
+        return _compare(args, module, snapshot, pending, policies, spent)
     finally:  # (the module as it was: the switch and the part)
-        setattr(preemption, args.part, part)
-        setattr(preemption, args.switch, switch)
+        setattr(owner, part_name, part)
+        setattr(module, args.switch, switch)
 
 
-def _compare(args: argparse.Namespace, snapshot: ClusterSnapshot, pending: list[Any], policies: Policies,
-             spent: dict[bool, float]) -> int:
+def _compare(args: argparse.Namespace, module: Any, snapshot: ClusterSnapshot, pending: list[Any],
+             policies: Policies, spent: dict[bool, float]) -> int:
     """The two loops, alternating; the table printed and the JSON written."""
     loops = {side: _Loop(snapshot, pending, policies, args.seed) for side in (True, False)}
     cycles: dict[bool, list[float]] = {True: [], False: []}
@@ -112,7 +124,7 @@ def _compare(args: argparse.Namespace, snapshot: ClusterSnapshot, pending: list[
             spent.update({True: 0.0, False: 0.0})
         results = {}
         for side in (True, False) if k % 2 else (False, True):
-            setattr(preemption, args.switch, side)
+            setattr(module, args.switch, side)
             results[side], cpu = loops[side].step(k, args.churn)
             if k >= args.warmup:
                 cycles[side].append(1000.0 * cpu)

@@ -38,3 +38,19 @@ def test_a_name_that_is_no_switch_is_refused(monkeypatch: pytest.MonkeyPatch,
                                              capsys: pytest.CaptureFixture[str]) -> None:
     assert _run(monkeypatch, "--switch", "MAX_TRIM_TRIALS", "--part", "_drop_apart") == 2
     assert "--switch must name a boolean" in capsys.readouterr().err
+
+
+def test_a_switch_of_another_module_and_a_method_part(monkeypatch: pytest.MonkeyPatch,
+                                                    tmp_path: Path) -> None:
+    from gpupool.core.scheduling.policies import fgd
+
+    part = fgd.Fgd._place_feasible
+    out = tmp_path / "switch.json"
+    assert _run(monkeypatch, "--module", fgd.__name__, "--switch", "lazy_refresh", "--part",
+                "Fgd._place_feasible", "--nodes", "40", "--pending", "200", "--cycles", "3", "--warmup", "1",
+                "--json", str(out)) == 0
+    result = json.loads(out.read_text())
+    assert result["cycles_deciding_otherwise"] == 0
+    assert result["on"]["part_ms_per_cycle"] > 0 and result["off"]["part_ms_per_cycle"] > 0
+    assert fgd.Fgd._place_feasible is part and fgd.lazy_refresh is True
+    assert _run(monkeypatch, "--module", "gpupool.no_such_module", "--switch", "x", "--part", "y") == 2

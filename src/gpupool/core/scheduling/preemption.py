@@ -36,7 +36,7 @@ from gpupool.core.priority import Rank
 from gpupool.core.scheduling.gang import GangPlacement, place_gang, release_gang
 from gpupool.core.scheduling.policies.base import NoFit, PlacementPolicy
 from gpupool.core.scheduling.reach import PreemptionRules, Reach, reach
-from gpupool.core.scheduling.victim_state import Detached, FirstPodFits, PutBack
+from gpupool.core.scheduling.victim_state import Detached, FirstPodFits, PutBack, detach_all, usage_by_queue
 from gpupool.core.scheduling.victim_state import node_fits_at as node_fits_at  # (tests import it here)
 from gpupool.core.scheduling.view import ClusterView, Running
 from gpupool.core.scheduling.workloads import lower_bound_usage
@@ -419,7 +419,11 @@ def select_victims(
             live = _resumable(walk, base, view.running, exclude)
             if live is not None:
                 resume = (*live, partial(index.by_rank_after, sources, exclude, walk.last))
-    greedy, walked, known = _greedy(found, need, view, fits, first, resume)
+    # Where the preemptor is one pod that no quota holds back, a policy that repeats itself places
+    # it on the one node it fits, when it fits one alone: that trial need not be made (`_greedy`).
+    sole = place_known and may_skip and policy.is_repeatable() and len(preemptor.pods) == 1
+    charged = partial(_quota_known, preemptor, cq, view) if sole and cq in view.quota.queues else None
+    greedy, walked, known = _greedy(found, need, view, fits, first, resume, sole, charged)
     if known and base is not None:
         index.walks[walk_key] = Walk(base, exclude, walked[:known], index.place_of(walked[known - 1]))
     if greedy is None:
@@ -429,10 +433,16 @@ def select_victims(
     only = sorted({a.node for run in greedy[0] for _, a in run.allocs}) if first.base is False else None
     back = PutBack(view, preemptor.pods[0], watch=may_skip, only=only,
                    base=base if put_back_from_base else None)
-    chosen = _trim(_drop_apart(*greedy, back, fits), cost, back, fits)
+    placed = greedy[1]
+    if isinstance(placed, GangPlacement):
+        kept = _drop_apart(greedy[0], placed, back, fits)
+    else:
+        kept = _drop_apart_on(greedy[0], placed, view, charged)
+    chosen = _trim(kept, cost, back, fits)
     # The state is now as the last placement that succeeded found it (the trials after it were
-    # undone): a policy that repeats itself would place the preemptor there again.
-    gang = _retake(found_last[0], view.state) if policy.is_repeatable() else fits()
+    # undone): a policy that repeats itself would place the preemptor there again (none made: the
+    # state is that of the trial `_drop_apart_on` did not make).
+    gang = _retake(found_last[0], view.state) if policy.is_repeatable() and found_last else fits()
     if gang is None:  # cannot happen: _trim keeps the set feasible; restore to be safe
         for run in chosen:
             view.attach(run)
@@ -445,6 +455,13 @@ resume_walks = True
 the earlier walk's victims after which the pod fitted no node at once, where the pod still fits no
 node once they are freed (`_greedy`); False: walks every victim (the same states placed on, slower:
 kept to check that claim)."""
+
+place_known = True
+"""Where the greedy walk leaves a single-pod preemptor (no quota on its queue, a policy that repeats
+itself and does not count failed calls) fitting exactly one node, its trial placement is not made:
+it would land on that node. The victims elsewhere, which `_drop_apart` would put back, are then
+never taken off the state, nor is `_drop_apart`'s trial made (`_drop_apart_on`); False: both are
+tried (the same decisions, slower: kept to check that claim)."""
 
 put_back_from_base = True
 """Put the victims apart from the greedy search's placement back (`_drop_apart`) by setting the free
@@ -460,7 +477,9 @@ def _greedy(
     first: FirstPodFits,
     resume: tuple[list[Running], Callable[[list[int]], np.ndarray], Callable[[], Iterator[Running]]]
     | None = None,
-) -> tuple[tuple[list[Running], GangPlacement] | None, list[Running], int]:
+    sole: bool = False,
+    charged: Callable[[int, Sequence[Running]], bool] | None = None,
+) -> tuple[tuple[list[Running], GangPlacement | int] | None, list[Running], int]:
     """Victims in `found`'s order until the preemptor fits; with the placement it then got (released).
 
     A victim is taken off the state only when a placement is tried (all those before it go in one
@@ -473,11 +492,19 @@ def _greedy(
     placement was tried among them) and goes on from the stream after them; else it walks `found`.
     Also returns the victims walked and how many of the first of them leave the pod fitting no node
     (0: none known).
+
+    `sole`: when the first placement would be tried where the pod fits exactly one node
+    (`FirstPodFits.sole_candidate`), that node is returned instead of a placement, and only the
+    victims holding something there are off the state (the bound checks take off only the victims
+    on the nodes they check, and no other node was within it). `charged(node, pending)`: where the
+    preemptor's queue has a quota, whether that placement is known to pass it with the victims not
+    yet off the state (`pending`) off too; if not, the placement is tried.
     """
     chosen: list[Running] = []
     freed = 0
     held = Detached(view)
-    first.start(held.flush)
+    first.start(held.flush if sole else held.flush_all)
+    tried = False
     known = 0
     if resume is not None and first.resume(resume[0], resume[1]):
         chosen = list(resume[0])
@@ -495,6 +522,11 @@ def _greedy(
         if not first.fits_somewhere():
             known = len(chosen)  # (a first pod that fits no node fails every placement before it starts)
             continue
+        if sole and not tried:
+            node = first.sole_candidate()
+            if node is not None and (charged is None or charged(node, held.pending)):
+                return (chosen, node), chosen, known
+        tried = True
         held.flush()
         gang = fits()
         if gang is not None:
@@ -550,6 +582,47 @@ def _drop_apart(
         return chosen
     release_gang(trial, back.view.state)
     return [r for r in chosen if id(r) not in out]
+
+
+def _drop_apart_on(chosen: list[Running], node: int, view: ClusterView,
+                   charged: Callable[[int, Sequence[Running]], bool] | None = None) -> list[Running]:
+    """`_drop_apart` where the greedy search's placement would have been on `node` (not tried): the
+    victims holding nothing there are dropped. They were never taken off the state (the others
+    are off it), so the state is already the one `_drop_apart` tries, and its trial needs no
+    making: the pod fits `node`, which holds what it held in the walk's state, and a policy places
+    a pod that fits some node; `charged`, where its queue has a quota, says whether it passes it.
+    Were that trial the last placement to succeed, `select_victims` places the preemptor on this
+    state again. Where the quota refuses it, the victims apart go off the state too and all stay."""
+    kept = [r for r in chosen if any(alloc.node == node for _, alloc in r.allocs)]
+    if charged is not None and len(kept) < len(chosen) and not charged(node, ()):
+        detach_all(view, [r for r in chosen if not any(alloc.node == node for _, alloc in r.allocs)])
+        return chosen
+    return kept
+
+
+def _quota_known(w: Workload, cq: str, view: ClusterView, node: int, off: Sequence[Running]) -> bool:
+    """Whether one-pod `w` placed on `node` would pass its queue's quota (`_fits`' two checks) with
+    the usage of `off` removed too (for the check only). True only where that is known without
+    placing it: the node's devices are alike (model, capacity, memory), so the usage the placement
+    charges does not depend on which of them it takes."""
+    state = view.state
+    pod = w.pods[0]
+    n = pod.num_devices
+    if n:
+        rows = (state.dev_valid[node], state.dev_model[node], state.dev_milli_cap[node],
+                state.dev_mem_cap[node], state.dev_mem_size[node])
+        if n > len(rows[0]) or not rows[0][0] or not all(bool((r == r[0]).all()) for r in rows):
+            return False
+    usage = view.usage_of(((pod, state.make_alloc(pod, node, range(n))),))
+    quota = view.quota
+    removed = usage_by_queue(off, quota.queues)
+    for q, u in removed.items():
+        quota.remove(q, u)
+    try:
+        return quota.fits(cq, lower_bound_usage(w)) is None and quota.fits(cq, usage) is None
+    finally:
+        for q, u in removed.items():
+            quota.add(q, u)
 
 
 def _trim(

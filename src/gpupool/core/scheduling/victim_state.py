@@ -7,7 +7,7 @@ track without rescanning every node whether the preemptor's first pod fits some 
 
 from __future__ import annotations
 
-from collections.abc import Callable, Container, Iterable, Sequence
+from collections.abc import Callable, Collection, Container, Iterable, Sequence
 from itertools import compress
 
 import numpy as np
@@ -35,12 +35,31 @@ class Detached:
         self.done: list[Running] = []
         self.pending: list[Running] = []
 
-    def flush(self) -> None:
-        """Take the pending victims off the state and their queues, as `view.detach` one by one would."""
+    def flush(self, rows: Collection[int] | None = None) -> None:
+        """Take the pending victims off the state and their queues, as `view.detach` one by one would;
+        with `rows`, only those holding something on one of those nodes (the others stay pending:
+        the state at those nodes is then as with every victim off)."""
+        if rows is not None:
+            on = set(rows)
+            take = [run for run in self.pending  # (most runs are one pod: read without a generator)
+                    if (run.allocs[0][1].node in on if len(run.allocs) == 1
+                        else any(a.node in on for _, a in run.allocs))]
+            if take and len(take) < len(self.pending):
+                detach_all(self.view, take)
+                self.done += take
+                gone = set(map(id, take))
+                self.pending = [run for run in self.pending if id(run) not in gone]
+                return
+            if not take:
+                return
         if self.pending:
             detach_all(self.view, self.pending)
             self.done += self.pending
             self.pending = []
+
+    def flush_all(self, rows: Collection[int] | None = None) -> None:
+        """`flush()`, whatever the rows."""
+        self.flush()
 
     def restore(self) -> None:
         attach_all(self.view, self.done)
@@ -54,7 +73,7 @@ def detach_all(view: ClusterView, runs: Sequence[Running]) -> None:
         view.detach(runs[0])
         return
     release_many(view.state, [record for run in runs for _, record in run.allocs])
-    for cq, usage in _usage_by_queue(runs, view.quota.queues).items():
+    for cq, usage in usage_by_queue(runs, view.quota.queues).items():
         view.quota.remove(cq, usage)
 
 
@@ -69,7 +88,7 @@ def attach_all(view: ClusterView, runs: Sequence[Running]) -> None:
     else:
         for record in records:
             view.state.allocate(record)
-    for cq, usage in _usage_by_queue(runs, view.quota.queues).items():
+    for cq, usage in usage_by_queue(runs, view.quota.queues).items():
         view.quota.add(cq, usage)
 
 
@@ -88,7 +107,7 @@ def attach_back(view: ClusterView, runs: Sequence[Running], base: FreeAmounts, h
         on = kinds[r.node]
         k = kind(r)
         on[k] = on.get(k, 0) + 1
-    for cq, usage in _usage_by_queue(runs, view.quota.queues).items():
+    for cq, usage in usage_by_queue(runs, view.quota.queues).items():
         view.quota.add(cq, usage)
 
 
@@ -97,7 +116,7 @@ _BULK = 16
 records, what a search's victims apart from its placement number, 75 against 185 microseconds)."""
 
 
-def _usage_by_queue(runs: Iterable[Running], queues: Container[str]) -> dict[str, Usage]:
+def usage_by_queue(runs: Iterable[Running], queues: Container[str]) -> dict[str, Usage]:
     """The runs' quota usage summed per ClusterQueue with a quota (integers: the same totals in any
     order; a queue without one keeps no usage)."""
     total: dict[str, Usage] = {}
@@ -113,7 +132,7 @@ def _usage_by_queue(runs: Iterable[Running], queues: Container[str]) -> dict[str
     return total
 
 
-def _nothing() -> None:
+def _nothing(rows: Collection[int] | None = None) -> None:
     """No victim waits to be taken off the state."""
 
 
@@ -137,7 +156,7 @@ class FirstPodFits:
         """Whether the pod fits some node before any victim is freed (scanned once, when first asked)."""
         self.known: bool | None = None
         self.touched: set[int] = set()
-        self.flush: Callable[[], None] = _nothing
+        self.flush: Callable[[Collection[int] | None], None] = _nothing
         self.cpu = state.cpu_need(pod)
         self.mem = state.mem_need(pod)
         self.share = min(pod.device_milli, MILLI)
@@ -153,8 +172,9 @@ class FirstPodFits:
         """Per node, the records of victims freed by `resume` that `free` does not count yet: added
         when a later victim first touches the node (until then it is known not to hold the pod)."""
 
-    def start(self, flush: Callable[[], None] = _nothing) -> None:
-        """A new sequence of victims on the base state; `flush` takes those told of off the state."""
+    def start(self, flush: Callable[[Collection[int] | None], None] = _nothing) -> None:
+        """A new sequence of victims on the base state; `flush(rows)` takes those told of off the
+        state (at least those holding something on `rows`; None: all of them)."""
         self.known = None
         self.touched.clear()
         self.free.clear()
@@ -238,10 +258,24 @@ class FirstPodFits:
             free = self.free
             rows = [n for n in self.touched if (a := free[n])[0] >= 0 and a[1] >= 0 and a[2] >= 0]
             if rows:
-                self.flush()
+                self.flush(rows)  # (the rows read below: as with every victim off)
                 self.known = self.state.node_fits_at(self.pod, rows)
         self.touched.clear()
         return self.known
+
+    def sole_candidate(self) -> int | None:
+        """The one node within the bound once the victims told of are freed, where the pod fitted no
+        node before them and exactly one is (then the pod fits that node alone, `fits_somewhere`
+        having found it fits some node); else None."""
+        if self.base is not False:
+            return None
+        found = None
+        for n, a in self.free.items():
+            if a[0] >= 0 and a[1] >= 0 and a[2] >= 0:
+                if found is not None:
+                    return None
+                found = n
+        return found
 
     def _slacks(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray | None]:
         """Every node's amounts as `_add` starts them, read from the state in one step: cpu and

@@ -111,8 +111,17 @@ class FragModel:
     def refresh(self) -> None:
         """Recompute the nodes whose capacity changed since the last call."""
         stale = np.flatnonzero(self.version != self.state.node_version)
-        if stale.size == 0:
-            return
+        if stale.size:
+            self._recompute(stale)
+
+    def refresh_at(self, nodes: IntArray) -> None:
+        """`refresh` of `nodes` alone: those of them whose capacity changed are recomputed (a
+        node's values depend on its own capacity only, so the others may wait until they are read)."""
+        stale = nodes[self.version[nodes] != self.state.node_version[nodes]]
+        if stale.size:
+            self._recompute(stale)
+
+    def _recompute(self, stale: IntArray) -> None:
         s = self.state
         free = s.dev_milli_free[stale]
         ge = (free[:, :, None] >= self.need) & self.elig[stale]

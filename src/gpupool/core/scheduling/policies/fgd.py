@@ -90,7 +90,9 @@ class Fgd(PlacementPolicy):
         self._observed.append(pod)
         self._mix = None
 
-    def _model_for(self, state: ClusterState, pod: PodRequest) -> FragModel:
+    def _model_for(self, state: ClusterState, pod: PodRequest, refresh: bool = True) -> FragModel:
+        """The fragmentation model of `state`; `refresh`: every node brought up to date (False: the
+        caller refreshes the nodes it reads, `FragModel.refresh_at`)."""
         if self._mix is None:
             self._mix = estimate_mix([*self._observed, pod], self.coverage)
             self._model = None
@@ -104,7 +106,8 @@ class Fgd(PlacementPolicy):
             else:
                 model, self._cache = FragModel(state, self._mix, self.cpu_only_counts_all), {}
             self._model = model
-        model.refresh()
+        if refresh:
+            model.refresh()
         return model
 
     # ----------------------------------------------------------------- placement
@@ -122,10 +125,12 @@ class Fgd(PlacementPolicy):
         self, pod: PodRequest, state: ClusterState, rng: random.Random, feasible: np.ndarray
     ) -> Choice:
         """`place` once some node is known to fit the pod (`feasible`: `state.node_fits(pod)`)."""
-        model = self._model_for(state, pod)
+        model = self._model_for(state, pod, refresh=not lazy_refresh)
         entry = self._entry(pod, state)
         stale = np.flatnonzero(feasible & (entry.version != state.node_version))
         if stale.size:
+            if lazy_refresh:  # only these nodes' fragments are read (`_evaluate`)
+                model.refresh_at(stale)
             entry.score[stale], entry.slot[stale] = self._evaluate(pod, state, model, stale)
             entry.version[stale] = state.node_version[stale]
         node = pick_best(entry.score, feasible, self.first_on_ties, rng)
@@ -174,6 +179,12 @@ class Fgd(PlacementPolicy):
         if self.integer_sigmoid:
             return np.floor(100.0 * sigmoid(-growth / 1000.0))
         return np.asarray(-growth, dtype=np.float64)
+
+
+lazy_refresh = True
+"""A placement brings the fragmentation model up to date on the nodes it scores alone (feasible,
+their cached scores stale); False: on every node whose capacity changed (the same scores, slower:
+a victim search frees and takes back capacity on dozens of nodes the pod fits none of)."""
 
 
 def sigmoid(x: FloatArray) -> FloatArray:
