@@ -10,6 +10,10 @@ ratio of the medians (head / ref), and writes JSON.
 
     python bench/replay_speed.py --ref 5fe1c79 --window 2017-10-01:2017-10-15 --rounds 2
     python bench/replay_speed.py --ref 5fe1c79 --cluster 16x8xV100M32 --window 2017-10-01:2017-10-04 --moves
+    python bench/replay_speed.py --ref 7b2793a --no-fabric --window all
+
+`--no-fabric` replays the results page's configuration (e) instead: drf, first-fit, preemption and
+backfill, no fabric; `--window all` replays the whole trace.
 """
 
 from __future__ import annotations
@@ -60,6 +64,8 @@ def main() -> int:
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--rounds", type=int, default=1)
     parser.add_argument("--moves", action="store_true", help="Topology moves on (scheduling.topology_moves).")
+    parser.add_argument("--no-fabric", action="store_true",
+                        help="drf + first-fit + preemption + backfill, no fabric (the results page's (e)).")
     parser.add_argument("--json", type=Path, default=Path("bench/results/replay_speed.json"))
     args = parser.parse_args()
     trace = require_data_dir() / "philly" / "philly-sia.csv"
@@ -76,8 +82,14 @@ def main() -> int:
         _cli(sources["head"], ["fabric", "generate", "fat-tree", "--ports", "16", "--levels", "2",
                                "--oversubscription", "2", "--out", str(tree)])
         replay = ["sim", "replay", "--trace", f"philly:{trace}", "--cluster", args.cluster,
-                  "--window", args.window, "--policy", "network-aware", "--backfill",
-                  "--fabric", str(tree), "--comm-model", "default", "--seed", str(args.seed)]
+                  "--seed", str(args.seed)]
+        if args.window != "all":
+            replay += ["--window", args.window]
+        if args.no_fabric:
+            replay += ["--ordering", "drf", "--policy", "first-fit", "--preemption", "--backfill"]
+        else:
+            replay += ["--policy", "network-aware", "--backfill", "--fabric", str(tree),
+                       "--comm-model", "default"]
         if args.moves:
             config = work / "moves.yaml"
             config.write_text("scheduling:\n  topology_moves: true\n")
@@ -91,8 +103,9 @@ def main() -> int:
                              "replay_wall_s": result["wall_s"], "cycles": result["cycles"],
                              "hash": result_hash(result)})
                 console.print(f"round {r + 1} {side}: {wall:.1f} s wall, {user:.1f} s user")
-    table = Table(title=f"Philly {args.window} on {args.cluster}, network-aware + backfill + fabric"
-                        + (" + moves" if args.moves else ""))
+    what = ("drf + first-fit + preemption + backfill" if args.no_fabric
+            else "network-aware + backfill + fabric") + (" + moves" if args.moves else "")
+    table = Table(title=f"Philly {args.window} on {args.cluster}, {what}")
     for column in ("round", "side", "wall s", "user s", "replay wall s", "cycles", "result hash"):
         table.add_column(column, justify="right")
     for row in rows:
@@ -107,7 +120,8 @@ def main() -> int:
                   f"replay wall {ratios['replay_wall_s']:.3f}; results {'equal' if same else 'DIFFER'}")
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(json.dumps({"ref": args.ref, "cluster": args.cluster, "window": args.window,
-                                     "seed": args.seed, "moves": args.moves, "rounds": rows,
+                                     "seed": args.seed, "moves": args.moves, "no_fabric": args.no_fabric,
+                                     "rounds": rows,
                                      "median": median, "ratio": ratios, "same_result": same}, indent=2))
     return 0 if same else 1
 

@@ -162,6 +162,9 @@ class Replay:
             self.view.set_topology(FabricView.from_fabric(fabric, config.nodes))
         self.congestion = CongestionWatch(config.congestion) if config.congestion and self.comm else None
         self.sample_at: float | None = None
+        self.held: list[tuple[str, _Job]] = []
+        """(id, job) of the jobs a cycle held back for locality since the last credit
+        (`_credit_locality_waits`): read instead of every pending job on every cycle."""
         self.requeued_now = 0
         """Work the last applied cycle stopped and requeued (another cycle runs at once)."""
         self.waiting_now = False
@@ -283,6 +286,11 @@ class Replay:
         was_held = self._credit_locality_waits(now_s)
         requeued, waiting = 0, False
         for decision in result.decisions:
+            if type(decision) is Wait:  # most decisions on a backed-up pool: the match below, faster
+                waiting = True
+                if decision.reason is Reason.WAITING_FOR_LOCALITY:
+                    self._held_for_locality(decision.workload_id, decision.workload_id not in was_held, now_s)
+                continue
             match decision:
                 case Wait(workload_id=wid, reason=reason):
                     waiting = True
@@ -317,17 +325,26 @@ class Replay:
         """Credit each pending job the time since the last cycle held it back for locality (only
         before its first start: the part of its queueing delay); returns those it held."""
         held: set[str] = set()
-        for wid, job in self.pending.items():
-            if job.held_since_s is not None:
-                job.locality_wait_s += now_s - job.held_since_s
-                job.held_since_s = None
-                held.add(wid)
+        kept: list[tuple[str, _Job]] = []
+        pending = self.pending
+        for wid, job in self.held:
+            if job.held_since_s is None:
+                continue
+            if pending.get(wid) is not job:  # credited once it is pending again, as before
+                kept.append((wid, job))
+                continue
+            job.locality_wait_s += now_s - job.held_since_s
+            job.held_since_s = None
+            held.add(wid)
+        self.held = kept
         return held
 
     def _held_for_locality(self, wid: str, newly: bool, now_s: float) -> None:
         """This cycle holds the job back for locality: note since when, and wake when its cap runs out."""
         job = self.pending[wid]
         if job.first_start_s is None:
+            if job.held_since_s is None:
+                self.held.append((wid, job))
             job.held_since_s = now_s
         if newly:
             cap_s = self.view.locality_caps.get(wid, self.policies.max_locality_wait_s)

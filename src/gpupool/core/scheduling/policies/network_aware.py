@@ -34,7 +34,9 @@ knows a fabric, is placed whole (`place_gang`):
 
 A gang that fits nowhere by a quick count (free devices, and room for its commonest pod shape, on
 the nodes with a working HCA link) gets the plain placement's NoFit without a candidate tried: on
-a backed-up pool most gangs asked in a cycle are such, and every trial would fail.
+a backed-up pool most gangs asked in a cycle are such, and every trial would fail. When no node is
+cut off, the count covers the whole pool, so neither is the plain placement run: the refusal has
+its reason, worded from the count (`_counted_nofit`).
 
 Options: `pods`, `fullest_leaf` (above; off by default), `message_mb`, `step_compute_s` (the
 CommModel: the assumption for a job whose ratio is unknown), `cross_leaf_efficiency`,
@@ -155,7 +157,8 @@ class NetworkAware(FgdStrand):
         room = room_for(workload.pods, state, wired)  # every candidate lies inside `wired`
         if not room.anywhere() and self.is_repeatable() and not self.counts_failed_calls():
             # no candidate can hold it: trying each would fail, drawing nothing and keeping nothing
-            return self._no_candidate(workload, state, rng, spec)
+            counted = _counted_nofit(workload, state, wired, room, spec)
+            return counted if counted is not None else self._no_candidate(workload, state, rng, spec)
         estimate = context.estimate_s(workload)
         run_s = UNKNOWN_RUN_S if estimate is None else max(estimate, 1.0)
         gpus = workload.total_device_milli / 1000
@@ -253,3 +256,31 @@ class NetworkAware(FgdStrand):
             f"The {len(workload.pods)}-pod gang fits now only where a failed link would cut it apart"
             + (f" (topology {spec})" if spec is not None else "") + "; it waits for room or a repair.",
         )
+
+
+def _counted_nofit(
+    workload: Workload, state: ClusterState, wired: BoolArray, room: Room, spec: TopologySpec | None,
+) -> NoFit | None:
+    """The plain placement's NoFit for a gang the quick count says fits nowhere, without placing it:
+    None when it cannot be told so (a node cut off from the fabric, or slices to place).
+
+    With every schedulable node wired, `room` counts the whole pool the plain placement would try,
+    and the count is a necessary condition, so that placement fails too, with the reason its path
+    gives: a required tier tries no domain (none passes the same count) and says so in its own
+    words; otherwise (preferred, or no tier) it ends placing pod by pod on the whole pool, a gang
+    left incomplete, here worded from the count instead of from the pod where it stopped."""
+    if not wired[state.schedulable].all() or (spec is not None and spec.slice_size is not None):
+        return None
+    n = len(workload.pods)
+    if spec is not None and spec.required is not None:
+        return NoFit(Reason.NO_DOMAIN_FITS,
+                     f"No {spec.tier or Tier.LEAF} has room for the whole {n}-pod gang (topology {spec}).")
+    free, demand = int(room.free.sum()), room.demand
+    if free < demand:
+        short = f"{free / 1000:g} devices are free of the {demand / 1000:g} it asks"
+    else:
+        first = workload.pods[0]
+        short = (f"nodes have room for {int(room.fit.sum())} of its {room.need} pods of "
+                 f"{first.total_device_milli / 1000:g} devices")
+    return NoFit(Reason.GANG_INCOMPLETE,
+                 f"The {n}-pod gang does not fit now: {short}; none of the gang was placed.")
