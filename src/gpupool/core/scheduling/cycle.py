@@ -81,6 +81,10 @@ beside_reserved = True
 """Work the reservation refuses where the placement policy put it is placed again off the nodes the
 head is reserved on, and starts there when it fits (`_Cycle._beside`)."""
 
+incremental_live = True
+"""After a preemption, the keys still live are brought back from those settled since (`_revive`)
+rather than made afresh from every key of the cycle (the same set; False: made afresh)."""
+
 DEFAULT_TOPOLOGY = TopologySpec(preferred=Tier.LEAF)
 NO_INFO = WorkloadInfo()
 """Multi-pod gangs start inside one leaf when one has room, unless the operator says otherwise."""
@@ -374,6 +378,10 @@ class _Cycle:
         """How many workloads of each (queue, shape, rank) the walk has not reached yet."""
         self.live: set[tuple[str, Shape, tuple[int, int]]] = set()
         """The keys in `left` still to be reached whose verdict is not settled (nor their queue blocked)."""
+        self.unsettled: list[tuple[str, Shape, tuple[int, int]]] = []
+        self.zeroed: list[tuple[str, Shape, tuple[int, int]]] = []
+        """The keys settled (`_consider`) and those whose band was passed over (`_reject_reached`)
+        since `live` was last made whole: the only ones a preemption can change (`_revive`)."""
         self.empty_state: ClusterState | None = None
         self.victims: VictimIndex | None = None
         """The cycle's victim candidates, sorted once (made by the first victim search)."""
@@ -670,6 +678,7 @@ class _Cycle:
         self._reject(original, reason, message)
         self.settled[key] = (reason, message)
         self.live.discard(key)
+        self.unsettled.append(key)
 
     def _waits_for_locality(self, original: Workload, w: Workload, gang: GangPlacement) -> bool:
         """Wait or spread (`locality`): True when the gang waits for a domain of its preferred tier
@@ -812,10 +821,27 @@ class _Cycle:
         self.failed_quota.clear()
         self.failed_preempt.clear()
         self.settled.clear()
-        blocked, never = self.blocked, self.never
-        self.live = {k for k, n in self.left.items() if n and k[0] not in blocked and k not in never}
+        if incremental_live:
+            self._revive()
+        else:
+            blocked, never = self.blocked, self.never
+            self.live = {k for k, n in self.left.items() if n and k[0] not in blocked and k not in never}
         self._reserve_again()
         return None
+
+    def _revive(self) -> None:
+        """`live` made whole after a preemption (the settled verdicts were cleared): every key left
+        to reach, of a queue not blocked, that can ever fit. Only the keys settled since it was last
+        made whole come back, and only those whose band was passed over leave (their work is no
+        longer left to reach); every other key in `left` is in `live` exactly when it would be made
+        afresh (one whose work was all reached, whose queue was blocked or that never fits left it
+        for good)."""
+        live, left, blocked, never = self.live, self.left, self.blocked, self.never
+        if self.zeroed:
+            live.difference_update(self.zeroed)
+            self.zeroed.clear()
+        live.update([k for k in self.unsettled if left[k] and k[0] not in blocked and k not in never])
+        self.unsettled.clear()
 
     def _above_head(self, meta: Meta) -> bool:
         """Whether the workload's priority class ranks above the reserved head's: it could preempt
@@ -974,6 +1000,7 @@ class _Cycle:
                 refused.add(kid)
             if band is not None and key[2][0] == band:
                 left[key] = 0
+                self.zeroed.append(key)
         exhausted = self.exhausted
         if exhausted:
             new = tuple.__new__

@@ -127,13 +127,22 @@ class Fgd(PlacementPolicy):
         """`place` once some node is known to fit the pod (`feasible`: `state.node_fits(pod)`)."""
         model = self._model_for(state, pod, refresh=not lazy_refresh)
         entry = self._entry(pod, state)
-        stale = np.flatnonzero(feasible & (entry.version != state.node_version))
-        if stale.size:
-            if lazy_refresh:  # only these nodes' fragments are read (`_evaluate`)
-                model.refresh_at(stale)
-            entry.score[stale], entry.slot[stale] = self._evaluate(pod, state, model, stale)
-            entry.version[stale] = state.node_version[stale]
-        node = pick_best(entry.score, feasible, self.first_on_ties, rng)
+        node = -1
+        if sole_unscored and self.first_on_ties and (not pod.num_devices or pod.device_milli >= MILLI):
+            # the first best of one feasible node is that node, and a pod of whole devices (or of
+            # none) takes the first that fit there whatever the scores: none is computed (the
+            # node's cached score stays stale, so the next placement that reads it computes it)
+            only = np.flatnonzero(feasible)
+            if only.size == 1:
+                node = int(only[0])
+        if node < 0:
+            stale = np.flatnonzero(feasible & (entry.version != state.node_version))
+            if stale.size:
+                if lazy_refresh:  # only these nodes' fragments are read (`_evaluate`)
+                    model.refresh_at(stale)
+                entry.score[stale], entry.slot[stale] = self._evaluate(pod, state, model, stale)
+                entry.version[stale] = state.node_version[stale]
+            node = pick_best(entry.score, feasible, self.first_on_ties, rng)
         if not pod.num_devices:
             return Choice(node)
         if pod.device_milli < MILLI:
@@ -180,6 +189,11 @@ class Fgd(PlacementPolicy):
             return np.floor(100.0 * sigmoid(-growth / 1000.0))
         return np.asarray(-growth, dtype=np.float64)
 
+
+sole_unscored = True
+"""Where one node alone fits a pod of whole devices (or of none) and ties go to the first node, the
+pod is placed there without scoring it (the choice does not read the score); False: scored first
+(the same choice; a victim search's trims and final placement fit one node, its freed one)."""
 
 lazy_refresh = True
 """A placement brings the fragmentation model up to date on the nodes it scores alone (feasible,
