@@ -82,7 +82,21 @@ def pool(tmp_path_factory: pytest.TempPathFactory) -> Iterator[UpProcess]:
     try:
         yield server
     finally:
+        _delete_services(server)  # a service's replicas outlive `gpupool up` (a restart adopts them)
         server.stop()
+
+
+def _delete_services(pool: UpProcess) -> None:
+    """Delete every service and wait until the store holds no running pod."""
+    with pool.client() as api:
+        for service in api.get("/services").json():
+            api.delete(f"/services/{service['name']}", params={"tenant": service["tenant"]})
+
+        def quiet() -> bool:
+            with sqlite3.connect(pool.data_dir / "gpupool.sqlite") as db:
+                return db.execute("SELECT count(*) FROM pods WHERE finished_s IS NULL").fetchone()[0] == 0
+
+        until(quiet, 60, "every service's replicas ended")
 
 
 def tenant_token(pool: UpProcess, name: str) -> str:
