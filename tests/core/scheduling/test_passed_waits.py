@@ -19,7 +19,7 @@ from gpupool.config import load_config
 from gpupool.core.model import Workload
 from gpupool.core.scheduling import cycle
 from gpupool.core.scheduling.cycle import CycleResult, Policies, Wait, cycle_on
-from gpupool.core.scheduling.pending import PassedWaits
+from gpupool.core.scheduling.pending import MAX_VERDICTS, PassedWaits
 from gpupool.core.scheduling.view import ClusterView
 
 
@@ -110,19 +110,45 @@ def _drive(sequence: list, policies: Policies) -> list[CycleResult]:
 
 
 def test_a_changed_verdict_gets_a_new_record() -> None:
-    """The record is kept by the interned verdict it was built from: a verdict equal to the last
-    one gives the same record back, another one a new record (and is kept from then on)."""
+    """The records are kept per key by the interned verdict they were built from: a verdict equal to
+    the last one gives the same records back, another one new records for every workload of that
+    key, those passed over now and those that were not (and is kept from then on)."""
     waits = PassedWaits()
-    first = waits.intern((cycle.Reason.QUOTA_EXCEEDED, "Queue 'a' is over its quota."))
-    a = list(waits.records_for(["w1", "w2"], [first, first], cycle._wait_of))
-    assert a == [Wait("w1", *first), Wait("w2", *first)]
-    same = waits.intern((cycle.Reason.QUOTA_EXCEEDED, "Queue 'a' is over its quota."))
-    other = waits.intern((cycle.Reason.NO_NODE_FITS, "No node has room."))
-    b = list(waits.records_for(["w1", "w2"], [same, other], cycle._wait_of))
-    assert b[0] is a[0]
-    assert b[1] == Wait("w2", *other) and b[1] is not a[1]
-    c = list(waits.records_for(["w2"], [waits.intern((cycle.Reason.NO_NODE_FITS, "No node has room."))],
-                               cycle._wait_of))
-    assert c[0] is b[1]
+    quota = (cycle.Reason.QUOTA_EXCEEDED, "Queue 'a' is over its quota.")
+    room = (cycle.Reason.NO_NODE_FITS, "No node has room.")
+    kid_of = {"w1": 0, "w2": 0, "w3": 1}
+
+    def records(wids: list[str], verdicts: dict[int, tuple[cycle.Reason, str]]) -> list[Wait]:
+        interned = {kid: waits.intern(v) for kid, v in verdicts.items()}
+        return list(waits.records_by_key(wids, kid_of, interned, cycle._wait_of))
+
+    a = records(["w1", "w2", "w3"], {0: quota, 1: room})
+    assert a == [Wait("w1", *quota), Wait("w2", *quota), Wait("w3", *room)]
+    equal = (quota[0], quota[1][:5] + quota[1][5:])  # another object, equal
+    assert equal is not quota
+    b = records(["w2", "w1", "w3"], {0: equal, 1: room})  # equal verdicts: the same records
+    assert b[0] is a[1] and b[1] is a[0] and b[2] is a[2]
+    c = records(["w1"], {0: room, 1: room})  # key 0 changed while only w1 is passed over
+    assert c == [Wait("w1", *room)] and c[0] is not a[0]
+    d = records(["w2", "w3"], {0: room, 1: room})  # w2 was not passed over then: rebuilt all the same
+    assert d == [Wait("w2", *room), Wait("w3", *room)]
+    assert d[1] is a[2]
+    e = records(["w1", "w2"], {0: quota})  # back to the first verdict: new records again
+    assert e == [Wait("w1", *quota), Wait("w2", *quota)]
     waits.forget([workload(wid="w2")])  # departed: rebuilt if it comes back
     assert "w2" not in waits.records
+    assert records(["w2"], {0: quota}) == [Wait("w2", *quota)]
+
+
+def test_the_ids_kept_per_key_stay_bounded() -> None:
+    """Departed ids stay listed under their key until it changes; past a bound every record is
+    built afresh, so a long-lived view does not collect them without end."""
+    waits = PassedWaits()
+    verdict = {0: waits.intern((cycle.Reason.NO_NODE_FITS, "No node has room."))}
+    for step in range(3 * MAX_VERDICTS):
+        wid = f"w{step}"
+        found = list(waits.records_by_key([wid], {wid: 0}, verdict, cycle._wait_of))
+        assert found == [Wait(wid, *verdict[0])]
+        waits.forget([workload(wid=wid)])
+    assert waits.listed <= MAX_VERDICTS + 1
+    assert sum(map(len, waits.members.values())) == waits.listed

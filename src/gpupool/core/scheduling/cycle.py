@@ -1023,8 +1023,7 @@ class _Cycle:
             waits = self.view.passed_waits
             intern = waits.intern
             verdicts = {kid: intern(v) for kid, v in verdicts.items()}
-            found_list = list(map(verdicts.__getitem__, map(kid_of.__getitem__, wids)))
-            self.decisions.extend(waits.records_for(wids, found_list, _wait_of))
+            self.decisions.extend(waits.records_by_key(wids, kid_of, verdicts, _wait_of))
             return
         else:
             kinds = repeat(Wait)

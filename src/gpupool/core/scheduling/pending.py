@@ -8,10 +8,10 @@ changed, instead of a Python loop over every waiting workload on every cycle.
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
-from itertools import compress, repeat
-from operator import is_not, itemgetter
+from itertools import filterfalse, repeat
 from typing import Any, TypeVar, cast
 
 from gpupool.core.model import Workload
@@ -92,10 +92,6 @@ class PendingBook:
         self.counts.clear()
 
 
-_MISSING: tuple[object, object] = (None, None)
-_verdict = itemgetter(0)
-_record = itemgetter(1)
-
 MAX_VERDICTS = 4096
 """The most distinct verdicts `PassedWaits` interns before it starts afresh (a message may name
 amounts, so a long-lived view could otherwise collect them without end)."""
@@ -108,13 +104,21 @@ class PassedWaits:
     A cycle passes over most of a long queue with the verdict of its (queue, shape, rank), cycle
     after cycle the same one; building a fresh record for each of thousands of workloads is most of
     that pass. Verdicts are interned (`intern`), so "the same verdict as last time" is one identity
-    test per workload, run in C; only the workloads whose verdict changed (or that are new) get a
-    new record. The records are equal to fresh ones (they are immutable tuples of the same fields).
+    test per key (`records_by_key`); only the workloads whose key's verdict changed (or that are
+    new) get a new record. The records are equal to fresh ones (they are immutable tuples of the same fields).
     """
 
-    records: dict[str, tuple[object, Any]] = field(default_factory=dict)
-    """By workload id: (the interned verdict it was built from, the record)."""
+    records: dict[str, Any] = field(default_factory=dict)
+    """By workload id: the record last built (from its key's verdict in `by_kid`)."""
     interned: dict[Any, Any] = field(default_factory=dict)
+    by_kid: dict[int, object] = field(default_factory=dict)
+    """By `Meta.kid`: the interned verdict every record of that key in `records` was built from
+    (`records_by_key`); a key whose verdict changes has its records dropped first."""
+    members: dict[int, list[str]] = field(default_factory=dict)
+    """By `Meta.kid`: the ids whose records `records_by_key` built for that key (a superset:
+    dropping a record that is not the key's only costs its rebuild)."""
+    listed: int = 0
+    """How many ids `members` lists in all (bounded: past it, every record starts afresh)."""
 
     def intern(self, verdict: V) -> V:
         """The one object kept for verdicts equal to `verdict`."""
@@ -125,16 +129,34 @@ class PassedWaits:
             kept = self.interned[verdict] = verdict
         return cast(V, kept)
 
-    def records_for(self, wids: Sequence[str], verdicts: Sequence[V],
-                    make: Callable[[str, V], R]) -> Iterator[R]:
-        """The record of each workload (`make(wid, verdict)` unless the last one has the same interned
-        verdict), in order."""
-        records = self.records
-        kept = list(map(records.get, wids, repeat(_MISSING)))
-        for i in compress(range(len(kept)), map(is_not, map(_verdict, kept), verdicts)):
-            wid, verdict = wids[i], verdicts[i]
-            kept[i] = records[wid] = (verdict, make(wid, verdict))
-        return map(_record, kept)
+    def records_by_key(self, wids: Sequence[str], kid_of: dict[str, int], verdicts: dict[int, V],
+                       make: Callable[[str, V], R]) -> Iterator[R]:
+        """The record of each workload, in order: `make(wid, verdicts[kid_of[wid]])` (the verdicts
+        interned) unless the last one built has the same verdict. Checked per key rather than per
+        workload: the records of a key whose verdict is another object than last time are dropped
+        first, so every record left is current and only the missing ones are built; the passes
+        over `wids` run in C, the one in Python is over the keys."""
+        records, by_kid, members = self.records, self.by_kid, self.members
+        if self.listed > 2 * len(records) + MAX_VERDICTS:
+            records.clear()  # `members` lists departed ids too: start afresh rather than grow
+            by_kid.clear()
+            members.clear()
+            self.listed = 0
+        for kid, verdict in verdicts.items():
+            if by_kid.get(kid) is not verdict:
+                stale = members.pop(kid, None)
+                if stale is not None:
+                    self.listed -= len(stale)
+                    deque(map(records.pop, stale, repeat(None)), 0)
+                by_kid[kid] = verdict
+        missing = list(filterfalse(records.__contains__, wids))
+        for wid in missing:
+            kid = kid_of[wid]
+            verdict = verdicts[kid]
+            records[wid] = make(wid, verdict)
+            members.setdefault(kid, []).append(wid)
+        self.listed += len(missing)
+        return map(records.__getitem__, wids)
 
     def forget(self, workloads: Iterable[Workload]) -> None:
         """Drop the records of workloads no longer pending."""
@@ -145,3 +167,6 @@ class PassedWaits:
     def clear(self) -> None:
         self.records.clear()
         self.interned.clear()
+        self.by_kid.clear()
+        self.members.clear()
+        self.listed = 0
