@@ -8,12 +8,15 @@ import random
 import sys
 from pathlib import Path
 
+from gpupool.config import load_config
 from gpupool.core.model import Allocation, ClusterSnapshot
 from gpupool.core.scheduling.cycle import CycleResult, Policies
 from gpupool.core.scheduling.keeper import ViewKeeper
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "bench"))
 import cycle_latency
+
+ROOT = Path(__file__).resolve().parents[3]
 
 
 def bench_loop(policies: Policies, cycles: int, *, nodes: int, pending: int, seed: int, churn_seed: int,
@@ -43,3 +46,22 @@ def bench_loop(policies: Policies, cycles: int, *, nodes: int, pending: int, see
         out.append((result, draws.getstate()))
         now += 10.0
     return out
+
+
+def config_loop(config: str) -> list[tuple[CycleResult, object]]:
+    """`bench_loop` at the switch tests' scale (12 cycles, 60 nodes, 300 pending) under `default`
+    or a configuration file of the repository (e.g. bench/configs/full.yaml)."""
+    policies = load_config(None if config == "default" else ROOT / config).policies()
+    return bench_loop(policies, 12, nodes=60, pending=300, seed=7, churn_seed=3, churn=4)
+
+
+Cycles = list[tuple[CycleResult, object]]
+
+
+def assert_same_cycles(fast: Cycles, plain: Cycles) -> None:
+    """Every cycle decided alike (the decisions, their kinds, the preempted) and left the rng alike."""
+    for (a, rng_a), (b, rng_b) in zip(fast, plain, strict=True):
+        assert a.decisions == b.decisions
+        assert list(map(type, a.decisions)) == list(map(type, b.decisions))
+        assert a.preempted == b.preempted
+        assert rng_a == rng_b

@@ -6,21 +6,17 @@ they check (`Detached.flush(rows)`). The same decisions; where two nodes fit, th
 from __future__ import annotations
 
 import random
-from pathlib import Path
 
 import pytest
-from bench_loop import bench_loop
+from bench_loop import assert_same_cycles, config_loop
 
 from factories import node
-from gpupool.config import load_config
 from gpupool.core.model import Allocation, ClusterSnapshot, PodPlacement, PodRequest, Slice, Workload
 from gpupool.core.quota import QuotaConfig, devices_milli
 from gpupool.core.scheduling import preemption
-from gpupool.core.scheduling.cycle import CycleResult
 from gpupool.core.scheduling.preemption import VictimIndex, select_victims
 from gpupool.core.scheduling.view import ClusterView
 
-ROOT = Path(__file__).resolve().parents[3]
 NOW = 1000.0
 
 
@@ -113,11 +109,6 @@ def test_one_node_fitting_is_not_tried_and_the_victims_elsewhere_never_leave() -
     assert _counted_search(False) == (on_a, ["a"], 2, sorted(on_a + [f"b{i}" for i in range(7)]))
 
 
-def _bench_loop(config: str) -> list[tuple[CycleResult, object]]:
-    policies = load_config(None if config == "default" else ROOT / config).policies()
-    return bench_loop(policies, 12, nodes=60, pending=300, seed=7, churn_seed=3, churn=4)
-
-
 @pytest.mark.parametrize(("config", "least"), [("default", 5), ("bench/configs/full.yaml", 5)])
 def test_the_bench_loop_decides_the_same_without_the_known_trials(config: str, least: int) -> None:
     """Every decision of every cycle (victims in order, placements) and the rng after it equal with
@@ -132,14 +123,12 @@ def test_the_bench_loop_decides_the_same_without_the_known_trials(config: str, l
 
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(preemption, "_drop_apart_on", counted)
-        known = _bench_loop(config)
+        known = config_loop(config)
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(preemption, "place_known", False)
-        tried = _bench_loop(config)
+        tried = config_loop(config)
     assert len(skipped) >= least, f"only {len(skipped)} searches skipped their trial"
-    for (a, rng_a), (b, rng_b) in zip(known, tried, strict=True):
-        assert a.decisions == b.decisions
-        assert rng_a == rng_b
+    assert_same_cycles(known, tried)
     assert sum(len(r.preempted) for r, _ in known) > 0
 
 

@@ -4,19 +4,14 @@ the others wait until they are read. The same scores, so the same decisions."""
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import numpy as np
 import pytest
-from bench_loop import bench_loop
+from bench_loop import assert_same_cycles, config_loop
 
 from factories import node, pod
-from gpupool.config import load_config
 from gpupool.core.scheduling.policies import fgd
 from gpupool.core.scheduling.policies._frag import FragModel, estimate_mix
 from gpupool.core.state import ClusterState
-
-ROOT = Path(__file__).resolve().parents[3]
 
 
 def _changed_pool() -> tuple[ClusterState, FragModel]:
@@ -39,11 +34,6 @@ def test_refresh_at_brings_the_nodes_named_up_to_date_and_leaves_the_others() ->
     assert (model.frag == fresh.frag).all() and (model.version == state.node_version).all()
 
 
-def _loop(config: str) -> list[tuple[object, object]]:
-    policies = load_config(None if config == "default" else ROOT / config).policies()
-    return bench_loop(policies, 12, nodes=60, pending=300, seed=7, churn_seed=3, churn=4)
-
-
 @pytest.mark.parametrize("config", ["default", "bench/configs/full.yaml"])
 def test_the_bench_loop_decides_the_same_refreshing_lazily(config: str) -> None:
     """Every decision of every cycle and the rng after it equal with the model refreshed on every
@@ -58,11 +48,9 @@ def test_the_bench_loop_decides_the_same_refreshing_lazily(config: str) -> None:
 
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(FragModel, "refresh_at", counted)
-        lazy = _loop(config)
+        lazy = config_loop(config)
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(fgd, "lazy_refresh", False)
-        full = _loop(config)
+        full = config_loop(config)
     assert sum(skipped) > 100, "the lazy refresh never left a changed node for later"
-    for (a, rng_a), (b, rng_b) in zip(lazy, full, strict=True):
-        assert a.decisions == b.decisions  # type: ignore[attr-defined]
-        assert rng_a == rng_b
+    assert_same_cycles(lazy, full)

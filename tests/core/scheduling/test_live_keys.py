@@ -5,27 +5,17 @@ same set every time, so the same decisions."""
 from __future__ import annotations
 
 import random
-from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
-from bench_loop import bench_loop
+from bench_loop import assert_same_cycles, config_loop
 
-from gpupool.config import load_config
 from gpupool.core.scheduling import cycle
-from gpupool.core.scheduling.cycle import CycleResult
-
-ROOT = Path(__file__).resolve().parents[3]
 
 
 def _afresh(c: cycle._Cycle) -> set[object]:
     """`live` as it was made afresh after each preemption."""
     return {k for k, n in c.left.items() if n and k[0] not in c.blocked and k not in c.never}
-
-
-def _loop(config: str) -> list[tuple[CycleResult, object]]:
-    policies = load_config(None if config == "default" else ROOT / config).policies()
-    return bench_loop(policies, 12, nodes=60, pending=300, seed=7, churn_seed=3, churn=4)
 
 
 @pytest.mark.parametrize(("config", "unsettled", "zeroed"),
@@ -47,15 +37,13 @@ def test_live_after_a_preemption_is_the_set_made_afresh(config: str, unsettled: 
 
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(cycle._Cycle, "_revive", checked)
-        revived = _loop(config)
+        revived = config_loop(config)
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(cycle, "incremental_live", False)
-        afresh = _loop(config)
+        afresh = config_loop(config)
     assert seen["revived"] >= 5, seen
     assert seen["unsettled"] >= unsettled and seen["zeroed"] >= zeroed, seen
-    for (a, rng_a), (b, rng_b) in zip(revived, afresh, strict=True):
-        assert a.decisions == b.decisions
-        assert rng_a == rng_b
+    assert_same_cycles(revived, afresh)
     assert sum(len(r.preempted) for r, _ in revived) > 0
 
 

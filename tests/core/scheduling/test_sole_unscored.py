@@ -7,20 +7,16 @@ draws among ties are scored as before; the same choices, so the same decisions."
 from __future__ import annotations
 
 import random
-from pathlib import Path
 
 import pytest
-from bench_loop import bench_loop
+from bench_loop import assert_same_cycles, config_loop
 
 from factories import node, pod
-from gpupool.config import load_config
 from gpupool.core.model import PodRequest
 from gpupool.core.scheduling.policies import fgd
 from gpupool.core.scheduling.policies.base import Choice, make_policy
 from gpupool.core.scheduling.policies.fgd import Fgd
 from gpupool.core.state import ClusterState
-
-ROOT = Path(__file__).resolve().parents[3]
 
 
 def _pool() -> ClusterState:
@@ -91,11 +87,6 @@ def test_a_policy_drawing_among_ties_draws_as_before() -> None:
     assert _place(pod(3), _pool(), True, drawing, seed=9) == off
 
 
-def _loop(config: str) -> list[tuple[object, object]]:
-    policies = load_config(None if config == "default" else ROOT / config).policies()
-    return bench_loop(policies, 12, nodes=60, pending=300, seed=7, churn_seed=3, churn=4)
-
-
 @pytest.mark.parametrize("config", ["default", "bench/configs/full.yaml"])
 def test_the_bench_loop_decides_the_same_unscored(config: str) -> None:
     """Every decision of every cycle and the rng after it equal with every placement scored; and
@@ -110,11 +101,9 @@ def test_the_bench_loop_decides_the_same_unscored(config: str) -> None:
 
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(Fgd, "_evaluate", counted)
-        fast = _loop(config)
+        fast = config_loop(config)
         mp.setattr(fgd, "sole_unscored", False)
         phase = "scored"
-        scored = _loop(config)
+        scored = config_loop(config)
     assert calls["scored"] - calls["as configured"] >= 10, calls
-    for (a, rng_a), (b, rng_b) in zip(fast, scored, strict=True):
-        assert a.decisions == b.decisions  # type: ignore[attr-defined]
-        assert rng_a == rng_b
+    assert_same_cycles(fast, scored)
