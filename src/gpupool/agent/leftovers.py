@@ -62,8 +62,9 @@ def agent_mark(state_dir: Path) -> str:
 
 
 def pod_mark(agent: str, pod_id: str) -> dict[str, str]:
-    """The environment entry that marks a process as pod `pod_id`'s of the agent marked `agent`."""
-    return {MARKER: f"{agent}/{pod_id}"}
+    """The environment entries of pod `pod_id`'s processes under the agent marked `agent`: the id,
+    for the pod to read, and the marker its end's sweep looks for."""
+    return {"GPUPOOL_POD_ID": pod_id, MARKER: f"{agent}/{pod_id}"}
 
 
 def marker(agent: str, pod_id: str) -> bytes:

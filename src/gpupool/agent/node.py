@@ -391,8 +391,7 @@ class NodeAgent:
         pairs = ((str(home), inside["home"]), (str(SITECUSTOMIZE_DIR), inside["site"]),
                  (binds[inside["checkpoint"]], inside["checkpoint"]), (binds[inside["mps"]], inside["mps"]))
         moved = {host: inner for host, inner in pairs if host}
-        inner_env = {k: moved.get(v, v) for k, v in env.items()} | {"GPUPOOL_POD_ID": pod.pod_id,
-                                                                     **pod_mark(self.runner.mark, pod.pod_id)}
+        inner_env = {k: moved.get(v, v) for k, v in env.items()} | pod_mark(self.runner.mark, pod.pod_id)
         if "PYTHONPATH" in env:
             entries = env["PYTHONPATH"].split(os.pathsep)
             inner_env["PYTHONPATH"] = os.pathsep.join(moved.get(p, p) for p in entries)

@@ -252,7 +252,7 @@ class Runner:
                         self._finish(record, PodPhase.FAILED, 127, None,
                                      f"cannot mark the pod's account in use: {exc.strerror}")
                     return record
-            marked = {**env, "GPUPOOL_POD_ID": pod_id, **pod_mark(self.mark, pod_id)}
+            marked = {**env, **pod_mark(self.mark, pod_id)}
             self._spawn(record, marked, limits, identity, netns, namespace)
         finally:
             with self._lock:
