@@ -593,9 +593,12 @@ def _drop_apart_on(chosen: list[Running], node: int, view: ClusterView,
     a pod that fits some node; `charged`, where its queue has a quota, says whether it passes it.
     Were that trial the last placement to succeed, `select_victims` places the preemptor on this
     state again. Where the quota refuses it, the victims apart go off the state too and all stay."""
-    kept = [r for r in chosen if any(alloc.node == node for _, alloc in r.allocs)]
-    if charged is not None and len(kept) < len(chosen) and not charged(node, ()):
-        detach_all(view, [r for r in chosen if not any(alloc.node == node for _, alloc in r.allocs)])
+    kept: list[Running] = []
+    apart: list[Running] = []
+    for run in chosen:
+        (kept if any(alloc.node == node for _, alloc in run.allocs) else apart).append(run)
+    if charged is not None and apart and not charged(node, ()):
+        detach_all(view, apart)
         return chosen
     return kept
 
