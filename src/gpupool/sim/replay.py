@@ -286,16 +286,12 @@ class Replay:
         was_held = self._credit_locality_waits(now_s)
         requeued, waiting = 0, False
         for decision in result.decisions:
-            if type(decision) is Wait:  # most decisions on a backed-up pool: the match below, faster
+            if isinstance(decision, Wait):  # most decisions on a backed-up pool: before the match, faster
                 waiting = True
                 if decision.reason is Reason.WAITING_FOR_LOCALITY:
                     self._held_for_locality(decision.workload_id, decision.workload_id not in was_held, now_s)
                 continue
             match decision:
-                case Wait(workload_id=wid, reason=reason):
-                    waiting = True
-                    if reason is Reason.WAITING_FOR_LOCALITY:
-                        self._held_for_locality(wid, wid not in was_held, now_s)
                 case Stop(kind=EventKind.MOVE):
                     self._move(decision, now_s)
                 case Stop(kind=EventKind.MIGRATE):
