@@ -206,7 +206,7 @@ def gang_key(workload_id: str, master_addr: str, master_port: int) -> str:
     return _key("gang", workload_id, master_addr, str(master_port))
 
 
-def tenant_key(tenant: str, pod_network: ipaddress.IPv4Network | str = "") -> str:
+def tenant_key(tenant: str, pod_network: ipaddress.IPv4Network | str) -> str:
     """The key of `tenant`'s chain and set in the host's table, per pool (its pod network): two pools
     on one machine share the table, and a tenant named alike in the other pool is another tenant."""
     return _key("tenant", str(pod_network), tenant)
