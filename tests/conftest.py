@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -103,6 +104,21 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
 
 
 # One throwaway PostgreSQL per test process, shared by every test directory that asks for a store URL.
+_UMASK = os.umask(0o022)
+os.umask(_UMASK)
+"""The worker's umask as it started."""
+
+
+@pytest.fixture(scope="module", autouse=True)
+def umask_per_module() -> Iterator[None]:
+    """Each test file starts and ends with the worker's own umask: a server run in the test process
+    (`secure_data_dir`, as `gpupool up` does) sets 077 for the whole process, and a later file's
+    files meant for pods' accounts (a `--workdir`'s contents) were then unreadable to them."""
+    os.umask(_UMASK)
+    yield
+    os.umask(_UMASK)
+
+
 @pytest.fixture(scope="session")
 def postgres() -> Iterator[pgtemp.TempPostgres]:
     reason = pgtemp.why_unavailable()
