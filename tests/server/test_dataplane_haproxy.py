@@ -56,6 +56,16 @@ def server_states(plane: DataPlane, backend: str) -> dict[str, str]:
     return {cols[3]: cols[5] for cols in (row.split() for row in rows) if len(cols) > 5}
 
 
+DRAIN = 0x08
+"""SRV_ADMF_FDRAIN in `show servers state`'s srv_admin_state: set by `set server ... state drain`."""
+
+
+def server_admin(plane: DataPlane, backend: str) -> dict[str, int]:
+    """server name -> srv_admin_state (a bit field) from `show servers state`."""
+    rows = sup(plane).runtime.command(f"show servers state {backend}").splitlines()[2:]
+    return {cols[3]: int(cols[6]) for cols in (row.split() for row in rows) if len(cols) > 6}
+
+
 def test_replicas_are_added_drained_and_removed_without_a_reload(plane: DataPlane) -> None:
     plane.set_routes([Route("alice/rt", "alice", probe=PROBE)])
     master, worker = sup(plane).master_pid, worker_pid(plane)
@@ -71,7 +81,9 @@ def test_replicas_are_added_drained_and_removed_without_a_reload(plane: DataPlan
         swap = threading.Thread(target=plane.set_backends,
                                 args=("alice/rt", [Backend("rt-b", "127.0.0.1", b.port)]))
         swap.start()  # adds b, drains a: it returns once a's request is answered
-        wait_for("b added", lambda: "r-rt-b" in server_states(plane, "svc_alice.rt"))
+        # b is added, then a set to drain (two commands): requests go to b alone once a drains
+        wait_for("b added and a draining", lambda: "r-rt-b" in server_states(plane, "svc_alice.rt")
+                 and server_admin(plane, "svc_alice.rt").get("r-rt-a", 0) & DRAIN)
         answered = [get(plane.port, f"/s/alice/rt/n{i}", "gp_alice").text.split()[0] for i in range(4)]
         assert answered == ["b"] * 4
         assert swap.is_alive()  # still waiting for a's request in flight
