@@ -58,6 +58,19 @@ for line in sys.stdin:
         say(done=True)
     elif ask["op"] == "gang_address":
         say(address=net.gang_address(ask["port"]))
+    elif ask["op"] == "told":  # another machine's agent's word (node, incarnation, number)
+        net.told(ask["origin"], ask["incarnation"], ask["seq"], [Member(*m) for m in ask["added"]],
+                 ask["removed"], block=ask.get("block", ""))
+        say(done=True)
+    elif ask["op"] == "members":
+        say(members=[[m.address, m.tenant_key, m.gang_key] for m in net.members()], block=str(net.subnet))
+    elif ask["op"] == "remote_members":
+        say(members=sorted([m.address, m.tenant_key, m.gang_key] for m in net.remote_members()))
+    elif ask["op"] == "detach":  # the pod ended: answered once its teardown was announced
+        net.detach(ask["pod_id"])
+        with net._changed:
+            net._changed.wait_for(lambda: ask["pod_id"] not in net._pending)
+        say(done=True)
 for pod_id in net.attached():
     net.detach(pod_id)
 net.close()
@@ -67,14 +80,14 @@ net.close()
 class Host:
     """One machine: a network namespace with the node network's end and an agent's pod network."""
 
-    def __init__(self, name: str, slot: int) -> None:
-        self.name, self.slot = name, slot
+    def __init__(self, name: str, slot: int, network: ipaddress.IPv4Network = NETWORK) -> None:
+        self.name, self.slot, self.network = name, slot, network
         self.agent: subprocess.Popen[str] | None = None
         self.announced: list[dict[str, Any]] = []
 
     def start(self) -> None:
         self.agent = subprocess.Popen(["ip", "netns", "exec", self.name, sys.executable, "-c", AGENT,
-                                       str(NETWORK), str(self.slot)], stdin=subprocess.PIPE,
+                                       str(self.network), str(self.slot)], stdin=subprocess.PIPE,
                                       stdout=subprocess.PIPE, text=True)
         assert self._read() == {"ready": True}
 
@@ -94,6 +107,14 @@ class Host:
             if "added" not in answer:
                 return answer
             self.announced.append(answer)
+
+    def kill(self) -> None:
+        """The agent dies (nothing closed: its table, pods and namespaces stay on the host)."""
+        assert self.agent is not None
+        self.agent.kill()
+        self.agent.wait()
+        self.agent = None
+        self.announced.clear()
 
     def stop(self) -> None:
         if self.agent is not None:

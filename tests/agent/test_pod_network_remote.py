@@ -20,6 +20,7 @@ import pytest
 
 from gpupool.agent import netns
 from gpupool.agent.netns import Member, NetnsMode, NetworkSettings, PodNetwork, tenant_key
+from gpupool.errors import InvalidInput
 from netns_scripts import connect, listen
 
 WHY = netns.probe()
@@ -151,3 +152,28 @@ def _routes(*cidrs: str) -> dict[str, str]:
         for route in json.loads(done.stdout or "[]"):
             found[cidr] = route.get("gateway", "")
     return found
+
+
+def test_another_machines_words_apply_in_the_order_its_agent_said_them(
+        machine: tuple[PodNetwork, str]) -> None:
+    """Ray runs up to four of an agent's `network_members` calls at once: a pod's end said after its
+    start, arriving first, is not undone by the start; a restarted agent (another incarnation)
+    starts its numbering again, and a late word of the one before it is dropped."""
+    net, _remote = machine
+    carol, bob = tenant_key("carol", NETWORK), tenant_key("bob", NETWORK)
+    try:
+        net.told("m1", "first", 2, [], [REMOTE])  # the end, said second, arrives first
+        net.told("m1", "first", 1, [Member(REMOTE, carol)], [])
+        assert net.remote_members() == []
+        net.told("m1", "first", 3, [Member(REMOTE, carol)], [])  # the address taken again
+        assert net.remote_members() == [Member(REMOTE, carol)]
+        net.told("m1", "second", 1, [Member(REMOTE, bob)], [])  # its agent restarted: numbered anew
+        assert net.remote_members() == [Member(REMOTE, bob)]
+        net.told("m1", "first", 9, [], [REMOTE])  # a late word of the agent before it
+        assert net.remote_members() == [Member(REMOTE, bob)]
+        with pytest.raises(InvalidInput, match="not another machine's block"):
+            net.told("m1", "second", 2, [], [], block=str(net.subnet))  # this machine's own block
+        net.told("m1", "second", 2, [], [], block=str(netns.node_subnet(NETWORK, 1)))  # none left there
+        assert net.remote_members() == []
+    finally:
+        net.forget_remote([m.address for m in net.remote_members()])

@@ -305,7 +305,14 @@ class PodNetwork:
         self._routes: dict[str, str] = {}
         """Other machines' blocks (CIDR) -> the node address they are routed through."""
         self._remote: dict[str, Member] = {}
-        """The other machines' pods (by address) in this machine's table."""
+        """The other machines' pods (by address) in this machine's table (those an earlier agent
+        added too: `start` reads them back)."""
+        self._told_lock = threading.Lock()
+        self._told: dict[str, tuple[str, dict[str, int]]] = {}
+        """Each other machine's node -> (its agent's incarnation, address -> the number of the last
+        word of that agent on it): `told` applies what it says in its order."""
+        self._retired: set[str] = set()
+        """Incarnations of other machines' agents that were followed by another (ignored)."""
         self._tenants: set[str] = set()
         self._gangs: set[str] = set()
         """Tenants and gangs whose chains this agent has made (a launch then adds elements only)."""
@@ -851,6 +858,44 @@ class PodNetwork:
                 if m.gang_key:
                     self._gangs.add(m.gang_key)
 
+    def told(self, origin: str, incarnation: str, seq: int, added: Sequence[Member],
+             removed: Sequence[str], *, block: str = "") -> None:
+        """What the agent of another machine (node `origin`, this run of it: `incarnation`) said in
+        its word number `seq`: pods attached (`added`) and addresses given up (`removed`), applied
+        in the order it said them, whatever order they arrive in (a word on an address older than
+        the last one applied is dropped). With `block` (that machine's block), `added` is the whole
+        of its pods at that word: the other pods of the block this table holds are forgotten (what
+        a restarted agent, or the table of a machine whose agent restarted, missed meanwhile)."""
+        if not self.active:
+            return
+        subnet = ipaddress.IPv4Network(block) if block else None
+        if subnet is not None and (not subnet.subnet_of(self.settings.pod_network)
+                                   or subnet.overlaps(self.subnet)):
+            raise InvalidInput(f"Block {block} is not another machine's block of the pod network "
+                               f"{self.settings.pod_network}.")
+        with self._told_lock:
+            if incarnation in self._retired:
+                return  # a late word of an agent that was followed by another
+            last, seen = self._told.get(origin, ("", {}))
+            if last != incarnation:
+                if last:
+                    if len(self._retired) >= 10_000:
+                        self._retired.clear()
+                    self._retired.add(last)
+                seen = {}
+                self._told[origin] = (incarnation, seen)
+            fresh = [m for m in added if seen.get(m.address, -1) < seq]
+            gone = [a for a in removed if seen.get(a, -1) < seq]
+            if subnet is not None:
+                listed = {m.address for m in added}
+                with self._lock:
+                    held = [a for a in self._remote if ipaddress.IPv4Address(a) in subnet]
+                gone += [a for a in held if a not in listed and seen.get(a, -1) < seq]
+            for address in (*(m.address for m in fresh), *gone):
+                seen[address] = seq
+            self.forget_remote(gone)
+            self.add_remote(fresh)
+
     def forget_remote(self, addresses: Sequence[str]) -> None:
         """Pods of other machines that ended there (or whose machine left): no longer reached."""
         with self._lock:
@@ -932,10 +977,40 @@ class PodNetwork:
                 empty.append(name)
         if lines:
             _must(["nft", "-f", "-"], "\n".join(lines) + "\n")
+        self._adopt_remote(json.loads(done.stdout).get("nftables", []))
         for name in empty:  # another slot may still use it: then the chain's delete fails, and it stays
             chain = ("t_" if name.startswith("ta_") else "g_") + name.split("_", 1)[1]
             if _run(["nft", "delete", "chain", "inet", TABLE, chain]).returncode == 0:
                 _run(["nft", "delete", "set", "inet", TABLE, name])
+
+    def _adopt_remote(self, items: Sequence[dict[str, object]]) -> None:
+        """The other machines' pods an earlier agent of this machine put in the table (a restarted
+        agent): known again, so their ends and a whole set told by their machine (`told`) remove
+        them, and an address taken over there replaces its old tenant."""
+        remote: set[str] = set()
+        owners: dict[str, dict[str, str]] = {"ta_": {}, "gm_": {}}
+        for item in items:
+            body = item.get("set")
+            if not isinstance(body, dict):
+                continue
+            name = str(body.get("name", ""))
+            addresses = [_first_address(e) for e in body.get("elem", [])]
+            if name == "remote":
+                remote.update(a for a in addresses if a)
+            elif name[:3] in owners:
+                owners[name[:3]].update((a, name[3:]) for a in addresses if a)
+        adopted = {}
+        for address in remote:
+            try:
+                ip = ipaddress.IPv4Address(address)
+            except ValueError:
+                continue
+            tenant = owners["ta_"].get(address)
+            if tenant and ip in self.settings.pod_network and ip not in self.subnet:
+                adopted[address] = Member(address, tenant, owners["gm_"].get(address, ""))
+        with self._lock:
+            for address, member in adopted.items():
+                self._remote.setdefault(address, member)
 
     def _ours_dead(self, address: str, live: set[str]) -> bool:
         if not address:

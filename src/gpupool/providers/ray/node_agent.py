@@ -90,6 +90,11 @@ class NodeAgentActor:
         self._peer_handles: dict[str, Any] = {}
         self._remote_machines: dict[str, str] = {}
         """Each of them -> the join (Ray node id) it was told of under."""
+        self._incarnation = os.urandom(8).hex()
+        """This run of the agent (a restarted one is another): the other machines apply its words
+        in the order of their numbers (`_said`) within it."""
+        self._said = 0
+        self._said_lock = threading.Lock()
 
     def _bump(self) -> None:
         with self._changed:
@@ -117,33 +122,74 @@ class NodeAgentActor:
         self._remote_peers, self._remote_machines = remote, {n: machines.get(n, "") for n in remote}
         for name in joined:  # a machine that joined (again: its agent is another actor)
             self._peer_handles.pop(name, None)
-        members = agent.network.members() if agent.network.active else []
-        if joined and members:  # a machine that joins learns of the pods already running here
-            self._tell(joined, members, [])
+        if joined and agent.network.active:
+            # A machine that joins (or whose agent is another actor now) is told of all the pods
+            # here, as a whole (it forgets those of this block that ended meanwhile); and this agent
+            # (a restarted one counts every machine as joined) takes each one's whole set from it,
+            # so it knows the pods that started or ended there while it was away.
+            seq, members = self._said_now()
+            self._tell(joined, members, [], seq, block=str(agent.network.subnet))
+            self._pull(joined)
         return self.describe()
 
     @ray.method(concurrency_group="network")
-    def network_members(self, added: list[Member], removed: list[str]) -> None:
-        """Pods of another machine attached (before they start) or ended there."""
+    def network_members(self, origin: str, incarnation: str, seq: int, added: list[Member],
+                        removed: list[str], block: str = "") -> None:
+        """Pods of machine `origin` attached (before they start) or ended there, in its agent's word
+        number `seq`; with `block`, `added` is the whole of its pods (netns.PodNetwork.told)."""
+        self.local.agent.network.told(origin, incarnation, seq, added, removed, block=block)
+
+    @ray.method(concurrency_group="network")
+    def network_snapshot(self) -> tuple[str, str, int, list[Member], str]:
+        """This machine's pods as a whole, for an agent that joins or restarts: (node, incarnation,
+        the number of the last word said, the pods, this machine's block ('' without namespaces))."""
         network = self.local.agent.network
-        network.forget_remote(removed)
-        network.add_remote(added)
+        seq, members = self._said_now()
+        block = str(network.subnet) if network.active else ""
+        return self.config.name, self._incarnation, seq, members, block
+
+    def _said_now(self) -> tuple[int, list[Member]]:
+        """The number of the last word said, with the pods as they are after it (read under the same
+        lock that numbers a word: a word numbered later may already be in them, never one earlier
+        missing, as a pod is attached or torn down before its word is numbered)."""
+        with self._said_lock:
+            network = self.local.agent.network
+            return self._said, network.members() if network.active else []
+
+    def _pull(self, nodes: Sequence[str]) -> None:
+        refs = [peer.network_snapshot.remote() for peer in map(self._peer, nodes) if peer is not None]
+        ready, _ = ray.wait(refs, num_returns=len(refs), timeout=ANNOUNCE_WAIT_S) if refs else ([], [])
+        network = self.local.agent.network
+        for ref in ready:
+            try:
+                origin, incarnation, seq, members, block = ray.get(ref, timeout=0)
+            except (ray.exceptions.RayError, TimeoutError):
+                continue  # it left meanwhile (it tells this machine of its pods when it is back)
+            if block:
+                network.told(origin, incarnation, seq, members, [], block=block)
 
     def _announce(self, added: Sequence[Member], removed: Sequence[str]) -> None:
         if self._remote_peers:
-            self._tell(self._remote_peers, added, removed)
+            with self._said_lock:
+                self._said += 1
+                seq = self._said
+            self._tell(self._remote_peers, added, removed, seq)
 
-    def _tell(self, nodes: Sequence[str], added: Sequence[Member], removed: Sequence[str]) -> None:
-        refs: list[Any] = []
-        for name in nodes:
-            peer = self._peer_handles.get(name)
-            if peer is None:  # looked up once (a GCS round trip), not at every launch
-                try:
-                    peer = ray.get_actor(node_agent_name(name), namespace=NAMESPACE)
-                except ValueError:
-                    continue  # it left meanwhile
-                self._peer_handles[name] = peer
-            refs.append(peer.network_members.remote(list(added), list(removed)))
+    def _peer(self, name: str) -> Any:
+        peer = self._peer_handles.get(name)
+        if peer is None:  # looked up once (a GCS round trip), not at every launch
+            try:
+                peer = ray.get_actor(node_agent_name(name), namespace=NAMESPACE)
+            except ValueError:
+                return None  # it left meanwhile
+            self._peer_handles[name] = peer
+        return peer
+
+    def _tell(self, nodes: Sequence[str], added: Sequence[Member], removed: Sequence[str], seq: int,
+              block: str = "") -> None:
+        refs = [peer.network_members.remote(self.config.name, self._incarnation, seq, list(added),
+                                            list(removed), block)
+                for peer in map(self._peer, nodes) if peer is not None]
         if added and refs:  # the pod starts once the other machines let its traffic in
             ray.wait(refs, num_returns=len(refs), timeout=ANNOUNCE_WAIT_S)
 
