@@ -11,12 +11,17 @@ its own cluster up for all of its modules.
 from __future__ import annotations
 
 import ipaddress
+import json
 import socket
+import subprocess
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
 pytest.importorskip("ray", reason="the ray provider needs Ray (pip install 'gpupool[ray]')")
+
+import ray
 
 from factories import pod_python
 from gpupool.agent import netns
@@ -25,6 +30,10 @@ from gpupool.errors import NotFound
 from gpupool.pods import PodLaunch, PodPhase, PodStatus
 from gpupool.providers.base import Capability
 from gpupool.providers.ray import RayProvider
+from gpupool.providers.ray.network import NetworkPlan
+from gpupool.providers.ray.node_agent import NodeAgentActor
+from gpupool.providers.ray.nodeconfig import NodeConfig, node_agent_name
+from gpupool.providers.ray.settings import NAMESPACE
 from gpupool.server.db import Store
 from gpupool.server.services.netblocks import StoreBlocks
 from netns_scripts import connect, listen
@@ -35,6 +44,8 @@ pytestmark = [pytest.mark.slow,
               pytest.mark.skipif(bool(WHY), reason=f"network namespaces cannot be made here: {WHY}")]
 NETWORK = ipaddress.IPv4Network("10.248.0.0/16")
 """This file's own pod network: test files that run at once never share one."""
+SPARE_SLOTS = (5, 6)
+"""Blocks no simulated node of the module's pool takes (it has two): for agents a test starts."""
 PORT = 29_733
 PY = pod_python()
 
@@ -84,7 +95,7 @@ def pool(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[RayProvider
 def sweep() -> None:
     """What the simulated machines' agents left (killed with their Ray nodes, they closed nothing):
     an agent's start on each block sweeps whatever no live pod holds, as a machine's next join would."""
-    for slot in range(2):
+    for slot in (0, 1, *SPARE_SLOTS):
         leftover = netns.PodNetwork(NetworkSettings(mode=NetnsMode.ON, pod_network=NETWORK), slot)
         leftover.spares = 0
         leftover.start({})
@@ -187,6 +198,57 @@ def test_a_service_replica_stays_reachable_at_its_node_address(pool: tuple[RayPr
         assert conn.recv(100) == b"replica"
     provider.stop("replica", grace_s=1)
     _final(provider, "replica")
+
+
+def _remote_set() -> set[str]:
+    """The addresses in the host table's set of other machines' pods."""
+    done = subprocess.run(["nft", "-j", "list", "set", "inet", netns.TABLE, "remote"], capture_output=True,
+                          text=True, check=True)
+    sets = [item["set"] for item in json.loads(done.stdout)["nftables"] if "set" in item]
+    return {str(e) for body in sets for e in body.get("elem", [])}
+
+
+def test_a_restarted_agent_takes_the_pods_another_machine_started_while_it_was_away(
+        pool: tuple[RayProvider, Store], tmp_path: Path) -> None:
+    """Two more agents, p and q, each told (by the plans the test sends, as the provider would) that
+    the other is a machine of another host: q's agent restarts (Ray starts the actor again on the same
+    Ray node: no machine sees a join), p starts a pod meanwhile, and q, given its plan again, takes
+    p's whole set from p's agent: the pod is in q's table as another machine's."""
+    provider, _store = pool
+    settings = provider.network.settings
+    assert settings is not None
+    machines = {"p": (SPARE_SLOTS[0], "192.0.2.8"), "q": (SPARE_SLOTS[1], "192.0.2.9")}
+    agents = {name: NodeAgentActor.options(  # type: ignore[attr-defined]
+        name=node_agent_name(name), namespace=NAMESPACE).remote(
+        NodeConfig(name, str(tmp_path / name), simulate="1xT4")) for name in machines}
+
+    def plan(name: str) -> NetworkPlan:  # the other machine at an address of another host
+        peers = tuple((n, slot, address) if n != name else (n, slot, "127.0.0.1")
+                      for n, (slot, address) in sorted(machines.items()))
+        return NetworkPlan(settings, (), machines[name][0], peers, tuple((n, n) for n in sorted(machines)))
+
+    try:
+        for name, agent in agents.items():
+            assert ray.get(agent.use_network.remote(plan(name)), timeout=60).network_slot == machines[name][0]
+        pid = ray.get(agents["q"].pid.remote(), timeout=30)
+        ray.kill(agents["q"], no_restart=False)
+        wait_for(lambda: ray.get(agents["q"].pid.remote(), timeout=30) != pid, 60, "q's agent to restart")
+        started = ray.get(agents["p"].launch.remote(PodLaunch(
+            pod_id="p-pod", workload_id="w-p-pod", node="p", tenant="carol", rank=1, world_size=2,
+            master_addr="10.248.0.16", master_port=PORT,  # a gang's: its address is given up at its end
+            command=(PY, "-c", "import time; time.sleep(120)"))), timeout=60)
+        assert not started.phase.is_final, started
+        address = ray.get(agents["p"].network_snapshot.remote(), timeout=30)[3][0].address
+        assert address not in _remote_set()  # told to q before its plan: it had no table to put it in
+        assert ray.get(agents["q"].use_network.remote(plan("q")), timeout=60).network_slot == machines["q"][0]
+        assert address in _remote_set()
+        ray.get(agents["p"].stop.remote("p-pod", 1.0), timeout=30)
+        wait_for(lambda: ray.get(agents["p"].statuses.remote(["p-pod"]), timeout=30)["p-pod"].phase.is_final,
+                 60, "p's pod to end")
+        wait_for(lambda: address not in _remote_set(), 60, "q to forget p's ended pod")  # p told q
+    finally:
+        for agent in agents.values():
+            ray.kill(agent, no_restart=True)
 
 
 def test_a_machine_that_leaves_gives_its_block_back(pool: tuple[RayProvider, Store]) -> None:
