@@ -10,6 +10,7 @@ its own cluster up for all of its modules.
 
 from __future__ import annotations
 
+import functools
 import ipaddress
 import json
 import socket
@@ -208,12 +209,13 @@ def _remote_set() -> set[str]:
     return {str(e) for body in sets for e in body.get("elem", [])}
 
 
-def test_a_restarted_agent_takes_the_pods_another_machine_started_while_it_was_away(
+def test_a_restarted_agent_takes_its_plan_and_the_other_machines_pods_at_once(
         pool: tuple[RayProvider, Store], tmp_path: Path) -> None:
-    """Two more agents, p and q, each told (by the plans the test sends, as the provider would) that
-    the other is a machine of another host: q's agent restarts (Ray starts the actor again on the same
-    Ray node: no machine sees a join), p starts a pod meanwhile, and q, given its plan again, takes
-    p's whole set from p's agent: the pod is in q's table as another machine's."""
+    """Two more agents, p and q, each told by the plans the test sends (as the provider would) that
+    the other is a machine of another host. p starts a pod that q is not told of (p's plan does not
+    name q yet); then Ray restarts q's agent on the same Ray node (no machine sees a join). Before
+    anything is sent to it, the restarted agent has its block again (a pod launched there gets its
+    namespace, not the node's network) and has taken p's whole set from p's agent."""
     provider, _store = pool
     settings = provider.network.settings
     assert settings is not None
@@ -222,30 +224,50 @@ def test_a_restarted_agent_takes_the_pods_another_machine_started_while_it_was_a
         name=node_agent_name(name), namespace=NAMESPACE).remote(
         NodeConfig(name, str(tmp_path / name), simulate="1xT4")) for name in machines}
 
-    def plan(name: str) -> NetworkPlan:  # the other machine at an address of another host
-        peers = tuple((n, slot, address) if n != name else (n, slot, "127.0.0.1")
-                      for n, (slot, address) in sorted(machines.items()))
-        return NetworkPlan(settings, (), machines[name][0], peers, tuple((n, n) for n in sorted(machines)))
+    def plan(name: str, *others: str) -> NetworkPlan:  # the others at addresses of another host
+        named = sorted({name, *others})
+        peers = tuple((n, machines[n][0], machines[n][1] if n != name else "127.0.0.1") for n in named)
+        return NetworkPlan(settings, (), machines[name][0], peers, tuple((n, n) for n in named))
+
+    def launch(name: str, pod_id: str) -> None:  # a gang's rank 1: its address is given up at its end
+        started = ray.get(agents[name].launch.remote(PodLaunch(
+            pod_id=pod_id, workload_id="w-" + pod_id, node=name, tenant="carol", rank=1, world_size=2,
+            master_addr="10.248.0.16", master_port=PORT, command=(PY, "-c", "import time; time.sleep(120)"))),
+            timeout=60)
+        assert not started.phase.is_final, started
+
+    def take(name: str, given: NetworkPlan) -> None:
+        assert ray.get(agents[name].use_network.remote(given), timeout=60).network_slot == given.slot
+
+    def ended(name: str, pod_id: str) -> bool:
+        return bool(ray.get(agents[name].statuses.remote([pod_id]), timeout=30)[pod_id].phase.is_final)
+
+    def addresses(name: str) -> list[str]:
+        return [m.address for m in ray.get(agents[name].network_snapshot.remote(), timeout=30)[3]]
 
     try:
-        for name, agent in agents.items():
-            assert ray.get(agent.use_network.remote(plan(name)), timeout=60).network_slot == machines[name][0]
+        take("p", plan("p"))
+        take("q", plan("q", "p"))
+        launch("p", "p-pod")
+        (address,) = addresses("p")
+        assert address not in _remote_set()  # q was not told of it
+
         pid = ray.get(agents["q"].pid.remote(), timeout=30)
         ray.kill(agents["q"], no_restart=False)
         wait_for(lambda: ray.get(agents["q"].pid.remote(), timeout=30) != pid, 60, "q's agent to restart")
-        started = ray.get(agents["p"].launch.remote(PodLaunch(
-            pod_id="p-pod", workload_id="w-p-pod", node="p", tenant="carol", rank=1, world_size=2,
-            master_addr="10.248.0.16", master_port=PORT,  # a gang's: its address is given up at its end
-            command=(PY, "-c", "import time; time.sleep(120)"))), timeout=60)
-        assert not started.phase.is_final, started
-        address = ray.get(agents["p"].network_snapshot.remote(), timeout=30)[3][0].address
-        assert address not in _remote_set()  # told to q before its plan: it had no table to put it in
-        assert ray.get(agents["q"].use_network.remote(plan("q")), timeout=60).network_slot == machines["q"][0]
-        assert address in _remote_set()
-        ray.get(agents["p"].stop.remote("p-pod", 1.0), timeout=30)
-        wait_for(lambda: ray.get(agents["p"].statuses.remote(["p-pod"]), timeout=30)["p-pod"].phase.is_final,
-                 60, "p's pod to end")
-        wait_for(lambda: address not in _remote_set(), 60, "q to forget p's ended pod")  # p told q
+        assert ray.get(agents["q"].describe.remote(), timeout=30).network_slot == machines["q"][0]
+        assert address in _remote_set()  # taken from p's agent
+        launch("q", "q-pod")
+        (mine,) = addresses("q")  # in its own namespace, at an address of its block
+        assert ipaddress.IPv4Address(mine) in netns.node_subnet(NETWORK, machines["q"][0])
+
+        # p learns of q (its plan names it now): what it says from then on reaches q, numbered after
+        # the whole set it told q
+        take("p", plan("p", "q"))
+        for name, pod_id in (("p", "p-pod"), ("q", "q-pod")):
+            ray.get(agents[name].stop.remote(pod_id, 1.0), timeout=30)
+            wait_for(functools.partial(ended, name, pod_id), 60, f"{pod_id} to end")
+        wait_for(lambda: address not in _remote_set(), 60, "q to forget p's ended pod")
     finally:
         for agent in agents.values():
             ray.kill(agent, no_restart=True)

@@ -14,13 +14,19 @@ agent gives that pod.
 
 Each agent tells the agents of the other machines of every pod it attaches before the pod starts,
 and of the addresses its ended pods gave up (`NodeAgentActor.network_members`, in a concurrency group
-of its own, so two agents announcing to each other never wait on each other's launch); a machine
-that joins is told of the pods already running. Machines that share one host (simulated nodes) share
-that host's table, and tell each other nothing.
+of its own, so two agents announcing to each other never wait on each other's launch), each word
+numbered so the receiver applies them in the order said (netns.PodNetwork.told). An agent that takes
+a plan naming a machine it has not heard of under that join (a machine that joined; every machine,
+for an agent Ray restarted on the same Ray node) tells it all its pods as a whole and takes that
+machine's whole set from its agent (`network_snapshot`), so what started or ended while either was
+away is in both tables. Machines that share one host (simulated nodes) share that host's table, and
+tell each other nothing.
 """
 
 from __future__ import annotations
 
+import ipaddress
+import json
 import logging
 import threading
 import time
@@ -52,6 +58,26 @@ class NetworkPlan:
     """(node, slot, node address) of every machine of the pool, this one included."""
     machines: tuple[tuple[str, str], ...] = ()
     """(node, the Ray node id of its join): a node that joined again is told of the pods anew."""
+
+    def to_json(self) -> str:
+        """What the agent keeps in its state directory: an agent Ray restarts takes it again at once."""
+        s = self.settings
+        return json.dumps({"mode": s.mode.value, "pod_network": str(s.pod_network),
+                           "reachable": [str(n) for n in s.reachable], "published": self.published,
+                           "slot": self.slot, "peers": self.peers, "machines": self.machines})
+
+    @classmethod
+    def from_json(cls, text: str) -> NetworkPlan | None:
+        """The plan `to_json` wrote (None when it cannot be read as one)."""
+        try:
+            data = json.loads(text)
+            settings = NetworkSettings(NetnsMode(data["mode"]), ipaddress.IPv4Network(data["pod_network"]),
+                                       tuple(ipaddress.IPv4Network(n) for n in data["reachable"]))
+            return cls(settings, tuple((str(h), int(p)) for h, p in data["published"]), int(data["slot"]),
+                       tuple((str(n), int(s), str(a)) for n, s, a in data["peers"]),
+                       tuple((str(n), str(m)) for n, m in data["machines"]))
+        except (ValueError, KeyError, TypeError):
+            return None
 
 
 @dataclass

@@ -18,6 +18,7 @@ after a launch always finds the pod.
 
 from __future__ import annotations
 
+import logging
 import os
 import socket
 import threading
@@ -41,12 +42,16 @@ from gpupool.providers.ray.settings import NAMESPACE
 if TYPE_CHECKING:
     from gpupool.providers.ray.network import NetworkPlan
 
+log = logging.getLogger("gpupool.ray")
 WATCH_MAX_S = 2.0
 """The longest a `watch` call waits before answering with no change."""
 WATCHERS = 64
 """Watch calls served at once (one per provider per busy node, usually one provider)."""
 NETWORK_CALLS = 4
 """Other machines' agents' `network_members` calls served at once."""
+PLAN_FILE = "network-plan.json"
+"""The last pod network plan the agent took, in its state directory (an agent Ray restarts takes it
+again before any call: its pods never start without their namespaces meanwhile)."""
 ANNOUNCE_WAIT_S = 5.0
 """The longest a launch waits for the other machines to take its pod's address (network.py)."""
 
@@ -95,6 +100,10 @@ class NodeAgentActor:
         in the order of their numbers (`_said`) within it."""
         self._said = 0
         self._said_lock = threading.Lock()
+        if ray.get_runtime_context().was_current_actor_reconstructed:
+            plan = self._kept_plan()
+            if plan is not None:  # Ray started this agent again on the same Ray node: no join is seen
+                self.use_network(plan)
 
     def _bump(self) -> None:
         with self._changed:
@@ -115,6 +124,7 @@ class NodeAgentActor:
         and before any launch here); answers the description that says whether pods get namespaces."""
         agent = self.local.agent
         agent.use_network(plan.settings, plan.slot, plan.published, plan.peers, announce=self._announce)
+        self._keep_plan(plan)
         remote = tuple(sorted(name for name, slot, address in plan.peers
                               if slot != plan.slot and agent.network.routes([(name, slot, address)])))
         machines = dict(plan.machines)
@@ -131,6 +141,26 @@ class NodeAgentActor:
             self._tell(joined, members, [], seq, block=str(agent.network.subnet))
             self._pull(joined)
         return self.describe()
+
+    def _keep_plan(self, plan: NetworkPlan) -> None:
+        path = self.config.agent_dir() / PLAN_FILE
+        temporary = path.with_name(f".{PLAN_FILE}.{os.getpid()}")
+        try:
+            with open(os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600),
+                      "w") as handle:
+                handle.write(plan.to_json())
+            os.replace(temporary, path)
+        except OSError as exc:
+            log.warning("node %s: the pod network plan was not kept (%s): a restart waits for the next",
+                        self.config.name, exc)
+
+    def _kept_plan(self) -> NetworkPlan | None:
+        from gpupool.providers.ray.network import NetworkPlan  # network.py imports this module
+
+        try:
+            return NetworkPlan.from_json((self.config.agent_dir() / PLAN_FILE).read_text())
+        except OSError:
+            return None
 
     @ray.method(concurrency_group="network")
     def network_members(self, origin: str, incarnation: str, seq: int, added: list[Member],
