@@ -19,7 +19,8 @@ numbered so the receiver applies them in the order said (netns.PodNetwork.told).
 a plan naming a machine it has not heard of under that join (a machine that joined; every machine,
 for an agent Ray restarted on the same Ray node) tells it all its pods as a whole and takes that
 machine's whole set from its agent (`network_snapshot`), so what started or ended while either was
-away is in both tables. Machines that share one host (simulated nodes) share that host's table, and
+away is in both tables. An agent keeps its last plan in its state directory, and one Ray restarts
+takes it again (and those sets) before it answers any call. Machines that share one host (simulated nodes) share that host's table, and
 tell each other nothing.
 """
 
@@ -43,8 +44,8 @@ from gpupool.providers.ray.membership import RayNode
 
 log = logging.getLogger("gpupool.ray")
 RESEND_S = 5.0
-"""A plan whose node's description says its agent has no block (a restarted agent) is sent again
-after this long."""
+"""A plan whose node's description says its agent has no block (a restarted agent that could not
+read the plan it kept) is sent again after this long."""
 
 
 @dataclass(frozen=True, slots=True)
