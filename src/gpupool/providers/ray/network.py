@@ -16,12 +16,12 @@ Each agent tells the agents of the other machines of every pod it attaches befor
 and of the addresses its ended pods gave up (`NodeAgentActor.network_members`, in a concurrency group
 of its own, so two agents announcing to each other never wait on each other's launch), each word
 numbered so the receiver applies them in the order said (netns.PodNetwork.told). An agent that takes
-a plan naming a machine it has not heard of under that join (a machine that joined; every machine,
-for an agent Ray restarted on the same Ray node) tells it all its pods as a whole and takes that
-machine's whole set from its agent (`network_snapshot`), so what started or ended while either was
-away is in both tables. An agent keeps its last plan in its state directory, and one Ray restarts
-takes it again (and those sets) before it answers any call. Machines that share one host (simulated nodes) share that host's table, and
-tell each other nothing.
+a plan naming a machine it has not heard of under that join tells it all its pods as a whole; an
+agent's first plan (a restarted agent's too: Ray starts it again on the same Ray node, so no machine
+sees a join) also takes every other machine's whole set from its agent (`network_snapshot`), so
+what started or ended while it was away is in its table. An agent keeps its last plan in its state
+directory, and one Ray restarts takes it again (and those sets) before it answers any call.
+Machines that share one host (simulated nodes) share that host's table, and tell each other nothing.
 """
 
 from __future__ import annotations

@@ -54,6 +54,8 @@ PLAN_FILE = "network-plan.json"
 again before any call: its pods never start without their namespaces meanwhile)."""
 ANNOUNCE_WAIT_S = 5.0
 """The longest a launch waits for the other machines to take its pod's address (network.py)."""
+PULL_LATE_S = 120.0
+"""The longest an agent waits, off its calls' path, for another machine's whole set (network.py)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -100,6 +102,8 @@ class NodeAgentActor:
         in the order of their numbers (`_said`) within it."""
         self._said = 0
         self._said_lock = threading.Lock()
+        self._pulled = False
+        """Whether this agent took the other machines' whole sets (at its first plan)."""
         if ray.get_runtime_context().was_current_actor_reconstructed:
             plan = self._kept_plan()
             if plan is not None:  # Ray started this agent again on the same Ray node: no join is seen
@@ -134,12 +138,15 @@ class NodeAgentActor:
             self._peer_handles.pop(name, None)
         if joined and agent.network.active:
             # A machine that joins (or whose agent is another actor now) is told of all the pods
-            # here, as a whole (it forgets those of this block that ended meanwhile); and this agent
-            # (a restarted one counts every machine as joined) takes each one's whole set from it,
-            # so it knows the pods that started or ended there while it was away.
+            # here, as a whole (it forgets those of this block that ended meanwhile).
             seq, members = self._said_now()
             self._tell(joined, members, [], seq, block=str(agent.network.subnet))
-            self._pull(joined)
+        if remote and agent.network.active and not self._pulled:
+            # This agent's first plan (a restarted one's too: the other machines see no join, and
+            # tell it nothing of what started or ended there while it was away): it takes each
+            # machine's whole set from its agent. Later joins tell it theirs (above, on their side).
+            self._pulled = True
+            self._pull(remote)
         return self.describe()
 
     def _keep_plan(self, plan: NetworkPlan) -> None:
@@ -187,16 +194,30 @@ class NodeAgentActor:
             return self._said, network.members() if network.active else []
 
     def _pull(self, nodes: Sequence[str]) -> None:
+        """Take these machines' whole sets: those that answer within ANNOUNCE_WAIT_S before this
+        call returns, the others (an agent busy or starting) by a thread when they answer (a set
+        applied late drops nothing said after it: PodNetwork.told)."""
         refs = [peer.network_snapshot.remote() for peer in map(self._peer, nodes) if peer is not None]
-        ready, _ = ray.wait(refs, num_returns=len(refs), timeout=ANNOUNCE_WAIT_S) if refs else ([], [])
-        network = self.local.agent.network
+        ready, late = ray.wait(refs, num_returns=len(refs), timeout=ANNOUNCE_WAIT_S) if refs else ([], [])
         for ref in ready:
-            try:
-                origin, incarnation, seq, members, block = ray.get(ref, timeout=0)
-            except (ray.exceptions.RayError, TimeoutError):
-                continue  # it left meanwhile (it tells this machine of its pods when it is back)
-            if block:
-                network.told(origin, incarnation, seq, members, [], block=block)
+            self._take_set(ref, 0)
+        if late:
+            threading.Thread(target=self._take_sets, args=(late, PULL_LATE_S), name="gpupool-network-pull",
+                             daemon=True).start()
+
+    def _take_sets(self, refs: Sequence[Any], timeout_s: float) -> None:
+        for ref in refs:
+            self._take_set(ref, timeout_s)
+
+    def _take_set(self, ref: Any, timeout_s: float) -> None:
+        try:
+            origin, incarnation, seq, members, block = ray.get(ref, timeout=timeout_s)
+        except (ray.exceptions.RayError, TimeoutError):
+            log.warning("node %s: another machine's whole set of pods was not taken (its agent did not "
+                        "answer): only what it says from now on is known here", self.config.name)
+            return
+        if block:
+            self.local.agent.network.told(origin, incarnation, seq, members, [], block=block)
 
     def _announce(self, added: Sequence[Member], removed: Sequence[str]) -> None:
         if self._remote_peers:
