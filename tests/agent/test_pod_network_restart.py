@@ -7,7 +7,7 @@ started on the other machine while it was away, and the pod of another tenant th
 address of one of its tenant's ended pods is not let in as that tenant.
 
 Two hosts, each a network namespace with its own table, as in test_pod_network_hosts.py (its agent
-script and helpers); the words the agents say are handed over by the test, numbered as the Ray
+script and functions); the words the agents say are handed over by the test, numbered as the Ray
 agents number them. Root, iproute2, nftables and nsenter, else skipped with why.
 """
 
