@@ -16,6 +16,7 @@ import json
 import socket
 import subprocess
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -32,7 +33,7 @@ from gpupool.pods import PodLaunch, PodPhase, PodStatus
 from gpupool.providers.base import Capability
 from gpupool.providers.ray import RayProvider
 from gpupool.providers.ray.network import NetworkPlan
-from gpupool.providers.ray.node_agent import NodeAgentActor
+from gpupool.providers.ray.node_agent import PLAN_FILE, NodeAgentActor
 from gpupool.providers.ray.nodeconfig import NodeConfig, node_agent_name
 from gpupool.providers.ray.settings import NAMESPACE
 from gpupool.server.db import Store
@@ -212,14 +213,15 @@ def _remote_set() -> set[str]:
 def test_a_restarted_agent_takes_its_plan_and_the_other_machines_pods_at_once(
         pool: tuple[RayProvider, Store], tmp_path: Path) -> None:
     """Two more agents, p and q, each told by the plans the test sends (as the provider would) that
-    the other is a machine of another host. p starts a pod that q is not told of (p's plan does not
-    name q yet); then Ray restarts q's agent on the same Ray node (no machine sees a join). Before
-    anything is sent to it, the restarted agent has its block again (a pod launched there gets its
-    namespace, not the node's network) and has taken p's whole set from p's agent."""
+    the other is a machine of another host (at an address of TEST-NET-2). p starts a pod that q is
+    not told of (p's plan does not name q yet); then Ray restarts q's agent on the same Ray node (no
+    machine sees a join). Before anything is sent to it, the restarted agent has its block again (a
+    pod launched there gets its namespace, not the node's network) and has taken p's whole set from
+    p's agent."""
     provider, _store = pool
     settings = provider.network.settings
     assert settings is not None
-    machines = {"p": (SPARE_SLOTS[0], "192.0.2.8"), "q": (SPARE_SLOTS[1], "192.0.2.9")}
+    machines = {"p": (SPARE_SLOTS[0], "198.51.100.8"), "q": (SPARE_SLOTS[1], "198.51.100.9")}
     agents = {name: NodeAgentActor.options(  # type: ignore[attr-defined]
         name=node_agent_name(name), namespace=NAMESPACE).remote(
         NodeConfig(name, str(tmp_path / name), simulate="1xT4")) for name in machines}
@@ -271,6 +273,40 @@ def test_a_restarted_agent_takes_its_plan_and_the_other_machines_pods_at_once(
     finally:
         for agent in agents.values():
             ray.kill(agent, no_restart=True)
+        for slot, _address in machines.values():  # where the host has a way to the addresses named
+            subprocess.run(["ip", "route", "del", str(netns.node_subnet(NETWORK, slot))], capture_output=True,
+                           check=False)
+
+
+def test_a_restarted_agent_that_cannot_take_its_kept_plan_still_starts(
+        pool: tuple[RayProvider, Store], tmp_path: Path) -> None:
+    """The block of the plan an agent kept is held by another agent of this machine when Ray
+    restarts it (the plan names another block than the one it had): the agent starts without
+    namespaces (its description says so; the server's next plan is taken as ever) instead of failing
+    its start over and over."""
+    provider, _store = pool
+    settings = provider.network.settings
+    assert settings is not None
+    mine, held = SPARE_SLOTS
+    agent = NodeAgentActor.options(  # type: ignore[attr-defined]
+        name=node_agent_name("r"), namespace=NAMESPACE).remote(
+        NodeConfig("r", str(tmp_path), simulate="1xT4"))
+    holder = netns.PodNetwork(NetworkSettings(mode=NetnsMode.ON, pod_network=NETWORK), held)
+    holder.spares = 0
+    try:
+        plan = NetworkPlan(settings, (), mine, (("r", mine, "127.0.0.1"),), (("r", "r"),))
+        assert ray.get(agent.use_network.remote(plan), timeout=60).network_slot == mine
+        holder.start({})  # holds block `held` from now on
+        kept = tmp_path / "node" / PLAN_FILE
+        kept.write_text(replace(plan, slot=held, peers=(("r", held, "127.0.0.1"),)).to_json())
+        pid = ray.get(agent.pid.remote(), timeout=30)
+        ray.kill(agent, no_restart=False)
+        wait_for(lambda: ray.get(agent.pid.remote(), timeout=30) != pid, 60, "r's agent to restart")
+        assert ray.get(agent.describe.remote(), timeout=30).network_slot == -1
+        assert ray.get(agent.use_network.remote(plan), timeout=60).network_slot == mine  # the server's
+    finally:
+        ray.kill(agent, no_restart=True)
+        holder.close()
 
 
 def test_a_machine_that_leaves_gives_its_block_back(pool: tuple[RayProvider, Store]) -> None:

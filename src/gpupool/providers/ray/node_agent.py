@@ -107,7 +107,11 @@ class NodeAgentActor:
         if ray.get_runtime_context().was_current_actor_reconstructed:
             plan = self._kept_plan()
             if plan is not None:  # Ray started this agent again on the same Ray node: no join is seen
-                self.use_network(plan)
+                try:
+                    self.use_network(plan)
+                except (GpupoolError, OSError) as exc:  # a failing start would be restarted for ever
+                    log.warning("node %s: the kept pod network plan was not taken (%s); the server's "
+                                "next one is", config.name, exc)
 
     def _bump(self) -> None:
         with self._changed:
