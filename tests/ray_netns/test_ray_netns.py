@@ -46,6 +46,8 @@ pytestmark = [pytest.mark.slow,
               pytest.mark.skipif(bool(WHY), reason=f"network namespaces cannot be made here: {WHY}")]
 NETWORK = ipaddress.IPv4Network("10.248.0.0/16")
 """This file's own pod network: test files that run at once never share one."""
+OTHER_NETWORK = ipaddress.IPv4Network("10.249.0.0/16")
+"""Another pool's pod network (an agent of it answers a block outside NETWORK)."""
 SPARE_SLOTS = (5, 6)
 """Blocks no simulated node of the module's pool takes (it has two): for agents a test starts."""
 PORT = 29_733
@@ -95,10 +97,12 @@ def pool(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[RayProvider
 
 
 def sweep() -> None:
-    """What the simulated machines' agents left (killed with their Ray nodes, they closed nothing):
-    an agent's start on each block sweeps whatever no live pod holds, as a machine's next join would."""
-    for slot in (0, 1, *SPARE_SLOTS):
-        leftover = netns.PodNetwork(NetworkSettings(mode=NetnsMode.ON, pod_network=NETWORK), slot)
+    """What the simulated machines' agents (and the tests' own agents) left (killed, they closed
+    nothing): an agent's start on each block sweeps whatever no live pod holds, as a machine's next
+    join would."""
+    blocks = [(NETWORK, slot) for slot in (0, 1, *SPARE_SLOTS)] + [(OTHER_NETWORK, 0)]
+    for network, slot in blocks:
+        leftover = netns.PodNetwork(NetworkSettings(mode=NetnsMode.ON, pod_network=network), slot)
         leftover.spares = 0
         leftover.start({})
         leftover.close()
@@ -307,6 +311,31 @@ def test_a_restarted_agent_that_cannot_take_its_kept_plan_still_starts(
     finally:
         ray.kill(agent, no_restart=True)
         holder.close()
+
+
+def test_an_agent_takes_its_plan_though_another_machine_answers_a_block_not_of_its_pod_network(
+        pool: tuple[RayProvider, Store], tmp_path: Path) -> None:
+    """Another machine's agent answers its whole set with a block outside this pool's pod network
+    (an agent of another pool under the same name): its pods are not taken, and the plan is."""
+    provider, _store = pool
+    settings = provider.network.settings
+    assert settings is not None
+    other = NetworkSettings(mode=NetnsMode.ON, pod_network=OTHER_NETWORK)
+    agents = {name: NodeAgentActor.options(  # type: ignore[attr-defined]
+        name=node_agent_name(name), namespace=NAMESPACE).remote(
+        NodeConfig(name, str(tmp_path / name), simulate="1xT4")) for name in ("s", "t")}
+    try:
+        s_plan = NetworkPlan(other, (), 0, (("s", 0, "127.0.0.1"),), (("s", "s"),))
+        assert ray.get(agents["s"].use_network.remote(s_plan), timeout=60).network_slot == 0
+        t_slot, s_slot = SPARE_SLOTS  # s as t's plan names it: another host's
+        peers = (("s", s_slot, "198.51.100.7"), ("t", t_slot, "127.0.0.1"))
+        t_plan = NetworkPlan(settings, (), t_slot, peers, (("s", "s"), ("t", "t")))
+        assert ray.get(agents["t"].use_network.remote(t_plan), timeout=60).network_slot == t_slot
+    finally:
+        for agent in agents.values():
+            ray.kill(agent, no_restart=True)
+        subprocess.run(["ip", "route", "del", str(netns.node_subnet(NETWORK, SPARE_SLOTS[1]))],
+                       capture_output=True, check=False)
 
 
 def test_a_machine_that_leaves_gives_its_block_back(pool: tuple[RayProvider, Store]) -> None:

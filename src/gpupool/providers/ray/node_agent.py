@@ -221,7 +221,10 @@ class NodeAgentActor:
                         "answer): only what it says from now on is known here", self.config.name)
             return
         if block:
-            self.local.agent.network.told(origin, incarnation, seq, members, [], block=block)
+            try:
+                self.local.agent.network.told(origin, incarnation, seq, members, [], block=block)
+            except GpupoolError as exc:  # not a block of this pool's other machines: not taken
+                log.warning("node %s: node %s's pods were not taken: %s", self.config.name, origin, exc)
 
     def _announce(self, added: Sequence[Member], removed: Sequence[str]) -> None:
         if self._remote_peers:
