@@ -338,6 +338,63 @@ def test_an_agent_takes_its_plan_though_another_machine_answers_a_block_not_of_i
                        capture_output=True, check=False)
 
 
+@pytest.fixture(scope="module")
+def actors(pool: tuple[RayProvider, Store]) -> Iterator[RayProvider]:
+    """A provider of the actor carrier on the module's cluster (its pods' namespaces are lent by the
+    node agents the module's provider gave their blocks and plans)."""
+    provider = RayProvider(pool[0].address, data_dir=pool[0].data_dir, pod_carrier="actor")
+    try:
+        yield provider
+    finally:
+        provider.close(stop_pods=True)
+
+
+def _addresses(provider: RayProvider, node: str) -> list[str]:
+    """The addresses of the pods in `node`'s namespaces, as its agent tells the other machines."""
+    agent = ray.get_actor(node_agent_name(node), namespace=NAMESPACE)
+    return [m.address for m in ray.get(agent.network_snapshot.remote(), timeout=30)[3]]
+
+
+def test_an_actor_carried_pod_has_its_namespace_and_another_tenants_pod_cannot_reach_it(
+        pool: tuple[RayProvider, Store], actors: RayProvider) -> None:
+    provider, store = pool
+    _launch(actors, "bob-actor-server", "t4-000", "bob", listen("secret of bob"))
+    address = _log(actors, "bob-actor-server", "address").split()[1]
+    assert ipaddress.IPv4Address(address) in netns.node_subnet(NETWORK, StoreBlocks(store).held()["t4-000"])
+    assert address in _addresses(provider, "t4-000")  # the node agent's, told to the other machines
+    _launch(actors, "alice-actor-probe", "t4-001", "alice", connect(address))
+    _launch(actors, "bob-actor-probe", "t4-001", "bob", connect(address))
+    _launch(provider, "alice-group-probe", "t4-000", "alice", connect(address))
+    for owner, pod_id in ((actors, "alice-actor-probe"), (actors, "bob-actor-probe"),
+                          (provider, "alice-group-probe")):
+        assert _final(owner, pod_id).phase is PodPhase.SUCCEEDED
+    assert actors.read_log("alice-actor-probe").text.strip() == "blocked TimeoutError"
+    assert provider.read_log("alice-group-probe").text.strip() == "blocked TimeoutError"
+    assert actors.read_log("bob-actor-probe").text.strip() == "reached secret of bob"
+    actors.stop("bob-actor-server", grace_s=1)
+    _final(actors, "bob-actor-server")
+    # its namespace was given back: kept for bob's next pod there (never another tenant's)
+    _launch(actors, "bob-actor-next", "t4-000", "bob", "import os; print(os.environ['GPUPOOL_POD_ADDRESS'])")
+    assert _final(actors, "bob-actor-next").phase is PodPhase.SUCCEEDED
+    assert actors.read_log("bob-actor-next").text.strip() == address
+
+
+def test_an_actor_carried_gang_meets_at_the_master_addr_of_its_block(
+        pool: tuple[RayProvider, Store], actors: RayProvider) -> None:
+    provider, _store = pool
+    port = PORT + 1
+    addr = provider.gang_address("t4-000", port)
+    gang = {"workload_id": "actor-train", "world_size": 2, "master_addr": addr, "master_port": port}
+    _launch(actors, "actor-train-r0", "t4-000", "carol", RANK0, rank=0, **gang)
+    _launch(actors, "actor-train-r1", "t4-001", "carol", RANK1, rank=1, **gang)
+    for pod_id in ("actor-train-r0", "actor-train-r1"):
+        status = _final(actors, pod_id)
+        assert status.phase is PodPhase.SUCCEEDED, (pod_id, status, actors.read_log(pod_id).text)
+    rank1 = actors.read_log("actor-train-r1").text.split()
+    assert rank1[3:] == ["got", "rank0"], rank1
+    assert f"rank0 got rank1 from {rank1[2]}" in actors.read_log("actor-train-r0").text
+
+
 def test_a_machine_that_leaves_gives_its_block_back(pool: tuple[RayProvider, Store]) -> None:
     provider, store = pool
     leaving = next(j for j in provider.joined if j.config.name == "t4-001")

@@ -18,9 +18,10 @@ import re
 import socket
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
+from typing import Protocol
 
 from gpupool.agent import container, mounts, workdir
 from gpupool.agent.checkpoints import CHECKPOINT_DIR_ENV, CheckpointDirs
@@ -46,7 +47,7 @@ from gpupool.agent.isolation import (
 from gpupool.agent.leftovers import pod_mark
 from gpupool.agent.mps import MpsDaemon
 from gpupool.agent.netns import Announce, NetnsMode, NetworkSettings, PodNet, PodNetwork
-from gpupool.agent.podstate import PodRecord, write_atomic
+from gpupool.agent.podstate import PodRecord, load_record, process_alive, write_atomic
 from gpupool.agent.probes.infiniband import SYSFS_ROOT, read_ib_ports
 from gpupool.agent.probes.nvml import NvmlProbe, ProbeResult, ProbeStatus
 from gpupool.agent.runner import DEFAULT_MAX_LOG_BYTES, LogStream, Runner
@@ -66,6 +67,9 @@ SHARED_SCRATCH_ROOT = Path("/var/tmp/gpupool-pods")
 directory is closed to them); GPUPOOL_SCRATCH_DIR chooses another."""
 NET_FILE = "net.json"
 """Where an earlier agent kept a pod's network attachment (now in its record: PodRecord.net)."""
+LENT_GRACE_S = 60.0
+"""How long a namespace lent to another process's pod (NodeAgent.lend) stays without the pod's record
+(the borrower died before starting it, or gave up waiting for the answer) before it goes."""
 SIMULATE_SYNTAX = "write DEVICESxMODEL[,...] for this machine, for example '4xH100' or '2xA100,2xT4'"
 _GROUP = re.compile(r"^\s*(\d+)\s*[xX]\s*([A-Za-z0-9][A-Za-z0-9._-]*)\s*$")
 
@@ -100,6 +104,18 @@ def host_cpu_milli() -> int:
         return (os.cpu_count() or 1) * 1000
 
 
+class NetworkLender(Protocol):
+    """Another process's pod network that this agent's pods take their namespaces from (a Ray pod
+    actor's: its node's agent, which holds the node's block, rules and announcements)."""
+
+    def lend(self, pod: PodLaunch, url: str) -> tuple[PodNet | None, str, str]:
+        """NodeAgent.lend: the pod's attachment (None: it shares the node's network), GPUPOOL_URL as
+        the pod reaches it ('' when unchanged), and what the pod's network layer is."""
+
+    def give_back(self, pod_id: str) -> None:
+        """The pod has ended (or was never started): its namespace may go."""
+
+
 class NodeAgent:
     """Discovers devices, tracks their health and runs pods inside their slices on this machine."""
 
@@ -132,6 +148,12 @@ class NodeAgent:
         """Commands run inside live pods (gpupool exec; execs.py)."""
         self.containers, self.containers_unavailable = container.detect()
         """What runs `--image` pods here (container.py), or None and the sentence why nothing does."""
+        self.lender: NetworkLender | None = None
+        """Where this agent's pods take their namespaces from instead of `network` (a Ray pod actor's)."""
+        self._borrowed: set[str] = set()
+        self._lent: dict[str, tuple[Path, float]] = {}
+        """Pods another process starts in namespaces of `network` (`lend`) -> their record file and
+        when lent: a namespace lives while its pod's record says the pod runs."""
         self.network = PodNetwork(network or NetworkSettings(mode=NetnsMode.OFF), network_slot, published)
         """Each pod's network namespace (netns.py); off unless `network` asks for it."""
         if network is None:
@@ -195,7 +217,49 @@ class NodeAgent:
             net = PodNet.from_json(text) if text else None
             if net is not None and net.pod_id == record.pod_id:
                 live[record.pod_id] = net
+        for pod_id, (path, _at) in self._lent.items():
+            lent = load_record(path)
+            net = PodNet.from_json(lent.net) if isinstance(lent, PodRecord) and _runs(lent) else None
+            if net is not None:
+                live[pod_id] = net
         return live
+
+    # ---- namespaces lent to another process's pods (a Ray pod actor's, NetworkLender) -------
+    def adopt_lent(self, records: Mapping[str, Path]) -> None:
+        """Pods an earlier agent lent namespaces to (pod id -> its record file): before this
+        agent's first `use_network`, so that network's start keeps the namespaces of those that run."""
+        now = time.monotonic()
+        with self._lock:
+            self._lent.update((pod_id, (path, now)) for pod_id, path in records.items())
+
+    def lend(self, pod: PodLaunch, record: Path, url: str) -> tuple[PodNet | None, str, str]:
+        """A namespace of this node's pod network for a pod another process starts as its tenant's
+        account (NetworkLender.lend); `record`, the file where that process keeps the pod's record:
+        the namespace goes once the record says the pod ended, or `give_back`."""
+        self.end_lent()
+        net, layer, pod_url = self._attach(pod, True, url)
+        if net is not None:
+            with self._lock:
+                self._lent[pod.pod_id] = (record, time.monotonic())
+        return net, pod_url, layer.detail
+
+    def take_back(self, pod_id: str) -> None:
+        """The borrower says the pod ended or never started (idempotent)."""
+        with self._lock:
+            known = self._lent.pop(pod_id, None)
+        if known is not None:
+            self.network.detach(pod_id)
+
+    def end_lent(self) -> None:
+        """Tear down the lent namespaces whose pods ended (their records say so, or their process is
+        gone), and those whose record never came within LENT_GRACE_S."""
+        now = time.monotonic()
+        with self._lock:
+            lent = dict(self._lent)
+        for pod_id, (path, at) in lent.items():
+            record = load_record(path)
+            if (not _runs(record)) if isinstance(record, PodRecord) else now - at >= LENT_GRACE_S:
+                self.take_back(pod_id)
 
     def _default_scratch_root(self) -> Path:
         explicit = os.environ.get(SCRATCH_DIR_ENV)
@@ -320,7 +384,7 @@ class NodeAgent:
         submit_dir = "" if pod.image else pod.env.get(workdir.SUBMIT_DIR_ENV, "")  # not bound into images
         where = workdir.choose(pod.workdir, submit_dir, identity)
         try:  # last before the start: whatever refuses the pod before it leaves no network behind
-            net, network = self._attach(pod, identity is not None)
+            net, network, url = self._attach(pod, identity is not None, env.get("GPUPOOL_URL", ""))
         except Exception:
             if limits.cgroup_dir is not None:
                 with contextlib.suppress(OSError):
@@ -330,7 +394,6 @@ class NodeAgent:
             env[POD_ADDRESS_ENV] = net.address
             if pod.world_size > 1:  # gloo takes its address from the host name, which names the node's
                 env.setdefault("GLOO_SOCKET_IFNAME", "eth0")  # network, not the pod's (netns.py's eth0)
-            url = self.network.pod_url(env.get("GPUPOOL_URL", ""))
             if url:
                 env["GPUPOOL_URL"] = url
         command, cwd = pod.command, where.path or home
@@ -356,7 +419,7 @@ class NodeAgent:
                     rlimit_data_bytes=limits.rlimit_data_bytes, rlimit_nproc=limits.rlimit_nproc))
         except Exception:
             if net is not None and self.runner.known(pod.pod_id) is None:
-                self.network.detach(pod.pod_id)  # no record, so no poll would ever end it
+                self._detach(pod.pod_id)  # no record, so no poll would ever end it
             raise
         finally:
             if namespace is not None:
@@ -405,31 +468,46 @@ class NodeAgent:
         bundle = container.write_bundle(home, config, uid, gid)
         return tuple(container.container_argv(runtime, bundle, pod.pod_id)), pod.workdir or str(home)
 
-    def _attach(self, pod: PodLaunch, as_account: bool) -> tuple[PodNet | None, LayerState]:
+    def _attach(self, pod: PodLaunch, as_account: bool, url: str) -> tuple[PodNet | None, LayerState, str]:
         """The pod's own network namespace, when this node makes them (only pods of another
-        account: the launcher helper joins it before the uid changes); recorded in the pod's record
-        (runner.start), so a restart finds what to remove (an agent that dies before that leaves a
-        namespace no record holds: the next one's start removes it, PodNetwork._sweep)."""
+        account: the launcher helper joins it before the uid changes), with `url` (GPUPOOL_URL) as
+        the pod reaches it; recorded in the pod's record (runner.start), so a restart finds what to
+        remove (an agent that dies before that leaves a namespace no record holds: the next one's
+        start removes it, PodNetwork._sweep). With a `lender`, the lender's namespace."""
+        if self.lender is not None and as_account:
+            net, url, detail = self.lender.lend(pod, url)
+            if net is not None:
+                self._borrowed.add(pod.pod_id)
+            return net, LayerState(Layer.NETWORK, net is not None, detail), url
         if not self.network.active or not as_account:
             why = self.network.unavailable or "the pod runs as the agent's own user: it shares the node's " \
                 "network"
-            return None, LayerState(Layer.NETWORK, False, why)
+            return None, LayerState(Layer.NETWORK, False, why), ""
         if pod.serve_port and self.network.announce is not None:
             return None, LayerState(Layer.NETWORK, False, "a service replica on a Ray node shares the node's "
-                                    "network (the pool's router reaches it at the node's address)")
+                                    "network (the pool's router reaches it at the node's address)"), ""
         net = self.network.attach(pod.pod_id, pod.tenant, rank=pod.rank, world_size=pod.world_size,
                                   workload_id=pod.workload_id, master_addr=pod.master_addr,
                                   master_port=pod.master_port, serve_port=pod.serve_port)
-        return net, LayerState(Layer.NETWORK, True, f"network namespace {net.netns}, address {net.address}")
+        return (net, LayerState(Layer.NETWORK, True, f"network namespace {net.netns}, address {net.address}"),
+                self.network.pod_url(url))
+
+    def _detach(self, pod_id: str) -> None:
+        """The pod's namespace may go (its own network's, or given back to the lender)."""
+        if pod_id in self._borrowed and self.lender is not None:
+            self._borrowed.discard(pod_id)
+            self.lender.give_back(pod_id)
+        else:
+            self.network.detach(pod_id)
 
     def _detach_ended(self, records: Sequence[PodRecord]) -> None:
         """Remove the namespaces of the pods that ended (their processes are gone)."""
-        attached = set(self.network.attached())
+        attached = set(self.network.attached()) | self._borrowed
         if not attached:
             return
         for record in records:
             if record.finished and record.pod_id in attached:
-                self.network.detach(record.pod_id)
+                self._detach(record.pod_id)
 
     def isolation_layers(self, pod_id: str) -> list[dict[str, object]]:
         """What each isolation layer did for this pod (as recorded at launch)."""
@@ -491,6 +569,11 @@ class NodeAgent:
             self._mps.stop()
         self.network.close()
         self._probe.close()
+
+
+def _runs(record: PodRecord) -> bool:
+    """Whether the pod of `record` may still run (not ended, and its process, when saved, lives)."""
+    return not record.finished and (record.pid is None or process_alive(record.pid, record.start_ticks))
 
 
 def _secrets(pod: PodLaunch) -> tuple[dict[str, str], dict[str, bytes]]:

@@ -5,20 +5,55 @@ its node): the environment built from scratch (visible devices by UUID, MPS limi
 the tenant's Unix account when the node runs as root), the command a child process in its own
 process group, its logs in files, its exit code recorded; stop is SIGTERM, a grace, then SIGKILL of
 the whole group. Construction never raises: a pod that cannot start is reported FAILED with why.
+
+Its network namespace is one of the node's pod network, lent by the node's agent (NodeAgentActor.
+lend_network: the node's block, its tenant's and gang's rules, the other machines told before the pod
+starts), as the group carrier's pods get theirs: the rank-0 pod of a gang holds the MASTER_ADDR the
+server computed from the block. The agent takes it back when the pod's record says it ended (the
+actor tells it at once; a record the agent reads says so too, should the actor be gone). Where the
+agent does not answer, the pod is not started.
 """
 
 from __future__ import annotations
 
 import contextlib
+from typing import Any
 
 import ray
 
 from gpupool.agent.fencing import EpochFence
 from gpupool.agent.mps import MpsDaemon
-from gpupool.errors import GpupoolError
+from gpupool.agent.netns import PodNet
+from gpupool.errors import GpupoolError, ProviderError
 from gpupool.pods import LogChunk, PodLaunch, PodPhase, PodStatus
 from gpupool.providers.local import LocalProvider
-from gpupool.providers.ray.nodeconfig import NodeConfig
+from gpupool.providers.ray.nodeconfig import NodeConfig, node_agent_name
+from gpupool.providers.ray.settings import NAMESPACE
+
+LEND_TIMEOUT_S = 60.0
+"""The longest a pod actor waits for its node's agent to lend the pod its namespace (the agent runs
+its calls one at a time, and tells the other machines before it answers)."""
+
+
+class NodeNetwork:
+    """The pod's namespace from its node's agent (agent/node.py's NetworkLender)."""
+
+    def __init__(self, node: str) -> None:
+        self.node = node
+
+    def lend(self, pod: PodLaunch, url: str) -> tuple[PodNet | None, str, str]:
+        try:
+            agent = ray.get_actor(node_agent_name(self.node), namespace=NAMESPACE)
+            lent: Any = ray.get(agent.lend_network.remote(pod, url), timeout=LEND_TIMEOUT_S)
+        except (ValueError, ray.exceptions.RayError, TimeoutError) as exc:
+            raise ProviderError(f"node {self.node}'s agent did not give the pod its network namespace "
+                                f"({type(exc).__name__}); the pod was not started") from None
+        net, pod_url, detail = lent
+        return net, pod_url, detail
+
+    def give_back(self, pod_id: str) -> None:
+        with contextlib.suppress(ValueError, ray.exceptions.RayError):
+            ray.get_actor(node_agent_name(self.node), namespace=NAMESPACE).return_network.remote(pod_id)
 
 
 @ray.remote(num_cpus=0, max_restarts=0, max_task_retries=0)
@@ -33,6 +68,7 @@ class PodActor:
             self.local = LocalProvider(config.pod_dir(pod.pod_id), simulate=config.simulate or None,
                                        node_name=config.name, ib_sysfs_root=config.ib_sysfs_root,
                                        scratch_root=config.scratch(), mps=MpsDaemon(config.agent_dir()))
+            self.local.agent.lender = NodeNetwork(config.name)
             # A leader's launch: fenced by the node's epoch (its agent's fence, node_agent.py), held
             # until the pod's record is saved and its shim let go, as the agent's own launches are
             node_fence = EpochFence(config.agent_dir()) if pod.epoch is not None else None

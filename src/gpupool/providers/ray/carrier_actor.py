@@ -137,4 +137,4 @@ class ActorCarrier(Carrier):
                 ray.kill(tracked.actor, no_restart=True)
 
     def state_file(self, config: NodeConfig, pod_id: str) -> Path:
-        return config.pod_dir(pod_id) / "pods" / pod_id / "state.json"
+        return config.pod_record(pod_id)

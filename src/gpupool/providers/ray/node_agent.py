@@ -25,11 +25,13 @@ import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import ray
 
-from gpupool.agent.netns import Member
+from gpupool.agent.netns import Member, PodNet
+from gpupool.agent.podstate import PodRecord, load_record
 from gpupool.agent.runner import Runner
 from gpupool.core.model import Node
 from gpupool.errors import GpupoolError, NotFound
@@ -104,6 +106,7 @@ class NodeAgentActor:
         self._said_lock = threading.Lock()
         self._pulled = False
         """Whether this agent took the other machines' whole sets (at its first plan)."""
+        self.local.agent.adopt_lent(self._carried_records())
         if ray.get_runtime_context().was_current_actor_reconstructed:
             plan = self._kept_plan()
             if plan is not None:  # Ray started this agent again on the same Ray node: no join is seen
@@ -120,6 +123,7 @@ class NodeAgentActor:
 
     def describe(self) -> NodeDescription:
         self._seq += 1  # the default concurrency group runs one call at a time: answers stay in order
+        self.local.agent.end_lent()  # the actor-carried pods that ended without saying so
         network = self.local.agent.network
         return NodeDescription(node=self.local.nodes()[0], config=self.config,
                                events=tuple(self.local.health_events()),
@@ -152,6 +156,26 @@ class NodeAgentActor:
             self._pulled = True
             self._pull(remote)
         return self.describe()
+
+    def lend_network(self, pod: PodLaunch, url: str) -> tuple[PodNet | None, str, str]:
+        """The namespace of an actor-carried pod (actor.py) from this node's pod network, as for the
+        agent's own pods (block, rules, the other machines told before it starts): NodeAgent.lend.
+        It goes when the pod's record says it ended, or when its actor gives it back."""
+        return self.local.agent.lend(pod, self.config.pod_record(pod.pod_id), url)
+
+    def return_network(self, pod_id: str) -> None:
+        """An actor-carried pod ended (or was never started): its namespace may go."""
+        self.local.agent.take_back(pod_id)
+
+    def _carried_records(self) -> dict[str, Path]:
+        """The records of the actor-carried pods that had namespaces of this node (an earlier agent's
+        loans): kept by this one while their pods run."""
+        found = {}
+        for path in Path(self.config.state_dir).glob("pods/*/pods/*/state.json"):
+            record = load_record(path)
+            if isinstance(record, PodRecord) and record.net and not record.finished:
+                found[record.pod_id] = path
+        return found
 
     def _keep_plan(self, plan: NetworkPlan) -> None:
         path = self.config.agent_dir() / PLAN_FILE

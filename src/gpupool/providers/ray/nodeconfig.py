@@ -38,5 +38,9 @@ class NodeConfig:
     def pod_dir(self, pod_id: str) -> Path:
         return Path(self.state_dir) / "pods" / pod_id
 
+    def pod_record(self, pod_id: str) -> Path:
+        """Where an actor-carried pod's record lives (its actor's runner's state file)."""
+        return self.pod_dir(pod_id) / "pods" / pod_id / "state.json"
+
     def scratch(self) -> Path | None:
         return Path(self.scratch_root) if self.scratch_root else None
