@@ -1,7 +1,8 @@
 """The actor carrier: one detached, named actor per pod (`RayProvider(pod_carrier="actor")`).
 
 The actor is pinned to the node (NodeAffinitySchedulingStrategy, soft=False), holds its slices'
-custom resources and runs the pod with the agent's code (actor.py). Each actor is a Ray Python
+custom resources and runs the pod with the agent's code (actor.py), in a network namespace its
+node's agent lends it, as the group carrier's pods get theirs. Each actor is a Ray Python
 worker process of its own, started for it and never reused: about a second of CPU per pod, which is
 why the group carrier is the default.
 """

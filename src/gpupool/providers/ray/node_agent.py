@@ -6,7 +6,9 @@ faults of simulated devices, runs the pods of the group carrier (the agent's Loc
 node's state dir: environment, Unix account, logs, SIGTERM/grace/SIGKILL of the process group; a
 restarted agent re-adopts them from that dir), and serves what outlives a pod: finished pods' logs
 and the workloads' checkpoint marks. The provider reads the node from it (`describe`), so the device
-list comes from the machine itself, joined with Ray's node table by the node label.
+list comes from the machine itself, joined with Ray's node table by the node label. It holds the
+node's pod network (network.py), and lends the actor carrier's pods their namespaces from it
+(`lend_network`, actor.py).
 
 Pods' ends are pushed, not polled: the provider keeps one `watch` call per busy node in flight, and
 the agent answers it as soon as one of the pods it names changes phase (the reaper hands over an
