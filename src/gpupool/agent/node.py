@@ -480,8 +480,8 @@ class NodeAgent:
                 self._borrowed.add(pod.pod_id)
             return net, LayerState(Layer.NETWORK, net is not None, detail), url
         if not self.network.active or not as_account:
-            why = self.network.unavailable or "the pod runs as the agent's own user: it shares the node's " \
-                "network"
+            why = (self.network.unavailable if as_account or self.lender is None else "") or \
+                "the pod runs as the agent's own user: it shares the node's network"
             return None, LayerState(Layer.NETWORK, False, why), ""
         if pod.serve_port and self.network.announce is not None:
             return None, LayerState(Layer.NETWORK, False, "a service replica on a Ray node shares the node's "
