@@ -10,9 +10,11 @@ its own cluster up for all of its modules.
 
 from __future__ import annotations
 
+import fcntl
 import functools
 import ipaddress
 import json
+import os
 import socket
 import subprocess
 from collections.abc import Iterator
@@ -393,6 +395,29 @@ def test_an_actor_carried_gang_meets_at_the_master_addr_of_its_block(
     rank1 = actors.read_log("actor-train-r1").text.split()
     assert rank1[3:] == ["got", "rank0"], rank1
     assert f"rank0 got rank1 from {rank1[2]}" in actors.read_log("actor-train-r0").text
+
+
+def test_a_pod_actor_holding_its_nodes_fence_gets_its_namespace_while_a_takeover_waits(
+        pool: tuple[RayProvider, Store]) -> None:
+    """A leader's launch by a pod actor holds the node's fence (agent/fencing.py, admitting) while it
+    asks the node's agent for the pod's namespace; a new leader's takeover (`fence`) waits for that
+    launch: the namespace is lent all the same, and then the takeover goes on."""
+    provider, _store = pool
+    agent = ray.get_actor(node_agent_name("t4-000"), namespace=NAMESPACE)
+    description = provider.membership.description("t4-000")
+    assert description is not None
+    fd = os.open(description.config.agent_dir() / "epoch.lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH)  # as the pod actor's launch holds it
+        fenced = agent.fence.remote(1)
+        assert not ray.wait([fenced], timeout=1)[0]  # the takeover waits for the launch
+        pod = PodLaunch(pod_id="fenced-launch", workload_id="w", node="t4-000", command=(PY,), tenant="alice")
+        net, _url, detail = ray.get(agent.lend_network.remote(pod, ""), timeout=20)
+        assert net is not None, detail
+    finally:
+        os.close(fd)
+    assert ray.get(fenced, timeout=30) >= 1
+    ray.get(agent.return_network.remote("fenced-launch"), timeout=30)
 
 
 def test_a_machine_that_leaves_gives_its_block_back(pool: tuple[RayProvider, Store]) -> None:

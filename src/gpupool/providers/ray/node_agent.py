@@ -15,7 +15,8 @@ the agent answers it as soon as one of the pods it names changes phase (the reap
 exited pod at once), a pod is launched here, or `WATCH_MAX_S` has passed. `watch` runs in a
 concurrency group of its own, so a waiting watch never holds up the node's other calls; those
 (launch, stop, statuses, ...) run one at a time in the order each caller sent them, so a stop sent
-after a launch always finds the pod.
+after a launch always finds the pod. The actor carrier's `lend_network` has a group of its own too
+(a pod actor asks while it holds the node's fence, which a takeover's `fence` call waits for).
 """
 
 from __future__ import annotations
@@ -53,6 +54,10 @@ WATCHERS = 64
 """Watch calls served at once (one per provider per busy node, usually one provider)."""
 NETWORK_CALLS = 4
 """Other machines' agents' `network_members` calls served at once."""
+LEND_CALLS = 4
+"""Actor-carried pods' `lend_network` calls served at once: apart from the node's other calls, so a
+pod actor that asks for its namespace while it holds the node's fence (agent/fencing.py, admitting)
+never waits behind a takeover's `fence`, which waits for it."""
 PLAN_FILE = "network-plan.json"
 """The last pod network plan the agent took, in its state directory (an agent Ray restarts takes it
 again before any call: its pods never start without their namespaces meanwhile)."""
@@ -79,7 +84,7 @@ class NodeDescription:
 
 
 @ray.remote(num_cpus=0, max_restarts=-1, max_task_retries=-1,
-            concurrency_groups={"watch": WATCHERS, "network": NETWORK_CALLS})  # type: ignore[call-overload]  # Ray's stub lacks concurrency_groups
+            concurrency_groups={"watch": WATCHERS, "network": NETWORK_CALLS, "lend": LEND_CALLS})  # type: ignore[call-overload]  # Ray's stub lacks concurrency_groups
 class NodeAgentActor:
     """Serves one node's description, faults, finished pods' logs and checkpoint marks."""
 
@@ -159,12 +164,14 @@ class NodeAgentActor:
             self._pull(remote)
         return self.describe()
 
+    @ray.method(concurrency_group="lend")
     def lend_network(self, pod: PodLaunch, url: str) -> tuple[PodNet | None, str, str]:
         """The namespace of an actor-carried pod (actor.py) from this node's pod network, as for the
         agent's own pods (block, rules, the other machines told before it starts): NodeAgent.lend.
         It goes when the pod's record says it ended, or when its actor gives it back."""
         return self.local.agent.lend(pod, self.config.pod_record(pod.pod_id), url)
 
+    @ray.method(concurrency_group="lend")
     def return_network(self, pod_id: str) -> None:
         """An actor-carried pod ended (or was never started): its namespace may go."""
         self.local.agent.take_back(pod_id)
