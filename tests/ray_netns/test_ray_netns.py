@@ -34,6 +34,7 @@ from gpupool.errors import NotFound
 from gpupool.pods import PodLaunch, PodPhase, PodStatus
 from gpupool.providers.base import Capability
 from gpupool.providers.ray import RayProvider
+from gpupool.providers.ray.actor import PodActor
 from gpupool.providers.ray.network import NetworkPlan
 from gpupool.providers.ray.node_agent import PLAN_FILE, NodeAgentActor
 from gpupool.providers.ray.nodeconfig import NodeConfig, node_agent_name
@@ -418,6 +419,54 @@ def test_a_pod_actor_holding_its_nodes_fence_gets_its_namespace_while_a_takeover
         os.close(fd)
     assert ray.get(fenced, timeout=30) >= 1
     ray.get(agent.return_network.remote("fenced-launch"), timeout=30)
+
+
+def test_a_restarted_agent_keeps_the_namespace_it_lent_to_a_running_pod(
+        pool: tuple[RayProvider, Store], tmp_path: Path) -> None:
+    """Ray restarts a node's agent while an actor-carried pod runs in a namespace it lent: the
+    restarted agent's start sweeps its block, but not that namespace (it reads the pod's record), so
+    the pod still serves its tenant's pods at its address."""
+    provider, _store = pool
+    settings = provider.network.settings
+    assert settings is not None
+    slot = SPARE_SLOTS[0]
+    config = NodeConfig("u", str(tmp_path), simulate="1xT4")
+    agent = NodeAgentActor.options(  # type: ignore[attr-defined]
+        name=node_agent_name("u"), namespace=NAMESPACE).remote(config)
+    pods: list[object] = []
+
+    def carried(pod_id: str, script: str) -> object:
+        pod = PodLaunch(pod_id=pod_id, workload_id="w-" + pod_id, node="u", tenant="alice",
+                        command=(PY, "-c", script))
+        pods.append(PodActor.remote(pod, config))  # type: ignore[attr-defined]
+        return pods[-1]
+
+    def printed(actor: object) -> str:
+        return str(ray.get(actor.read_log.remote("stdout", 0), timeout=30).text)  # type: ignore[attr-defined]
+
+    def ended(actor: object) -> bool:
+        return bool(ray.get(actor.status.remote(), timeout=30).phase.is_final)  # type: ignore[attr-defined]
+
+    try:
+        plan = NetworkPlan(settings, (), slot, (("u", slot, "127.0.0.1"),), (("u", "u"),))
+        assert ray.get(agent.use_network.remote(plan), timeout=60).network_slot == slot
+        server = carried("lent-server", listen("secret of alice"))
+        wait_for(lambda: "address" in printed(server), 60, "the pod to listen")
+        address = printed(server).split()[1]
+        assert ipaddress.IPv4Address(address) in netns.node_subnet(NETWORK, slot)
+        pid = ray.get(agent.pid.remote(), timeout=30)
+        ray.kill(agent, no_restart=False)
+        wait_for(lambda: ray.get(agent.pid.remote(), timeout=30) != pid, 60, "u's agent to restart")
+        assert ray.get(agent.describe.remote(), timeout=30).network_slot == slot
+        probe = carried("lent-probe", connect(address))
+        wait_for(lambda: printed(probe), 60, "the probe to say what it reached")
+        assert printed(probe).strip() == "reached secret of alice"
+    finally:
+        for actor in pods:  # its pod is not the actor's process: stopped first
+            ray.get(actor.stop.remote(0.0), timeout=30)  # type: ignore[attr-defined]
+            wait_for(functools.partial(ended, actor), 30, "the pod to end")
+            ray.kill(actor, no_restart=True)  # type: ignore[arg-type]
+        ray.kill(agent, no_restart=True)
 
 
 def test_a_machine_that_leaves_gives_its_block_back(pool: tuple[RayProvider, Store]) -> None:
