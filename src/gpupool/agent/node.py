@@ -220,7 +220,7 @@ class NodeAgent:
         for pod_id, (path, _at) in self._lent.items():
             lent = load_record(path)
             net = PodNet.from_json(lent.net) if isinstance(lent, PodRecord) and _runs(lent) else None
-            if net is not None:
+            if net is not None and net.pod_id == pod_id:
                 live[pod_id] = net
         return live
 
