@@ -31,8 +31,9 @@ from gpupool.providers.ray.nodeconfig import NodeConfig, node_agent_name
 from gpupool.providers.ray.settings import NAMESPACE
 
 LEND_TIMEOUT_S = 60.0
-"""The longest a pod actor waits for its node's agent to lend the pod its namespace (the agent runs
-its calls one at a time, and tells the other machines before it answers)."""
+"""The longest a pod actor waits for its node's agent to lend the pod its namespace (the agent tells
+the other machines before it answers; a namespace lent after the actor gave up goes after
+agent/node.py's LENT_GRACE_S)."""
 
 
 class NodeNetwork:
