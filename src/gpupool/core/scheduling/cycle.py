@@ -58,6 +58,7 @@ from gpupool.core.scheduling.moves import Move, MoveRule, plan_moves
 from gpupool.core.scheduling.ordering.base import OrderingContext, OrderStream, PendingChanges, make_ordering
 from gpupool.core.scheduling.packing import packed_gang
 from gpupool.core.scheduling.pairing import pair_gang
+from gpupool.core.scheduling.pending import PendingQueue
 from gpupool.core.scheduling.policies.base import DEFAULT_POLICY, NoFit
 from gpupool.core.scheduling.preemption import VictimIndex, lost_work_s, select_victims
 from gpupool.core.scheduling.reach import PreemptionRules, out_of_reach, reach
@@ -398,6 +399,8 @@ class _Cycle:
         self.backlog = 0
         self.valid: Sequence[Workload] = ()
         """The workloads pending this cycle that passed validation (`_nominate`)."""
+        self.valid_ids: list[str] | None = None
+        """Their ids in order, when a `PendingQueue` lists them (else None: read from `valid`)."""
         self.held_until: np.ndarray | None = None
         """[node] the earliest expected start of the waiting gangs that hold it this cycle (inf: none);
         under WaitCap LOSS / QUEUE every waiting gang holds the nodes it is reserved on, not only
@@ -530,6 +533,8 @@ class _Cycle:
                 arrivals = [w for w in arrivals if id(w) not in invalid]
             else:
                 valid = list(pending)
+                if isinstance(pending, PendingQueue):
+                    self.valid_ids = pending.ids()
             self.left = dict(book.counts)
             # the policy has been told of every workload listed before (unless it starts afresh)
             view.tell_policy(valid if view.policies.prepared < 0 else arrivals)
@@ -966,8 +971,9 @@ class _Cycle:
     def _reject_rest(self, valid: Sequence[Workload], tried: Sequence[Workload]) -> None:
         """The verdicts of the workloads the walk did not reach (listed in `valid`'s order)."""
         seen = set(map(_workload_id, tried))
-        if not self.exhausted:  # only the ids are read
-            self._reject_reached((), wids=list(filterfalse(seen.__contains__, map(_workload_id, valid))))
+        if not self.exhausted:  # only the ids are read (a queue lists them: no workload is touched)
+            listed = self.valid_ids if self.valid_ids is not None else map(_workload_id, valid)
+            self._reject_reached((), wids=list(filterfalse(seen.__contains__, listed)))
             return
         ids = list(map(_workload_id, valid))
         unseen = list(map(not_, map(seen.__contains__, ids)))

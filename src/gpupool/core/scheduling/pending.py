@@ -35,7 +35,7 @@ class PendingQueue(Sequence[Workload]):
     the last one. As a sequence it is `list(workloads)` in that order; a workload added again (or
     another object with its id) leaves first and joins at the end, as with a dict."""
 
-    __slots__ = ("_base", "_items", "_list", "_log")
+    __slots__ = ("_base", "_ids", "_items", "_list", "_log")
 
     def __init__(self, workloads: Iterable[Workload] = ()) -> None:
         self._items: dict[str, Workload] = {}
@@ -43,6 +43,7 @@ class PendingQueue(Sequence[Workload]):
         """(joined, workload) per change, in order; `_base` is the position of its first entry."""
         self._base = 0
         self._list: list[Workload] | None = None
+        self._ids: list[str] | None = None
         for w in workloads:
             self.add(w)
 
@@ -65,7 +66,7 @@ class PendingQueue(Sequence[Workload]):
         return isinstance(item, Workload) and self._items.get(item.id) is item
 
     def _note(self, joined: bool, w: Workload) -> None:
-        self._list = None
+        self._list = self._ids = None
         log = self._log
         log.append((joined, w))
         if len(log) > 2 * len(self._items) + MAX_LOG_SLACK:
@@ -88,6 +89,12 @@ class PendingQueue(Sequence[Workload]):
         if self._list is None:
             self._list = list(self._items.values())
         return self._list
+
+    def ids(self) -> list[str]:
+        """The workloads' ids in order (read from the queue's keys: no workload is touched)."""
+        if self._ids is None:
+            self._ids = list(self._items)
+        return self._ids
 
     def __len__(self) -> int:
         return len(self._items)
