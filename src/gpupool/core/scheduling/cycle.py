@@ -425,9 +425,10 @@ class _Cycle:
         banded = self.ordering.banded
         metas = self.view.metas
         exhausted = self.exhausted
-        tried: list[Workload] = []
+        tried: list[str] = []
+        """The ids of the workloads reached or passed over so far."""
         while (w := stream.next_workload()) is not None:
-            tried.append(w)
+            tried.append(w.id)
             meta = metas[w.id]
             if exhausted and w.tenant in exhausted:
                 # not counted in `left`: passed over like a blocked queue's work, before placement
@@ -446,8 +447,9 @@ class _Cycle:
             if banded and not any(k[2][0] == band for k in self.live):
                 # The same for the rest of this priority band: pass over it to the next band.
                 skipped = stream.skip_band()
-                self._reject_reached(skipped, band)
-                tried.extend(skipped)
+                wids = list(map(_workload_id, skipped))  # read once: `_reject_rest` reads them again
+                self._reject_reached(skipped, band, wids)
+                tried.extend(wids)
         decisions = self.decisions
         if moved and self.preempted_ids:
             # Work moved at the start of the cycle may be preempted by its walk (a move has just
@@ -968,9 +970,10 @@ class _Cycle:
         if not n:
             self.live.discard(key)
 
-    def _reject_rest(self, valid: Sequence[Workload], tried: Sequence[Workload]) -> None:
-        """The verdicts of the workloads the walk did not reach (listed in `valid`'s order)."""
-        seen = set(map(_workload_id, tried))
+    def _reject_rest(self, valid: Sequence[Workload], tried: Iterable[str]) -> None:
+        """The verdicts of the workloads the walk did not reach (listed in `valid`'s order; `tried`:
+        the ids of those it reached or passed over)."""
+        seen = set(tried)
         if not self.exhausted:  # only the ids are read (a queue lists them: no workload is touched)
             listed = self.valid_ids if self.valid_ids is not None else map(_workload_id, valid)
             self._reject_reached((), wids=list(filterfalse(seen.__contains__, listed)))
