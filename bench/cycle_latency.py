@@ -9,6 +9,10 @@ admissions start running. Every cycle is timed two ways on the same inputs:
 * kept view: `ViewKeeper.cycle(snapshot, ...)`, the view of the last cycle brought up to date with
   the snapshot (what `gpupool up`'s scheduling loop does).
 
+The loop keeps its pending work in a `PendingQueue` handed to both (`--queue kept`): the kept
+view reads what joined and left from its log. `gpupool up`'s loop hands a list read from the store
+instead (`--queue list`: the cycle compares it with the last one).
+
 The kept view's cycle is also timed in CPU time (`kept_cpu_median_ms`: the thread's CPU seconds,
 which other work on a shared machine stretches far less than the wall clock).
 
