@@ -30,7 +30,7 @@ MAX_LOG_SLACK = 4096
 
 class PendingQueue(Sequence[Workload]):
     """The pending workloads, one per id, in the order they joined, with a log of what joined and
-    left: a caller that keeps its queue in one (the benchmark's loop, a replay) hands each cycle its
+    left: a caller that keeps its queue in one (the cycle benchmark's loop does) hands each cycle its
     changes, and the view's `PendingBook` reads the log instead of comparing the whole list with
     the last one. As a sequence it is `list(workloads)` in that order; a workload added again (or
     another object with its id) leaves first and joins at the end, as with a dict."""
@@ -59,12 +59,6 @@ class PendingQueue(Sequence[Workload]):
             self._note(False, w)
         return w
 
-    def get(self, workload_id: str) -> Workload | None:
-        return self._items.get(workload_id)
-
-    def __contains__(self, item: object) -> bool:
-        return isinstance(item, Workload) and self._items.get(item.id) is item
-
     def _note(self, joined: bool, w: Workload) -> None:
         self._list = self._ids = None
         log = self._log
@@ -85,13 +79,14 @@ class PendingQueue(Sequence[Workload]):
         return self._log[position - self._base:]
 
     def listed(self) -> list[Workload]:
-        """The workloads in order (one list, made once per change)."""
+        """The workloads in order (one list, made once per change: read it, do not change it)."""
         if self._list is None:
             self._list = list(self._items.values())
         return self._list
 
     def ids(self) -> list[str]:
-        """The workloads' ids in order (read from the queue's keys: no workload is touched)."""
+        """The workloads' ids in order (read from the queue's keys: no workload is touched; one list,
+        made once per change: read it, do not change it)."""
         if self._ids is None:
             self._ids = list(self._items)
         return self._ids
