@@ -126,7 +126,7 @@ class PendingBook:
     ids: set[int] = field(default_factory=set)
     """`objs`' keys as a set (kept with it), so comparing a list with it copies neither."""
     source: PendingQueue | None = None
-    """The queue the last list was, and its `position` then (`read`): its log since gives the
+    """The queue the last list was, and its `position` then (`_read`): its log since gives the
     next list's changes."""
     position: int = 0
 
