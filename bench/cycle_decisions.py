@@ -19,20 +19,21 @@ import json
 import random
 from pathlib import Path
 
-from cycle_latency import _workload, build
+from cycle_latency import Waiting, _workload, build
 from gpupool.config import load_config
-from gpupool.core.model import Allocation, ClusterSnapshot, Workload
+from gpupool.core.model import Allocation, ClusterSnapshot
 from gpupool.core.scheduling.cycle import CycleResult, run_cycle
 from gpupool.core.scheduling.keeper import ViewKeeper
 
 
-def digests(config: str, nodes: int, pending: int, cycles: int, churn: int, seed: int) -> dict[str, object]:
+def digests(config: str, nodes: int, pending: int, cycles: int, churn: int, seed: int,
+            kept_queue: bool = True) -> dict[str, object]:
     policies = load_config(None if config == "default" else config).policies()
     snapshot, waiting_list = build(nodes, pending, seed)
     rng = random.Random(seed)
     keeper = ViewKeeper()
     running = {a.workload.id: a for a in snapshot.allocations}
-    waiting: dict[str, Workload] = {w.id: w for w in waiting_list}
+    waiting = Waiting(waiting_list, kept_queue)
     kept_hash, fresh_hash = hashlib.sha256(), hashlib.sha256()
     now, serial = 3600.0, 200_000
     admitted = preempted = rejected = differ = 0
@@ -42,9 +43,9 @@ def digests(config: str, nodes: int, pending: int, cycles: int, churn: int, seed
         for _ in range(churn):
             w = _workload(serial, rng, now)
             serial += 1
-            waiting[w.id] = w
+            waiting.add(w)
         current = ClusterSnapshot(snapshot.nodes, tuple(running.values()))
-        work = list(waiting.values())
+        work = waiting.work()
         fresh = run_cycle(current, work, policies, now, random.Random(k))
         kept = keeper.cycle(current, work, policies, now, random.Random(k))
         fresh_hash.update(_encode(fresh))
@@ -54,7 +55,7 @@ def digests(config: str, nodes: int, pending: int, cycles: int, churn: int, seed
         preempted += len(kept.preempted)
         rejected += len(kept.rejected)
         for stop in kept.preempted:
-            waiting[stop.workload_id] = running.pop(stop.workload_id).workload
+            waiting.add(running.pop(stop.workload_id).workload)
         for admission in kept.admitted:
             w = waiting.pop(admission.workload_id)
             running[w.id] = Allocation(w, admission.placements, now)
@@ -90,9 +91,12 @@ def main() -> int:
     parser.add_argument("--cycles", type=int, default=25)
     parser.add_argument("--churn", type=int, default=10)
     parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--queue", choices=("kept", "list"), default="kept",
+                        help="as bench/cycle_latency.py --queue: the pending work kept in a PendingQueue "
+                        "handed to each cycle, or a fresh list each cycle")
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args()
-    rows = [digests(c, args.nodes, args.pending, args.cycles, args.churn, args.seed)
+    rows = [digests(c, args.nodes, args.pending, args.cycles, args.churn, args.seed, args.queue == "kept")
             for c in args.config or ["default"]]
     for row in rows:
         print(json.dumps(row))

@@ -9,6 +9,10 @@ admissions start running. Every cycle is timed two ways on the same inputs:
 * kept view: `ViewKeeper.cycle(snapshot, ...)`, the view of the last cycle brought up to date with
   the snapshot (what `gpupool up`'s scheduling loop does).
 
+The loop keeps its pending work in a `PendingQueue` handed to both (`--queue kept`): the kept
+view reads what joined and left from its log. `gpupool up`'s loop hands a list read from the store
+instead (`--queue list`: the cycle compares it with the last one).
+
 The kept view's cycle is also timed in CPU time (`kept_cpu_median_ms`: the thread's CPU seconds,
 which other work on a shared machine stretches far less than the wall clock).
 
@@ -17,7 +21,7 @@ quota of over-quota tenants: hundreds of preemptions). Target: median under 50 m
 
     python bench/cycle_latency.py [--repeat 15] [--churn 10] [--policies fgd-strand,first-fit]
         [--config FILE|default ...] [--pending N] [--gc server|default] [--clock wall|cpu]
-        [--json OUT.json]
+        [--queue kept|list] [--json OUT.json]
 
 Without --config, each placement policy of --policies runs twice: with priority-fifo and nothing
 else (no preemption, no backfill, each spelled out), and with drf + per-tenant quota in one cohort +
@@ -36,6 +40,7 @@ import os
 import random
 import statistics
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 from rich.console import Console
@@ -49,6 +54,11 @@ from gpupool.core.scheduling.cycle import Policies, run_cycle
 from gpupool.core.scheduling.keeper import ViewKeeper
 from gpupool.core.scheduling.policies.base import DEFAULT_POLICY, policy_names
 from gpupool.errors import InvalidInput, UnknownName
+
+try:  # (bench/side_by_side.py --ref runs this script on checkouts from before it: they take lists)
+    from gpupool.core.scheduling.pending import PendingQueue
+except ImportError:
+    PendingQueue = None  # type: ignore[assignment,misc]
 
 SHAPES = ((1, 250), (1, 500), (1, 1000), (2, 1000), (8, 1000))
 WEIGHTS = (25, 25, 35, 10, 5)
@@ -95,6 +105,30 @@ def build(nodes: int, pending: int, seed: int) -> tuple[ClusterSnapshot, list[Wo
     return ClusterSnapshot(snapshot.nodes, allocations), waiting
 
 
+class Waiting:
+    """The loop's pending work: kept in a `PendingQueue` handed to each cycle as it is (`--queue
+    kept`, where the package has one: the cycle reads its log of changes), or in a dict whose list
+    is made afresh for each cycle (`--queue list`: the cycle compares it with the last one)."""
+
+    def __init__(self, pending: list[Workload], kept: bool) -> None:
+        self.queue = PendingQueue(pending) if kept and PendingQueue is not None else None
+        self.items = {} if self.queue is not None else {w.id: w for w in pending}
+
+    def add(self, w: Workload) -> None:
+        if self.queue is not None:
+            self.queue.add(w)
+        else:
+            self.items[w.id] = w
+
+    def pop(self, workload_id: str) -> Workload:
+        w = self.queue.pop(workload_id) if self.queue is not None else self.items.pop(workload_id)
+        assert w is not None
+        return w
+
+    def work(self) -> Sequence[Workload]:
+        return self.queue if self.queue is not None else list(self.items.values())
+
+
 def time_loop(
     snapshot: ClusterSnapshot,
     pending: list[Workload],
@@ -103,12 +137,13 @@ def time_loop(
     warmup: int,
     churn: int,
     seed: int,
+    kept_queue: bool = True,
 ) -> dict[str, object]:
     """A scheduler's loop over `warmup + repeat` cycles; each timed with a fresh and a kept view."""
     rng = random.Random(seed)
     keeper = ViewKeeper()
     running = {a.workload.id: a for a in snapshot.allocations}
-    waiting = {w.id: w for w in pending}
+    waiting = Waiting(pending, kept_queue)
     fresh_ms: list[float] = []
     kept_ms: list[float] = []
     kept_cpu_ms: list[float] = []
@@ -121,9 +156,9 @@ def time_loop(
         for _ in range(churn):
             w = _workload(serial, rng, now)
             serial += 1
-            waiting[w.id] = w
+            waiting.add(w)
         current = ClusterSnapshot(snapshot.nodes, tuple(running.values()))
-        work = list(waiting.values())
+        work = waiting.work()
         tick = clock()
         fresh = run_cycle(current, work, policies, now, random.Random(k))
         tock, cpu = clock(), time.thread_time()
@@ -137,7 +172,7 @@ def time_loop(
             preempted += len(kept.preempted)
             differ += (kept.admitted, kept.preempted) != (fresh.admitted, fresh.preempted)
         for stop in kept.preempted:
-            waiting[stop.workload_id] = running.pop(stop.workload_id).workload
+            waiting.add(running.pop(stop.workload_id).workload)
         for admission in kept.admitted:
             w = waiting.pop(admission.workload_id)
             running[w.id] = Allocation(w, admission.placements, now)
@@ -211,6 +246,13 @@ def main() -> int:
         help="a pool configuration file (YAML, as `gpupool up --config` reads), or `default` for the "
         "configuration's defaults; repeat for more rows (replaces --policies)",
     )
+    parser.add_argument(
+        "--queue",
+        choices=("kept", "list"),
+        default="kept",
+        help="kept: the loop keeps its pending work in a PendingQueue and hands it to each cycle (the "
+        "cycle reads what joined and left from its log); list: a fresh list each cycle (compared whole).",
+    )
     parser.add_argument("--json", type=Path, default=Path("bench/results/cycle_latency.json"))
     parser.add_argument(
         "--gc",
@@ -257,7 +299,8 @@ def main() -> int:
     for name, policies in configs:
         row: dict[str, object] = {"configuration": name}
         row.update(
-            time_loop(snapshot, pending, policies, args.repeat, args.warmup, args.churn, args.seed)
+            time_loop(snapshot, pending, policies, args.repeat, args.warmup, args.churn, args.seed,
+                      kept_queue=args.queue == "kept")
         )
         rows.append(row)
         table.add_row(
@@ -293,6 +336,7 @@ def main() -> int:
                 "warmup": args.warmup,
                 "repeat": args.repeat,
                 "configs": args.config,
+                "queue": args.queue if PendingQueue is not None else "list",
             },
             indent=2,
         )

@@ -249,3 +249,72 @@ def test_an_audit_rebuilds_a_view_that_drifted() -> None:
     healed = keeper.cycle(ClusterSnapshot(nodes), [_whole("a", 1)], policies, 2.0, random.Random(0),
                           audit=True)
     assert keeper.drifts == 1 and [a.workload_id for a in healed.admitted] == ["a"]
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_a_sync_finds_changed_allocations_wherever_they_are_listed(seed: int) -> None:
+    """The kept view finds what changed in a snapshot by object identity: new allocations listed
+    anywhere (not only last, e.g. in the store's order), held ones listed again as equal copies (a
+    store read afresh) and an admission the caller did not carry out are all taken as a view built
+    afresh takes them, cycle after cycle."""
+    nodes = tuple(cluster(4, devices=4))
+    policies = Policies(placement="first-fit", ordering="drf", quota=QUOTA, preemption=True, backfill=True)
+    keeper = ViewKeeper()
+    rng = random.Random(seed)
+    running: dict[str, Allocation] = {}
+    pending: dict[str, Workload] = {}
+    specs = [(q, c, s, d, 30.0) for q in "abc" for c in CLASSES for s in [(1, 500), (1, 1000), (2, 1000)]
+             for d in (1, 2)]
+    count = 0
+    for k in range(25):
+        now = 10.0 * k
+        for _ in range(rng.randrange(4)):
+            w = _workload(count, rng.choice(specs), now)
+            count += 1
+            pending[w.id] = w
+        for wid in rng.sample(sorted(running), min(rng.randrange(4), len(running))):
+            del running[wid]
+        listed = list(running.values())
+        rng.shuffle(listed)  # new allocations anywhere in the list
+        if listed and rng.random() < 0.5:  # some held ones read afresh: equal, other objects
+            for i in rng.sample(range(len(listed)), rng.randint(1, len(listed))):
+                listed[i] = running[listed[i].workload.id] = replace(listed[i])
+        snapshot = ClusterSnapshot(nodes, tuple(listed))
+        work = list(pending.values())
+        fresh = run_cycle(snapshot, work, policies, now, random.Random(k))
+        kept = keeper.cycle(snapshot, work, policies, now, random.Random(k))
+        _same(kept, fresh)
+        for stop in kept.preempted:
+            pending[stop.workload_id] = running.pop(stop.workload_id).workload
+        started = [Allocation(pending[a.workload_id], a.placements, now) for a in kept.admitted]
+        assert keeper.view is not None  # what the view holds now: the snapshot and the cycle's decisions
+        _state_equal(keeper.view, ClusterView.from_snapshot(
+            ClusterSnapshot(nodes, (*running.values(), *started)), policies.quota, policies.priority_classes))
+        if started and rng.random() < 0.3:
+            started.pop(rng.randrange(len(started)))  # not carried out
+        for alloc in started:
+            running[alloc.workload.id] = alloc
+            del pending[alloc.workload.id]
+        for rejection in kept.rejected:
+            if rejection.final:
+                pending.pop(rejection.workload_id, None)
+    assert keeper.rebuilds == 1 and count > 10
+
+
+def test_a_workload_listed_twice_is_held_as_its_last_listing() -> None:
+    """A snapshot that lists one workload twice (its held allocation and a new one, or one object
+    twice) is taken as a dict of the list takes it: the last listing counts."""
+    nodes: tuple[Node, ...] = tuple(cluster(2, devices=4))
+    policies = Policies(placement="first-fit")
+    first = ViewKeeper().cycle(ClusterSnapshot(nodes), [_whole("a", 2)], policies, 0.0, random.Random(0))
+    placement = first.admitted[0].placements[0]
+    held = Allocation(_whole("a", 2), (placement,), 0.0)
+    other = next(n.name for n in nodes if n.name != placement.node)
+    moved = Allocation(_whole("a", 2), (replace(placement, node=other),), 0.0)
+    for listed, last in (((held, moved), moved), ((moved, held), held), ((held, held), held),
+                         ((moved, moved), moved)):
+        keeper = ViewKeeper()
+        keeper.cycle(ClusterSnapshot(nodes, (held,)), [], policies, 1.0, random.Random(0))
+        keeper.cycle(ClusterSnapshot(nodes, listed), [], policies, 2.0, random.Random(0))
+        assert keeper.view is not None
+        _state_equal(keeper.view, ClusterView.from_snapshot(ClusterSnapshot(nodes, (last,))))

@@ -58,6 +58,7 @@ from gpupool.core.scheduling.moves import Move, MoveRule, plan_moves
 from gpupool.core.scheduling.ordering.base import OrderingContext, OrderStream, PendingChanges, make_ordering
 from gpupool.core.scheduling.packing import packed_gang
 from gpupool.core.scheduling.pairing import pair_gang
+from gpupool.core.scheduling.pending import PendingQueue
 from gpupool.core.scheduling.policies.base import DEFAULT_POLICY, NoFit
 from gpupool.core.scheduling.preemption import VictimIndex, lost_work_s, select_victims
 from gpupool.core.scheduling.reach import PreemptionRules, out_of_reach, reach
@@ -398,6 +399,8 @@ class _Cycle:
         self.backlog = 0
         self.valid: Sequence[Workload] = ()
         """The workloads pending this cycle that passed validation (`_nominate`)."""
+        self.valid_ids: list[str] | None = None
+        """Their ids in order, when a `PendingQueue` lists them (else None: read from `valid`)."""
         self.held_until: np.ndarray | None = None
         """[node] the earliest expected start of the waiting gangs that hold it this cycle (inf: none);
         under WaitCap LOSS / QUEUE every waiting gang holds the nodes it is reserved on, not only
@@ -422,9 +425,10 @@ class _Cycle:
         banded = self.ordering.banded
         metas = self.view.metas
         exhausted = self.exhausted
-        tried: list[Workload] = []
+        tried: list[str] = []
+        """The ids of the workloads reached or passed over so far."""
         while (w := stream.next_workload()) is not None:
-            tried.append(w)
+            tried.append(w.id)
             meta = metas[w.id]
             if exhausted and w.tenant in exhausted:
                 # not counted in `left`: passed over like a blocked queue's work, before placement
@@ -443,8 +447,9 @@ class _Cycle:
             if banded and not any(k[2][0] == band for k in self.live):
                 # The same for the rest of this priority band: pass over it to the next band.
                 skipped = stream.skip_band()
-                self._reject_reached(skipped, band)
-                tried.extend(skipped)
+                wids = list(map(_workload_id, skipped))  # read once: `_reject_rest` reads them again
+                self._reject_reached(skipped, band, wids)
+                tried.extend(wids)
         decisions = self.decisions
         if moved and self.preempted_ids:
             # Work moved at the start of the cycle may be preempted by its walk (a move has just
@@ -530,6 +535,8 @@ class _Cycle:
                 arrivals = [w for w in arrivals if id(w) not in invalid]
             else:
                 valid = list(pending)
+                if isinstance(pending, PendingQueue):
+                    self.valid_ids = pending.ids()
             self.left = dict(book.counts)
             # the policy has been told of every workload listed before (unless it starts afresh)
             view.tell_policy(valid if view.policies.prepared < 0 else arrivals)
@@ -963,11 +970,13 @@ class _Cycle:
         if not n:
             self.live.discard(key)
 
-    def _reject_rest(self, valid: Sequence[Workload], tried: Sequence[Workload]) -> None:
-        """The verdicts of the workloads the walk did not reach (listed in `valid`'s order)."""
-        seen = set(map(_workload_id, tried))
-        if not self.exhausted:  # only the ids are read
-            self._reject_reached((), wids=list(filterfalse(seen.__contains__, map(_workload_id, valid))))
+    def _reject_rest(self, valid: Sequence[Workload], tried: Iterable[str]) -> None:
+        """The verdicts of the workloads the walk did not reach (listed in `valid`'s order; `tried`:
+        the ids of those it reached or passed over)."""
+        seen = set(tried)
+        if not self.exhausted:  # only the ids are read (a queue lists them: no workload is touched)
+            listed = self.valid_ids if self.valid_ids is not None else map(_workload_id, valid)
+            self._reject_reached((), wids=list(filterfalse(seen.__contains__, listed)))
             return
         ids = list(map(_workload_id, valid))
         unseen = list(map(not_, map(seen.__contains__, ids)))

@@ -28,7 +28,7 @@ import random
 from collections.abc import Sequence
 from copy import copy
 from dataclasses import replace
-from itertools import compress, repeat
+from itertools import compress, filterfalse, repeat
 from operator import attrgetter, is_not, not_
 from typing import Any
 
@@ -73,7 +73,13 @@ class ViewKeeper:
         self._classes: PriorityClasses | None = None
         self._held: dict[str, Allocation | tuple[PodPlacement, ...]] = {}
         """What the view holds per workload: the snapshot's allocation, or the placements of an
-        admission this keeper's last cycle made (until a snapshot shows it)."""
+        admission this keeper's last cycle made (until a snapshot shows it). Changed only through
+        `_hold` and `_unhold`, which keep `_objs` and `_placed` with it."""
+        self._objs: dict[int, Allocation] = {}
+        """By `id()`: the allocation objects in `_held` (so a sync finds the snapshot's changes by
+        identity, in C, and walks only those in Python)."""
+        self._placed: set[str] = set()
+        """The workloads `_held` holds as placements (not yet shown by a snapshot)."""
         self.drifts = 0
         """How many times a caller found the kept view differing from a fresh one (a bug)."""
         self.rebuilds = 0
@@ -120,17 +126,16 @@ class ViewKeeper:
             view = self._rebuild(snapshot, policies)
         self._before = {name: copy(getattr(view, name)) for name in _KEPT} if undoable else None
         result = cycle_on(view, pending, policies, now_s, rng)
-        held = self._held
         decisions = result.decisions
         # waits are most of a cycle's decisions and change nothing held: passed over in C
         for decision in compress(decisions, map(is_not, map(type, decisions), repeat(Wait))):
             match decision:
                 case Stop(kind=EventKind.MOVE):
-                    held[decision.workload_id] = decision.placements
+                    self._hold(decision.workload_id, decision.placements)
                 case Stop():
-                    held.pop(decision.workload_id, None)
+                    self._unhold(decision.workload_id)
                 case Admit():
-                    held[decision.workload_id] = decision.placements
+                    self._hold(decision.workload_id, decision.placements)
                 case Wait() | Refuse() | Reserve():
                     pass
                 case _:
@@ -165,29 +170,78 @@ class ViewKeeper:
         info, before = snapshot.workload_info, view.info  # the view keeps the last snapshot's
         held = self._held
         allocations = snapshot.allocations
-        current = dict(zip(map(_workload_id, allocations), allocations, strict=True))
-        # (the passes over every allocation run in C; only what changed is walked in Python)
-        for wid in list(compress(held, map(not_, map(current.__contains__, held)))):
-            del held[wid]
+        # The allocations the view does not hold as these very objects, found by identity (passes
+        # in C over every allocation; only what changed is walked in Python), in snapshot order.
+        ids = set(map(id, allocations))
+        changed = self._new_objects(allocations, ids)
+        if changed is None:  # an object listed twice, or two listing one workload: the last one counts
+            current = dict(zip(map(_workload_id, allocations), allocations, strict=True))
+            gone = list(compress(held, map(not_, map(current.__contains__, held))))
+            allocations = tuple(current.values())
+        else:
+            changed_wids = set(map(_workload_id, changed))
+            objs = self._objs
+            gone_objs = map(objs.__getitem__, filterfalse(ids.__contains__, objs))
+            gone = sorted((set(map(_workload_id, gone_objs)) | self._placed) - changed_wids)
+        for wid in gone:  # held, and the snapshot no longer has it
+            self._unhold(wid)
             view.remove(wid)
         if info or before:  # a running workload whose info changed gets its record rebuilt
-            for wid in [w for w in set(info) | set(before) if info.get(w) is not before.get(w) and w in held]:
-                del held[wid]
+            rebuilt = [w for w in set(info) | set(before) if info.get(w) is not before.get(w) and w in held]
+            for wid in rebuilt:
+                self._unhold(wid)
                 view.remove(wid)
+            if rebuilt:
+                changed = None  # taken again from the snapshot, in its order, below
         view.info = dict(info)
-        changed = compress(current.items(), map(is_not, map(held.get, current), current.values()))
-        for wid, alloc in changed:  # those the view does not hold as this very allocation
+        if changed is None:
+            # every allocation the view does not hold as this very object (the plain definition)
+            changed = list(compress(allocations, map(is_not, map(held.get, map(_workload_id, allocations)),
+                                                     allocations)))
+        for alloc in changed:  # those the view does not hold as this very allocation
+            wid = alloc.workload.id
             mine = held.get(wid)
             if mine is not None:
                 same = mine == alloc if isinstance(mine, Allocation) else mine == alloc.placements
                 if same:
-                    held[wid] = alloc
+                    self._hold(wid, alloc)
                     continue
-                del held[wid]
+                self._unhold(wid)
                 view.remove(wid)
             if view.add_allocation(alloc):
-                held[wid] = alloc
+                self._hold(wid, alloc)
         return view
+
+    def _new_objects(self, allocations: Sequence[Allocation], ids: set[int]) -> list[Allocation] | None:
+        """The allocations not held as these objects (`ids`: theirs), in their order; None when an
+        object is listed twice or two list one workload (then the caller takes the plain definition)."""
+        if len(ids) != len(allocations):
+            return None
+        objs, held = self._objs, self._held
+        new = ids.difference(objs)
+        if not new:
+            return []
+        tail = allocations[len(allocations) - len(new):]  # what started last usually comes last
+        found = list(tail) if all(id(a) in new for a in tail) else [a for a in allocations if id(a) in new]
+        wids = set(map(_workload_id, found))
+        if len(wids) != len(found) or any(id(held.get(wid)) in ids for wid in wids):
+            return None  # (a workload's held allocation is listed beside a new one)
+        return found
+
+    def _hold(self, wid: str, value: Allocation | tuple[PodPlacement, ...]) -> None:
+        self._unhold(wid)
+        self._held[wid] = value
+        if isinstance(value, Allocation):
+            self._objs[id(value)] = value
+        else:
+            self._placed.add(wid)
+
+    def _unhold(self, wid: str) -> None:
+        old = self._held.pop(wid, None)
+        if isinstance(old, Allocation):
+            del self._objs[id(old)]
+        elif old is not None:
+            self._placed.discard(wid)
 
     def drifted(self, snapshot: ClusterSnapshot, policies: Policies) -> bool:
         """Whether the kept view (just synced with `snapshot`) holds other free capacity than a
@@ -249,6 +303,8 @@ class ViewKeeper:
         self._quota = policies.quota
         self._classes = policies.priority_classes
         self._held = {a.workload.id: a for a in snapshot.allocations if a.workload.id not in evicted}
+        self._objs = {id(a): a for a in self._held.values() if isinstance(a, Allocation)}
+        self._placed = set()
         self.rebuilds += 1
         return view
 
