@@ -90,11 +90,13 @@ def _heads() -> list[Workload]:
     ]
 
 
+@pytest.mark.parametrize("shared", [False, True], ids=["per-head", "shared"])
 @pytest.mark.parametrize("placement", ["first-fit", "best-fit", "fgd-strand", "gpu-clustering"])
-@pytest.mark.parametrize("seed", range(12))
+@pytest.mark.parametrize("seed", range(8))
 def test_the_kept_search_reserves_as_a_search_made_afresh(
-    seed: int, placement: str, monkeypatch: pytest.MonkeyPatch
+    seed: int, placement: str, shared: bool, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    """`shared`: one `KeptSearch` for every head, as a view keeps one per slot whatever its head."""
     rng = random.Random(seed)
     view = ClusterView.empty(cluster(5, devices=4))
     now = 0.0
@@ -103,7 +105,8 @@ def test_the_kept_search_reserves_as_a_search_made_afresh(
     policy = make_policy(placement)
     assert policy.is_repeatable()
     heads = _heads()
-    kept = {h.id: KeptSearch.fresh(view.state) for h in heads}
+    one = KeptSearch.fresh(view.state)
+    kept = {h.id: one if shared else KeptSearch.fresh(view.state) for h in heads}
     hints = dict.fromkeys(kept, float("inf"))
     compared = 0
     for k in range(60):

@@ -275,7 +275,9 @@ def _first_fit_in_time(
         i = max(i, bisect.bisect_left(ends, not_before_s, key=_end))
     if i >= len(ends):
         return None
-    could_fit = _device_check(head, _required_domains(head, view, policy))
+    domains = _required_domains(head, view, policy)
+    could_fit = kept.device_check(head, domains) if kept is not None and keep_searches else \
+        _device_check(head, domains)
     if search_hints and math.isfinite(hint_s):
         done = _hinted_first_passing(shadow, ends, running, i, now_s, could_fit, hint_s, kept)
     else:
@@ -433,6 +435,8 @@ class KeptSearch:
     `overdue`: the overdue runs' corrected ends, sorted, while the same runs are overdue and the
     clock has not reached the earliest of them (`_overdue_kept`).
 
+    `check`: the head's quick device check, made once per head (`device_check`).
+
     `tried`: the placements the last search made, each with the shadow it read (free amounts,
     capacity, heavy shares, pods per node) and what it did (the nodes taken, None: no fit; the node
     versions it bumped). A repeatable policy (`PlacementPolicy.is_repeatable`: the same choice on an
@@ -447,6 +451,8 @@ class KeptSearch:
     overdue: tuple[float, list[tuple[float, str]], list[int], list[Running], list[_Fixed]] | None = None
     """(when, the overdue runs' ends, their compute, their records, their corrected ends sorted)
     of the last search (`_overdue_kept`)."""
+    check: tuple[Workload, np.ndarray | None, Callable[[ClusterState], bool]] | None = None
+    """(head, its required domains, `_device_check` of them) of the last search."""
 
     @classmethod
     def fresh(cls, state: ClusterState) -> KeptSearch:
@@ -489,6 +495,13 @@ class KeptSearch:
                         held[kind] = left
                     else:
                         held.pop(kind, None)
+
+    def device_check(self, head: Workload, domains: np.ndarray | None) -> Callable[[ClusterState], bool]:
+        """`_device_check(head, domains)`, made once for the same head and domains."""
+        last = self.check
+        if last is None or last[0] is not head or last[1] is not domains:
+            last = self.check = (head, domains, _device_check(head, domains))
+        return last[2]
 
     def placements(
         self, head: Workload, view: ClusterView, policy: PlacementPolicy
