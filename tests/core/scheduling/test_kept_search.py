@@ -265,3 +265,12 @@ def test_a_placement_is_made_again_on_a_shadow_with_other_pods_in_the_same_room(
     assert on_a is not None and on_b is not None and afresh_b is not None
     assert on_a.tolist() == [False, True]
     assert on_b.tolist() == afresh_b.tolist() == [True, False]
+
+
+def test_corrected_ends_are_not_kept_when_the_clock_goes_back() -> None:
+    """A live pool's clock may step back: the list kept at a later time is not used before it."""
+    view = ClusterView.empty(cluster(2, devices=4))
+    _start(view, replace(workload(pod(1), wid="a"), runtime_estimate_s=100.0), 0.0, 0)
+    search = KeptSearch.fresh(view.state)
+    assert backfill._expected_ends(view, 250.0, True, search)[2] == 400.0
+    assert backfill._expected_ends(view, 150.0, True, search)[2] == 200.0
