@@ -429,8 +429,9 @@ class KeptSearch:
     exactly those runs adds to a state's (the pods counted up, where a release counts them down).
     The next search releases the runs below its own hint's group by adding the sums, once updated
     by the runs that joined them (started, or now expected to end sooner) and those that left
-    (ended, preempted, now expected later): integer sums, so the shadow is the one that releasing
-    each run gives, field for field.
+    (ended, preempted, now expected later), or counted anew when those outnumber the runs below
+    (a search for another head): integer sums, so the shadow is the one that releasing each run
+    gives, field for field.
 
     `overdue`: the overdue runs' corrected ends, sorted, while the same runs are overdue and the
     clock has not reached the earliest of them (`_overdue_kept`).
@@ -456,10 +457,18 @@ class KeptSearch:
 
     @classmethod
     def fresh(cls, state: ClusterState) -> KeptSearch:
-        sums = clone_state(state, empty=True)
+        search = cls(clone_state(state, empty=True))
+        search.clear()
+        return search
+
+    def clear(self) -> None:
+        """Sums of no run."""
+        sums = self.sums
         for a in (sums.cpu_free, sums.mem_free, sums.dev_milli_free, sums.dev_mem_free, sums.node_version):
             a[...] = 0
-        return cls(sums)
+        sums.heavy_slices = 0
+        sums.node_pod_kinds = [{} for _ in sums.node_pod_kinds]
+        self.released = {}
 
     def fits(self, state: ClusterState) -> bool:
         """Whether the sums are of this pool (the same nodes and devices)."""
@@ -474,8 +483,12 @@ class KeptSearch:
         left = [run for rid, run in old.items() if now.get(rid) is not run]
         joined = [run for rid, run in now.items() if old.get(rid) is not run]
         sums = self.sums
-        _count_runs(sums, left, -1)
-        _count_runs(sums, joined, 1)
+        if len(left) + len(joined) > len(now):  # mostly other runs (another head's hint): count anew
+            self.clear()
+            _count_runs(sums, list(now.values()), 1)
+        else:
+            _count_runs(sums, left, -1)
+            _count_runs(sums, joined, 1)
         self.released = now
         shadow.cpu_free += sums.cpu_free
         shadow.mem_free += sums.mem_free
