@@ -110,17 +110,20 @@ def corrected_end_s(run: Running, now_s: float) -> float:
 
 
 def _expected_ends(
-    view: ClusterView, now_s: float, correct: bool
+    view: ClusterView, now_s: float, correct: bool, kept: KeptSearch | None = None
 ) -> tuple[list[tuple[float, str]], list[int], float]:
     """(expected end, id) of the runs with an estimate, sorted, and the compute each holds: the
     view's planned ends, with the overdue ones corrected (`corrected_end_s`) when `correct`; and
-    the earliest corrected end (inf: none)."""
+    the earliest corrected end (inf: none). `kept`: where the sorted corrected ends are kept from
+    one search to the next (`KeptSearch.overdue`)."""
     ends, milli = view.ends, view.end_milli
     late = _overdue(view, now_s) if correct else 0
     if not late:
         return ends, milli, math.inf
     running = view.running
-    if keep_corrected:
+    if kept is not None and keep_searches:
+        fixed = _overdue_kept(view, now_s, late, kept)
+    elif keep_corrected:
         fixed = _corrected_kept(view, now_s, late)
     else:
         fixed = sorted((corrected_end_s(running[rid], now_s), rid, m)
@@ -152,6 +155,24 @@ def _corrected_kept(view: ClusterView, now_s: float, late: int) -> list[tuple[fl
             found = kept[rid] = (run, now_s, corrected_end_s(run, now_s))
         fixed.append((found[2], rid, m))
     fixed.sort()
+    return fixed
+
+
+def _overdue_kept(view: ClusterView, now_s: float, late: int, kept: KeptSearch) -> list[_Fixed]:
+    """`_corrected_kept(view, now_s, late)`, the last search's list again while it stands: the same
+    overdue runs (the same records, planned ends and compute) and the clock not before it was made
+    nor at its earliest corrected end (each end is constant from when it was computed until the
+    clock reaches it, `corrected_end_s`)."""
+    ends, milli = view.ends[:late], view.end_milli[:late]
+    running = view.running
+    runs = [running[rid] for _, rid in ends]
+    last = kept.overdue
+    if last is not None and last[0] <= now_s < last[4][0][0] and last[1] == ends and last[2] == milli \
+            and len(runs) == len(last[3]) and all(a is b for a, b in zip(runs, last[3], strict=True)):
+        return last[4]
+    fixed = _corrected_kept(view, now_s, late) if keep_corrected else sorted(
+        (corrected_end_s(run, now_s), rid, m) for (_, rid), m, run in zip(ends, milli, runs, strict=True))
+    kept.overdue = (now_s, ends, milli, runs, fixed)
     return fixed
 
 
@@ -194,7 +215,7 @@ def reserve(
 def _reserve(
     head: Workload, view: ClusterView, now_s: float, policy: PlacementPolicy, rng: random.Random,
     correct: bool = True, not_before_s: float = -math.inf, hint_s: float = math.inf,
-    wanted: tuple[float, float] | None = None,
+    wanted: tuple[float, float] | None = None, kept: KeptSearch | None = None,
 ) -> tuple[Reservation | None, float]:
     """`reserve`, and until when the clock changes nothing in its answer: the earliest corrected end
     at or before the start (inf: none). A reservation reads only the runs expected to end by its
@@ -203,11 +224,12 @@ def _reserve(
     `hint_s`: where the search looks first (`_first_fit_in_time`; any value gives the same answer).
     `wanted`: (loss_s, cap_s): the caller uses a start t only when t - not_before_s < loss_s and
     t - not_before_s <= cap_s, so the search stops at the first end time past that (None then, where
-    the whole search may have found a later start: `locality.reserve_in_domain`)."""
+    the whole search may have found a later start: `locality.reserve_in_domain`).
+    `kept`: what the last search for the same head left (`KeptSearch`; any value gives the same answer)."""
     view.materialize()
     if not view.ends:
         return None, math.inf
-    ends, end_milli, first_fix = _expected_ends(view, now_s, correct)
+    ends, end_milli, first_fix = _expected_ends(view, now_s, correct, kept)
     if wanted is not None:
         # the start found is an end time (or now) and never earlier than the search got to: past
         # the first end time the caller cannot use, none later is of use either (t - not_before_s
@@ -215,7 +237,7 @@ def _reserve(
         bound = wanted
         cut = bisect.bisect_left(ends, True, key=lambda e: not _wanted(max(e[0], now_s), not_before_s, bound))
         ends, end_milli = ends[:cut], end_milli[:cut]
-    found = _first_fit_in_time(head, view, now_s, policy, rng, ends, end_milli, not_before_s, hint_s)
+    found = _first_fit_in_time(head, view, now_s, policy, rng, ends, end_milli, not_before_s, hint_s, kept)
     if found is not None:
         found.narrow = _narrow(head, view, policy, found.fits_on)
     until = first_fix if found is None or first_fix <= found.start_s else math.inf
@@ -231,12 +253,13 @@ def _wanted(start_s: float, not_before_s: float, wanted: tuple[float, float]) ->
 def _first_fit_in_time(
     head: Workload, view: ClusterView, now_s: float, policy: PlacementPolicy, rng: random.Random,
     ends: list[tuple[float, str]], end_milli: list[int], not_before_s: float = -math.inf,
-    hint_s: float = math.inf,
+    hint_s: float = math.inf, kept: KeptSearch | None = None,
 ) -> Reservation | None:
     """The head placed on the shadow pool at each end time in turn, from the first at which enough
     compute is free, until it fits (placed at most MAX_RESERVATION_TRIALS times). `hint_s`: the end
     time at which the device check is expected to pass first (the head's last reserved start,
-    `kept_reserve`): tried before the search from the start (`_hinted_first_passing`)."""
+    `kept_reserve`): tried before the search from the start (`_hinted_first_passing`). `kept`: the
+    last search's sums of the runs below the hint and its placements (`KeptSearch`), updated here."""
     running = view.running
     shadow = clone_state(view.state)
     allowed = _allowed(head, shadow)
@@ -252,22 +275,23 @@ def _first_fit_in_time(
         i = max(i, bisect.bisect_left(ends, not_before_s, key=_end))
     if i >= len(ends):
         return None
-    could_fit = _device_check(head, _required_domains(head, view, policy))
+    domains = _required_domains(head, view, policy)
+    could_fit = kept.device_check(head, domains) if kept is not None and keep_searches else \
+        _device_check(head, domains)
     if search_hints and math.isfinite(hint_s):
-        done = _hinted_first_passing(shadow, ends, running, i, now_s, could_fit, hint_s)
+        done = _hinted_first_passing(shadow, ends, running, i, now_s, could_fit, hint_s, kept)
     else:
         done = _first_passing(shadow, ends, running, i, now_s, could_fit)
     if done is None:
         return None
     # the device check passes here and, the runs only ever freeing room, at every later end time
     trials = 0
+    places = kept.placements(head, view, policy) if kept is not None else None
     while True:
         trials += 1
-        gang = place_gang(head, shadow, policy, rng)
-        if not isinstance(gang, NoFit):
-            release_gang(gang, shadow)
-            return Reservation(head, max(ends[done - 1][0], now_s), shadow,
-                               fits_on=nodes_mask(gang, shadow))
+        fits_on = _place_at(head, shadow, policy, rng, places)
+        if fits_on is not None:
+            return Reservation(head, max(ends[done - 1][0], now_s), shadow, fits_on=fits_on)
         if done >= len(ends) or trials >= MAX_RESERVATION_TRIALS:
             return None
         i = _group_end(ends, done, now_s)
@@ -293,6 +317,7 @@ slower: kept to check that claim)."""
 def _hinted_first_passing(
     shadow: ClusterState, ends: list[tuple[float, str]], running: dict[str, Running], i: int,
     now_s: float, could_fit: Callable[[ClusterState], bool], hint_s: float,
+    kept: KeptSearch | None = None,
 ) -> int | None:
     """`_first_passing(shadow, ends, running, i, now_s, could_fit)`, trying the group at `hint_s`
     first: when the check fails after the group before it and passes after it, that group is the
@@ -300,7 +325,8 @@ def _hinted_first_passing(
     with two releases and two checks instead of a search over every group from `i`. When the check
     fails there too, the search goes on from that group; when it passes already before it, the
     search starts afresh from `i` (the free amounts put back). The shadow ends as `_first_passing`
-    leaves it: the same records released, each once."""
+    leaves it: the same records released, each once. With `kept`, the runs before the hint's group
+    are released as sums kept from the last search, updated by the runs that joined or left them."""
     first = _group_end(ends, i, now_s)  # the first group end `_first_passing` checks
     at = bisect.bisect_left(ends, hint_s, key=_end)  # the first run at or after the hint
     if at >= len(ends):
@@ -310,14 +336,22 @@ def _hinted_first_passing(
         return _first_passing(shadow, ends, running, i, now_s, could_fit)
     before = _group_start(ends, at, now_s)  # the end of the group before the hint's
     saved = free_amounts(shadow)
-    below = _records(ends, running, 0, before)
-    shift_free(shadow, below, 1)
+    below: list[PodAlloc] | KeptSearch
+    if kept is not None and keep_searches:
+        kept.release_below(shadow, ends, running, before)
+        below = kept
+    else:
+        below = _records(ends, running, 0, before)
+        shift_free(shadow, below, 1)
     if before >= first and could_fit(shadow):  # it passes earlier: search from the start
         restore_free(shadow, saved)
         return _first_passing(shadow, ends, running, i, now_s, could_fit)
     group = _records(ends, running, before, hinted)
     shift_free(shadow, group, 1)
-    note_released(shadow, below)
+    if isinstance(below, KeptSearch):
+        below.note_released(shadow)
+    else:
+        note_released(shadow, below)
     note_released(shadow, group)
     if could_fit(shadow):
         return hinted
@@ -374,6 +408,192 @@ def _first_passing(
             step = max(1, within // 2)
         else:
             step *= 2
+
+
+keep_searches = True
+"""Start a head's search from what the last search left (`KeptSearch`): the runs below the hint's
+group released as kept sums, and a placement not made again where the shadow it read is the same;
+False computes both afresh (the same reservations, slower: kept to check that claim)."""
+
+_Fixed = tuple[float, str, int]
+_Tried = tuple[tuple[object, ...], BoolArray | None, np.ndarray]
+
+
+@dataclass(slots=True)
+class KeptSearch:
+    """What the last reservation search left, kept by the view (one per slot, `kept_reserve`) so the
+    next search (a later cycle) recomputes only what changed since.
+
+    `released`: the runs the hinted search released below its hint's group (by id), and `sums`, a
+    state whose free amounts, heavy-share count, node versions and pods per node hold what releasing
+    exactly those runs adds to a state's (the pods counted up, where a release counts them down).
+    The next search releases the runs below its own hint's group by adding the sums, once updated
+    by the runs that joined them (started, or now expected to end sooner) and those that left
+    (ended, preempted, now expected later), or counted anew when those outnumber the runs below
+    (a search for another head): integer sums, so the shadow is the one that releasing each run
+    gives, field for field.
+
+    `overdue`: the overdue runs' corrected ends, sorted, while the same runs are overdue and the
+    clock has not reached the earliest of them (`_overdue_kept`).
+
+    `check`: the head's quick device check, made once per head (`device_check`).
+
+    `tried`: the placements the last search made, each with the shadow it read (free amounts,
+    capacity, heavy shares, pods per node) and what it did (the nodes taken, None: no fit; the node
+    versions it bumped). A repeatable policy (`PlacementPolicy.is_repeatable`: the same choice on an
+    equal state, nothing drawn, nothing kept) placing without a fabric, not prepared again since, on
+    the same slice defaults, places the same head alike on an equal shadow: it is not asked again.
+    """
+
+    sums: ClusterState
+    released: dict[str, Running] = field(default_factory=dict)
+    placer: tuple[object, ...] = ()
+    tried: list[_Tried] = field(default_factory=list)
+    overdue: tuple[float, list[tuple[float, str]], list[int], list[Running], list[_Fixed]] | None = None
+    """(when, the overdue runs' ends, their compute, their records, their corrected ends sorted)
+    of the last search (`_overdue_kept`)."""
+    check: tuple[Workload, np.ndarray | None, Callable[[ClusterState], bool]] | None = None
+    """(head, its required domains, `_device_check` of them) of the last search."""
+
+    @classmethod
+    def fresh(cls, state: ClusterState) -> KeptSearch:
+        search = cls(clone_state(state, empty=True))
+        search.clear()
+        return search
+
+    def clear(self) -> None:
+        """Sums of no run."""
+        sums = self.sums
+        for a in (sums.cpu_free, sums.mem_free, sums.dev_milli_free, sums.dev_mem_free, sums.node_version):
+            a[...] = 0
+        sums.heavy_slices = 0
+        sums.node_pod_kinds = [{} for _ in sums.node_pod_kinds]
+        self.released = {}
+
+    def fits(self, state: ClusterState) -> bool:
+        """Whether the sums are of this pool (the same nodes and devices)."""
+        sums = self.sums
+        return sums.nodes is state.nodes and sums.dev_mem_size is state.dev_mem_size
+
+    def release_below(self, shadow: ClusterState, ends: list[tuple[float, str]],
+                      running: dict[str, Running], before: int) -> None:
+        """`shift_free(shadow, <the records of the runs of ends[:before]>, 1)`, from the sums."""
+        now = {rid: running[rid] for _, rid in ends[:before]}
+        old = self.released
+        left = [run for rid, run in old.items() if now.get(rid) is not run]
+        joined = [run for rid, run in now.items() if old.get(rid) is not run]
+        sums = self.sums
+        if len(left) + len(joined) > len(now):  # mostly other runs (another head's hint): count anew
+            self.clear()
+            _count_runs(sums, list(now.values()), 1)
+        else:
+            _count_runs(sums, left, -1)
+            _count_runs(sums, joined, 1)
+        self.released = now
+        shadow.cpu_free += sums.cpu_free
+        shadow.mem_free += sums.mem_free
+        shadow.dev_milli_free += sums.dev_milli_free
+        shadow.dev_mem_free += sums.dev_mem_free
+        shadow.heavy_slices += sums.heavy_slices
+
+    def note_released(self, shadow: ClusterState) -> None:
+        """`note_released(shadow, <the same records>)` after `release_below`."""
+        shadow.node_version += self.sums.node_version
+        for node, kinds in enumerate(self.sums.node_pod_kinds):
+            if kinds:
+                held = shadow.node_pod_kinds[node]
+                for kind, count in kinds.items():
+                    left = held.get(kind, 0) - count
+                    if left > 0:
+                        held[kind] = left
+                    else:
+                        held.pop(kind, None)
+
+    def device_check(self, head: Workload, domains: np.ndarray | None) -> Callable[[ClusterState], bool]:
+        """`_device_check(head, domains)`, made once for the same head and domains."""
+        last = self.check
+        if last is None or last[0] is not head or last[1] is not domains:
+            last = self.check = (head, domains, _device_check(head, domains))
+        return last[2]
+
+    def placements(
+        self, head: Workload, view: ClusterView, policy: PlacementPolicy
+    ) -> tuple[list[_Tried], list[_Tried]] | None:
+        """(the last search's placements, this one's, to fill) when they may be reused; else None."""
+        if not policy.is_repeatable() or policy.topology is not None:
+            self.tried = []
+            return None
+        placer = (head, policy, view.state.defaults, _prepared(view, policy))
+        last = self.tried
+        if not self.placer or any(a is not b for a, b in zip(placer[:3], self.placer, strict=False)) \
+                or placer[3] != self.placer[3]:
+            last = []
+        self.placer = placer
+        self.tried = []
+        return last, self.tried
+
+
+def _count_runs(sums: ClusterState, runs: list[Running], sign: int) -> None:
+    """Add (sign 1) or take out (-1) the runs' records in `KeptSearch.sums`."""
+    if not runs:
+        return
+    records = [rec for run in runs for _, rec in run.allocs]
+    shift_free(sums, records, sign)
+    version, held = sums.node_version, sums.node_pod_kinds
+    for r in records:
+        version[r.node] += sign
+        kinds = held[r.node]
+        kind = sums.pod_kind(r)
+        count = kinds.get(kind, 0) + sign
+        if count:
+            kinds[kind] = count
+        else:
+            kinds.pop(kind, None)
+
+
+def _shadow_seen(shadow: ClusterState) -> tuple[object, ...]:
+    """What a placement reads of a shadow (`KeptSearch.tried`), copied: the node list and device
+    models (shared by every copy of a pool's state), the free amounts and capacity, the heavy
+    shares and the pods per node."""
+    return (shadow.nodes, shadow.dev_model, b"".join(a.tobytes() for a in _arrays(shadow)),
+            shadow.heavy_slices, [dict(k) for k in shadow.node_pod_kinds])
+
+
+def _same_shadow(seen: tuple[object, ...], shadow: ClusterState) -> bool:
+    return (
+        seen[0] is shadow.nodes and seen[1] is shadow.dev_model and seen[3] == shadow.heavy_slices
+        and seen[2] == b"".join(a.tobytes() for a in _arrays(shadow))
+        and seen[4] == shadow.node_pod_kinds
+    )
+
+
+def _place_at(
+    head: Workload, shadow: ClusterState, policy: PlacementPolicy, rng: random.Random,
+    places: tuple[list[_Tried], list[_Tried]] | None,
+) -> BoolArray | None:
+    """The nodes the head is placed on in the shadow (placed and given back: the shadow's free
+    amounts as they were); None: it does not fit. `places`: `KeptSearch.placements`."""
+    if places is None:
+        gang = place_gang(head, shadow, policy, rng)
+        if isinstance(gang, NoFit):
+            return None
+        release_gang(gang, shadow)
+        return nodes_mask(gang, shadow)
+    last, tried = places
+    for seen, fits_on, bumped in last:
+        if _same_shadow(seen, shadow):
+            shadow.node_version += bumped
+            tried.append((seen, fits_on, bumped))
+            return None if fits_on is None else fits_on.copy()
+    seen = _shadow_seen(shadow)
+    versions = shadow.node_version.copy()
+    gang = place_gang(head, shadow, policy, rng)
+    fits_on = None
+    if not isinstance(gang, NoFit):
+        release_gang(gang, shadow)
+        fits_on = nodes_mask(gang, shadow)
+    tried.append((seen, fits_on, shadow.node_version - versions))
+    return None if fits_on is None else fits_on.copy()
 
 
 keep_locality = True
@@ -548,17 +768,20 @@ def kept_reserve(
         return kept.reservation(now_s)
     last = view.reserve_hints.get(slot)
     hint_s = last[1] if last is not None and last[0] == head.id else math.inf
+    search = view.kept_searches.get(slot)
+    if search is None or not search.fits(view.state):
+        search = view.kept_searches[slot] = KeptSearch.fresh(view.state)
     if not policy.is_repeatable():  # its placements draw from the rng or change later ones
         setattr(view, slot, None)
         found = _reserve(head, view, now_s, policy, rng, not_before_s=not_before_s, hint_s=hint_s,
-                     wanted=wanted)[0]
+                     wanted=wanted, kept=search)[0]
         _note_hint(view, slot, head, found)
         return found
     state = view.state
     arrays = tuple(a.copy() for a in _arrays(state))
     pod_kinds = [dict(k) for k in state.node_pod_kinds]
     found, until_s = _reserve(head, view, now_s, policy, rng, not_before_s=not_before_s, hint_s=hint_s,
-                     wanted=wanted)
+                     wanted=wanted, kept=search)
     _note_hint(view, slot, head, found)
     overdue = _overdue(view, now_s)
     setattr(view, slot, KeptReservation(

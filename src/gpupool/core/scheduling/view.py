@@ -52,7 +52,7 @@ from gpupool.core.state import (
 from gpupool.errors import OverAllocation
 
 if TYPE_CHECKING:
-    from gpupool.core.scheduling.backfill import KeptReservation
+    from gpupool.core.scheduling.backfill import KeptReservation, KeptSearch
     from gpupool.core.scheduling.topology import FabricView, TopologyContext
     from gpupool.core.topology_spec import TopologySpec
 
@@ -217,6 +217,8 @@ class ClusterView:
     reserve_hints: dict[str, tuple[str, float]] = field(default_factory=dict)
     """(head id, reserved start) of the last reservation made afresh, by the slot that keeps it:
     where the next search for the same head looks first (`backfill.search_hints`)."""
+    kept_searches: dict[str, KeptSearch] = field(default_factory=dict)
+    """By the same slots, what the last reservation search left for the next (`backfill.KeptSearch`)."""
     topology: FabricView | None = None
     """The fabric the nodes sit in (`set_topology`); None: no fabric known, placement as before."""
     topology_default: TopologySpec | None = None
