@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import signal
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -11,6 +12,13 @@ from typing import Any
 import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
+
+# A run started in the background (`nohup make test &`, a CI step's shell without job control) gets
+# SIGINT ignored, and so would every CLI process a test starts and then interrupts (`events -f`,
+# `ls --watch`, `exec`): they never saw the Ctrl-C and the tests waited out their timeouts. Each
+# test process takes Python's own handler back, and its children get the default again at exec.
+if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 from gpupool.server import pgtemp
 from gpupool.sim.datadir import data_dir

@@ -26,6 +26,12 @@ def _marker_command(marker: Path) -> list[str]:
     return ["sh", "-c", f"echo started >> {marker}; sleep 30"]
 
 
+def _started(marker: Path) -> bool:
+    """Whether the pod's line is in its marker: `echo >>` creates the file before it writes, so the
+    file's existence alone is not yet its line (a read between the two finds it empty)."""
+    return marker.exists() and marker.read_text().endswith("\n")
+
+
 def _wait_for(predicate, timeout_s: float = 20.0) -> None:  # type: ignore[no-untyped-def]
     deadline = time.monotonic() + timeout_s
     while not predicate():
@@ -40,7 +46,7 @@ def test_a_launch_from_a_deposed_leader_reaching_the_node_after_the_takeover_is_
     try:
         kept = tmp_path / "kept.marker"
         old.start("kept", _marker_command(kept), env=ENV, epoch=1)  # let go before the takeover
-        _wait_for(kept.exists)
+        _wait_for(lambda: _started(kept))
         assert old.fence.newest() == 0
         old.fence.advance(2)  # what the new leader does first at its takeover (through its own agent)
         new = Runner(tmp_path)  # then it reads the node's records afresh
@@ -54,7 +60,7 @@ def test_a_launch_from_a_deposed_leader_reaching_the_node_after_the_takeover_is_
             assert record.phase is PodPhase.LOST and record.never_started and "refused" in record.message
             fresh = tmp_path / "fresh.marker"
             new.start("fresh", _marker_command(fresh), env=ENV, epoch=2)  # the new leader's own
-            _wait_for(fresh.exists)
+            _wait_for(lambda: _started(fresh))
             assert not stale.exists()  # its shim ended without running the command
             assert kept.read_text() == "started\n"  # and the adopted pod was never started again
         finally:
@@ -69,7 +75,7 @@ def test_a_single_server_launch_carries_no_epoch_and_is_never_fenced(tmp_path: P
         runner.fence.advance(9)
         marker = tmp_path / "m"
         runner.start("p", _marker_command(marker), env=ENV)
-        _wait_for(marker.exists)
+        _wait_for(lambda: _started(marker))
     finally:
         runner.close(stop_pods=True, grace_s=0.5)
 
@@ -113,7 +119,7 @@ def test_a_leader_stopped_in_the_middle_of_a_launch_does_not_hold_the_takeover(t
             assert record.pid is not None and record.adopted and not record.finished
             assert not marker.exists()
             os.kill(leader.pid, signal.SIGCONT)  # resumed: its launch had passed its check, so it runs
-            _wait_for(marker.exists)
+            _wait_for(lambda: _started(marker))
             leader.wait(30)
             assert marker.read_text() == "started\n"  # once, and its pod is the adopted one
             assert not new.get("p").finished

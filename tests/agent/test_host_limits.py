@@ -213,7 +213,9 @@ def test_a_pod_without_memory_asked_gets_a_bound(provider: LocalProvider) -> Non
 
 
 ESCAPE = ("sh", "-c", "setsid env -i sleep 1000 & setsid env -i sh -c 'sleep 1000 & exec sleep 1000' & "
-          "sleep 0.5; echo escaped; while [ ! -e \"$HOME/go\" ]; do sleep 0.05; done")
+          "echo escaped; while [ ! -e \"$HOME/go\" ]; do sleep 0.05; done")
+"""Three `sleep 1000` out of the pod's session and group, without its marker once `env -i` has run:
+the pod then waits for $HOME/go (to end by itself)."""
 
 
 def escapees(uid: int) -> list[int]:
@@ -234,7 +236,9 @@ def test_escaped_processes_die_with_their_workload(provider: LocalProvider, canc
         wait_for(lambda: "escaped" in provider.read_log(pod).text)
         uid = pwd.getpwnam(account_name("sly")).pw_uid
         shim = provider.agent.runner.get(pod).pid
-        assert len(escapees(uid)) == 3
+        # the three have escaped once each is `sleep 1000` (setsid and env -i have run): waited for,
+        # not left to a pause in the pod (a loaded machine had not yet run them all)
+        wait_for(lambda: len(escapees(uid)) == 3)
         for pid in escapees(uid):  # out of the pod's session and group, without its marker
             assert os.getsid(pid) != shim and os.getpgid(pid) != shim
             assert b"GPUPOOL_POD_ID" not in Path(f"/proc/{pid}/environ").read_bytes()
@@ -262,9 +266,14 @@ def test_a_live_pod_of_the_same_account_is_never_swept(provider: LocalProvider) 
         provider.launch(PodLaunch(pod_id="keep", workload_id="w-keep", node="box", tenant="sly",
                                   command=("sh", "-c", "setsid env -i sleep 1000 & echo up; exec sleep 300")))
         provider.launch(PodLaunch(pod_id="esc", workload_id="w-esc", node="box", tenant="sly",
-                                  command=("sh", "-c", "setsid env -i sleep 1000 & echo up; sleep 0.5")))
+                                  command=("sh", "-c", "setsid env -i sleep 1000 & echo up; "
+                                           "while [ ! -e \"$HOME/go\" ]; do sleep 0.05; done")))
         wait_for(lambda: "up" in provider.read_log("keep").text and "up" in provider.read_log("esc").text)
         uid = pwd.getpwnam(account_name("sly")).pw_uid
+        # esc ends only once both sleeps have escaped (else its end takes its own along, by group or
+        # marker, and nothing is left to tell a sweep that spares the live pod's from one that does not)
+        wait_for(lambda: len(escapees(uid)) == 2)
+        (provider.agent.scratch_root / "esc" / "go").touch()
         assert wait_final(provider, "esc").phase is PodPhase.SUCCEEDED
         for _ in range(20):  # sweeps run at every poll: the live pod and both sleeps stay
             provider.poll()
@@ -276,6 +285,7 @@ def test_a_live_pod_of_the_same_account_is_never_swept(provider: LocalProvider) 
         assert wait_final(provider, "keep").phase is PodPhase.STOPPED
         wait_for(lambda: not uid_processes(uid))
     finally:
+        (provider.agent.scratch_root / "esc" / "go").unlink(missing_ok=True)
         if uid:
             kill_all(uid)
 

@@ -24,7 +24,7 @@ from pathlib import Path
 import pytest
 
 from factories import pod_python
-from gpupool.agent import netns
+from gpupool.agent import netns, podstate
 from gpupool.agent.netns import NetnsMode, NetworkSettings, PodNet, PodNetwork
 from gpupool.core.model import Device, Node
 from gpupool.errors import InvalidInput
@@ -456,6 +456,8 @@ def test_an_agent_crash_leaves_nothing_behind_after_its_restart(tmp_path: Path) 
         ended_pid = json.loads((tmp_path / "pool/n1/pods/ended/state.json").read_text())["pid"]
         first.close()  # the agent goes away without ending its pods, as a crash would
         os.kill(ended_pid, signal.SIGKILL)  # a pod that ends while the agent is down
+        # ended, not only signalled: the restarted agent would adopt a pod it still finds running
+        assert eventually(lambda: not podstate.process_alive(ended_pid, None)), ended_pid
         made = f"gpn-{PodNetwork(ON, 1).key}-deadbeef"
         subprocess.run(["ip", "netns", "add", made], check=True)  # made just before a crash
         assert present(ended) == [True, True, True] and made in host_leftovers()["netns"]

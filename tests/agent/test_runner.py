@@ -226,8 +226,12 @@ def test_a_process_that_left_the_group_with_setsid_dies_with_the_pod(runner: Run
     wait_for(lambda: not alive(escaped))
 
 
-def test_a_daemon_left_behind_by_a_finished_pod_is_killed(runner: Runner) -> None:
-    runner.start("daemon", ["sh", "-c", "setsid sh -c 'echo $$; exec sleep 60' & sleep 0.3"], env=ENV)
+def test_a_daemon_left_behind_by_a_finished_pod_is_killed(runner: Runner, tmp_path: Path) -> None:
+    # the pod ends once its daemon has left the group and said its pid (a pause of 0.3 s was not
+    # always enough on a loaded machine: the pod's end then took the daemon along before it escaped)
+    daemon = "setsid sh -c 'echo $$; touch \"$READY\"; exec sleep 60' & "
+    runner.start("daemon", ["sh", "-c", daemon + 'while [ ! -e "$READY" ]; do sleep 0.01; done'],
+                 env={**ENV, "READY": str(tmp_path / "daemon-ready")})
     escaped = int(wait_for(lambda: runner.read_log("daemon").text.strip()))
     assert runner.wait("daemon", 10).phase is PodPhase.SUCCEEDED
     wait_for(lambda: not alive(escaped))

@@ -21,10 +21,7 @@ def tree() -> Iterator[Path]:
     """/tmp/X/open/proj, every step open (pytest's own directories are closed to other accounts)."""
     root = Path(tempfile.mkdtemp(prefix="gpupool-workdir-"))
     os.chmod(root, 0o755)
-    (root / "open" / "proj").mkdir(parents=True)
-    # modes set, not left to the umask: an in-process server earlier in this worker sets 077
-    os.chmod(root / "open", 0o755)
-    os.chmod(root / "open" / "proj", 0o755)
+    (root / "open" / "proj").mkdir(parents=True)  # open by the umask (tests/conftest.py's umask_per_module)
     try:
         yield root
     finally:

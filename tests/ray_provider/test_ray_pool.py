@@ -231,6 +231,10 @@ def test_a_second_provider_re_adopts_running_pods_and_never_starts_them_twice(
     command = ("sh", "-c", f"echo started >> {marks}/log; sleep 60")
     pool.launch(_pod("adopted", "t4-001", *command))
     _wait_running(pool, "adopted")
+    # its start marker written (running is said once the process is, before the shell's echo): the
+    # stop below must not land before it, or the log would miss the one start it counts
+    log = marks / "log"
+    wait_for(lambda: log.exists() and log.read_text().endswith("\n"), 30.0, "the pod's start marker")
     second = RayProvider(pool.address, data_dir=pool.data_dir)
     try:
         assert _status(second, "adopted").phase is PodPhase.RUNNING

@@ -63,7 +63,8 @@ def test_remote_returns_the_result_from_a_pod_inside_its_slice(remote_pool: Remo
         assert future.result(timeout=120) == 49
         assert remote_square(8) == 64  # a call is remote() then result()
         inside = pool.function(whereabouts, gpus=0.5, gpu_memory="8GiB").remote().result(timeout=120)
-        workload = pool.client.workload(future.workload_id)
+        # the result is back once the worker sent it, before its pod has ended: its end waited for
+        workload = pool.client.wait(future.workload_id, timeout_s=60)
     env = inside["env"]
     assert isinstance(env, dict)
     assert env["CUDA_VISIBLE_DEVICES"].startswith("GPU-")  # the slice's device, by UUID

@@ -182,7 +182,8 @@ def test_a_cancel_ends_the_container(pool: Pool) -> None:
         pod = pod_id()
         # crun and the container's first process carry the marker before it has pivoted into the image's
         # root, so count only processes that see the image's root: the sh and its two sleeps
-        until(lambda: len(_inside(_marked(pod))) >= 3, 30, "the container's sh and two sleeps in the image's root")
+        until(lambda: len(_inside(_marked(pod))) >= 3, 30,
+              "the container's sh and two sleeps in the image's root")
         assert cli(["cancel", workload], pool.tenant).returncode == 0
         until(lambda: not _marked(pod), 60, "every process of the container ended")
         until(lambda: api.get(f"/workloads/{workload}").json()["status"] == "cancelled", 30, "cancelled")

@@ -17,7 +17,8 @@ from gpupool.server.pgtemp import free_port
 
 pytestmark = pytest.mark.slow
 WHY = netns.probe()
-NETWORK = ipaddress.IPv4Network("10.236.0.0/16")
+NETWORK = ipaddress.IPv4Network("10.237.0.0/16")
+"""This file's own pod network (test files that run at once never share one: tests/test_layout.py)."""
 
 
 def _network_rows(server: UpProcess) -> tuple[list[dict[str, object]], list[str], list[dict[str, object]]]:

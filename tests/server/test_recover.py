@@ -90,7 +90,16 @@ def test_a_pod_its_node_says_never_started_is_placed_again(server_factory: Calla
     [adopted] = [p for p in pods if p.startswith(later)]
     assert second.status(later) == "running" and _events(second, later)[-1] == "adopted"
     survivor.status[adopted] = PodStatus(adopted, PodPhase.LOST, never_started=True)
-    second.wait_for(lambda: second.status(later) == "running" and f"{later}-a2-r0" in survivor.launched)
+
+    def placed_again() -> bool:  # running again, in its second attempt: not the running it was before
+        shown = second.client.get(f"/api/v1/workloads/{later}", headers=second.headers()).json()
+        return bool(shown["status"] == "running" and shown["attempt"] == 2)
+
+    # (its new pod reaching the provider is not enough: the launch is recorded, with its event and
+    # the move to running, once the provider has answered, and `running` read before that was the
+    # status it had before the requeue)
+    second.wait_for(placed_again)
+    assert f"{later}-a2-r0" in survivor.launched
     assert _events(second, later)[-3:] == ["requeued_on_restart", "admitted", "launched"]
     workload = second.client.get(f"/api/v1/workloads/{later}", headers=second.headers()).json()
     assert workload["retries"] == 0  # not a failure: no retry used up

@@ -163,8 +163,11 @@ def test_arrays_collapse_and_the_class_node_and_elapsed_columns(
         page = _log_in(browser_page, pool, token, "/ui/workloads")
         row = page.locator(f"tr.array-row[data-array='{array}']")
         row.wait_for()
-        until(lambda: row.locator("[data-status=running]").count() == 1, 60, "the tasks running")
-        assert "5" in (row.locator("[data-status=running]").text_content() or "")
+        # the row counts its tasks by status: waited for until all five run (a poll between their
+        # launches draws the row with fewer running and the rest admitted or pending)
+        running = row.locator("[data-status=running]")
+        until(lambda: running.count() == 1 and (running.text_content() or "").split()[-1:] == ["5"], 60,
+              "the five tasks running, counted in one row")
         assert page.locator(f"tr[data-array-task='{array}']").count() == 0  # collapsed: one row
         row.get_by_role("button").click()
         until(lambda: page.locator(f"tr[data-array-task='{array}']").count() == 5, 10, "five tasks shown")
