@@ -241,7 +241,7 @@ class ColocationReplay(Replay):
         for event in events:
             if event.kind == "demand_end" and event.payload in self.pending:
                 job = self.pending.pop(event.payload)
-                self.pending_workloads.pop(event.payload, None)
+                self.pending_workloads.pop(event.payload)
                 self.metrics.pending_change(job.job, -1.0)
                 self.dropped.add(event.payload)
         allocated_before = self.view.state.allocated_device_milli - self.service_milli
@@ -279,11 +279,11 @@ class ColocationReplay(Replay):
     def _start(self, wid: str, now_s: float) -> None:
         end = self.ends.get(wid)
         if end is not None:
-            self.app_running.setdefault(self.pending_workloads[wid].name, set()).add(wid)
+            self.app_running.setdefault(self.pending_workloads.by_id()[wid].name, set()).add(wid)
             end = self.serves_until[wid]
             self.pending[wid].remaining_s = max(0.0, end - now_s)
             self.placed[wid] = now_s
-            self.service_milli += self.pending_workloads[wid].total_device_milli
+            self.service_milli += self.pending_workloads.by_id()[wid].total_device_milli
         super()._start(wid, now_s)
         if end is not None and not math.isfinite(end):
             job = self.jobs[wid]

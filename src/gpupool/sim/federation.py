@@ -86,7 +86,8 @@ class MemberReplay(Replay):
         checkpoint); returns the run time it still needs."""
         job = self.jobs.pop(wid)
         if wid in self.pending:
-            del self.pending[wid], self.pending_workloads[wid]
+            del self.pending[wid]
+            self.pending_workloads.pop(wid)
             self.metrics.pending_change(job.job, -1.0)
             self.queued_device_s -= job.job.workload.total_device_milli / 1000 * job.remaining_s
         elif job.run_start_s is not None:

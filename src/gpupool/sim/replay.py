@@ -44,6 +44,7 @@ from gpupool.core.scheduling.cycle import (
     unhandled,
 )
 from gpupool.core.scheduling.ordering.base import make_ordering
+from gpupool.core.scheduling.pending import PendingQueue
 from gpupool.core.scheduling.preemption import checkpoint_split
 from gpupool.core.scheduling.topology import FabricView
 from gpupool.core.scheduling.view import ClusterView
@@ -135,7 +136,9 @@ class Replay:
         self.estimator = RuntimeEstimator()
         self.jobs: dict[str, _Job] = {}
         self.pending: dict[str, _Job] = {}
-        self.pending_workloads: dict[str, Workload] = {}
+        self.pending_workloads = PendingQueue()
+        """The workloads of `pending`, in arrival order: the cycle's pending book reads its log of
+        what joined and left instead of comparing the whole list with the last one."""
         self.device_jobs: dict[tuple[int, int], dict[str, tuple[int, int]]] = {}
         self.metrics = ReplayMetrics(self.view.state.total_device_milli, config.timeline_points)
         self.cycles = 0
@@ -261,9 +264,9 @@ class Replay:
         self.blocked = self.strict_alone and self.waiting_now
         self.metrics.observe(now_s, self.view)
 
-    def _pending_for_cycle(self, now_s: float) -> list[Workload]:
+    def _pending_for_cycle(self, now_s: float) -> Sequence[Workload]:
         """What the next cycle may admit: all pending work (sim/colocation.py holds some back)."""
-        return list(self.pending_workloads.values())
+        return self.pending_workloads
 
     def _with_budgets(self, now_s: float) -> Policies:
         """The policies with the tenants whose budget is spent."""
@@ -274,7 +277,7 @@ class Replay:
         """Count the waits; while work waits for a budget, the replay also wakes at the end of that
         tenant's period (the work may start then, with no other event)."""
         assert self.budgets is not None
-        waited = self.budgets.count(result.rejected, self.pending_workloads)
+        waited = self.budgets.count(result.rejected, self.pending_workloads.by_id())
         if waited and self.next_period_s is None:
             self.next_period_s = self.budgets.next_period_s(waited, now_s)
             self.loop.schedule(self.next_period_s, "budget_period")
@@ -307,7 +310,7 @@ class Replay:
                     self._start(decision.workload_id, now_s)
                 case Refuse():
                     refused = self.pending.pop(decision.workload_id, None)
-                    self.pending_workloads.pop(decision.workload_id, None)
+                    self.pending_workloads.pop(decision.workload_id)
                     if refused is not None:
                         self.metrics.rejected += 1
                         self.metrics.pending_change(refused.job, -1.0)
@@ -355,14 +358,14 @@ class Replay:
         state.estimate_s = self.estimator.estimate_s(w)
         self.jobs[w.id] = state
         self.pending[w.id] = state
-        self.pending_workloads[w.id] = w
+        self.pending_workloads.add(w)
         if w.runtime_estimate_s is None and state.estimate_s is not None:
             self.view.info[w.id] = WorkloadInfo(runtime_estimate_s=state.estimate_s)
         self.metrics.arrived(job)
 
     def _start(self, wid: str, now_s: float) -> None:
         job = self.pending.pop(wid)
-        del self.pending_workloads[wid]
+        self.pending_workloads.pop(wid)
         self.metrics.pending_change(job.job, -1.0)
         job.run_start_s = job.last_update_s = now_s
         job.run_done_s = 0.0
@@ -399,7 +402,7 @@ class Replay:
         lost_device_s = lost * job.job.workload.total_device_milli / 1000
         self.metrics.stopped(kind, lost_device_s, job.job.workload.priority_class)
         self.pending[wid] = job
-        self.pending_workloads[wid] = job.job.workload
+        self.pending_workloads.add(job.job.workload)
         self.metrics.pending_change(job.job, 1.0)
         return lost_device_s
 

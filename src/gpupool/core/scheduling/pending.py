@@ -11,9 +11,10 @@ log of what joined and left since it last read it.
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from itertools import filterfalse, repeat
+from types import MappingProxyType
 from typing import Any, TypeVar, cast, overload
 
 from gpupool.core.model import Workload
@@ -30,10 +31,10 @@ MAX_LOG_SLACK = 4096
 
 class PendingQueue(Sequence[Workload]):
     """The pending workloads, one per id, in the order they joined, with a log of what joined and
-    left: a caller that keeps its queue in one (the cycle benchmark's loop does) hands each cycle its
-    changes, and the view's `PendingBook` reads the log instead of comparing the whole list with
-    the last one. As a sequence it is `list(workloads)` in that order; a workload added again (or
-    another object with its id) leaves first and joins at the end, as with a dict."""
+    left: a caller that keeps its queue in one (the cycle benchmark's loop and the replay do) hands
+    each cycle its changes, and the view's `PendingBook` reads the log instead of comparing the
+    whole list with the last one. As a sequence it is `list(workloads)` in that order; a workload
+    added again (or another object with its id) leaves first and joins at the end."""
 
     __slots__ = ("_base", "_ids", "_items", "_list", "_log")
 
@@ -58,6 +59,10 @@ class PendingQueue(Sequence[Workload]):
         if w is not None:
             self._note(False, w)
         return w
+
+    def by_id(self) -> Mapping[str, Workload]:
+        """The waiting workloads by id (a read-only view of the queue's own dict, kept current)."""
+        return MappingProxyType(self._items)
 
     def _note(self, joined: bool, w: Workload) -> None:
         self._list = self._ids = None
