@@ -48,7 +48,8 @@ class Checked(Replay):
         super()._batch(now_s, events)
         assert list(self.pending_workloads.by_id()) == list(self.pending_workloads.ids())
         assert set(self.pending_workloads.by_id()) == set(self.pending), now_s
-        assert all(self.pending_workloads.by_id()[wid] is job.job.workload for wid, job in self.pending.items())
+        queued = self.pending_workloads.by_id()
+        assert all(queued[wid] is job.job.workload for wid, job in self.pending.items())
         self.batches += 1
         self.book_read_queue += self.view.pending_book.source is self.pending_workloads
 
