@@ -20,7 +20,7 @@ from gpupool.server.pgtemp import free_port
 from server.upproc import UpProcess, until
 
 pytestmark = pytest.mark.slow
-POD_NETWORK = "10.249.0.0/16"
+POD_NETWORK = "10.252.0.0/16"
 """This file's own pod network: pools on one machine must not share one."""
 REPLICA = """
 import http.server, os
