@@ -19,32 +19,32 @@ import json
 import random
 from pathlib import Path
 
-from cycle_latency import Waiting, _workload, build
+from cycle_latency import Running, Waiting, _workload, build
 from gpupool.config import load_config
-from gpupool.core.model import Allocation, ClusterSnapshot
+from gpupool.core.model import Allocation
 from gpupool.core.scheduling.cycle import CycleResult, run_cycle
 from gpupool.core.scheduling.keeper import ViewKeeper
 
 
 def digests(config: str, nodes: int, pending: int, cycles: int, churn: int, seed: int,
-            kept_queue: bool = True) -> dict[str, object]:
+            kept_queue: bool = True, changes: bool = True) -> dict[str, object]:
     policies = load_config(None if config == "default" else config).policies()
     snapshot, waiting_list = build(nodes, pending, seed)
     rng = random.Random(seed)
     keeper = ViewKeeper()
-    running = {a.workload.id: a for a in snapshot.allocations}
+    running = Running(snapshot.allocations, changes)
     waiting = Waiting(waiting_list, kept_queue)
     kept_hash, fresh_hash = hashlib.sha256(), hashlib.sha256()
     now, serial = 3600.0, 200_000
     admitted = preempted = rejected = differ = 0
     for k in range(cycles):
-        for wid in rng.sample(sorted(running), min(churn, len(running))):
-            del running[wid]
+        for wid in rng.sample(sorted(running.items), min(churn, len(running.items))):
+            running.end(wid)
         for _ in range(churn):
             w = _workload(serial, rng, now)
             serial += 1
             waiting.add(w)
-        current = ClusterSnapshot(snapshot.nodes, tuple(running.values()))
+        current = running.snapshot(snapshot.nodes)
         work = waiting.work()
         fresh = run_cycle(current, work, policies, now, random.Random(k))
         kept = keeper.cycle(current, work, policies, now, random.Random(k))
@@ -55,10 +55,10 @@ def digests(config: str, nodes: int, pending: int, cycles: int, churn: int, seed
         preempted += len(kept.preempted)
         rejected += len(kept.rejected)
         for stop in kept.preempted:
-            waiting.add(running.pop(stop.workload_id).workload)
+            waiting.add(running.end(stop.workload_id).workload)
         for admission in kept.admitted:
             w = waiting.pop(admission.workload_id)
-            running[w.id] = Allocation(w, admission.placements, now)
+            running.start(Allocation(w, admission.placements, now))
         now += 10.0
     return {"config": config, "pending": pending, "cycles": cycles, "kept_sha256": kept_hash.hexdigest(),
             "fresh_sha256": fresh_hash.hexdigest(), "admitted": admitted, "preempted": preempted,
@@ -94,9 +94,13 @@ def main() -> int:
     parser.add_argument("--queue", choices=("kept", "list"), default="kept",
                         help="as bench/cycle_latency.py --queue: the pending work kept in a PendingQueue "
                         "handed to each cycle, or a fresh list each cycle")
+    parser.add_argument("--allocations", choices=("changes", "whole"), default="changes",
+                        help="as bench/cycle_latency.py --allocations: snapshots carry what started and "
+                        "ended since the last, or only the whole list")
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args()
-    rows = [digests(c, args.nodes, args.pending, args.cycles, args.churn, args.seed, args.queue == "kept")
+    rows = [digests(c, args.nodes, args.pending, args.cycles, args.churn, args.seed, args.queue == "kept",
+                    args.allocations == "changes")
             for c in args.config or ["default"]]
     for row in rows:
         print(json.dumps(row))

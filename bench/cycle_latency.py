@@ -11,7 +11,9 @@ admissions start running. Every cycle is timed two ways on the same inputs:
 
 The loop keeps its pending work in a `PendingQueue` handed to both (`--queue kept`): the kept
 view reads what joined and left from its log. `gpupool up`'s loop hands a list read from the store
-instead (`--queue list`: the cycle compares it with the last one).
+instead (`--queue list`: the cycle compares it with the last one). Likewise each snapshot carries
+the allocations that started and ended since the last (`--allocations changes`), or only the whole
+list (`--allocations whole`: the kept view compares it with what it holds, as `gpupool up`'s does).
 
 The kept view's cycle is also timed in CPU time (`kept_cpu_median_ms`: the thread's CPU seconds,
 which other work on a shared machine stretches far less than the wall clock).
@@ -21,7 +23,7 @@ quota of over-quota tenants: hundreds of preemptions). Target: median under 50 m
 
     python bench/cycle_latency.py [--repeat 15] [--churn 10] [--policies fgd-strand,first-fit]
         [--config FILE|default ...] [--pending N] [--gc server|default] [--clock wall|cpu]
-        [--queue kept|list] [--json OUT.json]
+        [--queue kept|list] [--allocations changes|whole] [--json OUT.json]
 
 Without --config, each placement policy of --policies runs twice: with priority-fifo and nothing
 else (no preemption, no backfill, each spelled out), and with drf + per-tenant quota in one cohort +
@@ -59,6 +61,10 @@ try:  # (bench/side_by_side.py --ref runs this script on checkouts from before i
     from gpupool.core.scheduling.pending import PendingQueue
 except ImportError:
     PendingQueue = None  # type: ignore[assignment,misc]
+try:  # (as above: snapshots without changes)
+    from gpupool.core.model import AllocationChanges
+except ImportError:
+    AllocationChanges = None  # type: ignore[assignment,misc]
 
 SHAPES = ((1, 250), (1, 500), (1, 1000), (2, 1000), (8, 1000))
 WEIGHTS = (25, 25, 35, 10, 5)
@@ -129,6 +135,40 @@ class Waiting:
         return self.queue if self.queue is not None else list(self.items.values())
 
 
+class Running:
+    """The loop's running allocations by workload, with the objects that started and ended since the
+    last snapshot: handed over in each snapshot's `changes` (`--allocations changes`, where the
+    package has them) or not (`--allocations whole`)."""
+
+    def __init__(self, allocations: Sequence[Allocation], changes: bool) -> None:
+        self.items = {a.workload.id: a for a in allocations}
+        self.changes = changes and AllocationChanges is not None
+        self.started: dict[int, Allocation] = {}
+        self.ended: list[Allocation] = []
+        self.serial = 0
+
+    def end(self, workload_id: str) -> Allocation:
+        a = self.items.pop(workload_id)
+        if self.started.pop(id(a), None) is None:  # (one that started since is in neither)
+            self.ended.append(a)
+        return a
+
+    def start(self, a: Allocation) -> None:
+        if a.workload.id in self.items:
+            self.end(a.workload.id)
+        self.items[a.workload.id] = a  # at the end, as in `started`
+        self.started[id(a)] = a
+
+    def snapshot(self, nodes: tuple[Node, ...]) -> ClusterSnapshot:
+        allocations = tuple(self.items.values())
+        if not self.changes:
+            return ClusterSnapshot(nodes, allocations)
+        changes = AllocationChanges(self.serial, tuple(self.started.values()), tuple(self.ended))
+        self.serial += 1
+        self.started, self.ended = {}, []
+        return ClusterSnapshot(nodes, allocations, changes=changes)
+
+
 def time_loop(
     snapshot: ClusterSnapshot,
     pending: list[Workload],
@@ -138,11 +178,12 @@ def time_loop(
     churn: int,
     seed: int,
     kept_queue: bool = True,
+    changes: bool = True,
 ) -> dict[str, object]:
     """A scheduler's loop over `warmup + repeat` cycles; each timed with a fresh and a kept view."""
     rng = random.Random(seed)
     keeper = ViewKeeper()
-    running = {a.workload.id: a for a in snapshot.allocations}
+    running = Running(snapshot.allocations, changes)
     waiting = Waiting(pending, kept_queue)
     fresh_ms: list[float] = []
     kept_ms: list[float] = []
@@ -151,13 +192,13 @@ def time_loop(
     now = 3600.0
     serial = 200_000
     for k in range(warmup + repeat):
-        for wid in rng.sample(sorted(running), min(churn, len(running))):
-            del running[wid]
+        for wid in rng.sample(sorted(running.items), min(churn, len(running.items))):
+            running.end(wid)
         for _ in range(churn):
             w = _workload(serial, rng, now)
             serial += 1
             waiting.add(w)
-        current = ClusterSnapshot(snapshot.nodes, tuple(running.values()))
+        current = running.snapshot(snapshot.nodes)
         work = waiting.work()
         tick = clock()
         fresh = run_cycle(current, work, policies, now, random.Random(k))
@@ -172,10 +213,10 @@ def time_loop(
             preempted += len(kept.preempted)
             differ += (kept.admitted, kept.preempted) != (fresh.admitted, fresh.preempted)
         for stop in kept.preempted:
-            waiting.add(running.pop(stop.workload_id).workload)
+            waiting.add(running.end(stop.workload_id).workload)
         for admission in kept.admitted:
             w = waiting.pop(admission.workload_id)
-            running[w.id] = Allocation(w, admission.placements, now)
+            running.start(Allocation(w, admission.placements, now))
         now += 10.0
     fresh_ms.sort()
     kept_ms.sort()
@@ -253,6 +294,13 @@ def main() -> int:
         help="kept: the loop keeps its pending work in a PendingQueue and hands it to each cycle (the "
         "cycle reads what joined and left from its log); list: a fresh list each cycle (compared whole).",
     )
+    parser.add_argument(
+        "--allocations",
+        choices=("changes", "whole"),
+        default="changes",
+        help="changes: each snapshot carries the allocations that started and ended since the last (the "
+        "kept view reads them); whole: only the whole list (compared with what the kept view holds).",
+    )
     parser.add_argument("--json", type=Path, default=Path("bench/results/cycle_latency.json"))
     parser.add_argument(
         "--gc",
@@ -300,7 +348,7 @@ def main() -> int:
         row: dict[str, object] = {"configuration": name}
         row.update(
             time_loop(snapshot, pending, policies, args.repeat, args.warmup, args.churn, args.seed,
-                      kept_queue=args.queue == "kept")
+                      kept_queue=args.queue == "kept", changes=args.allocations == "changes")
         )
         rows.append(row)
         table.add_row(

@@ -338,12 +338,28 @@ class WorkloadInfo:
 
 
 @dataclass(frozen=True, slots=True)
+class AllocationChanges:
+    """How a snapshot's allocations differ from those of the snapshot numbered `serial - 1` (handed
+    to the same `ViewKeeper`): the objects that left (`ended`) and joined (`started`, in the order
+    the snapshot lists them); every other object is listed in both. A workload's new allocation
+    ends its old one (both lists hold it)."""
+
+    serial: int
+    started: tuple[Allocation, ...] = ()
+    ended: tuple[Allocation, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
 class ClusterSnapshot:
     """Everything the scheduler may look at: the nodes and what is already placed on them."""
 
     nodes: tuple[Node, ...]
     allocations: tuple[Allocation, ...] = ()
     workload_info: Mapping[str, WorkloadInfo] = field(default_factory=dict)
+    changes: AllocationChanges | None = field(default=None, compare=False)
+    """What changed since the snapshot before, when the caller knows it (optional: a `ViewKeeper`
+    reads it instead of comparing every allocation; without it, or when it does not follow the
+    snapshot the keeper synced last, the keeper compares)."""
 
     def node_by_name(self) -> dict[str, Node]:
         return {n.name: n for n in self.nodes}

@@ -35,7 +35,7 @@ from typing import Any
 import numpy as np
 
 from gpupool.core.fabric.model import Fabric
-from gpupool.core.model import Allocation, ClusterSnapshot, Node, PodPlacement, Workload
+from gpupool.core.model import Allocation, AllocationChanges, ClusterSnapshot, Node, PodPlacement, Workload
 from gpupool.core.priority import PriorityClasses
 from gpupool.core.quota import QuotaConfig
 from gpupool.core.scheduling.cycle import (
@@ -80,6 +80,11 @@ class ViewKeeper:
         identity, in C, and walks only those in Python)."""
         self._placed: set[str] = set()
         """The workloads `_held` holds as placements (not yet shown by a snapshot)."""
+        self._loose: dict[int, Allocation] | None = None
+        """By `id()`: the allocations the last snapshot listed that the view does not hold (on
+        broken hardware, or stopped by the last cycle); None when not known."""
+        self._serial = -1
+        """The `AllocationChanges.serial` of the snapshot synced last (-1: none)."""
         self.drifts = 0
         """How many times a caller found the kept view differing from a fresh one (a bug)."""
         self.rebuilds = 0
@@ -129,6 +134,9 @@ class ViewKeeper:
         decisions = result.decisions
         # waits are most of a cycle's decisions and change nothing held: passed over in C
         for decision in compress(decisions, map(is_not, map(type, decisions), repeat(Wait))):
+            listed = self._held.get(decision.workload_id)
+            if self._loose is not None and isinstance(listed, Allocation):
+                self._loose[id(listed)] = listed  # listed until the caller carries the decision out
             match decision:
                 case Stop(kind=EventKind.MOVE):
                     self._hold(decision.workload_id, decision.placements)
@@ -170,15 +178,21 @@ class ViewKeeper:
         info, before = snapshot.workload_info, view.info  # the view keeps the last snapshot's
         held = self._held
         allocations = snapshot.allocations
-        # The allocations the view does not hold as these very objects, found by identity (passes
-        # in C over every allocation; only what changed is walked in Python), in snapshot order.
-        ids = set(map(id, allocations))
-        changed = self._new_objects(allocations, ids)
-        if changed is None:  # an object listed twice, or two listing one workload: the last one counts
+        delta = self._delta(snapshot.changes)
+        self._serial = -1 if snapshot.changes is None else snapshot.changes.serial
+        plain = False
+        changed: list[Allocation] | None
+        if delta is not None:  # the caller handed over what started and ended: nothing to find
+            changed, gone = delta
+        elif (changed := self._new_objects(allocations, ids := set(map(id, allocations)))) is None:
+            # an object listed twice, or two listing one workload: the last one counts
+            plain = True
             current = dict(zip(map(_workload_id, allocations), allocations, strict=True))
             gone = list(compress(held, map(not_, map(current.__contains__, held))))
             allocations = tuple(current.values())
         else:
+            # The allocations the view does not hold as these very objects, found by identity (passes
+            # in C over every allocation; only what changed is walked in Python), in snapshot order.
             changed_wids = set(map(_workload_id, changed))
             objs = self._objs
             gone_objs = map(objs.__getitem__, filterfalse(ids.__contains__, objs))
@@ -210,7 +224,28 @@ class ViewKeeper:
                 view.remove(wid)
             if view.add_allocation(alloc):
                 self._hold(wid, alloc)
+        # (changed: every listed allocation not held as this object before the walk above)
+        self._loose = None if plain else {id(a): a for a in changed if held.get(a.workload.id) is not a}
         return view
+
+    def _delta(self, changes: AllocationChanges | None) -> tuple[list[Allocation], list[str]] | None:
+        """What to take and what to give back, read from `changes` (the allocations not held as these
+        objects, in snapshot order; the workloads held that the snapshot no longer lists); None when
+        they do not follow the snapshot synced last, or leave listed an allocation not held."""
+        loose = self._loose
+        if changes is None or changes.serial != self._serial + 1 or loose is None:
+            return None
+        ended = {id(a): a for a in changes.ended}
+        if not loose.keys() <= ended.keys():
+            return None  # listed, not held, not ended: taken as the plain definition takes it
+        objs, held = self._objs, self._held
+        changed = [a for a in changes.started if id(a) not in objs]
+        wids = set(map(_workload_id, changed))
+        if len(wids) != len(changed) or any(id(h) in objs and id(h) not in ended
+                                            for h in map(held.get, wids)):
+            return None  # (two listing one workload)
+        gone = {a.workload.id for a in ended.values() if id(a) in objs} | self._placed
+        return changed, sorted(gone - wids)
 
     def _new_objects(self, allocations: Sequence[Allocation], ids: set[int]) -> list[Allocation] | None:
         """The allocations not held as these objects (`ids`: theirs), in their order; None when an
@@ -305,6 +340,8 @@ class ViewKeeper:
         self._held = {a.workload.id: a for a in snapshot.allocations if a.workload.id not in evicted}
         self._objs = {id(a): a for a in self._held.values() if isinstance(a, Allocation)}
         self._placed = set()
+        self._loose = None
+        self._serial = -1 if snapshot.changes is None else snapshot.changes.serial
         self.rebuilds += 1
         return view
 
