@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import random
 from dataclasses import replace
+from itertools import product
 
 import numpy as np
 import pytest
@@ -304,7 +305,8 @@ def test_a_sync_finds_changed_allocations_wherever_they_are_listed(seed: int) ->
 
 def test_a_workload_listed_twice_is_held_as_its_last_listing() -> None:
     """A snapshot that lists one workload twice (its held allocation and a new one, or one object
-    twice) is taken as a dict of the list takes it: the last listing counts."""
+    twice) is taken as a dict of the list takes it: the last listing counts, whatever changes the
+    snapshot hands over."""
     nodes: tuple[Node, ...] = tuple(cluster(2, devices=4))
     policies = Policies(placement="first-fit")
     first = ViewKeeper().cycle(ClusterSnapshot(nodes), [_whole("a", 2)], policies, 0.0, random.Random(0))
@@ -312,11 +314,17 @@ def test_a_workload_listed_twice_is_held_as_its_last_listing() -> None:
     held = Allocation(_whole("a", 2), (placement,), 0.0)
     other = next(n.name for n in nodes if n.name != placement.node)
     moved = Allocation(_whole("a", 2), (replace(placement, node=other),), 0.0)
-    for listed, last in (((held, moved), moved), ((moved, held), held), ((held, held), held),
-                         ((moved, moved), moved)):
+    cases = (((held, moved), moved), ((moved, held), held), ((held, held), held), ((moved, moved), moved))
+    for (listed, last), handed in product(cases, (False, True)):
         keeper = ViewKeeper()
-        keeper.cycle(ClusterSnapshot(nodes, (held,)), [], policies, 1.0, random.Random(0))
-        keeper.cycle(ClusterSnapshot(nodes, listed), [], policies, 2.0, random.Random(0))
+        keeper.cycle(ClusterSnapshot(nodes, (held,), changes=AllocationChanges(0) if handed else None), [],
+                     policies, 1.0, random.Random(0))
+        keeper.cycle(ClusterSnapshot(nodes, (held,), changes=AllocationChanges(1) if handed else None), [],
+                     policies, 1.5, random.Random(0))
+        # (handed: changes that name the new object as started but not the held one as ended)
+        changes = AllocationChanges(2, tuple({id(a): a for a in listed if a is not held}.values()))
+        keeper.cycle(ClusterSnapshot(nodes, listed, changes=changes if handed else None), [], policies, 2.0,
+                     random.Random(0))
         assert keeper.view is not None
         _state_equal(keeper.view, ClusterView.from_snapshot(ClusterSnapshot(nodes, (last,))))
 
@@ -408,3 +416,23 @@ def test_a_sync_reads_the_changes_a_caller_hands_over(seed: int) -> None:
                 pending.pop(rejection.workload_id, None)
     assert keeper.rebuilds == 1 and count > 10
     assert compared == expect_compared and len(compared) < 20
+
+
+def test_work_left_on_broken_hardware_is_evicted_again_whatever_the_changes_say() -> None:
+    """Work on a broken node that the caller does not stop stays listed, the same object, in
+    snapshots whose changes are empty: every cycle evicts it again, as a view built afresh does
+    (the view does not hold it, so the keeper compares rather than read the changes)."""
+    nodes = tuple(cluster(2, devices=4))
+    policies = Policies(placement="first-fit")
+    first = ViewKeeper().cycle(ClusterSnapshot(nodes), [_whole("a", 4)], policies, 0.0, random.Random(0))
+    alloc = Allocation(_whole("a", 4), first.admitted[0].placements, 0.0)
+    broken = tuple(replace(n, healthy=False) if n.name == alloc.placements[0].node else n for n in nodes)
+    keeper = ViewKeeper()
+    keeper.cycle(ClusterSnapshot(nodes, (alloc,), changes=AllocationChanges(0)), [], policies, 0.0,
+                 random.Random(0))
+    for k in range(1, 5):
+        snapshot = ClusterSnapshot(broken, (alloc,), changes=AllocationChanges(k))
+        kept = keeper.cycle(snapshot, [], policies, float(k), random.Random(k))
+        _same(kept, run_cycle(snapshot, [], policies, float(k), random.Random(k)))
+        assert [s.workload_id for s in kept.preempted] == ["a"], k
+    assert keeper.rebuilds == 1

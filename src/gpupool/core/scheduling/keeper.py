@@ -239,11 +239,11 @@ class ViewKeeper:
         if not loose.keys() <= ended.keys():
             return None  # listed, not held, not ended: taken as the plain definition takes it
         objs, held = self._objs, self._held
-        changed = [a for a in changes.started if id(a) not in objs]
+        changed = list(changes.started)
         wids = set(map(_workload_id, changed))
         if len(wids) != len(changed) or any(id(h) in objs and id(h) not in ended
                                             for h in map(held.get, wids)):
-            return None  # (two listing one workload)
+            return None  # (two listing one workload, or one started that was listed already)
         gone = {a.workload.id for a in ended.values() if id(a) in objs} | self._placed
         return changed, sorted(gone - wids)
 
