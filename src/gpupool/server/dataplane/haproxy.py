@@ -61,12 +61,31 @@ def stop_stale(directory: Path, timeout_s: float = 10.0) -> bool:
         return False
     if str(paths.config).encode() not in cmdline:
         return False
-    os.kill(pid, signal.SIGTERM)
-    deadline = time.monotonic() + timeout_s
-    while Path(f"/proc/{pid}").exists() and time.monotonic() < deadline:
-        time.sleep(0.02)
+    for sig in (signal.SIGTERM, signal.SIGKILL):  # one that does not end on SIGTERM is killed
+        try:
+            os.kill(pid, sig)
+        except ProcessLookupError:
+            break
+        deadline = time.monotonic() + timeout_s / 2
+        while _alive(pid) and time.monotonic() < deadline:
+            time.sleep(0.02)
+        if not _alive(pid):
+            break
+    else:
+        log.error("the HAProxy (pid %d) a previous run of the pool left running did not end", pid)
+        return True
     log.warning("stopped the HAProxy (pid %d) a previous run of the pool left running", pid)
     return True
+
+
+def _alive(pid: int) -> bool:
+    """Whether the process runs: not gone, and not a zombie (dead, its sockets closed, only its
+    parent's wait() left)."""
+    try:
+        state = Path(f"/proc/{pid}/status").read_text().split("State:")[1].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state not in ("Z", "X")
 
 
 def find_haproxy() -> str | None:
