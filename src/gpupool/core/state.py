@@ -709,10 +709,16 @@ def note_released(state: ClusterState, records: Sequence[PodAlloc]) -> None:
             state.node_version[r.node] += 1
     else:
         np.add.at(state.node_version, [r.node for r in records], 1)
+    shift_pod_kinds(state, records, -1)
+
+
+def shift_pod_kinds(state: ClusterState, records: Sequence[PodAlloc], sign: int) -> None:
+    """Count the records' pods in `node_pod_kinds` (sign 1) or take them out (-1); a kind whose
+    count reaches 0 leaves its node's dict."""
     for r in records:
         kinds = state.node_pod_kinds[r.node]
         kind = state.pod_kind(r)
-        count = kinds.get(kind, 0) - 1
+        count = kinds.get(kind, 0) + sign
         if count > 0:
             kinds[kind] = count
         else:

@@ -57,6 +57,7 @@ from gpupool.core.state import (
     release_many,
     restore_free,
     shift_free,
+    shift_pod_kinds,
 )
 from gpupool.core.topology_spec import TopologySpec
 
@@ -539,16 +540,10 @@ def _count_runs(sums: ClusterState, runs: list[Running], sign: int) -> None:
         return
     records = [rec for run in runs for _, rec in run.allocs]
     shift_free(sums, records, sign)
-    version, held = sums.node_version, sums.node_pod_kinds
+    version = sums.node_version
     for r in records:
         version[r.node] += sign
-        kinds = held[r.node]
-        kind = sums.pod_kind(r)
-        count = kinds.get(kind, 0) + sign
-        if count:
-            kinds[kind] = count
-        else:
-            kinds.pop(kind, None)
+    shift_pod_kinds(sums, records, sign)
 
 
 def _shadow_seen(shadow: ClusterState) -> tuple[object, ...]:
