@@ -1,12 +1,28 @@
 """The two programs the pod network tests run in pods and namespaces: a service that answers every
-connection with its secret, and a probe that says whether it reached one (and what it was told).
+connection with its secret, and a probe that says whether it reached one (and what it was told);
+and `eventually`, their wait for what an agent's thread does off the poll's path.
 
 Each is a Python script for `python -c`; whether the probe got the service's own secret is what a
 test of isolation asserts, so every service is given a secret its test names."""
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable
+
 SERVICE_PORT = 7000
+
+
+def eventually(check: Callable[[], object], timeout_s: float = 20.0) -> bool:
+    """Whether `check()` holds within `timeout_s`: a pod's network is kept, lent back or torn down
+    by a thread of the agent, off the poll's path, so it may lag the poll that reported the pod's
+    end a little."""
+    deadline = time.monotonic() + timeout_s
+    while not check():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.02)
+    return True
 
 
 def listen(secret: str | None, port: int = SERVICE_PORT) -> str:

@@ -14,8 +14,7 @@ from __future__ import annotations
 import ipaddress
 import os
 import signal
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -25,7 +24,7 @@ from gpupool.agent import netns, node
 from gpupool.agent.netns import NetnsMode, NetworkSettings, PodNet
 from gpupool.agent.node import NodeAgent
 from gpupool.pods import PodLaunch
-from netns_scripts import connect, listen
+from netns_scripts import connect, eventually, listen
 
 WHY = netns.probe()
 pytestmark = pytest.mark.skipif(bool(WHY), reason=f"network namespaces cannot be made here: {WHY}")
@@ -47,15 +46,6 @@ class Lent:
 
     def give_back(self, pod_id: str) -> None:
         self.lender.take_back(pod_id)
-
-
-def eventually(check: Callable[[], object], timeout_s: float = 20.0) -> bool:
-    deadline = time.monotonic() + timeout_s
-    while not check():
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.02)
-    return True
 
 
 def lender_agent(path: Path) -> NodeAgent:

@@ -23,7 +23,7 @@ from gpupool.agent.netns import NetnsMode, NetworkSettings, PodNet, PodNetwork
 from gpupool.core.model import Device, Node
 from gpupool.pods import PodLaunch, PodPhase, PodStatus
 from gpupool.providers.localpool import LocalPool
-from netns_scripts import connect, listen
+from netns_scripts import connect, eventually, listen
 
 WHY = netns.probe()
 pytestmark = pytest.mark.skipif(bool(WHY), reason=f"network namespaces cannot be made here: {WHY}")
@@ -31,16 +31,6 @@ NETWORK = ipaddress.IPv4Network("10.238.0.0/16")
 """This file's own pod network: test files that run at once never share one."""
 ON = NetworkSettings(mode=NetnsMode.ON, pod_network=NETWORK)
 PY = pod_python()
-
-def eventually(check: Callable[[], bool], timeout_s: float = 20.0) -> bool:
-    """Whether `check()` holds within `timeout_s` (the network's worker keeps or tears down an
-    ended pod's namespace off the poll's path)."""
-    deadline = time.monotonic() + timeout_s
-    while not check():
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.02)
-    return True
 
 
 def exists(net: PodNet) -> bool:

@@ -18,7 +18,7 @@ import socket
 import subprocess
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -32,7 +32,7 @@ from gpupool.pods import PodLaunch, PodPhase, PodStatus
 from gpupool.providers.base import Capability
 from gpupool.providers.localpool import LocalPool
 from gpupool.server.services import enforcement, rendezvous
-from netns_scripts import connect, listen
+from netns_scripts import connect, eventually, listen
 
 WHY = netns.probe()
 needs_netns = pytest.mark.skipif(bool(WHY), reason=f"network namespaces cannot be made here: {WHY}")
@@ -396,17 +396,6 @@ def present(net: PodNet) -> list[bool]:
     """Whether the pod's namespace, its veth and its address in the table's `pods` set exist."""
     found = host_leftovers()
     return [net.netns in found["netns"], net.veth in found["veth"], net.address in found["addresses"]]
-
-
-def eventually(check: Callable[[], bool], timeout_s: float = 20.0) -> bool:
-    """Whether `check()` holds within `timeout_s`: a pod's network is torn down by a thread of the
-    agent, off the poll's path, so it may outlive the poll that reported the pod's end a little."""
-    deadline = time.monotonic() + timeout_s
-    while not check():
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.02)
-    return True
 
 
 @needs_netns

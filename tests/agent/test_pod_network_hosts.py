@@ -6,6 +6,7 @@ is dropped both ways."""
 
 from __future__ import annotations
 
+import contextlib
 import ipaddress
 import json
 import os
@@ -160,10 +161,10 @@ def _serve(host: Host, pod_netns: str, secret: str, port: int = 7000) -> subproc
     return server
 
 
-@pytest.fixture(scope="module")
-def hosts() -> Iterator[tuple[Host, Host]]:
-    key = os.urandom(3).hex()
-    a, b = Host(f"gphA-{key}", 0), Host(f"gphB-{key}", 1)
+@contextlib.contextmanager
+def joined(a: Host, b: Host) -> Iterator[None]:
+    """The two hosts' namespaces made, joined by a veth `node0` as the node network (192.0.2.1 and
+    .2), and their agents started; all of it stopped and removed after."""
     made: list[str] = []
     try:
         for host in (a, b):
@@ -176,15 +177,23 @@ def hosts() -> Iterator[tuple[Host, Host]]:
             _ip("-n", host.name, "link", "set", "node0", "up")
         for host in (a, b):
             host.start()
-        peers = [["a", 0, "192.0.2.1"], ["b", 1, "192.0.2.2"]]
-        for host in (a, b):
-            assert host.ask(op="routes", peers=peers) == {"done": True}
-        yield a, b
+        yield
     finally:
         for host in (a, b):
             host.stop()
         for name in made:
             subprocess.run(["ip", "netns", "del", name], capture_output=True, check=False)
+
+
+@pytest.fixture(scope="module")
+def hosts() -> Iterator[tuple[Host, Host]]:
+    key = os.urandom(3).hex()
+    a, b = Host(f"gphA-{key}", 0), Host(f"gphB-{key}", 1)
+    with joined(a, b):
+        peers = [["a", 0, "192.0.2.1"], ["b", 1, "192.0.2.2"]]
+        for host in (a, b):
+            assert host.ask(op="routes", peers=peers) == {"done": True}
+        yield a, b
 
 
 def test_a_gangs_pods_on_two_machines_connect_and_another_tenant_is_dropped_both_ways(

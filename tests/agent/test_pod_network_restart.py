@@ -22,7 +22,7 @@ from typing import Any
 
 import pytest
 
-from agent.test_pod_network_hosts import Host, _ip, _reach, _serve, pytestmark  # noqa: F401  (skips)
+from agent.test_pod_network_hosts import Host, _reach, _serve, joined, pytestmark  # noqa: F401  (skips)
 from gpupool.agent import netns
 from gpupool.agent.netns import tenant_key
 
@@ -64,24 +64,8 @@ class Words:
 def hosts() -> Iterator[tuple[Host, Host]]:
     key = os.urandom(3).hex()
     a, b = Host(f"gprA-{key}", 0, NETWORK), Host(f"gprB-{key}", 1, NETWORK)
-    made: list[str] = []
-    try:
-        for host in (a, b):
-            _ip("netns", "add", host.name)
-            made.append(host.name)
-            _ip("-n", host.name, "link", "set", "lo", "up")
-        _ip("-n", a.name, "link", "add", "node0", "type", "veth", "peer", "name", "node0", "netns", b.name)
-        for host, address in ((a, "192.0.2.1/24"), (b, "192.0.2.2/24")):
-            _ip("-n", host.name, "addr", "add", address, "dev", "node0")
-            _ip("-n", host.name, "link", "set", "node0", "up")
-        for host in (a, b):
-            host.start()
+    with joined(a, b):
         yield a, b
-    finally:
-        for host in (a, b):
-            host.stop()
-        for name in made:
-            subprocess.run(["ip", "netns", "del", name], capture_output=True, check=False)
 
 
 def _elements(host: Host, name: str) -> list[str]:
