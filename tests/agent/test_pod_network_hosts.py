@@ -2,7 +2,8 @@
 for its host (its own table, routes and pods), the hosts joined by a veth as the node network, and
 each agent's announcements handed to the other as Ray nodes' agents hand them over
 (providers/ray/network.py). A gang's pods on both machines reach each other; another tenant's pod
-is dropped both ways."""
+is dropped both ways. A service replica on one machine is reached at that machine's address from
+the server's machine only (the other one plays it), not from pods on either."""
 
 from __future__ import annotations
 
@@ -28,13 +29,17 @@ pytestmark = [pytest.mark.skipif(bool(WHY), reason=f"network namespaces cannot b
 NETWORK = ipaddress.IPv4Network("10.229.0.0/16")
 """This file's own pod network: test files that run at once never share one."""
 GANG_PORT = 29_741
+SERVE_PORT = 7_100
+NODE_NETWORK = "192.0.2.0/24"
+"""The node network `joined` makes (declared reachable for the module's hosts' pods)."""
 
 AGENT = r"""
 import ipaddress, json, sys
 from gpupool.agent.netns import Member, NetnsMode, NetworkSettings, PodNetwork
 
-net = PodNetwork(NetworkSettings(mode=NetnsMode.ON, pod_network=ipaddress.IPv4Network(sys.argv[1])),
-                 int(sys.argv[2]))
+reachable = tuple(ipaddress.IPv4Network(n) for n in sys.argv[3:])
+net = PodNetwork(NetworkSettings(mode=NetnsMode.ON, pod_network=ipaddress.IPv4Network(sys.argv[1]),
+                                 reachable=reachable), int(sys.argv[2]))
 net.spares = 0
 
 
@@ -50,6 +55,9 @@ for line in sys.stdin:
     ask = json.loads(line)
     if ask["op"] == "routes":
         net.set_routes([tuple(p) for p in ask["peers"]])
+        say(done=True)
+    elif ask["op"] == "servers":
+        net.set_servers(ask["servers"])
         say(done=True)
     elif ask["op"] == "attach":
         pod = net.attach(ask["pod_id"], ask["tenant"], **ask.get("gang", {}))
@@ -81,14 +89,16 @@ net.close()
 class Host:
     """One machine: a network namespace with the node network's end and an agent's pod network."""
 
-    def __init__(self, name: str, slot: int, network: ipaddress.IPv4Network = NETWORK) -> None:
-        self.name, self.slot, self.network = name, slot, network
+    def __init__(self, name: str, slot: int, network: ipaddress.IPv4Network = NETWORK,
+                 reachable: tuple[str, ...] = ()) -> None:
+        self.name, self.slot, self.network, self.reachable = name, slot, network, reachable
         self.agent: subprocess.Popen[str] | None = None
         self.announced: list[dict[str, Any]] = []
 
     def start(self) -> None:
         self.agent = subprocess.Popen(["ip", "netns", "exec", self.name, sys.executable, "-c", AGENT,
-                                       str(self.network), str(self.slot)], stdin=subprocess.PIPE,
+                                       str(self.network), str(self.slot), *self.reachable],
+                                      stdin=subprocess.PIPE,
                                       stdout=subprocess.PIPE, text=True)
         assert self._read() == {"ready": True}
 
@@ -188,7 +198,8 @@ def joined(a: Host, b: Host) -> Iterator[None]:
 @pytest.fixture(scope="module")
 def hosts() -> Iterator[tuple[Host, Host]]:
     key = os.urandom(3).hex()
-    a, b = Host(f"gphA-{key}", 0), Host(f"gphB-{key}", 1)
+    a = Host(f"gphA-{key}", 0, reachable=(NODE_NETWORK,))
+    b = Host(f"gphB-{key}", 1, reachable=(NODE_NETWORK,))
     with joined(a, b):
         peers = [["a", 0, "192.0.2.1"], ["b", 1, "192.0.2.2"]]
         for host in (a, b):
@@ -215,6 +226,57 @@ def test_a_gangs_pods_on_two_machines_connect_and_another_tenant_is_dropped_both
         assert _reach(a, rank0["netns"], rank1["address"]) == "reached rank1 of bob"  # a to b, one tenant
         assert _reach(b, mallory_b["netns"], master, GANG_PORT) == "blocked TimeoutError"  # b to a
         assert _reach(a, mallory_a["netns"], rank1["address"]) == "blocked TimeoutError"  # a to b
+    finally:
+        for server in servers:
+            server.kill()
+            server.wait()
+
+
+def _from_host(host: Host, target: str, port: int, source: str = "") -> str:
+    """What a process of `host` itself (no pod) reaches at `target`:`port`, from `source` if given."""
+    script = connect(target, port, timeout_s=1.0)
+    if source:
+        script = script.replace(f"timeout={1.0!r})", f"timeout={1.0!r}, source_address=({source!r}, 0))")
+        assert "source_address" in script
+    done = subprocess.run(["ip", "netns", "exec", host.name, sys.executable, "-c", script],
+                          capture_output=True, text=True, timeout=20, check=True)
+    return done.stdout.strip()
+
+
+def test_a_replica_is_reached_at_its_node_address_from_the_servers_addresses_only(
+        hosts: tuple[Host, Host]) -> None:
+    """a is the server's machine (192.0.2.1), b runs a replica in its own namespace: the server's
+    connection to b's address at the serve port reaches the replica; a pod of another tenant on a
+    (masqueraded to the server's address toward the node network it may reach) or on b, another
+    address of a and b's own processes do not; once the replica's teardown is done, the port goes
+with it (a pod at its old address is not reached) and serves the next replica on that port."""
+    a, b = hosts
+    _ip("-n", a.name, "addr", "add", "192.0.2.3/24", "dev", "node0")  # an address the plan does not list
+    for host in (a, b):
+        assert host.ask(op="servers", servers=["192.0.2.1"]) == {"done": True}
+    replica = b.ask(op="attach", pod_id="replica", tenant="alice", gang={"serve_port": SERVE_PORT})
+    mallory_a = a.ask(op="attach", pod_id="mallory-sa", tenant="mallory")
+    mallory_b = b.ask(op="attach", pod_id="mallory-sb", tenant="mallory")
+    server = _serve(b, replica["netns"], "replica of alice", SERVE_PORT)
+    try:
+        assert _from_host(a, "192.0.2.2", SERVE_PORT) == "reached replica of alice"
+        assert _reach(a, mallory_a["netns"], "192.0.2.2", SERVE_PORT) == "blocked TimeoutError"
+        assert _reach(b, mallory_b["netns"], "192.0.2.2", SERVE_PORT) == "blocked TimeoutError"
+        assert _from_host(a, "192.0.2.2", SERVE_PORT, source="192.0.2.3").startswith("blocked")
+        assert _from_host(b, "192.0.2.2", SERVE_PORT).startswith("blocked")
+        assert _from_host(a, replica["address"], SERVE_PORT).startswith("blocked")  # only through the DNAT
+    finally:
+        server.kill()
+        server.wait()
+    assert b.ask(op="detach", pod_id="replica") == {"done": True}
+    taker = b.ask(op="attach", pod_id="mallory-taker", tenant="mallory")
+    assert taker["address"] == replica["address"]  # the lowest free one: the replica's, given up
+    next_replica = b.ask(op="attach", pod_id="replica-2", tenant="bob", gang={"serve_port": SERVE_PORT})
+    servers = [_serve(b, taker["netns"], "mallory at the replica's old address", SERVE_PORT)]
+    try:
+        assert _from_host(a, "192.0.2.2", SERVE_PORT).startswith("blocked")  # the port went with it
+        servers.append(_serve(b, next_replica["netns"], "replica of bob", SERVE_PORT))
+        assert _from_host(a, "192.0.2.2", SERVE_PORT) == "reached replica of bob"  # and serves the next
     finally:
         for server in servers:
             server.kill()

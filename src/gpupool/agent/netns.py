@@ -60,7 +60,7 @@ import threading
 import time
 import urllib.parse
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from enum import StrEnum
 from pathlib import Path
 
@@ -162,6 +162,9 @@ class PodNet:
     """The rendezvous port this pod (rank 0) serves, guarded for its gang; 0: none."""
     serve_port: int = 0
     """A service replica's port, open to the node's own processes (set `serve_ports`); 0: none."""
+    servers: tuple[str, ...] = ()
+    """A replica on a Ray node: the server's addresses, whose connections to the node's own address
+    at `serve_port` are taken to this pod (map `serve_dnat`, set `serve_from`); (): none."""
 
     def member(self) -> Member:
         return Member(self.address, self.tenant_key, self.gang_key)
@@ -170,7 +173,7 @@ class PodNet:
         return json.dumps({"pod_id": self.pod_id, "netns": self.netns, "veth": self.veth,
                            "address": self.address, "tenant_key": self.tenant_key,
                            "gang_key": self.gang_key, "gang_port": self.gang_port,
-                           "serve_port": self.serve_port})
+                           "serve_port": self.serve_port, "servers": list(self.servers)})
 
     @classmethod
     def from_json(cls, text: str) -> PodNet | None:
@@ -178,7 +181,8 @@ class PodNet:
             data = json.loads(text)
             net = cls(str(data["pod_id"]), str(data["netns"]), str(data["veth"]), str(data["address"]),
                       str(data["tenant_key"]), str(data.get("gang_key", "")), int(data.get("gang_port", 0)),
-                      int(data.get("serve_port", 0)))
+                      int(data.get("serve_port", 0)),
+                      tuple(str(ipaddress.IPv4Address(a)) for a in data.get("servers", ())))
         except (ValueError, KeyError, TypeError):
             return None
         return net if _NAME.match(net.netns) else None
@@ -302,6 +306,9 @@ class PodNetwork:
         """The address of the spare the worker is making."""
         self.announce: Announce | None = None
         """Told of pods attached and addresses given up, for the other machines' tables."""
+        self.servers: tuple[str, ...] = ()
+        """The server's addresses (a Ray node's plan): a service replica attached here is reached at
+        the node's own address from these only (`set_servers`); (): replicas get no such port."""
         self._routes: dict[str, str] = {}
         """Other machines' blocks (CIDR) -> the node address they are routed through."""
         self._remote: dict[str, Member] = {}
@@ -367,6 +374,8 @@ class PodNetwork:
             f"add map {t} gang_guard {{ type ipv4_addr . inet_service : verdict; }}",
             f"add set {t} serve_ports {{ type ipv4_addr . inet_service; }}",
             f"add set {t} remote {{ type ipv4_addr; }}",
+            f"add map {t} serve_dnat {{ type inet_service : ipv4_addr; }}",
+            f"add set {t} serve_from {{ type ipv4_addr . inet_service; }}",
             *(f"add map {t} {name} {{ type ipv4_addr : verdict; flags interval; }}"
               for name in ("slot_fwd", "slot_in", "slot_nat")),
             f"add chain {t} forward {{ type filter hook forward priority 0; policy accept; }}",
@@ -374,11 +383,17 @@ class PodNetwork:
             f"add chain {t} output {{ type filter hook output priority 0; policy accept; }}",
             f"add chain {t} prerouting {{ type nat hook prerouting priority dstnat; policy accept; }}",
             f"add chain {t} postrouting {{ type nat hook postrouting priority srcnat; policy accept; }}",
+            f"add chain {t} nat_output {{ type nat hook output priority -100; policy accept; }}",
             f"add chain {t} from_pod", f"add chain {t} pod_input", f"add chain {t} from_remote",
             *(f"flush chain {t} {c}" for c in ("forward", "input", "output", "prerouting", "postrouting",
-                                               "from_pod", "pod_input", "from_remote")),
+                                               "nat_output", "from_pod", "pod_input", "from_remote")),
             f'add rule {t} forward iifname "gv*" jump from_pod',
             f'add rule {t} forward oifname "gv*" ct state established,related accept',
+            # a service replica on a Ray node: the server's connection to the node's own address at
+            # the replica's port, taken to the replica by the DNAT below (from the server's
+            # addresses only, element `server . port` of `serve_from`, added at the attach)
+            (f'add rule {t} forward oifname "gv*" ct status dnat ip saddr . tcp dport @serve_from '
+             "ip daddr . tcp dport @serve_ports accept"),
             # a pod of another machine (set `remote`, told by its agent) reaches a pod here as a pod
             # of this machine would: its gang's rendezvous, its tenant's pods; its own machine
             # checked that it sends with its own address
@@ -407,6 +422,8 @@ class PodNetwork:
             f"add rule {t} pod_input ip saddr vmap @slot_in",
             f"add rule {t} pod_input drop",
             f'add rule {t} prerouting iifname "gv*" ip saddr vmap @slot_nat',
+            *(f"add rule {t} {chain} fib daddr type local ip saddr . tcp dport @serve_from "
+              "dnat ip to tcp dport map @serve_dnat" for chain in ("prerouting", "nat_output")),
             f"add rule {t} postrouting ip saddr @pods ip daddr != @pods ip daddr != @remote masquerade",
         ]) + "\n"
 
@@ -427,6 +444,11 @@ class PodNetwork:
         for host, port in self._published_remote():  # on this machine (input) or another (forward)
             lines += [f"add rule {t} {n}_in ip daddr {host} tcp dport {port} accept",
                       f"add rule {t} {n}_fwd ip daddr {host} tcp dport {port} accept"]
+        # on the server's machine, a pod masqueraded to its address would pass for the server at
+        # the other machines' replicas' ports (serve_from): the other machines' node addresses are
+        # not reached from pods there, declared networks or not (set by `_guard_peers`)
+        lines += [f"add set {t} {n}_peers {{ type ipv4_addr; }}",
+                  f"add rule {t} {n}_fwd ip daddr @{n}_peers drop"]
         if self.settings.reachable:
             networks = ", ".join(map(str, self.settings.reachable))
             lines.append(f"add rule {t} {n}_fwd ip daddr {{ {networks} }} accept")
@@ -487,6 +509,28 @@ class PodNetwork:
             with self._host_lock():
                 _must(["nft", "-f", "-"], self._slot_batch())
 
+    def set_servers(self, servers: Iterable[str]) -> None:
+        """The server's addresses (where the pool's router and probes connect from): a replica
+        attached from now on gets the node's own address at its serve port, from these only. On a
+        machine that holds one of them, pods do not reach the other machines' node addresses."""
+        self.servers = tuple(sorted({str(ipaddress.IPv4Address(a)) for a in servers}))
+        self._guard_peers()
+
+    def _guard_peers(self) -> None:
+        """Fill this node's set `s_KEY_peers`: the other machines' node addresses where this machine
+        holds a server address (a pod masqueraded to it would pass for the server there), else none."""
+        if not self.active or self._claim < 0:
+            return
+        with self._lock:
+            vias = sorted(set(self._routes.values()))
+        if not any(_is_local(a) for a in self.servers):
+            vias = []
+        t, name = f"inet {TABLE}", f"s_{self.key}_peers"
+        lines = [f"flush set {t} {name}"]
+        if vias:
+            lines.append(f"add element {t} {name} {{ {', '.join(vias)} }}")
+        _must(["nft", "-f", "-"], "\n".join(lines) + "\n")
+
     def pod_address(self, pod_id: str) -> str:
         """The address of a pod running here in its own namespace ('' when it has none)."""
         with self._lock:
@@ -535,6 +579,9 @@ class PodNetwork:
                 return known
             serves = master_port if rank == 0 and world_size > 1 else 0
             gang = gang_key(workload_id, master_addr, master_port) if world_size > 1 and master_port else ""
+            servers = self.servers if serve_port else ()
+            if servers:
+                self._port_free(serve_port)
             owner = tenant_key(tenant, self.settings.pod_network)
             kept = self._take_kept(owner) if not gang and not serve_port else None
             if kept is not None:  # its address and elements are in place already
@@ -547,9 +594,10 @@ class PodNetwork:
                 spare = _Spare(*self._names(), self._address_for(serves))
             net = PodNet(pod_id=pod_id, netns=spare.netns, veth=spare.veth, address=spare.address,
                          tenant_key=owner, gang_key=gang, gang_port=serves,
-                         serve_port=serve_port)
+                         serve_port=serve_port, servers=servers)
             self._live[pod_id] = net
             self._wake_worker()  # to make the next spare
+        mapped = False
         try:
             if not (NETNS_DIR / net.netns).exists():
                 self._create(spare)
@@ -565,6 +613,13 @@ class PodNetwork:
                     if len(self._gangs) >= 100_000:  # a long-lived agent's gangs: forget the old
                         self._gangs.clear()
                     self._gangs.add(net.gang_key)
+            if net.servers:  # one transaction: the port taken (by another agent here) adds nothing
+                done = _run(["nft", "-f", "-"], self._serve_rules(net))
+                if done.returncode != 0:
+                    raise ProviderError(f"Network isolation: port {net.serve_port} of this node is taken "
+                                        "to another pod already (a replica of another pool on this "
+                                        "machine); give the services different ports.")
+                mapped = True
             if self.announce is not None and self._routes:  # the other machines learn it first
                 self.announce([net.member()], [])
         except BaseException as exc:
@@ -572,12 +627,27 @@ class PodNetwork:
                 self._live.pop(pod_id, None)
             with self._host_lock():
                 self._remove_links(net)
-                self._remove_rules(net)
+                self._remove_rules(net if mapped else replace(net, servers=()))
             if isinstance(exc, OSError):
                 raise ProviderError(f"Network isolation: the pod's network could not be set up ({exc}); "
                                     "it was not started.") from None
             raise
         return net
+
+    def _port_free(self, port: int) -> None:
+        """Wait (under the lock) for an ended replica's teardown to give up the node's `port`;
+        ProviderError when a live replica here holds it."""
+        def holder() -> PodNet | None:
+            return next((n for n in (*self._live.values(), *self._pending.values())
+                         if n.servers and n.serve_port == port), None)
+
+        deadline = time.monotonic() + _TIMEOUT_S
+        while (held := holder()) is not None and held.pod_id in self._pending and time.monotonic() < deadline:
+            self._changed.wait(deadline - time.monotonic())
+        if held is not None:
+            raise ProviderError(f"Network isolation: port {port} of this node is served by replica "
+                                f"{held.pod_id} already, and a Ray node takes one replica a port to "
+                                "itself; this one is not started here.")
 
     def _take_kept(self, owner: str) -> PodNet | None:
         """A namespace kept for tenant `owner` (under the lock), taken out of the kept ones. While
@@ -651,6 +721,13 @@ class PodNetwork:
             lines.append(f"add element {t} serve_ports {{ {net.address} . {net.serve_port} }}")
         return "\n".join(lines) + "\n"
 
+    def _serve_rules(self, net: PodNet) -> str:
+        """A replica's port at the node's own address, from the server's addresses only."""
+        t, port = f"inet {TABLE}", net.serve_port
+        sources = ", ".join(f"{a} . {port}" for a in net.servers)
+        return (f"add element {t} serve_from {{ {sources} }}\n"
+                f"add element {t} serve_dnat {{ {port} : {net.address} }}\n")
+
     def _remove_rules(self, net: PodNet) -> None:
         lines = self._rule_removals(net)
         if _run(["nft", "-f", "-"], "\n".join(lines) + "\n").returncode != 0:
@@ -669,6 +746,10 @@ class PodNetwork:
             lines.append(f"delete element {t} gm_{net.gang_key} {{ {net.address} }}")
         if net.serve_port:
             lines.append(f"delete element {t} serve_ports {{ {net.address} . {net.serve_port} }}")
+        if net.servers:
+            sources = ", ".join(f"{a} . {net.serve_port}" for a in net.servers)
+            lines += [f"delete element {t} serve_dnat {{ {net.serve_port} }}",
+                      f"delete element {t} serve_from {{ {sources} }}"]
         return lines
 
     def _remove_links(self, net: PodNet | _Spare) -> None:
@@ -816,6 +897,7 @@ class PodNetwork:
             _run(["ip", "-force", "-batch", "-"], "\n".join(lines) + "\n")
         if gone:
             self.forget_remote(gone)
+        self._guard_peers()
 
     def members(self) -> list[Member]:
         """This machine's pods (and kept namespaces) as the other machines' tables know them."""
@@ -964,13 +1046,22 @@ class PodNetwork:
         lines: list[str] = []
         empty: list[str] = []
         t = f"inet {TABLE}"
-        for item in json.loads(done.stdout).get("nftables", []):
+        items = json.loads(done.stdout).get("nftables", [])
+        dead_ports = {_element_key(e) for item in items if (item.get("map") or {}).get("name") == "serve_dnat"
+                      for e in item["map"].get("elem", [])
+                      if isinstance(e, list) and self._ours_dead(_first_address(e[1]), live_addresses)}
+        for item in items:
             body = item.get("set") or item.get("map")
             if body is None:
                 continue
             name = body["name"]
             elements = body.get("elem", [])
-            gone = [e for e in elements if self._ours_dead(_first_address(e), live_addresses)]
+            if name == "serve_dnat":  # port -> a replica's address: the address decides
+                gone = [e for e in elements if _element_key(e) in dead_ports]
+            elif name == "serve_from":  # server . port: gone with its port's replica
+                gone = [e for e in elements if _element_key(e).rsplit(" . ", 1)[-1] in dead_ports]
+            else:
+                gone = [e for e in elements if self._ours_dead(_first_address(e), live_addresses)]
             for element in gone:
                 lines.append(f"delete element {t} {name} {{ {_element_key(element)} }}")
             if name.startswith(("ta_", "gm_")) and len(gone) == len(elements):

@@ -178,12 +178,15 @@ class NodeAgent:
                 self._simulated = simulated_local_devices(fallback_simulate, self.node_name, self._profiles)
 
     def use_network(self, settings: NetworkSettings, slot: int, published: Sequence[tuple[str, int]],
-                    peers: Sequence[tuple[str, int, str]] = (), announce: Announce | None = None) -> None:
+                    peers: Sequence[tuple[str, int, str]] = (), announce: Announce | None = None,
+                    servers: Sequence[str] = ()) -> None:
         """Give pods network namespaces in block `slot` of the pod network from now on (a Ray
         machine's block, handed out by the server when it joined), with routes to the other
         machines' blocks (`peers`: node, slot, node address); `announce` tells the other machines of
-        this one's pods (netns.Announce). Idempotent; the block of a machine
-        with pods in namespaces is not changed under them (it keeps the one it has)."""
+        this one's pods (netns.Announce); `servers`, the server's addresses, from which a service
+        replica here is reached at the node's address (PodNetwork.set_servers). Idempotent; the
+        block of a machine with pods in namespaces is not changed under them (it keeps the one it
+        has)."""
         with self._lock:
             current = self.network
             if current.settings != settings or current.slot != slot:
@@ -202,6 +205,7 @@ class NodeAgent:
             elif tuple(published) != current.published:
                 current.publish(published)
             current.announce = announce
+            current.set_servers(servers)
             current.set_routes(peers)
 
     def _attached_pods(self) -> dict[str, PodNet]:
@@ -483,13 +487,17 @@ class NodeAgent:
             why = (self.network.unavailable if as_account or self.lender is None else "") or \
                 "the pod runs as the agent's own user: it shares the node's network"
             return None, LayerState(Layer.NETWORK, False, why), ""
-        if pod.serve_port and self.network.announce is not None:
-            return None, LayerState(Layer.NETWORK, False, "a service replica on a Ray node shares the node's "
-                                    "network (the pool's router reaches it at the node's address)"), ""
+        if pod.serve_port and self.network.announce is not None and not self.network.servers:
+            return None, LayerState(Layer.NETWORK, False, "a service replica on a Ray node whose plan names "
+                                    "no server address shares the node's network (the pool's router reaches "
+                                    "it at the node's address)"), ""
         net = self.network.attach(pod.pod_id, pod.tenant, rank=pod.rank, world_size=pod.world_size,
                                   workload_id=pod.workload_id, master_addr=pod.master_addr,
                                   master_port=pod.master_port, serve_port=pod.serve_port)
-        return (net, LayerState(Layer.NETWORK, True, f"network namespace {net.netns}, address {net.address}"),
+        served = (f"; the node's port {net.serve_port} is taken to it from the server's addresses "
+                  f"({', '.join(net.servers)})" if net.servers else "")
+        return (net, LayerState(Layer.NETWORK, True,
+                                f"network namespace {net.netns}, address {net.address}{served}"),
                 self.network.pod_url(url))
 
     def _detach(self, pod_id: str) -> None:

@@ -59,13 +59,17 @@ class NetworkPlan:
     """(node, slot, node address) of every machine of the pool, this one included."""
     machines: tuple[tuple[str, str], ...] = ()
     """(node, the Ray node id of its join): a node that joined again is told of the pods anew."""
+    servers: tuple[str, ...] = ()
+    """The server's addresses (its machine's, as Ray knows it): the only ones from which a service
+    replica is reached at its node's address (the pool's router and probes; agent/netns.py)."""
 
     def to_json(self) -> str:
         """What the agent keeps in its state directory: an agent Ray restarts takes it again at once."""
         s = self.settings
         return json.dumps({"mode": s.mode.value, "pod_network": str(s.pod_network),
                            "reachable": [str(n) for n in s.reachable], "published": self.published,
-                           "slot": self.slot, "peers": self.peers, "machines": self.machines})
+                           "slot": self.slot, "peers": self.peers, "machines": self.machines,
+                           "servers": self.servers})
 
     @classmethod
     def from_json(cls, text: str) -> NetworkPlan | None:
@@ -76,7 +80,8 @@ class NetworkPlan:
                                        tuple(ipaddress.IPv4Network(n) for n in data["reachable"]))
             return cls(settings, tuple((str(h), int(p)) for h, p in data["published"]), int(data["slot"]),
                        tuple((str(n), int(s), str(a)) for n, s, a in data["peers"]),
-                       tuple((str(n), str(m)) for n, m in data["machines"]))
+                       tuple((str(n), str(m)) for n, m in data["machines"]),
+                       tuple(str(ipaddress.IPv4Address(a)) for a in data.get("servers", ())))
         except (ValueError, KeyError, TypeError):
             return None
 
@@ -96,6 +101,8 @@ class RayNetwork:
     def __init__(self, settings: NetworkSettings | None, published: Sequence[tuple[str, int]] = ()) -> None:
         self.settings = settings
         self.published = tuple((str(host), int(port)) for host, port in published)
+        self.servers: tuple[str, ...] = ()
+        """This machine's address as Ray knows it (read at the first sync: Ray is up by then)."""
         self.blocks: NetworkBlocks = MemoryBlocks()
         self._held: dict[str, tuple[str, int]] = {}
         """node -> (the machine, i.e. Ray node id, that holds it, its slot)."""
@@ -176,9 +183,11 @@ class RayNetwork:
                     log.warning("node %s: no block of the pod network: %s", name, exc)
         peers = tuple(sorted((name, slot, alive[name].ip) for name, (_m, slot) in self._held.items()))
         machines = tuple(sorted((name, machine) for name, (machine, _s) in self._held.items()))
+        if not self.servers:
+            self.servers = server_addresses()
         now = time.monotonic()
         for name, (machine, slot) in self._held.items():
-            plan = NetworkPlan(self.settings, self.published, slot, peers, machines)
+            plan = NetworkPlan(self.settings, self.published, slot, peers, machines, self.servers)
             sent = self._sent.get(name)
             restarted = (sent is not None and sent.ref is None and self._ready.get(name)
                          and network_slots.get(name, slot) != slot and now - sent.at >= RESEND_S)
@@ -218,3 +227,12 @@ class RayNetwork:
         sent = self._sent.get(node)
         if sent is not None and sent.ref is not None:
             ray.wait([sent.ref], timeout=timeout_s)
+
+
+def server_addresses() -> tuple[str, ...]:
+    """The server's addresses its router and probes connect from: this machine's, as Ray knows it
+    (the address the nodes know it by); () when it is not an IPv4 address."""
+    try:
+        return (str(ipaddress.IPv4Address(ray.util.get_node_ip_address())),)
+    except ValueError:
+        return ()

@@ -142,7 +142,8 @@ class NodeAgentActor:
         """Take this machine's block and routes (sent by the provider when machines join or leave,
         and before any launch here); answers the description that says whether pods get namespaces."""
         agent = self.local.agent
-        agent.use_network(plan.settings, plan.slot, plan.published, plan.peers, announce=self._announce)
+        agent.use_network(plan.settings, plan.slot, plan.published, plan.peers, announce=self._announce,
+                          servers=plan.servers)
         self._keep_plan(plan)
         remote = tuple(sorted(name for name, slot, address in plan.peers
                               if slot != plan.slot and agent.network.routes([(name, slot, address)])))
