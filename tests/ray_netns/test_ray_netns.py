@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import fcntl
 import functools
+import hashlib
 import ipaddress
 import json
 import os
@@ -25,6 +26,7 @@ import pytest
 
 pytest.importorskip("ray", reason="the ray provider needs Ray (pip install 'gpupool[ray]')")
 
+import httpx
 import ray
 
 from factories import pod_python
@@ -39,6 +41,8 @@ from gpupool.providers.ray.network import NetworkPlan
 from gpupool.providers.ray.node_agent import PLAN_FILE, NodeAgentActor
 from gpupool.providers.ray.nodeconfig import NodeConfig, node_agent_name
 from gpupool.providers.ray.settings import NAMESPACE
+from gpupool.server.dataplane.model import Backend, Probe, Route
+from gpupool.server.dataplane.plane import DataPlane
 from gpupool.server.db import Store
 from gpupool.server.services.netblocks import StoreBlocks
 from netns_scripts import connect, listen
@@ -181,30 +185,64 @@ def test_another_tenants_pod_on_the_other_machine_cannot_connect(pool: tuple[Ray
     _final(provider, "alice-server")
 
 
-SERVE = r"""
-import socket
-s = socket.socket()
-s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-s.bind(("0.0.0.0", 29_801))
-s.listen(16)
-print("serving", flush=True)
-while True:
-    c, _ = s.accept()
-    c.sendall(b"replica")
-    c.close()
+SERVE_PORT = 29_801
+SERVE = f"""
+import os
+from http.server import BaseHTTPRequestHandler, HTTPServer
+
+ADDRESS = os.environ.get("GPUPOOL_POD_ADDRESS", "the node's network")
+
+
+class Handler(BaseHTTPRequestHandler):
+    def do_GET(self):
+        body = b"ok" if self.path == "/ready" else f"replica at {{ADDRESS}}".encode()
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args):
+        pass
+
+
+server = HTTPServer(("0.0.0.0", {SERVE_PORT}), Handler)
+print("serving at", ADDRESS, flush=True)
+server.serve_forever()
 """
 
 
-def test_a_service_replica_stays_reachable_at_its_node_address(pool: tuple[RayProvider, Store]) -> None:
-    """The pool's router and probes run on the server's machine, which another machine's table
-    does not let in: a replica on a Ray node shares the node's network, and says so."""
-    provider, _store = pool
-    _launch(provider, "replica", "t4-000", "alice", SERVE, serve_port=29_801)
-    _log(provider, "replica", "serving")
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def test_a_service_replica_has_its_own_namespace_and_is_served_through_the_pool(
+        pool: tuple[RayProvider, Store], tmp_path: Path) -> None:
+    """A replica runs in its own namespace, in its node's block, and the pool's data plane (on the
+    server's machine, this host) reaches it at the node's address, where its node takes the serve
+    port to it for the server's address; another tenant's pod on the other machine does not."""
+    provider, store = pool
+    _launch(provider, "replica", "t4-000", "alice", SERVE, serve_port=SERVE_PORT)
+    address = _log(provider, "replica", "serving at").split()[2]
+    assert ipaddress.IPv4Address(address) in netns.node_subnet(NETWORK, StoreBlocks(store).held()["t4-000"])
     host = provider.pod_address("t4-000", "replica")
-    assert host == provider.node_address("t4-000")
-    with socket.create_connection((host, 29_801), timeout=5) as conn:
-        assert conn.recv(100) == b"replica"
+    assert host == provider.node_address("t4-000")  # the router's and probes' endpoint is unchanged
+    _launch(provider, "mallory-probe", "t4-001", "mallory", connect(host, SERVE_PORT))
+    plane = DataPlane(tmp_path / "dataplane", "127.0.0.1", _free_port(), cold_start_limit_s=20.0)
+    plane.start()
+    try:
+        plane.set_tokens({hashlib.sha256(b"gp_alice").hexdigest(): "alice"})
+        plane.set_routes([Route("alice/web", "alice", probe=Probe(path="/ready", interval_s=0.2,
+                                                                  success_threshold=1, failure_threshold=2))])
+        plane.set_backends("alice/web", [Backend("replica", host, SERVE_PORT)])
+        answer = httpx.get(f"{plane.url}/s/alice/web/hello", headers={"Authorization": "Bearer gp_alice"},
+                           timeout=30)
+        assert (answer.status_code, answer.text) == (200, f"replica at {address}")
+    finally:
+        plane.stop()
+    assert _final(provider, "mallory-probe").phase is PodPhase.SUCCEEDED
+    assert provider.read_log("mallory-probe").text.strip() == "blocked TimeoutError"
     provider.stop("replica", grace_s=1)
     _final(provider, "replica")
 
