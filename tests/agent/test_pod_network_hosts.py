@@ -281,3 +281,24 @@ with it (a pod at its old address is not reached) and serves the next replica on
         for server in servers:
             server.kill()
             server.wait()
+
+
+def _listed(host: Host, kind: str, name: str) -> list[object]:
+    """The elements of a set or map of `host`'s table."""
+    done = subprocess.run(["ip", "netns", "exec", host.name, "nft", "-j", "list", kind, "inet", netns.TABLE,
+                           name], capture_output=True, text=True, check=True)
+    return [e for item in json.loads(done.stdout)["nftables"] for e in item.get(kind, {}).get("elem", [])]
+
+
+def test_the_port_of_a_killed_agents_replica_is_removed_by_the_next_agent(hosts: tuple[Host, Host]) -> None:
+    """An agent dies with a replica attached (its table keeps the node's port taken to it); the
+    replica ended meanwhile (as every pod of the module on b), so the next agent's start removes the
+    port with its other leftovers."""
+    _a, b = hosts
+    assert b.ask(op="servers", servers=["192.0.2.1"]) == {"done": True}
+    replica = b.ask(op="attach", pod_id="replica-3", tenant="alice", gang={"serve_port": SERVE_PORT + 1})
+    assert [SERVE_PORT + 1, replica["address"]] in _listed(b, "map", "serve_dnat")
+    assert {"concat": ["192.0.2.1", SERVE_PORT + 1]} in _listed(b, "set", "serve_from")
+    b.kill()
+    b.start()
+    assert _listed(b, "map", "serve_dnat") == [] and _listed(b, "set", "serve_from") == []

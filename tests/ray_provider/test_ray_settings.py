@@ -137,6 +137,7 @@ def test_a_kept_pod_network_plan_reads_back_whole_and_a_damaged_one_is_none() ->
     """What a node agent keeps in its state directory for a restart (node_agent.PLAN_FILE)."""
     import ipaddress
     import json
+    from dataclasses import replace
 
     from gpupool.agent.netns import NetnsMode, NetworkSettings
     from gpupool.providers.ray.network import NetworkPlan
@@ -144,10 +145,13 @@ def test_a_kept_pod_network_plan_reads_back_whole_and_a_damaged_one_is_none() ->
     settings = NetworkSettings(NetnsMode.ON, ipaddress.IPv4Network("10.250.0.0/16"),
                                (ipaddress.IPv4Network("192.0.2.0/24"),))
     plan = NetworkPlan(settings, (("192.0.2.1", 8000),), 3, (("a", 3, "192.0.2.1"), ("b", 4, "192.0.2.2")),
-                       (("a", "id-a"), ("b", "id-b")))
+                       (("a", "id-a"), ("b", "id-b")), ("192.0.2.9",))
     assert NetworkPlan.from_json(plan.to_json()) == plan
     whole = json.loads(plan.to_json())
+    older = {k: v for k, v in whole.items() if k != "servers"}  # kept by an agent before servers were sent
+    assert NetworkPlan.from_json(json.dumps(older)) == replace(plan, servers=())
     for damaged in ("{", "[]", json.dumps({**whole, "mode": "sometimes"}),
                     json.dumps({**whole, "pod_network": "10.250.0.0/33"}),
+                    json.dumps({**whole, "servers": ["192.0.2.9 . 1"]}),
                     json.dumps({k: v for k, v in whole.items() if k != "slot"})):
         assert NetworkPlan.from_json(damaged) is None, damaged
