@@ -17,7 +17,11 @@ decides:
 - into a pod only the answers to what it opened, and what its tenant's pods send it (from the host's
   own processes too: only answers);
 - to the host itself only the published services (a loopback one through DNAT from the node's
-  gateway, as GPUPOOL_URL then names it).
+  gateway, as GPUPOOL_URL then names it);
+- a service replica on a Ray node (`set_servers`): the node's own address at its serve port is
+  DNATed to it for connections from the server's addresses only (map `serve_dnat`, set
+  `serve_from`), so the router on the server's machine reaches it at the node's address; on the
+  server's machine, pods do not reach the other machines' node addresses (`s_<node>_peers`).
 
 The node's pods live in one /19 of the pool's pod network (its `slot`): the rank-0 pod of a gang gets
 the address the gang's MASTER_PORT names (GANG_HOSTS + port - GANG_PORT_BASE, the server's
