@@ -9,9 +9,9 @@ which the agent routes the other machines' blocks through their node addresses (
 PodNetwork.set_routes), and the server's addresses, from which alone a service replica there is
 reached at the node's address (PodNetwork.set_servers). The plan is sent again whenever a machine
 joins or leaves, and before any launch on a node (Ray runs one caller's calls to an actor in order,
-so the plan is in place when the pod arrives). A node is listed (schedulable) once its agent has answered its plan, so a gang's
-MASTER_ADDR, the rank-0 pod's address computed from the block (`gang_address`), is the one the
-agent gives that pod.
+so the plan is in place when the pod arrives). A node is listed (schedulable) once its agent has
+answered its plan, so a gang's MASTER_ADDR, the rank-0 pod's address computed from the block
+(`gang_address`), is the one the agent gives that pod.
 
 Each agent tells the agents of the other machines of every pod it attaches before the pod starts,
 and of the addresses its ended pods gave up (`NodeAgentActor.network_members`, in a concurrency group
