@@ -36,6 +36,7 @@ NODE_NETWORK = "192.0.2.0/24"
 AGENT = r"""
 import ipaddress, json, sys
 from gpupool.agent.netns import Member, NetnsMode, NetworkSettings, PodNetwork
+from gpupool.errors import ProviderError
 
 reachable = tuple(ipaddress.IPv4Network(n) for n in sys.argv[3:])
 net = PodNetwork(NetworkSettings(mode=NetnsMode.ON, pod_network=ipaddress.IPv4Network(sys.argv[1]),
@@ -60,7 +61,11 @@ for line in sys.stdin:
         net.set_servers(ask["servers"])
         say(done=True)
     elif ask["op"] == "attach":
-        pod = net.attach(ask["pod_id"], ask["tenant"], **ask.get("gang", {}))
+        try:
+            pod = net.attach(ask["pod_id"], ask["tenant"], **ask.get("gang", {}))
+        except ProviderError as exc:
+            say(error=exc.message)
+            continue
         say(netns=pod.netns, address=pod.address)
     elif ask["op"] == "remote":
         net.add_remote([Member(*m) for m in ask["members"]])
@@ -248,8 +253,9 @@ def test_a_replica_is_reached_at_its_node_address_from_the_servers_addresses_onl
     """a is the server's machine (192.0.2.1), b runs a replica in its own namespace: the server's
     connection to b's address at the serve port reaches the replica; a pod of another tenant on a
     (masqueraded to the server's address toward the node network it may reach) or on b, another
-    address of a and b's own processes do not; once the replica's teardown is done, the port goes
-with it (a pod at its old address is not reached) and serves the next replica on that port."""
+    address of a and b's own processes do not; a second replica on the port is refused there; once
+    the replica's teardown is done, the port goes with it (a pod at its old address is not reached)
+    and serves the next replica on that port."""
     a, b = hosts
     _ip("-n", a.name, "addr", "add", "192.0.2.3/24", "dev", "node0")  # an address the plan does not list
     for host in (a, b):
@@ -260,6 +266,9 @@ with it (a pod at its old address is not reached) and serves the next replica on
     server = _serve(b, replica["netns"], "replica of alice", SERVE_PORT)
     try:
         assert _from_host(a, "192.0.2.2", SERVE_PORT) == "reached replica of alice"
+        second = b.ask(op="attach", pod_id="replica-dup", tenant="bob", gang={"serve_port": SERVE_PORT})
+        assert f"port {SERVE_PORT} of this node is served by replica replica" in second["error"]
+        assert _from_host(a, "192.0.2.2", SERVE_PORT) == "reached replica of alice"  # still its
         assert _reach(a, mallory_a["netns"], "192.0.2.2", SERVE_PORT) == "blocked TimeoutError"
         assert _reach(b, mallory_b["netns"], "192.0.2.2", SERVE_PORT) == "blocked TimeoutError"
         assert _from_host(a, "192.0.2.2", SERVE_PORT, source="192.0.2.3").startswith("blocked")
