@@ -253,7 +253,8 @@ def test_a_replica_is_reached_at_its_node_address_from_the_servers_addresses_onl
     """a is the server's machine (192.0.2.1), b runs a replica in its own namespace: the server's
     connection to b's address at the serve port reaches the replica; a pod of another tenant on a
     (masqueraded to the server's address toward the node network it may reach) or on b, another
-    address of a and b's own processes do not; a second replica on the port is refused there; once
+    address of a and b's own processes do not (until the server's addresses change to it: the live
+    replica follows); a second replica on the port is refused there; once
     the replica's teardown is done, the port goes with it (a pod at its old address is not reached)
     and serves the next replica on that port."""
     a, b = hosts
@@ -269,6 +270,11 @@ def test_a_replica_is_reached_at_its_node_address_from_the_servers_addresses_onl
         second = b.ask(op="attach", pod_id="replica-dup", tenant="bob", gang={"serve_port": SERVE_PORT})
         assert f"port {SERVE_PORT} of this node is served by replica replica" in second["error"]
         assert _from_host(a, "192.0.2.2", SERVE_PORT) == "reached replica of alice"  # still its
+        # the server's address changes (a new leader on another machine): the live replica follows
+        assert b.ask(op="servers", servers=["192.0.2.3"]) == {"done": True}
+        assert _from_host(a, "192.0.2.2", SERVE_PORT, source="192.0.2.3") == "reached replica of alice"
+        assert _from_host(a, "192.0.2.2", SERVE_PORT).startswith("blocked")
+        assert b.ask(op="servers", servers=["192.0.2.1"]) == {"done": True}
         assert _reach(a, mallory_a["netns"], "192.0.2.2", SERVE_PORT) == "blocked TimeoutError"
         assert _reach(b, mallory_b["netns"], "192.0.2.2", SERVE_PORT) == "blocked TimeoutError"
         assert _from_host(a, "192.0.2.2", SERVE_PORT, source="192.0.2.3").startswith("blocked")

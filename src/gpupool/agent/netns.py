@@ -515,9 +515,28 @@ class PodNetwork:
 
     def set_servers(self, servers: Iterable[str]) -> None:
         """The server's addresses (where the pool's router and probes connect from): a replica
-        attached from now on gets the node's own address at its serve port, from these only. On a
-        machine that holds one of them, pods do not reach the other machines' node addresses."""
-        self.servers = tuple(sorted({str(ipaddress.IPv4Address(a)) for a in servers}))
+        gets the node's own address at its serve port, from these only (the live replicas' too,
+        when they change: a new leader on another machine). On a machine that holds one of them,
+        pods do not reach the other machines' node addresses."""
+        wanted = tuple(sorted({str(ipaddress.IPv4Address(a)) for a in servers}))
+        t = f"inet {TABLE}"
+        added: list[str] = []
+        removed: list[str] = []
+        with self._lock:
+            self.servers = wanted
+            for net in list(self._live.values()):
+                if not net.servers or net.servers == wanted or not wanted:
+                    continue
+                port = net.serve_port
+                added += [f"add element {t} serve_from {{ {a} . {port} }}" for a in wanted]
+                removed += [f"delete element {t} serve_from {{ {a} . {port} }}"
+                            for a in net.servers if a not in wanted]
+                self._live[net.pod_id] = replace(net, servers=wanted)
+        if added and self.active:
+            _must(["nft", "-f", "-"], "\n".join(added) + "\n")
+            if removed and _run(["nft", "-f", "-"], "\n".join(removed) + "\n").returncode != 0:
+                for line in removed:  # some were gone already (a restarted agent's record is older)
+                    _run(["nft", "-f", "-"], line + "\n")
         self._guard_peers()
 
     def _guard_peers(self) -> None:
