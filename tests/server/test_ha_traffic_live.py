@@ -18,7 +18,7 @@ from upproc import UpProcess, until
 
 from cli_inproc import run_cli
 from gpupool.server import pgtemp
-from gpupool.server.pgtemp import free_port
+from ports import free_port
 
 pytestmark = pytest.mark.slow
 LEASE = {"GPUPOOL_LEASE_S": "3", "GPUPOOL_LEASE_RENEW_S": "0.5"}

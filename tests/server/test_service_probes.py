@@ -12,6 +12,7 @@ import pytest
 
 from gpupool.api.services import ProbeSpec
 from gpupool.server.serving.probes import Prober, probe_once
+from ports import free_port
 
 Behaviour = Callable[[socket.socket], None]
 
@@ -89,9 +90,7 @@ def test_each_answer_gets_its_sentence(replica: Callable[[Behaviour], int], beha
 
 
 def test_nothing_listening_says_so() -> None:
-    probe = socket.create_server(("127.0.0.1", 0))
-    port = int(probe.getsockname()[1])
-    probe.close()
+    port = free_port()  # nothing listens on it, and no other test or outbound connection takes it
     refused = "failed: Connection refused"
     assert probe_once(HTTP, "127.0.0.1", port) == f"GET /healthz on 127.0.0.1:{port} {refused}"
     tcp = ProbeSpec.model_validate({"kind": "tcp", "timeout_s": 0.3})
