@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import re
 import socket
+from pathlib import Path
 
 import pytest
 
@@ -55,3 +57,20 @@ def test_free_port_draws_from_this_workers_slice(monkeypatch: pytest.MonkeyPatch
     monkeypatch.setenv("PYTEST_XDIST_WORKER", "gw1")
     monkeypatch.setenv("PYTEST_XDIST_WORKER_COUNT", "4")
     assert ports.free_port() in ports.worker_slice("gw1", 4)
+
+
+def test_no_test_names_a_port_from_a_port_0_bind() -> None:
+    """The copies this helper replaced stay gone: a test's server gets its port from ports.free_port."""
+    tests = Path(__file__).parent
+    found = []
+    for path in tests.rglob("*.py"):
+        if path.name == "test_ports.py":
+            continue
+        text = path.read_text()
+        if path.name != "ports.py" and ("def free_port" in text or "pgtemp.free_port" in text
+                                        or "pgtemp import free_port" in text):
+            found.append(f"{path.relative_to(tests)}: a port-0 free_port")
+        for call in re.finditer(r"start_federation\((?:[^()]|\([^()]*\))*\)", text):
+            if "free_port=" not in call.group(0):
+                found.append(f"{path.relative_to(tests)}: start_federation without free_port=")
+    assert found == []
