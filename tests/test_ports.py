@@ -70,7 +70,7 @@ def test_no_test_names_a_port_from_a_port_0_bind() -> None:
         if path.name != "ports.py" and ("def free_port" in text or "pgtemp.free_port" in text
                                         or "pgtemp import free_port" in text):
             found.append(f"{path.relative_to(tests)}: a port-0 free_port")
-        for call in re.finditer(r"start_federation\((?:[^()]|\([^()]*\))*\)", text):
+        for call in re.finditer(r"(start_federation|pgtemp\.start)\((?:[^()]|\([^()]*\))*\)", text):
             if "free_port=" not in call.group(0):
-                found.append(f"{path.relative_to(tests)}: start_federation without free_port=")
+                found.append(f"{path.relative_to(tests)}: {call.group(1)} without free_port=")
     assert found == []

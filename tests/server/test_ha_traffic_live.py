@@ -65,7 +65,7 @@ def servers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[tuple[UpP
     reason = pgtemp.why_unavailable()
     if reason:
         pytest.skip(f"several servers need PostgreSQL: {reason}")
-    pg = pgtemp.start()
+    pg = pgtemp.start(free_port=free_port)
     root = tmp_path_factory.mktemp("hatraffic")
     made: list[tuple[UpProcess, int]] = []
     try:

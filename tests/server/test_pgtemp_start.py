@@ -32,13 +32,11 @@ def chosen(first: list[int]) -> Iterator[int]:
         yield free_port()
 
 
-def test_a_port_taken_between_its_choice_and_the_bind_gives_way_to_another(
-        monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_port_taken_between_its_choice_and_the_bind_gives_way_to_another() -> None:
     with ExitStack() as stack:
         held = taken_ports(2, stack)
         ports = chosen(held)
-        monkeypatch.setattr(pgtemp, "free_port", lambda: next(ports))
-        server = pgtemp.start()
+        server = pgtemp.start(free_port=lambda: next(ports))
         try:
             assert server.port not in held
             import psycopg
@@ -49,13 +47,12 @@ def test_a_port_taken_between_its_choice_and_the_bind_gives_way_to_another(
             server.stop()
 
 
-def test_every_port_taken_says_so(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_every_port_taken_says_so() -> None:
     with ExitStack() as stack:
         held = taken_ports(pgtemp.START_TRIES, stack)
         ports = chosen(held)
-        monkeypatch.setattr(pgtemp, "free_port", lambda: next(ports))
         with pytest.raises(Unavailable) as refused:
-            pgtemp.start()
+            pgtemp.start(free_port=lambda: next(ports))
     assert str(refused.value) == (
         f"PostgreSQL could not start: each of the loopback ports {held} was taken by another process "
         "before it bound it; free some ports and try again")

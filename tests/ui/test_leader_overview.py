@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 
 from gpupool.server import pgtemp
+from ports import free_port
 from server.upproc import UpProcess, until
 from ui.browser import Watched
 
@@ -26,7 +27,7 @@ def ha_pool(tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[UpProcess
     reason = pgtemp.why_unavailable()
     if reason:
         pytest.skip(f"several servers need PostgreSQL: {reason}")
-    pg = pgtemp.start()
+    pg = pgtemp.start(free_port=free_port)
     root = tmp_path_factory.mktemp("ha-ui")
     servers: list[UpProcess] = []
     try:

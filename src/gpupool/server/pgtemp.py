@@ -12,6 +12,7 @@ import socket
 import subprocess
 import tempfile
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -107,8 +108,11 @@ def _run_as_pg(argv: list[str], check: bool = True) -> subprocess.CompletedProce
     return result
 
 
-def start(*, fsync: bool = False) -> TempPostgres:
-    """initdb in a temp dir and start the server on a free loopback port; raises Unavailable."""
+def start(*, fsync: bool = False, free_port: Callable[[], int] = free_port) -> TempPostgres:
+    """initdb in a temp dir and start the server on a free loopback port; raises Unavailable.
+    `free_port` chooses the ports tried (the tests hand one that keeps each worker to its own ports:
+    a server halted and resumed binds its port again, which an outbound connection may hold by then
+    if it came from the ephemeral range)."""
     reason = why_unavailable()
     if reason:
         raise Unavailable(reason)
