@@ -6,7 +6,8 @@ source port as well, and the other pytest-xdist worker binds port 0 from the sam
 the close and the server's bind either may take the port. Here each worker draws from a slice of its
 own BELOW the ephemeral range (so no outbound connection can take one) and above nothing the suite
 names itself: the slices tile [BASE, LIMIT), below the pool's serving replicas' default ports
-(serving.port_base, 22000). A candidate is handed out only if it binds on every IPv4 address now (a
+(serving.port_base, 22000); where the ephemeral range starts lower than that leaves room for, they
+tile the ports above it instead. A candidate is handed out only if it binds on every IPv4 address now (a
 server of another run on the machine, or one of this worker's still running, holds it: the next is
 tried), and a worker walks its slice in order from a random point, so it never hands one port out
 twice before it has handed out the whole slice.
@@ -26,24 +27,30 @@ SLICE = 1_000
 """At most this many ports a worker (more than a test file's servers could ever hold at once)."""
 
 
-def ephemeral_low() -> int:
-    """The first port of the kernel's ephemeral range (from which port 0 and outbound sockets draw)."""
+def ephemeral_range() -> tuple[int, int]:
+    """The kernel's ephemeral ports (from which port 0 and outbound sockets draw), first and last."""
     try:
-        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
-    except (OSError, ValueError, IndexError):
-        return 32_768
+        low, high = Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[:2]
+        return int(low), int(high)
+    except (OSError, ValueError):
+        return 32_768, 60_999
 
 
 def worker_slice(worker: str = "", count: int = 0) -> range:
     """The ports of pytest-xdist worker `worker` ('gw3'; '' for a run without workers) of `count`:
-    slot 0 is the run without workers, slot n + 1 worker gwn, each slot as wide as the workers fit."""
+    slot 0 is the run without workers, slot n + 1 worker gwn, each slot as wide as the workers fit,
+    in [BASE, LIMIT) below the ephemeral range, or above it where that range starts too low."""
     slot = int(worker[2:]) + 1 if worker.startswith("gw") and worker[2:].isdigit() else 0
-    top = min(LIMIT, ephemeral_low())
-    width = min(SLICE, (top - BASE) // (max(count, slot) + 1))
+    slots = max(count, slot) + 1
+    low, high = ephemeral_range()
+    start, top = BASE, min(LIMIT, low)
+    if (top - start) // slots < 16:
+        start, top = high + 1, 65_536
+    width = min(SLICE, (top - start) // slots)
     if width < 16:
-        raise RuntimeError(f"{count} pytest workers do not fit ports {BASE}-{top - 1} (16 each at least); "
-                           "run fewer workers (-n)")
-    return range(BASE + slot * width, BASE + (slot + 1) * width)
+        raise RuntimeError(f"{count} pytest workers do not fit the ports outside the ephemeral range "
+                           f"({low}-{high}), 16 each at least; run fewer workers (-n)")
+    return range(start + slot * width, start + (slot + 1) * width)
 
 
 def _binds(port: int) -> bool:

@@ -20,9 +20,16 @@ def test_each_worker_has_ports_of_its_own_that_no_outbound_connection_takes(coun
         assert len(each) >= 16
         assert not taken & set(each)
         taken |= set(each)
-    assert max(taken) < ports.ephemeral_low()
+    assert max(taken) < ports.ephemeral_range()[0]
     assert max(taken) < ServingConfig().port_base  # nor a port the pool's replicas draw from
     assert min(taken) >= 1024
+
+
+def test_an_ephemeral_range_starting_low_leaves_the_ports_above_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(ports, "ephemeral_range", lambda: (1024, 49_151))
+    slices = [ports.worker_slice(f"gw{n}", 4) for n in range(4)]
+    assert min(slices[0]) > 49_151 and max(slices[-1]) <= 65_535
+    assert len(set().union(*slices)) == sum(len(each) for each in slices)
 
 
 def test_a_worker_finds_its_slice_without_the_count() -> None:
