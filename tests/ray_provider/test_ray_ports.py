@@ -62,3 +62,18 @@ def test_a_port_taken_at_every_try_says_so(tmp_path: Path, taker: Taker) -> None
         cluster.start_head(ensure_token(tmp_path / "ray-token"))
     assert len(taker.choices) == cluster.START_TRIES
     assert str(refused.value).startswith("Ray did not start: another process took a port it was given (")
+
+
+def test_only_the_logs_of_the_processes_given_ports_count(tmp_path: Path) -> None:
+    """Ray's monitor tries a fixed metrics port, taken whenever another head runs on the machine,
+    and runs on without it: its complaint is no reason to start again (a clean-clone run, with the
+    package's cluster up beside a test's head, failed two heads on it)."""
+    logs = tmp_path / "session_1" / "logs"
+    logs.mkdir(parents=True)
+    node = object.__new__(cluster.RayProcess)
+    node.temp_dir = tmp_path
+    (logs / "monitor.log").write_text("OSError: [Errno 98] Address already in use\n")
+    (logs / "dashboard.log").write_text("OSError: [Errno 98] Address already in use\n")
+    assert node.port_taken() == ""
+    (logs / "gcs_server.err").write_text("UNKNOWN:Failed to add any wildcard listeners\n")
+    assert node.port_taken() == "gcs_server.err: Failed to add any wildcard listeners"

@@ -40,6 +40,9 @@ OBJECT_STORE_BYTES_SIMULATED = 100 * 2**20
 
 BIND_FAILED = ("Address already in use", "Failed to add any wildcard listeners")
 """What Ray's processes log when their port is taken (Python's OSError; gRPC's, for the GCS)."""
+PORTS_OF = ("gcs_server", "raylet", "dashboard_agent", "runtime_env_agent", "ray_client_server")
+"""The logs of the processes that bind the ports free_ports chose. (Not the monitor's: it tries a
+fixed metrics port, taken whenever another head runs on the machine, and runs on without it.)"""
 START_TRIES = 3
 """How many times a node starts, with fresh ports each time, when one it was given was taken."""
 
@@ -154,7 +157,7 @@ class RayProcess:
         process took it after free_ports chose it, and Ray then waits up to 40 s for the component."""
         for path in sorted(self.temp_dir.glob("session_*/logs/*")):
             with contextlib.suppress(OSError):
-                if path.is_file() and path.stat().st_size < 1 << 20:
+                if path.name.startswith(PORTS_OF) and path.is_file() and path.stat().st_size < 1 << 20:
                     text = path.read_text(errors="replace")
                     if said := next((words for words in BIND_FAILED if words in text), ""):
                         return f"{path.name}: {said}"
