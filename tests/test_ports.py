@@ -1,4 +1,4 @@
-"""The tests' port helper: each pytest-xdist worker its own ports, below the ephemeral range."""
+"""tests/ports.py: each pytest-xdist worker its own ports, below the ephemeral range."""
 
 from __future__ import annotations
 
@@ -67,7 +67,7 @@ def test_free_port_draws_from_this_workers_slice(monkeypatch: pytest.MonkeyPatch
 
 
 def test_no_test_names_a_port_from_a_port_0_bind() -> None:
-    """The copies this helper replaced stay gone: a test's server gets its port from ports.free_port."""
+    """The port-0 copies ports.py replaced stay gone: a test's server gets its port from ports.free_port."""
     tests = Path(__file__).parent
     found = []
     for path in tests.rglob("*.py"):
