@@ -22,6 +22,7 @@ if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
 
 from gpupool.server import pgtemp
 from gpupool.sim.datadir import data_dir
+from ports import free_port
 from work_units import longest_first, recorded_durations, xdist_scope
 
 
@@ -132,7 +133,7 @@ def postgres() -> Iterator[pgtemp.TempPostgres]:
     reason = pgtemp.why_unavailable()
     if reason:
         pytest.skip(f"PostgreSQL tests skipped: {reason}")
-    server = pgtemp.start()
+    server = pgtemp.start(free_port=free_port)
     try:
         yield server
     finally:

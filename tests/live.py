@@ -15,10 +15,10 @@ from gpupool.config import PoolConfig
 from gpupool.providers.base import Provider
 from gpupool.server.app import create_app
 from gpupool.server.db import Store
-from gpupool.server.pgtemp import free_port
 from gpupool.server.runtime import Runtime
 from gpupool.server.services.tenants import bootstrap
 from gpupool.server.settings import Settings
+from ports import free_port
 
 
 @dataclass

@@ -44,6 +44,12 @@ while True:
 """
 
 
+READ_TIMEOUT_S = 30.0
+"""How long a probe that connected waits for the service's answer: the kernel completes a connection
+to a listening socket by itself, so only `timeout_s` decides whether one was dropped on the way; the
+answer needs the service's process to run, which a loaded machine may delay past that."""
+
+
 def connect(target: str, port: int = SERVICE_PORT, timeout_s: float = 2.0) -> str:
     """Connect to `target`:`port` and print `reached <what the service said>`, or `blocked <the
     error's name>` (a connection dropped on the way times out: `blocked TimeoutError`)."""
@@ -51,6 +57,7 @@ def connect(target: str, port: int = SERVICE_PORT, timeout_s: float = 2.0) -> st
 import socket
 try:
     c = socket.create_connection(({target!r}, {port:d}), timeout={timeout_s!r})
+    c.settimeout({READ_TIMEOUT_S!r})
     print("reached", c.recv(100).decode(), flush=True)
 except OSError as exc:
     print("blocked", type(exc).__name__, flush=True)

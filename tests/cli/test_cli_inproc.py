@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from cli_inproc import run_cli
-from gpupool.server.pgtemp import free_port
+from ports import free_port
 
 
 def child(args: list[str], env: dict[str, str], cwd: Path | None = None) -> subprocess.CompletedProcess[str]:

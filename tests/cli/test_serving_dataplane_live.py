@@ -16,7 +16,7 @@ import httpx
 import pytest
 
 from cli_inproc import run_cli
-from gpupool.server.pgtemp import free_port
+from ports import free_port
 from server.upproc import UpProcess, until
 
 pytestmark = pytest.mark.slow

@@ -15,6 +15,7 @@ import pytest
 from gpupool.client import Client
 from gpupool.federation.hub import FEDERATION_ID_ENV
 from gpupool.federation.loopback import Federation, copies, start_federation, until
+from ports import free_port
 
 pytestmark = pytest.mark.slow
 LONG = {"GPUPOOL_FAKE_DURATION_S": "3600"}
@@ -22,7 +23,7 @@ LONG = {"GPUPOOL_FAKE_DURATION_S": "3600"}
 
 @pytest.fixture(scope="module")
 def fed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Federation]:
-    federation = start_federation(tmp_path_factory.mktemp("fed"), ghost=True)
+    federation = start_federation(tmp_path_factory.mktemp("fed"), ghost=True, free_port=free_port)
     yield federation
     federation.stop()
 

@@ -12,6 +12,7 @@ import pytest
 from gpupool.client import Client
 from gpupool.federation.loopback import Federation, copies, start_federation, until
 from gpupool.federation.placement import DATASET_ENV
+from ports import free_port
 
 pytestmark = pytest.mark.slow
 LONG = {"GPUPOOL_FAKE_DURATION_S": "3600"}
@@ -20,7 +21,8 @@ LONG = {"GPUPOOL_FAKE_DURATION_S": "3600"}
 @pytest.fixture(scope="module")
 def fed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Federation]:
     federation = start_federation(tmp_path_factory.mktemp("fedpol"), ("east", "west"), policy="cheapest",
-                                  tenants={"dana": "data-local"}, datasets={"corpus": (50.0, "west")})
+                                  tenants={"dana": "data-local"}, datasets={"corpus": (50.0, "west")},
+                                  free_port=free_port)
     yield federation
     federation.stop()
 

@@ -17,6 +17,7 @@ import gpupool
 from gpupool.client import Client
 from gpupool.errors import NotFound
 from gpupool.federation.loopback import Federation, copies, start_federation, until
+from ports import free_port
 
 pytestmark = pytest.mark.slow
 
@@ -38,7 +39,8 @@ time.sleep(3600)
 @pytest.fixture(scope="module")
 def fed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Federation]:
     federation = start_federation(tmp_path_factory.mktemp("fedck"), ("east", "west"), provider="local",
-                                  simulate="1x2xH100", down_after_s=1.0, grace_s=1.0, poll_s=0.2)
+                                  simulate="1x2xH100", down_after_s=1.0, grace_s=1.0, poll_s=0.2,
+                                  free_port=free_port)
     yield federation
     federation.stop()
 

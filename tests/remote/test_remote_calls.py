@@ -234,11 +234,12 @@ def test_calls_on_postgresql(tmp_path: Path) -> None:
     from gpupool.providers.local import LocalProvider
     from gpupool.server import pgtemp
     from live import live_server
+    from ports import free_port
 
     reason = pgtemp.why_unavailable()
     if reason:
         pytest.skip(f"PostgreSQL tests skipped: {reason}")
-    postgres = pgtemp.start()
+    postgres = pgtemp.start(free_port=free_port)
     provider = LocalProvider(tmp_path / "agent", simulate="1xH100", node_name="box")
     try:
         with live_server(tmp_path, provider, database_url=postgres.create_database()) as server, \

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import hashlib
-import socket
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -69,12 +68,6 @@ def replicas(*names: str) -> Iterator[list[Replica]]:
     finally:
         for r in made:
             r.close()
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def digest(token: str) -> str:

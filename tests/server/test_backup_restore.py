@@ -30,6 +30,7 @@ from gpupool.server.orm import Base, SecretRow, UsageDailyRow
 from gpupool.server.schema import SchemaTooNew
 from gpupool.server.secretbox import SecretBox
 from live import LiveServer, live_server
+from ports import free_port
 from server.fakes import ManualProvider
 
 PASSPHRASE = "correct horse battery staple"
@@ -322,7 +323,7 @@ def test_damaged_absent_or_wrongly_opened_backups_are_refused_with_a_sentence(
     assert not (fresh / "gpupool.sqlite").exists()  # nothing was restored by any of them
     with pytest.raises(InvalidInput, match="exists already"):
         backup(fresh, url, archive)
-    closed = f"postgresql+psycopg://postgres:pw-never-shown@127.0.0.1:{pgtemp.free_port()}/pool"
+    closed = f"postgresql+psycopg://postgres:pw-never-shown@127.0.0.1:{free_port()}/pool"
     with pytest.raises(Unavailable) as unreachable:  # a store that cannot be reached: the driver's words
         backup(fresh, closed, tmp_path / "unreachable.tar")
     assert "Cannot open the pool's store" in unreachable.value.message

@@ -13,7 +13,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from gpupool.server.pgtemp import free_port
+from ports import free_port
 
 pytestmark = pytest.mark.slow
 

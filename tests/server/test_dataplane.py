@@ -13,13 +13,14 @@ from pathlib import Path
 
 import httpx
 import pytest
-from dataplane_replicas import bearer, digest, free_port, get, replicas
+from dataplane_replicas import bearer, digest, get, replicas
 
 from gpupool.server.dataplane import plane as plane_module
 from gpupool.server.dataplane.haproxy import find_haproxy
 from gpupool.server.dataplane.haproxy_log import LatencyLog
 from gpupool.server.dataplane.model import Backend, Probe, Route, ServiceTraffic
 from gpupool.server.dataplane.plane import DataPlane, RouterKind
+from ports import free_port
 
 HAPROXY = find_haproxy()
 TOKENS = {digest("gp_alice"): "alice", digest("gp_bob"): "bob"}

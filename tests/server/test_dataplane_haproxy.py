@@ -10,12 +10,13 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from dataplane_replicas import digest, free_port, get, replicas
+from dataplane_replicas import digest, get, replicas
 from test_dataplane import wait_for
 
 from gpupool.server.dataplane.haproxy import HAProxySupervisor, find_haproxy
 from gpupool.server.dataplane.model import Backend, Probe, Route
 from gpupool.server.dataplane.plane import DataPlane
+from ports import free_port
 
 HAPROXY = find_haproxy()
 pytestmark = pytest.mark.skipif(HAPROXY is None, reason="haproxy is not installed "

@@ -24,6 +24,7 @@ from upproc import UpProcess, cli, until
 
 from gpupool.client import Client
 from gpupool.server import pgtemp
+from ports import free_port
 
 pytestmark = pytest.mark.slow
 LEASE = {"GPUPOOL_LEASE_S": "3", "GPUPOOL_LEASE_RENEW_S": "0.5"}
@@ -74,7 +75,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
     reason = pgtemp.why_unavailable()
     if reason:
         pytest.skip(f"several servers need PostgreSQL: {reason}")
-    pg = pgtemp.start()
+    pg = pgtemp.start(free_port=free_port)
     root = tmp_path_factory.mktemp("ha")
     servers: list[UpProcess] = []
     try:

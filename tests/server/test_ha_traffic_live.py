@@ -18,7 +18,7 @@ from upproc import UpProcess, until
 
 from cli_inproc import run_cli
 from gpupool.server import pgtemp
-from gpupool.server.pgtemp import free_port
+from ports import free_port
 
 pytestmark = pytest.mark.slow
 LEASE = {"GPUPOOL_LEASE_S": "3", "GPUPOOL_LEASE_RENEW_S": "0.5"}
@@ -65,7 +65,7 @@ def servers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[tuple[UpP
     reason = pgtemp.why_unavailable()
     if reason:
         pytest.skip(f"several servers need PostgreSQL: {reason}")
-    pg = pgtemp.start()
+    pg = pgtemp.start(free_port=free_port)
     root = tmp_path_factory.mktemp("hatraffic")
     made: list[tuple[UpProcess, int]] = []
     try:

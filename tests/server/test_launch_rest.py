@@ -11,11 +11,25 @@ from pathlib import Path
 import pytest
 from test_launch_workers import PATIENCE_S, Pool, step_bounded
 
-from gpupool.server.loops import control
+from gpupool.server.loops import control, launches
 
-GAP_S = 0.3
-"""How long each launch takes: well under LAUNCH_SLOW_S below, so only a machine that stalls a
-thread for seconds could make it look like a hang."""
+GAP_S = 0.4
+"""How long each launch takes, on the clock below: well under LAUNCH_SLOW_S, six of them beyond."""
+
+
+class Clock:
+    """time.monotonic, for the launches' registry and the control loop, that moves only when the
+    test moves it: a launch's age is then what the test made it, however long the machine stalls a
+    thread (on the real clock a releaser 1.2 s late made a launch of 0.3 s look like a hang)."""
+
+    def __init__(self) -> None:
+        self.now = time.monotonic()
+
+    def monotonic(self) -> float:
+        return self.now
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(time, name)
 
 
 @pytest.fixture
@@ -28,27 +42,31 @@ def pool(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Pool:
     return made
 
 
-def test_the_rest_lasts_while_launches_come_back_one_after_another(pool: Pool) -> None:
-    """Six launches come back GAP_S apart (1.8 s in all, beyond LAUNCH_SLOW_S): the rest ends only
+def test_the_rest_lasts_while_launches_come_back_one_after_another(
+        pool: Pool, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Six launches come back GAP_S apart (2.4 s in all, beyond LAUNCH_SLOW_S): the rest ends only
     once the last is back, and the next step records all six in one go."""
+    clock = Clock()
+    monkeypatch.setattr(control, "time", clock)
+    monkeypatch.setattr(launches, "time", clock)
     ids = [pool.submit(1) for _ in range(6)]
     pool.loop._launched.clear()
     step_bounded(pool.loop)  # admits the six and hands their launches over
-    provider, launches = pool.provider, pool.loop.scheduler.launches
-    assert launches.launching
+    provider, under_way = pool.provider, pool.loop.scheduler.launches
+    assert under_way.launching
 
     def release_one_by_one() -> None:
         for _ in ids:
             deadline = time.monotonic() + PATIENCE_S
             while len(provider.blocked) <= len(provider.released) and time.monotonic() < deadline:
                 time.sleep(0.005)  # the next launch has not reached the provider yet
-            time.sleep(GAP_S)
+            clock.now += GAP_S
             provider.released.add(provider.blocked[len(provider.released)])
 
     releaser = threading.Thread(target=release_one_by_one, daemon=True)
     releaser.start()
     pool.loop._launch_rest()
-    assert not launches.launching, "the rest ended while launches were still coming back"
+    assert not under_way.launching, "the rest ended while launches were still coming back"
     releaser.join(PATIENCE_S)
     assert pool.loop.scheduler.record_launches() == 6
     assert {pool.row(i).status for i in ids} == {"running"}

@@ -15,7 +15,9 @@ from upproc import UpProcess, until
 
 pytestmark = [pytest.mark.slow,
               pytest.mark.skipif(os.geteuid() != 0, reason="pods run as other accounts only under root")]
-TIMEOUT_S = 5
+TIMEOUT_S = 10
+"""The launch timeout: the other tenant's launch must start within it while one hangs (0.5 s on a
+quiet machine; 10 s leaves a loaded one room)."""
 STOP_MY_HELPER = ('H=$(cut -d" " -f4 /proc/$PPID/stat); echo helper=$H; kill -STOP $H; echo kill=$?; '
                   'sleep 3600')
 
@@ -100,15 +102,16 @@ def test_a_helper_that_hangs_fails_that_launch_alone_and_is_replaced(pool: UpPro
         stalled = _submit(mallory, "true")
         until(lambda: mallory.get(f"/workloads/{stalled}").json()["status"] == "admitted", 30,
               "the launch through the hung helper begun")
-        other = _submit(alice, "echo hi")  # waits for the next batch, behind the hung launch
-        row = _final(mallory, stalled)
+        other = _submit(alice, "echo hi")
+        row = _final(mallory, stalled, timeout_s=60 + TIMEOUT_S)
         assert row["status"] == "failed" and row["reason"] == "launch_failed", row
         assert f"did not answer within {TIMEOUT_S} s; it was replaced" in str(row["message"])
         done = _final(alice, other)
         assert done["status"] == "succeeded"
-        # not delayed past the timeout (which the loop's rest after a step once doubled); 3 s of
-        # slack for a loaded machine
-        assert _waited_s(done) < TIMEOUT_S + 3
+        # the other tenant's launch did not wait on the hung one (a loop held by it, or a rest after
+        # a step that once doubled the timeout, started it only after the hung launch was given up):
+        # an order of events, not a duration of this machine's
+        assert float(str(done["started_s"])) < float(str(row["finished_s"])), (done, row)
         print(f"\nwith the helper stopped (launch timeout {TIMEOUT_S} s): the other tenant's echo started "
               f"{_waited_s(done):.2f} s after its submission; the stalled launch failed "
               f"{float(str(row['finished_s'])) - float(str(row['submit_s'])):.2f} s after its own")

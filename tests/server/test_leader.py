@@ -17,8 +17,8 @@ from gpupool.errors import InvalidInput
 from gpupool.server.db import Fenced, Store
 from gpupool.server.leader import Leadership
 from gpupool.server.orm import LeaderLeaseRow, ServerRow, TenantRow
-from gpupool.server.pgtemp import free_port
 from gpupool.server.settings import Settings
+from ports import free_port
 
 
 class Clock:

@@ -13,7 +13,7 @@ import pytest
 from upproc import UpProcess, cli
 
 from gpupool.agent import netns
-from gpupool.server.pgtemp import free_port
+from ports import free_port
 
 pytestmark = pytest.mark.slow
 WHY = netns.probe()

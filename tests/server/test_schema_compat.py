@@ -19,6 +19,7 @@ from gpupool.server.schema import (
     expand_problems,
     head_revision,
 )
+from ports import free_port
 
 
 def _engines(db_url: str, tmp_path: Path, request: pytest.FixtureRequest) -> Callable[[], Engine]:
@@ -66,7 +67,7 @@ def test_gpupool_up_on_a_newer_store_exits_2_with_the_sentence(tmp_path: Path) -
     from upproc import cli
 
     result = cli(["up", "--data-dir", str(data), "--simulate", "1x8xH100",
-                  "--port", str(pgtemp.free_port())], env={})
+                  "--port", str(free_port())], env={})
     assert result.returncode == 2, (result.stdout, result.stderr)
     errors = [line for line in result.stderr.splitlines() if line.startswith("Error:")]
     assert errors and "schema is at revision 9999" in errors[0], result.stderr

@@ -15,7 +15,7 @@ from pathlib import Path
 import httpx
 
 from cli_inproc import run_cli
-from gpupool.server.pgtemp import free_port
+from ports import free_port
 
 START_TIMEOUT_S = 90.0
 

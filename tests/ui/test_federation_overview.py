@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 
 from gpupool.federation.loopback import Federation, start_federation, until
+from ports import free_port
 from server.upproc import UpProcess
 from ui.browser import Watched
 
@@ -19,7 +20,8 @@ LONG = {"GPUPOOL_FAKE_DURATION_S": "3600"}
 
 @pytest.fixture(scope="module")
 def fed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Federation]:
-    federation = start_federation(tmp_path_factory.mktemp("fed-ui"), ("east", "west"), ghost=True)
+    federation = start_federation(tmp_path_factory.mktemp("fed-ui"), ("east", "west"), ghost=True,
+                                  free_port=free_port)
     yield federation
     federation.stop()
 

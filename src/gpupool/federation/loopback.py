@@ -126,16 +126,18 @@ def start_federation(root: Path, names: tuple[str, ...] = ("east", "west", "nort
                      grace_s: float = 1.0, poll_s: float = 0.25, policy: str = "home",
                      regions: tuple[str, ...] = (), tenants: dict[str, str] | None = None,
                      datasets: dict[str, tuple[float, str]] | None = None,
-                     provider: str = "fake", fence_s: float | None = None) -> Federation:
+                     provider: str = "fake", fence_s: float | None = None,
+                     free_port: Callable[[], int] = free_port) -> Federation:
     """Members `names` (alice's home: the first; member i's GPU-hour at 1.0 - 0.1 i) and a hub over
     them; with `ghost`, one more member whose URL nothing answers (the hub starts anyway and says so).
     `tenants`: more tenants (home: the first member) -> their own policy; `datasets`: name -> (size in
     GB, the member holding it); `provider`: the members' (local: their pods are real processes);
-    `fence_s`: the members' federation.fence."""
+    `fence_s`: the members' federation.fence; `free_port`: where each server's port comes from (the
+    tests hand their own: a port-0 bind closed again may be taken before the server binds it)."""
     fed = Federation(root)
     try:
         _start(fed, names, simulate, ghost, down_after_s, grace_s, poll_s, policy, regions, tenants or {},
-               datasets or {}, provider, fence_s)
+               datasets or {}, provider, fence_s, free_port)
     except BaseException:
         fed.stop()
         raise
@@ -145,7 +147,7 @@ def start_federation(root: Path, names: tuple[str, ...] = ("east", "west", "nort
 def _start(fed: Federation, names: tuple[str, ...], simulate: str, ghost: bool, down_after_s: float,
            grace_s: float, poll_s: float, policy: str, regions: tuple[str, ...], tenants: dict[str, str],
            datasets: dict[str, tuple[float, str]], provider: str = "fake",
-           fence_s: float | None = None) -> None:
+           fence_s: float | None = None, free_port: Callable[[], int] = free_port) -> None:
     root = fed.root
     pool_config: list[str] = []
     if fence_s is not None:

@@ -12,6 +12,7 @@ import socket
 import subprocess
 import tempfile
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -47,6 +48,10 @@ def _user_exists(name: str) -> bool:
     except KeyError:
         return False
     return True
+
+
+START_TRIES = 5
+"""How many ports a start tries, each taken by another process between its choice and the bind."""
 
 
 def free_port() -> int:
@@ -103,8 +108,11 @@ def _run_as_pg(argv: list[str], check: bool = True) -> subprocess.CompletedProce
     return result
 
 
-def start(*, fsync: bool = False) -> TempPostgres:
-    """initdb in a temp dir and start the server on a free loopback port; raises Unavailable."""
+def start(*, fsync: bool = False, free_port: Callable[[], int] = free_port) -> TempPostgres:
+    """initdb in a temp dir and start the server on a free loopback port; raises Unavailable.
+    `free_port` chooses the ports tried (the tests hand one that keeps each worker to its own ports:
+    a server halted and resumed binds its port again, which an outbound connection may hold by then
+    if it came from the ephemeral range)."""
     reason = why_unavailable()
     if reason:
         raise Unavailable(reason)
@@ -117,9 +125,27 @@ def start(*, fsync: bool = False) -> TempPostgres:
     data = root / "data"
     _run_as_pg([str(bindir / "initdb"), "-D", str(data), "-A", "trust", "-U", "postgres",
                 "--no-sync", "-E", "UTF8"])
-    port = free_port()
     durability = "" if fsync else " -c fsync=off -c synchronous_commit=off"
-    options = f"-p {port} -k {root} -c listen_addresses=127.0.0.1 -c max_connections=100{durability}"
-    _run_as_pg([str(bindir / "pg_ctl"), "-D", str(data), "-o", options, "-l", str(root / "log"),
-                "-w", "-t", "60", "start"])
-    return TempPostgres(root=root, port=port, bindir=bindir, options=options)
+    log = root / "log"
+    taken: list[int] = []
+    for _ in range(START_TRIES):
+        # the port is free when chosen but closed again before the server binds it: another process
+        # (an outbound connection's source port, a server binding port 0) may take it in between,
+        # and then the server stops at once saying so in its log; a fresh port is tried then
+        port = free_port()
+        options = f"-p {port} -k {root} -c listen_addresses=127.0.0.1 -c max_connections=100{durability}"
+        logged = log.stat().st_size if log.exists() else 0
+        started = _run_as_pg([str(bindir / "pg_ctl"), "-D", str(data), "-o", options, "-l", str(log),
+                              "-w", "-t", "60", "start"], check=False)
+        if started.returncode == 0:
+            return TempPostgres(root=root, port=port, bindir=bindir, options=options)
+        with log.open("rb") as out:
+            out.seek(logged)
+            said = out.read().decode(errors="replace")
+        if "Address already in use" not in said:
+            shutil.rmtree(root, ignore_errors=True)
+            raise Unavailable(f"PostgreSQL command 'start' failed: {(started.stderr + said).strip()[-400:]}")
+        taken.append(port)
+    shutil.rmtree(root, ignore_errors=True)
+    raise Unavailable(f"PostgreSQL could not start: each of the loopback ports {taken} was taken by "
+                      "another process before it bound it; free some ports and try again")

@@ -20,7 +20,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 from gpupool.errors import ProviderError
@@ -36,6 +36,19 @@ STOP_GRACE_S = 5.0
 """How long Ray's processes get to exit after SIGTERM before the group is killed."""
 OBJECT_STORE_BYTES_SIMULATED = 100 * 2**20
 """A simulated node's object store: pods never use it, and a default one reserves 30% of RAM each."""
+
+
+BIND_FAILED = ("Address already in use", "Failed to add any wildcard listeners")
+"""What Ray's processes log when their port is taken (Python's OSError; gRPC's, for the GCS)."""
+PORTS_OF = ("gcs_server", "raylet", "dashboard_agent", "runtime_env_agent", "ray_client_server")
+"""The logs of the processes that bind the ports free_ports chose. (Not the monitor's: it tries a
+fixed metrics port, taken whenever another head runs on the machine, and runs on without it.)"""
+START_TRIES = 3
+"""How many times a node starts, with fresh ports each time, when one it was given was taken."""
+
+
+class PortTaken(ProviderError):
+    """A port chosen for a Ray node was taken by another process before the node bound it."""
 
 
 def free_ports(count: int, host: str = "127.0.0.1") -> list[int]:
@@ -139,11 +152,30 @@ class RayProcess:
             return "no output"
         return lines[-1] if lines else "no output"
 
+    def port_taken(self) -> str:
+        """Which of the node's logs said a process could not bind its port ('' if none did): another
+        process took it after free_ports chose it, and Ray then waits up to 40 s for the component."""
+        for path in sorted(self.temp_dir.glob("session_*/logs/*")):
+            with contextlib.suppress(OSError):
+                if path.name.startswith(PORTS_OF) and path.is_file() and path.stat().st_size < 1 << 20:
+                    text = path.read_text(errors="replace")
+                    if said := next((words for words in BIND_FAILED if words in text), ""):
+                        return f"{path.name}: {said}"
+        return ""
+
     def wait_started(self, timeout_s: float = START_TIMEOUT_S) -> None:
-        """Block until Ray says the node runs; ProviderError (with Ray's last line) if it exits."""
+        """Block until Ray says the node runs; ProviderError (with Ray's last line) if it exits, or
+        PortTaken (within a second) if a port it was given was taken."""
         deadline = time.monotonic() + timeout_s
+        checked = time.monotonic()
         while time.monotonic() < deadline:
-            if not self.alive():
+            alive = self.alive()
+            if not alive or time.monotonic() - checked >= 0.5:
+                checked = time.monotonic()
+                if taken := self.port_taken():
+                    self.stop(grace_s=0)
+                    raise PortTaken(f"Ray did not start: another process took a port it was given ({taken}).")
+            if not alive:
                 raise ProviderError(f"Ray did not start ({self._log_tail()}); see {self.log_path}.")
             with contextlib.suppress(OSError):
                 if "Ray runtime started" in self.log_path.read_text(errors="replace"):
@@ -216,15 +248,32 @@ def _agent_ports(ports: Mapping[str, int]) -> list[str]:
 def start_head(token_path: Path, *, node_ip: str | None = None, port: int = 0,
                extra_env: Mapping[str, str] | None = None, wait: bool = True) -> RayProcess:
     """A Ray head (GCS) for the pool, with token auth; it runs no pods (no gpupool label)."""
-    temp_dir = short_temp_dir()
-    ports, (gcs, client, dashboard) = agent_ports(extra=3)
-    argv = [*_ray_cli(), "start", "--head", f"--port={port or gcs}",
-            f"--ray-client-server-port={client}", f"--dashboard-port={dashboard}",
-            "--include-dashboard=false", *_common_args(temp_dir, node_ip, 0, ports)]
-    head = RayProcess(argv, {**os.environ, **ray_env(token_path), **(extra_env or {})}, temp_dir, head=True)
-    if wait:
-        head.wait_started()
-    return head
+    def head() -> RayProcess:
+        temp_dir = short_temp_dir()
+        ports, (gcs, client, dashboard) = agent_ports(extra=3)
+        argv = [*_ray_cli(), "start", "--head", f"--port={port or gcs}",
+                f"--ray-client-server-port={client}", f"--dashboard-port={dashboard}",
+                "--include-dashboard=false", *_common_args(temp_dir, node_ip, 0, ports)]
+        env = {**os.environ, **ray_env(token_path), **(extra_env or {})}
+        return RayProcess(argv, env, temp_dir, head=True)
+    return _started(head, wait)
+
+
+def _started(start: Callable[[], RayProcess], wait: bool) -> RayProcess:
+    """`start()`'s node, once it runs (with `wait`); a node whose port was taken between free_ports
+    and its bind (an outbound connection's source port, another program) starts again, fresh ports."""
+    for attempt in range(1, START_TRIES + 1):
+        node = start()
+        if not wait:
+            return node
+        try:
+            node.wait_started()
+        except PortTaken:
+            if attempt == START_TRIES:
+                raise
+            continue
+        return node
+    raise AssertionError("unreachable")
 
 
 def start_worker(address: str, token_path: Path, *, resources: Mapping[str, float],
@@ -234,21 +283,21 @@ def start_worker(address: str, token_path: Path, *, resources: Mapping[str, floa
     """A Ray worker node joined to `address` that advertises no Ray GPUs, the given custom
     resources (gpupool's slices) and labels (the gpupool node name). Started by worker_node.py,
     which does what `ray start --block` does without loading Ray's command line."""
-    temp_dir = short_temp_dir()
     ip = node_ip or _route_ip(address)
-    ports, _ = agent_ports()
-    argv = [sys.executable, "-m", "gpupool.providers.ray.worker_node", f"--address={address}",
-            f"--temp-dir={temp_dir}", f"--resources={json.dumps(dict(resources))}",
-            f"--labels={json.dumps(dict(labels))}", f"--node-ip-address={ip}",
-            f"--num-cpus={num_cpus if num_cpus is not None else os.cpu_count() or 1}",
-            f"--ports={json.dumps(ports)}", f"--parent-pid={os.getpid()}"]
-    if object_store_bytes:
-        argv.append(f"--object-store-memory={object_store_bytes}")
-    worker = RayProcess(argv, {**os.environ, **ray_env(token_path), **(extra_env or {})}, temp_dir,
-                        head=False)
-    if wait:
-        worker.wait_started()
-    return worker
+
+    def worker() -> RayProcess:
+        temp_dir = short_temp_dir()
+        ports, _ = agent_ports()
+        argv = [sys.executable, "-m", "gpupool.providers.ray.worker_node", f"--address={address}",
+                f"--temp-dir={temp_dir}", f"--resources={json.dumps(dict(resources))}",
+                f"--labels={json.dumps(dict(labels))}", f"--node-ip-address={ip}",
+                f"--num-cpus={num_cpus if num_cpus is not None else os.cpu_count() or 1}",
+                f"--ports={json.dumps(ports)}", f"--parent-pid={os.getpid()}"]
+        if object_store_bytes:
+            argv.append(f"--object-store-memory={object_store_bytes}")
+        return RayProcess(argv, {**os.environ, **ray_env(token_path), **(extra_env or {})}, temp_dir,
+                          head=False)
+    return _started(worker, wait)
 
 
 def _route_ip(address: str) -> str:

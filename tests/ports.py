@@ -1,0 +1,99 @@
+"""Ports for the servers a test names before they start (`gpupool up --port N`, PostgreSQL, HAProxy).
+
+Binding port 0, closing the socket and handing the number to a server started later races twice:
+the kernel hands out its ephemeral range (32768-60999 by default) to every outbound connection's
+source port as well, and the other pytest-xdist worker binds port 0 from the same range, so between
+the close and the server's bind either may take the port. Here each worker draws from a slice of its
+own BELOW the ephemeral range (so no outbound connection can take one) and above nothing the suite
+names itself: the slices tile [BASE, LIMIT), below the pool's serving replicas' default ports
+(serving.port_base, 22000); where the ephemeral range starts lower than that leaves room for, they
+tile the ports above it instead. A candidate is handed out only if it binds on every IPv4 address now (a
+server of another run on the machine, or one of this worker's still running, holds it: the next is
+tried), and a worker walks its slice in order from a random point, so it never hands one port out
+twice before it has handed out the whole slice.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import socket
+import threading
+from pathlib import Path
+
+BASE = 12_000
+LIMIT = 22_000
+SLICE = 1_000
+"""At most this many ports a worker (more than a test file's servers could ever hold at once)."""
+
+
+def ephemeral_range() -> tuple[int, int]:
+    """The kernel's ephemeral ports (from which port 0 and outbound sockets draw), first and last."""
+    try:
+        low, high = Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[:2]
+        return int(low), int(high)
+    except (OSError, ValueError):
+        return 32_768, 60_999
+
+
+def worker_slice(worker: str = "", count: int = 0) -> range:
+    """The ports of pytest-xdist worker `worker` ('gw3'; '' for a run without workers) of `count`:
+    slot 0 is the run without workers, slot n + 1 worker gwn, each slot as wide as the workers fit,
+    in [BASE, LIMIT) below the ephemeral range, or above it where that range starts too low."""
+    slot = int(worker[2:]) + 1 if worker.startswith("gw") and worker[2:].isdigit() else 0
+    slots = max(count, slot) + 1
+    low, high = ephemeral_range()
+    start, top = BASE, min(LIMIT, low)
+    if (top - start) // slots < 16:
+        start, top = high + 1, 65_536
+    width = min(SLICE, (top - start) // slots)
+    if width < 16:
+        raise RuntimeError(f"{count} pytest workers do not fit the ports outside the ephemeral range "
+                           f"({low}-{high}), 16 each at least; run fewer workers (-n)")
+    return range(start + slot * width, start + (slot + 1) * width)
+
+
+def _binds(port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        try:
+            sock.bind(("0.0.0.0", port))
+        except OSError:
+            return False
+    return True
+
+
+class _Ports:
+    def __init__(self, ports: range) -> None:
+        self.ports = ports
+        self.next = random.randrange(len(ports))
+        self.lock = threading.Lock()
+
+    def take(self) -> int:
+        with self.lock:
+            for _ in range(len(self.ports)):
+                port = self.ports[self.next]
+                self.next = (self.next + 1) % len(self.ports)
+                if _binds(port):
+                    return port
+        raise RuntimeError(f"no port of {self.ports.start}-{self.ports.stop - 1} binds: every one is held")
+
+
+_mine: _Ports | None = None
+_mine_lock = threading.Lock()
+
+
+def free_port() -> int:
+    """A loopback port nothing holds now, that no other worker of this run and no outbound connection
+    will take, and that this worker does not hand out again until it has handed out its whole slice."""
+    global _mine
+    with _mine_lock:
+        if _mine is None:
+            _mine = _Ports(worker_slice(os.environ.get("PYTEST_XDIST_WORKER", ""),
+                                        int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "0") or 0)))
+        ports = _mine
+    return ports.take()
+
+
+def free_ports(count: int) -> list[int]:
+    """`count` distinct ports of free_port's kind."""
+    return [free_port() for _ in range(count)]
