@@ -16,7 +16,6 @@ import hashlib
 import ipaddress
 import json
 import os
-import socket
 import subprocess
 from collections.abc import Iterator
 from dataclasses import replace
@@ -46,6 +45,7 @@ from gpupool.server.dataplane.plane import DataPlane
 from gpupool.server.db import Store
 from gpupool.server.services.netblocks import StoreBlocks
 from netns_scripts import connect, listen
+from ports import free_port
 from ray_provider.conftest import FAST_HEALTH_CHECKS, wait_for
 
 WHY = netns.probe()
@@ -211,12 +211,6 @@ server.serve_forever()
 """
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def test_a_service_replica_has_its_own_namespace_and_is_served_through_the_pool(
         pool: tuple[RayProvider, Store], tmp_path: Path) -> None:
     """A replica runs in its own namespace, in its node's block, and the pool's data plane (on the
@@ -229,7 +223,7 @@ def test_a_service_replica_has_its_own_namespace_and_is_served_through_the_pool(
     host = provider.pod_address("t4-000", "replica")
     assert host == provider.node_address("t4-000")  # the router's and probes' endpoint is unchanged
     _launch(provider, "mallory-probe", "t4-001", "mallory", connect(host, SERVE_PORT))
-    plane = DataPlane(tmp_path / "dataplane", "127.0.0.1", _free_port(), cold_start_limit_s=20.0)
+    plane = DataPlane(tmp_path / "dataplane", "127.0.0.1", free_port(), cold_start_limit_s=20.0)
     plane.start()
     try:
         plane.set_tokens({hashlib.sha256(b"gp_alice").hexdigest(): "alice"})
