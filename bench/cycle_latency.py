@@ -16,8 +16,9 @@ the allocations that started and ended since the last (`--allocations changes`),
 list (`--allocations whole`: the kept view compares it with what it holds, as `gpupool up`'s does).
 
 `--path server` hands what `gpupool up`'s scheduling loop hands a full pass (every cycle here is
-one: work ends before each): its pending read, every waiting workload in the store's order (the
-read itself not timed), kept in the loop's `StoreQueue` and checked against that read
+one: work ends before each): its pending read, the waiting workloads in the store's order (the
+read itself not timed; at most --server-limit of them, first in that order, as the server reads at
+most `MAX_PENDING_PER_CYCLE`), kept in the loop's `StoreQueue` and checked against that read
 (`KeptPending.follow`, timed apart: `follow_median_ms`), and its cache's allocation changes; on a
 checkout from before the loop kept them, the read as a fresh list and whole snapshots. The store,
 its reads and writes are not in it: only the core cycle and what the loop hands it.
@@ -63,6 +64,7 @@ from gpupool.core.scheduling.cycle import Policies, run_cycle
 from gpupool.core.scheduling.keeper import ViewKeeper
 from gpupool.core.scheduling.policies.base import DEFAULT_POLICY, policy_names
 from gpupool.errors import InvalidInput, UnknownName
+from gpupool.server.loops.snapshot import MAX_PENDING_PER_CYCLE
 
 try:  # (bench/side_by_side.py --ref runs this script on checkouts from before it: they take lists)
     from gpupool.core.scheduling.pending import PendingQueue
@@ -127,10 +129,11 @@ class Waiting:
     kept`, where the package has one: the cycle reads its log of changes), or in a dict whose list
     is made afresh for each cycle (`--queue list`: the cycle compares it with the last one)."""
 
-    def __init__(self, pending: list[Workload], kept: bool, server: bool = False) -> None:
+    def __init__(self, pending: list[Workload], kept: bool, server: int | None = None) -> None:
         self.server = server
-        self.kept = KeptPending() if server and KeptPending is not None else None
-        self.queue = PendingQueue(pending) if kept and not server and PendingQueue is not None else None
+        """--path server: at most this many read (the server's MAX_PENDING_PER_CYCLE); None: --path core."""
+        self.kept = KeptPending() if server is not None and KeptPending is not None else None
+        self.queue = PendingQueue(pending) if kept and server is None and PendingQueue is not None else None
         self.items = {} if self.queue is not None else {w.id: w for w in pending}
         self.follow_ms: list[float] = []
 
@@ -150,10 +153,11 @@ class Waiting:
         return w
 
     def work(self) -> Sequence[Workload]:
-        if self.server:
-            # what the server's full pass reads: every pending workload in the store's order (the read
-            # itself is not timed); its loop hands that list, or its kept queue checked against it
+        if self.server is not None:
+            # what the server's full pass reads: the first pending workloads in the store's order (the
+            # read itself is not timed); its loop hands that list, or its kept queue checked against it
             read = sorted(self.items.values(), key=lambda w: (-w.priority, w.submit_time_s, w.id))
+            del read[self.server or len(read):]
             if self.kept is None:
                 return read
             start = time.thread_time()
@@ -207,12 +211,12 @@ def time_loop(
     seed: int,
     kept_queue: bool = True,
     changes: bool = True,
-    server: bool = False,
+    server: int | None = None,
 ) -> dict[str, object]:
     """A scheduler's loop over `warmup + repeat` cycles; each timed with a fresh and a kept view."""
     rng = random.Random(seed)
     keeper = ViewKeeper()
-    running = Running(snapshot.allocations, changes and (not server or KeptPending is not None))
+    running = Running(snapshot.allocations, changes and (server is None or KeptPending is not None))
     waiting = Waiting(pending, kept_queue, server)
     fresh_ms: list[float] = []
     kept_ms: list[float] = []
@@ -340,6 +344,13 @@ def main() -> int:
         "(its pending read in the store's order, kept in its queue and checked against that read, and its "
         "cache's allocation changes; before the loop kept them: the read as a list and whole snapshots).",
     )
+    parser.add_argument(
+        "--server-limit",
+        type=int,
+        default=MAX_PENDING_PER_CYCLE,
+        help="--path server: at most this many pending workloads read by a full pass, first in the store's "
+        f"order (the server's own: {MAX_PENDING_PER_CYCLE}; 0: all)",
+    )
     parser.add_argument("--json", type=Path, default=Path("bench/results/cycle_latency.json"))
     parser.add_argument(
         "--gc",
@@ -388,7 +399,7 @@ def main() -> int:
         row.update(
             time_loop(snapshot, pending, policies, args.repeat, args.warmup, args.churn, args.seed,
                       kept_queue=args.queue == "kept", changes=args.allocations == "changes",
-                      server=args.path == "server")
+                      server=args.server_limit if args.path == "server" else None)
         )
         rows.append(row)
         table.add_row(
@@ -426,6 +437,7 @@ def main() -> int:
                 "configs": args.config,
                 "queue": args.queue if PendingQueue is not None else "list",
                 "path": args.path,
+                "server_limit": args.server_limit if args.path == "server" else None,
                 "server_hands_changes": args.path == "server" and KeptPending is not None,
             },
             indent=2,
