@@ -7,13 +7,13 @@ admissions start running. Every cycle is timed two ways on the same inputs:
 
 * fresh view: `run_cycle(snapshot, ...)`, the view built from the whole snapshot;
 * kept view: `ViewKeeper.cycle(snapshot, ...)`, the view of the last cycle brought up to date with
-  the snapshot (what `gpupool up`'s scheduling loop does).
+  the snapshot (what `gpupool up`'s scheduling loop runs).
 
 The loop keeps its pending work in a `PendingQueue` handed to both (`--queue kept`): the kept
-view reads what joined and left from its log. `gpupool up`'s loop hands a list read from the store
-instead (`--queue list`: the cycle compares it with the last one). Likewise each snapshot carries
-the allocations that started and ended since the last (`--allocations changes`), or only the whole
-list (`--allocations whole`: the kept view compares it with what it holds, as `gpupool up`'s does).
+view reads what joined and left from its log; `--queue list` hands a fresh list (the cycle
+compares it with the last one). Likewise each snapshot carries the allocations that started and
+ended since the last (`--allocations changes`), or only the whole list (`--allocations whole`: the
+kept view compares it with what it holds).
 
 `--path server` hands what `gpupool up`'s scheduling loop hands a full pass (every cycle here is
 one: work ends before each): its pending read, the waiting workloads in the store's order (the

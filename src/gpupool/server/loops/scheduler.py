@@ -96,9 +96,6 @@ class Scheduler:
         self._next_audit_s = float("-inf")
         self.store_audit = StoreAudit(rt.settings.store_audit_interval_s)
         """The cached placements against the store read afresh (loops/store_audit.py)."""
-        self.handing = True
-        """Hand the cycle what changed (the cache's allocation changes, the kept pending queue);
-        False: a list read afresh and whole snapshots, as before (kept for comparison)."""
 
     # ------------------------------------------------------------------ the parts, as the loop sees them
 
@@ -195,11 +192,10 @@ class Scheduler:
         self.estimates.note(candidates)
         # what changed since the last cycle, handed over rather than found again by the cycle: the
         # allocations the cache read afresh or dropped, and (a full pass) the kept pending queue
-        changes = self.cache.changes()
         snapshot = dataclasses.replace(view.snapshot, workload_info=self.estimates.info,
-                                       changes=changes if self.handing else None)
+                                       changes=self.cache.changes())
         pending: Sequence[Workload] = candidates
-        if full and self.handing and len(candidates) == len(view.pending):
+        if full and len(candidates) == len(view.pending):
             pending = self.cache.pending.follow(view.pending)
         # the core enforces the queues' quotas itself (Kueue semantics), and tenants' budgets
         policies = dataclasses.replace(self.policies, quota=view.quota, exhausted_tenants=exhausted,
