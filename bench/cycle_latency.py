@@ -139,7 +139,7 @@ class Waiting:
 
     def add(self, w: Workload) -> None:
         if self.kept is not None:
-            self.kept.expect((w.id,))  # told, as the server's loop is told of submissions and requeues
+            self.kept.expect((w,))  # told, as the server's loop is told of submissions and requeues
         if self.queue is not None:
             self.queue.add(w)
         else:

@@ -85,6 +85,7 @@ class Checked:
         keeper, shadow = scheduler.keeper, FabricKeeper(self.rt)
         real_cycle, real_discard = keeper.cycle, keeper.discard
         self.unknown, self.first = bool(self.store_pending()), True  # a new loop knows nothing of it
+        self.serial = -1
 
         def cycle(snapshot: ClusterSnapshot, pending: Sequence[Workload], policies: Policies, now_s: float,
                   rng: random.Random, audit: bool = False, undoable: bool = False) -> CycleResult:
@@ -118,8 +119,10 @@ class Checked:
         kept = self.loop.scheduler.cache.pending
         if snapshot.changes is not None:
             self.with_changes += 1
+            assert snapshot.changes.serial == self.serial + 1, "each follows the snapshot handed before"
         else:
             assert self.first, "the cache vouches for the allocations on every cycle but the first"
+        self.serial = -1 if snapshot.changes is None else snapshot.changes.serial
         self.first = False
         if not isinstance(pending, PendingQueue):
             return  # a cycle of arrivals: the few read, as before
@@ -150,9 +153,11 @@ class Checked:
         return workloads.submit(self.rt, ADMIN, WorkloadSpec.model_validate(spec)).id
 
     def queued(self, workload_id: str) -> bool:
-        """Whether the loop's kept queue holds `workload_id` (then its leaving, unknown to the loop,
-        shows as a difference at the next full pass)."""
-        return workload_id in self.loop.scheduler.cache.pending.queue.by_id()
+        """Whether the loop's kept queue holds `workload_id`, or the loop was told it joined (or will
+        be, at its next read): then its leaving, unknown to the loop, shows at the next full pass."""
+        kept = self.loop.scheduler.cache.pending
+        told = workload_id in kept.expected or any(w.id == workload_id for w in self.rt.submitted)
+        return told or workload_id in kept.queue.by_id()
 
     def behind_the_back(self, workload_id: str) -> None:
         """Cancel a pending workload on a connection of its own, as another process would; one the

@@ -7,12 +7,14 @@ one `PendingQueue` kept from cycle to cycle, it reads the queue's log of what jo
 time, id: `load`'s ORDER BY), so the cycle decides exactly as on the list read afresh.
 
 `KeptPending` keeps it in step: the loop tells it what it knows (submissions it took, admissions
-it committed, work it requeued), and every full pass checks the queue against what the store read
-returned, object by object (a pass in C). Whatever the loop could not know (a cancel, a hold, a
+it committed, work it requeued), and every full pass queues the joiners it was told of, then
+checks the queue against what the store read returned, object by object (a pass in C: where the
+loop knew every change, that is all). Whatever the loop could not know (a cancel, a hold, a
 dependency released, another process writing the store, a restart, an admission that lost its
-compare-and-set) shows there as a difference: the queue then takes the read's arrivals and
-departures (`resyncs` counts these passes), or, when the read's order is not the key's, is built
-afresh from the read (`rebuilds`). The queue handed is always the read, in its order.
+compare-and-set, work past the read's cap) shows there as a difference: the queue then takes the
+read's arrivals and departures (found by the read's ids, in C; `resyncs` counts these passes),
+or, when the read's order is not the key's (a collation), the cycle is handed the read itself
+(`rebuilds`). The queue handed is always the read, in its order.
 """
 
 from __future__ import annotations
@@ -20,12 +22,13 @@ from __future__ import annotations
 from bisect import bisect_left, bisect_right
 from collections.abc import Iterable, Sequence
 from itertools import compress
-from operator import is_, not_
+from operator import attrgetter, is_, is_not
 
 from gpupool.core.model import Workload
 from gpupool.core.scheduling.pending import PendingQueue
 
 StoreKey = tuple[int, float, str]
+_id = attrgetter("id")
 MAX_EXPECTED_SLACK = 4096
 """`KeptPending.expected` is cleared past twice the queue plus this many ids."""
 
@@ -100,50 +103,57 @@ class KeptPending:
 
     def __init__(self) -> None:
         self.queue = StoreQueue()
-        self.expected: set[str] = set()
-        """Workloads the loop knows may join (submitted or requeued by it): a full pass that reads
-        them joins them without counting a resync."""
+        self.expected: dict[str, Workload] = {}
+        """Workloads the loop knows have joined pending since the last full pass (submitted, or
+        requeued by it): the next pass queues them before it compares (one the read does not hold,
+        held, waiting on a dependency or past the cap, then leaves again)."""
         self.resyncs = 0
-        """Full passes whose read differed from the queue beyond what the loop knew."""
+        """Full passes whose read differed from the queue with what the loop knew (a change it
+        could not know, or a joiner it was told of that the read does not hold)."""
         self.rebuilds = 0
-        """Full passes whose read was not in `store_key` order (the queue built afresh from it)."""
+        """Full passes whose read was not in `store_key` order (handed the read itself)."""
         self.last_resynced = False
         """Whether the last `follow` counted a resync (or a rebuild)."""
 
-    def expect(self, workload_ids: Iterable[str]) -> None:
+    def expect(self, workloads: Iterable[Workload]) -> None:
         expected = self.expected
-        expected.update(workload_ids)
+        expected.update((w.id, w) for w in workloads)
         if len(expected) > 2 * len(self.queue) + MAX_EXPECTED_SLACK:
-            expected.clear()  # (held submissions join only when released: a later pass finds them)
+            expected.clear()  # (no full pass for long: the next one finds them in its read)
 
     def left(self, workload_id: str) -> None:
         """`workload_id` left pending by the loop's own committed write (admitted)."""
-        self.expected.discard(workload_id)
+        self.expected.pop(workload_id, None)
         self.queue.pop(workload_id)
 
     def follow(self, read: Sequence[Workload]) -> PendingQueue:
         """The queue, made the pending work a full pass read (`read`, in the store's order); a
         queue of the read as it is when that order is not `store_key`'s."""
-        queue = self.queue
+        queue, known = self.queue, self.expected
+        self.expected = {}
         self.last_resynced = False
-        if len(queue) == len(read) and all(map(is_, queue.listed(), read)):
-            return queue
+        if known:
+            queue.join(known.values())
         listed = queue.listed()
-        held, there = set(map(id, listed)), set(map(id, read))
-        gone = list(compress(listed, map(not_, map(there.__contains__, map(id, listed)))))
-        new = list(compress(read, map(not_, map(held.__contains__, map(id, read)))))
-        unknown = bool(gone) or any(w.id not in self.expected for w in new)
+        if len(listed) == len(read) and all(map(is_, listed, read)):
+            return queue
+        self.resyncs += 1
+        self.last_resynced = True
+        # what the read holds that the queue does not (as this very object), by the read's ids:
+        # passes in C over the read, no set of every workload built
+        queued = queue.by_id()
+        new = list(compress(read, map(is_not, map(queued.get, map(_id, read)), read)))
+        if len(listed) + len(new) == len(read):
+            gone: list[Workload] = []  # every queued object was read
+        else:
+            there = dict(zip(map(_id, read), read, strict=True))
+            gone = list(compress(listed, map(is_not, map(there.get, queue.ids()), listed)))
         for w in gone:
-            if queue.by_id().get(w.id) is w:
+            if queued.get(w.id) is w:
                 queue.pop(w.id)
         queue.join(new)
-        self.expected.difference_update(w.id for w in new)
-        if unknown:
-            self.resyncs += 1
-            self.last_resynced = True
         if len(queue) == len(read) and all(map(is_, queue.listed(), read)):
             return queue
         # the store's order is not the key's (a collation): the read as it is, compared whole
         self.rebuilds += 1
-        self.last_resynced = True
         return PendingQueue(read)

@@ -74,13 +74,15 @@ class WorkloadCache:
             except IndexError:
                 break
             self._items[workload.id] = workload
-            taken.append(workload.id)
+            taken.append(workload)
         if taken:
             self.pending.expect(taken)
 
     def requeued(self, workload_id: str) -> None:
         """This process has committed `workload_id`'s return to pending (a stop)."""
-        self.pending.expect((workload_id,))
+        workload = self._items.get(workload_id)
+        if workload is not None:  # (else the next full pass finds it in its read)
+            self.pending.expect((workload,))
 
     def changes(self) -> AllocationChanges | None:
         """What the cached allocations (the snapshot's, in workload-id order) gained and lost since
