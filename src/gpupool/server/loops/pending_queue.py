@@ -67,13 +67,15 @@ class StoreQueue(PendingQueue):
                 items[w.id] = w
                 keys.append(store_key(w))
         else:
-            listed = list(items.items())
+            # ids and workloads apart, zipped back: no tuple per queued workload is kept alive
+            ids, queued = list(items), list(items.values())
             for w in reversed(joining):  # from the back, so the places found still hold
                 key = store_key(w)
                 at = bisect_right(keys, key)
                 keys.insert(at, key)
-                listed.insert(at, (w.id, w))
-            self._items = dict(listed)
+                ids.insert(at, w.id)
+                queued.insert(at, w)
+            self._items = dict(zip(ids, queued, strict=True))
         for w in joining:
             self._note(True, w)
 
