@@ -29,7 +29,7 @@ from sqlalchemy import create_engine, or_, select, update
 
 from gpupool.api.workloads import WorkloadSpec
 from gpupool.config import parse_config
-from gpupool.core.model import ClusterSnapshot, PodRequest, Workload, WorkloadStatus
+from gpupool.core.model import Allocation, ClusterSnapshot, PodPlacement, PodRequest, Workload, WorkloadStatus
 from gpupool.core.scheduling.cycle import Admit, CycleResult, Policies, Stop
 from gpupool.core.scheduling.pending import PendingQueue
 from gpupool.errors import Conflict
@@ -37,10 +37,11 @@ from gpupool.providers.fake import FakeProvider
 from gpupool.server.auth import Principal
 from gpupool.server.db import Store
 from gpupool.server.loops import scheduler as scheduler_module
+from gpupool.server.loops import snapshot as snapshot_module
 from gpupool.server.loops.control import ControlLoop
 from gpupool.server.loops.fabric_view import FabricKeeper
 from gpupool.server.loops.pending_queue import StoreQueue, store_key
-from gpupool.server.loops.snapshot import StoreView
+from gpupool.server.loops.snapshot import StoreView, WorkloadCache
 from gpupool.server.orm import WorkloadRow
 from gpupool.server.runtime import Runtime
 from gpupool.server.services import workloads
@@ -239,3 +240,36 @@ def test_a_store_queue_takes_each_joiner_at_its_place_and_logs_in_that_order() -
     assert changes is not None
     assert [(joined, c.id) for joined, c in changes] == [
         (False, "w002"), (True, "w005"), (True, "w007"), (True, "w004"), (True, "w006")]
+
+
+def test_the_cache_numbers_its_changes_and_hands_none_past_its_bound(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Allocations noted and dropped come back as one snapshot's changes, in the snapshot's order,
+    each numbered one after the last; none on the first, after a node change, or once more ended
+    since the last cycle than the bound lets it hold (a pool with nothing pending runs no cycle)."""
+    monkeypatch.setattr(snapshot_module, "MAX_CHANGES_SLACK", 0)
+    nodes = frozenset({"n0"})
+    cache = WorkloadCache()
+    snapshot_module._changed_allocations(cache, [], nodes)
+    assert cache.changes() is None, "the first snapshot: the keeper compares"
+
+    def admit(wid: str) -> Allocation:
+        w = Workload(id=wid, pods=(PodRequest("p0", cpu_milli=1000, memory_mib=1024),), tenant="t")
+        cache.admitted(w, [f"{wid}-a1-r0"], [PodPlacement(pod="r0", node="n0", slices=(), cpu_milli=1000,
+                                                          memory_mib=1024)], 5.0)
+        return cache.allocations()[wid][1]
+
+    second, first, third = admit("w2"), admit("w1"), admit("w3")
+    changes = cache.changes()
+    assert changes is not None and changes.serial == 0
+    assert changes.started == (first, second, third) and changes.ended == ()
+    active = [("w1", "w1-a1-r0", 0), ("w3", "w3-a1-r0", 0)]
+    assert snapshot_module._changed_allocations(cache, active, nodes) == []  # w2 ended
+    changes = cache.changes()
+    assert changes is not None and (changes.serial, changes.started, changes.ended) == (1, (), (second,))
+    snapshot_module._changed_allocations(cache, [], nodes)  # both end: more than the bound holds
+    assert cache.changes() is None
+    fourth = admit("w4")
+    changes = cache.changes()
+    assert changes is not None and (changes.serial, changes.started) == (0, (fourth,))
+    snapshot_module._changed_allocations(cache, [("w4", "w4-a1-r0", 0)], frozenset({"n0", "n1"}))
+    assert cache.changes() is None, "a node came: placements are read again, the keeper compares"

@@ -32,6 +32,9 @@ from gpupool.server.states import ACTIVE_POD_STATES
 log = logging.getLogger("gpupool.scheduler")
 
 MAX_PENDING_PER_CYCLE = 5000
+MAX_CHANGES_SLACK = 4096
+"""`WorkloadCache` keeps the allocations ended since the last cycle up to the number cached plus
+this many; past it, the next snapshot carries no changes (the keeper compares in full)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -107,6 +110,9 @@ class WorkloadCache:
         old = self._allocations.pop(workload_id, None)
         if old is not None and self._started.pop(workload_id, None) is None:
             self._ended[id(old[1])] = old[1]
+            if len(self._ended) > len(self._allocations) + MAX_CHANGES_SLACK:
+                # no cycle took them for long (nothing pending): hand none rather than hold them
+                self._started, self._ended, self._vouched = {}, {}, False
 
     def _unvouch(self) -> None:
         self._allocations.clear()
