@@ -64,7 +64,6 @@ from gpupool.core.scheduling.cycle import Policies, run_cycle
 from gpupool.core.scheduling.keeper import ViewKeeper
 from gpupool.core.scheduling.policies.base import DEFAULT_POLICY, policy_names
 from gpupool.errors import InvalidInput, UnknownName
-from gpupool.server.loops.snapshot import MAX_PENDING_PER_CYCLE
 
 try:  # (bench/side_by_side.py --ref runs this script on checkouts from before it: they take lists)
     from gpupool.core.scheduling.pending import PendingQueue
@@ -78,6 +77,10 @@ try:  # (as above: a server loop that hands a fresh list in the store's order an
     from gpupool.server.loops.pending_queue import KeptPending
 except ImportError:
     KeptPending = None  # type: ignore[assignment,misc]
+try:
+    from gpupool.server.loops.snapshot import MAX_PENDING_PER_CYCLE
+except ImportError:  # (a checkout from before the server's read was capped)
+    MAX_PENDING_PER_CYCLE = 0
 
 SHAPES = ((1, 250), (1, 500), (1, 1000), (2, 1000), (8, 1000))
 WEIGHTS = (25, 25, 35, 10, 5)
