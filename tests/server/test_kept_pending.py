@@ -3,9 +3,10 @@
 
 A control loop on the fake provider and a clock the test moves runs 160 steps of submissions (of
 mixed priorities, so some join in the middle of the queue, and a high class that preempts),
-cancels, admissions and pods ending, with writes the loop cannot know: a workload cancelled by
-another connection, one cancelled while the cycle runs (its admission's compare-and-set fails), and
-a restart (a fresh loop on the same store). Every cycle the core is handed is checked:
+cancels and holds through the API (which tells the loop), admissions and pods ending, with writes
+the loop cannot know: a release, a workload cancelled by another connection, one cancelled while
+the cycle runs (its admission's compare-and-set fails), and a restart (a fresh loop on the same
+store). Every cycle the core is handed is checked:
 
 * a full pass is handed the loop's kept queue, and it lists exactly the store's pending work in
   the store's order (read by the test's own query), object for object what the loop read;
@@ -44,7 +45,7 @@ from gpupool.server.loops.pending_queue import StoreQueue, store_key
 from gpupool.server.loops.snapshot import StoreView, WorkloadCache
 from gpupool.server.orm import WorkloadRow
 from gpupool.server.runtime import Runtime
-from gpupool.server.services import workloads
+from gpupool.server.services import jobs, workloads
 from gpupool.server.services.tenants import bootstrap
 from gpupool.server.settings import Settings
 
@@ -181,6 +182,7 @@ def test_the_kept_queue_and_changes_decide_as_fresh_lists(tmp_path: Path, db_url
         rng = random.Random(11)
         submitted: list[str] = []
         lost: list[str] = []
+        held: list[str] = []
 
         def cancel_one_admitted(result: CycleResult) -> None:
             admitted = [d.workload_id for d in result.decisions if isinstance(d, Admit)]
@@ -193,12 +195,17 @@ def test_the_kept_queue_and_changes_decide_as_fresh_lists(tmp_path: Path, db_url
         for step in range(160):
             for _ in range(rng.randrange(4)):
                 submitted.append(pool.submit(rng))
-            if step % 9 == 4 and submitted:
-                victim = submitted.pop(rng.randrange(len(submitted)))
-                queued = pool.queued(victim)
+            if step % 9 == 4 and submitted:  # the API tells the loop: no resync
                 with contextlib.suppress(Conflict):  # it may have ended already
-                    workloads.cancel(pool.rt, ADMIN, victim)
-                    pool.unknown |= queued
+                    workloads.cancel(pool.rt, ADMIN, submitted.pop(rng.randrange(len(submitted))))
+            if step % 13 == 6:
+                pending = pool.store_pending()
+                if pending:  # held by the API (the loop is told); released later (it is not)
+                    jobs.hold(pool.rt, ADMIN, pending[0])
+                    held.append(pending[0])
+            if step % 13 == 12 and held:
+                jobs.release(pool.rt, ADMIN, held.pop(0))
+                pool.unknown = True
             if step % 23 == 11:
                 pending = pool.store_pending()
                 if pending:

@@ -7,14 +7,15 @@ one `PendingQueue` kept from cycle to cycle, it reads the queue's log of what jo
 time, id: `load`'s ORDER BY), so the cycle decides exactly as on the list read afresh.
 
 `KeptPending` keeps it in step: the loop tells it what it knows (submissions it took, admissions
-it committed, work it requeued), and every full pass queues the joiners it was told of, then
-checks the queue against what the store read returned, object by object (a pass in C: where the
-loop knew every change, that is all). Whatever the loop could not know (a cancel, a hold, a
-dependency released, another process writing the store, a restart, an admission that lost its
-compare-and-set, work past the read's cap) shows there as a difference: the queue then takes the
-read's arrivals and departures (found by the read's ids, in C; `resyncs` counts these passes),
-or, when the read's order is not the key's (a collation), the cycle is handed the read itself
-(`rebuilds`). The queue handed is always the read, in its order.
+it committed, work it requeued, the cancels and holds the API committed), and every full pass
+queues the joiners it was told of, then checks the queue against what the store read returned,
+object by object (a pass in C: where the loop knew every change, that is all). Whatever the loop
+could not know (a release, a dependency met, an array cancelled, another process writing the
+store, a restart, an admission that lost its compare-and-set, work past the read's cap) shows
+there as a difference: the queue then takes the read's arrivals and departures (found by the
+read's ids, in C; `resyncs` counts these passes), or, when the read's order is not the key's (a
+collation), the cycle is handed the read itself (`rebuilds`). The queue handed is always the
+read, in its order.
 """
 
 from __future__ import annotations
@@ -124,7 +125,8 @@ class KeptPending:
             expected.clear()  # (no full pass for long: the next one finds them in its read)
 
     def left(self, workload_id: str) -> None:
-        """`workload_id` left pending by the loop's own committed write (admitted)."""
+        """`workload_id` left pending by a committed write: the loop's admission, the API's cancel
+        or hold."""
         self.expected.pop(workload_id, None)
         self.queue.pop(workload_id)
 

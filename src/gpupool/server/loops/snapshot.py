@@ -81,6 +81,15 @@ class WorkloadCache:
         if taken:
             self.pending.expect(taken)
 
+    def take_left(self, left: collections.deque[str]) -> None:
+        """Drop from the kept queue the pending work the API took out of pending since the last call."""
+        while True:
+            try:
+                workload_id = left.popleft()
+            except IndexError:
+                return
+            self.pending.left(workload_id)
+
     def requeued(self, workload_id: str) -> None:
         """This process has committed `workload_id`'s return to pending (a stop)."""
         workload = self._items.get(workload_id)
@@ -200,6 +209,7 @@ def load(rt: Runtime, cache: WorkloadCache, since_s: float | None = None,
     nodes = rt.refresh_nodes()
     CAPACITY.get(nodes)  # summarise a changed pool here, not on a submission's path
     cache.take(rt.submitted)
+    cache.take_left(rt.left_pending)
     # held work and work waiting on a dependency are left out here, in the query (services/jobs.py,
     # loops/dependencies.py): the core never sees them
     pending_query = select(WorkloadRow.id, WorkloadRow.tenant, WorkloadRow.priority,
