@@ -7,13 +7,21 @@ admissions start running. Every cycle is timed two ways on the same inputs:
 
 * fresh view: `run_cycle(snapshot, ...)`, the view built from the whole snapshot;
 * kept view: `ViewKeeper.cycle(snapshot, ...)`, the view of the last cycle brought up to date with
-  the snapshot (what `gpupool up`'s scheduling loop does).
+  the snapshot (what `gpupool up`'s scheduling loop runs).
 
 The loop keeps its pending work in a `PendingQueue` handed to both (`--queue kept`): the kept
-view reads what joined and left from its log. `gpupool up`'s loop hands a list read from the store
-instead (`--queue list`: the cycle compares it with the last one). Likewise each snapshot carries
-the allocations that started and ended since the last (`--allocations changes`), or only the whole
-list (`--allocations whole`: the kept view compares it with what it holds, as `gpupool up`'s does).
+view reads what joined and left from its log; `--queue list` hands a fresh list (the cycle
+compares it with the last one). Likewise each snapshot carries the allocations that started and
+ended since the last (`--allocations changes`), or only the whole list (`--allocations whole`: the
+kept view compares it with what it holds).
+
+`--path server` hands what `gpupool up`'s scheduling loop hands a full pass (every cycle here is
+one: work ends before each): its pending read, the waiting workloads in the store's order (the
+read itself not timed; at most --server-limit of them, first in that order, as the server reads at
+most `MAX_PENDING_PER_CYCLE`), kept in the loop's `StoreQueue` and checked against that read
+(`KeptPending.follow`, timed apart: `follow_median_ms`), and its cache's allocation changes; on a
+checkout from before the loop kept them, the read as a fresh list and whole snapshots. The store,
+its reads and writes are not in it: only the core cycle and what the loop hands it.
 
 The kept view's cycle is also timed in CPU time (`kept_cpu_median_ms`: the thread's CPU seconds,
 which other work on a shared machine stretches far less than the wall clock).
@@ -23,7 +31,7 @@ quota of over-quota tenants: hundreds of preemptions). Target: median under 50 m
 
     python bench/cycle_latency.py [--repeat 15] [--churn 10] [--policies fgd-strand,first-fit]
         [--config FILE|default ...] [--pending N] [--gc server|default] [--clock wall|cpu]
-        [--queue kept|list] [--allocations changes|whole] [--json OUT.json]
+        [--queue kept|list] [--allocations changes|whole] [--path core|server] [--json OUT.json]
 
 Without --config, each placement policy of --policies runs twice: with priority-fifo and nothing
 else (no preemption, no backfill, each spelled out), and with drf + per-tenant quota in one cohort +
@@ -65,6 +73,14 @@ try:  # (as above: snapshots without changes)
     from gpupool.core.model import AllocationChanges
 except ImportError:
     AllocationChanges = None  # type: ignore[assignment,misc]
+try:  # (as above: a server loop that hands a fresh list in the store's order and whole snapshots)
+    from gpupool.server.loops.pending_queue import KeptPending
+except ImportError:
+    KeptPending = None  # type: ignore[assignment,misc]
+try:
+    from gpupool.server.loops.snapshot import MAX_PENDING_PER_CYCLE
+except ImportError:  # (a checkout from before the server's read was capped)
+    MAX_PENDING_PER_CYCLE = 0
 
 SHAPES = ((1, 250), (1, 500), (1, 1000), (2, 1000), (8, 1000))
 WEIGHTS = (25, 25, 35, 10, 5)
@@ -116,11 +132,17 @@ class Waiting:
     kept`, where the package has one: the cycle reads its log of changes), or in a dict whose list
     is made afresh for each cycle (`--queue list`: the cycle compares it with the last one)."""
 
-    def __init__(self, pending: list[Workload], kept: bool) -> None:
-        self.queue = PendingQueue(pending) if kept and PendingQueue is not None else None
+    def __init__(self, pending: list[Workload], kept: bool, server: int | None = None) -> None:
+        self.server = server
+        """--path server: at most this many read (the server's MAX_PENDING_PER_CYCLE); None: --path core."""
+        self.kept = KeptPending() if server is not None and KeptPending is not None else None
+        self.queue = PendingQueue(pending) if kept and server is None and PendingQueue is not None else None
         self.items = {} if self.queue is not None else {w.id: w for w in pending}
+        self.follow_ms: list[float] = []
 
     def add(self, w: Workload) -> None:
+        if self.kept is not None:
+            self.kept.expect((w,))  # told, as the server's loop is told of submissions and requeues
         if self.queue is not None:
             self.queue.add(w)
         else:
@@ -129,9 +151,22 @@ class Waiting:
     def pop(self, workload_id: str) -> Workload:
         w = self.queue.pop(workload_id) if self.queue is not None else self.items.pop(workload_id)
         assert w is not None
+        if self.kept is not None:
+            self.kept.left(workload_id)  # an admission the server's loop committed
         return w
 
     def work(self) -> Sequence[Workload]:
+        if self.server is not None:
+            # what the server's full pass reads: the first pending workloads in the store's order (the
+            # read itself is not timed); its loop hands that list, or its kept queue checked against it
+            read = sorted(self.items.values(), key=lambda w: (-w.priority, w.submit_time_s, w.id))
+            del read[self.server or len(read):]
+            if self.kept is None:
+                return read
+            start = time.thread_time()
+            queue = self.kept.follow(read)
+            self.follow_ms.append(1000.0 * (time.thread_time() - start))
+            return queue
         return self.queue if self.queue is not None else list(self.items.values())
 
 
@@ -179,12 +214,13 @@ def time_loop(
     seed: int,
     kept_queue: bool = True,
     changes: bool = True,
+    server: int | None = None,
 ) -> dict[str, object]:
     """A scheduler's loop over `warmup + repeat` cycles; each timed with a fresh and a kept view."""
     rng = random.Random(seed)
     keeper = ViewKeeper()
-    running = Running(snapshot.allocations, changes)
-    waiting = Waiting(pending, kept_queue)
+    running = Running(snapshot.allocations, changes and (server is None or KeptPending is not None))
+    waiting = Waiting(pending, kept_queue, server)
     fresh_ms: list[float] = []
     kept_ms: list[float] = []
     kept_cpu_ms: list[float] = []
@@ -231,6 +267,8 @@ def time_loop(
         "preempted_per_cycle": preempted / repeat,
         "cycles_deciding_otherwise": differ,
         "kept_view_rebuilds": keeper.rebuilds,
+        "follow_median_ms": statistics.median(waiting.follow_ms) if waiting.follow_ms else None,
+        "queue_resyncs": waiting.kept.resyncs if waiting.kept is not None else None,
     }
 
 
@@ -301,6 +339,21 @@ def main() -> int:
         help="changes: each snapshot carries the allocations that started and ended since the last (the "
         "kept view reads them); whole: only the whole list (compared with what the kept view holds).",
     )
+    parser.add_argument(
+        "--path",
+        choices=("core", "server"),
+        default="core",
+        help="core: --queue and --allocations as given; server: what `gpupool up`'s loop hands a full pass "
+        "(its pending read in the store's order, kept in its queue and checked against that read, and its "
+        "cache's allocation changes; before the loop kept them: the read as a list and whole snapshots).",
+    )
+    parser.add_argument(
+        "--server-limit",
+        type=int,
+        default=MAX_PENDING_PER_CYCLE,
+        help="--path server: at most this many pending workloads read by a full pass, first in the store's "
+        f"order (the server's own: {MAX_PENDING_PER_CYCLE}; 0: all)",
+    )
     parser.add_argument("--json", type=Path, default=Path("bench/results/cycle_latency.json"))
     parser.add_argument(
         "--gc",
@@ -348,7 +401,8 @@ def main() -> int:
         row: dict[str, object] = {"configuration": name}
         row.update(
             time_loop(snapshot, pending, policies, args.repeat, args.warmup, args.churn, args.seed,
-                      kept_queue=args.queue == "kept", changes=args.allocations == "changes")
+                      kept_queue=args.queue == "kept", changes=args.allocations == "changes",
+                      server=args.server_limit if args.path == "server" else None)
         )
         rows.append(row)
         table.add_row(
@@ -385,6 +439,9 @@ def main() -> int:
                 "repeat": args.repeat,
                 "configs": args.config,
                 "queue": args.queue if PendingQueue is not None else "list",
+                "path": args.path,
+                "server_limit": args.server_limit if args.path == "server" else None,
+                "server_hands_changes": args.path == "server" and KeptPending is not None,
             },
             indent=2,
         )

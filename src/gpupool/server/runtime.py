@@ -46,6 +46,10 @@ class Runtime:
         default_factory=lambda: collections.deque(maxlen=MAX_HANDED_OVER))
     """Core Workloads of just-committed submissions, parsed by the API: the scheduler takes them
     instead of parsing their stored specs again (anything missing here is parsed from the store)."""
+    left_pending: collections.deque[str] = field(
+        default_factory=lambda: collections.deque(maxlen=MAX_HANDED_OVER))
+    """Ids of pending work the API has just taken out of pending (cancelled, held), committed: the
+    scheduler's kept queue drops them (one missed is found by its next full read)."""
     held: HeldPods = field(default_factory=HeldPods)
     """What the active pods hold, as last read by any route (each read brings it up to date)."""
     budgets: BudgetTracker = field(default_factory=lambda: _budget_tracker())

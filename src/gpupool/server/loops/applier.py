@@ -237,6 +237,7 @@ class DecisionApplier:
             grace = preempt_grace_s(self.rt, row.spec) if stop.grace else 0.0
             mark = marks.get(row.id) if row.started_s is not None else None
             pods = requeue(session, row, stop.reason.value, stop.message, now, mark=mark)
+            self.cache.requeued(row.id)
             to_stop += [(pod_id, grace) for pod_id in pods]
             self.estimates.requeued(row, now if stop.kind is EventKind.MOVE else None,
                                     migrated=stop.kind is EventKind.MIGRATE)

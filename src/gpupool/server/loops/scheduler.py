@@ -21,10 +21,10 @@ import dataclasses
 import logging
 import random
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from gpupool.core.model import Node, WorkloadInfo
+from gpupool.core.model import Node, Workload, WorkloadInfo
 from gpupool.core.scheduling.backfill import RuntimeEstimator
 from gpupool.core.scheduling.cycle import Policies
 from gpupool.core.scheduling.keeper import ViewKeeper
@@ -190,7 +190,13 @@ class Scheduler:
             return CycleStats(0, len(view.pending), time.perf_counter() - start)
         self._core_nodes = view.snapshot.nodes
         self.estimates.note(candidates)
-        snapshot = dataclasses.replace(view.snapshot, workload_info=self.estimates.info)
+        # what changed since the last cycle, handed over rather than found again by the cycle: the
+        # allocations the cache read afresh or dropped, and (a full pass) the kept pending queue
+        snapshot = dataclasses.replace(view.snapshot, workload_info=self.estimates.info,
+                                       changes=self.cache.changes())
+        pending: Sequence[Workload] = candidates
+        if full and len(candidates) == len(view.pending):
+            pending = self.cache.pending.follow(view.pending)
         # the core enforces the queues' quotas itself (Kueue semantics), and tenants' budgets
         policies = dataclasses.replace(self.policies, quota=view.quota, exhausted_tenants=exhausted,
                                        headroom=self.headroom.current())  # services' (docs/services.md)
@@ -200,7 +206,7 @@ class Scheduler:
             drifts = self.keeper.drifts
         undoable = not full and self.policies.preemption
         rng_state = self.rng.getstate() if undoable else None
-        result = self.keeper.cycle(snapshot, candidates, policies, now, self.rng, audit=audit,
+        result = self.keeper.cycle(snapshot, pending, policies, now, self.rng, audit=audit,
                                    undoable=undoable)
         if audit and self.keeper.drifts != drifts:
             log.error("the scheduler's kept view had drifted from the store (its free capacity differed "

@@ -13,6 +13,7 @@ from sqlalchemy import func, or_, select
 from gpupool.api.workloads import WorkloadSpec
 from gpupool.core.model import (
     Allocation,
+    AllocationChanges,
     ClusterSnapshot,
     PodPlacement,
     Slice,
@@ -20,6 +21,7 @@ from gpupool.core.model import (
     WorkloadStatus,
 )
 from gpupool.core.quota import QuotaConfig
+from gpupool.server.loops.pending_queue import KeptPending
 from gpupool.server.orm import NodeFlagRow, PodRow, WorkloadRow
 from gpupool.server.runtime import Runtime
 from gpupool.server.services.arrays import throttled
@@ -30,6 +32,9 @@ from gpupool.server.states import ACTIVE_POD_STATES
 log = logging.getLogger("gpupool.scheduler")
 
 MAX_PENDING_PER_CYCLE = 5000
+MAX_CHANGES_SLACK = 4096
+"""`WorkloadCache` keeps the allocations ended since the last cycle up to the number cached plus
+this many; past it, the next snapshot carries no changes (the keeper compares in full)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,15 +58,74 @@ class WorkloadCache:
         self._allocation_nodes: frozenset[str] = frozenset()
         self._revisions: dict[str, int] = {}
         """workload id -> its spec revision as read, for the few updated while pending."""
+        self.pending = KeptPending()
+        """The pending queue kept across full passes (loops/pending_queue.py)."""
+        self._started: dict[str, Allocation] = {}
+        """By workload: the allocations cached since the last `changes()` (not listed then)."""
+        self._ended: dict[int, Allocation] = {}
+        """By `id()`: the allocations listed at the last `changes()` and dropped since."""
+        self._vouched = False
+        """Whether `_started` and `_ended` hold every change since the last `changes()`."""
+        self._serial = -1
 
     def take(self, submitted: collections.deque[Workload]) -> None:
         """Adopt the Workloads the API parsed for submissions committed since the last call."""
+        taken = []
         while True:
             try:
                 workload = submitted.popleft()
             except IndexError:
-                return
+                break
             self._items[workload.id] = workload
+            taken.append(workload)
+        if taken:
+            self.pending.expect(taken)
+
+    def take_left(self, left: collections.deque[str]) -> None:
+        """Drop from the kept queue the pending work the API took out of pending since the last call."""
+        while True:
+            try:
+                workload_id = left.popleft()
+            except IndexError:
+                return
+            self.pending.left(workload_id)
+
+    def requeued(self, workload_id: str) -> None:
+        """This process has committed `workload_id`'s return to pending (a stop)."""
+        workload = self._items.get(workload_id)
+        if workload is not None:  # (else the next full pass finds it in its read)
+            self.pending.expect((workload,))
+
+    def changes(self) -> AllocationChanges | None:
+        """What the cached allocations (the snapshot's, in workload-id order) gained and lost since
+        the last call, numbered one after it; None when the cache cannot vouch for it (the first
+        call, after a node change or `drop_allocations`): then the keeper compares in full."""
+        started = tuple(self._started[w] for w in sorted(self._started))
+        ended = tuple(self._ended.values())
+        vouched = self._vouched
+        self._started, self._ended, self._vouched = {}, {}, True
+        if not vouched:
+            self._serial = -1  # the keeper syncs this snapshot in full; the next one follows it
+            return None
+        self._serial += 1
+        return AllocationChanges(self._serial, started, ended)
+
+    def _cache(self, workload_id: str, pod_ids: tuple[str, ...], allocation: Allocation) -> None:
+        self._uncache(workload_id)
+        self._allocations[workload_id] = (pod_ids, allocation)
+        self._started[workload_id] = allocation
+
+    def _uncache(self, workload_id: str) -> None:
+        old = self._allocations.pop(workload_id, None)
+        if old is not None and self._started.pop(workload_id, None) is None:
+            self._ended[id(old[1])] = old[1]
+            if len(self._ended) > len(self._allocations) + MAX_CHANGES_SLACK:
+                # no cycle took them for long (nothing pending): hand none rather than hold them
+                self._started, self._ended, self._vouched = {}, {}, False
+
+    def _unvouch(self) -> None:
+        self._allocations.clear()
+        self._vouched = False
 
     def admitted(self, workload: Workload, pod_ids: Sequence[str], placements: Sequence[PodPlacement],
                  start_time_s: float) -> None:
@@ -69,6 +133,7 @@ class WorkloadCache:
         the next snapshot need not read it back: it is used only while exactly these pods are the
         workload's active ones, on the same nodes as the cached allocations."""
         if not all(p.node in self._allocation_nodes for p in placements):
+            self.pending.left(workload.id)
             return  # the next read sees it (and says why its placements are filtered)
         slices = tuple(
             PodPlacement(pod=p.pod, node=p.node, slices=tuple(
@@ -76,7 +141,8 @@ class WorkloadCache:
                 for s in p.slices), cpu_milli=p.cpu_milli, memory_mib=p.memory_mib)
             for p in placements
         )
-        self._allocations[workload.id] = (tuple(sorted(pod_ids)), Allocation(
+        self.pending.left(workload.id)
+        self._cache(workload.id, tuple(sorted(pod_ids)), Allocation(
             workload=workload, placements=slices, start_time_s=start_time_s))
 
     def peek(self, row_id: str) -> Workload | None:
@@ -118,7 +184,7 @@ class WorkloadCache:
 
     def drop_allocations(self) -> None:
         """Forget every allocation, so the next `load` reads them all from the store."""
-        self._allocations.clear()
+        self._unvouch()
 
     def keep_only(self, ids: set[str]) -> None:
         for stale in set(self._items) - ids:
@@ -143,6 +209,7 @@ def load(rt: Runtime, cache: WorkloadCache, since_s: float | None = None,
     nodes = rt.refresh_nodes()
     CAPACITY.get(nodes)  # summarise a changed pool here, not on a submission's path
     cache.take(rt.submitted)
+    cache.take_left(rt.left_pending)
     # held work and work waiting on a dependency are left out here, in the query (services/jobs.py,
     # loops/dependencies.py): the core never sees them
     pending_query = select(WorkloadRow.id, WorkloadRow.tenant, WorkloadRow.priority,
@@ -220,7 +287,7 @@ def _changed_allocations(cache: WorkloadCache, active_ids: Any, known_nodes: fro
     """Drop the cached allocations whose active pods (or workload priority) changed, and return the
     workloads to read in full: those, and those new since the last call."""
     if known_nodes != cache._allocation_nodes:  # a node came or went: placements are filtered by node
-        cache._allocations.clear()
+        cache._unvouch()
         cache._allocation_nodes = known_nodes
     current: dict[str, list[str]] = {}
     priorities: dict[str, int] = {}
@@ -228,13 +295,13 @@ def _changed_allocations(cache: WorkloadCache, active_ids: Any, known_nodes: fro
         current.setdefault(workload_id, []).append(pod_id)
         priorities[workload_id] = priority
     for workload_id in set(cache._allocations) - set(current):
-        del cache._allocations[workload_id]
+        cache._uncache(workload_id)
     changed = []
     for workload_id, pod_ids in current.items():
         cached = cache._allocations.get(workload_id)
         if (cached is None or cached[0] != tuple(sorted(pod_ids))
                 or cached[1].workload.priority != priorities[workload_id]):
-            cache._allocations.pop(workload_id, None)
+            cache._uncache(workload_id)
             changed.append(workload_id)
     return changed
 
@@ -258,5 +325,5 @@ def _allocations(active: Any, known: frozenset[str], cache: WorkloadCache,
             log.warning("workload %s holds pods on nodes the provider no longer lists", workload_id)
         allocation = Allocation(workload=workload, placements=placements,
                                 start_time_s=first.admitted_s or 0.0)
-        cache._allocations[workload_id] = (tuple(sorted(r.id for r in rows)), allocation)
+        cache._cache(workload_id, tuple(sorted(r.id for r in rows)), allocation)
     return tuple(cache._allocations[w][1] for w in sorted(cache._allocations))

@@ -46,11 +46,14 @@ def hold(rt: Runtime, who: Principal, workload_id: str) -> WorkloadOut:
         row = workload_service._visible(session, who, workload_id, lock=True)
         _only_pending(row, "held")
         by = "admin" if who.is_admin else "user"
-        if row.held != by and row.held != "admin":
+        held = row.held != by and row.held != "admin"
+        if held:
             row.held = by
             transition(session, row, _PENDING, EventReason.HELD, f"Held by the {by}.", now)
             if who.is_admin:
                 audit.record(session, who, "workload.hold", workload_id, now, f"tenant={row.tenant}")
+    if held:
+        rt.left_pending.append(workload_id)  # committed: the loop's kept queue drops it
     return workload_service.get(rt, who, workload_id)
 
 

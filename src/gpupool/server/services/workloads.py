@@ -259,6 +259,8 @@ def cancel(rt: Runtime, who: Principal, workload_id: str) -> WorkloadOut:
         if who.is_admin:  # the admin acting on a tenant's work: the tenant can learn who did it
             audit.record(session, who, "workload.cancel", workload_id, now,
                          f"tenant={row.tenant} was={row_status_before}")
+    if row_status_before == WorkloadStatus.PENDING.value:
+        rt.left_pending.append(workload_id)  # committed: the loop's kept queue drops it
     stop_after_commit(rt, to_stop, now)  # a pod whose launch no worker has begun ends at once
     rt.provider.forget_workload(workload_id)  # ended for good: its checkpoints go
     rt.capacity_may_have_changed()
