@@ -317,6 +317,7 @@ def cycle_on(
 
 
 BLOCKED_BY_HEAD = "Starting now would delay the reserved head."
+WAITING_FOR_HEAD = "An older workload of its queue waits first."
 
 _workload_id = attrgetter("id")
 _running_id = attrgetter("workload.id")
@@ -354,6 +355,11 @@ class _Cycle:
     keep_pending = True
     """Count the pending workloads with the view's `PendingBook` (fed by arrivals and departures);
     False looks every one up on every cycle (the same decisions, slower: kept to check that claim)."""
+    group_walk = True
+    """Take a workload whose (queue, shape, rank) already has this cycle's verdict, or whose queue
+    is blocked, inline in the walk: its wait and its key's count, without the calls of a
+    consideration or the band's check (`run`); False considers each one (the same decisions in the
+    same order, slower: kept to check that claim)."""
     keep_waits = True
     """Reuse the wait a passed-over workload got last while its verdict is the same (the view's
     `PassedWaits`); False builds every one afresh (equal records, slower: kept to check that claim)."""
@@ -427,9 +433,30 @@ class _Cycle:
         exhausted = self.exhausted
         tried: list[str] = []
         """The ids of the workloads reached or passed over so far."""
+        # Work whose key already has a verdict (or whose queue is blocked) is taken inline, as
+        # `_reached` and `_consider` would (`group_walk`): its verdict, its key's count. Only
+        # after a consideration whose checks below passed, within that band: such a workload
+        # changes neither `live` nor the band, so those checks would pass again.
+        inline = self.group_walk and self.pass_over and not exhausted
+        any_band = not banded
+        passed: int | None = None
+        """The band the checks last passed in (None: the next workload is considered)."""
+        settled, blocked, left, decisions = self.settled, self.blocked, self.left, self.decisions
+        waiting = (Reason.WAITING_FOR_HEAD, WAITING_FOR_HEAD)
+        new = tuple.__new__
         while (w := stream.next_workload()) is not None:
-            tried.append(w.id)
-            meta = metas[w.id]
+            wid = w.id
+            tried.append(wid)
+            meta = metas[wid]
+            if passed is not None:
+                key = meta.key
+                if any_band or key[2][0] == passed:
+                    verdict = waiting if key[0] in blocked else settled.get(key)
+                    if verdict is not None:  # (its key is not in `live`: nothing to discard)
+                        left[key] -= 1
+                        decisions.append(new(Wait, (wid, *verdict)))
+                        continue
+                passed = None
             if exhausted and w.tenant in exhausted:
                 # not counted in `left`: passed over like a blocked queue's work, before placement
                 self.decisions.append(_budget_wait(w))
@@ -450,6 +477,8 @@ class _Cycle:
                 wids = list(map(_workload_id, skipped))  # read once: `_reject_rest` reads them again
                 self._reject_reached(skipped, band, wids)
                 tried.extend(wids)
+            elif inline:
+                passed = band
         decisions = self.decisions
         if moved and self.preempted_ids:
             # Work moved at the start of the cycle may be preempted by its walk (a move has just
@@ -622,7 +651,7 @@ class _Cycle:
         view = self.view
         cq = meta.cluster_queue or ""
         if cq in self.blocked:
-            self._reject(original, Reason.WAITING_FOR_HEAD, "An older workload of its queue waits first.")
+            self._reject(original, Reason.WAITING_FOR_HEAD, WAITING_FOR_HEAD)
             return
         w = meta.placed
         shape = meta.shape
@@ -997,7 +1026,7 @@ class _Cycle:
         verdicts: dict[int, tuple[Reason, str]] = {}
         refused: set[int] = set()
         """Keys whose workloads are refused for good (`never`); the others wait."""
-        waiting = (Reason.WAITING_FOR_HEAD, "An older workload of its queue waits first.")
+        waiting = (Reason.WAITING_FOR_HEAD, WAITING_FOR_HEAD)
         for key in left:
             if key[0] in self.blocked:
                 verdicts[kids[key]] = waiting

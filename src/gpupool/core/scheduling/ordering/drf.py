@@ -162,6 +162,10 @@ class _DrfStream(OrderStream):
     next, and its usage grows by what it is given (a band starts from the usage the bands before it
     reached; a skipped rest of a band adds its demand all the same)."""
 
+    unroll = True
+    """With every share resource's capacity known, add a demand and compute the share on three
+    names rather than through `_add` and `_share` (the same floats, faster: False keeps the calls)."""
+
     def __init__(
         self,
         bands: list[dict[str, _TenantQueue]],
@@ -185,6 +189,8 @@ class _DrfStream(OrderStream):
         self.limits = [c for _, c in caps]
         self.whole = index == list(range(len(SHARE_RESOURCES)))
         """Whether every share resource has a capacity (then a demand adds as it is)."""
+        self.three = self.whole and len(SHARE_RESOURCES) == 3 and self.unroll
+        """Whether `next_workload` may add and divide the three resources unrolled."""
         self.opened: dict[str, list[float]] = {}
         """Each tenant's usage when the band opened (its usage once the band is given out:
         this plus the band's total demand)."""
@@ -238,10 +244,20 @@ class _DrfStream(OrderStream):
                 tenant = heap[0][1]
                 q = self.queues[tenant]
                 w = q.pop()
-                self._add(tenant, self.asks[tenant].pop())
                 if q and len(heap) > 1:  # back in line by its new share (one sift: the same heap order)
-                    heapq.heapreplace(heap, (self._share(tenant), tenant))
+                    if self.three:  # `_add` and `_share` unrolled: the same additions and divisions
+                        mine = self.usage[tenant]
+                        a0, a1, a2 = self.asks[tenant].pop()
+                        u0, u1, u2 = mine[0] + a0, mine[1] + a1, mine[2] + a2
+                        mine[0], mine[1], mine[2] = u0, u1, u2
+                        l0, l1, l2 = self.limits
+                        share = max(u0 / l0, u1 / l1, u2 / l2) / self.weights[tenant]
+                    else:
+                        self._add(tenant, self.asks[tenant].pop())
+                        share = self._share(tenant)
+                    heapq.heapreplace(heap, (share, tenant))
                 else:
+                    self._add(tenant, self.asks[tenant].pop())
                     heapq.heappop(heap)
                     if q:
                         self.last = tenant
