@@ -1,6 +1,7 @@
 """What the view keeps across cycles for the victim search and the reservation is what computing
-it afresh gives: a victim group's lost work read from its kept columns (`VictimGroup.columns`), the
-same floats, so the same search order; the overdue runs' corrected ends (`backfill._corrected_kept`)."""
+it afresh gives: a victim group's runs by id (`VictimGroup.by_id`, from its kept rows) and their
+lost work read from its kept columns (`VictimGroup.columns`), the same floats, so the same search
+order; the overdue runs' corrected ends (`backfill._corrected_kept`)."""
 
 from __future__ import annotations
 
@@ -38,6 +39,11 @@ def _orders(view: ClusterView, now: float) -> dict[tuple[str, object], list[tupl
 def _check(view: ClusterView, now: float) -> None:
     for ranks in view.victim_groups.values():
         for group in ranks.values():
+            runs = group.by_id()
+            expected = [group.runs[wid] for wid in sorted(group.runs)]  # the kept rows are the runs by id
+            assert len(runs) == len(expected) and all(a is b for a, b in zip(runs, expected, strict=True))
+            runs.pop()  # a new list: the group's own is left as it was
+            assert len(group.by_id()) == len(expected)
             runs = group.by_id()
             starts, counts, intervals, progress = group.columns
             assert starts == [r.start_time_s for r in runs]
