@@ -121,6 +121,9 @@ def _expected_ends(
     late = _overdue(view, now_s) if correct else 0
     if not late:
         return ends, milli, math.inf
+    if kept is not None and keep_searches and keep_expected:
+        expected = ExpectedEnds.of(view, now_s)
+        return expected.ends, expected.milli, expected.fixed[0][0]
     running = view.running
     if kept is not None and keep_searches:
         fixed = _overdue_kept(view, now_s, late, kept)
@@ -137,6 +140,103 @@ keep_corrected = True
 """Keep each overdue run's corrected end from one reservation to the next while it stands
 (`ClusterView.corrected_ends`); False computes every one afresh (the same ends, slower: kept to
 check that claim)."""
+
+
+keep_expected = True
+"""Keep the expected ends, merged, from one reservation to the next (`ExpectedEnds`); False merges
+them afresh every time (the same list, slower: kept to check that claim)."""
+
+
+@dataclass(slots=True)
+class ExpectedEnds:
+    """The view's expected ends as `_expected_ends` merges them (with `correct`), kept by the view
+    (`ClusterView.expected_ends`) and brought up to date instead of merged again for each search.
+
+    `ends`: the (end, id) of every run with an estimate, sorted, its planned end while that lies after
+    `now_s`, else its corrected end (`corrected_end_s`, always after `now_s`), with the compute each
+    holds aligned (`milli`); `fixed`: the corrected ones, sorted (`fixed_of`: by id, with the record
+    it was computed for). Brought to a later time by the runs registered and dropped since
+    (`ClusterView.end_log`: a new one at its planned end), then by the clock: the items at or
+    before the new time (runs overdue, and corrections the clock reached) are corrected anew and
+    put back in order; every later item stands, a corrected end being constant until the clock
+    reaches it. A clock set back, or a corrected run's record replaced outside the view's books,
+    builds them afresh."""
+
+    now_s: float
+    ends: list[tuple[float, str]]
+    milli: list[int]
+    fixed: list[tuple[float, str]]
+    fixed_of: dict[str, tuple[tuple[float, str], Running]]
+
+    @classmethod
+    def of(cls, view: ClusterView, now_s: float) -> ExpectedEnds:
+        """The view's, at `now_s` (built on the first call, and where `follow` cannot bring them)."""
+        kept = view.expected_ends
+        if kept is None or view.end_log is None or now_s < kept.now_s \
+                or not kept.follow(view.end_log, view, now_s):
+            kept = view.expected_ends = cls.build(view, now_s)
+            view.end_log = []
+        return kept
+
+    @classmethod
+    def build(cls, view: ClusterView, now_s: float) -> ExpectedEnds:
+        late = _overdue(view, now_s)
+        running = view.running
+        fixed = sorted((corrected_end_s(running[rid], now_s), rid, m)
+                       for (_, rid), m in zip(view.ends[:late], view.end_milli[:late], strict=True))
+        ends, milli = _merge_in(view.ends, view.end_milli, late, fixed)
+        items = [(end, rid) for end, rid, _ in fixed]
+        return cls(now_s, ends, milli, items, {item[1]: (item, running[item[1]]) for item in items})
+
+    def follow(self, log: list[tuple[int, Running]], view: ClusterView, now_s: float) -> bool:
+        """Brought up to `now_s` (not before `self.now_s`); False: a corrected run's record is not
+        the view's (replaced outside `end_log`), so they are to be built afresh."""
+        ends, milli, fixed, fixed_of = self.ends, self.milli, self.fixed, self.fixed_of
+        for sign, run in log:
+            rid = run.workload.id
+            if sign < 0:
+                was = fixed_of.pop(rid, None)
+                if was is None:
+                    item = (run.planned_end_s, rid)
+                else:
+                    item = was[0]
+                    del fixed[bisect.bisect_left(fixed, item)]
+                at = bisect.bisect_left(ends, item)
+                del ends[at]
+                del milli[at]
+            else:  # at its planned end: if past, the clock's step below corrects it
+                item = (run.planned_end_s, rid)
+                at = bisect.bisect_left(ends, item)
+                ends.insert(at, item)
+                milli.insert(at, run.device_milli)
+        log.clear()
+        running = view.running
+        if not all(running.get(rid) is run for rid, (_, run) in fixed_of.items()):
+            return False
+        cut = bisect.bisect_right(ends, now_s, key=_end)
+        if cut:
+            again = []
+            for (_, rid), m in zip(ends[:cut], milli[:cut], strict=True):
+                old = fixed_of.get(rid)
+                if old is not None:
+                    del fixed[bisect.bisect_left(fixed, old[0])]
+                run = running[rid]
+                item = (corrected_end_s(run, now_s), rid)
+                fixed_of[rid] = (item, run)
+                bisect.insort(fixed, item)
+                again.append((item[0], rid, m))
+            again.sort()
+            if len(again) > 64:
+                self.ends, self.milli = _merge_in(ends, milli, cut, again)
+            else:  # the few put back in place: no copy of the whole list
+                del ends[:cut]
+                del milli[:cut]
+                for end, rid, m in again:
+                    at = bisect.bisect_left(ends, (end, rid))
+                    ends.insert(at, (end, rid))
+                    milli.insert(at, m)
+        self.now_s = now_s
+        return True
 
 
 def _corrected_kept(view: ClusterView, now_s: float, late: int) -> list[tuple[float, str, int]]:

@@ -52,7 +52,7 @@ from gpupool.core.state import (
 from gpupool.errors import OverAllocation
 
 if TYPE_CHECKING:
-    from gpupool.core.scheduling.backfill import KeptReservation, KeptSearch
+    from gpupool.core.scheduling.backfill import ExpectedEnds, KeptReservation, KeptSearch
     from gpupool.core.scheduling.topology import FabricView, TopologyContext
     from gpupool.core.topology_spec import TopologySpec
 
@@ -198,6 +198,11 @@ class ClusterView:
     corrected_ends: dict[str, tuple[Running, float, float]] = field(default_factory=dict)
     """By id, overdue runs' (run, when computed, corrected end) (`backfill._corrected_kept`)."""
     """The compute each of them holds, aligned with `ends`."""
+    expected_ends: ExpectedEnds | None = None
+    """`ends` with the overdue runs' ends corrected, kept by the reservation (`backfill.ExpectedEnds`)."""
+    end_log: list[tuple[int, Running]] | None = None
+    """(1, run) registered or (-1, run) dropped, for every run with an estimate since `expected_ends`
+    last read them (None: it is not kept)."""
     pending_book: PendingBook = field(default_factory=PendingBook)
     """The last cycle's pending workloads, counted by (queue, shape, rank) (`cycle._nominate`)."""
     passed_waits: PassedWaits = field(default_factory=PassedWaits)
@@ -615,6 +620,8 @@ class ClusterView:
             at = bisect.bisect_right(self.ends, (run.planned_end_s, run.workload.id))
             self.ends.insert(at, (run.planned_end_s, run.workload.id))
             self.end_milli.insert(at, run.device_milli)
+            if self.end_log is not None:
+                self._log_end(1, run)
         self.quota.add(run.cluster_queue, run.usage)
         self._tenant_add(run.workload, 1.0)
 
@@ -631,6 +638,15 @@ class ClusterView:
             at = bisect.bisect_left(self.ends, (run.planned_end_s, run.workload.id))
             del self.ends[at]
             del self.end_milli[at]
+            if self.end_log is not None:
+                self._log_end(-1, run)
+
+    def _log_end(self, sign: int, run: Running) -> None:
+        log = self.end_log
+        assert log is not None
+        log.append((sign, run))
+        if len(log) > len(self.ends) + 1024:  # more came and went than run: built afresh when read
+            self.end_log = self.expected_ends = None
 
     def demand(self, w: Workload) -> dict[str, float]:
         """`demand_of(w)`, computed once per workload (the overcommit-placed copy shares its id)."""
