@@ -18,7 +18,7 @@ from upproc import UpProcess, until
 
 from cli_inproc import run_cli
 from gpupool.server import pgtemp
-from ports import free_port
+from ports import free_port, serving_config
 
 pytestmark = pytest.mark.slow
 LEASE = {"GPUPOOL_LEASE_S": "30", "GPUPOOL_LEASE_RENEW_S": "0.5"}
@@ -73,9 +73,11 @@ def servers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[tuple[UpP
     made: list[tuple[UpProcess, int]] = []
     try:
         env = {"GPUPOOL_DATABASE_URL": pg.create_database(), "GPUPOOL_POD_NETWORK": POD_NETWORK, **LEASE}
+        config = root / "pool.yaml"
+        config.write_text(serving_config())
         for name in ("a", "b"):  # one data directory: one pool; a router each
             port = free_port()
-            args = ["--ha", "--simulate", "1x8xH100", "--serve-port", str(port)]
+            args = ["--ha", "--simulate", "1x8xH100", "--serve-port", str(port), "--config", str(config)]
             server = UpProcess(root / "data", args, env=env, log_path=root / f"{name}.log")
             made.append((server.start(), port))
         yield made
