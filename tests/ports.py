@@ -21,6 +21,8 @@ import socket
 import threading
 from pathlib import Path
 
+from gpupool.config import ServingConfig
+
 BASE = 12_000
 LIMIT = 22_000
 SLICE = 1_000
@@ -97,3 +99,31 @@ def free_port() -> int:
 def free_ports(count: int) -> list[int]:
     """`count` distinct ports of free_port's kind."""
     return [free_port() for _ in range(count)]
+
+
+def replica_slice(worker: str = "", count: int = 0) -> range:
+    """The service replicas' ports ($PORT, serving.port_base/port_count) of the pools that pytest-xdist
+    worker `worker` of `count` starts: slot n of the pool's default range, numbered as worker_slice's.
+    Where pods run without network namespaces (GPUPOOL_POD_NETNS off, or auto where the agent cannot
+    make them) a replica binds its port on the host itself, and two workers' pools, each choosing at
+    random from the whole default range, could give two replicas one port: the second fails to bind."""
+    default = ServingConfig()
+    slot = int(worker[2:]) + 1 if worker.startswith("gw") and worker[2:].isdigit() else 0
+    width = default.port_count // (max(count, slot) + 1)
+    if width < 16:
+        raise RuntimeError(f"{count} pytest workers do not fit the replicas' {default.port_count} ports, "
+                           "16 each at least; run fewer workers (-n)")
+    return range(default.port_base + slot * width, default.port_base + (slot + 1) * width)
+
+
+def serving_ports() -> range:
+    """This worker's replica_slice."""
+    return replica_slice(os.environ.get("PYTEST_XDIST_WORKER", ""),
+                         int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "0") or 0))
+
+
+def serving_config() -> str:
+    """The pool configuration (YAML) that keeps a pool's replicas to serving_ports: every test file
+    whose replicas bind $PORT starts its pools with it (tests/test_layout.py checks)."""
+    ports = serving_ports()
+    return f"serving: {{port_base: {ports.start}, port_count: {len(ports)}}}\n"

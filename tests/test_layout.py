@@ -42,3 +42,16 @@ def test_test_files_never_share_a_pod_network() -> None:
                     for a in owners for b in owners
                     if a <= b and a.overlaps(b) and len(owners[a] | owners[b]) > 1)
     assert not shared, f"give each of these files a pod network of its own: {shared}"
+
+
+REPLICA_BINDS_PORT = re.compile(r"""environ\[['"]PORT['"]\]""")
+
+
+def test_test_files_whose_replicas_bind_their_port_keep_to_their_workers_ports() -> None:
+    """A replica binds its $PORT on the host where pods run without network namespaces: each file whose
+    replicas do starts its pools with ports.serving_config(), so two workers' pools never give two
+    replicas one port (tests/ports.py, replica_slice)."""
+    missing = sorted(path.relative_to(TESTS).as_posix() for path in TESTS.rglob("test_*.py")
+                     if REPLICA_BINDS_PORT.search(text := path.read_text())
+                     and "serving_config()" not in text)
+    assert not missing, f"start these files' pools with --config holding ports.serving_config(): {missing}"

@@ -82,3 +82,27 @@ def test_no_test_names_a_port_from_a_port_0_bind() -> None:
             if "free_port=" not in call.group(0):
                 found.append(f"{path.relative_to(tests)}: {call.group(1)} without free_port=")
     assert found == []
+
+
+@pytest.mark.parametrize("count", [2, 4, 9])
+def test_each_workers_pools_give_their_replicas_ports_of_their_own(count: int) -> None:
+    default = ServingConfig()
+    slices = [ports.replica_slice("", count)] + [ports.replica_slice(f"gw{n}", count) for n in range(count)]
+    taken: set[int] = set()
+    for each in slices:
+        assert len(each) >= 16
+        assert not taken & set(each)
+        taken |= set(each)
+    assert min(taken) >= default.port_base and max(taken) < default.port_base + default.port_count
+    assert not taken & set(ports.worker_slice("gw0", count))  # nor a port a test's server is given
+
+
+def test_the_serving_config_keeps_a_pool_to_its_workers_ports(monkeypatch: pytest.MonkeyPatch) -> None:
+    import yaml
+
+    from gpupool.config import PoolConfig
+
+    monkeypatch.setenv("PYTEST_XDIST_WORKER", "gw1")
+    monkeypatch.setenv("PYTEST_XDIST_WORKER_COUNT", "2")
+    serving = PoolConfig.model_validate(yaml.safe_load(ports.serving_config())).serving
+    assert range(serving.port_base, serving.port_base + serving.port_count) == ports.replica_slice("gw1", 2)

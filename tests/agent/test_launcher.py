@@ -11,12 +11,13 @@ import signal
 import subprocess
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 
 from factories import pod_python
+from gpupool.agent import launcher as launcher_module
 from gpupool.agent.launcher import Launcher, launch_timeout_s
 from gpupool.agent.shim import shim_argv
 from gpupool.errors import InvalidInput, ProviderError
@@ -46,6 +47,13 @@ def wait_final(provider: LocalProvider, pod_id: str, timeout_s: float = 30.0) ->
             return status
         time.sleep(0.02)
     raise AssertionError(f"{pod_id} did not finish")
+
+
+def wait_for(condition: Callable[[], bool], what: str, timeout_s: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, f"{what}: not within {timeout_s:g} s"
+        time.sleep(0.01)
 
 
 def launch(provider: LocalProvider, pod_id: str, tenant: str,
@@ -98,12 +106,31 @@ def test_a_pod_cannot_stop_its_launcher_helper(provider: LocalProvider) -> None:
     assert wait_final(provider, "after").phase is PodPhase.SUCCEEDED
 
 
+class HeldClock:
+    """The launcher's monotonic clock, held still until the test moves it: a launch waits for its
+    helper's answer until this clock passes its deadline, so it cannot give up before the test says."""
+
+    def __init__(self) -> None:
+        self.now = time.monotonic()
+
+    def monotonic(self) -> float:
+        return self.now
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(time, name)
+
+
 @needs_root
 def test_a_helper_that_does_not_answer_fails_that_launch_alone_and_is_replaced(
-        provider: LocalProvider) -> None:
+        provider: LocalProvider, monkeypatch: pytest.MonkeyPatch) -> None:
     launch(provider, "first", "mallory")
     launch(provider, "other-first", "alice")
     stuck = helper_of(provider, "mallory")
+    launcher = provider.agent.runner._launcher
+    assert launcher is not None
+    [channel] = [c for c in launcher._accounts.values() if c.helper_pid == stuck]
+    clock = HeldClock()
+    monkeypatch.setattr(launcher_module, "time", clock)
     os.kill(stuck, signal.SIGSTOP)  # however it came to hang: stopped, traced, blocked
     outcome: dict[str, object] = {}
 
@@ -115,12 +142,24 @@ def test_a_helper_that_does_not_answer_fails_that_launch_alone_and_is_replaced(
             outcome["error"] = exc.message
         outcome["took_s"] = time.monotonic() - started
 
+    def alice() -> None:
+        launch(provider, "other", "alice")
+        outcome["alice"] = "returned"
+
     thread = threading.Thread(target=mallory)
     thread.start()
-    launch(provider, "other", "alice")  # another account's launch does not wait for it
-    assert thread.is_alive(), "alice's launch returned while mallory's was still waiting"
+    wait_for(channel._lock.locked, "mallory's launch waiting for its stopped helper")
+    # Another account's launch does not wait for it: alice's returns while mallory's, which cannot
+    # give up before the held clock passes its deadline, still waits (the order, whatever the load).
+    other = threading.Thread(target=alice)
+    other.start()
+    other.join(timeout=60)
+    assert outcome.get("alice") == "returned", "alice's launch waited for mallory's"
+    assert thread.is_alive() and "error" not in outcome
+    clock.now += TIMEOUT_S  # mallory's deadline passes
     thread.join(timeout=60)
     assert not thread.is_alive()
+    monkeypatch.setattr(launcher_module, "time", time)
     assert "did not answer within 5 s; it was replaced" in str(outcome["error"])
     assert float(outcome["took_s"]) >= TIMEOUT_S  # type: ignore[arg-type]
     deadline = time.monotonic() + 10

@@ -214,13 +214,15 @@ def test_streams_end_at_shutdown_and_events_f_resumes_after_a_restart_without_ga
         tmp_path_factory: pytest.TempPathFactory) -> None:
     server = UpProcess(tmp_path_factory.mktemp("restart") / "data", ["--simulate", "1x1xH100"],
                        env={"GPUPOOL_POD_NETWORK": POD_NETWORK}).start()
-    ended = threading.Event()
+    opened, ended = threading.Event(), threading.Event()
 
     def follow() -> None:
         with httpx.Client(base_url=server.api, headers={"Authorization": f"Bearer {server.token()}"},
                           timeout=httpx.Timeout(30, read=None)) as api:
             try:
                 with api.stream("GET", "/events/stream", params={"follow": "true"}) as answer:
+                    if answer.status_code == 200:
+                        opened.set()
                     for _ in answer.iter_lines():
                         pass
             except httpx.HTTPError:
@@ -233,6 +235,9 @@ def test_streams_end_at_shutdown_and_events_f_resumes_after_a_restart_without_ga
         first = submit(server, "--", "true")
         lines.until(lambda seen: any(f'"{first}"' in s and '"succeeded"' in s for s in seen))
         threading.Thread(target=follow, daemon=True).start()
+        # the stream is open before the shutdown (a stream that connected only after it, or never,
+        # ended too, and the test passed without a stream to end)
+        assert opened.wait(30), "the followed stream opened"
         assert not ended.wait(0.5)  # following (the stream stays open)
         assert server.proc is not None
         proc = server.proc

@@ -20,6 +20,7 @@ import pytest
 from cli_inproc import run_cli
 from gpupool.core.fabric.generate import fat_tree
 from gpupool.core.fabric.write import to_ibnetdiscover
+from ports import serving_config
 from server.upproc import UpProcess, until
 
 pytestmark = pytest.mark.slow
@@ -75,7 +76,7 @@ def pool(tmp_path_factory: pytest.TempPathFactory) -> Iterator[UpProcess]:
     topology = base / "tree.topo"
     topology.write_text(to_ibnetdiscover(fat_tree(4, levels=2)))  # 4 leaves of 2 hosts, 2 spines
     config = base / "pool.yaml"
-    config.write_text(CONFIG)
+    config.write_text(CONFIG + serving_config())
     server = UpProcess(base / "data", ["--simulate", "8x2xH100", "--config", str(config),
                                        "--fabric", str(topology)],
                        env={"GPUPOOL_POD_NETWORK": POD_NETWORK}).start()

@@ -15,6 +15,7 @@ import httpx
 import pytest
 
 from cli_inproc import run_cli
+from ports import serving_config, serving_ports
 from server.upproc import UpProcess, until
 
 pytestmark = pytest.mark.slow
@@ -36,7 +37,10 @@ http.server.ThreadingHTTPServer(('0.0.0.0', int(os.environ['PORT'])), H).serve_f
 
 @pytest.fixture(scope="module")
 def pool(tmp_path_factory: pytest.TempPathFactory) -> Iterator[UpProcess]:
-    server = UpProcess(tmp_path_factory.mktemp("services") / "data", ["--simulate", "2x2xH100"],
+    base = tmp_path_factory.mktemp("services")
+    config = base / "pool.yaml"
+    config.write_text(serving_config())
+    server = UpProcess(base / "data", ["--simulate", "2x2xH100", "--config", str(config)],
                        env={"GPUPOOL_POD_NETWORK": POD_NETWORK}).start()
     try:
         yield server
@@ -72,6 +76,7 @@ def test_replicas_serve_on_their_port_and_a_killed_one_is_replaced(pool: UpProce
     replicas = service["replicas"]
     assert [r["ready"] for r in replicas] == ["ready", "ready"]
     assert len({r["port"] for r in replicas}) == 2
+    assert all(r["port"] in serving_ports() for r in replicas)  # this worker's, no other worker's
     pids = {}
     for r in replicas:
         port, pid = ask(r["host"], r["port"])

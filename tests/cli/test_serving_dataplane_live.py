@@ -16,7 +16,7 @@ import httpx
 import pytest
 
 from cli_inproc import run_cli
-from ports import free_port
+from ports import free_port, serving_config
 from server.upproc import UpProcess, until
 
 pytestmark = pytest.mark.slow
@@ -57,9 +57,12 @@ class Pool:
 @pytest.fixture(scope="module")
 def pool(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Pool]:
     serve_port = free_port()
-    server = UpProcess(tmp_path_factory.mktemp("dataplane") / "data",
+    base = tmp_path_factory.mktemp("dataplane")
+    config = base / "pool.yaml"
+    config.write_text(serving_config())
+    server = UpProcess(base / "data",
                        ["--simulate", "2x2xH100", "--serve-port", str(serve_port),
-                        "--serve-cold-start", "90"],
+                        "--serve-cold-start", "90", "--config", str(config)],
                        env={"GPUPOOL_POD_NETWORK": POD_NETWORK}).start()
     made = Pool(server, serve_port)
     try:

@@ -18,10 +18,13 @@ from upproc import UpProcess, until
 
 from cli_inproc import run_cli
 from gpupool.server import pgtemp
-from ports import free_port
+from ports import free_port, serving_config
 
 pytestmark = pytest.mark.slow
-LEASE = {"GPUPOOL_LEASE_S": "3", "GPUPOOL_LEASE_RENEW_S": "0.5"}
+LEASE = {"GPUPOOL_LEASE_S": "30", "GPUPOOL_LEASE_RENEW_S": "0.5"}
+"""Nothing here waits for a takeover, so the lease is long: with 3 s, a leader that a loaded machine
+held up 2.5 s lost it mid-test, and the server the test had found leading then followed (its
+`service show` and the scaling it watches came from the other)."""
 POD_NETWORK = "10.251.0.0/16"
 """This file's own pod network: pools on one machine must not share one."""
 REPLICA = """
@@ -70,9 +73,11 @@ def servers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[tuple[UpP
     made: list[tuple[UpProcess, int]] = []
     try:
         env = {"GPUPOOL_DATABASE_URL": pg.create_database(), "GPUPOOL_POD_NETWORK": POD_NETWORK, **LEASE}
+        config = root / "pool.yaml"
+        config.write_text(serving_config())
         for name in ("a", "b"):  # one data directory: one pool; a router each
             port = free_port()
-            args = ["--ha", "--simulate", "1x8xH100", "--serve-port", str(port)]
+            args = ["--ha", "--simulate", "1x8xH100", "--serve-port", str(port), "--config", str(config)]
             server = UpProcess(root / "data", args, env=env, log_path=root / f"{name}.log")
             made.append((server.start(), port))
         yield made
@@ -124,6 +129,7 @@ def test_requests_sent_to_the_follower_scale_the_service(servers: list[tuple[UpP
         messages = [str(e["message"]) for e in show()["events"]]
         scaled = [m for m in messages if m.startswith("scaled 1 → ")]
         assert scaled and "in flight against a target of 1" in scaled[0], messages
+        assert leader_of(servers) is leader  # scaled on the follower's report, not by it as leader
     finally:
         assert gp(leader, "service", "delete", "web", token=alice).returncode == 0
         until(lambda: gp(leader, "service", "show", "web", token=alice).returncode == 3, 60,
