@@ -213,6 +213,9 @@ class VictimIndex:
         self.walks: dict[_WalkKey, Walk] = {}
         """The last greedy walk per (first pod, sources): a later search of the same resumes it
         (`select_victims`, `resume_walks`)."""
+        self.nowhere: dict[_WalkKey, Set[str]] = {}
+        """Per (first pod, sources): a walk freed every candidate and the pod still fitted no node
+        (with this `exclude`), since the last search that found victims (`keep_verdicts`)."""
 
     def _ranks(self, cq: str) -> dict[Rank, list[Running]]:
         groups = self._groups.get(cq)
@@ -375,17 +378,29 @@ def select_victims(
     `rules`: how far the preemptor's priority reaches (`reach.py`).
     """
     index = index or VictimIndex(view, now_s)
+    found = _search(preemptor, cq, view, policy, rng, now_s, exclude, index, rules)
+    if found is not None:
+        index.nowhere.clear()  # victims go: capacity the cycle's verdicts did not count is freed
+    return found
+
+
+def _search(preemptor: Workload, cq: str, view: ClusterView, policy: PlacementPolicy, rng: random.Random,
+            now_s: float, exclude: Set[str], index: VictimIndex, rules: PreemptionRules) -> VictimSet | None:
+    """`select_victims` on the cycle's index."""
     need = preemptor.total_device_milli - free_milli(view, preemptor)
     sources = index.sources(preemptor, cq, rules)  # (the searches below leave quota as they found it)
     if index.most_freed(sources) < need:
         return None  # no victim, nor all of them, frees enough: no placement would be tried
+    may_skip = not policy.counts_failed_calls()
+    walk_key = (preemptor.pods[0], tuple(sources.groups), sources.newer, sources.newer_than_s)
+    if keep_verdicts and may_skip and index.nowhere.get(walk_key) is exclude:
+        return None  # no trial would be made: see `keep_verdicts`
     stream, reclaim_queues = index.search_order(preemptor, cq, exclude, False, sources, rules)
     singles = list(islice(stream, MAX_SINGLE_TRIALS))
     if not singles:
         return None
     cost = index.cost
     first = FirstPodFits(view.state, preemptor.pods[0])
-    may_skip = not policy.counts_failed_calls()
 
     found_last: list[GangPlacement] = []
 
@@ -411,7 +426,6 @@ def select_victims(
     found = index.search_order(preemptor, cq, exclude, True, sources, rules)[0]  # consumed lazily
     # (no victim is off the state)
     base = free_amounts(view.state) if put_back_from_base or resume_walks else None
-    walk_key = (preemptor.pods[0], tuple(sources.groups), sources.newer, sources.newer_than_s)
     resume = None
     if resume_walks and base is not None:
         walk = index.walks.get(walk_key)
@@ -427,6 +441,8 @@ def select_victims(
     if known and base is not None:
         index.walks[walk_key] = Walk(base, exclude, walked[:known], index.place_of(walked[known - 1]))
     if greedy is None:
+        if may_skip and known and known == len(walked):
+            index.nowhere[walk_key] = exclude  # (the pod was checked once the last victim was freed)
         return None
     # Where the first pod fitted no node before any victim went, it may fit only where they were
     # freed from (freeing capacity elsewhere changes nothing): the first scan reads those nodes.
@@ -449,6 +465,17 @@ def select_victims(
         return None
     return VictimSet(tuple(chosen), reclaimed(chosen), gang)
 
+
+keep_verdicts = True
+"""A search for the same first pod from the same sources as an earlier one in the cycle, with the
+same `exclude`, returns None at once where that one's walk freed every candidate and the pod still
+fitted no node, and no search has found victims since (`VictimIndex.nowhere`). Within a cycle no
+capacity is freed but by preemption: work is admitted, the candidates only leave (as victims) and
+`exclude` only grows, so each node's free amounts with every remaining candidate freed are at most
+what they were, and a pod fits no more where fewer resources are free. The search would try no
+placement (the first pod fits no node on any state it makes; a policy that does not count failed
+calls draws nothing) and return None. False: searches again (the same decisions, slower: kept to
+check that claim)."""
 
 resume_walks = True
 """A greedy search for the same first pod from the same sources as an earlier one in the cycle takes

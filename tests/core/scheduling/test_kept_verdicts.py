@@ -1,0 +1,158 @@
+"""A victim search whose walk freed every candidate and left the preemptor's first pod fitting no
+node is kept as a verdict for the cycle (`preemption.keep_verdicts`): a later search for the same
+first pod from the same sources returns None at once, until a search finds victims (capacity is
+then freed that the verdict did not count). The same decisions as searching again."""
+
+from __future__ import annotations
+
+import random
+from typing import Any
+
+import pytest
+
+import gpupool.core.scheduling.cycle as cycle
+from factories import cluster, node, pod
+from gpupool.core.model import Allocation, ClusterSnapshot, PodPlacement, PodRequest, Slice, Workload
+from gpupool.core.scheduling import preemption
+from gpupool.core.scheduling.cycle import Policies
+from gpupool.core.scheduling.preemption import VictimIndex, select_victims
+from gpupool.core.scheduling.view import ClusterView
+from gpupool.sim.jobs import TraceJob
+from gpupool.sim.replay import Replay, ReplayConfig
+
+NOW = 1000.0
+
+
+def _job(wid: str, cls: str, devices: int = 1, submit_s: float = 0.0, cpu_milli: int = 0) -> Workload:
+    pod = PodRequest("p0", cpu_milli=cpu_milli or 1000 * max(devices, 1), memory_mib=4096,
+                     num_devices=devices, device_milli=1000 if devices else 0)
+    return Workload(id=wid, pods=(pod,), tenant="t", priority_class=cls, submit_time_s=submit_s)
+
+
+def _on(w: Workload, where: str, first: int, start_s: float) -> Allocation:
+    pod = w.pods[0]
+    slices = tuple(Slice(first + d, 1000, 32_768) for d in range(pod.num_devices))
+    return Allocation(w, (PodPlacement("p0", where, slices, pod.cpu_milli, pod.memory_mib),), start_s)
+
+
+def _pool() -> ClusterView:
+    """Three full nodes in the order c, a, b: c runs 8 `normal` jobs; a 7 `best-effort` ones and one
+    `high` job; b 4 `best-effort` ones and a 4-device `normal` job started a second ago (the
+    cheapest victim). A whole-node `normal` preemptor may take the 11 `best-effort` jobs: 7 devices
+    on a, 4 on b, so it fits no node even with all of them gone."""
+    allocations = [_on(_job(f"c{i}", "normal"), "c", i, 100.0) for i in range(8)]
+    allocations += [_on(_job(f"a{i}", "best-effort"), "a", i, 900.0) for i in range(7)]
+    allocations.append(_on(_job("h", "high"), "a", 7, 0.0))
+    allocations += [_on(_job(f"b{i}", "best-effort"), "b", i, 500.0) for i in range(4)]
+    allocations.append(_on(_job("nb", "normal", 4), "b", 4, 999.0))
+    view = ClusterView.from_snapshot(ClusterSnapshot((node("c"), node("a"), node("b")), tuple(allocations)))
+    view.materialize()
+    return view
+
+
+def _searches(keep: bool, clear: bool = True) -> tuple[list[list[str] | None], int]:
+    """On one index, as a cycle does: whole-node `normal` x1 and x2 (no victims), then `high` y, a
+    cpu-only job that fits b once `nb` goes (admitted: b keeps 4 devices free), then whole-node
+    `normal` x3, which now fits b once b0..b3 go. Returns each search's victims and how many
+    searches made their `FirstPodFits` (a search cut short by the verdict makes none)."""
+    made = [0]
+    original = preemption.FirstPodFits.__init__
+
+    def counted(self: preemption.FirstPodFits, *args: object) -> None:
+        made[0] += 1
+        original(self, *args)  # type: ignore[arg-type]
+
+    out: list[list[str] | None] = []
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(preemption, "keep_verdicts", keep)
+        mp.setattr(preemption.FirstPodFits, "__init__", counted)
+        view = _pool()
+        policy = view.placement_policy("first-fit", {})
+        index, admitted = VictimIndex(view, NOW), set[str]()
+        jobs = [_job("x1", "normal", 8, 950.0, 1000), _job("x2", "normal", 8, 951.0, 1000),
+                _job("y", "high", 0, 952.0, 57_000), _job("x3", "normal", 8, 953.0, 1000)]
+        kept: dict[Any, Any] = {}
+        for w in jobs:
+            chosen = select_victims(w, "", view, policy, random.Random(0), NOW, admitted, index)
+            out.append(None if chosen is None else [r.workload.id for r in chosen.victims])
+            if chosen is not None:
+                for run in chosen.victims:
+                    view.forget(run)
+                view.admit(w, chosen.gang, "", NOW)
+                admitted.add(w.id)
+                if not clear:  # the verdicts before it kept past the preemption
+                    index.nowhere.update(kept)
+            kept = dict(index.nowhere)
+    return out, made[0]
+
+
+def test_a_search_repeating_a_verdict_returns_none_without_walking() -> None:
+    plain, plain_made = _searches(keep=False)
+    kept, kept_made = _searches(keep=True)
+    assert plain == [None, None, ["nb"], ["b0", "b1", "b2", "b3"]]
+    assert kept == plain
+    assert plain_made == 4 and kept_made == 3  # x2 was answered by x1's verdict
+
+
+def test_a_verdict_kept_past_a_preemption_would_refuse_what_now_fits() -> None:
+    """y's preemption frees what x1's verdict did not count (nb was no candidate of a `normal`
+    preemptor): kept past it, x3 would be refused."""
+    stale, _ = _searches(keep=True, clear=False)
+    assert stale[3] is None
+    assert _searches(keep=True)[0][3] == ["b0", "b1", "b2", "b3"]
+
+
+def _replay_config(seed: int) -> ReplayConfig:
+    """A backed-up pool of six 8-device nodes: gangs of one to four whole-node `high` pods (the same
+    first pod in every shape), small `high` jobs that no gang may preempt (one on a node keeps
+    every whole-node pod off it) and small low-priority work, the gangs' candidates."""
+    rng = random.Random(seed)
+    jobs, at = [], 0.0
+    for i in range(240):
+        at += rng.expovariate(1 / 30.0)
+        kind = rng.random()
+        if kind < 0.25:
+            pods, gpus, prio, run_s = rng.choice([1, 2, 3, 4]), 8, 5, rng.lognormvariate(6.0, 0.8)
+        elif kind < 0.4:
+            pods, gpus, prio, run_s = 1, 1, 5, rng.lognormvariate(7.5, 0.5)
+        else:
+            pods, gpus, prio, run_s = 1, rng.choice([1, 2, 4]), 0, rng.lognormvariate(6.5, 1.0)
+        w = Workload(id=f"j{i:03d}", pods=tuple(pod(gpus, name=f"p{k}") for k in range(pods)),
+                     tenant=f"t{rng.randrange(4)}", priority=prio, submit_time_s=at)
+        jobs.append(TraceJob(w, at, run_s))
+    policies = Policies(placement="first-fit", ordering="drf", backfill=True, preemption=True)
+    return ReplayConfig(tuple(cluster(6)), tuple(jobs), policies, seed=seed)
+
+
+class _Counted(dict[Any, Any]):
+    """`VictimIndex.nowhere` counting the searches it answered."""
+
+    answered = 0
+
+    def get(self, key: Any, default: Any = None) -> Any:
+        found = super().get(key, default)
+        _Counted.answered += found is not None
+        return found
+
+
+def test_a_replay_decides_the_same_with_kept_verdicts(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every metric of a backed-up replay (preemptions, waits, completions: its decisions) equal with
+    every search made again, on three seeds; verdicts answered searches on each."""
+
+    class Counting(VictimIndex):
+        def __init__(self, view: ClusterView, now_s: float) -> None:
+            super().__init__(view, now_s)
+            self.nowhere = _Counted()
+
+    monkeypatch.setattr(cycle, "VictimIndex", Counting)
+    for seed in (1, 3):
+        _Counted.answered = 0
+        kept = _result(Replay(_replay_config(seed)))
+        assert _Counted.answered > 50 and kept["preemptions"] > 50, seed
+        with monkeypatch.context() as off:
+            off.setattr(preemption, "keep_verdicts", False)
+            assert _result(Replay(_replay_config(seed))) == kept, seed
+
+
+def _result(replay: Replay) -> dict[str, Any]:
+    return {k: v for k, v in replay.run().items() if k not in ("wall_s", "cycle_ms_mean")}
