@@ -16,6 +16,7 @@ from gpupool.core.model import Allocation, ClusterSnapshot, PodPlacement, PodReq
 from gpupool.core.scheduling import preemption
 from gpupool.core.scheduling.cycle import Policies
 from gpupool.core.scheduling.preemption import VictimIndex, select_victims
+from gpupool.core.scheduling.reach import reach
 from gpupool.core.scheduling.view import ClusterView
 from gpupool.sim.jobs import TraceJob
 from gpupool.sim.replay import Replay, ReplayConfig
@@ -156,3 +157,21 @@ def test_a_replay_decides_the_same_with_kept_verdicts(monkeypatch: pytest.Monkey
 
 def _result(replay: Replay) -> dict[str, Any]:
     return {k: v for k, v in replay.run().items() if k not in ("wall_s", "cycle_ms_mean")}
+
+
+def test_the_wording_of_a_failed_search_reads_the_reach_it_computed(monkeypatch: pytest.MonkeyPatch) -> None:
+    """After a search that found no victims, `reach_after_none` is the reach `sources` computed for
+    that preemptor (equal to computing it again); for another preemptor it is that one's own."""
+    view = _pool()
+    policy = view.placement_policy("first-fit", {})
+    index = VictimIndex(view, NOW)
+    x1, y = _job("x1", "normal", 8, 950.0, 1000), _job("y", "high", 8, 951.0, 1000)
+    rules = preemption.DEFAULT_RULES
+    assert select_victims(x1, "", view, policy, random.Random(0), NOW, set(), index) is None
+    kept = index.reach_after_none(x1, "", rules)
+    assert kept == reach(x1, "", view, rules)
+    assert kept is index.reach_after_none(x1, "", rules)  # the search's, not a new one
+    other = index.reach_after_none(y, "", rules)
+    assert other == reach(y, "", view, rules) and other != kept  # (a `high` job reaches `normal` work)
+    monkeypatch.setattr(preemption, "keep_reach", False)
+    assert index.reach_after_none(x1, "", rules) is not kept

@@ -216,6 +216,8 @@ class VictimIndex:
         self.nowhere: dict[_WalkKey, Set[str]] = {}
         """Per (first pod, sources): a walk freed every candidate and the pod still fitted no node
         (with this `exclude`), since the last search that found victims (`keep_verdicts`)."""
+        self._reached: tuple[Workload, str, PreemptionRules, Reach] | None = None
+        """The last `reach` that `sources` computed, with its preemptor, queue and rules."""
 
     def _ranks(self, cq: str) -> dict[Rank, list[Running]]:
         groups = self._groups.get(cq)
@@ -304,6 +306,7 @@ class VictimIndex:
     def sources(self, preemptor: Workload, cq: str, rules: PreemptionRules = DEFAULT_RULES) -> Sources:
         """The (rank, queue) groups `preemptor` may take victims from, and the queues it reclaims from."""
         reached = reach(preemptor, cq, self.view, rules)
+        self._reached = (preemptor, cq, rules, reached)
         groups: list[tuple[Rank, str]] = []
         for q, take in reached.queues.items():
             groups += [(r, q) for r in self._ranks(q) if reached.takes(r, take)]
@@ -312,6 +315,15 @@ class VictimIndex:
             newer = (reached.rank, cq)
         return Sources(groups, list(reached.reclaim), newer,
                        reached.newer_than_s if reached.newer_than_s is not None else math.inf)
+
+    def reach_after_none(self, preemptor: Workload, cq: str, rules: PreemptionRules) -> Reach:
+        """`reach(preemptor, cq, view, rules)` after a search for it found no victims: the one its
+        `sources` computed, where it was the last (a search that finds none leaves the running work
+        and the quota usage, integers, as it found them: `reach` reads nothing else that changes)."""
+        kept = self._reached
+        if keep_reach and kept is not None and kept[0] is preemptor and kept[1] == cq and kept[2] is rules:
+            return kept[3]
+        return reach(preemptor, cq, self.view, rules)
 
     def queues(self) -> list[str]:
         """The ClusterQueues with running work."""
@@ -465,6 +477,10 @@ def _search(preemptor: Workload, cq: str, view: ClusterView, policy: PlacementPo
         return None
     return VictimSet(tuple(chosen), reclaimed(chosen), gang)
 
+
+keep_reach = True
+"""`VictimIndex.reach_after_none` reads the reach the search computed; False: computes it again (the
+same reach: kept to check that claim)."""
 
 keep_verdicts = True
 """A search for the same first pod from the same sources as an earlier one in the cycle, with the
