@@ -5,14 +5,24 @@ then freed that the verdict did not count). The same decisions as searching agai
 
 from __future__ import annotations
 
+import dataclasses
 import random
 from typing import Any
 
+import numpy as np
 import pytest
 
 import gpupool.core.scheduling.cycle as cycle
 from factories import cluster, node, pod
-from gpupool.core.model import Allocation, ClusterSnapshot, PodPlacement, PodRequest, Slice, Workload
+from gpupool.core.model import (
+    Allocation,
+    ClusterSnapshot,
+    PodPlacement,
+    PodRequest,
+    Slice,
+    Workload,
+    shared_labels,
+)
 from gpupool.core.scheduling import preemption
 from gpupool.core.scheduling.cycle import Policies
 from gpupool.core.scheduling.preemption import VictimIndex, select_victims
@@ -175,3 +185,40 @@ def test_the_wording_of_a_failed_search_reads_the_reach_it_computed(monkeypatch:
     assert other == reach(y, "", view, rules) and other != kept  # (a `high` job reaches `normal` work)
     monkeypatch.setattr(preemption, "keep_reach", False)
     assert index.reach_after_none(x1, "", rules) is not kept
+
+
+def _plain_free_milli(view: ClusterView, w: Workload) -> int:
+    """`preemption.free_milli` by its definition: the masked copy of the free milli, summed."""
+    state = view.state
+    if any(not p.allowed_models for p in w.pods if p.num_devices):
+        models: frozenset[str] = frozenset()
+    else:
+        models = frozenset().union(*(p.allowed_models for p in w.pods))
+    return int(state.dev_milli_free[state.allowed_devices(models, shared_labels(w.pods))].sum())
+
+
+def test_free_milli_sums_where_the_mask_holds() -> None:
+    """On random pools (two models, labelled nodes, shares and whole devices taken) and workloads
+    (models, labels, one to three pods): the free compute their devices offer, as defined."""
+    for seed in range(30):
+        rng = random.Random(seed)
+        made = [node(f"n{i}", devices=rng.choice([2, 4, 8]), model=rng.choice("AB")) for i in range(5)]
+        nodes = tuple(dataclasses.replace(n, labels={"rack": rng.choice(["r1", "r2"])}) for n in made)
+        view = ClusterView.from_snapshot(ClusterSnapshot(nodes, ()))
+        state = view.state
+        for _ in range(12):
+            p = pod(rng.choice([0.25, 0.5, 1, 2]), name="p0")
+            fits = np.flatnonzero(state.node_fits(p))
+            if fits.size:
+                at = int(fits[rng.randrange(fits.size)])
+                slots = np.flatnonzero(state.device_fits(p)[at])[: p.num_devices]
+                state.allocate(state.make_alloc(p, at, slots))
+        for k in range(10):
+            labels = [frozenset(), frozenset({("rack", "r1")}), frozenset({("rack", "r3")})]
+            models = [frozenset(), frozenset("A"), frozenset("C")]
+            pods = tuple(dataclasses.replace(pod(rng.choice([0, 0.5, 1, 4]), name=f"p{i}",
+                                                 models=rng.choice(models)), node_labels=rng.choice(labels))
+                         for i in range(rng.randint(1, 3)))
+            w = Workload(id=f"w{k}", pods=pods, tenant="t")
+            assert preemption.free_milli(view, w) == _plain_free_milli(view, w), (seed, k)
+        assert state.dev_milli_free.sum() > 0 and (state.dev_milli_free < state.dev_milli_cap).any()
