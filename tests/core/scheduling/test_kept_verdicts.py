@@ -23,10 +23,11 @@ from gpupool.core.model import (
     Workload,
     shared_labels,
 )
+from gpupool.core.quota import DEVICE_MILLI, ClusterQueue, QuotaConfig, ResourceQuota
 from gpupool.core.scheduling import preemption
 from gpupool.core.scheduling.cycle import Policies
 from gpupool.core.scheduling.preemption import VictimIndex, select_victims
-from gpupool.core.scheduling.reach import reach
+from gpupool.core.scheduling.reach import PreemptionRules, WithinQueue, reach
 from gpupool.core.scheduling.view import ClusterView
 from gpupool.sim.jobs import TraceJob
 from gpupool.sim.replay import Replay, ReplayConfig
@@ -222,3 +223,46 @@ def test_free_milli_sums_where_the_mask_holds() -> None:
             w = Workload(id=f"w{k}", pods=pods, tenant="t")
             assert preemption.free_milli(view, w) == _plain_free_milli(view, w), (seed, k)
         assert state.dev_milli_free.sum() > 0 and (state.dev_milli_free < state.dev_milli_cap).any()
+
+
+def test_sources_kept_for_the_cycle_are_those_computed_again(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Without a quota, `sources` per (rank, queue, rules, submit time where the rules read it) is
+    what computing it again gives: other classes reach other groups, and under
+    `LOWER_OR_NEWER_EQUAL_PRIORITY` each submit time bounds its own queue's newer work."""
+    view = _pool()
+    index = VictimIndex(view, NOW)
+    newer = PreemptionRules(within_queue=WithinQueue.LOWER_OR_NEWER_EQUAL_PRIORITY)
+    asks = [(_job(f"w{i}", cls, 8, submit), rules)
+            for i, (cls, submit, rules) in enumerate([
+                ("normal", 10.0, preemption.DEFAULT_RULES), ("high", 10.0, preemption.DEFAULT_RULES),
+                ("normal", 20.0, preemption.DEFAULT_RULES), ("best-effort", 5.0, newer),
+                ("best-effort", 600.0, newer), ("normal", 10.0, newer), ("best-effort", 5.0, newer)])]
+    seen = []
+    for w, rules in asks:
+        kept = index.sources(w, "", rules)
+        with monkeypatch.context() as off:
+            off.setattr(preemption, "keep_sources", False)
+            again = VictimIndex(view, NOW).sources(w, "", rules)
+        assert kept == again, w.id
+        assert index.reach_after_none(w, "", rules) == reach(w, "", view, rules)
+        seen.append(kept)
+    assert seen[0] != seen[1] and seen[3] != seen[4] and seen[0] == seen[2] and seen[3] == seen[6]
+    assert len(index._sources) == 5  # (w2 and w6 were answered from the kept ones)
+
+
+def test_sources_are_computed_again_where_a_quota_is_kept() -> None:
+    """Under a quota the reach reads the usage: a small job of team-a reclaims what team-b borrows,
+    a job beyond team-a's nominal quota may not (borrow_within_cohort never); same class, same queue."""
+    quota = QuotaConfig(cluster_queues=(ClusterQueue("team-a", {DEVICE_MILLI: ResourceQuota(2000)}, "pool"),
+                                        ClusterQueue("team-b", {DEVICE_MILLI: ResourceQuota(2000)}, "pool")))
+    policies = Policies(placement="first-fit", ordering="priority-fifo", preemption=True, quota=quota)
+    view = ClusterView.empty(cluster(1, devices=4), policies.quota, policies.priority_classes)
+    borrowers = [Workload(id=f"b{i}", pods=(pod(1),), tenant="team-b", priority_class="best-effort")
+                 for i in range(4)]
+    assert len(cycle.cycle_on(view, borrowers, policies, 0.0, random.Random(0)).admitted) == 4
+    index = VictimIndex(view, 10.0)
+    small = Workload(id="small", pods=(pod(1),), tenant="team-a", priority_class="normal")
+    big = Workload(id="big", pods=(pod(3),), tenant="team-a", priority_class="normal")
+    reclaiming, beyond = index.sources(small, "team-a"), index.sources(big, "team-a")
+    assert reclaiming.reclaim == ["team-b"] and any(q == "team-b" for _, q in reclaiming.groups)
+    assert beyond.reclaim == [] and all(q != "team-b" for _, q in beyond.groups)

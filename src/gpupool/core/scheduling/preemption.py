@@ -35,7 +35,7 @@ from gpupool.core.model import PodRequest, Workload, shared_labels
 from gpupool.core.priority import Rank
 from gpupool.core.scheduling.gang import GangPlacement, place_gang, release_gang
 from gpupool.core.scheduling.policies.base import NoFit, PlacementPolicy
-from gpupool.core.scheduling.reach import PreemptionRules, Reach, reach
+from gpupool.core.scheduling.reach import PreemptionRules, Reach, Scope, WithinQueue, reach
 from gpupool.core.scheduling.victim_state import Detached, FirstPodFits, PutBack, detach_all, usage_by_queue
 from gpupool.core.scheduling.victim_state import node_fits_at as node_fits_at  # (tests import it here)
 from gpupool.core.scheduling.view import ClusterView, Running
@@ -218,6 +218,9 @@ class VictimIndex:
         (with this `exclude`), since the last search that found victims (`keep_verdicts`)."""
         self._reached: tuple[Workload, str, PreemptionRules, Reach] | None = None
         """The last `reach` that `sources` computed, with its preemptor, queue and rules."""
+        self._sources: dict[tuple[Rank, str, PreemptionRules, float | None], tuple[Sources, Reach]] = {}
+        """`sources` per (rank, queue, rules, submit time where it counts) where no quota is kept
+        and the scope is the queue (`keep_sources`)."""
 
     def _ranks(self, cq: str) -> dict[Rank, list[Running]]:
         groups = self._groups.get(cq)
@@ -305,6 +308,14 @@ class VictimIndex:
 
     def sources(self, preemptor: Workload, cq: str, rules: PreemptionRules = DEFAULT_RULES) -> Sources:
         """The (rank, queue) groups `preemptor` may take victims from, and the queues it reclaims from."""
+        key = None
+        if keep_sources and not self.view.quota.config.enabled and rules.scope is not Scope.POOL:
+            by_time = rules.within_queue is WithinQueue.LOWER_OR_NEWER_EQUAL_PRIORITY
+            key = (self.view.classes.rank(preemptor), cq, rules, preemptor.submit_time_s if by_time else None)
+            kept = self._sources.get(key)
+            if kept is not None:
+                self._reached = (preemptor, cq, rules, kept[1])
+                return kept[0]
         reached = reach(preemptor, cq, self.view, rules)
         self._reached = (preemptor, cq, rules, reached)
         groups: list[tuple[Rank, str]] = []
@@ -313,8 +324,11 @@ class VictimIndex:
         newer = None
         if reached.newer_than_s is not None and reached.rank in self._ranks(cq):
             newer = (reached.rank, cq)
-        return Sources(groups, list(reached.reclaim), newer,
-                       reached.newer_than_s if reached.newer_than_s is not None else math.inf)
+        found = Sources(groups, list(reached.reclaim), newer,
+                        reached.newer_than_s if reached.newer_than_s is not None else math.inf)
+        if key is not None:
+            self._sources[key] = (found, reached)
+        return found
 
     def reach_after_none(self, preemptor: Workload, cq: str, rules: PreemptionRules) -> Reach:
         """`reach(preemptor, cq, view, rules)` after a search for it found no victims: the one its
@@ -477,6 +491,12 @@ def _search(preemptor: Workload, cq: str, view: ClusterView, policy: PlacementPo
         return None
     return VictimSet(tuple(chosen), reclaimed(chosen), gang)
 
+
+keep_sources = True
+"""`VictimIndex.sources` computed once per (rank, queue, rules, and the submit time where the rules
+read it) in a cycle, where no quota is kept and the scope is the queue: `reach` then reads nothing
+else (no usage, no other queue's work), and the groups are the cycle's, made once (`_ranks`).
+False: computed for every search (the same sources: kept to check that claim)."""
 
 keep_reach = True
 """`VictimIndex.reach_after_none` reads the reach the search computed; False: computes it again (the
