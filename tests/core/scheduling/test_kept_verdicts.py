@@ -266,3 +266,42 @@ def test_sources_are_computed_again_where_a_quota_is_kept() -> None:
     reclaiming, beyond = index.sources(small, "team-a"), index.sources(big, "team-a")
     assert reclaiming.reclaim == ["team-b"] and any(q == "team-b" for _, q in reclaiming.groups)
     assert beyond.reclaim == [] and all(q != "team-b" for _, q in beyond.groups)
+
+
+def test_a_refusal_is_worded_once_until_victims_go(monkeypatch: pytest.MonkeyPatch) -> None:
+    """On a node of 7 `normal` jobs and one `best-effort` job: whole-node `normal` x1 and x2 find no
+    victims, worded once (x2 reads x1's clause); y preempts the `best-effort` job; x3's refusal then
+    says nothing (no lower-priority work runs), as wording it again does."""
+    calls = [0]
+    plain = preemption.out_of_reach
+
+    def counted(*args: Any) -> str:
+        calls[0] += 1
+        return plain(*args)
+
+    monkeypatch.setattr(preemption, "out_of_reach", counted)
+    allocations = [_on(_job(f"c{i}", "normal"), "c", i, 100.0) for i in range(7)]
+    allocations.append(_on(_job("be", "best-effort"), "c", 7, 900.0))
+    view = ClusterView.from_snapshot(ClusterSnapshot((node("c"),), tuple(allocations)))
+    view.materialize()
+    policy = view.placement_policy("first-fit", {})
+    index, admitted = VictimIndex(view, NOW), set[str]()
+    rules = preemption.DEFAULT_RULES
+    texts = []
+    for w in [_job("x1", "normal", 8, 950.0, 1000), _job("x2", "normal", 8, 951.0, 1000),
+              _job("y", "normal", 1, 952.0), _job("x3", "normal", 8, 953.0, 1000)]:
+        chosen = select_victims(w, "", view, policy, random.Random(0), NOW, admitted, index, rules)
+        if chosen is None:
+            texts.append(index.why_none(w, "", rules, admitted))
+            again = plain(reach(w, "", view, rules), index.queues(),
+                          lambda q: index.preemptible_ranks(q, admitted), rules)
+            assert texts[-1] == again, w.id
+            continue
+        assert [r.workload.id for r in chosen.victims] == ["be"]
+        for run in chosen.victims:
+            view.forget(run)
+        view.admit(w, chosen.gang, "", NOW)
+        admitted.add(w.id)
+    assert texts[0] == texts[1] and texts[0].startswith("preemption not possible: stopping all")
+    assert texts[2] == ""
+    assert calls[0] == 2  # x1 and x3 worded, x2 read x1's

@@ -35,7 +35,7 @@ from gpupool.core.model import PodRequest, Workload, shared_labels
 from gpupool.core.priority import Rank
 from gpupool.core.scheduling.gang import GangPlacement, place_gang, release_gang
 from gpupool.core.scheduling.policies.base import NoFit, PlacementPolicy
-from gpupool.core.scheduling.reach import PreemptionRules, Reach, Scope, WithinQueue, reach
+from gpupool.core.scheduling.reach import PreemptionRules, Reach, Scope, WithinQueue, out_of_reach, reach
 from gpupool.core.scheduling.victim_state import Detached, FirstPodFits, PutBack, detach_all, usage_by_queue
 from gpupool.core.scheduling.victim_state import node_fits_at as node_fits_at  # (tests import it here)
 from gpupool.core.scheduling.view import ClusterView, Running
@@ -221,6 +221,9 @@ class VictimIndex:
         self._sources: dict[tuple[Rank, str, PreemptionRules, float | None], tuple[Sources, Reach]] = {}
         """`sources` per (rank, queue, rules, submit time where it counts) where no quota is kept
         and the scope is the queue (`keep_sources`)."""
+        self._wording: dict[tuple[int, tuple[str, ...]], tuple[Reach, PreemptionRules, Set[str], str]] = {}
+        """`why_none`'s clauses per (reach, queues with running work), since the last search that
+        found victims (`keep_wording`)."""
 
     def _ranks(self, cq: str) -> dict[Rank, list[Running]]:
         groups = self._groups.get(cq)
@@ -339,6 +342,19 @@ class VictimIndex:
             return kept[3]
         return reach(preemptor, cq, self.view, rules)
 
+    def why_none(self, preemptor: Workload, cq: str, rules: PreemptionRules, exclude: Set[str]) -> str:
+        """`out_of_reach` for a preemptor whose search found no victims: what its reach leaves out,
+        read from the cycle's groups (`preemptible_ranks` with `exclude`)."""
+        reached = self.reach_after_none(preemptor, cq, rules)
+        queues = self.queues()
+        key = (id(reached), tuple(queues))
+        kept = self._wording.get(key) if keep_wording else None
+        if kept is not None and kept[0] is reached and kept[1] is rules and kept[2] is exclude:
+            return kept[3]
+        text = out_of_reach(reached, queues, partial(self.preemptible_ranks, exclude=exclude), rules)
+        self._wording[key] = (reached, rules, exclude, text)
+        return text
+
     def queues(self) -> list[str]:
         """The ClusterQueues with running work."""
         self.view.materialize()
@@ -407,6 +423,7 @@ def select_victims(
     found = _search(preemptor, cq, view, policy, rng, now_s, exclude, index, rules)
     if found is not None:
         index.nowhere.clear()  # victims go: capacity the cycle's verdicts did not count is freed
+        index._wording.clear()  # (and ranks of preemptible work may be left empty)
     return found
 
 
@@ -497,6 +514,13 @@ keep_sources = True
 read it) in a cycle, where no quota is kept and the scope is the queue: `reach` then reads nothing
 else (no usage, no other queue's work), and the groups are the cycle's, made once (`_ranks`).
 False: computed for every search (the same sources: kept to check that claim)."""
+
+keep_wording = True
+"""`VictimIndex.why_none` words a refusal once per (reach, queues with running work) until a search
+finds victims: the same reach object (`keep_sources`), the same queues, and the same ranks of
+preemptible work, which within a cycle change only as victims go (`exclude` only grows, by work
+admitted in the cycle, which no group made before its admission holds). False: worded for every
+refusal (the same text: kept to check that claim)."""
 
 keep_reach = True
 """`VictimIndex.reach_after_none` reads the reach the search computed; False: computes it again (the
