@@ -61,7 +61,7 @@ from gpupool.core.scheduling.pairing import pair_gang
 from gpupool.core.scheduling.pending import PendingQueue
 from gpupool.core.scheduling.policies.base import DEFAULT_POLICY, NoFit
 from gpupool.core.scheduling.preemption import VictimIndex, lost_work_s, select_victims
-from gpupool.core.scheduling.reach import PreemptionRules, out_of_reach, reach
+from gpupool.core.scheduling.reach import PreemptionRules
 from gpupool.core.scheduling.spread import spread_gang
 from gpupool.core.scheduling.view import ClusterView, Running
 from gpupool.core.scheduling.workloads import Meta, Shape
@@ -835,8 +835,7 @@ class _Cycle:
         if chosen is None:
             self.failed_preempt.add(key)
             index = self.victims
-            return out_of_reach(reach(w, cq, view, rules), index.queues(),
-                                partial(index.preemptible_ranks, exclude=admitted_now), rules)
+            return index.why_none(w, cq, rules, admitted_now)
         if len(w.pods) > 1:  # a gang: victims where it lands on the fewest nodes
             found, reclaim = self.victims.search_order(w, cq, admitted_now, True, None, rules)
             chosen = fewer_nodes(chosen, w, cq, view, self.policy, self.rng, found, self.victims.cost,

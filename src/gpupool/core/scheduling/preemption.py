@@ -35,7 +35,7 @@ from gpupool.core.model import PodRequest, Workload, shared_labels
 from gpupool.core.priority import Rank
 from gpupool.core.scheduling.gang import GangPlacement, place_gang, release_gang
 from gpupool.core.scheduling.policies.base import NoFit, PlacementPolicy
-from gpupool.core.scheduling.reach import PreemptionRules, Reach, reach
+from gpupool.core.scheduling.reach import PreemptionRules, Reach, Scope, WithinQueue, out_of_reach, reach
 from gpupool.core.scheduling.victim_state import Detached, FirstPodFits, PutBack, detach_all, usage_by_queue
 from gpupool.core.scheduling.victim_state import node_fits_at as node_fits_at  # (tests import it here)
 from gpupool.core.scheduling.view import ClusterView, Running
@@ -213,6 +213,17 @@ class VictimIndex:
         self.walks: dict[_WalkKey, Walk] = {}
         """The last greedy walk per (first pod, sources): a later search of the same resumes it
         (`select_victims`, `resume_walks`)."""
+        self.nowhere: dict[_WalkKey, Set[str]] = {}
+        """Per (first pod, sources): a walk freed every candidate and the pod still fitted no node
+        (with this `exclude`), since the last search that found victims (`keep_verdicts`)."""
+        self._reached: tuple[Workload, str, PreemptionRules, Reach] | None = None
+        """The last `reach` that `sources` computed, with its preemptor, queue and rules."""
+        self._sources: dict[tuple[Rank, str, PreemptionRules, float | None], tuple[Sources, Reach]] = {}
+        """`sources` per (rank, queue, rules, submit time where it counts) where no quota is kept
+        and the scope is the queue (`keep_sources`)."""
+        self._wording: dict[tuple[int, tuple[str, ...]], tuple[Reach, PreemptionRules, Set[str], str]] = {}
+        """`why_none`'s clauses per (reach, queues with running work), since the last search that
+        found victims (`keep_wording`)."""
 
     def _ranks(self, cq: str) -> dict[Rank, list[Running]]:
         groups = self._groups.get(cq)
@@ -300,15 +311,49 @@ class VictimIndex:
 
     def sources(self, preemptor: Workload, cq: str, rules: PreemptionRules = DEFAULT_RULES) -> Sources:
         """The (rank, queue) groups `preemptor` may take victims from, and the queues it reclaims from."""
+        key = None
+        if keep_sources and not self.view.quota.config.enabled and rules.scope is not Scope.POOL:
+            by_time = rules.within_queue is WithinQueue.LOWER_OR_NEWER_EQUAL_PRIORITY
+            key = (self.view.classes.rank(preemptor), cq, rules, preemptor.submit_time_s if by_time else None)
+            kept = self._sources.get(key)
+            if kept is not None:
+                self._reached = (preemptor, cq, rules, kept[1])
+                return kept[0]
         reached = reach(preemptor, cq, self.view, rules)
+        self._reached = (preemptor, cq, rules, reached)
         groups: list[tuple[Rank, str]] = []
         for q, take in reached.queues.items():
             groups += [(r, q) for r in self._ranks(q) if reached.takes(r, take)]
         newer = None
         if reached.newer_than_s is not None and reached.rank in self._ranks(cq):
             newer = (reached.rank, cq)
-        return Sources(groups, list(reached.reclaim), newer,
-                       reached.newer_than_s if reached.newer_than_s is not None else math.inf)
+        found = Sources(groups, list(reached.reclaim), newer,
+                        reached.newer_than_s if reached.newer_than_s is not None else math.inf)
+        if key is not None:
+            self._sources[key] = (found, reached)
+        return found
+
+    def reach_after_none(self, preemptor: Workload, cq: str, rules: PreemptionRules) -> Reach:
+        """`reach(preemptor, cq, view, rules)` after a search for it found no victims: the one its
+        `sources` computed, where it was the last (a search that finds none leaves the running work
+        and the quota usage, integers, as it found them: `reach` reads nothing else that changes)."""
+        kept = self._reached
+        if keep_reach and kept is not None and kept[0] is preemptor and kept[1] == cq and kept[2] is rules:
+            return kept[3]
+        return reach(preemptor, cq, self.view, rules)
+
+    def why_none(self, preemptor: Workload, cq: str, rules: PreemptionRules, exclude: Set[str]) -> str:
+        """`out_of_reach` for a preemptor whose search found no victims: what its reach leaves out,
+        read from the cycle's groups (`preemptible_ranks` with `exclude`)."""
+        reached = self.reach_after_none(preemptor, cq, rules)
+        queues = self.queues()
+        key = (id(reached), tuple(queues))
+        kept = self._wording.get(key) if keep_wording else None
+        if kept is not None and kept[0] is reached and kept[1] is rules and kept[2] is exclude:
+            return kept[3]
+        text = out_of_reach(reached, queues, partial(self.preemptible_ranks, exclude=exclude), rules)
+        self._wording[key] = (reached, rules, exclude, text)
+        return text
 
     def queues(self) -> list[str]:
         """The ClusterQueues with running work."""
@@ -375,17 +420,30 @@ def select_victims(
     `rules`: how far the preemptor's priority reaches (`reach.py`).
     """
     index = index or VictimIndex(view, now_s)
+    found = _search(preemptor, cq, view, policy, rng, now_s, exclude, index, rules)
+    if found is not None:
+        index.nowhere.clear()  # victims go: capacity the cycle's verdicts did not count is freed
+        index._wording.clear()  # (and ranks of preemptible work may be left empty)
+    return found
+
+
+def _search(preemptor: Workload, cq: str, view: ClusterView, policy: PlacementPolicy, rng: random.Random,
+            now_s: float, exclude: Set[str], index: VictimIndex, rules: PreemptionRules) -> VictimSet | None:
+    """`select_victims` on the cycle's index."""
     need = preemptor.total_device_milli - free_milli(view, preemptor)
     sources = index.sources(preemptor, cq, rules)  # (the searches below leave quota as they found it)
     if index.most_freed(sources) < need:
         return None  # no victim, nor all of them, frees enough: no placement would be tried
+    may_skip = not policy.counts_failed_calls()
+    walk_key = (preemptor.pods[0], tuple(sources.groups), sources.newer, sources.newer_than_s)
+    if keep_verdicts and may_skip and index.nowhere.get(walk_key) is exclude:
+        return None  # no trial would be made: see `keep_verdicts`
     stream, reclaim_queues = index.search_order(preemptor, cq, exclude, False, sources, rules)
     singles = list(islice(stream, MAX_SINGLE_TRIALS))
     if not singles:
         return None
     cost = index.cost
     first = FirstPodFits(view.state, preemptor.pods[0])
-    may_skip = not policy.counts_failed_calls()
 
     found_last: list[GangPlacement] = []
 
@@ -411,7 +469,6 @@ def select_victims(
     found = index.search_order(preemptor, cq, exclude, True, sources, rules)[0]  # consumed lazily
     # (no victim is off the state)
     base = free_amounts(view.state) if put_back_from_base or resume_walks else None
-    walk_key = (preemptor.pods[0], tuple(sources.groups), sources.newer, sources.newer_than_s)
     resume = None
     if resume_walks and base is not None:
         walk = index.walks.get(walk_key)
@@ -427,6 +484,8 @@ def select_victims(
     if known and base is not None:
         index.walks[walk_key] = Walk(base, exclude, walked[:known], index.place_of(walked[known - 1]))
     if greedy is None:
+        if may_skip and known and known == len(walked):
+            index.nowhere[walk_key] = exclude  # (the pod was checked once the last victim was freed)
         return None
     # Where the first pod fitted no node before any victim went, it may fit only where they were
     # freed from (freeing capacity elsewhere changes nothing): the first scan reads those nodes.
@@ -449,6 +508,34 @@ def select_victims(
         return None
     return VictimSet(tuple(chosen), reclaimed(chosen), gang)
 
+
+keep_sources = True
+"""`VictimIndex.sources` computed once per (rank, queue, rules, and the submit time where the rules
+read it) in a cycle, where no quota is kept and the scope is the queue: `reach` then reads nothing
+else (no usage, no other queue's work), and the groups are the cycle's, made once (`_ranks`).
+False: computed for every search (the same sources: kept to check that claim)."""
+
+keep_wording = True
+"""`VictimIndex.why_none` words a refusal once per (reach, queues with running work) until a search
+finds victims: the same reach object (`keep_sources`), the same queues, and the same ranks of
+preemptible work, which within a cycle change only as victims go (`exclude` only grows, by work
+admitted in the cycle, which no group made before its admission holds). False: worded for every
+refusal (the same text: kept to check that claim)."""
+
+keep_reach = True
+"""`VictimIndex.reach_after_none` reads the reach the search computed; False: computes it again (the
+same reach: kept to check that claim)."""
+
+keep_verdicts = True
+"""A search for the same first pod from the same sources as an earlier one in the cycle, with the
+same `exclude`, returns None at once where that one's walk freed every candidate and the pod still
+fitted no node, and no search has found victims since (`VictimIndex.nowhere`). Within a cycle no
+capacity is freed but by preemption: work is admitted, the candidates only leave (as victims) and
+`exclude` only grows, so each node's free amounts with every remaining candidate freed are at most
+what they were, and a pod fits no more where fewer resources are free. The search would try no
+placement (the first pod fits no node on any state it makes; a policy that does not count failed
+calls draws nothing) and return None. False: searches again (the same decisions, slower: kept to
+check that claim)."""
 
 resume_walks = True
 """A greedy search for the same first pod from the same sources as an earlier one in the cycle takes
@@ -670,8 +757,11 @@ def _fits(
 def free_milli(view: ClusterView, w: Workload) -> int:
     """Free compute (milli) on the devices any of the workload's pods may use."""
     state = view.state
-    if any(not p.allowed_models for p in w.pods if p.num_devices):
+    pods = w.pods
+    if any(not p.allowed_models for p in pods if p.num_devices):
         models: frozenset[str] = frozenset()
     else:
-        models = frozenset().union(*(p.allowed_models for p in w.pods))
-    return int(state.dev_milli_free[state.allowed_devices(models, shared_labels(w.pods))].sum())
+        models = frozenset().union(*(p.allowed_models for p in pods))
+    labels = pods[0].node_labels if len(pods) == 1 else shared_labels(pods)
+    # (a sum where the mask holds: the same integer as summing the masked copy, without the copy)
+    return int(np.add.reduce(state.dev_milli_free, axis=None, where=state.allowed_devices(models, labels)))

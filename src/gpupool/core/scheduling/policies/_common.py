@@ -10,7 +10,7 @@ import numpy as np
 import numpy.typing as npt
 
 from gpupool.core.model import PodRequest
-from gpupool.core.scheduling.policies.base import Choice, NoFit, PlacementPolicy, explain_nofit
+from gpupool.core.scheduling.policies.base import Choice, NoFit, PlacementPolicy, fits_or_nofit
 from gpupool.core.state import BoolArray, ClusterState, IntArray
 from gpupool.core.units import MILLI
 
@@ -90,8 +90,8 @@ class ScoredPolicy(PlacementPolicy):
         """[node] scores (higher is better); only entries of feasible nodes are read."""
 
     def place(self, pod: PodRequest, state: ClusterState, rng: random.Random) -> Choice | NoFit:
-        feasible = state.node_fits(pod)
-        if not feasible.any():
-            return explain_nofit(pod, state)
+        feasible = fits_or_nofit(pod, state)
+        if isinstance(feasible, NoFit):
+            return feasible
         node = pick_best(self.scores(pod, state, feasible), feasible, self.first_on_ties, rng)
         return choose_devices(pod, state, node, self.device_choice, rng)

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import numpy as np
 
 from gpupool.core.model import PodRequest, Reason, Workload, label_text
-from gpupool.core.state import ClusterState
+from gpupool.core.state import BoolArray, ClusterState, IntArray, row_counts
 from gpupool.errors import UnknownName, did_you_mean
 
 if TYPE_CHECKING:
@@ -142,10 +142,35 @@ def make_policy(name: str, **options: Any) -> PlacementPolicy:
 PolicyFactory = Callable[[], PlacementPolicy]
 
 
-def explain_nofit(pod: PodRequest, state: ClusterState) -> NoFit:
+worded_from_checks = True
+"""`fits_or_nofit` words a refusal from the host mask and device counts its check computed; False:
+`explain_nofit` computes them again (the same state: the same masks, the same text; kept to check
+that claim)."""
+
+
+def fits_or_nofit(pod: PodRequest, state: ClusterState) -> BoolArray | NoFit:
+    """`state.node_fits(pod)` where some node fits the pod; else `explain_nofit(pod, state)`'s
+    answer, worded from the host mask and device counts the check just computed."""
+    host = state.host_fits(pod)
+    counts = None
+    if pod.num_devices:
+        counts = row_counts(state.device_fits(pod))
+        fits = host & (counts >= pod.num_devices)
+    else:
+        fits = host
+    if fits.any():
+        return fits
+    if not worded_from_checks:
+        return explain_nofit(pod, state)
+    return explain_nofit(pod, state, host, counts)
+
+
+def explain_nofit(pod: PodRequest, state: ClusterState, host: BoolArray | None = None,
+                  counts: IntArray | None = None) -> NoFit:
     """The most specific reason no node can hold `pod` now (saying so where its node labels narrow
-    the nodes it may use)."""
-    found = _explain_nofit(pod, state)
+    the nodes it may use). `host`, `counts`: `state.host_fits(pod)` and the per-node counts of
+    `state.device_fits(pod)` on this very state, when the caller has them (`fits_or_nofit`)."""
+    found = _explain_nofit(pod, state, host, counts)
     if not pod.node_labels or found.reason is Reason.NO_ALLOWED_MODEL:
         return found
     n = int(state.labelled(pod.node_labels).sum())
@@ -153,7 +178,8 @@ def explain_nofit(pod: PodRequest, state: ClusterState) -> NoFit:
                  f"narrows the choice to {n} of {len(state.nodes)} node(s).")
 
 
-def _explain_nofit(pod: PodRequest, state: ClusterState) -> NoFit:
+def _explain_nofit(pod: PodRequest, state: ClusterState, host: BoolArray | None,
+                   counts: IntArray | None) -> NoFit:
     if pod.num_devices:
         allowed = state.allowed_devices(pod.allowed_models, pod.node_labels)
         if not allowed.any():
@@ -164,10 +190,13 @@ def _explain_nofit(pod: PodRequest, state: ClusterState) -> NoFit:
                 else f"No node with the labels {label_text(pod.node_labels)} has a device"
                 + (f" of the allowed models {sorted(pod.allowed_models)}." if pod.allowed_models else "."),
             )
-    host = state.host_fits(pod)
+    if host is None:
+        host = state.host_fits(pod)
     if not host.any():
-        if pod.num_devices and not (
-                state.schedulable & (state.device_fits(pod).sum(axis=1) >= pod.num_devices)).any():
+        if pod.num_devices and counts is None:
+            counts = state.device_fits(pod).sum(axis=1)
+        if counts is not None and pod.num_devices and not (
+                state.schedulable & (counts >= pod.num_devices)).any():
             # No node has the devices either: the clearer reason (a default share of cpu and
             # memory follows the devices, so it runs out with them).
             return NoFit(Reason.INSUFFICIENT_DEVICES,

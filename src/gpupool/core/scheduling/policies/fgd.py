@@ -40,7 +40,7 @@ from gpupool.core.scheduling.policies.base import (
     Choice,
     NoFit,
     PlacementPolicy,
-    explain_nofit,
+    fits_or_nofit,
     register_policy,
 )
 from gpupool.core.state import ClusterState, IntArray
@@ -116,9 +116,9 @@ class Fgd(PlacementPolicy):
         return self.first_on_ties  # (the score and slot caches are kept per node version)
 
     def place(self, pod: PodRequest, state: ClusterState, rng: random.Random) -> Choice | NoFit:
-        feasible = state.node_fits(pod)
-        if not feasible.any():
-            return explain_nofit(pod, state)
+        feasible = fits_or_nofit(pod, state)
+        if isinstance(feasible, NoFit):
+            return feasible
         return self._place_feasible(pod, state, rng, feasible)
 
     def _place_feasible(

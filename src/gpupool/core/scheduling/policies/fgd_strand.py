@@ -47,7 +47,7 @@ import numpy as np
 
 from gpupool.core.model import Labels, PodRequest, SliceDefaults
 from gpupool.core.scheduling.policies._common import FloatArray
-from gpupool.core.scheduling.policies.base import Choice, NoFit, explain_nofit, register_policy
+from gpupool.core.scheduling.policies.base import Choice, NoFit, fits_or_nofit, register_policy
 from gpupool.core.scheduling.policies.fgd import Fgd, sigmoid
 from gpupool.core.state import ClusterState, IntArray, Need, at_nodes
 from gpupool.core.units import MILLI
@@ -132,12 +132,12 @@ class FgdStrand(Fgd):
     def place(self, pod: PodRequest, state: ClusterState, rng: random.Random) -> Choice | NoFit:
         if pod.num_devices > 1:
             self._arrived[_gang_key(pod)] += 1
-        feasible = state.node_fits(pod)
-        if not feasible.any():
+        feasible = fits_or_nofit(pod, state)
+        if isinstance(feasible, NoFit):
             # Fgd.place's answer, before the reserve rule: what that computes is read only by the
             # scores of feasible nodes, and the next call computes it again (the score cache is
             # dropped when the nodes it keeps differ from those the cache was made under).
-            return explain_nofit(pod, state)
+            return feasible
         self._whole = {}
         protect = self._protected_nodes(state)
         key = None if protect is None else np.packbits(protect).tobytes()

@@ -11,7 +11,7 @@ from gpupool.core.scheduling.policies.base import (
     Choice,
     NoFit,
     PlacementPolicy,
-    explain_nofit,
+    fits_or_nofit,
     register_policy,
 )
 from gpupool.core.state import ClusterState
@@ -26,10 +26,10 @@ class FirstFit(PlacementPolicy):
         return True
 
     def place(self, pod: PodRequest, state: ClusterState, rng: random.Random) -> Choice | NoFit:
-        fits = state.node_fits(pod)
+        fits = fits_or_nofit(pod, state)
+        if isinstance(fits, NoFit):
+            return fits
         candidates = np.flatnonzero(fits)
-        if candidates.size == 0:
-            return explain_nofit(pod, state)
         node = int(candidates[0])
         if not pod.num_devices:
             return Choice(node)

@@ -56,7 +56,7 @@ import numpy as np
 from gpupool.core.model import PodRequest, Reason, Workload
 from gpupool.core.scheduling.comm_cost import CommModel
 from gpupool.core.scheduling.policies._common import cap_device_milli, choose_devices, free_device_milli
-from gpupool.core.scheduling.policies.base import Choice, NoFit, explain_nofit, register_policy
+from gpupool.core.scheduling.policies.base import Choice, NoFit, fits_or_nofit, register_policy
 from gpupool.core.scheduling.policies.best_fit import BestFit
 from gpupool.core.scheduling.policies.fgd_strand import FgdStrand
 from gpupool.core.scheduling.topology import ACCESS, LEAF_UP, UNKNOWN_RUN_S, FabricView
@@ -121,9 +121,9 @@ class NetworkAware(FgdStrand):
         self, pod: PodRequest, state: ClusterState, rng: random.Random, view: FabricView,
     ) -> Choice | NoFit:
         """best-fit's node, its ties broken by the leaf with the least free share (then node order)."""
-        feasible = state.node_fits(pod)
-        if not feasible.any():
-            return explain_nofit(pod, state)
+        feasible = fits_or_nofit(pod, state)
+        if isinstance(feasible, NoFit):
+            return feasible
         scores = self._best_fit.scores(pod, state, feasible)
         fits = np.flatnonzero(feasible)
         top = fits[scores[fits] == scores[fits].max()]

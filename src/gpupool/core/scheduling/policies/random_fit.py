@@ -12,7 +12,7 @@ from gpupool.core.scheduling.policies.base import (
     Choice,
     NoFit,
     PlacementPolicy,
-    explain_nofit,
+    fits_or_nofit,
     register_policy,
 )
 from gpupool.core.state import ClusterState
@@ -24,8 +24,9 @@ class RandomFit(PlacementPolicy):
     summary = "A uniformly random node that fits; a random fitting device for a fraction."
 
     def place(self, pod: PodRequest, state: ClusterState, rng: random.Random) -> Choice | NoFit:
-        candidates = np.flatnonzero(state.node_fits(pod))
-        if candidates.size == 0:
-            return explain_nofit(pod, state)
+        fits = fits_or_nofit(pod, state)
+        if isinstance(fits, NoFit):
+            return fits
+        candidates = np.flatnonzero(fits)
         node = int(candidates[rng.randrange(candidates.size)])
         return choose_devices(pod, state, node, DeviceChoice.RANDOM, rng)
