@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from clocks import HeldClock
 from factories import pod_python
 from gpupool.agent import launcher as launcher_module
 from gpupool.agent.launcher import Launcher, launch_timeout_s
@@ -104,20 +105,6 @@ def test_a_pod_cannot_stop_its_launcher_helper(provider: LocalProvider) -> None:
     assert os.stat(f"/proc/{pid}").st_uid == 0
     launch(provider, "after", "mallory")  # a stopped helper would fail it (ProviderError) at the timeout
     assert wait_final(provider, "after").phase is PodPhase.SUCCEEDED
-
-
-class HeldClock:
-    """The launcher's monotonic clock, held still until the test moves it: a launch waits for its
-    helper's answer until this clock passes its deadline, so it cannot give up before the test says."""
-
-    def __init__(self) -> None:
-        self.now = time.monotonic()
-
-    def monotonic(self) -> float:
-        return self.now
-
-    def __getattr__(self, name: str) -> object:
-        return getattr(time, name)
 
 
 @needs_root

@@ -11,25 +11,11 @@ from pathlib import Path
 import pytest
 from test_launch_workers import PATIENCE_S, Pool, step_bounded
 
+from clocks import HeldClock
 from gpupool.server.loops import control, launches
 
 GAP_S = 0.4
 """How long each launch takes, on the clock below: well under LAUNCH_SLOW_S, six of them beyond."""
-
-
-class Clock:
-    """time.monotonic, for the launches' registry and the control loop, that moves only when the
-    test moves it: a launch's age is then what the test made it, however long the machine stalls a
-    thread (on the real clock a releaser 1.2 s late made a launch of 0.3 s look like a hang)."""
-
-    def __init__(self) -> None:
-        self.now = time.monotonic()
-
-    def monotonic(self) -> float:
-        return self.now
-
-    def __getattr__(self, name: str) -> object:
-        return getattr(time, name)
 
 
 @pytest.fixture
@@ -46,7 +32,7 @@ def test_the_rest_lasts_while_launches_come_back_one_after_another(
         pool: Pool, monkeypatch: pytest.MonkeyPatch) -> None:
     """Six launches come back GAP_S apart (2.4 s in all, beyond LAUNCH_SLOW_S): the rest ends only
     once the last is back, and the next step records all six in one go."""
-    clock = Clock()
+    clock = HeldClock()
     monkeypatch.setattr(control, "time", clock)
     monkeypatch.setattr(launches, "time", clock)
     ids = [pool.submit(1) for _ in range(6)]
