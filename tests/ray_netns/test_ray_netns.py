@@ -10,6 +10,7 @@ its own cluster up for all of its modules.
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import functools
 import hashlib
@@ -141,6 +142,25 @@ def _log(provider: RayProvider, pod_id: str, text: str) -> str:
         return out if text in out else ""
 
     return str(wait_for(printed, 60, f"{pod_id} to print {text!r}"))
+
+def _kill_for_good(*agents: object) -> None:
+    """Kill the agents and wait until their processes are gone: `ray.kill` returns before the
+    process ends, and until it does it holds its block's claim (a lock file), so the next test's
+    agent on the same spare block would be refused ("another agent on this machine uses ...")."""
+    pids = []
+    for agent in agents:
+        with contextlib.suppress(Exception):  # dead already, or never started: nothing to wait for
+            pids.append(ray.get(agent.pid.remote(), timeout=30))  # type: ignore[attr-defined]
+        ray.kill(agent, no_restart=True)  # type: ignore[arg-type]
+
+    def gone(pid: int) -> bool:
+        try:  # a zombie has closed its files (and the claim) already
+            return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] in ("Z", "X")
+        except (FileNotFoundError, ProcessLookupError):
+            return True
+
+    for pid in pids:
+        wait_for(functools.partial(gone, pid), 60, f"the killed agent's process {pid} to end")
 
 
 def test_each_machine_has_its_own_block_from_the_store_and_reports_the_layer(
@@ -310,8 +330,7 @@ def test_a_restarted_agent_takes_its_plan_and_the_other_machines_pods_at_once(
             wait_for(functools.partial(ended, name, pod_id), 60, f"{pod_id} to end")
         wait_for(lambda: address not in _remote_set(), 60, "q to forget p's ended pod")
     finally:
-        for agent in agents.values():
-            ray.kill(agent, no_restart=True)
+        _kill_for_good(*agents.values())
         for slot, _address in machines.values():  # where the host has a way to the addresses named
             subprocess.run(["ip", "route", "del", str(netns.node_subnet(NETWORK, slot))], capture_output=True,
                            check=False)
@@ -344,7 +363,7 @@ def test_a_restarted_agent_that_cannot_take_its_kept_plan_still_starts(
         assert ray.get(agent.describe.remote(), timeout=30).network_slot == -1
         assert ray.get(agent.use_network.remote(plan), timeout=60).network_slot == mine  # the server's
     finally:
-        ray.kill(agent, no_restart=True)
+        _kill_for_good(agent)
         holder.close()
 
 
@@ -367,8 +386,7 @@ def test_an_agent_takes_its_plan_though_another_machine_answers_a_block_not_of_i
         t_plan = NetworkPlan(settings, (), t_slot, peers, (("s", "s"), ("t", "t")))
         assert ray.get(agents["t"].use_network.remote(t_plan), timeout=60).network_slot == t_slot
     finally:
-        for agent in agents.values():
-            ray.kill(agent, no_restart=True)
+        _kill_for_good(*agents.values())
         subprocess.run(["ip", "route", "del", str(netns.node_subnet(NETWORK, SPARE_SLOTS[1]))],
                        capture_output=True, check=False)
 
@@ -498,7 +516,7 @@ def test_a_restarted_agent_keeps_the_namespace_it_lent_to_a_running_pod(
             ray.get(actor.stop.remote(0.0), timeout=30)  # type: ignore[attr-defined]
             wait_for(functools.partial(ended, actor), 30, "the pod to end")
             ray.kill(actor, no_restart=True)  # type: ignore[arg-type]
-        ray.kill(agent, no_restart=True)
+        _kill_for_good(agent)
 
 
 def test_a_machine_that_leaves_gives_its_block_back(pool: tuple[RayProvider, Store]) -> None:
