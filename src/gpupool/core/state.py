@@ -344,10 +344,16 @@ class ClusterState:
 
     def node_fits(self, pod: PodRequest) -> BoolArray:
         """[node] mask of nodes that can hold the whole pod right now."""
-        ok = self.host_fits(pod)
-        if pod.num_devices:
-            ok &= row_counts(self.device_fits(pod)) >= pod.num_devices
-        return ok
+        return self.node_fits_parts(pod)[0]
+
+    def node_fits_parts(self, pod: PodRequest) -> tuple[BoolArray, BoolArray, IntArray | None]:
+        """(`node_fits(pod)`, the host mask and the per-node counts of fitting devices it is made
+        of (None for a pod without devices)), for a caller that words a refusal from them."""
+        host = self.host_fits(pod)
+        if not pod.num_devices:
+            return host, host, None
+        counts = row_counts(self.device_fits(pod))
+        return host & (counts >= pod.num_devices), host, counts
 
     # ----------------------------------------------------------------- allocation
 

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import numpy as np
 
 from gpupool.core.model import PodRequest, Reason, Workload, label_text
-from gpupool.core.state import BoolArray, ClusterState, IntArray, row_counts
+from gpupool.core.state import BoolArray, ClusterState, IntArray
 from gpupool.errors import UnknownName, did_you_mean
 
 if TYPE_CHECKING:
@@ -151,13 +151,7 @@ that claim)."""
 def fits_or_nofit(pod: PodRequest, state: ClusterState) -> BoolArray | NoFit:
     """`state.node_fits(pod)` where some node fits the pod; else `explain_nofit(pod, state)`'s
     answer, worded from the host mask and device counts the check just computed."""
-    host = state.host_fits(pod)
-    counts = None
-    if pod.num_devices:
-        counts = row_counts(state.device_fits(pod))
-        fits = host & (counts >= pod.num_devices)
-    else:
-        fits = host
+    fits, host, counts = state.node_fits_parts(pod)
     if fits.any():
         return fits
     if not worded_from_checks:
