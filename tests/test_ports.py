@@ -12,14 +12,20 @@ import ports
 from gpupool.config import ServingConfig
 
 
-@pytest.mark.parametrize("count", [2, 4, 9, 18])
-def test_each_worker_has_ports_of_its_own_that_no_outbound_connection_takes(count: int) -> None:
-    slices = [ports.worker_slice("", count)] + [ports.worker_slice(f"gw{n}", count) for n in range(count)]
+def _disjoint(slices: list[range]) -> set[int]:
+    """Every port of `slices`, each slice 16 wide at least and sharing no port with another."""
     taken: set[int] = set()
     for each in slices:
         assert len(each) >= 16
         assert not taken & set(each)
         taken |= set(each)
+    return taken
+
+
+@pytest.mark.parametrize("count", [2, 4, 9, 18])
+def test_each_worker_has_ports_of_its_own_that_no_outbound_connection_takes(count: int) -> None:
+    slices = [ports.worker_slice("", count)] + [ports.worker_slice(f"gw{n}", count) for n in range(count)]
+    taken = _disjoint(slices)
     assert max(taken) < ports.ephemeral_range()[0]
     assert max(taken) < ServingConfig().port_base  # nor a port the pool's replicas draw from
     assert min(taken) >= 1024
@@ -88,11 +94,7 @@ def test_no_test_names_a_port_from_a_port_0_bind() -> None:
 def test_each_workers_pools_give_their_replicas_ports_of_their_own(count: int) -> None:
     default = ServingConfig()
     slices = [ports.replica_slice("", count)] + [ports.replica_slice(f"gw{n}", count) for n in range(count)]
-    taken: set[int] = set()
-    for each in slices:
-        assert len(each) >= 16
-        assert not taken & set(each)
-        taken |= set(each)
+    taken = _disjoint(slices)
     assert min(taken) >= default.port_base and max(taken) < default.port_base + default.port_count
     assert not taken & set(ports.worker_slice("gw0", count))  # nor a port a test's server is given
 
