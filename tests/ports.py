@@ -1,4 +1,5 @@
-"""Ports for the servers a test names before they start (`gpupool up --port N`, PostgreSQL, HAProxy).
+"""Ports for the servers a test names before they start (`gpupool up --port N`, PostgreSQL, HAProxy),
+and the slices of the pool's own ranges (replicas' $PORT, gangs' MASTER_PORT) each worker's pools use.
 
 Binding port 0, closing the socket and handing the number to a server started later races twice:
 the kernel hands out its ephemeral range (32768-60999 by default) to every outbound connection's
@@ -21,7 +22,7 @@ import socket
 import threading
 from pathlib import Path
 
-from gpupool.config import ServingConfig
+from gpupool.config import GangsConfig, ServingConfig
 
 BASE = 12_000
 LIMIT = 22_000
@@ -127,3 +128,32 @@ def serving_config() -> str:
     whose replicas bind $PORT starts its pools with it (tests/test_layout.py checks)."""
     ports = serving_ports()
     return f"serving: {{port_base: {ports.start}, port_count: {len(ports)}}}\n"
+
+
+def gang_slice(worker: str = "", count: int = 0) -> range:
+    """The gangs' MASTER_PORTs (gangs.port_base/port_count) of the pools that pytest-xdist worker
+    `worker` of `count` starts: slot n of the pool's default gang range, numbered as worker_slice's.
+    Where pods run without network namespaces a gang's rank 0 binds its port on the host itself, and
+    two workers' pools, each starting its search at a point of the whole default range drawn from the
+    workload's id, could give two gangs running at once one port: the second's rank 0 fails to bind."""
+    default = GangsConfig()
+    slot = int(worker[2:]) + 1 if worker.startswith("gw") and worker[2:].isdigit() else 0
+    width = default.port_count // (max(count, slot) + 1)
+    if width < 16:
+        raise RuntimeError(f"{count} pytest workers do not fit the gangs' {default.port_count} ports, "
+                           "16 each at least; run fewer workers (-n)")
+    return range(default.port_base + slot * width, default.port_base + (slot + 1) * width)
+
+
+def gang_ports() -> range:
+    """This worker's gang_slice."""
+    return gang_slice(os.environ.get("PYTEST_XDIST_WORKER", ""),
+                      int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "0") or 0))
+
+
+def gang_config(ports: range | None = None) -> str:
+    """The pool configuration (YAML) that keeps a pool's gangs to `ports` (a part of gang_ports, all of
+    it by default): every test file whose gangs meet at their MASTER_PORT starts its pools with it
+    (tests/test_layout.py checks)."""
+    ports = gang_ports() if ports is None else ports
+    return f"gangs: {{port_base: {ports.start}, port_count: {len(ports)}}}\n"

@@ -227,7 +227,7 @@ class ServingConfig(_Strict):
     port_base: int = Field(22_000, ge=1024, le=65_000)
     port_count: int = Field(6_000, ge=16, le=30_000)
     """Replicas' ports ($PORT) come from [port_base, port_base + port_count), each unique in the pool;
-    the default lies below Linux's ephemeral ports (32768-) and the gangs' ports (29500-31499)."""
+    the default lies below Linux's ephemeral ports (32768-) and the gangs' ports (gangs.port_base)."""
 
     def packed_classes(self) -> frozenset[str]:
         """The classes the core packs (`Policies.pack_classes`): the services' own, or none."""
@@ -241,6 +241,50 @@ class ServingConfig(_Strict):
             raise ValueError(f"serving.port_base + port_count ({self.port_base + self.port_count}) exceeds "
                              "65536; lower one of them")
         return self
+
+
+EPHEMERAL_PORTS = 32_768
+"""Where Linux's ephemeral ports start by default (net.ipv4.ip_local_port_range): every outbound
+connection's source port may be any of them, so a port a server must bind lies below."""
+GANG_ADDRESSES = 2_000
+"""How many rendezvous ports a node's pod network maps to addresses of their own (agent/netns.py:
+the rank-0 pod of a gang gets the address its MASTER_PORT names), so a range of at most this many."""
+
+
+class GangsConfig(_Strict):
+    """`gangs:` where the pods of a multi-pod workload meet (server/services/rendezvous.py)."""
+
+    port_base: int = 29_500
+    port_count: int = GANG_ADDRESSES
+    """A gang's MASTER_PORT comes from [port_base, port_base + port_count) on its rank-0 node, each
+    unique on that node (torch.distributed's customary 29500 upwards by default). Two pools on one
+    machine whose gangs run in the host's network (no pod namespaces) give each its own range."""
+
+    @model_validator(mode="after")
+    def _ports_fit(self) -> GangsConfig:
+        base, count = self.port_base, self.port_count
+        last = base + count - 1
+        if count < 1:
+            raise ValueError(f"gangs.port_count is {count}; a gang needs 1 port at least, so give 1 or more")
+        if count > GANG_ADDRESSES:
+            raise ValueError(f"gangs.port_count is {count}, more than the {GANG_ADDRESSES} rendezvous ports "
+                             f"a node's pod network gives addresses of their own; give {GANG_ADDRESSES} or "
+                             "fewer")
+        if base < 1024:
+            raise ValueError(f"gangs.port_base is {base}; ports below 1024 are bound by root alone, and "
+                             "a gang's rank 0 runs as its tenant: give 1024 or more")
+        if last > 65_535:
+            raise ValueError(f"gangs.port_base + port_count reaches port {last}, beyond 65535, the last "
+                             "port there is; lower one of them")
+        if last >= EPHEMERAL_PORTS:
+            raise ValueError(f"the gangs' ports {base}-{last} reach into Linux's ephemeral ports "
+                             f"({EPHEMERAL_PORTS} and up), which any outbound connection may hold; keep "
+                             f"port_base + port_count at {EPHEMERAL_PORTS} or below")
+        return self
+
+    def ports(self) -> range:
+        """[port_base, port_base + port_count)."""
+        return range(self.port_base, self.port_base + self.port_count)
 
 
 class QueueConfig(_Strict):
@@ -440,6 +484,8 @@ class PoolConfig(_Strict):
     """Per tenant: the node directories its pods may mount (`tenants.<name>.mounts`)."""
     serving: ServingConfig = Field(default_factory=lambda: ServingConfig.model_validate({}))
     """Inference services: their priority classes, headroom and probes (docs/services.md)."""
+    gangs: GangsConfig = Field(default_factory=lambda: GangsConfig.model_validate({}), validate_default=True)
+    """Multi-pod workloads: the range their MASTER_PORT comes from."""
     federation: FederationMemberConfig = Field(
         default_factory=lambda: FederationMemberConfig.model_validate({}))
     """As a member of a federation (docs/federation.md): the fence against a silent hub."""
@@ -456,6 +502,21 @@ class PoolConfig(_Strict):
             raise ValueError(f"serving.priority_class {self.serving.priority_class!r} is not a priority "
                              f"class; name one of {', '.join(names)} or add it to serving.classes")
         return self
+
+    @field_validator("gangs")
+    @classmethod
+    def _gangs_beside_serving(cls, value: GangsConfig, info: ValidationInfo) -> GangsConfig:
+        serving = info.data.get("serving")  # validated before (declared first); absent when it failed
+        if serving is None:
+            return value
+        replicas = range(serving.port_base, serving.port_base + serving.port_count)
+        gangs = value.ports()
+        if gangs.start < replicas.stop and replicas.start < gangs.stop:
+            raise ValueError(f"the gangs' ports {gangs.start}-{gangs.stop - 1} (gangs.port_base, port_count) "
+                             f"overlap the replicas' ports {replicas.start}-{replicas.stop - 1} "
+                             "(serving.port_base, port_count): a gang and a replica on one node could be "
+                             "given the same port; move one range")
+        return value
 
     @field_validator("tenants")
     @classmethod

@@ -26,12 +26,13 @@ import pytest
 from factories import pod_python
 from gpupool.agent import netns, podstate
 from gpupool.agent.netns import NetnsMode, NetworkSettings, PodNet, PodNetwork
+from gpupool.config import GANG_ADDRESSES, GangsConfig
 from gpupool.core.model import Device, Node
 from gpupool.errors import InvalidInput
 from gpupool.pods import PodLaunch, PodPhase, PodStatus
 from gpupool.providers.base import Capability
 from gpupool.providers.localpool import LocalPool
-from gpupool.server.services import enforcement, rendezvous
+from gpupool.server.services import enforcement
 from netns_scripts import connect, eventually, listen
 
 WHY = netns.probe()
@@ -194,13 +195,27 @@ def test_bad_settings_are_refused_with_what_to_write() -> None:
 
 
 def test_each_node_has_its_own_slot_and_a_gang_address_per_rendezvous_port() -> None:
-    assert (netns.GANG_PORT_BASE, netns.GANG_PORT_COUNT) == (rendezvous.MASTER_PORT_BASE,
-                                                             rendezvous.MASTER_PORT_COUNT)
+    assert (GangsConfig().port_base, GANG_ADDRESSES) == (netns.GANG_PORT_BASE, netns.GANG_PORT_COUNT)
     network = ipaddress.IPv4Network(netns.DEFAULT_POD_NETWORK)
     first, second = netns.node_subnet(network, 0), netns.node_subnet(network, 1)
     assert first.prefixlen == second.prefixlen == netns.NODE_PREFIX and not first.overlaps(second)
     with pytest.raises(InvalidInput, match="does not fit"):
         netns.node_subnet(ipaddress.IPv4Network("10.0.0.0/19"), 1)
+
+
+@pytest.mark.parametrize("base", [29_500, 1024, 18_000, 28_000, 30_768])
+def test_every_port_of_a_gang_range_has_an_address_of_its_own_in_the_gang_block(base: int) -> None:
+    """Agents and the server map a port to its rank-0 address alike, whatever the pool's range: the
+    default range as it always has, any other range of at most GANG_PORT_COUNT to as many addresses."""
+    subnet = netns.node_subnet(ipaddress.IPv4Network(netns.DEFAULT_POD_NETWORK), 3)
+    ports = GangsConfig(port_base=base).ports()
+    addresses = [ipaddress.IPv4Address(netns.gang_address_in(subnet, port)) for port in ports]
+    first = subnet.network_address + netns.GANG_HOSTS
+    assert len(set(addresses)) == len(ports) == netns.GANG_PORT_COUNT
+    assert min(addresses) == first and max(addresses) < subnet.network_address + netns.OTHER_HOSTS
+    if base == netns.GANG_PORT_BASE:
+        assert addresses[0] == first and addresses[-1] == first + netns.GANG_PORT_COUNT - 1  # as before
+    assert netns.gang_address_in(subnet, 0) == ""  # no port: no gang
 
 
 def test_off_is_said_in_node_ls_and_pods_share_the_node_network(tmp_path: Path) -> None:

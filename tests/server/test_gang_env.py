@@ -16,7 +16,7 @@ from fakes import ManualProvider
 from factories import ALL_REDUCE, pod_python
 from gpupool.agent import netns
 from gpupool.api.workloads import WorkloadSpec
-from gpupool.config import parse_config
+from gpupool.config import GangsConfig, parse_config
 from gpupool.core.model import Device, IbPort, Node
 from gpupool.errors import InvalidInput
 from gpupool.pods import PodLaunch
@@ -31,6 +31,7 @@ from gpupool.server.runtime import Runtime
 from gpupool.server.services import rendezvous, workloads
 from gpupool.server.services.tenants import bootstrap
 from gpupool.server.settings import Settings
+from ports import gang_config, gang_ports
 
 ADMIN = Principal("admin", None)
 NETWORK = ipaddress.IPv4Network("10.232.0.0/16")
@@ -118,16 +119,60 @@ def test_each_rank_of_a_gang_across_nodes_gets_its_environment(pool: Pool) -> No
 
 def test_two_gangs_at_once_on_one_master_node_get_different_ports(pool: Pool,
                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(rendezvous, "first_port", lambda workload_id: rendezvous.MASTER_PORT_BASE)
+    monkeypatch.setattr(rendezvous, "first_port", lambda workload_id, ports: ports.start)
     first, second = _spread_two_gangs(pool)
     ports = [{launch.master_port for launch in pool.launched(w)} for w in (first, second)]
     assert ports == [{29_500}, {29_501}]  # both wanted 29500; the second gang got the next one free
     assert {pool.launched(w)[0].node for w in (first, second)} == {"n0"}
 
 
+def test_the_pools_gang_range_is_where_ports_come_from(tmp_path: Path,
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(rendezvous, "first_port", lambda workload_id, ports: ports[-1])
+    pool = Pool(tmp_path, config=CONFIG + "gangs: {port_base: 28000, port_count: 2}\n")
+    try:
+        first, second = _spread_two_gangs(pool)
+        ports = [{launch.master_port for launch in pool.launched(w)} for w in (first, second)]
+        assert ports == [{28_001}, {28_000}]  # both wanted the last; the second went round to the first
+    finally:
+        pool.rt.store.close()
+
+
+def test_each_workload_starts_its_search_somewhere_in_the_pools_range() -> None:
+    starts = {rendezvous.first_port(f"w{n}", range(28_000, 28_004)) for n in range(200)}
+    assert starts == {28_000, 28_001, 28_002, 28_003}
+
+
+@pytest.mark.parametrize(("gangs", "expected"), [
+    ("{port_count: 0}", "line 1: gangs: gangs.port_count is 0; a gang needs 1 port at least"),
+    ("{port_count: 2001}", "gangs.port_count is 2001, more than the 2000 rendezvous ports a node's"),
+    ("{port_base: 80, port_count: 16}", "gangs.port_base is 80; ports below 1024 are bound by root alone"),
+    ("{port_base: 65000, port_count: 1000}", "reaches port 65999, beyond 65535, the last port there is"),
+    ("{port_base: 31000}", "the gangs' ports 31000-32999 reach into Linux's ephemeral ports (32768 and up)"),
+    ("{port_base: 27000, port_count: 1001}",
+     "line 1: gangs: the gangs' ports 27000-28000 (gangs.port_base, port_count) overlap the replicas' "
+     "ports 22000-27999 (serving.port_base, port_count)"),
+])
+def test_a_gang_range_that_cannot_work_is_refused_in_a_sentence(gangs: str, expected: str) -> None:
+    with pytest.raises(InvalidInput) as caught:
+        parse_config(f"gangs: {gangs}\n", "pool.yaml")
+    assert expected in caught.value.message, caught.value.message
+    assert caught.value.message.startswith("pool.yaml") and "\n" not in caught.value.message
+
+
+def test_a_gang_range_at_the_edges_is_taken_and_one_beside_moved_replicas_too() -> None:
+    for text in ("gangs: {port_base: 1024, port_count: 1}", "gangs: {port_base: 30768, port_count: 2000}",
+                 "gangs: {port_base: 28000, port_count: 1500}",  # just past serving's 22000-27999
+                 "serving: {port_base: 12000}\ngangs: {port_base: 18000, port_count: 2000}"):
+        gangs = parse_config(text).gangs
+        assert gangs.ports() == range(gangs.port_base, gangs.port_base + gangs.port_count)
+    with pytest.raises(InvalidInput, match=r"29500-31499 .* overlap the replicas' ports 29000-29999"):
+        parse_config("serving: {port_base: 29000, port_count: 1000}\n")  # the default gangs, moved replicas
+
+
 def test_a_port_is_free_again_once_its_gang_ended_and_the_book_survives_a_restart(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(rendezvous, "first_port", lambda workload_id: rendezvous.MASTER_PORT_BASE)
+    monkeypatch.setattr(rendezvous, "first_port", lambda workload_id, ports: ports.start)
     pool = Pool(tmp_path)
     first, second = _spread_two_gangs(pool)
     pool.rt.store.close()
@@ -162,9 +207,13 @@ def test_rendezvous_is_the_servers_to_set(pool: Pool) -> None:
 
 def test_a_gang_across_two_nodes_meets_and_all_reduces(tmp_path: Path) -> None:
     """Two pods on two simulated nodes of the local provider: real processes that meet at
-    MASTER_ADDR:MASTER_PORT and sum their ranks' values over TCP (an all-reduce of 1 + 2)."""
+    MASTER_ADDR:MASTER_PORT and sum their ranks' values over TCP (an all-reduce of 1 + 2). The pool's
+    gang range is the last 16 ports of this worker's slice (never the default range, even alone):
+    the port the pods met at is one of them."""
     provider = LocalPool(nodes_from_spec("2x1xH100"), tmp_path / "agents")
-    pool = Pool(tmp_path, config="scheduling: {placement: first-fit}", provider=provider)
+    mine = gang_ports()[-16:]
+    pool = Pool(tmp_path, config="scheduling: {placement: first-fit}\n" + gang_config(mine),
+                provider=provider)
     try:
         command = [pod_python(), "-c", ALL_REDUCE]
         gang = pool.submit(2, 0.1, command=command, resources={"gpus": 1, "cpu": 0.1})
@@ -179,6 +228,7 @@ def test_a_gang_across_two_nodes_meets_and_all_reduces(tmp_path: Path) -> None:
         nodes = sorted(n.name for n in provider.nodes())
         port = int(logs[0].split(" at port ")[1].split(":")[0])
         assert logs == [f"rank {r} of 2 on {nodes[r]} at port {port}: sum 3\n" for r in range(2)]
+        assert port in mine and mine.start != GangsConfig().port_base
     finally:
         provider.close(stop_pods=True)
         pool.rt.store.close()
@@ -191,7 +241,7 @@ def test_a_gang_in_pod_namespaces_meets_at_its_rank0_pods_own_address(tmp_path: 
     host's routing."""
     provider = LocalPool(nodes_from_spec("2x1xH100"), tmp_path / "agents",
                          network=netns.NetworkSettings(mode=netns.NetnsMode.ON, pod_network=NETWORK))
-    pool = Pool(tmp_path, config="scheduling: {placement: first-fit}", provider=provider)
+    pool = Pool(tmp_path, config="scheduling: {placement: first-fit}\n" + gang_config(), provider=provider)
     try:
         command = [pod_python(), "-c", ALL_REDUCE]
         gang = pool.submit(2, 0.1, command=command, resources={"gpus": 1, "cpu": 0.1})

@@ -24,9 +24,11 @@ decides:
   server's machine, pods do not reach the other machines' node addresses (`s_<node>_peers`).
 
 The node's pods live in one /19 of the pool's pod network (its `slot`): the rank-0 pod of a gang gets
-the address the gang's MASTER_PORT names (GANG_HOSTS + port - GANG_PORT_BASE, the server's
-rendezvous range), so the server knows MASTER_ADDR before the pod starts; other pods take the
-lowest free address from OTHER_HOSTS up.
+the address the gang's MASTER_PORT names (GANG_HOSTS + (port - GANG_PORT_BASE) mod GANG_PORT_COUNT),
+so the server knows MASTER_ADDR before the pod starts; other pods take the lowest free address from
+OTHER_HOSTS up. The pool's gang range (`gangs.port_base`, `port_count`, at most GANG_PORT_COUNT ports
+in a row) gives each of its ports an address of its own whatever its base, so an agent needs no
+setting of the pool's for it, and the default range (29500-31499) maps as it always has.
 Every simulated node of a local pool has its own slot, gateway device and routes on the same host:
 a gang spread over them meets through the host's routing, filtered by the same table. A Ray
 machine's slot is handed out by the server when it joins (providers/ray/network.py); the other
@@ -81,6 +83,8 @@ NODE_PREFIX = 19
 GANG_HOSTS = 16
 GANG_PORT_BASE = 29_500
 GANG_PORT_COUNT = 2_000
+"""Rendezvous addresses: port p maps to GANG_HOSTS + (p - GANG_PORT_BASE) mod GANG_PORT_COUNT (the
+config's GANG_ADDRESSES bounds gangs.port_count to this many, so no two ports of a range share one)."""
 OTHER_HOSTS = GANG_HOSTS + GANG_PORT_COUNT + 32
 TABLE = "gpupool_net"
 LOCK_PATH = Path("/run/gpupool-net.lock")
@@ -226,11 +230,12 @@ def blocks_in(pod_network: ipaddress.IPv4Network) -> int:
 
 
 def gang_address_in(subnet: ipaddress.IPv4Network, port: int) -> str:
-    """The address of the rank-0 pod serving rendezvous port `port` in the block `subnet` ('' when
-    the port is outside the rendezvous range): known before the pod starts, anywhere."""
-    if not GANG_PORT_BASE <= port < GANG_PORT_BASE + GANG_PORT_COUNT:
+    """The address of the rank-0 pod serving rendezvous port `port` in the block `subnet` ('' for
+    port 0, none): known before the pod starts, anywhere. Ports GANG_PORT_COUNT apart share one, so
+    a pool's gang range (at most that many ports in a row) never gives two of its ports one."""
+    if port <= 0:
         return ""
-    return str(subnet.network_address + GANG_HOSTS + port - GANG_PORT_BASE)
+    return str(subnet.network_address + GANG_HOSTS + (port - GANG_PORT_BASE) % GANG_PORT_COUNT)
 
 
 def node_subnet(pod_network: ipaddress.IPv4Network, slot: int) -> ipaddress.IPv4Network:
@@ -561,8 +566,7 @@ class PodNetwork:
         return net.address if net is not None else ""
 
     def gang_address(self, port: int) -> str:
-        """The address of the rank-0 pod that serves rendezvous port `port` here ('' when off or
-        when the port is outside the rendezvous range)."""
+        """The address of the rank-0 pod that serves rendezvous port `port` here ('' when off)."""
         return gang_address_in(self.subnet, port) if self.active else ""
 
     def _addresses_held(self) -> set[str]:

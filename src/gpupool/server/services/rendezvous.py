@@ -1,6 +1,7 @@
 """Where a gang meets: MASTER_ADDR (the rank-0 pod's own address where pods have network namespaces,
 else its node's), a MASTER_PORT reserved on that node,
 the local ranks, and NCCL's IB settings (HCAs, service level, partition) for every pod it launches.
+The port comes from the pool's gang range (`gangs.port_base`, `port_count`; config.py).
 
 A port is held by one attempt of one workload from its admission until its rank-0 pod has ended
 (stopping counts: the old process may still hold the socket). The reservation is written into the
@@ -23,9 +24,6 @@ from gpupool.server.orm import Base
 from gpupool.server.runtime import Runtime
 from gpupool.server.states import ACTIVE_POD_STATES, PodState
 
-MASTER_PORT_BASE = 29_500
-MASTER_PORT_COUNT = 2_000
-"""Gang ports are taken from [base, base + count): torch.distributed's customary 29500 upwards."""
 KEPT = 4
 """Reservations of earlier attempts kept in the spec (an attempt's pods may still be stopping)."""
 HOLDING = (*ACTIVE_POD_STATES, PodState.STOPPING.value)
@@ -66,10 +64,10 @@ def node_hcas(node: Node, gang_nodes: Sequence[str]) -> tuple[str, ...]:
     return tuple(sorted({f"{p.hca}:{p.port}" for p in ports}))
 
 
-def first_port(workload_id: str) -> int:
-    """Where the search for a workload's port starts: spread by its id, so that gangs of pools
-    sharing a machine rarely try the same port first."""
-    return MASTER_PORT_BASE + zlib.crc32(workload_id.encode()) % MASTER_PORT_COUNT
+def first_port(workload_id: str, ports: range) -> int:
+    """Where the search for a workload's port in `ports` starts: spread by its id, so that gangs of
+    pools sharing a machine (and a range) rarely try the same port first."""
+    return ports.start + zlib.crc32(workload_id.encode()) % len(ports)
 
 
 class PortBook:
@@ -78,20 +76,20 @@ class PortBook:
     def __init__(self) -> None:
         self._held: dict[tuple[str, int], tuple[str, int]] | None = None
 
-    def reserve(self, conn: Connection, workload_id: str, attempt: int, node: str) -> int:
-        """A port on `node` no gang holds, tried from a point drawn from the workload's id (so
-        concurrent pools rarely start from the same one). Raises Unavailable when all are held."""
+    def reserve(self, conn: Connection, workload_id: str, attempt: int, node: str, ports: range) -> int:
+        """A port of `ports` (the pool's gang range) on `node` no gang holds, tried from a point drawn
+        from the workload's id (so concurrent pools rarely start from the same one). Raises
+        Unavailable when all are held."""
         held = self._current(conn)
         used = {port for where, port in held.values() if where == node}
-        start = first_port(workload_id) - MASTER_PORT_BASE
-        for step in range(MASTER_PORT_COUNT):
-            port = MASTER_PORT_BASE + (start + step) % MASTER_PORT_COUNT
+        start = first_port(workload_id, ports) - ports.start
+        for step in range(len(ports)):
+            port = ports[(start + step) % len(ports)]
             if port not in used:
                 held[(workload_id, attempt)] = (node, port)
                 return port
-        last = MASTER_PORT_BASE + MASTER_PORT_COUNT - 1
-        raise Unavailable(f"Every gang port of node {node} ({MASTER_PORT_BASE}-{last}) is held; wait for "
-                          "a gang there to end.")
+        raise Unavailable(f"Every gang port of node {node} ({ports.start}-{ports.stop - 1}, gangs.port_base "
+                          "and port_count) is held; wait for a gang there to end.")
 
     def held(self, conn: Connection) -> dict[tuple[str, int], tuple[str, int]]:
         """Every reservation still held (for tests and `gpupool show`)."""
@@ -128,7 +126,7 @@ def plan(rt: Runtime, conn: Connection, book: PortBook, row: Any, attempt: int, 
     """Reserve the gang's port on its rank-0 node and record it in the workload's spec (in the
     caller's transaction); `row` has id, tenant and spec."""
     master = nodes[0]
-    port = book.reserve(conn, row.id, attempt, master)
+    port = book.reserve(conn, row.id, attempt, master, rt.config.gangs.ports())
     addr = rt.provider.gang_address(master, port)
     entry = {"attempt": attempt, "node": master, "addr": addr, "port": port}
     kept = [e for e in row.spec.get("rendezvous") or () if e.get("attempt") != attempt][-(KEPT - 1):]
