@@ -55,3 +55,15 @@ def test_test_files_whose_replicas_bind_their_port_keep_to_their_workers_ports()
                      if REPLICA_BINDS_PORT.search(text := path.read_text())
                      and "serving_config()" not in text)
     assert not missing, f"start these files' pools with --config holding ports.serving_config(): {missing}"
+
+
+GANG_MEETS = re.compile(r"\bALL_REDUCE\b")
+
+
+def test_test_files_whose_gangs_meet_at_their_port_keep_to_their_workers_ports() -> None:
+    """A gang's rank 0 binds its MASTER_PORT on the host where pods run without network namespaces:
+    each file whose gangs really meet (an ALL_REDUCE) starts its pools with ports.gang_config(), so two
+    workers' pools never give two gangs running at once one port (tests/ports.py, gang_slice)."""
+    missing = sorted(path.relative_to(TESTS).as_posix() for path in TESTS.rglob("test_*.py")
+                     if GANG_MEETS.search(text := path.read_text()) and "gang_config(" not in text)
+    assert not missing, f"start these files' pools with --config holding ports.gang_config(): {missing}"

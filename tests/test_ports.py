@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 import ports
-from gpupool.config import ServingConfig
+from gpupool.config import GangsConfig, ServingConfig
 
 
 def _disjoint(slices: list[range]) -> set[int]:
@@ -108,3 +108,33 @@ def test_the_serving_config_keeps_a_pool_to_its_workers_ports(monkeypatch: pytes
     monkeypatch.setenv("PYTEST_XDIST_WORKER_COUNT", "2")
     serving = PoolConfig.model_validate(yaml.safe_load(ports.serving_config())).serving
     assert range(serving.port_base, serving.port_base + serving.port_count) == ports.replica_slice("gw1", 2)
+
+
+@pytest.mark.parametrize("count", [2, 4, 9])
+def test_each_workers_pools_give_their_gangs_ports_of_their_own(count: int) -> None:
+    default = GangsConfig()
+    slices = [ports.gang_slice("", count)] + [ports.gang_slice(f"gw{n}", count) for n in range(count)]
+    taken = _disjoint(slices)
+    assert min(taken) >= default.port_base and max(taken) < default.port_base + default.port_count
+    others = [ports.worker_slice("", count), *(ports.worker_slice(f"gw{n}", count) for n in range(count)),
+              ports.replica_slice("", count), *(ports.replica_slice(f"gw{n}", count) for n in range(count))]
+    assert not taken & set().union(*others)  # nor a port a test's server or a replica is given
+    assert max(taken) < ports.ephemeral_range()[0]
+
+
+def test_more_workers_than_the_gang_ports_fit_are_refused_with_a_sentence() -> None:
+    with pytest.raises(RuntimeError, match="gangs' 2000 ports, 16 each at least; run fewer workers"):
+        ports.gang_slice("gw0", 200)
+
+
+def test_the_gang_config_keeps_a_pool_to_its_workers_ports(monkeypatch: pytest.MonkeyPatch) -> None:
+    import yaml
+
+    from gpupool.config import PoolConfig
+
+    monkeypatch.setenv("PYTEST_XDIST_WORKER", "gw1")
+    monkeypatch.setenv("PYTEST_XDIST_WORKER_COUNT", "2")
+    config = PoolConfig.model_validate(yaml.safe_load(ports.gang_config() + ports.serving_config()))
+    assert config.gangs.ports() == ports.gang_slice("gw1", 2)
+    assert range(config.serving.port_base, config.serving.port_base + config.serving.port_count) == (
+        ports.replica_slice("gw1", 2))

@@ -14,6 +14,7 @@ import pytest
 
 from cli_inproc import run_cli
 from factories import pod_python
+from ports import gang_config
 from server.upproc import UpProcess
 
 pytestmark = pytest.mark.slow
@@ -75,7 +76,10 @@ dist.destroy_process_group()
 
 @pytest.fixture(scope="module")
 def pool(tmp_path_factory: pytest.TempPathFactory) -> Iterator[UpProcess]:
-    server = UpProcess(tmp_path_factory.mktemp("torchrun") / "data", ["--simulate", "2x2xH100"],
+    base = tmp_path_factory.mktemp("torchrun")
+    config = base / "pool.yaml"
+    config.write_text(gang_config())  # rank 0 binds MASTER_PORT on the host where pods share its network
+    server = UpProcess(base / "data", ["--simulate", "2x2xH100", "--config", str(config)],
                        env={"GPUPOOL_POD_NETWORK": POD_NETWORK}).start()
     try:
         yield server

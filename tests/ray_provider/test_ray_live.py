@@ -23,6 +23,7 @@ from gpupool.client import Client
 from gpupool.config import parse_config
 from gpupool.providers.ray import RayProvider
 from live import LiveServer, live_server
+from ports import gang_config, gang_ports
 
 from .conftest import wait_for
 
@@ -40,7 +41,8 @@ def server(pool: RayProvider,
            tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[LiveServer, Client]]:
     provider = RayProvider(pool.address, data_dir=pool.data_dir)
     try:
-        with live_server(tmp_path_factory.mktemp("live"), provider, config=parse_config(CONFIG)) as live, \
+        config = parse_config(CONFIG + gang_config())  # rank 0 binds MASTER_PORT on its Ray node's host
+        with live_server(tmp_path_factory.mktemp("live"), provider, config=config) as live, \
                 Client(live.url, live.admin_token) as client:
             yield live, client
     finally:
@@ -78,6 +80,7 @@ def test_two_gangs_at_once_meet_on_their_own_ports_and_all_reduce(
     ports = {wid: {int(line.split(" at port ")[1].split(":")[0]) for line in text}
              for wid, text in logs.items()}
     assert all(len(p) == 1 for p in ports.values()) and ports[across] != ports[beside]
+    assert set().union(*ports.values()) <= set(gang_ports())  # this worker's, no other worker's
     assert sorted(int(name) for name in (p.name for p in meet.iterdir())) == sorted(
         next(iter(p)) for p in ports.values())  # both rank-0 servers were listening at the same time
     for wid, text in logs.items():
