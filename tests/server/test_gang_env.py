@@ -152,6 +152,7 @@ def test_each_workload_starts_its_search_somewhere_in_the_pools_range() -> None:
     ("{port_base: 27000, port_count: 1001}",
      "line 1: gangs: the gangs' ports 27000-28000 (gangs.port_base, port_count) overlap the replicas' "
      "ports 22000-27999 (serving.port_base, port_count)"),
+    ("{port_base: 20001, port_count: 2000}", "ports 20001-22000 (gangs.port_base, port_count) overlap"),
 ])
 def test_a_gang_range_that_cannot_work_is_refused_in_a_sentence(gangs: str, expected: str) -> None:
     with pytest.raises(InvalidInput) as caught:
@@ -163,6 +164,7 @@ def test_a_gang_range_that_cannot_work_is_refused_in_a_sentence(gangs: str, expe
 def test_a_gang_range_at_the_edges_is_taken_and_one_beside_moved_replicas_too() -> None:
     for text in ("gangs: {port_base: 1024, port_count: 1}", "gangs: {port_base: 30768, port_count: 2000}",
                  "gangs: {port_base: 28000, port_count: 1500}",  # just past serving's 22000-27999
+                 "gangs: {port_base: 20000, port_count: 2000}",  # just before it
                  "serving: {port_base: 12000}\ngangs: {port_base: 18000, port_count: 2000}"):
         gangs = parse_config(text).gangs
         assert gangs.ports() == range(gangs.port_base, gangs.port_base + gangs.port_count)
