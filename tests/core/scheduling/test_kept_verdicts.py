@@ -77,6 +77,7 @@ def _searches(keep: bool, clear: bool = True) -> tuple[list[list[str] | None], i
     out: list[list[str] | None] = []
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(preemption, "keep_verdicts", keep)
+        mp.setattr(preemption, "carry_verdicts", False)  # (this cycle's verdicts alone)
         mp.setattr(preemption.FirstPodFits, "__init__", counted)
         view = _pool()
         policy = view.placement_policy("first-fit", {})
@@ -157,6 +158,7 @@ def test_a_replay_decides_the_same_with_kept_verdicts(monkeypatch: pytest.Monkey
             self.nowhere = _Counted()
 
     monkeypatch.setattr(cycle, "VictimIndex", Counting)
+    monkeypatch.setattr(preemption, "carry_verdicts", False)  # (each cycle's verdicts alone)
     for seed in (1, 3):
         _Counted.answered = 0
         kept = _result(Replay(_replay_config(seed)))

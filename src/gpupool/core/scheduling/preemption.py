@@ -224,6 +224,8 @@ class VictimIndex:
         self._wording: dict[tuple[int, tuple[str, ...]], tuple[Reach, PreemptionRules, Set[str], str]] = {}
         """`why_none`'s clauses per (reach, queues with running work), since the last search that
         found victims (`keep_wording`)."""
+        self._kept: KeptVerdicts | None = None
+        """The view's verdicts kept across cycles (`kept`, `carry_verdicts`)."""
 
     def _ranks(self, cq: str) -> dict[Rank, list[Running]]:
         groups = self._groups.get(cq)
@@ -294,6 +296,20 @@ class VictimIndex:
         merged = chain.from_iterable(self._merged(same, alive, exclude, sources, after if r == rank else None)
                                      for r, same in bands)
         return (entry[3] for entry in merged)
+
+    def kept(self) -> KeptVerdicts:
+        """The verdicts the view keeps across cycles (`carry_verdicts`), made and told to it at first."""
+        kept = self._kept
+        if kept is None:
+            view = self.view
+            listener = view.listener
+            if isinstance(listener, KeptVerdicts) and listener.state is view.state:
+                kept = listener
+            else:
+                kept = KeptVerdicts(view.state)
+                view.listener = kept
+            self._kept = kept
+        return kept
 
     def place_of(self, run: Running) -> _Order:
         """The run's (cost, rank, id) in the stream (its group sorted already)."""
@@ -386,6 +402,60 @@ class VictimIndex:
         return islice(entries, bisect_right(entries, after, key=_order), None)
 
 
+class KeptVerdicts:
+    """`VictimIndex.nowhere`'s verdicts kept from one cycle to the next on one view (`carry_verdicts`):
+    per (first pod, sources), the sources' groups. The view tells it of every run given back for
+    good (`released`) and of every repair or change of the slice defaults (`changed`), and it drops
+    each verdict that may no longer hold."""
+
+    __slots__ = ("state", "verdicts")
+
+    def __init__(self, state: ClusterState) -> None:
+        self.state = state
+        self.verdicts: dict[_WalkKey, frozenset[tuple[Rank, str]]] = {}
+
+    def keep(self, key: _WalkKey, sources: Sources, exclude: Set[str], alive: dict[str, Running]) -> None:
+        """A walk for `key` freed every candidate and the first pod fitted no node: kept, unless some
+        run of `exclude` is of the sources (then a candidate of a later cycle: see `carry_verdicts`)."""
+        groups = frozenset(sources.groups)
+        for wid in exclude:
+            run = alive.get(wid)
+            if run is not None and _of_sources(run, groups, key):
+                return
+        verdicts = self.verdicts
+        verdicts.pop(key, None)
+        if len(verdicts) >= MAX_KEPT_VERDICTS:
+            del verdicts[next(iter(verdicts))]  # (the oldest)
+        verdicts[key] = groups
+
+    def released(self, run: Running) -> None:
+        """`run` gave back what it held: the verdicts of which it was no candidate are dropped."""
+        verdicts = self.verdicts
+        if not verdicts:
+            return
+        if not run.preemptible:
+            verdicts.clear()
+            return
+        gone = [key for key, groups in verdicts.items() if not _of_sources(run, groups, key)]
+        for key in gone:
+            del verdicts[key]
+
+    def changed(self) -> None:
+        """A node may hold more than before, or the pods' needs changed: no verdict holds."""
+        self.verdicts.clear()
+
+
+MAX_KEPT_VERDICTS = 256
+"""How many verdicts a view keeps across cycles (the oldest go first)."""
+
+
+def _of_sources(run: Running, groups: frozenset[tuple[Rank, str]], key: _WalkKey) -> bool:
+    """Whether preemptible `run` is in one of the sources' groups (`key`: the walk's, which names the
+    group of which only work submitted after its time goes), `exclude` aside."""
+    group = (run.rank, run.cluster_queue)
+    return group in groups or (group == key[2] and run.workload.submit_time_s > key[3])
+
+
 def _live(entries: Iterable[_Entry], alive: dict[str, Running], exclude: Set[str]) -> Iterator[_Entry]:
     """The entries whose workload still runs and is not excluded."""
     for entry in entries:
@@ -438,6 +508,8 @@ def _search(preemptor: Workload, cq: str, view: ClusterView, policy: PlacementPo
     walk_key = (preemptor.pods[0], tuple(sources.groups), sources.newer, sources.newer_than_s)
     if keep_verdicts and may_skip and index.nowhere.get(walk_key) is exclude:
         return None  # no trial would be made: see `keep_verdicts`
+    if carry_verdicts and may_skip and walk_key in index.kept().verdicts:
+        return None  # no trial would be made: see `carry_verdicts`
     stream, reclaim_queues = index.search_order(preemptor, cq, exclude, False, sources, rules)
     singles = list(islice(stream, MAX_SINGLE_TRIALS))
     if not singles:
@@ -486,6 +558,8 @@ def _search(preemptor: Workload, cq: str, view: ClusterView, policy: PlacementPo
     if greedy is None:
         if may_skip and known and known == len(walked):
             index.nowhere[walk_key] = exclude  # (the pod was checked once the last victim was freed)
+            if carry_verdicts:
+                index.kept().keep(walk_key, sources, exclude, view.running)
         return None
     # Where the first pod fitted no node before any victim went, it may fit only where they were
     # freed from (freeing capacity elsewhere changes nothing): the first scan reads those nodes.
@@ -536,6 +610,23 @@ what they were, and a pod fits no more where fewer resources are free. The searc
 placement (the first pod fits no node on any state it makes; a policy that does not count failed
 calls draws nothing) and return None. False: searches again (the same decisions, slower: kept to
 check that claim)."""
+
+carry_verdicts = True
+"""`keep_verdicts`'s verdicts kept from one cycle to the next (`KeptVerdicts`, on the view) while
+they provably hold, whatever the later `exclude`. With every candidate freed, a node's free amounts
+are its capacity less what the other work holds (integers), and the pod fitted no node on that
+state. They grow only where (a) work that was no candidate gives back what it held (it ends, is
+preempted, evicted or moved: `ClusterView.remove`, `forget`; a run that is not preemptible or not
+of the sources' groups drops the verdict), (b) a node is repaired or the slice defaults change
+(`ClusterView.mark_healthy`, `use_defaults`: every verdict is dropped), or (c) work that was no
+candidate becomes one: the groups are in the key, and a run's queue, rank and submit time never
+change, so only work of the walk's `exclude` can; a verdict whose `exclude` held running work of
+the sources is not kept (the rest of that work is of no group of the sources: its end drops the
+verdict). A candidate that leaves takes nothing from the sum; work started since held nothing at
+the walk (freed, a candidate gives back what it took; another keeps it); a later `exclude` only
+makes fewer candidates. Where the policy does not count failed calls, the search would then try no
+placement and draw nothing, and returns None. Kept per view and state (another state: none kept).
+False: searches again (the same decisions, slower: kept to check that claim)."""
 
 resume_walks = True
 """A greedy search for the same first pod from the same sources as an earlier one in the cycle takes

@@ -14,7 +14,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from itertools import chain
 from operator import attrgetter
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
@@ -163,6 +163,16 @@ class VictimGroup:
                 del column[at]
 
 
+class ReleaseListener(Protocol):
+    """Told of what may give capacity back (`ClusterView.listener`)."""
+
+    def released(self, run: Running) -> None:
+        """`run` gave back what it held for good (it ended, was preempted, evicted or moved)."""
+
+    def changed(self) -> None:
+        """A node's capacity may have grown (repaired), or the slice defaults changed."""
+
+
 @dataclass(slots=True)
 class ClusterView:
     """Mutable admission state of a pool (see the module docstring)."""
@@ -246,6 +256,10 @@ class ClusterView:
     comm_ratio: Callable[[Workload], float | None] | None = None
     """The scheduler's estimate of a job's communication ratio (`TopologyContext.comm_ratio`; the
     replay binds each job's estimate); None: the context's default."""
+    listener: ReleaseListener | None = None
+    """Told of every built run given back for good (`remove`, `forget`), every repair and every change
+    of the slice defaults: the victim searches' verdicts kept from one cycle to the next
+    (`preemption.KeptVerdicts`)."""
 
     def __post_init__(self) -> None:
         self.workloads = WorkloadCache(self.classes, self.quota.config, self.route)
@@ -362,6 +376,8 @@ class ClusterView:
             return
         self.state.set_defaults(defaults)  # the policies' caches see the change (state.defaults)
         self.never_fits_cache.clear()
+        if self.listener is not None:
+            self.listener.changed()
 
     # ---------------------------------------------------------------- placement policy
 
@@ -506,7 +522,7 @@ class ClusterView:
             run = self._running(alloc.workload, allocs_of(self.state, alloc), alloc.start_time_s, "")
             for _, record in reversed(run.allocs):
                 self.state.release(record)
-            return run
+            return run  # (not told to `listener`: taken after the last `materialize`, no search saw it)
         run = self.running.pop(workload_id)
         del self.by_queue[run.cluster_queue][workload_id]
         self._drop_end(run)
@@ -515,6 +531,8 @@ class ClusterView:
             self.state.release(record)
         self.quota.remove(run.cluster_queue, run.usage)
         self._tenant_add(run.workload, -1.0)
+        if self.listener is not None:
+            self.listener.released(run)
         return run
 
     def forget(self, run: Running) -> None:
@@ -527,6 +545,8 @@ class ClusterView:
         self._drop_end(run)
         self._drop_victim(run)
         self._tenant_add(run.workload, -1.0)
+        if self.listener is not None:
+            self.listener.released(run)
 
     def detach(self, run: Running) -> None:
         """Tentatively free a running workload (victim search); `attach` undoes it exactly."""
@@ -581,6 +601,8 @@ class ClusterView:
         self.running_version += 1
         self.never_fits_cache.clear()
         self.capacity_cache = None
+        if self.listener is not None:
+            self.listener.changed()
 
     # ---------------------------------------------------------------- internals
 
