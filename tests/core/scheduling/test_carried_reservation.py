@@ -17,6 +17,7 @@ from factories import cluster, pod, workload
 from gpupool.core.model import Workload
 from gpupool.core.scheduling import backfill
 from gpupool.core.scheduling.backfill import KeptReservation, Reservation
+from gpupool.core.scheduling.cycle import Policies, cycle_on
 from gpupool.core.scheduling.policies.base import PlacementPolicy, make_policy
 from gpupool.core.scheduling.view import ClusterView
 from gpupool.core.state import ClusterState
@@ -143,6 +144,54 @@ def test_whole_cycles_decide_as_without_carried_reservations(
         mp.setattr(backfill, "carry_reservations", False)
         afresh = props._drive(sequence, policies, seed=11)
     assert carried == afresh
+
+
+def _busy_cycles(seed: int, policies: Policies) -> list[object]:
+    """120 cycles on 4 nodes of 4 devices (no preemption): a few arrivals each (a share to two whole
+    nodes, most with an estimate), runs ending at their estimate or earlier, the clock moving by 1
+    to 40 s."""
+    rng = random.Random(seed)
+    view = ClusterView.empty(cluster(4, devices=4))
+    pending: dict[str, Workload] = {}
+    decisions: list[object] = []
+    now = 0.0
+    for step in range(120):
+        now += rng.choice([1.0, 5.0, 10.0, 40.0])
+        for rid, run in sorted(view.running.items()):
+            if run.planned_end_s <= now or rng.random() < 0.03:
+                view.remove(rid)
+        for k in range(rng.choice([0, 1, 1, 2])):
+            gpus = rng.choice([0.5, 1, 1, 2, 4])
+            pods = tuple(pod(gpus, name=f"p{i}") for i in range(rng.choice([1, 1, 2])))
+            estimate = rng.choice([None, 20.0, 60.0, 120.0, 300.0, 600.0])
+            w = replace(workload(*pods, wid=f"w{step}-{k}", submit_s=now), runtime_estimate_s=estimate)
+            pending[w.id] = w
+        result = cycle_on(view, list(pending.values()), policies, now, rng)
+        for admission in result.admitted:
+            pending.pop(admission.workload_id)
+        for rejection in result.rejected:
+            if rejection.final:
+                pending.pop(rejection.workload_id)
+        decisions.append(result.decisions)
+    return decisions
+
+
+@pytest.mark.parametrize("placement", ["first-fit", "best-fit", "gpu-clustering"])
+@pytest.mark.parametrize("seed", range(4))
+def test_busy_cycles_decide_as_without_carried_reservations(
+    seed: int, placement: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A busy pool's cycles (backfill, fifo order): the same decisions, with reservations carried."""
+    policies = Policies(placement=placement, ordering="fifo", backfill=True)
+    with monkeypatch.context() as mp:
+        count = _Count(mp)
+        carried = _busy_cycles(seed, policies)
+        used = count.carried
+    with monkeypatch.context() as mp:
+        mp.setattr(backfill, "carry_reservations", False)
+        afresh = _busy_cycles(seed, policies)
+    assert carried == afresh
+    assert used > 0
 
 
 # ------------------------------------------------------------ each change that must drop it
