@@ -338,6 +338,8 @@ def _reserve(
         bound = wanted
         cut = bisect.bisect_left(ends, True, key=lambda e: not _wanted(max(e[0], now_s), not_before_s, bound))
         ends, end_milli = ends[:cut], end_milli[:cut]
+    if kept is not None:
+        kept.floor = None
     found = _first_fit_in_time(head, view, now_s, policy, rng, ends, end_milli, not_before_s, hint_s, kept)
     if found is not None:
         found.narrow = _narrow(head, view, policy, found.fits_on)
@@ -385,6 +387,9 @@ def _first_fit_in_time(
         done = _first_passing(shadow, ends, running, i, now_s, could_fit)
     if done is None:
         return None
+    if kept is not None:  # the end before the first group that passes, for `KeptReservation.carries`
+        below = _group_start(ends, done - 1, now_s)
+        kept.floor = (ends[below - 1][0] if below else -math.inf, ends)
     # the device check passes here and, the runs only ever freeing room, at every later end time
     trials = 0
     places = kept.placements(head, view, policy) if kept is not None else None
@@ -555,6 +560,10 @@ class KeptSearch:
     of the last search (`_overdue_kept`)."""
     check: tuple[Workload, np.ndarray | None, Callable[[ClusterState], bool]] | None = None
     """(head, its required domains, `_device_check` of them) of the last search."""
+    floor: tuple[float, list[tuple[float, str]]] | None = None
+    """(the latest end before the first group after which the device check passed, the ends the
+    search read) of the last search, None where none passed (an output, read by `kept_reserve`:
+    `KeptReservation.carries`)."""
 
     @classmethod
     def fresh(cls, state: ClusterState) -> KeptSearch:
@@ -773,7 +782,8 @@ class KeptReservation:
     drawing nothing from the rng and keeping nothing, so skipping its calls changes nothing
     later); and the clock only through the ends already past and their corrections, each constant
     until the clock reaches it (`corrected_end_s`). So the result is the same while as many ends
-    are past (`overdue`) and no correction is reached (`until_s`).
+    are past (`overdue`) and no correction is reached (`until_s`) (`matches`); and, across runs that
+    started and ended, while the pool from the head's first passing group on is the same (`carries`).
     """
 
     head: Workload
@@ -782,8 +792,9 @@ class KeptReservation:
     prepared: int
     defaults: SliceDefaults
     state: ClusterState
-    arrays: tuple[np.ndarray, ...]
-    pod_kinds: list[dict[str, int]]
+    live: ClusterState
+    """A copy of the live state's capacity, free amounts, heavy shares and pods per node when the
+    reservation was made (or last carried); node versions not kept up to date."""
     overdue: int
     until_s: float
     """The earliest corrected end of an overdue run at or before the start (inf: none): the clock
@@ -796,21 +807,104 @@ class KeptReservation:
     narrow: np.ndarray | None = None
     not_before_s: float = -math.inf
     wanted: tuple[float, float] | None = None
+    floor_s: float | None = None
+    """`KeptSearch.floor`'s end: the device check fails on the pool as the runs ending by it leave
+    it (`carries`); None: the reservation is not carried across starts and finishes."""
+    ends: list[tuple[float, str]] = field(default_factory=list)
+    """A copy of the expected ends the reservation was made (or last carried) on."""
+    floor_at: int = 0
+    """How many of `ends` end at or before `floor_s`."""
+    runs: dict[str, Running] = field(default_factory=dict)
+    """A copy of the view's running records then (by id)."""
 
-    def matches(self, head: Workload, view: ClusterView, now_s: float, policy: PlacementPolicy) -> bool:
+    def asks_alike(self, head: Workload, view: ClusterView, policy: PlacementPolicy) -> bool:
+        """The same head, placed by the same policy (prepared as many times) on the same pool."""
         state = view.state
         return (
             self.head is head
-            and self.running_version == view.running_version
             and self.policy is policy
             and self.prepared == _prepared(view, policy)
             and self.state is state
             and self.defaults is state.defaults
+        )
+
+    def matches(self, head: Workload, view: ClusterView, now_s: float, policy: PlacementPolicy) -> bool:
+        state, live = view.state, self.live
+        return (
+            self.running_version == view.running_version
+            and self.asks_alike(head, view, policy)
             and now_s < self.until_s
             and _overdue(view, now_s) == self.overdue
-            and all(np.array_equal(a, b) for a, b in zip(self.arrays, _arrays(state), strict=True))
-            and self.pod_kinds == state.node_pod_kinds
+            and all(map(_equal, _arrays(live), _arrays(state)))
+            and live.node_pod_kinds == state.node_pod_kinds
         )
+
+    def carries(self, head: Workload, view: ClusterView, now_s: float, policy: PlacementPolicy,
+                search: KeptSearch) -> bool:
+        """Whether the reservation stands across the runs that started and ended since (and the
+        clock), though the live state changed. On True it is brought up to date (`matches` then
+        compares with the state as it is now); once its copy of the live state is changed and found
+        to differ, it holds nothing (the caller makes the reservation afresh).
+
+        Why the search finds the same reservation. Write P(t) for the pool as the search sees it at
+        time t: the live state with the records of the runs expected to end by t released (free
+        amounts, heavy shares, pods per node; the capacity as it is). The search releases the runs
+        group by group (one group per end time, every one after now: overdue ends are corrected),
+        finds the first group G0 after which the aggregate compute (the free compute of the head's
+        allowed devices, which the cumulative sum of the released runs counts) suffices and the
+        device check passes, then places the head there and at later groups, in turn, until it fits
+        (`_first_fit_in_time`; the hinted search finds the same G0, `_hinted_first_passing`). Both
+        tests only get easier as free room grows, so they fail on P(f), f the latest end before G0
+        (`floor_s`; -inf: none), and on every pool with no more free room than P(f). The
+        reservation stands when, now:
+
+        * the expected ends after f are the same (end, id) list: the groups from G0 on are at the
+          same times, and no run ends between f and G0;
+        * the live state is the copy made then (`live`) with the records of the runs that left the
+          ends up to f given back and those of the runs that joined them taken (a run by its record:
+          one started again is one that left and one that joined), field for field, capacity
+          included. A run expected to end by t adds nothing to P(t) whether it runs (held, then
+          released) or not, so P(f) and P(t) for every later t are the pools the search saw
+          (a run after f that another record with the same id and end replaced must then hold
+          the same room: the live state shows any difference, as it shows the start or end of a
+          run without an estimate, which never ends in this reckoning);
+        * every earlier group of the ends now lies at or before f, so the tests fail on its pool,
+          which has no more free room than P(f).
+
+        So the search stops at G0 again and places the head on the same pools in the same order:
+        with a repeatable policy (the same instance, prepared as many times, on the same slice
+        defaults, without a fabric: `kept_reserve`), at the same nodes, the same start and the same
+        shadow (free amounts, heavy shares, pods per node; its node versions are those of the
+        search that made it, as with `matches`: a policy keys what it keeps by node version within
+        one state object, and every reservation returned is a new copy)."""
+        floor = self.floor_s
+        if floor is None or not self.asks_alike(head, view, policy):
+            return False
+        ends, _, first_fix = _expected_ends(view, now_s, True, search)
+        old, k = self.ends, self.floor_at
+        j = bisect.bisect_right(ends, floor, key=_end)
+        if len(ends) - j != len(old) - k or ends[j:] != old[k:]:
+            return False
+        running, was = view.running, self.runs
+        before = {rid: was[rid] for _, rid in old[:k]}
+        after = {rid: running[rid] for _, rid in ends[:j]}
+        left = [rec for rid, run in before.items() if after.get(rid) is not run for _, rec in run.allocs]
+        joined = [rec for rid, run in after.items() if before.get(rid) is not run for _, rec in run.allocs]
+        # the copy made as the live state was, moved by those runs, must be the live state now
+        state, live = view.state, self.live
+        self.floor_s, self.running_version = None, -1  # changed below: no use unless equal
+        shift_free(live, left, 1)
+        shift_free(live, joined, -1)
+        if not (_count_kinds(live, left, -1) and _count_kinds(live, joined, 1)):
+            return False
+        if live.heavy_slices != state.heavy_slices or live.node_pod_kinds != state.node_pod_kinds \
+                or not all(map(_equal, _arrays(live), _arrays(state))):
+            return False
+        self.floor_s, self.floor_at, self.ends, self.runs = floor, j, list(ends), dict(running)
+        self.running_version = view.running_version
+        self.overdue = _overdue(view, now_s)
+        self.until_s = first_fix if first_fix <= self.start_s else math.inf
+        return True
 
     def reservation(self, now_s: float) -> Reservation | None:
         if self.shadow is None:
@@ -826,6 +920,27 @@ def _arrays(state: ClusterState) -> tuple[np.ndarray, ...]:
         state.cpu_free, state.mem_free, state.dev_milli_free, state.dev_mem_free,
         state.cpu_cap, state.mem_cap, state.dev_milli_cap, state.dev_mem_cap, state.schedulable,
     )
+
+
+def _equal(a: np.ndarray, b: np.ndarray) -> bool:
+    """`np.array_equal(a, b)` for arrays of one type (a state's and its copy's), in fewer steps."""
+    return a.shape == b.shape and a.tobytes() == b.tobytes()
+
+
+def _count_kinds(state: ClusterState, records: list[PodAlloc], sign: int) -> bool:
+    """`shift_pod_kinds(state, records, sign)`; False (the counts then partly moved) where a count
+    would fall below zero (a record taken out of a state that does not hold it)."""
+    for r in records:
+        kinds = state.node_pod_kinds[r.node]
+        kind = state.pod_kind(r)
+        count = kinds.get(kind, 0) + sign
+        if count > 0:
+            kinds[kind] = count
+        elif count == 0:
+            kinds.pop(kind, None)
+        else:
+            return False
+    return True
 
 
 def _overdue(view: ClusterView, now_s: float) -> int:
@@ -846,6 +961,13 @@ keep_reservations = True
 computes it afresh on every call (the same reservations, slower: kept to check that claim)."""
 
 
+carry_reservations = True
+"""Keep the last reservation across runs that started and ended, where they leave the pool the same
+from the head's first passing group on (`KeptReservation.carries`: runs expected to end before it,
+for a repeatable policy without a fabric); False makes it afresh after any start or finish (the
+same reservations, slower: kept to check that claim)."""
+
+
 def kept_reserve(
     head: Workload, view: ClusterView, now_s: float, policy: PlacementPolicy, rng: random.Random,
     slot: Literal["kept_reservation", "kept_leaf_reservation"] = "kept_reservation",
@@ -857,15 +979,16 @@ def kept_reserve(
     `not_before_s` and `wanted` as `_reserve`'s."""
     view.materialize()
     kept = getattr(view, slot)
-    if (keep_reservations and kept is not None and kept.not_before_s == not_before_s
-            and kept.wanted == wanted
-            and kept.matches(head, view, now_s, policy)):
-        return kept.reservation(now_s)
-    last = view.reserve_hints.get(slot)
-    hint_s = last[1] if last is not None and last[0] == head.id else math.inf
     search = view.kept_searches.get(slot)
     if search is None or not search.fits(view.state):
         search = view.kept_searches[slot] = KeptSearch.fresh(view.state)
+    if (keep_reservations and kept is not None and kept.not_before_s == not_before_s
+            and kept.wanted == wanted
+            and (kept.matches(head, view, now_s, policy)
+                 or (carry_reservations and kept.carries(head, view, now_s, policy, search)))):
+        return kept.reservation(now_s)
+    last = view.reserve_hints.get(slot)
+    hint_s = last[1] if last is not None and last[0] == head.id else math.inf
     if not policy.is_repeatable():  # its placements draw from the rng or change later ones
         setattr(view, slot, None)
         found = _reserve(head, view, now_s, policy, rng, not_before_s=not_before_s, hint_s=hint_s,
@@ -873,12 +996,15 @@ def kept_reserve(
         _note_hint(view, slot, head, found)
         return found
     state = view.state
-    arrays = tuple(a.copy() for a in _arrays(state))
-    pod_kinds = [dict(k) for k in state.node_pod_kinds]
+    live = clone_state(state)
+    runs = dict(view.running)
     found, until_s = _reserve(head, view, now_s, policy, rng, not_before_s=not_before_s, hint_s=hint_s,
                      wanted=wanted, kept=search)
     _note_hint(view, slot, head, found)
     overdue = _overdue(view, now_s)
+    floor = search.floor
+    carried = floor is not None and found is not None and policy.topology is None \
+        and not_before_s == -math.inf and wanted is None
     setattr(view, slot, KeptReservation(
         head=head,
         running_version=view.running_version,
@@ -886,8 +1012,7 @@ def kept_reserve(
         prepared=_prepared(view, policy),
         defaults=state.defaults,
         state=state,
-        arrays=arrays,
-        pod_kinds=pod_kinds,
+        live=live,
         overdue=overdue,
         until_s=until_s,
         start_s=math.inf if found is None else found.start_s,
@@ -896,6 +1021,10 @@ def kept_reserve(
         narrow=None if found is None else found.narrow,
         not_before_s=not_before_s,
         wanted=wanted,
+        floor_s=floor[0] if carried and floor is not None else None,
+        ends=list(floor[1]) if carried and floor is not None else [],
+        floor_at=bisect.bisect_right(floor[1], floor[0], key=_end) if carried and floor is not None else 0,
+        runs=runs if carried else {},
     ))
     return found
 
