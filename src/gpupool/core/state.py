@@ -718,14 +718,21 @@ def note_released(state: ClusterState, records: Sequence[PodAlloc]) -> None:
     shift_pod_kinds(state, records, -1)
 
 
-def shift_pod_kinds(state: ClusterState, records: Sequence[PodAlloc], sign: int) -> None:
+def shift_pod_kinds(
+    state: ClusterState, records: Sequence[PodAlloc], sign: int, strict: bool = False
+) -> bool:
     """Count the records' pods in `node_pod_kinds` (sign 1) or take them out (-1); a kind whose
-    count reaches 0 leaves its node's dict."""
+    count reaches 0 leaves its node's dict. `strict`: stop and return False (the counts then partly
+    moved) where a count would fall below zero (a record taken out of a state that does not hold it);
+    otherwise such a kind just leaves. True when every record was counted."""
     for r in records:
         kinds = state.node_pod_kinds[r.node]
         kind = state.pod_kind(r)
         count = kinds.get(kind, 0) + sign
         if count > 0:
             kinds[kind] = count
-        else:
+        elif count == 0 or not strict:
             kinds.pop(kind, None)
+        else:
+            return False
+    return True

@@ -895,7 +895,8 @@ class KeptReservation:
         self.floor_s, self.running_version = None, -1  # changed below: no use unless equal
         shift_free(live, left, 1)
         shift_free(live, joined, -1)
-        if not (_count_kinds(live, left, -1) and _count_kinds(live, joined, 1)):
+        if not (shift_pod_kinds(live, left, -1, strict=True)
+                and shift_pod_kinds(live, joined, 1, strict=True)):
             return False
         if live.heavy_slices != state.heavy_slices or live.node_pod_kinds != state.node_pod_kinds \
                 or not all(map(_equal, _arrays(live), _arrays(state))):
@@ -927,20 +928,6 @@ def _equal(a: np.ndarray, b: np.ndarray) -> bool:
     return a.shape == b.shape and a.tobytes() == b.tobytes()
 
 
-def _count_kinds(state: ClusterState, records: list[PodAlloc], sign: int) -> bool:
-    """`shift_pod_kinds(state, records, sign)`; False (the counts then partly moved) where a count
-    would fall below zero (a record taken out of a state that does not hold it)."""
-    for r in records:
-        kinds = state.node_pod_kinds[r.node]
-        kind = state.pod_kind(r)
-        count = kinds.get(kind, 0) + sign
-        if count > 0:
-            kinds[kind] = count
-        elif count == 0:
-            kinds.pop(kind, None)
-        else:
-            return False
-    return True
 
 
 def _overdue(view: ClusterView, now_s: float) -> int:
