@@ -43,7 +43,7 @@ def worker_slice(worker: str = "", count: int = 0) -> range:
     """The ports of pytest-xdist worker `worker` ('gw3'; '' for a run without workers) of `count`:
     slot 0 is the run without workers, slot n + 1 worker gwn, each slot as wide as the workers fit,
     in [BASE, LIMIT) below the ephemeral range, or above it where that range starts too low."""
-    slot = int(worker[2:]) + 1 if worker.startswith("gw") and worker[2:].isdigit() else 0
+    slot = _slot(worker)
     slots = max(count, slot) + 1
     low, high = ephemeral_range()
     start, top = BASE, min(LIMIT, low)
@@ -54,6 +54,17 @@ def worker_slice(worker: str = "", count: int = 0) -> range:
         raise RuntimeError(f"{count} pytest workers do not fit the ports outside the ephemeral range "
                            f"({low}-{high}), 16 each at least; run fewer workers (-n)")
     return range(start + slot * width, start + (slot + 1) * width)
+
+
+def _slot(worker: str) -> int:
+    """Worker `worker`'s slot: 0 for a run without workers ('' or 'master'), n + 1 for gwn."""
+    return int(worker[2:]) + 1 if worker.startswith("gw") and worker[2:].isdigit() else 0
+
+
+def _this_worker() -> tuple[str, int]:
+    """This process's pytest-xdist worker and the run's worker count ('', 0 without workers)."""
+    count = os.environ.get("PYTEST_XDIST_WORKER_COUNT", "0") or 0
+    return os.environ.get("PYTEST_XDIST_WORKER", ""), int(count)
 
 
 def _binds(port: int) -> bool:
@@ -91,8 +102,7 @@ def free_port() -> int:
     global _mine
     with _mine_lock:
         if _mine is None:
-            _mine = _Ports(worker_slice(os.environ.get("PYTEST_XDIST_WORKER", ""),
-                                        int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "0") or 0)))
+            _mine = _Ports(worker_slice(*_this_worker()))
         ports = _mine
     return ports.take()
 
@@ -109,25 +119,8 @@ def replica_slice(worker: str = "", count: int = 0) -> range:
     make them) a replica binds its port on the host itself, and two workers' pools, each choosing at
     random from the whole default range, could give two replicas one port: the second fails to bind."""
     default = ServingConfig()
-    slot = int(worker[2:]) + 1 if worker.startswith("gw") and worker[2:].isdigit() else 0
-    width = default.port_count // (max(count, slot) + 1)
-    if width < 16:
-        raise RuntimeError(f"{count} pytest workers do not fit the replicas' {default.port_count} ports, "
-                           "16 each at least; run fewer workers (-n)")
-    return range(default.port_base + slot * width, default.port_base + (slot + 1) * width)
-
-
-def serving_ports() -> range:
-    """This worker's replica_slice."""
-    return replica_slice(os.environ.get("PYTEST_XDIST_WORKER", ""),
-                         int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "0") or 0))
-
-
-def serving_config() -> str:
-    """The pool configuration (YAML) that keeps a pool's replicas to serving_ports: every test file
-    whose replicas bind $PORT starts its pools with it (tests/test_layout.py checks)."""
-    ports = serving_ports()
-    return f"serving: {{port_base: {ports.start}, port_count: {len(ports)}}}\n"
+    replicas = range(default.port_base, default.port_base + default.port_count)
+    return _share(worker, count, replicas, "replicas'")
 
 
 def gang_slice(worker: str = "", count: int = 0) -> range:
@@ -136,24 +129,41 @@ def gang_slice(worker: str = "", count: int = 0) -> range:
     Where pods run without network namespaces a gang's rank 0 binds its port on the host itself, and
     two workers' pools, each starting its search at a point of the whole default range drawn from the
     workload's id, could give two gangs running at once one port: the second's rank 0 fails to bind."""
-    default = GangsConfig()
-    slot = int(worker[2:]) + 1 if worker.startswith("gw") and worker[2:].isdigit() else 0
-    width = default.port_count // (max(count, slot) + 1)
+    return _share(worker, count, GangsConfig().ports(), "gangs'")
+
+
+def _share(worker: str, count: int, default: range, whose: str) -> range:
+    """Slot `worker` of `count` workers' equal shares of a pool's `default` range (`whose` ports)."""
+    slot = _slot(worker)
+    width = len(default) // (max(count, slot) + 1)
     if width < 16:
-        raise RuntimeError(f"{count} pytest workers do not fit the gangs' {default.port_count} ports, "
+        raise RuntimeError(f"{count} pytest workers do not fit the {whose} {len(default)} ports, "
                            "16 each at least; run fewer workers (-n)")
-    return range(default.port_base + slot * width, default.port_base + (slot + 1) * width)
+    return range(default.start + slot * width, default.start + (slot + 1) * width)
+
+
+def serving_ports() -> range:
+    """This worker's replica_slice."""
+    return replica_slice(*_this_worker())
+
+
+def serving_config() -> str:
+    """The pool configuration (YAML) that keeps a pool's replicas to serving_ports: every test file
+    whose replicas bind $PORT starts its pools with it (tests/test_layout.py checks)."""
+    return _range_config("serving", serving_ports())
 
 
 def gang_ports() -> range:
     """This worker's gang_slice."""
-    return gang_slice(os.environ.get("PYTEST_XDIST_WORKER", ""),
-                      int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "0") or 0))
+    return gang_slice(*_this_worker())
 
 
 def gang_config(ports: range | None = None) -> str:
     """The pool configuration (YAML) that keeps a pool's gangs to `ports` (a part of gang_ports, all of
     it by default): every test file whose gangs meet at their MASTER_PORT starts its pools with it
     (tests/test_layout.py checks)."""
-    ports = gang_ports() if ports is None else ports
-    return f"gangs: {{port_base: {ports.start}, port_count: {len(ports)}}}\n"
+    return _range_config("gangs", gang_ports() if ports is None else ports)
+
+
+def _range_config(section: str, ports: range) -> str:
+    return f"{section}: {{port_base: {ports.start}, port_count: {len(ports)}}}\n"
