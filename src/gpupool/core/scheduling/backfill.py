@@ -928,8 +928,6 @@ def _equal(a: np.ndarray, b: np.ndarray) -> bool:
     return a.shape == b.shape and a.tobytes() == b.tobytes()
 
 
-
-
 def _overdue(view: ClusterView, now_s: float) -> int:
     """How many running workloads should have ended by `now_s` (by their estimates)."""
     return bisect.bisect_right(view.ends, now_s, key=_end)
@@ -984,14 +982,14 @@ def kept_reserve(
         return found
     state = view.state
     live = clone_state(state)
-    runs = dict(view.running)
     found, until_s = _reserve(head, view, now_s, policy, rng, not_before_s=not_before_s, hint_s=hint_s,
                      wanted=wanted, kept=search)
     _note_hint(view, slot, head, found)
     overdue = _overdue(view, now_s)
-    floor = search.floor
-    carried = floor is not None and found is not None and policy.topology is None \
-        and not_before_s == -math.inf and wanted is None
+    # carried across starts and finishes (`KeptReservation.carries`) only without a fabric, a lower
+    # bound or a window; the search reads the running records and leaves them as they were
+    floor = search.floor if (found is not None and policy.topology is None
+                             and not_before_s == -math.inf and wanted is None) else None
     setattr(view, slot, KeptReservation(
         head=head,
         running_version=view.running_version,
@@ -1008,10 +1006,10 @@ def kept_reserve(
         narrow=None if found is None else found.narrow,
         not_before_s=not_before_s,
         wanted=wanted,
-        floor_s=floor[0] if carried and floor is not None else None,
-        ends=list(floor[1]) if carried and floor is not None else [],
-        floor_at=bisect.bisect_right(floor[1], floor[0], key=_end) if carried and floor is not None else 0,
-        runs=runs if carried else {},
+        floor_s=None if floor is None else floor[0],
+        ends=[] if floor is None else list(floor[1]),
+        floor_at=0 if floor is None else bisect.bisect_right(floor[1], floor[0], key=_end),
+        runs={} if floor is None else dict(view.running),
     ))
     return found
 
