@@ -199,13 +199,6 @@ def _serve(data_dir: Path | None, host: str, port: int, simulate: str, provider:
            fabric_path: Path | None = None, ray_address: str = "", limits: _Limits | None = None) -> None:
     import logging
 
-    import uvicorn
-
-    from gpupool.server.app import create_app
-    from gpupool.server.db import Store
-    from gpupool.server.provision import provision
-    from gpupool.server.runtime import Runtime
-    from gpupool.server.services.tenants import bootstrap
     from gpupool.server.settings import Settings, default_data_dir, is_loopback
 
     settings = Settings(data_dir=data_dir or default_data_dir(), host=host, port=port, simulate=simulate,
@@ -221,9 +214,19 @@ def _serve(data_dir: Path | None, host: str, port: int, simulate: str, provider:
     if settings.tls_cert is None and not is_loopback(host):
         print(f"Warning: {host} is reachable from other machines and TLS is off, so tokens travel in clear; "
               "serve HTTPS with --tls-cert and --tls-key.", file=sys.stderr, flush=True)
+    # The server's modules (a second of CPU to import) only once the options above were accepted: a
+    # bad file, policy or certificate is refused without them, and all of them are in place before
+    # anything is made (as secure_data_dir's umask).
     from dataclasses import replace
 
+    import uvicorn
+
+    from gpupool.server.app import create_app
     from gpupool.server.datadir import pod_accounts_notice, pool_id, secure_data_dir
+    from gpupool.server.db import Store
+    from gpupool.server.provision import provision
+    from gpupool.server.runtime import Runtime
+    from gpupool.server.services.tenants import bootstrap
 
     secure_data_dir(settings.data_dir)
     settings = replace(settings, pool_id=pool_id(settings.data_dir))
