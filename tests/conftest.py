@@ -128,6 +128,56 @@ def umask_per_module() -> Iterator[None]:
     os.umask(_UMASK)
 
 
+@pytest.fixture(scope="session", autouse=True)
+def migrated_sqlite_template(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """A new, empty SQLite store that `Store.open` brings to the head revision starts as a copy of
+    one this process migrated once (SQLite's backup API, page by page), instead of running every
+    migration again: about 45 ms of CPU each, and a run opens some 500 such stores in its own
+    processes. The copy holds exactly what the migrations made (they made it, and they write no
+    time or random value); a store at another revision, one that is not empty, PostgreSQL, and every
+    direct call of `upgrade` (tests/server/test_migrations.py, test_schema_compat.py) still go
+    through alembic, and so does every `gpupool up` a test starts."""
+    import sqlite3
+
+    from sqlalchemy.engine import Engine
+
+    from gpupool.server import db
+
+    migrate = db.upgrade
+    template: list[Path] = []
+
+    def upgrade(engine: Engine, revision: str = "head") -> None:
+        path = engine.url.database if engine.dialect.name == "sqlite" else None
+        if revision != "head" or not path or path == ":memory:":
+            return migrate(engine, revision)
+        try:
+            with engine.connect() as conn:
+                empty = not conn.exec_driver_sql("SELECT count(*) FROM sqlite_master").scalar()
+        except Exception:  # unreadable, not a database: alembic fails as the server would
+            empty = False
+        if not empty:
+            return migrate(engine, revision)  # a store with tables: alembic decides
+        if not template:
+            made = tmp_path_factory.mktemp("migrated") / "head.sqlite"
+            once = db.make_engine(f"sqlite:///{made}")
+            migrate(once)
+            once.dispose()
+            template.append(made)
+        source = sqlite3.connect(template[0])
+        target = engine.raw_connection()
+        try:
+            source.backup(target.driver_connection)  # type: ignore[arg-type]
+        finally:
+            target.close()
+            source.close()
+
+    db.upgrade = upgrade
+    try:
+        yield
+    finally:
+        db.upgrade = migrate
+
+
 @pytest.fixture(scope="session")
 def postgres() -> Iterator[pgtemp.TempPostgres]:
     reason = pgtemp.why_unavailable()
