@@ -9,7 +9,7 @@ JOBS ?= 2
 # tests/conftest.py keeps each file (and everything that starts Ray) on one worker.
 PYTEST_WORKERS ?= $(shell $(PYTHON) -c 'import os; print(len(os.sched_getaffinity(0)) + 2)')
 
-.PHONY: help run test test-durations lint typecheck pytest test-collect test-deps bench bench-openb clean
+.PHONY: help run test test-durations lint typecheck pytest test-pytest test-collect test-deps system-deps venv-deps bench bench-openb clean
 
 help:  ## List the targets
 	@grep -E '^[a-z-]+:.*##' $(MAKEFILE_LIST) | sed 's/:.*## /\t/'
@@ -25,8 +25,13 @@ venv: $(STAMP)  ## Create .venv and install gpupool with every extra and its dev
 run: $(STAMP)  ## Start the pool on the embedded defaults (SQLite, local provider)
 	$(BIN)/gpupool up
 
-test-deps:  ## Install the Debian packages the tests use (only as root) and a local CPU torch wheel (never downloaded); elsewhere those tests skip
-	@bash scripts/install-test-deps.sh
+test-deps: system-deps venv-deps  ## Install the Debian packages the tests use (only as root) and a local CPU torch wheel (never downloaded); elsewhere those tests skip
+
+system-deps:  ## The Debian packages alone (needs no virtualenv: `make test` installs them while .venv installs)
+	@bash scripts/install-test-deps.sh --system
+
+venv-deps: $(STAMP)  ## The local CPU torch wheel alone, into .venv
+	@bash scripts/install-test-deps.sh --venv
 
 lint: $(STAMP)  ## ruff
 	$(BIN)/ruff check src tests bench
@@ -37,18 +42,24 @@ typecheck: $(STAMP)  ## mypy
 # Bytecode is written (and so reused) even where the environment says not to: without it every
 # worker compiles the sources and rewrites every test module's asserts again (11 s of CPU each, 4 s
 # cached), and every `gpupool up` a test starts recompiles the package.
-pytest test-collect: export PYTHONDONTWRITEBYTECODE =
+pytest test-pytest test-collect: export PYTHONDONTWRITEBYTECODE =
 
 test-collect: $(STAMP)  ## Compile the package and the tests once, so the pytest workers all read the same bytecode
 	@$(BIN)/pytest --collect-only -qq -p no:cacheprovider > .pytest-collect.log || { cat .pytest-collect.log; exit 1; }
 	@rm -f .pytest-collect.log
 
-pytest: $(STAMP)  ## The test suite in parallel, with the 25 slowest tests listed at the end
-	$(BIN)/pytest -q -n $(PYTEST_WORKERS) --dist loadfile --durations=25
+PYTEST_RUN = $(BIN)/pytest -q -n $(PYTEST_WORKERS) --dist loadfile --durations=25
 
-test: $(STAMP)  ## Everything CI runs: deps, ruff, mypy and the tests' bytecode side by side, then pytest
-	@$(MAKE) --no-print-directory -j4 -O test-deps lint typecheck test-collect
-	@$(MAKE) --no-print-directory pytest
+pytest: $(STAMP)  ## The test suite in parallel, with the 25 slowest tests listed at the end
+	$(PYTEST_RUN)
+
+# `make test`'s pytest: it waits only for what the tests use (the packages, the wheel, the bytecode),
+# not for ruff and mypy, which run beside it; a failure of either still fails `make test`.
+test-pytest: system-deps venv-deps test-collect
+	$(PYTEST_RUN)
+
+test:  ## Everything CI runs: the Debian packages while .venv installs; ruff, mypy and pytest side by side
+	@$(MAKE) --no-print-directory -j4 -Oline system-deps lint typecheck test-pytest
 
 test-durations: $(STAMP)  ## Run the suite and record each file's seconds in tests/durations.json (the order workers take files in)
 	$(BIN)/pytest -q -n $(PYTEST_WORKERS) --junitxml=.pytest-junit.xml; \
