@@ -1,0 +1,112 @@
+"""Benchmark: where a replay's cycles spend their time, by what woke them and what they decided.
+
+Runs `gpupool sim replay` with the given arguments in this process, timing every `cycle_on` the
+replay makes and noting the events of its batch (arrivals, finishes, both, other), whether the cycle
+admitted work and whether it stopped any (preempted, evicted, moved). Prints one row per kind of
+cycle (count, CPU seconds of the cycles, share, mean pending) and writes JSON. The wrapper changes
+no decision: the replay's own result is written where its `--json` says.
+
+    GPUPOOL_DATA_DIR=DATA .venv/bin/python bench/replay_cycles.py -- --trace philly:FILE \\
+        --cluster 64x8xV100M32 --seed 1 --ordering drf --policy first-fit --preemption --backfill
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+import gpupool.sim.replay as replay_module
+from gpupool.cli.main import main as gpupool_main
+from gpupool.core.scheduling.cycle import Admit, CycleResult, Stop
+
+
+def _woken_by(events: Sequence[Any]) -> str:
+    kinds = {e.kind for e in events}
+    if kinds <= {"arrive"}:
+        return "arrivals"
+    if kinds <= {"finish"}:
+        return "finishes"
+    if kinds <= {"arrive", "finish"}:
+        return "arrivals and finishes"
+    return "other (" + ", ".join(sorted(kinds - {"arrive", "finish"})) + ")"
+
+
+def _decided(result: CycleResult) -> str:
+    admitted = any(type(d) is Admit for d in result.decisions)
+    stopped = any(type(d) is Stop for d in result.decisions)
+    if admitted and stopped:
+        return "admissions and stops"
+    if admitted:
+        return "admissions"
+    return "stops" if stopped else "nothing (all wait)"
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0],
+                                     usage="%(prog)s [--json OUT] -- REPLAY-ARGS...")
+    parser.add_argument("--json", type=Path, default=Path("bench/results/replay_cycles.json"))
+    parser.add_argument("replay", nargs=argparse.REMAINDER, help="the arguments of `gpupool sim replay`")
+    args = parser.parse_args()
+    replay_args = [a for a in args.replay if a != "--"]
+    if not replay_args:
+        parser.error("give the replay's arguments after --, e.g. -- --trace philly:FILE "
+                     "--cluster 16x8xV100M32")
+    rows: dict[tuple[str, str], list[float]] = {}
+    woken = ["none"]
+    batch, cycle_on = replay_module.Replay._batch, replay_module.cycle_on
+
+    def timed_batch(self: Any, now_s: float, events: Sequence[Any]) -> None:
+        woken[0] = _woken_by(events)
+        batch(self, now_s, events)
+
+    def timed_cycle(view: Any, pending: Sequence[Any], *rest: Any) -> CycleResult:
+        tick = time.process_time()
+        result = cycle_on(view, pending, *rest)
+        spent = time.process_time() - tick
+        row = rows.setdefault((woken[0], _decided(result)), [0, 0.0, 0])
+        row[0] += 1
+        row[1] += spent
+        row[2] += len(pending)
+        return result
+
+    replay_module.Replay._batch = timed_batch  # type: ignore[method-assign]
+    replay_module.cycle_on = timed_cycle  # type: ignore[assignment]
+    sys.argv = ["gpupool", "sim", "replay", *replay_args]
+    status: object = 0
+    try:
+        gpupool_main()
+    except SystemExit as exc:
+        status = exc.code
+    finally:
+        replay_module.Replay._batch = batch  # type: ignore[method-assign]
+        replay_module.cycle_on = cycle_on
+    total = sum(r[1] for r in rows.values()) or 1.0
+    ordered = sorted(rows.items(), key=lambda kv: -kv[1][1])
+    cycles = sum(r[0] for r in rows.values())
+    table = Table(title=f"cycles by what woke them and what they decided ({cycles:,})")
+    for column in ("woken by", "decided", "cycles", "CPU s", "share", "pending (mean)"):
+        table.add_column(column, justify="left" if column in ("woken by", "decided") else "right")
+    for (by, decided), (count, spent, pending) in ordered:
+        table.add_row(by, decided, f"{count:,}", f"{spent:.1f}", f"{100 * spent / total:.1f} %",
+                      f"{pending / count:.0f}")
+    Console().print(table)
+    args.json.parent.mkdir(parents=True, exist_ok=True)
+    args.json.write_text(json.dumps({
+        "replay_args": replay_args,
+        "rows": [{"woken_by": by, "decided": decided, "cycles": count, "cpu_s": spent,
+                  "share": spent / total, "pending_mean": pending / count}
+                 for (by, decided), (count, spent, pending) in ordered],
+    }, indent=2))
+    return status if isinstance(status, int) else 1 if status else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
