@@ -26,7 +26,14 @@ from sqlalchemy import BindParameter, Connection, bindparam, case, func, insert,
 
 from gpupool.core.model import Workload, WorkloadStatus
 from gpupool.core.units import MILLI
-from gpupool.errors import NotFound, QuotaExceeded, StoreUnavailable, TooManyPending, did_you_mean
+from gpupool.errors import (
+    GpupoolError,
+    NotFound,
+    QuotaExceeded,
+    StoreUnavailable,
+    TooManyPending,
+    did_you_mean,
+)
 from gpupool.server.orm import Base, QueueRow, TenantRow, WorkloadRow
 from gpupool.server.runtime import Runtime
 
@@ -240,7 +247,8 @@ def commit(rt: Runtime, batch: Sequence[Submission]) -> int:
                     if item.also is not None:
                         item.also(conn)
     except Exception as exc:  # the store's own error: nothing of this batch was stored
-        if not isinstance(exc, StoreUnavailable):  # the store logs its own failures, once each
+        # the store logs its own failures, once each; a refusal raised in the transaction is no failure
+        if not isinstance(exc, (StoreUnavailable, GpupoolError)):
             log.warning("storing %d submission(s) failed: %s", len(batch), exc)
         for item in batch:  # also those not yet checked when it failed: none may be acknowledged
             if item.error is None:

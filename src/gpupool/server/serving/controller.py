@@ -57,6 +57,10 @@ class Replica:
         return self.ready == "ready" and self.status == WorkloadStatus.RUNNING.value
 
 
+class ServiceGone(Conflict):
+    """A replica's service was deleted, or began to be, after the controller read it."""
+
+
 class Controller:
     def __init__(self, rt: Runtime) -> None:
         self.rt = rt
@@ -231,12 +235,23 @@ class Controller:
             )
 
             def link(conn: Connection) -> None:
+                # Compare-and-set in the replica's own transaction: the service is still there and
+                # not being deleted (`services.remove` marks it so, then cancels the replicas it
+                # lists: one stored after that list would outlive the service). The update takes
+                # the row's lock, so a delete that starts meanwhile lists this replica.
+                held = conn.execute(update(ServiceRow)
+                                    .where(ServiceRow.id == row.id, ServiceRow.state != "deleting")
+                                    .values(version=ServiceRow.version))
+                if held.rowcount != 1:
+                    raise ServiceGone(f"service {row.tenant}/{row.name} is being deleted")
                 conn.execute(insert(ServiceReplicaRow).values(**values))
 
             submission.also = link
             commit(self.rt, [submission])
             if submission.error is not None:
                 raise submission.error
+        except ServiceGone:
+            return False  # nothing was stored; the service and its events are going
         except GpupoolError as exc:
             if self._refused.get(row.id) != exc.message:
                 self._refused[row.id] = exc.message
