@@ -142,8 +142,10 @@ def test_checkpoint_marks_of_a_batch_come_from_every_node_in_one_round(pool: Ray
 
 def test_stop_terminates_the_whole_group_then_kills_it_after_the_grace(pool: RayProvider) -> None:
     pool.launch(_pod("polite", "t4-002", "sleep", "60"))
-    pool.launch(_pod("stubborn", "t4-002", "sh", "-c", "trap '' TERM; sleep 60 & wait; wait"))
+    pool.launch(_pod("stubborn", "t4-002", "sh", "-c", "trap '' TERM; echo armed; sleep 60 & wait; wait"))
     _wait_running(pool, "polite", "stubborn")
+    # running is not yet ignoring SIGTERM: a stop before the shell ran its trap ended it with 143
+    wait_for(lambda: "armed" in pool.read_log("stubborn").text, what="the stubborn pod's trap")
     pool.stop("polite", grace_s=5.0)
     pool.stop("stubborn", grace_s=0.5)
     pool.stop("stubborn", grace_s=0.5)
