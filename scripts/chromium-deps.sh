@@ -11,10 +11,7 @@ if [ "$(id -u)" -ne 0 ] || ! command -v apt-get >/dev/null 2>&1; then
     exit 0
 fi
 export DEBIAN_FRONTEND=noninteractive
-# the package lists are refreshed once per `install-test-deps.sh` run (its marker file), else here
-if [ -z "${GPUPOOL_APT_UPDATED:-}" ] || [ ! -e "$GPUPOOL_APT_UPDATED" ]; then
-    apt-get update -qq || echo "chromium-deps: apt-get update failed; trying the install anyway" >&2
-    [ -z "${GPUPOOL_APT_UPDATED:-}" ] || touch "$GPUPOOL_APT_UPDATED"
-fi
+. "$(dirname "$0")/apt-once.sh"
+apt_update_once chromium-deps
 apt-get install -y -qq --no-install-recommends chromium >/dev/null \
     || echo "chromium-deps: could not install chromium; the dashboard tests will skip." >&2

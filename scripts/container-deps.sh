@@ -15,10 +15,7 @@ if [ "$(id -u)" -ne 0 ] || ! command -v apt-get >/dev/null 2>&1; then
     exit 0
 fi
 export DEBIAN_FRONTEND=noninteractive
-# the package lists are refreshed once per `install-test-deps.sh` run (its marker file), else here
-if [ -z "${GPUPOOL_APT_UPDATED:-}" ] || [ ! -e "$GPUPOOL_APT_UPDATED" ]; then
-    apt-get update -qq || echo "container-deps: apt-get update failed; trying the install anyway" >&2
-    [ -z "${GPUPOOL_APT_UPDATED:-}" ] || touch "$GPUPOOL_APT_UPDATED"
-fi
+. "$(dirname "$0")/apt-once.sh"
+apt_update_once container-deps
 apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null \
     || echo "container-deps: could not install ${missing[*]}; container tests will skip." >&2

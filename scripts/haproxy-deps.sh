@@ -9,11 +9,8 @@ if [ "$(id -u)" -ne 0 ] || ! command -v apt-get >/dev/null 2>&1; then
     exit 0
 fi
 export DEBIAN_FRONTEND=noninteractive
-# the package lists are refreshed once per `install-test-deps.sh` run (its marker file), else here
-if [ -z "${GPUPOOL_APT_UPDATED:-}" ] || [ ! -e "$GPUPOOL_APT_UPDATED" ]; then
-    apt-get update -qq || echo "haproxy-deps: apt-get update failed; trying the install anyway" >&2
-    [ -z "${GPUPOOL_APT_UPDATED:-}" ] || touch "$GPUPOOL_APT_UPDATED"
-fi
+. "$(dirname "$0")/apt-once.sh"
+apt_update_once haproxy-deps
 apt-get install -y -qq --no-install-recommends haproxy >/dev/null \
     || echo "haproxy-deps: could not install haproxy; HAProxy data plane tests will skip." >&2
 # Debian's package starts its own haproxy service on install; the pool runs its own, so stop that one.

@@ -10,11 +10,8 @@ if [ "$(id -u)" != "0" ]; then
     exit 0
 fi
 export DEBIAN_FRONTEND=noninteractive
-# the package lists are refreshed once per `install-test-deps.sh` run (its marker file), else here
-if [ -z "${GPUPOOL_APT_UPDATED:-}" ] || [ ! -e "$GPUPOOL_APT_UPDATED" ]; then
-    apt-get update -qq || echo "postgres-deps: apt-get update failed; trying the install anyway" >&2
-    [ -z "${GPUPOOL_APT_UPDATED:-}" ] || touch "$GPUPOOL_APT_UPDATED"
-fi
+. "$(dirname "$0")/apt-once.sh"
+apt_update_once postgres-deps
 if apt-get install -y -qq --no-install-recommends postgresql >/dev/null; then
     echo "postgres-deps: installed PostgreSQL $(ls /usr/lib/postgresql)"
 else
