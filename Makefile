@@ -14,10 +14,16 @@ PYTEST_WORKERS ?= $(shell $(PYTHON) -c 'import os; print(len(os.sched_getaffinit
 help:  ## List the targets
 	@grep -E '^[a-z-]+:.*##' $(MAKEFILE_LIST) | sed 's/:.*## /\t/'
 
+# The packages go in with uv (installed into .venv by pip first): on 2 cores it downloads and installs
+# them in about 13 s where pip takes 37; the same versions, byte-compiled as pip does. Where uv cannot
+# be installed or cannot reach the package index, pip installs them.
 $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -e '.[all,dev]'
+	@echo "installing gpupool with every extra and its dev tools into $(VENV)"
+	@{ $(BIN)/python -m pip install --quiet 'uv>=0.5' \
+		&& $(BIN)/uv pip install --python $(BIN)/python --quiet --compile-bytecode -e '.[all,dev]'; } \
+	|| { echo "uv could not install them; installing with pip"; \
+		$(BIN)/python -m pip install --quiet --upgrade pip && $(BIN)/python -m pip install --quiet -e '.[all,dev]'; }
 	@touch $(STAMP)
 
 venv: $(STAMP)  ## Create .venv and install gpupool with every extra and its dev tools
