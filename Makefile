@@ -39,11 +39,15 @@ system-deps:  ## The Debian packages alone (needs no virtualenv: `make test` ins
 venv-deps: $(STAMP)  ## The local CPU torch wheel alone, into .venv
 	@bash scripts/install-test-deps.sh --venv
 
+# `make test` runs these at a lower CPU priority (CHECKS_NICE): they then use the cores the tests
+# leave idle (a worker waiting on a live server or a pod) instead of slowing the tests down.
+CHECKS_NICE ?=
+
 lint: $(STAMP)  ## ruff
-	$(BIN)/ruff check src tests bench
+	$(CHECKS_NICE) $(BIN)/ruff check src tests bench
 
 typecheck: $(STAMP)  ## mypy
-	$(BIN)/mypy
+	$(CHECKS_NICE) $(BIN)/mypy
 
 # Bytecode is written (and so reused) even where the environment says not to: without it every
 # worker compiles the sources and rewrites every test module's asserts again (11 s of CPU each, 4 s
@@ -65,7 +69,7 @@ test-pytest: system-deps venv-deps test-collect
 	$(PYTEST_RUN)
 
 test:  ## Everything CI runs: the Debian packages while .venv installs; ruff, mypy and pytest side by side
-	@$(MAKE) --no-print-directory -j4 -Oline system-deps lint typecheck test-pytest
+	@$(MAKE) --no-print-directory -j4 -Oline system-deps lint typecheck test-pytest CHECKS_NICE='nice -n 15'
 
 test-durations: $(STAMP)  ## Run the suite and record each file's seconds in tests/durations.json (the order workers take files in)
 	$(BIN)/pytest -q -n $(PYTEST_WORKERS) --junitxml=.pytest-junit.xml; \
