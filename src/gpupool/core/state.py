@@ -131,7 +131,9 @@ class ClusterState:
         self._labelled_cache: dict[tuple[frozenset[str], Labels], BoolArray] = {}
         # Bumped on every change of a node's free capacity, so policies can cache per-node scores.
         self.node_version: IntArray = np.zeros(n, dtype=np.int64)
-        # Per node: how many placed pods of each kind ("cpu", "share", "<k>-dev") it holds.
+        # Per node: how many placed pods of each kind ("cpu", "share", "<k>-dev") it holds. A node's
+        # dict is never changed in place: a change puts a changed copy in its slot, so copies of the
+        # state share the dicts of the nodes neither changed since (`clone_state`).
         self.node_pod_kinds: list[dict[str, int]] = [{} for _ in range(n)]
 
     # ----------------------------------------------------------------- construction
@@ -451,13 +453,14 @@ class ClusterState:
 
     def _note_change(self, record: PodAlloc, sign: int) -> None:
         self.node_version[record.node] += 1
-        kinds = self.node_pod_kinds[record.node]
+        kinds = self.node_pod_kinds[record.node].copy()  # (never changed in place: see __init__)
         kind = self.pod_kind(record)
         count = kinds.get(kind, 0) + sign
         if count:
             kinds[kind] = count
         else:
             kinds.pop(kind, None)
+        self.node_pod_kinds[record.node] = kinds
 
     def set_schedulable(self, node: int, schedulable: bool) -> None:
         """Cordon or uncordon a node: running work stays, new work is not placed there."""
@@ -546,9 +549,8 @@ def clone_state(state: ClusterState, *, empty: bool = False) -> ClusterState:
     new.dev_milli_free = (src.dev_milli_cap if empty else src.dev_milli_free).copy()
     new.dev_mem_free = (src.dev_mem_cap if empty else src.dev_mem_free).copy()
     new.node_version = state.node_version.copy()
-    new.node_pod_kinds = (
-        [{} for _ in state.node_pod_kinds] if empty else [dict(k) for k in state.node_pod_kinds]
-    )
+    # the dicts are shared: a change to either state puts a new dict in its own list (`__init__`)
+    new.node_pod_kinds = [{} for _ in state.node_pod_kinds] if empty else list(state.node_pod_kinds)
     if empty:
         new.heavy_slices = 0
     return new
@@ -583,7 +585,7 @@ def allocate_placements(state: ClusterState, allocations: Sequence[Allocation]) 
     ]
     node_kinds = state.node_pod_kinds
     for (n, kind), count in Counter(zip(nodes, kinds, strict=True)).items():
-        held = node_kinds[n]
+        held = node_kinds[n] = node_kinds[n].copy()
         held[kind] = held.get(kind, 0) + count
     state.check_invariants()
 
@@ -627,8 +629,9 @@ def allocate_many(state: ClusterState, records: Sequence[PodAlloc]) -> None:
     _add_many(state, records, -1)
     state.check_invariants()
     np.add.at(state.node_version, [r.node for r in records], 1)
+    node_kinds = state.node_pod_kinds
     for r in records:
-        kinds = state.node_pod_kinds[r.node]
+        kinds = node_kinds[r.node] = node_kinds[r.node].copy()
         kind = state.pod_kind(r)
         kinds[kind] = kinds.get(kind, 0) + 1
 
@@ -725,8 +728,9 @@ def shift_pod_kinds(
     count reaches 0 leaves its node's dict. `strict`: stop and return False (the counts then partly
     moved) where a count would fall below zero (a record taken out of a state that does not hold it);
     otherwise such a kind just leaves. True when every record was counted."""
+    node_kinds = state.node_pod_kinds
     for r in records:
-        kinds = state.node_pod_kinds[r.node]
+        kinds = node_kinds[r.node] = node_kinds[r.node].copy()
         kind = state.pod_kind(r)
         count = kinds.get(kind, 0) + sign
         if count > 0:

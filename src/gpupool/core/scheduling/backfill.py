@@ -609,9 +609,10 @@ class KeptSearch:
     def note_released(self, shadow: ClusterState) -> None:
         """`note_released(shadow, <the same records>)` after `release_below`."""
         shadow.node_version += self.sums.node_version
+        held_by = shadow.node_pod_kinds
         for node, kinds in enumerate(self.sums.node_pod_kinds):
             if kinds:
-                held = shadow.node_pod_kinds[node]
+                held = held_by[node] = held_by[node].copy()  # (never changed in place: state.py)
                 for kind, count in kinds.items():
                     left = held.get(kind, 0) - count
                     if left > 0:
@@ -660,7 +661,7 @@ def _shadow_seen(shadow: ClusterState) -> tuple[object, ...]:
     models (shared by every copy of a pool's state), the free amounts and capacity, the heavy
     shares and the pods per node."""
     return (shadow.nodes, shadow.dev_model, b"".join(a.tobytes() for a in _arrays(shadow)),
-            shadow.heavy_slices, [dict(k) for k in shadow.node_pod_kinds])
+            shadow.heavy_slices, list(shadow.node_pod_kinds))  # (dicts never changed in place)
 
 
 def _same_shadow(seen: tuple[object, ...], shadow: ClusterState) -> bool:

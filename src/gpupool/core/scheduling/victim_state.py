@@ -104,7 +104,7 @@ def attach_back(view: ClusterView, runs: Sequence[Running], base: FreeAmounts, h
     np.add.at(state.node_version, [r.node for r in records], 1)
     kinds, kind = state.node_pod_kinds, state.pod_kind
     for r in records:
-        on = kinds[r.node]
+        on = kinds[r.node] = kinds[r.node].copy()  # (never changed in place: state.py)
         k = kind(r)
         on[k] = on.get(k, 0) + 1
     for cq, usage in usage_by_queue(runs, view.quota.queues).items():
