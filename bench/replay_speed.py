@@ -41,8 +41,15 @@ MAIN = "from gpupool.cli.main import main; main()"
 
 
 def result_hash(result: dict[str, Any]) -> str:
-    """The replay's result without its timings, hashed (equal results: equal decisions)."""
+    """The replay's result without its timings, hashed (equal results: equal decisions). The files
+    the configuration names (the fabric, the --config file) count by name only: they lie in a
+    temporary folder of each run, so with their paths a fabric replay's hash changed from one run
+    of this script to the next."""
     kept = {k: v for k, v in result.items() if k not in ("wall_s", "cycle_ms_mean")}
+    config = kept.get("config")
+    if isinstance(config, dict):
+        kept["config"] = {k: Path(v).name if k in ("fabric", "config_file") and isinstance(v, str) else v
+                          for k, v in config.items()}
     return hashlib.sha256(json.dumps(kept, sort_keys=True).encode()).hexdigest()[:16]
 
 

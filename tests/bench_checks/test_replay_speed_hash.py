@@ -26,3 +26,15 @@ def test_any_other_figure_counts_and_key_order_does_not() -> None:
     assert replay_speed.result_hash(moved) != replay_speed.result_hash(RESULT)
     reordered = dict(reversed(list(RESULT.items())))
     assert replay_speed.result_hash(reordered) == replay_speed.result_hash(RESULT)
+
+
+def test_the_files_count_by_name_not_by_folder() -> None:
+    """Each run of the script writes the fabric and the --config file into a temporary folder of its
+    own: the same replay from another folder hashes alike, another file or option does not."""
+    config = {"fabric": "run-1/tree.topo", "config_file": "run-1/moves.yaml", "backfill": True}
+    first = dict(RESULT, config=config)
+    elsewhere = dict(RESULT, config=dict(config, fabric="run-2/tree.topo", config_file="run-2/moves.yaml"))
+    assert replay_speed.result_hash(elsewhere) == replay_speed.result_hash(first)
+    for changed in ({"fabric": "run-1/other.topo"}, {"config_file": None}, {"backfill": False}):
+        assert replay_speed.result_hash(dict(RESULT, config=dict(config, **changed))) \
+            != replay_speed.result_hash(first), changed
