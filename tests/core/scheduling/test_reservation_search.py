@@ -11,6 +11,8 @@ from dataclasses import replace
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from factories import cluster, pod, workload
 from gpupool.core.model import Workload
@@ -213,3 +215,13 @@ def test_a_bounded_search_finds_every_start_it_is_asked_for(seed: int) -> None:
     assert unused
     if not used:
         pytest.skip("no head fits at any end time of this pool")
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.integers(0, 8000), max_size=40), st.integers(-5, 200_000))
+def test_the_first_end_time_reaching_the_shortfall_is_numpys(amounts: list[int], short: int) -> None:
+    """`first_reaching` adds up only as far as it must, and finds what the sorted search over the
+    whole running total finds (the reservation search starts there), a lazy iterable included."""
+    expected = int(np.searchsorted(np.cumsum(amounts, dtype=np.int64), short, side="left"))
+    assert backfill.first_reaching(amounts, short, len(amounts)) == expected
+    assert backfill.first_reaching(iter(amounts), short, len(amounts)) == expected

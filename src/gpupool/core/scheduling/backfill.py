@@ -33,7 +33,7 @@ from __future__ import annotations
 import bisect
 import math
 import random
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
 from operator import attrgetter, itemgetter
 from typing import Literal
@@ -368,12 +368,12 @@ def _first_fit_in_time(
     allowed = _allowed(head, shadow)
     # skip ahead to the first end time at which enough compute is free in aggregate (the runs
     # that end at one time are released together, so their order among themselves is moot)
-    if bool(allowed.sum() == shadow.dev_valid.sum()):
-        freed = np.cumsum(end_milli)
-    else:
-        freed = np.cumsum([_allowed_milli(running[rid], allowed) for _, rid in ends])
     short = head.total_device_milli - int(shadow.dev_milli_free[allowed].sum())
-    i = int(np.searchsorted(freed, short, side="left")) if short > 0 else 0
+    i = 0
+    if short > 0:
+        freed = end_milli if bool(allowed.sum() == shadow.dev_valid.sum()) else \
+            (_allowed_milli(running[rid], allowed) for _, rid in ends)
+        i = first_reaching(freed, short, len(ends))
     if not_before_s > now_s:
         i = max(i, bisect.bisect_left(ends, not_before_s, key=_end))
     if i >= len(ends):
@@ -403,6 +403,18 @@ def _first_fit_in_time(
         i = _group_end(ends, done, now_s)
         release_many(shadow, _records(ends, running, done, i))
         done = i
+
+
+def first_reaching(amounts: Iterable[int], short: int, count: int) -> int:
+    """The first index at which the running total of `amounts` (none negative) reaches `short`,
+    `count` where it never does: `np.searchsorted(np.cumsum(amounts), short)`, adding up only as far
+    as that index (the head's first end time is mostly among the first few of thousands)."""
+    total = 0
+    for k, amount in enumerate(amounts):
+        total += amount
+        if total >= short:
+            return k
+    return count
 
 
 def _group_end(ends: list[tuple[float, str]], i: int, now_s: float) -> int:
