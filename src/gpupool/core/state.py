@@ -629,11 +629,7 @@ def allocate_many(state: ClusterState, records: Sequence[PodAlloc]) -> None:
     _add_many(state, records, -1)
     state.check_invariants()
     np.add.at(state.node_version, [r.node for r in records], 1)
-    node_kinds = state.node_pod_kinds
-    for r in records:
-        kinds = node_kinds[r.node] = node_kinds[r.node].copy()
-        kind = state.pod_kind(r)
-        kinds[kind] = kinds.get(kind, 0) + 1
+    shift_pod_kinds(state, records, 1)
 
 
 SMALL_BATCH = 16

@@ -23,6 +23,7 @@ from gpupool.core.state import (
     release_many,
     restore_free,
     shift_free,
+    shift_pod_kinds,
 )
 from gpupool.core.units import MILLI
 
@@ -102,11 +103,7 @@ def attach_back(view: ClusterView, runs: Sequence[Running], base: FreeAmounts, h
     shift_free(state, [record for run in held for _, record in run.allocs], 1)
     records = [record for run in runs for _, record in run.allocs]
     np.add.at(state.node_version, [r.node for r in records], 1)
-    kinds, kind = state.node_pod_kinds, state.pod_kind
-    for r in records:
-        on = kinds[r.node] = kinds[r.node].copy()  # (never changed in place: state.py)
-        k = kind(r)
-        on[k] = on.get(k, 0) + 1
+    shift_pod_kinds(state, records, 1)
     for cq, usage in usage_by_queue(runs, view.quota.queues).items():
         view.quota.add(cq, usage)
 
