@@ -13,6 +13,7 @@ may differ per node.
 
 from __future__ import annotations
 
+import copy
 from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -106,7 +107,32 @@ class FragModel:
         self.cnt = np.zeros((n, len(shapes)), dtype=np.int64)
         self.usum = np.zeros((n, len(shapes)), dtype=np.int64)
         self.frag = np.zeros(n, dtype=np.float64)
+        self.seen_milli = np.zeros((n, g), dtype=np.int64)
+        self.seen_cpu = np.zeros(n, dtype=np.int64)
+        self.seen_mem = np.zeros(n, dtype=np.int64)
+        """The free amounts each node's values were computed from (where `version` >= 0)."""
         self.refresh()
+
+    def carried_to(self, state: ClusterState) -> FragModel | None:
+        """This model for another state of the same pool (a copy of the one it models, as a backfill
+        shadow is), without computing every node again: a node keeps its values where they were
+        computed from the free amounts it has in `state` (a node's values are a function of its free
+        device shares, cpu and memory, given the pool's devices, the slice defaults and the mix);
+        every other node is stale there, for `refresh` or `refresh_at`. None where the pools differ
+        in what the model reads besides the free amounts (then a new model is built)."""
+        src = self.state
+        if not carry_models or state.nodes is not src.nodes or state.dev_valid is not src.dev_valid \
+                or state.dev_model is not src.dev_model or state.defaults is not self.defaults:
+            return None
+        new = copy.copy(self)  # shares what is fixed per pool and mix: needs, weights, eligibility
+        new.state = state
+        kept = (self.version >= 0) & (self.seen_cpu == state.cpu_free) & (self.seen_mem == state.mem_free)
+        kept &= (self.seen_milli == state.dev_milli_free).all(axis=1)
+        new.version = np.where(kept, state.node_version, -1)
+        new.cnt, new.usum, new.frag = self.cnt.copy(), self.usum.copy(), self.frag.copy()
+        new.seen_milli, new.seen_cpu, new.seen_mem = self.seen_milli.copy(), self.seen_cpu.copy(), \
+            self.seen_mem.copy()
+        return new
 
     def refresh(self) -> None:
         """Recompute the nodes whose capacity changed since the last call."""
@@ -127,10 +153,10 @@ class FragModel:
         ge = (free[:, :, None] >= self.need) & self.elig[stale]
         self.cnt[stale] = ge.sum(axis=1)
         self.usum[stale] = (free[:, :, None] * ge).sum(axis=1)
-        self.frag[stale] = self.fragment(
-            free.sum(axis=1), self.cnt[stale], self.usum[stale], s.cpu_free[stale], s.mem_free[stale], stale
-        )
+        cpu, mem = s.cpu_free[stale], s.mem_free[stale]
+        self.frag[stale] = self.fragment(free.sum(axis=1), self.cnt[stale], self.usum[stale], cpu, mem, stale)
         self.version[stale] = s.node_version[stale]
+        self.seen_milli[stale], self.seen_cpu[stale], self.seen_mem[stale] = free, cpu, mem
 
     def fragment(
         self,
@@ -156,7 +182,7 @@ class FragModel:
             else:
                 whole = np.broadcast_to(total_a[..., None], usable.shape)
                 usable[..., self.cpu_only] = np.where(host, whole, 0.0)[..., self.cpu_only]
-        return np.asarray(total_a - usable @ self.p, dtype=np.float64)
+        return np.asarray(total_a - (usable * self.p).sum(axis=-1), dtype=np.float64)
 
     @staticmethod
     def _rows(need: IntArray, nodes: IntArray, ndim: int) -> IntArray:
@@ -208,3 +234,8 @@ def _per_shape(needs: list[Need], n: int) -> IntArray:
 def first_whole_devices(fits: BoolArray, count: int) -> BoolArray:
     """[K, slot] mask of the first `count` fitting slots of each row (the devices a whole pod takes)."""
     return fits & (np.cumsum(fits, axis=1) <= count)
+
+
+carry_models = True
+"""Build a shadow's model from the live state's (`FragModel.carried_to`); False builds every model
+from scratch (the same values, slower: kept to check that claim)."""

@@ -104,7 +104,9 @@ class Fgd(PlacementPolicy):
                     and other[0].mix is self._mix:
                 model, self._cache = other
             else:
-                model, self._cache = FragModel(state, self._mix, self.cpu_only_counts_all), {}
+                carried = model.carried_to(state) if model is not None and model.mix is self._mix else None
+                model = carried or FragModel(state, self._mix, self.cpu_only_counts_all)
+                self._cache = {}
             self._model = model
         if refresh:
             model.refresh()
