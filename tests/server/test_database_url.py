@@ -157,10 +157,12 @@ def test_up_takes_a_password_url_from_a_file_or_the_environment_and_hides_it(
         tmp_path: Path, postgres: pgtemp.TempPostgres, way: str) -> None:
     url = _secret_url(postgres)
     if way == "file":
+        # its own process (not forked): the test reads the server's /proc/PID/cmdline and environ
         server = UpProcess(tmp_path / "data", ["--simulate", "1x2xH100", "--database-url-file",
-                                               str(_url_file(tmp_path, url))])
+                                               str(_url_file(tmp_path, url))], forked=False)
     else:
-        server = UpProcess(tmp_path / "data", ["--simulate", "1x2xH100"], env={dburl.URL_ENV: url})
+        server = UpProcess(tmp_path / "data", ["--simulate", "1x2xH100"], env={dburl.URL_ENV: url},
+                           forked=False)
     server.start()
     try:
         assert server.proc is not None

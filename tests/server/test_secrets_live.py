@@ -62,7 +62,9 @@ def pool(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Pool]:
     (root / "set" / "part-0").chmod(0o644)
     config = base / "pool.yaml"
     config.write_text(f"tenants:\n  team-a:\n    mounts:\n      - {{path: {root}, mode: ro}}\n")
-    server = UpProcess(base / "data", ["--simulate", "1x2xH100", "--config", str(config)]).start()
+    # its own process (not forked): the tests read the server's /proc/PID/cmdline and environ
+    server = UpProcess(base / "data", ["--simulate", "1x2xH100", "--config", str(config)],
+                       forked=False).start()
     try:
         tokens: dict[str, str] = {}
         admin = Pool(server, root, tokens)

@@ -16,8 +16,12 @@ import httpx
 
 from cli_inproc import run_cli
 from ports import free_port
+from zygote import Forked, Zygote, usable
 
 START_TIMEOUT_S = 90.0
+FORKED = os.environ.get("GPUPOOL_TEST_FORK_SERVER", "1") != "0"
+"""Whether servers are forked from the worker's fork server by default (GPUPOOL_TEST_FORK_SERVER=0:
+each its own `python -m gpupool.cli.main up`, to compare)."""
 
 
 def until(predicate: Callable[[], object], timeout_s: float = 60.0, what: str = "condition") -> None:
@@ -46,18 +50,24 @@ def _ssl_context(cert_file: str | None, cert_dir: str | None) -> ssl.SSLContext:
 
 
 class UpProcess:
-    """`gpupool up --data-dir DIR --port PORT ARGS...`, its output appended to DIR/../<name>.log."""
+    """`gpupool up --data-dir DIR --port PORT ARGS...`, its output appended to DIR/../<name>.log.
+    Forked from the worker's fork server (`zygote.py`: the same server, without a second of imports
+    per start) unless `forked` (default `FORKED`) is False (a test that reads the server's own
+    /proc/PID/cmdline or environ, which a forked child shares with the fork server) or the
+    environment changes how Python starts."""
 
     def __init__(self, data_dir: Path, args: Sequence[str] = (), *, log_path: Path | None = None,
-                 env: dict[str, str] | None = None, verify: ssl.SSLContext | bool = True) -> None:
+                 env: dict[str, str] | None = None, verify: ssl.SSLContext | bool = True,
+                 forked: bool | None = None) -> None:
         self.data_dir = data_dir
         self.port = free_port()
         self.args = list(args)
         self.log_path = log_path or data_dir.parent / f"{data_dir.name}-server.log"
         self.env = env
         self.verify = verify
+        self.forked = FORKED if forked is None else forked
         self.scheme = "https" if "--tls-cert" in self.args else "http"
-        self.proc: subprocess.Popen[bytes] | None = None
+        self.proc: subprocess.Popen[bytes] | Forked | None = None
 
     @property
     def url(self) -> str:
@@ -79,13 +89,17 @@ class UpProcess:
 
     def start(self) -> UpProcess:
         """Start it and return once /health answers."""
-        argv = [sys.executable, "-m", "gpupool.cli.main", "up", "--data-dir", str(self.data_dir),
-                "--port", str(self.port), *self.args]
+        args = ["up", "--data-dir", str(self.data_dir), "--port", str(self.port), *self.args]
         env = {**os.environ, **(self.env or {})}
-        with open(self.log_path, "ab") as log:
-            self.proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=env,
-                                         stdin=subprocess.DEVNULL, start_new_session=True)
-        proc = self.proc
+        proc: subprocess.Popen[bytes] | Forked
+        if self.forked and usable(self.env or {}):
+            proc = Zygote.shared().spawn(args, env, self.log_path)
+        else:
+            with open(self.log_path, "ab") as log:
+                proc = subprocess.Popen([sys.executable, "-m", "gpupool.cli.main", *args], stdout=log,
+                                        stderr=subprocess.STDOUT, env=env, stdin=subprocess.DEVNULL,
+                                        start_new_session=True)
+        self.proc = proc
 
         with httpx.Client(verify=self._verify(), timeout=5) as probe:  # one client for every poll
             def healthy() -> bool:
