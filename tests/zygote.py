@@ -217,6 +217,7 @@ def _become(request: dict[str, Any]) -> None:
     assert main_path is not None
     sys.argv = [main_path, *request["argv"]]
     sys.path[0] = request["cwd"]
+    del sys.modules["gpupool.cli.main"]  # as under -m: run as __main__, not found already imported
     runpy.run_module("gpupool.cli.main", run_name="__main__", alter_sys=True)
 
 
