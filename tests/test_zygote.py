@@ -64,3 +64,14 @@ def test_a_server_has_its_own_session_environment_and_files_and_ends_as_popen_re
 def test_an_environment_that_changes_how_python_starts_is_not_forked() -> None:
     assert usable({"GPUPOOL_X": "1"}) and usable({})
     assert not usable({"PYTHONPATH": "/elsewhere/src"})
+
+
+def test_a_reused_pid_does_not_inherit_the_exit_of_the_child_that_had_it() -> None:
+    """Pids are reused once reaped (32,768 of them by default, and a suite starts thousands of
+    processes): the exit the helper reported for an earlier child with the same pid is not the new
+    child's."""
+    zygote = Zygote.shared()
+    stale = 2**22 + 7  # no process has it: only the bookkeeping is read
+    with zygote._cond:
+        zygote._exits[stale] = 0
+    assert zygote._forked(stale, ["up"]).poll() is None

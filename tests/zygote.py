@@ -128,7 +128,14 @@ class Zygote:
                 answer = self._spawned.pop(0)
         if isinstance(answer, str):
             raise RuntimeError(f"the fork server could not start gpupool: {answer}")
-        forked = Forked(self, answer)
+        return self._forked(answer, argv)
+
+    def _forked(self, pid: int, argv: Sequence[str]) -> Forked:
+        """The child `pid` just forked. Its pid may be one an earlier child had (pids are reused
+        once reaped): that child's exit, reported before this fork, is not this one's."""
+        with self._cond:
+            self._exits.pop(pid, None)
+        forked = Forked(self, pid)
         forked.args = ["gpupool", *argv]
         return forked
 
