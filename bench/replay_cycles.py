@@ -16,7 +16,8 @@ import argparse
 import json
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -25,7 +26,7 @@ from rich.table import Table
 
 import gpupool.sim.replay as replay_module
 from gpupool.cli.main import main as gpupool_main
-from gpupool.core.scheduling.cycle import Admit, CycleResult, Stop
+from gpupool.core.scheduling.cycle import Admit, CycleResult, Reserve, Stop, Wait
 
 
 def _woken_by(events: Sequence[Any]) -> str:
@@ -49,6 +50,54 @@ def _decided(result: CycleResult) -> str:
     return "stops" if stopped else "nothing (all wait)"
 
 
+Verdicts = dict[str, tuple[Any, str]]
+"""A cycle's waits: workload id -> (reason, message)."""
+
+
+@dataclass
+class Quiet:
+    """What a cycle that admitted and stopped nothing left: its waits, the verdicts per key, its
+    reservation (head, start)."""
+
+    waits: Verdicts
+    by_key: dict[Any, set[tuple[Any, str]]]
+    reserve: tuple[str, float] | None
+
+
+def quiet_of(result: CycleResult, key_of: Callable[[str], Any]) -> Quiet | None:
+    """The cycle as a `Quiet`, or None when it admitted, stopped or refused anything."""
+    waits: Verdicts = {}
+    reserve = None
+    for d in result.decisions:
+        if type(d) is Wait:
+            waits[d.workload_id] = (d.reason, d.message)
+        elif type(d) is Reserve:
+            reserve = (d.workload_id, d.start_s)
+        else:
+            return None
+    by_key: dict[Any, set[tuple[Any, str]]] = {}
+    for wid, verdict in waits.items():
+        by_key.setdefault(key_of(wid), set()).add(verdict)
+    return Quiet(waits, by_key, reserve)
+
+
+def repeats(before: Quiet, now: Quiet, key_of: Callable[[str], Any]) -> bool:
+    """Whether a quiet cycle after a quiet one decided what carrying the earlier one's verdicts
+    would: every workload that waited before waits for the same reason and message, the same head
+    is reserved for the same start, and every workload new to the list gets the one verdict its
+    (queue, shape, rank) had before."""
+    if now.reserve != before.reserve:
+        return False
+    for wid, verdict in now.waits.items():
+        was = before.waits.get(wid)
+        if was is None:
+            if before.by_key.get(key_of(wid)) != {verdict}:
+                return False
+        elif was != verdict:
+            return False
+    return True
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0],
                                      usage="%(prog)s [--json OUT] -- REPLAY-ARGS...")
@@ -67,6 +116,10 @@ def main() -> int:
         woken[0] = _woken_by(events)
         batch(self, now_s, events)
 
+    last: list[Quiet | None] = [None]
+    repeated = [0, 0.0]
+    """Cycles woken by arrivals alone that repeat the quiet cycle before them (`repeats`), CPU s."""
+
     def timed_cycle(view: Any, pending: Sequence[Any], *rest: Any) -> CycleResult:
         tick = time.process_time()
         result = cycle_on(view, pending, *rest)
@@ -75,6 +128,14 @@ def main() -> int:
         row[0] += 1
         row[1] += spent
         row[2] += len(pending)
+        metas = view.metas
+        key_of = lambda wid: metas[wid].key if wid in metas else wid  # noqa: E731
+        quiet, before = quiet_of(result, key_of), last[0]
+        if woken[0] == "arrivals" and before is not None and quiet is not None \
+                and repeats(before, quiet, key_of):
+            repeated[0] += 1
+            repeated[1] += spent
+        last[0] = quiet
         return result
 
     replay_module.Replay._batch = timed_batch  # type: ignore[method-assign]
@@ -98,12 +159,16 @@ def main() -> int:
         table.add_row(by, decided, f"{count:,}", f"{spent:.1f}", f"{100 * spent / total:.1f} %",
                       f"{pending / count:.0f}")
     Console().print(table)
+    Console().print(f"Woken by arrivals alone after a cycle that admitted and stopped nothing, and "
+                    f"deciding what carrying that cycle's verdicts would: {repeated[0]:,} cycles, "
+                    f"{repeated[1]:.1f} s ({100 * repeated[1] / total:.1f} % of the cycles' CPU).")
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(json.dumps({
         "replay_args": replay_args,
         "rows": [{"woken_by": by, "decided": decided, "cycles": count, "cpu_s": spent,
                   "share": spent / total, "pending_mean": pending / count}
                  for (by, decided), (count, spent, pending) in ordered],
+        "repeats": {"cycles": repeated[0], "cpu_s": repeated[1], "share": repeated[1] / total},
     }, indent=2))
     return status if isinstance(status, int) else 1 if status else 0
 

@@ -41,3 +41,34 @@ def test_without_replay_arguments_it_says_what_to_give() -> None:
                           text=True, timeout=120)
     assert done.returncode == 2
     assert "give the replay's arguments after --" in done.stderr
+
+
+def test_a_quiet_cycle_repeats_the_one_before_only_when_every_verdict_and_the_reservation_do() -> None:
+    sys.path.insert(0, str(ROOT / "bench"))
+    import replay_cycles
+    from gpupool.core.model import Reason
+    from gpupool.core.scheduling.cycle import Admit, CycleResult, Reserve, Wait
+
+    keys = {"a": "k1", "b": "k1", "c": "k2", "new": "k1", "other": "k3"}
+    full = (Reason.NO_NODE_FITS, "No node fits.")
+    behind = (Reason.BACKFILL_BLOCKED, "Starting now would delay the reserved head.")
+
+    def quiet(*decisions: object) -> replay_cycles.Quiet:
+        found = replay_cycles.quiet_of(CycleResult(tuple(decisions)), keys.__getitem__)  # type: ignore[arg-type]
+        assert found is not None
+        return found
+
+    before = quiet(Wait("a", *full), Wait("b", *full), Wait("c", *behind), Reserve("a", 100.0))
+    same = quiet(Wait("a", *full), Wait("b", *full), Wait("c", *behind), Wait("new", *full),
+                 Reserve("a", 100.0))
+    assert replay_cycles.repeats(before, same, keys.__getitem__)
+    for changed in (
+        quiet(Wait("a", *full), Wait("b", *full), Wait("c", *full), Reserve("a", 100.0)),  # c's verdict
+        quiet(Wait("a", *full), Wait("b", *full), Wait("c", *behind), Reserve("a", 130.0)),  # the start
+        quiet(Wait("a", *full), Wait("b", *full), Wait("c", *behind), Wait("new", *behind),
+              Reserve("a", 100.0)),  # the newcomer's key had another verdict
+        quiet(Wait("a", *full), Wait("b", *full), Wait("c", *behind), Wait("other", *full),
+              Reserve("a", 100.0)),  # the newcomer's key had none
+    ):
+        assert not replay_cycles.repeats(before, changed, keys.__getitem__)
+    assert replay_cycles.quiet_of(CycleResult((Admit("a", ()),)), keys.__getitem__) is None
