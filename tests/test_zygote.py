@@ -14,7 +14,7 @@ import httpx
 import pytest
 
 from ports import free_port
-from zygote import Zygote, usable
+from zygote import Forked, Zygote, usable
 
 
 def test_a_command_exits_with_its_status_and_writes_its_log(tmp_path: Path) -> None:
@@ -75,3 +75,21 @@ def test_a_reused_pid_does_not_inherit_the_exit_of_the_child_that_had_it() -> No
     with zygote._cond:
         zygote._exits[stale] = 0
     assert zygote._forked(stale, ["up"]).poll() is None
+
+
+def test_no_signal_goes_to_a_pid_whose_child_was_reported_ended() -> None:
+    """Once the helper reported a child's exit its pid may belong to any process (here a stand-in):
+    signalling the ended child sends nothing, as with Popen."""
+    zygote = Zygote.shared()
+    bystander = subprocess.Popen(["sleep", "30"])
+    try:
+        with zygote._cond:
+            zygote._exits[bystander.pid] = 0  # reported ended, its pid since taken by the bystander
+        ended = Forked(zygote, bystander.pid)
+        ended.send_signal(signal.SIGKILL)
+        ended.kill()
+        assert ended.returncode == 0
+        assert bystander.poll() is None
+    finally:
+        bystander.kill()
+        bystander.wait()

@@ -67,7 +67,9 @@ class Forked:
         return self.returncode
 
     def send_signal(self, sig: int) -> None:
-        if self.returncode is None:
+        # polled first, as Popen does: once the helper reported the exit, the pid may be another
+        # process's
+        if self.poll() is None:
             with contextlib.suppress(ProcessLookupError):  # ended, not reaped yet: as Popen finds it
                 os.kill(self.pid, sig)
 
