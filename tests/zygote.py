@@ -218,7 +218,7 @@ def _become(request: dict[str, Any]) -> None:
     os.dup2(null, 0)
     os.dup2(log, 1)
     os.dup2(log, 2)
-    os.closerange(3, os.sysconf("SC_OPEN_MAX") if os.sysconf("SC_OPEN_MAX") < 65536 else 65536)
+    os.closerange(3, min(os.sysconf("SC_OPEN_MAX"), 65536))
     os.chdir(request["cwd"])
     os.environ.clear()
     os.environ.update(request["env"])
