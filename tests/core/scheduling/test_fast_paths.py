@@ -25,7 +25,7 @@ from gpupool.core.scheduling.policies.base import NoFit, make_policy
 from gpupool.core.scheduling.preemption import FirstPodFits, VictimIndex, lost_device_s, node_fits_at
 from gpupool.core.scheduling.victim_state import PutBack, detach_all
 from gpupool.core.scheduling.view import ClusterView, Running
-from gpupool.core.state import ClusterState, release_many, row_counts
+from gpupool.core.state import ClusterState, release_many, row_counts, row_sums, rows_all
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "bench"))
 import cycle_latency
@@ -225,11 +225,31 @@ def test_node_fits_rows_is_node_fits_on_those_nodes(pod: PodRequest, seed: int, 
 
 
 @settings(max_examples=60, deadline=None)
-@given(st.integers(0, 10_000), st.sampled_from([1, 4, 8, 255, 256, 300]))
-def test_row_counts_are_the_sums_of_the_rows(seed: int, width: int) -> None:
-    mask = np.random.default_rng(seed).random((7, width)) < 0.6
-    for m in (mask, mask[:, ::2], np.asfortranarray(mask)):
-        assert row_counts(m).tolist() == m.sum(axis=1).tolist()
+@given(pods, st.integers(0, 10_000), st.lists(st.integers(0, 5), max_size=6))
+def test_device_fits_at_is_device_fits_on_those_nodes(pod: PodRequest, seed: int, rows: list[int]) -> None:
+    state, _ = _busy_state(seed)
+    at = np.asarray(rows, dtype=np.intp)
+    assert state.device_fits_at(pod, at).tolist() == state.device_fits(pod)[at].tolist()
+    for n in rows:  # one node's row (the slots a pod placed there takes)
+        assert state.device_fits_at(pod, n).tolist() == state.device_fits(pod)[n].tolist()
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.integers(0, 10_000), st.sampled_from([1, 2, 3, 4, 8, 16, 255, 256, 300]), st.integers(0, 70),
+       st.floats(0.0, 1.0))
+def test_row_counts_are_the_sums_of_the_rows(seed: int, width: int, rows: int, share: float) -> None:
+    """`row_counts`, `rows_all` and `row_sums` give numpy's sums and `all` of every row, for rows of
+    any width, laid out either way (whole rows of 2, 4 and 8 slots are read as one integer each)."""
+    rng = np.random.default_rng(seed)
+    mask = rng.random((rows, width)) < share
+    mask[: rows // 3] = True  # (full rows: every byte set)
+    for m in (mask, mask[:, ::2], np.asfortranarray(mask), mask[::-1]):
+        counts = row_counts(m)
+        assert counts.dtype == np.int64 and counts.tolist() == m.sum(axis=1).tolist()
+        assert rows_all(m).tolist() == m.all(axis=1).tolist()
+    values = rng.integers(-(1 << 40), 1 << 40, (rows, width))
+    for v in (values, values[:, ::2], values[::-1], values * mask):
+        assert row_sums(v).tolist() == v.sum(axis=1).tolist()
 
 
 @settings(max_examples=15, deadline=None)

@@ -56,6 +56,7 @@ from gpupool.core.state import (
     note_released,
     release_many,
     restore_free,
+    row_counts,
     shift_free,
     shift_pod_kinds,
 )
@@ -769,7 +770,7 @@ def _device_check(head: Workload, domains: np.ndarray | None = None) -> Callable
     alike = len(pods) == len(head.pods) and all(replace(p, name=big.name) == big for p in pods)
 
     def check(state: ClusterState) -> bool:
-        room = (state.device_fits(big).sum(axis=1) * state.schedulable) // big.num_devices
+        room = (row_counts(state.device_fits(big)) * state.schedulable) // big.num_devices
         if room.max() < 1 or not alike:
             return bool(room.max() >= 1)
         if domains is None:

@@ -32,7 +32,7 @@ from gpupool.core.scheduling.gang import GangPlacement, place_pods, release_gang
 from gpupool.core.scheduling.policies._common import free_device_milli
 from gpupool.core.scheduling.policies.base import NoFit, PlacementPolicy
 from gpupool.core.scheduling.topology import FabricView
-from gpupool.core.state import BoolArray, ClusterState, PodAlloc
+from gpupool.core.state import BoolArray, ClusterState, PodAlloc, row_counts
 from gpupool.core.topology_spec import Tier, TopologySpec
 
 WIDER: dict[Tier, tuple[Tier, ...]] = {Tier.LEAF: (Tier.SPINE,), Tier.SPINE: ()}
@@ -115,7 +115,7 @@ def _fit_counts(pods: Sequence[PodRequest], state: ClusterState) -> tuple[np.nda
     host = state.host_fits(first)
     if not first.num_devices:
         return host.astype(np.int64) * len(pods), same
-    per = state.device_fits(first).sum(axis=1) // first.num_devices
+    per = row_counts(state.device_fits(first)) // first.num_devices
     return np.where(host, per, 0).astype(np.int64), same
 
 

@@ -25,6 +25,7 @@ from gpupool.core.scheduling.policies.base import PlacementPolicy
 from gpupool.core.scheduling.preemption import VictimSet, _fits
 from gpupool.core.scheduling.victim_state import attach_all, detach_all
 from gpupool.core.scheduling.view import ClusterView, Running
+from gpupool.core.state import row_sums
 
 
 def fewer_nodes(
@@ -72,7 +73,7 @@ def _fewest_nodes(preemptor: Workload, view: ClusterView, pool: list[Running]) -
     state = view.state
     labels = shared_labels(preemptor.pods)
     allowed = state.allowed_devices(_models(preemptor), labels)
-    room = (state.dev_milli_free * allowed).sum(axis=1).astype(np.int64)
+    room = row_sums(state.dev_milli_free * allowed)
     for run in pool:
         for _, a in run.allocs:
             room[a.node] += sum(a.device_milli)

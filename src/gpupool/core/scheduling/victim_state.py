@@ -22,6 +22,7 @@ from gpupool.core.state import (
     allocate_many,
     release_many,
     restore_free,
+    row_counts,
     shift_free,
     shift_pod_kinds,
 )
@@ -289,7 +290,7 @@ class FirstPodFits:
         if self.allowed is None:
             return cpu, mem, np.zeros(len(cpu), dtype=np.int64), None
         devices = np.where(self.allowed, state.dev_milli_free, _REFUSED)
-        ready = (devices >= self.share).sum(axis=1) - self.pod.num_devices
+        ready = row_counts(devices >= self.share) - self.pod.num_devices
         return cpu, mem, ready, devices
 
     def _add(self, run: Running, free: dict[int, list[int]], touched: set[int] | None = None) -> None:

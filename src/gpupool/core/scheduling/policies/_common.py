@@ -11,7 +11,7 @@ import numpy.typing as npt
 
 from gpupool.core.model import PodRequest
 from gpupool.core.scheduling.policies.base import Choice, NoFit, PlacementPolicy, fits_or_nofit
-from gpupool.core.state import BoolArray, ClusterState, IntArray
+from gpupool.core.state import BoolArray, ClusterState, IntArray, row_sums
 from gpupool.core.units import MILLI
 
 FloatArray = npt.NDArray[np.float64]
@@ -32,7 +32,7 @@ def choose_devices(
     """The Choice for `pod` on `node` (which must fit it) with devices picked by `how`."""
     if not pod.num_devices:
         return Choice(node)
-    slots = np.flatnonzero(state.device_fits(pod)[node])
+    slots = np.flatnonzero(state.device_fits_at(pod, node))
     if pod.device_milli >= MILLI or how is DeviceChoice.FIRST:
         return Choice(node, tuple(int(s) for s in slots[: pod.num_devices]))
     free = state.dev_milli_free[node, slots]
@@ -56,12 +56,12 @@ def pick_best(scores: FloatArray, feasible: BoolArray, first: bool, rng: random.
 
 def free_device_milli(state: ClusterState) -> IntArray:
     """[node] total free device milli."""
-    return state.dev_milli_free.sum(axis=1)
+    return row_sums(state.dev_milli_free)
 
 
 def cap_device_milli(state: ClusterState) -> IntArray:
     """[node] total device milli capacity."""
-    return state.dev_milli_cap.sum(axis=1)
+    return row_sums(state.dev_milli_cap)
 
 
 def safe_ratio(num: npt.ArrayLike, den: npt.ArrayLike) -> FloatArray:

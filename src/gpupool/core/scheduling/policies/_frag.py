@@ -22,7 +22,7 @@ import numpy as np
 import numpy.typing as npt
 
 from gpupool.core.model import Labels, PodRequest
-from gpupool.core.state import BoolArray, ClusterState, IntArray, Need, at_nodes
+from gpupool.core.state import BoolArray, ClusterState, IntArray, Need, at_nodes, row_sums, rows_all
 
 FloatArray = npt.NDArray[np.float64]
 
@@ -127,7 +127,7 @@ class FragModel:
         new = copy.copy(self)  # shares what is fixed per pool and mix: needs, weights, eligibility
         new.state = state
         kept = (self.version >= 0) & (self.seen_cpu == state.cpu_free) & (self.seen_mem == state.mem_free)
-        kept &= (self.seen_milli == state.dev_milli_free).all(axis=1)
+        kept &= rows_all(self.seen_milli == state.dev_milli_free)
         new.version = np.where(kept, state.node_version, -1)
         new.cnt, new.usum, new.frag = self.cnt.copy(), self.usum.copy(), self.frag.copy()
         new.seen_milli, new.seen_cpu, new.seen_mem = self.seen_milli.copy(), self.seen_cpu.copy(), \
@@ -154,7 +154,7 @@ class FragModel:
         self.cnt[stale] = ge.sum(axis=1)
         self.usum[stale] = (free[:, :, None] * ge).sum(axis=1)
         cpu, mem = s.cpu_free[stale], s.mem_free[stale]
-        self.frag[stale] = self.fragment(free.sum(axis=1), self.cnt[stale], self.usum[stale], cpu, mem, stale)
+        self.frag[stale] = self.fragment(row_sums(free), self.cnt[stale], self.usum[stale], cpu, mem, stale)
         self.version[stale] = s.node_version[stale]
         self.seen_milli[stale], self.seen_cpu[stale], self.seen_mem[stale] = free, cpu, mem
 
@@ -203,7 +203,7 @@ class FragModel:
         ge2 = (v2[:, :, None] >= self.need) & elig
         cnt = self.cnt[nodes][:, None, :] - ge1 + ge2
         usum = self.usum[nodes][:, None, :] - v[:, :, None] * ge1 + v2[:, :, None] * ge2
-        total = (v.sum(axis=1) - milli)[:, None]
+        total = (row_sums(v) - milli)[:, None]
         cpu = (s.cpu_free[nodes] - at_nodes(s.cpu_need(pod), nodes))[:, None]
         mem = (s.mem_free[nodes] - at_nodes(s.mem_need(pod), nodes))[:, None]
         return self.fragment(np.broadcast_to(total, v.shape), cnt, usum, cpu, mem, nodes)
@@ -216,7 +216,7 @@ class FragModel:
         left = (self.need <= 0) & self.elig[nodes] & chosen[:, :, None]
         cnt = self.cnt[nodes] - taken.sum(axis=1) + left.sum(axis=1)
         usum = self.usum[nodes] - (v[:, :, None] * taken).sum(axis=1)
-        total = s.dev_milli_free[nodes].sum(axis=1) - v.sum(axis=1)
+        total = row_sums(s.dev_milli_free[nodes]) - row_sums(v)
         cpu = s.cpu_free[nodes] - at_nodes(s.cpu_need(pod), nodes)
         mem = s.mem_free[nodes] - at_nodes(s.mem_need(pod), nodes)
         return self.fragment(total, cnt, usum, cpu, mem, nodes)

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import numpy as np
 
 from gpupool.core.model import PodRequest, Reason, Workload, label_text
-from gpupool.core.state import BoolArray, ClusterState, IntArray
+from gpupool.core.state import BoolArray, ClusterState, IntArray, row_counts
 from gpupool.errors import UnknownName, did_you_mean
 
 if TYPE_CHECKING:
@@ -188,7 +188,7 @@ def _explain_nofit(pod: PodRequest, state: ClusterState, host: BoolArray | None,
         host = state.host_fits(pod)
     if not host.any():
         if pod.num_devices and counts is None:
-            counts = state.device_fits(pod).sum(axis=1)
+            counts = row_counts(state.device_fits(pod))
         if counts is not None and pod.num_devices and not (
                 state.schedulable & (counts >= pod.num_devices)).any():
             # No node has the devices either: the clearer reason (a default share of cpu and

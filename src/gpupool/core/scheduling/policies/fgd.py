@@ -149,7 +149,7 @@ class Fgd(PlacementPolicy):
             return Choice(node)
         if pod.device_milli < MILLI:
             return Choice(node, (int(entry.slot[node]),))
-        slots = np.flatnonzero(state.device_fits(pod)[node])[: pod.num_devices]
+        slots = np.flatnonzero(state.device_fits_at(pod, node))[: pod.num_devices]
         return Choice(node, tuple(int(s) for s in slots))
 
     def _entry(self, pod: PodRequest, state: ClusterState) -> _Scores:
@@ -170,7 +170,7 @@ class Fgd(PlacementPolicy):
     ) -> tuple[FloatArray, IntArray]:
         """Best score and device slot on each of `nodes` (all of which fit the pod)."""
         before = model.frag[nodes]
-        fits = state.device_fits(pod)[nodes] if pod.num_devices else None
+        fits = state.device_fits_at(pod, nodes) if pod.num_devices else None
         if fits is not None and pod.device_milli < MILLI:
             after = model.after_fraction(pod, nodes)
             per_slot = np.where(fits, self.rank(pod, state, nodes, after - before[:, None]), -np.inf)

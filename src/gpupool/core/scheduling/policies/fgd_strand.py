@@ -49,7 +49,7 @@ from gpupool.core.model import Labels, PodRequest, SliceDefaults
 from gpupool.core.scheduling.policies._common import FloatArray
 from gpupool.core.scheduling.policies.base import Choice, NoFit, fits_or_nofit, register_policy
 from gpupool.core.scheduling.policies.fgd import Fgd, sigmoid
-from gpupool.core.state import ClusterState, IntArray, Need, at_nodes
+from gpupool.core.state import ClusterState, IntArray, Need, at_nodes, row_counts, row_sums, rows_all
 from gpupool.core.units import MILLI
 
 
@@ -162,7 +162,7 @@ class FgdStrand(Fgd):
             return None
         if self.reserve_expected:
             return self._protected_by_demand(state)
-        untouched = (state.dev_milli_free == state.dev_milli_cap).all(axis=1) & state.schedulable
+        untouched = rows_all(state.dev_milli_free == state.dev_milli_cap) & state.schedulable
         protect = np.zeros(len(state.nodes), dtype=bool)
         self._protect_for = {}
         if self._hosts_stale(state):  # which nodes could ever host a shape depends on capacity only
@@ -216,7 +216,7 @@ class FgdStrand(Fgd):
         whole = self._whole.get((models, labels))
         if whole is None:
             free = (state.dev_milli_free == state.dev_milli_cap) & state.allowed_devices(models, labels)
-            whole = self._whole[(models, labels)] = free.sum(axis=1)
+            whole = self._whole[(models, labels)] = row_counts(free)
         return whole
 
     def _room_for(
@@ -274,7 +274,7 @@ class FgdStrand(Fgd):
         if not ratio:
             return np.zeros(nodes.size, dtype=np.float64)
         cpu = state.cpu_free[nodes].astype(np.float64)
-        dev = state.dev_milli_free[nodes].sum(axis=1).astype(np.float64)
+        dev = row_sums(state.dev_milli_free[nodes]).astype(np.float64)
         before = np.maximum(0.0, dev - cpu / ratio)
         taken = at_nodes(state.cpu_need(pod), nodes)
         after = np.maximum(0.0, (dev - pod.total_device_milli) - (cpu - taken) / ratio)

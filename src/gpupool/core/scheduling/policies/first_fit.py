@@ -33,5 +33,5 @@ class FirstFit(PlacementPolicy):
         node = int(candidates[0])
         if not pod.num_devices:
             return Choice(node)
-        slots = np.flatnonzero(state.device_fits(pod)[node])[: pod.num_devices]
+        slots = np.flatnonzero(state.device_fits_at(pod, node))[: pod.num_devices]
         return Choice(node, tuple(int(s) for s in slots))
