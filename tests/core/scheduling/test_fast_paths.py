@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import bisect
 import heapq
 import random
 import sys
@@ -22,7 +23,13 @@ from gpupool.core.scheduling.gang import place_gang
 from gpupool.core.scheduling.ordering.base import SHARE_RESOURCES, demand_of
 from gpupool.core.scheduling.ordering.drf import Drf, _Book
 from gpupool.core.scheduling.policies.base import NoFit, make_policy
-from gpupool.core.scheduling.preemption import FirstPodFits, VictimIndex, lost_device_s, node_fits_at
+from gpupool.core.scheduling.preemption import (
+    FirstPodFits,
+    SortedGroup,
+    VictimIndex,
+    lost_device_s,
+    node_fits_at,
+)
 from gpupool.core.scheduling.victim_state import PutBack, detach_all
 from gpupool.core.scheduling.view import ClusterView, Running
 from gpupool.core.state import ClusterState, release_many, row_counts, row_sums, rows_all
@@ -252,6 +259,45 @@ def test_row_counts_are_the_sums_of_the_rows(seed: int, width: int, rows: int, s
         assert row_sums(v).tolist() == v.sum(axis=1).tolist()
 
 
+@settings(max_examples=100, deadline=None)
+@given(st.lists(st.sampled_from([0.0, 1.5, 2.0, 7.25, 1e9]), max_size=300), st.integers(0, 10_000),
+       st.sampled_from([(1, 0), (2, 0), (2, 1)]))
+def test_a_sorted_group_reads_as_its_full_sort(costs: list[float], seed: int, rank: Rank) -> None:
+    """A group made into entries as it is read gives the list a full sort of (cost, rank, id) gives:
+    read whole or in pieces by several readers at once, from the position after any key (costs
+    tied, keys of other ranks and ids between its own), and each run's cost by id."""
+    rng = random.Random(seed)
+    ids = sorted(f"w{i:04d}" for i in rng.sample(range(5000), len(costs)))
+    runs = [object() for _ in ids]
+    full = sorted(zip(costs, [rank] * len(ids), ids, runs, strict=True), key=lambda e: e[:3])
+    group = SortedGroup(rank, ids, runs, costs)  # type: ignore[arg-type]
+    starts = [rng.randrange(len(ids) + 1) for _ in range(3)]
+    readers = [group.read(start) for start in starts]
+    got: list[list[object]] = [[], [], []]
+    live = [0, 1, 2]
+    while live:  # the readers interleaved, a few entries each in turn (the list grows under them)
+        i = rng.choice(live)
+        for _ in range(rng.randrange(1, 40)):
+            entry = next(readers[i], None)
+            if entry is None:
+                live.remove(i)
+                break
+            got[i].append(entry)
+    assert got == [full[start:] for start in starts]
+    assert group.all() == full and list(group.read()) == full
+    keys = [e[:3] for e in full] + [(c, r, f"w{rng.randrange(5000):04d}") for c in (0.0, 2.0, 1e9, 3.0)
+                                    for r in ((1, 0), (2, 0), (2, 1), (3, 0))]
+    for key in keys:
+        at = group.after(key)
+        assert at == bisect.bisect_right(full, key, key=lambda e: e[:3])
+        assert list(group.read(at)) == full[at:]
+    for cost, _, wid, _ in full:
+        assert group.cost_of(wid) == cost
+    present = set(ids)
+    absent = [wid for wid in (f"w{i:04d}" for i in rng.sample(range(5000), 50)) if wid not in present]
+    assert all(group.cost_of(wid) is None for wid in [*absent, "a", "x"])
+
+
 @settings(max_examples=15, deadline=None)
 @given(st.integers(0, 10_000))
 def test_victim_groups_follow_the_running_work(seed: int) -> None:
@@ -276,7 +322,7 @@ def test_victim_groups_follow_the_running_work(seed: int) -> None:
         index = VictimIndex(view, 5000.0)
         for cq, rank in expected:
             full = sorted((lost_device_s(r, 5000.0), rank, r.workload.id, r) for r in expected[(cq, rank)])
-            assert index._group(cq, rank) == full
+            assert index._group(cq, rank).all() == full
 
     view.materialize()
     check()

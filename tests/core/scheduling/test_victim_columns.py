@@ -32,7 +32,7 @@ def _orders(view: ClusterView, now: float) -> dict[tuple[str, object], list[tupl
     found = {}
     for cq, ranks in view.victim_groups.items():
         for rank in list(ranks):
-            found[(cq, rank)] = [entry[:3] for entry in index._group(cq, rank)]
+            found[(cq, rank)] = [entry[:3] for entry in index._group(cq, rank).all()]
     return found
 
 

@@ -22,7 +22,7 @@ from gpupool.core.model import Workload, shared_labels
 from gpupool.core.scheduling.domains import only
 from gpupool.core.scheduling.gang import GangPlacement, hold_gang, release_gang
 from gpupool.core.scheduling.policies.base import PlacementPolicy
-from gpupool.core.scheduling.preemption import VictimSet, _fits
+from gpupool.core.scheduling.preemption import LostWork, VictimSet, _fits
 from gpupool.core.scheduling.victim_state import attach_all, detach_all
 from gpupool.core.scheduling.view import ClusterView, Running
 from gpupool.core.state import row_sums
@@ -36,13 +36,13 @@ def fewer_nodes(
     policy: PlacementPolicy,
     rng: random.Random,
     candidates: Iterable[Running],
-    cost: dict[str, float],
+    cost: LostWork,
     reclaim_queues: Set[str],
 ) -> VictimSet:
     """`chosen`, or victims among `candidates` on which the gang lands on fewer nodes.
 
     On entry and on return the state holds the returned gang with its victims taken off (as
-    `select_victims` leaves it). `cost`: lost device-seconds by workload id, for every candidate.
+    `select_victims` leaves it). `cost`: the lost device-seconds of the candidates (by run).
     """
     spread = len(set(chosen.gang.nodes))
     if len(preemptor.pods) < 2 or spread < 2:
@@ -105,7 +105,7 @@ def _within(
     rng: random.Random,
     pool: list[Running],
     nodes: list[int],
-    cost: dict[str, float],
+    cost: LostWork,
 ) -> tuple[list[Running], GangPlacement] | None:
     """Stop every candidate holding something on `nodes`, place the gang there, then give back the
     victims it does not need (highest rank, then most lost work, first). The state then holds the
@@ -122,7 +122,7 @@ def _within(
         attach_all(view, there)
         return None
     keep = list(there)
-    give_back = sorted(there, key=lambda r: (r.rank, cost.get(r.workload.id, 0.0), r.workload.id),
+    give_back = sorted(there, key=lambda r: (r.rank, cost.get(r, 0.0), r.workload.id),
                        reverse=True)
     for run in give_back:
         if len(keep) == 1:

@@ -21,7 +21,7 @@ from __future__ import annotations
 import heapq
 import math
 import random
-from bisect import bisect_right
+from bisect import bisect_left, bisect_right
 from collections.abc import Callable, Iterable, Iterator, Sequence, Set
 from dataclasses import dataclass
 from functools import partial
@@ -173,7 +173,6 @@ class Sources(NamedTuple):
 
 _Order = tuple[float, Rank, str]
 """An entry's place within its rank's band of the by-rank stream: (cost, rank, id)."""
-_order = itemgetter(0, 1, 2)
 _WalkKey = tuple[PodRequest, tuple[tuple[Rank, str], ...], tuple[Rank, str] | None, float]
 
 
@@ -186,6 +185,100 @@ class Walk(NamedTuple):
     exclude: Set[str]
     prefix: list[Running]
     last: _Order
+
+
+class SortedGroup:
+    """One (queue, rank) group of a cycle's candidates in the order of (cost, rank, id), made into
+    entries (cost, rank, id, run) as they are read: a search reads a tenth of them or less (the
+    first victims that free enough), and each entry costs a tuple and a reference to count.
+
+    `ids` and `runs` are sorted by id and `costs` aligned with them; the order is their stable sort
+    by cost (ties keep the order of the ids: that of (cost, rank, id), the rank being the group's).
+    The entries are made in chunks, each twice the size of all before it."""
+
+    __slots__ = ("_sorted_costs", "costs", "entries", "ids", "order", "rank", "runs")
+
+    def __init__(self, rank: Rank, ids: list[str], runs: list[Running], costs: list[float]) -> None:
+        self.rank, self.ids, self.runs, self.costs = rank, ids, runs, costs
+        self.order: list[int] = np.argsort(np.asarray(costs, dtype=np.float64), kind="stable").tolist()
+        self.entries: list[_Entry] = []
+        self._sorted_costs: np.ndarray | None = None
+
+    def __len__(self) -> int:
+        return len(self.order)
+
+    def _extend(self) -> bool:
+        """Make the next chunk of entries; False when every one is made."""
+        done = len(self.entries)
+        if done >= len(self.order):
+            return False
+        part = self.order[done:done + max(_FIRST_ENTRIES, done)]
+        costs, ids, runs = self.costs, self.ids, self.runs
+        self.entries += zip(map(costs.__getitem__, part), repeat(self.rank), map(ids.__getitem__, part),
+                            map(runs.__getitem__, part))  # (the tuples built in C)
+        return True
+
+    def read(self, start: int = 0) -> Iterator[_Entry]:
+        """The entries from position `start` on, made as they are reached."""
+        entries = self.entries
+        while start < len(entries) or self._extend():
+            end = len(entries)
+            yield from entries[start:end]
+            start = end
+
+    def all(self) -> list[_Entry]:
+        """Every entry, in order."""
+        while self._extend():
+            pass
+        return self.entries
+
+    def after(self, key: _Order) -> int:
+        """The position of the first entry placed after `key` (`bisect_right` on the entries by
+        (cost, rank, id)), read from the sorted costs without making the entries."""
+        cost, rank, wid = key
+        sorted_costs = self._sorted_costs
+        if sorted_costs is None:
+            sorted_costs = self._sorted_costs = np.asarray(self.costs, dtype=np.float64)[self.order]
+        lo = int(np.searchsorted(sorted_costs, cost, side="left"))
+        hi = int(np.searchsorted(sorted_costs, cost, side="right"))
+        if lo == hi or self.rank != rank:
+            return hi if lo == hi or self.rank < rank else lo
+        ids, order = self.ids, self.order
+        return lo + bisect_right([ids[order[i]] for i in range(lo, hi)], wid)
+
+    def cost_of(self, wid: str) -> float | None:
+        """The lost work of the group's run with this id (None: no run of the group has it)."""
+        ids = self.ids
+        i = bisect_left(ids, wid)
+        return self.costs[i] if i < len(ids) and ids[i] == wid else None
+
+
+_FIRST_ENTRIES = 64
+"""How many entries of a group are made first (`SortedGroup`)."""
+
+
+class LostWork:
+    """The lost work (`lost_device_s` at the cycle's time) of every run of the groups the cycle's
+    searches sorted so far, read by run (its queue and rank name its group)."""
+
+    __slots__ = ("groups",)
+
+    def __init__(self) -> None:
+        self.groups: dict[tuple[str, Rank], SortedGroup] = {}
+
+    def get(self, run: Running, default: float) -> float:
+        """The run's lost work, or `default` where its group was not sorted or holds no run of its id."""
+        group = self.groups.get((run.cluster_queue, run.rank))
+        found = None if group is None else group.cost_of(run.workload.id)
+        return default if found is None else found
+
+    def of(self, run: Running) -> float:
+        """The run's lost work (its group sorted: a candidate the searches read)."""
+        group = self.groups[(run.cluster_queue, run.rank)]
+        found = group.cost_of(run.workload.id)
+        if found is None:
+            raise KeyError(run.workload.id)
+        return found
 
 
 class VictimIndex:
@@ -205,9 +298,8 @@ class VictimIndex:
     def __init__(self, view: ClusterView, now_s: float) -> None:
         self.view = view
         self.now_s = now_s
-        self.cost: dict[str, float] = {}
+        self.cost = LostWork()
         self._groups: dict[str, dict[Rank, list[Running]]] = {}
-        self._sorted: dict[tuple[str, Rank], list[_Entry]] = {}
         self._milli: dict[tuple[str, Rank], int] = {}
         self._columns: dict[tuple[str, Rank], tuple[list[str], _Columns]] = {}
         self.walks: dict[_WalkKey, Walk] = {}
@@ -242,10 +334,10 @@ class VictimIndex:
                 self._milli[(cq, rank)] = group.milli
         return groups
 
-    def _group(self, cq: str, rank: Rank) -> list[_Entry]:
+    def _group(self, cq: str, rank: Rank) -> SortedGroup:
         """The (queue, rank) group as (cost, rank, id, run), sorted (ids are unique: runs never compare)."""
-        entries = self._sorted.get((cq, rank))
-        if entries is None:
+        group = self.cost.groups.get((cq, rank))
+        if group is None:
             runs = self._ranks(cq)[rank]
             kept = self._columns.get((cq, rank))
             if kept is not None:
@@ -254,14 +346,10 @@ class VictimIndex:
             else:
                 costs = lost_device_s_many(runs, self.now_s)
                 ids = [run.workload.id for run in runs]
-            self.cost.update(zip(ids, costs, strict=True))
             # The runs come sorted by id, so a stable sort by cost alone (in C) gives the order of
             # (cost, rank, id): the rank is the group's, the ids are unique.
-            order = np.argsort(np.asarray(costs, dtype=np.float64), kind="stable").tolist()
-            entries = list(zip(map(costs.__getitem__, order), repeat(rank), map(ids.__getitem__, order),
-                               map(runs.__getitem__, order)))  # (the tuples built in C)
-            self._sorted[(cq, rank)] = entries
-        return entries
+            group = self.cost.groups[(cq, rank)] = SortedGroup(rank, ids, runs, costs)
+        return group
 
     def search_order(
         self,
@@ -313,8 +401,7 @@ class VictimIndex:
 
     def place_of(self, run: Running) -> _Order:
         """The run's (cost, rank, id) in the stream (its group sorted already)."""
-        wid = run.workload.id
-        return self.cost[wid], run.rank, wid
+        return self.cost.of(run), run.rank, run.workload.id
 
     def most_freed(self, sources: Sources) -> int:
         """An upper bound on the compute (milli) all candidates of `sources` hold together (it counts
@@ -396,10 +483,8 @@ class VictimIndex:
             for r, q in groups))
 
     def _entries(self, q: str, rank: Rank, after: _Order | None) -> Iterable[_Entry]:
-        entries = self._group(q, rank)
-        if after is None:
-            return entries
-        return islice(entries, bisect_right(entries, after, key=_order), None)
+        group = self._group(q, rank)
+        return group.read(0 if after is None else group.after(after))
 
 
 class KeptVerdicts:
@@ -807,11 +892,11 @@ def _quota_known(w: Workload, cq: str, view: ClusterView, node: int, off: Sequen
 
 
 def _trim(
-    chosen: list[Running], cost: dict[str, float], back: PutBack, fits: Callable[[], GangPlacement | None]
+    chosen: list[Running], cost: LostWork, back: PutBack, fits: Callable[[], GangPlacement | None]
 ) -> list[Running]:
     """Drop every victim the preemptor does not need, trying the costliest first."""
     keep = list(chosen)
-    for run in sorted(chosen, key=lambda r: -cost[r.workload.id])[:MAX_TRIM_TRIALS]:
+    for run in sorted(chosen, key=lambda r: -cost.of(r))[:MAX_TRIM_TRIALS]:
         if len(keep) == 1:
             break
         gang = fits() if back.attach([run]) else None
