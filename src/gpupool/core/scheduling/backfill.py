@@ -590,7 +590,7 @@ class KeptSearch:
         for a in (sums.cpu_free, sums.mem_free, sums.dev_milli_free, sums.dev_mem_free, sums.node_version):
             a[...] = 0
         sums.heavy_slices = 0
-        sums.node_pod_kinds = [{} for _ in sums.node_pod_kinds]
+        sums.node_pod_kinds = [{}] * len(sums.node_pod_kinds)  # (one empty dict: never changed in place)
         self.released = {}
 
     def fits(self, state: ClusterState) -> bool:

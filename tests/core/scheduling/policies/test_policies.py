@@ -8,9 +8,10 @@ import pytest
 
 from factories import POLICY_NAMES, node, pod
 from gpupool.core.model import Reason
+from gpupool.core.scheduling.policies import fgd_strand
 from gpupool.core.scheduling.policies.base import Choice, NoFit, make_policy, policy_names
 from gpupool.core.scheduling.policies.fgd_strand import model_pressure
-from gpupool.core.state import ClusterState
+from gpupool.core.state import ClusterState, clone_state
 
 ALL = list(POLICY_NAMES)
 
@@ -196,6 +197,25 @@ def test_fgd_strand_keeps_an_empty_node_for_the_largest_gang() -> None:
     spent = make_policy("fgd-strand", reserve_empty=0, stranding_weight=0.0)
     spent.prepare(state, workload)
     assert spent.place(pod(1), state, random.Random(0)).node == 0
+
+
+@pytest.mark.parametrize("keep", [True, False])
+def test_fgd_strand_keeps_the_node_on_a_copy_of_the_state_and_not_where_its_capacity_changed(
+        keep: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The nodes that could ever host a gang shape are kept for copies of the state (the shadow a
+    reservation is searched on) and made again for a copy whose capacity differs."""
+    monkeypatch.setattr(fgd_strand, "keep_hosts", keep)
+    state = ClusterState([node("big", devices=8), node("small", devices=4)])
+    take(state, pod(3), 1, (0, 1, 2))
+    workload = [pod(8, cpu_milli=40_000, name="gang")] + [pod(1, name=f"w{i}") for i in range(20)]
+    policy = make_policy("fgd-strand", reserve_empty=1, stranding_weight=0.0)
+    policy.prepare(state, workload)
+    assert policy.place(pod(1), state, random.Random(0)).node == 1  # big is kept for the gang
+    assert policy.place(pod(1), clone_state(state), random.Random(0)).node == 1
+    shrunk = clone_state(state)
+    shrunk.cpu_cap[0] = shrunk.cpu_free[0] = 30_000  # big can no longer hold the gang: not kept
+    assert policy.place(pod(1), shrunk, random.Random(0)).node == 0
+    assert policy.place(pod(1), clone_state(state), random.Random(0)).node == 1
 
 
 def test_fgd_strand_learns_the_cpu_ratio_online_without_prepare() -> None:

@@ -87,6 +87,8 @@ class FgdStrand(Fgd):
         self._hosts_of: ClusterState | None = None
         self._hosts_for: SliceDefaults | None = None
         self._hosts: dict[GangKey, np.ndarray] = {}
+        self._hosts_pool: tuple[tuple[object, ...], tuple[bytes, ...]] | None = None
+        """What the host caches were computed from (`_pool_of`)."""
         self.reserve_expected = reserve_expected
         self._expected: dict[GangKey, float] = {}
         self._arrived: Counter[GangKey] = Counter()
@@ -167,13 +169,14 @@ class FgdStrand(Fgd):
         self._protect_for = {}
         if self._hosts_stale(state):  # which nodes could ever host a shape depends on capacity only
             self._hosts_of, self._hosts_for, self._hosts = state, state.defaults, {}
+            self._hosts_pool = _pool_of(state)
         for shape in self._gang_shapes:
             key = _gang_key(shape)
             hosts = self._hosts.get(key)
             if hosts is None:
                 hosts = self._hosts[key] = self._could_host(state, shape)
             able = untouched & hosts
-            if int(able.sum()) <= self.reserve_empty:
+            if np.count_nonzero(able) <= self.reserve_empty:
                 protect |= able
                 self._protect_for[key] = able
         return protect if protect.any() else None
@@ -184,6 +187,7 @@ class FgdStrand(Fgd):
         shapes = self._gang_shapes
         if self._hosts_stale(state) or len(self._host_rows) != len(shapes):
             self._hosts_of, self._hosts_for, self._hosts = state, state.defaults, {}
+            self._hosts_pool = _pool_of(state)
             self._host_rows = np.array([self._could_host(state, g) for g in shapes])
             n = len(state.nodes)
             self._shape_cpu = _rows([state.cpu_need(g) for g in shapes], n)
@@ -205,8 +209,15 @@ class FgdStrand(Fgd):
         return protect if protect.any() else None
 
     def _hosts_stale(self, state: ClusterState) -> bool:
-        """The per-shape host caches were built for another state or other slice defaults."""
-        return self._hosts_of is not state or self._hosts_for is not state.defaults
+        """The per-shape host caches were built for another pool or other slice defaults. Another
+        state object with the same pool (a copy: the shadow a reservation is searched on) keeps
+        them: what they read is the same (`_pool_of`)."""
+        if self._hosts_of is state and self._hosts_for is state.defaults:
+            return False
+        if self._hosts_pool is None or not keep_hosts or not _same_pool(self._hosts_pool, _pool_of(state)):
+            return True
+        self._hosts_of = state
+        return False
 
     def _whole_free(
         self, state: ClusterState, models: frozenset[str], labels: Labels = frozenset()
@@ -310,6 +321,24 @@ def _rows(needs: list[Need], n: int) -> IntArray:
 
 
 GangKey = tuple[int, int, int, frozenset[str], Labels]
+
+
+keep_hosts = True
+"""Keep the per-shape host caches for a copy of the state they were made on (`_hosts_stale`);
+False: made again for every other state object (the same masks, slower: kept to check that claim)."""
+
+
+def _pool_of(state: ClusterState) -> tuple[tuple[object, ...], tuple[bytes, ...]]:
+    """What `_could_host` and the slice defaults' needs read of a state: its nodes (their labels),
+    devices (validity, models, counts: shared by every copy of a pool's state) and slice defaults,
+    compared as objects; its cpu and memory capacity (copied with the state), by content."""
+    return ((state.nodes, state.dev_valid, state.dev_model, state.dev_count, state.model_id, state.defaults),
+            (state.cpu_cap.tobytes(), state.mem_cap.tobytes()))
+
+
+def _same_pool(a: tuple[tuple[object, ...], tuple[bytes, ...]],
+               b: tuple[tuple[object, ...], tuple[bytes, ...]]) -> bool:
+    return all(x is y for x, y in zip(a[0], b[0], strict=True)) and a[1] == b[1]
 
 
 def _gang_key(pod: PodRequest) -> GangKey:
