@@ -601,7 +601,7 @@ class KeptSearch:
     def release_below(self, shadow: ClusterState, ends: list[tuple[float, str]],
                       running: dict[str, Running], before: int) -> None:
         """`shift_free(shadow, <the records of the runs of ends[:before]>, 1)`, from the sums."""
-        now = {rid: running[rid] for _, rid in ends[:before]}
+        now = _runs_of(running, ends, before)
         old = self.released
         left = [run for rid, run in old.items() if now.get(rid) is not run]
         joined = [run for rid, run in now.items() if old.get(rid) is not run]
@@ -900,9 +900,8 @@ class KeptReservation:
         j = bisect.bisect_right(ends, floor, key=_end)
         if len(ends) - j != len(old) - k or ends[j:] != old[k:]:
             return False
-        running, was = view.running, self.runs
-        before = {rid: was[rid] for _, rid in old[:k]}
-        after = {rid: running[rid] for _, rid in ends[:j]}
+        running, before = view.running, self.runs  # (the records of old[:k]'s runs)
+        after = _runs_of(running, ends, j)
         left = [rec for rid, run in before.items() if after.get(rid) is not run for _, rec in run.allocs]
         joined = [rec for rid, run in after.items() if before.get(rid) is not run for _, rec in run.allocs]
         # the copy made as the live state was, moved by those runs, must be the live state now
@@ -916,7 +915,7 @@ class KeptReservation:
         if live.heavy_slices != state.heavy_slices or live.node_pod_kinds != state.node_pod_kinds \
                 or not all(map(_equal, _arrays(live), _arrays(state))):
             return False
-        self.floor_s, self.floor_at, self.ends, self.runs = floor, j, list(ends), _runs_of(running, ends, j)
+        self.floor_s, self.floor_at, self.ends, self.runs = floor, j, list(ends), after
         self.running_version = view.running_version
         self.overdue = _overdue(view, now_s)
         self.until_s = first_fix if first_fix <= self.start_s else math.inf

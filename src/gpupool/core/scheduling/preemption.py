@@ -204,9 +204,6 @@ class SortedGroup:
         self.entries: list[_Entry] = []
         self._sorted_costs: np.ndarray | None = None
 
-    def __len__(self) -> int:
-        return len(self.order)
-
     def _extend(self) -> bool:
         """Make the next chunk of entries; False when every one is made."""
         done = len(self.entries)
