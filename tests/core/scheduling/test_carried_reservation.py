@@ -331,3 +331,78 @@ def test_the_same_room_held_by_pods_of_another_kind_drops_it(monkeypatch: pytest
     found, count = _again(view, policy, head, 20.0, monkeypatch)
     assert found is not None and found.fits_on is not None and found.fits_on.tolist() == [True, False]
     assert (count.carried, count.searched) == (0, 1)
+
+
+# ------------------------------------------------------------ runs that joined past the floor
+
+def _four_nodes() -> tuple[ClusterView, PlacementPolicy, Workload]:
+    """`_three_nodes` and n3, half held for good by e: the head (4 devices) reserved at 700 on n2
+    (floor 500); n3 never holds it, and new runs land there."""
+    view = ClusterView.empty(cluster(4, devices=4))
+    runs = [("a", 4, 1000.0), ("b", 4, 2000.0), ("c", 2, 500.0), ("d", 2, 700.0), ("e", 2, None)]
+    for wid, gpus, est in runs:
+        _run(view, wid, gpus, est, 0.0)
+    head = workload(pod(4), wid="head")
+    policy = make_policy("first-fit")
+    found = backfill.kept_reserve(head, view, 10.0, policy, random.Random(0), slot=SLOT)
+    assert found is not None and found.start_s == 700.0
+    assert view.kept_leaf_reservation is not None and view.kept_leaf_reservation.floor_s == 500.0
+    return view, policy, head
+
+
+@pytest.mark.parametrize("estimate", [900.0, 500.0], ids=["past-the-start", "before-the-start"])
+def test_a_run_that_joined_past_the_floor_keeps_the_reservation(
+    estimate: float, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """g starts on n3 and ends after the floor: past the reserved start (it still holds n3 there, so
+    the head is placed again on the shadow without it) or before it (a new end time at which the
+    head still fits nowhere). Carried, no search, and the reservation found afresh."""
+    view, policy, head = _four_nodes()
+    _run(view, "g", 1, estimate, 100.0)
+    assert view.running["g"].allocs[0][1].node == 3
+    found, count = _again(view, policy, head, 100.0, monkeypatch)
+    assert found is not None and found.start_s == 700.0
+    assert (count.carried, count.searched) == (1, 0)
+    free_at_start = int(found.shadow.dev_milli_free[3].sum())
+    assert free_at_start == (1000 if estimate > 600.0 else 2000)  # g holds one device there, or has ended
+
+
+def test_a_run_that_joined_past_the_floor_drops_a_gang_s(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The same join for a gang of two 4-device pods (reserved at 1000 on n0 and n2): a gang placed
+    pod by pod may fit less room where it did not fit more, so it is searched afresh."""
+    view, policy, _ = _four_nodes()
+    gang = workload(pod(4), pod(4), wid="gang")
+    found = backfill.kept_reserve(gang, view, 10.0, policy, random.Random(0), slot=SLOT)
+    assert found is not None and found.start_s == 1000.0
+    _run(view, "g", 1, 1500.0, 100.0)
+    found, count = _again(view, policy, gang, 100.0, monkeypatch)
+    assert found is not None and found.start_s == 1000.0
+    assert (count.carried, count.searched) == (0, 1)
+
+
+def test_a_run_that_joined_before_the_first_group_drops_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    """With no floor (the first end time passed the check), the search never saw the live pool:
+    here the head fits n1 now, and is reserved at a's end (1000). g takes n1 until 900, a new first
+    end time at which n1 is free again: the head is reserved there, not carried at 1000."""
+    view = ClusterView.empty(cluster(2, devices=4))
+    _run(view, "a", 4, 1000.0, 0.0)
+    head = workload(pod(4), wid="head")
+    policy = make_policy("first-fit")
+    found = backfill.kept_reserve(head, view, 10.0, policy, random.Random(0), slot=SLOT)
+    assert found is not None and found.start_s == 1000.0
+    assert view.kept_leaf_reservation is not None and view.kept_leaf_reservation.floor_s == -float("inf")
+    _run(view, "g", 4, 800.0, 100.0)
+    found, count = _again(view, policy, head, 100.0, monkeypatch)
+    assert found is not None and found.start_s == 900.0
+    assert (count.carried, count.searched) == (0, 1)
+
+
+def test_a_join_that_would_need_more_trials_than_allowed_drops_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    """g's end adds a time between the floor and the start: with one trial allowed, the search from
+    the floor might place the head twice, so the reservation is searched afresh."""
+    view, policy, head = _four_nodes()
+    monkeypatch.setattr(backfill, "MAX_RESERVATION_TRIALS", 1)
+    _run(view, "g", 1, 500.0, 100.0)  # ends at 600
+    found, count = _again(view, policy, head, 100.0, monkeypatch)
+    assert found is not None and found.start_s == 700.0
+    assert (count.carried, count.searched) == (0, 1)

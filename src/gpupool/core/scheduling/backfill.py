@@ -855,7 +855,7 @@ class KeptReservation:
         )
 
     def carries(self, head: Workload, view: ClusterView, now_s: float, policy: PlacementPolicy,
-                search: KeptSearch) -> bool:
+                search: KeptSearch, rng: random.Random) -> bool:
         """Whether the reservation stands across the runs that started and ended since (and the
         clock), though the live state changed. On True it is brought up to date (`matches` then
         compares with the state as it is now); once its copy of the live state is changed and found
@@ -891,19 +891,37 @@ class KeptReservation:
         defaults, without a fabric: `kept_reserve`), at the same nodes, the same start and the same
         shadow (free amounts, heavy shares, pods per node; its node versions are those of the
         search that made it, as with `matches`: a policy keys what it keeps by node version within
-        one state object, and every reservation returned is a new copy)."""
+        one state object, and every reservation returned is a new copy).
+
+        Runs that started since and are expected to end after f (`_joined_after`) carry it too, for
+        a head of one pod. Each holds room until its end and gives it back then, so no pool the
+        search sees has more free room than the one it saw at the same time, and the new end times
+        bring no pool that was not one of those (where f is -inf, the live state was no such pool: no
+        run may then end before G0). Since f's check failed, and the head fitted no pool
+        between G0 and the start S (for one pod, a policy returns NoFit only where no node fits it,
+        and a node that fits it no more on less room), the head fits no pool before S now either.
+        At S it is placed again, on the kept shadow with the joined runs that still hold there
+        taken off it: where it fits, that placement is the reservation's (the search would stop at S
+        and make exactly it; the checks pass where the head fits), with no more trials than the
+        groups after f up to S (the search may place at most `MAX_RESERVATION_TRIALS` of them).
+        f stays a floor: its check failed on more room than now."""
         floor = self.floor_s
         if floor is None or not self.asks_alike(head, view, policy):
             return False
         ends, _, first_fix = _expected_ends(view, now_s, True, search)
         old, k = self.ends, self.floor_at
         j = bisect.bisect_right(ends, floor, key=_end)
+        extra: list[tuple[float, str]] = []
         if len(ends) - j != len(old) - k or ends[j:] != old[k:]:
-            return False
+            found = self._joined_after(head, ends, j, now_s)
+            if found is None:
+                return False
+            extra = found
         running, before = view.running, self.runs  # (the records of old[:k]'s runs)
         after = _runs_of(running, ends, j)
         left = [rec for rid, run in before.items() if after.get(rid) is not run for _, rec in run.allocs]
         joined = [rec for rid, run in after.items() if before.get(rid) is not run for _, rec in run.allocs]
+        joined += [rec for _, rid in extra for _, rec in running[rid].allocs]
         # the copy made as the live state was, moved by those runs, must be the live state now
         state, live = view.state, self.live
         self.floor_s, self.running_version = None, -1  # changed below: no use unless equal
@@ -915,10 +933,49 @@ class KeptReservation:
         if live.heavy_slices != state.heavy_slices or live.node_pod_kinds != state.node_pod_kinds \
                 or not all(map(_equal, _arrays(live), _arrays(state))):
             return False
+        holding = [rec for end_s, rid in extra if end_s > self.start_s for _, rec in running[rid].allocs]
+        if holding and not self._placed_again(head, holding, policy, rng):
+            return False
         self.floor_s, self.floor_at, self.ends, self.runs = floor, j, list(ends), after
         self.running_version = view.running_version
         self.overdue = _overdue(view, now_s)
         self.until_s = first_fix if first_fix <= self.start_s else math.inf
+        return True
+
+    def _joined_after(self, head: Workload, ends: list[tuple[float, str]], j: int, now_s: float
+                      ) -> list[tuple[float, str]] | None:
+        """The expected ends after the floor (`ends[j:]`) that the kept ones lack, where every kept
+        one is still there: runs started since that end after the floor. None where a kept one is
+        gone or moved, where the head is not one pod (a gang's placement may succeed on less room
+        where it failed on more), or where the search would place the head more times than it may
+        before the start (`carries`)."""
+        tail, kept = ends[j:], self.ends[self.floor_at:]
+        if not carry_joined or len(head.pods) != 1 or self.shadow is None or len(tail) <= len(kept):
+            return None
+        have = set(tail)
+        if not kept or not have.issuperset(kept):
+            return None
+        extra = sorted(have.difference(kept))
+        if self.floor_s == -math.inf and extra[0][0] < kept[0][0]:
+            return None  # it would end where the search saw no pool: the first group was the live one
+        upto = bisect.bisect_right(ends, self.start_s, lo=j, key=_end)
+        if len({max(end_s, now_s) for end_s, _ in ends[j:upto]}) > MAX_RESERVATION_TRIALS:
+            return None
+        return extra
+
+    def _placed_again(self, head: Workload, holding: list[PodAlloc], policy: PlacementPolicy,
+                      rng: random.Random) -> bool:
+        """Take the records of joined runs that still hold at the start off the kept shadow and
+        place the head there again: True (with its nodes kept) where it fits."""
+        shadow = self.shadow
+        assert shadow is not None
+        for record in holding:
+            shadow.allocate(record)
+        gang = place_gang(head, shadow, policy, rng)
+        if isinstance(gang, NoFit):
+            return False
+        release_gang(gang, shadow)
+        self.fits_on = nodes_mask(gang, shadow)
         return True
 
     def reservation(self, now_s: float) -> Reservation | None:
@@ -972,6 +1029,12 @@ for a repeatable policy without a fabric); False makes it afresh after any start
 same reservations, slower: kept to check that claim)."""
 
 
+carry_joined = True
+"""Carry the reservation across runs that started since and end after its floor too, for a head of
+one pod, placing it again at its start where they still hold there (`KeptReservation.carries`);
+False makes it afresh (the same reservations, slower: kept to check that claim)."""
+
+
 def kept_reserve(
     head: Workload, view: ClusterView, now_s: float, policy: PlacementPolicy, rng: random.Random,
     slot: Literal["kept_reservation", "kept_leaf_reservation"] = "kept_reservation",
@@ -989,7 +1052,7 @@ def kept_reserve(
     if (keep_reservations and kept is not None and kept.not_before_s == not_before_s
             and kept.wanted == wanted
             and (kept.matches(head, view, now_s, policy)
-                 or (carry_reservations and kept.carries(head, view, now_s, policy, search)))):
+                 or (carry_reservations and kept.carries(head, view, now_s, policy, search, rng)))):
         return kept.reservation(now_s)
     last = view.reserve_hints.get(slot)
     hint_s = last[1] if last is not None and last[0] == head.id else math.inf
