@@ -8,6 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[2]
 TRACE = ROOT / "tests" / "fixtures" / "replay" / "philly_tiny.csv"
 REPLAY = ["--trace", f"philly:{TRACE}", "--cluster", "1x8xV100M32", "--seed", "1", "--ordering", "drf",
@@ -72,3 +74,44 @@ def test_a_quiet_cycle_repeats_the_one_before_only_when_every_verdict_and_the_re
     ):
         assert not replay_cycles.repeats(before, changed, keys.__getitem__)
     assert replay_cycles.quiet_of(CycleResult((Admit("a", ()),)), keys.__getitem__) is None
+
+
+def test_considerations_are_timed_without_changing_a_decision(tmp_path: Path) -> None:
+    """`--considerations`: every consideration counted in one row, the shares within the cycles' time,
+    and the replay's result the same as without the wrapper."""
+    wrapped, plain, rows = tmp_path / "wrapped.json", tmp_path / "plain.json", tmp_path / "rows.json"
+    bench = [sys.executable, str(ROOT / "bench" / "replay_cycles.py"), "--considerations",
+             "--json", str(rows)]
+    done = subprocess.run([*bench, "--", *REPLAY, "--json", str(wrapped)], capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == 0, done.stderr
+    cli = [sys.executable, "-c", "from gpupool.cli.main import main; main()"]
+    subprocess.run([*cli, "sim", "replay", *REPLAY, "--json", str(plain)], check=True, capture_output=True,
+                   timeout=300)
+    assert _timings_left_out(wrapped) == _timings_left_out(plain)
+    found = json.loads(rows.read_text())["considerations"]
+    kinds = {r["kind"]: r for r in found["considerations by what came of them"]}
+    assert kinds["admitted"]["count"] > 0 and kinds["waited, otherwise"]["count"] > 0
+    assert sum(r["share"] for r in kinds.values()) + found["outside_considerations_share"] == \
+        pytest.approx(1.0)
+    assert 0.0 <= found["carry_ceiling_share"] <= 1.0 - found["outside_considerations_share"] + 1e-9
+
+
+def test_a_consideration_is_named_by_what_came_of_it() -> None:
+    sys.path.insert(0, str(ROOT / "bench"))
+    import replay_cycles
+    from gpupool.core.model import Reason
+    from gpupool.core.scheduling.cycle import Admit, EventKind, Refuse, Stop, Wait
+
+    full = (Reason.NO_NODE_FITS, "No node fits.")
+    kind = replay_cycles.consideration_kind
+    assert kind([Wait("a", *full)], False, full) == ("waited, as its key last did", full)
+    assert kind([Wait("a", *full)], False, None) == ("waited, otherwise", full)
+    assert kind([Wait("a", *full)], False, (Reason.NO_NODE_FITS, "Another message.")) == \
+        ("waited, otherwise", full)
+    assert kind([Refuse("a", *full)], False, full) == ("waited, as its key last did", full)
+    assert kind([Wait("a", *full)], True, full) == ("reserved for (the head)", None)
+    assert kind([Admit("a", ())], False, full)[0] == "admitted"
+    stop = Stop("v", EventKind.PREEMPT, Reason.PREEMPTED, "Preempted.")
+    assert kind([stop, Admit("a", ())], False, None)[0] == "preempted its way in"
+    assert kind([], False, full) == ("other", None)
