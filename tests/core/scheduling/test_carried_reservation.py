@@ -14,13 +14,15 @@ from hypothesis import strategies as st
 from test_kept_search import _new_run, _start, _step
 
 from factories import cluster, pod, workload
+from gpupool.core.fabric.generate import fat_tree
 from gpupool.core.model import Workload
 from gpupool.core.scheduling import backfill
 from gpupool.core.scheduling.backfill import KeptReservation, Reservation
 from gpupool.core.scheduling.cycle import Policies, cycle_on
-from gpupool.core.scheduling.policies.base import PlacementPolicy, make_policy
+from gpupool.core.scheduling.policies.base import NoFit, PlacementPolicy, make_policy
+from gpupool.core.scheduling.topology import FabricView
 from gpupool.core.scheduling.view import ClusterView
-from gpupool.core.state import ClusterState
+from gpupool.core.state import ClusterState, clone_state
 
 SLOT = "kept_leaf_reservation"  # a slot the cycles that start the runs never write (no fabric)
 _search = backfill._reserve
@@ -106,6 +108,91 @@ def test_a_carried_reservation_is_the_one_a_search_made_afresh_finds(
     assert compared > 20
     if head.id != "shares":  # (two shares seldom wait past the first group)
         assert count.carried >= 3  # carried, not only found again
+
+
+def _busy_on_fabric(seed: int, heads: int) -> tuple[ClusterView, random.Random]:
+    """`_busy` on 8 nodes in a two-level fat tree (4 leaves of 2)."""
+    rng = random.Random(seed)
+    nodes = cluster(8, devices=4)
+    view = ClusterView.empty(nodes)
+    view.set_topology(FabricView.from_fabric(fat_tree(4, levels=2), nodes))
+    for k in range(20 + heads):
+        _start(view, _new_run(rng, 1000 + k, 0.0), 0.0, k)
+    return view, rng
+
+
+@pytest.mark.parametrize("head", HEADS, ids=[h.id for h in HEADS])
+@pytest.mark.parametrize("placement", ["network-aware", "first-fit"])
+@pytest.mark.parametrize("seed", range(4))
+def test_with_a_fabric_a_one_pod_head_s_reservation_is_carried_and_a_gang_s_is_not(
+    seed: int, placement: str, head: Workload, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The random changes above on a pool with a fabric bound to the policy: the kept reservation is
+    the one found afresh after each; a head of one pod (placed as if there were no fabric) is carried,
+    a gang (whose placement reads the fabric's links and flows) never is."""
+    view, rng = _busy_on_fabric(seed, HEADS.index(head))
+    policy = make_policy(placement)
+    policy.bind_topology(view.topology_context())
+    assert policy.topology is not None
+    count = _Count(monkeypatch)
+    now, compared = 0.0, 0
+    for k in range(80):
+        now = _step(view, rng, k, now, policy)
+        if rng.random() < 0.5:
+            short = replace(_new_run(rng, 5000 + k, now), runtime_estimate_s=rng.choice([5.0, 15.0, 30.0]))
+            _start(view, short, now, k)
+        view.materialize()
+        kept = backfill.kept_reserve(head, view, now, policy, random.Random(k), slot=SLOT)
+        afresh = _afresh(head, view, now, policy)
+        assert _key(kept) == _key(afresh), k
+        compared += afresh is not None
+    assert compared > 20
+    if len(head.pods) > 1:
+        assert count.carried == 0
+    else:
+        assert count.carried >= 3
+
+
+def test_a_policy_that_changed_its_mode_drops_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    """network-aware places whole devices as best-fit until it places a share of one, then as
+    fgd-strand (`auto`): a reservation kept from before is searched afresh, as its search placements are."""
+    view, policy, head = _three_nodes()
+    aware = make_policy("network-aware")
+    found = backfill.kept_reserve(head, view, 10.0, aware, random.Random(0), slot=SLOT)
+    assert found is not None and aware.mode() is True
+    found, count = _again(view, aware, head, 10.0, monkeypatch)
+    assert (count.carried, count.searched) == (0, 0)  # the same: reused whole
+    monkeypatch.undo()
+    trial = clone_state(view.state, empty=True)  # (any state: the choice is not used)
+    assert not isinstance(aware.place(pod(0.5), trial, random.Random(0)), NoFit)
+    assert aware.mode() is False
+    found, count = _again(view, aware, head, 10.0, monkeypatch)
+    assert (count.carried, count.searched) == (0, 1)
+    assert policy is not aware
+
+
+def test_a_policy_that_changed_its_mode_places_the_head_again(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The search's placements kept for the next search of the same head (`KeptSearch.placements`)
+    are not reused once the policy places another way."""
+    view, _, head = _three_nodes()
+    aware = make_policy("network-aware")
+    search = backfill.KeptSearch.fresh(view.state)
+    placed = backfill.place_gang
+    calls = [0]
+
+    def counted(*args: object) -> object:
+        calls[0] += 1
+        return placed(*args)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(backfill, "place_gang", counted)
+    first = _search(head, view, 10.0, aware, random.Random(0), kept=search)[0]
+    assert first is not None and calls[0] >= 1
+    calls[0] = 0
+    assert _key(_search(head, view, 10.0, aware, random.Random(0), kept=search)[0]) == _key(first)
+    assert calls[0] == 0  # reused
+    assert not isinstance(aware.place(pod(0.5), clone_state(view.state, empty=True), random.Random(0)), NoFit)
+    _search(head, view, 10.0, aware, random.Random(0), kept=search)
+    assert calls[0] >= 1
 
 
 def test_carried_reservations_are_used_often_enough_to_matter(monkeypatch: pytest.MonkeyPatch) -> None:

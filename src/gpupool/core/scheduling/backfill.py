@@ -647,10 +647,10 @@ class KeptSearch:
         if not policy.is_repeatable() or policy.topology is not None:
             self.tried = []
             return None
-        placer = (head, policy, view.state.defaults, _prepared(view, policy))
+        placer = (head, policy, view.state.defaults, _prepared(view, policy), policy.mode())
         last = self.tried
         if not self.placer or any(a is not b for a, b in zip(placer[:3], self.placer, strict=False)) \
-                or placer[3] != self.placer[3]:
+                or placer[3:] != self.placer[3:]:
             last = []
         self.placer = placer
         self.tried = []
@@ -792,18 +792,21 @@ class KeptReservation:
     `reserve` reads: the head; the running records with an estimate (their allocations and planned
     ends: fixed per record, so the view's `running_version` stands for them); the live state's
     capacity arrays and pods per node (compared whole); the placement policy (the same instance,
-    prepared as many times, on the same slice defaults: only a policy whose `place` is repeatable,
-    drawing nothing from the rng and keeping nothing, so skipping its calls changes nothing
-    later); and the clock only through the ends already past and their corrections, each constant
-    until the clock reaches it (`corrected_end_s`). So the result is the same while as many ends
-    are past (`overdue`) and no correction is reached (`until_s`) (`matches`); and, across runs that
-    started and ended, while the pool from the head's first passing group on is the same (`carries`).
+    prepared as many times, in the same `mode`, on the same slice defaults: only a policy whose
+    `place` is repeatable, drawing nothing from the rng and keeping nothing, so skipping its calls
+    changes nothing later); and the clock only through the ends already past and their
+    corrections, each constant until the clock reaches it (`corrected_end_s`). So the result is the
+    same while as many ends are past (`overdue`) and no correction is reached (`until_s`)
+    (`matches`); and, across runs that started and ended, while the pool from the head's first
+    passing group on is the same (`carries`).
     """
 
     head: Workload
     running_version: int
     policy: PlacementPolicy
     prepared: int
+    mode: object
+    """The policy's `mode()` then."""
     defaults: SliceDefaults
     state: ClusterState
     live: ClusterState
@@ -839,6 +842,7 @@ class KeptReservation:
             self.head is head
             and self.policy is policy
             and self.prepared == _prepared(view, policy)
+            and self.mode == policy.mode()
             and self.state is state
             and self.defaults is state.defaults
         )
@@ -887,9 +891,10 @@ class KeptReservation:
           which has no more free room than P(f).
 
         So the search stops at G0 again and places the head on the same pools in the same order:
-        with a repeatable policy (the same instance, prepared as many times, on the same slice
-        defaults, without a fabric: `kept_reserve`), at the same nodes, the same start and the same
-        shadow (free amounts, heavy shares, pods per node; its node versions are those of the
+        with a repeatable policy (the same instance, prepared as many times, in the same `mode`, on
+        the same slice defaults, without a fabric or for a head of one pod, which the search places
+        pod by pod reading nothing of the fabric: `kept_reserve`), at the same nodes, the same start
+        and the same shadow (free amounts, heavy shares, pods per node; its node versions are those of the
         search that made it, as with `matches`: a policy keys what it keeps by node version within
         one state object, and every reservation returned is a new copy).
 
@@ -1025,8 +1030,8 @@ computes it afresh on every call (the same reservations, slower: kept to check t
 carry_reservations = True
 """Keep the last reservation across runs that started and ended, where they leave the pool the same
 from the head's first passing group on (`KeptReservation.carries`: runs expected to end before it,
-for a repeatable policy without a fabric); False makes it afresh after any start or finish (the
-same reservations, slower: kept to check that claim)."""
+for a repeatable policy without a fabric, or with one for a head of one pod); False makes it afresh
+after any start or finish (the same reservations, slower: kept to check that claim)."""
 
 
 carry_joined = True
@@ -1068,9 +1073,10 @@ def kept_reserve(
                      wanted=wanted, kept=search)
     _note_hint(view, slot, head, found)
     overdue = _overdue(view, now_s)
-    # carried across starts and finishes (`KeptReservation.carries`) only without a fabric, a lower
-    # bound or a window; the search reads the running records and leaves them as they were
-    floor = search.floor if (found is not None and policy.topology is None
+    # carried across starts and finishes (`KeptReservation.carries`) only without a fabric (or for a
+    # head of one pod, which the search places as if there were none), a lower bound or a window;
+    # the search reads the running records and leaves them as they were
+    floor = search.floor if (found is not None and (policy.topology is None or len(head.pods) == 1)
                              and not_before_s == -math.inf and wanted is None) else None
     floor_at = 0 if floor is None else bisect.bisect_right(floor[1], floor[0], key=_end)
     setattr(view, slot, KeptReservation(
@@ -1078,6 +1084,7 @@ def kept_reserve(
         running_version=view.running_version,
         policy=policy,
         prepared=_prepared(view, policy),
+        mode=policy.mode(),
         defaults=state.defaults,
         state=state,
         live=live,

@@ -91,6 +91,13 @@ class PlacementPolicy(ABC):
         then reuse an earlier answer instead of asking again. False unless a policy says so."""
         return False
 
+    def mode(self) -> object:
+        """What a repeatable policy's choices depend on besides the state and how many times it
+        was prepared, where that can change between calls (a policy that switches how it places
+        once it has seen some kind of pod): a caller reuses an earlier answer only while it is
+        equal. None (the default): nothing."""
+        return None
+
 
 _REGISTRY: dict[str, type[PlacementPolicy]] = {}
 

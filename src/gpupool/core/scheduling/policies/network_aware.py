@@ -142,6 +142,9 @@ class NetworkAware(FgdStrand):
     def is_repeatable(self) -> bool:
         return self._best_fit.is_repeatable() if self._by_best_fit() else super().is_repeatable()
 
+    def mode(self) -> object:
+        return self._by_best_fit()  # (`auto` turns to fgd-strand once it places a share of a device)
+
     def place_gang(
         self, workload: Workload, state: ClusterState, rng: random.Random
     ) -> GangPlacement | NoFit:
