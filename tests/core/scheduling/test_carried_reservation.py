@@ -7,6 +7,7 @@ from __future__ import annotations
 import random
 from dataclasses import replace
 
+import numpy as np
 import pytest
 import test_admission_properties as props
 from hypothesis import given, settings
@@ -15,7 +16,7 @@ from test_kept_search import _new_run, _start, _step
 
 from factories import cluster, pod, workload
 from gpupool.core.fabric.generate import fat_tree
-from gpupool.core.model import Workload
+from gpupool.core.model import Workload, WorkloadInfo
 from gpupool.core.scheduling import backfill
 from gpupool.core.scheduling.backfill import KeptReservation, Reservation
 from gpupool.core.scheduling.cycle import Policies, cycle_on
@@ -124,12 +125,12 @@ def _busy_on_fabric(seed: int, heads: int) -> tuple[ClusterView, random.Random]:
 @pytest.mark.parametrize("head", HEADS, ids=[h.id for h in HEADS])
 @pytest.mark.parametrize("placement", ["network-aware", "first-fit"])
 @pytest.mark.parametrize("seed", range(4))
-def test_with_a_fabric_a_one_pod_head_s_reservation_is_carried_and_a_gang_s_is_not(
+def test_with_a_fabric_a_carried_reservation_is_the_one_a_search_made_afresh_finds(
     seed: int, placement: str, head: Workload, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The random changes above on a pool with a fabric bound to the policy: the kept reservation is
-    the one found afresh after each; a head of one pod (placed as if there were no fabric) is carried,
-    a gang (whose placement reads the fabric's links and flows) never is."""
+    """The random changes above on a pool with a fabric bound to the policy (gangs of several nodes
+    start and end among them, so the flows on its links change): the kept reservation is the one
+    found afresh after each, and it is carried."""
     view, rng = _busy_on_fabric(seed, HEADS.index(head))
     policy = make_policy(placement)
     policy.bind_topology(view.topology_context())
@@ -147,10 +148,74 @@ def test_with_a_fabric_a_one_pod_head_s_reservation_is_carried_and_a_gang_s_is_n
         assert _key(kept) == _key(afresh), k
         compared += afresh is not None
     assert compared > 20
-    if len(head.pods) > 1:
-        assert count.carried == 0
+    if len(head.pods) == 1:
+        assert count.carried >= 2
+
+
+def _gang_on_fabric() -> tuple[ClusterView, PlacementPolicy, Workload]:
+    """8 nodes of 4 devices in a two-level fat tree, every one busy with work of one pod (which puts
+    nothing on the fabric's links): n0 until 1000, n1 until 2000, n2 with c (2 devices, until 500)
+    and d (2, until 700), the rest until 3000. A gang of two 4-device pods (network-aware) is
+    reserved at 1000 on n0 and n2, past the floor at d's end (700)."""
+    nodes = cluster(8, devices=4)
+    view = ClusterView.empty(nodes)
+    view.set_topology(FabricView.from_fabric(fat_tree(4, levels=2), nodes))
+    runs = [("a", 4, 1000.0), ("b", 4, 2000.0), ("c", 2, 500.0), ("d", 2, 700.0),
+            *((f"x{i}", 4, 3000.0) for i in range(5))]
+    for wid, gpus, est in runs:
+        _run(view, wid, gpus, est, 0.0)
+    head = replace(workload(pod(4, name="p0"), pod(4, name="p1"), wid="gang"), runtime_estimate_s=600.0)
+    policy = make_policy("network-aware")
+    policy.bind_topology(view.topology_context())
+    found = backfill.kept_reserve(head, view, 10.0, policy, random.Random(0), slot=SLOT)
+    assert found is not None and found.start_s == 1000.0
+    assert found.fits_on is not None and np.flatnonzero(found.fits_on).tolist() == [0, 2]
+    kept = view.kept_leaf_reservation
+    assert kept is not None and kept.floor_s == 700.0
+    return view, policy, head
+
+
+def test_with_a_fabric_a_gang_s_reservation_is_carried_while_the_fabric_reads_the_same(
+    monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """c ends early and e, ending before the floor, starts in its place: the fabric is as it was
+    (no gang started or ended, no link changed), so the gang's reservation is carried."""
+    view, policy, head = _gang_on_fabric()
+    version = view.topology.version if view.topology is not None else -1
+    view.remove("c")
+    _run(view, "e", 2, 300.0, 100.0)
+    assert view.topology is not None and view.topology.version == version
+    found, count = _again(view, policy, head, 100.0, monkeypatch)
+    assert found is not None and found.start_s == 1000.0
+    assert (count.carried, count.searched) == (1, 0)
+
+
+@pytest.mark.parametrize("change", ["link", "estimate"])
+def test_with_a_fabric_a_gang_s_reservation_is_searched_again_when_what_it_read_changed(
+    change: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The same change below the floor, and a link's load or the head's estimated run time (a gang's
+    placement weighs both) changed: searched afresh. With nothing started or ended, the same holds
+    for the reservation reused whole."""
+    view, policy, head = _gang_on_fabric()
+    fabric = view.topology
+    assert fabric is not None
+    if change == "link":
+        assert fabric.set_link(next(iter(fabric.link_index)), utilization=0.9)
     else:
-        assert count.carried >= 3
+        view.info[head.id] = WorkloadInfo(progress_s=300.0)  # half its work kept from an earlier run
+    found, count = _again(view, policy, head, 10.0, monkeypatch)
+    assert (count.carried, count.searched) == (0, 1)
+    monkeypatch.undo()
+    view.remove("c")
+    _run(view, "e", 2, 300.0, 100.0)
+    if change == "link":
+        assert fabric.set_link(next(iter(fabric.link_index)), utilization=0.1)
+    else:
+        view.info[head.id] = WorkloadInfo(progress_s=100.0)
+    found, count = _again(view, policy, head, 100.0, monkeypatch)
+    assert found is not None
+    assert (count.carried, count.searched) == (0, 1)
 
 
 def test_a_policy_that_changed_its_mode_drops_it(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -792,13 +792,13 @@ class KeptReservation:
     `reserve` reads: the head; the running records with an estimate (their allocations and planned
     ends: fixed per record, so the view's `running_version` stands for them); the live state's
     capacity arrays and pods per node (compared whole); the placement policy (the same instance,
-    prepared as many times, in the same `mode`, on the same slice defaults: only a policy whose
-    `place` is repeatable, drawing nothing from the rng and keeping nothing, so skipping its calls
-    changes nothing later); and the clock only through the ends already past and their
-    corrections, each constant until the clock reaches it (`corrected_end_s`). So the result is the
-    same while as many ends are past (`overdue`) and no correction is reached (`until_s`)
-    (`matches`); and, across runs that started and ended, while the pool from the head's first
-    passing group on is the same (`carries`).
+    prepared as many times, in the same `mode`, reading the same of the fabric (`_fabric_reads`), on
+    the same slice defaults: only a policy whose `place` is repeatable, drawing nothing from the rng
+    and keeping nothing, so skipping its calls changes nothing later); and the clock only through
+    the ends already past and their corrections, each constant until the clock reaches it
+    (`corrected_end_s`). So the result is the same while as many ends are past (`overdue`) and no
+    correction is reached (`until_s`) (`matches`); and, across runs that started and ended, while
+    the pool from the head's first passing group on is the same (`carries`).
     """
 
     head: Workload
@@ -807,6 +807,8 @@ class KeptReservation:
     prepared: int
     mode: object
     """The policy's `mode()` then."""
+    fabric: tuple[object, ...] | None
+    """What the search read of the fabric besides the state (`_fabric_reads`) then."""
     defaults: SliceDefaults
     state: ClusterState
     live: ClusterState
@@ -843,6 +845,7 @@ class KeptReservation:
             and self.policy is policy
             and self.prepared == _prepared(view, policy)
             and self.mode == policy.mode()
+            and _same_reads(self.fabric, _fabric_reads(head, policy))
             and self.state is state
             and self.defaults is state.defaults
         )
@@ -892,11 +895,11 @@ class KeptReservation:
 
         So the search stops at G0 again and places the head on the same pools in the same order:
         with a repeatable policy (the same instance, prepared as many times, in the same `mode`, on
-        the same slice defaults, without a fabric or for a head of one pod, which the search places
-        pod by pod reading nothing of the fabric: `kept_reserve`), at the same nodes, the same start
-        and the same shadow (free amounts, heavy shares, pods per node; its node versions are those of the
-        search that made it, as with `matches`: a policy keys what it keeps by node version within
-        one state object, and every reservation returned is a new copy).
+        the same slice defaults, reading the same of the fabric: `_fabric_reads`, nothing for a head
+        of one pod), at the same nodes, the same start and the same shadow (free amounts, heavy
+        shares, pods per node; its node versions are those of the search that made it, as with
+        `matches`: a policy keys what it keeps by node version within one state object, and every
+        reservation returned is a new copy).
 
         Runs that started since and are expected to end after f (`_joined_after`) carry it too, for
         a head of one pod. Each holds room until its end and gives it back then, so no pool the
@@ -1030,8 +1033,8 @@ computes it afresh on every call (the same reservations, slower: kept to check t
 carry_reservations = True
 """Keep the last reservation across runs that started and ended, where they leave the pool the same
 from the head's first passing group on (`KeptReservation.carries`: runs expected to end before it,
-for a repeatable policy without a fabric, or with one for a head of one pod); False makes it afresh
-after any start or finish (the same reservations, slower: kept to check that claim)."""
+for a repeatable policy, the fabric read as it was); False makes it afresh after any start or
+finish (the same reservations, slower: kept to check that claim)."""
 
 
 carry_joined = True
@@ -1073,11 +1076,9 @@ def kept_reserve(
                      wanted=wanted, kept=search)
     _note_hint(view, slot, head, found)
     overdue = _overdue(view, now_s)
-    # carried across starts and finishes (`KeptReservation.carries`) only without a fabric (or for a
-    # head of one pod, which the search places as if there were none), a lower bound or a window;
-    # the search reads the running records and leaves them as they were
-    floor = search.floor if (found is not None and (policy.topology is None or len(head.pods) == 1)
-                             and not_before_s == -math.inf and wanted is None) else None
+    # carried across starts and finishes (`KeptReservation.carries`) only without a lower bound or a
+    # window; the search reads the running records and leaves them as they were
+    floor = search.floor if (found is not None and not_before_s == -math.inf and wanted is None) else None
     floor_at = 0 if floor is None else bisect.bisect_right(floor[1], floor[0], key=_end)
     setattr(view, slot, KeptReservation(
         head=head,
@@ -1085,6 +1086,7 @@ def kept_reserve(
         policy=policy,
         prepared=_prepared(view, policy),
         mode=policy.mode(),
+        fabric=_fabric_reads(head, policy),
         defaults=state.defaults,
         state=state,
         live=live,
@@ -1102,6 +1104,26 @@ def kept_reserve(
         runs={} if floor is None else _runs_of(view.running, floor[1], floor_at),
     ))
     return found
+
+
+def _fabric_reads(head: Workload, policy: PlacementPolicy) -> tuple[object, ...] | None:
+    """What a search for `head` reads of the fabric besides the state: None where it reads nothing
+    (no fabric bound, or a head of one pod, placed pod by pod as without one); else the fabric view
+    (by identity) and its version (bumped on every change of its links or of the gangs on them), the
+    pool's default constraint, and the scheduler's estimates of the head's run time and
+    communication, which a gang's placement weighs."""
+    context = policy.topology
+    if context is None or len(head.pods) < 2:
+        return None
+    return (context.view, context.view.version, context.default, context.estimate_s(head),
+            context.comm_ratio(head))
+
+
+def _same_reads(kept: tuple[object, ...] | None, now: tuple[object, ...] | None) -> bool:
+    """`_fabric_reads` equal: the same view object, the rest equal."""
+    if kept is None or now is None:
+        return kept is now
+    return kept[0] is now[0] and kept[1:] == now[1:]
 
 
 def _note_hint(view: ClusterView, slot: str, head: Workload, found: Reservation | None) -> None:
