@@ -156,12 +156,15 @@ class NetworkAware(FgdStrand):
         spec = context.spec_for(workload)
         view = context.view
         wired = view.avail[ACCESS] > 0
-        model = self._model_for(state, workload.pods[0])  # first, as ever: it may fix the shape mix
+        # first, as ever: it may fix the shape mix; its fragments are brought up to date only where
+        # a candidate is tried (a cache by node version: when they are computed changes nothing)
+        model = self._model_for(state, workload.pods[0], refresh=False)
         room = room_for(workload.pods, state, wired)  # every candidate lies inside `wired`
         if not room.anywhere() and self.is_repeatable() and not self.counts_failed_calls():
             # no candidate can hold it: trying each would fail, drawing nothing and keeping nothing
             counted = _counted_nofit(workload, state, wired, room, spec)
             return counted if counted is not None else self._no_candidate(workload, state, rng, spec)
+        model.refresh()
         estimate = context.estimate_s(workload)
         run_s = UNKNOWN_RUN_S if estimate is None else max(estimate, 1.0)
         gpus = workload.total_device_milli / 1000
