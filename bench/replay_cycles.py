@@ -124,6 +124,13 @@ def consideration_kind(new: Sequence[Any], reserved: bool, last: tuple[Any, str]
     return "other", None
 
 
+def _tally(rows: dict[str, list[float]], kind: str, spent: float) -> None:
+    """One more of `kind`, and the CPU seconds it took."""
+    row = rows.setdefault(kind, [0, 0.0])
+    row[0] += 1
+    row[1] += spent
+
+
 class Considerations:
     """Times `_Cycle._consider` and `kept_reserve` in the replay (see the module docstring)."""
 
@@ -148,9 +155,7 @@ class Considerations:
             kind, verdict = consideration_kind(cycle.decisions[before:], cycle.reservation is not reserved,
                                                self.last.get(meta.key))
             self.last[meta.key] = verdict
-            row = self.rows.setdefault(kind, [0, 0.0])
-            row[0] += 1
-            row[1] += spent
+            _tally(self.rows, kind, spent)
 
         def counted_search(*args: Any, **kwargs: Any) -> Any:
             searched[0] = True
@@ -170,9 +175,7 @@ class Considerations:
                 kind = ("searched: the same start again" if self.kept_starts[head.id] == start
                         else "searched: another start")
             self.kept_starts = {head.id: start}
-            row = self.searches.setdefault(kind, [0, 0.0])
-            row[0] += 1
-            row[1] += spent
+            _tally(self.searches, kind, spent)
             return found
 
         cycle_module._Cycle._consider = timed_consider  # type: ignore[method-assign]

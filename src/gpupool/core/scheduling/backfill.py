@@ -974,16 +974,15 @@ class KeptReservation:
     def _placed_again(self, head: Workload, holding: list[PodAlloc], policy: PlacementPolicy,
                       rng: random.Random) -> bool:
         """Take the records of joined runs that still hold at the start off the kept shadow and
-        place the head there again: True (with its nodes kept) where it fits."""
+        place the head there again (`_place_at`): True (with its nodes kept) where it fits."""
         shadow = self.shadow
         assert shadow is not None
         for record in holding:
             shadow.allocate(record)
-        gang = place_gang(head, shadow, policy, rng)
-        if isinstance(gang, NoFit):
+        fits_on = _place_at(head, shadow, policy, rng, None)
+        if fits_on is None:
             return False
-        release_gang(gang, shadow)
-        self.fits_on = nodes_mask(gang, shadow)
+        self.fits_on = fits_on
         return True
 
     def reservation(self, now_s: float) -> Reservation | None:

@@ -168,8 +168,7 @@ class FgdStrand(Fgd):
         protect = np.zeros(len(state.nodes), dtype=bool)
         self._protect_for = {}
         if self._hosts_stale(state):  # which nodes could ever host a shape depends on capacity only
-            self._hosts_of, self._hosts_for, self._hosts = state, state.defaults, {}
-            self._hosts_pool = _pool_of(state)
+            self._new_hosts(state)
         for shape in self._gang_shapes:
             key = _gang_key(shape)
             hosts = self._hosts.get(key)
@@ -186,8 +185,7 @@ class FgdStrand(Fgd):
         are left than the larger of `reserve_empty` and the shape's expected arrivals still to come."""
         shapes = self._gang_shapes
         if self._hosts_stale(state) or len(self._host_rows) != len(shapes):
-            self._hosts_of, self._hosts_for, self._hosts = state, state.defaults, {}
-            self._hosts_pool = _pool_of(state)
+            self._new_hosts(state)
             self._host_rows = np.array([self._could_host(state, g) for g in shapes])
             n = len(state.nodes)
             self._shape_cpu = _rows([state.cpu_need(g) for g in shapes], n)
@@ -207,6 +205,11 @@ class FgdStrand(Fgd):
         self._protect_for = {_gang_key(shapes[i]): able[i] for i in np.flatnonzero(kept)}
         protect = able[kept].any(axis=0)
         return protect if protect.any() else None
+
+    def _new_hosts(self, state: ClusterState) -> None:
+        """Empty the per-shape host caches, made from now on for `state`'s pool."""
+        self._hosts_of, self._hosts_for, self._hosts = state, state.defaults, {}
+        self._hosts_pool = _pool_of(state)
 
     def _hosts_stale(self, state: ClusterState) -> bool:
         """The per-shape host caches were built for another pool or other slice defaults. Another
