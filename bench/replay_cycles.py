@@ -138,7 +138,8 @@ class Considerations:
         self.rows: dict[str, list[float]] = {}
         self.searches: dict[str, list[float]] = {}
         self.last: dict[Any, tuple[Any, str] | None] = {}
-        self.kept_starts: dict[str, float | None] = {}
+        self.last_start: tuple[str, float | None] | None = None
+        """(head id, start) of the last reservation made or kept (None: none yet)."""
         self._consider = cycle_module._Cycle._consider
         self._kept_reserve = cycle_module.kept_reserve
         self._search = backfill_module._reserve
@@ -169,12 +170,12 @@ class Considerations:
             start = None if found is None else found.start_s
             if not searched[0]:
                 kind = "reused or carried"
-            elif head.id not in self.kept_starts:
+            elif self.last_start is None or self.last_start[0] != head.id:
                 kind = "searched: a new head"
             else:
-                kind = ("searched: the same start again" if self.kept_starts[head.id] == start
+                kind = ("searched: the same start again" if self.last_start[1] == start
                         else "searched: another start")
-            self.kept_starts = {head.id: start}
+            self.last_start = (head.id, start)
             _tally(self.searches, kind, spent)
             return found
 
