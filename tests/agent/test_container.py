@@ -3,6 +3,7 @@ read-only root and no privilege; the runtime found on the node, or the sentence 
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 
@@ -109,3 +110,36 @@ def test_the_pools_sitecustomize_is_bound_from_a_copy_the_account_owns(tmp_path:
         assert copy.read_bytes() == (SITECUSTOMIZE_DIR / name).read_bytes()
         if os.geteuid() == 0:
             assert (copy.stat().st_uid, copy.stat().st_gid) == (4321, 4321)
+
+
+@pytest.mark.parametrize("planted", [".gpupool-site", ".gpupool-container", ".gpupool-container/state",
+                                     ".gpupool-container/config.json", ".gpupool-site/sitecustomize.py"])
+def test_a_symlink_planted_in_the_private_directory_is_not_followed(tmp_path: Path, planted: str) -> None:
+    """The agent writes the image pod's sitecustomize copy and bundle as root into the pod's private
+    directory, which the pod's account (and so a running pod of the same tenant, which can predict
+    the next pod's id) may write to: a symlink planted under one of those names must not send root's
+    writes, chmods and chowns to where it points."""
+    from gpupool.agent.isolation import SITECUSTOMIZE_DIR
+    from gpupool.agent.node import _site_copy
+
+    home = tmp_path / "p-1"
+    home.mkdir(mode=0o700)
+    elsewhere = tmp_path / "elsewhere"  # stands for /etc, the server's data directory, ...
+    elsewhere.mkdir(mode=0o700)
+    (elsewhere / "config.json").write_text("keep")
+    (elsewhere / "sitecustomize.py").write_text("keep")
+    before = {p.name: (p.stat().st_mode, p.stat().st_uid, p.read_text()) for p in elsewhere.iterdir()}
+    link = home / planted
+    link.parent.mkdir(exist_ok=True)
+    target = elsewhere / link.name if link.name in before else elsewhere
+    link.symlink_to(target)
+    uid, gid = (4321, 4321) if os.geteuid() == 0 else (os.geteuid(), os.getegid())
+    site = _site_copy(home, uid, gid)
+    bundle = container.write_bundle(home, _config(), uid, gid)
+    assert {p.name: (p.stat().st_mode, p.stat().st_uid, p.read_text()) for p in elsewhere.iterdir()} == before
+    assert (elsewhere.stat().st_mode & 0o777, elsewhere.stat().st_uid) == (0o700, os.geteuid())
+    for made in (site, bundle, bundle / "state", bundle / "config.json",
+                 *(site / p.name for p in SITECUSTOMIZE_DIR.glob("*.py"))):
+        assert not made.is_symlink() and made.stat().st_uid == uid, made
+    assert (site / "sitecustomize.py").read_bytes() == (SITECUSTOMIZE_DIR / "sitecustomize.py").read_bytes()
+    assert json.loads((bundle / "config.json").read_text()) == _config()

@@ -36,6 +36,7 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
+from gpupool.agent.identity import open_owned_dir, write_owned_file
 from gpupool.providers.nodespec import CONTAINERS_LABEL
 
 __all__ = ["CONTAINERS_LABEL", "ContainerRuntime", "container_argv", "detect", "oci_config", "write_bundle"]
@@ -202,17 +203,15 @@ def oci_config(*, command: Sequence[str], env: Mapping[str, str], cwd: str, uid:
 
 def write_bundle(private_dir: Path, config: Mapping[str, Any], uid: int, gid: int) -> Path:
     """Write the pod's bundle into its private directory (the account's own, 0700): config.json and
-    the empty `state` directory crun's state goes under; returns the bundle's directory."""
-    bundle = private_dir / BUNDLE_DIR
-    bundle.mkdir(mode=0o700, exist_ok=True)
-    (bundle / "state").mkdir(mode=0o700, exist_ok=True)
-    fd = os.open(bundle / "config.json", os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
-    with os.fdopen(fd, "w") as handle:
-        json.dump(config, handle)
-    if os.geteuid() == 0:
-        for path in (bundle, bundle / "state", bundle / "config.json"):
-            os.chown(path, uid, gid, follow_symlinks=False)
-    return bundle
+    the empty `state` directory crun's state goes under; returns the bundle's directory. The account
+    can write to `private_dir`, so root follows no name there (`open_owned_dir`)."""
+    bundle = open_owned_dir(private_dir, BUNDLE_DIR, 0o700, uid, gid)
+    try:
+        os.close(open_owned_dir(bundle, "state", 0o700, uid, gid))
+        write_owned_file(bundle, "config.json", json.dumps(config).encode(), 0o600, uid, gid)
+    finally:
+        os.close(bundle)
+    return private_dir / BUNDLE_DIR
 
 
 def container_argv(runtime: ContainerRuntime, bundle: Path, name: str) -> list[str]:

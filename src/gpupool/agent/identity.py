@@ -14,6 +14,8 @@ When the agent is not root it cannot change users, and pods run as its own user 
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import functools
 import grp
 import hashlib
@@ -304,6 +306,79 @@ def make_private_dir(root: Path, name: str, identity: PodIdentity | None) -> Pat
         os.chown(directory, identity.uid, identity.gid, follow_symlinks=False)
     os.chmod(directory, 0o700, follow_symlinks=False)
     return Path(directory)
+
+
+_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+_NEW_FILE = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+
+
+def open_owned_dir(parent: Path | int, name: str, mode: int, uid: int, gid: int) -> int:
+    """The directory `name` in `parent` (a path, or an open directory's descriptor), made if missing,
+    opened without following a symlink, and given to uid:gid with `mode`; returns its descriptor (the
+    caller closes it). For the agent's files in a pod's private directory: the pod's account may
+    write there, and a running pod of the same account may plant a symlink under a name it can
+    predict, so root follows no name there (a symlink or file in its place is removed first; one
+    swapped in after that refuses the launch)."""
+    if isinstance(parent, int):
+        top, where = None, parent
+    else:
+        top = where = os.open(parent, _DIR_FLAGS)
+    try:
+        fd = _open_made_dir(where, name, mode)
+        if fd < 0:  # ELOOP (a symlink) or ENOTDIR (a file) in its place: not a directory of ours
+            os.unlink(name, dir_fd=where)
+            fd = _open_made_dir(where, name, mode)
+        if fd < 0:
+            raise ProviderError(f"{name!r} in the pod's private directory was replaced while the pod was "
+                                "prepared; launch it again.")
+        _own(fd, mode, uid, gid)
+        return fd
+    finally:
+        if top is not None:
+            os.close(top)
+
+
+def _open_made_dir(parent: int, name: str, mode: int) -> int:
+    """`name` in `parent` made if missing and opened as a directory without following a symlink;
+    -1 where something else holds the name."""
+    with contextlib.suppress(FileExistsError):
+        os.mkdir(name, mode, dir_fd=parent)
+    try:
+        return os.open(name, _DIR_FLAGS, dir_fd=parent)
+    except (NotADirectoryError, OSError) as exc:
+        if isinstance(exc, NotADirectoryError) or exc.errno == errno.ELOOP:
+            return -1
+        raise
+
+
+def write_owned_file(directory: int, name: str, data: bytes, mode: int, uid: int, gid: int) -> None:
+    """`data` as a new file `name` in the open `directory`, owned by uid:gid with `mode`: whatever
+    was there under that name is removed first, and the file is created exclusively without
+    following a symlink, so root writes into no file the pod's account chose."""
+    try:
+        os.unlink(name, dir_fd=directory)
+    except FileNotFoundError:
+        pass
+    except IsADirectoryError:
+        raise ProviderError(f"{name!r} in the pod's private directory is a directory; remove it and "
+                            "launch the pod again.") from None
+    try:
+        fd = os.open(name, _NEW_FILE, 0o600, dir_fd=directory)
+    except FileExistsError:
+        raise ProviderError(f"{name!r} in the pod's private directory was made again while the pod "
+                            "was prepared; launch it again.") from None
+    try:
+        with os.fdopen(os.dup(fd), "wb") as handle:
+            handle.write(data)
+        _own(fd, mode, uid, gid)
+    finally:
+        os.close(fd)
+
+
+def _own(fd: int, mode: int, uid: int, gid: int) -> None:
+    if os.geteuid() == 0:
+        os.fchown(fd, uid, gid)
+    os.fchmod(fd, mode)
 
 
 def base_env(identity: PodIdentity | None, home: Path, path: str = BASE_PATH) -> dict[str, str]:

@@ -32,7 +32,9 @@ from gpupool.agent.identity import (
     PodIdentity,
     base_env,
     make_private_dir,
+    open_owned_dir,
     prepare_scratch_root,
+    write_owned_file,
 )
 from gpupool.agent.isolation import (
     SITECUSTOMIZE_DIR,
@@ -66,6 +68,8 @@ SHARED_SCRATCH_ROOT = Path("/var/tmp/gpupool-pods")
 """Where pods' private directories go when pods run as other accounts (the agent's own state
 directory is closed to them); GPUPOOL_SCRATCH_DIR chooses another."""
 NET_FILE = "net.json"
+SITE_DIR = ".gpupool-site"
+"""The copy of the pool's sitecustomize in an image pod's private directory (`_site_copy`)."""
 """Where an earlier agent kept a pod's network attachment (now in its record: PodRecord.net)."""
 LENT_GRACE_S = 60.0
 """How long a namespace lent to another process's pod (NodeAgent.lend) stays without the pod's record
@@ -612,15 +616,12 @@ def _refuse_nul(pod: PodLaunch) -> None:
 def _site_copy(home: Path, uid: int, gid: int) -> Path:
     """The pool's sitecustomize copied into the pod's private directory, owned by its account: crun
     runs as that account and binds what it can reach, and the package's own directory may lie under a
-    path the account cannot enter (a 0700 checkout, a root-only virtualenv)."""
-    site = home / ".gpupool-site"
-    site.mkdir(mode=0o755, exist_ok=True)
-    for source in SITECUSTOMIZE_DIR.glob("*.py"):
-        target = site / source.name
-        target.write_bytes(source.read_bytes())
-        target.chmod(0o444)
-        if os.geteuid() == 0:
-            os.chown(target, uid, gid)
-    if os.geteuid() == 0:
-        os.chown(site, uid, gid)
-    return site
+    path the account cannot enter (a 0700 checkout, a root-only virtualenv). Written through
+    descriptors that follow no symlink: the account can write to `home` (`open_owned_dir`)."""
+    site = open_owned_dir(home, SITE_DIR, 0o755, uid, gid)
+    try:
+        for source in SITECUSTOMIZE_DIR.glob("*.py"):
+            write_owned_file(site, source.name, source.read_bytes(), 0o444, uid, gid)
+    finally:
+        os.close(site)
+    return home / SITE_DIR
