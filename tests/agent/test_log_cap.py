@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -103,3 +104,27 @@ def test_bad_values_are_refused_in_a_sentence() -> None:
 
 def _launch(pod_id: str, node_name: str) -> PodLaunch:
     return PodLaunch(pod_id=pod_id, workload_id="w", node=node_name, command=("sh", "-c", FLOOD))
+
+
+def test_a_pod_writing_through_its_shims_exit_descriptor_is_cut_back(runner: Runner, tmp_path: Path) -> None:
+    """The shim runs as the pod's account and holds its exit file open, so the pod can write there
+    (through /proc/PPID/fd) without the log cap applying: each poll empties a file larger than a
+    record, and the shim's record at the end is read as usual."""
+    gate, flooded = tmp_path / "gate", tmp_path / "flooded"
+    script = ("for f in /proc/$PPID/fd/*; do case $(readlink \"$f\") in */exit.json) out=$f;; esac; done; "
+              f"head -c 2000000 /dev/zero > \"$out\"; touch {flooded}; "
+              f"while [ ! -e {gate} ]; do sleep 0.02; done")
+    runner.start("p", ["sh", "-c", script], env=ENV, combined_output=True)
+    for _ in range(3000):  # not runner.wait: its polls would cut the file before it is read here
+        if flooded.exists():
+            break
+        time.sleep(0.01)
+    assert flooded.exists()
+    exit_file = runner.pod_dir("p") / "exit.json"
+    assert exit_file.stat().st_size == 2_000_000  # the pod did write there
+    runner.poll()
+    assert runner.get("p").phase is PodPhase.RUNNING
+    assert exit_file.stat().st_size == 0  # emptied while it runs
+    gate.touch()
+    done = runner.wait("p", 30)
+    assert done.phase is PodPhase.SUCCEEDED and done.exit_code == 0, done

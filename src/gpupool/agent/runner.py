@@ -6,10 +6,10 @@ directory is the agent's alone (0700): a pod, started as its own Unix account (s
 cannot read or change it; the pod works in its private directory instead. A new Runner on the same
 state directory re-adopts pods whose process still runs (same pid and same start time, so a reused
 pid is never mistaken for ours) and reports the others finished (exit status from exit.json) or
-lost, with the reason. Each log is held to `max_log_bytes` (see cap_log), so a pod cannot fill the
-agent's disk. A pod's whole process tree ends with it: its group, then what left the group (its
-cgroup, its marker, and for the pool's own accounts every process of the account once no pod of it
-is live on the machine: leftovers.py).
+lost, with the reason. Each log is held to `max_log_bytes` (see cap_log) and each exit file to a
+record's size (cap_exit_file), so a pod cannot fill the agent's disk. A pod's whole process tree
+ends with it: its group, then what left the group (its cgroup, its marker, and for the pool's own
+accounts every process of the account once no pod of it is live on the machine: leftovers.py).
 """
 
 from __future__ import annotations
@@ -107,6 +107,27 @@ def cap_log(path: Path, max_bytes: int) -> bool:
         return True
     except OSError:
         log.warning("could not cut %s back to its cap", path, exc_info=True)
+        return False
+    finally:
+        os.close(fd)
+
+
+def cap_exit_file(path: Path) -> bool:
+    """Empty the exit file at `path` when it holds more than a record can (`MAX_EXIT_FILE_BYTES`);
+    True when it did. The shim runs as the pod's account, so the pod can write through the shim's
+    descriptor (its own, or the shim's under /proc/PID/fd): what it writes is junk the reader refuses,
+    and is cut at every check, as the logs are. The shim's own record opens the file anew, truncating."""
+    try:
+        if os.stat(path, follow_symlinks=False).st_size <= podstate.MAX_EXIT_FILE_BYTES:
+            return False
+        fd = os.open(path, os.O_WRONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError:  # not there, or gone
+        return False
+    try:
+        os.ftruncate(fd, 0)
+        return True
+    except OSError:
+        log.warning("could not empty %s", path, exc_info=True)
         return False
     finally:
         os.close(fd)
@@ -545,8 +566,10 @@ class Runner:
         return record
 
     def _cap_logs(self, records: Iterable[PodRecord]) -> None:
-        """Hold each log of these pods to max_log_bytes (see cap_log)."""
+        """Hold each log of these pods to max_log_bytes (see cap_log), and each exit file to one
+        record's size (see cap_exit_file)."""
         for record in records:
+            cap_exit_file(self.pod_dir(record.pod_id) / "exit.json")
             for stream in (LogStream.STDOUT,) if record.combined_output else (LogStream.STDOUT,
                                                                               LogStream.STDERR):
                 cap_log(self.log_path(record.pod_id, stream), self.max_log_bytes)
