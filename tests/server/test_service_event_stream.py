@@ -91,3 +91,26 @@ def test_a_filter_names_only_the_callers_own(pool: Server) -> None:
         assert answer.status_code == 404 and said in answer.json()["message"], answer.text
     bad = pool.client.get(f"{API}/events/services/stream", headers={**alpha, "Last-Event-ID": "x"})
     assert bad.status_code == 422 and "is not an event id" in bad.json()["message"]
+
+
+@pytest.mark.parametrize("path", ["/events/stream", "/events/services/stream"])
+def test_a_last_event_id_beyond_any_event_id_is_refused_before_the_stream(pool: Server, path: str) -> None:
+    """Like ?after= (at most 2**62): a larger Last-Event-ID is a 422 sentence, not a 200 stream that
+    dies on SQLite's INTEGER; an id at the bound still streams, and a negative id still starts at 0."""
+    alpha = token(pool, "alpha")
+    huge = "9" * 39
+    bad = pool.client.get(f"{API}{path}", headers={**alpha, "Last-Event-ID": huge})
+    assert bad.status_code == 422, bad.text
+    body = bad.json()
+    assert body["code"] == "invalid_input"
+    assert f"Last-Event-ID '{huge}' is larger than any event id (at most {2**62})" in body["message"]
+    beyond = pool.client.get(f"{API}{path}", headers={**alpha, "Last-Event-ID": str(2**62 + 1)})
+    assert beyond.status_code == 422 and "larger than any event id" in beyond.json()["message"]
+    for header, start in ((str(2**62), 2**62), ("-5", 0)):
+        answer = pool.client.get(f"{API}{path}", headers={**alpha, "Last-Event-ID": header})
+        assert answer.status_code == 200, answer.text
+        assert answer.text.startswith(f": start\nid: {start}\n\n")
+        assert start == 0 or "data:" not in answer.text  # nothing stored after the bound
+    for malformed in ("abc", "1e3"):
+        answer = pool.client.get(f"{API}{path}", headers={**alpha, "Last-Event-ID": malformed})
+        assert answer.status_code == 422 and "is not an event id" in answer.json()["message"], answer.text

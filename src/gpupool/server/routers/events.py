@@ -39,8 +39,12 @@ async def _filter(
     return await run_in_threadpool(service.stream_filter, rt, who, tenant, workload or [])
 
 
+MAX_EVENT_ID = 2**62
+"""The largest id a stream resumes after (?after= and Last-Event-ID alike): within SQLite's INTEGER."""
+
+
 async def _resume(
-    after: Annotated[int | None, Query(ge=0, le=2**62, description=(
+    after: Annotated[int | None, Query(ge=0, le=MAX_EVENT_ID, description=(
         "send events with a larger id (the SSE Last-Event-ID header wins); default: every stored "
         "event, or with follow only new ones"))] = None,
     last_event_id: Annotated[str | None, Header(alias="Last-Event-ID", max_length=40)] = None,
@@ -49,10 +53,14 @@ async def _resume(
     if last_event_id is None:
         return after
     try:
-        return max(0, int(last_event_id.strip()))
+        resume = max(0, int(last_event_id.strip()))
     except ValueError:
         raise InvalidInput(f"Last-Event-ID {last_event_id[:40]!r} is not an event id; resume with the id "
                            "of the last event received.") from None
+    if resume > MAX_EVENT_ID:
+        raise InvalidInput(f"Last-Event-ID {last_event_id.strip()[:40]!r} is larger than any event id "
+                           f"(at most {MAX_EVENT_ID}); resume with the id of the last event received.")
+    return resume
 
 
 def _tail(request: Request, rt: Runtime) -> EventTail:
