@@ -14,7 +14,7 @@ from fakes import ManualProvider
 
 from conftest import Server, start_server, stop_server
 from factories import node
-from gpupool.agent.checkpoints import CheckpointDirs
+from gpupool.agent.checkpoints import CheckpointDirs, unpack
 
 
 class CheckpointingProvider(ManualProvider):
@@ -92,3 +92,52 @@ def test_a_checkpoint_is_refused_for_work_not_held_or_a_bad_archive(server: Serv
     assert bad.status_code == 422 and "not a tar archive" in bad.json()["message"]
     escape = api.put(f"/api/v1/workloads/{held}/checkpoint", content=_tar({"../x": b"1"}), headers=h)
     assert escape.status_code == 422 and "not a plain file" in escape.json()["message"]
+
+
+def _tar_of(*entries: tuple[str, bytes | None]) -> bytes:
+    """A tar of (name, contents) in order, repeats kept; None contents make a directory."""
+    out = io.BytesIO()
+    with tarfile.open(fileobj=out, mode="w") as archive:
+        for name, data in entries:
+            info = tarfile.TarInfo(name)
+            if data is None:
+                info.type = tarfile.DIRTYPE
+                archive.addfile(info)
+            else:
+                info.size, info.mtime = len(data), 1_700_000_000
+                archive.addfile(info, io.BytesIO(data))
+    return out.getvalue()
+
+
+@pytest.mark.parametrize("entries,repeated", [
+    ((("state", b"x"), ("state", b"y")), "state"),  # the same file twice
+    ((("d", None), ("d", None)), "d"),  # the same directory twice
+    ((("d", None), ("d/w", b"1"), ("d/w", b"2")), "d/w"),  # twice inside a directory
+    ((("d", b"x"), ("d", None)), "d"),  # a file, then a directory of that name
+])
+def test_a_checkpoint_with_a_repeated_name_is_refused_and_a_valid_one_still_taken(
+        server: Server, entries: tuple[tuple[str, bytes | None], ...], repeated: str) -> None:
+    api, h = server.client, server.headers()
+    held = api.post("/api/v1/workloads", params={"hold": "true"}, json=SPEC,
+                    headers=h).json()["id"]
+    refused = api.put(f"/api/v1/workloads/{held}/checkpoint", content=_tar_of(*entries), headers=h)
+    assert refused.status_code == 422, refused.text
+    body = refused.json()
+    assert body["code"] == "invalid_input"
+    assert f"{repeated!r} more than once" in body["message"] and "without the repeat" in body["message"]
+    good = api.put(f"/api/v1/workloads/{held}/checkpoint",  # nothing left behind: not a 409
+                   content=_tar_of(("d", None), ("d/w", b"ok"), (".checkpoint", b"")), headers=h)
+    assert good.status_code == 200, good.text
+    got = api.get(f"/api/v1/workloads/{held}/checkpoint", headers=h)
+    with tarfile.open(fileobj=io.BytesIO(got.content)) as archive:
+        assert archive.extractfile("d/w").read() == b"ok"  # type: ignore[union-attr]
+
+
+def test_an_unpack_cut_short_removes_what_it_wrote(tmp_path: Path) -> None:
+    target = tmp_path / "t"
+    target.mkdir()
+    (target / "z").symlink_to(tmp_path / "outside")  # writing "z" fails after "a" and "a/b" are written
+    with pytest.raises(FileExistsError):
+        unpack(target, _tar_of(("a", None), ("a/b", b"12"), ("c", b"3"), ("z", b"4")), None, None)
+    assert sorted(p.name for p in target.iterdir()) == ["z"]  # only what was there before
+    assert not (tmp_path / "outside").exists()

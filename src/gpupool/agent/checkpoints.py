@@ -194,8 +194,10 @@ def pack(directory: Path, max_bytes: int) -> bytes:
 def unpack(directory: Path, data: bytes, uid: int | None, gid: int | None) -> int:
     """Write the tar `data` (from `pack`) into the empty `directory`: regular files and directories
     only, created with O_EXCL under directory descriptors without following links, owned by
-    uid:gid (None: left as this process's). InvalidInput for anything else in the archive, or a
-    name that leaves the directory. Returns the bytes written."""
+    uid:gid (None: left as this process's). InvalidInput for anything else in the archive, a name
+    that leaves the directory, or a name that appears twice (all checked before anything is written).
+    When writing fails part way, what this call wrote is removed again, so the directory is left as
+    it was. Returns the bytes written."""
     import io
 
     if len(data) > MAX_ARCHIVE_BYTES + 2**20:
@@ -207,6 +209,7 @@ def unpack(directory: Path, data: bytes, uid: int | None, gid: int | None) -> in
                 raise TooLarge(f"A checkpoint archive may hold at most {_MAX_ENTRIES} entries.")
             for member in members:
                 _check_member(member)
+            _check_names(members)
             return _write_members(directory, archive, members, uid, gid)
     except (tarfile.TarError, EOFError) as exc:
         raise InvalidInput(f"The checkpoint is not a tar archive ({exc}); send what GET "
@@ -221,10 +224,30 @@ def _check_member(member: tarfile.TarInfo) -> None:
                            "or directory inside it; send what GET /workloads/ID/checkpoint answered.")
 
 
+def _check_names(members: list[tarfile.TarInfo]) -> None:
+    """InvalidInput when a name appears twice (a file, a directory, or one of each) or comes before
+    the directory that holds it: either would fail part way through writing."""
+    directories: set[str] = {""}
+    seen: set[str] = set()
+    for member in members:
+        if member.name in seen:
+            raise InvalidInput(f"The checkpoint archive holds {member.name[:100]!r} more than once; each "
+                               "file and directory may appear only once. Make the tar again "
+                               "without the repeat, or send what GET /workloads/ID/checkpoint answered.")
+        seen.add(member.name)
+        if member.name.rpartition("/")[0] not in directories:
+            raise InvalidInput(f"The checkpoint archive names {member.name[:100]!r} before its "
+                               "directory; make the tar from the directory itself (tar -C DIR -cf "
+                               "- .), which lists each directory before what it holds.")
+        if member.isdir():
+            directories.add(member.name)
+
+
 def _write_members(directory: Path, archive: tarfile.TarFile, members: list[tarfile.TarInfo],
                    uid: int | None, gid: int | None) -> int:
     top = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
     opened: dict[str, int] = {"": top}
+    created: list[tuple[int, str, bool]] = []  # (parent fd, name, is a directory), in creation order
     written = 0
     try:
         for member in members:
@@ -235,11 +258,13 @@ def _write_members(directory: Path, archive: tarfile.TarFile, members: list[tarf
                                    "directory.")
             if member.isdir():
                 os.mkdir(parts[-1], 0o700, dir_fd=parent)
+                created.append((parent, parts[-1], True))
                 fd = os.open(parts[-1], os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=parent)
                 opened[member.name] = fd
             else:
                 fd = os.open(parts[-1], os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600,
                              dir_fd=parent)
+                created.append((parent, parts[-1], False))
                 try:
                     source = archive.extractfile(member)
                     content = source.read() if source is not None else b""
@@ -254,7 +279,24 @@ def _write_members(directory: Path, archive: tarfile.TarFile, members: list[tarf
                 continue
             if uid is not None and gid is not None:
                 os.fchown(fd, uid, gid)
+    except BaseException:
+        _remove_created(created)
+        raise
     finally:
         for fd in opened.values():
             os.close(fd)
     return written
+
+
+def _remove_created(created: list[tuple[int, str, bool]]) -> None:
+    """Undo a write cut short: remove what it created, newest first (so a directory is empty when
+    its turn comes), each by name under its parent's descriptor without following a link. What
+    cannot be removed is logged and left."""
+    for parent, name, is_dir in reversed(created):
+        try:
+            if is_dir:
+                os.rmdir(name, dir_fd=parent)
+            else:
+                os.unlink(name, dir_fd=parent)
+        except OSError as exc:
+            log.warning("could not remove %r left by a checkpoint cut short: %s", name, exc)
