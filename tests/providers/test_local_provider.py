@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import stat
 import time
 from collections.abc import Iterator
@@ -139,6 +140,28 @@ def test_mps_daemon_started_for_real_fractional_slices(tmp_path: Path) -> None:
     lines = log.read_text().splitlines()
     assert lines[0] == f"args=-d pipe={tmp_path / 'state' / 'mps' / 'pipe'}"
     assert lines[-1] == "quit" and len([x for x in lines if x.startswith("args=")]) == 2
+
+
+def test_the_mps_daemon_gets_no_variable_of_the_server(tmp_path: Path,
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    """The MPS server the control daemon starts runs as a tenant's account and inherits the daemon's
+    environment: the server's own variables (its database URL, tokens) stay out; the paths and the
+    CUDA and NVIDIA settings an operator gives it go in."""
+    log = tmp_path / "env.log"
+    binary = tmp_path / "nvidia-cuda-mps-control"
+    binary.write_text(f"#!/bin/sh\nenv > {log}\n")
+    binary.chmod(binary.stat().st_mode | stat.S_IEXEC)
+    monkeypatch.setenv("GPUPOOL_DATABASE_URL", "postgresql://pool:hunter2@db/pool")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "s3cr3t")
+    monkeypatch.setenv("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE", "50")
+    monkeypatch.setenv("NVIDIA_DRIVER_CAPABILITIES", "compute")
+    MpsDaemon(tmp_path / "state", binary=str(binary)).start()
+    seen = dict(line.split("=", 1) for line in log.read_text().splitlines() if "=" in line)
+    assert "hunter2" not in log.read_text() and "s3cr3t" not in log.read_text()
+    assert seen["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == "50"
+    assert seen["NVIDIA_DRIVER_CAPABILITIES"] == "compute"
+    assert seen["CUDA_MPS_PIPE_DIRECTORY"] == str(tmp_path / "state" / "mps" / "pipe")
+    assert seen["PATH"] == os.environ["PATH"]
 
 
 def test_no_gpu_means_one_clear_line_or_the_fallback(tmp_path: Path) -> None:

@@ -9,12 +9,23 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+from collections.abc import Mapping
 from pathlib import Path
 
 from gpupool.errors import ProviderError
 
 MPS_CONTROL = "nvidia-cuda-mps-control"
 _TIMEOUT_S = 15.0
+_KEPT = ("PATH", "LANG", "LC_ALL", "LD_LIBRARY_PATH", "HOME")
+_KEPT_PREFIXES = ("CUDA_", "NVIDIA_", "__GL_")
+
+
+def daemon_env(environ: Mapping[str, str]) -> dict[str, str]:
+    """What of the agent's environment the control daemon gets: the paths and the CUDA and NVIDIA
+    settings an operator may give it, nothing else. The MPS server it starts runs as the first
+    client's account (a tenant's), so the server's own variables (its database URL, tokens, the
+    pool's settings) must not be there to be inherited."""
+    return {k: v for k, v in environ.items() if k in _KEPT or k.startswith(_KEPT_PREFIXES)}
 
 
 class MpsDaemon:
@@ -40,7 +51,7 @@ class MpsDaemon:
 
     def _run(self, args: list[str], stdin: str | None = None) -> subprocess.CompletedProcess[str]:
         assert self.binary is not None
-        env = {**os.environ, **self.client_env()}
+        env = {**daemon_env(os.environ), **self.client_env()}
         try:
             return subprocess.run([self.binary, *args], input=stdin, env=env, capture_output=True,
                                   text=True, timeout=_TIMEOUT_S, check=False)
