@@ -6,6 +6,7 @@ reason, and the one-user mode (an agent that is not root) is tested everywhere.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import pwd
@@ -253,3 +254,42 @@ def test_an_account_helper_holds_nothing_of_the_root_helper(provider: LocalProvi
     assert sum(1 for target in sockets if target.startswith("socket:")) == 1, sockets
     answer, fds = launcher._root.ask({"uid": 0, "gid": 0})
     assert answer.get("error") == "pods never run as root" and fds == []
+
+
+@needs_root
+def test_a_removed_accounts_homes_and_checkpoints_go_with_it(tmp_path: Path) -> None:
+    """`useradd` gives a freed uid to the next account: whatever the removed account still owned at
+    the top of the scratch and checkpoint roots would be the next tenant's to read."""
+    scratch, checkpoints = tmp_path / "scratch", tmp_path / "scratch" / ".checkpoints"
+    checkpoints.mkdir(parents=True)
+    theirs = [scratch / "old-a1-r0", checkpoints / "old"]
+    kept = [scratch / "new-a1-r0", checkpoints / "new"]
+    for path in theirs + kept:
+        (path / "deep" / "er").mkdir(parents=True)
+        (path / "deep" / "er" / "secret").write_text("x")
+    for path in theirs:
+        for sub in (path, path / "deep", path / "deep" / "er", path / "deep" / "er" / "secret"):
+            os.chown(sub, 4321, 4321)
+    assert identity.remove_owned([scratch, checkpoints], 4321) == 2
+    assert not any(p.exists() for p in theirs)
+    assert all((p / "deep" / "er" / "secret").exists() for p in kept) and checkpoints.is_dir()
+
+
+@needs_root
+def test_deleting_a_tenant_removes_its_pod_homes_with_its_account(tmp_path: Path) -> None:
+    from gpupool.agent.identity import Identities
+
+    provider = LocalProvider(tmp_path / "agent", simulate="1xH100", node_name="box",
+                             identities=Identities(pool_id="tgone"))  # the scratch root every account enters
+    try:
+        seen = probe(provider, "gone-a1-r0", tenant="gone")
+        home = Path(str(seen["env"]["HOME"]))  # type: ignore[index]
+        assert home.is_dir() and home.stat().st_uid == seen["uid"]
+        assert provider.remove_tenant("gone") == ["gpupool-tgone-gone"]
+        assert not home.exists()
+        with pytest.raises(KeyError):
+            pwd.getpwnam("gpupool-tgone-gone")
+    finally:
+        provider.close(stop_pods=True)
+        with contextlib.suppress(ProviderError):
+            identity.remove_account("gpupool-tgone-gone")

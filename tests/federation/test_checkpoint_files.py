@@ -91,3 +91,27 @@ def _fresh(tmp_path: Path) -> Path:
     path = tmp_path / "fresh"
     path.mkdir()
     return path
+
+
+def test_pack_refuses_a_tree_deeper_than_it_reads(tmp_path: Path) -> None:
+    source = tmp_path / "ck"
+    (source / "/".join(["d"] * 70)).mkdir(parents=True)
+    with pytest.raises(TooLarge, match="more than 64 deep"):
+        pack(source, 1000)
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="making a file of another account takes root")
+def test_pack_leaves_out_what_the_account_does_not_own(tmp_path: Path) -> None:
+    """A hard link to another account's file (where fs.protected_hardlinks is off) is read by root
+    like any file: only what the directory's owner (the pod's account) owns is packed."""
+    source = tmp_path / "ck"
+    source.mkdir()
+    (source / "mine").write_text("weights")
+    (source / "sub").mkdir()
+    (source / "sub" / "mine").write_text("more")
+    for path in (source, source / "mine", source / "sub", source / "sub" / "mine"):
+        os.chown(path, 4321, 4321)
+    (source / "theirs").write_text("root's")  # stands for a link to /etc/shadow: owned by root
+    (source / "sub" / "theirs").write_text("root's")
+    with tarfile.open(fileobj=io.BytesIO(pack(source, 1000))) as archive:
+        assert sorted(archive.getnames()) == ["mine", "sub", "sub/mine"]

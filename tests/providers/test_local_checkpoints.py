@@ -221,3 +221,30 @@ def test_faults_cannot_be_injected_into_real_devices(tmp_path: Path) -> None:
         assert node.healthy and node.devices[0].healthy and provider.health_events() == []
     finally:
         provider.close()
+
+
+def test_a_tree_of_any_depth_is_removed_and_the_remover_keeps_working(tmp_path: Path) -> None:
+    """A pod may nest its checkpoint directories deeper than Python's recursion limit; the remover
+    (which serves every tenant's checkpoints) removed nothing more once one such tree had ended it."""
+    dirs = CheckpointDirs(tmp_path)
+    deep = dirs.root / "deep-w"
+    deep.mkdir()
+    fd = os.open(deep, os.O_RDONLY | os.O_DIRECTORY)
+    for _ in range(1500):  # through descriptors: the whole path would pass PATH_MAX
+        os.mkdir("d", dir_fd=fd)
+        inner = os.open("d", os.O_RDONLY | os.O_DIRECTORY, dir_fd=fd)
+        os.close(fd)
+        fd = inner
+    os.close(fd)
+    other = dirs.root / "other-w"
+    other.mkdir()
+    (other / "weights").write_text("x")
+    dirs.forget("deep-w")
+    deadline = time.monotonic() + 20
+    while any(dirs.root.glob(".gone-deep-w-*")):
+        assert time.monotonic() < deadline, "the deep tree was not removed"
+        time.sleep(0.05)
+    dirs.forget("other-w")  # the remover still serves the next one
+    while other.exists() or any(dirs.root.glob(".gone-other-w-*")):
+        assert time.monotonic() < deadline, "the remover stopped after the deep tree"
+        time.sleep(0.05)

@@ -15,13 +15,12 @@ import logging
 import os
 import re
 import secrets
-import shutil
 import stat
 import tarfile
 import threading
 from pathlib import Path
 
-from gpupool.agent.identity import PodIdentity, make_private_dir, prepare_scratch_root
+from gpupool.agent.identity import PodIdentity, make_private_dir, prepare_scratch_root, remove_tree
 from gpupool.errors import Conflict, InvalidInput, TooLarge
 
 CHECKPOINT_DIR_ENV = "GPUPOOL_CHECKPOINT_DIR"
@@ -129,21 +128,26 @@ class CheckpointDirs:
                     self._remover = None
                     return
                 path = self._doomed.pop()
-            # rmtree works through directory descriptors and never follows a link the tenant made;
-            # what a pod still writes meanwhile is left for the next agent start.
-            shutil.rmtree(path, ignore_errors=True)
+            # never follows a link the tenant made, and takes a tree of any depth (rmtree's recursion
+            # failed past about a thousand levels, which ended this thread for every tenant); what a
+            # pod still writes meanwhile is left for the next agent start.
+            remove_tree(path)
 
 
 MAX_ARCHIVE_BYTES = 256 * 2**20
 """The most a checkpoint archive may hold (what a federation hub carries to another member)."""
 _MAX_ENTRIES = 10_000
+_MAX_DEPTH = 64
+"""The deepest a checkpoint's directories may nest (`pack` reads them recursively)."""
 
 
 def pack(directory: Path, max_bytes: int) -> bytes:
     """`directory`'s regular files and subdirectories as an uncompressed tar, read through directory
     descriptors without following any link (the tenant controls the directory, and this runs as
-    root): links, devices and sockets are left out. TooLarge past `max_bytes` of file contents or
-    10,000 entries; FileNotFoundError when the directory is gone."""
+    root): links, devices and sockets are left out, and so is whatever the directory's owner (the
+    pod's account) does not own, such as a hard link to another account's file. TooLarge past
+    `max_bytes` of file contents, 10,000 entries or 64 levels; FileNotFoundError when the directory
+    is gone."""
     import io
 
     out = io.BytesIO()
@@ -151,9 +155,13 @@ def pack(directory: Path, max_bytes: int) -> bytes:
     entries = 0
     with tarfile.open(fileobj=out, mode="w", format=tarfile.PAX_FORMAT) as archive:
         top = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+        owner = os.fstat(top).st_uid
 
-        def walk(fd: int, prefix: str) -> None:
+        def walk(fd: int, prefix: str, depth: int = 1) -> None:
             nonlocal total, entries
+            if depth > _MAX_DEPTH:
+                raise TooLarge(f"The checkpoint nests directories more than {_MAX_DEPTH} deep; keep "
+                               "$GPUPOOL_CHECKPOINT_DIR's tree shallower.")
             for name in sorted(os.listdir(fd)):
                 entries += 1
                 if entries > _MAX_ENTRIES:
@@ -165,13 +173,15 @@ def pack(directory: Path, max_bytes: int) -> bytes:
                     continue
                 try:
                     info = os.fstat(child)
+                    if info.st_uid != owner:  # not the account's (a hard link to another's file)
+                        continue
                     member = tarfile.TarInfo(prefix + name)
                     member.mtime = int(info.st_mtime)
                     member.mode = stat.S_IMODE(info.st_mode) & 0o755
                     if stat.S_ISDIR(info.st_mode):
                         member.type = tarfile.DIRTYPE
                         archive.addfile(member)
-                        walk(child, prefix + name + "/")
+                        walk(child, prefix + name + "/", depth + 1)
                     elif stat.S_ISREG(info.st_mode):
                         total += info.st_size
                         if total > max_bytes:

@@ -19,6 +19,7 @@ import errno
 import functools
 import grp
 import hashlib
+import logging
 import os
 import pwd
 import shutil
@@ -26,10 +27,13 @@ import stat
 import subprocess
 import threading
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 from gpupool.errors import InvalidInput, ProviderError
+
+log = logging.getLogger("gpupool.agent")
 
 POD_GROUP = "gpupool-pods"
 ACCOUNT_PREFIX = "gpupool-"
@@ -226,14 +230,15 @@ class Identities:
                 self._known[key] = known
             return known
 
-    def remove(self, tenant: str) -> str:
-        """The tenant was deleted: remove its pool account here (`remove_account`) and forget what was
-        resolved for it. Returns the account's name when one was removed, else ''."""
+    def remove(self, tenant: str, owned_under: Sequence[Path] = ()) -> str:
+        """The tenant was deleted: remove its pool account here (`remove_account`, with what it owns
+        at the top of `owned_under`) and forget what was resolved for it. Returns the account's name
+        when one was removed, else ''."""
         if not self.switch_users:
             return ""
         name = account_name(tenant, self.pool_id)
         with self._lock:
-            removed = remove_account(name)
+            removed = remove_account(name, owned_under)
             for key in [k for k in self._known if k[0] == tenant]:
                 del self._known[key]
         return name if removed else ""
@@ -252,11 +257,12 @@ def processes_of(uid: int, proc: Path = Path("/proc")) -> int:
     return count
 
 
-def remove_account(name: str) -> bool:
+def remove_account(name: str, owned_under: Sequence[Path] = ()) -> bool:
     """Delete the pool's account `name` (userdel) when it exists and is one of the pool's (in the
-    pods' group); returns whether one was deleted. Raises ProviderError while a process still runs
-    as it (a pod's leftovers), saying so: its files would then belong to a uid that a later account
-    may be given."""
+    pods' group); returns whether one was deleted. What it owns at the top of `owned_under` (its pod
+    homes, its checkpoints) goes first: `useradd` gives a freed uid to the next account, which would
+    own them. Raises ProviderError while a process still runs as it (a pod's leftovers), saying so:
+    its files would then belong to a uid that a later account may be given."""
     try:
         entry = pwd.getpwnam(name)
         gid = grp.getgrnam(POD_GROUP).gr_gid
@@ -270,8 +276,43 @@ def remove_account(name: str) -> bool:
                             "they have ended (stop them, or wait, and delete the tenant again).")
     if shutil.which("userdel", path=BASE_PATH) is None:
         raise ProviderError(f"userdel is not installed, so the pod account {name!r} cannot be removed.")
+    remove_owned(owned_under, entry.pw_uid)
     _run(["userdel", name])
     return True
+
+
+def remove_tree(path: Path) -> bool:
+    """Delete a tree a pod's account controls, as root: `rm -rf --one-file-system`, which walks a
+    tree of any depth without recursion (Python's rmtree recurses once per level and fails past
+    about a thousand) and follows no link the account made. True when nothing is left."""
+    try:
+        result = subprocess.run(["rm", "-rf", "--one-file-system", "--", str(path)], capture_output=True,
+                                text=True, check=False, env={"PATH": BASE_PATH})
+    except OSError as exc:
+        log.warning("could not remove %s: %s", path, exc)
+        return False
+    if result.returncode != 0:
+        log.warning("could not remove all of %s: %s", path, result.stderr.strip()[:500])
+    return not os.path.lexists(path)
+
+
+def remove_owned(roots: Sequence[Path], uid: int) -> int:
+    """Delete every entry of `roots` (not below) that `uid` owns: a deleted account's pod homes and
+    checkpoints, which a later account given the same uid would otherwise own. Returns how many."""
+    removed = 0
+    for root in roots:
+        try:
+            entries = list(os.scandir(root))
+        except OSError:
+            continue
+        for entry in entries:
+            try:
+                if entry.stat(follow_symlinks=False).st_uid != uid:
+                    continue
+            except OSError:
+                continue
+            removed += remove_tree(Path(entry.path))
+    return removed
 
 
 def prepare_scratch_root(path: Path) -> Path:

@@ -129,7 +129,8 @@ class LocalProvider(Provider):
         self.agent.fence(epoch, confirm)
 
     def remove_tenant(self, tenant: str) -> list[str]:
-        removed = self.agent.identities.remove(tenant)
+        agent = self.agent
+        removed = agent.identities.remove(tenant, owned_under=(agent.scratch_root, agent.checkpoints.root))
         return [removed] if removed else []
 
     def stop(self, pod_id: str, grace_s: float = 10.0) -> None:
