@@ -99,3 +99,38 @@ def test_holds_updates_and_requeues_only_as_the_tenant_it_names(fed: tuple[Serve
                                        headers=_h(token, "bob"))
         assert theirs.status_code == 404, (method, leaf, theirs.text)
     server.client.post(f"/api/v1/workloads/{wid}/cancel", headers=_h(token, "alice"))
+
+
+def test_only_the_tenants_own_token_runs_work_with_its_secrets(fed: tuple[Server, str, str]) -> None:
+    """A hub's federation token, or the admin's, submitting as a tenant with the tenant's secret
+    could read the value back from the pod's logs: both are refused; the tenant's own token is not.
+    The same holds for a service, at its creation and at a change of what its replicas run."""
+    import base64
+
+    server, hub, bob = fed
+    value = base64.b64encode(b"hunter2").decode()
+    made = server.client.post("/api/v1/secrets", json={"name": "db", "data": {"pw": value}},
+                              headers=_h(bob))
+    assert made.status_code == 201, made.text
+    body = {"command": ["sh", "-c", "echo $pw"], "resources": {"gpus": 1}, "secrets": [{"name": "db"}]}
+    for headers, by in ((_h(hub, "bob"), "a federation token"), (server.headers(), "the admin's token")):
+        sent = {**body, "tenant": "bob"} if by.startswith("the admin") else body
+        refused = server.client.post("/api/v1/workloads", json=sent, headers=headers)
+        assert refused.status_code == 403, refused.text
+        assert f"not {by}" in refused.json()["message"]
+    own = server.client.post("/api/v1/workloads", json=body, headers=_h(bob))
+    assert own.status_code == 201, own.text
+    server.client.post(f"/api/v1/workloads/{own.json()['id']}/cancel", headers=_h(bob))
+    service = {"name": "svc", "command": ["sleep", "1000"], "tenant": "bob", "secrets": [{"name": "db"}]}
+    refused = server.client.post("/api/v1/services", json=service, headers=server.headers())
+    assert refused.status_code == 403 and "not the admin's token" in refused.json()["message"]
+    service.pop("tenant")
+    created = server.client.post("/api/v1/services", json=service, headers=_h(bob))
+    assert created.status_code == 201, created.text
+    change = {"changes": {"command": ["sh", "-c", "echo $pw; sleep 1000"]}}
+    refused = server.client.patch("/api/v1/services/svc?tenant=bob", json=change, headers=server.headers())
+    assert refused.status_code == 403, refused.text
+    bounds = server.client.patch("/api/v1/services/svc?tenant=bob", json={"changes": {"max_replicas": 2}},
+                                 headers=server.headers())
+    assert bounds.status_code == 200, bounds.text  # what runs is unchanged: the admin may
+    assert server.client.delete("/api/v1/services/svc", headers=_h(bob)).status_code == 200

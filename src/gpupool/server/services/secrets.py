@@ -23,9 +23,9 @@ from sqlalchemy.orm import Session
 
 from gpupool.api.mounts import SecretUse
 from gpupool.api.secrets import SecretCreate, SecretDeleted, SecretOut
-from gpupool.errors import Conflict, GpupoolError, InvalidInput, NotFound, did_you_mean
+from gpupool.errors import Conflict, Forbidden, GpupoolError, InvalidInput, NotFound, did_you_mean
 from gpupool.pods import PodLaunch, PodSecret, secret_injection
-from gpupool.server.auth import Principal
+from gpupool.server.auth import Principal, Scope
 from gpupool.server.orm import SecretRow
 from gpupool.server.runtime import Runtime
 from gpupool.server.secretbox import SecretBox
@@ -105,6 +105,18 @@ def delete_secret(rt: Runtime, who: Principal, name: str, tenant: str | None) ->
             raise _missing(owner, name, session)
         audit.record(session, who, "secret.delete", f"{owner}/{name}", now)
     return SecretDeleted(tenant=owner, name=name)
+
+
+def check_user(who: Principal, tenant: str, uses: Sequence[SecretUse]) -> None:
+    """Only the tenant's own tokens put its secrets into work. The admin and a federation hub act
+    for a tenant, and neither reads a value: work they start or change with the tenant's secrets
+    could print them into logs they may read. Forbidden with the sentence."""
+    if uses and (who.is_admin or who.scope is Scope.FEDERATION):
+        by = "the admin's token" if who.is_admin else "a federation token"
+        raise Forbidden(f"Work that uses tenant {tenant}'s secrets is started or changed with one of "
+                        f"{tenant}'s own tokens only, not {by}: no one but the tenant reads a secret's "
+                        "value, and such work could print it into its logs. Submit it as the tenant, "
+                        "or leave the secrets out.")
 
 
 def check_uses(rt: Runtime, tenant: str, uses: Sequence[SecretUse]) -> None:

@@ -34,6 +34,7 @@ from gpupool.server.services.events import Move, apply_moves, transition
 from gpupool.server.services.fabric_listing import with_network
 from gpupool.server.services.mounts import check as check_mounts
 from gpupool.server.services.requeue import stop_after_commit, stop_pods
+from gpupool.server.services.secrets import check_user as check_secret_user
 from gpupool.server.services.secrets import check_uses as check_secret_uses
 from gpupool.server.services.specs import CAPACITY, check_constraints, check_fits, priority_class, to_workload
 from gpupool.server.services.submit_writer import Submission, SubmitWriter, commit
@@ -101,6 +102,7 @@ def prepare(rt: Runtime, who: Principal, spec: WorkloadSpec, *,
     chosen = service_class or priority_class(rt.config, spec.priority_class, tenant, who.max_priority)
     if spec.mounts or spec.secrets:  # only names and paths are stored, checked now
         check_mounts(rt.config, tenant, spec.mounts)
+        check_secret_user(who, tenant, spec.secrets)
         check_secret_uses(rt, tenant, spec.secrets)
     spec = check_fits(spec, CAPACITY.get(rt.nodes()))  # O(shapes): the summary is cached per node list
     if spec.image is not None:

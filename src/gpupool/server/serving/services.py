@@ -38,6 +38,7 @@ from gpupool.server.orm import (
 from gpupool.server.runtime import Runtime
 from gpupool.server.services import audit
 from gpupool.server.services import workloads as workload_cases
+from gpupool.server.services.secrets import check_user as check_secret_user
 from gpupool.server.serving.endpoints import clamp, ready_endpoints, set_desired
 from gpupool.server.serving.specs import acting_for, replica_spec, service_class
 
@@ -69,6 +70,7 @@ def create(rt: Runtime, who: Principal, spec: ServiceSpec) -> ServiceOut:
     """Store the service (its replicas follow from the controller); 409 when the tenant has one of
     that name, 404 for an unknown queue, 422 for what a replica could never run as."""
     tenant = who.tenant_for(spec.tenant)
+    check_secret_user(who, tenant, spec.secrets)
     chosen = service_class(rt.config, spec.priority_class, tenant, who.max_priority)
     _check_runnable(rt, tenant, spec, chosen)
     now = rt.clock()
@@ -206,6 +208,7 @@ def update_spec(
         }
         rolls = any(stored.get(k) != row.spec.get(k) for k in RUN_FIELDS)
         if rolls:
+            check_secret_user(who, row.tenant, spec.secrets)  # what runs with them would change
             _check_runnable(rt, row.tenant, spec, chosen)
         version = row.version
         values: dict[str, Any] = dict(
