@@ -210,3 +210,23 @@ def test_throttle_keeps_the_lowest_indexes_eligible(db_url: str, make_rt: MakeRt
     assert waiting(task[4:]) == {task[5]}  # among the ids asked about, the lowest first
     assert waiting([f"{free}_{i}" for i in range(4)] + [lone]) == set()  # no limit, no array
     assert waiting([]) == set()
+
+
+def test_a_throttled_array_does_not_fill_the_cycles_read(db_url: str, make_rt: MakeRt) -> None:
+    """A full pass reads the first N pending workloads in the core's order; an array of thousands of
+    tasks limited to one at a time used to fill that read with tasks that could not start, ahead of
+    every other tenant's work, which then waited unread while the pool stood idle. Each limited
+    array now brings at most its limit of tasks (its lowest indexes) into the read."""
+    from gpupool.server.loops.snapshot import WorkloadCache, load
+
+    rt, _ = make_rt(db_url)
+    tenants.create_tenant(rt, ADMIN, TenantCreate(name="other"))
+    capped = workloads.submit(rt, ADMIN, _spec(array="0-49%2")).id
+    free = workloads.submit(rt, ADMIN, _spec(array="0-3")).id
+    theirs = workloads.submit(rt, Principal("t", "other"), _spec()).id
+    view = load(rt, WorkloadCache(), limit=10)
+    assert [w.id for w in view.pending] == [f"{capped}_0", f"{capped}_1", *(f"{free}_{i}" for i in range(4)),
+                                            theirs]
+    _set_status(rt, [f"{capped}_0"], "running")  # one holds slices: room for one more, the next lowest
+    view = load(rt, WorkloadCache(), limit=10)
+    assert [w.id for w in view.pending][:1] == [f"{capped}_1"] and theirs in {w.id for w in view.pending}
