@@ -342,3 +342,39 @@ def test_restore_refuses_a_data_directory_of_another_user(tmp_path: Path,
     refused = run("restore", str(archive), "--data-dir", str(theirs), "--passphrase-file", str(passphrase))
     one_error(refused, 2, "not a directory owned by this user")
     assert list(theirs.iterdir()) == []  # not even the lock file was made there
+
+
+def test_sealed_keys_that_name_other_paths_are_refused(tmp_path: Path) -> None:
+    """The sealed part's names become paths under the data directory: a backup altered to name
+    `../x` or an absolute path (its checksum rewritten, the passphrase known) wrote files anywhere
+    the restoring user can write. Only the pool's own key files are taken."""
+    import hashlib
+
+    from gpupool.server.backup import MANIFEST, SEALED_MEMBER, _seal
+    from gpupool.server.db import Store
+
+    phrase = b"correct horse battery staple"
+    source = tmp_path / "src"
+    source.mkdir(mode=0o700)
+    url = f"sqlite:///{source / 'gpupool.db'}"
+    Store.open(url, migrate=True).close()
+    (source / "admin-token").write_text("gp_x\n")
+    good, altered = tmp_path / "good.tar", tmp_path / "altered.tar"
+    backup(source, url, good, passphrase=phrase)
+    outside, absolute = tmp_path / "outside", tmp_path / "absolute.txt"
+    outside.mkdir()
+    sealed = _seal({"secrets.key": b"k" * 32, "../outside/planted": b"relative", str(absolute): b"absolute"},
+                   phrase)
+    with tarfile.open(good) as original, tarfile.open(altered, "w") as out:
+        manifest = json.loads(original.extractfile(MANIFEST).read())  # type: ignore[union-attr]
+        manifest["sha256"][SEALED_MEMBER] = hashlib.sha256(sealed).hexdigest()
+        for info in original.getmembers():
+            data = original.extractfile(info).read()  # type: ignore[union-attr]
+            data = json.dumps(manifest).encode() if info.name == MANIFEST else \
+                sealed if info.name == SEALED_MEMBER else data
+            info.size = len(data)
+            out.addfile(info, io.BytesIO(data))
+    target = tmp_path / "dst"
+    with pytest.raises(InvalidInput, match="which no `gpupool backup` writes"):
+        restore(altered, target, f"sqlite:///{target / 'gpupool.db'}", passphrase=phrase)
+    assert not (outside / "planted").exists() and not absolute.exists()

@@ -243,7 +243,13 @@ def _unseal(blob: bytes, passphrase: bytes) -> dict[str, bytes]:
     except InvalidTag:
         raise InvalidInput("The passphrase does not open this backup's keys; give the passphrase file "
                            "used by `gpupool backup`.") from None
-    return {k: base64.b64decode(v) for k, v in json.loads(plain).items()}
+    keys = json.loads(plain)
+    unknown = sorted(set(keys) - set(SEALED_FILES)) if isinstance(keys, dict) else ["(not a mapping)"]
+    if unknown:  # the names become paths under the data directory: only the pool's own key files
+        raise InvalidInput(f"This backup's sealed keys name {', '.join(repr(n[:64]) for n in unknown[:3])}, "
+                           f"which no `gpupool backup` writes (only {', '.join(SEALED_FILES)}); it was "
+                           "altered after it was made: restore another backup.")
+    return {k: base64.b64decode(v) for k, v in keys.items()}
 
 
 def read_passphrase(path: Path) -> bytes:
