@@ -38,6 +38,9 @@ class MemberOut(BaseModel):
 
 
 def add_pools(summaries: list[dict[str, Any]], who: Principal) -> PoolSummary:
+    """The members' summaries as one pool's. The hub reads them with its federation token, which sees
+    every tenant: a tenant's answer counts its own workloads only (from each member's per-tenant
+    rows: running and pending), as a member's own summary does."""
     models: dict[tuple[str, bool], dict[str, Any]] = {}
     tenants: dict[str, dict[str, Any]] = {}
     counts: dict[str, int] = {}
@@ -53,8 +56,12 @@ def add_pools(summaries: list[dict[str, Any]], who: Principal) -> PoolSummary:
                                                     "running": 0, "pending": 0})
             for key in ("allocated_gpus", "running", "pending"):
                 into[key] += t[key]
-        for status, n in summary.get("workloads", {}).items():
-            counts[status] = counts.get(status, 0) + int(n)
+        if who.is_admin:
+            for status, n in summary.get("workloads", {}).items():
+                counts[status] = counts.get(status, 0) + int(n)
+    if not who.is_admin:
+        own = tenants.get(who.actor, {"running": 0, "pending": 0})
+        counts = {status: int(own[status]) for status in ("running", "pending") if own[status]}
     for m in models.values():
         m["utilisation"] = m["allocated_gpus"] / m["devices"] if m["devices"] else 0.0
     capacity = sum(float(s.get("capacity_gpus", 0.0)) for s in summaries)
