@@ -35,9 +35,25 @@ def _config_file() -> dict[str, object]:
         raise InvalidInput(f"Cannot read {path}: {exc}; fix or remove that file.") from None
 
 
+_LOCAL_HOSTS = frozenset({"localhost", "127.0.0.1", "::1"})
+
+
+def _all_local(url: str) -> bool:
+    """Whether every server `url` names (a comma-separated list for HA) is on this machine, by its
+    host name exactly: the admin token is sent to each of them, so `localhost.example.org` or a
+    list with one remote server must not get it."""
+    import urllib.parse
+
+    try:
+        hosts = [urllib.parse.urlsplit(part.strip()).hostname for part in url.split(",") if part.strip()]
+    except ValueError:
+        return False
+    return bool(hosts) and all(host in _LOCAL_HOSTS for host in hosts)
+
+
 def _local_admin_token(url: str) -> tuple[str, str]:
     """(token, path) of the admin-token file `gpupool up` wrote here, for a server on this machine."""
-    if "://127.0.0.1" not in url and "://localhost" not in url:
+    if not _all_local(url):
         return "", ""
     import platformdirs
 

@@ -13,7 +13,7 @@ from typing import Annotated, Any
 
 from pydantic import Field, ValidationError, field_validator, model_validator
 
-from gpupool.api.common import ArgText, Name, Strict
+from gpupool.api.common import ArgText, LineText, Name, Strict
 from gpupool.api.images import ImageName
 from gpupool.api.mounts import MAX_MOUNTS, MAX_SECRET_USES, MountSpec, SecretUse
 from gpupool.api.workloads import (
@@ -216,7 +216,7 @@ class ScaleRequest(Strict):
                           description="clamped to [min_replicas, max_replicas]")
     expected_version: int | None = Field(None, ge=0, description=(
         "apply only if the service's version is still this (compare-and-set); 409 otherwise"))
-    reason: str = Field("", max_length=256)
+    reason: LineText = Field("", max_length=256)
 
 
 class ReplicaOut(Strict):

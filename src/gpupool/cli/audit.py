@@ -7,7 +7,7 @@ from typing import Annotated
 import typer
 
 from gpupool.cli._common import client, console, reports_errors
-from gpupool.cli.output import Format, OutputOption
+from gpupool.cli.output import Format, OutputOption, visible
 
 
 @reports_errors
@@ -25,6 +25,7 @@ def audit(
     Example: gpupool audit --since 1h -o json
     """
     from rich.table import Table
+    from rich.text import Text
 
     from gpupool.cli._durations import since_s, when
 
@@ -46,6 +47,7 @@ def audit(
         table.add_column(column, no_wrap=column in ("TIME", "ACTION"), overflow="fold")
     for r in rows:
         actor = f"{r.actor or '-'} {r.token_id}".strip()
-        table.add_row(when(r.at_s), actor, r.action, r.target or "-", r.detail or "-", r.remote or "-",
-                      str(r.count))
+        # as Text, never markup: a detail quotes what a refused request sent (a tenant's words)
+        table.add_row(*(Text(visible(cell)) for cell in (when(r.at_s), actor, r.action, r.target or "-",
+                                                          r.detail or "-", r.remote or "-", str(r.count))))
     console().print(table)

@@ -18,6 +18,7 @@ import typer
 from gpupool.cli._common import client, reports_errors
 from gpupool.cli._reconnect import DEFAULT_RECONNECT_S, ReconnectOption
 from gpupool.cli._targets import resolve
+from gpupool.cli.output import visible
 
 if TYPE_CHECKING:
     from gpupool.client import Client
@@ -85,7 +86,7 @@ def _service_events(pool: Client, names: list[str], follow: bool, tenant: str | 
                 line = event.model_dump_json()
             else:
                 at = time.strftime("%H:%M:%S", time.localtime(event.at_s))
-                line = f"{at}  {event.tenant}/{event.service}  {event.reason:<18}  {event.message}"
+                line = visible(f"{at}  {event.tenant}/{event.service}  {event.reason:<18}  {event.message}")
             sys.stdout.write(line + "\n")
             sys.stdout.flush()
     except KeyboardInterrupt:

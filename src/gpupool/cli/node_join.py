@@ -53,6 +53,9 @@ def _check_token(path: Path) -> Path:
     if not path.is_file():
         raise InvalidInput(f"No Ray token at {path}; copy the head's DATA_DIR/ray-token here (mode 0600) or "
                            "give its path with --ray-token-file.")
+    if path.stat().st_mode & 0o077:  # the server refuses such a file for the same reason
+        raise InvalidInput(f"The Ray token file {path} is readable or writable by other users, tenants' pods "
+                           f"included, and it lets its holder run code on every node; run chmod 600 {path}.")
     return path
 
 

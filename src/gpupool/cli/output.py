@@ -10,6 +10,7 @@ takes whatever width it needs (`gpupool ls | cat` keeps whole cells).
 from __future__ import annotations
 
 import json
+import re
 import sys
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
@@ -48,6 +49,16 @@ class Column(Generic[T]):
     """An id or name people copy: never wrapped nor cut."""
     squeeze: bool = False
     """On a terminal too narrow for the row, cut to fit with an ellipsis (piped: never cut)."""
+
+
+_CONTROL = re.compile("[\x00-\x1f\x7f-\x9f]")
+
+
+def visible(text: str) -> str:
+    """`text` with every control character written as its escape (ESC as \\x1b): what the server
+    answers may quote what a tenant sent, which must not reach the reader's terminal as an escape
+    sequence (a clipboard write, a link, a cleared screen)."""
+    return _CONTROL.sub(lambda m: f"\\x{ord(m.group()):02x}", text)
 
 
 def names(values: Iterable[str]) -> None:

@@ -9,7 +9,7 @@ from typing import Annotated, Any
 import typer
 
 from gpupool.cli._common import client, reports_errors
-from gpupool.cli.output import Column, Format, OutputOption
+from gpupool.cli.output import Column, Format, OutputOption, visible
 from gpupool.errors import InvalidInput
 
 app = typer.Typer(
@@ -299,12 +299,12 @@ def show(
         f"min={out.min_replicas} max={out.max_replicas}  generation={out.generation} version={out.version}"
     )
     if out.last_probe_error:
-        print(f"last error: {out.last_probe_error}")
+        print(visible(f"last error: {out.last_probe_error}"))
     for r in out.replicas:
         where = f"{r.host}:{r.port}" if r.host else f"(port {r.port})"
         print(f"  {r.workload_id}  {r.status:<9} {r.ready:<9} gen {r.generation}  {r.node or '-'}  {where}")
     for e in out.events:
-        print(f"  event {e.reason}: {e.message}")
+        print(visible(f"  event {e.reason}: {e.message}"))
 
 
 @app.command()
