@@ -400,3 +400,17 @@ def test_the_node_listing_is_clean_for_a_tenant_because_it_is_filtered(world: Wo
     assert victim.workload_id in holders(None)
     assert victim.workload_id in holders(world.victim_token)
     assert victim.workload_id not in holders(world.intruder)
+
+
+def test_the_admin_opens_no_session_for_another_tenant(shared_server: Server) -> None:
+    """A session's results are pickles the opener's SDK loads, and code running as the tenant's
+    account can post them (the worker's call token is readable from /proc by that account): the
+    admin token opens sessions of the default tenant (its own trials) only."""
+    server = shared_server
+    server.client.post(f"{API}/tenants", json={"name": "fn-team"}, headers=server.headers())
+    body = {"python": PYTHON, "tenant": "fn-team", "resources": {"gpus": 0.25}}
+    refused = server.client.post(f"{API}/calls/sessions", json=body, headers=server.headers())
+    assert refused.status_code == 403 and "fn-team's tokens" in refused.json()["message"]
+    own = server.client.post(f"{API}/calls/sessions", json={**body, "tenant": None}, headers=server.headers())
+    assert own.status_code == 201, own.text
+    server.client.post(f"{API}/calls/sessions/{own.json()['id']}/close", headers=server.headers())

@@ -42,7 +42,7 @@ from gpupool.api.calls import (
 )
 from gpupool.api.workloads import WorkloadSpec
 from gpupool.core.model import WorkloadStatus
-from gpupool.errors import Conflict, InvalidInput, NotFound, Unauthorized
+from gpupool.errors import Conflict, Forbidden, InvalidInput, NotFound, Unauthorized
 from gpupool.server.auth import Principal, call_token, call_token_pod
 from gpupool.server.db import Store
 from gpupool.server.orm import Base, RemoteCallRow, RemoteKeyRow, RemoteSessionRow, WorkloadRow
@@ -283,6 +283,14 @@ def open_session(rt: Runtime, who: Principal, body: SessionCreate) -> SessionOut
     """Store the session (and its first call), then submit its workload like any other; refused as
     a whole (nothing kept) when the submission is."""
     check_python(body.python)
+    if who.is_admin and body.tenant not in (None, "default"):
+        # as `gpupool exec` refuses it (routers/execs.py): the results are pickles the caller's SDK
+        # loads, and code running as that tenant's account can post them (it reads the worker's call
+        # token from /proc as the same account), so the tenant would run code as the admin
+        raise Forbidden(f"Remote functions for tenant {body.tenant} run as its account, and their results "
+                        "are pickles that the caller's SDK loads, which runs what code of that account "
+                        "put in them: the admin token opens sessions of the default tenant only. Use one "
+                        f"of {body.tenant}'s tokens.")
     payload = None if body.call is None else decode_payload(body.call.payload, "function and its arguments")
     _key(rt.store, create=True)  # before any of its pods is launched (the scheduler only reads it)
     _prune(rt)
