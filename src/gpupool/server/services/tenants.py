@@ -30,7 +30,7 @@ from gpupool.server.orm import EventRow, PodRow, QueueRow, SecretRow, TenantRow,
 from gpupool.server.runtime import Runtime
 from gpupool.server.services import audit, budgets, quotas
 from gpupool.server.services.converters import milli_to_gpus
-from gpupool.server.services.tokens import token_row, write_private_file
+from gpupool.server.services.tokens import lock_tenant, token_row, write_private_file
 from gpupool.server.states import ACTIVE_POD_STATES, PodState
 
 DEFAULT_TENANT = "default"
@@ -98,6 +98,13 @@ def check_unix_user(session: Session, name: str, tenant: str, pool: str = "") ->
                            unix_user=name)
 
 
+def lock_accounts(session: Session) -> None:
+    """The pool-wide lock for mapping tenants to Unix accounts (the default tenant's row, which
+    always exists): `check_unix_user` reads every tenant's mapping, so two tenants mapped to one
+    account at once must not both pass it."""
+    lock_tenant(session, DEFAULT_TENANT)
+
+
 def create_tenant(rt: Runtime, who: Principal, body: TenantCreate) -> TenantOut:
     """A new tenant with its `default` queue (no quota)."""
     who.require_admin()
@@ -107,6 +114,7 @@ def create_tenant(rt: Runtime, who: Principal, body: TenantCreate) -> TenantOut:
             if session.get(TenantRow, body.name) is not None:
                 raise Conflict(f"Tenant {body.name!r} already exists; pick another name.")
             if body.unix_user is not None:
+                lock_accounts(session)
                 check_unix_user(session, body.unix_user, body.name, rt.settings.pool_id)
             _check_own_account_free(session, body.name, rt.settings.pool_id)
             session.add(TenantRow(name=body.name, created_s=now, max_priority=body.max_priority,
@@ -213,6 +221,7 @@ def update_tenant(rt: Runtime, who: Principal, name: str, body: TenantUpdate) ->
             require_tenant(session, name)
         assert row is not None
         if "unix_user" in given and body.unix_user is not None:
+            lock_accounts(session)
             check_unix_user(session, body.unix_user, name, rt.settings.pool_id)
         if "unix_user" in given:
             row.unix_user = body.unix_user
@@ -284,7 +293,9 @@ def update_queue(rt: Runtime, who: Principal, tenant: str, name: str, body: Queu
     under a lowered quota (only preemption reclaims it); wakes the scheduler."""
     who.require_admin()
     with rt.store.write() as session:
-        row = session.get(QueueRow, (tenant, name))
+        # locked: two updates each valid alone (a lower quota, a higher lending limit) must not both
+        # be checked against the row before either and stored as an invalid pair
+        row = session.get(QueueRow, (tenant, name), with_for_update=True)
         if row is None:
             require_tenant(session, tenant)
             raise NotFound(f"No queue {tenant}/{name}; create it with `gpupool queue create`.",

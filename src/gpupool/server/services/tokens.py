@@ -44,6 +44,15 @@ def lock_tenant(session: Session, name: str) -> TenantRow:
     return row
 
 
+def lock_admin_tokens(session: Session) -> None:
+    """The admin's token rows, locked until the transaction ends, in id order (two transactions
+    never wait on each other's half): what reads the admin's tokens to decide a write (is a name
+    taken, is another working token left) then holds until the write commits. There is always at
+    least one (`bootstrap`); SQLite's writes are serial anyway."""
+    session.execute(select(TokenRow.id).where(TokenRow.tenant.is_(None)).order_by(TokenRow.id)
+                    .with_for_update()).all()
+
+
 def _owner(tenant: str | None) -> str:
     return "the admin" if tenant is None else f"tenant {tenant!r}"
 
@@ -69,8 +78,10 @@ def create_token(rt: Runtime, who: Principal, body: TokenCreate) -> TokenOut:
     lifetime = None if body.never_expires else (body.expires_in_s or rt.settings.token_expiry_s)
     token = new_token()
     with rt.store.write() as session:
-        if body.tenant is not None:
-            lock_tenant(session, body.tenant)  # two creates of one name cannot both pass the check
+        if body.tenant is not None:  # two creates of one name cannot both pass the check
+            lock_tenant(session, body.tenant)
+        else:
+            lock_admin_tokens(session)
         row = token_row(token, body.tenant, body.name, now, scope=Scope(body.scope),
                         expires_s=None if lifetime is None else now + lifetime)
         taken = session.scalars(_of(body.tenant).where(TokenRow.name == row.name,
@@ -101,6 +112,9 @@ def revoke_token(rt: Runtime, who: Principal, token_id: str) -> TokenInfo:
         row = session.get(TokenRow, token_id)
         if row is None or (who.tenant is not None and row.tenant != who.tenant):
             raise NotFound(f"No token {token_id!r}; list them with `gpupool token ls`.", token=token_id)
+        if row.revoked_s is None and row.tenant is None:
+            lock_admin_tokens(session)  # two admins revoking each other's last token: one is refused
+            session.refresh(row)
         if row.revoked_s is None:
             if row.tenant is None:
                 _keep_one_admin_token(session, row.id, now)

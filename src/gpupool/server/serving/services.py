@@ -12,6 +12,7 @@ from typing import Any
 
 from pydantic import ValidationError
 from sqlalchemy import delete, select, update
+from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from gpupool.api.services import (
@@ -79,17 +80,28 @@ def create(rt: Runtime, who: Principal, spec: ServiceSpec) -> ServiceOut:
         "tenant": tenant,
         "priority_class": chosen,
     }
+    try:
+        _store_new(rt, who, tenant, spec, stored, now)
+    except IntegrityError:  # created at the same moment by another request (the unique index)
+        raise _taken(tenant, spec.name) from None
+    rt.wake.set()
+    return get(rt, who, spec.name, tenant)
+
+
+def _taken(tenant: str, name: str) -> Conflict:
+    return Conflict(f"Tenant {tenant} already has a service {name!r}; change it with `gpupool service "
+                    f"update {name}` or delete it first.", service=name)
+
+
+def _store_new(rt: Runtime, who: Principal, tenant: str, spec: ServiceSpec, stored: dict[str, Any],
+               now: float) -> None:
     with rt.store.write() as session:
         if session.get(QueueRow, (tenant, spec.queue)) is None:
             raise NotFound(
                 f"Tenant {tenant} has no queue {spec.queue!r}; see `gpupool queue ls`.", queue=spec.queue
             )
         if _find(session, tenant, spec.name) is not None:
-            raise Conflict(
-                f"Tenant {tenant} already has a service {spec.name!r}; change it with `gpupool service "
-                f"update {spec.name}` or delete it first.",
-                service=spec.name,
-            )
+            raise _taken(tenant, spec.name)
         check_partner(session, tenant, spec)
         row = ServiceRow(
             id=new_service_id(),
@@ -114,8 +126,6 @@ def create(rt: Runtime, who: Principal, spec: ServiceSpec) -> ServiceOut:
         event(session, row.id, "created", f"created with {row.desired} replica(s) wanted", now)
         if who.is_admin:
             audit.record(session, who, "service.create", f"{tenant}/{spec.name}", now)
-    rt.wake.set()
-    return get(rt, who, spec.name, tenant)
 
 
 def check_partner(session: Session, tenant: str, spec: ServiceSpec) -> None:
