@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Install the Debian packages the network tests use (iproute2's `ip` and nftables' `nft` for the pod
+# Install the Debian packages the network tests use (iproute2's `ip`, nftables' `nft` and conntrack's `conntrack` for the pod
 # network; `iptables` for the federation's partition test, which cuts a hub's link on loopback) when
 # they are missing and we run as root; otherwise do nothing (those tests skip with a reason).
 set -euo pipefail
@@ -7,6 +7,7 @@ missing=()
 { command -v ip || [ -x /usr/sbin/ip ] || [ -x /sbin/ip ]; } >/dev/null 2>&1 || missing+=(iproute2)
 { command -v nft || [ -x /usr/sbin/nft ]; } >/dev/null 2>&1 || missing+=(nftables)
 { command -v iptables || [ -x /usr/sbin/iptables ]; } >/dev/null 2>&1 || missing+=(iptables)
+{ command -v conntrack || [ -x /usr/sbin/conntrack ]; } >/dev/null 2>&1 || missing+=(conntrack)
 if [ "${#missing[@]}" -eq 0 ]; then
     exit 0
 fi

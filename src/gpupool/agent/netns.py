@@ -253,6 +253,25 @@ def _run(argv: Sequence[str], stdin: str | None = None) -> subprocess.CompletedP
                           check=False, env={"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "LC_ALL": "C"})
 
 
+CONNTRACK = "conntrack"
+"""conntrack-tools' program (Debian's `conntrack`): deletes the kernel's connection entries."""
+
+
+def forget_connections(addresses: Iterable[str]) -> None:
+    """Delete the kernel's connection-tracking entries from and to these pod addresses, which are
+    free again: the rules accept a packet of an established connection before any tenant check, so
+    the next pod given the address (another tenant's, perhaps) would otherwise inherit the last
+    one's connections (a UDP flow stays established for as long as either side keeps it busy).
+    Without the program it cannot be done: said at the start (`PodNetwork.start`)."""
+    tool = shutil.which(CONNTRACK, path="/usr/sbin:/usr/bin:/sbin:/bin")
+    if tool is None:
+        return
+    for address in addresses:
+        if address:
+            for side in ("--orig-src", "--orig-dst"):  # (exit status 1: there was none)
+                _run([tool, "-D", side, address])
+
+
 def _must(argv: Sequence[str], stdin: str | None = None) -> None:
     done = _run(argv, stdin)
     if done.returncode != 0:
@@ -351,8 +370,11 @@ class PodNetwork:
             return self.unavailable
         reach = ", ".join(str(n) for n in self.settings.reachable) or "none"
         services = ", ".join(f"{host}:{port}" for host, port in self.published) or "none"
+        stale = ("" if shutil.which(CONNTRACK, path="/usr/sbin:/usr/bin:/sbin:/bin") else
+                 "; conntrack is not installed, so a freed pod address keeps its last pod's connections "
+                 "until they time out, for the next pod given it (apt-get install conntrack)")
         return (f"a network namespace per pod in {self.subnet}: it reaches its tenant's pods, the pool's "
-                f"API server ({services}) and the declared networks ({reach}), nothing else")
+                f"API server ({services}) and the declared networks ({reach}), nothing else{stale}")
 
     # ---- the host's side -------------------------------------------------------------------
     @contextlib.contextmanager
@@ -880,6 +902,7 @@ class PodNetwork:
         if _run(["nft", "-f", "-"], "\n".join(lines) + "\n").returncode != 0:
             for net in batch:  # some were gone already (a half-made attachment): each on its own
                 self._remove_rules(net)
+        forget_connections(n.address for n in batch)
         self._drop_unused_chains(gangs={n.gang_key for n in batch if n.gang_key})
 
     def _drop_unused_chains(self, *, gangs: Iterable[str] = (), tenants: Iterable[str] = ()) -> None:
