@@ -237,3 +237,48 @@ def test_the_latency_log_keeps_routed_backends_answered_requests_only(tmp_path: 
     for _ in range(5000):
         latency.take(b"svc_alice.web 1 200")
     assert latency.quantiles("svc_alice.web") == (1.0, 1.0)  # bounded: the old samples are gone
+
+
+def test_a_body_past_the_routers_limit_is_refused_not_held(plane: Plane) -> None:
+    """The router holds a request's body in the server's memory while it waits for a replica (the
+    activator does, behind HAProxy, when none is ready): past its limit the request is refused."""
+    from gpupool.server.dataplane.proxy import MAX_BODY_BYTES
+
+    plane.route(Route("alice/big", "alice", public=True, probe=PROBE, cold_start_limit_s=2.0))
+    chunk = b"x" * 2**20
+
+    def body() -> Iterator[bytes]:
+        for _ in range(MAX_BODY_BYTES // len(chunk) + 4):
+            yield chunk
+
+    answer = httpx.post(f"http://127.0.0.1:{plane.port}/s/alice/big/x", content=body(), timeout=30)
+    assert answer.status_code == 413 and "at most 64 MiB" in answer.text, answer.text
+
+
+def test_a_probe_path_cannot_write_the_routers_configuration(tmp_path: Path) -> None:
+    """A quote in one service's probe path made HAProxy refuse the whole file: no service's routes
+    changed again, and revoked tokens kept working. The API refuses it; one stored before is checked
+    by a connect instead, and the file stays valid."""
+    import subprocess
+
+    import pydantic
+
+    from gpupool.api.services import ProbeSpec
+    from gpupool.server.dataplane.haproxy_config import HAProxyPaths, render, render_maps
+
+    for path in ('/"', "/'", "/\\", "/a b"):
+        with pytest.raises(pydantic.ValidationError):
+            ProbeSpec(path=path)
+    assert ProbeSpec(path="/v1/health?x=1&y=[2]").path == "/v1/health?x=1&y=[2]"
+    routes = [Route("alice/quoted", "alice", probe=Probe(path='/"')), Route("alice/ok", "alice", probe=PROBE)]
+    text = render(HAProxyPaths(tmp_path), "127.0.0.1", free_port(), routes, {}, 20.0)
+    assert 'GET /"' not in text and "option httpchk GET /ready" in text
+    if HAPROXY is not None:
+        paths = HAProxyPaths(tmp_path)
+        for attr, content in render_maps(routes, {}).items():
+            getattr(paths, attr).write_text(content)
+        config = tmp_path / "haproxy.cfg"
+        config.write_text(text)
+        checked = subprocess.run([HAPROXY, "-c", "-f", str(config)], capture_output=True, text=True,
+                                 check=False)
+        assert checked.returncode == 0, checked.stdout + checked.stderr

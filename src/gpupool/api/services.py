@@ -35,13 +35,19 @@ class ProbeKind(StrEnum):
     TCP = "tcp"
 
 
+PROBE_PATH = r"^/[\x21\x23-\x26\x28-\x5b\x5d-\x7e]*$"
+"""An HTTP probe's path: printable ASCII but space, quotes and backslash, which the data plane's
+generated configuration would read as its own syntax (a quote in one service's path made HAProxy
+refuse the whole configuration, so no service's routes changed again)."""
+
+
 class ProbeSpec(Strict):
     """A readiness or liveness check the server runs against each replica's $PORT: an HTTP GET of
     `path` that must answer 2xx or 3xx, or a TCP connect that must be accepted."""
 
     kind: ProbeKind = ProbeKind.HTTP
-    path: str = Field("/", max_length=1024, pattern=r"^/[\x21-\x7e]*$",
-                      description="the HTTP path to GET (http probes)")
+    path: str = Field("/", max_length=1024, pattern=PROBE_PATH, description=(
+        "the HTTP path to GET (http probes): printable ASCII without spaces, quotes or backslashes"))
     period_s: float = Field(2.0, ge=0.1, le=MAX_PERIOD_S, allow_inf_nan=False)
     timeout_s: float = Field(1.0, gt=0, le=60, allow_inf_nan=False)
     success_threshold: int = Field(1, ge=1, le=100)

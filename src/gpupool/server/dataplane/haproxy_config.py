@@ -10,10 +10,12 @@ restart or a reload starts from the current state.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from gpupool.api.services import PROBE_PATH
 from gpupool.server.dataplane.haproxy_log import LINE_MAX, LOG_FORMAT
 from gpupool.server.dataplane.model import (
     FORBIDDEN,
@@ -114,8 +116,8 @@ def _backend(route: Route, backends: Sequence[Backend], paths: HAProxyPaths, jai
     probe = route.probe
     lines = [f"backend {backend_name(route.service)}", "    balance leastconn",
              f"    timeout check {_ms(probe.timeout_s)}"]
-    if probe.path is not None:
-        lines.append(f"    option httpchk GET {probe.path}")
+    if probe.path is not None and re.fullmatch(PROBE_PATH, probe.path):  # (one stored before the rule
+        lines.append(f"    option httpchk GET {probe.path}")  # is checked by connecting, as TCP probes are)
     lines.append(f"    http-request set-header {SERVICE_HEADER} {route.service}")
     lines += [f"    server {b.server_name} {b.host}:{b.port} {server_options(probe)}"
               for b in sorted(backends)]

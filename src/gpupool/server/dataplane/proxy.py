@@ -136,7 +136,11 @@ class ProxyApp:
             return
         service, path = found
         query = scope.get("query_string", b"").decode("latin-1")
-        body = await _read_body(receive)
+        body = await _read_body(receive, MAX_BODY_BYTES)
+        if body is None:
+            await _Answer(413, f"A request to service {service} may carry at most {MAX_BODY_BYTES // 2**20} "
+                               "MiB; send less, or in parts.").send(send)
+            return
         started = time.perf_counter()
         with self._lock:
             self._services[service].in_flight += 1
@@ -275,11 +279,23 @@ class _Answer:
         await send({"type": "http.response.body", "body": body})
 
 
-async def _read_body(receive: Receive) -> bytes:
+MAX_BODY_BYTES = 64 * 2**20
+"""The most of a request's body this router holds while it picks (or waits for) a replica: it
+reads the body whole first, in the server's memory, so an unbounded one from any client of a
+public service grew the server (the API's and the scheduler's process) without bound."""
+
+
+async def _read_body(receive: Receive, limit: int) -> bytes | None:
+    """The request's body, or None once it passes `limit` bytes (the rest is not read)."""
     chunks = []
+    size = 0
     while True:
         message = await receive()
-        chunks.append(message.get("body", b""))
+        chunk = message.get("body", b"")
+        size += len(chunk)
+        if size > limit:
+            return None
+        chunks.append(chunk)
         if not message.get("more_body"):
             return b"".join(chunks)
 
