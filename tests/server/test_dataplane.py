@@ -282,3 +282,32 @@ def test_a_probe_path_cannot_write_the_routers_configuration(tmp_path: Path) -> 
         checked = subprocess.run([HAPROXY, "-c", "-f", str(config)], capture_output=True, text=True,
                                  check=False)
         assert checked.returncode == 0, checked.stdout + checked.stderr
+
+
+def test_routes_whose_reload_failed_are_applied_at_the_next_call(plane: Plane,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """A reload that failed used to count as applied (its routes were recorded first), so the same
+    routes were never tried again and the new service stayed unrouted."""
+    supervisor = plane.plane.haproxy
+    if supervisor is None:
+        pytest.skip("the in-process router reloads nothing")
+    real = supervisor._reload
+    calls: list[int] = []
+
+    def failing_once() -> None:
+        calls.append(1)
+        if len(calls) == 1:
+            raise OSError("haproxy did not reload within 10 s")
+        real()
+
+    monkeypatch.setattr(supervisor, "_reload", failing_once)
+    routes = [*plane.routes.values(), Route("alice/late", "alice", probe=PROBE)]
+    with pytest.raises(OSError):
+        plane.plane.set_routes(routes)
+    plane.plane.set_routes(routes)  # the same routes again: tried, not taken as done
+    plane.routes["alice/late"] = routes[-1]
+    assert len(calls) == 2
+    with replicas("a") as (a,):
+        plane.plane.set_backends("alice/late", [Backend("l-0", "127.0.0.1", a.port)])
+        wait_for("the late service routed",
+                 lambda: get(plane.port, "/s/alice/late/", "gp_alice").status_code == 200)

@@ -289,15 +289,19 @@ class HAProxySupervisor:
             structural = set(wanted) != set(self._routes) or any(
                 (wanted[s].probe, wanted[s].cold_start_limit_s)
                 != (self._routes[s].probe, self._routes[s].cold_start_limit_s) for s in wanted)
-            old = self._routes
+            old, old_names, old_backends = self._routes, self._backend_names, dict(self._backends)
             self._routes = wanted
             self._backend_names = frozenset(backend_name(s) for s in wanted)
             for gone in set(self._backends) - set(wanted):
                 del self._backends[gone]
-            self._write_files()
-            if structural:
-                self._reload()
-                return
+            try:
+                self._write_files()
+                if structural:
+                    self._reload()
+                    return
+            except Exception:  # not applied: the next call tries again rather than taking it as done
+                self._routes, self._backend_names, self._backends = old, old_names, old_backends
+                raise
             for name, route in wanted.items():
                 if old[name].tenant != route.tenant:
                     self.runtime.must(f"set map {self.paths.services_map} {name} {route.tenant}")

@@ -247,6 +247,9 @@ class DataPlaneLoop:
         return views, {digest: tenant for digest, tenant in rows_ if tenant is not None}
 
     def _apply(self, views: list[ServiceView], tokens: dict[str, str]) -> None:
+        if tokens != self._tokens:  # first: a revoked token stops working even if a route fails to apply
+            self.plane.set_tokens(tokens)
+            self._tokens = tokens
         routes = sorted((v.route for v in views), key=lambda r: r.service)
         if routes != self._routes:
             self.plane.set_routes(routes)
@@ -260,9 +263,6 @@ class DataPlaneLoop:
             if self._backends.get(view.route.service) != view.backends:
                 self.plane.set_backends(view.route.service, view.backends)
                 self._backends[view.route.service] = view.backends
-        if tokens != self._tokens:
-            self.plane.set_tokens(tokens)
-            self._tokens = tokens
 
     def _sample(self, service: str, seen: ServiceTraffic, now_s: float) -> None:
         last = self._last_total.get(service)
