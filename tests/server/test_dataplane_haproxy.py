@@ -134,13 +134,12 @@ def test_a_killed_haproxy_is_restarted_with_its_services_replicas_and_tokens(pla
         assert get(plane.port, "/s/alice/phoenix/x", "gp_forged").status_code == 401
 
 
-def running(pid: int) -> bool:
-    """Alive and not a zombie waiting to be reaped (this test's own child)."""
-    try:
-        state = Path(f"/proc/{pid}/status").read_text().split("State:")[1].split()[0]
-    except (OSError, IndexError):
-        return False
-    return state != "Z"
+def running(pid: int, start_ticks: int | None) -> bool:
+    """Alive, not a zombie waiting to be reaped (this test's own child), and the same process: once
+    reaped its pid may already be another's (pid_max is 32,768 here, and the suite starts many)."""
+    from gpupool.agent.podstate import process_alive
+
+    return process_alive(pid, start_ticks)
 
 
 def test_a_haproxy_left_by_a_killed_pool_is_stopped_by_the_next_start(tmp_path: Path) -> None:
@@ -150,12 +149,15 @@ def test_a_haproxy_left_by_a_killed_pool_is_stopped_by_the_next_start(tmp_path: 
     first.start()
     orphan = first.master_pid
     assert orphan is not None
+    from gpupool.agent.podstate import process_start_ticks
+
+    orphan_started = process_start_ticks(orphan)
     first._stopping.set()  # the pool is gone without stopping it (kill -9): its HAProxy keeps the port
     second = HAProxySupervisor(HAPROXY, tmp_path / "dataplane", "127.0.0.1", port, 5.0)
     try:
         second.start()
         assert second.master_pid != orphan
-        assert not running(orphan)
+        assert not running(orphan, orphan_started)
         assert get(port, "/s/alice/none/", "gp_alice").status_code == 404  # the new one answers
     finally:
         second.stop()

@@ -28,6 +28,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from gpupool.agent.identity import ensure_router_account
+from gpupool.agent.podstate import process_alive, process_start_ticks
 from gpupool.errors import ProviderError
 from gpupool.server.dataplane.haproxy_config import (
     HAProxyPaths,
@@ -61,31 +62,22 @@ def stop_stale(directory: Path, timeout_s: float = 10.0) -> bool:
         return False
     if str(paths.config).encode() not in cmdline:
         return False
+    started = process_start_ticks(pid)  # once it is gone its pid may soon be another process's
     for sig in (signal.SIGTERM, signal.SIGKILL):  # one that does not end on SIGTERM is killed
         try:
             os.kill(pid, sig)
         except ProcessLookupError:
             break
         deadline = time.monotonic() + timeout_s / 2
-        while _alive(pid) and time.monotonic() < deadline:
+        while process_alive(pid, started) and time.monotonic() < deadline:
             time.sleep(0.02)
-        if not _alive(pid):
+        if not process_alive(pid, started):
             break
     else:
         log.error("the HAProxy (pid %d) a previous run of the pool left running did not end", pid)
         return True
     log.warning("stopped the HAProxy (pid %d) a previous run of the pool left running", pid)
     return True
-
-
-def _alive(pid: int) -> bool:
-    """Whether the process runs: not gone, and not a zombie (dead, its sockets closed, only its
-    parent's wait() left)."""
-    try:
-        state = Path(f"/proc/{pid}/status").read_text().split("State:")[1].split()[0]
-    except (OSError, IndexError):
-        return False
-    return state not in ("Z", "X")
 
 
 def find_haproxy() -> str | None:
