@@ -28,7 +28,6 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from gpupool.agent.identity import ensure_router_account
-from gpupool.agent.podstate import process_alive, process_start_ticks
 from gpupool.errors import ProviderError
 from gpupool.server.dataplane.haproxy_config import (
     HAProxyPaths,
@@ -62,22 +61,33 @@ def stop_stale(directory: Path, timeout_s: float = 10.0) -> bool:
         return False
     if str(paths.config).encode() not in cmdline:
         return False
-    started = process_start_ticks(pid)  # once it is gone its pid may soon be another process's
+    started = _started(pid)  # once it is gone its pid may soon be another process's
     for sig in (signal.SIGTERM, signal.SIGKILL):  # one that does not end on SIGTERM is killed
         try:
             os.kill(pid, sig)
         except ProcessLookupError:
             break
         deadline = time.monotonic() + timeout_s / 2
-        while process_alive(pid, started) and time.monotonic() < deadline:
+        while _started(pid) == started and time.monotonic() < deadline:
             time.sleep(0.02)
-        if not process_alive(pid, started):
+        if _started(pid) != started:
             break
     else:
         log.error("the HAProxy (pid %d) a previous run of the pool left running did not end", pid)
         return True
     log.warning("stopped the HAProxy (pid %d) a previous run of the pool left running", pid)
     return True
+
+
+def _started(pid: int) -> str | None:
+    """When the process started (field 22 of /proc/PID/stat), or None once it is gone or a zombie
+    (dead, its sockets closed, only its parent's wait() left): with the start time a pid that is
+    already another process's does not count as the same one."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+    except OSError:
+        return None
+    return None if len(fields) < 20 or fields[0] in ("Z", "X", "x") else fields[19]
 
 
 def find_haproxy() -> str | None:
