@@ -103,3 +103,38 @@ def test_the_next_pod_given_an_address_inherits_none_of_its_connections(pool: Lo
     assert _address(mallory) == freed, (target, freed, mallory)  # the same address and port, another tenant
     assert "no answer" in mallory, mallory
     assert "got mallory" not in pool.read_log("listener").text
+
+
+FLOOD = r"""
+import os, socket, sys
+s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+print("address", os.environ["GPUPOOL_POD_ADDRESS"], flush=True)
+for port in range(20000, 20000 + int(sys.argv[2])):
+    try:
+        s.sendto(b"x", (sys.argv[1], port))
+    except OSError:
+        pass
+print("sent", flush=True)
+"""
+
+
+@pytest.mark.skipif(bool(WHY), reason=f"needs network namespaces and conntrack: {WHY}")
+def test_one_pod_cannot_fill_the_nodes_connection_table(pool: LocalPool) -> None:
+    """The kernel's connection table is the node's (every pod's, the host's): one pod's flows are
+    bounded (`POD_CONNECTIONS`), new ones past it dropped, where one pod made 40,000 in 0.17 s."""
+    import subprocess
+
+    def launch(pod_id: str, script: str, *args: str) -> None:
+        pool.launch(PodLaunch(pod_id=pod_id, workload_id="w-" + pod_id, node="n0", tenant="bob",
+                              command=(PY, "-c", script, *args), env={}))
+
+    launch("sink", "import os, time; print('address', os.environ['GPUPOOL_POD_ADDRESS'], flush=True); "
+                   "time.sleep(120)")
+    sink = _address(_log(pool, "sink", until="address"))
+    flows = netns.POD_CONNECTIONS + 2000
+    launch("flood", FLOOD, sink, str(flows))  # to its own tenant's pod: the rules let it through
+    flood = _address(_log(pool, "flood", until="sent"))
+    listed = subprocess.run(["conntrack", "-L", "-p", "udp", "--orig-src", flood], capture_output=True,
+                            text=True, check=False).stdout
+    tracked = sum(1 for line in listed.splitlines() if line.startswith("udp"))
+    assert netns.POD_CONNECTIONS - 50 <= tracked <= netns.POD_CONNECTIONS, tracked
