@@ -262,10 +262,7 @@ def _write_members(directory: Path, archive: tarfile.TarFile, members: list[tarf
     try:
         for member in members:
             parts = member.name.split("/")
-            parent = opened.get("/".join(parts[:-1]))
-            if parent is None:
-                raise InvalidInput(f"The checkpoint archive names {member.name[:100]!r} before its "
-                                   "directory.")
+            parent = opened["/".join(parts[:-1])]  # listed before what it holds (`_check_names`)
             if member.isdir():
                 os.mkdir(parts[-1], 0o700, dir_fd=parent)
                 created.append((parent, parts[-1], True))

@@ -386,8 +386,8 @@ def _open_made_dir(parent: int, name: str, mode: int) -> int:
         os.mkdir(name, mode, dir_fd=parent)
     try:
         return os.open(name, _DIR_FLAGS, dir_fd=parent)
-    except (NotADirectoryError, OSError) as exc:
-        if isinstance(exc, NotADirectoryError) or exc.errno == errno.ELOOP:
+    except OSError as exc:
+        if exc.errno in (errno.ENOTDIR, errno.ELOOP):
             return -1
         raise
 

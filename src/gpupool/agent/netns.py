@@ -252,13 +252,21 @@ def node_subnet(pod_network: ipaddress.IPv4Network, slot: int) -> ipaddress.IPv4
                                   NODE_PREFIX))
 
 
+_TOOLS_PATH = "/usr/sbin:/usr/bin:/sbin:/bin"
+"""Where the network tools (ip, nft, conntrack) are looked up, whatever the agent's own PATH."""
+
+
 def _run(argv: Sequence[str], stdin: str | None = None) -> subprocess.CompletedProcess[str]:
     return subprocess.run(list(argv), input=stdin, capture_output=True, text=True, timeout=_TIMEOUT_S,
-                          check=False, env={"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "LC_ALL": "C"})
+                          check=False, env={"PATH": _TOOLS_PATH, "LC_ALL": "C"})
 
 
 CONNTRACK = "conntrack"
 """conntrack-tools' program (Debian's `conntrack`): deletes the kernel's connection entries."""
+
+
+def _conntrack() -> str | None:
+    return shutil.which(CONNTRACK, path=_TOOLS_PATH)
 
 
 def forget_connections(addresses: Iterable[str]) -> None:
@@ -267,7 +275,7 @@ def forget_connections(addresses: Iterable[str]) -> None:
     the next pod given the address (another tenant's, perhaps) would otherwise inherit the last
     one's connections (a UDP flow stays established for as long as either side keeps it busy).
     Without the program it cannot be done: said at the start (`PodNetwork.start`)."""
-    tool = shutil.which(CONNTRACK, path="/usr/sbin:/usr/bin:/sbin:/bin")
+    tool = _conntrack()
     if tool is None:
         return
     for address in addresses:
@@ -294,7 +302,7 @@ def probe() -> str:
     if os.geteuid() != 0:
         return "the agent does not run as root (no CAP_NET_ADMIN), so pods share the node's network"
     for tool, package in (("ip", "iproute2"), ("nft", "nftables")):
-        if shutil.which(tool, path="/usr/sbin:/usr/bin:/sbin:/bin") is None:
+        if shutil.which(tool, path=_TOOLS_PATH) is None:
             return f"`{tool}` is not installed (package {package}), so pods share the node's network"
     done = _run(["nft", "list", "tables"])
     if done.returncode != 0:
@@ -374,7 +382,7 @@ class PodNetwork:
             return self.unavailable
         reach = ", ".join(str(n) for n in self.settings.reachable) or "none"
         services = ", ".join(f"{host}:{port}" for host, port in self.published) or "none"
-        stale = ("" if shutil.which(CONNTRACK, path="/usr/sbin:/usr/bin:/sbin:/bin") else
+        stale = ("" if _conntrack() else
                  "; conntrack is not installed, so a freed pod address keeps its last pod's connections "
                  "until they time out, for the next pod given it (apt-get install conntrack)")
         return (f"a network namespace per pod in {self.subnet}: it reaches its tenant's pods, the pool's "

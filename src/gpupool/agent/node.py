@@ -68,9 +68,9 @@ SHARED_SCRATCH_ROOT = Path("/var/tmp/gpupool-pods")
 """Where pods' private directories go when pods run as other accounts (the agent's own state
 directory is closed to them); GPUPOOL_SCRATCH_DIR chooses another."""
 NET_FILE = "net.json"
+"""Where an earlier agent kept a pod's network attachment (now in its record: PodRecord.net)."""
 SITE_DIR = ".gpupool-site"
 """The copy of the pool's sitecustomize in an image pod's private directory (`_site_copy`)."""
-"""Where an earlier agent kept a pod's network attachment (now in its record: PodRecord.net)."""
 LENT_GRACE_S = 60.0
 """How long a namespace lent to another process's pod (NodeAgent.lend) stays without the pod's record
 (the borrower died before starting it, or gave up waiting for the answer) before it goes."""

@@ -86,16 +86,24 @@ def cap_note(max_bytes: int) -> bytes:
             "(the pool's --max-pod-log).\n").encode()
 
 
+def _open_if_over(path: Path, max_bytes: int) -> int:
+    """A read-write descriptor on the pod's file at `path` when it holds more than `max_bytes`, else
+    -1 (the usual case: one stat; -1 too when it is not written yet, or gone)."""
+    try:
+        if os.stat(path, follow_symlinks=False).st_size <= max_bytes:
+            return -1
+        return os.open(path, os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError:
+        return -1
+
+
 def cap_log(path: Path, max_bytes: int) -> bool:
     """Cut the log at `path` back to `max_bytes` followed by the cap's note when it holds more; True
     when it reached the cap. The pod writes with O_APPEND, so what it writes after a cut lands after
     the note and is cut at the next check: the log never holds more than the cap, the note and what
     the pod wrote since the last check."""
-    try:
-        if os.stat(path, follow_symlinks=False).st_size <= max_bytes:  # the usual case: one stat
-            return False
-        fd = os.open(path, os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC)
-    except OSError:  # not written yet, or gone
+    fd = _open_if_over(path, max_bytes)
+    if fd < 0:
         return False
     note = cap_note(max_bytes)
     try:
@@ -117,11 +125,8 @@ def cap_exit_file(path: Path) -> bool:
     True when it did. The shim runs as the pod's account, so the pod can write through the shim's
     descriptor (its own, or the shim's under /proc/PID/fd): what it writes is junk the reader refuses,
     and is cut at every check, as the logs are. The shim's own record opens the file anew, truncating."""
-    try:
-        if os.stat(path, follow_symlinks=False).st_size <= podstate.MAX_EXIT_FILE_BYTES:
-            return False
-        fd = os.open(path, os.O_WRONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
-    except OSError:  # not there, or gone
+    fd = _open_if_over(path, podstate.MAX_EXIT_FILE_BYTES)
+    if fd < 0:
         return False
     try:
         os.ftruncate(fd, 0)

@@ -32,6 +32,9 @@ from gpupool.server.states import ACTIVE_POD_STATES
 log = logging.getLogger("gpupool.scheduler")
 
 MAX_PENDING_PER_CYCLE = 5000
+MAX_CHANGES_SLACK = 4096
+"""`WorkloadCache` keeps the allocations ended since the last cycle up to the number cached plus
+this many; past it, the next snapshot carries no changes (the keeper compares in full)."""
 
 
 if TYPE_CHECKING:  # (a subscript SQLAlchemy 2.0 does not take at run time)
@@ -55,9 +58,6 @@ def _within_array_limits(pending_query: _PendingRows) -> _PendingRows:
                      ranked.c.revision).where(ranked.c.array_rank <= ranked.c.array_limit)
     both = union_all(pending_query.where(WorkloadRow.array_limit.is_(None)), limited).subquery()
     return select(*both.c).order_by(both.c.priority.desc(), both.c.submit_s, both.c.id)
-MAX_CHANGES_SLACK = 4096
-"""`WorkloadCache` keeps the allocations ended since the last cycle up to the number cached plus
-this many; past it, the next snapshot carries no changes (the keeper compares in full)."""
 
 
 @dataclass(frozen=True, slots=True)
