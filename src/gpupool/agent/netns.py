@@ -99,6 +99,9 @@ POD_CONNECTIONS = 8192
 """The most connections the kernel tracks for one pod's address at a time (new ones past it are
 dropped): the node's table is shared (262,144 entries on a common host), and a pod that filled it,
 which one did with 40,000 UDP flows in 0.17 s, would have every other pod's new connections dropped."""
+POD_CONNS = "pod_conns"
+"""The dynamic set counting each pod address's connections (`POD_CONNECTIONS`); its elements are the
+kernel's, made and dropped with the connections, so the agent's sweeps leave them alone."""
 JUDGE_WAIT_S = 2.0
 """How long a launch waits for the worker to say whether its tenant's ended pod's namespace can be
 kept (a /proc scan, milliseconds) before it makes one anew."""
@@ -419,7 +422,7 @@ class PodNetwork:
             f"add set {t} remote {{ type ipv4_addr; }}",
             f"add map {t} serve_dnat {{ type inet_service : ipv4_addr; }}",
             f"add set {t} serve_from {{ type ipv4_addr . inet_service; }}",
-            f"add set {t} pod_conns {{ type ipv4_addr; flags dynamic; size 65535; }}",
+            f"add set {t} {POD_CONNS} {{ type ipv4_addr; flags dynamic; size 65535; }}",
             *(f"add map {t} {name} {{ type ipv4_addr : verdict; flags interval; }}"
               for name in ("slot_fwd", "slot_in", "slot_nat")),
             f"add chain {t} forward {{ type filter hook forward priority 0; policy accept; }}",
@@ -448,7 +451,7 @@ class PodNetwork:
             f"add rule {t} from_remote drop",
             f"add rule {t} from_pod ct state established,related accept",
             f"add rule {t} from_pod iifname . ip saddr != @pod_ifs drop",
-            (f"add rule {t} from_pod ct state new add @pod_conns "
+            (f"add rule {t} from_pod ct state new add @{POD_CONNS} "
              f"{{ ip saddr ct count over {POD_CONNECTIONS} }} drop"),
             f"add rule {t} from_pod meta l4proto {{ tcp, udp }} ip daddr . th dport vmap @gang_guard",
             f"add rule {t} from_pod ip saddr vmap @src_tenant",
@@ -465,7 +468,7 @@ class PodNetwork:
             f'add rule {t} output oifname "gv*" drop',
             f"add rule {t} pod_input ct state established,related accept",
             f"add rule {t} pod_input iifname . ip saddr != @pod_ifs drop",
-            (f"add rule {t} pod_input ct state new add @pod_conns "
+            (f"add rule {t} pod_input ct state new add @{POD_CONNS} "
              f"{{ ip saddr ct count over {POD_CONNECTIONS} }} drop"),
             f"add rule {t} pod_input ip saddr vmap @slot_in",
             f"add rule {t} pod_input drop",
@@ -1122,6 +1125,8 @@ class PodNetwork:
             if body is None:
                 continue
             name = body["name"]
+            if name == POD_CONNS:  # the kernel's own entries, gone with their connections
+                continue
             elements = body.get("elem", [])
             if name == "serve_dnat":  # port -> a replica's address: the address decides
                 gone = [e for e in elements if _element_key(e) in dead_ports]
