@@ -20,6 +20,7 @@ from gpupool.core.model import Slice
 from gpupool.errors import InvalidInput
 from gpupool.pods import PodLaunch, PodPhase, PodStatus
 from gpupool.providers.ray import RayProvider
+from gpupool.providers.ray import provider as provider_module
 from gpupool.providers.ray.nodeconfig import pod_actor_name
 from gpupool.providers.ray.settings import NAMESPACE
 
@@ -75,6 +76,32 @@ def test_the_pods_actor_runs_it_on_the_node_asked_and_is_released_after(
     assert (_final(actors, "by-actor").phase, _final(actors, "by-actor").exit_code) == (PodPhase.STOPPED, 143)
     wait_for(lambda: _actor_gone(actors, "by-actor"), what="the finished pod's actor to be released")
     assert actors.read_log("by-actor").text.startswith("t4-001\n")  # from the node agent now
+
+
+def test_a_log_read_that_meets_the_pods_release_is_answered_by_the_node_agent(
+        actors: RayProvider, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The monitor may release a finished pod (its actor shuts down) after `read_log` chose to ask
+    the actor and before the call reaches it: the read is then answered from the node agent, where
+    a released pod's log is read, not failed with the actor's death (seen once in a full run)."""
+    monkeypatch.setattr(provider_module, "RELEASE_AFTER_POLLS", 10**9)  # only the race releases it
+    actors.launch(_pod("raced", "t4-000", "sh", "-c", "echo raced-out"))
+    assert _final(actors, "raced").phase is PodPhase.SUCCEEDED
+    carrier = actors._carriers[actors._pods["raced"].carrier]
+    asked = carrier.log_ref
+    raced: list[str] = []
+
+    def released_meanwhile(tracked: Any, stream: str, offset: int) -> Any:
+        if tracked.released:
+            return asked(tracked, stream, offset)
+        actor = tracked.actor
+        carrier.release(tracked)  # what the monitor does, between the check and the call
+        wait_for(lambda: _actor_gone(actors, "raced"), what="the released pod's actor to exit")
+        raced.append(tracked.pod_id)
+        return actor.read_log.remote(stream, offset)
+
+    monkeypatch.setattr(carrier, "log_ref", released_meanwhile)
+    assert actors.read_log("raced").text == "raced-out\n"
+    assert raced == ["raced"]
 
 
 def test_a_provider_of_the_default_carrier_re_adopts_an_actor_carried_pod(actors: RayProvider) -> None:

@@ -305,8 +305,18 @@ class RayProvider(Provider):
         if tracked is None:
             raise NotFound(f"No pod {pod_id!r} on the Ray cluster.")
         try:
-            ref = self._carriers[tracked.carrier].log_ref(tracked, stream, offset)
-            chunk: LogChunk = ray.get(ref, timeout=CALL_TIMEOUT_S)
+            released = tracked.released
+            try:
+                chunk: LogChunk = ray.get(self._carriers[tracked.carrier].log_ref(tracked, stream, offset),
+                                          timeout=CALL_TIMEOUT_S)
+            except ray.exceptions.RayError as exc:
+                if released or not tracked.released or isinstance(_cause(exc), GpupoolError):
+                    raise
+                # The monitor released the pod while it was asked (an actor carrier's actor then
+                # exits before the call reaches it): its carrier now sends the call where a
+                # released pod's log is read, the node agent.
+                chunk = ray.get(self._carriers[tracked.carrier].log_ref(tracked, stream, offset),
+                                timeout=CALL_TIMEOUT_S)
             return chunk
         except ray.exceptions.RayError as exc:
             cause = _cause(exc)
