@@ -27,6 +27,19 @@ from gpupool.server.services.requeue import stop_pods
 from gpupool.server.serving.pairs import pair_env
 from gpupool.server.states import PodState
 
+# The statements that record launches, built once (building one costs more than running it).
+_LAUNCHED = select(P.c.id, P.c.status, P.c.attempt).where(P.c.id.in_(bindparam("ids", expanding=True)))
+_STARTED = (update(PodRow).where(PodRow.id == bindparam("p_id"), PodRow.started_s.is_(None))
+            # metered from its start, even a pod stopped (cancelled) while it was being launched
+            .values(status=case((PodRow.status == PodState.LAUNCHING.value, PodState.RUNNING.value),
+                                else_=PodRow.status), started_s=bindparam("p_started_s")))
+_STOPPED_WHILE_LAUNCHED = select(PodRow.id).where(PodRow.id.in_(bindparam("ids", expanding=True)),
+                                                  PodRow.status == PodState.STOPPING.value)
+_NEVER_STARTED = (update(PodRow).where(
+    PodRow.id == bindparam("p_id"), PodRow.started_s.is_(None),
+    PodRow.status.in_((PodState.LAUNCHING.value, PodState.STOPPING.value)),
+).values(status=PodState.FAILED.value, finished_s=bindparam("p_finished_s"), message=bindparam("p_message")))
+
 
 def preempt_grace_s(rt: Runtime, spec: dict[str, Any]) -> float:
     """SIGTERM to SIGKILL when a pod of this spec's priority class is preempted."""
@@ -155,25 +168,15 @@ class PodLauncher:
         with self.rt.store.write() as session, session.no_autoflush:
             conn = session.connection()
             lock_workloads(conn, set(workload_of.values()))  # before their pods
-            pods = {r.id: r for r in conn.execute(select(P.c.id, P.c.status, P.c.attempt)
-                                                  .where(P.c.id.in_(workload_of)))}
+            pods = {r.id: r for r in conn.execute(_LAUNCHED, {"ids": sorted(workload_of)})}
             if started:
-                conn.execute(
-                    # metered from its start, even a pod stopped (cancelled) while it was being launched
-                    update(PodRow).where(PodRow.id == bindparam("p_id"), PodRow.started_s.is_(None))
-                    .values(status=case((PodRow.status == PodState.LAUNCHING.value, PodState.RUNNING.value),
-                                        else_=PodRow.status), started_s=bindparam("p_started_s")),
-                    [{"p_id": pod_id, "p_started_s": at} for pod_id, at in started.items()],
-                )
+                conn.execute(_STARTED, [{"p_id": pod_id, "p_started_s": at}
+                                        for pod_id, at in started.items()])
                 # Stopped while it was being launched: the provider may not have known it when asked.
-                to_stop += conn.scalars(select(PodRow.id).where(
-                    PodRow.id.in_(started), PodRow.status == PodState.STOPPING.value)).all()
+                to_stop += conn.scalars(_STOPPED_WHILE_LAUNCHED, {"ids": sorted(started)}).all()
             for pod_id, why in failed.items():  # never started: nothing to wait for
-                conn.execute(update(PodRow).where(
-                    PodRow.id == pod_id, PodRow.started_s.is_(None),
-                    PodRow.status.in_((PodState.LAUNCHING.value, PodState.STOPPING.value)),
-                ).values(status=PodState.FAILED.value, finished_s=now,
-                         message=f"Never started: {why}"[:1024]))
+                conn.execute(_NEVER_STARTED, {"p_id": pod_id, "p_finished_s": now,
+                                              "p_message": f"Never started: {why}"[:1024]})
             read = states(conn, sorted(set(workload_of.values())), with_spec=False)
             first_start: dict[str, float] = {}
             for pod_id, workload_id in workload_of.items():

@@ -339,13 +339,21 @@ _SETTLE_POD = update(_PODS).where(
     _PODS.c.id == bindparam("p_id"), _PODS.c.status == bindparam("p_expected")).values(
     status=bindparam("p_status"), exit_code=bindparam("p_exit_code"), finished_s=bindparam("p_finished_s"),
     message=bindparam("p_message"))
+# built once, as the statement above (the loop settles pods at every step)
+_POD_STATES = select(_PODS.c.id, _PODS.c.status).where(_PODS.c.id.in_(bindparam("ids", expanding=True)))
+_SETTLED_PODS = select(_PODS.c.id, _PODS.c.workload_id, _PODS.c.attempt, _PODS.c.status).where(
+    _PODS.c.id.in_(bindparam("ids", expanding=True)))
+_ATTEMPTS = select(_WORKLOADS.c.id, _WORKLOADS.c.status, _WORKLOADS.c.attempt, _WORKLOADS.c.started_s,
+                   _WORKLOADS.c.progress_s).where(_WORKLOADS.c.id.in_(bindparam("ids", expanding=True)))
+_GANG_PODS = select(_PODS.c.workload_id, _PODS.c.attempt, _PODS.c.status).where(
+    _PODS.c.workload_id.in_(bindparam("ids", expanding=True)))
 
 
 def _still_as_read(conn: Connection, settled: list[dict[str, object]]) -> list[dict[str, object]]:
     """The settles whose pod row (read before its workload was locked) still holds the state read,
     and that the pod table allows; the others are not made (`not_made`: refused or lost, alike)."""
-    now_in: dict[str, str] = {r.id: r.status for r in conn.execute(select(_PODS.c.id, _PODS.c.status).where(
-        _PODS.c.id.in_([row["p_id"] for row in settled])))}
+    now_in: dict[str, str] = {r.id: r.status for r in conn.execute(
+        _POD_STATES, {"ids": sorted({str(row["p_id"]) for row in settled})})}
     kept, seen = [], set()
     for row in settled:
         was, to = str(row["p_expected"]), str(row["p_status"])
@@ -367,8 +375,7 @@ def _apply_successes(conn: Connection, finished: Sequence[PodStatus],
     rows, and a workload succeeds (with its `completed` event) once every pod of its current
     attempt has succeeded. Returns the workloads that succeeded, with the work each did."""
     ids = [s.pod_id for s in finished]
-    pods = {r.id: r for r in conn.execute(
-        select(_PODS.c.id, _PODS.c.workload_id, _PODS.c.attempt, _PODS.c.status).where(_PODS.c.id.in_(ids)))}
+    pods = {r.id: r for r in conn.execute(_SETTLED_PODS, {"ids": sorted(set(ids))})}
     settled: list[dict[str, object]] = []
     for status in finished:
         pod = pods.get(status.pod_id)
@@ -394,17 +401,12 @@ def _apply_successes(conn: Connection, finished: Sequence[PodStatus],
             attempts.setdefault(pod.workload_id, set()).add(pod.attempt)
     if not attempts:
         return []
-    rows = {r.id: r for r in conn.execute(
-        select(_WORKLOADS.c.id, _WORKLOADS.c.status, _WORKLOADS.c.attempt, _WORKLOADS.c.started_s,
-               _WORKLOADS.c.progress_s)
-        .where(_WORKLOADS.c.id.in_(attempts))
-    ) if r.attempt in attempts[r.id] and not WorkloadStatus(r.status).is_final}
+    rows = {r.id: r for r in conn.execute(_ATTEMPTS, {"ids": sorted(attempts)})
+            if r.attempt in attempts[r.id] and not WorkloadStatus(r.status).is_final}
     if not rows:
         return []
     done = dict.fromkeys(rows, True)
-    for workload_id, attempt, pod_status in conn.execute(
-        select(_PODS.c.workload_id, _PODS.c.attempt, _PODS.c.status).where(_PODS.c.workload_id.in_(rows))
-    ):
+    for workload_id, attempt, pod_status in conn.execute(_GANG_PODS, {"ids": sorted(rows)}):
         if attempt == rows[workload_id].attempt and pod_status != PodState.SUCCEEDED.value:
             done[workload_id] = False
     lost = {m.workload_id for m in apply_moves(conn, [

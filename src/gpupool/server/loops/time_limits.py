@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from sqlalchemy import select
+from sqlalchemy import bindparam, select
 
 from gpupool.api.events import EventReason
 from gpupool.core.model import WorkloadStatus
@@ -24,6 +24,13 @@ from gpupool.server.states import PodState
 
 LIMIT_CHECK_S = 0.5
 """How often the loop looks for workloads past their time limit."""
+
+_OVERDUE = (WorkloadRow.status.in_((WorkloadStatus.ADMITTED.value, WorkloadStatus.RUNNING.value)),
+            WorkloadRow.time_limit_s.is_not(None), WorkloadRow.started_s.is_not(None),
+            WorkloadRow.started_s + WorkloadRow.time_limit_s <= bindparam("now"))
+_ANY_OVERDUE = select(WorkloadRow.id).where(*_OVERDUE).limit(1)
+"""Built once, as the statement below (a check runs twice a second, and most find none)."""
+_OVERDUE_ROWS = select(WorkloadRow).where(*_OVERDUE).with_for_update()
 
 
 class TimeLimits:
@@ -41,17 +48,14 @@ class TimeLimits:
         if now < self._next_check_s:
             return 0
         self._next_check_s = now + LIMIT_CHECK_S
-        overdue = (WorkloadRow.status.in_((WorkloadStatus.ADMITTED.value, WorkloadStatus.RUNNING.value)),
-                   WorkloadRow.time_limit_s.is_not(None), WorkloadRow.started_s.is_not(None),
-                   WorkloadRow.started_s + WorkloadRow.time_limit_s <= now)
         with self.rt.store.read() as session:  # most checks find none: no write transaction then
-            if session.scalar(select(WorkloadRow.id).where(*overdue).limit(1)) is None:
+            if session.scalar(_ANY_OVERDUE, {"now": now}) is None:
                 return 0
         to_stop: list[tuple[str, float]] = []
         ended: list[str] = []
         with self.rt.store.write() as session:
-            rows = session.scalars(select(WorkloadRow).where(*overdue)
-                                   .with_for_update()).all()  # a cancel after this read waits for the commit
+            # a cancel after this read waits for the commit
+            rows = session.scalars(_OVERDUE_ROWS, {"now": now}).all()
             for row in rows:
                 grace = preempt_grace_s(self.rt, row.spec)
                 to_stop += [(pod_id, grace) for pod_id in stop_pods(session, row, PodState.STOPPED, now)]

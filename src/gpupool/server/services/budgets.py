@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from sqlalchemy import or_, select
+from sqlalchemy import bindparam, or_, select
 
 from gpupool.api.tenants import TenantUpdate
 from gpupool.core.budgets import Budget, BudgetPeriod, SpendLedger, exhausted
@@ -169,11 +169,22 @@ def fields_out(row: TenantRow, spend: TenantSpend | None, is_exhausted: bool) ->
     return out
 
 
+_BUDGETS = select(TenantRow.name, TenantRow.budget, TenantRow.budget_period, TenantRow.budget_warn,
+                  TenantRow.budget_overdraft).where(TenantRow.budget.is_not(None))
+"""Built once, as the two below: the loop reads them every few seconds."""
+_POD_ROWS = (select(PodRow.id, PodRow.node, PodRow.slices, PodRow.models, PodRow.started_s, PodRow.finished_s,
+                    WorkloadRow.tenant, WorkloadRow.queue, WorkloadRow.spec)
+             .join(WorkloadRow, WorkloadRow.id == PodRow.workload_id)
+             .where(PodRow.started_s.is_not(None), PodRow.started_s < bindparam("now"),
+                    WorkloadRow.tenant.in_(bindparam("tenants", expanding=True))))
+_ENDED_ROWS = _POD_ROWS.where(PodRow.finished_s > bindparam("watermark"),
+                              PodRow.finished_s <= bindparam("mark"))
+_OPEN_ROWS = _POD_ROWS.where(or_(PodRow.finished_s.is_(None), PodRow.finished_s > bindparam("mark")))
+
+
 def _budgets(rt: Runtime) -> dict[str, Budget]:
     with rt.store.read() as session:
-        rows = session.execute(select(TenantRow.name, TenantRow.budget, TenantRow.budget_period,
-                                      TenantRow.budget_warn, TenantRow.budget_overdraft)
-                               .where(TenantRow.budget.is_not(None))).all()
+        rows = session.execute(_BUDGETS).all()
     return {name: Budget(float(amount or 0.0), BudgetPeriod(period), warn, bool(overdraft))
             for name, amount, period, warn, overdraft in rows}
 
@@ -181,13 +192,10 @@ def _budgets(rt: Runtime) -> dict[str, Budget]:
 def _pod_rows(rt: Runtime, tenants: list[str], watermark: float, mark: float,
               now: float) -> tuple[Sequence[Any], Sequence[Any]]:
     """The budgeted tenants' pods that ended in (watermark, mark], and those open or ended since."""
-    base = (select(PodRow.id, PodRow.node, PodRow.slices, PodRow.models, PodRow.started_s, PodRow.finished_s,
-                   WorkloadRow.tenant, WorkloadRow.queue, WorkloadRow.spec)
-            .join(WorkloadRow, WorkloadRow.id == PodRow.workload_id)
-            .where(PodRow.started_s.is_not(None), PodRow.started_s < now, WorkloadRow.tenant.in_(tenants)))
+    params = {"now": now, "tenants": tenants, "watermark": watermark, "mark": mark}
     with rt.store.read() as session:
-        ended = session.execute(base.where(PodRow.finished_s > watermark, PodRow.finished_s <= mark)).all()
-        still = session.execute(base.where(or_(PodRow.finished_s.is_(None), PodRow.finished_s > mark))).all()
+        ended = session.execute(_ENDED_ROWS, params).all()
+        still = session.execute(_OPEN_ROWS, params).all()
     return ended, still
 
 

@@ -18,7 +18,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import Connection, Update, bindparam, event, insert, select, update
+from sqlalchemy import Connection, Select, Update, bindparam, event, insert, select, update
 from sqlalchemy.orm import Session
 from sqlalchemy.orm.base import NO_VALUE
 
@@ -124,6 +124,14 @@ def _update_for(columns: tuple[str, ...]) -> Update:
     ).values(values)
 
 
+@functools.cache
+def _lock_for(expected: tuple[str, ...]) -> Select[Any]:
+    """The rows' statuses and `expected` columns, locked in id order (built once per shape)."""
+    return (select(_WORKLOADS.c.id, _WORKLOADS.c.status, *(_WORKLOADS.c[name] for name in expected))
+            .where(_WORKLOADS.c.id.in_(bindparam("ids", expanding=True)))
+            .order_by(_WORKLOADS.c.id).with_for_update())
+
+
 class LostMoves(RuntimeError):
     """Rows locked by `apply_moves` did not take its UPDATE: a bug, the transaction rolls back."""
 
@@ -148,9 +156,7 @@ def apply_moves(conn: Connection, moves: Sequence[Move]) -> list[Move]:
         return refused
     ids = sorted({m.workload_id for m in legal})
     expected = sorted({name for m in legal for name, _ in m.expect})
-    read = conn.execute(
-        select(_WORKLOADS.c.id, _WORKLOADS.c.status, *(_WORKLOADS.c[name] for name in expected))
-        .where(_WORKLOADS.c.id.in_(ids)).order_by(_WORKLOADS.c.id).with_for_update()).all()
+    read = conn.execute(_lock_for(tuple(expected)), {"ids": ids}).all()
     now_in: dict[str, Any] = {row.id: row for row in read}
 
     def holds(move: Move) -> bool:

@@ -111,8 +111,11 @@ _QUEUE_COLUMNS = (QueueRow.tenant, QueueRow.name, QueueRow.quota_device_milli, Q
                   QueueRow.borrowing_limit_milli, QueueRow.lending_limit_milli, QueueRow.weight)
 
 
+_READ_QUEUES = select(*_QUEUE_COLUMNS)  # built once: every cycle reads it
+
+
 def read_queues(conn: Connection) -> list[QueueQuota]:
-    rows = conn.execute(select(*_QUEUE_COLUMNS))
+    rows = conn.execute(_READ_QUEUES)
     return [QueueQuota(tenant, name, quota, cohort or "", borrowing, lending, float(weight))
             for tenant, name, quota, cohort, borrowing, lending, weight in rows]
 
