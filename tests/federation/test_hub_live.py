@@ -16,6 +16,7 @@ from gpupool.client import Client
 from gpupool.federation.hub import FEDERATION_ID_ENV
 from gpupool.federation.loopback import Federation, copies, start_federation, until
 from ports import free_port
+from server.upproc import spawn_gpupool
 
 pytestmark = pytest.mark.slow
 LONG = {"GPUPOOL_FAKE_DURATION_S": "3600"}
@@ -23,7 +24,8 @@ LONG = {"GPUPOOL_FAKE_DURATION_S": "3600"}
 
 @pytest.fixture(scope="module")
 def fed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Federation]:
-    federation = start_federation(tmp_path_factory.mktemp("fed"), ghost=True, free_port=free_port)
+    federation = start_federation(tmp_path_factory.mktemp("fed"), ghost=True, free_port=free_port,
+                                  spawn=spawn_gpupool)
     yield federation
     federation.stop()
 

@@ -17,6 +17,7 @@ import pytest
 from gpupool.client import Client
 from gpupool.federation.loopback import UNCUT, Federation, Proc, copies, cut_link, start_federation, until
 from ports import free_port
+from server.upproc import spawn_gpupool
 
 pytestmark = [pytest.mark.slow,
               pytest.mark.skipif(os.geteuid() != 0 or shutil.which("iptables") is None,
@@ -27,7 +28,8 @@ LONG = {"GPUPOOL_FAKE_DURATION_S": "3600"}
 @pytest.fixture(scope="module")
 def fed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Federation]:
     federation = start_federation(tmp_path_factory.mktemp("fedcut"), ("east", "west"), down_after_s=1.0,
-                                  grace_s=5.0, poll_s=0.2, fence_s=4.0, free_port=free_port)
+                                  grace_s=5.0, poll_s=0.2, fence_s=4.0, free_port=free_port,
+                                  spawn=spawn_gpupool)
     yield federation
     federation.stop()
 

@@ -13,6 +13,7 @@ from gpupool.client import Client
 from gpupool.federation.loopback import Federation, copies, start_federation, until
 from gpupool.federation.placement import DATASET_ENV
 from ports import free_port
+from server.upproc import spawn_gpupool
 
 pytestmark = pytest.mark.slow
 LONG = {"GPUPOOL_FAKE_DURATION_S": "3600"}
@@ -22,7 +23,8 @@ LONG = {"GPUPOOL_FAKE_DURATION_S": "3600"}
 def fed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Federation]:
     federation = start_federation(tmp_path_factory.mktemp("fedpol"), ("east", "west"), policy="cheapest",
                                   tenants={"dana": "data-local"}, datasets={"corpus": (50.0, "west")},
-                                  free_port=free_port)
+                                  free_port=free_port,
+                                  spawn=spawn_gpupool)
     yield federation
     federation.stop()
 

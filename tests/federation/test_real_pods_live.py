@@ -18,6 +18,7 @@ from gpupool.client import Client
 from gpupool.errors import NotFound
 from gpupool.federation.loopback import Federation, copies, start_federation, until
 from ports import free_port
+from server.upproc import spawn_gpupool
 
 pytestmark = pytest.mark.slow
 
@@ -40,7 +41,8 @@ time.sleep(3600)
 def fed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Federation]:
     federation = start_federation(tmp_path_factory.mktemp("fedck"), ("east", "west"), provider="local",
                                   simulate="1x2xH100", down_after_s=1.0, grace_s=1.0, poll_s=0.2,
-                                  free_port=free_port)
+                                  free_port=free_port,
+                                  spawn=spawn_gpupool)
     yield federation
     federation.stop()
 

@@ -15,6 +15,7 @@ from pathlib import Path
 import httpx
 
 from cli_inproc import run_cli
+from gpupool.federation.loopback import Process, popen_gpupool
 from ports import free_port
 from zygote import Forked, Zygote, usable
 
@@ -22,6 +23,15 @@ START_TIMEOUT_S = 90.0
 FORKED = os.environ.get("GPUPOOL_TEST_FORK_SERVER", "1") != "0"
 """Whether servers are forked from the worker's fork server by default (GPUPOOL_TEST_FORK_SERVER=0:
 each its own `python -m gpupool.cli.main up`, to compare)."""
+
+
+def spawn_gpupool(argv: list[str], env: dict[str, str], log: Path) -> Process:
+    """A loopback federation's `Spawn` through the worker's fork server, as `UpProcess` starts its
+    servers (a fresh interpreter with GPUPOOL_TEST_FORK_SERVER=0, or where `env` changes how one
+    starts)."""
+    if FORKED and usable(env):
+        return Zygote.shared().spawn(argv, env, log)
+    return popen_gpupool(argv, env, log)
 
 
 def until(predicate: Callable[[], object], timeout_s: float = 60.0, what: str = "condition") -> None:

@@ -11,7 +11,7 @@ import pytest
 
 from gpupool.federation.loopback import Federation, start_federation, until
 from ports import free_port
-from server.upproc import UpProcess
+from server.upproc import UpProcess, spawn_gpupool
 from ui.browser import Watched
 
 pytestmark = pytest.mark.slow
@@ -21,7 +21,8 @@ LONG = {"GPUPOOL_FAKE_DURATION_S": "3600"}
 @pytest.fixture(scope="module")
 def fed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Federation]:
     federation = start_federation(tmp_path_factory.mktemp("fed-ui"), ("east", "west"), ghost=True,
-                                  free_port=free_port)
+                                  free_port=free_port,
+                                  spawn=spawn_gpupool)
     yield federation
     federation.stop()
 

@@ -12,7 +12,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import httpx
 
@@ -22,6 +22,30 @@ ALICE = "alice"
 """The tenant the loopback federation creates on the hub and on every member."""
 
 
+class Process(Protocol):
+    """What the federation needs of a started server: `subprocess.Popen`'s pid, poll and wait."""
+
+    pid: int
+    returncode: int | None
+
+    def poll(self) -> int | None: ...
+
+    def wait(self, timeout: float | None = None) -> int: ...
+
+
+Spawn = Callable[[list[str], dict[str, str], Path], Process]
+"""Starts `gpupool ARGV` with exactly the environment given, stdout and stderr appended to the log
+file given, in a session of its own."""
+
+
+def popen_gpupool(argv: list[str], env: dict[str, str], log: Path) -> Process:
+    """`Spawn` as a new interpreter (the default; the tests hand a fork server's)."""
+    with log.open("ab") as out:
+        return subprocess.Popen([sys.executable, "-m", "gpupool.cli.main", *argv], stdout=out,
+                                stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
+                                env=env)
+
+
 @dataclass
 class Proc:
     name: str
@@ -29,19 +53,17 @@ class Proc:
     data_dir: Path
     args: list[str]
     log: Path
-    process: subprocess.Popen[bytes] | None = None
+    process: Process | None = None
+    spawn: Spawn = popen_gpupool
 
     @property
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
 
     def start(self) -> None:
-        with self.log.open("ab") as out:
-            self.process = subprocess.Popen(
-                [sys.executable, "-m", "gpupool.cli.main", "up", "--data-dir", str(self.data_dir),
-                 "--port", str(self.port), *self.args],
-                stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
-                env={k: v for k, v in os.environ.items() if not k.startswith("GPUPOOL_")})
+        argv = ["up", "--data-dir", str(self.data_dir), "--port", str(self.port), *self.args]
+        self.process = self.spawn(argv, {k: v for k, v in os.environ.items() if not k.startswith("GPUPOOL_")},
+                                  self.log)
 
     def kill(self) -> None:
         """SIGKILL: the member dies with whatever it held (its pods are fake, so they die with it)."""
@@ -127,17 +149,18 @@ def start_federation(root: Path, names: tuple[str, ...] = ("east", "west", "nort
                      regions: tuple[str, ...] = (), tenants: dict[str, str] | None = None,
                      datasets: dict[str, tuple[float, str]] | None = None,
                      provider: str = "fake", fence_s: float | None = None,
-                     free_port: Callable[[], int] = free_port) -> Federation:
+                     free_port: Callable[[], int] = free_port, spawn: Spawn = popen_gpupool) -> Federation:
     """Members `names` (alice's home: the first; member i's GPU-hour at 1.0 - 0.1 i) and a hub over
     them; with `ghost`, one more member whose URL nothing answers (the hub starts anyway and says so).
     `tenants`: more tenants (home: the first member) -> their own policy; `datasets`: name -> (size in
     GB, the member holding it); `provider`: the members' (local: their pods are real processes);
     `fence_s`: the members' federation.fence; `free_port`: where each server's port comes from (the
-    tests hand their own: a port-0 bind closed again may be taken before the server binds it)."""
+    tests hand their own: a port-0 bind closed again may be taken before the server binds it);
+    `spawn`: how each server is started (a member started again after a kill too)."""
     fed = Federation(root)
     try:
         _start(fed, names, simulate, ghost, down_after_s, grace_s, poll_s, policy, regions, tenants or {},
-               datasets or {}, provider, fence_s, free_port)
+               datasets or {}, provider, fence_s, free_port, spawn)
     except BaseException:
         fed.stop()
         raise
@@ -147,7 +170,8 @@ def start_federation(root: Path, names: tuple[str, ...] = ("east", "west", "nort
 def _start(fed: Federation, names: tuple[str, ...], simulate: str, ghost: bool, down_after_s: float,
            grace_s: float, poll_s: float, policy: str, regions: tuple[str, ...], tenants: dict[str, str],
            datasets: dict[str, tuple[float, str]], provider: str = "fake",
-           fence_s: float | None = None, free_port: Callable[[], int] = free_port) -> None:
+           fence_s: float | None = None, free_port: Callable[[], int] = free_port,
+           spawn: Spawn = popen_gpupool) -> None:
     root = fed.root
     pool_config: list[str] = []
     if fence_s is not None:
@@ -158,7 +182,7 @@ def _start(fed: Federation, names: tuple[str, ...], simulate: str, ghost: bool, 
         data.mkdir(mode=0o700, parents=True)
         fed.members.append(Proc(name, free_port(), data, ["--provider", provider, "--simulate", simulate,
                                                           "--placement", "first-fit", *pool_config],
-                                root / f"{name}.log"))
+                                root / f"{name}.log", spawn=spawn))
     for proc in fed.members:
         proc.start()
     lines = [f"policy: {policy}", f"member_down_after_s: {down_after_s}", f"requeue_grace_s: {grace_s}",
@@ -191,7 +215,8 @@ def _start(fed: Federation, names: tuple[str, ...], simulate: str, ghost: bool, 
     (root / "fed.yaml").write_text("\n".join(lines) + "\n")
     hub_dir = root / "hub"
     hub_dir.mkdir(mode=0o700)
-    fed.hub = Proc("hub", free_port(), hub_dir, ["--federation", str(root / "fed.yaml")], root / "hub.log")
+    fed.hub = Proc("hub", free_port(), hub_dir, ["--federation", str(root / "fed.yaml")], root / "hub.log",
+                   spawn=spawn)
     fed.hub.start()
     fed.hub.wait_up()
     with fed.hub.admin() as api:
