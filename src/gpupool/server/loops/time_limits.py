@@ -49,7 +49,7 @@ class TimeLimits:
             return 0
         self._next_check_s = now + LIMIT_CHECK_S
         with self.rt.store.read() as session:  # most checks find none: no write transaction then
-            if session.scalar(_ANY_OVERDUE, {"now": now}) is None:
+            if session.connection().scalar(_ANY_OVERDUE, {"now": now}) is None:  # Core: no ORM work
                 return 0
         to_stop: list[tuple[str, float]] = []
         ended: list[str] = []
