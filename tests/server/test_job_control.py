@@ -3,8 +3,11 @@ release, update while pending, requeue, and what a hostile tenant can and cannot
 
 from __future__ import annotations
 
+import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from fakes import ManualProvider
@@ -12,9 +15,17 @@ from fakes import ManualProvider
 from conftest import Server, make_runtime
 from factories import node
 from gpupool.api.dependency_spec import parse_dependency
-from gpupool.api.tenants import QueueCreate, TenantCreate
+from gpupool.api.tenants import QueueCreate, TenantCreate, TenantUpdate
 from gpupool.api.workloads import WorkloadSpec, WorkloadUpdate
-from gpupool.errors import Conflict, Forbidden, InvalidInput, NotFound, PriorityNotAllowed, QuotaExceeded
+from gpupool.errors import (
+    Conflict,
+    Forbidden,
+    InvalidInput,
+    NotFound,
+    PriorityNotAllowed,
+    QuotaExceeded,
+    TooManyPending,
+)
 from gpupool.server.auth import Principal
 from gpupool.server.loops.control import ControlLoop
 from gpupool.server.loops.snapshot import WorkloadCache, load
@@ -265,6 +276,64 @@ def test_requeue_of_running_work_stops_it_and_places_it_again(pool: Pool) -> Non
     assert "requeued_by_user" in [e.reason for e in workloads.events(rt, A, wid)]
     with pytest.raises(Conflict, match="only admitted or running work can be requeued"):
         jobs.requeue(rt, A, _submit(rt, dependency=f"afterok:{wid}"))
+
+
+def test_a_tenants_requeue_is_refused_at_its_max_pending_and_the_admins_is_not(pool: Pool) -> None:
+    """A requeue gives the tenant one more pending workload: at its max_pending it is refused as a
+    submission is (429), so running work cannot be requeued past the limit; once room appears it
+    goes through, and the admin's requeue is not limited."""
+    rt, provider, loop = pool
+    tenants.update_tenant(rt, ADMIN, "team-a", TenantUpdate(max_pending=1))
+    first = _submit(rt)
+    loop.step()
+    second = _submit(rt)
+    loop.step()
+    assert (_status(rt, first), _status(rt, second)) == ("running", "running")
+    waiting = _submit(rt, gpus=2)  # the pool is full: it waits, the tenant's one pending workload
+    with pytest.raises(TooManyPending, match=f"^Tenant team-a already has 1 pending workload and its limit "
+                                             f"is 1, so {first} was not requeued; wait until"):
+        jobs.requeue(rt, A, first)
+    assert _status(rt, first) == "running" and provider.stopped == []
+    workloads.cancel(rt, A, waiting)
+    assert jobs.requeue(rt, A, first).status == "pending"  # room again
+    with pytest.raises(TooManyPending):
+        jobs.requeue(rt, A, second)
+    assert jobs.requeue(rt, ADMIN, second).status == "pending"
+
+
+def test_two_requeues_at_once_cannot_both_take_the_last_pending_place(
+        pool: Pool, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each requeue counts the tenant's pending work under its tenant row's lock (PostgreSQL runs
+    the two transactions at once): with one place left, one requeue goes through and the other is
+    refused, even with each held for 0.3 s between its count and its write."""
+    rt, _, loop = pool
+    tenants.update_tenant(rt, ADMIN, "team-a", TenantUpdate(max_pending=1))
+    first = _submit(rt)
+    loop.step()
+    second = _submit(rt)
+    loop.step()
+    visible = workloads._visible
+
+    def slow(*args: Any, **kwargs: Any) -> Any:
+        time.sleep(0.3)  # after the count, before the row is written
+        return visible(*args, **kwargs)
+
+    monkeypatch.setattr(workloads, "_visible", slow)
+    outcomes: list[str] = []
+
+    def requeue(wid: str) -> None:
+        try:
+            outcomes.append(jobs.requeue(rt, A, wid).status)
+        except TooManyPending:
+            outcomes.append("refused")
+
+    threads = [threading.Thread(target=requeue, args=(wid,)) for wid in (first, second)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=30)
+    assert sorted(outcomes) == ["pending", "refused"], outcomes
+    assert sorted([_status(rt, first), _status(rt, second)]) == ["pending", "running"]
 
 
 def test_the_schedulers_read_leaves_out_held_and_waiting_work(pool: Pool) -> None:

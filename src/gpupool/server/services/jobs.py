@@ -13,13 +13,21 @@ from __future__ import annotations
 from typing import Any
 
 from pydantic import ValidationError
+from sqlalchemy import bindparam, func, select
 
 from gpupool.api.events import EventReason
 from gpupool.api.workloads import WorkloadOut, WorkloadSpec, WorkloadUpdate
 from gpupool.core.model import WorkloadStatus
-from gpupool.errors import Conflict, Forbidden, InvalidInput, PriorityNotAllowed, QuotaExceeded
+from gpupool.errors import (
+    Conflict,
+    Forbidden,
+    InvalidInput,
+    PriorityNotAllowed,
+    QuotaExceeded,
+    TooManyPending,
+)
 from gpupool.server.auth import Principal
-from gpupool.server.orm import QueueRow, WorkloadRow
+from gpupool.server.orm import QueueRow, TenantRow, WorkloadRow
 from gpupool.server.runtime import Runtime
 from gpupool.server.services import audit
 from gpupool.server.services import workloads as workload_service
@@ -155,6 +163,8 @@ def requeue(rt: Runtime, who: Principal, workload_id: str, *, hold_after: bool =
     with `hold_after` it waits held there. Its pods are stopped after the commit."""
     now = rt.clock()
     with rt.store.write() as session:
+        if who.tenant is not None:
+            _room_for_one_more(session, who.tenant, workload_id)
         row = workload_service._visible(session, who, workload_id, lock=True)
         if row.status not in (WorkloadStatus.ADMITTED.value, WorkloadStatus.RUNNING.value):
             raise Conflict(f"Workload {workload_id} is {row.status}; only admitted or running work can be "
@@ -170,6 +180,28 @@ def requeue(rt: Runtime, who: Principal, workload_id: str, *, hold_after: bool =
     stop_after_commit(rt, to_stop, now)  # a launch no worker has begun is taken back
     rt.capacity_may_have_changed()
     return workload_service.get(rt, who, workload_id)
+
+
+_MAX_PENDING = select(TenantRow.max_pending).where(TenantRow.name == bindparam("tenant")).with_for_update()
+_PENDING_COUNT = select(func.count()).select_from(WorkloadRow).where(
+    WorkloadRow.tenant == bindparam("tenant"), WorkloadRow.status == _PENDING)
+
+
+def _room_for_one_more(session: Any, tenant: str, workload_id: str) -> None:
+    """A tenant's requeue gives it one more pending workload, so its max_pending holds as for a
+    submission: refused (429) at the limit. The tenant's row is locked first, as a submission locks
+    it (PostgreSQL; SQLite's write transaction is exclusive), so two requeues, or a requeue and a
+    submission, cannot both take the last place. The admin's requeue is not limited."""
+    limit = session.scalar(_MAX_PENDING, {"tenant": tenant})
+    if limit is None:
+        return
+    pending = int(session.scalar(_PENDING_COUNT, {"tenant": tenant}) or 0)
+    if pending >= limit:
+        raise TooManyPending(
+            f"Tenant {tenant} already has {pending} pending workload{'' if pending == 1 else 's'} and its "
+            f"limit is {limit}, so "
+            f"{workload_id} was not requeued; wait until some start or cancel some, or ask the admin "
+            f"(gpupool tenant set {tenant} --max-pending N).", tenant=tenant, max_pending=limit)
 
 
 def read_checkpoint(rt: Runtime, who: Principal, workload_id: str, since_s: float | None,
