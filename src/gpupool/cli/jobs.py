@@ -107,12 +107,13 @@ def requeue(
     hold_: Annotated[bool, typer.Option("--hold", help="Hold it once back in pending.")] = False,
 ) -> None:
     """Stop admitted or running workloads and send them back to pending (Slurm's requeue); they are
-    placed again like any pending work, resuming from their checkpoints.
+    placed again like any pending work, resuming from their checkpoints. A tenant's requeue counts
+    against its max_pending, as a submission does.
 
     Example: gpupool requeue w-1a2b --hold
 
-    Exit codes: 0 requeued, 2 bad usage, an ambiguous prefix or not admitted/running, 3 not found
-    (or another tenant's), 4 server unreachable.
+    Exit codes: 0 requeued, 2 bad usage, an ambiguous prefix, not admitted/running or the tenant at
+    its max_pending, 3 not found (or another tenant's), 4 server unreachable.
     """
     _each(workload_ids, lambda pool, wid: pool.requeue(wid, hold=hold_))
 
