@@ -278,17 +278,24 @@ def test_requeue_of_running_work_stops_it_and_places_it_again(pool: Pool) -> Non
         jobs.requeue(rt, A, _submit(rt, dependency=f"afterok:{wid}"))
 
 
-def test_a_tenants_requeue_is_refused_at_its_max_pending_and_the_admins_is_not(pool: Pool) -> None:
-    """A requeue gives the tenant one more pending workload: at its max_pending it is refused as a
-    submission is (429), so running work cannot be requeued past the limit; once room appears it
-    goes through, and the admin's requeue is not limited."""
-    rt, provider, loop = pool
+def _two_running_at_a_limit_of_one(pool: Pool) -> tuple[str, str]:
+    """Team-a with max_pending 1 and two workloads running, each submitted while none waited."""
+    rt, _, loop = pool
     tenants.update_tenant(rt, ADMIN, "team-a", TenantUpdate(max_pending=1))
     first = _submit(rt)
     loop.step()
     second = _submit(rt)
     loop.step()
     assert (_status(rt, first), _status(rt, second)) == ("running", "running")
+    return first, second
+
+
+def test_a_tenants_requeue_is_refused_at_its_max_pending_and_the_admins_is_not(pool: Pool) -> None:
+    """A requeue gives the tenant one more pending workload: at its max_pending it is refused as a
+    submission is (429), so running work cannot be requeued past the limit; once room appears it
+    goes through, and the admin's requeue is not limited."""
+    rt, provider, _ = pool
+    first, second = _two_running_at_a_limit_of_one(pool)
     waiting = _submit(rt, gpus=2)  # the pool is full: it waits, the tenant's one pending workload
     with pytest.raises(TooManyPending, match=f"^Tenant team-a already has 1 pending workload and its limit "
                                              f"is 1, so {first} was not requeued; wait until"):
@@ -306,12 +313,8 @@ def test_two_requeues_at_once_cannot_both_take_the_last_pending_place(
     """Each requeue counts the tenant's pending work under its tenant row's lock (PostgreSQL runs
     the two transactions at once): with one place left, one requeue goes through and the other is
     refused, even with each held for 0.3 s between its count and its write."""
-    rt, _, loop = pool
-    tenants.update_tenant(rt, ADMIN, "team-a", TenantUpdate(max_pending=1))
-    first = _submit(rt)
-    loop.step()
-    second = _submit(rt)
-    loop.step()
+    rt = pool[0]
+    first, second = _two_running_at_a_limit_of_one(pool)
     visible = workloads._visible
 
     def slow(*args: Any, **kwargs: Any) -> Any:
