@@ -10,5 +10,18 @@ python="${VENV_PYTHON:-.venv/bin/python}"
 if "$python" -c "import torch.distributed" >/dev/null 2>&1; then
     exit 0
 fi
+# With uv (which `make venv` installs into .venv) where pip is told of a wheel directory: 5.5 s
+# against pip's 10 s on 2 cores, bytecode compiled as pip compiles it, and `make test`'s pytest
+# waits for it. uv does not read pip's configuration, so the directories are handed over.
+uv="$(dirname "$python")/uv"
+links="${PIP_FIND_LINKS:-$("$python" -m pip config get global.find-links 2>/dev/null || true)}"
+if [ -x "$uv" ] && [ -n "$links" ]; then
+    args=()
+    for link in $links; do args+=(--find-links "$link"); done
+    if "$uv" pip install --python "$python" --quiet --no-index --no-deps --compile-bytecode "${args[@]}" \
+            "torch==2.13.0" >/dev/null 2>&1; then
+        exit 0
+    fi
+fi
 "$python" -m pip install --quiet --no-index --no-deps "torch==2.13.0" >/dev/null 2>&1 \
     || echo "torch-deps: no local torch 2.13.0 wheel; the torchrun test will skip." >&2
