@@ -6,6 +6,7 @@ The tests share one cluster (conftest.pool) and run in file order; the last one 
 from __future__ import annotations
 
 import os
+import stat
 import subprocess
 import sys
 from pathlib import Path
@@ -79,6 +80,21 @@ def test_ray_processes_run_without_the_memory_monitor_and_with_their_own_cuda_ha
     assert head is not None and len(str(head.temp_dir)) < 30
     sockets = list(head.temp_dir.glob("session_*/sockets/*"))
     assert sockets and all(len(str(s)) < 107 for s in sockets)
+
+
+def test_no_other_account_can_reach_a_nodes_ray_sockets_and_logs(pool: RayProvider) -> None:
+    """Ray makes its temp dir and the session's sockets and logs directories writable by everyone
+    (no sticky bit): a pod running as a tenant's account could delete or replace the raylet's
+    sockets, or plant names among the logs Ray's processes open. Each node's temp dir sits in a
+    directory only the pool's account may enter."""
+    nodes = [pool._head, *(j.process for j in pool.joined)]
+    assert all(node is not None for node in nodes) and len(nodes) >= 2
+    for node in nodes:
+        assert node is not None
+        assert list(node.temp_dir.glob("session_*/sockets/*")), node.temp_dir
+        private = node.temp_dir.parent
+        assert private.name.startswith("gpr-") and private.stat().st_uid == os.geteuid()
+        assert stat.S_IMODE(private.stat().st_mode) == 0o700, oct(private.stat().st_mode)
 
 
 def test_each_pod_runs_on_the_node_asked_with_the_environment_gpupool_built(pool: RayProvider) -> None:

@@ -91,7 +91,9 @@ def test_temp_dirs_are_short_and_those_of_dead_processes_are_removed(tmp_path: P
         socket_path = f"{real}/session_2026-01-01_00-00-00_000000_4194304/sockets/plasma_store"
         assert len(socket_path) < 107
     finally:
-        real.rmdir()
+        cluster.remove_temp_dir(real)
+    assert not real.parent.exists() and real.parent.name.startswith("gpr-")
+
 
 
 def test_a_head_dies_with_the_process_that_started_it(tmp_path: Path) -> None:

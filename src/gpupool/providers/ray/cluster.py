@@ -98,14 +98,29 @@ def clean_stale_temp_dirs(root: Path = TEMP_ROOT) -> list[Path]:
 
 
 def short_temp_dir(root: Path = TEMP_ROOT) -> Path:
-    """A new temp dir for one Ray process, named by this process's pid (for the clean-up)."""
+    """A new temp dir for one Ray process: `ray` inside a directory only its owner may enter, named
+    by this process's pid (for the clean-up). Ray makes its temp dir and the session's
+    directories in it (sockets, logs) writable by everyone, without the sticky bit, so that many
+    users can share one: on a node where pods run as tenants' accounts, any pod could then delete or
+    replace the raylet's sockets, or plant names among the logs Ray's processes (the server's
+    account) open. The private parent keeps every other account out of all of it."""
     clean_stale_temp_dirs(root)
     with _counter_lock:
         n = next(_counter)
-    path = root / f"{TEMP_PREFIX}{os.getpid()}-{n}"
-    shutil.rmtree(path, ignore_errors=True)
-    path.mkdir(mode=0o700, parents=True)
+    private = root / f"{TEMP_PREFIX}{os.getpid()}-{n}"
+    shutil.rmtree(private, ignore_errors=True)
+    private.mkdir(mode=0o700, parents=True)
+    os.chmod(private, 0o700)  # whatever the umask
+    path = private / "ray"
+    path.mkdir(mode=0o700)
     return path
+
+
+def remove_temp_dir(path: Path) -> None:
+    """Remove a temp dir `short_temp_dir` made, with its private parent."""
+    shutil.rmtree(path, ignore_errors=True)
+    if _TEMP_NAME.match(path.parent.name):
+        shutil.rmtree(path.parent, ignore_errors=True)
 
 
 _WATCHED_CLI = """\
@@ -205,7 +220,7 @@ class RayProcess:
                 os.killpg(self._proc.pid, signal.SIGKILL)
             with contextlib.suppress(subprocess.TimeoutExpired):
                 self._proc.wait(timeout=10)
-        shutil.rmtree(self.temp_dir, ignore_errors=True)
+        remove_temp_dir(self.temp_dir)
 
 
 def _group_alive(pgid: int) -> bool:
