@@ -2,9 +2,9 @@
 
 Each is one `ray start --block` in a process group of its own, so stopping it (SIGTERM, a grace,
 then SIGKILL of the group) takes every Ray process it started and nothing else; `ray stop` would
-kill every Ray process of the machine. Each gets a short temp dir, /tmp/gpr-<pid>-<n> (Ray's Unix
-sockets live there, and a socket path may not exceed 107 bytes); directories left by processes that
-no longer exist are removed at the next start.
+kill every Ray process of the machine. Each gets a short temp dir, /tmp/gpr-<pid>-<n>/ray, whose
+parent only the pool's account may enter (Ray's Unix sockets live there, and a socket path may not
+exceed 107 bytes); directories left by processes that no longer exist are removed at the next start.
 """
 
 from __future__ import annotations
