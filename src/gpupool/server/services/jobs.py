@@ -13,7 +13,6 @@ from __future__ import annotations
 from typing import Any
 
 from pydantic import ValidationError
-from sqlalchemy import bindparam, func, select
 
 from gpupool.api.events import EventReason
 from gpupool.api.workloads import WorkloadOut, WorkloadSpec, WorkloadUpdate
@@ -27,7 +26,7 @@ from gpupool.errors import (
     TooManyPending,
 )
 from gpupool.server.auth import Principal
-from gpupool.server.orm import QueueRow, TenantRow, WorkloadRow
+from gpupool.server.orm import QueueRow, WorkloadRow
 from gpupool.server.runtime import Runtime
 from gpupool.server.services import audit
 from gpupool.server.services import workloads as workload_service
@@ -35,6 +34,7 @@ from gpupool.server.services.events import transition
 from gpupool.server.services.requeue import requeue as requeue_row
 from gpupool.server.services.requeue import stop_after_commit
 from gpupool.server.services.specs import CAPACITY, check_fits, to_workload
+from gpupool.server.services.submit_writer import max_pending_fix, pending_room
 
 _PENDING = WorkloadStatus.PENDING.value
 
@@ -182,26 +182,20 @@ def requeue(rt: Runtime, who: Principal, workload_id: str, *, hold_after: bool =
     return workload_service.get(rt, who, workload_id)
 
 
-_MAX_PENDING = select(TenantRow.max_pending).where(TenantRow.name == bindparam("tenant")).with_for_update()
-_PENDING_COUNT = select(func.count()).select_from(WorkloadRow).where(
-    WorkloadRow.tenant == bindparam("tenant"), WorkloadRow.status == _PENDING)
-
-
 def _room_for_one_more(session: Any, tenant: str, workload_id: str) -> None:
     """A tenant's requeue gives it one more pending workload, so its max_pending holds as for a
-    submission: refused (429) at the limit. The tenant's row is locked first, as a submission locks
-    it (PostgreSQL; SQLite's write transaction is exclusive), so two requeues, or a requeue and a
-    submission, cannot both take the last place. The admin's requeue is not limited."""
-    limit = session.scalar(_MAX_PENDING, {"tenant": tenant})
-    if limit is None:
+    submission: refused (429) at the limit, counted as a submission counts (`pending_room`: the
+    tenant's row locked first), so two requeues, or a requeue and a submission, cannot both take the
+    last place. The admin's requeue is not limited."""
+    room = pending_room(session.connection(), tenant)
+    if room is None:
         return
-    pending = int(session.scalar(_PENDING_COUNT, {"tenant": tenant}) or 0)
+    pending, limit = room
     if pending >= limit:
         raise TooManyPending(
             f"Tenant {tenant} already has {pending} pending workload{'' if pending == 1 else 's'} and its "
-            f"limit is {limit}, so "
-            f"{workload_id} was not requeued; wait until some start or cancel some, or ask the admin "
-            f"(gpupool tenant set {tenant} --max-pending N).", tenant=tenant, max_pending=limit)
+            f"limit is {limit}, so {workload_id} was not requeued; {max_pending_fix(tenant)}.",
+            tenant=tenant, max_pending=limit)
 
 
 def read_checkpoint(rt: Runtime, who: Principal, workload_id: str, since_s: float | None,

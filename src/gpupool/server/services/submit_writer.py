@@ -148,9 +148,21 @@ def _queues_and_room(conn: Connection, tenants: list[str]
     return quotas, room
 
 
+def pending_room(conn: Connection, tenant: str) -> tuple[int, int] | None:
+    """(pending now, max_pending) of `tenant`, counted as a submission counts it: after its row is
+    locked (PostgreSQL), so a concurrent writer's count waits for this transaction. None for a
+    tenant with no queue (so none it could submit to)."""
+    return _queues_and_room(conn, [tenant])[1].get(tenant)
+
+
+def max_pending_fix(tenant: str) -> str:
+    """What a tenant at its max_pending may do, as every refusal of it says."""
+    return ("wait until some start or cancel some, or ask the admin "
+            f"(gpupool tenant set {tenant} --max-pending N)")
+
+
 def _too_many(tenant: str, limit: int, pending: int, count: int) -> TooManyPending:
-    fix = ("wait until some start or cancel some, or ask the admin "
-           f"(gpupool tenant set {tenant} --max-pending N)")
+    fix = max_pending_fix(tenant)
     if count == 1:
         return TooManyPending(f"Tenant {tenant} already has {limit} pending workloads, its limit; {fix}.",
                               tenant=tenant, max_pending=limit)
