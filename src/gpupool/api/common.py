@@ -59,11 +59,7 @@ ArgText = Annotated[str, Field(max_length=65536), AfterValidator(_text_without_c
 and carriage return (a script given to `sh -c` needs those)."""
 
 
-def _line_without_control(value: str) -> str:
-    return refuse_control(value)
-
-
-LineText = Annotated[str, AfterValidator(_line_without_control)]
+LineText = Annotated[str, AfterValidator(refuse_control)]
 """A one-line free text a person reads (a reason, a note): no control character at all, so it can
 disguise nothing in a listing and send no escape sequence to a terminal that prints it."""
 

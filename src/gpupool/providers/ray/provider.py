@@ -304,20 +304,22 @@ class RayProvider(Provider):
             tracked = self._pods.get(pod_id)
         if tracked is None:
             raise NotFound(f"No pod {pod_id!r} on the Ray cluster.")
+        def ask() -> LogChunk:
+            chunk: LogChunk = ray.get(self._carriers[tracked.carrier].log_ref(tracked, stream, offset),
+                                      timeout=CALL_TIMEOUT_S)
+            return chunk
+
         try:
             released = tracked.released
             try:
-                chunk: LogChunk = ray.get(self._carriers[tracked.carrier].log_ref(tracked, stream, offset),
-                                          timeout=CALL_TIMEOUT_S)
+                return ask()
             except ray.exceptions.RayError as exc:
                 if released or not tracked.released or isinstance(_cause(exc), GpupoolError):
                     raise
                 # The monitor released the pod while it was asked (an actor carrier's actor then
                 # exits before the call reaches it): its carrier now sends the call where a
                 # released pod's log is read, the node agent.
-                chunk = ray.get(self._carriers[tracked.carrier].log_ref(tracked, stream, offset),
-                                timeout=CALL_TIMEOUT_S)
-            return chunk
+                return ask()
         except ray.exceptions.RayError as exc:
             cause = _cause(exc)
             if isinstance(cause, GpupoolError):
