@@ -342,3 +342,33 @@ def test_two_agents_on_one_host_never_sweep_each_others_pods(tmp_path: Path) -> 
     finally:
         first.close(stop_pods=True, grace_s=0.5)
         second.close(stop_pods=True, grace_s=0.5)
+
+
+def test_two_writers_of_one_state_file_never_take_each_others_file(tmp_path: Path) -> None:
+    # Two agents over one node directory (a deposed leader's and the new one's) may both reap an
+    # adopted pod and write its state file at once; here two processes do, 300 times each.
+    path = tmp_path / "state.json"
+    texts = ['{"writer": "a", "pad": "' + "a" * 4000 + '"}', '{"writer": "b", "pad": "' + "b" * 9000 + '"}']
+    children = []
+    for text in texts:
+        pid = os.fork()
+        if pid == 0:  # pragma: no cover - the child
+            code = 0
+            try:
+                for _ in range(300):
+                    podstate.write_atomic(path, text)
+            except BaseException:
+                code = 1
+            os._exit(code)
+        children.append(pid)
+    seen: set[str] = set()
+    codes: dict[int, int] = {}
+    while len(codes) < len(children):
+        if path.exists():
+            seen.add(path.read_text())  # never torn, never empty: one writer's whole text
+        for pid in children:
+            if pid not in codes and (done := os.waitpid(pid, os.WNOHANG))[0] == pid:
+                codes[pid] = os.waitstatus_to_exitcode(done[1])
+    assert list(codes.values()) == [0, 0]
+    assert seen <= set(texts)
+    assert not [p.name for p in tmp_path.iterdir() if p.name != "state.json"]  # no temporary left

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import threading
 from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, ValidationError
@@ -62,8 +63,11 @@ def write_atomic(path: Path, text: str) -> None:
     stale after a power loss is reported lost, never started twice. An fsync per write cost about
     30 ms per launch and bounded a node to a few dozen short pods per second (docs/isolation.md).
     """
-    # A fixed temporary name: writes to one path are serialised by the caller (the runner's lock).
-    tmp = path.with_name(f".{path.name}.tmp")
+    # A temporary name of this writer's own. One runner's writes to a path are serialised by its
+    # lock, but two runners may share a node's directory (a deposed leader's agent and the new
+    # one's, each reaping the same adopted pod): with one fixed name, one writer's rename took the
+    # other's file away (ENOENT), or published a file the other had just truncated.
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_native_id()}.tmp")
     try:
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         try:
