@@ -17,11 +17,13 @@ kept view compares it with what it holds).
 
 `--path server` hands what `gpupool up`'s scheduling loop hands a full pass (every cycle here is
 one: work ends before each): its pending read, the waiting workloads in the store's order (the
-read itself not timed; at most --server-limit of them, first in that order, as the server reads at
-most `MAX_PENDING_PER_CYCLE`), kept in the loop's `StoreQueue` and checked against that read
-(`KeptPending.follow`, timed apart: `follow_median_ms`), and its cache's allocation changes; on a
-checkout from before the loop kept them, the read as a fresh list and whole snapshots. The store,
-its reads and writes are not in it: only the core cycle and what the loop hands it.
+read itself not timed; at most --server-limit of them, as the server reads at most
+`MAX_PENDING_PER_CYCLE`: while more wait, each priority in turn with the tenants taking turns
+within it where the server does, else the first in that order), kept in the loop's `StoreQueue`
+and checked against that read (`KeptPending.follow`, timed apart: `follow_median_ms`), and its
+cache's allocation changes; on a checkout from before the loop kept them, the read as a fresh list
+and whole snapshots. The store, its reads and writes are not in it: only the core cycle and what
+the loop hands it.
 
 The kept view's cycle is also timed in CPU time (`kept_cpu_median_ms`: the thread's CPU seconds,
 which other work on a shared machine stretches far less than the wall clock).
@@ -81,6 +83,10 @@ try:
     from gpupool.server.loops.snapshot import MAX_PENDING_PER_CYCLE
 except ImportError:  # (a checkout from before the server's read was capped)
     MAX_PENDING_PER_CYCLE = 0
+try:  # (a checkout from before a read past the cap let the tenants take turns reads in order)
+    from gpupool.server.loops.snapshot import _taking_turns as _takes_turns
+except ImportError:
+    _takes_turns = None  # type: ignore[assignment]
 
 SHAPES = ((1, 250), (1, 500), (1, 1000), (2, 1000), (8, 1000))
 WEIGHTS = (25, 25, 35, 10, 5)
@@ -127,6 +133,22 @@ def build(nodes: int, pending: int, seed: int) -> tuple[ClusterSnapshot, list[Wo
     return ClusterSnapshot(snapshot.nodes, allocations), waiting
 
 
+def _store_key(w: Workload) -> tuple[int, float, str]:
+    return -w.priority, w.submit_time_s, w.id
+
+
+def _in_turns(read: list[Workload], limit: int) -> list[Workload]:
+    """What the server reads while more waits than it reads (loops/snapshot.py `_taking_turns`): each
+    priority in turn, the tenants taking turns within it; in the store's order."""
+    turns: dict[tuple[str, int], int] = {}
+    ranked = []
+    for w in read:  # in the store's order, so each tenant's in its own
+        turn = turns[w.tenant, w.priority] = turns.get((w.tenant, w.priority), 0) + 1
+        ranked.append((-w.priority, turn, w.submit_time_s, w.id, w))
+    ranked.sort(key=lambda r: r[:4])
+    return sorted((r[4] for r in ranked[:limit]), key=_store_key)
+
+
 class Waiting:
     """The loop's pending work: kept in a `PendingQueue` handed to each cycle as it is (`--queue
     kept`, where the package has one: the cycle reads its log of changes), or in a dict whose list
@@ -159,7 +181,9 @@ class Waiting:
         if self.server is not None:
             # what the server's full pass reads: the first pending workloads in the store's order (the
             # read itself is not timed); its loop hands that list, or its kept queue checked against it
-            read = sorted(self.items.values(), key=lambda w: (-w.priority, w.submit_time_s, w.id))
+            read = sorted(self.items.values(), key=_store_key)
+            if self.server and len(read) >= self.server and _takes_turns is not None:
+                read = _in_turns(read, self.server)
             del read[self.server or len(read):]
             if self.kept is None:
                 return read
@@ -367,8 +391,8 @@ def main() -> int:
         "--server-limit",
         type=int,
         default=MAX_PENDING_PER_CYCLE,
-        help="--path server: at most this many pending workloads read by a full pass, first in the store's "
-        f"order (the server's own: {MAX_PENDING_PER_CYCLE}; 0: all)",
+        help="--path server: at most this many pending workloads read by a full pass, the tenants taking "
+        f"turns within each priority while more wait (the server's own: {MAX_PENDING_PER_CYCLE}; 0: all)",
     )
     parser.add_argument(
         "--fresh",
