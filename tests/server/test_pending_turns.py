@@ -4,6 +4,8 @@ work that cannot start does not keep every other tenant's work unread (loops/sna
 
 from __future__ import annotations
 
+import random
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -85,3 +87,23 @@ def test_work_behind_another_tenants_backlog_is_read_and_starts_when_room_is_mad
         loop.step()
     assert workloads.get(rt, ADMIN, theirs).status == "running"  # read from the store
     assert sum(workloads.get(rt, ADMIN, w).status == "running" for w in backlog) == 1
+
+
+def test_the_cycle_benchmark_reads_as_the_server_does(pool: tuple[Runtime, ManualProvider]) -> None:
+    # bench/cycle_latency.py --path server hands the core what this read hands it: its own copy of
+    # the turns, checked against the store's on a mix of tenants and priorities
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
+    import cycle_latency
+
+    rt, _ = pool
+    rng = random.Random(7)
+    for _ in range(60):
+        _submit(rt, rng.choice("abc"), priority=rng.choice((0, 0, 1, 2)))
+    everything = list(load(rt, WorkloadCache(), limit=1000).pending)
+    assert len({w.tenant for w in everything}) == 3
+    changed = 0
+    for limit in (5, 17, 31, 59):
+        read = [w.id for w in load(rt, WorkloadCache(), limit=limit).pending]
+        assert [w.id for w in cycle_latency._in_turns(everything, limit)] == read
+        changed += read != [w.id for w in everything[:limit]]
+    assert changed  # where the turns read other work than the core's order would
