@@ -1077,19 +1077,28 @@ class _Cycle:
             quota_msg = view.quota.ever_fits(cq, view.metas[w.id].lower)
             if quota_msg is not None:
                 return Reason.QUOTA_EXCEEDED, quota_msg
-        if shape not in view.never_fits_cache and len(w.pods) == 1:
+        cached = shape in view.never_fits_cache
+        policy = (view.policy_for_empty() or self.policy) if len(w.pods) > 1 and not cached else None
+        if not cached and (policy is None or policy.topology is None):
             # One pod fits an empty pool exactly when some node could hold it there (every policy
-            # places a pod that fits somewhere); only gangs need a trial placement.
+            # places a pod that fits somewhere). Without a fabric a gang is placed pod by pod, so it
+            # fits when each of its pods fits on as many nodes of the empty pool as the gang has
+            # pods: each finds a node none of the others took. Only the rest need a trial placement,
+            # which costs a policy such as fgd milliseconds for each distinct shape (a tenant's
+            # thousands of gangs of slightly different shapes made a pass take seconds).
             if self.empty_state is None:
                 self.empty_state = clone_state(view.state, empty=True)
-            if self.empty_state.node_fits(w.pods[0]).any():
+            fits = self.empty_state.node_fits
+            if all(int(np.count_nonzero(fits(pod))) >= len(w.pods) for pod in w.pods):
                 view.never_fits_cache[shape] = None
         if shape not in view.never_fits_cache:
+            if policy is None:  # (a pod that fits no node of the empty pool: the trial words why)
+                policy = view.policy_for_empty() or self.policy
             if self.empty_state is None:  # one empty pool per cycle, given back after each trial
                 self.empty_state = clone_state(view.state, empty=True)
             empty = self.empty_state
             with view.topology.as_built() if view.topology is not None else nullcontext():
-                result = place_gang(w, empty, view.policy_for_empty() or self.policy, random.Random(0))
+                result = place_gang(w, empty, policy, random.Random(0))
             if not isinstance(result, NoFit):
                 release_gang(result, empty)
             view.never_fits_cache[shape] = (
