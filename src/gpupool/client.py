@@ -124,8 +124,9 @@ class Client:
         connect to one is sent to the next, in order, and the one that answered is used from then on."""
         self.url = self.urls[0]
         self.retry_unavailable_s = retry_unavailable_s
-        """How long a request answered 503 with Retry-After (the store restarting; nothing of the
-        request was kept) is sent again before its error is raised; 0: never."""
+        """How long a request answered 503 or 429 with Retry-After (the store restarting, or the
+        tenant past its request rate; nothing of the request was kept) is sent again before its
+        error is raised; 0: never."""
         headers = {"Authorization": f"Bearer {self.token}"} if self.token else {}
         self._http = httpx.Client(base_url=self.url + API, headers=headers, timeout=timeout_s,
                                   transport=transport, verify=_verify(self.url))
@@ -762,9 +763,10 @@ def _sse_events(lines: Iterator[str], model: type[M]) -> Iterator[tuple[int, M |
 
 
 def _retry_after(answer: httpx.Response) -> float | None:
-    """Seconds to wait before sending a request again that was answered 503 with Retry-After (at
-    most 5), else None."""
-    if answer.status_code != 503:
+    """Seconds to wait before sending a request again that was answered 503 or 429 with Retry-After
+    (the store unavailable, or the tenant past its request rate: nothing of it was done; at most
+    5), else None (a 429 for max_pending carries none: waiting alone does not help)."""
+    if answer.status_code not in (503, 429):
         return None
     try:
         return min(5.0, max(0.1, float(answer.headers.get("retry-after", ""))))

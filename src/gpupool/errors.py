@@ -99,6 +99,15 @@ class TooManyPending(GpupoolError):
     exit_code = 2
 
 
+class TooManyRequests(GpupoolError):
+    """The tenant sent more requests than the server's limit for each tenant (server/ratelimit.py);
+    nothing of the request was done: send it again after Retry-After."""
+
+    code = "too_many_requests"
+    http_status = 429
+    exit_code = 2
+
+
 class Unschedulable(GpupoolError):
     code = "unschedulable"
     http_status = 409

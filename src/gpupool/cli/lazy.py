@@ -22,7 +22,7 @@ _help.install()
 EXTRA_OF_MODULE: dict[str, str] = {
     **dict.fromkeys(("fastapi", "fastapi_offline", "starlette", "uvicorn", "sqlalchemy", "alembic", "psycopg",
                      "prometheus_client", "pynvml", "numpy", "scipy", "networkx", "matplotlib",
-                     "cryptography"), "server"),
+                     "cryptography", "limits"), "server"),
     "ray": "ray",
 }
 """The top-level modules of each extra (pyproject.toml): a command that needs one names the extra."""

@@ -11,6 +11,7 @@ module (the server validates the spec; even `json` and `typing` are left out bec
 from __future__ import annotations
 
 import sys
+import time
 
 from gpupool.durations import duration_s
 
@@ -273,16 +274,40 @@ def submit(spec: dict[str, object], url: str | None = None, token: str | None = 
     from gpupool.lite_http import NotPlainHttp, error_from_answer, request
 
     url, token = resolve(url, token)
-    try:
-        status, body = request(url, "POST", "/api/v1/workloads", token, to_json(spec).encode())
-    except NotPlainHttp:
-        from gpupool.client import Client
+    payload = to_json(spec).encode()
+    deadline = time.monotonic() + RATE_RETRY_S
+    while True:
+        try:
+            status, body = request(url, "POST", "/api/v1/workloads", token, payload)
+        except NotPlainHttp:
+            from gpupool.client import Client
 
-        with Client(url, token) as client:
-            return client.submit(spec)
+            with Client(url, token) as client:
+                return client.submit(spec)
+        wait = _rate_wait(status, body)
+        if wait is None or time.monotonic() + wait > deadline:
+            break
+        time.sleep(wait)  # the tenant was past its request rate and nothing was stored: send it again
     if status != 201:
         raise error_from_answer(status, body)
     return created_id(body)
+
+
+RATE_RETRY_S = 30.0
+"""How long a submission refused for the tenant's request rate is sent again (as the client does)."""
+
+
+def _rate_wait(status: int, body: bytes) -> float | None:
+    """Seconds to wait before sending again a submission the server refused for the tenant's request
+    rate (429 too_many_requests; at most 5), else None."""
+    if status != 429 or b'"too_many_requests"' not in body:
+        return None
+    import json
+
+    try:
+        return min(5.0, max(0.1, float(json.loads(body)["details"]["retry_after_s"])))
+    except (ValueError, KeyError, TypeError):
+        return 1.0
 
 
 def created_id(body: bytes) -> str:

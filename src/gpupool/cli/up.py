@@ -17,6 +17,7 @@ from gpupool.server.settings import (
     DEFAULT_MAX_POD_LOG_BYTES,
     DEFAULT_MAX_REQUEST_BODY_BYTES,
     DEFAULT_PORT,
+    DEFAULT_TENANT_REQUEST_RATE,
 )
 
 if TYPE_CHECKING:
@@ -39,6 +40,7 @@ class _Limits:
     serve_host: str = DEFAULT_HOST
     serve_router: str = "auto"
     serve_cold_start_s: float = 60.0
+    tenant_request_rate: str = DEFAULT_TENANT_REQUEST_RATE
 
 
 def up(
@@ -102,6 +104,12 @@ def up(
             "What each log of one pod may hold; beyond it the pod's output is dropped and its log "
             "ends with a line saying so."))
     ] = "1GiB",
+    tenant_request_rate: Annotated[
+        str, typer.Option("--tenant-request-rate", envvar="GPUPOOL_TENANT_REQUEST_RATE", help=(
+            "What each tenant may send to this server's API, in requests per moving window "
+            "(e.g. 100/second;3000/minute); past it a request is answered 429 with Retry-After and "
+            "the gpupool client sends it again. The admin is not counted; 'off': no bound."))
+    ] = DEFAULT_TENANT_REQUEST_RATE,
     agent_dir: Annotated[
         Path | None, typer.Option("--agent-dir", envvar="GPUPOOL_AGENT_DIR", help=(
             "Pods' logs and the agents' state (default: DATA_DIR/agents); put it on another "
@@ -184,7 +192,8 @@ def up(
         limits = _Limits(max_request_body_bytes=parse_size_bytes(max_request_body, "--max-request-body"),
                          max_pod_log_bytes=parse_size_bytes(max_pod_log, "--max-pod-log"),
                          agent_dir=agent_dir, ha=ha, serve_port=serve_port, serve_host=serve_host,
-                         serve_router=serve_router, serve_cold_start_s=serve_cold_start)
+                         serve_router=serve_router, serve_cold_start_s=serve_cold_start,
+                         tenant_request_rate=tenant_request_rate)
         _serve(data_dir, host, port, simulate, provider, database_url, policy or placement or "",
                tls_cert, tls_key, metrics_public, config, fabric_path=fabric, ray_address=ray_address,
                limits=limits)

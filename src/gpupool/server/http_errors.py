@@ -11,7 +11,7 @@ from fastapi.responses import JSONResponse
 from sqlalchemy.exc import OperationalError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from gpupool.errors import Forbidden, GpupoolError, StoreUnavailable
+from gpupool.errors import Forbidden, GpupoolError, StoreUnavailable, TooManyRequests
 from gpupool.server import validation
 from gpupool.server.db import store_unavailable
 
@@ -48,6 +48,8 @@ def gpupool_error_response(exc: GpupoolError) -> JSONResponse:
     headers = {"WWW-Authenticate": "Bearer"} if exc.http_status == 401 else None
     if isinstance(exc, StoreUnavailable) and not exc.details.get("outcome_unknown"):
         headers = {"Retry-After": "1"}  # nothing of the request was stored: the client may send it again
+    elif isinstance(exc, TooManyRequests):  # refused before anything was done: likewise
+        headers = {"Retry-After": str(exc.details.get("retry_after_s", 1))}
     return error_response(status, exc.code, exc.message, _jsonable(exc.details), headers)
 
 

@@ -16,6 +16,7 @@ from gpupool.server.auth import Authenticator
 from gpupool.server.db import Store
 from gpupool.server.held import HeldPods
 from gpupool.server.images import ImageStore
+from gpupool.server.ratelimit import TenantRates
 from gpupool.server.settings import Settings
 
 if TYPE_CHECKING:
@@ -66,9 +67,12 @@ class Runtime:
     _nodes: tuple[Node, ...] = ()
     _nodes_lock: threading.Lock = field(default_factory=threading.Lock)
     auth: Authenticator = field(init=False)
+    tenant_rates: TenantRates = field(init=False)
+    """Each tenant's requests to the API, bounded (server/ratelimit.py)."""
 
     def __post_init__(self) -> None:
         self.auth = Authenticator(self.store, clock=lambda: self.clock())  # expiry on this clock
+        self.tenant_rates = TenantRates(self.settings.tenant_request_rate)
 
     def refresh_nodes(self) -> tuple[Node, ...]:
         """Ask the provider (non-blocking by contract) and keep the answer for readers."""

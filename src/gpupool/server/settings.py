@@ -17,6 +17,8 @@ DEFAULT_SIMULATED_POOL = "2x8xH100"
 DEFAULT_MAX_REQUEST_BODY_BYTES = 2**20
 DEFAULT_MAX_POD_LOG_BYTES = 2**30
 """The agent's DEFAULT_MAX_LOG_BYTES (not imported: the CLI reads this module at start)."""
+DEFAULT_TENANT_REQUEST_RATE = "100/second;3000/minute"
+"""What each tenant may send to one server's API unless GPUPOOL_TENANT_REQUEST_RATE says otherwise."""
 MIN_MAX_REQUEST_BODY_BYTES = 64 * 1024
 """Below this a plain submission with a few environment variables would be refused."""
 MIN_MAX_POD_LOG_BYTES = 4096
@@ -100,6 +102,10 @@ class Settings:
     """auto (HAProxy when installed, else the in-process router), haproxy or in-process."""
     serve_cold_start_s: float = 60.0
     """How long a request for a service with no ready replica is held before a 503."""
+    tenant_request_rate: str = DEFAULT_TENANT_REQUEST_RATE
+    """What each tenant may send to this server's API (server/ratelimit.py;
+    GPUPOOL_TENANT_REQUEST_RATE): requests per moving window, e.g. "100/second;3000/minute";
+    "off": not bounded. The admin's requests are not counted."""
 
     def __post_init__(self) -> None:
         if not 0 < self.port < 65536:
@@ -117,6 +123,9 @@ class Settings:
         if (self.serve_port and not 0 < self.serve_port < 65536) or self.serve_port == self.port:
             raise InvalidInput(f"--serve-port must be between 1 and 65535 and not the API's --port, got "
                                f"{self.serve_port}.")
+        from gpupool.server.ratelimit import parse_rate  # (the library is the server's alone)
+
+        parse_rate(self.tenant_request_rate)  # a sentence saying what was wrong, at start-up
         if self.serve_router not in ("auto", "haproxy", "in-process"):
             raise InvalidInput(f"--serve-router must be auto, haproxy or in-process, "
                                f"not {self.serve_router!r}.")
@@ -226,6 +235,8 @@ class Settings:
                 except ValueError:
                     raise InvalidInput(f"{name} must be a number of seconds, e.g. "
                                        f"{'10' if key == 'lease_s' else '2'}.") from None
+        if env.get("GPUPOOL_TENANT_REQUEST_RATE") and self.tenant_request_rate == DEFAULT_TENANT_REQUEST_RATE:
+            changes["tenant_request_rate"] = env["GPUPOOL_TENANT_REQUEST_RATE"]
         if self.image_dir is None and env.get("GPUPOOL_IMAGE_DIR"):
             changes["image_dir"] = Path(env["GPUPOOL_IMAGE_DIR"])
         if self.agent_dir is None and env.get("GPUPOOL_AGENT_DIR"):

@@ -166,6 +166,7 @@ async def exec_stream(ws: WebSocket, workload_id: str) -> None:
             client = ws.client
             who = rt.auth.principal(ws.headers.get("authorization"), remote=client.host if client else "",
                                     route=("GET", ws.url.path))
+            rt.tenant_rates.check(who)
             try:
                 first = await asyncio.wait_for(ws.receive(), FIRST_MESSAGE_S)
             except TimeoutError:

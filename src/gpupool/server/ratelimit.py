@@ -1,0 +1,88 @@
+"""Each tenant's requests to the API, bounded (moving windows, the `limits` library in memory).
+
+One server is one Python process: the API, the scheduling loop and every tenant's calls share it.
+Without a bound, one tenant's client sending as fast as it could (a loop of submissions, listings,
+log reads) took the API from everyone else. Each tenant's token (scope `full`) is counted against
+`Settings.tenant_request_rate` (GPUPOOL_TENANT_REQUEST_RATE, e.g. "100/second;3000/minute"), a
+listing counting as one request more per 20 rows it asks for (`request_cost`); past
+it the request is answered 429 `too_many_requests` with Retry-After, before anything of it is done,
+and the client library waits and sends it again. The admin, metrics tokens and a federation hub's
+token (which acts for tenants, and is bounded at the hub's own API) are not counted. The windows are
+kept per server process: with several servers (HA) each counts what it serves.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from typing import TYPE_CHECKING
+
+from limits import RateLimitItem, parse_many
+from limits.storage import MemoryStorage
+from limits.strategies import MovingWindowRateLimiter
+
+from gpupool.errors import InvalidInput, TooManyRequests
+from gpupool.server.settings import DEFAULT_TENANT_REQUEST_RATE
+
+if TYPE_CHECKING:
+    from gpupool.server.auth import Principal
+
+
+def parse_rate(text: str, what: str = "GPUPOOL_TENANT_REQUEST_RATE") -> tuple[RateLimitItem, ...]:
+    """'100/second;3000/minute' -> its windows; '' or 'off' -> none (not bounded)."""
+    if text.strip().lower() in ("", "off"):
+        return ()
+    try:
+        return tuple(parse_many(text))
+    except ValueError:
+        raise InvalidInput(f"{what} must be requests per window such as '100/second' or "
+                           f"'100/second;3000/minute' ('off': not bounded), not {text!r}.") from None
+
+
+class TenantRates:
+    """Counts each tenant's requests; `check` raises TooManyRequests past a window's limit."""
+
+    def __init__(self, rate: str = DEFAULT_TENANT_REQUEST_RATE) -> None:
+        self.items = parse_rate(rate)
+        self._limiter = MovingWindowRateLimiter(MemoryStorage()) if self.items else None
+        self._smallest = min((item.amount for item in self.items), default=1)
+
+    def check(self, who: Principal, cost: int = 1) -> None:
+        """Count a request of `who` (a tenant's full token) as `cost` requests, or refuse it: nothing
+        counted then."""
+        limiter = self._limiter
+        if limiter is None or who.tenant is None or who.scope != "full":  # (auth.Scope.FULL)
+            return
+        tenant = who.tenant
+        cost = min(cost, self._smallest)  # a request as large as a window's whole limit still passes alone
+        for item in self.items:  # every window first, so a refused request takes no place in any
+            if not limiter.test(item, tenant, cost=cost):
+                reset_s = limiter.get_window_stats(item, tenant).reset_time
+                wait_s = max(1, math.ceil(reset_s - time.time()))
+                raise TooManyRequests(
+                    f"Tenant {tenant} sent more than {item.amount} requests in {_window(item)} (a "
+                    f"listing counts one more per {ROWS_PER_REQUEST} rows it asks for), this server's "
+                    f"limit for each tenant; wait {wait_s} s and send it again (the gpupool client "
+                    "does), or ask the admin to raise it (GPUPOOL_TENANT_REQUEST_RATE).",
+                    retry_after_s=wait_s, limit=str(item))
+        for item in self.items:
+            limiter.hit(item, tenant, cost=cost)
+
+
+ROWS_PER_REQUEST = 20
+"""A listing counts as one request more for every this many rows it asks for (`?limit=`)."""
+MAX_COST = 100
+
+
+def request_cost(limit: str | None) -> int:
+    """What a request counts as: 1, and for a listing one more per ROWS_PER_REQUEST rows asked for.
+    Requests are not alike: a 200-row listing costs the server about 20 ms, forty times a small
+    answer, and counted as one, a tenant's listings took the whole API while under the limit."""
+    if limit is None or not limit.isdigit():
+        return 1
+    return min(MAX_COST, 1 + int(limit) // ROWS_PER_REQUEST)
+
+
+def _window(item: RateLimitItem) -> str:
+    unit = item.GRANULARITY.name
+    return f"one {unit}" if item.multiples == 1 else f"{item.multiples} {unit}s"
