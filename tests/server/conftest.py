@@ -51,8 +51,9 @@ class Server:
 
 
 def make_runtime(url: str, data_dir: Path, provider: ManualProvider) -> tuple[Runtime, str | None]:
+    # tenants' requests not bounded: a test's loop of calls outruns any rate (test_tenant_rates.py sets one)
     settings = Settings(data_dir=data_dir, database_url=url, placement="first-fit",
-                        cycle_interval_s=0.05, busy_poll_interval_s=0.01)
+                        cycle_interval_s=0.05, busy_poll_interval_s=0.01, tenant_request_rate="off")
     rt = Runtime(settings=settings, store=Store.open(url), provider=provider)
     return rt, bootstrap(rt)
 

@@ -127,13 +127,17 @@ def create_app(rt: Runtime, *, run_loop: bool = True, hub_router: APIRouter | No
     http_errors.install(app)
     too_large: dict[int | str, dict[str, Any]] = {
         413: {"model": ErrorBody, "description": "the request body is larger than the pool's limit"}}
+    counted = {**too_large, 429: {"model": ErrorBody, "description": (
+        "too_many_requests: the tenant sent more than this server's limit for each tenant "
+        "(Retry-After says when to send it again); too_many_pending: at the tenant's max_pending")}}
     if hub_router is not None:
-        app.include_router(hub_router, prefix=API_PREFIX, responses=dict(too_large))
-    for router in (health.router, workloads.router, nodes.router, tenants.router, audit.router,
+        app.include_router(hub_router, prefix=API_PREFIX, responses=dict(counted))
+    app.include_router(health.router, prefix=API_PREFIX, responses=dict(too_large))
+    for router in (workloads.router, nodes.router, tenants.router, audit.router,
                    config.router, session.router, usage.router, calls.router, fabric_routes.router,
                    images.router, secret_routes.router, history_routes.router, event_routes.router,
                    service_routes.router, server_routes.router, exec_routes.router):
-        app.include_router(router, prefix=API_PREFIX, responses=dict(too_large))
+        app.include_router(router, prefix=API_PREFIX, responses=dict(counted))  # tenants' requests counted
     app.include_router(health.router, include_in_schema=False)  # /health at the root too
     apidocs.install(app, f"{API_PREFIX}/openapi.json")
     ui.install(app)  # the dashboard at / and /ui/, a client of the routes above
