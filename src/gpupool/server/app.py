@@ -25,6 +25,7 @@ from gpupool.server.loops.control import ControlLoop
 from gpupool.server.loops.history import HistorySampler
 from gpupool.server.loops.serving import ServingLoop
 from gpupool.server.metrics import Metrics, RequestTimer
+from gpupool.server.ratelimit import TenantGate
 from gpupool.server.routers import (
     audit,
     calls,
@@ -157,5 +158,6 @@ def create_app(rt: Runtime, *, run_loop: bool = True, hub_router: APIRouter | No
     app.add_middleware(RequestTimer, metrics=metrics)
     if hub_router is None:
         app.add_middleware(SubmitFastPath, rt=rt, writer=writer, metrics=metrics)
-    app.add_middleware(BodyLimit, limit_bytes=rt.settings.max_request_body_bytes)  # outermost of ours
+    app.add_middleware(BodyLimit, limit_bytes=rt.settings.max_request_body_bytes)
+    app.add_middleware(TenantGate, rt=rt)  # outermost: a tenant past its rate costs the least here
     return app

@@ -26,7 +26,7 @@ async def principal(request: Request) -> Principal:
                             route=(request.method, request.url.path),
                             on_behalf=request.headers.get(ON_BEHALF_HEADER))
     request.state.principal = who  # a 403 this request ends with is audited as this caller's
-    if not getattr(request.state, "rate_counted", False):  # (counted by the submissions' fast path)
+    if not getattr(request.state, "rate_counted", False):  # (counted in front: ratelimit.TenantGate)
         # a tenant past its request rate: 429, before anything is done
         rt.tenant_rates.check(who, request_cost(request.query_params.get("limit")))
     return who

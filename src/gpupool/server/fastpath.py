@@ -17,7 +17,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from gpupool.api.workloads import WorkloadSpec
-from gpupool.errors import GpupoolError, TooManyRequests
+from gpupool.errors import GpupoolError
 from gpupool.server.auth import ON_BEHALF_HEADER
 from gpupool.server.http_errors import gpupool_error_response
 from gpupool.server.metrics import Metrics
@@ -58,17 +58,10 @@ class SubmitFastPath:
             who = self.rt.auth.principal(headers.get(b"authorization", b"").decode("latin-1") or None,
                                          route=("POST", SUBMIT_PATH),
                                          on_behalf=headers.get(_ON_BEHALF, b"").decode("latin-1") or None)
-            self.rt.tenant_rates.check(who)
-            scope.setdefault("state", {})["rate_counted"] = True  # the route, if it is handed on
             spec = WorkloadSpec.model_validate_json(body)
             if spec.array is not None:  # an array's answer counts its tasks: the route gives it
                 raise ValueError("array")
             submission = prepare(self.rt, who, spec)
-        except TooManyRequests as exc:  # counted once, here: the route would count it again
-            response = gpupool_error_response(exc)
-            await response(scope, receive, send)
-            self._observe(response.status_code, start)
-            return
         except (GpupoolError, ValidationError, ValueError):
             await self.app(scope, _replay(body, more, receive), send)
             return
