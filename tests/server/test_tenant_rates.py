@@ -34,7 +34,7 @@ def test_a_tenant_past_its_windows_is_refused_and_no_one_else_is_counted() -> No
         for _ in range(10):
             rates.check(who)  # the admin, a hub acting for a tenant, metrics: not counted
     TenantRates("off").check(a)
-    with pytest.raises(InvalidInput, match="GPUPOOL_TENANT_REQUEST_RATE must be requests per window"):
+    with pytest.raises(InvalidInput, match=r"GPUPOOL_TENANT_REQUEST_RATE\) must be requests per window"):
         TenantRates("lots")
 
 

@@ -34,7 +34,8 @@ API_PATH = "/api/"
 _ON_BEHALF = ON_BEHALF_HEADER.lower().encode()
 
 
-def parse_rate(text: str, what: str = "GPUPOOL_TENANT_REQUEST_RATE") -> tuple[RateLimitItem, ...]:
+def parse_rate(text: str, what: str = "--tenant-request-rate (GPUPOOL_TENANT_REQUEST_RATE)",
+               ) -> tuple[RateLimitItem, ...]:
     """'100/second;3000/minute' -> its windows; '' or 'off' -> none (not bounded)."""
     if text.strip().lower() in ("", "off"):
         return ()
