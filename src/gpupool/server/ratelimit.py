@@ -53,7 +53,10 @@ class TenantRates:
         self.items = parse_rate(rate)
         self._limiter = MovingWindowRateLimiter(MemoryStorage()) if self.items else None
         self._smallest = min((item.amount for item in self.items), default=1)
-        self.off = not self.items
+
+    @property
+    def off(self) -> bool:
+        return self._limiter is None
 
     def check(self, who: Principal, cost: int = 1) -> None:
         """Count a request of `who` (a tenant's full token) as `cost` requests, or refuse it: nothing
@@ -98,12 +101,12 @@ def _window(item: RateLimitItem) -> str:
 
 class TenantGate:
     """Pure ASGI middleware, outermost: counts a tenant's API request before the framework sees it,
-    and answers one past the bound with 429 at once. A refusal made after routing and dependency
-    resolution cost the server about 0.35 ms, here about 0.08 (bench/tenant_flood.py); the
-    request it lets through is marked counted (`rate_counted`), and the API's `principal`
-    dependency does not count it again. A request whose token cannot be read here (none, unknown,
-    a federation token off its routes) is passed on: the route refuses it with its own answer and
-    its audit record. Websockets (exec) are counted by their route."""
+    and answers one past the bound with 429 at once. It is the one place an HTTP request is counted
+    (every authenticated route is under /api/): a refusal made after routing and dependency
+    resolution cost the server about 0.35 ms, here about 0.08 (bench/tenant_flood.py). A request
+    whose token cannot be read here (none, unknown, a federation token off its routes) is passed
+    on: the route refuses it with its own answer and its audit record. Websockets (exec) are
+    counted by their route."""
 
     def __init__(self, app: Any, rt: Runtime) -> None:
         self.app = app
@@ -131,7 +134,6 @@ class TenantGate:
         except TooManyRequests as exc:
             await gpupool_error_response(exc)(scope, receive, send)
             return
-        scope.setdefault("state", {})["rate_counted"] = True
         await self.app(scope, receive, send)
 
 
