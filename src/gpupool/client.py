@@ -51,7 +51,7 @@ from gpupool.api.workloads import (
 from gpupool.clientconfig import ca_bundle, resolve
 from gpupool.durations import duration_s
 from gpupool.errors import InvalidInput, Unavailable, closest
-from gpupool.lite_http import error_from_answer
+from gpupool.lite_http import error_from_answer, retry_wait
 
 M = TypeVar("M", bound=BaseModel)
 API = "/api/v1"
@@ -763,15 +763,8 @@ def _sse_events(lines: Iterator[str], model: type[M]) -> Iterator[tuple[int, M |
 
 
 def _retry_after(answer: httpx.Response) -> float | None:
-    """Seconds to wait before sending a request again that was answered 503 or 429 with Retry-After
-    (the store unavailable, or the tenant past its request rate: nothing of it was done; at most
-    5), else None (a 429 for max_pending carries none: waiting alone does not help)."""
-    if answer.status_code not in (503, 429):
-        return None
-    try:
-        return min(5.0, max(0.1, float(answer.headers.get("retry-after", ""))))
-    except ValueError:
-        return None
+    """Seconds to wait before sending the request again (`lite_http.retry_wait`), else None."""
+    return retry_wait(answer.status_code, answer.headers.get("retry-after"))
 
 
 def _unreachable(url: str, exc: httpx.TransportError) -> Unavailable:

@@ -104,6 +104,19 @@ def _error_classes() -> dict[str, type]:
     return found
 
 
+def retry_wait(status: int, retry_after: str | float | None) -> float | None:
+    """Seconds to wait before sending again a request answered 503 or 429 with a Retry-After of
+    `retry_after` seconds (the store unavailable, or the tenant past its request rate: nothing of
+    it was done; at most 5), else None (a 429 for max_pending carries none: waiting alone does not
+    help). The SDK and the CLI's fast submission both wait by it."""
+    if status not in (503, 429) or retry_after is None:
+        return None
+    try:
+        return min(5.0, max(0.1, float(retry_after)))
+    except (TypeError, ValueError):
+        return None
+
+
 def error_from_answer(status: int, body: bytes) -> Exception:
     """The gpupool error an error answer stands for (its `code` picks the class)."""
     import json

@@ -299,15 +299,19 @@ RATE_RETRY_S = 30.0
 
 def _rate_wait(status: int, body: bytes) -> float | None:
     """Seconds to wait before sending again a submission the server refused for the tenant's request
-    rate (429 too_many_requests; at most 5), else None."""
+    rate (429 too_many_requests; `lite_http.retry_wait`, its Retry-After given in the body too),
+    else None."""
     if status != 429 or b'"too_many_requests"' not in body:
         return None
     import json
 
+    from gpupool.lite_http import retry_wait
+
     try:
-        return min(5.0, max(0.1, float(json.loads(body)["details"]["retry_after_s"])))
+        seconds = float(json.loads(body)["details"]["retry_after_s"])
     except (ValueError, KeyError, TypeError):
-        return 1.0
+        seconds = 1.0
+    return retry_wait(status, seconds)
 
 
 def created_id(body: bytes) -> str:
