@@ -106,7 +106,7 @@ def test_the_next_pod_given_an_address_inherits_none_of_its_connections(pool: Lo
 
 
 FLOOD = r"""
-import os, socket, sys
+import os, socket, sys, time
 s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
 print("address", os.environ["GPUPOOL_POD_ADDRESS"], flush=True)
 for port in range(20000, 20000 + int(sys.argv[2])):
@@ -115,6 +115,7 @@ for port in range(20000, 20000 + int(sys.argv[2])):
     except OSError:
         pass
 print("sent", flush=True)
+time.sleep(120)  # counted while it lives: its connections go with its address when it ends
 """
 
 
@@ -134,7 +135,14 @@ def test_one_pod_cannot_fill_the_nodes_connection_table(pool: LocalPool) -> None
     flows = netns.POD_CONNECTIONS + 2000
     launch("flood", FLOOD, sink, str(flows))  # to its own tenant's pod: the rules let it through
     flood = _address(_log(pool, "flood", until="sent"))
-    listed = subprocess.run(["conntrack", "-L", "-p", "udp", "--orig-src", flood], capture_output=True,
-                            text=True, check=False).stdout
-    tracked = sum(1 for line in listed.splitlines() if line.startswith("udp"))
-    assert netns.POD_CONNECTIONS - 50 <= tracked <= netns.POD_CONNECTIONS, tracked
+
+    def tracked() -> int:
+        listed = subprocess.run(["conntrack", "-L", "-p", "udp", "--orig-src", flood], capture_output=True,
+                                text=True, check=False).stdout
+        return sum(1 for line in listed.splitlines() if line.startswith("udp"))
+
+    counts = [tracked()]
+    while len(counts) < 20 and (len(counts) < 2 or counts[-1] != counts[-2]):  # packets still on their way
+        time.sleep(0.1)
+        counts.append(tracked())
+    assert netns.POD_CONNECTIONS - 50 <= counts[-1] <= netns.POD_CONNECTIONS, counts
