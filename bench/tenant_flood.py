@@ -2,15 +2,16 @@
 bounded (the default) and without (`--tenant-request-rate off`), alternating, one `gpupool up` each.
 
     .venv/bin/python bench/tenant_flood.py [--rounds 3] [--seconds 10] [--connections 16]
-        [--workloads 2000] [--json OUT.json]
+        [--workloads 2000] [--flood-token tenant|unknown|random] [--json OUT.json]
 
 Each round starts `gpupool up --simulate 1x8xH100` (SQLite) with one setting, creates tenants
 `flood` and `quiet`, and stores `--workloads` held workloads of `flood` (so its listings cost what
 a busy tenant's do). Then for `--seconds`, `flood` sends `GET /workloads?limit=ROWS` (`--rows`) on
 `--connections` keep-alive connections as fast as they are answered, while `quiet` lists its own
-workloads every 50 ms on one connection. It reports `quiet`'s latency (p50, p99), the requests
-`flood` had served and refused (429) per second, and the server's CPU. Every request is a real
-HTTP call on loopback.
+workloads every 50 ms on one connection (from 0.5 s in). It reports `quiet`'s latency (p50, p99),
+the requests `flood` had served, refused (429) and refused as unauthorized (401) per second, and the server's
+CPU. `--flood-token unknown` / `random` make the flood a stranger's: one token the pool does not
+know, or a new made-up one each request. Every request is a real HTTP call on loopback.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import secrets
 import statistics
 import time
 from pathlib import Path
@@ -31,6 +33,9 @@ from _control_plane import gpupool_up
 
 API = "/api/v1"
 SETTINGS = {"bounded": [], "off": ["--tenant-request-rate", "off"]}
+WARM_UP_S = 0.5
+"""The quiet tenant's first request waits this long: the flood's connections opening in this same
+process (16 at once) would otherwise be its worst latency, whatever the server does."""
 
 
 def _prepare(url: str, admin: str, workloads: int) -> dict[str, str]:
@@ -51,11 +56,12 @@ def _prepare(url: str, admin: str, workloads: int) -> dict[str, str]:
     return tokens
 
 
-async def _flood(url: str, token: str, until: float, counts: dict[str, int], rows: int) -> None:
+async def _flood(url: str, token: str, until: float, counts: dict[str, int], rows: int, kind: str) -> None:
     async with httpx.AsyncClient(base_url=url + API, headers={"Authorization": f"Bearer {token}"},
                                  timeout=60) as c:
         while time.monotonic() < until:
-            answer = await c.get("/workloads", params={"limit": rows})
+            headers = {"Authorization": f"Bearer {secrets.token_urlsafe(32)}"} if kind == "random" else None
+            answer = await c.get("/workloads", params={"limit": rows}, headers=headers)
             key = "served" if answer.status_code == 200 else str(answer.status_code)
             counts[key] = counts.get(key, 0) + 1
 
@@ -63,6 +69,7 @@ async def _flood(url: str, token: str, until: float, counts: dict[str, int], row
 async def _quiet(url: str, token: str, until: float, latencies: list[float], errors: list[int]) -> None:
     async with httpx.AsyncClient(base_url=url + API, headers={"Authorization": f"Bearer {token}"},
                                  timeout=60) as c:
+        await asyncio.sleep(WARM_UP_S)
         while time.monotonic() < until:
             start = time.perf_counter()
             answer = await c.get("/workloads", params={"limit": 20})
@@ -72,14 +79,15 @@ async def _quiet(url: str, token: str, until: float, latencies: list[float], err
             await asyncio.sleep(0.05)
 
 
-async def _load(url: str, tokens: dict[str, str], seconds: float, connections: int, rows: int
+async def _load(url: str, tokens: dict[str, str], seconds: float, connections: int, rows: int, kind: str,
                 ) -> tuple[dict[str, int], list[float], list[int]]:
     counts = {"served": 0, "429": 0}  # shared: the coroutines take turns on one thread
     latencies: list[float] = []
     errors: list[int] = []
     until = time.monotonic() + seconds
     await asyncio.gather(_quiet(url, tokens["quiet"], until, latencies, errors),
-                         *(_flood(url, tokens["flood"], until, counts, rows) for _ in range(connections)))
+                         *(_flood(url, tokens["flood"], until, counts, rows, kind)
+                           for _ in range(connections)))
     return counts, latencies, errors
 
 
@@ -87,8 +95,10 @@ def _round(setting: str, args: argparse.Namespace) -> dict[str, Any]:
     with gpupool_up("--simulate", "1x8xH100", *SETTINGS[setting]) as server:
         tokens = _prepare(server.url, server.token, args.workloads)
         cpu = server.cpu_s()
+        if args.flood_token != "tenant":  # not a token of this pool: refused, as a stranger's would be
+            tokens["flood"] = "not-a-token-of-this-pool"
         counts, latencies, errors = asyncio.run(_load(server.url, tokens, args.seconds, args.connections,
-                                                         args.rows))
+                                                         args.rows, args.flood_token))
         cpu = server.cpu_s() - cpu
     latencies.sort()
     return {"setting": setting, "quiet_p50_ms": statistics.median(latencies),
@@ -96,6 +106,7 @@ def _round(setting: str, args: argparse.Namespace) -> dict[str, Any]:
             "quiet_requests": len(latencies), "quiet_errors": len(errors),
             "flood_served_per_s": counts["served"] / args.seconds,
             "flood_refused_per_s": counts.get("429", 0) / args.seconds,
+            "flood_unauthorized_per_s": counts.get("401", 0) / args.seconds,
             "server_cpu_share": cpu / args.seconds}
 
 
@@ -109,6 +120,9 @@ def main() -> None:
                         help="workloads each of the flood's listings asks for (1: cheap requests)")
     parser.add_argument("--workloads", type=int, default=2000,
                         help="held workloads of the flooding tenant")
+    parser.add_argument("--flood-token", choices=("tenant", "unknown", "random"), default="tenant",
+                        help="what the flood sends: its tenant's token, one token this pool does not know, "
+                             "or a new random one each request (a stranger guessing)")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
     rounds = []
@@ -118,7 +132,8 @@ def main() -> None:
             rounds.append(got)
             print(f"round {i + 1} {setting}: quiet p50 {got['quiet_p50_ms']:.1f} ms, "
                   f"p99 {got['quiet_p99_ms']:.1f} ms, flood served {got['flood_served_per_s']:.0f}/s, "
-                  f"refused {got['flood_refused_per_s']:.0f}/s, server CPU {got['server_cpu_share']:.2f}",
+                  f"refused {got['flood_refused_per_s']:.0f}/s, unauthorized "
+                  f"{got['flood_unauthorized_per_s']:.0f}/s, server CPU {got['server_cpu_share']:.2f}",
                   flush=True)
     summary: dict[str, Any] = {}
     for setting in ("off", "bounded"):
@@ -127,16 +142,22 @@ def main() -> None:
                             for key in mine[0] if key != "setting"}
     for key in ("quiet_p50_ms", "quiet_p99_ms", "server_cpu_share"):
         summary[f"{key}_bounded_over_off"] = summary["bounded"][key] / summary["off"][key]
-    table = Table(title=f"one tenant flooding on {args.connections} connections, another listing every "
+    for key in ("quiet_p50_ms", "quiet_p99_ms", "quiet_errors", "server_cpu_share"):
+        for setting in ("off", "bounded"):  # flat, for bench/side_by_side.py --metric
+            summary[f"{setting}_{key}"] = summary[setting][key]
+    who = {"tenant": "one tenant", "unknown": "a stranger (one unknown token)",
+           "random": "a stranger (a made-up token each request)"}[args.flood_token]
+    table = Table(title=f"{who} flooding on {args.connections} connections, another listing every "
                         f"50 ms (medians of {args.rounds} alternating rounds of {args.seconds:g} s)")
     for column in ("per-tenant rate", "quiet p50 ms", "quiet p99 ms", "quiet errors", "flood served /s",
-                   "flood refused /s", "server CPU"):
+                   "flood refused /s", "flood 401 /s", "server CPU"):
         table.add_column(column, justify="left" if column == "per-tenant rate" else "right")
     for setting, label in (("off", "off"), ("bounded", "default (100/s, 3,000/min)")):
         s = summary[setting]
         table.add_row(label, f"{s['quiet_p50_ms']:.1f}", f"{s['quiet_p99_ms']:.1f}",
                       f"{s['quiet_errors']:.0f}", f"{s['flood_served_per_s']:.0f}",
-                      f"{s['flood_refused_per_s']:.0f}", f"{s['server_cpu_share']:.2f}")
+                      f"{s['flood_refused_per_s']:.0f}", f"{s['flood_unauthorized_per_s']:.0f}",
+                      f"{s['server_cpu_share']:.2f}")
     Console().print(table)
     Console().print(f"bounded / off: quiet p50 {summary['quiet_p50_ms_bounded_over_off']:.2f}, "
                     f"p99 {summary['quiet_p99_ms_bounded_over_off']:.2f}")
