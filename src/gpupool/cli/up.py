@@ -108,7 +108,8 @@ def up(
         str, typer.Option("--tenant-request-rate", envvar="GPUPOOL_TENANT_REQUEST_RATE", help=(
             "What each tenant may send to this server's API, in requests per moving window "
             "(e.g. 100/second;3000/minute); past it a request is answered 429 with Retry-After and "
-            "the gpupool client sends it again. The admin is not counted; 'off': no bound."))
+            "the gpupool client sends it again. The admin is not counted. Requests with tokens "
+            "this pool does not know count the same way per client address. 'off': no bound."))
     ] = DEFAULT_TENANT_REQUEST_RATE,
     agent_dir: Annotated[
         Path | None, typer.Option("--agent-dir", envvar="GPUPOOL_AGENT_DIR", help=(

@@ -57,6 +57,12 @@ REFUSAL_WINDOW_S = 60.0
 _RefusalKey = tuple[str, str, str, str, str]
 MAX_REFUSAL_KEYS = 64
 """Distinct (address, reason, token) groups kept per window; the rest are counted together."""
+REFUSED_TTL_S = 60.0
+"""How long a token found unknown or revoked is refused without looking at the store again."""
+MAX_REFUSED_KEPT = 4096
+"""Refused tokens remembered at once (the oldest goes first)."""
+DIGESTS_MAX_AGE_S = 1.0
+"""`may_be_valid` reads the store's token digests again when its copy is older than this."""
 
 
 class Scope(StrEnum):
@@ -144,6 +150,12 @@ class _Known:
     """monotonic time of the store read this came from"""
 
 
+def _digest(authorization: str) -> str:
+    """The digest of an Authorization header's token, read as `Authenticator._resolve` reads it."""
+    _scheme, _, token = authorization.partition(" ")
+    return token_sha256(token.strip())
+
+
 def _refused(message: str, reason: str, token_id: str = "") -> Unauthorized:
     error = Unauthorized(message, reason=reason)
     error.token_id = token_id  # type: ignore[attr-defined]  # for the audit, not the answer
@@ -159,6 +171,13 @@ class Authenticator:
         self._clock = clock
         self._monotonic = monotonic
         self._known: dict[str, _Known] = {}
+        self._refused_tokens: dict[str, tuple[float, str, str, str]] = {}
+        """digest -> (monotonic time found, message, reason, token id) of a token found unknown or
+        revoked: a client sending one bad token again and again (or the gate and the route both
+        resolving a request's) costs the store one read a REFUSED_TTL_S. An unknown digest becomes
+        a valid one only when a token of that very secret is made, and tokens are random."""
+        self._digests: frozenset[str] = frozenset()
+        self._digests_read = -float("inf")
         self._used: dict[str, float] = {}
         self._refusals: dict[_RefusalKey, int] = {}
         """(action, actor, address, reason, token id) -> how many, since the last write."""
@@ -174,6 +193,26 @@ class Authenticator:
         """Drop every remembered token (after a revocation or a limit change in this process)."""
         with self._lock:
             self._known.clear()
+            self._refused_tokens.clear()
+
+    def known(self, authorization: str) -> bool:
+        """Whether this header's token resolved here before (however long ago): no store read."""
+        return _digest(authorization) in self._known
+
+    def may_be_valid(self, authorization: str) -> bool:
+        """Whether this header's token resolved here before, or is among the store's unrevoked
+        tokens as last read (all their digests in one query, at most once a DIGESTS_MAX_AGE_S
+        however many ask): for the gate, when an address has sent too many unknown tokens."""
+        digest = _digest(authorization)
+        if digest in self._known:
+            return True
+        mono = self._monotonic()
+        if mono - self._digests_read > DIGESTS_MAX_AGE_S:
+            with self._store.read() as session:
+                self._digests = frozenset(session.scalars(
+                    select(TokenRow.token_sha256).where(TokenRow.revoked_s.is_(None))))
+            self._digests_read = mono
+        return digest in self._digests
 
     def principal(self, authorization: str | None, *, remote: str | None = None,
                   scope: Scope = Scope.FULL, route: tuple[str, str] | None = None,
@@ -233,6 +272,9 @@ class Authenticator:
             raise _refused("The Authorization header must read 'Bearer TOKEN'.", "malformed header")
         digest = token_sha256(token.strip())
         mono = self._monotonic()
+        refused = self._refused_tokens.get(digest)
+        if refused is not None and mono - refused[0] <= REFUSED_TTL_S:
+            raise _refused(*refused[1:])
         known = self._known.get(digest)
         if known is None or mono - known.checked > CACHE_TTL_S:
             known = self._load(digest, mono)
@@ -254,13 +296,17 @@ class Authenticator:
                 .where(TokenRow.token_sha256 == digest)
             ).first()
         if row is None or row.revoked_s is not None:
+            why = (("The token is not valid; ask the admin for a token (gpupool token create).",
+                    "unknown token", "") if row is None else
+                   ("The token was revoked; ask the admin for a new one (gpupool token create).",
+                    "revoked", row.id))
             with self._lock:
                 self._known.pop(digest, None)
-            if row is None:
-                raise _refused("The token is not valid; ask the admin for a token (gpupool token create).",
-                               "unknown token")
-            raise _refused("The token was revoked; ask the admin for a new one (gpupool token create).",
-                           "revoked", row.id)
+                self._refused_tokens.pop(digest, None)
+                while len(self._refused_tokens) >= MAX_REFUSED_KEPT:
+                    del self._refused_tokens[next(iter(self._refused_tokens))]
+                self._refused_tokens[digest] = (mono, *why)
+            raise _refused(*why)
         principal = Principal(token_id=row.id, tenant=row.tenant, scope=Scope(row.scope),
                               max_priority=None if row.tenant is None else int(row.max_priority))
         known = _Known(principal, row.expires_s, mono)
@@ -274,6 +320,10 @@ class Authenticator:
         """Record a 403 (a valid token asking for what it may not have), coalesced as refusals are:
         probing with a tenant's token leaves a trace without a store write per request."""
         self._note(("auth.forbidden", who.actor, who.remote[:64], reason[:200], who.token_id))
+
+    def note_throttled(self, remote: str) -> None:
+        """Record a request refused unread because its address sent too many unknown tokens."""
+        self._note_refusal(remote, "too many refused tokens from this address", "")
 
     def _note_refusal(self, remote: str, reason: str, token_id: str) -> None:
         self._note(("auth.refused", "", remote[:64], reason, token_id))

@@ -21,7 +21,7 @@ from limits import RateLimitItem, parse_many
 from limits.storage import MemoryStorage
 from limits.strategies import MovingWindowRateLimiter
 
-from gpupool.errors import GpupoolError, InvalidInput, TooManyRequests
+from gpupool.errors import GpupoolError, InvalidInput, TooManyRequests, Unauthorized
 from gpupool.server.auth import ON_BEHALF_HEADER
 from gpupool.server.http_errors import gpupool_error_response
 from gpupool.server.settings import DEFAULT_TENANT_REQUEST_RATE
@@ -32,6 +32,8 @@ if TYPE_CHECKING:
 
 API_PATH = "/api/"
 _ON_BEHALF = ON_BEHALF_HEADER.lower().encode()
+WORKER_PATH = "/api/v1/calls/worker/next"
+"""A function's worker pods' one route: its call token is checked there (a signature, no store read)."""
 
 
 def parse_rate(text: str, what: str = "--tenant-request-rate (GPUPOOL_TENANT_REQUEST_RATE)",
@@ -67,9 +69,8 @@ class TenantRates:
         tenant = who.tenant
         cost = min(cost, self._smallest)  # a request as large as a window's whole limit still passes alone
         for item in self.items:  # every window first, so a refused request takes no place in any
-            if not limiter.test(item, tenant, cost=cost):
-                reset_s = limiter.get_window_stats(item, tenant).reset_time
-                wait_s = max(1, math.ceil(reset_s - time.time()))
+            if not limiter.test(item, "tenant", tenant, cost=cost):
+                wait_s = _wait_s(limiter, item, "tenant", tenant)
                 raise TooManyRequests(
                     f"Tenant {tenant} sent more than {item.amount} requests in {_window(item)} (a "
                     f"listing counts one more per {ROWS_PER_REQUEST} rows it asks for), this server's "
@@ -77,7 +78,34 @@ class TenantRates:
                     "does), or ask the admin to raise it (GPUPOOL_TENANT_REQUEST_RATE).",
                     retry_after_s=wait_s, limit=str(item))
         for item in self.items:
-            limiter.hit(item, tenant, cost=cost)
+            limiter.hit(item, "tenant", tenant, cost=cost)
+
+    def check_address(self, address: str) -> None:
+        """TooManyRequests once `address` has had more tokens refused than a tenant may send
+        requests: each unknown token costs a store read, and without this bound a stranger sending
+        made-up tokens took the API from everyone. The gate then reads no token of that address
+        that is not among the pool's tokens (`Authenticator.may_be_valid`)."""
+        limiter = self._limiter
+        if limiter is None:
+            return
+        for item in self.items:
+            if not limiter.test(item, "refused", address):
+                wait_s = _wait_s(limiter, item, "refused", address)
+                raise TooManyRequests(
+                    f"More than {item.amount} requests from {address or 'this address'} in "
+                    f"{_window(item)} carried a token this pool does not know; this one was not "
+                    f"read. Check GPUPOOL_TOKEN (gpupool token create makes one) and send it again "
+                    f"in {wait_s} s.", retry_after_s=wait_s, limit=str(item))
+
+    def note_refused(self, address: str) -> None:
+        """Count a request from `address` whose token was refused (unknown, revoked, expired)."""
+        if self._limiter is not None:
+            for item in self.items:
+                self._limiter.hit(item, "refused", address)
+
+
+def _wait_s(limiter: MovingWindowRateLimiter, item: RateLimitItem, *key: str) -> int:
+    return max(1, math.ceil(limiter.get_window_stats(item, *key).reset_time - time.time()))
 
 
 ROWS_PER_REQUEST = 20
@@ -105,8 +133,10 @@ class TenantGate:
     (every authenticated route is under /api/): a refusal made after routing and dependency
     resolution cost the server about 0.35 ms, here about 0.08 (bench/tenant_flood.py). A request
     whose token cannot be read here (none, unknown, a federation token off its routes) is passed
-    on: the route refuses it with its own answer and its audit record. Websockets (exec) are
-    counted by their route."""
+    on: the route refuses it with its own answer and its audit record; a refused token also counts
+    against its client address, and past the windows that address's tokens that are not among the
+    pool's are answered 429 unread (`TenantRates.check_address`). Websockets (exec) are counted by
+    their route."""
 
     def __init__(self, app: Any, rt: Runtime) -> None:
         self.app = app
@@ -118,14 +148,29 @@ class TenantGate:
             await self.app(scope, receive, send)
             return
         headers = dict(scope["headers"])
-        authorization = headers.get(b"authorization")
-        if authorization is None:
+        raw = headers.get(b"authorization")
+        authorization = "" if raw is None else raw.decode("latin-1")
+        if not authorization or scope["path"] == WORKER_PATH:  # a pod's call token: its route checks it
             await self.app(scope, receive, send)
             return
+        auth = self.rt.auth
+        client = scope.get("client")
+        address = str(client[0]) if client else ""
+        try:
+            if not auth.known(authorization):  # (a token resolved here is not the address's to count)
+                rates.check_address(address)
+        except TooManyRequests as exc:
+            if not auth.may_be_valid(authorization):
+                auth.note_throttled(address)
+                await gpupool_error_response(exc)(scope, receive, send)
+                return
         try:  # no `remote`: a refusal here is recorded by the route, once
-            who = self.rt.auth.principal(
-                authorization.decode("latin-1"), route=(scope["method"], scope["path"]),
-                on_behalf=headers.get(_ON_BEHALF, b"").decode("latin-1") or None)
+            who = auth.principal(authorization, route=(scope["method"], scope["path"]),
+                                 on_behalf=headers.get(_ON_BEHALF, b"").decode("latin-1") or None)
+        except Unauthorized:
+            rates.note_refused(address)
+            await self.app(scope, receive, send)
+            return
         except GpupoolError:
             await self.app(scope, receive, send)
             return
