@@ -17,6 +17,7 @@ from gpupool.server.settings import (
     DEFAULT_MAX_POD_LOG_BYTES,
     DEFAULT_MAX_REQUEST_BODY_BYTES,
     DEFAULT_PORT,
+    DEFAULT_TENANT_OPEN_REQUESTS,
     DEFAULT_TENANT_REQUEST_RATE,
 )
 
@@ -41,6 +42,7 @@ class _Limits:
     serve_router: str = "auto"
     serve_cold_start_s: float = 60.0
     tenant_request_rate: str = DEFAULT_TENANT_REQUEST_RATE
+    tenant_open_requests: int = DEFAULT_TENANT_OPEN_REQUESTS
 
 
 def up(
@@ -111,6 +113,12 @@ def up(
             "the gpupool client sends it again. The admin is not counted. Requests with tokens "
             "this pool does not know count the same way per client address. 'off': no bound."))
     ] = DEFAULT_TENANT_REQUEST_RATE,
+    tenant_open_requests: Annotated[
+        int, typer.Option("--tenant-open-requests", envvar="GPUPOOL_TENANT_OPEN_REQUESTS", min=0, help=(
+            "How many requests each tenant may hold open on this server at once (followed event "
+            "and log streams, long polls, execs); past it a request is answered 429. The admin "
+            "is not counted. 0: no bound."))
+    ] = DEFAULT_TENANT_OPEN_REQUESTS,
     agent_dir: Annotated[
         Path | None, typer.Option("--agent-dir", envvar="GPUPOOL_AGENT_DIR", help=(
             "Pods' logs and the agents' state (default: DATA_DIR/agents); put it on another "
@@ -194,7 +202,8 @@ def up(
                          max_pod_log_bytes=parse_size_bytes(max_pod_log, "--max-pod-log"),
                          agent_dir=agent_dir, ha=ha, serve_port=serve_port, serve_host=serve_host,
                          serve_router=serve_router, serve_cold_start_s=serve_cold_start,
-                         tenant_request_rate=tenant_request_rate)
+                         tenant_request_rate=tenant_request_rate,
+                         tenant_open_requests=tenant_open_requests)
         _serve(data_dir, host, port, simulate, provider, database_url, policy or placement or "",
                tls_cert, tls_key, metrics_public, config, fabric_path=fabric, ray_address=ray_address,
                limits=limits)
@@ -243,6 +252,9 @@ def _serve(data_dir: Path | None, host: str, port: int, simulate: str, provider:
     if settings.agent_dir is not None:
         secure_data_dir(settings.agent_dir, flag="--agent-dir")
     _check_port(host, port)
+    low = raise_open_files_limit()
+    if low:
+        print(low, file=sys.stderr, flush=True)
     if settings.serve_port:
         from gpupool.server.dataplane.haproxy import stop_stale
 
@@ -343,6 +355,38 @@ def _scheduling_line(config: PoolConfig, placement: str, path: Path | None) -> s
     preemption = f"on (scope {config.preemption.scope})" if s.preemption else "off"
     return (f"Scheduling: placement {placement or s.placement}, ordering {s.ordering}, preemption "
             f"{preemption}, backfill {'on' if s.backfill else 'off'} ({source}).")
+
+
+OPEN_FILES_WANTED = 8192
+"""Below this many open files the server warns: each open request, pod log and store connection
+takes one, and tenants may each hold `--tenant-open-requests` requests open."""
+
+
+def raise_open_files_limit() -> str:
+    """Raise this process's soft limit of open files to its hard limit, as servers do: the soft
+    limit is often 1024, which a few tenants' followed streams would use up, and then the server
+    could accept no connection and open no file for anyone. Returns a warning when even the hard
+    limit is below OPEN_FILES_WANTED, else ''."""
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    target = hard
+    if hard == resource.RLIM_INFINITY:  # the kernel still caps it (fs.nr_open)
+        try:
+            target = int(Path("/proc/sys/fs/nr_open").read_text())
+        except (OSError, ValueError):
+            target = 1 << 20
+    if soft != resource.RLIM_INFINITY and soft < target:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+            soft = target
+        except (ValueError, OSError):
+            pass
+    if soft != resource.RLIM_INFINITY and soft < OPEN_FILES_WANTED:
+        return (f"Warning: this server may hold only {soft} files open (its hard limit); each open "
+                "request, pod log and store connection takes one. Raise it (ulimit -Hn as root, "
+                "LimitNOFILE= in a systemd unit) to at least 8192.")
+    return ""
 
 
 def _check_port(host: str, port: int, flag: str = "--port") -> None:

@@ -7,14 +7,18 @@ log reads) took the API from everyone else. Each tenant's token (scope `full`) i
 listing counting as one request more per 20 rows it asks for (`request_cost`); past
 it the request is answered 429 `too_many_requests` with Retry-After, before anything of it is done,
 and the client library waits and sends it again. The admin, metrics tokens and a federation hub's
-token (which acts for tenants, and is bounded at the hub's own API) are not counted. The windows are
-kept per server process: with several servers (HA) each counts what it serves.
+token (which acts for tenants, and is bounded at the hub's own API) are not counted. A tenant's
+requests are also counted open until answered, at most `Settings.tenant_open_requests` at once
+(GPUPOOL_TENANT_OPEN_REQUESTS): a followed stream, long poll or exec holds a connection and a file
+descriptor for as long as it lasts. The windows and counts are kept per server process: with
+several servers (HA) each counts what it serves.
 """
 
 from __future__ import annotations
 
 import math
 import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from limits import RateLimitItem, parse_many
@@ -51,14 +55,43 @@ def parse_rate(text: str, what: str = "--tenant-request-rate (GPUPOOL_TENANT_REQ
 class TenantRates:
     """Counts each tenant's requests; `check` raises TooManyRequests past a window's limit."""
 
-    def __init__(self, rate: str = DEFAULT_TENANT_REQUEST_RATE) -> None:
+    def __init__(self, rate: str = DEFAULT_TENANT_REQUEST_RATE, *, open_requests: int = 0) -> None:
         self.items = parse_rate(rate)
         self._limiter = MovingWindowRateLimiter(MemoryStorage()) if self.items else None
         self._smallest = min((item.amount for item in self.items), default=1)
+        self.max_open = open_requests
+        """How many requests each tenant may have open at once (0: not bounded)."""
+        self.open: dict[str, int] = {}
+        """tenant -> its requests being answered now (counted ones only; the event loop's alone)."""
 
     @property
     def off(self) -> bool:
-        return self._limiter is None
+        return self._limiter is None and not self.max_open
+
+    def admit(self, who: Principal, cost: int = 1) -> Callable[[], None]:
+        """`check` the request, then count it open until the returned release is called (once it is
+        answered, however it ends); TooManyRequests when its tenant has `max_open` open already."""
+        tenant = who.tenant
+        if not self.max_open or tenant is None or who.scope != "full":
+            self.check(who, cost)
+            return _nothing
+        if self.open.get(tenant, 0) >= self.max_open:
+            raise TooManyRequests(
+                f"Tenant {tenant} has {self.max_open} requests open on this server (followed event and "
+                "log streams, long polls, execs), its limit; end some of them and send this again (the "
+                "gpupool client waits and does), or ask the admin to raise it "
+                "(GPUPOOL_TENANT_OPEN_REQUESTS).", retry_after_s=1, limit=f"{self.max_open} open")
+        self.check(who, cost)
+        self.open[tenant] = self.open.get(tenant, 0) + 1
+
+        def release() -> None:
+            left = self.open[tenant] - 1
+            if left:
+                self.open[tenant] = left
+            else:
+                del self.open[tenant]
+
+        return release
 
     def check(self, who: Principal, cost: int = 1) -> None:
         """Count a request of `who` (a tenant's full token) as `cost` requests, or refuse it: nothing
@@ -102,6 +135,10 @@ class TenantRates:
         if self._limiter is not None:
             for item in self.items:
                 self._limiter.hit(item, "refused", address)
+
+
+def _nothing() -> None:
+    return None
 
 
 def _wait_s(limiter: MovingWindowRateLimiter, item: RateLimitItem, *key: str) -> int:
@@ -175,11 +212,14 @@ class TenantGate:
             await self.app(scope, receive, send)
             return
         try:
-            rates.check(who, request_cost(_query_limit(scope.get("query_string", b""))))
+            release = rates.admit(who, request_cost(_query_limit(scope.get("query_string", b""))))
         except TooManyRequests as exc:
             await gpupool_error_response(exc)(scope, receive, send)
             return
-        await self.app(scope, receive, send)
+        try:
+            await self.app(scope, receive, send)
+        finally:
+            release()
 
 
 def _query_limit(query: bytes) -> str | None:

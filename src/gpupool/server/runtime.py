@@ -72,7 +72,8 @@ class Runtime:
 
     def __post_init__(self) -> None:
         self.auth = Authenticator(self.store, clock=lambda: self.clock())  # expiry on this clock
-        self.tenant_rates = TenantRates(self.settings.tenant_request_rate)
+        self.tenant_rates = TenantRates(self.settings.tenant_request_rate,
+                                        open_requests=self.settings.tenant_open_requests)
 
     def refresh_nodes(self) -> tuple[Node, ...]:
         """Ask the provider (non-blocking by contract) and keep the answer for readers."""

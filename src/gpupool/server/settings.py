@@ -19,6 +19,9 @@ DEFAULT_MAX_POD_LOG_BYTES = 2**30
 """The agent's DEFAULT_MAX_LOG_BYTES (not imported: the CLI reads this module at start)."""
 DEFAULT_TENANT_REQUEST_RATE = "100/second;3000/minute"
 """What each tenant may send to one server's API unless GPUPOOL_TENANT_REQUEST_RATE says otherwise."""
+DEFAULT_TENANT_OPEN_REQUESTS = 64
+"""How many requests each tenant may have open on one server at once unless
+GPUPOOL_TENANT_OPEN_REQUESTS says otherwise."""
 MIN_MAX_REQUEST_BODY_BYTES = 64 * 1024
 """Below this a plain submission with a few environment variables would be refused."""
 MIN_MAX_POD_LOG_BYTES = 4096
@@ -106,6 +109,10 @@ class Settings:
     """What each tenant may send to this server's API (server/ratelimit.py;
     GPUPOOL_TENANT_REQUEST_RATE): requests per moving window, e.g. "100/second;3000/minute";
     "off": not bounded. The admin's requests are not counted."""
+    tenant_open_requests: int = DEFAULT_TENANT_OPEN_REQUESTS
+    """How many of each tenant's API requests one server holds open at once: followed event and
+    log streams, long polls, execs (server/ratelimit.py; GPUPOOL_TENANT_OPEN_REQUESTS); 0: not
+    bounded. Each holds a connection and a file descriptor of the server's."""
 
     def __post_init__(self) -> None:
         if not 0 < self.port < 65536:
@@ -126,6 +133,9 @@ class Settings:
         from gpupool.server.ratelimit import parse_rate  # (the library is the server's alone)
 
         parse_rate(self.tenant_request_rate)  # a sentence saying what was wrong, at start-up
+        if not 0 <= self.tenant_open_requests <= 1_000_000:
+            raise InvalidInput(f"--tenant-open-requests (GPUPOOL_TENANT_OPEN_REQUESTS) must be 0 (not "
+                               f"bounded) or a number of requests, e.g. 64, not {self.tenant_open_requests}.")
         if self.serve_router not in ("auto", "haproxy", "in-process"):
             raise InvalidInput(f"--serve-router must be auto, haproxy or in-process, "
                                f"not {self.serve_router!r}.")
@@ -237,6 +247,13 @@ class Settings:
                                        f"{'10' if key == 'lease_s' else '2'}.") from None
         if env.get("GPUPOOL_TENANT_REQUEST_RATE") and self.tenant_request_rate == DEFAULT_TENANT_REQUEST_RATE:
             changes["tenant_request_rate"] = env["GPUPOOL_TENANT_REQUEST_RATE"]
+        open_env = env.get("GPUPOOL_TENANT_OPEN_REQUESTS")
+        if open_env and self.tenant_open_requests == DEFAULT_TENANT_OPEN_REQUESTS:
+            try:
+                changes["tenant_open_requests"] = int(open_env)
+            except ValueError:
+                raise InvalidInput("GPUPOOL_TENANT_OPEN_REQUESTS must be 0 (not bounded) or a number of "
+                                   "requests, e.g. 64.") from None
         if self.image_dir is None and env.get("GPUPOOL_IMAGE_DIR"):
             changes["image_dir"] = Path(env["GPUPOOL_IMAGE_DIR"])
         if self.agent_dir is None and env.get("GPUPOOL_AGENT_DIR"):

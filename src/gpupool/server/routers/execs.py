@@ -161,12 +161,13 @@ async def exec_stream(ws: WebSocket, workload_id: str) -> None:
     rt: Runtime = ws.app.state.runtime
     await ws.accept()
     session = None
+    release = None
     try:
         try:
             client = ws.client
             who = rt.auth.principal(ws.headers.get("authorization"), remote=client.host if client else "",
                                     route=("GET", ws.url.path))
-            rt.tenant_rates.check(who)
+            release = rt.tenant_rates.admit(who)
             try:
                 first = await asyncio.wait_for(ws.receive(), FIRST_MESSAGE_S)
             except TimeoutError:
@@ -209,5 +210,7 @@ async def exec_stream(ws: WebSocket, workload_id: str) -> None:
     except WebSocketDisconnect:
         pass
     finally:
+        if release is not None:
+            release()
         if session is not None:
             session.close()
