@@ -337,13 +337,22 @@ class Client:
              reconnect_s: float) -> Iterator[M]:
         last = after
         failing_since: float | None = None
+        refused_until: float | None = None
         while True:
             headers = {} if last is None else {"Last-Event-ID": str(last)}
             try:
                 with self._http.stream("GET", path, params=params, headers=headers,
                                        timeout=httpx.Timeout(30.0, read=60.0)) as answer:
+                    wait = _retry_after(answer)  # e.g. the tenant's open requests at their bound
+                    if wait is not None:
+                        now = time.monotonic()
+                        refused_until = refused_until or now + self.retry_unavailable_s
+                        if now + wait <= refused_until:
+                            time.sleep(wait)
+                            continue
                     if answer.status_code >= 400:
                         raise error_from_answer(answer.status_code, answer.read())
+                    refused_until = None
                     failing_since = None
                     for event_id, event in _sse_events(answer.iter_lines(), model):
                         last = event_id  # the first, without an event, says where the stream starts

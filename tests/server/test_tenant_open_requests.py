@@ -1,9 +1,11 @@
 """Each tenant's open requests are bounded (server/ratelimit.py, `--tenant-open-requests`): a followed
 stream, a long poll or an exec holds a connection and a file descriptor of the server for as long as
-it lasts, and without a bound one tenant could hold them all."""
+it lasts, and without a bound one tenant could hold them all. The client library's stream waits for
+room as its other requests do."""
 
 from __future__ import annotations
 
+import threading
 import time
 from pathlib import Path
 
@@ -11,6 +13,7 @@ import httpx
 import pytest
 
 from factories import node
+from gpupool.client import Client
 from gpupool.errors import InvalidInput, TooManyRequests
 from gpupool.server.auth import Principal, Scope
 from gpupool.server.ratelimit import TenantRates
@@ -78,9 +81,39 @@ def test_followed_streams_count_as_open_until_they_end(tmp_path: Path) -> None:
         assert "has 2 requests open" in refused.json()["message"] and refused.headers["retry-after"] == "1"
         assert b.get("/workloads").status_code == 200  # another tenant
         assert httpx.get(srv.url + API + "/workloads", headers=admin).status_code == 200  # the admin
+        # the client library's stream waits for room as its requests do, and is then served
+        statuses: list[int] = []
+        inner = httpx.HTTPTransport()
+
+        class Recording(httpx.BaseTransport):
+            def handle_request(self, request: httpx.Request) -> httpx.Response:
+                answer = inner.handle_request(request)
+                statuses.append(answer.status_code)
+                return answer
+
+        outcome: list[object] = []
+
+        def read_events() -> None:
+            with Client(srv.url, tokens["team-a"], transport=Recording()) as pool:
+                try:
+                    outcome.append(list(pool.stream_events(follow=False)))
+                except Exception as exc:  # reported by the assertion below
+                    outcome.append(exc)
+
+        reader = threading.Thread(target=read_events)
+        reader.start()
+        deadline = time.monotonic() + 15
+        while 429 not in statuses:
+            assert time.monotonic() < deadline and reader.is_alive(), (statuses, outcome)
+            time.sleep(0.02)
         held[0].__exit__(None, None, None)  # the client goes: the stream ends with it
         streams[0].close()
+        reader.join(timeout=30)
+        assert outcome == [[]] and statuses[-1] == 200, (outcome, statuses)  # no events yet: an empty list
         deadline = time.monotonic() + 15
+        while srv.rt.tenant_rates.open.get("team-a", 0) > 1:  # the reader's finished stream is released too
+            assert time.monotonic() < deadline, srv.rt.tenant_rates.open
+            time.sleep(0.01)
         while a.get("/workloads").status_code == 429:
             assert time.monotonic() < deadline, "the ended stream was still counted open"
             time.sleep(0.05)
