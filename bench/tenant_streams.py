@@ -160,14 +160,10 @@ def main() -> None:
                      if line.startswith("Max open files"))
         tokens = _prepare(server.url, server.token)
         got = asyncio.run(_run(server.url, tokens, args.streams, args.seconds))
-    latencies = sorted(got["latencies"])
     failed = sum(n for key, n in got["flood_outcomes"].items() if key not in ("200", "429"))
     result = {"server_open_files": int(limit), "streams_open": got["streams_open"],
               "flood_refused_429": got["flood_outcomes"].get("429", 0), "flood_failed": failed,
-              "flood_outcomes": got["flood_outcomes"],
-              "quiet_requests_ok": len(latencies), "quiet_errors": sum(got["errors"].values()),
-              "quiet_error_kinds": dict(got["errors"]), "quiet_submitted": got["submitted"],
-              "quiet_p50_ms": statistics.median(latencies) if latencies else float("nan")}
+              "flood_outcomes": got["flood_outcomes"], **quiet_figures(got)}
     table = Table(title=f"one tenant holding up to {args.streams} followed streams; the server started "
                         f"with {args.open_files} open files allowed")
     for column in ("server's limit", "streams open", "flood 429", "flood failed", "quiet ok", "quiet errors",
@@ -177,11 +173,23 @@ def main() -> None:
                   str(result["flood_refused_429"]), str(failed), str(result["quiet_requests_ok"]),
                   str(result["quiet_errors"]),
                   f"{result['quiet_p50_ms']:.1f}", f"{result['quiet_submitted']} of 3")
+    report(table, result, args.json)
+
+
+def quiet_figures(quiet: dict[str, Any]) -> dict[str, Any]:
+    """The quiet tenant's figures from what `_quiet` returned."""
+    latencies = sorted(quiet["latencies"])
+    return {"quiet_requests_ok": len(latencies), "quiet_errors": sum(quiet["errors"].values()),
+            "quiet_error_kinds": dict(quiet["errors"]), "quiet_submitted": quiet["submitted"],
+            "quiet_p50_ms": statistics.median(latencies) if latencies else float("nan")}
+
+
+def report(table: Table, result: dict[str, Any], json_path: Path | None) -> None:
     Console().print(table)
     if result["quiet_error_kinds"]:
         Console().print(f"quiet's errors: {result['quiet_error_kinds']}")
-    if args.json:
-        args.json.write_text(json.dumps(result, indent=1))
+    if json_path:
+        json_path.write_text(json.dumps(result, indent=1))
 
 
 if __name__ == "__main__":

@@ -14,6 +14,7 @@ import uvicorn
 from gpupool.config import PoolConfig
 from gpupool.providers.base import Provider
 from gpupool.server.app import create_app
+from gpupool.server.connguard import guarded_protocol
 from gpupool.server.db import Store
 from gpupool.server.runtime import Runtime
 from gpupool.server.services.tenants import bootstrap
@@ -38,7 +39,8 @@ def live_server(data_dir: Path, provider: Provider, database_url: str = "",
                  config=config or PoolConfig())
     token = bootstrap(rt) or ""
     app = create_app(rt)
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning",
+                                           http=guarded_protocol()))  # as `gpupool up` serves it
     app.state.stopping = lambda: server.should_exit  # as `gpupool up` does: event streams end with it
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()

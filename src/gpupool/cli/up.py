@@ -241,6 +241,7 @@ def _serve(data_dir: Path | None, host: str, port: int, simulate: str, provider:
     import uvicorn
 
     from gpupool.server.app import create_app
+    from gpupool.server.connguard import guarded_protocol
     from gpupool.server.datadir import pod_accounts_notice, pool_id, secure_data_dir
     from gpupool.server.db import Store
     from gpupool.server.provision import provision
@@ -325,7 +326,7 @@ def _serve(data_dir: Path | None, host: str, port: int, simulate: str, provider:
             if settings.ha else None))
         server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level="warning",
                                                access_log=False, ssl_certfile=settings.tls_cert,
-                                               ssl_keyfile=settings.tls_key))
+                                               ssl_keyfile=settings.tls_key, http=guarded_protocol()))
         app.state.stopping = lambda: server.should_exit  # open event streams end, so shutdown waits for none
         server.run()
         if not server.started:

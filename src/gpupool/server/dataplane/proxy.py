@@ -325,9 +325,11 @@ class ProxyServer:
 
         self.app = app
         self.uds = uds
+        from gpupool.server.connguard import guarded_protocol
+
         config = uvicorn.Config(app, host=host or "127.0.0.1", port=port or 0,
                                 uds=str(uds) if uds else None, log_level="warning", lifespan="off",
-                                access_log=False, timeout_keep_alive=75)
+                                access_log=False, timeout_keep_alive=75, http=guarded_protocol())
         self._server = uvicorn.Server(config)
         self._thread = threading.Thread(target=self._server.run, name="dataplane-proxy", daemon=True)
 
