@@ -2,7 +2,7 @@
 bounded (the default) and without (`--tenant-request-rate off`), alternating, one `gpupool up` each.
 
     .venv/bin/python bench/tenant_flood.py [--rounds 3] [--seconds 10] [--connections 16]
-        [--workloads 2000] [--flood-token tenant|unknown|random] [--json OUT.json]
+        [--workloads 2000] [--flood-tenants 1] [--flood-token tenant|unknown|random] [--json OUT.json]
 
 Each round starts `gpupool up --simulate 1x8xH100` (SQLite) with one setting, creates tenants
 `flood` and `quiet`, and stores `--workloads` held workloads of `flood` (so its listings cost what
@@ -11,7 +11,9 @@ a busy tenant's do). Then for `--seconds`, `flood` sends `GET /workloads?limit=R
 workloads every 50 ms on one connection (from 0.5 s in). It reports `quiet`'s latency (p50, p99),
 the requests `flood` had served, refused (429) and refused as unauthorized (401) per second, and the server's
 CPU. `--flood-token unknown` / `random` make the flood a stranger's: one token the pool does not
-know, or a new made-up one each request. Every request is a real HTTP call on loopback.
+know, or a new made-up one each request. `--flood-tenants N`: N tenants flood at once, each with
+`--workloads` held workloads, the connections shared between them. Every request is a real HTTP
+call on loopback.
 """
 
 from __future__ import annotations
@@ -38,21 +40,25 @@ WARM_UP_S = 0.5
 process (16 at once) would otherwise be its worst latency, whatever the server does."""
 
 
-def _prepare(url: str, admin: str, workloads: int) -> dict[str, str]:
+def _prepare(url: str, admin: str, workloads: int, flooding: int = 1) -> dict[str, str]:
+    """Tokens of `quiet` and of the flooding tenants (`flood`, or `flood-0`..), each holding
+    `workloads` held workloads."""
     tokens = {}
+    names = ["flood"] if flooding == 1 else [f"flood-{i}" for i in range(flooding)]
     with httpx.Client(base_url=url + API, headers={"Authorization": f"Bearer {admin}"}, timeout=60) as c:
-        for name in ("flood", "quiet"):
+        for name in ("quiet", *names):
             c.post("/tenants", json={"name": name, "max_pending": max(workloads, 10)}).raise_for_status()
             made = c.post("/tokens", json={"tenant": name, "name": "bench"})
             made.raise_for_status()
             tokens[name] = made.json()["token"]
-        spec = {"command": ["true"], "resources": {"gpus": 1}, "tenant": "flood"}
-        left = workloads
-        while left:
-            size = min(1000, left)
-            c.post("/workloads", params={"hold": "true"},
-                   json={**spec, "array": f"0-{size - 1}"}).raise_for_status()
-            left -= size
+        for name in names:
+            spec = {"command": ["true"], "resources": {"gpus": 1}, "tenant": name}
+            left = workloads
+            while left:
+                size = min(1000, left)
+                c.post("/workloads", params={"hold": "true"},
+                       json={**spec, "array": f"0-{size - 1}"}).raise_for_status()
+                left -= size
     return tokens
 
 
@@ -85,18 +91,19 @@ async def _load(url: str, tokens: dict[str, str], seconds: float, connections: i
     latencies: list[float] = []
     errors: list[int] = []
     until = time.monotonic() + seconds
+    flooding = [token for name, token in tokens.items() if name != "quiet"]
     await asyncio.gather(_quiet(url, tokens["quiet"], until, latencies, errors),
-                         *(_flood(url, tokens["flood"], until, counts, rows, kind)
-                           for _ in range(connections)))
+                         *(_flood(url, flooding[i % len(flooding)], until, counts, rows, kind)
+                           for i in range(connections)))
     return counts, latencies, errors
 
 
 def _round(setting: str, args: argparse.Namespace) -> dict[str, Any]:
     with gpupool_up("--simulate", "1x8xH100", *SETTINGS[setting]) as server:
-        tokens = _prepare(server.url, server.token, args.workloads)
+        tokens = _prepare(server.url, server.token, args.workloads, args.flood_tenants)
         cpu = server.cpu_s()
         if args.flood_token != "tenant":  # not a token of this pool: refused, as a stranger's would be
-            tokens["flood"] = "not-a-token-of-this-pool"
+            tokens = {"quiet": tokens["quiet"], "flood": "not-a-token-of-this-pool"}
         counts, latencies, errors = asyncio.run(_load(server.url, tokens, args.seconds, args.connections,
                                                          args.rows, args.flood_token))
         cpu = server.cpu_s() - cpu
@@ -120,6 +127,8 @@ def main() -> None:
                         help="workloads each of the flood's listings asks for (1: cheap requests)")
     parser.add_argument("--workloads", type=int, default=2000,
                         help="held workloads of the flooding tenant")
+    parser.add_argument("--flood-tenants", type=int, default=1,
+                        help="tenants flooding at once, the connections shared between them")
     parser.add_argument("--flood-token", choices=("tenant", "unknown", "random"), default="tenant",
                         help="what the flood sends: its tenant's token, one token this pool does not know, "
                              "or a new random one each request (a stranger guessing)")
@@ -145,7 +154,8 @@ def main() -> None:
     for key in ("quiet_p50_ms", "quiet_p99_ms", "quiet_errors", "server_cpu_share"):
         for setting in ("off", "bounded"):  # flat, for bench/side_by_side.py --metric
             summary[f"{setting}_{key}"] = summary[setting][key]
-    who = {"tenant": "one tenant", "unknown": "a stranger (one unknown token)",
+    tenants = "one tenant" if args.flood_tenants == 1 else f"{args.flood_tenants} tenants"
+    who = {"tenant": tenants, "unknown": "a stranger (one unknown token)",
            "random": "a stranger (a made-up token each request)"}[args.flood_token]
     table = Table(title=f"{who} flooding on {args.connections} connections, another listing every "
                         f"50 ms (medians of {args.rounds} alternating rounds of {args.seconds:g} s)")
