@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import json
 import os
+import resource
 import shutil
 import signal
 import socket
@@ -18,6 +19,7 @@ import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 
 import httpx
@@ -43,8 +45,9 @@ def free_port() -> int:
 
 
 @contextmanager
-def gpupool_up(*args: str) -> Iterator[RunningServer]:
-    """A `gpupool up` process on a free loopback port with a fresh data directory."""
+def gpupool_up(*args: str, open_files: tuple[int, int] | None = None) -> Iterator[RunningServer]:
+    """A `gpupool up` process on a free loopback port with a fresh data directory; `open_files`:
+    the (soft, hard) limit of open files it starts with (default: this process's)."""
     data_dir = Path(tempfile.mkdtemp(prefix="gpupool-bench-"))
     port = free_port()
     log = open(data_dir.parent / f"{data_dir.name}.log", "wb")  # noqa: SIM115 (closed below)
@@ -63,6 +66,8 @@ def gpupool_up(*args: str) -> Iterator[RunningServer]:
         stdout=subprocess.DEVNULL,
         stderr=log,
         start_new_session=True,
+        preexec_fn=None if open_files is None else partial(resource.setrlimit, resource.RLIMIT_NOFILE,
+                                                           open_files),
     )
     url = f"http://127.0.0.1:{port}"
     try:

@@ -28,24 +28,14 @@ from typing import Any
 
 from rich.table import Table
 
-import _control_plane
 from _control_plane import gpupool_up
-from tenant_streams import _prepare, quiet_figures, report
+from tenant_flood import prepare_tenants
+from tenant_streams import quiet_figures, report
 
 HERE = Path(__file__).resolve().parent
 SLOW_SOURCE = "127.0.0.2"
 """The slow clients' address (a loopback one, as every 127/8 address is): the quiet tenant's is
 127.0.0.1, as a stranger's and a tenant's addresses differ."""
-
-
-def _limit_server(open_files: int) -> None:
-    real = _control_plane.subprocess.Popen
-
-    def popen(*args: Any, **kwargs: Any) -> Any:
-        kwargs["preexec_fn"] = lambda: resource.setrlimit(resource.RLIMIT_NOFILE, (open_files, open_files))
-        return real(*args, **kwargs)
-
-    _control_plane.subprocess.Popen = popen  # type: ignore[assignment, misc]
 
 
 async def _slow(port: int, until: float, held: list[int], made: list[int]) -> None:
@@ -96,9 +86,8 @@ def main() -> None:
     args = parser.parse_args()
     hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
     resource.setrlimit(resource.RLIMIT_NOFILE, (min(hard, args.connections + 1000), hard))
-    _limit_server(args.open_files)
-    with gpupool_up("--simulate", "1x8xH100") as server:
-        token = _prepare(server.url, server.token)["quiet"]
+    with gpupool_up("--simulate", "1x8xH100", open_files=(args.open_files, args.open_files)) as server:
+        token = prepare_tenants(server.url, server.token, 0)["quiet"]
         got = asyncio.run(_run(server.url, server.pid, token, args.connections, args.seconds))
     result = {"server_open_files": args.open_files, "slow_held": got["slow_held"],
               "slow_connections_made": got["slow_connections_made"], "server_fds": got["server_fds"],

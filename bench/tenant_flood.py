@@ -40,7 +40,7 @@ WARM_UP_S = 0.5
 process (16 at once) would otherwise be its worst latency, whatever the server does."""
 
 
-def _prepare(url: str, admin: str, workloads: int, flooding: int = 1) -> dict[str, str]:
+def prepare_tenants(url: str, admin: str, workloads: int, flooding: int = 1) -> dict[str, str]:
     """Tokens of `quiet` and of the flooding tenants (`flood`, or `flood-0`..), each holding
     `workloads` held workloads."""
     tokens = {}
@@ -100,7 +100,7 @@ async def _load(url: str, tokens: dict[str, str], seconds: float, connections: i
 
 def _round(setting: str, args: argparse.Namespace) -> dict[str, Any]:
     with gpupool_up("--simulate", "1x8xH100", *SETTINGS[setting]) as server:
-        tokens = _prepare(server.url, server.token, args.workloads, args.flood_tenants)
+        tokens = prepare_tenants(server.url, server.token, args.workloads, args.flood_tenants)
         cpu = server.cpu_s()
         if args.flood_token != "tenant":  # not a token of this pool: refused, as a stranger's would be
             tokens = {"quiet": tokens["quiet"], "flood": "not-a-token-of-this-pool"}

@@ -22,7 +22,6 @@ import asyncio
 import json
 import resource
 import statistics
-import subprocess
 import sys
 import time
 from collections import Counter
@@ -33,35 +32,12 @@ import httpx
 from rich.console import Console
 from rich.table import Table
 
-import _control_plane
 from _control_plane import gpupool_up
+from tenant_flood import prepare_tenants
 
 API = "/api/v1"
 MAX_RAMP_S = 60.0
 """The flood's streams are given at most this long to open before the quiet tenant starts."""
-
-
-def _low_limit(soft: int) -> None:
-    """gpupool up's process starts with `soft` open files allowed, the hard limit kept."""
-    real = subprocess.Popen
-
-    def popen(*args: Any, **kwargs: Any) -> subprocess.Popen[bytes]:
-        hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
-        kwargs["preexec_fn"] = lambda: resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
-        return real(*args, **kwargs)
-
-    _control_plane.subprocess.Popen = popen  # type: ignore[assignment, misc]
-
-
-def _prepare(url: str, admin: str) -> dict[str, str]:
-    tokens = {}
-    with httpx.Client(base_url=url + API, headers={"Authorization": f"Bearer {admin}"}, timeout=60) as c:
-        for name in ("flood", "quiet"):
-            c.post("/tenants", json={"name": name}).raise_for_status()
-            made = c.post("/tokens", json={"tenant": name, "name": "bench"})
-            made.raise_for_status()
-            tokens[name] = made.json()["token"]
-    return tokens
 
 
 async def _hold(url: str, token: str, until: float, outcomes: Counter[str], open_now: list[int]) -> None:
@@ -154,11 +130,10 @@ def main() -> None:
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     if soft < args.streams + 200:  # this process holds the streams' connections itself
         resource.setrlimit(resource.RLIMIT_NOFILE, (min(hard, args.streams * 2 + 1000), hard))
-    _low_limit(args.open_files)
-    with gpupool_up("--simulate", "1x8xH100") as server:
+    with gpupool_up("--simulate", "1x8xH100", open_files=(args.open_files, hard)) as server:
         limit = next(line.split()[3] for line in Path(f"/proc/{server.pid}/limits").read_text().splitlines()
                      if line.startswith("Max open files"))
-        tokens = _prepare(server.url, server.token)
+        tokens = prepare_tenants(server.url, server.token, 0)
         got = asyncio.run(_run(server.url, tokens, args.streams, args.seconds))
     failed = sum(n for key, n in got["flood_outcomes"].items() if key not in ("200", "429"))
     result = {"server_open_files": int(limit), "streams_open": got["streams_open"],
