@@ -99,8 +99,8 @@ class TenantRates:
     def admit(self, who: Principal, cost: int = 1) -> Callable[[], None]:
         """`check` the request, then count it open until the returned release is called (once it is
         answered, however it ends); TooManyRequests when its tenant has `max_open` open already."""
-        tenant = who.tenant
-        if not self.max_open or tenant is None or who.scope != "full":
+        tenant = _counted(who)
+        if not self.max_open or tenant is None:
             self.check(who, cost)
             return _nothing
         if self.open.get(tenant, 0) >= self.max_open:
@@ -125,9 +125,9 @@ class TenantRates:
         """Count a request of `who` (a tenant's full token) as `cost` requests, or refuse it: nothing
         counted then."""
         limiter = self._limiter
-        if limiter is None or who.tenant is None or who.scope != "full":  # (auth.Scope.FULL)
+        tenant = _counted(who)
+        if limiter is None or tenant is None:
             return
-        tenant = who.tenant
         cost = min(cost, self._smallest)  # a request as large as a window's whole limit still passes alone
         for item in self.items:  # every window first, so a refused request takes no place in any
             if not limiter.test(item, "tenant", tenant, cost=cost):
@@ -174,9 +174,17 @@ def address_key(address: str) -> str:
         ip = ipaddress.ip_address(address)
     except ValueError:
         return address
-    if ip.version == 6 and ip.ipv4_mapped is None:
-        return str(ipaddress.IPv6Network((int(ip) >> 64 << 64, 64)))
-    return str(ip.ipv4_mapped or ip) if ip.version == 6 else address
+    if ip.version == 4:
+        return address
+    if ip.ipv4_mapped is not None:  # an IPv4 client on an IPv6 socket
+        return str(ip.ipv4_mapped)
+    return str(ipaddress.IPv6Network((int(ip) >> 64 << 64, 64)))
+
+
+def _counted(who: Principal) -> str | None:
+    """The tenant whose count a request of `who` goes to: a tenant's full token's; None for the
+    admin, metrics tokens and federation hubs (which act for tenants and are bounded at the hub)."""
+    return who.tenant if who.scope == "full" else None  # (auth.Scope.FULL)
 
 
 def _nothing() -> None:
