@@ -42,6 +42,16 @@ def live_server(data_dir: Path, provider: Provider, database_url: str = "",
     server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning",
                                            http=guarded_protocol()))  # as `gpupool up` serves it
     app.state.stopping = lambda: server.should_exit  # as `gpupool up` does: event streams end with it
+    try:
+        with serving(server):
+            yield LiveServer(url=f"http://127.0.0.1:{port}", admin_token=token, rt=rt)
+    finally:
+        rt.store.close()
+
+
+@contextmanager
+def serving(server: uvicorn.Server) -> Iterator[None]:
+    """`server` running on a thread of its own until the block ends."""
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
     deadline = time.monotonic() + 20
@@ -50,8 +60,7 @@ def live_server(data_dir: Path, provider: Provider, database_url: str = "",
             raise RuntimeError("the test server did not start")
         time.sleep(0.02)
     try:
-        yield LiveServer(url=f"http://127.0.0.1:{port}", admin_token=token, rt=rt)
+        yield
     finally:
         server.should_exit = True
         thread.join(timeout=20)
-        rt.store.close()

@@ -5,7 +5,6 @@ few bytes on each of many connections held a descriptor of the server per connec
 from __future__ import annotations
 
 import socket
-import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -15,6 +14,7 @@ import httpx
 import uvicorn
 
 from gpupool.server.connguard import guarded_protocol
+from live import serving
 from ports import free_port
 
 
@@ -35,17 +35,8 @@ def _served(max_per_address: int, header_timeout_s: float) -> Iterator[tuple[int
     port = free_port()
     server = uvicorn.Server(uvicorn.Config(_app, host="127.0.0.1", port=port, log_level="warning",
                                            lifespan="off", http=protocol))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 20
-    while not server.started:
-        assert time.monotonic() < deadline and thread.is_alive(), "the server did not start"
-        time.sleep(0.01)
-    try:
+    with serving(server):
         yield port, protocol.held  # type: ignore[attr-defined]
-    finally:
-        server.should_exit = True
-        thread.join(timeout=10)
 
 
 def _closed_within(sock: socket.socket, seconds: float) -> bool:
