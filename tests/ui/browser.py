@@ -18,9 +18,16 @@ class Watched:
 
     page: Any
     problems: list[str] = field(default_factory=list)
+    navigations: int = 0
+    """How many times the page's main frame has navigated (the test's `goto`s and the app's own)."""
+    aborted: list[tuple[str, int]] = field(default_factory=list)
+    """Requests the browser aborted, each with `navigations` as it was when the request was sent."""
 
     def assert_clean(self) -> None:
-        assert not self.problems, "the page met problems:\n" + "\n".join(self.problems)
+        # A navigation aborts the requests its page still had in flight (a log being read when the
+        # test goes to another workload): not a problem of the page, unlike an abort while it stayed.
+        problems = self.problems + [what for what, sent_at in self.aborted if sent_at == self.navigations]
+        assert not problems, "the page met problems:\n" + "\n".join(problems)
 
 
 def screenshot(page: Any, name: str) -> None:

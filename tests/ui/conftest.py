@@ -4,6 +4,7 @@ uncaught exception, failed request and error answer, which each test then assert
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import tempfile
@@ -14,6 +15,7 @@ from typing import Any
 import pytest
 
 from server.upproc import UpProcess
+from ui import private_net
 from ui.browser import Watched
 
 CHROMIUM = os.environ.get("GPUPOOL_CHROMIUM", "/usr/bin/chromium")
@@ -22,20 +24,27 @@ CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networki
 
 
 @pytest.fixture(scope="package")
-def chromium() -> Iterator[Any]:
-    """A headless Chromium, or skip with the reason. Package-scoped: Playwright's sync API keeps an
-    asyncio loop running in the main thread while it is open, so it must be closed before a worker
-    goes on to other packages' tests (asyncio.run() refuses to start inside a running loop)."""
+def chromium(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    """A headless Chromium, or skip with the reason; on a network of its own where it can have one
+    (private_net.py: the host's interfaces, which other tests change, would abort its requests).
+    Package-scoped: Playwright's sync API keeps an asyncio loop running in the main thread while it
+    is open, so it must be closed before a worker goes on to other packages' tests (asyncio.run()
+    refuses to start inside a running loop)."""
     if not (os.path.isfile(CHROMIUM) and os.access(CHROMIUM, os.X_OK)):
         pytest.skip(f"Chromium not found at {CHROMIUM}; as root `make test` installs Debian's chromium")
     sync_api = pytest.importorskip("playwright.sync_api", reason="playwright is a dev dependency: "
                                    "pip install -e '.[dev]'")
-    with sync_api.sync_playwright() as driver:
-        browser = driver.chromium.launch(executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS)
-        try:
-            yield browser
-        finally:
-            browser.close()
+    with contextlib.ExitStack() as stack:
+        executable = CHROMIUM
+        if not private_net.unavailable():
+            network = private_net.BrowserNetwork(tmp_path_factory.mktemp("browser-net"))
+            network.start()
+            stack.callback(network.close)
+            executable = network.wrap(CHROMIUM)
+        driver = stack.enter_context(sync_api.sync_playwright())
+        browser = driver.chromium.launch(executable_path=executable, headless=True, args=CHROMIUM_ARGS)
+        stack.callback(browser.close)
+        yield browser
 
 
 @pytest.fixture(scope="module")
@@ -73,7 +82,23 @@ def browser_page(chromium: Any) -> Iterator[Watched]:
 
     page.on("console", lambda m: note(f"console: {m.text}", m.type == "error"))
     page.on("pageerror", lambda e: note(f"uncaught: {e}"))
-    page.on("requestfailed", lambda r: note(f"failed: {r.url} {r.failure}"))
+    sent_at: dict[Any, int] = {}
+
+    def navigated(frame: Any) -> None:
+        if frame == page.main_frame:
+            watched.navigations += 1
+
+    def failed(request: Any) -> None:
+        problem = f"failed: {request.url} {request.failure}"
+        if "ERR_ABORTED" in (request.failure or ""):
+            watched.aborted.append((problem, sent_at.pop(request, watched.navigations)))
+        else:
+            note(problem)
+
+    page.on("framenavigated", navigated)
+    page.on("request", lambda r: sent_at.__setitem__(r, watched.navigations))
+    page.on("requestfinished", lambda r: sent_at.pop(r, None))
+    page.on("requestfailed", failed)
     page.on("response", lambda r: note(f"answer {r.status}: {r.url}", r.status >= 400))
     try:
         yield watched
