@@ -4,6 +4,7 @@ a failed node is marked, data never runs as script, and no page logs an error or
 
 from __future__ import annotations
 
+import time
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -90,9 +91,17 @@ def test_no_script_builds_markup_from_strings() -> None:
 def test_a_tenant_sees_only_its_own_work_and_data_never_runs_as_script(
         pool: UpProcess, browser_page: Watched, gate_dir: Path) -> None:
     alpha, beta = _tenant_token(pool, "alpha"), _tenant_token(pool, "beta")
-    mine = _submit(pool, alpha, name="alpha-job", command=["echo", "alpha"], resources={"gpus": 0.25})
+    gate = gate_dir / "go"
+    # alpha's pod runs until the test lets it end, a tenth of a second after its start is on record
+    # (committed with the workload's "running"): metered from that start to the reconciler's reading
+    # of its end, an `echo` alone could end within the few milliseconds that round to 0 device-hours
+    mine = _submit(pool, alpha, name="alpha-job", resources={"gpus": 0.25},
+                   command=["sh", "-c", f"while [ ! -e {gate} ]; do sleep 0.02; done; echo alpha"])
     theirs = _submit(pool, beta, name="beta-job", command=["sh", "-c", f"echo '{INJECTED}'"],
                      resources={"gpus": 0.25})
+    until(lambda: _status(pool, mine) == "running", 60, "alpha's workload running")
+    time.sleep(0.1)
+    gate.touch()
     until(lambda: _status(pool, theirs) == "succeeded" and _status(pool, mine) == "succeeded", 60,
           "both workloads finishing")
     page = _log_in(browser_page, pool, alpha, "/ui/workloads")
