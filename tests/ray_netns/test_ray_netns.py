@@ -141,7 +141,10 @@ def _log(provider: RayProvider, pod_id: str, text: str) -> str:
             return ""
         return out if text in out else ""
 
-    return str(wait_for(printed, 60, f"{pod_id} to print {text!r}"))
+    try:
+        return str(wait_for(printed, 60, f"{pod_id} to print {text!r}"))
+    except AssertionError as exc:  # say where the pod got to: a pod that failed to start prints nothing
+        raise AssertionError(f"{exc}; the pod is {_status(provider, pod_id)}") from None
 
 def _kill_for_good(*agents: object) -> None:
     """Kill the agents and wait until their processes are gone: `ray.kill` returns before the
