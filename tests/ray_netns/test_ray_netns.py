@@ -39,7 +39,7 @@ from gpupool.providers.ray import RayProvider
 from gpupool.providers.ray.actor import PodActor
 from gpupool.providers.ray.network import NetworkPlan
 from gpupool.providers.ray.node_agent import PLAN_FILE, NodeAgentActor
-from gpupool.providers.ray.nodeconfig import NodeConfig, node_agent_name
+from gpupool.providers.ray.nodeconfig import NodeConfig, node_agent_name, pod_actor_name
 from gpupool.providers.ray.settings import NAMESPACE
 from gpupool.server.dataplane.model import Backend, Probe, Route
 from gpupool.server.dataplane.plane import DataPlane
@@ -144,7 +144,21 @@ def _log(provider: RayProvider, pod_id: str, text: str) -> str:
     try:
         return str(wait_for(printed, 60, f"{pod_id} to print {text!r}"))
     except AssertionError as exc:  # say where the pod got to: a pod that failed to start prints nothing
-        raise AssertionError(f"{exc}; the pod is {_status(provider, pod_id)}") from None
+        raise AssertionError(f"{exc}; the pod is {_status(provider, pod_id)}; "
+                             f"its Ray actor: {_actor_state(pod_id)}") from None
+
+
+def _actor_state(pod_id: str) -> object:
+    """What Ray's control store says of an actor-carried pod's actor (its state, and why it died):
+    whether Ray had started its process at all."""
+    try:  # Ray has no public call for it without its dashboard
+        found = [info for info in ray._private.state.actors().values()
+                 if info.get("Name") == pod_actor_name(pod_id)]
+    except Exception as exc:  # a diagnosis only: never the test's failure
+        return f"unknown ({type(exc).__name__})"
+    keys = ("State", "NumRestarts", "DeathCause", "Address")
+    return [{key: info.get(key) for key in keys} for info in found]
+
 
 def _kill_for_good(*agents: object) -> None:
     """Kill the agents and wait until their processes are gone: `ray.kill` returns before the
