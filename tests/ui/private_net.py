@@ -47,7 +47,10 @@ class BrowserNetwork:
         self._closed = False
 
     def start(self) -> None:
-        _run(["ip", "netns", "del", self.name], check=False)  # a killed run's
+        for left in Path("/run/netns").glob("gpupool-ui-*"):  # those of killed runs
+            pid = left.name.rsplit("-", 1)[1]
+            if pid.isdigit() and (int(pid) == os.getpid() or not Path(f"/proc/{pid}").exists()):
+                _run(["ip", "netns", "del", left.name], check=False)
         _run(["ip", "netns", "add", self.name])
         try:
             _run(["ip", "-n", self.name, "link", "set", "lo", "up"])
