@@ -4,10 +4,10 @@ uncaught exception, failed request and error answer, which each test then assert
 
 from __future__ import annotations
 
-import contextlib
 import os
 import shutil
 import tempfile
+import warnings
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -24,9 +24,29 @@ CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networki
 
 
 @pytest.fixture(scope="package")
-def chromium(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
-    """A headless Chromium, or skip with the reason; on a network of its own where it can have one
-    (private_net.py: the host's interfaces, which other tests change, would abort its requests).
+def browser_network(tmp_path_factory: pytest.TempPathFactory) -> Iterator[private_net.BrowserNetwork | None]:
+    """The browser's own network (private_net.py: the host's interfaces, which other tests change,
+    would abort its requests), or None where it cannot have one."""
+    if private_net.unavailable():
+        yield None
+        return
+    network = private_net.BrowserNetwork(tmp_path_factory.mktemp("browser-net"))
+    try:
+        network.start()
+    except (RuntimeError, OSError) as exc:  # the tests may then meet the host's changes
+        warnings.warn(f"the browser shares the host's network: its own could not be made ({exc})",
+                      stacklevel=1)
+        yield None
+        return
+    try:
+        yield network
+    finally:
+        network.close()
+
+
+@pytest.fixture(scope="package")
+def chromium(browser_network: private_net.BrowserNetwork | None) -> Iterator[Any]:
+    """A headless Chromium, or skip with the reason; on its own network where it can have one.
     Package-scoped: Playwright's sync API keeps an asyncio loop running in the main thread while it
     is open, so it must be closed before a worker goes on to other packages' tests (asyncio.run()
     refuses to start inside a running loop)."""
@@ -34,17 +54,13 @@ def chromium(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
         pytest.skip(f"Chromium not found at {CHROMIUM}; as root `make test` installs Debian's chromium")
     sync_api = pytest.importorskip("playwright.sync_api", reason="playwright is a dev dependency: "
                                    "pip install -e '.[dev]'")
-    with contextlib.ExitStack() as stack:
-        executable = CHROMIUM
-        if not private_net.unavailable():
-            network = private_net.BrowserNetwork(tmp_path_factory.mktemp("browser-net"))
-            network.start()
-            stack.callback(network.close)
-            executable = network.wrap(CHROMIUM)
-        driver = stack.enter_context(sync_api.sync_playwright())
+    executable = browser_network.wrap(CHROMIUM) if browser_network is not None else CHROMIUM
+    with sync_api.sync_playwright() as driver:
         browser = driver.chromium.launch(executable_path=executable, headless=True, args=CHROMIUM_ARGS)
-        stack.callback(browser.close)
-        yield browser
+        try:
+            yield browser
+        finally:
+            browser.close()
 
 
 @pytest.fixture(scope="module")

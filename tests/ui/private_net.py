@@ -20,8 +20,11 @@ import socket
 import struct
 import subprocess
 import threading
+from collections.abc import Callable
 from pathlib import Path
+from typing import TypeVar
 
+T = TypeVar("T")
 CLONE_NEWNET = 0x40000000
 SO_ORIGINAL_DST = 80
 """linux/netfilter_ipv4.h: the destination a connection had before NAT redirected it."""
@@ -47,6 +50,8 @@ class BrowserNetwork:
         self._closed = False
 
     def start(self) -> None:
+        """Make the namespace and its carrying, and check that a connection made inside it reaches
+        the host's 127.0.0.1 (RuntimeError with why where it does not: a kernel without NAT, say)."""
         for left in Path("/run/netns").glob("gpupool-ui-*"):  # those of killed runs
             pid = left.name.rsplit("-", 1)[1]
             if pid.isdigit() and (int(pid) == os.getpid() or not Path(f"/proc/{pid}").exists()):
@@ -54,16 +59,40 @@ class BrowserNetwork:
         _run(["ip", "netns", "add", self.name])
         try:
             _run(["ip", "-n", self.name, "link", "set", "lo", "up"])
-            self._listener = self._listen()
+            self._listener = self._inside(_listener)
             port = self._listener.getsockname()[1]
             rules = ("table ip gpupool_ui {\n chain out {\n"
                      "  type nat hook output priority -100; policy accept;\n"
                      f"  ip daddr 127.0.0.1 tcp dport != {port} redirect to :{port}\n }}\n}}\n")
             _run(["ip", "netns", "exec", self.name, "nft", "-f", "-"], stdin=rules)
+            threading.Thread(target=self._accept, name="browser-net", daemon=True).start()
+            self._check()
         except BaseException:
             self.close()
             raise
-        threading.Thread(target=self._accept, name="browser-net", daemon=True).start()
+
+    def _check(self) -> None:
+        with socket.create_server(("127.0.0.1", 0)) as host_side:
+            host_side.settimeout(10)
+            port = host_side.getsockname()[1]
+
+            def reach() -> bytes:
+                with socket.create_connection(("127.0.0.1", port), timeout=10) as inside:
+                    return inside.recv(2)
+
+            answer: list[bytes | BaseException] = []
+            asking = threading.Thread(target=lambda: answer.append(_caught(lambda: self._inside(reach))))
+            asking.start()
+            try:
+                accepted, _peer = host_side.accept()
+                with accepted:
+                    accepted.sendall(b"ok")
+            except OSError as exc:
+                raise RuntimeError(f"a connection made in it did not reach the host ({exc})") from None
+            finally:
+                asking.join()
+            if answer != [b"ok"]:
+                raise RuntimeError(f"the namespace's side of a carried connection read {answer!r}")
 
     def wrap(self, executable: str) -> str:
         """An executable that runs `executable` with its arguments inside the namespace (what the
@@ -83,12 +112,12 @@ class BrowserNetwork:
                     sock.close()
         _run(["ip", "netns", "del", self.name], check=False)
 
-    def _listen(self) -> socket.socket:
-        """A listening socket in the namespace: made by a thread that joins it for that alone (a
-        socket stays in the namespace it was made in; the thread's switch is its own)."""
-        made: list[socket.socket | BaseException] = []
+    def _inside(self, make: Callable[[], T]) -> T:
+        """`make()` run by a thread that joins the namespace for that alone (a socket stays in the
+        namespace it was made in; a thread's switch is its own)."""
+        made: list[T | BaseException] = []
 
-        def make() -> None:
+        def run() -> None:
             libc = ctypes.CDLL(None, use_errno=True)
             own = os.open("/proc/thread-self/ns/net", os.O_RDONLY | os.O_CLOEXEC)
             theirs = os.open(f"/run/netns/{self.name}", os.O_RDONLY | os.O_CLOEXEC)
@@ -96,10 +125,7 @@ class BrowserNetwork:
                 if libc.setns(theirs, CLONE_NEWNET) != 0:
                     raise OSError(ctypes.get_errno(), "setns into the browser's namespace")
                 try:
-                    sock = socket.socket()
-                    sock.bind(("127.0.0.1", 0))
-                    sock.listen(128)
-                    made.append(sock)
+                    made.append(_caught(make))
                 finally:
                     if libc.setns(own, CLONE_NEWNET) != 0:  # never leave a thread behind in it
                         raise OSError(ctypes.get_errno(), "setns back")
@@ -109,10 +135,10 @@ class BrowserNetwork:
                 os.close(own)
                 os.close(theirs)
 
-        thread = threading.Thread(target=make)
+        thread = threading.Thread(target=run)
         thread.start()
         thread.join()
-        (result,) = made
+        result = made[0]
         if isinstance(result, BaseException):
             raise result
         return result
@@ -145,6 +171,20 @@ class BrowserNetwork:
             self._open.difference_update((inside, outside))
         inside.close()
         outside.close()
+
+
+def _listener() -> socket.socket:
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    sock.listen(128)
+    return sock
+
+
+def _caught(call: Callable[[], T]) -> T | BaseException:
+    try:
+        return call()
+    except BaseException as exc:
+        return exc
 
 
 def _pump(source: socket.socket, sink: socket.socket) -> None:
