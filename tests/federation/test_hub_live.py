@@ -71,7 +71,19 @@ def test_a_tenant_uses_the_hub_as_a_pool(fed: Federation) -> None:
     until(lambda: workload_id not in copies(fed.member("east")), 10, "cancelled on the member too")
 
 
-def test_usage_at_the_hub_adds_the_members_metering(fed: Federation) -> None:
+@pytest.fixture
+def alices_work(fed: Federation) -> None:
+    """Work of alice's placed through the hub and run on a member: what the tests before leave, or,
+    for a test chosen alone, a workload of a second's run made here."""
+    assert fed.hub is not None
+    with Client(fed.hub.url, fed.alice_token) as pool:
+        if pool.workloads().items:
+            return
+        workload_id = pool.submit(command=["train"], gpus=1, env={"GPUPOOL_FAKE_DURATION_S": "1"})
+        until(lambda: pool.workload(workload_id).status == "succeeded", 60, "alice's workload run")
+
+
+def test_usage_at_the_hub_adds_the_members_metering(fed: Federation, alices_work: None) -> None:
     with fed.hub_api() as api:
         merged = api.get("/usage", params={"by": "tenant"}).json()
         split = api.get("/federation/usage", params={"by": "tenant"}).json()
@@ -87,7 +99,7 @@ def test_usage_at_the_hub_adds_the_members_metering(fed: Federation) -> None:
     assert set(split["regions"]) == {"east", "west", "north"}
 
 
-def test_the_cli_at_the_hub(fed: Federation) -> None:
+def test_the_cli_at_the_hub(fed: Federation, alices_work: None) -> None:
     import json
 
     from typer.testing import CliRunner

@@ -145,7 +145,12 @@ def test_a_symlink_out_of_the_root_fails_the_pod_with_the_reason(pool: Pool) -> 
 
 def test_the_value_is_nowhere_but_in_the_pod(pool: Pool) -> None:
     """The store, the server's log, every answer the admin can read, and the environment and command
-    line of the server and its launcher helpers: none holds the value. The key file is 0600."""
+    line of the server and its launcher helpers: none holds the value. The key file is 0600. A pod
+    given the secret runs first (here, not only in the tests before: chosen alone, this test would
+    look at a server that never handed the value to a launch)."""
+    code, out, err = pool.gp("team-a", "submit", "--secret", "hf", "--", "true")
+    assert code == 0, err
+    assert pool.finished("team-a", out.strip())["status"] == "succeeded"
     data = pool.server.data_dir
     key = data / "secrets.key"
     assert stat.S_IMODE(key.stat().st_mode) == 0o600
