@@ -16,7 +16,7 @@ import asyncio
 
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
-from gpupool.server.ratelimit import address_key
+from gpupool.server.ratelimit import address_key, count_down
 
 MAX_PER_ADDRESS = 1024
 """Connections one client address may hold at once."""
@@ -79,11 +79,7 @@ def guarded_protocol(max_per_address: int = MAX_PER_ADDRESS,
         def _release(self) -> None:
             self._disarm()
             if self._key is not None:
-                left = held[self._key] - 1
-                if left:
-                    held[self._key] = left
-                else:
-                    del held[self._key]
+                count_down(held, self._key)
                 self._key = None
 
     Guarded.held = held  # type: ignore[attr-defined]  # for tests

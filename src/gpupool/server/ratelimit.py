@@ -16,6 +16,7 @@ several servers (HA) each counts what it serves.
 
 from __future__ import annotations
 
+import functools
 import ipaddress
 import math
 import time
@@ -112,14 +113,7 @@ class TenantRates:
         self.check(who, cost)
         self.open[tenant] = self.open.get(tenant, 0) + 1
 
-        def release() -> None:
-            left = self.open[tenant] - 1
-            if left:
-                self.open[tenant] = left
-            else:
-                del self.open[tenant]
-
-        return release
+        return functools.partial(count_down, self.open, tenant)
 
     def check(self, who: Principal, cost: int = 1) -> None:
         """Count a request of `who` (a tenant's full token) as `cost` requests, or refuse it: nothing
@@ -179,6 +173,15 @@ def address_key(address: str) -> str:
     if ip.ipv4_mapped is not None:  # an IPv4 client on an IPv6 socket
         return str(ip.ipv4_mapped)
     return str(ipaddress.IPv6Network((int(ip) >> 64 << 64, 64)))
+
+
+def count_down(counts: dict[str, int], key: str) -> None:
+    """One less of `key` in `counts`, which keeps no key at 0 (so it holds only what is open now)."""
+    left = counts[key] - 1
+    if left:
+        counts[key] = left
+    else:
+        del counts[key]
 
 
 def _counted(who: Principal) -> str | None:
