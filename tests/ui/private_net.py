@@ -76,23 +76,24 @@ class BrowserNetwork:
             host_side.settimeout(10)
             port = host_side.getsockname()[1]
 
+            def answer() -> None:  # the host's side, while the namespace's connects
+                with contextlib.suppress(OSError), host_side.accept()[0] as accepted:
+                    accepted.sendall(b"ok")
+
             def reach() -> bytes:
                 with socket.create_connection(("127.0.0.1", port), timeout=10) as inside:
                     return inside.recv(2)
 
-            answer: list[bytes | BaseException] = []
-            asking = threading.Thread(target=lambda: answer.append(_caught(lambda: self._inside(reach))))
-            asking.start()
+            answering = threading.Thread(target=answer)
+            answering.start()
             try:
-                accepted, _peer = host_side.accept()
-                with accepted:
-                    accepted.sendall(b"ok")
+                said = self._inside(reach)
             except OSError as exc:
                 raise RuntimeError(f"a connection made in it did not reach the host ({exc})") from None
             finally:
-                asking.join()
-            if answer != [b"ok"]:
-                raise RuntimeError(f"the namespace's side of a carried connection read {answer!r}")
+                answering.join()
+            if said != b"ok":
+                raise RuntimeError(f"the namespace's side of a carried connection read {said!r}")
 
     def wrap(self, executable: str) -> str:
         """An executable that runs `executable` with its arguments inside the namespace (what the
@@ -125,7 +126,7 @@ class BrowserNetwork:
                 if libc.setns(theirs, CLONE_NEWNET) != 0:
                     raise OSError(ctypes.get_errno(), "setns into the browser's namespace")
                 try:
-                    made.append(_caught(make))
+                    made.append(make())
                 finally:
                     if libc.setns(own, CLONE_NEWNET) != 0:  # never leave a thread behind in it
                         raise OSError(ctypes.get_errno(), "setns back")
@@ -178,13 +179,6 @@ def _listener() -> socket.socket:
     sock.bind(("127.0.0.1", 0))
     sock.listen(128)
     return sock
-
-
-def _caught(call: Callable[[], T]) -> T | BaseException:
-    try:
-        return call()
-    except BaseException as exc:
-        return exc
 
 
 def _pump(source: socket.socket, sink: socket.socket) -> None:
