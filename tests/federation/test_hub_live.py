@@ -148,6 +148,28 @@ def test_another_tenant_sees_nothing_of_it(fed: Federation) -> None:
         alice.post(f"/workloads/{workload_id}/cancel")
 
 
+def _everything_on_the_members(fed: Federation) -> dict[str, set[str]]:
+    out = {}
+    for member in fed.members:
+        with member.admin() as api:
+            items = api.get("/workloads", params={"limit": 1000}).json()["items"]
+        out[member.name] = {w["id"] for w in items}
+    return out
+
+
+def test_the_hubs_admin_opens_no_remote_function_session_for_a_tenant(fed: Federation) -> None:
+    """Behind the hub the member sees the tenant, not the admin, so the hub refuses it itself: the
+    results are pickles the admin's SDK would load, posted by code running as alice's account."""
+    assert fed.hub is not None
+    before = _everything_on_the_members(fed)
+    with fed.hub.admin() as admin:
+        opened = admin.post("/calls/sessions", json={"tenant": "alice", "python": "3.11",
+                                                     "resources": {"gpus": 1}})
+    assert opened.status_code == 403, opened.text
+    assert "default tenant only" in opened.json()["message"] and "alice's tokens" in opened.json()["message"]
+    assert _everything_on_the_members(fed) == before  # nothing forwarded: no session's workload
+
+
 def test_the_hub_restarts_on_its_record(fed: Federation) -> None:
     assert fed.hub is not None
     with fed.hub_api() as api:

@@ -22,6 +22,7 @@ from gpupool.federation.placement import candidates
 from gpupool.server.auth import Principal
 from gpupool.server.deps import Who
 from gpupool.server.orm import FedSessionRow
+from gpupool.server.services.calls import refuse_admin_session
 
 _SEP = "."
 
@@ -31,6 +32,7 @@ def calls_router(hub: Hub) -> APIRouter:
 
     @router.post("/sessions", status_code=201)
     def open_session(body: SessionCreate, who: Who) -> Any:
+        refuse_admin_session(who, body.tenant)  # the member sees the tenant, not the admin, behind the hub
         tenant = who.tenant_for(body.tenant)
         spec = WorkloadSpec.model_validate({  # what placement ranks members by: the session's workload
             "command": ["python3", "-m", "gpupool.remote.worker"], "queue": body.queue,

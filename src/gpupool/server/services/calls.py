@@ -279,18 +279,24 @@ def _workload_spec(body: SessionCreate, rt: Runtime) -> WorkloadSpec:
         "resources": body.resources, "env": env})
 
 
+def refuse_admin_session(who: Principal, tenant: str | None) -> None:
+    """The admin token opens remote-function sessions of the default tenant only, here and at a
+    federation's hub (which opens them on a member as the tenant): as `gpupool exec` refuses it
+    (routers/execs.py), the results are pickles the caller's SDK loads, and code running as that
+    tenant's account can post them (it reads the worker's call token from /proc as the same
+    account), so the tenant would run code as the admin."""
+    if who.is_admin and tenant not in (None, "default"):
+        raise Forbidden(f"Remote functions for tenant {tenant} run as its account, and their results "
+                        "are pickles that the caller's SDK loads, which runs what code of that account "
+                        "put in them: the admin token opens sessions of the default tenant only. Use one "
+                        f"of {tenant}'s tokens.")
+
+
 def open_session(rt: Runtime, who: Principal, body: SessionCreate) -> SessionOut:
     """Store the session (and its first call), then submit its workload like any other; refused as
     a whole (nothing kept) when the submission is."""
     check_python(body.python)
-    if who.is_admin and body.tenant not in (None, "default"):
-        # as `gpupool exec` refuses it (routers/execs.py): the results are pickles the caller's SDK
-        # loads, and code running as that tenant's account can post them (it reads the worker's call
-        # token from /proc as the same account), so the tenant would run code as the admin
-        raise Forbidden(f"Remote functions for tenant {body.tenant} run as its account, and their results "
-                        "are pickles that the caller's SDK loads, which runs what code of that account "
-                        "put in them: the admin token opens sessions of the default tenant only. Use one "
-                        f"of {body.tenant}'s tokens.")
+    refuse_admin_session(who, body.tenant)
     payload = None if body.call is None else decode_payload(body.call.payload, "function and its arguments")
     _key(rt.store, create=True)  # before any of its pods is launched (the scheduler only reads it)
     _prune(rt)
