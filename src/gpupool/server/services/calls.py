@@ -384,15 +384,24 @@ def cancel_call(rt: Runtime, who: Principal, call_id: str) -> CallOut:
     now = rt.clock()
     with rt.store.write() as session:
         row = _visible_call(session, who, call_id)
-        if CallStatus(row.status).is_final:
-            return _call_out(row)
         one_shot = bool(session.scalar(select(RemoteSessionRow.one_shot)
                                        .where(RemoteSessionRow.id == row.session_id)))
-        stop_workload = one_shot or row.status == CallStatus.RUNNING.value
-        row.status, row.finished_s, row.payload = CallStatus.CANCELLED.value, now, b""
-        row.error = ("Cancelled by the user" + (f"; its workload {row.session_id} was cancelled too."
-                                                 if stop_workload else "."))
-        out = _call_out(row)
+        conn = session.connection()
+        # What a cancel does depends on the call's status, which a worker changes at the same time
+        # (next_call hands it out, finish_call answers it): set only where it is still the status
+        # read, else read it again
+        status, stop_workload = row.status, False
+        while not CallStatus(status).is_final:
+            stop_workload = one_shot or status == CallStatus.RUNNING.value
+            error = "Cancelled by the user" + (f"; its workload {row.session_id} was cancelled too."
+                                               if stop_workload else ".")
+            if conn.execute(update(_C).where(_C.c.id == call_id, _C.c.status == status).values(
+                    status=CallStatus.CANCELLED.value, finished_s=now, payload=b"", error=error)).rowcount:
+                break
+            status = conn.execute(select(_C.c.status).where(_C.c.id == call_id)).scalar_one()
+        else:  # final before this cancel: as it was
+            stop_workload = False
+        out = _call_out(conn.execute(select(_C).where(_C.c.id == call_id)).one())
     if stop_workload:
         with contextlib.suppress(Conflict):  # it had ended already
             workloads_service.cancel(rt, who, row.session_id)
