@@ -6,8 +6,10 @@ from __future__ import annotations
 
 import io
 import tarfile
+import threading
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from fakes import ManualProvider
@@ -141,3 +143,70 @@ def test_an_unpack_cut_short_removes_what_it_wrote(tmp_path: Path) -> None:
         unpack(target, _tar_of(("a", None), ("a/b", b"12"), ("c", b"3"), ("z", b"4")), None, None)
     assert sorted(p.name for p in target.iterdir()) == ["z"]  # only what was there before
     assert not (tmp_path / "outside").exists()
+
+
+class GatedProvider(CheckpointingProvider):
+    """Each checkpoint read waits for `gate` (counted in `reading` while it does)."""
+
+    def __init__(self, scratch: Path) -> None:
+        super().__init__(scratch)
+        self.gate = threading.Event()
+        self.reading = 0
+        self._lock = threading.Lock()
+
+    def read_checkpoint(self, workload_id: str, max_bytes: int) -> tuple[float | None, bytes] | None:
+        with self._lock:
+            self.reading += 1
+        assert self.gate.wait(30), "the gate was never opened"
+        return super().read_checkpoint(workload_id, max_bytes)
+
+
+def test_checkpoint_reads_are_bounded_for_each_tenant_and_for_the_server(tmp_path: Path) -> None:
+    """A read builds its archive in the server's memory (up to twice 256 MiB): one tenant's many reads
+    at once asked for gigabytes. One of each tenant's and two in all run at once; more are refused
+    (429, nothing done), and a slot comes back when its read is answered."""
+    provider = GatedProvider(tmp_path / "scratch")
+    server = start_server(tmp_path, provider=provider)
+    try:
+        api, admin = server.client, server.headers()
+        held, tokens = {}, {}
+        for tenant in ("team", "other", "third"):
+            assert api.post("/api/v1/tenants", json={"name": tenant}, headers=admin).status_code == 201
+            made = api.post("/api/v1/tokens", json={"tenant": tenant}, headers=admin)
+            tokens[tenant] = made.json()["token"]
+            held[tenant] = api.post("/api/v1/workloads", params={"hold": "true"},
+                                    json={**SPEC, "tenant": tenant}, headers=admin).json()["id"]
+            put = api.put(f"/api/v1/workloads/{held[tenant]}/checkpoint",
+                          content=_tar({"state": tenant.encode(), ".checkpoint": b""}), headers=admin)
+            assert put.status_code == 200, put.text
+
+        def read(tenant: str) -> Any:
+            return api.get(f"/api/v1/workloads/{held[tenant]}/checkpoint",
+                           headers=server.headers(tokens[tenant]))
+
+        answers: dict[str, Any] = {}
+
+        def reading(tenant: str, count: int) -> threading.Thread:
+            thread = threading.Thread(target=lambda: answers.update({tenant: read(tenant)}))
+            thread.start()
+            server.wait_for(lambda: provider.reading == count)
+            return thread
+
+        first = reading("team", 1)
+        again = read("team")
+        assert again.status_code == 429 and again.headers["Retry-After"] == "1"
+        assert "Tenant team has 1 checkpoint reads under way" in again.json()["message"]
+        second = reading("other", 2)
+        third = read("third")
+        assert third.status_code == 429 and "This server has 2 checkpoint reads" in third.json()["message"]
+        provider.gate.set()
+        first.join(30)
+        second.join(30)
+        for tenant in ("team", "other"):
+            assert answers[tenant].status_code == 200
+            with tarfile.open(fileobj=io.BytesIO(answers[tenant].content)) as archive:
+                assert archive.extractfile("state").read() == tenant.encode()  # type: ignore[union-attr]
+        assert read("team").status_code == read("third").status_code == 200  # the slots came back
+        assert provider.reading == 4  # the refused reads never reached the provider
+    finally:
+        stop_server(server)

@@ -19,6 +19,7 @@ from __future__ import annotations
 import functools
 import ipaddress
 import math
+import threading
 import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
@@ -182,6 +183,36 @@ def count_down(counts: dict[str, int], key: str) -> None:
         counts[key] = left
     else:
         del counts[key]
+
+
+class Slots:
+    """Work that holds much memory while it runs (a checkpoint read into the server), at most
+    `per_key` of one key's and `total` of all at once: `take` refuses past either (TooManyRequests,
+    nothing done) rather than queue, since every taker waits in one of the server's threads. Taken
+    from those threads, so counted under a lock."""
+
+    def __init__(self, total: int, per_key: int, what: str) -> None:
+        self.total, self.per_key, self.what = total, per_key, what
+        self.open: dict[str, int] = {}
+        self._lock = threading.Lock()
+
+    def take(self, key: str, whose: str) -> Callable[[], None]:
+        """One slot of `key` (`whose`: how a refusal names it); the returned call gives it back."""
+        with self._lock:
+            if self.open.get(key, 0) >= self.per_key:
+                raise TooManyRequests(f"{whose} has {self.per_key} {self.what} under way on this server, the "
+                                      "most at once; send this again when it is answered.",
+                                      retry_after_s=1, limit=f"{self.per_key} at once")
+            if sum(self.open.values()) >= self.total:
+                raise TooManyRequests(f"This server has {self.total} {self.what} under way, the most at "
+                                      "once; send this again in a moment.", retry_after_s=1,
+                                      limit=f"{self.total} at once")
+            self.open[key] = self.open.get(key, 0) + 1
+        return functools.partial(self._give_back, key)
+
+    def _give_back(self, key: str) -> None:
+        with self._lock:
+            count_down(self.open, key)
 
 
 def _counted(who: Principal) -> str | None:

@@ -117,7 +117,8 @@ def requeue(
     return jobs.requeue(rt, who, workload_id, hold_after=hold)
 
 
-@router.get("/{workload_id}/checkpoint", responses={404: {"model": ErrorBody}, 413: {"model": ErrorBody}},
+@router.get("/{workload_id}/checkpoint", responses={404: {"model": ErrorBody}, 413: {"model": ErrorBody},
+                                                   429: {"model": ErrorBody}},
             response_class=Response)
 def read_checkpoint(
     workload_id: WorkloadId, rt: Rt, who: Who,

@@ -211,7 +211,13 @@ def read_checkpoint(rt: Runtime, who: Principal, workload_id: str, since_s: floa
         return None
     if since_s is not None and mark <= since_s:
         return mark, None
-    return rt.provider.read_checkpoint(workload_id, max_bytes)
+    # the archive is built in the server's memory (up to twice max_bytes while it is): a few at once
+    whose = f"Tenant {who.tenant}" if who.tenant else "The admin"
+    give_back = rt.checkpoint_reads.take(who.tenant or "", whose)
+    try:
+        return rt.provider.read_checkpoint(workload_id, max_bytes)
+    finally:
+        give_back()
 
 
 def seed_checkpoint(rt: Runtime, who: Principal, workload_id: str, data: bytes) -> WorkloadOut:
