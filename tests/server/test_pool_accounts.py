@@ -9,10 +9,12 @@ import dataclasses
 import os
 import pwd
 import subprocess
+import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+from sqlalchemy import func, select
 
 from conftest import Server
 from gpupool.agent.identity import (
@@ -24,6 +26,7 @@ from gpupool.agent.identity import (
 )
 from gpupool.errors import InvalidInput, ProviderError
 from gpupool.server.datadir import pool_id
+from gpupool.server.orm import RemoteCallRow, RemoteSessionRow
 from gpupool.server.services import tenants as tenants_service
 
 API = "/api/v1"
@@ -81,6 +84,29 @@ def test_tenant_delete_is_refused_while_its_work_runs_then_removes_it(server_fac
     assert server.client.delete(f"{API}/tenants/team-a", headers=server.headers()).status_code == 404
     default = server.client.delete(f"{API}/tenants/default", headers=server.headers())
     assert default.status_code == 422 and "cannot be deleted" in default.json()["message"]
+
+
+def test_a_deleted_tenants_remote_calls_go_with_it_and_a_new_tenant_of_its_name_reads_none(
+        server_factory: Callable[..., Server], db_url: str) -> None:
+    server = server_factory(db_url)
+    server.client.post(f"{API}/nodes/n0/cordon", headers=server.headers()).raise_for_status()
+    server.created("/tenants", {"name": "team-c"})
+    token = str(server.created("/tokens", {"tenant": "team-c"})["token"])
+    python = f"{sys.version_info.major}.{sys.version_info.minor}"
+    opened = server.client.post(f"{API}/calls/sessions", json={"python": python, "call": {"payload": "AA=="}},
+                                headers=server.headers(token))
+    assert opened.status_code == 201, opened.text
+    session_id, call_id = opened.json()["id"], opened.json()["call"]["id"]
+    server.client.post(f"{API}/workloads/{session_id}/cancel", headers=server.headers()).raise_for_status()
+    assert server.client.delete(f"{API}/tenants/team-c", headers=server.headers()).status_code == 200
+    with server.rt.store.read() as session:
+        for row in (RemoteSessionRow, RemoteCallRow):
+            assert session.scalar(select(func.count()).select_from(row).where(row.tenant == "team-c")) == 0
+    server.created("/tenants", {"name": "team-c"})  # someone else, later, under the same name
+    token = str(server.created("/tokens", {"tenant": "team-c"})["token"])
+    assert server.client.get(f"{API}/calls/{call_id}", headers=server.headers(token)).status_code == 404
+    assert server.client.get(f"{API}/calls/sessions/{session_id}",
+                             headers=server.headers(token)).status_code == 404
 
 
 def test_tenant_delete_is_refused_while_the_provider_still_sees_its_account_busy(server: Server) -> None:

@@ -26,7 +26,17 @@ from gpupool.core.quota import devices_milli
 from gpupool.core.units import MILLI
 from gpupool.errors import Conflict, GpupoolError, InvalidInput, NotFound, did_you_mean
 from gpupool.server.auth import Principal, new_token
-from gpupool.server.orm import EventRow, PodRow, QueueRow, SecretRow, TenantRow, TokenRow, WorkloadRow
+from gpupool.server.orm import (
+    EventRow,
+    PodRow,
+    QueueRow,
+    RemoteCallRow,
+    RemoteSessionRow,
+    SecretRow,
+    TenantRow,
+    TokenRow,
+    WorkloadRow,
+)
 from gpupool.server.runtime import Runtime
 from gpupool.server.services import audit, budgets, quotas
 from gpupool.server.services.converters import milli_to_gpus
@@ -179,6 +189,11 @@ def delete_tenant(rt: Runtime, who: Principal, name: str) -> TenantDeleted:
             removed = conn.execute(delete(WorkloadRow).where(WorkloadRow.tenant == name)).rowcount
             conn.execute(delete(TokenRow).where(TokenRow.tenant == name))
             conn.execute(delete(SecretRow).where(SecretRow.tenant == name))
+            # its remote functions' sessions and calls (payloads, results): by tenant, not by the
+            # workloads above, so one whose workload row is gone goes too; kept, they were readable
+            # by id to a tenant made later under the same name
+            conn.execute(delete(RemoteCallRow).where(RemoteCallRow.tenant == name))
+            conn.execute(delete(RemoteSessionRow).where(RemoteSessionRow.tenant == name))
             conn.execute(delete(QueueRow).where(QueueRow.tenant == name))
             conn.execute(delete(TenantRow).where(TenantRow.name == name))
             audit.record(session, who, "tenant.delete", name, now,
