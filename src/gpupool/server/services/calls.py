@@ -180,6 +180,8 @@ def _new_call(session_id: str, tenant: str, payload: bytes, now: float) -> Remot
 def _visible_session(session: Session, who: Principal, session_id: str, *, lock: bool = False
                      ) -> RemoteSessionRow:
     query = select(RemoteSessionRow).where(RemoteSessionRow.id == session_id)
+    if lock and not who.is_admin:  # another tenant's id locks nothing of its owner's
+        query = query.where(RemoteSessionRow.tenant == who.tenant)
     row = session.scalars(query.with_for_update() if lock else query).first()
     if row is None or not who.may_see(row.tenant):
         raise NotFound(f"No session {session_id!r}; open one with pool.session().", session=session_id)
@@ -332,8 +334,10 @@ def submit_call(rt: Runtime, who: Principal, session_id: str, body: CallCreate) 
     now = rt.clock()
     with rt.store.write() as session:
         conn = session.connection()
-        row = conn.execute(select(_S.c.tenant, _S.c.closed, _S.c.one_shot).where(_S.c.id == session_id)
-                           .with_for_update()).first()
+        query = select(_S.c.tenant, _S.c.closed, _S.c.one_shot).where(_S.c.id == session_id)
+        if not who.is_admin:  # another tenant's id locks nothing of its owner's
+            query = query.where(_S.c.tenant == who.tenant)
+        row = conn.execute(query.with_for_update()).first()
         if row is None or not who.may_see(row.tenant):
             raise NotFound(f"No session {session_id!r}; open one with pool.session().", session=session_id)
         status = conn.execute(select(_W.c.status).where(_W.c.id == session_id)).scalar() or ""

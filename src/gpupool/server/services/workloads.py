@@ -217,8 +217,14 @@ def _simulated_nodes(rt: Runtime) -> frozenset[str]:
 
 
 def _visible(session: Session, who: Principal, workload_id: str, *, lock: bool = False) -> WorkloadRow:
-    """The workload's row if `who` may see it; with `lock`, read FOR UPDATE (until the commit)."""
-    row = session.get(WorkloadRow, workload_id, with_for_update=True if lock else None)
+    """The workload's row if `who` may see it; with `lock`, read FOR UPDATE (until the commit), and
+    for a tenant only where it is the tenant's: another tenant's id locks nothing of its owner's."""
+    if lock and not who.is_admin:
+        row = session.scalars(select(WorkloadRow).where(WorkloadRow.id == workload_id,
+                                                        WorkloadRow.tenant == who.tenant)
+                              .with_for_update().execution_options(populate_existing=True)).first()
+    else:
+        row = session.get(WorkloadRow, workload_id, with_for_update=True if lock else None)
     if row is None or not who.may_see(row.tenant):
         # A tenant learns nothing about other tenants' ids: not found, not forbidden.
         raise NotFound(f"No workload {workload_id!r}; list yours with `gpupool ls`.", workload=workload_id)
@@ -281,9 +287,11 @@ def cancel_array(rt: Runtime, who: Principal, array_id: str) -> ArrayCancelled:
     message = "Cancelled by the user (its array was cancelled)."
     with rt.store.write() as session:
         conn = session.connection()
-        tasks = conn.execute(select(WorkloadRow.id, WorkloadRow.status, WorkloadRow.tenant)
-                             .where(WorkloadRow.array_id == array_id)
-                             .order_by(WorkloadRow.id).with_for_update()).all()  # locked in id order
+        query = (select(WorkloadRow.id, WorkloadRow.status, WorkloadRow.tenant)
+                 .where(WorkloadRow.array_id == array_id))
+        if not who.is_admin:  # another tenant's array id locks none of its tasks
+            query = query.where(WorkloadRow.tenant == who.tenant)
+        tasks = conn.execute(query.order_by(WorkloadRow.id).with_for_update()).all()  # locked in id order
         if not tasks or not who.may_see(tasks[0].tenant):
             raise NotFound(f"No array {array_id!r}; list yours with `gpupool ls`.", array=array_id)
         pending = WorkloadStatus.PENDING.value
