@@ -17,6 +17,7 @@ import pytest
 from sqlalchemy import func, select
 
 from conftest import Server
+from gpupool.agent import identity
 from gpupool.agent.identity import (
     MAX_ACCOUNT_NAME,
     Identities,
@@ -131,6 +132,44 @@ def accounts() -> Iterator[list[str]]:
     for name in made:
         with contextlib.suppress(ProviderError):
             remove_account(name)
+
+
+@needs_root
+def test_an_accounts_last_process_ending_just_after_is_waited_for_and_one_that_stays_refuses(
+        accounts: list[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    """A pod is reported ended once its shim wrote the exit file; the shim, the account's, exits just
+    after. Its account's removal right then waits for it (here: the process ends after the first
+    count saw it); a process that stays past the grace still refuses it."""
+    name = account_name("ending", "t2e3")
+    accounts.append(name)
+    made = ensure_account(name)
+    last = subprocess.Popen(["sleep", "600"], user=made.uid, group=made.gid)
+    counted = identity.processes_of
+    counts: list[int] = []
+
+    def count_then_end(uid: int) -> int:
+        counts.append(counted(uid))
+        if len(counts) == 1:
+            last.kill()
+            last.wait()
+        return counts[-1]
+
+    monkeypatch.setattr(identity, "processes_of", count_then_end)
+    assert remove_account(name) is True
+    assert counts[0] == 1 and counts[-1] == 0
+    with pytest.raises(KeyError):
+        pwd.getpwnam(name)
+    made = ensure_account(name)
+    stays = subprocess.Popen(["sleep", "600"], user=made.uid, group=made.gid)
+    try:
+        monkeypatch.setattr(identity, "processes_of", counted)
+        monkeypatch.setattr(identity, "ENDING_GRACE_S", 0.2)
+        with pytest.raises(ProviderError, match=f"1 process\\(es\\) still run as the account '{name}'"):
+            remove_account(name)
+        assert pwd.getpwnam(name).pw_uid == made.uid
+    finally:
+        stays.kill()
+        stays.wait()
 
 
 @needs_root

@@ -257,6 +257,12 @@ def processes_of(uid: int, proc: Path = Path("/proc")) -> int:
     return count
 
 
+ENDING_GRACE_S = 2.0
+"""How long `remove_account` waits for the account's last processes to end before refusing: a pod
+is reported ended once its shim wrote the exit file, and the shim, the account's, exits just after
+(on a loaded machine, a deletion right after the last pod's end was refused)."""
+
+
 def remove_account(name: str, owned_under: Sequence[Path] = ()) -> bool:
     """Delete the pool's account `name` (userdel) when it exists and is one of the pool's (in the
     pods' group); returns whether one was deleted. What it owns at the top of `owned_under` (its pod
@@ -271,6 +277,10 @@ def remove_account(name: str, owned_under: Sequence[Path] = ()) -> bool:
     if entry.pw_uid == 0 or entry.pw_gid != gid:
         return False  # not one of the pool's: never touched
     running = processes_of(entry.pw_uid)
+    deadline = time.monotonic() + ENDING_GRACE_S
+    while running and time.monotonic() < deadline:  # a pod's shim still exiting after it wrote the end
+        time.sleep(0.02)
+        running = processes_of(entry.pw_uid)
     if running:
         raise ProviderError(f"{running} process(es) still run as the account {name!r}; it is removed once "
                             "they have ended (stop them, or wait, and delete the tenant again).")
