@@ -149,8 +149,14 @@ def _ip(*args: str) -> None:
 
 
 def _relay(source: Host, target: Host) -> None:
-    """Hand what `source`'s agent announced to `target`'s (the pods it attached, before they start)."""
-    members = [m for message in source.announced for m in message["added"]]
+    """Hand what `source`'s agent announced to `target`'s (the pods it attached, before they start),
+    its words applied in order: an address given up and taken again is the last pod's."""
+    held: dict[str, list[Any]] = {}
+    for message in source.announced:
+        for address in message["gone"]:
+            held.pop(address, None)
+        held.update((m[0], m) for m in message["added"])
+    members = list(held.values())
     source.announced.clear()
     if members:
         assert target.ask(op="remote", members=members) == {"done": True}
@@ -200,15 +206,18 @@ def joined(a: Host, b: Host) -> Iterator[None]:
             subprocess.run(["ip", "netns", "del", name], capture_output=True, check=False)
 
 
+PEERS = [["a", 0, "192.0.2.1"], ["b", 1, "192.0.2.2"]]
+"""The routes to each machine's block of pod addresses, as the server gives each agent."""
+
+
 @pytest.fixture(scope="module")
 def hosts() -> Iterator[tuple[Host, Host]]:
     key = os.urandom(3).hex()
     a = Host(f"gphA-{key}", 0, reachable=(NODE_NETWORK,))
     b = Host(f"gphB-{key}", 1, reachable=(NODE_NETWORK,))
     with joined(a, b):
-        peers = [["a", 0, "192.0.2.1"], ["b", 1, "192.0.2.2"]]
         for host in (a, b):
-            assert host.ask(op="routes", peers=peers) == {"done": True}
+            assert host.ask(op="routes", peers=PEERS) == {"done": True}
         yield a, b
 
 
@@ -317,3 +326,4 @@ def test_the_port_of_a_killed_agents_replica_is_removed_by_the_next_agent(hosts:
     b.kill()
     b.start()
     assert _listed(b, "map", "serve_dnat") == [] and _listed(b, "set", "serve_from") == []
+    assert b.ask(op="routes", peers=PEERS) == {"done": True}  # as the server gives a new agent

@@ -36,7 +36,9 @@ def fed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Federation]:
 
 def _copy(proc: Proc, member_id: str) -> dict[str, Any]:
     with proc.admin(UNCUT) as api:  # past the rule that cuts the hub off
-        return dict(api.get(f"/workloads/{member_id}").json())
+        answer = api.get(f"/workloads/{member_id}")
+    assert answer.status_code == 200, f"{proc.name}: {answer.status_code} for {member_id}: {answer.text}"
+    return dict(answer.json())
 
 
 def _events(proc: Proc, member_id: str) -> list[dict[str, Any]]:

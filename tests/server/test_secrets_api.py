@@ -64,7 +64,8 @@ def test_a_secret_is_stored_sealed_and_answered_without_its_value(srv: LiveServe
     key = srv.rt.settings.data_dir / "secrets.key"
     assert stat.S_IMODE(key.stat().st_mode) == 0o600 and len(key.read_bytes()) == 32
     with srv.rt.store.read() as session:
-        row = session.scalars(select(SecretRow).where(SecretRow.name == "db")).one()
+        row = session.scalars(select(SecretRow).where(SecretRow.tenant == "team-a",
+                                                      SecretRow.name == "db")).one()
         assert VALUE.encode() not in row.sealed and row.revision == 1
     for path in srv.rt.settings.data_dir.glob("gpupool.sqlite*"):
         assert VALUE.encode() not in path.read_bytes()
