@@ -1,7 +1,8 @@
 """A federation of two members whose pods are real processes (one for the module): remote functions
 through the hub run on a member and only their tenant reads their calls; work moved off a dead member
 resumes from its last checkpoint on another (the hub fetched it while the member was up, the next copy
-starts with its files), and the dead member's copy never runs again when it returns."""
+starts with its files: 1.5 MB of them, past the pools' 1 MiB bound on other request bodies), and the
+dead member's copy never runs again when it returns."""
 
 from __future__ import annotations
 
@@ -30,7 +31,7 @@ if (d / "state").exists():
     sys.exit(0)
 print("pid", os.getpid(), flush=True)
 (d / "sub").mkdir()
-(d / "sub" / "weights").write_bytes(b"w" * 3000)
+(d / "sub" / "weights").write_bytes(b"w" * 1_500_000)
 (d / "state").write_text("step-41")
 (d / ".checkpoint").touch()
 time.sleep(3600)
@@ -103,7 +104,7 @@ def test_work_moved_off_a_dead_member_resumes_from_its_checkpoint(fed: Federatio
         os.kill(pid, signal.SIGKILL)
         until(lambda: pool.workload(workload_id).status == "succeeded", 60, "resumed and done on west")
         assert api.get(f"/federation/workloads/{workload_id}").json()["member"] == "west"
-        assert "resumed from step-41 3000" in _logs(pool, workload_id)
+        assert "resumed from step-41 1500000" in _logs(pool, workload_id)
         moved = [e.message for e in pool.events(workload_id) if e.reason == "federation_moved"]
         assert moved and "from its checkpoint of" in moved[0]
         placed = [e.message for e in pool.events(workload_id) if e.reason == "federation_placed"]

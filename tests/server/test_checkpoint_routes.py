@@ -5,6 +5,7 @@ while the mark has not moved, and a body past the limit is refused before it is 
 from __future__ import annotations
 
 import io
+import os
 import tarfile
 import threading
 from collections.abc import Iterator
@@ -81,6 +82,23 @@ def test_a_held_submission_takes_a_checkpoint_once_and_reads_it_back(server: Ser
                    headers=h).status_code == 304
     assert api.get(f"/api/v1/workloads/{held}/checkpoint", params={"max_bytes": 3},
                    headers=h).status_code == 413
+
+
+def test_a_checkpoint_larger_than_the_request_body_limit_is_taken_whole(server: Server) -> None:
+    """A checkpoint (up to 256 MiB) has room past the pool's limit for other bodies (1 MiB by
+    default): the hub's PUT of one over 1 MiB was refused (413) and the moved work started over."""
+    api, h = server.client, server.headers()
+    assert server.rt.settings.max_request_body_bytes == 2**20
+    weights = os.urandom(3 * 2**20)
+    held = api.post("/api/v1/workloads", params={"hold": "true"}, json=SPEC, headers=h).json()["id"]
+    put = api.put(f"/api/v1/workloads/{held}/checkpoint", headers=h,
+                  content=_tar({"weights": weights, ".checkpoint": b""}))
+    assert put.status_code == 200, put.text
+    got = api.get(f"/api/v1/workloads/{held}/checkpoint", headers=h)
+    with tarfile.open(fileobj=io.BytesIO(got.content)) as archive:
+        assert archive.extractfile("weights").read() == weights  # type: ignore[union-attr]
+    other = api.post("/api/v1/workloads", json={**SPEC, "env": {"X": "x" * (2**20)}}, headers=h)
+    assert other.status_code == 413  # the other routes' limit stands
 
 
 def test_a_checkpoint_is_refused_for_work_not_held_or_a_bad_archive(server: Server) -> None:
@@ -195,10 +213,14 @@ def test_checkpoint_reads_are_bounded_for_each_tenant_and_for_the_server(tmp_pat
         first = reading("team", 1)
         again = read("team")
         assert again.status_code == 429 and again.headers["Retry-After"] == "1"
-        assert "Tenant team has 1 checkpoint reads under way" in again.json()["message"]
+        assert "Tenant team has 1 checkpoint transfers under way" in again.json()["message"]
+        put = api.put(f"/api/v1/workloads/{held['team']}/checkpoint", content=_tar({"x": b"1"}),
+                      headers=server.headers(tokens["team"]))
+        assert put.status_code == 429, put.text  # a write is a transfer too, refused before it is read
         second = reading("other", 2)
         third = read("third")
-        assert third.status_code == 429 and "This server has 2 checkpoint reads" in third.json()["message"]
+        assert third.status_code == 429
+        assert "This server has 2 checkpoint transfers" in third.json()["message"]
         provider.gate.set()
         first.join(30)
         second.join(30)

@@ -5,17 +5,20 @@ without one (chunked) is counted as it streams and refused at the first chunk th
 so a client can never make the server hold more than the limit plus one chunk of a request. Two
 routes take more by their nature and get their own room whatever the limit says: remote calls
 (`/api/v1/calls/...`) carry pickled arguments and results of up to their payload limit, and fabric
-telemetry (`/api/v1/fabric/telemetry`) up to 100,000 port samples, and image imports
-(`/api/v1/images`, admin only) archives of up to 16 GiB.
+telemetry (`/api/v1/fabric/telemetry`) up to 100,000 port samples, a workload's checkpoint
+(`/api/v1/workloads/ID/checkpoint`) archives of up to 256 MiB, and image imports (`/api/v1/images`,
+admin only) archives of up to 16 GiB.
 """
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from starlette.exceptions import HTTPException
 
 from gpupool.api.calls import MAX_PAYLOAD_TEXT
+from gpupool.providers.base import MAX_CHECKPOINT_BYTES
 from gpupool.server.http_errors import error_response
 
 CALLS_PREFIX = "/api/v1/calls/"
@@ -24,6 +27,10 @@ CALLS_BODY_BYTES = MAX_PAYLOAD_TEXT + 64 * 1024
 TELEMETRY_PATH = "/api/v1/fabric/telemetry"
 TELEMETRY_BODY_BYTES = 32 * 2**20
 """100,000 port samples (TelemetryIn's bound) of a few hundred bytes at most each."""
+CHECKPOINT_PATH = re.compile(r"^/api/v1/workloads/[^/]+/checkpoint$")
+CHECKPOINT_BODY_BYTES = MAX_CHECKPOINT_BYTES + 2**20
+"""A checkpoint archive (PUT /workloads/ID/checkpoint: a federation hub carrying it to another
+member): its files' contents at their largest, and room for the tar's headers."""
 IMAGES_PATH = "/api/v1/images"
 IMAGES_BODY_BYTES = 16 * 2**30
 """An image archive (admin only), streamed to disk as it comes."""
@@ -53,6 +60,8 @@ class BodyLimit:
     def limit_for(self, path: str) -> int:
         if path.startswith(CALLS_PREFIX):
             return max(self.limit_bytes, CALLS_BODY_BYTES)
+        if CHECKPOINT_PATH.match(path):
+            return max(self.limit_bytes, CHECKPOINT_BODY_BYTES)
         if path == IMAGES_PATH:
             return max(self.limit_bytes, IMAGES_BODY_BYTES)
         if path == TELEMETRY_PATH:

@@ -26,9 +26,9 @@ if TYPE_CHECKING:
     from gpupool.server.services.usage_rollup import UsageRollup
 
 MAX_HANDED_OVER = 100_000
-CHECKPOINT_READS, CHECKPOINT_READS_PER_TENANT = 2, 1
-"""Checkpoint archives read at once, in all and for one tenant (each up to 256 MiB, held twice while
-it is built): a tenant's 40 reads at once asked the server for 20 GiB."""
+CHECKPOINT_TRANSFERS, CHECKPOINT_TRANSFERS_PER_TENANT = 2, 1
+"""Checkpoint archives read or written at once, in all and for one tenant (each up to 256 MiB, held
+twice in the server's memory): a tenant's 40 reads at once asked the server for 20 GiB."""
 
 
 @dataclass
@@ -71,9 +71,9 @@ class Runtime:
     _nodes_lock: threading.Lock = field(default_factory=threading.Lock)
     auth: Authenticator = field(init=False)
     tenant_rates: TenantRates = field(init=False)
-    checkpoint_reads: Slots = field(default_factory=lambda: Slots(
-        CHECKPOINT_READS, CHECKPOINT_READS_PER_TENANT, "checkpoint reads"))
-    """GET /workloads/ID/checkpoint builds its archive in memory: at most this many at once."""
+    checkpoint_transfers: Slots = field(default_factory=lambda: Slots(
+        CHECKPOINT_TRANSFERS, CHECKPOINT_TRANSFERS_PER_TENANT, "checkpoint transfers"))
+    """GET and PUT /workloads/ID/checkpoint hold the archive in memory: at most this many at once."""
     """Each tenant's requests to the API, bounded (server/ratelimit.py)."""
 
     def __post_init__(self) -> None:

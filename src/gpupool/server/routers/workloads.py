@@ -20,6 +20,7 @@ from gpupool.api.workloads import (
 )
 from gpupool.errors import TooLarge
 from gpupool.providers.base import MAX_CHECKPOINT_BYTES as MAX_ARCHIVE_BYTES
+from gpupool.server.bodylimit import CHECKPOINT_BODY_BYTES
 from gpupool.server.deps import Rt, Who, Writer
 from gpupool.server.services import jobs, listing
 from gpupool.server.services import logs as logs_service
@@ -150,12 +151,18 @@ async def read_bounded(request: Request, limit: int) -> bytes:
 
 
 @router.put("/{workload_id}/checkpoint", response_model=WorkloadOut,
-            responses={404: {"model": ErrorBody}, 409: {"model": ErrorBody}, 413: {"model": ErrorBody}})
+            responses={404: {"model": ErrorBody}, 409: {"model": ErrorBody}, 413: {"model": ErrorBody},
+                       429: {"model": ErrorBody}})
 async def seed_checkpoint(workload_id: WorkloadId, rt: Rt, who: Who, request: Request) -> WorkloadOut:
     """Fill the checkpoint directory of a held workload that never ran with a tar from GET .../checkpoint
     (a federation hub resumes work moved off another member from it); 409 once it ran or has one."""
-    data = await read_bounded(request, MAX_ARCHIVE_BYTES)
-    return await run_in_threadpool(jobs.seed_checkpoint, rt, who, workload_id, data)
+    await run_in_threadpool(jobs.check_seedable, rt, who, workload_id)  # before a byte of the archive
+    give_back = jobs.checkpoint_slot(rt, who)
+    try:
+        data = await read_bounded(request, CHECKPOINT_BODY_BYTES)
+        return await run_in_threadpool(jobs.seed_checkpoint, rt, who, workload_id, data)
+    finally:
+        give_back()
 
 
 @router.get("/{workload_id}/events", response_model=list[EventOut], responses={404: {"model": ErrorBody}})

@@ -10,6 +10,7 @@ acts on anyone's, and is audited.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from pydantic import ValidationError
@@ -212,12 +213,33 @@ def read_checkpoint(rt: Runtime, who: Principal, workload_id: str, since_s: floa
     if since_s is not None and mark <= since_s:
         return mark, None
     # the archive is built in the server's memory (up to twice max_bytes while it is): a few at once
-    whose = f"Tenant {who.tenant}" if who.tenant else "The admin"
-    give_back = rt.checkpoint_reads.take(who.tenant or "", whose)
+    give_back = checkpoint_slot(rt, who)
     try:
         return rt.provider.read_checkpoint(workload_id, max_bytes)
     finally:
         give_back()
+
+
+def checkpoint_slot(rt: Runtime, who: Principal) -> Callable[[], None]:
+    """One of the checkpoint transfers the server holds in memory at once (TooManyRequests past
+    them); the returned call gives it back."""
+    whose = f"Tenant {who.tenant}" if who.tenant else "The admin"
+    return rt.checkpoint_transfers.take(who.tenant or "", whose)
+
+
+def check_seedable(rt: Runtime, who: Principal, workload_id: str) -> None:
+    """What `seed_checkpoint` refuses, checked before its archive is read: held work of the caller's
+    that never ran (checked again under the row's lock when the files are written)."""
+    with rt.store.read() as session:
+        _refuse_unseedable(workload_service._visible(session, who, workload_id))
+
+
+def _refuse_unseedable(row: Any) -> None:
+    if row.status != _PENDING or row.attempt != 0 or not row.held:
+        raise Conflict(f"Workload {row.id} is {row.status}{'' if row.held else ', not held'}"
+                       f"{', and has run before' if row.attempt else ''}; a checkpoint is given only to "
+                       "held work that never ran (submit it with ?hold=true, put the checkpoint, then "
+                       "release it).", workload=row.id, status=row.status)
 
 
 def seed_checkpoint(rt: Runtime, who: Principal, workload_id: str, data: bytes) -> WorkloadOut:
@@ -226,11 +248,7 @@ def seed_checkpoint(rt: Runtime, who: Principal, workload_id: str, data: bytes) 
     files are written; the row stays locked until they are."""
     with rt.store.write() as session:
         row = workload_service._visible(session, who, workload_id, lock=True)
-        if row.status != _PENDING or row.attempt != 0 or not row.held:
-            raise Conflict(f"Workload {workload_id} is {row.status}{'' if row.held else ', not held'}"
-                           f"{', and has run before' if row.attempt else ''}; a checkpoint is given only to "
-                           "held work that never ran (submit it with ?hold=true, put the checkpoint, then "
-                           "release it).", workload=workload_id, status=row.status)
+        _refuse_unseedable(row)
         tenant, unix_user = row.tenant, _unix_user(session, row.tenant)
         size = rt.provider.seed_checkpoint(workload_id, tenant, unix_user, data)
         transition(session, row, _PENDING, EventReason.HELD,
