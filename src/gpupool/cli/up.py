@@ -241,6 +241,7 @@ def _serve(data_dir: Path | None, host: str, port: int, simulate: str, provider:
     import uvicorn
 
     from gpupool.server.app import create_app
+    from gpupool.server.backup import hold_server_lock
     from gpupool.server.connguard import guarded_protocol
     from gpupool.server.datadir import pod_accounts_notice, pool_id, secure_data_dir
     from gpupool.server.db import Store
@@ -249,9 +250,16 @@ def _serve(data_dir: Path | None, host: str, port: int, simulate: str, provider:
     from gpupool.server.services.tenants import bootstrap
 
     secure_data_dir(settings.data_dir)
+    # before anything runs on it (a stale data plane stopped, the node agent opened): one server's
+    hold_server_lock(settings.data_dir, shared=settings.ha)
     settings = replace(settings, pool_id=pool_id(settings.data_dir))
     if settings.agent_dir is not None:
         secure_data_dir(settings.agent_dir, flag="--agent-dir")
+    else:
+        settings.resolved_agent_dir.mkdir(exist_ok=True, mode=0o700)
+    # the pods' records: another server's agent on them would adopt this one's pods
+    hold_server_lock(settings.resolved_agent_dir, shared=settings.ha,
+                     flag="--data-dir" if settings.agent_dir is None else "--agent-dir")
     _check_port(host, port)
     low = raise_open_files_limit()
     if low:
@@ -279,9 +287,6 @@ def _serve(data_dir: Path | None, host: str, port: int, simulate: str, provider:
         shared = missing.get(Capability.NETWORK_ISOLATION)
         if shared:
             print(f"Warning: {shared} (gpupool node ls, layer network).", file=sys.stderr, flush=True)
-    from gpupool.server.backup import hold_server_lock
-
-    hold_server_lock(settings.data_dir)  # `gpupool restore` refuses this data directory while we run
     store = Store.open(settings.resolved_database_url)
     from gpupool.server.services.netblocks import StoreBlocks
 

@@ -62,11 +62,20 @@ Progress = Callable[[str], None]
 
 # --- the running server's lock ---------------------------------------------------------------
 
-def hold_server_lock(data_dir: Path) -> int:
-    """Called by `gpupool up`: a shared lock on DATA_DIR/server.lock for the life of the process
-    (the descriptor is not inherited by pods), which `restore` cannot take while it is held."""
+def hold_server_lock(data_dir: Path, *, shared: bool, flag: str = "--data-dir") -> int:
+    """Called by `gpupool up` before it starts anything: a lock on DATA_DIR/server.lock for the life
+    of the process (the descriptor is not inherited by pods), which `restore` cannot take while it
+    is held. Exclusive, unless `shared` (servers started with --ha share a store, elect one leader,
+    and may share one directory): a second server on a directory another one runs on is refused,
+    since its node agent would adopt the first's pods and its scheduler place over the first's."""
     fd = os.open(data_dir / LOCK_FILE, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
-    fcntl.flock(fd, fcntl.LOCK_SH)
+    try:
+        fcntl.flock(fd, (fcntl.LOCK_SH if shared else fcntl.LOCK_EX) | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        raise InvalidInput(f"A gpupool server already runs on {str(data_dir)!r} ({flag}); stop it first, or "
+                           f"give this one a {flag} of its own. Servers share one only when all of them "
+                           "are started with --ha, on one PostgreSQL store (docs/ha.md).") from None
     return fd
 
 
