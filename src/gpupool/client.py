@@ -50,7 +50,7 @@ from gpupool.api.workloads import (
 )
 from gpupool.clientconfig import ca_bundle, resolve
 from gpupool.durations import duration_s
-from gpupool.errors import InvalidInput, Unavailable, closest
+from gpupool.errors import InvalidInput, TooLarge, Unavailable, closest
 from gpupool.lite_http import error_from_answer, retry_wait
 
 M = TypeVar("M", bound=BaseModel)
@@ -128,8 +128,12 @@ class Client:
         tenant past its request rate; nothing of the request was kept) is sent again before its
         error is raised; 0: never."""
         headers = {"Authorization": f"Bearer {self.token}"} if self.token else {}
-        self._http = httpx.Client(base_url=self.url + API, headers=headers, timeout=timeout_s,
-                                  transport=transport, verify=_verify(self.url))
+        try:
+            self._http = httpx.Client(base_url=self.url + API, headers=headers, timeout=timeout_s,
+                                      transport=transport, verify=_verify(self.url))
+        except httpx.InvalidURL as exc:  # what clientconfig's own check lets through
+            raise InvalidInput(f"The server URL {self.url!r} is not a valid URL ({exc}); write it as "
+                               "http://HOST:PORT or https://HOST:PORT.") from None
 
     def __enter__(self) -> Client:
         return self
@@ -169,7 +173,7 @@ class Client:
                 if i == len(order) - 1:
                     raise _unreachable(", ".join(order) if len(order) > 1 else url, exc) from None
             except httpx.TransportError as exc:
-                raise _unreachable(url, exc) from None
+                raise _cut_off(url, exc) or _unreachable(url, exc) from None
         raise AssertionError("unreachable")  # pragma: no cover - the loop returns or raises
 
     def request(self, method: str, path: str, *, json: Any = None, params: Mapping[str, Any] | None = None
@@ -774,6 +778,28 @@ def _sse_events(lines: Iterator[str], model: type[M]) -> Iterator[tuple[int, M |
 def _retry_after(answer: httpx.Response) -> float | None:
     """Seconds to wait before sending the request again (`lite_http.retry_wait`), else None."""
     return retry_wait(answer.status_code, answer.headers.get("retry-after"))
+
+
+LARGE_BODY_BYTES = 64 << 10
+"""A request body from which a connection the server closes while it is sent is put down to the pool's
+request body limit (`gpupool up --max-request-body`): the server answers 413 and closes at once."""
+
+
+def _cut_off(url: str, exc: httpx.TransportError) -> TooLarge | None:
+    """The sentence for a large request whose connection the server closed while it was being sent
+    (most likely: past its request body limit), else None."""
+    if not isinstance(exc, httpx.WriteError | httpx.ReadError | httpx.RemoteProtocolError):
+        return None
+    try:
+        size = int(exc.request.headers.get("content-length", "0"))
+    except (RuntimeError, ValueError):  # no request attached, or a streamed body of unknown length
+        return None
+    if size <= LARGE_BODY_BYTES:
+        return None
+    return TooLarge(f"The server at {url} closed the connection while the {size / 2**20:.1f} MiB request was "
+                    "being sent, most likely because it is over the pool's request body limit "
+                    "(gpupool up --max-request-body, 1 MiB by default); put large data in a file the pods "
+                    "read, not in the request.")
 
 
 def _unreachable(url: str, exc: httpx.TransportError) -> Unavailable:

@@ -109,29 +109,84 @@ def _resolve(url: str | None, token: str | None) -> tuple[str, str, str]:
             token, source = str(config.get("token", "")), config_path()
             if not token:
                 token, source = _local_admin_token(url)
+    if token:
+        check_token(token, source)
     return url, token, source if token else ""
+
+
+def check_token(token: str, source: str) -> None:
+    """Refuse a token no server ever issued: one with a character outside printable ASCII (a header
+    cannot carry it; a line break would even end the header). `source` is where it came from ('': the
+    caller gave it). The token itself is never repeated: it is a secret."""
+    if all("!" <= ch <= "~" for ch in token):
+        return
+    from gpupool.errors import InvalidInput
+
+    which = f"The token from {source}" if source else "The token given"
+    if not token.isascii():
+        raise InvalidInput(f"{which} has characters a gpupool token never has (tokens are "
+                           "ASCII letters, digits, '-' and '_'); copy it again from where it was issued "
+                           "(gpupool token create).")
+    raise InvalidInput(f"{which} is malformed: it holds a space, line break or other control "
+                       "character; copy it again without them (gpupool token create issues tokens).")
 
 
 def normalize_url(url: str, source: str = "the server URL") -> str:
     """The base URL: `/api/v1` and trailing slashes dropped; a loopback address without a scheme
     gets http://; any other URL without http:// or https:// is refused with a sentence."""
-    text = url.strip().rstrip("/")
+    scheme, sep, rest = url.strip().partition("://")
+    text = scheme + sep + rest.rstrip("/") if sep else scheme.rstrip("/")  # "http://" keeps its scheme
     if text.endswith("/api/v1"):
         text = text[: -len("/api/v1")]
     if "://" not in text:
         hostport = text.split("/", 1)[0]
         host = hostport[1:hostport.find("]")] if hostport.startswith("[") else hostport.rpartition(":")[0]
-        if (host or hostport).lower() in ("localhost", "::1") or (host or hostport).startswith("127."):
-            return "http://" + text
-        from gpupool.errors import InvalidInput
+        if not ((host or hostport).lower() in ("localhost", "::1") or (host or hostport).startswith("127.")):
+            from gpupool.errors import InvalidInput
 
-        raise InvalidInput(f"{source} is {url!r}, which has no scheme; write http://{text} or "
-                           f"https://{text}.")
+            raise InvalidInput(f"{source} is {url!r}, which has no scheme; write http://{text} or "
+                               f"https://{text}.")
+        text = "http://" + text
     if not text.startswith(("http://", "https://")):
         from gpupool.errors import InvalidInput
 
         raise InvalidInput(f"{source} is {url!r}; give an http:// or https:// URL.")
+    problem = _url_problem(text)
+    if problem:
+        from gpupool.errors import InvalidInput
+
+        raise InvalidInput(f"{source} is {url!r}, which is not a valid URL ({problem}); write it as "
+                           "http://HOST:PORT or https://HOST:PORT (an IPv6 address in brackets: "
+                           "http://[::1]:8765).")
     return text
+
+
+def _url_problem(url: str) -> str:
+    """What makes the http(s) URL `url` one no request can be sent to, or '' (checked by hand: the
+    fast submission path does not import urllib.parse, which imports `re`)."""
+    if any(ch <= " " or ch == "\x7f" for ch in url):
+        return "it holds a space or a control character"
+    rest = url.partition("://")[2]
+    for end in "/?#":
+        rest = rest.partition(end)[0]
+    hostport = rest.rpartition("@")[2]
+    if hostport.startswith("["):
+        close = hostport.find("]")
+        if close < 0:
+            return "its IPv6 address has no closing ]"
+        host, after = hostport[1:close], hostport[close + 1:]
+        if after and not after.startswith(":"):
+            return f"{after!r} follows the address where a :PORT belongs"
+        port = after[1:]
+    elif hostport.count(":") > 1:
+        return "an IPv6 address must be in brackets"
+    else:
+        host, _, port = hostport.partition(":")
+    if not host:
+        return "it names no host"
+    if port and not (port.isascii() and port.isdigit() and 0 < int(port) < 65536):
+        return f"its port {port!r} is not a number from 1 to 65535"
+    return ""
 
 
 def ca_bundle() -> str | None:

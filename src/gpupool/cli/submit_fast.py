@@ -228,16 +228,30 @@ def _mount_or_secret(kind: str, value: str) -> dict[str, object]:
     return parsed.model_dump(exclude_defaults=True)
 
 
+MAX_SPEC_FILE_BYTES = 16 << 20
+"""The most a spec file (-f) may hold: far more than any spec needs (the server takes 1 MiB requests by
+default), and a bound on what is read from a device or a pipe named by mistake (-f /dev/zero)."""
+
+
 def _read_file(path: str) -> dict[str, object]:
     import yaml
 
-    from gpupool.errors import InvalidInput
-    from gpupool.yamlfiles import read_text, safe_load
+    from gpupool.yamlfiles import safe_load
 
     try:
-        data = safe_load(read_text(path, "the spec file"))
-    except InvalidInput as exc:
-        raise UsageError(exc.message) from None
+        with open(path, "rb") as handle:
+            raw = handle.read(MAX_SPEC_FILE_BYTES + 1)
+        if len(raw) > MAX_SPEC_FILE_BYTES:
+            raise UsageError(f"Spec file {path} holds more than {MAX_SPEC_FILE_BYTES >> 20} MiB, far more "
+                             "than a spec needs; put large data in a file the pods read and give its path "
+                             "in the spec.")
+        try:
+            text = raw.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            line = raw.count(b"\n", 0, exc.start) + 1
+            raise UsageError(f"Cannot read the spec file {path!r}: it is not UTF-8 text (byte "
+                             f"0x{raw[exc.start]:02x} on line {line}); save it as UTF-8.") from None
+        data = safe_load(text)
     except OSError as exc:
         raise UsageError(f"Cannot read spec file {path}: {exc.strerror}.") from None
     except yaml.YAMLError as exc:
@@ -278,6 +292,8 @@ def submit(spec: dict[str, object], url: str | None = None, token: str | None = 
     deadline = time.monotonic() + RATE_RETRY_S
     while True:
         try:
+            if len(payload) > LARGE_SPEC_BYTES:  # the SDK reads the server's answer (413 past its limit)
+                raise NotPlainHttp(url)
             status, body = request(url, "POST", "/api/v1/workloads", token, payload)
         except NotPlainHttp:
             from gpupool.client import Client
@@ -293,6 +309,10 @@ def submit(spec: dict[str, object], url: str | None = None, token: str | None = 
     return created_id(body)
 
 
+LARGE_SPEC_BYTES = 64 << 10
+"""A spec this large goes through the SDK (gpupool.client): a server past its request body limit answers
+413 and closes while such a request is still being sent, and the SDK says so; the fast path here would
+only see the connection reset."""
 RATE_RETRY_S = 30.0
 """How long a submission refused for the tenant's request rate is sent again (as the client does)."""
 

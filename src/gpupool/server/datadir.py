@@ -51,10 +51,16 @@ def secure_data_dir(path: Path, flag: str = "--data-dir") -> None:
     from gpupool.errors import InvalidInput
 
     os.umask(PRIVATE_UMASK)
-    path.mkdir(parents=True, exist_ok=True, mode=0o700)
+    what = "data" if flag == "--data-dir" else "agent"
+    try:
+        path.mkdir(parents=True, exist_ok=True, mode=0o700)
+    except OSError as exc:  # a file there (or on the way), no permission, a read-only file system
+        why = {FileExistsError: "it is a file", NotADirectoryError: "a file is in its way"}.get(
+            type(exc), exc.strerror)
+        raise InvalidInput(f"Cannot create the {what} directory {str(path)!r} ({why}); choose another with "
+                           f"{flag}.") from None
     info = path.lstat()
     if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.geteuid():
-        what = "data" if flag == "--data-dir" else "agent"
         raise InvalidInput(f"The {what} directory {str(path)!r} is not a directory owned by this user; "
                            f"choose another with {flag}.")
     os.chmod(path, 0o700)
