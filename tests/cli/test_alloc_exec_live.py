@@ -285,6 +285,14 @@ def test_another_tenant_and_the_admin_cannot_exec(pool: Pool
         rank = gp(pool, "exec", "--rank", "one", wid, "--", "true")
         assert rank.returncode == 2
         assert rank.stderr == "Error: --rank takes a replica number (0, 1, ...), not 'one'.\n"
+        below = gp(pool, "exec", "--rank", "-1", wid, "--", "true")  # refused here, not by the server
+        assert below.returncode == 2
+        assert below.stderr == "Error: --rank takes a replica number (0, 1, ...), not '-1'.\n"
+        beyond = gp(pool, "exec", "--rank=3", wid, "--", "true")  # one pod: only rank 0 runs
+        assert beyond.returncode == 3
+        assert beyond.stderr == (f"Error: Workload {wid} has no running pod of rank 3 (it is running); give "
+                                 f"a rank from 0 to its replicas less one (`gpupool show {wid}` lists its "
+                                 "pods).\n")
         gang = gp(pool, "alloc", "--replicas", "2", "--", "true")
         assert gang.returncode == 2 and "an allocation is one pod" in gang.stderr
     finally:

@@ -158,12 +158,18 @@ def exec_run(args: list[str]) -> int:
             pty = True
         elif arg == "-i":
             pass  # stdin is always passed (kubectl's -i)
-        elif arg in ("--rank", "-r") and i + 1 < len(options):
-            i += 1
+        elif (arg in ("--rank", "-r") and i + 1 < len(options)) or arg.startswith("--rank="):
+            if "=" in arg:
+                value = arg.partition("=")[2]
+            else:
+                i += 1
+                value = options[i]
             try:
-                rank = int(options[i])
+                rank = int(value)
+                if rank < 0:
+                    raise ValueError
             except ValueError:
-                return _error(f"--rank takes a replica number (0, 1, ...), not {options[i]!r}.", 2)
+                return _error(f"--rank takes a replica number (0, 1, ...), not {value!r}.", 2)
         elif arg.startswith("-"):
             return _error(f"no option {arg}; {EXEC_USAGE}", 2)
         else:

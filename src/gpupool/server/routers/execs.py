@@ -66,7 +66,9 @@ def live_pod(rt: Runtime, tenant: str | None, workload_id: str, rank: int) -> tu
             .order_by(PodRow.attempt.desc())).first()
     if pod is None:
         raise NotFound(f"Workload {workload_id} has no running pod of rank {rank} (it is {status.value}); "
-                       "wait until it runs (`gpupool wait --running` or `gpupool show`).")
+                       + ("give a rank from 0 to its replicas less one" if status is WorkloadStatus.RUNNING
+                          else "try again once it is running")
+                       + f" (`gpupool show {workload_id}` lists its pods).")
     return str(pod.node), str(pod.id)
 
 
