@@ -98,6 +98,32 @@ def reports_run_errors() -> Iterator[None]:
         raise typer.Exit(2) from None
 
 
+def hand_down(ctx: typer.Context, **options: Any) -> None:
+    """For a group's callback: options given to the group before its sub-command (`gpupool node -o json
+    ls`) become that sub-command's defaults, as if given after it; one the sub-command does not take is
+    refused (exit 2), never silently ignored. Nothing to do when no sub-command follows."""
+    sub = ctx.invoked_subcommand
+    given = [name for name in options if _given(ctx, name)]
+    if sub is None or not given:
+        return
+    group = ctx.command
+    assert isinstance(group, typer.core.TyperGroup)
+    command = group.get_command(ctx, sub)
+    takes = {param.name for param in command.params} if command is not None else set()
+    for name in given:
+        if name not in takes:
+            flag = max(next(p.opts for p in group.params if p.name == name), key=len)
+            print(f"Error: `{ctx.command_path} {sub}` takes no {flag}; drop it.", file=sys.stderr)
+            raise typer.Exit(2)
+    ctx.default_map = {**(ctx.default_map or {}), sub: {name: options[name] for name in given}}
+
+
+def _given(ctx: typer.Context, name: str) -> bool:
+    """Whether option `name` was given on the command line (or by its environment variable)."""
+    source = ctx.get_parameter_source(name)
+    return source is not None and source.name not in ("DEFAULT", "DEFAULT_MAP")
+
+
 def error_text(exc: GpupoolError) -> str:
     """The sentence for a gpupool error; an authentication error also says where the token came from."""
     message = exc.message

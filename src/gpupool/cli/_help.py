@@ -61,13 +61,14 @@ def install() -> None:
 
 def reflow(text: str | None) -> str | None:
     """`text` with each paragraph's lines joined into one (the terminal wraps it); blank lines, and
-    lines that start indented or as a list item (-, *, |), keep their breaks."""
+    lines that start indented, as a list item (-, *, |) or as an example (`Example:`), keep their
+    breaks."""
     if not text:
         return text
     lines: list[str] = []
     for line in text.split("\n"):
         joins = (lines and lines[-1].strip() and line.strip()
-                 and not line.startswith((" ", "\t", "- ", "* ", "|")))
+                 and not line.startswith((" ", "\t", "- ", "* ", "|", "Example:", "Examples:")))
         if joins:
             lines[-1] = f"{lines[-1].rstrip()} {line.strip()}"
         else:

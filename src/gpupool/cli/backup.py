@@ -24,6 +24,10 @@ DatabaseUrlFileOption = Annotated[Path | None, typer.Option("--database-url-file
 PassphraseOption = Annotated[Path | None, typer.Option("--passphrase-file", help=(
     "A file holding a passphrase (8 characters or more): the data directory's secrets.key and "
     "admin-token go into the backup encrypted with it (without it they are left out)."))]
+RestorePassphraseOption = Annotated[Path | None, typer.Option("--passphrase-file", help=(
+    "A file holding the passphrase `gpupool backup` was given: it decrypts the backup's secrets.key "
+    "and admin-token into the data directory. Needed when the backup holds them; a backup made "
+    "without one holds no keys."))]
 
 
 def _progress(line: str) -> None:
@@ -81,7 +85,7 @@ def restore(
     data_dir: DataDirOption = None,
     database_url: DatabaseUrlOption = "",
     database_url_file: DatabaseUrlFileOption = None,
-    passphrase_file: PassphraseOption = None,
+    passphrase_file: RestorePassphraseOption = None,
 ) -> None:
     """Restore a backup into a stopped, fresh pool (admin): refused while a server runs on the data
     directory, or when its store already holds tables. Then start it with `gpupool up` (an older

@@ -6,7 +6,7 @@ from typing import Any
 
 import typer
 
-from gpupool.cli._common import client, reports_errors
+from gpupool.cli._common import client, hand_down, reports_errors
 from gpupool.cli.output import Column, Format, OutputOption
 
 app = typer.Typer(
@@ -22,6 +22,7 @@ def fed(ctx: typer.Context, output: OutputOption = Format.TABLE) -> None:
     """List the hub's member pools (as `gpupool fed ls`)."""
     if ctx.invoked_subcommand is None:
         _list(output)
+    hand_down(ctx, output=output)  # `gpupool fed -o json ls` is `gpupool fed ls -o json`
 
 
 @app.command("ls")

@@ -7,7 +7,7 @@ from typing import Annotated, Any
 
 import typer
 
-from gpupool.cli._common import SIMULATED_MARK, client, reports_errors
+from gpupool.cli._common import SIMULATED_MARK, client, hand_down, reports_errors
 from gpupool.cli.output import Column, Format, OutputOption
 
 app = typer.Typer(
@@ -23,6 +23,7 @@ app = typer.Typer(
 def nodes(ctx: typer.Context, output: OutputOption = Format.TABLE) -> None:
     """List nodes and their devices; simulated devices are marked (sim)."""
     if ctx.invoked_subcommand is not None:
+        hand_down(ctx, output=output)  # `gpupool node -o json ls` is `gpupool node ls -o json`
         return
     _list(output)
 

@@ -9,6 +9,7 @@ from pathlib import Path
 import typer
 from rich.table import Table
 
+from gpupool.cli._common import hand_down
 from gpupool.errors import GpupoolError
 from gpupool.profiles import DeviceProfile, load_profiles
 
@@ -70,6 +71,7 @@ def _group(ctx: typer.Context, as_json: bool = AS_JSON, directory: list[Path] = 
     """
     if ctx.invoked_subcommand is None:
         _list(as_json, directory)
+    hand_down(ctx, as_json=as_json, directory=directory)  # `profile --json ls` is `profile ls --json`
 
 
 @app.command("ls")

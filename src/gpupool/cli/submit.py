@@ -142,6 +142,7 @@ def submit(
     Example: gpupool submit --dependency afterok:w-1a2b3c4d5e6f -- python evaluate.py
 
     Example: gpupool submit --mount /data/team-a/set:/data:ro --secret hf:HF_TOKEN -- python train.py
+
     Example: gpupool submit --replicas 2 --gpus 8 --launcher torchrun -- python train.py
 
     Example: gpupool submit --constraint zone=a --gpus 1 -- python train.py
