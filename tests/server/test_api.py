@@ -76,6 +76,23 @@ def test_node_routes_and_pool(server: Server) -> None:
     assert pool["by_tenant"][0]["tenant"] == "default" and pool["workloads"]["running"] == 2
 
 
+def test_work_only_a_cordoned_node_holds_waits_saying_so_and_work_no_node_holds_fails(server: Server) -> None:
+    """While its only node is cordoned, work waits with a reason that is not final (the node comes
+    back, and it runs there); work no node could ever hold fails at once, cordon or not."""
+    c, h = server.client, server.headers()
+    c.post(f"{API}/nodes/n0/cordon", headers=h).raise_for_status()
+    waits = _submit(server, resources={"gpus": 1})
+    never = _submit(server, resources={"gpus": 8}, replicas=2)  # two whole nodes of a pool of one
+    server.wait_for(lambda: server.status(never) == "failed")
+    assert c.get(f"{API}/workloads/{never}", headers=h).json()["reason"] == "never_fits"
+    server.wait_for(lambda: bool(c.get(f"{API}/workloads/{waits}", headers=h).json()["reason"]))
+    shown = c.get(f"{API}/workloads/{waits}", headers=h).json()
+    assert (shown["status"], shown["reason_final"]) == ("pending", False), shown
+    assert shown["reason"] != "never_fits" and "never fit" not in shown["message"], shown
+    c.post(f"{API}/nodes/n0/uncordon", headers=h).raise_for_status()
+    server.wait_for(lambda: server.status(waits) == "running")
+
+
 def test_tenants_queues_tokens(server: Server) -> None:
     c, h = server.client, server.headers()
     _tenant_token(server, "team-a")

@@ -134,7 +134,7 @@ def test_durations_read_as_the_time_limit_was_given() -> None:
 def _view(*pending: Workload, nodes: int = 1, backoff_s: float | None = None) -> StoreView:
     cluster = tuple(node(f"n{i}") for i in range(nodes))
     return StoreView(snapshot=ClusterSnapshot(nodes=cluster), pending=pending, quota=QuotaConfig(),
-                     unschedulable_nodes=0, next_backoff_s=backoff_s)
+                     next_backoff_s=backoff_s)
 
 
 def test_the_arrivals_window_reads_new_arrivals_between_full_passes() -> None:

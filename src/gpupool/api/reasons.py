@@ -54,7 +54,7 @@ _ENTRIES: tuple[tuple[StrEnum, bool, str, str], ...] = (
      "may raise a quota with `gpupool queue set`."),
     (_R.NEVER_FITS, True, "No node of the pool could ever hold one of its pods.",
      "Resubmit asking for less (gpus, memory, cpu, models); `gpupool node ls` shows what the nodes have. "
-     "While a node is cordoned or unhealthy it waits instead, as that node might hold it."),
+     "Cordoned nodes and failed devices count as the room they have when they are back."),
     (_R.PREEMPTED, False, "Stopped to make room for higher-priority work; it waits to run again.",
      "It resumes from its last checkpoint (save to GPUPOOL_CHECKPOINT_DIR); a priority class that is not "
      "preemptible avoids this."),

@@ -582,14 +582,23 @@ def allocs_of(state: ClusterState, alloc: Allocation) -> Allocs:
     return tuple((pods[pl.pod], state.record_of(pods[pl.pod], pl)) for pl in alloc.placements)
 
 
-def clone_state(state: ClusterState, *, empty: bool = False) -> ClusterState:
-    """An independent copy of a state's capacity arrays (empty: nothing allocated)."""
+def clone_state(state: ClusterState, *, empty: bool = False, whole: bool = False) -> ClusterState:
+    """An independent copy of a state's capacity arrays (empty: nothing allocated; whole, with empty:
+    the pool as built, every node schedulable and every device healthy, as cordons, failures and
+    repairs come and go)."""
     new = copy.copy(state)
     new.cpu_cap = state.cpu_cap.copy()
     new.mem_cap = state.mem_cap.copy()
-    new.dev_milli_cap = state.dev_milli_cap.copy()
-    new.dev_mem_cap = state.dev_mem_cap.copy()
-    new.schedulable = state.schedulable.copy()
+    if empty and whole:
+        unknown = state.dev_mem_size == UNKNOWN_MEMORY_MIB
+        new.dev_milli_cap = np.where(state.dev_valid, MILLI, 0).astype(np.int64)
+        new.dev_mem_cap = np.where(state.dev_valid, np.where(unknown, UNBOUNDED_MIB, state.dev_mem_size),
+                                   0).astype(np.int64)
+        new.schedulable = np.ones_like(state.schedulable)
+    else:
+        new.dev_milli_cap = state.dev_milli_cap.copy()
+        new.dev_mem_cap = state.dev_mem_cap.copy()
+        new.schedulable = state.schedulable.copy()
     src = new if empty else state
     new.cpu_free = (src.cpu_cap if empty else src.cpu_free).copy()
     new.mem_free = (src.mem_cap if empty else src.mem_free).copy()

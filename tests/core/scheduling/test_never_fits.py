@@ -87,3 +87,23 @@ def test_thousands_of_gang_shapes_take_no_trial_placement_and_a_gang_that_never_
     refused = [d for d in result.decisions if isinstance(d, Refuse)]
     assert [(d.workload_id, d.reason) for d in refused] == [("never", Reason.NEVER_FITS)]
     assert "can never fit this pool" in refused[0].message
+
+
+def test_work_that_only_a_cordoned_node_or_one_with_a_failed_device_holds_waits_and_the_rest_is_refused(
+) -> None:
+    """Whether work can ever fit is judged on the pool as built: a cordoned node, or a node with a
+    failed device, comes back (uncordoned, repaired), so work only it could hold waits for it with a
+    reason that is not final; work no node could hold even then is refused, whatever is cordoned."""
+    big = node("big", devices=8, model="H100")
+    small = node("small", devices=2, model="H100")
+    eight, nine = workload(pod(8), wid="eight"), workload(pod(9), wid="nine")
+    cordoned = replace(big, cordoned=True)
+    failed = replace(big, devices=(replace(big.devices[0], healthy=False), *big.devices[1:]))
+    for pool in ((cordoned, small), (failed, small), (cordoned, replace(small, cordoned=True))):
+        result = run_cycle(ClusterSnapshot(pool), [eight, nine], Policies(), 0.0, random.Random(0))
+        verdicts = {d.workload_id: d for d in result.decisions}
+        assert not isinstance(verdicts["eight"], Refuse), (pool, verdicts["eight"])
+        assert verdicts["eight"].reason is not Reason.NEVER_FITS
+        assert isinstance(verdicts["nine"], Refuse) and verdicts["nine"].reason is Reason.NEVER_FITS
+    result = run_cycle(ClusterSnapshot((big, small)), [eight], Policies(), 0.0, random.Random(0))
+    assert [a.workload_id for a in result.admitted] == ["eight"]  # and it runs there once it is back

@@ -1071,7 +1071,9 @@ class _Cycle:
         self.decisions.append(Refuse(w.id, reason, message) if final else Wait(w.id, reason, message))
 
     def _never_fits(self, w: Workload, shape: Shape, cq: str) -> tuple[Reason, str] | None:
-        """Why the workload can never run here (checked on an empty pool, cached per shape)."""
+        """Why the workload can never run here (checked on the pool empty and whole: every node
+        schedulable and every device healthy, since a cordoned or failed one comes back; cached per
+        shape)."""
         view = self.view
         if view.quota.queues:
             quota_msg = view.quota.ever_fits(cq, view.metas[w.id].lower)
@@ -1087,7 +1089,7 @@ class _Cycle:
             # which costs a policy such as fgd milliseconds for each distinct shape (a tenant's
             # thousands of gangs of slightly different shapes made a pass take seconds).
             if self.empty_state is None:
-                self.empty_state = clone_state(view.state, empty=True)
+                self.empty_state = clone_state(view.state, empty=True, whole=True)
             fits = self.empty_state.node_fits
             if all(int(np.count_nonzero(fits(pod))) >= len(w.pods) for pod in w.pods):
                 view.never_fits_cache[shape] = None
@@ -1095,7 +1097,7 @@ class _Cycle:
             if policy is None:  # (a pod that fits no node of the empty pool: the trial words why)
                 policy = view.policy_for_empty() or self.policy
             if self.empty_state is None:  # one empty pool per cycle, given back after each trial
-                self.empty_state = clone_state(view.state, empty=True)
+                self.empty_state = clone_state(view.state, empty=True, whole=True)
             empty = self.empty_state
             with view.topology.as_built() if view.topology is not None else nullcontext():
                 result = place_gang(w, empty, policy, random.Random(0))

@@ -323,14 +323,14 @@ class DecisionApplier:
 
     def _reject(self, conn: Connection, rejections: Sequence[Rejection], view: StoreView,
                 now: float) -> list[dict[str, object]]:
-        """Final rejections fail their workload (only while every node is schedulable); the others
+        """Final rejections fail their workload (the core judged on the pool as built: a cordoned
+        node, or one with a failed device, counts as the room it has when it is back); the others
         record why the workload waits, where that changed. Returns the reasons recorded."""
-        final = view.unschedulable_nodes == 0
-        failed = states(conn, [r.workload_id for r in rejections if r.final and final], with_spec=False)
+        failed = states(conn, [r.workload_id for r in rejections if r.final], with_spec=False)
         moves: list[Move] = []
         reasons: list[dict[str, object]] = []
         for rejection in rejections:
-            if rejection.final and final:
+            if rejection.final:
                 row = failed.get(rejection.workload_id)
                 if row is not None and row.status == WorkloadStatus.PENDING.value:
                     moves.append(Move(row.id, row.status, WorkloadStatus.FAILED.value,

@@ -234,5 +234,4 @@ def _without_launches(view: StoreView, stuck: frozenset[str]) -> StoreView:
         return view
     nodes = tuple(dataclasses.replace(n, cordoned=True) if n.name in stuck and not n.cordoned else n
                   for n in view.snapshot.nodes)
-    return dataclasses.replace(view, snapshot=dataclasses.replace(view.snapshot, nodes=nodes),
-                               unschedulable_nodes=sum(1 for n in nodes if not n.schedulable))
+    return dataclasses.replace(view, snapshot=dataclasses.replace(view.snapshot, nodes=nodes))

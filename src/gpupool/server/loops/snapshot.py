@@ -121,7 +121,6 @@ class StoreView:
     snapshot: ClusterSnapshot
     pending: tuple[Workload, ...]
     quota: QuotaConfig
-    unschedulable_nodes: int
     next_backoff_s: float | None = None
     """When the next requeued workload's backoff ends (None: none waits on one)."""
 
@@ -337,7 +336,6 @@ def load(rt: Runtime, cache: WorkloadCache, since_s: float | None = None,
         snapshot=ClusterSnapshot(nodes=nodes, allocations=allocations),
         pending=pending,
         quota=quota,
-        unschedulable_nodes=sum(1 for n in nodes if not n.schedulable),
         next_backoff_s=next_backoff,
     )
 
