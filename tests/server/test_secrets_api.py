@@ -21,7 +21,7 @@ from cli_inproc import run_cli
 from factories import node
 from gpupool.client import Client
 from gpupool.config import parse_config
-from gpupool.errors import Conflict, GpupoolError, InvalidInput, NotFound
+from gpupool.errors import Conflict, Forbidden, GpupoolError, InvalidInput, NotFound
 from gpupool.server.orm import SecretRow, WorkloadRow
 from gpupool.server.secretbox import SecretBox
 from live import LiveServer, live_server
@@ -88,11 +88,15 @@ def test_another_tenants_secret_is_as_if_it_did_not_exist(srv: LiveServer) -> No
     with tenant_client(srv, "team-a") as owner:
         owner.create_secret("shared-name", {"K": "v"})
     with tenant_client(srv, "team-b") as thief:
-        assert thief.secrets() == [] and thief.secrets("team-a") == []
+        assert thief.secrets() == [] and thief.secrets("team-b") == []
+        with pytest.raises(Forbidden, match="belongs to tenant 'team-b'; it cannot act for 'team-a'"):
+            thief.secrets("team-a")  # refused, as `ls` and `usage` refuse it: not a list of its own
         said = {}
         for name in ("shared-name", "never-made"):
+            with pytest.raises(Forbidden, match="it cannot act for 'team-a'"):
+                thief.delete_secret(name, tenant="team-a")  # whether it exists or not
             with pytest.raises(NotFound) as deleted:
-                thief.delete_secret(name, tenant="team-a")
+                thief.delete_secret(name)
             with pytest.raises(NotFound) as used:
                 thief.submit(command=["true"], secrets=[f"{name}:K"])
             said[name] = (deleted.value.message.replace(name, "N"), used.value.message.replace(name, "N"))

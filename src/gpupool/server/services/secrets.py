@@ -88,15 +88,15 @@ def create(rt: Runtime, who: Principal, body: SecretCreate) -> SecretOut:
 def list_secrets(rt: Runtime, who: Principal, tenant: str | None) -> list[SecretOut]:
     """A tenant's own secrets (names and keys); the admin's: every tenant's, or one's."""
     query = select(SecretRow).order_by(SecretRow.tenant, SecretRow.name)
-    if who.tenant is not None or tenant is not None:
-        query = query.where(SecretRow.tenant == (who.tenant or tenant))
+    if who.tenant is not None or tenant is not None:  # a tenant naming another is refused (403)
+        query = query.where(SecretRow.tenant == (who.tenant_for(tenant) if who.tenant else tenant))
     with rt.store.read() as session:
         return [_out(r) for r in session.scalars(query)]
 
 
 def delete_secret(rt: Runtime, who: Principal, name: str, tenant: str | None) -> SecretDeleted:
     """Delete one: 404 when the caller's tenant (or the admin's `tenant`) has none of that name."""
-    owner = who.tenant or tenant or "default"  # a tenant token's `tenant` is ignored: it has only its own
+    owner = who.tenant_for(tenant)  # a tenant naming another is refused (403); the admin's: default
     now = rt.clock()
     with rt.store.write() as session:
         removed = session.connection().execute(delete(SecretRow).where(SecretRow.tenant == owner,
