@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import sys
 import time
-from typing import TYPE_CHECKING, Annotated
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
@@ -60,8 +60,11 @@ def logs(
     streams = ["stderr"] if stderr else ["stdout"]
     retry = Reconnecting(reconnect if follow else 0)
     with client() as pool:
-        wid = retry.call(lambda: resolve(pool, workload_id)).id
+        workload = retry.call(lambda: resolve(pool, workload_id))
+        wid = workload.id
         first = retry.call(lambda: pool.logs(wid, rank=rank, offset=0, stream="stdout", attempt=attempt))
+        if not first.attempts and not first.text:  # no pod of it has started: say why there is nothing
+            print(not_started_note(workload, follow), file=sys.stderr)
         if first.combined and stdout:
             print(f"Error: workload {wid}'s stderr is in its output with stdout, in the order written; "
                   "give neither --stdout nor --stderr (or submit with --separate-stderr).", file=sys.stderr)
@@ -74,6 +77,17 @@ def logs(
         for number in first.attempts:
             _print_attempt(pool, retry, wid, rank, streams, number, follow and number == first.attempts[-1],
                            header=True)
+
+
+def not_started_note(workload: Any, follow: bool) -> str:
+    """One line for a workload none of whose pods has started (`workload`: its summary or itself)."""
+    why = ": ".join(part for part in (workload.reason, workload.message.rstrip(".")) if part)
+    state = f"{workload.status}: {why}" if why else workload.status
+    if workload.status in ("succeeded", "failed", "cancelled"):
+        return f"gpupool: {workload.id} ended before any pod of it started ({state}); it has no output."
+    then = ("waiting for its output" if follow
+            else f"its output shows once it runs (`gpupool logs {workload.id} -f`)")
+    return f"gpupool: {workload.id} has not started yet ({state}); {then}."
 
 
 def _print_attempt(pool: Client, retry: Reconnecting, wid: str, rank: int, streams: list[str],

@@ -41,9 +41,25 @@ def create(
         raise typer.BadParameter(f"--scope is full, metrics or federation, not {scope!r}.")
     never = expires.strip().lower() == "never"
     lifetime = duration_s(expires, "--expires") if expires and not never else None
+    longest = max_lifetime_s()
+    if lifetime is not None and lifetime > longest:
+        raise typer.BadParameter(f"--expires takes at most {longest / (365 * 86400):g} years "
+                                 f"({longest / 86400:g}d), got {expires!r}; give a shorter lifetime, or "
+                                 "never.")
     with client() as pool:
         token = pool.create_token(tenant, name, scope=scope, expires_in_s=lifetime, never_expires=never)
     print(token.token)
+
+
+def max_lifetime_s() -> float:
+    """The longest lifetime the API takes for a token (TokenCreate.expires_in_s's bound)."""
+    from annotated_types import Le
+
+    from gpupool.api.tenants import TokenCreate
+
+    bound = next(m.le for m in TokenCreate.model_fields["expires_in_s"].metadata if isinstance(m, Le))
+    assert isinstance(bound, int | float)
+    return float(bound)
 
 
 @app.command("ls")

@@ -61,7 +61,10 @@ def top(
             return
         from rich.live import Live
 
-        with Live(retry.call(lambda: _view(pool)), console=out, refresh_per_second=4) as live:
-            while True:
-                time.sleep(interval)
-                live.update(retry.call(lambda: _view(pool)))
+        try:
+            with Live(retry.call(lambda: _view(pool)), console=out, refresh_per_second=4) as live:
+                while True:
+                    time.sleep(interval)
+                    live.update(retry.call(lambda: _view(pool)))
+        except KeyboardInterrupt:  # how a live view ends: exit 0, as `ls --watch` and `events -f` do
+            return
