@@ -11,14 +11,14 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
-from sqlalchemy import select
+from sqlalchemy import select, update
 from typer.testing import CliRunner
 
 from factories import node
 from gpupool.cli.lazy import app
 from gpupool.client import Client
 from gpupool.config import parse_config
-from gpupool.server.orm import PodRow, WorkloadRow
+from gpupool.server.orm import PodRow, TenantRow, WorkloadRow
 from live import LiveServer, live_server
 from server.fakes import ManualProvider
 
@@ -151,8 +151,15 @@ def test_usage_groups_and_prices_memory_heavy_slices_by_their_memory(srv: LiveSe
     assert code == 2 and "Cannot group usage by 'colour'" in err
 
 
+def _made_long_ago(server: LiveServer, tenant: str) -> None:
+    """The tenant existed before the history `_history` writes (which is dated before it was made)."""
+    with server.rt.store.write() as session:
+        session.execute(update(TenantRow).where(TenantRow.name == tenant).values(created_s=0.0))
+
+
 def test_a_tenant_sees_only_its_own_usage(srv: LiveServer, monkeypatch: pytest.MonkeyPatch) -> None:
     _history(srv)
+    _made_long_ago(srv, "team-b")
     with Client(srv.url, srv.admin_token) as pool:
         token = pool.create_token("team-b", "mine").token
     monkeypatch.setenv("GPUPOOL_TOKEN", token)
@@ -228,3 +235,29 @@ def test_small_amounts_keep_their_digits_in_the_table(srv: LiveServer) -> None:
     assert " 0.0025 " in total, out  # the minor unit, then the digits that carry the amount
     code, out, err = gp("invoice", "--tenant", "team-b", "--month", "2026-12", "-o", "json")
     assert code == 0 and [r["currency"] for r in json.loads(out)] == ["USD"]
+
+
+def test_a_deleted_tenants_usage_stays_for_the_admin_and_one_made_again_under_its_name_sees_none(
+        srv: LiveServer) -> None:
+    """Deleting a tenant folds its pods into the rollup and deletes their rows: its usage of today
+    is read from the rollup then (usage missed it while invoice showed it); a tenant made later
+    under the same name is someone else, whose usage starts when it was made."""
+    now = srv.rt.clock()
+    with Client(srv.url, srv.admin_token) as pool:
+        pool.create_tenant("team-c")
+        _pod(srv, "team-c", "c1", 0, 1000, 80, now - 2 * 3600, now - 3600)  # an hour of a device today
+        before = pool.usage(tenant="team-c", by=["tenant"])
+        pool.delete_tenant("team-c")
+        after = pool.usage(tenant="team-c", by=["tenant"])
+        whole = pool.usage(by=["tenant"])
+        assert [(r.tenant, r.device_hours) for r in before.rows] == [("team-c", 1.0)]
+        assert [(r.tenant, r.device_hours, r.cost) for r in after.rows] == \
+            [(r.tenant, r.device_hours, r.cost) for r in before.rows]
+        assert "team-c" in [r.tenant for r in whole.rows]
+        pool.create_tenant("team-c")  # someone else, later, under the same name
+        token = pool.create_token("team-c", "new").token
+        assert [r.tenant for r in pool.usage(tenant="team-c", by=["tenant"]).rows] == ["team-c"]  # the admin
+    with Client(srv.url, token) as theirs:
+        assert theirs.usage(by=["tenant"]).rows == []
+        assert theirs.usage(since_s=now - 40 * 86_400, until_s=now + 40 * 86_400, by=["tenant"]).rows == []
+        assert theirs.usage(since_s=now - 3 * 3600, until_s=now - 1800, by=["tenant"]).rows == []

@@ -12,12 +12,12 @@ import dataclasses
 import math
 from collections.abc import Sequence
 
-from sqlalchemy import or_
+from sqlalchemy import or_, select
 
 from gpupool.api.usage import UsageOut
 from gpupool.core.metering import DAY_S, PodInterval, UsageKey, UsageRow, aggregate, totals
 from gpupool.server.auth import Principal
-from gpupool.server.orm import PodRow, WorkloadRow
+from gpupool.server.orm import PodRow, TenantRow, WorkloadRow
 from gpupool.server.runtime import Runtime
 from gpupool.server.services import usage_rollup
 from gpupool.server.services.metering import interval_rows, parse_by, raw_usage, row_out, to_intervals, window
@@ -31,9 +31,23 @@ def usage(rt: Runtime, who: Principal, *, tenant: str | None, since_s: float | N
     """Usage and cost in [since_s, until_s) (default: the last 30 days to now), grouped by `by`; a
     tenant token sees only its own tenant's (naming another is Forbidden)."""
     scope = who.tenant_for(tenant) if not who.is_admin else tenant
+    now = rt.clock()  # before the window's default end, which is then at or after it
     since, until = window(rt, since_s, until_s)
+    if scope is not None and not who.is_admin:
+        # a tenant's usage starts when it was made: what a deleted tenant of the same name used
+        # before (kept in the rollup under that name, for the admin) is another's
+        since = max(since, _made_s(rt, scope))
     keys = parse_by(by)
-    first_day, end_day = math.ceil(since / DAY_S) * DAY_S, math.floor(until / DAY_S) * DAY_S
+    if since >= until:  # made after the window
+        book = rt.config.prices.price_book()
+        return UsageOut(since_s=until, until_s=until, by=[k.value for k in keys], currency=book.currency,
+                        rows=[], total=row_out(totals([]), 0))
+    # Every piece the rollup holds ended by now (only ended pods are folded), so for a window that
+    # reaches now its last day's rows lie inside the window whole, and are read from the rollup as
+    # the days before it are: the pod rows of a tenant deleted today are gone, and its usage of
+    # today was read from them (`usage` missed it while an invoice showed it).
+    end_day = (math.ceil if until >= now else math.floor)(until / DAY_S) * DAY_S
+    first_day = math.ceil(since / DAY_S) * DAY_S
     if end_day <= first_day:  # no whole day
         return raw_usage(rt, who, tenant=tenant, since_s=since, until_s=until, by=by)
     book = rt.config.prices.price_book()
@@ -49,7 +63,6 @@ def usage(rt: Runtime, who: Principal, *, tenant: str | None, since_s: float | N
         if scope is not None:
             query = query.where(WorkloadRow.tenant == scope)
         rows = session.execute(query).all()
-    now = rt.clock()
     intervals: list[PodInterval] = []
     elsewhere: set[str] = set()  # rolled-up pods with a part in the whole days: the rollup counts them
     for row, interval in zip(rows, to_intervals(rt, rows, now=now, default_class=default_class), strict=True):
@@ -67,6 +80,12 @@ def usage(rt: Runtime, who: Principal, *, tenant: str | None, since_s: float | N
     pods = rolled.total_pods + len(raw_pods - elsewhere)
     return UsageOut(since_s=since, until_s=until, by=[k.value for k in keys], currency=book.currency,
                     rows=[row_out(u, n) for u, n in ordered], total=row_out(total, pods))
+
+
+def _made_s(rt: Runtime, tenant: str) -> float:
+    with rt.store.read() as session:
+        made = session.scalar(select(TenantRow.created_s).where(TenantRow.name == tenant))
+    return float(made or 0.0)
 
 
 def _outside(interval: PodInterval, first_day: float, end_day: float) -> list[PodInterval]:
