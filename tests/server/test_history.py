@@ -19,7 +19,7 @@ from gpupool.providers.base import DeviceReading
 from gpupool.server.auth import Principal
 from gpupool.server.db import Store
 from gpupool.server.loops.history import HistorySampler
-from gpupool.server.orm import HistoryRow
+from gpupool.server.orm import HistoryRow, TenantRow
 from gpupool.server.runtime import Runtime
 from gpupool.server.services import history
 from gpupool.server.services.history import HOUR_S, MINUTE_S, Point
@@ -132,6 +132,20 @@ def test_query_means_per_point_and_fills_a_tenants_idle_minutes(rt: Runtime) -> 
     assert device.busy_pct == 30.0 and device.allocated == pytest.approx(10 / 11, abs=1e-6)
     mine = history.query(rt, Principal(token_id="t", tenant="b"), "tenants", "1h", NOW)
     assert [s.name for s in mine.series] == ["b"]
+
+
+def test_a_tenant_made_under_a_deleted_ones_name_reads_its_own_minutes_only(rt: Runtime) -> None:
+    """History is kept by the tenant's name: a tenant made later under it is someone else, whose
+    series starts when it was made; the admin reads the name's whole series."""
+    first = history.minute_of(NOW) - 9 * MINUTE_S
+    for m in range(10):  # b held a device for 5 minutes; deleted; a new b holds half of one since
+        _minute(rt, first + m * MINUTE_S, 1000.0, {"b": 1000.0 if m < 5 else 500.0})
+    with rt.store.write() as session:
+        session.add(TenantRow(name="b", created_s=first + 5 * MINUTE_S - 1))
+    mine = history.query(rt, Principal(token_id="t", tenant="b"), "tenants", "1h", NOW)
+    assert [v for _, v in mine.series[0].values] == [0.0] * 5 + [0.5] * 5
+    whole = history.query(rt, ADMIN, "tenants", "1h", NOW)
+    assert [v for _, v in whole.series[0].values] == [1.0] * 5 + [0.5] * 5
 
 
 @pytest.fixture(scope="module")

@@ -29,7 +29,7 @@ from gpupool.core.model import WorkloadStatus
 from gpupool.core.units import MILLI
 from gpupool.errors import Forbidden, InvalidInput
 from gpupool.server.auth import Principal
-from gpupool.server.orm import HistoryRow, WorkloadRow
+from gpupool.server.orm import HistoryRow, TenantRow, WorkloadRow
 from gpupool.server.runtime import Runtime
 
 MINUTE_S = 60
@@ -213,9 +213,12 @@ def query(rt: Runtime, who: Principal, metric: str, range_: str, now: float) -> 
         return HistoryOut(metric=metric, range=range_, step_s=width, since_s=since, now_s=now, series=[],
                           devices=_devices(rt, since, DEVICE_STEPS[range_]))
     where = [HistoryRow.at_s >= since, HistoryRow.series.in_(series_names), HistoryRow.step_s == step]
-    if metric == "tenants" and not who.is_admin:
-        where.append((HistoryRow.series == "capacity") | (HistoryRow.key == (who.tenant or "")))
     with rt.store.read() as session:
+        if metric == "tenants" and not who.is_admin:
+            # its own series since it was made: a deleted tenant's of the same name is another's
+            made = session.scalar(select(TenantRow.created_s).where(TenantRow.name == who.tenant)) or 0.0
+            where.append((HistoryRow.series == "capacity")
+                         | ((HistoryRow.key == (who.tenant or "")) & (HistoryRow.at_s >= made)))
         found = session.execute(select(HistoryRow.series, HistoryRow.key, HistoryRow.at_s, HistoryRow.value)
                                 .where(*where).order_by(HistoryRow.at_s)).all()
     times = sorted({r.at_s for r in found if r.series == "capacity"})
