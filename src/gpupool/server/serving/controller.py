@@ -34,6 +34,29 @@ from gpupool.server.serving.specs import acting_for, replica_spec
 log = logging.getLogger("gpupool.serving")
 FINAL = frozenset(s.value for s in WorkloadStatus if s.is_final)
 READINESS, LIVENESS = "readiness", "liveness"
+STABLE_RUN_S = 600.0
+"""A replica that ends after running this long is not a crash: its replacement starts at once."""
+BACKOFF_FIRST_S, BACKOFF_MAX_S = 10.0, 300.0
+"""After a service's second crash in a row its next replica waits 10 s, then 20, 40, ... at most
+300 (as Kubernetes backs off a container that crashes)."""
+
+
+def backoff_s(crashes: int) -> float:
+    """How long the replica after `crashes` crashes in a row waits: none after the first."""
+    return 0.0 if crashes <= 1 else min(BACKOFF_FIRST_S * 2 ** (crashes - 2), BACKOFF_MAX_S)
+
+
+@dataclass(frozen=True, slots=True)
+class Crashes:
+    """A service's replicas that ended in a row before serving for STABLE_RUN_S."""
+
+    count: int
+    at_s: float
+    """When the last one ended."""
+    not_before_s: float
+    """No replica of it is created before this time."""
+    last: str
+    """What the last one's workload said when it ended."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,6 +74,11 @@ class Replica:
     started_s: float | None
     node: str
     pod_id: str
+    message: str = ""
+    """Its workload's last message (why it ended, once it did)."""
+    ready_s: float | None = None
+    """When it first passed its readiness probe (None: never)."""
+    finished_s: float | None = None
 
     @property
     def serving(self) -> bool:
@@ -69,6 +97,9 @@ class Controller:
         self._liveness_failures: dict[str, int] = {}
         self._refused: dict[str, str] = {}
         """service id -> why its last replica could not be created ('' once one could)."""
+        self._crashes: dict[str, Crashes] = {}
+        """service id -> its replicas that crashed in a row (none once one made since serves, or one
+        ran STABLE_RUN_S)."""
 
     def step(self) -> int:
         """One pass over every service; returns how many there are."""
@@ -93,12 +124,13 @@ class Controller:
 
     def _read(self, session: Session, service_id: str) -> list[Replica]:
         rows = session.execute(
-            select(ServiceReplicaRow, WorkloadRow.status, WorkloadRow.started_s)
+            select(ServiceReplicaRow, WorkloadRow.status, WorkloadRow.started_s, WorkloadRow.message,
+                   WorkloadRow.finished_s)
             .join(WorkloadRow, WorkloadRow.id == ServiceReplicaRow.workload_id)
             .where(ServiceReplicaRow.service_id == service_id)
             .order_by(ServiceReplicaRow.created_s, ServiceReplicaRow.workload_id)
         ).all()
-        ids = [r.workload_id for r, _, _ in rows]
+        ids = [r.workload_id for r, *_ in rows]
         nodes: dict[str, tuple[str, str]] = {}
         if ids:
             for wid, node, pod_id in session.execute(
@@ -119,8 +151,11 @@ class Controller:
                 status,
                 started,
                 *nodes.get(r.workload_id, ("", "")),
+                message=message or "",
+                ready_s=r.ready_s,
+                finished_s=finished,
             )
-            for r, status, started in rows
+            for r, status, started, message, finished in rows
         ]
 
     def _settle(self, row: ServiceRow, replicas: list[Replica], now: float) -> list[Replica]:
@@ -135,13 +170,7 @@ class Controller:
                     )
                     self._forget(r.workload_id)
                     if r.ready != "draining":
-                        event(
-                            session,
-                            row.id,
-                            "replica_replaced",
-                            f"replica {r.workload_id} {r.status}; a new replica replaces it",
-                            now,
-                        )
+                        event(session, row.id, "replica_replaced", self._ended(row.id, r, now), now)
                     continue
                 running = r.status == WorkloadStatus.RUNNING.value
                 if running and not r.host and r.node:
@@ -163,6 +192,25 @@ class Controller:
                 live.append(r)
         return live
 
+    def _ended(self, service_id: str, r: Replica, now: float) -> str:
+        """Count a replica that ended unasked (a crash, unless it ran STABLE_RUN_S) and say how it is
+        replaced: at once, or after the backoff of the crashes in a row."""
+        ended = r.finished_s if r.finished_s is not None else now
+        ran = ended - r.started_s if r.started_s is not None else 0.0
+        said = f"replica {r.workload_id} {r.status}" + (f" ({r.message})" if r.message else "")
+        if ran >= STABLE_RUN_S:
+            self._crashes.pop(service_id, None)
+            return f"{said}; a new replica replaces it"
+        before = self._crashes.get(service_id)
+        count = (before.count if before is not None else 0) + 1
+        wait = backoff_s(count)
+        self._crashes[service_id] = Crashes(count, ended, ended + wait, r.message or r.status)
+        if not wait:
+            return f"{said}; a new replica replaces it"
+        return (f"{said}, the {_nth(count)} in a row to end within {STABLE_RUN_S / 60:g} minutes of "
+                f"starting; the next replica starts in {wait:g} s (the wait doubles with each crash, "
+                f"up to {BACKOFF_MAX_S:g} s)")
+
     def _forget(self, workload_id: str) -> None:
         for kind in (READINESS, LIVENESS):
             self._due.pop((workload_id, kind), None)
@@ -181,6 +229,12 @@ class Controller:
         remove, create = plan(
             row.desired, row.generation, spec.rollout.max_surge, spec.rollout.max_unavailable, active, used
         )
+        crashes = self._crashes.get(row.id)
+        if crashes is not None and any(r.serving and (r.ready_s or 0.0) >= crashes.at_s for r in active):
+            self._crashes.pop(row.id, None)  # one made since the last crash serves: no loop (any more)
+            crashes = None
+        if crashes is not None and now < crashes.not_before_s:
+            create = 0  # backing off: the pool is not asked for a replica that would crash again
         for r in remove:
             self._remove(
                 row,
@@ -365,8 +419,13 @@ class Controller:
         ready = sum(1 for r in active if r.serving)
         old = any(r.generation != row.generation for r in active)
         refused = self._refused.get(row.id, "")
+        crashes = self._crashes.get(row.id)
         if failing:
             state, error = "degraded", failing[0].last_error
+        elif crashes is not None and crashes.count > 1 and ready < row.desired:
+            state, error = "degraded", (f"its replicas crash: {crashes.count} in a row ended within "
+                                        f"{STABLE_RUN_S / 60:g} minutes of starting, the last: "
+                                        f"{crashes.last}")
         elif refused and ready < row.desired:
             state, error = "degraded", refused
         elif ready >= row.desired and not old:
@@ -434,6 +493,10 @@ def plan(
     remaining = len(active) - len(remove)
     create = max(0, min(desired - len(new), desired + max_surge - remaining))
     return remove, create
+
+
+def _nth(n: int) -> str:
+    return f"{n}{'th' if 10 <= n % 100 <= 20 else {1: 'st', 2: 'nd', 3: 'rd'}.get(n % 10, 'th')}"
 
 
 def _with(r: Replica, **changes: object) -> Replica:
