@@ -18,6 +18,7 @@ from factories import node
 from gpupool.cli.lazy import app
 from gpupool.client import Client
 from gpupool.config import parse_config
+from gpupool.errors import NotFound
 from gpupool.server.orm import PodRow, TenantRow, WorkloadRow
 from live import LiveServer, live_server
 from server.fakes import ManualProvider
@@ -257,6 +258,9 @@ def test_a_deleted_tenants_usage_stays_for_the_admin_and_one_made_again_under_it
         pool.create_tenant("team-c")  # someone else, later, under the same name
         token = pool.create_token("team-c", "new").token
         assert [r.tenant for r in pool.usage(tenant="team-c", by=["tenant"]).rows] == ["team-c"]  # the admin
+        with pytest.raises(NotFound, match="No tenant named 'team-z', and no usage under that name"):
+            pool.usage(tenant="team-z", by=["tenant"])  # nothing of that name, ever
+        assert pool.usage(tenant="team-c", since_s=now - 3600, until_s=now, by=["tenant"]).rows == []
     with Client(srv.url, token) as theirs:
         assert theirs.usage(by=["tenant"]).rows == []
         assert theirs.usage(since_s=now - 40 * 86_400, until_s=now + 40 * 86_400, by=["tenant"]).rows == []

@@ -15,7 +15,7 @@ router = APIRouter(tags=["usage"], responses={401: {"model": ErrorBody}, 403: {"
                                               422: {"model": ErrorBody}})
 
 
-@router.get("/usage", response_model=UsageOut)
+@router.get("/usage", response_model=UsageOut, responses={404: {"model": ErrorBody}})
 def get_usage(
     rt: Rt, who: Who,
     tenant: Annotated[str | None, Query(max_length=63,

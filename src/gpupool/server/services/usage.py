@@ -16,6 +16,7 @@ from sqlalchemy import or_, select
 
 from gpupool.api.usage import UsageOut
 from gpupool.core.metering import DAY_S, PodInterval, UsageKey, UsageRow, aggregate, totals
+from gpupool.errors import NotFound, did_you_mean
 from gpupool.server.auth import Principal
 from gpupool.server.orm import PodRow, TenantRow, WorkloadRow
 from gpupool.server.runtime import Runtime
@@ -29,7 +30,21 @@ Merged = dict[tuple[object, ...], tuple[UsageRow, int]]
 def usage(rt: Runtime, who: Principal, *, tenant: str | None, since_s: float | None, until_s: float | None,
           by: str) -> UsageOut:
     """Usage and cost in [since_s, until_s) (default: the last 30 days to now), grouped by `by`; a
-    tenant token sees only its own tenant's (naming another is Forbidden)."""
+    tenant token sees only its own tenant's (naming another is Forbidden). The admin naming a tenant
+    that does not exist gets NotFound unless the window holds usage under that name (a deleted
+    tenant's, which stays)."""
+    out = _usage(rt, who, tenant=tenant, since_s=since_s, until_s=until_s, by=by)
+    if tenant is not None and who.is_admin and not out.rows:
+        with rt.store.read() as session:
+            if session.get(TenantRow, tenant) is None:
+                names = list(session.scalars(select(TenantRow.name)).all())
+                raise NotFound(f"No tenant named {tenant!r}, and no usage under that name in the window."
+                               f"{did_you_mean(tenant, names)}", tenant=tenant)
+    return out
+
+
+def _usage(rt: Runtime, who: Principal, *, tenant: str | None, since_s: float | None, until_s: float | None,
+           by: str) -> UsageOut:
     scope = who.tenant_for(tenant) if not who.is_admin else tenant
     now = rt.clock()  # before the window's default end, which is then at or after it
     since, until = window(rt, since_s, until_s)
