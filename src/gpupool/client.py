@@ -156,7 +156,7 @@ class Client:
                 break
             time.sleep(wait)  # the store was unavailable and nothing was kept: the same request again
         if answer.status_code >= 400:
-            raise error_from_answer(answer.status_code, answer.content)
+            raise error_from_answer(answer.status_code, answer.content, self.url)
         return answer.json()
 
     def _send(self, method: str, path: str, json: Any, params: Mapping[str, Any] | None) -> httpx.Response:
@@ -355,7 +355,7 @@ class Client:
                             time.sleep(wait)
                             continue
                     if answer.status_code >= 400:
-                        raise error_from_answer(answer.status_code, answer.read())
+                        raise error_from_answer(answer.status_code, answer.read(), self.url)
                     refused_until = None
                     failing_since = None
                     for event_id, event in _sse_events(answer.iter_lines(), model):
@@ -445,7 +445,7 @@ class Client:
         except httpx.TransportError as exc:
             raise _unreachable(self.url, exc) from None
         if answer.status_code >= 400:
-            raise error_from_answer(answer.status_code, answer.content)
+            raise error_from_answer(answer.status_code, answer.content, self.url)
         return ImageOut.model_validate(answer.json())
 
     def remove_image(self, name: str) -> ImageOut:

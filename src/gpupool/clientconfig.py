@@ -83,6 +83,11 @@ def with_token_source(message: str) -> str:
     except Exception:  # a second problem must not hide the first
         source = ""
     if not source:
+        if message.startswith("No token given"):  # the server's words are for any HTTP client
+            return ("No token given: set GPUPOOL_TOKEN (tokens come from `gpupool token create`), or write "
+                    f"token = \"...\" in {config_path()}; on the server's machine, "
+                    "GPUPOOL_TOKEN=$(cat DATA_DIR/admin-token) gives the admin token of `gpupool up "
+                    "--data-dir DATA_DIR`.")
         return message
     if message.startswith("The token "):
         return f"The token from {source} {message[len('The token '):]}"

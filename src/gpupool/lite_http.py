@@ -27,6 +27,21 @@ def _split(url: str) -> tuple[str, int, str]:
     return host or hostport, int(port or 80), ("/" + prefix).rstrip("/")
 
 
+def check_header(line: str) -> str:
+    """`line` (a request line or `Name: value`) unchanged, or InvalidInput when it would not stay one
+    header line: a CR, LF or other control character would end it early and start another (header
+    injection), and a character beyond latin-1 cannot be sent in a header at all."""
+    bad = next((ch for ch in line if (ch < " " and ch != "\t") or ch == "\x7f" or ch > "\xff"), None)
+    if bad is None:
+        return line
+    from gpupool.errors import InvalidInput
+
+    name = line.split(":", 1)[0] if ":" in line.split(" ", 1)[0] else "the request line"
+    what = "a line break" if bad in "\r\n" else f"the character U+{ord(bad):04X}"
+    raise InvalidInput(f"Cannot send {name}: it holds {what}, which an HTTP header cannot carry; check the "
+                       "server URL and token for stray characters.")
+
+
 def request(url: str, method: str, path: str, token: str, body: bytes | None = None,
             timeout_s: float = 30.0) -> tuple[int, bytes]:
     """(status, body) of one request; raises Unavailable when the server cannot be reached."""
@@ -37,6 +52,8 @@ def request(url: str, method: str, path: str, token: str, body: bytes | None = N
         head.append(f"Authorization: Bearer {token}")
     if body is not None:
         head += ["Content-Type: application/json", f"Content-Length: {len(body)}"]
+    for line in head:
+        check_header(line)
     payload = ("\r\n".join(head) + "\r\n\r\n").encode("latin-1") + (body or b"")
     family = socket_impl.AF_INET6 if ":" in host else socket_impl.AF_INET
     sock = socket_impl.socket(family, socket_impl.SOCK_STREAM)
@@ -117,18 +134,33 @@ def retry_wait(status: int, retry_after: str | float | None) -> float | None:
         return None
 
 
-def error_from_answer(status: int, body: bytes) -> Exception:
-    """The gpupool error an error answer stands for (its `code` picks the class)."""
+NO_SUCH_PATH = "No such API path"
+"""How a gpupool server's 404 for a path it has no route for begins (server/http_errors.py)."""
+
+
+def error_from_answer(status: int, body: bytes, url: str = "") -> Exception:
+    """The gpupool error an error answer stands for (its `code` picks the class). `url`, the server's
+    base URL, is named when the answer suggests it is the wrong one."""
     import json
 
     from gpupool.errors import Forbidden, GpupoolError, InvalidInput, NotFound, Unauthorized, Unavailable
 
+    at = f" at {url}" if url else ""
     try:
         payload = json.loads(body)
         code, message = str(payload["code"]), str(payload["message"])
         details = payload.get("details") or {}
-    except (ValueError, KeyError, TypeError):
-        code, message, details = "", f"The server answered HTTP {status} without an error body.", {}
+    except (ValueError, KeyError, TypeError, AttributeError):
+        code, details = "", {}
+        if status in (502, 503, 504):  # a proxy in front of the pool, whose server is not answering
+            message = f"The server{at} answered HTTP {status} without an error body; try again later."
+        else:
+            message = (f"The server{at} answered HTTP {status} without a gpupool error body: it does not "
+                       "look like a gpupool server; check the URL (GPUPOOL_URL).")
+    if status == 404 and message.startswith(NO_SUCH_PATH):
+        message = (f"No such API path{at}: the URL may be wrong (check GPUPOOL_URL: the server's address, "
+                   "with a path only where a proxy serves the pool under one), or the server is older than "
+                   "this client.")
     cls = _error_classes().get(code)
     if cls is None:
         by_status = {401: Unauthorized, 403: Forbidden, 404: NotFound, 422: InvalidInput}

@@ -54,7 +54,7 @@ def gp(pool: UpProcess, *args: str) -> subprocess.CompletedProcess[str]:
     return run_cli(args, env)
 
 
-def shown(pool: UpProcess, name: str) -> dict:  # type: ignore[type-arg]
+def shown(pool: UpProcess, name: str) -> dict:
     result = gp(pool, "service", "show", name, "--json")
     assert result.returncode == 0, result.stderr
     return dict(json.loads(result.stdout))
@@ -108,8 +108,7 @@ def test_replicas_serve_on_their_port_and_a_killed_one_is_replaced(pool: UpProce
 
 
 @pytest.mark.parametrize(("args", "code", "words"), [
-    (("create", "bad", "--min", "3", "--max", "2", "--", "x"), 2,
-     "min_replicas (3) is above max_replicas (2)"),
+    (("create", "bad", "--min", "3", "--max", "2", "--", "x"), 2, "--min 3 is above --max 2"),
     (("create", "bad", "--target-concurrency", "0", "--", "x"), 2, "a target per replica must be above 0"),
     (("create", "bad"), 2, "Give the replica's command after --"),
     (("show", "nope"), 3, "No service 'nope'"),

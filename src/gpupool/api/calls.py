@@ -8,11 +8,11 @@ from __future__ import annotations
 from enum import StrEnum
 from typing import Annotated
 
-from pydantic import Field
+from pydantic import Field, field_validator
 
 from gpupool.api.common import ArgText, Name, Strict
 from gpupool.api.images import ImageName
-from gpupool.api.workloads import MAX_TIME_LIMIT_S, ResourcesSpec
+from gpupool.api.workloads import MAX_TIME_LIMIT_S, ResourcesSpec, check_pool_env
 
 MAX_PAYLOAD_BYTES = 16 * 2**20
 """The most a call's pickled function and arguments, or its pickled result, may weigh."""
@@ -63,6 +63,12 @@ class SessionCreate(Strict):
     image: ImageName | None = Field(None, description=(
         "run the worker in a container of this image of the pool's store; the image must hold the "
         "pool's Python (same minor version) as python3.X in /usr/local/bin, /usr/bin or /bin"))
+
+    @field_validator("env")
+    @classmethod
+    def _pool_env(cls, value: dict[str, str]) -> dict[str, str]:
+        return check_pool_env(value)
+
 
 class CallOut(Strict):
     id: str

@@ -13,12 +13,12 @@ NAME_RULE = ("a name may hold lower-case letters, digits and '-', and starts and
 
 PATTERN_RULES: dict[str, str] = {
     NAME_PATTERN: NAME_RULE,
-    r"^[A-Za-z0-9._-]*$": "a name may hold letters, digits, '.', '_' and '-'",
-    r"^[A-Za-z_][A-Za-z0-9_]*$": "a variable's name may hold letters, digits and '_', and does not start "
-                                 "with a digit",
+    r"^[A-Za-z0-9._-]*$": "a name may hold ASCII letters, digits, '.', '_' and '-'",
+    r"^[A-Za-z_][A-Za-z0-9_]*$": "a variable's name may hold ASCII letters, digits and '_', and does not "
+                                 "start with a digit",
     r"^[a-z0-9][a-z0-9._-]{0,62}$": "an image's name holds 1-63 lower-case letters, digits, '.', '_' and "
                                     "'-', and starts with a letter or digit",
-    r"^[A-Za-z_][A-Za-z0-9._-]*\$?$": "a Unix account name may hold letters, digits, '.', '_' and '-', "
+    r"^[A-Za-z_][A-Za-z0-9._-]*\$?$": "a Unix account name may hold ASCII letters, digits, '.', '_' and '-', "
                                      "and starts with a letter or '_'",
 }
 """Each field pattern of the API in words, for error messages (a user should never read a regex)."""

@@ -12,6 +12,7 @@ from enum import StrEnum
 from typing import Annotated, Any
 
 from pydantic import Field, ValidationError, field_validator, model_validator
+from pydantic_core import PydanticCustomError
 
 from gpupool.api.common import ArgText, LineText, Name, Strict
 from gpupool.api.images import ImageName
@@ -24,6 +25,7 @@ from gpupool.api.workloads import (
     WorkloadSpec,
     check_command_size,
     check_env_size,
+    check_pool_env,
 )
 
 MAX_SERVICE_REPLICAS = 1000
@@ -137,7 +139,7 @@ class ServiceSpec(Strict):
     @field_validator("env")
     @classmethod
     def _env_size(cls, value: dict[str, str]) -> dict[str, str]:
-        return check_env_size(value)
+        return check_pool_env(check_env_size(value))
 
     @field_validator("target_concurrency", "target_rps")
     @classmethod
@@ -151,24 +153,24 @@ class ServiceSpec(Strict):
     def _bounds(self) -> ServiceSpec:
         check_bounds(self.min_replicas, self.max_replicas)
         if self.replicas is not None and not self.min_replicas <= self.replicas <= self.max_replicas:
-            raise ValueError(f"replicas ({self.replicas}) must lie between min_replicas "
-                             f"({self.min_replicas}) and max_replicas ({self.max_replicas})")
+            raise _refused(f"replicas ({self.replicas}) must lie between min_replicas "
+                           f"({self.min_replicas}) and max_replicas ({self.max_replicas})")
         if (self.role is None) != (self.pair_with is None):
-            raise ValueError("role and pair_with go together: a prefill service names its decode service "
-                             "(role: prefill, pair_with: NAME) and the reverse; give both or neither")
+            raise _refused("role and pair_with go together: a prefill service names its decode service "
+                           "(role: prefill, pair_with: NAME) and the reverse; give both or neither")
         if self.pair_with is not None and self.pair_with == self.name:
-            raise ValueError(f"a service cannot pair with itself ({self.name}); pair_with names the "
-                             f"service of the opposite role")
+            raise _refused(f"a service cannot pair with itself ({self.name}); pair_with names the "
+                           f"service of the opposite role")
         if self.port_env in self.env:
-            raise ValueError(f"env sets {self.port_env}, which the pool sets to each replica's port; "
-                             "remove it from env (or choose another port_env)")
+            raise _refused(f"env sets {self.port_env}, which the pool sets to each replica's port; "
+                           "remove it from env (or choose another port_env)")
         try:  # every rule of a workload holds for its replicas: refused here, not when one is made
             WorkloadSpec.model_validate(self.replica_fields(None, 1024))
         except ValidationError as exc:
             first = exc.errors()[0]
             where = ".".join(str(part) for part in first.get("loc", ()))
             text = str(first.get("msg", "")).removeprefix("Value error, ")
-            raise ValueError(f"{where}: {text}" if where else text) from None
+            raise _refused(f"{where}: {text}" if where else text) from None
         return self
 
     def replica_fields(self, tenant: str | None, port: int) -> dict[str, Any]:
@@ -192,10 +194,16 @@ class ServiceSpec(Strict):
         return self.readiness or ProbeSpec.model_validate({"kind": ProbeKind.TCP})
 
 
+def _refused(text: str) -> PydanticCustomError:
+    """A whole-spec rule's refusal, its message as written (a ValueError's would read "Value error,
+    ..." wherever the server quotes pydantic's message, as an update's refusal does)."""
+    return PydanticCustomError("value_error", text)
+
+
 def check_bounds(low: int, high: int) -> None:
     if low > high:
-        raise ValueError(f"min_replicas ({low}) is above max_replicas ({high}); the rule is "
-                         "min_replicas <= max_replicas")
+        raise _refused(f"min_replicas ({low}) is above max_replicas ({high}); the rule is "
+                       "min_replicas <= max_replicas")
 
 
 UPDATABLE = frozenset(ServiceSpec.model_fields) - {"name", "tenant", "queue", "role", "pair_with"}

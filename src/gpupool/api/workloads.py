@@ -44,11 +44,22 @@ def parse_constraint(text: str) -> tuple[str, str | None]:
     return (key, value if sep else None)
 
 
+_NEGATIVE = re.compile(r"^\w+ must not be negative, got (.*?)\.?$")
+_BEYOND_TIB = re.compile(r"^\s*[0-9]*\.?[0-9]+\s*([PEZY]i?B?)\s*$", re.IGNORECASE)
+"""A memory size in a unit above TiB: readable, but more than any machine holds (the units take
+none of them)."""
+
+
 def _check(parse: object, value: object) -> object:
+    if isinstance(value, str) and parse is parse_memory_mib and _BEYOND_TIB.match(value):
+        raise ValueError(f"{value.strip()[:40]!r} is more memory than any machine has; write at most a few "
+                         "TiB, such as 2TiB")
     try:
         parse(value)  # type: ignore[operator]
     except InvalidInput as exc:
-        raise ValueError(exc.message) from None
+        negative = _NEGATIVE.match(exc.message)  # said of the field: "must not be negative (got -1)"
+        text = f"must not be negative (got {negative.group(1)})" if negative else exc.message
+        raise ValueError(text) from None
     except (OverflowError, ValueError):  # inf, nan or beyond a float: found by bench/fuzz_api.py
         shown = str(value)[:40]
         raise ValueError(f"{shown!r} is too large or not a number; write a realistic amount") from None
@@ -256,7 +267,10 @@ class WorkloadSpec(Strict):
     @field_validator("workdir")
     @classmethod
     def _workdir(cls, value: str) -> str:
-        return refuse_control(value)
+        refuse_control(value)
+        if value and not value.startswith("/"):  # a pod starts elsewhere: nothing it could be relative to
+            raise ValueError(f"must be an absolute path such as /home/me/project, not {value[:80]!r}")
+        return value
 
     @field_validator("command")
     @classmethod
@@ -274,7 +288,28 @@ class WorkloadSpec(Strict):
     @field_validator("env")
     @classmethod
     def _env_size(cls, value: dict[str, str]) -> dict[str, str]:
-        return check_env_size(value)
+        return check_pool_env(check_env_size(value))
+
+
+POOL_ENV = frozenset({
+    "GPUPOOL_WORKLOAD_ID", "GPUPOOL_POD_ID", "GPUPOOL_TENANT", "GPUPOOL_ATTEMPT", "GPUPOOL_PREEMPT_GRACE_S",
+    "GPUPOOL_NODE", "GPUPOOL_CHECKPOINT_DIR", "GPUPOOL_SUBMIT_DIR", "GPUPOOL_ARRAY_INDEX",
+    "GPUPOOL_DEVICE_MILLI", "GPUPOOL_DEVICE_MEMORY_MIB", "GPUPOOL_POD_ADDRESS", "GPUPOOL_POD_MARK",
+    "GPUPOOL_CALL_TOKEN", "GPUPOOL_SERVICE_ROLE", "GPUPOOL_PAIR_WITH", "GPUPOOL_PARTNER_ENDPOINTS",
+})
+"""The variables the pool itself sets in pods (server/loops/launching.py, agent/isolation.py,
+agent/node.py, server/serving/pairs.py, server/services/calls.py): a submitted value would be
+replaced without a word, or (GPUPOOL_SUBMIT_DIR) read as the submit directory. Others of the
+GPUPOOL_ prefix stay the user's: GPUPOOL_URL and GPUPOOL_TOKEN let a pod call the API."""
+
+
+def check_pool_env(env: dict[str, str]) -> dict[str, str]:
+    """`env` unchanged, or a ValueError naming the first variable in it that the pool sets itself."""
+    taken = sorted(POOL_ENV.intersection(env))
+    if taken:
+        raise ValueError(f"holds {taken[0]}, which the pool sets itself in the pods it runs; remove it, "
+                         "or pass the value under another name")
+    return env
 
 
 def check_command_size(command: list[str]) -> list[str]:

@@ -34,6 +34,9 @@ def usage_sentence(exc: Any) -> str:
     ctx = getattr(exc, "ctx", None)
     path = ctx.command_path if ctx is not None else "gpupool"
     if is_a(exc, "NoSuchOption"):
+        negative = _negative_argument(exc.option_name, ctx)
+        if negative:
+            return negative
         close = closest(exc.option_name, _option_names(ctx))
         hint = f"did you mean {close}?" if close else f"see {path} --help."
         return f"{path} has no option {exc.option_name}; {hint}"
@@ -51,6 +54,23 @@ def usage_sentence(exc: Any) -> str:
         hint = f"did you mean {close!r}?" if close else f"see {path} --help."
         return f"{path} has no command {name!r}; {hint}"
     return sentence(f"{message.rstrip('.')}; see {path} --help")
+
+
+def _negative_argument(name: str, ctx: Any) -> str:
+    """For a negative number click read as an option (`service scale web -1`; -1 for -1.5 too): the
+    sentence of the command's numeric argument that has a minimum ('' when there is none)."""
+    try:
+        float(name)
+    except ValueError:
+        return ""
+    if ctx is None:
+        return ""
+    for param in ctx.command.get_params(ctx):
+        least = getattr(param, "min", None)  # typer keeps an argument's bound on the parameter
+        if getattr(param, "param_type_name", "") == "argument" and least is not None and float(name) < least:
+            which = str(param.metavar or param.name).upper()
+            return f"{which} must be {least} or more, not a negative number."
+    return ""
 
 
 def _option_names(ctx: Any) -> list[str]:

@@ -104,7 +104,16 @@ def ls(
             return
         page = pool.workloads(**filters, limit=min(limit or TABLE_LIMIT, JSON_PAGE))
         items, tasks = (page.items, {}) if expand else _fold(pool, page.items)
-    _table(items, page.total, output, tasks)
+    _table(items, page.total, output, tasks, _pinned(filters))
+
+
+def _pinned(filters: dict[str, Any]) -> bool:
+    """Whether the filter names one tenant and one queue (each may be a comma list)."""
+    def one(values: list[str] | None) -> bool:
+        names = {v.strip() for value in values or [] for v in value.split(",") if v.strip()}
+        return len(names) == 1
+
+    return one(filters.get("tenant")) and one(filters.get("queue"))
 
 
 CLEAR = "\x1b[H\x1b[2J"
@@ -127,7 +136,7 @@ def _watch(pool: Any, filters: dict[str, Any], limit: int | None, expand: bool, 
             sys.stdout.write(f"{CLEAR}Every {interval_s:g}s, at {stamp} (Ctrl-C to stop)\n" if tty
                              else f"--- {stamp}\n")
             sys.stdout.flush()
-            _table(items, page.total, output, tasks)
+            _table(items, page.total, output, tasks, _pinned(filters))
             sys.stdout.flush()
             time.sleep(interval_s)
     except KeyboardInterrupt:
@@ -176,8 +185,10 @@ def _all(pool: Any, filters: dict[str, Any], limit: int | None) -> list[Any]:
     return items
 
 
-def _table(items: list[Any], total: int, output: Format, tasks: dict[str, int] | None = None) -> None:
-    """`tasks`: how many tasks each folded array row stands for (its GPUS are theirs in all).
+def _table(items: list[Any], total: int, output: Format, tasks: dict[str, int] | None = None,
+           pinned: bool = False) -> None:
+    """`tasks`: how many tasks each folded array row stands for (its GPUS are theirs in all);
+    `pinned`: the filter names one tenant and one queue, so `total` counts that queue's work only.
 
     The table (not `-o wide`) keeps a workload to one line at 80 columns: no borders, node names
     without the prefix they all share, the queue in the title when every row has the same one, an
@@ -189,13 +200,13 @@ def _table(items: list[Any], total: int, output: Format, tasks: dict[str, int] |
 
     now = time.time()
     wide = output is Format.WIDE
-    every_node = sorted({p.node for w in items for p in w.pods})
+    every_node = sorted({p.node for w in items for p in _placed(w)})
     prefix = "" if wide else common_prefix(every_node)
-    simulated = {p.node for w in items for p in w.pods if p.simulated}
+    simulated = {p.node for w in items for p in _placed(w) if p.simulated}
     mixed = bool(simulated) and simulated != set(every_node)
 
     def nodes(w: Any) -> str:
-        shown = sorted({p.node for p in w.pods})
+        shown = sorted({p.node for p in _placed(w)})
         if wide:
             return ",".join(shown) + (f" {SIMULATED_MARK}" if w.simulated else "") if shown else "-"
         return ",".join(n[len(prefix):] + ("*" if mixed and n in simulated else "") for n in shown) or "-"
@@ -228,9 +239,18 @@ def _table(items: list[Any], total: int, output: Format, tasks: dict[str, int] |
     ]
     if wide or any(_reason(w) for w in items):
         columns.append(Column("REASON", _reason, squeeze=not wide))
-    title = f"{len(items)} of {total} workload(s)" + (f" in {queues.pop()}" if one_queue else "")
+    title = f"{len(items)} of {total} workload(s)"
+    if one_queue:  # the total may count other queues (-t bob,alice --limit 2) unless the filter pins one
+        title += f" in {queues.pop()}" if pinned or len(items) >= total else \
+            f", those shown in {queues.pop()}"
     footer = [] if wide else _footer(prefix, simulated, mixed)
     render(output, items, columns, key=lambda w: w.id, title=title, footer=footer)
+
+
+def _placed(w: Any) -> list[Any]:
+    """The pods whose nodes the NODE column shows: none for pending work, which holds no node (after
+    a requeue its last attempt's pods are still listed, ended)."""
+    return [] if w.status == "pending" else list(w.pods)
 
 
 def _reason(w: Any) -> str:

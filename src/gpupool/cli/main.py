@@ -12,7 +12,9 @@ import sys
 # Groups are named in the singular, like `docker image ls`; ALIASES accepts the plural too.
 SUBCOMMANDS: dict[str, tuple[str, str, str]] = {
     "profile": ("gpupool.cli.profiles", "app", "Device profiles gpupool knows: ls."),
-    "fabric": ("gpupool.cli.fabric", "app", "Discover, route, inspect and export the InfiniBand fabric."),
+    "fabric": ("gpupool.cli.fabric", "app",
+               "InfiniBand fabrics: show, route, tables, draw, export, generate; status, fail-link, "
+               "heal-link."),
     "sim": ("gpupool.cli.sim", "app",
             "Replay cluster traces through the scheduler: fill, replay, federate, serve, colocate."),
     "node": ("gpupool.cli.nodes", "app",

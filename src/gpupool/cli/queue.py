@@ -44,7 +44,12 @@ def devices(text: str | None, flag: str) -> float | None:
         value = float(text)
     except ValueError:
         raise InvalidInput(f"{flag} must be a number of devices or '{NONE}' (got {text!r}).") from None
-    if not math.isfinite(value) or value < 0:
+    if math.isnan(value):
+        raise InvalidInput(f"{flag} must be a number of devices or '{NONE}' (got {text!r}).")
+    if math.isinf(value) and value > 0:  # "inf", or a number beyond a float (1e400)
+        raise InvalidInput(f"{flag} must be a finite number of devices (got {text!r}); for no limit, give "
+                           f"'{NONE}'.")
+    if value < 0:
         raise InvalidInput(f"{flag} must be >= 0 (got {text}).")
     return value
 

@@ -51,8 +51,24 @@ LiveHttpOption = Annotated[
     str | None, typer.Option("--liveness-http", help="Replaced once GET PATH keeps failing.")
 ]
 LiveTcpOption = Annotated[bool, typer.Option("--liveness-tcp", help="Replaced once its port keeps refusing.")]
-PeriodOption = Annotated[float | None, typer.Option("--probe-period", help="Seconds between probes (2).")]
+PeriodOption = Annotated[float | None, typer.Option(
+    "--probe-period", help="Seconds between the probes given with --readiness-*/--liveness-* (0.1-3600; 2).")]
 EnvOption = Annotated[list[str] | None, typer.Option("--env", "-e", help="NAME=VALUE; repeatable.")]
+
+
+def _check_period(period: float | None, probes: tuple[str | None, bool, str | None, bool]) -> None:
+    """--probe-period within ProbeSpec's bounds, and only with a probe it applies to (it was dropped
+    without a word otherwise, and a bad value was refused as the probe's timeout_s)."""
+    if period is None:
+        return
+    from gpupool.api.services import MAX_PERIOD_S
+
+    if not 0.1 <= period <= MAX_PERIOD_S:  # nan and inf too
+        raise InvalidInput(f"--probe-period takes seconds from 0.1 to {MAX_PERIOD_S:g}, got {period:g}.")
+    if not any(probe not in (None, False) for probe in probes):
+        raise InvalidInput("--probe-period sets how often the probes given with --readiness-http, "
+                           "--readiness-tcp, --liveness-http or --liveness-tcp run; give one of those with "
+                           "it (the default readiness probe runs every 2 seconds).")
 
 
 def _probe(http_path: str | None, tcp: bool, period: float | None, flag: str) -> dict[str, Any] | None:
@@ -131,17 +147,58 @@ def _fields(
     return spec
 
 
-def _check(spec: dict[str, Any]) -> None:
-    """Refuse here what the server would (exit 2 with the rule), before any connection."""
+_FIELD_FLAGS = (
+    ("resources.gpus", "--gpus", "gpus"), ("resources.gpu_memory", "--gpu-memory", "gpu_memory"),
+    ("resources.cpu", "--cpu", "cpu"), ("resources.memory", "--memory", "memory"),
+    ("port_env", "--port-env", "port_env"), ("min_replicas", "--min", "low"),
+    ("max_replicas", "--max", "high"),
+    ("target_concurrency", "--target-concurrency", "target_concurrency"),
+    ("target_rps", "--target-rps", "target_rps"), ("env", "--env", "env"),
+    ("replicas", "--replicas", "replicas"),
+    ("priority_class", "--priority-class", "priority_class"), ("queue", "--queue", "queue"),
+    ("tenant", "--tenant", "tenant"), ("role", "--role", "role"), ("pair_with", "--pair-with", "pair_with"),
+)
+"""A spec field, the flag that sets it, and that flag's parameter name here."""
+
+
+def _given(options: dict[str, Any]) -> dict[str, str]:
+    """The spec fields the flags in `options` (a command's parameters) set: field -> flag."""
+    return {field: flag for field, flag, param in _FIELD_FLAGS if options.get(param) not in (None, [])}
+
+
+def _check_bounds(spec: dict[str, Any], given: dict[str, str]) -> None:
+    """--min above --max, said with the flags (or fields of the -f file, or defaults) that set them."""
+    low, high = spec.get("min_replicas", 1), spec.get("max_replicas", 1)
+    if not (isinstance(low, int) and isinstance(high, int)) or low <= high:
+        return
+
+    def said(field: str, flag: str, value: int) -> str:
+        if field in given or field not in spec:  # a flag, or the flag's default
+            return f"{flag} {value}" + ("" if field in given else " (the default)")
+        return f"{field} {value}"  # the -f file's
+
+    fewest, most = said("min_replicas", "--min", low), said("max_replicas", "--max", high)
+    raise InvalidInput(f"{fewest} is above {most}; the fewest replicas cannot exceed the most.")
+
+
+def _check(spec: dict[str, Any], given: dict[str, str]) -> None:
+    """Refuse here what the server would (exit 2 with the rule), before any connection, naming the
+    flags the user typed rather than the spec's fields."""
     from pydantic import ValidationError
 
     from gpupool.api.services import ServiceSpec
+    from gpupool.cli.submit_fast import in_flag_terms
     from gpupool.server.validation import message
 
+    _check_bounds(spec, given)
     try:
         ServiceSpec.model_validate(spec)
     except ValidationError as exc:
-        raise InvalidInput(message([dict(e) for e in exc.errors()])[0]) from None
+        text = message([dict(e) for e in exc.errors()])[0]
+        if text.startswith("Field 'body' "):  # a rule of the whole spec: its own sentence
+            text = text[len("Field 'body' "):]
+            text = text[:1].upper() + text[1:]
+        raise InvalidInput(in_flag_terms(text, given)) from None
 
 
 @app.command()
@@ -192,6 +249,8 @@ def create(
     Exit codes: 0 created, 2 bad usage (--min above --max, a target of 0) or the name is taken, 3 tenant
     or queue not found, 4 server unreachable.
     """
+    given = _given(locals())
+    _check_period(probe_period, (readiness_http, readiness_tcp, liveness_http, liveness_tcp))
     base = _read_file(file) if file is not None else {}
     spec = _fields(
         gpus,
@@ -223,7 +282,7 @@ def create(
             spec[key] = value
     if not spec.get("command"):
         raise typer.BadParameter("Give the replica's command after -- (or command: in the -f file).")
-    _check(spec)
+    _check(spec, given)
     with client() as pool:
         out = pool.create_service(spec)
     print(out.name)
@@ -364,6 +423,10 @@ def update(
 
     Exit codes: 0 changed, 2 bad usage or it changed meanwhile, 3 no such service.
     """
+    _check_period(probe_period, (readiness_http, readiness_tcp, liveness_http, liveness_tcp))
+    if low is not None and high is not None:
+        _check_bounds({"min_replicas": low, "max_replicas": high},
+                      {"min_replicas": "--min", "max_replicas": "--max"})
     base = _read_file(file) if file is not None else {}
     changes = _fields(
         gpus,

@@ -65,12 +65,14 @@ def submit(
         list[str] | None, typer.Option("--model", help="Allowed device model (repeatable).")
     ] = None,
     env: Annotated[
-        list[str] | None, typer.Option("--env", "-e", help="KEY=VALUE for the pods (repeatable).")
+        list[str] | None, typer.Option("--env", "-e", help="KEY=VALUE for the pods (repeatable); not one of "
+                                       "the variables the pool sets itself (GPUPOOL_TENANT, ...).")
     ] = None,
     workdir: Annotated[
         str | None,
-        typer.Option("--workdir", "-w", help="Working directory of the pods (default: this directory "
-                     "when their node has it and lets them in, else a private one; see `gpupool show`)."),
+        typer.Option("--workdir", "-w", help="Working directory of the pods, an absolute path (default: this "
+                     "directory when their node has it and lets them in, else a private one; see `gpupool "
+                     "show`)."),
     ] = None,
     file: Annotated[
         Path | None, typer.Option("--file", "-f", help="A YAML spec; flags override its fields.")

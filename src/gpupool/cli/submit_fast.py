@@ -68,8 +68,9 @@ class UsageError(Exception):
     pass
 
 
-def parse(args: list[str]) -> dict[str, object]:
-    """The workload spec the flags describe (a -f file first, flags on top)."""
+def parse(args: list[str], given: dict[str, str] | None = None) -> dict[str, object]:
+    """The workload spec the flags describe (a -f file first, flags on top). `given`, when passed,
+    gets each field a flag set, as the server names it ("resources.cpu"), with the flag as typed."""
     flags: dict[tuple[str, ...], object] = {}
     spec: dict[str, object] = {}
     from_file = False
@@ -104,6 +105,8 @@ def parse(args: list[str]) -> dict[str, object]:
             spec = {**_read_file(value), **({"command": spec["command"]} if "command" in spec else {})}
         else:
             _set(flags, path, kind, value, name)
+            if given is not None:
+                given[".".join(path)] = name
         i += 1
     for path, flag_value in flags.items():
         target = spec
@@ -146,7 +149,13 @@ def _set(flags: dict[tuple[str, ...], object], path: tuple[str, ...], kind: str,
         if kind == "int":
             flags[path] = int(value)
         elif kind == "float":
-            flags[path] = float(value)
+            number = float(value)
+            if number != number:
+                raise ValueError
+            if number in (float("inf"), float("-inf")):
+                raise UsageError(f"Option {name} got {value!r}, which is too large; write a realistic amount "
+                                 "(a fraction such as 0.25 or a count such as 2).")
+            flags[path] = number
         elif kind == "duration":
             flags[path] = duration_s(value)
         elif kind == "dependency":
@@ -255,16 +264,29 @@ def _read_file(path: str) -> dict[str, object]:
     except OSError as exc:
         raise UsageError(f"Cannot read spec file {path}: {exc.strerror}.") from None
     except yaml.YAMLError as exc:
-        raise UsageError(f"Spec file {path} is not valid YAML: {exc}.") from None
+        raise UsageError(f"Spec file {path} is not valid YAML{yaml_problem(exc)}.") from None
     if not isinstance(data, dict):
         raise UsageError(f"Spec file {path} must hold a mapping (command:, resources:, ...).")
     return data
 
 
+def yaml_problem(exc: Exception) -> str:
+    """PyYAML's several-line error as the end of one sentence: " at line 2, column 7: expected the
+    node content, but found ']' (while parsing a flow node)"."""
+    mark = getattr(exc, "problem_mark", None) or getattr(exc, "context_mark", None)
+    problem = " ".join(str(getattr(exc, "problem", None) or "").split())
+    context = " ".join(str(getattr(exc, "context", None) or "").split())
+    where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+    if not problem:
+        return where + (f": {' '.join(str(exc).split())}" if not where else "")
+    return f"{where}: {problem}" + (f" ({context})" if context else "")
+
+
 def run(args: list[str]) -> int:
     """Submit and print the workload id; returns the exit code."""
+    given: dict[str, str] = {}
     try:
-        print(submit(parse(args)))
+        print(submit(parse(args, given)))
     except UsageError as exc:
         print(f"Error: {exc}", file=sys.stderr)
         return 2
@@ -277,9 +299,23 @@ def run(args: list[str]) -> int:
             from gpupool.clientconfig import with_token_source
 
             message = with_token_source(message)
-        print(f"Error: {message}", file=sys.stderr)
+        print(f"Error: {in_flag_terms(message, given)}", file=sys.stderr)
         return int(code)
     return 0
+
+
+def in_flag_terms(message: str, given: dict[str, str]) -> str:
+    """The server's sentence about a spec's fields ("Field 'resources.cpu' must ..."), each field a
+    flag set named as that flag ("--cpu must ..."): the user typed the flag, not the field."""
+    if "ield '" not in message or not given:
+        return message
+    import re
+
+    def named(match: re.Match[str]) -> str:
+        flag = given.get(match.group(2))
+        return f"{flag} " if flag else match.group(0)
+
+    return re.sub(r"\b([Ff]ield) '([^']+)' ", named, message)
 
 
 def submit(spec: dict[str, object], url: str | None = None, token: str | None = None) -> str:
@@ -305,7 +341,7 @@ def submit(spec: dict[str, object], url: str | None = None, token: str | None = 
             break
         time.sleep(wait)  # the tenant was past its request rate and nothing was stored: send it again
     if status != 201:
-        raise error_from_answer(status, body)
+        raise error_from_answer(status, body, url)
     return created_id(body)
 
 

@@ -12,7 +12,7 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from gpupool.errors import InvalidInput, ProfileError, UnknownName, did_you_mean
+from gpupool.errors import InvalidInput, ProfileError, UnknownName, closest
 from gpupool.yamlfiles import read_text, safe_load
 
 PROFILES_DIR_ENV = "GPUPOOL_PROFILES_DIR"
@@ -201,18 +201,30 @@ class ProfileSet(Mapping[str, DeviceProfile]):
         profile = self.find(name)
         if profile is None:
             raise UnknownName(
-                f"Unknown device model {name!r}; known models: {', '.join(self)}."
-                + did_you_mean(name, list(self)),
+                f"Unknown device model {name!r}; known models: {', '.join(self)}." + self._nearest(name),
                 name=name,
             )
         return profile
 
+    def _nearest(self, name: str) -> str:
+        """' Did you mean ...?' among model names and aliases too: a mistyped short name ('H1000')
+        is nearer its alias ('H100') than the long model name, and another short name ('Z100')
+        would otherwise win."""
+        names = [*self, *(alias for p in self._by_model.values() for alias in p.aliases)]
+        close = closest(name, names)
+        if close is None:
+            return ""
+        model = self._index[_key(close)]
+        return f" Did you mean {close!r}?" if close == model else f" Did you mean {close!r} ({model})?"
 
-def _profile_dirs(extra_dirs: Sequence[Path | str]) -> list[Path]:
-    dirs = [BUILTIN_DIR]
+
+def _profile_dirs(extra_dirs: Sequence[Path | str]) -> list[tuple[Path, str]]:
+    """Each directory to read, with the sentence's end when it is missing: where it was named."""
+    dirs = [(BUILTIN_DIR, "gpupool's own profiles are missing; reinstall gpupool")]
     env = os.environ.get(PROFILES_DIR_ENV, "")
-    dirs += [Path(d) for d in env.split(os.pathsep) if d]
-    dirs += [Path(d) for d in extra_dirs]
+    named_by_env = f"create it or unset {PROFILES_DIR_ENV}, which names it"
+    dirs += [(Path(d), named_by_env) for d in env.split(os.pathsep) if d]
+    dirs += [(Path(d), "create it or give --dir an existing directory") for d in extra_dirs]
     return dirs
 
 
@@ -224,10 +236,10 @@ def load_profiles(extra_dirs: Sequence[Path | str] = ()) -> ProfileSet:
     alias that collide) in one directory raise ProfileError.
     """
     by_model: dict[str, DeviceProfile] = {}
-    for directory in _profile_dirs(extra_dirs):
+    for directory, instead in _profile_dirs(extra_dirs):
         if not directory.is_dir():
             raise ProfileError(
-                f"{directory}: profile directory does not exist; create it or unset {PROFILES_DIR_ENV}.",
+                f"{directory}: profile directory does not exist; {instead}.",
                 file=str(directory),
             )
         seen: dict[str, Path] = {}

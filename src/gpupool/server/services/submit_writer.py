@@ -71,9 +71,12 @@ def _check(item: Submission, quotas: dict[tuple[str, str], int | None]) -> BaseE
     key = (item.tenant, item.queue)
     if key not in quotas:
         names = sorted(q for t, q in quotas if t == item.tenant)
+        if not names:  # every tenant has its default queue: none means no such tenant
+            return NotFound(f"No tenant {item.tenant!r}; list the tenants with `gpupool tenant ls`.",
+                            tenant=item.tenant, queue=item.queue)
         return NotFound(
             f"Tenant {item.tenant!r} has no queue {item.queue!r}.{did_you_mean(item.queue, names)} "
-            f"Known queues: {', '.join(names) or 'none'}.",
+            f"Known queues: {', '.join(names)}.",
             tenant=item.tenant, queue=item.queue,
         )
     limit = quotas[key]
