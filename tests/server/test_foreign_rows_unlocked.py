@@ -51,7 +51,9 @@ def world(postgres: pgtemp.TempPostgres, tmp_path_factory: pytest.TempPathFactor
 
 
 WAITING = ("SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
-           "AND datname = current_database()")
+           "AND datname = current_database() AND query ILIKE '%FOR UPDATE%'")
+"""A locking read waits (the requests' reads: the server's loop writes the pending rows' reasons
+with plain UPDATEs, which wait on the held rows too and are not the requests')."""
 
 
 def _answered_while_locked(world: World, lock_sql: str, key: str, request: Callable[[], httpx.Response]
