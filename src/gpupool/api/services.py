@@ -11,7 +11,7 @@ from __future__ import annotations
 from enum import StrEnum
 from typing import Annotated, Any
 
-from pydantic import Field, ValidationError, field_validator, model_validator
+from pydantic import Field, ValidationError, ValidationInfo, field_validator, model_validator
 from pydantic_core import PydanticCustomError
 
 from gpupool.api.common import ArgText, LineText, Name, Strict
@@ -26,6 +26,7 @@ from gpupool.api.workloads import (
     check_command_size,
     check_env_size,
     check_pool_env,
+    is_stored,
 )
 
 MAX_SERVICE_REPLICAS = 1000
@@ -138,8 +139,9 @@ class ServiceSpec(Strict):
 
     @field_validator("env")
     @classmethod
-    def _env_size(cls, value: dict[str, str]) -> dict[str, str]:
-        return check_pool_env(check_env_size(value))
+    def _env_size(cls, value: dict[str, str], info: ValidationInfo) -> dict[str, str]:
+        value = check_env_size(value)
+        return value if is_stored(info) else check_pool_env(value)
 
     @field_validator("target_concurrency", "target_rps")
     @classmethod
@@ -150,7 +152,7 @@ class ServiceSpec(Strict):
         return value
 
     @model_validator(mode="after")
-    def _bounds(self) -> ServiceSpec:
+    def _bounds(self, info: ValidationInfo) -> ServiceSpec:
         check_bounds(self.min_replicas, self.max_replicas)
         if self.replicas is not None and not self.min_replicas <= self.replicas <= self.max_replicas:
             raise _refused(f"replicas ({self.replicas}) must lie between min_replicas "
@@ -165,7 +167,7 @@ class ServiceSpec(Strict):
             raise _refused(f"env sets {self.port_env}, which the pool sets to each replica's port; "
                            "remove it from env (or choose another port_env)")
         try:  # every rule of a workload holds for its replicas: refused here, not when one is made
-            WorkloadSpec.model_validate(self.replica_fields(None, 1024))
+            WorkloadSpec.model_validate(self.replica_fields(None, 1024), context=info.context)
         except ValidationError as exc:
             first = exc.errors()[0]
             where = ".".join(str(part) for part in first.get("loc", ()))

@@ -6,7 +6,7 @@ import re
 from enum import StrEnum
 from typing import Annotated, Literal
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, ValidationInfo, field_validator, model_validator
 
 from gpupool.api.array_spec import parse_array
 from gpupool.api.common import ArgText, Name, Strict, refuse_control
@@ -266,9 +266,9 @@ class WorkloadSpec(Strict):
 
     @field_validator("workdir")
     @classmethod
-    def _workdir(cls, value: str) -> str:
+    def _workdir(cls, value: str, info: ValidationInfo) -> str:
         refuse_control(value)
-        if value and not value.startswith("/"):  # a pod starts elsewhere: nothing it could be relative to
+        if value and not value.startswith("/") and not is_stored(info):  # nothing it could be relative to
             raise ValueError(f"must be an absolute path such as /home/me/project, not {value[:80]!r}")
         return value
 
@@ -287,8 +287,20 @@ class WorkloadSpec(Strict):
 
     @field_validator("env")
     @classmethod
-    def _env_size(cls, value: dict[str, str]) -> dict[str, str]:
-        return check_pool_env(check_env_size(value))
+    def _env_size(cls, value: dict[str, str], info: ValidationInfo) -> dict[str, str]:
+        value = check_env_size(value)
+        return value if is_stored(info) else check_pool_env(value)
+
+
+STORED = {"stored": True}
+"""The validation context of a spec read back from the store (`WorkloadSpec.model_validate(row.spec,
+context=STORED)`): the rules given to new specs since it was stored (a relative workdir, a variable
+the pool sets itself) are not applied to it, so a pool upgraded with such a spec in its store still
+schedules, shows and replaces what it holds; the pool's own values win at the launch, as before."""
+
+
+def is_stored(info: ValidationInfo) -> bool:
+    return bool(info.context and info.context.get("stored"))
 
 
 POOL_ENV = frozenset({

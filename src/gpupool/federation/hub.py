@@ -21,7 +21,7 @@ from typing import Any
 
 from sqlalchemy import delete, func, select, update
 
-from gpupool.api.workloads import WorkloadSpec
+from gpupool.api.workloads import STORED, WorkloadSpec
 from gpupool.errors import (
     Conflict,
     GpupoolError,
@@ -308,7 +308,7 @@ class Hub:
             return None
         if self._unresolved_offer(row):
             return None
-        spec = WorkloadSpec.model_validate(row.spec)
+        spec = WorkloadSpec.model_validate(row.spec, context=STORED)
         ranked = candidates(self.config, self.links, row.tenant, spec, self.clock())
         order = ranked.members
         if not order:
@@ -565,8 +565,8 @@ class Hub:
         (core.federation.reoffer). It is offered again only once its member says the copy is cancelled."""
         if row.status != "pending" or row.held or now - row.updated_s < self.config.offer_timeout_s:
             return  # a held copy waits where it is for its release
-        found = reoffer_target(self.config, self.links, row.tenant, WorkloadSpec.model_validate(row.spec),
-                               link.name, now)
+        spec = WorkloadSpec.model_validate(row.spec, context=STORED)
+        found = reoffer_target(self.config, self.links, row.tenant, spec, link.name, now)
         if found is None:
             return
         target, why = found

@@ -13,7 +13,7 @@ from pydantic import BaseModel, Field
 from gpupool.api.common import ErrorBody
 from gpupool.api.nodes import ModelUsage, PoolSummary, TenantUsage
 from gpupool.api.usage import UsageOut, UsageRowOut
-from gpupool.api.workloads import EventOut, WorkloadCreated, WorkloadSpec, WorkloadUpdate
+from gpupool.api.workloads import STORED, EventOut, WorkloadCreated, WorkloadSpec, WorkloadUpdate
 from gpupool.errors import InvalidInput, NotFound, Unavailable
 from gpupool.federation.hub import FEDERATION_ID_ENV, Hub
 from gpupool.federation.members import MemberLink, MemberUnreachable
@@ -346,7 +346,7 @@ def view_of(row: FedWorkloadRow, view: dict[str, Any] | None, *, full: bool) -> 
         if not full:
             out.pop("spec", None)
         return out
-    spec = WorkloadSpec.model_validate(row.spec)
+    spec = WorkloadSpec.model_validate(row.spec, context=STORED)
     out = {
         "id": row.id, "name": spec.name, "tenant": row.tenant, "queue": spec.queue,
         "status": "cancelled" if row.state == "cancelled" else "pending", "priority": spec.priority,

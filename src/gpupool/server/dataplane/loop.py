@@ -19,6 +19,7 @@ from dataclasses import dataclass, replace
 from sqlalchemy import delete, or_, select, update
 
 from gpupool.api.services import ProbeKind, ServiceLive, ServiceSpec
+from gpupool.api.workloads import STORED
 from gpupool.core.autoscale import AutoscalePolicy, AutoscaleState, Decision, Sample, ScaleMetric, decide
 from gpupool.errors import InvalidInput, StoreUnavailable
 from gpupool.server.dataplane.haproxy import find_haproxy
@@ -233,7 +234,7 @@ class DataPlaneLoop:
         with self.rt.store.read() as session:
             rows = list(session.scalars(select(ServiceRow).where(ServiceRow.state != "deleting")))
             for row in rows:
-                spec = ServiceSpec.model_validate(row.spec)
+                spec = ServiceSpec.model_validate(row.spec, context=STORED)
                 route = Route(f"{row.tenant}/{row.name}", row.tenant, public=bool(row.public),
                               probe=_probe(spec))
                 backends = tuple(Backend(e.workload_id, e.host, e.port)

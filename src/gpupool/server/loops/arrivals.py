@@ -19,7 +19,7 @@ from collections.abc import Sequence
 from pydantic import ValidationError
 from sqlalchemy import func, select
 
-from gpupool.api.workloads import WorkloadSpec
+from gpupool.api.workloads import STORED, WorkloadSpec
 from gpupool.core.model import Node, Reason, Workload, WorkloadInfo, WorkloadStatus
 from gpupool.core.scheduling.backfill import RuntimeEstimator
 from gpupool.core.scheduling.keeper import PRUNE_SLACK
@@ -164,7 +164,8 @@ class Estimates:
             ).all()
         for tenant, spec, started, finished, progress in reversed(rows):
             try:  # its queue and shape: estimates are kept by (tenant, queue, shape)
-                probe = to_workload("history", WorkloadSpec.model_validate(spec), tenant, 0, 0.0)
+                parsed = WorkloadSpec.model_validate(spec, context=STORED)
+                probe = to_workload("history", parsed, tenant, 0, 0.0)
             except ValidationError:
                 continue  # a spec this version no longer reads: no history of it
             self.estimator.observe(probe, (finished - started) + (progress or 0.0), None)

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import bindparam, func, or_, select, union_all
 
-from gpupool.api.workloads import WorkloadSpec
+from gpupool.api.workloads import STORED, WorkloadSpec
 from gpupool.core.model import (
     Allocation,
     AllocationChanges,
@@ -248,7 +248,8 @@ class WorkloadCache:
     def get(self, row_id: str, spec: dict[str, Any], tenant: str, priority: int, submit_s: float) -> Workload:
         found = self.known(row_id, priority)
         if found is None:
-            found = to_workload(row_id, WorkloadSpec.model_validate(spec), tenant, priority, submit_s)
+            parsed = WorkloadSpec.model_validate(spec, context=STORED)  # as stored, whatever rules came since
+            found = to_workload(row_id, parsed, tenant, priority, submit_s)
             self._items[row_id] = found
         return found
 

@@ -6,6 +6,7 @@ from collections.abc import Iterable
 
 from gpupool.api.reasons import describe
 from gpupool.api.workloads import (
+    STORED,
     EventOut,
     PodOut,
     ResourcesSpec,
@@ -41,7 +42,7 @@ def workload_row_to_out(
     """`default_max_retries`: the pool's failure.max_retries, for a spec that names none. The reason's
     sentence and hint come from the catalogue here, when answering, not when the loop writes."""
     summary = workload_row_to_summary(row, pods, simulated_nodes, default_max_retries=default_max_retries)
-    return WorkloadOut(**dict(summary), spec=WorkloadSpec.model_validate(row.spec))
+    return WorkloadOut(**dict(summary), spec=WorkloadSpec.model_validate(row.spec, context=STORED))
 
 
 def workload_row_to_summary(

@@ -16,7 +16,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from gpupool.api.events import EventReason
-from gpupool.api.workloads import WorkloadOut, WorkloadSpec, WorkloadUpdate
+from gpupool.api.workloads import STORED, WorkloadOut, WorkloadSpec, WorkloadUpdate
 from gpupool.core.model import WorkloadStatus
 from gpupool.errors import (
     Conflict,
@@ -107,7 +107,7 @@ def update(rt: Runtime, who: Principal, workload_id: str, change: WorkloadUpdate
         if not said:
             return workload_service.get(rt, who, workload_id)
         try:
-            spec = WorkloadSpec.model_validate(stored)
+            spec = WorkloadSpec.model_validate(stored, context=STORED)  # an update changes no env, no workdir
         except ValidationError as exc:
             raise InvalidInput(f"That update leaves an invalid spec: {exc.errors()[0]['msg']}.",
                                field="update") from None

@@ -20,6 +20,7 @@ from sqlalchemy import Connection, delete, insert, select, update
 from sqlalchemy.orm import Session
 
 from gpupool.api.services import ProbeSpec, ServiceSpec
+from gpupool.api.workloads import STORED
 from gpupool.core.model import WorkloadStatus
 from gpupool.core.scheduling.packing import emptiest_first
 from gpupool.errors import Conflict, GpupoolError, Unavailable
@@ -106,7 +107,7 @@ class Controller:
         now = self.rt.clock()
         with self.rt.store.read() as session:
             services = list(session.scalars(select(ServiceRow).where(ServiceRow.state != "deleting")))
-        specs = {row.id: ServiceSpec.model_validate(row.spec) for row in services}
+        specs = {row.id: ServiceSpec.model_validate(row.spec, context=STORED) for row in services}
         self._apply(self.prober.results(), specs, now)
         for row in services:
             try:

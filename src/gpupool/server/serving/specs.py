@@ -4,7 +4,7 @@ the priority class a service runs in."""
 from __future__ import annotations
 
 from gpupool.api.services import ServiceSpec
-from gpupool.api.workloads import WorkloadSpec
+from gpupool.api.workloads import STORED, WorkloadSpec
 from gpupool.config import PoolConfig
 from gpupool.errors import PriorityNotAllowed, UnknownName, did_you_mean
 from gpupool.server.auth import Principal
@@ -45,7 +45,7 @@ def service_class(config: PoolConfig, asked: str | None, tenant: str, max_priori
 
 def replica_spec(spec: ServiceSpec, tenant: str, port: int) -> WorkloadSpec:
     """One replica's workload (ServiceSpec.replica_fields)."""
-    return WorkloadSpec.model_validate(spec.replica_fields(tenant, port))
+    return WorkloadSpec.model_validate(spec.replica_fields(tenant, port), context=STORED)  # checked at create
 
 
 def acting_for(tenant: str) -> Principal:
