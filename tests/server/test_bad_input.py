@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import sys
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -238,3 +239,14 @@ def test_control_characters_are_refused_in_a_function_session_env(shared_server:
     body = {"python": "3.11", "env": {"K": "\u0000"}}
     answer = server.client.post(f"{API}/calls/sessions", json=body, headers=server.headers())
     _assert_error(answer, 422, "'env.K'")
+
+
+def test_a_sessions_environment_past_a_specs_bound_is_refused_not_a_500(server: Server) -> None:
+    """A remote-function session's body may be large (its first call's pickle), but its environment
+    becomes its workload's: past 128 KiB the workload's spec was refused after the request was
+    taken, a 500."""
+    python = f"{sys.version_info.major}.{sys.version_info.minor}"
+    body = {"python": python, "env": {f"V{i}": "x" * 60_000 for i in range(4)}}
+    answer = server.client.post("/api/v1/calls/sessions", json=body, headers=server.headers())
+    assert answer.status_code == 422, answer.text
+    assert "more than the 128 KiB a spec may hold" in answer.json()["message"]

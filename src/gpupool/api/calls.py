@@ -12,7 +12,7 @@ from pydantic import Field, field_validator
 
 from gpupool.api.common import ArgText, Name, Strict
 from gpupool.api.images import ImageName
-from gpupool.api.workloads import MAX_TIME_LIMIT_S, ResourcesSpec, check_pool_env
+from gpupool.api.workloads import MAX_TIME_LIMIT_S, ResourcesSpec, check_env_size, check_pool_env
 
 MAX_PAYLOAD_BYTES = 16 * 2**20
 """The most a call's pickled function and arguments, or its pickled result, may weigh."""
@@ -67,7 +67,7 @@ class SessionCreate(Strict):
     @field_validator("env")
     @classmethod
     def _pool_env(cls, value: dict[str, str]) -> dict[str, str]:
-        return check_pool_env(value)
+        return check_pool_env(check_env_size(value))  # the session's workload holds it
 
 
 class CallOut(Strict):
