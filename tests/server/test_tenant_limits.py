@@ -80,7 +80,7 @@ def test_a_tenant_cannot_map_to_another_tenants_pool_account(server: Server) -> 
                                 headers=server.headers())
     assert answer.status_code == 422, answer.text
     message = answer.json()["message"]
-    assert "'gpupool-b' is a pool account (tenant 'b''s pods run as it)" in message
+    assert "'gpupool-b' is a pool account (tenant b's pods run as it)" in message
     assert "map 'c' to an account of its own" in message
     _create(server, name="c")
     assert _patch(server, "c", unix_user=victim.user)["status"] == 422  # nor by a later change

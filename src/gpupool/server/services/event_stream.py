@@ -69,7 +69,7 @@ def stream_tenant(session: Session, who: Principal, tenant: str | None) -> str |
     if who.tenant is not None:
         if tenant not in (None, who.tenant):
             raise NotFound(f"No tenant {tenant!r} for this token: it streams only tenant "
-                           f"{who.tenant!r}'s events.", tenant=tenant)
+                           f"{who.tenant}'s events.", tenant=tenant)
         return who.tenant
     if tenant is not None and session.get(TenantRow, tenant) is None:
         raise NotFound(f"No tenant {tenant!r}; list them with `gpupool tenant ls`.", tenant=tenant)

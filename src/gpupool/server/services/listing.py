@@ -91,7 +91,7 @@ def filters(session: Session, who: Principal, *, status: Sequence[str] = (), ten
     if who.tenant is not None:
         for t in tenants:
             if t != who.tenant:
-                raise NotFound(f"No tenant {t!r} for this token: it lists only tenant {who.tenant!r}'s "
+                raise NotFound(f"No tenant {t!r} for this token: it lists only tenant {who.tenant}'s "
                                "workloads.", tenant=t)
         tenants = [who.tenant]
     elif tenants:

@@ -98,12 +98,12 @@ def check_unix_user(session: Session, name: str, tenant: str, pool: str = "") ->
     if is_pool_account(identity) and name != own:
         raise InvalidInput(
             f"Unix account {name!r} is a pool account{_whose(session, name, pool)}, not tenant "
-            f"{tenant!r}'s in this pool; map {tenant!r} to an account of its own, or leave it unmapped "
+            f"{tenant}'s in this pool; map {tenant!r} to an account of its own, or leave it unmapped "
             f"to run its pods as {own!r}.", unix_user=name)
     other = session.scalars(select(TenantRow.name).where(TenantRow.unix_user == name,
                                                          TenantRow.name != tenant)).first()
     if other is not None:
-        raise InvalidInput(f"Unix account {name!r} already runs tenant {other!r}'s pods; give each "
+        raise InvalidInput(f"Unix account {name!r} already runs tenant {other}'s pods; give each "
                            "tenant its own account so they cannot reach each other's files.",
                            unix_user=name)
 
@@ -144,7 +144,7 @@ def _whose(session: Session, account: str, pool: str) -> str:
     """' (tenant NAME's pods)' when a tenant's pods run as this pool account, else ''."""
     owner = next((t for t in session.scalars(select(TenantRow.name)) if account_name(t, pool) == account),
                  None)
-    return "" if owner is None else f" (tenant {owner!r}'s pods run as it)"
+    return "" if owner is None else f" (tenant {owner}'s pods run as it)"
 
 
 def _check_own_account_free(session: Session, tenant: str, pool: str) -> None:
