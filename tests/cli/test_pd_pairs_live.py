@@ -207,7 +207,7 @@ def test_a_pair_sits_in_one_leaf_gets_its_environment_and_passes_the_kv_cache(po
 
 
 @pytest.mark.parametrize(("args", "code", "words"), [
-    (("create", "x", "--role", "prefill", "--", "true"), 2, "role and pair_with go together"),
+    (("create", "x", "--role", "prefill", "--", "true"), 2, "and pair_with go together"),
     (("create", "x", "--role", "middle", "--pair-with", "y", "--", "true"), 2, "prefill"),
     (("create", "x", "--role", "decode", "--pair-with", "x", "--", "true"), 2, "cannot pair with itself"),
     (("partners", "nope"), 3, "No service 'nope'"),

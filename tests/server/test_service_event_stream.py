@@ -85,7 +85,7 @@ def test_a_filter_names_only_the_callers_own(pool: Server) -> None:
     alpha = token(pool, "alpha")
     theirs = stored(pool, pool.headers(), tenant="beta", service="rival")[1]
     assert theirs and {e["service"] for e in theirs} == {"rival"}
-    for params, said in (({"tenant": "beta"}, "it streams only tenant 'alpha'"),
+    for params, said in (({"tenant": "beta"}, "it streams only tenant alpha's events"),
                          ({"service": "rival"}, "No service 'rival'")):
         answer = pool.client.get(f"{API}/events/services/stream", headers=alpha, params=params)
         assert answer.status_code == 404 and said in answer.json()["message"], answer.text
