@@ -234,7 +234,7 @@ def check_seedable(rt: Runtime, who: Principal, workload_id: str) -> None:
         _refuse_unseedable(workload_service._visible(session, who, workload_id))
 
 
-def _refuse_unseedable(row: Any) -> None:
+def _refuse_unseedable(row: WorkloadRow) -> None:
     if row.status != _PENDING or row.attempt != 0 or not row.held:
         raise Conflict(f"Workload {row.id} is {row.status}{'' if row.held else ', not held'}"
                        f"{', and has run before' if row.attempt else ''}; a checkpoint is given only to "
