@@ -127,14 +127,18 @@ def slammer() -> Iterator[str]:
     """A server that reads a request's head and a little of its body, then resets the connection, as
     gpupool's does once a body passes its limit (it answers 413 and closes while the client still sends)."""
     listener = socket.create_server(("127.0.0.1", 0))
+    listener.settimeout(0.05)  # so the thread sees `stop` (a closed listener does not wake accept)
     stop = threading.Event()
 
     def serve() -> None:
         while not stop.is_set():
             try:
                 conn, _ = listener.accept()
+            except TimeoutError:
+                continue
             except OSError:
                 return
+            conn.settimeout(None)
             with conn:
                 conn.recv(4096)
                 conn.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, b"\x01\x00\x00\x00\x00\x00\x00\x00")
