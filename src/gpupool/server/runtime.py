@@ -71,10 +71,10 @@ class Runtime:
     _nodes_lock: threading.Lock = field(default_factory=threading.Lock)
     auth: Authenticator = field(init=False)
     tenant_rates: TenantRates = field(init=False)
+    """Each tenant's requests to the API, bounded (server/ratelimit.py)."""
     checkpoint_transfers: Slots = field(default_factory=lambda: Slots(
         CHECKPOINT_TRANSFERS, CHECKPOINT_TRANSFERS_PER_TENANT, "checkpoint transfers"))
     """GET and PUT /workloads/ID/checkpoint hold the archive in memory: at most this many at once."""
-    """Each tenant's requests to the API, bounded (server/ratelimit.py)."""
 
     def __post_init__(self) -> None:
         self.auth = Authenticator(self.store, clock=lambda: self.clock())  # expiry on this clock

@@ -197,7 +197,7 @@ class DecisionApplier:
             conn = session.connection()
             if batch.admissions:
                 launches, allocated = self._admit(conn, batch.admissions, by_id, now)
-            recorded = self._reject(conn, batch.rejections, view, now)
+            recorded = self._reject(conn, batch.rejections, now)
             if batch.reservation is not None:
                 self._write_reservation(conn, batch.reservation)
         if batch.reservation is not None:
@@ -321,7 +321,7 @@ class DecisionApplier:
             conn.execute(_INSERT_POD, pods)
         return launches, allocated
 
-    def _reject(self, conn: Connection, rejections: Sequence[Rejection], view: StoreView,
+    def _reject(self, conn: Connection, rejections: Sequence[Rejection],
                 now: float) -> list[dict[str, object]]:
         """Final rejections fail their workload (the core judged on the pool as built: a cordoned
         node, or one with a failed device, counts as the room it has when it is back); the others
