@@ -48,6 +48,7 @@ from gpupool.server.db import Store
 from gpupool.server.orm import Base, RemoteCallRow, RemoteKeyRow, RemoteSessionRow, WorkloadRow
 from gpupool.server.runtime import Runtime
 from gpupool.server.services import workloads as workloads_service
+from gpupool.server.services.locks import own_rows
 from gpupool.server.services.submit_writer import commit
 from gpupool.server.states import ACTIVE_POD_STATES
 
@@ -180,9 +181,9 @@ def _new_call(session_id: str, tenant: str, payload: bytes, now: float) -> Remot
 def _visible_session(session: Session, who: Principal, session_id: str, *, lock: bool = False
                      ) -> RemoteSessionRow:
     query = select(RemoteSessionRow).where(RemoteSessionRow.id == session_id)
-    if lock and not who.is_admin:  # another tenant's id locks nothing of its owner's
-        query = query.where(RemoteSessionRow.tenant == who.tenant)
-    row = session.scalars(query.with_for_update() if lock else query).first()
+    if lock:
+        query = own_rows(query, who, RemoteSessionRow.tenant).with_for_update()
+    row = session.scalars(query).first()
     if row is None or not who.may_see(row.tenant):
         raise NotFound(f"No session {session_id!r}; open one with pool.session().", session=session_id)
     return row
@@ -334,9 +335,8 @@ def submit_call(rt: Runtime, who: Principal, session_id: str, body: CallCreate) 
     now = rt.clock()
     with rt.store.write() as session:
         conn = session.connection()
-        query = select(_S.c.tenant, _S.c.closed, _S.c.one_shot).where(_S.c.id == session_id)
-        if not who.is_admin:  # another tenant's id locks nothing of its owner's
-            query = query.where(_S.c.tenant == who.tenant)
+        query = own_rows(select(_S.c.tenant, _S.c.closed, _S.c.one_shot).where(_S.c.id == session_id),
+                         who, _S.c.tenant)
         row = conn.execute(query.with_for_update()).first()
         if row is None or not who.may_see(row.tenant):
             raise NotFound(f"No session {session_id!r}; open one with pool.session().", session=session_id)

@@ -13,10 +13,17 @@ transaction at a time and ignores the lock clause.
 from __future__ import annotations
 
 from collections.abc import Collection
+from typing import TYPE_CHECKING, Any, TypeVar
 
-from sqlalchemy import Connection, bindparam, select
+from sqlalchemy import ColumnElement, Connection, Select, bindparam, select
+from sqlalchemy.orm import InstrumentedAttribute
 
 from gpupool.server.orm import WorkloadRow
+
+if TYPE_CHECKING:
+    from gpupool.server.auth import Principal
+
+Q = TypeVar("Q", bound=Select[*tuple[Any, ...]])
 
 _LOCK = (select(WorkloadRow.id).where(WorkloadRow.id.in_(bindparam("ids", expanding=True)))
          .order_by(WorkloadRow.id).with_for_update(key_share=True))
@@ -28,3 +35,10 @@ def lock_workloads(conn: Connection, workload_ids: Collection[str]) -> None:
     """Lock these workloads' rows (FOR NO KEY UPDATE, in id order) until the transaction ends."""
     if workload_ids:
         conn.execute(_LOCK, {"ids": sorted(workload_ids)})
+
+
+def own_rows(query: Q, who: Principal, tenant: ColumnElement[str] | InstrumentedAttribute[str]) -> Q:
+    """`query` limited to the rows of `who`'s tenant where `who` is a tenant (the admin's: as it is),
+    for a locking read by an id the caller gave: another tenant's id then locks nothing of its
+    owner's (on PostgreSQL a row lock holds up every writer of the row, the scheduler's included)."""
+    return query if who.is_admin else query.where(tenant == who.tenant)

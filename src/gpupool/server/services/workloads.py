@@ -32,6 +32,7 @@ from gpupool.server.services import audit, dependencies
 from gpupool.server.services.converters import event_row_to_out, workload_row_to_out
 from gpupool.server.services.events import Move, apply_moves, transition
 from gpupool.server.services.fabric_listing import with_network
+from gpupool.server.services.locks import own_rows
 from gpupool.server.services.mounts import check as check_mounts
 from gpupool.server.services.requeue import stop_after_commit, stop_pods
 from gpupool.server.services.secrets import check_user as check_secret_user
@@ -219,12 +220,11 @@ def _simulated_nodes(rt: Runtime) -> frozenset[str]:
 def _visible(session: Session, who: Principal, workload_id: str, *, lock: bool = False) -> WorkloadRow:
     """The workload's row if `who` may see it; with `lock`, read FOR UPDATE (until the commit), and
     for a tenant only where it is the tenant's: another tenant's id locks nothing of its owner's."""
-    if lock and not who.is_admin:
-        row = session.scalars(select(WorkloadRow).where(WorkloadRow.id == workload_id,
-                                                        WorkloadRow.tenant == who.tenant)
-                              .with_for_update().execution_options(populate_existing=True)).first()
+    if lock:
+        query = own_rows(select(WorkloadRow).where(WorkloadRow.id == workload_id), who, WorkloadRow.tenant)
+        row = session.scalars(query.with_for_update().execution_options(populate_existing=True)).first()
     else:
-        row = session.get(WorkloadRow, workload_id, with_for_update=True if lock else None)
+        row = session.get(WorkloadRow, workload_id)
     if row is None or not who.may_see(row.tenant):
         # A tenant learns nothing about other tenants' ids: not found, not forbidden.
         raise NotFound(f"No workload {workload_id!r}; list yours with `gpupool ls`.", workload=workload_id)
@@ -287,10 +287,8 @@ def cancel_array(rt: Runtime, who: Principal, array_id: str) -> ArrayCancelled:
     message = "Cancelled by the user (its array was cancelled)."
     with rt.store.write() as session:
         conn = session.connection()
-        query = (select(WorkloadRow.id, WorkloadRow.status, WorkloadRow.tenant)
-                 .where(WorkloadRow.array_id == array_id))
-        if not who.is_admin:  # another tenant's array id locks none of its tasks
-            query = query.where(WorkloadRow.tenant == who.tenant)
+        query = own_rows(select(WorkloadRow.id, WorkloadRow.status, WorkloadRow.tenant)
+                         .where(WorkloadRow.array_id == array_id), who, WorkloadRow.tenant)
         tasks = conn.execute(query.order_by(WorkloadRow.id).with_for_update()).all()  # locked in id order
         if not tasks or not who.may_see(tasks[0].tenant):
             raise NotFound(f"No array {array_id!r}; list yours with `gpupool ls`.", array=array_id)
