@@ -29,8 +29,9 @@ from gpupool.core.model import WorkloadStatus
 from gpupool.core.units import MILLI
 from gpupool.errors import Forbidden, InvalidInput
 from gpupool.server.auth import Principal
-from gpupool.server.orm import HistoryRow, TenantRow, WorkloadRow
+from gpupool.server.orm import HistoryRow, WorkloadRow
 from gpupool.server.runtime import Runtime
+from gpupool.server.services.tenants import made_s
 
 MINUTE_S = 60
 HOUR_S = 3600
@@ -216,7 +217,7 @@ def query(rt: Runtime, who: Principal, metric: str, range_: str, now: float) -> 
     with rt.store.read() as session:
         if metric == "tenants" and not who.is_admin:
             # its own series since it was made: a deleted tenant's of the same name is another's
-            made = session.scalar(select(TenantRow.created_s).where(TenantRow.name == who.tenant)) or 0.0
+            made = made_s(session, who.tenant or "")
             where.append((HistoryRow.series == "capacity")
                          | ((HistoryRow.key == (who.tenant or "")) & (HistoryRow.at_s >= made)))
         found = session.execute(select(HistoryRow.series, HistoryRow.key, HistoryRow.at_s, HistoryRow.value)

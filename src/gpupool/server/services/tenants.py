@@ -273,6 +273,12 @@ def list_tenants(rt: Runtime, who: Principal) -> list[TenantOut]:
         ]
 
 
+def made_s(session: Session, name: str) -> float:
+    """When tenant `name` was made (0: no such tenant). A tenant's own usage and history start
+    there: what a deleted tenant of the same name used, kept under the name, is another's."""
+    return float(session.scalar(select(TenantRow.created_s).where(TenantRow.name == name)) or 0.0)
+
+
 def require_tenant(session: Session, name: str) -> None:
     if session.get(TenantRow, name) is None:
         names = list(session.scalars(select(TenantRow.name)).all())

@@ -23,6 +23,7 @@ from gpupool.server.runtime import Runtime
 from gpupool.server.services import usage_rollup
 from gpupool.server.services.metering import interval_rows, parse_by, raw_usage, row_out, to_intervals, window
 from gpupool.server.services.specs import default_priority_class
+from gpupool.server.services.tenants import made_s
 
 Merged = dict[tuple[object, ...], tuple[UsageRow, int]]
 
@@ -51,7 +52,8 @@ def _usage(rt: Runtime, who: Principal, *, tenant: str | None, since_s: float | 
     if scope is not None and not who.is_admin:
         # a tenant's usage starts when it was made: what a deleted tenant of the same name used
         # before (kept in the rollup under that name, for the admin) is another's
-        since = max(since, _made_s(rt, scope))
+        with rt.store.read() as session:
+            since = max(since, made_s(session, scope))
     keys = parse_by(by)
     if since >= until:  # made after the window
         book = rt.config.prices.price_book()
@@ -95,12 +97,6 @@ def _usage(rt: Runtime, who: Principal, *, tenant: str | None, since_s: float | 
     pods = rolled.total_pods + len(raw_pods - elsewhere)
     return UsageOut(since_s=since, until_s=until, by=[k.value for k in keys], currency=book.currency,
                     rows=[row_out(u, n) for u, n in ordered], total=row_out(total, pods))
-
-
-def _made_s(rt: Runtime, tenant: str) -> float:
-    with rt.store.read() as session:
-        made = session.scalar(select(TenantRow.created_s).where(TenantRow.name == tenant))
-    return float(made or 0.0)
 
 
 def _outside(interval: PodInterval, first_day: float, end_day: float) -> list[PodInterval]:
