@@ -12,11 +12,11 @@ import httpx
 
 
 class Replica:
-    """A threaded HTTP server: GET /ready answers 200 while `ready` is set, anything else echoes the
-    replica's name, the path it was asked for and the Authorization header it received; a request
-    for /slow waits until `release` is set."""
+    """A threaded HTTP server (on `port`, else a free one): GET /ready answers 200 while `ready` is
+    set, anything else echoes the replica's name, the path it was asked for and the Authorization
+    header it received; a request for /slow waits until `release` is set."""
 
-    def __init__(self, name: str) -> None:
+    def __init__(self, name: str, port: int = 0) -> None:
         self.name = name
         self.ready = threading.Event()
         self.ready.set()
@@ -49,7 +49,7 @@ class Replica:
             def handle_error(self, request: object, client_address: object) -> None:
                 pass  # health checks close their connections without a request
 
-        self.server = Server(("127.0.0.1", 0), Handler)
+        self.server = Server(("127.0.0.1", port), Handler)
         self.server.daemon_threads = True
         self.port = self.server.server_address[1]
         self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)

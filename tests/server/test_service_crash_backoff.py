@@ -6,14 +6,13 @@ of one or two replicas), and `service ls` said `pending` with no error."""
 
 from __future__ import annotations
 
-import http.server
-import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+from dataplane_replicas import Replica
 from fabric_pool import Pool
 
 from gpupool.server.serving.controller import Controller, backoff_s
@@ -28,30 +27,6 @@ def pool(tmp_path: Path) -> Iterator[Pool]:
 
 def test_the_wait_doubles_from_the_second_crash_up_to_five_minutes() -> None:
     assert [backoff_s(n) for n in range(1, 9)] == [0, 10, 20, 40, 80, 160, 300, 300]
-
-
-class Listener:
-    """An HTTP server on 127.0.0.1:`port` that answers 200 (a replica passing its probe)."""
-
-    def __init__(self, port: int) -> None:
-        class Handler(http.server.BaseHTTPRequestHandler):
-            def do_GET(self) -> None:
-                self.send_response(200)
-                self.end_headers()
-
-            def log_message(self, *args: object) -> None:
-                pass
-
-        self.httpd = http.server.ThreadingHTTPServer(("127.0.0.1", port), Handler)
-        self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
-
-    def __enter__(self) -> Listener:
-        self.thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.httpd.shutdown()
-        self.httpd.server_close()
 
 
 class Service:
@@ -89,13 +64,16 @@ class Service:
         [replica] = self.replicas()
         [port] = [int(launch.env["PORT"]) for launch in self.pool.provider.launched.values()
                   if launch.workload_id == replica]
-        with Listener(port):
+        listener = Replica(replica, port)
+        try:
             deadline = time.monotonic() + 30
             while self.shown()["replicas"][0]["ready"] != "ready":
                 assert time.monotonic() < deadline, self.shown()
                 self.pool.now += 2.0  # a probe period
                 self.controller.step()
                 time.sleep(0.02)
+        finally:
+            listener.close()
 
     def waits(self, seconds: float) -> None:
         """No replica while the clock moves on for `seconds` less one; then one, launched."""
