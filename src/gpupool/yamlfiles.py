@@ -49,10 +49,15 @@ def safe_load(source: str | bytes | IO[str] | IO[bytes]) -> Any:
     return yaml.load(source, Loader=StrictSafeLoader)
 
 
-def read_text(path: Path | str, what: str) -> str:
+def read_text(path: Path | str, what: str, *, bound: tuple[int, str] | None = None) -> str:
     """The UTF-8 text of `path` (`what` names it in errors: 'the configuration file'). OSError as
-    open() raises it; InvalidInput with one sentence when the file is not UTF-8."""
-    data = Path(path).read_bytes()
+    open() raises it; InvalidInput with one sentence when the file is not UTF-8, or, with `bound`
+    (the most bytes, the sentence past them), when it holds more, of which no more is read (a device
+    or a pipe named by mistake, such as /dev/zero, has no end)."""
+    with open(path, "rb") as handle:
+        data = handle.read() if bound is None else handle.read(bound[0] + 1)
+    if bound is not None and len(data) > bound[0]:
+        raise InvalidInput(bound[1])
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError as exc:

@@ -245,22 +245,15 @@ default), and a bound on what is read from a device or a pipe named by mistake (
 def _read_file(path: str) -> dict[str, object]:
     import yaml
 
-    from gpupool.yamlfiles import safe_load
+    from gpupool.errors import InvalidInput
+    from gpupool.yamlfiles import read_text, safe_load
 
     try:
-        with open(path, "rb") as handle:
-            raw = handle.read(MAX_SPEC_FILE_BYTES + 1)
-        if len(raw) > MAX_SPEC_FILE_BYTES:
-            raise UsageError(f"Spec file {path} holds more than {MAX_SPEC_FILE_BYTES >> 20} MiB, far more "
-                             "than a spec needs; put large data in a file the pods read and give its path "
-                             "in the spec.")
-        try:
-            text = raw.decode("utf-8")
-        except UnicodeDecodeError as exc:
-            line = raw.count(b"\n", 0, exc.start) + 1
-            raise UsageError(f"Cannot read the spec file {path!r}: it is not UTF-8 text (byte "
-                             f"0x{raw[exc.start]:02x} on line {line}); save it as UTF-8.") from None
-        data = safe_load(text)
+        data = safe_load(read_text(path, "the spec file", bound=(
+            MAX_SPEC_FILE_BYTES, f"Spec file {path} holds more than {MAX_SPEC_FILE_BYTES >> 20} MiB, far "
+            "more than a spec needs; put large data in a file the pods read and give its path in the spec.")))
+    except InvalidInput as exc:
+        raise UsageError(exc.message) from None
     except OSError as exc:
         raise UsageError(f"Cannot read spec file {path}: {exc.strerror}.") from None
     except yaml.YAMLError as exc:
