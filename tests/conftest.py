@@ -39,11 +39,15 @@ def shared_data() -> Path:
 def fresh_pools_accounts(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
     """Every `gpupool up` on a fresh data directory is a new pool with a new id, so as root it makes
     new pod accounts (`gpupool-<pool id>-<tenant>`): at the end of the run, those of the pools whose
-    data directories this run made (a `pool-id` file under its temporary directory) are removed,
-    each only when no process runs as it, so test runs do not pile up system accounts."""
+    data directories this run made (a `pool-id` file under its temporary directory) are removed, so
+    test runs do not pile up system accounts. A process still running as one is a pod a test left
+    behind (a stopped server leaves its pods running, for the next start to adopt): it is killed
+    first, and named, rather than waited on."""
     yield
     import os
     import pwd
+    import signal
+    import warnings
 
     if os.geteuid() != 0:
         return
@@ -58,10 +62,32 @@ def fresh_pools_accounts(tmp_path_factory: pytest.TempPathFactory) -> Iterator[N
             continue
     for entry in pwd.getpwall():
         if any(pool and entry.pw_name.startswith(f"gpupool-{pool}-") for pool in pools):
+            left = _processes_as(entry.pw_uid)
+            if left:
+                warnings.warn(f"{len(left)} process(es) a test left running as {entry.pw_name}, killed: "
+                              f"{sorted(set(left.values()))[:3]}", stacklevel=1)
+            for pid in left:
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    continue
             try:
                 remove_account(entry.pw_name)
             except GpupoolError:
                 continue  # still in use: left as it is
+
+
+def _processes_as(uid: int) -> dict[int, str]:
+    """The processes running as `uid` (by the owner of /proc/PID), with their command names."""
+    found = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                if entry.stat().st_uid == uid:
+                    found[int(entry.name)] = (entry / "comm").read_text().strip()
+            except OSError:  # ended meanwhile
+                continue
+    return found
 
 
 @pytest.fixture(scope="session", autouse=True)

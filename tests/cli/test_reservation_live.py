@@ -27,6 +27,7 @@ def pool(tmp_path: Path) -> Iterator[UpProcess]:
             made = gp(server, "tenant", "create", tenant)
             assert made.returncode == 0, made.stderr
         yield server
+        server.end_work()  # its pods are `sleep 600`s
     finally:
         server.stop()
 

@@ -11,6 +11,7 @@ import sys
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any
 
 import httpx
 
@@ -119,6 +120,22 @@ class UpProcess:
 
             until(healthy, START_TIMEOUT_S, "gpupool up answering /health")
         return self
+
+    def end_work(self, timeout_s: float = 60.0) -> None:
+        """Cancel every workload not yet finished and wait until each is: a stopped server leaves
+        its pods running (the next start adopts them), so a test that stops one with work running
+        leaves the pods' processes behind for the rest of the run."""
+        final = ("succeeded", "failed", "cancelled")
+
+        def unfinished(api: httpx.Client) -> list[dict[str, Any]]:
+            answer = api.get("/workloads", params={"limit": 500})
+            answer.raise_for_status()
+            return [w for w in answer.json()["items"] if w["status"] not in final]
+
+        with self.client() as api:
+            for workload in unfinished(api):
+                api.post(f"/workloads/{workload['id']}/cancel")  # 409 once it finished meanwhile
+            until(lambda: not unfinished(api), timeout_s, "every workload finished or cancelled")
 
     def kill9(self) -> None:
         assert self.proc is not None
