@@ -112,6 +112,15 @@ def pod_scratch_root() -> Iterator[Path]:
         shutil.rmtree(root, ignore_errors=True)
 
 
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """Each test process keeps what collection built (every test module, the package, 3,000 items)
+    for the whole run, and the collector would walk it at every full collection: it is frozen and
+    young collections made rarer, as the server does with its own heap at start (`gc_tuning`)."""
+    from gpupool.gc_tuning import tune
+
+    tune()
+
+
 @pytest.hookimpl(optionalhook=True)
 def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
     """Schedule by `xdist_scope` (pytest-xdist's own --dist loadgroup marks do not reach its
