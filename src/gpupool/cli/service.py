@@ -194,11 +194,7 @@ def _check(spec: dict[str, Any], given: dict[str, str]) -> None:
     try:
         ServiceSpec.model_validate(spec)
     except ValidationError as exc:
-        text = message([dict(e) for e in exc.errors()])[0]
-        if text.startswith("Field 'body' "):  # a rule of the whole spec: its own sentence
-            text = text[len("Field 'body' "):]
-            text = text[:1].upper() + text[1:]
-        raise InvalidInput(in_flag_terms(text, given)) from None
+        raise InvalidInput(in_flag_terms(message([dict(e) for e in exc.errors()])[0], given)) from None
 
 
 @app.command()

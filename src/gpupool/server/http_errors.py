@@ -65,7 +65,7 @@ def _http(_: Request, exc: Exception) -> JSONResponse:
     if exc.status_code == 400:
         # The framework's answer to a body it cannot decode (not UTF-8): the same 422 as any bad JSON.
         problem = {"field": "body", "problem": "the request body is not valid JSON"}
-        return error_response(422, "invalid_input", "Field 'body': the request body is not valid JSON; "
+        return error_response(422, "invalid_input", "The request body is not valid JSON; "
                               "send a UTF-8 JSON object.", {"errors": [problem]})
     if exc.status_code == 404:
         detail = "No such API path; see /docs for the routes."

@@ -59,7 +59,9 @@ def message(errors: list[dict[str, Any]]) -> tuple[str, list[dict[str, str]]]:
     problems.sort(key=lambda p: p["type"] != "extra_forbidden")  # a stray field first: it explains the rest
     phrases = [_phrase(p) for p in problems]
     if len(phrases) == 1:
-        text = phrases[0][:1].upper() + phrases[0][1:]
+        text = phrases[0]
+        if text.split(" ", 1)[0].isalpha():  # a word, not a name a rule begins with (min_replicas, --mount)
+            text = text[:1].upper() + text[1:]
     else:
         text = f"{len(phrases)} problems: " + "; ".join(phrases)
     unknown = {p["field"] for p in problems if p["type"] == "extra_forbidden"}
@@ -76,6 +78,10 @@ def _phrase(item: Mapping[str, str]) -> str:
         return f"unknown field {item['field']!r}"
     if item["type"] == "json_invalid":
         return "the request body is not valid JSON"
+    if item["field"] == "body":  # no field of it: the body as a whole, which the sender never named so
+        if item["type"] == "value_error":
+            return item["problem"]  # a rule across fields (a model's own check): its sentence names them
+        return f"the request body {item['problem']}"
     return f"field {item['field']!r} {item['problem']}"
 
 
