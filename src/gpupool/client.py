@@ -51,7 +51,7 @@ from gpupool.api.workloads import (
 from gpupool.clientconfig import ca_bundle, resolve
 from gpupool.durations import duration_s
 from gpupool.errors import InvalidInput, TooLarge, Unavailable, closest
-from gpupool.lite_http import error_from_answer, retry_wait
+from gpupool.lite_http import LARGE_BODY_BYTES, error_from_answer, retry_wait
 
 M = TypeVar("M", bound=BaseModel)
 API = "/api/v1"
@@ -778,11 +778,6 @@ def _sse_events(lines: Iterator[str], model: type[M]) -> Iterator[tuple[int, M |
 def _retry_after(answer: httpx.Response) -> float | None:
     """Seconds to wait before sending the request again (`lite_http.retry_wait`), else None."""
     return retry_wait(answer.status_code, answer.headers.get("retry-after"))
-
-
-LARGE_BODY_BYTES = 64 << 10
-"""A request body from which a connection the server closes while it is sent is put down to the pool's
-request body limit (`gpupool up --max-request-body`): the server answers 413 and closes at once."""
 
 
 def _cut_off(url: str, exc: httpx.TransportError) -> TooLarge | None:

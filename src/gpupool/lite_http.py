@@ -134,6 +134,13 @@ def retry_wait(status: int, retry_after: str | float | None) -> float | None:
         return None
 
 
+LARGE_BODY_BYTES = 64 << 10
+"""A request body from which a connection the server closes while it is sent is put down to the pool's
+request body limit (`gpupool up --max-request-body`): the server answers 413 and closes at once. The
+SDK says so (`client._cut_off`); `request` here would only see the connection reset, so the fast
+submission path hands bodies past this size to the SDK."""
+
+
 NO_SUCH_PATH = "No such API path"
 """How a gpupool server's 404 for a path it has no route for begins (server/http_errors.py)."""
 

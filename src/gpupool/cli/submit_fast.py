@@ -314,14 +314,14 @@ def in_flag_terms(message: str, given: dict[str, str]) -> str:
 def submit(spec: dict[str, object], url: str | None = None, token: str | None = None) -> str:
     """POST the spec; returns the new workload id or raises the matching gpupool error."""
     from gpupool.clientconfig import resolve
-    from gpupool.lite_http import NotPlainHttp, error_from_answer, request
+    from gpupool.lite_http import LARGE_BODY_BYTES, NotPlainHttp, error_from_answer, request
 
     url, token = resolve(url, token)
     payload = to_json(spec).encode()
     deadline = time.monotonic() + RATE_RETRY_S
     while True:
         try:
-            if len(payload) > LARGE_SPEC_BYTES:  # the SDK reads the server's answer (413 past its limit)
+            if len(payload) > LARGE_BODY_BYTES:  # the SDK says why a server cut it off (past its limit)
                 raise NotPlainHttp(url)
             status, body = request(url, "POST", "/api/v1/workloads", token, payload)
         except NotPlainHttp:
@@ -338,10 +338,6 @@ def submit(spec: dict[str, object], url: str | None = None, token: str | None = 
     return created_id(body)
 
 
-LARGE_SPEC_BYTES = 64 << 10
-"""A spec this large goes through the SDK (gpupool.client): a server past its request body limit answers
-413 and closes while such a request is still being sent, and the SDK says so; the fast path here would
-only see the connection reset."""
 RATE_RETRY_S = 30.0
 """How long a submission refused for the tenant's request rate is sent again (as the client does)."""
 
