@@ -279,10 +279,12 @@ def made_s(session: Session, name: str) -> float:
     return float(session.scalar(select(TenantRow.created_s).where(TenantRow.name == name)) or 0.0)
 
 
-def require_tenant(session: Session, name: str) -> None:
+def require_tenant(session: Session, name: str, also: str = "") -> None:
+    """NotFound, with the nearest name, unless tenant `name` exists (`also`: a clause said after the
+    name, as ", and no usage under that name in the window")."""
     if session.get(TenantRow, name) is None:
         names = list(session.scalars(select(TenantRow.name)).all())
-        raise NotFound(f"No tenant named {name!r}.{did_you_mean(name, names)}", tenant=name)
+        raise NotFound(f"No tenant named {name!r}{also}.{did_you_mean(name, names)}", tenant=name)
 
 
 def create_queue(rt: Runtime, who: Principal, body: QueueCreate) -> QueueOut:

@@ -12,18 +12,17 @@ import dataclasses
 import math
 from collections.abc import Sequence
 
-from sqlalchemy import or_, select
+from sqlalchemy import or_
 
 from gpupool.api.usage import UsageOut
 from gpupool.core.metering import DAY_S, PodInterval, UsageKey, UsageRow, aggregate, totals
-from gpupool.errors import NotFound, did_you_mean
 from gpupool.server.auth import Principal
-from gpupool.server.orm import PodRow, TenantRow, WorkloadRow
+from gpupool.server.orm import PodRow, WorkloadRow
 from gpupool.server.runtime import Runtime
 from gpupool.server.services import usage_rollup
 from gpupool.server.services.metering import interval_rows, parse_by, raw_usage, row_out, to_intervals, window
 from gpupool.server.services.specs import default_priority_class
-from gpupool.server.services.tenants import made_s
+from gpupool.server.services.tenants import made_s, require_tenant
 
 Merged = dict[tuple[object, ...], tuple[UsageRow, int]]
 
@@ -37,10 +36,7 @@ def usage(rt: Runtime, who: Principal, *, tenant: str | None, since_s: float | N
     out = _usage(rt, who, tenant=tenant, since_s=since_s, until_s=until_s, by=by)
     if tenant is not None and who.is_admin and not out.rows:
         with rt.store.read() as session:
-            if session.get(TenantRow, tenant) is None:
-                names = list(session.scalars(select(TenantRow.name)).all())
-                raise NotFound(f"No tenant named {tenant!r}, and no usage under that name in the window."
-                               f"{did_you_mean(tenant, names)}", tenant=tenant)
+            require_tenant(session, tenant, also=", and no usage under that name in the window")
     return out
 
 
