@@ -51,7 +51,7 @@ def fresh_pools_accounts(tmp_path_factory: pytest.TempPathFactory) -> Iterator[N
 
     if os.geteuid() != 0:
         return
-    from gpupool.agent.identity import remove_account
+    from gpupool.agent.identity import pids_of, remove_account
     from gpupool.errors import GpupoolError
 
     pools = set()
@@ -62,10 +62,10 @@ def fresh_pools_accounts(tmp_path_factory: pytest.TempPathFactory) -> Iterator[N
             continue
     for entry in pwd.getpwall():
         if any(pool and entry.pw_name.startswith(f"gpupool-{pool}-") for pool in pools):
-            left = _processes_as(entry.pw_uid)
+            left = pids_of(entry.pw_uid)
             if left:
                 warnings.warn(f"{len(left)} process(es) a test left running as {entry.pw_name}, killed: "
-                              f"{sorted(set(left.values()))[:3]}", stacklevel=1)
+                              f"{sorted({_command(pid) for pid in left})[:3]}", stacklevel=1)
             for pid in left:
                 try:
                     os.kill(pid, signal.SIGKILL)
@@ -77,17 +77,12 @@ def fresh_pools_accounts(tmp_path_factory: pytest.TempPathFactory) -> Iterator[N
                 continue  # still in use: left as it is
 
 
-def _processes_as(uid: int) -> dict[int, str]:
-    """The processes running as `uid` (by the owner of /proc/PID), with their command names."""
-    found = {}
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                if entry.stat().st_uid == uid:
-                    found[int(entry.name)] = (entry / "comm").read_text().strip()
-            except OSError:  # ended meanwhile
-                continue
-    return found
+def _command(pid: int) -> str:
+    """A process's command name ('' once it ended)."""
+    try:
+        return Path(f"/proc/{pid}/comm").read_text().strip()
+    except OSError:
+        return ""
 
 
 @pytest.fixture(scope="session", autouse=True)

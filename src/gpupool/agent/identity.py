@@ -246,15 +246,21 @@ class Identities:
 
 def processes_of(uid: int, proc: Path = Path("/proc")) -> int:
     """How many processes run as `uid` now (by the owner of /proc/PID: the effective uid)."""
-    count = 0
+    return len(pids_of(uid, proc))
+
+
+def pids_of(uid: int, proc: Path = Path("/proc")) -> list[int]:
+    """The processes running as `uid` now (by the owner of /proc/PID: the effective uid)."""
+    found = []
     with os.scandir(proc) as entries:
         for entry in entries:
             if entry.name.isdigit():
                 try:
-                    count += entry.stat(follow_symlinks=False).st_uid == uid
+                    if entry.stat(follow_symlinks=False).st_uid == uid:
+                        found.append(int(entry.name))
                 except OSError:  # ended meanwhile
                     continue
-    return count
+    return found
 
 
 ENDING_GRACE_S = 2.0
