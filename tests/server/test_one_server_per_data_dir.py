@@ -32,6 +32,6 @@ def test_a_second_server_on_a_running_pools_data_dir_is_refused_before_it_touche
             events = api.get(f"/workloads/{workload_id}/events").json()
             assert [e["reason"] for e in events if "adopt" in e["reason"]] == []
             assert api.get(f"/workloads/{workload_id}").json()["status"] == "running"
-            api.post(f"/workloads/{workload_id}/cancel")
+        server.end_work()  # its pod is a sleep 300
     finally:
         server.stop()  # (started again after it stopped, a server takes the lock: test_crash_restart.py)
