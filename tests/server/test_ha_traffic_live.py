@@ -105,8 +105,11 @@ def test_requests_sent_to_the_follower_scale_the_service(servers: list[tuple[UpP
         return dict(json.loads(gp(leader, "service", "show", "web", "--json", token=alice).stdout))
 
     def routed(path: str, timeout_s: float) -> httpx.Response:
+        # trust_env=False: the threads below send these while `gp` runs the CLI in this process, which
+        # swaps os.environ for the command's; httpx reading the proxy variables meanwhile met a key
+        # gone (KeyError in a thread, once in a whole run). A loopback request needs no proxy.
         return httpx.get(f"http://127.0.0.1:{follower_port}/s/alice/web{path}",
-                         headers={"Authorization": f"Bearer {alice}"}, timeout=timeout_s)
+                         headers={"Authorization": f"Bearer {alice}"}, timeout=timeout_s, trust_env=False)
 
     until(lambda: show()["ready_replicas"] == 1, 90, "a ready replica")
     until(lambda: routed("/", 5).status_code == 200, 60, "the follower's router to reach it")
