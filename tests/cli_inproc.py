@@ -16,6 +16,12 @@ Calls are serialised (one lock): the environment, argv, cwd and standard streams
 For the same reason a server running in this process (tests/live.py) sees the command's environment
 while a call runs: a test about what that server's pods inherit from its environment (a secret set
 in os.environ, as tests/cli/test_alloc_exec_live.py does) keeps running the CLI as a child.
+
+The command's environment is what `os.environ` holds while it runs (what it writes there itself
+included); the process's C environment (libc's `environ`) is left as it is. Changing that calls
+setenv and unsetenv, which may move or free what another thread's getenv is reading (a time zone or
+a resolver lookup): a pytest worker died of a segfault in libc so, in a test whose process had other
+threads. No in-process command starts a child, which would inherit the C environment.
 """
 
 from __future__ import annotations
@@ -28,8 +34,12 @@ import sys
 import threading
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from gpupool.cli.main import FAST_COMMANDS, main
+
+if TYPE_CHECKING:
+    from _typeshed import StrOrBytesPath
 
 _LOCK = threading.Lock()
 CHILD_COMMANDS = (frozenset(FAST_COMMANDS) - {"submit"}) | {"up", "backup", "restore"}
@@ -48,8 +58,11 @@ def run_cli(args: Sequence[str], env: Mapping[str, str], *, cwd: str | Path | No
     out, err = io.StringIO(), io.StringIO()
     with _LOCK:
         saved_env, saved_argv, saved_stdin, saved_cwd = dict(os.environ), sys.argv, sys.stdin, os.getcwd()
-        os.environ.clear()
-        os.environ.update(env)
+        saved_putenv, saved_unsetenv = os.putenv, os.unsetenv
+        _hold(env)
+        # What the command itself writes to os.environ (typer sets PYDANTIC_DISABLE_PLUGINS around
+        # each option it builds, then deletes it) stays in os.environ too.
+        os.putenv, os.unsetenv = _putenv_not, _unsetenv_not
         sys.argv = ["gpupool", *args]
         sys.stdin = io.StringIO("")
         try:
@@ -64,9 +77,28 @@ def run_cli(args: Sequence[str], env: Mapping[str, str], *, cwd: str | Path | No
         finally:
             os.chdir(saved_cwd)
             sys.stdin, sys.argv = saved_stdin, saved_argv
-            os.environ.clear()
-            os.environ.update(saved_env)
+            os.putenv, os.unsetenv = saved_putenv, saved_unsetenv
+            _hold(saved_env)
     return subprocess.CompletedProcess(argv, code, out.getvalue(), err.getvalue())
+
+
+def _hold(env: Mapping[str, str]) -> None:
+    """Make `os.environ` (and `os.environb`, which shares its mapping) hold exactly `env`, without
+    calling putenv or unsetenv (see the module's docstring). The new values are set before the keys
+    not in `env` go, so a key in both is never missing for a thread reading it meanwhile."""
+    data = vars(os.environ)["_data"]
+    encoded = {os.environ.encodekey(k): os.environ.encodevalue(v) for k, v in env.items()}
+    data.update(encoded)
+    for key in [key for key in data if key not in encoded]:
+        del data[key]
+
+
+def _putenv_not(key: StrOrBytesPath, value: StrOrBytesPath) -> None:
+    """os.environ's putenv while an in-process command runs: the C environment is left alone."""
+
+
+def _unsetenv_not(key: StrOrBytesPath) -> None:
+    """os.environ's unsetenv while an in-process command runs."""
 
 
 def _exit_status(exc: SystemExit, err: io.StringIO) -> int:

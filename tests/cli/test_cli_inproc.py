@@ -55,6 +55,20 @@ def test_only_the_given_environment_is_seen_and_everything_is_put_back(
     assert (dict(os.environ), list(sys.argv), os.getcwd(), sys.stdin, sys.stdout, sys.stderr) == before
 
 
+def test_the_process_c_environment_is_left_alone(nowhere: dict[str, str],
+                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """The command sees its environment through os.environ alone: no putenv or unsetenv, which can
+    free what another thread's getenv is reading (a pytest worker died of a segfault in libc so)."""
+    monkeypatch.setenv("GPUPOOL_URL", "http://192.0.2.1:9")
+    calls: list[tuple[str, bytes]] = []
+    monkeypatch.setattr(os, "putenv", lambda key, value: calls.append(("putenv", key)))
+    monkeypatch.setattr(os, "unsetenv", lambda key: calls.append(("unsetenv", key)))
+    before = dict(os.environ)
+    shown = run_cli(["show", "w-000000000000"], {**nowhere, "GPUPOOL_TOKEN": "gp_y"})
+    assert nowhere["GPUPOOL_URL"].removeprefix("http://") in shown.stderr, shown.stderr
+    assert calls == []
+    assert dict(os.environ) == before and os.environb[b"GPUPOOL_URL"] == b"http://192.0.2.1:9"
+
 
 def test_the_test_process_environment_itself_may_be_given(nowhere: dict[str, str],
                                                           monkeypatch: pytest.MonkeyPatch) -> None:
