@@ -59,7 +59,10 @@ pytest test-pytest test-collect: export PYTHONDONTWRITEBYTECODE =
 test-collect: $(STAMP)  ## Compile the package and the tests once (a share in each core), so the pytest workers all read the same bytecode
 	@$(BIN)/python scripts/collect-tests.py
 
-PYTEST_RUN = $(BIN)/pytest -q -n $(PYTEST_WORKERS) --dist loadfile --durations=25
+# A worker that dies (a segfault, the OOM killer) ends the run, reported as the test it was running.
+# In one run where xdist replaced such a worker, the run never ended: every worker idle, the
+# controller still waiting for tests.
+PYTEST_RUN = $(BIN)/pytest -q -n $(PYTEST_WORKERS) --dist loadfile --max-worker-restart=0 --durations=25
 
 pytest: $(STAMP)  ## The test suite in parallel, with the 25 slowest tests listed at the end
 	$(PYTEST_RUN)
