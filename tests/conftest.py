@@ -20,6 +20,13 @@ sys.path.insert(0, str(Path(__file__).parent))
 if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
     signal.signal(signal.SIGINT, signal.default_int_handler)
 
+# Typer sets PYDANTIC_DISABLE_PLUGINS around every option it builds and then deletes it if it was not
+# set: at each in-process CLI call (CliRunner), a variable added to and removed from the C
+# environment while a live server's thread may be in getenv, and glibc may move and free the array
+# it reads. Set here, before any thread starts, and empty (no plugin is named ""), typer only ever
+# overwrites it.
+os.environ.setdefault("PYDANTIC_DISABLE_PLUGINS", "")
+
 from gpupool.server import pgtemp
 from gpupool.sim.datadir import data_dir
 from ports import free_port

@@ -70,6 +70,27 @@ def test_the_process_c_environment_is_left_alone(nowhere: dict[str, str],
     assert dict(os.environ) == before and os.environb[b"GPUPOOL_URL"] == b"http://192.0.2.1:9"
 
 
+def test_typer_in_process_adds_no_variable_to_the_c_environment(nowhere: dict[str, str],
+                                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    """Through typer's CliRunner, as tests beside a live server's thread run the CLI: typer's own
+    writes only overwrite a variable the process has (tests/conftest.py sets it), never add or remove
+    one, which can free what that thread's getenv is reading."""
+    from typer.testing import CliRunner
+
+    from gpupool.cli.main import app
+
+    monkeypatch.setenv("GPUPOOL_URL", nowhere["GPUPOOL_URL"])
+    monkeypatch.setenv("GPUPOOL_TOKEN", "gp_x")
+    calls: list[tuple[str, bytes]] = []
+    monkeypatch.setattr(os, "putenv", lambda key, value: calls.append(("putenv", key)))
+    monkeypatch.setattr(os, "unsetenv", lambda key: calls.append(("unsetenv", key)))
+    had = set(os.environb)
+    result = CliRunner().invoke(app, ["show", "w-000000000000"])
+    assert nowhere["GPUPOOL_URL"].removeprefix("http://") in result.output, result.output
+    assert any(call[1] == b"PYDANTIC_DISABLE_PLUGINS" for call in calls), calls  # typer still writes it
+    assert [call for call in calls if call[0] == "unsetenv" or call[1] not in had] == []
+
+
 def test_the_test_process_environment_itself_may_be_given(nowhere: dict[str, str],
                                                           monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("GPUPOOL_URL", nowhere["GPUPOOL_URL"])
