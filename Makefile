@@ -14,8 +14,8 @@ PYTEST_WORKERS ?= $(shell $(PYTHON) -c 'import os; print(len(os.sched_getaffinit
 help:  ## List the targets
 	@grep -E '^[a-z-]+:.*##' $(MAKEFILE_LIST) | sed 's/:.*## /\t/'
 
-# The packages go in with uv (installed into .venv by pip first): on 2 cores it downloads and installs
-# them in about 3 s where pip takes 37. They are not byte-compiled here (12 s of wall, 18 of CPU, for
+# The packages go in with uv (installed into .venv by pip first): on 2 cores it installs them from its
+# cache in about 3 s where pip takes 37. They are not byte-compiled here (12 s of wall, 18 of CPU, for
 # every module of every package): `test-collect` compiles what the tests import, and a module first
 # imported later is compiled once by its first importer. Where uv cannot be installed or cannot reach
 # the package index, pip installs them.
