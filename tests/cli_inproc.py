@@ -58,14 +58,15 @@ def run_cli(args: Sequence[str], env: Mapping[str, str], *, cwd: str | Path | No
     out, err = io.StringIO(), io.StringIO()
     with _LOCK:
         saved_env, saved_argv, saved_stdin, saved_cwd = dict(os.environ), sys.argv, sys.stdin, os.getcwd()
+        # Until the test's environment is back, os.environ's writes stay in os.environ: the command's
+        # environment and what the command itself writes (typer sets PYDANTIC_DISABLE_PLUGINS around
+        # each option it builds, then deletes it).
         saved_putenv, saved_unsetenv = os.putenv, os.unsetenv
-        _hold(env)
-        # What the command itself writes to os.environ (typer sets PYDANTIC_DISABLE_PLUGINS around
-        # each option it builds, then deletes it) stays in os.environ too.
         os.putenv, os.unsetenv = _putenv_not, _unsetenv_not
-        sys.argv = ["gpupool", *args]
-        sys.stdin = io.StringIO("")
         try:
+            _hold(env)
+            sys.argv = ["gpupool", *args]
+            sys.stdin = io.StringIO("")
             if cwd is not None:
                 os.chdir(cwd)
             with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
@@ -77,20 +78,17 @@ def run_cli(args: Sequence[str], env: Mapping[str, str], *, cwd: str | Path | No
         finally:
             os.chdir(saved_cwd)
             sys.stdin, sys.argv = saved_stdin, saved_argv
-            os.putenv, os.unsetenv = saved_putenv, saved_unsetenv
             _hold(saved_env)
+            os.putenv, os.unsetenv = saved_putenv, saved_unsetenv
     return subprocess.CompletedProcess(argv, code, out.getvalue(), err.getvalue())
 
 
 def _hold(env: Mapping[str, str]) -> None:
-    """Make `os.environ` (and `os.environb`, which shares its mapping) hold exactly `env`, without
-    calling putenv or unsetenv (see the module's docstring). The new values are set before the keys
-    not in `env` go, so a key in both is never missing for a thread reading it meanwhile."""
-    data = vars(os.environ)["_data"]
-    encoded = {os.environ.encodekey(k): os.environ.encodevalue(v) for k, v in env.items()}
-    data.update(encoded)
-    for key in [key for key in data if key not in encoded]:
-        del data[key]
+    """Make `os.environ` hold exactly `env`: the new values are set before the keys not in `env` go,
+    so a key in both is never missing for a thread reading it meanwhile."""
+    os.environ.update(env)
+    for key in [key for key in os.environ if key not in env]:
+        del os.environ[key]
 
 
 def _putenv_not(key: StrOrBytesPath, value: StrOrBytesPath) -> None:
