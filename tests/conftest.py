@@ -51,9 +51,7 @@ def fresh_pools_accounts(tmp_path_factory: pytest.TempPathFactory) -> Iterator[N
     behind (a stopped server leaves its pods running, for the next start to adopt): it is killed
     first, and named, rather than waited on."""
     yield
-    import os
     import pwd
-    import signal
     import warnings
 
     if os.geteuid() != 0:
