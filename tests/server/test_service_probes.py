@@ -130,3 +130,24 @@ def test_a_tenant_whose_replicas_hang_every_probe_delays_only_its_own(
     finally:
         prober.close()
         released.set()
+
+
+def test_the_workers_start_with_the_first_probe_and_end_when_closed(
+        replica: Callable[[Behaviour], int]) -> None:
+    """Every server app builds a prober; one that never probes (its loops not started, or no service)
+    holds no thread, so building an app leaves none behind."""
+    prober = Prober(3)
+    try:
+        assert prober.threads == 0
+        assert prober.start("w-good", "readiness", HTTP, "127.0.0.1", replica(ok), tenant="bob")
+        assert prober.threads == 3
+        deadline = time.monotonic() + 20
+        while not prober.results():
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+    finally:
+        prober.close()
+    deadline = time.monotonic() + 20
+    while prober.threads:
+        assert time.monotonic() < deadline, "the prober's threads outlived close()"
+        time.sleep(0.01)

@@ -79,7 +79,9 @@ class _Job:
 class Prober:
     """`concurrency` worker threads; at most one probe per (replica, kind) queued or in flight. The
     workers take tenants in turn, and no tenant holds more than half of them at once: a tenant whose
-    replicas hang every probe until its timeout delays only its own."""
+    replicas hang every probe until its timeout delays only its own. The threads start with the
+    first probe: a server whose app is built but never served (or that runs no service) has none,
+    and none are left behind when its loops never start or stop."""
 
     def __init__(self, concurrency: int) -> None:
         self.per_tenant = max(1, concurrency // 2)
@@ -92,8 +94,7 @@ class Prober:
         self._closed = False
         self._workers = [threading.Thread(target=self._work, name=f"gpupool-probe-{i}", daemon=True)
                          for i in range(concurrency)]
-        for worker in self._workers:
-            worker.start()
+        self._started = False
 
     def start(self, workload_id: str, kind: str, probe: ProbeSpec, host: str, port: int,
               tenant: str = "") -> bool:
@@ -107,8 +108,17 @@ class Prober:
                 self._waiting[tenant] = deque()
                 self._turn.append(tenant)
             self._waiting[tenant].append(_Job(key, probe, host, port))
+            if not self._started:
+                self._started = True
+                for worker in self._workers:
+                    worker.start()
             self._changed.notify()
         return True
+
+    @property
+    def threads(self) -> int:
+        """Worker threads started (0 until the first probe, then `concurrency`)."""
+        return sum(worker.is_alive() for worker in self._workers)
 
     def _next(self) -> tuple[str, _Job] | None:
         """The first tenant in turn with a queued probe and a free share (under the lock)."""
