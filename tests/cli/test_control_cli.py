@@ -13,7 +13,7 @@ from typer.testing import CliRunner
 
 from factories import node
 from gpupool.cli.main import app
-from live import LiveServer, live_server
+from live import LiveServer, cli_env, live_server
 from server.fakes import ManualProvider
 
 runner = CliRunner()
@@ -22,9 +22,7 @@ runner = CliRunner()
 @pytest.fixture
 def srv(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[LiveServer]:
     provider = ManualProvider([node("n0", devices=4, model="H100")], exit_code=0)
-    with live_server(tmp_path, provider) as server:
-        monkeypatch.setenv("GPUPOOL_URL", server.url)
-        monkeypatch.setenv("GPUPOOL_TOKEN", server.admin_token)
+    with live_server(tmp_path, provider, before_serving=cli_env(monkeypatch)) as server:
         yield server
 
 

@@ -16,7 +16,7 @@ from factories import node
 from gpupool.cli.main import app
 from gpupool.client import Client
 from gpupool.server.services import tenants as tenants_service
-from live import LiveServer, live_server
+from live import LiveServer, cli_env, live_server
 from server.fakes import ManualProvider
 
 runner = CliRunner()
@@ -25,10 +25,7 @@ runner = CliRunner()
 @pytest.fixture
 def srv(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[LiveServer]:
     provider = ManualProvider([node("n0", devices=4, model="H100")])
-    with live_server(tmp_path, provider) as server:
-        monkeypatch.setenv("GPUPOOL_URL", server.url)
-        monkeypatch.setenv("GPUPOOL_TOKEN", server.admin_token)
-        monkeypatch.setenv("COLUMNS", "200")  # whole cells in the tables
+    with live_server(tmp_path, provider, before_serving=cli_env(monkeypatch, COLUMNS="200")) as server:
         yield server
 
 

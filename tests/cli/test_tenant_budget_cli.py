@@ -15,7 +15,7 @@ from gpupool.cli.lazy import app
 from gpupool.client import Client
 from gpupool.config import parse_config
 from gpupool.server.orm import PodRow, WorkloadRow
-from live import LiveServer, live_server
+from live import LiveServer, cli_env, live_server
 from server.fakes import ManualProvider
 
 runner = CliRunner()
@@ -30,10 +30,8 @@ prices:
 @pytest.fixture
 def srv(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[LiveServer]:
     provider = ManualProvider([node("n0", devices=4, model="H100")])
-    with live_server(tmp_path, provider, config=parse_config(PRICES)) as server:
-        monkeypatch.setenv("GPUPOOL_URL", server.url)
-        monkeypatch.setenv("GPUPOOL_TOKEN", server.admin_token)
-        monkeypatch.setenv("COLUMNS", "250")
+    with live_server(tmp_path, provider, config=parse_config(PRICES),
+                     before_serving=cli_env(monkeypatch, COLUMNS="250")) as server:
         with Client(server.url, server.admin_token) as pool:
             pool.create_tenant("team-a")
         yield server

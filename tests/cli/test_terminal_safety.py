@@ -17,7 +17,7 @@ from gpupool import clientconfig
 from gpupool.api.services import ScaleRequest
 from gpupool.cli.main import app
 from gpupool.cli.output import visible
-from live import LiveServer, live_server
+from live import LiveServer, cli_env, live_server
 from server.fakes import ManualProvider
 
 OSC52 = "\x1b]52;c;ZWNobyBwd25lZAo=\x07"
@@ -26,10 +26,8 @@ OSC52 = "\x1b]52;c;ZWNobyBwd25lZAo=\x07"
 
 @pytest.fixture
 def srv(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[LiveServer]:
-    with live_server(tmp_path, ManualProvider([node("n0", devices=4, model="H100")])) as server:
-        monkeypatch.setenv("GPUPOOL_URL", server.url)
-        monkeypatch.setenv("GPUPOOL_TOKEN", server.admin_token)
-        monkeypatch.setenv("COLUMNS", "200")
+    with live_server(tmp_path, ManualProvider([node("n0", devices=4, model="H100")]),
+                     before_serving=cli_env(monkeypatch, COLUMNS="200")) as server:
         yield server
 
 

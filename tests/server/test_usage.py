@@ -20,7 +20,7 @@ from gpupool.client import Client
 from gpupool.config import parse_config
 from gpupool.errors import NotFound
 from gpupool.server.orm import PodRow, TenantRow, WorkloadRow
-from live import LiveServer, live_server
+from live import LiveServer, cli_env, live_server
 from server.fakes import ManualProvider
 
 runner = CliRunner()
@@ -43,10 +43,8 @@ def at(text: str) -> float:
 @pytest.fixture
 def srv(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[LiveServer]:
     provider = ManualProvider([node("n0", devices=4, model="H100", device_memory_mib=80 * GIB)])
-    with live_server(tmp_path, provider, config=parse_config(PRICES)) as server:
-        monkeypatch.setenv("GPUPOOL_URL", server.url)
-        monkeypatch.setenv("GPUPOOL_TOKEN", server.admin_token)
-        monkeypatch.setenv("COLUMNS", "200")
+    with live_server(tmp_path, provider, config=parse_config(PRICES),
+                     before_serving=cli_env(monkeypatch, COLUMNS="200")) as server:
         with Client(server.url, server.admin_token) as pool:
             pool.create_tenant("team-a")
             pool.create_tenant("team-b")
