@@ -11,7 +11,7 @@ def xdist_scope(nodeid: str) -> str:
     """The unit of work a pytest-xdist worker takes whole: a test file (its module-scoped servers and
     the order its tests rely on stay as written), except that every test that starts Ray shares one
     unit: two Ray clusters starting side by side on a small machine time out, and the package's
-    tests share one cluster; and the node agent's tests share one (below)."""
+    tests share one cluster; the node agent's tests share one (below), and so do the dashboard's."""
     path = nodeid.split("::", 1)[0]
     if path.startswith(("tests/ray_provider/", "tests/ray_netns/")) or "[ray" in nodeid:
         return "ray"
@@ -21,6 +21,10 @@ def xdist_scope(nodeid: str) -> str:
         # their agent's or pool's identity (leftovers.agent_mark, netns.tenant_key), but the files
         # were not yet run apart on many workers
         return "tests/agent/"
+    if path.startswith("tests/ui/"):
+        # one unit: the package's Chromium (and the browser's own network) then starts once per run,
+        # not once for each file on whichever worker takes it: about 3 s of CPU a start
+        return "tests/ui/"
     return path
 
 
