@@ -207,3 +207,28 @@ def test_queued_work_stays_when_the_free_member_ranks_worse(priced_rig: Rig) -> 
     rig.hub.monitor_round()
     assert rig.row(workload_id).member == "a" and rig.a.active() == [workload_id] and rig.b.posts == 0
     assert [e.reason for e in rig.hub.events(workload_id)][-1] == "federation_placed"
+
+
+def test_running_work_moves_only_after_the_silence_since_the_last_call_that_reached_its_member(
+        rig: Rig) -> None:
+    """A member fences from the last call it got, which may come after the start of the poll round
+    that last read it (another thread's call, a slow round): the hub's down_after + grace counts from
+    that call too, so the copy is stopped there before it starts elsewhere."""
+    workload_id = rig.hub.submit(rig.alice, WorkloadSpec(command=["x"]))
+    assert rig.hub.offer(rig.row(workload_id)) == "a"
+    for copy in rig.a.work.values():
+        copy["status"] = "running"
+    rig.hub.monitor_round()  # at 1000: read running
+    assert rig.row(workload_id).status == "running"
+    rig.clock[0] = 1003.0
+    rig.hub.by_name["a"].call("GET", "/pool")  # reaches a 3 s after that round began
+    rig.a.reachable = False
+    # down_after 5 and grace 10: down at 1006; 10 s after that is 1016, but a heard the hub at 1003
+    for now in (1006.0, 1016.0, 1017.9):
+        rig.clock[0] = now
+        rig.hub.monitor_round()
+        assert (rig.row(workload_id).state, rig.row(workload_id).member) == ("placed", "a"), now
+    rig.clock[0] = 1018.1
+    rig.hub.monitor_round()
+    assert rig.row(workload_id).state == "queued"
+    assert "federation_moved" in [e.reason for e in rig.hub.events(workload_id)]

@@ -59,7 +59,7 @@ class Hub:
         self.store = store
         self.config = config
         self.clock = clock
-        self.links = [MemberLink(member) for member in config.members]
+        self.links = [MemberLink(member, clock=clock) for member in config.members]
         self.by_name = {link.name: link for link in self.links}
         self.wake = threading.Event()
         self._stop = threading.Event()
@@ -582,7 +582,10 @@ class Hub:
     def _maybe_move(self, link: MemberLink, row: FedWorkloadRow, now: float) -> None:
         down_since = link.state.down_since_s or now
         fence = link.fence_s()
-        silent = now - (link.state.last_ok_s if link.state.last_ok_s is not None else down_since)
+        # silent since the last call the member may have got (its fence counts from there), not
+        # since the poll round that last read it began
+        heard = [t for t in (link.state.last_ok_s, link.state.reached_s) if t is not None]
+        silent = now - (max(heard) if heard else down_since)
         if row.status in BEFORE_START:
             # the record is a poll old: a copy it calls pending may have started since. A member that
             # fences holds or stops it once silent for its fence, so the move waits that long (and a
@@ -590,7 +593,8 @@ class Hub:
             if fence is None or silent > fence + self.config.poll_interval_s:
                 self._move(row, f"{link.name} stopped answering while it waited there ({link.state.note})"
                            + (f"; silent {silent:.0f} s, past its fence of {fence:g} s" if fence else ""))
-        elif now - down_since >= self.config.requeue_grace_s:
+        elif (now - down_since >= self.config.requeue_grace_s
+              and silent >= self.config.member_down_after_s + self.config.requeue_grace_s):
             carried = self._checkpoint(row.id)
             self._move(row, f"{link.name} stopped answering while it ran there, for "
                        f"{now - down_since:.0f} s (grace {self.config.requeue_grace_s:g} s); it starts "

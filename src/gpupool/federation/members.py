@@ -4,6 +4,8 @@ for in each call) and whether the member answers."""
 from __future__ import annotations
 
 import threading
+import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -34,6 +36,11 @@ class MemberState:
     running: int = 0
     summary: dict[str, Any] | None = None
     """The member's GET /pool as last read (the hub's own /pool adds these up)."""
+    reached_s: float | None = None
+    """When the last call that may have reached the member came back (an answer, or a failure after
+    the connection was made). The member's fence counts its silence from the last call it got, which
+    can be later than `last_ok_s` (the start of the poll round that last read it): the hub counts
+    the silence it moves work after from here too."""
 
     def free_gpus(self) -> float:
         return max(0.0, self.capacity_gpus - self.allocated_gpus) if self.up else 0.0
@@ -50,6 +57,7 @@ class MemberState:
 class MemberLink:
     config: MemberConfig
     state: MemberState = field(default_factory=MemberState)
+    clock: Callable[[], float] = time.time
     _local: threading.local = field(default_factory=threading.local)
 
     @property
@@ -69,9 +77,13 @@ class MemberLink:
              content: bytes | None = None) -> httpx.Response:
         headers = {ON_BEHALF_HEADER: tenant} if tenant else {}
         try:
-            return self._http().request(method, path, json=json, params=params, headers=headers,
-                                        timeout=timeout_s, content=content)
+            answer = self._http().request(method, path, json=json, params=params, headers=headers,
+                                          timeout=timeout_s, content=content)
+            self.state.reached_s = self.clock()
+            return answer
         except httpx.TransportError as exc:
+            if not isinstance(exc, (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout)):
+                self.state.reached_s = self.clock()  # sent, then lost: the member may have got it
             raise MemberUnreachable(f"{self.name} ({self.config.url}) does not answer: "
                                     f"{type(exc).__name__} {exc}".strip()) from None
 
