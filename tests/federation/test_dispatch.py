@@ -36,6 +36,7 @@ class FakeMember:
     work: dict[str, dict[str, Any]] = field(default_factory=dict)
     posts: int = 0
     allocated_gpus: float = 0.0
+    fence_s: float | None = None
 
     def __call__(self, request: httpx.Request) -> httpx.Response:
         if not self.reachable:
@@ -45,7 +46,8 @@ class FakeMember:
         if path == "/pool":
             pending = sum(1 for w in self.work.values() if w["status"] == "pending")
             return httpx.Response(200, json={"capacity_gpus": 8, "allocated_gpus": self.allocated_gpus,
-                                             "workloads": {"pending": pending}})
+                                             "workloads": {"pending": pending},
+                                             "federation_fence_s": self.fence_s})
         if request.method == "POST" and path == "/workloads":
             self.posts += 1
             wid = f"w-{self.name}{self.posts}"
@@ -232,3 +234,24 @@ def test_running_work_moves_only_after_the_silence_since_the_last_call_that_reac
     rig.hub.monitor_round()
     assert rig.row(workload_id).state == "queued"
     assert "federation_moved" in [e.reason for e in rig.hub.events(workload_id)]
+
+
+def test_work_last_seen_pending_on_a_fencing_member_moves_after_its_fence_and_down_after_more(
+        rig: Rig) -> None:
+    """The hub's record is a poll old, so a copy it saw pending may run there: it moves once the
+    member's fence has had member_down_after_s more to stop it, not one poll more."""
+    rig.a.fence_s = 4.0
+    rig.hub.monitor_round()  # reads a's fence
+    workload_id = rig.hub.submit(rig.alice, WorkloadSpec(command=["x"]))
+    assert rig.hub.offer(rig.row(workload_id)) == "a"
+    rig.clock[0] = 1001.0
+    rig.hub.monitor_round()  # at 1001: read pending
+    assert rig.row(workload_id).status == "pending"
+    rig.a.reachable = False
+    for now in (1006.0, 1009.9):  # down_after 5: the fence (4 s) and 5 s more
+        rig.clock[0] = now
+        rig.hub.monitor_round()
+        assert (rig.row(workload_id).state, rig.row(workload_id).member) == ("placed", "a"), now
+    rig.clock[0] = 1010.1
+    rig.hub.monitor_round()
+    assert rig.row(workload_id).state == "queued"

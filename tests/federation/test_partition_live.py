@@ -27,7 +27,10 @@ LONG = {"GPUPOOL_FAKE_DURATION_S": "3600"}
 
 @pytest.fixture(scope="module")
 def fed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Federation]:
-    federation = start_federation(tmp_path_factory.mktemp("fedcut"), ("east", "west"), down_after_s=1.0,
+    # members fence after 4 s of silence; the hub moves work it last saw pending 4 + 2 s after the last
+    # call that may have reached the member, and running work 2 + 5 s after: margins of 2 and 3 s for
+    # a member's loop that a loaded machine holds up
+    federation = start_federation(tmp_path_factory.mktemp("fedcut"), ("east", "west"), down_after_s=2.0,
                                   grace_s=5.0, poll_s=0.2, fence_s=4.0, free_port=free_port,
                                   spawn=spawn_gpupool)
     yield federation

@@ -588,9 +588,13 @@ class Hub:
         silent = now - (max(heard) if heard else down_since)
         if row.status in BEFORE_START:
             # the record is a poll old: a copy it calls pending may have started since. A member that
-            # fences holds or stops it once silent for its fence, so the move waits that long (and a
-            # poll more); without a fence it moves at once (a dead member runs nothing)
-            if fence is None or silent > fence + self.config.poll_interval_s:
+            # fences holds or stops it once silent for its fence, so the move waits that long, and
+            # member_down_after_s (at least a poll) more for the member's own loop to get there: one
+            # poll more was a fifth of a second in a test, and a member's loop on a loaded machine
+            # stopped the copy later than that. Without a fence it moves at once (a dead member
+            # runs nothing)
+            margin = max(self.config.poll_interval_s, self.config.member_down_after_s)
+            if fence is None or silent > fence + margin:
                 self._move(row, f"{link.name} stopped answering while it waited there ({link.state.note})"
                            + (f"; silent {silent:.0f} s, past its fence of {fence:g} s" if fence else ""))
         elif (now - down_since >= self.config.requeue_grace_s
