@@ -226,10 +226,7 @@ def test_running_work_moves_only_after_the_silence_since_the_last_call_that_reac
     rig.hub.by_name["a"].call("GET", "/pool")  # reaches a 3 s after that round began
     rig.a.reachable = False
     # down_after 5 and grace 10: down at 1006; 10 s after that is 1016, but a heard the hub at 1003
-    for now in (1006.0, 1016.0, 1017.9):
-        rig.clock[0] = now
-        rig.hub.monitor_round()
-        assert (rig.row(workload_id).state, rig.row(workload_id).member) == ("placed", "a"), now
+    _stays_on_a(rig, workload_id, 1006.0, 1016.0, 1017.9)
     rig.clock[0] = 1018.1
     rig.hub.monitor_round()
     assert rig.row(workload_id).state == "queued"
@@ -248,10 +245,15 @@ def test_work_last_seen_pending_on_a_fencing_member_moves_after_its_fence_and_do
     rig.hub.monitor_round()  # at 1001: read pending
     assert rig.row(workload_id).status == "pending"
     rig.a.reachable = False
-    for now in (1006.0, 1009.9):  # down_after 5: the fence (4 s) and 5 s more
-        rig.clock[0] = now
-        rig.hub.monitor_round()
-        assert (rig.row(workload_id).state, rig.row(workload_id).member) == ("placed", "a"), now
+    _stays_on_a(rig, workload_id, 1006.0, 1009.9)  # down_after 5: the fence (4 s) and 5 s more
     rig.clock[0] = 1010.1
     rig.hub.monitor_round()
     assert rig.row(workload_id).state == "queued"
+
+
+def _stays_on_a(rig: Rig, workload_id: str, *times: float) -> None:
+    """A monitor round at each of `times` leaves the work placed on a."""
+    for now in times:
+        rig.clock[0] = now
+        rig.hub.monitor_round()
+        assert (rig.row(workload_id).state, rig.row(workload_id).member) == ("placed", "a"), now

@@ -584,8 +584,8 @@ class Hub:
         fence = link.fence_s()
         # silent since the last call the member may have got (its fence counts from there), not
         # since the poll round that last read it began
-        heard = [t for t in (link.state.last_ok_s, link.state.reached_s) if t is not None]
-        silent = now - (max(heard) if heard else down_since)
+        silent = now - max((t for t in (link.state.last_ok_s, link.state.reached_s) if t is not None),
+                           default=down_since)
         if row.status in BEFORE_START:
             # the record is a poll old: a copy it calls pending may have started since. A member that
             # fences holds or stops it once silent for its fence, so the move waits that long, and
