@@ -15,7 +15,7 @@ from __future__ import annotations
 import logging
 import time
 
-from sqlalchemy import Text, cast, select
+from sqlalchemy import ColumnElement, Text, cast, select
 
 from gpupool.api.events import EventReason
 from gpupool.core.model import WorkloadStatus
@@ -31,6 +31,12 @@ log = logging.getLogger("gpupool.federation")
 CHECK_EVERY_S = 0.5
 """While fenced, how often the store is read for copies that started meanwhile."""
 _ACTIVE = (WorkloadStatus.PENDING.value, WorkloadStatus.ADMITTED.value, WorkloadStatus.RUNNING.value)
+
+
+def names_federation_id() -> ColumnElement[bool]:
+    """Workload rows whose spec names FEDERATION_ID_ENV anywhere: a read of a hub's copies narrowed
+    by the text (and so locked only where it may be one); each row's env then decides."""
+    return cast(WorkloadRow.spec, Text).contains(FEDERATION_ID_ENV, autoescape=True)
 
 
 class Fence:
@@ -58,9 +64,11 @@ class Fence:
         why = (f"The federation hub has not called for {silent:.0f} s (federation.fence "
                f"{self.fence_s:g} s) and may run this work elsewhere: held until it answers.")
         with self.rt.store.write() as session:
-            rows = session.scalars(select(WorkloadRow).where(  # the text narrows it; the env decides
-                WorkloadRow.status.in_(_ACTIVE), WorkloadRow.held == "",
-                cast(WorkloadRow.spec, Text).contains(FEDERATION_ID_ENV, autoescape=True))).all()
+            # Locked as read, in id order: a cancel or a release committed meanwhile is waited for and
+            # its row read again (then no longer active, or held), never overwritten with a hold
+            rows = session.scalars(select(WorkloadRow).where(
+                WorkloadRow.status.in_(_ACTIVE), WorkloadRow.held == "", names_federation_id())
+                .order_by(WorkloadRow.id).with_for_update()).all()
             for row in rows:
                 if FEDERATION_ID_ENV not in (row.spec.get("env") or {}):
                     continue

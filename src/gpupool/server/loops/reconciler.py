@@ -21,6 +21,7 @@ from gpupool.api.events import EventReason
 from gpupool.core.model import Node, WorkloadStatus
 from gpupool.pods import PodPhase, PodStatus
 from gpupool.server.auth import FEDERATION_ID_ENV
+from gpupool.server.federation_fence import names_federation_id
 from gpupool.server.orm import Base, PodRow, WorkloadRow
 from gpupool.server.runtime import Runtime
 from gpupool.server.services.events import LOST, REFUSED, LostMoves, Move, apply_moves, not_made, transition
@@ -301,8 +302,11 @@ def _hold_federated_copies(session: Session, now: float) -> None:
     """After a restart, a federation hub's pending copies (FEDERATION_ID_ENV in their environment)
     wait, held, for the hub: while this pool was away the hub may have placed them elsewhere, and it
     releases the ones it still places here or cancels the others (docs/federation.md)."""
+    # locked as read, in id order: a cancel committed meanwhile is waited for, and its row then no
+    # longer pending, rather than held (and given a hold's event) after it was cancelled
     pending = session.scalars(select(WorkloadRow).where(WorkloadRow.status == WorkloadStatus.PENDING.value,
-                                                        WorkloadRow.held == "")).all()
+                                                        WorkloadRow.held == "", names_federation_id())
+                              .order_by(WorkloadRow.id).with_for_update()).all()
     for row in pending:
         if FEDERATION_ID_ENV in (row.spec.get("env") or {}):
             row.held = "user"

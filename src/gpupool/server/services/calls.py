@@ -520,12 +520,14 @@ def next_call(rt: Runtime, pod: WorkerPod) -> WorkerWork | None:
             conn.execute(update(_C).where(_C.c.session_id == row.id, _C.c.status == CallStatus.RUNNING.value)
                          .values(status=CallStatus.QUEUED.value, pod_id=""))
             conn.execute(update(_S).where(_S.c.id == row.id).values(pod_id=pod.pod_id))
-        call = conn.execute(_QUEUED.where(_C.c.session_id == row.id)).first()
-        if call is not None:
-            conn.execute(update(_C).where(_C.c.id == call.id).values(
-                status=CallStatus.RUNNING.value, pod_id=pod.pod_id, started_s=now,
-                attempts=_C.c.attempts + 1))
-            return WorkerWork(call_id=call.id, payload=base64.b64encode(call.payload).decode())
+        # A cancel sets a queued call's status at the same time (cancel_call, where it is still the
+        # status it read): handed out only where it is still queued, else the next one is read
+        while (call := conn.execute(_QUEUED.where(_C.c.session_id == row.id)).first()) is not None:
+            still_queued = (_C.c.id == call.id, _C.c.status == CallStatus.QUEUED.value)
+            if conn.execute(update(_C).where(*still_queued).values(
+                    status=CallStatus.RUNNING.value, pod_id=pod.pod_id, started_s=now,
+                    attempts=_C.c.attempts + 1)).rowcount:
+                return WorkerWork(call_id=call.id, payload=base64.b64encode(call.payload).decode())
         reason = _stop_reason(conn, row, now)
         if reason:
             conn.execute(update(_S).where(_S.c.id == row.id).values(closed=True))

@@ -38,7 +38,7 @@ from gpupool.server.orm import (
     WorkloadRow,
 )
 from gpupool.server.runtime import Runtime
-from gpupool.server.services import audit, budgets, quotas
+from gpupool.server.services import audit, budgets, quotas, usage_rollup
 from gpupool.server.services.converters import milli_to_gpus
 from gpupool.server.services.tokens import lock_tenant, token_row, write_private_file
 from gpupool.server.states import ACTIVE_POD_STATES, PodState
@@ -170,7 +170,9 @@ def delete_tenant(rt: Runtime, who: Principal, name: str) -> TenantDeleted:
     with rt.store.read() as session:
         require_tenant(session, name)
         _refuse_if_busy(session, name)
-    rt.usage_rollup.fold(rt)  # its ended pods' usage is kept before their rows go
+    # its ended pods' usage is kept before their rows go: all of them, however many other pods wait
+    while rt.usage_rollup.fold(rt, tenant=name) == usage_rollup.FOLD_BATCH:
+        pass
     try:
         accounts = rt.provider.remove_tenant(name)  # refused while a process still runs as it
     except GpupoolError as exc:

@@ -28,10 +28,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from sqlalchemy import ColumnElement, bindparam, case, delete, func, insert, select, update
+from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session
 
 from gpupool.core.metering import DAY_S, PodInterval, PriceBook, UsageKey, UsageRow, aggregate
-from gpupool.server.orm import Base, PodRow, UsageDailyServiceRow, UsageRollupStateRow
+from gpupool.server.orm import Base, PodRow, UsageDailyServiceRow, UsageRollupStateRow, WorkloadRow
 from gpupool.server.runtime import Runtime
 from gpupool.server.services.metering import interval_rows, to_intervals
 
@@ -82,35 +83,55 @@ class UsageRollup:
         self._last_fold = time.monotonic()
         return self.fold(rt)
 
-    def fold(self, rt: Runtime) -> int:
+    def fold(self, rt: Runtime, tenant: str | None = None) -> int:
         """Add the pods that ended and are not rolled up yet to the rollup (and mark them), rebuilding
         it first when the price book changed; returns how many pods were folded (those that never
-        started are marked too, with nothing to add)."""
+        started are marked too, with nothing to add), FOLD_BATCH at most. `tenant`: only its pods."""
         from gpupool.server.services.specs import default_priority_class
 
         book = rt.config.prices.price_book()
         default_class = default_priority_class(rt.config.priority_classes) or ""
         wanted = digest(book, default_class)
         with self.lock, rt.store.write() as session:
-            state = session.get(UsageRollupStateRow, 1)
-            if state is None:
-                session.add(UsageRollupStateRow(id=1, prices_sha256=wanted))
-            elif state.prices_sha256 != wanted:
+            state = _locked_state(session, wanted)
+            if state.prices_sha256 != wanted:
                 session.execute(delete(UsageDailyServiceRow))
                 session.connection().execute(update(_PODS).where(_PODS.c.rolled_up.is_(True))
                                              .values(rolled_up=False))
                 state.prices_sha256 = wanted
             ended = select(PodRow.id).where(PodRow.rolled_up.is_(False), PodRow.finished_s.is_not(None))
+            if tenant is not None:
+                theirs = select(WorkloadRow.id).where(WorkloadRow.tenant == tenant)
+                ended = ended.where(PodRow.workload_id.in_(theirs))
             ids = list(session.scalars(ended.limit(FOLD_BATCH)))
             if not ids:
-                self._backlog = False
+                self._backlog = self._backlog and tenant is not None
                 return 0
             rows = session.execute(interval_rows().where(PodRow.id.in_(ids))).all()
             intervals = to_intervals(rt, rows, now=rt.clock(), default_class=default_class)
             _add(session, pieces(intervals, book))
-            session.connection().execute(update(_PODS).where(_PODS.c.id.in_(ids)).values(rolled_up=True))
-        self._backlog = len(ids) == FOLD_BATCH
+            marked = session.connection().execute(update(_PODS).where(
+                _PODS.c.id.in_(ids), _PODS.c.rolled_up.is_(False)).values(rolled_up=True)).rowcount
+            if marked != len(ids):  # another fold marked some meanwhile (the state row's lock forbids it)
+                raise RuntimeError(f"usage rollup: {len(ids) - marked} of {len(ids)} pods were folded "
+                                   "by another server at the same time; nothing of this fold was kept")
+        if tenant is None:
+            self._backlog = len(ids) == FOLD_BATCH
         return len(ids)
+
+
+def _locked_state(session: Session, wanted: str) -> UsageRollupStateRow:
+    """The rollup's one state row, locked until the transaction ends: several servers share a store
+    (the leader's loop folds, any server folds before it deletes a tenant), and a fold that reads the
+    pods not rolled up must not run beside another that would add the same pods again. Made first where
+    there is none yet (priced as `wanted`: nothing was folded), by whichever server comes first."""
+    conn = session.connection()
+    dialect = postgresql if conn.dialect.name == "postgresql" else sqlite
+    conn.execute(dialect.insert(UsageRollupStateRow.__table__).values(id=1, prices_sha256=wanted)
+                 .on_conflict_do_nothing())
+    state = session.get(UsageRollupStateRow, 1, with_for_update=True, populate_existing=True)
+    assert state is not None  # made above, and never deleted
+    return state
 
 
 @dataclass(slots=True)
@@ -204,7 +225,10 @@ def read(session: Session, wanted: str, by: Sequence[UsageKey], first_day_s: flo
          tenant: str | None) -> RolledUp:
     """The rollup's usage of the days [first_day_s, end_day_s), grouped by `by` and the simulated
     mark; nothing (and no watermark) when the rollup was priced with another book."""
-    state = session.get(UsageRollupStateRow, 1)
+    # shared-locked until the reader's transaction ends: a fold on another server (which locks it for
+    # update) then lands wholly before the reader's reads or wholly after them, never between its read
+    # of the rollup and its read of the pods not rolled up (a pod counted in neither, or in both)
+    state = session.get(UsageRollupStateRow, 1, with_for_update={"read": True})
     if state is None or state.prices_sha256 != wanted:
         return RolledUp({}, 0, False)
     t = UsageDailyServiceRow
