@@ -109,7 +109,7 @@ def test_replicas_serve_on_their_port_and_a_killed_one_is_replaced(pool: UpProce
 
 @pytest.mark.parametrize(("args", "code", "words"), [
     (("create", "bad", "--min", "3", "--max", "2", "--", "x"), 2, "--min 3 is above --max 2"),
-    (("create", "bad", "--target-concurrency", "0", "--", "x"), 2, "a target per replica must be above 0"),
+    (("create", "bad", "--target-concurrency", "0", "--", "x"), 2, "per replica must be at least 0.001"),
     (("create", "bad"), 2, "Give the replica's command after --"),
     (("show", "nope"), 3, "No service 'nope'"),
     (("scale", "nope", "2"), 3, "No service 'nope'"),

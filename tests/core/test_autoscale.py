@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import itertools
+import math
+
 from gpupool.core.autoscale import (
     AutoscalePolicy,
     AutoscaleState,
@@ -126,3 +129,30 @@ def test_policy_problems_say_the_rule() -> None:
     problems = AutoscalePolicy(target_per_replica=0, min_replicas=5, max_replicas=2).problems()
     assert "the target per replica must be above 0 (got 0)" in problems
     assert "max replicas (2) must be at least 1 and at least min replicas (5)" in problems
+
+
+def test_a_target_near_zero_wants_the_most_replicas_the_bounds_allow() -> None:
+    """ceil(load / 5e-324) is the ceiling of an infinite quotient, which Python cannot take: the want is
+    capped where the cap changes neither the replicas wanted nor whether the panic window decides."""
+    for target in (5e-324, 1e-300, 1e-9):
+        for threshold, rate in ((2.0, 1000.0), (3.0, 1.5)):
+            policy = AutoscalePolicy(target_per_replica=target, max_replicas=50, panic_threshold=threshold,
+                                     max_scale_up_rate=rate)
+            d = run(policy, flat(41, 100, 6.0), ready=2, current=2, now_s=100.0)
+            assert d.panicking and d.desired == min(50, math.ceil(rate * 2)), (target, threshold, rate, d)
+    # the same decisions as the plain quotient wherever it is finite
+    from gpupool.core import autoscale
+
+    def plain(value: float, target: float, cap: int) -> int:
+        return math.ceil(value / target)
+
+    loads = (0.0, 3.0, 19.4, 400.0)
+    for target, rate, load in itertools.product((0.01, 0.25, 4.0), (1.5, 4.0, 1000.0), loads):
+        policy = AutoscalePolicy(target_per_replica=target, max_replicas=1000, max_scale_up_rate=rate)
+        samples = flat(41, 94, 2.0) + flat(95, 100, load)
+        capped = run(policy, samples, ready=3, current=3, now_s=100.0)
+        original, autoscale._replicas_for = autoscale._replicas_for, plain  # type: ignore[assignment]
+        try:
+            assert run(policy, samples, ready=3, current=3, now_s=100.0) == capped, (target, rate, load)
+        finally:
+            autoscale._replicas_for = original

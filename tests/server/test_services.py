@@ -9,6 +9,7 @@ import threading
 import types
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from fakes import ManualProvider
@@ -16,6 +17,8 @@ from sqlalchemy import select
 
 from conftest import Server, start_server, stop_server
 from factories import node
+from gpupool.core.autoscale import decide
+from gpupool.server.dataplane import loop as loop_module
 from gpupool.server.dataplane.loop import DataPlaneLoop
 from gpupool.server.dataplane.model import ServiceTraffic
 from gpupool.server.leader import Leadership
@@ -210,7 +213,7 @@ def test_scale_is_a_compare_and_set_and_clamps(pool: Server) -> None:
 def test_bad_input_says_what_was_wrong(pool: Server) -> None:
     client, admin = pool.client, pool.headers()
     cases = [({"min_replicas": 3, "max_replicas": 2}, "min_replicas (3) is above max_replicas (2)"),
-             ({"target_concurrency": 0}, "a target per replica must be above 0"),
+             ({"target_concurrency": 0}, "a target per replica must be at least 0.001"),
              ({"resources": {"gpus": 64}}, ""),
              ({"priority_class": "hihg"}, "Unknown priority class 'hihg'")]
     for extra, words in cases:
@@ -484,3 +487,50 @@ def test_a_scale_down_removes_the_replica_on_the_emptiest_node(pool: Server,
                               if r["ready"] != "draining"} == set(where) - set(alone))
     assert created["desired"] == 3
     delete(pool, "packed")
+
+
+class _Planes(_Plane):
+    """The same load on several services."""
+
+    def __init__(self, *services: str) -> None:
+        super().__init__(services[0])
+        self.services = services
+
+    def traffic(self) -> dict[str, ServiceTraffic]:
+        return {s: ServiceTraffic(s, in_flight=6, requests_total=0) for s in self.services}
+
+
+def test_one_services_target_never_stops_the_others_autoscaling(pool: Server,
+                                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    """A target per replica near 0 made every service's decision in the tick fail (ceil of an infinite
+    quotient): the API refuses one below MIN_TARGET, the autoscaler caps the quotient for one stored
+    before, and a decision that fails for any other reason leaves the other services' decisions be."""
+    body = {"command": ["serve"], "min_replicas": 0, "max_replicas": 8, "replicas": 0,
+            "resources": {"gpus": 0.25}}
+    answer = pool.client.post(f"{API}/services", headers=pool.headers(),
+                              json={"tenant": "alpha", "name": "tiny", **body, "target_concurrency": 5e-324})
+    assert answer.status_code == 422 and "must be at least 0.001" in answer.text, answer.text
+    create(pool, {"name": "tiny", **body, "target_concurrency": 2})
+    create(pool, {"name": "fine", **body, "target_concurrency": 2})
+    try:
+        with pool.rt.store.write() as session:  # as a release before the bound stored it
+            row = session.scalars(select(ServiceRow).where(ServiceRow.name == "tiny")).one()
+            row.target_concurrency, row.spec = 5e-324, {**row.spec, "target_concurrency": 5e-324}
+        plane = _Planes("alpha/tiny", "alpha/fine")
+        DataPlaneLoop(pool.rt, plane, None).tick(pool.rt.clock())  # type: ignore[arg-type]
+        assert (show(pool, "tiny")["desired"], show(pool, "fine")["desired"]) == (8, 3)
+
+        def failing(policy: Any, *args: Any) -> Any:
+            if policy.target_per_replica < 1:
+                raise RuntimeError("a decision that fails")
+            return decide(policy, *args)
+
+        monkeypatch.setattr(loop_module, "decide", failing)
+        with pool.rt.store.write() as session:
+            for row in session.scalars(select(ServiceRow).where(ServiceRow.name.in_(["tiny", "fine"]))):
+                row.desired = 0
+        DataPlaneLoop(pool.rt, plane, None).tick(pool.rt.clock())  # type: ignore[arg-type]
+        assert (show(pool, "tiny")["desired"], show(pool, "fine")["desired"]) == (0, 3)
+    finally:
+        delete(pool, "tiny")
+        delete(pool, "fine")

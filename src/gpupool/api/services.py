@@ -31,6 +31,9 @@ from gpupool.api.workloads import (
 
 MAX_SERVICE_REPLICAS = 1000
 MAX_PERIOD_S = 3600.0
+MIN_TARGET = 0.001
+"""The least target per replica (in flight, or requests a second): below it a trickle of traffic would
+ask for every replica the service may have."""
 
 
 class ProbeKind(StrEnum):
@@ -145,10 +148,15 @@ class ServiceSpec(Strict):
 
     @field_validator("target_concurrency", "target_rps")
     @classmethod
-    def _positive_target(cls, value: float | None) -> float | None:
-        if value is not None and not 0 < value <= 1e6:
-            raise ValueError(f"a target per replica must be above 0 (and at most 1e6), not {value:g}: "
-                             "a target of 0 would ask for endless replicas; leave it out to not autoscale")
+    def _positive_target(cls, value: float | None, info: ValidationInfo) -> float | None:
+        # a spec stored before MIN_TARGET was the rule is read as it was (the autoscaler caps its wants)
+        if value is None:
+            return None
+        too_low = value <= 0 if is_stored(info) else value < MIN_TARGET
+        if too_low or value > 1e6:
+            raise ValueError(f"a target per replica must be at least {MIN_TARGET:g} (and at most 1e6), not "
+                             f"{value:g}: a target near 0 would ask for endless replicas; leave it out to "
+                             "not autoscale")
         return value
 
     @model_validator(mode="after")

@@ -37,9 +37,12 @@ PortEnvOption = Annotated[
 MinOption = Annotated[int | None, typer.Option("--min", help="Fewest replicas (default 1).")]
 MaxOption = Annotated[int | None, typer.Option("--max", help="Most replicas (default 1).")]
 ConcurrencyOption = Annotated[
-    float | None, typer.Option("--target-concurrency", help="Requests in flight per replica to aim at.")
+    float | None,
+    typer.Option("--target-concurrency", help="Requests in flight per replica to aim at (at least 0.001)."),
 ]
-RpsOption = Annotated[float | None, typer.Option("--target-rps", help="Requests/s per replica to aim at.")]
+RpsOption = Annotated[
+    float | None, typer.Option("--target-rps", help="Requests/s per replica to aim at (at least 0.001).")
+]
 ReadyHttpOption = Annotated[
     str | None,
     typer.Option(

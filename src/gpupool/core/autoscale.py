@@ -119,6 +119,13 @@ def window_mean(samples: Sequence[Sample], now_s: float, window_s: float, metric
     return sum(inside) / len(inside) if inside else 0.0
 
 
+def _replicas_for(value: float, target: float, cap: int) -> int:
+    """ceil(value / target), or `cap` where that is more: a tiny target makes the quotient infinite,
+    which has no ceiling (every service's decision in the same tick would fail with it)."""
+    wanted = value / target
+    return math.ceil(wanted) if wanted < cap else cap
+
+
 def _unit(metric: ScaleMetric) -> str:
     return "in flight" if metric is ScaleMetric.CONCURRENCY else "requests/s"
 
@@ -138,8 +145,10 @@ def decide(policy: AutoscalePolicy, samples: Sequence[Sample], ready: int, curre
     counted = max(1, ready)
     up_bound = math.ceil(policy.max_scale_up_rate * counted)
     down_bound = math.floor(counted / policy.max_scale_down_rate)
-    stable_want = min(max(math.ceil(stable / policy.target_per_replica), down_bound), up_bound)
-    panic_raw = math.ceil(panic / policy.target_per_replica)
+    stable_want = min(max(_replicas_for(stable, policy.target_per_replica, up_bound), down_bound), up_bound)
+    # capped where the cap changes neither the want (bounded by up_bound) nor the panic test below
+    panic_raw = _replicas_for(panic, policy.target_per_replica,
+                              max(up_bound, math.ceil(policy.panic_threshold * counted)))
     panic_want = min(max(panic_raw, down_bound), up_bound)
     over = panic_raw / counted >= policy.panic_threshold
 

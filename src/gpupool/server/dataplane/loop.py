@@ -91,6 +91,8 @@ class DataPlaneLoop:
         self._tokens: dict[str, str] = {}
         self._samples: dict[str, deque[Sample]] = {}
         self._states: dict[str, AutoscaleState] = {}
+        self._undecided: set[str] = set()
+        """Services whose last decision failed (each logged once until one succeeds)."""
         self._last_total: dict[str, tuple[float, int]] = {}
         self._ids: dict[str, str] = {}
         self.rates: dict[str, ServiceRates] = {}
@@ -169,7 +171,15 @@ class DataPlaneLoop:
                 continue
             state = self._states.get(view.id, AutoscaleState())
             history = list(self._samples[view.route.service])
-            decision = decide(view.policy, history, len(view.backends), view.desired, state, now_s)
+            try:
+                decision = decide(view.policy, history, len(view.backends), view.desired, state, now_s)
+            except Exception:  # one service's decision never stops the others' (they share the tick)
+                if view.id not in self._undecided:
+                    self._undecided.add(view.id)
+                    log.exception("service %s: its autoscaling decision failed; its replicas stay as they "
+                                  "are while it fails", view.route.service)
+                continue
+            self._undecided.discard(view.id)
             self._states[view.id] = decision.state
             if decision.changed:
                 writes.append((view, decision))
