@@ -56,7 +56,7 @@ def fresh_pools_accounts(tmp_path_factory: pytest.TempPathFactory) -> Iterator[N
 
     if os.geteuid() != 0:
         return
-    from gpupool.agent.identity import pids_of, remove_account
+    from gpupool.agent.identity import pids_of, remove_account, remove_left_behind
     from gpupool.errors import GpupoolError
 
     pools = set()
@@ -65,21 +65,24 @@ def fresh_pools_accounts(tmp_path_factory: pytest.TempPathFactory) -> Iterator[N
             pools.add(found.read_text().strip())
         except OSError:
             continue
-    for entry in pwd.getpwall():
-        if any(pool and entry.pw_name.startswith(f"gpupool-{pool}-") for pool in pools):
-            left = pids_of(entry.pw_uid)
-            if left:
-                warnings.warn(f"{len(left)} process(es) a test left running as {entry.pw_name}, killed: "
-                              f"{sorted({_command(pid) for pid in left})[:3]}", stacklevel=1)
-            for pid in left:
-                try:
-                    os.kill(pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    continue
+    ours = [entry for entry in pwd.getpwall()
+            if any(pool and entry.pw_name.startswith(f"gpupool-{pool}-") for pool in pools)]
+    for entry in ours:
+        left = pids_of(entry.pw_uid)
+        if left:
+            warnings.warn(f"{len(left)} process(es) a test left running as {entry.pw_name}, killed: "
+                          f"{sorted({_command(pid) for pid in left})[:3]}", stacklevel=1)
+        for pid in left:
             try:
-                remove_account(entry.pw_name)
-            except GpupoolError:
-                continue  # still in use: left as it is
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                continue
+    remove_left_behind({entry.pw_uid for entry in ours})  # what they left in /tmp and the like, in one walk
+    for entry in ours:
+        try:
+            remove_account(entry.pw_name, sweep=False)
+        except GpupoolError:
+            continue  # still in use: left as it is
 
 
 def _command(pid: int) -> str:

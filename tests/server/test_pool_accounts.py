@@ -12,6 +12,7 @@ import subprocess
 import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from sqlalchemy import func, select
@@ -222,3 +223,41 @@ def test_removing_a_pool_account_waits_for_its_processes(accounts: list[str]) ->
         pwd.getpwnam(identity.user)
     assert identities.remove("gone") == "", "idempotent"
     assert os.geteuid() == 0
+
+
+@needs_root
+def test_what_a_deleted_account_left_in_the_hosts_shared_places_goes_with_it(
+        accounts: list[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    """`useradd` gives a freed uid to the next account: a file the deleted tenant's pod left in /tmp,
+    a segment in /dev/shm or a System V one, would be readable by a tenant made later. They go with
+    the account, at any depth and only its own; the others' stay."""
+    name = account_name("leaving", "t5f1")
+    accounts.append(name)
+    made = ensure_account(name)
+    shared = Path("/tmp") / f"gpupool-test-shared-{os.getpid()}"
+    shared.mkdir(mode=0o1777)
+    os.chmod(shared, 0o1777)  # as /tmp: every account writes, each its own
+    try:
+        script = ('mkdir -p "$1/mine/deeper" && echo x > "$1/mine/deeper/secret" '
+                  '&& echo x > "$1/loose-secret" && echo x > "/dev/shm/$2"')
+        shm_name = f"gpupool-test-{os.getpid()}"
+        as_it: dict[str, Any] = {"user": made.uid, "group": made.gid, "env": {"PATH": "/usr/bin:/bin"},
+                                 "cwd": "/"}
+        subprocess.run(["/bin/sh", "-c", script, "-", str(shared), shm_name], check=True, **as_it)
+        ipcmk = subprocess.run(["ipcmk", "-M", "4096"], check=True, capture_output=True, text=True, **as_it)
+        segment = ipcmk.stdout.split()[-1]
+        (shared / "someone-elses").write_text("kept")  # root's, beside them
+        assert identity._ipc_owned(Path("/proc/sysvipc/shm"), {made.uid}) == [segment]
+        swept: list[int] = []
+        sweep = identity.remove_left_behind
+        monkeypatch.setattr(identity, "remove_left_behind",
+                            lambda uids: swept.append(sweep(uids)) or swept[-1])
+        assert remove_account(name) is True
+        # mine/ (with what is below it), loose-secret, the /dev/shm file, the segment: and only those
+        assert swept == [4] and sorted(p.name for p in shared.iterdir()) == ["someone-elses"]
+        assert not (Path("/dev/shm") / shm_name).exists()
+        assert identity._ipc_owned(Path("/proc/sysvipc/shm"), {made.uid}) == []
+    finally:
+        identity.remove_tree(shared)
+        with contextlib.suppress(OSError):
+            (Path("/dev/shm") / f"gpupool-test-{os.getpid()}").unlink()

@@ -27,7 +27,7 @@ import stat
 import subprocess
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -269,12 +269,14 @@ is reported ended once its shim wrote the exit file, and the shim, the account's
 (on a loaded machine, a deletion right after the last pod's end was refused)."""
 
 
-def remove_account(name: str, owned_under: Sequence[Path] = ()) -> bool:
+def remove_account(name: str, owned_under: Sequence[Path] = (), *, sweep: bool = True) -> bool:
     """Delete the pool's account `name` (userdel) when it exists and is one of the pool's (in the
     pods' group); returns whether one was deleted. What it owns at the top of `owned_under` (its pod
-    homes, its checkpoints) goes first: `useradd` gives a freed uid to the next account, which would
-    own them. Raises ProviderError while a process still runs as it (a pod's leftovers), saying so:
-    its files would then belong to a uid that a later account may be given."""
+    homes, its checkpoints) and in the host's shared places (`remove_left_behind`) goes first:
+    `useradd` gives a freed uid to the next account, which would own them. Raises ProviderError
+    while a process still runs as it (a pod's leftovers), saying so: its files would then belong to a
+    uid that a later account may be given. `sweep` False: the caller swept the shared places for it
+    (`remove_left_behind` of many accounts at once walks them once)."""
     try:
         entry = pwd.getpwnam(name)
         gid = grp.getgrnam(POD_GROUP).gr_gid
@@ -293,8 +295,64 @@ def remove_account(name: str, owned_under: Sequence[Path] = ()) -> bool:
     if shutil.which("userdel", path=BASE_PATH) is None:
         raise ProviderError(f"userdel is not installed, so the pod account {name!r} cannot be removed.")
     remove_owned(owned_under, entry.pw_uid)
+    if sweep:
+        remove_left_behind({entry.pw_uid})
     _run(["userdel", name])
     return True
+
+
+SHARED_WRITABLE = (Path("/tmp"), Path("/var/tmp"), Path("/dev/shm"), Path("/dev/mqueue"), Path("/run/lock"))
+"""The host's places every account may write (pods share them): what a deleted account left there
+would belong to the next account given its uid, another tenant's."""
+SYSV_IPC = (("shm", "-m"), ("sem", "-s"), ("msg", "-q"))
+"""/proc/sysvipc's tables and ipcrm's flag for each: shared memory, semaphores and message queues."""
+
+
+def remove_left_behind(uids: Collection[int], roots: Sequence[Path] = SHARED_WRITABLE,
+                       sysvipc: Path | None = Path("/proc/sysvipc")) -> int:
+    """Delete what the `uids` own in the host's shared writable places (at any depth: the topmost entry
+    one owns, with what is below it) and their System V IPC objects, before their accounts go:
+    `useradd` gives a freed uid to the next account, a later tenant's, which would own them (a file in
+    /tmp, a segment in /dev/shm). Nothing runs as them any more (`remove_account` checks first), so
+    nothing new appears meanwhile. Returns how many were deleted."""
+    if not uids:
+        return 0
+    removed = 0
+    owned_by = [arg for uid in sorted(uids) for arg in ("-o", "-uid", str(uid))][1:]
+    for root in roots:
+        if not root.is_dir():
+            continue
+        try:
+            found = subprocess.run(["find", str(root), "-xdev", "-mindepth", "1", "(", *owned_by, ")",
+                                    "-prune", "-print0"], capture_output=True, check=False,
+                                   env={"PATH": BASE_PATH})
+        except OSError as exc:
+            log.warning("could not search %s for deleted accounts' files: %s", root, exc)
+            continue
+        for path in filter(None, found.stdout.split(b"\0")):
+            removed += remove_tree(Path(os.fsdecode(path)))
+    for table, flag in SYSV_IPC:
+        for ipc_id in _ipc_owned(sysvipc / table, uids) if sysvipc is not None else ():
+            done = subprocess.run(["ipcrm", flag, ipc_id], capture_output=True, check=False,
+                                  env={"PATH": BASE_PATH})
+            removed += done.returncode == 0
+    return removed
+
+
+def _ipc_owned(table: Path, uids: Collection[int]) -> list[str]:
+    """The ids of the objects of a /proc/sysvipc table whose owner (`uid` column) is one of `uids`."""
+    try:
+        header, *rows = table.read_text().splitlines()
+    except (OSError, ValueError):
+        return []
+    columns = header.split()
+    if "uid" not in columns:
+        return []
+    at_id = columns.index("shmid" if "shmid" in columns else "semid" if "semid" in columns else "msqid")
+    at_uid = columns.index("uid")
+    owners = {str(uid) for uid in uids}
+    return [cells[at_id] for cells in map(str.split, rows)
+            if len(cells) > max(at_id, at_uid) and cells[at_uid] in owners]
 
 
 def remove_tree(path: Path) -> bool:
