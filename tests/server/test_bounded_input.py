@@ -207,3 +207,25 @@ def test_a_log_offset_past_the_end_gets_a_clean_answer(server_factory: Any, tmp_
             assert answer.status_code == 422 and "offset" in answer.json()["message"], answer.text
     finally:
         provider.runner.close()
+
+
+def test_an_exec_asked_for_a_rank_or_window_out_of_range_is_told_so(server: Server) -> None:
+    """Numbers past any rank or terminal (a rank of 10**30, which the store cannot hold, or 1e400,
+    which JSON reads as infinity) are refused with a sentence, not a dropped socket."""
+    cases = [({"rank": 10**30}, "The rank must be a pod's rank in its gang, 0 to 2147483647, not 1"),
+             ({"rank": -1}, "not -1"),
+             ({"rows": 10**6, "cols": 80}, "rows and columns are 0 to 9999"),
+             ({"cols": 1e400}, 'Send {"command"')]
+    api, admin = server.client, server.headers()
+    assert api.post("/api/v1/tenants", json={"name": "execs"}, headers=admin).status_code == 201
+    token = api.post("/api/v1/tokens", json={"tenant": "execs"}, headers=admin).json()["token"]
+    made = api.post("/api/v1/workloads", json={"command": ["serve"]}, headers=server.headers(token))
+    assert made.status_code == 201, made.text
+    wid = made.json()["id"]
+    server.wait_for(lambda: api.get(f"/api/v1/workloads/{wid}", headers=admin).json()["status"] == "running")
+    for extra, words in cases:
+        raw = json.dumps({"command": ["id"], **extra}).replace("Infinity", "1e400")
+        with api.websocket_connect(f"/api/v1/workloads/{wid}/exec", headers=server.headers(token)) as ws:
+            ws.send_text(raw)
+            answer = json.loads(ws.receive_text())
+        assert answer["status"] == 422 and words in answer["error"], (extra, answer)

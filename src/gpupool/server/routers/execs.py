@@ -72,16 +72,27 @@ def live_pod(rt: Runtime, tenant: str | None, workload_id: str, rank: int) -> tu
     return str(pod.node), str(pod.id)
 
 
+MAX_RANK = 2**31
+"""Past any gang's ranks (and the store's 32-bit integer column)."""
+MAX_WINDOW = 10_000
+"""A terminal's rows or columns at most (the agent ignores a resize past it)."""
+
+
 def _request(raw: str) -> tuple[list[str], int, bool, int, int]:
     try:
         body = json.loads(raw)
         command = body["command"]
         rank, pty = int(body.get("rank", 0)), bool(body.get("pty", False))
         rows, cols = int(body.get("rows", 0)), int(body.get("cols", 0))
-    except (ValueError, TypeError, KeyError, AttributeError):
+    except (ValueError, TypeError, KeyError, AttributeError, OverflowError):  # Overflow: int(1e400)
         raise InvalidInput('Send {"command": ["program", ...]} first (gpupool exec ID -- CMD).') from None
     if not isinstance(command, list) or not command or not all(isinstance(a, str) for a in command):
         raise InvalidInput("The command must be a non-empty list of strings: gpupool exec ID -- CMD.")
+    if not 0 <= rank < MAX_RANK:
+        raise InvalidInput(f"The rank must be a pod's rank in its gang, 0 to {MAX_RANK - 1}, not {rank}.")
+    if not (0 <= rows < MAX_WINDOW and 0 <= cols < MAX_WINDOW):
+        raise InvalidInput(f"A terminal's rows and columns are 0 to {MAX_WINDOW - 1} (0: the default), not "
+                           f"{rows} x {cols}.")
     return command, rank, pty, rows, cols
 
 
@@ -150,7 +161,7 @@ async def _feed(ws: WebSocket, session: Any) -> None:
         elif channel == STDIN_EOF:
             session.close_stdin()
         elif channel in (RESIZE, SIGNAL):
-            with contextlib.suppress(ValueError, TypeError, KeyError, AttributeError):
+            with contextlib.suppress(ValueError, TypeError, KeyError, AttributeError, OverflowError):
                 value = json.loads(body)
                 if channel == RESIZE:
                     session.resize(int(value["rows"]), int(value["cols"]))
