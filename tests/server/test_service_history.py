@@ -106,3 +106,27 @@ def test_the_pools_sampler_records_each_service_every_minute(pool: Server) -> No
     extra = pool.client.app.state.history_sampler.extra  # type: ignore[attr-defined]
     points = {(p.series, p.key): p.value for p in extra()}
     assert points[("svc_desired", "alpha/web")] == 2.0 and ("svc_ready", "alpha/web") in points
+
+
+def test_a_tenant_made_again_under_a_deleted_ones_name_sees_none_of_its_services_history(
+        pool: Server) -> None:
+    """Deleting a tenant deletes its services with it, and their history: a later tenant of the same
+    name, whose service has the same name, read the deleted one's replicas and latency on its page."""
+    api, admin = pool.client, pool.headers()
+    spec = {"tenant": "gamma", "name": "web", "command": ["serve"], "min_replicas": 0, "max_replicas": 1,
+            "replicas": 0, "resources": {"gpus": 0.25}}
+    assert api.post(f"{API}/tenants", json={"name": "gamma"}, headers=admin).status_code == 201
+    assert api.post(f"{API}/services", json=spec, headers=admin).status_code == 201
+    first = history.minute_of(pool.rt.clock()) - 5 * MINUTE_S
+    record(pool, first, {"gamma/web": ServiceLive(requests_per_s=9.0, in_flight=2, latency_p50_ms=1331.96),
+                         "alpha/web": ServiceLive(requests_per_s=5.0, in_flight=1, latency_p50_ms=3.0)})
+    assert api.delete(f"{API}/services/web", params={"tenant": "gamma"}, headers=admin).status_code == 200
+    assert api.delete(f"{API}/tenants/gamma", headers=admin).status_code == 200
+    assert api.post(f"{API}/tenants", json={"name": "gamma"}, headers=admin).status_code == 201
+    assert api.post(f"{API}/services", json=spec, headers=admin).status_code == 201
+    body = api.get(f"{API}/services/web/history", headers=token(pool, "gamma")).json()
+    assert all(not s["values"] or s["name"] in ("ready", "desired") for s in body["series"]), body["series"]
+    # another tenant's service of the same name keeps its own
+    alpha = service_history.query(pool.rt, ALPHA, "web", None, "1h", pool.rt.clock(), None, "none")
+    assert series(alpha.model_dump(), "requests_per_s")[first] == 5.0
+    assert series(alpha.model_dump(), "latency_p50_ms")[first] == 3.0

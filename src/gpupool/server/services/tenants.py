@@ -28,6 +28,7 @@ from gpupool.errors import Conflict, GpupoolError, InvalidInput, NotFound, did_y
 from gpupool.server.auth import Principal, new_token
 from gpupool.server.orm import (
     EventRow,
+    HistoryRow,
     PodRow,
     QueueRow,
     RemoteCallRow,
@@ -163,6 +164,8 @@ def delete_tenant(rt: Runtime, who: Principal, name: str) -> TenantDeleted:
     store (their usage stays in the daily rollup, folded first), and the pool's Unix account of it
     from the nodes. Refused (409, with what still runs) while it has unfinished work or pods that
     have not ended; the default tenant is never deleted."""
+    from gpupool.server.serving import history as service_history  # (it imports this module)
+
     who.require_admin()
     if name == DEFAULT_TENANT:
         raise InvalidInput("The default tenant cannot be deleted; it holds the admin's own work.",
@@ -197,6 +200,11 @@ def delete_tenant(rt: Runtime, who: Principal, name: str) -> TenantDeleted:
             conn.execute(delete(RemoteCallRow).where(RemoteCallRow.tenant == name))
             conn.execute(delete(RemoteSessionRow).where(RemoteSessionRow.tenant == name))
             conn.execute(delete(QueueRow).where(QueueRow.tenant == name))
+            # its services' history (their rows go with the tenant's): kept, a tenant made later under
+            # the same name read it on its own service of the same name's page
+            conn.execute(delete(HistoryRow).where(
+                HistoryRow.series.startswith(service_history.PREFIX, autoescape=True),
+                HistoryRow.key.startswith(f"{name}/", autoescape=True)))
             conn.execute(delete(TenantRow).where(TenantRow.name == name))
             audit.record(session, who, "tenant.delete", name, now,
                          f"workloads={removed} accounts={','.join(accounts) or '-'}")
