@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import AsyncIterator, Callable
-from typing import Annotated
+from typing import Annotated, Any
 
 import anyio
 from fastapi import APIRouter, Depends, Header, Query, Request
@@ -93,6 +93,13 @@ async def stream(
                              headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
 
 
+def _more_stored(page: service.Page[Any], before: int, cursor: service.Cursor) -> bool:
+    """Whether more is stored past this read: it was a full page, or it stopped at its SCAN of ids (a
+    tenant's events may lie past many ids of others', and a finite stream must not end before them)."""
+    full = len(page.events) == service.PAGE
+    return cursor.done > before and (full or page.scanned_to >= before + service.SCAN)
+
+
 async def _events(rt: Runtime, wanted: service.StreamFilter, start: int, tail: EventTail | None,
                   stopping: Callable[[], bool]) -> AsyncIterator[bytes]:
     """The stream's bytes: each page's new events in one chunk (one send, however many events),
@@ -114,8 +121,8 @@ async def _events(rt: Runtime, wanted: service.StreamFilter, start: int, tail: E
         elif time.monotonic() - quiet_since >= KEEPALIVE_S:
             yield b": keep-alive\n\n"  # proxies keep the connection; a gone client is noticed
             quiet_since = time.monotonic()
-        if len(page.events) == service.PAGE and cursor.done > before:
-            continue  # more stored: no wait
+        if _more_stored(page, before, cursor):
+            continue  # no wait
         if tail is None and not cursor.gaps:
             return
         await anyio.sleep(POLL_S)
@@ -172,7 +179,7 @@ async def _service_events(rt: Runtime, wanted: service_events.ServiceFilter, sta
         elif time.monotonic() - quiet_since >= KEEPALIVE_S:
             yield b": keep-alive\n\n"
             quiet_since = time.monotonic()
-        if len(page.events) == service.PAGE and cursor.done > before:
+        if _more_stored(page, before, cursor):
             continue
         if not follow and not cursor.gaps:
             return
