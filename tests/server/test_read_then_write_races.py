@@ -13,6 +13,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable, Iterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -21,14 +22,23 @@ from sqlalchemy import Engine, create_engine, event, func, select, text
 
 from conftest import Server, start_server, stop_server
 from factories import node
+from gpupool.providers.fake import FakeProvider
 from gpupool.server import pgtemp
 from gpupool.server.auth import FEDERATION_ID_ENV, Principal
 from gpupool.server.db import Store
 from gpupool.server.federation_fence import Fence
 from gpupool.server.loops.reconciler import _hold_federated_copies
-from gpupool.server.orm import PodRow, QueueRow, RemoteCallRow, TenantRow, UsageDailyServiceRow, WorkloadRow
+from gpupool.server.orm import (
+    NodeFlagRow,
+    PodRow,
+    QueueRow,
+    RemoteCallRow,
+    TenantRow,
+    UsageDailyServiceRow,
+    WorkloadRow,
+)
 from gpupool.server.runtime import Runtime
-from gpupool.server.services import calls, usage, usage_rollup
+from gpupool.server.services import calls, node_faults, usage, usage_rollup
 from gpupool.server.services.calls import WorkerPod
 from gpupool.server.services.tenants import delete_tenant
 from gpupool.server.settings import Settings
@@ -275,3 +285,33 @@ def test_a_deleted_tenants_usage_is_kept_however_many_pods_wait_to_be_folded(
         assert kept == 5
     finally:
         rt.store.close()
+
+
+def test_two_admins_failing_two_devices_of_one_node_at_once_keep_both(
+        postgres: pgtemp.TempPostgres, tmp_path: Path) -> None:
+    """Each fault is added to the node's stored list: read unlocked, the second admin's list (read
+    before the first's was written) lost the first's device, or, on the node's first change, its insert
+    met the first's and answered 500."""
+    url = postgres.create_database()
+    plain = node("s0", devices=4)
+    simulated = replace(plain, devices=tuple(replace(d, simulated=True) for d in plain.devices))
+    server = start_server(tmp_path, url, FakeProvider([simulated]))  # type: ignore[arg-type]
+    try:
+        def fail(device: int) -> Callable[[], int]:
+            return lambda: server.client.post(f"{API}/nodes/s0/fail", params={"device": device},
+                                              headers=server.headers()).status_code
+
+        def reads_the_flags(statement: str) -> bool:
+            return statement.lstrip().startswith("SELECT") and "FROM node_flags" in statement
+
+        with AfterRead(server.rt.store.engine, url, reads_the_flags, fail(2)) as race:
+            node_faults.fail(server.rt, ADMIN, "s0", 1)
+        assert race.result == [200]
+        with AfterRead(server.rt.store.engine, url, reads_the_flags, fail(3)) as race:
+            node_faults.fail(server.rt, ADMIN, "s0", 0)  # the row is there now: nothing to insert
+        assert race.result == [200]
+        with server.rt.store.read() as session:
+            row = session.get(NodeFlagRow, "s0")
+            assert row is not None and row.failed_devices == [0, 1, 2, 3]
+    finally:
+        stop_server(server)

@@ -10,7 +10,6 @@ from __future__ import annotations
 import logging
 
 from sqlalchemy import select
-from sqlalchemy.orm import Session
 
 from gpupool.api.nodes import NodeOut
 from gpupool.core.model import Device, Node
@@ -20,7 +19,7 @@ from gpupool.server.auth import Principal
 from gpupool.server.orm import NodeFlagRow
 from gpupool.server.runtime import Runtime
 from gpupool.server.services import audit
-from gpupool.server.services.nodes import after_change, find, get_node, is_lost
+from gpupool.server.services.nodes import after_change, find, get_node, is_lost, locked_flags
 
 log = logging.getLogger(__name__)
 
@@ -47,15 +46,6 @@ def refusal(rt: Runtime, node: Node, device: int | None) -> str | None:
     return None
 
 
-def _flags(session: Session, name: str, now: float) -> NodeFlagRow:
-    row = session.get(NodeFlagRow, name)
-    if row is None:
-        row = NodeFlagRow(name=name, cordoned=False, draining=False, updated_s=now, failed=False,
-                          failed_devices=[])
-        session.add(row)
-    return row
-
-
 def fail(rt: Runtime, who: Principal, name: str, device: int | None = None) -> NodeOut:
     """Admin: mark a simulated node (or one of its devices) unhealthy, as a hardware fault would;
     the control loop then evicts the work on it. Refused on real hardware (Conflict)."""
@@ -68,7 +58,7 @@ def fail(rt: Runtime, who: Principal, name: str, device: int | None = None) -> N
     rt.provider.inject_fault(name, uuid, reason=f"fault injected by {who.actor}")
     now = rt.clock()
     with rt.store.write() as session:
-        row = _flags(session, name, now)
+        row = locked_flags(session, name, now)
         if device is None:
             row.failed = True
         else:
@@ -96,7 +86,7 @@ def heal(rt: Runtime, who: Principal, name: str, device: int | None = None) -> N
                 rt.provider.clear_fault(name, uuid)
     now = rt.clock()
     with rt.store.write() as session:
-        row = _flags(session, name, now)
+        row = locked_flags(session, name, now)
         if device is None:
             row.failed, row.failed_devices = False, []
         else:

@@ -8,6 +8,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from sqlalchemy import select
+from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session
 
 from gpupool.api.events import EventReason
@@ -182,11 +183,22 @@ def set_cordon(rt: Runtime, who: Principal, name: str, cordoned: bool) -> NodeOu
 
 
 def _set_flags(session: Session, name: str, *, cordoned: bool, draining: bool, now: float) -> None:
-    row = session.get(NodeFlagRow, name)
-    if row is None:
-        session.add(NodeFlagRow(name=name, cordoned=cordoned, draining=draining, updated_s=now))
-    else:
-        row.cordoned, row.draining, row.updated_s = cordoned, draining, now
+    row = locked_flags(session, name, now)
+    row.cordoned, row.draining, row.updated_s = cordoned, draining, now
+
+
+def locked_flags(session: Session, name: str, now: float) -> NodeFlagRow:
+    """The node's flags row, locked until the transaction ends (made first, all flags off, where there
+    is none): two admins changing one node at once are serialised, the second reading what the first
+    wrote, and the first change of a node never fails on the other's insert."""
+    conn = session.connection()
+    dialect = postgresql if conn.dialect.name == "postgresql" else sqlite
+    conn.execute(dialect.insert(NodeFlagRow.__table__).values(
+        name=name, cordoned=False, draining=False, updated_s=now, failed=False, failed_devices=[])
+        .on_conflict_do_nothing())
+    row = session.get(NodeFlagRow, name, with_for_update=True, populate_existing=True)
+    assert row is not None  # made above
+    return row
 
 
 def drain(rt: Runtime, who: Principal, name: str, *, now: bool = False) -> NodeOut:
