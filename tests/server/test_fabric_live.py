@@ -17,6 +17,7 @@ from fakes import ManualProvider
 from sqlalchemy.orm import Session
 
 from gpupool.pods import PodLaunch
+from gpupool.server.services import fabric_links
 
 
 @pytest.fixture
@@ -320,4 +321,22 @@ def test_a_cut_off_gangs_pod_whose_launch_was_not_begun_is_taken_back(tmp_path: 
         assert not queued & set(provider.launched) and not queued & set(provider.begun)
     finally:
         provider.gate.set()
+        pool.close()
+
+
+def test_a_gang_moved_since_it_was_judged_cut_off_is_not_requeued(tmp_path: Path) -> None:
+    """A link change judges the running gangs on the nodes it read, then requeues the cut-off ones in
+    a transaction of its own: a gang the scheduler placed elsewhere in between is left to the next
+    judgement, not stopped for a cut it no longer crosses."""
+    pool = Pool(tmp_path, config="scheduling: {placement: network-aware, backfill: false}\n")
+    try:
+        gang = pool.gang()
+        nodes = tuple(p["node"] for p in sorted(pool.detail(gang)["pods"], key=lambda p: p["rank"]))
+        elsewhere = tuple(reversed(nodes)) if len(set(nodes)) > 1 else ("other", *nodes[1:])
+        cut, now = fabric_links.Effects(requeued=[gang]), pool.rt.clock()
+        fabric_links.carry_out(pool.rt, cut, "a test's cut", now, assessed={gang: ("t", elsewhere)})
+        assert pool.detail(gang)["status"] == "running" and not pool.provider.stopped
+        fabric_links.carry_out(pool.rt, cut, "a test's cut", now, assessed={gang: ("t", nodes)})
+        assert pool.detail(gang)["status"] == "pending" and pool.events(gang)[-1][0] == "link_lost"
+    finally:
         pool.close()

@@ -126,10 +126,17 @@ def compare(fabric: LiveFabric, before: Mapping[str, GangPath], after: Mapping[s
     return effects
 
 
+Gangs = Mapping[str, tuple[str, tuple[str, ...]]]
+"""workload -> (tenant, its pods' nodes in rank order): what `running_gangs` read."""
+
+
 def carry_out(rt: Runtime, effects: Effects, cause: str, now: float,
-              who: Principal | None = None, action: str = "", target: str = "") -> None:
+              who: Principal | None = None, action: str = "", target: str = "",
+              assessed: Gangs | None = None) -> None:
     """Requeue the cut-off gangs (their pods stop with their class's grace, the work since their
-    checkpoint accounted) and record the others' events, in one transaction."""
+    checkpoint accounted) and record the others' events, in one transaction. `assessed`: the gangs'
+    nodes the effects were judged on; a gang that holds other nodes by the time its row is locked
+    (the scheduler moved it meanwhile) is left to the next assessment."""
     to_stop: list[tuple[str, float]] = []
     stopping = effects.requeued
     marks = rt.provider.checkpoint_marks(stopping) if stopping else {}  # before the transaction
@@ -137,8 +144,9 @@ def carry_out(rt: Runtime, effects: Effects, cause: str, now: float,
         if who is not None:
             audit.record(session, who, action, target, now)
         for workload_id in effects.requeued:
+            judged = assessed[workload_id][1] if assessed is not None and workload_id in assessed else None
             to_stop += _requeue(rt, session, workload_id, EventReason.LINK_LOST, f"Requeued: {cause}, and "
-                                "some of its nodes had no route left to each other.", marks, now)
+                                "some of its nodes had no route left to each other.", marks, now, judged)
         for workload_id, message in effects.slowed.items():
             row = session.get(WorkloadRow, workload_id)
             if row is not None and row.status in _RUNNING:
@@ -151,14 +159,23 @@ def carry_out(rt: Runtime, effects: Effects, cause: str, now: float,
 
 
 def _requeue(rt: Runtime, session: Session, workload_id: str, reason: EventReason, message: str,
-             marks: Mapping[str, float | None], now: float) -> list[tuple[str, float]]:
+             marks: Mapping[str, float | None], now: float,
+             judged: tuple[str, ...] | None = None) -> list[tuple[str, float]]:
     row = session.get(WorkloadRow, workload_id, with_for_update=True)  # a cancel waits for the commit
     if row is None or row.status not in _RUNNING:
         return []
+    if judged is not None and _gang_nodes(session, workload_id) != judged:
+        return []  # placed elsewhere since it was judged cut off (a move, a requeue and a new start)
     grace = rt.config.grace_s(str(row.spec.get("priority_class") or ""))
     mark = marks.get(row.id) if row.started_s is not None else None
     pods = requeue(session, row, reason, message, now, mark=mark)
     return [(pod_id, grace) for pod_id in pods]
+
+
+def _gang_nodes(session: Session, workload_id: str) -> tuple[str, ...]:
+    """The nodes of the workload's active pods in rank order (as `running_gangs` reads them)."""
+    return tuple(session.scalars(select(PodRow.node).where(
+        PodRow.workload_id == workload_id, PodRow.status.in_(ACTIVE_POD_STATES)).order_by(PodRow.rank)))
 
 
 # ------------------------------------------------------------------ the changes
@@ -185,7 +202,7 @@ def set_link(rt: Runtime, who: Principal, ref: str, *, failed: bool) -> LinkChan
     cause = f"link {fabric.label(link.key)} {'failed' if failed else 'came back'}"
     effects = compare(fabric, before, assess(fabric, nodes, gangs), cause) if changed else Effects()
     carry_out(rt, effects, cause, rt.clock(), who, "fabric.fail_link" if failed else "fabric.heal_link",
-              fabric.label(link.key))
+              fabric.label(link.key), assessed=gangs)
     rt.capacity_may_have_changed()  # the scheduler's view takes the change at its next cycle
     return LinkChange((link.key,), changed, effects)
 
@@ -233,6 +250,6 @@ def telemetry(rt: Runtime, who: Principal, loads: Mapping[tuple[str, int], PortL
         effects.slowed.clear()  # load moves all the time: only failures are told
     staying = {w: p for w, p in after.items() if w not in effects.requeued}
     effects.congested = hand_congestion(fabric, rt.config.fabric, staying, now)
-    carry_out(rt, effects, cause, now, who, "fabric.telemetry", f"{len(loads)} ports")
+    carry_out(rt, effects, cause, now, who, "fabric.telemetry", f"{len(loads)} ports", assessed=gangs)
     rt.capacity_may_have_changed()
     return LinkChange(tuple(lk.key for lk in downed), bool(loads), effects)
