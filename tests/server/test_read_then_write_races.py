@@ -22,6 +22,7 @@ from sqlalchemy import Engine, create_engine, event, func, select, text
 
 from conftest import Server, start_server, stop_server
 from factories import node
+from gpupool.core.budgets import Budget
 from gpupool.providers.fake import FakeProvider
 from gpupool.server import pgtemp
 from gpupool.server.auth import FEDERATION_ID_ENV, Principal
@@ -29,6 +30,7 @@ from gpupool.server.db import Store
 from gpupool.server.federation_fence import Fence
 from gpupool.server.loops.reconciler import _hold_federated_copies
 from gpupool.server.orm import (
+    AuditRow,
     NodeFlagRow,
     PodRow,
     QueueRow,
@@ -39,6 +41,7 @@ from gpupool.server.orm import (
 )
 from gpupool.server.runtime import Runtime
 from gpupool.server.services import calls, node_faults, usage, usage_rollup
+from gpupool.server.services.budgets import WARNING_ACTION, BudgetTracker, TenantSpend
 from gpupool.server.services.calls import WorkerPod
 from gpupool.server.services.tenants import delete_tenant
 from gpupool.server.settings import Settings
@@ -315,3 +318,32 @@ def test_two_admins_failing_two_devices_of_one_node_at_once_keep_both(
             assert row is not None and row.failed_devices == [0, 1, 2, 3]
     finally:
         stop_server(server)
+
+
+def test_two_servers_warning_of_one_budget_at_once_say_it_once(postgres: pgtemp.TempPostgres,
+                                                               tmp_path: Path) -> None:
+    """Each server keeps its own set of budgets it warned of, and both may refresh a tenant's spend at
+    once (the leader's loop, a follower answering `gpupool tenant ls`): the audit log says it once."""
+    url = postgres.create_database()
+    one, other = _runtime(url, tmp_path / "one"), _runtime(url, tmp_path / "other")
+    try:
+        now = one.clock()
+        _ended_pods(one, "t", 1, now - 3600.0)
+        trackers = [BudgetTracker(), BudgetTracker()]
+        for tracker in trackers:
+            tracker.spend = {"t": TenantSpend(Budget(10.0), now - 86_400.0, 9.0)}
+
+        def reads_what_was_said(statement: str) -> bool:
+            return "FROM audit" in statement and statement.lstrip().startswith("SELECT")
+
+        def warn_there() -> None:
+            trackers[1]._warn(other, now)
+
+        with AfterRead(one.store.engine, url, reads_what_was_said, warn_there) as race:
+            trackers[0]._warn(one, now)
+        with one.store.read() as session:
+            said = session.scalars(select(AuditRow.detail).where(AuditRow.action == WARNING_ACTION)).all()
+        assert len(said) == 1 and race.waited, said
+    finally:
+        one.store.close()
+        other.store.close()

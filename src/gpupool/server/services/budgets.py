@@ -125,6 +125,10 @@ class BudgetTracker:
         with rt.store.write() as session:
             for tenant, s in due:
                 self.warned.add((tenant, s.period_start_s))
+                # the tenant's row locked first: another server's tracker warning at the same time
+                # waits, then finds this warning said (each process keeps its own `warned`)
+                if session.get(TenantRow, tenant, with_for_update=True) is None:
+                    continue  # deleted meanwhile
                 said = session.scalars(select(AuditRow.id).where(
                     AuditRow.action == WARNING_ACTION, AuditRow.target == tenant,
                     AuditRow.at_s >= s.period_start_s)).first()
