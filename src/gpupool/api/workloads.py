@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from enum import StrEnum
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import Field, ValidationInfo, field_validator, model_validator
 
@@ -369,6 +370,27 @@ class WorkloadUpdate(Strict):
     @classmethod
     def _gpus(cls, value: float | None) -> float | None:
         return None if value is None else _check(parse_devices, value)  # type: ignore[return-value]
+
+    def fields(self) -> list[tuple[str, object]]:
+        """The (field, value) pairs this update sets, in a fixed order."""
+        return [(name, value) for name, value in (
+            ("priority", self.priority), ("time_limit_s", self.time_limit_s),
+            ("gpus", self.gpus), ("replicas", self.replicas)) if value is not None]
+
+
+def spec_field(stored: Mapping[str, Any], field: str) -> object:
+    """A stored spec's value of a field `WorkloadUpdate` sets (its default where the spec has none)."""
+    if field == "gpus":
+        return stored.get("resources", {}).get("gpus", 0)
+    return stored.get(field, {"priority": 0, "replicas": 1}.get(field))
+
+
+def set_spec_field(stored: dict[str, Any], field: str, value: object) -> None:
+    """Set a field `WorkloadUpdate` sets on a stored spec's dict (resources copied, not changed)."""
+    if field == "gpus":
+        stored["resources"] = {**stored.get("resources", {}), "gpus": value}
+    else:
+        stored[field] = value
 
 
 class SliceOut(Strict):

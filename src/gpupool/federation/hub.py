@@ -21,7 +21,7 @@ from typing import Any
 
 from sqlalchemy import delete, func, select, update
 
-from gpupool.api.workloads import STORED, WorkloadSpec
+from gpupool.api.workloads import STORED, WorkloadSpec, WorkloadUpdate, set_spec_field
 from gpupool.errors import (
     Conflict,
     GpupoolError,
@@ -197,9 +197,12 @@ class Hub:
                 return self.row(who, workload_id), answer
             view = dict(answer.json())
             values: dict[str, Any] = {"status": str(view["status"]), "view": view}
-            if act == "update" and "spec" in view:  # a later move re-offers the changed spec
-                spec = {**view["spec"], "env": {k: v for k, v in view["spec"].get("env", {}).items()
-                                                if k != FEDERATION_ID_ENV}, "tenant": None}
+            if act == "update":  # a later move re-offers the changed spec
+                # the hub's own spec with the change it forwarded (and validated), never the member's
+                # copy: a member answers what it likes, and its spec would then run on other members
+                spec = dict(fresh.spec)
+                for field, value in WorkloadUpdate.model_validate(change or {}).fields():
+                    set_spec_field(spec, field, value)
                 values["spec"] = spec
                 values["gpus"] = (float(spec.get("replicas", 1))
                                   * float(spec.get("resources", {}).get("gpus", 0)))

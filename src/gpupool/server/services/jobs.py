@@ -16,7 +16,14 @@ from typing import Any
 from pydantic import ValidationError
 
 from gpupool.api.events import EventReason
-from gpupool.api.workloads import STORED, WorkloadOut, WorkloadSpec, WorkloadUpdate
+from gpupool.api.workloads import (
+    STORED,
+    WorkloadOut,
+    WorkloadSpec,
+    WorkloadUpdate,
+    set_spec_field,
+    spec_field,
+)
 from gpupool.core.model import WorkloadStatus
 from gpupool.errors import (
     Conflict,
@@ -99,11 +106,11 @@ def update(rt: Runtime, who: Principal, workload_id: str, change: WorkloadUpdate
                 priority=change.priority, max_priority=who.max_priority)
         stored: dict[str, Any] = dict(row.spec)
         said: list[str] = []
-        for field, value in _changes(change):
-            was = _current(stored, field)
+        for field, value in change.fields():
+            was = spec_field(stored, field)
             if was != value:
                 said.append(f"{field} {_shown(was)} -> {_shown(value)}")
-                _put(stored, field, value)
+                set_spec_field(stored, field, value)
         if not said:
             return workload_service.get(rt, who, workload_id)
         try:
@@ -132,25 +139,6 @@ def update(rt: Runtime, who: Principal, workload_id: str, change: WorkloadUpdate
                          f"tenant={row.tenant} " + "; ".join(said))
     rt.capacity_may_have_changed()
     return workload_service.get(rt, who, workload_id)
-
-
-def _changes(change: WorkloadUpdate) -> list[tuple[str, object]]:
-    return [(name, value) for name, value in (
-        ("priority", change.priority), ("time_limit_s", change.time_limit_s),
-        ("gpus", change.gpus), ("replicas", change.replicas)) if value is not None]
-
-
-def _current(stored: dict[str, Any], field: str) -> object:
-    if field == "gpus":
-        return stored.get("resources", {}).get("gpus", 0)
-    return stored.get(field, {"priority": 0, "replicas": 1}.get(field))
-
-
-def _put(stored: dict[str, Any], field: str, value: object) -> None:
-    if field == "gpus":
-        stored["resources"] = {**stored.get("resources", {}), "gpus": value}
-    else:
-        stored[field] = value
 
 
 def _shown(value: object) -> str:
