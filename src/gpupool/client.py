@@ -23,10 +23,9 @@ import time
 from collections.abc import Iterator, Mapping, Sequence
 from datetime import timedelta
 from typing import IO, Any, TypedDict, TypeVar, Unpack
-from urllib.parse import quote
 
 import httpx
-from pydantic import BaseModel, TypeAdapter
+from pydantic import BaseModel, TypeAdapter, ValidationError
 
 from gpupool.api.audit import AuditOut
 from gpupool.api.common import Health
@@ -157,7 +156,10 @@ class Client:
             time.sleep(wait)  # the store was unavailable and nothing was kept: the same request again
         if answer.status_code >= 400:
             raise error_from_answer(answer.status_code, answer.content, self.url)
-        return answer.json()
+        try:
+            return answer.json()
+        except ValueError:  # a web page (the dashboard's address, another service's port)
+            raise _not_a_pool(self.url, answer) from None
 
     def _send(self, method: str, path: str, json: Any, params: Mapping[str, Any] | None) -> httpx.Response:
         """One request to the server last used, else to the others in order where a connection
@@ -183,10 +185,18 @@ class Client:
         return self._call(method, path, json=json, params=params)
 
     def _one(self, model: type[M], method: str, path: str, **kwargs: Any) -> M:
-        return model.model_validate(self._call(method, path, **kwargs))
+        answer = self._call(method, path, **kwargs)
+        try:
+            return model.model_validate(answer)
+        except ValidationError:
+            raise _unknown_shape(self.url, model.__name__) from None
 
     def _many(self, model: type[M], method: str, path: str, **kwargs: Any) -> list[M]:
-        return TypeAdapter(list[model]).validate_python(self._call(method, path, **kwargs))  # type: ignore[valid-type]
+        answer = self._call(method, path, **kwargs)
+        try:
+            return TypeAdapter(list[model]).validate_python(answer)  # type: ignore[valid-type]
+        except ValidationError:
+            raise _unknown_shape(self.url, f"a list of {model.__name__}") from None
 
     # ----------------------------------------------------------------- workloads
 
@@ -356,6 +366,8 @@ class Client:
                             continue
                     if answer.status_code >= 400:
                         raise error_from_answer(answer.status_code, answer.read(), self.url)
+                    if not answer.headers.get("content-type", "").startswith("text/event-stream"):
+                        raise _not_a_pool(self.url, answer)
                     refused_until = None
                     failing_since = None
                     for event_id, event in _sse_events(answer.iter_lines(), model):
@@ -446,11 +458,14 @@ class Client:
             raise _unreachable(self.url, exc) from None
         if answer.status_code >= 400:
             raise error_from_answer(answer.status_code, answer.content, self.url)
-        return ImageOut.model_validate(answer.json())
+        try:
+            return ImageOut.model_validate(answer.json())
+        except ValueError:  # not JSON, or not an image's (pydantic's ValidationError is a ValueError)
+            raise _not_a_pool(self.url, answer) from None
 
     def remove_image(self, name: str) -> ImageOut:
         """Forget image `name` (admin only); raises NotFound when there is none."""
-        return self._one(ImageOut, "DELETE", f"/images/{quote(name, safe='')}")
+        return self._one(ImageOut, "DELETE", f"/images/{_segment(name)}")
 
     # ----------------------------------------------------------------- fabric
 
@@ -757,6 +772,20 @@ def _default_context(cert_file: str | None, cert_dir: str | None) -> ssl.SSLCont
     certifi's), once per process and setting: loading the CAs takes ~17 ms of CPU, most of what a
     Client costs to make, and a program (a test, a dashboard, a script) may make many."""
     return httpx.create_ssl_context()
+
+
+def _not_a_pool(url: str, answer: httpx.Response) -> InvalidInput:
+    """The error for an answer that is no gpupool server's (a web page where JSON was expected)."""
+    kind = answer.headers.get("content-type", "").split(";")[0] or "no content type"
+    return InvalidInput(f"The server at {url} answered HTTP {answer.status_code} with {kind}, not a gpupool "
+                        "answer: it does not look like a gpupool server; check the URL (GPUPOOL_URL is "
+                        "http://HOST:PORT, without the dashboard's /ui or another path).")
+
+
+def _unknown_shape(url: str, what: str) -> InvalidInput:
+    return InvalidInput(f"The server at {url} answered with JSON that is not {what} as this client knows "
+                        "it: it is not a gpupool server, or one of a release far from this client's; check "
+                        "the URL (GPUPOOL_URL) and the server's release (GET /health).")
 
 
 def _sse_events(lines: Iterator[str], model: type[M]) -> Iterator[tuple[int, M | None]]:
