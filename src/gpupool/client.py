@@ -366,7 +366,8 @@ class Client:
                             continue
                     if answer.status_code >= 400:
                         raise error_from_answer(answer.status_code, answer.read(), self.url)
-                    if not answer.headers.get("content-type", "").startswith("text/event-stream"):
+                    kind = answer.headers.get("content-type", "")
+                    if kind and not kind.startswith("text/event-stream"):  # a web page, or JSON
                         raise _not_a_pool(self.url, answer)
                     refused_until = None
                     failing_since = None
