@@ -69,10 +69,38 @@ def test_the_admin_imports_and_removes_and_every_token_lists(pool: tuple[Server,
     assert gone.status_code == 404 and "No image 'tiny'" in gone.json()["message"]
 
 
+def _tar(*members: tuple[str, bytes | None, str]) -> bytes:
+    """(name, data or None for a link, what a link names) members, in order."""
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w") as archive:
+        for name, data, linked in members:
+            info = tarfile.TarInfo(name)
+            if data is None:
+                symbolic = linked.startswith("@")
+                info.type = tarfile.SYMTYPE if symbolic else tarfile.LNKTYPE
+                info.linkname = linked.lstrip("@")
+                archive.addfile(info)
+            else:
+                info.size = len(data)
+                archive.addfile(info, io.BytesIO(data))
+    return buffer.getvalue()
+
+
+def _oci(layer_member: tuple[str, bytes | None, str] | None) -> bytes:
+    """An OCI image layout whose manifest names layer sha256:bb, held as `layer_member` (None: absent)."""
+    manifest = b'{"layers": [{"digest": "sha256:bb"}]}'
+    index = b'{"manifests": [{"digest": "sha256:aa"}]}'
+    members = [("oci-layout", b"{}", ""), ("index.json", index, ""), ("blobs/sha256/aa", manifest, "")]
+    return _tar(*members, *([layer_member] if layer_member else []))
+
+
 @pytest.mark.parametrize(("name", "body", "sentence"), [
     ("Bad/Name", _archive(), "is not valid: an image's name holds"),
     ("junk", b"not a tar" * 100, "it is not a readable tar archive"),
-])
+    ("nolayer", _oci(None), "its manifest names layer 'blobs/sha256/bb', which the archive does not hold"),
+    ("linkedlayer", _oci(("blobs/sha256/bb", None, "@aa")), "layer blobs/sha256/bb is not a file"),
+    ("dangling", _tar(("bin/sh", None, "bin/busybox")), "a hard link to 'bin/busybox', which is not in the"),
+], ids=["name", "junk", "oci-layer-missing", "oci-layer-a-link", "hard-link-to-nothing"])
 def test_a_bad_import_is_one_sentence(pool: tuple[Server, str], name: str, body: bytes,
                                       sentence: str) -> None:
     server, _ = pool

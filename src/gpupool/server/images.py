@@ -156,12 +156,17 @@ class _Tree:
                 target = self.parts(member.linkname)
                 if not target:
                     raise _Refused(f"member {name[:200]!r} links to the image's root")
-                with self.parent(target, member.linkname) as target_fd:
-                    info = os.stat(target[-1], dir_fd=target_fd, follow_symlinks=False)
-                    if not stat.S_ISREG(info.st_mode):
-                        raise _Refused(f"member {name[:200]!r} is a hard link to {member.linkname[:200]!r}, "
-                                       "which is not a file of the image")
-                    os.link(target[-1], leaf, src_dir_fd=target_fd, dst_dir_fd=fd, follow_symlinks=False)
+                try:
+                    with self.parent(target, member.linkname) as target_fd:
+                        info = os.stat(target[-1], dir_fd=target_fd, follow_symlinks=False)
+                        if not stat.S_ISREG(info.st_mode):
+                            raise _Refused(f"member {name[:200]!r} is a hard link to "
+                                           f"{member.linkname[:200]!r}, which is not a file of the image")
+                        os.link(target[-1], leaf, src_dir_fd=target_fd, dst_dir_fd=fd, follow_symlinks=False)
+                except FileNotFoundError:
+                    raise _Refused(f"member {name[:200]!r} is a hard link to {member.linkname[:200]!r}, "
+                                   "which is not in the image before it (a hard link follows the file it "
+                                   "names)") from None
             elif member.isreg() and data is not None:
                 out = os.open(leaf, _NEW_FILE, 0o600, dir_fd=fd)
                 try:
@@ -338,9 +343,14 @@ class ImageStore:
                     tree.add(member, data, layered=False)
                 return "rootfs"
             for layer in layers:
-                handle = archive.extractfile(layer)
+                try:
+                    member = archive.getmember(layer)
+                except KeyError:
+                    raise _Refused(f"its manifest names layer {layer[:200]!r}, which the archive does not "
+                                   "hold; export the image again") from None
+                handle = archive.extractfile(member) if member.isreg() else None  # never a link's target
                 if handle is None:
-                    raise _Refused(f"layer {layer} is not a file of the archive")
+                    raise _Refused(f"layer {layer[:200]} is not a file of the archive")
                 with tarfile.open(fileobj=handle, mode="r|*") as stream:
                     for member in stream:
                         tree.add(member, stream.extractfile(member) if member.isreg() else None, layered=True)
