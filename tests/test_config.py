@@ -172,10 +172,12 @@ def test_every_yaml_file_refuses_repeated_keys_and_non_utf8(tmp_path: Path, load
     load: dict[str, object] = {"prices": load_prices, "budgets": load_budgets,
                                "profile": lambda p: load_profile_file(Path(p)),
                                "comm": lambda p: load_comm_model(str(p)), "spec": _read_file}
-    twice, latin = tmp_path / "twice.yaml", tmp_path / "latin.yaml"
+    twice, latin, endless = tmp_path / "twice.yaml", tmp_path / "latin.yaml", tmp_path / "endless.yaml"
     twice.write_text("a: 1\nb: 2\na: 3\n")
     latin.write_bytes("a: caf\u00e9\n".encode("latin-1"))
-    for path, said in ((twice, "'a' appears twice"), (latin, "not UTF-8 text")):
+    endless.write_text("a: &a [1, *a]\n")  # a list that holds itself: a recursion error, once
+    for path, said in ((twice, "'a' appears twice"), (latin, "not UTF-8 text"),
+                       (endless, "the alias *a refers to the node that holds it")):
         with pytest.raises((InvalidInput, UsageError)) as caught:
             load[loader](str(path))  # type: ignore[operator]
         assert said in str(caught.value), (loader, str(caught.value))

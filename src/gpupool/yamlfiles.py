@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import IO, Any
 
 import yaml
+from yaml.composer import ComposerError
 from yaml.constructor import ConstructorError
 from yaml.nodes import MappingNode, Node
 
@@ -23,6 +24,29 @@ _MERGE_TAG = "tag:yaml.org,2002:merge"
 class StrictSafeLoader(yaml.SafeLoader):
     """yaml.SafeLoader that raises on a key repeated in one mapping (merged keys may be overridden,
     as YAML says)."""
+
+    def __init__(self, stream: Any) -> None:
+        super().__init__(stream)
+        self._open_anchors: set[str] = set()
+        """Anchors whose node is being composed: an alias to one would hold itself."""
+
+    def compose_node(self, parent: Node | None, index: Any) -> Node | None:
+        if self.check_event(yaml.AliasEvent):
+            event = self.peek_event()
+            if event.anchor in self._open_anchors:
+                raise ComposerError(None, None, f"the alias *{event.anchor} refers to the node that holds "
+                                    "it, which would hold itself without end; write the value out",
+                                    event.start_mark)
+            return super().compose_node(parent, index)
+        event = self.peek_event()
+        anchor = getattr(event, "anchor", None)
+        if anchor is None:
+            return super().compose_node(parent, index)
+        self._open_anchors.add(anchor)
+        try:
+            return super().compose_node(parent, index)
+        finally:
+            self._open_anchors.discard(anchor)
 
     def construct_mapping(self, node: Node, deep: bool = False) -> dict[Any, Any]:
         if isinstance(node, MappingNode):
