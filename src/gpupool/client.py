@@ -171,6 +171,11 @@ class Client:
                 self._http.base_url = httpx.URL(url + API)
             try:
                 return self._http.request(method, path, json=json, params=params)
+            except ValueError as exc:  # JSON carries no inf or nan (httpx refuses to encode one)
+                if "JSON compliant" not in str(exc):
+                    raise
+                raise InvalidInput("A number in this request is not finite (inf or nan), which JSON cannot "
+                                   "carry; give a finite value.") from None
             except (httpx.ConnectError, httpx.ConnectTimeout) as exc:
                 if i == len(order) - 1:
                     raise _unreachable(", ".join(order) if len(order) > 1 else url, exc) from None

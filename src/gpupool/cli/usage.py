@@ -45,6 +45,8 @@ def month_window(text: str) -> tuple[float, float]:
     if match is None:
         raise InvalidInput(f"--month takes a month such as 2026-12, got {text!r}.")
     year, month = int(match.group(1)), int(match.group(2))
+    if not 1970 <= year <= 9998:
+        raise InvalidInput(f"--month takes a month from 1970-01 to 9998-12, got {text!r}.")
     start = datetime.combine(date(year, month, 1), datetime.min.time(), UTC)
     end = datetime.combine(date(year + month // 12, month % 12 + 1, 1), datetime.min.time(), UTC)
     return start.timestamp(), end.timestamp()

@@ -50,8 +50,9 @@ def split_ports(ports: int, oversubscription: float) -> tuple[int, int]:
     """Leaf ports for hosts and uplinks for a down:up ratio (1.0 = non-blocking)."""
     if ports < 2 or ports % 2:
         raise InvalidInput(f"A fat tree needs an even switch radix of at least 2 ports, got {ports}.")
-    if oversubscription < 1.0:
-        raise InvalidInput(f"Oversubscription is down:up and must be >= 1.0, got {oversubscription}.")
+    if not 1.0 <= oversubscription <= ports:  # (also refuses nan)
+        raise InvalidInput(f"Oversubscription is down:up and must be 1.0 to {ports} (the radix), got "
+                           f"{oversubscription}.")
     down = round(ports * oversubscription / (oversubscription + 1.0))
     down = min(max(down, 1), ports - 1)
     return down, ports - down
@@ -134,6 +135,9 @@ def rail_optimized(
     """
     if nodes < 1 or rails < 1:
         raise InvalidInput("A rail-optimised cluster needs at least one node and one rail.")
+    if ports < 2 or ports % 2:
+        raise InvalidInput(f"A rail-optimised cluster needs an even switch radix of at least 2 ports, got "
+                           f"{ports}.")
     half = ports // 2
     per_rail = -(-nodes // half)
     if rails * per_rail > ports:
