@@ -46,7 +46,8 @@ RULES: dict[str, Rule] = {
     "errors": _rule(),
     "durations": _rule(),
     "gc_tuning": _rule(),
-    "yamlfiles": _rule("errors"),
+    "textfiles": _rule("errors"),
+    "yamlfiles": _rule("errors", "textfiles"),
     "lite_http": _rule("errors"),
     "clientconfig": _rule("errors"),
     # the pure scheduler and the data it shares
@@ -57,15 +58,15 @@ RULES: dict[str, Rule] = {
     "prices": _rule("core", "errors", "profiles", "yamlfiles"),
     "money": _rule(),
     "fedfile": _rule("core", "errors", "yamlfiles"),
-    "sim": _rule("core", "errors", "fedfile", "yamlfiles"),
+    "sim": _rule("core", "errors", "fedfile", "textfiles", "yamlfiles"),
     # the wire's vocabulary, and the two sides of it
     "api": _rule("core", "errors"),
     "config": _rule("api", "core", "errors", "prices", "yamlfiles"),
     "client": _rule("api", "clientconfig", "durations", "errors", "lite_http"),
     "remote": _rule("api", "client", "errors"),
     # where work runs
-    "agent": _rule("core", "errors", "pods", "profiles", "providers.nodespec"),
-    "providers": _rule("agent", "core", "errors", "pods", "profiles"),
+    "agent": _rule("core", "errors", "pods", "profiles", "providers.nodespec", "textfiles"),
+    "providers": _rule("agent", "core", "errors", "pods", "profiles", "textfiles"),
     # the control plane and the command line on top
     # provision.py is where the server builds its provider: it passes the node's pod-network settings
     "server": _rule("agent.identity", "agent.netns", "api", "config", "core", "errors", "gc_tuning", "pods",

@@ -734,13 +734,19 @@ def _line(tree: yaml.Node | None, loc: Sequence[Any]) -> str:
     return "" if line is None else f" line {line + 1}"
 
 
+MAX_CONFIG_FILE_BYTES = 16 << 20
+"""A configuration file holds at most this much (a device such as /dev/zero has no end)."""
+
+
 def load_config(path: Path | str | None) -> PoolConfig:
     """The configuration in `path` (defaults when None); InvalidInput for a missing or bad file."""
     if path is None:
         return PoolConfig()
     path = Path(path)
     try:
-        text = read_text(path, "the configuration file")
+        text = read_text(path, "the configuration file", bound=(
+            MAX_CONFIG_FILE_BYTES, f"The configuration file {str(path)!r} holds more than "
+            f"{MAX_CONFIG_FILE_BYTES >> 20} MiB, far more than a configuration needs: is it the right file?"))
     except FileNotFoundError:
         raise InvalidInput(f"No configuration file {str(path)!r}; check the path (--config or "
                            f"{CONFIG_ENV}).") from None

@@ -8,7 +8,6 @@ is the safe loader's (no Python objects are ever built from a file).
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import IO, Any
 
 import yaml
@@ -16,7 +15,7 @@ from yaml.composer import ComposerError
 from yaml.constructor import ConstructorError
 from yaml.nodes import MappingNode, Node
 
-from gpupool.errors import InvalidInput
+from gpupool.textfiles import read_text as read_text
 
 _MERGE_TAG = "tag:yaml.org,2002:merge"
 
@@ -71,20 +70,3 @@ class StrictSafeLoader(yaml.SafeLoader):
 def safe_load(source: str | bytes | IO[str] | IO[bytes]) -> Any:
     """yaml.safe_load, refusing repeated keys (yaml.YAMLError with the repeat's line)."""
     return yaml.load(source, Loader=StrictSafeLoader)
-
-
-def read_text(path: Path | str, what: str, *, bound: tuple[int, str] | None = None) -> str:
-    """The UTF-8 text of `path` (`what` names it in errors: 'the configuration file'). OSError as
-    open() raises it; InvalidInput with one sentence when the file is not UTF-8, or, with `bound`
-    (the most bytes, the sentence past them), when it holds more, of which no more is read (a device
-    or a pipe named by mistake, such as /dev/zero, has no end)."""
-    with open(path, "rb") as handle:
-        data = handle.read() if bound is None else handle.read(bound[0] + 1)
-    if bound is not None and len(data) > bound[0]:
-        raise InvalidInput(bound[1])
-    try:
-        return data.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        line = data.count(b"\n", 0, exc.start) + 1
-        raise InvalidInput(f"Cannot read {what} {str(path)!r}: it is not UTF-8 text (byte "
-                           f"0x{data[exc.start]:02x} on line {line}); save it as UTF-8.") from None

@@ -10,6 +10,7 @@ from pathlib import Path
 from gpupool.core.model import Device, DeviceKind, Node
 from gpupool.errors import InvalidInput, TraceError
 from gpupool.profiles import DeviceProfile, ProfileSet, default_profiles
+from gpupool.textfiles import text_stream
 
 SPEC_SYNTAX = (
     "write NODESxDEVICESxMODEL[,...], for example '2x8xH100,4x8xV100M32', "
@@ -113,7 +114,7 @@ def nodes_from_openb_csv(path: Path, profiles: ProfileSet | None = None) -> list
     """Simulated nodes from an OpenB node list (sn,cpu_milli,memory_mib,gpu,model), in file order."""
     profiles = profiles or default_profiles()
     try:
-        handle = path.open(newline="", encoding="utf-8")
+        handle = text_stream(path, "the node file")
     except OSError as exc:
         raise InvalidInput(f"Cannot open node file {str(path)!r} ({exc.strerror}); {SPEC_SYNTAX}.") from None
     nodes: list[Node] = []

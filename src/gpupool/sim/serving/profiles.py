@@ -32,6 +32,7 @@ from pathlib import Path
 import numpy as np
 
 from gpupool.errors import InvalidInput
+from gpupool.textfiles import text_stream
 
 PERF_COLUMNS = (
     "model",
@@ -166,7 +167,7 @@ def read_perf_csv(path: Path) -> dict[tuple[str, str, int], list[PerfPoint]]:
     """Rows of a profile file grouped by (model, hardware, tp), repetitions reduced to medians.
     Raises InvalidInput naming the missing columns."""
     try:
-        with path.open(newline="") as handle:
+        with text_stream(path, "the profile file") as handle:
             reader = csv.DictReader(handle)
             missing = [c for c in PERF_COLUMNS if c not in (reader.fieldnames or [])]
             if missing:

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from gpupool.errors import InvalidInput
+from gpupool.textfiles import text_stream
 
 AZURE_COLUMNS = ("TIMESTAMP", "ContextTokens", "GeneratedTokens")
 TRACE_KINDS = ("azure-code", "azure-conv")
@@ -52,7 +53,7 @@ def load_azure(
     if rate_scale <= 0:
         raise InvalidInput(f"--rate-scale must be above 0 (1.0: the trace's own rate), got {rate_scale:g}.")
     try:
-        with path.open(newline="") as handle:
+        with text_stream(path, "the request trace") as handle:
             reader = csv.DictReader(handle)
             missing = [c for c in AZURE_COLUMNS if c not in (reader.fieldnames or [])]
             if missing:

@@ -16,6 +16,7 @@ from pathlib import Path
 from gpupool.core.model import UNKNOWN_MEMORY_MIB, Device, Node, PodRequest
 from gpupool.core.units import MILLI
 from gpupool.errors import InvalidInput, TraceError
+from gpupool.textfiles import text_stream
 
 NODE_COLUMNS = ("sn", "cpu_milli", "memory_mib", "gpu", "model")
 POD_COLUMNS = ("name", "cpu_milli", "memory_mib", "num_gpu", "gpu_milli")
@@ -38,7 +39,7 @@ def _rows(path: Path, required: tuple[str, ...]) -> Iterator[tuple[int, dict[str
     """(line number, row) pairs of a CSV file whose header holds every required column."""
     if not path.is_file():
         raise InvalidInput(f"Trace file {path} does not exist; give the path of an OpenB CSV file.")
-    with path.open(newline="", encoding="utf-8") as handle:
+    with text_stream(path, "the OpenB trace") as handle:
         reader = csv.reader(handle)
         header = next(reader, None)
         if header is None:

@@ -13,6 +13,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from gpupool.errors import InvalidInput, TraceError
+from gpupool.textfiles import text_stream
 
 COLUMNS = ("timestamp", "duration", "num_gpus", "gpu_time", "cluster")
 
@@ -39,7 +40,7 @@ def load_philly(path: str | Path) -> list[PhillyJob]:
     if not path.is_file():
         raise InvalidInput(f"Trace file {path} does not exist; give the path of a Philly CSV file.")
     jobs: list[PhillyJob] = []
-    with path.open(newline="", encoding="utf-8") as handle:
+    with text_stream(path, "the Philly trace") as handle:
         reader = csv.reader(handle)
         header = [h.strip() for h in next(reader, [])]
         missing = [c for c in COLUMNS if c not in header]
