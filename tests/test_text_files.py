@@ -50,3 +50,12 @@ def test_a_configuration_file_without_end_is_refused(tmp_path: Path, monkeypatch
         load_config(big)
     with pytest.raises(InvalidInput, match="far more than a configuration needs"):
         load_config("/dev/zero")
+
+
+def test_a_profile_row_cut_short_is_one_sentence(tmp_path: Path) -> None:
+    from gpupool.sim.serving.profiles import PERF_COLUMNS
+
+    cut = tmp_path / "perf.csv"
+    cut.write_text(",".join(PERF_COLUMNS) + "\nllama,A100,1,128\n")
+    with pytest.raises(InvalidInput, match=r"perf.csv:2: a number column does not hold a number \(or"):
+        read_perf_csv(cut)

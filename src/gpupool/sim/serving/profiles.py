@@ -192,8 +192,9 @@ def read_perf_csv(path: Path) -> dict[tuple[str, str, int], list[PerfPoint]]:
             reps[key].append(
                 (float(row["prompt_time"]), float(row["token_time"]), float(row.get("peak_power") or 0.0))
             )
-        except ValueError:
-            raise InvalidInput(f"{path.name}:{n}: a number column does not hold a number.") from None
+        except (ValueError, TypeError):  # TypeError: a row cut short (csv gives None for its missing cells)
+            raise InvalidInput(f"{path.name}:{n}: a number column does not hold a number (or the row is "
+                               f"cut short: it needs {', '.join(PERF_COLUMNS)}).") from None
     out: dict[tuple[str, str, int], list[PerfPoint]] = defaultdict(list)
     for key, values in sorted(reps.items()):
         prompt = [v[0] for v in values]
