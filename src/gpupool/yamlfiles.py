@@ -30,16 +30,12 @@ class StrictSafeLoader(yaml.SafeLoader):
         """Anchors whose node is being composed: an alias to one would hold itself."""
 
     def compose_node(self, parent: Node | None, index: Any) -> Node | None:
-        if self.check_event(yaml.AliasEvent):
-            event = self.peek_event()
-            if event.anchor in self._open_anchors:
-                raise ComposerError(None, None, f"the alias *{event.anchor} refers to the node that holds "
-                                    "it, which would hold itself without end; write the value out",
-                                    event.start_mark)
-            return super().compose_node(parent, index)
-        event = self.peek_event()
+        alias, event = self.check_event(yaml.AliasEvent), self.peek_event()
         anchor = getattr(event, "anchor", None)
-        if anchor is None:
+        if alias and anchor in self._open_anchors:
+            raise ComposerError(None, None, f"the alias *{anchor} refers to the node that holds it, which "
+                                "would hold itself without end; write the value out", event.start_mark)
+        if anchor is None or alias:
             return super().compose_node(parent, index)
         self._open_anchors.add(anchor)
         try:
