@@ -17,7 +17,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import Engine, create_engine, event, text
+from sqlalchemy import Connection, Engine, FromClause, create_engine, event, text
+from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.exc import InternalError, OperationalError
 from sqlalchemy.orm import Session, sessionmaker
 
@@ -26,6 +27,13 @@ from gpupool.errors import InvalidInput, StoreUnavailable, Unavailable
 log = logging.getLogger("gpupool.store")
 
 MIGRATIONS_DIR = Path(__file__).parent / "migrations"
+
+
+def insert_ignoring(conn: Connection, table: FromClause) -> Any:
+    """INSERT into `table` that skips a row whose key is there already (ON CONFLICT DO NOTHING, in
+    the dialect of the store `conn` is on: the one write both stores agree on)."""
+    dialect = postgresql if conn.dialect.name == "postgresql" else sqlite
+    return dialect.insert(table).on_conflict_do_nothing()
 
 
 def make_engine(url: str) -> Engine:

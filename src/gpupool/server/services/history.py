@@ -17,11 +17,9 @@ from __future__ import annotations
 from bisect import bisect_left
 from collections import defaultdict
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Literal
 
 from sqlalchemy import delete, func, select
-from sqlalchemy.dialects import postgresql, sqlite
-from sqlalchemy.engine import Connection
 
 from gpupool.api.history import DeviceHistory, HistoryOut, HistorySeries
 from gpupool.core.metering import DAY_S
@@ -29,6 +27,7 @@ from gpupool.core.model import WorkloadStatus
 from gpupool.core.units import MILLI
 from gpupool.errors import Forbidden, InvalidInput
 from gpupool.server.auth import Principal
+from gpupool.server.db import insert_ignoring
 from gpupool.server.orm import HistoryRow, WorkloadRow
 from gpupool.server.runtime import Runtime
 from gpupool.server.services.tenants import made_s
@@ -91,12 +90,6 @@ def sample(rt: Runtime, extra: list[Point] | None = None) -> list[Point]:
     return points + (extra or [])
 
 
-def _insert_ignoring(conn: Connection) -> Any:
-    """INSERT that skips a row whose key is there already (the one write both stores agree on)."""
-    dialect = postgresql if conn.dialect.name == "postgresql" else sqlite
-    return dialect.insert(_TABLE).on_conflict_do_nothing()
-
-
 def record(rt: Runtime, minute_s: float, points: list[Point]) -> int:
     """Write `points` as the minute starting at `minute_s`, unless that minute is recorded already
     (by this server before a restart, or by another): then nothing. Returns the rows written."""
@@ -106,11 +99,11 @@ def record(rt: Runtime, minute_s: float, points: list[Point]) -> int:
         return 0
     with rt.store.write() as session:
         conn = session.connection()
-        claimed = conn.execute(_insert_ignoring(conn).returning(_TABLE.c.at_s), rows[0]).first()
+        claimed = conn.execute(insert_ignoring(conn, _TABLE).returning(_TABLE.c.at_s), rows[0]).first()
         if claimed is None:  # the minute's capacity row exists: it was recorded, all of it
             return 0
         if len(rows) > 1:
-            conn.execute(_insert_ignoring(conn), rows[1:])
+            conn.execute(insert_ignoring(conn, _TABLE), rows[1:])
     return len(rows)
 
 
@@ -183,7 +176,7 @@ def _roll_hour(rt: Runtime, hour: float) -> None:
     if rows:
         with rt.store.write() as session:
             conn = session.connection()
-            conn.execute(_insert_ignoring(conn), rows)
+            conn.execute(insert_ignoring(conn, _TABLE), rows)
 
 
 def expire(rt: Runtime, now: float, keep_days: float) -> int:

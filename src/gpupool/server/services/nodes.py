@@ -8,7 +8,6 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from sqlalchemy import select
-from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session
 
 from gpupool.api.events import EventReason
@@ -18,6 +17,7 @@ from gpupool.errors import NotFound, did_you_mean
 from gpupool.providers.base import Capability
 from gpupool.providers.nodespec import CONTAINERS_LABEL
 from gpupool.server.auth import Principal
+from gpupool.server.db import insert_ignoring
 from gpupool.server.held import EMPTY_NODE, NodeHeld
 from gpupool.server.orm import NodeFlagRow, PodRow, WorkloadRow
 from gpupool.server.runtime import Runtime
@@ -192,10 +192,8 @@ def locked_flags(session: Session, name: str, now: float) -> NodeFlagRow:
     is none): two admins changing one node at once are serialised, the second reading what the first
     wrote, and the first change of a node never fails on the other's insert."""
     conn = session.connection()
-    dialect = postgresql if conn.dialect.name == "postgresql" else sqlite
-    conn.execute(dialect.insert(NodeFlagRow.__table__).values(
-        name=name, cordoned=False, draining=False, updated_s=now, failed=False, failed_devices=[])
-        .on_conflict_do_nothing())
+    conn.execute(insert_ignoring(conn, NodeFlagRow.__table__).values(
+        name=name, cordoned=False, draining=False, updated_s=now, failed=False, failed_devices=[]))
     row = session.get(NodeFlagRow, name, with_for_update=True, populate_existing=True)
     assert row is not None  # made above
     return row

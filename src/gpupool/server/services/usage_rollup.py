@@ -28,10 +28,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from sqlalchemy import ColumnElement, bindparam, case, delete, func, insert, select, update
-from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session
 
 from gpupool.core.metering import DAY_S, PodInterval, PriceBook, UsageKey, UsageRow, aggregate
+from gpupool.server.db import insert_ignoring
 from gpupool.server.orm import Base, PodRow, UsageDailyServiceRow, UsageRollupStateRow, WorkloadRow
 from gpupool.server.runtime import Runtime
 from gpupool.server.services.metering import interval_rows, to_intervals
@@ -105,7 +105,8 @@ class UsageRollup:
                 ended = ended.where(PodRow.workload_id.in_(theirs))
             ids = list(session.scalars(ended.limit(FOLD_BATCH)))
             if not ids:
-                self._backlog = self._backlog and tenant is not None
+                if tenant is None:  # (a tenant's fold says nothing of the others' backlog)
+                    self._backlog = False
                 return 0
             rows = session.execute(interval_rows().where(PodRow.id.in_(ids))).all()
             intervals = to_intervals(rt, rows, now=rt.clock(), default_class=default_class)
@@ -126,9 +127,7 @@ def _locked_state(session: Session, wanted: str) -> UsageRollupStateRow:
     pods not rolled up must not run beside another that would add the same pods again. Made first where
     there is none yet (priced as `wanted`: nothing was folded), by whichever server comes first."""
     conn = session.connection()
-    dialect = postgresql if conn.dialect.name == "postgresql" else sqlite
-    conn.execute(dialect.insert(UsageRollupStateRow.__table__).values(id=1, prices_sha256=wanted)
-                 .on_conflict_do_nothing())
+    conn.execute(insert_ignoring(conn, UsageRollupStateRow.__table__).values(id=1, prices_sha256=wanted))
     state = session.get(UsageRollupStateRow, 1, with_for_update=True, populate_existing=True)
     assert state is not None  # made above, and never deleted
     return state
