@@ -85,7 +85,7 @@ def test_refusals_are_one_sentence() -> None:
 
 def test_every_spec_field_is_a_keyword() -> None:
     keywords = set(submit_keywords())
-    set_by_server = {"array_index", "rendezvous", "serve_port", "service_role", "pair_with"}
+    set_by_server = {"array_index", "rendezvous", "serve_port", "service_role", "pair_with", "on_behalf"}
     assert set(WorkloadSpec.model_fields) - set_by_server <= keywords
     assert set(ResourcesSpec.model_fields) <= keywords
     server_set = {name for name, field in WorkloadSpec.model_fields.items()

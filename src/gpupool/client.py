@@ -666,7 +666,8 @@ class Client:
 
 
 _RESOURCE_KEYS = frozenset(ResourcesSpec.model_fields)
-_SET_BY_SERVER = frozenset({"array_index", "rendezvous", "serve_port", "service_role", "pair_with"})
+_SET_BY_SERVER = frozenset({"array_index", "rendezvous", "serve_port", "service_role", "pair_with",
+                            "on_behalf"})
 
 
 def submit_keywords() -> list[str]:

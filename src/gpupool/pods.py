@@ -87,6 +87,9 @@ class PodLaunch:
     """Whose pod it is: where the agent runs as root, it picks the Unix account from it."""
     unix_user: str = ""
     """The account the admin mapped to the tenant ('' = the pool's own account for the tenant)."""
+    on_behalf: bool = False
+    """Started by the admin or a federation hub for the tenant (its spec's `on_behalf`): the pod runs
+    as the tenant's on-behalf account, which reads none of the tenant's own pods (agent/identity.py)."""
     separate_stderr: bool = False
     """Keep stderr in its own log; by default stdout and stderr share one, in the order written."""
     # Container images (agent/container.py)

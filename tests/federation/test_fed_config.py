@@ -145,6 +145,8 @@ def test_the_federation_wide_quota_is_checked_at_the_hub(tmp_path: Path, db_url:
         hub.submit(alice, WorkloadSpec(command=["x"], array="0-3"))
     with pytest.raises(InvalidInput, match="does not take dependencies yet"):
         hub.submit(alice, WorkloadSpec(command=["x"], dependency=f"afterok:{first}"))
+    with pytest.raises(InvalidInput, match="on_behalf is set by a member pool"):  # it runs as the hub's there
+        hub.submit(alice, WorkloadSpec(command=["x"], on_behalf="admin"))
     update_tenant(rt, admin, "alice", TenantUpdate(max_pending=1))
     with pytest.raises(TooManyPending, match="already has 1 workloads waiting at the hub"):
         hub.submit(alice, WorkloadSpec(command=["x"]))

@@ -14,10 +14,12 @@ from typing import Any
 
 import pytest
 from fakes import ManualProvider
+from sqlalchemy import select
 
 from conftest import Server, start_server, stop_server
 from factories import node
 from gpupool.agent.checkpoints import CheckpointDirs, unpack
+from gpupool.server.orm import WorkloadRow
 
 
 class CheckpointingProvider(ManualProvider):
@@ -26,6 +28,8 @@ class CheckpointingProvider(ManualProvider):
     def __init__(self, scratch: Path) -> None:
         super().__init__([node("n0", devices=8, model="H100")])
         self.dirs = CheckpointDirs(scratch)
+        self.seeded: list[tuple[str, bool]] = []
+        """(workload id, on_behalf) of each checkpoint given: the account its files are owned by."""
 
     def checkpoint_s(self, workload_id: str) -> float | None:
         return self.dirs.mark_s(workload_id)
@@ -33,7 +37,9 @@ class CheckpointingProvider(ManualProvider):
     def read_checkpoint(self, workload_id: str, max_bytes: int) -> tuple[float | None, bytes] | None:
         return self.dirs.archive(workload_id, max_bytes)
 
-    def seed_checkpoint(self, workload_id: str, tenant: str, unix_user: str, data: bytes) -> int:
+    def seed_checkpoint(self, workload_id: str, tenant: str, unix_user: str, data: bytes, *,
+                        on_behalf: bool = False) -> int:
+        self.seeded.append((workload_id, on_behalf))
         return self.dirs.seed(workload_id, None, data)
 
 
@@ -82,6 +88,35 @@ def test_a_held_submission_takes_a_checkpoint_once_and_reads_it_back(server: Ser
                    headers=h).status_code == 304
     assert api.get(f"/api/v1/workloads/{held}/checkpoint", params={"max_bytes": 3},
                    headers=h).status_code == 413
+
+
+def test_only_the_tenant_gives_a_checkpoint_to_its_own_work_and_the_files_follow_the_account(
+        server: Server) -> None:
+    """A checkpoint's files are read by the pods as they start (a pickle runs code as it loads): the
+    admin or a hub gives one only to work it submitted, which runs as the tenant's on-behalf account,
+    and the files are owned by that account; the tenant's own held work takes one from its own token
+    only, owned by its own account."""
+    api, admin = server.client, server.headers()
+    token = api.post("/api/v1/tokens", json={"tenant": "team"}, headers=admin).json()["token"]
+    own = {"Authorization": f"Bearer {token}"}
+    provider = server.rt.provider
+    assert isinstance(provider, CheckpointingProvider)
+    theirs = api.post("/api/v1/workloads", params={"hold": "true"}, json=SPEC, headers=own).json()["id"]
+    data = _tar({"state": b"step-41", ".checkpoint": b""})
+    refused = api.put(f"/api/v1/workloads/{theirs}/checkpoint", content=data, headers=admin)
+    assert refused.status_code == 403, refused.text
+    assert refused.json()["message"] == (
+        f"Workload {theirs} was submitted with one of tenant team's own tokens and runs as its account; a "
+        "checkpoint from the admin could run code there (a pickle loads as it reads). Put it with one of "
+        "team's tokens.")
+    assert provider.seeded == []
+    assert api.put(f"/api/v1/workloads/{theirs}/checkpoint", content=data, headers=own).status_code == 200
+    admins = api.post("/api/v1/workloads", params={"hold": "true"}, json=SPEC, headers=admin).json()["id"]
+    assert api.put(f"/api/v1/workloads/{admins}/checkpoint", content=data, headers=admin).status_code == 200
+    assert provider.seeded == [(theirs, False), (admins, True)]
+    with server.rt.store.read() as session:
+        stored = {row.id: row.spec.get("on_behalf") for row in session.scalars(select(WorkloadRow))}
+    assert stored == {theirs: None, admins: "admin"}
 
 
 def test_a_checkpoint_larger_than_the_request_body_limit_is_taken_whole(server: Server) -> None:

@@ -206,9 +206,12 @@ def test_unix_user_refuses_another_pools_account_of_the_same_tenant(server: Serv
 @needs_root
 def test_removing_a_pool_account_waits_for_its_processes(accounts: list[str]) -> None:
     identities = Identities(switch_users=True, pool_id="t2a1")
-    accounts.append(account_name("gone", "t2a1"))
+    accounts += [account_name("gone", "t2a1"), account_name("gone", "t2a1", on_behalf=True)]
     identity = identities.resolve("gone")
-    assert identity is not None
+    others = identities.resolve("gone", on_behalf=True)
+    assert identity is not None and others is not None
+    assert (identity.user, others.user) == ("gpupool-t2a1-gone", "gpupool-t2a1-gone_ob")
+    assert identity.uid != others.uid
     sleeper = subprocess.Popen(["sleep", "60"], user=identity.uid, group=identity.gid)
     try:
         busy = r"1 process\(es\) still run as the account 'gpupool-t2a1-gone'"
@@ -218,11 +221,26 @@ def test_removing_a_pool_account_waits_for_its_processes(accounts: list[str]) ->
     finally:
         sleeper.kill()
         sleeper.wait()
-    assert identities.remove("gone") == identity.user
-    with pytest.raises(KeyError):
-        pwd.getpwnam(identity.user)
-    assert identities.remove("gone") == "", "idempotent"
+    assert identities.remove("gone") == [identity.user, others.user]
+    for name in (identity.user, others.user):
+        with pytest.raises(KeyError):
+            pwd.getpwnam(name)
+    assert identities.remove("gone") == [], "idempotent"
     assert os.geteuid() == 0
+
+
+def test_on_behalf_accounts_are_named_apart_from_every_tenants_own() -> None:
+    """Work the admin or a hub started for a tenant runs as `<account>_ob`: no tenant's own account
+    can end so (tenant names have no underscore), and a long name is cut to 32 characters with
+    both its hash and the suffix kept."""
+    assert account_name("team-a", "p1") == "gpupool-p1-team-a"
+    assert account_name("team-a", "p1", on_behalf=True) == "gpupool-p1-team-a_ob"
+    long = "a" * 40
+    own, others = account_name(long, "p1"), account_name(long, "p1", on_behalf=True)
+    assert len(own) == len(others) == 32
+    assert others.endswith("_ob") and others[:-3] != own
+    assert others[:-3].rsplit("-", 1)[1] == own.rsplit("-", 1)[1], "the same tenant's hash"
+    assert Identities(switch_users=False).resolve("team-a", on_behalf=True) is None
 
 
 @needs_root

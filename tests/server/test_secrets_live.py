@@ -16,6 +16,7 @@ import hashlib
 import json
 import os
 import stat
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -194,6 +195,66 @@ def test_a_secret_deleted_before_the_launch_fails_the_pod_with_a_sentence(pool: 
             assert pool.gp("admin", "node", "uncordon", node)[0] == 0
     shown = pool.finished("team-a", out.strip())
     assert shown["status"] == "failed" and "secret 'tmp' no longer exists" in str(shown["message"]), shown
+
+
+PROBE = """
+import hashlib, os, pwd, sys
+want, env, files = sys.argv[1], 0, 0
+d = lambda b: hashlib.sha256(b).hexdigest()
+for pid in filter(str.isdigit, os.listdir("/proc")):
+    try:
+        items = open(f"/proc/{pid}/environ", "rb").read().split(b"\\0")
+    except OSError:
+        items = []
+    env += sum(d(item.partition(b"=")[2]) == want for item in items)
+    for where, _, names in os.walk(f"/proc/{pid}/root/run/secrets"):
+        for name in names:
+            try:
+                files += d(open(os.path.join(where, name), "rb").read()) == want
+            except OSError:
+                pass
+print(pwd.getpwuid(os.getuid()).pw_name, env, files)
+"""
+"""Counts the variables and files under /run/secrets, of every process it may read, whose value's
+digest is DIGEST; prints its account and both counts (never a value)."""
+
+
+def test_work_the_admin_or_a_hub_starts_for_the_tenant_cannot_read_its_secrets(pool: Pool) -> None:
+    """The admin and a federation hub act for a tenant but never read its secrets: their work runs as
+    the tenant's on-behalf account, so it cannot read the environment or the /run/secrets of the
+    tenant's own pod on the same node, which the tenant's own pod with the same probe can."""
+    code, out, err = pool.gp("team-a", "submit", "--gpus", "0", "--secret", "hf", "--secret",
+                             "hf:/run/secrets/hf", "--", "sleep", "300")
+    assert code == 0, err
+    holder = out.strip()
+    try:
+        deadline = time.monotonic() + 60
+        while json.loads(pool.gp("team-a", "show", holder, "--json")[1])["status"] != "running":
+            assert time.monotonic() < deadline, "the pod holding the secret never ran"
+            time.sleep(0.2)
+        probe = ["--gpus", "0", "--", pod_python(), "-c", PROBE, DIGEST]
+        ran = {"team-a": pool.gp("team-a", "submit", *probe),
+               "admin": pool.gp("admin", "submit", "--tenant", "team-a", *probe)}
+        code, out, err = pool.gp("admin", "token", "create", "--admin", "--scope", "federation")
+        assert code == 0, err
+        with pool.server.client() as api:
+            hub = api.post("/workloads", headers={"Authorization": f"Bearer {out.strip()}",
+                                                  "X-Gpupool-On-Behalf-Of": "team-a"},
+                           json={"command": probe[3:], "resources": {"gpus": 0}})
+        assert hub.status_code == 201, hub.text
+        ran["hub"] = (0, hub.json()["id"], "")
+        seen = {}
+        for who, (code, out, err) in ran.items():
+            assert code == 0, err
+            assert pool.finished("team-a", out.strip())["status"] == "succeeded", who
+            seen[who] = pool.gp("team-a", "logs", out.strip())[1].split()
+    finally:
+        pool.gp("team-a", "cancel", holder)
+    own = seen["team-a"][0]
+    assert own.startswith("gpupool-") and own.endswith("-team-a"), own
+    found = [int(n) for n in seen["team-a"][1:]]  # the pod's shim and its command: one or both
+    assert min(found) >= 1, f"the probe finds the secret as the tenant's own account: {seen}"
+    assert seen["admin"] == seen["hub"] == [own + "_ob", "0", "0"]
 
 
 def _uid(pid: int) -> int:

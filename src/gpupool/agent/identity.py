@@ -9,6 +9,10 @@ could read each other's files; and one per pool: tenant `a` of two pools on one 
 tenants (the pool id is a short random id kept in the pool's data directory, `pool-id`). An agent
 given no pool id (one built outside `gpupool up`) names accounts `gpupool-<tenant>`, as pools did
 before they had ids.
+Work that the admin or a federation hub started for a tenant (`PodLaunch.on_behalf`) runs as a second
+account of the tenant's, `<its account>_ob`, made the same way whether the tenant is mapped or not: an
+account may read its own processes' environments and files (`/proc/PID/environ`, `/proc/PID/root`),
+so code that the tenant did not write must not share the account of pods that hold its secrets.
 When the agent is not root it cannot change users, and pods run as its own user (a one-user pool).
 """
 
@@ -38,6 +42,8 @@ log = logging.getLogger("gpupool.agent")
 POD_GROUP = "gpupool-pods"
 ACCOUNT_PREFIX = "gpupool-"
 MAX_ACCOUNT_NAME = 32
+ON_BEHALF_SUFFIX = "_ob"
+"""Ends the account of on-behalf work: tenant names have no underscore, so no tenant's own account does."""
 NOLOGIN_SHELLS = ("/usr/sbin/nologin", "/sbin/nologin", "/bin/false")
 BASE_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 """The pods' PATH unless the operator sets another (GPUPOOL_POD_PATH when the server starts)."""
@@ -57,15 +63,17 @@ def can_switch_users() -> bool:
     return os.geteuid() == 0
 
 
-def account_name(tenant: str, pool_id: str = "") -> str:
+def account_name(tenant: str, pool_id: str = "", *, on_behalf: bool = False) -> str:
     """The pool's own account for `tenant`: 'gpupool-<pool id>-<tenant>' ('gpupool-<tenant>' with no
-    pool id), at most 32 characters (a long tenant name is cut and given a hash suffix)."""
+    pool id), at most 32 characters (a long tenant name is cut and given a hash suffix); with
+    `on_behalf`, the account of work others started for the tenant, the same name ending '_ob'."""
     prefix = f"{ACCOUNT_PREFIX}{pool_id}-" if pool_id else ACCOUNT_PREFIX
-    name = prefix + tenant
+    suffix = ON_BEHALF_SUFFIX if on_behalf else ""
+    name = prefix + tenant + suffix
     if len(name) <= MAX_ACCOUNT_NAME:
         return name
     digest = hashlib.sha256(tenant.encode()).hexdigest()[:8]
-    return f"{prefix}{tenant[: MAX_ACCOUNT_NAME - len(prefix) - 9]}-{digest}"
+    return f"{prefix}{tenant[: MAX_ACCOUNT_NAME - len(prefix) - 9 - len(suffix)]}-{digest}{suffix}"
 
 
 def is_pool_account(identity: PodIdentity) -> bool:
@@ -203,45 +211,51 @@ class Identities:
         self.pool_id = pool_id
         """The pool's id (`gpupool-<pool id>-<tenant>` accounts); '' names them `gpupool-<tenant>`."""
         self._lock = threading.Lock()
-        self._known: dict[tuple[str, str], PodIdentity] = {}
+        self._known: dict[tuple[str, str, bool], PodIdentity] = {}
 
-    def resolve(self, tenant: str, unix_user: str = "") -> PodIdentity | None:
-        """The account for a pod of `tenant` (None: run as this process's own user).
-        Raises InvalidInput for a bad mapping and ProviderError when an account cannot be made."""
+    def resolve(self, tenant: str, unix_user: str = "", *, on_behalf: bool = False) -> PodIdentity | None:
+        """The account for a pod of `tenant` (None: run as this process's own user); with
+        `on_behalf`, the tenant's on-behalf account, never the mapped one. Raises InvalidInput for a
+        bad mapping and ProviderError when an account cannot be made."""
         if not self.switch_users:
             return None
-        key = (tenant, unix_user)
+        tenant = tenant or "default"
+        key = (tenant, "" if on_behalf else unix_user, on_behalf)
         with self._lock:
             known = self._known.get(key)
             if known is None:
-                if unix_user:
+                pool = f" of pool {self.pool_id}" if self.pool_id else ""
+                if on_behalf:
+                    known = ensure_account(account_name(tenant, self.pool_id, on_behalf=True),
+                                           f"gpupool work for tenant {tenant}{pool} by others")
+                elif unix_user:
                     known = mapped_account(unix_user)
-                    if is_pool_account(known) and known.user != account_name(tenant or "default",
-                                                                               self.pool_id):
+                    if is_pool_account(known) and known.user != account_name(tenant, self.pool_id):
                         raise InvalidInput(  # a mapping stored before the server refused it
                             f"Tenant {tenant!r} is mapped to {unix_user!r}, the pool's account of another "
                             "tenant; its pods do not start until `gpupool tenant set --unix-user` maps "
                             "it to an account of its own.", unix_user=unix_user)
                 else:
-                    tenant = tenant or "default"
-                    pool = f" of pool {self.pool_id}" if self.pool_id else ""
                     known = ensure_account(account_name(tenant, self.pool_id),
                                            f"gpupool pods of tenant {tenant}{pool}")
                 self._known[key] = known
             return known
 
-    def remove(self, tenant: str, owned_under: Sequence[Path] = ()) -> str:
-        """The tenant was deleted: remove its pool account here (`remove_account`, with what it owns
-        at the top of `owned_under`) and forget what was resolved for it. Returns the account's name
-        when one was removed, else ''."""
+    def remove(self, tenant: str, owned_under: Sequence[Path] = ()) -> list[str]:
+        """The tenant was deleted: remove its pool accounts here, its own and its on-behalf one
+        (`remove_account`, with what each owns at the top of `owned_under`), and forget what was
+        resolved for it. Returns the names of the accounts removed."""
         if not self.switch_users:
-            return ""
-        name = account_name(tenant, self.pool_id)
+            return []
+        removed: list[str] = []
         with self._lock:
-            removed = remove_account(name, owned_under)
+            for on_behalf in (False, True):
+                name = account_name(tenant, self.pool_id, on_behalf=on_behalf)
+                if remove_account(name, owned_under):
+                    removed.append(name)
             for key in [k for k in self._known if k[0] == tenant]:
                 del self._known[key]
-        return name if removed else ""
+        return removed
 
 
 def processes_of(uid: int, proc: Path = Path("/proc")) -> int:

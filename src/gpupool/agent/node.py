@@ -380,7 +380,7 @@ class NodeAgent:
         if known is not None:
             return known
         _refuse_nul(pod)
-        identity = self.identities.resolve(pod.tenant, pod.unix_user)
+        identity = self.identities.resolve(pod.tenant, pod.unix_user, on_behalf=pod.on_behalf)
         secret_env, secret_files = _secrets(pod)  # before anything is made for the pod
         with self._lock:  # planning may start the MPS daemon; the start itself may overlap others
             plan = self.plan(pod, identity)
@@ -545,10 +545,12 @@ class NodeAgent:
         """The workload's checkpoint directory on this node as a tar, with its mark (checkpoints.py)."""
         return self.checkpoints.archive(workload_id, max_bytes)
 
-    def seed_checkpoint(self, workload_id: str, tenant: str, unix_user: str, data: bytes) -> int:
+    def seed_checkpoint(self, workload_id: str, tenant: str, unix_user: str, data: bytes, *,
+                        on_behalf: bool = False) -> int:
         """Fill the workload's checkpoint directory before its first pod, owned by the account its pods
-        run as (checkpoints.py)."""
-        return self.checkpoints.seed(workload_id, self.identities.resolve(tenant, unix_user), data)
+        run as (checkpoints.py; `on_behalf`: the tenant's on-behalf account)."""
+        identity = self.identities.resolve(tenant, unix_user, on_behalf=on_behalf)
+        return self.checkpoints.seed(workload_id, identity, data)
 
     def forget_workload(self, workload_id: str) -> None:
         """Remove the workload's checkpoint directory on this node (it ended for good)."""

@@ -9,7 +9,7 @@ $PORT (the spec's `port_env`) and probed by the server; the controller keeps the
 from __future__ import annotations
 
 from enum import StrEnum
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from pydantic import Field, ValidationError, ValidationInfo, field_validator, model_validator
 from pydantic_core import PydanticCustomError
@@ -134,6 +134,9 @@ class ServiceSpec(Strict):
     pair_with: Name | None = Field(default=None, description=(
         "the tenant's service of the opposite role its replicas pass KV caches to or from; it may be "
         "created before or after this one"))
+    on_behalf: Literal["admin", "federation"] | None = Field(default=None, description=(
+        "set by the server when the admin creates or changes what the service runs for a tenant: its "
+        "replicas run as the tenant's on-behalf account (docs/security.md#on-behalf-work); not submitted"))
 
     @field_validator("command")
     @classmethod
@@ -193,7 +196,8 @@ class ServiceSpec(Strict):
             "workdir": self.workdir, "max_retries": 0, "serve_port": port, "image": self.image,
             "constraints": self.constraints, "mounts": [m.model_dump(mode="json") for m in self.mounts],
             "secrets": [s.model_dump(mode="json") for s in self.secrets],
-            "service_role": None if self.role is None else self.role.value, "pair_with": self.pair_with}
+            "service_role": None if self.role is None else self.role.value, "pair_with": self.pair_with,
+            "on_behalf": self.on_behalf}
 
     @property
     def initial_replicas(self) -> int:
@@ -216,7 +220,8 @@ def check_bounds(low: int, high: int) -> None:
                        "min_replicas <= max_replicas")
 
 
-UPDATABLE = frozenset(ServiceSpec.model_fields) - {"name", "tenant", "queue", "role", "pair_with"}
+UPDATABLE = frozenset(ServiceSpec.model_fields) - {
+    "name", "tenant", "queue", "role", "pair_with", "on_behalf"}
 
 
 class ServiceUpdate(Strict):

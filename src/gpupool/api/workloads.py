@@ -212,6 +212,10 @@ class WorkloadSpec(Strict):
         "set by the server on a paired service's replica: its role (GPUPOOL_SERVICE_ROLE); not submitted"))
     pair_with: Name | None = Field(None, description=(
         "set by the server on a paired service's replica: the partner service; not submitted"))
+    # who wrote what runs (docs/security.md#on-behalf-work)
+    on_behalf: Literal["admin", "federation"] | None = Field(None, description=(
+        "set by the server when the admin or a federation hub submits for a tenant: such work runs as "
+        "the tenant's on-behalf account, which cannot read the tenant's own pods; not submitted"))
 
     @model_validator(mode="after")
     def _image_takes_no_binds(self) -> WorkloadSpec:

@@ -108,6 +108,9 @@ class Hub:
         if spec.array is not None or spec.dependency is not None:  # ids a member would read as its own
             raise InvalidInput(f"A federation hub does not take {'arrays' if spec.array else 'dependencies'} "
                                "yet; submit it to a member pool directly, or as separate workloads.")
+        if spec.on_behalf is not None:  # a member sets it (the hub's token acts for the tenant there)
+            raise InvalidInput("on_behalf is set by a member pool on work a hub submits; leave it out.",
+                               field="on_behalf")
         spec = spec.model_copy(update={"tenant": None})
         gpus = float(spec.replicas) * float(spec.resources.gpus)
         limit = self.config.tenants.get(tenant)

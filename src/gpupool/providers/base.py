@@ -230,9 +230,11 @@ class Provider(ABC):
         provider cannot."""
         raise ProviderError(f"The {self.name} provider cannot read checkpoints yet; the local provider can.")
 
-    def seed_checkpoint(self, workload_id: str, tenant: str, unix_user: str, data: bytes) -> int:
+    def seed_checkpoint(self, workload_id: str, tenant: str, unix_user: str, data: bytes, *,
+                        on_behalf: bool = False) -> int:
         """Fill the checkpoint directory of a workload that has not started with `data` (a tar from
-        `read_checkpoint`), owned by the account its pods will run as; returns the bytes written.
+        `read_checkpoint`), owned by the account its pods will run as (`on_behalf`: the tenant's
+        on-behalf account, as `PodLaunch.on_behalf`); returns the bytes written.
         Conflict when it already holds files, InvalidInput for a bad archive, ProviderError where this
         provider cannot."""
         raise ProviderError(f"The {self.name} provider cannot take checkpoints yet; the local provider can.")

@@ -130,8 +130,7 @@ class LocalProvider(Provider):
 
     def remove_tenant(self, tenant: str) -> list[str]:
         agent = self.agent
-        removed = agent.identities.remove(tenant, owned_under=(agent.scratch_root, agent.checkpoints.root))
-        return [removed] if removed else []
+        return agent.identities.remove(tenant, owned_under=(agent.scratch_root, agent.checkpoints.root))
 
     def stop(self, pod_id: str, grace_s: float = 10.0) -> None:
         self.agent.stop(pod_id, grace_s)
@@ -185,8 +184,9 @@ class LocalProvider(Provider):
     def read_checkpoint(self, workload_id: str, max_bytes: int) -> tuple[float | None, bytes] | None:
         return self.agent.checkpoint_archive(workload_id, max_bytes)
 
-    def seed_checkpoint(self, workload_id: str, tenant: str, unix_user: str, data: bytes) -> int:
-        return self.agent.seed_checkpoint(workload_id, tenant, unix_user, data)
+    def seed_checkpoint(self, workload_id: str, tenant: str, unix_user: str, data: bytes, *,
+                        on_behalf: bool = False) -> int:
+        return self.agent.seed_checkpoint(workload_id, tenant, unix_user, data, on_behalf=on_behalf)
 
     def forget_workload(self, workload_id: str) -> None:
         self.agent.forget_workload(workload_id)

@@ -151,8 +151,10 @@ class LocalPool(Provider):
         found = [c for m in self._checkpoint_roots() if (c := m.read_checkpoint(workload_id, max_bytes))]
         return max(found, key=lambda c: c[0] or 0.0, default=None)  # the latest where it ran
 
-    def seed_checkpoint(self, workload_id: str, tenant: str, unix_user: str, data: bytes) -> int:
-        return max(m.seed_checkpoint(workload_id, tenant, unix_user, data) for m in self._checkpoint_roots())
+    def seed_checkpoint(self, workload_id: str, tenant: str, unix_user: str, data: bytes, *,
+                        on_behalf: bool = False) -> int:
+        return max(m.seed_checkpoint(workload_id, tenant, unix_user, data, on_behalf=on_behalf)
+                   for m in self._checkpoint_roots())
 
     def forget_workload(self, workload_id: str) -> None:
         for member in self._members.values():

@@ -94,6 +94,15 @@ class Principal:
     def actor(self) -> str:
         return "admin" if self.tenant is None else self.tenant
 
+    @property
+    def on_behalf(self) -> str | None:
+        """Whose code this caller puts into a tenant's work when it is not the tenant's own token:
+        "admin" or "federation" (a hub's token), else None. Such work runs as the tenant's on-behalf
+        account (agent/identity.py), never as the account of the tenant's own pods."""
+        if self.tenant is None:
+            return "admin"
+        return "federation" if self.scope is Scope.FEDERATION else None
+
     def require_admin(self) -> None:
         if not self.is_admin:
             raise Forbidden("This needs the admin token; tenant tokens cannot manage the pool.")

@@ -90,7 +90,8 @@ class PodLauncher:
             pod_id=pod_id, workload_id=row.id, node=node, command=command,
             slices=slices, cpu_milli=cpu_milli, memory_mib=memory_mib, env=env,
             workdir=str(spec.get("workdir", "")), rank=rank, world_size=world, tenant=row.tenant,
-            unix_user=unix_user, separate_stderr=bool(spec.get("separate_stderr", False)),
+            unix_user=unix_user, on_behalf=bool(spec.get("on_behalf")),
+            separate_stderr=bool(spec.get("separate_stderr", False)),
             **(gang.launch_fields(rank) if gang is not None else {}),
             image=str(spec.get("image") or ""), image_rootfs=self._image_rootfs(spec),
             serve_port=int(spec.get("serve_port") or 0),  # a service's replica (docs/services.md)

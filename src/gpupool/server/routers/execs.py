@@ -4,8 +4,10 @@ The client opens `/api/v1/workloads/{id}/exec` with its tenant token and sends o
 `{"command": [...], "rank": 0, "pty": false, "rows": 0, "cols": 0}`. The server checks the token
 (another tenant's workload is 404, as if it did not exist; the admin token is refused: an exec runs
 as the tenant's account, so it takes the tenant's token, and an admin acts through the pool's verbs,
-which are audited), finds the live pod and asks the provider to start the command inside it (its
-account, network namespace, cgroup and environment: agent/execs.py). Then binary frames, the first
+which are audited; work the admin or a hub submitted for the tenant is refused too: it runs as the
+tenant's on-behalf account, beside their other work for it), finds the live pod and asks the
+provider to start the command inside it (its account, network namespace, cgroup and environment:
+agent/execs.py). Then binary frames, the first
 byte a channel: client -> server 0 stdin, 3 resize `{"rows", "cols"}`, 4 end of stdin, 5 signal
 `{"signal": N}`; server -> client 1 stdout, 2 stderr. It ends with one text message, `{"exit_code":
 N}` or `{"error": sentence, "status": http status}`, and the close.
@@ -56,6 +58,11 @@ def live_pod(rt: Runtime, tenant: str | None, workload_id: str, rank: int) -> tu
         row = session.get(WorkloadRow, workload_id)
         if row is None or row.tenant != tenant:
             raise NotFound(f"No workload {workload_id!r}; list yours with `gpupool ls`.")
+        if row.spec.get("on_behalf"):  # its account runs others' work for the tenant (their calls too)
+            raise Forbidden(f"Workload {workload_id} was submitted by the {row.spec['on_behalf']} for tenant "
+                            f"{tenant} and runs as {tenant}'s on-behalf account, which gpupool exec does not "
+                            "enter: exec runs inside the tenant's own work. Submit it with one of "
+                            f"{tenant}'s tokens to exec into it.")
         status = WorkloadStatus(row.status)
         if status.is_final:
             raise NotFound(f"Workload {workload_id} has ended ({status.value}); exec runs only inside a "

@@ -295,6 +295,16 @@ def refuse_admin_session(who: Principal, tenant: str | None) -> None:
                         f"of {tenant}'s tokens.")
 
 
+def _crossed_session(session_id: str, tenant: str, opened_by: str, caller: str | None) -> str:
+    """Why a call may not go to a session opened by the other side: a call is code that runs in the
+    session's worker, next to the other side's calls, whose results their caller loads."""
+    if opened_by:
+        return (f"Session {session_id} was opened by the {opened_by} for tenant {tenant}; its worker runs "
+                f"calls of the {opened_by}'s only. Open a session of your own with pool.session().")
+    return (f"Session {session_id} was opened with one of tenant {tenant}'s own tokens and runs as its "
+            f"account; the {caller} does not run code there. Open a session of your own with pool.session().")
+
+
 def open_session(rt: Runtime, who: Principal, body: SessionCreate) -> SessionOut:
     """Store the session (and its first call), then submit its workload like any other; refused as
     a whole (nothing kept) when the submission is."""
@@ -340,11 +350,15 @@ def submit_call(rt: Runtime, who: Principal, session_id: str, body: CallCreate) 
         row = conn.execute(query.with_for_update()).first()
         if row is None or not who.may_see(row.tenant):
             raise NotFound(f"No session {session_id!r}; open one with pool.session().", session=session_id)
-        status = conn.execute(select(_W.c.status).where(_W.c.id == session_id)).scalar() or ""
+        worker = conn.execute(select(_W.c.status, _W.c.spec).where(_W.c.id == session_id)).first()
+        status = worker.status if worker is not None else ""
         if row.closed or row.one_shot or (status and WorkloadStatus(status).is_final):
             why = "one-shot" if row.one_shot and not row.closed else "closed"
             raise Conflict(f"Session {session_id} is {why}; open a new one with pool.session().",
                            session=session_id)
+        opened_by = str((worker.spec or {}).get("on_behalf") or "") if worker is not None else ""
+        if bool(opened_by) != (who.on_behalf is not None):
+            raise Forbidden(_crossed_session(session_id, row.tenant, opened_by, who.on_behalf))
         call = _new_call(session_id, row.tenant, payload, now)
         conn.execute(insert(_C).values(**{c.name: getattr(call, c.name) for c in _C.columns}))
         conn.execute(update(_S).where(_S.c.id == session_id).values(last_active_s=now))

@@ -219,10 +219,15 @@ def check_seedable(rt: Runtime, who: Principal, workload_id: str) -> None:
     """What `seed_checkpoint` refuses, checked before its archive is read: held work of the caller's
     that never ran (checked again under the row's lock when the files are written)."""
     with rt.store.read() as session:
-        _refuse_unseedable(workload_service._visible(session, who, workload_id))
+        _refuse_unseedable(workload_service._visible(session, who, workload_id), who)
 
 
-def _refuse_unseedable(row: WorkloadRow) -> None:
+def _refuse_unseedable(row: WorkloadRow, who: Principal) -> None:
+    if who.on_behalf is not None and not row.spec.get("on_behalf"):  # its files are read as code runs
+        raise Forbidden(f"Workload {row.id} was submitted with one of tenant {row.tenant}'s own tokens and "
+                        f"runs as its account; a checkpoint from the {who.on_behalf} could run code there "
+                        f"(a pickle loads as it reads). Put it with one of {row.tenant}'s tokens.",
+                        workload=row.id)
     if row.status != _PENDING or row.attempt != 0 or not row.held:
         raise Conflict(f"Workload {row.id} is {row.status}{'' if row.held else ', not held'}"
                        f"{', and has run before' if row.attempt else ''}; a checkpoint is given only to "
@@ -236,9 +241,10 @@ def seed_checkpoint(rt: Runtime, who: Principal, workload_id: str, data: bytes) 
     files are written; the row stays locked until they are."""
     with rt.store.write() as session:
         row = workload_service._visible(session, who, workload_id, lock=True)
-        _refuse_unseedable(row)
+        _refuse_unseedable(row, who)
         tenant, unix_user = row.tenant, _unix_user(session, row.tenant)
-        size = rt.provider.seed_checkpoint(workload_id, tenant, unix_user, data)
+        size = rt.provider.seed_checkpoint(workload_id, tenant, unix_user, data,
+                                           on_behalf=bool(row.spec.get("on_behalf")))
         transition(session, row, _PENDING, EventReason.HELD,
                    f"Given a checkpoint of {size} bytes to resume from.", rt.clock())
     return workload_service.get(rt, who, workload_id)

@@ -23,7 +23,7 @@ from gpupool.api.workloads import (
     check_array_size,
 )
 from gpupool.core.model import Workload, WorkloadStatus
-from gpupool.errors import Conflict, InvalidInput, NotFound, PriorityNotAllowed
+from gpupool.errors import Conflict, Forbidden, InvalidInput, NotFound, PriorityNotAllowed
 from gpupool.providers.nodespec import CONTAINERS_LABEL
 from gpupool.server.auth import Principal
 from gpupool.server.orm import EventRow, PodRow, WorkloadRow
@@ -100,11 +100,21 @@ def prepare(rt: Runtime, who: Principal, spec: WorkloadSpec, *,
         raise InvalidInput("service_role and pair_with are set by the server on a paired service's replicas; "
                            "leave them out (create the service with `gpupool service create --role R "
                            "--pair-with NAME`).", field="pair_with")
+    if spec.on_behalf is not None and service_class is None:
+        raise InvalidInput("on_behalf is set by the server on work the admin or a federation hub submits for "
+                           "a tenant; leave it out.", field="on_behalf")
+    if service_class is None and who.on_behalf is not None:  # a replica's comes from its service
+        spec = spec.model_copy(update={"on_behalf": who.on_behalf})
     chosen = service_class or priority_class(rt.config, spec.priority_class, tenant, who.max_priority)
     if spec.mounts or spec.secrets:  # only names and paths are stored, checked now
         check_mounts(rt.config, tenant, spec.mounts)
         check_secret_user(who, tenant, spec.secrets)
         check_secret_uses(rt, tenant, spec.secrets)
+    if spec.on_behalf is not None and spec.secrets:  # a replica of a service the admin created
+        raise Forbidden(f"This service was created or changed by the {spec.on_behalf} for tenant {tenant}, "
+                        f"so its replicas run as {tenant}'s on-behalf account, which is given no secrets "
+                        f"(all such work for {tenant} shares it). Create the service with one of {tenant}'s "
+                        "own tokens to give it secrets, or leave them out.")
     spec = check_fits(spec, CAPACITY.get(rt.nodes()))  # O(shapes): the summary is cached per node list
     if spec.image is not None:
         check_image(rt, spec.image)

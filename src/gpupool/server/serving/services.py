@@ -71,7 +71,11 @@ def create(rt: Runtime, who: Principal, spec: ServiceSpec) -> ServiceOut:
     """Store the service (its replicas follow from the controller); 409 when the tenant has one of
     that name, 404 for an unknown queue, 422 for what a replica could never run as."""
     tenant = who.tenant_for(spec.tenant)
+    if spec.on_behalf is not None:
+        raise InvalidInput("on_behalf is set by the server on a service the admin creates for a tenant; "
+                           "leave it out.", field="on_behalf")
     check_secret_user(who, tenant, spec.secrets)
+    spec = spec.model_copy(update={"on_behalf": who.on_behalf})  # its replicas' account (specs.py)
     chosen = service_class(rt.config, spec.priority_class, tenant, who.max_priority)
     _check_runnable(rt, tenant, spec, chosen)
     now = rt.clock()
@@ -217,6 +221,9 @@ def update_spec(
             "priority_class": chosen,
         }
         rolls = any(stored.get(k) != row.spec.get(k) for k in RUN_FIELDS)
+        if rolls and who.on_behalf is not None:  # what runs is now the admin's too (never cleared)
+            spec = spec.model_copy(update={"on_behalf": who.on_behalf})
+            stored["on_behalf"] = who.on_behalf
         if rolls:
             check_secret_user(who, row.tenant, spec.secrets)  # what runs with them would change
             _check_runnable(rt, row.tenant, spec, chosen)
