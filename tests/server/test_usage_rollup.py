@@ -171,6 +171,48 @@ def test_a_changed_price_book_is_not_read_from_the_rollup_and_is_rebuilt(rt: Run
     _same(usage.usage(rt, ADMIN, **args), changed)  # type: ignore[arg-type]
 
 
+def test_a_deleted_tenants_usage_stays_whole_for_any_window_and_after_a_change_of_prices(
+        rt: Runtime) -> None:
+    """Deleting t1 deletes its pod rows: what the rollup holds of it stayed, but the partial days of a
+    window (read from the pods) lost its usage there, and a change of prices (which rebuilds the
+    rollup from the pods) lost all of it. Its pods' intervals are kept (retired_pods) and read as the
+    pods are: every window answers after the delete what it answered before, and after a change of
+    prices what metering every interval answers, t1 repriced with the others."""
+    from gpupool.server.orm import RetiredPodRow
+    from gpupool.server.services.tenants import delete_tenant
+
+    rng = random.Random(11)
+    _history(rt, rng, 150)
+    with rt.store.write() as session:  # t1's work ends (a tenant is deleted only then)
+        for row in session.scalars(select(WorkloadRow).where(WorkloadRow.tenant == "t1")):
+            row.status = "succeeded"
+        for pod in session.scalars(select(PodRow).join(WorkloadRow).where(WorkloadRow.tenant == "t1",
+                                                                          PodRow.finished_s.is_(None))):
+            pod.finished_s, pod.status = NOW - 600, "succeeded"
+    rt.usage_rollup.fold(rt)
+    windows = [dict(since_s=START + 3.5 * 3600, until_s=NOW - 7000),  # partial days at both ends
+               dict(since_s=START, until_s=NOW), dict(since_s=START + 2 * DAY_S, until_s=START + 5 * DAY_S),
+               dict(since_s=START + 4 * DAY_S + 60, until_s=START + 4 * DAY_S + 9000)]  # within one day
+    asks = [dict(tenant=tenant, by=by, **w) for w in windows for tenant in (None, "t1")
+            for by in ("tenant", "tenant,model,day", "service,priority_class")]
+    before = [usage.usage(rt, ADMIN, **a) for a in asks]  # type: ignore[arg-type]
+    assert any(row.tenant == "t1" and row.device_hours > 0 for row in before[0].rows)
+    delete_tenant(rt, ADMIN, "t1")
+    with rt.store.read() as session:
+        assert session.scalar(select(func.count()).select_from(PodRow).join(WorkloadRow).where(
+            WorkloadRow.tenant == "t1")) == 0
+        assert session.scalar(select(func.count()).select_from(RetiredPodRow)) > 0
+    for ask, was in zip(asks, before, strict=True):
+        _same(usage.usage(rt, ADMIN, **ask), was)  # type: ignore[arg-type]
+        _same(metering.raw_usage(rt, ADMIN, **ask), was)  # type: ignore[arg-type]
+    rt.book["now"] = _book(shift_s=-4 * 3600.0)  # type: ignore[attr-defined]
+    assert rt.usage_rollup.fold(rt) > 0  # rebuilt, t1's kept intervals with the pods
+    for ask, was in zip(asks, before, strict=True):
+        now = usage.usage(rt, ADMIN, **ask)  # type: ignore[arg-type]
+        _same(now, metering.raw_usage(rt, ADMIN, **ask))  # type: ignore[arg-type]
+        assert [r.tenant for r in now.rows] == [r.tenant for r in was.rows]
+
+
 GIB = 1024
 
 

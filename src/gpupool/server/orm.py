@@ -182,6 +182,31 @@ class PodRow(Base):
     """The leader's epoch it was written under (server/leader.py; NULL: a single server)."""
 
 
+class RetiredPodRow(Base):
+    """The metered interval of a pod of a deleted tenant (`gpupool tenant delete`), kept when its pod
+    and workload rows go: what metering reads of a pod (services/metering.py), so the tenant's usage
+    stays in the admin's queries and invoices, for any window and after a change of prices rebuilds
+    the rollup. Nothing of its command, environment or output is kept."""
+
+    __tablename__ = "retired_pods"
+
+    id: Mapped[str] = mapped_column(String(ID_LENGTH), primary_key=True)
+    tenant: Mapped[str] = mapped_column(String(NAME_LENGTH), index=True)
+    queue: Mapped[str] = mapped_column(String(NAME_LENGTH))
+    priority_class: Mapped[str] = mapped_column(String(NAME_LENGTH))
+    """As its workload's spec stored it ('' when none: the default class then)."""
+    service: Mapped[str] = mapped_column(String(NAME_LENGTH))
+    """The service it was a replica of ('' for other work)."""
+    node: Mapped[str] = mapped_column(String(255))
+    slices: Mapped[list[dict[str, int]]] = mapped_column(JSON)
+    models: Mapped[list[dict[str, Any]] | None] = mapped_column(JSON, nullable=True)
+    started_s: Mapped[float] = mapped_column(Float)
+    finished_s: Mapped[float] = mapped_column(Float)
+    rolled_up: Mapped[bool] = mapped_column(Boolean, default=False, server_default="0", index=True)
+    retired_s: Mapped[float] = mapped_column(Float)
+    """When its tenant was deleted."""
+
+
 class UsageDailyRow(Base):
     """The metered usage of the ended pods marked `rolled_up`, one row per UTC day,
     tenant, queue, priority class, node, device model and simulated mark (services/usage_rollup.py)."""

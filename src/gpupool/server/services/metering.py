@@ -18,7 +18,7 @@ from gpupool.core.metering import HeldSlice, PodInterval, UsageKey, UsageRow, ag
 from gpupool.core.model import Device, Node, Slice
 from gpupool.errors import InvalidInput
 from gpupool.server.auth import Principal
-from gpupool.server.orm import PodRow, WorkloadRow
+from gpupool.server.orm import PodRow, RetiredPodRow, WorkloadRow
 from gpupool.server.runtime import Runtime
 from gpupool.server.services.specs import default_priority_class
 
@@ -76,8 +76,37 @@ def interval_rows() -> Select[Any]:
             .where(PodRow.started_s.is_not(None)))
 
 
+def retired_rows() -> Select[Any]:
+    """The same columns of the pods of deleted tenants (RetiredPodRow; add the same WHERE on its
+    columns): their priority class and service as stored, where a pod's are read from its spec."""
+    r = RetiredPodRow
+    return select(r.id, r.node, r.slices, r.models, r.started_s, r.finished_s, r.rolled_up, r.tenant, r.queue,
+                  r.priority_class, r.service)
+
+
+def retire(session: Any, tenant: str, now: float) -> int:
+    """Keep the metered intervals of `tenant`'s pods that started (all ended: the tenant is being
+    deleted) as RetiredPodRow rows, in the caller's transaction, before its pod rows are deleted;
+    returns how many."""
+    from sqlalchemy import insert
+
+    rows = session.execute(interval_rows().where(WorkloadRow.tenant == tenant)).all()
+    kept = [dict(id=row.id, tenant=row.tenant, queue=row.queue,
+                 priority_class=str(row.spec.get("priority_class") or ""), service=_service(row.spec),
+                 node=row.node, slices=row.slices, models=row.models, started_s=row.started_s,
+                 finished_s=row.finished_s if row.finished_s is not None else now, rolled_up=row.rolled_up,
+                 retired_s=now) for row in rows]
+    for start in range(0, len(kept), 1000):
+        session.execute(insert(RetiredPodRow), kept[start:start + 1000])
+    return len(kept)
+
+
+def _service(spec: dict[str, Any]) -> str:
+    return str(spec.get("name") or "") if spec.get("serve_port") else ""
+
+
 def to_intervals(rt: Runtime, rows: Iterable[Any], *, now: float, default_class: str) -> list[PodInterval]:
-    """interval_rows() results as intervals (a running pod's ends at `now`)."""
+    """interval_rows() or retired_rows() results as intervals (a running pod's ends at `now`)."""
     devices = device_map(rt.nodes())
     return [_interval(r, devices, now, default_class) for r in rows]
 
@@ -87,19 +116,23 @@ def intervals(rt: Runtime, since_s: float, until_s: float, tenant: str | None) -
     default_class = default_priority_class(rt.config.priority_classes) or ""
     query = interval_rows().where(PodRow.started_s < until_s,
                                   or_(PodRow.finished_s.is_(None), PodRow.finished_s > since_s))
+    retired = retired_rows().where(RetiredPodRow.started_s < until_s, RetiredPodRow.finished_s > since_s)
     if tenant is not None:
         query = query.where(WorkloadRow.tenant == tenant)
+        retired = retired.where(RetiredPodRow.tenant == tenant)
     with rt.store.read() as session:
-        rows = session.execute(query).all()
+        rows = [*session.execute(query).all(), *session.execute(retired).all()]
     return to_intervals(rt, rows, now=rt.clock(), default_class=default_class)
 
 
 def _interval(row: Any, devices: Devices, now: float, default_class: str) -> PodInterval:
     end = row.finished_s if row.finished_s is not None else max(now, row.started_s)
-    return PodInterval(row.id, row.tenant, row.queue, str(row.spec.get("priority_class") or default_class),
+    spec = getattr(row, "spec", None)  # None: a retired pod's row, its class and service as kept
+    chosen, service = ((row.priority_class, row.service) if spec is None
+                       else (spec.get("priority_class"), _service(spec)))
+    return PodInterval(row.id, row.tenant, row.queue, str(chosen or default_class),
                        row.node, row.started_s, max(end, row.started_s),
-                       held(row.node, row.slices, devices, row.models),
-                       service=str(row.spec.get("name") or "") if row.spec.get("serve_port") else "")
+                       held(row.node, row.slices, devices, row.models), service=service)
 
 
 def parse_by(text: str) -> list[UsageKey]:

@@ -39,7 +39,7 @@ from gpupool.server.orm import (
     WorkloadRow,
 )
 from gpupool.server.runtime import Runtime
-from gpupool.server.services import audit, budgets, quotas, usage_rollup
+from gpupool.server.services import audit, budgets, metering, quotas, usage_rollup
 from gpupool.server.services.converters import milli_to_gpus
 from gpupool.server.services.tokens import lock_tenant, token_row, write_private_file
 from gpupool.server.states import ACTIVE_POD_STATES, PodState
@@ -190,6 +190,7 @@ def delete_tenant(rt: Runtime, who: Principal, name: str) -> TenantDeleted:
             ids = select(WorkloadRow.id).where(WorkloadRow.tenant == name).scalar_subquery()
             conn = session.connection()
             conn.execute(delete(EventRow).where(EventRow.workload_id.in_(ids)))
+            metering.retire(session, name, now)  # its pods' usage stays whole for the admin
             conn.execute(delete(PodRow).where(PodRow.workload_id.in_(ids)))
             removed = conn.execute(delete(WorkloadRow).where(WorkloadRow.tenant == name)).rowcount
             conn.execute(delete(TokenRow).where(TokenRow.tenant == name))

@@ -17,10 +17,18 @@ from sqlalchemy import or_
 from gpupool.api.usage import UsageOut
 from gpupool.core.metering import DAY_S, PodInterval, UsageKey, UsageRow, aggregate, totals
 from gpupool.server.auth import Principal
-from gpupool.server.orm import PodRow, WorkloadRow
+from gpupool.server.orm import PodRow, RetiredPodRow, WorkloadRow
 from gpupool.server.runtime import Runtime
 from gpupool.server.services import usage_rollup
-from gpupool.server.services.metering import interval_rows, parse_by, raw_usage, row_out, to_intervals, window
+from gpupool.server.services.metering import (
+    interval_rows,
+    parse_by,
+    raw_usage,
+    retired_rows,
+    row_out,
+    to_intervals,
+    window,
+)
 from gpupool.server.services.specs import default_priority_class
 from gpupool.server.services.tenants import made_s, require_tenant
 
@@ -73,9 +81,15 @@ def _usage(rt: Runtime, who: Principal, *, tenant: str | None, since_s: float | 
         if rolled.usable:
             query = query.where(or_(PodRow.rolled_up.is_(False), PodRow.started_s < first_day,
                                     PodRow.finished_s > end_day))
+        r = RetiredPodRow  # a deleted tenant's pods, read as the pods are
+        retired = retired_rows().where(r.started_s < until, r.finished_s > since)
+        if rolled.usable:
+            retired = retired.where(or_(r.rolled_up.is_(False), r.started_s < first_day,
+                                        r.finished_s > end_day))
         if scope is not None:
             query = query.where(WorkloadRow.tenant == scope)
-        rows = session.execute(query).all()
+            retired = retired.where(r.tenant == scope)
+        rows = [*session.execute(query).all(), *session.execute(retired).all()]
     intervals: list[PodInterval] = []
     elsewhere: set[str] = set()  # rolled-up pods with a part in the whole days: the rollup counts them
     for row, interval in zip(rows, to_intervals(rt, rows, now=now, default_class=default_class), strict=True):

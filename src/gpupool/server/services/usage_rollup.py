@@ -32,11 +32,19 @@ from sqlalchemy.orm import Session
 
 from gpupool.core.metering import DAY_S, PodInterval, PriceBook, UsageKey, UsageRow, aggregate
 from gpupool.server.db import insert_ignoring
-from gpupool.server.orm import Base, PodRow, UsageDailyServiceRow, UsageRollupStateRow, WorkloadRow
+from gpupool.server.orm import (
+    Base,
+    PodRow,
+    RetiredPodRow,
+    UsageDailyServiceRow,
+    UsageRollupStateRow,
+    WorkloadRow,
+)
 from gpupool.server.runtime import Runtime
-from gpupool.server.services.metering import interval_rows, to_intervals
+from gpupool.server.services.metering import interval_rows, retired_rows, to_intervals
 
 _PODS = Base.metadata.tables["pods"]
+_RETIRED = Base.metadata.tables["retired_pods"]
 FOLD_EVERY_S = 30.0
 FOLD_BUSY_EVERY_S = 300.0
 FOLD_BATCH = 5_000
@@ -94,25 +102,33 @@ class UsageRollup:
         wanted = digest(book, default_class)
         with self.lock, rt.store.write() as session:
             state = _locked_state(session, wanted)
-            if state.prices_sha256 != wanted:
+            conn = session.connection()
+            if state.prices_sha256 != wanted:  # rebuilt from the pods, deleted tenants' kept ones too
                 session.execute(delete(UsageDailyServiceRow))
-                session.connection().execute(update(_PODS).where(_PODS.c.rolled_up.is_(True))
-                                             .values(rolled_up=False))
+                for table in (_PODS, _RETIRED):
+                    conn.execute(update(table).where(table.c.rolled_up.is_(True)).values(rolled_up=False))
                 state.prices_sha256 = wanted
             ended = select(PodRow.id).where(PodRow.rolled_up.is_(False), PodRow.finished_s.is_not(None))
             if tenant is not None:
                 theirs = select(WorkloadRow.id).where(WorkloadRow.tenant == tenant)
                 ended = ended.where(PodRow.workload_id.in_(theirs))
             ids = list(session.scalars(ended.limit(FOLD_BATCH)))
-            if not ids:
+            retired: list[str] = []
+            if tenant is None and len(ids) < FOLD_BATCH:  # a deleted tenant's, after a change of prices
+                retired = list(session.scalars(select(RetiredPodRow.id).where(
+                    RetiredPodRow.rolled_up.is_(False)).limit(FOLD_BATCH - len(ids))))
+            if not ids and not retired:
                 if tenant is None:  # (a tenant's fold says nothing of the others' backlog)
                     self._backlog = False
                 return 0
-            rows = session.execute(interval_rows().where(PodRow.id.in_(ids))).all()
+            rows = [*session.execute(interval_rows().where(PodRow.id.in_(ids))).all(),
+                    *session.execute(retired_rows().where(RetiredPodRow.id.in_(retired))).all()]
             intervals = to_intervals(rt, rows, now=rt.clock(), default_class=default_class)
             _add(session, pieces(intervals, book))
-            marked = session.connection().execute(update(_PODS).where(
-                _PODS.c.id.in_(ids), _PODS.c.rolled_up.is_(False)).values(rolled_up=True)).rowcount
+            marked = sum(conn.execute(update(table).where(
+                table.c.id.in_(chosen), table.c.rolled_up.is_(False)).values(rolled_up=True)).rowcount
+                for table, chosen in ((_PODS, ids), (_RETIRED, retired)) if chosen)
+            ids += retired
             if marked != len(ids):  # another fold marked some meanwhile (the state row's lock forbids it)
                 raise RuntimeError(f"usage rollup: {len(ids) - marked} of {len(ids)} pods were folded "
                                    "by another server at the same time; nothing of this fold was kept")
