@@ -36,6 +36,7 @@ STDIN, STDOUT, STDERR, RESIZE, STDIN_EOF, SIGNAL = 0, 1, 2, 3, 4, 5
 SHELL = ["/bin/sh", "-c", 'exec "${SHELL:-/bin/sh}" -i']
 EXEC_USAGE = "usage: gpupool exec ID [--pty|-t] [--rank N] -- CMD [ARG...]"
 MAX_MESSAGE = 1 << 20
+EMPTY_COMMAND = "the program after `--` is empty; give the command to run, e.g. {example}."
 
 
 def _error(message: str, code: int) -> int:
@@ -177,6 +178,8 @@ def exec_run(args: list[str]) -> int:
         i += 1
     if len(words) != 1 or not command:
         return _error(f"give one workload id and the command after `--`; {EXEC_USAGE}", 2)
+    if not command[0].strip():
+        return _error(EMPTY_COMMAND.format(example="gpupool exec ID -- nvidia-smi"), 2)
     from gpupool.errors import GpupoolError
 
     try:
@@ -197,6 +200,8 @@ def run(args: list[str]) -> int:
     """`gpupool alloc [submit options] [-- CMD]`."""
     options = args[: args.index("--")] if "--" in args else args
     command = args[args.index("--") + 1:] if "--" in args else []
+    if command and not command[0].strip():  # refused before an allocation is held for it
+        return _error(EMPTY_COMMAND.format(example="gpupool alloc --gpus 1 -- python train.py"), 2)
     try:
         spec = parse([*options, "--", *SLEEPER])
     except UsageError as exc:
