@@ -5,11 +5,13 @@ from __future__ import annotations
 
 import os
 import subprocess
+from pathlib import Path
 
 import pytest
 
 from cli.cliproc import one_line_error
 from cli_inproc import run_cli
+from ports import free_ports
 
 NOWHERE = "http://127.0.0.1:9"  # never reached: the arguments are refused first
 
@@ -28,3 +30,22 @@ def cli(*args: str) -> subprocess.CompletedProcess[str]:
 def test_an_empty_command_is_said_to_be_empty(args: tuple[str, ...]) -> None:
     line = one_line_error(cli(*args), 2, "Error: the program after `--` is empty; give the command to run")
     assert "reach" not in line
+
+
+@pytest.mark.parametrize(("flags", "flag"), [
+    (("--host", "203.0.113.7"), "--host"),
+    (("--serve-host", "203.0.113.7", "--serve-port", "{port}"), "--serve-host"),
+], ids=["host", "serve-host"])
+def test_up_on_an_address_not_this_machines_blames_the_address(
+        tmp_path: Path, flags: tuple[str, ...], flag: str) -> None:
+    """203.0.113.7 (TEST-NET-3) is never this machine's: binding it fails at once, nothing is sent."""
+    port, serve_port = free_ports(2)
+    args = [f.format(port=serve_port) for f in flags]
+    done = cli("up", "--data-dir", str(tmp_path / "d"), "--port", str(port), "--simulate", "1x1xH100",
+               "--provider", "fake", *args)
+    errors = [line for line in done.stderr.splitlines() if line.startswith("Error:")]
+    assert done.returncode == 2 and len(errors) == 1, (done.returncode, done.stderr)
+    assert errors[0].startswith("Error: Cannot listen on 203.0.113.7:"), errors[0]
+    assert "203.0.113.7 is not an address of this machine" in errors[0]
+    assert f"give {flag} 127.0.0.1 (this machine only), 0.0.0.0 (all its addresses)" in errors[0]
+    assert "port" not in errors[0].split(":", 2)[2], errors[0]  # not blamed on the port

@@ -268,7 +268,7 @@ def _serve(data_dir: Path | None, host: str, port: int, simulate: str, provider:
         from gpupool.server.dataplane.haproxy import stop_stale
 
         stop_stale(settings.data_dir / "dataplane")  # left running by a run that was killed
-        _check_port(settings.serve_host, settings.serve_port, flag="--serve-port")
+        _check_port(settings.serve_host, settings.serve_port, flag="--serve-port", host_flag="--serve-host")
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     logging.getLogger("alembic").setLevel(logging.WARNING)
     provisioned = provision(settings, ray_address=ray_address)
@@ -395,14 +395,30 @@ def raise_open_files_limit() -> str:
     return ""
 
 
-def _check_port(host: str, port: int, flag: str = "--port") -> None:
+def _check_port(host: str, port: int, flag: str = "--port", host_flag: str = "--host") -> None:
+    """The address can be listened on; else one sentence blaming what is wrong: the address (not
+    this machine's, or a name that does not resolve) or the port (taken, or privileged)."""
+    import errno
+
     from gpupool.errors import InvalidInput
 
     with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as sock:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             sock.bind((host, port))
+        except socket.gaierror as exc:  # a name that resolves to no address
+            raise InvalidInput(
+                f"Cannot listen on {host}:{port}: {host} is not a name this machine can resolve "
+                f"({exc.strerror}); give {host_flag} 127.0.0.1 (this machine only), 0.0.0.0 (all its "
+                "addresses) or one of this machine's own addresses."
+            ) from None
         except OSError as exc:
+            if exc.errno == errno.EADDRNOTAVAIL:
+                raise InvalidInput(
+                    f"Cannot listen on {host}:{port}: {host} is not an address of this machine; give "
+                    f"{host_flag} 127.0.0.1 (this machine only), 0.0.0.0 (all its addresses) or one of "
+                    "this machine's own addresses."
+                ) from None
             raise InvalidInput(
                 f"Cannot listen on {host}:{port} ({exc.strerror}); pick another {flag}."
             ) from None
