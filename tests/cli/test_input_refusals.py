@@ -49,3 +49,18 @@ def test_up_on_an_address_not_this_machines_blames_the_address(
     assert "203.0.113.7 is not an address of this machine" in errors[0]
     assert f"give {flag} 127.0.0.1 (this machine only), 0.0.0.0 (all its addresses)" in errors[0]
     assert "port" not in errors[0].split(":", 2)[2], errors[0]  # not blamed on the port
+
+
+@pytest.mark.parametrize(("args", "flag"), [
+    (("up", "--data-dir", ""), "--data-dir"),
+    (("up", "--data-dir", "data", "--agent-dir", " "), "--agent-dir"),
+    (("backup", "pool.tar", "--data-dir", ""), "--data-dir"),
+    (("restore", "pool.tar", "--data-dir", ""), "--data-dir"),
+], ids=["up", "up-agent-dir", "backup", "restore"])
+def test_an_empty_directory_is_refused_not_taken_for_the_current_one(
+        tmp_path: Path, args: tuple[str, ...], flag: str) -> None:
+    env = {**os.environ, "GPUPOOL_URL": NOWHERE, "GPUPOOL_TOKEN": "gp_x", "COLUMNS": "200"}
+    done = run_cli([*args, "--port", str(free_ports(1)[0])] if args[0] == "up" else args, env, cwd=tmp_path,
+                   timeout_s=60)
+    one_line_error(done, 2, f"Error: {flag} is empty; give a directory, or leave {flag} out for its default.")
+    assert list(tmp_path.iterdir()) == []  # nothing was made in the current directory

@@ -6,6 +6,7 @@ import functools
 import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any, TypeVar
 
 import typer
@@ -55,6 +56,19 @@ def check_policy(name: str) -> str:
 
     policy_class(name)
     return name
+
+
+def directory(flag: str) -> Callable[[str], Path]:
+    """The parser of a directory option: an empty (or blank) value is refused with a sentence rather
+    than taken for the current directory, which is what Path("") is."""
+
+    def parse(value: str) -> Path:
+        if not value.strip():
+            raise typer.BadParameter(f"{flag} is empty; give a directory, or leave {flag} out for its "
+                                     "default.")
+        return Path(value)
+
+    return parse
 
 
 def client() -> Any:

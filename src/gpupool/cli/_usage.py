@@ -101,8 +101,8 @@ def _bad_value(exc: Any) -> str:
     if getattr(exc, "param", None) is None and not getattr(exc, "param_hint", None):
         return str(exc.message)  # raised by a command with its own sentence
     hint = _hint(exc)
-    if not errors:
-        return f"{hint}: {exc.message}"
+    if not errors:  # a sentence of its own that names the option already is kept as it is
+        return str(exc.message) if str(exc.message).startswith(f"{hint} ") else f"{hint}: {exc.message}"
     error = errors[0]
     kind, got, limits = str(error.get("type", "")), _shown(error.get("input")), error.get("ctx") or {}
     choices = _choices(str(error.get("msg", "")))

@@ -12,9 +12,9 @@ from typing import Annotated
 
 import typer
 
-from gpupool.cli._common import reports_errors
+from gpupool.cli._common import directory, reports_errors
 
-DataDirOption = Annotated[Path | None, typer.Option("--data-dir", help=(
+DataDirOption = Annotated[Path | None, typer.Option("--data-dir", parser=directory("--data-dir"), help=(
     "The pool's data directory (default: the user data dir, as for `gpupool up`)."))]
 DatabaseUrlOption = Annotated[str, typer.Option("--database-url", help=(
     "The pool's PostgreSQL store, as given to `gpupool up` (default: SQLite in DATA_DIR); a URL with "

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from gpupool.cli._common import check_policy, default_policy, policy_names_text
+from gpupool.cli._common import check_policy, default_policy, directory, policy_names_text
 from gpupool.server.settings import (
     DEFAULT_HOST,
     DEFAULT_MAX_POD_LOG_BYTES,
@@ -47,7 +47,8 @@ class _Limits:
 
 def up(
     data_dir: Annotated[
-        Path | None, typer.Option("--data-dir", help="Store and admin token (default: user data dir).")
+        Path | None, typer.Option("--data-dir", parser=directory("--data-dir"),
+                                  help="Store and admin token (default: user data dir).")
     ] = None,
     host: Annotated[str, typer.Option("--host", help="Address to listen on.")] = DEFAULT_HOST,
     port: Annotated[int, typer.Option("--port", help="Port to listen on.", min=1, max=65535)] = DEFAULT_PORT,
@@ -120,9 +121,10 @@ def up(
             "is not counted. 0: no bound."))
     ] = DEFAULT_TENANT_OPEN_REQUESTS,
     agent_dir: Annotated[
-        Path | None, typer.Option("--agent-dir", envvar="GPUPOOL_AGENT_DIR", help=(
-            "Pods' logs and the agents' state (default: DATA_DIR/agents); put it on another "
-            "filesystem than the store so pods' output can never fill the store's disk."))
+        Path | None, typer.Option(
+            "--agent-dir", envvar="GPUPOOL_AGENT_DIR", parser=directory("--agent-dir"), help=(
+                "Pods' logs and the agents' state (default: DATA_DIR/agents); put it on another "
+                "filesystem than the store so pods' output can never fill the store's disk."))
     ] = None,
     ha: Annotated[
         bool, typer.Option("--ha", help=(
