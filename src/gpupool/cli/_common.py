@@ -71,10 +71,11 @@ def directory(flag: str) -> Callable[[str], Path]:
     return parse
 
 
-def client() -> Any:
+def client(**options: Any) -> Any:
+    """A Client of the configured pool; `options` are its keyword arguments (timeout_s, ...)."""
     from gpupool.client import Client
 
-    return Client()
+    return Client(**options)
 
 
 def reports_errors(func: F) -> F:

@@ -32,17 +32,20 @@ ReconnectOption = Annotated[
 class Reconnecting:
     """Calls through `call()` are retried while the server is unreachable, up to `budget_s` per outage."""
 
-    def __init__(self, budget_s: float = DEFAULT_RECONNECT_S, *,
+    def __init__(self, budget_s: float = DEFAULT_RECONNECT_S, *, timeout_s: float | None = None,
                  sleep: Callable[[float], None] = time.sleep,
                  clock: Callable[[], float] = time.monotonic) -> None:
         self.budget_s = budget_s
+        self.timeout_s = timeout_s
+        """The command's own --timeout (`wait`), counted from now: no retry goes past it."""
         self._sleep = sleep
         self._clock = clock
+        self._until = None if timeout_s is None else clock() + timeout_s
         self.outages = 0
 
     def call(self, fn: Callable[[], T]) -> T:
         """fn(), retried with backoff while it raises a transient Unavailable; re-raises the last one
-        once the budget is spent."""
+        once the budget is spent, or once the command's --timeout has passed when that comes first."""
         deadline: float | None = None
         delay = FIRST_DELAY_S
         while True:
@@ -52,11 +55,19 @@ class Reconnecting:
                 if exc.details.get("permanent") or self.budget_s <= 0:
                     raise
                 now = self._clock()
+                timed_out = self._until is not None and now >= self._until
                 if deadline is None:
                     deadline = now + self.budget_s
+                    span = f"{self.budget_s:g}"
+                    if self._until is not None and self._until < deadline:
+                        deadline, span = self._until, f"{round(self._until - now, 1):g}"
                     self.outages += 1
-                    print(f"server unreachable, retrying for up to {self.budget_s:g} s...", file=sys.stderr,
-                          flush=True)
+                    if not timed_out:
+                        print(f"server unreachable, retrying for up to {span} s...", file=sys.stderr,
+                              flush=True)
+                if timed_out:
+                    raise Unavailable(f"{exc.message.rstrip('.')}; gave up when --timeout "
+                                      f"({self.timeout_s:g} s) passed.") from None
                 if now >= deadline:
                     raise Unavailable(f"{exc.message.rstrip('.')}; gave up after retrying for "
                                       f"{self.budget_s:g} s (--reconnect).") from None

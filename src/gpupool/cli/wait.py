@@ -14,6 +14,8 @@ from gpupool.cli._targets import Target, resolve_targets
 
 FINAL = ("succeeded", "failed", "cancelled")
 UNFINISHED = ("pending", "admitted", "running")
+REQUEST_TIMEOUT_S = 30.0
+"""The client's own bound on one request (gpupool.client.Client's default)."""
 
 
 def outcome(workload: Any) -> str:
@@ -67,14 +69,17 @@ def wait(
 
     Exit codes: 0 it succeeded (with --all, every one did; an array: every task), 1 it failed or was
     cancelled (or the timeout passed), 2 an ambiguous id prefix, 3 not found, 4 server unreachable
-    (after --reconnect).
+    (after --reconnect, or once --timeout passed while retrying).
     """
     if any_ and all_:
         print("Error: --any and --all exclude each other; give one.", file=sys.stderr)
         raise typer.Exit(2)
-    retry = Reconnecting(reconnect)
+    retry = Reconnecting(reconnect, timeout_s=timeout)
     deadline = None if timeout is None else time.monotonic() + timeout
-    with client() as pool:
+    # with --timeout, no one request may hang past it either (a server that accepts but never answers)
+    bounded = {} if timeout is None else {"timeout_s": min(REQUEST_TIMEOUT_S, max(1.0, timeout)),
+                                          "retry_unavailable_s": min(REQUEST_TIMEOUT_S, timeout)}
+    with client(**bounded) as pool:
         waiting = list(retry.call(lambda: resolve_targets(pool, workload_ids)))
         succeeded: list[bool] = []
         poll_s = min(1.0, 0.2 + 0.02 * len(waiting))
