@@ -97,6 +97,32 @@ def reports_errors(func: F) -> F:
     return wrapper  # type: ignore[return-value]
 
 
+def flags_for_fields(**flags: str) -> Callable[[F], F]:
+    """For a command whose options are sent as request fields, under @reports_errors: the server's
+    sentence about a field names the option the user typed instead (`Field 'since_s' must be >= 0`
+    is said `--since must be >= 0`), as `gpupool submit` does. `flags` maps each field to its option."""
+
+    def decorate(func: F) -> F:
+        @functools.wraps(func)
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            try:
+                return func(*args, **kwargs)
+            except GpupoolError as exc:
+                exc.message = in_flag_terms(exc.message, flags)
+                raise
+
+        return wrapper  # type: ignore[return-value]
+
+    return decorate
+
+
+def in_flag_terms(message: str, flags: dict[str, str]) -> str:
+    """`message` with each field of `flags` it names (Field 'quota_gpus' ...) said as its option."""
+    from gpupool.cli.submit_fast import in_flag_terms as named
+
+    return named(message, flags)
+
+
 @contextmanager
 def reports_run_errors() -> Iterator[None]:
     """For the `gpupool sim` commands, which read inputs and write their JSON, plots and tables:

@@ -25,12 +25,21 @@ def since_s(text: str, now_s: float | None = None) -> float:
     2026-12-01T08:00, 2026-12-01 08:00)."""
     now_s = time.time() if now_s is None else now_s
     if _DURATION.match(text.lower()):
-        return now_s - duration_s(text, "--since")
+        return after_epoch(now_s - duration_s(text, "--since"), text, "--since")
     try:
-        return datetime.fromisoformat(text.strip()).timestamp()
+        return after_epoch(datetime.fromisoformat(text.strip()).timestamp(), text, "--since")
     except ValueError:
         raise InvalidInput(f"--since takes a duration back from now (1h, 7d) or a date such as 2026-12-01 "
                            f"or 2026-12-01T08:00, got {text!r}.") from None
+
+
+def after_epoch(epoch_s: float, text: str, flag: str) -> float:
+    """`epoch_s`, unless `text` (what was given to `flag`) reaches back before 1970, where the pool
+    has nothing (and the API refuses a negative time): then one sentence in the user's terms."""
+    if not epoch_s >= 0:  # nan too
+        raise InvalidInput(f"{flag} {text!r} reaches back before 1970-01-01; give a shorter span or a later "
+                           "date.")
+    return epoch_s
 
 
 def day(epoch_s: float | None, never: str = "-") -> str:

@@ -36,6 +36,8 @@ STDIN, STDOUT, STDERR, RESIZE, STDIN_EOF, SIGNAL = 0, 1, 2, 3, 4, 5
 SHELL = ["/bin/sh", "-c", 'exec "${SHELL:-/bin/sh}" -i']
 EXEC_USAGE = "usage: gpupool exec ID [--pty|-t] [--rank N] -- CMD [ARG...]"
 MAX_MESSAGE = 1 << 20
+MAX_RANK = 2**31
+"""Past any gang's ranks: the server's bound (server/routers/execs.py), said of --rank here."""
 EMPTY_COMMAND = "the program after `--` is empty; give the command to run, e.g. {example}."
 
 
@@ -167,10 +169,11 @@ def exec_run(args: list[str]) -> int:
                 value = options[i]
             try:
                 rank = int(value)
-                if rank < 0:
+                if not 0 <= rank < MAX_RANK:
                     raise ValueError
             except ValueError:
-                return _error(f"--rank takes a replica number (0, 1, ...), not {value!r}.", 2)
+                return _error(f"--rank takes a replica number (0, 1, ... up to {MAX_RANK - 1}), not "
+                              f"{value!r}.", 2)
         elif arg.startswith("-"):
             return _error(f"no option {arg}; {EXEC_USAGE}", 2)
         else:

@@ -6,11 +6,12 @@ from typing import Annotated
 
 import typer
 
-from gpupool.cli._common import client, console, reports_errors
+from gpupool.cli._common import client, console, flags_for_fields, reports_errors
 from gpupool.cli.output import Format, OutputOption, visible
 
 
 @reports_errors
+@flags_for_fields(since_s="--since", limit="--limit")
 def audit(
     since: Annotated[
         str | None, typer.Option("--since", help="1h, 7d, or a date/time such as 2026-12-01T08:00.")

@@ -9,16 +9,19 @@ from typing import Annotated, Any
 
 import typer
 
-from gpupool.cli._common import client, reports_errors
+from gpupool.cli._common import client, in_flag_terms, reports_errors
 from gpupool.cli._targets import resolve_targets
 from gpupool.errors import GpupoolError
 
 IDS_HELP = "Workload ids, or unique prefixes of them (an array's tasks one by one: ID_INDEX)."
+UPDATE_FLAGS = {"priority": "--priority", "time_limit_s": "--time-limit", "gpus": "--gpus",
+                "replicas": "--replicas"}
+"""The option of `update` behind each field the server may refuse."""
 
 
-def _each(ids: list[str], act: Callable[[Any, str], Any]) -> None:
-    """Act on every target, one line each ('ID STATUS held'), errors one line each; the first
-    error's exit code is the command's."""
+def _each(ids: list[str], act: Callable[[Any, str], Any], flags: dict[str, str] | None = None) -> None:
+    """Act on every target, one line each ('ID STATUS held'), errors one line each (a field of
+    `flags` named as its option); the first error's exit code is the command's."""
     code = 0
     with client() as pool:
         for target in resolve_targets(pool, ids):
@@ -30,7 +33,7 @@ def _each(ids: list[str], act: Callable[[Any, str], Any]) -> None:
             try:
                 workload = act(pool, target.id)
             except GpupoolError as exc:
-                print(f"Error: {exc.message}", file=sys.stderr)
+                print(f"Error: {in_flag_terms(exc.message, flags or {})}", file=sys.stderr)
                 code = code or exc.exit_code
                 continue
             held = f" held ({workload.held})" if workload.held else ""
@@ -98,7 +101,7 @@ def update(
                   f"2-12:00:00 (days-hours), got {time_limit!r}.", file=sys.stderr)
             raise typer.Exit(2) from None
     _each(workload_ids, lambda pool, wid: pool.update(wid, priority=priority, time_limit=seconds, gpus=gpus,
-                                                      replicas=replicas))
+                                                      replicas=replicas), flags=UPDATE_FLAGS)
 
 
 @reports_errors

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from gpupool.cli._common import client, reports_errors
+from gpupool.cli._common import client, flags_for_fields, reports_errors
 from gpupool.cli._reconnect import DEFAULT_RECONNECT_S, Reconnecting, ReconnectOption
 from gpupool.cli._targets import resolve
 
@@ -26,6 +26,7 @@ POLL_S = 0.25
 
 
 @reports_errors
+@flags_for_fields(rank="--rank", attempt="--attempt")
 def logs(
     workload_id: Annotated[str, typer.Argument(help="The workload id, or a unique prefix of it.")],
     follow: Annotated[bool, typer.Option("--follow", "-f", help="Keep printing until it ends.")] = False,

@@ -14,7 +14,7 @@ from typing import Annotated, Any
 
 import typer
 
-from gpupool.cli._common import SIMULATED_MARK, ago, client, reports_errors
+from gpupool.cli._common import SIMULATED_MARK, ago, client, flags_for_fields, reports_errors
 from gpupool.cli._reconnect import DEFAULT_RECONNECT_S, Reconnecting, ReconnectOption
 from gpupool.cli.output import Column, Format, OutputOption
 
@@ -26,6 +26,7 @@ FOLDED_WIDTH = 40
 
 
 @reports_errors
+@flags_for_fields(since_s="--since", status="--status", tenant="--tenant", queue="--queue", limit="--limit")
 def ls(
     targets: Annotated[list[str] | None, typer.Argument(
         help="Only these arrays (every task of each) or workloads, by id or unique prefix.")] = None,

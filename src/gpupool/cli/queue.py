@@ -8,7 +8,7 @@ from typing import Annotated, Any
 
 import typer
 
-from gpupool.cli._common import client, reports_errors
+from gpupool.cli._common import client, flags_for_fields, reports_errors
 from gpupool.cli.output import Column, Format, OutputOption
 from gpupool.errors import InvalidInput
 
@@ -34,6 +34,9 @@ LendingLimit = Annotated[str | None, typer.Option(
     help="How much of its unused quota its cohort may borrow (at most its quota); none: all of it.")]
 Weight = Annotated[str | None, typer.Option(
     "--weight", metavar="W", help="Its tenant's fair-share weight under DRF ordering (above 0; default 1).")]
+QUEUE_FLAGS = {"quota_gpus": "--quota", "cohort": "--cohort", "borrowing_limit_gpus": "--borrowing-limit",
+               "lending_limit_gpus": "--lending-limit", "weight": "--weight"}
+"""The option behind each field of a queue the server may refuse."""
 
 
 def devices(text: str | None, flag: str) -> float | None:
@@ -70,6 +73,7 @@ def cohort_name(text: str) -> str | None:
 
 @app.command()
 @reports_errors
+@flags_for_fields(**QUEUE_FLAGS)
 def create(tenant: Tenant, name: Name, quota: Quota = None, cohort: Cohort = None,
            borrowing_limit: BorrowingLimit = None, lending_limit: LendingLimit = None,
            weight_text: Weight = None) -> None:
@@ -88,6 +92,7 @@ def create(tenant: Tenant, name: Name, quota: Quota = None, cohort: Cohort = Non
 
 @app.command("set")
 @reports_errors
+@flags_for_fields(**QUEUE_FLAGS)
 def set_queue(tenant: Tenant, name: Name, quota: Quota = None, cohort: Cohort = None,
               borrowing_limit: BorrowingLimit = None, lending_limit: LendingLimit = None,
               weight_text: Weight = None) -> None:

@@ -7,7 +7,7 @@ from typing import Annotated, Any
 
 import typer
 
-from gpupool.cli._common import client, reports_errors
+from gpupool.cli._common import client, flags_for_fields, reports_errors
 from gpupool.cli.output import Column, Format, OutputOption
 from gpupool.core.budgets import BudgetPeriod
 
@@ -25,10 +25,15 @@ MaxPriority = Annotated[
 MaxPending = Annotated[
     int | None, typer.Option("--max-pending", min=0, help="Most workloads it may have waiting (10000).")
 ]
+TENANT_FLAGS = {"unix_user": "--unix-user", "max_priority": "--max-priority", "max_pending": "--max-pending",
+                "budget": "--budget", "budget_period": "--budget-period", "budget_warn": "--budget-warn",
+                "overdraft": "--overdraft"}
+"""The option behind each field of a tenant the server may refuse."""
 
 
 @app.command()
 @reports_errors
+@flags_for_fields(**TENANT_FLAGS)
 def create(
     name: Annotated[str, typer.Argument(help="Lower-case letters, digits and '-'.")],
     unix_user: UnixUser = None,
@@ -64,6 +69,7 @@ def delete(name: Annotated[str, typer.Argument(help="The tenant.")]) -> None:
 
 @app.command("set")
 @reports_errors
+@flags_for_fields(**TENANT_FLAGS)
 def set_tenant(
     name: Annotated[str, typer.Argument(help="The tenant.")],
     unix_user: UnixUser = None,

@@ -13,7 +13,8 @@ from typing import Annotated, Any
 
 import typer
 
-from gpupool.cli._common import client, console, reports_errors
+from gpupool.cli._common import client, console, flags_for_fields, reports_errors
+from gpupool.cli._durations import after_epoch
 from gpupool.errors import InvalidInput
 from gpupool.money import money
 
@@ -30,13 +31,13 @@ def point_s(text: str, flag: str, now_s: float | None = None) -> float:
     now_s = time.time() if now_s is None else now_s
     match = _AGO.match(text.lower())
     if match:
-        return now_s - float(match.group(1)) * _UNITS_S[match.group(2)]
+        return after_epoch(now_s - float(match.group(1)) * _UNITS_S[match.group(2)], text, flag)
     try:
         parsed = datetime.fromisoformat(text.strip())
     except ValueError:
         raise InvalidInput(f"{flag} takes a span back from now (12h, 7d) or a UTC date such as 2026-12-01 "
                            f"or 2026-12-01T08:00, got {text!r}.") from None
-    return (parsed if parsed.tzinfo else parsed.replace(tzinfo=UTC)).timestamp()
+    return after_epoch((parsed if parsed.tzinfo else parsed.replace(tzinfo=UTC)).timestamp(), text, flag)
 
 
 def month_window(text: str) -> tuple[float, float]:
@@ -119,6 +120,7 @@ def _format(as_json: bool, as_csv: bool, output: UsageFormat | None = None) -> s
 
 
 @reports_errors
+@flags_for_fields(tenant="--tenant", since_s="--since", until_s="--until", by="--by")
 def usage(
     tenant: Annotated[str | None, typer.Option(
         "--tenant", help="Only this tenant (a tenant token: itself).")] = None,
