@@ -7,6 +7,7 @@ section (a whole pool configuration, or a file holding only `prices:`).
 from __future__ import annotations
 
 import datetime as dt
+import math
 import re
 from pathlib import Path
 from typing import Any
@@ -52,7 +53,7 @@ class PriceVersionConfig(_Strict):
     devices: dict[str, float] = Field(default_factory=dict)
     """Price per whole-device hour by model (or alias); a model not named takes its profile's
     reference `price_usd_per_hour`."""
-    other_devices: float | None = Field(None, ge=0)
+    other_devices: float | None = Field(None, ge=0, allow_inf_nan=False)
     """For a model with neither an entry nor a reference price; null: its usage costs 0 (marked)."""
     slice_share: SliceShare = SliceShare.DOMINANT
     compute_weight: float = Field(0.5, ge=0, le=1)
@@ -64,10 +65,43 @@ class PriceVersionConfig(_Strict):
     @field_validator("devices", "priority_classes")
     @classmethod
     def _non_negative(cls, value: dict[str, float]) -> dict[str, float]:
-        bad = sorted(name for name, price in value.items() if price < 0)
+        bad = sorted(name for name, price in value.items() if not (math.isfinite(price) and price >= 0))
         if bad:
-            raise ValueError(f"prices and multipliers cannot be negative ({', '.join(bad)})")
+            raise ValueError(f"prices and multipliers are numbers of at least 0, not negative, infinite or "
+                             f"nan ({', '.join(bad)})")
         return value
+
+    @field_validator("tiers")
+    @classmethod
+    def _apart(cls, value: list[TierConfig]) -> list[TierConfig]:
+        """A time of day takes one tier's multiplier: two windows that overlap are refused (their
+        multipliers would add up, a discount past 100 % making a negative price)."""
+        for i, one in enumerate(value):
+            for other in value[i + 1:]:
+                shared = _overlap(one, other)
+                if shared:
+                    raise ValueError(
+                        f"tiers {one.start}-{one.end} and {other.start}-{other.end} overlap ({shared}); a "
+                        "time of day takes one tier's multiplier, so split the windows where they meet")
+        return value
+
+
+def _minutes(tier: TierConfig) -> list[tuple[int, int]]:
+    """The tier's window as [start, end) minutes of the day, cut at midnight (start == end: all day)."""
+    start, end = (int(_seconds_of_day(t) // 60) for t in (tier.start, tier.end))
+    if start < end:
+        return [(start, end)]
+    return [(start, 1440), (0, end)] if end else [(start, 1440)]
+
+
+def _overlap(one: TierConfig, other: TierConfig) -> str:
+    """Where two tiers' windows overlap, as HH:MM-HH:MM ('' when they do not)."""
+    for a0, a1 in _minutes(one):
+        for b0, b1 in _minutes(other):
+            low, high = max(a0, b0), min(a1, b1)
+            if low < high:
+                return f"{low // 60:02d}:{low % 60:02d}-{high // 60 % 24:02d}:{high % 60:02d}"
+    return ""
 
 
 class PricesConfig(_Strict):
@@ -91,8 +125,12 @@ class PricesConfig(_Strict):
         versions = []
         for v in self.versions:
             prices = dict(reference)
-            for model, price in v.devices.items():  # a name or alias prices the model under all its names
-                prices.update(dict.fromkeys(_names(model), price))
+            named = {price_key(model): price for model, price in v.devices.items()}
+            for model, price in v.devices.items():  # the profile's other names: its first listed name's price
+                aliases = [key for key in _names(model) if key not in named]
+                prices.update(dict.fromkeys(aliases, price))
+                named.update(dict.fromkeys(aliases, price))
+            prices.update(named)  # a name listed keeps its own price, whatever its aliases were given
             start = dt.datetime.combine(v.effective_from, dt.time(), dt.UTC).timestamp()
             tiers = tuple(Tier(_seconds_of_day(t.start), _seconds_of_day(t.end), t.multiplier)
                           for t in v.tiers)
