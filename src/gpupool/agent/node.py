@@ -53,7 +53,7 @@ from gpupool.agent.podstate import PodRecord, load_record, process_alive, write_
 from gpupool.agent.probes.infiniband import SYSFS_ROOT, read_ib_ports
 from gpupool.agent.probes.nvml import NvmlProbe, ProbeResult, ProbeStatus
 from gpupool.agent.runner import DEFAULT_MAX_LOG_BYTES, LogStream, Runner
-from gpupool.core.model import Device, IbPort, Node
+from gpupool.core.model import MAX_SIMULATED_NODE_DEVICES, Device, IbPort, Node
 from gpupool.errors import InvalidInput, NotFound, ProviderError
 from gpupool.pods import HealthEvent, LogChunk, PodLaunch, secret_injection
 from gpupool.profiles import ProfileSet, default_profiles
@@ -79,14 +79,23 @@ _GROUP = re.compile(r"^\s*(\d+)\s*[xX]\s*([A-Za-z0-9][A-Za-z0-9._-]*)\s*$")
 
 
 def simulated_local_devices(spec: str, node_name: str, profiles: ProfileSet) -> tuple[Device, ...]:
-    """Devices for this machine from "DEVICESxMODEL[,...]", indexed in order, marked simulated."""
-    devices: list[Device] = []
+    """Devices for this machine from "DEVICESxMODEL[,...]", indexed in order, marked simulated; at most
+    MAX_SIMULATED_NODE_DEVICES in all (refused before any is built)."""
+    groups: list[tuple[int, str]] = []
     for group in spec.split(","):
         match = _GROUP.match(group)
         if match is None:
             raise InvalidInput(f"Cannot read simulated devices {group.strip()!r}; {SIMULATE_SYNTAX}.")
-        profile = profiles.get_profile(match.group(2))
-        upto = len(devices) + int(match.group(1))
+        groups.append((int(match.group(1)), match.group(2)))
+    total = sum(count for count, _ in groups)
+    if total > MAX_SIMULATED_NODE_DEVICES:
+        raise InvalidInput(f"The simulated devices {spec.strip()!r} are {total} in all, but a simulated node "
+                           f"holds at most {MAX_SIMULATED_NODE_DEVICES} (more than any real server); give "
+                           "fewer.")
+    devices: list[Device] = []
+    for count, model in groups:
+        profile = profiles.get_profile(model)
+        upto = len(devices) + count
         devices.extend(simulated_devices(node_name, profile, upto)[len(devices) :])
     return tuple(devices)
 

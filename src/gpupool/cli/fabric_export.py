@@ -184,7 +184,7 @@ def _render(fabric: Fabric, fmt: str) -> str:
 
 @generate_app.command("fat-tree")
 def generate_fat_tree(
-    ports: int = typer.Option(36, "--ports", help="Switch radix k."),
+    ports: int = typer.Option(36, "--ports", help="Switch radix k: even, 2 to 254."),
     levels: int = typer.Option(2, "--levels", help="2 or 3."),
     oversubscription: float = typer.Option(1.0, "--oversubscription", help="Leaf down:up ratio."),
     pods: int | None = typer.Option(None, "--pods", help="Leaves (2 levels) or pods (3 levels); default k."),
@@ -207,7 +207,7 @@ def generate_fat_tree(
 def generate_rail(
     nodes: int = typer.Option(..., "--nodes", help="GPU servers."),
     rails: int = typer.Option(8, "--rails", help="HCAs per server, one rail each."),
-    ports: int = typer.Option(64, "--ports", help="Switch radix."),
+    ports: int = typer.Option(64, "--ports", help="Switch radix: even, 2 to 254."),
     speed: str = typer.Option("NDR", "--speed", help="Link speed."),
     fmt: str = FORMAT,
     out: Path | None = OUT,

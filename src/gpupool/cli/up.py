@@ -197,6 +197,10 @@ def up(
             raise typer.Exit(exc.exit_code) from None
         return
     try:
+        if simulate:
+            from gpupool.providers.nodespec import check_spec
+
+            check_spec(simulate)  # a spec too large for memory is refused before anything starts
         # Read (and GPUPOOL_DATABASE_URL removed from this process's environment) before anything
         # is started, so no child process inherits the URL.
         database_url = dburl.resolve(database_url, database_url_file)

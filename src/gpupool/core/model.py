@@ -75,6 +75,11 @@ class IbPort:
     state: str = ""
 
 
+MAX_SIMULATED_NODE_DEVICES = 64
+"""The most devices one simulated node is given (a node spec's DEVICES, a node file's gpu column):
+well above any real server's, and what stops a typo from building devices until memory runs out."""
+
+
 @dataclass(frozen=True, slots=True)
 class Device:
     """One physical accelerator on a node."""

@@ -7,7 +7,7 @@ import re
 import uuid
 from pathlib import Path
 
-from gpupool.core.model import Device, DeviceKind, Node
+from gpupool.core.model import MAX_SIMULATED_NODE_DEVICES, Device, DeviceKind, Node
 from gpupool.errors import InvalidInput, TraceError
 from gpupool.profiles import DeviceProfile, ProfileSet, default_profiles
 from gpupool.textfiles import text_stream
@@ -26,6 +26,11 @@ CPU_CORES_PER_DEVICE = 12
 MIN_CPU_CORES = 8
 MIN_NODE_MEMORY_MIB = 64 * 1024
 UNKNOWN_DEVICE_MEMORY_GUESS_MIB = 16 * 1024
+MAX_SIMULATED_NODES = 50_000
+"""The most nodes a node spec builds: far above the simulator's benchmarks (1,000 nodes), and
+what stops a typo from building nodes until memory runs out."""
+MAX_SIMULATED_DEVICES = 400_000
+"""The most devices a node spec builds in all (MAX_SIMULATED_NODES nodes of 8)."""
 
 
 def simulated_uuid(node: str, index: int) -> str:
@@ -59,12 +64,54 @@ def _looks_like_path(spec: str) -> bool:
     return spec.endswith((".csv", ".CSV")) or "/" in spec or "\\" in spec or Path(spec).is_file()
 
 
+def spec_groups(spec: str) -> list[tuple[int, int, str]]:
+    """(nodes, devices a node, model) of each group of "NODESxDEVICESxMODEL[,...]", read and bounded
+    before anything is built: InvalidInput for bad syntax, a group of no nodes, or a pool past
+    MAX_SIMULATED_NODES nodes, MAX_SIMULATED_DEVICES devices or MAX_SIMULATED_NODE_DEVICES devices a
+    node. Models are not looked up here."""
+    groups: list[tuple[int, int, str]] = []
+    for group in spec.split(","):
+        match = _GROUP.match(group)
+        if match is None:
+            raise InvalidInput(f"Cannot read node spec {group.strip()!r}; {SPEC_SYNTAX}.", spec=spec)
+        count, devices = int(match.group(1)), int(match.group(2))
+        if count < 1:
+            raise InvalidInput(f"Node spec {group.strip()!r} asks for no nodes; {SPEC_SYNTAX}.")
+        if devices > MAX_SIMULATED_NODE_DEVICES:
+            raise InvalidInput(
+                f"Node spec {group.strip()!r} gives each node {devices} devices, but a simulated node holds "
+                f"at most {MAX_SIMULATED_NODE_DEVICES} (more than any real server); give "
+                f"{MAX_SIMULATED_NODE_DEVICES} or fewer.")
+        groups.append((count, devices, match.group(3)))
+    nodes = sum(count for count, _, _ in groups)
+    if nodes > MAX_SIMULATED_NODES:
+        raise InvalidInput(
+            f"The node spec asks for {nodes:,} nodes, but a simulated pool holds at most "
+            f"{MAX_SIMULATED_NODES:,} (each node costs memory and time in every scheduling cycle); give "
+            "fewer.")
+    devices = sum(count * per_node for count, per_node, _ in groups)
+    if devices > MAX_SIMULATED_DEVICES:
+        raise InvalidInput(
+            f"The node spec asks for {devices:,} devices, but a simulated pool holds at most "
+            f"{MAX_SIMULATED_DEVICES:,} (each costs memory and time in every scheduling cycle); give fewer "
+            "nodes or fewer devices a node.")
+    return groups
+
+
+def check_spec(spec: str) -> None:
+    """Refuse a node spec that cannot be read or is too large (spec_groups), before anything starts;
+    a node file's path is read later, by nodes_from_spec."""
+    text = spec.strip()
+    if text and not _looks_like_path(text):
+        spec_groups(text)
+
+
 def nodes_from_spec(spec: str, profiles: ProfileSet | None = None) -> list[Node]:
     """Simulated nodes from "NODESxDEVICESxMODEL[,...]" or from an OpenB node CSV path.
 
     Models are looked up by name or alias, case-insensitive; every device is marked simulated and
-    its memory comes from the profile. Raises InvalidInput (bad syntax), UnknownName (unknown
-    model) or TraceError (a malformed CSV row, with file:line).
+    its memory comes from the profile. Raises InvalidInput (bad syntax, or a pool too large:
+    spec_groups), UnknownName (unknown model) or TraceError (a malformed CSV row, with file:line).
     """
     profiles = profiles or default_profiles()
     text = spec.strip()
@@ -74,14 +121,8 @@ def nodes_from_spec(spec: str, profiles: ProfileSet | None = None) -> list[Node]
         return nodes_from_openb_csv(Path(text), profiles)
     nodes: list[Node] = []
     per_model: dict[str, int] = {}
-    for group in text.split(","):
-        match = _GROUP.match(group)
-        if match is None:
-            raise InvalidInput(f"Cannot read node spec {group.strip()!r}; {SPEC_SYNTAX}.", spec=spec)
-        count, devices = int(match.group(1)), int(match.group(2))
-        if count < 1:
-            raise InvalidInput(f"Node spec {group.strip()!r} asks for no nodes; {SPEC_SYNTAX}.")
-        profile = profiles.get_profile(match.group(3))
+    for count, devices, model in spec_groups(text):
+        profile = profiles.get_profile(model)
         cpu_milli, memory_mib = host_shape(profile, devices)
         for _ in range(count):
             seq = per_model.get(profile.model, 0)
@@ -129,6 +170,9 @@ def nodes_from_openb_csv(path: Path, profiles: ProfileSet | None = None) -> list
             if not name:
                 raise TraceError(f"{where}: column 'sn' (the node name) is empty.")
             gpus = _int_field(row, "gpu", where)
+            if gpus > MAX_SIMULATED_NODE_DEVICES:
+                raise TraceError(f"{where}: column 'gpu' is {gpus}, but a simulated node holds at most "
+                                 f"{MAX_SIMULATED_NODE_DEVICES} devices (more than any real server).")
             devices: tuple[Device, ...] = ()
             if gpus:
                 model = (row.get("model") or "").strip()

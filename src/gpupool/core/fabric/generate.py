@@ -10,6 +10,12 @@ from gpupool.errors import InvalidInput
 
 SWITCH_GUID_BASE = 0x0002C90300000000
 CA_GUID_BASE = 0x0002C90400000000
+MAX_SWITCH_PORTS = 254
+"""InfiniBand numbers a switch's external ports 1 to 254 (255 is the forwarding tables' "no route"),
+so no switch, real or generated, has a larger radix."""
+MAX_GENERATED_HOSTS = 131_072
+"""The most hosts a generated fabric has: twice a full 3-level fat tree of 64-port switches. Each host
+costs memory and lines of the file; a 3-level tree of 254-port switches would have four million."""
 
 
 @dataclass
@@ -46,10 +52,18 @@ class _Builder:
         return Fabric.build(self.nodes, self.links, self.port_guids, self.port_lids)
 
 
+def _check_radix(ports: int, what: str) -> None:
+    if ports < 2 or ports % 2:
+        raise InvalidInput(f"{what} needs an even switch radix of at least 2 ports, got {ports}.")
+    if ports > MAX_SWITCH_PORTS:
+        raise InvalidInput(f"{what} needs a switch radix of at most {MAX_SWITCH_PORTS} ports (InfiniBand "
+                           f"numbers a switch's ports 1 to {MAX_SWITCH_PORTS}), got {ports}; give a smaller "
+                           "radix.")
+
+
 def split_ports(ports: int, oversubscription: float) -> tuple[int, int]:
     """Leaf ports for hosts and uplinks for a down:up ratio (1.0 = non-blocking)."""
-    if ports < 2 or ports % 2:
-        raise InvalidInput(f"A fat tree needs an even switch radix of at least 2 ports, got {ports}.")
+    _check_radix(ports, "A fat tree")
     if not 1.0 <= oversubscription <= ports:  # (also refuses nan)
         raise InvalidInput(f"Oversubscription is down:up and must be 1.0 to {ports} (the radix), got "
                            f"{oversubscription}.")
@@ -80,6 +94,11 @@ def fat_tree(
     count = ports if pods is None else pods
     if not 1 <= count <= ports:
         raise InvalidInput(f"pods must be between 1 and the switch radix {ports}, got {count}.")
+    hosts = count * down * (1 if levels == 2 else ports // 2)
+    if hosts > MAX_GENERATED_HOSTS:
+        raise InvalidInput(f"This {levels}-level fat tree would have {hosts:,} hosts, but a generated fabric "
+                           f"has at most {MAX_GENERATED_HOSTS:,} (each costs memory and lines of the file); "
+                           "give fewer pods or a smaller radix.")
     if levels == 2:
         _two_level(builder, ports, down, up, count)
     else:
@@ -135,9 +154,7 @@ def rail_optimized(
     """
     if nodes < 1 or rails < 1:
         raise InvalidInput("A rail-optimised cluster needs at least one node and one rail.")
-    if ports < 2 or ports % 2:
-        raise InvalidInput(f"A rail-optimised cluster needs an even switch radix of at least 2 ports, got "
-                           f"{ports}.")
+    _check_radix(ports, "A rail-optimised cluster")
     half = ports // 2
     per_rail = -(-nodes // half)
     if rails * per_rail > ports:

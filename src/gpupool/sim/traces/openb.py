@@ -13,7 +13,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from gpupool.core.model import UNKNOWN_MEMORY_MIB, Device, Node, PodRequest
+from gpupool.core.model import MAX_SIMULATED_NODE_DEVICES, UNKNOWN_MEMORY_MIB, Device, Node, PodRequest
 from gpupool.core.units import MILLI
 from gpupool.errors import InvalidInput, TraceError
 from gpupool.textfiles import text_stream
@@ -91,6 +91,9 @@ def load_openb_nodes(path: str | Path) -> list[Node]:
             raise TraceError(f"{path}:{line}: node {name!r} appears twice.")
         seen.add(name)
         count = _req(path, line, row, "gpu")
+        if count > MAX_SIMULATED_NODE_DEVICES:
+            raise TraceError(f"{path}:{line}: column gpu is {count}, but a simulated node holds at most "
+                             f"{MAX_SIMULATED_NODE_DEVICES} devices (more than any real server).")
         model = row["model"]
         if count and not model:
             raise TraceError(f"{path}:{line}: node {name!r} has {count} GPUs but no model.")
