@@ -7,12 +7,29 @@ from typing import Annotated, Any
 
 import typer
 
+from gpupool.api.secrets import MAX_SECRET_BYTES
 from gpupool.cli._common import client, reports_errors
 from gpupool.cli.output import Column, Format, OutputOption
 
 app = typer.Typer(help="A tenant's secrets: create, ls, delete (values are never shown).\n\n"
                   "Example: gpupool secret create hf --from-literal HF_TOKEN=hf_xxx", no_args_is_help=True)
 TenantOption = Annotated[str | None, typer.Option("--tenant", "-t", help="Admin only: the tenant's.")]
+
+
+def _read_upto(path: str, room: int) -> bytes:
+    """The bytes of `path`, reading at most `room` + 1 of them: a file past the secrets' limit (or one
+    that never ends, as /dev/zero) is refused once it has given more than `room`, never read whole."""
+    try:
+        with open(path, "rb") as handle:
+            value = handle.read(room + 1)
+    except OSError as exc:
+        raise typer.BadParameter(f"Cannot read {path}: {exc.strerror}.") from None
+    if len(value) > room:
+        raise typer.BadParameter(
+            f"{path} takes the secret past {MAX_SECRET_BYTES:,} bytes ({MAX_SECRET_BYTES // 1024} KiB), the "
+            "most a secret's values hold together (it is for credentials and small key files); keep large "
+            "files on a mount instead.")
+    return value
 
 
 def _data(from_file: list[str], from_literal: list[str]) -> dict[str, bytes]:
@@ -33,10 +50,8 @@ def _data(from_file: list[str], from_literal: list[str]) -> dict[str, bytes]:
         key, sep, path = item.partition("=")
         if not sep:
             key, path = Path(item).name, item
-        try:
-            put(key, Path(path).read_bytes(), "--from-file")
-        except OSError as exc:
-            raise typer.BadParameter(f"Cannot read {path}: {exc.strerror}.") from None
+        room = max(MAX_SECRET_BYTES - sum(len(value) for value in data.values()), 0)
+        put(key, _read_upto(path, room), "--from-file")
     if not data:
         raise typer.BadParameter("Give the value with --from-literal KEY=VALUE or --from-file [KEY=]FILE "
                                  "(repeatable).")
@@ -49,7 +64,8 @@ def create(
     name: Annotated[str, typer.Argument(help="Its name: lower-case letters, digits and '-'.")],
     from_file: Annotated[list[str] | None, typer.Option(
         "--from-file", help="[KEY=]FILE: a key holding the file's bytes (KEY defaults to the file's "
-        "name); repeatable.")] = None,
+        f"name); repeatable. A secret's values hold at most {MAX_SECRET_BYTES // 1024} KiB together.")
+    ] = None,
     from_literal: Annotated[list[str] | None, typer.Option(
         "--from-literal", help="KEY=VALUE: a key holding the text (prefer --from-file: a command line "
         "is seen by other users of this machine and kept in shell history); repeatable.")] = None,
