@@ -11,7 +11,7 @@ from typing import Any, TypeVar
 
 import typer
 
-from gpupool.errors import GpupoolError
+from gpupool.errors import GpupoolError, InvalidInput
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -20,6 +20,8 @@ EXIT_CODES_HELP = (
     "3 not found or forbidden, 4 server unreachable."
 )
 SIMULATED_MARK = "(sim)"
+PLOT_FORMATS = ("png", "svg", "pdf", "eps", "jpg", "jpeg")
+"""What a plot or drawing (matplotlib) is written as, chosen by the file name's suffix."""
 
 
 def default_policy() -> str:
@@ -69,6 +71,16 @@ def directory(flag: str) -> Callable[[str], Path]:
         return Path(value)
 
     return parse
+
+
+def check_plot_path(path: Path | None, flag: str) -> None:
+    """Refuse, before any work, a plot file whose name ends in a suffix no plot is written as (a name
+    without one is a PNG): matplotlib would raise only once the run is over."""
+    if path is None or not path.suffix or path.suffix.lower().removeprefix(".") in PLOT_FORMATS:
+        return
+    formats = ", ".join(f".{name}" for name in PLOT_FORMATS[:-1]) + f" or .{PLOT_FORMATS[-1]}"
+    raise InvalidInput(f"{flag} {str(path)!r} ends in {path.suffix}, not a format a plot can be written in; "
+                       f"end the name in {formats}.")
 
 
 def client(**options: Any) -> Any:

@@ -14,7 +14,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from gpupool.cli._common import reports_errors
+from gpupool.cli._common import check_plot_path, reports_errors
 from gpupool.core.fabric.model import Fabric, Link
 from gpupool.errors import GpupoolError, InvalidInput
 
@@ -314,10 +314,12 @@ def fail_link_cmd(
 @app.command()
 def draw(
     path: Path = FILE_ARG,
-    out: Path = typer.Option(Path("topo.png"), "--out", "-o", help="PNG file to write."),
+    out: Path = typer.Option(Path("topo.png"), "--out", "-o", help="The picture: PNG, or SVG, PDF, EPS "
+                             "or JPEG by the name's suffix."),
     node_map: Path | None = NODE_MAP,
 ) -> None:
-    """Draw the fabric (PNG, or SVG by the name): levels as rows, named switches and hosts, a legend.
+    """Draw the fabric (PNG, or SVG, PDF, EPS or JPEG by the name): levels as rows, named switches and
+    hosts, a legend.
 
     Up to 64 hosts are named; above that each leaf switch shows how many hosts hang below it.
     Degraded links are dashed red.
@@ -327,6 +329,7 @@ def draw(
     from gpupool.exporters.draw import draw_fabric
 
     with _errors():
+        check_plot_path(out, "--out")
         fabric = load_fabric(path, node_map)
         draw_fabric(fabric, out, title=path.name)
         typer.echo(f"Wrote {out}")

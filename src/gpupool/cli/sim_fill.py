@@ -11,7 +11,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from gpupool.cli._common import config_default_text, policy_names_text, reports_run_errors
+from gpupool.cli._common import check_plot_path, config_default_text, policy_names_text, reports_run_errors
 from gpupool.cli.output import console as sized_console
 from gpupool.errors import InvalidInput
 
@@ -35,7 +35,9 @@ def fill(
         None, "--fabric", help="An ibnetdiscover file (or one from `gpupool fabric generate`): the nodes "
         "are mapped onto its hosts in natural name order and the policy is bound to it."),
     json_out: Path | None = typer.Option(None, "--json", help="Write the summary and all runs as JSON."),
-    plot_out: Path | None = typer.Option(None, "--plot", help="Write a PNG of allocation vs arrived demand."),
+    plot_out: Path | None = typer.Option(
+        None, "--plot", help="Write a plot of allocation vs arrived demand: PNG, or SVG, PDF, EPS or JPEG by "
+        "the name's suffix."),
     config_file: Path | None = typer.Option(
         None, "--config", help="The pool's configuration (YAML, as `gpupool up` reads): its placement and "
         "placement_options are the policy run when no --policy is given."),
@@ -50,6 +52,7 @@ def fill(
     """
     console = sized_console()
     with reports_run_errors():
+        check_plot_path(plot_out, "--plot")
         from gpupool.config import load_config
 
         config = load_config(config_file)  # PoolConfig() without --config, as `gpupool up`

@@ -9,7 +9,7 @@ from typing import Any
 
 import typer
 
-from gpupool.cli._common import config_default_text, policy_names_text, reports_run_errors
+from gpupool.cli._common import check_plot_path, config_default_text, policy_names_text, reports_run_errors
 from gpupool.errors import InvalidInput
 
 
@@ -192,7 +192,9 @@ def replay(
     ),
     seed: int = typer.Option(0, "--seed", help="Seed of every random choice."),
     json_out: Path = typer.Option(..., "--json", help="Where to write the metrics (JSON)."),
-    plot: Path | None = typer.Option(None, "--plot", help="Also draw allocation over time (PNG)."),
+    plot: Path | None = typer.Option(
+        None, "--plot", help="Also draw allocation over time: PNG, or SVG, PDF, EPS or JPEG by the name's "
+        "suffix."),
     config_file: Path | None = typer.Option(
         None, "--config", help="The pool's configuration (YAML, as `gpupool up` reads; see `gpupool config "
         "show`): placement, ordering, preemption, backfill, priority classes, queues, and with --comm-model "
@@ -221,6 +223,7 @@ def replay(
     Example: gpupool sim replay --cluster 64x8xV100M32 --trace philly:jobs.csv --preemption --json out.json
     """
     with reports_run_errors():
+        check_plot_path(plot, "--plot")
         config = None
         if config_file is not None:
             from gpupool.config import load_config

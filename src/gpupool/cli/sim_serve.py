@@ -9,7 +9,7 @@ from typing import Any
 
 import typer
 
-from gpupool.cli._common import reports_run_errors
+from gpupool.cli._common import check_plot_path, reports_run_errors
 from gpupool.errors import InvalidInput
 
 
@@ -206,7 +206,9 @@ def serve(
         "uplinks as one pool (perfect multipath).",
     ),
     json_out: Path | None = typer.Option(None, "--json", help="Write every run's metrics here (JSON)."),
-    plot: Path | None = typer.Option(None, "--plot", help="Latency CDFs and throughput-latency (PNG)."),
+    plot: Path | None = typer.Option(
+        None, "--plot", help="Latency CDFs and throughput-latency: PNG, or SVG, PDF, EPS or JPEG by the "
+        "name's suffix."),
 ) -> None:
     """Simulate LLM serving: instances placed by the scheduler, KV caches as flows on the fabric.
 
@@ -214,6 +216,7 @@ def serve(
     --mode split-hh --rate-scale 1,2 --json out.json
     """
     with reports_run_errors():
+        check_plot_path(plot, "--plot")
         if not 1 <= tp <= 8:
             raise InvalidInput(f"--tp must be 1 to 8 (devices of one node), got {tp}.")
         if not 0 < prefill_share < 1:
