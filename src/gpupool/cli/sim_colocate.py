@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 from typing import Any
 
@@ -66,13 +67,17 @@ def build_setup(services: Path | None, batch: Path | None, cluster: str, batch_s
     if not 0 <= headroom <= 1000:
         raise InvalidInput(f"--headroom is serving.headroom_replicas, a number of replicas from 0 to 1000, "
                            f"not {headroom}.")
-    if cold_start_s < 0 or grace_s < 0:
-        raise InvalidInput("--cold-start and --grace are seconds >= 0.")
+    for flag, seconds in (("--cold-start", cold_start_s), ("--grace", grace_s)):
+        if not (math.isfinite(seconds) and seconds >= 0):  # (also refuses nan)
+            raise InvalidInput(f"{flag} takes a finite number of seconds >= 0, got {seconds:g}.")
     if assume_share is not None and not 0.05 <= assume_share <= 1.0:
         raise InvalidInput(f"--assume-share is the share of a device each whole-device replica is given "
                            f"under `fractional` (0.25 or 0.5, from 0.05 to 1), not {assume_share:g}.")
-    if days is not None and not days > 0:
-        raise InvalidInput(f"--days must be above 0, not {days:g}.")
+    if days is not None and not (math.isfinite(days) and days > 0):
+        raise InvalidInput(f"--days must be a finite number above 0, not {days:g}.")
+    if not (math.isfinite(azure_target) and azure_target > 0):
+        raise InvalidInput(f"--azure-target is requests in flight a replica, finite and above 0, not "
+                           f"{azure_target:g}.")
     nodes = tuple(nodes_from_spec(cluster))
     per_node = max((len(n.devices) for n in nodes), default=0)
     instances = load_instances(_data_file(services, SERVICES_FILE, "--services"))
@@ -133,8 +138,6 @@ def _azure_instances(name: str, given: Path | None, target: float, cold_start_s:
     if name not in AZURE_SERVICES:
         raise InvalidInput(f"--azure-service is one of {', '.join(AZURE_SERVICES)} (the Azure LLM 2023 "
                            f"trace's two services), not {name!r}." + did_you_mean(name, list(AZURE_SERVICES)))
-    if not target > 0:
-        raise InvalidInput(f"--azure-target is requests in flight a replica, above 0, not {target:g}.")
     path = _data_file(given, ("azure-llm-2023", f"AzureLLMInferenceTrace_{name}.csv"), "--azure-file")
     policy = AutoscalePolicy(target_per_replica=target, min_replicas=0, max_replicas=64)
     demand = replica_demand(load_requests(path), policy, cold_start_s=cold_start_s)

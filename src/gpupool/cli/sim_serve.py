@@ -23,6 +23,27 @@ def _floats(text: str, what: str) -> list[float]:
     return values
 
 
+def _rate_scales(text: str) -> list[float]:
+    """--rate-scale's multipliers: finite and above 0 (nan would run with no request at all)."""
+    values = _floats(text, "--rate-scale")
+    for value in values:
+        if not (math.isfinite(value) and value > 0):
+            raise InvalidInput(f"--rate-scale takes finite multipliers above 0 (1: the trace's own rate), "
+                               f"got {value:g}.")
+    return values
+
+
+def _seeds(text: str) -> list[int]:
+    try:
+        values = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise InvalidInput(f"--seeds takes whole numbers separated by commas (e.g. 0,1,2), got "
+                           f"{text!r}.") from None
+    if not values:
+        raise InvalidInput("--seeds needs at least one number.")
+    return values
+
+
 def _choice(value: str, options: list[str], what: str) -> str:
     if value not in options:
         raise InvalidInput(f"{what} {value!r} is not one of {', '.join(options)}.")
@@ -225,7 +246,10 @@ def serve(
             raise InvalidInput(f"--rails must be 1 to 16 (HCAs a host), got {rails}.")
         if routing not in ("static", "pooled"):
             raise InvalidInput(f"--routing must be static or pooled, got {routing!r}.")
-        seed_list = [int(s) for s in _floats(seeds, "--seeds")]
+        seed_list = _seeds(seeds)
+        scales = _rate_scales(rate_scale)
+        if limit_s is not None and not (math.isfinite(limit_s) and limit_s > 0):
+            raise InvalidInput(f"--limit-s takes a finite number of seconds above 0, got {limit_s:g}.")
         runs = serve_runs(
             trace,
             model,
@@ -234,7 +258,7 @@ def serve(
             mode,
             placement,
             router,
-            _floats(rate_scale, "--rate-scale"),
+            scales,
             seed_list,
             perf,
             tp,
