@@ -5,7 +5,6 @@ from __future__ import annotations
 from pathlib import Path
 
 import typer
-from rich.console import Console
 
 from gpupool.cli.fabric import (
     FILE_ARG,
@@ -34,7 +33,7 @@ def _write(text: str, out: Path | None) -> None:
         return
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(text)
-    Console(stderr=True).print(f"Wrote {out}")
+    typer.echo(f"Wrote {out}", err=True)  # the name as given, never read as rich markup nor wrapped
 
 
 @export_app.command("slurm")

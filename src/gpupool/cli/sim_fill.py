@@ -71,10 +71,11 @@ def fill(
 
             plot(results, plot_out, title=f"fill: {pods.name} on {nodes.name}")
     _print_table(results, console)
+    # the names as given, never read as rich markup ("[b]") nor wrapped
     if json_out is not None:
-        console.print(f"JSON written to {json_out}")
+        console.out(f"JSON written to {json_out}", highlight=False)
     if plot_out is not None:
-        console.print(f"Plot written to {plot_out}")
+        console.out(f"Plot written to {plot_out}", highlight=False)
 
 
 def _run(

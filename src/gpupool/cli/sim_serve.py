@@ -298,7 +298,8 @@ def _clean(value: Any) -> Any:
 
 
 def plot_serving(runs: list[dict[str, Any]], path: Path) -> Path:
-    """Left: CDFs of TTFT, TBT and E2E of the first run at each rate; right: p99 TTFT against rate."""
+    """Left: CDFs of TTFT, TBT and E2E of the first run at each rate; right: p99 TTFT against rate. In the
+    format `path`'s suffix names (PNG without one, at `path` itself)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -321,6 +322,6 @@ def plot_serving(runs: list[dict[str, Any]], path: Path) -> Path:
     axes[3].set_ylabel("p99 TTFT (s)")
     axes[3].grid(alpha=0.3)
     fig.tight_layout()
-    fig.savefig(path, dpi=90)
+    fig.savefig(path, dpi=90, format=path.suffix.removeprefix(".").lower() or "png")
     plt.close(fig)
     return path

@@ -50,7 +50,8 @@ def labels(fabric: Fabric) -> dict[str, str]:
 
 
 def draw_fabric(fabric: Fabric, out: Path, title: str = "") -> Path:
-    """Write a PNG (or SVG, by the file's suffix) of the fabric with names and a legend.
+    """Write a picture of the fabric with names and a legend at `out`, in the format its suffix names
+    (PNG without one: the file is `out` itself, never `out` with .png added).
 
     Above MAX_DRAWN_CAS CAs only switches are drawn; above MAX_NAMED_HOSTS each leaf carries its
     host count instead of one name per host.
@@ -81,7 +82,7 @@ def draw_fabric(fabric: Fabric, out: Path, title: str = "") -> Path:
         _legend(ax, with_cas, bool(fabric.degraded_links))
         fig.tight_layout()
         out.parent.mkdir(parents=True, exist_ok=True)
-        fig.savefig(out, dpi=110)
+        fig.savefig(out, dpi=110, format=out.suffix.removeprefix(".").lower() or "png")
         plt.close(fig)
     return out
 

@@ -7,7 +7,8 @@ from typing import Any
 
 
 def plot_replay(result: dict[str, Any], path: str | Path, title: str = "") -> Path:
-    """Allocation % against time (hours since the first arrival); returns the written path."""
+    """Allocation % against time (hours since the first arrival), in the format the suffix names (PNG
+    without one, at `path` itself); returns the written path."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -23,6 +24,6 @@ def plot_replay(result: dict[str, Any], path: str | Path, title: str = "") -> Pa
     ax.grid(alpha=0.3)
     fig.tight_layout()
     out = Path(path)
-    fig.savefig(out, dpi=100)
+    fig.savefig(out, dpi=100, format=out.suffix.removeprefix(".").lower() or "png")
     plt.close(fig)
     return out

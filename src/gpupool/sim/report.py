@@ -52,7 +52,8 @@ def write_json(results: Sequence[FillResult], path: Path) -> None:
 
 
 def plot(results: Sequence[FillResult], path: Path, title: str = "") -> None:
-    """PNG of mean allocation % against arrived demand %, one curve per policy."""
+    """Mean allocation % against arrived demand %, one curve per policy, at `path` in the format its
+    suffix names (PNG without one: the file is `path` itself, never `path` with .png added)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -79,5 +80,5 @@ def plot(results: Sequence[FillResult], path: Path, title: str = "") -> None:
     inset.tick_params(labelsize=6)
     inset.grid(True, alpha=0.3)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path)
+    fig.savefig(path, format=path.suffix.removeprefix(".").lower() or "png")
     plt.close(fig)
