@@ -10,13 +10,13 @@ from pathlib import Path
 import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
-from sqlalchemy import select
+from sqlalchemy import delete, select
 
 from gpupool.api.reasons import describe
 from gpupool.api.tenants import TenantCreate, TenantOut, TenantUpdate
 from gpupool.core.budgets import BudgetPeriod, period_end
 from gpupool.server.metrics_budgets import BudgetCollector
-from gpupool.server.orm import AuditRow, PodRow, WorkloadRow
+from gpupool.server.orm import AuditRow, PodRow, TenantRow, WorkloadRow
 from gpupool.server.services import tenants, usage
 from gpupool.server.services.budgets import WARNING_ACTION
 from server.test_live_scheduler import ADMIN, Pool
@@ -152,3 +152,32 @@ def test_the_kept_totals_fold_ended_pods_once_and_agree_with_the_bill(pool: Pool
         spend = pool.rt.budgets.spent(pool.rt)["team-a"]
         assert spend.spent == pytest.approx(_bill(pool, spend.period_start_s)), offset
     assert spend.spent == pytest.approx(50.0), "the new day: only the open pod's 50 s"
+
+
+def test_a_budget_removed_and_set_again_or_a_tenant_made_again_counts_each_pod_once(pool: Pool) -> None:
+    """With no budget left the tracker forgot its watermarks but kept its totals, so a budget set again
+    folded the period's pods a second time (600 spent for a bill of 300); and a tenant deleted and
+    made again under a budgeted name, by another server between two looks of this one's, took the
+    deleted one's spend."""
+    tenants.update_tenant(pool.rt, ADMIN, "team-a", TenantUpdate(budget=1e9))
+    day = period_end(BudgetPeriod.DAY, pool.now)
+    _pod(pool, "ran", 0, day + 100.0, day + 400.0)
+    pool.now = day + 1_000.0
+    spent = lambda: pool.rt.budgets.spent(pool.rt)["team-a"].spent  # noqa: E731
+    pool.rt.budgets.invalidate()
+    assert spent() == pytest.approx(300.0)
+    tenants.update_tenant(pool.rt, ADMIN, "team-a", TenantUpdate(budget=None))  # the only budget
+    pool.rt.budgets.invalidate()
+    assert pool.rt.budgets.spent(pool.rt) == {}
+    tenants.update_tenant(pool.rt, ADMIN, "team-a", TenantUpdate(budget=1e9))
+    pool.rt.budgets.invalidate()
+    assert spent() == pytest.approx(300.0) == pytest.approx(_bill(pool, day))
+    with pool.rt.store.write() as session:  # another server deletes team-a and makes it again
+        session.execute(delete(PodRow).where(PodRow.workload_id == "ran"))
+        session.execute(delete(WorkloadRow).where(WorkloadRow.id == "ran"))
+        session.execute(delete(TenantRow).where(TenantRow.name == "team-a"))
+        session.flush()
+        session.add(TenantRow(name="team-a", created_s=pool.now + 10.0, budget=1e9, budget_period="day"))
+    pool.now += 20.0
+    pool.rt.budgets.invalidate()
+    assert spent() == 0.0, "someone else's spend"

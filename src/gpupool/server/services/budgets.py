@@ -53,6 +53,8 @@ class BudgetTracker:
     lock: threading.Lock = field(default_factory=threading.Lock)
     book: PriceBook | None = None
     ledger: SpendLedger | None = None
+    made: dict[str, float] = field(default_factory=dict)
+    """When each budgeted tenant was made, as last read: a tenant deleted and made again starts anew."""
     watermark_s: dict[str, tuple[float, float]] = field(default_factory=dict)
     """Per tenant: (its period's start, a time): its pods that ended in between are in the kept total."""
     spend: dict[str, TenantSpend] = field(default_factory=dict)
@@ -81,11 +83,17 @@ class BudgetTracker:
             if now < self.next_refresh_s:
                 return
             self.next_refresh_s = now + REFRESH_S
-            budgets = _budgets(rt)
+            budgets, made = _budgets(rt)
             before = self.exhausted
-            if not budgets:
+            if not budgets:  # the kept totals too: a budget set again folds its period from its start
                 self.spend, self.exhausted, self.watermark_s = {}, frozenset(), {}
+                self.ledger, self.made = None, {}
             else:
+                for tenant in [t for t in budgets if self.made.get(t, made[t]) != made[t]]:
+                    self.watermark_s.pop(tenant, None)  # deleted and made again: another tenant's totals
+                    if self.ledger is not None:
+                        self.ledger.periods.pop(tenant, None)
+                self.made = made
                 self._meter(rt, budgets, now)
         if before - self.exhausted:
             rt.capacity_may_have_changed()  # a new period, a raised budget: its work may start now
@@ -174,7 +182,7 @@ def fields_out(row: TenantRow, spend: TenantSpend | None, is_exhausted: bool) ->
 
 
 _BUDGETS = select(TenantRow.name, TenantRow.budget, TenantRow.budget_period, TenantRow.budget_warn,
-                  TenantRow.budget_overdraft).where(TenantRow.budget.is_not(None))
+                  TenantRow.budget_overdraft, TenantRow.created_s).where(TenantRow.budget.is_not(None))
 """Built once, as the two below: the loop reads them every few seconds."""
 _POD_ROWS = (select(PodRow.id, PodRow.node, PodRow.slices, PodRow.models, PodRow.started_s, PodRow.finished_s,
                     WorkloadRow.tenant, WorkloadRow.queue, WorkloadRow.spec)
@@ -186,11 +194,13 @@ _ENDED_ROWS = _POD_ROWS.where(PodRow.finished_s > bindparam("watermark"),
 _OPEN_ROWS = _POD_ROWS.where(or_(PodRow.finished_s.is_(None), PodRow.finished_s > bindparam("mark")))
 
 
-def _budgets(rt: Runtime) -> dict[str, Budget]:
+def _budgets(rt: Runtime) -> tuple[dict[str, Budget], dict[str, float]]:
+    """Every budgeted tenant's budget, and when each was made (a name made again is another tenant)."""
     with rt.store.read() as session:
         rows = session.execute(_BUDGETS).all()
-    return {name: Budget(float(amount or 0.0), BudgetPeriod(period), warn, bool(overdraft))
-            for name, amount, period, warn, overdraft in rows}
+    return ({name: Budget(float(amount or 0.0), BudgetPeriod(period), warn, bool(overdraft))
+             for name, amount, period, warn, overdraft, _ in rows},
+            {row[0]: float(row[-1]) for row in rows})
 
 
 def _pod_rows(rt: Runtime, tenants: list[str], watermark: float, mark: float,
