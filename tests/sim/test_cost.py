@@ -74,4 +74,15 @@ def test_cli_replay_with_prices_adds_cost(tmp_path: Path) -> None:
     assert written["config"]["prices"]["versions"][0]["devices"] == {"V100M32": 2.0}
     prices.write_text("prices:\n  versions:\n    - devices: {V100M32: -1}\n")
     bad = CliRunner().invoke(app, args)
-    assert bad.exit_code == 2 and "cannot be negative" in bad.output
+    assert bad.exit_code == 2 and "not negative, infinite or nan (V100M32)" in bad.output
+
+
+def test_a_tenants_cost_sums_its_real_and_simulated_devices() -> None:
+    """Usage rows are apart for real and simulated devices: the tenant's figure was the last one of
+    them (10 of 20 s), while the total counted both."""
+    real, fake = cluster(1, devices=1), cluster(1, devices=1)
+    fake = [replace(n, name="s0", devices=tuple(replace(d, simulated=True) for d in n.devices)) for n in fake]
+    jobs = (_job("x", 1, 0, 10, tenant="t"), _job("y", 1, 0, 10, tenant="t"))
+    cost = replay(ReplayConfig((*real, *fake), jobs, FF, prices=BOOK))["cost"]
+    assert cost["tenants"]["t"]["device_hours"] == pytest.approx(cost["total"]["device_hours"])
+    assert cost["total"]["device_hours"] == pytest.approx(20 / 3600, abs=1e-6)

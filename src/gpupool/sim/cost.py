@@ -56,6 +56,7 @@ class CostMeter:
                     "saving": round(row.dedicated_cost - row.cost, 4), "priced": row.priced}
 
         by_tenant: dict[str, Any] = {}
-        for row in rows:
-            by_tenant[row.keys["tenant"]] = figures(row)
+        tenants = sorted({row.keys["tenant"] for row in rows})  # a row per simulated mark: summed
+        for tenant in tenants:
+            by_tenant[tenant] = figures(totals([row for row in rows if row.keys["tenant"] == tenant]))
         return {"currency": book.currency, "tenants": by_tenant, "total": figures(total)}
