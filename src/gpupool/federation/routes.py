@@ -14,7 +14,7 @@ from gpupool.api.common import ErrorBody
 from gpupool.api.nodes import ModelUsage, PoolSummary, TenantUsage
 from gpupool.api.usage import UsageOut, UsageRowOut
 from gpupool.api.workloads import STORED, EventOut, WorkloadCreated, WorkloadSpec, WorkloadUpdate
-from gpupool.errors import InvalidInput, NotFound, Unavailable
+from gpupool.errors import Conflict, InvalidInput, NotFound, Unavailable
 from gpupool.federation.hub import FEDERATION_ID_ENV, Hub
 from gpupool.federation.members import MemberLink, MemberUnreachable
 from gpupool.server.auth import Principal
@@ -81,6 +81,8 @@ class FederationUsageOut(BaseModel):
     """`gpupool usage` at a hub, per member and per region (each a total of that member's metering)."""
 
     members: dict[str, UsageRowOut]
+    currencies: dict[str, str] = Field(default_factory=dict, description=(
+        "each member's currency: a region's or the whole sum is given only where one currency is used"))
     regions: dict[str, UsageRowOut]
     total: UsageRowOut | None
     missing: list[str] = Field(description="members that did not answer: their usage is not in these sums")
@@ -105,16 +107,24 @@ def member_usage(hub: Hub, who: Principal, params: dict[str, str]) -> list[tuple
 
 
 def merge_usage(parts: list[UsageOut]) -> UsageOut:
-    """Rows with the same grouping key added up; the window spans all parts."""
+    """Rows with the same grouping key added up (priced only when every part's was); the window spans
+    all parts. Conflict when the parts price in different currencies: their costs do not add up."""
+    currencies = sorted({p.currency for p in parts})
+    if len(currencies) > 1:
+        raise Conflict(f"The member pools price in different currencies ({', '.join(currencies)}), so their "
+                       "costs cannot be added up; GET /federation/usage (gpupool usage at the hub) gives "
+                       "each member's total in its own currency.")
     rows: dict[tuple[Any, ...], dict[str, Any]] = {}
     for part in parts:
         for row in part.rows:
             data = row.model_dump()
-            key = tuple(v for k, v in data.items() if k not in _SUMMED)
+            key = tuple(v for k, v in data.items() if k not in _SUMMED and k != "priced")
             into = rows.setdefault(key, {**data, **{k: 0 for k in _SUMMED}})
+            into["priced"] = into["priced"] and data["priced"]
             for k in _SUMMED:
                 into[k] += data[k]
-    total = {**parts[0].total.model_dump(), **{k: sum(getattr(p.total, k) for p in parts) for k in _SUMMED}}
+    total = {**parts[0].total.model_dump(), **{k: sum(getattr(p.total, k) for p in parts) for k in _SUMMED},
+             "priced": all(p.total.priced for p in parts)}
     return UsageOut(since_s=min(p.since_s for p in parts), until_s=max(p.until_s for p in parts),
                     by=parts[0].by, currency=parts[0].currency,
                     rows=[UsageRowOut.model_validate(r) for r in rows.values()],
@@ -280,10 +290,15 @@ def hub_router(hub: Hub) -> APIRouter:
         regions: dict[str, list[UsageOut]] = {}
         for link, part in parts:
             regions.setdefault(link.config.region, []).append(part)
+        def summed(found: list[UsageOut]) -> UsageRowOut | None:  # none across currencies
+            return merge_usage(found).total if len({u.currency for u in found}) == 1 else None
+
+        sums = {region: summed(found) for region, found in regions.items()}
         return FederationUsageOut(
             members={link.name: part.total for link, part in parts},
-            regions={region: merge_usage(found).total for region, found in regions.items()},
-            total=merge_usage([u for _, u in parts]).total if parts else None,
+            currencies={link.name: part.currency for link, part in parts},
+            regions={region: total for region, total in sums.items() if total is not None},
+            total=summed([u for _, u in parts]) if parts else None,
             missing=[link.name for link in hub.links if link.name not in answered])
 
     @router.get("/pool", response_model=PoolSummary, tags=["federation"])
