@@ -90,3 +90,24 @@ def test_set_a_budget_and_see_it_spent(srv: LiveServer) -> None:
 def test_bad_budget_options_are_refused_in_a_sentence(srv: LiveServer, args: list[str], words: str) -> None:
     code, out, err = gp("tenant", "set", "team-a", *args)
     assert code == 2 and out == "" and words in err and "Traceback" not in err
+
+
+def test_the_spend_is_shown_in_the_price_books_currency(tmp_path: Path,
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    """A yen has no minor unit: the spend showed as 500.00 in a JPY pool, where usage shows 500."""
+    config = parse_config(PRICES.replace("prices:\n", "prices:\n  currency: JPY\n").replace("10.0", "1000"))
+    provider = ManualProvider([node("n0", devices=4, model="H100")])
+    with live_server(tmp_path, provider, config=config,
+                     before_serving=cli_env(monkeypatch, COLUMNS="250")) as server:
+        with Client(server.url, server.admin_token) as pool:
+            pool.create_tenant("team-a")
+        assert gp("tenant", "set", "team-a", "--budget", "100000", "--budget-period", "month")[0] == 0
+        _running_pod(server, hours=0.5)
+        server.rt.budgets.invalidate()
+        code, out, err = gp("tenant", "ls", "-o", "json")
+        [team] = [t for t in json.loads(out) if t["name"] == "team-a"]
+        assert team["currency"] == "JPY" and team["spent"] == pytest.approx(500.0, rel=1e-3)
+        code, out, err = gp("tenant", "ls")
+        assert code == 0, err
+        [line] = [line for line in out.splitlines() if line.startswith("team-a")]
+        assert " 500 (0%)" in line or " 501 (1%)" in line, line

@@ -60,6 +60,7 @@ class TenantOut(Strict):
     budget_warn: float = 0.8
     overdraft: bool = False
     spent: float | None = Field(default=None, description="spent this period at the prices in force")
+    currency: str | None = Field(default=None, description="the price book's, of `budget` and `spent`")
     spent_ratio: float | None = Field(default=None, description="spent / budget")
     period_start_s: float | None = Field(default=None, description="when this budget period began (UTC)")
     budget_exhausted: bool = Field(default=False, description="its new work waits for the next period")

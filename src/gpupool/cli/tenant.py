@@ -125,7 +125,7 @@ def _spent(t: Any) -> str:
     from gpupool.money import money
 
     mark = " exhausted" if t.budget_exhausted else ""
-    return f"{money(t.spent)} ({t.spent_ratio:.0%}){mark}"
+    return f"{money(t.spent, t.currency)} ({t.spent_ratio:.0%}){mark}"
 
 
 @app.command("ls")

@@ -20,6 +20,7 @@ from sqlalchemy import bindparam, or_, select
 from gpupool.api.tenants import TenantUpdate
 from gpupool.core.budgets import Budget, BudgetPeriod, SpendLedger, exhausted
 from gpupool.core.metering import PodInterval, PriceBook
+from gpupool.money import money
 from gpupool.server.orm import AuditRow, PodRow, TenantRow, WorkloadRow
 from gpupool.server.runtime import Runtime
 from gpupool.server.services.metering import device_map, held
@@ -143,8 +144,8 @@ class BudgetTracker:
                 if said is not None:
                     continue
                 currency = self.book.currency if self.book else ""
-                detail = (f"spent {s.spent:.2f} of its budget of {s.budget.amount:g} {currency} per "
-                          f"{s.budget.period.value} ({s.ratio:.0%})")
+                detail = (f"spent {money(s.spent, currency)} of its budget of {s.budget.amount:g} {currency} "
+                          f"per {s.budget.period.value} ({s.ratio:.0%})")
                 log.warning("tenant %s %s", tenant, detail)
                 session.add(AuditRow(at_s=now, actor=ACTOR, token_id="", action=WARNING_ACTION,
                                      target=tenant[:255], detail=detail[:1024], remote="", count=1))
@@ -171,10 +172,13 @@ def describe(row: TenantRow) -> str:
             f"overdraft={str(bool(row.budget_overdraft)).lower()}")
 
 
-def fields_out(row: TenantRow, spend: TenantSpend | None, is_exhausted: bool) -> dict[str, Any]:
+def fields_out(row: TenantRow, spend: TenantSpend | None, is_exhausted: bool,
+               currency: str) -> dict[str, Any]:
     """The budget fields of a tenant's `TenantOut` (the spend only while it has a budget)."""
     out: dict[str, Any] = {"budget": row.budget, "budget_period": row.budget_period,
                            "budget_warn": row.budget_warn, "overdraft": bool(row.budget_overdraft)}
+    if row.budget is not None:
+        out["currency"] = currency
     if row.budget is not None and spend is not None:
         out.update(spent=round(spend.spent, 6), spent_ratio=round(spend.ratio, 6),
                    period_start_s=spend.period_start_s, budget_exhausted=is_exhausted)

@@ -269,6 +269,7 @@ def update_tenant(rt: Runtime, who: Principal, name: str, body: TenantUpdate) ->
 def list_tenants(rt: Runtime, who: Principal) -> list[TenantOut]:
     spend = rt.budgets.spent(rt)
     exhausted = rt.budgets.exhausted
+    currency = rt.config.prices.currency
     with rt.store.read() as session:
         tenants = session.scalars(select(TenantRow).order_by(TenantRow.name)).all()
         queues = session.execute(select(QueueRow.tenant, QueueRow.name).order_by(QueueRow.name)).all()
@@ -278,7 +279,7 @@ def list_tenants(rt: Runtime, who: Principal) -> list[TenantOut]:
         return [
             TenantOut(name=t.name, created_s=t.created_s, queues=by_tenant.get(t.name, []),
                       max_priority=t.max_priority, max_pending=t.max_pending, unix_user=t.unix_user,
-                      **budgets.fields_out(t, spend.get(t.name), t.name in exhausted))
+                      **budgets.fields_out(t, spend.get(t.name), t.name in exhausted, currency))
             for t in tenants
             if who.may_see(t.name)
         ]
