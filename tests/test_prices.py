@@ -74,3 +74,17 @@ def test_a_name_listed_keeps_its_price_whatever_its_aliases_are_given() -> None:
     assert version.device_price("Tesla V100-SXM2-16GB") == 0.9
     assert version.device_price("Tesla V100-PCIE-16GB") == 0.5
     assert _version("{A100: 1.1}").device_price("A100-80GB") == 1.1, "a name alone still prices its aliases"
+
+
+def test_a_later_version_keeps_what_it_does_not_name_and_only_dollars_start_from_the_reference() -> None:
+    """A later version naming only H100 put A100 back to its reference price, and a yen book billed
+    an unnamed H100 at the reference's dollars as as many yen."""
+    book = parse_config("prices:\n  versions:\n    - effective_from: 2026-01-01\n      devices: {A100: 1.5}\n"
+                        "    - effective_from: 2026-12-01\n      devices: {H100: 2.2}\n").prices.price_book()
+    first, later = book.versions
+    assert (first.device_price("A100"), later.device_price("A100"), later.device_price("H100")) == (
+        1.5, 1.5, 2.2)
+    assert first.device_price("H100") == _version("{A10: 1}").device_price("H100") > 0  # the reference
+    yen = parse_config("prices:\n  currency: JPY\n  versions:\n    - devices: {A100: 200}\n")
+    [version] = yen.prices.price_book().versions
+    assert (version.device_price("A100"), version.device_price("H100")) == (200, None)

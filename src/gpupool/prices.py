@@ -120,17 +120,20 @@ class PricesConfig(_Strict):
         return value
 
     def price_book(self) -> PriceBook:
-        """The core's PriceBook: each version's prices over the profiles' reference prices."""
-        reference = _reference_prices()
+        """The core's PriceBook: each version's prices over the version before it (the first's over
+        the profiles' reference prices, which are in US dollars: a book in another currency starts
+        from none, so a model it does not name is `other_devices` or unpriced, never dollars)."""
+        before = _reference_prices() if self.currency.upper() == "USD" else {}
         versions = []
         for v in self.versions:
-            prices = dict(reference)
+            prices = dict(before)
             named = {price_key(model): price for model, price in v.devices.items()}
             for model, price in v.devices.items():  # the profile's other names: its first listed name's price
                 aliases = [key for key in _names(model) if key not in named]
                 prices.update(dict.fromkeys(aliases, price))
                 named.update(dict.fromkeys(aliases, price))
             prices.update(named)  # a name listed keeps its own price, whatever its aliases were given
+            before = prices
             start = dt.datetime.combine(v.effective_from, dt.time(), dt.UTC).timestamp()
             tiers = tuple(Tier(_seconds_of_day(t.start), _seconds_of_day(t.end), t.multiplier)
                           for t in v.tiers)
