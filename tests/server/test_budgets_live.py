@@ -181,3 +181,47 @@ def test_a_budget_removed_and_set_again_or_a_tenant_made_again_counts_each_pod_o
     pool.now += 20.0
     pool.rt.budgets.invalidate()
     assert spent() == 0.0, "someone else's spend"
+
+
+def _close(pool: Pool, pod_id: str, end: float) -> None:
+    with pool.rt.store.write() as session:
+        row = session.get(PodRow, f"{pod_id}-a1-r0")
+        assert row is not None
+        row.status, row.finished_s = "stopped", end
+
+
+def test_a_pod_closed_late_with_an_end_long_past_counts_what_it_held(pool: Pool) -> None:
+    """A pod the tracker saw open may be closed later at an end already behind its watermark (a
+    takeover's or a restart's recovery closes a stopping pod when the provider says it ended): the
+    spend is then its real usage, neither the time up to now nor nothing."""
+    tenants.update_tenant(pool.rt, ADMIN, "team-a", TenantUpdate(budget=1e9))
+    day = period_end(BudgetPeriod.DAY, pool.now)
+    _pod(pool, "late", 0, day + 100.0, None)
+    for offset, spent in ((1_000.0, 900.0), (2_000.0, 1_900.0)):
+        pool.now = day + offset
+        pool.rt.budgets.invalidate()
+        assert pool.rt.budgets.spent(pool.rt)["team-a"].spent == pytest.approx(spent)
+    _close(pool, "late", day + 900.0)  # ended long before the watermark (a minute before the last refresh)
+    for offset in (2_005.0, 2_010.0):  # the late close is folded once, and stays so
+        pool.now = day + offset
+        pool.rt.budgets.invalidate()
+        spend = pool.rt.budgets.spent(pool.rt)["team-a"]
+        assert spend.spent == pytest.approx(800.0), offset
+        assert spend.spent == pytest.approx(_bill(pool, spend.period_start_s))
+
+
+def test_a_pod_closed_late_in_the_previous_period_adds_nothing_to_this_one(pool: Pool) -> None:
+    """Read open across midnight, then closed late at an end the day before: it has no part in this
+    day's spend, and folding it leaves this day's kept total as it was."""
+    tenants.update_tenant(pool.rt, ADMIN, "team-a", TenantUpdate(budget=1e9))
+    day = period_end(BudgetPeriod.DAY, pool.now)
+    _pod(pool, "ended", 1, day + 10.0, day + 20.0)
+    _pod(pool, "late", 0, day - 500.0, None)
+    pool.now = day + 1_000.0
+    assert pool.rt.budgets.spent(pool.rt)["team-a"].spent == pytest.approx(10.0 + 1_000.0)
+    _close(pool, "late", day - 100.0)  # it ended the day before
+    pool.now = day + 1_010.0
+    pool.rt.budgets.invalidate()
+    spend = pool.rt.budgets.spent(pool.rt)["team-a"]
+    assert spend.spent == pytest.approx(10.0)
+    assert spend.spent == pytest.approx(_bill(pool, spend.period_start_s))

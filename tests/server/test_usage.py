@@ -225,6 +225,45 @@ def test_usage_counters_match_the_bill_and_only_grow(srv: LiveServer) -> None:
         assert counted == pytest.approx(row.device_hours * 3600)
 
 
+def test_a_pod_closed_late_is_counted_and_the_counters_never_go_down(srv: LiveServer) -> None:
+    """A pod seen running may be closed later at an end behind the watermark (a takeover's or a
+    restart's recovery closes a stopping pod when the provider says it ended): its real usage joins
+    the counters, which keep what they said (a counter that goes down reads as a reset) until the
+    real usage passes it."""
+    from prometheus_client import CollectorRegistry, generate_latest
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from gpupool.server.metrics_usage import UsageCollector
+
+    start = at("2026-12-20T00:00")
+    _pod(srv, "team-a", "late", 0, 1000, 10, start + 100, None)
+    clock = {"now": start}
+    srv.rt.clock = lambda: clock["now"]
+    registry = CollectorRegistry()
+    registry.register(UsageCollector(srv.rt))
+
+    def device_s(offset: float) -> float:
+        clock["now"] = start + offset
+        text = generate_latest(registry).decode()
+        [value] = [s.value for f in text_string_to_metric_families(text) for s in f.samples
+                   if s.name == "gpupool_device_seconds_total" and s.labels["tenant"] == "team-a"]
+        return value
+
+    assert device_s(1_000) == pytest.approx(900) and device_s(2_000) == pytest.approx(1_900)
+    with srv.rt.store.write() as session:  # closed late: it ended long before the watermark
+        row = session.get(PodRow, "late-a1-r0")
+        assert row is not None
+        row.status, row.finished_s = "stopped", start + 900
+    assert device_s(2_005) == pytest.approx(1_900), "what was counted stays counted"
+    _pod(srv, "team-a", "next", 1, 1000, 10, start + 2_010, None)
+    assert device_s(3_010) == pytest.approx(1_900), "held until the real usage passes it"
+    assert device_s(4_010) == pytest.approx(800 + 2_000), "the late pod's real usage, and the next one's"
+    assert device_s(4_020) == pytest.approx(800 + 2_010)
+    with Client(srv.url, srv.admin_token) as pool:
+        bill = pool.usage(tenant="team-a", since_s=start, until_s=clock["now"], by=["tenant"])
+    assert bill.rows[0].device_hours * 3600 == pytest.approx(800 + 2_010)
+
+
 def test_small_amounts_keep_their_digits_in_the_table(srv: LiveServer) -> None:
     # a quarter device for 9 s in December (4.0/h): 0.0025, which two decimals would show as 0.00
     _pod(srv, "team-b", "tiny", 0, 250, 10, at("2026-12-20T00:00:00"), at("2026-12-20T00:00:09"))

@@ -5,6 +5,13 @@ Cheap by construction: at most one refresh every REFRESH_S of the server's clock
 no tenant has a budget, and incremental like the /metrics usage counters: pods that ended before a
 watermark (a minute ago) are folded into kept totals once (read through the index on
 `pods.finished_s`); only pods still open or ended since are priced afresh.
+
+A pod may be closed late, at an end already behind the watermark: recovery (after a restart, or a
+takeover in a follower's running process, whose tracker has refreshed all along) closes a stopping
+pod at the time the provider says it ended. So the tracker remembers the pods it read open, and
+reads again by id those no longer open: each is folded once at its recorded end, whatever that end,
+and the spend then drops to what the pod really held (the figure `gpupool usage` bills), never to
+nothing. Its part before the period's start is not in the spend, as for any pod.
 """
 
 from __future__ import annotations
@@ -59,6 +66,9 @@ class BudgetTracker:
     watermark_s: dict[str, tuple[float, float]] = field(default_factory=dict)
     """Per tenant: (its period's start, a time): its pods that ended in between are in the kept total."""
     spend: dict[str, TenantSpend] = field(default_factory=dict)
+    open_ids: frozenset[str] = frozenset()
+    """The pods read open at the last refresh: any of them closed since is read again by id, however
+    far back its end (see the module docstring)."""
     exhausted: frozenset[str] = frozenset()
     warned: set[tuple[str, float]] = field(default_factory=set)
     next_refresh_s: float = float("-inf")
@@ -88,7 +98,7 @@ class BudgetTracker:
             before = self.exhausted
             if not budgets:  # the kept totals too: a budget set again folds its period from its start
                 self.spend, self.exhausted, self.watermark_s = {}, frozenset(), {}
-                self.ledger, self.made = None, {}
+                self.ledger, self.made, self.open_ids = None, {}, frozenset()
             else:
                 for tenant in [t for t in budgets if self.made.get(t, made[t]) != made[t]]:
                     self.watermark_s.pop(tenant, None)  # deleted and made again: another tenant's totals
@@ -112,14 +122,19 @@ class BudgetTracker:
             kept = self.watermark_s.get(tenant)
             marks[tenant] = kept[1] if kept is not None and kept[0] == start else start  # new: none folded
         mark = now - SETTLE_S
-        ended, still = _pod_rows(rt, list(budgets), min(marks.values()), mark, now)
+        still, ended = _pod_rows(rt, list(budgets), min(marks.values()), mark, now, self.open_ids)
         intervals = _Intervals(rt)
         for row in sorted(ended, key=lambda r: r.finished_s):
-            if row.finished_s > marks[row.tenant]:
+            # after the tenant's watermark, or seen open last time and closed late behind it (its part
+            # in this period only: one that ended before the period began has none)
+            late = row.id in self.open_ids and row.finished_s > starts[row.tenant]
+            if row.finished_s > marks[row.tenant] or late:
                 ledger.fold(intervals.of(row, row.finished_s), budgets[row.tenant])
+        closed = {row.id for row in ended}
         self.watermark_s = {t: (starts[t], max(marks[t], mark)) for t in budgets}
+        self.open_ids = frozenset(row.id for row in still if row.id not in closed)
         open_now = [intervals.of(row, now if row.finished_s is None else min(row.finished_s, now))
-                    for row in still]
+                    for row in still if row.id not in closed]
         spent = ledger.spent(budgets, open_now, now)
         self.spend = {t: TenantSpend(b, starts[t], spent[t]) for t, b in budgets.items()}
         self.exhausted = exhausted(budgets, spent)
@@ -196,6 +211,10 @@ _POD_ROWS = (select(PodRow.id, PodRow.node, PodRow.slices, PodRow.models, PodRow
 _ENDED_ROWS = _POD_ROWS.where(PodRow.finished_s > bindparam("watermark"),
                               PodRow.finished_s <= bindparam("mark"))
 _OPEN_ROWS = _POD_ROWS.where(or_(PodRow.finished_s.is_(None), PodRow.finished_s > bindparam("mark")))
+_CLOSED_ROWS = _POD_ROWS.where(PodRow.id.in_(bindparam("ids", expanding=True)),
+                               PodRow.finished_s <= bindparam("watermark"))
+"""Pods read open last time and closed since behind the watermark (those after it are _ENDED_ROWS)."""
+IDS_PER_QUERY = 500
 
 
 def _budgets(rt: Runtime) -> tuple[dict[str, Budget], dict[str, float]]:
@@ -207,14 +226,21 @@ def _budgets(rt: Runtime) -> tuple[dict[str, Budget], dict[str, float]]:
             {row[0]: float(row[-1]) for row in rows})
 
 
-def _pod_rows(rt: Runtime, tenants: list[str], watermark: float, mark: float,
-              now: float) -> tuple[Sequence[Any], Sequence[Any]]:
-    """The budgeted tenants' pods that ended in (watermark, mark], and those open or ended since."""
+def _pod_rows(rt: Runtime, tenants: list[str], watermark: float, mark: float, now: float,
+              were_open: frozenset[str]) -> tuple[Sequence[Any], list[Any]]:
+    """The budgeted tenants' pods open or ended after `mark`; and those that ended in (watermark,
+    mark] or, of `were_open` no longer open, at any time up to the watermark.
+
+    The open ones are read first, so a pod closed between the reads is never missed: it is in both
+    (the caller takes the later reading), or read open now and read again by id next time."""
     params = {"now": now, "tenants": tenants, "watermark": watermark, "mark": mark}
     with rt.store.read() as session:
-        ended = session.execute(_ENDED_ROWS, params).all()
         still = session.execute(_OPEN_ROWS, params).all()
-    return ended, still
+        ended = list(session.execute(_ENDED_ROWS, params).all())
+        closed = sorted(were_open - {row.id for row in still})
+        for at in range(0, len(closed), IDS_PER_QUERY):
+            ended += session.execute(_CLOSED_ROWS, {**params, "ids": closed[at:at + IDS_PER_QUERY]}).all()
+    return still, ended
 
 
 class _Intervals:
