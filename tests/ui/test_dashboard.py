@@ -4,6 +4,7 @@ a failed node is marked, data never runs as script, and no page logs an error or
 
 from __future__ import annotations
 
+import json
 import time
 from datetime import UTC, datetime
 from pathlib import Path
@@ -12,6 +13,8 @@ from typing import Any
 import httpx
 import pytest
 
+from gpupool.cli.usage import figure
+from gpupool.money import money
 from server.upproc import UpProcess, until
 from ui.browser import Watched, screenshot
 
@@ -128,18 +131,19 @@ def test_a_tenant_sees_only_its_own_work_and_data_never_runs_as_script(
 
 
 def _check_usage(pool: UpProcess, page: Any, token: str) -> None:
-    """The usage page's numbers are the API's (`gpupool usage --json` reads the same route), and
-    its CSV holds the same rows."""
+    """The usage page's numbers are the API's as `gpupool usage` prints them (it reads the same
+    route), and its CSV holds the same rows."""
     page.click("#nav a[data-page=usage]")
     row = page.locator("#usage-table tbody tr", has_text="alpha")
     row.wait_for()
     assert page.locator("#usage-table tbody tr").count() == 1  # its own tenant only
     with httpx.Client(base_url=pool.api, headers={"Authorization": f"Bearer {token}"}, timeout=30) as api:
-        (expected,) = api.get("/usage", params={"by": "tenant"}).json()["rows"]
+        answer = api.get("/usage", params={"by": "tenant"}).json()
+    (expected,) = answer["rows"]
     assert expected["tenant"] == "alpha" and expected["device_hours"] > 0
-    for field in ("device_hours", "memory_gib_hours", "cost", "dedicated_cost"):
-        shown = float(row.locator(f"[data-field={field}]").text_content() or "nan")
-        assert shown == pytest.approx(expected[field], rel=1e-3, abs=1e-9), field
+    for field in ("pods", "device_hours", "memory_gib_hours", "cost", "dedicated_cost", "saving"):
+        shown = row.locator(f"[data-field={field}]").text_content()
+        assert shown == figure(field, expected[field], answer["currency"]), field
     with page.expect_download() as download:
         page.click("#usage-csv")
     lines = Path(download.value.path()).read_text().splitlines()
@@ -242,6 +246,12 @@ def _near(expected: float) -> Any:
     return pytest.approx(expected, rel=1e-3, abs=2e-6)
 
 
+def _as_shown(amount: float, currency: str) -> set[str]:
+    """`amount` as `gpupool usage` shows it, give or take the API's sixth decimal (metered again
+    between the test's read and the page's)."""
+    return {money(round(amount + k * 1e-6, 6), currency) for k in range(-2, 3)}
+
+
 def _month_start_s() -> float:
     now = datetime.now(UTC)
     return datetime(now.year, now.month, 1, tzinfo=UTC).timestamp()
@@ -269,7 +279,7 @@ def test_budget_bar_cost_card_and_a_budget_wait(pool: UpProcess, browser_page: W
     assert row["budget_exhausted"] is False and row["spent"] == _near(cost)
     page = _log_in(browser_page, pool, token, "/ui/")
     page.locator("#c-cost").wait_for()
-    assert float(page.locator("#c-cost").text_content() or "nan") == _near(cost)
+    assert page.locator("#c-cost").text_content() in _as_shown(cost, usage["currency"])
     assert "your tenant" in (page.locator("#c-cost + .label").text_content() or "")
     page.click("#nav a[data-page=queues]")
     budget = page.locator(".budget[data-tenant=epsilon]")
@@ -297,12 +307,64 @@ def test_budget_bar_cost_card_and_a_budget_wait(pool: UpProcess, browser_page: W
     page.click("#nav a[data-page=overview]")
     row_of_held = page.locator("tr", has=page.get_by_role("link", name=f"held ({held})"))
     row_of_held.get_by_text(sentence).wait_for()
-    assert float(page.locator("#c-cost").text_content() or "nan") == _near(cost)
+    assert page.locator("#c-cost").text_content() in _as_shown(cost, usage["currency"])
     _not_reloaded(page)
     browser_page.assert_clean()
     with pool.client() as api:  # leave the module's pool as it was found
         api.post(f"/workloads/{held}/cancel")
         api.patch("/tenants/epsilon", json={"budget": None})
+
+
+def _usage_answer(currency: str) -> dict[str, Any]:
+    """A usage answer by day: one pod over two days (two rows, one pod in all), amounts with more
+    than four significant digits, a tie at the minor unit, and one small enough for extra digits."""
+    days = [("2026-12-01", 1.0, 12345.6789, 1234567.891, 12345.67, 1234567.891),
+            ("2026-12-02", 0.5, 0.0004, 2.25, 1002.5 if currency == "JPY" else 0.125, 0.005)]
+    rows = [{"tenant": None, "queue": None, "model": None, "priority_class": None, "node": None, "day": day,
+             "service": None, "simulated": False, "pods": 1, "device_hours": device_h,
+             "memory_gib_hours": memory_h, "cost": cost, "dedicated_cost": dedicated,
+             "saving": round(dedicated - cost, 6), "priced": True}
+            for day, _, device_h, memory_h, cost, dedicated in days]
+    total = {**rows[0], "day": None, "pods": 1}
+    for field in ("device_hours", "memory_gib_hours", "cost", "dedicated_cost", "saving"):
+        total[field] = round(sum(r[field] for r in rows), 6)
+    return {"since_s": 0.0, "until_s": 86400.0 * 2, "by": ["day"], "currency": currency, "rows": rows,
+            "total": total}
+
+
+@pytest.mark.parametrize("currency", ["USD", "JPY", "BHD"])
+def test_usage_page_and_cost_card_show_the_numbers_of_gpupool_usage(
+        pool: UpProcess, browser_page: Watched, currency: str) -> None:
+    """Every figure reads as `gpupool usage` prints it: money in the currency's minor unit (never
+    rounded to four significant digits: 12345.67 is not 12350), device-hours to 3 decimals, memory
+    GiB-hours to 1; the total row is the API's total (one pod over two days is one pod, not two)."""
+    answer = _usage_answer(currency)
+    page = browser_page.page
+    page.route("**/api/v1/usage?*", lambda route: route.fulfill(
+        status=200, content_type="application/json", body=json.dumps(answer)))
+    page = _log_in(browser_page, pool, pool.token(), "/ui/")
+    page.locator("#c-cost").wait_for()
+    assert page.locator("#c-cost").text_content() == money(answer["total"]["cost"], currency)
+    page.click("#nav a[data-page=usage]")
+    page.locator("#usage-table tfoot").wait_for()
+    body = page.locator("#usage-table tbody tr")
+    assert body.count() == 2
+    fields = ("pods", "device_hours", "memory_gib_hours", "cost", "dedicated_cost", "saving")
+    for i, row in enumerate(answer["rows"]):
+        shown = {f: body.nth(i).locator(f"[data-field={f}]").text_content() for f in fields}
+        assert shown == {f: figure(f, row[f], currency) for f in fields}, row["day"]
+    foot = page.locator("#usage-table tfoot")
+    shown = {f: foot.locator(f"[data-field={f}]").text_content() for f in fields}
+    assert shown == {f: figure(f, answer["total"][f], currency) for f in fields}
+    assert shown["pods"] == "1"
+    # the formatter itself, over amounts where rounding differs: ties, small ones, negative ones
+    amounts = [12345.67, 1234567.891, 0.125, 0.375, 2.5, 1002.5, 0.005, 0.0123, 0.00004, -0.004, -0.0,
+               0.336, 1.008, 1004.4, 99.995, 1e-9]
+    formatted = page.evaluate("async (amounts) => { const m = await import('/ui/assets/money.js'); "
+                              "return amounts.map((v) => m.money(v, '" + currency + "')); }", amounts)
+    assert formatted == [money(v, currency) for v in amounts]
+    _not_reloaded(page)
+    browser_page.assert_clean()
 
 
 def _service(pool: UpProcess, token: str, **spec: Any) -> None:

@@ -71,6 +71,18 @@ def _rows(answer: Any) -> list[dict[str, Any]]:
              **{k: getattr(r, k) for k in _NUMBERS}, "priced": r.priced} for r in answer.rows]
 
 
+def figure(name: str, value: float, currency: str) -> str:
+    """One of a row's `_NUMBERS` as the table prints it (and the dashboard's usage page): pods whole,
+    device-hours to 3 decimals, memory GiB-hours to 1, amounts as gpupool.money shows the currency."""
+    if name == "pods":
+        return str(int(value))
+    if name == "device_hours":
+        return f"{value:.3f}"
+    if name == "memory_gib_hours":
+        return f"{value:.1f}"
+    return money(value, currency)
+
+
 def _print(answer: Any, fmt: str, title: str) -> None:
     rows = _rows(answer)
     if fmt == "json":
@@ -90,19 +102,17 @@ def _print(answer: Any, fmt: str, title: str) -> None:
     for column in [*answer.by, "SIM", "PODS", "DEVICE-H", "MEM GiB-H", f"COST {answer.currency}",
                    f"DEDICATED {answer.currency}", "SAVING"]:
         table.add_column(column.upper(), justify="left" if column in answer.by else "right")
-    def cash(amount: float) -> str:
-        return money(amount, answer.currency)
+    def cells(r: Any) -> list[str]:
+        return [figure(n, getattr(r, n), answer.currency) for n in _NUMBERS]
 
     for row, r in zip(rows, answer.rows, strict=True):
-        mark = "" if r.priced else " *"
+        pods, device_h, memory_h, cost, dedicated, saving = cells(r)
         keys = [str(row[k]) if k != "service" else (row[k] or "-") for k in answer.by]
-        table.add_row(*keys, "yes" if r.simulated else "", str(r.pods),
-                      f"{r.device_hours:.3f}", f"{r.memory_gib_hours:.1f}", f"{cash(r.cost)}{mark}",
-                      cash(r.dedicated_cost), cash(r.saving))
+        table.add_row(*keys, "yes" if r.simulated else "", pods, device_h, memory_h,
+                      f"{cost}{'' if r.priced else ' *'}", dedicated, saving)
     t = answer.total
     label = ["TOTAL"] + [""] * (len(answer.by) - 1) if answer.by else []
-    table.add_row(*label, "", str(t.pods), f"{t.device_hours:.3f}", f"{t.memory_gib_hours:.1f}",
-                  cash(t.cost), cash(t.dedicated_cost), cash(t.saving))
+    table.add_row(*label, "", *cells(t))
     console().print(table)
     if not t.priced:
         console().print("* some usage is of a device model with no price in the price book (costed 0).")

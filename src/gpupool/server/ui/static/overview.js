@@ -5,7 +5,7 @@
 import { get } from "./api.js";
 import { bar, gpus, h, link, replace, table, tenantClass, update, when } from "./dom.js";
 import { mountHistory } from "./history.js";
-import { num } from "./usage.js";
+import { money } from "./money.js";
 
 const COST_EVERY_MS = 10000; // metering costs the server more than the other routes: as on the usage page
 let cost = { at: 0, who: "", since: 0, usage: null }; // the last cost asked, kept across visits of the page
@@ -99,7 +99,8 @@ function drawCost(el, usage, admin) {
   el.hidden = false;
   const label = `cost so far this month (${usage.currency}, ${admin ? "all tenants" : "your tenant"}` +
     `${usage.total.priced ? "" : "; some models unpriced"})`;
-  update(el, [num(usage.total.cost), label], () => [h("div", { class: "value", id: "c-cost" }, num(usage.total.cost)),
+  const cost = money(usage.total.cost, usage.currency);
+  update(el, [cost, label], () => [h("div", { class: "value", id: "c-cost" }, cost),
     h("div", { class: "label" }, label)]);
 }
 

@@ -3,6 +3,7 @@
 
 import { get } from "./api.js";
 import { h, table, update } from "./dom.js";
+import { deviceHours, gibHours, money } from "./money.js";
 
 const KEYS = ["tenant", "queue", "model", "priority_class", "node", "day"];
 const NUMBERS = ["pods", "device_hours", "memory_gib_hours", "cost", "dedicated_cost", "saving"];
@@ -11,7 +12,13 @@ const RANGES = [["1", "last 24 hours"], ["7", "last 7 days"], ["30", "last 30 da
 
 export function title() { return "Usage"; }
 
-export const num = (v) => (Number.isInteger(v) ? String(v) : String(Number(v.toPrecision(4))));
+/** A figure of a usage row as `gpupool usage` prints it, amounts in the answer's currency. */
+function figure(name, v, currency) {
+  if (name === "pods") return String(v);
+  if (name === "device_hours") return deviceHours(v);
+  if (name === "memory_gib_hours") return gibHours(v);
+  return money(v, currency);
+}
 
 export function mount(root, ctx) {
   const state = { by: ["tenant"], days: "30" };
@@ -44,15 +51,15 @@ export function mount(root, ctx) {
       since_s: Math.floor(until - Number(state.days) * 86400) });
     last = usage;
     const keys = usage.by;
-    update(out, [usage.by, usage.rows, usage.currency], () => {
-      const totals = Object.fromEntries(NUMBERS.map((n) => [n, usage.rows.reduce((s, r) => s + r[n], 0)]));
+    update(out, [usage.by, usage.rows, usage.total, usage.currency], () => {
       const t = table(`Metered use and its cost (${usage.currency}); simulated devices are metered apart`,
         [...keys, "simulated", "pods", "device-hours", "memory GiB-hours", "cost", "on dedicated devices", "saving"],
         usage.rows.map((r) => [...keys.map((k) => r[k] ?? ""), r.simulated ? "yes" : "",
-          ...NUMBERS.map((n) => h("span", { "data-field": n }, num(r[n]))) ]), "no metered use in this period");
-      if (usage.rows.length > 1) {
+          ...NUMBERS.map((n) => h("span", { "data-field": n }, figure(n, r[n], usage.currency))) ]),
+        "no metered use in this period");
+      if (usage.rows.length > 1) { // the API's total: a pod in two rows (two days) is one pod, not two
         t.appendChild(h("tfoot", {}, h("tr", {}, h("th", { scope: "row", colspan: keys.length + 1 }, "total"),
-          NUMBERS.map((n) => h("td", {}, num(totals[n]))))));
+          NUMBERS.map((n) => h("td", { "data-field": n }, figure(n, usage.total[n], usage.currency))))));
       }
       return t;
     });
