@@ -162,7 +162,8 @@ def test_o_json_for_show_audit_usage_and_invoice(pool: tuple[UpProcess, dict[str
     assert usage and all(r["currency"] == "USD" and "cost" in r for r in usage)
     month = time.strftime("%Y-%m", time.gmtime())
     invoice = json.loads(run(pool, "invoice", "--tenant", "default", "--month", month, "-o", "json"))
-    assert invoice and {r["model"] for r in invoice} == {"H100-SXM-80GB"}
+    *lines, total = invoice  # the lines, then the total
+    assert lines and {r["model"] for r in lines} == {"H100-SXM-80GB"} and total["model"] == "TOTAL"
     server, _ = pool
     refused = gpupool(server.url, server.token(), "usage", "-o", "json", "--csv")
     assert refused.returncode == 2 and refused.stderr.startswith("Error: Give one output format")

@@ -8,6 +8,7 @@ import io
 import json
 from collections.abc import Iterator
 from datetime import UTC, datetime
+from decimal import Decimal
 from pathlib import Path
 
 import pytest
@@ -40,15 +41,33 @@ def at(text: str) -> float:
     return datetime.fromisoformat(text).replace(tzinfo=UTC).timestamp()
 
 
-@pytest.fixture
-def srv(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[LiveServer]:
+YEN = """
+prices:
+  currency: JPY
+  versions:
+    - effective_from: 2026-11-01
+      devices: {H100: 1000}
+"""
+
+
+def _serving(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, prices: str) -> Iterator[LiveServer]:
     provider = ManualProvider([node("n0", devices=4, model="H100", device_memory_mib=80 * GIB)])
-    with live_server(tmp_path, provider, config=parse_config(PRICES),
+    with live_server(tmp_path, provider, config=parse_config(prices),
                      before_serving=cli_env(monkeypatch, COLUMNS="200")) as server:
         with Client(server.url, server.admin_token) as pool:
             pool.create_tenant("team-a")
             pool.create_tenant("team-b")
         yield server
+
+
+@pytest.fixture
+def srv(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[LiveServer]:
+    yield from _serving(tmp_path, monkeypatch, PRICES)
+
+
+@pytest.fixture
+def yen(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[LiveServer]:
+    yield from _serving(tmp_path, monkeypatch, YEN)
 
 
 def _pod(server: LiveServer, tenant: str, pod_id: str, device: int, compute: int, memory_gib: int,
@@ -91,19 +110,21 @@ def test_invoice_bills_the_month_with_the_prices_in_force(srv: LiveServer) -> No
     code, out, err = gp("invoice", "--tenant", "team-a", "--month", "2026-12", "--json")
     assert code == 0, err
     lines = {(r["queue"], r["model"], r["priority_class"]): r for r in json.loads(out)}
-    assert set(lines) == {("default", "H100", "normal"), ("default", "H100", "best-effort")}
+    assert set(lines) == {("default", "H100", "normal"), ("default", "H100", "best-effort"),
+                          ("TOTAL", "TOTAL", "TOTAL")}
     normal, cheap = lines[("default", "H100", "normal")], lines[("default", "H100", "best-effort")]
     assert normal["device_hours"] == pytest.approx(0.25) and normal["cost"] == pytest.approx(1.0)
     assert normal["dedicated_cost"] == pytest.approx(4.0)
     assert cheap["device_hours"] == pytest.approx(2.0) and cheap["cost"] == pytest.approx(4.0)
     assert cheap["memory_gib_hours"] == pytest.approx(160.0)
+    assert lines[("TOTAL", "TOTAL", "TOTAL")]["cost"] == pytest.approx(5.0)
     code, out, _ = gp("invoice", "--tenant", "team-a", "--month", "2026-11", "--csv")
     rows = list(csv.DictReader(io.StringIO(out)))
-    assert code == 0 and len(rows) == 1
-    assert float(rows[0]["cost"]) == pytest.approx(0.5)
+    assert code == 0 and len(rows) == 2 and rows[1]["queue"] == "TOTAL"
+    assert float(rows[0]["cost"]) == pytest.approx(0.5) == float(rows[1]["cost"])
     assert float(rows[0]["device_hours"]) == pytest.approx(0.25)
     code, out, _ = gp("invoice", "--tenant", "team-a", "--month", "2026-10", "--json")
-    assert (code, json.loads(out)) == (0, [])
+    assert code == 0 and [(r["queue"], r["pods"], r["cost"]) for r in json.loads(out)] == [("TOTAL", 0, 0.0)]
     code, _, err = gp("invoice", "--tenant", "team-a", "--month", "2026-13")
     assert code == 2 and "--month takes a month such as 2026-12" in err and "Traceback" not in err
 
@@ -120,7 +141,8 @@ def test_invoice_has_a_line_per_service_from_the_rollup_as_from_the_pods(srv: Li
         return {(r["priority_class"], r["service"]): r for r in json.loads(out)}
 
     before = lines()  # read from the pod rows
-    assert set(before) == {("normal", ""), ("best-effort", ""), ("normal", "chat"), ("normal", "embed")}
+    assert set(before) == {("normal", ""), ("best-effort", ""), ("normal", "chat"), ("normal", "embed"),
+                           ("TOTAL", "TOTAL")}
     assert before[("normal", "chat")]["pods"] == 2 and before[("normal", "chat")]["device_hours"] == 2.0
     assert before[("normal", "chat")]["cost"] == pytest.approx(8.0)
     assert before[("normal", "embed")]["device_hours"] == 1.0
@@ -272,7 +294,67 @@ def test_small_amounts_keep_their_digits_in_the_table(srv: LiveServer) -> None:
     total = next(line for line in out.splitlines() if "TOTAL" in line)
     assert " 0.0025 " in total, out  # the minor unit, then the digits that carry the amount
     code, out, err = gp("invoice", "--tenant", "team-b", "--month", "2026-12", "-o", "json")
-    assert code == 0 and [r["currency"] for r in json.loads(out)] == ["USD"]
+    assert code == 0 and [r["currency"] for r in json.loads(out)] == ["USD", "USD"]  # the line, the total
+
+
+def _services_billed(server: LiveServer, seconds: float) -> None:
+    """Three services of team-a, each a quarter device (a quarter of its memory) for `seconds` in
+    December: three invoice lines of the same amount."""
+    start = at("2026-12-12T00:00")
+    for name in ("chat", "embed", "rank"):
+        _pod(server, "team-a", name, 0, 250, 20, start, start + seconds, service=name)
+
+
+def _table(out: str) -> tuple[list[list[str]], list[str]]:
+    """An invoice table's lines and its TOTAL row, each as its cells (the line's key columns too)."""
+    rows = [[cell.strip() for cell in line.strip("│┃ ").split("│")] for line in out.splitlines()
+            if line.startswith("│")]
+    total = next(row for row in rows if row[0] == "TOTAL")
+    return [row for row in rows if row is not total], total
+
+
+
+def test_invoice_lines_add_up_to_its_total(srv: LiveServer) -> None:
+    """Three lines of 0.336 USD each are 1.008: shown as 0.34, 0.34 and 0.33 beside the TOTAL of
+    1.01, not three of 0.34 (1.02); every summed column adds up; JSON and CSV end with the total."""
+    _services_billed(srv, 0.336 * 3600)  # 0.25 device x 0.336 h x 4.0/h = 0.336
+    code, out, err = gp("invoice", "--tenant", "team-a", "--month", "2026-12")
+    assert code == 0, err
+    lines, total = _table(out)
+    assert len(lines) == 3, out
+    assert [line[-3] for line in lines] == ["0.34", "0.34", "0.33"] and total[-3] == "1.01", out
+    for column in range(-5, 0):  # device-hours, memory GiB-hours and the three amounts
+        assert sum(Decimal(line[column]) for line in lines) == Decimal(total[column]), (column, out)
+    assert [total[c] for c in range(-6, 0)] == ["3", "0.252", "20.2", "1.01", "4.03", "3.02"], out
+    for line in [*lines, total]:  # the saving is what the line's dedicated cost less its cost show
+        assert Decimal(line[-2]) - Decimal(line[-3]) == Decimal(line[-1]), out
+    code, out, err = gp("invoice", "--tenant", "team-a", "--month", "2026-12", "-o", "json")
+    assert code == 0, err
+    *billed, last = json.loads(out)
+    assert [r["service"] for r in billed] == ["chat", "embed", "rank"]
+    assert {k: last[k] for k in ("queue", "model", "priority_class", "service", "pods", "currency")} == \
+        {"queue": "TOTAL", "model": "TOTAL", "priority_class": "TOTAL", "service": "TOTAL", "pods": 3,
+         "currency": "USD"}
+    assert last["cost"] == pytest.approx(1.008) and set(last) == set(billed[0])  # the lines' fields
+    code, out, err = gp("invoice", "--tenant", "team-a", "--month", "2026-12", "-o", "csv")
+    assert code == 0, err
+    header, *rows = list(csv.reader(io.StringIO(out)))
+    assert header == ["queue", "model", "priority_class", "service", "simulated", "pods", "device_hours",
+                      "memory_gib_hours", "cost", "dedicated_cost", "saving", "priced"]
+    assert len(rows) == 4 and rows[-1][:4] == ["TOTAL"] * 4 and float(rows[-1][8]) == pytest.approx(1.008)
+
+
+def test_invoice_lines_add_up_in_a_currency_without_a_minor_unit(yen: LiveServer) -> None:
+    """Three lines of 1004.4 JPY are 3013.2: 1005, 1004 and 1004 beside the TOTAL of 3013."""
+    _services_billed(yen, 1004.4 / 250 * 3600)  # 0.25 device at 1000/h
+    code, out, err = gp("invoice", "--tenant", "team-a", "--month", "2026-12")
+    assert code == 0, err
+    lines, total = _table(out)
+    assert [line[-3] for line in lines] == ["1005", "1004", "1004"] and total[-3] == "3013", out
+    for column in range(-5, 0):
+        assert sum(Decimal(line[column]) for line in lines) == Decimal(total[column]), (column, out)
+    for line in [*lines, total]:
+        assert int(line[-2]) - int(line[-3]) == int(line[-1]), out
 
 
 def test_a_deleted_tenants_usage_stays_for_the_admin_and_one_made_again_under_its_name_sees_none(

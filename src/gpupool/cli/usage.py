@@ -16,12 +16,14 @@ import typer
 from gpupool.cli._common import client, console, flags_for_fields, reports_errors
 from gpupool.cli._durations import after_epoch
 from gpupool.errors import InvalidInput
-from gpupool.money import money
+from gpupool.money import apportioned, bill, fixed_units, minor_digits, money
 
 _AGO = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([hdw])\s*$")
 _UNITS_S = {"h": 3600.0, "d": 86400.0, "w": 7 * 86400.0}
 _MONTH = re.compile(r"^(\d{4})-(0[1-9]|1[0-2])$")
 _NUMBERS = ("pods", "device_hours", "memory_gib_hours", "cost", "dedicated_cost", "saving")
+_DECIMALS = {"device_hours": 3, "memory_gib_hours": 1}
+"""The decimals the table shows of the figures that are not money (pods are whole)."""
 INVOICE_BY = ("queue", "model", "priority_class", "service")
 """An invoice's lines: a service's replicas are a line of their own (service '' is other work)."""
 
@@ -76,24 +78,65 @@ def figure(name: str, value: float, currency: str) -> str:
     device-hours to 3 decimals, memory GiB-hours to 1, amounts as gpupool.money shows the currency."""
     if name == "pods":
         return str(int(value))
-    if name == "device_hours":
-        return f"{value:.3f}"
-    if name == "memory_gib_hours":
-        return f"{value:.1f}"
+    if name in _DECIMALS:
+        return f"{value:.{_DECIMALS[name]}f}"
     return money(value, currency)
 
 
-def _print(answer: Any, fmt: str, title: str) -> None:
-    rows = _rows(answer)
+def _column(name: str, lines: list[float], total: float, currency: str) -> tuple[list[str], str]:
+    """A column of an invoice: its lines and total as `figure` shows them, the lines rounded together
+    so that they add up to the total shown (largest remainder, gpupool.money.apportioned). Pods are
+    not summed: the total counts distinct pods."""
+    shown = figure(name, total, currency)
+    if name == "pods":
+        return [figure(name, line, currency) for line in lines], shown
+    if name in _DECIMALS:
+        digits = _DECIMALS[name]
+        return [fixed_units(u, digits) for u in apportioned(lines, total, digits)], shown
+    units, whole, digits = bill(lines, total, currency)
+    least = minor_digits(currency)
+    return [fixed_units(u, digits, least) for u in units], fixed_units(whole, digits, least)
+
+
+def _invoice_figures(answer: Any) -> list[tuple[list[str], str]]:
+    """Each of `_NUMBERS`' columns of an invoice: its lines and its total, the lines adding up to it.
+    SAVING is DEDICATED less COST as shown, line by line, where the two show the same decimals."""
+    t, currency = answer.total, answer.currency
+    figures = {n: _column(n, [getattr(r, n) for r in answer.rows], getattr(t, n), currency) for n in _NUMBERS}
+    cost, cost_total, digits = bill([r.cost for r in answer.rows], t.cost, currency)
+    dedicated, dedicated_total, its_digits = bill([r.dedicated_cost for r in answer.rows], t.dedicated_cost,
+                                                  currency)
+    if its_digits == digits:
+        least = minor_digits(currency)
+        saving = [fixed_units(d - c, digits, least) for c, d in zip(cost, dedicated, strict=True)]
+        figures["saving"] = saving, fixed_units(dedicated_total - cost_total, digits, least)
+    return [figures[n] for n in _NUMBERS]
+
+
+def _usage_figures(answer: Any) -> list[tuple[list[str], str]]:
+    """Each of `_NUMBERS`' columns of a usage table: its rows and its total, each as `figure` shows it."""
+    return [([figure(n, getattr(r, n), answer.currency) for r in answer.rows],
+             figure(n, getattr(answer.total, n), answer.currency)) for n in _NUMBERS]
+
+
+def _print(answer: Any, fmt: str, title: str, invoice: bool = False) -> None:
+    """The rows in `fmt`; an invoice's lines add up to its total, which its JSON and CSV end with
+    (a record whose grouping keys all say TOTAL)."""
+    rows, t = _rows(answer), answer.total
+    if invoice:
+        rows_out = [*rows, {**{k: "TOTAL" for k in answer.by}, "simulated": t.simulated,
+                            **{k: getattr(t, k) for k in _NUMBERS}, "priced": t.priced}]
+    else:
+        rows_out = rows
     if fmt == "json":
-        typer.echo(json.dumps([{**row, "currency": answer.currency} for row in rows], indent=2))
+        typer.echo(json.dumps([{**row, "currency": answer.currency} for row in rows_out], indent=2))
         return
     if fmt == "csv":
         out = io.StringIO()
         columns = [*answer.by, "simulated", *_NUMBERS, "priced"]
         writer = csv.DictWriter(out, fieldnames=columns, lineterminator="\n")
         writer.writeheader()
-        writer.writerows(rows)
+        writer.writerows(rows_out)
         typer.echo(out.getvalue(), nl=False)
         return
     from rich.table import Table
@@ -102,17 +145,14 @@ def _print(answer: Any, fmt: str, title: str) -> None:
     for column in [*answer.by, "SIM", "PODS", "DEVICE-H", "MEM GiB-H", f"COST {answer.currency}",
                    f"DEDICATED {answer.currency}", "SAVING"]:
         table.add_column(column.upper(), justify="left" if column in answer.by else "right")
-    def cells(r: Any) -> list[str]:
-        return [figure(n, getattr(r, n), answer.currency) for n in _NUMBERS]
-
-    for row, r in zip(rows, answer.rows, strict=True):
-        pods, device_h, memory_h, cost, dedicated, saving = cells(r)
+    figures = _invoice_figures(answer) if invoice else _usage_figures(answer)
+    for i, (row, r) in enumerate(zip(rows, answer.rows, strict=True)):
+        pods, device_h, memory_h, cost, dedicated, saving = (lines[i] for lines, _ in figures)
         keys = [str(row[k]) if k != "service" else (row[k] or "-") for k in answer.by]
         table.add_row(*keys, "yes" if r.simulated else "", pods, device_h, memory_h,
                       f"{cost}{'' if r.priced else ' *'}", dedicated, saving)
-    t = answer.total
     label = ["TOTAL"] + [""] * (len(answer.by) - 1) if answer.by else []
-    table.add_row(*label, "", *cells(t))
+    table.add_row(*label, "", *(total for _, total in figures))
     console().print(table)
     if not t.priced:
         console().print("* some usage is of a device model with no price in the price book (costed 0).")
@@ -161,12 +201,12 @@ def usage(
 def invoice(
     tenant: Annotated[str, typer.Option("--tenant", help="The tenant billed.")],
     month: Annotated[str, typer.Option("--month", help="The month billed (UTC), such as 2026-12.")],
-    as_csv: Annotated[bool, typer.Option("--csv", help="CSV with a header row.")] = False,
-    as_json: Annotated[bool, typer.Option("--json", help="A JSON list of lines.")] = False,
+    as_csv: Annotated[bool, typer.Option("--csv", help="CSV with a header row; the total last.")] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="A JSON list of lines; the total last.")] = False,
     output: UsageOutput = None,
 ) -> None:
     """Bill one tenant for one month: a line per queue, device model, priority class and service (a
-    service's replicas; `-` for other work), and the total.
+    service's replicas; `-` for other work), and the total, which the lines as printed add up to.
 
     Example: gpupool invoice --tenant vision --month 2026-12 --csv
     """
@@ -174,7 +214,7 @@ def invoice(
     since_s, until_s = month_window(month)
     with client() as pool:
         answer = pool.usage(tenant=tenant, since_s=since_s, until_s=until_s, by=INVOICE_BY)
-    _print(answer, fmt, f"Invoice for {tenant}, {month} (UTC), in {answer.currency}")
+    _print(answer, fmt, f"Invoice for {tenant}, {month} (UTC), in {answer.currency}", invoice=True)
 
 
 def _span(since_s: float, until_s: float) -> str:
