@@ -308,10 +308,15 @@ def test_budget_bar_cost_card_and_a_budget_wait(pool: UpProcess, browser_page: W
     row_of_held = page.locator("tr", has=page.get_by_role("link", name=f"held ({held})"))
     row_of_held.get_by_text(sentence).wait_for()
     assert page.locator("#c-cost").text_content() in _as_shown(cost, usage["currency"])
+    # a budget past four significant digits shows whole (it read 12350), as `tenant ls` shows it
+    with pool.client() as api:
+        api.post(f"/workloads/{held}/cancel")
+        assert api.patch("/tenants/epsilon", json={"budget": 12345.67}).status_code == 200
+    page.click("#nav a[data-page=queues]")
+    budget.locator("[data-field=budget]", has_text=money(12345.67, usage["currency"])).wait_for()
     _not_reloaded(page)
     browser_page.assert_clean()
     with pool.client() as api:  # leave the module's pool as it was found
-        api.post(f"/workloads/{held}/cancel")
         api.patch("/tenants/epsilon", json={"budget": None})
 
 

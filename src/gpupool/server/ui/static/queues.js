@@ -4,6 +4,7 @@
 
 import { get } from "./api.js";
 import { bar, gpus, h, table, update } from "./dom.js";
+import { money as amount } from "./money.js";
 
 export function title() { return "Queues and tenants"; }
 
@@ -31,18 +32,19 @@ export function mount(root) {
   };
 }
 
-export const money = (v) => (Number.isInteger(v) ? String(v) : String(Number(v.toPrecision(4))));
+/** A budget's amount as `gpupool tenant ls` shows it, in the price book's currency (money.js). */
+const money = (v, currency) => amount(v, currency || "USD");
 
 /** A tenant's budget: a progress bar of its spend with the warn fraction marked, and the same in words. */
 function budget(t) {
   if (t.budget === null || t.budget === undefined) return "none";
   const per = `per ${t.budget_period}`;
-  if (t.spent === null || t.spent === undefined) return h("span", { class: "budget" }, `${money(t.budget)} ${per} (spend not yet counted)`);
+  if (t.spent === null || t.spent === undefined) return h("span", { class: "budget" }, `${money(t.budget, t.currency)} ${per} (spend not yet counted)`);
   const ratio = t.budget > 0 ? t.spent / t.budget : 1;
   const pct = Math.round(ratio * 100);
   const state = t.budget_exhausted ? "exhausted" : ratio >= 1 ? "spent, overdraft allowed"
     : ratio >= t.budget_warn ? "warned" : "";
-  const label = `Budget of ${t.name}: ${money(t.spent)} of ${money(t.budget)} spent ${per} (${pct} %)` +
+  const label = `Budget of ${t.name}: ${money(t.spent, t.currency)} of ${money(t.budget, t.currency)} spent ${per} (${pct} %)` +
     (state ? `, ${state}` : "");
   const cls = t.budget_exhausted ? "exhausted" : ratio >= t.budget_warn ? "warn" : "used";
   const mark = h("span", { class: "mark", title: `warned at ${Math.round(t.budget_warn * 100)} %`, "aria-hidden": "true" });
@@ -53,7 +55,7 @@ function budget(t) {
     "aria-valuemin": "0", "aria-valuemax": String(t.budget), "aria-valuenow": String(Math.min(t.spent, t.budget)),
     "aria-valuetext": `${pct} % spent` + (state ? `, ${state}` : "") }, fill, mark);
   return h("span", { class: "meter budget", "data-tenant": t.name }, bar, " ",
-    h("span", { "data-field": "spent" }, money(t.spent)), " of ", h("span", { "data-field": "budget" }, money(t.budget)),
+    h("span", { "data-field": "spent" }, money(t.spent, t.currency)), " of ", h("span", { "data-field": "budget" }, money(t.budget, t.currency)),
     ` ${per} (${pct} %)`,
     state ? h("span", { class: "badge budget-" + cls, "data-field": "state" }, state) : "",
     t.overdraft && !state ? h("span", { class: "badge" }, "overdraft allowed") : "");
