@@ -69,8 +69,9 @@ RULES: dict[str, Rule] = {
     "providers": _rule("agent", "core", "errors", "pods", "profiles", "textfiles"),
     # the control plane and the command line on top
     # provision.py is where the server builds its provider: it passes the node's pod-network settings
-    "server": _rule("agent.identity", "agent.netns", "api", "config", "core", "errors", "gc_tuning", "pods",
-                    "prices", "profiles", "providers", "yamlfiles", "durations"),
+    # money: the budget warning in the audit log says its amount as `tenant ls` does
+    "server": _rule("agent.identity", "agent.netns", "api", "config", "core", "errors", "gc_tuning", "money",
+                    "pods", "prices", "profiles", "providers", "yamlfiles", "durations"),
     "federation": _rule("api", "core", "errors", "fedfile", "pods", "providers", "server", "yamlfiles"),
     "cli": _rule(ANY),
     "__init__": _rule("remote"),
