@@ -186,7 +186,8 @@ def test_a_mount_no_longer_allowed_reaches_the_node_without_a_root(
 def test_deleting_a_tenant_deletes_its_secrets(srv: LiveServer) -> None:
     with Client(srv.url, srv.admin_token) as admin:
         admin.create_tenant("short-lived")
-        admin.create_secret("k", {"A": "b"}, tenant="short-lived")
+        with tenant_client(srv, "short-lived") as theirs:
+            theirs.create_secret("k", {"A": "b"})
         admin.delete_tenant("short-lived")
         admin.create_tenant("short-lived")
         assert admin.secrets("short-lived") == []
@@ -214,3 +215,19 @@ def test_config_check_names_a_bad_mount_root_with_its_line(tmp_path: Path) -> No
     path.write_text("tenants:\n  team-a:\n    mounts:\n      - {path: /data/team-a, mode: rw}\n")
     checked = run_cli(["config", "check", str(path)], os.environ)
     assert checked.returncode == 0, checked.stderr
+
+
+@pytest.mark.parametrize("tenant", ["team-a", "default", None])
+def test_only_the_tenants_own_tokens_write_its_secrets(srv: LiveServer, tenant: str | None) -> None:
+    """A secret's keys become variables of the tenant's own pods: the admin replacing one with an
+    LD_PRELOAD key ran a library of its own as the tenant's account, which read the tenant's other
+    pods. The admin lists and deletes them, and writes none, for any tenant."""
+    with tenant_client(srv, "team-a") as theirs:
+        theirs.create_secret("cfg", {"TOKEN": "t"})
+    with Client(srv.url, srv.admin_token) as admin:
+        for replace in (False, True):
+            with pytest.raises(Forbidden, match="created and replaced with one of its own tokens only"):
+                admin.create_secret("cfg", {"LD_PRELOAD": "/tmp/x.so"}, tenant=tenant, replace=replace)
+        assert [s.keys for s in admin.secrets("team-a") if s.name == "cfg"] == [["TOKEN"]]
+        admin.delete_secret("cfg", tenant="team-a")
+        assert "cfg" not in [s.name for s in admin.secrets("team-a")]

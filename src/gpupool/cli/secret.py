@@ -73,6 +73,8 @@ def create(
     tenant: TenantOption = None,
 ) -> None:
     """Store a secret, sealed at rest with the pool's key; prints its name and keys, never a value.
+    Only the tenant's own token creates or replaces one (its keys become variables of the tenant's
+    pods): the admin's is refused, and lists and deletes.
 
     Example: gpupool secret create db --from-file password=./db-password --from-literal user=app
 

@@ -56,7 +56,16 @@ def _missing(tenant: str, name: str, session: Session) -> NotFound:
 
 
 def create(rt: Runtime, who: Principal, body: SecretCreate) -> SecretOut:
-    """Store a new secret (409 when the name is taken, unless `replace`)."""
+    """Store a new secret (409 when the name is taken, unless `replace`). Only the tenant's own tokens
+    create or replace its secrets: the work that uses one gets its keys as variables, so whoever
+    writes the keys chooses variables of the tenant's own pods (LD_PRELOAD, say), which would run
+    their code as the tenant's account."""
+    if who.on_behalf is not None:
+        owner = body.tenant or who.tenant or "default"
+        raise Forbidden(f"Tenant {owner}'s secrets are created and replaced with one of its own tokens only: "
+                        "their keys become variables of its pods, so whoever writes them chooses what those "
+                        f"pods run with. The admin may list and delete them (gpupool secret delete NAME "
+                        f"--tenant {owner}).")
     tenant = who.tenant_for(body.tenant)
     data = {key: base64.b64decode(text) for key, text in body.data.items()}
     sealed = box(rt).seal(tenant, body.name, data)
