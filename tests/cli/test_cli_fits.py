@@ -52,8 +52,9 @@ def pool(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[UpProcess, 
         with Client(server.url, server.token()) as api:
             api.create_tenant(LONG_TENANT)
             api.create_queue("default", "research", 4, cohort=LONG_COHORT)
-            api.create_token("default", "ci-" + "t" * 40)
-            api.create_secret("registry", {f"KEY_{i}_" + "K" * 12: "v" for i in range(6)})
+            token = api.create_token("default", "ci-" + "t" * 40).token
+            with Client(server.url, token) as own:  # the tenant's own token writes its secrets
+                own.create_secret("registry", {f"KEY_{i}_" + "K" * 12: "v" for i in range(6)})
             api.import_image(_rootfs(base), "tiny")
             ids = {
                 "long": api.submit({"command": ["sleep", "600"], "name": LONG_NAME,
