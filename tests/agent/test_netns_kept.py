@@ -171,9 +171,9 @@ def nodes() -> list[Node]:
                  devices=(Device(uuid="GPU-n0-0", model="H100", index=0, memory_mib=81920),))]
 
 
-def run_pod(pool: LocalPool, pod_id: str, tenant: str, script: str) -> None:
+def run_pod(pool: LocalPool, pod_id: str, tenant: str, script: str, on_behalf: bool = False) -> None:
     pool.launch(PodLaunch(pod_id=pod_id, workload_id="w-" + pod_id, node="n0", command=(PY, "-c", script),
-                          tenant=tenant))
+                          tenant=tenant, on_behalf=on_behalf))
 
 
 def wait_status(pool: LocalPool, pod_id: str, check: Callable[[PodStatus], bool]) -> PodStatus:
@@ -206,5 +206,30 @@ def test_a_pod_in_a_kept_namespace_is_fenced_off_as_in_a_new_one(tmp_path: Path)
             wait_status(pool, who, lambda s: s.phase.is_final)
         assert "blocked" in pool.read_log("mallory").text, pool.read_log("mallory").text
         assert "reached secret of bob" in pool.read_log("bob").text, pool.read_log("bob").text
+    finally:
+        pool.close(stop_pods=True)
+
+
+def test_work_others_wrote_for_bob_is_a_network_apart_from_bobs_own(tmp_path: Path) -> None:
+    """Work the admin or a hub wrote for bob (on_behalf) runs as bob's on-behalf account: the namespace
+    such a pod leaves went to bob's own next pod (with whatever socket the admin's other pod kept of
+    it), and such pods reached every port of bob's own. Neither now: it is a network of its own."""
+    pool = LocalPool(nodes(), tmp_path / "pool", network=ON)
+    try:
+        network = pool._members["n0"].agent.network
+        run_pod(pool, "admins", "bob", "print('done')", on_behalf=True)
+        assert wait_status(pool, "admins", lambda s: s.phase.is_final).phase is PodPhase.SUCCEEDED
+        assert eventually(lambda: len(network.kept()) == 1)
+        kept = network.kept()[0]
+        run_pod(pool, "service", "bob", listen("secret of bob"))
+        wait_status(pool, "service", lambda s: "address" in pool.read_log("service").text)
+        address = pool.read_log("service").text.split("address", 1)[1].split()[0]
+        assert address != kept.address and len(network.kept()) == 1, "not the on-behalf pod's namespace"
+        run_pod(pool, "admin-probe", "bob", connect(address), on_behalf=True)
+        run_pod(pool, "bob-probe", "bob", connect(address))
+        for probe in ("admin-probe", "bob-probe"):
+            wait_status(pool, probe, lambda s: s.phase.is_final)
+        assert "blocked" in pool.read_log("admin-probe").text, pool.read_log("admin-probe").text
+        assert "reached secret of bob" in pool.read_log("bob-probe").text, pool.read_log("bob-probe").text
     finally:
         pool.close(stop_pods=True)

@@ -28,6 +28,7 @@ from gpupool.agent.checkpoints import CHECKPOINT_DIR_ENV, CheckpointDirs
 from gpupool.agent.execs import IN_IMAGE, ExecContext, Execs
 from gpupool.agent.identity import (
     BASE_PATH,
+    ON_BEHALF_SUFFIX,
     Identities,
     PodIdentity,
     base_env,
@@ -504,7 +505,10 @@ class NodeAgent:
             return None, LayerState(Layer.NETWORK, False, "a service replica on a Ray node whose plan names "
                                     "no server address shares the node's network (the pool's router reaches "
                                     "it at the node's address)"), ""
-        net = self.network.attach(pod.pod_id, pod.tenant, rank=pod.rank, world_size=pod.world_size,
+        # work others wrote for the tenant is a network of its own: it reaches none of the tenant's own
+        # pods' ports, and a namespace one of them leaves is kept for its like only, never the tenant's
+        owner = pod.tenant + ON_BEHALF_SUFFIX if pod.on_behalf else pod.tenant
+        net = self.network.attach(pod.pod_id, owner, rank=pod.rank, world_size=pod.world_size,
                                   workload_id=pod.workload_id, master_addr=pod.master_addr,
                                   master_port=pod.master_port, serve_port=pod.serve_port)
         served = (f"; the node's port {net.serve_port} is taken to it from the server's addresses "
