@@ -90,7 +90,7 @@ def test_a_held_submission_takes_a_checkpoint_once_and_reads_it_back(server: Ser
                    headers=h).status_code == 413
 
 
-def test_only_the_tenant_gives_a_checkpoint_to_its_own_work_and_the_files_follow_the_account(
+def test_only_the_tenant_gives_or_reads_the_checkpoint_of_its_own_work_and_files_follow_the_account(
         server: Server) -> None:
     """A checkpoint's files are read by the pods as they start (a pickle runs code as it loads): the
     admin or a hub gives one only to work it submitted, which runs as the tenant's on-behalf account,
@@ -114,6 +114,10 @@ def test_only_the_tenant_gives_a_checkpoint_to_its_own_work_and_the_files_follow
     admins = api.post("/api/v1/workloads", params={"hold": "true"}, json=SPEC, headers=admin).json()["id"]
     assert api.put(f"/api/v1/workloads/{admins}/checkpoint", content=data, headers=admin).status_code == 200
     assert provider.seeded == [(theirs, False), (admins, True)]
+    read = api.get(f"/api/v1/workloads/{theirs}/checkpoint", headers=admin)  # what its pods wrote
+    assert read.status_code == 403 and "read with one of team's tokens only" in read.json()["message"]
+    assert api.get(f"/api/v1/workloads/{theirs}/checkpoint", headers=own).status_code == 200
+    assert api.get(f"/api/v1/workloads/{admins}/checkpoint", headers=admin).status_code == 200
     with server.rt.store.read() as session:
         stored = {row.id: row.spec.get("on_behalf") for row in session.scalars(select(WorkloadRow))}
     assert stored == {theirs: None, admins: "admin"}

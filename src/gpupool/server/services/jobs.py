@@ -191,10 +191,16 @@ def read_checkpoint(rt: Runtime, who: Principal, workload_id: str, since_s: floa
                     max_bytes: int) -> tuple[float | None, bytes | None] | None:
     """The workload's checkpoint directory as a tar and its mark (GET /workloads/ID/checkpoint):
     None when it has no mark (none saved), (mark, None) when its mark is not after `since_s`. Only
-    its tenant (or a federation hub acting as that tenant) and the admin read it; another tenant's id
-    is unknown."""
+    its tenant reads it, and the admin or a federation hub only of work they submitted for it (the
+    tenant's own pods write there as its account, their secrets among what they may write); another
+    tenant's id is unknown."""
     with rt.store.read() as session:
-        workload_service._visible(session, who, workload_id)
+        row = workload_service._visible(session, who, workload_id)
+        if who.on_behalf is not None and not row.spec.get("on_behalf"):
+            raise Forbidden(f"Workload {row.id} was submitted with one of tenant {row.tenant}'s own tokens; "
+                            f"its checkpoint is what its pods wrote as {row.tenant}'s account, read with one "
+                            f"of {row.tenant}'s tokens only (the {who.on_behalf} reads the checkpoints of "
+                            "work it submitted).", workload=row.id)
     mark = rt.provider.checkpoint_s(workload_id)  # a pod touches the mark once its files are saved
     if mark is None:
         return None
