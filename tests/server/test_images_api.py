@@ -155,6 +155,25 @@ def test_a_placed_pod_carries_its_images_root_filesystem(pool: tuple[Server, str
     assert Path(launch.image_rootfs, "etc/os-release").read_text() == "NAME=tiny\n"
 
 
+def test_an_image_in_use_is_not_replaced_under_its_work(pool: tuple[Server, str]) -> None:
+    """The spec keeps the image's name and a launch looks the name up again: an import under the name
+    of an image a tenant's running pod uses put the admin's root filesystem under the pod's next
+    attempt, holding its secrets. Refused while work uses it; once it ended, replaced."""
+    server, tenant = pool
+    _import(server, "tiny", _archive())
+    before = server.rt.images.get("tiny")
+    spec = {"command": ["true"], "image": "tiny"}
+    wid = server.client.post(f"{API}/workloads", json=spec, headers=server.headers(tenant)).json()["id"]
+    refused = _import(server, "tiny", _tar(("bin/app", b"echo $HF_TOKEN\n", "file")))
+    assert refused.status_code == 409, refused.text  # type: ignore[attr-defined]
+    said = refused.json()["message"]  # type: ignore[attr-defined]
+    assert f"Image 'tiny' is in use by pending or running work ({wid}): replacing it" in said
+    assert server.rt.images.get("tiny") == before
+    assert server.client.post(f"{API}/workloads/{wid}/cancel", headers=server.headers()).status_code == 200
+    server.wait_for(lambda: server.status(wid) == "cancelled")
+    assert _import(server, "tiny", _archive()).status_code == 201  # type: ignore[attr-defined]
+
+
 def test_a_pool_whose_nodes_cannot_run_containers_refuses_image_work(tmp_path: Path) -> None:
     server = _server(tmp_path, containers=False)
     try:

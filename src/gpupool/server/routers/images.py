@@ -24,15 +24,19 @@ def list_images(rt: Rt, who: Who) -> list[ImageOut]:
 
 
 @router.post("/images", response_model=ImageOut, status_code=201,
-             responses={400: {"model": ErrorBody}, 403: {"model": ErrorBody}})
+             responses={400: {"model": ErrorBody}, 403: {"model": ErrorBody}, 409: {"model": ErrorBody}})
 async def import_image(request: Request, rt: Rt, who: Who,
                        name: Annotated[str, Query(max_length=63, description=IMAGE_NAME_RULE)] = ""
                        ) -> ImageOut:
     """Import the request's body, a tar (or .tar.gz) of a root filesystem or of an OCI image layout,
-    as image `name` (replacing one of that name). Admin only: every tenant's pods may run in it."""
+    as image `name` (replacing one of that name, refused (409) while pending or running work uses it).
+    Admin only: every tenant's pods may run in it."""
     who.require_admin()  # before the name is judged: a tenant learns nothing but that it may not
     check_name(name)
     store = rt.images
+    if store.get(name) is not None:  # before a byte of the upload is read
+        with rt.store.read() as session:
+            image_use.refuse_if_used(session, name, replacing=True)
     with store.spool() as spool:
         async for chunk in request.stream():
             await run_in_threadpool(spool.write, chunk)
