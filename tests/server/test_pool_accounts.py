@@ -221,6 +221,15 @@ def test_removing_a_pool_account_waits_for_its_processes(accounts: list[str]) ->
     finally:
         sleeper.kill()
         sleeper.wait()
+    sleeper = subprocess.Popen(["sleep", "60"], user=others.uid, group=others.gid)
+    try:  # a process of the on-behalf account keeps both: neither uid is freed while one stays
+        with pytest.raises(ProviderError, match="still run as the account 'gpupool-t2a1-gone_ob'"):
+            identities.remove("gone")
+        assert pwd.getpwnam(identity.user).pw_uid == identity.uid
+        assert identities.resolve("gone") == identity, "resolved again, not a freed uid's stale entry"
+    finally:
+        sleeper.kill()
+        sleeper.wait()
     assert identities.remove("gone") == [identity.user, others.user]
     for name in (identity.user, others.user):
         with pytest.raises(KeyError):

@@ -247,15 +247,15 @@ class Identities:
         resolved for it. Returns the names of the accounts removed."""
         if not self.switch_users:
             return []
-        removed: list[str] = []
+        names = [account_name(tenant, self.pool_id, on_behalf=on_behalf) for on_behalf in (False, True)]
         with self._lock:
-            for on_behalf in (False, True):
-                name = account_name(tenant, self.pool_id, on_behalf=on_behalf)
-                if remove_account(name, owned_under):
-                    removed.append(name)
-            for key in [k for k in self._known if k[0] == tenant]:
-                del self._known[key]
-        return removed
+            try:
+                for name in names:  # both idle before either goes: a uid freed is given to the next account
+                    _idle_pool_account(name)
+                return [name for name in names if remove_account(name, owned_under)]
+            finally:  # whatever went, nothing of it is handed out again from here
+                for key in [k for k in self._known if k[0] == tenant]:
+                    del self._known[key]
 
 
 def processes_of(uid: int, proc: Path = Path("/proc")) -> int:
@@ -291,13 +291,28 @@ def remove_account(name: str, owned_under: Sequence[Path] = (), *, sweep: bool =
     while a process still runs as it (a pod's leftovers), saying so: its files would then belong to a
     uid that a later account may be given. `sweep` False: the caller swept the shared places for it
     (`remove_left_behind` of many accounts at once walks them once)."""
+    entry = _idle_pool_account(name)
+    if entry is None:
+        return False
+    if shutil.which("userdel", path=BASE_PATH) is None:
+        raise ProviderError(f"userdel is not installed, so the pod account {name!r} cannot be removed.")
+    remove_owned(owned_under, entry.pw_uid)
+    if sweep:
+        remove_left_behind({entry.pw_uid})
+    _run(["userdel", name])
+    return True
+
+
+def _idle_pool_account(name: str) -> pwd.struct_passwd | None:
+    """The pool's account `name` once no process runs as it (None: no such account of the pool's);
+    ProviderError, saying so, while one still does after a short grace."""
     try:
         entry = pwd.getpwnam(name)
         gid = grp.getgrnam(POD_GROUP).gr_gid
     except KeyError:
-        return False
+        return None
     if entry.pw_uid == 0 or entry.pw_gid != gid:
-        return False  # not one of the pool's: never touched
+        return None  # not one of the pool's: never touched
     running = processes_of(entry.pw_uid)
     deadline = time.monotonic() + ENDING_GRACE_S
     while running and time.monotonic() < deadline:  # a pod's shim still exiting after it wrote the end
@@ -306,13 +321,7 @@ def remove_account(name: str, owned_under: Sequence[Path] = (), *, sweep: bool =
     if running:
         raise ProviderError(f"{running} process(es) still run as the account {name!r}; it is removed once "
                             "they have ended (stop them, or wait, and delete the tenant again).")
-    if shutil.which("userdel", path=BASE_PATH) is None:
-        raise ProviderError(f"userdel is not installed, so the pod account {name!r} cannot be removed.")
-    remove_owned(owned_under, entry.pw_uid)
-    if sweep:
-        remove_left_behind({entry.pw_uid})
-    _run(["userdel", name])
-    return True
+    return entry
 
 
 SHARED_WRITABLE = (Path("/tmp"), Path("/var/tmp"), Path("/dev/shm"), Path("/dev/mqueue"), Path("/run/lock"))
