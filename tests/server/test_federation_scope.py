@@ -207,6 +207,10 @@ def test_a_service_the_admin_writes_for_a_tenant_runs_apart_and_is_given_no_secr
         bounds = server.client.patch("/api/v1/services/own?tenant=bob", headers=server.headers(),
                                      json={"changes": {"max_replicas": 3}})
         assert bounds.status_code == 200 and marks() == {"helper": "admin", "own": None}
+        for change in ({"readiness": {"kind": "tcp"}}, {"resources": {"gpus": 0.5}}):  # rolls, no code
+            rolled = server.client.patch("/api/v1/services/own?tenant=bob", headers=server.headers(),
+                                         json={"changes": change})
+            assert rolled.status_code == 200 and marks() == {"helper": "admin", "own": None}, change
         command = server.client.patch("/api/v1/services/own?tenant=bob", headers=server.headers(),
                                       json={"changes": {"command": ["sleep", "999"]}})
         assert command.status_code == 200 and marks() == {"helper": "admin", "own": "admin"}

@@ -61,6 +61,9 @@ RUN_FIELDS = frozenset(
     }
 )
 """Fields whose change makes new replicas (a rollout); the others apply to the ones running."""
+CODE_FIELDS = frozenset({"command", "env", "workdir", "image", "mounts", "port_env"})
+"""What the replicas run and with: the admin changing one makes the service's work the admin's too
+(`on_behalf`); resources, probes, class or placement do not."""
 
 
 def new_service_id() -> str:
@@ -221,7 +224,8 @@ def update_spec(
             "priority_class": chosen,
         }
         rolls = any(stored.get(k) != row.spec.get(k) for k in RUN_FIELDS)
-        if rolls and who.on_behalf is not None:  # what runs is now the admin's too (never cleared)
+        writes = any(stored.get(k) != row.spec.get(k) for k in CODE_FIELDS)
+        if writes and who.on_behalf is not None:  # what runs is now the admin's too (never cleared)
             spec = spec.model_copy(update={"on_behalf": who.on_behalf})
             stored["on_behalf"] = who.on_behalf
         if rolls:
