@@ -171,3 +171,26 @@ def test_max_pending_refuses_beyond_the_limit_until_room_appears(server: Server)
     assert _submit(server, token, 0)[0] == 201
     assert _patch(server, "team-a", max_pending=10)["status"] == 200
     assert _submit(server, token, 0)[0] == 201
+
+
+def test_the_account_of_a_tenant_with_running_pods_does_not_change(server: Server) -> None:
+    """Its pods run as the account it is mapped to: the admin cleared the mapping while one ran,
+    mapped a new tenant to that account, and the new tenant's work read the running pod's
+    environment as the same account. The mapping changes once the tenant's pods have ended."""
+    account = _unprivileged_account()
+    _create(server, name="mapped", unix_user=account)
+    token = _tenant_token(server, "mapped")
+    made = server.client.post(f"{API}/workloads", headers=server.headers(token),
+                              json={"command": ["sleep", "100"], "resources": {"gpus": 1}})
+    wid = made.json()["id"]
+    server.wait_for(lambda: server.status(wid) == "running")
+    for change in ({"unix_user": None}, {"unix_user": "nobody"}):
+        refused = _patch(server, "mapped", **change)
+        assert refused["status"] == 409, refused
+        assert "has 1 pod(s) not ended yet, running as the account" in str(refused["message"]), refused
+    assert _patch(server, "mapped", max_pending=5)["status"] == 200  # the rest may change
+    assert server.client.post(f"{API}/workloads/{wid}/cancel", headers=server.headers()).status_code == 200
+    [pod] = [p for p, launch in server.provider.launched.items() if launch.workload_id == wid]
+    server.provider.finish(pod)
+    server.wait_for(lambda: server.status(wid) == "cancelled")
+    server.wait_for(lambda: _patch(server, "mapped", unix_user=None)["status"] == 200)

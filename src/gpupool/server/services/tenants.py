@@ -217,6 +217,21 @@ def delete_tenant(rt: Runtime, who: Principal, name: str) -> TenantDeleted:
     return TenantDeleted(name=name, workloads=int(removed or 0), accounts_removed=accounts)
 
 
+def _refuse_remap_while_running(session: Session, name: str, account: str | None) -> None:
+    """Conflict while the tenant has pods that have not ended: they run as the account it is mapped to
+    now, and a mapping made free could be given to another tenant, whose work would then run beside
+    them as the same account (reading their environments and files)."""
+    pods = session.scalar(select(func.count()).select_from(PodRow).join(
+        WorkloadRow, PodRow.workload_id == WorkloadRow.id).where(
+        WorkloadRow.tenant == name, PodRow.status.in_(_UNENDED_PODS))) or 0
+    if pods:
+        runs_as = f"the account {account!r}" if account else "its pool account"
+        raise Conflict(f"Tenant {name!r} has {pods} pod(s) not ended yet, running as {runs_as}; its "
+                       "Unix account changes once they have ended (gpupool ls -t NAME, gpupool cancel ID), "
+                       "so that no other tenant's work can run as the account they use.",
+                       tenant=name, pods=int(pods))
+
+
 def _refuse_if_busy(session: Session, name: str) -> None:
     """Conflict when the tenant has unfinished workloads or pods that have not ended yet."""
     unfinished = session.scalar(select(func.count()).select_from(WorkloadRow).where(
@@ -249,6 +264,8 @@ def update_tenant(rt: Runtime, who: Principal, name: str, body: TenantUpdate) ->
         if "unix_user" in given and body.unix_user is not None:
             lock_accounts(session)
             check_unix_user(session, body.unix_user, name, rt.settings.pool_id)
+        if "unix_user" in given and (body.unix_user or None) != (row.unix_user or None):
+            _refuse_remap_while_running(session, name, row.unix_user)
         if "unix_user" in given:
             row.unix_user = body.unix_user
         if body.max_priority is not None:
