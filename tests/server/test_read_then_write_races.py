@@ -212,6 +212,12 @@ def _ended_pods(rt: Runtime, tenant: str, count: int, start_s: float) -> None:
                                finished_s=start_s + 3600.0))
 
 
+def _yesterday(rt: Runtime) -> float:
+    """01:00 UTC yesterday: an hour's pod from then lies in one day (a pod from 24 h ago crossed
+    midnight when the clock read after 23:00, and the rollup counted it on both days)."""
+    return (rt.clock() // 86_400 - 1) * 86_400 + 3600.0
+
+
 def _rolled_up_pods(rt: Runtime) -> tuple[int, float]:
     with rt.store.read() as session:
         pods = session.scalar(select(func.sum(UsageDailyServiceRow.pods))) or 0
@@ -224,7 +230,7 @@ def test_two_servers_folding_at_once_count_each_pod_once(postgres: pgtemp.TempPo
     url = postgres.create_database()
     one, other = _runtime(url, tmp_path / "one"), _runtime(url, tmp_path / "other")
     try:
-        start = one.clock() - 86_400.0
+        start = _yesterday(one)
         _ended_pods(one, "t", 3, start)
         assert one.usage_rollup.fold(one) == 3  # the day's rows exist: the next fold adds to them
         _ended_pods(one, "u", 3, start)
@@ -278,7 +284,7 @@ def test_a_deleted_tenants_usage_is_kept_however_many_pods_wait_to_be_folded(
     monkeypatch.setattr(usage_rollup, "FOLD_BATCH", 2)
     rt = _runtime(db_url, tmp_path)
     try:
-        start = rt.clock() - 86_400.0
+        start = _yesterday(rt)
         _ended_pods(rt, "a", 5, start)
         _ended_pods(rt, "gone", 5, start)
         assert delete_tenant(rt, ADMIN, "gone").workloads == 5
