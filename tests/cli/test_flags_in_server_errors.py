@@ -89,3 +89,9 @@ def test_a_time_before_1970_is_said_of_the_option(srv: LiveServer, args: tuple[s
 def test_exec_rank_past_any_gang_is_said_of_rank(srv: LiveServer, workload: str) -> None:
     said(gpupool(srv.url, srv.admin_token, "exec", workload, "--rank", "99999999999", "--", "true"),
          "--rank takes a replica number (0, 1, ... up to 2147483647), not '99999999999'.")
+
+
+def test_an_empty_program_is_said_of_the_command_typed(srv: LiveServer) -> None:
+    """It read "Field 'command' the first word of the command (the program) must not be empty"."""
+    done = gpupool(srv.url, srv.admin_token, "submit", "--", "", "x")
+    said(done, "the command after -- must start with the program to run; its first word is empty.")

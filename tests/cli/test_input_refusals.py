@@ -64,3 +64,4 @@ def test_an_empty_directory_is_refused_not_taken_for_the_current_one(
                    timeout_s=60)
     one_line_error(done, 2, f"Error: {flag} is empty; give a directory, or leave {flag} out for its default.")
     assert list(tmp_path.iterdir()) == []  # nothing was made in the current directory
+

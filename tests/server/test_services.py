@@ -227,7 +227,7 @@ def test_bad_input_says_what_was_wrong(pool: Server) -> None:
     create(pool, {"name": "kept", "command": ["serve"], "min_replicas": 0, "max_replicas": 2, "replicas": 0})
     for changes, words in (({"min_replicas": 3}, "min_replicas (3) is above max_replicas (2)"),
                            ({"name": "other"}, "cannot change name of a service"),
-                           ({"command": [""]}, "must not be empty")):
+                           ({"command": [""]}, "its first word is empty")):
         answer = client.patch(f"{API}/services/kept", params={"tenant": "alpha"}, headers=admin,
                               json={"changes": changes})
         assert answer.status_code == 422 and words in answer.json()["message"], answer.text
@@ -392,7 +392,7 @@ def test_a_spec_no_replica_could_run_as_is_refused_at_create(pool: Server) -> No
     answer = pool.client.post(f"{API}/services", headers=pool.headers(),
                               json={"tenant": "alpha", "name": "empty", "command": [""]})
     assert answer.status_code == 422, answer.text
-    assert "the first word of the command (the program) must not be empty" in answer.json()["message"]
+    assert "must start with the program to run; its first word is empty" in answer.json()["message"]
 
 
 def test_a_replica_failing_its_liveness_probe_is_replaced(

@@ -281,7 +281,7 @@ class WorkloadSpec(Strict):
     @classmethod
     def _command(cls, value: list[str]) -> list[str]:
         if not value[0].strip():
-            raise ValueError("the first word of the command (the program) must not be empty")
+            raise ValueError("must start with the program to run; its first word is empty")
         refuse_control(value[0], where="its first word (the program) ")
         return value
 

@@ -77,11 +77,10 @@ def parse(args: list[str], given: dict[str, str] | None = None) -> dict[str, obj
     i = 0
     while i < len(args):
         arg = args[i]
-        if arg == "--":
-            spec["command"] = args[i + 1:]
-            break
-        if not arg.startswith("-") or arg == "-":
-            spec["command"] = args[i:]
+        if arg == "--" or not arg.startswith("-") or arg == "-":
+            spec["command"] = args[i + 1:] if arg == "--" else args[i:]
+            if given is not None:  # the server's "Field 'command' ..." is said of what the user typed
+                given["command"] = "the command after --" if arg == "--" else "the command"
             break
         name, eq, inline = arg.partition("=")
         if name not in _FLAGS:
