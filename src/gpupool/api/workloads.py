@@ -217,6 +217,16 @@ class WorkloadSpec(Strict):
         "set by the server when the admin or a federation hub submits for a tenant: such work runs as "
         "the tenant's on-behalf account, which cannot read the tenant's own pods; not submitted"))
 
+    @model_validator(mode="before")
+    @classmethod
+    def _stored_by_a_later_release(cls, data: Any, info: ValidationInfo) -> Any:
+        """A stored spec (context STORED) is read without the fields this release does not know: a
+        server of a later release, on the same store during a rolling upgrade, may have stored one.
+        A spec submitted now still refuses them (a typo is an error, not a no-op)."""
+        if is_stored(info) and isinstance(data, dict):
+            return {key: value for key, value in data.items() if key in cls.model_fields}
+        return data
+
     @model_validator(mode="after")
     def _image_takes_no_binds(self) -> WorkloadSpec:
         if self.image and (self.mounts or any(use.path for use in self.secrets)):
