@@ -217,19 +217,24 @@ def delete_tenant(rt: Runtime, who: Principal, name: str) -> TenantDeleted:
     return TenantDeleted(name=name, workloads=int(removed or 0), accounts_removed=accounts)
 
 
+def _unended_pods(session: Session, name: str) -> int:
+    """How many of the tenant's pods have not ended (they still run, or are being stopped)."""
+    return int(session.scalar(select(func.count()).select_from(PodRow).join(
+        WorkloadRow, PodRow.workload_id == WorkloadRow.id).where(
+        WorkloadRow.tenant == name, PodRow.status.in_(_UNENDED_PODS))) or 0)
+
+
 def _refuse_remap_while_running(session: Session, name: str, account: str | None) -> None:
     """Conflict while the tenant has pods that have not ended: they run as the account it is mapped to
     now, and a mapping made free could be given to another tenant, whose work would then run beside
     them as the same account (reading their environments and files)."""
-    pods = session.scalar(select(func.count()).select_from(PodRow).join(
-        WorkloadRow, PodRow.workload_id == WorkloadRow.id).where(
-        WorkloadRow.tenant == name, PodRow.status.in_(_UNENDED_PODS))) or 0
+    pods = _unended_pods(session, name)
     if pods:
         runs_as = f"the account {account!r}" if account else "its pool account"
-        raise Conflict(f"Tenant {name!r} has {pods} pod(s) not ended yet, running as {runs_as}; its "
-                       "Unix account changes once they have ended (gpupool ls -t NAME, gpupool cancel ID), "
-                       "so that no other tenant's work can run as the account they use.",
-                       tenant=name, pods=int(pods))
+        raise Conflict(f"Tenant {name!r} has {pods} pod(s) not ended yet, running as {runs_as}; its Unix "
+                       f"account changes once they have ended (gpupool ls -t {name}, gpupool cancel ID), so "
+                       "that no other tenant's work can run as the account they use.",
+                       tenant=name, pods=pods)
 
 
 def _refuse_if_busy(session: Session, name: str) -> None:
@@ -237,15 +242,13 @@ def _refuse_if_busy(session: Session, name: str) -> None:
     unfinished = session.scalar(select(func.count()).select_from(WorkloadRow).where(
         WorkloadRow.tenant == name,
         WorkloadRow.status.not_in([s.value for s in WorkloadStatus if s.is_final]))) or 0
-    pods = session.scalar(select(func.count()).select_from(PodRow).join(
-        WorkloadRow, PodRow.workload_id == WorkloadRow.id).where(
-        WorkloadRow.tenant == name, PodRow.status.in_(_UNENDED_PODS))) or 0
+    pods = _unended_pods(session, name)
     if unfinished or pods:
         what = [f"{unfinished} unfinished workload(s)" if unfinished else "",
                 f"{pods} pod(s) not ended yet" if pods else ""]
         raise Conflict(f"Tenant {name!r} still has {' and '.join(w for w in what if w)}; cancel its work "
                        f"(gpupool ls -t {name}, gpupool cancel ID) and delete it once its pods have ended.",
-                       tenant=name, unfinished=int(unfinished), pods=int(pods))
+                       tenant=name, unfinished=int(unfinished), pods=pods)
 
 
 def _limits_text(max_priority: int, max_pending: int, unix_user: str | None) -> str:
