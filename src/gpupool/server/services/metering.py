@@ -11,7 +11,7 @@ import math
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from sqlalchemy import Select, or_, select
+from sqlalchemy import Select, insert, or_, select
 
 from gpupool.api.usage import UsageOut, UsageRowOut
 from gpupool.core.metering import HeldSlice, PodInterval, UsageKey, UsageRow, aggregate, totals
@@ -88,8 +88,6 @@ def retire(session: Any, tenant: str, now: float) -> int:
     """Keep the metered intervals of `tenant`'s pods that started (all ended: the tenant is being
     deleted) as RetiredPodRow rows, in the caller's transaction, before its pod rows are deleted;
     returns how many."""
-    from sqlalchemy import insert
-
     rows = session.execute(interval_rows().where(WorkloadRow.tenant == tenant)).all()
     kept = [dict(id=row.id, tenant=row.tenant, queue=row.queue,
                  priority_class=str(row.spec.get("priority_class") or ""), service=_service(row.spec),
@@ -111,15 +109,22 @@ def to_intervals(rt: Runtime, rows: Iterable[Any], *, now: float, default_class:
     return [_interval(r, devices, now, default_class) for r in rows]
 
 
+def overlapping(since_s: float, until_s: float, tenant: str | None) -> tuple[Select[Any], Select[Any]]:
+    """interval_rows() and retired_rows() of the pods that overlap [since_s, until_s) (of `tenant`
+    when given): the live pods' and the deleted tenants' kept ones."""
+    pods = interval_rows().where(PodRow.started_s < until_s,
+                                 or_(PodRow.finished_s.is_(None), PodRow.finished_s > since_s))
+    retired = retired_rows().where(RetiredPodRow.started_s < until_s, RetiredPodRow.finished_s > since_s)
+    if tenant is not None:
+        pods = pods.where(WorkloadRow.tenant == tenant)
+        retired = retired.where(RetiredPodRow.tenant == tenant)
+    return pods, retired
+
+
 def intervals(rt: Runtime, since_s: float, until_s: float, tenant: str | None) -> list[PodInterval]:
     """Every pod interval that overlaps [since_s, until_s) (of `tenant`'s workloads when given)."""
     default_class = default_priority_class(rt.config.priority_classes) or ""
-    query = interval_rows().where(PodRow.started_s < until_s,
-                                  or_(PodRow.finished_s.is_(None), PodRow.finished_s > since_s))
-    retired = retired_rows().where(RetiredPodRow.started_s < until_s, RetiredPodRow.finished_s > since_s)
-    if tenant is not None:
-        query = query.where(WorkloadRow.tenant == tenant)
-        retired = retired.where(RetiredPodRow.tenant == tenant)
+    query, retired = overlapping(since_s, until_s, tenant)
     with rt.store.read() as session:
         rows = [*session.execute(query).all(), *session.execute(retired).all()]
     return to_intervals(rt, rows, now=rt.clock(), default_class=default_class)

@@ -17,18 +17,10 @@ from sqlalchemy import or_
 from gpupool.api.usage import UsageOut
 from gpupool.core.metering import DAY_S, PodInterval, UsageKey, UsageRow, aggregate, totals
 from gpupool.server.auth import Principal
-from gpupool.server.orm import PodRow, RetiredPodRow, WorkloadRow
+from gpupool.server.orm import PodRow, RetiredPodRow
 from gpupool.server.runtime import Runtime
 from gpupool.server.services import usage_rollup
-from gpupool.server.services.metering import (
-    interval_rows,
-    parse_by,
-    raw_usage,
-    retired_rows,
-    row_out,
-    to_intervals,
-    window,
-)
+from gpupool.server.services.metering import overlapping, parse_by, raw_usage, row_out, to_intervals, window
 from gpupool.server.services.specs import default_priority_class
 from gpupool.server.services.tenants import made_s, require_tenant
 
@@ -76,19 +68,11 @@ def _usage(rt: Runtime, who: Principal, *, tenant: str | None, since_s: float | 
     wanted = usage_rollup.digest(book, default_class)
     with rt.usage_rollup.lock, rt.store.read() as session:
         rolled = usage_rollup.read(session, wanted, keys, first_day, end_day, scope)
-        query = interval_rows().where(
-            PodRow.started_s < until, or_(PodRow.finished_s.is_(None), PodRow.finished_s > since))
+        query, retired = overlapping(since, until, scope)  # the pods, and a deleted tenant's kept ones
         if rolled.usable:
-            query = query.where(or_(PodRow.rolled_up.is_(False), PodRow.started_s < first_day,
-                                    PodRow.finished_s > end_day))
-        r = RetiredPodRow  # a deleted tenant's pods, read as the pods are
-        retired = retired_rows().where(r.started_s < until, r.finished_s > since)
-        if rolled.usable:
-            retired = retired.where(or_(r.rolled_up.is_(False), r.started_s < first_day,
-                                        r.finished_s > end_day))
-        if scope is not None:
-            query = query.where(WorkloadRow.tenant == scope)
-            retired = retired.where(r.tenant == scope)
+            query, retired = (q.where(or_(t.rolled_up.is_(False), t.started_s < first_day,
+                                          t.finished_s > end_day))
+                              for q, t in ((query, PodRow), (retired, RetiredPodRow)))
         rows = [*session.execute(query).all(), *session.execute(retired).all()]
     intervals: list[PodInterval] = []
     elsewhere: set[str] = set()  # rolled-up pods with a part in the whole days: the rollup counts them
