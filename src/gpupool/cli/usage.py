@@ -93,7 +93,12 @@ def _column(name: str, lines: list[float], total: float, currency: str) -> tuple
     if name in _DECIMALS:
         digits = _DECIMALS[name]
         return [fixed_units(u, digits) for u in apportioned(lines, total, digits)], shown
-    units, whole, digits = bill(lines, total, currency)
+    return _shown_bill(bill(lines, total, currency), currency)
+
+
+def _shown_bill(billed: tuple[list[int], int, int], currency: str) -> tuple[list[str], str]:
+    """`money.bill`'s lines and total (in units of its decimals) as text."""
+    units, whole, digits = billed
     least = minor_digits(currency)
     return [fixed_units(u, digits, least) for u in units], fixed_units(whole, digits, least)
 
@@ -102,14 +107,16 @@ def _invoice_figures(answer: Any) -> list[tuple[list[str], str]]:
     """Each of `_NUMBERS`' columns of an invoice: its lines and its total, the lines adding up to it.
     SAVING is DEDICATED less COST as shown, line by line, where the two show the same decimals."""
     t, currency = answer.total, answer.currency
-    figures = {n: _column(n, [getattr(r, n) for r in answer.rows], getattr(t, n), currency) for n in _NUMBERS}
-    cost, cost_total, digits = bill([r.cost for r in answer.rows], t.cost, currency)
-    dedicated, dedicated_total, its_digits = bill([r.dedicated_cost for r in answer.rows], t.dedicated_cost,
-                                                  currency)
-    if its_digits == digits:
+    cost = bill([r.cost for r in answer.rows], t.cost, currency)
+    dedicated = bill([r.dedicated_cost for r in answer.rows], t.dedicated_cost, currency)
+    figures = {n: _column(n, [getattr(r, n) for r in answer.rows], getattr(t, n), currency)
+               for n in _NUMBERS if n not in ("cost", "dedicated_cost")}
+    figures["cost"], figures["dedicated_cost"] = _shown_bill(cost, currency), _shown_bill(dedicated, currency)
+    if dedicated[2] == cost[2]:  # the same decimals: each line's saving as the two columns show it
         least = minor_digits(currency)
-        saving = [fixed_units(d - c, digits, least) for c, d in zip(cost, dedicated, strict=True)]
-        figures["saving"] = saving, fixed_units(dedicated_total - cost_total, digits, least)
+        saving = [d - c for c, d in zip(cost[0], dedicated[0], strict=True)]
+        figures["saving"] = ([fixed_units(u, cost[2], least) for u in saving],
+                             fixed_units(dedicated[1] - cost[1], cost[2], least))
     return [figures[n] for n in _NUMBERS]
 
 
