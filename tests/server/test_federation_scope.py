@@ -7,6 +7,7 @@ import pytest
 from sqlalchemy import select
 
 from conftest import Server
+from gpupool.pods import PodLaunch
 from gpupool.server.orm import ServiceRow, WorkloadRow
 
 ON_BEHALF = "X-Gpupool-On-Behalf-Of"
@@ -214,11 +215,17 @@ def test_a_service_the_admin_writes_for_a_tenant_runs_apart_and_is_given_no_secr
         command = server.client.patch("/api/v1/services/own?tenant=bob", headers=server.headers(),
                                       json={"changes": {"command": ["sleep", "999"]}})
         assert command.status_code == 200 and marks() == {"helper": "admin", "own": "admin"}
+        # the provider keeps every pod it launched: an earlier test's replica of bob's may be among them
+        before = set(server.provider.launched)
         scaled = server.client.post("/api/v1/services/own/scale", json={"replicas": 1}, headers=_h(bob))
         assert scaled.status_code == 200, scaled.text
-        server.wait_for(lambda: any(p.env.get("GPUPOOL_TENANT") == "bob" and p.serve_port
-                                    for p in server.provider.launched.values()))
-        assert [p.on_behalf for p in server.provider.launched.values() if p.serve_port] == [True]
+
+        def replicas() -> list[PodLaunch]:
+            return [p for pid, p in list(server.provider.launched.items())
+                    if pid not in before and p.env.get("GPUPOOL_TENANT") == "bob" and p.serve_port]
+
+        server.wait_for(lambda: bool(replicas()))
+        assert [p.on_behalf for p in replicas()] == [True]
     finally:
         for name in ("helper", "own"):
             server.client.delete(f"/api/v1/services/{name}", headers=_h(bob))
