@@ -36,6 +36,7 @@ from gpupool.api.nodes import NodeOut, PoolSummary
 from gpupool.api.secrets import SecretDeleted, SecretOut
 from gpupool.api.servers import ServersOut
 from gpupool.api.services import PartnersOut, ServiceOut, ServiceSpec, ServiceStreamEvent
+from gpupool.api.session import WhoAmI
 from gpupool.api.tenants import QueueOut, TenantDeleted, TenantOut, TokenInfo, TokenOut
 from gpupool.api.usage import UsageOut
 from gpupool.api.workloads import (
@@ -653,6 +654,10 @@ class Client:
         if since_s is not None:
             params["since_s"] = since_s
         return self._many(AuditOut, "GET", "/audit", params=params)
+
+    def whoami(self) -> WhoAmI:
+        """What this client's token is: the admin's, a tenant's (which), or a hub's (neither)."""
+        return self._one(WhoAmI, "GET", "/whoami")
 
     def usage(self, *, tenant: str | None = None, since_s: float | None = None, until_s: float | None = None,
               by: Sequence[str] = ("tenant",)) -> UsageOut:

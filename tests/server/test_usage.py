@@ -193,6 +193,32 @@ def test_a_tenant_sees_only_its_own_usage(srv: LiveServer, monkeypatch: pytest.M
     assert code == 3
 
 
+def test_an_invoice_bills_the_tokens_own_tenant_for_this_month_unless_told(
+        srv: LiveServer, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`gpupool invoice` alone: a tenant's token bills its tenant, for the current month (UTC); the
+    admin, who bills any tenant, must name one."""
+    _history(srv)
+    _made_long_ago(srv, "team-b")
+    now = datetime.now(UTC)
+    this_month = now.replace(day=1, hour=0, minute=0, second=0, microsecond=0).timestamp()
+    _pod(srv, "team-b", "b-now", 2, 1000, 80, this_month + 1, this_month + 1801)  # half an hour, this month
+    code, _, err = gp("invoice", "--month", "2026-12")
+    assert code == 2 and "Name the tenant billed: gpupool invoice --tenant NAME" in err, err
+    with Client(srv.url, srv.admin_token) as pool:
+        token = pool.create_token("team-b", "mine").token
+    monkeypatch.setenv("GPUPOOL_TOKEN", token)
+    code, out, err = gp("invoice", "--month", "2026-12", "--json")
+    assert code == 0, err
+    assert json.loads(out)[-1]["device_hours"] == pytest.approx(1.0 if now.strftime("%Y-%m") != "2026-12"
+                                                                else 1.5)  # b1: a half device for 2 h
+    code, out, err = gp("invoice", "--json")
+    assert code == 0, err
+    assert json.loads(out)[-1]["device_hours"] == pytest.approx(
+        1.5 if now.strftime("%Y-%m") == "2026-12" else 0.5)
+    code, out, _ = gp("invoice")
+    assert code == 0 and f"Invoice for team-b, {now:%Y-%m} (UTC)" in out
+
+
 def test_a_pod_the_loop_runs_is_metered_from_its_start(srv: LiveServer) -> None:
     provider = srv.rt.provider
     assert isinstance(provider, ManualProvider)

@@ -206,8 +206,10 @@ def usage(
 
 @reports_errors
 def invoice(
-    tenant: Annotated[str, typer.Option("--tenant", help="The tenant billed.")],
-    month: Annotated[str, typer.Option("--month", help="The month billed (UTC), such as 2026-12.")],
+    tenant: Annotated[str | None, typer.Option(
+        "--tenant", help="The tenant billed (the admin names one; a tenant's token: itself).")] = None,
+    month: Annotated[str | None, typer.Option(
+        "--month", help="The month billed (UTC), such as 2026-12; default this month.")] = None,
     as_csv: Annotated[bool, typer.Option("--csv", help="CSV with a header row; the total last.")] = False,
     as_json: Annotated[bool, typer.Option("--json", help="A JSON list of lines; the total last.")] = False,
     output: UsageOutput = None,
@@ -216,10 +218,18 @@ def invoice(
     service's replicas; `-` for other work), and the total, which the lines as printed add up to.
 
     Example: gpupool invoice --tenant vision --month 2026-12 --csv
+
+    Example: gpupool invoice   (with a tenant's token: that tenant, this month so far)
     """
     fmt = _format(as_json, as_csv, output)
+    month = month or datetime.now(UTC).strftime("%Y-%m")
     since_s, until_s = month_window(month)
     with client() as pool:
+        if tenant is None:
+            tenant = pool.whoami().tenant
+            if tenant is None:
+                raise InvalidInput("Name the tenant billed: gpupool invoice --tenant NAME (this token "
+                                   "belongs to no tenant; a tenant's own token bills that tenant).")
         answer = pool.usage(tenant=tenant, since_s=since_s, until_s=until_s, by=INVOICE_BY)
     _print(answer, fmt, f"Invoice for {tenant}, {month} (UTC), in {answer.currency}", invoice=True)
 
