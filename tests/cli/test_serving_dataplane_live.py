@@ -108,6 +108,9 @@ def test_a_request_scales_a_service_from_zero_and_is_answered(pool: Pool) -> Non
     _create_web(pool)
     shown = json.loads(pool.gp("service", "show", "web", "--json", token=alice).stdout)
     assert shown["replicas"] == []
+    url = f"http://127.0.0.1:{pool.serve_port}/s/alice/web/"  # where it answers, as the pool says
+    assert shown["url"] == url
+    assert f"url: {url}\n" in pool.gp("service", "show", "web", token=alice).stdout
     # routed within a tick of the data plane's loop: then a request without a token is refused with 401
     # (one with alice's token would be held, and count for the autoscaler)
     until(lambda: pool.routed("/s/alice/web/", None, timeout_s=5).status_code == 401, 30, "the route")

@@ -308,6 +308,9 @@ class ServiceOut(Strict):
     events: list[ServiceEventOut] = Field(default_factory=list)
     live: ServiceLive | None = Field(default=None,
                                      description="the router's numbers now; null without --serve-port")
+    url: str | None = Field(default=None, description=(
+        "where its requests go (the data plane's /s/<tenant>/<service>/); null when the pool routes no "
+        "service traffic (it was started without --serve-port)"))
 
 
 # --- the dashboard's service page (docs/dashboard.md) ---

@@ -356,6 +356,8 @@ def show(
         f"{out.name}  tenant={out.tenant}  state={out.state}  ready={out.ready_replicas}/{out.desired}  "
         f"min={out.min_replicas} max={out.max_replicas}  generation={out.generation} version={out.version}"
     )
+    print(f"url: {out.url}" if out.url else
+          "url: none (this pool routes no service traffic: start it with gpupool up --serve-port PORT)")
     if out.last_probe_error:
         print(visible(f"last error: {out.last_probe_error}"))
     for r in out.replicas:

@@ -127,6 +127,11 @@ class DataPlaneLoop:
             self._stop.wait(max(0.0, TICK_S - (time.monotonic() - started)))
 
     @property
+    def url(self) -> str:
+        """Where services answer: http://HOST:PORT, before /s/<tenant>/<service>/."""
+        return self.plane.url
+
+    @property
     def router(self) -> str:
         """haproxy or in-process: which router serves (the start note, `config show --server`)."""
         return self.plane.kind.value

@@ -16,6 +16,7 @@ from gpupool.api.services import (
     ServiceSpec,
     ServiceUpdate,
 )
+from gpupool.server.dataplane.loop import DataPlaneLoop
 from gpupool.server.deps import Rt, Who
 from gpupool.server.serving import history as service_history
 from gpupool.server.serving import services as cases
@@ -27,9 +28,9 @@ TenantQuery = Annotated[str | None, Query(max_length=63, description="admin only
 
 
 @router.post("/services", status_code=201, response_model=ServiceOut, responses={409: {"model": ErrorBody}})
-def create_service(body: ServiceSpec, rt: Rt, who: Who) -> ServiceOut:
+def create_service(body: ServiceSpec, request: Request, rt: Rt, who: Who) -> ServiceOut:
     """Create a service; the controller starts its replicas (each one workload with its slice)."""
-    return cases.create(rt, who, body)
+    return _with_url(request, cases.create(rt, who, body))
 
 
 @router.get("/services", response_model=list[ServiceOut])
@@ -48,11 +49,21 @@ def get_service(name: NameParam, request: Request, rt: Rt, who: Who,
 
 
 def _with_live(request: Request, services: list[ServiceOut]) -> list[ServiceOut]:
+    """Each with where it answers and the router's numbers now (none without a data plane)."""
     dataplane = request.app.state.dataplane
     if dataplane is None:
         return services
     live = dataplane.live()
-    return [s.model_copy(update={"live": live.get(f"{s.tenant}/{s.name}")}) for s in services]
+    return [_with_url(request, s).model_copy(update={"live": live.get(f"{s.tenant}/{s.name}")})
+            for s in services]
+
+
+def _with_url(request: Request, service: ServiceOut) -> ServiceOut:
+    """With the address its requests go to, where the pool serves a data plane."""
+    dataplane: DataPlaneLoop | None = request.app.state.dataplane
+    if dataplane is None:
+        return service
+    return service.model_copy(update={"url": f"{dataplane.url}/s/{service.tenant}/{service.name}/"})
 
 
 @router.get("/services/{name}/partners", response_model=PartnersOut)
@@ -75,18 +86,18 @@ def service_history_page(name: NameParam, request: Request, rt: Rt, who: Who, te
 
 
 @router.patch("/services/{name}", response_model=ServiceOut, responses={409: {"model": ErrorBody}})
-def update_service(name: NameParam, body: ServiceUpdate, rt: Rt, who: Who,
+def update_service(name: NameParam, body: ServiceUpdate, request: Request, rt: Rt, who: Who,
                    tenant: TenantQuery = None) -> ServiceOut:
     """Change fields of its spec; a change of what replicas run rolls them over within the rollout's
     max_surge and max_unavailable."""
-    return cases.update_spec(rt, who, name, body, tenant)
+    return _with_url(request, cases.update_spec(rt, who, name, body, tenant))
 
 
 @router.post("/services/{name}/scale", response_model=ServiceOut, responses={409: {"model": ErrorBody}})
-def scale_service(name: NameParam, body: ScaleRequest, rt: Rt, who: Who,
+def scale_service(name: NameParam, body: ScaleRequest, request: Request, rt: Rt, who: Who,
                   tenant: TenantQuery = None) -> ServiceOut:
     """Set its desired replicas (clamped to its bounds); with expected_version, only if it is unchanged."""
-    return cases.scale(rt, who, name, body, tenant)
+    return _with_url(request, cases.scale(rt, who, name, body, tenant))
 
 
 @router.delete("/services/{name}", response_model=ServiceOut)
