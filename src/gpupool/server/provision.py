@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from gpupool.providers.base import Capability, Provider
+from gpupool.providers.base import Provider
 from gpupool.server.settings import DEFAULT_SIMULATED_POOL, Settings
 
 MAX_LOCAL_SIMULATED_NODES = 16
@@ -51,18 +51,28 @@ def provision(settings: Settings, *, ray_address: str = "") -> Provisioned:
                           settings.max_pod_log_bytes, settings)
     from gpupool.agent.identity import Identities
     from gpupool.agent.netns import NetworkSettings
+    from gpupool.agent.probes.nvml import NvmlProbe
     from gpupool.providers.local import LocalProvider
 
-    local = LocalProvider(state_dir / "local", max_log_bytes=settings.max_pod_log_bytes,
-                          network=NetworkSettings.from_env(), published=published_services(settings),
-                          identities=Identities(pool_id=settings.pool_id))
-    if any(not d.simulated for n in local.nodes() for d in n.devices):
-        return Provisioned(local, "")
-    reason = local.missing_capabilities().get(Capability.GPU, "no accelerator found")
-    local.close()
+    # Devices are looked for before any agent starts: an agent takes the pod network's first block
+    # and clears what its own pods do not hold, which on a machine without a GPU are the namespaces
+    # of the simulated pool's first node, whose pods run on across a restart.
+    probe = NvmlProbe()
+    try:
+        found = probe.probe()
+    finally:
+        probe.close()
+    if found.devices:
+        local = LocalProvider(state_dir / "local", max_log_bytes=settings.max_pod_log_bytes,
+                              network=NetworkSettings.from_env(), published=published_services(settings),
+                              identities=Identities(pool_id=settings.pool_id))
+        if any(not d.simulated for n in local.nodes() for d in n.devices):
+            return Provisioned(local, "")
+        local.close()
+    reason = found.message or "no accelerator found"
     return _simulated(
         DEFAULT_SIMULATED_POOL, state_dir,
-        f"No GPU found ({reason.removeprefix('no real accelerator: ')}); serving a SIMULATED pool of "
+        f"No GPU found ({reason}); serving a SIMULATED pool of "
         f"{DEFAULT_SIMULATED_POOL} (marked simulated everywhere; choose another with --simulate SPEC)",
         settings.max_pod_log_bytes, settings,
     )
