@@ -63,6 +63,18 @@ def test_a_bill_uses_the_prices_in_force_at_each_moment() -> None:
     assert [(r.keys["day"], round(r.cost, 9)) for r in days] == [("1970-01-01", 1.0), ("1970-01-02", 3.0)]
 
 
+def test_an_hourly_price_is_what_a_bill_of_that_interval_charges_a_device() -> None:
+    night = Tier(22 * 3600.0, 6 * 3600.0, 0.5)
+    versions = book(PriceVersion(0.0, {"a100": 1.0}), PriceVersion(DAY_S, {"a100": 3.0}, tiers=(night,)),
+                    PriceVersion(10 * DAY_S, {"a100": 9.0}))
+    assert versions.hourly_price("A100", 3600, 7200) == 1.0  # later versions not yet in force
+    interval = pod(DAY_S - 3600, DAY_S + 3600, HeldSlice("A100", 1000, A100, A100))
+    [row] = aggregate([interval], versions, [UsageKey.TENANT])
+    assert math.isclose(versions.hourly_price("A100", DAY_S - 3600, DAY_S + 3600) * 2, row.cost)
+    assert versions.hourly_price("A100", DAY_S + 12 * 3600, DAY_S + 12 * 3600) == 3.0  # an instant
+    assert versions.hourly_price("G2", 0, 3600) == 0.0
+
+
 def test_time_of_day_tiers_wrap_past_midnight() -> None:
     night = Tier(22 * 3600.0, 6 * 3600.0, 0.5)
     version = PriceVersion(0.0, {"a100": 1.0}, tiers=(night,))

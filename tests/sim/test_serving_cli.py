@@ -155,6 +155,24 @@ def test_a_price_book_prices_the_requests(inputs: dict[str, Path]) -> None:
     assert refused.exit_code == 2 and "Traceback" not in refused.output
 
 
+def test_a_price_version_not_yet_in_force_does_not_price_the_trace(inputs: dict[str, Path]) -> None:
+    """The run stands for the trace's hours (2023-11-16, 12:00 UTC): the version in force then prices
+    it, not a newer one, whether that takes effect the next day or decades ahead."""
+    book = inputs["dir"] / "prices.yaml"
+    book.write_text(
+        "prices:\n  versions:\n"
+        "    - {effective_from: 2020-01-01, devices: {H100: 4.0}}\n"
+        "    - {effective_from: 2023-11-17, devices: {H100: 2.0}}\n"
+        "    - {effective_from: 2099-01-01, devices: {H100: 1.0}}\n"
+    )
+    out = inputs["dir"] / "priced.json"
+    done = runner.invoke(app, _args(inputs, "--mode", "colocated", "--prices", str(book), "--json", str(out)))
+    assert done.exit_code == 0, done.output
+    (run,) = json.loads(out.read_text())
+    assert run["usd_per_hour"] == pytest.approx(8 * 8 * 4.0)
+    assert run["requests_per_usd"] == pytest.approx(run["rate_rps"] * 3600 / 256.0)
+
+
 def test_mixed_pool_and_rails_reach_the_run(inputs: dict[str, Path]) -> None:
     out = inputs["dir"] / "mixed.json"
     extra = (

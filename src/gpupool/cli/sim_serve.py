@@ -83,7 +83,7 @@ def serve_runs(
     from gpupool.sim.serving.placement import Placement
     from gpupool.sim.serving.profiles import ProfileBook
     from gpupool.sim.serving.run import Mode, ServeOptions, run_serving
-    from gpupool.sim.serving.trace import load_azure, parse_trace_arg
+    from gpupool.sim.serving.trace import azure_start_s, load_azure, parse_trace_arg
 
     _, trace_path = parse_trace_arg(trace)
     _choice(mode, [m.value for m in Mode], "--mode")
@@ -109,15 +109,19 @@ def serve_runs(
                 "(e.g. from `gpupool fabric generate`)."
             )
         fab = load_fabric_file(str(fabric))
-    prices = {"H100-SXM-80GB": 0.0, "A100-80GB": 0.0}
     config = load_prices(prices_file) if prices_file is not None else PricesConfig.model_validate({})
-    book_prices = config.price_book().versions[-1]  # the newest version: today's prices
-    for device in prices:
-        prices[device] = book_prices.device_price(device) or 0.0
+    price_book = config.price_book()
+    trace_start_s = azure_start_s(trace_path)
     runs = []
     for scale in rate_scales:
         for seed in seeds:
             requests = load_azure(trace_path, scale, limit_s, seed if arrivals == "poisson" else None)
+            # a run stands for the trace's own hours (on its clock, as `sim replay` bills a trace):
+            # each device priced over them by the versions in force then, never one not yet in force
+            start_s = trace_start_s + min((r.arrival_s for r in requests), default=0.0)
+            end_s = trace_start_s + max((r.arrival_s for r in requests), default=0.0)
+            prices = {device: price_book.hourly_price(device, start_s, end_s)
+                      for device in ("H100-SXM-80GB", "A100-80GB")}
             opt = ServeOptions(
                 model=model,
                 mode=Mode(mode),
@@ -208,7 +212,8 @@ def serve(
         None,
         "--prices",
         help="A price book (the `prices:` section of a pool configuration, or a file of it alone) for "
-        "requests per dollar; default: the devices' reference prices.",
+        "requests per dollar, priced with the version in force over the trace's own hours (as `sim "
+        "replay` bills); default: the devices' reference prices.",
     ),
     mixed_pool: bool = typer.Option(
         False,

@@ -154,6 +154,17 @@ class PriceBook:
             at = stop
             index += 1
 
+    def hourly_price(self, model: str, start_s: float, end_s: float) -> float:
+        """What a whole device of `model` costs an hour over [start_s, end_s), averaged as a bill of
+        that interval prices it: each piece at the version in force then, with its tiers (0 for a
+        model without a price). An empty interval: the price of its first second."""
+        if end_s <= start_s:
+            end_s = start_s + 1.0
+        cost = 0.0
+        for lo, hi, version in self.pieces(start_s, end_s):
+            cost += (version.device_price(model) or 0.0) * version.tier_seconds(lo, hi)
+        return cost / (end_s - start_s)
+
 
 @dataclass(slots=True)
 class UsageRow:

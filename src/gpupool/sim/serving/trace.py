@@ -41,17 +41,9 @@ def _stamp(text: str) -> float:
     return base + (float("0." + frac) if frac else 0.0)
 
 
-def load_azure(
-    path: Path, rate_scale: float = 1.0, limit_s: float | None = None, poisson_seed: int | None = None
-) -> list[Request]:
-    """Requests of an Azure LLM trace (TIMESTAMP,ContextTokens,GeneratedTokens), arrivals from the
-    first one, divided by `rate_scale` (2.0: twice the request rate); only the first `limit_s`
-    seconds (after scaling) when given. With `poisson_seed`, the requests keep their order and token
-    counts but arrive as a Poisson process at the trace's mean rate x `rate_scale` (what Splitwise's
-    simulator replays: its traces are drawn at a request rate from these distributions), seeded.
-    Raises InvalidInput naming missing columns or a bad row."""
-    if rate_scale <= 0:
-        raise InvalidInput(f"--rate-scale must be above 0 (1.0: the trace's own rate), got {rate_scale:g}.")
+def _azure_rows(path: Path) -> list[tuple[float, int, int]]:
+    """(epoch seconds, prompt tokens, output tokens) of every request of an Azure LLM trace, in time
+    order; raises InvalidInput naming missing columns or a bad row."""
     try:
         with text_stream(path, "the request trace") as handle:
             reader = csv.DictReader(handle)
@@ -76,6 +68,27 @@ def load_azure(
     if not raw:
         raise InvalidInput(f"The trace {path.name} has no requests.")
     raw.sort()
+    return raw
+
+
+def azure_start_s(path: Path) -> float:
+    """When an Azure LLM trace's first request arrived (epoch seconds, UTC): the time its run
+    represents, which `load_azure`'s arrivals count from."""
+    return _azure_rows(path)[0][0]
+
+
+def load_azure(
+    path: Path, rate_scale: float = 1.0, limit_s: float | None = None, poisson_seed: int | None = None
+) -> list[Request]:
+    """Requests of an Azure LLM trace (TIMESTAMP,ContextTokens,GeneratedTokens), arrivals from the
+    first one, divided by `rate_scale` (2.0: twice the request rate); only the first `limit_s`
+    seconds (after scaling) when given. With `poisson_seed`, the requests keep their order and token
+    counts but arrive as a Poisson process at the trace's mean rate x `rate_scale` (what Splitwise's
+    simulator replays: its traces are drawn at a request rate from these distributions), seeded.
+    Raises InvalidInput naming missing columns or a bad row."""
+    if rate_scale <= 0:
+        raise InvalidInput(f"--rate-scale must be above 0 (1.0: the trace's own rate), got {rate_scale:g}.")
+    raw = _azure_rows(path)
     t0 = raw[0][0]
     stamps = [stamp - t0 for stamp, _, _ in raw]
     if poisson_seed is not None:
