@@ -28,7 +28,9 @@ def fill(
         f"({config_default_text('placement')}, with its placement_options).",
     ),
     seeds: str = typer.Option(
-        "42-51", "--seeds", "--seed", help="One seed, a range or a list: 42, 42-51, 42,43,50-51."
+        "42-51", "--seeds", "--seed",
+        help="One seed, a range or a list: 42, 42-51, 42,43,50-51; at most 1,000 seeds (each a run of "
+        "every policy)."
     ),
     jobs: int = typer.Option(1, "--jobs", min=1, help="Worker processes running fills in parallel."),
     fabric: Path | None = typer.Option(

@@ -35,6 +35,10 @@ from gpupool.core.units import MILLI
 INFLATION_RATIO = 1.3
 MAX_PERCENT = 130
 SEEDS = tuple(range(42, 52))
+MAX_SEEDS = 1000
+"""Most seeds one fill takes: each is a run of seconds per policy (about 10 for fgd-plan on OpenB's
+default trace), so 1,000 is hours of work; a range past it is a typo (0-999999999), refused before
+the list is built."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -217,7 +221,7 @@ def parse_seeds(text: str) -> list[int]:
 
     from gpupool.errors import InvalidInput
 
-    seeds: list[int] = []
+    seeds: dict[int, None] = {}
     for part in (p.strip() for p in text.split(",")):
         match = re.fullmatch(r"(\d+)(?:-(\d+))?", part)
         if not match or (match.group(2) and int(match.group(2)) < int(match.group(1))):
@@ -225,5 +229,13 @@ def parse_seeds(text: str) -> list[int]:
                 f"Cannot read seeds {text!r}; write a range such as 42-51 or a list such as 42,43,50-51."
             )
         lo = int(match.group(1))
-        seeds.extend(range(lo, int(match.group(2) or lo) + 1))
-    return list(dict.fromkeys(seeds))
+        hi = int(match.group(2) or lo)
+        # counted before the range is built (0-999999999 would fill memory), a seed listed twice once
+        if len(seeds) + (hi - lo + 1) - sum(lo <= seed <= hi for seed in seeds) > MAX_SEEDS:
+            many = f"{hi - lo + 1:,}" if part == text.strip() else f"more than {MAX_SEEDS:,}"
+            raise InvalidInput(
+                f"Seeds {text!r} name {many} seeds, but a fill takes at most {MAX_SEEDS:,} (each is a "
+                "run of every policy, seconds each); give a shorter range or list, such as 42-51."
+            )
+        seeds.update(dict.fromkeys(range(lo, hi + 1)))
+    return list(seeds)
