@@ -8,8 +8,12 @@ import os
 import time
 from pathlib import Path
 
+import pytest
+
 from gpupool.agent import podstate
-from gpupool.agent.runner import Runner
+from gpupool.agent.podstate import PodRecord
+from gpupool.agent.runner import Runner, read_pod_log
+from gpupool.errors import NotFound
 from gpupool.pods import PodPhase
 
 ENV = {"PATH": os.environ.get("PATH", "/usr/bin:/bin")}
@@ -55,3 +59,33 @@ def test_acknowledged_pods_are_not_read_back_but_stay_known(tmp_path: Path, monk
         assert [r.pod_id for r in second.poll()] == ["unacked"]
     finally:
         second.close()
+
+
+def test_another_process_reads_a_pods_log_without_taking_the_pod_on(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`read_pod_log` (a Ray node's agent reading an actor-carried pod's log) asked while the pod's
+    runner starts it, its record saved and its process not yet started: the record stays as that
+    runner wrote it (a Runner opened there would end it LOST) and the log is not finished; once the
+    pod has ended, it is."""
+    runner = Runner(tmp_path)
+    state = tmp_path / "pods" / "starting" / "state.json"
+    seen: list[object] = []
+    spawn = runner._spawn
+
+    def read_first(record: PodRecord, *args: object, **kwargs: object) -> None:
+        saved = state.read_text()
+        seen.append(read_pod_log(tmp_path, record.pod_id).finished)
+        seen.append(state.read_text() == saved)
+        spawn(record, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(runner, "_spawn", read_first)
+    try:
+        runner.start("starting", ["sh", "-c", "echo out"], env=ENV)
+        assert seen == [False, True]
+        _finished(runner, "starting")
+        chunk = read_pod_log(tmp_path, "starting")
+        assert (chunk.text, chunk.finished) == ("out\n", True)
+        with pytest.raises(NotFound):
+            read_pod_log(tmp_path, "never-started")
+    finally:
+        runner.close()

@@ -32,6 +32,7 @@ import ray
 from factories import pod_python
 from gpupool.agent import netns
 from gpupool.agent.netns import NetnsMode, NetworkSettings
+from gpupool.agent.podstate import PodRecord, save_record
 from gpupool.errors import NotFound
 from gpupool.pods import PodLaunch, PodPhase, PodStatus
 from gpupool.providers.base import Capability
@@ -533,6 +534,45 @@ def test_a_restarted_agent_keeps_the_namespace_it_lent_to_a_running_pod(
             ray.get(actor.stop.remote(0.0), timeout=30)  # type: ignore[attr-defined]
             wait_for(functools.partial(ended, actor), 30, "the pod to end")
             ray.kill(actor, no_restart=True)  # type: ignore[arg-type]
+        _kill_for_good(agent)
+
+
+def test_the_agent_reads_the_log_of_a_pod_its_actor_is_starting_without_ending_its_loan(
+        pool: tuple[RayProvider, Store], tmp_path: Path) -> None:
+    """Until an actor-carried pod's actor first answers, the provider reads the pod's log from its
+    node's agent, so also while the actor starts the pod: its record saved, its process not yet
+    started (Runner.start). The agent reads the log without taking the pod on: the record stays as
+    the actor wrote it, and the namespace lent to the pod stays through the agent's next look at its
+    loans (describe: NodeAgent.end_lent)."""
+    provider, _store = pool
+    settings = provider.network.settings
+    assert settings is not None
+    slot = SPARE_SLOTS[0]
+    config = NodeConfig("v", str(tmp_path), simulate="1xT4")
+    agent = NodeAgentActor.options(  # type: ignore[attr-defined]
+        name=node_agent_name("v"), namespace=NAMESPACE).remote(config)
+    # a gang's rank 1: its namespace is never kept for the tenant's next pod once taken back
+    pod = PodLaunch(pod_id="starting", workload_id="w-starting", node="v", tenant="alice", command=(PY,),
+                    rank=1, world_size=2, master_addr="10.248.0.16", master_port=PORT + 3)
+    try:
+        plan = NetworkPlan(settings, (), slot, (("v", slot, "127.0.0.1"),), (("v", "v"),))
+        assert ray.get(agent.use_network.remote(plan), timeout=60).network_slot == slot
+        net, _url, detail = ray.get(agent.lend_network.remote(pod, ""), timeout=30)
+        assert net is not None, detail
+        record = config.pod_record(pod.pod_id)  # as the actor's runner saves it before the shim starts
+        record.parent.mkdir(parents=True, mode=0o700)
+        save_record(record, PodRecord(pod_id=pod.pod_id, command=[PY], workdir=str(record.parent),
+                                      net=net.to_json()))
+        saved = record.read_text()
+        chunk = ray.get(agent.read_log.remote(pod.pod_id, "stdout", 0), timeout=30)
+        ray.get(agent.describe.remote(), timeout=30)
+        members = [m.address for m in ray.get(agent.network_snapshot.remote(), timeout=30)[3]]
+        assert net.address in members
+        assert record.read_text() == saved
+        assert (chunk.text, chunk.finished) == ("", False)
+    finally:
+        with contextlib.suppress(Exception):
+            ray.get(agent.return_network.remote(pod.pod_id), timeout=30)
         _kill_for_good(agent)
 
 

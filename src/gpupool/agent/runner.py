@@ -171,6 +171,50 @@ def _final_phase(record: PodRecord, exit_code: int) -> PodPhase:
     return PodPhase.SUCCEEDED if exit_code == 0 else PodPhase.FAILED
 
 
+def _read_log_file(record: PodRecord, path: Path, stream: LogStream, offset: int, max_bytes: int,
+                   finished: bool) -> LogChunk:
+    """Runner.read_log's text of the log at `path` (`finished`: whether the pod has ended)."""
+    if stream is LogStream.STDERR and record.combined_output:
+        raise InvalidInput(f"Pod {record.pod_id}'s stderr is in its output log with stdout, in the order "
+                           "written; submit with --separate-stderr to keep it apart.")
+    try:
+        with open(path, "rb") as handle:
+            size = os.fstat(handle.fileno()).st_size
+            if not 0 <= offset <= size:  # never seek past the end (a filesystem may refuse it)
+                # asked from past the end (or a log cut back to its cap): resume at the end
+                return LogChunk("", size, finished)
+            handle.seek(offset)
+            data = handle.read(max_bytes)
+            at_end = not handle.read(1)
+    except FileNotFoundError:
+        return LogChunk("", max(0, offset), finished)
+    data = data if (finished and at_end) else _complete_utf8(data)
+    return LogChunk(data.decode("utf-8", errors="replace"), offset + len(data), finished and at_end)
+
+
+def read_pod_log(state_dir: Path, pod_id: str, stream: LogStream | str = LogStream.STDOUT, offset: int = 0,
+                 max_bytes: int = 1 << 20) -> LogChunk:
+    """The log of a pod that another process's runner keeps in `state_dir` (an actor-carried pod's,
+    read by its node's agent), as Runner.read_log answers it, without a Runner there: one would
+    re-adopt the pod and write its record, and a record saved before the pod's process exists
+    (Runner.start) would end LOST, its cgroup removed, while the other runner starts the pod. The
+    record is only read; the log is finished once it says the pod ended or its process is gone.
+    Raises NotFound for a pod without a record there, InvalidInput as Runner.read_log does."""
+    try:
+        stream = LogStream(stream)
+    except ValueError:
+        raise InvalidInput(f"Unknown log stream {stream!r}; use 'stdout', 'stderr' or 'notes'.") from None
+    path = Path(state_dir) / "pods" / pod_id
+    if not _POD_ID.match(pod_id) or not (path / "state.json").exists():
+        raise NotFound(f"No pod {pod_id!r} on this node.", pod_id=pod_id)
+    record = podstate.load_record(path / "state.json")
+    if isinstance(record, str):  # unreadable: lost, as a runner re-adopting it would say
+        record = PodRecord(pod_id=pod_id, command=[], workdir="", phase=PodPhase.LOST, message=record)
+    finished = record.finished or (record.pid is not None
+                                   and not podstate.process_alive(record.pid, record.start_ticks))
+    return _read_log_file(record, path / f"{stream.value}.log", stream, offset, max_bytes, finished)
+
+
 class Runner:
     """Starts and supervises pods on this machine. Thread-safe; every method returns promptly."""
 
@@ -723,23 +767,8 @@ class Runner:
         except ValueError:
             raise InvalidInput(f"Unknown log stream {stream!r}; use 'stdout', 'stderr' or 'notes'.") from None
         record = self.get(pod_id)
-        if stream is LogStream.STDERR and record.combined_output:
-            raise InvalidInput(f"Pod {pod_id}'s stderr is in its output log with stdout, in the order "
-                               "written; submit with --separate-stderr to keep it apart.")
-        finished = record.finished
-        try:
-            with open(self.log_path(pod_id, stream), "rb") as handle:
-                size = os.fstat(handle.fileno()).st_size
-                if not 0 <= offset <= size:  # never seek past the end (a filesystem may refuse it)
-                    # asked from past the end (or a log cut back to its cap): resume at the end
-                    return LogChunk("", size, finished)
-                handle.seek(offset)
-                data = handle.read(max_bytes)
-                at_end = not handle.read(1)
-        except FileNotFoundError:
-            return LogChunk("", max(0, offset), finished)
-        data = data if (finished and at_end) else _complete_utf8(data)
-        return LogChunk(data.decode("utf-8", errors="replace"), offset + len(data), finished and at_end)
+        path = self.log_path(pod_id, stream)
+        return _read_log_file(record, path, stream, offset, max_bytes, record.finished)
 
     def follow_log(self, pod_id: str, stream: LogStream | str = LogStream.STDOUT, *, offset: int = 0,
                    poll_s: float = 0.05, timeout_s: float | None = None) -> Iterator[str]:

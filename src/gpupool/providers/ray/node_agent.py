@@ -35,7 +35,7 @@ import ray
 
 from gpupool.agent.netns import Member, PodNet
 from gpupool.agent.podstate import PodRecord, load_record
-from gpupool.agent.runner import Runner
+from gpupool.agent.runner import read_pod_log
 from gpupool.core.model import Node
 from gpupool.errors import GpupoolError, NotFound
 from gpupool.pods import HealthEvent, LogChunk, PodLaunch, PodPhase, PodStatus
@@ -93,7 +93,6 @@ class NodeAgentActor:
         self.local = LocalProvider(config.agent_dir(), simulate=config.simulate or None,
                                    node_name=config.name, ib_sysfs_root=config.ib_sysfs_root,
                                    scratch_root=config.scratch())
-        self._runners: dict[str, Runner] = {}
         self._failed: dict[str, PodStatus] = {}
         """Pods whose start failed here (never a process), with why."""
         self._seq = 0
@@ -357,16 +356,16 @@ class NodeAgentActor:
             self.local.stop(pod_id, grace_s)
 
     def read_log(self, pod_id: str, stream: str, offset: int) -> LogChunk:
-        """A pod's log from its files (a pod this agent runs, or an actor-carried pod that ended)."""
+        """A pod's log from its files (a pod this agent runs, or an actor-carried pod: its actor not yet
+        answering, or gone)."""
         if self.local.agent.runner.known(pod_id) is not None:
             return self.local.read_log(pod_id, stream, offset)
-        runner = self._runners.get(pod_id)
-        if runner is None:
-            directory = self.config.pod_dir(pod_id)
-            if not (directory / "pods" / pod_id).is_dir():
-                raise NotFound(f"No pod {pod_id!r} on node {self.config.name}.")
-            runner = self._runners[pod_id] = Runner(directory)
-        return runner.read_log(pod_id, stream, offset)
+        # An actor-carried pod's files, read only: asked while its actor still starts it, a runner
+        # here would end its record (saved before its process) LOST, and end_lent take its namespace.
+        try:
+            return read_pod_log(self.config.pod_dir(pod_id), pod_id, stream, offset)
+        except NotFound:
+            raise NotFound(f"No pod {pod_id!r} on node {self.config.name}.") from None
 
     def process_env(self, names: list[str]) -> dict[str, str]:
         """These variables as the node's Ray worker processes have them (what a pod actor inherits)."""
