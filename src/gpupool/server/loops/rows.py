@@ -8,6 +8,7 @@ from typing import Any
 from sqlalchemy import Connection, Row, bindparam, select
 
 from gpupool.server.orm import Base, TenantRow
+from gpupool.server.services.tenants import share_accounts
 from gpupool.server.states import PodState
 
 W = Base.metadata.tables["workloads"]
@@ -33,9 +34,12 @@ def states(conn: Connection, ids: Sequence[str], *, with_spec: bool) -> dict[str
 
 
 def unix_users(conn: Connection, tenants: set[str]) -> dict[str, str | None]:
-    """The Unix account the admin mapped to each of `tenants` (None: the pool's own account)."""
+    """The Unix account the admin mapped to each of `tenants` (None: the pool's own account), for
+    pods this transaction writes: read under the accounts lock, shared (`share_accounts`), so that no
+    change of a mapping commits between this read and the pods' commit."""
     if not tenants:
         return {}
+    share_accounts(conn)
     return dict(conn.execute(_UNIX_USERS, {"tenants": sorted(tenants)}).all())
 
 

@@ -7,7 +7,7 @@ import getpass
 import os
 from collections import Counter
 
-from sqlalchemy import delete, func, select
+from sqlalchemy import Connection, delete, func, select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
@@ -112,8 +112,21 @@ def check_unix_user(session: Session, name: str, tenant: str, pool: str = "") ->
 def lock_accounts(session: Session) -> None:
     """The pool-wide lock for mapping tenants to Unix accounts (the default tenant's row, which
     always exists): `check_unix_user` reads every tenant's mapping, so two tenants mapped to one
-    account at once must not both pass it."""
+    account at once must not both pass it; and a change of a mapping waits for the pods being
+    written as the account it replaces (`share_accounts`), which it then counts."""
     lock_tenant(session, DEFAULT_TENANT)
+
+
+_SHARE_ACCOUNTS = (select(TenantRow.name).where(TenantRow.name == DEFAULT_TENANT)
+                   .with_for_update(read=True))
+
+
+def share_accounts(conn: Connection) -> None:
+    """Take the lock of `lock_accounts` shared, until the transaction ends (PostgreSQL; SQLite writes
+    are serial): a transaction that reads tenants' accounts and writes pods that run as them. A
+    change of a mapping then commits either before the read (the pods get the new account) or after
+    the pods' commit (and counts them: `_refuse_remap_while_running`), never in between."""
+    conn.execute(_SHARE_ACCOUNTS)
 
 
 def create_tenant(rt: Runtime, who: Principal, body: TenantCreate) -> TenantOut:
@@ -260,12 +273,13 @@ def update_tenant(rt: Runtime, who: Principal, name: str, body: TenantUpdate) ->
     who.require_admin()
     given = body.model_fields_set
     with rt.store.write() as session:
+        if "unix_user" in given:  # before the mapping is read, and the tenant's pods counted
+            lock_accounts(session)
         row = session.get(TenantRow, name)
         if row is None:
             require_tenant(session, name)
         assert row is not None
         if "unix_user" in given and body.unix_user is not None:
-            lock_accounts(session)
             check_unix_user(session, body.unix_user, name, rt.settings.pool_id)
         if "unix_user" in given and (body.unix_user or None) != (row.unix_user or None):
             _refuse_remap_while_running(session, name, row.unix_user)
