@@ -74,8 +74,8 @@ def test_replicas_serve_on_their_port_and_a_killed_one_is_replaced(pool: UpProce
     until(lambda: shown(pool, "web")["state"] == "ready", 90, "service web ready")
     service = shown(pool, "web")
     assert service["url"] is None  # this pool serves no data plane (no --serve-port), and says so
-    assert "url: none (this pool routes no service traffic: start it with gpupool up --serve-port PORT)" in gp(
-        pool, "service", "show", "web").stdout
+    said = "url: none (this pool routes no service traffic: start it with gpupool up --serve-port PORT)"
+    assert said in gp(pool, "service", "show", "web").stdout
     replicas = service["replicas"]
     assert [r["ready"] for r in replicas] == ["ready", "ready"]
     assert len({r["port"] for r in replicas}) == 2
