@@ -99,14 +99,10 @@ def test_kill_9_and_restart(tmp_path: Path) -> None:
 def _no_gpu_and_namespaces() -> str:
     """Why the default pool's restart cannot be tried here ('' where it can)."""
     from gpupool.agent import netns
-    from gpupool.agent.probes.nvml import NvmlProbe
+    from gpupool.providers.local import devices_here
 
-    probe = NvmlProbe()
-    try:
-        if probe.probe().devices:
-            return "this machine has a GPU, so `gpupool up` serves it rather than the simulated pool"
-    finally:
-        probe.close()
+    if devices_here()[0]:
+        return "this machine has a GPU, so `gpupool up` serves it rather than the simulated pool"
     why = netns.probe()
     return f"network namespaces cannot be made here: {why}" if why else ""
 

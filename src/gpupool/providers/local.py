@@ -41,6 +41,18 @@ def record_status(node: str, record: PodRecord) -> PodStatus:
                      finished_at_s=record.finished_at_s, never_started=record.never_started)
 
 
+def devices_here() -> tuple[int, str]:
+    """How many NVIDIA devices NVML finds on this machine, and what it says (why none): asked
+    directly, with no agent started (an agent takes the pod network's block, clearing what its own
+    pods do not hold)."""
+    probe = NvmlProbe()
+    try:
+        found = probe.probe()
+    finally:
+        probe.close()
+    return len(found.devices), found.message
+
+
 @register_provider
 class LocalProvider(Provider):
     """One node: this machine. Devices come from NVML, or are simulated from a spec such as '4xH100'

@@ -51,25 +51,20 @@ def provision(settings: Settings, *, ray_address: str = "") -> Provisioned:
                           settings.max_pod_log_bytes, settings)
     from gpupool.agent.identity import Identities
     from gpupool.agent.netns import NetworkSettings
-    from gpupool.agent.probes.nvml import NvmlProbe
-    from gpupool.providers.local import LocalProvider
+    from gpupool.providers.local import LocalProvider, devices_here
 
     # Devices are looked for before any agent starts: an agent takes the pod network's first block
     # and clears what its own pods do not hold, which on a machine without a GPU are the namespaces
     # of the simulated pool's first node, whose pods run on across a restart.
-    probe = NvmlProbe()
-    try:
-        found = probe.probe()
-    finally:
-        probe.close()
-    if found.devices:
+    count, said = devices_here()
+    if count:
         local = LocalProvider(state_dir / "local", max_log_bytes=settings.max_pod_log_bytes,
                               network=NetworkSettings.from_env(), published=published_services(settings),
                               identities=Identities(pool_id=settings.pool_id))
         if any(not d.simulated for n in local.nodes() for d in n.devices):
             return Provisioned(local, "")
         local.close()
-    reason = found.message or "no accelerator found"
+    reason = said or "no accelerator found"
     return _simulated(
         DEFAULT_SIMULATED_POOL, state_dir,
         f"No GPU found ({reason}); serving a SIMULATED pool of "
