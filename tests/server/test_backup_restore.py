@@ -245,12 +245,26 @@ def test_restore_into_a_running_pool_is_refused(tmp_path: Path, small_backup: tu
     one_error(refused, 2, "already holds a pool", "fresh one")
 
 
+def test_a_backup_names_the_store_it_read_the_default_data_directorys_as_such(tmp_path: Path) -> None:
+    """A pool started with --data-dir is backed up with it; without the flag the backup reads the
+    default data directory, which may hold another pool: it says which it read."""
+    default = tmp_path / "xdg" / "gpupool"
+    with live_server(default, ManualProvider([node("n0", devices=8, model="H100")])) as srv:
+        populate(srv)
+    done = cli(["backup", str(tmp_path / "default.tar")], env={"XDG_DATA_HOME": str(tmp_path / "xdg")},
+               timeout_s=120)
+    assert done.returncode == 0, done.stderr
+    assert (f"backed up the SQLite store in {default}, the default data directory (a pool started with "
+            "--data-dir DIR is backed up with --data-dir DIR) at revision ") in done.stdout
+
+
 def test_a_backup_without_passphrase_says_loudly_what_to_copy(tmp_path: Path) -> None:
     with live_server(tmp_path / "pool", ManualProvider([node("n0", devices=8, model="H100")])) as srv:
         pool_id(tmp_path / "pool")
         populate(srv)
         done = run("backup", str(tmp_path / "bare.tar"), "--data-dir", str(tmp_path / "pool"))
     assert done.returncode == 0, done.stderr
+    assert f"backed up the SQLite store in {tmp_path / 'pool'} at revision " in done.stdout
     assert f"WARNING: {tmp_path / 'pool' / 'secrets.key'} is NOT in this backup" in done.stderr
     assert "not in the backup: pods' logs" in done.stdout and "container images" in done.stdout
     with tarfile.open(tmp_path / "bare.tar") as archive:

@@ -71,7 +71,7 @@ def backup(
     for warning in summary.warnings:
         print(f"WARNING: {warning}", file=sys.stderr)
     keys = ", ".join(summary.sealed) + " (encrypted)" if summary.sealed else "no keys"
-    print(f"backed up {summary.backend} store at revision {summary.revision}: "
+    print(f"backed up {_which_store(data_dir, data, url)} at revision {summary.revision}: "
           f"{_rows_text(summary.rows)}, {keys}; {summary.size_bytes / 2**20:.1f} MiB in "
           f"{summary.seconds:.1f} s to {file}")
     from gpupool.server.backup import NOT_INCLUDED
@@ -104,6 +104,21 @@ def restore(
     keys = ", ".join(summary.sealed) if summary.sealed else "no keys"
     print(f"restored {summary.backend} store at revision {summary.revision}: {_rows_text(summary.rows)}, "
           f"{keys}, in {summary.seconds:.1f} s; start it with gpupool up --data-dir {data}")
+
+
+def _which_store(given: Path | None, data: Path, url: str) -> str:
+    """The store backed up, named: a pool started with --data-dir or --database-url is backed up with
+    the same flag, and the default data directory (where the flags are left out) may hold another."""
+    from sqlalchemy.engine import make_url
+
+    parsed = make_url(url)
+    if parsed.get_backend_name() != "sqlite":
+        where = parsed.render_as_string(hide_password=True)
+        return f"the PostgreSQL store {where}"
+    if given is not None:
+        return f"the SQLite store in {data}"
+    return (f"the SQLite store in {data}, the default data directory (a pool started with "
+            "--data-dir DIR is backed up with --data-dir DIR)")
 
 
 def _rows_text(rows: dict[str, int]) -> str:
