@@ -23,9 +23,10 @@ def import_image(
         "layout (skopeo copy ... oci-archive:FILE.tar, podman save --format oci-archive)."))],
     name: Annotated[str, typer.Argument(help="Its name: lower-case letters, digits, '.', '_', '-'.")],
 ) -> None:
-    """Import an image into the pool's store (admin; replaces an image of that name). Members with
-    absolute names, '..' or paths through links refuse the archive; device nodes and set-uid bits are
-    left out (listed). No registry is needed: build the archive anywhere and bring the file.
+    """Import an image into the pool's store (admin; replaces an image of that name, refused while
+    pending or running work uses it). Members with absolute names, '..' or paths through links refuse
+    the archive; device nodes and set-uid bits are left out (listed). No registry is needed: build
+    the archive anywhere and bring the file.
 
     Example: gpupool image import debian-rootfs.tar debian
     """
