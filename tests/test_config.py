@@ -91,6 +91,8 @@ queues:
     ("failure: {max_retries: 1}\nfailure: {max_retries: 2}\n", "the key 'failure' appears twice"),
     ("queues:\n  - {tenant: Team_A}\n", "line 2: queues[0].tenant: 'Team_A' cannot be stored"),
     ("- a\n- b\n", "must be a mapping of sections"),
+    ("prices:\n  versions:\n    - effective_from: 2026-13-01\n",
+     "line 3: this is not valid YAML ('2026-13-01' is not a date or time (month must be in 1 to 12)"),
 ])
 def test_a_bad_file_is_one_sentence_per_problem_with_field_and_line(text: str, expected: str) -> None:
     with pytest.raises(InvalidInput) as caught:

@@ -63,6 +63,21 @@ class StrictSafeLoader(yaml.SafeLoader):
         return super().construct_mapping(node, deep=deep)  # type: ignore[arg-type]
 
 
+    def construct_yaml_timestamp(self, node: Node) -> Any:
+        """A date or time as the safe loader reads it; one that looks like a date but is none (month
+        13, hour 25) is a ConstructorError at its line, not the ValueError the safe loader raises."""
+        try:
+            return super().construct_yaml_timestamp(node)  # type: ignore[arg-type]
+        except ValueError as exc:
+            why = str(exc).replace("..", " to ")  # "month must be in 1..12"
+            raise ConstructorError(None, None, f"{node.value!r} is not a date or time ({why}); write a real "
+                                   "one, such as 2026-12-01, or quote it to keep it as text",
+                                   node.start_mark) from None
+
+
+StrictSafeLoader.add_constructor("tag:yaml.org,2002:timestamp", StrictSafeLoader.construct_yaml_timestamp)
+
+
 def safe_load(source: str | bytes | IO[str] | IO[bytes]) -> Any:
     """yaml.safe_load, refusing repeated keys (yaml.YAMLError with the repeat's line)."""
     return yaml.load(source, Loader=StrictSafeLoader)
