@@ -454,8 +454,8 @@ class Client:
 
     def import_image(self, archive: str | os.PathLike[str] | IO[bytes], name: str) -> ImageOut:
         """Import a tar (or .tar.gz) of a root filesystem or of an OCI image layout as image `name`
-        (admin only; it replaces an image of that name, refused while pending or running work uses
-        it). The file is streamed, never read whole."""
+        (admin only; it replaces an image of that name, refused while pending or running work or a
+        service uses it). The file is streamed, never read whole."""
         if isinstance(archive, (str, os.PathLike)):
             with open(archive, "rb") as handle:
                 return self.import_image(handle, name)

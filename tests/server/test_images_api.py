@@ -174,6 +174,30 @@ def test_an_image_in_use_is_not_replaced_under_its_work(pool: tuple[Server, str]
     assert _import(server, "tiny", _archive()).status_code == 201  # type: ignore[attr-defined]
 
 
+def test_an_image_a_service_names_is_neither_replaced_nor_removed(pool: tuple[Server, str]) -> None:
+    """A service starts a replica in its image whenever it scales up or rolls, from zero replicas too:
+    a name replaced while no replica ran put the admin's root filesystem under the tenant's next
+    replica, holding the service's secrets. Refused while a service names it; once deleted, replaced."""
+    server, tenant = pool
+    _import(server, "tiny", _archive())
+    before = server.rt.images.get("tiny")
+    made = server.client.post(f"{API}/services", headers=server.headers(tenant), json={
+        "name": "chat", "command": ["serve"], "image": "tiny", "min_replicas": 0, "replicas": 0})
+    assert made.status_code == 201, made.text
+    refused = _import(server, "tiny", _tar(("bin/app", b"echo $HF_TOKEN\n", "file")))
+    assert refused.status_code == 409, refused.text  # type: ignore[attr-defined]
+    said = refused.json()["message"]  # type: ignore[attr-defined]
+    assert "Image 'tiny' is in use by services (team-a/chat): replacing it would start their pods" in said
+    assert server.rt.images.get("tiny") == before
+    removed = server.client.delete(f"{API}/images/tiny", headers=server.headers())
+    assert removed.status_code == 409 and "in use by services (team-a/chat)" in removed.json()["message"]
+    gone = server.client.delete(f"{API}/services/chat", headers=server.headers(tenant))
+    assert gone.status_code == 200, gone.text
+    server.wait_for(lambda: server.client.get(f"{API}/services/chat", headers=server.headers(tenant)
+                                              ).status_code == 404)
+    assert _import(server, "tiny", _archive()).status_code == 201  # type: ignore[attr-defined]
+
+
 def test_a_pool_whose_nodes_cannot_run_containers_refuses_image_work(tmp_path: Path) -> None:
     server = _server(tmp_path, containers=False)
     try:

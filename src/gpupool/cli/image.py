@@ -24,9 +24,9 @@ def import_image(
     name: Annotated[str, typer.Argument(help="Its name: lower-case letters, digits, '.', '_', '-'.")],
 ) -> None:
     """Import an image into the pool's store (admin; replaces an image of that name, refused while
-    pending or running work uses it). Members with absolute names, '..' or paths through links refuse
-    the archive; device nodes and set-uid bits are left out (listed). No registry is needed: build
-    the archive anywhere and bring the file.
+    pending or running work or a service uses it). Members with absolute names, '..' or paths through
+    links refuse the archive; device nodes and set-uid bits are left out (listed). No registry is
+    needed: build the archive anywhere and bring the file.
 
     Example: gpupool image import debian-rootfs.tar debian
     """
@@ -68,8 +68,8 @@ def list_images(output: OutputOption = Format.TABLE) -> None:
 def remove_image(
     name: Annotated[str, typer.Argument(help="The image to remove.")],
 ) -> None:
-    """Remove an image (admin). Refused (exit 2, naming them) while pending or running work uses it:
-    wait for that work or cancel it first.
+    """Remove an image (admin). Refused (exit 2, naming them) while pending or running work or a
+    service uses it: wait for that work or cancel it, and delete the service or change its image.
 
     Example: gpupool image rm tiny
     """

@@ -29,8 +29,8 @@ async def import_image(request: Request, rt: Rt, who: Who,
                        name: Annotated[str, Query(max_length=63, description=IMAGE_NAME_RULE)] = ""
                        ) -> ImageOut:
     """Import the request's body, a tar (or .tar.gz) of a root filesystem or of an OCI image layout,
-    as image `name` (replacing one of that name, refused (409) while pending or running work uses it).
-    Admin only: every tenant's pods may run in it."""
+    as image `name` (replacing one of that name, refused (409) while pending or running work or a
+    service uses it). Admin only: every tenant's pods may run in it."""
     who.require_admin()  # before the name is judged: a tenant learns nothing but that it may not
     check_name(name)
     store = rt.images
@@ -50,8 +50,8 @@ async def import_image(request: Request, rt: Rt, who: Who,
 @router.delete("/images/{name}", response_model=ImageOut,
                responses={403: {"model": ErrorBody}, 404: {"model": ErrorBody}, 409: {"model": ErrorBody}})
 def remove_image(name: ImageNameParam, rt: Rt, who: Who) -> ImageOut:
-    """Forget image `name` (admin only); refused (409, naming them) while pending or running work
-    uses it."""
+    """Forget image `name` (admin only); refused (409, naming them) while pending or running work or
+    a service uses it."""
     who.require_admin()
     if rt.images.get(name) is not None:  # an unknown name: the store's 404
         with rt.store.read() as session:
