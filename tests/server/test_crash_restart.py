@@ -3,6 +3,7 @@ re-adopted, and work whose process vanished meanwhile marked failed with a reaso
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import signal
@@ -96,6 +97,7 @@ def test_kill_9_and_restart(tmp_path: Path) -> None:
             server.kill()
 
 
+@functools.cache
 def _no_gpu_and_namespaces() -> str:
     """Why the default pool's restart cannot be tried here ('' where it can)."""
     from gpupool.agent import netns
