@@ -403,6 +403,7 @@ def test_services_tab_and_a_service_page_show_the_tenants_own_only(
         _not_reloaded(page)
         assert page.url.endswith("/ui/services/web")
         assert "no router serves" in (page.locator("#svc-latency").text_content() or "")
+        assert "none: this pool routes no service traffic" in (page.locator("#svc-url").text_content() or "")
         page.wait_for_selector("#service-replicas-chart")  # its history, or a sentence until the first minute
         page.wait_for_selector("section[aria-labelledby=h-scale-events] table")
         until(lambda: page.locator("tr[data-replica]").count() == 1, 60, "its replica listed")

@@ -60,6 +60,7 @@ function summary(s) {
     h("h1", {}, s.name, " ", statusBadge(s.state)),
     h("dl", { class: "facts" },
       row("Tenant", s.tenant),
+      row("Address", h("span", { id: "svc-url" }, s.url || "none: this pool routes no service traffic (gpupool up --serve-port)")),
       row("Replicas ready / desired", h("span", { id: "svc-replicas" }, `${s.ready_replicas} / ${s.desired} (min ${s.min_replicas}, max ${s.max_replicas})`)),
       row("Requests/s now", h("span", { id: "svc-rps" }, live ? live.requests_per_s.toFixed(1) : "no router")),
       row("In flight now", live ? String(live.in_flight) : ""),
