@@ -197,7 +197,7 @@ def test_postgresql_round_trip_restores_every_row_of_every_table(
     done = run("backup", str(tmp_path / "pg.tar"), "--data-dir", str(source), "--database-url", source_url,
                "--passphrase-file", str(_passphrase(tmp_path)))
     assert done.returncode == 0, done.stderr
-    assert "backup: table" in done.stderr and "postgresql store" in done.stdout
+    assert "backup: table" in done.stderr and "backed up the PostgreSQL store postgresql" in done.stdout
     target_url = postgres.create_database()
     restored = tmp_path / "restored"
     done = run("restore", str(tmp_path / "pg.tar"), "--data-dir", str(restored), "--database-url", target_url,
