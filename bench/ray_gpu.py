@@ -286,7 +286,8 @@ def join_this_machine(provider: Any, data_dir: Path) -> Device:
     from gpupool.providers.ray.join import start_node
     from gpupool.providers.ray.nodeconfig import NodeConfig
 
-    config = NodeConfig(name=NODE_NAME, state_dir=str(data_dir / "ray-nodes" / NODE_NAME))
+    config = NodeConfig(name=NODE_NAME, state_dir=str(data_dir / "ray-nodes" / NODE_NAME),
+                        pool_id=provider.pool_id)
     joined = start_node(provider.address, provider.token_path, config)
     provider.joined.append(joined)  # the provider stops its Ray worker node on close
     deadline = time.monotonic() + 60

@@ -106,7 +106,7 @@ def join_times(ray_provider: object, count: int, devices: int, data_dir: Path, p
     def join(name: str) -> float:
         began = time.monotonic()
         config = NodeConfig(name=name, state_dir=str(data_dir / "ray-nodes" / name),
-                            simulate=f"{devices}xH100")
+                            simulate=f"{devices}xH100", pool_id=ray_provider.pool_id)
         joined = start_node(ray_provider.address, ray_provider.token_path, config, simulated=True)
         ray_provider.joined.append(joined)
         while name not in {n.name for n in ray_provider.nodes()}:

@@ -1,4 +1,5 @@
-"""One Ray cluster for the package's tests: a head and three simulated worker nodes.
+"""One Ray cluster for the package's tests: a head and three simulated worker nodes, of a pool
+with an id (its pods run as `gpupool-<pool id>-<tenant>` under root).
 
 Starting Ray is slow (tens of seconds on a small machine), so the cluster is package-scoped and
 every module here shares it (test_ray_pool.py, which kills nodes, runs last of those using it);
@@ -32,13 +33,21 @@ def wait_for(check: Callable[[], object], timeout_s: float = 60.0, what: str = "
     raise AssertionError(f"timed out waiting for {what}")
 
 
+def given_pool_id(pool: RayProvider) -> str:
+    """The pool id the package's cluster was started with (its first provider's, in its data dir)."""
+    return (pool.data_dir / "pool-id").read_text().strip()
+
+
 @pytest.fixture(scope="package")
 def pool(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RayProvider]:
     pytest.importorskip("ray", reason="the ray provider needs Ray (pip install 'gpupool[ray]')")
     from gpupool.providers.ray import RayProvider
+    from gpupool.server.datadir import pool_id
 
-    provider = RayProvider(simulate="3x2xT4", data_dir=tmp_path_factory.mktemp("raypool"),
-                           head_env=FAST_HEALTH_CHECKS)
+    data_dir = tmp_path_factory.mktemp("raypool")
+    # the pool's id as `gpupool up` makes it (DATA_DIR/pool-id, which the accounts' clean-up reads)
+    provider = RayProvider(simulate="3x2xT4", data_dir=data_dir, head_env=FAST_HEALTH_CHECKS,
+                           pool_id=pool_id(data_dir))
     try:
         yield provider
     finally:

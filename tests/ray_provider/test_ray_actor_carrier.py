@@ -1,12 +1,13 @@
 """The actor carrier (`pod_carrier="actor"`, one Ray actor per pod) on the package's Ray cluster.
 
 The group carrier, the default, runs the full suite (test_ray_pool.py); these check what differs:
-the pod's actor is placed on the node asked and released after the pod ends, and a provider of the
-default carrier re-adopts an actor-carried pod.
+the pod's actor is placed on the node asked, runs the pod as the pool's account for its tenant and
+is released after the pod ends, and a provider of the default carrier re-adopts an actor-carried pod.
 """
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from typing import Any
 
@@ -24,7 +25,7 @@ from gpupool.providers.ray import provider as provider_module
 from gpupool.providers.ray.nodeconfig import pod_actor_name
 from gpupool.providers.ray.settings import NAMESPACE
 
-from .conftest import wait_for
+from .conftest import given_pool_id, wait_for
 
 
 @pytest.fixture(scope="module")
@@ -79,6 +80,18 @@ def test_the_pods_actor_runs_it_on_the_node_asked_and_is_released_after(
     assert (_final(actors, "by-actor").phase, _final(actors, "by-actor").exit_code) == (PodPhase.STOPPED, 143)
     wait_for(lambda: _actor_gone(actors, "by-actor"), what="the finished pod's actor to be released")
     assert actors.read_log("by-actor").text.startswith("t4-001\n")  # from the node agent now
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="pods run as other accounts only under root")
+def test_an_actor_carried_pod_runs_as_the_pools_account_for_its_tenant(
+        pool: RayProvider, actors: RayProvider) -> None:
+    pool_id = given_pool_id(pool)
+    for pod_id, on_behalf, account in (("who-actor", False, f"gpupool-{pool_id}-acme"),
+                                       ("who-actor-ob", True, f"gpupool-{pool_id}-acme_ob")):
+        actors.launch(PodLaunch(pod_id=pod_id, workload_id="w", node="t4-002", command=("id", "-un"),
+                                slices=(Slice(0, 250, 1024),), tenant="acme", on_behalf=on_behalf))
+        assert _final(actors, pod_id).phase is PodPhase.SUCCEEDED
+        assert actors.read_log(pod_id).text == f"{account}\n"
 
 
 def test_a_log_read_that_meets_the_pods_release_is_answered_by_the_node_agent(

@@ -6,6 +6,7 @@ The tests share one cluster (conftest.pool) and run in file order; the last one 
 from __future__ import annotations
 
 import os
+import pwd
 import stat
 import subprocess
 import sys
@@ -27,7 +28,7 @@ from gpupool.providers.ray.nodeconfig import node_agent_name, pod_actor_name
 from gpupool.providers.ray.resources import compute_resource, memory_resource
 from gpupool.providers.ray.settings import ADDRESS_FILE, NAMESPACE, NODE_LABEL
 
-from .conftest import wait_for
+from .conftest import given_pool_id, wait_for
 
 
 def _pod(pod_id: str, node: str, *command: str, slices: tuple[Slice, ...] = (Slice(0, 250, 1024),),
@@ -111,7 +112,7 @@ def test_each_pod_runs_on_the_node_asked_with_the_environment_gpupool_built(pool
         assert not [k for k in env if k.startswith("RAY_")]
         assert env["HOME"].endswith(pod_id)
         if os.geteuid() == 0:
-            assert env["USER"] == "gpupool-default"
+            assert env["USER"] == f"gpupool-{given_pool_id(pool)}-default"
 
 
 def test_a_pod_that_cannot_fit_waits_on_its_node_and_then_fails_with_the_reason(pool: RayProvider) -> None:
@@ -289,9 +290,12 @@ def test_a_machine_joins_with_the_cli_runs_work_and_leaves(pool: RayProvider, tm
     try:
         wait_for(lambda: "extra-1" in _names(pool) or join.poll() is not None, 90.0, "the node to join")
         assert join.poll() is None, join.stdout.read() if join.stdout else ""
-        pool.launch(_pod("on-extra", "extra-1", "sh", "-c", "echo $GPUPOOL_NODE"))
+        pool.launch(_pod("on-extra", "extra-1", "sh", "-c", "echo $GPUPOOL_NODE; id -un"))
         assert _final(pool, "on-extra").phase is PodPhase.SUCCEEDED
-        assert pool.read_log("on-extra").text == "extra-1\n"
+        # the joiner read the pool's id from the cluster: its pods run as the pool's accounts
+        account = f"gpupool-{given_pool_id(pool)}-default" if os.geteuid() == 0 \
+            else pwd.getpwuid(os.geteuid()).pw_name
+        assert pool.read_log("on-extra").text == f"extra-1\n{account}\n"
         left = subprocess.run([*gpupool, "node", "leave", "--name", "extra-1", "--state-dir", str(state)],
                               capture_output=True, text=True, timeout=120)
         assert left.returncode == 0 and "left the pool" in left.stdout, left.stdout + left.stderr

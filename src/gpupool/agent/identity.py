@@ -26,6 +26,7 @@ import hashlib
 import logging
 import os
 import pwd
+import re
 import shutil
 import stat
 import subprocess
@@ -41,6 +42,8 @@ log = logging.getLogger("gpupool.agent")
 
 POD_GROUP = "gpupool-pods"
 ACCOUNT_PREFIX = "gpupool-"
+POOL_ID = re.compile(r"^[0-9a-z]{4,8}$")
+"""What a pool id is (DATA_DIR/pool-id, made by `gpupool up`): 4 to 8 lowercase letters and digits."""
 MAX_ACCOUNT_NAME = 32
 ON_BEHALF_SUFFIX = "_ob"
 """Ends the account of on-behalf work: tenant names have no underscore, so no tenant's own account does."""

@@ -109,11 +109,16 @@ def _join(ray_address: str, server: str, simulate: str, name: str, token_file: P
     token = _check_token(token_file or _default_token_file())
     directory = state_dir or _default_state_dir(name)
     from gpupool.providers.ray import driver
-    from gpupool.providers.ray.join import start_node
+    from gpupool.providers.ray.join import published_pool_id, start_node
     from gpupool.providers.ray.nodeconfig import NodeConfig
 
     driver.connect(ray_address, token)
-    config = NodeConfig(name=name, state_dir=str(directory), simulate=simulate)
+    # the pool's id, as its server published it: the node's pods run as the pool's accounts
+    config = NodeConfig(name=name, state_dir=str(directory), simulate=simulate, pool_id=published_pool_id())
+    if not config.pool_id:
+        print("Warning: the Ray cluster has no pool id (its server is older than pool ids, or has not "
+              "connected yet), so this node's pods run as gpupool-<tenant>; join again once the server "
+              "runs for them to run as the pool's own accounts.", file=sys.stderr, flush=True)
     joined = start_node(ray_address, token, config, num_cpus=num_cpus)
     record = directory / JOIN_FILE
     try:

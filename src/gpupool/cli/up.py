@@ -280,6 +280,13 @@ def _serve(data_dir: Path | None, host: str, port: int, simulate: str, provider:
     provisioned = provision(settings, ray_address=ray_address)
     if provisioned.notice:
         print(provisioned.notice, flush=True)
+    if provisioned.pool_id is not None:  # the Ray cluster's, another server's: its pods' accounts
+        print(f"Note: the Ray cluster's pool id is {provisioned.pool_id} (published by the server that "
+              f"connected to it first), not this data directory's {settings.pool_id}: the pool's pods run "
+              f"as gpupool-{provisioned.pool_id}-<tenant>.", flush=True)
+        # the accounts this server checks tenants' mappings against are the pods'; its image store
+        # stays where this data directory's id put it
+        settings = replace(settings, pool_id=provisioned.pool_id, image_dir=settings.resolved_image_dir)
     from gpupool.providers.base import Capability
 
     missing = provisioned.provider.missing_capabilities()

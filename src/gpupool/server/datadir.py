@@ -9,16 +9,14 @@ create later is private too.
 from __future__ import annotations
 
 import os
-import re
 import secrets
 import stat
 from pathlib import Path
 
-from gpupool.agent.identity import POD_GROUP, account_name, can_switch_users, ensure_account
+from gpupool.agent.identity import POD_GROUP, POOL_ID, account_name, can_switch_users, ensure_account
 
 PRIVATE_UMASK = 0o077
 POOL_ID_FILE = "pool-id"
-_POOL_ID = re.compile(r"^[0-9a-z]{4,8}$")
 
 
 def pool_id(data_dir: Path) -> str:
@@ -32,7 +30,7 @@ def pool_id(data_dir: Path) -> str:
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     except FileExistsError:
         text = path.read_text(errors="replace").strip()
-        if not _POOL_ID.match(text):
+        if not POOL_ID.match(text):
             raise InvalidInput(f"{str(path)!r} holds {text[:40]!r}, not a pool id (4 to 8 lowercase letters "
                                "and digits); restore it, or remove it to give this pool a new id (its pods "
                                "then run as new accounts).") from None

@@ -22,6 +22,9 @@ class Provisioned:
     provider: Provider
     notice: str
     """One line for the operator ('' when there is nothing to say)."""
+    pool_id: str | None = None
+    """The pool id the pods' accounts are named by where it is not the server's own (None): a Ray
+    cluster's, published by the first server that connected to it (providers/ray/join.py)."""
 
 
 def provision(settings: Settings, *, ray_address: str = "") -> Provisioned:
@@ -81,16 +84,19 @@ def _ray(settings: Settings, address: str) -> Provisioned:
 
     provider = make_provider("ray", address=address or None, simulate=settings.simulate or None,
                              data_dir=settings.data_dir,  # imports the ray provider, or says what to install
-                             network=NetworkSettings.from_env(), published=published_services(settings))
+                             network=NetworkSettings.from_env(), published=published_services(settings),
+                             pool_id=settings.pool_id)
     from gpupool.providers.ray.provider import RayProvider
     from gpupool.providers.ray.settings import ADDRESS_FILE
 
     head = provider.address if isinstance(provider, RayProvider) else ""
+    cluster_id = provider.pool_id if isinstance(provider, RayProvider) else settings.pool_id
     where = f"the Ray cluster at {head}" if address else f"a Ray head started here at {head}"
     simulated = f", {len(provider.nodes())} simulated node(s) on this machine" if settings.simulate else ""
     return Provisioned(provider, f"Ray provider: {where}{simulated} (address in "
                                  f"{settings.data_dir / ADDRESS_FILE}); join a GPU server with: "
-                                 f"gpupool node join --server URL --ray-address {head}")
+                                 f"gpupool node join --server URL --ray-address {head}",
+                       pool_id=cluster_id if cluster_id != settings.pool_id else None)
 
 
 def published_services(settings: Settings) -> tuple[tuple[str, int], ...]:

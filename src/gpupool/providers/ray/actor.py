@@ -68,7 +68,8 @@ class PodActor:
         try:
             self.local = LocalProvider(config.pod_dir(pod.pod_id), simulate=config.simulate or None,
                                        node_name=config.name, ib_sysfs_root=config.ib_sysfs_root,
-                                       scratch_root=config.scratch(), mps=MpsDaemon(config.agent_dir()))
+                                       scratch_root=config.scratch(), mps=MpsDaemon(config.agent_dir()),
+                                       identities=config.identities())
             self.local.agent.lender = NodeNetwork(config.name)
             # A leader's launch: fenced by the node's epoch (its agent's fence, node_agent.py), held
             # until the pod's record is saved and its shim let go, as the agent's own launches are

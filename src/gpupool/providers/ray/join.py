@@ -4,7 +4,9 @@ What `gpupool node join` runs on each GPU server, and what the provider runs for
 node. The caller must be connected to the cluster (driver.connect). The node is schedulable as soon
 as Ray has registered it: the joiner publishes the description it probed (Ray's internal KV, by
 Ray node id), so the server lists the node without waiting for the agent actor's Python process to
-start (about a second); pods launched meanwhile queue behind the agent's start.
+start (about a second); pods launched meanwhile queue behind the agent's start. The server publishes
+the pool's id there too when it connects (`claim_pool_id`), and a joiner reads it
+(`published_pool_id`) into its node's config, so the node's pods run as the pool's accounts.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ import ray
 import ray.experimental.internal_kv
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
+from gpupool.agent.identity import POOL_ID
 from gpupool.errors import Conflict, ProviderError
 from gpupool.providers.local import LocalProvider
 from gpupool.providers.ray.cluster import OBJECT_STORE_BYTES_SIMULATED, RayProcess, start_worker
@@ -31,6 +34,9 @@ from gpupool.providers.ray.settings import NAMESPACE, NODE_LABEL, SIMULATED_NODE
 
 DESCRIPTION_KEY = "gpupool-node-{node_id}"
 """The internal KV key of the description a joiner probed, in the gpupool namespace."""
+POOL_ID_KEY = "gpupool-pool-id"
+"""The internal KV key of the pool's id (its pods' accounts are `gpupool-<pool id>-<tenant>`), in the
+gpupool namespace: the Ray cluster is the pool, so every node of it names accounts by one id."""
 
 JOIN_TIMEOUT_S = 60.0
 
@@ -59,7 +65,8 @@ class JoinedNode:
 def probe(config: NodeConfig) -> NodeDescription:
     """The node as the agent sees it here: NVML devices (or the simulated ones), IB ports."""
     local = LocalProvider(config.agent_dir(), simulate=config.simulate or None, node_name=config.name,
-                          ib_sysfs_root=config.ib_sysfs_root, scratch_root=config.scratch())
+                          ib_sysfs_root=config.ib_sysfs_root, scratch_root=config.scratch(),
+                          identities=config.identities())
     try:
         return NodeDescription(node=local.nodes()[0], config=config, missing=local.missing_capabilities(),
                                hostname=socket.gethostname())
@@ -85,6 +92,32 @@ def published_description(node_id: str) -> NodeDescription | None:
 def forget_description(node_id: str) -> None:
     ray.experimental.internal_kv._internal_kv_del(DESCRIPTION_KEY.format(node_id=node_id),
                                                   namespace=NAMESPACE)
+
+
+def claim_pool_id(pool_id: str) -> str:
+    """Publish `pool_id` as the cluster's pool id unless one is already published, and return the
+    cluster's: the first server to connect names the accounts of every node of the pool, so the
+    servers of one pool (several, with high availability, each with its own data directory and so
+    its own id) never run one tenant's pods as two accounts. '' publishes nothing."""
+    if pool_id:
+        ray.experimental.internal_kv._internal_kv_put(POOL_ID_KEY, pool_id.encode(), overwrite=False,
+                                                      namespace=NAMESPACE)
+    return published_pool_id()
+
+
+def published_pool_id() -> str:
+    """The cluster's pool id ('' where none was published: a cluster of a server from before pools
+    had ids, whose pods run as `gpupool-<tenant>`). Raises ProviderError for a value that is not a
+    pool id."""
+    raw = ray.experimental.internal_kv._internal_kv_get(POOL_ID_KEY, namespace=NAMESPACE)
+    if not raw:
+        return ""
+    text = raw.decode(errors="replace")
+    if not POOL_ID.match(text):
+        raise ProviderError(f"The Ray cluster's pool id ({POOL_ID_KEY} in Ray's internal KV, namespace "
+                            f"{NAMESPACE}) is {text[:40]!r}, not a pool id (4 to 8 lowercase letters and "
+                            "digits).")
+    return text
 
 
 def _wait_for_ray_node(name: str, process: RayProcess, timeout_s: float) -> str:

@@ -92,7 +92,7 @@ class NodeAgentActor:
         self.config = config
         self.local = LocalProvider(config.agent_dir(), simulate=config.simulate or None,
                                    node_name=config.name, ib_sysfs_root=config.ib_sysfs_root,
-                                   scratch_root=config.scratch())
+                                   scratch_root=config.scratch(), identities=config.identities())
         self._failed: dict[str, PodStatus] = {}
         """Pods whose start failed here (never a process), with why."""
         self._seq = 0

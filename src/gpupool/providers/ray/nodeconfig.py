@@ -1,10 +1,12 @@
-"""What a gpupool node on Ray is, as its actors need it: name, devices spec, where its files live."""
+"""What a gpupool node on Ray is, as its actors need it: name, devices spec, where its files live,
+and the pool id its pods' accounts are named by."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
 
+from gpupool.agent.identity import Identities
 from gpupool.agent.probes.infiniband import SYSFS_ROOT
 
 POD_ACTOR_PREFIX = "pod-"
@@ -31,6 +33,10 @@ class NodeConfig:
     ib_sysfs_root: str = str(SYSFS_ROOT)
     scratch_root: str = ""
     """The pods' private directories and checkpoint directories ('' = the agent's default)."""
+    pool_id: str = ""
+    """The pool's id, the Ray cluster's (join.py, `claim_pool_id`): the node's pods run as
+    `gpupool-<pool id>-<tenant>`, as a local pool's do; '' (a cluster whose server published none)
+    names them `gpupool-<tenant>`."""
 
     def agent_dir(self) -> Path:
         return Path(self.state_dir) / "node"
@@ -44,3 +50,7 @@ class NodeConfig:
 
     def scratch(self) -> Path | None:
         return Path(self.scratch_root) if self.scratch_root else None
+
+    def identities(self) -> Identities:
+        """The pods' accounts on this node: the pool's own, named by its id."""
+        return Identities(pool_id=self.pool_id)

@@ -41,7 +41,7 @@ from gpupool.providers.ray.carrier import Carrier
 from gpupool.providers.ray.carrier_actor import ActorCarrier
 from gpupool.providers.ray.carrier_group import GroupCarrier
 from gpupool.providers.ray.cluster import RayProcess, start_head
-from gpupool.providers.ray.join import JoinedNode, start_node
+from gpupool.providers.ray.join import JoinedNode, claim_pool_id, start_node
 from gpupool.providers.ray.membership import Membership
 from gpupool.providers.ray.network import RayNetwork
 from gpupool.providers.ray.nodeconfig import NodeConfig, node_agent_name
@@ -64,7 +64,10 @@ class RayProvider(Provider):
     """Pods on a Ray cluster: one at `address`, or a head started here (stopped on close).
 
     `data_dir` holds the cluster token, the address file and simulated nodes' state: the caller (the
-    server passes its own data directory) says where, so the provider never reads server settings."""
+    server passes its own data directory) says where, so the provider never reads server settings.
+    `pool_id` names the pods' accounts (`gpupool-<pool id>-<tenant>`, the server passes its own) and
+    is published in the cluster at connect unless one already is, which is then used instead
+    (`pool_id` after start: join.py's `claim_pool_id`)."""
 
     name = "ray"
 
@@ -74,8 +77,11 @@ class RayProvider(Provider):
                  poll_interval_s: float = 0.05, membership_interval_s: float = 0.25,
                  pod_carrier: str | None = None,
                  node_ip: str | None = None, head_env: dict[str, str] | None = None,
-                 network: NetworkSettings | None = None, published: Sequence[tuple[str, int]] = ()) -> None:
+                 network: NetworkSettings | None = None, published: Sequence[tuple[str, int]] = (),
+                 pool_id: str = "") -> None:
         self.data_dir = Path(data_dir)
+        self.pool_id = pool_id
+        """The cluster's pool id once connected: what its nodes' pods' accounts are named by."""
         self.token_path = ensure_token(Path(token_path) if token_path else self.data_dir / TOKEN_FILE)
         self.pod_carrier = _carrier_kind(pod_carrier or os.environ.get(POD_CARRIER_ENV) or PodCarrier.GROUP)
         """How new pods are carried (re-adopted pods keep theirs)."""
@@ -115,6 +121,7 @@ class RayProvider(Provider):
         try:
             driver.connect(address, self.token_path)
             self._connected = True
+            self.pool_id = claim_pool_id(pool_id)  # the caller says where it differs (`gpupool up` does)
             self._write_address()
             if simulate:
                 self._start_simulated(simulate, node_ip)
@@ -141,7 +148,8 @@ class RayProvider(Provider):
     def _start_simulated(self, spec: str, node_ip: str | None) -> None:
         """One Ray worker node per simulated node, on this machine, each with its own agent."""
         configs = [NodeConfig(name=node.name, state_dir=str(self.data_dir / "ray-nodes" / node.name),
-                              simulate=f"{len(node.devices)}x{node.devices[0].model}" if node.devices else "")
+                              simulate=f"{len(node.devices)}x{node.devices[0].model}" if node.devices else "",
+                              pool_id=self.pool_id)
                    for node in nodes_from_spec(spec)]
         with ThreadPoolExecutor(max_workers=min(8, len(configs))) as pool:  # each waits for Ray mostly
             futures = [pool.submit(start_node, self.address, self.token_path, config, node_ip=node_ip,
