@@ -30,6 +30,7 @@ import os
 import secrets
 import signal
 import threading
+from collections.abc import Callable
 from pathlib import Path
 
 from gpupool.agent.podstate import process_alive
@@ -254,23 +255,37 @@ class AccountLocks:
     def sweep(self, uid: int) -> int:
         """SIGKILL every process of `uid` (see the module's docstring) when no agent has a pod of it;
         returns how many were signalled (0 also when a pod of it is live somewhere)."""
+        killed: list[int] = []
+        self.when_idle(uid, lambda: None, killed)
+        return sum(killed)
+
+    def when_idle(self, uid: int, action: Callable[[], object], killed: list[int] | None = None) -> bool:
+        """Run `action` while no agent has a pod of `uid` and none starts (the sweep's exclusive
+        lock), after every process of it is killed (a leftover); False, running nothing, while a
+        pod of it is live here or in another agent, or one of its processes outlives the kills.
+        `killed`, when given, gets how many were signalled."""
         try:
             fd = self._open(uid)
         except OSError:
-            return 0
+            return False
         try:
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except OSError:
-                return 0  # a pod of the account is live here or in another agent
+                return False  # a pod of the account is live here or in another agent
             if self._pod_still_runs(uid):
-                return 0  # an agent that held it was killed, and its pods wait for the next one
-            killed = 0
+                return False  # an agent that held it was killed, and its pods wait for the next one
+            count, pids = 0, []
             for _ in range(20):  # a leftover may fork once more before its SIGKILL lands
                 pids = account_processes(uid, exclude=os.getpid())
                 if not pids:
                     break
-                killed += sum(_kill_if_owned(pid, uid) for pid in pids)
-            return killed
+                count += sum(_kill_if_owned(pid, uid) for pid in pids)
+            if killed is not None:
+                killed.append(count)
+            if pids:
+                return False
+            action()
+            return True
         finally:
             os.close(fd)

@@ -25,6 +25,7 @@ from typing import Protocol
 
 from gpupool.agent import container, mounts, workdir
 from gpupool.agent.checkpoints import CHECKPOINT_DIR_ENV, CheckpointDirs
+from gpupool.agent.diskguard import DiskGuard, parse_reserve
 from gpupool.agent.execs import IN_IMAGE, ExecContext, Execs
 from gpupool.agent.identity import (
     BASE_PATH,
@@ -140,7 +141,8 @@ class NodeAgent:
                  ib_sysfs_root: Path | str = SYSFS_ROOT, identities: Identities | None = None,
                  scratch_root: Path | str | None = None, pod_path: str | None = None,
                  max_log_bytes: int = DEFAULT_MAX_LOG_BYTES, network: NetworkSettings | None = None,
-                 network_slot: int = 0, published: Sequence[tuple[str, int]] = ()) -> None:
+                 network_slot: int = 0, published: Sequence[tuple[str, int]] = (),
+                 guarded: Sequence[Path] = ()) -> None:
         self.ib_sysfs_root = Path(ib_sysfs_root)
         self.state_dir = Path(state_dir)
         self.state_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
@@ -159,6 +161,17 @@ class NodeAgent:
         """RLIMIT_NPROC of every pod account here (isolation.process_limit)."""
         self.runner = Runner(self.state_dir, clock=clock, max_log_bytes=max_log_bytes)
         self.execs = Execs(self.runner.launcher, self.runner.mark)
+        reserve = parse_reserve()  # GPUPOOL_DISK_RESERVE: a value it cannot use stops the agent's start
+        self.disk_guard: DiskGuard | None = None
+        """Ends the pods of the account that filled this node's disk (diskguard.py): only where pods
+        run as accounts of their own, whose files it can tell apart."""
+        if self.identities.switch_users and not reserve.off:
+            runner = self.runner
+            self.disk_guard = DiskGuard(
+                (self.state_dir, self.scratch_root, *map(Path, guarded)), scratch_root=self.scratch_root,
+                pool_id=self.identities.pool_id, reserve=reserve,
+                live_pods=lambda: [(r.pod_id, r.uid) for r in runner.poll() if not r.finished],
+                fail=runner.fail, drive=runner.poll, when_idle=runner.when_idle, node=self.node_name)
         """Commands run inside live pods (gpupool exec; execs.py)."""
         self.containers, self.containers_unavailable = container.detect()
         """What runs `--image` pods here (container.py), or None and the sentence why nothing does."""
@@ -575,6 +588,8 @@ class NodeAgent:
         for record in records:
             if record.finished:
                 self.execs.end_pod(record.pod_id)
+        if self.disk_guard is not None:
+            self.disk_guard.tick()  # a statvfs per filesystem at most every second; more only when full
         return records
 
     def forget_pods(self, pod_ids: Iterable[str]) -> None:

@@ -7,7 +7,8 @@ cannot read or change it; the pod works in its private directory instead. A new 
 state directory re-adopts pods whose process still runs (same pid and same start time, so a reused
 pid is never mistaken for ours) and reports the others finished (exit status from exit.json) or
 lost, with the reason. Each log is held to `max_log_bytes` (see cap_log) and each exit file to a
-record's size (cap_exit_file), so a pod cannot fill the agent's disk. A pod's whole process tree
+record's size (cap_exit_file), so a pod's output cannot fill the agent's disk (what it writes
+elsewhere is the disk guard's: diskguard.py). A pod's whole process tree
 ends with it: its group, then what left the group (its cgroup, its marker, and for the pool's own
 accounts every process of the account once no pod of it is live on the machine: leftovers.py).
 """
@@ -244,6 +245,10 @@ class Runner:
         their records are read from disk only when asked for (`_record`), so opening a node that has
         run many pods costs what its live pods cost."""
         self._exit_listeners: list[Callable[[], None]] = []
+        self._unsaved: set[str] = set()
+        """Finished pods whose final record could not be written (a full disk): saved at a later poll."""
+        self._failing: set[str] = set()
+        """Pods `fail` ended, until they are reaped."""
         self._to_sweep: dict[str, tuple[int, str | None]] = {}
         """Pods reaped whose leftovers outside their process group are still to be killed."""
         self._accounts = account_locks if account_locks is not None else (
@@ -460,6 +465,35 @@ class Runner:
             self._timers[pod_id] = timer
             timer.start()
 
+    def fail(self, pod_id: str, reason: str) -> bool:
+        """End a running pod at once (SIGKILL to its group; what left it goes at its reap, as for any
+        end) because of what the agent found on its own (diskguard.py): it ends FAILED, `reason`
+        first in its message, whatever its command would have returned. False for an unknown pod,
+        one that ended or is ending, or one whose process does not exist yet."""
+        with self._lock:
+            record = self._record(pod_id)
+            if record is None or record.finished or record.pid is None or pod_id in self._failing:
+                return False
+            self._failing.add(pod_id)
+            record.message = reason if not record.message else f"{reason}; {record.message}"
+            self._sweep_now = True
+            try:  # before the kill: a restart finds the reason (but the disk may be full)
+                self._save(record)
+            except OSError as exc:
+                log.warning("pod %s: could not save its record (%s); saved at its end", pod_id, exc.strerror)
+            self._signal_group(record, signal.SIGKILL)
+            return True
+
+    def when_idle(self, uid: int, action: Callable[[], object]) -> bool:
+        """Run `action` once no pod or process of the pool's account `uid` is left on this machine
+        (leftovers.AccountLocks.when_idle); False, running nothing, for another account or while one is."""
+        if self._accounts is None or not self._sweepable(uid):
+            return False
+        with self._lock:
+            if uid in self._live_uids():
+                return False
+        return self._accounts.when_idle(uid, action)
+
     def _signal_group(self, record: PodRecord, signum: signal.Signals) -> None:
         if record.pid is None or not self._alive(record):
             return
@@ -567,6 +601,8 @@ class Runner:
 
     def _poll(self) -> list[PodRecord]:
         with self._lock:
+            if self._unsaved:
+                self._save_unsaved()
             now = self._clock()
             copies = []
             for pod_id, record in self._listed.items():
@@ -671,6 +707,7 @@ class Runner:
         record.phase, record.exit_code, record.signal = phase, code, sig
         record.message = message if not record.message else f"{record.message}; {message}"
         record.finished_at_s = self._clock()
+        self._failing.discard(record.pod_id)
         self._cap_logs((record,))  # what it wrote since the last poll
         timer = self._timers.pop(record.pod_id, None)
         if timer is not None:
@@ -682,7 +719,23 @@ class Runner:
             self._accounts_to_sweep.add(record.uid)  # swept (and let go) once its last pod here ends
             if self._accounts is not None:
                 self._accounts.unregister(record.uid, self._note_key(record.pod_id))
-        self._save(record)
+        try:
+            self._save(record)
+        except OSError as exc:  # its disk is full: the end is kept here, and saved at a later poll
+            log.warning("pod %s ended, but its record could not be saved (%s); trying again at each poll",
+                        record.pod_id, exc.strerror)
+            self._unsaved.add(record.pod_id)
+
+    def _save_unsaved(self) -> None:
+        """Save the ends that could not be saved when they happened (under the lock)."""
+        for pod_id in list(self._unsaved):
+            record = self._records.get(pod_id)
+            try:
+                if record is not None:
+                    self._save(record)
+            except OSError:
+                return  # still full: the next poll tries again
+            self._unsaved.discard(pod_id)
 
     # ---- restart ---------------------------------------------------------------------------
     def _readopt(self) -> None:

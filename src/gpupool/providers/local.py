@@ -57,7 +57,8 @@ def devices_here() -> tuple[int, str]:
 class LocalProvider(Provider):
     """One node: this machine. Devices come from NVML, or are simulated from a spec such as '4xH100'
     (`simulate`), or only when NVML finds none (`fallback_simulate`); simulated devices carry
-    simulated=True and the node the label gpupool.io/simulated=true."""
+    simulated=True and the node the label gpupool.io/simulated=true. `guarded`: more directories
+    whose filesystems the agent's disk guard watches besides its own (the store's: diskguard.py)."""
 
     name = "local"
 
@@ -71,13 +72,13 @@ class LocalProvider(Provider):
                  ib_sysfs_root: Path | str = SYSFS_ROOT, identities: Identities | None = None,
                  scratch_root: Path | str | None = None, max_log_bytes: int = DEFAULT_MAX_LOG_BYTES,
                  network: NetworkSettings | None = None, network_slot: int = 0,
-                 published: Sequence[tuple[str, int]] = ()) -> None:
+                 published: Sequence[tuple[str, int]] = (), guarded: Sequence[Path] = ()) -> None:
         self.agent = NodeAgent(state_dir or default_state_dir(), node_name=node_name, simulate=simulate,
                                fallback_simulate=fallback_simulate, probe=probe, mps=mps,
                                cgroup_root=cgroup_root, clock=clock, ib_sysfs_root=ib_sysfs_root,
                                identities=identities, scratch_root=scratch_root,
                                max_log_bytes=max_log_bytes, network=network, network_slot=network_slot,
-                               published=published)
+                               published=published, guarded=guarded)
         self._closed = False
         self._final_statuses: dict[str, PodStatus] = {}
 

@@ -34,7 +34,8 @@ class LocalPool(Provider):
 
     def __init__(self, nodes: Sequence[Node], state_dir: Path, *,
                  max_log_bytes: int = DEFAULT_MAX_LOG_BYTES, network: NetworkSettings | None = None,
-                 published: Sequence[tuple[str, int]] = (), identities: Identities | None = None) -> None:
+                 published: Sequence[tuple[str, int]] = (), identities: Identities | None = None,
+                 guarded: Sequence[Path] = ()) -> None:
         identities = identities or Identities()  # one for all members: one account per tenant
         for node in nodes:
             if not node.devices:
@@ -45,7 +46,7 @@ class LocalPool(Provider):
             # each member its own slot of the pod network (its own /19, gateway and routes)
             return LocalProvider(state_dir / node.name, simulate=spec, node_name=node.name,
                                  max_log_bytes=max_log_bytes, network=network, network_slot=slot,
-                                 published=published, identities=identities)
+                                 published=published, identities=identities, guarded=guarded)
 
         # Opened side by side: each mostly waits on its network's commands and its pods' records
         # (a new leader opens the pool again at its takeover: bench/failover.py)

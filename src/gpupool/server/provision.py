@@ -63,7 +63,7 @@ def provision(settings: Settings, *, ray_address: str = "") -> Provisioned:
     if count:
         local = LocalProvider(state_dir / "local", max_log_bytes=settings.max_pod_log_bytes,
                               network=NetworkSettings.from_env(), published=published_services(settings),
-                              identities=Identities(pool_id=settings.pool_id))
+                              identities=Identities(pool_id=settings.pool_id), guarded=(settings.data_dir,))
         if any(not d.simulated for n in local.nodes() for d in n.devices):
             return Provisioned(local, "")
         local.close()
@@ -145,5 +145,6 @@ def _simulated(spec: str, state_dir: Path, notice: str, max_log_bytes: int,
 
     return Provisioned(LocalPool(nodes, state_dir, max_log_bytes=max_log_bytes,
                                  network=NetworkSettings.from_env(), published=published_services(settings),
-                                 identities=Identities(pool_id=settings.pool_id)),
+                                 identities=Identities(pool_id=settings.pool_id),
+                                 guarded=(settings.data_dir,)),
                        f"{notice}; pods run as processes on this machine.")
