@@ -14,8 +14,9 @@ from conftest import Server
 from factories import node
 from gpupool.agent.runner import Runner
 from gpupool.api.workloads import MAX_COMMAND_BYTES, MAX_ENV_BYTES, MAX_ENV_VARS
+from gpupool.core.units import parse_size_bytes
 from gpupool.pods import LogChunk, PodLaunch
-from gpupool.server.settings import DEFAULT_MAX_REQUEST_BODY_BYTES, Settings, parse_size_bytes
+from gpupool.server.settings import DEFAULT_MAX_REQUEST_BODY_BYTES, Settings
 from live import live_server
 
 API = "/api/v1"

@@ -29,7 +29,6 @@ import grp
 import logging
 import os
 import pwd
-import re
 import stat
 import subprocess
 import threading
@@ -39,6 +38,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from gpupool.agent.identity import ACCOUNT_PREFIX, BASE_PATH, POD_GROUP, SHARED_WRITABLE, remove_left_behind
+from gpupool.core.units import size_bytes
 from gpupool.errors import InvalidInput
 
 log = logging.getLogger("gpupool.agent")
@@ -57,9 +57,6 @@ every CHECK_INTERVAL_S, but counting the files costs a walk of the scratch root 
 STOP_WAIT_S = 10.0
 """How long the guard waits for a blamed account's processes to end before it removes its files
 (the next pass tries again)."""
-_SIZE = re.compile(r"^\s*([0-9]+(?:\.[0-9]+)?)\s*([A-Za-z]*)\s*$")
-_UNITS = {"": 1, "b": 1, "k": 2**10, "kib": 2**10, "ki": 2**10, "m": 2**20, "mib": 2**20, "mi": 2**20,
-          "g": 2**30, "gib": 2**30, "gi": 2**30, "t": 2**40, "tib": 2**40, "ti": 2**40}
 
 
 @dataclass(frozen=True, slots=True)
@@ -98,9 +95,9 @@ def parse_reserve(text: str | None = None) -> Reserve:
             if 0 < share < 100:
                 return Reserve(share=share / 100, cap=None)
         else:
-            match = _SIZE.match(value)
-            if match and match.group(2) in _UNITS:
-                return Reserve(size=int(float(match.group(1)) * _UNITS[match.group(2)]))
+            size = size_bytes(value)
+            if size is not None:
+                return Reserve(size=size)
     except ValueError:
         pass
     raise InvalidInput(f"{DISK_RESERVE_ENV}={raw!r} is not a size (2GiB, 512MiB), a share of the disk (5%) "

@@ -176,9 +176,9 @@ def up(
     """
     import os
 
+    from gpupool.core.units import parse_size_bytes
     from gpupool.errors import GpupoolError
     from gpupool.server import dburl
-    from gpupool.server.settings import parse_size_bytes
 
     if ray_pod_carrier:
         if ray_pod_carrier not in ("group", "actor"):

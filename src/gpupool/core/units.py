@@ -94,3 +94,26 @@ def format_memory_mib(mib: int) -> str:
     if mib >= 1024:
         return f"{mib / 1024:.1f}GiB"
     return f"{mib}MiB"
+
+
+_SIZE = re.compile(r"^\s*([0-9]+(?:\.[0-9]+)?)\s*([A-Za-z]*)\s*$")
+_SIZE_UNITS = {"": 1, "b": 1, "k": 2**10, "kib": 2**10, "ki": 2**10, "m": 2**20, "mib": 2**20, "mi": 2**20,
+               "g": 2**30, "gib": 2**30, "gi": 2**30, "t": 2**40, "tib": 2**40, "ti": 2**40}
+
+
+def size_bytes(text: str) -> int | None:
+    """'1MiB' -> 1048576, '512k' -> 524288, '4096' -> 4096 (binary units; a bare number is bytes);
+    None for anything else."""
+    match = _SIZE.match(text)
+    unit = match.group(2).lower() if match else ""
+    if not match or unit not in _SIZE_UNITS:
+        return None
+    return int(float(match.group(1)) * _SIZE_UNITS[unit])
+
+
+def parse_size_bytes(text: str, what: str) -> int:
+    """size_bytes, or InvalidInput naming `what` (a flag or a variable)."""
+    parsed = size_bytes(text)
+    if parsed is None:
+        raise InvalidInput(f"{what} must be a size such as 4096, 512KiB, 1MiB or 2GiB, not {text!r}.")
+    return parsed

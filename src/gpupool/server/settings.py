@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import ipaddress
 import os
-import re
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+from gpupool.core.units import parse_size_bytes
 from gpupool.errors import InvalidInput
 
 DEFAULT_HOST = "127.0.0.1"
@@ -25,9 +25,6 @@ GPUPOOL_TENANT_OPEN_REQUESTS says otherwise."""
 MIN_MAX_REQUEST_BODY_BYTES = 64 * 1024
 """Below this a plain submission with a few environment variables would be refused."""
 MIN_MAX_POD_LOG_BYTES = 4096
-_SIZE = re.compile(r"^\s*([0-9]+(?:\.[0-9]+)?)\s*([A-Za-z]*)\s*$")
-_SIZE_UNITS = {"": 1, "b": 1, "k": 2**10, "kib": 2**10, "ki": 2**10, "m": 2**20, "mib": 2**20, "mi": 2**20,
-               "g": 2**30, "gib": 2**30, "gi": 2**30, "t": 2**40, "tib": 2**40, "ti": 2**40}
 
 
 def default_data_dir() -> Path:
@@ -259,15 +256,6 @@ class Settings:
         if self.agent_dir is None and env.get("GPUPOOL_AGENT_DIR"):
             changes["agent_dir"] = Path(env["GPUPOOL_AGENT_DIR"])
         return replace(self, **changes) if changes else self  # type: ignore[arg-type]
-
-
-def parse_size_bytes(text: str, what: str) -> int:
-    """'1MiB' -> 1048576, '512k' -> 524288, '4096' -> 4096 (binary units; a bare number is bytes)."""
-    match = _SIZE.match(text)
-    unit = match.group(2).lower() if match else ""
-    if not match or unit not in _SIZE_UNITS:
-        raise InvalidInput(f"{what} must be a size such as 4096, 512KiB, 1MiB or 2GiB, not {text!r}.")
-    return int(float(match.group(1)) * _SIZE_UNITS[unit])
 
 
 def is_loopback(host: str) -> bool:
