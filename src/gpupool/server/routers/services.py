@@ -50,20 +50,23 @@ def get_service(name: NameParam, request: Request, rt: Rt, who: Who,
 
 def _with_live(request: Request, services: list[ServiceOut]) -> list[ServiceOut]:
     """Each with where it answers and the router's numbers now (none without a data plane)."""
-    dataplane = request.app.state.dataplane
+    dataplane: DataPlaneLoop | None = request.app.state.dataplane
     if dataplane is None:
         return services
     live = dataplane.live()
-    return [_with_url(request, s).model_copy(update={"live": live.get(f"{s.tenant}/{s.name}")})
+    return [s.model_copy(update={"url": _url(dataplane, s), "live": live.get(f"{s.tenant}/{s.name}")})
             for s in services]
 
 
 def _with_url(request: Request, service: ServiceOut) -> ServiceOut:
     """With the address its requests go to, where the pool serves a data plane."""
     dataplane: DataPlaneLoop | None = request.app.state.dataplane
-    if dataplane is None:
-        return service
-    return service.model_copy(update={"url": f"{dataplane.url}/s/{service.tenant}/{service.name}/"})
+    return service if dataplane is None else service.model_copy(update={"url": _url(dataplane, service)})
+
+
+def _url(dataplane: DataPlaneLoop, service: ServiceOut) -> str:
+    """The data plane's address of `service`: /s/<tenant>/<service>/ (dataplane.model.SERVICE_KEY)."""
+    return f"{dataplane.url}/s/{service.tenant}/{service.name}/"
 
 
 @router.get("/services/{name}/partners", response_model=PartnersOut)
