@@ -21,6 +21,7 @@ import subprocess
 from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -161,6 +162,13 @@ def _actor_state(pod_id: str) -> object:
     return [{key: info.get(key) for key in keys} for info in found]
 
 
+def _agent(name: str, directory: Path) -> tuple[NodeConfig, Any]:
+    """A node's agent of this machine under `name`, with one simulated device: its config and actor."""
+    config = NodeConfig(name, str(directory), simulate="1xT4")
+    return config, NodeAgentActor.options(  # type: ignore[attr-defined]
+        name=node_agent_name(name), namespace=NAMESPACE).remote(config)
+
+
 def _kill_for_good(*agents: object) -> None:
     """Kill the agents and wait until their processes are gone: `ray.kill` returns before the
     process ends, and until it does it holds its block's claim (a lock file), so the next test's
@@ -299,9 +307,7 @@ def test_a_restarted_agent_takes_its_plan_and_the_other_machines_pods_at_once(
     settings = provider.network.settings
     assert settings is not None
     machines = {"p": (SPARE_SLOTS[0], "198.51.100.8"), "q": (SPARE_SLOTS[1], "198.51.100.9")}
-    agents = {name: NodeAgentActor.options(  # type: ignore[attr-defined]
-        name=node_agent_name(name), namespace=NAMESPACE).remote(
-        NodeConfig(name, str(tmp_path / name), simulate="1xT4")) for name in machines}
+    agents = {name: _agent(name, tmp_path / name)[1] for name in machines}
 
     def plan(name: str, *others: str) -> NetworkPlan:  # the others at addresses of another host
         named = sorted({name, *others})
@@ -364,9 +370,7 @@ def test_a_restarted_agent_that_cannot_take_its_kept_plan_still_starts(
     settings = provider.network.settings
     assert settings is not None
     mine, held = SPARE_SLOTS
-    agent = NodeAgentActor.options(  # type: ignore[attr-defined]
-        name=node_agent_name("r"), namespace=NAMESPACE).remote(
-        NodeConfig("r", str(tmp_path), simulate="1xT4"))
+    _, agent = _agent("r", tmp_path)
     holder = netns.PodNetwork(NetworkSettings(mode=NetnsMode.ON, pod_network=NETWORK), held)
     holder.spares = 0
     try:
@@ -393,9 +397,7 @@ def test_an_agent_takes_its_plan_though_another_machine_answers_a_block_not_of_i
     settings = provider.network.settings
     assert settings is not None
     other = NetworkSettings(mode=NetnsMode.ON, pod_network=OTHER_NETWORK)
-    agents = {name: NodeAgentActor.options(  # type: ignore[attr-defined]
-        name=node_agent_name(name), namespace=NAMESPACE).remote(
-        NodeConfig(name, str(tmp_path / name), simulate="1xT4")) for name in ("s", "t")}
+    agents = {name: _agent(name, tmp_path / name)[1] for name in ("s", "t")}
     try:
         s_plan = NetworkPlan(other, (), 0, (("s", 0, "127.0.0.1"),), (("s", "s"),))
         assert ray.get(agents["s"].use_network.remote(s_plan), timeout=60).network_slot == 0
@@ -498,9 +500,7 @@ def test_a_restarted_agent_keeps_the_namespace_it_lent_to_a_running_pod(
     settings = provider.network.settings
     assert settings is not None
     slot = SPARE_SLOTS[0]
-    config = NodeConfig("u", str(tmp_path), simulate="1xT4")
-    agent = NodeAgentActor.options(  # type: ignore[attr-defined]
-        name=node_agent_name("u"), namespace=NAMESPACE).remote(config)
+    config, agent = _agent("u", tmp_path)
     pods: list[object] = []
 
     def carried(pod_id: str, script: str) -> object:
@@ -548,9 +548,7 @@ def test_the_agent_reads_the_log_of_a_pod_its_actor_is_starting_without_ending_i
     settings = provider.network.settings
     assert settings is not None
     slot = SPARE_SLOTS[0]
-    config = NodeConfig("v", str(tmp_path), simulate="1xT4")
-    agent = NodeAgentActor.options(  # type: ignore[attr-defined]
-        name=node_agent_name("v"), namespace=NAMESPACE).remote(config)
+    config, agent = _agent("v", tmp_path)
     # a gang's rank 1: its namespace is never kept for the tenant's next pod once taken back
     pod = PodLaunch(pod_id="starting", workload_id="w-starting", node="v", tenant="alice", command=(PY,),
                     rank=1, world_size=2, master_addr="10.248.0.16", master_port=PORT + 3)

@@ -31,6 +31,15 @@ def _start(data_dir: Path, port: int, *, simulate: str | None = "1x4xH100",
     )
 
 
+def _stop(server: subprocess.Popen[bytes]) -> None:
+    """SIGTERM, and SIGKILL after 30 s."""
+    server.send_signal(signal.SIGTERM)
+    try:
+        server.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        server.kill()
+
+
 def _until(predicate: object, timeout_s: float = 60.0) -> None:
     deadline = time.monotonic() + timeout_s
     while True:
@@ -90,11 +99,7 @@ def test_kill_9_and_restart(tmp_path: Path) -> None:
         _until(lambda: status(waiting) == "succeeded")
     finally:
         probe.close()
-        server.send_signal(signal.SIGTERM)
-        try:
-            server.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            server.kill()
+        _stop(server)
 
 
 @functools.cache
@@ -155,8 +160,4 @@ def test_a_restart_of_the_default_pool_keeps_the_network_of_a_running_pod(tmp_pa
         assert api.post(f"/workloads/{wid}/cancel").json()["status"] == "cancelled"
     finally:
         probe.close()
-        server.send_signal(signal.SIGTERM)
-        try:
-            server.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            server.kill()
+        _stop(server)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import itertools
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 from typer.testing import CliRunner
@@ -141,13 +142,19 @@ def test_poisson_arrivals_keep_the_requests_in_order_seeded(inputs: dict[str, Pa
     assert one[0].arrival_s == 0.0
 
 
-def test_a_price_book_prices_the_requests(inputs: dict[str, Path]) -> None:
+def _priced(inputs: dict[str, Path], book_text: str) -> tuple[dict[str, Any], Path]:
+    """A colocated run priced by a book of `book_text`: its JSON record, and the book's file."""
     book = inputs["dir"] / "prices.yaml"
-    book.write_text("prices:\n  versions:\n    - devices: {H100: 4.0}\n")
+    book.write_text(book_text)
     out = inputs["dir"] / "priced.json"
     done = runner.invoke(app, _args(inputs, "--mode", "colocated", "--prices", str(book), "--json", str(out)))
     assert done.exit_code == 0, done.output
     (run,) = json.loads(out.read_text())
+    return run, book
+
+
+def test_a_price_book_prices_the_requests(inputs: dict[str, Path]) -> None:
+    run, book = _priced(inputs, "prices:\n  versions:\n    - devices: {H100: 4.0}\n")
     assert run["usd_per_hour"] == pytest.approx(8 * 8 * 4.0)
     assert run["requests_per_usd"] == pytest.approx(run["rate_rps"] * 3600 / 256.0)
     book.write_text("prices:\n  versions:\n    - devices: {H100: -1}\n")
@@ -158,17 +165,10 @@ def test_a_price_book_prices_the_requests(inputs: dict[str, Path]) -> None:
 def test_a_price_version_not_yet_in_force_does_not_price_the_trace(inputs: dict[str, Path]) -> None:
     """The run stands for the trace's hours (2023-11-16, 12:00 UTC): the version in force then prices
     it, not a newer one, whether that takes effect the next day or decades ahead."""
-    book = inputs["dir"] / "prices.yaml"
-    book.write_text(
-        "prices:\n  versions:\n"
-        "    - {effective_from: 2020-01-01, devices: {H100: 4.0}}\n"
-        "    - {effective_from: 2023-11-17, devices: {H100: 2.0}}\n"
-        "    - {effective_from: 2099-01-01, devices: {H100: 1.0}}\n"
-    )
-    out = inputs["dir"] / "priced.json"
-    done = runner.invoke(app, _args(inputs, "--mode", "colocated", "--prices", str(book), "--json", str(out)))
-    assert done.exit_code == 0, done.output
-    (run,) = json.loads(out.read_text())
+    run, _ = _priced(inputs, "prices:\n  versions:\n"
+                     "    - {effective_from: 2020-01-01, devices: {H100: 4.0}}\n"
+                     "    - {effective_from: 2023-11-17, devices: {H100: 2.0}}\n"
+                     "    - {effective_from: 2099-01-01, devices: {H100: 1.0}}\n")
     assert run["usd_per_hour"] == pytest.approx(8 * 8 * 4.0)
     assert run["requests_per_usd"] == pytest.approx(run["rate_rps"] * 3600 / 256.0)
 
