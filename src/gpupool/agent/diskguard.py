@@ -37,7 +37,7 @@ from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from gpupool.agent.identity import ACCOUNT_PREFIX, BASE_PATH, POD_GROUP, SHARED_WRITABLE, remove_left_behind
+from gpupool.agent.identity import BASE_PATH, POD_GROUP, SHARED_WRITABLE, is_own_account, remove_left_behind
 from gpupool.core.units import size_bytes
 from gpupool.errors import InvalidInput
 
@@ -188,9 +188,7 @@ def pool_uids(pool_id: str) -> dict[int, str]:
         group = grp.getgrnam(POD_GROUP).gr_gid
     except KeyError:
         return {}
-    prefix = f"{ACCOUNT_PREFIX}{pool_id}-" if pool_id else ACCOUNT_PREFIX
-    return {entry.pw_uid: entry.pw_name for entry in pwd.getpwall()
-            if entry.pw_name.startswith(prefix) and entry.pw_gid == group and entry.pw_uid != 0}
+    return {entry.pw_uid: entry.pw_name for entry in pwd.getpwall() if is_own_account(entry, group, pool_id)}
 
 
 @dataclass(frozen=True, slots=True)

@@ -66,17 +66,30 @@ def can_switch_users() -> bool:
     return os.geteuid() == 0
 
 
+def account_prefix(pool_id: str = "") -> str:
+    """How the pool's own accounts begin: 'gpupool-<pool id>-' ('gpupool-' with no pool id)."""
+    return f"{ACCOUNT_PREFIX}{pool_id}-" if pool_id else ACCOUNT_PREFIX
+
+
 def account_name(tenant: str, pool_id: str = "", *, on_behalf: bool = False) -> str:
     """The pool's own account for `tenant`: 'gpupool-<pool id>-<tenant>' ('gpupool-<tenant>' with no
     pool id), at most 32 characters (a long tenant name is cut and given a hash suffix); with
     `on_behalf`, the account of work others started for the tenant, the same name ending '_ob'."""
-    prefix = f"{ACCOUNT_PREFIX}{pool_id}-" if pool_id else ACCOUNT_PREFIX
+    prefix = account_prefix(pool_id)
     suffix = ON_BEHALF_SUFFIX if on_behalf else ""
     name = prefix + tenant + suffix
     if len(name) <= MAX_ACCOUNT_NAME:
         return name
     digest = hashlib.sha256(tenant.encode()).hexdigest()[:8]
     return f"{prefix}{tenant[: MAX_ACCOUNT_NAME - len(prefix) - 9 - len(suffix)]}-{digest}{suffix}"
+
+
+def is_own_account(entry: pwd.struct_passwd, group: int, pool_id: str = "") -> bool:
+    """Whether `entry` is one of the pool's own accounts as ensure_account makes them: named
+    gpupool-... (gpupool-<pool id>-... given `pool_id`), primary group `group` (gpupool-pods' gid),
+    never root; not an account mapped with --unix-user."""
+    prefix = account_prefix(pool_id)
+    return entry.pw_name.startswith(prefix) and entry.pw_gid == group and entry.pw_uid != 0
 
 
 def is_pool_account(identity: PodIdentity) -> bool:

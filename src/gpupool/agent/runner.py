@@ -35,7 +35,7 @@ from pathlib import Path
 
 from gpupool.agent import podstate
 from gpupool.agent.fencing import EpochFence
-from gpupool.agent.identity import ACCOUNT_PREFIX, POD_GROUP, PodIdentity
+from gpupool.agent.identity import POD_GROUP, PodIdentity, is_own_account
 from gpupool.agent.launcher import EXIT_FD_PLACEHOLDER, Launcher, launch_timeout_s
 from gpupool.agent.leftovers import AccountLocks, agent_mark, kill_leftovers, pod_mark
 from gpupool.agent.mounts import PodNamespace
@@ -557,7 +557,7 @@ class Runner:
             group = grp.getgrnam(POD_GROUP).gr_gid
         except KeyError:
             return False
-        return entry.pw_name.startswith(ACCOUNT_PREFIX) and entry.pw_gid == group
+        return is_own_account(entry, group)
 
     def _live_uids(self) -> set[int | None]:
         return {r.uid for r in self._listed.values() if not r.finished}  # a forgotten pod has ended
